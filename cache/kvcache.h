@@ -1,0 +1,66 @@
+/* Per-session KV cache: one compact store per (layer, KV head).
+ * Rows are kept in insertion order (row 0 is the oldest), so "sinks" are the first rows
+ * and the "recent window" the last ones; eviction keeps a row subset and compacts in
+ * place. Heads hold different tokens, so their lengths differ. */
+#ifndef KVP_KVCACHE_H
+#define KVP_KVCACHE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct kvp_head {
+    int n;            /* rows held */
+    int cap;          /* rows allocated */
+    float *k;         /* [cap][head_dim] keys, RoPE-rotated at pos[] */
+    float *v;         /* [cap][head_dim] values */
+    int32_t *pos;     /* [cap] RoPE position the key is currently rotated at */
+    int64_t *seq;     /* [cap] absolute token index in the conversation (never renumbered) */
+    float *score;     /* [cap] policy score, higher = keep */
+    float *stat;      /* [cap] policy accumulator (e.g. H2O's attention sum) */
+} kvp_head;
+
+typedef struct kvp_cache {
+    int n_layers, n_kv_heads, head_dim;
+    float rope_base;
+    kvp_head *heads;         /* [n_layers * n_kv_heads] */
+    int next_pos;            /* RoPE position of the next token */
+    int64_t n_seen;          /* tokens ever appended: the next token's seq */
+    uint64_t evicted_rows;   /* rows dropped by eviction, all heads, all time */
+    uint64_t shifts;         /* context shifts performed */
+} kvp_cache;
+
+int kvp_cache_init(kvp_cache *c, int n_layers, int n_kv_heads, int head_dim, float rope_base);
+void kvp_cache_free(kvp_cache *c);
+/* Drops every row (keeps the allocation small again). */
+void kvp_cache_reset(kvp_cache *c);
+
+static inline kvp_head *kvp_cache_head(const kvp_cache *c, int layer, int kvh)
+{
+    return &c->heads[layer * c->n_kv_heads + kvh];
+}
+
+/* Makes room for `rows` rows in total (grows geometrically). 0 or -ENOMEM. */
+int kvp_head_reserve(kvp_head *h, int head_dim, int rows);
+/* Keeps rows keep[0..n_keep) (strictly increasing indices), compacting in place and
+ * releasing capacity that is no longer needed. Counts the dropped rows. */
+void kvp_cache_keep(kvp_cache *c, kvp_head *h, const int *keep, int n_keep);
+
+/* Bytes allocated for rows across all heads (k, v, pos, seq, score, stat). */
+size_t kvp_cache_bytes(const kvp_cache *c);
+size_t kvp_cache_rows(const kvp_cache *c);       /* sum over heads */
+int kvp_cache_max_rows(const kvp_cache *c);      /* largest head */
+
+/* Context shift: re-rotates every kept key to compact positions. The n_sink oldest rows
+ * of each head keep positions 0..n_sink-1; the rest of a head with n rows are placed
+ * so that every head's newest row lands on M-1 (M = the largest head), i.e. recent
+ * tokens keep their exact relative distances. Afterwards next_pos = M. */
+void kvp_cache_shift(kvp_cache *c, int n_sink);
+
+/* Serialization for session snapshots: a self-describing buffer with a magic, a version,
+ * the shape and a checksum. *buf is malloc'd. */
+int kvp_cache_serialize(const kvp_cache *c, void **buf, size_t *len);
+/* Restores into an uninitialised *c; rejects a truncated, altered or mis-shaped buffer
+ * with a message. Returns 0 or a negative code. */
+int kvp_cache_deserialize(kvp_cache *c, const void *buf, size_t len, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,42 @@
+/* Transformer forward pass over a block of tokens (decode: n = 1; prefill: n > 1 through
+ * sgemm). K/V of the block are appended to every (layer, KV head) store of the cache;
+ * attention of each head runs over that head's own rows. */
+#ifndef KVP_FORWARD_H
+#define KVP_FORWARD_H
+
+#include "model/model.h"
+#include "cache/kvcache.h"
+
+struct kvp_policy;
+
+/* Observer of the forward pass, for trace recording: called per layer after Q/K/V are
+ * computed and rotated. q: [n][n_heads*head_dim], k, v: [n][n_kv_heads*head_dim]. */
+typedef void (*kvp_qkv_tap)(void *ctx, int layer, const float *q, const float *k,
+                            const float *v, int n);
+
+typedef struct kvp_runstate {
+    int max_tokens;     /* largest block */
+    float *x;           /* [T][dim] residual stream */
+    float *xb, *xb2;    /* [T][dim] */
+    float *q;           /* [T][n_heads*head_dim] */
+    float *k, *v;       /* [T][n_kv_heads*head_dim] */
+    float *att_out;     /* [T][n_heads*head_dim] */
+    float *hb, *hb2;    /* [T][hidden] */
+    float *att;         /* [group*T][att_cap] attention probabilities of one KV group */
+    int att_cap;
+    float *logits;      /* [vocab] logits of the last token of the last block */
+    struct kvp_policy *policy;  /* optional: scores new rows, observes attention */
+    kvp_qkv_tap tap;
+    void *tap_ctx;
+} kvp_runstate;
+
+int kvp_runstate_init(kvp_runstate *s, const kvp_model_config *cfg, int max_tokens);
+void kvp_runstate_free(kvp_runstate *s);
+
+/* Runs tokens[0..n) at positions cache->next_pos.. (n <= s->max_tokens; the caller
+ * keeps next_pos + n <= seq_len, see generate.h). all_logits: NULL or [n][vocab].
+ * The last token's logits are always left in s->logits. Returns 0 or negative. */
+int kvp_forward(const kvp_model *m, kvp_runstate *s, kvp_cache *c,
+                const int *tokens, int n, float *all_logits);
+
+#endif

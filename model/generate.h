@@ -1,0 +1,32 @@
+/* Generation with bounded memory: the prefill/decode drivers every caller (kvp generate,
+ * eval, the daemon) uses. They run the eviction triggers and the context shift:
+ *   - prefill runs in chunks of `chunk` tokens and evicts back to `budget` whenever a
+ *     head holds more than budget + chunk rows;
+ *   - decode evicts back to `budget` when a head reaches budget + chunk rows;
+ *   - kvp_gen_compress evicts to `budget` now (turn boundaries);
+ *   - before next_pos would reach the model's context length the cache is shifted
+ *     (kvp_cache_shift), so a conversation can run forever.
+ * budget 0 or policy "none" never evicts (the context shift then drops nothing, so a
+ * session without eviction is limited to seq_len tokens: -E2BIG past it). */
+#ifndef KVP_GENERATE_H
+#define KVP_GENERATE_H
+
+#include "model/forward.h"
+#include "policy/policy.h"
+
+typedef struct kvp_evict_cfg {
+    kvp_policy *policy;   /* NULL = none */
+    int budget;           /* rows per KV head, 0 = unbounded */
+    int chunk;            /* default 32 */
+} kvp_evict_cfg;
+
+/* Feeds tokens; last logits in s->logits; all_logits NULL or [n][vocab]. */
+int kvp_gen_prefill(const kvp_model *m, kvp_runstate *s, kvp_cache *c,
+                    const kvp_evict_cfg *e, const int *tokens, int n, float *all_logits);
+/* One token (equivalent to prefill of 1 with the decode trigger). */
+int kvp_gen_decode(const kvp_model *m, kvp_runstate *s, kvp_cache *c,
+                   const kvp_evict_cfg *e, int token);
+/* Evicts every head down to the budget. Returns rows dropped. */
+int kvp_gen_compress(kvp_cache *c, const kvp_evict_cfg *e);
+
+#endif

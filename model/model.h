@@ -1,0 +1,62 @@
+/* A llama-architecture model: hyperparameters, weights (f32, mmap'd where the file
+ * stores f32, dequantized otherwise), and its tokenizer. */
+#ifndef KVP_MODEL_H
+#define KVP_MODEL_H
+
+#include <stddef.h>
+#include "model/tokenizer.h"
+
+typedef struct kvp_model_config {
+    int dim;            /* residual width */
+    int hidden_dim;     /* FFN width */
+    int n_layers;
+    int n_heads;        /* query heads */
+    int n_kv_heads;     /* KV heads (GQA: n_heads % n_kv_heads == 0) */
+    int head_dim;
+    int vocab_size;
+    int seq_len;        /* trained context length */
+    float rope_base;
+    float rms_eps;
+} kvp_model_config;
+
+typedef struct kvp_layer {
+    const float *attn_norm;   /* [dim] */
+    const float *wq;          /* [n_heads*head_dim][dim] */
+    const float *wk;          /* [n_kv_heads*head_dim][dim] */
+    const float *wv;          /* [n_kv_heads*head_dim][dim] */
+    const float *wo;          /* [dim][n_heads*head_dim] */
+    const float *ffn_norm;    /* [dim] */
+    const float *w_gate;      /* [hidden][dim]  (llama2.c w1) */
+    const float *w_down;      /* [dim][hidden]  (w2) */
+    const float *w_up;        /* [hidden][dim]  (w3) */
+} kvp_layer;
+
+enum kvp_chat_format { KVP_CHAT_PLAIN = 0, KVP_CHAT_CHATML, KVP_CHAT_LLAMA2, KVP_CHAT_LLAMA3 };
+
+typedef struct kvp_model {
+    kvp_model_config cfg;
+    const float *tok_embd;    /* [vocab][dim] */
+    kvp_layer *layers;        /* [n_layers] */
+    const float *out_norm;    /* [dim] */
+    const float *output;      /* [vocab][dim]; == tok_embd when tied */
+    int tied_output;
+    kvp_tokenizer tok;
+    enum kvp_chat_format chat_format;  /* from tokenizer.chat_template when present */
+    char name[128];           /* general.name or file basename */
+    char path[512];
+    /* ownership */
+    void *map;
+    size_t map_size;
+    float **owned;            /* dequantized tensors */
+    int n_owned;
+    size_t weight_bytes;      /* bytes of f32 weights one token reads (all matrices) */
+} kvp_model;
+
+/* Loads a GGUF (by magic) or a llama2.c checkpoint. tokenizer_path is required for
+ * llama2.c checkpoints (NULL: tokenizer.bin / tok<vocab>.bin beside the model) and
+ * ignored for GGUF. Returns 0 or a negative code with a message in err. */
+int kvp_model_load(kvp_model *m, const char *path, const char *tokenizer_path,
+                   char *err, size_t errlen);
+void kvp_model_free(kvp_model *m);
+
+#endif

@@ -1,0 +1,23 @@
+/* Next-token sampling: greedy (temperature 0), temperature, top-p; seeded xorshift so a
+ * seed reproduces a run. */
+#ifndef KVP_SAMPLER_H
+#define KVP_SAMPLER_H
+
+#include <stdint.h>
+
+typedef struct kvp_sampler {
+    int vocab_size;
+    float temperature;  /* 0 = greedy */
+    float top_p;        /* 1 = off */
+    uint64_t rng;
+    struct { float p; int i; } *scratch;
+} kvp_sampler;
+
+int kvp_sampler_init(kvp_sampler *s, int vocab_size, float temperature, float top_p, uint64_t seed);
+void kvp_sampler_free(kvp_sampler *s);
+/* Samples from logits (modified in place: softmax). */
+int kvp_sample(kvp_sampler *s, float *logits);
+/* Uniform float in [0,1) from a xorshift64* state (shared by sampler and policies). */
+float kvp_rand_f32(uint64_t *state);
+
+#endif

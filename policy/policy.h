@@ -1,0 +1,61 @@
+/* Eviction policies behind one interface. A policy scores rows when they enter a head's
+ * store (KVP, K-Norm, Random, StreamingLLM), may observe attention (H2O, TOVA, SnapKV),
+ * may rescore just before eviction (KeyDiff, LagKV), and then the shared rank-and-keep
+ * step decides: protect the n_sink oldest rows and the newest window, keep the highest
+ * scores of the rest up to the budget. */
+#ifndef KVP_POLICY_H
+#define KVP_POLICY_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "cache/kvcache.h"
+#include "model/model.h"
+
+typedef struct kvp_policy kvp_policy;
+
+typedef struct kvp_policy_ops {
+    const char *name;
+    int wants_attention;   /* the forward pass calls on_attention only when set */
+    /* Rows [first, first+n) were just appended to h: set h->score (and h->stat) for them. */
+    void (*on_insert)(kvp_policy *p, int layer, int kvh, kvp_head *h, int first, int n);
+    /* Attention of the n_q newest queries of the KV group over h's rows (rows h->n, the
+     * block's own rows included). Query head g (0..group-1) of query t: q at
+     * q + t*q_stride + g*head_dim, probabilities at att + (g*n_q + t)*att_stride, with
+     * zeros where the causal mask hides a row. */
+    void (*on_attention)(kvp_policy *p, int layer, int kvh, kvp_head *h,
+                         const float *q, int q_stride, const float *att, int att_stride,
+                         int n_q);
+    /* Optional: final scores right before rank-and-keep. */
+    void (*before_evict)(kvp_policy *p, int layer, int kvh, kvp_head *h);
+    /* Optional: newest rows always kept at this budget (default p->n_recent). */
+    int (*recent_window)(const kvp_policy *p, int budget);
+    void (*destroy)(kvp_policy *p);
+} kvp_policy_ops;
+
+struct kvp_policy {
+    const kvp_policy_ops *ops;
+    kvp_model_config cfg;
+    int n_sink;       /* default 4 */
+    int n_recent;     /* default 16 */
+    uint64_t rng;
+    void *impl;
+};
+
+/* Names: none random streaming knorm keydiff lagkv h2o tova snapkv kvp oracle.
+ * policy_file is required for kvp and ignored otherwise. */
+int kvp_policy_create(kvp_policy **out, const char *name, const char *policy_file,
+                      const kvp_model_config *cfg, uint64_t seed, char *err, size_t errlen);
+void kvp_policy_destroy(kvp_policy *p);
+/* Space-separated list of every policy name (for --help and errors). */
+const char *kvp_policy_names(void);
+/* 1 for "none": never evicts. */
+int kvp_policy_is_none(const kvp_policy *p);
+
+/* Rank-and-keep on one head: when h->n > budget, keep the n_sink oldest rows, the
+ * recent window, and the highest-scoring others to reach exactly `budget` rows
+ * (ties: older row first). Returns the rows dropped. */
+int kvp_policy_evict_head(kvp_policy *p, kvp_cache *c, int layer, int kvh, int budget);
+/* All heads. Returns the rows dropped. */
+int kvp_policy_evict(kvp_policy *p, kvp_cache *c, int budget);
+
+#endif

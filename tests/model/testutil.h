@@ -1,0 +1,19 @@
+/* Shared test helpers: paths to ../shared and the build, file slurping. */
+#ifndef KVP_TESTUTIL_H
+#define KVP_TESTUTIL_H
+
+#include <stddef.h>
+
+/* "$KVP_SHARED/<rel>" (falls back to ../shared relative to the source root). */
+const char *tu_shared(const char *rel);
+/* "$KVP_BUILD/<rel>" */
+const char *tu_build(const char *rel);
+/* Reads a whole file (malloc'd, NUL-terminated); aborts the test on failure. */
+char *tu_slurp(const char *path, size_t *len);
+/* Writes len bytes to a fresh temp file; returns its path (static buffer rotation of 4). */
+const char *tu_write_tmp(const void *buf, size_t len);
+/* Runs a shell command, captures stdout into *out (malloc'd), returns the exit status
+ * (or -1 if it did not exit normally, e.g. a crash). */
+int tu_run(const char *cmd, char **out);
+
+#endif

@@ -1,0 +1,10 @@
+/* `kvp` subcommands: each takes argc/argv after the subcommand name and returns the
+ * process exit status (0 ok, 1 runtime error, 2 usage error). */
+#ifndef KVP_CLI_H
+#define KVP_CLI_H
+
+int kvp_cmd_generate(int argc, char **argv);
+int kvp_cmd_synth(int argc, char **argv);
+int kvp_cmd_policy_init(int argc, char **argv);
+
+#endif

@@ -1,0 +1,44 @@
+/* kvp: the offline CLI (generate, synth, policy-init, trace, train, eval). */
+#include <stdio.h>
+#include <string.h>
+
+#include "tools/cli.h"
+
+static const struct {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *help;
+} commands[] = {
+    {"generate", kvp_cmd_generate, "generate text from a model (optionally with eviction)"},
+    {"synth", kvp_cmd_synth, "write a random-weight llama GGUF of a given shape"},
+    {"policy-init", kvp_cmd_policy_init, "write a randomly initialised KVP policy file"},
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: kvp <command> [options]   (kvp <command> --help for its options)\n\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "  %-12s %s\n", commands[i].name, commands[i].help);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(argv[1], "--version")) {
+        printf("kvp %s\n", KVP_VERSION);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(argv[1], commands[i].name))
+            return commands[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "kvp: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}
