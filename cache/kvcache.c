@@ -1,1 +1,310 @@
-/* placeholder: being written */
+#include "cache/kvcache.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cache/rope.h"
+
+/* bytes one row costs in a head: k + v (head_dim floats each), pos, seq, score, stat */
+static size_t row_bytes(int head_dim)
+{
+    return 2 * (size_t)head_dim * sizeof(float) + sizeof(int32_t) + sizeof(int64_t) +
+           2 * sizeof(float);
+}
+
+int kvp_cache_init(kvp_cache *c, int n_layers, int n_kv_heads, int head_dim, float rope_base)
+{
+    memset(c, 0, sizeof *c);
+    if (n_layers <= 0 || n_kv_heads <= 0 || head_dim <= 0 || head_dim % 2)
+        return -EINVAL;
+    c->heads = calloc((size_t)n_layers * n_kv_heads, sizeof *c->heads);
+    if (!c->heads)
+        return -ENOMEM;
+    c->n_layers = n_layers;
+    c->n_kv_heads = n_kv_heads;
+    c->head_dim = head_dim;
+    c->rope_base = rope_base;
+    return 0;
+}
+
+static void head_free(kvp_head *h)
+{
+    free(h->k);
+    free(h->v);
+    free(h->pos);
+    free(h->seq);
+    free(h->score);
+    free(h->stat);
+    memset(h, 0, sizeof *h);
+}
+
+void kvp_cache_free(kvp_cache *c)
+{
+    if (c->heads)
+        for (int i = 0; i < c->n_layers * c->n_kv_heads; i++)
+            head_free(&c->heads[i]);
+    free(c->heads);
+    memset(c, 0, sizeof *c);
+}
+
+void kvp_cache_reset(kvp_cache *c)
+{
+    for (int i = 0; i < c->n_layers * c->n_kv_heads; i++)
+        head_free(&c->heads[i]);
+    c->next_pos = 0;
+    c->n_seen = 0;
+}
+
+/* Reallocates every row array of h to exactly `cap` rows (cap >= h->n). */
+static int head_resize(kvp_head *h, int head_dim, int cap)
+{
+    if (cap == 0) {
+        head_free(h);
+        return 0;
+    }
+    size_t hd = (size_t)head_dim;
+    float *k = realloc(h->k, (size_t)cap * hd * sizeof *k);
+    if (k)
+        h->k = k;
+    float *v = realloc(h->v, (size_t)cap * hd * sizeof *v);
+    if (v)
+        h->v = v;
+    int32_t *pos = realloc(h->pos, (size_t)cap * sizeof *pos);
+    if (pos)
+        h->pos = pos;
+    int64_t *seq = realloc(h->seq, (size_t)cap * sizeof *seq);
+    if (seq)
+        h->seq = seq;
+    float *score = realloc(h->score, (size_t)cap * sizeof *score);
+    if (score)
+        h->score = score;
+    float *stat = realloc(h->stat, (size_t)cap * sizeof *stat);
+    if (stat)
+        h->stat = stat;
+    if (!k || !v || !pos || !seq || !score || !stat) {
+        /* arrays that grew are kept; cap stays at what all of them hold */
+        if (cap < h->cap)
+            h->cap = cap;
+        return -ENOMEM;
+    }
+    h->cap = cap;
+    return 0;
+}
+
+int kvp_head_reserve(kvp_head *h, int head_dim, int rows)
+{
+    if (rows <= h->cap)
+        return 0;
+    int cap = h->cap ? h->cap : 16;
+    while (cap < rows)
+        cap = cap > (1 << 29) ? rows : cap * 2;
+    return head_resize(h, head_dim, cap);
+}
+
+void kvp_cache_keep(kvp_cache *c, kvp_head *h, const int *keep, int n_keep)
+{
+    size_t hd = (size_t)c->head_dim;
+    for (int i = 0; i < n_keep; i++) {
+        int r = keep[i];
+        if (r == i)
+            continue;
+        memcpy(h->k + i * hd, h->k + r * hd, hd * sizeof(float));
+        memcpy(h->v + i * hd, h->v + r * hd, hd * sizeof(float));
+        h->pos[i] = h->pos[r];
+        h->seq[i] = h->seq[r];
+        h->score[i] = h->score[r];
+        h->stat[i] = h->stat[r];
+    }
+    c->evicted_rows += (uint64_t)(h->n - n_keep);
+    h->n = n_keep;
+    /* give memory back once less than half is used (shrinking never fails for realloc
+     * in practice; if it does, the larger arrays are simply kept) */
+    if (h->cap > 32 && n_keep < h->cap / 2)
+        (void)head_resize(h, c->head_dim, n_keep < 16 ? 16 : n_keep);
+}
+
+size_t kvp_cache_bytes(const kvp_cache *c)
+{
+    size_t rows = 0;
+    for (int i = 0; i < c->n_layers * c->n_kv_heads; i++)
+        rows += (size_t)c->heads[i].cap;
+    return rows * row_bytes(c->head_dim);
+}
+
+size_t kvp_cache_rows(const kvp_cache *c)
+{
+    size_t rows = 0;
+    for (int i = 0; i < c->n_layers * c->n_kv_heads; i++)
+        rows += (size_t)c->heads[i].n;
+    return rows;
+}
+
+int kvp_cache_max_rows(const kvp_cache *c)
+{
+    int m = 0;
+    for (int i = 0; i < c->n_layers * c->n_kv_heads; i++)
+        if (c->heads[i].n > m)
+            m = c->heads[i].n;
+    return m;
+}
+
+void kvp_cache_shift(kvp_cache *c, int n_sink)
+{
+    int m = kvp_cache_max_rows(c);
+    for (int i = 0; i < c->n_layers * c->n_kv_heads; i++) {
+        kvp_head *h = &c->heads[i];
+        for (int r = 0; r < h->n; r++) {
+            int np = r < n_sink ? r : m - h->n + r;
+            if (np == h->pos[r])
+                continue;
+            kvp_rope(h->k + (size_t)r * c->head_dim, c->head_dim, np - h->pos[r], c->rope_base);
+            h->pos[r] = np;
+        }
+    }
+    c->next_pos = m;
+    c->shifts++;
+}
+
+/* ---- serialization ---------------------------------------------------------------
+ * Layout (little-endian, as the host writes it; snapshots are machine-local):
+ *   "KVPCACHE" u32 version, i32 n_layers, n_kv_heads, head_dim, f32 rope_base,
+ *   i32 next_pos, i64 n_seen, u64 evicted_rows, u64 shifts,
+ *   per head: i32 n, then n k rows, n v rows, n pos, n seq, n score, n stat;
+ *   u64 FNV-1a of everything before it. */
+#define CACHE_MAGIC "KVPCACHE"
+#define CACHE_VERSION 1u
+
+static uint64_t fnv1a(const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++) {
+        h ^= b[i];
+        h *= 1099511628211ull;
+    }
+    return h;
+}
+
+typedef struct { unsigned char *p; size_t n; } wbuf;
+
+static void put(wbuf *w, const void *src, size_t n)
+{
+    memcpy(w->p + w->n, src, n);
+    w->n += n;
+}
+
+int kvp_cache_serialize(const kvp_cache *c, void **buf, size_t *len)
+{
+    size_t hd = (size_t)c->head_dim;
+    size_t total = 8 + 4 + 4 * 4 + 4 + 8 + 8 + 8 + 8;
+    for (int i = 0; i < c->n_layers * c->n_kv_heads; i++)
+        total += 4 + (size_t)c->heads[i].n * row_bytes(c->head_dim);
+    wbuf w = {malloc(total), 0};
+    if (!w.p)
+        return -ENOMEM;
+    uint32_t version = CACHE_VERSION;
+    put(&w, CACHE_MAGIC, 8);
+    put(&w, &version, 4);
+    put(&w, &c->n_layers, 4);
+    put(&w, &c->n_kv_heads, 4);
+    put(&w, &c->head_dim, 4);
+    put(&w, &c->rope_base, 4);
+    put(&w, &c->next_pos, 4);
+    put(&w, &c->n_seen, 8);
+    put(&w, &c->evicted_rows, 8);
+    put(&w, &c->shifts, 8);
+    for (int i = 0; i < c->n_layers * c->n_kv_heads; i++) {
+        const kvp_head *h = &c->heads[i];
+        size_t n = (size_t)h->n;
+        put(&w, &h->n, 4);
+        if (!n)
+            continue;
+        put(&w, h->k, n * hd * sizeof(float));
+        put(&w, h->v, n * hd * sizeof(float));
+        put(&w, h->pos, n * sizeof *h->pos);
+        put(&w, h->seq, n * sizeof *h->seq);
+        put(&w, h->score, n * sizeof *h->score);
+        put(&w, h->stat, n * sizeof *h->stat);
+    }
+    uint64_t sum = fnv1a(w.p, w.n);
+    put(&w, &sum, 8);
+    *buf = w.p;
+    *len = w.n;
+    return 0;
+}
+
+typedef struct { const unsigned char *p; size_t n, off; } rbuf;
+
+static int get(rbuf *r, void *dst, size_t n)
+{
+    if (n > r->n - r->off)
+        return -1;
+    memcpy(dst, r->p + r->off, n);
+    r->off += n;
+    return 0;
+}
+
+int kvp_cache_deserialize(kvp_cache *c, const void *buf, size_t len, char *err, size_t errlen)
+{
+    memset(c, 0, sizeof *c);
+    rbuf r = {buf, len, 0};
+    char magic[8];
+    uint32_t version = 0;
+    int n_layers, n_kv, hd, next_pos;
+    float base;
+    if (len < 8 + 8 || get(&r, magic, 8) || memcmp(magic, CACHE_MAGIC, 8)) {
+        snprintf(err, errlen, "cache snapshot: bad magic or too short (%zu bytes)", len);
+        return -EINVAL;
+    }
+    uint64_t want;
+    memcpy(&want, (const unsigned char *)buf + len - 8, 8);
+    if (fnv1a(buf, len - 8) != want) {
+        snprintf(err, errlen, "cache snapshot: checksum mismatch (truncated or altered)");
+        return -EINVAL;
+    }
+    r.n = len - 8;
+    if (get(&r, &version, 4) || version != CACHE_VERSION) {
+        snprintf(err, errlen, "cache snapshot: unsupported version %u", version);
+        return -EINVAL;
+    }
+    if (get(&r, &n_layers, 4) || get(&r, &n_kv, 4) || get(&r, &hd, 4) || get(&r, &base, 4) ||
+        get(&r, &next_pos, 4) || n_layers <= 0 || n_kv <= 0 || hd <= 0 || hd % 2 ||
+        n_layers > 4096 || n_kv > 4096 || hd > 4096 || next_pos < 0) {
+        snprintf(err, errlen, "cache snapshot: bad shape");
+        return -EINVAL;
+    }
+    int rc = kvp_cache_init(c, n_layers, n_kv, hd, base);
+    if (rc)
+        return rc;
+    c->next_pos = next_pos;
+    if (get(&r, &c->n_seen, 8) || get(&r, &c->evicted_rows, 8) || get(&r, &c->shifts, 8))
+        goto bad;
+    for (int i = 0; i < n_layers * n_kv; i++) {
+        kvp_head *h = &c->heads[i];
+        int n;
+        if (get(&r, &n, 4) || n < 0 || (size_t)n > (r.n - r.off) / row_bytes(hd))
+            goto bad;
+        if (!n)
+            continue;
+        if (kvp_head_reserve(h, hd, n)) {
+            kvp_cache_free(c);
+            snprintf(err, errlen, "cache snapshot: out of memory");
+            return -ENOMEM;
+        }
+        h->n = n;
+        size_t nn = (size_t)n;
+        if (get(&r, h->k, nn * hd * sizeof(float)) || get(&r, h->v, nn * hd * sizeof(float)) ||
+            get(&r, h->pos, nn * sizeof *h->pos) || get(&r, h->seq, nn * sizeof *h->seq) ||
+            get(&r, h->score, nn * sizeof *h->score) || get(&r, h->stat, nn * sizeof *h->stat))
+            goto bad;
+    }
+    if (r.off != r.n)
+        goto bad;
+    return 0;
+bad:
+    kvp_cache_free(c);
+    snprintf(err, errlen, "cache snapshot: inconsistent contents");
+    return -EINVAL;
+}

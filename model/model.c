@@ -1,1 +1,369 @@
-/* placeholder: being written */
+#include "model/model.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "model/gguf.h"
+#include "model/quant.h"
+
+#define ERR(...) (snprintf(err, errlen, __VA_ARGS__), -EINVAL)
+
+/* Sane upper bounds: far above any real llama, low enough that sizes cannot overflow. */
+#define MAX_DIM (1 << 16)
+#define MAX_LAYERS 1024
+#define MAX_VOCAB (1 << 20)
+#define MAX_CTX (1 << 22)
+
+static int check_config(const kvp_model_config *c, char *err, size_t errlen)
+{
+    if (c->dim <= 0 || c->dim > MAX_DIM || c->hidden_dim <= 0 || c->hidden_dim > 4 * MAX_DIM)
+        return ERR("bad model width: dim %d, hidden %d", c->dim, c->hidden_dim);
+    if (c->n_layers <= 0 || c->n_layers > MAX_LAYERS)
+        return ERR("bad layer count %d", c->n_layers);
+    if (c->n_heads <= 0 || c->n_kv_heads <= 0 || c->n_heads % c->n_kv_heads)
+        return ERR("bad head counts: %d heads, %d KV heads", c->n_heads, c->n_kv_heads);
+    if (c->head_dim <= 0 || c->head_dim % 2 || c->head_dim * c->n_heads > 4 * MAX_DIM)
+        return ERR("bad head_dim %d", c->head_dim);
+    if (c->vocab_size <= 0 || c->vocab_size > MAX_VOCAB)
+        return ERR("bad vocabulary size %d", c->vocab_size);
+    if (c->seq_len <= 0 || c->seq_len > MAX_CTX)
+        return ERR("bad context length %d", c->seq_len);
+    if (!(c->rope_base > 0) || !(c->rms_eps > 0))
+        return ERR("bad rope base %g or rms epsilon %g", c->rope_base, c->rms_eps);
+    return 0;
+}
+
+static size_t compute_weight_bytes(const kvp_model_config *c)
+{
+    size_t d = (size_t)c->dim, hd = (size_t)c->head_dim;
+    size_t per_layer = 2 * d + d * hd * c->n_heads * 2 + d * hd * c->n_kv_heads * 2 +
+                       3 * d * (size_t)c->hidden_dim;
+    return ((size_t)c->n_layers * per_layer + d + (size_t)c->vocab_size * d + d) * sizeof(float);
+}
+
+static int map_file(const char *path, void **map, size_t *size, char *err, size_t errlen)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        snprintf(err, errlen, "cannot open %s: %s", path, strerror(errno));
+        return -errno;
+    }
+    struct stat st;
+    if (fstat(fd, &st) || !S_ISREG(st.st_mode) || st.st_size == 0) {
+        close(fd);
+        snprintf(err, errlen, "%s: not a regular non-empty file", path);
+        return -EINVAL;
+    }
+    *size = (size_t)st.st_size;
+    *map = mmap(NULL, *size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (*map == MAP_FAILED) {
+        *map = NULL;
+        snprintf(err, errlen, "cannot map %s: %s", path, strerror(errno));
+        return -errno;
+    }
+    return 0;
+}
+
+/* ---- llama2.c checkpoints ------------------------------------------------------- */
+
+static int load_llama2c(kvp_model *m, const char *path, const char *tokenizer_path,
+                        char *err, size_t errlen)
+{
+    int rc = map_file(path, &m->map, &m->map_size, err, errlen);
+    if (rc)
+        return rc;
+    if (m->map_size < 7 * sizeof(int32_t))
+        return ERR("%s: too short for a llama2.c header (%zu bytes)", path, m->map_size);
+    int32_t h[7];
+    memcpy(h, m->map, sizeof h);
+    kvp_model_config *c = &m->cfg;
+    c->dim = h[0];
+    c->hidden_dim = h[1];
+    c->n_layers = h[2];
+    c->n_heads = h[3];
+    c->n_kv_heads = h[4];
+    m->tied_output = h[5] > 0;
+    c->vocab_size = h[5] > 0 ? h[5] : (h[5] == INT32_MIN ? 0 : -h[5]);
+    c->seq_len = h[6];
+    c->head_dim = c->n_heads > 0 && c->dim % c->n_heads == 0 ? c->dim / c->n_heads : 0;
+    c->rope_base = 10000.0f;
+    c->rms_eps = 1e-5f;
+    if ((rc = check_config(c, err, errlen)))
+        return rc;
+
+    size_t d = (size_t)c->dim, L = (size_t)c->n_layers, hid = (size_t)c->hidden_dim;
+    size_t qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
+    size_t need = (size_t)c->vocab_size * d + L * (2 * d + qd * d * 2 + kvd * d * 2 + 3 * hid * d) +
+                  d + (size_t)c->seq_len * c->head_dim + (m->tied_output ? 0 : (size_t)c->vocab_size * d);
+    if (need > (m->map_size - sizeof h) / sizeof(float))
+        return ERR("%s: truncated llama2.c checkpoint: the header needs %zu bytes of weights, "
+                   "the file has %zu", path, need * sizeof(float), m->map_size - sizeof h);
+
+    const float *p = (const float *)((const char *)m->map + sizeof h);
+    m->layers = calloc(L, sizeof *m->layers);
+    if (!m->layers)
+        return -ENOMEM;
+    m->tok_embd = p;
+    p += (size_t)c->vocab_size * d;
+    const float *att_norm = p; p += L * d;
+    const float *wq = p; p += L * qd * d;
+    const float *wk = p; p += L * kvd * d;
+    const float *wv = p; p += L * kvd * d;
+    const float *wo = p; p += L * d * qd;
+    const float *ffn_norm = p; p += L * d;
+    const float *w1 = p; p += L * hid * d;
+    const float *w2 = p; p += L * d * hid;
+    const float *w3 = p; p += L * hid * d;
+    m->out_norm = p; p += d;
+    p += (size_t)c->seq_len * c->head_dim;  /* legacy freq_cis_real/imag, unused */
+    m->output = m->tied_output ? m->tok_embd : p;
+    for (size_t l = 0; l < L; l++) {
+        kvp_layer *ly = &m->layers[l];
+        ly->attn_norm = att_norm + l * d;
+        ly->wq = wq + l * qd * d;
+        ly->wk = wk + l * kvd * d;
+        ly->wv = wv + l * kvd * d;
+        ly->wo = wo + l * d * qd;
+        ly->ffn_norm = ffn_norm + l * d;
+        ly->w_gate = w1 + l * hid * d;
+        ly->w_down = w2 + l * d * hid;
+        ly->w_up = w3 + l * hid * d;
+    }
+
+    char tokpath[1024];
+    if (!tokenizer_path) {
+        const char *slash = strrchr(path, '/');
+        int dirlen = slash ? (int)(slash - path + 1) : 0;
+        snprintf(tokpath, sizeof tokpath, "%.*stokenizer.bin", dirlen, path);
+        if (access(tokpath, R_OK))
+            snprintf(tokpath, sizeof tokpath, "%.*stok%d.bin", dirlen, path, c->vocab_size);
+        tokenizer_path = tokpath;
+    }
+    rc = kvp_tokenizer_load_file(&m->tok, tokenizer_path, c->vocab_size, err, errlen);
+    if (rc)
+        return rc;
+    const char *base = strrchr(path, '/');
+    snprintf(m->name, sizeof m->name, "%s", base ? base + 1 : path);
+    return 0;
+}
+
+/* ---- GGUF ----------------------------------------------------------------------- */
+
+static int own_f32(kvp_model *m, const kvp_gguf_tensor *t, const float **out,
+                   char *err, size_t errlen)
+{
+    if (t->type == KVP_GGML_F32) {
+        *out = t->data;
+        return 0;
+    }
+    float *buf = malloc(t->n_elements * sizeof *buf);
+    float **owned = realloc(m->owned, (m->n_owned + 1) * sizeof *owned);
+    if (!buf || !owned) {
+        free(buf);
+        if (owned)
+            m->owned = owned;
+        snprintf(err, errlen, "out of memory converting tensor %.*s", (int)t->name.len, t->name.ptr);
+        return -ENOMEM;
+    }
+    m->owned = owned;
+    m->owned[m->n_owned++] = buf;
+    if (kvp_dequantize(t->type, t->data, buf, t->n_elements))
+        return ERR("tensor %.*s: cannot convert type %s", (int)t->name.len, t->name.ptr,
+                   kvp_type_name(t->type));
+    *out = buf;
+    return 0;
+}
+
+/* Finds tensor `name` with shape ne0 x ne1 (ne1 = 1 for vectors) and yields f32 data. */
+static int tensor(kvp_model *m, const kvp_gguf *g, const char *name, uint64_t ne0, uint64_t ne1,
+                  const float **out, char *err, size_t errlen)
+{
+    const kvp_gguf_tensor *t = kvp_gguf_find_tensor(g, name);
+    if (!t)
+        return ERR("missing tensor %s", name);
+    uint64_t e1 = t->n_dims > 1 ? t->ne[1] : 1;
+    if (t->ne[0] != ne0 || e1 != ne1 || t->n_elements != ne0 * ne1)
+        return ERR("tensor %s has shape [%llu, %llu], expected [%llu, %llu]", name,
+                   (unsigned long long)t->ne[0], (unsigned long long)e1,
+                   (unsigned long long)ne0, (unsigned long long)ne1);
+    return own_f32(m, t, out, err, errlen);
+}
+
+static int get_int(const kvp_gguf *g, const char *key, int *out, int required,
+                   char *err, size_t errlen)
+{
+    uint32_t v;
+    int rc = kvp_gguf_get_u32(g, key, &v);
+    if (rc == -ENOENT && !required)
+        return 0;
+    if (rc == -ENOENT)
+        return ERR("missing metadata %s", key);
+    if (rc || v > INT32_MAX)
+        return ERR("metadata %s has a wrong type or value", key);
+    *out = (int)v;
+    return 0;
+}
+
+static int get_float(const kvp_gguf *g, const char *key, float *out, char *err, size_t errlen)
+{
+    int rc = kvp_gguf_get_f32(g, key, out);
+    if (rc && rc != -ENOENT)
+        return ERR("metadata %s has a wrong type", key);
+    return 0;
+}
+
+static enum kvp_chat_format detect_chat_format(const kvp_gguf *g)
+{
+    const kvp_gguf_kv *kv = kvp_gguf_find(g, "tokenizer.chat_template");
+    if (!kv || kv->type != KVP_GGUF_STRING)
+        return KVP_CHAT_PLAIN;
+    const char *s = kv->val.str.ptr;
+    size_t n = kv->val.str.len;
+    if (memmem(s, n, "<|im_start|>", 12))
+        return KVP_CHAT_CHATML;
+    if (memmem(s, n, "<|start_header_id|>", 19))
+        return KVP_CHAT_LLAMA3;
+    if (memmem(s, n, "[INST]", 6))
+        return KVP_CHAT_LLAMA2;
+    return KVP_CHAT_PLAIN;
+}
+
+static int load_gguf(kvp_model *m, const char *path, char *err, size_t errlen)
+{
+    kvp_gguf g;
+    int rc = kvp_gguf_open(&g, path, err, errlen);
+    if (rc)
+        return rc;
+    /* the model keeps the mapping; g's tables are freed below */
+    char arch[64];
+    rc = kvp_gguf_get_str(&g, "general.architecture", arch, sizeof arch);
+    if (rc) {
+        rc = ERR("%s: missing or bad general.architecture", path);
+        goto out;
+    }
+    if (strcmp(arch, "llama")) {
+        rc = ERR("%s: unsupported architecture '%s' (only llama)", path, arch);
+        goto out;
+    }
+    kvp_model_config *c = &m->cfg;
+    c->rope_base = 10000.0f;
+    c->rms_eps = 1e-5f;
+    c->seq_len = 2048;
+    if ((rc = get_int(&g, "llama.embedding_length", &c->dim, 1, err, errlen)) ||
+        (rc = get_int(&g, "llama.feed_forward_length", &c->hidden_dim, 1, err, errlen)) ||
+        (rc = get_int(&g, "llama.block_count", &c->n_layers, 1, err, errlen)) ||
+        (rc = get_int(&g, "llama.attention.head_count", &c->n_heads, 1, err, errlen)) ||
+        (rc = get_int(&g, "llama.context_length", &c->seq_len, 0, err, errlen)) ||
+        (rc = get_float(&g, "llama.rope.freq_base", &c->rope_base, err, errlen)) ||
+        (rc = get_float(&g, "llama.attention.layer_norm_rms_epsilon", &c->rms_eps, err, errlen)))
+        goto out;
+    c->n_kv_heads = c->n_heads;
+    if ((rc = get_int(&g, "llama.attention.head_count_kv", &c->n_kv_heads, 0, err, errlen)))
+        goto out;
+    c->head_dim = c->n_heads > 0 ? c->dim / c->n_heads : 0;
+    if ((rc = get_int(&g, "llama.rope.dimension_count", &c->head_dim, 0, err, errlen)))
+        goto out;
+    const kvp_gguf_tensor *emb = kvp_gguf_find_tensor(&g, "token_embd.weight");
+    if (!emb || emb->n_dims != 2 || emb->ne[1] > MAX_VOCAB) {
+        rc = ERR("%s: missing or bad token_embd.weight", path);
+        goto out;
+    }
+    c->vocab_size = (int)emb->ne[1];
+    if ((rc = check_config(c, err, errlen)))
+        goto out;
+
+    uint64_t d = (uint64_t)c->dim, hid = (uint64_t)c->hidden_dim;
+    uint64_t qd = (uint64_t)c->n_heads * c->head_dim, kvd = (uint64_t)c->n_kv_heads * c->head_dim;
+    m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
+    if (!m->layers) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    if ((rc = tensor(m, &g, "token_embd.weight", d, (uint64_t)c->vocab_size, &m->tok_embd, err, errlen)) ||
+        (rc = tensor(m, &g, "output_norm.weight", d, 1, &m->out_norm, err, errlen)))
+        goto out;
+    m->tied_output = !kvp_gguf_find_tensor(&g, "output.weight");
+    if (m->tied_output)
+        m->output = m->tok_embd;
+    else if ((rc = tensor(m, &g, "output.weight", d, (uint64_t)c->vocab_size, &m->output, err, errlen)))
+        goto out;
+    for (int l = 0; l < c->n_layers; l++) {
+        kvp_layer *ly = &m->layers[l];
+        char n[96];
+#define T(field, suffix, e0, e1)                                              \
+        snprintf(n, sizeof n, "blk.%d." suffix ".weight", l);                  \
+        if ((rc = tensor(m, &g, n, e0, e1, &ly->field, err, errlen)))         \
+            goto out;
+        T(attn_norm, "attn_norm", d, 1)
+        T(wq, "attn_q", d, qd)
+        T(wk, "attn_k", d, kvd)
+        T(wv, "attn_v", d, kvd)
+        T(wo, "attn_output", qd, d)
+        T(ffn_norm, "ffn_norm", d, 1)
+        T(w_gate, "ffn_gate", d, hid)
+        T(w_down, "ffn_down", hid, d)
+        T(w_up, "ffn_up", d, hid)
+#undef T
+    }
+    if ((rc = kvp_tokenizer_load_gguf(&m->tok, &g, err, errlen)))
+        goto out;
+    if (m->tok.vocab_size != c->vocab_size) {
+        rc = ERR("%s: tokenizer has %d tokens, embeddings %d", path, m->tok.vocab_size, c->vocab_size);
+        goto out;
+    }
+    m->chat_format = detect_chat_format(&g);
+    if (kvp_gguf_get_str(&g, "general.name", m->name, sizeof m->name)) {
+        const char *base = strrchr(path, '/');
+        snprintf(m->name, sizeof m->name, "%s", base ? base + 1 : path);
+    }
+out:
+    m->map = g.map;           /* tensors point into it; kvp_model_free unmaps */
+    m->map_size = g.map_size;
+    g.map = NULL;
+    kvp_gguf_close(&g);
+    return rc;
+}
+
+int kvp_model_load(kvp_model *m, const char *path, const char *tokenizer_path,
+                   char *err, size_t errlen)
+{
+    memset(m, 0, sizeof *m);
+    snprintf(m->path, sizeof m->path, "%s", path);
+    char magic[4] = {0};
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(err, errlen, "cannot open %s: %s", path, strerror(errno));
+        return -ENOENT;
+    }
+    size_t got = fread(magic, 1, 4, f);
+    fclose(f);
+    int rc = got == 4 && !memcmp(magic, "GGUF", 4)
+                 ? load_gguf(m, path, err, errlen)
+                 : load_llama2c(m, path, tokenizer_path, err, errlen);
+    if (rc) {
+        kvp_model_free(m);
+        return rc < 0 ? rc : -EINVAL;
+    }
+    m->weight_bytes = compute_weight_bytes(&m->cfg);
+    return 0;
+}
+
+void kvp_model_free(kvp_model *m)
+{
+    kvp_tokenizer_free(&m->tok);
+    for (int i = 0; i < m->n_owned; i++)
+        free(m->owned[i]);
+    free(m->owned);
+    free(m->layers);
+    if (m->map)
+        munmap(m->map, m->map_size);
+    memset(m, 0, sizeof *m);
+}

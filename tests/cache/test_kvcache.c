@@ -1,0 +1,180 @@
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cache/kvcache.h"
+#include "cache/rope.h"
+
+enum { L = 2, H = 3, D = 8 };
+
+/* Appends n rows to every head with values derived from (head, seq), the way the forward
+ * pass does. Raw (unrotated) keys are returned through raw_k when given. */
+static void append(kvp_cache *c, int n, float *raw_k)
+{
+    for (int i = 0; i < L * H; i++) {
+        kvp_head *h = &c->heads[i];
+        cr_assert_eq(kvp_head_reserve(h, D, h->n + n), 0);
+        for (int t = 0; t < n; t++) {
+            int r = h->n + t;
+            int64_t seq = c->n_seen + t;
+            for (int d = 0; d < D; d++) {
+                float k = sinf((float)(seq * 7 + d + i * 13));
+                if (raw_k)
+                    raw_k[(size_t)(i * 10000 + seq) * D + d] = k;
+                h->k[(size_t)r * D + d] = k;
+                h->v[(size_t)r * D + d] = (float)(seq * 100 + d + i);
+            }
+            kvp_rope(h->k + (size_t)r * D, D, c->next_pos + t, c->rope_base);
+            h->pos[r] = c->next_pos + t;
+            h->seq[r] = seq;
+            h->score[r] = (float)seq;
+            h->stat[r] = (float)-seq;
+        }
+        h->n += n;
+    }
+    c->next_pos += n;
+    c->n_seen += n;
+}
+
+Test(kvcache, keep_compacts_in_order_and_frees_memory)
+{
+    kvp_cache c;
+    cr_assert_eq(kvp_cache_init(&c, L, H, D, 10000.0f), 0);
+    append(&c, 200, NULL);
+    size_t before = kvp_cache_bytes(&c);
+    size_t row = 2 * D * sizeof(float) + 4 + 8 + 8;
+    cr_expect_eq(before % row, 0);
+    cr_expect_geq(before, (size_t)L * H * 200 * row);
+    kvp_head *h = kvp_cache_head(&c, 1, 2);
+    int keep[20];
+    for (int i = 0; i < 20; i++)
+        keep[i] = i * 10;
+    kvp_cache_keep(&c, h, keep, 20);
+    cr_expect_eq(h->n, 20);
+    for (int i = 0; i < 20; i++) {
+        cr_expect_eq(h->seq[i], i * 10);
+        cr_expect_eq(h->pos[i], i * 10);
+        cr_expect_eq(h->v[(size_t)i * D + 3], (float)(i * 10 * 100 + 3 + 5));
+        cr_expect_eq(h->score[i], (float)(i * 10));
+    }
+    cr_expect_eq(c.evicted_rows, 180);
+    cr_expect_lt(h->cap, 64, "capacity not released: %d", h->cap);
+    cr_expect_lt(kvp_cache_bytes(&c), before);
+    size_t rows = 0, alloc = 0;
+    for (int i = 0; i < L * H; i++) {
+        rows += c.heads[i].n;
+        alloc += c.heads[i].cap;
+    }
+    cr_expect_eq(kvp_cache_rows(&c), rows);
+    cr_expect_eq(kvp_cache_bytes(&c), alloc * row, "bytes must equal what rows allocate");
+    cr_expect_eq(kvp_cache_max_rows(&c), 200);
+    kvp_cache_free(&c);
+}
+
+Test(kvcache, shift_rerotates_keys_to_their_new_positions)
+{
+    kvp_cache c;
+    cr_assert_eq(kvp_cache_init(&c, L, H, D, 10000.0f), 0);
+    float *raw = calloc((size_t)L * H * 10000 * D, sizeof *raw);
+    append(&c, 400, raw);
+    /* uneven heads: head 0 keeps 4 sinks + every 5th + last 16; head 1 keeps the last 60 */
+    int keep[400], k = 0;
+    for (int r = 0; r < 400; r++)
+        if (r < 4 || r % 5 == 0 || r >= 384)
+            keep[k++] = r;
+    kvp_cache_keep(&c, &c.heads[0], keep, k);
+    int k1 = 0;
+    for (int r = 340; r < 400; r++)
+        keep[k1++] = r;
+    kvp_cache_keep(&c, &c.heads[1], keep, k1);
+    int m = kvp_cache_max_rows(&c);
+    kvp_cache_shift(&c, 4);
+    cr_expect_eq(c.next_pos, m);
+    cr_expect_eq(c.shifts, 1);
+    for (int i = 0; i < L * H; i++) {
+        kvp_head *h = &c.heads[i];
+        cr_expect_eq(h->pos[h->n - 1], m - 1, "newest row of head %d at %d", i, h->pos[h->n - 1]);
+        for (int r = 0; r < h->n; r++) {
+            float want[D];
+            memcpy(want, raw + (size_t)(i * 10000 + h->seq[r]) * D, sizeof want);
+            kvp_rope(want, D, h->pos[r], 10000.0f);
+            for (int d = 0; d < D; d++)
+                cr_assert(fabsf(h->k[(size_t)r * D + d] - want[d]) < 1e-4f,
+                          "head %d row %d dim %d: %f vs %f", i, r, d, h->k[(size_t)r * D + d], want[d]);
+            if (r > 0)
+                cr_assert_gt(h->pos[r], h->pos[r - 1]);
+        }
+    }
+    cr_expect_eq(c.heads[0].pos[3], 3, "sinks keep their positions");
+    cr_expect_eq(c.heads[1].pos[0], m - 60, "a head without sinks is aligned to the end");
+    free(raw);
+    kvp_cache_free(&c);
+}
+
+Test(kvcache, serialize_round_trip_is_exact)
+{
+    kvp_cache c, d;
+    cr_assert_eq(kvp_cache_init(&c, L, H, D, 500000.0f), 0);
+    append(&c, 37, NULL);
+    int keep[3] = {0, 5, 36};
+    kvp_cache_keep(&c, &c.heads[4], keep, 3);
+    void *buf;
+    size_t len;
+    char err[128];
+    cr_assert_eq(kvp_cache_serialize(&c, &buf, &len), 0);
+    cr_assert_eq(kvp_cache_deserialize(&d, buf, len, err, sizeof err), 0, "%s", err);
+    cr_expect_eq(d.n_layers, L);
+    cr_expect_eq(d.n_kv_heads, H);
+    cr_expect_eq(d.head_dim, D);
+    cr_expect_eq(d.rope_base, 500000.0f);
+    cr_expect_eq(d.next_pos, c.next_pos);
+    cr_expect_eq(d.n_seen, c.n_seen);
+    cr_expect_eq(d.evicted_rows, c.evicted_rows);
+    for (int i = 0; i < L * H; i++) {
+        kvp_head *a = &c.heads[i], *b = &d.heads[i];
+        cr_assert_eq(a->n, b->n);
+        cr_expect_eq(memcmp(a->k, b->k, (size_t)a->n * D * 4), 0);
+        cr_expect_eq(memcmp(a->v, b->v, (size_t)a->n * D * 4), 0);
+        cr_expect_eq(memcmp(a->pos, b->pos, (size_t)a->n * 4), 0);
+        cr_expect_eq(memcmp(a->seq, b->seq, (size_t)a->n * 8), 0);
+        cr_expect_eq(memcmp(a->score, b->score, (size_t)a->n * 4), 0);
+        cr_expect_eq(memcmp(a->stat, b->stat, (size_t)a->n * 4), 0);
+    }
+    kvp_cache_free(&d);
+    free(buf);
+    kvp_cache_free(&c);
+}
+
+Test(kvcache, deserialize_rejects_truncated_and_altered_buffers)
+{
+    kvp_cache c, d;
+    cr_assert_eq(kvp_cache_init(&c, L, H, D, 10000.0f), 0);
+    append(&c, 9, NULL);
+    unsigned char *buf;
+    size_t len;
+    char err[128];
+    cr_assert_eq(kvp_cache_serialize(&c, (void **)&buf, &len), 0);
+    for (size_t cut = 0; cut < len; cut++) {
+        err[0] = 0;
+        cr_assert_lt(kvp_cache_deserialize(&d, buf, cut, err, sizeof err), 0, "cut %zu accepted", cut);
+        cr_assert_neq(err[0], 0);
+    }
+    for (size_t i = 0; i < len; i += 3) {
+        buf[i] ^= 0x10;
+        cr_assert_lt(kvp_cache_deserialize(&d, buf, len, err, sizeof err), 0, "flip at %zu accepted", i);
+        buf[i] ^= 0x10;
+    }
+    cr_assert_eq(kvp_cache_deserialize(&d, buf, len, err, sizeof err), 0);
+    kvp_cache_free(&d);
+    free(buf);
+    kvp_cache_free(&c);
+}
+
+Test(kvcache, init_rejects_bad_shapes)
+{
+    kvp_cache c;
+    cr_expect_lt(kvp_cache_init(&c, 0, 1, 8, 1e4f), 0);
+    cr_expect_lt(kvp_cache_init(&c, 1, 0, 8, 1e4f), 0);
+    cr_expect_lt(kvp_cache_init(&c, 1, 1, 7, 1e4f), 0);
+}

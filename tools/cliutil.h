@@ -1,0 +1,11 @@
+/* Strict numeric parsing for command-line values (whole string, range-checked). */
+#ifndef KVP_CLIUTIL_H
+#define KVP_CLIUTIL_H
+
+#include <limits.h>
+
+/* Return 1 and set *out when s is a number within [lo, hi], else 0. */
+int kvp_parse_long(const char *s, long lo, long hi, long *out);
+int kvp_parse_double(const char *s, double lo, double hi, double *out);
+
+#endif
