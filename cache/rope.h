@@ -6,5 +6,9 @@
 /* Rotates one head vector of head_dim floats by `pos` positions (pos may be negative:
  * RoPE(a) then RoPE(-b) equals RoPE(a - b)). */
 void kvp_rope(float *x, int head_dim, double pos, float base);
+/* The same in two steps, so one position's cos/sin serve every head of every layer:
+ * cs[head_dim] receives (cos, sin) per pair. */
+void kvp_rope_table(float *cs, int head_dim, double pos, float base);
+void kvp_rope_apply(float *x, int head_dim, const float *cs);
 
 #endif

@@ -27,7 +27,8 @@ int kvp_runstate_init(kvp_runstate *s, const kvp_model_config *c, int max_tokens
     s->hb = malloc(T * c->hidden_dim * sizeof(float));
     s->hb2 = malloc(T * c->hidden_dim * sizeof(float));
     s->logits = malloc((size_t)c->vocab_size * sizeof(float));
-    if (!s->x || !s->xb || !s->xb2 || !s->q || !s->k || !s->v || !s->att_out || !s->hb ||
+    s->rope = malloc(T * c->head_dim * sizeof(float));
+    if (!s->x || !s->rope || !s->xb || !s->xb2 || !s->q || !s->k || !s->v || !s->att_out || !s->hb ||
         !s->hb2 || !s->logits) {
         kvp_runstate_free(s);
         return -ENOMEM;
@@ -48,6 +49,7 @@ void kvp_runstate_free(kvp_runstate *s)
     free(s->hb2);
     free(s->att);
     free(s->logits);
+    free(s->rope);
     memset(s, 0, sizeof *s);
 }
 
@@ -145,8 +147,10 @@ int kvp_forward(const kvp_model *m, kvp_runstate *s, kvp_cache *c,
     int pos0 = c->next_pos;
     int rc;
 
-    for (int t = 0; t < T; t++)
+    for (int t = 0; t < T; t++) {
         memcpy(s->x + (size_t)t * dim, m->tok_embd + (size_t)tokens[t] * dim, dim * sizeof(float));
+        kvp_rope_table(s->rope + (size_t)t * hd, hd, pos0 + t, p->rope_base);
+    }
 
     for (int l = 0; l < p->n_layers; l++) {
         const kvp_layer *w = &m->layers[l];
@@ -156,10 +160,11 @@ int kvp_forward(const kvp_model *m, kvp_runstate *s, kvp_cache *c,
         matmul(s->k, s->xb, w->wk, T, dim, kvd, 0);
         matmul(s->v, s->xb, w->wv, T, dim, kvd, 0);
         for (int t = 0; t < T; t++) {
+            const float *cs = s->rope + (size_t)t * hd;
             for (int h = 0; h < p->n_heads; h++)
-                kvp_rope(s->q + (size_t)t * qd + h * hd, hd, pos0 + t, p->rope_base);
+                kvp_rope_apply(s->q + (size_t)t * qd + h * hd, hd, cs);
             for (int h = 0; h < p->n_kv_heads; h++)
-                kvp_rope(s->k + (size_t)t * kvd + h * hd, hd, pos0 + t, p->rope_base);
+                kvp_rope_apply(s->k + (size_t)t * kvd + h * hd, hd, cs);
         }
         if (s->tap)
             s->tap(s->tap_ctx, l, s->q, s->k, s->v, T);

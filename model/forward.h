@@ -25,6 +25,7 @@ typedef struct kvp_runstate {
     float *att;         /* [group*T][att_cap] attention probabilities of one KV group */
     int att_cap;
     float *logits;      /* [vocab] logits of the last token of the last block */
+    float *rope;        /* [T][head_dim] cos/sin of each block position */
     struct kvp_policy *policy;  /* optional: scores new rows, observes attention */
     kvp_qkv_tap tap;
     void *tap_ctx;

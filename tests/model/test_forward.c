@@ -128,7 +128,6 @@ Test(forward, heads_hold_different_rows)
     int n = kvp_tokenizer_encode(&a.m.tok, "Once upon a time there was a cat who liked milk.",
                                  48, 1, 0, toks, 40);
     cr_assert_eq(kvp_forward(&a.m, &a.s, &a.c, toks, n - 1, NULL), 0);
-    kvp_cache saved;
     void *buf;
     size_t len;
     char err[128];
