@@ -58,8 +58,10 @@ Test(model, hyperparameters_from_files)
         cr_expect_eq(c->n_kv_heads, want.n_kv_heads);
         cr_expect_eq(c->head_dim, want.head_dim);
         cr_expect_eq(c->vocab_size, want.vocab_size);
-        cr_expect(ms[i]->tied_output);
     }
+    cr_expect(a.tied_output, "llama2.c header with positive vocab: shared classifier");
+    cr_expect_not(b.tied_output, "this GGUF stores output.weight");
+    cr_expect_eq(memcmp(a.output, b.output, 512 * 64 * sizeof(float)), 0);
     cr_expect_eq(a.cfg.seq_len, 512);
     cr_expect_eq(b.cfg.seq_len, 2048, "GGUF metadata says 2048");
     cr_expect_eq(a.tok.vocab_size, 512);
