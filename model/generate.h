@@ -1,8 +1,9 @@
 /* Generation with bounded memory: the prefill/decode drivers every caller (kvp generate,
  * eval, the daemon) uses. They run the eviction triggers and the context shift:
- *   - prefill runs in chunks of `chunk` tokens and evicts back to `budget` whenever a
- *     head holds more than budget + chunk rows;
- *   - decode evicts back to `budget` when a head reaches budget + chunk rows;
+ *   - prefill runs in chunks of `chunk` tokens; before a chunk (or a decoded token)
+ *     would take any head past budget + chunk rows, every head is evicted back to
+ *     `budget`. So a head never holds more than budget + chunk rows, even during the
+ *     forward pass, and decode evicts once every `chunk` tokens;
  *   - kvp_gen_compress evicts to `budget` now (turn boundaries);
  *   - before next_pos would reach the model's context length the cache is shifted
  *     (kvp_cache_shift), so a conversation can run forever.
