@@ -1,0 +1,52 @@
+/* kvpd configuration: built-in defaults, then a `key = value` file (--config), then
+ * command-line flags (--key VALUE or --key=VALUE, dashes for underscores). */
+#ifndef KVPD_CONFIG_H
+#define KVPD_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define KVPD_PATH_MAX 512
+
+typedef struct kvpd_config {
+    char listen_host[64];
+    int listen_port;                  /* 0: an ephemeral port, logged at start */
+    char model[KVPD_PATH_MAX];
+    char tokenizer[KVPD_PATH_MAX];    /* "" = next to the model */
+    char policy[32];
+    char policy_file[KVPD_PATH_MAX];
+    int budget;                       /* KV rows per head; 0 = unbounded */
+    int chunk;                        /* prefill chunk = eviction slack */
+    int workers;                      /* 0 = one per core */
+    char state_dir[KVPD_PATH_MAX];
+    char admin_token[128];            /* "" = admin endpoints open */
+    char static_dir[KVPD_PATH_MAX];
+    int max_sessions;
+    int max_message_bytes;
+    int max_tokens;                   /* per reply: the cap and the default */
+    int idle_timeout_s;
+    int shutdown_timeout_ms;
+    float temperature;                /* default for messages that give none */
+    float top_p;
+    uint64_t seed;
+    int reuse_cache;                  /* 0: re-prefill the whole transcript each turn */
+} kvpd_config;
+
+enum kvpd_action { KVPD_RUN = 0, KVPD_CHECK, KVPD_VERSION, KVPD_HELP };
+
+void kvpd_config_defaults(kvpd_config *c);
+/* Sets one key from its text value; -EINVAL (unknown key, bad value) with a message. */
+int kvpd_config_set(kvpd_config *c, const char *key, const char *value,
+                    char *err, size_t errlen);
+/* Reads a config file: `key = value`, '#' comments, blank lines. Errors name the line. */
+int kvpd_config_load_file(kvpd_config *c, const char *path, char *err, size_t errlen);
+/* Defaults, then --config FILE, then the other flags over it. */
+int kvpd_config_from_args(kvpd_config *c, int argc, char **argv, enum kvpd_action *action,
+                          char *err, size_t errlen);
+/* Range and consistency checks that need no model. */
+int kvpd_config_validate(const kvpd_config *c, char *err, size_t errlen);
+/* The usage text for --help. */
+void kvpd_config_usage(FILE *f);
+
+#endif

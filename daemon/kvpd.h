@@ -1,0 +1,36 @@
+/* The daemon's state, owned by the loop thread (workers see only env and sessions
+ * handed to them through the scheduler). */
+#ifndef KVPD_H
+#define KVPD_H
+
+#include <uv.h>
+
+#include "daemon/config.h"
+#include "daemon/scheduler.h"
+#include "model/model.h"
+#include "sessions/session.h"
+#include "web/metrics.h"
+
+struct lws_context;
+
+typedef struct kvpd {
+    kvpd_config cfg;
+    uv_loop_t loop;
+    kvp_model model;
+    int ready;                    /* model loaded, scheduler running */
+    int draining;                 /* shutting down: no new connections or turns */
+    int exit_code;
+    kvp_session_env env;
+    kvp_session_table sessions;
+    kvpd_sched *sched;
+    kvpd_metrics metrics;
+    struct lws_context *lws;
+    int port;                     /* bound port */
+    int frames_pending;           /* websocket frames queued, not yet written */
+    double started;               /* kvp_now() at start */
+} kvpd;
+
+/* Loop-thread log line to stderr with a level tag. */
+void kvpd_log(const char *level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#endif

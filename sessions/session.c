@@ -1,0 +1,395 @@
+/* Sessions and the turn state machine. A turn is advanced one unit at a time by
+ * whichever worker pulls it from the run queue, so nothing of a turn lives in a
+ * worker's runstate between units: logits are sampled in the unit that made them. */
+#include "sessions/session.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+#include "model/tokenizer.h"
+#include "policy/policy.h"
+
+double kvp_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int random_id(char *out)
+{
+    unsigned char raw[KVP_SESSION_ID_LEN / 2];
+    size_t got = 0;
+    while (got < sizeof raw) {
+        ssize_t n = getrandom(raw + got, sizeof raw - got, 0);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno;
+        }
+        got += (size_t)n;
+    }
+    for (size_t i = 0; i < sizeof raw; i++)
+        snprintf(out + 2 * i, 3, "%02x", raw[i]);
+    return 0;
+}
+
+static void session_free(kvp_session *s)
+{
+    kvp_cache_free(&s->cache);
+    if (s->policy)
+        kvp_policy_destroy(s->policy);
+    kvp_sampler_free(&s->sampler);
+    free(s->tokens);
+    for (int i = 0; i < s->n_msgs; i++)
+        free(s->msgs[i].text);
+    free(s->msgs);
+    free(s->turn.text);
+    free(s->turn.reply);
+    free(s);
+}
+
+int kvp_session_create(kvp_session_table *t, const kvp_session_env *env, double now,
+                       kvp_session **out, char *err, size_t errlen)
+{
+    if (t->count >= t->max) {
+        snprintf(err, errlen, "too many sessions (%d)", t->max);
+        return -ENOSPC;
+    }
+    kvp_session *s = calloc(1, sizeof *s);
+    if (!s) {
+        snprintf(err, errlen, "out of memory");
+        return -ENOMEM;
+    }
+    const kvp_model_config *cfg = &env->model->cfg;
+    int rc;
+    do {
+        if ((rc = random_id(s->id)) < 0) {
+            snprintf(err, errlen, "getrandom: %s", strerror(-rc));
+            free(s);
+            return rc;
+        }
+    } while (kvp_session_find(t, s->id)); /* astronomically unlikely, but cheap */
+    /* Every session gets its own stream of random numbers. */
+    uint64_t seed = env->seed ^ (0x9E3779B97F4A7C15ull * (t->created_total + 1));
+    if ((rc = kvp_cache_init(&s->cache, cfg->n_layers, cfg->n_kv_heads, cfg->head_dim,
+                             cfg->rope_base)) < 0) {
+        snprintf(err, errlen, "cache: %s", strerror(-rc));
+        free(s);
+        return rc;
+    }
+    if ((rc = kvp_policy_create(&s->policy, env->policy_name,
+                                env->policy_file[0] ? env->policy_file : NULL, cfg, seed,
+                                err, errlen)) < 0) {
+        s->policy = NULL;
+        session_free(s);
+        return rc;
+    }
+    if ((rc = kvp_sampler_init(&s->sampler, cfg->vocab_size, 0.0f, env->top_p, seed)) < 0) {
+        snprintf(err, errlen, "sampler: %s", strerror(-rc));
+        session_free(s);
+        return rc;
+    }
+    s->created = s->last_active = now;
+    s->next = t->head;
+    t->head = s;
+    t->count++;
+    t->created_total++;
+    *out = s;
+    return 0;
+}
+
+kvp_session *kvp_session_find(const kvp_session_table *t, const char *id)
+{
+    for (kvp_session *s = t->head; s; s = s->next)
+        if (!strcmp(s->id, id))
+            return s;
+    return NULL;
+}
+
+void kvp_session_remove(kvp_session_table *t, kvp_session *s)
+{
+    for (kvp_session **p = &t->head; *p; p = &(*p)->next)
+        if (*p == s) {
+            *p = s->next;
+            t->count--;
+            session_free(s);
+            return;
+        }
+}
+
+void kvp_session_table_clear(kvp_session_table *t)
+{
+    while (t->head) {
+        kvp_session *s = t->head;
+        t->head = s->next;
+        session_free(s);
+    }
+    t->count = 0;
+}
+
+int kvp_session_begin_turn(kvp_session *s, const char *text, size_t len, int max_tokens,
+                           float temperature, double now)
+{
+    kvp_turn *t = &s->turn;
+    free(t->text);
+    free(t->reply);
+    memset(t, 0, sizeof *t);
+    t->text = malloc(len + 1);
+    if (!t->text)
+        return -ENOMEM;
+    memcpy(t->text, text, len);
+    t->text[len] = '\0';
+    t->text_len = len;
+    t->max_tokens = max_tokens;
+    t->temperature = temperature;
+    atomic_init(&t->cancel, 0);
+    t->state = KVP_TURN_START;
+    t->t_start = now;
+    return 0;
+}
+
+static int push_token(kvp_session *s, int id)
+{
+    if (s->n_tokens == s->cap_tokens) {
+        int cap = s->cap_tokens ? s->cap_tokens * 2 : 256;
+        int *v = realloc(s->tokens, (size_t)cap * sizeof *v);
+        if (!v)
+            return -ENOMEM;
+        s->tokens = v;
+        s->cap_tokens = cap;
+    }
+    s->tokens[s->n_tokens++] = id;
+    return 0;
+}
+
+static int push_message(kvp_session *s, int user, const char *text, size_t len)
+{
+    if (s->n_msgs == s->cap_msgs) {
+        int cap = s->cap_msgs ? s->cap_msgs * 2 : 16;
+        kvp_message *v = realloc(s->msgs, (size_t)cap * sizeof *v);
+        if (!v)
+            return -ENOMEM;
+        s->msgs = v;
+        s->cap_msgs = cap;
+    }
+    char *copy = malloc(len + 1);
+    if (!copy)
+        return -ENOMEM;
+    memcpy(copy, text, len);
+    copy[len] = '\0';
+    s->msgs[s->n_msgs].user = user;
+    s->msgs[s->n_msgs].text = copy;
+    s->n_msgs++;
+    return 0;
+}
+
+static int reply_append(kvp_turn *t, const char *p, size_t n)
+{
+    if (t->reply_len + n + 1 > t->reply_cap) {
+        size_t cap = t->reply_cap ? t->reply_cap : 256;
+        while (cap < t->reply_len + n + 1)
+            cap *= 2;
+        char *r = realloc(t->reply, cap);
+        if (!r)
+            return -ENOMEM;
+        t->reply = r;
+        t->reply_cap = cap;
+    }
+    memcpy(t->reply + t->reply_len, p, n);
+    t->reply_len += n;
+    t->reply[t->reply_len] = '\0';
+    return 0;
+}
+
+static void note_rows(kvp_session *s)
+{
+    int r = kvp_cache_max_rows(&s->cache);
+    if (r > s->turn.stats.cache_rows_max)
+        s->turn.stats.cache_rows_max = r;
+}
+
+static kvp_evict_cfg evict_cfg(const kvp_session *s, const kvp_session_env *env)
+{
+    kvp_evict_cfg e = {s->policy, env->budget, env->chunk};
+    return e;
+}
+
+/* Ends the turn: turn-boundary eviction, transcript, stats. */
+static int finish(kvp_session *s, const kvp_session_env *env, const kvp_turn_sink *sink,
+                  const char *stop)
+{
+    kvp_turn *t = &s->turn;
+    char tail[4];
+    size_t n = kvp_utf8_flush(&t->utf8, tail);
+    int rc = 0;
+    if (n) {
+        sink->token(sink->ctx, s, tail, n);
+        rc = reply_append(t, tail, n);
+    }
+    kvp_evict_cfg e = evict_cfg(s, env);
+    int dropped = kvp_gen_compress(&s->cache, &e);
+    if (dropped < 0 && !rc)
+        rc = dropped;
+    if (!rc)
+        rc = push_message(s, 0, t->reply ? t->reply : "", t->reply_len);
+    if (rc < 0) {
+        sink->error(sink->ctx, s, rc, "could not finish the turn");
+        return 0;
+    }
+    double end = kvp_now();
+    kvp_turn_stats *st = &t->stats;
+    st->transcript_tokens = s->n_tokens;
+    st->cache_rows = kvp_cache_max_rows(&s->cache);
+    if (st->cache_rows > st->cache_rows_max)
+        st->cache_rows_max = st->cache_rows;
+    st->cache_bytes = kvp_cache_bytes(&s->cache);
+    st->evicted_total = s->cache.evicted_rows;
+    st->evicted_rows = s->cache.evicted_rows - t->evicted_at_start;
+    st->duration_ms = (end - t->t_start) * 1e3;
+    st->ttft_ms = t->t_first > 0 ? (t->t_first - t->t_start) * 1e3 : st->duration_ms;
+    st->tokens_per_s = end > t->t_start ? st->generated_tokens / (end - t->t_start) : 0;
+    st->stop = stop;
+    sink->done(sink->ctx, s, st, t->reply ? t->reply : "", t->reply_len);
+    free(t->text);
+    t->text = NULL;
+    return 0;
+}
+
+/* Undoes a failed turn so the session stays usable: the cache may be half-updated, so
+ * it is dropped and the next turn re-prefills the transcript. */
+static int fail(kvp_session *s, int old_n_tokens, const kvp_turn_sink *sink, int rc,
+                const char *what)
+{
+    kvp_cache_reset(&s->cache);
+    s->n_cached = 0;
+    if (s->turn.state != KVP_TURN_DECODE && old_n_tokens >= 0) {
+        s->n_tokens = old_n_tokens;  /* forget the message that could not run */
+        if (s->n_msgs && s->msgs[s->n_msgs - 1].user)
+            free(s->msgs[--s->n_msgs].text);
+    }
+    char msg[160];
+    snprintf(msg, sizeof msg, "%s: %s", what,
+             rc == -E2BIG ? "the conversation outgrew the model's context" : strerror(-rc));
+    sink->error(sink->ctx, s, rc, msg);
+    free(s->turn.text);
+    s->turn.text = NULL;
+    return 0;
+}
+
+/* A sampled token: stop, or stream it and keep going. Returns as kvp_turn_step. */
+static int take_token(kvp_session *s, const kvp_session_env *env, const kvp_turn_sink *sink,
+                      int tok)
+{
+    kvp_turn *t = &s->turn;
+    if (kvp_template_is_stop(&env->tpl, tok)) {
+        /* A chat format's end marker belongs to the transcript (fed next turn). */
+        if (kvp_template_keeps_stop(&env->tpl) && push_token(s, tok) < 0)
+            return fail(s, -1, sink, -ENOMEM, "transcript");
+        s->reply_open = 0;
+        return finish(s, env, sink, "eos");
+    }
+    int prev = s->n_tokens ? s->tokens[s->n_tokens - 1] : -1;
+    if (push_token(s, tok) < 0)
+        return fail(s, -1, sink, -ENOMEM, "transcript");
+    t->stats.generated_tokens++;
+    if (t->t_first == 0)
+        t->t_first = kvp_now();
+    size_t plen = 0;
+    const char *piece = kvp_tokenizer_piece(&env->model->tok, prev, tok, &plen);
+    if (piece && plen) {
+        char buf[3 * 64 + 4];
+        size_t off = 0;
+        while (off < plen) {   /* pieces are short; chunk anyway to bound buf */
+            size_t n = plen - off > 64 ? 64 : plen - off;
+            size_t o = kvp_utf8_feed(&t->utf8, piece + off, n, buf);
+            if (o) {
+                sink->token(sink->ctx, s, buf, o);
+                if (reply_append(t, buf, o) < 0)
+                    return fail(s, -1, sink, -ENOMEM, "reply");
+            }
+            off += n;
+        }
+    }
+    if (t->stats.generated_tokens >= t->max_tokens)
+        return finish(s, env, sink, "length");
+    t->next_token = tok;
+    t->state = KVP_TURN_DECODE;
+    return 1;
+}
+
+int kvp_turn_step(kvp_session *s, const kvp_session_env *env, kvp_runstate *rs,
+                  const kvp_turn_sink *sink)
+{
+    kvp_turn *t = &s->turn;
+    kvp_evict_cfg e = evict_cfg(s, env);
+    int cancelled = atomic_load(&t->cancel);
+    rs->policy = s->policy;   /* runstates are per worker; the policy is per session */
+
+    if (t->state == KVP_TURN_START) {
+        if (cancelled) {
+            /* Nothing ran: the message is not part of the conversation. */
+            return fail(s, s->n_tokens, sink, -ECANCELED, "turn");
+        }
+        int *ids = NULL;
+        int old = s->n_tokens;
+        int n = kvp_template_turn(&env->tpl, s->n_tokens == 0, s->reply_open, t->text,
+                                  t->text_len, &ids);
+        if (n < 0)
+            return fail(s, old, sink, n, "tokenize");
+        for (int i = 0; i < n; i++)
+            if (push_token(s, ids[i]) < 0) {
+                free(ids);
+                return fail(s, old, sink, -ENOMEM, "transcript");
+            }
+        free(ids);
+        if (push_message(s, 1, t->text, t->text_len) < 0)
+            return fail(s, old, sink, -ENOMEM, "transcript");
+        t->stats.prompt_tokens = s->n_tokens - s->n_cached;
+        if (!env->reuse_cache) {
+            /* Benchmark baseline: forget the cache, run the whole transcript again. */
+            kvp_cache_reset(&s->cache);
+            s->n_cached = 0;
+        }
+        t->evicted_at_start = s->cache.evicted_rows;
+        s->sampler.temperature = t->temperature;
+        t->undo_tokens = old;
+        s->reply_open = 1;    /* the assistant's reply has begun */
+        t->state = KVP_TURN_PREFILL;
+    }
+
+    if (t->state == KVP_TURN_PREFILL) {
+        if (cancelled)
+            return finish(s, env, sink, "cancel");
+        int left = s->n_tokens - s->n_cached;
+        int n = left < env->chunk ? left : env->chunk;
+        if (n > 0) {
+            int rc = kvp_gen_prefill(env->model, rs, &s->cache, &e, s->tokens + s->n_cached,
+                                     n, NULL);
+            if (rc < 0)
+                return fail(s, t->undo_tokens, sink, rc, "prefill");
+            s->n_cached += n;
+            t->stats.prefilled_tokens += n;
+            note_rows(s);
+        }
+        if (s->n_cached < s->n_tokens)
+            return 1;
+        if (n == 0)   /* nothing new to run: no fresh logits to sample from */
+            return finish(s, env, sink, "eos");
+        return take_token(s, env, sink, kvp_sample(&s->sampler, rs->logits));
+    }
+
+    /* KVP_TURN_DECODE */
+    if (cancelled)
+        return finish(s, env, sink, "cancel");
+    int rc = kvp_gen_decode(env->model, rs, &s->cache, &e, t->next_token);
+    if (rc < 0)
+        return fail(s, -1, sink, rc, "decode");
+    s->n_cached++;
+    note_rows(s);
+    return take_token(s, env, sink, kvp_sample(&s->sampler, rs->logits));
+}

@@ -1,0 +1,45 @@
+/* Per-connection state shared by the HTTP and websocket handlers (web/ internal). */
+#ifndef KVPD_CONN_H
+#define KVPD_CONN_H
+
+#include <libwebsockets.h>
+#include <stddef.h>
+
+#include "daemon/kvpd.h"
+
+typedef struct kvpd_frame {
+    struct kvpd_frame *next;
+    size_t len;
+    unsigned char buf[];     /* LWS_PRE bytes of headroom, then the payload */
+} kvpd_frame;
+
+enum kvpd_rx_skip { KVPD_RX_KEEP = 0, KVPD_RX_BINARY, KVPD_RX_TOO_LARGE };
+
+typedef struct kvpd_conn {
+    struct lws *wsi;
+    kvpd *d;
+    int is_ws;
+    kvp_session *session;
+    kvpd_frame *out_head, *out_tail;   /* ws frames, or one HTTP body */
+    char *rx;                          /* the websocket message being assembled */
+    size_t rx_len, rx_cap;
+    enum kvpd_rx_skip rx_skip;
+} kvpd_conn;
+
+/* Queues payload (copied) and asks lws for a writeable callback. 0 or -ENOMEM. */
+int kvpd_conn_queue(kvpd_conn *c, const char *payload, size_t len);
+void kvpd_conn_free_frames(kvpd_conn *c);
+
+/* HTTP: handles LWS_CALLBACK_HTTP for uri; returns as an lws callback. */
+int kvpd_http_request(kvpd_conn *c, const char *uri);
+/* HTTP: writes the queued body once writeable; returns as an lws callback. */
+int kvpd_http_writeable(kvpd_conn *c);
+
+/* Websocket: message bytes as they arrive; complete messages are handled. */
+int kvpd_chat_receive(kvpd_conn *c, const void *in, size_t len);
+/* Websocket: the connection closed; detach it from its session. */
+void kvpd_chat_closed(kvpd_conn *c);
+/* Sends an error frame and counts it. */
+void kvpd_chat_error(kvpd_conn *c, const char *code, const char *msg);
+
+#endif

@@ -1,0 +1,49 @@
+/* Counters and histograms for /metrics (Prometheus text format 0.0.4) and
+ * /admin/stats. Updated and read on the loop thread only. */
+#ifndef KVPD_METRICS_H
+#define KVPD_METRICS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define KVPD_HIST_BUCKETS 12
+
+typedef struct kvpd_hist {
+    const double *bounds;                 /* KVPD_HIST_BUCKETS - 1 upper bounds, then +Inf */
+    uint64_t counts[KVPD_HIST_BUCKETS];   /* per bucket (not cumulative) */
+    uint64_t count;
+    double sum;
+} kvpd_hist;
+
+enum kvpd_err_kind {
+    KVPD_ERR_BAD_JSON, KVPD_ERR_BAD_REQUEST, KVPD_ERR_BUSY, KVPD_ERR_TOO_LARGE,
+    KVPD_ERR_UNKNOWN_SESSION, KVPD_ERR_OVERLOADED, KVPD_ERR_INTERNAL, KVPD_ERR_KINDS
+};
+
+typedef struct kvpd_metrics {
+    uint64_t sessions_created, sessions_expired;
+    uint64_t turns, turns_cancelled, turns_failed;
+    uint64_t prompt_tokens, prefilled_tokens, generated_tokens;
+    uint64_t evicted_rows;
+    uint64_t connections, http_requests;
+    uint64_t errors[KVPD_ERR_KINDS];
+    kvpd_hist ttft, turn_duration;        /* seconds */
+} kvpd_metrics;
+
+/* Point-in-time values that are not counters. */
+typedef struct kvpd_gauges {
+    int sessions_active, turns_running, queue_depth;
+    size_t cache_bytes_total, cache_bytes_max_session;
+    double uptime_s;
+    int ready;
+} kvpd_gauges;
+
+/* Zeroes the counters and sets the histogram buckets. */
+void kvpd_metrics_init(kvpd_metrics *m);
+void kvpd_hist_observe(kvpd_hist *h, double v);
+/* Maps a protocol error code to its counter (unknown codes count as internal). */
+enum kvpd_err_kind kvpd_err_kind_of(const char *code);
+/* Renders the exposition text; malloc'd, NULL when out of memory. */
+char *kvpd_metrics_render(const kvpd_metrics *m, const kvpd_gauges *g, size_t *len);
+
+#endif

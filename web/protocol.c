@@ -1,0 +1,140 @@
+/* /chat protocol: jansson in, jansson out. */
+#include "web/protocol.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int reject(const char **code, const char *c, char *msg, size_t msglen,
+                  const char *text)
+{
+    *code = c;
+    snprintf(msg, msglen, "%s", text);
+    return -EINVAL;
+}
+
+static int valid_id(const char *s)
+{
+    if (strlen(s) != KVP_SESSION_ID_LEN)
+        return 0;
+    for (const char *p = s; *p; p++)
+        if (!((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f')))
+            return 0;
+    return 1;
+}
+
+int kvpd_proto_parse(const char *buf, size_t len, int max_tokens_limit,
+                     kvpd_client_msg *out, const char **code, char *msg, size_t msglen)
+{
+    memset(out, 0, sizeof *out);
+    json_error_t jerr;
+    json_t *root = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root) {
+        *code = KVPD_E_BAD_JSON;
+        snprintf(msg, msglen, "invalid JSON at %d: %s", jerr.position, jerr.text);
+        return -EINVAL;
+    }
+    int rc = 0;
+    const char *type = json_string_value(json_object_get(root, "type"));
+    if (!json_is_object(root) || !type) {
+        rc = reject(code, KVPD_E_BAD_REQUEST, msg, msglen, "expected an object with a \"type\"");
+    } else if (!strcmp(type, "hello")) {
+        out->type = KVPD_MSG_HELLO;
+        json_t *id = json_object_get(root, "session");
+        if (id && !json_is_null(id)) {
+            if (!json_is_string(id))
+                rc = reject(code, KVPD_E_BAD_REQUEST, msg, msglen, "session must be a string");
+            else if (!valid_id(json_string_value(id)))
+                rc = reject(code, KVPD_E_UNKNOWN_SESSION, msg, msglen, "no such session");
+            else
+                snprintf(out->session, sizeof out->session, "%s", json_string_value(id));
+        }
+    } else if (!strcmp(type, "message")) {
+        out->type = KVPD_MSG_MESSAGE;
+        json_t *text = json_object_get(root, "text");
+        json_t *mt = json_object_get(root, "max_tokens");
+        json_t *temp = json_object_get(root, "temperature");
+        if (!json_is_string(text) || json_string_length(text) == 0)
+            rc = reject(code, KVPD_E_BAD_REQUEST, msg, msglen, "text must be a non-empty string");
+        else if (mt && !json_is_null(mt) &&
+                 (!json_is_integer(mt) || json_integer_value(mt) < 1))
+            rc = reject(code, KVPD_E_BAD_REQUEST, msg, msglen, "max_tokens must be a positive integer");
+        else if (mt && json_is_integer(mt) && json_integer_value(mt) > max_tokens_limit) {
+            *code = KVPD_E_TOO_LARGE;
+            snprintf(msg, msglen, "max_tokens is limited to %d", max_tokens_limit);
+            rc = -EINVAL;
+        } else if (temp && !json_is_null(temp) &&
+                   (!json_is_number(temp) || json_number_value(temp) < 0 ||
+                    json_number_value(temp) > 10))
+            rc = reject(code, KVPD_E_BAD_REQUEST, msg, msglen, "temperature must be a number in [0, 10]");
+        else {
+            out->text_len = json_string_length(text);
+            out->text = malloc(out->text_len + 1);
+            if (!out->text) {
+                rc = reject(code, KVPD_E_INTERNAL, msg, msglen, "out of memory");
+            } else {
+                memcpy(out->text, json_string_value(text), out->text_len + 1);
+                out->max_tokens = json_is_integer(mt) ? (int)json_integer_value(mt) : 0;
+                out->has_temperature = temp && json_is_number(temp);
+                out->temperature = out->has_temperature ? (float)json_number_value(temp) : 0;
+            }
+        }
+    } else if (!strcmp(type, "cancel")) {
+        out->type = KVPD_MSG_CANCEL;
+    } else {
+        rc = reject(code, KVPD_E_BAD_REQUEST, msg, msglen, "unknown message type");
+    }
+    json_decref(root);
+    return rc;
+}
+
+void kvpd_proto_msg_free(kvpd_client_msg *m)
+{
+    free(m->text);
+    m->text = NULL;
+}
+
+static char *dump(json_t *o)
+{
+    if (!o)
+        return NULL;
+    char *s = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    return s;
+}
+
+char *kvpd_proto_session(const char *id, int resumed, int turns)
+{
+    return dump(json_pack("{s:s, s:s, s:b, s:i}", "type", "session", "id", id,
+                          "resumed", resumed, "turns", turns));
+}
+
+char *kvpd_proto_token(const char *text, size_t len)
+{
+    return dump(json_pack("{s:s, s:s%}", "type", "token", "text", text, len));
+}
+
+char *kvpd_proto_done(const char *reply, size_t len, const kvp_turn_stats *st)
+{
+    json_t *stats = json_pack(
+        "{s:i, s:i, s:i, s:i, s:i, s:i, s:I, s:I, s:I, s:f, s:f, s:f, s:s}",
+        "prompt_tokens", st->prompt_tokens, "prefilled_tokens", st->prefilled_tokens,
+        "generated_tokens", st->generated_tokens, "transcript_tokens", st->transcript_tokens,
+        "cache_rows_max", st->cache_rows_max, "cache_rows", st->cache_rows,
+        "cache_bytes", (json_int_t)st->cache_bytes, "evicted_rows", (json_int_t)st->evicted_rows,
+        "evicted_rows_total", (json_int_t)st->evicted_total, "ttft_ms", st->ttft_ms,
+        "duration_ms", st->duration_ms, "tokens_per_s", st->tokens_per_s,
+        "stop", st->stop ? st->stop : "eos");
+    if (!stats)
+        return NULL;
+    return dump(json_pack("{s:s, s:s%, s:o}", "type", "done", "reply", reply, len,
+                          "stats", stats));
+}
+
+char *kvpd_proto_error(const char *code, const char *message)
+{
+    return dump(json_pack("{s:s, s:s, s:s}", "type", "error", "code", code,
+                          "message", message));
+}

@@ -1,0 +1,43 @@
+/* The /chat websocket protocol (docs/protocol.md): client messages parsed and checked
+ * with jansson, server frames built as compact JSON. No libwebsockets here. */
+#ifndef KVPD_PROTOCOL_H
+#define KVPD_PROTOCOL_H
+
+#include <stddef.h>
+
+#include "sessions/session.h"
+
+enum kvpd_msg_type { KVPD_MSG_HELLO, KVPD_MSG_MESSAGE, KVPD_MSG_CANCEL };
+
+typedef struct kvpd_client_msg {
+    enum kvpd_msg_type type;
+    char session[KVP_SESSION_ID_LEN + 1];   /* hello: "" = new session */
+    char *text;                             /* message: malloc'd, valid UTF-8 */
+    size_t text_len;
+    int max_tokens;                         /* 0 = not given */
+    float temperature;
+    int has_temperature;
+} kvpd_client_msg;
+
+/* Error codes of the protocol. */
+#define KVPD_E_BAD_JSON "bad_json"
+#define KVPD_E_BAD_REQUEST "bad_request"
+#define KVPD_E_BUSY "busy"
+#define KVPD_E_TOO_LARGE "too_large"
+#define KVPD_E_UNKNOWN_SESSION "unknown_session"
+#define KVPD_E_OVERLOADED "overloaded"
+#define KVPD_E_INTERNAL "internal"
+
+/* Parses one text message. On failure returns a negative code and sets *code to one of
+ * the codes above and msg to a human-readable reason. */
+int kvpd_proto_parse(const char *buf, size_t len, int max_tokens_limit,
+                     kvpd_client_msg *out, const char **code, char *msg, size_t msglen);
+void kvpd_proto_msg_free(kvpd_client_msg *m);
+
+/* Server frames, malloc'd NUL-terminated JSON (NULL when out of memory). */
+char *kvpd_proto_session(const char *id, int resumed, int turns);
+char *kvpd_proto_token(const char *text, size_t len);
+char *kvpd_proto_done(const char *reply, size_t len, const kvp_turn_stats *st);
+char *kvpd_proto_error(const char *code, const char *message);
+
+#endif

@@ -1,0 +1,21 @@
+/* libwebsockets on the daemon's libuv loop (foreign loop): one protocol serves HTTP
+ * (chat page, /healthz, /metrics, /admin/stats) and the /chat websocket. */
+#ifndef KVPD_SERVER_H
+#define KVPD_SERVER_H
+
+#include <stddef.h>
+
+#include "daemon/kvpd.h"
+
+/* Creates the lws context on d->loop and binds d->cfg.listen_*; sets d->port. */
+int kvpd_web_start(kvpd *d, char *err, size_t errlen);
+/* Destroys the context from the loop (its handles close as the loop runs on). */
+void kvpd_web_stop(kvpd *d);
+/* The scheduler's event callback: frames for the session's connection. */
+void kvpd_web_on_event(void *ctx, const kvpd_event *ev);
+/* Drops sessions idle for longer than the timeout (telling an attached client). */
+void kvpd_web_expire(kvpd *d, double now);
+/* Shutdown: asks every running turn to stop. Returns the turns still running. */
+int kvpd_web_cancel_all(kvpd *d);
+
+#endif
