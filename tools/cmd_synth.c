@@ -1,0 +1,326 @@
+/* `kvp synth`: writes a llama-architecture GGUF with random weights of a given shape,
+ * for benchmarks and tests at sizes no real model in ../shared has. Weights are uniform
+ * in +-1/sqrt(ne[0]) (ne[0] = the fan-in of the matmul), norms are 1.0, so activations
+ * stay in a sane range. Tensor data is generated per tensor inside the writer's fill
+ * callback from a per-tensor seed: deterministic for a seed, and only the largest
+ * tensor is ever in memory. */
+#include <errno.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "model/gguf.h"
+#include "model/quant.h"
+#include "tools/cli.h"
+#include "tools/cliutil.h"
+
+#define N_BYTE_TOKENS 256
+#define N_SPECIAL 3                                /* <unk>, <s>, </s> */
+#define MIN_VOCAB (N_SPECIAL + N_BYTE_TOKENS)
+#define MAX_FILE_BYTES (256ull << 30)              /* refuse absurd shapes up front */
+
+/* sentencepiece token types as llama.cpp stores them */
+enum { TOK_NORMAL = 1, TOK_UNKNOWN = 2, TOK_CONTROL = 3, TOK_BYTE = 6 };
+/* general.file_type values (llama_ftype) */
+enum { FTYPE_ALL_F32 = 0, FTYPE_MOSTLY_F16 = 1, FTYPE_MOSTLY_Q8_0 = 7 };
+
+typedef struct synth_opts {
+    const char *out;
+    long dim, hidden, layers, heads, kv_heads, vocab, ctx, seed;
+    uint32_t type;
+} synth_opts;
+
+typedef struct synth_tensor {
+    char name[48];
+    uint32_t n_dims, type;
+    uint64_t ne[2];
+} synth_tensor;
+
+typedef struct synth_ctx {
+    synth_tensor *t;
+    uint64_t n;
+    uint64_t seed;
+    float *row;         /* one row of f32 values before conversion */
+} synth_ctx;
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: kvp synth --out FILE [--dim 768] [--hidden 2048] [--layers 12] [--heads 12]\n"
+            "                 [--kv-heads HEADS] [--vocab 32000] [--ctx 2048]\n"
+            "                 [--type f32|f16|q8_0] [--seed 0]\n"
+            "Writes a llama-architecture GGUF with random weights (deterministic per seed).\n");
+}
+
+static int bad(const char *fmt, const char *arg)
+{
+    fprintf(stderr, "kvp synth: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\n");
+    usage(stderr);
+    return 2;
+}
+
+static uint64_t splitmix64(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static int fill(void *vctx, uint64_t i, void *buf, uint64_t n_bytes)
+{
+    synth_ctx *c = vctx;
+    const synth_tensor *t = &c->t[i];
+    uint64_t ne0 = t->ne[0], rows = t->n_dims > 1 ? t->ne[1] : 1;
+    uint64_t row_bytes = n_bytes / rows;
+    /* per-tensor stream: the data of a tensor does not depend on the others */
+    uint64_t s = c->seed ^ (0xd1b54a32d192ed03ull * (i + 1));
+    float scale = t->n_dims == 1 ? 0.0f : 1.0f / sqrtf((float)ne0);
+    uint8_t *out = buf;
+    for (uint64_t r = 0; r < rows; r++, out += row_bytes) {
+        for (uint64_t j = 0; j < ne0; j++) {
+            /* 24 random bits -> uniform in [-scale, scale) */
+            float u = (float)(splitmix64(&s) >> 40) * 0x1p-23f - 1.0f;
+            c->row[j] = t->n_dims == 1 ? 1.0f : u * scale;
+        }
+        switch (t->type) {
+        case KVP_GGML_F32:
+            memcpy(out, c->row, ne0 * sizeof(float));
+            break;
+        case KVP_GGML_F16:
+            for (uint64_t j = 0; j < ne0; j++) {
+                uint16_t h = kvp_f32_to_f16(c->row[j]);
+                memcpy(out + 2 * j, &h, 2);
+            }
+            break;
+        default:
+            kvp_quantize_q8_0(c->row, out, ne0);
+        }
+    }
+    return 0;
+}
+
+static void add_tensor(synth_ctx *c, kvp_gguf_writer *w, const char *name, uint32_t type,
+                       uint64_t ne0, uint64_t ne1)
+{
+    synth_tensor *t = &c->t[c->n++];
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->n_dims = ne1 ? 2 : 1;
+    t->type = ne1 ? type : KVP_GGML_F32; /* norms stay f32, as llama.cpp stores them */
+    t->ne[0] = ne0;
+    t->ne[1] = ne1 ? ne1 : 1;
+    /* a failed add makes the final write fail with a message */
+    kvp_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne);
+}
+
+/* The synthetic vocabulary: specials, the 256 byte tokens, then filler pieces. */
+static int add_vocab(kvp_gguf_writer *w, long vocab)
+{
+    char **tok = calloc((size_t)vocab, sizeof *tok);
+    float *score = calloc((size_t)vocab, sizeof *score);
+    int32_t *type = calloc((size_t)vocab, sizeof *type);
+    int rc = -ENOMEM;
+    if (!tok || !score || !type)
+        goto out;
+    static const char *const special[N_SPECIAL] = {"<unk>", "<s>", "</s>"};
+    for (long i = 0; i < vocab; i++) {
+        char s[32];
+        if (i < N_SPECIAL)
+            snprintf(s, sizeof s, "%s", special[i]);
+        else if (i < MIN_VOCAB)
+            snprintf(s, sizeof s, "<0x%02X>", (unsigned)(i - N_SPECIAL));
+        else
+            snprintf(s, sizeof s, "\xe2\x96\x81t%ld", i - MIN_VOCAB); /* "▁t123" */
+        if (!(tok[i] = strdup(s)))
+            goto out;
+        type[i] = i == 0 ? TOK_UNKNOWN : i < N_SPECIAL ? TOK_CONTROL
+                : i < MIN_VOCAB ? TOK_BYTE : TOK_NORMAL;
+        score[i] = i < MIN_VOCAB ? 0.0f : -(float)(i - MIN_VOCAB);
+    }
+    rc = 0;
+    kvp_gguf_writer_add_str_array(w, "tokenizer.ggml.tokens", (const char *const *)tok,
+                                  (uint64_t)vocab);
+    kvp_gguf_writer_add_f32_array(w, "tokenizer.ggml.scores", score, (uint64_t)vocab);
+    kvp_gguf_writer_add_i32_array(w, "tokenizer.ggml.token_type", type, (uint64_t)vocab);
+out:
+    for (long i = 0; tok && i < vocab; i++)
+        free(tok[i]);
+    free(tok);
+    free(score);
+    free(type);
+    return rc;
+}
+
+static int parse_args(synth_opts *o, int argc, char **argv)
+{
+    *o = (synth_opts){.dim = 768, .hidden = 2048, .layers = 12, .heads = 12, .kv_heads = 0,
+                      .vocab = 32000, .ctx = 2048, .seed = 0, .type = KVP_GGML_F32};
+    static const struct { const char *name; size_t off; long lo, hi; } num[] = {
+        {"--dim", offsetof(synth_opts, dim), 1, 65536},
+        {"--hidden", offsetof(synth_opts, hidden), 1, 262144},
+        {"--layers", offsetof(synth_opts, layers), 1, 1024},
+        {"--heads", offsetof(synth_opts, heads), 1, 1024},
+        {"--kv-heads", offsetof(synth_opts, kv_heads), 1, 1024},
+        {"--vocab", offsetof(synth_opts, vocab), MIN_VOCAB, 1 << 22},
+        {"--ctx", offsetof(synth_opts, ctx), 1, 1 << 24},
+        {"--seed", offsetof(synth_opts, seed), 0, LONG_MAX},
+    };
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 0;
+        }
+        if (i + 1 >= argc)
+            return bad("%s needs a value", a);
+        const char *v = argv[++i];
+        size_t k;
+        for (k = 0; k < sizeof num / sizeof num[0]; k++)
+            if (!strcmp(a, num[k].name))
+                break;
+        if (k < sizeof num / sizeof num[0]) {
+            if (!kvp_parse_long(v, num[k].lo, num[k].hi, (long *)((char *)o + num[k].off))) {
+                fprintf(stderr, "kvp synth: %s '%s' is not a number in [%ld, %ld]\n", a, v,
+                        num[k].lo, num[k].hi);
+                return 2;
+            }
+        } else if (!strcmp(a, "--out")) {
+            o->out = v;
+        } else if (!strcmp(a, "--type")) {
+            if (!strcmp(v, "f32"))
+                o->type = KVP_GGML_F32;
+            else if (!strcmp(v, "f16"))
+                o->type = KVP_GGML_F16;
+            else if (!strcmp(v, "q8_0"))
+                o->type = KVP_GGML_Q8_0;
+            else
+                return bad("unknown --type '%s' (f32, f16 or q8_0)", v);
+        } else {
+            return bad("unknown option '%s'", a);
+        }
+    }
+    if (!o->out)
+        return bad("%s", "missing --out FILE");
+    if (!o->kv_heads)
+        o->kv_heads = o->heads;
+    if (o->dim % o->heads || (o->dim / o->heads) % 2)
+        return bad("%s", "--dim must be a multiple of --heads with an even head size "
+                   "(RoPE rotates pairs)");
+    if (o->kv_heads > o->heads || o->heads % o->kv_heads)
+        return bad("%s", "--kv-heads must divide --heads");
+    if (o->type == KVP_GGML_Q8_0 && (o->dim % KVP_Q8_0_BLOCK || o->hidden % KVP_Q8_0_BLOCK))
+        return bad("%s", "q8_0 needs --dim and --hidden to be multiples of 32");
+    return -1;
+}
+
+int kvp_cmd_synth(int argc, char **argv)
+{
+    synth_opts o;
+    int rc = parse_args(&o, argc, argv);
+    if (rc >= 0)
+        return rc;
+
+    uint64_t d = (uint64_t)o.dim, hid = (uint64_t)o.hidden, v = (uint64_t)o.vocab;
+    uint64_t kvd = d / (uint64_t)o.heads * (uint64_t)o.kv_heads;
+    /* the limits above keep these products far from overflow */
+    uint64_t per_layer = 2 * d * d + 2 * d * kvd + 3 * d * hid;
+    uint64_t params = 2 * d * v + (uint64_t)o.layers * per_layer;
+    uint64_t file_bytes = kvp_type_nbytes(KVP_GGML_F32, params);
+    if (file_bytes > MAX_FILE_BYTES) {
+        fprintf(stderr, "kvp synth: %llu parameters is too large (at most %llu GiB of "
+                "weights)\n", (unsigned long long)params, MAX_FILE_BYTES >> 30);
+        return 2;
+    }
+
+    synth_ctx c = {.seed = (uint64_t)o.seed};
+    uint64_t n_tensors = 3 + 9 * (uint64_t)o.layers;
+    c.t = calloc(n_tensors, sizeof *c.t);
+    c.row = malloc((d > hid ? d : hid) * sizeof *c.row);
+    kvp_gguf_writer *w = kvp_gguf_writer_new();
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", o.out, (long)getpid());
+    FILE *f = NULL;
+    rc = 1;
+    if (!c.t || !c.row || !w) {
+        fprintf(stderr, "kvp synth: out of memory\n");
+        goto out;
+    }
+
+    /* kvs: a failed add makes kvp_gguf_writer_write fail, which is checked below */
+    char name[64];
+    snprintf(name, sizeof name, "kvp-synth d%ld l%ld h%ld", o.dim, o.layers, o.heads);
+    kvp_gguf_writer_add_str(w, "general.architecture", "llama");
+    kvp_gguf_writer_add_str(w, "general.name", name);
+    kvp_gguf_writer_add_u32(w, "general.file_type",
+                            o.type == KVP_GGML_F32 ? FTYPE_ALL_F32
+                            : o.type == KVP_GGML_F16 ? FTYPE_MOSTLY_F16 : FTYPE_MOSTLY_Q8_0);
+    kvp_gguf_writer_add_u32(w, "llama.context_length", (uint32_t)o.ctx);
+    kvp_gguf_writer_add_u32(w, "llama.embedding_length", (uint32_t)o.dim);
+    kvp_gguf_writer_add_u32(w, "llama.block_count", (uint32_t)o.layers);
+    kvp_gguf_writer_add_u32(w, "llama.feed_forward_length", (uint32_t)o.hidden);
+    kvp_gguf_writer_add_u32(w, "llama.rope.dimension_count", (uint32_t)(o.dim / o.heads));
+    kvp_gguf_writer_add_u32(w, "llama.attention.head_count", (uint32_t)o.heads);
+    kvp_gguf_writer_add_u32(w, "llama.attention.head_count_kv", (uint32_t)o.kv_heads);
+    kvp_gguf_writer_add_f32(w, "llama.rope.freq_base", 10000.0f);
+    kvp_gguf_writer_add_f32(w, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
+    kvp_gguf_writer_add_str(w, "tokenizer.ggml.model", "llama");
+    if (add_vocab(w, o.vocab)) {
+        fprintf(stderr, "kvp synth: out of memory\n");
+        goto out;
+    }
+    kvp_gguf_writer_add_u32(w, "tokenizer.ggml.unknown_token_id", 0);
+    kvp_gguf_writer_add_u32(w, "tokenizer.ggml.bos_token_id", 1);
+    kvp_gguf_writer_add_u32(w, "tokenizer.ggml.eos_token_id", 2);
+
+    add_tensor(&c, w, "token_embd.weight", o.type, d, v);
+    add_tensor(&c, w, "output_norm.weight", o.type, d, 0);
+    add_tensor(&c, w, "output.weight", o.type, d, v);
+    for (long l = 0; l < o.layers; l++) {
+        static const struct { const char *name; int in, out; } blk[] = {
+            /* in/out: 0 = none (a norm), 1 = dim, 2 = kv dim, 3 = hidden */
+            {"attn_norm", 1, 0}, {"attn_q", 1, 1}, {"attn_k", 1, 2}, {"attn_v", 1, 2},
+            {"attn_output", 1, 1}, {"ffn_norm", 1, 0}, {"ffn_gate", 1, 3},
+            {"ffn_down", 3, 1}, {"ffn_up", 1, 3},
+        };
+        const uint64_t size[4] = {0, d, kvd, hid};
+        for (size_t k = 0; k < sizeof blk / sizeof blk[0]; k++) {
+            char tn[48];
+            snprintf(tn, sizeof tn, "blk.%ld.%s.weight", l, blk[k].name);
+            add_tensor(&c, w, tn, o.type, size[blk[k].in], size[blk[k].out]);
+        }
+    }
+
+    /* write beside the target and rename, so a failed run leaves no partial model */
+    if (!(f = fopen(tmp, "wb"))) {
+        fprintf(stderr, "kvp synth: %s: %s\n", tmp, strerror(errno));
+        goto out;
+    }
+    char err[256];
+    int wrc = kvp_gguf_writer_write(w, f, fill, &c, err, sizeof err);
+    int crc = fclose(f);
+    f = NULL;
+    if (wrc || crc) {
+        fprintf(stderr, "kvp synth: %s: %s\n", o.out, wrc ? err : strerror(errno));
+        remove(tmp);
+        goto out;
+    }
+    if (rename(tmp, o.out)) {
+        fprintf(stderr, "kvp synth: %s: %s\n", o.out, strerror(errno));
+        remove(tmp);
+        goto out;
+    }
+    printf("wrote %s: %llu parameters, %llu tensors, %s\n", o.out, (unsigned long long)params,
+           (unsigned long long)n_tensors, kvp_type_name(o.type));
+    rc = 0;
+out:
+    kvp_gguf_writer_free(w);
+    free(c.t);
+    free(c.row);
+    return rc;
+}
