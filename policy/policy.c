@@ -1,1 +1,173 @@
-/* placeholder: being written */
+/* Policy registry and the rank-and-keep step every policy shares. */
+#include "policy/policy.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "policy/kvp_agent.h"
+
+#define DEFAULT_SINKS 4
+#define DEFAULT_RECENT 16
+
+static const struct {
+    const char *name;
+    int (*create)(kvp_policy *p, const char *policy_file, char *err, size_t errlen);
+} registry[] = {
+    { "none", kvp_none_policy_create },
+    { "random", kvp_random_policy_create },
+    { "streaming", kvp_streaming_policy_create },
+    { "knorm", kvp_knorm_policy_create },
+    { "keydiff", kvp_keydiff_policy_create },
+    { "lagkv", kvp_lagkv_policy_create },
+    { "h2o", kvp_h2o_policy_create },
+    { "tova", kvp_tova_policy_create },
+    { "snapkv", kvp_snapkv_policy_create },
+    { "kvp", kvp_agent_policy_create },
+    { "oracle", kvp_oracle_policy_create },
+};
+
+const char *kvp_policy_names(void)
+{
+    return "none random streaming knorm keydiff lagkv h2o tova snapkv kvp oracle";
+}
+
+/* splitmix64: nearby seeds give unrelated xorshift states, and never the stuck state 0 */
+static uint64_t seed_state(uint64_t seed)
+{
+    uint64_t z = seed + 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return z ? z : 0x9E3779B97F4A7C15ull;
+}
+
+int kvp_policy_create(kvp_policy **out, const char *name, const char *policy_file,
+                      const kvp_model_config *cfg, uint64_t seed, char *err, size_t errlen)
+{
+    *out = NULL;
+    size_t i = 0, n = sizeof registry / sizeof registry[0];
+    while (i < n && !(name && strcmp(name, registry[i].name) == 0))
+        i++;
+    if (i == n) {
+        snprintf(err, errlen, "unknown policy '%s' (one of: %s)", name ? name : "(null)",
+                 kvp_policy_names());
+        return -EINVAL;
+    }
+    kvp_policy *p = calloc(1, sizeof *p);
+    if (!p) {
+        snprintf(err, errlen, "policy %s: out of memory", name);
+        return -ENOMEM;
+    }
+    if (cfg)
+        p->cfg = *cfg;
+    p->n_sink = DEFAULT_SINKS;
+    p->n_recent = DEFAULT_RECENT;
+    p->rng = seed_state(seed);
+    int rc = registry[i].create(p, policy_file, err, errlen);
+    if (rc < 0) {
+        free(p);
+        return rc;
+    }
+    *out = p;
+    return 0;
+}
+
+void kvp_policy_destroy(kvp_policy *p)
+{
+    if (!p)
+        return;
+    if (p->ops && p->ops->destroy)
+        p->ops->destroy(p);
+    free(p);
+}
+
+int kvp_policy_is_none(const kvp_policy *p)
+{
+    return !p || strcmp(p->ops->name, "none") == 0;
+}
+
+typedef struct ranked {
+    float score;
+    int row;
+} ranked;
+
+/* best first: higher score, then older row */
+static int by_score(const void *a, const void *b)
+{
+    const ranked *x = a, *y = b;
+    if (x->score != y->score)
+        return x->score > y->score ? -1 : 1;
+    return (x->row > y->row) - (x->row < y->row);
+}
+
+static int by_row(const void *a, const void *b)
+{
+    const ranked *x = a, *y = b;
+    return (x->row > y->row) - (x->row < y->row);
+}
+
+int kvp_policy_evict_head(kvp_policy *p, kvp_cache *c, int layer, int kvh, int budget)
+{
+    kvp_head *h = kvp_cache_head(c, layer, kvh);
+    if (kvp_policy_is_none(p) || budget <= 0 || h->n <= budget)
+        return 0;
+    if (p->ops->before_evict)
+        p->ops->before_evict(p, layer, kvh, h);
+    int n = h->n;
+    int recent = p->ops->recent_window ? p->ops->recent_window(p, budget) : p->n_recent;
+    /* protected: sinks [0, ns) and the recent window [n - nr, n), disjoint */
+    int ns = p->n_sink < 0 ? 0 : p->n_sink < n ? p->n_sink : n;
+    int nr = recent < 0 ? 0 : recent < n - ns ? recent : n - ns;
+    int *keep = malloc((size_t)budget * sizeof *keep);
+    if (!keep)
+        return -ENOMEM;
+    int k = 0;
+    if (budget <= ns + nr) {
+        /* closest to the budget: sinks first, then the newest */
+        int ks = ns < budget ? ns : budget;
+        for (int i = 0; i < ks; i++)
+            keep[k++] = i;
+        for (int i = n - (budget - ks); i < n; i++)
+            keep[k++] = i;
+    } else {
+        /* here n > budget > ns + nr, so the middle [ns, n - nr) has more rows than slots */
+        int n_mid = n - ns - nr, slots = budget - ns - nr;
+        ranked *mid = malloc((size_t)n_mid * sizeof *mid);
+        if (!mid) {
+            free(keep);
+            return -ENOMEM;
+        }
+        for (int i = 0; i < n_mid; i++) {
+            float s = h->score[ns + i];
+            mid[i] = (ranked){ isnan(s) ? -INFINITY : s, ns + i };
+        }
+        qsort(mid, (size_t)n_mid, sizeof *mid, by_score);
+        qsort(mid, (size_t)slots, sizeof *mid, by_row);
+        for (int i = 0; i < ns; i++)
+            keep[k++] = i;
+        for (int i = 0; i < slots; i++)
+            keep[k++] = mid[i].row;
+        for (int i = n - nr; i < n; i++)
+            keep[k++] = i;
+        free(mid);
+    }
+    kvp_cache_keep(c, h, keep, budget);
+    free(keep);
+    return n - budget;
+}
+
+int kvp_policy_evict(kvp_policy *p, kvp_cache *c, int budget)
+{
+    int dropped = 0;
+    for (int l = 0; l < c->n_layers; l++)
+        for (int kvh = 0; kvh < c->n_kv_heads; kvh++) {
+            int rc = kvp_policy_evict_head(p, c, l, kvh, budget);
+            if (rc < 0)
+                return rc;
+            dropped += rc;
+        }
+    return dropped;
+}

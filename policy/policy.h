@@ -48,14 +48,32 @@ int kvp_policy_create(kvp_policy **out, const char *name, const char *policy_fil
 void kvp_policy_destroy(kvp_policy *p);
 /* Space-separated list of every policy name (for --help and errors). */
 const char *kvp_policy_names(void);
-/* 1 for "none": never evicts. */
+/* 1 for "none" (and for NULL, generate.h's "no policy"): never evicts. */
 int kvp_policy_is_none(const kvp_policy *p);
 
 /* Rank-and-keep on one head: when h->n > budget, keep the n_sink oldest rows, the
  * recent window, and the highest-scoring others to reach exactly `budget` rows
- * (ties: older row first). Returns the rows dropped. */
+ * (ties: older row first; NaN scores rank last). When budget is at most the protected
+ * rows, keep the sinks first, then the newest. budget <= 0 means unbounded (as in
+ * generate.h). Returns the rows dropped, or -ENOMEM. */
 int kvp_policy_evict_head(kvp_policy *p, kvp_cache *c, int layer, int kvh, int budget);
-/* All heads. Returns the rows dropped. */
+/* All heads. Returns the rows dropped, or -ENOMEM. */
 int kvp_policy_evict(kvp_policy *p, kvp_cache *c, int budget);
+
+/* Constructors kvp_policy_create dispatches to by name (policy/baselines.c; "kvp" is
+ * kvp_agent_policy_create, policy/kvp_agent.h). Each installs p->ops (and p->impl) on a
+ * policy whose cfg, n_sink, n_recent and rng are already set; on failure it frees what
+ * it allocated and writes a message to err. A policy instance carries per-session state
+ * (rng, SnapKV's query window): one instance per cache, used by one thread at a time. */
+int kvp_none_policy_create(kvp_policy *p, const char *policy_file, char *err, size_t errlen);
+int kvp_random_policy_create(kvp_policy *p, const char *policy_file, char *err, size_t errlen);
+int kvp_streaming_policy_create(kvp_policy *p, const char *policy_file, char *err, size_t errlen);
+int kvp_knorm_policy_create(kvp_policy *p, const char *policy_file, char *err, size_t errlen);
+int kvp_keydiff_policy_create(kvp_policy *p, const char *policy_file, char *err, size_t errlen);
+int kvp_lagkv_policy_create(kvp_policy *p, const char *policy_file, char *err, size_t errlen);
+int kvp_h2o_policy_create(kvp_policy *p, const char *policy_file, char *err, size_t errlen);
+int kvp_tova_policy_create(kvp_policy *p, const char *policy_file, char *err, size_t errlen);
+int kvp_snapkv_policy_create(kvp_policy *p, const char *policy_file, char *err, size_t errlen);
+int kvp_oracle_policy_create(kvp_policy *p, const char *policy_file, char *err, size_t errlen);
 
 #endif
