@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cache/checksum.h"
 #include "cache/rope.h"
 
 /* bytes one row costs in a head: k + v (head_dim floats each), pos, seq, score, stat */
@@ -176,16 +177,7 @@ void kvp_cache_shift(kvp_cache *c, int n_sink)
 #define CACHE_MAGIC "KVPCACHE"
 #define CACHE_VERSION 1u
 
-static uint64_t fnv1a(const void *p, size_t n)
-{
-    const unsigned char *b = p;
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < n; i++) {
-        h ^= b[i];
-        h *= 1099511628211ull;
-    }
-    return h;
-}
+static uint64_t fnv1a(const void *p, size_t n) { return kvp_fnv1a(KVP_FNV1A_INIT, p, n); }
 
 typedef struct { unsigned char *p; size_t n; } wbuf;
 

@@ -12,6 +12,7 @@ static const struct {
     {"generate", kvp_cmd_generate, "generate text from a model (optionally with eviction)"},
     {"synth", kvp_cmd_synth, "write a random-weight llama GGUF of a given shape"},
     {"policy-init", kvp_cmd_policy_init, "write a randomly initialised KVP policy file"},
+    {"trace", kvp_cmd_trace, "record q/k/v traces of a model over text, for training"},
 };
 
 static void usage(FILE *f)
