@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "model/forward.h"
 #include "model/sampler.h"
@@ -167,4 +168,36 @@ Test(forward, rejects_bad_tokens_and_block_sizes)
     cr_expect_eq(a.c.next_pos, 0, "a rejected block must not touch the cache");
     cr_expect_eq(kvp_cache_max_rows(&a.c), 0);
     engine_close(&a);
+}
+
+/* The same random model stored as F32, F16 and Q8_0 (kvp synth, one seed): the
+ * quantized files load and give logits close to the F32 ones. */
+Test(forward, f16_and_q8_0_close_to_f32)
+{
+    const char *types[3] = {"f32", "f16", "q8_0"};
+    float tol[3] = {0.0f, 1e-2f, 6e-2f};
+    float *ref = NULL;
+    for (int i = 0; i < 3; i++) {
+        char path[64], cmd[512];
+        snprintf(path, sizeof path, "/tmp/kvp-test-synth-%d-%s.gguf", (int)getpid(), types[i]);
+        snprintf(cmd, sizeof cmd, "%s synth --out %s --dim 64 --hidden 160 --layers 2 --heads 4 "
+                 "--kv-heads 2 --vocab 300 --type %s --seed 9 2>&1", tu_build("tools/kvp"), path, types[i]);
+        cr_assert_eq(tu_run(cmd, NULL), 0, "%s", cmd);
+        engine e;
+        engine_open(&e, path, NULL, 8);
+        int toks[8] = {1, 40, 41, 42, 43, 44, 45, 46};
+        float *logits = malloc(8 * 300 * sizeof *logits);
+        cr_assert_eq(kvp_forward(&e.m, &e.s, &e.c, toks, 8, logits), 0);
+        if (!ref)
+            ref = logits;
+        else {
+            float r = rel_diff(logits, ref, 8 * 300);
+            cr_expect_leq(r, tol[i], "%s: relative difference %g", types[i], r);
+            cr_expect_gt(r, 0.0f, "%s: identical to f32, so not quantized", types[i]);
+            free(logits);
+        }
+        engine_close(&e);
+        remove(path);
+    }
+    free(ref);
 }
