@@ -1,0 +1,217 @@
+/* Integration-test harness (see harness.h). */
+#include "tests/daemon/harness.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static const char *env_path(const char *var, const char *fallback, const char *rel)
+{
+    static char bufs[4][1024];
+    static int next;
+    char *b = bufs[next++ & 3];
+    const char *root = getenv(var);
+    snprintf(b, sizeof bufs[0], "%s/%s", root ? root : fallback, rel);
+    return b;
+}
+
+const char *h_build(const char *rel) { return env_path("KVP_BUILD", "build", rel); }
+const char *h_shared(const char *rel) { return env_path("KVP_SHARED", "../shared", rel); }
+
+static void sleep_ms(int ms)
+{
+    nanosleep(&(struct timespec){ms / 1000, (long)(ms % 1000) * 1000000L}, NULL);
+}
+
+/* The port from the "listening on 127.0.0.1:PORT" line, 0 while not there yet. */
+static int read_port(const char *log)
+{
+    FILE *f = fopen(log, "r");
+    if (!f)
+        return 0;
+    char line[512];
+    int port = 0;
+    while (!port && fgets(line, sizeof line, f)) {
+        const char *p = strstr(line, "listening on ");
+        const char *colon = p ? strrchr(p, ':') : NULL;
+        if (colon)
+            port = atoi(colon + 1);
+    }
+    fclose(f);
+    return port;
+}
+
+int kvpd_start(kvpd_proc *p, const char *extra)
+{
+    memset(p, 0, sizeof *p);
+    snprintf(p->log, sizeof p->log, "/tmp/kvpd-test-XXXXXX");
+    int fd = mkstemp(p->log);
+    if (fd < 0)
+        return -1;
+    char *argv[64];
+    int argc = 0;
+    char model[1024], tok[1024];
+    snprintf(model, sizeof model, "%s", h_shared("models/stories260K.bin"));
+    snprintf(tok, sizeof tok, "%s", h_shared("models/tok512.bin"));
+    char *defaults[] = {"--listen", "127.0.0.1:0", "--model", model, "--tokenizer", tok,
+                        "--workers", "2", "--budget", "64", "--chunk", "16",
+                        "--temperature", "0", "--max-tokens", "64",
+                        "--shutdown-timeout-ms", "3000"};
+    argv[argc++] = (char *)h_build("daemon/kvpd");
+    for (size_t i = 0; i < sizeof defaults / sizeof defaults[0]; i++)
+        argv[argc++] = defaults[i];
+    char *copy = strdup(extra ? extra : "");
+    for (char *save, *t = strtok_r(copy, " ", &save); t && argc < 62; t = strtok_r(NULL, " ", &save))
+        argv[argc++] = t;
+    argv[argc] = NULL;
+    p->pid = fork();
+    if (p->pid == 0) {
+        dup2(fd, 2);
+        int null = open("/dev/null", O_RDWR);
+        dup2(null, 0);
+        dup2(null, 1);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    close(fd);
+    free(copy);
+    if (p->pid < 0)
+        return -1;
+    for (int i = 0; i < 400 && !p->port; i++) {
+        p->port = read_port(p->log);
+        if (!p->port)
+            sleep_ms(25);
+        if (waitpid(p->pid, NULL, WNOHANG) == p->pid) {
+            p->pid = 0;
+            return -1;
+        }
+    }
+    for (int i = 0; i < 400 && p->port; i++) {
+        char *body = NULL;
+        int st = http_get("127.0.0.1", p->port, "/healthz", NULL, &body, 2000);
+        free(body);
+        if (st == 200)
+            return 0;
+        sleep_ms(25);
+    }
+    return -1;
+}
+
+int kvpd_stop(kvpd_proc *p, int timeout_ms)
+{
+    if (p->pid <= 0)
+        return -1;
+    kill(p->pid, SIGTERM);
+    int status = 0;
+    for (int waited = 0; waited < timeout_ms; waited += 10) {
+        pid_t r = waitpid(p->pid, &status, WNOHANG);
+        if (r == p->pid) {
+            p->pid = 0;
+            if (WIFEXITED(status) && WEXITSTATUS(status) == 0)
+                unlink(p->log);   /* kept on failure for the record */
+            else
+                fprintf(stderr, "kvpd exited abnormally; its log: %s\n", p->log);
+            return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+        }
+        sleep_ms(10);
+    }
+    kill(p->pid, SIGKILL);
+    waitpid(p->pid, &status, 0);
+    p->pid = 0;
+    fprintf(stderr, "kvpd did not stop in %d ms; its log: %s\n", timeout_ms, p->log);
+    return -1;
+}
+
+int h_connect(const kvpd_proc *p, ws_client *c)
+{
+    return ws_connect(c, "127.0.0.1", p->port, "/chat", 5000);
+}
+
+json_t *h_read_json(ws_client *c, int timeout_ms)
+{
+    char *msg = NULL;
+    size_t len = 0;
+    int op = ws_read(c, timeout_ms, &msg, &len);
+    json_t *j = op == WS_TEXT ? json_loadb(msg, len, 0, NULL) : NULL;
+    free(msg);
+    return j;
+}
+
+json_t *h_expect(ws_client *c, const char *type, int timeout_ms)
+{
+    double deadline = ws_now_ms() + timeout_ms;
+    for (;;) {
+        int left = (int)(deadline - ws_now_ms());
+        if (left <= 0)
+            return NULL;
+        json_t *j = h_read_json(c, left);
+        if (!j)
+            return NULL;
+        const char *t = json_string_value(json_object_get(j, "type"));
+        if (t && !strcmp(t, type))
+            return j;
+        json_decref(j);
+    }
+}
+
+json_t *h_turn(ws_client *c, const char *text, int max_tokens, char **tokens)
+{
+    json_t *m = json_pack("{s:s, s:s, s:i}", "type", "message", "text", text,
+                          "max_tokens", max_tokens);
+    char *s = json_dumps(m, JSON_COMPACT);
+    json_decref(m);
+    int rc = ws_send_text(c, s);
+    free(s);
+    if (tokens)
+        *tokens = NULL;
+    if (rc < 0)
+        return NULL;
+    size_t tl = 0;
+    for (;;) {
+        json_t *j = h_read_json(c, 30000);
+        if (!j)
+            return NULL;
+        const char *t = json_string_value(json_object_get(j, "type"));
+        if (t && !strcmp(t, "token")) {
+            const char *piece = json_string_value(json_object_get(j, "text"));
+            size_t pl = piece ? strlen(piece) : 0;
+            if (tokens) {
+                char *n = realloc(*tokens, tl + pl + 1);
+                if (n) {
+                    memcpy(n + tl, piece, pl);
+                    tl += pl;
+                    n[tl] = '\0';
+                    *tokens = n;
+                }
+            }
+            json_decref(j);
+            continue;
+        }
+        if (t && (!strcmp(t, "done") || !strcmp(t, "error")))
+            return j;
+        json_decref(j);   /* e.g. the session frame of a first message */
+    }
+}
+
+int h_get(const kvpd_proc *p, const char *path, const char *token, char **body)
+{
+    char auth[256];
+    if (token)
+        snprintf(auth, sizeof auth, "Bearer %s", token);
+    return http_get("127.0.0.1", p->port, path, token ? auth : NULL, body, 5000);
+}
+
+double h_metric(const char *text, const char *name)
+{
+    size_t n = strlen(name);
+    for (const char *p = text; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+        if (!strncmp(p, name, n) && p[n] == ' ')
+            return atof(p + n + 1);
+    return -1;
+}

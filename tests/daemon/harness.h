@@ -1,0 +1,40 @@
+/* Integration-test harness: starts build/daemon/kvpd on an ephemeral loopback port with
+ * stories260K, talks to it with wsclient, stops it with SIGTERM. */
+#ifndef KVP_HARNESS_H
+#define KVP_HARNESS_H
+
+#include <jansson.h>
+#include <sys/types.h>
+
+#include "tests/daemon/wsclient.h"
+
+typedef struct kvpd_proc {
+    pid_t pid;
+    int port;
+    char log[64];       /* the daemon's stderr */
+} kvpd_proc;
+
+/* Starts kvpd with the test defaults (2 workers, budget 64, chunk 16, greedy) and
+ * `extra` (space-separated flags, later ones win); waits for /healthz. 0 or -1. */
+int kvpd_start(kvpd_proc *p, const char *extra);
+/* SIGTERM, then waits up to timeout_ms; returns the exit status, or -1 (killed). */
+int kvpd_stop(kvpd_proc *p, int timeout_ms);
+/* "$KVP_BUILD/<rel>", "$KVP_SHARED/<rel>" */
+const char *h_build(const char *rel);
+const char *h_shared(const char *rel);
+
+/* Connects to /chat on the daemon. */
+int h_connect(const kvpd_proc *p, ws_client *c);
+/* Reads one text frame as JSON (NULL on timeout, close or bad JSON). */
+json_t *h_read_json(ws_client *c, int timeout_ms);
+/* Reads frames until one of the given type (others are returned in skipped count). */
+json_t *h_expect(ws_client *c, const char *type, int timeout_ms);
+/* Sends a message and reads token frames until done (or error). Returns the final
+ * frame; *tokens (malloc'd, may be NULL) is the concatenated token text. */
+json_t *h_turn(ws_client *c, const char *text, int max_tokens, char **tokens);
+/* GET with an optional bearer token; returns the status, body malloc'd. */
+int h_get(const kvpd_proc *p, const char *path, const char *token, char **body);
+/* The value of an unlabelled sample in Prometheus text, or -1. */
+double h_metric(const char *text, const char *name);
+
+#endif
