@@ -1,1 +1,796 @@
-/* placeholder: being written */
+#include "policy/kvp_agent.h"
+
+#include "cache/checksum.h"
+
+#include <assert.h>
+#include <cblas.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* Parameters are stored as raw host floats; the file format is little-endian IEEE f32. */
+_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+               "policy files hold little-endian f32: add byte swapping for this host");
+_Static_assert(sizeof(float) == 4, "f32 parameters");
+_Static_assert(sizeof(size_t) >= 8, "parameter counts up to 2^42 need a 64-bit size_t");
+
+#define LN_EPS 1e-5f
+
+static void seterr(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (!err || !errlen)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+/* ---------------------------------------------------------------- sizes and layout */
+
+#define MAX_D 4096
+#define MAX_WIDTH 65536
+#define MAX_PMAX (1 << 24)
+#define MAX_LAYERS 4096
+#define MAX_KV_HEADS 4096
+
+static int check_range(const char *what, int64_t v, int64_t max, char *err, size_t errlen)
+{
+    if (v >= 1 && v <= max)
+        return 0;
+    seterr(err, errlen, "%s = %lld is out of range [1, %lld]", what, (long long)v,
+           (long long)max);
+    return -EINVAL;
+}
+
+int kvp_agent_arch_check(const kvp_agent_arch *a, char *err, size_t errlen)
+{
+    int rc;
+    if ((rc = check_range("head_dim", a->d, MAX_D, err, errlen)) ||
+        (rc = check_range("width P", a->P, MAX_WIDTH, err, errlen)) ||
+        (rc = check_range("position dim E", a->E, MAX_WIDTH, err, errlen)) ||
+        (rc = check_range("hidden H", a->H, MAX_WIDTH, err, errlen)) ||
+        (rc = check_range("position table size pmax", a->pmax, MAX_PMAX, err, errlen)))
+        return rc;
+    return 0;
+}
+
+/* With the limits above every count stays below 2^42. */
+void kvp_agent_layout_of(const kvp_agent_arch *a, kvp_agent_layout *l)
+{
+    size_t d = (size_t)a->d, P = (size_t)a->P, E = (size_t)a->E, H = (size_t)a->H;
+    size_t C = 2 * P + E, o = 0;
+    l->wk = o;    o += P * d;
+    l->bk = o;    o += P;
+    l->lnk_g = o; o += P;
+    l->lnk_b = o; o += P;
+    l->wv = o;    o += P * d;
+    l->bv = o;    o += P;
+    l->lnv_g = o; o += P;
+    l->lnv_b = o; o += P;
+    l->emb = o;   o += (size_t)a->pmax * E;
+    l->lne_g = o; o += E;
+    l->lne_b = o; o += E;
+    l->w1 = o;    o += H * C;
+    l->b1 = o;    o += H;
+    l->ln1_g = o; o += H;
+    l->ln1_b = o; o += H;
+    l->w2 = o;    o += H * H;
+    l->b2 = o;    o += H;
+    l->ln2_g = o; o += H;
+    l->ln2_b = o; o += H;
+    l->w3 = o;    o += H;
+    l->b3 = o;    o += 1;
+    l->n = o;
+}
+
+size_t kvp_agent_n_params(const kvp_agent_arch *a)
+{
+    kvp_agent_layout l;
+    kvp_agent_layout_of(a, &l);
+    return l.n;
+}
+
+/* ---------------------------------------------------------------- init */
+
+static uint64_t splitmix64(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* Uniform in [-a, a), from 24 random bits so the value is exact in float. */
+static void fill_uniform(float *x, size_t n, float a, uint64_t *rng)
+{
+    for (size_t i = 0; i < n; i++) {
+        float u = (float)(splitmix64(rng) >> 40) * (1.0f / 16777216.0f);
+        x[i] = (2.0f * u - 1.0f) * a;
+    }
+}
+
+static void fill_const(float *x, size_t n, float c)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = c;
+}
+
+static float xavier(int fan_in, int fan_out)
+{
+    return sqrtf(6.0f / (float)(fan_in + fan_out));
+}
+
+void kvp_agent_init(const kvp_agent_arch *a, float *params, uint64_t seed)
+{
+    kvp_agent_layout l;
+    kvp_agent_layout_of(a, &l);
+    uint64_t rng = seed;
+    int C = 2 * a->P + a->E;
+    /* Biases and LayerNorm shifts 0, gains 1; overwrite the weights below. */
+    memset(params, 0, l.n * sizeof(float));
+    fill_const(params + l.lnk_g, (size_t)a->P, 1.0f);
+    fill_const(params + l.lnv_g, (size_t)a->P, 1.0f);
+    fill_const(params + l.lne_g, (size_t)a->E, 1.0f);
+    fill_const(params + l.ln1_g, (size_t)a->H, 1.0f);
+    fill_const(params + l.ln2_g, (size_t)a->H, 1.0f);
+    fill_uniform(params + l.wk, (size_t)a->P * (size_t)a->d, xavier(a->d, a->P), &rng);
+    fill_uniform(params + l.wv, (size_t)a->P * (size_t)a->d, xavier(a->d, a->P), &rng);
+    fill_uniform(params + l.emb, (size_t)a->pmax * (size_t)a->E, sqrtf(3.0f), &rng);
+    fill_uniform(params + l.w1, (size_t)a->H * (size_t)C, xavier(C, a->H), &rng);
+    fill_uniform(params + l.w2, (size_t)a->H * (size_t)a->H, xavier(a->H, a->H), &rng);
+    fill_uniform(params + l.w3, (size_t)a->H, xavier(a->H, 1), &rng);
+}
+
+/* ---------------------------------------------------------------- forward */
+
+static int pos_index(const kvp_agent_arch *a, int32_t p)
+{
+    return p < 0 ? 0 : p >= a->pmax ? a->pmax - 1 : (int)p;
+}
+
+/* out[i][0..m) = W in[i] + b for n rows; W is [m][kd] row-major. One row goes through
+ * gemv, several through one sgemm. */
+static void affine(int n, int m, int kd, const float *W, const float *b, const float *in,
+                   int ldin, float *out, int ldout)
+{
+    for (int i = 0; i < n; i++)
+        memcpy(out + (size_t)i * ldout, b, (size_t)m * sizeof(float));
+    if (n == 1)
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, m, kd, 1.0f, W, kd, in, 1, 1.0f, out, 1);
+    else
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, m, kd, 1.0f, in, ldin, W, kd,
+                    1.0f, out, ldout);
+}
+
+/* LayerNorm of n rows of width m, in place: y = g * xhat + b. Keeps xhat and 1/std
+ * when the pointers are set (training). */
+static void ln_rows(int n, int m, float *y, int ldy, const float *g, const float *b,
+                    float *xhat, int ldx, float *rstd)
+{
+    for (int i = 0; i < n; i++) {
+        float *r = y + (size_t)i * ldy;
+        float mean = 0.0f, var = 0.0f;
+        for (int j = 0; j < m; j++)
+            mean += r[j];
+        mean /= (float)m;
+        for (int j = 0; j < m; j++)
+            var += (r[j] - mean) * (r[j] - mean);
+        float rs = 1.0f / sqrtf(var / (float)m + LN_EPS);
+        for (int j = 0; j < m; j++) {
+            float xh = (r[j] - mean) * rs;
+            if (xhat)
+                xhat[(size_t)i * ldx + j] = xh;
+            r[j] = g[j] * xh + b[j];
+        }
+        if (rstd)
+            rstd[i] = rs;
+    }
+}
+
+static float sigmoid(float x)
+{
+    return 1.0f / (1.0f + expf(-x));
+}
+
+/* Activation buffers of one forward pass; the x*hat / r* ones are NULL when scoring. */
+typedef struct fwd_bufs {
+    float *x;        /* [n][2P+E] = [kh; vh; ph] */
+    float *xhat;     /* [n][2P+E] normalised before gain/bias */
+    float *rk, *rv, *re;
+    float *a1, *z1hat, *r1, *h1;   /* [n][H]: LN output, its xhat, 1/std, SiLU(a1) */
+    float *a2, *z2hat, *r2, *h2;
+} fwd_bufs;
+
+static void forward(const kvp_agent_arch *a, const float *w, const float *k, const float *v,
+                    const int32_t *pos, int n, const fwd_bufs *f, float *scores)
+{
+    kvp_agent_layout l;
+    kvp_agent_layout_of(a, &l);
+    int P = a->P, E = a->E, H = a->H, C = 2 * P + E;
+    float *xh = f->xhat;
+
+    affine(n, P, a->d, w + l.wk, w + l.bk, k, a->d, f->x, C);
+    ln_rows(n, P, f->x, C, w + l.lnk_g, w + l.lnk_b, xh, C, f->rk);
+    affine(n, P, a->d, w + l.wv, w + l.bv, v, a->d, f->x + P, C);
+    ln_rows(n, P, f->x + P, C, w + l.lnv_g, w + l.lnv_b, xh ? xh + P : NULL, C, f->rv);
+    for (int i = 0; i < n; i++)
+        memcpy(f->x + (size_t)i * C + 2 * P, w + l.emb + (size_t)pos_index(a, pos[i]) * E,
+               (size_t)E * sizeof(float));
+    ln_rows(n, E, f->x + 2 * P, C, w + l.lne_g, w + l.lne_b, xh ? xh + 2 * P : NULL, C, f->re);
+
+    affine(n, H, C, w + l.w1, w + l.b1, f->x, C, f->a1, H);
+    ln_rows(n, H, f->a1, H, w + l.ln1_g, w + l.ln1_b, f->z1hat, H, f->r1);
+    for (size_t i = 0; i < (size_t)n * H; i++)
+        f->h1[i] = f->a1[i] * sigmoid(f->a1[i]);
+    affine(n, H, H, w + l.w2, w + l.b2, f->h1, H, f->a2, H);
+    ln_rows(n, H, f->a2, H, w + l.ln2_g, w + l.ln2_b, f->z2hat, H, f->r2);
+    for (size_t i = 0; i < (size_t)n * H; i++)
+        f->h2[i] = f->a2[i] * sigmoid(f->a2[i]);
+
+    if (n == 1)
+        scores[0] = cblas_sdot(H, f->h2, 1, w + l.w3, 1);
+    else
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, n, H, 1.0f, f->h2, H, w + l.w3, 1, 0.0f,
+                    scores, 1);
+    for (int i = 0; i < n; i++)
+        scores[i] += w[l.b3];
+}
+
+size_t kvp_agent_score_work(const kvp_agent_arch *a, int n)
+{
+    return (size_t)n * (size_t)(2 * a->P + a->E + 2 * a->H);
+}
+
+void kvp_agent_score(const kvp_agent_arch *a, const float *params, const float *k,
+                     const float *v, const int32_t *pos, int n, float *scores, float *work)
+{
+    if (n <= 0)
+        return;
+    size_t C = (size_t)(2 * a->P + a->E), H = (size_t)a->H;
+    /* SiLU in place: h1 aliases a1, h2 aliases a2. */
+    fwd_bufs f = {.x = work, .a1 = work + (size_t)n * C};
+    f.h1 = f.a1;
+    f.a2 = f.a1 + (size_t)n * H;
+    f.h2 = f.a2;
+    forward(a, params, k, v, pos, n, &f, scores);
+}
+
+/* ---------------------------------------------------------------- training */
+
+struct kvp_agent_acts {
+    kvp_agent_arch arch;
+    int n_max, n;
+    const float *k, *v;
+    const int32_t *pos;
+    fwd_bufs f;
+    float *dx;       /* [n][2P+E] */
+    float *dh, *dz;  /* [n][H] */
+    float *buf;
+};
+
+kvp_agent_acts *kvp_agent_acts_new(const kvp_agent_arch *a, int n_max)
+{
+    assert(n_max >= 1);
+    kvp_agent_acts *t = calloc(1, sizeof *t);
+    if (!t)
+        return NULL;
+    size_t n = (size_t)n_max, C = (size_t)(2 * a->P + a->E), H = (size_t)a->H;
+    /* x, xhat, dx: n*C each; rk, rv, re, r1, r2: n each; a, zhat, h (x2), dh, dz: n*H. */
+    t->buf = malloc((3 * n * C + 5 * n + 8 * n * H) * sizeof(float));
+    if (!t->buf) {
+        free(t);
+        return NULL;
+    }
+    t->arch = *a;
+    t->n_max = n_max;
+    float *p = t->buf;
+#define TAKE(field, count) (field = p, p += (count))
+    TAKE(t->f.x, n * C);
+    TAKE(t->f.xhat, n * C);
+    TAKE(t->dx, n * C);
+    TAKE(t->f.rk, n);
+    TAKE(t->f.rv, n);
+    TAKE(t->f.re, n);
+    TAKE(t->f.r1, n);
+    TAKE(t->f.r2, n);
+    TAKE(t->f.a1, n * H);
+    TAKE(t->f.z1hat, n * H);
+    TAKE(t->f.h1, n * H);
+    TAKE(t->f.a2, n * H);
+    TAKE(t->f.z2hat, n * H);
+    TAKE(t->f.h2, n * H);
+    TAKE(t->dh, n * H);
+    TAKE(t->dz, n * H);
+#undef TAKE
+    return t;
+}
+
+void kvp_agent_acts_free(kvp_agent_acts *t)
+{
+    if (!t)
+        return;
+    free(t->buf);
+    free(t);
+}
+
+void kvp_agent_forward(kvp_agent_acts *t, const float *params, const float *k,
+                       const float *v, const int32_t *pos, int n, float *scores)
+{
+    assert(n >= 1 && n <= t->n_max);
+    t->n = n;
+    t->k = k;
+    t->v = v;
+    t->pos = pos;
+    forward(&t->arch, params, k, v, pos, n, &t->f, scores);
+}
+
+/* dy (n rows of width m, stride ld) holds dL/d(LN output) on entry and dL/d(LN input) on
+ * exit; adds the gain and bias gradients. */
+static void ln_back(int n, int m, float *dy, int ld, const float *xhat, const float *rstd,
+                    const float *g, float *dg, float *db)
+{
+    for (int i = 0; i < n; i++) {
+        float *d = dy + (size_t)i * ld;
+        const float *xh = xhat + (size_t)i * ld;
+        float m1 = 0.0f, m2 = 0.0f;
+        for (int j = 0; j < m; j++) {
+            dg[j] += d[j] * xh[j];
+            db[j] += d[j];
+            d[j] *= g[j];
+            m1 += d[j];
+            m2 += d[j] * xh[j];
+        }
+        m1 /= (float)m;
+        m2 /= (float)m;
+        for (int j = 0; j < m; j++)
+            d[j] = rstd[i] * (d[j] - m1 - xh[j] * m2);
+    }
+}
+
+/* d (dL/dSiLU(a)) becomes dL/da. */
+static void silu_back(size_t n, float *d, const float *a)
+{
+    for (size_t i = 0; i < n; i++) {
+        float s = sigmoid(a[i]);
+        d[i] *= s * (1.0f + a[i] * (1.0f - s));
+    }
+}
+
+static void col_sums(int n, int m, const float *x, int ld, float *out)
+{
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < m; j++)
+            out[j] += x[(size_t)i * ld + j];
+}
+
+/* grad_W += dZ^T In, with dZ [n][m] (stride ldz) and In [n][kd] (stride ldin). */
+static void grad_weight(int n, int m, int kd, const float *dz, int ldz, const float *in,
+                        int ldin, float *gw)
+{
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m, kd, n, 1.0f, dz, ldz, in, ldin,
+                1.0f, gw, kd);
+}
+
+void kvp_agent_backward(kvp_agent_acts *t, const float *params, const float *dscores,
+                        float *grad)
+{
+    const kvp_agent_arch *a = &t->arch;
+    const fwd_bufs *f = &t->f;
+    const float *w = params;
+    kvp_agent_layout l;
+    kvp_agent_layout_of(a, &l);
+    int n = t->n, P = a->P, E = a->E, H = a->H, C = 2 * P + E;
+    size_t nH = (size_t)n * H;
+
+    /* s = w3.h2 + b3 */
+    for (int i = 0; i < n; i++)
+        grad[l.b3] += dscores[i];
+    cblas_sgemv(CblasRowMajor, CblasTrans, n, H, 1.0f, f->h2, H, dscores, 1, 1.0f,
+                grad + l.w3, 1);
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < H; j++)
+            t->dh[(size_t)i * H + j] = dscores[i] * w[l.w3 + j];
+
+    /* h2 = SiLU(LN(W2 h1 + b2)) */
+    silu_back(nH, t->dh, f->a2);
+    ln_back(n, H, t->dh, H, f->z2hat, f->r2, w + l.ln2_g, grad + l.ln2_g, grad + l.ln2_b);
+    grad_weight(n, H, H, t->dh, H, f->h1, H, grad + l.w2);
+    col_sums(n, H, t->dh, H, grad + l.b2);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, H, H, 1.0f, t->dh, H,
+                w + l.w2, H, 0.0f, t->dz, H);
+
+    /* h1 = SiLU(LN(W1 x + b1)) */
+    silu_back(nH, t->dz, f->a1);
+    ln_back(n, H, t->dz, H, f->z1hat, f->r1, w + l.ln1_g, grad + l.ln1_g, grad + l.ln1_b);
+    grad_weight(n, H, C, t->dz, H, f->x, C, grad + l.w1);
+    col_sums(n, H, t->dz, H, grad + l.b1);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, C, H, 1.0f, t->dz, H,
+                w + l.w1, C, 0.0f, t->dx, C);
+
+    /* x = [LN(Wk k + bk); LN(Wv v + bv); LN(Emb[p])] */
+    ln_back(n, P, t->dx, C, f->xhat, f->rk, w + l.lnk_g, grad + l.lnk_g, grad + l.lnk_b);
+    ln_back(n, P, t->dx + P, C, f->xhat + P, f->rv, w + l.lnv_g, grad + l.lnv_g,
+            grad + l.lnv_b);
+    ln_back(n, E, t->dx + 2 * P, C, f->xhat + 2 * P, f->re, w + l.lne_g, grad + l.lne_g,
+            grad + l.lne_b);
+    grad_weight(n, P, a->d, t->dx, C, t->k, a->d, grad + l.wk);
+    col_sums(n, P, t->dx, C, grad + l.bk);
+    grad_weight(n, P, a->d, t->dx + P, C, t->v, a->d, grad + l.wv);
+    col_sums(n, P, t->dx + P, C, grad + l.bv);
+    for (int i = 0; i < n; i++) {
+        float *ge = grad + l.emb + (size_t)pos_index(a, t->pos[i]) * E;
+        const float *d = t->dx + (size_t)i * C + 2 * P;
+        for (int j = 0; j < E; j++)
+            ge[j] += d[j];
+    }
+}
+
+/* ---------------------------------------------------------------- agent sets */
+
+int kvp_agent_set_alloc(kvp_agent_set *s, int n_layers, int n_kv_heads,
+                        const kvp_agent_arch *a, char *err, size_t errlen)
+{
+    memset(s, 0, sizeof *s);
+    int rc;
+    if ((rc = check_range("n_layers", n_layers, MAX_LAYERS, err, errlen)) ||
+        (rc = check_range("n_kv_heads", n_kv_heads, MAX_KV_HEADS, err, errlen)) ||
+        (rc = kvp_agent_arch_check(a, err, errlen)))
+        return rc;
+    size_t np = kvp_agent_n_params(a), agents = (size_t)n_layers * (size_t)n_kv_heads;
+    if (np > SIZE_MAX / sizeof(float) / agents) {
+        seterr(err, errlen, "policy of %zu agents x %zu parameters is too large", agents, np);
+        return -EINVAL;
+    }
+    s->params = malloc(agents * np * sizeof(float));
+    if (!s->params) {
+        seterr(err, errlen, "out of memory for %zu agents x %zu parameters", agents, np);
+        return -ENOMEM;
+    }
+    s->n_layers = n_layers;
+    s->n_kv_heads = n_kv_heads;
+    s->arch = *a;
+    s->n_params = np;
+    return 0;
+}
+
+void kvp_agent_set_free(kvp_agent_set *s)
+{
+    free(s->params);
+    memset(s, 0, sizeof *s);
+}
+
+void kvp_agent_set_init(kvp_agent_set *s, uint64_t seed)
+{
+    for (int l = 0; l < s->n_layers; l++)
+        for (int h = 0; h < s->n_kv_heads; h++) {
+            /* Independent stream per agent, derived from (seed, agent index). */
+            uint64_t st = seed ^ (0xD1B54A32D192ED03ull * (uint64_t)(l * s->n_kv_heads + h + 1));
+            kvp_agent_init(&s->arch, kvp_agent_set_params(s, l, h), splitmix64(&st));
+        }
+}
+
+/* ---------------------------------------------------------------- file format */
+
+static const uint8_t MAGIC[8] = {'K', 'V', 'P', 'P', 'O', 'L', 0, 1};
+#define FORMAT_VERSION 1u
+#define HEADER_BYTES 48
+#define CHECKSUM_BYTES 8
+
+static void put_u32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void put_u64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint32_t get_u32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static uint64_t get_u64(const uint8_t *p)
+{
+    return (uint64_t)get_u32(p) | (uint64_t)get_u32(p + 4) << 32;
+}
+
+int kvp_agent_set_save(const kvp_agent_set *s, const char *path, char *err, size_t errlen)
+{
+    char tmp[4096];
+    if ((size_t)snprintf(tmp, sizeof tmp, "%s.XXXXXX", path) >= sizeof tmp) {
+        seterr(err, errlen, "%s: path too long", path);
+        return -ENAMETOOLONG;
+    }
+    int fd = mkstemp(tmp);
+    if (fd < 0) {
+        int rc = -errno;
+        seterr(err, errlen, "%s: cannot create a temporary file: %s", path, strerror(errno));
+        return rc;
+    }
+    FILE *f = fdopen(fd, "wb");
+    if (!f) {
+        int rc = -errno;
+        seterr(err, errlen, "%s: %s", tmp, strerror(errno));
+        close(fd);
+        unlink(tmp);
+        return rc;
+    }
+
+    uint8_t hdr[HEADER_BYTES];
+    memcpy(hdr, MAGIC, 8);
+    put_u32(hdr + 8, FORMAT_VERSION);
+    put_u32(hdr + 12, (uint32_t)s->n_layers);
+    put_u32(hdr + 16, (uint32_t)s->n_kv_heads);
+    put_u32(hdr + 20, (uint32_t)s->arch.d);
+    put_u32(hdr + 24, (uint32_t)s->arch.P);
+    put_u32(hdr + 28, (uint32_t)s->arch.E);
+    put_u32(hdr + 32, (uint32_t)s->arch.H);
+    put_u32(hdr + 36, (uint32_t)s->arch.pmax);
+    put_u64(hdr + 40, s->n_params);
+
+    size_t nf = (size_t)s->n_layers * (size_t)s->n_kv_heads * s->n_params;
+    uint8_t tail[CHECKSUM_BYTES];
+    put_u64(tail, kvp_fnv1a(kvp_fnv1a(KVP_FNV1A_INIT, hdr, sizeof hdr), s->params,
+                            nf * sizeof(float)));
+
+    /* The daemon may run as another user: make the file world-readable like a normal
+     * create would (mkstemp uses 0600). */
+    errno = 0;
+    int ok = fchmod(fd, 0644) == 0 && fwrite(hdr, 1, sizeof hdr, f) == sizeof hdr &&
+             fwrite(s->params, sizeof(float), nf, f) == nf &&
+             fwrite(tail, 1, sizeof tail, f) == sizeof tail && fflush(f) == 0 &&
+             fsync(fd) == 0;
+    int saved = errno ? errno : EIO;   /* a short fwrite need not set errno */
+    if (fclose(f) != 0 && ok) {
+        ok = 0;
+        saved = errno;
+    }
+    if (ok && rename(tmp, path) != 0) {
+        ok = 0;
+        saved = errno;
+    }
+    if (!ok) {
+        seterr(err, errlen, "%s: write failed: %s", path, strerror(saved));
+        unlink(tmp);
+        return -saved;
+    }
+    return 0;
+}
+
+/* Validates the header, and the file size against it, before anything is allocated. */
+static int parse_header(const uint8_t *hdr, uint64_t file_size, const char *path,
+                        int *n_layers, int *n_kv_heads, kvp_agent_arch *a, char *err,
+                        size_t errlen)
+{
+    if (memcmp(hdr, MAGIC, 8) != 0) {
+        seterr(err, errlen, "%s: not a KVP policy file (bad magic)", path);
+        return -EINVAL;
+    }
+    uint32_t version = get_u32(hdr + 8);
+    if (version != FORMAT_VERSION) {
+        seterr(err, errlen, "%s: unsupported policy file version %u (this build reads %u)",
+               path, version, FORMAT_VERSION);
+        return -EINVAL;
+    }
+    static const struct { const char *name; int off; int64_t max; } fields[] = {
+        {"n_layers", 12, MAX_LAYERS}, {"n_kv_heads", 16, MAX_KV_HEADS},
+        {"head_dim", 20, MAX_D},      {"width P", 24, MAX_WIDTH},
+        {"position dim E", 28, MAX_WIDTH}, {"hidden H", 32, MAX_WIDTH},
+        {"position table size pmax", 36, MAX_PMAX},
+    };
+    int v[7];
+    for (int i = 0; i < 7; i++) {
+        char msg[160];
+        if (check_range(fields[i].name, get_u32(hdr + fields[i].off), fields[i].max, msg,
+                        sizeof msg)) {
+            seterr(err, errlen, "%s: %s", path, msg);
+            return -EINVAL;
+        }
+        v[i] = (int)get_u32(hdr + fields[i].off);
+    }
+    *n_layers = v[0];
+    *n_kv_heads = v[1];
+    *a = (kvp_agent_arch){.d = v[2], .P = v[3], .E = v[4], .H = v[5], .pmax = v[6]};
+
+    uint64_t np = kvp_agent_n_params(a), stored = get_u64(hdr + 40);
+    if (stored != np) {
+        seterr(err, errlen,
+               "%s: parameter count %llu per agent does not match the sizes "
+               "(d=%d P=%d E=%d H=%d pmax=%d need %llu)",
+               path, (unsigned long long)stored, a->d, a->P, a->E, a->H, a->pmax,
+               (unsigned long long)np);
+        return -EINVAL;
+    }
+    /* Compare by division first: absurd sizes would overflow the byte count. */
+    uint64_t agents = (uint64_t)v[0] * (uint64_t)v[1];
+    uint64_t want = np > file_size / 4u / agents
+                        ? UINT64_MAX
+                        : HEADER_BYTES + agents * np * 4u + CHECKSUM_BYTES;
+    if (file_size < want) {
+        seterr(err, errlen,
+               "%s: truncated: %llu bytes, %llu agents x %llu parameters do not fit", path,
+               (unsigned long long)file_size, (unsigned long long)agents,
+               (unsigned long long)np);
+        return -EINVAL;
+    }
+    if (file_size > want) {
+        seterr(err, errlen, "%s: %llu trailing bytes after the checksum", path,
+               (unsigned long long)(file_size - want));
+        return -EINVAL;
+    }
+    return 0;
+}
+
+static int check_params(const kvp_agent_set *s, const char *path, char *err, size_t errlen)
+{
+    for (int l = 0; l < s->n_layers; l++)
+        for (int h = 0; h < s->n_kv_heads; h++) {
+            const float *w = kvp_agent_set_params(s, l, h);
+            for (size_t i = 0; i < s->n_params; i++)
+                if (!isfinite(w[i])) {
+                    seterr(err, errlen, "%s: parameter %zu of agent (layer %d, KV head %d) "
+                           "is not finite", path, i, l, h);
+                    return -EINVAL;
+                }
+        }
+    return 0;
+}
+
+static int check_shape(const kvp_agent_set *s, const kvp_model_config *cfg,
+                       const char *path, char *err, size_t errlen)
+{
+    if (s->n_layers == cfg->n_layers && s->n_kv_heads == cfg->n_kv_heads &&
+        s->arch.d == cfg->head_dim)
+        return 0;
+    seterr(err, errlen,
+           "%s: policy file is for %d layers x %d KV heads x head_dim %d, "
+           "model has %d layers x %d KV heads x head_dim %d",
+           path, s->n_layers, s->n_kv_heads, s->arch.d, cfg->n_layers, cfg->n_kv_heads,
+           cfg->head_dim);
+    return -EINVAL;
+}
+
+int kvp_agent_set_load(kvp_agent_set *s, const char *path, const kvp_model_config *cfg,
+                       char *err, size_t errlen)
+{
+    memset(s, 0, sizeof *s);
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        int rc = -errno;
+        seterr(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        return rc;
+    }
+    int rc;
+    struct stat st;
+    uint8_t hdr[HEADER_BYTES], tail[CHECKSUM_BYTES];
+    int n_layers, n_kv_heads;
+    kvp_agent_arch a;
+    if (fstat(fileno(f), &st) != 0) {
+        rc = -errno;
+        seterr(err, errlen, "%s: %s", path, strerror(errno));
+        goto fail;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        seterr(err, errlen, "%s: not a regular file", path);
+        rc = -EINVAL;
+        goto fail;
+    }
+    if (st.st_size < HEADER_BYTES) {
+        seterr(err, errlen, "%s: truncated: %lld bytes, the header alone is %d", path,
+               (long long)st.st_size, HEADER_BYTES);
+        rc = -EINVAL;
+        goto fail;
+    }
+    if (fread(hdr, 1, sizeof hdr, f) != sizeof hdr) {
+        seterr(err, errlen, "%s: read error", path);
+        rc = -EIO;
+        goto fail;
+    }
+    if ((rc = parse_header(hdr, (uint64_t)st.st_size, path, &n_layers, &n_kv_heads, &a,
+                           err, errlen)))
+        goto fail;
+    if ((rc = kvp_agent_set_alloc(s, n_layers, n_kv_heads, &a, err, errlen)))
+        goto fail;
+
+    size_t nf = (size_t)n_layers * (size_t)n_kv_heads * s->n_params;
+    if (fread(s->params, sizeof(float), nf, f) != nf ||
+        fread(tail, 1, sizeof tail, f) != sizeof tail) {
+        seterr(err, errlen, "%s: read error (file changed while reading?)", path);
+        rc = -EIO;
+        goto fail;
+    }
+    uint64_t sum = kvp_fnv1a(kvp_fnv1a(KVP_FNV1A_INIT, hdr, sizeof hdr), s->params,
+                             nf * sizeof(float));
+    if (sum != get_u64(tail)) {
+        seterr(err, errlen, "%s: checksum mismatch (file %016llx, computed %016llx): corrupt",
+               path, (unsigned long long)get_u64(tail), (unsigned long long)sum);
+        rc = -EBADMSG;
+        goto fail;
+    }
+    if ((rc = check_params(s, path, err, errlen)) ||
+        (cfg && (rc = check_shape(s, cfg, path, err, errlen))))
+        goto fail;
+    fclose(f);
+    return 0;
+fail:
+    kvp_agent_set_free(s);
+    fclose(f);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- policy glue */
+
+/* Rows scored per sgemm batch; bounds the scratch buffer for any insert size. */
+#define SCORE_BLOCK 256
+
+typedef struct kvp_agent_policy {
+    kvp_agent_set set;
+    float *work;   /* kvp_agent_score_work(SCORE_BLOCK) floats */
+} kvp_agent_policy;
+
+static void kvp_on_insert(kvp_policy *p, int layer, int kvh, kvp_head *h, int first, int n)
+{
+    kvp_agent_policy *ap = p->impl;
+    const kvp_agent_arch *a = &ap->set.arch;
+    const float *w = kvp_agent_set_params(&ap->set, layer, kvh);
+    for (int i = first; i < first + n; i += SCORE_BLOCK) {
+        int m = first + n - i < SCORE_BLOCK ? first + n - i : SCORE_BLOCK;
+        kvp_agent_score(a, w, h->k + (size_t)i * a->d, h->v + (size_t)i * a->d, h->pos + i,
+                        m, h->score + i, ap->work);
+    }
+}
+
+static void kvp_destroy(kvp_policy *p)
+{
+    kvp_agent_policy *ap = p->impl;
+    if (!ap)
+        return;
+    kvp_agent_set_free(&ap->set);
+    free(ap->work);
+    free(ap);
+    p->impl = NULL;
+}
+
+static const kvp_policy_ops kvp_ops = {
+    .name = "kvp",
+    .on_insert = kvp_on_insert,
+    .destroy = kvp_destroy,
+};
+
+int kvp_agent_policy_create(kvp_policy *p, const char *policy_file, char *err, size_t errlen)
+{
+    if (!policy_file || !*policy_file) {
+        seterr(err, errlen, "the kvp policy needs a policy file");
+        return -EINVAL;
+    }
+    kvp_agent_policy *ap = calloc(1, sizeof *ap);
+    if (!ap) {
+        seterr(err, errlen, "out of memory");
+        return -ENOMEM;
+    }
+    int rc = kvp_agent_set_load(&ap->set, policy_file, &p->cfg, err, errlen);
+    if (rc) {
+        free(ap);
+        return rc;
+    }
+    ap->work = malloc(kvp_agent_score_work(&ap->set.arch, SCORE_BLOCK) * sizeof(float));
+    if (!ap->work) {
+        seterr(err, errlen, "out of memory");
+        kvp_agent_set_free(&ap->set);
+        free(ap);
+        return -ENOMEM;
+    }
+    p->ops = &kvp_ops;
+    p->impl = ap;
+    return 0;
+}

@@ -1,0 +1,116 @@
+/* KVP agents: one small scoring network per (layer, KV head) that ranks cached rows by
+ * predicted future attention from the row's key, value and position alone
+ * (docs/policy-format.md has the file layout, ../shared/docs/kvp-method.md the method).
+ *
+ *   kh = LN(Wk k + bk)   vh = LN(Wv v + bv)   ph = LN(Emb[clamp(p, 0, pmax-1)])
+ *   h1 = SiLU(LN(W1 [kh;vh;ph] + b1))   h2 = SiLU(LN(W2 h1 + b2))   s = w3.h2 + b3
+ *
+ * Every LayerNorm has a learned gain and bias. An agent's parameters are one flat float
+ * vector (layout in kvp_agent_layout), so an optimizer can treat it as a single array
+ * and a gradient has the same shape. */
+#ifndef KVP_AGENT_H
+#define KVP_AGENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "policy/policy.h"
+
+typedef struct kvp_agent_arch {
+    int d;      /* input width = the model's head_dim */
+    int P;      /* key / value projection width */
+    int E;      /* position embedding width */
+    int H;      /* hidden width */
+    int pmax;   /* position table rows; positions >= pmax share the last row */
+} kvp_agent_arch;
+
+/* Defaults sized for small models (stories260K: head_dim 8). */
+#define KVP_AGENT_DEFAULT_P 32
+#define KVP_AGENT_DEFAULT_E 16
+#define KVP_AGENT_DEFAULT_H 32
+#define KVP_AGENT_DEFAULT_PMAX 512
+
+/* Offsets (in floats) of each parameter group inside one agent's vector, in file order.
+ * Matrices are row-major [out][in]; ln*_g / ln*_b are LayerNorm gain / bias. */
+typedef struct kvp_agent_layout {
+    size_t wk, bk, lnk_g, lnk_b;        /* [P][d], [P], [P], [P] */
+    size_t wv, bv, lnv_g, lnv_b;        /* [P][d], [P], [P], [P] */
+    size_t emb, lne_g, lne_b;           /* [pmax][E], [E], [E] */
+    size_t w1, b1, ln1_g, ln1_b;        /* [H][2P+E], [H], [H], [H] */
+    size_t w2, b2, ln2_g, ln2_b;        /* [H][H], [H], [H], [H] */
+    size_t w3, b3;                      /* [H], [1] */
+    size_t n;                           /* total floats per agent */
+} kvp_agent_layout;
+
+/* 0, or -EINVAL with a message when a size is outside what a policy file may hold
+ * (each at least 1; d <= 4096, P, E, H <= 65536, pmax <= 2^24). */
+int kvp_agent_arch_check(const kvp_agent_arch *a, char *err, size_t errlen);
+/* Layout for a checked arch. */
+void kvp_agent_layout_of(const kvp_agent_arch *a, kvp_agent_layout *l);
+size_t kvp_agent_n_params(const kvp_agent_arch *a);
+
+/* Xavier-uniform matrices, unit-variance position table, zero biases, LayerNorm gains 1.
+ * Deterministic for a seed on every platform. */
+void kvp_agent_init(const kvp_agent_arch *a, float *params, uint64_t seed);
+
+/* Inference: scores of n rows (k, v: [n][d]; pos: [n]) into scores[n]. Batched with
+ * sgemm for n > 1, a gemv path for n == 1; the two agree to float rounding. work holds
+ * kvp_agent_score_work(a, n) floats. */
+size_t kvp_agent_score_work(const kvp_agent_arch *a, int n);
+void kvp_agent_score(const kvp_agent_arch *a, const float *params, const float *k,
+                     const float *v, const int32_t *pos, int n, float *scores, float *work);
+
+/* Training: a forward pass that keeps the activations of up to n_max rows, and the
+ * backward pass from dL/ds of every row to dL/dparams. One kvp_agent_acts per thread;
+ * params are only read, so threads may share them. */
+typedef struct kvp_agent_acts kvp_agent_acts;
+kvp_agent_acts *kvp_agent_acts_new(const kvp_agent_arch *a, int n_max);   /* NULL: OOM */
+void kvp_agent_acts_free(kvp_agent_acts *t);
+/* Same scores as kvp_agent_score (batched path). k, v and pos are not copied: they must
+ * stay valid until the matching kvp_agent_backward. */
+void kvp_agent_forward(kvp_agent_acts *t, const float *params, const float *k,
+                       const float *v, const int32_t *pos, int n, float *scores);
+/* Adds dL/dparams for the last forward's rows to grad (kvp_agent_n_params floats), given
+ * dscores[i] = dL/ds_i; zero grad first for a fresh gradient. */
+void kvp_agent_backward(kvp_agent_acts *t, const float *params, const float *dscores,
+                        float *grad);
+
+/* All agents of a model, layer-major: agent (layer, kvh) is at index
+ * layer * n_kv_heads + kvh. */
+typedef struct kvp_agent_set {
+    int n_layers, n_kv_heads;
+    kvp_agent_arch arch;      /* arch.d is the model's head_dim */
+    size_t n_params;          /* per agent */
+    float *params;            /* [n_layers * n_kv_heads][n_params] */
+} kvp_agent_set;
+
+/* Allocates (uninitialised) parameters for n_layers x n_kv_heads agents. 0, -EINVAL
+ * (bad sizes) or -ENOMEM, with a message. */
+int kvp_agent_set_alloc(kvp_agent_set *s, int n_layers, int n_kv_heads,
+                        const kvp_agent_arch *a, char *err, size_t errlen);
+void kvp_agent_set_free(kvp_agent_set *s);
+/* Initialises every agent from one seed (each agent gets its own derived stream). */
+void kvp_agent_set_init(kvp_agent_set *s, uint64_t seed);
+
+static inline float *kvp_agent_set_params(const kvp_agent_set *s, int layer, int kvh)
+{
+    return s->params + ((size_t)layer * (size_t)s->n_kv_heads + (size_t)kvh) * s->n_params;
+}
+
+/* Writes the policy file atomically (temporary file, fsync, rename). 0 or -errno. */
+int kvp_agent_set_save(const kvp_agent_set *s, const char *path, char *err, size_t errlen);
+/* Reads a policy file into an unallocated *s. When cfg is not NULL the file's shape
+ * (layers, KV heads, head_dim) must match it. Errors, each with a message naming the
+ * file: -errno (open), -EIO (read), -EINVAL (not a regular file, truncated, bad magic,
+ * unknown version, bad or inconsistent sizes, trailing bytes, non-finite parameter,
+ * shape mismatch), -EBADMSG (checksum mismatch), -ENOMEM. Sizes are validated against
+ * the file size before anything is allocated. */
+int kvp_agent_set_load(kvp_agent_set *s, const char *path, const kvp_model_config *cfg,
+                       char *err, size_t errlen);
+
+/* The "kvp" policy: loads policy_file for p->cfg (filled by the caller) and sets p->ops
+ * and p->impl. on_insert scores the new rows once from h->k, h->v and h->pos; nothing
+ * happens at eviction beyond the shared rank-and-keep. ops->destroy frees p->impl only.
+ * An instance is used by one thread at a time (it owns a scratch buffer). */
+int kvp_agent_policy_create(kvp_policy *p, const char *policy_file, char *err, size_t errlen);
+
+#endif

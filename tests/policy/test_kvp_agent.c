@@ -1,0 +1,643 @@
+/* KVP agents: scoring paths, backward pass, policy file format, policy glue, policy-init. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "policy/kvp_agent.h"
+#include "tests/model/testutil.h"
+
+static const kvp_agent_arch small_arch = {.d = 3, .P = 4, .E = 3, .H = 5, .pmax = 6};
+static const kvp_agent_arch default_arch = {.d = 8,
+                                            .P = KVP_AGENT_DEFAULT_P,
+                                            .E = KVP_AGENT_DEFAULT_E,
+                                            .H = KVP_AGENT_DEFAULT_H,
+                                            .pmax = KVP_AGENT_DEFAULT_PMAX};
+
+static uint64_t rng_state = 12345;
+
+static float frand(void)   /* uniform [-1, 1) */
+{
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)(rng_state >> 40) / 8388608.0f - 1.0f;
+}
+
+static void fill(float *x, size_t n, float scale)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = scale * frand();
+}
+
+/* The checksum written out as docs/policy-format.md specifies it: FNV-1a 64 with the
+ * project's offset basis (cache/checksum.h), which is not the standard one. */
+static uint64_t fnv1a_ref(const uint8_t *p, size_t n)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
+static uint32_t rd32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static void wr32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint64_t rd64(const uint8_t *p)
+{
+    return (uint64_t)rd32(p) | (uint64_t)rd32(p + 4) << 32;
+}
+
+static void wr64(uint8_t *p, uint64_t v)
+{
+    wr32(p, (uint32_t)v);
+    wr32(p + 4, (uint32_t)(v >> 32));
+}
+
+/* Recomputes the trailing checksum so a test reaches the check it targets. */
+static void reseal(uint8_t *buf, size_t len)
+{
+    wr64(buf + len - 8, fnv1a_ref(buf, len - 8));
+}
+
+static const char *tmp_path(void)
+{
+    static char paths[4][64];
+    static int next;
+    char *p = paths[next++ % 4];
+    snprintf(p, sizeof paths[0], "/tmp/kvp-agent-test-%d-%d.kvp", (int)getpid(), next);
+    return p;
+}
+
+/* A 5 x 4 x head_dim 8 set (stories260K's shape) saved to a file; returns the path. */
+static const char *write_policy(const kvp_agent_arch *a, int layers, int kvh, uint64_t seed)
+{
+    char err[256];
+    kvp_agent_set s;
+    cr_assert_eq(kvp_agent_set_alloc(&s, layers, kvh, a, err, sizeof err), 0, "%s", err);
+    kvp_agent_set_init(&s, seed);
+    const char *path = tmp_path();
+    cr_assert_eq(kvp_agent_set_save(&s, path, err, sizeof err), 0, "%s", err);
+    kvp_agent_set_free(&s);
+    return path;
+}
+
+static const kvp_agent_arch tiny_arch = {.d = 8, .P = 6, .E = 4, .H = 5, .pmax = 16};
+
+Test(kvp_agent, save_load_round_trip_is_bit_exact)
+{
+    char err[256];
+    kvp_agent_set s, r;
+    cr_assert_eq(kvp_agent_set_alloc(&s, 5, 4, &default_arch, err, sizeof err), 0, "%s", err);
+    kvp_agent_set_init(&s, 7);
+    /* Values that a decimal round trip would not preserve. */
+    s.params[0] = nextafterf(1.0f, 2.0f);
+    s.params[1] = -1e-38f;
+    const char *path = tmp_path();
+    cr_assert_eq(kvp_agent_set_save(&s, path, err, sizeof err), 0, "%s", err);
+    kvp_model_config cfg = {.n_layers = 5, .n_kv_heads = 4, .head_dim = 8};
+    cr_assert_eq(kvp_agent_set_load(&r, path, &cfg, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(r.n_layers, 5);
+    cr_assert_eq(r.n_kv_heads, 4);
+    cr_assert_eq(memcmp(&r.arch, &s.arch, sizeof r.arch), 0);
+    cr_assert_eq(r.n_params, s.n_params);
+    cr_assert_eq(memcmp(r.params, s.params, 20 * s.n_params * sizeof(float)), 0);
+
+    /* Saving what was loaded reproduces the file byte for byte. */
+    const char *again = tmp_path();
+    cr_assert_eq(kvp_agent_set_save(&r, again, err, sizeof err), 0, "%s", err);
+    size_t n1, n2;
+    char *b1 = tu_slurp(path, &n1), *b2 = tu_slurp(again, &n2);
+    cr_assert_eq(n1, n2);
+    cr_assert_eq(memcmp(b1, b2, n1), 0);
+    free(b1);
+    free(b2);
+    unlink(path);
+    unlink(again);
+    kvp_agent_set_free(&s);
+    kvp_agent_set_free(&r);
+}
+
+Test(kvp_agent, file_layout_matches_the_documented_format)
+{
+    const char *path = write_policy(&tiny_arch, 2, 3, 1);
+    size_t len;
+    uint8_t *b = (uint8_t *)tu_slurp(path, &len);
+    size_t np = kvp_agent_n_params(&tiny_arch);
+    cr_assert_eq(memcmp(b, "KVPPOL\0\1", 8), 0);
+    uint32_t want[8] = {1, 2, 3, 8, 6, 4, 5, 16};   /* version, shape, P E H pmax */
+    for (int i = 0; i < 8; i++)
+        cr_expect_eq(rd32(b + 8 + 4 * i), want[i], "u32 at offset %d", 8 + 4 * i);
+    cr_assert_eq(rd64(b + 40), np);
+    cr_assert_eq(len, 48 + 6 * np * 4 + 8);
+    cr_assert_eq(rd64(b + len - 8), fnv1a_ref(b, len - 8));
+    /* Documented parameter count: 2Pd + 6P + pmax*E + 2E + H(2P+E) + H*H + 7H + 1. */
+    size_t P = 6, E = 4, H = 5, d = 8, pmax = 16;
+    cr_assert_eq(np, 2 * P * d + 6 * P + pmax * E + 2 * E + H * (2 * P + E) + H * H + 7 * H + 1);
+    free(b);
+    unlink(path);
+}
+
+Test(kvp_agent, layout_groups_tile_the_vector_in_order)
+{
+    kvp_agent_layout l;
+    kvp_agent_layout_of(&small_arch, &l);
+    size_t P = 4, E = 3, H = 5, d = 3, C = 2 * P + E;
+    size_t want[][2] = {
+        {l.wk, P * d}, {l.bk, P},  {l.lnk_g, P}, {l.lnk_b, P}, {l.wv, P * d},  {l.bv, P},
+        {l.lnv_g, P},  {l.lnv_b, P}, {l.emb, 6 * E}, {l.lne_g, E}, {l.lne_b, E}, {l.w1, H * C},
+        {l.b1, H},     {l.ln1_g, H}, {l.ln1_b, H}, {l.w2, H * H}, {l.b2, H},    {l.ln2_g, H},
+        {l.ln2_b, H},  {l.w3, H},    {l.b3, 1},
+    };
+    size_t o = 0;
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        cr_assert_eq(want[i][0], o, "group %zu", i);
+        o += want[i][1];
+    }
+    cr_assert_eq(l.n, o);
+    cr_assert_eq(kvp_agent_n_params(&small_arch), o);
+}
+
+/* Scores of n random rows through the batched path and one row at a time. */
+static void check_batched_vs_single(const kvp_agent_arch *a, int n)
+{
+    size_t np = kvp_agent_n_params(a);
+    float *w = malloc(np * sizeof(float));
+    kvp_agent_init(a, w, 99);
+    /* Non-trivial biases and LayerNorm parameters too. */
+    kvp_agent_layout l;
+    kvp_agent_layout_of(a, &l);
+    fill(w + l.bk, (size_t)a->P, 0.3f);
+    fill(w + l.ln1_g, (size_t)a->H, 1.0f);
+    fill(w + l.b3, 1, 1.0f);
+    size_t kv_bytes = (size_t)n * a->d * sizeof(float);
+    float *k = malloc(kv_bytes), *v = malloc(kv_bytes);
+    int32_t *pos = malloc((size_t)n * sizeof(int32_t));
+    fill(k, (size_t)n * a->d, 3.0f);
+    fill(v, (size_t)n * a->d, 1.0f);
+    for (int i = 0; i < n; i++)
+        pos[i] = i * 3;   /* runs past pmax */
+    float *sb = malloc((size_t)n * sizeof(float)), *s1 = malloc((size_t)n * sizeof(float));
+    float *work = malloc(kvp_agent_score_work(a, n) * sizeof(float));
+    kvp_agent_score(a, w, k, v, pos, n, sb, work);
+    for (int i = 0; i < n; i++)
+        kvp_agent_score(a, w, k + (size_t)i * a->d, v + (size_t)i * a->d, pos + i, 1, s1 + i,
+                        work);
+    /* Relative to the score's scale: a score near 0 is a cancellation of O(rms) terms,
+     * where only absolute rounding of that size is meaningful. */
+    double ms = 0;
+    for (int i = 0; i < n; i++)
+        ms += (double)s1[i] * s1[i] / n;
+    float rms = (float)sqrt(ms), worst = 0.0f;
+    cr_assert_gt(rms, 0.0f);
+    for (int i = 0; i < n; i++) {
+        float rel = fabsf(sb[i] - s1[i]) / fmaxf(fabsf(s1[i]), rms);
+        worst = fmaxf(worst, rel);
+        cr_assert_leq(rel, 1e-5f, "row %d: batched %.9g, single %.9g", i, sb[i], s1[i]);
+    }
+    cr_log_info("batched vs one-row: worst relative difference %.3g (n %d)", worst, n);
+    free(w);
+    free(k);
+    free(v);
+    free(pos);
+    free(sb);
+    free(s1);
+    free(work);
+}
+
+Test(kvp_agent, batched_scores_match_one_row_scores)
+{
+    check_batched_vs_single(&default_arch, 700);
+    check_batched_vs_single(&small_arch, 9);
+}
+
+Test(kvp_agent, training_forward_matches_inference_scores)
+{
+    const kvp_agent_arch *a = &default_arch;
+    int n = 40;
+    float *w = malloc(kvp_agent_n_params(a) * sizeof(float));
+    kvp_agent_init(a, w, 3);
+    float k[40 * 8], v[40 * 8], s_inf[40], s_tr[40];
+    int32_t pos[40];
+    fill(k, sizeof k / sizeof k[0], 2.0f);
+    fill(v, sizeof v / sizeof v[0], 2.0f);
+    for (int i = 0; i < n; i++)
+        pos[i] = 20 * i;
+    float *work = malloc(kvp_agent_score_work(a, n) * sizeof(float));
+    kvp_agent_score(a, w, k, v, pos, n, s_inf, work);
+    kvp_agent_acts *t = kvp_agent_acts_new(a, 64);
+    cr_assert(t);
+    kvp_agent_forward(t, w, k, v, pos, n, s_tr);
+    for (int i = 0; i < n; i++)
+        cr_assert_float_eq(s_tr[i], s_inf[i], 1e-5f * (1.0f + fabsf(s_inf[i])), "row %d", i);
+    kvp_agent_acts_free(t);
+    free(w);
+    free(work);
+}
+
+/* L = sum_i c_i s_i on a fixed batch. */
+static double loss(const kvp_agent_arch *a, const float *w, const float *k, const float *v,
+                   const int32_t *pos, int n, const float *c)
+{
+    float s[16], work[16 * 64];
+    cr_assert_leq(kvp_agent_score_work(a, n), sizeof work / sizeof work[0]);
+    kvp_agent_score(a, w, k, v, pos, n, s, work);
+    double L = 0;
+    for (int i = 0; i < n; i++)
+        L += (double)c[i] * s[i];
+    return L;
+}
+
+Test(kvp_agent, backward_matches_finite_differences)
+{
+    const kvp_agent_arch *a = &small_arch;
+    kvp_agent_layout l;
+    kvp_agent_layout_of(a, &l);
+    size_t np = l.n;
+    float *w = malloc(np * sizeof(float)), *g = calloc(np, sizeof(float));
+    kvp_agent_init(a, w, 5);
+    /* Move every group away from its init (gains 1, biases 0) so each term matters. */
+    fill(w + l.bk, 3 * (size_t)a->P + 0, 0.5f);
+    fill(w + l.bv, 3 * (size_t)a->P, 0.5f);
+    fill(w + l.lne_g, 2 * (size_t)a->E, 0.5f);
+    fill(w + l.b1, 3 * (size_t)a->H, 0.5f);
+    fill(w + l.b2, 3 * (size_t)a->H, 0.5f);
+    for (size_t i = l.lnk_g; i < l.lnk_g + (size_t)a->P; i++)
+        w[i] += 1.0f;
+    w[l.b3] = 0.25f;
+
+    enum { N = 6 };
+    float k[N * 3], v[N * 3], c[N], s[N];
+    int32_t pos[N] = {0, 2, 5, 9, 2, 1000};   /* repeats and clamping to pmax-1 = 5 */
+    fill(k, sizeof k / sizeof k[0], 1.5f);
+    fill(v, sizeof v / sizeof v[0], 1.5f);
+    fill(c, N, 1.0f);
+
+    kvp_agent_acts *t = kvp_agent_acts_new(a, N);
+    cr_assert(t);
+    kvp_agent_forward(t, w, k, v, pos, N, s);
+    kvp_agent_backward(t, w, c, g);
+
+    const char *names[] = {"wk", "bk", "lnk_g", "lnk_b", "wv", "bv", "lnv_g", "lnv_b",
+                           "emb", "lne_g", "lne_b", "w1", "b1", "ln1_g", "ln1_b",
+                           "w2", "b2", "ln2_g", "ln2_b", "w3", "b3"};
+    size_t starts[] = {l.wk, l.bk, l.lnk_g, l.lnk_b, l.wv, l.bv, l.lnv_g, l.lnv_b,
+                       l.emb, l.lne_g, l.lne_b, l.w1, l.b1, l.ln1_g, l.ln1_b,
+                       l.w2, l.b2, l.ln2_g, l.ln2_b, l.w3, l.b3, l.n};
+    double gmax = 0;
+    for (size_t i = 0; i < np; i++)
+        gmax = fmax(gmax, fabs(g[i]));
+    int nonzero[21] = {0};
+    double worst = 0;
+    for (int gi = 0; gi < 21; gi++) {
+        /* Tolerance: relative to the element, to its group's scale (groups differ by
+         * orders of magnitude), and a floor for the float noise of the differences. */
+        double group_max = 0;
+        for (size_t i = starts[gi]; i < starts[gi + 1]; i++)
+            group_max = fmax(group_max, fabs(g[i]));
+        for (size_t i = starts[gi]; i < starts[gi + 1]; i++) {
+            const float h = 3e-2f;
+            float w0 = w[i];
+            double f[4];
+            const float steps[4] = {-2 * h, -h, h, 2 * h};
+            for (int j = 0; j < 4; j++) {
+                w[i] = w0 + steps[j];
+                f[j] = loss(a, w, k, v, pos, N, c);
+            }
+            w[i] = w0;
+            /* Five-point stencil: O(h^4) truncation error. */
+            double num = (f[0] - 8 * f[1] + 8 * f[2] - f[3]) / (12.0 * h);
+            double err = fabs(num - g[i]), tol = 2e-3 * fabs(g[i]) + 2e-4 * group_max + 2e-6 * gmax;
+            worst = fmax(worst, err / tol);
+            cr_assert_leq(err, tol,
+                          "%s[%zu]: backward %.7g, finite differences %.7g", names[gi],
+                          i - starts[gi], g[i], num);
+            nonzero[gi] += g[i] != 0.0f;
+        }
+    }
+    cr_log_info("gradient check: %zu parameters, worst error %.3g of the tolerance", np, worst);
+    for (int gi = 0; gi < 21; gi++)
+        cr_assert_gt(nonzero[gi], 0, "group %s has no gradient", names[gi]);
+    /* Table rows no position maps to get exactly nothing (positions use rows 0, 1, 2, 5). */
+    for (int row = 3; row <= 4; row++)
+        for (int j = 0; j < a->E; j++)
+            cr_assert_eq(g[l.emb + (size_t)row * a->E + j], 0.0f);
+
+    /* backward adds: a second call doubles the gradient. */
+    float *g2 = malloc(np * sizeof(float));
+    memcpy(g2, g, np * sizeof(float));
+    kvp_agent_backward(t, w, c, g2);
+    for (size_t i = 0; i < np; i++)
+        cr_assert_float_eq(g2[i], 2 * g[i], 1e-6f * (1 + fabsf(g[i])));
+    kvp_agent_acts_free(t);
+    free(w);
+    free(g);
+    free(g2);
+}
+
+Test(kvp_agent, same_seed_same_bytes_different_seed_differs)
+{
+    const char *p1 = write_policy(&tiny_arch, 5, 4, 42);
+    const char *p2 = write_policy(&tiny_arch, 5, 4, 42);
+    const char *p3 = write_policy(&tiny_arch, 5, 4, 43);
+    size_t n1, n2, n3;
+    char *b1 = tu_slurp(p1, &n1), *b2 = tu_slurp(p2, &n2), *b3 = tu_slurp(p3, &n3);
+    cr_assert_eq(n1, n2);
+    cr_assert_eq(memcmp(b1, b2, n1), 0);
+    cr_assert_eq(n1, n3);
+    /* Every agent differs between seeds, and agents differ from each other. */
+    size_t np = kvp_agent_n_params(&tiny_arch), bytes = np * 4;
+    for (int ag = 0; ag < 20; ag++)
+        cr_assert_neq(memcmp(b1 + 48 + ag * bytes, b3 + 48 + ag * bytes, bytes), 0, "agent %d", ag);
+    cr_assert_neq(memcmp(b1 + 48, b1 + 48 + bytes, bytes), 0);
+    free(b1);
+    free(b2);
+    free(b3);
+    unlink(p1);
+    unlink(p2);
+    unlink(p3);
+}
+
+/* Loading buf must fail with a message containing `want`. */
+static void expect_bad(const void *buf, size_t len, const char *want, int code)
+{
+    const char *path = tu_write_tmp(buf, len);
+    char err[512] = "";
+    kvp_agent_set s;
+    int rc = kvp_agent_set_load(&s, path, NULL, err, sizeof err);
+    cr_assert_eq(rc, code, "%s: rc %d, expected %d (%s)", want, rc, code, err);
+    cr_assert(strstr(err, want), "message '%s' lacks '%s'", err, want);
+    cr_assert(strstr(err, path), "message '%s' does not name the file", err);
+    cr_assert_null(s.params);
+    unlink(path);
+}
+
+Test(kvp_agent, bad_files_are_rejected_with_a_message)
+{
+    const char *good = write_policy(&tiny_arch, 2, 2, 1);
+    size_t len;
+    uint8_t *b = (uint8_t *)tu_slurp(good, &len);
+    uint8_t *m = malloc(len + 16);
+    unlink(good);
+
+    expect_bad(b, 0, "truncated", -EINVAL);
+    expect_bad(b, 20, "truncated", -EINVAL);
+    expect_bad(b, 48, "truncated", -EINVAL);
+    expect_bad(b, len - 1, "truncated", -EINVAL);
+
+    memcpy(m, b, len);
+    m[0] = 'G';
+    expect_bad(m, len, "bad magic", -EINVAL);
+
+    memcpy(m, b, len);
+    wr32(m + 8, 2);
+    expect_bad(m, len, "unsupported policy file version 2", -EINVAL);
+
+    memcpy(m, b, len);
+    m[100] ^= 0x10;
+    expect_bad(m, len, "checksum mismatch", -EBADMSG);
+    memcpy(m, b, len);
+    m[len - 1] ^= 0x01;
+    expect_bad(m, len, "checksum mismatch", -EBADMSG);
+
+    memcpy(m, b, len);
+    wr64(m + 40, rd64(b + 40) + 1);
+    reseal(m, len);
+    expect_bad(m, len, "does not match the sizes", -EINVAL);
+    memcpy(m, b, len);
+    wr32(m + 44, 1);   /* high half of the u64 count */
+    reseal(m, len);
+    expect_bad(m, len, "does not match the sizes", -EINVAL);
+
+    /* Sizes out of range, zero, or that would overflow. */
+    struct { int off; uint32_t val; const char *want; } absurd[] = {
+        {12, 0, "n_layers = 0"},
+        {16, 100000, "n_kv_heads = 100000"},
+        {20, 0xFFFFFFFFu, "head_dim = 4294967295"},
+        {24, 0x80000000u, "width P = 2147483648"},
+        {28, 0, "position dim E = 0"},
+        {32, 70000, "hidden H = 70000"},
+        {36, 1u << 30, "pmax = 1073741824"},
+    };
+    for (size_t i = 0; i < sizeof absurd / sizeof absurd[0]; i++) {
+        memcpy(m, b, len);
+        wr32(m + absurd[i].off, absurd[i].val);
+        reseal(m, len);
+        expect_bad(m, len, absurd[i].want, -EINVAL);
+    }
+    /* Huge but in range, with a consistent count: rejected by size, before allocating. */
+    kvp_agent_arch huge = {.d = 4096, .P = 65536, .E = 65536, .H = 65536, .pmax = 1 << 24};
+    memcpy(m, b, len);
+    wr32(m + 12, 4096);
+    wr32(m + 16, 4096);
+    wr32(m + 20, 4096);
+    wr32(m + 24, 65536);
+    wr32(m + 28, 65536);
+    wr32(m + 32, 65536);
+    wr32(m + 36, 1u << 24);
+    wr64(m + 40, kvp_agent_n_params(&huge));
+    reseal(m, len);
+    expect_bad(m, len, "truncated", -EINVAL);
+
+    memcpy(m, b, len);
+    memset(m + len, 0, 16);
+    expect_bad(m, len + 16, "16 trailing bytes", -EINVAL);
+
+    memcpy(m, b, len);
+    float nan = NAN;
+    memcpy(m + 48 + 4 * 7, &nan, 4);
+    reseal(m, len);
+    expect_bad(m, len, "not finite", -EINVAL);
+
+    char err[256] = "";
+    kvp_agent_set s;
+    cr_assert_eq(kvp_agent_set_load(&s, "/tmp", NULL, err, sizeof err), -EINVAL);
+    cr_assert(strstr(err, "not a regular file"), "%s", err);
+    cr_assert_eq(kvp_agent_set_load(&s, "/nonexistent/policy.kvp", NULL, err, sizeof err),
+                 -ENOENT);
+    cr_assert(strstr(err, "/nonexistent/policy.kvp"), "%s", err);
+    free(b);
+    free(m);
+}
+
+Test(kvp_agent, shape_mismatch_names_both_shapes)
+{
+    const char *path = write_policy(&tiny_arch, 5, 4, 1);
+    char err[512] = "";
+    kvp_agent_set s;
+    kvp_model_config cfg = {.n_layers = 6, .n_kv_heads = 2, .head_dim = 16};
+    cr_assert_eq(kvp_agent_set_load(&s, path, &cfg, err, sizeof err), -EINVAL);
+    cr_assert(strstr(err, "policy file is for 5 layers x 4 KV heads x head_dim 8, "
+                          "model has 6 layers x 2 KV heads x head_dim 16"), "%s", err);
+    /* head_dim alone differing is a mismatch too. */
+    cfg = (kvp_model_config){.n_layers = 5, .n_kv_heads = 4, .head_dim = 16};
+    cr_assert_eq(kvp_agent_set_load(&s, path, &cfg, err, sizeof err), -EINVAL);
+    cr_assert(strstr(err, "head_dim 16"), "%s", err);
+    unlink(path);
+}
+
+Test(kvp_agent, bad_sizes_are_rejected_when_allocating)
+{
+    char err[256] = "";
+    kvp_agent_set s;
+    kvp_agent_arch a = default_arch;
+    a.H = 0;
+    cr_assert_eq(kvp_agent_set_alloc(&s, 5, 4, &a, err, sizeof err), -EINVAL);
+    cr_assert(strstr(err, "hidden H = 0"), "%s", err);
+    cr_assert_eq(kvp_agent_set_alloc(&s, 0, 4, &default_arch, err, sizeof err), -EINVAL);
+    cr_assert(strstr(err, "n_layers"), "%s", err);
+    a = default_arch;
+    a.pmax = -1;
+    cr_assert_eq(kvp_agent_arch_check(&a, err, sizeof err), -EINVAL);
+    cr_assert_eq(kvp_agent_arch_check(&default_arch, err, sizeof err), 0);
+}
+
+Test(kvp_agent, policy_scores_inserted_rows)
+{
+    const char *path = write_policy(&default_arch, 5, 4, 11);
+    kvp_policy p = {.cfg = {.n_layers = 5, .n_kv_heads = 4, .head_dim = 8, .n_heads = 8}};
+    char err[256];
+    kvp_agent_set s;
+    cr_assert_eq(kvp_agent_set_load(&s, path, NULL, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(kvp_agent_policy_create(&p, path, err, sizeof err), 0, "%s", err);
+    unlink(path);
+    cr_assert_str_eq(p.ops->name, "kvp");
+    cr_assert_eq(p.ops->wants_attention, 0);
+    cr_assert_null(p.ops->before_evict);
+
+    /* A head with more rows than one scoring block, inserted as 1 row, then 599. */
+    enum { N = 600, D = 8 };
+    float *k = malloc(N * D * sizeof(float)), *v = malloc(N * D * sizeof(float));
+    float *score = calloc(N, sizeof(float)), want[N];
+    int32_t *pos = malloc(N * sizeof(int32_t));
+    fill(k, N * D, 2.0f);
+    fill(v, N * D, 1.0f);
+    for (int i = 0; i < N; i++)
+        pos[i] = i;
+    kvp_head h = {.n = N, .cap = N, .k = k, .v = v, .pos = pos, .score = score};
+    p.ops->on_insert(&p, 3, 2, &h, 0, 1);
+    p.ops->on_insert(&p, 3, 2, &h, 1, N - 1);
+
+    float *work = malloc(kvp_agent_score_work(&s.arch, N) * sizeof(float));
+    kvp_agent_score(&s.arch, kvp_agent_set_params(&s, 3, 2), k, v, pos, N, want, work);
+    for (int i = 0; i < N; i++)
+        cr_assert_float_eq(score[i], want[i], 1e-5f * (1.0f + fabsf(want[i])), "row %d", i);
+    /* Another agent gives other scores. */
+    kvp_agent_score(&s.arch, kvp_agent_set_params(&s, 0, 0), k, v, pos, N, want, work);
+    cr_assert_neq(memcmp(score, want, sizeof want), 0);
+
+    p.ops->destroy(&p);
+    cr_assert_null(p.impl);
+    kvp_agent_set_free(&s);
+    free(work);
+    free(k);
+    free(v);
+    free(score);
+    free(pos);
+}
+
+Test(kvp_agent, policy_create_reports_mismatch_and_missing_file)
+{
+    const char *path = write_policy(&tiny_arch, 5, 4, 1);
+    kvp_policy p = {.cfg = {.n_layers = 8, .n_kv_heads = 4, .head_dim = 8}};
+    char err[512] = "";
+    cr_assert_eq(kvp_agent_policy_create(&p, path, err, sizeof err), -EINVAL);
+    cr_assert(strstr(err, "model has 8 layers x 4 KV heads x head_dim 8"), "%s", err);
+    cr_assert_null(p.ops);
+    cr_assert_null(p.impl);
+    unlink(path);
+    cr_assert_lt(kvp_agent_policy_create(&p, NULL, err, sizeof err), 0);
+    cr_assert(strstr(err, "policy file"), "%s", err);
+    cr_assert_eq(kvp_agent_policy_create(&p, "/nonexistent.kvp", err, sizeof err), -ENOENT);
+}
+
+/* ---- kvp policy-init (needs the kvp executable from the full build) */
+
+static int run_init(const char *args, char **out)
+{
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "%s policy-init %s 2>&1", tu_build("tools/kvp"), args);
+    return tu_run(cmd, out);
+}
+
+Test(kvp_agent, policy_init_writes_a_loadable_deterministic_file)
+{
+    const char *p1 = tmp_path(), *p2 = tmp_path(), *p3 = tmp_path();
+    char args[2048], *out;
+    char model[1024];   /* tu_shared's buffers rotate: keep a copy */
+    snprintf(model, sizeof model, "%s", tu_shared("models/stories260K.gguf"));
+    snprintf(args, sizeof args, "--model %s --out %s --seed 9", model, p1);
+    cr_assert_eq(run_init(args, &out), 0, "%s", out);
+    free(out);
+    snprintf(args, sizeof args, "--model %s --out %s --seed 9", model, p2);
+    cr_assert_eq(run_init(args, &out), 0, "%s", out);
+    free(out);
+    snprintf(args, sizeof args, "--model %s --out %s --seed 10 --width 16 --hidden 24 "
+             "--pos-dim 8 --pos-max 128", model, p3);
+    cr_assert_eq(run_init(args, &out), 0, "%s", out);
+    free(out);
+
+    size_t n1, n2;
+    char *b1 = tu_slurp(p1, &n1), *b2 = tu_slurp(p2, &n2);
+    cr_assert_eq(n1, n2);
+    cr_assert_eq(memcmp(b1, b2, n1), 0);
+    free(b1);
+    free(b2);
+
+    kvp_model_config cfg = {.n_layers = 5, .n_kv_heads = 4, .head_dim = 8};
+    kvp_agent_set s;
+    char err[512];
+    cr_assert_eq(kvp_agent_set_load(&s, p1, &cfg, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(memcmp(&s.arch, &default_arch, sizeof s.arch), 0);
+    kvp_agent_set_free(&s);
+    cr_assert_eq(kvp_agent_set_load(&s, p3, &cfg, err, sizeof err), 0, "%s", err);
+    kvp_agent_arch want = {.d = 8, .P = 16, .E = 8, .H = 24, .pmax = 128};
+    cr_assert_eq(memcmp(&s.arch, &want, sizeof want), 0);
+    kvp_agent_set_free(&s);
+    unlink(p1);
+    unlink(p2);
+    unlink(p3);
+}
+
+Test(kvp_agent, policy_init_usage_and_runtime_errors)
+{
+    char args[2048], *out;
+    char model[1024];   /* tu_shared's buffers rotate: keep a copy */
+    snprintf(model, sizeof model, "%s", tu_shared("models/stories260K.gguf"));
+    const char *usage[] = {
+        "",
+        "--out /tmp/x.kvp",
+        "--model m.gguf",
+        "--model m.gguf --out /tmp/x.kvp --width 0",
+        "--model m.gguf --out /tmp/x.kvp --hidden 12abc",
+        "--model m.gguf --out /tmp/x.kvp --pos-max 99999999999",
+        "--model m.gguf --out /tmp/x.kvp --seed -1",
+        "--model m.gguf --out /tmp/x.kvp --bogus",
+        "--model m.gguf --out",
+    };
+    for (size_t i = 0; i < sizeof usage / sizeof usage[0]; i++) {
+        cr_assert_eq(run_init(usage[i], &out), 2, "'%s': %s", usage[i], out);
+        cr_assert_neq(strlen(out), 0, "'%s' printed nothing", usage[i]);
+        free(out);
+    }
+    cr_assert_eq(run_init("--help", &out), 0);
+    cr_assert(strstr(out, "--pos-max"), "%s", out);
+    free(out);
+
+    cr_assert_eq(run_init("--model /nonexistent.gguf --out /tmp/never.kvp", &out), 1);
+    cr_assert(strstr(out, "/nonexistent.gguf"), "%s", out);
+    free(out);
+    snprintf(args, sizeof args, "--model %s --out /nonexistent-dir/x.kvp", model);
+    cr_assert_eq(run_init(args, &out), 1);
+    cr_assert(strstr(out, "/nonexistent-dir/x.kvp"), "%s", out);
+    free(out);
+}

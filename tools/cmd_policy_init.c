@@ -1,0 +1,149 @@
+/* kvp policy-init: writes a randomly initialised KVP policy file for a model's shape
+ * (the starting point for training; docs/policy-format.md describes the file). */
+#include <errno.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/model.h"
+#include "policy/kvp_agent.h"
+#include "tools/cli.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: kvp policy-init --model M --out F [options]\n"
+            "Writes a randomly initialised KVP policy (one agent per layer x KV head).\n"
+            "  --model M       GGUF or llama2.c checkpoint (only its shape is used)\n"
+            "  --tokenizer T   tokenizer of a llama2.c checkpoint (default: beside it)\n"
+            "  --out F         policy file to write\n"
+            "  --seed S        initialisation seed (default 1)\n"
+            "  --width P       key/value projection width (default %d)\n"
+            "  --hidden H      hidden width (default %d)\n"
+            "  --pos-dim E     position embedding width (default %d)\n"
+            "  --pos-max N     position table size; later positions share its last row "
+            "(default %d)\n",
+            KVP_AGENT_DEFAULT_P, KVP_AGENT_DEFAULT_H, KVP_AGENT_DEFAULT_E,
+            KVP_AGENT_DEFAULT_PMAX);
+}
+
+__attribute__((format(printf, 1, 2))) static int usage_error(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "kvp policy-init: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n(kvp policy-init --help for usage)\n");
+    va_end(ap);
+    return 2;
+}
+
+static int parse_int(const char *s, int *out)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end || v < 1 || v > INT_MAX)
+        return -1;
+    *out = (int)v;
+    return 0;
+}
+
+static int parse_u64(const char *s, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    /* strtoull accepts a sign ("-1" wraps around): require a digit first. */
+    if (*s < '0' || *s > '9')
+        return -1;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || *end)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+int kvp_cmd_policy_init(int argc, char **argv)
+{
+    const char *model_path = NULL, *tok_path = NULL, *out = NULL;
+    uint64_t seed = 1;
+    kvp_agent_arch arch = {.d = 1, .P = KVP_AGENT_DEFAULT_P, .E = KVP_AGENT_DEFAULT_E,
+                           .H = KVP_AGENT_DEFAULT_H, .pmax = KVP_AGENT_DEFAULT_PMAX};
+    const struct { const char *flag; int *dst; } int_flags[] = {
+        {"--width", &arch.P}, {"--hidden", &arch.H}, {"--pos-dim", &arch.E},
+        {"--pos-max", &arch.pmax},
+    };
+
+    for (int i = 1; i < argc; i++) {
+        const char *o = argv[i];
+        if (!strcmp(o, "--help") || !strcmp(o, "-h")) {
+            usage(stdout);
+            return 0;
+        }
+        if (strncmp(o, "--", 2) != 0)
+            return usage_error("unexpected argument '%s'", o);
+        if (i + 1 >= argc)
+            return usage_error("%s needs a value", o);
+        const char *val = argv[++i];
+        size_t f;
+        for (f = 0; f < sizeof int_flags / sizeof int_flags[0]; f++)
+            if (!strcmp(o, int_flags[f].flag))
+                break;
+        if (f < sizeof int_flags / sizeof int_flags[0]) {
+            if (parse_int(val, int_flags[f].dst))
+                return usage_error("%s needs a positive integer, got '%s'", o, val);
+        } else if (!strcmp(o, "--model")) {
+            model_path = val;
+        } else if (!strcmp(o, "--tokenizer")) {
+            tok_path = val;
+        } else if (!strcmp(o, "--out")) {
+            out = val;
+        } else if (!strcmp(o, "--seed")) {
+            if (parse_u64(val, &seed))
+                return usage_error("%s needs an unsigned integer, got '%s'", o, val);
+        } else {
+            return usage_error("unknown option '%s'", o);
+        }
+    }
+    if (!model_path)
+        return usage_error("--model is required");
+    if (!out)
+        return usage_error("--out is required");
+    char err[512];
+    /* Size limits are a usage matter; head_dim (from the model) is checked again below. */
+    if (kvp_agent_arch_check(&arch, err, sizeof err))
+        return usage_error("%s", err);
+
+    kvp_model m;
+    if (kvp_model_load(&m, model_path, tok_path, err, sizeof err)) {
+        fprintf(stderr, "kvp policy-init: cannot load model %s: %s\n", model_path, err);
+        return 1;
+    }
+    kvp_model_config cfg = m.cfg;
+    kvp_model_free(&m);
+
+    arch.d = cfg.head_dim;
+    kvp_agent_set s;
+    if (kvp_agent_set_alloc(&s, cfg.n_layers, cfg.n_kv_heads, &arch, err, sizeof err)) {
+        fprintf(stderr, "kvp policy-init: %s\n", err);
+        return 1;
+    }
+    kvp_agent_set_init(&s, seed);
+    int rc = kvp_agent_set_save(&s, out, err, sizeof err);
+    if (rc) {
+        fprintf(stderr, "kvp policy-init: %s\n", err);
+    } else {
+        printf("wrote %s: %d layers x %d KV heads x head_dim %d, P %d E %d H %d pmax %d, "
+               "%zu parameters per agent, seed %llu\n",
+               out, s.n_layers, s.n_kv_heads, arch.d, arch.P, arch.E, arch.H, arch.pmax,
+               s.n_params, (unsigned long long)seed);
+        if (cfg.seq_len > arch.pmax)
+            fprintf(stderr, "kvp policy-init: note: the model's context is %d; positions "
+                    ">= %d share one embedding row\n", cfg.seq_len, arch.pmax);
+    }
+    kvp_agent_set_free(&s);
+    return rc ? 1 : 0;
+}
