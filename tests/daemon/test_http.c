@@ -1,0 +1,163 @@
+/* Integration: HTTP endpoints, admin auth, the process (flags, SIGTERM). */
+#include <criterion/criterion.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "tests/daemon/harness.h"
+
+static int run(const char *args, char **out)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s --model %s --tokenizer %s %s 2>&1", h_build("daemon/kvpd"),
+             h_shared("models/stories260K.bin"), h_shared("models/tok512.bin"), args);
+    FILE *f = popen(cmd, "r");
+    cr_assert(f);
+    size_t cap = 65536, n = 0;
+    *out = calloc(1, cap);
+    while (n + 1 < cap) {
+        size_t r = fread(*out + n, 1, cap - n - 1, f);
+        if (r == 0)
+            break;
+        n += r;
+    }
+    int st = pclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+Test(http, endpoints_and_metrics_pass_promtool, .timeout = 60)
+{
+    kvpd_proc d;
+    cr_assert_eq(kvpd_start(&d, NULL), 0);
+    char *body = NULL;
+    cr_assert_eq(h_get(&d, "/healthz", NULL, &body), 200);
+    json_t *j = json_loads(body, 0, NULL);
+    cr_assert_str_eq(json_string_value(json_object_get(j, "status")), "ok");
+    json_decref(j);
+    free(body);
+
+    /* A turn so the histograms and counters are not all zero. */
+    ws_client c;
+    cr_assert_eq(h_connect(&d, &c), 0);
+    json_t *done = h_turn(&c, "Once upon a time", 8, NULL);
+    cr_assert(done);
+    json_decref(done);
+    ws_close(&c);
+
+    cr_assert_eq(h_get(&d, "/metrics", NULL, &body), 200);
+    cr_assert(strstr(body, "# TYPE kvpd_ttft_seconds histogram"));
+    cr_assert(strstr(body, "# TYPE kvpd_turn_duration_seconds histogram"));
+    cr_assert(strstr(body, "kvpd_ttft_seconds_bucket{le=\"+Inf\"} 1\n"));
+    cr_assert_eq(h_metric(body, "kvpd_turns_total"), 1);
+    cr_assert_eq(h_metric(body, "kvpd_sessions"), 1);
+    cr_assert_null(strstr(body, "session=\""), "no label per session");
+    char path[] = "/tmp/kvpd-metrics-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(write(fd, body, strlen(body)), (ssize_t)strlen(body));
+    close(fd);
+    free(body);
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "promtool check metrics < %s", path);
+    int st = system(cmd);
+    unlink(path);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "promtool check metrics failed (is prometheus installed?)");
+
+    cr_assert_eq(h_get(&d, "/", NULL, &body), 200);
+    cr_assert(strstr(body, "<html"), "GET / is not the chat page");
+    free(body);
+    cr_assert_eq(h_get(&d, "/app.js", NULL, &body), 200);
+    free(body);
+    cr_assert_eq(h_get(&d, "/nope.html", NULL, &body), 404);
+    free(body);
+    cr_assert_eq(h_get(&d, "/../meson.build", NULL, &body), 404);
+    free(body);
+    cr_assert_eq(h_get(&d, "/chat", NULL, &body), 426);
+    free(body);
+    /* No token configured: the admin endpoint is open. */
+    cr_assert_eq(h_get(&d, "/admin/stats", NULL, &body), 200);
+    j = json_loads(body, 0, NULL);
+    cr_assert(j);
+    for (const char *k = "uptime_s\0model\0policy\0budget\0sessions\0cache_bytes\0tokens\0"
+                         "evicted_rows\0queue_depth\0session_list\0"; *k; k += strlen(k) + 1)
+        cr_assert(json_object_get(j, k), "admin/stats lacks %s", k);
+    json_t *s0 = json_array_get(json_object_get(j, "session_list"), 0);
+    for (const char *k = "id\0turns\0rows\0bytes\0last_active_s_ago\0"; *k; k += strlen(k) + 1)
+        cr_assert(json_object_get(s0, k), "session entry lacks %s", k);
+    json_decref(j);
+    free(body);
+    cr_assert_eq(kvpd_stop(&d, 10000), 0);
+}
+
+Test(http, admin_token_is_required_when_set, .timeout = 60)
+{
+    kvpd_proc d;
+    cr_assert_eq(kvpd_start(&d, "--admin-token s3cret"), 0);
+    char *body = NULL;
+    cr_assert_eq(h_get(&d, "/admin/stats", NULL, &body), 401);
+    free(body);
+    cr_assert_eq(h_get(&d, "/admin/stats", "wrong", &body), 401);
+    free(body);
+    cr_assert_eq(h_get(&d, "/admin/stats", "s3cre", &body), 401);
+    free(body);
+    cr_assert_eq(h_get(&d, "/admin/stats", "s3cret", &body), 200);
+    cr_assert(strstr(body, "\"session_list\""));
+    free(body);
+    cr_assert_eq(h_get(&d, "/healthz", NULL, &body), 200);   /* probes stay open */
+    free(body);
+    cr_assert_eq(kvpd_stop(&d, 10000), 0);
+}
+
+Test(http, sigterm_mid_generation_finishes_the_turn_and_exits_0, .timeout = 60)
+{
+    kvpd_proc d;
+    cr_assert_eq(kvpd_start(&d, "--max-tokens 400 --budget 32 --chunk 8"), 0);
+    ws_client c;
+    cr_assert_eq(h_connect(&d, &c), 0);
+    cr_assert_eq(ws_send_text(&c, "{\"type\":\"message\",\"text\":\"Once upon a time\",\"max_tokens\":400}"), 0);
+    json_t *tok = h_expect(&c, "token", 10000);
+    cr_assert(tok);
+    json_decref(tok);
+    kill(d.pid, SIGTERM);
+    json_t *done = h_expect(&c, "done", 5000);
+    cr_assert(done, "the in-flight turn got no done frame before shutdown");
+    json_decref(done);
+    ws_close(&c);
+    int status = 0;
+    double t0 = ws_now_ms();
+    while (waitpid(d.pid, &status, WNOHANG) == 0 && ws_now_ms() - t0 < 8000)
+        usleep(10000);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "kvpd did not exit 0");
+    d.pid = 0;
+    unlink(d.log);
+}
+
+Test(http, flags_check_config_version_help)
+{
+    char *out = NULL;
+    cr_assert_eq(run("--check-config", &out), 0, "%s", out);
+    cr_assert(strstr(out, "configuration ok"));
+    free(out);
+    cr_assert_eq(run("--check-config --budget many", &out), 2);
+    free(out);
+    cr_assert_eq(run("--check-config --policy no-such-policy", &out), 1);
+    free(out);
+    cr_assert_eq(run("--bogus-flag 1", &out), 2);
+    free(out);
+    cr_assert_eq(run("--version", &out), 0);
+    cr_assert(strstr(out, "kvpd "));
+    free(out);
+    cr_assert_eq(run("--help", &out), 0);
+    cr_assert(strstr(out, "--policy-file"));
+    cr_assert(strstr(out, "--admin-token"));
+    free(out);
+    /* The sample config is complete and valid as shipped. */
+    char args[1200];
+    snprintf(args, sizeof args, "--config %s/systemd/kvpd.conf --check-config",
+             getenv("KVP_SOURCE") ? getenv("KVP_SOURCE") : ".");
+    cr_assert_eq(run(args, &out), 0, "%s", out);
+    free(out);
+}

@@ -1,0 +1,113 @@
+// kvpd chat page: one websocket to /chat, the session id kept in localStorage and
+// resumed on reload, replies streamed token by token, per-turn stats beside them.
+"use strict";
+const $ = (id) => document.getElementById(id);
+const log = $("log"), text = $("text"), form = $("form");
+let ws = null, sessionId = localStorage.getItem("kvpd.session"), current = null, retry = 500;
+
+function setStatus(s) { $("status").textContent = s; }
+function busy(on) { $("send").disabled = on; $("cancel").disabled = !on; }
+
+function addTurn(userText) {
+  const turn = document.createElement("div");
+  turn.className = "turn";
+  const u = document.createElement("div");
+  u.className = "msg user";
+  u.textContent = userText;
+  const b = document.createElement("div");
+  b.className = "msg bot streaming";
+  const st = document.createElement("div");
+  st.className = "stats";
+  turn.append(u, st, b);
+  log.append(turn);
+  log.scrollTop = log.scrollHeight;
+  return { turn, bot: b, stats: st };
+}
+
+function showStats(el, s) {
+  const kib = (s.cache_bytes / 1024).toFixed(1);
+  el.textContent =
+    `new tokens ${s.prompt_tokens} (prefilled ${s.prefilled_tokens})\n` +
+    `generated ${s.generated_tokens}, ${s.tokens_per_s.toFixed(1)} tok/s\n` +
+    `first token ${s.ttft_ms.toFixed(1)} ms\n` +
+    `cache rows ${s.cache_rows} (peak ${s.cache_rows_max}), ${kib} KiB\n` +
+    `evicted ${s.evicted_rows} this turn, ${s.evicted_rows_total} total` +
+    (s.stop === "cancel" ? "\n(stopped)" : "");
+  el.style.whiteSpace = "pre";
+}
+
+function showError(msg) {
+  const e = document.createElement("div");
+  e.className = "error";
+  e.textContent = msg;
+  (current ? current.turn : log).append(e);
+}
+
+function connect() {
+  const proto = location.protocol === "https:" ? "wss:" : "ws:";
+  ws = new WebSocket(`${proto}//${location.host}/chat`);
+  ws.onopen = () => {
+    retry = 500;
+    setStatus("connected");
+    ws.send(JSON.stringify(sessionId ? { type: "hello", session: sessionId } : { type: "hello" }));
+  };
+  ws.onmessage = (ev) => {
+    const m = JSON.parse(ev.data);
+    if (m.type === "session") {
+      sessionId = m.id;
+      localStorage.setItem("kvpd.session", m.id);
+      $("session").textContent = `session ${m.id.slice(0, 8)}… ${m.resumed ? `resumed, ${m.turns} turns` : "new"}`;
+    } else if (m.type === "token" && current) {
+      current.bot.textContent += m.text;
+      log.scrollTop = log.scrollHeight;
+    } else if (m.type === "done" && current) {
+      current.bot.textContent = m.reply;
+      current.bot.classList.remove("streaming");
+      showStats(current.stats, m.stats);
+      current = null;
+      busy(false);
+    } else if (m.type === "error") {
+      if (m.code === "unknown_session") {
+        // Expired or the daemon restarted: start over with a new session.
+        sessionId = null;
+        localStorage.removeItem("kvpd.session");
+        ws.send(JSON.stringify({ type: "hello" }));
+      }
+      showError(`${m.code}: ${m.message}`);
+      if (current && m.code !== "busy") {
+        current.bot.classList.remove("streaming");
+        current = null;
+        busy(false);
+      }
+    }
+  };
+  ws.onclose = () => {
+    setStatus("disconnected, retrying…");
+    if (current) { current.bot.classList.remove("streaming"); current = null; }
+    busy(false);
+    setTimeout(connect, retry);
+    retry = Math.min(retry * 2, 8000);
+  };
+}
+
+form.addEventListener("submit", (e) => {
+  e.preventDefault();
+  const t = text.value.trim();
+  if (!t || current || !ws || ws.readyState !== WebSocket.OPEN) return;
+  current = addTurn(t);
+  busy(true);
+  ws.send(JSON.stringify({ type: "message", text: t, max_tokens: Number($("max").value) || undefined }));
+  text.value = "";
+});
+text.addEventListener("keydown", (e) => {
+  if (e.key === "Enter" && !e.shiftKey) { e.preventDefault(); form.requestSubmit(); }
+});
+$("cancel").addEventListener("click", () => ws && ws.send(JSON.stringify({ type: "cancel" })));
+$("new").addEventListener("click", () => {
+  sessionId = null;
+  localStorage.removeItem("kvpd.session");
+  log.textContent = "";
+  if (ws && ws.readyState === WebSocket.OPEN) ws.send(JSON.stringify({ type: "hello" }));
+});
+busy(false);
+connect();
