@@ -6,7 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define KVP_FNV1A_INIT 1469598103934665603ull
+#define KVP_FNV1A_INIT 14695981039346656037ull
 
 /* Continues hash h over n bytes (start with KVP_FNV1A_INIT). */
 static inline uint64_t kvp_fnv1a(uint64_t h, const void *p, size_t n)

