@@ -6,7 +6,8 @@ cd "$(dirname "$0")/.."
 
 PACKAGES=(build-essential meson ninja-build pkg-config
           libopenblas-dev libuv1-dev libwebsockets-dev libwebsockets-evlib-uv
-          libjansson-dev libcriterion-dev curl ca-certificates)
+          libjansson-dev libcriterion-dev curl ca-certificates
+          prometheus)
 
 missing=()
 for p in "${PACKAGES[@]}"; do
