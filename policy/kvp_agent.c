@@ -738,13 +738,28 @@ typedef struct kvp_agent_policy {
     float *work;   /* kvp_agent_score_work(SCORE_BLOCK) floats */
 } kvp_agent_policy;
 
+/* Scores are computed once per row, but not one row at a time: on_insert marks new rows
+ * unscored (NaN) and before_evict scores the unscored tail in sgemm batches. A decode
+ * step then costs nothing, and the rows of a chunk are scored together when they first
+ * face an eviction. Keys and positions are read at scoring time; a context shift in
+ * between moves both together, so the pair the agent sees stays consistent. */
 static void kvp_on_insert(kvp_policy *p, int layer, int kvh, kvp_head *h, int first, int n)
+{
+    (void)p, (void)layer, (void)kvh;
+    for (int i = first; i < first + n; i++)
+        h->score[i] = NAN;
+}
+
+static void kvp_before_evict(kvp_policy *p, int layer, int kvh, kvp_head *h)
 {
     kvp_agent_policy *ap = p->impl;
     const kvp_agent_arch *a = &ap->set.arch;
     const float *w = kvp_agent_set_params(&ap->set, layer, kvh);
-    for (int i = first; i < first + n; i += SCORE_BLOCK) {
-        int m = first + n - i < SCORE_BLOCK ? first + n - i : SCORE_BLOCK;
+    int first = h->n;
+    while (first > 0 && isnan(h->score[first - 1]))
+        first--;
+    for (int i = first; i < h->n; i += SCORE_BLOCK) {
+        int m = h->n - i < SCORE_BLOCK ? h->n - i : SCORE_BLOCK;
         kvp_agent_score(a, w, h->k + (size_t)i * a->d, h->v + (size_t)i * a->d, h->pos + i,
                         m, h->score + i, ap->work);
     }
@@ -764,6 +779,7 @@ static void kvp_destroy(kvp_policy *p)
 static const kvp_policy_ops kvp_ops = {
     .name = "kvp",
     .on_insert = kvp_on_insert,
+    .before_evict = kvp_before_evict,
     .destroy = kvp_destroy,
 };
 

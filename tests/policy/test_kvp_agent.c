@@ -511,7 +511,7 @@ Test(kvp_agent, policy_scores_inserted_rows)
     unlink(path);
     cr_assert_str_eq(p.ops->name, "kvp");
     cr_assert_eq(p.ops->wants_attention, 0);
-    cr_assert_null(p.ops->before_evict);
+    cr_assert_not_null(p.ops->before_evict);
 
     /* A head with more rows than one scoring block, inserted as 1 row, then 599. */
     enum { N = 600, D = 8 };
@@ -523,8 +523,17 @@ Test(kvp_agent, policy_scores_inserted_rows)
     for (int i = 0; i < N; i++)
         pos[i] = i;
     kvp_head h = {.n = N, .cap = N, .k = k, .v = v, .pos = pos, .score = score};
+    /* scoring is deferred to the eviction, batched over the rows not yet scored */
     p.ops->on_insert(&p, 3, 2, &h, 0, 1);
+    cr_assert(isnan(score[0]), "row 0 scored at insertion");
+    h.n = 1;
+    p.ops->before_evict(&p, 3, 2, &h);
+    float first = score[0];
+    cr_assert(!isnan(first));
+    h.n = N;
     p.ops->on_insert(&p, 3, 2, &h, 1, N - 1);
+    p.ops->before_evict(&p, 3, 2, &h);
+    cr_assert_eq(score[0], first, "a scored row is never rescored");
 
     float *work = malloc(kvp_agent_score_work(&s.arch, N) * sizeof(float));
     kvp_agent_score(&s.arch, kvp_agent_set_params(&s, 3, 2), k, v, pos, N, want, work);
