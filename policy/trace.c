@@ -186,6 +186,37 @@ void kvp_trace_importance(const kvp_trace *t, int seq, int layer, int kvh, int n
     }
 }
 
+size_t kvp_trace_split_at(const char *text, size_t len, double split)
+{
+    size_t cut = (size_t)(split * (double)len);
+    while (cut < len && cut > 0 && text[cut - 1] != '\n')
+        cut++;
+    return cut;
+}
+
+long kvp_trace_tokenize(const kvp_tokenizer *tok, const char *text, size_t len, int **out)
+{
+    kvp_tokenizer t = *tok;
+    size_t cap = len + 16, n = 0;
+    int *ids = malloc(cap * sizeof *ids);
+    if (!ids)
+        return -1;
+    for (size_t off = 0; off < len;) {
+        const char *nl = memchr(text + off, '\n', len - off);
+        size_t line = nl ? (size_t)(nl - (text + off)) + 1 : len - off;
+        int got = kvp_tokenizer_encode(&t, text + off, line, 0, 0, ids + n, (int)(cap - n));
+        if (got < 0) {
+            free(ids);
+            return -1;
+        }
+        n += (size_t)got;
+        t.add_space_prefix = 0;  /* the dummy prefix belongs to the start of the text only */
+        off += line;
+    }
+    *out = ids;
+    return (long)n;
+}
+
 /* ---- writer -------------------------------------------------------------------- */
 
 static int wr(kvp_trace_writer *w, const void *p, size_t n)

@@ -54,6 +54,15 @@ const float *kvp_trace_v(const kvp_trace *t, int seq, int layer);
 void kvp_trace_importance(const kvp_trace *t, int seq, int layer, int kvh, int n,
                           float *imp, float *work);
 
+/* Text shared by `kvp trace` and `kvp eval`: the first `split` of the bytes, moved forward
+ * to the next line start, is the training part, the rest the validation part. Returns
+ * the offset of the validation part. */
+size_t kvp_trace_split_at(const char *text, size_t len, double split);
+/* Tokenizes text line by line (BPE merges never cross a newline, and encoding a whole
+ * book at once is quadratic), without BOS. *out is malloc'd. Returns the count, or -1
+ * on failure. */
+long kvp_trace_tokenize(const kvp_tokenizer *tok, const char *text, size_t len, int **out);
+
 /* Writer, used by `kvp trace`. */
 typedef struct kvp_trace_writer {
     FILE *f;

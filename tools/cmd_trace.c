@@ -39,31 +39,6 @@ static void tap(void *ctx, int layer, const float *q, const float *k, const floa
     memcpy(c->v[layer], v, (size_t)n * c->kn * sizeof(float));
 }
 
-/* Tokenizes text line by line (BPE merges never cross a newline, and encoding a whole
- * book at once is quadratic). Returns the count, or -1 on failure. */
-static long tokenize(const kvp_tokenizer *tok, const char *text, size_t len, int **out)
-{
-    kvp_tokenizer t = *tok;
-    size_t cap = len + 16, n = 0;
-    int *ids = malloc(cap * sizeof *ids);
-    if (!ids)
-        return -1;
-    for (size_t off = 0; off < len;) {
-        const char *nl = memchr(text + off, '\n', len - off);
-        size_t line = nl ? (size_t)(nl - (text + off)) + 1 : len - off;
-        int got = kvp_tokenizer_encode(&t, text + off, line, 0, 0, ids + n, (int)(cap - n));
-        if (got < 0) {
-            free(ids);
-            return -1;
-        }
-        n += (size_t)got;
-        t.add_space_prefix = 0;  /* the dummy prefix belongs to the start of the text only */
-        off += line;
-    }
-    *out = ids;
-    return (long)n;
-}
-
 int kvp_cmd_trace(int argc, char **argv)
 {
     const char *model_path = NULL, *tok_path = NULL, *text_path = NULL, *out_dir = NULL;
@@ -127,12 +102,10 @@ int kvp_cmd_trace(int argc, char **argv)
         goto out;
     }
     fclose(tf);
-    size_t cut = (size_t)(split * (double)text_len);
-    while (cut < text_len && cut > 0 && text[cut - 1] != '\n')
-        cut++;
+    size_t cut = kvp_trace_split_at(text, text_len, split);
     long n_ids[2];
-    n_ids[0] = tokenize(&m.tok, text, cut, &ids[0]);
-    n_ids[1] = tokenize(&m.tok, text + cut, text_len - cut, &ids[1]);
+    n_ids[0] = kvp_trace_tokenize(&m.tok, text, cut, &ids[0]);
+    n_ids[1] = kvp_trace_tokenize(&m.tok, text + cut, text_len - cut, &ids[1]);
     if (n_ids[0] < 0 || n_ids[1] < 0) {
         fprintf(stderr, "kvp trace: cannot tokenize %s\n", text_path);
         goto out;
