@@ -1,0 +1,375 @@
+/* loadgen: N concurrent websocket sessions x M turns against kvpd. Reports aggregate
+ * tokens/s, p50/p99 time to first token and inter-token latency, kvpd's peak RSS, and
+ * the time to first token at turn 10 with KV cache reuse against re-prefilling the
+ * whole transcript every turn (two daemons, --no-reuse-cache for the second).
+ *
+ *   build/bench/loadgen [--kvpd build/daemon/kvpd] [--model M --tokenizer T]
+ *                       [--sessions 16] [--turns 10] [--max-tokens 32] [--workers 0]
+ *                       [--budget 256] [--reps 5] [--port P --pid PID]
+ * With --port it drives a daemon that is already running (RSS needs --pid) and skips
+ * the reuse comparison. */
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tests/daemon/wsclient.h"
+
+typedef struct opts {
+    const char *kvpd, *model, *tokenizer;
+    int sessions, turns, max_tokens, workers, budget, reps, port, pid;
+} opts;
+
+typedef struct samples {
+    double *v;
+    size_t n, cap;
+} samples;
+
+static int add(samples *s, double x)
+{
+    if (s->n == s->cap) {
+        size_t cap = s->cap ? s->cap * 2 : 1024;
+        double *v = realloc(s->v, cap * sizeof *v);
+        if (!v)
+            return -ENOMEM;
+        s->v = v;
+        s->cap = cap;
+    }
+    s->v[s->n++] = x;
+    return 0;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double pct(samples *s, double p)
+{
+    if (!s->n)
+        return 0;
+    qsort(s->v, s->n, sizeof *s->v, cmp_double);
+    size_t i = (size_t)(p / 100.0 * (double)(s->n - 1) + 0.5);
+    return s->v[i];
+}
+
+static const char *lines[] = {
+    "Once upon a time, there was a little girl named Lily.",
+    "She liked to play with her red ball in the garden.",
+    "One day, a big dog came to the garden.",
+    "The dog wanted to play too, so Lily threw the ball.",
+    "They ran and laughed until the sun went down.",
+};
+
+typedef struct session_run {
+    const opts *o;
+    int port, index;
+    samples ttft, itl;       /* ms, client side */
+    long tokens;
+    double ttft_turn10;      /* server-side ttft_ms of turn 10 */
+    int failed;
+} session_run;
+
+static double now_ms(void) { return ws_now_ms(); }
+
+/* One conversation of o->turns turns; collects latencies. */
+static void *run_session(void *arg)
+{
+    session_run *r = arg;
+    ws_client c;
+    if (ws_connect(&c, "127.0.0.1", r->port, "/chat", 10000) < 0) {
+        r->failed = 1;
+        return NULL;
+    }
+    for (int t = 0; t < r->o->turns && !r->failed; t++) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "{\"type\":\"message\",\"text\":\"%s\",\"max_tokens\":%d}",
+                 lines[(t + r->index) % 5], r->o->max_tokens);
+        double sent = now_ms(), last = 0;
+        if (ws_send_text(&c, msg) < 0) {
+            r->failed = 1;
+            break;
+        }
+        for (;;) {
+            char *payload = NULL;
+            size_t len = 0;
+            int op = ws_read(&c, 60000, &payload, &len);
+            json_t *j = op == WS_TEXT ? json_loadb(payload, len, 0, NULL) : NULL;
+            free(payload);
+            const char *type = j ? json_string_value(json_object_get(j, "type")) : NULL;
+            double at = now_ms();
+            if (!type) {
+                r->failed = 1;
+            } else if (!strcmp(type, "token")) {
+                if (last == 0)
+                    add(&r->ttft, at - sent);
+                else
+                    add(&r->itl, at - last);
+                last = at;
+                r->tokens++;
+            } else if (!strcmp(type, "done")) {
+                if (t == 9)
+                    r->ttft_turn10 = json_number_value(
+                        json_object_get(json_object_get(j, "stats"), "ttft_ms"));
+                json_decref(j);
+                break;
+            } else if (!strcmp(type, "error")) {
+                fprintf(stderr, "loadgen: error frame: %s\n",
+                        json_string_value(json_object_get(j, "message")));
+                r->failed = 1;
+            }
+            json_decref(j);
+            if (r->failed)
+                break;
+        }
+    }
+    ws_close(&c);
+    return NULL;
+}
+
+typedef struct daemon_proc {
+    pid_t pid;
+    int port;
+    char log[64];
+} daemon_proc;
+
+static int spawn(const opts *o, int reuse, daemon_proc *d)
+{
+    char workers[16], budget[16], max_tokens[16];
+    snprintf(workers, sizeof workers, "%d", o->workers);
+    snprintf(budget, sizeof budget, "%d", o->budget);
+    snprintf(max_tokens, sizeof max_tokens, "%d", o->max_tokens > 256 ? o->max_tokens : 256);
+    snprintf(d->log, sizeof d->log, "/tmp/kvpd-loadgen-XXXXXX");
+    int fd = mkstemp(d->log);
+    if (fd < 0)
+        return -errno;
+    char *argv[32];
+    int n = 0;
+    argv[n++] = (char *)o->kvpd;
+    argv[n++] = "--listen";
+    argv[n++] = "127.0.0.1:0";
+    argv[n++] = "--workers";
+    argv[n++] = workers;
+    argv[n++] = "--budget";
+    argv[n++] = budget;
+    argv[n++] = "--max-tokens";
+    argv[n++] = max_tokens;
+    argv[n++] = "--temperature";
+    argv[n++] = "0";
+    argv[n++] = "--max-sessions";
+    argv[n++] = "1024";
+    if (o->model) {
+        argv[n++] = "--model";
+        argv[n++] = (char *)o->model;
+    }
+    if (o->tokenizer) {
+        argv[n++] = "--tokenizer";
+        argv[n++] = (char *)o->tokenizer;
+    }
+    if (!reuse)
+        argv[n++] = "--no-reuse-cache";
+    argv[n] = NULL;
+    d->pid = fork();
+    if (d->pid == 0) {
+        dup2(fd, 2);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    close(fd);
+    if (d->pid < 0)
+        return -errno;
+    for (int i = 0; i < 1000; i++) {
+        FILE *f = fopen(d->log, "r");
+        char line[512];
+        while (f && fgets(line, sizeof line, f)) {
+            const char *p = strstr(line, "listening on ");
+            if (p)
+                d->port = atoi(strrchr(p, ':') + 1);
+        }
+        if (f)
+            fclose(f);
+        if (d->port) {
+            char *body = NULL;
+            int st = http_get("127.0.0.1", d->port, "/healthz", NULL, &body, 2000);
+            free(body);
+            if (st == 200)
+                return 0;
+        }
+        if (waitpid(d->pid, NULL, WNOHANG) == d->pid)
+            break;
+        nanosleep(&(struct timespec){0, 20 * 1000 * 1000}, NULL);
+    }
+    fprintf(stderr, "loadgen: kvpd did not start; see %s\n", d->log);
+    return -EIO;
+}
+
+static long peak_rss_kib(int pid)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", pid);
+    FILE *f = fopen(path, "r");
+    long kib = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "VmHWM:", 6))
+            kib = atol(line + 6);
+    if (f)
+        fclose(f);
+    return kib;
+}
+
+static int stop(daemon_proc *d)
+{
+    int status = 0;
+    kill(d->pid, SIGTERM);
+    waitpid(d->pid, &status, 0);
+    unlink(d->log);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* N sessions x M turns at once. */
+static int load(const opts *o, int port, int pid)
+{
+    session_run *runs = calloc((size_t)o->sessions, sizeof *runs);
+    pthread_t *th = calloc((size_t)o->sessions, sizeof *th);
+    if (!runs || !th)
+        return -ENOMEM;
+    double t0 = now_ms();
+    for (int i = 0; i < o->sessions; i++) {
+        runs[i] = (session_run){.o = o, .port = port, .index = i};
+        if (pthread_create(&th[i], NULL, run_session, &runs[i]) != 0)
+            return -EAGAIN;
+    }
+    samples ttft = {0}, itl = {0};
+    long tokens = 0;
+    int failed = 0;
+    for (int i = 0; i < o->sessions; i++) {
+        pthread_join(th[i], NULL);
+        for (size_t k = 0; k < runs[i].ttft.n; k++)
+            add(&ttft, runs[i].ttft.v[k]);
+        for (size_t k = 0; k < runs[i].itl.n; k++)
+            add(&itl, runs[i].itl.v[k]);
+        tokens += runs[i].tokens;
+        failed += runs[i].failed;
+        free(runs[i].ttft.v);
+        free(runs[i].itl.v);
+    }
+    double secs = (now_ms() - t0) / 1e3;
+    printf("| sessions x turns | %d x %d (max_tokens %d) |\n", o->sessions, o->turns, o->max_tokens);
+    printf("| failed sessions | %d |\n", failed);
+    printf("| tokens generated | %ld in %.2f s |\n", tokens, secs);
+    printf("| aggregate tokens/s | %.0f |\n", tokens / secs);
+    printf("| time to first token p50 / p99 | %.2f / %.2f ms |\n", pct(&ttft, 50), pct(&ttft, 99));
+    printf("| inter-token latency p50 / p99 | %.3f / %.3f ms |\n", pct(&itl, 50), pct(&itl, 99));
+    if (pid > 0)
+        printf("| kvpd peak RSS | %.1f MiB |\n", peak_rss_kib(pid) / 1024.0);
+    free(ttft.v);
+    free(itl.v);
+    free(runs);
+    free(th);
+    return failed ? -EIO : 0;
+}
+
+/* Median server-side ttft at turn 10 over `reps` single-session conversations. */
+static double turn10_ttft(const opts *o, int reuse)
+{
+    daemon_proc d;
+    if (spawn(o, reuse, &d) < 0)
+        return -1;
+    opts one = *o;
+    one.turns = 10;
+    samples s = {0};
+    for (int r = 0; r < o->reps; r++) {
+        session_run run = {.o = &one, .port = d.port, .index = r};
+        run_session(&run);
+        if (!run.failed)
+            add(&s, run.ttft_turn10);
+        free(run.ttft.v);
+        free(run.itl.v);
+    }
+    stop(&d);
+    double med = s.n ? pct(&s, 50) : -1;
+    free(s.v);
+    return med;
+}
+
+static int arg_int(const char *v, int *out)
+{
+    char *end;
+    long x = strtol(v, &end, 10);
+    if (*end || x < 0 || x > 1000000)
+        return -1;
+    *out = (int)x;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    opts o = {.kvpd = "build/daemon/kvpd", .sessions = 16, .turns = 10, .max_tokens = 32,
+              .workers = 0, .budget = 256, .reps = 5};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int bad = !v;
+        if (!strcmp(a, "--help")) {
+            printf("usage: loadgen [--kvpd PATH] [--model M] [--tokenizer T] [--sessions N]\n"
+                   "               [--turns M] [--max-tokens K] [--workers W] [--budget B]\n"
+                   "               [--reps R] [--port P [--pid PID]]\n");
+            return 0;
+        } else if (bad) {
+        } else if (!strcmp(a, "--kvpd")) {
+            o.kvpd = v;
+        } else if (!strcmp(a, "--model")) {
+            o.model = v;
+        } else if (!strcmp(a, "--tokenizer")) {
+            o.tokenizer = v;
+        } else if (!strcmp(a, "--sessions")) {
+            bad = arg_int(v, &o.sessions) || o.sessions < 1;
+        } else if (!strcmp(a, "--turns")) {
+            bad = arg_int(v, &o.turns) || o.turns < 1;
+        } else if (!strcmp(a, "--max-tokens")) {
+            bad = arg_int(v, &o.max_tokens) || o.max_tokens < 1;
+        } else if (!strcmp(a, "--workers")) {
+            bad = arg_int(v, &o.workers);
+        } else if (!strcmp(a, "--budget")) {
+            bad = arg_int(v, &o.budget);
+        } else if (!strcmp(a, "--reps")) {
+            bad = arg_int(v, &o.reps) || o.reps < 1;
+        } else if (!strcmp(a, "--port")) {
+            bad = arg_int(v, &o.port);
+        } else if (!strcmp(a, "--pid")) {
+            bad = arg_int(v, &o.pid);
+        } else {
+            bad = 1;
+        }
+        if (bad) {
+            fprintf(stderr, "loadgen: bad option %s (see --help)\n", a);
+            return 2;
+        }
+        i++;
+    }
+    signal(SIGPIPE, SIG_IGN);
+    printf("| measure | value |\n|---|---|\n");
+    if (o.port) {
+        return load(&o, o.port, o.pid) < 0 ? 1 : 0;
+    }
+    daemon_proc d;
+    if (spawn(&o, 1, &d) < 0)
+        return 1;
+    int rc = load(&o, d.port, d.pid);
+    int st = stop(&d);
+    if (st != 0)
+        fprintf(stderr, "loadgen: kvpd exited with %d\n", st);
+    double reuse = turn10_ttft(&o, 1), full = turn10_ttft(&o, 0);
+    printf("| turn-10 time to first token, cache reuse | %.3f ms |\n", reuse);
+    printf("| turn-10 time to first token, re-prefill transcript | %.3f ms |\n", full);
+    if (reuse > 0 && full > 0)
+        printf("| re-prefill / reuse | %.1fx |\n", full / reuse);
+    return rc < 0 || st != 0 || reuse < 0 || full < 0 ? 1 : 0;
+}
