@@ -1,1 +1,592 @@
-/* placeholder: being written */
+#include "model/tokenizer.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+/* GGUF token types (llama.cpp's llama_token_type). */
+enum { TT_UNKNOWN = 2, TT_CONTROL = 3, TT_UNUSED = 5, TT_BYTE = 6 };
+
+/* One single-byte string per byte value, returned by kvp_tokenizer_piece for byte tokens. */
+#define B4(n) n, n + 1, n + 2, n + 3
+#define B16(n) B4(n), B4(n + 4), B4(n + 8), B4(n + 12)
+#define B64(n) B16(n), B16(n + 16), B16(n + 32), B16(n + 48)
+static const unsigned char byte_chars[256] = { B64(0), B64(64), B64(128), B64(192) };
+
+static int fail(char *err, size_t errlen, int rc, const char *fmt, ...)
+{
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return rc;
+}
+
+void kvp_tokenizer_free(kvp_tokenizer *t)
+{
+    /* All pieces live in one block that starts at pieces[0]. */
+    if (t->pieces)
+        free(t->pieces[0]);
+    free(t->pieces);
+    free(t->piece_len);
+    free(t->scores);
+    free(t->sorted);
+    memset(t, 0, sizeof *t);
+}
+
+static int cmp_bytes(const char *a, size_t alen, const char *b, size_t blen)
+{
+    int c = memcmp(a, b, alen < blen ? alen : blen);
+    if (c)
+        return c;
+    return (alen > blen) - (alen < blen);
+}
+
+typedef struct sort_entry { const char *piece; int len, id; } sort_entry;
+
+static int cmp_entries(const void *pa, const void *pb)
+{
+    const sort_entry *a = pa, *b = pb;
+    int c = cmp_bytes(a->piece, (size_t)a->len, b->piece, (size_t)b->len);
+    /* Duplicate pieces: the lowest id sorts first and is the one lookup returns. */
+    return c ? c : (a->id > b->id) - (a->id < b->id);
+}
+
+int kvp_tokenizer_lookup(const kvp_tokenizer *t, const char *piece, size_t len)
+{
+    int lo = 0, hi = t->n_sorted;
+    while (lo < hi) { /* lower bound */
+        int mid = lo + (hi - lo) / 2, id = t->sorted[mid];
+        if (cmp_bytes(t->pieces[id], (size_t)t->piece_len[id], piece, len) < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo < t->n_sorted) {
+        int id = t->sorted[lo];
+        if (cmp_bytes(t->pieces[id], (size_t)t->piece_len[id], piece, len) == 0)
+            return id;
+    }
+    return -1;
+}
+
+static int hex_digit(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+/* The byte a "<0xNN>" piece stands for, or -1. */
+static int byte_piece_value(const char *p, int len)
+{
+    if (len != 6 || memcmp(p, "<0x", 3) != 0 || p[5] != '>')
+        return -1;
+    int hi = hex_digit(p[3]), lo = hex_digit(p[4]);
+    return hi < 0 || lo < 0 ? -1 : hi * 16 + lo;
+}
+
+/* Fills byte_token, max_piece_len and the lookup index once pieces, piece_len and
+ * scores are set. types (GGUF token_type, may be NULL) keeps non-text tokens out of
+ * the index, so that no text encodes to a control token. */
+static int finish(kvp_tokenizer *t, const int32_t *types, char *err, size_t errlen)
+{
+    for (int b = 0; b < 256; b++)
+        t->byte_token[b] = -1;
+    t->max_piece_len = 0;
+    for (int i = 0; i < t->vocab_size; i++) {
+        int b = byte_piece_value(t->pieces[i], t->piece_len[i]);
+        if (b >= 0 && (!types || types[i] == TT_BYTE) && t->byte_token[b] < 0)
+            t->byte_token[b] = i;
+        if (t->piece_len[i] > t->max_piece_len)
+            t->max_piece_len = t->piece_len[i];
+    }
+    t->sorted = malloc((size_t)t->vocab_size * sizeof *t->sorted);
+    sort_entry *ents = malloc((size_t)t->vocab_size * sizeof *ents);
+    if (!t->sorted || !ents) {
+        free(ents);
+        return fail(err, errlen, -ENOMEM, "out of memory for the tokenizer index");
+    }
+    int n = 0;
+    for (int i = 0; i < t->vocab_size; i++) {
+        int b = byte_piece_value(t->pieces[i], t->piece_len[i]);
+        /* Byte tokens stand for raw bytes, not for their "<0xNN>" spelling: a merge
+         * must never turn the text "<0x41>" into the byte 'A'. */
+        if (b >= 0 && t->byte_token[b] == i)
+            continue;
+        if (types && (types[i] == TT_UNKNOWN || types[i] == TT_CONTROL || types[i] == TT_UNUSED))
+            continue;
+        ents[n++] = (sort_entry){ t->pieces[i], t->piece_len[i], i };
+    }
+    qsort(ents, (size_t)n, sizeof *ents, cmp_entries);
+    for (int i = 0; i < n; i++)
+        t->sorted[i] = ents[i].id;
+    t->n_sorted = n;
+    free(ents);
+    return 0;
+}
+
+static int alloc_vocab(kvp_tokenizer *t, int n, size_t blob_size, char *err, size_t errlen)
+{
+    t->vocab_size = n;
+    t->pieces = calloc((size_t)n, sizeof *t->pieces);
+    t->piece_len = calloc((size_t)n, sizeof *t->piece_len);
+    t->scores = calloc((size_t)n, sizeof *t->scores);
+    char *blob = malloc(blob_size ? blob_size : 1);
+    if (!t->pieces || !t->piece_len || !t->scores || !blob) {
+        free(blob);
+        return fail(err, errlen, -ENOMEM, "out of memory for %d tokens", n);
+    }
+    t->pieces[0] = blob;
+    return 0;
+}
+
+/* Parses a whole llama2.c tokenizer file held in buf. */
+static int parse_bin(kvp_tokenizer *t, const unsigned char *buf, size_t size, int vocab_size,
+                     const char *path, char *err, size_t errlen)
+{
+    int32_t max_len;
+    if (size < 4)
+        return fail(err, errlen, -EINVAL, "%s: truncated: no max_token_length (%zu bytes)",
+                    path, size);
+    memcpy(&max_len, buf, 4);
+    if (max_len <= 0)
+        return fail(err, errlen, -EINVAL, "%s: bad max_token_length %d", path, (int)max_len);
+    /* Every record takes 8 + len file bytes and len + 1 blob bytes, so size bounds the blob. */
+    int rc = alloc_vocab(t, vocab_size, size, err, errlen);
+    if (rc < 0)
+        return rc;
+    char *dst = t->pieces[0];
+    size_t off = 4;
+    for (int i = 0; i < vocab_size; i++) {
+        int32_t len;
+        if (size - off < 8)
+            return fail(err, errlen, -EINVAL,
+                        "%s: truncated at token %d of %d (offset %zu of %zu)",
+                        path, i, vocab_size, off, size);
+        memcpy(&t->scores[i], buf + off, 4);
+        memcpy(&len, buf + off + 4, 4);
+        off += 8;
+        if (len < 0 || len > max_len)
+            return fail(err, errlen, -EINVAL,
+                        "%s: token %d has length %d (max_token_length %d)",
+                        path, i, (int)len, (int)max_len);
+        if (size - off < (size_t)len)
+            return fail(err, errlen, -EINVAL,
+                        "%s: truncated in token %d of %d (needs %d bytes at offset %zu of %zu)",
+                        path, i, vocab_size, (int)len, off, size);
+        memcpy(dst, buf + off, (size_t)len);
+        dst[len] = 0;
+        t->pieces[i] = dst;
+        t->piece_len[i] = len;
+        dst += len + 1;
+        off += (size_t)len;
+    }
+    if (off != size)
+        return fail(err, errlen, -EINVAL,
+                    "%s: %zu bytes left after %d tokens: the file holds another vocab_size",
+                    path, size - off, vocab_size);
+    return 0;
+}
+
+int kvp_tokenizer_load_file(kvp_tokenizer *t, const char *path, int vocab_size,
+                            char *err, size_t errlen)
+{
+    memset(t, 0, sizeof *t);
+    /* unk, bos and eos are ids 0, 1, 2 in this format. */
+    if (vocab_size < 3)
+        return fail(err, errlen, -EINVAL, "%s: vocab_size %d is too small", path, vocab_size);
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        int e = errno;
+        return fail(err, errlen, -e, "cannot open %s: %s", path, strerror(e));
+    }
+    struct stat st;
+    int rc = 0;
+    unsigned char *buf = NULL;
+    if (fstat(fileno(f), &st) != 0) {
+        int e = errno;
+        rc = fail(err, errlen, -e, "cannot stat %s: %s", path, strerror(e));
+        goto out;
+    }
+    /* A tokenizer never exceeds 4 + vocab x (8 + INT_MAX) bytes; refuse to slurp a
+     * mistaken multi-gigabyte path beyond that. */
+    size_t size = (size_t)st.st_size;
+    if ((uint64_t)st.st_size > 4 + (uint64_t)vocab_size * (8 + (uint64_t)INT_MAX)) {
+        rc = fail(err, errlen, -EINVAL, "%s: %zu bytes is too large for %d tokens",
+                  path, size, vocab_size);
+        goto out;
+    }
+    buf = malloc(size ? size : 1);
+    if (!buf) {
+        rc = fail(err, errlen, -ENOMEM, "%s: out of memory for %zu bytes", path, size);
+        goto out;
+    }
+    if (fread(buf, 1, size, f) != size) {
+        rc = fail(err, errlen, -EIO, "%s: read error", path);
+        goto out;
+    }
+    rc = parse_bin(t, buf, size, vocab_size, path, err, errlen);
+    if (rc == 0) {
+        t->unk_id = 0;
+        t->bos_id = 1;
+        t->eos_id = 2;
+        t->add_space_prefix = 1;
+        rc = finish(t, NULL, err, errlen);
+    }
+out:
+    free(buf);
+    fclose(f);
+    if (rc < 0)
+        kvp_tokenizer_free(t);
+    return rc;
+}
+
+/* A required-shape array kv: absent is fine (NULL) when optional. */
+static int gguf_array(const kvp_gguf *g, const char *key, uint32_t elem_type, uint64_t n,
+                      const kvp_gguf_kv **out, char *err, size_t errlen)
+{
+    const kvp_gguf_kv *kv = kvp_gguf_find(g, key);
+    *out = kv;
+    if (!kv)
+        return 0;
+    if (kv->type != KVP_GGUF_ARRAY || kv->val.arr.type != elem_type)
+        return fail(err, errlen, -EINVAL, "%s has the wrong type (want an array of type %u)",
+                    key, (unsigned)elem_type);
+    if (kv->val.arr.n != n)
+        return fail(err, errlen, -EINVAL, "%s has %llu entries, the vocabulary %llu",
+                    key, (unsigned long long)kv->val.arr.n, (unsigned long long)n);
+    return 0;
+}
+
+static int gguf_id(const kvp_gguf *g, const char *key, int def, int vocab, int *out,
+                   char *err, size_t errlen)
+{
+    uint32_t v;
+    int rc = kvp_gguf_get_u32(g, key, &v);
+    if (rc == -ENOENT)
+        v = (uint32_t)def;
+    else if (rc < 0)
+        return fail(err, errlen, rc, "%s is not a valid token id", key);
+    if (v >= (uint32_t)vocab)
+        return fail(err, errlen, -EINVAL, "%s %u is outside the vocabulary of %d",
+                    key, (unsigned)v, vocab);
+    *out = (int)v;
+    return 0;
+}
+
+static uint32_t le32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* Copies a piece, turning each U+2581 (SentencePiece's space marker) into ' '. */
+static int copy_piece(char *dst, const char *src, size_t len)
+{
+    size_t o = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (i + 2 < len && (unsigned char)src[i] == 0xE2 && (unsigned char)src[i + 1] == 0x96 &&
+            (unsigned char)src[i + 2] == 0x81) {
+            dst[o++] = ' ';
+            i += 2;
+        } else {
+            dst[o++] = src[i];
+        }
+    }
+    dst[o] = 0;
+    return (int)o;
+}
+
+static int load_gguf(kvp_tokenizer *t, const kvp_gguf *g, kvp_gguf_str **strs,
+                     int32_t **types, char *err, size_t errlen)
+{
+    const kvp_gguf_kv *kv = kvp_gguf_find(g, "tokenizer.ggml.model");
+    if (!kv)
+        return fail(err, errlen, -ENOENT, "GGUF has no tokenizer.ggml.model");
+    if (kv->type != KVP_GGUF_STRING)
+        return fail(err, errlen, -EINVAL, "tokenizer.ggml.model is not a string");
+    if (kv->val.str.len != 5 || memcmp(kv->val.str.ptr, "llama", 5) != 0)
+        return fail(err, errlen, -ENOTSUP,
+                    "tokenizer.ggml.model \"%.*s\" is not supported (only \"llama\", "
+                    "SentencePiece BPE)",
+                    (int)(kv->val.str.len < 64 ? kv->val.str.len : 64), kv->val.str.ptr);
+
+    kv = kvp_gguf_find(g, "tokenizer.ggml.tokens");
+    if (!kv)
+        return fail(err, errlen, -ENOENT, "GGUF has no tokenizer.ggml.tokens");
+    if (kv->type != KVP_GGUF_ARRAY || kv->val.arr.type != KVP_GGUF_STRING)
+        return fail(err, errlen, -EINVAL, "tokenizer.ggml.tokens is not a string array");
+    uint64_t n = kv->val.arr.n;
+    if (n < 3 || n > INT_MAX)
+        return fail(err, errlen, -EINVAL, "tokenizer.ggml.tokens has %llu entries",
+                    (unsigned long long)n);
+    *strs = malloc(n * sizeof **strs);
+    if (!*strs)
+        return fail(err, errlen, -ENOMEM, "out of memory for %llu tokens", (unsigned long long)n);
+    int rc = kvp_gguf_str_array(kv, *strs, n);
+    if (rc < 0)
+        return fail(err, errlen, rc, "tokenizer.ggml.tokens: bad string array");
+    /* Strings are bounded by the file, so the sum cannot overflow size_t. */
+    size_t blob = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        if ((*strs)[i].len > INT_MAX)
+            return fail(err, errlen, -EINVAL, "token %llu is %llu bytes long",
+                        (unsigned long long)i, (unsigned long long)(*strs)[i].len);
+        blob += (size_t)(*strs)[i].len + 1;
+    }
+
+    const kvp_gguf_kv *scores, *ttype;
+    if ((rc = gguf_array(g, "tokenizer.ggml.scores", KVP_GGUF_FLOAT32, n, &scores, err,
+                         errlen)) < 0 ||
+        (rc = gguf_array(g, "tokenizer.ggml.token_type", KVP_GGUF_INT32, n, &ttype, err,
+                         errlen)) < 0)
+        return rc;
+    if ((rc = alloc_vocab(t, (int)n, blob, err, errlen)) < 0)
+        return rc;
+    char *dst = t->pieces[0];
+    for (uint64_t i = 0; i < n; i++) {
+        t->pieces[i] = dst;
+        t->piece_len[i] = copy_piece(dst, (*strs)[i].ptr, (size_t)(*strs)[i].len);
+        dst += t->piece_len[i] + 1;
+    }
+    /* Array data is unaligned little-endian inside the mapping: decode, do not cast. */
+    if (scores)
+        for (uint64_t i = 0; i < n; i++) {
+            uint32_t bits = le32(scores->val.arr.data + 4 * i);
+            memcpy(&t->scores[i], &bits, 4);
+        }
+    if (ttype) {
+        *types = malloc(n * sizeof **types);
+        if (!*types)
+            return fail(err, errlen, -ENOMEM, "out of memory for token types");
+        for (uint64_t i = 0; i < n; i++)
+            (*types)[i] = (int32_t)le32(ttype->val.arr.data + 4 * i);
+    }
+
+    if ((rc = gguf_id(g, "tokenizer.ggml.bos_token_id", 1, (int)n, &t->bos_id, err, errlen)) < 0 ||
+        (rc = gguf_id(g, "tokenizer.ggml.eos_token_id", 2, (int)n, &t->eos_id, err, errlen)) < 0 ||
+        (rc = gguf_id(g, "tokenizer.ggml.unknown_token_id", 0, (int)n, &t->unk_id, err,
+                      errlen)) < 0)
+        return rc;
+    t->add_space_prefix = 1;
+    kv = kvp_gguf_find(g, "tokenizer.ggml.add_space_prefix");
+    if (kv) {
+        if (kv->type != KVP_GGUF_BOOL)
+            return fail(err, errlen, -EINVAL, "tokenizer.ggml.add_space_prefix is not a bool");
+        t->add_space_prefix = kv->val.u64 != 0;
+    }
+    return finish(t, *types, err, errlen);
+}
+
+int kvp_tokenizer_load_gguf(kvp_tokenizer *t, const kvp_gguf *g, char *err, size_t errlen)
+{
+    memset(t, 0, sizeof *t);
+    kvp_gguf_str *strs = NULL;
+    int32_t *types = NULL;
+    int rc = load_gguf(t, g, &strs, &types, err, errlen);
+    free(strs);
+    free(types);
+    if (rc < 0)
+        kvp_tokenizer_free(t);
+    return rc;
+}
+
+/* Length of the UTF-8 codepoint at s (n >= 1 bytes left); 1 for an invalid byte. */
+static size_t utf8_unit(const unsigned char *s, size_t n)
+{
+    unsigned c = s[0], lo = 0x80, hi = 0xBF;
+    size_t need;
+    if (c >= 0xC2 && c <= 0xDF) {
+        need = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+        need = 3;
+        lo = c == 0xE0 ? 0xA0 : lo; /* overlong */
+        hi = c == 0xED ? 0x9F : hi; /* surrogates */
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        need = 4;
+        lo = c == 0xF0 ? 0x90 : lo; /* overlong */
+        hi = c == 0xF4 ? 0x8F : hi; /* above U+10FFFF */
+    } else {
+        return 1;
+    }
+    if (n < need || s[1] < lo || s[1] > hi)
+        return 1;
+    for (size_t i = 2; i < need; i++)
+        if ((s[i] & 0xC0) != 0x80)
+            return 1;
+    return need;
+}
+
+/* Encoding state: a doubly linked list of symbols and a max-heap of merge candidates. */
+typedef struct sym { int tok, prev, next; } sym;
+typedef struct cand { float score; int left, right, ltok, rtok, id; } cand;
+
+typedef struct enc {
+    const kvp_tokenizer *t;
+    sym *syms;
+    int n;
+    cand *heap;
+    int nheap;
+    char *buf; /* 2 x max_piece_len: a pair's concatenation */
+} enc;
+
+static void push_unit(enc *e, const char *s, size_t len)
+{
+    int id = kvp_tokenizer_lookup(e->t, s, len);
+    if (id >= 0) {
+        e->syms[e->n++].tok = id;
+        return;
+    }
+    for (size_t i = 0; i < len; i++) {
+        int b = e->t->byte_token[(unsigned char)s[i]];
+        e->syms[e->n++].tok = b >= 0 ? b : e->t->unk_id;
+    }
+}
+
+/* Heap order: higher score first, then the leftmost pair, as llama2.c picks. */
+static int before(const cand *a, const cand *b)
+{
+    return a->score > b->score || (a->score == b->score && a->left < b->left);
+}
+
+static void heap_push(enc *e, cand c)
+{
+    int i = e->nheap++;
+    while (i > 0 && before(&c, &e->heap[(i - 1) / 2])) {
+        e->heap[i] = e->heap[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    e->heap[i] = c;
+}
+
+static cand heap_pop(enc *e)
+{
+    cand top = e->heap[0], last = e->heap[--e->nheap];
+    int i = 0;
+    for (;;) {
+        int c = 2 * i + 1;
+        if (c >= e->nheap)
+            break;
+        if (c + 1 < e->nheap && before(&e->heap[c + 1], &e->heap[c]))
+            c++;
+        if (!before(&e->heap[c], &last))
+            break;
+        e->heap[i] = e->heap[c];
+        i = c;
+    }
+    e->heap[i] = last;
+    return top;
+}
+
+/* Queues the pair (left, left's next) if its concatenation is a piece. */
+static void try_pair(enc *e, int left)
+{
+    if (left < 0 || e->syms[left].next < 0)
+        return;
+    int right = e->syms[left].next;
+    const kvp_tokenizer *t = e->t;
+    int a = e->syms[left].tok, b = e->syms[right].tok;
+    memcpy(e->buf, t->pieces[a], (size_t)t->piece_len[a]);
+    memcpy(e->buf + t->piece_len[a], t->pieces[b], (size_t)t->piece_len[b]);
+    int id = kvp_tokenizer_lookup(t, e->buf, (size_t)t->piece_len[a] + (size_t)t->piece_len[b]);
+    /* llama2.c starts its best score at -1e10 and only takes strictly better ones. */
+    if (id >= 0 && t->scores[id] > -1e10f)
+        heap_push(e, (cand){ t->scores[id], left, right, a, b, id });
+}
+
+int kvp_tokenizer_encode(const kvp_tokenizer *t, const char *text, size_t len,
+                         int add_bos, int add_eos, int *out, int max)
+{
+    /* One symbol per byte plus the dummy prefix; counts must fit an int. */
+    if (len > (size_t)INT_MAX / 4)
+        return -E2BIG;
+    size_t cap = len + 1;
+    enc e = { .t = t };
+    e.syms = malloc(cap * sizeof *e.syms);
+    /* n - 1 initial pairs, then at most 2 new ones per merge (n - 1 merges). */
+    e.heap = malloc(3 * cap * sizeof *e.heap);
+    e.buf = malloc(2 * (size_t)t->max_piece_len + 1);
+    int rc = -ENOMEM;
+    if (!e.syms || !e.heap || !e.buf)
+        goto out;
+
+    if (t->add_space_prefix && len > 0)
+        push_unit(&e, " ", 1);
+    const unsigned char *s = (const unsigned char *)text;
+    for (size_t i = 0; i < len;) {
+        size_t u = utf8_unit(s + i, len - i);
+        push_unit(&e, text + i, u);
+        i += u;
+    }
+    for (int i = 0; i < e.n; i++) {
+        e.syms[i].prev = i - 1;
+        e.syms[i].next = i + 1 < e.n ? i + 1 : -1;
+    }
+    for (int i = 0; i + 1 < e.n; i++)
+        try_pair(&e, i);
+
+    while (e.nheap > 0) {
+        cand c = heap_pop(&e);
+        sym *l = &e.syms[c.left], *r = &e.syms[c.right];
+        /* Skip candidates that an earlier merge made stale: still adjacent with the
+         * same tokens means the same merge. */
+        if (l->tok != c.ltok || l->next != c.right || r->tok != c.rtok)
+            continue;
+        l->tok = c.id;
+        l->next = r->next;
+        if (r->next >= 0)
+            e.syms[r->next].prev = c.left;
+        r->tok = -1; /* dead */
+        try_pair(&e, l->prev);
+        try_pair(&e, c.left);
+    }
+
+    int n = 0, need = (add_bos != 0) + (add_eos != 0);
+    for (int i = e.n > 0 ? 0 : -1; i >= 0; i = e.syms[i].next)
+        need++;
+    rc = -ENOSPC;
+    if (need > max)
+        goto out;
+    if (add_bos)
+        out[n++] = t->bos_id;
+    for (int i = e.n > 0 ? 0 : -1; i >= 0; i = e.syms[i].next)
+        out[n++] = e.syms[i].tok;
+    if (add_eos)
+        out[n++] = t->eos_id;
+    rc = n;
+out:
+    free(e.syms);
+    free(e.heap);
+    free(e.buf);
+    return rc;
+}
+
+const char *kvp_tokenizer_piece(const kvp_tokenizer *t, int prev, int tok, size_t *len)
+{
+    *len = 0;
+    if (tok < 0 || tok >= t->vocab_size)
+        return NULL;
+    const char *p = t->pieces[tok];
+    size_t n = (size_t)t->piece_len[tok];
+    int b = byte_piece_value(p, (int)n);
+    if (b >= 0 && t->byte_token[b] == tok) {
+        *len = 1;
+        return (const char *)&byte_chars[b];
+    }
+    /* SentencePiece drops the dummy-prefix space of the first word. */
+    if (prev == t->bos_id && n > 0 && p[0] == ' ') {
+        p++;
+        n--;
+    }
+    *len = n;
+    return p;
+}
