@@ -30,7 +30,8 @@ int kvp_tokenizer_load_gguf(kvp_tokenizer *t, const kvp_gguf *g, char *err, size
 void kvp_tokenizer_free(kvp_tokenizer *t);
 
 /* Encodes len bytes of text (need not be NUL-terminated, may hold any bytes).
- * Writes at most max tokens; returns the count, or -ENOSPC if max is too small. */
+ * Writes at most max tokens; returns the count, or -ENOSPC if max is too small
+ * (-ENOMEM, or -E2BIG for len above INT_MAX / 4). */
 int kvp_tokenizer_encode(const kvp_tokenizer *t, const char *text, size_t len,
                          int add_bos, int add_eos, int *out, int max);
 /* The bytes token `tok` contributes after token `prev`: byte tokens become their byte,

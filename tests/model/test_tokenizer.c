@@ -170,6 +170,7 @@ Test(tokenizer, encode_edges)
     cr_assert_eq(out[full - 1], 2);
     cr_assert_eq(kvp_tokenizer_encode(&t, "Once upon a time", 16, 1, 1, out, full - 1), -ENOSPC);
     cr_assert_eq(kvp_tokenizer_encode(&t, "x", 1, 0, 0, NULL, 0), -ENOSPC);
+    cr_assert_eq(kvp_tokenizer_encode(&t, "x", SIZE_MAX, 0, 0, out, 8), -E2BIG);
     /* Embedded NUL is a byte like any other: " a", <0x00>, "b". */
     int b = kvp_tokenizer_lookup(&t, "b", 1);
     assert_ids_len(&t, "a\0b", 3, 0, 0, (int[]){ 261, t.byte_token[0], b }, 3);
@@ -411,6 +412,11 @@ Test(tokenizer, bin_bad_fields)
     assert_load_fails(path, 511, "vocab_size smaller than the file");
     assert_load_fails(path, 2, "vocab_size without bos/eos");
     assert_load_fails(tu_shared("models/no-such-tokenizer.bin"), 512, "missing file");
+    /* A sparse 16 GiB file is refused from its size, before anything is read. */
+    const char *big = tu_write_tmp("", 0);
+    cr_assert_eq(truncate(big, (off_t)16 << 30), 0);
+    assert_load_fails(big, 3, "16 GiB file");
+    unlink(big);
 
     kvp_tokenizer t;
     char small[12];
