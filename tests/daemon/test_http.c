@@ -161,3 +161,41 @@ Test(http, flags_check_config_version_help)
     cr_assert_eq(run(args, &out), 0, "%s", out);
     free(out);
 }
+
+Test(http, idle_sessions_are_dropped, .timeout = 60)
+{
+    kvpd_proc d;
+    cr_assert_eq(kvpd_start(&d, "--idle-timeout 1"), 0);
+    ws_client c, watcher;
+    cr_assert_eq(h_connect(&d, &c), 0);
+    json_t *done = h_turn(&c, "A frog sat.", 4, NULL);
+    cr_assert(done);
+    json_decref(done);
+    cr_assert_eq(h_connect(&d, &watcher), 0);
+    cr_assert_eq(ws_send_text(&watcher, "{\"type\":\"hello\"}"), 0);
+    json_t *s = h_expect(&watcher, "session", 5000);
+    cr_assert(s);
+    char id[64];
+    snprintf(id, sizeof id, "%s", json_string_value(json_object_get(s, "id")));
+    json_decref(s);
+    /* The attached client is told; the id no longer resumes. */
+    json_t *e = h_expect(&watcher, "error", 5000);
+    cr_assert(e, "no expiry notice");
+    cr_assert_str_eq(json_string_value(json_object_get(e, "code")), "unknown_session");
+    json_decref(e);
+    char hello[128];
+    snprintf(hello, sizeof hello, "{\"type\":\"hello\",\"session\":\"%s\"}", id);
+    cr_assert_eq(ws_send_text(&watcher, hello), 0);
+    e = h_expect(&watcher, "error", 5000);
+    cr_assert(e);
+    cr_assert_str_eq(json_string_value(json_object_get(e, "code")), "unknown_session");
+    json_decref(e);
+    char *body = NULL;
+    cr_assert_eq(h_get(&d, "/metrics", NULL, &body), 200);
+    cr_assert_eq(h_metric(body, "kvpd_sessions"), 0);
+    cr_assert_eq(h_metric(body, "kvpd_sessions_expired_total"), 2);
+    free(body);
+    ws_close(&c);
+    ws_close(&watcher);
+    cr_assert_eq(kvpd_stop(&d, 10000), 0);
+}
