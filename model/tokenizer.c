@@ -59,9 +59,10 @@ static int cmp_entries(const void *pa, const void *pb)
     return c ? c : (a->id > b->id) - (a->id < b->id);
 }
 
-int kvp_tokenizer_lookup(const kvp_tokenizer *t, const char *piece, size_t len)
+/* Lowest id with the exact piece among sorted[lo, hi), or -1. */
+static int search(const kvp_tokenizer *t, int lo, int hi, const char *piece, size_t len)
 {
-    int lo = 0, hi = t->n_sorted;
+    int end = hi;
     while (lo < hi) { /* lower bound */
         int mid = lo + (hi - lo) / 2, id = t->sorted[mid];
         if (cmp_bytes(t->pieces[id], (size_t)t->piece_len[id], piece, len) < 0)
@@ -69,12 +70,24 @@ int kvp_tokenizer_lookup(const kvp_tokenizer *t, const char *piece, size_t len)
         else
             hi = mid;
     }
-    if (lo < t->n_sorted) {
+    if (lo < end) {
         int id = t->sorted[lo];
         if (cmp_bytes(t->pieces[id], (size_t)t->piece_len[id], piece, len) == 0)
             return id;
     }
     return -1;
+}
+
+/* The encoder only looks among text tokens. */
+static int lookup_text(const kvp_tokenizer *t, const char *piece, size_t len)
+{
+    return search(t, 0, t->n_text, piece, len);
+}
+
+int kvp_tokenizer_lookup(const kvp_tokenizer *t, const char *piece, size_t len)
+{
+    int id = lookup_text(t, piece, len);
+    return id >= 0 ? id : search(t, t->n_text, t->vocab_size, piece, len);
 }
 
 static int hex_digit(char c)
@@ -95,9 +108,18 @@ static int byte_piece_value(const char *p, int len)
     return hi < 0 || lo < 0 ? -1 : hi * 16 + lo;
 }
 
+/* Byte tokens stand for raw bytes, not for their "<0xNN>" spelling (a merge must never
+ * turn the text "<0x41>" into the byte 'A'), and no text may encode to a control token. */
+static int is_special(const kvp_tokenizer *t, const int32_t *types, int i)
+{
+    int b = byte_piece_value(t->pieces[i], t->piece_len[i]);
+    if (b >= 0 && t->byte_token[b] == i)
+        return 1;
+    return types && (types[i] == TT_UNKNOWN || types[i] == TT_CONTROL || types[i] == TT_UNUSED);
+}
+
 /* Fills byte_token, max_piece_len and the lookup index once pieces, piece_len and
- * scores are set. types (GGUF token_type, may be NULL) keeps non-text tokens out of
- * the index, so that no text encodes to a control token. */
+ * scores are set. types is the GGUF token_type array, or NULL. */
 static int finish(kvp_tokenizer *t, const int32_t *types, char *err, size_t errlen)
 {
     for (int b = 0; b < 256; b++)
@@ -116,21 +138,19 @@ static int finish(kvp_tokenizer *t, const int32_t *types, char *err, size_t errl
         free(ents);
         return fail(err, errlen, -ENOMEM, "out of memory for the tokenizer index");
     }
+    /* Text tokens first, specials after them; each part sorted on its own. */
     int n = 0;
-    for (int i = 0; i < t->vocab_size; i++) {
-        int b = byte_piece_value(t->pieces[i], t->piece_len[i]);
-        /* Byte tokens stand for raw bytes, not for their "<0xNN>" spelling: a merge
-         * must never turn the text "<0x41>" into the byte 'A'. */
-        if (b >= 0 && t->byte_token[b] == i)
-            continue;
-        if (types && (types[i] == TT_UNKNOWN || types[i] == TT_CONTROL || types[i] == TT_UNUSED))
-            continue;
-        ents[n++] = (sort_entry){ t->pieces[i], t->piece_len[i], i };
+    for (int special = 0; special < 2; special++) {
+        int start = n;
+        for (int i = 0; i < t->vocab_size; i++)
+            if (is_special(t, types, i) == special)
+                ents[n++] = (sort_entry){ t->pieces[i], t->piece_len[i], i };
+        qsort(ents + start, (size_t)(n - start), sizeof *ents, cmp_entries);
+        if (!special)
+            t->n_text = n;
     }
-    qsort(ents, (size_t)n, sizeof *ents, cmp_entries);
     for (int i = 0; i < n; i++)
         t->sorted[i] = ents[i].id;
-    t->n_sorted = n;
     free(ents);
     return 0;
 }
@@ -441,7 +461,7 @@ typedef struct enc {
 
 static void push_unit(enc *e, const char *s, size_t len)
 {
-    int id = kvp_tokenizer_lookup(e->t, s, len);
+    int id = lookup_text(e->t, s, len);
     if (id >= 0) {
         e->syms[e->n++].tok = id;
         return;
@@ -497,7 +517,7 @@ static void try_pair(enc *e, int left)
     int a = e->syms[left].tok, b = e->syms[right].tok;
     memcpy(e->buf, t->pieces[a], (size_t)t->piece_len[a]);
     memcpy(e->buf + t->piece_len[a], t->pieces[b], (size_t)t->piece_len[b]);
-    int id = kvp_tokenizer_lookup(t, e->buf, (size_t)t->piece_len[a] + (size_t)t->piece_len[b]);
+    int id = lookup_text(t, e->buf, (size_t)t->piece_len[a] + (size_t)t->piece_len[b]);
     /* llama2.c starts its best score at -1e10 and only takes strictly better ones. */
     if (id >= 0 && t->scores[id] > -1e10f)
         heap_push(e, (cand){ t->scores[id], left, right, a, b, id });

@@ -16,9 +16,11 @@ typedef struct kvp_tokenizer {
     int bos_id, eos_id, unk_id;
     int max_piece_len;
     int add_space_prefix;   /* prepend " " to non-empty text (SentencePiece dummy prefix) */
-    int *sorted;            /* [vocab] token ids sorted by piece, for lookup */
-    int n_sorted;           /* entries used in sorted: byte tokens and GGUF unknown/control/
-                               unused tokens are left out, so no text encodes to them */
+    int *sorted;            /* [vocab] token ids sorted by piece, for lookup: first the
+                               n_text text tokens, then (sorted apart) the byte tokens and
+                               GGUF unknown/control/unused tokens, which the encoder never
+                               produces from text */
+    int n_text;
 } kvp_tokenizer;
 
 /* llama2.c format: int max_token_length, then vocab_size x {float score, int len, bytes}. */
@@ -38,8 +40,8 @@ int kvp_tokenizer_encode(const kvp_tokenizer *t, const char *text, size_t len,
  * the leading space after BOS is dropped. Returns a pointer valid while t lives and
  * sets *len; NULL/0 for an id out of range. */
 const char *kvp_tokenizer_piece(const kvp_tokenizer *t, int prev, int tok, size_t *len);
-/* Token id of an exact text piece (spaces as ' '), -1 if absent (byte tokens and the
- * tokens left out of sorted never match). */
+/* Token id of an exact piece (spaces as ' '), -1 if absent. Finds special pieces such
+ * as "<|im_start|>" too; a text token wins over a special one with the same piece. */
 int kvp_tokenizer_lookup(const kvp_tokenizer *t, const char *piece, size_t len);
 
 #endif

@@ -109,8 +109,8 @@ Test(tokenizer, tok512_loads)
         cr_assert_eq(t.byte_token[b], b + 3, "byte %d", b);
     cr_assert_eq(kvp_tokenizer_lookup(&t, " ", 1), 410);
     cr_assert_eq(kvp_tokenizer_lookup(&t, "he", 2), 260);
-    /* Byte tokens are not text: "<0x41>" typed by a user stays text. */
-    cr_assert_eq(kvp_tokenizer_lookup(&t, "<0x41>", 6), -1);
+    cr_assert_eq(kvp_tokenizer_lookup(&t, "<0x41>", 6), 0x41 + 3);
+    cr_assert_eq(kvp_tokenizer_lookup(&t, "<unk>", 5), 0);
     cr_assert_eq(kvp_tokenizer_lookup(&t, "no such piece", 13), -1);
     kvp_tokenizer_free(&t);
     kvp_tokenizer_free(&t); /* idempotent */
@@ -218,10 +218,11 @@ Test(tokenizer, gguf_llama2_hello_world)
     cr_assert_eq(t.vocab_size, 32000);
     cr_assert(t.bos_id == 1 && t.eos_id == 2 && t.unk_id == 0 && t.add_space_prefix == 1);
     assert_ids(&t, "Hello world", 1, 0, (int[]){ 1, 15043, 3186 }, 3);
-    /* U+2581 became ' ', byte tokens are mapped, control tokens are not text. */
+    /* U+2581 became ' ', byte tokens are mapped, specials can be looked up. */
     cr_assert_eq(kvp_tokenizer_lookup(&t, " world", 6), 3186);
     cr_assert_eq(t.byte_token['\n'], 13);
-    cr_assert_eq(kvp_tokenizer_lookup(&t, "<s>", 3), -1);
+    cr_assert_eq(kvp_tokenizer_lookup(&t, "<s>", 3), 1);
+    cr_assert_eq(t.n_text, 32000 - 3 - 256);
     size_t len;
     const char *p = kvp_tokenizer_piece(&t, t.bos_id, 15043, &len);
     cr_assert(len == 5 && memcmp(p, "Hello", 5) == 0);
@@ -348,6 +349,17 @@ Test(tokenizer, merge_threshold_and_fallbacks)
     cr_assert_eq(t.byte_token[' '], 3);
     assert_ids(&t, "a", 0, 0, (int[]){ 3, 4 }, 2);
     kvp_tokenizer_free(&t);
+
+    /* Merges spell out "<0x41>", but a byte token is never a merge result: the text
+     * must stay text instead of decoding to 'A'. */
+    vtok x[] = { { "<unk>", 0 }, { "\n<s>\n", 0 }, { "\n</s>\n", 0 }, { "<0x41>", 0 },
+                 { " ", -9 },    { "<", -9 },      { "0", -9 },        { "x", -9 },
+                 { "4", -9 },    { "1", -9 },      { ">", -9 },        { "<0", -1 },
+                 { "<0x", -1 },  { "41", -1 },     { "41>", -1 } };
+    load_vocab(&t, x, 15);
+    assert_ids(&t, "<0x41>", 1, 0, (int[]){ 1, 4, 12, 14 }, 4);
+    assert_roundtrip(&t, "<0x41>", 6, NULL);
+    kvp_tokenizer_free(&t);
 }
 
 /* ---------------------------------------------------------------- bad input */
@@ -440,9 +452,9 @@ typedef struct gguf_spec {
 static int build_gguf(const gguf_spec *s, kvp_gguf *g, char **mem, char *err, size_t errlen)
 {
     static const char *const toks[] = { "<unk>", "<s>", "</s>", "<0x20>", "\xE2\x96\x81",
-                                        "a", "b", "ab", "\xE2\x96\x81" "ab" };
-    float scores[9] = { 0, 0, 0, 0, -1, -2, -3, -4, -5 };
-    int32_t types[9] = { 2, 3, 3, 6, 1, 1, 1, 1, 1 };
+                                        "a", "b", "ab", "\xE2\x96\x81" "ab", "ba" };
+    float scores[10] = { 0, 0, 0, 0, -1, -2, -3, -4, -5, 0 };
+    int32_t types[10] = { 2, 3, 3, 6, 1, 1, 1, 1, 1, 3 };
     kvp_gguf_writer *w = kvp_gguf_writer_new();
     cr_assert(w);
     if (s->model)
@@ -476,8 +488,11 @@ static int build_gguf(const gguf_spec *s, kvp_gguf *g, char **mem, char *err, si
         /* The good spec: markers replaced, types honoured, merges by score. */
         cr_assert_eq(kvp_tokenizer_lookup(&t, " ab", 3), 8);
         cr_assert_eq(t.byte_token[' '], 3);
-        cr_assert_eq(kvp_tokenizer_lookup(&t, "<s>", 3), -1);
+        cr_assert_eq(kvp_tokenizer_lookup(&t, "<s>", 3), 1);
         assert_ids(&t, "ab", 1, 1, (int[]){ 1, 8, 2 }, 3);
+        /* "ba" is a control token: looked up by name, never merged into from text. */
+        cr_assert_eq(kvp_tokenizer_lookup(&t, "ba", 2), 9);
+        assert_ids(&t, "ba", 0, 0, (int[]){ 4, 6, 5 }, 3);
     }
     kvp_tokenizer_free(&t);
     kvp_gguf_close(g);
@@ -498,7 +513,7 @@ static void assert_gguf_fails(gguf_spec s, const char *what, const char *needle)
 
 Test(tokenizer, gguf_built_and_rejected)
 {
-    const gguf_spec good = { "llama", 9, 9, 9, 0, 1 };
+    const gguf_spec good = { "llama", 10, 10, 10, 0, 1 };
     kvp_gguf g;
     char *mem = NULL;
     char err[256] = "";
@@ -515,7 +530,7 @@ Test(tokenizer, gguf_built_and_rejected)
     s.n_tokens = 0;
     assert_gguf_fails(s, "no tokens", "tokenizer.ggml.tokens");
     s = good;
-    s.n_scores = 8;
+    s.n_scores = 9;
     assert_gguf_fails(s, "short scores", "tokenizer.ggml.scores");
     s = good;
     s.scores_as_i32 = 1;
@@ -524,7 +539,7 @@ Test(tokenizer, gguf_built_and_rejected)
     s.n_types = 3;
     assert_gguf_fails(s, "short token_type", "tokenizer.ggml.token_type");
     s = good;
-    s.bos = 9;
+    s.bos = 10;
     assert_gguf_fails(s, "bos out of range", "bos_token_id");
 }
 
