@@ -1,0 +1,706 @@
+/* Session snapshots (docs/snapshot-format.md). Everything is validated before anything
+ * is allocated from it, and a file that fails validation is moved aside so that it is
+ * reported once and never retried. */
+#include "sessions/snapshot.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cache/checksum.h"
+
+static const char SNAP_MAGIC[8] = {'K', 'V', 'P', 'S', 'N', 'A', 'P', '\0'};
+
+enum { HEADER_BYTES = 16, SECTION_HEADER_BYTES = 16, TRAILER_BYTES = 8, N_SECTIONS = 5 };
+
+/* Section tags in file order; every v1 file has all of them. */
+static const char SECTION_TAGS[N_SECTIONS][5] = {"IDEN", "CNTR", "MSGS", "TOKS", "CACH"};
+
+/* The one parse failure that says nothing about the file. */
+static const char OOM[] = "out of memory";
+
+int kvp_snapshot_id_valid(const char *id)
+{
+    size_t n = 0;
+    for (; id[n]; n++) {
+        char c = id[n];
+        int ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                 c == '_' || c == '-';
+        if (!ok || n >= KVP_SNAPSHOT_ID_MAX)
+            return 0;
+    }
+    return n > 0;
+}
+
+static int check_id(const char *id, char *err, size_t errlen)
+{
+    if (!id || !kvp_snapshot_id_valid(id)) {
+        snprintf(err, errlen, "invalid session id (1..%d characters of A-Z a-z 0-9 _ -)",
+                 KVP_SNAPSHOT_ID_MAX);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+/* <dir>/<id><suffix> */
+static int snap_path(char *buf, size_t n, const char *dir, const char *id, const char *suffix,
+                     char *err, size_t errlen)
+{
+    int w = snprintf(buf, n, "%s/%s%s", dir, id, suffix);
+    if (w < 0 || (size_t)w >= n) {
+        snprintf(err, errlen, "snapshot path too long in %s", dir);
+        return -ENAMETOOLONG;
+    }
+    return 0;
+}
+
+static int sys_err(const char *what, const char *path, char *err, size_t errlen)
+{
+    int e = errno ? errno : EIO;
+    snprintf(err, errlen, "%s %s: %s", what, path, strerror(e));
+    return -e;
+}
+
+/* ---- file hashing and identity ---- */
+
+static void put_u64(unsigned char *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+int kvp_snapshot_hash_file(const char *path, uint64_t max_bytes, uint64_t *hash,
+                           char *err, size_t errlen)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return sys_err("open", path, err, errlen);
+    struct stat st;
+    if (fstat(fd, &st) < 0) {
+        int rc = sys_err("stat", path, err, errlen);
+        close(fd);
+        return rc;
+    }
+    unsigned char size_le[8];
+    put_u64(size_le, (uint64_t)st.st_size);
+    uint64_t h = kvp_fnv1a(KVP_FNV1A_INIT, size_le, 8);
+    unsigned char chunk[65536];
+    uint64_t left = max_bytes;
+    while (left > 0) {
+        ssize_t n = read(fd, chunk, left < sizeof chunk ? (size_t)left : sizeof chunk);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            int rc = sys_err("read", path, err, errlen);
+            close(fd);
+            return rc;
+        }
+        if (n == 0)
+            break;
+        h = kvp_fnv1a(h, chunk, (size_t)n);
+        left -= (uint64_t)n;
+    }
+    close(fd);
+    *hash = h;
+    return 0;
+}
+
+static int copy_name(char *dst, const char *src, const char *what, char *err, size_t errlen)
+{
+    size_t n = strlen(src);
+    if (n > KVP_SNAPSHOT_NAME_MAX) {
+        snprintf(err, errlen, "%s name longer than %d bytes", what, KVP_SNAPSHOT_NAME_MAX);
+        return -EINVAL;
+    }
+    memcpy(dst, src, n + 1);
+    return 0;
+}
+
+int kvp_snapshot_identity_init(kvp_snapshot_identity *ident, const char *model_name,
+                               const char *model_path, const char *policy_name,
+                               const char *policy_path, char *err, size_t errlen)
+{
+    memset(ident, 0, sizeof *ident);
+    int rc;
+    if ((rc = copy_name(ident->model_name, model_name, "model", err, errlen)) < 0 ||
+        (rc = copy_name(ident->policy_name, policy_name, "policy", err, errlen)) < 0)
+        return rc;
+    if ((rc = kvp_snapshot_hash_file(model_path, KVP_SNAPSHOT_MODEL_HASH_BYTES,
+                                     &ident->model_hash, err, errlen)) < 0)
+        return rc;
+    if (policy_path && policy_path[0])
+        return kvp_snapshot_hash_file(policy_path, UINT64_MAX, &ident->policy_hash, err, errlen);
+    return 0;
+}
+
+int kvp_snapshot_identity_equal(const kvp_snapshot_identity *a, const kvp_snapshot_identity *b)
+{
+    return a->model_hash == b->model_hash && a->policy_hash == b->policy_hash &&
+           strcmp(a->model_name, b->model_name) == 0 &&
+           strcmp(a->policy_name, b->policy_name) == 0;
+}
+
+/* ---- encoding ---- */
+
+typedef struct wbuf { unsigned char *p; size_t n; } wbuf;
+
+static void w_bytes(wbuf *w, const void *src, size_t n)
+{
+    if (n)
+        memcpy(w->p + w->n, src, n);
+    w->n += n;
+}
+
+static void w_u32(wbuf *w, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        w->p[w->n++] = (unsigned char)(v >> (8 * i));
+}
+
+static void w_u64(wbuf *w, uint64_t v)
+{
+    put_u64(w->p + w->n, v);
+    w->n += 8;
+}
+
+static void w_f64(wbuf *w, double v)
+{
+    uint64_t bits;
+    memcpy(&bits, &v, 8);
+    w_u64(w, bits);
+}
+
+static void w_str(wbuf *w, const char *s)
+{
+    size_t n = strlen(s);
+    w_u32(w, (uint32_t)n);
+    w_bytes(w, s, n);
+}
+
+static void w_section(wbuf *w, int i, uint64_t len)
+{
+    w_bytes(w, SECTION_TAGS[i], 4);
+    w_u32(w, 0);
+    w_u64(w, len);
+}
+
+static int check_snapshot(const kvp_snapshot *s, char *err, size_t errlen)
+{
+    int rc = check_id(s->id, err, errlen);
+    if (rc < 0)
+        return rc;
+    const char *why = NULL;
+    if (strnlen(s->ident.model_name, sizeof s->ident.model_name) > KVP_SNAPSHOT_NAME_MAX ||
+        strnlen(s->ident.policy_name, sizeof s->ident.policy_name) > KVP_SNAPSHOT_NAME_MAX)
+        why = "model or policy name not NUL-terminated";
+    else if (s->budget < 0 || s->turns < 0)
+        why = "negative budget or turn count";
+    else if (s->n_msgs < 0 || (s->n_msgs && !s->msgs))
+        why = "bad message list";
+    else if (s->n_tokens < 0 || s->n_cached < 0 || s->n_cached > s->n_tokens ||
+             (s->n_tokens && !s->tokens))
+        why = "bad token list (n_cached must be within 0..n_tokens)";
+    else if (!s->cache || s->cache_len == 0)
+        why = "no serialized cache";
+    for (int i = 0; !why && i < s->n_msgs; i++)
+        if ((s->msgs[i].len && !s->msgs[i].text) || s->msgs[i].len > UINT32_MAX)
+            why = "bad message text";
+    if (why) {
+        snprintf(err, errlen, "snapshot %s: %s", s->id, why);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+/* Everything before the cache payload, including the cache section's header. */
+static int encode_prefix(const kvp_snapshot *s, wbuf *w)
+{
+    size_t iden = 4 + strlen(s->id) + 4 + strlen(s->ident.model_name) + 8 +
+                  4 + strlen(s->ident.policy_name) + 8 + 4;
+    size_t cntr = 4 + 8 + 8 + 8;
+    size_t msgs = 4;
+    for (int i = 0; i < s->n_msgs; i++)
+        msgs += 1 + 4 + s->msgs[i].len;
+    size_t toks = 4 + 4 + 4 * (size_t)s->n_tokens;
+    size_t total = HEADER_BYTES + N_SECTIONS * SECTION_HEADER_BYTES + iden + cntr + msgs + toks;
+    w->p = malloc(total);
+    w->n = 0;
+    if (!w->p)
+        return -ENOMEM;
+    w_bytes(w, SNAP_MAGIC, 8);
+    w_u32(w, KVP_SNAPSHOT_VERSION);
+    w_u32(w, N_SECTIONS);
+
+    w_section(w, 0, iden);
+    w_str(w, s->id);
+    w_str(w, s->ident.model_name);
+    w_u64(w, s->ident.model_hash);
+    w_str(w, s->ident.policy_name);
+    w_u64(w, s->ident.policy_hash);
+    w_u32(w, (uint32_t)s->budget);
+
+    w_section(w, 1, cntr);
+    w_u32(w, (uint32_t)s->turns);
+    w_u64(w, s->evicted_rows);
+    w_f64(w, s->created);
+    w_f64(w, s->last_active);
+
+    w_section(w, 2, msgs);
+    w_u32(w, (uint32_t)s->n_msgs);
+    for (int i = 0; i < s->n_msgs; i++) {
+        unsigned char role = s->msgs[i].user ? 1 : 0;
+        w_bytes(w, &role, 1);
+        w_u32(w, (uint32_t)s->msgs[i].len);
+        w_bytes(w, s->msgs[i].text, s->msgs[i].len);
+    }
+
+    w_section(w, 3, toks);
+    w_u32(w, (uint32_t)s->n_tokens);
+    w_u32(w, (uint32_t)s->n_cached);
+    for (int i = 0; i < s->n_tokens; i++)
+        w_u32(w, (uint32_t)s->tokens[i]);
+
+    w_section(w, 4, s->cache_len);
+    return 0;
+}
+
+static int write_all(int fd, const void *buf, size_t n)
+{
+    const unsigned char *p = buf;
+    while (n) {
+        ssize_t k = write(fd, p, n);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k < 0)
+            return -1;
+        p += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+static int open_dir(const char *dir, char *err, size_t errlen)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return sys_err("open state directory", dir, err, errlen);
+    return fd;
+}
+
+int kvp_snapshot_write(const char *dir, const kvp_snapshot *snap, char *err, size_t errlen)
+{
+    int rc = check_snapshot(snap, err, errlen);
+    if (rc < 0)
+        return rc;
+    char tmp[PATH_MAX], final[PATH_MAX];
+    if ((rc = snap_path(tmp, sizeof tmp, dir, snap->id, ".snap.tmp", err, errlen)) < 0 ||
+        (rc = snap_path(final, sizeof final, dir, snap->id, ".snap", err, errlen)) < 0)
+        return rc;
+    wbuf w;
+    if (encode_prefix(snap, &w) < 0) {
+        snprintf(err, errlen, "snapshot %s: out of memory", snap->id);
+        return -ENOMEM;
+    }
+    uint64_t sum = kvp_fnv1a(kvp_fnv1a(KVP_FNV1A_INIT, w.p, w.n), snap->cache, snap->cache_len);
+    unsigned char trailer[TRAILER_BYTES];
+    put_u64(trailer, sum);
+
+    int dfd = open_dir(dir, err, errlen);
+    if (dfd < 0) {
+        free(w.p);
+        return dfd;
+    }
+    /* O_TRUNC: a .tmp left by a crash is simply overwritten. */
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0) {
+        rc = sys_err("create", tmp, err, errlen);
+        goto out;
+    }
+    if (write_all(fd, w.p, w.n) < 0 || write_all(fd, snap->cache, snap->cache_len) < 0 ||
+        write_all(fd, trailer, sizeof trailer) < 0) {
+        rc = sys_err("write", tmp, err, errlen);
+    } else if (fsync(fd) < 0) {
+        rc = sys_err("fsync", tmp, err, errlen);
+    }
+    if (close(fd) < 0 && rc == 0)
+        rc = sys_err("close", tmp, err, errlen);
+    if (rc == 0 && rename(tmp, final) < 0)
+        rc = sys_err("rename to", final, err, errlen);
+    if (rc < 0) {
+        unlink(tmp);
+        goto out;
+    }
+    /* The rename is durable only once the directory entry is. */
+    if (fsync(dfd) < 0)
+        rc = sys_err("fsync state directory", dir, err, errlen);
+out:
+    close(dfd);
+    free(w.p);
+    return rc;
+}
+
+/* ---- decoding ---- */
+
+typedef struct rbuf { const unsigned char *p; size_t n, off; } rbuf;
+
+static int r_bytes(rbuf *r, void *dst, size_t n)
+{
+    if (n > r->n - r->off)
+        return -1;
+    if (n)
+        memcpy(dst, r->p + r->off, n);
+    r->off += n;
+    return 0;
+}
+
+static int r_u32(rbuf *r, uint32_t *v)
+{
+    unsigned char b[4];
+    if (r_bytes(r, b, 4))
+        return -1;
+    *v = (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+    return 0;
+}
+
+static int r_u64(rbuf *r, uint64_t *v)
+{
+    uint32_t lo, hi;
+    if (r_u32(r, &lo) || r_u32(r, &hi))
+        return -1;
+    *v = (uint64_t)hi << 32 | lo;
+    return 0;
+}
+
+static int r_f64(rbuf *r, double *v)
+{
+    uint64_t bits;
+    if (r_u64(r, &bits))
+        return -1;
+    memcpy(v, &bits, 8);
+    return 0;
+}
+
+/* A length-prefixed string into a fixed buffer of max+1 bytes; no embedded NULs. */
+static int r_str(rbuf *r, char *dst, size_t max)
+{
+    uint32_t n;
+    if (r_u32(r, &n) || n > max || r_bytes(r, dst, n) || memchr(dst, 0, n))
+        return -1;
+    dst[n] = 0;
+    return 0;
+}
+
+static const char *parse_iden(rbuf *r, kvp_snapshot *s, const char *id)
+{
+    uint32_t budget;
+    if (r_str(r, s->id, KVP_SNAPSHOT_ID_MAX) || r_str(r, s->ident.model_name, KVP_SNAPSHOT_NAME_MAX) ||
+        r_u64(r, &s->ident.model_hash) || r_str(r, s->ident.policy_name, KVP_SNAPSHOT_NAME_MAX) ||
+        r_u64(r, &s->ident.policy_hash) || r_u32(r, &budget))
+        return "identity section inconsistent";
+    if (strcmp(s->id, id) != 0)
+        return "session id inside does not match the file name";
+    if (budget > INT_MAX)
+        return "budget out of range";
+    s->budget = (int)budget;
+    return NULL;
+}
+
+static const char *parse_cntr(rbuf *r, kvp_snapshot *s)
+{
+    uint32_t turns;
+    if (r_u32(r, &turns) || r_u64(r, &s->evicted_rows) || r_f64(r, &s->created) ||
+        r_f64(r, &s->last_active))
+        return "counters section inconsistent";
+    if (turns > INT_MAX || !isfinite(s->created) || !isfinite(s->last_active))
+        return "counters out of range";
+    s->turns = (int)turns;
+    return NULL;
+}
+
+static const char *parse_msgs(rbuf *r, kvp_snapshot *s)
+{
+    uint32_t n;
+    /* Each message takes at least 5 bytes: bounds the allocation by the section. */
+    if (r_u32(r, &n) || n > INT_MAX || n > (r->n - r->off) / 5)
+        return "message count inconsistent with the section length";
+    if (n && !(s->msgs = calloc(n, sizeof *s->msgs)))
+        return OOM;
+    for (uint32_t i = 0; i < n; i++) {
+        unsigned char role;
+        uint32_t len;
+        if (r_bytes(r, &role, 1) || role > 1 || r_u32(r, &len) || len > r->n - r->off)
+            return "message inconsistent with the section length";
+        kvp_snapshot_msg *m = &s->msgs[i];
+        if (!(m->text = malloc((size_t)len + 1)))
+            return OOM;
+        s->n_msgs = (int)i + 1;
+        r_bytes(r, m->text, len);
+        m->text[len] = 0;
+        m->len = len;
+        m->user = role;
+    }
+    return NULL;
+}
+
+static const char *parse_toks(rbuf *r, kvp_snapshot *s)
+{
+    uint32_t n, cached;
+    if (r_u32(r, &n) || r_u32(r, &cached) || n > INT_MAX || (size_t)n * 4 != r->n - r->off)
+        return "token count inconsistent with the section length";
+    if (cached > n)
+        return "more cached tokens than tokens";
+    if (n && !(s->tokens = malloc((size_t)n * sizeof *s->tokens)))
+        return OOM;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t t = 0;
+        r_u32(r, &t);   /* in bounds: the section length was checked */
+        if (t > INT32_MAX)
+            return "negative token id";
+        s->tokens[i] = (int)t;
+    }
+    s->n_tokens = (int)n;
+    s->n_cached = (int)cached;
+    return NULL;
+}
+
+/* Validates buf[0..len) (the whole file) into *s. Returns NULL or why it is bad. On
+ * success the cache blob is moved to the front of buf and buf is handed to s->cache. */
+static const char *parse(unsigned char *buf, size_t len, const char *id, kvp_snapshot *s,
+                         char *why, size_t whylen)
+{
+    rbuf r = {buf, len, 0};
+    uint32_t version, n_sections;
+    if (len >= 8 && memcmp(buf, SNAP_MAGIC, 8) != 0)
+        return "not a kvpd snapshot (bad magic)";
+    if (len < HEADER_BYTES + TRAILER_BYTES) {
+        snprintf(why, whylen, "truncated (%zu bytes)", len);
+        return why;
+    }
+    r.off = 8;
+    r_u32(&r, &version);
+    r_u32(&r, &n_sections);
+    if (version != KVP_SNAPSHOT_VERSION) {
+        snprintf(why, whylen, "unsupported version %u (this kvpd reads %d)", version,
+                 KVP_SNAPSHOT_VERSION);
+        return why;
+    }
+    if (n_sections != N_SECTIONS) {
+        snprintf(why, whylen, "%u sections, version %d has %d", n_sections,
+                 KVP_SNAPSHOT_VERSION, N_SECTIONS);
+        return why;
+    }
+    /* Walk the section table against the file size before trusting the checksum, to
+     * name what is missing. */
+    r.n = len - TRAILER_BYTES;
+    size_t start[N_SECTIONS], size[N_SECTIONS];
+    for (int i = 0; i < N_SECTIONS; i++) {
+        char tag[4];
+        uint32_t reserved;
+        uint64_t slen;
+        if (r_bytes(&r, tag, 4) || r_u32(&r, &reserved) || r_u64(&r, &slen)) {
+            snprintf(why, whylen, "truncated in the header of section %d (%s)", i,
+                     SECTION_TAGS[i]);
+            return why;
+        }
+        if (memcmp(tag, SECTION_TAGS[i], 4) != 0 || reserved != 0) {
+            snprintf(why, whylen, "section %d is not %s", i, SECTION_TAGS[i]);
+            return why;
+        }
+        if (slen > r.n - r.off) {
+            snprintf(why, whylen, "truncated: section %s needs %llu bytes, %zu left",
+                     SECTION_TAGS[i], (unsigned long long)slen, r.n - r.off);
+            return why;
+        }
+        start[i] = r.off;
+        size[i] = (size_t)slen;
+        r.off += size[i];
+    }
+    if (r.off != r.n) {
+        snprintf(why, whylen, "%zu bytes after the last section", r.n - r.off);
+        return why;
+    }
+    rbuf t = {buf + len - TRAILER_BYTES, TRAILER_BYTES, 0};
+    uint64_t want;
+    r_u64(&t, &want);
+    if (kvp_fnv1a(KVP_FNV1A_INIT, buf, len - TRAILER_BYTES) != want)
+        return "checksum mismatch (corrupted)";
+
+    const char *bad = NULL;
+    for (int i = 0; i < N_SECTIONS - 1 && !bad; i++) {
+        rbuf sec = {buf + start[i], size[i], 0};
+        switch (i) {
+        case 0: bad = parse_iden(&sec, s, id); break;
+        case 1: bad = parse_cntr(&sec, s); break;
+        case 2: bad = parse_msgs(&sec, s); break;
+        default: bad = parse_toks(&sec, s); break;
+        }
+        if (!bad && sec.off != sec.n) {
+            snprintf(why, whylen, "section %s has %zu unused bytes", SECTION_TAGS[i],
+                     sec.n - sec.off);
+            bad = why;
+        }
+    }
+    if (bad)
+        return bad;
+    if (size[N_SECTIONS - 1] == 0)
+        return "empty cache section";
+    s->cache_len = size[N_SECTIONS - 1];
+    memmove(buf, buf + start[N_SECTIONS - 1], s->cache_len);
+    unsigned char *shrunk = realloc(buf, s->cache_len);
+    s->cache = shrunk ? shrunk : buf;
+    return NULL;
+}
+
+/* Renames <id>.snap to <id>.snap.bad-<unix time>[-N] and appends the outcome to err. */
+static void move_aside(const char *path, char *err, size_t errlen)
+{
+    char bad[PATH_MAX + 64];
+    long long now = (long long)time(NULL);
+    int w = snprintf(bad, sizeof bad, "%s.bad-%lld", path, now);
+    struct stat st;
+    for (int k = 1; k < 1000 && lstat(bad, &st) == 0; k++)
+        w = snprintf(bad, sizeof bad, "%s.bad-%lld-%d", path, now, k);
+    size_t used = strlen(err);
+    if (w > 0 && (size_t)w < sizeof bad && rename(path, bad) == 0)
+        snprintf(err + used, errlen - used, "; moved aside to %s", bad);
+    else
+        snprintf(err + used, errlen - used, "; could not move it aside: %s",
+                 w > 0 && (size_t)w < sizeof bad ? strerror(errno) : "path too long");
+}
+
+int kvp_snapshot_read(const char *dir, const char *id, kvp_snapshot *out,
+                      char *err, size_t errlen)
+{
+    memset(out, 0, sizeof *out);
+    int rc = check_id(id, err, errlen);
+    char path[PATH_MAX];
+    if (rc < 0 || (rc = snap_path(path, sizeof path, dir, id, ".snap", err, errlen)) < 0)
+        return rc;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) {
+        if (errno == ENOENT) {
+            snprintf(err, errlen, "no snapshot for session %s in %s", id, dir);
+            return -ENOENT;
+        }
+        return sys_err("open", path, err, errlen);
+    }
+    struct stat st;
+    if (fstat(fd, &st) < 0) {
+        rc = sys_err("stat", path, err, errlen);
+        close(fd);
+        return rc;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        snprintf(err, errlen, "%s is not a regular file", path);
+        return -EINVAL;
+    }
+    size_t len = (size_t)st.st_size;
+    unsigned char *buf = malloc(len ? len : 1);
+    if (!buf) {
+        close(fd);
+        snprintf(err, errlen, "snapshot %s: out of memory (%zu bytes)", path, len);
+        return -ENOMEM;
+    }
+    size_t got = 0;
+    while (got < len) {
+        ssize_t n = read(fd, buf + got, len - got);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            rc = sys_err("read", path, err, errlen);
+            close(fd);
+            free(buf);
+            return rc;
+        }
+        if (n == 0)
+            break;   /* shrank under us: validation reports it as truncated */
+        got += (size_t)n;
+    }
+    close(fd);
+    char why[160];
+    const char *bad = parse(buf, got, id, out, why, sizeof why);
+    if (!bad)
+        return 0;
+    free(buf);
+    kvp_snapshot_free(out);
+    if (bad == OOM) {
+        snprintf(err, errlen, "snapshot %s: out of memory", path);
+        return -ENOMEM;
+    }
+    snprintf(err, errlen, "snapshot %s: %s", path, bad);
+    move_aside(path, err, errlen);
+    return -EBADMSG;
+}
+
+void kvp_snapshot_free(kvp_snapshot *s)
+{
+    for (int i = 0; i < s->n_msgs; i++)
+        free(s->msgs[i].text);
+    free(s->msgs);
+    free(s->tokens);
+    free(s->cache);
+    memset(s, 0, sizeof *s);
+}
+
+int kvp_snapshot_exists(const char *dir, const char *id)
+{
+    char path[PATH_MAX], err[256];
+    struct stat st;
+    return kvp_snapshot_id_valid(id) &&
+           snap_path(path, sizeof path, dir, id, ".snap", err, sizeof err) == 0 &&
+           stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+int kvp_snapshot_remove(const char *dir, const char *id, char *err, size_t errlen)
+{
+    int rc = check_id(id, err, errlen);
+    char path[PATH_MAX], tmp[PATH_MAX];
+    if (rc < 0 || (rc = snap_path(path, sizeof path, dir, id, ".snap", err, errlen)) < 0 ||
+        (rc = snap_path(tmp, sizeof tmp, dir, id, ".snap.tmp", err, errlen)) < 0)
+        return rc;
+    if (unlink(path) < 0 && errno != ENOENT)
+        return sys_err("remove", path, err, errlen);
+    if (unlink(tmp) < 0 && errno != ENOENT)
+        return sys_err("remove", tmp, err, errlen);
+    /* Durable, so that a removed session does not come back after a crash. */
+    int dfd = open_dir(dir, err, errlen);
+    if (dfd < 0)
+        return dfd;
+    if (fsync(dfd) < 0)
+        rc = sys_err("fsync state directory", dir, err, errlen);
+    close(dfd);
+    return rc;
+}
+
+int kvp_snapshot_clean(const char *dir, char *err, size_t errlen)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return sys_err("open state directory", dir, err, errlen);
+    static const char suffix[] = ".snap.tmp";
+    const size_t sl = sizeof suffix - 1;
+    int removed = 0, rc = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        size_t n = strlen(e->d_name);
+        if (n <= sl || memcmp(e->d_name + n - sl, suffix, sl) != 0)
+            continue;
+        if (unlinkat(dirfd(d), e->d_name, 0) == 0) {
+            removed++;
+        } else if (errno != ENOENT) {
+            rc = sys_err("remove", e->d_name, err, errlen);
+            break;
+        }
+    }
+    closedir(d);
+    return rc < 0 ? rc : removed;
+}
