@@ -238,6 +238,8 @@ static int finish(kvp_session *s, const kvp_session_env *env, const kvp_turn_sin
     if (!rc)
         rc = push_message(s, 0, t->reply ? t->reply : "", t->reply_len);
     if (rc < 0) {
+        free(t->text);
+        t->text = NULL;
         sink->error(sink->ctx, s, rc, "could not finish the turn");
         return 0;
     }
@@ -254,9 +256,10 @@ static int finish(kvp_session *s, const kvp_session_env *env, const kvp_turn_sin
     st->ttft_ms = t->t_first > 0 ? (t->t_first - t->t_start) * 1e3 : st->duration_ms;
     st->tokens_per_s = end > t->t_start ? st->generated_tokens / (end - t->t_start) : 0;
     st->stop = stop;
-    sink->done(sink->ctx, s, st, t->reply ? t->reply : "", t->reply_len);
     free(t->text);
     t->text = NULL;
+    /* The last touch: once posted, the loop owns the session again. */
+    sink->done(sink->ctx, s, st, t->reply ? t->reply : "", t->reply_len);
     return 0;
 }
 
@@ -275,9 +278,9 @@ static int fail(kvp_session *s, int old_n_tokens, const kvp_turn_sink *sink, int
     char msg[160];
     snprintf(msg, sizeof msg, "%s: %s", what,
              rc == -E2BIG ? "the conversation outgrew the model's context" : strerror(-rc));
-    sink->error(sink->ctx, s, rc, msg);
     free(s->turn.text);
     s->turn.text = NULL;
+    sink->error(sink->ctx, s, rc, msg);   /* the last touch, as in finish() */
     return 0;
 }
 
