@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 PACKAGES=(build-essential meson ninja-build pkg-config
           libopenblas-dev libuv1-dev libwebsockets-dev libwebsockets-evlib-uv
           libjansson-dev libcriterion-dev curl ca-certificates
-          prometheus)
+          prometheus systemd)
 
 missing=()
 for p in "${PACKAGES[@]}"; do
