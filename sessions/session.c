@@ -82,13 +82,7 @@ int kvp_session_create(kvp_session_table *t, const kvp_session_env *env, double 
         free(s);
         return rc;
     }
-    if ((rc = kvp_policy_create(&s->policy, env->policy_name,
-                                env->policy_file[0] ? env->policy_file : NULL, cfg, seed,
-                                err, errlen)) < 0) {
-        s->policy = NULL;
-        session_free(s);
-        return rc;
-    }
+    s->seed = seed;   /* the policy is made by the first turn's worker */
     if ((rc = kvp_sampler_init(&s->sampler, cfg->vocab_size, 0.0f, env->top_p, seed)) < 0) {
         snprintf(err, errlen, "sampler: %s", strerror(-rc));
         session_free(s);
@@ -266,7 +260,7 @@ static int finish(kvp_session *s, const kvp_session_env *env, const kvp_turn_sin
 /* Undoes a failed turn so the session stays usable: the cache may be half-updated, so
  * it is dropped and the next turn re-prefills the transcript. */
 static int fail(kvp_session *s, int old_n_tokens, const kvp_turn_sink *sink, int rc,
-                const char *what)
+                const char *what, const char *detail)
 {
     kvp_cache_reset(&s->cache);
     s->n_cached = 0;
@@ -276,7 +270,7 @@ static int fail(kvp_session *s, int old_n_tokens, const kvp_turn_sink *sink, int
             free(s->msgs[--s->n_msgs].text);
     }
     char msg[160];
-    snprintf(msg, sizeof msg, "%s: %s", what,
+    snprintf(msg, sizeof msg, "%s: %s", what, detail ? detail :
              rc == -E2BIG ? "the conversation outgrew the model's context" : strerror(-rc));
     free(s->turn.text);
     s->turn.text = NULL;
@@ -292,13 +286,13 @@ static int take_token(kvp_session *s, const kvp_session_env *env, const kvp_turn
     if (kvp_template_is_stop(&env->tpl, tok)) {
         /* A chat format's end marker belongs to the transcript (fed next turn). */
         if (kvp_template_keeps_stop(&env->tpl) && push_token(s, tok) < 0)
-            return fail(s, -1, sink, -ENOMEM, "transcript");
+            return fail(s, -1, sink, -ENOMEM, "transcript", NULL);
         s->reply_open = 0;
         return finish(s, env, sink, "eos");
     }
     int prev = s->n_tokens ? s->tokens[s->n_tokens - 1] : -1;
     if (push_token(s, tok) < 0)
-        return fail(s, -1, sink, -ENOMEM, "transcript");
+        return fail(s, -1, sink, -ENOMEM, "transcript", NULL);
     t->stats.generated_tokens++;
     if (t->t_first == 0)
         t->t_first = kvp_now();
@@ -313,7 +307,7 @@ static int take_token(kvp_session *s, const kvp_session_env *env, const kvp_turn
             if (o) {
                 sink->token(sink->ctx, s, buf, o);
                 if (reply_append(t, buf, o) < 0)
-                    return fail(s, -1, sink, -ENOMEM, "reply");
+                    return fail(s, -1, sink, -ENOMEM, "reply", NULL);
             }
             off += n;
         }
@@ -329,29 +323,38 @@ int kvp_turn_step(kvp_session *s, const kvp_session_env *env, kvp_runstate *rs,
                   const kvp_turn_sink *sink)
 {
     kvp_turn *t = &s->turn;
+    if (!s->policy) {
+        /* Policy construction may read a policy file: worker work, not the loop's. */
+        char err[160];
+        int rc = kvp_policy_create(&s->policy, env->policy_name,
+                                   env->policy_file[0] ? env->policy_file : NULL,
+                                   &env->model->cfg, s->seed, err, sizeof err);
+        if (rc < 0) {
+            s->policy = NULL;
+            return fail(s, s->n_tokens, sink, rc, "policy", err);
+        }
+    }
     kvp_evict_cfg e = evict_cfg(s, env);
     int cancelled = atomic_load(&t->cancel);
     rs->policy = s->policy;   /* runstates are per worker; the policy is per session */
 
     if (t->state == KVP_TURN_START) {
-        if (cancelled) {
-            /* Nothing ran: the message is not part of the conversation. */
-            return fail(s, s->n_tokens, sink, -ECANCELED, "turn");
-        }
+        /* A cancel that came before any work still records the message: the next turn
+         * prefills it (prefill checks the flag first). */
         int *ids = NULL;
         int old = s->n_tokens;
         int n = kvp_template_turn(&env->tpl, s->n_tokens == 0, s->reply_open, t->text,
                                   t->text_len, &ids);
         if (n < 0)
-            return fail(s, old, sink, n, "tokenize");
+            return fail(s, old, sink, n, "tokenize", NULL);
         for (int i = 0; i < n; i++)
             if (push_token(s, ids[i]) < 0) {
                 free(ids);
-                return fail(s, old, sink, -ENOMEM, "transcript");
+                return fail(s, old, sink, -ENOMEM, "transcript", NULL);
             }
         free(ids);
         if (push_message(s, 1, t->text, t->text_len) < 0)
-            return fail(s, old, sink, -ENOMEM, "transcript");
+            return fail(s, old, sink, -ENOMEM, "transcript", NULL);
         t->stats.prompt_tokens = s->n_tokens - s->n_cached;
         if (!env->reuse_cache) {
             /* Benchmark baseline: forget the cache, run the whole transcript again. */
@@ -374,7 +377,7 @@ int kvp_turn_step(kvp_session *s, const kvp_session_env *env, kvp_runstate *rs,
             int rc = kvp_gen_prefill(env->model, rs, &s->cache, &e, s->tokens + s->n_cached,
                                      n, NULL);
             if (rc < 0)
-                return fail(s, t->undo_tokens, sink, rc, "prefill");
+                return fail(s, t->undo_tokens, sink, rc, "prefill", NULL);
             s->n_cached += n;
             t->stats.prefilled_tokens += n;
             note_rows(s);
@@ -391,7 +394,7 @@ int kvp_turn_step(kvp_session *s, const kvp_session_env *env, kvp_runstate *rs,
         return finish(s, env, sink, "cancel");
     int rc = kvp_gen_decode(env->model, rs, &s->cache, &e, t->next_token);
     if (rc < 0)
-        return fail(s, -1, sink, rc, "decode");
+        return fail(s, -1, sink, rc, "decode", NULL);
     s->n_cached++;
     note_rows(s);
     return take_token(s, env, sink, kvp_sample(&s->sampler, rs->logits));

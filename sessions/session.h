@@ -84,7 +84,8 @@ typedef struct kvp_session {
     struct kvp_session *next;        /* table chain */
     /* model side */
     kvp_cache cache;
-    kvp_policy *policy;
+    kvp_policy *policy;              /* made on the first turn's worker */
+    uint64_t seed;
     kvp_sampler sampler;
     int *tokens;                     /* transcript token ids */
     int n_tokens, cap_tokens;
