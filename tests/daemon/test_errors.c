@@ -230,3 +230,21 @@ Test(errors, non_chat_websocket_path_is_refused)
     expect_serving(&c);
     ws_close(&c);
 }
+
+Test(errors, cancel_at_any_point_always_ends_with_done)
+{
+    ws_client c;
+    cr_assert_eq(h_connect(&d, &c), 0);
+    for (int i = 0; i < 20; i++) {
+        cr_assert_eq(ws_send_text(&c, "{\"type\":\"message\",\"text\":\"Sam and Max went out.\",\"max_tokens\":50}"), 0);
+        if (i % 2)
+            sleep_ms(i % 5);
+        cr_assert_eq(ws_send_text(&c, "{\"type\":\"cancel\"}"), 0);
+        json_t *done = h_expect(&c, "done", 10000);
+        cr_assert(done, "turn %d: no done after cancel", i);
+        json_decref(done);
+    }
+    cr_assert_eq(ws_send_text(&c, "{\"type\":\"cancel\"}"), 0);   /* idle: ignored */
+    expect_serving(&c);
+    ws_close(&c);
+}
