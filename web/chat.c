@@ -19,7 +19,10 @@ void kvpd_chat_error(kvpd_conn *c, const char *code, const char *msg)
 
 static void send_session(kvpd_conn *c, int resumed)
 {
-    char *json = kvpd_proto_session(c->session->id, resumed, c->session->turns);
+    kvp_session *s = c->session;
+    /* The transcript belongs to the worker while a turn runs: no history then. */
+    int n = s->busy ? 0 : s->n_msgs;
+    char *json = kvpd_proto_session(s->id, resumed, s->turns, s->msgs, n);
     if (!json || kvpd_conn_queue(c, json, strlen(json)) < 0)
         kvpd_log("warning", "dropped a session frame for lack of memory");
     free(json);

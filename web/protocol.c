@@ -105,10 +105,21 @@ static char *dump(json_t *o)
     return s;
 }
 
-char *kvpd_proto_session(const char *id, int resumed, int turns)
+char *kvpd_proto_session(const char *id, int resumed, int turns, const kvp_message *history,
+                         int n_history)
 {
-    return dump(json_pack("{s:s, s:s, s:b, s:i}", "type", "session", "id", id,
-                          "resumed", resumed, "turns", turns));
+    json_t *h = json_array();
+    for (int i = 0; h && i < n_history; i++)
+        if (json_array_append_new(h, json_pack("{s:s, s:s}", "role",
+                                               history[i].user ? "user" : "assistant",
+                                               "text", history[i].text)) < 0) {
+            json_decref(h);
+            h = NULL;
+        }
+    if (!h)
+        return NULL;
+    return dump(json_pack("{s:s, s:s, s:b, s:i, s:o}", "type", "session", "id", id,
+                          "resumed", resumed, "turns", turns, "history", h));
 }
 
 char *kvpd_proto_token(const char *text, size_t len)

@@ -35,7 +35,9 @@ int kvpd_proto_parse(const char *buf, size_t len, int max_tokens_limit,
 void kvpd_proto_msg_free(kvpd_client_msg *m);
 
 /* Server frames, malloc'd NUL-terminated JSON (NULL when out of memory). */
-char *kvpd_proto_session(const char *id, int resumed, int turns);
+/* history: the transcript's messages (NULL/0 for none; only while no turn runs). */
+char *kvpd_proto_session(const char *id, int resumed, int turns, const kvp_message *history,
+                         int n_history);
 char *kvpd_proto_token(const char *text, size_t len);
 char *kvpd_proto_done(const char *reply, size_t len, const kvp_turn_stats *st);
 char *kvpd_proto_error(const char *code, const char *message);

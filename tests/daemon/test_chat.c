@@ -177,6 +177,12 @@ Test(chat, resume_keeps_transcript_and_cache)
     cr_assert_str_eq(json_string_value(json_object_get(s, "id")), id);
     cr_assert(json_is_true(json_object_get(s, "resumed")));
     cr_assert_eq(json_integer_value(json_object_get(s, "turns")), 1);
+    json_t *hist = json_object_get(s, "history");
+    cr_assert_eq(json_array_size(hist), 2);
+    cr_assert_str_eq(json_string_value(json_object_get(json_array_get(hist, 0), "role")), "user");
+    cr_assert_str_eq(json_string_value(json_object_get(json_array_get(hist, 0), "text")),
+                     "Once upon a time there was a girl named Sue.");
+    cr_assert_str_eq(json_string_value(json_object_get(json_array_get(hist, 1), "role")), "assistant");
     json_decref(s);
     done = h_turn(&c, "She had a cat.", 8, NULL);
     cr_assert(done);

@@ -36,6 +36,22 @@ function showStats(el, s) {
   el.style.whiteSpace = "pre";
 }
 
+// A resumed conversation: earlier turns from the transcript (no stats for those).
+function renderHistory(history) {
+  log.textContent = "";
+  let turn = null;
+  for (const h of history) {
+    if (h.role === "user") {
+      turn = addTurn(h.text);
+    } else if (turn) {
+      turn.bot.textContent = h.text;
+      turn.bot.classList.remove("streaming");
+      turn = null;
+    }
+  }
+  if (turn) turn.bot.classList.remove("streaming");
+}
+
 function showError(msg) {
   const e = document.createElement("div");
   e.className = "error";
@@ -57,6 +73,7 @@ function connect() {
       sessionId = m.id;
       localStorage.setItem("kvpd.session", m.id);
       $("session").textContent = `session ${m.id.slice(0, 8)}… ${m.resumed ? `resumed, ${m.turns} turns` : "new"}`;
+      if (m.resumed && !current) renderHistory(m.history || []);
     } else if (m.type === "token" && current) {
       current.bot.textContent += m.text;
       log.scrollTop = log.scrollHeight;
