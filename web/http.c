@@ -100,10 +100,11 @@ static int admin_stats(kvpd_conn *c)
     json_t *list = json_array();
     for (kvp_session *s = d->sessions.head; s && list; s = s->next)
         json_array_append_new(list, json_pack(
-            "{s:s, s:i, s:i, s:I, s:I, s:b, s:b, s:f}", "id", s->id, "turns", s->turns,
+            "{s:s, s:i, s:i, s:I, s:I, s:b, s:b, s:f, s:f}", "id", s->id, "turns", s->turns,
             "rows", s->rows_max, "bytes", (json_int_t)s->bytes,
             "evicted_rows", (json_int_t)s->evicted_rows, "busy", s->busy,
-            "connected", s->conn != NULL, "last_active_s_ago", now - s->last_active));
+            "connected", s->conn != NULL, "last_active_s_ago", now - s->last_active,
+            "age_s", now - s->created));
     const kvpd_metrics *m = &d->metrics;
     json_t *o = json_pack(
         "{s:f, s:b, s:{s:s, s:s, s:i, s:i, s:i, s:i}, s:s, s:i, s:i, s:i,"
