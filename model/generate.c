@@ -21,8 +21,11 @@ int kvp_gen_compress(kvp_cache *c, const kvp_evict_cfg *e)
 static int feed(const kvp_model *m, kvp_runstate *s, kvp_cache *c, const kvp_evict_cfg *e,
                 const int *tokens, int n, float *logits)
 {
-    if (evicting(e) && kvp_cache_max_rows(c) + n > e->budget + chunk_of(e))
-        kvp_policy_evict(e->policy, c, e->budget);
+    if (evicting(e) && kvp_cache_max_rows(c) + n > e->budget + chunk_of(e)) {
+        int rc = kvp_policy_evict(e->policy, c, e->budget);
+        if (rc < 0)
+            return rc;
+    }
     if (c->next_pos + n > m->cfg.seq_len) {
         if (!evicting(e))
             return -E2BIG;

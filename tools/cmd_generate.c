@@ -115,6 +115,12 @@ int kvp_cmd_generate(int argc, char **argv)
         fprintf(stderr, "kvp generate: %s\n", err);
         return 1;
     }
+    if (budget > 0 && budget + chunk >= m.cfg.seq_len) {
+        fprintf(stderr, "kvp generate: --budget %ld + --chunk %ld must stay below the model's "
+                "context length %d\n", budget, chunk, m.cfg.seq_len);
+        kvp_model_free(&m);
+        return 2;
+    }
     int status = 1;
     kvp_policy *policy = NULL;
     kvp_runstate s;
