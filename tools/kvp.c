@@ -13,6 +13,7 @@ static const struct {
     {"synth", kvp_cmd_synth, "write a random-weight llama GGUF of a given shape"},
     {"policy-init", kvp_cmd_policy_init, "write a randomly initialised KVP policy file"},
     {"trace", kvp_cmd_trace, "record q/k/v traces of a model over text, for training"},
+    {"eval", kvp_cmd_eval, "evaluate eviction policies on held-out text (ranking, one-shot, streaming)"},
     {"train", kvp_cmd_train, "train KVP agents on traces (policy file + curve CSV)"},
 };
 

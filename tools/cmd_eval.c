@@ -1,0 +1,530 @@
+/* kvp eval: every policy at every budget on held-out text, three protocols (policy/eval.h,
+ * docs/evaluation.md). */
+#include <cblas.h>
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "policy/eval.h"
+#include "policy/trace.h"
+#include "tools/cli.h"
+#include "tools/cliutil.h"
+
+#define MAX_POLICIES 16
+#define DEFAULT_BUDGETS "16,32,64,128,256"
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+        "usage: kvp eval --model M --text FILE --out DIR [options]\n"
+        "  --tokenizer PATH   tokenizer for llama2.c checkpoints\n"
+        "  --policies LIST    comma-separated, from: %s\n"
+        "                     (default: all of them; kvp only with --policy-file)\n"
+        "  --policy-file F    KVP policy file (for kvp)\n"
+        "  --budgets LIST     rows per KV head, comma-separated (default " DEFAULT_BUDGETS ")\n"
+        "  --split F          evaluate on the text after the first F of it (by bytes, moved to\n"
+        "                     a line start: the rule of kvp trace; default 0.8)\n"
+        "  --seqs N           ranking / one-shot sequences (default 64)\n"
+        "  --seq-len N        tokens per sequence, BOS included (default 512)\n"
+        "  --cut N            tokens cached when the cache is ranked / compressed (default 384)\n"
+        "  --streams N        streaming texts (default 8)\n"
+        "  --stream-len N     tokens per stream, BOS included (default 4 x the context)\n"
+        "  --chunk N          streaming eviction chunk (default 32)\n"
+        "  --lookahead N      tokens the streaming oracle looks ahead (default 128)\n"
+        "  --seed S           seed of the random policy (default 1)\n"
+        "  --threads N        worker threads (default: the online CPUs)\n"
+        "Writes DIR/results.csv, DIR/results.md and DIR/<protocol>-<metric>.svg.\n",
+        kvp_policy_names());
+}
+
+__attribute__((format(printf, 1, 2))) static int usage_error(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "kvp eval: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n(kvp eval --help for usage)\n");
+    va_end(ap);
+    return 2;
+}
+
+/* "a,b,c" -> fields, in place; 0 on an empty field or more than max */
+static int split_list(char *s, char **out, int max, int *n)
+{
+    *n = 0;
+    for (char *p = s;;) {
+        char *comma = strchr(p, ',');
+        if (comma)
+            *comma = '\0';
+        if (!*p || *n == max)
+            return 0;
+        out[(*n)++] = p;
+        if (!comma)
+            return 1;
+        p = comma + 1;
+    }
+}
+
+static int known_policy(const char *name)
+{
+    const char *all = kvp_policy_names();
+    size_t len = strlen(name);
+    for (const char *t = all; *t;) {
+        size_t w = strcspn(t, " ");
+        if (w == len && !strncmp(t, name, len))
+            return 1;
+        t += w;
+        t += *t == ' ';
+    }
+    return 0;
+}
+
+static char *read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    char *buf = NULL;
+    long n;
+    if (!f)
+        return NULL;
+    if (!fseek(f, 0, SEEK_END) && (n = ftell(f)) >= 0 && !fseek(f, 0, SEEK_SET) &&
+        (buf = malloc((size_t)n + 1)) && fread(buf, 1, (size_t)n, f) == (size_t)n) {
+        *len = (size_t)n;
+    } else {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    return buf;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* The work, shared by the worker threads: phase 0 computes every sequence's reference,
+ * phase 1 runs (sequence, policy) and (stream, policy, budget) tasks. Each task has its
+ * own accumulator, summed in a fixed order afterwards, so results do not depend on the
+ * thread count. */
+typedef struct job {
+    const kvp_model *m;
+    const kvp_eval_opts *o;
+    const char *const *policies;
+    int n_pol;
+    const char *const *stream_pol;     /* the policies that can stream (all but none) */
+    int n_spol;
+    const char *policy_file;
+    uint64_t seed;
+    int seq_len, stream_len, n_seq, max_tokens;
+    const int *seq_tokens;             /* [n_seq][seq_len] */
+    const int *stream_tokens;          /* [streams][stream_len] */
+    kvp_eval_ref *refs;                /* [n_seq] */
+    kvp_eval_acc *seq_acc;             /* [n_seq][n_pol] */
+    kvp_eval_acc *stream_acc;          /* [streams][n_spol][n_budgets] */
+    int phase, n_tasks;
+    atomic_int next, done, failed;
+    pthread_mutex_t lock;
+    char err[600];
+} job;
+
+/* Task t of the current phase. The random policy's draws depend on the sequence or
+ * stream only, not on the thread that runs it. */
+static int run_task(job *j, kvp_runstate *s, int t, char *err, size_t errlen)
+{
+    const kvp_eval_opts *o = j->o;
+    if (j->phase == 0) {
+        int rc = kvp_eval_ref_compute(&j->refs[t], j->m, s, j->seq_tokens + (size_t)t * j->seq_len);
+        if (rc)
+            snprintf(err, errlen, "sequence %d: %s", t, strerror(-rc));
+        return rc;
+    }
+    int seq_tasks = j->n_seq * j->n_pol, is_seq = t < seq_tasks;
+    int u = is_seq ? t : t - seq_tasks;
+    int seq = u / j->n_pol, pi = u % j->n_pol;
+    int stream = u / (j->n_spol * o->n_budgets), spi = u / o->n_budgets % j->n_spol;
+    int bi = u % o->n_budgets;
+    const char *name = is_seq ? j->policies[pi] : j->stream_pol[spi];
+    uint64_t seed = j->seed + (uint64_t)(is_seq ? seq : j->n_seq + stream);
+    kvp_policy *p;
+    int rc = kvp_policy_create(&p, name, j->policy_file, &j->m->cfg, seed, err, errlen);
+    if (rc)
+        return rc;
+    if (is_seq)
+        rc = kvp_eval_sequence(j->m, s, p, j->seq_tokens + (size_t)seq * j->seq_len,
+                               &j->refs[seq], &j->seq_acc[(size_t)seq * j->n_pol + pi]);
+    else
+        rc = kvp_eval_stream(j->m, s, p, j->stream_tokens + (size_t)stream * j->stream_len,
+                             j->stream_len, bi, o,
+                             &j->stream_acc[((size_t)stream * j->n_spol + spi) * o->n_budgets + bi]);
+    if (rc)
+        snprintf(err, errlen, "policy %s on %s %d: %s", name, is_seq ? "sequence" : "stream",
+                 is_seq ? seq : stream, strerror(-rc));
+    kvp_policy_destroy(p);
+    return rc;
+}
+
+static void *worker(void *arg)
+{
+    job *j = arg;
+    kvp_runstate s;
+    char err[sizeof j->err];
+    int rc = kvp_runstate_init(&s, &j->m->cfg, j->max_tokens);
+    if (rc)
+        snprintf(err, sizeof err, "out of memory");
+    while (!rc && !atomic_load(&j->failed)) {
+        int t = atomic_fetch_add(&j->next, 1);
+        if (t >= j->n_tasks)
+            break;
+        if ((rc = run_task(j, &s, t, err, sizeof err)))
+            break;
+        /* progress in steps of 5% */
+        int done = atomic_fetch_add(&j->done, 1) + 1;
+        if (done * 20 / j->n_tasks != (done - 1) * 20 / j->n_tasks) {
+            pthread_mutex_lock(&j->lock);
+            fprintf(stderr, "\rkvp eval: %s %d/%d", j->phase ? "policy runs" : "references",
+                    done, j->n_tasks);
+            pthread_mutex_unlock(&j->lock);
+        }
+    }
+    if (rc && !atomic_exchange(&j->failed, 1))
+        memcpy(j->err, err, sizeof err);
+    kvp_runstate_free(&s);
+    return NULL;
+}
+
+/* Runs one phase on n_threads threads (the calling thread included). 0 or -1. */
+static int run_phase(job *j, int phase, int n_tasks, int n_threads)
+{
+    j->phase = phase;
+    j->n_tasks = n_tasks;
+    atomic_store(&j->next, 0);
+    atomic_store(&j->done, 0);
+    pthread_t tid[64];
+    int started = 0;
+    while (started < n_threads - 1 && started < 64 && !pthread_create(&tid[started], NULL, worker, j))
+        started++;
+    worker(j);
+    for (int i = 0; i < started; i++)
+        pthread_join(tid[i], NULL);
+    fprintf(stderr, "\n");
+    return atomic_load(&j->failed) ? -1 : 0;
+}
+
+int kvp_cmd_eval(int argc, char **argv)
+{
+    const char *model_path = NULL, *tok_path = NULL, *text_path = NULL, *out_dir = NULL;
+    const char *policy_file = NULL;
+    char *pol_arg = NULL, *bud_arg = NULL;
+    long n_seqs = 64, seq_len = 512, cut = 384, n_streams = 8, stream_len = 0, chunk = 32;
+    long lookahead = 128, seed = 1, threads = sysconf(_SC_NPROCESSORS_ONLN);
+    double split = 0.8;
+    static const struct option opts[] = {
+        {"model", 1, 0, 'm'}, {"tokenizer", 1, 0, 'z'}, {"text", 1, 0, 'x'}, {"out", 1, 0, 'o'},
+        {"policies", 1, 0, 'P'}, {"policy-file", 1, 0, 'F'}, {"budgets", 1, 0, 'b'},
+        {"split", 1, 0, 's'}, {"seqs", 1, 0, 'N'}, {"seq-len", 1, 0, 'n'}, {"cut", 1, 0, 'c'},
+        {"streams", 1, 0, 'S'}, {"stream-len", 1, 0, 'L'}, {"chunk", 1, 0, 'k'},
+        {"lookahead", 1, 0, 'l'}, {"seed", 1, 0, 'r'}, {"threads", 1, 0, 't'},
+        {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+    int o, idx = 0;
+    optind = 1;
+    while ((o = getopt_long(argc, argv, "", opts, &idx)) != -1) {
+        int ok = 1;
+        switch (o) {
+        case 'm': model_path = optarg; break;
+        case 'z': tok_path = optarg; break;
+        case 'x': text_path = optarg; break;
+        case 'o': out_dir = optarg; break;
+        case 'P': pol_arg = optarg; break;
+        case 'F': policy_file = optarg; break;
+        case 'b': bud_arg = optarg; break;
+        case 's': ok = kvp_parse_double(optarg, 0.0, 0.99, &split); break;
+        case 'N': ok = kvp_parse_long(optarg, 1, 1 << 20, &n_seqs); break;
+        case 'n': ok = kvp_parse_long(optarg, 3, 1 << 20, &seq_len); break;
+        case 'c': ok = kvp_parse_long(optarg, 1, 1 << 20, &cut); break;
+        case 'S': ok = kvp_parse_long(optarg, 0, 1 << 20, &n_streams); break;
+        case 'L': ok = kvp_parse_long(optarg, 2, 1 << 24, &stream_len); break;
+        case 'k': ok = kvp_parse_long(optarg, 1, 1 << 16, &chunk); break;
+        case 'l': ok = kvp_parse_long(optarg, 1, 1 << 16, &lookahead); break;
+        case 'r': ok = kvp_parse_long(optarg, 0, LONG_MAX, &seed); break;
+        case 't': ok = kvp_parse_long(optarg, 1, 64, &threads); break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+        if (!ok)
+            return usage_error("bad value '%s' for --%s", optarg, opts[idx].name);
+    }
+    if (!model_path || !text_path || !out_dir || optind < argc)
+        return usage_error("--model, --text and --out are required");
+    if (cut >= seq_len)
+        return usage_error("--cut %ld must be below --seq-len %ld", cut, seq_len);
+    if (threads < 1)
+        threads = 1;
+
+    /* policies: the list given, or every policy (kvp only when there is a file for it) */
+    char names_buf[512], *names[MAX_POLICIES];
+    int n_pol;
+    if (pol_arg) {
+        snprintf(names_buf, sizeof names_buf, "%s", pol_arg);
+    } else {
+        snprintf(names_buf, sizeof names_buf, "%s", kvp_policy_names());
+        for (char *c = names_buf; *c; c++)
+            *c = *c == ' ' ? ',' : *c;
+    }
+    if (!split_list(names_buf, names, MAX_POLICIES, &n_pol))
+        return usage_error("bad policy list '%s'", pol_arg);
+    for (int i = 0; i < n_pol; i++) {
+        if (!known_policy(names[i]))
+            return usage_error("unknown policy '%s' (one of: %s)", names[i], kvp_policy_names());
+        for (int k = 0; k < i; k++)
+            if (!strcmp(names[k], names[i]))
+                return usage_error("policy '%s' listed twice", names[i]);
+        if (!strcmp(names[i], "kvp") && !policy_file) {
+            if (pol_arg)
+                return usage_error("policy kvp needs --policy-file");
+            memmove(&names[i], &names[i + 1], (size_t)(--n_pol - i) * sizeof *names);
+            i--;
+            fprintf(stderr, "kvp eval: no --policy-file, so kvp is left out\n");
+        }
+    }
+
+    /* budgets, ascending */
+    char bud_buf[512], *fields[KVP_EVAL_MAX_BUDGETS + 1];
+    int n_fields;
+    kvp_eval_opts eo = {.cut = (int)cut, .chunk = (int)chunk, .lookahead = (int)lookahead};
+    snprintf(bud_buf, sizeof bud_buf, "%s", bud_arg ? bud_arg : DEFAULT_BUDGETS);
+    if (!split_list(bud_buf, fields, KVP_EVAL_MAX_BUDGETS, &n_fields))
+        return usage_error("bad budget list '%s' (at most %d positive integers, comma-separated)",
+                           bud_arg, KVP_EVAL_MAX_BUDGETS);
+    for (int i = 0; i < n_fields; i++) {
+        long b;
+        if (!kvp_parse_long(fields[i], 1, 1 << 20, &b))
+            return usage_error("bad budget '%s' in '%s' (a positive integer)", fields[i], bud_arg);
+        int k = eo.n_budgets++;
+        for (; k > 0 && eo.budgets[k - 1] > b; k--)
+            eo.budgets[k] = eo.budgets[k - 1];
+        if (k > 0 && eo.budgets[k - 1] == b)
+            return usage_error("budget %ld listed twice", b);
+        eo.budgets[k] = (int)b;
+    }
+
+    char err[600];
+    kvp_model m;
+    if (kvp_model_load(&m, model_path, tok_path, err, sizeof err)) {
+        fprintf(stderr, "kvp eval: %s\n", err);
+        return 1;
+    }
+    int status = 1, ctx = m.cfg.seq_len;
+    char *text = NULL, *intro = NULL;
+    int *ids = NULL, *seq_tokens = NULL, *stream_tokens = NULL;
+    kvp_eval_ref *refs = NULL;
+    kvp_eval_acc *seq_acc = NULL, *stream_acc = NULL, *acc = NULL;
+    kvp_eval_row *rows = NULL;
+    size_t intro_len = 0;
+    int n_refs = 0;
+    if (!stream_len)
+        stream_len = 4L * ctx;
+    if (seq_len > ctx) {
+        fprintf(stderr, "kvp eval: --seq-len %ld exceeds the model's context %d\n", seq_len, ctx);
+        status = 2;
+        goto out;
+    }
+    if (n_streams && eo.budgets[eo.n_budgets - 1] + chunk > ctx) {
+        fprintf(stderr, "kvp eval: budget %d + chunk %ld exceeds the model's context %d "
+                "(streaming needs room for a chunk; --streams 0 skips it)\n",
+                eo.budgets[eo.n_budgets - 1], chunk, ctx);
+        status = 2;
+        goto out;
+    }
+
+    size_t text_len;
+    if (!(text = read_file(text_path, &text_len))) {
+        fprintf(stderr, "kvp eval: cannot read %s: %s\n", text_path, strerror(errno));
+        goto out;
+    }
+    size_t at = kvp_trace_split_at(text, text_len, split);
+    long n_ids = kvp_trace_tokenize(&m.tok, text + at, text_len - at, &ids);
+    if (n_ids < 0) {
+        fprintf(stderr, "kvp eval: cannot tokenize %s\n", text_path);
+        goto out;
+    }
+    long have_seqs = n_ids / (seq_len - 1), have_streams = n_ids / (stream_len - 1);
+    int n_seq = (int)(n_seqs < have_seqs ? n_seqs : have_seqs);
+    int n_str = (int)(n_streams < have_streams ? n_streams : have_streams);
+    if (n_seq < 1 || (n_streams && n_str < 1)) {
+        fprintf(stderr, "kvp eval: the held-out part of %s (%ld tokens) is too short for a "
+                "sequence of %ld tokens%s\n", text_path, n_ids, seq_len,
+                n_streams ? " and a stream" : "");
+        goto out;
+    }
+    /* every policy loads (a bad policy file fails here, before any work) */
+    for (int i = 0; i < n_pol; i++) {
+        kvp_policy *p;
+        if (kvp_policy_create(&p, names[i], policy_file, &m.cfg, 0, err, sizeof err)) {
+            fprintf(stderr, "kvp eval: %s\n", err);
+            goto out;
+        }
+        kvp_policy_destroy(p);
+    }
+    if (mkdir(out_dir, 0777) && errno != EEXIST) {
+        fprintf(stderr, "kvp eval: cannot create %s: %s\n", out_dir, strerror(errno));
+        goto out;
+    }
+
+    const char *spol[MAX_POLICIES];
+    int n_spol = 0;
+    for (int i = 0; i < n_pol; i++)
+        if (strcmp(names[i], "none"))  /* no eviction cannot pass the context */
+            spol[n_spol++] = names[i];
+    if (!n_spol)
+        n_str = 0;
+    fprintf(stderr, "kvp eval: held-out text: bytes %zu..%zu of %s (after the first %.2f), %ld "
+            "tokens\nkvp eval: %d sequences of %ld tokens (cut %ld), %d streams of %ld tokens; "
+            "%d policies x %d budgets; %ld threads\n", at, text_len, text_path, split, n_ids,
+            n_seq, seq_len, cut, n_str, stream_len, n_pol, eo.n_budgets, threads);
+
+    seq_tokens = malloc((size_t)n_seq * seq_len * sizeof *seq_tokens);
+    stream_tokens = malloc(((size_t)n_str * stream_len + 1) * sizeof *stream_tokens);
+    refs = calloc((size_t)n_seq, sizeof *refs);
+    seq_acc = calloc((size_t)n_seq * n_pol, sizeof *seq_acc);
+    stream_acc = calloc((size_t)n_str * n_spol * eo.n_budgets + 1, sizeof *stream_acc);
+    acc = calloc((size_t)n_pol, sizeof *acc);
+    rows = malloc((size_t)n_pol * KVP_EVAL_ROWS_PER_POLICY * sizeof *rows);
+    if (!seq_tokens || !stream_tokens || !refs || !seq_acc || !stream_acc || !acc || !rows)
+        goto oom;
+    /* the sequences kvp trace makes of the validation part: BOS + consecutive text */
+    for (int i = 0; i < n_seq; i++) {
+        int *t = seq_tokens + (size_t)i * seq_len;
+        t[0] = m.tok.bos_id;
+        memcpy(t + 1, ids + (size_t)i * (seq_len - 1), (size_t)(seq_len - 1) * sizeof *t);
+    }
+    for (int i = 0; i < n_str; i++) {
+        int *t = stream_tokens + (size_t)i * stream_len;
+        t[0] = m.tok.bos_id;
+        memcpy(t + 1, ids + (size_t)i * (stream_len - 1), (size_t)(stream_len - 1) * sizeof *t);
+    }
+    for (; n_refs < n_seq; n_refs++)
+        if (kvp_eval_ref_init(&refs[n_refs], &m.cfg, (int)seq_len, &eo))
+            goto oom;
+
+    openblas_set_num_threads(1);   /* small matrices: the parallelism is over tasks */
+    long max_tokens = seq_len > lookahead ? seq_len : lookahead;
+    job j = {.m = &m, .o = &eo, .policies = (const char *const *)names, .n_pol = n_pol,
+              .stream_pol = spol, .n_spol = n_spol, .policy_file = policy_file,
+              .seed = (uint64_t)seed, .seq_len = (int)seq_len, .stream_len = (int)stream_len,
+              .n_seq = n_seq,
+              .max_tokens = (int)(max_tokens > chunk ? max_tokens : chunk),
+              .seq_tokens = seq_tokens, .stream_tokens = stream_tokens, .refs = refs,
+              .seq_acc = seq_acc, .stream_acc = stream_acc,
+              .lock = PTHREAD_MUTEX_INITIALIZER};
+    double t0 = now_s();
+    if (run_phase(&j, 0, n_seq, (int)threads) ||
+        run_phase(&j, 1, n_seq * n_pol + n_str * n_spol * eo.n_budgets, (int)threads)) {
+        fprintf(stderr, "kvp eval: %s\n", j.err);
+        goto out;
+    }
+    double full_nll = 0.0;
+    for (int i = 0; i < n_seq; i++)
+        full_nll += refs[i].nll;
+    for (int i = 0; i < n_seq; i++)
+        for (int p = 0; p < n_pol; p++)
+            kvp_eval_acc_add(&acc[p], &seq_acc[(size_t)i * n_pol + p]);
+    for (int i = 0; i < n_str; i++)
+        for (int p = 0; p < n_spol; p++)
+            for (int bi = 0; bi < eo.n_budgets; bi++) {
+                int pi = 0;
+                while (strcmp(names[pi], spol[p]))
+                    pi++;
+                kvp_eval_acc_add(&acc[pi], &stream_acc[((size_t)i * n_spol + p) * eo.n_budgets + bi]);
+            }
+    int n_rows = 0;
+    for (int p = 0; p < n_pol; p++)
+        n_rows += kvp_eval_rows(names[p], &acc[p], &eo, rows + n_rows);
+
+    /* results.md starts with what was run, on what */
+    FILE *mf = open_memstream(&intro, &intro_len);
+    if (!mf)
+        goto oom;
+    fprintf(mf, "# kvp eval: %s\n\nCommand:\n\n```\nkvp", m.name);
+    for (int i = 0; i < argc; i++)
+        fprintf(mf, " %s", argv[i]);
+    fprintf(mf, "\n```\n\nHeld-out text: bytes %zu..%zu of `%s` (%ld tokens): the part after "
+            "the first %.2f of the file, cut at a line start by the rule of `kvp trace`, so "
+            "a policy trained on that trace's training sequences never saw it.\n\n"
+            "- ranking and one-shot: %d sequences of %ld tokens (BOS + text); the cache holds "
+            "the first %ld when it is ranked or compressed, the other %ld are the future. "
+            "Ranking cases: %d (sequence, layer, KV head). Full-cache perplexity of these "
+            "sequences: %.3f.\n"
+            "- streaming: %d streams of %ld tokens (%.1fx the context of %d), chunk %ld, "
+            "context shift; the oracle looks %ld tokens ahead.\n"
+            "- every policy keeps 4 sinks and the 16 newest rows; `none` never evicts (no "
+            "ranking, and it cannot stream past the context).\n",
+            at, text_len, text_path, n_ids, split, n_seq, seq_len, cut, seq_len - cut,
+            n_seq * m.cfg.n_layers * m.cfg.n_kv_heads,
+            exp(full_nll / ((double)n_seq * (seq_len - 1))), n_str, stream_len,
+            (double)stream_len / ctx, ctx, chunk, lookahead);
+    if (fclose(mf))
+        goto oom;
+    if (kvp_eval_write(out_dir, rows, n_rows, intro, err, sizeof err)) {
+        fprintf(stderr, "kvp eval: %s\n", err);
+        goto out;
+    }
+
+    printf("%-10s %8s", "policy", "C/C*");
+    for (int bi = 0; bi < eo.n_budgets; bi++)
+        printf("  ppl@%-4d", eo.budgets[bi]);
+    for (int bi = 0; bi < eo.n_budgets; bi++)
+        printf(" sppl@%-4d", eo.budgets[bi]);
+    printf("   (ppl: one-shot, sppl: streaming)\n");
+    for (int p = 0; p < n_pol; p++) {
+        kvp_eval_row r[KVP_EVAL_ROWS_PER_POLICY];
+        int nr = kvp_eval_rows(names[p], &acc[p], &eo, r), k = 0;
+        printf("%-10s", names[p]);
+        if (acc[p].cases)
+            printf(" %8.3f", r[k].value);
+        else
+            printf(" %8s", "-");
+        k = acc[p].cases ? 1 + 2 * eo.n_budgets : 0;
+        for (int bi = 0; bi < eo.n_budgets; bi++)
+            printf("  %8.3f", r[k + bi].value);
+        k += 2 * eo.n_budgets;
+        for (int bi = 0; bi < eo.n_budgets; bi++)
+            if (k + bi < nr)
+                printf("  %8.3f", r[k + bi].value);
+            else
+                printf("  %8s", "-");
+        printf("\n");
+    }
+    fprintf(stderr, "kvp eval: wrote %s/results.csv, results.md and plots in %.1f s\n", out_dir,
+            now_s() - t0);
+    status = 0;
+    goto out;
+oom:
+    fprintf(stderr, "kvp eval: out of memory\n");
+out:
+    for (int i = 0; i < n_refs; i++)
+        kvp_eval_ref_free(&refs[i]);
+    free(refs);
+    free(seq_acc);
+    free(stream_acc);
+    free(acc);
+    free(rows);
+    free(seq_tokens);
+    free(stream_tokens);
+    free(ids);
+    free(text);
+    free(intro);
+    kvp_model_free(&m);
+    return status;
+}
