@@ -3,9 +3,12 @@
 #include "web/server.h"
 
 #include <errno.h>
+#include <netdb.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "web/conn.h"
 #include "web/protocol.h"
@@ -118,6 +121,39 @@ static void lws_log(int level, const char *line)
     fprintf(stderr, "kvpd: lws %s: %s", level == LLL_ERR ? "error" : "warning", line);
 }
 
+/* lws 4.1 cannot tear down a foreign-loop context whose listening vhost failed (its
+ * evlib plugin crashes), so a busy or foreign address is found before lws tries. */
+/* NULL (all addresses) for the wildcard spellings. */
+static const char *info_host(const char *host)
+{
+    return (!strcmp(host, "0.0.0.0") || !strcmp(host, "*")) ? NULL : host;
+}
+
+static int probe_bind(const char *host, int port, char *err, size_t errlen)
+{
+    struct addrinfo hints = {.ai_flags = AI_PASSIVE | AI_NUMERICHOST,
+                             .ai_socktype = SOCK_STREAM}, *ai;
+    char service[16];
+    snprintf(service, sizeof service, "%d", port);
+    int rc = getaddrinfo(host, service, &hints, &ai);
+    if (rc) {
+        snprintf(err, errlen, "listen: '%s' is not an IP address: %s", host, gai_strerror(rc));
+        return -EINVAL;
+    }
+    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol), one = 1;
+    rc = fd < 0 ? -errno : 0;
+    if (!rc && setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0)
+        rc = -errno;
+    if (!rc && bind(fd, ai->ai_addr, ai->ai_addrlen) < 0)
+        rc = -errno;
+    if (fd >= 0)
+        close(fd);
+    freeaddrinfo(ai);
+    if (rc)
+        snprintf(err, errlen, "could not listen on %s:%d: %s", host, port, strerror(-rc));
+    return rc;
+}
+
 int kvpd_web_start(kvpd *d, char *err, size_t errlen)
 {
     lws_set_log_level(LLL_ERR | LLL_WARN, lws_log);
@@ -127,8 +163,11 @@ int kvpd_web_start(kvpd *d, char *err, size_t errlen)
     const char *host = d->cfg.listen_host;
     if (!strcmp(host, "localhost"))
         host = "127.0.0.1";
+    int rc = probe_bind(info_host(host), d->cfg.listen_port, err, errlen);
+    if (rc < 0)
+        return rc;
     info.port = d->cfg.listen_port;
-    info.iface = (!strcmp(host, "0.0.0.0") || !strcmp(host, "*")) ? NULL : host;
+    info.iface = info_host(host);
     info.protocols = protocols;
     info.foreign_loops = loops;
     info.pcontext = &d->lws;
@@ -140,12 +179,18 @@ int kvpd_web_start(kvpd *d, char *err, size_t errlen)
         info.options |= LWS_SERVER_OPTION_DISABLE_IPV6;
     d->lws = lws_create_context(&info);
     if (!d->lws) {
-        snprintf(err, errlen, "could not serve on %s:%d (see the lws error above)",
-                 d->cfg.listen_host, d->cfg.listen_port);
+        snprintf(err, errlen, "could not listen on %s:%d", d->cfg.listen_host,
+                 d->cfg.listen_port);
         return -EADDRNOTAVAIL;
     }
+    /* lws 4.1 returns a context even when the listening vhost failed to bind. */
     struct lws_vhost *vh = lws_get_vhost_by_name(d->lws, "default");
-    d->port = vh ? lws_get_vhost_listen_port(vh) : d->cfg.listen_port;
+    d->port = vh ? lws_get_vhost_listen_port(vh) : 0;
+    if (d->port <= 0) {
+        snprintf(err, errlen, "could not listen on %s:%d", d->cfg.listen_host,
+                 d->cfg.listen_port);
+        return -EADDRNOTAVAIL;
+    }
     return 0;
 }
 

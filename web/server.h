@@ -7,7 +7,8 @@
 
 #include "daemon/kvpd.h"
 
-/* Creates the lws context on d->loop and binds d->cfg.listen_*; sets d->port. */
+/* Creates the lws context on d->loop and binds d->cfg.listen_*; sets d->port. On
+ * failure d->lws may still be set: kvpd_web_stop it from inside the running loop. */
 int kvpd_web_start(kvpd *d, char *err, size_t errlen);
 /* Destroys the context from the loop (its handles close as the loop runs on). */
 void kvpd_web_stop(kvpd *d);

@@ -92,6 +92,18 @@ Test(http, endpoints_and_metrics_pass_promtool, .timeout = 60)
     cr_assert_eq(kvpd_stop(&d, 10000), 0);
 }
 
+Test(http, a_port_in_use_is_an_error, .timeout = 60)
+{
+    kvpd_proc d;
+    cr_assert_eq(kvpd_start(&d, NULL), 0);
+    char args[64], *out = NULL;
+    snprintf(args, sizeof args, "--listen 127.0.0.1:%d", d.port);
+    cr_assert_eq(run(args, &out), 1);
+    cr_assert(strstr(out, "could not listen"), "%s", out);
+    free(out);
+    cr_assert_eq(kvpd_stop(&d, 10000), 0);
+}
+
 Test(http, admin_token_is_required_when_set, .timeout = 60)
 {
     kvpd_proc d;
