@@ -481,11 +481,11 @@ static const struct metric_info {
     {"ranking", "recall", "Ranking: r@b, share of the future importance kept (higher is better)",
      "r@b", "%.3f", 0},
     {"oneshot", "ppl", "One-shot: perplexity of the continuation after one compression",
-     "perplexity", "%.3f", 1},
+     "perplexity", "%.3f", 0},
     {"oneshot", "kl", "One-shot: mean KL(full || evicted) of next-token distributions (nats)",
      "KL (nats)", "%.4f", 1},
     {"streaming", "ppl", "Streaming: perplexity with chunked eviction and context shift",
-     "perplexity", "%.3f", 1},
+     "perplexity", "%.3f", 0},
 };
 
 static const kvp_eval_row *find_row(const kvp_eval_row *rows, int n, const struct metric_info *mi,

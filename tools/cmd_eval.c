@@ -133,7 +133,7 @@ typedef struct job {
     kvp_eval_ref *refs;                /* [n_seq] */
     kvp_eval_acc *seq_acc;             /* [n_seq][n_pol] */
     kvp_eval_acc *stream_acc;          /* [streams][n_spol][n_budgets] */
-    int phase, n_tasks;
+    int phase, n_tasks, tty;
     atomic_int next, done, failed;
     pthread_mutex_t lock;
     char err[600];
@@ -189,9 +189,9 @@ static void *worker(void *arg)
             break;
         if ((rc = run_task(j, &s, t, err, sizeof err)))
             break;
-        /* progress in steps of 5% */
+        /* progress in steps of 5%, on a terminal only */
         int done = atomic_fetch_add(&j->done, 1) + 1;
-        if (done * 20 / j->n_tasks != (done - 1) * 20 / j->n_tasks) {
+        if (j->tty && done * 20 / j->n_tasks != (done - 1) * 20 / j->n_tasks) {
             pthread_mutex_lock(&j->lock);
             fprintf(stderr, "\rkvp eval: %s %d/%d", j->phase ? "policy runs" : "references",
                     done, j->n_tasks);
@@ -218,7 +218,8 @@ static int run_phase(job *j, int phase, int n_tasks, int n_threads)
     worker(j);
     for (int i = 0; i < started; i++)
         pthread_join(tid[i], NULL);
-    fprintf(stderr, "\n");
+    if (j->tty)
+        fprintf(stderr, "\n");
     return atomic_load(&j->failed) ? -1 : 0;
 }
 
@@ -426,7 +427,7 @@ int kvp_cmd_eval(int argc, char **argv)
               .n_seq = n_seq,
               .max_tokens = (int)(max_tokens > chunk ? max_tokens : chunk),
               .seq_tokens = seq_tokens, .stream_tokens = stream_tokens, .refs = refs,
-              .seq_acc = seq_acc, .stream_acc = stream_acc,
+              .seq_acc = seq_acc, .stream_acc = stream_acc, .tty = isatty(2),
               .lock = PTHREAD_MUTEX_INITIALIZER};
     double t0 = now_s();
     if (run_phase(&j, 0, n_seq, (int)threads) ||
@@ -468,8 +469,10 @@ int kvp_cmd_eval(int argc, char **argv)
             "sequences: %.3f.\n"
             "- streaming: %d streams of %ld tokens (%.1fx the context of %d), chunk %ld, "
             "context shift; the oracle looks %ld tokens ahead.\n"
-            "- every policy keeps 4 sinks and the 16 newest rows; `none` never evicts (no "
-            "ranking, and it cannot stream past the context).\n",
+            "- eviction keeps the 4 oldest rows (sinks) and the 16 newest of every head "
+            "(H2O, SnapKV, LagKV and StreamingLLM keep more of the newest by their own rules); "
+            "`none` never evicts: it gives the full-cache numbers, has no ranking and cannot "
+            "stream past the context.\n",
             at, text_len, text_path, n_ids, split, n_seq, seq_len, cut, seq_len - cut,
             n_seq * m.cfg.n_layers * m.cfg.n_kv_heads,
             exp(full_nll / ((double)n_seq * (seq_len - 1))), n_str, stream_len,

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Evaluates every eviction policy on stories260K over the held-out part of the TinyStories
+# dev text (the 20% after the split scripts/train-stories260K.sh trains before), at budgets
+# 16..256, with the three protocols of docs/evaluation.md.
+#   scripts/eval-stories260K.sh [OUT]     (default docs/eval-stories260K)
+# Writes OUT/results.csv, OUT/results.md and OUT/*.svg; prints a summary table.
+# Environment: BUILD (build dir, default build), THREADS (default 2), POLICY (KVP policy
+# file, default policy/weights/stories260K.kvp; when it is missing a random policy from
+# `kvp policy-init` stands in, which only checks the plumbing), SEQS (default 64) and
+# STREAMS (default 8): about 3 minutes on 2 cores.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${BUILD:-build}
+shared=${KVP_SHARED:-../shared}
+out=${1:-docs/eval-stories260K}
+threads=${THREADS:-2}
+policy=${POLICY:-policy/weights/stories260K.kvp}
+seqs=${SEQS:-64}
+streams=${STREAMS:-8}
+model=$shared/models/stories260K.bin
+tok=$shared/models/tok512.bin
+
+[ -f "$build/build.ninja" ] || meson setup "$build"
+ninja -C "$build" tools/kvp
+kvp=$build/tools/kvp
+
+if [ ! -f "$policy" ]; then
+    echo "eval-stories260K: $policy not found; evaluating a RANDOM kvp policy instead" >&2
+    policy=$(mktemp /tmp/kvp-random-XXXXXX.kvp)
+    trap 'rm -f "$policy"' EXIT
+    "$kvp" policy-init --model "$model" --tokenizer "$tok" --out "$policy" --seed 1
+fi
+start=$(date +%s)
+"$kvp" eval --model "$model" --tokenizer "$tok" \
+    --text "$shared/datasets/tinystories/tinystories-dev.txt" --split 0.8 \
+    --policy-file "$policy" --budgets 16,32,64,128,256 \
+    --seqs "$seqs" --streams "$streams" --threads "$threads" --out "$out"
+echo "eval-stories260K: $out/results.md in $(( $(date +%s) - start )) s" >&2
