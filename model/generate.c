@@ -21,6 +21,8 @@ int kvp_gen_compress(kvp_cache *c, const kvp_evict_cfg *e)
 static int feed(const kvp_model *m, kvp_runstate *s, kvp_cache *c, const kvp_evict_cfg *e,
                 const int *tokens, int n, float *logits)
 {
+    if (e)
+        s->policy = e->policy;  /* runstates belong to workers, policies to sessions */
     if (evicting(e) && kvp_cache_max_rows(c) + n > e->budget + chunk_of(e)) {
         int rc = kvp_policy_evict(e->policy, c, e->budget);
         if (rc < 0)

@@ -7,7 +7,9 @@
  *   - kvp_gen_compress evicts to `budget` now (turn boundaries);
  *   - before next_pos would reach the model's context length the cache is shifted
  *     (kvp_cache_shift), so a conversation can run forever.
- * budget 0 or policy "none" never evicts (the context shift then drops nothing, so a
+ * The drivers attach e->policy to the runstate for the forward pass (so it scores and
+ * observes the rows it will rank); with e NULL the runstate's own policy, if any, is
+ * left in place. budget 0 or policy "none" never evicts (the context shift then drops nothing, so a
  * session without eviction is limited to seq_len tokens: -E2BIG past it). */
 #ifndef KVP_GENERATE_H
 #define KVP_GENERATE_H

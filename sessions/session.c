@@ -336,7 +336,6 @@ int kvp_turn_step(kvp_session *s, const kvp_session_env *env, kvp_runstate *rs,
     }
     kvp_evict_cfg e = evict_cfg(s, env);
     int cancelled = atomic_load(&t->cancel);
-    rs->policy = s->policy;   /* runstates are per worker; the policy is per session */
 
     if (t->state == KVP_TURN_START) {
         /* A cancel that came before any work still records the message: the next turn
