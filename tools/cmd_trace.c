@@ -110,7 +110,9 @@ int kvp_cmd_trace(int argc, char **argv)
         fprintf(stderr, "kvp trace: cannot tokenize %s\n", text_path);
         goto out;
     }
+    /* at least one sequence on each side of the split */
     long want[2] = {(long)(max_seqs * split + 0.5), 0};
+    want[0] = want[0] < 1 ? 1 : want[0] > max_seqs - 1 ? max_seqs - 1 : want[0];
     want[1] = max_seqs - want[0];
     long have[2] = {n_ids[0] / (seq_len - 1), n_ids[1] / (seq_len - 1)};
     for (int p = 0; p < 2; p++)

@@ -1,0 +1,90 @@
+/* The kvp CLI boundary: unknown commands and bad arguments get a message and a usage
+ * exit status (2); runtime failures exit 1; nothing crashes. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "policy/trace.h"
+#include "tests/model/testutil.h"
+
+static int kvp(const char *args, char **out)
+{
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "%s %s 2>&1", tu_build("tools/kvp"), args);
+    return tu_run(cmd, out);
+}
+
+static void expect(const char *args, int status, const char *needle)
+{
+    char *out;
+    int st = kvp(args, &out);
+    cr_expect_eq(st, status, "kvp %s: status %d, output:\n%s", args, st, out);
+    cr_expect(strstr(out, needle), "kvp %s: no '%s' in:\n%s", args, needle, out);
+    free(out);
+}
+
+Test(kvp_cli, top_level)
+{
+    expect("", 2, "usage: kvp");
+    expect("frobnicate", 2, "unknown command 'frobnicate'");
+    expect("--help", 0, "generate");
+    expect("--version", 0, "kvp ");
+}
+
+Test(kvp_cli, generate_arguments)
+{
+    char a[1024];
+    const char *m = tu_shared("models/stories260K.bin");
+    expect("generate", 2, "--model is required");
+    snprintf(a, sizeof a, "generate --model %s --temperature -1", m);
+    expect(a, 2, "--temperature");
+    snprintf(a, sizeof a, "generate --model %s --top-p 1.5", m);
+    expect(a, 2, "--top-p");
+    snprintf(a, sizeof a, "generate --model %s --policy bogus --budget 64", m);
+    expect(a, 1, "unknown policy 'bogus'");
+    snprintf(a, sizeof a, "generate --model %s --policy kvp --budget 64", m);
+    expect(a, 1, "policy file");
+    snprintf(a, sizeof a, "generate --model %s --budget 10", m);
+    expect(a, 2, "smaller than --sinks + --recent");
+    snprintf(a, sizeof a, "generate --model %s --budget 64 --chunk 9999999", m);
+    expect(a, 2, "--chunk");
+    snprintf(a, sizeof a, "generate --model %s extra", m);
+    expect(a, 2, "unexpected argument");
+    expect("generate --model /nonexistent.gguf", 1, "/nonexistent.gguf");
+}
+
+Test(kvp_cli, trace_arguments)
+{
+    char a[2048], dir[] = "/tmp/kvp-cli-trace-XXXXXX";
+    cr_assert(mkdtemp(dir));
+    const char *m = tu_shared("models/stories260K.bin"), *t = tu_shared("datasets/tinystories/tinystories-dev.txt");
+    expect("trace", 2, "--model, --text and --out are required");
+    snprintf(a, sizeof a, "trace --model %s --text %s --out %s --seq-len 4096", m, t, dir);
+    expect(a, 2, "exceeds the model's context");
+    snprintf(a, sizeof a, "trace --model %s --text %s --out %s --split 1.5", m, t, dir);
+    expect(a, 2, "--split");
+    snprintf(a, sizeof a, "trace --model %s --text /nonexistent.txt --out %s", m, dir);
+    expect(a, 1, "cannot read /nonexistent.txt");
+    const char *tiny = tu_write_tmp("Once upon a time.\n", 18);
+    snprintf(a, sizeof a, "trace --model %s --text %s --out %s", m, tiny, dir);
+    expect(a, 1, "too short");
+    remove(tiny);
+    snprintf(a, sizeof a, "trace --model %s --text %s --out /proc/kvp-no-such-dir/x --max-seqs 2 --seq-len 32", m, t);
+    expect(a, 1, "cannot create");
+    /* a good run: the file opens and records the split */
+    snprintf(a, sizeof a, "trace --model %s --text %s --out %s --max-seqs 5 --seq-len 40 --split 0.5", m, t, dir);
+    expect(a, 0, "wrote");
+    char path[256], err[256];
+    snprintf(path, sizeof path, "%s/trace.kvpt", dir);
+    kvp_trace tr;
+    cr_assert_eq(kvp_trace_open(&tr, path, NULL, err, sizeof err), 0, "%s", err);
+    cr_expect_eq(tr.h.n_seqs, 5);
+    cr_expect_eq(tr.h.n_train, 3, "5 x 0.5 rounds to 3 training sequences");
+    cr_expect_eq(tr.h.seq_len, 40);
+    cr_expect_eq(kvp_trace_tokens(&tr, 0)[0], 1, "sequences start with BOS");
+    kvp_trace_close(&tr);
+    remove(path);
+    rmdir(dir);
+}
