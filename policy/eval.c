@@ -498,8 +498,7 @@ static const kvp_eval_row *find_row(const kvp_eval_row *rows, int n, const struc
     return NULL;
 }
 
-/* a policy's place in the registry: the same color in every plot */
-static int policy_color(const char *name)
+int kvp_eval_policy_index(const char *name)
 {
     const char *all = kvp_policy_names();
     size_t len = strlen(name);
@@ -511,7 +510,7 @@ static int policy_color(const char *name)
         t += w;
         t += *t == ' ';
     }
-    return idx;
+    return -1;
 }
 
 /* The policies (in order of appearance) and ascending budgets a metric has rows for. */
@@ -610,7 +609,9 @@ static int write_md_and_plots(const char *dir, const kvp_eval_row *rows, int n,
                 const kvp_eval_row *r = find_row(rows, n, mi, pol[i], bud[j]);
                 yi[j] = r ? r->value : NAN;
             }
-            series[i] = (kvp_svg_series){pol[i], yi, policy_color(pol[i]),
+            /* a policy has the same color in every plot */
+            int color = kvp_eval_policy_index(pol[i]);
+            series[i] = (kvp_svg_series){pol[i], yi, color < 0 ? 0 : color,
                                          !strcmp(pol[i], "oracle") || !strcmp(pol[i], "none"),
                                          !strcmp(pol[i], "kvp")};
         }

@@ -76,6 +76,9 @@ int kvp_eval_sequence(const kvp_model *m, kvp_runstate *s, kvp_policy *p, const 
 int kvp_eval_stream(const kvp_model *m, kvp_runstate *s, kvp_policy *p, const int *tokens,
                     int len, int bi, const kvp_eval_opts *o, kvp_eval_acc *acc);
 
+/* Position of a policy name in kvp_policy_names(), -1 if it is not one. */
+int kvp_eval_policy_index(const char *name);
+
 /* dst += src, field by field (sums from separate runs, e.g. one per thread). */
 void kvp_eval_acc_add(kvp_eval_acc *dst, const kvp_eval_acc *src);
 

@@ -75,20 +75,6 @@ static int split_list(char *s, char **out, int max, int *n)
     }
 }
 
-static int known_policy(const char *name)
-{
-    const char *all = kvp_policy_names();
-    size_t len = strlen(name);
-    for (const char *t = all; *t;) {
-        size_t w = strcspn(t, " ");
-        if (w == len && !strncmp(t, name, len))
-            return 1;
-        t += w;
-        t += *t == ' ';
-    }
-    return 0;
-}
-
 static char *read_file(const char *path, size_t *len)
 {
     FILE *f = fopen(path, "rb");
@@ -286,7 +272,7 @@ int kvp_cmd_eval(int argc, char **argv)
     if (!split_list(names_buf, names, MAX_POLICIES, &n_pol))
         return usage_error("bad policy list '%s'", pol_arg);
     for (int i = 0; i < n_pol; i++) {
-        if (!known_policy(names[i]))
+        if (kvp_eval_policy_index(names[i]) < 0)
             return usage_error("unknown policy '%s' (one of: %s)", names[i], kvp_policy_names());
         for (int k = 0; k < i; k++)
             if (!strcmp(names[k], names[i]))
