@@ -306,7 +306,7 @@ static int val_job(void *arg, int worker, int a)
     const kvp_agent_set *s = c->s;
     int layer = a / s->n_kv_heads, kvh = a % s->n_kv_heads, d = s->arch.d, len = t->h.seq_len;
     int m = c->cut - c->n_sink - c->n_recent;
-    float *imp = malloc((size_t)(2 * len) * sizeof *imp);
+    float *imp = malloc((size_t)c->cut * sizeof *imp);
     float *work = malloc((size_t)(2 * len) * sizeof *work);
     float *k = malloc((size_t)m * d * sizeof *k), *v = malloc((size_t)m * d * sizeof *v);
     int32_t *pos = malloc((size_t)m * sizeof *pos), *order = malloc((size_t)m * sizeof *order);
@@ -407,8 +407,8 @@ typedef struct train_ctx {
 } train_ctx;
 
 typedef struct episode {
-    int seq, cut, off, m;
-    const float *imp;     /* of the ranked rows */
+    int off, m;           /* its ranked rows in the step's batch */
+    const float *imp;     /* their importance */
 } episode;
 
 static void worker_free(worker *w)
@@ -490,7 +490,7 @@ static int train_step(train_ctx *x, worker *wk, int a, long step)
         int g = rand_below(&st->rng, grid), cut = c->cut_min + g * c->cut_stride;
         size_t off = (size_t)g * c->cut_min + (size_t)c->cut_stride * g * (g - 1) / 2;
         int m = cut - c->n_sink - c->n_recent;
-        ep[e] = (episode){seq, cut, rows, m, st->imp[u] + off + c->n_sink};
+        ep[e] = (episode){rows, m, st->imp[u] + off + c->n_sink};
         gather_rows(t, seq, layer, kvh, c->n_sink, m, wk->k + (size_t)rows * d,
                     wk->v + (size_t)rows * d, wk->pos + rows);
         rows += m;

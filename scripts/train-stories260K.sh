@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Reproduces policy/weights/stories260K.kvp (docs/training.md): traces stories260K over the
+# TinyStories dev text, then trains its 20 KVP agents. Same seed, same file.
+#   scripts/train-stories260K.sh [OUT]      (default policy/weights/stories260K.kvp)
+# Environment: BUILD (build dir, default build), THREADS (default 2), TRACES (trace dir,
+# default /tmp/kvp-traces-stories260K; kept between runs, rebuilt when missing), CURVE
+# (training-curve CSV, default /tmp/stories260K-curve.csv).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${BUILD:-build}
+shared=${KVP_SHARED:-../shared}
+traces=${TRACES:-/tmp/kvp-traces-stories260K}
+out=${1:-policy/weights/stories260K.kvp}
+threads=${THREADS:-2}
+curve=${CURVE:-/tmp/stories260K-curve.csv}
+model=$shared/models/stories260K.bin
+tok=$shared/models/tok512.bin
+
+[ -f "$build/build.ninja" ] || meson setup "$build"
+ninja -C "$build" tools/kvp
+kvp=$build/tools/kvp
+
+start=$(date +%s)
+if [ ! -f "$traces/trace.kvpt" ]; then
+    "$kvp" trace --model "$model" --tokenizer "$tok" \
+        --text "$shared/datasets/tinystories/tinystories-dev.txt" --out "$traces" \
+        --seq-len 512 --max-seqs 300 --split 0.8
+fi
+init=$(mktemp /tmp/kvp-init-XXXXXX.kvp)
+trap 'rm -f "$init"' EXIT
+"$kvp" policy-init --model "$model" --tokenizer "$tok" --out "$init" --seed 1 \
+    --width 32 --hidden 32 --pos-dim 8 --pos-max 512
+"$kvp" train --traces "$traces" --init "$init" --out "$out" --curve "$curve" \
+    --seed 1 --threads "$threads" --steps 3000 --lr 3e-3 --episodes 16 --samples 8
+echo "train-stories260K: $out ($(stat -c %s "$out") bytes) in $(( $(date +%s) - start )) s" >&2
