@@ -459,6 +459,18 @@ static int worker_init(worker *w, const kvp_agent_arch *a, int len, int n_grid,
     return 0;
 }
 
+/* The cut grid of a sequence of len tokens, and where cut g starts in its importance block
+ * (the cuts' I(n) one after the other). */
+static int n_cuts(const kvp_train_cfg *c, int len)
+{
+    return (len - c->cut_tail - c->cut_min) / c->cut_stride + 1;
+}
+
+static size_t cut_offset(const kvp_train_cfg *c, int g)
+{
+    return (size_t)g * c->cut_min + (size_t)c->cut_stride * g * (g - 1) / 2;
+}
+
 static int rand_below(uint64_t *rng, int n)
 {
     int i = (int)(kvp_rand_f32(rng) * (float)n);
@@ -477,20 +489,18 @@ static int train_step(train_ctx *x, worker *wk, int a, long step)
     int rows = 0;
     for (int e = 0; e < B; e++) {
         int u = rand_below(&st->rng, x->n_usable), seq = x->usable[u];
-        int grid = (kvp_trace_len(t, seq) - c->cut_tail - c->cut_min) / c->cut_stride + 1;
+        int grid = n_cuts(c, kvp_trace_len(t, seq));
         if (!st->imp[u]) {
-            size_t total = (size_t)grid * c->cut_min + (size_t)c->cut_stride * grid * (grid - 1) / 2;
-            if (!(st->imp[u] = malloc(total * sizeof(float))))
+            if (!(st->imp[u] = malloc(cut_offset(c, grid) * sizeof(float))))
                 return -ENOMEM;
-            for (int g = 0, off = 0; g < grid; off += c->cut_min + g * c->cut_stride, g++)
-                wk->cuts[g] = st->imp[u] + off;
+            for (int g = 0; g < grid; g++)
+                wk->cuts[g] = st->imp[u] + cut_offset(c, g);
             kvp_train_importance_cuts(t, seq, layer, kvh, c->cut_min, c->cut_stride, grid,
                                       wk->cuts, wk->imp_work);
         }
         int g = rand_below(&st->rng, grid), cut = c->cut_min + g * c->cut_stride;
-        size_t off = (size_t)g * c->cut_min + (size_t)c->cut_stride * g * (g - 1) / 2;
         int m = cut - c->n_sink - c->n_recent;
-        ep[e] = (episode){rows, m, st->imp[u] + off + c->n_sink};
+        ep[e] = (episode){rows, m, st->imp[u] + cut_offset(c, g) + c->n_sink};
         gather_rows(t, seq, layer, kvh, c->n_sink, m, wk->k + (size_t)rows * d,
                     wk->v + (size_t)rows * d, wk->pos + rows);
         rows += m;
@@ -589,9 +599,10 @@ int kvp_train(const kvp_trace *t, kvp_agent_set *s, const kvp_train_cfg *c,
                    "for %d x %d x %d", s->n_layers, s->n_kv_heads, s->arch.d, h->n_layers,
                    h->n_kv_heads, h->head_dim);
     int n_agents = s->n_layers * s->n_kv_heads, len = h->seq_len;
+    int threads = c->threads < n_agents ? c->threads : n_agents;   /* a worker per thread */
     size_t np = s->n_params;
     train_ctx x = {.t = t, .s = s, .c = c};
-    x.n_grid = (len - c->cut_tail - c->cut_min) / c->cut_stride + 1;
+    x.n_grid = n_cuts(c, len);
     x.usable = malloc((size_t)(h->n_train > 0 ? h->n_train : 1) * sizeof *x.usable);
     if (!x.usable)
         return ERR(-ENOMEM, "out of memory");
@@ -607,7 +618,7 @@ int kvp_train(const kvp_trace *t, kvp_agent_set *s, const kvp_train_cfg *c,
     kvp_agent_set view = *s;
     float *ema_all = malloc((size_t)n_agents * np * sizeof(float));
     x.agents = calloc((size_t)n_agents, sizeof *x.agents);
-    x.workers = calloc((size_t)c->threads, sizeof *x.workers);
+    x.workers = calloc((size_t)threads, sizeof *x.workers);
     int n_workers = 0;
     if (!ema_all || !x.agents || !x.workers) {
         rc = ERR(-ENOMEM, "out of memory");
@@ -616,7 +627,7 @@ int kvp_train(const kvp_trace *t, kvp_agent_set *s, const kvp_train_cfg *c,
     memcpy(ema_all, s->params, (size_t)n_agents * np * sizeof(float));
     view.params = ema_all;
     /* also checks the validation settings before any training time is spent */
-    if ((rc = kvp_train_validate(t, &view, c->val_cut, c->n_sink, c->n_recent, c->threads,
+    if ((rc = kvp_train_validate(t, &view, c->val_cut, c->n_sink, c->n_recent, threads,
                                  &val, NULL, err, errlen)))
         goto out;
     for (int a = 0; a < n_agents; a++) {
@@ -638,7 +649,7 @@ int kvp_train(const kvp_trace *t, kvp_agent_set *s, const kvp_train_cfg *c,
             goto out;
         }
     }
-    for (; n_workers < c->threads; n_workers++)
+    for (; n_workers < threads; n_workers++)
         if (worker_init(&x.workers[n_workers], &s->arch, len, x.n_grid, c)) {
             rc = ERR(-ENOMEM, "out of memory");
             goto out;
@@ -648,13 +659,13 @@ int kvp_train(const kvp_trace *t, kvp_agent_set *s, const kvp_train_cfg *c,
     if (c->log)
         fprintf(c->log, "kvp train: %d agents x %zu parameters, %d training sequences, "
                 "%ld steps of %d episodes x %d rankings, %d threads; initial val C/C* %.3f\n",
-                n_agents, np, x.n_usable, c->steps, c->episodes, c->samples, c->threads, val);
+                n_agents, np, x.n_usable, c->steps, c->episodes, c->samples, threads, val);
     if (c->curve)
         fprintf(c->curve, "step,train_cost,val_cost,lr,elapsed_s\n");
     for (long step0 = 0; step0 < c->steps; step0 += c->eval_every) {
         x.step0 = step0;
         x.step1 = step0 + c->eval_every < c->steps ? step0 + c->eval_every : c->steps;
-        if ((rc = pool_run(c->threads, n_agents, train_job, &x))) {
+        if ((rc = pool_run(threads, n_agents, train_job, &x))) {
             rc = ERR(rc, "out of memory");
             goto out;
         }
@@ -663,7 +674,7 @@ int kvp_train(const kvp_trace *t, kvp_agent_set *s, const kvp_train_cfg *c,
             for (long i = 0; i < x.step1 - x.step0; i++)
                 train += x.agents[a].step_cost[i];
         train /= (double)n_agents * (double)(x.step1 - x.step0);
-        if ((rc = kvp_train_validate(t, &view, c->val_cut, c->n_sink, c->n_recent, c->threads,
+        if ((rc = kvp_train_validate(t, &view, c->val_cut, c->n_sink, c->n_recent, threads,
                                      &val, NULL, err, errlen)))
             goto out;
         double el = now_s() - t0;
