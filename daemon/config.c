@@ -12,7 +12,7 @@
 #define KVPD_DATA_DIR "."
 #endif
 
-enum key_type { T_STR, T_INT, T_FLOAT, T_U64, T_BOOL, T_LISTEN };
+enum key_type { T_STR, T_INT, T_FLOAT, T_U64, T_BOOL, T_LISTEN, T_BYTES };
 
 typedef struct key_def {
     const char *name;
@@ -20,31 +20,36 @@ typedef struct key_def {
     size_t off, size;        /* field offset; buffer size for strings */
     double min, max;         /* numeric range */
     const char *help;
+    int live;                /* SIGHUP applies it to the running daemon */
 } key_def;
 
 #define F(field) offsetof(kvpd_config, field), sizeof(((kvpd_config *)0)->field)
+#define LIVE 1
+#define FIXED 0
 
 static const key_def keys[] = {
-    {"listen", T_LISTEN, 0, 0, 0, 0, "ADDR:PORT to serve HTTP and websockets on (PORT 0: any)"},
-    {"model", T_STR, F(model), 0, 0, "model file: GGUF or llama2.c checkpoint"},
-    {"tokenizer", T_STR, F(tokenizer), 0, 0, "tokenizer.bin for a llama2.c checkpoint"},
-    {"policy", T_STR, F(policy), 0, 0, "eviction policy name"},
-    {"policy_file", T_STR, F(policy_file), 0, 0, "KVP policy file (policy kvp)"},
-    {"budget", T_INT, F(budget), 0, 1 << 24, "KV rows kept per head (0: no eviction)"},
-    {"chunk", T_INT, F(chunk), 1, 4096, "prefill chunk in tokens; a head may exceed the budget by this much"},
-    {"workers", T_INT, F(workers), 0, 256, "model worker threads (0: one per core)"},
-    {"state_dir", T_STR, F(state_dir), 0, 0, "directory for session state (must be writable when set)"},
-    {"admin_token", T_STR, F(admin_token), 0, 0, "bearer token required by /admin/* (empty: open)"},
-    {"static_dir", T_STR, F(static_dir), 0, 0, "directory of the chat page"},
-    {"max_sessions", T_INT, F(max_sessions), 1, 1 << 20, "sessions held in memory at once"},
-    {"max_message_bytes", T_INT, F(max_message_bytes), 64, 1 << 24, "largest websocket message accepted"},
-    {"max_tokens", T_INT, F(max_tokens), 1, 1 << 20, "largest reply in tokens (and the default)"},
-    {"idle_timeout", T_INT, F(idle_timeout_s), 1, 1 << 30, "seconds without activity before a session is dropped"},
-    {"shutdown_timeout_ms", T_INT, F(shutdown_timeout_ms), 0, 600000, "grace period for in-flight turns on SIGTERM"},
-    {"temperature", T_FLOAT, F(temperature), 0, 10, "sampling temperature when a message gives none (0: greedy)"},
-    {"top_p", T_FLOAT, F(top_p), 0.01, 1, "nucleus sampling (1: off)"},
-    {"seed", T_U64, F(seed), 0, 0, "sampler seed (each session derives its own)"},
-    {"reuse_cache", T_BOOL, F(reuse_cache), 0, 1, "keep each session's KV cache across turns (false: re-prefill, for benchmarks)"},
+    {"listen", T_LISTEN, 0, 0, 0, 0, "ADDR:PORT to serve HTTP and websockets on (PORT 0: any)", FIXED},
+    {"model", T_STR, F(model), 0, 0, "model file: GGUF or llama2.c checkpoint", FIXED},
+    {"tokenizer", T_STR, F(tokenizer), 0, 0, "tokenizer.bin for a llama2.c checkpoint", FIXED},
+    {"policy", T_STR, F(policy), 0, 0, "eviction policy name (empty: kvp with policy_dir/<model stem>.kvp if it exists, else streaming)", LIVE},
+    {"policy_file", T_STR, F(policy_file), 0, 0, "KVP policy file (policy kvp)", LIVE},
+    {"policy_dir", T_STR, F(policy_dir), 0, 0, "directory of the default policy's <model stem>.kvp", LIVE},
+    {"budget", T_INT, F(budget), 0, 1 << 24, "KV rows kept per head (0: no eviction)", LIVE},
+    {"chunk", T_INT, F(chunk), 1, 4096, "prefill chunk in tokens; a head may exceed the budget by this much", FIXED},
+    {"workers", T_INT, F(workers), 0, 256, "model worker threads (0: one per core)", FIXED},
+    {"state_dir", T_STR, F(state_dir), 0, 0, "directory for session state (must be writable when set)", FIXED},
+    {"admin_token", T_STR, F(admin_token), 0, 0, "bearer token required by /admin/* (empty: open)", LIVE},
+    {"static_dir", T_STR, F(static_dir), 0, 0, "directory of the chat page", FIXED},
+    {"max_sessions", T_INT, F(max_sessions), 1, 1 << 20, "sessions resident in memory at once (parked ones do not count)", LIVE},
+    {"max_cache_bytes", T_BYTES, F(max_cache_bytes), 0, 0, "KV cache bytes of all resident sessions (k/M/G suffixes; 0: no cap)", LIVE},
+    {"max_message_bytes", T_INT, F(max_message_bytes), 64, 1 << 24, "largest websocket message accepted", LIVE},
+    {"max_tokens", T_INT, F(max_tokens), 1, 1 << 20, "largest reply in tokens (and the default)", LIVE},
+    {"idle_timeout", T_INT, F(idle_timeout_s), 1, 1 << 30, "seconds without activity before a session is parked (dropped without state_dir)", LIVE},
+    {"shutdown_timeout_ms", T_INT, F(shutdown_timeout_ms), 0, 600000, "grace period for in-flight turns and snapshots on SIGTERM", LIVE},
+    {"temperature", T_FLOAT, F(temperature), 0, 10, "sampling temperature when a message gives none (0: greedy)", FIXED},
+    {"top_p", T_FLOAT, F(top_p), 0.01, 1, "nucleus sampling (1: off)", FIXED},
+    {"seed", T_U64, F(seed), 0, 0, "sampler seed (each session derives its own)", FIXED},
+    {"reuse_cache", T_BOOL, F(reuse_cache), 0, 1, "keep each session's KV cache across turns (false: re-prefill, for benchmarks)", FIXED},
 };
 
 #define N_KEYS (sizeof keys / sizeof keys[0])
@@ -55,7 +60,7 @@ void kvpd_config_defaults(kvpd_config *c)
     snprintf(c->listen_host, sizeof c->listen_host, "127.0.0.1");
     c->listen_port = 8080;
     snprintf(c->model, sizeof c->model, "%s/models/stories260K.bin", KVPD_DATA_DIR);
-    snprintf(c->policy, sizeof c->policy, "streaming");
+    snprintf(c->policy_dir, sizeof c->policy_dir, "%s/policy/weights", KVPD_DATA_DIR);
     c->budget = 256;
     c->chunk = 32;
     snprintf(c->static_dir, sizeof c->static_dir, "%s/web/static", KVPD_DATA_DIR);
@@ -158,6 +163,23 @@ int kvpd_config_set(kvpd_config *c, const char *key, const char *value,
             return -EINVAL;
         }
         *(uint64_t *)field = (uint64_t)v;
+        return 0;
+    }
+    case T_BYTES: {
+        if (value[0] == '-') {
+            snprintf(err, errlen, "%s: expected a byte count, got '%s'", key, value);
+            return -EINVAL;
+        }
+        unsigned long long v = strtoull(value, &end, 10);
+        unsigned shift = 0;
+        if (end != value && *end && !end[1])
+            shift = *end == 'k' || *end == 'K' ? 10 : *end == 'M' ? 20 : *end == 'G' ? 30 : 0;
+        if (errno || end == value || (*end && !shift) || v > (UINT64_MAX >> shift)) {
+            snprintf(err, errlen, "%s: expected a byte count (k, M, G suffixes), got '%s'",
+                     key, value);
+            return -EINVAL;
+        }
+        *(uint64_t *)field = (uint64_t)v << shift;
         return 0;
     }
     case T_BOOL:
@@ -333,10 +355,6 @@ int kvpd_config_validate(const kvpd_config *c, char *err, size_t errlen)
         snprintf(err, errlen, "model: no model file given");
         return -EINVAL;
     }
-    if (!c->policy[0]) {
-        snprintf(err, errlen, "policy: empty name");
-        return -EINVAL;
-    }
     if (!strcmp(c->policy, "kvp") && !c->policy_file[0]) {
         snprintf(err, errlen, "policy kvp needs policy_file");
         return -EINVAL;
@@ -366,6 +384,49 @@ void kvpd_config_usage(FILE *f)
         if (keys[i].type == T_BOOL)
             fprintf(f, "  --no-%-17s sets %s to false\n", flag, keys[i].name);
     }
-    fprintf(f, "\nDefaults: listen %s:%d, model %s, policy %s, budget %d\n",
-            cfg.listen_host, cfg.listen_port, cfg.model, cfg.policy, cfg.budget);
+    fprintf(f, "\nDefaults: listen %s:%d, model %s, policy kvp with %s/<model stem>.kvp "
+            "if it exists (else streaming), budget %d\n",
+            cfg.listen_host, cfg.listen_port, cfg.model, cfg.policy_dir, cfg.budget);
+}
+
+int kvpd_config_default_policy(const kvpd_config *c, char *name, size_t name_len,
+                               char *file, size_t file_len)
+{
+    /* The model file's name without its directory and last extension. */
+    const char *base = strrchr(c->model, '/');
+    base = base ? base + 1 : c->model;
+    const char *dot = strrchr(base, '.');
+    int stem = dot && dot != base ? (int)(dot - base) : (int)strlen(base);
+    struct stat st;
+    int n = snprintf(file, file_len, "%s/%.*s.kvp", c->policy_dir, stem, base);
+    if (n > 0 && (size_t)n < file_len && stat(file, &st) == 0 && S_ISREG(st.st_mode)) {
+        snprintf(name, name_len, "kvp");
+        return 1;
+    }
+    snprintf(name, name_len, "streaming");
+    return 0;
+}
+
+void kvpd_config_apply_live(kvpd_config *cur, const kvpd_config *next, char *fixed,
+                            size_t fixed_len)
+{
+    size_t used = 0;
+    fixed[0] = '\0';
+    for (size_t i = 0; i < N_KEYS; i++) {
+        const key_def *k = &keys[i];
+        int differs = k->type == T_LISTEN
+                          ? strcmp(cur->listen_host, next->listen_host) ||
+                                cur->listen_port != next->listen_port
+                          : memcmp((const char *)cur + k->off, (const char *)next + k->off,
+                                   k->type == T_STR ? strlen((const char *)next + k->off) + 1
+                                                    : k->size);
+        if (!differs)
+            continue;
+        if (k->live) {
+            memcpy((char *)cur + k->off, (const char *)next + k->off, k->size);
+        } else if (used + strlen(k->name) + 3 < fixed_len) {
+            used += (size_t)snprintf(fixed + used, fixed_len - used, "%s%s", used ? ", " : "",
+                                     k->name);
+        }
+    }
 }

@@ -14,15 +14,17 @@ typedef struct kvpd_config {
     int listen_port;                  /* 0: an ephemeral port, logged at start */
     char model[KVPD_PATH_MAX];
     char tokenizer[KVPD_PATH_MAX];    /* "" = next to the model */
-    char policy[32];
+    char policy[32];                  /* "" = the default (kvpd_config_default_policy) */
     char policy_file[KVPD_PATH_MAX];
+    char policy_dir[KVPD_PATH_MAX];   /* where the default policy's <model stem>.kvp is */
     int budget;                       /* KV rows per head; 0 = unbounded */
     int chunk;                        /* prefill chunk = eviction slack */
     int workers;                      /* 0 = one per core */
     char state_dir[KVPD_PATH_MAX];
     char admin_token[128];            /* "" = admin endpoints open */
     char static_dir[KVPD_PATH_MAX];
-    int max_sessions;
+    int max_sessions;                 /* resident sessions (parked ones do not count) */
+    uint64_t max_cache_bytes;         /* KV cache bytes of resident sessions; 0 = no cap */
     int max_message_bytes;
     int max_tokens;                   /* per reply: the cap and the default */
     int idle_timeout_s;
@@ -48,5 +50,17 @@ int kvpd_config_from_args(kvpd_config *c, int argc, char **argv, enum kvpd_actio
 int kvpd_config_validate(const kvpd_config *c, char *err, size_t errlen);
 /* The usage text for --help. */
 void kvpd_config_usage(FILE *f);
+
+/* The policy when none is configured: "kvp" with <policy_dir>/<model file stem>.kvp if
+ * that file exists, else "streaming". Fills name, and file with the path it looked at;
+ * returns 1 when it chose kvp. Reads the file system (a stat): not on the loop. */
+int kvpd_config_default_policy(const kvpd_config *c, char *name, size_t name_len,
+                               char *file, size_t file_len);
+
+/* SIGHUP: copies the keys that can change while running (policy, policy_file,
+ * policy_dir, budget, the limits, admin_token) from `next` into `cur`, and lists in
+ * `fixed` (comma-separated, "" for none) the other keys whose value differs. */
+void kvpd_config_apply_live(kvpd_config *cur, const kvpd_config *next, char *fixed,
+                            size_t fixed_len);
 
 #endif

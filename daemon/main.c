@@ -10,16 +10,23 @@
 #include <unistd.h>
 
 #include "daemon/kvpd.h"
+#include "daemon/notify.h"
+#include "daemon/reload.h"
+#include "daemon/residency.h"
 #include "policy/policy.h"
 #include "web/server.h"
 
 typedef struct daemon_handles {
-    uv_signal_t sigint, sigterm;
-    uv_timer_t idle, drain;
+    uv_signal_t sigint, sigterm, sighup;
+    uv_timer_t idle, drain, watchdog;
     uv_work_t load;
     double drain_deadline;
+    int saves_sent;            /* shutdown: snapshots of sessions whose last one failed */
     char load_err[512];
+    char policy_note[768];
     int load_rc;
+    int tmp_removed;           /* stale .snap.tmp files removed at start, or -errno */
+    char tmp_err[512];
 } daemon_handles;
 
 static kvpd g_d;
@@ -33,26 +40,62 @@ static int busy_turns(kvpd *d)
     return n;
 }
 
+void kvpd_announce_ready(kvpd *d)
+{
+    kvpd_notify("READY=1\nSTATUS=serving on %s:%d: model %s, policy %s, budget %d, "
+                "%d resident session(s)", d->cfg.listen_host, d->port, d->model.name,
+                d->pconf->name, d->cfg.budget, d->sessions.resident);
+}
+
 static void finalize(kvpd *d)
 {
     uv_timer_stop(&g_h.drain);
     uv_close((uv_handle_t *)&g_h.drain, NULL);
     uv_close((uv_handle_t *)&g_h.idle, NULL);
+    uv_close((uv_handle_t *)&g_h.watchdog, NULL);
     uv_close((uv_handle_t *)&g_h.sigint, NULL);
     uv_close((uv_handle_t *)&g_h.sigterm, NULL);
+    uv_close((uv_handle_t *)&g_h.sighup, NULL);
     kvpd_web_stop(d);
     if (d->sched)
         kvpd_sched_stop(d->sched);
 }
 
-/* Waits for cancelled turns to report and their last frames to be written. */
+/* Every turn wrote its session's snapshot as it ended; a session whose last write
+ * failed gets one more try on a worker. Returns the saves queued. */
+static int save_unsaved(kvpd *d)
+{
+    int n = 0;
+    if (!d->env.state_dir[0] || !d->sched)
+        return 0;
+    for (kvp_session *s = d->sessions.head; s; s = s->next)
+        if (!s->busy && !s->parked && !s->saved && (s->n_msgs > 0 || s->has_snapshot)) {
+            kvp_session_begin_job(s, KVP_JOB_SAVE);
+            s->busy = 1;
+            kvpd_sched_submit(d->sched, s);
+            n++;
+        }
+    return n;
+}
+
+/* Waits for cancelled turns to report (each writes its snapshot) and their last frames
+ * to be written, then for the snapshots of sessions still unsaved. */
 static void on_drain(uv_timer_t *t)
 {
     kvpd *d = t->data;
     int busy = busy_turns(d);
-    if ((busy == 0 && d->frames_pending == 0) || kvp_now() > g_h.drain_deadline) {
+    int deadline = kvp_now() > g_h.drain_deadline;
+    if (busy == 0 && d->frames_pending == 0 && !g_h.saves_sent && !deadline) {
+        g_h.saves_sent = 1;
+        int n = save_unsaved(d);
+        if (n) {
+            kvpd_log("info", "writing %d session snapshot(s) that failed before", n);
+            return;
+        }
+    }
+    if ((busy == 0 && d->frames_pending == 0 && g_h.saves_sent) || deadline) {
         if (busy)
-            kvpd_log("warning", "%d turn(s) still running at the shutdown deadline", busy);
+            kvpd_log("warning", "%d job(s) still running at the shutdown deadline", busy);
         finalize(d);
     }
 }
@@ -64,13 +107,24 @@ static void begin_shutdown(kvpd *d, const char *why)
     d->draining = 1;
     int running = kvpd_web_cancel_all(d);
     kvpd_log("info", "%s: stopping (%d turn(s) to finish)", why, running);
+    kvpd_notify("STOPPING=1\nSTATUS=stopping: %d turn(s) to finish", running);
     g_h.drain_deadline = kvp_now() + d->cfg.shutdown_timeout_ms / 1e3;
     uv_timer_start(&g_h.drain, on_drain, 0, 20);
 }
 
 static void on_signal(uv_signal_t *h, int signum)
 {
-    begin_shutdown(h->data, signum == SIGINT ? "SIGINT" : "SIGTERM");
+    if (signum == SIGHUP)
+        kvpd_reload(h->data);
+    else
+        begin_shutdown(h->data, signum == SIGINT ? "SIGINT" : "SIGTERM");
+}
+
+/* From the loop itself, so a stuck loop stops the pings and systemd restarts us. */
+static void on_watchdog(uv_timer_t *t)
+{
+    (void)t;
+    kvpd_notify("WATCHDOG=1");
 }
 
 static void on_idle_timer(uv_timer_t *t)
@@ -80,25 +134,42 @@ static void on_idle_timer(uv_timer_t *t)
         kvpd_web_expire(d, kvp_now());
 }
 
-static int create_policy_check(kvpd *d, char *err, size_t errlen)
+/* The model's identity for snapshots, the policy conf, and the cache's bytes per row
+ * (asked of the cache module, so the memory cap counts as kvp_cache_bytes does). */
+static int prepare(kvpd *d, char *err, size_t errlen)
 {
-    kvp_policy *p;
-    int rc = kvp_policy_create(&p, d->cfg.policy, d->cfg.policy_file[0] ? d->cfg.policy_file : NULL,
-                               &d->model.cfg, d->cfg.seed, err, errlen);
-    if (rc == 0)
-        kvp_policy_destroy(p);
-    return rc;
+    int rc = kvp_snapshot_identity_init(&d->model_ident, d->model.name, d->cfg.model, "",
+                                        NULL, err, errlen);
+    if (rc < 0)
+        return rc;
+    if ((rc = kvpd_policy_conf_make(&d->cfg, &d->model, &d->model_ident, &d->pconf,
+                                    g_h.policy_note, sizeof g_h.policy_note, err, errlen)) < 0)
+        return rc;
+    kvp_cache c;
+    const kvp_model_config *m = &d->model.cfg;
+    if ((rc = kvp_cache_init(&c, 1, 1, m->head_dim, m->rope_base)) < 0 ||
+        (rc = kvp_head_reserve(&c.heads[0], m->head_dim, 1)) < 0) {
+        kvp_cache_free(&c);
+        snprintf(err, errlen, "cache: %s", strerror(-rc));
+        return rc;
+    }
+    d->row_bytes = kvp_cache_bytes(&c) / (size_t)c.heads[0].cap;
+    kvp_cache_free(&c);
+    return 0;
 }
 
-/* Thread pool: loading a model is model work and may take seconds. */
+/* Thread pool: loading a model is model work and may take seconds; the state directory
+ * is swept of writes a crash interrupted. */
 static void load_work(uv_work_t *w)
 {
     kvpd *d = w->data;
+    if (d->cfg.state_dir[0])
+        g_h.tmp_removed = kvp_snapshot_clean(d->cfg.state_dir, g_h.tmp_err, sizeof g_h.tmp_err);
     g_h.load_rc = kvp_model_load(&d->model, d->cfg.model,
                                  d->cfg.tokenizer[0] ? d->cfg.tokenizer : NULL,
                                  g_h.load_err, sizeof g_h.load_err);
     if (g_h.load_rc == 0) {
-        g_h.load_rc = create_policy_check(d, g_h.load_err, sizeof g_h.load_err);
+        g_h.load_rc = prepare(d, g_h.load_err, sizeof g_h.load_err);
         if (g_h.load_rc < 0)
             kvp_model_free(&d->model);
     }
@@ -112,8 +183,23 @@ static void load_done(uv_work_t *w, int status)
             kvp_model_free(&d->model);
         return;
     }
+    if (g_h.tmp_removed > 0)
+        kvpd_log("info", "state directory: removed %d unfinished snapshot write(s)",
+                 g_h.tmp_removed);
+    else if (g_h.tmp_removed < 0)
+        kvpd_log("warning", "state directory: %s", g_h.tmp_err);
+    if (status == 0 && g_h.load_rc == 0 && d->cfg.max_cache_bytes &&
+        d->cfg.max_cache_bytes < kvpd_turn_bytes(d)) {
+        snprintf(g_h.load_err, sizeof g_h.load_err,
+                 "max_cache_bytes %llu is less than one turn needs (%zu at budget %d, chunk %d)",
+                 (unsigned long long)d->cfg.max_cache_bytes, kvpd_turn_bytes(d), d->cfg.budget,
+                 d->cfg.chunk);
+        g_h.load_rc = -EINVAL;
+        kvp_model_free(&d->model);
+    }
     if (status < 0 || g_h.load_rc < 0) {
         kvpd_log("error", "%s", status < 0 ? uv_strerror(status) : g_h.load_err);
+        kvpd_notify("STATUS=failed: %s", status < 0 ? uv_strerror(status) : g_h.load_err);
         if (g_h.load_rc == 0)
             kvp_model_free(&d->model);
         d->exit_code = 1;
@@ -133,9 +219,14 @@ static void load_done(uv_work_t *w, int status)
         return;
     }
     d->ready = 1;
-    kvpd_log("info", "model %s (%s, %d layers, context %d), policy %s, budget %d, chunk %d, %d worker(s)",
+    kvpd_log("info", "%s", g_h.policy_note);
+    kvpd_log("info", "model %s (%s, %d layers, context %d), policy %s, budget %d, chunk %d, "
+             "%d worker(s), state %s, cache cap %llu (%zu per turn)",
              d->model.name, kvp_template_name(d->env.tpl.format), d->model.cfg.n_layers,
-             d->model.cfg.seq_len, d->cfg.policy, d->cfg.budget, d->cfg.chunk, d->cfg.workers);
+             d->model.cfg.seq_len, d->pconf->name, d->cfg.budget, d->cfg.chunk,
+             d->cfg.workers, d->cfg.state_dir[0] ? d->cfg.state_dir : "(none)",
+             (unsigned long long)d->cfg.max_cache_bytes, kvpd_turn_bytes(d));
+    kvpd_announce_ready(d);
 }
 
 static int check_config(kvpd *d)
@@ -147,12 +238,13 @@ static int check_config(kvpd *d)
         fprintf(stderr, "kvpd: %s\n", err);
         return 1;
     }
-    rc = create_policy_check(d, err, sizeof err);
+    rc = prepare(d, err, sizeof err);
     if (rc < 0)
         fprintf(stderr, "kvpd: %s\n", err);
     else
-        printf("kvpd: configuration ok (model %s, policy %s, budget %d)\n", d->model.name,
-               d->cfg.policy, d->cfg.budget);
+        printf("kvpd: configuration ok (model %s, %s, budget %d)\n", d->model.name,
+               g_h.policy_note, d->cfg.budget);
+    kvp_policy_conf_unref(d->pconf);
     kvp_model_free(&d->model);
     return rc < 0 ? 1 : 0;
 }
@@ -198,9 +290,9 @@ int main(int argc, char **argv)
         openblas_set_num_threads(1);
     signal(SIGPIPE, SIG_IGN);
 
-    d->env.policy_name = d->cfg.policy;
-    d->env.policy_file = d->cfg.policy_file;
-    d->env.budget = d->cfg.budget;
+    d->argc = argc;
+    d->argv = argv;
+    d->env.state_dir = d->cfg.state_dir;   /* not a live key: it never changes */
     d->env.chunk = d->cfg.chunk;
     d->env.reuse_cache = d->cfg.reuse_cache;
     d->env.top_p = d->cfg.top_p;
@@ -225,14 +317,22 @@ int main(int argc, char **argv)
         return 1;
     }
     fprintf(stderr, "kvpd: listening on %s:%d\n", d->cfg.listen_host, d->port);
+    kvpd_notify("STATUS=loading model %s", d->cfg.model);
 
     uv_signal_init(&d->loop, &g_h.sigint);
     uv_signal_init(&d->loop, &g_h.sigterm);
+    uv_signal_init(&d->loop, &g_h.sighup);
     uv_timer_init(&d->loop, &g_h.idle);
     uv_timer_init(&d->loop, &g_h.drain);
-    g_h.sigint.data = g_h.sigterm.data = g_h.idle.data = g_h.drain.data = g_h.load.data = d;
+    uv_timer_init(&d->loop, &g_h.watchdog);
+    g_h.sigint.data = g_h.sigterm.data = g_h.sighup.data = g_h.idle.data = g_h.drain.data =
+        g_h.load.data = d;
+    uint64_t wd_usec = kvpd_notify_watchdog_usec();
+    uint64_t wd_ms = wd_usec / 2000 ? wd_usec / 2000 : 1;   /* half the interval */
     if ((rc = uv_signal_start(&g_h.sigint, on_signal, SIGINT)) < 0 ||
         (rc = uv_signal_start(&g_h.sigterm, on_signal, SIGTERM)) < 0 ||
+        (rc = uv_signal_start(&g_h.sighup, on_signal, SIGHUP)) < 0 ||
+        (wd_usec && (rc = uv_timer_start(&g_h.watchdog, on_watchdog, 0, wd_ms)) < 0) ||
         (rc = uv_timer_start(&g_h.idle, on_idle_timer, 1000, 1000)) < 0 ||
         (rc = uv_queue_work(&d->loop, &g_h.load, load_work, load_done)) < 0) {
         kvpd_log("error", "start: %s", uv_strerror(rc));
@@ -249,6 +349,7 @@ int main(int argc, char **argv)
     if (d->sched)
         kvpd_sched_free(d->sched);
     kvp_session_table_clear(&d->sessions);
+    kvp_policy_conf_unref(d->pconf);
     if (d->env.model)
         kvp_model_free(&d->model);
     if (uv_loop_close(&d->loop) == UV_EBUSY) {

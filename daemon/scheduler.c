@@ -90,6 +90,13 @@ static void sink_error(void *ctx, kvp_session *session, int code, const char *ms
     post(ctx, ev);
 }
 
+static void sink_job(void *ctx, kvp_session *session, int code, const char *msg)
+{
+    kvpd_event *ev = new_event(KVPD_EV_JOB, session, msg, strlen(msg), 1);
+    ev->code = code;
+    post(ctx, ev);
+}
+
 static void *worker_main(void *arg)
 {
     worker_arg *wa = arg;
@@ -159,7 +166,7 @@ int kvpd_sched_start(kvpd_sched **out, uv_loop_t *loop, int workers,
     s->fn = fn;
     s->ctx = ctx;
     s->n_workers = workers;
-    s->sink = (kvp_turn_sink){sink_token, sink_done, sink_error, s};
+    s->sink = (kvp_turn_sink){sink_token, sink_done, sink_error, sink_job, s};
     pthread_mutex_init(&s->rq_mu, NULL);
     pthread_cond_init(&s->rq_cv, NULL);
     pthread_mutex_init(&s->ev_mu, NULL);

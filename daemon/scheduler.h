@@ -11,14 +11,14 @@
 
 #include "sessions/session.h"
 
-enum kvpd_event_type { KVPD_EV_TOKEN, KVPD_EV_DONE, KVPD_EV_ERROR };
+enum kvpd_event_type { KVPD_EV_TOKEN, KVPD_EV_DONE, KVPD_EV_ERROR, KVPD_EV_JOB };
 
 typedef struct kvpd_event {
     enum kvpd_event_type type;
     kvp_session *session;
-    char *text;                /* token text or reply (DONE) or message (ERROR) */
+    char *text;                /* token text, reply (DONE), message (ERROR, JOB) */
     size_t len;
-    int code;                  /* ERROR: negative errno */
+    int code;                  /* ERROR: negative errno; JOB: 0 or negative errno */
     kvp_turn_stats stats;      /* DONE */
     struct kvpd_event *next;
 } kvpd_event;
@@ -32,7 +32,8 @@ typedef struct kvpd_sched kvpd_sched;
 int kvpd_sched_start(kvpd_sched **out, uv_loop_t *loop, int workers,
                      const kvp_session_env *env, kvpd_event_fn fn, void *ctx,
                      char *err, size_t errlen);
-/* Queues a session whose turn was armed with kvp_session_begin_turn (loop thread). */
+/* Queues a session whose job was armed with kvp_session_begin_turn or _begin_job (loop
+ * thread). */
 void kvpd_sched_submit(kvpd_sched *s, kvp_session *session);
 /* Turns waiting for a worker (not counting those on a worker right now). */
 int kvpd_sched_depth(kvpd_sched *s);

@@ -12,6 +12,7 @@
 
 #include "model/tokenizer.h"
 #include "policy/policy.h"
+#include "sessions/persist.h"
 
 double kvp_now(void)
 {
@@ -38,8 +39,28 @@ static int random_id(char *out)
     return 0;
 }
 
+kvp_policy_conf *kvp_policy_conf_ref(kvp_policy_conf *pc)
+{
+    pc->refs++;
+    return pc;
+}
+
+void kvp_policy_conf_unref(kvp_policy_conf *pc)
+{
+    if (pc && --pc->refs == 0)
+        free(pc);
+}
+
+static double wall_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 static void session_free(kvp_session *s)
 {
+    kvp_policy_conf_unref(s->pconf);
     kvp_cache_free(&s->cache);
     if (s->policy)
         kvp_policy_destroy(s->policy);
@@ -53,13 +74,9 @@ static void session_free(kvp_session *s)
     free(s);
 }
 
-int kvp_session_create(kvp_session_table *t, const kvp_session_env *env, double now,
-                       kvp_session **out, char *err, size_t errlen)
+int kvp_session_create(kvp_session_table *t, const kvp_session_env *env, kvp_policy_conf *pc,
+                       const char *id, double now, kvp_session **out, char *err, size_t errlen)
 {
-    if (t->count >= t->max) {
-        snprintf(err, errlen, "too many sessions (%d)", t->max);
-        return -ENOSPC;
-    }
     kvp_session *s = calloc(1, sizeof *s);
     if (!s) {
         snprintf(err, errlen, "out of memory");
@@ -67,13 +84,16 @@ int kvp_session_create(kvp_session_table *t, const kvp_session_env *env, double 
     }
     const kvp_model_config *cfg = &env->model->cfg;
     int rc;
-    do {
-        if ((rc = random_id(s->id)) < 0) {
-            snprintf(err, errlen, "getrandom: %s", strerror(-rc));
-            free(s);
-            return rc;
-        }
-    } while (kvp_session_find(t, s->id)); /* astronomically unlikely, but cheap */
+    if (id)
+        snprintf(s->id, sizeof s->id, "%s", id);
+    else
+        do {
+            if ((rc = random_id(s->id)) < 0) {
+                snprintf(err, errlen, "getrandom: %s", strerror(-rc));
+                free(s);
+                return rc;
+            }
+        } while (kvp_session_find(t, s->id)); /* astronomically unlikely, but cheap */
     /* Every session gets its own stream of random numbers. */
     uint64_t seed = env->seed ^ (0x9E3779B97F4A7C15ull * (t->created_total + 1));
     if ((rc = kvp_cache_init(&s->cache, cfg->n_layers, cfg->n_kv_heads, cfg->head_dim,
@@ -89,9 +109,12 @@ int kvp_session_create(kvp_session_table *t, const kvp_session_env *env, double 
         return rc;
     }
     s->created = s->last_active = now;
+    s->created_wall = wall_now();
+    s->pconf = kvp_policy_conf_ref(pc);
     s->next = t->head;
     t->head = s;
     t->count++;
+    t->resident++;
     t->created_total++;
     *out = s;
     return 0;
@@ -111,6 +134,7 @@ void kvp_session_remove(kvp_session_table *t, kvp_session *s)
         if (*p == s) {
             *p = s->next;
             t->count--;
+            t->resident -= !s->parked;
             session_free(s);
             return;
         }
@@ -123,11 +147,59 @@ void kvp_session_table_clear(kvp_session_table *t)
         t->head = s->next;
         session_free(s);
     }
-    t->count = 0;
+    t->count = t->resident = 0;
+}
+
+int kvp_session_parkable(const kvp_session *s)
+{
+    return !s->busy && !s->parked && (s->saved || (s->n_msgs == 0 && !s->has_snapshot));
+}
+
+void kvp_session_park(kvp_session_table *t, kvp_session *s)
+{
+    kvp_cache_reset(&s->cache);
+    if (s->policy)
+        kvp_policy_destroy(s->policy);
+    s->policy = NULL;
+    kvp_sampler_free(&s->sampler);
+    free(s->tokens);
+    s->tokens = NULL;
+    s->n_tokens = s->cap_tokens = s->n_cached = 0;
+    for (int i = 0; i < s->n_msgs; i++)
+        free(s->msgs[i].text);
+    free(s->msgs);
+    s->msgs = NULL;
+    s->n_msgs = s->cap_msgs = 0;
+    free(s->turn.text);
+    free(s->turn.reply);
+    memset(&s->turn, 0, sizeof s->turn);
+    s->reply_open = 0;
+    s->parked = 1;
+    s->bytes = 0;
+    t->resident--;
+}
+
+int kvp_session_unpark(kvp_session_table *t, kvp_session *s, const kvp_session_env *env)
+{
+    int rc = kvp_sampler_init(&s->sampler, env->model->cfg.vocab_size, 0.0f, env->top_p,
+                              s->seed);
+    if (rc < 0)
+        return rc;
+    s->parked = 0;
+    s->need_restore = s->has_snapshot;
+    t->resident++;
+    return 0;
+}
+
+void kvp_session_begin_job(kvp_session *s, enum kvp_job job)
+{
+    s->job = job;
+    s->save_rc = 0;
+    s->lost = 0;
 }
 
 int kvp_session_begin_turn(kvp_session *s, const char *text, size_t len, int max_tokens,
-                           float temperature, double now)
+                           float temperature, int budget, double now)
 {
     kvp_turn *t = &s->turn;
     free(t->text);
@@ -141,6 +213,8 @@ int kvp_session_begin_turn(kvp_session *s, const char *text, size_t len, int max
     t->text_len = len;
     t->max_tokens = max_tokens;
     t->temperature = temperature;
+    t->budget = budget;
+    kvp_session_begin_job(s, KVP_JOB_TURN);
     atomic_init(&t->cancel, 0);
     t->state = KVP_TURN_START;
     t->t_start = now;
@@ -205,12 +279,26 @@ static void note_rows(kvp_session *s)
     int r = kvp_cache_max_rows(&s->cache);
     if (r > s->turn.stats.cache_rows_max)
         s->turn.stats.cache_rows_max = r;
+    size_t b = kvp_cache_bytes(&s->cache);
+    if (b > s->turn.stats.cache_bytes_max)
+        s->turn.stats.cache_bytes_max = b;
 }
 
 static kvp_evict_cfg evict_cfg(const kvp_session *s, const kvp_session_env *env)
 {
-    kvp_evict_cfg e = {s->policy, env->budget, env->chunk};
+    kvp_evict_cfg e = {s->policy, s->turn.budget, env->chunk};
     return e;
+}
+
+/* The end of every turn, done or failed: the snapshot follows memory. */
+static void save(kvp_session *s, const kvp_session_env *env)
+{
+    if (!env->state_dir[0])
+        return;
+    int rc = kvp_session_save(s, env, s->save_err, sizeof s->save_err);
+    s->save_rc = rc < 0 ? rc : 1;
+    s->saved = rc == 0;
+    s->has_snapshot |= rc == 0;
 }
 
 /* Ends the turn: turn-boundary eviction, transcript, stats. */
@@ -234,6 +322,7 @@ static int finish(kvp_session *s, const kvp_session_env *env, const kvp_turn_sin
     if (rc < 0) {
         free(t->text);
         t->text = NULL;
+        save(s, env);
         sink->error(sink->ctx, s, rc, "could not finish the turn");
         return 0;
     }
@@ -250,8 +339,12 @@ static int finish(kvp_session *s, const kvp_session_env *env, const kvp_turn_sin
     st->ttft_ms = t->t_first > 0 ? (t->t_first - t->t_start) * 1e3 : st->duration_ms;
     st->tokens_per_s = end > t->t_start ? st->generated_tokens / (end - t->t_start) : 0;
     st->stop = stop;
+    if (st->cache_bytes > st->cache_bytes_max)
+        st->cache_bytes_max = st->cache_bytes;
     free(t->text);
     t->text = NULL;
+    s->turns_done++;
+    save(s, env);
     /* The last touch: once posted, the loop owns the session again. */
     sink->done(sink->ctx, s, st, t->reply ? t->reply : "", t->reply_len);
     return 0;
@@ -259,8 +352,8 @@ static int finish(kvp_session *s, const kvp_session_env *env, const kvp_turn_sin
 
 /* Undoes a failed turn so the session stays usable: the cache may be half-updated, so
  * it is dropped and the next turn re-prefills the transcript. */
-static int fail(kvp_session *s, int old_n_tokens, const kvp_turn_sink *sink, int rc,
-                const char *what, const char *detail)
+static int fail(kvp_session *s, const kvp_session_env *env, int old_n_tokens,
+                const kvp_turn_sink *sink, int rc, const char *what, const char *detail)
 {
     kvp_cache_reset(&s->cache);
     s->n_cached = 0;
@@ -274,6 +367,7 @@ static int fail(kvp_session *s, int old_n_tokens, const kvp_turn_sink *sink, int
              rc == -E2BIG ? "the conversation outgrew the model's context" : strerror(-rc));
     free(s->turn.text);
     s->turn.text = NULL;
+    save(s, env);
     sink->error(sink->ctx, s, rc, msg);   /* the last touch, as in finish() */
     return 0;
 }
@@ -286,13 +380,13 @@ static int take_token(kvp_session *s, const kvp_session_env *env, const kvp_turn
     if (kvp_template_is_stop(&env->tpl, tok)) {
         /* A chat format's end marker belongs to the transcript (fed next turn). */
         if (kvp_template_keeps_stop(&env->tpl) && push_token(s, tok) < 0)
-            return fail(s, -1, sink, -ENOMEM, "transcript", NULL);
+            return fail(s, env, -1, sink, -ENOMEM, "transcript", NULL);
         s->reply_open = 0;
         return finish(s, env, sink, "eos");
     }
     int prev = s->n_tokens ? s->tokens[s->n_tokens - 1] : -1;
     if (push_token(s, tok) < 0)
-        return fail(s, -1, sink, -ENOMEM, "transcript", NULL);
+        return fail(s, env, -1, sink, -ENOMEM, "transcript", NULL);
     t->stats.generated_tokens++;
     if (t->t_first == 0)
         t->t_first = kvp_now();
@@ -307,7 +401,7 @@ static int take_token(kvp_session *s, const kvp_session_env *env, const kvp_turn
             if (o) {
                 sink->token(sink->ctx, s, buf, o);
                 if (reply_append(t, buf, o) < 0)
-                    return fail(s, -1, sink, -ENOMEM, "reply", NULL);
+                    return fail(s, env, -1, sink, -ENOMEM, "reply", NULL);
             }
             off += n;
         }
@@ -319,19 +413,53 @@ static int take_token(kvp_session *s, const kvp_session_env *env, const kvp_turn
     return 1;
 }
 
+/* A snapshot load (for a hello) or save (at shutdown): one unit, then the job event. */
+static int run_job(kvp_session *s, const kvp_session_env *env, const kvp_turn_sink *sink)
+{
+    char err[256] = "";
+    int rc;
+    if (s->job == KVP_JOB_LOAD) {
+        rc = kvp_session_restore(s, env, s->reserve, err, sizeof err);
+        s->lost = rc == -ENOENT || rc == -EBADMSG;
+        if (rc == 0)
+            s->need_restore = 0;
+    } else {
+        rc = kvp_session_save(s, env, err, sizeof err);
+        s->saved = rc == 0;
+        s->has_snapshot |= rc == 0;
+    }
+    sink->job(sink->ctx, s, rc, err);
+    return 0;
+}
+
 int kvp_turn_step(kvp_session *s, const kvp_session_env *env, kvp_runstate *rs,
                   const kvp_turn_sink *sink)
 {
     kvp_turn *t = &s->turn;
+    if (s->job != KVP_JOB_TURN)
+        return run_job(s, env, sink);
+    if (s->need_restore) {
+        /* Unparking: the snapshot comes back before the turn's first unit. */
+        char err[256];
+        int rc = kvp_session_restore(s, env, s->reserve, err, sizeof err);
+        if (rc < 0) {
+            s->lost = rc == -ENOENT || rc == -EBADMSG;
+            free(t->text);
+            t->text = NULL;
+            sink->error(sink->ctx, s, rc, err);
+            return 0;
+        }
+        s->need_restore = 0;
+    }
     if (!s->policy) {
         /* Policy construction may read a policy file: worker work, not the loop's. */
         char err[160];
-        int rc = kvp_policy_create(&s->policy, env->policy_name,
-                                   env->policy_file[0] ? env->policy_file : NULL,
+        int rc = kvp_policy_create(&s->policy, s->pconf->name,
+                                   s->pconf->file[0] ? s->pconf->file : NULL,
                                    &env->model->cfg, s->seed, err, sizeof err);
         if (rc < 0) {
             s->policy = NULL;
-            return fail(s, s->n_tokens, sink, rc, "policy", err);
+            return fail(s, env, s->n_tokens, sink, rc, "policy", err);
         }
     }
     kvp_evict_cfg e = evict_cfg(s, env);
@@ -345,15 +473,15 @@ int kvp_turn_step(kvp_session *s, const kvp_session_env *env, kvp_runstate *rs,
         int n = kvp_template_turn(&env->tpl, s->n_tokens == 0, s->reply_open, t->text,
                                   t->text_len, &ids);
         if (n < 0)
-            return fail(s, old, sink, n, "tokenize", NULL);
+            return fail(s, env, old, sink, n, "tokenize", NULL);
         for (int i = 0; i < n; i++)
             if (push_token(s, ids[i]) < 0) {
                 free(ids);
-                return fail(s, old, sink, -ENOMEM, "transcript", NULL);
+                return fail(s, env, old, sink, -ENOMEM, "transcript", NULL);
             }
         free(ids);
         if (push_message(s, 1, t->text, t->text_len) < 0)
-            return fail(s, old, sink, -ENOMEM, "transcript", NULL);
+            return fail(s, env, old, sink, -ENOMEM, "transcript", NULL);
         t->stats.prompt_tokens = s->n_tokens - s->n_cached;
         if (!env->reuse_cache) {
             /* Benchmark baseline: forget the cache, run the whole transcript again. */
@@ -376,7 +504,7 @@ int kvp_turn_step(kvp_session *s, const kvp_session_env *env, kvp_runstate *rs,
             int rc = kvp_gen_prefill(env->model, rs, &s->cache, &e, s->tokens + s->n_cached,
                                      n, NULL);
             if (rc < 0)
-                return fail(s, t->undo_tokens, sink, rc, "prefill", NULL);
+                return fail(s, env, t->undo_tokens, sink, rc, "prefill", NULL);
             s->n_cached += n;
             t->stats.prefilled_tokens += n;
             note_rows(s);
@@ -393,7 +521,7 @@ int kvp_turn_step(kvp_session *s, const kvp_session_env *env, kvp_runstate *rs,
         return finish(s, env, sink, "cancel");
     int rc = kvp_gen_decode(env->model, rs, &s->cache, &e, t->next_token);
     if (rc < 0)
-        return fail(s, -1, sink, rc, "decode", NULL);
+        return fail(s, env, -1, sink, rc, "decode", NULL);
     s->n_cached++;
     note_rows(s);
     return take_token(s, env, sink, kvp_sample(&s->sampler, rs->logits));

@@ -173,6 +173,19 @@ int kvp_template_turn(const kvp_template *t, int first, int reply_open,
     return b.n;
 }
 
+int kvp_template_reply(const kvp_template *t, const char *text, size_t len, int **out)
+{
+    tokbuf b = {0};
+    /* Reply pieces carry their own leading spaces: no dummy prefix. */
+    int rc = push_text(&b, t->tok, text, len, 0);
+    if (rc < 0) {
+        free(b.v);
+        return rc;
+    }
+    *out = b.v;
+    return b.n;
+}
+
 int kvp_template_is_stop(const kvp_template *t, int tok)
 {
     for (int i = 0; i < 3; i++)

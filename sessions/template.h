@@ -26,6 +26,9 @@ const char *kvp_template_name(enum kvp_chat_format f);
  * *out is malloc'd. Returns the count or a negative code. */
 int kvp_template_turn(const kvp_template *t, int first, int reply_open,
                       const char *text, size_t len, int **out);
+/* Tokens for an assistant reply's text (rebuilding a transcript from its messages):
+ * the text as the model would have generated it, without markers. */
+int kvp_template_reply(const kvp_template *t, const char *text, size_t len, int **out);
 /* 1 when `tok` ends a reply. */
 int kvp_template_is_stop(const kvp_template *t, int tok);
 /* 1 when a reply's stop token belongs in the transcript (the format's end marker). */

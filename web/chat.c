@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "daemon/residency.h"
 #include "web/conn.h"
 #include "web/protocol.h"
 
@@ -17,7 +18,17 @@ void kvpd_chat_error(kvpd_conn *c, const char *code, const char *msg)
     free(json);
 }
 
-static void send_session(kvpd_conn *c, int resumed)
+/* overloaded, with a hint of when to try again. */
+static void overloaded(kvpd_conn *c, const char *msg)
+{
+    c->d->metrics.errors[KVPD_ERR_OVERLOADED]++;
+    char *json = kvpd_proto_error_retry(KVPD_E_OVERLOADED, msg, kvpd_retry_hint_ms(c->d));
+    if (!json || kvpd_conn_queue(c, json, strlen(json)) < 0)
+        kvpd_log("warning", "dropped an error frame for lack of memory");
+    free(json);
+}
+
+void kvpd_chat_send_session(kvpd_conn *c, int resumed)
 {
     kvp_session *s = c->session;
     /* The transcript belongs to the worker while a turn runs: no history then. */
@@ -45,11 +56,13 @@ static int new_session(kvpd_conn *c)
     kvpd *d = c->d;
     char err[256];
     kvp_session *s;
-    int rc = kvp_session_create(&d->sessions, &d->env, kvp_now(), &s, err, sizeof err);
-    if (rc == -ENOSPC) {
-        kvpd_chat_error(c, KVPD_E_OVERLOADED, err);
+    size_t reserve;
+    int rc = kvpd_admit(d, NULL, &reserve, err, sizeof err);
+    if (rc < 0) {
+        overloaded(c, err);
         return rc;
     }
+    rc = kvp_session_create(&d->sessions, &d->env, d->pconf, NULL, kvp_now(), &s, err, sizeof err);
     if (rc < 0) {
         kvpd_log("error", "session: %s", err);
         kvpd_chat_error(c, KVPD_E_INTERNAL, err);
@@ -57,8 +70,61 @@ static int new_session(kvpd_conn *c)
     }
     d->metrics.sessions_created++;
     attach(c, s);
-    send_session(c, 0);
+    kvpd_chat_send_session(c, 0);
     return 0;
+}
+
+/* A parked session comes back under the policy in force (rebuilt from its transcript if
+ * its snapshot was made under another). */
+static int unpark(kvpd *d, kvp_session *s)
+{
+    if (s->pconf != d->pconf) {
+        kvp_policy_conf_unref(s->pconf);
+        s->pconf = kvp_policy_conf_ref(d->pconf);
+    }
+    return kvp_session_unpark(&d->sessions, s, &d->env);
+}
+
+static void submit(kvpd *d, kvp_session *s, size_t reserve)
+{
+    s->reserve = reserve;
+    s->busy = 1;
+    kvpd_sched_submit(d->sched, s);
+}
+
+/* hello naming a session whose state is on disk: parked here, or from before a restart
+ * (s NULL). The snapshot is read on a worker; the session frame follows the job. */
+static void hello_load(kvpd_conn *c, kvp_session *s, const char *id)
+{
+    kvpd *d = c->d;
+    char err[256];
+    size_t reserve;
+    if (kvpd_admit(d, s, &reserve, err, sizeof err) < 0) {
+        overloaded(c, err);
+        return;
+    }
+    if (!s) {
+        if (kvp_session_create(&d->sessions, &d->env, d->pconf, id, kvp_now(), &s, err,
+                               sizeof err) < 0) {
+            kvpd_log("error", "session: %s", err);
+            kvpd_chat_error(c, KVPD_E_INTERNAL, err);
+            return;
+        }
+        s->placeholder = 1;
+        s->need_restore = 1;
+    } else if (unpark(d, s) < 0) {
+        kvpd_chat_error(c, KVPD_E_INTERNAL, "out of memory");
+        return;
+    }
+    attach(c, s);
+    s->last_active = kvp_now();
+    if (!s->need_restore) {   /* parked with nothing to keep: nothing to read */
+        kvpd_chat_send_session(c, 1);
+        return;
+    }
+    kvp_session_begin_job(s, KVP_JOB_LOAD);
+    s->loading = 1;
+    submit(d, s, reserve);
 }
 
 static void hello(kvpd_conn *c, const kvpd_client_msg *m)
@@ -72,13 +138,21 @@ static void hello(kvpd_conn *c, const kvpd_client_msg *m)
         return;
     }
     kvp_session *s = kvp_session_find(&c->d->sessions, m->session);
+    if (s && s->loading) {   /* its session frame comes when the load ends */
+        attach(c, s);
+        return;
+    }
+    if ((s && s->parked) || (!s && c->d->env.state_dir[0])) {
+        hello_load(c, s, m->session);
+        return;
+    }
     if (!s) {
         kvpd_chat_error(c, KVPD_E_UNKNOWN_SESSION, "no such session (expired or never existed)");
         return;
     }
     s->last_active = kvp_now();
     attach(c, s);
-    send_session(c, 1);
+    kvpd_chat_send_session(c, 1);
 }
 
 static void message(kvpd_conn *c, kvpd_client_msg *m)
@@ -91,16 +165,27 @@ static void message(kvpd_conn *c, kvpd_client_msg *m)
         kvpd_chat_error(c, KVPD_E_BUSY, "a turn is already running; wait for done or cancel it");
         return;
     }
-    int max_tokens = m->max_tokens ? m->max_tokens : d->cfg.max_tokens;
-    float temp = m->has_temperature ? m->temperature : d->cfg.temperature;
-    double now = kvp_now();
-    if (kvp_session_begin_turn(s, m->text, m->text_len, max_tokens, temp, now) < 0) {
+    char err[256];
+    size_t reserve;
+    if (kvpd_admit(d, s, &reserve, err, sizeof err) < 0) {
+        overloaded(c, err);
+        return;
+    }
+    /* Parked: it comes back transparently, its snapshot read by the turn's worker. */
+    if (s->parked && unpark(d, s) < 0) {
         kvpd_chat_error(c, KVPD_E_INTERNAL, "out of memory");
         return;
     }
-    s->busy = 1;
+    int max_tokens = m->max_tokens ? m->max_tokens : d->cfg.max_tokens;
+    float temp = m->has_temperature ? m->temperature : d->cfg.temperature;
+    double now = kvp_now();
+    if (kvp_session_begin_turn(s, m->text, m->text_len, max_tokens, temp, d->cfg.budget,
+                               now) < 0) {
+        kvpd_chat_error(c, KVPD_E_INTERNAL, "out of memory");
+        return;
+    }
     s->last_active = now;
-    kvpd_sched_submit(d->sched, s);
+    submit(d, s, reserve);
 }
 
 static void handle(kvpd_conn *c, const char *buf, size_t len)

@@ -41,5 +41,7 @@ int kvpd_chat_receive(kvpd_conn *c, const void *in, size_t len);
 void kvpd_chat_closed(kvpd_conn *c);
 /* Sends an error frame and counts it. */
 void kvpd_chat_error(kvpd_conn *c, const char *code, const char *msg);
+/* Sends the session frame of the connection's session (history unless it is busy). */
+void kvpd_chat_send_session(kvpd_conn *c, int resumed);
 
 #endif

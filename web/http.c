@@ -6,7 +6,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "policy/policy.h"
+#include "daemon/residency.h"
 #include "sessions/template.h"
 #include "web/conn.h"
 
@@ -80,12 +80,15 @@ static void gauges(kvpd *d, kvpd_gauges *g)
 {
     memset(g, 0, sizeof *g);
     for (kvp_session *s = d->sessions.head; s; s = s->next) {
-        g->sessions_active++;
+        g->sessions_active += !s->parked;
+        g->sessions_parked += s->parked;
         g->turns_running += s->busy;
-        g->cache_bytes_total += s->bytes;
         if (s->bytes > g->cache_bytes_max_session)
             g->cache_bytes_max_session = s->bytes;
     }
+    g->cache_bytes_accounted = kvpd_accounted_bytes(d, &g->cache_bytes_total);
+    g->cache_bytes_cap = d->cfg.max_cache_bytes;
+    g->turn_reserve_bytes = d->ready ? kvpd_turn_bytes(d) : 0;
     g->queue_depth = d->sched ? kvpd_sched_depth(d->sched) : 0;
     g->uptime_s = kvp_now() - d->started;
     g->ready = d->ready;
@@ -100,26 +103,41 @@ static int admin_stats(kvpd_conn *c)
     json_t *list = json_array();
     for (kvp_session *s = d->sessions.head; s && list; s = s->next)
         json_array_append_new(list, json_pack(
-            "{s:s, s:i, s:i, s:I, s:I, s:b, s:b, s:f, s:f}", "id", s->id, "turns", s->turns,
-            "rows", s->rows_max, "bytes", (json_int_t)s->bytes,
+            "{s:s, s:i, s:i, s:I, s:I, s:b, s:b, s:b, s:s, s:f, s:f}", "id", s->id,
+            "turns", s->turns, "rows", s->rows_max, "bytes", (json_int_t)s->bytes,
             "evicted_rows", (json_int_t)s->evicted_rows, "busy", s->busy,
-            "connected", s->conn != NULL, "last_active_s_ago", now - s->last_active,
-            "age_s", now - s->created));
+            "parked", s->parked, "connected", s->conn != NULL, "policy", s->pconf->name,
+            "last_active_s_ago", now - s->last_active, "age_s", now - s->created));
     const kvpd_metrics *m = &d->metrics;
+    json_t *memory = json_pack(
+        "{s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "cap", (json_int_t)g.cache_bytes_cap,
+        "resident_bytes", (json_int_t)g.cache_bytes_total,
+        "accounted_bytes", (json_int_t)g.cache_bytes_accounted,
+        "turn_reserve_bytes", (json_int_t)g.turn_reserve_bytes,
+        "parks", (json_int_t)m->parks, "unparks", (json_int_t)m->unparks,
+        "reserve_overruns", (json_int_t)m->reserve_overruns);
+    json_t *persist = json_pack(
+        "{s:s, s:I, s:I, s:I, s:I, s:I, s:I}", "state_dir", d->cfg.state_dir,
+        "snapshots_written", (json_int_t)m->snapshots_written,
+        "snapshot_failures", (json_int_t)m->snapshot_failures,
+        "rebuilds", (json_int_t)m->rebuilds, "lost", (json_int_t)m->sessions_lost,
+        "reloads", (json_int_t)m->reloads, "reloads_refused", (json_int_t)m->reloads_refused);
     json_t *o = json_pack(
-        "{s:f, s:b, s:{s:s, s:s, s:i, s:i, s:i, s:i}, s:s, s:i, s:i, s:i,"
-        " s:{s:i, s:I, s:i}, s:{s:I, s:I}, s:{s:I, s:I, s:I}, s:I, s:I, s:i, s:o}",
+        "{s:f, s:b, s:{s:s, s:s, s:i, s:i, s:i, s:i}, s:s, s:s, s:i, s:i, s:i,"
+        " s:{s:i, s:i, s:i, s:I, s:i}, s:{s:I, s:I}, s:o, s:o,"
+        " s:{s:I, s:I, s:I}, s:I, s:I, s:i, s:o}",
         "uptime_s", g.uptime_s, "ready", d->ready,
         "model", "name", d->ready ? d->model.name : "", "chat_format",
         kvp_template_name(d->env.tpl.format), "layers", d->model.cfg.n_layers,
         "kv_heads", d->model.cfg.n_kv_heads, "head_dim", d->model.cfg.head_dim,
         "context", d->model.cfg.seq_len,
-        "policy", d->cfg.policy, "budget", d->cfg.budget, "chunk", d->cfg.chunk,
-        "workers", d->cfg.workers,
-        "sessions", "active", g.sessions_active, "total", (json_int_t)d->sessions.created_total,
+        "policy", d->pconf ? d->pconf->name : "", "policy_file", d->pconf ? d->pconf->file : "",
+        "budget", d->cfg.budget, "chunk", d->cfg.chunk, "workers", d->cfg.workers,
+        "sessions", "active", g.sessions_active, "resident", g.sessions_active,
+        "parked", g.sessions_parked, "total", (json_int_t)d->sessions.created_total,
         "max", d->cfg.max_sessions,
         "cache_bytes", "total", (json_int_t)g.cache_bytes_total, "max_per_session",
-        (json_int_t)g.cache_bytes_max_session,
+        (json_int_t)g.cache_bytes_max_session, "memory", memory, "persistence", persist,
         "tokens", "in", (json_int_t)m->prompt_tokens, "prefilled",
         (json_int_t)m->prefilled_tokens, "out", (json_int_t)m->generated_tokens,
         "evicted_rows", (json_int_t)m->evicted_rows, "turns", (json_int_t)m->turns,

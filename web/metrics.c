@@ -83,16 +83,44 @@ char *kvpd_metrics_render(const kvpd_metrics *m, const kvpd_gauges *g, size_t *l
         return NULL;
     gauge(f, "kvpd_up", "1 once the model is loaded and turns are served", g->ready);
     gauge(f, "kvpd_uptime_seconds", "Seconds since the daemon started", g->uptime_s);
-    gauge(f, "kvpd_sessions", "Sessions held in memory", g->sessions_active);
+    gauge(f, "kvpd_sessions", "Sessions resident in memory", g->sessions_active);
+    gauge(f, "kvpd_sessions_resident", "Sessions resident in memory (cache and transcript)",
+          g->sessions_active);
+    gauge(f, "kvpd_sessions_parked", "Sessions parked to the state directory, known in memory",
+          g->sessions_parked);
     gauge(f, "kvpd_turns_running", "Turns queued or on a worker", g->turns_running);
     gauge(f, "kvpd_queue_depth", "Turns waiting for a worker", g->queue_depth);
     gauge(f, "kvpd_cache_bytes", "KV cache bytes held by all sessions (at turn ends)",
           (double)g->cache_bytes_total);
     gauge(f, "kvpd_cache_bytes_max_session", "KV cache bytes of the largest session",
           (double)g->cache_bytes_max_session);
+    gauge(f, "kvpd_cache_bytes_accounted",
+          "KV cache bytes the memory cap counts (idle caches plus running turns' reservations)",
+          (double)g->cache_bytes_accounted);
+    gauge(f, "kvpd_cache_bytes_cap", "max_cache_bytes (0: no cap)", (double)g->cache_bytes_cap);
+    gauge(f, "kvpd_turn_reserve_bytes", "KV cache bytes reserved for one turn",
+          (double)g->turn_reserve_bytes);
     counter(f, "kvpd_sessions_created_total", "Sessions created", m->sessions_created);
     counter(f, "kvpd_sessions_expired_total", "Sessions dropped after the idle timeout",
             m->sessions_expired);
+    counter(f, "kvpd_sessions_forgotten_total",
+            "Parked sessions let go from memory after another idle timeout (snapshot kept)",
+            m->sessions_forgotten);
+    counter(f, "kvpd_sessions_lost_total", "Sessions whose snapshot was missing or bad",
+            m->sessions_lost);
+    counter(f, "kvpd_parks_total", "Sessions parked to disk (memory freed)", m->parks);
+    counter(f, "kvpd_unparks_total", "Sessions loaded back from their snapshot", m->unparks);
+    counter(f, "kvpd_rebuilds_total",
+            "Sessions restored from their transcript (model or policy changed)", m->rebuilds);
+    counter(f, "kvpd_snapshots_written_total", "Session snapshots written", m->snapshots_written);
+    counter(f, "kvpd_snapshot_failures_total", "Session snapshots that could not be written",
+            m->snapshot_failures);
+    counter(f, "kvpd_reloads_total", "SIGHUP reloads applied", m->reloads);
+    counter(f, "kvpd_reloads_refused_total", "SIGHUP reloads refused (bad file)",
+            m->reloads_refused);
+    counter(f, "kvpd_reserve_overruns_total",
+            "Turns whose cache outgrew their memory reservation (should stay 0)",
+            m->reserve_overruns);
     counter(f, "kvpd_turns_total", "Turns completed (cancelled ones included)", m->turns);
     counter(f, "kvpd_turns_cancelled_total", "Turns stopped by cancel or disconnect",
             m->turns_cancelled);

@@ -22,6 +22,13 @@ enum kvpd_err_kind {
 
 typedef struct kvpd_metrics {
     uint64_t sessions_created, sessions_expired;
+    uint64_t sessions_forgotten;          /* parked, idle, let go from memory (file kept) */
+    uint64_t sessions_lost;               /* snapshot missing or bad when needed */
+    uint64_t parks, unparks;              /* unparks: snapshots loaded back, lazy loads too */
+    uint64_t rebuilds;                    /* restored from the transcript, not the cache */
+    uint64_t snapshots_written, snapshot_failures;
+    uint64_t reloads, reloads_refused;
+    uint64_t reserve_overruns;            /* a turn's cache outgrew its reservation: a bug */
     uint64_t turns, turns_cancelled, turns_failed;
     uint64_t prompt_tokens, prefilled_tokens, generated_tokens;
     uint64_t evicted_rows;
@@ -32,8 +39,10 @@ typedef struct kvpd_metrics {
 
 /* Point-in-time values that are not counters. */
 typedef struct kvpd_gauges {
-    int sessions_active, turns_running, queue_depth;
+    int sessions_active, turns_running, queue_depth;   /* active: resident */
+    int sessions_parked;
     size_t cache_bytes_total, cache_bytes_max_session;
+    size_t cache_bytes_accounted, cache_bytes_cap, turn_reserve_bytes;
     double uptime_s;
     int ready;
 } kvpd_gauges;

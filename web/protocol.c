@@ -130,11 +130,12 @@ char *kvpd_proto_token(const char *text, size_t len)
 char *kvpd_proto_done(const char *reply, size_t len, const kvp_turn_stats *st)
 {
     json_t *stats = json_pack(
-        "{s:i, s:i, s:i, s:i, s:i, s:i, s:I, s:I, s:I, s:f, s:f, s:f, s:s}",
+        "{s:i, s:i, s:i, s:i, s:i, s:i, s:I, s:I, s:I, s:I, s:f, s:f, s:f, s:s}",
         "prompt_tokens", st->prompt_tokens, "prefilled_tokens", st->prefilled_tokens,
         "generated_tokens", st->generated_tokens, "transcript_tokens", st->transcript_tokens,
         "cache_rows_max", st->cache_rows_max, "cache_rows", st->cache_rows,
-        "cache_bytes", (json_int_t)st->cache_bytes, "evicted_rows", (json_int_t)st->evicted_rows,
+        "cache_bytes", (json_int_t)st->cache_bytes,
+        "cache_bytes_max", (json_int_t)st->cache_bytes_max, "evicted_rows", (json_int_t)st->evicted_rows,
         "evicted_rows_total", (json_int_t)st->evicted_total, "ttft_ms", st->ttft_ms,
         "duration_ms", st->duration_ms, "tokens_per_s", st->tokens_per_s,
         "stop", st->stop ? st->stop : "eos");
@@ -148,4 +149,10 @@ char *kvpd_proto_error(const char *code, const char *message)
 {
     return dump(json_pack("{s:s, s:s, s:s}", "type", "error", "code", code,
                           "message", message));
+}
+
+char *kvpd_proto_error_retry(const char *code, const char *message, int retry_after_ms)
+{
+    return dump(json_pack("{s:s, s:s, s:s, s:i}", "type", "error", "code", code,
+                          "message", message, "retry_after_ms", retry_after_ms));
 }

@@ -41,5 +41,7 @@ char *kvpd_proto_session(const char *id, int resumed, int turns, const kvp_messa
 char *kvpd_proto_token(const char *text, size_t len);
 char *kvpd_proto_done(const char *reply, size_t len, const kvp_turn_stats *st);
 char *kvpd_proto_error(const char *code, const char *message);
+/* An error with "retry_after_ms" (overloaded). */
+char *kvpd_proto_error_retry(const char *code, const char *message, int retry_after_ms);
 
 #endif

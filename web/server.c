@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "daemon/residency.h"
 #include "web/conn.h"
 #include "web/protocol.h"
 
@@ -212,6 +213,88 @@ static const char *error_code(int rc)
     return rc == -E2BIG ? KVPD_E_TOO_LARGE : KVPD_E_INTERNAL;
 }
 
+/* A job's final event: the loop owns the whole session again and takes in what the
+ * worker left (restored counters, the snapshot's fate, the cache's size). */
+static void job_ended(kvpd *d, kvp_session *s)
+{
+    kvpd_metrics *m = &d->metrics;
+    s->busy = 0;
+    s->loading = 0;
+    s->reserve = 0;
+    if (s->restored.pending) {
+        s->restored.pending = 0;
+        s->placeholder = 0;
+        m->unparks++;
+        if (s->restored.rebuilt) {
+            m->rebuilds++;
+            kvpd_log("info", "session %.8s: rebuilt from its transcript: %s", s->id,
+                     s->restored.note);
+        }
+    }
+    if (s->save_rc < 0) {
+        m->snapshot_failures++;
+        kvpd_log("warning", "session %.8s: %s", s->id, s->save_err);
+    } else if (s->save_rc > 0) {
+        m->snapshots_written++;
+    }
+    s->save_rc = 0;
+    s->turns = s->turns_done;
+    s->evicted_rows = s->cache.evicted_rows;
+    s->rows_max = kvp_cache_max_rows(&s->cache);
+    s->bytes = kvp_cache_bytes(&s->cache);
+}
+
+/* The session's snapshot was missing or bad when it was needed: it is gone (or, for a
+ * hello naming an id with no snapshot, it never was). */
+static void lose(kvpd *d, kvp_session *s, int code, const char *why)
+{
+    kvpd_conn *c = s->conn;
+    if (!s->placeholder || code == -EBADMSG) {
+        d->metrics.sessions_lost++;
+        kvpd_log("warning", "session %.8s lost: %s", s->id, why);
+    }
+    if (c) {
+        kvpd_chat_error(c, KVPD_E_UNKNOWN_SESSION, code == -EBADMSG
+                        ? "the session's snapshot was damaged; it was moved aside"
+                        : "no such session (expired or never existed)");
+        c->session = NULL;
+    }
+    kvp_session_remove(&d->sessions, s);
+}
+
+/* A restore that failed for a reason that may pass (I/O, memory): parked again. */
+static void restore_failed(kvpd *d, kvp_session *s, const char *why)
+{
+    kvpd_log("warning", "session %.8s: %s", s->id, why);
+    if (s->conn)
+        kvpd_chat_error(s->conn, KVPD_E_INTERNAL, "the session could not be loaded; try again");
+    if (s->placeholder) {
+        if (s->conn)
+            ((kvpd_conn *)s->conn)->session = NULL;
+        kvp_session_remove(&d->sessions, s);
+    } else {
+        kvp_session_park(&d->sessions, s);
+    }
+}
+
+static void on_job(kvpd *d, kvp_session *s, const kvpd_event *ev)
+{
+    int was_load = s->job == KVP_JOB_LOAD;
+    int failed_restore = was_load && ev->code < 0;
+    job_ended(d, s);
+    if (failed_restore && s->lost) {
+        lose(d, s, ev->code, ev->text);
+    } else if (failed_restore) {
+        restore_failed(d, s, ev->text);
+    } else if (was_load) {
+        kvpd_log("info", "session %.8s: loaded from its snapshot (%d turns)", s->id, s->turns);
+        if (s->conn)
+            kvpd_chat_send_session(s->conn, 1);
+    } else if (ev->code < 0) {
+        kvpd_log("warning", "session %.8s: %s", s->id, ev->text);
+    }
+}
+
 void kvpd_web_on_event(void *ctx, const kvpd_event *ev)
 {
     kvpd *d = ctx;
@@ -224,14 +307,19 @@ void kvpd_web_on_event(void *ctx, const kvpd_event *ev)
         if (c)
             send_frame(c, kvpd_proto_token(ev->text, ev->len));
         return;
+    case KVPD_EV_JOB:
+        s->last_active = now;
+        on_job(d, s, ev);
+        return;
     case KVPD_EV_DONE: {
         const kvp_turn_stats *st = &ev->stats;
-        s->busy = 0;
-        s->turns++;
+        if (st->cache_bytes_max > s->reserve) {
+            m->reserve_overruns++;
+            kvpd_log("error", "session %.8s: its cache reached %zu bytes, over the %zu reserved",
+                     s->id, st->cache_bytes_max, s->reserve);
+        }
+        job_ended(d, s);
         s->last_active = now;
-        s->rows_max = st->cache_rows;
-        s->bytes = st->cache_bytes;
-        s->evicted_rows = st->evicted_total;
         m->turns++;
         if (!strcmp(st->stop, "cancel"))
             m->turns_cancelled++;
@@ -246,8 +334,16 @@ void kvpd_web_on_event(void *ctx, const kvpd_event *ev)
         return;
     }
     case KVPD_EV_ERROR:
-        s->busy = 0;
+        job_ended(d, s);
         s->last_active = now;
+        if (s->need_restore) {   /* the turn could not get the session back from disk */
+            if (s->lost) {
+                lose(d, s, ev->code, ev->text);
+            } else {
+                restore_failed(d, s, ev->text);
+            }
+            return;
+        }
         m->turns_failed++;
         kvpd_log("warning", "session %.8s: %s", s->id, ev->text);
         if (c)
@@ -258,10 +354,22 @@ void kvpd_web_on_event(void *ctx, const kvpd_event *ev)
 
 void kvpd_web_expire(kvpd *d, double now)
 {
+    double timeout = d->cfg.idle_timeout_s;
     kvp_session *s = d->sessions.head;
     while (s) {
         kvp_session *next = s->next;
-        if (!s->busy && now - s->last_active > d->cfg.idle_timeout_s) {
+        double idle = now - s->last_active;
+        if (d->env.state_dir[0]) {
+            /* With a state directory nothing is dropped: idle sessions are parked (if
+             * their snapshot is up to date), and parked ones nobody is attached to are
+             * let go from memory after another timeout (hello loads them again). */
+            if (!s->parked && idle > timeout && kvp_session_parkable(s)) {
+                kvpd_park(d, s);
+            } else if (s->parked && !s->conn && idle > 2 * timeout) {
+                d->metrics.sessions_forgotten++;
+                kvp_session_remove(&d->sessions, s);
+            }
+        } else if (!s->busy && idle > timeout) {
             kvpd_conn *c = s->conn;
             if (c) {
                 kvpd_chat_error(c, KVPD_E_UNKNOWN_SESSION, "session expired after the idle timeout");

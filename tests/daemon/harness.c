@@ -1,6 +1,7 @@
 /* Integration-test harness (see harness.h). */
 #include "tests/daemon/harness.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -126,6 +127,56 @@ int kvpd_stop(kvpd_proc *p, int timeout_ms)
     p->pid = 0;
     fprintf(stderr, "kvpd did not stop in %d ms; its log: %s\n", timeout_ms, p->log);
     return -1;
+}
+
+void kvpd_kill(kvpd_proc *p)
+{
+    if (p->pid <= 0)
+        return;
+    kill(p->pid, SIGKILL);
+    waitpid(p->pid, NULL, 0);
+    p->pid = 0;
+}
+
+int kvpd_log_has(const kvpd_proc *p, const char *text)
+{
+    FILE *f = fopen(p->log, "r");
+    if (!f)
+        return 0;
+    char line[2048];
+    int found = 0;
+    while (!found && fgets(line, sizeof line, f))
+        found = strstr(line, text) != NULL;
+    fclose(f);
+    return found;
+}
+
+int h_mkdtemp(char *out, size_t len)
+{
+    snprintf(out, len, "/tmp/kvpd-state-XXXXXX");
+    return mkdtemp(out) ? 0 : -1;
+}
+
+void h_rmdir(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+            unlinkat(dirfd(d), e->d_name, 0);
+    closedir(d);
+    rmdir(dir);
+}
+
+json_t *h_stats(const kvpd_proc *p)
+{
+    char *body = NULL;
+    int st = h_get(p, "/admin/stats", NULL, &body);
+    json_t *j = st == 200 && body ? json_loads(body, 0, NULL) : NULL;
+    free(body);
+    return j;
 }
 
 int h_connect(const kvpd_proc *p, ws_client *c)

@@ -4,6 +4,7 @@
 #define KVP_HARNESS_H
 
 #include <jansson.h>
+#include <stddef.h>
 #include <sys/types.h>
 
 #include "tests/daemon/wsclient.h"
@@ -19,6 +20,16 @@ typedef struct kvpd_proc {
 int kvpd_start(kvpd_proc *p, const char *extra);
 /* SIGTERM, then waits up to timeout_ms; returns the exit status, or -1 (killed). */
 int kvpd_stop(kvpd_proc *p, int timeout_ms);
+/* SIGKILL, and reaps it (a crash at an arbitrary moment). */
+void kvpd_kill(kvpd_proc *p);
+/* 1 when the daemon's log so far has the text. */
+int kvpd_log_has(const kvpd_proc *p, const char *text);
+/* A fresh directory under /tmp (static buffer per call site is the caller's). */
+int h_mkdtemp(char *out, size_t len);
+/* Removes a directory and the files in it (no subdirectories). */
+void h_rmdir(const char *dir);
+/* GET /admin/stats as JSON (NULL on failure). */
+json_t *h_stats(const kvpd_proc *p);
 /* "$KVP_BUILD/<rel>", "$KVP_SHARED/<rel>" */
 const char *h_build(const char *rel);
 const char *h_shared(const char *rel);

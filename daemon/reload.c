@@ -1,0 +1,186 @@
+/* Policy confs and SIGHUP reloads. */
+#include "daemon/reload.h"
+
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/notify.h"
+#include "daemon/residency.h"
+#include "policy/policy.h"
+
+static int policy_loads(const kvp_policy_conf *pc, const kvpd_config *cfg,
+                        const kvp_model *model, char *err, size_t errlen)
+{
+    kvp_policy *p;
+    int rc = kvp_policy_create(&p, pc->name, pc->file[0] ? pc->file : NULL, &model->cfg,
+                               cfg->seed, err, errlen);
+    if (rc == 0)
+        kvp_policy_destroy(p);
+    return rc;
+}
+
+int kvpd_policy_conf_make(const kvpd_config *cfg, const kvp_model *model,
+                          const kvp_snapshot_identity *model_ident, kvp_policy_conf **out,
+                          char *note, size_t notelen, char *err, size_t errlen)
+{
+    kvp_policy_conf *pc = calloc(1, sizeof *pc);
+    if (!pc) {
+        snprintf(err, errlen, "out of memory");
+        return -ENOMEM;
+    }
+    char looked[KVP_SESSION_PATH_MAX];
+    int dflt = !cfg->policy[0], found = 0;
+    if (dflt) {
+        found = kvpd_config_default_policy(cfg, pc->name, sizeof pc->name, looked, sizeof looked);
+        if (found)
+            snprintf(pc->file, sizeof pc->file, "%s", looked);
+    } else {
+        snprintf(pc->name, sizeof pc->name, "%s", cfg->policy);
+        /* Only kvp reads a file: another policy's identity must not depend on one. */
+        if (!strcmp(pc->name, "kvp"))
+            snprintf(pc->file, sizeof pc->file, "%s", cfg->policy_file);
+    }
+    char why[256];
+    int rc = policy_loads(pc, cfg, model, why, sizeof why);
+    if (rc < 0 && found) {
+        /* The default must not keep the daemon from starting. */
+        snprintf(note, notelen, "policy streaming: the default %s does not load (%s)",
+                 pc->file, why);
+        snprintf(pc->name, sizeof pc->name, "streaming");
+        pc->file[0] = '\0';
+        rc = policy_loads(pc, cfg, model, why, sizeof why);
+    } else if (rc == 0 && dflt) {
+        if (found)
+            snprintf(note, notelen, "policy kvp with %s (the default for this model)", pc->file);
+        else
+            snprintf(note, notelen, "policy streaming (the default: there is no %s)", looked);
+    } else if (rc == 0) {
+        snprintf(note, notelen, "policy %s%s%s", pc->name, pc->file[0] ? " with " : "", pc->file);
+    }
+    if (rc < 0) {
+        snprintf(err, errlen, "%s", why);
+        free(pc);
+        return rc;
+    }
+    pc->ident = *model_ident;
+    snprintf(pc->ident.policy_name, sizeof pc->ident.policy_name, "%s", pc->name);
+    pc->ident.policy_hash = 0;
+    if (pc->file[0] && (rc = kvp_snapshot_hash_file(pc->file, UINT64_MAX, &pc->ident.policy_hash,
+                                                    err, errlen)) < 0) {
+        free(pc);
+        return rc;
+    }
+    pc->refs = 1;
+    *out = pc;
+    return 0;
+}
+
+typedef struct reload_job {
+    uv_work_t work;
+    kvpd *d;
+    int workers;               /* the running value, for a config that leaves it to kvpd */
+    kvpd_config cfg;
+    kvp_policy_conf *pc;
+    char note[768], err[768];
+    int rc;
+} reload_job;
+
+static void reload_work(uv_work_t *w)
+{
+    reload_job *j = w->data;
+    kvpd *d = j->d;
+    enum kvpd_action action;
+    j->rc = kvpd_config_from_args(&j->cfg, d->argc, d->argv, &action, j->err, sizeof j->err);
+    if (j->rc == 0)
+        j->rc = kvpd_config_validate(&j->cfg, j->err, sizeof j->err);
+    if (j->rc == 0) {
+        if (j->cfg.workers == 0)
+            j->cfg.workers = j->workers;
+        j->rc = kvpd_policy_conf_make(&j->cfg, &d->model, &d->model_ident, &j->pc, j->note,
+                                      sizeof j->note, j->err, sizeof j->err);
+    }
+}
+
+static void refuse(kvpd *d, const char *why)
+{
+    d->metrics.reloads_refused++;
+    kvpd_log("error", "reload refused: %s (the previous configuration keeps serving)", why);
+}
+
+static void reload_done(uv_work_t *w, int status)
+{
+    reload_job *j = w->data;
+    kvpd *d = j->d;
+    d->reloading = 0;
+    if (d->draining) {
+        /* shutting down: nothing to apply */
+    } else if (status < 0) {
+        refuse(d, uv_strerror(status));
+    } else if (j->rc < 0) {
+        refuse(d, j->err);
+    } else if (j->cfg.max_cache_bytes &&
+               j->cfg.max_cache_bytes < kvpd_turn_bytes_at(d, j->cfg.budget, j->pc)) {
+        char why[256];
+        snprintf(why, sizeof why, "max_cache_bytes %llu is less than one turn needs (%zu)",
+                 (unsigned long long)j->cfg.max_cache_bytes,
+                 kvpd_turn_bytes_at(d, j->cfg.budget, j->pc));
+        refuse(d, why);
+    } else {
+        char fixed[512];
+        kvpd_config_apply_live(&d->cfg, &j->cfg, fixed, sizeof fixed);
+        d->sessions.max = d->cfg.max_sessions;
+        kvp_policy_conf_unref(d->pconf);
+        d->pconf = j->pc;
+        j->pc = NULL;
+        d->metrics.reloads++;
+        kvpd_log("info", "reloaded: %s, budget %d, max_sessions %d, max_cache_bytes %llu",
+                 j->note, d->cfg.budget, d->cfg.max_sessions,
+                 (unsigned long long)d->cfg.max_cache_bytes);
+        if (fixed[0])
+            kvpd_log("warning", "reload: %s changed; that takes a restart", fixed);
+    }
+    kvp_policy_conf_unref(j->pc);
+    free(j);
+    if (d->draining)
+        return;
+    kvpd_announce_ready(d);
+    if (d->reload_again) {
+        d->reload_again = 0;
+        kvpd_reload(d);
+    }
+}
+
+void kvpd_reload(kvpd *d)
+{
+    if (d->draining)
+        return;
+    if (!d->ready) {
+        kvpd_log("warning", "reload ignored: the model is still loading");
+        return;
+    }
+    if (d->reloading) {   /* one at a time; the last SIGHUP's files win */
+        d->reload_again = 1;
+        return;
+    }
+    reload_job *j = calloc(1, sizeof *j);
+    if (!j) {
+        refuse(d, "out of memory");
+        return;
+    }
+    j->d = d;
+    j->workers = d->cfg.workers;
+    j->work.data = j;
+    int rc = uv_queue_work(&d->loop, &j->work, reload_work, reload_done);
+    if (rc < 0) {
+        free(j);
+        refuse(d, uv_strerror(rc));
+        return;
+    }
+    d->reloading = 1;
+    kvpd_log("info", "SIGHUP: reloading the configuration");
+    kvpd_notify("RELOADING=1\nMONOTONIC_USEC=%llu\nSTATUS=reloading the configuration",
+                (unsigned long long)(kvp_now() * 1e6));
+}

@@ -1,0 +1,24 @@
+/* The eviction policy in force, and SIGHUP. A policy conf is made off the loop (it reads
+ * and checks the policy file) and swapped in on the loop: new sessions, and sessions
+ * coming back from disk, take the new one; resident sessions keep theirs. */
+#ifndef KVPD_RELOAD_H
+#define KVPD_RELOAD_H
+
+#include <stddef.h>
+
+#include "daemon/kvpd.h"
+
+/* Thread pool: the policy cfg names (the default one when none: config.h), checked to
+ * load for the model, its file hashed for snapshot identities. A default KVP file that
+ * does not load falls back to streaming. `note` says what was chosen, for the log. */
+int kvpd_policy_conf_make(const kvpd_config *cfg, const kvp_model *model,
+                          const kvp_snapshot_identity *model_ident, kvp_policy_conf **out,
+                          char *note, size_t notelen, char *err, size_t errlen);
+
+/* SIGHUP (loop): re-reads the command line's config file and the policy file on the
+ * thread pool, then applies the keys that can change live and swaps the policy; a bad
+ * file is refused with a log line ("reload refused: ...") and the old one keeps
+ * serving. */
+void kvpd_reload(kvpd *d);
+
+#endif

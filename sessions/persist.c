@@ -1,0 +1,207 @@
+/* Session <-> snapshot. The snapshot module validates the file; this one decides whether
+ * the cache in it can be used by the running daemon, and rebuilds from the transcript
+ * when it cannot. */
+#include "sessions/persist.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double wall_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+int kvp_session_save(const kvp_session *s, const kvp_session_env *env, char *err,
+                     size_t errlen)
+{
+    kvp_snapshot snap;
+    memset(&snap, 0, sizeof snap);
+    snprintf(snap.id, sizeof snap.id, "%s", s->id);
+    snap.ident = s->pconf->ident;
+    snap.budget = s->turn.budget;
+    snap.turns = s->turns_done;
+    snap.evicted_rows = s->cache.evicted_rows;
+    snap.created = s->created_wall;
+    snap.last_active = wall_now();
+    snap.tokens = s->tokens;
+    snap.n_tokens = s->n_tokens;
+    snap.n_cached = s->n_cached;
+    snap.n_msgs = s->n_msgs;
+    if (s->n_msgs) {
+        snap.msgs = malloc((size_t)s->n_msgs * sizeof *snap.msgs);
+        if (!snap.msgs) {
+            snprintf(err, errlen, "snapshot %s: out of memory", s->id);
+            return -ENOMEM;
+        }
+        for (int i = 0; i < s->n_msgs; i++)   /* borrowed: the write only reads */
+            snap.msgs[i] = (kvp_snapshot_msg){s->msgs[i].user, s->msgs[i].text,
+                                              strlen(s->msgs[i].text)};
+    }
+    int rc = kvp_cache_serialize(&s->cache, &snap.cache, &snap.cache_len);
+    if (rc < 0)
+        snprintf(err, errlen, "snapshot %s: serializing the cache: %s", s->id, strerror(-rc));
+    else
+        rc = kvp_snapshot_write(env->state_dir, &snap, err, errlen);
+    free(snap.msgs);
+    free(snap.cache);
+    return rc;
+}
+
+static int append(kvp_session *s, const int *ids, int n)
+{
+    if (s->n_tokens + n > s->cap_tokens) {
+        int cap = s->cap_tokens ? s->cap_tokens : 256;
+        while (cap < s->n_tokens + n)
+            cap *= 2;
+        int *v = realloc(s->tokens, (size_t)cap * sizeof *v);
+        if (!v)
+            return -ENOMEM;
+        s->tokens = v;
+        s->cap_tokens = cap;
+    }
+    memcpy(s->tokens + s->n_tokens, ids, (size_t)n * sizeof *ids);
+    s->n_tokens += n;
+    return 0;
+}
+
+/* Back to the empty state of a parked session. */
+static void clear_transcript(kvp_session *s)
+{
+    for (int i = 0; i < s->n_msgs; i++)
+        free(s->msgs[i].text);
+    free(s->msgs);
+    s->msgs = NULL;
+    s->n_msgs = s->cap_msgs = 0;
+    s->n_tokens = 0;
+}
+
+/* Token ids from the messages, as the turns would have made them with this model. */
+static int retokenize(kvp_session *s, const kvp_session_env *env)
+{
+    s->n_tokens = 0;
+    for (int i = 0; i < s->n_msgs; i++) {
+        const kvp_message *m = &s->msgs[i];
+        int *ids = NULL;
+        /* A chat format's end marker goes before each later user message (reply_open),
+         * whether the reply ended with it or was cut: the same tokens either way. */
+        int n = m->user ? kvp_template_turn(&env->tpl, s->n_tokens == 0, i > 0, m->text,
+                                            strlen(m->text), &ids)
+                        : kvp_template_reply(&env->tpl, m->text, strlen(m->text), &ids);
+        if (n < 0)
+            return n;
+        int rc = append(s, ids, n);
+        free(ids);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* Why the snapshot's cache cannot be used as it is, or NULL. */
+static const char *cache_unusable(const kvp_snapshot *snap, const kvp_cache *c,
+                                  const kvp_model_config *cfg, size_t max_bytes)
+{
+    if (c->n_layers != cfg->n_layers || c->n_kv_heads != cfg->n_kv_heads ||
+        c->head_dim != cfg->head_dim || c->rope_base != cfg->rope_base)
+        return "its cache has another shape";
+    if (c->n_seen != snap->n_cached)
+        return "its cache does not match its transcript";
+    if (max_bytes && kvp_cache_bytes(c) > max_bytes)
+        return "its cache is larger than a turn may hold now";
+    return NULL;
+}
+
+int kvp_session_restore(kvp_session *s, const kvp_session_env *env, size_t max_bytes,
+                        char *err, size_t errlen)
+{
+    kvp_snapshot snap;
+    int rc = kvp_snapshot_read(env->state_dir, s->id, &snap, err, errlen);
+    if (rc < 0)
+        return rc;
+    const kvp_model_config *cfg = &env->model->cfg;
+    kvp_restored *r = &s->restored;
+    memset(r, 0, sizeof *r);
+
+    /* The messages: their texts move over from the snapshot. */
+    if (snap.n_msgs) {
+        s->msgs = calloc((size_t)snap.n_msgs, sizeof *s->msgs);
+        if (!s->msgs) {
+            kvp_snapshot_free(&snap);
+            snprintf(err, errlen, "restoring %s: out of memory", s->id);
+            return -ENOMEM;
+        }
+        s->cap_msgs = snap.n_msgs;
+        for (int i = 0; i < snap.n_msgs; i++) {
+            s->msgs[i] = (kvp_message){snap.msgs[i].user, snap.msgs[i].text};
+            snap.msgs[i].text = NULL;
+        }
+        s->n_msgs = snap.n_msgs;
+    }
+
+    const kvp_snapshot_identity *want = &s->pconf->ident;
+    int same_model = snap.ident.model_hash == want->model_hash &&
+                     !strcmp(snap.ident.model_name, want->model_name);
+    for (int i = 0; same_model && i < snap.n_tokens; i++)
+        if (snap.tokens[i] >= cfg->vocab_size)
+            same_model = 0;
+    const char *why = NULL;
+    kvp_cache c;
+    char cerr[160];
+    int have_cache = 0;
+    if (!same_model) {
+        why = "it was made with another model";
+    } else if (!kvp_snapshot_identity_equal(&snap.ident, want)) {
+        why = "it was made with another policy";
+    } else if (kvp_cache_deserialize(&c, snap.cache, snap.cache_len, cerr, sizeof cerr) < 0) {
+        why = "its cache does not decode";
+    } else if ((why = cache_unusable(&snap, &c, cfg, max_bytes))) {
+        kvp_cache_free(&c);
+    } else {
+        have_cache = 1;
+    }
+
+    if (same_model) {   /* the ids are this model's own: keep them exactly */
+        free(s->tokens);
+        s->tokens = snap.tokens;
+        s->n_tokens = s->cap_tokens = snap.n_tokens;
+        snap.tokens = NULL;
+        rc = 0;
+    } else {
+        rc = retokenize(s, env);
+    }
+    if (rc < 0) {
+        if (have_cache)
+            kvp_cache_free(&c);
+        clear_transcript(s);
+        kvp_snapshot_free(&snap);
+        snprintf(err, errlen, "restoring %s: re-tokenizing the transcript: %s", s->id,
+                 strerror(-rc));
+        return rc;
+    }
+    if (have_cache) {
+        kvp_cache_free(&s->cache);
+        s->cache = c;
+        s->n_cached = snap.n_cached;
+    } else {
+        kvp_cache_reset(&s->cache);
+        s->cache.evicted_rows = snap.evicted_rows;
+        s->n_cached = 0;
+        r->rebuilt = 1;
+        snprintf(r->note, sizeof r->note, "%s", why);
+    }
+    /* Cut replies still need their end marker; a reply that ended has it last. */
+    s->reply_open = s->n_msgs > 0 && s->n_tokens > 0 &&
+                    !(same_model && kvp_template_is_stop(&env->tpl, s->tokens[s->n_tokens - 1]));
+    s->turns_done = snap.turns;
+    s->created_wall = snap.created;
+    s->has_snapshot = 1;
+    s->saved = 1;
+    r->pending = 1;
+    kvp_snapshot_free(&snap);
+    return 0;
+}

@@ -1,0 +1,27 @@
+/* A session to and from its snapshot (sessions/snapshot.h, docs/snapshot-format.md).
+ * Both run on the worker that owns the session (disk I/O and (de)serialization never
+ * run on the loop). */
+#ifndef KVP_PERSIST_H
+#define KVP_PERSIST_H
+
+#include <stddef.h>
+
+#include "sessions/session.h"
+
+/* Writes <env->state_dir>/<id>.snap from the session as it is now (the transcript, the
+ * counters, the cache, s->pconf's identity, s->turn.budget). 0 or a negative code with
+ * a message. */
+int kvp_session_save(const kvp_session *s, const kvp_session_env *env, char *err,
+                     size_t errlen);
+
+/* Fills a parked session (empty cache and transcript) from its snapshot. When the
+ * snapshot's model or policy identity differs from s->pconf's, its cache does not
+ * decode, or it would take more than `max_bytes` (0: no limit), the session is rebuilt
+ * from its transcript instead: the cache stays empty so the next turn prefills the
+ * whole transcript (re-tokenized from the messages when the model differs). Sets
+ * s->restored. Errors leave the session empty: -ENOENT (no snapshot) and -EBADMSG (bad
+ * file, moved aside) mean the session is lost; others (I/O, memory) may be retried. */
+int kvp_session_restore(kvp_session *s, const kvp_session_env *env, size_t max_bytes,
+                        char *err, size_t errlen);
+
+#endif
