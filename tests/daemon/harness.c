@@ -109,6 +109,13 @@ int kvpd_stop(kvpd_proc *p, int timeout_ms)
     if (p->pid <= 0)
         return -1;
     kill(p->pid, SIGTERM);
+    return kvpd_wait(p, timeout_ms);
+}
+
+int kvpd_wait(kvpd_proc *p, int timeout_ms)
+{
+    if (p->pid <= 0)
+        return -1;
     int status = 0;
     for (int waited = 0; waited < timeout_ms; waited += 10) {
         pid_t r = waitpid(p->pid, &status, WNOHANG);

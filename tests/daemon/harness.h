@@ -20,6 +20,8 @@ typedef struct kvpd_proc {
 int kvpd_start(kvpd_proc *p, const char *extra);
 /* SIGTERM, then waits up to timeout_ms; returns the exit status, or -1 (killed). */
 int kvpd_stop(kvpd_proc *p, int timeout_ms);
+/* Waits up to timeout_ms for it to exit (a signal was sent); as kvpd_stop. */
+int kvpd_wait(kvpd_proc *p, int timeout_ms);
 /* SIGKILL, and reaps it (a crash at an arbitrary moment). */
 void kvpd_kill(kvpd_proc *p);
 /* 1 when the daemon's log so far has the text. */
