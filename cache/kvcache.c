@@ -151,20 +151,31 @@ int kvp_cache_max_rows(const kvp_cache *c)
     return m;
 }
 
-void kvp_cache_shift(kvp_cache *c, int n_sink)
+void kvp_cache_shift(kvp_cache *c, int n_sink, int ctx)
 {
-    int m = kvp_cache_max_rows(c);
+    int target = ctx - ctx / 4, window = ctx / 4;
+    int delta = c->next_pos - target;
+    if (delta <= 0 || target - window < n_sink)
+        return;
+    int old_end = c->next_pos - window, new_old_end = target - window;
     for (int i = 0; i < c->n_layers * c->n_kv_heads; i++) {
         kvp_head *h = &c->heads[i];
         for (int r = 0; r < h->n; r++) {
-            int np = r < n_sink ? r : m - h->n + r;
-            if (np == h->pos[r])
+            int p = h->pos[r], np;
+            if (p < n_sink)
+                np = p;
+            else if (p >= old_end)
+                np = p - delta;
+            else
+                np = n_sink + (int)((int64_t)(p - n_sink) * (new_old_end - n_sink) /
+                                    (old_end - n_sink));
+            if (np == p)
                 continue;
-            kvp_rope(h->k + (size_t)r * c->head_dim, c->head_dim, np - h->pos[r], c->rope_base);
+            kvp_rope(h->k + (size_t)r * c->head_dim, c->head_dim, np - p, c->rope_base);
             h->pos[r] = np;
         }
     }
-    c->next_pos = m;
+    c->next_pos = target;
     c->shifts++;
 }
 

@@ -50,11 +50,16 @@ size_t kvp_cache_bytes(const kvp_cache *c);
 size_t kvp_cache_rows(const kvp_cache *c);       /* sum over heads */
 int kvp_cache_max_rows(const kvp_cache *c);      /* largest head */
 
-/* Context shift: re-rotates every kept key to compact positions. The n_sink oldest rows
- * of each head keep positions 0..n_sink-1; the rest of a head with n rows are placed
- * so that every head's newest row lands on M-1 (M = the largest head), i.e. recent
- * tokens keep their exact relative distances. Afterwards next_pos = M. */
-void kvp_cache_shift(kvp_cache *c, int n_sink);
+/* Context shift for a model trained on ctx positions: re-rotates kept keys (RoPE by a
+ * negative offset) so that next_pos drops to 3/4 of ctx. One map of old to new positions
+ * serves every head, so a token sits at the same position in all of them:
+ *   - sinks (positions < n_sink) stay;
+ *   - rows of the newest quarter of the context keep their exact distances to the next
+ *     query (they move down by next_pos - 3/4 ctx);
+ *   - older rows are compressed linearly, in order, into [n_sink, ctx/2): they stay far
+ *     from the query instead of landing right behind the recent window.
+ * Does nothing when next_pos is already at or below 3/4 ctx. */
+void kvp_cache_shift(kvp_cache *c, int n_sink, int ctx);
 
 /* Serialization for session snapshots: a self-describing buffer with a magic, a version,
  * the shape and a checksum. *buf is malloc'd. */

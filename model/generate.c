@@ -31,7 +31,7 @@ static int feed(const kvp_model *m, kvp_runstate *s, kvp_cache *c, const kvp_evi
     if (c->next_pos + n > m->cfg.seq_len) {
         if (!evicting(e))
             return -E2BIG;
-        kvp_cache_shift(c, e->policy->n_sink);
+        kvp_cache_shift(c, e->policy->n_sink, m->cfg.seq_len);
         if (c->next_pos + n > m->cfg.seq_len)
             return -E2BIG;  /* budget + chunk does not fit the context */
     }

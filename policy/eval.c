@@ -358,7 +358,7 @@ static int lookahead_scores(const kvp_model *m, kvp_runstate *s, kvp_cache *c, k
     if (rc)
         return rc;
     if (d->next_pos + n > m->cfg.seq_len)
-        kvp_cache_shift(d, n_sink);
+        kvp_cache_shift(d, n_sink, m->cfg.seq_len);
     if (n > m->cfg.seq_len - d->next_pos)
         n = m->cfg.seq_len - d->next_pos;
     if (n > s->max_tokens)

@@ -77,39 +77,48 @@ Test(kvcache, shift_rerotates_keys_to_their_new_positions)
     kvp_cache c;
     cr_assert_eq(kvp_cache_init(&c, L, H, D, 10000.0f), 0);
     float *raw = calloc((size_t)L * H * 10000 * D, sizeof *raw);
-    append(&c, 400, raw);
-    /* uneven heads: head 0 keeps 4 sinks + every 5th + last 16; head 1 keeps the last 60 */
-    int keep[400], k = 0;
-    for (int r = 0; r < 400; r++)
-        if (r < 4 || r % 5 == 0 || r >= 384)
+    append(&c, 500, raw);
+    /* uneven heads: head 0 keeps 4 sinks + every 5th + the last 16; head 1 the last 60 */
+    int keep[500], k = 0;
+    for (int r = 0; r < 500; r++)
+        if (r < 4 || r % 5 == 0 || r >= 484)
             keep[k++] = r;
     kvp_cache_keep(&c, &c.heads[0], keep, k);
     int k1 = 0;
-    for (int r = 340; r < 400; r++)
+    for (int r = 440; r < 500; r++)
         keep[k1++] = r;
     kvp_cache_keep(&c, &c.heads[1], keep, k1);
-    int m = kvp_cache_max_rows(&c);
-    kvp_cache_shift(&c, 4);
-    cr_expect_eq(c.next_pos, m);
+    const int ctx = 512, target = 384, window = 128;
+    kvp_cache_shift(&c, 4, ctx);
+    cr_expect_eq(c.next_pos, target);
     cr_expect_eq(c.shifts, 1);
     for (int i = 0; i < L * H; i++) {
         kvp_head *h = &c.heads[i];
-        cr_expect_eq(h->pos[h->n - 1], m - 1, "newest row of head %d at %d", i, h->pos[h->n - 1]);
         for (int r = 0; r < h->n; r++) {
+            int64_t old = h->seq[r];   /* appended at position == seq */
             float want[D];
-            memcpy(want, raw + (size_t)(i * 10000 + h->seq[r]) * D, sizeof want);
+            memcpy(want, raw + (size_t)(i * 10000 + old) * D, sizeof want);
             kvp_rope(want, D, h->pos[r], 10000.0f);
             for (int d = 0; d < D; d++)
                 cr_assert(fabsf(h->k[(size_t)r * D + d] - want[d]) < 1e-4f,
                           "head %d row %d dim %d: %f vs %f", i, r, d, h->k[(size_t)r * D + d], want[d]);
+            if (old < 4)
+                cr_assert_eq(h->pos[r], old, "sinks keep their positions");
+            else if (old >= 500 - window)
+                cr_assert_eq(target - h->pos[r], 500 - old, "recent rows keep their distance");
+            else
+                cr_assert(h->pos[r] >= 4 && h->pos[r] < target - window,
+                          "old row %lld at %d", (long long)old, h->pos[r]);
             if (r > 0)
-                cr_assert_gt(h->pos[r], h->pos[r - 1]);
+                cr_assert_geq(h->pos[r], h->pos[r - 1], "order kept");
         }
     }
-    cr_expect_eq(c.heads[0].pos[3], 3, "sinks keep their positions");
-    /* the oldest rows of every head count as its sinks; the rest align to the end */
-    cr_expect_eq(c.heads[1].pos[0], 0);
-    cr_expect_eq(c.heads[1].pos[4], m - 60 + 4);
+    /* every head maps a token to the same position */
+    cr_expect_eq(c.heads[0].pos[c.heads[0].n - 1], c.heads[1].pos[c.heads[1].n - 1]);
+    cr_expect_eq(c.heads[2].pos[100], 69, "old rows are spread linearly: 4 + 96 * 252 / 368");
+    /* a second shift is a no-op until next_pos passes 3/4 of the context again */
+    kvp_cache_shift(&c, 4, ctx);
+    cr_expect_eq(c.shifts, 1);
     free(raw);
     kvp_cache_free(&c);
 }
