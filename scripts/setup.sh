@@ -7,7 +7,11 @@ cd "$(dirname "$0")/.."
 PACKAGES=(build-essential meson ninja-build pkg-config
           libopenblas-dev libuv1-dev libwebsockets-dev libwebsockets-evlib-uv
           libjansson-dev libcriterion-dev curl ca-certificates
-          prometheus systemd)
+          prometheus systemd chromium)
+# The browser test's node and npm: Debian's, unless the machine already has them (a
+# Node.js from elsewhere ships its own npm, which Debian's npm package would conflict with).
+command -v node >/dev/null || PACKAGES+=(nodejs)
+command -v npm >/dev/null || PACKAGES+=(npm)
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -21,6 +25,11 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 scripts/fetch-models.sh
+
+# playwright-core for tests/e2e, at the version package-lock.json pins.
+if [ ! -d tests/e2e/node_modules/playwright-core ]; then
+    (cd tests/e2e && npm ci --no-audit --no-fund --loglevel=error)
+fi
 
 if [ "${1:-}" != "--no-build" ]; then
     [ -f build/build.ninja ] || meson setup build
