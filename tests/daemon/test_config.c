@@ -122,3 +122,81 @@ Test(config, validate)
     snprintf(c.state_dir, sizeof c.state_dir, "/nonexistent-dir");
     cr_assert_lt(kvpd_config_validate(&c, err, sizeof err), 0);
 }
+
+Test(config, byte_counts_take_suffixes)
+{
+    kvpd_config c;
+    kvpd_config_defaults(&c);
+    char err[256];
+    cr_assert_eq(c.max_cache_bytes, 0);
+    cr_assert_eq(kvpd_config_set(&c, "max_cache_bytes", "1048576", err, sizeof err), 0);
+    cr_assert_eq(c.max_cache_bytes, 1048576);
+    cr_assert_eq(kvpd_config_set(&c, "max_cache_bytes", "64k", err, sizeof err), 0);
+    cr_assert_eq(c.max_cache_bytes, 65536);
+    cr_assert_eq(kvpd_config_set(&c, "max_cache_bytes", "3M", err, sizeof err), 0);
+    cr_assert_eq(c.max_cache_bytes, 3u << 20);
+    cr_assert_eq(kvpd_config_set(&c, "max_cache_bytes", "2G", err, sizeof err), 0);
+    cr_assert_eq(c.max_cache_bytes, 2ull << 30);
+    const char *bad[] = {"-1", "", "12x", "1MB", "k", "99999999999999999999G"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        cr_expect_lt(kvpd_config_set(&c, "max_cache_bytes", bad[i], err, sizeof err), 0,
+                     "'%s' accepted", bad[i]);
+    cr_assert_eq(c.max_cache_bytes, 2ull << 30, "a refused value changed the key");
+}
+
+Test(config, default_policy_is_kvp_with_the_models_weights_when_present)
+{
+    char dir[] = "/tmp/kvpd-weights-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    kvpd_config c;
+    kvpd_config_defaults(&c);
+    cr_assert_str_eq(c.policy, "", "no policy configured by default");
+    cr_assert(strstr(c.policy_dir, "policy/weights"));
+    snprintf(c.policy_dir, sizeof c.policy_dir, "%s", dir);
+    snprintf(c.model, sizeof c.model, "/models/stories260K.bin");
+    char name[32], file[1024], want[1024];
+    snprintf(want, sizeof want, "%s/stories260K.kvp", dir);
+    cr_assert_eq(kvpd_config_default_policy(&c, name, sizeof name, file, sizeof file), 0);
+    cr_assert_str_eq(name, "streaming");
+    cr_assert_str_eq(file, want, "the path looked at");
+    FILE *f = fopen(want, "w");
+    cr_assert(f);
+    fclose(f);
+    cr_assert_eq(kvpd_config_default_policy(&c, name, sizeof name, file, sizeof file), 1);
+    cr_assert_str_eq(name, "kvp");
+    cr_assert_str_eq(file, want);
+    /* The stem drops only the last extension, and the directory. */
+    snprintf(c.model, sizeof c.model, "stories260K.q8.gguf");
+    cr_assert_eq(kvpd_config_default_policy(&c, name, sizeof name, file, sizeof file), 0);
+    cr_assert(strstr(file, "/stories260K.q8.kvp"), "%s", file);
+    unlink(want);
+    rmdir(dir);
+}
+
+Test(config, reload_applies_live_keys_and_lists_the_others)
+{
+    kvpd_config cur, next;
+    kvpd_config_defaults(&cur);
+    kvpd_config_defaults(&next);
+    char fixed[256];
+    kvpd_config_apply_live(&cur, &next, fixed, sizeof fixed);
+    cr_assert_str_eq(fixed, "");
+    snprintf(next.policy, sizeof next.policy, "h2o");
+    next.budget = 99;
+    next.max_sessions = 3;
+    next.max_cache_bytes = 12345;
+    snprintf(next.admin_token, sizeof next.admin_token, "t");
+    next.chunk = 7;
+    next.listen_port = 1;
+    snprintf(next.model, sizeof next.model, "other.gguf");
+    kvpd_config_apply_live(&cur, &next, fixed, sizeof fixed);
+    cr_assert_str_eq(cur.policy, "h2o");
+    cr_assert_eq(cur.budget, 99);
+    cr_assert_eq(cur.max_sessions, 3);
+    cr_assert_eq(cur.max_cache_bytes, 12345);
+    cr_assert_str_eq(cur.admin_token, "t");
+    cr_assert_eq(cur.chunk, 32, "chunk is not live");
+    cr_assert_eq(cur.listen_port, 8080, "listen is not live");
+    cr_assert(strstr(cur.model, "stories260K.bin"), "model is not live");
+    cr_assert_str_eq(fixed, "listen, model, chunk");
+}
