@@ -7,19 +7,29 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static char *read_unit(void)
+static char *read_source(const char *rel)
 {
     const char *src = getenv("KVP_SOURCE");
     cr_assert_not_null(src, "KVP_SOURCE is not set (run through meson test)");
     char path[1024];
-    snprintf(path, sizeof path, "%s/systemd/kvpd.service", src);
+    snprintf(path, sizeof path, "%s/%s", src, rel);
     FILE *f = fopen(path, "r");
     cr_assert_not_null(f, "%s", path);
-    static char buf[16384];
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    size_t cap = 1 << 16;
+    char *buf = malloc(cap);
+    cr_assert_not_null(buf);
+    size_t n = fread(buf, 1, cap - 1, f);
     fclose(f);
     buf[n] = 0;
     return buf;
+}
+
+static char *read_unit(void)
+{
+    static char *unit;
+    if (!unit)
+        unit = read_source("systemd/kvpd.service");
+    return unit;
 }
 
 /* 1 when the unit has the line "key=value" exactly. */
@@ -46,7 +56,16 @@ Test(service, has_the_required_directives)
         "ProtectSystem=strict",
         "ProtectHome=yes",
         "PrivateTmp=yes",
+        "PrivateDevices=yes",
         "NoNewPrivileges=yes",
+        "CapabilityBoundingSet=",
+        "ProtectKernelTunables=yes",
+        "ProtectKernelModules=yes",
+        "ProtectControlGroups=yes",
+        "RestrictNamespaces=yes",
+        "RestrictSUIDSGID=yes",
+        "LockPersonality=yes",
+        "NotifyAccess=main",
         "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6",
         "SystemCallFilter=@system-service",
         "MemoryDenyWriteExecute=yes",
@@ -58,6 +77,32 @@ Test(service, has_the_required_directives)
         cr_expect(has_line(unit, want[i]), "missing: %s", want[i]);
     cr_expect_not_null(strstr(unit, "\nWatchdogSec="), "no WatchdogSec");
     cr_expect_not_null(strstr(unit, "\nLimitNOFILE="), "no LimitNOFILE");
+}
+
+/* The README's install steps put the chat page and the policy weights where the
+ * configuration it writes tells kvpd to look: the unit's ExecStart adds only the state
+ * directory, since the build's defaults point into the source tree (hidden by
+ * ProtectHome, or simply elsewhere). */
+Test(service, readme_install_matches_the_unit)
+{
+    char *readme = read_source("README.md");
+    const char *unit = read_unit();
+    const char *want[] = {
+        "sudo install -m 0755 build/daemon/kvpd /usr/local/bin/kvpd",
+        "sudo cp -r web/static /usr/local/share/kvpd/static",
+        "static_dir = /usr/local/share/kvpd/static",
+        "policy/weights/stories260K.kvp /usr/local/share/kvpd/weights/stories260K.kvp",
+        "policy_dir = /usr/local/share/kvpd/weights",
+        "model = /usr/local/share/kvpd/stories260K.bin",
+        "sudo tee /etc/kvpd/kvpd.conf",
+        "sudo install -m 0644 systemd/kvpd.service /etc/systemd/system/kvpd.service",
+    };
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++)
+        cr_expect_not_null(strstr(readme, want[i]), "README does not say: %s", want[i]);
+    cr_expect_not_null(strstr(unit, "--config /etc/kvpd/kvpd.conf"));
+    cr_expect_not_null(strstr(unit, "--state-dir ${STATE_DIRECTORY}"));
+    cr_expect_null(strstr(unit, "--static-dir"), "the configuration file names static_dir");
+    free(readme);
 }
 
 static int have_systemd_analyze(void)
