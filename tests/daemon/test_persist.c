@@ -421,3 +421,34 @@ Test(persist, sigterm_mid_turn_snapshots_the_partial_reply)
     ws_close(&c);
     stop(&d);
 }
+
+Test(persist, a_parked_session_whose_snapshot_was_damaged_is_lost_not_loaded)
+{
+    kvpd_proc d;
+    start(&d, "--idle-timeout 1");
+    ws_client c;
+    char id[64];
+    cr_assert_eq(h_connect(&d, &c), 0);
+    new_session(&c, id);
+    json_decref(turn_ok(&c, lines[0], 16));
+    for (int i = 0; i < 100 && metric(&d, "kvpd_sessions_parked") != 1; i++)
+        nanosleep(&(struct timespec){0, 50 * 1000 * 1000}, NULL);
+    cr_assert_eq(metric(&d, "kvpd_sessions_parked"), 1);
+    char path[256];
+    snap_path(path, sizeof path, id, "");
+    flip_one_byte(path);
+    /* Its next message: the worker finds the damage, the client is told. */
+    json_t *e = h_turn(&c, lines[1], 8, NULL);
+    cr_assert(e);
+    cr_assert_str_eq(str_of(e, "type"), "error");
+    cr_assert_str_eq(str_of(e, "code"), "unknown_session");
+    json_decref(e);
+    cr_assert(kvpd_log_has(&d, "moved aside"));
+    cr_assert_eq(metric(&d, "kvpd_sessions_lost_total"), 1);
+    cr_assert_eq(metric(&d, "kvpd_sessions_parked"), 0);
+    /* The connection goes on with a new session. */
+    json_t *done = turn_ok(&c, lines[2], 8);
+    json_decref(done);
+    ws_close(&c);
+    stop(&d);
+}
