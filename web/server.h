@@ -14,7 +14,9 @@ int kvpd_web_start(kvpd *d, char *err, size_t errlen);
 void kvpd_web_stop(kvpd *d);
 /* The scheduler's event callback: frames for the session's connection. */
 void kvpd_web_on_event(void *ctx, const kvpd_event *ev);
-/* Drops sessions idle for longer than the timeout (telling an attached client). */
+/* The idle timeout: with a state directory, parks idle sessions (their snapshot is up
+ * to date) and lets go of parked ones nobody is attached to after another timeout;
+ * without one, drops idle sessions (telling an attached client). */
 void kvpd_web_expire(kvpd *d, double now);
 /* Shutdown: asks every running turn to stop. Returns the turns still running. */
 int kvpd_web_cancel_all(kvpd *d);
