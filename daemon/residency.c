@@ -61,12 +61,12 @@ static kvp_session *lru_parkable(kvpd *d, const kvp_session *keep)
     return best;
 }
 
-int kvpd_admit(kvpd *d, kvp_session *s, size_t *reserve, char *why, size_t whylen)
+int kvpd_admit(kvpd *d, kvp_session *s, int job, size_t *reserve, char *why, size_t whylen)
 {
     size_t need = 0;
-    if (s) {
+    if (job) {
         need = kvpd_turn_bytes(d);
-        if (!s->parked && s->bytes > need)   /* kept from a larger budget: it only shrinks */
+        if (s && !s->parked && s->bytes > need)   /* kept from a larger budget: it only shrinks */
             need = s->bytes;
     }
     int slots = d->sessions.resident + (!s || s->parked);

@@ -19,11 +19,11 @@ size_t kvpd_turn_bytes(const kvpd *d);
 size_t kvpd_turn_bytes_at(const kvpd *d, int budget, const kvp_policy_conf *pc);
 /* What the cap counts now, and the sum of the resident sessions' actual cache bytes. */
 size_t kvpd_accounted_bytes(const kvpd *d, size_t *actual);
-/* Makes room for a job on s, or for a new session when s is NULL (it needs a resident
- * slot, no bytes yet), parking idle sessions other than s as needed. On success sets
- * *reserve (bytes to hold for s's job; 0 for a new session). -EBUSY with a message when
- * even parking cannot make room. */
-int kvpd_admit(kvpd *d, kvp_session *s, size_t *reserve, char *why, size_t whylen);
+/* Makes room for session s, or for a new one when s is NULL (a resident slot), and when
+ * `job` is set for a job on it (a turn's reservation), parking idle sessions other than
+ * s as needed. On success sets *reserve (bytes to hold while the job runs; 0 without
+ * one). -EBUSY with a message when even parking cannot make room. */
+int kvpd_admit(kvpd *d, kvp_session *s, int job, size_t *reserve, char *why, size_t whylen);
 /* Parks an idle resident session (kvp_session_parkable) and counts it. */
 void kvpd_park(kvpd *d, kvp_session *s);
 /* Milliseconds a refused client should wait before trying again. */

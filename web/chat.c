@@ -57,7 +57,7 @@ static int new_session(kvpd_conn *c)
     char err[256];
     kvp_session *s;
     size_t reserve;
-    int rc = kvpd_admit(d, NULL, &reserve, err, sizeof err);
+    int rc = kvpd_admit(d, NULL, 0, &reserve, err, sizeof err);
     if (rc < 0) {
         overloaded(c, err);
         return rc;
@@ -99,7 +99,7 @@ static void hello_load(kvpd_conn *c, kvp_session *s, const char *id)
     kvpd *d = c->d;
     char err[256];
     size_t reserve;
-    if (kvpd_admit(d, s, &reserve, err, sizeof err) < 0) {
+    if (kvpd_admit(d, s, 1, &reserve, err, sizeof err) < 0) {
         overloaded(c, err);
         return;
     }
@@ -167,7 +167,7 @@ static void message(kvpd_conn *c, kvpd_client_msg *m)
     }
     char err[256];
     size_t reserve;
-    if (kvpd_admit(d, s, &reserve, err, sizeof err) < 0) {
+    if (kvpd_admit(d, s, 1, &reserve, err, sizeof err) < 0) {
         overloaded(c, err);
         return;
     }
