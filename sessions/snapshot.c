@@ -528,9 +528,8 @@ static const char *parse(unsigned char *buf, size_t len, const char *id, kvp_sna
         return why;
     }
     rbuf t = {buf + len - TRAILER_BYTES, TRAILER_BYTES, 0};
-    uint64_t want;
-    r_u64(&t, &want);
-    if (kvp_fnv1a(KVP_FNV1A_INIT, buf, len - TRAILER_BYTES) != want)
+    uint64_t want = 0;
+    if (r_u64(&t, &want) || kvp_fnv1a(KVP_FNV1A_INIT, buf, len - TRAILER_BYTES) != want)
         return "checksum mismatch (corrupted)";
 
     const char *bad = NULL;
