@@ -376,7 +376,8 @@ static int lookahead_scores(const kvp_model *m, kvp_runstate *s, kvp_cache *c, k
     if (rc)
         return rc;
     for (int hi = 0; hi < nh; hi++)
-        memcpy(c->heads[hi].score, imp + (size_t)hi * stride, (size_t)limit[hi] * sizeof *imp);
+        if (limit[hi])  /* an empty head may have no arrays yet */
+            memcpy(c->heads[hi].score, imp + (size_t)hi * stride, (size_t)limit[hi] * sizeof *imp);
     return 0;
 }
 
