@@ -29,7 +29,7 @@ fi
 init=$(mktemp /tmp/kvp-init-XXXXXX.kvp)
 trap 'rm -f "$init"' EXIT
 "$kvp" policy-init --model "$model" --tokenizer "$tok" --out "$init" --seed 1 \
-    --width 32 --hidden 32 --pos-dim 8 --pos-max 512
+    --width 32 --hidden 32 --pos-dim 4 --pos-max 512
 "$kvp" train --traces "$traces" --init "$init" --out "$out" --curve "$curve" \
     --seed 1 --threads "$threads" --steps 3000 --lr 3e-3 --episodes 16 --samples 8
 echo "train-stories260K: $out ($(stat -c %s "$out") bytes) in $(( $(date +%s) - start )) s" >&2
