@@ -150,40 +150,55 @@ const float *kvp_trace_v(const kvp_trace *t, int seq, int layer)
     return kvp_trace_k(t, seq, layer) + len * t->h.n_kv_heads * t->h.head_dim;
 }
 
-void kvp_trace_importance(const kvp_trace *t, int seq, int layer, int kvh, int n,
-                          float *imp, float *work)
+void kvp_trace_importance_cuts(const kvp_trace *t, int seq, int layer, int kvh, int first,
+                               int stride, int n_cuts, float *const *out, float *work)
 {
     const kvp_trace_header *h = &t->h;
     int len = kvp_trace_len(t, seq), hd = h->head_dim, group = h->n_heads / h->n_kv_heads;
-    int qd = h->n_heads * hd, kvd = h->n_kv_heads * hd;
+    int qd = h->n_heads * hd, kvd = h->n_kv_heads * hd, g = n_cuts - 1;
     const float *q = kvp_trace_q(t, seq, layer), *k = kvp_trace_k(t, seq, layer) + kvh * hd;
-    float scale = 1.0f / sqrtf((float)hd);
-    memset(imp, 0, (size_t)n * sizeof *imp);
-    for (int tq = n; tq < len; tq++) {
-        for (int g = 0; g < group; g++) {
-            const float *qv = q + (size_t)tq * qd + (size_t)(kvh * group + g) * hd;
+    float scale = 1.0f / sqrtf((float)hd), *att = work, *amax = work + len, *acc = work + 2 * len;
+    for (; g >= 0 && first + g * stride >= len; g--)   /* no query comes after the cut */
+        memset(out[g], 0, (size_t)(first + g * stride) * sizeof **out);
+    int last = g >= 0 ? first + g * stride : 0;
+    memset(acc, 0, (size_t)last * sizeof *acc);
+    for (int tq = len - 1; tq >= first && g >= 0; tq--) {
+        int cols = tq + 1 < last ? tq + 1 : last;   /* rows past the largest cut: never ranked */
+        for (int gi = 0; gi < group; gi++) {
+            const float *qv = q + (size_t)tq * qd + (size_t)(kvh * group + gi) * hd;
             float mx = -INFINITY, sum = 0.0f;
             for (int j = 0; j <= tq; j++) {
                 const float *kv = k + (size_t)j * kvd;
                 float d = 0.0f;
                 for (int x = 0; x < hd; x++)
                     d += qv[x] * kv[x];
-                work[j] = d * scale;
-                mx = work[j] > mx ? work[j] : mx;
+                att[j] = d * scale;
+                mx = att[j] > mx ? att[j] : mx;
             }
             for (int j = 0; j <= tq; j++)
-                sum += work[j] = expf(work[j] - mx);
+                sum += att[j] = expf(att[j] - mx);
             float inv = 1.0f / sum;
             /* the max over the group is taken per query, before summing over queries */
-            for (int i = 0; i < n; i++) {
-                float a = work[i] * inv;
-                if (g == 0 || a > work[len + i])
-                    work[len + i] = a;
+            for (int i = 0; i < cols; i++) {
+                float a = att[i] * inv;
+                if (gi == 0 || a > amax[i])
+                    amax[i] = a;
             }
         }
-        for (int i = 0; i < n; i++)
-            imp[i] += work[len + i];
+        for (int i = 0; i < cols; i++)
+            acc[i] += amax[i];
+        int cut = first + g * stride;
+        if (tq == cut) {
+            memcpy(out[g], acc, (size_t)cut * sizeof *acc);
+            g--;
+        }
     }
+}
+
+void kvp_trace_importance(const kvp_trace *t, int seq, int layer, int kvh, int n,
+                          float *imp, float *work)
+{
+    kvp_trace_importance_cuts(t, seq, layer, kvh, n, 1, 1, &imp, work);
 }
 
 size_t kvp_trace_split_at(const char *text, size_t len, double split)

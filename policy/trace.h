@@ -50,9 +50,15 @@ const float *kvp_trace_v(const kvp_trace *t, int seq, int layer);
 
 /* Future importance of the first n rows of (layer, kvh) when the sequence continues to
  * its end: I_i(n) = sum over t = n..len-1 of max over the group's query heads of the
- * causal softmax attention of query t on row i. imp[n]; work holds len floats. */
+ * causal softmax attention of query t on row i. imp[n]; work holds 3 * len floats. */
 void kvp_trace_importance(const kvp_trace *t, int seq, int layer, int kvh, int n,
                           float *imp, float *work);
+/* The same at every cut n_g = first + g * stride, g = 0..n_cuts-1, from one pass over the
+ * attention rows (from the last query back, so I(n) of each cut is the running sum when
+ * the pass reaches row n): n_cuts times cheaper than one call per cut. out[g] receives
+ * n_g floats; work holds 3 * len floats. */
+void kvp_trace_importance_cuts(const kvp_trace *t, int seq, int layer, int kvh, int first,
+                               int stride, int n_cuts, float *const *out, float *work);
 
 /* Text shared by `kvp trace` and `kvp eval`: the first `split` of the bytes, moved forward
  * to the next line start, is the training part, the rest the validation part. Returns

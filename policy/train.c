@@ -13,51 +13,6 @@
 
 #define ERR(code, ...) (snprintf(err, errlen, __VA_ARGS__), (code))
 
-/* ---- importance ------------------------------------------------------------------- */
-
-void kvp_train_importance_cuts(const kvp_trace *t, int seq, int layer, int kvh, int first,
-                               int stride, int n_cuts, float *const *out, float *work)
-{
-    const kvp_trace_header *h = &t->h;
-    int len = kvp_trace_len(t, seq), hd = h->head_dim, group = h->n_heads / h->n_kv_heads;
-    int qd = h->n_heads * hd, kvd = h->n_kv_heads * hd, last = first + (n_cuts - 1) * stride;
-    const float *q = kvp_trace_q(t, seq, layer), *k = kvp_trace_k(t, seq, layer) + kvh * hd;
-    float scale = 1.0f / sqrtf((float)hd), *att = work, *amax = work + len, *acc = work + 2 * len;
-    memset(acc, 0, (size_t)last * sizeof *acc);
-    int g = n_cuts - 1;
-    for (int tq = len - 1; tq >= first && g >= 0; tq--) {
-        int cols = tq + 1 < last ? tq + 1 : last;   /* rows past the largest cut: never ranked */
-        for (int gi = 0; gi < group; gi++) {
-            const float *qv = q + (size_t)tq * qd + (size_t)(kvh * group + gi) * hd;
-            float mx = -INFINITY, sum = 0.0f;
-            for (int j = 0; j <= tq; j++) {
-                const float *kv = k + (size_t)j * kvd;
-                float d = 0.0f;
-                for (int x = 0; x < hd; x++)
-                    d += qv[x] * kv[x];
-                att[j] = d * scale;
-                mx = att[j] > mx ? att[j] : mx;
-            }
-            for (int j = 0; j <= tq; j++)
-                sum += att[j] = expf(att[j] - mx);
-            float inv = 1.0f / sum;
-            /* the max over the group is taken per query, before summing over queries */
-            for (int i = 0; i < cols; i++) {
-                float a = att[i] * inv;
-                if (gi == 0 || a > amax[i])
-                    amax[i] = a;
-            }
-        }
-        for (int i = 0; i < cols; i++)
-            acc[i] += amax[i];
-        int cut = first + g * stride;
-        if (tq == cut) {
-            memcpy(out[g], acc, (size_t)cut * sizeof *acc);
-            g--;
-        }
-    }
-}
-
 /* ---- Plackett-Luce, sampling, cost ------------------------------------------------- */
 
 double kvp_pl_logprob(const float *s, const int32_t *sigma, int n, float *grad,
@@ -307,7 +262,7 @@ static int val_job(void *arg, int worker, int a)
     int layer = a / s->n_kv_heads, kvh = a % s->n_kv_heads, d = s->arch.d, len = t->h.seq_len;
     int m = c->cut - c->n_sink - c->n_recent;
     float *imp = malloc((size_t)c->cut * sizeof *imp);
-    float *work = malloc((size_t)(2 * len) * sizeof *work);
+    float *work = malloc((size_t)(3 * len) * sizeof *work);
     float *k = malloc((size_t)m * d * sizeof *k), *v = malloc((size_t)m * d * sizeof *v);
     int32_t *pos = malloc((size_t)m * sizeof *pos), *order = malloc((size_t)m * sizeof *order);
     float *scores = malloc((size_t)m * sizeof *scores);
@@ -495,7 +450,7 @@ static int train_step(train_ctx *x, worker *wk, int a, long step)
                 return -ENOMEM;
             for (int g = 0; g < grid; g++)
                 wk->cuts[g] = st->imp[u] + cut_offset(c, g);
-            kvp_train_importance_cuts(t, seq, layer, kvh, c->cut_min, c->cut_stride, grid,
+            kvp_trace_importance_cuts(t, seq, layer, kvh, c->cut_min, c->cut_stride, grid,
                                       wk->cuts, wk->imp_work);
         }
         int g = rand_below(&st->rng, grid), cut = c->cut_min + g * c->cut_stride;

@@ -29,14 +29,6 @@
 double kvp_pl_logprob(const float *s, const int32_t *sigma, int n, float *grad,
                       double *work);
 
-/* kvp_trace_importance at every cut n_g = first + g * stride, g = 0..n_cuts-1, from one
- * pass over the attention rows (from the last query back, so I(n) of each cut is the
- * running sum when the pass reaches row n): about n_cuts times cheaper than one call
- * per cut. out[g] receives n_g floats; equal to kvp_trace_importance up to the order of
- * the float additions. work holds 3 * len floats. */
-void kvp_train_importance_cuts(const kvp_trace *t, int seq, int layer, int kvh, int first,
-                               int stride, int n_cuts, float *const *out, float *work);
-
 /* Sort keys for kvp_argsort_desc. */
 typedef struct kvp_rank_key {
     float key;

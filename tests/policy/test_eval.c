@@ -210,7 +210,7 @@ Test(eval, importance_equals_the_trace_readers)
     cr_assert_eq(kvp_trace_writer_close(&w, 0, err, sizeof err), 0, "%s", err);
     kvp_trace t;
     cr_assert_eq(kvp_trace_open(&t, path, cfg, err, sizeof err), 0, "%s", err);
-    float imp[CUT], work[2 * LEN];
+    float imp[CUT], work[3 * LEN];
     double total = 0.0;
     for (int l = 0; l < cfg->n_layers; l++)
         for (int kvh = 0; kvh < cfg->n_kv_heads; kvh++) {

@@ -180,7 +180,7 @@ Test(trace, importance_matches_double_precision_reference)
     kvp_trace t;
     char err[256];
     cr_assert_eq(kvp_trace_open(&t, path, NULL, err, sizeof err), 0, "%s", err);
-    float imp[MAXLEN], work[2 * MAXLEN];
+    float imp[MAXLEN], work[3 * MAXLEN];
     double ref[MAXLEN];
     for (int s = 0; s < NSEQ; s++)
         for (int l = 0; l < NL; l++)

@@ -362,12 +362,12 @@ Test(train, importance_at_many_cuts_matches_kvp_trace_importance)
     kvp_trace t;
     open_trace(&t);
     enum { FIRST = 24, STRIDE = 10, CUTS = 6 };
-    float *out[CUTS], work[3 * T_LEN], ref[T_LEN], rwork[2 * T_LEN];
+    float *out[CUTS], work[3 * T_LEN], ref[T_LEN], rwork[3 * T_LEN];
     for (int g = 0; g < CUTS; g++)
         out[g] = malloc((FIRST + g * STRIDE) * sizeof(float));
     for (int l = 0; l < T_LAYERS; l++)
         for (int h = 0; h < T_KVH; h++) {
-            kvp_train_importance_cuts(&t, 1, l, h, FIRST, STRIDE, CUTS, out, work);
+            kvp_trace_importance_cuts(&t, 1, l, h, FIRST, STRIDE, CUTS, out, work);
             for (int g = 0; g < CUTS; g++) {
                 int n = FIRST + g * STRIDE;
                 kvp_trace_importance(&t, 1, l, h, n, ref, rwork);
