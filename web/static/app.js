@@ -37,6 +37,10 @@ function showStats(el, s) {
 }
 
 // A resumed conversation: earlier turns from the transcript (no stats for those).
+// The model's reply usually starts with the space (or newline) that separates it from
+// the prompt; the transcript keeps it, the page does not show it.
+function shown(text) { return text.replace(/^\s+/, ""); }
+
 function renderHistory(history) {
   log.textContent = "";
   let turn = null;
@@ -44,7 +48,7 @@ function renderHistory(history) {
     if (h.role === "user") {
       turn = addTurn(h.text);
     } else if (turn) {
-      turn.bot.textContent = h.text;
+      turn.bot.textContent = shown(h.text);
       turn.bot.classList.remove("streaming");
       turn = null;
     }
@@ -75,10 +79,10 @@ function connect() {
       $("session").textContent = `session ${m.id.slice(0, 8)}… ${m.resumed ? `resumed, ${m.turns} turns` : "new"}`;
       if (m.resumed && !current) renderHistory(m.history || []);
     } else if (m.type === "token" && current) {
-      current.bot.textContent += m.text;
+      current.bot.textContent = shown(current.bot.textContent + m.text);
       log.scrollTop = log.scrollHeight;
     } else if (m.type === "done" && current) {
-      current.bot.textContent = m.reply;
+      current.bot.textContent = shown(m.reply);
       current.bot.classList.remove("streaming");
       showStats(current.stats, m.stats);
       current = null;
