@@ -126,6 +126,11 @@ void kvp_cache_keep(kvp_cache *c, kvp_head *h, const int *keep, int n_keep)
         (void)head_resize(h, c->head_dim, n_keep < 16 ? 16 : n_keep);
 }
 
+size_t kvp_head_bytes(const kvp_cache *c, const kvp_head *h)
+{
+    return (size_t)h->cap * row_bytes(c->head_dim);
+}
+
 size_t kvp_cache_bytes(const kvp_cache *c)
 {
     size_t rows = 0;

@@ -47,6 +47,8 @@ void kvp_cache_keep(kvp_cache *c, kvp_head *h, const int *keep, int n_keep);
 
 /* Bytes allocated for rows across all heads (k, v, pos, seq, score, stat). */
 size_t kvp_cache_bytes(const kvp_cache *c);
+/* The same for one head. */
+size_t kvp_head_bytes(const kvp_cache *c, const kvp_head *h);
 size_t kvp_cache_rows(const kvp_cache *c);       /* sum over heads */
 int kvp_cache_max_rows(const kvp_cache *c);      /* largest head */
 

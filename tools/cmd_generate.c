@@ -46,15 +46,18 @@ static void emit(const char *p, size_t n)
     fwrite(p, 1, n, stdout);
 }
 
+/* Rows and bytes of every (layer, KV head) store: what the budget bounds. */
 static void report_cache(const kvp_cache *c)
 {
-    fprintf(stderr, "cache: %zu bytes, %zu rows, %llu evicted, %llu shifts; rows per head:",
+    fprintf(stderr, "cache: %zu bytes, %zu rows, %llu evicted, %llu shifts; per head rows/bytes:",
             kvp_cache_bytes(c), kvp_cache_rows(c), (unsigned long long)c->evicted_rows,
             (unsigned long long)c->shifts);
     for (int l = 0; l < c->n_layers; l++) {
         fprintf(stderr, " L%d[", l);
-        for (int h = 0; h < c->n_kv_heads; h++)
-            fprintf(stderr, h ? " %d" : "%d", kvp_cache_head(c, l, h)->n);
+        for (int h = 0; h < c->n_kv_heads; h++) {
+            const kvp_head *hd = kvp_cache_head(c, l, h);
+            fprintf(stderr, h ? " %d/%zu" : "%d/%zu", hd->n, kvp_head_bytes(c, hd));
+        }
         fprintf(stderr, "]");
     }
     fprintf(stderr, "\n");
@@ -188,7 +191,8 @@ int kvp_cmd_generate(int argc, char **argv)
     fprintf(stderr, "prefill: %d tokens, %.1f tok/s; decode: %d tokens, %.1f tok/s; policy %s, budget %ld\n",
             n_prompt, n_prompt / (t1 - t0 > 0 ? t1 - t0 : 1e-9), generated,
             generated / (t2 - t1 > 0 ? t2 - t1 : 1e-9), policy_name, budget);
-    report_cache(&c);
+    if (budget > 0)
+        report_cache(&c);
     status = 0;
 out:
     if (have_smp)

@@ -68,6 +68,11 @@ Test(kvcache, keep_compacts_in_order_and_frees_memory)
     }
     cr_expect_eq(kvp_cache_rows(&c), rows);
     cr_expect_eq(kvp_cache_bytes(&c), alloc * row, "bytes must equal what rows allocate");
+    size_t per_head = 0;
+    for (int i = 0; i < L * H; i++)
+        per_head += kvp_head_bytes(&c, &c.heads[i]);
+    cr_expect_eq(per_head, kvp_cache_bytes(&c));
+    cr_expect_eq(kvp_head_bytes(&c, h), (size_t)h->cap * row);
     cr_expect_eq(kvp_cache_max_rows(&c), 200);
     kvp_cache_free(&c);
 }
