@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cache/rope.h"
 #include "model/sampler.h"
 
 #define LAGKV_PARTITION 128
@@ -366,6 +367,7 @@ typedef struct snapkv_state {
     int group, d;
     float *q;        /* [heads][SNAPKV_WINDOW][group * d] */
     int64_t *seq;    /* [heads][SNAPKV_WINDOW] the query's own token */
+    int32_t *pos;    /* [heads][SNAPKV_WINDOW] the position the query is rotated at */
     int *next;       /* [heads] ring slot to write */
     int *count;      /* [heads] queries held (<= SNAPKV_WINDOW) */
 } snapkv_state;
@@ -383,6 +385,7 @@ static void snapkv_attention(kvp_policy *p, int layer, int kvh, kvp_head *h, con
         int slot = head * SNAPKV_WINDOW + st->next[head];
         memcpy(st->q + (size_t)slot * qlen, q + (size_t)t * q_stride, qlen * sizeof(float));
         st->seq[slot] = h->seq[h->n - n_q + t];
+        st->pos[slot] = h->pos[h->n - n_q + t];
         st->next[head] = (st->next[head] + 1) % SNAPKV_WINDOW;
         if (st->count[head] < SNAPKV_WINDOW)
             st->count[head]++;
@@ -404,6 +407,13 @@ static void snapkv_evict(kvp_policy *p, int layer, int kvh, kvp_head *h)
         int seen = 0;
         while (seen < n && h->seq[seen] <= st->seq[slot])
             seen++;
+        /* a context shift re-rotated the keys: follow the query's own (protected) row */
+        if (seen && h->seq[seen - 1] == st->seq[slot] && h->pos[seen - 1] != st->pos[slot]) {
+            for (int g = 0; g < st->group; g++)
+                kvp_rope(st->q + ((size_t)slot * st->group + g) * d, d,
+                         h->pos[seen - 1] - st->pos[slot], p->cfg.rope_base);
+            st->pos[slot] = h->pos[seen - 1];
+        }
         for (int g = 0; g < st->group; g++) {
             const float *qg = st->q + ((size_t)slot * st->group + g) * d;
             /* online log-sum-exp, then a second pass for the probabilities */
@@ -455,6 +465,7 @@ static void snapkv_destroy(kvp_policy *p)
     snapkv_state *st = p->impl;
     free(st->q);
     free(st->seq);
+    free(st->pos);
     free(st->next);
     free(st->count);
     free_impl(p);
@@ -479,9 +490,10 @@ int kvp_snapkv_policy_create(kvp_policy *p, const char *policy_file, char *err, 
     st->d = p->cfg.head_dim;
     st->q = malloc(heads * SNAPKV_WINDOW * st->group * st->d * sizeof *st->q);
     st->seq = malloc(heads * SNAPKV_WINDOW * sizeof *st->seq);
+    st->pos = malloc(heads * SNAPKV_WINDOW * sizeof *st->pos);
     st->next = calloc(heads, sizeof *st->next);
     st->count = calloc(heads, sizeof *st->count);
-    if (!st->q || !st->seq || !st->next || !st->count) {
+    if (!st->q || !st->seq || !st->pos || !st->next || !st->count) {
         snapkv_destroy(p);
         return no_memory("snapkv", err, errlen);
     }

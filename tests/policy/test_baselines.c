@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cache/rope.h"
 #include "model/sampler.h"
 #include "policy/policy.h"
 
@@ -562,5 +563,51 @@ Test(baselines, oracle_never_scores)
     cr_assert_null(p->ops->on_insert);
     cr_assert_null(p->ops->on_attention);
     cr_assert_null(p->ops->before_evict);
+    kvp_policy_destroy(p);
+}
+
+/* A context shift that moves every row by the same offset keeps all relative positions,
+ * so SnapKV's scores must not change: its stored window queries follow their rows. */
+Test(baselines, snapkv_scores_survive_a_context_shift)
+{
+    kvp_model_config cfg = {.dim = 32, .hidden_dim = 64, .n_layers = 1, .n_heads = 2,
+                            .n_kv_heads = 1, .head_dim = 16, .vocab_size = 10,
+                            .seq_len = 512, .rope_base = 10000.0f, .rms_eps = 1e-5f};
+    char err[128];
+    kvp_policy *p;
+    cr_assert_eq(kvp_policy_create(&p, "snapkv", NULL, &cfg, 1, err, sizeof err), 0, "%s", err);
+    kvp_cache c;
+    cr_assert_eq(kvp_cache_init(&c, 1, 1, 16, 10000.0f), 0);
+    kvp_head *h = kvp_cache_head(&c, 0, 0);
+    enum { N = 100, P0 = 400 };   /* rows at positions 400..499: all in the newest quarter */
+    cr_assert_eq(kvp_head_reserve(h, 16, N), 0);
+    uint64_t rng = 5;
+    float q[N][2 * 16];
+    for (int r = 0; r < N; r++) {
+        for (int d = 0; d < 16; d++) {
+            h->k[r * 16 + d] = kvp_rand_f32(&rng) - 0.5f;
+            h->v[r * 16 + d] = kvp_rand_f32(&rng);
+            q[r][d] = kvp_rand_f32(&rng) - 0.5f;
+            q[r][16 + d] = kvp_rand_f32(&rng) - 0.5f;
+        }
+        kvp_rope(h->k + r * 16, 16, P0 + r, 10000.0f);
+        kvp_rope(q[r], 16, P0 + r, 10000.0f);
+        kvp_rope(q[r] + 16, 16, P0 + r, 10000.0f);
+        h->pos[r] = P0 + r;
+        h->seq[r] = 1000 + r;
+        h->n = r + 1;
+        p->ops->on_attention(p, 0, 0, h, q[r], 32, NULL, 0, 1);
+    }
+    c.next_pos = P0 + N;
+    c.n_seen = 1000 + N;
+    float before[N];
+    p->ops->before_evict(p, 0, 0, h);
+    memcpy(before, h->score, sizeof before);
+    kvp_cache_shift(&c, 4, 512);
+    cr_assert_eq(h->pos[0], P0 - (P0 + N - 384), "a uniform shift");
+    p->ops->before_evict(p, 0, 0, h);
+    for (int r = 0; r < N; r++)
+        cr_assert_float_eq(h->score[r], before[r], 1e-5f, "row %d: %g vs %g", r, h->score[r], before[r]);
+    kvp_cache_free(&c);
     kvp_policy_destroy(p);
 }
