@@ -97,6 +97,19 @@ static void sink_job(void *ctx, kvp_session *session, int code, const char *msg)
     post(ctx, ev);
 }
 
+/* Appends a session at the tail of the run queue; rq_mu is held. */
+static void enqueue_locked(kvpd_sched *s, kvp_session *sess)
+{
+    sess->rq_next = NULL;
+    if (s->rq_tail)
+        s->rq_tail->rq_next = sess;
+    else
+        s->rq_head = sess;
+    s->rq_tail = sess;
+    s->depth++;
+    pthread_cond_signal(&s->rq_cv);
+}
+
 static void *worker_main(void *arg)
 {
     worker_arg *wa = arg;
@@ -123,15 +136,8 @@ static void *worker_main(void *arg)
 
         if (more) {
             pthread_mutex_lock(&s->rq_mu);
-            if (!s->stopping) {   /* tail: every other turn gets a unit first */
-                if (s->rq_tail)
-                    s->rq_tail->rq_next = sess;
-                else
-                    s->rq_head = sess;
-                s->rq_tail = sess;
-                s->depth++;
-                pthread_cond_signal(&s->rq_cv);
-            }
+            if (!s->stopping)   /* tail: every other turn gets a unit first */
+                enqueue_locked(s, sess);
             pthread_mutex_unlock(&s->rq_mu);
         }
     }
@@ -209,14 +215,7 @@ int kvpd_sched_start(kvpd_sched **out, uv_loop_t *loop, int workers,
 void kvpd_sched_submit(kvpd_sched *s, kvp_session *session)
 {
     pthread_mutex_lock(&s->rq_mu);
-    session->rq_next = NULL;
-    if (s->rq_tail)
-        s->rq_tail->rq_next = session;
-    else
-        s->rq_head = session;
-    s->rq_tail = session;
-    s->depth++;
-    pthread_cond_signal(&s->rq_cv);
+    enqueue_locked(s, session);
     pthread_mutex_unlock(&s->rq_mu);
 }
 
