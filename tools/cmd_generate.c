@@ -27,7 +27,8 @@ static void usage(FILE *f)
         "  --budget B           rows kept per KV head (default 0 = unbounded)\n"
         "  --sinks N            oldest rows always kept (default 4)\n"
         "  --recent N           newest rows always kept (default 16)\n"
-        "  --chunk N            eviction chunk (default 32)\n",
+        "  --chunk N            eviction chunk (default 32)\n"
+        "  --ignore-eos         go on past the end of a text (BOS/EOS print as a newline)\n",
         kvp_policy_names());
 }
 
@@ -69,12 +70,13 @@ int kvp_cmd_generate(int argc, char **argv)
                *policy_file = NULL;
     long steps = 256, seed = (long)time(NULL), budget = 0, sinks = 4, recent = 16, chunk = 32;
     double temperature = 1.0, top_p = 0.9;
+    int ignore_eos = 0;
     static const struct option opts[] = {
         {"model", 1, 0, 'm'}, {"tokenizer", 1, 0, 'z'}, {"prompt", 1, 0, 'i'},
         {"steps", 1, 0, 'n'}, {"temperature", 1, 0, 't'}, {"top-p", 1, 0, 'p'},
         {"seed", 1, 0, 's'}, {"policy", 1, 0, 'P'}, {"policy-file", 1, 0, 'F'},
         {"budget", 1, 0, 'b'}, {"sinks", 1, 0, 'S'}, {"recent", 1, 0, 'R'},
-        {"chunk", 1, 0, 'c'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+        {"chunk", 1, 0, 'c'}, {"ignore-eos", 0, 0, 'E'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     int o, idx = 0;
     optind = 1;
     while ((o = getopt_long(argc, argv, "", opts, &idx)) != -1) {
@@ -93,6 +95,7 @@ int kvp_cmd_generate(int argc, char **argv)
         case 'S': ok = kvp_parse_long(optarg, 0, 1L << 20, &sinks); break;
         case 'R': ok = kvp_parse_long(optarg, 0, 1L << 20, &recent); break;
         case 'c': ok = kvp_parse_long(optarg, 1, 1L << 16, &chunk); break;
+        case 'E': ignore_eos = 1; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -167,10 +170,13 @@ int kvp_cmd_generate(int argc, char **argv)
     long forwards = n_prompt;
     while (rc == 0) {
         int next = kvp_sample(&smp, s.logits);
-        if (next == m.tok.bos_id || next == m.tok.eos_id)
+        int boundary = next == m.tok.bos_id || next == m.tok.eos_id;
+        if (boundary && !ignore_eos)
             break;
         size_t n;
-        const char *piece = kvp_tokenizer_piece(&m.tok, prev, next, &n);
+        const char *piece = boundary ? "\n" : kvp_tokenizer_piece(&m.tok, prev, next, &n);
+        if (boundary)
+            n = 1;
         if (piece)
             emit(piece, n);
         generated++;

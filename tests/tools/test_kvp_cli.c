@@ -88,3 +88,21 @@ Test(kvp_cli, trace_arguments)
     remove(path);
     rmdir(dir);
 }
+
+/* Past the model's context with --ignore-eos: every step produces a token, the cache
+ * stays at budget + chunk rows per head, and the context shift ran. */
+Test(kvp_cli, generate_past_the_context)
+{
+    char a[1024], *out;
+    snprintf(a, sizeof a, "generate --model %s --steps 1200 --ignore-eos --seed 3 --policy streaming "
+             "--budget 64", tu_shared("models/stories260K.bin"));
+    cr_assert_eq(kvp(a, &out), 0, "%s", out);
+    cr_expect(strstr(out, "decode: 1200 tokens"), "%s", out);
+    const char *cache = strstr(out, "cache: ");
+    size_t bytes = 0, rows = 0;
+    cr_assert(cache && sscanf(cache, "cache: %zu bytes, %zu rows", &bytes, &rows) == 2, "%s", out);
+    cr_expect_leq(rows, (size_t)20 * (64 + 32), "20 heads of at most budget + chunk rows: %zu", rows);
+    cr_expect_gt(rows, (size_t)20 * 64 - 1);
+    cr_expect_null(strstr(out, " 0 shifts"), "%s", out);
+    free(out);
+}
