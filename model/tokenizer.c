@@ -524,7 +524,7 @@ static void try_pair(enc *e, int left)
 }
 
 int kvp_tokenizer_encode(const kvp_tokenizer *t, const char *text, size_t len,
-                         int add_bos, int add_eos, int *out, int max)
+                         unsigned flags, int *out, int max)
 {
     /* One symbol per byte plus the dummy prefix; counts must fit an int. */
     if (len > (size_t)INT_MAX / 4)
@@ -539,7 +539,7 @@ int kvp_tokenizer_encode(const kvp_tokenizer *t, const char *text, size_t len,
     if (!e.syms || !e.heap || !e.buf)
         goto out;
 
-    if (t->add_space_prefix && len > 0)
+    if (t->add_space_prefix && !(flags & KVP_ENCODE_NO_PREFIX) && len > 0)
         push_unit(&e, " ", 1);
     const unsigned char *s = (const unsigned char *)text;
     for (size_t i = 0; i < len;) {
@@ -570,7 +570,8 @@ int kvp_tokenizer_encode(const kvp_tokenizer *t, const char *text, size_t len,
         try_pair(&e, c.left);
     }
 
-    int n = 0, need = (add_bos != 0) + (add_eos != 0);
+    int add_bos = (flags & KVP_ENCODE_BOS) != 0, add_eos = (flags & KVP_ENCODE_EOS) != 0;
+    int n = 0, need = add_bos + add_eos;
     for (int i = e.n > 0 ? 0 : -1; i >= 0; i = e.syms[i].next)
         need++;
     rc = -ENOSPC;

@@ -31,11 +31,19 @@ int kvp_tokenizer_load_file(kvp_tokenizer *t, const char *path, int vocab_size,
 int kvp_tokenizer_load_gguf(kvp_tokenizer *t, const kvp_gguf *g, char *err, size_t errlen);
 void kvp_tokenizer_free(kvp_tokenizer *t);
 
+/* Flags of kvp_tokenizer_encode. */
+enum {
+    KVP_ENCODE_BOS = 1,        /* start with BOS */
+    KVP_ENCODE_EOS = 2,        /* end with EOS */
+    KVP_ENCODE_NO_PREFIX = 4,  /* no dummy leading space even when add_space_prefix is
+                                  set: for text that continues earlier text */
+};
+
 /* Encodes len bytes of text (need not be NUL-terminated, may hold any bytes).
  * Writes at most max tokens; returns the count, or -ENOSPC if max is too small
  * (-ENOMEM, or -E2BIG for len above INT_MAX / 4). */
 int kvp_tokenizer_encode(const kvp_tokenizer *t, const char *text, size_t len,
-                         int add_bos, int add_eos, int *out, int max);
+                         unsigned flags, int *out, int max);
 /* The bytes token `tok` contributes after token `prev`: byte tokens become their byte,
  * the leading space after BOS is dropped. Returns a pointer valid while t lives and
  * sets *len; NULL/0 for an id out of range. */

@@ -211,7 +211,6 @@ size_t kvp_trace_split_at(const char *text, size_t len, double split)
 
 long kvp_trace_tokenize(const kvp_tokenizer *tok, const char *text, size_t len, int **out)
 {
-    kvp_tokenizer t = *tok;
     size_t cap = len + 16, n = 0;
     int *ids = malloc(cap * sizeof *ids);
     if (!ids)
@@ -219,13 +218,14 @@ long kvp_trace_tokenize(const kvp_tokenizer *tok, const char *text, size_t len, 
     for (size_t off = 0; off < len;) {
         const char *nl = memchr(text + off, '\n', len - off);
         size_t line = nl ? (size_t)(nl - (text + off)) + 1 : len - off;
-        int got = kvp_tokenizer_encode(&t, text + off, line, 0, 0, ids + n, (int)(cap - n));
+        /* the dummy prefix belongs to the start of the text only */
+        int got = kvp_tokenizer_encode(tok, text + off, line, off ? KVP_ENCODE_NO_PREFIX : 0,
+                                       ids + n, (int)(cap - n));
         if (got < 0) {
             free(ids);
             return -1;
         }
         n += (size_t)got;
-        t.add_space_prefix = 0;  /* the dummy prefix belongs to the start of the text only */
         off += line;
     }
     *out = ids;

@@ -92,8 +92,6 @@ static int push(tokbuf *b, int id)
 static int push_text(tokbuf *b, const kvp_tokenizer *tok, const char *s, size_t len,
                      int space_prefix)
 {
-    kvp_tokenizer t = *tok;   /* a shallow copy to choose the prefix per segment */
-    t.add_space_prefix = space_prefix && tok->add_space_prefix;
     size_t need = len + 8;    /* at most one token per byte, plus the prefix */
     if (need > (size_t)(1 << 28))
         return -E2BIG;
@@ -105,7 +103,8 @@ static int push_text(tokbuf *b, const kvp_tokenizer *tok, const char *s, size_t 
         b->v = v;
         b->cap = cap;
     }
-    int n = kvp_tokenizer_encode(&t, s, len, 0, 0, b->v + b->n, b->cap - b->n);
+    int n = kvp_tokenizer_encode(tok, s, len, space_prefix ? 0 : KVP_ENCODE_NO_PREFIX,
+                                 b->v + b->n, b->cap - b->n);
     if (n < 0)
         return n;
     b->n += n;

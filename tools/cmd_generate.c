@@ -153,7 +153,7 @@ int kvp_cmd_generate(int argc, char **argv)
         fprintf(stderr, "kvp generate: out of memory\n");
         goto out;
     }
-    int n_prompt = kvp_tokenizer_encode(&m.tok, prompt, plen, 1, 0, tokens, (int)plen + 3);
+    int n_prompt = kvp_tokenizer_encode(&m.tok, prompt, plen, KVP_ENCODE_BOS, tokens, (int)plen + 3);
     if (n_prompt < 1) {
         fprintf(stderr, "kvp generate: cannot tokenize the prompt\n");
         goto out;

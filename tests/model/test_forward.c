@@ -75,7 +75,7 @@ Test(forward, batched_prefill_equals_decode)
     size_t len;
     char *text = tu_slurp(tu_shared("datasets/tinystories/tinystories-dev.txt"), &len);
     int *toks = malloc(4096 * sizeof *toks);
-    int n = kvp_tokenizer_encode(&a.m.tok, text, 4000, 1, 0, toks, 4096);
+    int n = kvp_tokenizer_encode(&a.m.tok, text, 4000, KVP_ENCODE_BOS, toks, 4096);
     cr_assert_geq(n, N);
     int V = a.m.cfg.vocab_size;
     float *batched = malloc((size_t)N * V * sizeof *batched);
@@ -106,7 +106,7 @@ Test(forward, f16_random_model_runs_without_nan)
     engine_open(&e, tu_shared("models/llama-2-tiny-random.gguf"), NULL, 16);
     cr_assert_eq(e.m.cfg.vocab_size, 32000);
     int toks[16];
-    int n = kvp_tokenizer_encode(&e.m.tok, "Hello world, this is a test.", 28, 1, 0, toks, 16);
+    int n = kvp_tokenizer_encode(&e.m.tok, "Hello world, this is a test.", 28, KVP_ENCODE_BOS, toks, 16);
     cr_assert_gt(n, 3);
     float *logits = malloc((size_t)n * 32000 * sizeof *logits);
     cr_assert_eq(kvp_forward(&e.m, &e.s, &e.c, toks, n, logits), 0);
@@ -127,7 +127,7 @@ Test(forward, heads_hold_different_rows)
     engine_open(&a, tu_shared("models/stories260K.bin"), tu_shared("models/tok512.bin"), 64);
     int toks[40];
     int n = kvp_tokenizer_encode(&a.m.tok, "Once upon a time there was a cat who liked milk.",
-                                 48, 1, 0, toks, 40);
+                                 48, KVP_ENCODE_BOS, toks, 40);
     cr_assert_eq(kvp_forward(&a.m, &a.s, &a.c, toks, n - 1, NULL), 0);
     void *buf;
     size_t len;

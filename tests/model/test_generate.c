@@ -92,7 +92,7 @@ Test(generate, budget_above_sequence_changes_nothing)
 {
     int prompt[128];
     int np = kvp_tokenizer_encode(&model.tok, "Once upon a time, a little dog found a red ball "
-                                  "in the park. He wanted to play with it.", 84, 1, 0, prompt, 128);
+                                  "in the park. He wanted to play with it.", 84, KVP_ENCODE_BOS, prompt, 128);
     int want[150], got[150];
     run r;
     run_open(&r, "none", 0, 32);
@@ -114,7 +114,7 @@ Test(generate, triggers_bound_every_head)
     size_t len;
     char *text = tu_slurp(tu_shared("datasets/tinystories/tinystories-dev.txt"), &len);
     int *toks = malloc(2000 * sizeof *toks);
-    int n = kvp_tokenizer_encode(&model.tok, text, 3000, 1, 0, toks, 2000);
+    int n = kvp_tokenizer_encode(&model.tok, text, 3000, KVP_ENCODE_BOS, toks, 2000);
     cr_assert_gt(n, 900);
     const int budget = 64, chunk = 32;
     for (size_t p = 1; p < N_POLICIES; p++) {

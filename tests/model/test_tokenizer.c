@@ -35,7 +35,7 @@ static int *encode(const kvp_tokenizer *t, const char *text, size_t len, int *n)
     int max = (int)len + 3;
     int *ids = malloc((size_t)max * sizeof *ids);
     cr_assert(ids);
-    *n = kvp_tokenizer_encode(t, text, len, 1, 0, ids, max);
+    *n = kvp_tokenizer_encode(t, text, len, KVP_ENCODE_BOS, ids, max);
     cr_assert_geq(*n, 1, "encode failed: %d", *n);
     cr_assert_eq(ids[0], t->bos_id);
     return ids;
@@ -80,7 +80,7 @@ static void assert_ids_len(const kvp_tokenizer *t, const char *text, size_t len,
                            int add_eos, const int *want, int n_want)
 {
     int got[64];
-    int n = kvp_tokenizer_encode(t, text, len, add_bos, add_eos, got, 64);
+    int n = kvp_tokenizer_encode(t, text, len, (add_bos ? KVP_ENCODE_BOS : 0) | (add_eos ? KVP_ENCODE_EOS : 0), got, 64);
     cr_assert_eq(n, n_want, "\"%s\": %d tokens, want %d", text, n, n_want);
     for (int i = 0; i < n; i++)
         cr_assert_eq(got[i], want[i], "\"%s\": token %d is %d, want %d", text, i, got[i],
@@ -162,15 +162,15 @@ Test(tokenizer, encode_edges)
     kvp_tokenizer t;
     load_bin(&t, TOK512, 512);
     int out[8];
-    cr_assert_eq(kvp_tokenizer_encode(&t, "", 0, 0, 0, out, 8), 0);
-    cr_assert_eq(kvp_tokenizer_encode(&t, NULL, 0, 0, 0, NULL, 0), 0);
+    cr_assert_eq(kvp_tokenizer_encode(&t, "", 0, 0, out, 8), 0);
+    cr_assert_eq(kvp_tokenizer_encode(&t, NULL, 0, 0, NULL, 0), 0);
     assert_ids(&t, "", 1, 1, (int[]){ 1, 2 }, 2);
-    int full = kvp_tokenizer_encode(&t, "Once upon a time", 16, 1, 1, out, 8);
+    int full = kvp_tokenizer_encode(&t, "Once upon a time", 16, KVP_ENCODE_BOS | KVP_ENCODE_EOS, out, 8);
     cr_assert_gt(full, 2);
     cr_assert_eq(out[full - 1], 2);
-    cr_assert_eq(kvp_tokenizer_encode(&t, "Once upon a time", 16, 1, 1, out, full - 1), -ENOSPC);
-    cr_assert_eq(kvp_tokenizer_encode(&t, "x", 1, 0, 0, NULL, 0), -ENOSPC);
-    cr_assert_eq(kvp_tokenizer_encode(&t, "x", SIZE_MAX, 0, 0, out, 8), -E2BIG);
+    cr_assert_eq(kvp_tokenizer_encode(&t, "Once upon a time", 16, KVP_ENCODE_BOS | KVP_ENCODE_EOS, out, full - 1), -ENOSPC);
+    cr_assert_eq(kvp_tokenizer_encode(&t, "x", 1, 0, NULL, 0), -ENOSPC);
+    cr_assert_eq(kvp_tokenizer_encode(&t, "x", SIZE_MAX, 0, out, 8), -E2BIG);
     /* Embedded NUL is a byte like any other: " a", <0x00>, "b". */
     int b = kvp_tokenizer_lookup(&t, "b", 1);
     assert_ids_len(&t, "a\0b", 3, 0, 0, (int[]){ 261, t.byte_token[0], b }, 3);
@@ -613,4 +613,29 @@ Test(tokenizer, gguf_add_space_prefix)
 
     cr_assert_lt(load_raw_prefix_gguf(KVP_GGUF_UINT32, &t, &g, &r, err, sizeof err), 0);
     cr_assert(strstr(err, "add_space_prefix"), "%s", err);
+}
+
+/* KVP_ENCODE_NO_PREFIX drops the dummy leading space, so text that continues earlier
+ * text encodes as it would inside one call. */
+Test(tokenizer, no_prefix_flag)
+{
+    kvp_tokenizer t;
+    load_bin(&t, TOK512, 512);
+    int with[16], without[16], whole[32], parts[32];
+    int a = kvp_tokenizer_encode(&t, "upon", 4, 0, with, 16);
+    int b = kvp_tokenizer_encode(&t, "upon", 4, KVP_ENCODE_NO_PREFIX, without, 16);
+    cr_assert(a > 0 && b > 0);
+    size_t len;
+    const char *p = kvp_tokenizer_piece(&t, 0, with[0], &len);
+    cr_expect(len > 0 && p[0] == ' ', "the default encoding starts with the dummy space");
+    p = kvp_tokenizer_piece(&t, 0, without[0], &len);
+    cr_expect(len > 0 && p[0] == 'u', "no dummy space with the flag");
+    /* two lines encoded apart, the second without prefix, equal the whole text */
+    const char *text = "Once upon a time.\nThe end.\n";
+    int n = kvp_tokenizer_encode(&t, text, 27, 0, whole, 32);
+    int n1 = kvp_tokenizer_encode(&t, text, 18, 0, parts, 32);
+    int n2 = kvp_tokenizer_encode(&t, text + 18, 9, KVP_ENCODE_NO_PREFIX, parts + n1, 32 - n1);
+    cr_assert_eq(n1 + n2, n);
+    cr_expect_eq(memcmp(whole, parts, (size_t)n * sizeof *whole), 0);
+    kvp_tokenizer_free(&t);
 }
