@@ -7,12 +7,12 @@
 #include "model/gguf.h"
 
 #include "cache/checksum.h"
+#include "model/errmsg.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <float.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,16 +39,6 @@ static const char *const ggml_names[] = {
     "IQ4_NL_4_4", "IQ4_NL_4_8", "IQ4_NL_8_8", "MXFP4",
 };
 #define N_GGML_NAMES (sizeof ggml_names / sizeof ggml_names[0])
-
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || !errlen)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 /* A name from the file, made printable for messages (control bytes become '?', long
  * names are cut). */
@@ -79,7 +69,7 @@ static bool need(cursor *c, uint64_t n, const char *what)
 {
     if (n <= c->size - c->off)
         return true;
-    seterr(c->err, c->errlen, "gguf: offset %zu: %s needs %llu bytes but only %zu remain "
+    kvp_errorf(c->err, c->errlen, 0, "gguf: offset %zu: %s needs %llu bytes but only %zu remain "
            "(file size %zu)", c->off, what, (unsigned long long)n, c->size - c->off, c->size);
     return false;
 }
@@ -117,7 +107,7 @@ static bool rd_str(cursor *c, kvp_gguf_str *s, const char *what)
     if (!rd(c, 8, &len, what))
         return false;
     if (len > c->size - c->off) {
-        seterr(c->err, c->errlen, "gguf: offset %zu: %s has length %llu, past the end of the "
+        kvp_errorf(c->err, c->errlen, 0, "gguf: offset %zu: %s has length %llu, past the end of the "
                "file (%zu bytes remain)", at, what, (unsigned long long)len, c->size - c->off);
         return false;
     }
@@ -189,7 +179,7 @@ static bool read_value(cursor *c, kvp_gguf_kv *kv, const char *key)
         return rd_str(c, &kv->val.str, "string value");
     if (kv->type != KVP_GGUF_ARRAY) {
         if (!scalar_size(kv->type)) {
-            seterr(c->err, c->errlen, "gguf: offset %zu: key '%s' has unknown value type %u",
+            kvp_errorf(c->err, c->errlen, 0, "gguf: offset %zu: key '%s' has unknown value type %u",
                    at, key, kv->type);
             return false;
         }
@@ -201,7 +191,7 @@ static bool read_value(cursor *c, kvp_gguf_kv *kv, const char *key)
     if (!rd_u32(c, &et, "array element type") || !rd(c, 8, &n, "array length"))
         return false;
     if (et == KVP_GGUF_ARRAY) {
-        seterr(c->err, c->errlen, "gguf: offset %zu: key '%s' is a nested array "
+        kvp_errorf(c->err, c->errlen, 0, "gguf: offset %zu: key '%s' is a nested array "
                "(arrays of arrays are not supported)", at, key);
         return false;
     }
@@ -212,7 +202,7 @@ static bool read_value(cursor *c, kvp_gguf_kv *kv, const char *key)
         /* Each element is at least its 8-byte length: reject impossible counts before
          * walking them. */
         if (n > (c->size - c->off) / 8) {
-            seterr(c->err, c->errlen, "gguf: offset %zu: key '%s': %llu strings cannot fit "
+            kvp_errorf(c->err, c->errlen, 0, "gguf: offset %zu: key '%s': %llu strings cannot fit "
                    "in the %zu bytes that remain", at, key, (unsigned long long)n,
                    c->size - c->off);
             return false;
@@ -226,12 +216,12 @@ static bool read_value(cursor *c, kvp_gguf_kv *kv, const char *key)
     }
     int es = scalar_size(et);
     if (!es) {
-        seterr(c->err, c->errlen, "gguf: offset %zu: key '%s' is an array of unknown element "
+        kvp_errorf(c->err, c->errlen, 0, "gguf: offset %zu: key '%s' is an array of unknown element "
                "type %u", at, key, et);
         return false;
     }
     if (n > (c->size - c->off) / (uint64_t)es) {
-        seterr(c->err, c->errlen, "gguf: offset %zu: key '%s': array of %llu elements of %d "
+        kvp_errorf(c->err, c->errlen, 0, "gguf: offset %zu: key '%s': array of %llu elements of %d "
                "bytes runs past the end of the file (%zu bytes remain)", at, key,
                (unsigned long long)n, es, c->size - c->off);
         return false;
@@ -282,7 +272,7 @@ static int parse_kvs(kvp_gguf *g, cursor *c)
 {
     strset seen;
     if (strset_init(&seen, g->n_kv)) {
-        seterr(c->err, c->errlen, "gguf: out of memory");
+        kvp_errorf(c->err, c->errlen, 0, "gguf: out of memory");
         return -ENOMEM;
     }
     int rc = -EINVAL;
@@ -294,7 +284,7 @@ static int parse_kvs(kvp_gguf *g, cursor *c)
             goto out;
         printable(&kv->key, name, sizeof name);
         if (!strset_add(&seen, &kv->key)) {
-            seterr(c->err, c->errlen, "gguf: offset %zu: duplicate key '%s'", at, name);
+            kvp_errorf(c->err, c->errlen, 0, "gguf: offset %zu: duplicate key '%s'", at, name);
             goto out;
         }
         if (!read_value(c, kv, name))
@@ -313,7 +303,7 @@ static int read_alignment(kvp_gguf *g, char *err, size_t errlen)
         return 0;
     uint32_t a;
     if (kvp_gguf_get_u32(g, "general.alignment", &a) || a == 0 || (a & (a - 1))) {
-        seterr(err, errlen, "gguf: general.alignment must be a power of two (an unsigned "
+        kvp_errorf(err, errlen, 0, "gguf: general.alignment must be a power of two (an unsigned "
                "integer)");
         return -EINVAL;
     }
@@ -329,7 +319,7 @@ static int parse_tensor_info(kvp_gguf_tensor *t, cursor *c)
         return -EINVAL;
     printable(&t->name, name, sizeof name);
     if (t->n_dims < 1 || t->n_dims > GGUF_MAX_DIMS) {
-        seterr(c->err, c->errlen, "gguf: offset %zu: tensor '%s' has %u dimensions "
+        kvp_errorf(c->err, c->errlen, 0, "gguf: offset %zu: tensor '%s' has %u dimensions "
                "(must be 1..%d)", at, name, t->n_dims, GGUF_MAX_DIMS);
         return -EINVAL;
     }
@@ -340,7 +330,7 @@ static int parse_tensor_info(kvp_gguf_tensor *t, cursor *c)
             return -EINVAL;
         /* ggml holds element counts in int64_t */
         if (t->ne[d] == 0 || t->ne[d] > INT64_MAX / t->n_elements) {
-            seterr(c->err, c->errlen, "gguf: offset %zu: tensor '%s' dimension %u is %llu "
+            kvp_errorf(c->err, c->errlen, 0, "gguf: offset %zu: tensor '%s' dimension %u is %llu "
                    "(%s)", at, name, d, (unsigned long long)t->ne[d],
                    t->ne[d] ? "the element count overflows" : "must be positive");
             return -EINVAL;
@@ -351,23 +341,23 @@ static int parse_tensor_info(kvp_gguf_tensor *t, cursor *c)
         return -EINVAL;
     if (t->type != KVP_GGML_F32 && t->type != KVP_GGML_F16 && t->type != KVP_GGML_Q8_0) {
         if (t->type < N_GGML_NAMES)
-            seterr(c->err, c->errlen, "gguf: offset %zu: tensor '%s' has unsupported type "
+            kvp_errorf(c->err, c->errlen, 0, "gguf: offset %zu: tensor '%s' has unsupported type "
                    "%s (%u); supported: F32, F16, Q8_0", at, name, ggml_names[t->type],
                    t->type);
         else
-            seterr(c->err, c->errlen, "gguf: offset %zu: tensor '%s' has unknown type %u",
+            kvp_errorf(c->err, c->errlen, 0, "gguf: offset %zu: tensor '%s' has unknown type %u",
                    at, name, t->type);
         return -ENOTSUP;
     }
     if (t->type == KVP_GGML_Q8_0 && t->ne[0] % KVP_Q8_0_BLOCK) {
-        seterr(c->err, c->errlen, "gguf: offset %zu: Q8_0 tensor '%s' has rows of %llu "
+        kvp_errorf(c->err, c->errlen, 0, "gguf: offset %zu: Q8_0 tensor '%s' has rows of %llu "
                "elements, not a multiple of %d", at, name, (unsigned long long)t->ne[0],
                KVP_Q8_0_BLOCK);
         return -EINVAL;
     }
     t->n_bytes = kvp_type_nbytes(t->type, t->n_elements);
     if (!t->n_bytes) {
-        seterr(c->err, c->errlen, "gguf: offset %zu: tensor '%s' is too large (%llu "
+        kvp_errorf(c->err, c->errlen, 0, "gguf: offset %zu: tensor '%s' is too large (%llu "
                "elements)", at, name, (unsigned long long)t->n_elements);
         return -EINVAL;
     }
@@ -378,7 +368,7 @@ static int parse_tensors(kvp_gguf *g, cursor *c)
 {
     strset seen;
     if (strset_init(&seen, g->n_tensors)) {
-        seterr(c->err, c->errlen, "gguf: out of memory");
+        kvp_errorf(c->err, c->errlen, 0, "gguf: out of memory");
         return -ENOMEM;
     }
     int rc = 0;
@@ -387,7 +377,7 @@ static int parse_tensors(kvp_gguf *g, cursor *c)
         size_t at = c->off;
         rc = parse_tensor_info(&g->tensors[i], c);
         if (!rc && !strset_add(&seen, &g->tensors[i].name)) {
-            seterr(c->err, c->errlen, "gguf: offset %zu: duplicate tensor name '%s'", at,
+            kvp_errorf(c->err, c->errlen, 0, "gguf: offset %zu: duplicate tensor name '%s'", at,
                    printable(&g->tensors[i].name, name, sizeof name));
             rc = -EINVAL;
         }
@@ -399,7 +389,7 @@ static int parse_tensors(kvp_gguf *g, cursor *c)
     /* The data section starts at the next multiple of the alignment. */
     uint64_t data = ((uint64_t)c->off + g->alignment - 1) & ~(g->alignment - 1);
     if (g->n_tensors && data > c->size) {
-        seterr(c->err, c->errlen, "gguf: the data section (offset %llu) starts past the end "
+        kvp_errorf(c->err, c->errlen, 0, "gguf: the data section (offset %llu) starts past the end "
                "of the file (size %zu)", (unsigned long long)data, c->size);
         return -EINVAL;
     }
@@ -408,13 +398,13 @@ static int parse_tensors(kvp_gguf *g, cursor *c)
         kvp_gguf_tensor *t = &g->tensors[i];
         printable(&t->name, name, sizeof name);
         if (t->offset % g->alignment) {
-            seterr(c->err, c->errlen, "gguf: tensor '%s' data offset %llu is not a multiple "
+            kvp_errorf(c->err, c->errlen, 0, "gguf: tensor '%s' data offset %llu is not a multiple "
                    "of the alignment %llu", name, (unsigned long long)t->offset,
                    (unsigned long long)g->alignment);
             return -EINVAL;
         }
         if (t->offset > avail || t->n_bytes > avail - t->offset) {
-            seterr(c->err, c->errlen, "gguf: tensor '%s' data (%llu bytes at data offset %llu, "
+            kvp_errorf(c->err, c->errlen, 0, "gguf: tensor '%s' data (%llu bytes at data offset %llu, "
                    "file offset %llu) runs past the end of the file (size %zu)", name,
                    (unsigned long long)t->n_bytes, (unsigned long long)t->offset,
                    (unsigned long long)(data + t->offset), c->size);
@@ -435,14 +425,14 @@ int kvp_gguf_parse(kvp_gguf *g, const void *buf, size_t size, char *err, size_t 
     if (!rd(&c, 4, &magic, "magic"))
         return -EINVAL;
     if (memcmp(buf, "GGUF", 4)) {
-        seterr(err, errlen, "gguf: offset 0: bad magic (expected \"GGUF\")");
+        kvp_errorf(err, errlen, 0, "gguf: offset 0: bad magic (expected \"GGUF\")");
         return -EINVAL;
     }
     if (!rd(&c, 4, &version, "version"))
         return -EINVAL;
     if (version != 2 && version != 3) {
         /* a big-endian file reads as a version with its low byte zero */
-        seterr(err, errlen, "gguf: offset 4: unsupported version %llu%s (supported: 2, 3)",
+        kvp_errorf(err, errlen, 0, "gguf: offset 4: unsupported version %llu%s (supported: 2, 3)",
                (unsigned long long)version,
                (version && !(version & 0xffff)) ? " (big-endian file?)" : "");
         return -ENOTSUP;
@@ -452,7 +442,7 @@ int kvp_gguf_parse(kvp_gguf *g, const void *buf, size_t size, char *err, size_t 
     size_t rest = size - c.off;
     if (n_kv > rest / KV_MIN_BYTES || n_tensors > rest / TENSOR_MIN_BYTES ||
         n_kv * KV_MIN_BYTES + n_tensors * TENSOR_MIN_BYTES > rest) {
-        seterr(err, errlen, "gguf: offset 8: %llu tensors and %llu kvs cannot fit in the "
+        kvp_errorf(err, errlen, 0, "gguf: offset 8: %llu tensors and %llu kvs cannot fit in the "
                "%zu bytes after the header", (unsigned long long)n_tensors,
                (unsigned long long)n_kv, rest);
         return -EINVAL;
@@ -467,7 +457,7 @@ int kvp_gguf_parse(kvp_gguf *g, const void *buf, size_t size, char *err, size_t 
     g->tensors = calloc((size_t)n_tensors + 1, sizeof *g->tensors);
     int rc = -ENOMEM;
     if (!g->kv || !g->tensors) {
-        seterr(err, errlen, "gguf: out of memory");
+        kvp_errorf(err, errlen, 0, "gguf: out of memory");
         goto fail;
     }
     if ((rc = parse_kvs(g, &c)) || (rc = read_alignment(g, err, errlen)) ||
@@ -487,19 +477,19 @@ int kvp_gguf_open(kvp_gguf *g, const char *path, char *err, size_t errlen)
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         int e = errno;
-        seterr(err, errlen, "%s: %s", path, strerror(e));
+        kvp_errorf(err, errlen, 0, "%s: %s", path, strerror(e));
         return -e;
     }
     struct stat st;
     if (fstat(fd, &st)) {
         int e = errno;
         close(fd);
-        seterr(err, errlen, "%s: %s", path, strerror(e));
+        kvp_errorf(err, errlen, 0, "%s: %s", path, strerror(e));
         return -e;
     }
     if (!S_ISREG(st.st_mode) || st.st_size < 4) {
         close(fd);
-        seterr(err, errlen, "%s: %s", path, S_ISREG(st.st_mode) ?
+        kvp_errorf(err, errlen, 0, "%s: %s", path, S_ISREG(st.st_mode) ?
                "file too small to be GGUF" : "not a regular file");
         return -EINVAL;
     }
@@ -508,14 +498,14 @@ int kvp_gguf_open(kvp_gguf *g, const char *path, char *err, size_t errlen)
     int e = errno;
     close(fd);
     if (map == MAP_FAILED) {
-        seterr(err, errlen, "%s: mmap: %s", path, strerror(e));
+        kvp_errorf(err, errlen, 0, "%s: mmap: %s", path, strerror(e));
         return -e;
     }
     char msg[512];
     int rc = kvp_gguf_parse(g, map, size, msg, sizeof msg);
     if (rc) {
         munmap(map, size);
-        seterr(err, errlen, "%s: %s", path, msg);
+        kvp_errorf(err, errlen, 0, "%s: %s", path, msg);
         return rc;
     }
     g->map = map;
@@ -886,7 +876,7 @@ int kvp_gguf_writer_write(kvp_gguf_writer *w, FILE *f,
     if (err && errlen)
         err[0] = 0;
     if (w->failed) {
-        seterr(err, errlen, "gguf writer: an earlier add failed (bad argument, duplicate "
+        kvp_errorf(err, errlen, 0, "gguf writer: an earlier add failed (bad argument, duplicate "
                "name or out of memory)");
         return -EINVAL;
     }
@@ -897,7 +887,7 @@ int kvp_gguf_writer_write(kvp_gguf_writer *w, FILE *f,
      * With fill == NULL tensors are written as zeros. */
     void *buf = max > SIZE_MAX ? NULL : calloc(1, (size_t)max + 1);
     if (!buf) {
-        seterr(err, errlen, "gguf writer: out of memory for a %llu-byte tensor buffer",
+        kvp_errorf(err, errlen, 0, "gguf writer: out of memory for a %llu-byte tensor buffer",
                (unsigned long long)max);
         return -ENOMEM;
     }
@@ -909,7 +899,7 @@ int kvp_gguf_writer_write(kvp_gguf_writer *w, FILE *f,
     for (uint64_t i = 0; i < w->n_t; i++) {
         const wtensor *t = &w->t[i];
         if (fill && (rc = fill(ctx, i, buf, t->n_bytes))) {
-            seterr(err, errlen, "gguf writer: filling tensor '%s' failed (%d)", t->name, rc);
+            kvp_errorf(err, errlen, 0, "gguf writer: filling tensor '%s' failed (%d)", t->name, rc);
             rc = rc < 0 ? rc : -EIO;
             goto out;
         }
@@ -922,7 +912,7 @@ int kvp_gguf_writer_write(kvp_gguf_writer *w, FILE *f,
     goto out;
 io:
     rc = -(errno ? errno : EIO);
-    seterr(err, errlen, "gguf writer: write failed: %s", strerror(-rc));
+    kvp_errorf(err, errlen, 0, "gguf writer: write failed: %s", strerror(-rc));
 out:
     free(buf);
     return rc;

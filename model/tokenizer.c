@@ -1,8 +1,9 @@
 #include "model/tokenizer.h"
 
+#include "model/errmsg.h"
+
 #include <errno.h>
 #include <limits.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,17 +18,6 @@ enum { TT_UNKNOWN = 2, TT_CONTROL = 3, TT_UNUSED = 5, TT_BYTE = 6 };
 #define B16(n) B4(n), B4(n + 4), B4(n + 8), B4(n + 12)
 #define B64(n) B16(n), B16(n + 16), B16(n + 32), B16(n + 48)
 static const unsigned char byte_chars[256] = { B64(0), B64(64), B64(128), B64(192) };
-
-static int fail(char *err, size_t errlen, int rc, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return rc;
-}
 
 void kvp_tokenizer_free(kvp_tokenizer *t)
 {
@@ -136,7 +126,7 @@ static int finish(kvp_tokenizer *t, const int32_t *types, char *err, size_t errl
     sort_entry *ents = malloc((size_t)t->vocab_size * sizeof *ents);
     if (!t->sorted || !ents) {
         free(ents);
-        return fail(err, errlen, -ENOMEM, "out of memory for the tokenizer index");
+        return kvp_errorf(err, errlen, -ENOMEM, "out of memory for the tokenizer index");
     }
     /* Text tokens first, specials after them; each part sorted on its own. */
     int n = 0;
@@ -164,7 +154,7 @@ static int alloc_vocab(kvp_tokenizer *t, int n, size_t blob_size, char *err, siz
     char *blob = malloc(blob_size ? blob_size : 1);
     if (!t->pieces || !t->piece_len || !t->scores || !blob) {
         free(blob);
-        return fail(err, errlen, -ENOMEM, "out of memory for %d tokens", n);
+        return kvp_errorf(err, errlen, -ENOMEM, "out of memory for %d tokens", n);
     }
     t->pieces[0] = blob;
     return 0;
@@ -176,11 +166,11 @@ static int parse_bin(kvp_tokenizer *t, const unsigned char *buf, size_t size, in
 {
     int32_t max_len;
     if (size < 4)
-        return fail(err, errlen, -EINVAL, "%s: truncated: no max_token_length (%zu bytes)",
+        return kvp_errorf(err, errlen, -EINVAL, "%s: truncated: no max_token_length (%zu bytes)",
                     path, size);
     memcpy(&max_len, buf, 4);
     if (max_len <= 0)
-        return fail(err, errlen, -EINVAL, "%s: bad max_token_length %d", path, (int)max_len);
+        return kvp_errorf(err, errlen, -EINVAL, "%s: bad max_token_length %d", path, (int)max_len);
     /* Every record takes 8 + len file bytes and len + 1 blob bytes, so size bounds the blob. */
     int rc = alloc_vocab(t, vocab_size, size, err, errlen);
     if (rc < 0)
@@ -190,18 +180,18 @@ static int parse_bin(kvp_tokenizer *t, const unsigned char *buf, size_t size, in
     for (int i = 0; i < vocab_size; i++) {
         int32_t len;
         if (size - off < 8)
-            return fail(err, errlen, -EINVAL,
+            return kvp_errorf(err, errlen, -EINVAL,
                         "%s: truncated at token %d of %d (offset %zu of %zu)",
                         path, i, vocab_size, off, size);
         memcpy(&t->scores[i], buf + off, 4);
         memcpy(&len, buf + off + 4, 4);
         off += 8;
         if (len < 0 || len > max_len)
-            return fail(err, errlen, -EINVAL,
+            return kvp_errorf(err, errlen, -EINVAL,
                         "%s: token %d has length %d (max_token_length %d)",
                         path, i, (int)len, (int)max_len);
         if (size - off < (size_t)len)
-            return fail(err, errlen, -EINVAL,
+            return kvp_errorf(err, errlen, -EINVAL,
                         "%s: truncated in token %d of %d (needs %d bytes at offset %zu of %zu)",
                         path, i, vocab_size, (int)len, off, size);
         memcpy(dst, buf + off, (size_t)len);
@@ -212,7 +202,7 @@ static int parse_bin(kvp_tokenizer *t, const unsigned char *buf, size_t size, in
         off += (size_t)len;
     }
     if (off != size)
-        return fail(err, errlen, -EINVAL,
+        return kvp_errorf(err, errlen, -EINVAL,
                     "%s: %zu bytes left after %d tokens: the file holds another vocab_size",
                     path, size - off, vocab_size);
     return 0;
@@ -224,35 +214,35 @@ int kvp_tokenizer_load_file(kvp_tokenizer *t, const char *path, int vocab_size,
     memset(t, 0, sizeof *t);
     /* unk, bos and eos are ids 0, 1, 2 in this format. */
     if (vocab_size < 3)
-        return fail(err, errlen, -EINVAL, "%s: vocab_size %d is too small", path, vocab_size);
+        return kvp_errorf(err, errlen, -EINVAL, "%s: vocab_size %d is too small", path, vocab_size);
     FILE *f = fopen(path, "rb");
     if (!f) {
         int e = errno;
-        return fail(err, errlen, -e, "cannot open %s: %s", path, strerror(e));
+        return kvp_errorf(err, errlen, -e, "cannot open %s: %s", path, strerror(e));
     }
     struct stat st;
     int rc = 0;
     unsigned char *buf = NULL;
     if (fstat(fileno(f), &st) != 0) {
         int e = errno;
-        rc = fail(err, errlen, -e, "cannot stat %s: %s", path, strerror(e));
+        rc = kvp_errorf(err, errlen, -e, "cannot stat %s: %s", path, strerror(e));
         goto out;
     }
     /* A tokenizer never exceeds 4 + vocab x (8 + INT_MAX) bytes; refuse to slurp a
      * mistaken multi-gigabyte path beyond that. */
     size_t size = (size_t)st.st_size;
     if ((uint64_t)st.st_size > 4 + (uint64_t)vocab_size * (8 + (uint64_t)INT_MAX)) {
-        rc = fail(err, errlen, -EINVAL, "%s: %zu bytes is too large for %d tokens",
+        rc = kvp_errorf(err, errlen, -EINVAL, "%s: %zu bytes is too large for %d tokens",
                   path, size, vocab_size);
         goto out;
     }
     buf = malloc(size ? size : 1);
     if (!buf) {
-        rc = fail(err, errlen, -ENOMEM, "%s: out of memory for %zu bytes", path, size);
+        rc = kvp_errorf(err, errlen, -ENOMEM, "%s: out of memory for %zu bytes", path, size);
         goto out;
     }
     if (fread(buf, 1, size, f) != size) {
-        rc = fail(err, errlen, -EIO, "%s: read error", path);
+        rc = kvp_errorf(err, errlen, -EIO, "%s: read error", path);
         goto out;
     }
     rc = parse_bin(t, buf, size, vocab_size, path, err, errlen);
@@ -280,10 +270,10 @@ static int gguf_array(const kvp_gguf *g, const char *key, uint32_t elem_type, ui
     if (!kv)
         return 0;
     if (kv->type != KVP_GGUF_ARRAY || kv->val.arr.type != elem_type)
-        return fail(err, errlen, -EINVAL, "%s has the wrong type (want an array of type %u)",
+        return kvp_errorf(err, errlen, -EINVAL, "%s has the wrong type (want an array of type %u)",
                     key, (unsigned)elem_type);
     if (kv->val.arr.n != n)
-        return fail(err, errlen, -EINVAL, "%s has %llu entries, the vocabulary %llu",
+        return kvp_errorf(err, errlen, -EINVAL, "%s has %llu entries, the vocabulary %llu",
                     key, (unsigned long long)kv->val.arr.n, (unsigned long long)n);
     return 0;
 }
@@ -296,9 +286,9 @@ static int gguf_id(const kvp_gguf *g, const char *key, int def, int vocab, int *
     if (rc == -ENOENT)
         v = (uint32_t)def;
     else if (rc < 0)
-        return fail(err, errlen, rc, "%s is not a valid token id", key);
+        return kvp_errorf(err, errlen, rc, "%s is not a valid token id", key);
     if (v >= (uint32_t)vocab)
-        return fail(err, errlen, -EINVAL, "%s %u is outside the vocabulary of %d",
+        return kvp_errorf(err, errlen, -EINVAL, "%s %u is outside the vocabulary of %d",
                     key, (unsigned)v, vocab);
     *out = (int)v;
     return 0;
@@ -331,35 +321,35 @@ static int load_gguf(kvp_tokenizer *t, const kvp_gguf *g, kvp_gguf_str **strs,
 {
     const kvp_gguf_kv *kv = kvp_gguf_find(g, "tokenizer.ggml.model");
     if (!kv)
-        return fail(err, errlen, -ENOENT, "GGUF has no tokenizer.ggml.model");
+        return kvp_errorf(err, errlen, -ENOENT, "GGUF has no tokenizer.ggml.model");
     if (kv->type != KVP_GGUF_STRING)
-        return fail(err, errlen, -EINVAL, "tokenizer.ggml.model is not a string");
+        return kvp_errorf(err, errlen, -EINVAL, "tokenizer.ggml.model is not a string");
     if (kv->val.str.len != 5 || memcmp(kv->val.str.ptr, "llama", 5) != 0)
-        return fail(err, errlen, -ENOTSUP,
+        return kvp_errorf(err, errlen, -ENOTSUP,
                     "tokenizer.ggml.model \"%.*s\" is not supported (only \"llama\", "
                     "SentencePiece BPE)",
                     (int)(kv->val.str.len < 64 ? kv->val.str.len : 64), kv->val.str.ptr);
 
     kv = kvp_gguf_find(g, "tokenizer.ggml.tokens");
     if (!kv)
-        return fail(err, errlen, -ENOENT, "GGUF has no tokenizer.ggml.tokens");
+        return kvp_errorf(err, errlen, -ENOENT, "GGUF has no tokenizer.ggml.tokens");
     if (kv->type != KVP_GGUF_ARRAY || kv->val.arr.type != KVP_GGUF_STRING)
-        return fail(err, errlen, -EINVAL, "tokenizer.ggml.tokens is not a string array");
+        return kvp_errorf(err, errlen, -EINVAL, "tokenizer.ggml.tokens is not a string array");
     uint64_t n = kv->val.arr.n;
     if (n < 3 || n > INT_MAX)
-        return fail(err, errlen, -EINVAL, "tokenizer.ggml.tokens has %llu entries",
+        return kvp_errorf(err, errlen, -EINVAL, "tokenizer.ggml.tokens has %llu entries",
                     (unsigned long long)n);
     *strs = malloc(n * sizeof **strs);
     if (!*strs)
-        return fail(err, errlen, -ENOMEM, "out of memory for %llu tokens", (unsigned long long)n);
+        return kvp_errorf(err, errlen, -ENOMEM, "out of memory for %llu tokens", (unsigned long long)n);
     int rc = kvp_gguf_str_array(kv, *strs, n);
     if (rc < 0)
-        return fail(err, errlen, rc, "tokenizer.ggml.tokens: bad string array");
+        return kvp_errorf(err, errlen, rc, "tokenizer.ggml.tokens: bad string array");
     /* Strings are bounded by the file, so the sum cannot overflow size_t. */
     size_t blob = 0;
     for (uint64_t i = 0; i < n; i++) {
         if ((*strs)[i].len > INT_MAX)
-            return fail(err, errlen, -EINVAL, "token %llu is %llu bytes long",
+            return kvp_errorf(err, errlen, -EINVAL, "token %llu is %llu bytes long",
                         (unsigned long long)i, (unsigned long long)(*strs)[i].len);
         blob += (size_t)(*strs)[i].len + 1;
     }
@@ -387,7 +377,7 @@ static int load_gguf(kvp_tokenizer *t, const kvp_gguf *g, kvp_gguf_str **strs,
     if (ttype) {
         *types = malloc(n * sizeof **types);
         if (!*types)
-            return fail(err, errlen, -ENOMEM, "out of memory for token types");
+            return kvp_errorf(err, errlen, -ENOMEM, "out of memory for token types");
         for (uint64_t i = 0; i < n; i++)
             (*types)[i] = (int32_t)le32(ttype->val.arr.data + 4 * i);
     }
@@ -401,7 +391,7 @@ static int load_gguf(kvp_tokenizer *t, const kvp_gguf *g, kvp_gguf_str **strs,
     kv = kvp_gguf_find(g, "tokenizer.ggml.add_space_prefix");
     if (kv) {
         if (kv->type != KVP_GGUF_BOOL)
-            return fail(err, errlen, -EINVAL, "tokenizer.ggml.add_space_prefix is not a bool");
+            return kvp_errorf(err, errlen, -EINVAL, "tokenizer.ggml.add_space_prefix is not a bool");
         t->add_space_prefix = kv->val.u64 != 0;
     }
     return finish(t, *types, err, errlen);

@@ -1,12 +1,12 @@
 #include "policy/kvp_agent.h"
 
 #include "cache/checksum.h"
+#include "model/errmsg.h"
 
 #include <assert.h>
 #include <cblas.h>
 #include <errno.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,16 +21,6 @@ _Static_assert(sizeof(size_t) >= 8, "parameter counts up to 2^42 need a 64-bit s
 
 #define LN_EPS 1e-5f
 
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || !errlen)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
 /* ---------------------------------------------------------------- sizes and layout */
 
 #define MAX_D 4096
@@ -43,7 +33,7 @@ static int check_range(const char *what, int64_t v, int64_t max, char *err, size
 {
     if (v >= 1 && v <= max)
         return 0;
-    seterr(err, errlen, "%s = %lld is out of range [1, %lld]", what, (long long)v,
+    kvp_errorf(err, errlen, 0, "%s = %lld is out of range [1, %lld]", what, (long long)v,
            (long long)max);
     return -EINVAL;
 }
@@ -444,12 +434,12 @@ int kvp_agent_set_alloc(kvp_agent_set *s, int n_layers, int n_kv_heads,
         return rc;
     size_t np = kvp_agent_n_params(a), agents = (size_t)n_layers * (size_t)n_kv_heads;
     if (np > SIZE_MAX / sizeof(float) / agents) {
-        seterr(err, errlen, "policy of %zu agents x %zu parameters is too large", agents, np);
+        kvp_errorf(err, errlen, 0, "policy of %zu agents x %zu parameters is too large", agents, np);
         return -EINVAL;
     }
     s->params = malloc(agents * np * sizeof(float));
     if (!s->params) {
-        seterr(err, errlen, "out of memory for %zu agents x %zu parameters", agents, np);
+        kvp_errorf(err, errlen, 0, "out of memory for %zu agents x %zu parameters", agents, np);
         return -ENOMEM;
     }
     s->n_layers = n_layers;
@@ -508,19 +498,19 @@ int kvp_agent_set_save(const kvp_agent_set *s, const char *path, char *err, size
 {
     char tmp[4096];
     if ((size_t)snprintf(tmp, sizeof tmp, "%s.XXXXXX", path) >= sizeof tmp) {
-        seterr(err, errlen, "%s: path too long", path);
+        kvp_errorf(err, errlen, 0, "%s: path too long", path);
         return -ENAMETOOLONG;
     }
     int fd = mkstemp(tmp);
     if (fd < 0) {
         int rc = -errno;
-        seterr(err, errlen, "%s: cannot create a temporary file: %s", path, strerror(errno));
+        kvp_errorf(err, errlen, 0, "%s: cannot create a temporary file: %s", path, strerror(errno));
         return rc;
     }
     FILE *f = fdopen(fd, "wb");
     if (!f) {
         int rc = -errno;
-        seterr(err, errlen, "%s: %s", tmp, strerror(errno));
+        kvp_errorf(err, errlen, 0, "%s: %s", tmp, strerror(errno));
         close(fd);
         unlink(tmp);
         return rc;
@@ -560,7 +550,7 @@ int kvp_agent_set_save(const kvp_agent_set *s, const char *path, char *err, size
         saved = errno;
     }
     if (!ok) {
-        seterr(err, errlen, "%s: write failed: %s", path, strerror(saved));
+        kvp_errorf(err, errlen, 0, "%s: write failed: %s", path, strerror(saved));
         unlink(tmp);
         return -saved;
     }
@@ -573,12 +563,12 @@ static int parse_header(const uint8_t *hdr, uint64_t file_size, const char *path
                         size_t errlen)
 {
     if (memcmp(hdr, MAGIC, 8) != 0) {
-        seterr(err, errlen, "%s: not a KVP policy file (bad magic)", path);
+        kvp_errorf(err, errlen, 0, "%s: not a KVP policy file (bad magic)", path);
         return -EINVAL;
     }
     uint32_t version = get_u32(hdr + 8);
     if (version != FORMAT_VERSION) {
-        seterr(err, errlen, "%s: unsupported policy file version %u (this build reads %u)",
+        kvp_errorf(err, errlen, 0, "%s: unsupported policy file version %u (this build reads %u)",
                path, version, FORMAT_VERSION);
         return -EINVAL;
     }
@@ -593,7 +583,7 @@ static int parse_header(const uint8_t *hdr, uint64_t file_size, const char *path
         char msg[160];
         if (check_range(fields[i].name, get_u32(hdr + fields[i].off), fields[i].max, msg,
                         sizeof msg)) {
-            seterr(err, errlen, "%s: %s", path, msg);
+            kvp_errorf(err, errlen, 0, "%s: %s", path, msg);
             return -EINVAL;
         }
         v[i] = (int)get_u32(hdr + fields[i].off);
@@ -604,7 +594,7 @@ static int parse_header(const uint8_t *hdr, uint64_t file_size, const char *path
 
     uint64_t np = kvp_agent_n_params(a), stored = get_u64(hdr + 40);
     if (stored != np) {
-        seterr(err, errlen,
+        kvp_errorf(err, errlen, 0,
                "%s: parameter count %llu per agent does not match the sizes "
                "(d=%d P=%d E=%d H=%d pmax=%d need %llu)",
                path, (unsigned long long)stored, a->d, a->P, a->E, a->H, a->pmax,
@@ -617,14 +607,14 @@ static int parse_header(const uint8_t *hdr, uint64_t file_size, const char *path
                         ? UINT64_MAX
                         : HEADER_BYTES + agents * np * 4u + CHECKSUM_BYTES;
     if (file_size < want) {
-        seterr(err, errlen,
+        kvp_errorf(err, errlen, 0,
                "%s: truncated: %llu bytes, %llu agents x %llu parameters do not fit", path,
                (unsigned long long)file_size, (unsigned long long)agents,
                (unsigned long long)np);
         return -EINVAL;
     }
     if (file_size > want) {
-        seterr(err, errlen, "%s: %llu trailing bytes after the checksum", path,
+        kvp_errorf(err, errlen, 0, "%s: %llu trailing bytes after the checksum", path,
                (unsigned long long)(file_size - want));
         return -EINVAL;
     }
@@ -638,7 +628,7 @@ static int check_params(const kvp_agent_set *s, const char *path, char *err, siz
             const float *w = kvp_agent_set_params(s, l, h);
             for (size_t i = 0; i < s->n_params; i++)
                 if (!isfinite(w[i])) {
-                    seterr(err, errlen, "%s: parameter %zu of agent (layer %d, KV head %d) "
+                    kvp_errorf(err, errlen, 0, "%s: parameter %zu of agent (layer %d, KV head %d) "
                            "is not finite", path, i, l, h);
                     return -EINVAL;
                 }
@@ -652,7 +642,7 @@ static int check_shape(const kvp_agent_set *s, const kvp_model_config *cfg,
     if (s->n_layers == cfg->n_layers && s->n_kv_heads == cfg->n_kv_heads &&
         s->arch.d == cfg->head_dim)
         return 0;
-    seterr(err, errlen,
+    kvp_errorf(err, errlen, 0,
            "%s: policy file is for %d layers x %d KV heads x head_dim %d, "
            "model has %d layers x %d KV heads x head_dim %d",
            path, s->n_layers, s->n_kv_heads, s->arch.d, cfg->n_layers, cfg->n_kv_heads,
@@ -667,7 +657,7 @@ int kvp_agent_set_load(kvp_agent_set *s, const char *path, const kvp_model_confi
     FILE *f = fopen(path, "rb");
     if (!f) {
         int rc = -errno;
-        seterr(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        kvp_errorf(err, errlen, 0, "%s: cannot open: %s", path, strerror(errno));
         return rc;
     }
     int rc;
@@ -677,22 +667,22 @@ int kvp_agent_set_load(kvp_agent_set *s, const char *path, const kvp_model_confi
     kvp_agent_arch a;
     if (fstat(fileno(f), &st) != 0) {
         rc = -errno;
-        seterr(err, errlen, "%s: %s", path, strerror(errno));
+        kvp_errorf(err, errlen, 0, "%s: %s", path, strerror(errno));
         goto fail;
     }
     if (!S_ISREG(st.st_mode)) {
-        seterr(err, errlen, "%s: not a regular file", path);
+        kvp_errorf(err, errlen, 0, "%s: not a regular file", path);
         rc = -EINVAL;
         goto fail;
     }
     if (st.st_size < HEADER_BYTES) {
-        seterr(err, errlen, "%s: truncated: %lld bytes, the header alone is %d", path,
+        kvp_errorf(err, errlen, 0, "%s: truncated: %lld bytes, the header alone is %d", path,
                (long long)st.st_size, HEADER_BYTES);
         rc = -EINVAL;
         goto fail;
     }
     if (fread(hdr, 1, sizeof hdr, f) != sizeof hdr) {
-        seterr(err, errlen, "%s: read error", path);
+        kvp_errorf(err, errlen, 0, "%s: read error", path);
         rc = -EIO;
         goto fail;
     }
@@ -705,14 +695,14 @@ int kvp_agent_set_load(kvp_agent_set *s, const char *path, const kvp_model_confi
     size_t nf = (size_t)n_layers * (size_t)n_kv_heads * s->n_params;
     if (fread(s->params, sizeof(float), nf, f) != nf ||
         fread(tail, 1, sizeof tail, f) != sizeof tail) {
-        seterr(err, errlen, "%s: read error (file changed while reading?)", path);
+        kvp_errorf(err, errlen, 0, "%s: read error (file changed while reading?)", path);
         rc = -EIO;
         goto fail;
     }
     uint64_t sum = kvp_fnv1a(kvp_fnv1a(KVP_FNV1A_INIT, hdr, sizeof hdr), s->params,
                              nf * sizeof(float));
     if (sum != get_u64(tail)) {
-        seterr(err, errlen, "%s: checksum mismatch (file %016llx, computed %016llx): corrupt",
+        kvp_errorf(err, errlen, 0, "%s: checksum mismatch (file %016llx, computed %016llx): corrupt",
                path, (unsigned long long)get_u64(tail), (unsigned long long)sum);
         rc = -EBADMSG;
         goto fail;
@@ -786,12 +776,12 @@ static const kvp_policy_ops kvp_ops = {
 int kvp_agent_policy_create(kvp_policy *p, const char *policy_file, char *err, size_t errlen)
 {
     if (!policy_file || !*policy_file) {
-        seterr(err, errlen, "the kvp policy needs a policy file");
+        kvp_errorf(err, errlen, 0, "the kvp policy needs a policy file");
         return -EINVAL;
     }
     kvp_agent_policy *ap = calloc(1, sizeof *ap);
     if (!ap) {
-        seterr(err, errlen, "out of memory");
+        kvp_errorf(err, errlen, 0, "out of memory");
         return -ENOMEM;
     }
     int rc = kvp_agent_set_load(&ap->set, policy_file, &p->cfg, err, errlen);
@@ -801,7 +791,7 @@ int kvp_agent_policy_create(kvp_policy *p, const char *policy_file, char *err, s
     }
     ap->work = malloc(kvp_agent_score_work(&ap->set.arch, SCORE_BLOCK) * sizeof(float));
     if (!ap->work) {
-        seterr(err, errlen, "out of memory");
+        kvp_errorf(err, errlen, 0, "out of memory");
         kvp_agent_set_free(&ap->set);
         free(ap);
         return -ENOMEM;
