@@ -99,6 +99,7 @@ int kvpd_start(kvpd_proc *p, const char *extra)
         free(body);
         if (st == 200)
             return 0;
+        p->health_503 += st == 503;
         sleep_ms(25);
     }
     return -1;

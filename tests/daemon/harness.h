@@ -13,6 +13,7 @@ typedef struct kvpd_proc {
     pid_t pid;
     int port;
     char log[64];       /* the daemon's stderr */
+    int health_503;     /* /healthz answers 503 seen while kvpd_start waited */
 } kvpd_proc;
 
 /* Starts kvpd with the test defaults (2 workers, budget 64, chunk 16, greedy) and

@@ -211,3 +211,26 @@ Test(http, idle_sessions_are_dropped, .timeout = 60)
     ws_close(&watcher);
     cr_assert_eq(kvpd_stop(&d, 10000), 0);
 }
+
+/* The port is bound before the model is loaded: /healthz says 503 meanwhile, then 200.
+ * A quantized synthetic model takes long enough to load (read + dequantize) to see it. */
+Test(http, healthz_is_503_until_the_model_is_loaded, .timeout = 120)
+{
+    char dir[64], model[128], cmd[512];
+    cr_assert_eq(h_mkdtemp(dir, sizeof dir), 0);
+    snprintf(model, sizeof model, "%s/slow.gguf", dir);
+    snprintf(cmd, sizeof cmd, "%s synth --out %s --dim 768 --hidden 2048 --layers 4 --heads 12 "
+             "--vocab 32000 --type q8_0 >/dev/null 2>&1", h_build("tools/kvp"), model);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+    char extra[256];
+    snprintf(extra, sizeof extra, "--model %s --policy streaming", model);
+    kvpd_proc p;
+    cr_assert_eq(kvpd_start(&p, extra), 0, "kvpd did not become healthy");
+    cr_expect_gt(p.health_503, 0, "no 503 before the model was ready");
+    char *body = NULL;
+    cr_expect_eq(h_get(&p, "/healthz", NULL, &body), 200);
+    cr_expect(body && strstr(body, "\"ok\""), "%s", body ? body : "(none)");
+    free(body);
+    cr_expect_eq(kvpd_stop(&p, 10000), 0);
+    h_rmdir(dir);
+}
