@@ -214,7 +214,7 @@ Test(http, idle_sessions_are_dropped, .timeout = 60)
 
 /* The port is bound before the model is loaded: /healthz says 503 meanwhile, then 200.
  * A quantized synthetic model takes long enough to load (read + dequantize) to see it. */
-Test(http, healthz_is_503_until_the_model_is_loaded, .timeout = 120)
+Test(http, healthz_is_503_until_the_model_is_loaded, .timeout = 60)
 {
     char dir[64], model[128], cmd[512];
     cr_assert_eq(h_mkdtemp(dir, sizeof dir), 0);
