@@ -26,6 +26,7 @@
 #include "cache/kvcache.h"
 #include "model/forward.h"
 #include "model/model.h"
+#include "tools/cliutil.h"
 
 #define MAX_THREADS 64
 
@@ -251,17 +252,6 @@ static int usage(void)
     return 2;
 }
 
-static int num(const char *s, long lo, long hi, long *out)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi)
-        return 0;
-    *out = v;
-    return 1;
-}
-
 int main(int argc, char **argv)
 {
     const char *model = "models/stories260K.bin", *tok = "models/tok512.bin";
@@ -287,9 +277,9 @@ int main(int argc, char **argv)
             synth = v;
         else if (!strcmp(a, "--kvp"))
             snprintf(kvp, sizeof kvp, "%s", v);
-        else if (!strcmp(a, "--decode") ? !num(v, 1, 1 << 20, &decode_n)
-                 : !strcmp(a, "--bw-mib") ? !num(v, 64, 1 << 20, &bw_mib)
-                 : !strcmp(a, "--reps") ? !num(v, 1, 1000, &reps)
+        else if (!strcmp(a, "--decode") ? !kvp_parse_long(v, 1, 1 << 20, &decode_n)
+                 : !strcmp(a, "--bw-mib") ? !kvp_parse_long(v, 64, 1 << 20, &bw_mib)
+                 : !strcmp(a, "--reps") ? !kvp_parse_long(v, 1, 1000, &reps)
                  : 1)
             return usage();
     }

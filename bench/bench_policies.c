@@ -13,6 +13,7 @@
 
 #include "model/generate.h"
 #include "policy/kvp_agent.h"
+#include "tools/cliutil.h"
 
 static double now_s(void)
 {
@@ -90,13 +91,14 @@ int main(int argc, char **argv)
 {
     const char *model_path = "models/stories260K.bin", *tok_path = NULL, *kvp_file = NULL;
     int n_prefill = 128, n_decode = 352, pos = 0;
+    long v;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--kvp") && i + 1 < argc)
             kvp_file = argv[++i];
-        else if (!strcmp(argv[i], "--prefill") && i + 1 < argc)
-            n_prefill = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--decode") && i + 1 < argc)
-            n_decode = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--prefill") && i + 1 < argc && kvp_parse_long(argv[i + 1], 1, 1 << 20, &v))
+            n_prefill = (int)v, i++;
+        else if (!strcmp(argv[i], "--decode") && i + 1 < argc && kvp_parse_long(argv[i + 1], 1, 1 << 20, &v))
+            n_decode = (int)v, i++;
         else if (pos == 0 && argv[i][0] != '-')
             model_path = argv[i], pos++;
         else if (pos == 1 && argv[i][0] != '-')

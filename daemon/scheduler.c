@@ -143,13 +143,20 @@ static void *worker_main(void *arg)
     }
 }
 
-static void on_async(uv_async_t *h)
+/* Takes every queued worker event, oldest first. */
+static kvpd_event *take_events(kvpd_sched *s)
 {
-    kvpd_sched *s = h->data;
     pthread_mutex_lock(&s->ev_mu);
     kvpd_event *ev = s->ev_head;
     s->ev_head = s->ev_tail = NULL;
     pthread_mutex_unlock(&s->ev_mu);
+    return ev;
+}
+
+static void on_async(uv_async_t *h)
+{
+    kvpd_sched *s = h->data;
+    kvpd_event *ev = take_events(s);
     while (ev) {
         kvpd_event *next = ev->next;
         s->fn(s->ctx, ev);
@@ -238,10 +245,7 @@ void kvpd_sched_stop(kvpd_sched *s)
         kvp_runstate_free(&s->rs[i]);
     }
     s->started = 0;
-    pthread_mutex_lock(&s->ev_mu);
-    kvpd_event *ev = s->ev_head;
-    s->ev_head = s->ev_tail = NULL;
-    pthread_mutex_unlock(&s->ev_mu);
+    kvpd_event *ev = take_events(s);
     while (ev) {
         kvpd_event *next = ev->next;
         free(ev->text);

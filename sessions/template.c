@@ -72,11 +72,10 @@ typedef struct tokbuf {
     int n, cap;
 } tokbuf;
 
-static int push(tokbuf *b, int id)
+/* Room for `need` more tokens (doubling). */
+static int reserve(tokbuf *b, int need)
 {
-    if (id < 0)
-        return 0;
-    if (b->n == b->cap) {
+    while (b->cap - b->n < need) {
         int cap = b->cap ? b->cap * 2 : 64;
         int *v = realloc(b->v, (size_t)cap * sizeof *v);
         if (!v)
@@ -84,6 +83,16 @@ static int push(tokbuf *b, int id)
         b->v = v;
         b->cap = cap;
     }
+    return 0;
+}
+
+static int push(tokbuf *b, int id)
+{
+    if (id < 0)
+        return 0;
+    int rc = reserve(b, 1);
+    if (rc)
+        return rc;
     b->v[b->n++] = id;
     return 0;
 }
@@ -95,14 +104,9 @@ static int push_text(tokbuf *b, const kvp_tokenizer *tok, const char *s, size_t 
     size_t need = len + 8;    /* at most one token per byte, plus the prefix */
     if (need > (size_t)(1 << 28))
         return -E2BIG;
-    while (b->cap - b->n < (int)need) {
-        int cap = b->cap ? b->cap * 2 : 64;
-        int *v = realloc(b->v, (size_t)cap * sizeof *v);
-        if (!v)
-            return -ENOMEM;
-        b->v = v;
-        b->cap = cap;
-    }
+    int rc = reserve(b, (int)need);
+    if (rc)
+        return rc;
     int n = kvp_tokenizer_encode(tok, s, len, space_prefix ? 0 : KVP_ENCODE_NO_PREFIX,
                                  b->v + b->n, b->cap - b->n);
     if (n < 0)
