@@ -12,8 +12,9 @@
 
 #include "model/gguf.h"
 #include "model/quant.h"
+#include "model/errmsg.h"
 
-#define ERR(...) (snprintf(err, errlen, __VA_ARGS__), -EINVAL)
+#define ERR(...) kvp_errorf(err, errlen, -EINVAL, __VA_ARGS__)
 
 /* Sane upper bounds: far above any real llama, low enough that sizes cannot overflow. */
 #define MAX_DIM (1 << 16)

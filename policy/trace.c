@@ -10,10 +10,11 @@
 #include <unistd.h>
 
 #include "cache/checksum.h"
+#include "model/errmsg.h"
 
 _Static_assert(sizeof(kvp_trace_header) == 128, "trace header is 128 bytes on disk");
 
-#define ERR(code, ...) (snprintf(err, errlen, __VA_ARGS__), (code))
+#define ERR(code, ...) kvp_errorf(err, errlen, (code), __VA_ARGS__)
 
 static size_t seq_bytes(const kvp_trace_header *h, size_t len)
 {

@@ -10,8 +10,9 @@
 #include <time.h>
 
 #include "model/sampler.h"
+#include "model/errmsg.h"
 
-#define ERR(code, ...) (snprintf(err, errlen, __VA_ARGS__), (code))
+#define ERR(code, ...) kvp_errorf(err, errlen, (code), __VA_ARGS__)
 
 /* ---- Plackett-Luce, sampling, cost ------------------------------------------------- */
 
