@@ -339,20 +339,20 @@ static int parse_tensor_info(kvp_gguf_tensor *t, cursor *c)
     }
     if (!rd_u32(c, &t->type, "tensor type") || !rd(c, 8, &t->offset, "tensor offset"))
         return -EINVAL;
-    if (t->type != KVP_GGML_F32 && t->type != KVP_GGML_F16 && t->type != KVP_GGML_Q8_0) {
+    if (!kvp_type_block(t->type)) {
         if (t->type < N_GGML_NAMES)
             kvp_errorf(c->err, c->errlen, 0, "gguf: offset %zu: tensor '%s' has unsupported type "
-                   "%s (%u); supported: F32, F16, Q8_0", at, name, ggml_names[t->type],
-                   t->type);
+                   "%s (%u); supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, "
+                   "Q3_K, Q4_K, Q5_K, Q6_K", at, name, ggml_names[t->type], t->type);
         else
             kvp_errorf(c->err, c->errlen, 0, "gguf: offset %zu: tensor '%s' has unknown type %u",
                    at, name, t->type);
         return -ENOTSUP;
     }
-    if (t->type == KVP_GGML_Q8_0 && t->ne[0] % KVP_Q8_0_BLOCK) {
-        kvp_errorf(c->err, c->errlen, 0, "gguf: offset %zu: Q8_0 tensor '%s' has rows of %llu "
-               "elements, not a multiple of %d", at, name, (unsigned long long)t->ne[0],
-               KVP_Q8_0_BLOCK);
+    if (t->ne[0] % (uint64_t)kvp_type_block(t->type)) {
+        kvp_errorf(c->err, c->errlen, 0, "gguf: offset %zu: %s tensor '%s' has rows of %llu "
+               "elements, not a multiple of %d", at, kvp_type_name(t->type), name,
+               (unsigned long long)t->ne[0], kvp_type_block(t->type));
         return -EINVAL;
     }
     t->n_bytes = kvp_type_nbytes(t->type, t->n_elements);
@@ -810,8 +810,8 @@ int kvp_gguf_writer_add_tensor(kvp_gguf_writer *w, const char *name, uint32_t ty
             return fail(w, -EINVAL);
         n *= t.ne[d];
     }
-    /* Q8_0 rows must hold whole blocks, as the reader requires */
-    if (type == KVP_GGML_Q8_0 && t.ne[0] % KVP_Q8_0_BLOCK)
+    /* rows must hold whole blocks, as the reader requires */
+    if (!kvp_type_block(type) || t.ne[0] % (uint64_t)kvp_type_block(type))
         return fail(w, -EINVAL);
     t.n_bytes = kvp_type_nbytes(type, n);
     uint64_t padded = (t.n_bytes + GGUF_DEFAULT_ALIGNMENT - 1) &

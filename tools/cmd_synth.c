@@ -89,19 +89,7 @@ static int fill(void *vctx, uint64_t i, void *buf, uint64_t n_bytes)
             float u = (float)(splitmix64(&s) >> 40) * 0x1p-23f - 1.0f;
             c->row[j] = t->n_dims == 1 ? 1.0f : u * scale;
         }
-        switch (t->type) {
-        case KVP_GGML_F32:
-            memcpy(out, c->row, ne0 * sizeof(float));
-            break;
-        case KVP_GGML_F16:
-            for (uint64_t j = 0; j < ne0; j++) {
-                uint16_t h = kvp_f32_to_f16(c->row[j]);
-                memcpy(out + 2 * j, &h, 2);
-            }
-            break;
-        default:
-            kvp_quantize_q8_0(c->row, out, ne0);
-        }
+        kvp_quantize(t->type, c->row, out, ne0);
     }
     return 0;
 }
@@ -214,7 +202,7 @@ static int parse_args(synth_opts *o, int argc, char **argv)
                    "(RoPE rotates pairs)");
     if (o->kv_heads > o->heads || o->heads % o->kv_heads)
         return bad("%s", "--kv-heads must divide --heads");
-    if (o->type == KVP_GGML_Q8_0 && (o->dim % KVP_Q8_0_BLOCK || o->hidden % KVP_Q8_0_BLOCK))
+    if (o->type == KVP_GGML_Q8_0 && (o->dim % KVP_QK || o->hidden % KVP_QK))
         return bad("%s", "q8_0 needs --dim and --hidden to be multiples of 32");
     return -1;
 }

@@ -416,7 +416,8 @@ Test(gguf, writer_rejects_bad_input)
     cr_expect_eq(kvp_gguf_writer_add_tensor(w, "t", KVP_GGML_F32, 5, ok), -EINVAL);
     cr_expect_eq(kvp_gguf_writer_add_tensor(w, "t", KVP_GGML_F32, 2, zero), -EINVAL);
     cr_expect_eq(kvp_gguf_writer_add_tensor(w, "t", KVP_GGML_Q8_0, 1, partial), -EINVAL);
-    cr_expect_eq(kvp_gguf_writer_add_tensor(w, "t", 12, 2, ok), -EINVAL);
+    cr_expect_eq(kvp_gguf_writer_add_tensor(w, "t", 20, 2, ok), -EINVAL);             /* IQ4_NL */
+    cr_expect_eq(kvp_gguf_writer_add_tensor(w, "t", KVP_GGML_Q4_K, 2, ok), -EINVAL);  /* 32 < 256 */
     cr_expect_eq(kvp_gguf_writer_add_tensor(w, "t", KVP_GGML_F32, 2, ok), 0);
     cr_expect_eq(kvp_gguf_writer_add_tensor(w, "t", KVP_GGML_F32, 2, ok), -EEXIST);
     cr_expect_eq(kvp_gguf_writer_add_u32(w, "k", 1), 0);
@@ -634,14 +635,18 @@ Test(gguf, unsupported_tensor_type)
     size_t len;
     uint8_t *buf = load("models/stories260K.gguf", &len);
     tinfo t = find_tinfo(buf, len, "blk.0.attn_q.weight");
-    wr32(buf + t.type, 12);
+    wr32(buf + t.type, 20);
     cr_expect_eq(expect_bad(buf, len,
-                            "tensor 'blk.0.attn_q.weight' has unsupported type Q4_K (12)"),
+                            "tensor 'blk.0.attn_q.weight' has unsupported type IQ4_NL (20)"),
                  -ENOTSUP);
-    wr32(buf + t.type, 30);
-    expect_bad(buf, len, "BF16 (30)");
-    wr32(buf + t.type, 2);
-    expect_bad(buf, len, "Q4_0 (2)");
+    wr32(buf + t.type, 9);
+    expect_bad(buf, len, "Q8_1 (9)");
+    wr32(buf + t.type, 15);
+    expect_bad(buf, len, "Q8_K (15)");
+    /* a supported type whose rows do not hold whole blocks (stories260K: rows of 64) */
+    wr32(buf + t.type, KVP_GGML_Q4_K);
+    cr_expect_eq(expect_bad(buf, len, "Q4_K tensor 'blk.0.attn_q.weight' has rows of 64 "
+                            "elements, not a multiple of 256"), -EINVAL);
     wr32(buf + t.type, 999);
     expect_bad(buf, len, "unknown type 999");
     free(buf);
@@ -717,8 +722,8 @@ Test(gguf, names_in_messages_are_sanitized)
     uint8_t *buf = small_file(&len);
     tinfo t = find_tinfo(buf, len, "t.f16");
     buf[t.n_dims - 4] = '\n';
-    wr32(buf + t.type, 12);
-    expect_bad(buf, len, "tensor 't?f16' has unsupported type Q4_K (12)");
+    wr32(buf + t.type, 20);
+    expect_bad(buf, len, "tensor 't?f16' has unsupported type IQ4_NL (20)");
     free(buf);
 }
 
