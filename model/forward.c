@@ -63,17 +63,6 @@ static void rmsnorm(float *o, const float *x, const float *w, int n, float eps)
         o[j] = w[j] * (ss * x[j]);
 }
 
-/* y[T][out] = x[T][in] . W[out][in]^T (+ y when accumulate) */
-static void matmul(float *y, const float *x, const float *w, int T, int in, int out, int accumulate)
-{
-    float beta = accumulate ? 1.0f : 0.0f;
-    if (T == 1)
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.0f, w, in, x, 1, beta, y, 1);
-    else
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, out, in, 1.0f, x, in, w, in,
-                    beta, y, out);
-}
-
 static int ensure_att(kvp_runstate *s, size_t need)
 {
     if (need <= (size_t)s->att_cap)
@@ -133,8 +122,8 @@ static void attend_head(kvp_runstate *s, const kvp_model_config *c, const kvp_he
     }
 }
 
-int kvp_forward(const kvp_model *m, kvp_runstate *s, kvp_cache *c,
-                const int *tokens, int T, float *all_logits)
+static int forward_block(const kvp_model *m, kvp_runstate *s, kvp_cache *c,
+                         const int *tokens, int T, float *all_logits)
 {
     const kvp_model_config *p = &m->cfg;
     int dim = p->dim, hd = p->head_dim, hid = p->hidden_dim;
@@ -148,7 +137,7 @@ int kvp_forward(const kvp_model *m, kvp_runstate *s, kvp_cache *c,
     int rc;
 
     for (int t = 0; t < T; t++) {
-        memcpy(s->x + (size_t)t * dim, m->tok_embd + (size_t)tokens[t] * dim, dim * sizeof(float));
+        kvp_weight_row(&m->tok_embd, tokens[t], s->x + (size_t)t * dim);
         kvp_rope_table(s->rope + (size_t)t * hd, hd, pos0 + t, p->rope_base);
     }
 
@@ -156,9 +145,9 @@ int kvp_forward(const kvp_model *m, kvp_runstate *s, kvp_cache *c,
         const kvp_layer *w = &m->layers[l];
         for (int t = 0; t < T; t++)
             rmsnorm(s->xb + (size_t)t * dim, s->x + (size_t)t * dim, w->attn_norm, dim, p->rms_eps);
-        matmul(s->q, s->xb, w->wq, T, dim, qd, 0);
-        matmul(s->k, s->xb, w->wk, T, dim, kvd, 0);
-        matmul(s->v, s->xb, w->wv, T, dim, kvd, 0);
+        kvp_matmul(s->q, s->xb, &w->wq, T, 0);
+        kvp_matmul(s->k, s->xb, &w->wk, T, 0);
+        kvp_matmul(s->v, s->xb, &w->wv, T, 0);
         for (int t = 0; t < T; t++) {
             const float *cs = s->rope + (size_t)t * hd;
             for (int h = 0; h < p->n_heads; h++)
@@ -193,28 +182,37 @@ int kvp_forward(const kvp_model *m, kvp_runstate *s, kvp_cache *c,
                 s->policy->ops->on_attention(s->policy, l, kvh, h, s->q + (size_t)kvh * group * hd,
                                              qd, s->att, h->n, T);
         }
-        matmul(s->x, s->att_out, w->wo, T, qd, dim, 1);
+        kvp_matmul(s->x, s->att_out, &w->wo, T, 1);
 
         for (int t = 0; t < T; t++)
             rmsnorm(s->xb + (size_t)t * dim, s->x + (size_t)t * dim, w->ffn_norm, dim, p->rms_eps);
-        matmul(s->hb, s->xb, w->w_gate, T, dim, hid, 0);
-        matmul(s->hb2, s->xb, w->w_up, T, dim, hid, 0);
+        kvp_matmul(s->hb, s->xb, &w->w_gate, T, 0);
+        kvp_matmul(s->hb2, s->xb, &w->w_up, T, 0);
         for (size_t i = 0; i < (size_t)T * hid; i++) {
             float g = s->hb[i];
             s->hb[i] = g / (1.0f + expf(-g)) * s->hb2[i];
         }
-        matmul(s->x, s->hb, w->w_down, T, hid, dim, 1);
+        kvp_matmul(s->x, s->hb, &w->w_down, T, 1);
     }
 
     for (int t = 0; t < T; t++)
         rmsnorm(s->xb + (size_t)t * dim, s->x + (size_t)t * dim, m->out_norm, dim, p->rms_eps);
     if (all_logits) {
-        matmul(all_logits, s->xb, m->output, T, dim, p->vocab_size, 0);
+        kvp_matmul(all_logits, s->xb, &m->output, T, 0);
         memcpy(s->logits, all_logits + (size_t)(T - 1) * p->vocab_size, p->vocab_size * sizeof(float));
     } else {
-        matmul(s->logits, s->xb + (size_t)(T - 1) * dim, m->output, 1, dim, p->vocab_size, 0);
+        kvp_matmul(s->logits, s->xb + (size_t)(T - 1) * dim, &m->output, 1, 0);
     }
     c->next_pos += T;
     c->n_seen += T;
     return 0;
+}
+
+int kvp_forward(const kvp_model *m, kvp_runstate *s, kvp_cache *c,
+                const int *tokens, int n, float *all_logits)
+{
+    kvp_matmul_enter();  /* the matmul pool serves one forward pass at a time */
+    int rc = forward_block(m, s, c, tokens, n, all_logits);
+    kvp_matmul_leave();
+    return rc;
 }

@@ -41,14 +41,6 @@ static int check_config(const kvp_model_config *c, char *err, size_t errlen)
     return 0;
 }
 
-static size_t compute_weight_bytes(const kvp_model_config *c)
-{
-    size_t d = (size_t)c->dim, hd = (size_t)c->head_dim;
-    size_t per_layer = 2 * d + d * hd * c->n_heads * 2 + d * hd * c->n_kv_heads * 2 +
-                       3 * d * (size_t)c->hidden_dim;
-    return ((size_t)c->n_layers * per_layer + d + (size_t)c->vocab_size * d + d) * sizeof(float);
-}
-
 /* Reads the whole file into anonymous memory, asking for transparent huge pages. Decode
  * streams every weight once per token; with 2 MiB pages it runs at the machine's
  * measured bandwidth, while a page-cache mmap (4 KiB pages, a TLB miss every page) loses
@@ -96,6 +88,12 @@ static int load_file(const char *path, void **map, size_t *size, size_t *map_siz
 
 /* ---- llama2.c checkpoints ------------------------------------------------------- */
 
+static kvp_weight f32_weight(const float *p, int rows, int cols)
+{
+    return (kvp_weight){.type = KVP_GGML_F32, .rows = rows, .cols = cols,
+                        .row_bytes = (size_t)cols * sizeof(float), .data = p};
+}
+
 static int load_llama2c(kvp_model *m, const char *path, const char *tokenizer_path,
                         char *err, size_t errlen)
 {
@@ -131,10 +129,11 @@ static int load_llama2c(kvp_model *m, const char *path, const char *tokenizer_pa
                    "the file has %zu", path, need * sizeof(float), size - sizeof h);
 
     const float *p = (const float *)((const char *)m->map + sizeof h);
+    m->type_bytes[KVP_GGML_F32] = need * sizeof(float);
     m->layers = calloc(L, sizeof *m->layers);
     if (!m->layers)
         return -ENOMEM;
-    m->tok_embd = p;
+    m->tok_embd = f32_weight(p, c->vocab_size, c->dim);
     p += (size_t)c->vocab_size * d;
     const float *att_norm = p; p += L * d;
     const float *wq = p; p += L * qd * d;
@@ -147,18 +146,18 @@ static int load_llama2c(kvp_model *m, const char *path, const char *tokenizer_pa
     const float *w3 = p; p += L * hid * d;
     m->out_norm = p; p += d;
     p += (size_t)c->seq_len * c->head_dim;  /* legacy freq_cis_real/imag, unused */
-    m->output = m->tied_output ? m->tok_embd : p;
+    m->output = m->tied_output ? m->tok_embd : f32_weight(p, c->vocab_size, c->dim);
     for (size_t l = 0; l < L; l++) {
         kvp_layer *ly = &m->layers[l];
         ly->attn_norm = att_norm + l * d;
-        ly->wq = wq + l * qd * d;
-        ly->wk = wk + l * kvd * d;
-        ly->wv = wv + l * kvd * d;
-        ly->wo = wo + l * d * qd;
+        ly->wq = f32_weight(wq + l * qd * d, (int)qd, c->dim);
+        ly->wk = f32_weight(wk + l * kvd * d, (int)kvd, c->dim);
+        ly->wv = f32_weight(wv + l * kvd * d, (int)kvd, c->dim);
+        ly->wo = f32_weight(wo + l * d * qd, c->dim, (int)qd);
         ly->ffn_norm = ffn_norm + l * d;
-        ly->w_gate = w1 + l * hid * d;
-        ly->w_down = w2 + l * d * hid;
-        ly->w_up = w3 + l * hid * d;
+        ly->w_gate = f32_weight(w1 + l * hid * d, c->hidden_dim, c->dim);
+        ly->w_down = f32_weight(w2 + l * d * hid, c->dim, c->hidden_dim);
+        ly->w_up = f32_weight(w3 + l * hid * d, c->hidden_dim, c->dim);
     }
 
     char tokpath[1024];
@@ -205,19 +204,47 @@ static int own_f32(kvp_model *m, const kvp_gguf_tensor *t, const float **out,
     return 0;
 }
 
-/* Finds tensor `name` with shape ne0 x ne1 (ne1 = 1 for vectors) and yields f32 data. */
+/* Finds tensor `name` with shape ne0 x ne1 (ne1 = 1 for vectors). */
+static const kvp_gguf_tensor *find_shaped(const kvp_gguf *g, const char *name, uint64_t ne0,
+                                          uint64_t ne1, char *err, size_t errlen)
+{
+    const kvp_gguf_tensor *t = kvp_gguf_find_tensor(g, name);
+    if (!t) {
+        ERR("missing tensor %s", name);
+        return NULL;
+    }
+    uint64_t e1 = t->n_dims > 1 ? t->ne[1] : 1;
+    if (t->ne[0] != ne0 || e1 != ne1 || t->n_elements != ne0 * ne1) {
+        ERR("tensor %s has shape [%llu, %llu], expected [%llu, %llu]", name,
+            (unsigned long long)t->ne[0], (unsigned long long)e1,
+            (unsigned long long)ne0, (unsigned long long)ne1);
+        return NULL;
+    }
+    return t;
+}
+
+/* A vector (norm weights): f32 in place, or converted to f32 when stored otherwise. */
 static int tensor(kvp_model *m, const kvp_gguf *g, const char *name, uint64_t ne0, uint64_t ne1,
                   const float **out, char *err, size_t errlen)
 {
-    const kvp_gguf_tensor *t = kvp_gguf_find_tensor(g, name);
+    const kvp_gguf_tensor *t = find_shaped(g, name, ne0, ne1, err, errlen);
     if (!t)
-        return ERR("missing tensor %s", name);
-    uint64_t e1 = t->n_dims > 1 ? t->ne[1] : 1;
-    if (t->ne[0] != ne0 || e1 != ne1 || t->n_elements != ne0 * ne1)
-        return ERR("tensor %s has shape [%llu, %llu], expected [%llu, %llu]", name,
-                   (unsigned long long)t->ne[0], (unsigned long long)e1,
-                   (unsigned long long)ne0, (unsigned long long)ne1);
+        return -EINVAL;
+    m->type_bytes[t->type] += t->n_bytes;
     return own_f32(m, t, out, err, errlen);
+}
+
+/* A weight matrix [ne1 rows][ne0 columns], left in the file's type. */
+static int matrix(kvp_model *m, const kvp_gguf *g, const char *name, uint64_t ne0, uint64_t ne1,
+                  kvp_weight *out, char *err, size_t errlen)
+{
+    const kvp_gguf_tensor *t = find_shaped(g, name, ne0, ne1, err, errlen);
+    if (!t)
+        return -EINVAL;
+    m->type_bytes[t->type] += t->n_bytes;
+    *out = (kvp_weight){.type = t->type, .rows = (int)ne1, .cols = (int)ne0,
+                        .row_bytes = (size_t)(t->n_bytes / ne1), .data = t->data};
+    return 0;
 }
 
 static int get_int(const kvp_gguf *g, const char *key, int *out, int required,
@@ -317,30 +344,30 @@ static int load_gguf(kvp_model *m, const char *path, char *err, size_t errlen)
         rc = -ENOMEM;
         goto out;
     }
-    if ((rc = tensor(m, &g, "token_embd.weight", d, (uint64_t)c->vocab_size, &m->tok_embd, err, errlen)) ||
+    if ((rc = matrix(m, &g, "token_embd.weight", d, (uint64_t)c->vocab_size, &m->tok_embd, err, errlen)) ||
         (rc = tensor(m, &g, "output_norm.weight", d, 1, &m->out_norm, err, errlen)))
         goto out;
     m->tied_output = !kvp_gguf_find_tensor(&g, "output.weight");
     if (m->tied_output)
         m->output = m->tok_embd;
-    else if ((rc = tensor(m, &g, "output.weight", d, (uint64_t)c->vocab_size, &m->output, err, errlen)))
+    else if ((rc = matrix(m, &g, "output.weight", d, (uint64_t)c->vocab_size, &m->output, err, errlen)))
         goto out;
     for (int l = 0; l < c->n_layers; l++) {
         kvp_layer *ly = &m->layers[l];
         char n[96];
-#define T(field, suffix, e0, e1)                                              \
+#define T(get, field, suffix, e0, e1)                                         \
         snprintf(n, sizeof n, "blk.%d." suffix ".weight", l);                  \
-        if ((rc = tensor(m, &g, n, e0, e1, &ly->field, err, errlen)))         \
+        if ((rc = get(m, &g, n, e0, e1, &ly->field, err, errlen)))            \
             goto out;
-        T(attn_norm, "attn_norm", d, 1)
-        T(wq, "attn_q", d, qd)
-        T(wk, "attn_k", d, kvd)
-        T(wv, "attn_v", d, kvd)
-        T(wo, "attn_output", qd, d)
-        T(ffn_norm, "ffn_norm", d, 1)
-        T(w_gate, "ffn_gate", d, hid)
-        T(w_down, "ffn_down", hid, d)
-        T(w_up, "ffn_up", d, hid)
+        T(tensor, attn_norm, "attn_norm", d, 1)
+        T(matrix, wq, "attn_q", d, qd)
+        T(matrix, wk, "attn_k", d, kvd)
+        T(matrix, wv, "attn_v", d, kvd)
+        T(matrix, wo, "attn_output", qd, d)
+        T(tensor, ffn_norm, "ffn_norm", d, 1)
+        T(matrix, w_gate, "ffn_gate", d, hid)
+        T(matrix, w_down, "ffn_down", hid, d)
+        T(matrix, w_up, "ffn_up", d, hid)
 #undef T
     }
     if ((rc = kvp_tokenizer_load_gguf(&m->tok, &g, err, errlen)))
@@ -357,6 +384,45 @@ static int load_gguf(kvp_model *m, const char *path, char *err, size_t errlen)
 out:
     kvp_gguf_close(&g);
     return rc;
+}
+
+static size_t matrix_bytes(const kvp_weight *w)
+{
+    return (size_t)w->rows * w->row_bytes;
+}
+
+/* Bytes one decoded token reads: every layer matrix, the output matrix, the norms (the
+ * embedding contributes one row). */
+static size_t weight_bytes(const kvp_model *m)
+{
+    const kvp_model_config *c = &m->cfg;
+    size_t sum = matrix_bytes(&m->output) + (size_t)(2 * c->n_layers + 1) * c->dim * sizeof(float);
+    for (int l = 0; l < c->n_layers; l++) {
+        const kvp_layer *w = &m->layers[l];
+        sum += matrix_bytes(&w->wq) + matrix_bytes(&w->wk) + matrix_bytes(&w->wv) +
+               matrix_bytes(&w->wo) + matrix_bytes(&w->w_gate) + matrix_bytes(&w->w_down) +
+               matrix_bytes(&w->w_up);
+    }
+    return sum;
+}
+
+void kvp_model_weight_mix(const kvp_model *m, char *buf, size_t len)
+{
+    int done[KVP_N_WEIGHT_TYPES] = {0};
+    size_t at = 0;
+    buf[0] = 0;
+    for (;;) {
+        int best = -1;
+        for (int t = 0; t < KVP_N_WEIGHT_TYPES; t++)
+            if (!done[t] && m->type_bytes[t] && (best < 0 || m->type_bytes[t] > m->type_bytes[best]))
+                best = t;
+        if (best < 0 || at >= len)
+            return;
+        done[best] = 1;
+        int n = snprintf(buf + at, len - at, "%s%s %.1f MB", at ? ", " : "",
+                         kvp_type_name((uint32_t)best), (double)m->type_bytes[best] / 1e6);
+        at += n > 0 ? (size_t)n : 0;
+    }
 }
 
 int kvp_model_load(kvp_model *m, const char *path, const char *tokenizer_path,
@@ -379,7 +445,7 @@ int kvp_model_load(kvp_model *m, const char *path, const char *tokenizer_path,
         kvp_model_free(m);
         return rc < 0 ? rc : -EINVAL;
     }
-    m->weight_bytes = compute_weight_bytes(&m->cfg);
+    m->weight_bytes = weight_bytes(m);
     return 0;
 }
 

@@ -1,9 +1,10 @@
-/* A llama-architecture model: hyperparameters, weights (f32, mmap'd where the file
- * stores f32, dequantized otherwise), and its tokenizer. */
+/* A llama-architecture model: hyperparameters, weights (matrices in the file's own
+ * type, read into memory as they are; see matmul.h), and its tokenizer. */
 #ifndef KVP_MODEL_H
 #define KVP_MODEL_H
 
 #include <stddef.h>
+#include "model/matmul.h"
 #include "model/tokenizer.h"
 
 typedef struct kvp_model_config {
@@ -21,24 +22,24 @@ typedef struct kvp_model_config {
 
 typedef struct kvp_layer {
     const float *attn_norm;   /* [dim] */
-    const float *wq;          /* [n_heads*head_dim][dim] */
-    const float *wk;          /* [n_kv_heads*head_dim][dim] */
-    const float *wv;          /* [n_kv_heads*head_dim][dim] */
-    const float *wo;          /* [dim][n_heads*head_dim] */
+    kvp_weight wq;            /* [n_heads*head_dim][dim] */
+    kvp_weight wk;            /* [n_kv_heads*head_dim][dim] */
+    kvp_weight wv;            /* [n_kv_heads*head_dim][dim] */
+    kvp_weight wo;            /* [dim][n_heads*head_dim] */
     const float *ffn_norm;    /* [dim] */
-    const float *w_gate;      /* [hidden][dim]  (llama2.c w1) */
-    const float *w_down;      /* [dim][hidden]  (w2) */
-    const float *w_up;        /* [hidden][dim]  (w3) */
+    kvp_weight w_gate;        /* [hidden][dim]  (llama2.c w1) */
+    kvp_weight w_down;        /* [dim][hidden]  (w2) */
+    kvp_weight w_up;          /* [hidden][dim]  (w3) */
 } kvp_layer;
 
 enum kvp_chat_format { KVP_CHAT_PLAIN = 0, KVP_CHAT_CHATML, KVP_CHAT_LLAMA2, KVP_CHAT_LLAMA3 };
 
 typedef struct kvp_model {
     kvp_model_config cfg;
-    const float *tok_embd;    /* [vocab][dim] */
+    kvp_weight tok_embd;      /* [vocab][dim] */
     kvp_layer *layers;        /* [n_layers] */
     const float *out_norm;    /* [dim] */
-    const float *output;      /* [vocab][dim]; == tok_embd when tied */
+    kvp_weight output;        /* [vocab][dim]; == tok_embd when tied */
     int tied_output;
     kvp_tokenizer tok;
     enum kvp_chat_format chat_format;  /* from tokenizer.chat_template when present */
@@ -47,9 +48,11 @@ typedef struct kvp_model {
     /* ownership */
     void *map;
     size_t map_size;
-    float **owned;            /* dequantized tensors */
+    float **owned;            /* vectors (norms) a file stores in another type, as f32 */
     int n_owned;
-    size_t weight_bytes;      /* bytes of f32 weights one token reads (all matrices) */
+    size_t weight_bytes;      /* bytes of weights one token reads (matrices in their file
+                                 types, the output matrix, norms) */
+    uint64_t type_bytes[KVP_N_WEIGHT_TYPES];  /* resident weight bytes by ggml type */
 } kvp_model;
 
 /* Loads a GGUF (by magic) or a llama2.c checkpoint. tokenizer_path is required for
@@ -58,5 +61,7 @@ typedef struct kvp_model {
 int kvp_model_load(kvp_model *m, const char *path, const char *tokenizer_path,
                    char *err, size_t errlen);
 void kvp_model_free(kvp_model *m);
+/* "Q4_K 120.5 MB, Q6_K 31.0 MB, F32 0.1 MB": the weight bytes by type, largest first. */
+void kvp_model_weight_mix(const kvp_model *m, char *buf, size_t len);
 
 #endif

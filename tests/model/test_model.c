@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "model/forward.h"
+#include "model/gguf.h"
 #include "model/model.h"
 #include "tests/model/testutil.h"
 
@@ -61,7 +62,8 @@ Test(model, hyperparameters_from_files)
     }
     cr_expect(a.tied_output, "llama2.c header with positive vocab: shared classifier");
     cr_expect_not(b.tied_output, "this GGUF stores output.weight");
-    cr_expect_eq(memcmp(a.output, b.output, 512 * 64 * sizeof(float)), 0);
+    cr_assert(a.output.type == KVP_GGML_F32 && b.output.type == KVP_GGML_F32);
+    cr_expect_eq(memcmp(a.output.data, b.output.data, 512 * 64 * sizeof(float)), 0);
     cr_expect_eq(a.cfg.seq_len, 512);
     cr_expect_eq(b.cfg.seq_len, 2048, "GGUF metadata says 2048");
     cr_expect_eq(a.tok.vocab_size, 512);

@@ -1,0 +1,325 @@
+/* kvp_matmul: one entry point for every weight matrix (see matmul.h). */
+#include "model/matmul.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "model/matmul_kernels.h"
+#include "model/quant.h"
+
+#define MAX_POOL 16
+#define TILE_ROWS 64         /* rows decoded to f32 per sgemm on the prefill path */
+#define CHUNK_ROWS 16        /* rows a pool thread takes at a time on the decode path */
+#define SPLIT_MIN_BYTES (256u << 10)  /* smaller matrices are not worth a second thread */
+#define SPIN_ROUNDS 200000   /* a helper polls this long for the next job before sleeping */
+
+/* ---- kernel selection ------------------------------------------------------------ */
+
+static kvp_dot_fn kernels[KVP_N_WEIGHT_TYPES];
+static const char *simd_name = "scalar";
+static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+
+static void select_kernels(void)
+{
+    const char *want = getenv("KVP_SIMD");
+    kvp_kernels_scalar(kernels);
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+               __builtin_cpu_supports("f16c");
+    int avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                 __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+    if (want && !strcmp(want, "scalar"))
+        return;
+    if (avx2) {
+        kvp_kernels_avx2(kernels);
+        simd_name = "avx2";
+    }
+    if (avx512 && !(want && !strcmp(want, "avx2"))) {
+        kvp_kernels_avx512(kernels);
+        simd_name = "avx512";
+    }
+#else
+    (void)want;
+#endif
+}
+
+const char *kvp_matmul_simd(void)
+{
+    pthread_once(&init_once, select_kernels);
+    return simd_name;
+}
+
+/* ---- activations: quantized once per matrix --------------------------------------- */
+
+enum act_kind { ACT_F32, ACT_Q8, ACT_Q8_K };
+
+static enum act_kind act_kind(uint32_t type)
+{
+    switch (type) {
+    case KVP_GGML_F32: case KVP_GGML_F16: case KVP_GGML_BF16:
+        return ACT_F32;
+    case KVP_GGML_Q8_0: case KVP_GGML_Q4_0: case KVP_GGML_Q4_1: case KVP_GGML_Q5_0:
+    case KVP_GGML_Q5_1:
+        return ACT_Q8;
+    default:
+        return ACT_Q8_K;
+    }
+}
+
+/* Bytes of the scratch that holds one quantized activation row of n elements. */
+static size_t act_bytes(int n)
+{
+    return (size_t)n + (size_t)(n / KVP_QK) * 2 * sizeof(float) + (size_t)(n / 16) * sizeof(int16_t);
+}
+
+static void act_quantize(kvp_act *a, enum act_kind kind, const float *x, int n, void *scratch)
+{
+    a->n = n;
+    a->x = x;
+    if (kind == ACT_F32)
+        return;
+    a->d = scratch;
+    a->s = a->d + n / KVP_QK;
+    a->bsums = (int16_t *)(a->s + n / KVP_QK);
+    a->q = (int8_t *)(a->bsums + n / 16);
+    if (kind == ACT_Q8) {
+        for (int b = 0; b < n / KVP_QK; b++) {
+            const float *xb = x + b * KVP_QK;
+            float amax = 0.0f;
+            for (int j = 0; j < KVP_QK; j++)
+                amax = fmaxf(amax, fabsf(xb[j]));
+            float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+            int sum = 0;
+            for (int j = 0; j < KVP_QK; j++) {
+                int v = (int)lrintf(xb[j] * id);
+                a->q[b * KVP_QK + j] = (int8_t)v;
+                sum += v;
+            }
+            a->d[b] = d;
+            a->s[b] = d * (float)sum;
+        }
+        return;
+    }
+    /* q8_K: the signed extreme maps to -127 (so the other side may reach 127) */
+    for (int b = 0; b < n / KVP_QK_K; b++) {
+        const float *xb = x + b * KVP_QK_K;
+        float amax = 0.0f, max = 0.0f;
+        for (int j = 0; j < KVP_QK_K; j++)
+            if (fabsf(xb[j]) > amax) {
+                amax = fabsf(xb[j]);
+                max = xb[j];
+            }
+        int8_t *q = a->q + b * KVP_QK_K;
+        int16_t *bs = a->bsums + b * 16;
+        if (amax == 0.0f) {
+            a->d[b] = 0.0f;
+            memset(q, 0, KVP_QK_K);
+            memset(bs, 0, 16 * sizeof *bs);
+            continue;
+        }
+        float iscale = -127.0f / max;
+        for (int j = 0; j < KVP_QK_K; j++) {
+            int v = (int)lrintf(iscale * xb[j]);
+            q[j] = (int8_t)(v > 127 ? 127 : v);
+        }
+        for (int g = 0; g < 16; g++) {
+            int s = 0;
+            for (int j = 0; j < 16; j++)
+                s += q[16 * g + j];
+            bs[g] = (int16_t)s;
+        }
+        a->d[b] = 1.0f / iscale;
+    }
+}
+
+/* ---- thread pool: helpers take row chunks of the caller's job ----------------------- */
+
+typedef struct job {
+    void (*fn)(const struct job *j, int r0, int r1);
+    const kvp_weight *w;
+    const kvp_act *act;   /* [T] */
+    float *y;
+    int T, accumulate;
+    int rows, chunk;
+    atomic_int next;      /* next unclaimed row */
+} job;
+
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t wake;
+    atomic_uint gen;       /* bumped for every job */
+    atomic_int running;    /* helpers still inside the current job */
+    job *volatile cur;
+    int n_helpers;
+    atomic_int owner;      /* 1 while a caller drives the pool */
+    atomic_int passes;     /* forward passes in progress (kvp_matmul_enter / leave) */
+} pool = {.mu = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER};
+static pthread_once_t pool_once = PTHREAD_ONCE_INIT;
+
+static void run_chunks(job *j)
+{
+    for (;;) {
+        int r0 = atomic_fetch_add(&j->next, j->chunk);
+        if (r0 >= j->rows)
+            return;
+        j->fn(j, r0, r0 + j->chunk < j->rows ? r0 + j->chunk : j->rows);
+    }
+}
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#endif
+}
+
+static void *helper_main(void *arg)
+{
+    unsigned seen = (unsigned)(uintptr_t)arg;  /* the generation before the helper existed */
+    for (;;) {
+        int spins = 0;
+        while (atomic_load_explicit(&pool.gen, memory_order_acquire) == seen && spins < SPIN_ROUNDS) {
+            cpu_relax();
+            spins++;
+        }
+        if (atomic_load_explicit(&pool.gen, memory_order_acquire) == seen) {
+            pthread_mutex_lock(&pool.mu);
+            while (atomic_load(&pool.gen) == seen)
+                pthread_cond_wait(&pool.wake, &pool.mu);
+            pthread_mutex_unlock(&pool.mu);
+        }
+        seen = atomic_load(&pool.gen);
+        run_chunks(pool.cur);
+        atomic_fetch_sub_explicit(&pool.running, 1, memory_order_release);
+    }
+    return NULL;
+}
+
+static void start_pool(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    const char *env = getenv("KVP_THREADS");
+    if (env)
+        n = strtol(env, NULL, 10);
+    n = n < 1 ? 1 : n > MAX_POOL ? MAX_POOL : n;
+    for (long i = 0; i < n - 1; i++) {
+        pthread_t t;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        void *gen = (void *)(uintptr_t)atomic_load(&pool.gen);
+        if (pthread_create(&t, &attr, helper_main, gen) == 0)
+            pool.n_helpers++;
+        pthread_attr_destroy(&attr);
+    }
+}
+
+void kvp_matmul_enter(void) { atomic_fetch_add(&pool.passes, 1); }
+void kvp_matmul_leave(void) { atomic_fetch_sub(&pool.passes, 1); }
+
+/* Runs j over its rows: on the pool when this is the only forward pass and the pool is
+ * free, else on the calling thread alone. */
+static void run_job(job *j, size_t bytes)
+{
+    atomic_init(&j->next, 0);
+    int alone = bytes < SPLIT_MIN_BYTES || atomic_load(&pool.passes) > 1;
+    int expected = 0;
+    if (!alone) {
+        pthread_once(&pool_once, start_pool);
+        alone = pool.n_helpers == 0 || !atomic_compare_exchange_strong(&pool.owner, &expected, 1);
+    }
+    if (alone) {
+        run_chunks(j);
+        return;
+    }
+    pool.cur = j;
+    atomic_store(&pool.running, pool.n_helpers);
+    pthread_mutex_lock(&pool.mu);
+    atomic_fetch_add_explicit(&pool.gen, 1, memory_order_release);
+    pthread_cond_broadcast(&pool.wake);
+    pthread_mutex_unlock(&pool.mu);
+    run_chunks(j);
+    while (atomic_load_explicit(&pool.running, memory_order_acquire) > 0)
+        cpu_relax();
+    atomic_store(&pool.owner, 0);
+}
+
+/* ---- the two paths ------------------------------------------------------------------ */
+
+static void dot_rows(const job *j, int r0, int r1)
+{
+    const kvp_weight *w = j->w;
+    kvp_dot_fn dot = kernels[w->type];
+    for (int t = 0; t < j->T; t++) {
+        float *y = j->y + (size_t)t * w->rows;
+        for (int r = r0; r < r1; r++) {
+            float v = dot((const uint8_t *)w->data + (size_t)r * w->row_bytes, &j->act[t]);
+            y[r] = j->accumulate ? y[r] + v : v;
+        }
+    }
+}
+
+static void matmul_decode(float *y, const float *x, const kvp_weight *w, int T, int accumulate)
+{
+    enum act_kind kind = act_kind(w->type);
+    size_t per = kind == ACT_F32 ? 0 : act_bytes(w->cols);
+    kvp_act act[KVP_MATMUL_TILE_MIN_T];
+    unsigned char *scratch = per ? malloc(per * (size_t)T) : NULL;
+    if (per && !scratch)
+        abort();  /* a few KB; the forward pass has no way to report it */
+    for (int t = 0; t < T; t++)
+        act_quantize(&act[t], kind, x + (size_t)t * w->cols, w->cols, scratch + per * (size_t)t);
+    job j = {.fn = dot_rows, .w = w, .act = act, .y = y, .T = T, .accumulate = accumulate,
+             .rows = w->rows, .chunk = CHUNK_ROWS};
+    run_job(&j, (size_t)w->rows * w->row_bytes);
+    free(scratch);
+}
+
+/* Prefill: decode TILE_ROWS rows at a time to f32 and let sgemm reuse them across the
+ * block's T rows of activations. */
+static void matmul_tiles(float *y, const float *x, const kvp_weight *w, int T, int accumulate)
+{
+    float *tile = malloc((size_t)TILE_ROWS * w->cols * sizeof *tile);
+    if (!tile)
+        abort();
+    for (int r0 = 0; r0 < w->rows; r0 += TILE_ROWS) {
+        int n = w->rows - r0 < TILE_ROWS ? w->rows - r0 : TILE_ROWS;
+        kvp_dequantize(w->type, (const uint8_t *)w->data + (size_t)r0 * w->row_bytes, tile,
+                       (uint64_t)n * w->cols);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, n, w->cols, 1.0f, x, w->cols,
+                    tile, w->cols, accumulate ? 1.0f : 0.0f, y + r0, w->rows);
+    }
+    free(tile);
+}
+
+void kvp_matmul(float *y, const float *x, const kvp_weight *w, int T, int accumulate)
+{
+    pthread_once(&init_once, select_kernels);
+    if (w->type == KVP_GGML_F32) {
+        const float *a = w->data;
+        if (T == 1)
+            cblas_sgemv(CblasRowMajor, CblasNoTrans, w->rows, w->cols, 1.0f, a, w->cols, x, 1,
+                        accumulate ? 1.0f : 0.0f, y, 1);
+        else
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, w->rows, w->cols, 1.0f, x,
+                        w->cols, a, w->cols, accumulate ? 1.0f : 0.0f, y, w->rows);
+        return;
+    }
+    if (T < KVP_MATMUL_TILE_MIN_T)
+        matmul_decode(y, x, w, T, accumulate);
+    else
+        matmul_tiles(y, x, w, T, accumulate);
+}
+
+void kvp_weight_row(const kvp_weight *w, int r, float *out)
+{
+    kvp_dequantize(w->type, (const uint8_t *)w->data + (size_t)r * w->row_bytes, out,
+                   (uint64_t)w->cols);
+}

@@ -1,0 +1,47 @@
+/* Matrix products with weights kept in their file's type (f32, f16, bf16, or one of
+ * ggml's block formats, see quant.h).
+ *
+ * One entry point, kvp_matmul, for every weight matrix of the forward pass:
+ *   - f32 weights go through OpenBLAS (sgemv / sgemm);
+ *   - decode (a few rows of activations) quantizes each activation row once to 8-bit
+ *     blocks (32 elements for the _0/_1 formats, 256 for the K formats, as ggml does)
+ *     and runs integer dot products, AVX-512 VNNI / AVX2 / portable scalar chosen at run
+ *     time (KVP_SIMD=scalar|avx2|avx512 forces one); f16 / bf16 rows take f32 dot
+ *     products; rows are split over a small thread pool when only one forward pass is
+ *     running in the process (KVP_THREADS caps its size; default: online CPUs);
+ *   - prefill (longer blocks) decodes tiles of rows to f32 and multiplies them with
+ *     sgemm, so batched tokens reuse each decoded tile (f32 activations: the "exact"
+ *     path). */
+#ifndef KVP_MATMUL_H
+#define KVP_MATMUL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct kvp_weight {
+    uint32_t type;        /* enum kvp_ggml_type */
+    int rows, cols;       /* [rows][cols], a row is contiguous (cols = ggml's ne[0]) */
+    size_t row_bytes;
+    const void *data;     /* rows * row_bytes bytes */
+} kvp_weight;
+
+#define KVP_N_WEIGHT_TYPES 31  /* ggml type ids are below this */
+
+/* Blocks of at least this many activation rows take the tile + sgemm path. */
+#define KVP_MATMUL_TILE_MIN_T 4
+
+/* y[T][rows] = x[T][cols] . W^T, or y += when accumulate. */
+void kvp_matmul(float *y, const float *x, const kvp_weight *w, int T, int accumulate);
+/* Decodes row r of W into out[cols] (embedding lookup). */
+void kvp_weight_row(const kvp_weight *w, int r, float *out);
+
+/* A forward pass brackets its matmuls with these so that the thread pool serves one
+ * pass at a time: with two passes running (two daemon workers) each keeps to its own
+ * thread. */
+void kvp_matmul_enter(void);
+void kvp_matmul_leave(void);
+
+/* The kernel set in use: "avx512", "avx2" or "scalar". */
+const char *kvp_matmul_simd(void);
+
+#endif

@@ -1,0 +1,10 @@
+/* AVX-512 VNNI build of the x86 kernels (matmul_x86.h): vpdpbusd on 256-bit vectors. */
+#include "model/matmul_kernels.h"
+#if defined(__x86_64__)
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
+#define KVP_VNNI 1
+#define KVP_KERNELS kvp_kernels_avx512
+#include "model/matmul_x86.h"
+#else
+void kvp_kernels_avx512(kvp_dot_fn *tab) { (void)tab; }
+#endif

@@ -1,0 +1,162 @@
+/* Tests for model/matmul.c against ggml's fixtures (../shared/fixtures/quant): each
+ * type's matrix-vector product lands within the error that quantizing the activations
+ * to 8 bits can cause, the prefill (tile + sgemm) path matches the f32 product, and the
+ * thread pool's row split gives the same rows as one thread. meson runs this file twice:
+ * with the best kernels of the CPU and with KVP_SIMD=scalar. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/gguf.h"
+#include "model/matmul.h"
+#include "model/quant.h"
+#include "testutil.h"
+
+static const char *const types[] = {"q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_K", "q3_K",
+                                    "q4_K", "q5_K", "q6_K", "f16", "bf16"};
+#define N_TYPES (sizeof types / sizeof types[0])
+
+static const kvp_gguf_tensor *get(const kvp_gguf *g, const char *type, const char *what)
+{
+    char name[64];
+    snprintf(name, sizeof name, "%s%s%s", type, *type ? "." : "", what);
+    const kvp_gguf_tensor *t = kvp_gguf_find_tensor(g, name);
+    cr_assert(t, "fixture has no tensor %s", name);
+    return t;
+}
+
+static kvp_weight weight_of(const kvp_gguf_tensor *t)
+{
+    return (kvp_weight){.type = t->type, .rows = (int)t->ne[1], .cols = (int)t->ne[0],
+                        .row_bytes = kvp_type_nbytes(t->type, t->ne[0]), .data = t->data};
+}
+
+/* Largest |x| of the activation block (32 or 256 elements) holding element i. */
+static float block_amax(const float *x, int i, int block)
+{
+    float m = 0;
+    for (int j = i / block * block; j < (i / block + 1) * block; j++)
+        m = fmaxf(m, fabsf(x[j]));
+    return m;
+}
+
+Test(matmul, decode_within_activation_quantization_error_of_ggml)
+{
+    kvp_gguf g;
+    char err[256];
+    cr_assert_eq(kvp_gguf_open(&g, tu_shared("fixtures/quant/quant-fixtures.gguf"), err, sizeof err),
+                 0, "%s", err);
+    const float *x = get(&g, "", "x")->data;
+    for (size_t k = 0; k < N_TYPES; k++) {
+        const kvp_gguf_tensor *wt = get(&g, types[k], "weight");
+        const float *deq = get(&g, types[k], "dequant")->data;
+        const float *want = get(&g, types[k], "y")->data;
+        kvp_weight w = weight_of(wt);
+        int block = w.type == KVP_GGML_F16 || w.type == KVP_GGML_BF16 ? 0
+                  : kvp_type_block(w.type) == KVP_QK ? KVP_QK : KVP_QK_K;
+        float y[64];
+        kvp_matmul(y, x, &w, 1, 0);
+        double worst = 0;
+        for (int r = 0; r < w.rows; r++) {
+            /* each activation is off by at most half its block's step, amax / 127 / 2 */
+            double bound = 0, mag = 0;
+            for (int i = 0; i < w.cols; i++) {
+                double a = fabs((double)deq[(size_t)r * w.cols + i]);
+                mag += a * fabs((double)x[i]);
+                if (block)
+                    bound += a * block_amax(x, i, block) / 254.0;
+            }
+            bound += 1e-5 * mag;  /* f32 accumulation */
+            double e = fabs((double)y[r] - want[r]);
+            worst = fmax(worst, e / bound);
+            cr_expect(e <= bound, "%s (%s) row %d: %.7g vs ggml %.7g, |error| %.3g > bound %.3g",
+                      types[k], kvp_matmul_simd(), r, (double)y[r], (double)want[r], e, bound);
+        }
+        /* the error must use the bound, not be far inside it by luck of a loose bound:
+         * int8 activations do cost something */
+        if (block)
+            cr_expect(worst > 1e-3, "%s: error suspiciously small (%.3g of the bound)", types[k], worst);
+    }
+    kvp_gguf_close(&g);
+}
+
+Test(matmul, prefill_tiles_match_f32_product)
+{
+    kvp_gguf g;
+    char err[256];
+    cr_assert_eq(kvp_gguf_open(&g, tu_shared("fixtures/quant/quant-fixtures.gguf"), err, sizeof err),
+                 0, "%s", err);
+    const float *x = get(&g, "", "x")->data;
+    enum { T = KVP_MATMUL_TILE_MIN_T + 1 };
+    float *xs = malloc(T * 1024 * sizeof *xs), y[T * 64];
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < 1024; i++)
+            xs[t * 1024 + i] = x[i] * (float)(t + 1);
+    for (size_t k = 0; k < N_TYPES; k++) {
+        kvp_weight w = weight_of(get(&g, types[k], "weight"));
+        const float *want = get(&g, types[k], "y")->data;
+        for (int t = 0; t < T; t++)
+            for (int r = 0; r < 64; r++)
+                y[t * 64 + r] = 1000.0f;  /* accumulate adds to this */
+        kvp_matmul(y, xs, &w, T, 1);
+        for (int t = 0; t < T; t++)
+            for (int r = 0; r < 64; r++) {
+                double ref = 1000.0 + (double)want[r] * (t + 1);
+                cr_expect(fabs(y[t * 64 + r] - ref) <= 2e-4 * (1 + fabs(want[r]) * (t + 1)),
+                          "%s t %d row %d: %.7g vs %.7g", types[k], t, r, (double)y[t * 64 + r], ref);
+            }
+    }
+    free(xs);
+    kvp_gguf_close(&g);
+}
+
+/* A matrix large enough for the pool: every row equals the one computed alone. */
+Test(matmul, row_split_equals_single_rows)
+{
+    enum { ROWS = 1000, COLS = 1024 };
+    float *src = malloc((size_t)ROWS * COLS * sizeof *src), x[COLS], y[ROWS];
+    uint64_t s = 12345;
+    for (size_t i = 0; i < (size_t)ROWS * COLS; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        src[i] = (float)((int)(s >> 40) % 2001 - 1000) / 1000.0f;
+    }
+    for (int i = 0; i < COLS; i++)
+        x[i] = sinf((float)i);
+    static const uint32_t kinds[] = {KVP_GGML_Q4_K, KVP_GGML_Q8_0, KVP_GGML_F16, KVP_GGML_Q5_0};
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+        size_t rb = kvp_type_nbytes(kinds[k], COLS);
+        uint8_t *q = malloc(rb * ROWS);
+        cr_assert_eq(kvp_quantize(kinds[k], src, q, (uint64_t)ROWS * COLS), 0);
+        kvp_weight w = {kinds[k], ROWS, COLS, rb, q};
+        kvp_matmul_enter();
+        kvp_matmul(y, x, &w, 1, 0);
+        kvp_matmul_leave();
+        for (int r = 0; r < ROWS; r++) {
+            kvp_weight one = {kinds[k], 1, COLS, rb, q + rb * r};
+            float y1;
+            kvp_matmul(&y1, x, &one, 1, 0);
+            cr_assert(!memcmp(&y1, &y[r], sizeof y1), "%s row %d: %g vs %g",
+                      kvp_type_name(kinds[k]), r, (double)y[r], (double)y1);
+        }
+        free(q);
+    }
+    free(src);
+}
+
+Test(matmul, weight_row_decodes_one_row)
+{
+    float src[3 * 64], out[64];
+    for (int i = 0; i < 3 * 64; i++)
+        src[i] = (float)i / 7.0f;
+    uint8_t q[3 * 68];
+    cr_assert_eq(kvp_quantize(KVP_GGML_Q8_0, src, q, 3 * 64), 0);
+    kvp_weight w = {KVP_GGML_Q8_0, 3, 64, 68, q};
+    kvp_weight_row(&w, 2, out);
+    float want[64];
+    kvp_dequantize(KVP_GGML_Q8_0, q + 2 * 68, want, 64);
+    cr_expect(!memcmp(out, want, sizeof out));
+    cr_expect(fabsf(out[5] - src[2 * 64 + 5]) < 0.05f);
+}
