@@ -794,6 +794,67 @@ int kvp_gguf_writer_add_i32_array(kvp_gguf_writer *w, const char *key, const int
     return end_kv(w, rc);
 }
 
+static int elem_size(uint32_t type)
+{
+    switch (type) {
+    case KVP_GGUF_UINT8: case KVP_GGUF_INT8: case KVP_GGUF_BOOL: return 1;
+    case KVP_GGUF_UINT16: case KVP_GGUF_INT16: return 2;
+    case KVP_GGUF_UINT32: case KVP_GGUF_INT32: case KVP_GGUF_FLOAT32: return 4;
+    case KVP_GGUF_UINT64: case KVP_GGUF_INT64: case KVP_GGUF_FLOAT64: return 8;
+    default: return 0;
+    }
+}
+
+int kvp_gguf_writer_copy_kv(kvp_gguf_writer *w, const kvp_gguf_kv *kv)
+{
+    char *key = strndup(kv->key.ptr, (size_t)kv->key.len);
+    if (!key)
+        return fail(w, -ENOMEM);
+    int rc = begin_kv(w, key, kv->type);
+    free(key);
+    if (rc)
+        return rc;
+    int n = elem_size(kv->type);
+    switch (kv->type) {
+    case KVP_GGUF_FLOAT32:
+        rc = put_le(w, f32_bits((float)kv->val.f64), 4);
+        break;
+    case KVP_GGUF_FLOAT64: {
+        uint64_t u;
+        memcpy(&u, &kv->val.f64, 8);
+        rc = put_le(w, u, 8);
+        break;
+    }
+    case KVP_GGUF_INT8: case KVP_GGUF_INT16: case KVP_GGUF_INT32: case KVP_GGUF_INT64:
+        rc = put_le(w, (uint64_t)kv->val.i64, n);
+        break;
+    case KVP_GGUF_STRING:
+        rc = put_le(w, kv->val.str.len, 8);
+        rc = rc ? rc : put(w, kv->val.str.ptr, (size_t)kv->val.str.len);
+        break;
+    case KVP_GGUF_ARRAY: {
+        /* the reader checked every element lies inside the file */
+        uint32_t et = kv->val.arr.type;
+        rc = put_le(w, et, 4);
+        rc = rc ? rc : put_le(w, kv->val.arr.n, 8);
+        const uint8_t *p = kv->val.arr.data;
+        if (et == KVP_GGUF_STRING) {
+            for (uint64_t i = 0; i < kv->val.arr.n && !rc; i++) {
+                uint64_t len = le(p, 8);
+                rc = put(w, p, (size_t)(8 + len));
+                p += 8 + len;
+            }
+        } else {
+            rc = rc ? rc : put(w, p, (size_t)(kv->val.arr.n * (uint64_t)elem_size(et)));
+        }
+        break;
+    }
+    default:
+        rc = put_le(w, kv->val.u64, n);
+    }
+    return end_kv(w, rc);
+}
+
 int kvp_gguf_writer_add_tensor(kvp_gguf_writer *w, const char *name, uint32_t type,
                                uint32_t n_dims, const uint64_t *ne)
 {

@@ -96,6 +96,8 @@ int kvp_gguf_writer_add_str(kvp_gguf_writer *w, const char *key, const char *v);
 int kvp_gguf_writer_add_str_array(kvp_gguf_writer *w, const char *key, const char *const *v, uint64_t n);
 int kvp_gguf_writer_add_f32_array(kvp_gguf_writer *w, const char *key, const float *v, uint64_t n);
 int kvp_gguf_writer_add_i32_array(kvp_gguf_writer *w, const char *key, const int32_t *v, uint64_t n);
+/* Copies a kv of a parsed file (any type) under its own key. */
+int kvp_gguf_writer_copy_kv(kvp_gguf_writer *w, const kvp_gguf_kv *kv);
 /* Declares a tensor; ne[0] innermost. */
 int kvp_gguf_writer_add_tensor(kvp_gguf_writer *w, const char *name, uint32_t type,
                                uint32_t n_dims, const uint64_t *ne);

@@ -5,6 +5,7 @@
 
 int kvp_cmd_generate(int argc, char **argv);
 int kvp_cmd_synth(int argc, char **argv);
+int kvp_cmd_quantize(int argc, char **argv);
 int kvp_cmd_policy_init(int argc, char **argv);
 int kvp_cmd_trace(int argc, char **argv);
 int kvp_cmd_eval(int argc, char **argv);

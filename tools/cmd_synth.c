@@ -17,6 +17,7 @@
 #include "model/quant.h"
 #include "tools/cli.h"
 #include "tools/cliutil.h"
+#include "tools/quantmix.h"
 
 #define N_BYTE_TOKENS 256
 #define N_SPECIAL 3                                /* <unk>, <s>, </s> */
@@ -25,13 +26,12 @@
 
 /* sentencepiece token types as llama.cpp stores them */
 enum { TOK_NORMAL = 1, TOK_UNKNOWN = 2, TOK_CONTROL = 3, TOK_BYTE = 6 };
-/* general.file_type values (llama_ftype) */
-enum { FTYPE_ALL_F32 = 0, FTYPE_MOSTLY_F16 = 1, FTYPE_MOSTLY_Q8_0 = 7 };
 
 typedef struct synth_opts {
     const char *out;
-    long dim, hidden, layers, heads, kv_heads, vocab, ctx, seed;
-    uint32_t type;
+    long dim, hidden, layers, heads, kv_heads, vocab, ctx, seed, tied;
+    const char *type_name;
+    kvp_quant_mix mix;
 } synth_opts;
 
 typedef struct synth_tensor {
@@ -52,8 +52,10 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: kvp synth --out FILE [--dim 768] [--hidden 2048] [--layers 12] [--heads 12]\n"
             "                 [--kv-heads HEADS] [--vocab 32000] [--ctx 2048]\n"
-            "                 [--type f32|f16|q8_0] [--seed 0]\n"
-            "Writes a llama-architecture GGUF with random weights (deterministic per seed).\n");
+            "                 [--type TYPE] [--tied 0|1] [--seed 0]\n"
+            "Writes a llama-architecture GGUF with random weights (deterministic per seed).\n"
+            "TYPE: " KVP_QUANT_MIX_NAMES " (as `kvp quantize`, default f32).\n"
+            "--tied 1: no output.weight; the output reuses token_embd.weight.\n");
 }
 
 static int bad(const char *fmt, const char *arg)
@@ -94,13 +96,14 @@ static int fill(void *vctx, uint64_t i, void *buf, uint64_t n_bytes)
     return 0;
 }
 
-static void add_tensor(synth_ctx *c, kvp_gguf_writer *w, const char *name, uint32_t type,
-                       uint64_t ne0, uint64_t ne1)
+static void add_tensor(synth_ctx *c, kvp_gguf_writer *w, const char *name,
+                       const synth_opts *o, uint64_t ne0, uint64_t ne1)
 {
     synth_tensor *t = &c->t[c->n++];
     snprintf(t->name, sizeof t->name, "%s", name);
     t->n_dims = ne1 ? 2 : 1;
-    t->type = ne1 ? type : KVP_GGML_F32; /* norms stay f32, as llama.cpp stores them */
+    /* norms stay f32, as llama.cpp stores them */
+    t->type = kvp_quant_mix_type(&o->mix, name, ne0, t->n_dims, (int)o->layers, (int)o->tied);
     t->ne[0] = ne0;
     t->ne[1] = ne1 ? ne1 : 1;
     /* a failed add makes the final write fail with a message */
@@ -148,7 +151,8 @@ out:
 static int parse_args(synth_opts *o, int argc, char **argv)
 {
     *o = (synth_opts){.dim = 768, .hidden = 2048, .layers = 12, .heads = 12, .kv_heads = 0,
-                      .vocab = 32000, .ctx = 2048, .seed = 0, .type = KVP_GGML_F32};
+                      .vocab = 32000, .ctx = 2048, .seed = 0, .tied = 0, .type_name = "f32"};
+    kvp_quant_mix_parse(o->type_name, &o->mix);
     static const struct { const char *name; size_t off; long lo, hi; } num[] = {
         {"--dim", offsetof(synth_opts, dim), 1, 65536},
         {"--hidden", offsetof(synth_opts, hidden), 1, 262144},
@@ -158,6 +162,7 @@ static int parse_args(synth_opts *o, int argc, char **argv)
         {"--vocab", offsetof(synth_opts, vocab), MIN_VOCAB, 1 << 22},
         {"--ctx", offsetof(synth_opts, ctx), 1, 1 << 24},
         {"--seed", offsetof(synth_opts, seed), 0, LONG_MAX},
+        {"--tied", offsetof(synth_opts, tied), 0, 1},
     };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -181,14 +186,9 @@ static int parse_args(synth_opts *o, int argc, char **argv)
         } else if (!strcmp(a, "--out")) {
             o->out = v;
         } else if (!strcmp(a, "--type")) {
-            if (!strcmp(v, "f32"))
-                o->type = KVP_GGML_F32;
-            else if (!strcmp(v, "f16"))
-                o->type = KVP_GGML_F16;
-            else if (!strcmp(v, "q8_0"))
-                o->type = KVP_GGML_Q8_0;
-            else
-                return bad("unknown --type '%s' (f32, f16 or q8_0)", v);
+            if (kvp_quant_mix_parse(v, &o->mix))
+                return bad("unknown --type '%s' (" KVP_QUANT_MIX_NAMES ")", v);
+            o->type_name = v;
         } else {
             return bad("unknown option '%s'", a);
         }
@@ -202,8 +202,8 @@ static int parse_args(synth_opts *o, int argc, char **argv)
                    "(RoPE rotates pairs)");
     if (o->kv_heads > o->heads || o->heads % o->kv_heads)
         return bad("%s", "--kv-heads must divide --heads");
-    if (o->type == KVP_GGML_Q8_0 && (o->dim % KVP_QK || o->hidden % KVP_QK))
-        return bad("%s", "q8_0 needs --dim and --hidden to be multiples of 32");
+    if (kvp_type_block(o->mix.base) > 1 && (o->dim % KVP_QK || o->hidden % KVP_QK))
+        return bad("%s", "quantized types need --dim and --hidden to be multiples of 32");
     return -1;
 }
 
@@ -218,7 +218,7 @@ int kvp_cmd_synth(int argc, char **argv)
     uint64_t kvd = d / (uint64_t)o.heads * (uint64_t)o.kv_heads;
     /* the limits above keep these products far from overflow */
     uint64_t per_layer = 2 * d * d + 2 * d * kvd + 3 * d * hid;
-    uint64_t params = 2 * d * v + (uint64_t)o.layers * per_layer;
+    uint64_t params = (o.tied ? 1 : 2) * d * v + (uint64_t)o.layers * per_layer;
     uint64_t file_bytes = kvp_type_nbytes(KVP_GGML_F32, params);
     if (file_bytes > MAX_FILE_BYTES) {
         fprintf(stderr, "kvp synth: %llu parameters is too large (at most %llu GiB of "
@@ -245,9 +245,7 @@ int kvp_cmd_synth(int argc, char **argv)
     snprintf(name, sizeof name, "kvp-synth d%ld l%ld h%ld", o.dim, o.layers, o.heads);
     kvp_gguf_writer_add_str(w, "general.architecture", "llama");
     kvp_gguf_writer_add_str(w, "general.name", name);
-    kvp_gguf_writer_add_u32(w, "general.file_type",
-                            o.type == KVP_GGML_F32 ? FTYPE_ALL_F32
-                            : o.type == KVP_GGML_F16 ? FTYPE_MOSTLY_F16 : FTYPE_MOSTLY_Q8_0);
+    kvp_gguf_writer_add_u32(w, "general.file_type", o.mix.ftype);
     kvp_gguf_writer_add_u32(w, "llama.context_length", (uint32_t)o.ctx);
     kvp_gguf_writer_add_u32(w, "llama.embedding_length", (uint32_t)o.dim);
     kvp_gguf_writer_add_u32(w, "llama.block_count", (uint32_t)o.layers);
@@ -266,9 +264,10 @@ int kvp_cmd_synth(int argc, char **argv)
     kvp_gguf_writer_add_u32(w, "tokenizer.ggml.bos_token_id", 1);
     kvp_gguf_writer_add_u32(w, "tokenizer.ggml.eos_token_id", 2);
 
-    add_tensor(&c, w, "token_embd.weight", o.type, d, v);
-    add_tensor(&c, w, "output_norm.weight", o.type, d, 0);
-    add_tensor(&c, w, "output.weight", o.type, d, v);
+    add_tensor(&c, w, "token_embd.weight", &o, d, v);
+    add_tensor(&c, w, "output_norm.weight", &o, d, 0);
+    if (!o.tied)
+        add_tensor(&c, w, "output.weight", &o, d, v);
     for (long l = 0; l < o.layers; l++) {
         static const struct { const char *name; int in, out; } blk[] = {
             /* in/out: 0 = none (a norm), 1 = dim, 2 = kv dim, 3 = hidden */
@@ -280,7 +279,7 @@ int kvp_cmd_synth(int argc, char **argv)
         for (size_t k = 0; k < sizeof blk / sizeof blk[0]; k++) {
             char tn[48];
             snprintf(tn, sizeof tn, "blk.%ld.%s.weight", l, blk[k].name);
-            add_tensor(&c, w, tn, o.type, size[blk[k].in], size[blk[k].out]);
+            add_tensor(&c, w, tn, &o, size[blk[k].in], size[blk[k].out]);
         }
     }
 
@@ -304,7 +303,7 @@ int kvp_cmd_synth(int argc, char **argv)
         goto out;
     }
     printf("wrote %s: %llu parameters, %llu tensors, %s\n", o.out, (unsigned long long)params,
-           (unsigned long long)n_tensors, kvp_type_name(o.type));
+           (unsigned long long)c.n, o.type_name);
     rc = 0;
 out:
     kvp_gguf_writer_free(w);

@@ -1,4 +1,4 @@
-/* kvp: the offline CLI (generate, synth, policy-init, trace, train, eval). */
+/* kvp: the offline CLI (generate, synth, quantize, policy-init, trace, train, eval). */
 #include <stdio.h>
 #include <string.h>
 
@@ -11,6 +11,7 @@ static const struct {
 } commands[] = {
     {"generate", kvp_cmd_generate, "generate text from a model (optionally with eviction)"},
     {"synth", kvp_cmd_synth, "write a random-weight llama GGUF of a given shape"},
+    {"quantize", kvp_cmd_quantize, "rewrite a GGUF model with quantized matrices (q8_0 ... q4_K_M)"},
     {"policy-init", kvp_cmd_policy_init, "write a randomly initialised KVP policy file"},
     {"trace", kvp_cmd_trace, "record q/k/v traces of a model over text, for training"},
     {"eval", kvp_cmd_eval, "evaluate eviction policies on held-out text (ranking, one-shot, streaming)"},
