@@ -25,6 +25,7 @@
 
 #include "cache/kvcache.h"
 #include "model/forward.h"
+#include "model/matmul.h"
 #include "model/model.h"
 #include "tools/cliutil.h"
 
@@ -101,10 +102,25 @@ static double bandwidth(const uint64_t *buf, size_t n, int threads, int reps)
 
 /* ----------------------------------------------------------------- the engine */
 
+/* VmRSS of this process in MB (0 if unreadable). */
+static double rss_mb(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    double kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "VmRSS:", 6))
+            kb = strtod(line + 6, NULL);
+    if (f)
+        fclose(f);
+    return kb * 1024 / 1e6;
+}
+
 typedef struct result {
     char name[64];
     int ok;
-    long params;          /* read per token: model->weight_bytes / 4 */
+    char mix[96];         /* weight bytes by type (kvp_model_weight_mix) */
+    double rss_mb;        /* resident memory the loaded model and its run added */
     double weight_bytes;
     int decode_n;
     double decode_tps;
@@ -171,13 +187,14 @@ static void bench_model(result *res, const char *label, const char *path, const 
     snprintf(res->name, sizeof res->name, "%s", label);
     kvp_model m;
     char err[512];
+    double rss0 = rss_mb();
     fprintf(stderr, "bench: loading %s\n", path);
     if (kvp_model_load(&m, path, tok, err, sizeof err)) {
         fprintf(stderr, "bench: %s\n", err);
         return;
     }
     const kvp_model_config *cfg = &m.cfg;
-    res->params = (long)(m.weight_bytes / sizeof(float));
+    kvp_model_weight_mix(&m, res->mix, sizeof res->mix);
     res->weight_bytes = (double)m.weight_bytes;
     res->threads = openblas_get_num_threads();
     /* two prefill block sizes, both within the context */
@@ -200,6 +217,7 @@ static void bench_model(result *res, const char *label, const char *path, const 
     res->decode_tps = run_decode(&m, &s, &c, res->decode_n, reps);
     for (int b = 0; b < 2; b++)
         res->prefill_tps[b] = run_prefill(&m, &s, &c, res->blocks[b], total, reps);
+    res->rss_mb = rss_mb() - rss0;
     res->ok = res->decode_tps > 0 && res->prefill_tps[0] > 0 && res->prefill_tps[1] > 0;
     if (!res->ok)
         fprintf(stderr, "bench: %s: forward pass failed\n", label);
@@ -222,18 +240,22 @@ static void default_kvp(char *buf, size_t cap)
     snprintf(buf, cap, "%s/../tools/kvp", n > 0 ? self : ".");
 }
 
-static int ensure_synth(const char *path, const char *kvp)
+/* Runs `kvp synth --out path ARGS...` unless path exists. */
+static int ensure_synth(const char *path, const char *kvp, const char *const *args)
 {
     if (!access(path, R_OK))
         return 0;
-    fprintf(stderr, "bench: writing the 110M synthetic model to %s with %s\n", path, kvp);
+    fprintf(stderr, "bench: writing a synthetic model to %s with %s\n", path, kvp);
+    const char *argv[32] = {kvp, "synth", "--out", path};
+    int n = 4;
+    while (*args && n < 31)
+        argv[n++] = *args++;
+    argv[n] = NULL;
     pid_t pid = fork();
     if (pid < 0)
         return -errno;
     if (pid == 0) {
-        execl(kvp, kvp, "synth", "--out", path, "--dim", "768", "--hidden", "2048",
-              "--layers", "12", "--heads", "12", "--vocab", "32000", "--ctx", "2048",
-              "--type", "f32", "--seed", "1", (char *)NULL);
+        execv(kvp, (char *const *)argv);
         fprintf(stderr, "bench: cannot run %s: %s\n", kvp, strerror(errno));
         _exit(127);
     }
@@ -248,7 +270,7 @@ static int ensure_synth(const char *path, const char *kvp)
 static int usage(void)
 {
     fprintf(stderr, "usage: bench_engine [--model PATH] [--tokenizer PATH] [--synth PATH] "
-            "[--kvp PATH] [--no-synth] [--decode N] [--bw-mib N] [--reps N]\n");
+            "[--kvp PATH] [--no-synth] [--qwen] [--decode N] [--bw-mib N] [--reps N]\n");
     return 2;
 }
 
@@ -258,12 +280,16 @@ int main(int argc, char **argv)
     const char *synth = "/tmp/kvp-synth-110M.gguf";
     char kvp[PATH_MAX + 32];
     default_kvp(kvp, sizeof kvp);
-    int use_synth = 1;
+    int use_synth = 1, use_qwen = 0;
     long decode_n = 128, bw_mib = 1024, reps = 3;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--no-synth")) {
             use_synth = 0;
+            continue;
+        }
+        if (!strcmp(a, "--qwen")) {
+            use_qwen = 1;
             continue;
         }
         if (!v)
@@ -299,45 +325,70 @@ int main(int argc, char **argv)
     double bw = bwn > bw1 ? bwn : bw1;
     free(buf);
 
-    result res[2];
+    result res[8];
     int n_res = 0;
     bench_model(&res[n_res++], "stories260K", model, tok, (int)decode_n * 2, (int)reps);
     if (use_synth) {
-        if (ensure_synth(synth, kvp))
+        static const char *const args_110m[] = {"--dim", "768", "--hidden", "2048", "--layers",
+            "12", "--heads", "12", "--vocab", "32000", "--ctx", "2048", "--type", "f32", "--seed",
+            "1", NULL};
+        if (ensure_synth(synth, kvp, args_110m))
             fprintf(stderr, "bench: could not write %s; skipping the 110M model\n", synth);
         else
             bench_model(&res[n_res++], "synth-110M (f32)", synth, NULL, (int)decode_n,
                         (int)reps);
+    }
+    /* Qwen2.5-0.5B's shape in f32 and three quantized forms, in the same run */
+    static const char *const qwen_types[] = {"f32", "f16", "q8_0", "q4_K_M"};
+    int qwen_first = n_res;
+    for (int q = 0; use_qwen && q < 4; q++) {
+        char path[256], label[64];
+        snprintf(path, sizeof path, "/tmp/kvp-synth-qwen05-%s.gguf", qwen_types[q]);
+        snprintf(label, sizeof label, "qwen2.5-0.5B shape, %s", qwen_types[q]);
+        const char *const args[] = {"--dim", "896", "--hidden", "4864", "--layers", "24",
+            "--heads", "14", "--kv-heads", "2", "--vocab", "151936", "--ctx", "4096", "--tied",
+            "1", "--type", qwen_types[q], "--seed", "1", NULL};
+        if (ensure_synth(path, kvp, args))
+            fprintf(stderr, "bench: could not write %s; skipping it\n", path);
+        else
+            bench_model(&res[n_res++], label, path, NULL, (int)decode_n / 2, (int)reps);
     }
 
     printf("## kvpd engine benchmark\n\n");
     printf("memory read bandwidth (best of 5 passes over %ld MiB): 1 thread %.2f GB/s, "
            "%d threads %.2f GB/s\n", bw_mib, bw1 / 1e9, threads, bwn / 1e9);
     printf("OpenBLAS threads: %d; best of %ld runs each\n\n", openblas_get_num_threads(), reps);
-    printf("| model | params read/token | weight MB/token | decode tok/s | decode GB/s "
-           "| BW fraction | prefill tok/s (block) | prefill tok/s (block) | prefill/decode |\n");
-    printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    printf("matmul kernels: %s; matmul threads: %s\n\n", kvp_matmul_simd(),
+           getenv("KVP_THREADS") ? getenv("KVP_THREADS") : "all CPUs");
+    printf("| model | weights | weight MB/token | RSS MB | decode tok/s | decode GB/s "
+           "| BW fraction | prefill tok/s (block) | prefill tok/s (block) | prefill/decode "
+           "| decode vs f32 |\n");
+    printf("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     int failed = 0;
     for (int i = 0; i < n_res; i++) {
         const result *r = &res[i];
         if (!r->ok) {
-            printf("| %s | failed | | | | | | | |\n", r->name);
+            printf("| %s | failed | | | | | | | | | |\n", r->name);
             failed = 1;
             continue;
         }
         double gbs = r->weight_bytes * r->decode_tps;
         double best_prefill = r->prefill_tps[1] > r->prefill_tps[0] ? r->prefill_tps[1]
                                                                      : r->prefill_tps[0];
-        printf("| %s | %.2fM | %.2f | %.1f | %.2f | %.2f | %.0f (%d) | %.0f (%d) | %.1fx |\n",
-               r->name, r->params / 1e6, r->weight_bytes / 1e6, r->decode_tps, gbs / 1e9,
+        char vs[32] = "";
+        if (i > qwen_first && res[qwen_first].ok)
+            snprintf(vs, sizeof vs, "%.2fx", r->decode_tps / res[qwen_first].decode_tps);
+        printf("| %s | %s | %.2f | %.0f | %.1f | %.2f | %.2f | %.0f (%d) | %.0f (%d) | %.1fx | %s |\n",
+               r->name, r->mix, r->weight_bytes / 1e6, r->rss_mb, r->decode_tps, gbs / 1e9,
                gbs / bw, r->prefill_tps[0], r->blocks[0], r->prefill_tps[1], r->blocks[1],
-               best_prefill / r->decode_tps);
+               best_prefill / r->decode_tps, vs);
     }
     printf("\ndecode: single-token steps from position 0 (");
     for (int i = 0; i < n_res; i++)
         printf("%s%s: %d", i ? ", " : "", res[i].name, res[i].decode_n);
-    printf("); weight MB/token = f32 bytes of all matrices and norms one token reads "
-           "(model->weight_bytes); BW fraction = weight bytes x decode tok/s / the best "
+    printf("); weights = resident weight bytes by type; weight MB/token = bytes of all "
+           "matrices and norms one token reads, in their file types (model->weight_bytes); RSS = "
+           "resident memory the model and its run added; BW fraction = weight bytes x decode tok/s / the best "
            "measured bandwidth (meaningful only when the weights do not fit in cache).\n");
     return failed;
 }

@@ -226,6 +226,9 @@ static void load_done(uv_work_t *w, int status)
              d->model.cfg.seq_len, d->pconf->name, d->cfg.budget, d->cfg.chunk,
              d->cfg.workers, d->cfg.state_dir[0] ? d->cfg.state_dir : "(none)",
              (unsigned long long)d->cfg.max_cache_bytes, kvpd_turn_bytes(d));
+    char mix[256];
+    kvp_model_weight_mix(&d->model, mix, sizeof mix);
+    kvpd_log("info", "weights: %s (matmul kernels %s)", mix, kvp_matmul_simd());
     kvpd_announce_ready(d);
 }
 

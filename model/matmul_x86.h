@@ -133,21 +133,32 @@ static float dot_q8_0(const void *row, const kvp_act *a)
 /* The 32-element formats with unsigned codes: sum over blocks of
  * d_w * (d_a * sum(code * q)) + extra_w * s_a, where extra_w is -8 d / -16 d for the _0
  * formats and m for the _1 formats. */
+#define BLOCK32_STEP(ACC, EXTRA_SUM, I, CODES, EXTRA)                                            \
+    do {                                                                              \
+        const __typeof__(*blocks) *b = &blocks[I];                                    \
+        float d = h2f(b->d);                                                          \
+        __m256 p = mulsum_f32(CODES, load256(a->q + (I) * KVP_QK));                   \
+        ACC = _mm256_fmadd_ps(_mm256_set1_ps(d * a->d[I]), p, ACC);                   \
+        EXTRA_SUM += (EXTRA) * a->s[I];                                               \
+    } while (0)
+
+/* two independent accumulators, so consecutive blocks do not wait on one fma chain */
 #define BLOCK32_DOT(NAME, BLK, CODES, EXTRA)                                          \
     static float NAME(const void *row, const kvp_act *a)                              \
     {                                                                                 \
-        const BLK *b = row;                                                           \
-        __m256 acc = _mm256_setzero_ps();                                             \
-        float extra = 0.0f;                                                           \
-        for (int i = 0; i < a->n / KVP_QK; i++, b++) {                                \
-            float d = h2f(b->d);                                                      \
-            __m256 p = mulsum_f32(CODES, load256(a->q + i * KVP_QK));                 \
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(d * a->d[i]), p, acc);               \
-            extra += (EXTRA) * a->s[i];                                               \
+        const BLK *blocks = row;                                                      \
+        const int nb = a->n / KVP_QK;                                                 \
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;                               \
+        float extra0 = 0.0f, extra1 = 0.0f;                                           \
+        int i = 0;                                                                    \
+        for (; i + 2 <= nb; i += 2) {                                                 \
+            BLOCK32_STEP(acc0, extra0, i, CODES, EXTRA);                              \
+            BLOCK32_STEP(acc1, extra1, i + 1, CODES, EXTRA);                          \
         }                                                                             \
-        return hsum(acc) + extra;                                                     \
+        if (i < nb)                                                                   \
+            BLOCK32_STEP(acc0, extra0, i, CODES, EXTRA);                              \
+        return hsum(_mm256_add_ps(acc0, acc1)) + extra0 + extra1;                     \
     }
-
 BLOCK32_DOT(dot_q4_0, blk_q4_0, nibbles(b->qs), -8.0f * d)
 BLOCK32_DOT(dot_q4_1, blk_q4_1, nibbles(b->qs), h2f(b->m))
 BLOCK32_DOT(dot_q5_0, blk_q5_0, _mm256_or_si256(nibbles(b->qs), fifth_bits(b->qh)), -16.0f * d)

@@ -122,15 +122,22 @@ static int admin_stats(kvpd_conn *c)
         "snapshot_failures", (json_int_t)m->snapshot_failures,
         "rebuilds", (json_int_t)m->rebuilds, "lost", (json_int_t)m->sessions_lost,
         "reloads", (json_int_t)m->reloads, "reloads_refused", (json_int_t)m->reloads_refused);
+    char mix[256] = "";
+    json_int_t weight_bytes = 0;
+    if (d->ready) {
+        kvp_model_weight_mix(&d->model, mix, sizeof mix);
+        for (int t = 0; t < KVP_N_WEIGHT_TYPES; t++)
+            weight_bytes += (json_int_t)d->model.type_bytes[t];
+    }
     json_t *o = json_pack(
-        "{s:f, s:b, s:{s:s, s:s, s:i, s:i, s:i, s:i}, s:s, s:s, s:i, s:i, s:i,"
+        "{s:f, s:b, s:{s:s, s:s, s:i, s:i, s:i, s:i, s:s, s:I}, s:s, s:s, s:i, s:i, s:i,"
         " s:{s:i, s:i, s:i, s:I, s:i}, s:{s:I, s:I}, s:o, s:o,"
         " s:{s:I, s:I, s:I}, s:I, s:I, s:i, s:o}",
         "uptime_s", g.uptime_s, "ready", d->ready,
         "model", "name", d->ready ? d->model.name : "", "chat_format",
         kvp_template_name(d->env.tpl.format), "layers", d->model.cfg.n_layers,
         "kv_heads", d->model.cfg.n_kv_heads, "head_dim", d->model.cfg.head_dim,
-        "context", d->model.cfg.seq_len,
+        "context", d->model.cfg.seq_len, "weights", mix, "weight_bytes", weight_bytes,
         "policy", d->pconf ? d->pconf->name : "", "policy_file", d->pconf ? d->pconf->file : "",
         "budget", d->cfg.budget, "chunk", d->cfg.chunk, "workers", d->cfg.workers,
         "sessions", "active", g.sessions_active, "resident", g.sessions_active,

@@ -84,6 +84,11 @@ Test(http, endpoints_and_metrics_pass_promtool, .timeout = 60)
     for (const char *k = "uptime_s\0model\0policy\0budget\0sessions\0cache_bytes\0tokens\0"
                          "evicted_rows\0queue_depth\0session_list\0"; *k; k += strlen(k) + 1)
         cr_assert(json_object_get(j, k), "admin/stats lacks %s", k);
+    json_t *model = json_object_get(j, "model");
+    /* stories260K.bin: all f32, about 1 MB */
+    const char *mix = json_string_value(json_object_get(model, "weights"));
+    cr_expect(mix && !strncmp(mix, "F32 1.", 6) && !strchr(mix, ','), "weights: %s", mix);
+    cr_expect_gt(json_integer_value(json_object_get(model, "weight_bytes")), 1000000);
     json_t *s0 = json_array_get(json_object_get(j, "session_list"), 0);
     for (const char *k = "id\0turns\0rows\0bytes\0last_active_s_ago\0"; *k; k += strlen(k) + 1)
         cr_assert(json_object_get(s0, k), "session entry lacks %s", k);

@@ -918,7 +918,7 @@ Test(gguf, synth_bad_arguments)
     static const char *bad[] = {
         "--dim", "--dim abc", "--dim 0", "--dim -64", "--dim 64x", "--dim 99999999999",
         "--dim 66 --heads 4", "--heads 5 --kv-heads 2", "--kv-heads 13", "--vocab 10",
-        "--type q4_k", "--layers 0", "--ctx 0", "--hidden 0", "--bogus 1",
+        "--type q4_k_s", "--type q3_K", "--type iq4_nl", "--layers 0", "--ctx 0", "--hidden 0", "--bogus 1",
         "--dim 48 --heads 2 --type q8_0", "--dim 6 --heads 2",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {

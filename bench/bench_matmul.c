@@ -1,0 +1,128 @@
+/* bench_matmul: matrix-vector throughput of kvp_matmul per weight type on one thread,
+ * against ggml's own kernels (../shared/anchors/ggml-quantize-perf, `vec_dot_q`,
+ * "quantized throughput") run in the same process tree, at the same size.
+ *
+ * Each matrix holds at least --mib MiB of weights (default 128; far beyond the caches,
+ * so both sides stream from memory); throughput = weight bytes / time of one y = W x
+ * (activation quantization included), best of --reps.
+ *
+ * Usage: bench_matmul [--anchor PATH] [--mib N] [--reps N] [--types q8_0,q4_K,...] */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "model/gguf.h"
+#include "model/matmul.h"
+#include "model/quant.h"
+#include "tools/cliutil.h"
+
+#define COLS 4096
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ggml's "quantized throughput" (GB/s) of vec_dot_q for `type` over n values; 0 if the
+ * anchor cannot be run. */
+static double anchor_gbs(const char *anchor, const char *type, long n)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "%s --op vec_dot_q --type %s --size %ld -i 5 2>/dev/null", anchor,
+             type, n);
+    FILE *p = popen(cmd, "r");
+    if (!p)
+        return 0;
+    char line[512];
+    double gbs = 0;
+    while (fgets(line, sizeof line, p)) {
+        const char *q = strstr(line, "quantized throughput");
+        if (q && (q = strchr(q, ':')))
+            gbs = strtod(q + 1, NULL);
+    }
+    pclose(p);
+    return gbs;
+}
+
+int main(int argc, char **argv)
+{
+    const char *anchor = "../shared/anchors/ggml-quantize-perf";
+    const char *list = "q8_0,q4_0,q4_1,q5_0,q5_1,q2_K,q3_K,q4_K,q5_K,q6_K,f16,bf16";
+    long mib = 128, reps = 5;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--anchor"))
+            anchor = argv[i + 1];
+        else if (!strcmp(argv[i], "--types"))
+            list = argv[i + 1];
+        else if (!(!strcmp(argv[i], "--mib") ? kvp_parse_long(argv[i + 1], 8, 1 << 16, &mib)
+                   : !strcmp(argv[i], "--reps") ? kvp_parse_long(argv[i + 1], 1, 1000, &reps) : 0)) {
+            fprintf(stderr, "usage: bench_matmul [--anchor PATH] [--mib N] [--reps N] [--types LIST]\n");
+            return 2;
+        }
+    }
+    if (argc % 2 == 0) {
+        fprintf(stderr, "usage: bench_matmul [--anchor PATH] [--mib N] [--reps N] [--types LIST]\n");
+        return 2;
+    }
+    setenv("KVP_THREADS", "1", 0);  /* one thread, as ggml's vec_dot benchmark */
+
+    /* a tile of real quantized rows (random weights), repeated to fill the matrix */
+    enum { TILE = 64 };
+    float *src = malloc((size_t)TILE * COLS * sizeof *src), *x = malloc(COLS * sizeof *x);
+    uint64_t s = 7;
+    for (size_t i = 0; i < (size_t)TILE * COLS; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        src[i] = (float)((double)(s >> 11) * 0x1p-53 * 2 - 1);
+    }
+    for (int i = 0; i < COLS; i++)
+        x[i] = sinf(0.1f * (float)i);
+
+    printf("## matrix-vector throughput, one thread (kernels: %s)\n\n", kvp_matmul_simd());
+    printf("| type | weight MiB | kvp GB/s | ggml vec_dot GB/s | kvp / ggml |\n|---|---:|---:|---:|---:|\n");
+    char types[256];
+    snprintf(types, sizeof types, "%s", list);
+    for (char *save = NULL, *t = strtok_r(types, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        int type = kvp_type_parse(t);
+        if (type < 0) {
+            fprintf(stderr, "bench_matmul: unknown type %s\n", t);
+            return 2;
+        }
+        size_t rb = kvp_type_nbytes((uint32_t)type, COLS);
+        int rows = (int)(((size_t)mib << 20) / rb / TILE * TILE);
+        uint8_t *w = malloc(rb * rows);
+        float *y = malloc((size_t)rows * sizeof *y);
+        if (!w || !y || kvp_quantize((uint32_t)type, src, w, (uint64_t)TILE * COLS)) {
+            fprintf(stderr, "bench_matmul: %s: cannot build the matrix\n", t);
+            return 1;
+        }
+        for (int r = TILE; r < rows; r += TILE)
+            memcpy(w + rb * r, w, rb * TILE);
+        kvp_weight wt = {(uint32_t)type, rows, COLS, rb, w};
+        kvp_matmul(y, x, &wt, 1, 0);  /* warm-up */
+        double best = 1e30;
+        for (long r = 0; r < reps; r++) {
+            double t0 = now();
+            kvp_matmul(y, x, &wt, 1, 0);
+            double dt = now() - t0;
+            best = dt < best ? dt : best;
+        }
+        double gbs = (double)rb * rows / best / 1e9;
+        /* the anchor at the same element count */
+        double ref = anchor_gbs(anchor, t, (long)rows * COLS);
+        printf("| %s | %.0f | %.2f | %.2f | %.2fx |\n", kvp_type_name((uint32_t)type),
+               (double)rb * rows / (1 << 20), gbs, ref, ref > 0 ? gbs / ref : 0);
+        fflush(stdout);
+        free(w);
+        free(y);
+    }
+    printf("\nggml: %s --op vec_dot_q --type T --size N -i 5 (the same number of weights); "
+           "both sides one thread, best of runs.\n", anchor);
+    free(src);
+    free(x);
+    return 0;
+}
