@@ -9,6 +9,7 @@
 #include "daemon/residency.h"
 #include "sessions/template.h"
 #include "web/conn.h"
+#include "web/server.h"
 
 /* Headers now, the body (queued as one frame) on the writeable callback. */
 static int respond(kvpd_conn *c, int status, const char *type, const char *body, size_t len,
@@ -200,7 +201,10 @@ int kvpd_http_request(kvpd_conn *c, const char *uri)
     if (lws_hdr_total_length(c->wsi, WSI_TOKEN_GET_URI) <= 0)
         return text_status(c, 405, "only GET is served\n", NULL);
     if (!strcmp(uri, "/healthz")) {
-        int ok = d->ready && !d->draining;
+        int ok = d->ready && !d->draining, unsaved = kvpd_web_unsaved(d);
+        if (ok && unsaved)
+            return respond_json(c, 503, json_pack("{s:s, s:i}", "status", "degraded",
+                                                  "unsaved_sessions", unsaved));
         return respond_json(c, ok ? 200 : 503,
                             json_pack("{s:s}", "status", ok ? "ok" : d->draining ? "stopping" : "loading"));
     }

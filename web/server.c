@@ -242,9 +242,11 @@ static void job_ended(kvpd *d, kvp_session *s)
     }
     if (s->save_rc < 0) {
         m->snapshot_failures++;
+        s->save_failed = 1;
         kvpd_log("warning", "session %.8s: %s", s->id, s->save_err);
     } else if (s->save_rc > 0) {
         m->snapshots_written++;
+        s->save_failed = 0;
     }
     s->save_rc = 0;
     s->turns = s->turns_done;
@@ -299,8 +301,10 @@ static void on_job(kvpd *d, kvp_session *s, const kvpd_event *ev)
         kvpd_log("info", "session %.8s: loaded from its snapshot (%d turns)", s->id, s->turns);
         if (s->conn)
             kvpd_chat_send_session(s->conn, 1);
-    } else if (ev->code < 0) {
-        kvpd_log("warning", "session %.8s: %s", s->id, ev->text);
+    } else {   /* a save job (shutdown): its outcome decides the session's durability */
+        s->save_failed = ev->code < 0;
+        if (ev->code < 0)
+            kvpd_log("warning", "session %.8s: %s", s->id, ev->text);
     }
 }
 
@@ -339,7 +343,9 @@ void kvpd_web_on_event(void *ctx, const kvpd_event *ev)
         kvpd_hist_observe(&m->ttft, st->ttft_ms / 1e3);
         kvpd_hist_observe(&m->turn_duration, st->duration_ms / 1e3);
         if (c)
-            kvpd_conn_send(c, kvpd_proto_done(ev->text, ev->len, st));
+            kvpd_conn_send(c, kvpd_proto_done(ev->text, ev->len, st,
+                                              d->env.state_dir[0] ? !s->save_failed : -1,
+                                              s->save_err));
         return;
     }
     case KVPD_EV_ERROR:
@@ -389,6 +395,14 @@ void kvpd_web_expire(kvpd *d, double now)
         }
         s = next;
     }
+}
+
+int kvpd_web_unsaved(const kvpd *d)
+{
+    int n = 0;
+    for (const kvp_session *s = d->sessions.head; s; s = s->next)
+        n += s->save_failed;
+    return n;
 }
 
 int kvpd_web_cancel_all(kvpd *d)
