@@ -45,6 +45,8 @@ static const key_def keys[] = {
     {"max_message_bytes", T_INT, F(max_message_bytes), 64, 1 << 24, "largest websocket message accepted", LIVE},
     {"max_tokens", T_INT, F(max_tokens), 1, 1 << 20, "largest reply in tokens (and the default)", LIVE},
     {"idle_timeout", T_INT, F(idle_timeout_s), 1, 1 << 30, "seconds without activity before a session is parked (dropped without state_dir)", LIVE},
+    {"max_connections", T_INT, F(max_connections), 0, 1 << 20, "HTTP and websocket connections at once; more are answered 503 and closed (0: no cap)", LIVE},
+    {"connection_idle_timeout", T_INT, F(connection_idle_timeout_s), 0, 1 << 20, "seconds a websocket may go without a frame either way before it is closed (0: never)", LIVE},
     {"shutdown_timeout_ms", T_INT, F(shutdown_timeout_ms), 0, 600000, "grace period for in-flight turns and snapshots on SIGTERM", LIVE},
     {"temperature", T_FLOAT, F(temperature), 0, 10, "sampling temperature when a message gives none (0: greedy)", FIXED},
     {"top_p", T_FLOAT, F(top_p), 0.01, 1, "nucleus sampling (1: off)", FIXED},
@@ -68,6 +70,8 @@ void kvpd_config_defaults(kvpd_config *c)
     c->max_message_bytes = 16384;
     c->max_tokens = 256;
     c->idle_timeout_s = 1800;
+    c->max_connections = 1024;
+    c->connection_idle_timeout_s = 300;
     c->shutdown_timeout_ms = 5000;
     c->temperature = 0.8f;
     c->top_p = 0.9f;

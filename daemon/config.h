@@ -28,6 +28,8 @@ typedef struct kvpd_config {
     int max_message_bytes;
     int max_tokens;                   /* per reply: the cap and the default */
     int idle_timeout_s;
+    int max_connections;              /* HTTP and websocket connections at once; 0 = no cap */
+    int connection_idle_timeout_s;    /* websocket without frames; 0 = never closed */
     int shutdown_timeout_ms;
     float temperature;                /* default for messages that give none */
     float top_p;

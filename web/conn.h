@@ -26,6 +26,10 @@ typedef struct kvpd_conn {
     enum kvpd_rx_skip rx_skip;
 } kvpd_conn;
 
+/* The listening socket (web/listen.c): accepts, bounds and hands connections to lws. */
+int kvpd_listen_start(kvpd *d, const char *host, char *err, size_t errlen);
+void kvpd_listen_stop(kvpd *d);
+
 /* Queues payload (copied) and asks lws for a writeable callback. 0 or -ENOMEM. */
 int kvpd_conn_queue(kvpd_conn *c, const char *payload, size_t len);
 /* Queues a frame built by web/protocol.c and frees it. NULL (it could not be built)

@@ -91,6 +91,7 @@ static void gauges(kvpd *d, kvpd_gauges *g)
     g->cache_bytes_cap = d->cfg.max_cache_bytes;
     g->turn_reserve_bytes = d->ready ? kvpd_turn_bytes(d) : 0;
     g->queue_depth = d->sched ? kvpd_sched_depth(d->sched) : 0;
+    g->connections_open = d->connections_open;
     g->uptime_s = kvp_now() - d->started;
     g->ready = d->ready;
 }
@@ -143,6 +144,12 @@ static int admin_stats(kvpd_conn *c)
         (json_int_t)m->prefilled_tokens, "out", (json_int_t)m->generated_tokens,
         "evicted_rows", (json_int_t)m->evicted_rows, "turns", (json_int_t)m->turns,
         "queue_depth", g.queue_depth, "session_list", list);
+    if (o && json_object_set_new(o, "connections", json_pack(
+                 "{s:i, s:i, s:I}", "open", g.connections_open, "max", d->cfg.max_connections,
+                 "refused", (json_int_t)m->connections_refused)) < 0) {
+        json_decref(o);
+        o = NULL;
+    }
     return respond_json(c, 200, o);
 }
 
