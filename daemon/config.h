@@ -21,7 +21,10 @@ typedef struct kvpd_config {
     int chunk;                        /* prefill chunk = eviction slack */
     int workers;                      /* 0 = one per core */
     char state_dir[KVPD_PATH_MAX];
-    char admin_token[128];            /* "" = admin endpoints open */
+    char admin_token[128];            /* "" = one is generated at start (web/guard.c) */
+    char admin_token_file[KVPD_PATH_MAX];   /* where; "" = <state_dir>/admin.token */
+    char allowed_hosts[512];          /* Host names served; "" = loopback + listen address */
+    char allowed_origins[1024];       /* Origins allowed; "" = this daemon's own */
     char static_dir[KVPD_PATH_MAX];
     int max_sessions;                 /* resident sessions (parked ones do not count) */
     uint64_t max_cache_bytes;         /* KV cache bytes of resident sessions; 0 = no cap */

@@ -35,6 +35,7 @@ typedef struct kvpd {
     struct kvpd_listener *listener;   /* web/listen.c */
     int port;                     /* bound port */
     int connections_open;         /* HTTP and websocket connections lws holds */
+    char admin_token_generated[33];   /* without admin_token: made at start ("" = closed) */
     int frames_pending;           /* websocket frames queued, not yet written */
     double started;               /* kvp_now() at start */
 } kvpd;

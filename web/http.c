@@ -29,6 +29,8 @@ static int respond(kvpd_conn *c, int status, const char *type, const char *body,
         return 1;
     if (lws_finalize_write_http_header(c->wsi, start, &p, end))
         return 1;
+    if (c->head)   /* the headers (with the body's length) are the whole answer */
+        return lws_http_transaction_completed(c->wsi) ? -1 : 0;
     if (kvpd_conn_queue(c, body, len) < 0)
         return 1;
     return 0;
@@ -62,9 +64,9 @@ int kvpd_http_writeable(kvpd_conn *c)
 /* Constant-time compare, so the token cannot be guessed byte by byte from timings. */
 static int token_ok(kvpd_conn *c)
 {
-    const char *want = c->d->cfg.admin_token;
+    const char *want = kvpd_admin_token(c->d);
     if (!want[0])
-        return 1;
+        return 0;   /* closed: no token configured and nowhere to write one */
     char got[256];
     int n = lws_hdr_copy(c->wsi, got, sizeof got, WSI_TOKEN_HTTP_AUTHORIZATION);
     if (n <= 7 || strncmp(got, "Bearer ", 7))
@@ -205,8 +207,13 @@ static int text_status(kvpd_conn *c, int status, const char *msg, const char *ww
 int kvpd_http_request(kvpd_conn *c, const char *uri)
 {
     kvpd *d = c->d;
-    if (lws_hdr_total_length(c->wsi, WSI_TOKEN_GET_URI) <= 0)
-        return text_status(c, 405, "only GET is served\n", NULL);
+    int status;
+    const char *refused = kvpd_guard_check(d, c->wsi, &status);
+    if (refused)
+        return text_status(c, status, refused, NULL);
+    c->head = lws_hdr_total_length(c->wsi, WSI_TOKEN_HEAD_URI) > 0;
+    if (!c->head && lws_hdr_total_length(c->wsi, WSI_TOKEN_GET_URI) <= 0)
+        return text_status(c, 405, "only GET and HEAD are served\n", NULL);
     if (!strcmp(uri, "/healthz")) {
         int ok = d->ready && !d->draining, unsaved = kvpd_web_unsaved(d);
         if (ok && unsaved)

@@ -106,8 +106,12 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
     case LWS_CALLBACK_WSI_DESTROY:
         d->connections_open--;
         return 0;
-    case LWS_CALLBACK_FILTER_PROTOCOL_CONNECTION:
-        return !uri_is(wsi, "/chat");
+    case LWS_CALLBACK_FILTER_PROTOCOL_CONNECTION: {   /* non-zero refuses the upgrade */
+        const char *why = uri_is(wsi, "/chat") ? kvpd_guard_upgrade(d, wsi) : "not /chat";
+        if (why)
+            kvpd_log("info", "websocket upgrade refused: %s", why);
+        return why != NULL;
+    }
     case LWS_CALLBACK_ESTABLISHED:
         memset(c, 0, sizeof *c);
         c->wsi = wsi;
@@ -168,8 +172,11 @@ int kvpd_web_start(kvpd *d, char *err, size_t errlen)
     const char *host = d->cfg.listen_host;
     if (!strcmp(host, "localhost"))
         host = "127.0.0.1";
+    int rc = kvpd_admin_token_init(d, err, errlen);
+    if (rc < 0)
+        return rc;
     /* The socket is bound before lws exists, so a busy address needs no lws teardown. */
-    int rc = kvpd_listen_start(d, info_host(host), err, errlen);
+    rc = kvpd_listen_start(d, info_host(host), err, errlen);
     if (rc < 0)
         return rc;
     info.port = CONTEXT_PORT_NO_LISTEN_SERVER;   /* web/listen.c accepts, lws adopts */
