@@ -38,13 +38,18 @@ static const key_def keys[] = {
     {"chunk", T_INT, F(chunk), 1, 4096, "prefill chunk in tokens; a head may exceed the budget by this much", FIXED},
     {"workers", T_INT, F(workers), 0, 256, "model worker threads (0: one per core)", FIXED},
     {"state_dir", T_STR, F(state_dir), 0, 0, "directory for session state (must be writable when set)", FIXED},
-    {"admin_token", T_STR, F(admin_token), 0, 0, "bearer token required by /admin/* (empty: open)", LIVE},
+    {"admin_token", T_STR, F(admin_token), 0, 0, "bearer token required by /admin/* (empty: one is generated at start into admin_token_file)", LIVE},
+    {"admin_token_file", T_STR, F(admin_token_file), 0, 0, "where the generated admin token is written, mode 0600 (empty: STATE_DIR/admin.token; with neither, /admin/* is closed)", FIXED},
+    {"allowed_hosts", T_STR, F(allowed_hosts), 0, 0, "comma-separated Host names served, others get 421 (empty: localhost, 127.0.0.1, ::1 and the listen address; *: any)", LIVE},
+    {"allowed_origins", T_STR, F(allowed_origins), 0, 0, "comma-separated Origins (scheme://host:port) whose pages may use /chat and HTTP, others get 403 (empty: http://<allowed host>:<port>; *: any)", LIVE},
     {"static_dir", T_STR, F(static_dir), 0, 0, "directory of the chat page", FIXED},
     {"max_sessions", T_INT, F(max_sessions), 1, 1 << 20, "sessions resident in memory at once (parked ones do not count)", LIVE},
     {"max_cache_bytes", T_BYTES, F(max_cache_bytes), 0, 0, "KV cache bytes of all resident sessions (k/M/G suffixes; 0: no cap)", LIVE},
     {"max_message_bytes", T_INT, F(max_message_bytes), 64, 1 << 24, "largest websocket message accepted", LIVE},
     {"max_tokens", T_INT, F(max_tokens), 1, 1 << 20, "largest reply in tokens (and the default)", LIVE},
     {"idle_timeout", T_INT, F(idle_timeout_s), 1, 1 << 30, "seconds without activity before a session is parked (dropped without state_dir)", LIVE},
+    {"max_connections", T_INT, F(max_connections), 0, 1 << 20, "HTTP and websocket connections at once; more are answered 503 and closed (0: no cap)", LIVE},
+    {"connection_idle_timeout", T_INT, F(connection_idle_timeout_s), 0, 1 << 20, "seconds a websocket may go without a frame either way before it is closed (0: never)", LIVE},
     {"shutdown_timeout_ms", T_INT, F(shutdown_timeout_ms), 0, 600000, "grace period for in-flight turns and snapshots on SIGTERM", LIVE},
     {"temperature", T_FLOAT, F(temperature), 0, 10, "sampling temperature when a message gives none (0: greedy)", FIXED},
     {"top_p", T_FLOAT, F(top_p), 0.01, 1, "nucleus sampling (1: off)", FIXED},
@@ -68,6 +73,8 @@ void kvpd_config_defaults(kvpd_config *c)
     c->max_message_bytes = 16384;
     c->max_tokens = 256;
     c->idle_timeout_s = 1800;
+    c->max_connections = 1024;
+    c->connection_idle_timeout_s = 300;
     c->shutdown_timeout_ms = 5000;
     c->temperature = 0.8f;
     c->top_p = 0.9f;
@@ -81,6 +88,22 @@ static const key_def *find_key(const char *name)
         if (!strcmp(keys[i].name, name))
             return &keys[i];
     return NULL;
+}
+
+/* strtol and friends skip leading spaces and take a sign, "0x" and "inf": " -1" got past
+ * the sign check of an unsigned key. A number here is ASCII digits with an optional '-'
+ * (signed keys), '.' and exponent (floats), and nothing else. */
+static int plain_number(const char *v, int sign_ok, int float_ok)
+{
+    if (*v == '-' && sign_ok)
+        v++;
+    if (!((*v >= '0' && *v <= '9') || (float_ok && *v == '.')))
+        return 0;
+    for (; *v; v++)
+        if (!((*v >= '0' && *v <= '9') ||
+              (float_ok && (*v == '.' || *v == 'e' || *v == 'E' || *v == '-' || *v == '+'))))
+            return 0;
+    return 1;
 }
 
 static int set_listen(kvpd_config *c, const char *v, char *err, size_t errlen)
@@ -98,7 +121,7 @@ static int set_listen(kvpd_config *c, const char *v, char *err, size_t errlen)
     char *end;
     errno = 0;
     long port = strtol(colon + 1, &end, 10);
-    if (errno || end == colon + 1 || *end || port < 0 || port > 65535) {
+    if (!plain_number(colon + 1, 0, 0) || errno || *end || port < 0 || port > 65535) {
         snprintf(err, errlen, "listen: bad port in '%s'", v);
         return -EINVAL;
     }
@@ -134,7 +157,7 @@ int kvpd_config_set(kvpd_config *c, const char *key, const char *value,
         return 0;
     case T_INT: {
         long v = strtol(value, &end, 10);
-        if (errno || end == value || *end || v < k->min || v > k->max) {
+        if (!plain_number(value, 1, 0) || errno || *end || v < k->min || v > k->max) {
             snprintf(err, errlen, "%s: expected an integer in [%.0f, %.0f], got '%s'",
                      key, k->min, k->max, value);
             return -EINVAL;
@@ -144,7 +167,7 @@ int kvpd_config_set(kvpd_config *c, const char *key, const char *value,
     }
     case T_FLOAT: {
         double v = strtod(value, &end);
-        if (errno || end == value || *end || !(v >= k->min && v <= k->max)) {
+        if (!plain_number(value, 1, 1) || errno || *end || !(v >= k->min && v <= k->max)) {
             snprintf(err, errlen, "%s: expected a number in [%g, %g], got '%s'",
                      key, k->min, k->max, value);
             return -EINVAL;
@@ -153,12 +176,8 @@ int kvpd_config_set(kvpd_config *c, const char *key, const char *value,
         return 0;
     }
     case T_U64: {
-        if (value[0] == '-') {
-            snprintf(err, errlen, "%s: expected an unsigned integer, got '%s'", key, value);
-            return -EINVAL;
-        }
-        unsigned long long v = strtoull(value, &end, 0);
-        if (errno || end == value || *end) {
+        unsigned long long v = strtoull(value, &end, 10);
+        if (!plain_number(value, 0, 0) || errno || *end) {
             snprintf(err, errlen, "%s: expected an unsigned integer, got '%s'", key, value);
             return -EINVAL;
         }
@@ -166,15 +185,13 @@ int kvpd_config_set(kvpd_config *c, const char *key, const char *value,
         return 0;
     }
     case T_BYTES: {
-        if (value[0] == '-') {
-            snprintf(err, errlen, "%s: expected a byte count, got '%s'", key, value);
-            return -EINVAL;
-        }
         unsigned long long v = strtoull(value, &end, 10);
         unsigned shift = 0;
         if (end != value && *end && !end[1])
             shift = *end == 'k' || *end == 'K' ? 10 : *end == 'M' ? 20 : *end == 'G' ? 30 : 0;
-        if (errno || end == value || (*end && !shift) || v > (UINT64_MAX >> shift)) {
+        /* digits (strtoull takes no more after the first), then one suffix letter */
+        if (!(value[0] >= '0' && value[0] <= '9') || errno || (*end && !shift) ||
+            v > (UINT64_MAX >> shift)) {
             snprintf(err, errlen, "%s: expected a byte count (k, M, G suffixes), got '%s'",
                      key, value);
             return -EINVAL;

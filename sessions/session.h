@@ -89,7 +89,8 @@ typedef struct kvp_turn {
 
 typedef struct kvp_message {
     int user;                /* 1 user, 0 assistant */
-    char *text;
+    char *text;              /* valid UTF-8, NUL-terminated, but may hold NULs: use len */
+    size_t len;
 } kvp_message;
 
 enum kvp_job { KVP_JOB_TURN = 0, KVP_JOB_LOAD, KVP_JOB_SAVE };
@@ -108,6 +109,7 @@ typedef struct kvp_session {
     int parked;                      /* model-side state freed; it is in the snapshot */
     int loading;                     /* a LOAD job runs for a hello */
     int placeholder;                 /* made for a hello naming a session not in memory */
+    int save_failed;                 /* its last snapshot write failed: not on disk */
     int turns;
     double created, last_active;     /* seconds, monotonic */
     void *conn;                      /* the websocket attached, if any */
