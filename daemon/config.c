@@ -8,6 +8,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "policy/policy.h"
+
 #ifndef KVPD_DATA_DIR
 #define KVPD_DATA_DIR "."
 #endif
@@ -353,6 +355,12 @@ int kvpd_config_validate(const kvpd_config *c, char *err, size_t errlen)
 {
     if (!c->model[0]) {
         snprintf(err, errlen, "model: no model file given");
+        return -EINVAL;
+    }
+    if (!strcmp(c->policy, "oracle")) {
+        /* The oracle ranks by the future attention only an evaluator knows. */
+        snprintf(err, errlen, "policy oracle is for evaluation only (kvp eval); kvpd serves "
+                 "one of: %s", kvp_policy_names());
         return -EINVAL;
     }
     if (!strcmp(c->policy, "kvp") && !c->policy_file[0]) {

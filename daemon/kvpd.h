@@ -5,6 +5,7 @@
 
 #include <uv.h>
 
+#include "base/log.h"
 #include "daemon/config.h"
 #include "daemon/scheduler.h"
 #include "model/model.h"
@@ -35,11 +36,5 @@ typedef struct kvpd {
     int frames_pending;           /* websocket frames queued, not yet written */
     double started;               /* kvp_now() at start */
 } kvpd;
-
-/* Tells systemd (and the log) the daemon serves: READY=1 and a STATUS= line. */
-void kvpd_announce_ready(kvpd *d);
-
-/* Loop-thread log line to stderr with a level tag. */
-void kvpd_log(const char *level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 #endif

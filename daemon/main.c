@@ -40,13 +40,6 @@ static int busy_turns(kvpd *d)
     return n;
 }
 
-void kvpd_announce_ready(kvpd *d)
-{
-    kvpd_notify("READY=1\nSTATUS=serving on %s:%d: model %s, policy %s, budget %d, "
-                "%d resident session(s)", d->cfg.listen_host, d->port, d->model.name,
-                d->pconf->name, d->cfg.budget, d->sessions.resident);
-}
-
 static void finalize(kvpd *d)
 {
     uv_timer_stop(&g_h.drain);

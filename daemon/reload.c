@@ -11,6 +11,13 @@
 #include "daemon/residency.h"
 #include "policy/policy.h"
 
+void kvpd_announce_ready(kvpd *d)
+{
+    kvpd_notify("READY=1\nSTATUS=serving on %s:%d: model %s, policy %s, budget %d, "
+                "%d resident session(s)", d->cfg.listen_host, d->port, d->model.name,
+                d->pconf->name, d->cfg.budget, d->sessions.resident);
+}
+
 static int policy_loads(const kvp_policy_conf *pc, const kvpd_config *cfg,
                         const kvp_model *model, char *err, size_t errlen)
 {

@@ -21,4 +21,8 @@ int kvpd_policy_conf_make(const kvpd_config *cfg, const kvp_model *model,
  * serving. */
 void kvpd_reload(kvpd *d);
 
+/* Tells systemd (and the log) the daemon serves: READY=1 and a STATUS= line (at start
+ * and after each reload). */
+void kvpd_announce_ready(kvpd *d);
+
 #endif

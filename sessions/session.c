@@ -14,13 +14,6 @@
 #include "policy/policy.h"
 #include "sessions/persist.h"
 
-double kvp_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static int random_id(char *out)
 {
     unsigned char raw[KVP_SESSION_ID_LEN / 2];
@@ -49,13 +42,6 @@ void kvp_policy_conf_unref(kvp_policy_conf *pc)
 {
     if (pc && --pc->refs == 0)
         free(pc);
-}
-
-static double wall_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 static void session_free(kvp_session *s)
@@ -109,7 +95,7 @@ int kvp_session_create(kvp_session_table *t, const kvp_session_env *env, kvp_pol
         return rc;
     }
     s->created = s->last_active = now;
-    s->created_wall = wall_now();
+    s->created_wall = kvp_wall_now();
     s->pconf = kvp_policy_conf_ref(pc);
     s->next = t->head;
     t->head = s;

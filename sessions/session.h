@@ -17,9 +17,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/clock.h"
 #include "cache/kvcache.h"
 #include "model/forward.h"
-#include "model/generate.h"
+#include "generate/generate.h"
 #include "model/sampler.h"
 #include "sessions/snapshot.h"
 #include "sessions/template.h"
@@ -193,6 +194,6 @@ typedef struct kvp_turn_sink {
 int kvp_turn_step(kvp_session *s, const kvp_session_env *env, kvp_runstate *rs,
                   const kvp_turn_sink *sink);
 
-double kvp_now(void);
+
 
 #endif

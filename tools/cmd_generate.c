@@ -6,10 +6,11 @@
 #include <string.h>
 #include <time.h>
 
-#include "model/generate.h"
+#include "generate/generate.h"
 #include "model/sampler.h"
 #include "tools/cli.h"
-#include "tools/cliutil.h"
+#include "base/parse.h"
+#include "base/clock.h"
 
 static void usage(FILE *f)
 {
@@ -30,13 +31,6 @@ static void usage(FILE *f)
         "  --chunk N            eviction chunk (default 32)\n"
         "  --ignore-eos         go on past the end of a text (BOS/EOS print as a newline)\n",
         kvp_policy_names());
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 /* Writes a piece, dropping ASCII control bytes other than whitespace (as llama2.c does). */
@@ -161,9 +155,9 @@ int kvp_cmd_generate(int argc, char **argv)
     if (n_prompt > steps)
         n_prompt = (int)steps;
 
-    double t0 = now_s();
+    double t0 = kvp_now();
     int rc = kvp_gen_prefill(&m, &s, &c, &ev, tokens, n_prompt, NULL);
-    double t1 = now_s();
+    double t1 = kvp_now();
     /* llama2.c's loop: `steps` forward passes in all (prompt included); the logits of
      * each pass from the last prompt token on are sampled and printed */
     int prev = tokens[n_prompt - 1], generated = 0;
@@ -186,7 +180,7 @@ int kvp_cmd_generate(int argc, char **argv)
         rc = kvp_gen_decode(&m, &s, &c, &ev, next);
         forwards++;
     }
-    double t2 = now_s();
+    double t2 = kvp_now();
     if (rc) {
         fprintf(stderr, "\nkvp generate: %s\n", rc == -E2BIG
                 ? "context full: the model's context length is reached (use --budget to evict)"

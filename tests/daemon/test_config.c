@@ -123,6 +123,28 @@ Test(config, validate)
     cr_assert_lt(kvpd_config_validate(&c, err, sizeof err), 0);
 }
 
+/* The evaluation-only oracle is refused wherever a policy is named (flag, file; SIGHUP
+ * validates the same way: tests/daemon/test_reload.c), with the allowed names. */
+Test(config, oracle_is_refused_naming_the_allowed_policies)
+{
+    kvpd_config c;
+    enum kvpd_action action;
+    char err[512];
+    char *argv[] = {"kvpd", "--policy", "oracle", "--static-dir", "/tmp", NULL};
+    cr_assert_eq(kvpd_config_from_args(&c, 5, argv, &action, err, sizeof err), 0, "%s", err);
+    cr_assert_lt(kvpd_config_validate(&c, err, sizeof err), 0);
+    cr_assert(strstr(err, "oracle") && strstr(err, "evaluation"), "%s", err);
+    cr_assert(strstr(err, "none random streaming"), "%s", err);
+    cr_assert_null(strstr(strstr(err, "one of:"), "oracle"), "%s", err);
+    char conf[64];
+    snprintf(conf, sizeof conf, "%s", write_tmp("policy = oracle\nstatic_dir = /tmp\n"));
+    char *argv2[] = {"kvpd", "--config", conf, NULL};
+    cr_assert_eq(kvpd_config_from_args(&c, 3, argv2, &action, err, sizeof err), 0, "%s", err);
+    cr_assert_lt(kvpd_config_validate(&c, err, sizeof err), 0);
+    cr_assert(strstr(err, "evaluation"), "%s", err);
+    unlink(conf);
+}
+
 Test(config, byte_counts_take_suffixes)
 {
     kvpd_config c;

@@ -539,7 +539,7 @@ Test(baselines, random_is_reproducible_by_seed)
 Test(baselines, only_attention_policies_want_attention)
 {
     const char *names[] = { "none", "random", "streaming", "knorm", "keydiff", "lagkv",
-                            "h2o", "tova", "snapkv", "oracle" };
+                            "h2o", "tova", "snapkv" };
     kvp_model_config cfg = test_cfg();
     char err[256];
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
@@ -551,19 +551,6 @@ Test(baselines, only_attention_policies_want_attention)
         cr_assert_eq(p->ops->on_attention != NULL, want, "%s", names[i]);
         kvp_policy_destroy(p);
     }
-}
-
-/* The oracle computes nothing: the evaluator's scores are all that ranks. */
-Test(baselines, oracle_never_scores)
-{
-    kvp_model_config cfg = test_cfg();
-    char err[256];
-    kvp_policy *p;
-    cr_assert_eq(kvp_policy_create(&p, "oracle", NULL, &cfg, 1, err, sizeof err), 0);
-    cr_assert_null(p->ops->on_insert);
-    cr_assert_null(p->ops->on_attention);
-    cr_assert_null(p->ops->before_evict);
-    kvp_policy_destroy(p);
 }
 
 /* A context shift that moves every row by the same offset keeps all relative positions,

@@ -19,7 +19,7 @@
 #include <stdio.h>
 
 #include "policy/kvp_agent.h"
-#include "policy/trace.h"
+#include "offline/trace.h"
 
 /* ---- building blocks (exposed for the tests) ---------------------------------------- */
 

@@ -1,4 +1,4 @@
-#include "policy/svgplot.h"
+#include "offline/svgplot.h"
 
 #include <errno.h>
 #include <math.h>

@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 #include "model/sampler.h"
-#include "policy/train.h"
+#include "offline/train.h"
 #include "tests/model/testutil.h"
 
 static uint64_t rng_state = 99;

@@ -1,4 +1,4 @@
-#include "model/generate.h"
+#include "generate/generate.h"
 
 #include <errno.h>
 
@@ -22,7 +22,7 @@ static int feed(const kvp_model *m, kvp_runstate *s, kvp_cache *c, const kvp_evi
                 const int *tokens, int n, float *logits)
 {
     if (e)
-        s->policy = e->policy;  /* runstates belong to workers, policies to sessions */
+        kvp_policy_attach(s, e->policy);  /* runstates belong to workers, policies to sessions */
     if (evicting(e) && kvp_cache_max_rows(c) + n > e->budget + chunk_of(e)) {
         int rc = kvp_policy_evict(e->policy, c, e->budget);
         if (rc < 0)

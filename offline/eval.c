@@ -1,4 +1,5 @@
-#include "policy/eval.h"
+#include "offline/eval.h"
+#include "base/errors.h"
 
 #include <errno.h>
 #include <math.h>
@@ -6,17 +7,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/generate.h"
-#include "policy/svgplot.h"
+#include "generate/generate.h"
+#include "offline/oracle.h"
+#include "offline/svgplot.h"
 
-#define ERR(code, ...) (snprintf(err, errlen, __VA_ARGS__), (code))
 
 /* ---- helpers ------------------------------------------------------------------------ */
-
-static int is_oracle(const kvp_policy *p)
-{
-    return strcmp(p->ops->name, "oracle") == 0;
-}
 
 /* dst (initialised with src's shape) becomes a copy of src's rows and counters */
 static int cache_copy(kvp_cache *dst, const kvp_cache *src)
@@ -168,7 +164,7 @@ static int oracle_minimum(kvp_eval_ref *r, const kvp_model_config *cfg, const kv
 {
     char err[256];
     kvp_policy *oracle;
-    int rc = kvp_policy_create(&oracle, "oracle", NULL, cfg, 0, err, sizeof err);
+    int rc = kvp_offline_policy_create(&oracle, "oracle", NULL, cfg, 0, err, sizeof err);
     if (rc)
         return rc;
     kvp_cache b;
@@ -206,7 +202,7 @@ int kvp_eval_ref_compute(kvp_eval_ref *r, const kvp_model *m, kvp_runstate *s,
     int rc = -ENOMEM;
     if (!logits || !limit || (rc = cache_like(&c, &m->cfg)) || (rc = cache_like(&prefix, &m->cfg)))
         goto out;
-    s->policy = NULL;
+    kvp_policy_attach(s, NULL);
     if ((rc = kvp_gen_prefill(m, s, &c, NULL, tokens, cut, logits)))
         goto out;
     r->nll = 0.0;
@@ -219,9 +215,9 @@ int kvp_eval_ref_compute(kvp_eval_ref *r, const kvp_model *m, kvp_runstate *s,
         limit[hi] = cut;
     importance_obs st = {r->imp, cut, limit};
     kvp_policy obs = {.ops = &obs_ops, .cfg = m->cfg, .impl = &st};
-    s->policy = &obs;
+    kvp_policy_attach(s, &obs);
     rc = kvp_gen_prefill(m, s, &c, NULL, tokens + cut, cont, r->logits);
-    s->policy = NULL;
+    kvp_policy_attach(s, NULL);
     if (rc)
         goto out;
     for (int t = 0; t + 1 < cont; t++)
@@ -300,12 +296,12 @@ int kvp_eval_sequence(const kvp_model *m, kvp_runstate *s, kvp_policy *p, const 
     if (!logits || !rk || !sorted || (rc = cache_like(&a, &m->cfg)) || (rc = cache_like(&b, &m->cfg)))
         goto out;
     /* the policy watches the prefix run, as it would in the daemon */
-    s->policy = p;
+    kvp_policy_attach(s, p);
     rc = kvp_gen_prefill(m, s, &a, NULL, tokens, cut, NULL);
-    s->policy = NULL;
+    kvp_policy_attach(s, NULL);
     if (rc)
         goto out;
-    if (is_oracle(p))
+    if (kvp_policy_is_oracle(p))
         for (int hi = 0; hi < nh; hi++)
             memcpy(a.heads[hi].score, r->imp + (size_t)hi * cut, (size_t)cut * sizeof(float));
     /* "none" keeps every row: it has no ranking */
@@ -370,9 +366,9 @@ static int lookahead_scores(const kvp_model *m, kvp_runstate *s, kvp_cache *c, k
     memset(imp, 0, (size_t)nh * stride * sizeof *imp);
     importance_obs st = {imp, stride, limit};
     kvp_policy obs = {.ops = &obs_ops, .cfg = m->cfg, .impl = &st};
-    s->policy = &obs;
+    kvp_policy_attach(s, &obs);
     rc = kvp_forward(m, s, d, tokens, n, NULL);
-    s->policy = NULL;
+    kvp_policy_attach(s, NULL);
     if (rc)
         return rc;
     for (int hi = 0; hi < nh; hi++)
@@ -384,7 +380,7 @@ static int lookahead_scores(const kvp_model *m, kvp_runstate *s, kvp_cache *c, k
 int kvp_eval_stream(const kvp_model *m, kvp_runstate *s, kvp_policy *p, const int *tokens,
                     int len, int bi, const kvp_eval_opts *o, kvp_eval_acc *acc)
 {
-    int V = m->cfg.vocab_size, nh = m->cfg.n_layers * m->cfg.n_kv_heads, oracle = is_oracle(p);
+    int V = m->cfg.vocab_size, nh = m->cfg.n_layers * m->cfg.n_kv_heads, oracle = kvp_policy_is_oracle(p);
     int chunk = o->chunk;
     kvp_cache c = {0}, d = {0};
     float *logits = malloc((size_t)chunk * V * sizeof *logits);
@@ -403,9 +399,9 @@ int kvp_eval_stream(const kvp_model *m, kvp_runstate *s, kvp_policy *p, const in
             if ((rc = lookahead_scores(m, s, &c, &d, tokens + off, look, p->n_sink, imp, limit)))
                 goto out;
         }
-        s->policy = p;
+        kvp_policy_attach(s, p);
         rc = kvp_gen_prefill(m, s, &c, &e, tokens + off, n, logits);
-        s->policy = NULL;
+        kvp_policy_attach(s, NULL);
         if (rc)
             goto out;
         for (int t = 0; t < n && off + t + 1 < len; t++)
@@ -501,7 +497,7 @@ static const kvp_eval_row *find_row(const kvp_eval_row *rows, int n, const struc
 
 int kvp_eval_policy_index(const char *name)
 {
-    const char *all = kvp_policy_names();
+    const char *all = kvp_offline_policy_names();
     size_t len = strlen(name);
     int idx = 0;
     for (const char *t = all; *t; idx++) {
@@ -542,7 +538,7 @@ static int write_csv(const char *path, const kvp_eval_row *rows, int n, char *er
 {
     FILE *f = fopen(path, "w");
     if (!f)
-        return ERR(-errno, "cannot create %s: %s", path, strerror(errno));
+        return KVP_ERR(-errno, "cannot create %s: %s", path, strerror(errno));
     fputs("protocol,policy,budget,metric,value\n", f);
     for (int i = 0; i < n; i++) {
         char b[16];
@@ -551,7 +547,7 @@ static int write_csv(const char *path, const kvp_eval_row *rows, int n, char *er
                 rows[i].value);
     }
     if (ferror(f) | fclose(f))
-        return ERR(-EIO, "cannot write %s", path);
+        return KVP_ERR(-EIO, "cannot write %s", path);
     return 0;
 }
 
@@ -563,7 +559,7 @@ static int write_md_and_plots(const char *dir, const kvp_eval_row *rows, int n,
     snprintf(path, sizeof path, "%s/results.md", dir);
     FILE *f = fopen(path, "w");
     if (!f)
-        return ERR(-errno, "cannot create %s: %s", path, strerror(errno));
+        return KVP_ERR(-errno, "cannot create %s: %s", path, strerror(errno));
     fputs(intro, f);
     int rc = 0;
     for (size_t mi_i = 0; mi_i < sizeof metric_info / sizeof metric_info[0] && !rc; mi_i++) {
@@ -624,7 +620,7 @@ static int write_md_and_plots(const char *dir, const kvp_eval_row *rows, int n,
         rc = kvp_svg_write(svg, &plot, err, errlen);
     }
     if ((ferror(f) | fclose(f)) && !rc)
-        rc = ERR(-EIO, "cannot write %s", path);
+        rc = KVP_ERR(-EIO, "cannot write %s", path);
     return rc;
 }
 
@@ -640,7 +636,7 @@ int kvp_eval_write(const char *dir, const kvp_eval_row *rows, int n, const char 
     int *bud = malloc((size_t)(n + 1) * sizeof *bud);
     double *y = malloc(64 * KVP_EVAL_MAX_BUDGETS * sizeof *y);
     if (!pol || !bud || !y)
-        rc = ERR(-ENOMEM, "out of memory");
+        rc = KVP_ERR(-ENOMEM, "out of memory");
     else
         rc = write_md_and_plots(dir, rows, n, intro, pol, bud, y, err, errlen);
     free(pol);

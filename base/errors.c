@@ -1,4 +1,4 @@
-#include "model/errmsg.h"
+#include "base/errors.h"
 
 #include <stdarg.h>
 #include <stdio.h>

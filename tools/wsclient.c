@@ -1,5 +1,6 @@
 /* Websocket client (RFC 6455, client side) and a one-shot HTTP GET. */
-#include "tests/daemon/wsclient.h"
+#include "tools/wsclient.h"
+#include "base/clock.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -16,9 +17,7 @@
 
 double ws_now_ms(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+    return kvp_now() * 1e3;
 }
 
 static int tcp_connect(const char *host, int port)

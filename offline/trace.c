@@ -1,4 +1,4 @@
-#include "policy/trace.h"
+#include "offline/trace.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -9,12 +9,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "cache/checksum.h"
-#include "model/errmsg.h"
+#include "base/checksum.h"
+#include "base/errors.h"
 
 _Static_assert(sizeof(kvp_trace_header) == 128, "trace header is 128 bytes on disk");
 
-#define ERR(code, ...) kvp_errorf(err, errlen, (code), __VA_ARGS__)
 
 static size_t seq_bytes(const kvp_trace_header *h, size_t len)
 {
@@ -29,73 +28,73 @@ int kvp_trace_open(kvp_trace *t, const char *path, const kvp_model_config *cfg,
     memset(t, 0, sizeof *t);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
-        return ERR(-errno, "cannot open trace %s: %s", path, strerror(errno));
+        return KVP_ERR(-errno, "cannot open trace %s: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) || (size_t)st.st_size < sizeof t->h + 8) {
         close(fd);
-        return ERR(-EINVAL, "%s: too short for a trace", path);
+        return KVP_ERR(-EINVAL, "%s: too short for a trace", path);
     }
     t->size = (size_t)st.st_size;
     t->map = mmap(NULL, t->size, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
     if (t->map == MAP_FAILED) {
         t->map = NULL;
-        return ERR(-errno, "cannot map %s: %s", path, strerror(errno));
+        return KVP_ERR(-errno, "cannot map %s: %s", path, strerror(errno));
     }
     const unsigned char *b = t->map;
     memcpy(&t->h, b, sizeof t->h);
     const kvp_trace_header *h = &t->h;
     int rc;
     if (memcmp(h->magic, "KVPTRACE", 8)) {
-        rc = ERR(-EINVAL, "%s: not a trace file (bad magic)", path);
+        rc = KVP_ERR(-EINVAL, "%s: not a trace file (bad magic)", path);
         goto fail;
     }
     if (h->version != 1) {
-        rc = ERR(-EINVAL, "%s: unsupported trace version %u", path, h->version);
+        rc = KVP_ERR(-EINVAL, "%s: unsupported trace version %u", path, h->version);
         goto fail;
     }
     if (h->n_layers <= 0 || h->n_layers > 1024 || h->n_heads <= 0 || h->n_heads > 4096 ||
         h->n_kv_heads <= 0 || h->n_heads % h->n_kv_heads || h->head_dim <= 0 ||
         h->head_dim > 4096 || h->seq_len <= 1 || h->seq_len > (1 << 20) || h->n_seqs <= 0 ||
         h->n_train < 0 || h->n_train > h->n_seqs) {
-        rc = ERR(-EINVAL, "%s: bad trace header", path);
+        rc = KVP_ERR(-EINVAL, "%s: bad trace header", path);
         goto fail;
     }
     uint64_t want;
     memcpy(&want, b + t->size - 8, 8);
     if (kvp_fnv1a(KVP_FNV1A_INIT, b, t->size - 8) != want) {
-        rc = ERR(-EBADMSG, "%s: checksum mismatch (truncated or corrupted trace)", path);
+        rc = KVP_ERR(-EBADMSG, "%s: checksum mismatch (truncated or corrupted trace)", path);
         goto fail;
     }
     if (cfg && (cfg->n_layers != h->n_layers || cfg->n_heads != h->n_heads ||
                 cfg->n_kv_heads != h->n_kv_heads || cfg->head_dim != h->head_dim)) {
-        rc = ERR(-EINVAL, "%s: trace is for %d layers x %d heads (%d KV) x head_dim %d, "
+        rc = KVP_ERR(-EINVAL, "%s: trace is for %d layers x %d heads (%d KV) x head_dim %d, "
                  "model has %d x %d (%d) x %d", path, h->n_layers, h->n_heads, h->n_kv_heads,
                  h->head_dim, cfg->n_layers, cfg->n_heads, cfg->n_kv_heads, cfg->head_dim);
         goto fail;
     }
     t->offsets = malloc((size_t)h->n_seqs * sizeof *t->offsets);
     if (!t->offsets) {
-        rc = ERR(-ENOMEM, "out of memory");
+        rc = KVP_ERR(-ENOMEM, "out of memory");
         goto fail;
     }
     size_t off = sizeof t->h, end = t->size - 8;
     for (int s = 0; s < h->n_seqs; s++) {
         int32_t len;
         if (end - off < 4) {
-            rc = ERR(-EINVAL, "%s: sequence %d past the end", path, s);
+            rc = KVP_ERR(-EINVAL, "%s: sequence %d past the end", path, s);
             goto fail;
         }
         memcpy(&len, b + off, 4);
         if (len < 2 || len > h->seq_len || seq_bytes(h, (size_t)len) > end - off) {
-            rc = ERR(-EINVAL, "%s: sequence %d has a bad length %d", path, s, len);
+            rc = KVP_ERR(-EINVAL, "%s: sequence %d has a bad length %d", path, s, len);
             goto fail;
         }
         t->offsets[s] = off;
         off += seq_bytes(h, (size_t)len);
     }
     if (off != end) {
-        rc = ERR(-EINVAL, "%s: %zu unexpected trailing bytes", path, end - off);
+        rc = KVP_ERR(-EINVAL, "%s: %zu unexpected trailing bytes", path, end - off);
         goto fail;
     }
     return 0;
@@ -252,11 +251,11 @@ int kvp_trace_writer_open(kvp_trace_writer *w, const char *path, const kvp_trace
     snprintf(w->tmp, sizeof w->tmp, "%s.tmp", path);
     w->f = fopen(w->tmp, "wb");
     if (!w->f)
-        return ERR(-errno, "cannot create %s: %s", w->tmp, strerror(errno));
+        return KVP_ERR(-errno, "cannot create %s: %s", w->tmp, strerror(errno));
     /* the header is rewritten with the final counts at close */
     if (fwrite(&w->h, sizeof w->h, 1, w->f) != 1) {
         kvp_trace_writer_abort(w);
-        return ERR(-EIO, "cannot write %s", w->tmp);
+        return KVP_ERR(-EIO, "cannot write %s", w->tmp);
     }
     return 0;
 }
@@ -285,12 +284,12 @@ int kvp_trace_writer_close(kvp_trace_writer *w, int n_train, char *err, size_t e
     if (body < 0 || fflush(w->f) || fseek(w->f, 0, SEEK_SET) ||
         fwrite(&w->h, sizeof w->h, 1, w->f) != 1 || fflush(w->f)) {
         kvp_trace_writer_abort(w);
-        return ERR(-EIO, "cannot write %s", w->tmp);
+        return KVP_ERR(-EIO, "cannot write %s", w->tmp);
     }
     FILE *r = fopen(w->tmp, "rb");
     if (!r) {
         kvp_trace_writer_abort(w);
-        return ERR(-errno, "cannot reread %s", w->tmp);
+        return KVP_ERR(-errno, "cannot reread %s", w->tmp);
     }
     uint64_t hash = KVP_FNV1A_INIT;
     char buf[1 << 16];
@@ -304,14 +303,14 @@ int kvp_trace_writer_close(kvp_trace_writer *w, int n_train, char *err, size_t e
     if (left || fseek(w->f, 0, SEEK_END) || fwrite(&hash, 8, 1, w->f) != 1 || fflush(w->f) ||
         fsync(fileno(w->f))) {
         kvp_trace_writer_abort(w);
-        return ERR(-EIO, "cannot finish %s", w->tmp);
+        return KVP_ERR(-EIO, "cannot finish %s", w->tmp);
     }
     fclose(w->f);
     w->f = NULL;
     if (rename(w->tmp, w->path)) {
         int e = errno;
         remove(w->tmp);
-        return ERR(-e, "cannot rename %s: %s", w->tmp, strerror(e));
+        return KVP_ERR(-e, "cannot rename %s: %s", w->tmp, strerror(e));
     }
     return 0;
 }

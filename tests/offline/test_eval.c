@@ -9,8 +9,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "policy/eval.h"
-#include "policy/trace.h"
+#include "offline/eval.h"
+#include "offline/oracle.h"
+#include "offline/trace.h"
 #include "tests/model/testutil.h"
 
 #define LEN 128
@@ -62,7 +63,7 @@ static kvp_policy *make(const char *name, uint64_t seed)
 {
     kvp_policy *p;
     char err[256];
-    cr_assert_eq(kvp_policy_create(&p, name, NULL, &model.cfg, seed, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(kvp_offline_policy_create(&p, name, NULL, &model.cfg, seed, err, sizeof err), 0, "%s", err);
     return p;
 }
 
@@ -190,8 +191,8 @@ Test(eval, importance_equals_the_trace_readers)
     }
     kvp_runstate s;
     cr_assert_eq(kvp_runstate_init(&s, cfg, LEN), 0);
-    s.tap = tap;
-    s.tap_ctx = &cap;
+    s.hooks.tap = tap;
+    s.hooks.tap_ctx = &cap;
     kvp_cache c;
     cr_assert_eq(kvp_cache_init(&c, cfg->n_layers, cfg->n_kv_heads, cfg->head_dim, cfg->rope_base), 0);
     cr_assert_eq(kvp_forward(&model, &s, &c, tok, LEN, NULL), 0);

@@ -11,9 +11,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "cache/checksum.h"
+#include "base/checksum.h"
 #include "model/forward.h"
-#include "policy/trace.h"
+#include "offline/trace.h"
 #include "tests/model/testutil.h"
 
 /* a small shape: 2 layers, 4 query heads in 2 KV groups, head_dim 4 */

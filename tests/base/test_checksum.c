@@ -1,6 +1,6 @@
 #include <criterion/criterion.h>
 
-#include "cache/checksum.h"
+#include "base/checksum.h"
 
 /* Known FNV-1a 64 values (the published test vectors), so files kvpd writes can be
  * checked by any standard implementation. */

@@ -1,8 +1,7 @@
-/* Log lines to stderr (journald adds the timestamps under systemd). */
+#include "base/log.h"
+
 #include <stdarg.h>
 #include <stdio.h>
-
-#include "daemon/kvpd.h"
 
 void kvpd_log(const char *level, const char *fmt, ...)
 {

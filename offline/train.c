@@ -1,4 +1,4 @@
-#include "policy/train.h"
+#include "offline/train.h"
 
 #include <cblas.h>
 #include <errno.h>
@@ -10,9 +10,9 @@
 #include <time.h>
 
 #include "model/sampler.h"
-#include "model/errmsg.h"
+#include "base/errors.h"
+#include "base/clock.h"
 
-#define ERR(code, ...) kvp_errorf(err, errlen, (code), __VA_ARGS__)
 
 /* ---- Plackett-Luce, sampling, cost ------------------------------------------------- */
 
@@ -308,16 +308,16 @@ int kvp_train_validate(const kvp_trace *t, const kvp_agent_set *s, int cut, int 
 {
     int n_agents = s->n_layers * s->n_kv_heads, usable = 0;
     if (cut < n_sink + n_recent + 2)
-        return ERR(-EINVAL, "validation cut %d leaves fewer than 2 rows to rank after %d sinks "
+        return KVP_ERR(-EINVAL, "validation cut %d leaves fewer than 2 rows to rank after %d sinks "
                    "and %d recent rows", cut, n_sink, n_recent);
     for (int seq = t->h.n_train; seq < t->h.n_seqs; seq++)
         usable += kvp_trace_len(t, seq) > cut;
     if (!usable)
-        return ERR(-EINVAL, "no validation sequence is longer than the validation cut %d", cut);
+        return KVP_ERR(-EINVAL, "no validation sequence is longer than the validation cut %d", cut);
     openblas_set_num_threads(1);   /* the parallelism is over agents */
     double *pa = per_agent ? per_agent : malloc((size_t)n_agents * sizeof *pa);
     if (!pa)
-        return ERR(-ENOMEM, "out of memory");
+        return KVP_ERR(-ENOMEM, "out of memory");
     val_ctx c = {.t = t, .s = s, .cut = cut, .n_sink = n_sink, .n_recent = n_recent,
                  .per_agent = pa};
     int rc = pool_run(threads, n_agents, val_job, &c);
@@ -329,7 +329,7 @@ int kvp_train_validate(const kvp_trace *t, const kvp_agent_set *s, int cut, int 
     }
     if (pa != per_agent)
         free(pa);
-    return rc ? ERR(rc, "out of memory") : 0;
+    return rc ? KVP_ERR(rc, "out of memory") : 0;
 }
 
 /* ---- training ------------------------------------------------------------------------ */
@@ -509,13 +509,6 @@ static int train_job(void *arg, int worker_id, int a)
     return 0;
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void fmt_time(char *buf, size_t n, double s)
 {
     long v = (long)(s + 0.5);
@@ -530,15 +523,15 @@ static int check_cfg(const kvp_train_cfg *c, char *err, size_t errlen)
     if (c->steps < 1 || c->threads < 1 || c->episodes < 1 || c->samples < 2 ||
         c->eval_every < 1 || c->warmup < 0 || c->cut_stride < 1 || c->cut_tail < 1 ||
         c->n_sink < 0 || c->n_recent < 0)
-        return ERR(-EINVAL, "bad training settings (steps, threads, episodes >= 1, samples >= 2, "
+        return KVP_ERR(-EINVAL, "bad training settings (steps, threads, episodes >= 1, samples >= 2, "
                    "eval interval >= 1, cut stride and tail >= 1)");
     if (!(c->lr > 0.0f) || !(c->lr_min >= 0.0f) || !(c->clip > 0.0f) ||
         !(c->ema >= 0.0f && c->ema < 1.0f) || !(c->adv_clamp > 0.0f) ||
         !(c->warmup_start >= 0.0f && c->warmup_start <= 1.0f))
-        return ERR(-EINVAL, "bad optimiser settings (lr > 0, lr_min >= 0, clip > 0, "
+        return KVP_ERR(-EINVAL, "bad optimiser settings (lr > 0, lr_min >= 0, clip > 0, "
                    "0 <= ema < 1, clamp > 0, 0 <= warm-up start <= 1)");
     if (c->cut_min < c->n_sink + c->n_recent + 2)
-        return ERR(-EINVAL, "the smallest cut %d leaves fewer than 2 rows to rank after %d "
+        return KVP_ERR(-EINVAL, "the smallest cut %d leaves fewer than 2 rows to rank after %d "
                    "sinks and %d recent rows", c->cut_min, c->n_sink, c->n_recent);
     return 0;
 }
@@ -551,7 +544,7 @@ int kvp_train(const kvp_trace *t, kvp_agent_set *s, const kvp_train_cfg *c,
         return rc;
     const kvp_trace_header *h = &t->h;
     if (s->n_layers != h->n_layers || s->n_kv_heads != h->n_kv_heads || s->arch.d != h->head_dim)
-        return ERR(-EINVAL, "the policy is for %d layers x %d KV heads x head_dim %d, the trace "
+        return KVP_ERR(-EINVAL, "the policy is for %d layers x %d KV heads x head_dim %d, the trace "
                    "for %d x %d x %d", s->n_layers, s->n_kv_heads, s->arch.d, h->n_layers,
                    h->n_kv_heads, h->head_dim);
     int n_agents = s->n_layers * s->n_kv_heads, len = h->seq_len;
@@ -561,13 +554,13 @@ int kvp_train(const kvp_trace *t, kvp_agent_set *s, const kvp_train_cfg *c,
     x.n_grid = n_cuts(c, len);
     x.usable = malloc((size_t)(h->n_train > 0 ? h->n_train : 1) * sizeof *x.usable);
     if (!x.usable)
-        return ERR(-ENOMEM, "out of memory");
+        return KVP_ERR(-ENOMEM, "out of memory");
     for (int seq = 0; seq < h->n_train; seq++)
         if (kvp_trace_len(t, seq) >= c->cut_min + c->cut_tail)
             x.usable[x.n_usable++] = seq;
     if (!x.n_usable) {
         free(x.usable);
-        return ERR(-EINVAL, "no training sequence has the %d tokens the smallest cut (%d) and "
+        return KVP_ERR(-EINVAL, "no training sequence has the %d tokens the smallest cut (%d) and "
                    "the future (%d) need", c->cut_min + c->cut_tail, c->cut_min, c->cut_tail);
     }
     double val = 0.0;
@@ -577,7 +570,7 @@ int kvp_train(const kvp_trace *t, kvp_agent_set *s, const kvp_train_cfg *c,
     x.workers = calloc((size_t)threads, sizeof *x.workers);
     int n_workers = 0;
     if (!ema_all || !x.agents || !x.workers) {
-        rc = ERR(-ENOMEM, "out of memory");
+        rc = KVP_ERR(-ENOMEM, "out of memory");
         goto out;
     }
     memcpy(ema_all, s->params, (size_t)n_agents * np * sizeof(float));
@@ -601,17 +594,17 @@ int kvp_train(const kvp_trace *t, kvp_agent_set *s, const kvp_train_cfg *c,
         for (int i = 0; i < 8; i++)
             kvp_rand_f32(&st->rng);
         if (!st->m || !st->v || !st->grad || !st->imp || !st->step_cost) {
-            rc = ERR(-ENOMEM, "out of memory");
+            rc = KVP_ERR(-ENOMEM, "out of memory");
             goto out;
         }
     }
     for (; n_workers < threads; n_workers++)
         if (worker_init(&x.workers[n_workers], &s->arch, len, x.n_grid, c)) {
-            rc = ERR(-ENOMEM, "out of memory");
+            rc = KVP_ERR(-ENOMEM, "out of memory");
             goto out;
         }
 
-    double t0 = now_s();
+    double t0 = kvp_now();
     if (c->log)
         fprintf(c->log, "kvp train: %d agents x %zu parameters, %d training sequences, "
                 "%ld steps of %d episodes x %d rankings, %d threads; initial val C/C* %.3f\n",
@@ -622,7 +615,7 @@ int kvp_train(const kvp_trace *t, kvp_agent_set *s, const kvp_train_cfg *c,
         x.step0 = step0;
         x.step1 = step0 + c->eval_every < c->steps ? step0 + c->eval_every : c->steps;
         if ((rc = pool_run(threads, n_agents, train_job, &x))) {
-            rc = ERR(rc, "out of memory");
+            rc = KVP_ERR(rc, "out of memory");
             goto out;
         }
         double train = 0.0;
@@ -633,7 +626,7 @@ int kvp_train(const kvp_trace *t, kvp_agent_set *s, const kvp_train_cfg *c,
         if ((rc = kvp_train_validate(t, &view, c->val_cut, c->n_sink, c->n_recent, threads,
                                      &val, NULL, err, errlen)))
             goto out;
-        double el = now_s() - t0;
+        double el = kvp_now() - t0;
         float lr = kvp_train_lr(c, x.step1 - 1);
         if (c->curve) {
             fprintf(c->curve, "%ld,%.5f,%.5f,%.4e,%.1f\n", x.step1, train, val, lr, el);

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/generate.h"
+#include "generate/generate.h"
 #include "model/sampler.h"
 #include "policy/kvp_agent.h"
 #include "tests/model/testutil.h"

@@ -1,6 +1,6 @@
-/* Strict numeric parsing for command-line values (whole string, range-checked). */
-#ifndef KVP_CLIUTIL_H
-#define KVP_CLIUTIL_H
+/* Strict numeric parsing (command-line values, config) (whole string, range-checked). */
+#ifndef KVP_PARSE_H
+#define KVP_PARSE_H
 
 #include <limits.h>
 

@@ -1,4 +1,4 @@
-#include "tools/cliutil.h"
+#include "base/parse.h"
 
 #include <errno.h>
 #include <math.h>
