@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "offline/oracle.h"
 #include "generate/generate.h"
 #include "model/sampler.h"
 #include "policy/kvp_agent.h"
@@ -54,7 +55,7 @@ typedef struct {
 static void run_open(run *r, const char *policy, int budget, int chunk)
 {
     char err[256];
-    cr_assert_eq(kvp_policy_create(&r->policy, policy, policy_path, &model.cfg, 1, err, sizeof err),
+    cr_assert_eq(kvp_offline_policy_create(&r->policy, policy, policy_path, &model.cfg, 1, err, sizeof err),
                  0, "%s: %s", policy, err);
     cr_assert_eq(kvp_runstate_init(&r->s, &model.cfg, 64), 0);
     cr_assert_eq(kvp_cache_init(&r->c, model.cfg.n_layers, model.cfg.n_kv_heads,

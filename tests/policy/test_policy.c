@@ -349,7 +349,7 @@ Test(registry, kvp_needs_a_policy_file)
 Test(registry, shape_needing_policies_reject_a_missing_config)
 {
     const char *need[] = { "knorm", "keydiff", "lagkv", "h2o", "tova", "snapkv" };
-    const char *free_[] = { "none", "random", "streaming", "oracle" };
+    const char *free_[] = { "none", "random", "streaming" };
     char err[256];
     for (size_t i = 0; i < sizeof need / sizeof need[0]; i++) {
         kvp_policy *p = NULL;
