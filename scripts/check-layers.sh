@@ -2,19 +2,21 @@
 # The floors (docs/architecture.md): each top-level folder may include headers only from
 # folders on a lower floor; folders on the same floor never include each other, so the
 # folder graph has no cycle. Offline code is reachable from tools/, bench/ and tests/
-# only. A build file compiles only its own folder's sources (others link a library).
+# only; web/ sees only the session hub's public headers. A build file compiles only its
+# own folder's sources (others link a library).
 # Prints every offending file:line and exits 1 when there is one.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 declare -A floor=(
     [base]=0 [cache]=1 [model]=2 [policy]=3 [generate]=4
-    [offline]=5 [sessions]=5 [web]=6 [daemon]=7
-    [tools]=8 [bench]=9 [tests]=10
+    [offline]=5 [sessions]=5 [config]=6 [web]=7 [daemon]=8
+    [tools]=9 [bench]=10 [tests]=11
 )
-# Edges still to be removed, as "from -> to" (empty when the floors are clean). web/
-# still reaches into the daemon's state until the session hub takes it over (issue 9).
-allowed=("web -> daemon")
+# Edges still to be removed, as "from -> to" (empty when the floors are clean).
+allowed=()
+# Front ends see the session hub only, never a session's insides.
+hub_public="sessions/hub.h sessions/metrics.h"
 
 bad=0
 is_allowed() {
@@ -32,6 +34,11 @@ while IFS=: read -r file line text; do
     [ -n "${floor[$from]+x}" ] || { echo "$file:$line: folder '$from' has no floor in scripts/check-layers.sh"; bad=1; continue; }
     [ -n "${floor[$to]+x}" ] || { echo "$file:$line: includes '$inc' from unknown folder '$to'"; bad=1; continue; }
     [ "$from" = "$to" ] && continue
+    if [ "$from" = web ] && [ "$to" = sessions ] && [[ " $hub_public " != *" $inc "* ]]; then
+        echo "$file:$line: web/ includes $inc: front ends use only $hub_public"
+        bad=1
+        continue
+    fi
     if [ "$to" = offline ] && [ "$from" != tools ] && [ "$from" != bench ] && [ "$from" != tests ]; then
         echo "$file:$line: $from/ includes $inc: offline code is for tools/, bench/ and tests/ only"
         bad=1

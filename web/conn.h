@@ -5,7 +5,7 @@
 #include <libwebsockets.h>
 #include <stddef.h>
 
-#include "daemon/kvpd.h"
+#include "web/server.h"
 
 typedef struct kvpd_frame {
     struct kvpd_frame *next;
@@ -17,9 +17,9 @@ enum kvpd_rx_skip { KVPD_RX_KEEP = 0, KVPD_RX_BINARY, KVPD_RX_TOO_LARGE };
 
 typedef struct kvpd_conn {
     struct lws *wsi;
-    kvpd *d;
+    kvpd_web *w;
     int is_ws;
-    kvp_session *session;
+    kvp_hub_client *client;            /* made on the first hello or message */
     kvpd_frame *out_head, *out_tail;   /* ws frames, or one HTTP body */
     char *rx;                          /* the websocket message being assembled */
     size_t rx_len, rx_cap;
@@ -37,11 +37,7 @@ int kvpd_http_writeable(kvpd_conn *c);
 
 /* Websocket: message bytes as they arrive; complete messages are handled. */
 int kvpd_chat_receive(kvpd_conn *c, const void *in, size_t len);
-/* Websocket: the connection closed; detach it from its session. */
+/* Websocket: the connection closed; the hub lets go of it. */
 void kvpd_chat_closed(kvpd_conn *c);
-/* Sends an error frame and counts it. */
-void kvpd_chat_error(kvpd_conn *c, const char *code, const char *msg);
-/* Sends the session frame of the connection's session (history unless it is busy). */
-void kvpd_chat_send_session(kvpd_conn *c, int resumed);
 
 #endif

@@ -1,4 +1,6 @@
-/* kvpd configuration: built-in defaults, then a `key = value` file (--config), then
+/* kvpd configuration: one table of keys (name, type, range, default, help, live) from
+ * which come the defaults, the file parser, the flags, --help and SIGHUP's changes:
+ * built-in defaults, then a `key = value` file (--config), then
  * command-line flags (--key VALUE or --key=VALUE, dashes for underscores). */
 #ifndef KVPD_CONFIG_H
 #define KVPD_CONFIG_H
@@ -24,6 +26,7 @@ typedef struct kvpd_config {
     char admin_token[128];            /* "" = admin endpoints open */
     char static_dir[KVPD_PATH_MAX];
     int max_sessions;                 /* resident sessions (parked ones do not count) */
+    int max_sessions_per_connection;
     uint64_t max_cache_bytes;         /* KV cache bytes of resident sessions; 0 = no cap */
     int max_message_bytes;
     int max_tokens;                   /* per reply: the cap and the default */
@@ -37,7 +40,11 @@ typedef struct kvpd_config {
 
 enum kvpd_action { KVPD_RUN = 0, KVPD_CHECK, KVPD_VERSION, KVPD_HELP };
 
+/* Every key at the default its row in the table gives. */
 void kvpd_config_defaults(kvpd_config *c);
+/* The i-th key of the table: 1 and its name, default and whether SIGHUP applies it;
+ * 0 past the last. */
+int kvpd_config_key(size_t i, const char **name, const char **dflt, int *live);
 /* Sets one key from its text value; -EINVAL (unknown key, bad value) with a message. */
 int kvpd_config_set(kvpd_config *c, const char *key, const char *value,
                     char *err, size_t errlen);

@@ -1,11 +1,11 @@
-/* daemon/config.c: defaults, file parsing, flags over file over defaults. */
+/* config/config.c: defaults, file parsing, flags over file over defaults. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "daemon/config.h"
+#include "config/config.h"
 
 static const char *write_tmp(const char *text)
 {

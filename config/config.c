@@ -1,6 +1,7 @@
 /* kvpd configuration: one table of keys drives the file parser, the flags and --help. */
-#include "daemon/config.h"
+#include "config/config.h"
 
+#include <assert.h>
 #include <ctype.h>
 #include <errno.h>
 #include <limits.h>
@@ -21,6 +22,7 @@ typedef struct key_def {
     enum key_type type;
     size_t off, size;        /* field offset; buffer size for strings */
     double min, max;         /* numeric range */
+    const char *dflt;        /* the default, as it would be written in the file */
     const char *help;
     int live;                /* SIGHUP applies it to the running daemon */
 } key_def;
@@ -30,28 +32,29 @@ typedef struct key_def {
 #define FIXED 0
 
 static const key_def keys[] = {
-    {"listen", T_LISTEN, 0, 0, 0, 0, "ADDR:PORT to serve HTTP and websockets on (PORT 0: any)", FIXED},
-    {"model", T_STR, F(model), 0, 0, "model file: GGUF or llama2.c checkpoint", FIXED},
-    {"tokenizer", T_STR, F(tokenizer), 0, 0, "tokenizer.bin for a llama2.c checkpoint", FIXED},
-    {"policy", T_STR, F(policy), 0, 0, "eviction policy name (empty: kvp with policy_dir/<model stem>.kvp if it exists, else streaming)", LIVE},
-    {"policy_file", T_STR, F(policy_file), 0, 0, "KVP policy file (policy kvp)", LIVE},
-    {"policy_dir", T_STR, F(policy_dir), 0, 0, "directory of the default policy's <model stem>.kvp", LIVE},
-    {"budget", T_INT, F(budget), 0, 1 << 24, "KV rows kept per head (0: no eviction)", LIVE},
-    {"chunk", T_INT, F(chunk), 1, 4096, "prefill chunk in tokens; a head may exceed the budget by this much", FIXED},
-    {"workers", T_INT, F(workers), 0, 256, "model worker threads (0: one per core)", FIXED},
-    {"state_dir", T_STR, F(state_dir), 0, 0, "directory for session state (must be writable when set)", FIXED},
-    {"admin_token", T_STR, F(admin_token), 0, 0, "bearer token required by /admin/* (empty: open)", LIVE},
-    {"static_dir", T_STR, F(static_dir), 0, 0, "directory of the chat page", FIXED},
-    {"max_sessions", T_INT, F(max_sessions), 1, 1 << 20, "sessions resident in memory at once (parked ones do not count)", LIVE},
-    {"max_cache_bytes", T_BYTES, F(max_cache_bytes), 0, 0, "KV cache bytes of all resident sessions (k/M/G suffixes; 0: no cap)", LIVE},
-    {"max_message_bytes", T_INT, F(max_message_bytes), 64, 1 << 24, "largest websocket message accepted", LIVE},
-    {"max_tokens", T_INT, F(max_tokens), 1, 1 << 20, "largest reply in tokens (and the default)", LIVE},
-    {"idle_timeout", T_INT, F(idle_timeout_s), 1, 1 << 30, "seconds without activity before a session is parked (dropped without state_dir)", LIVE},
-    {"shutdown_timeout_ms", T_INT, F(shutdown_timeout_ms), 0, 600000, "grace period for in-flight turns and snapshots on SIGTERM", LIVE},
-    {"temperature", T_FLOAT, F(temperature), 0, 10, "sampling temperature when a message gives none (0: greedy)", FIXED},
-    {"top_p", T_FLOAT, F(top_p), 0.01, 1, "nucleus sampling (1: off)", FIXED},
-    {"seed", T_U64, F(seed), 0, 0, "sampler seed (each session derives its own)", FIXED},
-    {"reuse_cache", T_BOOL, F(reuse_cache), 0, 1, "keep each session's KV cache across turns (false: re-prefill, for benchmarks)", FIXED},
+    {"listen", T_LISTEN, 0, 0, 0, 0, "127.0.0.1:8080", "ADDR:PORT to serve HTTP and websockets on (PORT 0: any)", FIXED},
+    {"model", T_STR, F(model), 0, 0, KVPD_DATA_DIR "/models/stories260K.bin", "model file: GGUF or llama2.c checkpoint", FIXED},
+    {"tokenizer", T_STR, F(tokenizer), 0, 0, "", "tokenizer.bin for a llama2.c checkpoint", FIXED},
+    {"policy", T_STR, F(policy), 0, 0, "", "eviction policy name (empty: kvp with policy_dir/<model stem>.kvp if it exists, else streaming)", LIVE},
+    {"policy_file", T_STR, F(policy_file), 0, 0, "", "KVP policy file (policy kvp)", LIVE},
+    {"policy_dir", T_STR, F(policy_dir), 0, 0, KVPD_DATA_DIR "/policy/weights", "directory of the default policy's <model stem>.kvp", LIVE},
+    {"budget", T_INT, F(budget), 0, 1 << 24, "256", "KV rows kept per head (0: no eviction)", LIVE},
+    {"chunk", T_INT, F(chunk), 1, 4096, "32", "prefill chunk in tokens; a head may exceed the budget by this much", FIXED},
+    {"workers", T_INT, F(workers), 0, 256, "0", "model worker threads (0: one per core)", FIXED},
+    {"state_dir", T_STR, F(state_dir), 0, 0, "", "directory for session state (must be writable when set)", FIXED},
+    {"admin_token", T_STR, F(admin_token), 0, 0, "", "bearer token required by /admin/* (empty: open)", LIVE},
+    {"static_dir", T_STR, F(static_dir), 0, 0, KVPD_DATA_DIR "/web/static", "directory of the chat page", FIXED},
+    {"max_sessions", T_INT, F(max_sessions), 1, 1 << 20, "64", "sessions resident in memory at once (parked ones do not count)", LIVE},
+    {"max_cache_bytes", T_BYTES, F(max_cache_bytes), 0, 0, "0", "KV cache bytes of all resident sessions (k/M/G suffixes; 0: no cap)", LIVE},
+    {"max_message_bytes", T_INT, F(max_message_bytes), 64, 1 << 24, "16384", "largest websocket message accepted", LIVE},
+    {"max_tokens", T_INT, F(max_tokens), 1, 1 << 20, "256", "largest reply in tokens (and the default)", LIVE},
+    {"max_sessions_per_connection", T_INT, F(max_sessions_per_connection), 1, 1 << 20, "8", "sessions one connection may start (hello without an id, or a first message)", LIVE},
+    {"idle_timeout", T_INT, F(idle_timeout_s), 1, 1 << 30, "1800", "seconds without activity before a session is parked (dropped without state_dir)", LIVE},
+    {"shutdown_timeout_ms", T_INT, F(shutdown_timeout_ms), 0, 600000, "5000", "grace period for in-flight turns and snapshots on SIGTERM", LIVE},
+    {"temperature", T_FLOAT, F(temperature), 0, 10, "0.8", "sampling temperature when a message gives none (0: greedy)", FIXED},
+    {"top_p", T_FLOAT, F(top_p), 0.01, 1, "0.9", "nucleus sampling (1: off)", FIXED},
+    {"seed", T_U64, F(seed), 0, 0, "42", "sampler seed (each session derives its own)", FIXED},
+    {"reuse_cache", T_BOOL, F(reuse_cache), 0, 1, "true", "keep each session's KV cache across turns (false: re-prefill, for benchmarks)", FIXED},
 };
 
 #define N_KEYS (sizeof keys / sizeof keys[0])
@@ -59,22 +62,22 @@ static const key_def keys[] = {
 void kvpd_config_defaults(kvpd_config *c)
 {
     memset(c, 0, sizeof *c);
-    snprintf(c->listen_host, sizeof c->listen_host, "127.0.0.1");
-    c->listen_port = 8080;
-    snprintf(c->model, sizeof c->model, "%s/models/stories260K.bin", KVPD_DATA_DIR);
-    snprintf(c->policy_dir, sizeof c->policy_dir, "%s/policy/weights", KVPD_DATA_DIR);
-    c->budget = 256;
-    c->chunk = 32;
-    snprintf(c->static_dir, sizeof c->static_dir, "%s/web/static", KVPD_DATA_DIR);
-    c->max_sessions = 64;
-    c->max_message_bytes = 16384;
-    c->max_tokens = 256;
-    c->idle_timeout_s = 1800;
-    c->shutdown_timeout_ms = 5000;
-    c->temperature = 0.8f;
-    c->top_p = 0.9f;
-    c->seed = 42;
-    c->reuse_cache = 1;
+    char err[256];
+    for (size_t i = 0; i < N_KEYS; i++) {
+        int rc = kvpd_config_set(c, keys[i].name, keys[i].dflt, err, sizeof err);
+        assert(rc == 0);   /* a default outside its own row's range is a bug */
+        (void)rc;
+    }
+}
+
+int kvpd_config_key(size_t i, const char **name, const char **dflt, int *live)
+{
+    if (i >= N_KEYS)
+        return 0;
+    *name = keys[i].name;
+    *dflt = keys[i].dflt;
+    *live = keys[i].live;
+    return 1;
 }
 
 static const key_def *find_key(const char *name)
@@ -388,13 +391,13 @@ void kvpd_config_usage(FILE *f)
         size_t n = strlen(keys[i].name);
         for (size_t j = 0; j <= n; j++)
             flag[j] = keys[i].name[j] == '_' ? '-' : keys[i].name[j];
-        fprintf(f, "  --%-20s %s\n", flag, keys[i].help);
+        fprintf(f, "  --%-28s %s%s%s%s\n", flag, keys[i].help, keys[i].dflt[0] ? " [" : "",
+                keys[i].dflt, keys[i].dflt[0] ? "]" : "");
         if (keys[i].type == T_BOOL)
-            fprintf(f, "  --no-%-17s sets %s to false\n", flag, keys[i].name);
+            fprintf(f, "  --no-%-25s sets %s to false\n", flag, keys[i].name);
     }
-    fprintf(f, "\nDefaults: listen %s:%d, model %s, policy kvp with %s/<model stem>.kvp "
-            "if it exists (else streaming), budget %d\n",
-            cfg.listen_host, cfg.listen_port, cfg.model, cfg.policy_dir, cfg.budget);
+    fprintf(f, "\nDefaults in brackets. Without a policy: kvp with %s/<model stem>.kvp if it "
+            "exists, else streaming.\n", cfg.policy_dir);
 }
 
 int kvpd_config_default_policy(const kvpd_config *c, char *name, size_t name_len,

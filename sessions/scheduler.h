@@ -28,12 +28,16 @@ typedef void (*kvpd_event_fn)(void *ctx, const kvpd_event *ev);
 
 typedef struct kvpd_sched kvpd_sched;
 
-/* Starts `workers` threads (each with its own runstate of env->chunk tokens). */
+/* One unit of a session's job on a worker (kvp_turn_step; tests pass their own). */
+typedef int (*kvpd_step_fn)(kvp_session *s, const kvp_session_env *env, kvp_runstate *rs,
+                            const kvp_turn_sink *sink);
+
+/* Starts `workers` threads (each with its own runstate of env->chunk tokens) that run
+ * `step` on queued sessions and deliver their events to fn on the loop. */
 int kvpd_sched_start(kvpd_sched **out, uv_loop_t *loop, int workers,
-                     const kvp_session_env *env, kvpd_event_fn fn, void *ctx,
-                     char *err, size_t errlen);
-/* Queues a session whose job was armed with kvp_session_begin_turn or _begin_job (loop
- * thread). */
+                     const kvp_session_env *env, kvpd_step_fn step, kvpd_event_fn fn,
+                     void *ctx, char *err, size_t errlen);
+/* Queues a session whose job was armed (its state names the job; loop thread). */
 void kvpd_sched_submit(kvpd_sched *s, kvp_session *session);
 /* Turns waiting for a worker (not counting those on a worker right now). */
 int kvpd_sched_depth(kvpd_sched *s);

@@ -1,12 +1,12 @@
 /* Prometheus text exposition format 0.0.4: HELP and TYPE before each family, counters
  * end in _total, histograms have cumulative _bucket{le} series plus _sum and _count. */
-#include "web/metrics.h"
+#include "sessions/metrics.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "web/protocol.h"
+#include "sessions/hub.h"
 
 /* Seconds. Time to first token is milliseconds on a small model and seconds on a big
  * one under load; a whole turn is longer. */

@@ -1,5 +1,5 @@
 /* Worker pool and run queue; worker -> loop events through a locked list + uv_async. */
-#include "daemon/scheduler.h"
+#include "sessions/scheduler.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -11,6 +11,7 @@
 struct kvpd_sched {
     uv_async_t async;
     const kvp_session_env *env;
+    kvpd_step_fn step;
     kvpd_event_fn fn;
     void *ctx;
     pthread_mutex_t rq_mu;
@@ -44,7 +45,7 @@ static void post(kvpd_sched *s, kvpd_event *ev)
     uv_async_send(&s->async);
 }
 
-/* Final events must arrive (the loop clears `busy` on them), so they wait for memory. */
+/* Final events must arrive (the loop ends the job on them), so they wait for memory. */
 static kvpd_event *new_event(enum kvpd_event_type type, kvp_session *session,
                              const char *text, size_t len, int must)
 {
@@ -132,7 +133,7 @@ static void *worker_main(void *arg)
         s->depth--;
         pthread_mutex_unlock(&s->rq_mu);
 
-        int more = kvp_turn_step(sess, s->env, rs, &s->sink);
+        int more = s->step(sess, s->env, rs, &s->sink);
 
         if (more) {
             pthread_mutex_lock(&s->rq_mu);
@@ -167,8 +168,8 @@ static void on_async(uv_async_t *h)
 }
 
 int kvpd_sched_start(kvpd_sched **out, uv_loop_t *loop, int workers,
-                     const kvp_session_env *env, kvpd_event_fn fn, void *ctx,
-                     char *err, size_t errlen)
+                     const kvp_session_env *env, kvpd_step_fn step, kvpd_event_fn fn,
+                     void *ctx, char *err, size_t errlen)
 {
     kvpd_sched *s = calloc(1, sizeof *s);
     if (!s) {
@@ -176,6 +177,7 @@ int kvpd_sched_start(kvpd_sched **out, uv_loop_t *loop, int workers,
         return -ENOMEM;
     }
     s->env = env;
+    s->step = step;
     s->fn = fn;
     s->ctx = ctx;
     s->n_workers = workers;
