@@ -39,7 +39,8 @@
 /* One message of a transcript. */
 typedef struct kvp_message {
     int user;                /* 1 user, 0 assistant */
-    char *text;
+    char *text;              /* valid UTF-8, NUL-terminated, but may hold NULs: use len */
+    size_t len;
 } kvp_message;
 
 typedef struct kvp_turn_stats {

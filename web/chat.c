@@ -5,22 +5,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "base/log.h"
 #include "web/conn.h"
 #include "web/protocol.h"
-
-static void send_json(kvpd_conn *c, char *json, const char *what)
-{
-    if (!json || kvpd_conn_queue(c, json, strlen(json)) < 0)
-        kvpd_log("warning", "dropped a %s frame for lack of memory", what);
-    free(json);
-}
 
 static void send_error(kvpd_conn *c, const char *code, const char *msg, int retry_after_ms)
 {
     c->w->metrics->errors[kvpd_err_kind_of(code)]++;
-    send_json(c, retry_after_ms > 0 ? kvpd_proto_error_retry(code, msg, retry_after_ms)
-                                    : kvpd_proto_error(code, msg), "error");
+    kvpd_conn_send(c, retry_after_ms > 0 ? kvpd_proto_error_retry(code, msg, retry_after_ms)
+                                         : kvpd_proto_error(code, msg));
 }
 
 /* The hub's events for this connection. */
@@ -29,14 +21,14 @@ static void on_hub_event(void *ctx, const kvp_hub_event *ev)
     kvpd_conn *c = ctx;
     switch (ev->type) {
     case KVP_HUB_SESSION:
-        send_json(c, kvpd_proto_session(ev->id, ev->resumed, ev->turns, ev->history,
-                                        ev->n_history), "session");
+        kvpd_conn_send(c, kvpd_proto_session(ev->id, ev->resumed, ev->turns, ev->history,
+                                             ev->n_history));
         break;
     case KVP_HUB_TOKEN:
-        send_json(c, kvpd_proto_token(ev->text, ev->len), "token");
+        kvpd_conn_send(c, kvpd_proto_token(ev->text, ev->len));
         break;
     case KVP_HUB_DONE:
-        send_json(c, kvpd_proto_done(ev->text, ev->len, ev->stats), "done");
+        kvpd_conn_send(c, kvpd_proto_done(ev->text, ev->len, ev->stats));
         break;
     case KVP_HUB_ERROR:
         send_error(c, ev->code, ev->text, ev->retry_after_ms);

@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "base/log.h"
 #include "web/conn.h"
 
 int kvpd_conn_queue(kvpd_conn *c, const char *payload, size_t len)
@@ -28,6 +29,22 @@ int kvpd_conn_queue(kvpd_conn *c, const char *payload, size_t len)
     c->w->frames_pending++;
     lws_callback_on_writable(c->wsi);
     return 0;
+}
+
+void kvpd_conn_send(kvpd_conn *c, char *json)
+{
+    /* A frame jansson could not build (memory, or text it refused) still gets an answer. */
+    static const char fallback[] = "{\"type\":\"error\",\"code\":\"" KVPD_E_INTERNAL
+                                   "\",\"message\":\"the server could not build its answer\"}";
+    const char *payload = json ? json : fallback;
+    if (!json)
+        kvpd_log("warning", "could not build a frame; sent an internal error instead");
+    if (kvpd_conn_queue(c, payload, strlen(payload)) < 0) {
+        /* Not even that fits in memory: close, so the client is not left waiting. */
+        kvpd_log("warning", "out of memory for a frame; closing the connection");
+        lws_set_timeout(c->wsi, PENDING_TIMEOUT_USER_OK, LWS_TO_KILL_ASYNC);
+    }
+    free(json);
 }
 
 void kvpd_conn_free_frames(kvpd_conn *c)
