@@ -8,4 +8,8 @@
 int kvp_parse_long(const char *s, long lo, long hi, long *out);
 int kvp_parse_double(const char *s, double lo, double hi, double *out);
 
+/* A macro's value as a string literal: "(default " KVP_STR(KVP_DEFAULT_CHUNK) ")". */
+#define KVP_STR_(x) #x
+#define KVP_STR(x) KVP_STR_(x)
+
 #endif

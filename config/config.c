@@ -10,6 +10,8 @@
 #include <sys/stat.h>
 
 #include "policy/policy.h"
+#include "base/parse.h"
+#include "generate/generate.h"
 
 #ifndef KVPD_DATA_DIR
 #define KVPD_DATA_DIR "."
@@ -39,7 +41,7 @@ static const key_def keys[] = {
     {"policy_file", T_STR, F(policy_file), 0, 0, "", "KVP policy file (policy kvp)", LIVE},
     {"policy_dir", T_STR, F(policy_dir), 0, 0, KVPD_DATA_DIR "/policy/weights", "directory of the default policy's <model stem>.kvp", LIVE},
     {"budget", T_INT, F(budget), 0, 1 << 24, "256", "KV rows kept per head (0: no eviction)", LIVE},
-    {"chunk", T_INT, F(chunk), 1, 4096, "32", "prefill chunk in tokens; a head may exceed the budget by this much", FIXED},
+    {"chunk", T_INT, F(chunk), 1, 4096, KVP_STR(KVP_DEFAULT_CHUNK), "prefill chunk in tokens; a head may exceed the budget by this much", FIXED},
     {"workers", T_INT, F(workers), 0, 256, "0", "model worker threads (0: one per core)", FIXED},
     {"state_dir", T_STR, F(state_dir), 0, 0, "", "directory for session state (must be writable when set)", FIXED},
     {"admin_token", T_STR, F(admin_token), 0, 0, "", "bearer token required by /admin/* (empty: open)", LIVE},

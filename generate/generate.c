@@ -2,9 +2,7 @@
 
 #include <errno.h>
 
-#define DEFAULT_CHUNK 32
-
-static int chunk_of(const kvp_evict_cfg *e) { return e && e->chunk > 0 ? e->chunk : DEFAULT_CHUNK; }
+static int chunk_of(const kvp_evict_cfg *e) { return e && e->chunk > 0 ? e->chunk : KVP_DEFAULT_CHUNK; }
 
 static int evicting(const kvp_evict_cfg *e)
 {

@@ -17,10 +17,13 @@
 #include "model/forward.h"
 #include "policy/policy.h"
 
+/* Tokens per prefill chunk, and the slack a head may grow past the budget. */
+#define KVP_DEFAULT_CHUNK 32
+
 typedef struct kvp_evict_cfg {
     kvp_policy *policy;   /* NULL = none */
     int budget;           /* rows per KV head, 0 = unbounded */
-    int chunk;            /* default 32 */
+    int chunk;            /* 0: KVP_DEFAULT_CHUNK */
 } kvp_evict_cfg;
 
 /* Feeds tokens; last logits in s->logits; all_logits NULL or [n][vocab]. */

@@ -27,7 +27,7 @@
 
 typedef struct kvp_eval_opts {
     int cut;          /* tokens in the cache when it is ranked / compressed (384) */
-    int chunk;        /* streaming: eviction chunk (32) */
+    int chunk;        /* streaming: eviction chunk (KVP_DEFAULT_CHUNK) */
     int lookahead;    /* streaming: tokens the oracle's scores look ahead (128) */
     int n_budgets;
     int budgets[KVP_EVAL_MAX_BUDGETS];   /* rows per KV head */

@@ -160,7 +160,7 @@ void kvp_train_defaults(kvp_train_cfg *c)
         .steps = 3000, .seed = 1, .threads = 1, .episodes = 16, .samples = 8,
         .lr = 3e-3f, .lr_min = 1e-6f, .warmup = 100, .warmup_start = 0.01f,
         .adamw = {.beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 1e-3f},
-        .clip = 5.0f, .ema = 0.99f, .adv_clamp = 2.0f, .n_sink = 4, .n_recent = 16,
+        .clip = 5.0f, .ema = 0.99f, .adv_clamp = 2.0f, .n_sink = KVP_DEFAULT_SINKS, .n_recent = KVP_DEFAULT_RECENT,
         .cut_min = 64, .cut_tail = 32, .cut_stride = 8, .val_cut = 384, .eval_every = 100,
     };
 }

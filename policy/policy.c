@@ -10,9 +10,6 @@
 #include "base/rng.h"
 #include "policy/kvp_agent.h"
 
-#define DEFAULT_SINKS 4
-#define DEFAULT_RECENT 16
-
 static const struct {
     const char *name;
     int (*create)(kvp_policy *p, const char *policy_file, char *err, size_t errlen);
@@ -47,8 +44,8 @@ int kvp_policy_make(kvp_policy **out,
     }
     if (cfg)
         p->cfg = *cfg;
-    p->n_sink = DEFAULT_SINKS;
-    p->n_recent = DEFAULT_RECENT;
+    p->n_sink = KVP_DEFAULT_SINKS;
+    p->n_recent = KVP_DEFAULT_RECENT;
     p->rng = kvp_rng_seed(seed);
     int rc = create(p, policy_file, err, errlen);
     if (rc < 0) {

@@ -12,6 +12,11 @@
 #include "model/forward.h"
 #include "model/model.h"
 
+/* The rows every policy protects unless told otherwise: the oldest (attention sinks) and
+ * the newest window. */
+#define KVP_DEFAULT_SINKS 4
+#define KVP_DEFAULT_RECENT 16
+
 typedef struct kvp_policy kvp_policy;
 
 typedef struct kvp_policy_ops {
@@ -36,8 +41,8 @@ typedef struct kvp_policy_ops {
 struct kvp_policy {
     const kvp_policy_ops *ops;
     kvp_model_config cfg;
-    int n_sink;       /* default 4 */
-    int n_recent;     /* default 16 */
+    int n_sink;       /* KVP_DEFAULT_SINKS */
+    int n_recent;     /* KVP_DEFAULT_RECENT */
     uint64_t rng;
     void *impl;
 };

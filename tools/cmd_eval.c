@@ -21,6 +21,7 @@
 #include "tools/cli.h"
 #include "base/parse.h"
 #include "base/clock.h"
+#include "generate/generate.h"
 
 #define MAX_POLICIES 16
 #define DEFAULT_BUDGETS "16,32,64,128,256"
@@ -41,7 +42,7 @@ static void usage(FILE *f)
         "  --cut N            tokens cached when the cache is ranked / compressed (default 384)\n"
         "  --streams N        streaming texts (default 8)\n"
         "  --stream-len N     tokens per stream, BOS included (default 4 x the context)\n"
-        "  --chunk N          streaming eviction chunk (default 32)\n"
+        "  --chunk N          streaming eviction chunk (default " KVP_STR(KVP_DEFAULT_CHUNK) ")\n"
         "  --lookahead N      tokens the streaming oracle looks ahead (default 128)\n"
         "  --seed S           seed of the random policy (default 1)\n"
         "  --threads N        worker threads (default: the online CPUs)\n"
@@ -209,7 +210,8 @@ int kvp_cmd_eval(int argc, char **argv)
     const char *model_path = NULL, *tok_path = NULL, *text_path = NULL, *out_dir = NULL;
     const char *policy_file = NULL;
     char *pol_arg = NULL, *bud_arg = NULL;
-    long n_seqs = 64, seq_len = 512, cut = 384, n_streams = 8, stream_len = 0, chunk = 32;
+    long n_seqs = 64, seq_len = 512, cut = 384, n_streams = 8, stream_len = 0,
+         chunk = KVP_DEFAULT_CHUNK;
     long lookahead = 128, seed = 1, threads = sysconf(_SC_NPROCESSORS_ONLN);
     double split = 0.8;
     static const struct option opts[] = {

@@ -26,9 +26,9 @@ static void usage(FILE *f)
         "  --policy NAME        eviction policy: %s (default none)\n"
         "  --policy-file F      KVP policy file (for --policy kvp)\n"
         "  --budget B           rows kept per KV head (default 0 = unbounded)\n"
-        "  --sinks N            oldest rows always kept (default 4)\n"
-        "  --recent N           newest rows always kept (default 16)\n"
-        "  --chunk N            eviction chunk (default 32)\n"
+        "  --sinks N            oldest rows always kept (default " KVP_STR(KVP_DEFAULT_SINKS) ")\n"
+        "  --recent N           newest rows always kept (default " KVP_STR(KVP_DEFAULT_RECENT) ")\n"
+        "  --chunk N            eviction chunk (default " KVP_STR(KVP_DEFAULT_CHUNK) ")\n"
         "  --ignore-eos         go on past the end of a text (BOS/EOS print as a newline)\n",
         kvp_policy_names());
 }
@@ -62,7 +62,8 @@ int kvp_cmd_generate(int argc, char **argv)
 {
     const char *model_path = NULL, *tok_path = NULL, *prompt = "", *policy_name = "none",
                *policy_file = NULL;
-    long steps = 256, seed = (long)time(NULL), budget = 0, sinks = 4, recent = 16, chunk = 32;
+    long steps = 256, seed = (long)time(NULL), budget = 0, sinks = KVP_DEFAULT_SINKS,
+         recent = KVP_DEFAULT_RECENT, chunk = KVP_DEFAULT_CHUNK;
     double temperature = 1.0, top_p = 0.9;
     int ignore_eos = 0;
     static const struct option opts[] = {

@@ -222,3 +222,35 @@ Test(config, reload_applies_live_keys_and_lists_the_others)
     cr_assert(strstr(cur.model, "stories260K.bin"), "model is not live");
     cr_assert_str_eq(fixed, "listen, model, chunk");
 }
+
+/* The sample config is derived from the table: every key is there (set, or commented
+ * out) at the default its row gives; data-directory defaults are written <source>/... */
+Test(config, sample_config_lists_every_key_at_its_default)
+{
+    const char *src = getenv("KVP_SOURCE") ? getenv("KVP_SOURCE") : ".";
+    char path[1024];
+    snprintf(path, sizeof path, "%s/systemd/kvpd.conf", src);
+    FILE *f = fopen(path, "r");
+    cr_assert(f, "%s", path);
+    static char text[1 << 16];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    const char *name, *dflt;
+    int live, keys = 0;
+    for (size_t i = 0; kvpd_config_key(i, &name, &dflt, &live); i++, keys++) {
+        char value[1024], line[1200];
+        size_t sl = strlen(src);
+        if (!strncmp(dflt, src, sl) && dflt[sl] == '/')
+            snprintf(value, sizeof value, "<source>%s", dflt + sl);
+        else
+            snprintf(value, sizeof value, "%s", dflt);
+        snprintf(line, sizeof line, "\n%s = %s\n", name, value);
+        char commented[1200];
+        snprintf(commented, sizeof commented, value[0] ? "\n#%s = %s\n" : "\n#%s =%s\n", name,
+                 value);
+        cr_assert(strstr(text, line) || strstr(text, commented),
+                  "systemd/kvpd.conf has no line '%s = %s'", name, value);
+    }
+    cr_assert_gt(keys, 20);
+}

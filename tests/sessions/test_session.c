@@ -109,3 +109,39 @@ Test(session, a_turn_failing_before_it_starts_undoes_nothing_of_earlier_turns, .
     kvp_runstate_free(&rs);
     kvp_model_free(&model);
 }
+
+/* The id table: every session is found by id among thousands (the buckets grow),
+ * removal keeps the others reachable, and creation order is kept for listing. */
+Test(session, the_table_finds_every_id_after_growth_and_removal, .timeout = 60)
+{
+    kvp_model model;
+    char err[512];
+    cr_assert_eq(kvp_model_load(&model, tu_shared("models/stories260K.bin"),
+                                tu_shared("models/tok512.bin"), err, sizeof err), 0, "%s", err);
+    kvp_session_env env = {.model = &model, .chunk = 32, .top_p = 0.9f, .state_dir = ""};
+    kvp_session_table t;
+    cr_assert_eq(kvp_session_table_init(&t), 0);
+    kvp_policy_conf *pc = conf("streaming", "");
+    enum { N = 3000 };
+    static kvp_session *all[N];
+    for (int i = 0; i < N; i++)
+        cr_assert_eq(kvp_session_create(&t, &env, pc, NULL, 0.0, &all[i], err, sizeof err), 0);
+    cr_assert_eq(t.count, N);
+    cr_assert_geq(t.n_buckets, (size_t)N);
+    for (int i = 0; i < N; i++)
+        cr_assert_eq(kvp_session_find(&t, all[i]->id), all[i]);
+    for (int i = 0; i < N; i += 2)
+        kvp_session_remove(&t, all[i]);
+    cr_assert_eq(t.count, N / 2);
+    cr_assert_eq(t.resident, N / 2);
+    int k = 1;
+    for (kvp_session *s = t.head; s; s = s->next, k += 2) {
+        cr_assert_eq(s, all[k], "creation order is lost");
+        cr_assert_eq(kvp_session_find(&t, s->id), s);
+    }
+    cr_assert_eq(k, N + 1);
+    cr_assert_null(kvp_session_find(&t, "0123456789abcdef0123456789abcdef"));
+    kvp_session_table_clear(&t);
+    kvp_policy_conf_unref(pc);
+    kvp_model_free(&model);
+}
