@@ -315,9 +315,11 @@ static kvp_hub_client *job_ended(kvp_hub *h, kvp_session *s)
     }
     if (s->save_rc < 0) {
         m->snapshot_failures++;
+        s->save_failed = 1;
         kvpd_log("warning", "session %.8s: %s", s->id, s->save_err);
     } else if (s->save_rc > 0) {
         m->snapshots_written++;
+        s->save_failed = 0;
     }
     s->save_rc = 0;
     s->turns = s->turns_done;
@@ -365,8 +367,10 @@ static void on_job(kvp_hub *h, kvp_session *s, const kvpd_event *ev)
         kvpd_log("info", "session %.8s: loaded from its snapshot (%d turns)", s->id, s->turns);
         if (to)
             emit_session(to, 1);
-    } else if (ev->code < 0) {
-        kvpd_log("warning", "session %.8s: %s", s->id, ev->text);
+    } else {   /* a save job (shutdown): its outcome decides the session's durability */
+        s->save_failed = ev->code < 0;
+        if (ev->code < 0)
+            kvpd_log("warning", "session %.8s: %s", s->id, ev->text);
     }
 }
 
@@ -409,7 +413,8 @@ static void on_event(void *ctx, const kvpd_event *ev)
         kvpd_hist_observe(&m->turn_duration, st->duration_ms / 1e3);
         if (to) {
             kvp_hub_event e = {.type = KVP_HUB_DONE, .text = ev->text, .len = ev->len,
-                               .stats = st};
+                               .stats = st, .durable = h->env.state_dir[0] ? !s->save_failed : -1,
+                               .durable_error = s->save_err};
             to->sink(to->ctx, &e);
         }
         return;
@@ -508,6 +513,15 @@ int kvp_hub_drain(kvp_hub *h)
         if (s->state == KVP_SESSION_TURN)
             atomic_store(&s->turn.cancel, 1);
     return h->jobs;
+}
+
+int kvp_hub_unsaved(const kvp_hub *h)
+{
+    /* Only resident sessions: one whose write failed is never parked. */
+    int n = 0;
+    for (const kvp_session *s = h->sessions.resident_head; s; s = s->rnext)
+        n += s->save_failed;
+    return n;
 }
 
 int kvp_hub_jobs(const kvp_hub *h)

@@ -73,6 +73,9 @@ typedef struct kvp_hub_event {
     const char *text;
     size_t len;
     const kvp_turn_stats *stats;  /* DONE */
+    int durable;                  /* DONE: 1 the turn is on disk, 0 its snapshot failed
+                                   * (durable_error says why), -1 no state directory */
+    const char *durable_error;
     const char *code;             /* ERROR: one of KVPD_E_* */
     int retry_after_ms;           /* ERROR: > 0 when trying again later may work */
 } kvp_hub_event;
@@ -162,6 +165,9 @@ void kvp_hub_expire(kvp_hub *h, double now);
 /* Shutdown: new sessions and turns are refused, running turns are asked to stop.
  * Returns the jobs still running. */
 int kvp_hub_drain(kvp_hub *h);
+/* Sessions whose last snapshot write failed (turns a client saw that are not on disk):
+ * the daemon reports itself degraded and exits non-zero while any remain. */
+int kvp_hub_unsaved(const kvp_hub *h);
 /* Jobs (turns, snapshot loads and saves) in flight. */
 int kvp_hub_jobs(const kvp_hub *h);
 /* Queues one more snapshot write for every session whose last one failed; returns how

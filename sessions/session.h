@@ -111,6 +111,7 @@ typedef struct kvp_session {
     /* model side (the loop may read them while the session is not busy) */
     int need_restore;                /* the job reads the snapshot first */
     int has_snapshot;                /* a snapshot of this session exists */
+    int save_failed;                 /* its last snapshot write failed: not on disk (loop) */
     int saved;                       /* the snapshot matches memory */
     int save_rc;                     /* last job: 1 written, 0 none, < 0 failed (save_err) */
     int lost;                        /* the snapshot is gone or was bad: session lost */

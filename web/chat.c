@@ -28,7 +28,8 @@ static void on_hub_event(void *ctx, const kvp_hub_event *ev)
         kvpd_conn_send(c, kvpd_proto_token(ev->text, ev->len));
         break;
     case KVP_HUB_DONE:
-        kvpd_conn_send(c, kvpd_proto_done(ev->text, ev->len, ev->stats));
+        kvpd_conn_send(c, kvpd_proto_done(ev->text, ev->len, ev->stats, ev->durable,
+                                          ev->durable_error));
         break;
     case KVP_HUB_ERROR:
         send_error(c, ev->code, ev->text, ev->retry_after_ms);

@@ -28,6 +28,8 @@ static int respond(kvpd_conn *c, int status, const char *type, const char *body,
         return 1;
     if (lws_finalize_write_http_header(c->wsi, start, &p, end))
         return 1;
+    if (c->head)   /* the headers (with the body's length) are the whole answer */
+        return lws_http_transaction_completed(c->wsi) ? -1 : 0;
     if (kvpd_conn_queue(c, body, len) < 0)
         return 1;
     return 0;
@@ -66,9 +68,9 @@ int kvpd_http_writeable(kvpd_conn *c)
 /* Constant-time compare, so the token cannot be guessed byte by byte from timings. */
 static int token_ok(kvpd_conn *c)
 {
-    const char *want = c->w->cfg->admin_token;
+    const char *want = kvpd_admin_token(c->w);
     if (!want[0])
-        return 1;
+        return 0;   /* closed: no token configured and nowhere to write one */
     char got[256];
     int n = lws_hdr_copy(c->wsi, got, sizeof got, WSI_TOKEN_HTTP_AUTHORIZATION);
     if (n <= 7 || strncmp(got, "Bearer ", 7))
@@ -98,6 +100,7 @@ static void gauges(kvpd_web *w, kvpd_gauges *g, kvp_hub_info *hi)
         g->turn_reserve_bytes = hi->turn_reserve_bytes;
     }
     g->cache_bytes_cap = w->cfg->max_cache_bytes;
+    g->connections_open = w->connections_open;
     g->uptime_s = kvp_now() - w->started;
     g->ready = w->hub != NULL;
 }
@@ -179,6 +182,12 @@ static int admin_stats(kvpd_conn *c)
         (json_int_t)m->prefilled_tokens, "out", (json_int_t)m->generated_tokens,
         "evicted_rows", (json_int_t)m->evicted_rows, "turns", (json_int_t)m->turns,
         "queue_depth", g.queue_depth, "session_list", list, "session_page", page);
+    if (o && json_object_set_new(o, "connections", json_pack(
+                 "{s:i, s:i, s:I}", "open", g.connections_open, "max", w->cfg->max_connections,
+                 "refused", (json_int_t)m->connections_refused)) < 0) {
+        json_decref(o);
+        o = NULL;
+    }
     return respond_json(c, 200, o);
 }
 
@@ -230,10 +239,18 @@ static int static_file(kvpd_conn *c, const char *uri)
 int kvpd_http_request(kvpd_conn *c, const char *uri)
 {
     kvpd_web *w = c->w;
-    if (lws_hdr_total_length(c->wsi, WSI_TOKEN_GET_URI) <= 0)
-        return text_status(c, 405, "only GET is served\n", NULL);
+    int status;
+    const char *refused = kvpd_guard_check(w, c->wsi, &status);
+    if (refused)
+        return text_status(c, status, refused, NULL);
+    c->head = lws_hdr_total_length(c->wsi, WSI_TOKEN_HEAD_URI) > 0;
+    if (!c->head && lws_hdr_total_length(c->wsi, WSI_TOKEN_GET_URI) <= 0)
+        return text_status(c, 405, "only GET and HEAD are served\n", NULL);
     if (!strcmp(uri, "/healthz")) {
-        int ok = w->hub && !w->draining;
+        int ok = w->hub && !w->draining, unsaved = w->hub ? kvp_hub_unsaved(w->hub) : 0;
+        if (ok && unsaved)
+            return respond_json(c, 503, json_pack("{s:s, s:i}", "status", "degraded",
+                                                  "unsaved_sessions", unsaved));
         return respond_json(c, ok ? 200 : 503,
                             json_pack("{s:s}", "status", ok ? "ok" : w->draining ? "stopping" : "loading"));
     }

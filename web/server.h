@@ -11,6 +11,7 @@
 #include "sessions/hub.h"
 
 struct lws_context;
+struct kvpd_listener;
 
 typedef struct kvpd_web {
     const kvpd_config *cfg;       /* read live (SIGHUP changes the live keys) */
@@ -19,7 +20,10 @@ typedef struct kvpd_web {
     int draining;                 /* shutting down: no new connections */
     uv_loop_t *loop;
     struct lws_context *lws;
+    struct kvpd_listener *listener;   /* web/listen.c */
     int port;                     /* bound port */
+    int connections_open;         /* HTTP and websocket connections lws holds */
+    char admin_token_generated[33];   /* without admin_token: made at start ("" = closed) */
     int frames_pending;           /* frames queued, not yet written */
     double started;               /* kvp_now() at start */
 } kvpd_web;
