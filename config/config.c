@@ -53,7 +53,7 @@ static const key_def keys[] = {
     {"max_cache_bytes", T_BYTES, F(max_cache_bytes), 0, 0, "0", "KV cache bytes of all resident sessions (k/M/G suffixes; 0: no cap)", LIVE},
     {"max_message_bytes", T_INT, F(max_message_bytes), 64, 1 << 24, "16384", "largest websocket message accepted", LIVE},
     {"max_tokens", T_INT, F(max_tokens), 1, 1 << 20, "256", "largest reply in tokens (and the default)", LIVE},
-    {"max_sessions_per_connection", T_INT, F(max_sessions_per_connection), 1, 1 << 20, "8", "sessions one connection may start (hello without an id, or a first message)", LIVE},
+    {"max_sessions_per_connection", T_INT, F(max_sessions_per_connection), 1, 1 << 20, "8", "conversations one connection may start (sessions it left without a turn do not count)", LIVE},
     {"idle_timeout", T_INT, F(idle_timeout_s), 1, 1 << 30, "1800", "seconds without activity before a session is parked (dropped without state_dir)", LIVE},
     {"max_connections", T_INT, F(max_connections), 0, 1 << 20, "1024", "HTTP and websocket connections at once; more are answered 503 and closed (0: no cap)", LIVE},
     {"connection_idle_timeout", T_INT, F(connection_idle_timeout_s), 0, 1 << 20, "300", "seconds a websocket may go without a frame either way before it is closed (0: never)", LIVE},

@@ -59,7 +59,8 @@ static void remove_session(kvp_hub *h, kvp_session *s)
     kvp_session_remove(&h->sessions, s);
 }
 
-/* The client lets go of its session; one that was never used ends here. */
+/* The client lets go of its session; one that was never used ends here (and no longer
+ * counts against its creator's sessions). */
 static void leave(kvp_hub_client *c)
 {
     kvp_session *s = c->session;
@@ -69,8 +70,11 @@ static void leave(kvp_hub_client *c)
     if (s->client == c)
         s->client = NULL;
     s->last_active = kvp_now();
-    if (never_used(s))
+    if (never_used(s)) {
+        if (s->creator == c->serial)
+            c->created--;
         kvp_session_remove(&c->hub->sessions, s);
+    }
 }
 
 /* An idle session follows the newest client that names it; the previous one is told. */
@@ -106,6 +110,7 @@ kvp_hub_client *kvp_hub_client_new(kvp_hub *h, kvp_hub_sink sink, void *ctx)
         c->hub = h;
         c->sink = sink;
         c->ctx = ctx;
+        c->serial = ++h->clients_made;
     }
     return c;
 }
@@ -114,14 +119,14 @@ static int new_session(kvp_hub_client *c)
 {
     kvp_hub *h = c->hub;
     char err[256];
+    if (c->session && never_used(c->session))
+        leave(c);   /* its slot is free for the new one */
     if (c->created >= h->cfg->max_sessions_per_client) {
-        snprintf(err, sizeof err, "a connection may start at most %d sessions; open a new "
-                 "connection", h->cfg->max_sessions_per_client);
+        snprintf(err, sizeof err, "a connection may start at most %d conversations; open a "
+                 "new connection", h->cfg->max_sessions_per_client);
         emit_error(c, KVPD_E_OVERLOADED, err);
         return -EBUSY;
     }
-    if (c->session && never_used(c->session))
-        leave(c);   /* its slot is free for the new one */
     size_t reserve;
     int rc = kvp_hub_admit(h, NULL, 0, &reserve, err, sizeof err);
     if (rc < 0) {
@@ -137,6 +142,7 @@ static int new_session(kvp_hub_client *c)
         return rc;
     }
     c->created++;
+    s->creator = c->serial;
     h->m->sessions_created++;
     attach(c, s);
     emit_session(c, 0);

@@ -16,7 +16,7 @@
  *     cancels its session's running turn;
  *   - a session that never ran a turn ends as soon as its client leaves it (open of
  *     another session, or close); a client may start at most max_sessions_per_client
- *     sessions. */
+ *     sessions that hold a conversation (the ones that ended unused do not count). */
 #ifndef KVP_HUB_H
 #define KVP_HUB_H
 
@@ -90,7 +90,7 @@ typedef struct kvp_hub_config {
     int max_sessions;             /* resident sessions */
     uint64_t max_cache_bytes;     /* KV cache bytes of resident sessions (0: no cap) */
     int idle_timeout_s;
-    int max_sessions_per_client;
+    int max_sessions_per_client;  /* started and not ended unused */
 } kvp_hub_config;
 
 typedef struct kvp_hub kvp_hub;

@@ -21,6 +21,7 @@ struct kvp_hub {
     int workers;
     int draining;
     int jobs;                        /* sessions with a job in flight */
+    uint64_t clients_made;           /* serial numbers of clients */
 };
 
 struct kvp_hub_client {
@@ -28,7 +29,8 @@ struct kvp_hub_client {
     kvp_hub_sink sink;
     void *ctx;
     kvp_session *session;            /* attached (s->client == this) */
-    int created;                     /* sessions this client started */
+    uint64_t serial;                 /* the session it starts carry it (creator) */
+    int created;                     /* sessions it started that still hold a conversation */
 };
 
 #endif

@@ -100,6 +100,7 @@ typedef struct kvp_session {
     double created, last_active;     /* seconds, monotonic */
     struct kvp_hub_client *client;   /* the front end attached, if any */
     struct kvp_hub_client *owner;    /* who started the running turn (gets its events) */
+    uint64_t creator;                /* serial of the client that started it (0: none) */
     int rows_max;
     size_t bytes;                    /* cache bytes while idle (0 when parked) */
     size_t reserve;                  /* bytes held for the job in flight (memory cap) */

@@ -26,8 +26,9 @@ static json_int_t resident(const kvpd_proc *d)
     return n;
 }
 
-/* 64 hellos on one connection: at most max_sessions_per_connection are started, each
- * leaving the previous empty one behind is freed, and another client still gets in. */
+/* 64 hellos on one connection: each empty session ends as the next one starts, so one
+ * stays and another client still gets in; a connection can hold at most
+ * max_sessions_per_connection conversations. */
 Test(exhaustion, one_connection_cannot_lock_others_out)
 {
     kvpd_proc d;
@@ -35,19 +36,14 @@ Test(exhaustion, one_connection_cannot_lock_others_out)
                  "log %s", d.log);
     ws_client a, b;
     cr_assert_eq(h_connect(&d, &a), 0);
-    int sessions = 0, refused = 0;
     for (int i = 0; i < 64; i++) {
         cr_assert_eq(ws_send_text(&a, "{\"type\":\"hello\"}"), 0);
         json_t *j = h_read_json(&a, 5000);
         cr_assert(j, "hello %d was not answered", i);
-        if (!strcmp(type_of(j), "session"))
-            sessions++;
-        else if (!strcmp(json_string_value(json_object_get(j, "code")), "overloaded"))
-            refused++;
+        cr_assert_str_eq(type_of(j), "session", "hello %d: %s", i,
+                         json_string_value(json_object_get(j, "message")));
         json_decref(j);
     }
-    cr_assert_eq(sessions, 8);
-    cr_assert_eq(refused, 56);
     cr_assert_eq(resident(&d), 1, "never-used sessions were kept");
     cr_assert_eq(h_connect(&d, &b), 0);
     cr_assert_eq(ws_send_text(&b, "{\"type\":\"hello\"}"), 0);
@@ -58,11 +54,37 @@ Test(exhaustion, one_connection_cannot_lock_others_out)
     cr_assert(done);
     cr_assert_str_eq(type_of(done), "done");
     json_decref(done);
+    /* Conversations: a's current session and 7 more, then the bound. */
+    for (int i = 0; i < 8; i++) {
+        if (i) {
+            cr_assert_eq(ws_send_text(&a, "{\"type\":\"hello\"}"), 0);
+            json_t *j = h_expect(&a, "session", 5000);
+            cr_assert(j, "conversation %d", i);
+            json_decref(j);
+        }
+        json_t *t = h_turn(&a, "A frog sat.", 2, NULL);
+        cr_assert(t);
+        cr_assert_str_eq(type_of(t), "done");
+        json_decref(t);
+    }
+    cr_assert_eq(ws_send_text(&a, "{\"type\":\"hello\"}"), 0);
+    json_t *e = h_read_json(&a, 5000);
+    cr_assert(e);
+    cr_assert_str_eq(json_string_value(json_object_get(e, "code")), "overloaded");
+    json_decref(e);
+    cr_assert_eq(resident(&d), 9);
     /* A never-used session ends with its connection. */
-    ws_close(&a);
-    for (int i = 0; i < 100 && resident(&d) != 1; i++)
+    ws_client c;
+    cr_assert_eq(h_connect(&d, &c), 0);
+    cr_assert_eq(ws_send_text(&c, "{\"type\":\"hello\"}"), 0);
+    cr_assert(s = h_expect(&c, "session", 5000));
+    json_decref(s);
+    cr_assert_eq(resident(&d), 10);
+    ws_close(&c);
+    for (int i = 0; i < 100 && resident(&d) != 9; i++)
         nanosleep(&(struct timespec){0, 20 * 1000 * 1000}, NULL);
-    cr_assert_eq(resident(&d), 1);
+    cr_assert_eq(resident(&d), 9);
+    ws_close(&a);
     ws_close(&b);
     cr_assert_eq(kvpd_stop(&d, 10000), 0);
 }
@@ -71,7 +93,7 @@ static json_t *stats_page(const kvpd_proc *d, const char *query, int *status)
 {
     char path[128], *body = NULL;
     snprintf(path, sizeof path, "/admin/stats%s", query);
-    *status = h_get(d, path, NULL, &body);
+    *status = h_get(d, path, h_admin_token(d), &body);
     json_t *j = *status == 200 && body ? json_loads(body, 0, NULL) : NULL;
     free(body);
     return j;

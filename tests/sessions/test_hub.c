@@ -159,20 +159,31 @@ Test(hub, a_never_used_session_ends_when_its_client_leaves)
     ht_stop(&g);
 }
 
-/* A client may start at most max_sessions_per_client sessions. */
+/* A client may start at most max_sessions_per_client conversations; sessions it left
+ * unused do not count. */
 Test(hub, sessions_per_client_are_bounded)
 {
     ht_start(&g, NULL, "streaming");
     g.cfg.max_sessions_per_client = 3;
     ht_client a;
     ht_client_new(&g, &a);
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 10; i++) {   /* empty ones end as they are left */
         kvp_hub_open(a.c, NULL);
         cr_assert_eq(a.ev[a.n - 1].type, KVP_HUB_SESSION);
+    }
+    for (int i = 0; i < 3; i++) {
+        if (i)
+            kvp_hub_open(a.c, NULL);
+        cr_assert_eq(a.ev[a.n - 1].type, KVP_HUB_SESSION);
+        kvp_hub_message(a.c, "A cat", 5, 2, 0, 0);
+        ht_wait(&g, &a, a.n, KVP_HUB_DONE, 30);
     }
     kvp_hub_open(a.c, NULL);
     cr_assert_eq(a.ev[a.n - 1].type, KVP_HUB_ERROR);
     cr_assert_str_eq(a.ev[a.n - 1].code, KVPD_E_OVERLOADED);
+    kvp_hub_info info;
+    kvp_hub_info_get(g.hub, &info);
+    cr_assert_eq(info.sessions_resident, 3);
     kvp_hub_close(a.c);
     ht_client_free(&a);
     ht_stop(&g);
