@@ -202,7 +202,7 @@ void kvp_hub_open(kvp_hub_client *c, const char *id)
     }
     if (cur && kvp_session_busy(cur)) {
         emit_error(c, KVPD_E_BUSY, cur->state == KVP_SESSION_LOAD
-                   ? "this connection's session is still loading; its session frame follows"
+                   ? "this connection's session is being loaded from disk; its session frame follows"
                    : "a turn is running on this connection's session");
         return;
     }
@@ -214,7 +214,7 @@ void kvp_hub_open(kvp_hub_client *c, const char *id)
     if (s && s->client && s->client != c && kvp_session_busy(s)) {
         /* The connection whose job runs keeps the session and gets its answer. */
         emit_error(c, KVPD_E_BUSY, s->state == KVP_SESSION_LOAD
-                   ? "the session is being loaded for another connection; try again"
+                   ? "the session is being loaded from disk for another connection; try again"
                    : "the session is in use by another connection (a turn is running); "
                      "try again after it ends");
         return;
@@ -249,7 +249,7 @@ void kvp_hub_message(kvp_hub_client *c, const char *text, size_t len, int max_to
     kvp_session *s = c->session;
     if (kvp_session_busy(s)) {
         emit_error(c, KVPD_E_BUSY, s->state == KVP_SESSION_LOAD
-                   ? "the session is still loading; wait for its session frame"
+                   ? "the session is being loaded from disk; wait for its session frame"
                    : "a turn is already running; wait for done or cancel it");
         return;
     }
