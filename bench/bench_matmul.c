@@ -17,7 +17,7 @@
 #include "model/gguf.h"
 #include "model/matmul.h"
 #include "model/quant.h"
-#include "tools/cliutil.h"
+#include "base/parse.h"
 
 #define COLS 4096
 
