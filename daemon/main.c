@@ -147,7 +147,7 @@ static int prepare(kvpd *d, char *err, size_t errlen)
         return rc;
     kvp_cache c;
     const kvp_model_config *m = &d->model.cfg;
-    if ((rc = kvp_cache_init(&c, 1, 1, m->head_dim, m->rope_base)) < 0 ||
+    if ((rc = kvp_cache_init(&c, 1, 1, m->head_dim, &m->rope)) < 0 ||
         (rc = kvp_head_reserve(&c.heads[0], m->head_dim, 1)) < 0) {
         kvp_cache_free(&c);
         snprintf(err, errlen, "cache: %s", strerror(-rc));
