@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cache/checksum.h"
 #include "cache/kvcache.h"
 #include "cache/rope.h"
 
@@ -219,4 +220,32 @@ Test(kvcache, init_rejects_bad_shapes)
     cr_expect_lt(kvp_cache_init(&c, 1, 1, 7, &ROPE), 0, "rotated dims beyond the head");
     cr_expect_lt(kvp_cache_init(&c, 1, 1, 8, &(kvp_rope){.n_rot = 7, .base = 1e4f}), 0, "odd");
     cr_expect_lt(kvp_cache_init(&c, 1, 1, 8, &(kvp_rope){.n_rot = 0, .base = 1e4f}), 0);
+}
+
+/* Snapshots written before the rope description (version 1) read as consecutive pairs
+ * over the whole head, without factors. */
+Test(kvcache, deserialize_reads_version_1)
+{
+    kvp_cache c, d;
+    cr_assert_eq(kvp_cache_init(&c, L, H, D, &ROPE), 0);
+    append(&c, 11, NULL);
+    unsigned char *buf;
+    size_t len;
+    char err[128];
+    cr_assert_eq(kvp_cache_serialize(&c, (void **)&buf, &len), 0);
+    /* v2 = v1 + i32 n_rot, neox, n_factors after the base (offset 8 + 4 + 3 * 4 + 4) */
+    size_t at = 8 + 4 + 3 * 4 + 4;
+    uint32_t one = 1;
+    memcpy(buf + 8, &one, 4);
+    memmove(buf + at, buf + at + 12, len - at - 12);
+    len -= 12;
+    uint64_t sum = kvp_fnv1a(KVP_FNV1A_INIT, buf, len - 8);
+    memcpy(buf + len - 8, &sum, 8);
+    cr_assert_eq(kvp_cache_deserialize(&d, buf, len, err, sizeof err), 0, "%s", err);
+    cr_expect(kvp_rope_same(&d.rope, &ROPE));
+    cr_expect_eq(d.next_pos, 11);
+    cr_expect_eq(memcmp(d.heads[5].k, c.heads[5].k, 11 * D * sizeof(float)), 0);
+    kvp_cache_free(&d);
+    free(buf);
+    kvp_cache_free(&c);
 }

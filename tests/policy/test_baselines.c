@@ -567,12 +567,13 @@ Test(baselines, oracle_never_scores)
 }
 
 /* A context shift that moves every row by the same offset keeps all relative positions,
- * so SnapKV's scores must not change: its stored window queries follow their rows. */
-Test(baselines, snapkv_scores_survive_a_context_shift)
+ * so SnapKV's scores must not change: its stored window queries follow their rows, in
+ * the model's RoPE variant. */
+static void snapkv_shift(kvp_rope rope)
 {
     kvp_model_config cfg = {.dim = 32, .hidden_dim = 64, .n_layers = 1, .n_heads = 2,
                             .n_kv_heads = 1, .head_dim = 16, .vocab_size = 10,
-                            .seq_len = 512, .rope = {.n_rot = 16, .base = 10000.0f}, .rms_eps = 1e-5f};
+                            .seq_len = 512, .rope = rope, .rms_eps = 1e-5f};
     char err[128];
     kvp_policy *p;
     cr_assert_eq(kvp_policy_create(&p, "snapkv", NULL, &cfg, 1, err, sizeof err), 0, "%s", err);
@@ -610,4 +611,16 @@ Test(baselines, snapkv_scores_survive_a_context_shift)
         cr_assert_float_eq(h->score[r], before[r], 1e-5f, "row %d: %g vs %g", r, h->score[r], before[r]);
     kvp_cache_free(&c);
     kvp_policy_destroy(p);
+}
+
+static const float snap_factors[8] = {1, 1, 2, 4, 8, 16, 32, 64};
+Test(baselines, snapkv_scores_survive_a_context_shift)
+{
+    snapkv_shift((kvp_rope){.n_rot = 16, .base = 10000.0f});
+}
+Test(baselines, snapkv_scores_survive_a_context_shift_neox_partial_factors)
+{
+    snapkv_shift((kvp_rope){.n_rot = 16, .neox = 1, .base = 1000000.0f});
+    snapkv_shift((kvp_rope){.n_rot = 8, .neox = 1, .base = 10000.0f});
+    snapkv_shift((kvp_rope){.n_rot = 16, .base = 500000.0f, .factors = snap_factors});
 }
