@@ -170,7 +170,7 @@ int kvp_cmd_generate(int argc, char **argv)
     long forwards = n_prompt;
     while (rc == 0) {
         int next = kvp_sample(&smp, s.logits);
-        int boundary = next == m.tok.bos_id || next == m.tok.eos_id;
+        int boundary = next == m.tok.bos_id || next == m.tok.eos_id || next == m.tok.eot_id;
         if (boundary && !ignore_eos)
             break;
         size_t n;

@@ -956,6 +956,7 @@ typedef struct mspec {
     long k_norm_len;
     long output_rows;              /* rows of output.weight (0: tied) */
     const char *skip;              /* a tensor left out */
+    long eos, eot;                 /* tokenizer.ggml.{eos,eot}_token_id */
 } mspec;
 
 #define MS_VOCAB 8
@@ -965,7 +966,7 @@ static mspec mspec_of(const char *arch)
     mspec s = {.arch = arch, .dim = 32, .hidden = 48, .layers = 2, .heads = 4, .kv_heads = 2,
                .key_length = -1, .value_length = -1, .rope_dims = -1, .vocab_meta = MS_VOCAB,
                .q_rows = -1, .eps = 1e-6f, .base = 10000.0f, .rope_freq_value = 1.0f,
-               .bias_k_len = -1, .k_norm_len = -1, .output_rows = MS_VOCAB};
+               .bias_k_len = -1, .k_norm_len = -1, .output_rows = MS_VOCAB, .eos = 2, .eot = 7};
     if (!strcmp(arch, "qwen2")) {
         s.bias = 1;
         s.output_rows = 0;
@@ -1021,6 +1022,10 @@ static int load_spec(const mspec *s, char *err, size_t errlen)
     static const char *const toks[MS_VOCAB] = {"<unk>", "<s>", "</s>", "a", "b", "c", "d", "e"};
     kvp_gguf_writer_add_str(w, "tokenizer.ggml.model", "llama");
     kvp_gguf_writer_add_str_array(w, "tokenizer.ggml.tokens", toks, MS_VOCAB);
+    if (s->eos >= 0)
+        kvp_gguf_writer_add_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)s->eos);
+    if (s->eot >= 0)
+        kvp_gguf_writer_add_u32(w, "tokenizer.ggml.eot_token_id", (uint32_t)s->eot);
 
     uint64_t d = (uint64_t)s->dim, hid = s->hidden > 0 ? (uint64_t)s->hidden : 48;
     /* tensors for hostile metadata stay small: the loader must refuse before reading them */
@@ -1084,6 +1089,8 @@ static int load_spec(const mspec *s, char *err, size_t errlen)
         cr_assert_eq(kvp_forward(&m, &st, &c, toks2, 3, NULL), 0);
         for (int i = 0; i < MS_VOCAB; i++)
             cr_assert(isfinite(st.logits[i]), "%s: logit %d = %g", a, i, st.logits[i]);
+        cr_expect_eq(m.tok.eos_id, s->eos >= 0 ? s->eos : 2, "EOS from the metadata");
+        cr_expect_eq(m.tok.eot_id, s->eot, "end of turn from the metadata");
         kvp_cache_free(&c);
         kvp_runstate_free(&st);
         kvp_model_free(&m);
@@ -1113,8 +1120,16 @@ Test(gguf, model_architectures_load)
     s.rope_dims = 8;
     s.vocab_meta = -1;
     s.value_length = 16;
+    s.eot = -1;
+    s.eos = 5;
     char err[512];
     cr_expect_eq(load_spec(&s, err, sizeof err), 0, "%s", err);
+    s = mspec_of("qwen2");
+    s.eot = MS_VOCAB;
+    expect_refused(&s, "tokenizer.ggml.eot_token_id 8 is outside the vocabulary", "EOT beyond the vocabulary");
+    s = mspec_of("qwen2");
+    s.eos = 1000;
+    expect_refused(&s, "tokenizer.ggml.eos_token_id", "EOS beyond the vocabulary");
 }
 
 Test(gguf, model_bad_architecture_and_shapes)
@@ -1241,4 +1256,70 @@ Test(gguf, model_bad_tensors)
     s = mspec_of("qwen2");
     s.skip = "token_embd.weight";
     expect_refused(&s, "token_embd.weight", "no embeddings");
+}
+
+/* kvp synth --arch: each family's tensors and keys, loaded as that family, and its
+ * batched prefill equals token-by-token decode. */
+Test(gguf, synth_architectures)
+{
+    static const struct { const char *args, *arch; int head_dim, neox, bias, qk_norm, tied; } a[] = {
+        {"--arch llama", "llama", 16, 0, 0, 0, 0},
+        {"--arch qwen2 --tied", "qwen2", 16, 1, 1, 0, 1},
+        {"--arch qwen3 --head-dim 24 --rope-base 5e5", "qwen3", 24, 1, 0, 1, 0},
+    };
+    for (size_t i = 0; i < sizeof a / sizeof a[0]; i++) {
+        char args[256];
+        snprintf(args, sizeof args, "--dim 64 --hidden 96 --layers 2 --heads 4 --kv-heads 2 "
+                 "--vocab 300 --ctx 128 --seed 3 %s", a[i].args);
+        int st;
+        const char *p = synth(args, &st);
+        cr_assert_eq(st, 0, "%s", args);
+        kvp_model m;
+        char err[512];
+        cr_assert_eq(kvp_model_load(&m, p, NULL, err, sizeof err), 0, "%s: %s", args, err);
+        cr_expect_str_eq(m.arch, a[i].arch);
+        cr_expect_eq(m.cfg.head_dim, a[i].head_dim, "%s", args);
+        cr_expect_eq(m.cfg.rope.n_rot, a[i].head_dim);
+        cr_expect_eq(m.cfg.rope.neox, a[i].neox, "%s", args);
+        cr_expect_eq(m.cfg.rope.base, i == 2 ? 5e5f : a[i].neox ? 1e6f : 1e4f, "%s", args);
+        cr_expect_eq(!!m.layers[1].bq, a[i].bias, "%s", args);
+        cr_expect_eq(!!m.layers[1].bv, a[i].bias, "%s", args);
+        cr_expect_eq(!!m.layers[1].k_norm, a[i].qk_norm, "%s", args);
+        cr_expect_eq(m.tied_output, a[i].tied, "%s", args);
+        cr_expect_eq(m.cfg.vocab_size, 300);
+        enum { N = 21 };
+        int toks[N];
+        for (int t = 0; t < N; t++)
+            toks[t] = (t * 53 + 7) % 300;
+        kvp_runstate s;
+        kvp_cache c;
+        float *all = malloc((size_t)N * 300 * sizeof *all);
+        cr_assert_eq(kvp_runstate_init(&s, &m.cfg, N), 0);
+        cr_assert_eq(kvp_cache_init(&c, 2, 2, m.cfg.head_dim, &m.cfg.rope), 0);
+        cr_assert_eq(kvp_forward(&m, &s, &c, toks, N, all), 0);
+        kvp_cache_reset(&c);
+        float worst = 0.0f;
+        for (int t = 0; t < N; t++) {
+            cr_assert_eq(kvp_forward(&m, &s, &c, &toks[t], 1, NULL), 0);
+            for (int j = 0; j < 300; j++)
+                worst = fmaxf(worst, fabsf(s.logits[j] - all[(size_t)t * 300 + j]));
+        }
+        cr_expect_leq(worst, 1e-4f, "%s: prefill and decode differ by %g", args, worst);
+        free(all);
+        kvp_cache_free(&c);
+        kvp_runstate_free(&s);
+        kvp_model_free(&m);
+        remove(p);
+    }
+    int st;
+    static const char *bad[] = {"--arch gpt2", "--arch", "--head-dim 7", "--head-dim 0",
+                                "--rope-base 0", "--rope-base nan", "--rope-base -5",
+                                "--head-dim 20 --type q8_0 --dim 64 --hidden 64"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char args[256];
+        snprintf(args, sizeof args, "--layers 1 --vocab 300 --dim 64 --hidden 64 --heads 4 %s",
+                 bad[i]);
+        synth(args, &st);
+        cr_expect_eq(st, 2, "'%s' exited %d", bad[i], st);
+    }
 }
