@@ -145,7 +145,7 @@ Test(arch, loaded_shapes_follow_the_metadata)
     cr_expect_eq(m.cfg.dim, 96);
     cr_expect_eq(m.cfg.head_dim, 32, "attention.key_length, not dim / heads = 24");
     cr_expect(m.cfg.rope.neox && m.cfg.rope.n_rot == 32 && m.cfg.rope.base == 1000000.0f);
-    cr_expect(m.tied_output && m.output == m.tok_embd);
+    cr_expect(m.tied_output);
     cr_expect(m.layers[0].q_norm && m.layers[0].k_norm && !m.layers[0].bq);
     kvp_model_free(&m);
     cr_assert_eq(kvp_model_load(&m, model_path("llama-rope-freqs"), NULL, err, sizeof err), 0, "%s", err);
