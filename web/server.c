@@ -129,6 +129,20 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
     case LWS_CALLBACK_CLOSED:
         kvpd_chat_closed(c);
         return 0;
+    case LWS_CALLBACK_RAW_ADOPT:   /* lws turns a CONNECT into a raw tunnel: refuse it */
+        lws_callback_on_writable(wsi);
+        return 0;
+    case LWS_CALLBACK_RAW_WRITEABLE: {
+        static const char no[] = "HTTP/1.1 405 Method Not Allowed\r\nAllow: GET, HEAD\r\n"
+                                 "Connection: close\r\nContent-Type: text/plain\r\n"
+                                 "Content-Length: 27\r\n\r\nCONNECT is not served here\n";
+        unsigned char buf[LWS_PRE + sizeof no];
+        memcpy(buf + LWS_PRE, no, sizeof no - 1);
+        lws_write(wsi, buf + LWS_PRE, sizeof no - 1, LWS_WRITE_RAW);
+        return -1;
+    }
+    case LWS_CALLBACK_RAW_RX:   /* bytes after the CONNECT: nothing to tunnel to */
+        return 0;
     case LWS_CALLBACK_HTTP:
         kvpd_conn_free_frames(c);
         c->wsi = wsi;

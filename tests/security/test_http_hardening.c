@@ -222,3 +222,19 @@ Test(security_http, head_is_served)
     }
     cr_expect_eq(kvpd_stop(&p, 10000), 0);
 }
+
+Test(security_http, connect_is_answered_and_closed)
+{
+    kvpd_proc p;
+    cr_assert_eq(kvpd_start(&p, ""), 0, "log %s", p.log);
+    char req[256];
+    snprintf(req, sizeof req, "CONNECT example.com:443 HTTP/1.1\r\nHost: %s\r\n\r\n",
+             self(&p, "127.0.0.1"));
+    double t0 = ws_now_ms();
+    reply r = raw(p.port, req, 2000);
+    cr_expect_eq(r.status, 405, "CONNECT got %d", r.status);
+    cr_expect(r.closed, "the connection stayed open");
+    cr_expect_lt(ws_now_ms() - t0, 3000);
+    cr_expect_eq(get(&p, "GET", "/healthz", self(&p, "127.0.0.1"), NULL).status, 200);
+    cr_expect_eq(kvpd_stop(&p, 10000), 0);
+}
