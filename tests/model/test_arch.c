@@ -208,3 +208,24 @@ Test(arch, shifted_keys_equal_direct_keys_consecutive_pairs) { check_shift("llam
 Test(arch, shifted_keys_equal_direct_keys_frequency_factors) { check_shift("llama-rope-freqs"); }
 Test(arch, shifted_keys_equal_direct_keys_neox) { check_shift("qwen2-bias-tied"); }
 Test(arch, shifted_keys_equal_direct_keys_neox_qknorm) { check_shift("qwen3-qknorm"); }
+
+/* The quantized fixtures: where the file's types load, the logits match ggml's from the
+ * dequantized weights like the float files; where a type is not supported yet, the
+ * load is refused with a message naming the tensor and its type. */
+Test(arch, quantized_fixtures_load_or_name_the_type)
+{
+    static const char *const names[] = {"llama-q8_0", "llama-q6_K", "qwen2-q4_K"};
+    int loaded = 0;
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        kvp_model m;
+        char err[512];
+        if (kvp_model_load(&m, model_path(names[i]), NULL, err, sizeof err) == 0) {
+            kvp_model_free(&m);
+            check_in_process(names[i]);
+            loaded++;
+            continue;
+        }
+        cr_expect(strstr(err, "tensor ") && strstr(err, "_K"), "%s: %s", names[i], err);
+    }
+    cr_expect_geq(loaded, 1, "Q8_0 is supported: llama-q8_0 must load");
+}
