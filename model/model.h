@@ -1,6 +1,7 @@
 /* A llama-family model (GGUF architectures llama, mistral, qwen2, qwen3, or a llama2.c
- * checkpoint): hyperparameters, weights (f32, mmap'd where the file stores f32,
- * dequantized otherwise), and its tokenizer. */
+ * checkpoint): hyperparameters, weights (f32: read into anonymous memory on huge pages
+ * where the file stores f32 (model.c's load_file), dequantized otherwise), and its
+ * tokenizer. */
 #ifndef KVP_MODEL_H
 #define KVP_MODEL_H
 

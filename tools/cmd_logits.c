@@ -10,7 +10,7 @@
 
 #include "model/forward.h"
 #include "tools/cli.h"
-#include "tools/cliutil.h"
+#include "base/parse.h"
 
 static void usage(FILE *f)
 {

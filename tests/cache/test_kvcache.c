@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache/checksum.h"
+#include "base/checksum.h"
 #include "cache/kvcache.h"
 #include "cache/rope.h"
 
