@@ -201,7 +201,7 @@ static void bench_model(result *res, const char *label, const char *path, const 
     kvp_runstate s;
     kvp_cache c;
     if (kvp_runstate_init(&s, cfg, res->blocks[1]) ||
-        kvp_cache_init(&c, cfg->n_layers, cfg->n_kv_heads, cfg->head_dim, cfg->rope_base)) {
+        kvp_cache_init(&c, cfg->n_layers, cfg->n_kv_heads, cfg->head_dim, &cfg->rope)) {
         fprintf(stderr, "bench: out of memory\n");
         kvp_model_free(&m);
         return;
@@ -341,7 +341,7 @@ int main(int argc, char **argv)
         snprintf(label, sizeof label, "qwen2.5-0.5B shape, %s", qwen_types[q]);
         const char *const args[] = {"--dim", "896", "--hidden", "4864", "--layers", "24",
             "--heads", "14", "--kv-heads", "2", "--vocab", "151936", "--ctx", "4096", "--tied",
-            "1", "--type", qwen_types[q], "--seed", "1", NULL};
+            "--type", qwen_types[q], "--seed", "1", NULL};
         if (ensure_synth(path, kvp, args))
             fprintf(stderr, "bench: could not write %s; skipping it\n", path);
         else

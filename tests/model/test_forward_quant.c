@@ -57,7 +57,7 @@ static float *run(const fixture *f, int block)
     kvp_cache c;
     cr_assert_eq(kvp_runstate_init(&s, &f->m.cfg, N_TOK), 0);
     cr_assert_eq(kvp_cache_init(&c, f->m.cfg.n_layers, f->m.cfg.n_kv_heads, f->m.cfg.head_dim,
-                                f->m.cfg.rope_base), 0);
+                                &f->m.cfg.rope), 0);
     for (int t = 0; t < N_TOK; t += block)
         cr_assert_eq(kvp_forward(&f->m, &s, &c, f->tokens + t, block, out + (size_t)t * V), 0);
     kvp_cache_free(&c);
@@ -100,3 +100,4 @@ static void check(const char *name, uint32_t matrix_type)
 
 Test(forward_quant, llama_q8_0) { check("llama-q8_0", KVP_GGML_Q8_0); }
 Test(forward_quant, llama_q6_K) { check("llama-q6_K", KVP_GGML_Q6_K); }
+Test(forward_quant, qwen2_q4_K) { check("qwen2-q4_K", KVP_GGML_Q4_K); }

@@ -80,7 +80,7 @@ static float *logits_of(const char *path, int *vocab, int tokens[24])
     kvp_cache c;
     cr_assert_eq(kvp_runstate_init(&s, &m.cfg, 24), 0);
     cr_assert_eq(kvp_cache_init(&c, m.cfg.n_layers, m.cfg.n_kv_heads, m.cfg.head_dim,
-                                m.cfg.rope_base), 0);
+                                &m.cfg.rope), 0);
     *vocab = m.cfg.vocab_size;
     float *out = malloc((size_t)24 * m.cfg.vocab_size * sizeof *out);
     cr_assert_eq(kvp_forward(&m, &s, &c, tokens, 24, out), 0);
@@ -148,7 +148,7 @@ Test(quantize, synth_q4_K_M_mixture)
     const char *out = tmp_path("synth");
     char a[1024], err[512];
     snprintf(a, sizeof a, "synth --out %s --dim 256 --hidden 512 --layers 8 --heads 4 "
-             "--kv-heads 2 --vocab 300 --type q4_K_M --tied 1", out);
+             "--kv-heads 2 --vocab 300 --type q4_K_M --tied", out);
     expect(a, 0, "wrote");
     kvp_gguf g;
     cr_assert_eq(kvp_gguf_open(&g, out, err, sizeof err), 0, "%s", err);
