@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -123,6 +125,51 @@ Test(security_durability, without_a_state_dir_done_makes_no_durability_claim)
     cr_assert_eq(h_connect(&p, &c), 0);
     json_t *done = turn(&c, "Once upon a time");
     cr_expect_null(json_object_get(done, "durable"));
+    json_decref(done);
+    ws_close(&c);
+    cr_expect_eq(kvpd_stop(&p, 10000), 0);
+}
+
+static int open_fds(pid_t pid)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/fd", (int)pid);
+    DIR *d = opendir(path);
+    cr_assert(d);
+    int n = 0;
+    while (readdir(d))
+        n++;
+    closedir(d);
+    return n - 2;
+}
+
+/* The other way the disk failed: no file descriptor left for the snapshot. */
+Test(security_durability, no_descriptor_for_the_snapshot_is_not_durable)
+{
+    kvpd_proc p;
+    char args[256];
+    snprintf(args, sizeof args, "--state-dir %s", g_dir);
+    cr_assert_eq(kvpd_start(&p, args), 0, "kvpd did not start (log %s)", p.log);
+    ws_client c;
+    cr_assert_eq(h_connect(&p, &c), 0);
+    json_t *done = turn(&c, "Once upon a time");
+    cr_expect(json_is_true(json_object_get(done, "durable")));
+    json_decref(done);
+    struct rlimit old, none;
+    cr_assert_eq(prlimit(p.pid, RLIMIT_NOFILE, NULL, &old), 0);
+    none.rlim_cur = (rlim_t)open_fds(p.pid);
+    none.rlim_max = old.rlim_max;
+    cr_assert_eq(prlimit(p.pid, RLIMIT_NOFILE, &none, NULL), 0);
+    done = turn(&c, "The dog ran to the park.");
+    cr_expect(json_is_false(json_object_get(done, "durable")),
+              "a turn whose snapshot could not even be opened was reported durable");
+    json_decref(done);
+    cr_assert_eq(prlimit(p.pid, RLIMIT_NOFILE, &old, NULL), 0);
+    char *body = NULL;
+    cr_expect_eq(health(&p, &body), 503, "/healthz: %s", body);
+    free(body);
+    done = turn(&c, "Then it went home.");
+    cr_expect(json_is_true(json_object_get(done, "durable")));
     json_decref(done);
     ws_close(&c);
     cr_expect_eq(kvpd_stop(&p, 10000), 0);
