@@ -242,6 +242,8 @@ static void job_ended(kvpd *d, kvp_session *s)
             m->rebuilds++;
             kvpd_log("info", "session %.8s: rebuilt from its transcript: %s", s->id,
                      s->restored.note);
+        } else if (s->restored.note[0]) {
+            kvpd_log("warning", "session %.8s: %s", s->id, s->restored.note);
         }
     }
     if (s->save_rc < 0) {
