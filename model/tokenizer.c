@@ -1,6 +1,6 @@
 #include "model/tokenizer.h"
 
-#include "model/errmsg.h"
+#include "base/errors.h"
 
 #include <errno.h>
 #include <limits.h>

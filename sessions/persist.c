@@ -9,12 +9,7 @@
 #include <string.h>
 #include <time.h>
 
-static double wall_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+#include "base/clock.h"
 
 /* The snapshot's messages borrow the session's (the write only reads them). */
 static int borrow_msgs(const kvp_session *s, int from, kvp_snapshot_msg **out)
@@ -42,7 +37,7 @@ static int save_full(kvp_session *s, const kvp_session_env *env, void *cache, si
     snap.turns = s->turns_done;
     snap.evicted_rows = s->cache.evicted_rows;
     snap.created = s->created_wall;
-    snap.last_active = wall_now();
+    snap.last_active = kvp_wall_now();
     snap.tokens = s->tokens;
     snap.n_tokens = s->n_tokens;
     snap.n_cached = s->n_cached;
@@ -71,7 +66,7 @@ static int save_increment(kvp_session *s, void *cache, size_t cache_len,
 {
     kvp_journal_rec rec = {
         .turns = s->turns_done, .evicted_rows = s->cache.evicted_rows,
-        .last_active = wall_now(), .msgs_before = s->journal_msgs,
+        .last_active = kvp_wall_now(), .msgs_before = s->journal_msgs,
         .tokens_before = s->journal_tokens, .tokens = s->tokens + s->journal_tokens,
         .n_tokens = s->n_tokens - s->journal_tokens, .n_cached = s->n_cached,
         .cache = cache, .cache_len = cache_len};
