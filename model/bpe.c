@@ -409,21 +409,18 @@ int kvp_bpe_encode(const kvp_tokenizer *t, const char *text, size_t len, int *ou
     return rc;
 }
 
-/* Pre-tokenizer chunks, each merged on its own. */
-static int encode_text(const kvp_tokenizer *t, const char *text, size_t len, int *out, int max)
+int kvp_bpe_split(enum kvp_bpe_pre pre, const char *text, size_t len, int *ends)
 {
     if (len > (size_t)INT_MAX / 4)
         return -E2BIG;
-    int n = 0, rc = -ENOMEM;
+    int n = 0, n_chunks = 0;
     uint32_t *cp = malloc((len + 1) * sizeof *cp);
     unsigned char *cls = malloc(len + 1);
     int *off = malloc((len + 1) * sizeof *off);
-    enc e = { .t = t, .b = t->bpe, .out = out, .max = max };
-    e.syms = malloc((len + 1) * sizeof *e.syms);
-    /* len - 1 initial pairs, then at most 2 new ones per merge */
-    e.heap = malloc(3 * (len + 1) * sizeof *e.heap);
-    if (!cp || !cls || !off || !e.syms || !e.heap)
+    if (!cp || !cls || !off) {
+        n_chunks = -ENOMEM;
         goto out;
+    }
     const unsigned char *s = (const unsigned char *)text;
     for (size_t i = 0; i < len; n++) {
         off[n] = (int)i;
@@ -432,15 +429,13 @@ static int encode_text(const kvp_tokenizer *t, const char *text, size_t len, int
     }
     off[n] = (int)len;
     cps c = { cp, cls, n };
-    enum kvp_bpe_pre pre = t->bpe->pre;
     int seg_end = 0;
     for (int i = 0; i < n;) {
         int end = n, k;
         if (pre == KVP_PRE_SMOLLM) {
             /* Digits are chunks of their own; the regex runs on the text between them. */
             if (cls[i] == KVP_UCLS_NUMBER) {
-                encode_chunk(&e, text + off[i], off[i + 1] - off[i]);
-                i++;
+                ends[n_chunks++] = off[++i];
                 continue;
             }
             if (i >= seg_end)
@@ -451,14 +446,35 @@ static int encode_text(const kvp_tokenizer *t, const char *text, size_t len, int
         k = pre == KVP_PRE_LLAMA3 ? match_llama3(&c, i, end, 3)
           : pre == KVP_PRE_QWEN2 ? match_llama3(&c, i, end, 1)
           : match_gpt2(&c, i, end);
-        encode_chunk(&e, text + off[i], off[i + k] - off[i]);
         i += k;
+        ends[n_chunks++] = off[i];
     }
-    rc = e.n > max ? -ENOSPC : e.n;
 out:
     free(cp);
     free(cls);
     free(off);
+    return n_chunks;
+}
+
+/* Pre-tokenizer chunks, each merged on its own. */
+static int encode_text(const kvp_tokenizer *t, const char *text, size_t len, int *out, int max)
+{
+    int *ends = malloc((len + 1) * sizeof *ends);
+    enc e = { .t = t, .b = t->bpe, .out = out, .max = max };
+    e.syms = malloc((len + 1) * sizeof *e.syms);
+    /* len - 1 initial pairs, then at most 2 new ones per merge */
+    e.heap = malloc(3 * (len + 1) * sizeof *e.heap);
+    int rc = -ENOMEM;
+    if (!ends || !e.syms || !e.heap)
+        goto out;
+    int n = kvp_bpe_split(t->bpe->pre, text, len, ends);
+    if ((rc = n) < 0)
+        goto out;
+    for (int i = 0, start = 0; i < n; start = ends[i++])
+        encode_chunk(&e, text + start, ends[i] - start);
+    rc = e.n > max ? -ENOSPC : e.n;
+out:
+    free(ends);
     free(e.syms);
     free(e.heap);
     return rc;

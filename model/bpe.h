@@ -49,6 +49,10 @@ size_t kvp_bpe_spell(const char *bytes, size_t len, char *dst);
 int kvp_bpe_load_merges(kvp_bpe *b, const kvp_tokenizer *t, const kvp_gguf_kv *merges,
                         char *err, size_t errlen);
 void kvp_bpe_free(kvp_bpe *b);
+/* Splits len bytes of text into the chunks of a pre-tokenizer (before NFC: the caller
+ * normalizes): writes the byte offset where each chunk ends to ends[] (room for len
+ * entries); returns the count, -ENOMEM or -E2BIG. */
+int kvp_bpe_split(enum kvp_bpe_pre pre, const char *text, size_t len, int *ends);
 /* Encodes text as kvp_tokenizer_encode does (no BOS/EOS: the caller adds them).
  * Returns the count, -ENOSPC when more than max, -ENOMEM. */
 int kvp_bpe_encode(const kvp_tokenizer *t, const char *text, size_t len, int *out, int max);

@@ -1,6 +1,7 @@
 /* `kvp tokenize`: the token ids of a text, as the daemon encodes a user's message (no
  * BOS, no special tokens from text: "<|im_start|>" in the text is plain text). */
 #include <errno.h>
+#include <limits.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -142,10 +143,16 @@ int kvp_cmd_tokenize(int argc, char **argv)
         buf = strdup(text);
         len = strlen(text);
     }
-    /* A SentencePiece token covers at least one byte, a byte-level one too; +1 for the
-     * dummy prefix. */
-    if (buf && len < (size_t)(1 << 30) && (ids = malloc((len + 2) * sizeof *ids)))
-        n = kvp_tokenizer_encode(t, buf, len, 0, ids, (int)len + 2);
+    /* A token covers at least one byte; +1 for the dummy prefix. Only NFC (Qwen) can
+     * lengthen text, up to 4x: then once more with room for that. */
+    for (size_t cap = len + 2; buf && n == -ENOMEM && cap <= 4 * len + 2; cap = 4 * len + 2) {
+        free(ids);
+        if (cap > (size_t)INT_MAX || !(ids = malloc(cap * sizeof *ids)))
+            break;
+        n = kvp_tokenizer_encode(t, buf, len, 0, ids, (int)cap);
+        if (n == -ENOSPC && cap < 4 * len + 2)
+            n = -ENOMEM;   /* retry */
+    }
     if (n < 0) {
         fprintf(stderr, "kvp tokenize: cannot encode %zu bytes: %s\n", len, strerror(-n));
         goto out;
