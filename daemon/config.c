@@ -83,6 +83,22 @@ static const key_def *find_key(const char *name)
     return NULL;
 }
 
+/* strtol and friends skip leading spaces and take a sign, "0x" and "inf": " -1" got past
+ * the sign check of an unsigned key. A number here is ASCII digits with an optional '-'
+ * (signed keys), '.' and exponent (floats), and nothing else. */
+static int plain_number(const char *v, int sign_ok, int float_ok)
+{
+    if (*v == '-' && sign_ok)
+        v++;
+    if (!((*v >= '0' && *v <= '9') || (float_ok && *v == '.')))
+        return 0;
+    for (; *v; v++)
+        if (!((*v >= '0' && *v <= '9') ||
+              (float_ok && (*v == '.' || *v == 'e' || *v == 'E' || *v == '-' || *v == '+'))))
+            return 0;
+    return 1;
+}
+
 static int set_listen(kvpd_config *c, const char *v, char *err, size_t errlen)
 {
     const char *colon = strrchr(v, ':');
@@ -98,7 +114,7 @@ static int set_listen(kvpd_config *c, const char *v, char *err, size_t errlen)
     char *end;
     errno = 0;
     long port = strtol(colon + 1, &end, 10);
-    if (errno || end == colon + 1 || *end || port < 0 || port > 65535) {
+    if (!plain_number(colon + 1, 0, 0) || errno || *end || port < 0 || port > 65535) {
         snprintf(err, errlen, "listen: bad port in '%s'", v);
         return -EINVAL;
     }
@@ -134,7 +150,7 @@ int kvpd_config_set(kvpd_config *c, const char *key, const char *value,
         return 0;
     case T_INT: {
         long v = strtol(value, &end, 10);
-        if (errno || end == value || *end || v < k->min || v > k->max) {
+        if (!plain_number(value, 1, 0) || errno || *end || v < k->min || v > k->max) {
             snprintf(err, errlen, "%s: expected an integer in [%.0f, %.0f], got '%s'",
                      key, k->min, k->max, value);
             return -EINVAL;
@@ -144,7 +160,7 @@ int kvpd_config_set(kvpd_config *c, const char *key, const char *value,
     }
     case T_FLOAT: {
         double v = strtod(value, &end);
-        if (errno || end == value || *end || !(v >= k->min && v <= k->max)) {
+        if (!plain_number(value, 1, 1) || errno || *end || !(v >= k->min && v <= k->max)) {
             snprintf(err, errlen, "%s: expected a number in [%g, %g], got '%s'",
                      key, k->min, k->max, value);
             return -EINVAL;
@@ -153,12 +169,8 @@ int kvpd_config_set(kvpd_config *c, const char *key, const char *value,
         return 0;
     }
     case T_U64: {
-        if (value[0] == '-') {
-            snprintf(err, errlen, "%s: expected an unsigned integer, got '%s'", key, value);
-            return -EINVAL;
-        }
-        unsigned long long v = strtoull(value, &end, 0);
-        if (errno || end == value || *end) {
+        unsigned long long v = strtoull(value, &end, 10);
+        if (!plain_number(value, 0, 0) || errno || *end) {
             snprintf(err, errlen, "%s: expected an unsigned integer, got '%s'", key, value);
             return -EINVAL;
         }
@@ -166,15 +178,13 @@ int kvpd_config_set(kvpd_config *c, const char *key, const char *value,
         return 0;
     }
     case T_BYTES: {
-        if (value[0] == '-') {
-            snprintf(err, errlen, "%s: expected a byte count, got '%s'", key, value);
-            return -EINVAL;
-        }
         unsigned long long v = strtoull(value, &end, 10);
         unsigned shift = 0;
         if (end != value && *end && !end[1])
             shift = *end == 'k' || *end == 'K' ? 10 : *end == 'M' ? 20 : *end == 'G' ? 30 : 0;
-        if (errno || end == value || (*end && !shift) || v > (UINT64_MAX >> shift)) {
+        /* digits (strtoull takes no more after the first), then one suffix letter */
+        if (!(value[0] >= '0' && value[0] <= '9') || errno || (*end && !shift) ||
+            v > (UINT64_MAX >> shift)) {
             snprintf(err, errlen, "%s: expected a byte count (k, M, G suffixes), got '%s'",
                      key, value);
             return -EINVAL;

@@ -19,7 +19,7 @@ float kvp_rand_f32(uint64_t *state) { return (float)(rand_u32(state) >> 8) / 167
 int kvp_sampler_init(kvp_sampler *s, int vocab_size, float temperature, float top_p, uint64_t seed)
 {
     memset(s, 0, sizeof *s);
-    if (vocab_size <= 0 || !(temperature >= 0.0f) || !(top_p > 0.0f && top_p <= 1.0f))
+    if (vocab_size <= 0 || !(temperature >= 0.0f && isfinite(temperature)) || !(top_p > 0.0f && top_p <= 1.0f))
         return -EINVAL;
     s->vocab_size = vocab_size;
     s->temperature = temperature;
@@ -35,20 +35,28 @@ void kvp_sampler_free(kvp_sampler *s)
     memset(s, 0, sizeof *s);
 }
 
+/* The largest logit's index; NaN never wins (all NaN: 0). */
 static int argmax(const float *x, int n)
 {
     int best = 0;
     for (int i = 1; i < n; i++)
-        if (x[i] > x[best])
+        if (x[i] > x[best] || (x[best] != x[best] && x[i] == x[i]))
             best = i;
     return best;
 }
 
-static void softmax(float *x, int n)
+/* p_i = exp((x_i - max) / T) / sum, with x[best] the max: it is subtracted before the
+ * division, so a small T sends the others to 0 instead of overflowing. NaN logits get
+ * p = 0, a +inf max shares the mass with the other +inf logits, and x[best] counts
+ * exp(0) = 1 so the sum is never 0. */
+static void softmax(float *x, int n, int best, float temperature)
 {
-    float mx = x[argmax(x, n)], sum = 0.0f;
+    float mx = x[best], sum = 0.0f;
     for (int i = 0; i < n; i++) {
-        x[i] = expf(x[i] - mx);
+        float d = i == best ? 0.0f
+                  : isinf(mx) ? (x[i] == mx ? 0.0f : -INFINITY)
+                              : x[i] - mx;
+        x[i] = d == d ? expf(d / temperature) : 0.0f;
         sum += x[i];
     }
     for (int i = 0; i < n; i++)
@@ -64,11 +72,10 @@ static int by_prob_desc(const void *a, const void *b)
 int kvp_sample(kvp_sampler *s, float *logits)
 {
     int n = s->vocab_size;
-    if (s->temperature == 0.0f)
+    if (s->temperature < KVP_SAMPLER_GREEDY_BELOW)
         return argmax(logits, n);
-    for (int i = 0; i < n; i++)
-        logits[i] /= s->temperature;
-    softmax(logits, n);
+    int best = argmax(logits, n);
+    softmax(logits, n, best, s->temperature);
     float coin = kvp_rand_f32(&s->rng);
     if (s->top_p >= 1.0f) {
         float cdf = 0.0f;
@@ -77,13 +84,14 @@ int kvp_sample(kvp_sampler *s, float *logits)
             if (coin < cdf)
                 return i;
         }
-        return n - 1;
+        return best;   /* rounding left the cdf short of the coin */
     }
-    /* top-p: candidates with p >= (1 - top_p)/(n - 1) cannot all be cut, the rest can */
+    /* top-p: candidates with p >= (1 - top_p)/(n - 1) cannot all be cut, the rest can;
+     * the most likely token is always a candidate, so there is at least one. */
     float cutoff = (1.0f - s->top_p) / (float)(n - 1 > 0 ? n - 1 : 1);
     int m = 0;
     for (int i = 0; i < n; i++)
-        if (logits[i] >= cutoff) {
+        if (i == best || logits[i] >= cutoff) {
             s->scratch[m].p = logits[i];
             s->scratch[m].i = i;
             m++;
@@ -104,5 +112,5 @@ int kvp_sample(kvp_sampler *s, float *logits)
         if (r < cdf)
             return s->scratch[i].i;
     }
-    return s->scratch[last].i;
+    return s->scratch[0].i;
 }

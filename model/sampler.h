@@ -1,13 +1,17 @@
 /* Next-token sampling: greedy (temperature 0), temperature, top-p; seeded xorshift so a
- * seed reproduces a run. */
+ * seed reproduces a run. Whatever the logits (NaN, +-inf, all equal), the token is an
+ * index in [0, vocab_size). */
 #ifndef KVP_SAMPLER_H
 #define KVP_SAMPLER_H
 
 #include <stdint.h>
 
+/* Temperatures below this are greedy: dividing by them only amplifies rounding. */
+#define KVP_SAMPLER_GREEDY_BELOW 1e-3f
+
 typedef struct kvp_sampler {
     int vocab_size;
-    float temperature;  /* 0 = greedy */
+    float temperature;  /* < KVP_SAMPLER_GREEDY_BELOW: greedy */
     float top_p;        /* 1 = off */
     uint64_t rng;
     struct { float p; int i; } *scratch;

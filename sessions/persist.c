@@ -40,7 +40,7 @@ int kvp_session_save(const kvp_session *s, const kvp_session_env *env, char *err
         }
         for (int i = 0; i < s->n_msgs; i++)   /* borrowed: the write only reads */
             snap.msgs[i] = (kvp_snapshot_msg){s->msgs[i].user, s->msgs[i].text,
-                                              strlen(s->msgs[i].text)};
+                                              s->msgs[i].len};
     }
     int rc = kvp_cache_serialize(&s->cache, &snap.cache, &snap.cache_len);
     if (rc < 0)
@@ -90,8 +90,8 @@ static int retokenize(kvp_session *s, const kvp_session_env *env)
         /* A chat format's end marker goes before each later user message (reply_open),
          * whether the reply ended with it or was cut: the same tokens either way. */
         int n = m->user ? kvp_template_turn(&env->tpl, s->n_tokens == 0, i > 0, m->text,
-                                            strlen(m->text), &ids)
-                        : kvp_template_reply(&env->tpl, m->text, strlen(m->text), &ids);
+                                            m->len, &ids)
+                        : kvp_template_reply(&env->tpl, m->text, m->len, &ids);
         if (n < 0)
             return n;
         int rc = append(s, ids, n);
@@ -137,7 +137,7 @@ int kvp_session_restore(kvp_session *s, const kvp_session_env *env, size_t max_b
         }
         s->cap_msgs = snap.n_msgs;
         for (int i = 0; i < snap.n_msgs; i++) {
-            s->msgs[i] = (kvp_message){snap.msgs[i].user, snap.msgs[i].text};
+            s->msgs[i] = (kvp_message){snap.msgs[i].user, snap.msgs[i].text, snap.msgs[i].len};
             snap.msgs[i].text = NULL;
         }
         s->n_msgs = snap.n_msgs;

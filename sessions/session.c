@@ -252,6 +252,7 @@ static int push_message(kvp_session *s, int user, const char *text, size_t len)
     copy[len] = '\0';
     s->msgs[s->n_msgs].user = user;
     s->msgs[s->n_msgs].text = copy;
+    s->msgs[s->n_msgs].len = len;
     s->n_msgs++;
     return 0;
 }

@@ -89,7 +89,8 @@ typedef struct kvp_turn {
 
 typedef struct kvp_message {
     int user;                /* 1 user, 0 assistant */
-    char *text;
+    char *text;              /* valid UTF-8, NUL-terminated, but may hold NULs: use len */
+    size_t len;
 } kvp_message;
 
 enum kvp_job { KVP_JOB_TURN = 0, KVP_JOB_LOAD, KVP_JOB_SAVE };

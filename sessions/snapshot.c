@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "cache/checksum.h"
+#include "sessions/utf8.h"
 
 static const char SNAP_MAGIC[8] = {'K', 'V', 'P', 'S', 'N', 'A', 'P', '\0'};
 
@@ -318,10 +319,19 @@ int kvp_snapshot_write(const char *dir, const kvp_snapshot *snap, char *err, siz
         free(w.p);
         return dfd;
     }
-    /* O_TRUNC: a .tmp left by a crash is simply overwritten. */
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+    /* O_TRUNC: a .tmp left by a crash is simply overwritten. O_NONBLOCK: a FIFO in its
+     * place fails (ENXIO) instead of blocking; it is no regular file anyway. */
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK,
+                  0600);
     if (fd < 0) {
         rc = sys_err("create", tmp, err, errlen);
+        goto out;
+    }
+    struct stat st;
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        snprintf(err, errlen, "snapshot %s: not a regular file", tmp);
+        rc = -EINVAL;
         goto out;
     }
     if (write_all(fd, w.p, w.n) < 0 || write_all(fd, snap->cache, snap->cache_len) < 0 ||
@@ -425,6 +435,25 @@ static const char *parse_cntr(rbuf *r, kvp_snapshot *s)
     return NULL;
 }
 
+/* Messages are UTF-8 (they travel in JSON frames); a file from before that rule may hold
+ * other bytes: each invalid sequence becomes U+FFFD. */
+static const char *repair_utf8(kvp_snapshot_msg *m)
+{
+    if (kvp_utf8_valid(m->text, m->len))
+        return NULL;
+    kvp_utf8 u = {0};
+    char *out = malloc(3 * m->len + 5);
+    if (!out)
+        return OOM;
+    size_t n = kvp_utf8_feed(&u, m->text, m->len, out);
+    n += kvp_utf8_flush(&u, out + n);
+    out[n] = '\0';
+    free(m->text);
+    m->text = out;
+    m->len = n;
+    return NULL;
+}
+
 static const char *parse_msgs(rbuf *r, kvp_snapshot *s)
 {
     uint32_t n;
@@ -446,6 +475,8 @@ static const char *parse_msgs(rbuf *r, kvp_snapshot *s)
         m->text[len] = 0;
         m->len = len;
         m->user = role;
+        if (repair_utf8(m))
+            return OOM;
     }
     return NULL;
 }
@@ -583,13 +614,18 @@ int kvp_snapshot_read(const char *dir, const char *id, kvp_snapshot *out,
     char path[PATH_MAX];
     if (rc < 0 || (rc = snap_path(path, sizeof path, dir, id, ".snap", err, errlen)) < 0)
         return rc;
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    /* Non-blocking: a FIFO in its place must not hold the worker in open(). */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd < 0) {
         if (errno == ENOENT) {
             snprintf(err, errlen, "no snapshot for session %s in %s", id, dir);
             return -ENOENT;
         }
-        return sys_err("open", path, err, errlen);
+        if (errno != ELOOP)
+            return sys_err("open", path, err, errlen);
+        snprintf(err, errlen, "snapshot %s: a symbolic link, not a snapshot", path);
+        move_aside(path, err, errlen);
+        return -EBADMSG;
     }
     struct stat st;
     if (fstat(fd, &st) < 0) {
@@ -599,8 +635,9 @@ int kvp_snapshot_read(const char *dir, const char *id, kvp_snapshot *out,
     }
     if (!S_ISREG(st.st_mode)) {
         close(fd);
-        snprintf(err, errlen, "%s is not a regular file", path);
-        return -EINVAL;
+        snprintf(err, errlen, "snapshot %s: not a regular file", path);
+        move_aside(path, err, errlen);
+        return -EBADMSG;
     }
     size_t len = (size_t)st.st_size;
     unsigned char *buf = malloc(len ? len : 1);

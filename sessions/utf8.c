@@ -35,6 +35,21 @@ static int cont_ok(unsigned char lead, int i, unsigned char b)
     }
 }
 
+int kvp_utf8_valid(const char *s, size_t len)
+{
+    for (size_t i = 0; i < len;) {
+        unsigned char lead = (unsigned char)s[i];
+        int need = seq_len(lead);
+        if (need == 0 || (size_t)need > len - i)
+            return 0;
+        for (int k = 1; k < need; k++)
+            if (!cont_ok(lead, k, (unsigned char)s[i + (size_t)k]))
+                return 0;
+        i += (size_t)need;
+    }
+    return 1;
+}
+
 size_t kvp_utf8_feed(kvp_utf8 *u, const char *in, size_t len, char *out)
 {
     size_t o = 0;

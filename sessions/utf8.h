@@ -10,6 +10,8 @@ typedef struct kvp_utf8 {
     int n;
 } kvp_utf8;
 
+/* 1 when the len bytes are valid UTF-8 (NUL bytes are), else 0. */
+int kvp_utf8_valid(const char *s, size_t len);
 /* Appends len bytes of `in` and writes the complete, valid text so far to out (which
  * needs 3 * len + 4 bytes): incomplete trailing sequences wait for the next call, invalid
  * bytes become U+FFFD. Returns the bytes written. */

@@ -10,6 +10,7 @@
 
 #include "model/model.h"
 #include "policy/kvp_agent.h"
+#include "tools/cliutil.h"
 #include "tools/cli.h"
 
 static void usage(FILE *f)
@@ -41,31 +42,6 @@ __attribute__((format(printf, 1, 2))) static int usage_error(const char *fmt, ..
     return 2;
 }
 
-static int parse_int(const char *s, int *out)
-{
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno || end == s || *end || v < 1 || v > INT_MAX)
-        return -1;
-    *out = (int)v;
-    return 0;
-}
-
-static int parse_u64(const char *s, uint64_t *out)
-{
-    char *end;
-    errno = 0;
-    /* strtoull accepts a sign ("-1" wraps around): require a digit first. */
-    if (*s < '0' || *s > '9')
-        return -1;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || *end)
-        return -1;
-    *out = v;
-    return 0;
-}
-
 int kvp_cmd_policy_init(int argc, char **argv)
 {
     const char *model_path = NULL, *tok_path = NULL, *out = NULL;
@@ -93,8 +69,10 @@ int kvp_cmd_policy_init(int argc, char **argv)
             if (!strcmp(o, int_flags[f].flag))
                 break;
         if (f < sizeof int_flags / sizeof int_flags[0]) {
-            if (parse_int(val, int_flags[f].dst))
+            long v;
+            if (!kvp_parse_long(val, 1, INT_MAX, &v))
                 return usage_error("%s needs a positive integer, got '%s'", o, val);
+            *int_flags[f].dst = (int)v;
         } else if (!strcmp(o, "--model")) {
             model_path = val;
         } else if (!strcmp(o, "--tokenizer")) {
@@ -102,8 +80,10 @@ int kvp_cmd_policy_init(int argc, char **argv)
         } else if (!strcmp(o, "--out")) {
             out = val;
         } else if (!strcmp(o, "--seed")) {
-            if (parse_u64(val, &seed))
+            long v;
+            if (!kvp_parse_long(val, 0, LONG_MAX, &v))
                 return usage_error("%s needs an unsigned integer, got '%s'", o, val);
+            seed = (uint64_t)v;
         } else {
             return usage_error("unknown option '%s'", o);
         }

@@ -12,20 +12,14 @@
 void kvpd_chat_error(kvpd_conn *c, const char *code, const char *msg)
 {
     c->d->metrics.errors[kvpd_err_kind_of(code)]++;
-    char *json = kvpd_proto_error(code, msg);
-    if (!json || kvpd_conn_queue(c, json, strlen(json)) < 0)
-        kvpd_log("warning", "dropped an error frame for lack of memory");
-    free(json);
+    kvpd_conn_send(c, kvpd_proto_error(code, msg));
 }
 
 /* overloaded, with a hint of when to try again. */
 static void overloaded(kvpd_conn *c, const char *msg)
 {
     c->d->metrics.errors[KVPD_ERR_OVERLOADED]++;
-    char *json = kvpd_proto_error_retry(KVPD_E_OVERLOADED, msg, kvpd_retry_hint_ms(c->d));
-    if (!json || kvpd_conn_queue(c, json, strlen(json)) < 0)
-        kvpd_log("warning", "dropped an error frame for lack of memory");
-    free(json);
+    kvpd_conn_send(c, kvpd_proto_error_retry(KVPD_E_OVERLOADED, msg, kvpd_retry_hint_ms(c->d)));
 }
 
 void kvpd_chat_send_session(kvpd_conn *c, int resumed)
@@ -33,10 +27,7 @@ void kvpd_chat_send_session(kvpd_conn *c, int resumed)
     kvp_session *s = c->session;
     /* The transcript belongs to the worker while a turn runs: no history then. */
     int n = s->busy ? 0 : s->n_msgs;
-    char *json = kvpd_proto_session(s->id, resumed, s->turns, s->msgs, n);
-    if (!json || kvpd_conn_queue(c, json, strlen(json)) < 0)
-        kvpd_log("warning", "dropped a session frame for lack of memory");
-    free(json);
+    kvpd_conn_send(c, kvpd_proto_session(s->id, resumed, s->turns, s->msgs, n));
 }
 
 /* A session follows the newest connection that names it. */

@@ -28,6 +28,10 @@ typedef struct kvpd_conn {
 
 /* Queues payload (copied) and asks lws for a writeable callback. 0 or -ENOMEM. */
 int kvpd_conn_queue(kvpd_conn *c, const char *payload, size_t len);
+/* Queues a frame built by web/protocol.c and frees it. NULL (it could not be built)
+ * sends an internal error instead; no memory to queue closes the connection: an answer
+ * is never dropped silently. */
+void kvpd_conn_send(kvpd_conn *c, char *json);
 void kvpd_conn_free_frames(kvpd_conn *c);
 
 /* HTTP: handles LWS_CALLBACK_HTTP for uri; returns as an lws callback. */

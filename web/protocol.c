@@ -110,9 +110,10 @@ char *kvpd_proto_session(const char *id, int resumed, int turns, const kvp_messa
 {
     json_t *h = json_array();
     for (int i = 0; h && i < n_history; i++)
-        if (json_array_append_new(h, json_pack("{s:s, s:s}", "role",
+        if (json_array_append_new(h, json_pack("{s:s, s:s%}", "role",
                                                history[i].user ? "user" : "assistant",
-                                               "text", history[i].text)) < 0) {
+                                               "text", history[i].text,
+                                               history[i].len)) < 0) {
             json_decref(h);
             h = NULL;
         }

@@ -32,6 +32,22 @@ int kvpd_conn_queue(kvpd_conn *c, const char *payload, size_t len)
     return 0;
 }
 
+void kvpd_conn_send(kvpd_conn *c, char *json)
+{
+    /* A frame jansson could not build (memory, or text it refused) still gets an answer. */
+    static const char fallback[] = "{\"type\":\"error\",\"code\":\"" KVPD_E_INTERNAL
+                                   "\",\"message\":\"the server could not build its answer\"}";
+    const char *payload = json ? json : fallback;
+    if (!json)
+        kvpd_log("warning", "could not build a frame; sent an internal error instead");
+    if (kvpd_conn_queue(c, payload, strlen(payload)) < 0) {
+        /* Not even that fits in memory: close, so the client is not left waiting. */
+        kvpd_log("warning", "out of memory for a frame; closing the connection");
+        lws_set_timeout(c->wsi, PENDING_TIMEOUT_USER_OK, LWS_TO_KILL_ASYNC);
+    }
+    free(json);
+}
+
 void kvpd_conn_free_frames(kvpd_conn *c)
 {
     while (c->out_head) {
@@ -201,13 +217,6 @@ void kvpd_web_stop(kvpd *d)
         lws_context_destroy(d->lws);
 }
 
-static void send_frame(kvpd_conn *c, char *json)
-{
-    if (!json || kvpd_conn_queue(c, json, strlen(json)) < 0)
-        kvpd_log("warning", "dropped a frame for lack of memory");
-    free(json);
-}
-
 static const char *error_code(int rc)
 {
     return rc == -E2BIG ? KVPD_E_TOO_LARGE : KVPD_E_INTERNAL;
@@ -305,7 +314,7 @@ void kvpd_web_on_event(void *ctx, const kvpd_event *ev)
     switch (ev->type) {
     case KVPD_EV_TOKEN:
         if (c)
-            send_frame(c, kvpd_proto_token(ev->text, ev->len));
+            kvpd_conn_send(c, kvpd_proto_token(ev->text, ev->len));
         return;
     case KVPD_EV_JOB:
         s->last_active = now;
@@ -330,7 +339,7 @@ void kvpd_web_on_event(void *ctx, const kvpd_event *ev)
         kvpd_hist_observe(&m->ttft, st->ttft_ms / 1e3);
         kvpd_hist_observe(&m->turn_duration, st->duration_ms / 1e3);
         if (c)
-            send_frame(c, kvpd_proto_done(ev->text, ev->len, st));
+            kvpd_conn_send(c, kvpd_proto_done(ev->text, ev->len, st));
         return;
     }
     case KVPD_EV_ERROR:
