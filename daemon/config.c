@@ -49,6 +49,7 @@ static const key_def keys[] = {
     {"temperature", T_FLOAT, F(temperature), 0, 10, "sampling temperature when a message gives none (0: greedy)", FIXED},
     {"top_p", T_FLOAT, F(top_p), 0.01, 1, "nucleus sampling (1: off)", FIXED},
     {"seed", T_U64, F(seed), 0, 0, "sampler seed (each session derives its own)", FIXED},
+    {"chat_template", T_STR, F(chat_template), 0, 0, "chat template family: chatml, llama3, llama2, mistral, zephyr, phi3, gemma or plain (empty: detected from the model's tokenizer.chat_template)", FIXED},
     {"reuse_cache", T_BOOL, F(reuse_cache), 0, 1, "keep each session's KV cache across turns (false: re-prefill, for benchmarks)", FIXED},
 };
 

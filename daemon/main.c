@@ -207,8 +207,17 @@ static void load_done(uv_work_t *w, int status)
         return;
     }
     d->env.model = &d->model;
-    if (kvp_template_init(&d->env.tpl, &d->model))
-        kvpd_log("warning", "chat template markers missing from the vocabulary: plain text");
+    char note[256];
+    int trc = kvp_template_init(&d->env.tpl, &d->model, d->cfg.chat_template, note, sizeof note);
+    if (trc < 0) {
+        kvpd_log("error", "%s", note);
+        kvp_model_free(&d->model);
+        d->exit_code = 1;
+        begin_shutdown(d, "bad chat_template");
+        return;
+    }
+    if (trc > 0)
+        kvpd_log("warning", "chat template: %s", note);
     char err[256];
     int rc = kvpd_sched_start(&d->sched, &d->loop, d->cfg.workers, &d->env,
                               kvpd_web_on_event, d, err, sizeof err);

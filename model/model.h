@@ -31,8 +31,6 @@ typedef struct kvp_layer {
     const float *w_up;        /* [hidden][dim]  (w3) */
 } kvp_layer;
 
-enum kvp_chat_format { KVP_CHAT_PLAIN = 0, KVP_CHAT_CHATML, KVP_CHAT_LLAMA2, KVP_CHAT_LLAMA3 };
-
 typedef struct kvp_model {
     kvp_model_config cfg;
     const float *tok_embd;    /* [vocab][dim] */
@@ -41,7 +39,8 @@ typedef struct kvp_model {
     const float *output;      /* [vocab][dim]; == tok_embd when tied */
     int tied_output;
     kvp_tokenizer tok;
-    enum kvp_chat_format chat_format;  /* from tokenizer.chat_template when present */
+    char *chat_template;      /* tokenizer.chat_template (NUL-terminated), NULL if absent;
+                                 sessions/template.c renders its family */
     char name[128];           /* general.name or file basename */
     char path[512];
     /* ownership */

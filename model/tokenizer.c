@@ -79,6 +79,11 @@ int kvp_tokenizer_lookup_text(const kvp_tokenizer *t, const char *piece, size_t 
     return search(t, 0, t->n_text, piece, len);
 }
 
+int kvp_tokenizer_special(const kvp_tokenizer *t, const char *piece, size_t len)
+{
+    return search(t, t->n_text, t->vocab_size, piece, len);
+}
+
 int kvp_tokenizer_lookup(const kvp_tokenizer *t, const char *piece, size_t len)
 {
     int id = kvp_tokenizer_lookup_text(t, piece, len);

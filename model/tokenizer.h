@@ -62,6 +62,9 @@ int kvp_tokenizer_encode(const kvp_tokenizer *t, const char *text, size_t len,
  * SentencePiece's leading space after BOS is dropped, special tokens give their text. Returns a pointer valid while t lives and
  * sets *len; NULL/0 for an id out of range. */
 const char *kvp_tokenizer_piece(const kvp_tokenizer *t, int prev, int tok, size_t *len);
+/* Token id of a special (control, user-defined, unknown, unused or byte) token with
+ * exactly this piece, -1 if there is none: the chat template's markers. */
+int kvp_tokenizer_special(const kvp_tokenizer *t, const char *piece, size_t len);
 /* Token id of an exact piece (spaces as ' '), -1 if absent. Finds special pieces such
  * as "<|im_start|>" too; a text token wins over a special one with the same piece. */
 int kvp_tokenizer_lookup(const kvp_tokenizer *t, const char *piece, size_t len);

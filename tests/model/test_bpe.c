@@ -157,8 +157,10 @@ static int load(const vocab_spec *s, kvp_tokenizer *t, char *err, size_t errlen)
         kvp_bpe_spell(&c, 1, toks[b]);
         types[b] = 1;
     }
-    if (s->drop_byte)
-        strcpy(toks['z'], "zz-not-a-byte");
+    if (s->drop_byte) {
+        free(toks['z']);
+        toks['z'] = strdup("zz-not-a-byte");
+    }
     for (int i = 0; i < N_MERGED; i++) {
         toks[256 + i] = strdup(merged[i]);
         types[256 + i] = 1;
