@@ -38,13 +38,18 @@ static const key_def keys[] = {
     {"chunk", T_INT, F(chunk), 1, 4096, "prefill chunk in tokens; a head may exceed the budget by this much", FIXED},
     {"workers", T_INT, F(workers), 0, 256, "model worker threads (0: one per core)", FIXED},
     {"state_dir", T_STR, F(state_dir), 0, 0, "directory for session state (must be writable when set)", FIXED},
-    {"admin_token", T_STR, F(admin_token), 0, 0, "bearer token required by /admin/* (empty: open)", LIVE},
+    {"admin_token", T_STR, F(admin_token), 0, 0, "bearer token required by /admin/* (empty: one is generated at start into admin_token_file)", LIVE},
+    {"admin_token_file", T_STR, F(admin_token_file), 0, 0, "where the generated admin token is written, mode 0600 (empty: STATE_DIR/admin.token; with neither, /admin/* is closed)", FIXED},
+    {"allowed_hosts", T_STR, F(allowed_hosts), 0, 0, "comma-separated Host names served, others get 421 (empty: localhost, 127.0.0.1, ::1 and the listen address; *: any)", LIVE},
+    {"allowed_origins", T_STR, F(allowed_origins), 0, 0, "comma-separated Origins (scheme://host:port) whose pages may use /chat and HTTP, others get 403 (empty: http://<allowed host>:<port>; *: any)", LIVE},
     {"static_dir", T_STR, F(static_dir), 0, 0, "directory of the chat page", FIXED},
     {"max_sessions", T_INT, F(max_sessions), 1, 1 << 20, "sessions resident in memory at once (parked ones do not count)", LIVE},
     {"max_cache_bytes", T_BYTES, F(max_cache_bytes), 0, 0, "KV cache bytes of all resident sessions (k/M/G suffixes; 0: no cap)", LIVE},
     {"max_message_bytes", T_INT, F(max_message_bytes), 64, 1 << 24, "largest websocket message accepted", LIVE},
     {"max_tokens", T_INT, F(max_tokens), 1, 1 << 20, "largest reply in tokens (and the default)", LIVE},
     {"idle_timeout", T_INT, F(idle_timeout_s), 1, 1 << 30, "seconds without activity before a session is parked (dropped without state_dir)", LIVE},
+    {"max_connections", T_INT, F(max_connections), 0, 1 << 20, "HTTP and websocket connections at once; more are answered 503 and closed (0: no cap)", LIVE},
+    {"connection_idle_timeout", T_INT, F(connection_idle_timeout_s), 0, 1 << 20, "seconds a websocket may go without a frame either way before it is closed (0: never)", LIVE},
     {"shutdown_timeout_ms", T_INT, F(shutdown_timeout_ms), 0, 600000, "grace period for in-flight turns and snapshots on SIGTERM", LIVE},
     {"temperature", T_FLOAT, F(temperature), 0, 10, "sampling temperature when a message gives none (0: greedy)", FIXED},
     {"top_p", T_FLOAT, F(top_p), 0.01, 1, "nucleus sampling (1: off)", FIXED},
@@ -69,6 +74,8 @@ void kvpd_config_defaults(kvpd_config *c)
     c->max_message_bytes = 16384;
     c->max_tokens = 256;
     c->idle_timeout_s = 1800;
+    c->max_connections = 1024;
+    c->connection_idle_timeout_s = 300;
     c->shutdown_timeout_ms = 5000;
     c->temperature = 0.8f;
     c->top_p = 0.9f;

@@ -22,13 +22,18 @@ typedef struct kvpd_config {
     int chunk;                        /* prefill chunk = eviction slack */
     int workers;                      /* 0 = one per core */
     char state_dir[KVPD_PATH_MAX];
-    char admin_token[128];            /* "" = admin endpoints open */
+    char admin_token[128];            /* "" = one is generated at start (web/guard.c) */
+    char admin_token_file[KVPD_PATH_MAX];   /* where; "" = <state_dir>/admin.token */
+    char allowed_hosts[512];          /* Host names served; "" = loopback + listen address */
+    char allowed_origins[1024];       /* Origins allowed; "" = this daemon's own */
     char static_dir[KVPD_PATH_MAX];
     int max_sessions;                 /* resident sessions (parked ones do not count) */
     uint64_t max_cache_bytes;         /* KV cache bytes of resident sessions; 0 = no cap */
     int max_message_bytes;
     int max_tokens;                   /* per reply: the cap and the default */
     int idle_timeout_s;
+    int max_connections;              /* HTTP and websocket connections at once; 0 = no cap */
+    int connection_idle_timeout_s;    /* websocket without frames; 0 = never closed */
     int shutdown_timeout_ms;
     float temperature;                /* default for messages that give none */
     float top_p;

@@ -12,6 +12,7 @@
 #include "web/metrics.h"
 
 struct lws_context;
+struct kvpd_listener;
 
 typedef struct kvpd {
     kvpd_config cfg;
@@ -31,7 +32,10 @@ typedef struct kvpd {
     kvpd_sched *sched;
     kvpd_metrics metrics;
     struct lws_context *lws;
+    struct kvpd_listener *listener;   /* web/listen.c */
     int port;                     /* bound port */
+    int connections_open;         /* HTTP and websocket connections lws holds */
+    char admin_token_generated[33];   /* without admin_token: made at start ("" = closed) */
     int frames_pending;           /* websocket frames queued, not yet written */
     double started;               /* kvp_now() at start */
 } kvpd;

@@ -96,6 +96,11 @@ static void on_drain(uv_timer_t *t)
     if ((busy == 0 && d->frames_pending == 0 && g_h.saves_sent) || deadline) {
         if (busy)
             kvpd_log("warning", "%d job(s) still running at the shutdown deadline", busy);
+        int unsaved = kvpd_web_unsaved(d);
+        if (unsaved) {   /* turns a client saw are not on disk: not a clean stop */
+            kvpd_log("error", "%d session(s) could not be written to the state directory", unsaved);
+            d->exit_code = 1;
+        }
         finalize(d);
     }
 }

@@ -109,6 +109,7 @@ typedef struct kvp_session {
     int parked;                      /* model-side state freed; it is in the snapshot */
     int loading;                     /* a LOAD job runs for a hello */
     int placeholder;                 /* made for a hello naming a session not in memory */
+    int save_failed;                 /* its last snapshot write failed: not on disk */
     int turns;
     double created, last_active;     /* seconds, monotonic */
     void *conn;                      /* the websocket attached, if any */

@@ -121,7 +121,9 @@ static void hello_load(kvpd_conn *c, kvp_session *s, const char *id)
 static void hello(kvpd_conn *c, const kvpd_client_msg *m)
 {
     if (c->session && c->session->busy) {
-        kvpd_chat_error(c, KVPD_E_BUSY, "a turn is running on this connection's session");
+        kvpd_chat_error(c, KVPD_E_BUSY, c->session->loading
+                        ? "this connection's session is being loaded from disk; its session frame follows"
+                        : "a turn is running on this connection's session");
         return;
     }
     if (!m->session[0]) {

@@ -19,12 +19,28 @@ typedef struct kvpd_conn {
     struct lws *wsi;
     kvpd *d;
     int is_ws;
+    int head;                          /* HTTP: a HEAD request (headers only) */
     kvp_session *session;
     kvpd_frame *out_head, *out_tail;   /* ws frames, or one HTTP body */
     char *rx;                          /* the websocket message being assembled */
     size_t rx_len, rx_cap;
     enum kvpd_rx_skip rx_skip;
 } kvpd_conn;
+
+/* The listening socket (web/listen.c): accepts, bounds and hands connections to lws. */
+int kvpd_listen_start(kvpd *d, const char *host, char *err, size_t errlen);
+void kvpd_listen_stop(kvpd *d);
+
+/* web/guard.c. The Host and Origin rules for a request: NULL when allowed, else the
+ * reason and the HTTP status to answer (400, 421, 403). */
+const char *kvpd_guard_check(kvpd *d, struct lws *wsi, int *status);
+/* The same for a websocket upgrade, plus Sec-WebSocket-Version 13. */
+const char *kvpd_guard_upgrade(kvpd *d, struct lws *wsi);
+/* The bearer token the admin endpoints require: admin_token, or the generated one. */
+const char *kvpd_admin_token(const kvpd *d);
+/* At start: without admin_token, generates one and writes it (mode 0600) to
+ * admin_token_file, or <state_dir>/admin.token; with neither, the admin endpoints are closed. */
+int kvpd_admin_token_init(kvpd *d, char *err, size_t errlen);
 
 /* Queues payload (copied) and asks lws for a writeable callback. 0 or -ENOMEM. */
 int kvpd_conn_queue(kvpd_conn *c, const char *payload, size_t len);

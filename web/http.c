@@ -9,6 +9,7 @@
 #include "daemon/residency.h"
 #include "sessions/template.h"
 #include "web/conn.h"
+#include "web/server.h"
 
 /* Headers now, the body (queued as one frame) on the writeable callback. */
 static int respond(kvpd_conn *c, int status, const char *type, const char *body, size_t len,
@@ -28,6 +29,8 @@ static int respond(kvpd_conn *c, int status, const char *type, const char *body,
         return 1;
     if (lws_finalize_write_http_header(c->wsi, start, &p, end))
         return 1;
+    if (c->head)   /* the headers (with the body's length) are the whole answer */
+        return lws_http_transaction_completed(c->wsi) ? -1 : 0;
     if (kvpd_conn_queue(c, body, len) < 0)
         return 1;
     return 0;
@@ -61,9 +64,9 @@ int kvpd_http_writeable(kvpd_conn *c)
 /* Constant-time compare, so the token cannot be guessed byte by byte from timings. */
 static int token_ok(kvpd_conn *c)
 {
-    const char *want = c->d->cfg.admin_token;
+    const char *want = kvpd_admin_token(c->d);
     if (!want[0])
-        return 1;
+        return 0;   /* closed: no token configured and nowhere to write one */
     char got[256];
     int n = lws_hdr_copy(c->wsi, got, sizeof got, WSI_TOKEN_HTTP_AUTHORIZATION);
     if (n <= 7 || strncmp(got, "Bearer ", 7))
@@ -90,6 +93,7 @@ static void gauges(kvpd *d, kvpd_gauges *g)
     g->cache_bytes_cap = d->cfg.max_cache_bytes;
     g->turn_reserve_bytes = d->ready ? kvpd_turn_bytes(d) : 0;
     g->queue_depth = d->sched ? kvpd_sched_depth(d->sched) : 0;
+    g->connections_open = d->connections_open;
     g->uptime_s = kvp_now() - d->started;
     g->ready = d->ready;
 }
@@ -142,6 +146,12 @@ static int admin_stats(kvpd_conn *c)
         (json_int_t)m->prefilled_tokens, "out", (json_int_t)m->generated_tokens,
         "evicted_rows", (json_int_t)m->evicted_rows, "turns", (json_int_t)m->turns,
         "queue_depth", g.queue_depth, "session_list", list);
+    if (o && json_object_set_new(o, "connections", json_pack(
+                 "{s:i, s:i, s:I}", "open", g.connections_open, "max", d->cfg.max_connections,
+                 "refused", (json_int_t)m->connections_refused)) < 0) {
+        json_decref(o);
+        o = NULL;
+    }
     return respond_json(c, 200, o);
 }
 
@@ -197,10 +207,18 @@ static int text_status(kvpd_conn *c, int status, const char *msg, const char *ww
 int kvpd_http_request(kvpd_conn *c, const char *uri)
 {
     kvpd *d = c->d;
-    if (lws_hdr_total_length(c->wsi, WSI_TOKEN_GET_URI) <= 0)
-        return text_status(c, 405, "only GET is served\n", NULL);
+    int status;
+    const char *refused = kvpd_guard_check(d, c->wsi, &status);
+    if (refused)
+        return text_status(c, status, refused, NULL);
+    c->head = lws_hdr_total_length(c->wsi, WSI_TOKEN_HEAD_URI) > 0;
+    if (!c->head && lws_hdr_total_length(c->wsi, WSI_TOKEN_GET_URI) <= 0)
+        return text_status(c, 405, "only GET and HEAD are served\n", NULL);
     if (!strcmp(uri, "/healthz")) {
-        int ok = d->ready && !d->draining;
+        int ok = d->ready && !d->draining, unsaved = kvpd_web_unsaved(d);
+        if (ok && unsaved)
+            return respond_json(c, 503, json_pack("{s:s, s:i}", "status", "degraded",
+                                                  "unsaved_sessions", unsaved));
         return respond_json(c, ok ? 200 : 503,
                             json_pack("{s:s}", "status", ok ? "ok" : d->draining ? "stopping" : "loading"));
     }

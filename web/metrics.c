@@ -132,6 +132,11 @@ char *kvpd_metrics_render(const kvpd_metrics *m, const kvpd_gauges *g, size_t *l
     counter(f, "kvpd_evicted_rows_total", "KV rows evicted, all heads", m->evicted_rows);
     counter(f, "kvpd_connections_total", "Websocket connections accepted", m->connections);
     counter(f, "kvpd_http_requests_total", "HTTP requests served", m->http_requests);
+    counter(f, "kvpd_connections_refused_total",
+            "Connections closed unserved (max_connections, or out of file descriptors)",
+            m->connections_refused);
+    gauge(f, "kvpd_connections_open", "HTTP and websocket connections open",
+          (double)g->connections_open);
     family(f, "kvpd_errors_total", "counter", "Error frames sent, by protocol code");
     for (int i = 0; i < KVPD_ERR_KINDS; i++)
         fprintf(f, "kvpd_errors_total{code=\"%s\"} %llu\n", err_codes[i],

@@ -33,6 +33,7 @@ typedef struct kvpd_metrics {
     uint64_t prompt_tokens, prefilled_tokens, generated_tokens;
     uint64_t evicted_rows;
     uint64_t connections, http_requests;
+    uint64_t connections_refused;         /* max_connections, or out of descriptors */
     uint64_t errors[KVPD_ERR_KINDS];
     kvpd_hist ttft, turn_duration;        /* seconds */
 } kvpd_metrics;
@@ -41,6 +42,7 @@ typedef struct kvpd_metrics {
 typedef struct kvpd_gauges {
     int sessions_active, turns_running, queue_depth;   /* active: resident */
     int sessions_parked;
+    int connections_open;
     size_t cache_bytes_total, cache_bytes_max_session;
     size_t cache_bytes_accounted, cache_bytes_cap, turn_reserve_bytes;
     double uptime_s;

@@ -128,7 +128,8 @@ char *kvpd_proto_token(const char *text, size_t len)
     return dump(json_pack("{s:s, s:s%}", "type", "token", "text", text, len));
 }
 
-char *kvpd_proto_done(const char *reply, size_t len, const kvp_turn_stats *st)
+char *kvpd_proto_done(const char *reply, size_t len, const kvp_turn_stats *st, int durable,
+                      const char *not_durable_why)
 {
     json_t *stats = json_pack(
         "{s:i, s:i, s:i, s:i, s:i, s:i, s:I, s:I, s:I, s:I, s:f, s:f, s:f, s:s}",
@@ -142,8 +143,16 @@ char *kvpd_proto_done(const char *reply, size_t len, const kvp_turn_stats *st)
         "stop", st->stop ? st->stop : "eos");
     if (!stats)
         return NULL;
-    return dump(json_pack("{s:s, s:s%, s:o}", "type", "done", "reply", reply, len,
-                          "stats", stats));
+    json_t *o = json_pack("{s:s, s:s%, s:o}", "type", "done", "reply", reply, len,
+                          "stats", stats);
+    if (o && durable >= 0 &&
+        (json_object_set_new(o, "durable", json_boolean(durable)) < 0 ||
+         (!durable && json_object_set_new(o, "durable_error",
+                                          json_string(not_durable_why ? not_durable_why : "")) < 0))) {
+        json_decref(o);
+        o = NULL;
+    }
+    return dump(o);
 }
 
 char *kvpd_proto_error(const char *code, const char *message)

@@ -39,7 +39,10 @@ void kvpd_proto_msg_free(kvpd_client_msg *m);
 char *kvpd_proto_session(const char *id, int resumed, int turns, const kvp_message *history,
                          int n_history);
 char *kvpd_proto_token(const char *text, size_t len);
-char *kvpd_proto_done(const char *reply, size_t len, const kvp_turn_stats *st);
+/* durable: -1 without a state directory (no field), 1 when the turn's snapshot is on
+ * disk, 0 when writing it failed (with the reason in "durable_error"). */
+char *kvpd_proto_done(const char *reply, size_t len, const kvp_turn_stats *st, int durable,
+                      const char *not_durable_why);
 char *kvpd_proto_error(const char *code, const char *message);
 /* An error with "retry_after_ms" (overloaded). */
 char *kvpd_proto_error_retry(const char *code, const char *message, int retry_after_ms);

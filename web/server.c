@@ -78,6 +78,14 @@ static int ws_writeable(kvpd_conn *c)
     return 0;
 }
 
+/* A websocket with no frame either way for connection_idle_timeout seconds is closed
+ * (lws's timeout, re-armed on every frame). */
+static void keep_alive(kvpd_conn *c)
+{
+    int secs = c->d->cfg.connection_idle_timeout_s;
+    lws_set_timeout(c->wsi, secs ? PENDING_TIMEOUT_USER_OK : NO_PENDING_TIMEOUT, secs);
+}
+
 static int uri_is(struct lws *wsi, const char *want)
 {
     char uri[64];
@@ -92,23 +100,48 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
     kvpd *d = lws_context_user(lws_get_context(wsi));
 
     switch (reason) {
-    case LWS_CALLBACK_FILTER_NETWORK_CONNECTION:
-        return d->draining;   /* non-zero refuses the connection */
-    case LWS_CALLBACK_FILTER_PROTOCOL_CONNECTION:
-        return !uri_is(wsi, "/chat");
+    case LWS_CALLBACK_WSI_CREATE:   /* every adopted connection, HTTP or websocket */
+        d->connections_open++;
+        return 0;
+    case LWS_CALLBACK_WSI_DESTROY:
+        d->connections_open--;
+        return 0;
+    case LWS_CALLBACK_FILTER_PROTOCOL_CONNECTION: {   /* non-zero refuses the upgrade */
+        const char *why = uri_is(wsi, "/chat") ? kvpd_guard_upgrade(d, wsi) : "not /chat";
+        if (why)
+            kvpd_log("info", "websocket upgrade refused: %s", why);
+        return why != NULL;
+    }
     case LWS_CALLBACK_ESTABLISHED:
         memset(c, 0, sizeof *c);
         c->wsi = wsi;
         c->d = d;
         c->is_ws = 1;
         d->metrics.connections++;
+        keep_alive(c);
         return 0;
     case LWS_CALLBACK_RECEIVE:
+        keep_alive(c);
         return kvpd_chat_receive(c, in, len);
     case LWS_CALLBACK_SERVER_WRITEABLE:
+        keep_alive(c);
         return ws_writeable(c);
     case LWS_CALLBACK_CLOSED:
         kvpd_chat_closed(c);
+        return 0;
+    case LWS_CALLBACK_RAW_ADOPT:   /* lws turns a CONNECT into a raw tunnel: refuse it */
+        lws_callback_on_writable(wsi);
+        return 0;
+    case LWS_CALLBACK_RAW_WRITEABLE: {
+        static const char no[] = "HTTP/1.1 405 Method Not Allowed\r\nAllow: GET, HEAD\r\n"
+                                 "Connection: close\r\nContent-Type: text/plain\r\n"
+                                 "Content-Length: 27\r\n\r\nCONNECT is not served here\n";
+        unsigned char buf[LWS_PRE + sizeof no];
+        memcpy(buf + LWS_PRE, no, sizeof no - 1);
+        lws_write(wsi, buf + LWS_PRE, sizeof no - 1, LWS_WRITE_RAW);
+        return -1;
+    }
+    case LWS_CALLBACK_RAW_RX:   /* bytes after the CONNECT: nothing to tunnel to */
         return 0;
     case LWS_CALLBACK_HTTP:
         kvpd_conn_free_frames(c);
@@ -138,37 +171,10 @@ static void lws_log(int level, const char *line)
     fprintf(stderr, "kvpd: lws %s: %s", level == LLL_ERR ? "error" : "warning", line);
 }
 
-/* lws 4.1 cannot tear down a foreign-loop context whose listening vhost failed (its
- * evlib plugin crashes), so a busy or foreign address is found before lws tries. */
 /* NULL (all addresses) for the wildcard spellings. */
 static const char *info_host(const char *host)
 {
     return (!strcmp(host, "0.0.0.0") || !strcmp(host, "*")) ? NULL : host;
-}
-
-static int probe_bind(const char *host, int port, char *err, size_t errlen)
-{
-    struct addrinfo hints = {.ai_flags = AI_PASSIVE | AI_NUMERICHOST,
-                             .ai_socktype = SOCK_STREAM}, *ai;
-    char service[16];
-    snprintf(service, sizeof service, "%d", port);
-    int rc = getaddrinfo(host, service, &hints, &ai);
-    if (rc) {
-        snprintf(err, errlen, "listen: '%s' is not an IP address: %s", host, gai_strerror(rc));
-        return -EINVAL;
-    }
-    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol), one = 1;
-    rc = fd < 0 ? -errno : 0;
-    if (!rc && setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0)
-        rc = -errno;
-    if (!rc && bind(fd, ai->ai_addr, ai->ai_addrlen) < 0)
-        rc = -errno;
-    if (fd >= 0)
-        close(fd);
-    freeaddrinfo(ai);
-    if (rc)
-        snprintf(err, errlen, "could not listen on %s:%d: %s", host, port, strerror(-rc));
-    return rc;
 }
 
 int kvpd_web_start(kvpd *d, char *err, size_t errlen)
@@ -180,39 +186,34 @@ int kvpd_web_start(kvpd *d, char *err, size_t errlen)
     const char *host = d->cfg.listen_host;
     if (!strcmp(host, "localhost"))
         host = "127.0.0.1";
-    int rc = probe_bind(info_host(host), d->cfg.listen_port, err, errlen);
+    int rc = kvpd_admin_token_init(d, err, errlen);
     if (rc < 0)
         return rc;
-    info.port = d->cfg.listen_port;
-    info.iface = info_host(host);
+    /* The socket is bound before lws exists, so a busy address needs no lws teardown. */
+    rc = kvpd_listen_start(d, info_host(host), err, errlen);
+    if (rc < 0)
+        return rc;
+    info.port = CONTEXT_PORT_NO_LISTEN_SERVER;   /* web/listen.c accepts, lws adopts */
     info.protocols = protocols;
     info.foreign_loops = loops;
     info.pcontext = &d->lws;
     info.user = d;
     info.vhost_name = "default";
-    info.options = LWS_SERVER_OPTION_LIBUV | LWS_SERVER_OPTION_UV_NO_SIGSEGV_SIGFPE_SPIN |
-                   LWS_SERVER_OPTION_FAIL_UPON_UNABLE_TO_BIND;
+    info.options = LWS_SERVER_OPTION_LIBUV | LWS_SERVER_OPTION_UV_NO_SIGSEGV_SIGFPE_SPIN;
     if (!strchr(host, ':'))
         info.options |= LWS_SERVER_OPTION_DISABLE_IPV6;
     d->lws = lws_create_context(&info);
-    if (!d->lws) {
-        snprintf(err, errlen, "could not listen on %s:%d", d->cfg.listen_host,
-                 d->cfg.listen_port);
-        return -EADDRNOTAVAIL;
-    }
-    /* lws 4.1 returns a context even when the listening vhost failed to bind. */
-    struct lws_vhost *vh = lws_get_vhost_by_name(d->lws, "default");
-    d->port = vh ? lws_get_vhost_listen_port(vh) : 0;
-    if (d->port <= 0) {
-        snprintf(err, errlen, "could not listen on %s:%d", d->cfg.listen_host,
-                 d->cfg.listen_port);
-        return -EADDRNOTAVAIL;
+    if (!d->lws || !lws_get_vhost_by_name(d->lws, "default")) {
+        snprintf(err, errlen, "could not start libwebsockets on %s:%d", d->cfg.listen_host,
+                 d->port);
+        return -ENOMEM;
     }
     return 0;
 }
 
 void kvpd_web_stop(kvpd *d)
 {
+    kvpd_listen_stop(d);
     if (d->lws)
         lws_context_destroy(d->lws);
 }
@@ -242,9 +243,11 @@ static void job_ended(kvpd *d, kvp_session *s)
     }
     if (s->save_rc < 0) {
         m->snapshot_failures++;
+        s->save_failed = 1;
         kvpd_log("warning", "session %.8s: %s", s->id, s->save_err);
     } else if (s->save_rc > 0) {
         m->snapshots_written++;
+        s->save_failed = 0;
     }
     s->save_rc = 0;
     s->turns = s->turns_done;
@@ -299,8 +302,10 @@ static void on_job(kvpd *d, kvp_session *s, const kvpd_event *ev)
         kvpd_log("info", "session %.8s: loaded from its snapshot (%d turns)", s->id, s->turns);
         if (s->conn)
             kvpd_chat_send_session(s->conn, 1);
-    } else if (ev->code < 0) {
-        kvpd_log("warning", "session %.8s: %s", s->id, ev->text);
+    } else {   /* a save job (shutdown): its outcome decides the session's durability */
+        s->save_failed = ev->code < 0;
+        if (ev->code < 0)
+            kvpd_log("warning", "session %.8s: %s", s->id, ev->text);
     }
 }
 
@@ -339,7 +344,9 @@ void kvpd_web_on_event(void *ctx, const kvpd_event *ev)
         kvpd_hist_observe(&m->ttft, st->ttft_ms / 1e3);
         kvpd_hist_observe(&m->turn_duration, st->duration_ms / 1e3);
         if (c)
-            kvpd_conn_send(c, kvpd_proto_done(ev->text, ev->len, st));
+            kvpd_conn_send(c, kvpd_proto_done(ev->text, ev->len, st,
+                                              d->env.state_dir[0] ? !s->save_failed : -1,
+                                              s->save_err));
         return;
     }
     case KVPD_EV_ERROR:
@@ -389,6 +396,14 @@ void kvpd_web_expire(kvpd *d, double now)
         }
         s = next;
     }
+}
+
+int kvpd_web_unsaved(const kvpd *d)
+{
+    int n = 0;
+    for (const kvp_session *s = d->sessions.head; s; s = s->next)
+        n += s->save_failed;
+    return n;
 }
 
 int kvpd_web_cancel_all(kvpd *d)

@@ -18,6 +18,9 @@ void kvpd_web_on_event(void *ctx, const kvpd_event *ev);
  * to date) and lets go of parked ones nobody is attached to after another timeout;
  * without one, drops idle sessions (telling an attached client). */
 void kvpd_web_expire(kvpd *d, double now);
+/* Sessions whose last snapshot write failed (turns a client saw that are not on disk):
+ * /healthz reports the daemon degraded and shutdown exits non-zero while any remain. */
+int kvpd_web_unsaved(const kvpd *d);
 /* Shutdown: asks every running turn to stop. Returns the turns still running. */
 int kvpd_web_cancel_all(kvpd *d);
 

@@ -57,13 +57,14 @@ int kvpd_start(kvpd_proc *p, const char *extra)
         return -1;
     char *argv[64];
     int argc = 0;
+    snprintf(p->admin_file, sizeof p->admin_file, "%s.admin", p->log);
     char model[1024], tok[1024];
     snprintf(model, sizeof model, "%s", h_shared("models/stories260K.bin"));
     snprintf(tok, sizeof tok, "%s", h_shared("models/tok512.bin"));
     char *defaults[] = {"--listen", "127.0.0.1:0", "--model", model, "--tokenizer", tok,
                         "--workers", "2", "--budget", "64", "--chunk", "16",
                         "--temperature", "0", "--max-tokens", "64",
-                        "--shutdown-timeout-ms", "3000"};
+                        "--shutdown-timeout-ms", "3000", "--admin-token-file", p->admin_file};
     argv[argc++] = (char *)h_build("daemon/kvpd");
     for (size_t i = 0; i < sizeof defaults / sizeof defaults[0]; i++)
         argv[argc++] = defaults[i];
@@ -122,6 +123,7 @@ int kvpd_wait(kvpd_proc *p, int timeout_ms)
         pid_t r = waitpid(p->pid, &status, WNOHANG);
         if (r == p->pid) {
             p->pid = 0;
+            unlink(p->admin_file);
             if (WIFEXITED(status) && WEXITSTATUS(status) == 0)
                 unlink(p->log);   /* kept on failure for the record */
             else
@@ -178,10 +180,24 @@ void h_rmdir(const char *dir)
     rmdir(dir);
 }
 
+const char *h_admin_token(const kvpd_proc *p)
+{
+    static char tok[128];
+    tok[0] = '\0';
+    FILE *f = fopen(p->admin_file, "r");
+    if (f) {
+        if (!fgets(tok, sizeof tok, f))
+            tok[0] = '\0';
+        fclose(f);
+    }
+    tok[strcspn(tok, "\n")] = '\0';
+    return tok;
+}
+
 json_t *h_stats(const kvpd_proc *p)
 {
     char *body = NULL;
-    int st = h_get(p, "/admin/stats", NULL, &body);
+    int st = h_get(p, "/admin/stats", h_admin_token(p), &body);
     json_t *j = st == 200 && body ? json_loads(body, 0, NULL) : NULL;
     free(body);
     return j;

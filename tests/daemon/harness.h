@@ -13,6 +13,7 @@ typedef struct kvpd_proc {
     pid_t pid;
     int port;
     char log[64];       /* the daemon's stderr */
+    char admin_file[80];   /* --admin-token-file: the token kvpd generates at start */
     int health_503;     /* /healthz answers 503 seen while kvpd_start waited */
 } kvpd_proc;
 
@@ -31,7 +32,9 @@ int kvpd_log_has(const kvpd_proc *p, const char *text);
 int h_mkdtemp(char *out, size_t len);
 /* Removes a directory and the files in it (no subdirectories). */
 void h_rmdir(const char *dir);
-/* GET /admin/stats as JSON (NULL on failure). */
+/* The admin token kvpd generated into p->admin_file ("" when none was written). */
+const char *h_admin_token(const kvpd_proc *p);
+/* GET /admin/stats (with the generated admin token) as JSON (NULL on failure). */
 json_t *h_stats(const kvpd_proc *p);
 /* "$KVP_BUILD/<rel>", "$KVP_SHARED/<rel>" */
 const char *h_build(const char *rel);

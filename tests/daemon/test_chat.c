@@ -107,7 +107,7 @@ Test(chat, sixteen_concurrent_sessions_three_turns_stats_agree)
         }
     }
     char *body = NULL;
-    cr_assert_eq(h_get(&d, "/admin/stats", NULL, &body), 200);
+    cr_assert_eq(h_get(&d, "/admin/stats", h_admin_token(&d), &body), 200);
     json_t *st = json_loads(body, 0, NULL);
     free(body);
     cr_assert(st);

@@ -77,8 +77,11 @@ Test(http, endpoints_and_metrics_pass_promtool, .timeout = 60)
     free(body);
     cr_assert_eq(h_get(&d, "/chat", NULL, &body), 426);
     free(body);
-    /* No token configured: the admin endpoint is open. */
-    cr_assert_eq(h_get(&d, "/admin/stats", NULL, &body), 200);
+    /* No token configured: the one generated into admin_token_file is required. */
+    cr_assert_eq(h_get(&d, "/admin/stats", NULL, &body), 401);
+    free(body);
+    cr_assert_eq(strlen(h_admin_token(&d)), 32, "no generated token in %s", d.admin_file);
+    cr_assert_eq(h_get(&d, "/admin/stats", h_admin_token(&d), &body), 200);
     j = json_loads(body, 0, NULL);
     cr_assert(j);
     for (const char *k = "uptime_s\0model\0policy\0budget\0sessions\0cache_bytes\0tokens\0"

@@ -56,7 +56,7 @@ Test(protocol, frames_are_valid_json)
     kvp_turn_stats st = {.prompt_tokens = 3, .prefilled_tokens = 3, .generated_tokens = 2,
                          .cache_rows_max = 40, .cache_bytes = 1234, .evicted_rows = 9,
                          .ttft_ms = 1.5, .tokens_per_s = 100, .stop = "length"};
-    char *s = kvpd_proto_done("a \"quote\"", 9, &st);
+    char *s = kvpd_proto_done("a \"quote\"", 9, &st, -1, NULL);
     json_t *j = json_loads(s, 0, NULL);
     cr_assert(j);
     cr_assert_str_eq(json_string_value(json_object_get(j, "reply")), "a \"quote\"");

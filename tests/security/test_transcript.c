@@ -174,3 +174,46 @@ Test(security_transcript, a_snapshot_with_text_that_is_not_utf8_is_loaded_repair
     ws_close(&c);
     cr_assert_eq(kvpd_stop(&p, 10000), 0);
 }
+
+/* Issue 17 item 12: a second hello while the first one's snapshot loads was answered
+ * "a turn is running". Both frames go in one write, so the second is handled before
+ * the load (on a worker) can end. */
+Test(security_transcript, a_hello_during_a_load_is_told_so)
+{
+    char id[64];
+    one_turn_session(id);
+    kvpd_proc p;
+    start(&p);
+    ws_client c;
+    cr_assert_eq(h_connect(&p, &c), 0);
+    char msg[128], frames[512];
+    int n = snprintf(msg, sizeof msg, "{\"type\":\"hello\",\"session\":\"%s\"}", id);
+    size_t len = 0;
+    for (int k = 0; k < 2; k++) {   /* masked with the all-zero key: the bytes as they are */
+        frames[len++] = (char)0x81;
+        frames[len++] = (char)(0x80 | n);
+        memset(frames + len, 0, 4);
+        len += 4;
+        memcpy(frames + len, msg, (size_t)n);
+        len += (size_t)n;
+    }
+    cr_assert_eq(ws_send_raw(&c, frames, len), 0);
+    int sessions = 0;
+    for (int k = 0; k < 2; k++) {
+        json_t *j = read_json(&c, 10000);
+        cr_assert(j, "no answer to hello %d", k);
+        const char *t = str_of(j, "type");
+        if (!strcmp(t, "error")) {
+            const char *m = str_of(j, "message");
+            cr_expect(!strstr(m, "turn is running"), "misleading: %s", m);
+            cr_expect(strstr(m, "loaded"), "%s", m);
+        } else {
+            cr_expect_str_eq(t, "session");
+            sessions++;
+        }
+        json_decref(j);
+    }
+    cr_expect_geq(sessions, 1);
+    ws_close(&c);
+    cr_assert_eq(kvpd_stop(&p, 10000), 0);
+}

@@ -1,0 +1,240 @@
+/* Issue 17 items 11 and 12 (HTTP side): a cross-site page (Origin) or a DNS-rebinding
+ * page (Host) cannot drive the daemon, the admin endpoints are closed by default (a generated
+ * token in a 0600 file), the websocket version is checked, HEAD is served. Requests
+ * are written by hand so every header is the test's choice. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "tests/daemon/harness.h"
+
+TestSuite(security_http, .timeout = 60);
+
+typedef struct reply {
+    int status;
+    char head[4096];       /* status line and headers */
+    size_t body_len;       /* bytes after the headers that arrived within the wait */
+    int closed;            /* the server closed the connection */
+} reply;
+
+static int tcp_connect(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    cr_assert(fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0);
+    return fd;
+}
+
+/* Sends req, reads the head, then whatever follows for up to linger_ms. */
+static reply raw(int port, const char *req, int linger_ms)
+{
+    reply r;
+    memset(&r, 0, sizeof r);
+    int fd = tcp_connect(port);
+    cr_assert_eq(send(fd, req, strlen(req), MSG_NOSIGNAL), (ssize_t)strlen(req));
+    char buf[8192];
+    size_t got = 0;
+    char *end = NULL;
+    int waited = 0;
+    while (!end && waited < 5000 && got < sizeof buf - 1) {
+        struct pollfd p = {fd, POLLIN, 0};
+        if (poll(&p, 1, 100) <= 0) {
+            waited += 100;
+            continue;
+        }
+        ssize_t n = recv(fd, buf + got, sizeof buf - 1 - got, 0);
+        if (n <= 0) {
+            r.closed = 1;
+            break;
+        }
+        got += (size_t)n;
+        buf[got] = '\0';
+        end = strstr(buf, "\r\n\r\n");
+    }
+    if (end) {
+        size_t hl = (size_t)(end + 4 - buf);
+        snprintf(r.head, sizeof r.head, "%.*s", (int)hl, buf);
+        r.body_len = got - hl;
+        sscanf(buf, "HTTP/1.%*d %d", &r.status);
+        for (waited = 0; !r.closed && waited < linger_ms; waited += 50) {
+            struct pollfd p = {fd, POLLIN, 0};
+            if (poll(&p, 1, 50) <= 0)
+                continue;
+            ssize_t n = recv(fd, buf, sizeof buf, 0);
+            if (n <= 0)
+                r.closed = 1;
+            else
+                r.body_len += (size_t)n;
+        }
+    }
+    close(fd);
+    return r;
+}
+
+static reply get(const kvpd_proc *p, const char *method, const char *path, const char *host,
+                 const char *extra)
+{
+    char req[2048];
+    snprintf(req, sizeof req, "%s %s HTTP/1.1\r\nHost: %s\r\n%sConnection: close\r\n\r\n",
+             method, path, host, extra ? extra : "");
+    return raw(p->port, req, 300);
+}
+
+static reply upgrade(const kvpd_proc *p, const char *host, const char *origin,
+                     const char *version)
+{
+    char req[2048], o[512] = "";
+    if (origin)
+        snprintf(o, sizeof o, "Origin: %s\r\n", origin);
+    snprintf(req, sizeof req,
+             "GET /chat HTTP/1.1\r\nHost: %s\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+             "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: %s\r\n"
+             "%s\r\n", host, version, o);
+    return raw(p->port, req, 0);
+}
+
+static const char *self(const kvpd_proc *p, const char *name)
+{
+    static char buf[4][128];
+    static int k;
+    k = (k + 1) % 4;
+    snprintf(buf[k], sizeof buf[k], "%s:%d", name, p->port);
+    return buf[k];
+}
+
+static const char *origin_of(const kvpd_proc *p, const char *name)
+{
+    static char buf[4][160];
+    static int k;
+    k = (k + 1) % 4;
+    snprintf(buf[k], sizeof buf[k], "http://%s:%d", name, p->port);
+    return buf[k];
+}
+
+Test(security_http, a_foreign_origin_cannot_open_chat)
+{
+    kvpd_proc p;
+    cr_assert_eq(kvpd_start(&p, ""), 0, "log %s", p.log);
+    const char *host = self(&p, "127.0.0.1");
+    cr_expect_neq(upgrade(&p, host, "http://evil.example", "13").status, 101,
+                  "a page from http://evil.example got a websocket");
+    cr_expect_neq(upgrade(&p, host, origin_of(&p, "evil.example"), "13").status, 101);
+    cr_expect_neq(upgrade(&p, host, "null", "13").status, 101);
+    cr_expect_eq(upgrade(&p, host, origin_of(&p, "127.0.0.1"), "13").status, 101,
+                 "the daemon's own page was refused");
+    cr_expect_eq(upgrade(&p, self(&p, "localhost"), origin_of(&p, "localhost"), "13").status, 101);
+    cr_expect_eq(upgrade(&p, host, NULL, "13").status, 101, "a client without Origin was refused");
+    /* Plain HTTP from a foreign origin too. */
+    char extra[128];
+    snprintf(extra, sizeof extra, "Origin: http://evil.example\r\n");
+    cr_expect_eq(get(&p, "GET", "/healthz", host, extra).status, 403);
+    cr_expect_eq(kvpd_stop(&p, 10000), 0);
+}
+
+Test(security_http, a_rebinding_host_is_refused)
+{
+    kvpd_proc p;
+    cr_assert_eq(kvpd_start(&p, ""), 0, "log %s", p.log);
+    char auth[200];
+    snprintf(auth, sizeof auth, "Authorization: Bearer %s\r\n", h_admin_token(&p));
+    reply r = get(&p, "GET", "/admin/stats", self(&p, "evil.example"), auth);
+    cr_expect_eq(r.status, 421, "a rebinding page read /admin/stats: %d", r.status);
+    cr_expect_eq(get(&p, "GET", "/", self(&p, "evil.example"), NULL).status, 421);
+    cr_expect_neq(upgrade(&p, self(&p, "evil.example"), NULL, "13").status, 101);
+    cr_expect_eq(get(&p, "GET", "/admin/stats", self(&p, "127.0.0.1"), auth).status, 200);
+    cr_expect_eq(get(&p, "GET", "/healthz", "localhost", NULL).status, 200);
+    cr_expect_eq(get(&p, "GET", "/healthz", self(&p, "[::1]"), NULL).status, 200);
+    cr_expect_eq(raw(p.port, "GET /healthz HTTP/1.0\r\n\r\n", 0).status, 400, "no Host");
+    cr_expect_eq(kvpd_stop(&p, 10000), 0);
+}
+
+Test(security_http, configured_hosts_and_origins)
+{
+    kvpd_proc p;
+    cr_assert_eq(kvpd_start(&p, "--allowed-hosts kvpd.example,127.0.0.1 "
+                                "--allowed-origins https://app.example"), 0, "log %s", p.log);
+    cr_expect_eq(get(&p, "GET", "/healthz", self(&p, "kvpd.example"), NULL).status, 200);
+    cr_expect_eq(get(&p, "GET", "/healthz", self(&p, "localhost"), NULL).status, 421);
+    const char *host = self(&p, "127.0.0.1");
+    cr_expect_eq(upgrade(&p, host, "https://app.example", "13").status, 101);
+    cr_expect_neq(upgrade(&p, host, origin_of(&p, "127.0.0.1"), "13").status, 101);
+    cr_expect_eq(kvpd_stop(&p, 10000), 0);
+}
+
+Test(security_http, admin_is_closed_by_default)
+{
+    kvpd_proc p;
+    cr_assert_eq(kvpd_start(&p, ""), 0, "log %s", p.log);
+    char *body = NULL;
+    cr_expect_eq(h_get(&p, "/admin/stats", NULL, &body), 401);
+    free(body);
+    const char *tok = h_admin_token(&p);
+    cr_assert_eq(strlen(tok), 32, "no generated token in %s", p.admin_file);
+    struct stat st;
+    cr_assert_eq(stat(p.admin_file, &st), 0);
+    cr_expect_eq(st.st_mode & 0777, 0600, "token file mode %o", st.st_mode & 0777);
+    cr_expect(kvpd_log_has(&p, p.admin_file), "the log does not say where the token is");
+    body = NULL;
+    cr_expect_eq(h_get(&p, "/admin/stats", tok, &body), 200);
+    free(body);
+    cr_expect_eq(kvpd_stop(&p, 10000), 0);
+
+    /* Nowhere to write a token (no admin_token_file, no state_dir): closed. */
+    cr_assert_eq(kvpd_start(&p, "--admin-token-file="), 0, "log %s", p.log);
+    body = NULL;
+    cr_expect_eq(h_get(&p, "/admin/stats", NULL, &body), 401);
+    free(body);
+    cr_expect(kvpd_log_has(&p, "closed"), "log %s", p.log);
+    cr_expect_eq(kvpd_stop(&p, 10000), 0);
+}
+
+Test(security_http, the_websocket_version_must_be_13)
+{
+    kvpd_proc p;
+    cr_assert_eq(kvpd_start(&p, ""), 0, "log %s", p.log);
+    const char *host = self(&p, "127.0.0.1");
+    cr_expect_neq(upgrade(&p, host, NULL, "99").status, 101, "version 99 was accepted");
+    cr_expect_neq(upgrade(&p, host, NULL, "8").status, 101, "version 8 was accepted");
+    cr_expect_eq(upgrade(&p, host, NULL, "13").status, 101);
+    cr_expect_eq(kvpd_stop(&p, 10000), 0);
+}
+
+Test(security_http, head_is_served)
+{
+    kvpd_proc p;
+    cr_assert_eq(kvpd_start(&p, ""), 0, "log %s", p.log);
+    char auth[200];
+    snprintf(auth, sizeof auth, "Authorization: Bearer %s\r\n", h_admin_token(&p));
+    const char *paths[] = {"/healthz", "/metrics", "/admin/stats"};
+    for (int i = 0; i < 3; i++) {
+        reply r = get(&p, "HEAD", paths[i], self(&p, "127.0.0.1"), auth);
+        cr_expect_eq(r.status, 200, "HEAD %s: %d", paths[i], r.status);
+        cr_expect(strcasestr(r.head, "content-length:"), "HEAD %s: no length", paths[i]);
+        cr_expect_eq(r.body_len, 0, "HEAD %s sent a body of %zu bytes", paths[i], r.body_len);
+    }
+    cr_expect_eq(kvpd_stop(&p, 10000), 0);
+}
+
+Test(security_http, connect_is_answered_and_closed)
+{
+    kvpd_proc p;
+    cr_assert_eq(kvpd_start(&p, ""), 0, "log %s", p.log);
+    char req[256];
+    snprintf(req, sizeof req, "CONNECT example.com:443 HTTP/1.1\r\nHost: %s\r\n\r\n",
+             self(&p, "127.0.0.1"));
+    double t0 = ws_now_ms();
+    reply r = raw(p.port, req, 2000);
+    cr_expect_eq(r.status, 405, "CONNECT got %d", r.status);
+    cr_expect(r.closed, "the connection stayed open");
+    cr_expect_lt(ws_now_ms() - t0, 3000);
+    cr_expect_eq(get(&p, "GET", "/healthz", self(&p, "127.0.0.1"), NULL).status, 200);
+    cr_expect_eq(kvpd_stop(&p, 10000), 0);
+}

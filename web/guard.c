@@ -1,0 +1,176 @@
+/* Who may talk to the daemon: the Host header against the names it serves (DNS
+ * rebinding), the Origin header against the origins allowed to drive it (cross-site
+ * pages), the websocket version, and the admin token (generated at start when none is
+ * configured, so the admin endpoints are never open by default). */
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "web/conn.h"
+
+/* The names served when allowed_hosts is empty: loopback, and the listen address. */
+static const char *const loopback_names[] = {"localhost", "127.0.0.1", "::1"};
+
+/* 1 when item (n bytes) is in the comma-separated list (spaces around items ignored). */
+static int in_list(const char *list, const char *item, size_t n)
+{
+    for (const char *p = list; *p;) {
+        while (*p == ' ' || *p == ',')
+            p++;
+        const char *e = p;
+        while (*e && *e != ',')
+            e++;
+        const char *t = e;
+        while (t > p && t[-1] == ' ')
+            t--;
+        if ((size_t)(t - p) == n && n && !strncasecmp(p, item, n))
+            return 1;
+        p = e;
+    }
+    return 0;
+}
+
+static int wildcard(const char *host)
+{
+    return !strcmp(host, "0.0.0.0") || !strcmp(host, "*") || !strcmp(host, "::");
+}
+
+/* 1 when name (n bytes, no port, no brackets) is a name this daemon serves. */
+static int host_allowed(const kvpd *d, const char *name, size_t n)
+{
+    const char *list = d->cfg.allowed_hosts;
+    if (list[0])
+        return !strcmp(list, "*") || in_list(list, name, n);
+    for (size_t i = 0; i < sizeof loopback_names / sizeof *loopback_names; i++)
+        if (strlen(loopback_names[i]) == n && !strncasecmp(loopback_names[i], name, n))
+            return 1;
+    const char *listen = d->cfg.listen_host;
+    return !wildcard(listen) && strlen(listen) == n && !strncasecmp(listen, name, n);
+}
+
+/* "name", "name:port", "[v6]", "[v6]:port" -> name and its length; -1 if malformed. */
+static int split_host(const char *h, const char **name, size_t *n)
+{
+    if (h[0] == '[') {
+        const char *close = strchr(h, ']');
+        if (!close || (close[1] && close[1] != ':'))
+            return -1;
+        *name = h + 1;
+        *n = (size_t)(close - h - 1);
+        return 0;
+    }
+    const char *colon = strchr(h, ':');
+    *name = h;
+    *n = colon ? (size_t)(colon - h) : strlen(h);
+    return colon && strchr(colon + 1, ':') ? -1 : 0;
+}
+
+/* An Origin is allowed when listed, or (allowed_origins empty) when it is this
+ * daemon's own: http://<a served name>:<port>. */
+static int origin_allowed(const kvpd *d, const char *origin)
+{
+    const char *list = d->cfg.allowed_origins;
+    if (list[0])
+        return !strcmp(list, "*") || in_list(list, origin, strlen(origin));
+    if (strncasecmp(origin, "http://", 7))
+        return 0;
+    const char *hostport = origin + 7, *name;
+    size_t n;
+    if (strchr(hostport, '/') || split_host(hostport, &name, &n) < 0)
+        return 0;
+    const char *after = name[-1] == '[' ? name + n + 1 : name + n;
+    int port = *after == ':' ? atoi(after + 1) : 80;
+    return port == d->port && host_allowed(d, name, n);
+}
+
+const char *kvpd_guard_check(kvpd *d, struct lws *wsi, int *status)
+{
+    char buf[256];
+    const char *name;
+    size_t n;
+    int len = lws_hdr_copy(wsi, buf, sizeof buf, WSI_TOKEN_HOST);
+    if (len <= 0 || split_host(buf, &name, &n) < 0) {
+        *status = 400;
+        return "a Host header naming this server is required\n";
+    }
+    if (!host_allowed(d, name, n)) {
+        *status = 421;
+        return "this server does not serve that Host (see allowed_hosts)\n";
+    }
+    len = lws_hdr_copy(wsi, buf, sizeof buf, WSI_TOKEN_ORIGIN);
+    if (lws_hdr_total_length(wsi, WSI_TOKEN_ORIGIN) > 0 && (len <= 0 || !origin_allowed(d, buf))) {
+        *status = 403;
+        return "requests from that Origin are not allowed (see allowed_origins)\n";
+    }
+    return NULL;
+}
+
+const char *kvpd_guard_upgrade(kvpd *d, struct lws *wsi)
+{
+    int status;
+    const char *why = kvpd_guard_check(d, wsi, &status);
+    if (why)
+        return why;
+    char v[16];
+    if (lws_hdr_copy(wsi, v, sizeof v, WSI_TOKEN_VERSION) <= 0 || strcmp(v, "13"))
+        return "Sec-WebSocket-Version must be 13 (RFC 6455)\n";
+    return NULL;
+}
+
+const char *kvpd_admin_token(const kvpd *d)
+{
+    return d->cfg.admin_token[0] ? d->cfg.admin_token : d->admin_token_generated;
+}
+
+int kvpd_admin_token_init(kvpd *d, char *err, size_t errlen)
+{
+    d->admin_token_generated[0] = '\0';
+    if (d->cfg.admin_token[0])
+        return 0;
+    unsigned char raw[16];
+    if (getrandom(raw, sizeof raw, 0) != (ssize_t)sizeof raw) {
+        snprintf(err, errlen, "admin token: getrandom: %s", strerror(errno));
+        return -EIO;
+    }
+    for (size_t i = 0; i < sizeof raw; i++)
+        snprintf(d->admin_token_generated + 2 * i, 3, "%02x", raw[i]);
+    char path[KVPD_PATH_MAX + 16];
+    if (d->cfg.admin_token_file[0])
+        snprintf(path, sizeof path, "%s", d->cfg.admin_token_file);
+    else if (d->cfg.state_dir[0])
+        snprintf(path, sizeof path, "%s/admin.token", d->cfg.state_dir);
+    else {
+        kvpd_log("warning", "/admin/* is closed: no admin_token, and no admin_token_file or "
+                 "state_dir to write a generated one to");
+        return 0;
+    }
+    /* Only this user may read it: created 0600, never through a link, never someone
+     * else's file. */
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC,
+                  0600);
+    struct stat st;
+    int rc = fd < 0 ? -errno : 0;
+    if (!rc && (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid()))
+        rc = -EPERM;
+    if (!rc && fchmod(fd, 0600) < 0)
+        rc = -errno;
+    char line[40];
+    int n = snprintf(line, sizeof line, "%s\n", d->admin_token_generated);
+    if (!rc && write(fd, line, (size_t)n) != n)
+        rc = errno ? -errno : -EIO;
+    if (fd >= 0 && close(fd) < 0 && !rc)
+        rc = -errno;
+    if (rc < 0) {
+        snprintf(err, errlen, "admin token file %s: %s", path,
+                 rc == -EPERM ? "not a regular file of this user" : strerror(-rc));
+        return rc;
+    }
+    kvpd_log("info", "/admin/* needs the bearer token in %s (mode 0600)", path);
+    return 0;
+}
