@@ -8,6 +8,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "sessions/template.h"
+
 #ifndef KVPD_DATA_DIR
 #define KVPD_DATA_DIR "."
 #endif
@@ -375,6 +377,11 @@ int kvpd_config_validate(const kvpd_config *c, char *err, size_t errlen)
     }
     if (!strcmp(c->policy, "kvp") && !c->policy_file[0]) {
         snprintf(err, errlen, "policy kvp needs policy_file");
+        return -EINVAL;
+    }
+    if (c->chat_template[0] && kvp_template_format(c->chat_template) < 0) {
+        snprintf(err, errlen, "chat_template '%s' is none of plain, chatml, llama2, llama3, "
+                 "mistral, zephyr, phi3, gemma", c->chat_template);
         return -EINVAL;
     }
     if (c->state_dir[0]) {

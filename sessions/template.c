@@ -183,6 +183,8 @@ int kvp_template_init(kvp_template *t, const kvp_model *m, const char *name, cha
     }
     if (t->format == KVP_CHAT_CHATML)
         default_system(t->default_system, sizeof t->default_system, tmpl, tlen);
+    if (t->format == KVP_CHAT_LLAMA3)
+        t->dated_system = has(tmpl, tlen, "Cutting Knowledge Date");
 
     tpl_priv p = markers(t);
     int ok = 1;
@@ -355,11 +357,14 @@ static void begin(render *r, const char *sys, size_t sl)
         break;
     case KVP_CHAT_LLAMA3:
         tok(r, t->bos);
-        if (sl) {
+        if (sl || t->dated_system) {
             tok(r, mk[MK_OPEN]);
             LIT(r, "system");
             tok(r, mk[MK_CLOSE]);
             LIT(r, "\n\n");
+            /* Llama 3.1+'s template, with the date it uses when none is passed in */
+            if (t->dated_system)
+                LIT(r, "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n");
             trim(&sys, &sl);
             txt(r, sys, sl);
             tok(r, mk[MK_EOT]);

@@ -25,6 +25,8 @@ typedef struct kvp_template {
     int stop[3];                   /* tokens that end a reply, -1 unused */
     char default_system[256];      /* the system prompt the template adds when a
                                       conversation has none (Qwen 2.5, SmolLM2), or "" */
+    int dated_system;              /* Llama 3.1+: the system block always opens with the
+                                      knowledge cutoff and date lines */
 } kvp_template;
 
 /* A message of a conversation, for kvp_template_render. */

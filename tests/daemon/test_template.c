@@ -313,3 +313,22 @@ Test(template, render_equals_turns)
     kvp_chat_msg bad[2] = {{1, "a", 1}, {1, "b", 1}};
     cr_assert_eq(kvp_template_render(&t, NULL, 0, bad, 2, &full), -EINVAL);
 }
+
+Test(template, llama31_dated_system_block)
+{
+    m.chat_template = "{{- \"Cutting Knowledge Date: December 2023\\n\" }} <|start_header_id|>";
+    kvp_template t;
+    cr_assert_eq(kvp_template_init(&t, &m, NULL, NULL, 0), 0);
+    cr_assert_eq(t.format, KVP_CHAT_LLAMA3);
+    cr_assert(t.dated_system);
+    int *ids;
+    int n = kvp_template_turn(&t, NULL, 0, 1, 0, "Hi", 2, &ids);
+    char *s = render(&t, ids, n, -1);
+    cr_assert_str_eq(s, "<s><|start_header_id|> system<|end_header_id|> \n\nCutting Knowledge "
+                        "Date: December 2023\nToday Date: 26 Jul 2024\n\n<|eot_id|>"
+                        "<|start_header_id|> user<|end_header_id|> \n\nHi<|eot_id|>"
+                        "<|start_header_id|> assistant<|end_header_id|> \n\n");
+    free(s);
+    free(ids);
+    m.chat_template = NULL;
+}

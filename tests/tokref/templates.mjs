@@ -64,6 +64,10 @@ const doc = {
     msgs.map((m) => `<|${m.role}|>\n${m.content}</s>\n`).join("") + "<|assistant|>\n",
   phi3: (sys, msgs) => (sys ? `<|system|>\n${sys}<|end|>\n` : "") +
     msgs.map((m) => `<|${m.role}|>\n${m.content}<|end|>\n`).join("") + "<|assistant|>\n",
+  llama31: (sys, msgs) => "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n" +
+    `Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n${sys ? sys.trim() : ""}<|eot_id|>` +
+    msgs.map((m) => `<|start_header_id|>${m.role}<|end_header_id|>\n\n${m.content.trim()}<|eot_id|>`).join("") +
+    "<|start_header_id|>assistant<|end_header_id|>\n\n",
   gemma: (sys, msgs) => "<s>" + msgs.map((m, i) =>
     `<start_of_turn>${m.role === "user" ? "user" : "model"}\n${i === 0 && sys ? `${sys}\n\n` : ""}${trim(m.content)}<end_of_turn>\n`).join("") +
     "<start_of_turn>model\n",
@@ -87,6 +91,9 @@ function withSpecials(names) {
 const QWEN25 = "{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}{%- else %}{{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}{%- endif %}";
 const families = [
   { name: "llama3", vocab: llama3.json, config: llama3.config, format: "", applyTemplate: true },
+  { name: "llama3.1 (dated system block)", vocab: llama3.json,
+    config: { ...llama3.config, chat_template: '{{- "Cutting Knowledge Date: December 2023\\n" }}<|start_header_id|>' },
+    format: "", doc: doc.llama31 },
   { name: "chatml (qwen3)", vocab: qwen.json, config: qwen.config, format: "", doc: doc.chatml },
   { name: "chatml (qwen2.5 default system)", vocab: qwen.json, config: { ...qwen.config, chat_template: QWEN25 },
     format: "", doc: (s, m) => doc.chatml(s, m, "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.") },
