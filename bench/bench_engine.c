@@ -26,16 +26,10 @@
 #include "cache/kvcache.h"
 #include "model/forward.h"
 #include "model/model.h"
-#include "tools/cliutil.h"
+#include "base/parse.h"
+#include "base/clock.h"
 
 #define MAX_THREADS 64
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* ------------------------------------------------------------ memory bandwidth */
 
@@ -76,7 +70,7 @@ static double bandwidth(const uint64_t *buf, size_t n, int threads, int reps)
         pthread_t tid[MAX_THREADS];
         int started[MAX_THREADS] = {0};
         size_t per = n / (size_t)threads;
-        double t0 = now();
+        double t0 = kvp_now();
         for (int t = 1; t < threads; t++) {
             size_t len = t == threads - 1 ? n - per * (size_t)t : per;
             job[t] = (bw_job){buf + per * (size_t)t, len, 0};
@@ -90,7 +84,7 @@ static double bandwidth(const uint64_t *buf, size_t n, int threads, int reps)
             else
                 stream_sum(&job[t]); /* no thread: the number is lower, not wrong */
         }
-        double dt = now() - t0;
+        double dt = kvp_now() - t0;
         for (int t = 0; t < threads; t++)
             bw_sink += job[t].sum;
         double bw = (double)(n * sizeof *buf) / dt;
@@ -125,13 +119,13 @@ static double run_decode(const kvp_model *m, kvp_runstate *s, kvp_cache *c, int 
     double best = 0;
     for (int r = 0; r < reps; r++) {
         kvp_cache_reset(c);
-        double t0 = now();
+        double t0 = kvp_now();
         for (int i = 0; i < n; i++) {
             int tok = token(i, m->cfg.vocab_size);
             if (kvp_forward(m, s, c, &tok, 1, NULL))
                 return -1;
         }
-        double tps = n / (now() - t0);
+        double tps = n / (kvp_now() - t0);
         best = tps > best ? tps : best;
     }
     return best;
@@ -149,7 +143,7 @@ static double run_prefill(const kvp_model *m, kvp_runstate *s, kvp_cache *c, int
     double best = 0;
     for (int r = 0; r < reps && best >= 0; r++) {
         kvp_cache_reset(c);
-        double t0 = now();
+        double t0 = kvp_now();
         for (int i = 0; i < total; i += block) {
             int n = total - i < block ? total - i : block;
             if (kvp_forward(m, s, c, toks + i, n, NULL)) {
@@ -157,7 +151,7 @@ static double run_prefill(const kvp_model *m, kvp_runstate *s, kvp_cache *c, int
                 break;
             }
         }
-        double tps = total / (now() - t0);
+        double tps = total / (kvp_now() - t0);
         best = best >= 0 && tps > best ? tps : best;
     }
     free(toks);

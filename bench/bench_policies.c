@@ -11,16 +11,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "model/generate.h"
+#include "generate/generate.h"
 #include "policy/kvp_agent.h"
-#include "tools/cliutil.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
+#include "base/parse.h"
+#include "base/clock.h"
 
 /* Timing shim around a policy's on_insert: the scoring cost of score-on-insert policies. */
 static const kvp_policy_ops *inner_ops;
@@ -28,9 +22,9 @@ static double insert_s;
 
 static void timed_insert(kvp_policy *p, int layer, int kvh, kvp_head *h, int first, int n)
 {
-    double t0 = now_s();
+    double t0 = kvp_now();
     inner_ops->on_insert(p, layer, kvh, h, first, n);
-    insert_s += now_s() - t0;
+    insert_s += kvp_now() - t0;
 }
 
 typedef struct {
@@ -60,19 +54,19 @@ static int run(const kvp_model *m, const char *policy_name, const char *kvp_file
     kvp_evict_cfg e = {p, budget, 32};
     int rc = kvp_gen_prefill(m, &s, &c, &e, prompt, n_prefill, NULL);
     insert_s = 0.0;
-    double evict_s = 0.0, t0 = now_s();
+    double evict_s = 0.0, t0 = kvp_now();
     int tok = prompt[n_prefill];
     for (int i = 0; i < n_decode && !rc; i++) {
         /* the trigger kvp_gen_decode would run, done here so it can be timed apart */
         if (budget > 0 && kvp_cache_max_rows(&c) + 1 > budget + e.chunk) {
-            double t1 = now_s();
+            double t1 = kvp_now();
             kvp_policy_evict(p, &c, budget);
-            evict_s += now_s() - t1;
+            evict_s += kvp_now() - t1;
         }
         rc = kvp_gen_decode(m, &s, &c, &e, tok);
         tok = prompt[n_prefill + 1 + i];
     }
-    double total = now_s() - t0;
+    double total = kvp_now() - t0;
     if (rc)
         fprintf(stderr, "bench_policies: %s budget %d failed (%d)\n", policy_name, budget, rc);
     out->tok_s = n_decode / total;

@@ -20,7 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "tests/daemon/wsclient.h"
+#include "tools/wsclient.h"
 
 typedef struct opts {
     const char *kvpd, *model, *tokenizer;

@@ -5,7 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache/checksum.h"
+#include "base/bytes.h"
+#include "base/checksum.h"
 #include "cache/rope.h"
 
 /* bytes one row costs in a head: k + v (head_dim floats each), pos, seq, score, stat */
@@ -195,74 +196,55 @@ void kvp_cache_shift(kvp_cache *c, int n_sink, int ctx)
 
 static uint64_t fnv1a(const void *p, size_t n) { return kvp_fnv1a(KVP_FNV1A_INIT, p, n); }
 
-typedef struct { unsigned char *p; size_t n; } wbuf;
-
-static void put(wbuf *w, const void *src, size_t n)
-{
-    memcpy(w->p + w->n, src, n);
-    w->n += n;
-}
-
 int kvp_cache_serialize(const kvp_cache *c, void **buf, size_t *len)
 {
     size_t hd = (size_t)c->head_dim;
     size_t total = 8 + 4 + 4 * 4 + 4 + 8 + 8 + 8 + 8;
     for (int i = 0; i < c->n_layers * c->n_kv_heads; i++)
         total += 4 + (size_t)c->heads[i].n * row_bytes(c->head_dim);
-    wbuf w = {malloc(total), 0};
+    kvp_wbuf w = {malloc(total), 0};
     if (!w.p)
         return -ENOMEM;
     uint32_t version = CACHE_VERSION;
-    put(&w, CACHE_MAGIC, 8);
-    put(&w, &version, 4);
-    put(&w, &c->n_layers, 4);
-    put(&w, &c->n_kv_heads, 4);
-    put(&w, &c->head_dim, 4);
-    put(&w, &c->rope_base, 4);
-    put(&w, &c->next_pos, 4);
-    put(&w, &c->n_seen, 8);
-    put(&w, &c->evicted_rows, 8);
-    put(&w, &c->shifts, 8);
+    kvp_w_bytes(&w, CACHE_MAGIC, 8);
+    kvp_w_bytes(&w, &version, 4);
+    kvp_w_bytes(&w, &c->n_layers, 4);
+    kvp_w_bytes(&w, &c->n_kv_heads, 4);
+    kvp_w_bytes(&w, &c->head_dim, 4);
+    kvp_w_bytes(&w, &c->rope_base, 4);
+    kvp_w_bytes(&w, &c->next_pos, 4);
+    kvp_w_bytes(&w, &c->n_seen, 8);
+    kvp_w_bytes(&w, &c->evicted_rows, 8);
+    kvp_w_bytes(&w, &c->shifts, 8);
     for (int i = 0; i < c->n_layers * c->n_kv_heads; i++) {
         const kvp_head *h = &c->heads[i];
         size_t n = (size_t)h->n;
-        put(&w, &h->n, 4);
+        kvp_w_bytes(&w, &h->n, 4);
         if (!n)
             continue;
-        put(&w, h->k, n * hd * sizeof(float));
-        put(&w, h->v, n * hd * sizeof(float));
-        put(&w, h->pos, n * sizeof *h->pos);
-        put(&w, h->seq, n * sizeof *h->seq);
-        put(&w, h->score, n * sizeof *h->score);
-        put(&w, h->stat, n * sizeof *h->stat);
+        kvp_w_bytes(&w, h->k, n * hd * sizeof(float));
+        kvp_w_bytes(&w, h->v, n * hd * sizeof(float));
+        kvp_w_bytes(&w, h->pos, n * sizeof *h->pos);
+        kvp_w_bytes(&w, h->seq, n * sizeof *h->seq);
+        kvp_w_bytes(&w, h->score, n * sizeof *h->score);
+        kvp_w_bytes(&w, h->stat, n * sizeof *h->stat);
     }
     uint64_t sum = fnv1a(w.p, w.n);
-    put(&w, &sum, 8);
+    kvp_w_bytes(&w, &sum, 8);
     *buf = w.p;
     *len = w.n;
-    return 0;
-}
-
-typedef struct { const unsigned char *p; size_t n, off; } rbuf;
-
-static int get(rbuf *r, void *dst, size_t n)
-{
-    if (n > r->n - r->off)
-        return -1;
-    memcpy(dst, r->p + r->off, n);
-    r->off += n;
     return 0;
 }
 
 int kvp_cache_deserialize(kvp_cache *c, const void *buf, size_t len, char *err, size_t errlen)
 {
     memset(c, 0, sizeof *c);
-    rbuf r = {buf, len, 0};
+    kvp_rbuf r = {buf, len, 0};
     char magic[8];
     uint32_t version = 0;
     int n_layers, n_kv, hd, next_pos;
     float base;
-    if (len < 8 + 8 || get(&r, magic, 8) || memcmp(magic, CACHE_MAGIC, 8)) {
+    if (len < 8 + 8 || kvp_r_bytes(&r, magic, 8) || memcmp(magic, CACHE_MAGIC, 8)) {
         snprintf(err, errlen, "cache snapshot: bad magic or too short (%zu bytes)", len);
         return -EINVAL;
     }
@@ -273,12 +255,12 @@ int kvp_cache_deserialize(kvp_cache *c, const void *buf, size_t len, char *err, 
         return -EINVAL;
     }
     r.n = len - 8;
-    if (get(&r, &version, 4) || version != CACHE_VERSION) {
+    if (kvp_r_bytes(&r, &version, 4) || version != CACHE_VERSION) {
         snprintf(err, errlen, "cache snapshot: unsupported version %u", version);
         return -EINVAL;
     }
-    if (get(&r, &n_layers, 4) || get(&r, &n_kv, 4) || get(&r, &hd, 4) || get(&r, &base, 4) ||
-        get(&r, &next_pos, 4) || n_layers <= 0 || n_kv <= 0 || hd <= 0 || hd % 2 ||
+    if (kvp_r_bytes(&r, &n_layers, 4) || kvp_r_bytes(&r, &n_kv, 4) || kvp_r_bytes(&r, &hd, 4) || kvp_r_bytes(&r, &base, 4) ||
+        kvp_r_bytes(&r, &next_pos, 4) || n_layers <= 0 || n_kv <= 0 || hd <= 0 || hd % 2 ||
         n_layers > 4096 || n_kv > 4096 || hd > 4096 || next_pos < 0) {
         snprintf(err, errlen, "cache snapshot: bad shape");
         return -EINVAL;
@@ -287,12 +269,12 @@ int kvp_cache_deserialize(kvp_cache *c, const void *buf, size_t len, char *err, 
     if (rc)
         return rc;
     c->next_pos = next_pos;
-    if (get(&r, &c->n_seen, 8) || get(&r, &c->evicted_rows, 8) || get(&r, &c->shifts, 8))
+    if (kvp_r_bytes(&r, &c->n_seen, 8) || kvp_r_bytes(&r, &c->evicted_rows, 8) || kvp_r_bytes(&r, &c->shifts, 8))
         goto bad;
     for (int i = 0; i < n_layers * n_kv; i++) {
         kvp_head *h = &c->heads[i];
         int n;
-        if (get(&r, &n, 4) || n < 0 || (size_t)n > (r.n - r.off) / row_bytes(hd))
+        if (kvp_r_bytes(&r, &n, 4) || n < 0 || (size_t)n > (r.n - r.off) / row_bytes(hd))
             goto bad;
         if (!n)
             continue;
@@ -303,9 +285,9 @@ int kvp_cache_deserialize(kvp_cache *c, const void *buf, size_t len, char *err, 
         }
         h->n = n;
         size_t nn = (size_t)n;
-        if (get(&r, h->k, nn * hd * sizeof(float)) || get(&r, h->v, nn * hd * sizeof(float)) ||
-            get(&r, h->pos, nn * sizeof *h->pos) || get(&r, h->seq, nn * sizeof *h->seq) ||
-            get(&r, h->score, nn * sizeof *h->score) || get(&r, h->stat, nn * sizeof *h->stat))
+        if (kvp_r_bytes(&r, h->k, nn * hd * sizeof(float)) || kvp_r_bytes(&r, h->v, nn * hd * sizeof(float)) ||
+            kvp_r_bytes(&r, h->pos, nn * sizeof *h->pos) || kvp_r_bytes(&r, h->seq, nn * sizeof *h->seq) ||
+            kvp_r_bytes(&r, h->score, nn * sizeof *h->score) || kvp_r_bytes(&r, h->stat, nn * sizeof *h->stat))
             goto bad;
     }
     if (r.off != r.n)

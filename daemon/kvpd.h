@@ -1,18 +1,16 @@
-/* The daemon's state, owned by the loop thread (workers see only env and sessions
- * handed to them through the scheduler). */
+/* The daemon's state, owned by the loop thread: the configuration, the model, the
+ * session hub that runs every conversation, and the web front end in front of it. */
 #ifndef KVPD_H
 #define KVPD_H
 
 #include <uv.h>
 
-#include "daemon/config.h"
-#include "daemon/scheduler.h"
+#include "base/log.h"
+#include "config/config.h"
 #include "model/model.h"
+#include "sessions/hub.h"
 #include "sessions/session.h"
-#include "web/metrics.h"
-
-struct lws_context;
-struct kvpd_listener;
+#include "web/server.h"
 
 typedef struct kvpd {
     kvpd_config cfg;
@@ -20,30 +18,19 @@ typedef struct kvpd {
     char **argv;
     uv_loop_t loop;
     kvp_model model;
-    int ready;                    /* model loaded, scheduler running */
+    int model_loaded;
     int draining;                 /* shutting down: no new connections or turns */
     int exit_code;
     int reloading, reload_again;  /* a SIGHUP reload is off the loop; another one asked */
-    kvp_session_env env;
     kvp_policy_conf *pconf;       /* the policy in force for new sessions */
     kvp_snapshot_identity model_ident;
-    size_t row_bytes;             /* cache bytes per row per head (cache/kvcache.c's count) */
-    kvp_session_table sessions;
-    kvpd_sched *sched;
+    kvp_hub_config hub_cfg;       /* the hub's view of cfg (kvpd_hub_config_sync) */
+    kvp_hub *hub;                 /* NULL until the model is loaded */
+    kvpd_web web;
     kvpd_metrics metrics;
-    struct lws_context *lws;
-    struct kvpd_listener *listener;   /* web/listen.c */
-    int port;                     /* bound port */
-    int connections_open;         /* HTTP and websocket connections lws holds */
-    char admin_token_generated[33];   /* without admin_token: made at start ("" = closed) */
-    int frames_pending;           /* websocket frames queued, not yet written */
-    double started;               /* kvp_now() at start */
 } kvpd;
 
-/* Tells systemd (and the log) the daemon serves: READY=1 and a STATUS= line. */
-void kvpd_announce_ready(kvpd *d);
-
-/* Loop-thread log line to stderr with a level tag. */
-void kvpd_log(const char *level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Copies the keys the hub reads from cfg (at start and after a reload). */
+void kvpd_hub_config_sync(kvpd *d);
 
 #endif

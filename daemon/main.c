@@ -12,9 +12,8 @@
 #include "daemon/kvpd.h"
 #include "daemon/notify.h"
 #include "daemon/reload.h"
-#include "daemon/residency.h"
+#include "sessions/residency.h"
 #include "policy/policy.h"
-#include "web/server.h"
 
 typedef struct daemon_handles {
     uv_signal_t sigint, sigterm, sighup;
@@ -34,17 +33,7 @@ static daemon_handles g_h;
 
 static int busy_turns(kvpd *d)
 {
-    int n = 0;
-    for (kvp_session *s = d->sessions.head; s; s = s->next)
-        n += s->busy;
-    return n;
-}
-
-void kvpd_announce_ready(kvpd *d)
-{
-    kvpd_notify("READY=1\nSTATUS=serving on %s:%d: model %s, policy %s, budget %d, "
-                "%d resident session(s)", d->cfg.listen_host, d->port, d->model.name,
-                d->pconf->name, d->cfg.budget, d->sessions.resident);
+    return d->hub ? kvp_hub_jobs(d->hub) : 0;
 }
 
 static void finalize(kvpd *d)
@@ -56,26 +45,8 @@ static void finalize(kvpd *d)
     uv_close((uv_handle_t *)&g_h.sigint, NULL);
     uv_close((uv_handle_t *)&g_h.sigterm, NULL);
     uv_close((uv_handle_t *)&g_h.sighup, NULL);
-    kvpd_web_stop(d);
-    if (d->sched)
-        kvpd_sched_stop(d->sched);
-}
-
-/* Every turn wrote its session's snapshot as it ended; a session whose last write
- * failed gets one more try on a worker. Returns the saves queued. */
-static int save_unsaved(kvpd *d)
-{
-    int n = 0;
-    if (!d->env.state_dir[0] || !d->sched)
-        return 0;
-    for (kvp_session *s = d->sessions.head; s; s = s->next)
-        if (!s->busy && !s->parked && !s->saved && (s->n_msgs > 0 || s->has_snapshot)) {
-            kvp_session_begin_job(s, KVP_JOB_SAVE);
-            s->busy = 1;
-            kvpd_sched_submit(d->sched, s);
-            n++;
-        }
-    return n;
+    kvpd_web_stop(&d->web);
+    kvp_hub_stop(d->hub);
 }
 
 /* Waits for cancelled turns to report (each writes its snapshot) and their last frames
@@ -85,18 +56,20 @@ static void on_drain(uv_timer_t *t)
     kvpd *d = t->data;
     int busy = busy_turns(d);
     int deadline = kvp_now() > g_h.drain_deadline;
-    if (busy == 0 && d->frames_pending == 0 && !g_h.saves_sent && !deadline) {
+    if (busy == 0 && d->web.frames_pending == 0 && !g_h.saves_sent && !deadline) {
         g_h.saves_sent = 1;
-        int n = save_unsaved(d);
+        /* Every turn wrote its session's snapshot as it ended; a session whose last
+         * write failed gets one more try on a worker. */
+        int n = d->hub ? kvp_hub_save_unsaved(d->hub) : 0;
         if (n) {
             kvpd_log("info", "writing %d session snapshot(s) that failed before", n);
             return;
         }
     }
-    if ((busy == 0 && d->frames_pending == 0 && g_h.saves_sent) || deadline) {
+    if ((busy == 0 && d->web.frames_pending == 0 && g_h.saves_sent) || deadline) {
         if (busy)
             kvpd_log("warning", "%d job(s) still running at the shutdown deadline", busy);
-        int unsaved = kvpd_web_unsaved(d);
+        int unsaved = d->hub ? kvp_hub_unsaved(d->hub) : 0;
         if (unsaved) {   /* turns a client saw are not on disk: not a clean stop */
             kvpd_log("error", "%d session(s) could not be written to the state directory", unsaved);
             d->exit_code = 1;
@@ -110,7 +83,8 @@ static void begin_shutdown(kvpd *d, const char *why)
     if (d->draining)
         return;
     d->draining = 1;
-    int running = kvpd_web_cancel_all(d);
+    d->web.draining = 1;
+    int running = d->hub ? kvp_hub_drain(d->hub) : 0;
     kvpd_log("info", "%s: stopping (%d turn(s) to finish)", why, running);
     kvpd_notify("STOPPING=1\nSTATUS=stopping: %d turn(s) to finish", running);
     g_h.drain_deadline = kvp_now() + d->cfg.shutdown_timeout_ms / 1e3;
@@ -135,12 +109,11 @@ static void on_watchdog(uv_timer_t *t)
 static void on_idle_timer(uv_timer_t *t)
 {
     kvpd *d = t->data;
-    if (!d->draining)
-        kvpd_web_expire(d, kvp_now());
+    if (!d->draining && d->hub)
+        kvp_hub_expire(d->hub, kvp_now());
 }
 
-/* The model's identity for snapshots, the policy conf, and the cache's bytes per row
- * (asked of the cache module, so the memory cap counts as kvp_cache_bytes does). */
+/* The model's identity for snapshots, and the policy conf. */
 static int prepare(kvpd *d, char *err, size_t errlen)
 {
     int rc = kvp_snapshot_identity_init(&d->model_ident, d->model.name, d->cfg.model, "",
@@ -150,16 +123,6 @@ static int prepare(kvpd *d, char *err, size_t errlen)
     if ((rc = kvpd_policy_conf_make(&d->cfg, &d->model, &d->model_ident, &d->pconf,
                                     g_h.policy_note, sizeof g_h.policy_note, err, errlen)) < 0)
         return rc;
-    kvp_cache c;
-    const kvp_model_config *m = &d->model.cfg;
-    if ((rc = kvp_cache_init(&c, 1, 1, m->head_dim, m->rope_base)) < 0 ||
-        (rc = kvp_head_reserve(&c.heads[0], m->head_dim, 1)) < 0) {
-        kvp_cache_free(&c);
-        snprintf(err, errlen, "cache: %s", strerror(-rc));
-        return rc;
-    }
-    d->row_bytes = kvp_cache_bytes(&c) / (size_t)c.heads[0].cap;
-    kvp_cache_free(&c);
     return 0;
 }
 
@@ -211,32 +174,28 @@ static void load_done(uv_work_t *w, int status)
         begin_shutdown(d, "model load failed");
         return;
     }
-    d->env.model = &d->model;
-    char note[256];
-    int trc = kvp_template_init(&d->env.tpl, &d->model, d->cfg.chat_template, note, sizeof note);
-    if (trc < 0) {
-        kvpd_log("error", "%s", note);
-        kvp_model_free(&d->model);
-        d->exit_code = 1;
-        begin_shutdown(d, "bad chat_template");
-        return;
-    }
-    if (trc > 0)
-        kvpd_log("warning", "chat template: %s", note);
+    d->model_loaded = 1;
     char err[256];
-    int rc = kvpd_sched_start(&d->sched, &d->loop, d->cfg.workers, &d->env,
-                              kvpd_web_on_event, d, err, sizeof err);
+    kvp_hub_params hp = {.loop = &d->loop, .model = &d->model, .cfg = &d->hub_cfg,
+                         .metrics = &d->metrics, .policy = d->pconf,
+                         .state_dir = d->cfg.state_dir, .chunk = d->cfg.chunk,
+                         .workers = d->cfg.workers, .reuse_cache = d->cfg.reuse_cache,
+                         .top_p = d->cfg.top_p, .seed = d->cfg.seed,
+                         .chat_template = d->cfg.chat_template};
+    int rc = kvp_hub_start(&d->hub, &hp, err, sizeof err);
     if (rc < 0) {
         kvpd_log("error", "%s", err);
         d->exit_code = 1;
         begin_shutdown(d, "scheduler failed");
         return;
     }
-    d->ready = 1;
+    d->web.hub = d->hub;
+    kvp_hub_info info;
+    kvp_hub_info_get(d->hub, &info);
     kvpd_log("info", "%s", g_h.policy_note);
     kvpd_log("info", "model %s (%s, %d layers, context %d), policy %s, budget %d, chunk %d, "
              "%d worker(s), state %s, cache cap %llu (%zu per turn)",
-             d->model.name, kvp_template_name(d->env.tpl.format), d->model.cfg.n_layers,
+             d->model.name, info.chat_format, d->model.cfg.n_layers,
              d->model.cfg.seq_len, d->pconf->name, d->cfg.budget, d->cfg.chunk,
              d->cfg.workers, d->cfg.state_dir[0] ? d->cfg.state_dir : "(none)",
              (unsigned long long)d->cfg.max_cache_bytes, kvpd_turn_bytes(d));
@@ -306,23 +265,21 @@ int main(int argc, char **argv)
 
     d->argc = argc;
     d->argv = argv;
-    d->env.state_dir = d->cfg.state_dir;   /* not a live key: it never changes */
-    d->env.chunk = d->cfg.chunk;
-    d->env.reuse_cache = d->cfg.reuse_cache;
-    d->env.top_p = d->cfg.top_p;
-    d->env.seed = d->cfg.seed;
-    d->sessions.max = d->cfg.max_sessions;
-    d->started = kvp_now();
+    kvpd_hub_config_sync(d);
     kvpd_metrics_init(&d->metrics);
+    d->web.cfg = &d->cfg;
+    d->web.metrics = &d->metrics;
+    d->web.loop = &d->loop;
+    d->web.started = kvp_now();
 
     int rc = uv_loop_init(&d->loop);
     if (rc < 0) {
         fprintf(stderr, "kvpd: uv_loop_init: %s\n", uv_strerror(rc));
         return 1;
     }
-    if (kvpd_web_start(d, err, sizeof err) < 0) {
+    if (kvpd_web_start(&d->web, err, sizeof err) < 0) {
         fprintf(stderr, "kvpd: %s\n", err);
-        if (d->lws) {
+        if (d->web.lws) {
             /* lws 4.1 crashes tearing down a context whose vhost failed (a bind lost
              * to a race after the probe): nothing is running yet, so just leave. */
             _exit(1);
@@ -330,7 +287,7 @@ int main(int argc, char **argv)
         uv_loop_close(&d->loop);
         return 1;
     }
-    fprintf(stderr, "kvpd: listening on %s:%d\n", d->cfg.listen_host, d->port);
+    fprintf(stderr, "kvpd: listening on %s:%d\n", d->cfg.listen_host, d->web.port);
     kvpd_notify("STATUS=loading model %s", d->cfg.model);
 
     uv_signal_init(&d->loop, &g_h.sigint);
@@ -357,14 +314,12 @@ int main(int argc, char **argv)
     uv_run(&d->loop, UV_RUN_DEFAULT);
 
     /* lws finishes tearing down once its handles have closed. */
-    if (d->lws)
-        lws_context_destroy(d->lws);
+    if (d->web.lws)
+        lws_context_destroy(d->web.lws);
     uv_run(&d->loop, UV_RUN_DEFAULT);
-    if (d->sched)
-        kvpd_sched_free(d->sched);
-    kvp_session_table_clear(&d->sessions);
+    kvp_hub_free(d->hub);
     kvp_policy_conf_unref(d->pconf);
-    if (d->env.model)
+    if (d->model_loaded)
         kvp_model_free(&d->model);
     if (uv_loop_close(&d->loop) == UV_EBUSY) {
         uv_walk(&d->loop, close_walk, NULL);

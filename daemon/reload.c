@@ -8,8 +8,33 @@
 #include <string.h>
 
 #include "daemon/notify.h"
-#include "daemon/residency.h"
+#include "sessions/residency.h"
 #include "policy/policy.h"
+
+void kvpd_hub_config_sync(kvpd *d)
+{
+    d->hub_cfg = (kvp_hub_config){
+        .budget = d->cfg.budget, .max_tokens = d->cfg.max_tokens,
+        .temperature = d->cfg.temperature, .max_sessions = d->cfg.max_sessions,
+        .max_cache_bytes = d->cfg.max_cache_bytes, .idle_timeout_s = d->cfg.idle_timeout_s,
+        .max_sessions_per_client = d->cfg.max_sessions_per_connection};
+}
+
+void kvpd_announce_ready(kvpd *d)
+{
+    kvp_hub_info info;
+    kvp_hub_info_get(d->hub, &info);
+    kvpd_notify("READY=1\nSTATUS=serving on %s:%d: model %s, policy %s, budget %d, "
+                "%d resident session(s)", d->cfg.listen_host, d->web.port, d->model.name,
+                d->pconf->name, d->cfg.budget, info.sessions_resident);
+}
+
+/* One turn's cache reservation under cfg's budget and pc's policy. */
+static size_t turn_bytes(const kvpd *d, const kvpd_config *cfg, const kvp_policy_conf *pc)
+{
+    const kvp_model_config *m = &d->model.cfg;
+    return kvp_turn_bytes(m, kvp_cache_row_bytes(m), cfg->budget, cfg->chunk, pc->name);
+}
 
 static int policy_loads(const kvp_policy_conf *pc, const kvpd_config *cfg,
                         const kvp_model *model, char *err, size_t errlen)
@@ -78,6 +103,11 @@ int kvpd_policy_conf_make(const kvpd_config *cfg, const kvp_model *model,
     return 0;
 }
 
+size_t kvpd_turn_bytes(const kvpd *d)
+{
+    return turn_bytes(d, &d->cfg, d->pconf);
+}
+
 typedef struct reload_job {
     uv_work_t work;
     kvpd *d;
@@ -121,20 +151,19 @@ static void reload_done(uv_work_t *w, int status)
         refuse(d, uv_strerror(status));
     } else if (j->rc < 0) {
         refuse(d, j->err);
-    } else if (j->cfg.max_cache_bytes &&
-               j->cfg.max_cache_bytes < kvpd_turn_bytes_at(d, j->cfg.budget, j->pc)) {
+    } else if (j->cfg.max_cache_bytes && j->cfg.max_cache_bytes < turn_bytes(d, &j->cfg, j->pc)) {
         char why[256];
         snprintf(why, sizeof why, "max_cache_bytes %llu is less than one turn needs (%zu)",
-                 (unsigned long long)j->cfg.max_cache_bytes,
-                 kvpd_turn_bytes_at(d, j->cfg.budget, j->pc));
+                 (unsigned long long)j->cfg.max_cache_bytes, turn_bytes(d, &j->cfg, j->pc));
         refuse(d, why);
     } else {
         char fixed[512];
         kvpd_config_apply_live(&d->cfg, &j->cfg, fixed, sizeof fixed);
-        d->sessions.max = d->cfg.max_sessions;
+        kvpd_hub_config_sync(d);
         kvp_policy_conf_unref(d->pconf);
         d->pconf = j->pc;
         j->pc = NULL;
+        kvp_hub_set_policy(d->hub, d->pconf);
         d->metrics.reloads++;
         kvpd_log("info", "reloaded: %s, budget %d, max_sessions %d, max_cache_bytes %llu",
                  j->note, d->cfg.budget, d->cfg.max_sessions,
@@ -157,7 +186,7 @@ void kvpd_reload(kvpd *d)
 {
     if (d->draining)
         return;
-    if (!d->ready) {
+    if (!d->hub) {
         kvpd_log("warning", "reload ignored: the model is still loading");
         return;
     }

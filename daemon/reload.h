@@ -21,4 +21,12 @@ int kvpd_policy_conf_make(const kvpd_config *cfg, const kvp_model *model,
  * serving. */
 void kvpd_reload(kvpd *d);
 
+/* One turn's cache reservation at the budget and policy in force (the memory cap must
+ * hold at least that). */
+size_t kvpd_turn_bytes(const kvpd *d);
+
+/* Tells systemd (and the log) the daemon serves: READY=1 and a STATUS= line (at start
+ * and after each reload). */
+void kvpd_announce_ready(kvpd *d);
+
 #endif

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/errmsg.h"
+#include "base/errors.h"
 #include "model/unicode.h"
 
 /* ---- GPT-2's byte-to-unicode alphabet ----

@@ -7,7 +7,6 @@
 #include <string.h>
 
 #include "cache/rope.h"
-#include "policy/policy.h"
 
 int kvp_runstate_init(kvp_runstate *s, const kvp_model_config *c, int max_tokens)
 {
@@ -166,8 +165,8 @@ int kvp_forward(const kvp_model *m, kvp_runstate *s, kvp_cache *c,
             for (int h = 0; h < p->n_kv_heads; h++)
                 kvp_rope_apply(s->k + (size_t)t * kvd + h * hd, hd, cs);
         }
-        if (s->tap)
-            s->tap(s->tap_ctx, l, s->q, s->k, s->v, T);
+        if (s->hooks.tap)
+            s->hooks.tap(s->hooks.tap_ctx, l, s->q, s->k, s->v, T);
 
         for (int kvh = 0; kvh < p->n_kv_heads; kvh++) {
             kvp_head *h = kvp_cache_head(c, l, kvh);
@@ -184,14 +183,14 @@ int kvp_forward(const kvp_model *m, kvp_runstate *s, kvp_cache *c,
                 h->stat[r] = 0.0f;
             }
             h->n = base + T;
-            if (s->policy && s->policy->ops->on_insert)
-                s->policy->ops->on_insert(s->policy, l, kvh, h, base, T);
+            if (s->hooks.score)
+                s->hooks.score(s->hooks.ctx, l, kvh, h, base, T);
             if ((rc = ensure_att(s, (size_t)group * T * h->n)))
                 return rc;
             attend_head(s, p, h, kvh, T, base);
-            if (s->policy && s->policy->ops->wants_attention)
-                s->policy->ops->on_attention(s->policy, l, kvh, h, s->q + (size_t)kvh * group * hd,
-                                             qd, s->att, h->n, T);
+            if (s->hooks.attention)
+                s->hooks.attention(s->hooks.ctx, l, kvh, h, s->q + (size_t)kvh * group * hd, qd,
+                                   s->att, h->n, T);
         }
         matmul(s->x, s->att_out, w->wo, T, qd, dim, 1);
 

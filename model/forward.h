@@ -7,12 +7,25 @@
 #include "model/model.h"
 #include "cache/kvcache.h"
 
-struct kvp_policy;
-
-/* Observer of the forward pass, for trace recording: called per layer after Q/K/V are
- * computed and rotated. q: [n][n_heads*head_dim], k, v: [n][n_kv_heads*head_dim]. */
-typedef void (*kvp_qkv_tap)(void *ctx, int layer, const float *q, const float *k,
-                            const float *v, int n);
+/* What the forward pass reports to the layers above it; every member is optional. The
+ * generation layer fills score/attention from the session's eviction policy
+ * (kvp_policy_attach), trace recording sets tap. */
+typedef struct kvp_forward_hooks {
+    /* Rows [first, first+n) were just appended to h: set h->score (and h->stat). */
+    void (*score)(void *ctx, int layer, int kvh, kvp_head *h, int first, int n);
+    /* Attention of the KV group's n_q newest queries over h's rows (h->n, the block's
+     * own rows included). Query head g of query t: q at q + t*q_stride + g*head_dim,
+     * probabilities at att + (g*n_q + t)*att_stride, zeros where the causal mask hides a
+     * row. NULL: nobody observes attention. */
+    void (*attention)(void *ctx, int layer, int kvh, kvp_head *h, const float *q,
+                      int q_stride, const float *att, int att_stride, int n_q);
+    void *ctx;
+    /* Per layer after Q/K/V are computed and rotated. q: [n][n_heads*head_dim],
+     * k, v: [n][n_kv_heads*head_dim]. */
+    void (*tap)(void *tap_ctx, int layer, const float *q, const float *k, const float *v,
+                int n);
+    void *tap_ctx;
+} kvp_forward_hooks;
 
 typedef struct kvp_runstate {
     int max_tokens;     /* largest block */
@@ -26,16 +39,14 @@ typedef struct kvp_runstate {
     int att_cap;
     float *logits;      /* [vocab] logits of the last token of the last block */
     float *rope;        /* [T][head_dim] cos/sin of each block position */
-    struct kvp_policy *policy;  /* optional: scores new rows, observes attention */
-    kvp_qkv_tap tap;
-    void *tap_ctx;
+    kvp_forward_hooks hooks;
 } kvp_runstate;
 
 int kvp_runstate_init(kvp_runstate *s, const kvp_model_config *cfg, int max_tokens);
 void kvp_runstate_free(kvp_runstate *s);
 
 /* Runs tokens[0..n) at positions cache->next_pos.. (n <= s->max_tokens; the caller
- * keeps next_pos + n <= seq_len, see generate.h). all_logits: NULL or [n][vocab].
+ * keeps next_pos + n <= seq_len, see generate/generate.h). all_logits: NULL or [n][vocab].
  * The last token's logits are always left in s->logits. Returns 0 or negative. */
 int kvp_forward(const kvp_model *m, kvp_runstate *s, kvp_cache *c,
                 const int *tokens, int n, float *all_logits);

@@ -6,8 +6,8 @@
  * for the metadata. */
 #include "model/gguf.h"
 
-#include "cache/checksum.h"
-#include "model/errmsg.h"
+#include "base/checksum.h"
+#include "base/errors.h"
 
 #include <errno.h>
 #include <fcntl.h>

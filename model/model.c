@@ -12,7 +12,7 @@
 
 #include "model/gguf.h"
 #include "model/quant.h"
-#include "model/errmsg.h"
+#include "base/errors.h"
 
 #define ERR(...) kvp_errorf(err, errlen, -EINVAL, __VA_ARGS__)
 

@@ -1,5 +1,6 @@
-/* A llama-architecture model: hyperparameters, weights (f32, mmap'd where the file
- * stores f32, dequantized otherwise), and its tokenizer. */
+/* A llama-architecture model: hyperparameters, weights (f32: read into anonymous
+ * memory on huge pages where the file stores f32 (model.c's load_file), dequantized
+ * otherwise), and its tokenizer. */
 #ifndef KVP_MODEL_H
 #define KVP_MODEL_H
 

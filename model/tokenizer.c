@@ -1,7 +1,7 @@
 #include "model/tokenizer.h"
 
+#include "base/errors.h"
 #include "model/bpe.h"
-#include "model/errmsg.h"
 #include "model/unicode.h"
 
 #include <errno.h>

@@ -57,14 +57,10 @@ static float head_norm(const float *x, int d)
     return sqrtf(s);
 }
 
-/* ---- none, oracle: no scoring of their own ---------------------------------------- */
+/* ---- none: no scoring ----------------------------------------------------------------- */
 
 static const kvp_policy_ops none_ops = { .name = "none" };
 KVP_STATELESS_CTOR(kvp_none_policy_create, none_ops)
-
-/* The evaluator writes h->score (true future utility) before each eviction. */
-static const kvp_policy_ops oracle_ops = { .name = "oracle" };
-KVP_STATELESS_CTOR(kvp_oracle_policy_create, oracle_ops)
 
 /* ---- random ------------------------------------------------------------------------- */
 

@@ -1,7 +1,9 @@
 #include "policy/kvp_agent.h"
 
-#include "cache/checksum.h"
-#include "model/errmsg.h"
+#include "base/bytes.h"
+#include "base/checksum.h"
+#include "base/rng.h"
+#include "base/errors.h"
 
 #include <assert.h>
 #include <cblas.h>
@@ -88,19 +90,11 @@ size_t kvp_agent_n_params(const kvp_agent_arch *a)
 
 /* ---------------------------------------------------------------- init */
 
-static uint64_t splitmix64(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 /* Uniform in [-a, a), from 24 random bits so the value is exact in float. */
 static void fill_uniform(float *x, size_t n, float a, uint64_t *rng)
 {
     for (size_t i = 0; i < n; i++) {
-        float u = (float)(splitmix64(rng) >> 40) * (1.0f / 16777216.0f);
+        float u = (float)(kvp_splitmix64(rng) >> 40) * (1.0f / 16777216.0f);
         x[i] = (2.0f * u - 1.0f) * a;
     }
 }
@@ -461,7 +455,7 @@ void kvp_agent_set_init(kvp_agent_set *s, uint64_t seed)
         for (int h = 0; h < s->n_kv_heads; h++) {
             /* Independent stream per agent, derived from (seed, agent index). */
             uint64_t st = seed ^ (0xD1B54A32D192ED03ull * (uint64_t)(l * s->n_kv_heads + h + 1));
-            kvp_agent_init(&s->arch, kvp_agent_set_params(s, l, h), splitmix64(&st));
+            kvp_agent_init(&s->arch, kvp_agent_set_params(s, l, h), kvp_splitmix64(&st));
         }
 }
 
@@ -471,28 +465,6 @@ static const uint8_t MAGIC[8] = {'K', 'V', 'P', 'P', 'O', 'L', 0, 1};
 #define FORMAT_VERSION 1u
 #define HEADER_BYTES 48
 #define CHECKSUM_BYTES 8
-
-static void put_u32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void put_u64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint32_t get_u32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-static uint64_t get_u64(const uint8_t *p)
-{
-    return (uint64_t)get_u32(p) | (uint64_t)get_u32(p + 4) << 32;
-}
 
 int kvp_agent_set_save(const kvp_agent_set *s, const char *path, char *err, size_t errlen)
 {
@@ -518,19 +490,19 @@ int kvp_agent_set_save(const kvp_agent_set *s, const char *path, char *err, size
 
     uint8_t hdr[HEADER_BYTES];
     memcpy(hdr, MAGIC, 8);
-    put_u32(hdr + 8, FORMAT_VERSION);
-    put_u32(hdr + 12, (uint32_t)s->n_layers);
-    put_u32(hdr + 16, (uint32_t)s->n_kv_heads);
-    put_u32(hdr + 20, (uint32_t)s->arch.d);
-    put_u32(hdr + 24, (uint32_t)s->arch.P);
-    put_u32(hdr + 28, (uint32_t)s->arch.E);
-    put_u32(hdr + 32, (uint32_t)s->arch.H);
-    put_u32(hdr + 36, (uint32_t)s->arch.pmax);
-    put_u64(hdr + 40, s->n_params);
+    kvp_put_u32(hdr + 8, FORMAT_VERSION);
+    kvp_put_u32(hdr + 12, (uint32_t)s->n_layers);
+    kvp_put_u32(hdr + 16, (uint32_t)s->n_kv_heads);
+    kvp_put_u32(hdr + 20, (uint32_t)s->arch.d);
+    kvp_put_u32(hdr + 24, (uint32_t)s->arch.P);
+    kvp_put_u32(hdr + 28, (uint32_t)s->arch.E);
+    kvp_put_u32(hdr + 32, (uint32_t)s->arch.H);
+    kvp_put_u32(hdr + 36, (uint32_t)s->arch.pmax);
+    kvp_put_u64(hdr + 40, s->n_params);
 
     size_t nf = (size_t)s->n_layers * (size_t)s->n_kv_heads * s->n_params;
     uint8_t tail[CHECKSUM_BYTES];
-    put_u64(tail, kvp_fnv1a(kvp_fnv1a(KVP_FNV1A_INIT, hdr, sizeof hdr), s->params,
+    kvp_put_u64(tail, kvp_fnv1a(kvp_fnv1a(KVP_FNV1A_INIT, hdr, sizeof hdr), s->params,
                             nf * sizeof(float)));
 
     /* The daemon may run as another user: make the file world-readable like a normal
@@ -566,7 +538,7 @@ static int parse_header(const uint8_t *hdr, uint64_t file_size, const char *path
         kvp_errorf(err, errlen, 0, "%s: not a KVP policy file (bad magic)", path);
         return -EINVAL;
     }
-    uint32_t version = get_u32(hdr + 8);
+    uint32_t version = kvp_get_u32(hdr + 8);
     if (version != FORMAT_VERSION) {
         kvp_errorf(err, errlen, 0, "%s: unsupported policy file version %u (this build reads %u)",
                path, version, FORMAT_VERSION);
@@ -581,18 +553,18 @@ static int parse_header(const uint8_t *hdr, uint64_t file_size, const char *path
     int v[7];
     for (int i = 0; i < 7; i++) {
         char msg[160];
-        if (check_range(fields[i].name, get_u32(hdr + fields[i].off), fields[i].max, msg,
+        if (check_range(fields[i].name, kvp_get_u32(hdr + fields[i].off), fields[i].max, msg,
                         sizeof msg)) {
             kvp_errorf(err, errlen, 0, "%s: %s", path, msg);
             return -EINVAL;
         }
-        v[i] = (int)get_u32(hdr + fields[i].off);
+        v[i] = (int)kvp_get_u32(hdr + fields[i].off);
     }
     *n_layers = v[0];
     *n_kv_heads = v[1];
     *a = (kvp_agent_arch){.d = v[2], .P = v[3], .E = v[4], .H = v[5], .pmax = v[6]};
 
-    uint64_t np = kvp_agent_n_params(a), stored = get_u64(hdr + 40);
+    uint64_t np = kvp_agent_n_params(a), stored = kvp_get_u64(hdr + 40);
     if (stored != np) {
         kvp_errorf(err, errlen, 0,
                "%s: parameter count %llu per agent does not match the sizes "
@@ -701,9 +673,9 @@ int kvp_agent_set_load(kvp_agent_set *s, const char *path, const kvp_model_confi
     }
     uint64_t sum = kvp_fnv1a(kvp_fnv1a(KVP_FNV1A_INIT, hdr, sizeof hdr), s->params,
                              nf * sizeof(float));
-    if (sum != get_u64(tail)) {
+    if (sum != kvp_get_u64(tail)) {
         kvp_errorf(err, errlen, 0, "%s: checksum mismatch (file %016llx, computed %016llx): corrupt",
-               path, (unsigned long long)get_u64(tail), (unsigned long long)sum);
+               path, (unsigned long long)kvp_get_u64(tail), (unsigned long long)sum);
         rc = -EBADMSG;
         goto fail;
     }

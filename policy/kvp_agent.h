@@ -108,8 +108,9 @@ int kvp_agent_set_load(kvp_agent_set *s, const char *path, const kvp_model_confi
                        char *err, size_t errlen);
 
 /* The "kvp" policy: loads policy_file for p->cfg (filled by the caller) and sets p->ops
- * and p->impl. on_insert scores the new rows once from h->k, h->v and h->pos; nothing
- * happens at eviction beyond the shared rank-and-keep. ops->destroy frees p->impl only.
+ * and p->impl. Each row is scored once from its k, v and pos, but lazily: on_insert marks
+ * new rows unscored (NaN) and before_evict scores the unscored rows in sgemm batches
+ * before the shared rank-and-keep. ops->destroy frees p->impl only.
  * An instance is used by one thread at a time (it owns a scratch buffer). */
 int kvp_agent_policy_create(kvp_policy *p, const char *policy_file, char *err, size_t errlen);
 

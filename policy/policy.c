@@ -7,10 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/rng.h"
 #include "policy/kvp_agent.h"
-
-#define DEFAULT_SINKS 4
-#define DEFAULT_RECENT 16
 
 static const struct {
     const char *name;
@@ -26,22 +24,36 @@ static const struct {
     { "tova", kvp_tova_policy_create },
     { "snapkv", kvp_snapkv_policy_create },
     { "kvp", kvp_agent_policy_create },
-    { "oracle", kvp_oracle_policy_create },
 };
 
 const char *kvp_policy_names(void)
 {
-    return "none random streaming knorm keydiff lagkv h2o tova snapkv kvp oracle";
+    return "none random streaming knorm keydiff lagkv h2o tova snapkv kvp";
 }
 
-/* splitmix64: nearby seeds give unrelated xorshift states, and never the stuck state 0 */
-static uint64_t seed_state(uint64_t seed)
+int kvp_policy_make(kvp_policy **out,
+                    int (*create)(kvp_policy *p, const char *policy_file, char *err, size_t errlen),
+                    const char *name, const char *policy_file, const kvp_model_config *cfg,
+                    uint64_t seed, char *err, size_t errlen)
 {
-    uint64_t z = seed + 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    return z ? z : 0x9E3779B97F4A7C15ull;
+    *out = NULL;
+    kvp_policy *p = calloc(1, sizeof *p);
+    if (!p) {
+        snprintf(err, errlen, "policy %s: out of memory", name);
+        return -ENOMEM;
+    }
+    if (cfg)
+        p->cfg = *cfg;
+    p->n_sink = KVP_DEFAULT_SINKS;
+    p->n_recent = KVP_DEFAULT_RECENT;
+    p->rng = kvp_rng_seed(seed);
+    int rc = create(p, policy_file, err, errlen);
+    if (rc < 0) {
+        free(p);
+        return rc;
+    }
+    *out = p;
+    return 0;
 }
 
 int kvp_policy_create(kvp_policy **out, const char *name, const char *policy_file,
@@ -56,23 +68,27 @@ int kvp_policy_create(kvp_policy **out, const char *name, const char *policy_fil
                  kvp_policy_names());
         return -EINVAL;
     }
-    kvp_policy *p = calloc(1, sizeof *p);
-    if (!p) {
-        snprintf(err, errlen, "policy %s: out of memory", name);
-        return -ENOMEM;
-    }
-    if (cfg)
-        p->cfg = *cfg;
-    p->n_sink = DEFAULT_SINKS;
-    p->n_recent = DEFAULT_RECENT;
-    p->rng = seed_state(seed);
-    int rc = registry[i].create(p, policy_file, err, errlen);
-    if (rc < 0) {
-        free(p);
-        return rc;
-    }
-    *out = p;
-    return 0;
+    return kvp_policy_make(out, registry[i].create, name, policy_file, cfg, seed, err, errlen);
+}
+
+static void hook_score(void *ctx, int layer, int kvh, kvp_head *h, int first, int n)
+{
+    kvp_policy *p = ctx;
+    p->ops->on_insert(p, layer, kvh, h, first, n);
+}
+
+static void hook_attention(void *ctx, int layer, int kvh, kvp_head *h, const float *q,
+                           int q_stride, const float *att, int att_stride, int n_q)
+{
+    kvp_policy *p = ctx;
+    p->ops->on_attention(p, layer, kvh, h, q, q_stride, att, att_stride, n_q);
+}
+
+void kvp_policy_attach(kvp_runstate *rs, kvp_policy *p)
+{
+    rs->hooks.ctx = p;
+    rs->hooks.score = p && p->ops->on_insert ? hook_score : NULL;
+    rs->hooks.attention = p && p->ops->wants_attention ? hook_attention : NULL;
 }
 
 void kvp_policy_destroy(kvp_policy *p)

@@ -9,7 +9,13 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "cache/kvcache.h"
+#include "model/forward.h"
 #include "model/model.h"
+
+/* The rows every policy protects unless told otherwise: the oldest (attention sinks) and
+ * the newest window. */
+#define KVP_DEFAULT_SINKS 4
+#define KVP_DEFAULT_RECENT 16
 
 typedef struct kvp_policy kvp_policy;
 
@@ -35,17 +41,27 @@ typedef struct kvp_policy_ops {
 struct kvp_policy {
     const kvp_policy_ops *ops;
     kvp_model_config cfg;
-    int n_sink;       /* default 4 */
-    int n_recent;     /* default 16 */
+    int n_sink;       /* KVP_DEFAULT_SINKS */
+    int n_recent;     /* KVP_DEFAULT_RECENT */
     uint64_t rng;
     void *impl;
 };
 
-/* Names: none random streaming knorm keydiff lagkv h2o tova snapkv kvp oracle.
- * policy_file is required for kvp and ignored otherwise. */
+/* Names: none random streaming knorm keydiff lagkv h2o tova snapkv kvp (the runtime
+ * policies; the evaluation-only oracle is offline/oracle.h). policy_file is required for
+ * kvp and ignored otherwise. */
 int kvp_policy_create(kvp_policy **out, const char *name, const char *policy_file,
                       const kvp_model_config *cfg, uint64_t seed, char *err, size_t errlen);
 void kvp_policy_destroy(kvp_policy *p);
+/* Makes a policy with the constructor `create` (the registry's path, open to policies
+ * defined outside it such as offline/oracle.h). */
+int kvp_policy_make(kvp_policy **out,
+                    int (*create)(kvp_policy *p, const char *policy_file, char *err, size_t errlen),
+                    const char *name, const char *policy_file, const kvp_model_config *cfg,
+                    uint64_t seed, char *err, size_t errlen);
+/* Points the runstate's forward hooks at p (scoring of new rows, attention when p wants
+ * it); NULL clears them. The tap is left alone. */
+void kvp_policy_attach(kvp_runstate *rs, kvp_policy *p);
 /* Space-separated list of every policy name (for --help and errors). */
 const char *kvp_policy_names(void);
 /* 1 for "none" (and for NULL, generate.h's "no policy"): never evicts. */
@@ -74,6 +90,5 @@ int kvp_lagkv_policy_create(kvp_policy *p, const char *policy_file, char *err, s
 int kvp_h2o_policy_create(kvp_policy *p, const char *policy_file, char *err, size_t errlen);
 int kvp_tova_policy_create(kvp_policy *p, const char *policy_file, char *err, size_t errlen);
 int kvp_snapkv_policy_create(kvp_policy *p, const char *policy_file, char *err, size_t errlen);
-int kvp_oracle_policy_create(kvp_policy *p, const char *policy_file, char *err, size_t errlen);
 
 #endif

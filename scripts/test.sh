@@ -10,6 +10,7 @@ if [ "${1:-}" = "--sanitize" ]; then
     export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
     export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 fi
+scripts/check-layers.sh
 [ -f $dir/build.ninja ] || meson setup $dir
 ninja -C $dir
 meson test -C $dir --print-errorlogs --num-processes 2

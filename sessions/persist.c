@@ -9,12 +9,7 @@
 #include <string.h>
 #include <time.h>
 
-static double wall_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+#include "base/clock.h"
 
 int kvp_session_save(const kvp_session *s, const kvp_session_env *env, char *err,
                      size_t errlen)
@@ -27,7 +22,7 @@ int kvp_session_save(const kvp_session *s, const kvp_session_env *env, char *err
     snap.turns = s->turns_done;
     snap.evicted_rows = s->cache.evicted_rows;
     snap.created = s->created_wall;
-    snap.last_active = wall_now();
+    snap.last_active = kvp_wall_now();
     snap.tokens = s->tokens;
     snap.n_tokens = s->n_tokens;
     snap.n_cached = s->n_cached;

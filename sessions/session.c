@@ -10,16 +10,10 @@
 #include <sys/random.h>
 #include <time.h>
 
+#include "base/checksum.h"
 #include "model/tokenizer.h"
 #include "policy/policy.h"
 #include "sessions/persist.h"
-
-double kvp_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static int random_id(char *out)
 {
@@ -51,11 +45,79 @@ void kvp_policy_conf_unref(kvp_policy_conf *pc)
         free(pc);
 }
 
-static double wall_now(void)
+/* ---- the table: an id hash, the list of every session, the resident list ---- */
+
+static size_t bucket_of(const kvp_session_table *t, const char *id)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+    return (size_t)kvp_fnv1a(KVP_FNV1A_INIT, id, strlen(id)) & (t->n_buckets - 1);
+}
+
+int kvp_session_table_init(kvp_session_table *t)
+{
+    memset(t, 0, sizeof *t);
+    t->n_buckets = 64;
+    t->buckets = calloc(t->n_buckets, sizeof *t->buckets);
+    return t->buckets ? 0 : -ENOMEM;
+}
+
+/* Doubles the buckets when there are more sessions than buckets. */
+static int table_grow(kvp_session_table *t)
+{
+    size_t n = t->n_buckets * 2;
+    kvp_session **b = calloc(n, sizeof *b);
+    if (!b)
+        return -ENOMEM;
+    kvp_session **old = t->buckets;
+    size_t old_n = t->n_buckets;
+    t->buckets = b;
+    t->n_buckets = n;
+    for (size_t i = 0; i < old_n; i++)
+        for (kvp_session *s = old[i], *next; s; s = next) {
+            next = s->hnext;
+            size_t k = bucket_of(t, s->id);
+            s->hnext = b[k];
+            b[k] = s;
+        }
+    free(old);
+    return 0;
+}
+
+static void resident_link(kvp_session_table *t, kvp_session *s)
+{
+    s->rprev = NULL;
+    s->rnext = t->resident_head;
+    if (t->resident_head)
+        t->resident_head->rprev = s;
+    t->resident_head = s;
+    t->resident++;
+}
+
+static void resident_unlink(kvp_session_table *t, kvp_session *s)
+{
+    *(s->rprev ? &s->rprev->rnext : &t->resident_head) = s->rnext;
+    if (s->rnext)
+        s->rnext->rprev = s->rprev;
+    s->rnext = s->rprev = NULL;
+    t->resident--;
+}
+
+static int table_add(kvp_session_table *t, kvp_session *s)
+{
+    int rc;
+    if (!t->n_buckets && (rc = kvp_session_table_init(t)) < 0)
+        return rc;
+    if ((size_t)t->count >= t->n_buckets && (rc = table_grow(t)) < 0)
+        return rc;
+    size_t k = bucket_of(t, s->id);
+    s->hnext = t->buckets[k];
+    t->buckets[k] = s;
+    s->prev = t->tail;
+    *(t->tail ? &t->tail->next : &t->head) = s;
+    t->tail = s;
+    resident_link(t, s);
+    t->count++;
+    t->created_total++;
+    return 0;
 }
 
 static void session_free(kvp_session *s)
@@ -109,20 +171,22 @@ int kvp_session_create(kvp_session_table *t, const kvp_session_env *env, kvp_pol
         return rc;
     }
     s->created = s->last_active = now;
-    s->created_wall = wall_now();
+    s->created_wall = kvp_wall_now();
     s->pconf = kvp_policy_conf_ref(pc);
-    s->next = t->head;
-    t->head = s;
-    t->count++;
-    t->resident++;
-    t->created_total++;
+    if ((rc = table_add(t, s)) < 0) {
+        snprintf(err, errlen, "out of memory");
+        session_free(s);
+        return rc;
+    }
     *out = s;
     return 0;
 }
 
 kvp_session *kvp_session_find(const kvp_session_table *t, const char *id)
 {
-    for (kvp_session *s = t->head; s; s = s->next)
+    if (!t->n_buckets)
+        return NULL;
+    for (kvp_session *s = t->buckets[bucket_of(t, id)]; s; s = s->hnext)
         if (!strcmp(s->id, id))
             return s;
     return NULL;
@@ -130,14 +194,17 @@ kvp_session *kvp_session_find(const kvp_session_table *t, const char *id)
 
 void kvp_session_remove(kvp_session_table *t, kvp_session *s)
 {
-    for (kvp_session **p = &t->head; *p; p = &(*p)->next)
+    for (kvp_session **p = &t->buckets[bucket_of(t, s->id)]; *p; p = &(*p)->hnext)
         if (*p == s) {
-            *p = s->next;
-            t->count--;
-            t->resident -= !s->parked;
-            session_free(s);
-            return;
+            *p = s->hnext;
+            break;
         }
+    *(s->prev ? &s->prev->next : &t->head) = s->next;
+    *(s->next ? &s->next->prev : &t->tail) = s->prev;
+    if (s->state != KVP_SESSION_PARKED)
+        resident_unlink(t, s);
+    t->count--;
+    session_free(s);
 }
 
 void kvp_session_table_clear(kvp_session_table *t)
@@ -147,12 +214,14 @@ void kvp_session_table_clear(kvp_session_table *t)
         t->head = s->next;
         session_free(s);
     }
-    t->count = t->resident = 0;
+    free(t->buckets);
+    memset(t, 0, sizeof *t);
 }
 
 int kvp_session_parkable(const kvp_session *s)
 {
-    return !s->busy && !s->parked && (s->saved || (s->n_msgs == 0 && !s->has_snapshot));
+    return s->state == KVP_SESSION_IDLE &&
+           (s->saved || (s->n_msgs == 0 && !s->has_snapshot));
 }
 
 void kvp_session_park(kvp_session_table *t, kvp_session *s)
@@ -174,9 +243,9 @@ void kvp_session_park(kvp_session_table *t, kvp_session *s)
     free(s->turn.reply);
     memset(&s->turn, 0, sizeof s->turn);
     s->reply_open = 0;
-    s->parked = 1;
+    s->state = KVP_SESSION_PARKED;
     s->bytes = 0;
-    t->resident--;
+    resident_unlink(t, s);
 }
 
 int kvp_session_unpark(kvp_session_table *t, kvp_session *s, const kvp_session_env *env)
@@ -185,15 +254,14 @@ int kvp_session_unpark(kvp_session_table *t, kvp_session *s, const kvp_session_e
                               s->seed);
     if (rc < 0)
         return rc;
-    s->parked = 0;
+    s->state = KVP_SESSION_IDLE;
     s->need_restore = s->has_snapshot;
-    t->resident++;
+    resident_link(t, s);
     return 0;
 }
 
-void kvp_session_begin_job(kvp_session *s, enum kvp_job job)
+void kvp_session_begin_job(kvp_session *s)
 {
-    s->job = job;
     s->save_rc = 0;
     s->lost = 0;
 }
@@ -214,7 +282,7 @@ int kvp_session_begin_turn(kvp_session *s, const char *text, size_t len, int max
     t->max_tokens = max_tokens;
     t->temperature = temperature;
     t->budget = budget;
-    kvp_session_begin_job(s, KVP_JOB_TURN);
+    kvp_session_begin_job(s);
     atomic_init(&t->cancel, 0);
     t->state = KVP_TURN_START;
     t->t_start = now;
@@ -351,23 +419,26 @@ static int finish(kvp_session *s, const kvp_session_env *env, const kvp_turn_sin
     return 0;
 }
 
-/* Undoes a failed turn so the session stays usable: the cache may be half-updated, so
- * it is dropped and the next turn re-prefills the transcript. */
-static int fail(kvp_session *s, const kvp_session_env *env, int old_n_tokens,
-                const kvp_turn_sink *sink, int rc, const char *what, const char *detail)
+/* Ends a failed turn so the session stays usable: the cache may be half-updated, so it
+ * is dropped and the next turn re-prefills the transcript. With `undo` (the turn failed
+ * before its reply began) the transcript goes back to where this turn found it: its
+ * tokens, and its user message if it was recorded; never anything of earlier turns. */
+static int fail(kvp_session *s, const kvp_session_env *env, const kvp_turn_sink *sink,
+                int undo, int rc, const char *what, const char *detail)
 {
+    kvp_turn *t = &s->turn;
     kvp_cache_reset(&s->cache);
     s->n_cached = 0;
-    if (s->turn.state != KVP_TURN_DECODE && old_n_tokens >= 0) {
-        s->n_tokens = old_n_tokens;  /* forget the message that could not run */
-        if (s->n_msgs && s->msgs[s->n_msgs - 1].user)
+    if (undo) {
+        s->n_tokens = t->undo_tokens;
+        if (t->recorded)
             free(s->msgs[--s->n_msgs].text);
     }
     char msg[160];
     snprintf(msg, sizeof msg, "%s: %s", what, detail ? detail :
              rc == -E2BIG ? "the conversation outgrew the model's context" : strerror(-rc));
-    free(s->turn.text);
-    s->turn.text = NULL;
+    free(t->text);
+    t->text = NULL;
     save(s, env);
     sink->error(sink->ctx, s, rc, msg);   /* the last touch, as in finish() */
     return 0;
@@ -381,13 +452,13 @@ static int take_token(kvp_session *s, const kvp_session_env *env, const kvp_turn
     if (kvp_template_is_stop(&env->tpl, tok)) {
         /* A chat format's end marker belongs to the transcript (fed next turn). */
         if (kvp_template_keeps_stop(&env->tpl) && push_token(s, tok) < 0)
-            return fail(s, env, -1, sink, -ENOMEM, "transcript", NULL);
+            return fail(s, env, sink, 0, -ENOMEM, "transcript", NULL);
         s->reply_open = 0;
         return finish(s, env, sink, "eos");
     }
     int prev = s->n_tokens ? s->tokens[s->n_tokens - 1] : -1;
     if (push_token(s, tok) < 0)
-        return fail(s, env, -1, sink, -ENOMEM, "transcript", NULL);
+        return fail(s, env, sink, 0, -ENOMEM, "transcript", NULL);
     t->stats.generated_tokens++;
     if (t->t_first == 0)
         t->t_first = kvp_now();
@@ -402,7 +473,7 @@ static int take_token(kvp_session *s, const kvp_session_env *env, const kvp_turn
             if (o) {
                 sink->token(sink->ctx, s, buf, o);
                 if (reply_append(t, buf, o) < 0)
-                    return fail(s, env, -1, sink, -ENOMEM, "reply", NULL);
+                    return fail(s, env, sink, 0, -ENOMEM, "reply", NULL);
             }
             off += n;
         }
@@ -419,7 +490,7 @@ static int run_job(kvp_session *s, const kvp_session_env *env, const kvp_turn_si
 {
     char err[256] = "";
     int rc;
-    if (s->job == KVP_JOB_LOAD) {
+    if (s->state == KVP_SESSION_LOAD) {
         rc = kvp_session_restore(s, env, s->reserve, err, sizeof err);
         s->lost = rc == -ENOENT || rc == -EBADMSG;
         if (rc == 0)
@@ -437,7 +508,7 @@ int kvp_turn_step(kvp_session *s, const kvp_session_env *env, kvp_runstate *rs,
                   const kvp_turn_sink *sink)
 {
     kvp_turn *t = &s->turn;
-    if (s->job != KVP_JOB_TURN)
+    if (s->state != KVP_SESSION_TURN)
         return run_job(s, env, sink);
     if (s->need_restore) {
         /* Unparking: the snapshot comes back before the turn's first unit. */
@@ -452,6 +523,8 @@ int kvp_turn_step(kvp_session *s, const kvp_session_env *env, kvp_runstate *rs,
         }
         s->need_restore = 0;
     }
+    if (t->state == KVP_TURN_START)
+        t->undo_tokens = s->n_tokens;   /* where a failure before the reply goes back to */
     if (!s->policy) {
         /* Policy construction may read a policy file: worker work, not the loop's. */
         char err[160];
@@ -460,7 +533,7 @@ int kvp_turn_step(kvp_session *s, const kvp_session_env *env, kvp_runstate *rs,
                                    &env->model->cfg, s->seed, err, sizeof err);
         if (rc < 0) {
             s->policy = NULL;
-            return fail(s, env, s->n_tokens, sink, rc, "policy", err);
+            return fail(s, env, sink, 1, rc, "policy", err);
         }
     }
     kvp_evict_cfg e = evict_cfg(s, env);
@@ -470,19 +543,19 @@ int kvp_turn_step(kvp_session *s, const kvp_session_env *env, kvp_runstate *rs,
         /* A cancel that came before any work still records the message: the next turn
          * prefills it (prefill checks the flag first). */
         int *ids = NULL;
-        int old = s->n_tokens;
         int n = kvp_template_turn(&env->tpl, NULL, 0, s->n_tokens == 0, s->reply_open, t->text,
                                   t->text_len, &ids);
         if (n < 0)
-            return fail(s, env, old, sink, n, "tokenize", NULL);
+            return fail(s, env, sink, 1, n, "tokenize", NULL);
         for (int i = 0; i < n; i++)
             if (push_token(s, ids[i]) < 0) {
                 free(ids);
-                return fail(s, env, old, sink, -ENOMEM, "transcript", NULL);
+                return fail(s, env, sink, 1, -ENOMEM, "transcript", NULL);
             }
         free(ids);
         if (push_message(s, 1, t->text, t->text_len) < 0)
-            return fail(s, env, old, sink, -ENOMEM, "transcript", NULL);
+            return fail(s, env, sink, 1, -ENOMEM, "transcript", NULL);
+        t->recorded = 1;
         t->stats.prompt_tokens = s->n_tokens - s->n_cached;
         if (!env->reuse_cache) {
             /* Benchmark baseline: forget the cache, run the whole transcript again. */
@@ -491,7 +564,6 @@ int kvp_turn_step(kvp_session *s, const kvp_session_env *env, kvp_runstate *rs,
         }
         t->evicted_at_start = s->cache.evicted_rows;
         s->sampler.temperature = t->temperature;
-        t->undo_tokens = old;
         s->reply_open = 1;    /* the assistant's reply has begun */
         t->state = KVP_TURN_PREFILL;
     }
@@ -505,7 +577,7 @@ int kvp_turn_step(kvp_session *s, const kvp_session_env *env, kvp_runstate *rs,
             int rc = kvp_gen_prefill(env->model, rs, &s->cache, &e, s->tokens + s->n_cached,
                                      n, NULL);
             if (rc < 0)
-                return fail(s, env, t->undo_tokens, sink, rc, "prefill", NULL);
+                return fail(s, env, sink, 1, rc, "prefill", NULL);
             s->n_cached += n;
             t->stats.prefilled_tokens += n;
             note_rows(s);
@@ -522,7 +594,7 @@ int kvp_turn_step(kvp_session *s, const kvp_session_env *env, kvp_runstate *rs,
         return finish(s, env, sink, "cancel");
     int rc = kvp_gen_decode(env->model, rs, &s->cache, &e, t->next_token);
     if (rc < 0)
-        return fail(s, env, -1, sink, rc, "decode", NULL);
+        return fail(s, env, sink, 0, rc, "decode", NULL);
     s->n_cached++;
     note_rows(s);
     return take_token(s, env, sink, kvp_sample(&s->sampler, rs->logits));

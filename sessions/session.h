@@ -1,15 +1,19 @@
-/* Conversations: transcript (text and token ids), KV cache, eviction policy and the
- * state of the job in flight (a turn, or loading or saving the session's snapshot).
+/* Conversations (private to sessions/ and the daemon; front ends use sessions/hub.h):
+ * transcript (text and token ids), KV cache, eviction policy, the session's state and
+ * the turn state machine.
  *
- * Ownership: the loop thread owns every session. While a job runs (busy), the worker
- * that holds it in the scheduler owns the model-side fields (cache, policy, sampler,
- * tokens, transcript, turn); the loop reads only the fields marked "loop". The hand-off
- * both ways goes through the scheduler's mutex-protected queues.
+ * State (one enum): IDLE (resident, no job), TURN / LOAD / SAVE (a job in flight on a
+ * worker: a turn, reading the snapshot for an open, writing it at shutdown), PARKED
+ * (only the loop fields remain; the rest is in its snapshot, sessions/persist.h).
+ *   IDLE -> TURN, SAVE -> IDLE;  PARKED -> LOAD or TURN (restored first) -> IDLE;
+ *   IDLE -> PARKED (the loop, when the snapshot is up to date).
+ * The persistence facts beside it (has_snapshot, saved, need_restore, lost) say what is
+ * on disk, not what the session is doing.
  *
- * Residency: a session is resident (its cache and transcript in memory) or parked (only
- * the loop fields remain; the rest is in its snapshot, sessions/persist.h). Parking is
- * done by the loop on an idle session whose snapshot is up to date; the next job
- * restores it on a worker first. */
+ * Ownership: the loop thread owns every session. While a job runs, the worker that
+ * holds it in the scheduler owns the model-side fields (cache, policy, sampler, tokens,
+ * transcript, turn); the loop reads only the fields marked "loop". The hand-off both
+ * ways goes through the scheduler's mutex-protected queues. */
 #ifndef KVP_SESSION_H
 #define KVP_SESSION_H
 
@@ -17,15 +21,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/clock.h"
 #include "cache/kvcache.h"
+#include "sessions/hub.h"
 #include "model/forward.h"
-#include "model/generate.h"
+#include "generate/generate.h"
 #include "model/sampler.h"
 #include "sessions/snapshot.h"
 #include "sessions/template.h"
 #include "sessions/utf8.h"
 
-#define KVP_SESSION_ID_LEN 32
 #define KVP_SESSION_PATH_MAX 512
 
 /* Shared, read-only while workers run. */
@@ -51,22 +56,6 @@ typedef struct kvp_policy_conf {
 kvp_policy_conf *kvp_policy_conf_ref(kvp_policy_conf *pc);
 void kvp_policy_conf_unref(kvp_policy_conf *pc);
 
-typedef struct kvp_turn_stats {
-    int prompt_tokens;       /* new tokens of this turn (template + message + leftovers),
-                              * the whole transcript after a rebuild */
-    int prefilled_tokens;    /* tokens run through the model in prefill this turn */
-    int generated_tokens;
-    int transcript_tokens;   /* whole conversation so far */
-    int cache_rows_max;      /* largest head, peak over the turn's units */
-    int cache_rows;          /* largest head after the turn-boundary eviction */
-    size_t cache_bytes;
-    size_t cache_bytes_max;  /* peak over the turn's units (memory accounting) */
-    uint64_t evicted_rows;   /* this turn */
-    uint64_t evicted_total;  /* the session's lifetime */
-    double ttft_ms, duration_ms, tokens_per_s;
-    const char *stop;        /* "eos", "length", "cancel" */
-} kvp_turn_stats;
-
 enum kvp_turn_state { KVP_TURN_START = 0, KVP_TURN_PREFILL, KVP_TURN_DECODE };
 
 typedef struct kvp_turn {
@@ -78,6 +67,7 @@ typedef struct kvp_turn {
     atomic_int cancel;       /* set by the loop, read by the worker each unit */
     enum kvp_turn_state state;
     int undo_tokens;         /* transcript length before this turn's message */
+    int recorded;            /* this turn's user message is in the transcript */
     int next_token;          /* sampled, emitted, not yet run through the model */
     kvp_utf8 utf8;
     char *reply;
@@ -87,13 +77,13 @@ typedef struct kvp_turn {
     kvp_turn_stats stats;
 } kvp_turn;
 
-typedef struct kvp_message {
-    int user;                /* 1 user, 0 assistant */
-    char *text;              /* valid UTF-8, NUL-terminated, but may hold NULs: use len */
-    size_t len;
-} kvp_message;
-
-enum kvp_job { KVP_JOB_TURN = 0, KVP_JOB_LOAD, KVP_JOB_SAVE };
+enum kvp_session_state {
+    KVP_SESSION_IDLE = 0,
+    KVP_SESSION_TURN,
+    KVP_SESSION_LOAD,
+    KVP_SESSION_SAVE,
+    KVP_SESSION_PARKED,
+};
 
 /* What a restore found, for the loop to apply and log once the job has ended. */
 typedef struct kvp_restored {
@@ -105,24 +95,24 @@ typedef struct kvp_restored {
 typedef struct kvp_session {
     char id[KVP_SESSION_ID_LEN + 1];
     /* loop */
-    int busy;
-    int parked;                      /* model-side state freed; it is in the snapshot */
-    int loading;                     /* a LOAD job runs for a hello */
-    int placeholder;                 /* made for a hello naming a session not in memory */
-    int save_failed;                 /* its last snapshot write failed: not on disk */
+    enum kvp_session_state state;    /* the worker reads it to know its job */
     int turns;
     double created, last_active;     /* seconds, monotonic */
-    void *conn;                      /* the websocket attached, if any */
+    struct kvp_hub_client *client;   /* the front end attached, if any */
+    struct kvp_hub_client *owner;    /* who started the running turn (gets its events) */
+    uint64_t creator;                /* serial of the client that started it (0: none) */
     int rows_max;
     size_t bytes;                    /* cache bytes while idle (0 when parked) */
     size_t reserve;                  /* bytes held for the job in flight (memory cap) */
     uint64_t evicted_rows;
     kvp_policy_conf *pconf;          /* its policy (a reference; workers only read it) */
-    struct kvp_session *next;        /* table chain */
+    struct kvp_session *next, *prev; /* the table's list, oldest first */
+    struct kvp_session *rnext, *rprev;   /* the resident list */
+    struct kvp_session *hnext;       /* id hash chain */
     /* model side (the loop may read them while the session is not busy) */
-    enum kvp_job job;
     int need_restore;                /* the job reads the snapshot first */
     int has_snapshot;                /* a snapshot of this session exists */
+    int save_failed;                 /* its last snapshot write failed: not on disk (loop) */
     int saved;                       /* the snapshot matches memory */
     int save_rc;                     /* last job: 1 written, 0 none, < 0 failed (save_err) */
     int lost;                        /* the snapshot is gone or was bad: session lost */
@@ -144,13 +134,25 @@ typedef struct kvp_session {
     struct kvp_session *rq_next;     /* scheduler run queue */
 } kvp_session;
 
+/* Every session (by id in O(1)), and the resident ones apart: admission and parking
+ * visit only those, however many are parked. */
 typedef struct kvp_session_table {
-    kvp_session *head;
+    kvp_session *head, *tail;        /* oldest first */
+    kvp_session *resident_head;
+    kvp_session **buckets;
+    size_t n_buckets;                /* a power of two */
     int count;                       /* resident and parked */
     int resident;                    /* what max_sessions limits */
-    int max;
     uint64_t created_total;
 } kvp_session_table;
+
+static inline int kvp_session_busy(const kvp_session *s)
+{
+    return s->state == KVP_SESSION_TURN || s->state == KVP_SESSION_LOAD ||
+           s->state == KVP_SESSION_SAVE;
+}
+
+int kvp_session_table_init(kvp_session_table *t);
 
 /* Creates a resident session and adds it to the table: a fresh random id when id is
  * NULL, else that id (the caller checked it is not in the table). The session holds a
@@ -166,7 +168,7 @@ void kvp_session_table_clear(kvp_session_table *t);
  * Only when its snapshot is up to date (or it has nothing to keep). */
 int kvp_session_parkable(const kvp_session *s);
 void kvp_session_park(kvp_session_table *t, kvp_session *s);
-/* Loop, on a parked session about to get a job: counts it resident again; the job
+/* Loop, on a parked session about to get a job: resident (IDLE) again; the job
  * restores its snapshot on the worker first. 0 or -ENOMEM. */
 int kvp_session_unpark(kvp_session_table *t, kvp_session *s, const kvp_session_env *env);
 
@@ -174,8 +176,9 @@ int kvp_session_unpark(kvp_session_table *t, kvp_session *s, const kvp_session_e
  * copy of the text. */
 int kvp_session_begin_turn(kvp_session *s, const char *text, size_t len, int max_tokens,
                            float temperature, int budget, double now);
-/* Arms a LOAD or SAVE job (loop thread; not busy). */
-void kvp_session_begin_job(kvp_session *s, enum kvp_job job);
+/* Clears the outcome of the last job before a new one (loop thread; not busy). The
+ * caller then sets the state that names the job. */
+void kvp_session_begin_job(kvp_session *s);
 
 /* What a worker reports from one unit of a turn. */
 typedef struct kvp_turn_sink {
@@ -195,6 +198,6 @@ typedef struct kvp_turn_sink {
 int kvp_turn_step(kvp_session *s, const kvp_session_env *env, kvp_runstate *rs,
                   const kvp_turn_sink *sink);
 
-double kvp_now(void);
+
 
 #endif

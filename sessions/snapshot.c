@@ -15,7 +15,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cache/checksum.h"
+#include "base/bytes.h"
+#include "base/checksum.h"
 #include "sessions/utf8.h"
 
 static const char SNAP_MAGIC[8] = {'K', 'V', 'P', 'S', 'N', 'A', 'P', '\0'};
@@ -72,12 +73,6 @@ static int sys_err(const char *what, const char *path, char *err, size_t errlen)
 
 /* ---- file hashing and identity ---- */
 
-static void put_u64(unsigned char *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (unsigned char)(v >> (8 * i));
-}
-
 int kvp_snapshot_hash_file(const char *path, uint64_t max_bytes, uint64_t *hash,
                            char *err, size_t errlen)
 {
@@ -91,7 +86,7 @@ int kvp_snapshot_hash_file(const char *path, uint64_t max_bytes, uint64_t *hash,
         return rc;
     }
     unsigned char size_le[8];
-    put_u64(size_le, (uint64_t)st.st_size);
+    kvp_put_u64(size_le, (uint64_t)st.st_size);
     uint64_t h = kvp_fnv1a(KVP_FNV1A_INIT, size_le, 8);
     unsigned char chunk[65536];
     uint64_t left = max_bytes;
@@ -151,46 +146,18 @@ int kvp_snapshot_identity_equal(const kvp_snapshot_identity *a, const kvp_snapsh
 
 /* ---- encoding ---- */
 
-typedef struct wbuf { unsigned char *p; size_t n; } wbuf;
-
-static void w_bytes(wbuf *w, const void *src, size_t n)
-{
-    if (n)
-        memcpy(w->p + w->n, src, n);
-    w->n += n;
-}
-
-static void w_u32(wbuf *w, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        w->p[w->n++] = (unsigned char)(v >> (8 * i));
-}
-
-static void w_u64(wbuf *w, uint64_t v)
-{
-    put_u64(w->p + w->n, v);
-    w->n += 8;
-}
-
-static void w_f64(wbuf *w, double v)
-{
-    uint64_t bits;
-    memcpy(&bits, &v, 8);
-    w_u64(w, bits);
-}
-
-static void w_str(wbuf *w, const char *s)
+static void w_str(kvp_wbuf *w, const char *s)
 {
     size_t n = strlen(s);
-    w_u32(w, (uint32_t)n);
-    w_bytes(w, s, n);
+    kvp_w_u32(w, (uint32_t)n);
+    kvp_w_bytes(w, s, n);
 }
 
-static void w_section(wbuf *w, int i, uint64_t len)
+static void w_section(kvp_wbuf *w, int i, uint64_t len)
 {
-    w_bytes(w, SECTION_TAGS[i], 4);
-    w_u32(w, 0);
-    w_u64(w, len);
+    kvp_w_bytes(w, SECTION_TAGS[i], 4);
+    kvp_w_u32(w, 0);
+    kvp_w_u64(w, len);
 }
 
 static int check_snapshot(const kvp_snapshot *s, char *err, size_t errlen)
@@ -222,7 +189,7 @@ static int check_snapshot(const kvp_snapshot *s, char *err, size_t errlen)
 }
 
 /* Everything before the cache payload, including the cache section's header. */
-static int encode_prefix(const kvp_snapshot *s, wbuf *w)
+static int encode_prefix(const kvp_snapshot *s, kvp_wbuf *w)
 {
     size_t iden = 4 + strlen(s->id) + 4 + strlen(s->ident.model_name) + 8 +
                   4 + strlen(s->ident.policy_name) + 8 + 4;
@@ -236,38 +203,38 @@ static int encode_prefix(const kvp_snapshot *s, wbuf *w)
     w->n = 0;
     if (!w->p)
         return -ENOMEM;
-    w_bytes(w, SNAP_MAGIC, 8);
-    w_u32(w, KVP_SNAPSHOT_VERSION);
-    w_u32(w, N_SECTIONS);
+    kvp_w_bytes(w, SNAP_MAGIC, 8);
+    kvp_w_u32(w, KVP_SNAPSHOT_VERSION);
+    kvp_w_u32(w, N_SECTIONS);
 
     w_section(w, 0, iden);
     w_str(w, s->id);
     w_str(w, s->ident.model_name);
-    w_u64(w, s->ident.model_hash);
+    kvp_w_u64(w, s->ident.model_hash);
     w_str(w, s->ident.policy_name);
-    w_u64(w, s->ident.policy_hash);
-    w_u32(w, (uint32_t)s->budget);
+    kvp_w_u64(w, s->ident.policy_hash);
+    kvp_w_u32(w, (uint32_t)s->budget);
 
     w_section(w, 1, cntr);
-    w_u32(w, (uint32_t)s->turns);
-    w_u64(w, s->evicted_rows);
-    w_f64(w, s->created);
-    w_f64(w, s->last_active);
+    kvp_w_u32(w, (uint32_t)s->turns);
+    kvp_w_u64(w, s->evicted_rows);
+    kvp_w_f64(w, s->created);
+    kvp_w_f64(w, s->last_active);
 
     w_section(w, 2, msgs);
-    w_u32(w, (uint32_t)s->n_msgs);
+    kvp_w_u32(w, (uint32_t)s->n_msgs);
     for (int i = 0; i < s->n_msgs; i++) {
         unsigned char role = s->msgs[i].user ? 1 : 0;
-        w_bytes(w, &role, 1);
-        w_u32(w, (uint32_t)s->msgs[i].len);
-        w_bytes(w, s->msgs[i].text, s->msgs[i].len);
+        kvp_w_bytes(w, &role, 1);
+        kvp_w_u32(w, (uint32_t)s->msgs[i].len);
+        kvp_w_bytes(w, s->msgs[i].text, s->msgs[i].len);
     }
 
     w_section(w, 3, toks);
-    w_u32(w, (uint32_t)s->n_tokens);
-    w_u32(w, (uint32_t)s->n_cached);
+    kvp_w_u32(w, (uint32_t)s->n_tokens);
+    kvp_w_u32(w, (uint32_t)s->n_cached);
     for (int i = 0; i < s->n_tokens; i++)
-        w_u32(w, (uint32_t)s->tokens[i]);
+        kvp_w_u32(w, (uint32_t)s->tokens[i]);
 
     w_section(w, 4, s->cache_len);
     return 0;
@@ -305,14 +272,14 @@ int kvp_snapshot_write(const char *dir, const kvp_snapshot *snap, char *err, siz
     if ((rc = snap_path(tmp, sizeof tmp, dir, snap->id, ".snap.tmp", err, errlen)) < 0 ||
         (rc = snap_path(final, sizeof final, dir, snap->id, ".snap", err, errlen)) < 0)
         return rc;
-    wbuf w;
+    kvp_wbuf w;
     if (encode_prefix(snap, &w) < 0) {
         snprintf(err, errlen, "snapshot %s: out of memory", snap->id);
         return -ENOMEM;
     }
     uint64_t sum = kvp_fnv1a(kvp_fnv1a(KVP_FNV1A_INIT, w.p, w.n), snap->cache, snap->cache_len);
     unsigned char trailer[TRAILER_BYTES];
-    put_u64(trailer, sum);
+    kvp_put_u64(trailer, sum);
 
     int dfd = open_dir(dir, err, errlen);
     if (dfd < 0) {
@@ -359,61 +326,22 @@ out:
 
 /* ---- decoding ---- */
 
-typedef struct rbuf { const unsigned char *p; size_t n, off; } rbuf;
-
-static int r_bytes(rbuf *r, void *dst, size_t n)
-{
-    if (n > r->n - r->off)
-        return -1;
-    if (n)
-        memcpy(dst, r->p + r->off, n);
-    r->off += n;
-    return 0;
-}
-
-static int r_u32(rbuf *r, uint32_t *v)
-{
-    unsigned char b[4];
-    if (r_bytes(r, b, 4))
-        return -1;
-    *v = (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
-    return 0;
-}
-
-static int r_u64(rbuf *r, uint64_t *v)
-{
-    uint32_t lo, hi;
-    if (r_u32(r, &lo) || r_u32(r, &hi))
-        return -1;
-    *v = (uint64_t)hi << 32 | lo;
-    return 0;
-}
-
-static int r_f64(rbuf *r, double *v)
-{
-    uint64_t bits;
-    if (r_u64(r, &bits))
-        return -1;
-    memcpy(v, &bits, 8);
-    return 0;
-}
-
 /* A length-prefixed string into a fixed buffer of max+1 bytes; no embedded NULs. */
-static int r_str(rbuf *r, char *dst, size_t max)
+static int r_str(kvp_rbuf *r, char *dst, size_t max)
 {
     uint32_t n;
-    if (r_u32(r, &n) || n > max || r_bytes(r, dst, n) || memchr(dst, 0, n))
+    if (kvp_r_u32(r, &n) || n > max || kvp_r_bytes(r, dst, n) || memchr(dst, 0, n))
         return -1;
     dst[n] = 0;
     return 0;
 }
 
-static const char *parse_iden(rbuf *r, kvp_snapshot *s, const char *id)
+static const char *parse_iden(kvp_rbuf *r, kvp_snapshot *s, const char *id)
 {
     uint32_t budget;
     if (r_str(r, s->id, KVP_SNAPSHOT_ID_MAX) || r_str(r, s->ident.model_name, KVP_SNAPSHOT_NAME_MAX) ||
-        r_u64(r, &s->ident.model_hash) || r_str(r, s->ident.policy_name, KVP_SNAPSHOT_NAME_MAX) ||
-        r_u64(r, &s->ident.policy_hash) || r_u32(r, &budget))
+        kvp_r_u64(r, &s->ident.model_hash) || r_str(r, s->ident.policy_name, KVP_SNAPSHOT_NAME_MAX) ||
+        kvp_r_u64(r, &s->ident.policy_hash) || kvp_r_u32(r, &budget))
         return "identity section inconsistent";
     if (strcmp(s->id, id) != 0)
         return "session id inside does not match the file name";
@@ -423,11 +351,11 @@ static const char *parse_iden(rbuf *r, kvp_snapshot *s, const char *id)
     return NULL;
 }
 
-static const char *parse_cntr(rbuf *r, kvp_snapshot *s)
+static const char *parse_cntr(kvp_rbuf *r, kvp_snapshot *s)
 {
     uint32_t turns;
-    if (r_u32(r, &turns) || r_u64(r, &s->evicted_rows) || r_f64(r, &s->created) ||
-        r_f64(r, &s->last_active))
+    if (kvp_r_u32(r, &turns) || kvp_r_u64(r, &s->evicted_rows) || kvp_r_f64(r, &s->created) ||
+        kvp_r_f64(r, &s->last_active))
         return "counters section inconsistent";
     if (turns > INT_MAX || !isfinite(s->created) || !isfinite(s->last_active))
         return "counters out of range";
@@ -454,24 +382,24 @@ static const char *repair_utf8(kvp_snapshot_msg *m)
     return NULL;
 }
 
-static const char *parse_msgs(rbuf *r, kvp_snapshot *s)
+static const char *parse_msgs(kvp_rbuf *r, kvp_snapshot *s)
 {
     uint32_t n;
     /* Each message takes at least 5 bytes: bounds the allocation by the section. */
-    if (r_u32(r, &n) || n > INT_MAX || n > (r->n - r->off) / 5)
+    if (kvp_r_u32(r, &n) || n > INT_MAX || n > (r->n - r->off) / 5)
         return "message count inconsistent with the section length";
     if (n && !(s->msgs = calloc(n, sizeof *s->msgs)))
         return OOM;
     for (uint32_t i = 0; i < n; i++) {
         unsigned char role;
         uint32_t len;
-        if (r_bytes(r, &role, 1) || role > 1 || r_u32(r, &len) || len > r->n - r->off)
+        if (kvp_r_bytes(r, &role, 1) || role > 1 || kvp_r_u32(r, &len) || len > r->n - r->off)
             return "message inconsistent with the section length";
         kvp_snapshot_msg *m = &s->msgs[i];
         if (!(m->text = malloc((size_t)len + 1)))
             return OOM;
         s->n_msgs = (int)i + 1;
-        r_bytes(r, m->text, len);
+        kvp_r_bytes(r, m->text, len);
         m->text[len] = 0;
         m->len = len;
         m->user = role;
@@ -481,10 +409,10 @@ static const char *parse_msgs(rbuf *r, kvp_snapshot *s)
     return NULL;
 }
 
-static const char *parse_toks(rbuf *r, kvp_snapshot *s)
+static const char *parse_toks(kvp_rbuf *r, kvp_snapshot *s)
 {
     uint32_t n, cached;
-    if (r_u32(r, &n) || r_u32(r, &cached) || n > INT_MAX || (size_t)n * 4 != r->n - r->off)
+    if (kvp_r_u32(r, &n) || kvp_r_u32(r, &cached) || n > INT_MAX || (size_t)n * 4 != r->n - r->off)
         return "token count inconsistent with the section length";
     if (cached > n)
         return "more cached tokens than tokens";
@@ -492,7 +420,7 @@ static const char *parse_toks(rbuf *r, kvp_snapshot *s)
         return OOM;
     for (uint32_t i = 0; i < n; i++) {
         uint32_t t = 0;
-        r_u32(r, &t);   /* in bounds: the section length was checked */
+        kvp_r_u32(r, &t);   /* in bounds: the section length was checked */
         if (t > INT32_MAX)
             return "negative token id";
         s->tokens[i] = (int)t;
@@ -507,7 +435,7 @@ static const char *parse_toks(rbuf *r, kvp_snapshot *s)
 static const char *parse(unsigned char *buf, size_t len, const char *id, kvp_snapshot *s,
                          char *why, size_t whylen)
 {
-    rbuf r = {buf, len, 0};
+    kvp_rbuf r = {buf, len, 0};
     uint32_t version, n_sections;
     if (len >= 8 && memcmp(buf, SNAP_MAGIC, 8) != 0)
         return "not a kvpd snapshot (bad magic)";
@@ -516,8 +444,8 @@ static const char *parse(unsigned char *buf, size_t len, const char *id, kvp_sna
         return why;
     }
     r.off = 8;
-    r_u32(&r, &version);
-    r_u32(&r, &n_sections);
+    kvp_r_u32(&r, &version);
+    kvp_r_u32(&r, &n_sections);
     if (version != KVP_SNAPSHOT_VERSION) {
         snprintf(why, whylen, "unsupported version %u (this kvpd reads %d)", version,
                  KVP_SNAPSHOT_VERSION);
@@ -536,7 +464,7 @@ static const char *parse(unsigned char *buf, size_t len, const char *id, kvp_sna
         char tag[4];
         uint32_t reserved;
         uint64_t slen;
-        if (r_bytes(&r, tag, 4) || r_u32(&r, &reserved) || r_u64(&r, &slen)) {
+        if (kvp_r_bytes(&r, tag, 4) || kvp_r_u32(&r, &reserved) || kvp_r_u64(&r, &slen)) {
             snprintf(why, whylen, "truncated in the header of section %d (%s)", i,
                      SECTION_TAGS[i]);
             return why;
@@ -558,14 +486,14 @@ static const char *parse(unsigned char *buf, size_t len, const char *id, kvp_sna
         snprintf(why, whylen, "%zu bytes after the last section", r.n - r.off);
         return why;
     }
-    rbuf t = {buf + len - TRAILER_BYTES, TRAILER_BYTES, 0};
+    kvp_rbuf t = {buf + len - TRAILER_BYTES, TRAILER_BYTES, 0};
     uint64_t want = 0;
-    if (r_u64(&t, &want) || kvp_fnv1a(KVP_FNV1A_INIT, buf, len - TRAILER_BYTES) != want)
+    if (kvp_r_u64(&t, &want) || kvp_fnv1a(KVP_FNV1A_INIT, buf, len - TRAILER_BYTES) != want)
         return "checksum mismatch (corrupted)";
 
     const char *bad = NULL;
     for (int i = 0; i < N_SECTIONS - 1 && !bad; i++) {
-        rbuf sec = {buf + start[i], size[i], 0};
+        kvp_rbuf sec = {buf + start[i], size[i], 0};
         switch (i) {
         case 0: bad = parse_iden(&sec, s, id); break;
         case 1: bad = parse_cntr(&sec, s); break;

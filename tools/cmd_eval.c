@@ -1,4 +1,4 @@
-/* kvp eval: every policy at every budget on held-out text, three protocols (policy/eval.h,
+/* kvp eval: every policy at every budget on held-out text, three protocols (offline/eval.h,
  * docs/evaluation.md). */
 #include <cblas.h>
 #include <errno.h>
@@ -15,10 +15,13 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "policy/eval.h"
-#include "policy/trace.h"
+#include "offline/eval.h"
+#include "offline/oracle.h"
+#include "offline/trace.h"
 #include "tools/cli.h"
-#include "tools/cliutil.h"
+#include "base/parse.h"
+#include "base/clock.h"
+#include "generate/generate.h"
 
 #define MAX_POLICIES 16
 #define DEFAULT_BUDGETS "16,32,64,128,256"
@@ -39,12 +42,12 @@ static void usage(FILE *f)
         "  --cut N            tokens cached when the cache is ranked / compressed (default 384)\n"
         "  --streams N        streaming texts (default 8)\n"
         "  --stream-len N     tokens per stream, BOS included (default 4 x the context)\n"
-        "  --chunk N          streaming eviction chunk (default 32)\n"
+        "  --chunk N          streaming eviction chunk (default " KVP_STR(KVP_DEFAULT_CHUNK) ")\n"
         "  --lookahead N      tokens the streaming oracle looks ahead (default 128)\n"
         "  --seed S           seed of the random policy (default 1)\n"
         "  --threads N        worker threads (default: the online CPUs)\n"
         "Writes DIR/results.csv, DIR/results.md and DIR/<protocol>-<metric>.svg.\n",
-        kvp_policy_names());
+        kvp_offline_policy_names());
 }
 
 __attribute__((format(printf, 1, 2))) static int usage_error(const char *fmt, ...)
@@ -93,13 +96,6 @@ static char *read_file(const char *path, size_t *len)
     return buf;
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* The work, shared by the worker threads: phase 0 computes every sequence's reference,
  * phase 1 runs (sequence, policy) and (stream, policy, budget) tasks. Each task has its
  * own accumulator, summed in a fixed order afterwards, so results do not depend on the
@@ -144,7 +140,7 @@ static int run_task(job *j, kvp_runstate *s, int t, char *err, size_t errlen)
     const char *name = is_seq ? j->policies[pi] : j->stream_pol[spi];
     uint64_t seed = j->seed + (uint64_t)(is_seq ? seq : j->n_seq + stream);
     kvp_policy *p;
-    int rc = kvp_policy_create(&p, name, j->policy_file, &j->m->cfg, seed, err, errlen);
+    int rc = kvp_offline_policy_create(&p, name, j->policy_file, &j->m->cfg, seed, err, errlen);
     if (rc)
         return rc;
     if (is_seq)
@@ -214,7 +210,8 @@ int kvp_cmd_eval(int argc, char **argv)
     const char *model_path = NULL, *tok_path = NULL, *text_path = NULL, *out_dir = NULL;
     const char *policy_file = NULL;
     char *pol_arg = NULL, *bud_arg = NULL;
-    long n_seqs = 64, seq_len = 512, cut = 384, n_streams = 8, stream_len = 0, chunk = 32;
+    long n_seqs = 64, seq_len = 512, cut = 384, n_streams = 8, stream_len = 0,
+         chunk = KVP_DEFAULT_CHUNK;
     long lookahead = 128, seed = 1, threads = sysconf(_SC_NPROCESSORS_ONLN);
     double split = 0.8;
     static const struct option opts[] = {
@@ -265,7 +262,7 @@ int kvp_cmd_eval(int argc, char **argv)
     if (pol_arg) {
         snprintf(names_buf, sizeof names_buf, "%s", pol_arg);
     } else {
-        snprintf(names_buf, sizeof names_buf, "%s", kvp_policy_names());
+        snprintf(names_buf, sizeof names_buf, "%s", kvp_offline_policy_names());
         for (char *c = names_buf; *c; c++)
             *c = *c == ' ' ? ',' : *c;
     }
@@ -273,7 +270,7 @@ int kvp_cmd_eval(int argc, char **argv)
         return usage_error("bad policy list '%s'", pol_arg);
     for (int i = 0; i < n_pol; i++) {
         if (kvp_eval_policy_index(names[i]) < 0)
-            return usage_error("unknown policy '%s' (one of: %s)", names[i], kvp_policy_names());
+            return usage_error("unknown policy '%s' (one of: %s)", names[i], kvp_offline_policy_names());
         for (int k = 0; k < i; k++)
             if (!strcmp(names[k], names[i]))
                 return usage_error("policy '%s' listed twice", names[i]);
@@ -358,7 +355,7 @@ int kvp_cmd_eval(int argc, char **argv)
     /* every policy loads (a bad policy file fails here, before any work) */
     for (int i = 0; i < n_pol; i++) {
         kvp_policy *p;
-        if (kvp_policy_create(&p, names[i], policy_file, &m.cfg, 0, err, sizeof err)) {
+        if (kvp_offline_policy_create(&p, names[i], policy_file, &m.cfg, 0, err, sizeof err)) {
             fprintf(stderr, "kvp eval: %s\n", err);
             goto out;
         }
@@ -415,7 +412,7 @@ int kvp_cmd_eval(int argc, char **argv)
               .seq_tokens = seq_tokens, .stream_tokens = stream_tokens, .refs = refs,
               .seq_acc = seq_acc, .stream_acc = stream_acc, .tty = isatty(2),
               .lock = PTHREAD_MUTEX_INITIALIZER};
-    double t0 = now_s();
+    double t0 = kvp_now();
     if (run_phase(&j, 0, n_seq, (int)threads) ||
         run_phase(&j, 1, n_seq * n_pol + n_str * n_spol * eo.n_budgets, (int)threads)) {
         fprintf(stderr, "kvp eval: %s\n", j.err);
@@ -496,7 +493,7 @@ int kvp_cmd_eval(int argc, char **argv)
         printf("\n");
     }
     fprintf(stderr, "kvp eval: wrote %s/results.csv, results.md and plots in %.1f s\n", out_dir,
-            now_s() - t0);
+            kvp_now() - t0);
     status = 0;
     goto out;
 oom:

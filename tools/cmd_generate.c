@@ -6,10 +6,11 @@
 #include <string.h>
 #include <time.h>
 
-#include "model/generate.h"
+#include "generate/generate.h"
 #include "model/sampler.h"
 #include "tools/cli.h"
-#include "tools/cliutil.h"
+#include "base/parse.h"
+#include "base/clock.h"
 
 static void usage(FILE *f)
 {
@@ -25,18 +26,11 @@ static void usage(FILE *f)
         "  --policy NAME        eviction policy: %s (default none)\n"
         "  --policy-file F      KVP policy file (for --policy kvp)\n"
         "  --budget B           rows kept per KV head (default 0 = unbounded)\n"
-        "  --sinks N            oldest rows always kept (default 4)\n"
-        "  --recent N           newest rows always kept (default 16)\n"
-        "  --chunk N            eviction chunk (default 32)\n"
+        "  --sinks N            oldest rows always kept (default " KVP_STR(KVP_DEFAULT_SINKS) ")\n"
+        "  --recent N           newest rows always kept (default " KVP_STR(KVP_DEFAULT_RECENT) ")\n"
+        "  --chunk N            eviction chunk (default " KVP_STR(KVP_DEFAULT_CHUNK) ")\n"
         "  --ignore-eos         go on past the end of a text (BOS/EOS print as a newline)\n",
         kvp_policy_names());
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 /* Writes a piece, dropping ASCII control bytes other than whitespace (as llama2.c does). */
@@ -68,7 +62,8 @@ int kvp_cmd_generate(int argc, char **argv)
 {
     const char *model_path = NULL, *tok_path = NULL, *prompt = "", *policy_name = "none",
                *policy_file = NULL;
-    long steps = 256, seed = (long)time(NULL), budget = 0, sinks = 4, recent = 16, chunk = 32;
+    long steps = 256, seed = (long)time(NULL), budget = 0, sinks = KVP_DEFAULT_SINKS,
+         recent = KVP_DEFAULT_RECENT, chunk = KVP_DEFAULT_CHUNK;
     double temperature = 1.0, top_p = 0.9;
     int ignore_eos = 0;
     static const struct option opts[] = {
@@ -161,9 +156,9 @@ int kvp_cmd_generate(int argc, char **argv)
     if (n_prompt > steps)
         n_prompt = (int)steps;
 
-    double t0 = now_s();
+    double t0 = kvp_now();
     int rc = kvp_gen_prefill(&m, &s, &c, &ev, tokens, n_prompt, NULL);
-    double t1 = now_s();
+    double t1 = kvp_now();
     /* llama2.c's loop: `steps` forward passes in all (prompt included); the logits of
      * each pass from the last prompt token on are sampled and printed */
     int prev = tokens[n_prompt - 1], generated = 0;
@@ -186,7 +181,7 @@ int kvp_cmd_generate(int argc, char **argv)
         rc = kvp_gen_decode(&m, &s, &c, &ev, next);
         forwards++;
     }
-    double t2 = now_s();
+    double t2 = kvp_now();
     if (rc) {
         fprintf(stderr, "\nkvp generate: %s\n", rc == -E2BIG
                 ? "context full: the model's context length is reached (use --budget to evict)"

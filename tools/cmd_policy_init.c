@@ -10,7 +10,7 @@
 
 #include "model/model.h"
 #include "policy/kvp_agent.h"
-#include "tools/cliutil.h"
+#include "base/parse.h"
 #include "tools/cli.h"
 
 static void usage(FILE *f)

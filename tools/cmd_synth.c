@@ -13,10 +13,11 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/rng.h"
 #include "model/gguf.h"
 #include "model/quant.h"
 #include "tools/cli.h"
-#include "tools/cliutil.h"
+#include "base/parse.h"
 #include "tools/hf_vocab.h"
 
 #define N_BYTE_TOKENS 256
@@ -71,14 +72,6 @@ static int bad(const char *fmt, const char *arg)
     return 2;
 }
 
-static uint64_t splitmix64(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 static int fill(void *vctx, uint64_t i, void *buf, uint64_t n_bytes)
 {
     synth_ctx *c = vctx;
@@ -92,7 +85,7 @@ static int fill(void *vctx, uint64_t i, void *buf, uint64_t n_bytes)
     for (uint64_t r = 0; r < rows; r++, out += row_bytes) {
         for (uint64_t j = 0; j < ne0; j++) {
             /* 24 random bits -> uniform in [-scale, scale) */
-            float u = (float)(splitmix64(&s) >> 40) * 0x1p-23f - 1.0f;
+            float u = (float)(kvp_splitmix64(&s) >> 40) * 0x1p-23f - 1.0f;
             c->row[j] = t->n_dims == 1 ? 1.0f : u * scale;
         }
         switch (t->type) {

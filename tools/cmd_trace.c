@@ -6,11 +6,11 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "cache/checksum.h"
+#include "base/checksum.h"
 #include "model/forward.h"
-#include "policy/trace.h"
+#include "offline/trace.h"
 #include "tools/cli.h"
-#include "tools/cliutil.h"
+#include "base/parse.h"
 
 static void usage(FILE *f)
 {
@@ -137,8 +137,8 @@ int kvp_cmd_trace(int argc, char **argv)
             !(cap.k[l] = malloc(seq_len * cap.kn * sizeof(float))) ||
             !(cap.v[l] = malloc(seq_len * cap.kn * sizeof(float))))
             goto oom;
-    s.tap = tap;
-    s.tap_ctx = &cap;
+    s.hooks.tap = tap;
+    s.hooks.tap_ctx = &cap;
 
     if (mkdir(out_dir, 0777) && errno != EEXIST) {
         fprintf(stderr, "kvp trace: cannot create %s: %s\n", out_dir, strerror(errno));

@@ -1,4 +1,4 @@
-/* kvp train: train the KVP agents of a model on `kvp trace` output (policy/train.h). */
+/* kvp train: train the KVP agents of a model on `kvp trace` output (offline/train.h). */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -6,9 +6,9 @@
 #include <unistd.h>
 
 #include "policy/kvp_agent.h"
-#include "policy/train.h"
+#include "offline/train.h"
 #include "tools/cli.h"
-#include "tools/cliutil.h"
+#include "base/parse.h"
 
 static void usage(FILE *f, const kvp_train_cfg *d)
 {

@@ -5,7 +5,7 @@
 #include <libwebsockets.h>
 #include <stddef.h>
 
-#include "daemon/kvpd.h"
+#include "web/server.h"
 
 typedef struct kvpd_frame {
     struct kvpd_frame *next;
@@ -17,10 +17,10 @@ enum kvpd_rx_skip { KVPD_RX_KEEP = 0, KVPD_RX_BINARY, KVPD_RX_TOO_LARGE };
 
 typedef struct kvpd_conn {
     struct lws *wsi;
-    kvpd *d;
+    kvpd_web *w;
     int is_ws;
     int head;                          /* HTTP: a HEAD request (headers only) */
-    kvp_session *session;
+    kvp_hub_client *client;            /* made on the first hello or message */
     kvpd_frame *out_head, *out_tail;   /* ws frames, or one HTTP body */
     char *rx;                          /* the websocket message being assembled */
     size_t rx_len, rx_cap;
@@ -28,19 +28,19 @@ typedef struct kvpd_conn {
 } kvpd_conn;
 
 /* The listening socket (web/listen.c): accepts, bounds and hands connections to lws. */
-int kvpd_listen_start(kvpd *d, const char *host, char *err, size_t errlen);
-void kvpd_listen_stop(kvpd *d);
+int kvpd_listen_start(kvpd_web *w, const char *host, char *err, size_t errlen);
+void kvpd_listen_stop(kvpd_web *w);
 
 /* web/guard.c. The Host and Origin rules for a request: NULL when allowed, else the
  * reason and the HTTP status to answer (400, 421, 403). */
-const char *kvpd_guard_check(kvpd *d, struct lws *wsi, int *status);
+const char *kvpd_guard_check(kvpd_web *w, struct lws *wsi, int *status);
 /* The same for a websocket upgrade, plus Sec-WebSocket-Version 13. */
-const char *kvpd_guard_upgrade(kvpd *d, struct lws *wsi);
+const char *kvpd_guard_upgrade(kvpd_web *w, struct lws *wsi);
 /* The bearer token the admin endpoints require: admin_token, or the generated one. */
-const char *kvpd_admin_token(const kvpd *d);
+const char *kvpd_admin_token(const kvpd_web *w);
 /* At start: without admin_token, generates one and writes it (mode 0600) to
  * admin_token_file, or <state_dir>/admin.token; with neither, the admin endpoints are closed. */
-int kvpd_admin_token_init(kvpd *d, char *err, size_t errlen);
+int kvpd_admin_token_init(kvpd_web *w, char *err, size_t errlen);
 
 /* Queues payload (copied) and asks lws for a writeable callback. 0 or -ENOMEM. */
 int kvpd_conn_queue(kvpd_conn *c, const char *payload, size_t len);
@@ -57,11 +57,7 @@ int kvpd_http_writeable(kvpd_conn *c);
 
 /* Websocket: message bytes as they arrive; complete messages are handled. */
 int kvpd_chat_receive(kvpd_conn *c, const void *in, size_t len);
-/* Websocket: the connection closed; detach it from its session. */
+/* Websocket: the connection closed; the hub lets go of it. */
 void kvpd_chat_closed(kvpd_conn *c);
-/* Sends an error frame and counts it. */
-void kvpd_chat_error(kvpd_conn *c, const char *code, const char *msg);
-/* Sends the session frame of the connection's session (history unless it is busy). */
-void kvpd_chat_send_session(kvpd_conn *c, int resumed);
 
 #endif

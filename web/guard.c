@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/log.h"
 #include "web/conn.h"
 
 /* The names served when allowed_hosts is empty: loopback, and the listen address. */
@@ -42,15 +43,15 @@ static int wildcard(const char *host)
 }
 
 /* 1 when name (n bytes, no port, no brackets) is a name this daemon serves. */
-static int host_allowed(const kvpd *d, const char *name, size_t n)
+static int host_allowed(const kvpd_web *w, const char *name, size_t n)
 {
-    const char *list = d->cfg.allowed_hosts;
+    const char *list = w->cfg->allowed_hosts;
     if (list[0])
         return !strcmp(list, "*") || in_list(list, name, n);
     for (size_t i = 0; i < sizeof loopback_names / sizeof *loopback_names; i++)
         if (strlen(loopback_names[i]) == n && !strncasecmp(loopback_names[i], name, n))
             return 1;
-    const char *listen = d->cfg.listen_host;
+    const char *listen = w->cfg->listen_host;
     return !wildcard(listen) && strlen(listen) == n && !strncasecmp(listen, name, n);
 }
 
@@ -73,9 +74,9 @@ static int split_host(const char *h, const char **name, size_t *n)
 
 /* An Origin is allowed when listed, or (allowed_origins empty) when it is this
  * daemon's own: http://<a served name>:<port>. */
-static int origin_allowed(const kvpd *d, const char *origin)
+static int origin_allowed(const kvpd_web *w, const char *origin)
 {
-    const char *list = d->cfg.allowed_origins;
+    const char *list = w->cfg->allowed_origins;
     if (list[0])
         return !strcmp(list, "*") || in_list(list, origin, strlen(origin));
     if (strncasecmp(origin, "http://", 7))
@@ -86,10 +87,10 @@ static int origin_allowed(const kvpd *d, const char *origin)
         return 0;
     const char *after = name[-1] == '[' ? name + n + 1 : name + n;
     int port = *after == ':' ? atoi(after + 1) : 80;
-    return port == d->port && host_allowed(d, name, n);
+    return port == w->port && host_allowed(w, name, n);
 }
 
-const char *kvpd_guard_check(kvpd *d, struct lws *wsi, int *status)
+const char *kvpd_guard_check(kvpd_web *w, struct lws *wsi, int *status)
 {
     char buf[256];
     const char *name;
@@ -99,22 +100,22 @@ const char *kvpd_guard_check(kvpd *d, struct lws *wsi, int *status)
         *status = 400;
         return "a Host header naming this server is required\n";
     }
-    if (!host_allowed(d, name, n)) {
+    if (!host_allowed(w, name, n)) {
         *status = 421;
         return "this server does not serve that Host (see allowed_hosts)\n";
     }
     len = lws_hdr_copy(wsi, buf, sizeof buf, WSI_TOKEN_ORIGIN);
-    if (lws_hdr_total_length(wsi, WSI_TOKEN_ORIGIN) > 0 && (len <= 0 || !origin_allowed(d, buf))) {
+    if (lws_hdr_total_length(wsi, WSI_TOKEN_ORIGIN) > 0 && (len <= 0 || !origin_allowed(w, buf))) {
         *status = 403;
         return "requests from that Origin are not allowed (see allowed_origins)\n";
     }
     return NULL;
 }
 
-const char *kvpd_guard_upgrade(kvpd *d, struct lws *wsi)
+const char *kvpd_guard_upgrade(kvpd_web *w, struct lws *wsi)
 {
     int status;
-    const char *why = kvpd_guard_check(d, wsi, &status);
+    const char *why = kvpd_guard_check(w, wsi, &status);
     if (why)
         return why;
     char v[16];
@@ -123,15 +124,15 @@ const char *kvpd_guard_upgrade(kvpd *d, struct lws *wsi)
     return NULL;
 }
 
-const char *kvpd_admin_token(const kvpd *d)
+const char *kvpd_admin_token(const kvpd_web *w)
 {
-    return d->cfg.admin_token[0] ? d->cfg.admin_token : d->admin_token_generated;
+    return w->cfg->admin_token[0] ? w->cfg->admin_token : w->admin_token_generated;
 }
 
-int kvpd_admin_token_init(kvpd *d, char *err, size_t errlen)
+int kvpd_admin_token_init(kvpd_web *w, char *err, size_t errlen)
 {
-    d->admin_token_generated[0] = '\0';
-    if (d->cfg.admin_token[0])
+    w->admin_token_generated[0] = '\0';
+    if (w->cfg->admin_token[0])
         return 0;
     unsigned char raw[16];
     if (getrandom(raw, sizeof raw, 0) != (ssize_t)sizeof raw) {
@@ -139,12 +140,12 @@ int kvpd_admin_token_init(kvpd *d, char *err, size_t errlen)
         return -EIO;
     }
     for (size_t i = 0; i < sizeof raw; i++)
-        snprintf(d->admin_token_generated + 2 * i, 3, "%02x", raw[i]);
+        snprintf(w->admin_token_generated + 2 * i, 3, "%02x", raw[i]);
     char path[KVPD_PATH_MAX + 16];
-    if (d->cfg.admin_token_file[0])
-        snprintf(path, sizeof path, "%s", d->cfg.admin_token_file);
-    else if (d->cfg.state_dir[0])
-        snprintf(path, sizeof path, "%s/admin.token", d->cfg.state_dir);
+    if (w->cfg->admin_token_file[0])
+        snprintf(path, sizeof path, "%s", w->cfg->admin_token_file);
+    else if (w->cfg->state_dir[0])
+        snprintf(path, sizeof path, "%s/admin.token", w->cfg->state_dir);
     else {
         kvpd_log("warning", "/admin/* is closed: no admin_token, and no admin_token_file or "
                  "state_dir to write a generated one to");
@@ -161,7 +162,7 @@ int kvpd_admin_token_init(kvpd *d, char *err, size_t errlen)
     if (!rc && fchmod(fd, 0600) < 0)
         rc = -errno;
     char line[40];
-    int n = snprintf(line, sizeof line, "%s\n", d->admin_token_generated);
+    int n = snprintf(line, sizeof line, "%s\n", w->admin_token_generated);
     if (!rc && write(fd, line, (size_t)n) != n)
         rc = errno ? -errno : -EIO;
     if (fd >= 0 && close(fd) < 0 && !rc)

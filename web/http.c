@@ -6,10 +6,9 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "daemon/residency.h"
-#include "sessions/template.h"
+#include "base/clock.h"
+#include "base/parse.h"
 #include "web/conn.h"
-#include "web/server.h"
 
 /* Headers now, the body (queued as one frame) on the writeable callback. */
 static int respond(kvpd_conn *c, int status, const char *type, const char *body, size_t len,
@@ -17,7 +16,7 @@ static int respond(kvpd_conn *c, int status, const char *type, const char *body,
 {
     unsigned char hdr[LWS_PRE + 1024], *start = hdr + LWS_PRE, *p = start,
                   *end = hdr + sizeof hdr - 1;
-    c->d->metrics.http_requests++;
+    c->w->metrics->http_requests++;
     if (lws_add_http_common_headers(c->wsi, (unsigned)status, type, len, &p, end))
         return 1;
     if (www_auth && lws_add_http_header_by_token(c->wsi, WSI_TOKEN_HTTP_WWW_AUTHENTICATE,
@@ -47,6 +46,11 @@ static int respond_json(kvpd_conn *c, int status, json_t *o)
     return rc;
 }
 
+static int text_status(kvpd_conn *c, int status, const char *msg, const char *www_auth)
+{
+    return respond(c, status, "text/plain; charset=utf-8", msg, strlen(msg), www_auth);
+}
+
 int kvpd_http_writeable(kvpd_conn *c)
 {
     kvpd_frame *f = c->out_head;
@@ -55,7 +59,7 @@ int kvpd_http_writeable(kvpd_conn *c)
     c->out_head = c->out_tail = NULL;
     int n = lws_write(c->wsi, f->buf + LWS_PRE, f->len, LWS_WRITE_HTTP_FINAL);
     free(f);
-    c->d->frames_pending--;
+    c->w->frames_pending--;
     if (n < 0)
         return -1;
     return lws_http_transaction_completed(c->wsi) ? -1 : 0;
@@ -64,7 +68,7 @@ int kvpd_http_writeable(kvpd_conn *c)
 /* Constant-time compare, so the token cannot be guessed byte by byte from timings. */
 static int token_ok(kvpd_conn *c)
 {
-    const char *want = kvpd_admin_token(c->d);
+    const char *want = kvpd_admin_token(c->w);
     if (!want[0])
         return 0;   /* closed: no token configured and nowhere to write one */
     char got[256];
@@ -79,40 +83,69 @@ static int token_ok(kvpd_conn *c)
     return diff == 0;
 }
 
-static void gauges(kvpd *d, kvpd_gauges *g)
+/* The gauges, and the hub's view of itself (zeros while the model loads). */
+static void gauges(kvpd_web *w, kvpd_gauges *g, kvp_hub_info *hi)
 {
     memset(g, 0, sizeof *g);
-    for (kvp_session *s = d->sessions.head; s; s = s->next) {
-        g->sessions_active += !s->parked;
-        g->sessions_parked += s->parked;
-        g->turns_running += s->busy;
-        if (s->bytes > g->cache_bytes_max_session)
-            g->cache_bytes_max_session = s->bytes;
+    memset(hi, 0, sizeof *hi);
+    if (w->hub) {
+        kvp_hub_info_get(w->hub, hi);
+        g->sessions_active = hi->sessions_resident;
+        g->sessions_parked = hi->sessions_parked;
+        g->turns_running = hi->turns_running;
+        g->queue_depth = hi->queue_depth;
+        g->cache_bytes_total = hi->cache_bytes_total;
+        g->cache_bytes_max_session = hi->cache_bytes_max_session;
+        g->cache_bytes_accounted = hi->cache_bytes_accounted;
+        g->turn_reserve_bytes = hi->turn_reserve_bytes;
     }
-    g->cache_bytes_accounted = kvpd_accounted_bytes(d, &g->cache_bytes_total);
-    g->cache_bytes_cap = d->cfg.max_cache_bytes;
-    g->turn_reserve_bytes = d->ready ? kvpd_turn_bytes(d) : 0;
-    g->queue_depth = d->sched ? kvpd_sched_depth(d->sched) : 0;
-    g->connections_open = d->connections_open;
-    g->uptime_s = kvp_now() - d->started;
-    g->ready = d->ready;
+    g->cache_bytes_cap = w->cfg->max_cache_bytes;
+    g->connections_open = w->connections_open;
+    g->uptime_s = kvp_now() - w->started;
+    g->ready = w->hub != NULL;
 }
+
+static void list_session(void *ctx, const kvp_hub_session_info *si)
+{
+    json_array_append_new(ctx, json_pack(
+        "{s:s, s:i, s:i, s:I, s:I, s:b, s:b, s:b, s:s, s:f, s:f}", "id", si->id,
+        "turns", si->turns, "rows", si->rows, "bytes", (json_int_t)si->bytes,
+        "evicted_rows", (json_int_t)si->evicted_rows, "busy", si->busy,
+        "parked", si->parked, "connected", si->connected, "policy", si->policy,
+        "last_active_s_ago", si->last_active_s_ago, "age_s", si->age_s));
+}
+
+/* A non-negative integer query argument (name ends in '='), or dflt when absent; -1
+ * when it is not a number in [0, max]. */
+static long query_long(kvpd_conn *c, const char *name, long dflt, long max)
+{
+    char buf[64];
+    const char *v = lws_get_urlarg_by_name(c->wsi, name, buf, (int)sizeof buf);
+    if (!v)
+        return dflt;
+    long n;
+    return kvp_parse_long(v, 0, max, &n) ? n : -1;
+}
+
+#define STATS_PAGE_DEFAULT 100
+#define STATS_PAGE_MAX 1000
 
 static int admin_stats(kvpd_conn *c)
 {
-    kvpd *d = c->d;
+    kvpd_web *w = c->w;
     kvpd_gauges g;
-    gauges(d, &g);
-    double now = kvp_now();
+    kvp_hub_info hi;
+    gauges(w, &g, &hi);
+    /* session_list is paginated: ?offset=N&limit=M, oldest first. */
+    long offset = query_long(c, "offset=", 0, 1L << 30);
+    long limit = query_long(c, "limit=", STATS_PAGE_DEFAULT, STATS_PAGE_MAX);
+    if (offset < 0 || limit < 0)
+        return text_status(c, 400, "offset and limit must be integers (limit at most 1000)\n",
+                           NULL);
     json_t *list = json_array();
-    for (kvp_session *s = d->sessions.head; s && list; s = s->next)
-        json_array_append_new(list, json_pack(
-            "{s:s, s:i, s:i, s:I, s:I, s:b, s:b, s:b, s:s, s:f, s:f}", "id", s->id,
-            "turns", s->turns, "rows", s->rows_max, "bytes", (json_int_t)s->bytes,
-            "evicted_rows", (json_int_t)s->evicted_rows, "busy", s->busy,
-            "parked", s->parked, "connected", s->conn != NULL, "policy", s->pconf->name,
-            "last_active_s_ago", now - s->last_active, "age_s", now - s->created));
-    const kvpd_metrics *m = &d->metrics;
+    int total = w->hub && list ? kvp_hub_list(w->hub, (int)offset, (int)limit, list_session,
+                                              list) : 0;
+    const kvpd_metrics *m = w->metrics;
     json_t *memory = json_pack(
         "{s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "cap", (json_int_t)g.cache_bytes_cap,
         "resident_bytes", (json_int_t)g.cache_bytes_total,
@@ -121,33 +154,36 @@ static int admin_stats(kvpd_conn *c)
         "parks", (json_int_t)m->parks, "unparks", (json_int_t)m->unparks,
         "reserve_overruns", (json_int_t)m->reserve_overruns);
     json_t *persist = json_pack(
-        "{s:s, s:I, s:I, s:I, s:I, s:I, s:I}", "state_dir", d->cfg.state_dir,
+        "{s:s, s:I, s:I, s:I, s:I, s:I, s:I}", "state_dir", w->cfg->state_dir,
         "snapshots_written", (json_int_t)m->snapshots_written,
         "snapshot_failures", (json_int_t)m->snapshot_failures,
         "rebuilds", (json_int_t)m->rebuilds, "lost", (json_int_t)m->sessions_lost,
         "reloads", (json_int_t)m->reloads, "reloads_refused", (json_int_t)m->reloads_refused);
+    long next = offset + limit < total ? offset + limit : -1;
+    json_t *page = json_pack("{s:I, s:I, s:i, s:I}", "offset", (json_int_t)offset,
+                             "limit", (json_int_t)limit, "total", total,
+                             "next_offset", (json_int_t)next);
     json_t *o = json_pack(
         "{s:f, s:b, s:{s:s, s:s, s:i, s:i, s:i, s:i}, s:s, s:s, s:i, s:i, s:i,"
         " s:{s:i, s:i, s:i, s:I, s:i}, s:{s:I, s:I}, s:o, s:o,"
-        " s:{s:I, s:I, s:I}, s:I, s:I, s:i, s:o}",
-        "uptime_s", g.uptime_s, "ready", d->ready,
-        "model", "name", d->ready ? d->model.name : "", "chat_format",
-        kvp_template_name(d->env.tpl.format), "layers", d->model.cfg.n_layers,
-        "kv_heads", d->model.cfg.n_kv_heads, "head_dim", d->model.cfg.head_dim,
-        "context", d->model.cfg.seq_len,
-        "policy", d->pconf ? d->pconf->name : "", "policy_file", d->pconf ? d->pconf->file : "",
-        "budget", d->cfg.budget, "chunk", d->cfg.chunk, "workers", d->cfg.workers,
+        " s:{s:I, s:I, s:I}, s:I, s:I, s:i, s:o, s:o}",
+        "uptime_s", g.uptime_s, "ready", g.ready,
+        "model", "name", hi.model_name ? hi.model_name : "", "chat_format",
+        hi.chat_format ? hi.chat_format : "plain", "layers", hi.layers,
+        "kv_heads", hi.kv_heads, "head_dim", hi.head_dim, "context", hi.context,
+        "policy", hi.policy ? hi.policy : "", "policy_file", hi.policy_file ? hi.policy_file : "",
+        "budget", w->cfg->budget, "chunk", w->cfg->chunk, "workers", w->cfg->workers,
         "sessions", "active", g.sessions_active, "resident", g.sessions_active,
-        "parked", g.sessions_parked, "total", (json_int_t)d->sessions.created_total,
-        "max", d->cfg.max_sessions,
+        "parked", g.sessions_parked, "total", (json_int_t)hi.sessions_total,
+        "max", w->cfg->max_sessions,
         "cache_bytes", "total", (json_int_t)g.cache_bytes_total, "max_per_session",
         (json_int_t)g.cache_bytes_max_session, "memory", memory, "persistence", persist,
         "tokens", "in", (json_int_t)m->prompt_tokens, "prefilled",
         (json_int_t)m->prefilled_tokens, "out", (json_int_t)m->generated_tokens,
         "evicted_rows", (json_int_t)m->evicted_rows, "turns", (json_int_t)m->turns,
-        "queue_depth", g.queue_depth, "session_list", list);
+        "queue_depth", g.queue_depth, "session_list", list, "session_page", page);
     if (o && json_object_set_new(o, "connections", json_pack(
-                 "{s:i, s:i, s:I}", "open", g.connections_open, "max", d->cfg.max_connections,
+                 "{s:i, s:i, s:I}", "open", g.connections_open, "max", w->cfg->max_connections,
                  "refused", (json_int_t)m->connections_refused)) < 0) {
         json_decref(o);
         o = NULL;
@@ -158,9 +194,10 @@ static int admin_stats(kvpd_conn *c)
 static int metrics(kvpd_conn *c)
 {
     kvpd_gauges g;
-    gauges(c->d, &g);
+    kvp_hub_info hi;
+    gauges(c->w, &g, &hi);
     size_t len = 0;
-    char *text = kvpd_metrics_render(&c->d->metrics, &g, &len);
+    char *text = kvpd_metrics_render(c->w->metrics, &g, &len);
     if (!text)
         return respond(c, 500, "text/plain", "out of memory\n", 14, NULL);
     int rc = respond(c, 200, "text/plain; version=0.0.4; charset=utf-8", text, len, NULL);
@@ -190,37 +227,32 @@ static int static_file(kvpd_conn *c, const char *uri)
         if (!strcmp(dot, types[i].ext))
             mime = types[i].mime;
     char path[KVPD_PATH_MAX + 80];
-    snprintf(path, sizeof path, "%s/%s", c->d->cfg.static_dir, name);
+    snprintf(path, sizeof path, "%s/%s", c->w->cfg->static_dir, name);
     struct stat st;
     if (!mime || stat(path, &st) < 0 || !S_ISREG(st.st_mode))
         return 1;
-    c->d->metrics.http_requests++;
+    c->w->metrics->http_requests++;
     int rc = lws_serve_http_file(c->wsi, path, mime, NULL, 0);
     return rc < 0 ? -1 : 0;
 }
 
-static int text_status(kvpd_conn *c, int status, const char *msg, const char *www_auth)
-{
-    return respond(c, status, "text/plain; charset=utf-8", msg, strlen(msg), www_auth);
-}
-
 int kvpd_http_request(kvpd_conn *c, const char *uri)
 {
-    kvpd *d = c->d;
+    kvpd_web *w = c->w;
     int status;
-    const char *refused = kvpd_guard_check(d, c->wsi, &status);
+    const char *refused = kvpd_guard_check(w, c->wsi, &status);
     if (refused)
         return text_status(c, status, refused, NULL);
     c->head = lws_hdr_total_length(c->wsi, WSI_TOKEN_HEAD_URI) > 0;
     if (!c->head && lws_hdr_total_length(c->wsi, WSI_TOKEN_GET_URI) <= 0)
         return text_status(c, 405, "only GET and HEAD are served\n", NULL);
     if (!strcmp(uri, "/healthz")) {
-        int ok = d->ready && !d->draining, unsaved = kvpd_web_unsaved(d);
+        int ok = w->hub && !w->draining, unsaved = w->hub ? kvp_hub_unsaved(w->hub) : 0;
         if (ok && unsaved)
             return respond_json(c, 503, json_pack("{s:s, s:i}", "status", "degraded",
                                                   "unsaved_sessions", unsaved));
         return respond_json(c, ok ? 200 : 503,
-                            json_pack("{s:s}", "status", ok ? "ok" : d->draining ? "stopping" : "loading"));
+                            json_pack("{s:s}", "status", ok ? "ok" : w->draining ? "stopping" : "loading"));
     }
     if (!strcmp(uri, "/metrics"))
         return metrics(c);

@@ -13,6 +13,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "base/clock.h"
+#include "base/log.h"
 #include "web/conn.h"
 
 #define BACKOFF_MIN_MS 50
@@ -28,7 +30,7 @@ struct kvpd_listener {
     int backoff_ms;
     uint64_t shed_since_log;      /* connections closed unserved since the last log line */
     double last_log;
-    kvpd *d;
+    kvpd_web *w;
     int closing;
 };
 
@@ -76,7 +78,7 @@ static int shed_one(struct kvpd_listener *l)
     if (fd >= 0)
         close(fd);
     l->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    l->d->metrics.connections_refused++;
+    l->w->metrics->connections_refused++;
     l->shed_since_log++;
     return l->reserve_fd < 0 ? -1 : 0;
 }
@@ -91,7 +93,7 @@ static void refuse(struct kvpd_listener *l, int fd)
     (void)n;   /* best effort: the close says the same */
     shutdown(fd, SHUT_WR);
     close(fd);
-    l->d->metrics.connections_refused++;
+    l->w->metrics->connections_refused++;
     l->shed_since_log++;
     listener_log(l, "max_connections reached");
 }
@@ -99,7 +101,7 @@ static void refuse(struct kvpd_listener *l, int fd)
 static void on_readable(uv_poll_t *h, int status, int events)
 {
     struct kvpd_listener *l = h->data;
-    kvpd *d = l->d;
+    kvpd_web *w = l->w;
     (void)events;
     if (status < 0 || l->closing)
         return;
@@ -120,15 +122,15 @@ static void on_readable(uv_poll_t *h, int status, int events)
             return;
         }
         l->backoff_ms = 0;
-        if (d->draining) {
+        if (w->draining) {
             close(fd);
             continue;
         }
-        if (d->cfg.max_connections && d->connections_open >= d->cfg.max_connections) {
+        if (w->cfg->max_connections && w->connections_open >= w->cfg->max_connections) {
             refuse(l, fd);
             continue;
         }
-        struct lws_vhost *vh = lws_get_vhost_by_name(d->lws, "default");
+        struct lws_vhost *vh = lws_get_vhost_by_name(w->lws, "default");
         if (!vh || !lws_adopt_socket_vhost(vh, fd))   /* lws closed fd on failure */
             listener_log(l, "lws could not adopt a connection");
     }
@@ -176,25 +178,25 @@ static int bind_listen(const char *host, int port, int *out, int *bound_port, ch
     return 0;
 }
 
-int kvpd_listen_start(kvpd *d, const char *host, char *err, size_t errlen)
+int kvpd_listen_start(kvpd_web *w, const char *host, char *err, size_t errlen)
 {
     struct kvpd_listener *l = calloc(1, sizeof *l);
     if (!l) {
         snprintf(err, errlen, "out of memory");
         return -ENOMEM;
     }
-    l->d = d;
-    int rc = bind_listen(host, d->cfg.listen_port, &l->fd, &d->port, err, errlen);
+    l->w = w;
+    int rc = bind_listen(host, w->cfg->listen_port, &l->fd, &w->port, err, errlen);
     if (rc < 0) {
         free(l);
         return rc;
     }
     l->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    uv_poll_init(&d->loop, &l->poll, l->fd);
-    uv_timer_init(&d->loop, &l->backoff);
+    uv_poll_init(w->loop, &l->poll, l->fd);
+    uv_timer_init(w->loop, &l->backoff);
     l->poll.data = l->backoff.data = l;
     uv_poll_start(&l->poll, UV_READABLE, on_readable);
-    d->listener = l;
+    w->listener = l;
     return 0;
 }
 
@@ -209,12 +211,12 @@ static void on_closed(uv_handle_t *h)
     }
 }
 
-void kvpd_listen_stop(kvpd *d)
+void kvpd_listen_stop(kvpd_web *w)
 {
-    struct kvpd_listener *l = d->listener;
+    struct kvpd_listener *l = w->listener;
     if (!l)
         return;
-    d->listener = NULL;
+    w->listener = NULL;
     l->closing = 1;
     uv_close((uv_handle_t *)&l->poll, on_closed);
     uv_close((uv_handle_t *)&l->backoff, on_closed);

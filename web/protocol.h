@@ -5,7 +5,7 @@
 
 #include <stddef.h>
 
-#include "sessions/session.h"
+#include "sessions/hub.h"
 
 enum kvpd_msg_type { KVPD_MSG_HELLO, KVPD_MSG_MESSAGE, KVPD_MSG_CANCEL };
 
@@ -19,14 +19,7 @@ typedef struct kvpd_client_msg {
     int has_temperature;
 } kvpd_client_msg;
 
-/* Error codes of the protocol. */
-#define KVPD_E_BAD_JSON "bad_json"
-#define KVPD_E_BAD_REQUEST "bad_request"
-#define KVPD_E_BUSY "busy"
-#define KVPD_E_TOO_LARGE "too_large"
-#define KVPD_E_UNKNOWN_SESSION "unknown_session"
-#define KVPD_E_OVERLOADED "overloaded"
-#define KVPD_E_INTERNAL "internal"
+/* Error codes of the protocol: KVPD_E_* in sessions/hub.h. */
 
 /* Parses one text message. On failure returns a negative code and sets *code to one of
  * the codes above and msg to a human-readable reason. */

@@ -10,9 +10,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "daemon/residency.h"
+#include "base/log.h"
 #include "web/conn.h"
-#include "web/protocol.h"
 
 int kvpd_conn_queue(kvpd_conn *c, const char *payload, size_t len)
 {
@@ -27,7 +26,7 @@ int kvpd_conn_queue(kvpd_conn *c, const char *payload, size_t len)
     else
         c->out_head = f;
     c->out_tail = f;
-    c->d->frames_pending++;
+    c->w->frames_pending++;
     lws_callback_on_writable(c->wsi);
     return 0;
 }
@@ -54,7 +53,7 @@ void kvpd_conn_free_frames(kvpd_conn *c)
         kvpd_frame *f = c->out_head;
         c->out_head = f->next;
         free(f);
-        c->d->frames_pending--;
+        c->w->frames_pending--;
     }
     c->out_tail = NULL;
 }
@@ -70,7 +69,7 @@ static int ws_writeable(kvpd_conn *c)
     if (!c->out_head)
         c->out_tail = NULL;
     free(f);
-    c->d->frames_pending--;
+    c->w->frames_pending--;
     if (n < 0)
         return -1;
     if (c->out_head)
@@ -82,7 +81,7 @@ static int ws_writeable(kvpd_conn *c)
  * (lws's timeout, re-armed on every frame). */
 static void keep_alive(kvpd_conn *c)
 {
-    int secs = c->d->cfg.connection_idle_timeout_s;
+    int secs = c->w->cfg->connection_idle_timeout_s;
     lws_set_timeout(c->wsi, secs ? PENDING_TIMEOUT_USER_OK : NO_PENDING_TIMEOUT, secs);
 }
 
@@ -97,17 +96,17 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
                     void *in, size_t len)
 {
     kvpd_conn *c = user;
-    kvpd *d = lws_context_user(lws_get_context(wsi));
+    kvpd_web *w = lws_context_user(lws_get_context(wsi));
 
     switch (reason) {
     case LWS_CALLBACK_WSI_CREATE:   /* every adopted connection, HTTP or websocket */
-        d->connections_open++;
+        w->connections_open++;
         return 0;
     case LWS_CALLBACK_WSI_DESTROY:
-        d->connections_open--;
+        w->connections_open--;
         return 0;
     case LWS_CALLBACK_FILTER_PROTOCOL_CONNECTION: {   /* non-zero refuses the upgrade */
-        const char *why = uri_is(wsi, "/chat") ? kvpd_guard_upgrade(d, wsi) : "not /chat";
+        const char *why = uri_is(wsi, "/chat") ? kvpd_guard_upgrade(w, wsi) : "not /chat";
         if (why)
             kvpd_log("info", "websocket upgrade refused: %s", why);
         return why != NULL;
@@ -115,9 +114,9 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
     case LWS_CALLBACK_ESTABLISHED:
         memset(c, 0, sizeof *c);
         c->wsi = wsi;
-        c->d = d;
+        c->w = w;
         c->is_ws = 1;
-        d->metrics.connections++;
+        w->metrics->connections++;
         keep_alive(c);
         return 0;
     case LWS_CALLBACK_RECEIVE:
@@ -146,7 +145,7 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
     case LWS_CALLBACK_HTTP:
         kvpd_conn_free_frames(c);
         c->wsi = wsi;
-        c->d = d;
+        c->w = w;
         return kvpd_http_request(c, in);
     case LWS_CALLBACK_HTTP_WRITEABLE:
         return kvpd_http_writeable(c);
@@ -177,242 +176,43 @@ static const char *info_host(const char *host)
     return (!strcmp(host, "0.0.0.0") || !strcmp(host, "*")) ? NULL : host;
 }
 
-int kvpd_web_start(kvpd *d, char *err, size_t errlen)
+int kvpd_web_start(kvpd_web *w, char *err, size_t errlen)
 {
     lws_set_log_level(LLL_ERR | LLL_WARN, lws_log);
     struct lws_context_creation_info info;
     memset(&info, 0, sizeof info);
-    void *loops[1] = {&d->loop};
-    const char *host = d->cfg.listen_host;
+    void *loops[1] = {w->loop};
+    const char *host = w->cfg->listen_host;
     if (!strcmp(host, "localhost"))
         host = "127.0.0.1";
-    int rc = kvpd_admin_token_init(d, err, errlen);
+    int rc = kvpd_admin_token_init(w, err, errlen);
     if (rc < 0)
         return rc;
     /* The socket is bound before lws exists, so a busy address needs no lws teardown. */
-    rc = kvpd_listen_start(d, info_host(host), err, errlen);
+    rc = kvpd_listen_start(w, info_host(host), err, errlen);
     if (rc < 0)
         return rc;
     info.port = CONTEXT_PORT_NO_LISTEN_SERVER;   /* web/listen.c accepts, lws adopts */
     info.protocols = protocols;
     info.foreign_loops = loops;
-    info.pcontext = &d->lws;
-    info.user = d;
+    info.pcontext = &w->lws;
+    info.user = w;
     info.vhost_name = "default";
     info.options = LWS_SERVER_OPTION_LIBUV | LWS_SERVER_OPTION_UV_NO_SIGSEGV_SIGFPE_SPIN;
     if (!strchr(host, ':'))
         info.options |= LWS_SERVER_OPTION_DISABLE_IPV6;
-    d->lws = lws_create_context(&info);
-    if (!d->lws || !lws_get_vhost_by_name(d->lws, "default")) {
-        snprintf(err, errlen, "could not start libwebsockets on %s:%d", d->cfg.listen_host,
-                 d->port);
+    w->lws = lws_create_context(&info);
+    if (!w->lws || !lws_get_vhost_by_name(w->lws, "default")) {
+        snprintf(err, errlen, "could not start libwebsockets on %s:%d", w->cfg->listen_host,
+                 w->port);
         return -ENOMEM;
     }
     return 0;
 }
 
-void kvpd_web_stop(kvpd *d)
+void kvpd_web_stop(kvpd_web *w)
 {
-    kvpd_listen_stop(d);
-    if (d->lws)
-        lws_context_destroy(d->lws);
-}
-
-static const char *error_code(int rc)
-{
-    return rc == -E2BIG ? KVPD_E_TOO_LARGE : KVPD_E_INTERNAL;
-}
-
-/* A job's final event: the loop owns the whole session again and takes in what the
- * worker left (restored counters, the snapshot's fate, the cache's size). */
-static void job_ended(kvpd *d, kvp_session *s)
-{
-    kvpd_metrics *m = &d->metrics;
-    s->busy = 0;
-    s->loading = 0;
-    s->reserve = 0;
-    if (s->restored.pending) {
-        s->restored.pending = 0;
-        s->placeholder = 0;
-        m->unparks++;
-        if (s->restored.rebuilt) {
-            m->rebuilds++;
-            kvpd_log("info", "session %.8s: rebuilt from its transcript: %s", s->id,
-                     s->restored.note);
-        }
-    }
-    if (s->save_rc < 0) {
-        m->snapshot_failures++;
-        s->save_failed = 1;
-        kvpd_log("warning", "session %.8s: %s", s->id, s->save_err);
-    } else if (s->save_rc > 0) {
-        m->snapshots_written++;
-        s->save_failed = 0;
-    }
-    s->save_rc = 0;
-    s->turns = s->turns_done;
-    s->evicted_rows = s->cache.evicted_rows;
-    s->rows_max = kvp_cache_max_rows(&s->cache);
-    s->bytes = kvp_cache_bytes(&s->cache);
-}
-
-/* The session's snapshot was missing or bad when it was needed: it is gone (or, for a
- * hello naming an id with no snapshot, it never was). */
-static void lose(kvpd *d, kvp_session *s, int code, const char *why)
-{
-    kvpd_conn *c = s->conn;
-    if (!s->placeholder || code == -EBADMSG) {
-        d->metrics.sessions_lost++;
-        kvpd_log("warning", "session %.8s lost: %s", s->id, why);
-    }
-    if (c) {
-        kvpd_chat_error(c, KVPD_E_UNKNOWN_SESSION, code == -EBADMSG
-                        ? "the session's snapshot was damaged; it was moved aside"
-                        : "no such session (expired or never existed)");
-        c->session = NULL;
-    }
-    kvp_session_remove(&d->sessions, s);
-}
-
-/* A restore that failed for a reason that may pass (I/O, memory): parked again. */
-static void restore_failed(kvpd *d, kvp_session *s, const char *why)
-{
-    kvpd_log("warning", "session %.8s: %s", s->id, why);
-    if (s->conn)
-        kvpd_chat_error(s->conn, KVPD_E_INTERNAL, "the session could not be loaded; try again");
-    if (s->placeholder) {
-        if (s->conn)
-            ((kvpd_conn *)s->conn)->session = NULL;
-        kvp_session_remove(&d->sessions, s);
-    } else {
-        kvp_session_park(&d->sessions, s);
-    }
-}
-
-static void on_job(kvpd *d, kvp_session *s, const kvpd_event *ev)
-{
-    int was_load = s->job == KVP_JOB_LOAD;
-    int failed_restore = was_load && ev->code < 0;
-    job_ended(d, s);
-    if (failed_restore && s->lost) {
-        lose(d, s, ev->code, ev->text);
-    } else if (failed_restore) {
-        restore_failed(d, s, ev->text);
-    } else if (was_load) {
-        kvpd_log("info", "session %.8s: loaded from its snapshot (%d turns)", s->id, s->turns);
-        if (s->conn)
-            kvpd_chat_send_session(s->conn, 1);
-    } else {   /* a save job (shutdown): its outcome decides the session's durability */
-        s->save_failed = ev->code < 0;
-        if (ev->code < 0)
-            kvpd_log("warning", "session %.8s: %s", s->id, ev->text);
-    }
-}
-
-void kvpd_web_on_event(void *ctx, const kvpd_event *ev)
-{
-    kvpd *d = ctx;
-    kvp_session *s = ev->session;
-    kvpd_conn *c = s->conn;
-    kvpd_metrics *m = &d->metrics;
-    double now = kvp_now();
-    switch (ev->type) {
-    case KVPD_EV_TOKEN:
-        if (c)
-            kvpd_conn_send(c, kvpd_proto_token(ev->text, ev->len));
-        return;
-    case KVPD_EV_JOB:
-        s->last_active = now;
-        on_job(d, s, ev);
-        return;
-    case KVPD_EV_DONE: {
-        const kvp_turn_stats *st = &ev->stats;
-        if (st->cache_bytes_max > s->reserve) {
-            m->reserve_overruns++;
-            kvpd_log("error", "session %.8s: its cache reached %zu bytes, over the %zu reserved",
-                     s->id, st->cache_bytes_max, s->reserve);
-        }
-        job_ended(d, s);
-        s->last_active = now;
-        m->turns++;
-        if (!strcmp(st->stop, "cancel"))
-            m->turns_cancelled++;
-        m->prompt_tokens += (uint64_t)st->prompt_tokens;
-        m->prefilled_tokens += (uint64_t)st->prefilled_tokens;
-        m->generated_tokens += (uint64_t)st->generated_tokens;
-        m->evicted_rows += st->evicted_rows;
-        kvpd_hist_observe(&m->ttft, st->ttft_ms / 1e3);
-        kvpd_hist_observe(&m->turn_duration, st->duration_ms / 1e3);
-        if (c)
-            kvpd_conn_send(c, kvpd_proto_done(ev->text, ev->len, st,
-                                              d->env.state_dir[0] ? !s->save_failed : -1,
-                                              s->save_err));
-        return;
-    }
-    case KVPD_EV_ERROR:
-        job_ended(d, s);
-        s->last_active = now;
-        if (s->need_restore) {   /* the turn could not get the session back from disk */
-            if (s->lost) {
-                lose(d, s, ev->code, ev->text);
-            } else {
-                restore_failed(d, s, ev->text);
-            }
-            return;
-        }
-        m->turns_failed++;
-        kvpd_log("warning", "session %.8s: %s", s->id, ev->text);
-        if (c)
-            kvpd_chat_error(c, error_code(ev->code), ev->text);
-        return;
-    }
-}
-
-void kvpd_web_expire(kvpd *d, double now)
-{
-    double timeout = d->cfg.idle_timeout_s;
-    kvp_session *s = d->sessions.head;
-    while (s) {
-        kvp_session *next = s->next;
-        double idle = now - s->last_active;
-        if (d->env.state_dir[0]) {
-            /* With a state directory nothing is dropped: idle sessions are parked (if
-             * their snapshot is up to date), and parked ones nobody is attached to are
-             * let go from memory after another timeout (hello loads them again). */
-            if (!s->parked && idle > timeout && kvp_session_parkable(s)) {
-                kvpd_park(d, s);
-            } else if (s->parked && !s->conn && idle > 2 * timeout) {
-                d->metrics.sessions_forgotten++;
-                kvp_session_remove(&d->sessions, s);
-            }
-        } else if (!s->busy && idle > timeout) {
-            kvpd_conn *c = s->conn;
-            if (c) {
-                kvpd_chat_error(c, KVPD_E_UNKNOWN_SESSION, "session expired after the idle timeout");
-                c->session = NULL;
-            }
-            d->metrics.sessions_expired++;
-            kvp_session_remove(&d->sessions, s);
-        }
-        s = next;
-    }
-}
-
-int kvpd_web_unsaved(const kvpd *d)
-{
-    int n = 0;
-    for (const kvp_session *s = d->sessions.head; s; s = s->next)
-        n += s->save_failed;
-    return n;
-}
-
-int kvpd_web_cancel_all(kvpd *d)
-{
-    int running = 0;
-    for (kvp_session *s = d->sessions.head; s; s = s->next)
-        if (s->busy) {
-            atomic_store(&s->turn.cancel, 1);
-            running++;
-        }
-    return running;
+    kvpd_listen_stop(w);
+    if (w->lws)
+        lws_context_destroy(w->lws);
 }

@@ -1,27 +1,37 @@
 /* libwebsockets on the daemon's libuv loop (foreign loop): one protocol serves HTTP
- * (chat page, /healthz, /metrics, /admin/stats) and the /chat websocket. */
+ * (chat page, /healthz, /metrics, /admin/stats) and the /chat websocket. Transport only:
+ * every conversation request goes to the session hub (sessions/hub.h). */
 #ifndef KVPD_SERVER_H
 #define KVPD_SERVER_H
 
 #include <stddef.h>
+#include <uv.h>
 
-#include "daemon/kvpd.h"
+#include "config/config.h"
+#include "sessions/hub.h"
 
-/* Creates the lws context on d->loop and binds d->cfg.listen_*; sets d->port. On
- * failure d->lws may still be set: kvpd_web_stop it from inside the running loop. */
-int kvpd_web_start(kvpd *d, char *err, size_t errlen);
+struct lws_context;
+struct kvpd_listener;
+
+typedef struct kvpd_web {
+    const kvpd_config *cfg;       /* read live (SIGHUP changes the live keys) */
+    kvpd_metrics *metrics;        /* connections, HTTP requests, errors sent */
+    kvp_hub *hub;                 /* NULL until the model is loaded */
+    int draining;                 /* shutting down: no new connections */
+    uv_loop_t *loop;
+    struct lws_context *lws;
+    struct kvpd_listener *listener;   /* web/listen.c */
+    int port;                     /* bound port */
+    int connections_open;         /* HTTP and websocket connections lws holds */
+    char admin_token_generated[33];   /* without admin_token: made at start ("" = closed) */
+    int frames_pending;           /* frames queued, not yet written */
+    double started;               /* kvp_now() at start */
+} kvpd_web;
+
+/* Creates the lws context on w->loop and binds cfg->listen_*; sets w->port. On failure
+ * w->lws may still be set: kvpd_web_stop it from inside the running loop. */
+int kvpd_web_start(kvpd_web *w, char *err, size_t errlen);
 /* Destroys the context from the loop (its handles close as the loop runs on). */
-void kvpd_web_stop(kvpd *d);
-/* The scheduler's event callback: frames for the session's connection. */
-void kvpd_web_on_event(void *ctx, const kvpd_event *ev);
-/* The idle timeout: with a state directory, parks idle sessions (their snapshot is up
- * to date) and lets go of parked ones nobody is attached to after another timeout;
- * without one, drops idle sessions (telling an attached client). */
-void kvpd_web_expire(kvpd *d, double now);
-/* Sessions whose last snapshot write failed (turns a client saw that are not on disk):
- * /healthz reports the daemon degraded and shutdown exits non-zero while any remain. */
-int kvpd_web_unsaved(const kvpd *d);
-/* Shutdown: asks every running turn to stop. Returns the turns still running. */
-int kvpd_web_cancel_all(kvpd *d);
+void kvpd_web_stop(kvpd_web *w);
 
 #endif

@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <sys/types.h>
 
-#include "tests/daemon/wsclient.h"
+#include "tools/wsclient.h"
 
 typedef struct kvpd_proc {
     pid_t pid;

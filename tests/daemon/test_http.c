@@ -162,12 +162,18 @@ Test(http, flags_check_config_version_help)
     free(out);
     cr_assert_eq(run("--bogus-flag 1", &out), 2);
     free(out);
+    /* The evaluation-only oracle is refused before anything starts. */
+    cr_assert_eq(run("--policy oracle", &out), 2, "%s", out);
+    cr_assert(strstr(out, "policy oracle is for evaluation only") && strstr(out, "snapkv kvp"),
+              "%s", out);
+    free(out);
     cr_assert_eq(run("--version", &out), 0);
     cr_assert(strstr(out, "kvpd "));
     free(out);
     cr_assert_eq(run("--help", &out), 0);
     cr_assert(strstr(out, "--policy-file"));
     cr_assert(strstr(out, "--admin-token"));
+    cr_assert_null(strstr(out, "oracle"), "%s", out);
     free(out);
     /* The sample config is complete and valid as shipped. */
     char args[1200];

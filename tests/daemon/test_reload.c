@@ -125,6 +125,13 @@ Test(reload, a_broken_policy_file_is_refused_and_the_old_policy_keeps_serving)
     cr_assert_str_eq(policy_in_force(&d, pol, sizeof pol), "streaming");
     turn_ok(&c);
 
+    /* The evaluation-only oracle: refused, naming the policies kvpd serves. */
+    write_conf("policy = oracle\n");
+    sighup(&d, "reloads_refused", 3);
+    cr_assert(kvpd_log_has(&d, "policy oracle is for evaluation only"), "%s", d.log);
+    cr_assert_str_eq(policy_in_force(&d, pol, sizeof pol), "streaming");
+    turn_ok(&c);
+
     /* A good file: new sessions get it, the resident one keeps its own. */
     write_good_policy();
     write_conf(conf);

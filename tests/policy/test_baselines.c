@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "offline/oracle.h"
 #include "cache/rope.h"
 #include "model/sampler.h"
 #include "policy/policy.h"
@@ -106,7 +107,7 @@ static void sim_init(sim *s, const char *name, uint64_t seed, int budget)
     s->in = 0x9E3779B97F4A7C15ull ^ (seed * 0x100000001B3ull) ^ (uint64_t)budget;
     kvp_model_config cfg = test_cfg();
     char err[256];
-    cr_assert_eq(kvp_policy_create(&s->p, name, NULL, &cfg, seed, err, sizeof err), 0,
+    cr_assert_eq(kvp_offline_policy_create(&s->p, name, NULL, &cfg, seed, err, sizeof err), 0,
                  "%s: %s", name, err);
     s->replay = s->p->rng;
     cr_assert_eq(kvp_cache_init(&s->c, LAYERS, KVH, D, 10000.0f), 0);
@@ -539,31 +540,18 @@ Test(baselines, random_is_reproducible_by_seed)
 Test(baselines, only_attention_policies_want_attention)
 {
     const char *names[] = { "none", "random", "streaming", "knorm", "keydiff", "lagkv",
-                            "h2o", "tova", "snapkv", "oracle" };
+                            "h2o", "tova", "snapkv" };
     kvp_model_config cfg = test_cfg();
     char err[256];
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         kvp_policy *p;
-        cr_assert_eq(kvp_policy_create(&p, names[i], NULL, &cfg, 1, err, sizeof err), 0);
+        cr_assert_eq(kvp_offline_policy_create(&p, names[i], NULL, &cfg, 1, err, sizeof err), 0);
         int want = !strcmp(names[i], "h2o") || !strcmp(names[i], "tova") ||
                    !strcmp(names[i], "snapkv");
         cr_assert_eq(p->ops->wants_attention, want, "%s", names[i]);
         cr_assert_eq(p->ops->on_attention != NULL, want, "%s", names[i]);
         kvp_policy_destroy(p);
     }
-}
-
-/* The oracle computes nothing: the evaluator's scores are all that ranks. */
-Test(baselines, oracle_never_scores)
-{
-    kvp_model_config cfg = test_cfg();
-    char err[256];
-    kvp_policy *p;
-    cr_assert_eq(kvp_policy_create(&p, "oracle", NULL, &cfg, 1, err, sizeof err), 0);
-    cr_assert_null(p->ops->on_insert);
-    cr_assert_null(p->ops->on_attention);
-    cr_assert_null(p->ops->before_evict);
-    kvp_policy_destroy(p);
 }
 
 /* A context shift that moves every row by the same offset keeps all relative positions,
@@ -575,7 +563,7 @@ Test(baselines, snapkv_scores_survive_a_context_shift)
                             .seq_len = 512, .rope_base = 10000.0f, .rms_eps = 1e-5f};
     char err[128];
     kvp_policy *p;
-    cr_assert_eq(kvp_policy_create(&p, "snapkv", NULL, &cfg, 1, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(kvp_offline_policy_create(&p, "snapkv", NULL, &cfg, 1, err, sizeof err), 0, "%s", err);
     kvp_cache c;
     cr_assert_eq(kvp_cache_init(&c, 1, 1, 16, 10000.0f), 0);
     kvp_head *h = kvp_cache_head(&c, 0, 0);

@@ -304,7 +304,20 @@ Test(registry, every_listed_baseline_creates_with_defaults)
         cr_assert_eq(kvp_policy_is_none(p), strcmp(name, "none") == 0);
         kvp_policy_destroy(p);
     }
-    cr_assert_eq(count, 11);
+    cr_assert_eq(count, 10);
+}
+
+/* The oracle only makes sense inside the evaluator (it needs the future): the runtime
+ * registry, which the daemon uses, refuses it and names what it allows. */
+Test(registry, oracle_is_not_a_runtime_policy)
+{
+    kvp_model_config cfg = test_cfg();
+    char err[512] = "";
+    kvp_policy *p = NULL;
+    cr_assert_eq(kvp_policy_create(&p, "oracle", NULL, &cfg, 1, err, sizeof err), -EINVAL);
+    cr_assert_null(p);
+    cr_assert(strstr(err, "streaming"), "%s", err);
+    cr_assert_null(strstr(kvp_policy_names(), "oracle"));
 }
 
 Test(registry, unknown_name_lists_every_name)
@@ -336,7 +349,7 @@ Test(registry, kvp_needs_a_policy_file)
 Test(registry, shape_needing_policies_reject_a_missing_config)
 {
     const char *need[] = { "knorm", "keydiff", "lagkv", "h2o", "tova", "snapkv" };
-    const char *free_[] = { "none", "random", "streaming", "oracle" };
+    const char *free_[] = { "none", "random", "streaming" };
     char err[256];
     for (size_t i = 0; i < sizeof need / sizeof need[0]; i++) {
         kvp_policy *p = NULL;

@@ -7,8 +7,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "daemon/config.h"
-#include "tools/cliutil.h"
+#include "config/config.h"
+#include "base/parse.h"
 
 static const struct { const char *key, *value; } refused[] = {
     {"max_cache_bytes", " -1"}, {"max_cache_bytes", "-1"}, {"max_cache_bytes", "+5"},

@@ -11,7 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cache/checksum.h"
+#include "base/checksum.h"
 #include "cache/kvcache.h"
 #include "sessions/snapshot.h"
 

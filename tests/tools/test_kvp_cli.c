@@ -6,7 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "policy/trace.h"
+#include "offline/trace.h"
 #include "tests/model/testutil.h"
 
 static int kvp(const char *args, char **out)

@@ -1,0 +1,41 @@
+#include "base/parse.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+
+/* strtol and strtod skip leading spaces and take '+', "0x", "inf" and "nan": a number
+ * here starts with a digit (or '-' then a digit, or '.') and is decimal. */
+static int decimal(const char *s, int float_ok)
+{
+    if (*s == '-')
+        s++;
+    if (!((*s >= '0' && *s <= '9') || (float_ok && *s == '.')))
+        return 0;
+    for (; *s; s++)
+        if (*s == 'x' || *s == 'X' || *s == 'p' || *s == 'P')
+            return 0;
+    return 1;
+}
+
+int kvp_parse_long(const char *s, long lo, long hi, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (!decimal(s, 0) || errno || end == s || *end || v < lo || v > hi)
+        return 0;
+    *out = v;
+    return 1;
+}
+
+int kvp_parse_double(const char *s, double lo, double hi, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (!decimal(s, 1) || errno || end == s || *end || !isfinite(v) || v < lo || v > hi)
+        return 0;
+    *out = v;
+    return 1;
+}

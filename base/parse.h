@@ -1,0 +1,15 @@
+/* Strict numeric parsing (command-line values, config) (whole string, range-checked). */
+#ifndef KVP_PARSE_H
+#define KVP_PARSE_H
+
+#include <limits.h>
+
+/* Return 1 and set *out when s is a number within [lo, hi], else 0. */
+int kvp_parse_long(const char *s, long lo, long hi, long *out);
+int kvp_parse_double(const char *s, double lo, double hi, double *out);
+
+/* A macro's value as a string literal: "(default " KVP_STR(KVP_DEFAULT_CHUNK) ")". */
+#define KVP_STR_(x) #x
+#define KVP_STR(x) KVP_STR_(x)
+
+#endif

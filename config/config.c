@@ -1,0 +1,467 @@
+/* kvpd configuration: one table of keys drives the file parser, the flags and --help. */
+#include "config/config.h"
+
+#include <assert.h>
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "policy/policy.h"
+#include "base/parse.h"
+#include "generate/generate.h"
+#include "sessions/template.h"
+
+#ifndef KVPD_DATA_DIR
+#define KVPD_DATA_DIR "."
+#endif
+
+enum key_type { T_STR, T_INT, T_FLOAT, T_U64, T_BOOL, T_LISTEN, T_BYTES };
+
+typedef struct key_def {
+    const char *name;
+    enum key_type type;
+    size_t off, size;        /* field offset; buffer size for strings */
+    double min, max;         /* numeric range */
+    const char *dflt;        /* the default, as it would be written in the file */
+    const char *help;
+    int live;                /* SIGHUP applies it to the running daemon */
+} key_def;
+
+#define F(field) offsetof(kvpd_config, field), sizeof(((kvpd_config *)0)->field)
+#define LIVE 1
+#define FIXED 0
+
+static const key_def keys[] = {
+    {"listen", T_LISTEN, 0, 0, 0, 0, "127.0.0.1:8080", "ADDR:PORT to serve HTTP and websockets on (PORT 0: any)", FIXED},
+    {"model", T_STR, F(model), 0, 0, KVPD_DATA_DIR "/models/stories260K.bin", "model file: GGUF or llama2.c checkpoint", FIXED},
+    {"tokenizer", T_STR, F(tokenizer), 0, 0, "", "tokenizer.bin for a llama2.c checkpoint", FIXED},
+    {"policy", T_STR, F(policy), 0, 0, "", "eviction policy name (empty: kvp with policy_dir/<model stem>.kvp if it exists, else streaming)", LIVE},
+    {"policy_file", T_STR, F(policy_file), 0, 0, "", "KVP policy file (policy kvp)", LIVE},
+    {"policy_dir", T_STR, F(policy_dir), 0, 0, KVPD_DATA_DIR "/policy/weights", "directory of the default policy's <model stem>.kvp", LIVE},
+    {"budget", T_INT, F(budget), 0, 1 << 24, "256", "KV rows kept per head (0: no eviction)", LIVE},
+    {"chunk", T_INT, F(chunk), 1, 4096, KVP_STR(KVP_DEFAULT_CHUNK), "prefill chunk in tokens; a head may exceed the budget by this much", FIXED},
+    {"workers", T_INT, F(workers), 0, 256, "0", "model worker threads (0: one per core)", FIXED},
+    {"state_dir", T_STR, F(state_dir), 0, 0, "", "directory for session state (must be writable when set)", FIXED},
+    {"admin_token", T_STR, F(admin_token), 0, 0, "", "bearer token required by /admin/* (empty: one is generated at start into admin_token_file)", LIVE},
+    {"admin_token_file", T_STR, F(admin_token_file), 0, 0, "", "where the generated admin token is written, mode 0600 (empty: STATE_DIR/admin.token; with neither, /admin/* is closed)", FIXED},
+    {"allowed_hosts", T_STR, F(allowed_hosts), 0, 0, "", "comma-separated Host names served, others get 421 (empty: localhost, 127.0.0.1, ::1 and the listen address; *: any)", LIVE},
+    {"allowed_origins", T_STR, F(allowed_origins), 0, 0, "", "comma-separated Origins (scheme://host:port) whose pages may use /chat and HTTP, others get 403 (empty: http://<allowed host>:<port>; *: any)", LIVE},
+    {"static_dir", T_STR, F(static_dir), 0, 0, KVPD_DATA_DIR "/web/static", "directory of the chat page", FIXED},
+    {"max_sessions", T_INT, F(max_sessions), 1, 1 << 20, "64", "sessions resident in memory at once (parked ones do not count)", LIVE},
+    {"max_cache_bytes", T_BYTES, F(max_cache_bytes), 0, 0, "0", "KV cache bytes of all resident sessions (k/M/G suffixes; 0: no cap)", LIVE},
+    {"max_message_bytes", T_INT, F(max_message_bytes), 64, 1 << 24, "16384", "largest websocket message accepted", LIVE},
+    {"max_tokens", T_INT, F(max_tokens), 1, 1 << 20, "256", "largest reply in tokens (and the default)", LIVE},
+    {"max_sessions_per_connection", T_INT, F(max_sessions_per_connection), 1, 1 << 20, "8", "conversations one connection may start (sessions it left without a turn do not count)", LIVE},
+    {"idle_timeout", T_INT, F(idle_timeout_s), 1, 1 << 30, "1800", "seconds without activity before a session is parked (dropped without state_dir)", LIVE},
+    {"max_connections", T_INT, F(max_connections), 0, 1 << 20, "1024", "HTTP and websocket connections at once; more are answered 503 and closed (0: no cap)", LIVE},
+    {"connection_idle_timeout", T_INT, F(connection_idle_timeout_s), 0, 1 << 20, "300", "seconds a websocket may go without a frame either way before it is closed (0: never)", LIVE},
+    {"shutdown_timeout_ms", T_INT, F(shutdown_timeout_ms), 0, 600000, "5000", "grace period for in-flight turns and snapshots on SIGTERM", LIVE},
+    {"temperature", T_FLOAT, F(temperature), 0, 10, "0.8", "sampling temperature when a message gives none (0: greedy)", FIXED},
+    {"top_p", T_FLOAT, F(top_p), 0.01, 1, "0.9", "nucleus sampling (1: off)", FIXED},
+    {"seed", T_U64, F(seed), 0, 0, "42", "sampler seed (each session derives its own)", FIXED},
+    {"chat_template", T_STR, F(chat_template), 0, 0, "", "chat template family: chatml, llama3, llama2, mistral, zephyr, phi3, gemma or plain (empty: detected from the model's tokenizer.chat_template)", FIXED},
+    {"reuse_cache", T_BOOL, F(reuse_cache), 0, 1, "true", "keep each session's KV cache across turns (false: re-prefill, for benchmarks)", FIXED},
+};
+
+#define N_KEYS (sizeof keys / sizeof keys[0])
+
+void kvpd_config_defaults(kvpd_config *c)
+{
+    memset(c, 0, sizeof *c);
+    char err[256];
+    for (size_t i = 0; i < N_KEYS; i++) {
+        int rc = kvpd_config_set(c, keys[i].name, keys[i].dflt, err, sizeof err);
+        assert(rc == 0);   /* a default outside its own row's range is a bug */
+        (void)rc;
+    }
+}
+
+int kvpd_config_key(size_t i, const char **name, const char **dflt, int *live)
+{
+    if (i >= N_KEYS)
+        return 0;
+    *name = keys[i].name;
+    *dflt = keys[i].dflt;
+    *live = keys[i].live;
+    return 1;
+}
+
+static const key_def *find_key(const char *name)
+{
+    for (size_t i = 0; i < N_KEYS; i++)
+        if (!strcmp(keys[i].name, name))
+            return &keys[i];
+    return NULL;
+}
+
+/* strtol and friends skip leading spaces and take a sign, "0x" and "inf": " -1" got past
+ * the sign check of an unsigned key. A number here is ASCII digits with an optional '-'
+ * (signed keys), '.' and exponent (floats), and nothing else. */
+static int plain_number(const char *v, int sign_ok, int float_ok)
+{
+    if (*v == '-' && sign_ok)
+        v++;
+    if (!((*v >= '0' && *v <= '9') || (float_ok && *v == '.')))
+        return 0;
+    for (; *v; v++)
+        if (!((*v >= '0' && *v <= '9') ||
+              (float_ok && (*v == '.' || *v == 'e' || *v == 'E' || *v == '-' || *v == '+'))))
+            return 0;
+    return 1;
+}
+
+static int set_listen(kvpd_config *c, const char *v, char *err, size_t errlen)
+{
+    const char *colon = strrchr(v, ':');
+    if (!colon || colon == v) {
+        snprintf(err, errlen, "listen: expected ADDR:PORT, got '%s'", v);
+        return -EINVAL;
+    }
+    size_t hl = (size_t)(colon - v);
+    if (v[0] == '[' && hl >= 2 && v[hl - 1] == ']') { /* [::1]:8080 */
+        v++;
+        hl -= 2;
+    }
+    char *end;
+    errno = 0;
+    long port = strtol(colon + 1, &end, 10);
+    if (!plain_number(colon + 1, 0, 0) || errno || *end || port < 0 || port > 65535) {
+        snprintf(err, errlen, "listen: bad port in '%s'", v);
+        return -EINVAL;
+    }
+    if (hl == 0 || hl >= sizeof c->listen_host) {
+        snprintf(err, errlen, "listen: bad address in '%s'", v);
+        return -EINVAL;
+    }
+    memcpy(c->listen_host, v, hl);
+    c->listen_host[hl] = '\0';
+    c->listen_port = (int)port;
+    return 0;
+}
+
+int kvpd_config_set(kvpd_config *c, const char *key, const char *value,
+                    char *err, size_t errlen)
+{
+    const key_def *k = find_key(key);
+    if (!k) {
+        snprintf(err, errlen, "unknown key '%s'", key);
+        return -EINVAL;
+    }
+    char *field = (char *)c + k->off, *end;
+    errno = 0;
+    switch (k->type) {
+    case T_LISTEN:
+        return set_listen(c, value, err, errlen);
+    case T_STR:
+        if (strlen(value) >= k->size) {
+            snprintf(err, errlen, "%s: value too long", key);
+            return -EINVAL;
+        }
+        memcpy(field, value, strlen(value) + 1);
+        return 0;
+    case T_INT: {
+        long v = strtol(value, &end, 10);
+        if (!plain_number(value, 1, 0) || errno || *end || v < k->min || v > k->max) {
+            snprintf(err, errlen, "%s: expected an integer in [%.0f, %.0f], got '%s'",
+                     key, k->min, k->max, value);
+            return -EINVAL;
+        }
+        *(int *)field = (int)v;
+        return 0;
+    }
+    case T_FLOAT: {
+        double v = strtod(value, &end);
+        if (!plain_number(value, 1, 1) || errno || *end || !(v >= k->min && v <= k->max)) {
+            snprintf(err, errlen, "%s: expected a number in [%g, %g], got '%s'",
+                     key, k->min, k->max, value);
+            return -EINVAL;
+        }
+        *(float *)field = (float)v;
+        return 0;
+    }
+    case T_U64: {
+        unsigned long long v = strtoull(value, &end, 10);
+        if (!plain_number(value, 0, 0) || errno || *end) {
+            snprintf(err, errlen, "%s: expected an unsigned integer, got '%s'", key, value);
+            return -EINVAL;
+        }
+        *(uint64_t *)field = (uint64_t)v;
+        return 0;
+    }
+    case T_BYTES: {
+        unsigned long long v = strtoull(value, &end, 10);
+        unsigned shift = 0;
+        if (end != value && *end && !end[1])
+            shift = *end == 'k' || *end == 'K' ? 10 : *end == 'M' ? 20 : *end == 'G' ? 30 : 0;
+        /* digits (strtoull takes no more after the first), then one suffix letter */
+        if (!(value[0] >= '0' && value[0] <= '9') || errno || (*end && !shift) ||
+            v > (UINT64_MAX >> shift)) {
+            snprintf(err, errlen, "%s: expected a byte count (k, M, G suffixes), got '%s'",
+                     key, value);
+            return -EINVAL;
+        }
+        *(uint64_t *)field = (uint64_t)v << shift;
+        return 0;
+    }
+    case T_BOOL:
+        if (!strcmp(value, "true") || !strcmp(value, "yes") || !strcmp(value, "1"))
+            *(int *)field = 1;
+        else if (!strcmp(value, "false") || !strcmp(value, "no") || !strcmp(value, "0"))
+            *(int *)field = 0;
+        else {
+            snprintf(err, errlen, "%s: expected true or false, got '%s'", key, value);
+            return -EINVAL;
+        }
+        return 0;
+    }
+    return -EINVAL;
+}
+
+static char *trim(char *s)
+{
+    while (isspace((unsigned char)*s))
+        s++;
+    size_t n = strlen(s);
+    while (n && isspace((unsigned char)s[n - 1]))
+        s[--n] = '\0';
+    return s;
+}
+
+int kvpd_config_load_file(kvpd_config *c, const char *path, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        int e = errno;
+        snprintf(err, errlen, "%s: %s", path, strerror(e));
+        return -e;
+    }
+    char line[2048], msg[256];
+    int lineno = 0, rc = 0;
+    while (fgets(line, sizeof line, f)) {
+        lineno++;
+        if (!strchr(line, '\n') && !feof(f)) {
+            snprintf(err, errlen, "%s:%d: line too long", path, lineno);
+            rc = -EINVAL;
+            break;
+        }
+        char *hash = strchr(line, '#');
+        if (hash)
+            *hash = '\0';
+        char *s = trim(line);
+        if (!*s)
+            continue;
+        char *eq = strchr(s, '=');
+        if (!eq) {
+            snprintf(err, errlen, "%s:%d: expected key = value", path, lineno);
+            rc = -EINVAL;
+            break;
+        }
+        *eq = '\0';
+        char *key = trim(s), *val = trim(eq + 1);
+        /* Quotes allow a value with leading spaces or a '#'-free empty string. */
+        size_t vl = strlen(val);
+        if (vl >= 2 && val[0] == '"' && val[vl - 1] == '"') {
+            val[vl - 1] = '\0';
+            val++;
+        }
+        if ((rc = kvpd_config_set(c, key, val, msg, sizeof msg)) < 0) {
+            snprintf(err, errlen, "%s:%d: %s", path, lineno, msg);
+            break;
+        }
+    }
+    if (!rc && ferror(f)) {
+        snprintf(err, errlen, "%s: read error", path);
+        rc = -EIO;
+    }
+    fclose(f);
+    return rc;
+}
+
+/* "--policy-file" -> "policy_file" in buf; NULL when arg is not a long option. */
+static const char *flag_key(const char *arg, char *buf, size_t len, const char **inline_val)
+{
+    if (strncmp(arg, "--", 2))
+        return NULL;
+    arg += 2;
+    const char *eq = strchr(arg, '=');
+    size_t n = eq ? (size_t)(eq - arg) : strlen(arg);
+    if (n == 0 || n >= len)
+        return NULL;
+    for (size_t i = 0; i < n; i++)
+        buf[i] = arg[i] == '-' ? '_' : arg[i];
+    buf[n] = '\0';
+    *inline_val = eq ? eq + 1 : NULL;
+    return buf;
+}
+
+int kvpd_config_from_args(kvpd_config *c, int argc, char **argv, enum kvpd_action *action,
+                          char *err, size_t errlen)
+{
+    kvpd_config_defaults(c);
+    *action = KVPD_RUN;
+    /* First pass: actions and the config file, so flags override the file. */
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))
+            *action = KVPD_HELP;
+        else if (!strcmp(argv[i], "--version"))
+            *action = KVPD_VERSION;
+        else if (!strcmp(argv[i], "--check-config")) {
+            if (*action == KVPD_RUN)
+                *action = KVPD_CHECK;
+        } else if (!strncmp(argv[i], "--config", 8) &&
+                   (argv[i][8] == '\0' || argv[i][8] == '=')) {
+            const char *path = argv[i][8] == '=' ? argv[i] + 9 : (i + 1 < argc ? argv[++i] : NULL);
+            if (!path) {
+                snprintf(err, errlen, "--config needs a FILE");
+                return -EINVAL;
+            }
+            int rc = kvpd_config_load_file(c, path, err, errlen);
+            if (rc < 0)
+                return rc;
+        }
+    }
+    if (*action == KVPD_HELP || *action == KVPD_VERSION)
+        return 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--check-config"))
+            continue;
+        if (!strcmp(a, "--config")) {
+            i++;
+            continue;
+        }
+        if (!strncmp(a, "--config=", 9))
+            continue;
+        char key[64], msg[256];
+        const char *val = NULL;
+        if (!flag_key(a, key, sizeof key, &val) ||
+            (!find_key(key) && !(!strncmp(key, "no_", 3) && find_key(key + 3)))) {
+            snprintf(err, errlen, "unknown option '%s' (see --help)", a);
+            return -EINVAL;
+        }
+        if (!val && !strncmp(key, "no_", 3) && find_key(key + 3) &&
+            find_key(key + 3)->type == T_BOOL) { /* --no-reuse-cache */
+            memmove(key, key + 3, strlen(key + 3) + 1);
+            val = "false";
+        }
+        if (!val) {
+            if (i + 1 >= argc) {
+                snprintf(err, errlen, "%s needs a value", a);
+                return -EINVAL;
+            }
+            val = argv[++i];
+        }
+        int rc = kvpd_config_set(c, key, val, msg, sizeof msg);
+        if (rc < 0) {
+            snprintf(err, errlen, "%s", msg);
+            return rc;
+        }
+    }
+    return 0;
+}
+
+static int check_dir(const char *what, const char *path, char *err, size_t errlen)
+{
+    struct stat st;
+    if (stat(path, &st) < 0 || !S_ISDIR(st.st_mode)) {
+        snprintf(err, errlen, "%s: '%s' is not a directory", what, path);
+        return -ENOTDIR;
+    }
+    return 0;
+}
+
+int kvpd_config_validate(const kvpd_config *c, char *err, size_t errlen)
+{
+    if (!c->model[0]) {
+        snprintf(err, errlen, "model: no model file given");
+        return -EINVAL;
+    }
+    if (!strcmp(c->policy, "oracle")) {
+        /* The oracle ranks by the future attention only an evaluator knows. */
+        snprintf(err, errlen, "policy oracle is for evaluation only (kvp eval); kvpd serves "
+                 "one of: %s", kvp_policy_names());
+        return -EINVAL;
+    }
+    if (!strcmp(c->policy, "kvp") && !c->policy_file[0]) {
+        snprintf(err, errlen, "policy kvp needs policy_file");
+        return -EINVAL;
+    }
+    if (c->chat_template[0] && kvp_template_format(c->chat_template) < 0) {
+        snprintf(err, errlen, "chat_template '%s' is none of plain, chatml, llama2, llama3, "
+                 "mistral, zephyr, phi3, gemma", c->chat_template);
+        return -EINVAL;
+    }
+    if (c->state_dir[0]) {
+        int rc = check_dir("state_dir", c->state_dir, err, errlen);
+        if (rc < 0)
+            return rc;
+    }
+    return check_dir("static_dir", c->static_dir, err, errlen);
+}
+
+void kvpd_config_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: kvpd [--config FILE] [--check-config] [--version] [--help] [--KEY VALUE]...\n"
+            "\nFlags override the config file, which overrides the defaults. Every config\n"
+            "key is also a flag (underscores as dashes), e.g. --policy-file F, --max-tokens 64.\n\n");
+    kvpd_config cfg;
+    kvpd_config_defaults(&cfg);
+    for (size_t i = 0; i < N_KEYS; i++) {
+        char flag[64];
+        size_t n = strlen(keys[i].name);
+        for (size_t j = 0; j <= n; j++)
+            flag[j] = keys[i].name[j] == '_' ? '-' : keys[i].name[j];
+        fprintf(f, "  --%-28s %s%s%s%s\n", flag, keys[i].help, keys[i].dflt[0] ? " [" : "",
+                keys[i].dflt, keys[i].dflt[0] ? "]" : "");
+        if (keys[i].type == T_BOOL)
+            fprintf(f, "  --no-%-25s sets %s to false\n", flag, keys[i].name);
+    }
+    fprintf(f, "\nDefaults in brackets. Without a policy: kvp with %s/<model stem>.kvp if it "
+            "exists, else streaming.\n", cfg.policy_dir);
+}
+
+int kvpd_config_default_policy(const kvpd_config *c, char *name, size_t name_len,
+                               char *file, size_t file_len)
+{
+    /* The model file's name without its directory and last extension. */
+    const char *base = strrchr(c->model, '/');
+    base = base ? base + 1 : c->model;
+    const char *dot = strrchr(base, '.');
+    int stem = dot && dot != base ? (int)(dot - base) : (int)strlen(base);
+    struct stat st;
+    int n = snprintf(file, file_len, "%s/%.*s.kvp", c->policy_dir, stem, base);
+    if (n > 0 && (size_t)n < file_len && stat(file, &st) == 0 && S_ISREG(st.st_mode)) {
+        snprintf(name, name_len, "kvp");
+        return 1;
+    }
+    snprintf(name, name_len, "streaming");
+    return 0;
+}
+
+void kvpd_config_apply_live(kvpd_config *cur, const kvpd_config *next, char *fixed,
+                            size_t fixed_len)
+{
+    size_t used = 0;
+    fixed[0] = '\0';
+    for (size_t i = 0; i < N_KEYS; i++) {
+        const key_def *k = &keys[i];
+        int differs = k->type == T_LISTEN
+                          ? strcmp(cur->listen_host, next->listen_host) ||
+                                cur->listen_port != next->listen_port
+                          : memcmp((const char *)cur + k->off, (const char *)next + k->off,
+                                   k->type == T_STR ? strlen((const char *)next + k->off) + 1
+                                                    : k->size);
+        if (!differs)
+            continue;
+        if (k->live) {
+            memcpy((char *)cur + k->off, (const char *)next + k->off, k->size);
+        } else if (used + strlen(k->name) + 3 < fixed_len) {
+            used += (size_t)snprintf(fixed + used, fixed_len - used, "%s%s", used ? ", " : "",
+                                     k->name);
+        }
+    }
+}

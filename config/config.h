@@ -1,0 +1,79 @@
+/* kvpd configuration: one table of keys (name, type, range, default, help, live) from
+ * which come the defaults, the file parser, the flags, --help and SIGHUP's changes:
+ * built-in defaults, then a `key = value` file (--config), then
+ * command-line flags (--key VALUE or --key=VALUE, dashes for underscores). */
+#ifndef KVPD_CONFIG_H
+#define KVPD_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define KVPD_PATH_MAX 512
+
+typedef struct kvpd_config {
+    char listen_host[64];
+    int listen_port;                  /* 0: an ephemeral port, logged at start */
+    char model[KVPD_PATH_MAX];
+    char chat_template[16];    /* family name; "" = detect */
+    char tokenizer[KVPD_PATH_MAX];    /* "" = next to the model */
+    char policy[32];                  /* "" = the default (kvpd_config_default_policy) */
+    char policy_file[KVPD_PATH_MAX];
+    char policy_dir[KVPD_PATH_MAX];   /* where the default policy's <model stem>.kvp is */
+    int budget;                       /* KV rows per head; 0 = unbounded */
+    int chunk;                        /* prefill chunk = eviction slack */
+    int workers;                      /* 0 = one per core */
+    char state_dir[KVPD_PATH_MAX];
+    char admin_token[128];            /* "" = one is generated at start (web/guard.c) */
+    char admin_token_file[KVPD_PATH_MAX];   /* where; "" = <state_dir>/admin.token */
+    char allowed_hosts[512];          /* Host names served; "" = loopback + listen address */
+    char allowed_origins[1024];       /* Origins allowed; "" = this daemon's own */
+    char static_dir[KVPD_PATH_MAX];
+    int max_sessions;                 /* resident sessions (parked ones do not count) */
+    int max_sessions_per_connection;
+    uint64_t max_cache_bytes;         /* KV cache bytes of resident sessions; 0 = no cap */
+    int max_message_bytes;
+    int max_tokens;                   /* per reply: the cap and the default */
+    int idle_timeout_s;
+    int max_connections;              /* HTTP and websocket connections at once; 0 = no cap */
+    int connection_idle_timeout_s;    /* websocket without frames; 0 = never closed */
+    int shutdown_timeout_ms;
+    float temperature;                /* default for messages that give none */
+    float top_p;
+    uint64_t seed;
+    int reuse_cache;                  /* 0: re-prefill the whole transcript each turn */
+} kvpd_config;
+
+enum kvpd_action { KVPD_RUN = 0, KVPD_CHECK, KVPD_VERSION, KVPD_HELP };
+
+/* Every key at the default its row in the table gives. */
+void kvpd_config_defaults(kvpd_config *c);
+/* The i-th key of the table: 1 and its name, default and whether SIGHUP applies it;
+ * 0 past the last. */
+int kvpd_config_key(size_t i, const char **name, const char **dflt, int *live);
+/* Sets one key from its text value; -EINVAL (unknown key, bad value) with a message. */
+int kvpd_config_set(kvpd_config *c, const char *key, const char *value,
+                    char *err, size_t errlen);
+/* Reads a config file: `key = value`, '#' comments, blank lines. Errors name the line. */
+int kvpd_config_load_file(kvpd_config *c, const char *path, char *err, size_t errlen);
+/* Defaults, then --config FILE, then the other flags over it. */
+int kvpd_config_from_args(kvpd_config *c, int argc, char **argv, enum kvpd_action *action,
+                          char *err, size_t errlen);
+/* Range and consistency checks that need no model. */
+int kvpd_config_validate(const kvpd_config *c, char *err, size_t errlen);
+/* The usage text for --help. */
+void kvpd_config_usage(FILE *f);
+
+/* The policy when none is configured: "kvp" with <policy_dir>/<model file stem>.kvp if
+ * that file exists, else "streaming". Fills name, and file with the path it looked at;
+ * returns 1 when it chose kvp. Reads the file system (a stat): not on the loop. */
+int kvpd_config_default_policy(const kvpd_config *c, char *name, size_t name_len,
+                               char *file, size_t file_len);
+
+/* SIGHUP: copies the keys that can change while running (policy, policy_file,
+ * policy_dir, budget, the limits, admin_token) from `next` into `cur`, and lists in
+ * `fixed` (comma-separated, "" for none) the other keys whose value differs. */
+void kvpd_config_apply_live(kvpd_config *cur, const kvpd_config *next, char *fixed,
+                            size_t fixed_len);
+
+#endif

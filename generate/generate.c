@@ -1,0 +1,59 @@
+#include "generate/generate.h"
+
+#include <errno.h>
+
+static int chunk_of(const kvp_evict_cfg *e) { return e && e->chunk > 0 ? e->chunk : KVP_DEFAULT_CHUNK; }
+
+static int evicting(const kvp_evict_cfg *e)
+{
+    return e && e->policy && e->budget > 0 && !kvp_policy_is_none(e->policy);
+}
+
+int kvp_gen_compress(kvp_cache *c, const kvp_evict_cfg *e)
+{
+    return evicting(e) ? kvp_policy_evict(e->policy, c, e->budget) : 0;
+}
+
+/* Feeds one block of n tokens: evicts first if the block would take a head past
+ * budget + chunk, and shifts the context if the block would pass seq_len. */
+static int feed(const kvp_model *m, kvp_runstate *s, kvp_cache *c, const kvp_evict_cfg *e,
+                const int *tokens, int n, float *logits)
+{
+    if (e)
+        kvp_policy_attach(s, e->policy);  /* runstates belong to workers, policies to sessions */
+    if (evicting(e) && kvp_cache_max_rows(c) + n > e->budget + chunk_of(e)) {
+        int rc = kvp_policy_evict(e->policy, c, e->budget);
+        if (rc < 0)
+            return rc;
+    }
+    if (c->next_pos + n > m->cfg.seq_len) {
+        if (!evicting(e))
+            return -E2BIG;
+        kvp_cache_shift(c, e->policy->n_sink, m->cfg.seq_len);
+        if (c->next_pos + n > m->cfg.seq_len)
+            return -E2BIG;  /* budget + chunk does not fit the context */
+    }
+    return kvp_forward(m, s, c, tokens, n, logits);
+}
+
+int kvp_gen_prefill(const kvp_model *m, kvp_runstate *s, kvp_cache *c,
+                    const kvp_evict_cfg *e, const int *tokens, int n, float *all_logits)
+{
+    int step = evicting(e) ? chunk_of(e) : s->max_tokens;
+    if (step > s->max_tokens)
+        step = s->max_tokens;
+    for (int off = 0; off < n; off += step) {
+        int k = n - off < step ? n - off : step;
+        int rc = feed(m, s, c, e, tokens + off, k,
+                      all_logits ? all_logits + (size_t)off * m->cfg.vocab_size : NULL);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+int kvp_gen_decode(const kvp_model *m, kvp_runstate *s, kvp_cache *c,
+                   const kvp_evict_cfg *e, int token)
+{
+    return feed(m, s, c, e, &token, 1, NULL);
+}

@@ -1,0 +1,38 @@
+/* Generation with bounded memory: the prefill/decode drivers every caller (kvp generate,
+ * eval, the daemon) uses. They run the eviction triggers and the context shift:
+ *   - prefill runs in chunks of `chunk` tokens; before a chunk (or a decoded token)
+ *     would take any head past budget + chunk rows, every head is evicted back to
+ *     `budget`. So a head never holds more than budget + chunk rows, even during the
+ *     forward pass, and decode evicts once every `chunk` tokens;
+ *   - kvp_gen_compress evicts to `budget` now (turn boundaries);
+ *   - before next_pos would reach the model's context length the cache is shifted
+ *     (kvp_cache_shift), so a conversation can run forever.
+ * The drivers attach e->policy to the runstate for the forward pass (so it scores and
+ * observes the rows it will rank); with e NULL the runstate's own policy, if any, is
+ * left in place. budget 0 or policy "none" never evicts (the context shift then drops nothing, so a
+ * session without eviction is limited to seq_len tokens: -E2BIG past it). */
+#ifndef KVP_GENERATE_H
+#define KVP_GENERATE_H
+
+#include "model/forward.h"
+#include "policy/policy.h"
+
+/* Tokens per prefill chunk, and the slack a head may grow past the budget. */
+#define KVP_DEFAULT_CHUNK 32
+
+typedef struct kvp_evict_cfg {
+    kvp_policy *policy;   /* NULL = none */
+    int budget;           /* rows per KV head, 0 = unbounded */
+    int chunk;            /* 0: KVP_DEFAULT_CHUNK */
+} kvp_evict_cfg;
+
+/* Feeds tokens; last logits in s->logits; all_logits NULL or [n][vocab]. */
+int kvp_gen_prefill(const kvp_model *m, kvp_runstate *s, kvp_cache *c,
+                    const kvp_evict_cfg *e, const int *tokens, int n, float *all_logits);
+/* One token (equivalent to prefill of 1 with the decode trigger). */
+int kvp_gen_decode(const kvp_model *m, kvp_runstate *s, kvp_cache *c,
+                   const kvp_evict_cfg *e, int token);
+/* Evicts every head down to the budget. Returns rows dropped. */
+int kvp_gen_compress(kvp_cache *c, const kvp_evict_cfg *e);
+
+#endif

@@ -1,0 +1,646 @@
+#include "offline/eval.h"
+#include "base/errors.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "generate/generate.h"
+#include "offline/oracle.h"
+#include "offline/svgplot.h"
+
+
+/* ---- helpers ------------------------------------------------------------------------ */
+
+/* dst (initialised with src's shape) becomes a copy of src's rows and counters */
+static int cache_copy(kvp_cache *dst, const kvp_cache *src)
+{
+    size_t hd = (size_t)src->head_dim;
+    for (int i = 0; i < src->n_layers * src->n_kv_heads; i++) {
+        const kvp_head *s = &src->heads[i];
+        kvp_head *d = &dst->heads[i];
+        int rc = kvp_head_reserve(d, src->head_dim, s->n);
+        if (rc)
+            return rc;
+        d->n = s->n;
+        if (!s->n)
+            continue;
+        memcpy(d->k, s->k, (size_t)s->n * hd * sizeof *d->k);
+        memcpy(d->v, s->v, (size_t)s->n * hd * sizeof *d->v);
+        memcpy(d->pos, s->pos, (size_t)s->n * sizeof *d->pos);
+        memcpy(d->seq, s->seq, (size_t)s->n * sizeof *d->seq);
+        memcpy(d->score, s->score, (size_t)s->n * sizeof *d->score);
+        memcpy(d->stat, s->stat, (size_t)s->n * sizeof *d->stat);
+    }
+    dst->next_pos = src->next_pos;
+    dst->n_seen = src->n_seen;
+    return 0;
+}
+
+static int cache_like(kvp_cache *c, const kvp_model_config *cfg)
+{
+    return kvp_cache_init(c, cfg->n_layers, cfg->n_kv_heads, cfg->head_dim, cfg->rope_base);
+}
+
+static double log_sum_exp(const float *x, int n)
+{
+    float mx = x[0];
+    for (int i = 1; i < n; i++)
+        mx = x[i] > mx ? x[i] : mx;
+    double s = 0.0;
+    for (int i = 0; i < n; i++)
+        s += exp((double)x[i] - mx);
+    return mx + log(s);
+}
+
+static double nll_of(const float *logits, int vocab, int target)
+{
+    return log_sum_exp(logits, vocab) - logits[target];
+}
+
+/* KL(softmax(p) || softmax(q)) in nats; exactly 0 when the logits are equal */
+static double kl_of(const float *p, const float *q, int vocab)
+{
+    double lp = log_sum_exp(p, vocab), lq = log_sum_exp(q, vocab), kl = 0.0;
+    for (int i = 0; i < vocab; i++) {
+        double a = p[i] - lp, b = q[i] - lq;
+        kl += exp(a) * (a - b);
+    }
+    return kl;
+}
+
+/* Importance of the rows a head holds after an eviction: rows are identified by seq,
+ * which is the token index in a sequence that started from an empty cache. */
+static double kept_importance(const kvp_head *h, const float *imp, int cut)
+{
+    double s = 0.0;
+    for (int i = 0; i < h->n; i++)
+        if (h->seq[i] < cut)
+            s += imp[h->seq[i]];
+    return s;
+}
+
+static double total_importance(const float *imp, int n)
+{
+    double s = 0.0;
+    for (int i = 0; i < n; i++)
+        s += imp[i];
+    return s;
+}
+
+/* ---- future importance observer -------------------------------------------------------- */
+
+/* A pseudo-policy the forward pass reports attention to: adds, for every query of the
+ * block, the max over the KV group of its attention to each of the first limit[head]
+ * rows (rows that predate the block). */
+typedef struct importance_obs {
+    float *imp;          /* [heads][stride] */
+    int stride;
+    const int *limit;    /* [heads] */
+} importance_obs;
+
+static void obs_attention(kvp_policy *p, int layer, int kvh, kvp_head *h, const float *q,
+                          int q_stride, const float *att, int att_stride, int n_q)
+{
+    (void)h;
+    (void)q;
+    (void)q_stride;
+    importance_obs *o = p->impl;
+    int head = layer * p->cfg.n_kv_heads + kvh, group = p->cfg.n_heads / p->cfg.n_kv_heads;
+    float *imp = o->imp + (size_t)head * o->stride;
+    for (int t = 0; t < n_q; t++)
+        for (int i = 0; i < o->limit[head]; i++) {
+            float mx = att[(size_t)t * att_stride + i];
+            for (int g = 1; g < group; g++) {
+                float a = att[(size_t)(g * n_q + t) * att_stride + i];
+                mx = a > mx ? a : mx;
+            }
+            imp[i] += mx;
+        }
+}
+
+static const kvp_policy_ops obs_ops = {
+    .name = "importance", .wants_attention = 1, .on_attention = obs_attention,
+};
+
+/* ---- reference ------------------------------------------------------------------------ */
+
+int kvp_eval_ref_init(kvp_eval_ref *r, const kvp_model_config *cfg, int len,
+                      const kvp_eval_opts *o)
+{
+    memset(r, 0, sizeof *r);
+    if (o->cut < 1 || len <= o->cut || len > cfg->seq_len || o->n_budgets < 1 ||
+        o->n_budgets > KVP_EVAL_MAX_BUDGETS)
+        return -EINVAL;
+    r->len = len;
+    r->cut = o->cut;
+    r->n_heads = cfg->n_layers * cfg->n_kv_heads;
+    r->vocab = cfg->vocab_size;
+    r->n_budgets = o->n_budgets;
+    memcpy(r->budgets, o->budgets, sizeof r->budgets);
+    r->imp = malloc((size_t)r->n_heads * r->cut * sizeof *r->imp);
+    r->logits = malloc((size_t)(len - r->cut) * r->vocab * sizeof *r->logits);
+    r->min_evicted = malloc((size_t)r->n_budgets * r->n_heads * sizeof *r->min_evicted);
+    if (!r->imp || !r->logits || !r->min_evicted) {
+        kvp_eval_ref_free(r);
+        return -ENOMEM;
+    }
+    return 0;
+}
+
+void kvp_eval_ref_free(kvp_eval_ref *r)
+{
+    free(r->imp);
+    free(r->logits);
+    free(r->min_evicted);
+    memset(r, 0, sizeof *r);
+}
+
+/* The oracle's eviction at every budget, from the prefix cache: the least importance any
+ * eviction that keeps the sinks and the recent window can drop. */
+static int oracle_minimum(kvp_eval_ref *r, const kvp_model_config *cfg, const kvp_cache *prefix)
+{
+    char err[256];
+    kvp_policy *oracle;
+    int rc = kvp_offline_policy_create(&oracle, "oracle", NULL, cfg, 0, err, sizeof err);
+    if (rc)
+        return rc;
+    kvp_cache b;
+    if ((rc = cache_like(&b, cfg))) {
+        kvp_policy_destroy(oracle);
+        return rc;
+    }
+    for (int bi = 0; bi < r->n_budgets && !rc; bi++) {
+        if ((rc = cache_copy(&b, prefix)))
+            break;
+        for (int hi = 0; hi < r->n_heads; hi++)
+            memcpy(b.heads[hi].score, r->imp + (size_t)hi * r->cut, r->cut * sizeof(float));
+        kvp_evict_cfg e = {oracle, r->budgets[bi], 0};
+        if ((rc = kvp_gen_compress(&b, &e)) >= 0) {
+            rc = 0;
+            for (int hi = 0; hi < r->n_heads; hi++) {
+                const float *imp = r->imp + (size_t)hi * r->cut;
+                r->min_evicted[(size_t)bi * r->n_heads + hi] =
+                    total_importance(imp, r->cut) - kept_importance(&b.heads[hi], imp, r->cut);
+            }
+        }
+    }
+    kvp_cache_free(&b);
+    kvp_policy_destroy(oracle);
+    return rc;
+}
+
+int kvp_eval_ref_compute(kvp_eval_ref *r, const kvp_model *m, kvp_runstate *s,
+                         const int *tokens)
+{
+    int cut = r->cut, cont = r->len - cut, V = r->vocab;
+    kvp_cache c = {0}, prefix = {0};
+    float *logits = malloc((size_t)cut * V * sizeof *logits);
+    int *limit = malloc((size_t)r->n_heads * sizeof *limit);
+    int rc = -ENOMEM;
+    if (!logits || !limit || (rc = cache_like(&c, &m->cfg)) || (rc = cache_like(&prefix, &m->cfg)))
+        goto out;
+    kvp_policy_attach(s, NULL);
+    if ((rc = kvp_gen_prefill(m, s, &c, NULL, tokens, cut, logits)))
+        goto out;
+    r->nll = 0.0;
+    for (int t = 0; t < cut; t++)
+        r->nll += nll_of(logits + (size_t)t * V, V, tokens[t + 1]);
+    if ((rc = cache_copy(&prefix, &c)))
+        goto out;
+    memset(r->imp, 0, (size_t)r->n_heads * cut * sizeof *r->imp);
+    for (int hi = 0; hi < r->n_heads; hi++)
+        limit[hi] = cut;
+    importance_obs st = {r->imp, cut, limit};
+    kvp_policy obs = {.ops = &obs_ops, .cfg = m->cfg, .impl = &st};
+    kvp_policy_attach(s, &obs);
+    rc = kvp_gen_prefill(m, s, &c, NULL, tokens + cut, cont, r->logits);
+    kvp_policy_attach(s, NULL);
+    if (rc)
+        goto out;
+    for (int t = 0; t + 1 < cont; t++)
+        r->nll += nll_of(r->logits + (size_t)t * V, V, tokens[cut + t + 1]);
+    rc = oracle_minimum(r, &m->cfg, &prefix);
+out:
+    kvp_cache_free(&c);
+    kvp_cache_free(&prefix);
+    free(logits);
+    free(limit);
+    return rc;
+}
+
+/* ---- ranking and oneshot ----------------------------------------------------------------- */
+
+typedef struct ranked {
+    int window;    /* in the policy's own always-kept window */
+    float score;
+    int row;
+} ranked;
+
+/* the policy's order: its window first, then higher score (NaN last), then older row */
+static int by_rank(const void *a, const void *b)
+{
+    const ranked *x = a, *y = b;
+    if (x->window != y->window)
+        return y->window - x->window;
+    if (x->score != y->score)
+        return x->score > y->score ? -1 : 1;
+    return (x->row > y->row) - (x->row < y->row);
+}
+
+static int by_value_desc(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x < y) - (x > y);
+}
+
+/* C/C* of the policy's ranking of the rows that are not always kept (kvp-method.md:
+ * C = sum over r of r * I_sigma_r, C* the same for I sorted descending). Rows a policy
+ * protects beyond the n_recent newest at the smallest budget where it chooses anything
+ * (SnapKV's observation window, LagKV's last partition) rank first. */
+static double ranking_ratio(const kvp_policy *p, const kvp_head *h, const float *imp,
+                            ranked *rk, float *sorted)
+{
+    int n = h->n;
+    int ns = p->n_sink < 0 ? 0 : p->n_sink < n ? p->n_sink : n;
+    int nr = p->n_recent < 0 ? 0 : p->n_recent < n - ns ? p->n_recent : n - ns;
+    int win = p->ops->recent_window ? p->ops->recent_window(p, ns + nr + 1) : nr;
+    int m = 0;
+    for (int i = ns; i < n - nr; i++, m++) {
+        float sc = h->score[i];
+        rk[m] = (ranked){i >= n - win, isnan(sc) ? -INFINITY : sc, i};
+        sorted[m] = imp[h->seq[i]];
+    }
+    qsort(rk, (size_t)m, sizeof *rk, by_rank);
+    qsort(sorted, (size_t)m, sizeof *sorted, by_value_desc);
+    double c = 0.0, cstar = 0.0;
+    for (int r = 0; r < m; r++) {
+        c += (r + 1.0) * imp[h->seq[rk[r].row]];
+        cstar += (r + 1.0) * sorted[r];
+    }
+    return c / fmax(cstar, 1e-8);
+}
+
+int kvp_eval_sequence(const kvp_model *m, kvp_runstate *s, kvp_policy *p, const int *tokens,
+                      const kvp_eval_ref *r, kvp_eval_acc *acc)
+{
+    int cut = r->cut, cont = r->len - cut, V = r->vocab, nh = r->n_heads;
+    int n_kv = m->cfg.n_kv_heads;
+    kvp_cache a = {0}, b = {0};
+    float *logits = malloc((size_t)cont * V * sizeof *logits);
+    ranked *rk = malloc((size_t)cut * sizeof *rk);
+    float *sorted = malloc((size_t)cut * sizeof *sorted);
+    int rc = -ENOMEM;
+    if (!logits || !rk || !sorted || (rc = cache_like(&a, &m->cfg)) || (rc = cache_like(&b, &m->cfg)))
+        goto out;
+    /* the policy watches the prefix run, as it would in the daemon */
+    kvp_policy_attach(s, p);
+    rc = kvp_gen_prefill(m, s, &a, NULL, tokens, cut, NULL);
+    kvp_policy_attach(s, NULL);
+    if (rc)
+        goto out;
+    if (kvp_policy_is_oracle(p))
+        for (int hi = 0; hi < nh; hi++)
+            memcpy(a.heads[hi].score, r->imp + (size_t)hi * cut, (size_t)cut * sizeof(float));
+    /* "none" keeps every row: it has no ranking */
+    for (int hi = 0; hi < nh && !kvp_policy_is_none(p); hi++) {
+        kvp_head *h = &a.heads[hi];
+        if (p->ops->before_evict)
+            p->ops->before_evict(p, hi / n_kv, hi % n_kv, h);
+        acc->cc_ratio += ranking_ratio(p, h, r->imp + (size_t)hi * cut, rk, sorted);
+        acc->cases++;
+    }
+
+    for (int bi = 0; bi < r->n_budgets; bi++) {
+        kvp_evict_cfg e = {p, r->budgets[bi], 0};
+        if ((rc = cache_copy(&b, &a)) || (rc = kvp_gen_compress(&b, &e)) < 0)
+            goto out;
+        for (int hi = 0; hi < nh && !kvp_policy_is_none(p); hi++) {
+            const float *imp = r->imp + (size_t)hi * cut;
+            double total = total_importance(imp, cut), kept = kept_importance(&b.heads[hi], imp, cut);
+            acc->evicted[bi] += total - kept;
+            acc->min_evicted[bi] += r->min_evicted[(size_t)bi * nh + hi];
+            acc->recall[bi] += total > 0.0 ? kept / total : 1.0;
+        }
+        /* one compression, then no more eviction: the policy is detached */
+        if ((rc = kvp_gen_prefill(m, s, &b, NULL, tokens + cut, cont, logits)))
+            goto out;
+        for (int t = 0; t + 1 < cont; t++) {
+            acc->nll[bi] += nll_of(logits + (size_t)t * V, V, tokens[cut + t + 1]);
+            acc->kl[bi] += kl_of(r->logits + (size_t)t * V, logits + (size_t)t * V, V);
+        }
+    }
+    acc->tokens += cont - 1;
+    rc = 0;
+out:
+    kvp_cache_free(&a);
+    kvp_cache_free(&b);
+    free(logits);
+    free(rk);
+    free(sorted);
+    return rc;
+}
+
+/* ---- streaming --------------------------------------------------------------------------- */
+
+/* The streaming oracle's scores: the attention the next n tokens pay each row of c (max
+ * over the group, summed), measured on the copy d; imp has seq_len floats per head. */
+static int lookahead_scores(const kvp_model *m, kvp_runstate *s, kvp_cache *c, kvp_cache *d,
+                            const int *tokens, int n, int n_sink, float *imp, int *limit)
+{
+    int rc = cache_copy(d, c), nh = c->n_layers * c->n_kv_heads, stride = m->cfg.seq_len;
+    if (rc)
+        return rc;
+    if (d->next_pos + n > m->cfg.seq_len)
+        kvp_cache_shift(d, n_sink, m->cfg.seq_len);
+    if (n > m->cfg.seq_len - d->next_pos)
+        n = m->cfg.seq_len - d->next_pos;
+    if (n > s->max_tokens)
+        n = s->max_tokens;
+    if (n < 1)
+        return 0;
+    for (int hi = 0; hi < nh; hi++)
+        limit[hi] = d->heads[hi].n;
+    memset(imp, 0, (size_t)nh * stride * sizeof *imp);
+    importance_obs st = {imp, stride, limit};
+    kvp_policy obs = {.ops = &obs_ops, .cfg = m->cfg, .impl = &st};
+    kvp_policy_attach(s, &obs);
+    rc = kvp_forward(m, s, d, tokens, n, NULL);
+    kvp_policy_attach(s, NULL);
+    if (rc)
+        return rc;
+    for (int hi = 0; hi < nh; hi++)
+        if (limit[hi])  /* an empty head may have no arrays yet */
+            memcpy(c->heads[hi].score, imp + (size_t)hi * stride, (size_t)limit[hi] * sizeof *imp);
+    return 0;
+}
+
+int kvp_eval_stream(const kvp_model *m, kvp_runstate *s, kvp_policy *p, const int *tokens,
+                    int len, int bi, const kvp_eval_opts *o, kvp_eval_acc *acc)
+{
+    int V = m->cfg.vocab_size, nh = m->cfg.n_layers * m->cfg.n_kv_heads, oracle = kvp_policy_is_oracle(p);
+    int chunk = o->chunk;
+    kvp_cache c = {0}, d = {0};
+    float *logits = malloc((size_t)chunk * V * sizeof *logits);
+    float *imp = oracle ? malloc((size_t)nh * m->cfg.seq_len * sizeof *imp) : NULL;
+    int *limit = oracle ? malloc((size_t)nh * sizeof *limit) : NULL;
+    int rc = -ENOMEM;
+    if (!logits || (oracle && (!imp || !limit)) || (rc = cache_like(&c, &m->cfg)) ||
+        (rc = cache_like(&d, &m->cfg)))
+        goto out;
+    kvp_evict_cfg e = {p, o->budgets[bi], chunk};
+    double nll = 0.0;
+    for (int off = 0; off < len; off += chunk) {
+        int n = len - off < chunk ? len - off : chunk;
+        if (oracle) {
+            int look = len - off < o->lookahead ? len - off : o->lookahead;
+            if ((rc = lookahead_scores(m, s, &c, &d, tokens + off, look, p->n_sink, imp, limit)))
+                goto out;
+        }
+        kvp_policy_attach(s, p);
+        rc = kvp_gen_prefill(m, s, &c, &e, tokens + off, n, logits);
+        kvp_policy_attach(s, NULL);
+        if (rc)
+            goto out;
+        for (int t = 0; t < n && off + t + 1 < len; t++)
+            nll += nll_of(logits + (size_t)t * V, V, tokens[off + t + 1]);
+    }
+    acc->stream_nll[bi] += nll;
+    acc->stream_tokens[bi] += len - 1;
+out:
+    kvp_cache_free(&c);
+    kvp_cache_free(&d);
+    free(logits);
+    free(imp);
+    free(limit);
+    return rc;
+}
+
+void kvp_eval_acc_add(kvp_eval_acc *dst, const kvp_eval_acc *src)
+{
+    dst->cases += src->cases;
+    dst->cc_ratio += src->cc_ratio;
+    dst->tokens += src->tokens;
+    for (int bi = 0; bi < KVP_EVAL_MAX_BUDGETS; bi++) {
+        dst->evicted[bi] += src->evicted[bi];
+        dst->min_evicted[bi] += src->min_evicted[bi];
+        dst->recall[bi] += src->recall[bi];
+        dst->nll[bi] += src->nll[bi];
+        dst->kl[bi] += src->kl[bi];
+        dst->stream_tokens[bi] += src->stream_tokens[bi];
+        dst->stream_nll[bi] += src->stream_nll[bi];
+    }
+}
+
+/* ---- results ------------------------------------------------------------------------------ */
+
+int kvp_eval_rows(const char *policy, const kvp_eval_acc *a, const kvp_eval_opts *o,
+                  kvp_eval_row *rows)
+{
+    int n = 0;
+    if (a->cases) {
+        rows[n++] = (kvp_eval_row){"ranking", policy, "cc_ratio", 0, a->cc_ratio / a->cases};
+        for (int bi = 0; bi < o->n_budgets; bi++) {
+            double ev = a->evicted[bi], mn = a->min_evicted[bi];
+            /* nothing to drop (a budget above the sequence) costs what the oracle's does */
+            double cost = mn > 0.0 ? ev / mn : ev > 0.0 ? INFINITY : 1.0;
+            rows[n++] = (kvp_eval_row){"ranking", policy, "cost", o->budgets[bi], cost};
+        }
+        for (int bi = 0; bi < o->n_budgets; bi++)
+            rows[n++] = (kvp_eval_row){"ranking", policy, "recall", o->budgets[bi],
+                                       a->recall[bi] / a->cases};
+    }
+    if (a->tokens) {
+        for (int bi = 0; bi < o->n_budgets; bi++)
+            rows[n++] = (kvp_eval_row){"oneshot", policy, "ppl", o->budgets[bi],
+                                       exp(a->nll[bi] / a->tokens)};
+        for (int bi = 0; bi < o->n_budgets; bi++)
+            rows[n++] = (kvp_eval_row){"oneshot", policy, "kl", o->budgets[bi],
+                                       a->kl[bi] / a->tokens};
+    }
+    for (int bi = 0; bi < o->n_budgets; bi++)
+        if (a->stream_tokens[bi])
+            rows[n++] = (kvp_eval_row){"streaming", policy, "ppl", o->budgets[bi],
+                                       exp(a->stream_nll[bi] / a->stream_tokens[bi])};
+    return n;
+}
+
+static const struct metric_info {
+    const char *protocol, *metric, *title, *ylabel, *fmt;
+    int log_y;
+} metric_info[] = {
+    {"ranking", "cc_ratio", "Ranking: all-budget cost C/C* (oracle = 1, lower is better)",
+     "C/C*", "%.3f", 0},
+    {"ranking", "cost", "Ranking: future importance evicted / the oracle's (lower is better)",
+     "evicted importance / oracle's", "%.3f", 1},
+    {"ranking", "recall", "Ranking: r@b, share of the future importance kept (higher is better)",
+     "r@b", "%.3f", 0},
+    {"oneshot", "ppl", "One-shot: perplexity of the continuation after one compression",
+     "perplexity", "%.3f", 0},
+    {"oneshot", "kl", "One-shot: mean KL(full || evicted) of next-token distributions (nats)",
+     "KL (nats)", "%.4f", 1},
+    {"streaming", "ppl", "Streaming: perplexity with chunked eviction and context shift",
+     "perplexity", "%.3f", 0},
+};
+
+static const kvp_eval_row *find_row(const kvp_eval_row *rows, int n, const struct metric_info *mi,
+                                    const char *policy, int budget)
+{
+    for (int i = 0; i < n; i++)
+        if (rows[i].budget == budget && !strcmp(rows[i].protocol, mi->protocol) &&
+            !strcmp(rows[i].metric, mi->metric) && !strcmp(rows[i].policy, policy))
+            return &rows[i];
+    return NULL;
+}
+
+int kvp_eval_policy_index(const char *name)
+{
+    const char *all = kvp_offline_policy_names();
+    size_t len = strlen(name);
+    int idx = 0;
+    for (const char *t = all; *t; idx++) {
+        size_t w = strcspn(t, " ");
+        if (w == len && !strncmp(t, name, len))
+            return idx;
+        t += w;
+        t += *t == ' ';
+    }
+    return -1;
+}
+
+/* The policies (in order of appearance) and ascending budgets a metric has rows for. */
+static void metric_axes(const kvp_eval_row *rows, int n, const struct metric_info *mi,
+                        const char **pol, int *n_pol, int *bud, int *n_bud)
+{
+    *n_pol = *n_bud = 0;
+    for (int i = 0; i < n; i++) {
+        if (strcmp(rows[i].protocol, mi->protocol) || strcmp(rows[i].metric, mi->metric))
+            continue;
+        int j = 0;
+        while (j < *n_pol && strcmp(pol[j], rows[i].policy))
+            j++;
+        if (j == *n_pol)
+            pol[(*n_pol)++] = rows[i].policy;
+        for (j = 0; j < *n_bud && bud[j] != rows[i].budget; j++)
+            ;
+        if (j < *n_bud)
+            continue;
+        /* insertion keeps the budgets ascending */
+        for (j = (*n_bud)++; j > 0 && bud[j - 1] > rows[i].budget; j--)
+            bud[j] = bud[j - 1];
+        bud[j] = rows[i].budget;
+    }
+}
+
+static int write_csv(const char *path, const kvp_eval_row *rows, int n, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return KVP_ERR(-errno, "cannot create %s: %s", path, strerror(errno));
+    fputs("protocol,policy,budget,metric,value\n", f);
+    for (int i = 0; i < n; i++) {
+        char b[16];
+        snprintf(b, sizeof b, rows[i].budget ? "%d" : "all", rows[i].budget);
+        fprintf(f, "%s,%s,%s,%s,%.6g\n", rows[i].protocol, rows[i].policy, b, rows[i].metric,
+                rows[i].value);
+    }
+    if (ferror(f) | fclose(f))
+        return KVP_ERR(-EIO, "cannot write %s", path);
+    return 0;
+}
+
+static int write_md_and_plots(const char *dir, const kvp_eval_row *rows, int n,
+                              const char *intro, const char **pol, int *bud, double *y,
+                              char *err, size_t errlen)
+{
+    char path[1200];
+    snprintf(path, sizeof path, "%s/results.md", dir);
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return KVP_ERR(-errno, "cannot create %s: %s", path, strerror(errno));
+    fputs(intro, f);
+    int rc = 0;
+    for (size_t mi_i = 0; mi_i < sizeof metric_info / sizeof metric_info[0] && !rc; mi_i++) {
+        const struct metric_info *mi = &metric_info[mi_i];
+        int n_pol, n_bud;
+        metric_axes(rows, n, mi, pol, &n_pol, bud, &n_bud);
+        if (!n_pol)
+            continue;
+        int per_budget = bud[0] > 0;
+        fprintf(f, "\n## %s\n\n", mi->title);
+        if (per_budget)
+            fprintf(f, "![%s](%s-%s.svg)\n\n", mi->title, mi->protocol, mi->metric);
+        fputs("| policy |", f);
+        for (int j = 0; j < n_bud; j++)
+            fprintf(f, per_budget ? " b=%d |" : " all budgets |", bud[j]);
+        fputs("\n|---|", f);
+        for (int j = 0; j < n_bud; j++)
+            fputs("---|", f);
+        fputs("\n", f);
+        for (int i = 0; i < n_pol; i++) {
+            fprintf(f, "| %s |", pol[i]);
+            for (int j = 0; j < n_bud; j++) {
+                const kvp_eval_row *r = find_row(rows, n, mi, pol[i], bud[j]);
+                fputs(" ", f);
+                if (r)
+                    fprintf(f, mi->fmt, r->value);
+                else
+                    fputs("-", f);
+                fputs(" |", f);
+            }
+            fputs("\n", f);
+        }
+        if (!per_budget)
+            continue;
+        /* the plot: budgets on a log2 axis, one line per policy */
+        double x[KVP_EVAL_MAX_BUDGETS];
+        kvp_svg_series series[64];
+        int ns = n_pol < 64 ? n_pol : 64;
+        for (int j = 0; j < n_bud && j < KVP_EVAL_MAX_BUDGETS; j++)
+            x[j] = bud[j];
+        for (int i = 0; i < ns; i++) {
+            double *yi = y + (size_t)i * KVP_EVAL_MAX_BUDGETS;
+            for (int j = 0; j < n_bud && j < KVP_EVAL_MAX_BUDGETS; j++) {
+                const kvp_eval_row *r = find_row(rows, n, mi, pol[i], bud[j]);
+                yi[j] = r ? r->value : NAN;
+            }
+            /* a policy has the same color in every plot */
+            int color = kvp_eval_policy_index(pol[i]);
+            series[i] = (kvp_svg_series){pol[i], yi, color < 0 ? 0 : color,
+                                         !strcmp(pol[i], "oracle") || !strcmp(pol[i], "none"),
+                                         !strcmp(pol[i], "kvp")};
+        }
+        kvp_svg_plot plot = {mi->title, "budget (rows per KV head, log2 scale)", mi->ylabel, x,
+                             n_bud < KVP_EVAL_MAX_BUDGETS ? n_bud : KVP_EVAL_MAX_BUDGETS,
+                             mi->log_y, series, ns};
+        char svg[1200];
+        snprintf(svg, sizeof svg, "%s/%s-%s.svg", dir, mi->protocol, mi->metric);
+        rc = kvp_svg_write(svg, &plot, err, errlen);
+    }
+    if ((ferror(f) | fclose(f)) && !rc)
+        rc = KVP_ERR(-EIO, "cannot write %s", path);
+    return rc;
+}
+
+int kvp_eval_write(const char *dir, const kvp_eval_row *rows, int n, const char *intro,
+                   char *err, size_t errlen)
+{
+    char path[1200];
+    snprintf(path, sizeof path, "%s/results.csv", dir);
+    int rc = write_csv(path, rows, n, err, errlen);
+    if (rc)
+        return rc;
+    const char **pol = malloc((size_t)(n + 1) * sizeof *pol);
+    int *bud = malloc((size_t)(n + 1) * sizeof *bud);
+    double *y = malloc(64 * KVP_EVAL_MAX_BUDGETS * sizeof *y);
+    if (!pol || !bud || !y)
+        rc = KVP_ERR(-ENOMEM, "out of memory");
+    else
+        rc = write_md_and_plots(dir, rows, n, intro, pol, bud, y, err, errlen);
+    free(pol);
+    free(bud);
+    free(y);
+    return rc;
+}

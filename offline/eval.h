@@ -1,0 +1,105 @@
+/* Evaluation of eviction policies on held-out text (`kvp eval`, docs/evaluation.md).
+ * Three protocols, each comparing a policy with the unmodified model:
+ *   ranking    the first `cut` tokens of a sequence run with the policy attached (so
+ *              attention-based policies observe them); per (layer, KV head) the policy's
+ *              order of the rows is scored against their future importance I_i(cut)
+ *              (kvp-method.md): C/C* over all budgets, and at each budget the importance
+ *              the policy's eviction drops, against the oracle's, and keeps;
+ *   oneshot    that cache compressed once to each budget, then the rest of the sequence
+ *              teacher-forced: perplexity and KL(full || evicted) of the next-token
+ *              distributions (the paper's protocol);
+ *   streaming  a text longer than the context through kvp_gen_prefill with chunked
+ *              eviction and the context shift (the daemon's protocol): perplexity.
+ * The oracle's scores are true future importance: I_i(cut) in the first two; in streaming,
+ * before every chunk, the attention the next `lookahead` tokens pay each row, measured on
+ * a copy of the cache (shifted first when the lookahead would pass the context). */
+#ifndef KVP_EVAL_H
+#define KVP_EVAL_H
+
+#include <stddef.h>
+
+#include "model/forward.h"
+#include "policy/policy.h"
+
+#define KVP_EVAL_MAX_BUDGETS 16
+/* rows kvp_eval_rows adds for one policy at most */
+#define KVP_EVAL_ROWS_PER_POLICY (1 + 6 * KVP_EVAL_MAX_BUDGETS)
+
+typedef struct kvp_eval_opts {
+    int cut;          /* tokens in the cache when it is ranked / compressed (384) */
+    int chunk;        /* streaming: eviction chunk (KVP_DEFAULT_CHUNK) */
+    int lookahead;    /* streaming: tokens the oracle's scores look ahead (128) */
+    int n_budgets;
+    int budgets[KVP_EVAL_MAX_BUDGETS];   /* rows per KV head */
+} kvp_eval_opts;
+
+/* The unmodified model on one sequence of len tokens: what every policy is compared with.
+ * Heads are numbered layer * n_kv_heads + kvh. */
+typedef struct kvp_eval_ref {
+    int len, cut, n_heads, vocab, n_budgets;
+    int budgets[KVP_EVAL_MAX_BUDGETS];
+    float *imp;            /* [n_heads][cut] I_i(cut): attention of tokens cut..len-1 */
+    float *logits;         /* [len - cut][vocab] full-cache logits at tokens cut..len-1 */
+    double *min_evicted;   /* [n_budgets][n_heads] importance the oracle's eviction drops */
+    double nll;            /* summed over the len - 1 predictions of the whole sequence */
+} kvp_eval_ref;
+
+/* Sums over the cases evaluated for one policy (kvp_eval_rows turns them into metrics). */
+typedef struct kvp_eval_acc {
+    long cases;                                   /* ranking: (sequence, head) cases */
+    double cc_ratio;                              /* sum of C/C* */
+    double evicted[KVP_EVAL_MAX_BUDGETS];         /* importance dropped */
+    double min_evicted[KVP_EVAL_MAX_BUDGETS];     /* the oracle's, same cases */
+    double recall[KVP_EVAL_MAX_BUDGETS];          /* sum of kept / total importance */
+    long tokens;                                  /* oneshot: predictions per budget */
+    double nll[KVP_EVAL_MAX_BUDGETS], kl[KVP_EVAL_MAX_BUDGETS];
+    long stream_tokens[KVP_EVAL_MAX_BUDGETS];     /* streaming: predictions */
+    double stream_nll[KVP_EVAL_MAX_BUDGETS];
+} kvp_eval_acc;
+
+/* Allocates r for sequences of len tokens (cut < len <= the model's context). */
+int kvp_eval_ref_init(kvp_eval_ref *r, const kvp_model_config *cfg, int len,
+                      const kvp_eval_opts *o);
+void kvp_eval_ref_free(kvp_eval_ref *r);
+/* Fills r for tokens[0..len) (BOS first). s must hold blocks of r->len tokens; the
+ * s->policy is NULL afterwards. 0 or a negative code. */
+int kvp_eval_ref_compute(kvp_eval_ref *r, const kvp_model *m, kvp_runstate *s,
+                         const int *tokens);
+
+/* Ranking and oneshot protocols for policy p (a fresh instance: it keeps per-sequence
+ * state) on the sequence r was computed for; adds to acc. "none" keeps every row, so it
+ * only gets the oneshot protocol (the full-cache numbers). 0 or a negative code. */
+int kvp_eval_sequence(const kvp_model *m, kvp_runstate *s, kvp_policy *p, const int *tokens,
+                      const kvp_eval_ref *r, kvp_eval_acc *acc);
+/* Streaming protocol for policy p (fresh, not "none") at budgets[bi] over tokens[0..len),
+ * len >= 2; s must hold blocks of chunk and lookahead tokens. Adds to acc. */
+int kvp_eval_stream(const kvp_model *m, kvp_runstate *s, kvp_policy *p, const int *tokens,
+                    int len, int bi, const kvp_eval_opts *o, kvp_eval_acc *acc);
+
+/* Position of a policy name in kvp_policy_names(), -1 if it is not one. */
+int kvp_eval_policy_index(const char *name);
+
+/* dst += src, field by field (sums from separate runs, e.g. one per thread). */
+void kvp_eval_acc_add(kvp_eval_acc *dst, const kvp_eval_acc *src);
+
+/* One result: protocol "ranking" | "oneshot" | "streaming"; metric "cc_ratio" (C/C*,
+ * budget 0 = all budgets), "cost" (evicted importance / the oracle's), "recall" (share of
+ * the importance kept), "ppl", "kl". Strings are static or the caller's policy name. */
+typedef struct kvp_eval_row {
+    const char *protocol, *policy, *metric;
+    int budget;
+    double value;
+} kvp_eval_row;
+
+/* Appends the metrics of one policy's sums (a protocol without cases adds nothing);
+ * returns the rows added (at most KVP_EVAL_ROWS_PER_POLICY). */
+int kvp_eval_rows(const char *policy, const kvp_eval_acc *a, const kvp_eval_opts *o,
+                  kvp_eval_row *rows);
+
+/* DIR/results.csv (protocol,policy,budget,metric,value), DIR/results.md (one table per
+ * protocol and metric: policies x budgets; `intro` markdown goes first) and one SVG per
+ * protocol and per-budget metric, DIR/<protocol>-<metric>.svg. 0 or -errno + message. */
+int kvp_eval_write(const char *dir, const kvp_eval_row *rows, int n, const char *intro,
+                   char *err, size_t errlen);
+
+#endif

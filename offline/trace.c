@@ -1,0 +1,324 @@
+#include "offline/trace.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/checksum.h"
+#include "base/errors.h"
+
+_Static_assert(sizeof(kvp_trace_header) == 128, "trace header is 128 bytes on disk");
+
+
+static size_t seq_bytes(const kvp_trace_header *h, size_t len)
+{
+    size_t per_tok = (size_t)h->n_layers * ((size_t)h->n_heads + 2 * (size_t)h->n_kv_heads) *
+                     (size_t)h->head_dim * sizeof(float) + sizeof(int32_t);
+    return sizeof(int32_t) + len * per_tok;
+}
+
+int kvp_trace_open(kvp_trace *t, const char *path, const kvp_model_config *cfg,
+                   char *err, size_t errlen)
+{
+    memset(t, 0, sizeof *t);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return KVP_ERR(-errno, "cannot open trace %s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) || (size_t)st.st_size < sizeof t->h + 8) {
+        close(fd);
+        return KVP_ERR(-EINVAL, "%s: too short for a trace", path);
+    }
+    t->size = (size_t)st.st_size;
+    t->map = mmap(NULL, t->size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (t->map == MAP_FAILED) {
+        t->map = NULL;
+        return KVP_ERR(-errno, "cannot map %s: %s", path, strerror(errno));
+    }
+    const unsigned char *b = t->map;
+    memcpy(&t->h, b, sizeof t->h);
+    const kvp_trace_header *h = &t->h;
+    int rc;
+    if (memcmp(h->magic, "KVPTRACE", 8)) {
+        rc = KVP_ERR(-EINVAL, "%s: not a trace file (bad magic)", path);
+        goto fail;
+    }
+    if (h->version != 1) {
+        rc = KVP_ERR(-EINVAL, "%s: unsupported trace version %u", path, h->version);
+        goto fail;
+    }
+    if (h->n_layers <= 0 || h->n_layers > 1024 || h->n_heads <= 0 || h->n_heads > 4096 ||
+        h->n_kv_heads <= 0 || h->n_heads % h->n_kv_heads || h->head_dim <= 0 ||
+        h->head_dim > 4096 || h->seq_len <= 1 || h->seq_len > (1 << 20) || h->n_seqs <= 0 ||
+        h->n_train < 0 || h->n_train > h->n_seqs) {
+        rc = KVP_ERR(-EINVAL, "%s: bad trace header", path);
+        goto fail;
+    }
+    uint64_t want;
+    memcpy(&want, b + t->size - 8, 8);
+    if (kvp_fnv1a(KVP_FNV1A_INIT, b, t->size - 8) != want) {
+        rc = KVP_ERR(-EBADMSG, "%s: checksum mismatch (truncated or corrupted trace)", path);
+        goto fail;
+    }
+    if (cfg && (cfg->n_layers != h->n_layers || cfg->n_heads != h->n_heads ||
+                cfg->n_kv_heads != h->n_kv_heads || cfg->head_dim != h->head_dim)) {
+        rc = KVP_ERR(-EINVAL, "%s: trace is for %d layers x %d heads (%d KV) x head_dim %d, "
+                 "model has %d x %d (%d) x %d", path, h->n_layers, h->n_heads, h->n_kv_heads,
+                 h->head_dim, cfg->n_layers, cfg->n_heads, cfg->n_kv_heads, cfg->head_dim);
+        goto fail;
+    }
+    t->offsets = malloc((size_t)h->n_seqs * sizeof *t->offsets);
+    if (!t->offsets) {
+        rc = KVP_ERR(-ENOMEM, "out of memory");
+        goto fail;
+    }
+    size_t off = sizeof t->h, end = t->size - 8;
+    for (int s = 0; s < h->n_seqs; s++) {
+        int32_t len;
+        if (end - off < 4) {
+            rc = KVP_ERR(-EINVAL, "%s: sequence %d past the end", path, s);
+            goto fail;
+        }
+        memcpy(&len, b + off, 4);
+        if (len < 2 || len > h->seq_len || seq_bytes(h, (size_t)len) > end - off) {
+            rc = KVP_ERR(-EINVAL, "%s: sequence %d has a bad length %d", path, s, len);
+            goto fail;
+        }
+        t->offsets[s] = off;
+        off += seq_bytes(h, (size_t)len);
+    }
+    if (off != end) {
+        rc = KVP_ERR(-EINVAL, "%s: %zu unexpected trailing bytes", path, end - off);
+        goto fail;
+    }
+    return 0;
+fail:
+    kvp_trace_close(t);
+    return rc;
+}
+
+void kvp_trace_close(kvp_trace *t)
+{
+    if (t->map)
+        munmap(t->map, t->size);
+    free(t->offsets);
+    memset(t, 0, sizeof *t);
+}
+
+int kvp_trace_len(const kvp_trace *t, int seq)
+{
+    int32_t len;
+    memcpy(&len, (const char *)t->map + t->offsets[seq], 4);
+    return len;
+}
+
+const int32_t *kvp_trace_tokens(const kvp_trace *t, int seq)
+{
+    return (const int32_t *)((const char *)t->map + t->offsets[seq] + 4);
+}
+
+/* Start of layer `layer` of a sequence: q, then k, then v. */
+static const float *layer_base(const kvp_trace *t, int seq, int layer)
+{
+    const kvp_trace_header *h = &t->h;
+    size_t len = (size_t)kvp_trace_len(t, seq);
+    size_t per_layer = len * ((size_t)h->n_heads + 2 * (size_t)h->n_kv_heads) * h->head_dim;
+    const char *p = (const char *)t->map + t->offsets[seq] + 4 + len * 4;
+    return (const float *)p + (size_t)layer * per_layer;
+}
+
+const float *kvp_trace_q(const kvp_trace *t, int seq, int layer)
+{
+    return layer_base(t, seq, layer);
+}
+
+const float *kvp_trace_k(const kvp_trace *t, int seq, int layer)
+{
+    size_t len = (size_t)kvp_trace_len(t, seq);
+    return layer_base(t, seq, layer) + len * t->h.n_heads * t->h.head_dim;
+}
+
+const float *kvp_trace_v(const kvp_trace *t, int seq, int layer)
+{
+    size_t len = (size_t)kvp_trace_len(t, seq);
+    return kvp_trace_k(t, seq, layer) + len * t->h.n_kv_heads * t->h.head_dim;
+}
+
+void kvp_trace_importance_cuts(const kvp_trace *t, int seq, int layer, int kvh, int first,
+                               int stride, int n_cuts, float *const *out, float *work)
+{
+    const kvp_trace_header *h = &t->h;
+    int len = kvp_trace_len(t, seq), hd = h->head_dim, group = h->n_heads / h->n_kv_heads;
+    int qd = h->n_heads * hd, kvd = h->n_kv_heads * hd, g = n_cuts - 1;
+    const float *q = kvp_trace_q(t, seq, layer), *k = kvp_trace_k(t, seq, layer) + kvh * hd;
+    float scale = 1.0f / sqrtf((float)hd), *att = work, *amax = work + len, *acc = work + 2 * len;
+    for (; g >= 0 && first + g * stride >= len; g--)   /* no query comes after the cut */
+        memset(out[g], 0, (size_t)(first + g * stride) * sizeof **out);
+    int last = g >= 0 ? first + g * stride : 0;
+    memset(acc, 0, (size_t)last * sizeof *acc);
+    for (int tq = len - 1; tq >= first && g >= 0; tq--) {
+        int cols = tq + 1 < last ? tq + 1 : last;   /* rows past the largest cut: never ranked */
+        for (int gi = 0; gi < group; gi++) {
+            const float *qv = q + (size_t)tq * qd + (size_t)(kvh * group + gi) * hd;
+            float mx = -INFINITY, sum = 0.0f;
+            for (int j = 0; j <= tq; j++) {
+                const float *kv = k + (size_t)j * kvd;
+                float d = 0.0f;
+                for (int x = 0; x < hd; x++)
+                    d += qv[x] * kv[x];
+                att[j] = d * scale;
+                mx = att[j] > mx ? att[j] : mx;
+            }
+            for (int j = 0; j <= tq; j++)
+                sum += att[j] = expf(att[j] - mx);
+            float inv = 1.0f / sum;
+            /* the max over the group is taken per query, before summing over queries */
+            for (int i = 0; i < cols; i++) {
+                float a = att[i] * inv;
+                if (gi == 0 || a > amax[i])
+                    amax[i] = a;
+            }
+        }
+        for (int i = 0; i < cols; i++)
+            acc[i] += amax[i];
+        int cut = first + g * stride;
+        if (tq == cut) {
+            memcpy(out[g], acc, (size_t)cut * sizeof *acc);
+            g--;
+        }
+    }
+}
+
+void kvp_trace_importance(const kvp_trace *t, int seq, int layer, int kvh, int n,
+                          float *imp, float *work)
+{
+    kvp_trace_importance_cuts(t, seq, layer, kvh, n, 1, 1, &imp, work);
+}
+
+size_t kvp_trace_split_at(const char *text, size_t len, double split)
+{
+    size_t cut = (size_t)(split * (double)len);
+    while (cut < len && cut > 0 && text[cut - 1] != '\n')
+        cut++;
+    return cut;
+}
+
+long kvp_trace_tokenize(const kvp_tokenizer *tok, const char *text, size_t len, int **out)
+{
+    size_t cap = len + 16, n = 0;
+    int *ids = malloc(cap * sizeof *ids);
+    if (!ids)
+        return -1;
+    for (size_t off = 0; off < len;) {
+        const char *nl = memchr(text + off, '\n', len - off);
+        size_t line = nl ? (size_t)(nl - (text + off)) + 1 : len - off;
+        /* the dummy prefix belongs to the start of the text only */
+        int got = kvp_tokenizer_encode(tok, text + off, line, off ? KVP_ENCODE_NO_PREFIX : 0,
+                                       ids + n, (int)(cap - n));
+        if (got < 0) {
+            free(ids);
+            return -1;
+        }
+        n += (size_t)got;
+        off += line;
+    }
+    *out = ids;
+    return (long)n;
+}
+
+/* ---- writer -------------------------------------------------------------------- */
+
+static int wr(kvp_trace_writer *w, const void *p, size_t n)
+{
+    return fwrite(p, 1, n, w->f) == n ? 0 : -EIO;
+}
+
+int kvp_trace_writer_open(kvp_trace_writer *w, const char *path, const kvp_trace_header *h,
+                          char *err, size_t errlen)
+{
+    memset(w, 0, sizeof *w);
+    w->h = *h;
+    memcpy(w->h.magic, "KVPTRACE", 8);
+    w->h.version = 1;
+    w->h.n_seqs = 0;
+    snprintf(w->path, sizeof w->path, "%s", path);
+    snprintf(w->tmp, sizeof w->tmp, "%s.tmp", path);
+    w->f = fopen(w->tmp, "wb");
+    if (!w->f)
+        return KVP_ERR(-errno, "cannot create %s: %s", w->tmp, strerror(errno));
+    /* the header is rewritten with the final counts at close */
+    if (fwrite(&w->h, sizeof w->h, 1, w->f) != 1) {
+        kvp_trace_writer_abort(w);
+        return KVP_ERR(-EIO, "cannot write %s", w->tmp);
+    }
+    return 0;
+}
+
+int kvp_trace_writer_add(kvp_trace_writer *w, const int32_t *tokens, int len,
+                         const float *const *q, const float *const *k, const float *const *v)
+{
+    const kvp_trace_header *h = &w->h;
+    size_t qn = (size_t)len * h->n_heads * h->head_dim, kn = (size_t)len * h->n_kv_heads * h->head_dim;
+    int32_t l32 = len;
+    if (wr(w, &l32, 4) || wr(w, tokens, (size_t)len * 4))
+        return -EIO;
+    for (int l = 0; l < h->n_layers; l++)
+        if (wr(w, q[l], qn * 4) || wr(w, k[l], kn * 4) || wr(w, v[l], kn * 4))
+            return -EIO;
+    w->h.n_seqs++;
+    return 0;
+}
+
+int kvp_trace_writer_close(kvp_trace_writer *w, int n_train, char *err, size_t errlen)
+{
+    w->h.n_train = n_train;
+    /* the header gets its final counts now, so the checksum is computed by reading
+     * the finished file back */
+    long body = ftell(w->f);
+    if (body < 0 || fflush(w->f) || fseek(w->f, 0, SEEK_SET) ||
+        fwrite(&w->h, sizeof w->h, 1, w->f) != 1 || fflush(w->f)) {
+        kvp_trace_writer_abort(w);
+        return KVP_ERR(-EIO, "cannot write %s", w->tmp);
+    }
+    FILE *r = fopen(w->tmp, "rb");
+    if (!r) {
+        kvp_trace_writer_abort(w);
+        return KVP_ERR(-errno, "cannot reread %s", w->tmp);
+    }
+    uint64_t hash = KVP_FNV1A_INIT;
+    char buf[1 << 16];
+    size_t got;
+    long left = body;
+    while (left > 0 && (got = fread(buf, 1, left < (long)sizeof buf ? (size_t)left : sizeof buf, r)) > 0) {
+        hash = kvp_fnv1a(hash, buf, got);
+        left -= (long)got;
+    }
+    fclose(r);
+    if (left || fseek(w->f, 0, SEEK_END) || fwrite(&hash, 8, 1, w->f) != 1 || fflush(w->f) ||
+        fsync(fileno(w->f))) {
+        kvp_trace_writer_abort(w);
+        return KVP_ERR(-EIO, "cannot finish %s", w->tmp);
+    }
+    fclose(w->f);
+    w->f = NULL;
+    if (rename(w->tmp, w->path)) {
+        int e = errno;
+        remove(w->tmp);
+        return KVP_ERR(-e, "cannot rename %s: %s", w->tmp, strerror(e));
+    }
+    return 0;
+}
+
+void kvp_trace_writer_abort(kvp_trace_writer *w)
+{
+    if (w->f)
+        fclose(w->f);
+    w->f = NULL;
+    remove(w->tmp);
+}

@@ -1,0 +1,664 @@
+#include "offline/train.h"
+
+#include <cblas.h>
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "model/sampler.h"
+#include "base/errors.h"
+#include "base/clock.h"
+
+
+/* ---- Plackett-Luce, sampling, cost ------------------------------------------------- */
+
+double kvp_pl_logprob(const float *s, const int32_t *sigma, int n, float *grad,
+                      double *work)
+{
+    double *lse = work;   /* lse[r] = logsumexp of s over sigma[r..n-1] */
+    double acc = 0.0, lp = 0.0;
+    for (int r = n - 1; r >= 0; r--) {
+        double x = s[sigma[r]];
+        if (r == n - 1)
+            acc = x;
+        else
+            acc = x > acc ? x + log1p(exp(acc - x)) : acc + log1p(exp(x - acc));
+        lse[r] = acc;
+        lp += x - acc;
+    }
+    if (!grad)
+        return lp;
+    /* d log pi / d s_{sigma_m} = 1 - sum over r <= m of exp(s_{sigma_m} - lse[r]).
+     * q_m = sum over r <= m of exp(lse[m] - lse[r]) grows by a factor <= 1 per step
+     * (lse only shrinks along the ranking), so it never overflows. */
+    double q = 0.0;
+    for (int m = 0; m < n; m++) {
+        q = (m ? q * exp(lse[m] - lse[m - 1]) : 0.0) + 1.0;
+        grad[sigma[m]] = (float)(1.0 - exp((double)s[sigma[m]] - lse[m]) * q);
+    }
+    return lp;
+}
+
+static int key_cmp(const void *pa, const void *pb)
+{
+    const kvp_rank_key *a = pa, *b = pb;
+    if (a->key != b->key)
+        return a->key > b->key ? -1 : 1;
+    return (a->idx > b->idx) - (a->idx < b->idx);
+}
+
+void kvp_argsort_desc(const float *key, int n, int32_t *order, kvp_rank_key *work)
+{
+    for (int i = 0; i < n; i++)
+        work[i] = (kvp_rank_key){key[i], i};
+    qsort(work, (size_t)n, sizeof *work, key_cmp);
+    for (int i = 0; i < n; i++)
+        order[i] = work[i].idx;
+}
+
+void kvp_gumbel_rank(const float *s, int n, uint64_t *rng, int32_t *sigma,
+                     kvp_rank_key *work)
+{
+    for (int i = 0; i < n; i++) {
+        /* u in (0, 1): kvp_rand_f32 can return 0 */
+        double u = (double)kvp_rand_f32(rng) + 0x1p-25;
+        work[i] = (kvp_rank_key){s[i] + (float)-log(-log(u)), i};
+    }
+    qsort(work, (size_t)n, sizeof *work, key_cmp);
+    for (int i = 0; i < n; i++)
+        sigma[i] = work[i].idx;
+}
+
+double kvp_rank_cost(const float *imp, const int32_t *sigma, int n)
+{
+    double c = 0.0;
+    for (int r = 0; r < n; r++)
+        c += (double)(r + 1) * imp[sigma[r]];
+    return c;
+}
+
+double kvp_oracle_cost(const float *imp, int n, int32_t *order, kvp_rank_key *work)
+{
+    kvp_argsort_desc(imp, n, order, work);
+    return kvp_rank_cost(imp, order, n);
+}
+
+double kvp_rank_reward(double cost, double oracle_cost)
+{
+    return -cost / (oracle_cost > 1e-8 ? oracle_cost : 1e-8);
+}
+
+void kvp_rloo_advantages(const double *reward, int n_ep, int k, float clamp, float *adv)
+{
+    int n = n_ep * k;
+    double mean = 0.0, var = 0.0;
+    for (int e = 0; e < n_ep; e++) {
+        double sum = 0.0;
+        for (int j = 0; j < k; j++)
+            sum += reward[e * k + j];
+        for (int j = 0; j < k; j++) {
+            double r = reward[e * k + j];
+            adv[e * k + j] = (float)(r - (sum - r) / (k - 1));
+        }
+    }
+    for (int i = 0; i < n; i++)
+        mean += adv[i];
+    mean /= n;
+    for (int i = 0; i < n; i++)
+        var += (adv[i] - mean) * (adv[i] - mean);
+    double sd = sqrt(var / n);
+    for (int i = 0; i < n; i++) {
+        float x = sd > 0.0 ? (float)((adv[i] - mean) / sd) : 0.0f;
+        adv[i] = x > clamp ? clamp : x < -clamp ? -clamp : x;
+    }
+}
+
+/* ---- optimiser -------------------------------------------------------------------- */
+
+void kvp_adamw_step(const kvp_adamw *o, float lr, long t, float *w, const float *g,
+                    float *m, float *v, size_t n)
+{
+    float c1 = 1.0f / (1.0f - powf(o->beta1, (float)t));
+    float c2 = 1.0f / (1.0f - powf(o->beta2, (float)t));
+    for (size_t i = 0; i < n; i++) {
+        m[i] = o->beta1 * m[i] + (1.0f - o->beta1) * g[i];
+        v[i] = o->beta2 * v[i] + (1.0f - o->beta2) * g[i] * g[i];
+        float step = (m[i] * c1) / (sqrtf(v[i] * c2) + o->eps);
+        w[i] -= lr * (step + o->weight_decay * w[i]);
+    }
+}
+
+float kvp_clip_grad_norm(float *g, size_t n, float max_norm)
+{
+    double ss = 0.0;
+    for (size_t i = 0; i < n; i++)
+        ss += (double)g[i] * g[i];
+    float norm = (float)sqrt(ss);
+    if (norm > max_norm) {
+        float f = max_norm / norm;
+        for (size_t i = 0; i < n; i++)
+            g[i] *= f;
+    }
+    return norm;
+}
+
+void kvp_ema_update(float *ema, const float *w, size_t n, float decay)
+{
+    for (size_t i = 0; i < n; i++)
+        ema[i] = decay * ema[i] + (1.0f - decay) * w[i];
+}
+
+/* ---- settings --------------------------------------------------------------------- */
+
+void kvp_train_defaults(kvp_train_cfg *c)
+{
+    *c = (kvp_train_cfg){
+        .steps = 3000, .seed = 1, .threads = 1, .episodes = 16, .samples = 8,
+        .lr = 3e-3f, .lr_min = 1e-6f, .warmup = 100, .warmup_start = 0.01f,
+        .adamw = {.beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 1e-3f},
+        .clip = 5.0f, .ema = 0.99f, .adv_clamp = 2.0f, .n_sink = KVP_DEFAULT_SINKS, .n_recent = KVP_DEFAULT_RECENT,
+        .cut_min = 64, .cut_tail = 32, .cut_stride = 8, .val_cut = 384, .eval_every = 100,
+    };
+}
+
+float kvp_train_lr(const kvp_train_cfg *c, long t)
+{
+    if (t < c->warmup)
+        return c->lr * (c->warmup_start + (1.0f - c->warmup_start) * (float)t / (float)c->warmup);
+    long span = c->steps - c->warmup;
+    double p = span > 1 ? (double)(t - c->warmup) / (double)(span - 1) : 1.0;
+    return c->lr_min + (c->lr - c->lr_min) * (float)(0.5 * (1.0 + cos(M_PI * (p > 1.0 ? 1.0 : p))));
+}
+
+/* ---- a pool of threads over agents -------------------------------------------------- */
+
+typedef struct pool {
+    atomic_int next, rc;
+    int n_jobs;
+    int (*job)(void *ctx, int worker, int job);
+    void *ctx;
+} pool;
+
+typedef struct pool_arg {
+    pool *p;
+    int worker;
+} pool_arg;
+
+static void *pool_main(void *arg)
+{
+    pool_arg *a = arg;
+    pool *p = a->p;
+    int j;
+    while (!atomic_load(&p->rc) && (j = atomic_fetch_add(&p->next, 1)) < p->n_jobs) {
+        int rc = p->job(p->ctx, a->worker, j);
+        if (rc) {
+            int zero = 0;
+            atomic_compare_exchange_strong(&p->rc, &zero, rc);
+        }
+    }
+    return NULL;
+}
+
+/* Runs job(ctx, worker, j) for j = 0..n_jobs-1 on up to `threads` threads (worker ids
+ * 0..threads-1; the caller is worker 0). Returns the first nonzero job result. */
+static int pool_run(int threads, int n_jobs, int (*job)(void *, int, int), void *ctx)
+{
+    pool p = {.n_jobs = n_jobs, .job = job, .ctx = ctx};
+    atomic_init(&p.next, 0);
+    atomic_init(&p.rc, 0);
+    if (threads > n_jobs)
+        threads = n_jobs;
+    pthread_t tid[threads > 1 ? threads : 1];
+    pool_arg args[threads > 1 ? threads : 1];
+    int started = 1;
+    for (int w = 1; w < threads; w++) {
+        args[w] = (pool_arg){&p, w};
+        /* a thread that cannot start just leaves its share to the others */
+        if (pthread_create(&tid[w], NULL, pool_main, &args[w]))
+            break;
+        started++;
+    }
+    args[0] = (pool_arg){&p, 0};
+    pool_main(&args[0]);
+    for (int w = 1; w < started; w++)
+        pthread_join(tid[w], NULL);
+    return atomic_load(&p.rc);
+}
+
+/* Rows [first, first + n) of (layer, kvh) gathered into contiguous k, v [n][d] and their
+ * positions. */
+static void gather_rows(const kvp_trace *t, int seq, int layer, int kvh, int first, int n,
+                        float *k, float *v, int32_t *pos)
+{
+    int d = t->h.head_dim, kvd = t->h.n_kv_heads * d;
+    const float *ks = kvp_trace_k(t, seq, layer) + (size_t)kvh * d;
+    const float *vs = kvp_trace_v(t, seq, layer) + (size_t)kvh * d;
+    for (int i = 0; i < n; i++) {
+        size_t row = (size_t)(first + i);
+        memcpy(k + (size_t)i * d, ks + row * kvd, (size_t)d * sizeof(float));
+        memcpy(v + (size_t)i * d, vs + row * kvd, (size_t)d * sizeof(float));
+        pos[i] = first + i;
+    }
+}
+
+/* ---- validation --------------------------------------------------------------------- */
+
+typedef struct val_ctx {
+    const kvp_trace *t;
+    const kvp_agent_set *s;
+    int cut, n_sink, n_recent;
+    double *per_agent;
+} val_ctx;
+
+static int val_job(void *arg, int worker, int a)
+{
+    (void)worker;
+    val_ctx *c = arg;
+    const kvp_trace *t = c->t;
+    const kvp_agent_set *s = c->s;
+    int layer = a / s->n_kv_heads, kvh = a % s->n_kv_heads, d = s->arch.d, len = t->h.seq_len;
+    int m = c->cut - c->n_sink - c->n_recent;
+    float *imp = malloc((size_t)c->cut * sizeof *imp);
+    float *work = malloc((size_t)(3 * len) * sizeof *work);
+    float *k = malloc((size_t)m * d * sizeof *k), *v = malloc((size_t)m * d * sizeof *v);
+    int32_t *pos = malloc((size_t)m * sizeof *pos), *order = malloc((size_t)m * sizeof *order);
+    float *scores = malloc((size_t)m * sizeof *scores);
+    float *swork = malloc(kvp_agent_score_work(&s->arch, m) * sizeof *swork);
+    kvp_rank_key *rk = malloc((size_t)m * sizeof *rk);
+    int rc = -ENOMEM;
+    if (!imp || !work || !k || !v || !pos || !order || !scores || !swork || !rk)
+        goto out;
+    double sum = 0.0;
+    int count = 0;
+    const float *w = kvp_agent_set_params(s, layer, kvh);
+    for (int seq = t->h.n_train; seq < t->h.n_seqs; seq++) {
+        if (kvp_trace_len(t, seq) <= c->cut)
+            continue;
+        kvp_trace_importance(t, seq, layer, kvh, c->cut, imp, work);
+        gather_rows(t, seq, layer, kvh, c->n_sink, m, k, v, pos);
+        kvp_agent_score(&s->arch, w, k, v, pos, m, scores, swork);
+        kvp_argsort_desc(scores, m, order, rk);
+        double cost = kvp_rank_cost(imp + c->n_sink, order, m);
+        double best = kvp_oracle_cost(imp + c->n_sink, m, order, rk);
+        sum -= kvp_rank_reward(cost, best);
+        count++;
+    }
+    c->per_agent[a] = sum / count;
+    rc = 0;
+out:
+    free(imp);
+    free(work);
+    free(k);
+    free(v);
+    free(pos);
+    free(order);
+    free(scores);
+    free(swork);
+    free(rk);
+    return rc;
+}
+
+int kvp_train_validate(const kvp_trace *t, const kvp_agent_set *s, int cut, int n_sink,
+                       int n_recent, int threads, double *mean, double *per_agent,
+                       char *err, size_t errlen)
+{
+    int n_agents = s->n_layers * s->n_kv_heads, usable = 0;
+    if (cut < n_sink + n_recent + 2)
+        return KVP_ERR(-EINVAL, "validation cut %d leaves fewer than 2 rows to rank after %d sinks "
+                   "and %d recent rows", cut, n_sink, n_recent);
+    for (int seq = t->h.n_train; seq < t->h.n_seqs; seq++)
+        usable += kvp_trace_len(t, seq) > cut;
+    if (!usable)
+        return KVP_ERR(-EINVAL, "no validation sequence is longer than the validation cut %d", cut);
+    openblas_set_num_threads(1);   /* the parallelism is over agents */
+    double *pa = per_agent ? per_agent : malloc((size_t)n_agents * sizeof *pa);
+    if (!pa)
+        return KVP_ERR(-ENOMEM, "out of memory");
+    val_ctx c = {.t = t, .s = s, .cut = cut, .n_sink = n_sink, .n_recent = n_recent,
+                 .per_agent = pa};
+    int rc = pool_run(threads, n_agents, val_job, &c);
+    if (!rc) {
+        double sum = 0.0;
+        for (int a = 0; a < n_agents; a++)
+            sum += pa[a];
+        *mean = sum / n_agents;
+    }
+    if (pa != per_agent)
+        free(pa);
+    return rc ? KVP_ERR(rc, "out of memory") : 0;
+}
+
+/* ---- training ------------------------------------------------------------------------ */
+
+typedef struct agent_state {
+    float *w, *ema, *m, *v, *grad;
+    uint64_t rng;
+    float **imp;          /* [n_usable]: I(n) of every cut of a sequence, one block each,
+                             computed on first use */
+    double *step_cost;    /* [eval_every]: mean sampled C/C* of each step of a round */
+} agent_state;
+
+typedef struct worker {
+    kvp_agent_acts *acts;
+    float *k, *v, *scores, *dscores, *pl_grad, *imp_work, **cuts;
+    int32_t *pos, *sigma, *order;
+    double *pl_work, *reward;
+    float *adv;
+    kvp_rank_key *rank_work;
+} worker;
+
+typedef struct train_ctx {
+    const kvp_trace *t;
+    const kvp_agent_set *s;
+    const kvp_train_cfg *c;
+    agent_state *agents;
+    worker *workers;
+    int *usable;          /* training sequences long enough for the smallest cut */
+    int n_usable, n_grid;
+    long step0, step1;    /* the round being run */
+} train_ctx;
+
+typedef struct episode {
+    int off, m;           /* its ranked rows in the step's batch */
+    const float *imp;     /* their importance */
+} episode;
+
+static void worker_free(worker *w)
+{
+    kvp_agent_acts_free(w->acts);
+    free(w->k);
+    free(w->v);
+    free(w->scores);
+    free(w->dscores);
+    free(w->pl_grad);
+    free(w->imp_work);
+    free(w->cuts);
+    free(w->pos);
+    free(w->sigma);
+    free(w->order);
+    free(w->pl_work);
+    free(w->reward);
+    free(w->adv);
+    free(w->rank_work);
+}
+
+static int worker_init(worker *w, const kvp_agent_arch *a, int len, int n_grid,
+                       const kvp_train_cfg *c)
+{
+    size_t rows = (size_t)c->episodes * len, d = (size_t)a->d, nk = (size_t)c->episodes * c->samples;
+    *w = (worker){0};
+    w->acts = kvp_agent_acts_new(a, (int)rows);
+    w->k = malloc(rows * d * sizeof(float));
+    w->v = malloc(rows * d * sizeof(float));
+    w->scores = malloc(rows * sizeof(float));
+    w->dscores = malloc(rows * sizeof(float));
+    w->pl_grad = malloc((size_t)len * sizeof(float));
+    w->imp_work = malloc((size_t)(3 * len) * sizeof(float));
+    w->cuts = malloc((size_t)n_grid * sizeof(float *));
+    w->pos = malloc(rows * sizeof(int32_t));
+    w->sigma = malloc(nk * len * sizeof(int32_t));
+    w->order = malloc((size_t)len * sizeof(int32_t));
+    w->pl_work = malloc((size_t)len * sizeof(double));
+    w->reward = malloc(nk * sizeof(double));
+    w->adv = malloc(nk * sizeof(float));
+    w->rank_work = malloc((size_t)len * sizeof(kvp_rank_key));
+    if (!w->acts || !w->k || !w->v || !w->scores || !w->dscores || !w->pl_grad ||
+        !w->imp_work || !w->cuts || !w->pos || !w->sigma || !w->order || !w->pl_work || !w->reward ||
+        !w->adv || !w->rank_work) {
+        worker_free(w);
+        return -ENOMEM;
+    }
+    return 0;
+}
+
+/* The cut grid of a sequence of len tokens, and where cut g starts in its importance block
+ * (the cuts' I(n) one after the other). */
+static int n_cuts(const kvp_train_cfg *c, int len)
+{
+    return (len - c->cut_tail - c->cut_min) / c->cut_stride + 1;
+}
+
+static size_t cut_offset(const kvp_train_cfg *c, int g)
+{
+    return (size_t)g * c->cut_min + (size_t)c->cut_stride * g * (g - 1) / 2;
+}
+
+static int rand_below(uint64_t *rng, int n)
+{
+    int i = (int)(kvp_rand_f32(rng) * (float)n);
+    return i < n ? i : n - 1;
+}
+
+/* One optimiser step of agent a at step `step`. */
+static int train_step(train_ctx *x, worker *wk, int a, long step)
+{
+    const kvp_trace *t = x->t;
+    const kvp_train_cfg *c = x->c;
+    agent_state *st = &x->agents[a];
+    int layer = a / x->s->n_kv_heads, kvh = a % x->s->n_kv_heads, d = x->s->arch.d;
+    int len = t->h.seq_len, B = c->episodes, K = c->samples;
+    episode ep[B];
+    int rows = 0;
+    for (int e = 0; e < B; e++) {
+        int u = rand_below(&st->rng, x->n_usable), seq = x->usable[u];
+        int grid = n_cuts(c, kvp_trace_len(t, seq));
+        if (!st->imp[u]) {
+            if (!(st->imp[u] = malloc(cut_offset(c, grid) * sizeof(float))))
+                return -ENOMEM;
+            for (int g = 0; g < grid; g++)
+                wk->cuts[g] = st->imp[u] + cut_offset(c, g);
+            kvp_trace_importance_cuts(t, seq, layer, kvh, c->cut_min, c->cut_stride, grid,
+                                      wk->cuts, wk->imp_work);
+        }
+        int g = rand_below(&st->rng, grid), cut = c->cut_min + g * c->cut_stride;
+        int m = cut - c->n_sink - c->n_recent;
+        ep[e] = (episode){rows, m, st->imp[u] + cut_offset(c, g) + c->n_sink};
+        gather_rows(t, seq, layer, kvh, c->n_sink, m, wk->k + (size_t)rows * d,
+                    wk->v + (size_t)rows * d, wk->pos + rows);
+        rows += m;
+    }
+    kvp_agent_forward(wk->acts, st->w, wk->k, wk->v, wk->pos, rows, wk->scores);
+
+    double cost_sum = 0.0;
+    for (int e = 0; e < B; e++) {
+        double best = kvp_oracle_cost(ep[e].imp, ep[e].m, wk->order, wk->rank_work);
+        for (int j = 0; j < K; j++) {
+            int32_t *sg = wk->sigma + (size_t)(e * K + j) * len;
+            kvp_gumbel_rank(wk->scores + ep[e].off, ep[e].m, &st->rng, sg, wk->rank_work);
+            double r = kvp_rank_reward(kvp_rank_cost(ep[e].imp, sg, ep[e].m), best);
+            wk->reward[e * K + j] = r;
+            cost_sum -= r;
+        }
+    }
+    kvp_rloo_advantages(wk->reward, B, K, c->adv_clamp, wk->adv);
+
+    /* loss = -mean over samples of adv * log pi(sigma) */
+    memset(wk->dscores, 0, (size_t)rows * sizeof(float));
+    float scale = -1.0f / (float)(B * K);
+    for (int e = 0; e < B; e++)
+        for (int j = 0; j < K; j++) {
+            float adv = wk->adv[e * K + j];
+            if (adv == 0.0f)
+                continue;
+            kvp_pl_logprob(wk->scores + ep[e].off, wk->sigma + (size_t)(e * K + j) * len,
+                           ep[e].m, wk->pl_grad, wk->pl_work);
+            cblas_saxpy(ep[e].m, scale * adv, wk->pl_grad, 1, wk->dscores + ep[e].off, 1);
+        }
+    size_t np = x->s->n_params;
+    memset(st->grad, 0, np * sizeof(float));
+    kvp_agent_backward(wk->acts, st->w, wk->dscores, st->grad);
+    kvp_clip_grad_norm(st->grad, np, c->clip);
+    kvp_adamw_step(&c->adamw, kvp_train_lr(c, step), step + 1, st->w, st->grad, st->m, st->v, np);
+    kvp_ema_update(st->ema, st->w, np, c->ema);
+    st->step_cost[step - x->step0] = cost_sum / (B * K);
+    return 0;
+}
+
+static int train_job(void *arg, int worker_id, int a)
+{
+    train_ctx *x = arg;
+    for (long step = x->step0; step < x->step1; step++) {
+        int rc = train_step(x, &x->workers[worker_id], a, step);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+static void fmt_time(char *buf, size_t n, double s)
+{
+    long v = (long)(s + 0.5);
+    if (v >= 3600)
+        snprintf(buf, n, "%ldh%02ldm", v / 3600, v / 60 % 60);
+    else
+        snprintf(buf, n, "%ldm%02lds", v / 60, v % 60);
+}
+
+static int check_cfg(const kvp_train_cfg *c, char *err, size_t errlen)
+{
+    if (c->steps < 1 || c->threads < 1 || c->episodes < 1 || c->samples < 2 ||
+        c->eval_every < 1 || c->warmup < 0 || c->cut_stride < 1 || c->cut_tail < 1 ||
+        c->n_sink < 0 || c->n_recent < 0)
+        return KVP_ERR(-EINVAL, "bad training settings (steps, threads, episodes >= 1, samples >= 2, "
+                   "eval interval >= 1, cut stride and tail >= 1)");
+    if (!(c->lr > 0.0f) || !(c->lr_min >= 0.0f) || !(c->clip > 0.0f) ||
+        !(c->ema >= 0.0f && c->ema < 1.0f) || !(c->adv_clamp > 0.0f) ||
+        !(c->warmup_start >= 0.0f && c->warmup_start <= 1.0f))
+        return KVP_ERR(-EINVAL, "bad optimiser settings (lr > 0, lr_min >= 0, clip > 0, "
+                   "0 <= ema < 1, clamp > 0, 0 <= warm-up start <= 1)");
+    if (c->cut_min < c->n_sink + c->n_recent + 2)
+        return KVP_ERR(-EINVAL, "the smallest cut %d leaves fewer than 2 rows to rank after %d "
+                   "sinks and %d recent rows", c->cut_min, c->n_sink, c->n_recent);
+    return 0;
+}
+
+int kvp_train(const kvp_trace *t, kvp_agent_set *s, const kvp_train_cfg *c,
+              double *val_cost, char *err, size_t errlen)
+{
+    int rc = check_cfg(c, err, errlen);
+    if (rc)
+        return rc;
+    const kvp_trace_header *h = &t->h;
+    if (s->n_layers != h->n_layers || s->n_kv_heads != h->n_kv_heads || s->arch.d != h->head_dim)
+        return KVP_ERR(-EINVAL, "the policy is for %d layers x %d KV heads x head_dim %d, the trace "
+                   "for %d x %d x %d", s->n_layers, s->n_kv_heads, s->arch.d, h->n_layers,
+                   h->n_kv_heads, h->head_dim);
+    int n_agents = s->n_layers * s->n_kv_heads, len = h->seq_len;
+    int threads = c->threads < n_agents ? c->threads : n_agents;   /* a worker per thread */
+    size_t np = s->n_params;
+    train_ctx x = {.t = t, .s = s, .c = c};
+    x.n_grid = n_cuts(c, len);
+    x.usable = malloc((size_t)(h->n_train > 0 ? h->n_train : 1) * sizeof *x.usable);
+    if (!x.usable)
+        return KVP_ERR(-ENOMEM, "out of memory");
+    for (int seq = 0; seq < h->n_train; seq++)
+        if (kvp_trace_len(t, seq) >= c->cut_min + c->cut_tail)
+            x.usable[x.n_usable++] = seq;
+    if (!x.n_usable) {
+        free(x.usable);
+        return KVP_ERR(-EINVAL, "no training sequence has the %d tokens the smallest cut (%d) and "
+                   "the future (%d) need", c->cut_min + c->cut_tail, c->cut_min, c->cut_tail);
+    }
+    double val = 0.0;
+    kvp_agent_set view = *s;
+    float *ema_all = malloc((size_t)n_agents * np * sizeof(float));
+    x.agents = calloc((size_t)n_agents, sizeof *x.agents);
+    x.workers = calloc((size_t)threads, sizeof *x.workers);
+    int n_workers = 0;
+    if (!ema_all || !x.agents || !x.workers) {
+        rc = KVP_ERR(-ENOMEM, "out of memory");
+        goto out;
+    }
+    memcpy(ema_all, s->params, (size_t)n_agents * np * sizeof(float));
+    view.params = ema_all;
+    /* also checks the validation settings before any training time is spent */
+    if ((rc = kvp_train_validate(t, &view, c->val_cut, c->n_sink, c->n_recent, threads,
+                                 &val, NULL, err, errlen)))
+        goto out;
+    for (int a = 0; a < n_agents; a++) {
+        agent_state *st = &x.agents[a];
+        st->w = s->params + (size_t)a * np;
+        st->ema = ema_all + (size_t)a * np;
+        st->m = calloc(np, sizeof(float));
+        st->v = calloc(np, sizeof(float));
+        st->grad = malloc(np * sizeof(float));
+        st->imp = calloc((size_t)x.n_usable, sizeof *st->imp);
+        st->step_cost = malloc((size_t)c->eval_every * sizeof(double));
+        /* a per-agent stream: the agent's results do not depend on which thread runs it */
+        st->rng = (c->seed + 1) * 0x9E3779B97F4A7C15ull ^ (uint64_t)(a + 1) * 0xD1B54A32D192ED03ull;
+        st->rng = st->rng ? st->rng : 1;
+        for (int i = 0; i < 8; i++)
+            kvp_rand_f32(&st->rng);
+        if (!st->m || !st->v || !st->grad || !st->imp || !st->step_cost) {
+            rc = KVP_ERR(-ENOMEM, "out of memory");
+            goto out;
+        }
+    }
+    for (; n_workers < threads; n_workers++)
+        if (worker_init(&x.workers[n_workers], &s->arch, len, x.n_grid, c)) {
+            rc = KVP_ERR(-ENOMEM, "out of memory");
+            goto out;
+        }
+
+    double t0 = kvp_now();
+    if (c->log)
+        fprintf(c->log, "kvp train: %d agents x %zu parameters, %d training sequences, "
+                "%ld steps of %d episodes x %d rankings, %d threads; initial val C/C* %.3f\n",
+                n_agents, np, x.n_usable, c->steps, c->episodes, c->samples, threads, val);
+    if (c->curve)
+        fprintf(c->curve, "step,train_cost,val_cost,lr,elapsed_s\n");
+    for (long step0 = 0; step0 < c->steps; step0 += c->eval_every) {
+        x.step0 = step0;
+        x.step1 = step0 + c->eval_every < c->steps ? step0 + c->eval_every : c->steps;
+        if ((rc = pool_run(threads, n_agents, train_job, &x))) {
+            rc = KVP_ERR(rc, "out of memory");
+            goto out;
+        }
+        double train = 0.0;
+        for (int a = 0; a < n_agents; a++)
+            for (long i = 0; i < x.step1 - x.step0; i++)
+                train += x.agents[a].step_cost[i];
+        train /= (double)n_agents * (double)(x.step1 - x.step0);
+        if ((rc = kvp_train_validate(t, &view, c->val_cut, c->n_sink, c->n_recent, threads,
+                                     &val, NULL, err, errlen)))
+            goto out;
+        double el = kvp_now() - t0;
+        float lr = kvp_train_lr(c, x.step1 - 1);
+        if (c->curve) {
+            fprintf(c->curve, "%ld,%.5f,%.5f,%.4e,%.1f\n", x.step1, train, val, lr, el);
+            fflush(c->curve);
+        }
+        if (c->log) {
+            char e1[32], e2[32];
+            fmt_time(e1, sizeof e1, el);
+            fmt_time(e2, sizeof e2, el / (double)x.step1 * (double)(c->steps - x.step1));
+            fprintf(c->log, "kvp train: step %ld/%ld  train C/C* %.3f  val C/C* %.3f  lr %.2e  "
+                    "elapsed %s  left %s\n", x.step1, c->steps, train, val, lr, e1, e2);
+        }
+    }
+    memcpy(s->params, ema_all, (size_t)n_agents * np * sizeof(float));
+    if (val_cost)
+        *val_cost = val;
+out:
+    for (int w = 0; w < n_workers; w++)
+        worker_free(&x.workers[w]);
+    for (int a = 0; x.agents && a < n_agents; a++) {
+        agent_state *st = &x.agents[a];
+        for (int i = 0; st->imp && i < x.n_usable; i++)
+            free(st->imp[i]);
+        free(st->imp);
+        free(st->m);
+        free(st->v);
+        free(st->grad);
+        free(st->step_cost);
+    }
+    free(x.agents);
+    free(x.workers);
+    free(ema_all);
+    free(x.usable);
+    return rc;
+}

@@ -1,0 +1,633 @@
+/* The session hub: the front ends' requests (open, message, cancel, close), the workers'
+ * events back to the clients, and each session's lifecycle between them. */
+#include "sessions/hub.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/log.h"
+#include "sessions/hub_impl.h"
+#include "sessions/residency.h"
+
+/* ---- events to clients ---- */
+
+static void emit_error_retry(kvp_hub_client *c, const char *code, const char *msg, int retry)
+{
+    if (!c)
+        return;
+    kvp_hub_event ev = {.type = KVP_HUB_ERROR, .code = code, .text = msg, .len = strlen(msg),
+                        .retry_after_ms = retry};
+    c->sink(c->ctx, &ev);
+}
+
+static void emit_error(kvp_hub_client *c, const char *code, const char *msg)
+{
+    emit_error_retry(c, code, msg, 0);
+}
+
+/* overloaded, with a hint of when to try again. */
+static void overloaded(kvp_hub_client *c, const char *msg)
+{
+    emit_error_retry(c, KVPD_E_OVERLOADED, msg, kvp_hub_retry_hint_ms(c->hub));
+}
+
+static void emit_session(kvp_hub_client *c, int resumed)
+{
+    kvp_session *s = c->session;
+    /* The transcript belongs to the worker while a job runs: no history then. */
+    int idle = !kvp_session_busy(s);
+    kvp_hub_event ev = {.type = KVP_HUB_SESSION, .id = s->id, .resumed = resumed,
+                        .turns = s->turns, .history = idle ? s->msgs : NULL,
+                        .n_history = idle ? s->n_msgs : 0};
+    c->sink(c->ctx, &ev);
+}
+
+/* ---- attachment ---- */
+
+/* Nothing to keep: no turn ever ran and nothing is on disk. */
+static int never_used(const kvp_session *s)
+{
+    return !kvp_session_busy(s) && s->n_msgs == 0 && !s->has_snapshot && s->turns_done == 0;
+}
+
+static void remove_session(kvp_hub *h, kvp_session *s)
+{
+    if (s->client)
+        s->client->session = NULL;
+    kvp_session_remove(&h->sessions, s);
+}
+
+/* The client lets go of its session; one that was never used ends here (and no longer
+ * counts against its creator's sessions). */
+static void leave(kvp_hub_client *c)
+{
+    kvp_session *s = c->session;
+    if (!s)
+        return;
+    c->session = NULL;
+    if (s->client == c)
+        s->client = NULL;
+    s->last_active = kvp_now();
+    if (never_used(s)) {
+        if (s->creator == c->serial)
+            c->created--;
+        kvp_session_remove(&c->hub->sessions, s);
+    }
+}
+
+/* An idle session follows the newest client that names it; the previous one is told. */
+static void attach(kvp_hub_client *c, kvp_session *s)
+{
+    if (c->session == s)
+        return;
+    leave(c);
+    kvp_hub_client *old = s->client;
+    if (old && old != c) {
+        old->session = NULL;
+        emit_error(old, KVPD_E_UNKNOWN_SESSION,
+                   "another connection resumed this session; send hello to take it back");
+    }
+    s->client = c;
+    c->session = s;
+}
+
+static void submit(kvp_hub *h, kvp_session *s, enum kvp_session_state job, size_t reserve)
+{
+    s->reserve = reserve;
+    s->state = job;
+    h->jobs++;
+    kvpd_sched_submit(h->sched, s);
+}
+
+/* ---- requests ---- */
+
+kvp_hub_client *kvp_hub_client_new(kvp_hub *h, kvp_hub_sink sink, void *ctx)
+{
+    kvp_hub_client *c = calloc(1, sizeof *c);
+    if (c) {
+        c->hub = h;
+        c->sink = sink;
+        c->ctx = ctx;
+        c->serial = ++h->clients_made;
+    }
+    return c;
+}
+
+static int new_session(kvp_hub_client *c)
+{
+    kvp_hub *h = c->hub;
+    char err[256];
+    if (c->session && never_used(c->session))
+        leave(c);   /* its slot is free for the new one */
+    if (c->created >= h->cfg->max_sessions_per_client) {
+        snprintf(err, sizeof err, "a connection may start at most %d conversations; open a "
+                 "new connection", h->cfg->max_sessions_per_client);
+        emit_error(c, KVPD_E_OVERLOADED, err);
+        return -EBUSY;
+    }
+    size_t reserve;
+    int rc = kvp_hub_admit(h, NULL, 0, &reserve, err, sizeof err);
+    if (rc < 0) {
+        overloaded(c, err);
+        return rc;
+    }
+    kvp_session *s;
+    rc = kvp_session_create(&h->sessions, &h->env, h->pconf, NULL, kvp_now(), &s, err,
+                            sizeof err);
+    if (rc < 0) {
+        kvpd_log("error", "session: %s", err);
+        emit_error(c, KVPD_E_INTERNAL, err);
+        return rc;
+    }
+    c->created++;
+    s->creator = c->serial;
+    h->m->sessions_created++;
+    attach(c, s);
+    emit_session(c, 0);
+    return 0;
+}
+
+/* A parked session comes back under the policy in force (rebuilt from its transcript if
+ * its snapshot was made under another). */
+static int unpark(kvp_hub *h, kvp_session *s)
+{
+    if (s->pconf != h->pconf) {
+        kvp_policy_conf_unref(s->pconf);
+        s->pconf = kvp_policy_conf_ref(h->pconf);
+    }
+    return kvp_session_unpark(&h->sessions, s, &h->env);
+}
+
+/* open naming a session whose state is on disk: parked here, or from before a restart
+ * (s NULL). The snapshot is read on a worker; the session event follows the job. */
+static void open_from_disk(kvp_hub_client *c, kvp_session *s, const char *id)
+{
+    kvp_hub *h = c->hub;
+    char err[256];
+    size_t reserve;
+    if (kvp_hub_admit(h, s, 1, &reserve, err, sizeof err) < 0) {
+        overloaded(c, err);
+        return;
+    }
+    if (!s) {
+        if (kvp_session_create(&h->sessions, &h->env, h->pconf, id, kvp_now(), &s, err,
+                               sizeof err) < 0) {
+            kvpd_log("error", "session: %s", err);
+            emit_error(c, KVPD_E_INTERNAL, err);
+            return;
+        }
+        s->need_restore = 1;   /* has_snapshot stays 0 until the load finds one */
+    } else if (unpark(h, s) < 0) {
+        emit_error(c, KVPD_E_INTERNAL, "out of memory");
+        return;
+    }
+    attach(c, s);
+    s->last_active = kvp_now();
+    if (!s->need_restore) {   /* parked with nothing to keep: nothing to read */
+        emit_session(c, 1);
+        return;
+    }
+    submit(h, s, KVP_SESSION_LOAD, reserve);
+}
+
+void kvp_hub_open(kvp_hub_client *c, const char *id)
+{
+    kvp_hub *h = c->hub;
+    kvp_session *cur = c->session;
+    if (h->draining) {
+        emit_error(c, KVPD_E_OVERLOADED, "the daemon is shutting down");
+        return;
+    }
+    if (cur && kvp_session_busy(cur)) {
+        emit_error(c, KVPD_E_BUSY, cur->state == KVP_SESSION_LOAD
+                   ? "this connection's session is being loaded from disk; its session frame follows"
+                   : "a turn is running on this connection's session");
+        return;
+    }
+    if (!id || !id[0]) {
+        new_session(c);
+        return;
+    }
+    kvp_session *s = kvp_session_find(&h->sessions, id);
+    if (s && s->client && s->client != c && kvp_session_busy(s)) {
+        /* The connection whose job runs keeps the session and gets its answer. */
+        emit_error(c, KVPD_E_BUSY, s->state == KVP_SESSION_LOAD
+                   ? "the session is being loaded from disk for another connection; try again"
+                   : "the session is in use by another connection (a turn is running); "
+                     "try again after it ends");
+        return;
+    }
+    if (s && s->state == KVP_SESSION_LOAD) {   /* its loader left: the answer comes here */
+        attach(c, s);
+        return;
+    }
+    if ((s && s->state == KVP_SESSION_PARKED) || (!s && h->env.state_dir[0])) {
+        open_from_disk(c, s, id);
+        return;
+    }
+    if (!s) {
+        emit_error(c, KVPD_E_UNKNOWN_SESSION, "no such session (expired or never existed)");
+        return;
+    }
+    s->last_active = kvp_now();
+    attach(c, s);
+    emit_session(c, 1);
+}
+
+void kvp_hub_message(kvp_hub_client *c, const char *text, size_t len, int max_tokens,
+                     int has_temperature, float temperature)
+{
+    kvp_hub *h = c->hub;
+    if (h->draining) {
+        emit_error(c, KVPD_E_OVERLOADED, "the daemon is shutting down");
+        return;
+    }
+    if (!c->session && new_session(c) < 0)
+        return;
+    kvp_session *s = c->session;
+    if (kvp_session_busy(s)) {
+        emit_error(c, KVPD_E_BUSY, s->state == KVP_SESSION_LOAD
+                   ? "the session is being loaded from disk; wait for its session frame"
+                   : "a turn is already running; wait for done or cancel it");
+        return;
+    }
+    char err[256];
+    size_t reserve;
+    if (kvp_hub_admit(h, s, 1, &reserve, err, sizeof err) < 0) {
+        overloaded(c, err);
+        return;
+    }
+    /* Parked: it comes back transparently, its snapshot read by the turn's worker. */
+    if (s->state == KVP_SESSION_PARKED && unpark(h, s) < 0) {
+        emit_error(c, KVPD_E_INTERNAL, "out of memory");
+        return;
+    }
+    double now = kvp_now();
+    if (kvp_session_begin_turn(s, text, len, max_tokens ? max_tokens : h->cfg->max_tokens,
+                               has_temperature ? temperature : h->cfg->temperature,
+                               h->cfg->budget, now) < 0) {
+        emit_error(c, KVPD_E_INTERNAL, "out of memory");
+        return;
+    }
+    s->last_active = now;
+    s->owner = c;
+    submit(h, s, KVP_SESSION_TURN, reserve);
+}
+
+void kvp_hub_cancel(kvp_hub_client *c)
+{
+    /* Answered by the turn's done (stop "cancel"); a no-op when idle. */
+    kvp_session *s = c->session;
+    if (s && s->state == KVP_SESSION_TURN && s->owner == c)
+        atomic_store(&s->turn.cancel, 1);
+}
+
+void kvp_hub_close(kvp_hub_client *c)
+{
+    kvp_session *s = c->session;
+    if (s && s->owner == c) {
+        /* Nobody is listening: stop generating; the partial reply stays. */
+        s->owner = NULL;
+        atomic_store(&s->turn.cancel, 1);
+    }
+    leave(c);
+    free(c);
+}
+
+/* ---- worker events ---- */
+
+/* A job's final event: the loop owns the whole session again and takes in what the
+ * worker left (restored counters, the snapshot's fate, the cache's size). Returns the
+ * client the job answers (the turn's owner, or the attached client for a load). */
+static kvp_hub_client *job_ended(kvp_hub *h, kvp_session *s)
+{
+    kvpd_metrics *m = h->m;
+    kvp_hub_client *to = s->state == KVP_SESSION_TURN ? s->owner : s->client;
+    h->jobs--;
+    s->state = KVP_SESSION_IDLE;
+    s->owner = NULL;
+    s->reserve = 0;
+    s->last_active = kvp_now();
+    if (s->restored.pending) {
+        s->restored.pending = 0;
+        m->unparks++;
+        if (s->restored.rebuilt) {
+            m->rebuilds++;
+            kvpd_log("info", "session %.8s: rebuilt from its transcript: %s", s->id,
+                     s->restored.note);
+        }
+    }
+    if (s->save_rc < 0) {
+        m->snapshot_failures++;
+        s->save_failed = 1;
+        kvpd_log("warning", "session %.8s: %s", s->id, s->save_err);
+    } else if (s->save_rc > 0) {
+        m->snapshots_written++;
+        s->save_failed = 0;
+    }
+    s->save_rc = 0;
+    s->turns = s->turns_done;
+    s->evicted_rows = s->cache.evicted_rows;
+    s->rows_max = kvp_cache_max_rows(&s->cache);
+    s->bytes = kvp_cache_bytes(&s->cache);
+    return to;
+}
+
+/* The session's snapshot was missing or bad when it was needed: it is gone (or, for an
+ * open naming an id with no snapshot, it never was). */
+static void lose(kvp_hub *h, kvp_session *s, kvp_hub_client *to, int code, const char *why)
+{
+    if (s->has_snapshot || code == -EBADMSG) {
+        h->m->sessions_lost++;
+        kvpd_log("warning", "session %.8s lost: %s", s->id, why);
+    }
+    emit_error(to, KVPD_E_UNKNOWN_SESSION, code == -EBADMSG
+               ? "the session's snapshot was damaged; it was moved aside"
+               : "no such session (expired or never existed)");
+    remove_session(h, s);
+}
+
+/* A restore that failed for a reason that may pass (I/O, memory): parked again (or let
+ * go, when the session was never in memory). */
+static void restore_failed(kvp_hub *h, kvp_session *s, kvp_hub_client *to, const char *why)
+{
+    kvpd_log("warning", "session %.8s: %s", s->id, why);
+    emit_error(to, KVPD_E_INTERNAL, "the session could not be loaded; try again");
+    if (!s->has_snapshot)
+        remove_session(h, s);
+    else
+        kvp_session_park(&h->sessions, s);
+}
+
+static void on_job(kvp_hub *h, kvp_session *s, const kvpd_event *ev)
+{
+    int was_load = s->state == KVP_SESSION_LOAD;
+    kvp_hub_client *to = job_ended(h, s);
+    if (was_load && ev->code < 0 && s->lost) {
+        lose(h, s, to, ev->code, ev->text);
+    } else if (was_load && ev->code < 0) {
+        restore_failed(h, s, to, ev->text);
+    } else if (was_load) {
+        kvpd_log("info", "session %.8s: loaded from its snapshot (%d turns)", s->id, s->turns);
+        if (to)
+            emit_session(to, 1);
+    } else {   /* a save job (shutdown): its outcome decides the session's durability */
+        s->save_failed = ev->code < 0;
+        if (ev->code < 0)
+            kvpd_log("warning", "session %.8s: %s", s->id, ev->text);
+    }
+}
+
+static const char *error_code(int rc)
+{
+    return rc == -E2BIG ? KVPD_E_TOO_LARGE : KVPD_E_INTERNAL;
+}
+
+static void on_event(void *ctx, const kvpd_event *ev)
+{
+    kvp_hub *h = ctx;
+    kvp_session *s = ev->session;
+    kvpd_metrics *m = h->m;
+    switch (ev->type) {
+    case KVPD_EV_TOKEN:
+        if (s->owner) {
+            kvp_hub_event e = {.type = KVP_HUB_TOKEN, .text = ev->text, .len = ev->len};
+            s->owner->sink(s->owner->ctx, &e);
+        }
+        return;
+    case KVPD_EV_JOB:
+        on_job(h, s, ev);
+        return;
+    case KVPD_EV_DONE: {
+        const kvp_turn_stats *st = &ev->stats;
+        if (st->cache_bytes_max > s->reserve) {
+            m->reserve_overruns++;
+            kvpd_log("error", "session %.8s: its cache reached %zu bytes, over the %zu reserved",
+                     s->id, st->cache_bytes_max, s->reserve);
+        }
+        kvp_hub_client *to = job_ended(h, s);
+        m->turns++;
+        if (!strcmp(st->stop, "cancel"))
+            m->turns_cancelled++;
+        m->prompt_tokens += (uint64_t)st->prompt_tokens;
+        m->prefilled_tokens += (uint64_t)st->prefilled_tokens;
+        m->generated_tokens += (uint64_t)st->generated_tokens;
+        m->evicted_rows += st->evicted_rows;
+        kvpd_hist_observe(&m->ttft, st->ttft_ms / 1e3);
+        kvpd_hist_observe(&m->turn_duration, st->duration_ms / 1e3);
+        if (to) {
+            kvp_hub_event e = {.type = KVP_HUB_DONE, .text = ev->text, .len = ev->len,
+                               .stats = st, .durable = h->env.state_dir[0] ? !s->save_failed : -1,
+                               .durable_error = s->save_err};
+            to->sink(to->ctx, &e);
+        }
+        return;
+    }
+    case KVPD_EV_ERROR: {
+        kvp_hub_client *to = job_ended(h, s);
+        if (s->need_restore) {   /* the turn could not get the session back from disk */
+            if (s->lost)
+                lose(h, s, to, ev->code, ev->text);
+            else
+                restore_failed(h, s, to, ev->text);
+            return;
+        }
+        m->turns_failed++;
+        kvpd_log("warning", "session %.8s: %s", s->id, ev->text);
+        emit_error(to, error_code(ev->code), ev->text);
+        return;
+    }
+    }
+}
+
+/* ---- the daemon's side ---- */
+
+int kvp_hub_start(kvp_hub **out, const kvp_hub_params *p, char *err, size_t errlen)
+{
+    kvp_hub *h = calloc(1, sizeof *h);
+    *out = h;
+    if (!h) {
+        snprintf(err, errlen, "out of memory");
+        return -ENOMEM;
+    }
+    h->loop = p->loop;
+    h->cfg = p->cfg;
+    h->m = p->metrics;
+    h->env.model = p->model;
+    h->env.chunk = p->chunk;
+    h->env.reuse_cache = p->reuse_cache;
+    h->env.top_p = p->top_p;
+    h->env.seed = p->seed;
+    h->env.state_dir = p->state_dir;
+    h->workers = p->workers;
+    h->pconf = kvp_policy_conf_ref(p->policy);
+    h->row_bytes = kvp_cache_row_bytes(&p->model->cfg);
+    char note[256];
+    int rc = kvp_template_init(&h->env.tpl, p->model, p->chat_template, note, sizeof note);
+    if (rc < 0) {
+        snprintf(err, errlen, "%s", note);
+        return rc;
+    }
+    if (rc > 0)
+        kvpd_log("warning", "chat template: %s", note);
+    rc = kvp_session_table_init(&h->sessions);
+    if (rc < 0) {
+        snprintf(err, errlen, "out of memory");
+        return rc;
+    }
+    return kvpd_sched_start(&h->sched, h->loop, p->workers, &h->env, kvp_turn_step, on_event,
+                            h, err, errlen);
+}
+
+void kvp_hub_set_policy(kvp_hub *h, kvp_policy_conf *pc)
+{
+    kvp_policy_conf_unref(h->pconf);
+    h->pconf = kvp_policy_conf_ref(pc);
+}
+
+void kvp_hub_expire(kvp_hub *h, double now)
+{
+    double timeout = h->cfg->idle_timeout_s;
+    kvp_session *s = h->sessions.head;
+    while (s) {
+        kvp_session *next = s->next;
+        double idle = now - s->last_active;
+        if (kvp_session_busy(s)) {
+            /* its job's end decides */
+        } else if (!s->client && never_used(s)) {
+            kvp_session_remove(&h->sessions, s);
+        } else if (h->env.state_dir[0]) {
+            /* With a state directory nothing is dropped: idle sessions are parked (if
+             * their snapshot is up to date), and parked ones nobody is attached to are
+             * let go from memory after another timeout (open loads them again). */
+            if (s->state == KVP_SESSION_IDLE && idle > timeout && kvp_session_parkable(s)) {
+                kvp_hub_park(h, s);
+            } else if (s->state == KVP_SESSION_PARKED && !s->client && idle > 2 * timeout) {
+                h->m->sessions_forgotten++;
+                kvp_session_remove(&h->sessions, s);
+            }
+        } else if (idle > timeout) {
+            emit_error(s->client, KVPD_E_UNKNOWN_SESSION,
+                       "session expired after the idle timeout");
+            h->m->sessions_expired++;
+            remove_session(h, s);
+        }
+        s = next;
+    }
+}
+
+int kvp_hub_drain(kvp_hub *h)
+{
+    h->draining = 1;
+    for (kvp_session *s = h->sessions.resident_head; s; s = s->rnext)
+        if (s->state == KVP_SESSION_TURN)
+            atomic_store(&s->turn.cancel, 1);
+    return h->jobs;
+}
+
+int kvp_hub_unsaved(const kvp_hub *h)
+{
+    /* Only resident sessions: one whose write failed is never parked. */
+    int n = 0;
+    for (const kvp_session *s = h->sessions.resident_head; s; s = s->rnext)
+        n += s->save_failed;
+    return n;
+}
+
+int kvp_hub_jobs(const kvp_hub *h)
+{
+    return h->jobs;
+}
+
+int kvp_hub_save_unsaved(kvp_hub *h)
+{
+    int n = 0;
+    if (!h->env.state_dir[0])
+        return 0;
+    for (kvp_session *s = h->sessions.resident_head; s; s = s->rnext)
+        if (s->state == KVP_SESSION_IDLE && !s->saved && (s->n_msgs > 0 || s->has_snapshot)) {
+            kvp_session_begin_job(s);
+            submit(h, s, KVP_SESSION_SAVE, 0);
+            n++;
+        }
+    return n;
+}
+
+void kvp_hub_stop(kvp_hub *h)
+{
+    if (h && h->sched)
+        kvpd_sched_stop(h->sched);
+}
+
+void kvp_hub_free(kvp_hub *h)
+{
+    if (!h)
+        return;
+    if (h->sched)
+        kvpd_sched_free(h->sched);
+    /* Clients outlive the hub only in their front end's memory: cut their links. */
+    for (kvp_session *s = h->sessions.head; s; s = s->next)
+        if (s->client)
+            s->client->session = NULL;
+    kvp_session_table_clear(&h->sessions);
+    kvp_policy_conf_unref(h->pconf);
+    free(h);
+}
+
+/* ---- what the endpoints show ---- */
+
+int kvp_hub_retry_hint_ms(const kvp_hub *h)
+{
+    /* About one turn's time: a running turn should have ended by then. */
+    const kvpd_hist *t = &h->m->turn_duration;
+    double ms = t->count ? t->sum / (double)t->count * 1e3 : 100;
+    return ms < 50 ? 50 : ms > 5000 ? 5000 : (int)ms;
+}
+
+void kvp_hub_info_get(kvp_hub *h, kvp_hub_info *o)
+{
+    const kvp_model *md = h->env.model;
+    memset(o, 0, sizeof *o);
+    o->model_name = md->name;
+    o->chat_format = kvp_template_name(h->env.tpl.format);
+    o->policy = h->pconf->name;
+    o->policy_file = h->pconf->file;
+    o->state_dir = h->env.state_dir;
+    o->layers = md->cfg.n_layers;
+    o->kv_heads = md->cfg.n_kv_heads;
+    o->head_dim = md->cfg.head_dim;
+    o->context = md->cfg.seq_len;
+    o->chunk = h->env.chunk;
+    o->workers = h->workers;
+    for (kvp_session *s = h->sessions.resident_head; s; s = s->rnext) {
+        o->turns_running += kvp_session_busy(s);
+        if (s->bytes > o->cache_bytes_max_session)
+            o->cache_bytes_max_session = s->bytes;
+    }
+    o->sessions_resident = h->sessions.resident;
+    o->sessions_parked = h->sessions.count - h->sessions.resident;
+    o->sessions_total = h->sessions.created_total;
+    o->cache_bytes_accounted = kvp_hub_accounted_bytes(h, &o->cache_bytes_total);
+    o->turn_reserve_bytes = kvp_hub_turn_bytes(h);
+    o->queue_depth = kvpd_sched_depth(h->sched);
+}
+
+int kvp_hub_list(kvp_hub *h, int offset, int limit,
+                 void (*fn)(void *ctx, const kvp_hub_session_info *si), void *ctx)
+{
+    double now = kvp_now();
+    int i = 0;
+    for (kvp_session *s = h->sessions.head; s && i < offset + limit; s = s->next, i++) {
+        if (i < offset)
+            continue;
+        kvp_hub_session_info si = {
+            .id = s->id, .policy = s->pconf->name, .turns = s->turns, .rows = s->rows_max,
+            .busy = kvp_session_busy(s), .parked = s->state == KVP_SESSION_PARKED,
+            .connected = s->client != NULL, .bytes = s->bytes, .evicted_rows = s->evicted_rows,
+            .last_active_s_ago = now - s->last_active, .age_s = now - s->created};
+        fn(ctx, &si);
+    }
+    return h->sessions.count;
+}

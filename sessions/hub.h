@@ -1,0 +1,182 @@
+/* The session hub: the one API every front end (the websocket today; an HTTP API or a
+ * batching scheduler tomorrow) calls to run conversations. A front end makes one client
+ * per connection and calls open (hello: a new session, or resume one by id), message,
+ * cancel and close; the hub answers through the client's sink with events: session,
+ * token, done, error. Admission (max_sessions, the memory cap), parking, residency,
+ * persistence and the scheduling of turns on workers all live behind it. Loop thread
+ * only.
+ *
+ * Attachment rule (docs/protocol.md): a session is attached to at most one client.
+ *   - open naming a session attached to another client: while that session has a job in
+ *     flight (a turn, or its snapshot being read), the new client gets `busy` and the
+ *     first one keeps the session and gets the job's answer (the turn's `done`); while it
+ *     is idle, the newest client takes it and the previous one gets `unknown_session`
+ *     (its next message starts a new session);
+ *   - the events of a turn go to the client that started it; a client that closes
+ *     cancels its session's running turn;
+ *   - a session that never ran a turn ends as soon as its client leaves it (open of
+ *     another session, or close); a client may start at most max_sessions_per_client
+ *     sessions that hold a conversation (the ones that ended unused do not count). */
+#ifndef KVP_HUB_H
+#define KVP_HUB_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "sessions/metrics.h"
+
+#define KVP_SESSION_ID_LEN 32
+
+/* Error codes of error events (the protocol's, docs/protocol.md). */
+#define KVPD_E_BAD_JSON "bad_json"
+#define KVPD_E_BAD_REQUEST "bad_request"
+#define KVPD_E_BUSY "busy"
+#define KVPD_E_TOO_LARGE "too_large"
+#define KVPD_E_UNKNOWN_SESSION "unknown_session"
+#define KVPD_E_OVERLOADED "overloaded"
+#define KVPD_E_INTERNAL "internal"
+
+/* One message of a transcript. */
+typedef struct kvp_message {
+    int user;                /* 1 user, 0 assistant */
+    char *text;              /* valid UTF-8, NUL-terminated, but may hold NULs: use len */
+    size_t len;
+} kvp_message;
+
+typedef struct kvp_turn_stats {
+    int prompt_tokens;       /* new tokens of this turn (template + message + leftovers),
+                              * the whole transcript after a rebuild */
+    int prefilled_tokens;    /* tokens run through the model in prefill this turn */
+    int generated_tokens;
+    int transcript_tokens;   /* whole conversation so far */
+    int cache_rows_max;      /* largest head, peak over the turn's units */
+    int cache_rows;          /* largest head after the turn-boundary eviction */
+    size_t cache_bytes;
+    size_t cache_bytes_max;  /* peak over the turn's units (memory accounting) */
+    uint64_t evicted_rows;   /* this turn */
+    uint64_t evicted_total;  /* the session's lifetime */
+    double ttft_ms, duration_ms, tokens_per_s;
+    const char *stop;        /* "eos", "length", "cancel" */
+} kvp_turn_stats;
+
+enum kvp_hub_event_type { KVP_HUB_SESSION, KVP_HUB_TOKEN, KVP_HUB_DONE, KVP_HUB_ERROR };
+
+/* Valid during the sink call only. */
+typedef struct kvp_hub_event {
+    enum kvp_hub_event_type type;
+    /* SESSION */
+    const char *id;
+    int resumed, turns;
+    const kvp_message *history;   /* the transcript (none while a turn runs) */
+    int n_history;
+    /* TOKEN: the text; DONE: the whole reply; ERROR: the message */
+    const char *text;
+    size_t len;
+    const kvp_turn_stats *stats;  /* DONE */
+    int durable;                  /* DONE: 1 the turn is on disk, 0 its snapshot failed
+                                   * (durable_error says why), -1 no state directory */
+    const char *durable_error;
+    const char *code;             /* ERROR: one of KVPD_E_* */
+    int retry_after_ms;           /* ERROR: > 0 when trying again later may work */
+} kvp_hub_event;
+
+typedef void (*kvp_hub_sink)(void *ctx, const kvp_hub_event *ev);
+
+/* Limits and defaults the hub reads on every call (the daemon changes them on SIGHUP). */
+typedef struct kvp_hub_config {
+    int budget;                   /* KV rows per head (0: unbounded) */
+    int max_tokens;               /* per reply: the default and the cap */
+    float temperature;            /* when a message gives none */
+    int max_sessions;             /* resident sessions */
+    uint64_t max_cache_bytes;     /* KV cache bytes of resident sessions (0: no cap) */
+    int idle_timeout_s;
+    int max_sessions_per_client;  /* started and not ended unused */
+} kvp_hub_config;
+
+typedef struct kvp_hub kvp_hub;
+typedef struct kvp_hub_client kvp_hub_client;
+
+/* A front end's connection. NULL when out of memory. */
+kvp_hub_client *kvp_hub_client_new(kvp_hub *h, kvp_hub_sink sink, void *ctx);
+/* hello: id NULL or "" starts a new session; else resumes it (from memory or disk). */
+void kvp_hub_open(kvp_hub_client *c, const char *id);
+/* A user message: starts a session first when the client has none. max_tokens 0 and
+ * !has_temperature take the configured defaults. */
+void kvp_hub_message(kvp_hub_client *c, const char *text, size_t len, int max_tokens,
+                     int has_temperature, float temperature);
+/* Asks the client's running turn to stop (it ends with done, stop "cancel"). */
+void kvp_hub_cancel(kvp_hub_client *c);
+/* The connection is gone: detaches it from its session (whose turn is cancelled), and
+ * frees the client. No event is sent to it afterwards. */
+void kvp_hub_close(kvp_hub_client *c);
+
+/* What /metrics and /admin/stats show. */
+typedef struct kvp_hub_info {
+    const char *model_name, *chat_format, *policy, *policy_file, *state_dir;
+    int layers, kv_heads, head_dim, context, chunk, workers;
+    int sessions_resident, sessions_parked, turns_running, queue_depth;
+    uint64_t sessions_total;      /* ever created */
+    size_t cache_bytes_total, cache_bytes_max_session, cache_bytes_accounted;
+    size_t turn_reserve_bytes;
+} kvp_hub_info;
+
+typedef struct kvp_hub_session_info {
+    const char *id, *policy;
+    int turns, rows, busy, parked, connected;
+    size_t bytes;
+    uint64_t evicted_rows;
+    double last_active_s_ago, age_s;
+} kvp_hub_session_info;
+
+void kvp_hub_info_get(kvp_hub *h, kvp_hub_info *out);
+/* Calls fn for at most `limit` sessions from the offset-th (in creation order); returns
+ * the number of sessions in all. */
+int kvp_hub_list(kvp_hub *h, int offset, int limit,
+                 void (*fn)(void *ctx, const kvp_hub_session_info *si), void *ctx);
+/* Milliseconds a refused client should wait before trying again. */
+int kvp_hub_retry_hint_ms(const kvp_hub *h);
+
+/* ---- for the daemon that runs the hub ---- */
+
+struct uv_loop_s;
+struct kvp_model;
+struct kvp_policy_conf;
+
+typedef struct kvp_hub_params {
+    struct uv_loop_s *loop;
+    const struct kvp_model *model;
+    const kvp_hub_config *cfg;    /* read live; owned by the caller */
+    kvpd_metrics *metrics;        /* counters the hub adds to; owned by the caller */
+    struct kvp_policy_conf *policy;   /* the policy of new sessions (a reference is taken) */
+    const char *state_dir;        /* "" = no snapshots, no parking */
+    int chunk, workers, reuse_cache;
+    float top_p;
+    uint64_t seed;
+    const char *chat_template;    /* family name (config chat_template); NULL/"" = detect */
+} kvp_hub_params;
+
+/* Starts the workers. On failure *out may be set: stop and free it as below. */
+int kvp_hub_start(kvp_hub **out, const kvp_hub_params *p, char *err, size_t errlen);
+/* New sessions, and sessions coming back from disk, take pc (a reference is taken). */
+void kvp_hub_set_policy(kvp_hub *h, struct kvp_policy_conf *pc);
+/* The idle timeout (call about once a second): with a state directory, parks idle
+ * sessions and lets go of parked ones nobody is attached to after another timeout;
+ * without one, drops idle sessions (telling an attached client). */
+void kvp_hub_expire(kvp_hub *h, double now);
+/* Shutdown: new sessions and turns are refused, running turns are asked to stop.
+ * Returns the jobs still running. */
+int kvp_hub_drain(kvp_hub *h);
+/* Sessions whose last snapshot write failed (turns a client saw that are not on disk):
+ * the daemon reports itself degraded and exits non-zero while any remain. */
+int kvp_hub_unsaved(const kvp_hub *h);
+/* Jobs (turns, snapshot loads and saves) in flight. */
+int kvp_hub_jobs(const kvp_hub *h);
+/* Queues one more snapshot write for every session whose last one failed; returns how
+ * many. */
+int kvp_hub_save_unsaved(kvp_hub *h);
+/* Joins the workers (queued jobs are abandoned); the loop must run to close the
+ * scheduler's handle before kvp_hub_free. */
+void kvp_hub_stop(kvp_hub *h);
+void kvp_hub_free(kvp_hub *h);
+
+#endif

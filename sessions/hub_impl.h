@@ -1,0 +1,36 @@
+/* The hub's state, shared by the files of the hub (hub.c, residency.c); private to
+ * sessions/. */
+#ifndef KVP_HUB_IMPL_H
+#define KVP_HUB_IMPL_H
+
+#include <uv.h>
+
+#include "sessions/hub.h"
+#include "sessions/scheduler.h"
+#include "sessions/session.h"
+
+struct kvp_hub {
+    uv_loop_t *loop;
+    const kvp_hub_config *cfg;
+    kvpd_metrics *m;
+    kvp_session_env env;
+    kvp_policy_conf *pconf;          /* the policy of new sessions */
+    kvp_session_table sessions;
+    kvpd_sched *sched;
+    size_t row_bytes;                /* cache bytes per row per head */
+    int workers;
+    int draining;
+    int jobs;                        /* sessions with a job in flight */
+    uint64_t clients_made;           /* serial numbers of clients */
+};
+
+struct kvp_hub_client {
+    kvp_hub *hub;
+    kvp_hub_sink sink;
+    void *ctx;
+    kvp_session *session;            /* attached (s->client == this) */
+    uint64_t serial;                 /* the session it starts carry it (creator) */
+    int created;                     /* sessions it started that still hold a conversation */
+};
+
+#endif

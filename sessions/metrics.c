@@ -1,0 +1,153 @@
+/* Prometheus text exposition format 0.0.4: HELP and TYPE before each family, counters
+ * end in _total, histograms have cumulative _bucket{le} series plus _sum and _count. */
+#include "sessions/metrics.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sessions/hub.h"
+
+/* Seconds. Time to first token is milliseconds on a small model and seconds on a big
+ * one under load; a whole turn is longer. */
+static const double ttft_bounds[KVPD_HIST_BUCKETS - 1] = {
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5};
+static const double turn_bounds[KVPD_HIST_BUCKETS - 1] = {
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10, 60};
+
+void kvpd_metrics_init(kvpd_metrics *m)
+{
+    memset(m, 0, sizeof *m);
+    m->ttft.bounds = ttft_bounds;
+    m->turn_duration.bounds = turn_bounds;
+}
+
+void kvpd_hist_observe(kvpd_hist *h, double v)
+{
+    int i = 0;
+    while (i < KVPD_HIST_BUCKETS - 1 && v > h->bounds[i])
+        i++;
+    h->counts[i]++;
+    h->count++;
+    h->sum += v;
+}
+
+static const char *err_codes[KVPD_ERR_KINDS] = {
+    KVPD_E_BAD_JSON, KVPD_E_BAD_REQUEST, KVPD_E_BUSY, KVPD_E_TOO_LARGE,
+    KVPD_E_UNKNOWN_SESSION, KVPD_E_OVERLOADED, KVPD_E_INTERNAL};
+
+enum kvpd_err_kind kvpd_err_kind_of(const char *code)
+{
+    for (int i = 0; i < KVPD_ERR_KINDS; i++)
+        if (!strcmp(code, err_codes[i]))
+            return (enum kvpd_err_kind)i;
+    return KVPD_ERR_INTERNAL;
+}
+
+static void family(FILE *f, const char *name, const char *type, const char *help)
+{
+    fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static void counter(FILE *f, const char *name, const char *help, uint64_t v)
+{
+    family(f, name, "counter", help);
+    fprintf(f, "%s %llu\n", name, (unsigned long long)v);
+}
+
+static void gauge(FILE *f, const char *name, const char *help, double v)
+{
+    family(f, name, "gauge", help);
+    fprintf(f, "%s %.17g\n", name, v);
+}
+
+static void histogram(FILE *f, const char *name, const char *help, const kvpd_hist *h)
+{
+    family(f, name, "histogram", help);
+    uint64_t cum = 0;
+    for (int i = 0; i < KVPD_HIST_BUCKETS - 1; i++) {
+        cum += h->counts[i];
+        fprintf(f, "%s_bucket{le=\"%g\"} %llu\n", name, h->bounds[i], (unsigned long long)cum);
+    }
+    fprintf(f, "%s_bucket{le=\"+Inf\"} %llu\n", name, (unsigned long long)h->count);
+    fprintf(f, "%s_sum %.17g\n%s_count %llu\n", name, h->sum, name,
+            (unsigned long long)h->count);
+}
+
+char *kvpd_metrics_render(const kvpd_metrics *m, const kvpd_gauges *g, size_t *len)
+{
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&buf, &n);
+    if (!f)
+        return NULL;
+    gauge(f, "kvpd_up", "1 once the model is loaded and turns are served", g->ready);
+    gauge(f, "kvpd_uptime_seconds", "Seconds since the daemon started", g->uptime_s);
+    gauge(f, "kvpd_sessions", "Sessions resident in memory", g->sessions_active);
+    gauge(f, "kvpd_sessions_resident", "Sessions resident in memory (cache and transcript)",
+          g->sessions_active);
+    gauge(f, "kvpd_sessions_parked", "Sessions parked to the state directory, known in memory",
+          g->sessions_parked);
+    gauge(f, "kvpd_turns_running", "Turns queued or on a worker", g->turns_running);
+    gauge(f, "kvpd_queue_depth", "Turns waiting for a worker", g->queue_depth);
+    gauge(f, "kvpd_cache_bytes", "KV cache bytes held by all sessions (at turn ends)",
+          (double)g->cache_bytes_total);
+    gauge(f, "kvpd_cache_bytes_max_session", "KV cache bytes of the largest session",
+          (double)g->cache_bytes_max_session);
+    gauge(f, "kvpd_cache_bytes_accounted",
+          "KV cache bytes the memory cap counts (idle caches plus running turns' reservations)",
+          (double)g->cache_bytes_accounted);
+    gauge(f, "kvpd_cache_bytes_cap", "max_cache_bytes (0: no cap)", (double)g->cache_bytes_cap);
+    gauge(f, "kvpd_turn_reserve_bytes", "KV cache bytes reserved for one turn",
+          (double)g->turn_reserve_bytes);
+    counter(f, "kvpd_sessions_created_total", "Sessions created", m->sessions_created);
+    counter(f, "kvpd_sessions_expired_total", "Sessions dropped after the idle timeout",
+            m->sessions_expired);
+    counter(f, "kvpd_sessions_forgotten_total",
+            "Parked sessions let go from memory after another idle timeout (snapshot kept)",
+            m->sessions_forgotten);
+    counter(f, "kvpd_sessions_lost_total", "Sessions whose snapshot was missing or bad",
+            m->sessions_lost);
+    counter(f, "kvpd_parks_total", "Sessions parked to disk (memory freed)", m->parks);
+    counter(f, "kvpd_unparks_total", "Sessions loaded back from their snapshot", m->unparks);
+    counter(f, "kvpd_rebuilds_total",
+            "Sessions restored from their transcript (model or policy changed)", m->rebuilds);
+    counter(f, "kvpd_snapshots_written_total", "Session snapshots written", m->snapshots_written);
+    counter(f, "kvpd_snapshot_failures_total", "Session snapshots that could not be written",
+            m->snapshot_failures);
+    counter(f, "kvpd_reloads_total", "SIGHUP reloads applied", m->reloads);
+    counter(f, "kvpd_reloads_refused_total", "SIGHUP reloads refused (bad file)",
+            m->reloads_refused);
+    counter(f, "kvpd_reserve_overruns_total",
+            "Turns whose cache outgrew their memory reservation (should stay 0)",
+            m->reserve_overruns);
+    counter(f, "kvpd_turns_total", "Turns completed (cancelled ones included)", m->turns);
+    counter(f, "kvpd_turns_cancelled_total", "Turns stopped by cancel or disconnect",
+            m->turns_cancelled);
+    counter(f, "kvpd_turns_failed_total", "Turns that ended in an error", m->turns_failed);
+    counter(f, "kvpd_prompt_tokens_total", "New tokens of user turns", m->prompt_tokens);
+    counter(f, "kvpd_prefilled_tokens_total", "Tokens run through the model in prefill",
+            m->prefilled_tokens);
+    counter(f, "kvpd_generated_tokens_total", "Tokens generated", m->generated_tokens);
+    counter(f, "kvpd_evicted_rows_total", "KV rows evicted, all heads", m->evicted_rows);
+    counter(f, "kvpd_connections_total", "Websocket connections accepted", m->connections);
+    counter(f, "kvpd_http_requests_total", "HTTP requests served", m->http_requests);
+    counter(f, "kvpd_connections_refused_total",
+            "Connections closed unserved (max_connections, or out of file descriptors)",
+            m->connections_refused);
+    gauge(f, "kvpd_connections_open", "HTTP and websocket connections open",
+          (double)g->connections_open);
+    family(f, "kvpd_errors_total", "counter", "Error frames sent, by protocol code");
+    for (int i = 0; i < KVPD_ERR_KINDS; i++)
+        fprintf(f, "kvpd_errors_total{code=\"%s\"} %llu\n", err_codes[i],
+                (unsigned long long)m->errors[i]);
+    histogram(f, "kvpd_ttft_seconds", "Time from a message to its first token", &m->ttft);
+    histogram(f, "kvpd_turn_duration_seconds", "Time from a message to its done frame",
+              &m->turn_duration);
+    if (fclose(f) != 0) {
+        free(buf);
+        return NULL;
+    }
+    *len = n;
+    return buf;
+}

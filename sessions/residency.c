@@ -1,0 +1,104 @@
+/* Residency: the memory cap, max_sessions, LRU parking. */
+#include "sessions/residency.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+size_t kvp_cache_row_bytes(const kvp_model_config *m)
+{
+    kvp_cache c;
+    size_t bytes = 0;
+    if (kvp_cache_init(&c, 1, 1, m->head_dim, m->rope_base) == 0 &&
+        kvp_head_reserve(&c.heads[0], m->head_dim, 1) == 0)
+        bytes = kvp_cache_bytes(&c) / (size_t)c.heads[0].cap;
+    kvp_cache_free(&c);
+    return bytes;
+}
+
+size_t kvp_turn_bytes(const kvp_model_config *m, size_t row_bytes, int budget, int chunk,
+                      const char *policy)
+{
+    int evicts = budget > 0 && strcmp(policy, "none");
+    long rows = evicts ? (long)budget + chunk : m->seq_len;
+    if (rows > m->seq_len)
+        rows = m->seq_len;   /* the context shift keeps a head within the context */
+    /* A head's allocation doubles from 16 rows, so it stays under twice what it holds
+     * (kvp_head_reserve); a cache restored from a snapshot is allocated the same way. */
+    long cap = rows * 2 < 16 ? 16 : rows * 2;
+    return (size_t)cap * row_bytes * (size_t)m->n_layers * (size_t)m->n_kv_heads;
+}
+
+size_t kvp_hub_turn_bytes(const kvp_hub *h)
+{
+    return kvp_turn_bytes(&h->env.model->cfg, h->row_bytes, h->cfg->budget, h->env.chunk,
+                          h->pconf->name);
+}
+
+static size_t counted(const kvp_session *s)
+{
+    if (s->state == KVP_SESSION_PARKED)
+        return 0;
+    return kvp_session_busy(s) ? s->reserve : s->bytes;
+}
+
+size_t kvp_hub_accounted_bytes(const kvp_hub *h, size_t *actual)
+{
+    size_t sum = 0, act = 0;
+    for (const kvp_session *s = h->sessions.resident_head; s; s = s->rnext) {
+        sum += counted(s);
+        act += s->bytes;
+    }
+    if (actual)
+        *actual = act;
+    return sum;
+}
+
+void kvp_hub_park(kvp_hub *h, kvp_session *s)
+{
+    kvp_session_park(&h->sessions, s);
+    h->m->parks++;
+}
+
+/* The least recently used idle session that can be parked, other than keep. */
+static kvp_session *lru_parkable(kvp_hub *h, const kvp_session *keep)
+{
+    if (!h->env.state_dir[0])
+        return NULL;
+    kvp_session *best = NULL;
+    for (kvp_session *s = h->sessions.resident_head; s; s = s->rnext)
+        if (s != keep && kvp_session_parkable(s) && (!best || s->last_active < best->last_active))
+            best = s;
+    return best;
+}
+
+int kvp_hub_admit(kvp_hub *h, kvp_session *s, int job, size_t *reserve, char *why,
+                  size_t whylen)
+{
+    size_t need = 0;
+    int parked = s && s->state == KVP_SESSION_PARKED;
+    if (job) {
+        need = kvp_hub_turn_bytes(h);
+        if (s && !parked && s->bytes > need)   /* kept from a larger budget: it only shrinks */
+            need = s->bytes;
+    }
+    int slots = h->sessions.resident + (!s || parked);
+    size_t others = kvp_hub_accounted_bytes(h, NULL) - (s ? counted(s) : 0);
+    uint64_t cap = h->cfg->max_cache_bytes;
+    while (slots > h->cfg->max_sessions || (cap && others + need > cap)) {
+        kvp_session *victim = lru_parkable(h, s);
+        if (!victim) {
+            if (slots > h->cfg->max_sessions)
+                snprintf(why, whylen, "too many sessions (%d)", h->cfg->max_sessions);
+            else
+                snprintf(why, whylen, "the KV cache memory cap (%llu bytes) is taken by "
+                         "running turns", (unsigned long long)cap);
+            return -EBUSY;
+        }
+        others -= victim->bytes;
+        slots--;
+        kvp_hub_park(h, victim);
+    }
+    *reserve = need;
+    return 0;
+}

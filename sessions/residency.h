@@ -1,0 +1,35 @@
+/* Which sessions are resident in memory, within max_sessions and max_cache_bytes (loop
+ * thread only). The cap counts kvp_cache_bytes of idle resident sessions and, for a
+ * session with a job in flight, its reservation: the most its cache can take during the
+ * turn, from the model's shape. So resident bytes stay under the cap even mid-turn. To
+ * make room, the least recently used idle sessions are parked (their snapshot is up to
+ * date; memory is freed, nothing is written); when that is not enough the job is
+ * refused and the client told `overloaded`. Only resident sessions are visited, so the
+ * cost is bounded by max_sessions, not by the sessions on disk. */
+#ifndef KVP_RESIDENCY_H
+#define KVP_RESIDENCY_H
+
+#include <stddef.h>
+
+#include "sessions/hub_impl.h"
+
+/* Bytes of one cache row of one head (cache/kvcache.c's count). */
+size_t kvp_cache_row_bytes(const kvp_model_config *m);
+/* The most one session's cache can take during a turn: every head's allocation for
+ * min(budget + chunk, context) rows (the whole context when the policy never evicts). */
+size_t kvp_turn_bytes(const kvp_model_config *m, size_t row_bytes, int budget, int chunk,
+                      const char *policy);
+/* The same with the hub's budget and policy in force. */
+size_t kvp_hub_turn_bytes(const kvp_hub *h);
+/* What the cap counts now, and the sum of the resident sessions' actual cache bytes. */
+size_t kvp_hub_accounted_bytes(const kvp_hub *h, size_t *actual);
+/* Makes room for session s, or for a new one when s is NULL (a resident slot), and when
+ * `job` is set for a job on it (a turn's reservation), parking idle sessions other than
+ * s as needed. On success sets *reserve (bytes to hold while the job runs; 0 without
+ * one). -EBUSY with a message when even parking cannot make room. */
+int kvp_hub_admit(kvp_hub *h, kvp_session *s, int job, size_t *reserve, char *why,
+                  size_t whylen);
+/* Parks an idle resident session (kvp_session_parkable) and counts it. */
+void kvp_hub_park(kvp_hub *h, kvp_session *s);
+
+#endif

@@ -1,0 +1,268 @@
+/* Worker pool and run queue; worker -> loop events through a locked list + uv_async. */
+#include "sessions/scheduler.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct kvpd_sched {
+    uv_async_t async;
+    const kvp_session_env *env;
+    kvpd_step_fn step;
+    kvpd_event_fn fn;
+    void *ctx;
+    pthread_mutex_t rq_mu;
+    pthread_cond_t rq_cv;
+    kvp_session *rq_head, *rq_tail;
+    int depth;
+    int stopping;
+    pthread_mutex_t ev_mu;
+    kvpd_event *ev_head, *ev_tail;
+    int n_workers;
+    pthread_t *threads;
+    kvp_runstate *rs;
+    int started;               /* threads actually running */
+    kvp_turn_sink sink;
+};
+
+typedef struct worker_arg {
+    kvpd_sched *s;
+    int index;
+} worker_arg;
+
+static void post(kvpd_sched *s, kvpd_event *ev)
+{
+    pthread_mutex_lock(&s->ev_mu);
+    if (s->ev_tail)
+        s->ev_tail->next = ev;
+    else
+        s->ev_head = ev;
+    s->ev_tail = ev;
+    pthread_mutex_unlock(&s->ev_mu);
+    uv_async_send(&s->async);
+}
+
+/* Final events must arrive (the loop ends the job on them), so they wait for memory. */
+static kvpd_event *new_event(enum kvpd_event_type type, kvp_session *session,
+                             const char *text, size_t len, int must)
+{
+    for (;;) {
+        kvpd_event *ev = calloc(1, sizeof *ev);
+        char *copy = malloc(len + 1);
+        if (ev && copy) {
+            memcpy(copy, text, len);
+            copy[len] = '\0';
+            ev->type = type;
+            ev->session = session;
+            ev->text = copy;
+            ev->len = len;
+            return ev;
+        }
+        free(ev);
+        free(copy);
+        if (!must)
+            return NULL;
+        nanosleep(&(struct timespec){0, 10 * 1000 * 1000}, NULL);
+    }
+}
+
+static void sink_token(void *ctx, kvp_session *session, const char *text, size_t len)
+{
+    kvpd_event *ev = new_event(KVPD_EV_TOKEN, session, text, len, 0);
+    if (ev)   /* a lost token frame is survivable; the done frame has the full reply */
+        post(ctx, ev);
+}
+
+static void sink_done(void *ctx, kvp_session *session, const kvp_turn_stats *st,
+                      const char *reply, size_t len)
+{
+    kvpd_event *ev = new_event(KVPD_EV_DONE, session, reply, len, 1);
+    ev->stats = *st;
+    post(ctx, ev);
+}
+
+static void sink_error(void *ctx, kvp_session *session, int code, const char *msg)
+{
+    kvpd_event *ev = new_event(KVPD_EV_ERROR, session, msg, strlen(msg), 1);
+    ev->code = code;
+    post(ctx, ev);
+}
+
+static void sink_job(void *ctx, kvp_session *session, int code, const char *msg)
+{
+    kvpd_event *ev = new_event(KVPD_EV_JOB, session, msg, strlen(msg), 1);
+    ev->code = code;
+    post(ctx, ev);
+}
+
+/* Appends a session at the tail of the run queue; rq_mu is held. */
+static void enqueue_locked(kvpd_sched *s, kvp_session *sess)
+{
+    sess->rq_next = NULL;
+    if (s->rq_tail)
+        s->rq_tail->rq_next = sess;
+    else
+        s->rq_head = sess;
+    s->rq_tail = sess;
+    s->depth++;
+    pthread_cond_signal(&s->rq_cv);
+}
+
+static void *worker_main(void *arg)
+{
+    worker_arg *wa = arg;
+    kvpd_sched *s = wa->s;
+    kvp_runstate *rs = &s->rs[wa->index];
+    free(wa);
+    for (;;) {
+        pthread_mutex_lock(&s->rq_mu);
+        while (!s->stopping && !s->rq_head)
+            pthread_cond_wait(&s->rq_cv, &s->rq_mu);
+        if (s->stopping) {
+            pthread_mutex_unlock(&s->rq_mu);
+            return NULL;
+        }
+        kvp_session *sess = s->rq_head;
+        s->rq_head = sess->rq_next;
+        if (!s->rq_head)
+            s->rq_tail = NULL;
+        sess->rq_next = NULL;
+        s->depth--;
+        pthread_mutex_unlock(&s->rq_mu);
+
+        int more = s->step(sess, s->env, rs, &s->sink);
+
+        if (more) {
+            pthread_mutex_lock(&s->rq_mu);
+            if (!s->stopping)   /* tail: every other turn gets a unit first */
+                enqueue_locked(s, sess);
+            pthread_mutex_unlock(&s->rq_mu);
+        }
+    }
+}
+
+/* Takes every queued worker event, oldest first. */
+static kvpd_event *take_events(kvpd_sched *s)
+{
+    pthread_mutex_lock(&s->ev_mu);
+    kvpd_event *ev = s->ev_head;
+    s->ev_head = s->ev_tail = NULL;
+    pthread_mutex_unlock(&s->ev_mu);
+    return ev;
+}
+
+static void on_async(uv_async_t *h)
+{
+    kvpd_sched *s = h->data;
+    kvpd_event *ev = take_events(s);
+    while (ev) {
+        kvpd_event *next = ev->next;
+        s->fn(s->ctx, ev);
+        free(ev->text);
+        free(ev);
+        ev = next;
+    }
+}
+
+int kvpd_sched_start(kvpd_sched **out, uv_loop_t *loop, int workers,
+                     const kvp_session_env *env, kvpd_step_fn step, kvpd_event_fn fn,
+                     void *ctx, char *err, size_t errlen)
+{
+    kvpd_sched *s = calloc(1, sizeof *s);
+    if (!s) {
+        snprintf(err, errlen, "out of memory");
+        return -ENOMEM;
+    }
+    s->env = env;
+    s->step = step;
+    s->fn = fn;
+    s->ctx = ctx;
+    s->n_workers = workers;
+    s->sink = (kvp_turn_sink){sink_token, sink_done, sink_error, sink_job, s};
+    pthread_mutex_init(&s->rq_mu, NULL);
+    pthread_cond_init(&s->rq_cv, NULL);
+    pthread_mutex_init(&s->ev_mu, NULL);
+    s->threads = calloc((size_t)workers, sizeof *s->threads);
+    s->rs = calloc((size_t)workers, sizeof *s->rs);
+    int rc = uv_async_init(loop, &s->async, on_async);
+    if (!s->threads || !s->rs || rc < 0) {
+        snprintf(err, errlen, "scheduler: %s", rc < 0 ? uv_strerror(rc) : "out of memory");
+        free(s->threads);
+        free(s->rs);
+        free(s);
+        return rc < 0 ? rc : -ENOMEM;
+    }
+    s->async.data = s;
+    *out = s;   /* from here the caller stops and frees on failure */
+    for (int i = 0; i < workers; i++) {
+        if ((rc = kvp_runstate_init(&s->rs[i], &env->model->cfg, env->chunk)) < 0) {
+            snprintf(err, errlen, "runstate: %s", strerror(-rc));
+            return rc;
+        }
+        worker_arg *wa = malloc(sizeof *wa);
+        if (!wa) {
+            kvp_runstate_free(&s->rs[i]);
+            snprintf(err, errlen, "out of memory");
+            return -ENOMEM;
+        }
+        wa->s = s;
+        wa->index = i;
+        if ((rc = pthread_create(&s->threads[i], NULL, worker_main, wa)) != 0) {
+            free(wa);
+            kvp_runstate_free(&s->rs[i]);
+            snprintf(err, errlen, "pthread_create: %s", strerror(rc));
+            return -rc;
+        }
+        s->started++;
+    }
+    return 0;
+}
+
+void kvpd_sched_submit(kvpd_sched *s, kvp_session *session)
+{
+    pthread_mutex_lock(&s->rq_mu);
+    enqueue_locked(s, session);
+    pthread_mutex_unlock(&s->rq_mu);
+}
+
+int kvpd_sched_depth(kvpd_sched *s)
+{
+    pthread_mutex_lock(&s->rq_mu);
+    int d = s->depth;
+    pthread_mutex_unlock(&s->rq_mu);
+    return d;
+}
+
+void kvpd_sched_stop(kvpd_sched *s)
+{
+    pthread_mutex_lock(&s->rq_mu);
+    s->stopping = 1;
+    pthread_cond_broadcast(&s->rq_cv);
+    pthread_mutex_unlock(&s->rq_mu);
+    for (int i = 0; i < s->started; i++) {
+        pthread_join(s->threads[i], NULL);
+        kvp_runstate_free(&s->rs[i]);
+    }
+    s->started = 0;
+    kvpd_event *ev = take_events(s);
+    while (ev) {
+        kvpd_event *next = ev->next;
+        free(ev->text);
+        free(ev);
+        ev = next;
+    }
+    uv_close((uv_handle_t *)&s->async, NULL);
+}
+
+void kvpd_sched_free(kvpd_sched *s)
+{
+    pthread_mutex_destroy(&s->rq_mu);
+    pthread_cond_destroy(&s->rq_cv);
+    pthread_mutex_destroy(&s->ev_mu);
+    free(s->threads);
+    free(s->rs);
+    free(s);
+}

@@ -1,0 +1,276 @@
+/* config/config.c: defaults, file parsing, flags over file over defaults. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "config/config.h"
+
+static const char *write_tmp(const char *text)
+{
+    static char path[64];
+    snprintf(path, sizeof path, "/tmp/kvpd-conf-XXXXXX");
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+    close(fd);
+    return path;
+}
+
+Test(config, defaults)
+{
+    kvpd_config c;
+    kvpd_config_defaults(&c);
+    cr_assert_str_eq(c.listen_host, "127.0.0.1");
+    cr_assert_eq(c.listen_port, 8080);
+    cr_assert(strstr(c.model, "models/stories260K.bin"));
+    cr_assert_eq(c.reuse_cache, 1);
+    cr_assert_eq(c.admin_token[0], '\0');
+}
+
+Test(config, flags_override_file_override_defaults)
+{
+    const char *path = write_tmp("# comment\n\nbudget = 100  # trailing\nworkers=3\n"
+                                 "admin_token = \"tok en\"\nlisten = 0.0.0.0:9000\n");
+    char *argv[] = {"kvpd", "--budget", "7", "--config", (char *)path, "--max-tokens=12",
+                    "--no-reuse-cache", NULL};
+    kvpd_config c;
+    enum kvpd_action a;
+    char err[256];
+    cr_assert_eq(kvpd_config_from_args(&c, 7, argv, &a, err, sizeof err), 0, "%s", err);
+    unlink(path);
+    cr_assert_eq(a, KVPD_RUN);
+    cr_assert_eq(c.budget, 7);            /* flag beats file */
+    cr_assert_eq(c.workers, 3);           /* file beats default */
+    cr_assert_eq(c.max_tokens, 12);
+    cr_assert_eq(c.reuse_cache, 0);
+    cr_assert_str_eq(c.admin_token, "tok en");
+    cr_assert_str_eq(c.listen_host, "0.0.0.0");
+    cr_assert_eq(c.listen_port, 9000);
+    cr_assert_eq(c.chunk, 32);            /* default */
+}
+
+Test(config, actions)
+{
+    kvpd_config c;
+    enum kvpd_action a;
+    char err[256];
+    char *v[] = {"kvpd", "--version", NULL}, *h[] = {"kvpd", "--budget", "1", "--help", NULL},
+         *k[] = {"kvpd", "--check-config", NULL};
+    cr_assert_eq(kvpd_config_from_args(&c, 2, v, &a, err, sizeof err), 0);
+    cr_assert_eq(a, KVPD_VERSION);
+    cr_assert_eq(kvpd_config_from_args(&c, 4, h, &a, err, sizeof err), 0);
+    cr_assert_eq(a, KVPD_HELP);
+    cr_assert_eq(kvpd_config_from_args(&c, 2, k, &a, err, sizeof err), 0);
+    cr_assert_eq(a, KVPD_CHECK);
+}
+
+Test(config, rejects_bad_values_with_a_reason)
+{
+    kvpd_config c;
+    char err[256];
+    kvpd_config_defaults(&c);
+    cr_assert_lt(kvpd_config_set(&c, "budget", "-1", err, sizeof err), 0);
+    cr_assert(strstr(err, "budget"));
+    cr_assert_lt(kvpd_config_set(&c, "budget", "12x", err, sizeof err), 0);
+    cr_assert_lt(kvpd_config_set(&c, "chunk", "0", err, sizeof err), 0);
+    cr_assert_lt(kvpd_config_set(&c, "top_p", "1.5", err, sizeof err), 0);
+    cr_assert_lt(kvpd_config_set(&c, "temperature", "nan", err, sizeof err), 0);
+    cr_assert_lt(kvpd_config_set(&c, "reuse_cache", "maybe", err, sizeof err), 0);
+    cr_assert_lt(kvpd_config_set(&c, "listen", "8080", err, sizeof err), 0);
+    cr_assert_lt(kvpd_config_set(&c, "listen", "127.0.0.1:70000", err, sizeof err), 0);
+    cr_assert_lt(kvpd_config_set(&c, "seed", "-3", err, sizeof err), 0);
+    cr_assert_lt(kvpd_config_set(&c, "nope", "1", err, sizeof err), 0);
+    cr_assert(strstr(err, "unknown key"));
+    cr_assert_eq(kvpd_config_set(&c, "listen", "[::1]:81", err, sizeof err), 0);
+    cr_assert_str_eq(c.listen_host, "::1");
+    cr_assert_eq(c.listen_port, 81);
+    char longv[1000];
+    memset(longv, 'x', sizeof longv - 1);
+    longv[sizeof longv - 1] = '\0';
+    cr_assert_lt(kvpd_config_set(&c, "model", longv, err, sizeof err), 0);
+}
+
+Test(config, file_errors_name_the_line)
+{
+    const char *path = write_tmp("budget = 10\nthis line has no equals\n");
+    kvpd_config c;
+    char err[256];
+    kvpd_config_defaults(&c);
+    cr_assert_lt(kvpd_config_load_file(&c, path, err, sizeof err), 0);
+    cr_assert(strstr(err, ":2:"), "%s", err);
+    unlink(path);
+    cr_assert_lt(kvpd_config_load_file(&c, "/nonexistent/kvpd.conf", err, sizeof err), 0);
+    char *argv[] = {"kvpd", "--budget", NULL};
+    enum kvpd_action a;
+    cr_assert_lt(kvpd_config_from_args(&c, 2, argv, &a, err, sizeof err), 0);
+    char *argv2[] = {"kvpd", "--what", "1", NULL};
+    cr_assert_lt(kvpd_config_from_args(&c, 3, argv2, &a, err, sizeof err), 0);
+}
+
+Test(config, validate)
+{
+    kvpd_config c;
+    char err[256];
+    kvpd_config_defaults(&c);
+    snprintf(c.static_dir, sizeof c.static_dir, "/tmp");
+    cr_assert_eq(kvpd_config_validate(&c, err, sizeof err), 0, "%s", err);
+    snprintf(c.policy, sizeof c.policy, "kvp");
+    cr_assert_lt(kvpd_config_validate(&c, err, sizeof err), 0);
+    snprintf(c.policy, sizeof c.policy, "h2o");
+    snprintf(c.state_dir, sizeof c.state_dir, "/nonexistent-dir");
+    cr_assert_lt(kvpd_config_validate(&c, err, sizeof err), 0);
+}
+
+/* The evaluation-only oracle is refused wherever a policy is named (flag, file; SIGHUP
+ * validates the same way: tests/daemon/test_reload.c), with the allowed names. */
+Test(config, oracle_is_refused_naming_the_allowed_policies)
+{
+    kvpd_config c;
+    enum kvpd_action action;
+    char err[512];
+    char *argv[] = {"kvpd", "--policy", "oracle", "--static-dir", "/tmp", NULL};
+    cr_assert_eq(kvpd_config_from_args(&c, 5, argv, &action, err, sizeof err), 0, "%s", err);
+    cr_assert_lt(kvpd_config_validate(&c, err, sizeof err), 0);
+    cr_assert(strstr(err, "oracle") && strstr(err, "evaluation"), "%s", err);
+    cr_assert(strstr(err, "none random streaming"), "%s", err);
+    cr_assert_null(strstr(strstr(err, "one of:"), "oracle"), "%s", err);
+    char conf[64];
+    snprintf(conf, sizeof conf, "%s", write_tmp("policy = oracle\nstatic_dir = /tmp\n"));
+    char *argv2[] = {"kvpd", "--config", conf, NULL};
+    cr_assert_eq(kvpd_config_from_args(&c, 3, argv2, &action, err, sizeof err), 0, "%s", err);
+    cr_assert_lt(kvpd_config_validate(&c, err, sizeof err), 0);
+    cr_assert(strstr(err, "evaluation"), "%s", err);
+    unlink(conf);
+}
+
+Test(config, byte_counts_take_suffixes)
+{
+    kvpd_config c;
+    kvpd_config_defaults(&c);
+    char err[256];
+    cr_assert_eq(c.max_cache_bytes, 0);
+    cr_assert_eq(kvpd_config_set(&c, "max_cache_bytes", "1048576", err, sizeof err), 0);
+    cr_assert_eq(c.max_cache_bytes, 1048576);
+    cr_assert_eq(kvpd_config_set(&c, "max_cache_bytes", "64k", err, sizeof err), 0);
+    cr_assert_eq(c.max_cache_bytes, 65536);
+    cr_assert_eq(kvpd_config_set(&c, "max_cache_bytes", "3M", err, sizeof err), 0);
+    cr_assert_eq(c.max_cache_bytes, 3u << 20);
+    cr_assert_eq(kvpd_config_set(&c, "max_cache_bytes", "2G", err, sizeof err), 0);
+    cr_assert_eq(c.max_cache_bytes, 2ull << 30);
+    const char *bad[] = {"-1", "", "12x", "1MB", "k", "99999999999999999999G"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        cr_expect_lt(kvpd_config_set(&c, "max_cache_bytes", bad[i], err, sizeof err), 0,
+                     "'%s' accepted", bad[i]);
+    cr_assert_eq(c.max_cache_bytes, 2ull << 30, "a refused value changed the key");
+}
+
+Test(config, default_policy_is_kvp_with_the_models_weights_when_present)
+{
+    char dir[] = "/tmp/kvpd-weights-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    kvpd_config c;
+    kvpd_config_defaults(&c);
+    cr_assert_str_eq(c.policy, "", "no policy configured by default");
+    cr_assert(strstr(c.policy_dir, "policy/weights"));
+    snprintf(c.policy_dir, sizeof c.policy_dir, "%s", dir);
+    snprintf(c.model, sizeof c.model, "/models/stories260K.bin");
+    char name[32], file[1024], want[1024];
+    snprintf(want, sizeof want, "%s/stories260K.kvp", dir);
+    cr_assert_eq(kvpd_config_default_policy(&c, name, sizeof name, file, sizeof file), 0);
+    cr_assert_str_eq(name, "streaming");
+    cr_assert_str_eq(file, want, "the path looked at");
+    FILE *f = fopen(want, "w");
+    cr_assert(f);
+    fclose(f);
+    cr_assert_eq(kvpd_config_default_policy(&c, name, sizeof name, file, sizeof file), 1);
+    cr_assert_str_eq(name, "kvp");
+    cr_assert_str_eq(file, want);
+    /* The stem drops only the last extension, and the directory. */
+    snprintf(c.model, sizeof c.model, "stories260K.q8.gguf");
+    cr_assert_eq(kvpd_config_default_policy(&c, name, sizeof name, file, sizeof file), 0);
+    cr_assert(strstr(file, "/stories260K.q8.kvp"), "%s", file);
+    unlink(want);
+    rmdir(dir);
+}
+
+Test(config, reload_applies_live_keys_and_lists_the_others)
+{
+    kvpd_config cur, next;
+    kvpd_config_defaults(&cur);
+    kvpd_config_defaults(&next);
+    char fixed[256];
+    kvpd_config_apply_live(&cur, &next, fixed, sizeof fixed);
+    cr_assert_str_eq(fixed, "");
+    snprintf(next.policy, sizeof next.policy, "h2o");
+    next.budget = 99;
+    next.max_sessions = 3;
+    next.max_cache_bytes = 12345;
+    snprintf(next.admin_token, sizeof next.admin_token, "t");
+    next.chunk = 7;
+    next.listen_port = 1;
+    snprintf(next.model, sizeof next.model, "other.gguf");
+    kvpd_config_apply_live(&cur, &next, fixed, sizeof fixed);
+    cr_assert_str_eq(cur.policy, "h2o");
+    cr_assert_eq(cur.budget, 99);
+    cr_assert_eq(cur.max_sessions, 3);
+    cr_assert_eq(cur.max_cache_bytes, 12345);
+    cr_assert_str_eq(cur.admin_token, "t");
+    cr_assert_eq(cur.chunk, 32, "chunk is not live");
+    cr_assert_eq(cur.listen_port, 8080, "listen is not live");
+    cr_assert(strstr(cur.model, "stories260K.bin"), "model is not live");
+    cr_assert_str_eq(fixed, "listen, model, chunk");
+}
+
+/* The sample config is derived from the table: every key is there (set, or commented
+ * out) at the default its row gives; data-directory defaults are written <source>/... */
+Test(config, sample_config_lists_every_key_at_its_default)
+{
+    const char *src = getenv("KVP_SOURCE") ? getenv("KVP_SOURCE") : ".";
+    char path[1024];
+    snprintf(path, sizeof path, "%s/systemd/kvpd.conf", src);
+    FILE *f = fopen(path, "r");
+    cr_assert(f, "%s", path);
+    static char text[1 << 16];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    const char *name, *dflt;
+    int live, keys = 0;
+    for (size_t i = 0; kvpd_config_key(i, &name, &dflt, &live); i++, keys++) {
+        char value[1024], line[1200];
+        size_t sl = strlen(src);
+        if (!strncmp(dflt, src, sl) && dflt[sl] == '/')
+            snprintf(value, sizeof value, "<source>%s", dflt + sl);
+        else
+            snprintf(value, sizeof value, "%s", dflt);
+        snprintf(line, sizeof line, "\n%s = %s\n", name, value);
+        char commented[1200];
+        snprintf(commented, sizeof commented, value[0] ? "\n#%s = %s\n" : "\n#%s =%s\n", name,
+                 value);
+        cr_assert(strstr(text, line) || strstr(text, commented),
+                  "systemd/kvpd.conf has no line '%s = %s'", name, value);
+    }
+    cr_assert_gt(keys, 20);
+}
+
+Test(config, chat_template_names)
+{
+    kvpd_config c;
+    char err[256];
+    kvpd_config_defaults(&c);
+    snprintf(c.static_dir, sizeof c.static_dir, "/tmp");
+    static const char *const good[] = {"", "plain", "chatml", "llama2", "llama3", "mistral",
+                                       "zephyr", "phi3", "gemma"};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        snprintf(c.chat_template, sizeof c.chat_template, "%s", good[i]);
+        cr_assert_eq(kvpd_config_validate(&c, err, sizeof err), 0, "%s: %s", good[i], err);
+    }
+    snprintf(c.chat_template, sizeof c.chat_template, "ChatML");
+    cr_assert_lt(kvpd_config_validate(&c, err, sizeof err), 0);
+    cr_assert(strstr(err, "chat_template 'ChatML'"), "%s", err);
+    /* longer than any name: refused when set */
+    cr_assert_lt(kvpd_config_set(&c, "chat_template", "a-template-name-far-too-long", err,
+                                 sizeof err), 0);
+}

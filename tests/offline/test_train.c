@@ -1,0 +1,637 @@
+/* train.c: Plackett-Luce log-likelihood and its gradient, Gumbel-sort sampling, the
+ * ranking cost, RLOO, AdamW, the schedule, importance at many cuts, the agent gradient
+ * through the training loss, and whole training runs on a small synthetic trace
+ * (determinism, learning) and through `kvp train`. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "model/sampler.h"
+#include "offline/train.h"
+#include "tests/model/testutil.h"
+
+static uint64_t rng_state = 99;
+
+static float frand(void)   /* uniform [-1, 1) */
+{
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)(rng_state >> 40) / 8388608.0f - 1.0f;
+}
+
+/* log pi(sigma) straight from the definition, O(n^2), in double. */
+static double pl_naive(const float *s, const int32_t *sigma, int n)
+{
+    double lp = 0.0;
+    for (int r = 0; r < n; r++) {
+        double mx = -INFINITY, sum = 0.0;
+        for (int j = r; j < n; j++)
+            mx = fmax(mx, s[sigma[j]]);
+        for (int j = r; j < n; j++)
+            sum += exp(s[sigma[j]] - mx);
+        lp += s[sigma[r]] - (mx + log(sum));
+    }
+    return lp;
+}
+
+static void shuffle(int32_t *p, int n)
+{
+    for (int i = 0; i < n; i++)
+        p[i] = i;
+    for (int i = n - 1; i > 0; i--) {
+        int j = (int)((frand() + 1.0f) * 0.5f * (float)(i + 1));
+        j = j > i ? i : j;
+        int32_t t = p[i];
+        p[i] = p[j];
+        p[j] = t;
+    }
+}
+
+Test(train, pl_logprob_and_gradient_match_definition_and_finite_differences)
+{
+    enum { N = 9 };
+    float s[N], grad[N];
+    int32_t sigma[N];
+    double work[N];
+    for (int trial = 0; trial < 20; trial++) {
+        /* wide score ranges too: the O(n) recursions must stay finite */
+        float spread = trial < 10 ? 2.0f : 40.0f;
+        for (int i = 0; i < N; i++)
+            s[i] = spread * frand();
+        shuffle(sigma, N);
+        double lp = kvp_pl_logprob(s, sigma, N, grad, work);
+        cr_assert_float_eq(lp, pl_naive(s, sigma, N), 1e-9 * (1.0 + fabs(lp)));
+        cr_assert_float_eq(kvp_pl_logprob(s, sigma, N, NULL, work), lp, 0.0);
+        double gsum = 0.0;
+        for (int i = 0; i < N; i++) {
+            const float h = 1.0f / 64;   /* a power of two: s + h is exact in float */
+            float s0 = s[i];
+            double f[4];
+            const float steps[4] = {-2 * h, -h, h, 2 * h};
+            for (int j = 0; j < 4; j++) {
+                s[i] = s0 + steps[j];
+                f[j] = pl_naive(s, sigma, N);
+            }
+            s[i] = s0;
+            double num = (f[0] - 8 * f[1] + 8 * f[2] - f[3]) / (12.0 * h);
+            cr_assert_float_eq(grad[i], num, 1e-4 + 1e-4 * fabs(num),
+                               "trial %d item %d: analytic %.7g, finite differences %.7g",
+                               trial, i, grad[i], num);
+            gsum += grad[i];
+        }
+        /* each choice is a softmax: the gradient sums to zero */
+        cr_assert_float_eq(gsum, 0.0, 1e-4);
+    }
+}
+
+Test(train, gumbel_sort_samples_plackett_luce)
+{
+    const float s[3] = {1.0f, 0.0f, -0.5f};
+    static const int32_t perms[6][3] = {{0, 1, 2}, {0, 2, 1}, {1, 0, 2},
+                                        {1, 2, 0}, {2, 0, 1}, {2, 1, 0}};
+    long counts[6] = {0};
+    const long trials = 200000;
+    uint64_t rng = 12345;
+    int32_t sigma[3];
+    kvp_rank_key work[3];
+    for (long t = 0; t < trials; t++) {
+        kvp_gumbel_rank(s, 3, &rng, sigma, work);
+        for (int p = 0; p < 6; p++)
+            if (!memcmp(sigma, perms[p], sizeof sigma))
+                counts[p]++;
+    }
+    double total = exp(1.0) + exp(0.0) + exp(-0.5), wk[3];
+    for (int i = 0; i < 3; i++)
+        wk[i] = exp((double)s[i]);
+    for (int p = 0; p < 6; p++) {
+        int a = perms[p][0], b = perms[p][1], c = perms[p][2];
+        double prob = wk[a] / total * wk[b] / (wk[b] + wk[c]);
+        double freq = (double)counts[p] / trials, sd = sqrt(prob * (1 - prob) / trials);
+        cr_assert_float_eq(freq, prob, 5 * sd, "permutation %d: frequency %.4f, PL %.4f", p,
+                           freq, prob);
+        double lp = kvp_pl_logprob(s, perms[p], 3, NULL, (double[3]){0});
+        cr_assert_float_eq(exp(lp), prob, 1e-6);
+    }
+}
+
+Test(train, argsort_is_descending_with_older_rows_first_on_ties)
+{
+    const float key[6] = {0.5f, 2.0f, 0.5f, -1.0f, 2.0f, 0.0f};
+    const int32_t want[6] = {1, 4, 0, 2, 5, 3};
+    int32_t order[6];
+    kvp_rank_key work[6];
+    kvp_argsort_desc(key, 6, order, work);
+    cr_assert_arr_eq(order, want, sizeof want);
+}
+
+static int next_perm(int32_t *p, int n)   /* lexicographic; 0 after the last */
+{
+    int i = n - 2;
+    while (i >= 0 && p[i] >= p[i + 1])
+        i--;
+    if (i < 0)
+        return 0;
+    int j = n - 1;
+    while (p[j] <= p[i])
+        j--;
+    int32_t t = p[i];
+    p[i] = p[j];
+    p[j] = t;
+    for (int a = i + 1, b = n - 1; a < b; a++, b--) {
+        t = p[a];
+        p[a] = p[b];
+        p[b] = t;
+    }
+    return 1;
+}
+
+Test(train, oracle_cost_is_the_minimum_and_earns_reward_minus_one)
+{
+    enum { N = 6 };
+    float imp[N] = {0.3f, 2.5f, 0.0f, 1.25f, 0.7f, 0.05f};
+    int32_t order[N], p[N];
+    kvp_rank_key work[N];
+    double best = kvp_oracle_cost(imp, N, order, work);
+    /* by hand: 2.5*1 + 1.25*2 + 0.7*3 + 0.3*4 + 0.05*5 + 0*6 */
+    cr_assert_float_eq(best, 2.5 + 2.5 + 2.1 + 1.2 + 0.25, 1e-6);
+    cr_assert_float_eq(kvp_rank_reward(best, best), -1.0, 0.0);
+    int worse = 0;
+    for (int i = 0; i < N; i++)
+        p[i] = i;
+    do {
+        double c = kvp_rank_cost(imp, p, N);
+        cr_assert_geq(c, best - 1e-9);
+        cr_assert_leq(kvp_rank_reward(c, best), -1.0 + 1e-12);
+        worse += c > best;
+    } while (next_perm(p, N));
+    cr_assert_eq(worse, 719);   /* the importances are distinct: one optimum */
+    /* C* = 0 (nothing matters later) is guarded */
+    cr_assert_float_eq(kvp_rank_reward(0.0, 0.0), 0.0, 0.0);
+}
+
+Test(train, rloo_advantages_by_hand)
+{
+    /* two episodes of three samples */
+    const double r[6] = {-1.0, -2.0, -3.0, -5.0, -5.0, -5.0};
+    float adv[6];
+    kvp_rloo_advantages(r, 2, 3, 2.0f, adv);
+    /* leave-one-out: -1 - (-2.5) = 1.5, 0, -1.5, then 0, 0, 0; mean 0,
+     * sd = sqrt((1.5^2 * 2) / 6) = sqrt(0.75) */
+    double sd = sqrt(0.75);
+    const double want[6] = {1.5 / sd, 0.0, -1.5 / sd, 0.0, 0.0, 0.0};
+    for (int i = 0; i < 6; i++)
+        cr_assert_float_eq(adv[i], fmin(2.0, fmax(-2.0, want[i])), 1e-6, "%d: %g", i, adv[i]);
+    /* 1.5 / sd = 1.73 is below the clamp; a tighter clamp cuts it */
+    kvp_rloo_advantages(r, 2, 3, 1.0f, adv);
+    cr_assert_float_eq(adv[0], 1.0, 0.0);
+    cr_assert_float_eq(adv[2], -1.0, 0.0);
+    /* equal rewards: no signal, no NaN */
+    const double flat[4] = {-2.0, -2.0, -2.0, -2.0};
+    kvp_rloo_advantages(flat, 1, 4, 2.0f, adv);
+    for (int i = 0; i < 4; i++)
+        cr_assert_eq(adv[i], 0.0f);
+}
+
+Test(train, adamw_on_a_quadratic_matches_a_hand_computation)
+{
+    /* f(w) = 0.5 * sum a_i w_i^2, g = a * w; two steps with decoupled weight decay */
+    enum { N = 3 };
+    const double a[N] = {1.0, 4.0, 0.25};
+    float w[N] = {1.0f, -0.5f, 2.0f}, m[N] = {0}, v[N] = {0}, g[N];
+    double wr[N] = {1.0, -0.5, 2.0}, mr[N] = {0}, vr[N] = {0};
+    const kvp_adamw o = {.beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.1f};
+    const float lr = 0.01f;
+    for (long t = 1; t <= 3; t++) {
+        for (int i = 0; i < N; i++)
+            g[i] = (float)(a[i] * w[i]);
+        kvp_adamw_step(&o, lr, t, w, g, m, v, N);
+        for (int i = 0; i < N; i++) {
+            double gi = a[i] * wr[i], w0 = wr[i];
+            mr[i] = 0.9 * mr[i] + 0.1 * gi;
+            vr[i] = 0.999 * vr[i] + 0.001 * gi * gi;
+            double mh = mr[i] / (1 - pow(0.9, (double)t)), vh = vr[i] / (1 - pow(0.999, (double)t));
+            wr[i] -= lr * (mh / (sqrt(vh) + 1e-8) + 0.1 * wr[i]);
+            /* the first step moves every weight by lr * (sign(g) + wd * w) */
+            if (t == 1)
+                cr_assert_float_eq(wr[i], w0 - lr * ((gi > 0 ? 1 : -1) + 0.1 * w0), 1e-7);
+        }
+        for (int i = 0; i < N; i++)
+            cr_assert_float_eq(w[i], wr[i], 1e-6, "step %ld, %d: %.8f vs %.8f", t, i, w[i], wr[i]);
+    }
+}
+
+Test(train, clip_and_ema)
+{
+    float g[2] = {3.0f, 4.0f};
+    cr_assert_float_eq(kvp_clip_grad_norm(g, 2, 10.0f), 5.0f, 1e-6);
+    cr_assert(g[0] == 3.0f && g[1] == 4.0f);
+    cr_assert_float_eq(kvp_clip_grad_norm(g, 2, 1.0f), 5.0f, 1e-6);
+    cr_assert_float_eq(g[0], 0.6f, 1e-6);
+    cr_assert_float_eq(g[1], 0.8f, 1e-6);
+    float e[2] = {1.0f, 0.0f};
+    const float w[2] = {0.0f, 2.0f};
+    kvp_ema_update(e, w, 2, 0.75f);
+    cr_assert_float_eq(e[0], 0.75f, 1e-7);
+    cr_assert_float_eq(e[1], 0.5f, 1e-7);
+}
+
+Test(train, schedule_warms_up_then_decays_to_the_floor)
+{
+    kvp_train_cfg c;
+    kvp_train_defaults(&c);
+    c.steps = 1000;
+    c.warmup = 100;
+    c.lr = 1e-3f;
+    c.lr_min = 1e-6f;
+    c.warmup_start = 0.01f;
+    cr_assert_float_eq(kvp_train_lr(&c, 0), 1e-5f, 1e-12);
+    cr_assert_float_eq(kvp_train_lr(&c, 50), 1e-3f * (0.01f + 0.99f * 0.5f), 1e-9);
+    cr_assert_float_eq(kvp_train_lr(&c, 100), 1e-3f, 1e-9);
+    cr_assert_float_eq(kvp_train_lr(&c, 999), 1e-6f, 1e-12);
+    float mid = kvp_train_lr(&c, 100 + 899 / 2);
+    cr_assert_float_eq(mid, 1e-6f + (1e-3f - 1e-6f) * 0.5f * (1.0f + cosf((float)M_PI * 449.0f / 899.0f)), 1e-8);
+    for (long t = 101; t < 1000; t++)
+        cr_assert_leq(kvp_train_lr(&c, t), kvp_train_lr(&c, t - 1));
+}
+
+/* ---- a small synthetic trace ---------------------------------------------------------- */
+
+#define T_LAYERS 2
+#define T_KVH 2
+#define T_GROUP 2
+#define T_HEADS (T_KVH * T_GROUP)
+#define T_D 4
+#define T_LEN 96
+#define T_SEQS 8
+#define T_TRAIN 6
+
+/* Queries point along one direction per head, so a row's future attention follows its
+ * key's projection on it: a ranking an agent can learn from keys. */
+static void make_trace(const char *dir)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/trace.kvpt", dir);
+    cr_assert(mkdir(dir, 0777) == 0 || errno == EEXIST);
+    kvp_trace_header h = {.n_layers = T_LAYERS, .n_heads = T_HEADS, .n_kv_heads = T_KVH,
+                          .head_dim = T_D, .seq_len = T_LEN, .split = 0.75};
+    snprintf(h.model, sizeof h.model, "synthetic");
+    kvp_trace_writer w;
+    char err[256];
+    cr_assert_eq(kvp_trace_writer_open(&w, path, &h, err, sizeof err), 0, "%s", err);
+    static float q[T_LAYERS][T_LEN * T_HEADS * T_D], k[T_LAYERS][T_LEN * T_KVH * T_D],
+        v[T_LAYERS][T_LEN * T_KVH * T_D];
+    int32_t tokens[T_LEN];
+    uint64_t rng = 77;
+    for (int seq = 0; seq < T_SEQS; seq++) {
+        for (int i = 0; i < T_LEN; i++)
+            tokens[i] = i % 32;
+        for (int l = 0; l < T_LAYERS; l++) {
+            for (int i = 0; i < T_LEN * T_KVH * T_D; i++) {
+                k[l][i] = 2.0f * kvp_rand_f32(&rng) - 1.0f;
+                v[l][i] = 2.0f * kvp_rand_f32(&rng) - 1.0f;
+            }
+            for (int t = 0; t < T_LEN; t++)
+                for (int hh = 0; hh < T_HEADS; hh++)
+                    for (int x = 0; x < T_D; x++)
+                        q[l][(t * T_HEADS + hh) * T_D + x] =
+                            (x == (l + hh / T_GROUP) % T_D ? 6.0f : 0.0f) +
+                            0.5f * (kvp_rand_f32(&rng) - 0.5f);
+        }
+        const float *qp[T_LAYERS], *kp[T_LAYERS], *vp[T_LAYERS];
+        for (int l = 0; l < T_LAYERS; l++) {
+            qp[l] = q[l];
+            kp[l] = k[l];
+            vp[l] = v[l];
+        }
+        cr_assert_eq(kvp_trace_writer_add(&w, tokens, T_LEN, qp, kp, vp), 0);
+    }
+    cr_assert_eq(kvp_trace_writer_close(&w, T_TRAIN, err, sizeof err), 0, "%s", err);
+}
+
+static const char *trace_dir(void)
+{
+    static char dir[64];
+    if (!dir[0]) {
+        snprintf(dir, sizeof dir, "/tmp/kvp-train-test-%d", (int)getpid());
+        make_trace(dir);
+    }
+    return dir;
+}
+
+static void open_trace(kvp_trace *t)
+{
+    char path[256], err[256];
+    snprintf(path, sizeof path, "%s/trace.kvpt", trace_dir());
+    cr_assert_eq(kvp_trace_open(t, path, NULL, err, sizeof err), 0, "%s", err);
+}
+
+static void remove_trace(void)
+{
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", trace_dir());
+    cr_assert_eq(system(cmd), 0);
+}
+
+static const kvp_agent_arch tiny_arch = {.d = T_D, .P = 8, .E = 4, .H = 8, .pmax = T_LEN};
+
+static kvp_train_cfg tiny_cfg(long steps, int threads)
+{
+    kvp_train_cfg c;
+    kvp_train_defaults(&c);
+    c.steps = steps;
+    c.threads = threads;
+    c.episodes = 4;
+    c.samples = 4;
+    c.lr = 1e-2f;
+    c.warmup = 5;
+    c.cut_min = 32;
+    c.cut_tail = 8;
+    c.cut_stride = 8;
+    c.val_cut = 72;
+    c.eval_every = 10;
+    c.ema = 0.9f;
+    return c;
+}
+
+Test(train, importance_at_many_cuts_matches_kvp_trace_importance)
+{
+    kvp_trace t;
+    open_trace(&t);
+    enum { FIRST = 24, STRIDE = 10, CUTS = 6 };
+    float *out[CUTS], work[3 * T_LEN], ref[T_LEN], rwork[3 * T_LEN];
+    for (int g = 0; g < CUTS; g++)
+        out[g] = malloc((FIRST + g * STRIDE) * sizeof(float));
+    for (int l = 0; l < T_LAYERS; l++)
+        for (int h = 0; h < T_KVH; h++) {
+            kvp_trace_importance_cuts(&t, 1, l, h, FIRST, STRIDE, CUTS, out, work);
+            for (int g = 0; g < CUTS; g++) {
+                int n = FIRST + g * STRIDE;
+                kvp_trace_importance(&t, 1, l, h, n, ref, rwork);
+                for (int i = 0; i < n; i++)
+                    cr_assert_float_eq(out[g][i], ref[i], 1e-5f * (1.0f + ref[i]),
+                                       "layer %d head %d cut %d row %d", l, h, n, i);
+            }
+        }
+    for (int g = 0; g < CUTS; g++)
+        free(out[g]);
+    kvp_trace_close(&t);
+    remove_trace();
+}
+
+/* The training loss of one episode, -sum_k adv_k log pi(sigma_k | s(w)) / K. */
+static double episode_loss(kvp_agent_acts *acts, const float *w, const float *k,
+                           const float *v, const int32_t *pos, int n, int32_t (*sig)[8],
+                           const float *adv, int K)
+{
+    float s[8];
+    double work[8], L = 0.0;
+    kvp_agent_forward(acts, w, k, v, pos, n, s);
+    for (int j = 0; j < K; j++)
+        L -= adv[j] * kvp_pl_logprob(s, sig[j], n, NULL, work) / K;
+    return L;
+}
+
+Test(train, agent_gradient_through_the_training_loss_matches_finite_differences)
+{
+    const kvp_agent_arch a = {.d = 3, .P = 4, .E = 3, .H = 5, .pmax = 8};
+    size_t np = kvp_agent_n_params(&a);
+    float *w = malloc(np * sizeof(float)), *g = calloc(np, sizeof(float));
+    kvp_agent_init(&a, w, 3);
+    for (size_t i = 0; i < np; i++)
+        w[i] += 0.3f * frand();   /* move biases and gains off their init */
+    enum { N = 7, K = 4 };
+    float k[N * 3], v[N * 3], s[N], ds[N] = {0}, pg[N];
+    int32_t pos[N] = {0, 1, 2, 3, 5, 6, 7}, sig[K][8];
+    double work[N];
+    const float adv[K] = {1.2f, -0.4f, -2.0f, 0.7f};
+    for (int i = 0; i < N * 3; i++) {
+        k[i] = 1.5f * frand();
+        v[i] = 1.5f * frand();
+    }
+    for (int j = 0; j < K; j++)
+        shuffle(sig[j], N);
+    kvp_agent_acts *acts = kvp_agent_acts_new(&a, N);
+    cr_assert(acts);
+    /* what train_step does: dL/ds from the PL gradients, then the agent's backward */
+    kvp_agent_forward(acts, w, k, v, pos, N, s);
+    for (int j = 0; j < K; j++) {
+        kvp_pl_logprob(s, sig[j], N, pg, work);
+        for (int i = 0; i < N; i++)
+            ds[i] -= adv[j] * pg[i] / K;
+    }
+    kvp_agent_backward(acts, w, ds, g);
+    double gmax = 0.0, worst = 0.0;
+    for (size_t i = 0; i < np; i++)
+        gmax = fmax(gmax, fabs(g[i]));
+    int checked = 0;
+    for (size_t i = 0; i < np; i++) {
+        const float h = 2e-2f;
+        float w0 = w[i];
+        double f[4];
+        const float steps[4] = {-2 * h, -h, h, 2 * h};
+        for (int j = 0; j < 4; j++) {
+            w[i] = w0 + steps[j];
+            f[j] = episode_loss(acts, w, k, v, pos, N, sig, adv, K);
+        }
+        w[i] = w0;
+        double num = (f[0] - 8 * f[1] + 8 * f[2] - f[3]) / (12.0 * h);
+        double err = fabs(num - g[i]), tol = 1e-2 * fabs(g[i]) + 2e-3 * gmax;
+        worst = fmax(worst, err / tol);
+        cr_assert_leq(err, tol, "param %zu: backward %.7g, finite differences %.7g", i, g[i], num);
+        checked += g[i] != 0.0f;
+    }
+    cr_assert_gt(checked, (int)np / 2);
+    cr_log_info("training-loss gradient: %zu parameters, worst error %.3g of the tolerance", np,
+                worst);
+    kvp_agent_acts_free(acts);
+    free(w);
+    free(g);
+}
+
+static void train_tiny(const kvp_trace *t, long steps, int threads, uint64_t seed,
+                       const char *out, double *val0, double *val1)
+{
+    kvp_agent_set s;
+    char err[256];
+    cr_assert_eq(kvp_agent_set_alloc(&s, T_LAYERS, T_KVH, &tiny_arch, err, sizeof err), 0);
+    kvp_agent_set_init(&s, 5);
+    kvp_train_cfg c = tiny_cfg(steps, threads);
+    c.seed = seed;
+    if (val0)
+        cr_assert_eq(kvp_train_validate(t, &s, c.val_cut, c.n_sink, c.n_recent, 1, val0, NULL,
+                                        err, sizeof err), 0, "%s", err);
+    cr_assert_eq(kvp_train(t, &s, &c, val1, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(kvp_agent_set_save(&s, out, err, sizeof err), 0, "%s", err);
+    kvp_agent_set_free(&s);
+}
+
+static int same_file(const char *a, const char *b)
+{
+    size_t la, lb;
+    char *x = tu_slurp(a, &la), *y = tu_slurp(b, &lb);
+    int same = la == lb && !memcmp(x, y, la);
+    free(x);
+    free(y);
+    return same;
+}
+
+Test(train, same_seed_same_file_for_any_thread_count)
+{
+    kvp_trace t;
+    open_trace(&t);
+    char p[4][128];
+    for (int i = 0; i < 4; i++)
+        snprintf(p[i], sizeof p[i], "%s/p%d.kvp", trace_dir(), i);
+    train_tiny(&t, 12, 1, 7, p[0], NULL, NULL);
+    train_tiny(&t, 12, 1, 7, p[1], NULL, NULL);
+    train_tiny(&t, 12, 3, 7, p[2], NULL, NULL);
+    train_tiny(&t, 12, 1, 8, p[3], NULL, NULL);
+    cr_assert(same_file(p[0], p[1]), "two runs with seed 7 differ");
+    cr_assert(same_file(p[0], p[2]), "1 and 3 threads differ");
+    cr_assert(!same_file(p[0], p[3]), "seeds 7 and 8 gave the same policy");
+    kvp_trace_close(&t);
+    remove_trace();
+}
+
+Test(train, training_learns_a_ranking_the_keys_predict)
+{
+    kvp_trace t;
+    open_trace(&t);
+    char p[128];
+    snprintf(p, sizeof p, "%s/learn.kvp", trace_dir());
+    double before, after;
+    train_tiny(&t, 150, 2, 1, p, &before, &after);
+    cr_log_info("synthetic trace: validation C/C* %.3f before, %.3f after", before, after);
+    cr_assert_lt(after, 1.0 + 0.5 * (before - 1.0), "C/C* %.3f before, %.3f after", before,
+                 after);
+    kvp_trace_close(&t);
+    remove_trace();
+}
+
+Test(train, bad_settings_and_shapes_are_errors)
+{
+    kvp_trace t;
+    open_trace(&t);
+    kvp_agent_set s;
+    char err[256];
+    kvp_agent_arch other = tiny_arch;
+    other.d = 8;
+    cr_assert_eq(kvp_agent_set_alloc(&s, T_LAYERS, T_KVH, &other, err, sizeof err), 0);
+    kvp_agent_set_init(&s, 1);
+    kvp_train_cfg c = tiny_cfg(2, 1);
+    cr_assert_eq(kvp_train(&t, &s, &c, NULL, err, sizeof err), -EINVAL);
+    cr_assert(strstr(err, "head_dim 8"), "%s", err);
+    kvp_agent_set_free(&s);
+
+    cr_assert_eq(kvp_agent_set_alloc(&s, T_LAYERS, T_KVH, &tiny_arch, err, sizeof err), 0);
+    kvp_agent_set_init(&s, 1);
+    c = tiny_cfg(2, 1);
+    c.samples = 1;
+    cr_assert_eq(kvp_train(&t, &s, &c, NULL, err, sizeof err), -EINVAL);
+    c = tiny_cfg(2, 1);
+    c.cut_min = 21;   /* one row left to rank */
+    cr_assert_eq(kvp_train(&t, &s, &c, NULL, err, sizeof err), -EINVAL);
+    cr_assert(strstr(err, "fewer than 2 rows"), "%s", err);
+    c = tiny_cfg(2, 1);
+    c.cut_min = 90;   /* + tail 8 > 96 */
+    cr_assert_eq(kvp_train(&t, &s, &c, NULL, err, sizeof err), -EINVAL);
+    cr_assert(strstr(err, "no training sequence"), "%s", err);
+    c = tiny_cfg(2, 1);
+    c.val_cut = T_LEN;
+    cr_assert_eq(kvp_train(&t, &s, &c, NULL, err, sizeof err), -EINVAL);
+    cr_assert(strstr(err, "no validation sequence"), "%s", err);
+    kvp_agent_set_free(&s);
+    kvp_trace_close(&t);
+    remove_trace();
+}
+
+/* ---- kvp train ----------------------------------------------------------------------- */
+
+static int run_train(const char *args, char **out)
+{
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "%s train %s 2>&1", tu_build("tools/kvp"), args);
+    return tu_run(cmd, out);
+}
+
+Test(train, cli_trains_writes_policy_and_curve)
+{
+    const char *dir = trace_dir();
+    char args[1024], pol[256], csv[300], *out;
+    snprintf(pol, sizeof pol, "%s/cli.kvp", dir);
+    snprintf(args, sizeof args, "--traces %s --out %s --init %s --steps 20 --eval-every 10 "
+             "--threads 2 --episodes 4 --samples 4 --cut-min 32 --cut-tail 8 --val-cut 72",
+             dir, pol, pol);
+    /* --init needs a policy of the trace's shape: write one first */
+    kvp_agent_set s;
+    char err[256];
+    cr_assert_eq(kvp_agent_set_alloc(&s, T_LAYERS, T_KVH, &tiny_arch, err, sizeof err), 0);
+    kvp_agent_set_init(&s, 2);
+    cr_assert_eq(kvp_agent_set_save(&s, pol, err, sizeof err), 0, "%s", err);
+    kvp_agent_set_free(&s);
+    cr_assert_eq(run_train(args, &out), 0, "%s", out);
+    cr_assert(strstr(out, "step 20/20"), "%s", out);
+    cr_assert(strstr(out, "val C/C*"), "%s", out);
+    free(out);
+    kvp_model_config cfg = {.n_layers = T_LAYERS, .n_heads = T_HEADS, .n_kv_heads = T_KVH,
+                            .head_dim = T_D};
+    cr_assert_eq(kvp_agent_set_load(&s, pol, &cfg, err, sizeof err), 0, "%s", err);
+    kvp_agent_set_free(&s);
+    snprintf(csv, sizeof csv, "%s.csv", pol);
+    char *text = tu_slurp(csv, NULL);
+    cr_assert(!strncmp(text, "step,train_cost,val_cost,lr,elapsed_s\n10,", 41), "%s", text);
+    cr_assert(strstr(text, "\n20,"), "%s", text);
+    free(text);
+    remove_trace();
+}
+
+Test(train, cli_rejects_bad_input)
+{
+    const char *dir = trace_dir();
+    char *out, args[1024];
+    const char *usage[] = {
+        "--out /tmp/x.kvp",
+        "--traces /tmp",
+        "--traces /tmp --out /tmp/x.kvp --steps abc",
+        "--traces /tmp --out /tmp/x.kvp --steps 0",
+        "--traces /tmp --out /tmp/x.kvp --threads 0",
+        "--traces /tmp --out /tmp/x.kvp --lr -1",
+        "--traces /tmp --out /tmp/x.kvp --samples 1",
+        "--traces /tmp --out /tmp/x.kvp --lr 1e-3 --lr-min 1e-2",
+        "--traces /tmp --out /tmp/x.kvp --bogus",
+        "--traces /tmp --out /tmp/x.kvp extra",
+    };
+    for (size_t i = 0; i < sizeof usage / sizeof usage[0]; i++) {
+        cr_assert_eq(run_train(usage[i], &out), 2, "'%s': %s", usage[i], out);
+        cr_assert(strstr(out, "kvp train"), "'%s': %s", usage[i], out);
+        free(out);
+    }
+    cr_assert_eq(run_train("--help", &out), 0);
+    cr_assert(strstr(out, "--traces"));
+    free(out);
+    /* no trace there */
+    cr_assert_eq(run_train("--traces /nonexistent --out /tmp/never.kvp", &out), 1);
+    cr_assert(strstr(out, "/nonexistent/trace.kvpt"), "%s", out);
+    free(out);
+    /* a trace for another shape than the --init policy */
+    char pol[256];
+    snprintf(pol, sizeof pol, "%s/other.kvp", dir);
+    kvp_agent_set s;
+    char err[256];
+    cr_assert_eq(kvp_agent_set_alloc(&s, T_LAYERS + 1, T_KVH, &tiny_arch, err, sizeof err), 0);
+    kvp_agent_set_init(&s, 2);
+    cr_assert_eq(kvp_agent_set_save(&s, pol, err, sizeof err), 0, "%s", err);
+    kvp_agent_set_free(&s);
+    snprintf(args, sizeof args, "--traces %s --out %s/never.kvp --init %s", dir, dir, pol);
+    cr_assert_eq(run_train(args, &out), 1, "%s", out);
+    cr_assert(strstr(out, "3 layers"), "%s", out);
+    free(out);
+    char never[256];
+    snprintf(never, sizeof never, "%s/never.kvp", dir);
+    cr_assert_neq(access(never, F_OK), 0);
+    remove_trace();
+}

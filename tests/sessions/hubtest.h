@@ -1,0 +1,54 @@
+/* An in-process hub on stories260K for tests: a uv loop, the real workers, and fake front
+ * ends (clients whose sinks record the events they get). No sockets. */
+#ifndef KVP_HUBTEST_H
+#define KVP_HUBTEST_H
+
+#include <uv.h>
+
+#include "model/model.h"
+#include "sessions/hub.h"
+#include "sessions/session.h"
+
+#define HT_MAX_EVENTS 4096
+
+typedef struct ht_event {
+    enum kvp_hub_event_type type;
+    char id[KVP_SESSION_ID_LEN + 1];
+    int resumed, turns, n_history;
+    char code[32];
+    char *text;              /* token text, reply, error message */
+    kvp_turn_stats stats;
+} ht_event;
+
+typedef struct ht_client {
+    kvp_hub_client *c;
+    ht_event ev[HT_MAX_EVENTS];
+    int n;
+} ht_client;
+
+typedef struct ht_hub {
+    uv_loop_t loop;
+    kvp_model model;
+    kvp_hub_config cfg;
+    kvpd_metrics metrics;
+    kvp_policy_conf *pc;
+    kvp_hub *hub;
+    char state_dir[128];
+} ht_hub;
+
+/* Starts a hub (state_dir NULL: none) with the given policy at budget 64, 1 worker. */
+void ht_start(ht_hub *h, const char *state_dir, const char *policy);
+void ht_stop(ht_hub *h);
+void ht_client_new(ht_hub *h, ht_client *c);
+void ht_client_free(ht_client *c);
+/* Runs the loop until c has an event of this type at or after index `from` (or fails
+ * the test after timeout_s); returns its index. */
+int ht_wait(ht_hub *h, ht_client *c, int from, enum kvp_hub_event_type type, double timeout_s);
+/* Runs the loop until no job is in flight. */
+void ht_settle(ht_hub *h);
+/* The index of c's first event of this type at or after from, or -1. */
+int ht_find(const ht_client *c, int from, enum kvp_hub_event_type type);
+/* A user message of about n tokens of story text. */
+char *ht_text(int words);
+
+#endif

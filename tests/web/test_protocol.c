@@ -1,0 +1,97 @@
+/* web/protocol.c and sessions/metrics.c: parsing client messages, building frames. */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sessions/metrics.h"
+#include "web/protocol.h"
+
+static int parse(const char *s, kvpd_client_msg *m, const char **code)
+{
+    char msg[256];
+    return kvpd_proto_parse(s, strlen(s), 100, m, code, msg, sizeof msg);
+}
+
+Test(protocol, valid_messages)
+{
+    kvpd_client_msg m;
+    const char *code;
+    cr_assert_eq(parse("{\"type\":\"hello\"}", &m, &code), 0);
+    cr_assert_eq(m.type, KVPD_MSG_HELLO);
+    cr_assert_eq(m.session[0], '\0');
+    cr_assert_eq(parse("{\"type\":\"hello\",\"session\":\"00112233445566778899aabbccddeeff\"}", &m, &code), 0);
+    cr_assert_str_eq(m.session, "00112233445566778899aabbccddeeff");
+    cr_assert_eq(parse("{\"type\":\"message\",\"text\":\"h\\u00e9\",\"max_tokens\":5,\"temperature\":0.5}", &m, &code), 0);
+    cr_assert_eq(m.type, KVPD_MSG_MESSAGE);
+    cr_assert_str_eq(m.text, "h\xc3\xa9");
+    cr_assert_eq(m.text_len, 3);
+    cr_assert_eq(m.max_tokens, 5);
+    cr_assert(m.has_temperature);
+    kvpd_proto_msg_free(&m);
+    cr_assert_eq(parse("{\"type\":\"cancel\"}", &m, &code), 0);
+    cr_assert_eq(m.type, KVPD_MSG_CANCEL);
+}
+
+Test(protocol, errors_carry_their_code)
+{
+    kvpd_client_msg m;
+    const char *code;
+    cr_assert_lt(parse("{", &m, &code), 0);
+    cr_assert_str_eq(code, "bad_json");
+    cr_assert_lt(parse("{\"type\":\"hello\",\"type\":\"cancel\"}", &m, &code), 0);
+    cr_assert_str_eq(code, "bad_json");   /* duplicate keys are ambiguous */
+    cr_assert_lt(parse("{\"type\":1}", &m, &code), 0);
+    cr_assert_str_eq(code, "bad_request");
+    cr_assert_lt(parse("{\"type\":\"message\",\"text\":\"x\",\"max_tokens\":101}", &m, &code), 0);
+    cr_assert_str_eq(code, "too_large");
+    cr_assert_lt(parse("{\"type\":\"message\",\"text\":\"x\",\"max_tokens\":1.5}", &m, &code), 0);
+    cr_assert_str_eq(code, "bad_request");
+    cr_assert_lt(parse("{\"type\":\"hello\",\"session\":\"ABC\"}", &m, &code), 0);
+    cr_assert_str_eq(code, "unknown_session");
+}
+
+Test(protocol, frames_are_valid_json)
+{
+    kvp_turn_stats st = {.prompt_tokens = 3, .prefilled_tokens = 3, .generated_tokens = 2,
+                         .cache_rows_max = 40, .cache_bytes = 1234, .evicted_rows = 9,
+                         .ttft_ms = 1.5, .tokens_per_s = 100, .stop = "length"};
+    char *s = kvpd_proto_done("a \"quote\"", 9, &st, -1, NULL);
+    json_t *j = json_loads(s, 0, NULL);
+    cr_assert(j);
+    cr_assert_str_eq(json_string_value(json_object_get(j, "reply")), "a \"quote\"");
+    json_t *stats = json_object_get(j, "stats");
+    cr_assert_eq(json_integer_value(json_object_get(stats, "cache_bytes")), 1234);
+    cr_assert_eq(json_integer_value(json_object_get(stats, "evicted_rows")), 9);
+    json_decref(j);
+    free(s);
+    s = kvpd_proto_token("\xe2\x82\xac", 3);
+    cr_assert_str_eq(s, "{\"type\":\"token\",\"text\":\"\xe2\x82\xac\"}");
+    free(s);
+    cr_assert_null(kvpd_proto_token("\xe2\x82", 2));   /* jansson refuses broken UTF-8 */
+    s = kvpd_proto_error("busy", "wait");
+    cr_assert_str_eq(s, "{\"type\":\"error\",\"code\":\"busy\",\"message\":\"wait\"}");
+    free(s);
+}
+
+Test(metrics, histogram_buckets_are_cumulative)
+{
+    kvpd_metrics m;
+    kvpd_metrics_init(&m);
+    kvpd_hist_observe(&m.ttft, 0.002);
+    kvpd_hist_observe(&m.ttft, 0.2);
+    kvpd_hist_observe(&m.ttft, 100);
+    m.errors[kvpd_err_kind_of("busy")] = 2;
+    kvpd_gauges g = {.sessions_active = 1, .ready = 1};
+    size_t len;
+    char *t = kvpd_metrics_render(&m, &g, &len);
+    cr_assert(t);
+    cr_assert(strstr(t, "kvpd_ttft_seconds_bucket{le=\"0.001\"} 0\n"));
+    cr_assert(strstr(t, "kvpd_ttft_seconds_bucket{le=\"0.0025\"} 1\n"));
+    cr_assert(strstr(t, "kvpd_ttft_seconds_bucket{le=\"0.25\"} 2\n"));
+    cr_assert(strstr(t, "kvpd_ttft_seconds_bucket{le=\"+Inf\"} 3\n"));
+    cr_assert(strstr(t, "kvpd_ttft_seconds_count 3\n"));
+    cr_assert(strstr(t, "kvpd_errors_total{code=\"busy\"} 2\n"));
+    cr_assert_eq(kvpd_err_kind_of("whatever"), KVPD_ERR_INTERNAL);
+    free(t);
+}
