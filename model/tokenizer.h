@@ -24,6 +24,7 @@ typedef struct kvp_tokenizer {
     int byte_token[256];    /* token id of <0xNN> (byte-level BPE: of the one-byte piece),
                                -1 if the vocabulary lacks it */
     int bos_id, eos_id, unk_id;
+    int eot_id;             /* end of turn (tokenizer.ggml.eot_token_id), -1 if none */
     int max_piece_len;
     int add_space_prefix;   /* prepend " " to non-empty text (SentencePiece dummy prefix) */
     int *sorted;            /* [vocab] token ids sorted by piece, for lookup: first the
@@ -39,7 +40,7 @@ typedef struct kvp_tokenizer {
 int kvp_tokenizer_load_file(kvp_tokenizer *t, const char *path, int vocab_size,
                             char *err, size_t errlen);
 /* tokenizer.ggml.model "llama": tokens, scores (optional: default 0), token_type
- * (optional), bos/eos/unk ids and add_space_prefix are read when present.
+ * (optional), bos/eos/unk/eot ids and add_space_prefix are read when present.
  * "gpt2": tokens, token_type (optional), merges and pre (tokenizer.ggml.pre: llama-bpe,
  * qwen2, smollm, gpt2 and their aliases; absent means gpt2) are read; no dummy prefix. */
 int kvp_tokenizer_load_gguf(kvp_tokenizer *t, const kvp_gguf *g, char *err, size_t errlen);

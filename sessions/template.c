@@ -223,6 +223,9 @@ int kvp_template_init(kvp_template *t, const kvp_model *m, const char *name, cha
         if (t->eos != t->stop[0])
             t->stop[1] = t->eos;
     }
+    /* the end-of-turn token the file declares ends a reply in every format */
+    if (m->tok.eot_id != t->stop[0] && m->tok.eot_id != t->stop[1])
+        t->stop[2] = m->tok.eot_id;
     return fell_back;
 }
 

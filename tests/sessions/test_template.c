@@ -172,6 +172,22 @@ Test(template, llama3)
     cr_assert(kvp_template_is_stop(&t, kvp_tokenizer_lookup(&m.tok, "<|eot_id|>", 10)));
 }
 
+Test(template, the_files_end_of_turn_token_stops_every_format)
+{
+    static const char *const formats[] = {"plain", "chatml", "llama2", "llama3", "mistral",
+                                          "zephyr", "phi3", "gemma"};
+    for (size_t i = 0; i < sizeof formats / sizeof formats[0]; i++) {
+        m.tok.eot_id = 300;
+        kvp_template t;
+        kvp_template_init(&t, &m, formats[i], NULL, 0);
+        cr_expect(kvp_template_is_stop(&t, 300), "format %s", formats[i]);
+        cr_expect(!kvp_template_is_stop(&t, 301), "format %s", formats[i]);
+        m.tok.eot_id = -1;
+        kvp_template_init(&t, &m, formats[i], NULL, 0);
+        cr_expect(!kvp_template_is_stop(&t, 300), "format %s", formats[i]);
+    }
+}
+
 Test(template, missing_markers_fall_back_to_plain)
 {
     kvp_tokenizer_free(&m.tok);
