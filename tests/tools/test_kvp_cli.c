@@ -225,6 +225,7 @@ Test(kvp_cli, synth_tokenizer_json_refused)
                                    "\"chat_template\": 5", 60);
     snprintf(a, sizeof a, "synth --out %s --tokenizer-json %s --tokenizer-config %s", outp, p, cfg);
     expect(a, 1, "line 1");
+}
 
 /* Every runtime policy on a qwen3-shaped model whose head size (24) is not dim / heads
  * (16), through context shifts (NeoX RoPE) and eviction: a clean run that keeps every
