@@ -30,6 +30,10 @@ scripts/fetch-models.sh
 if [ ! -d tests/e2e/node_modules/playwright-core ]; then
     (cd tests/e2e && npm ci --no-audit --no-fund --loglevel=error)
 fi
+# The official openai SDK for tests/openai, likewise pinned.
+if [ ! -d tests/openai/node_modules/openai ]; then
+    (cd tests/openai && npm ci --no-audit --no-fund --loglevel=error)
+fi
 
 if [ "${1:-}" != "--no-build" ]; then
     [ -f build/build.ninja ] || meson setup build
