@@ -184,7 +184,7 @@ static void bench_model(result *res, const char *label, const char *path, const 
     kvp_runstate s;
     kvp_cache c;
     if (kvp_runstate_init(&s, cfg, res->blocks[1]) ||
-        kvp_cache_init(&c, cfg->n_layers, cfg->n_kv_heads, cfg->head_dim, cfg->rope_base)) {
+        kvp_cache_init(&c, cfg->n_layers, cfg->n_kv_heads, cfg->head_dim, &cfg->rope)) {
         fprintf(stderr, "bench: out of memory\n");
         kvp_model_free(&m);
         return;

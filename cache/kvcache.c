@@ -16,18 +16,30 @@ static size_t row_bytes(int head_dim)
            2 * sizeof(float);
 }
 
-int kvp_cache_init(kvp_cache *c, int n_layers, int n_kv_heads, int head_dim, float rope_base)
+int kvp_cache_init(kvp_cache *c, int n_layers, int n_kv_heads, int head_dim, const kvp_rope *rope)
 {
     memset(c, 0, sizeof *c);
-    if (n_layers <= 0 || n_kv_heads <= 0 || head_dim <= 0 || head_dim % 2)
+    if (n_layers <= 0 || n_kv_heads <= 0 || head_dim <= 0 || rope->n_rot <= 0 ||
+        rope->n_rot % 2 || rope->n_rot > head_dim)
         return -EINVAL;
     c->heads = calloc((size_t)n_layers * n_kv_heads, sizeof *c->heads);
     if (!c->heads)
         return -ENOMEM;
+    c->rope = *rope;
+    if (rope->factors) {
+        /* own copy: a restored cache has no model to borrow from */
+        size_t n = (size_t)rope->n_rot / 2 * sizeof(float);
+        float *f = malloc(n);
+        if (!f) {
+            free(c->heads);
+            c->heads = NULL;
+            return -ENOMEM;
+        }
+        c->rope.factors = memcpy(f, rope->factors, n);
+    }
     c->n_layers = n_layers;
     c->n_kv_heads = n_kv_heads;
     c->head_dim = head_dim;
-    c->rope_base = rope_base;
     return 0;
 }
 
@@ -48,6 +60,7 @@ void kvp_cache_free(kvp_cache *c)
         for (int i = 0; i < c->n_layers * c->n_kv_heads; i++)
             head_free(&c->heads[i]);
     free(c->heads);
+    free((float *)c->rope.factors);
     memset(c, 0, sizeof *c);
 }
 
@@ -177,7 +190,7 @@ void kvp_cache_shift(kvp_cache *c, int n_sink, int ctx)
                                     (old_end - n_sink));
             if (np == p)
                 continue;
-            kvp_rope(h->k + (size_t)r * c->head_dim, c->head_dim, np - p, c->rope_base);
+            kvp_rope_rotate(&c->rope, h->k + (size_t)r * c->head_dim, np - p);
             h->pos[r] = np;
         }
     }
@@ -187,19 +200,23 @@ void kvp_cache_shift(kvp_cache *c, int n_sink, int ctx)
 
 /* ---- serialization ---------------------------------------------------------------
  * Layout (little-endian, as the host writes it; snapshots are machine-local):
- *   "KVPCACHE" u32 version, i32 n_layers, n_kv_heads, head_dim, f32 rope_base,
+ *   "KVPCACHE" u32 version, i32 n_layers, n_kv_heads, head_dim, f32 rope base,
+ *   i32 rope n_rot, i32 rope neox, i32 n_factors (0 or n_rot/2), f32 factors[n_factors],
  *   i32 next_pos, i64 n_seen, u64 evicted_rows, u64 shifts,
  *   per head: i32 n, then n k rows, n v rows, n pos, n seq, n score, n stat;
- *   u64 FNV-1a of everything before it. */
+ *   u64 FNV-1a of everything before it.
+ * Version 1 had only the rope base: its keys were rotated on consecutive pairs over the
+ * whole head without factors, and it still reads as such. */
 #define CACHE_MAGIC "KVPCACHE"
-#define CACHE_VERSION 1u
+#define CACHE_VERSION 2u
 
 static uint64_t fnv1a(const void *p, size_t n) { return kvp_fnv1a(KVP_FNV1A_INIT, p, n); }
 
 int kvp_cache_serialize(const kvp_cache *c, void **buf, size_t *len)
 {
     size_t hd = (size_t)c->head_dim;
-    size_t total = 8 + 4 + 4 * 4 + 4 + 8 + 8 + 8 + 8;
+    int n_factors = c->rope.factors ? c->rope.n_rot / 2 : 0;
+    size_t total = 8 + 4 + 4 * 4 + 3 * 4 + (size_t)n_factors * 4 + 4 + 8 + 8 + 8 + 8;
     for (int i = 0; i < c->n_layers * c->n_kv_heads; i++)
         total += 4 + (size_t)c->heads[i].n * row_bytes(c->head_dim);
     kvp_wbuf w = {malloc(total), 0};
@@ -211,7 +228,12 @@ int kvp_cache_serialize(const kvp_cache *c, void **buf, size_t *len)
     kvp_w_bytes(&w, &c->n_layers, 4);
     kvp_w_bytes(&w, &c->n_kv_heads, 4);
     kvp_w_bytes(&w, &c->head_dim, 4);
-    kvp_w_bytes(&w, &c->rope_base, 4);
+    kvp_w_bytes(&w, &c->rope.base, 4);
+    kvp_w_bytes(&w, &c->rope.n_rot, 4);
+    kvp_w_bytes(&w, &c->rope.neox, 4);
+    kvp_w_bytes(&w, &n_factors, 4);
+    if (n_factors)
+        kvp_w_bytes(&w, c->rope.factors, (size_t)n_factors * 4);
     kvp_w_bytes(&w, &c->next_pos, 4);
     kvp_w_bytes(&w, &c->n_seen, 8);
     kvp_w_bytes(&w, &c->evicted_rows, 8);
@@ -243,7 +265,9 @@ int kvp_cache_deserialize(kvp_cache *c, const void *buf, size_t len, char *err, 
     char magic[8];
     uint32_t version = 0;
     int n_layers, n_kv, hd, next_pos;
-    float base;
+    kvp_rope rope = {0};
+    int n_factors = 0;
+    float factors[2048];
     if (len < 8 + 8 || kvp_r_bytes(&r, magic, 8) || memcmp(magic, CACHE_MAGIC, 8)) {
         snprintf(err, errlen, "cache snapshot: bad magic or too short (%zu bytes)", len);
         return -EINVAL;
@@ -255,17 +279,32 @@ int kvp_cache_deserialize(kvp_cache *c, const void *buf, size_t len, char *err, 
         return -EINVAL;
     }
     r.n = len - 8;
-    if (kvp_r_bytes(&r, &version, 4) || version != CACHE_VERSION) {
+    if (kvp_r_bytes(&r, &version, 4) || (version != 1 && version != CACHE_VERSION)) {
         snprintf(err, errlen, "cache snapshot: unsupported version %u", version);
         return -EINVAL;
     }
-    if (kvp_r_bytes(&r, &n_layers, 4) || kvp_r_bytes(&r, &n_kv, 4) || kvp_r_bytes(&r, &hd, 4) || kvp_r_bytes(&r, &base, 4) ||
-        kvp_r_bytes(&r, &next_pos, 4) || n_layers <= 0 || n_kv <= 0 || hd <= 0 || hd % 2 ||
-        n_layers > 4096 || n_kv > 4096 || hd > 4096 || next_pos < 0) {
+    if (kvp_r_bytes(&r, &n_layers, 4) || kvp_r_bytes(&r, &n_kv, 4) || kvp_r_bytes(&r, &hd, 4) ||
+        kvp_r_bytes(&r, &rope.base, 4) || n_layers <= 0 || n_kv <= 0 || hd <= 0 ||
+        n_layers > 4096 || n_kv > 4096 || hd > 4096) {
         snprintf(err, errlen, "cache snapshot: bad shape");
         return -EINVAL;
     }
-    int rc = kvp_cache_init(c, n_layers, n_kv, hd, base);
+    rope.n_rot = hd;
+    if (version > 1 &&
+        (kvp_r_bytes(&r, &rope.n_rot, 4) || kvp_r_bytes(&r, &rope.neox, 4) ||
+         kvp_r_bytes(&r, &n_factors, 4) ||
+         rope.n_rot <= 0 || rope.n_rot > hd || rope.n_rot % 2 || (rope.neox & ~1) ||
+         (n_factors && n_factors != rope.n_rot / 2) ||
+         kvp_r_bytes(&r, factors, (size_t)n_factors * sizeof *factors))) {
+        snprintf(err, errlen, "cache snapshot: bad rope description");
+        return -EINVAL;
+    }
+    rope.factors = n_factors ? factors : NULL;
+    if (kvp_r_bytes(&r, &next_pos, 4) || next_pos < 0) {
+        snprintf(err, errlen, "cache snapshot: bad shape");
+        return -EINVAL;
+    }
+    int rc = kvp_cache_init(c, n_layers, n_kv, hd, &rope);
     if (rc)
         return rc;
     c->next_pos = next_pos;

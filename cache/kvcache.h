@@ -8,6 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cache/rope.h"
+
 typedef struct kvp_head {
     int n;            /* rows held */
     int cap;          /* rows allocated */
@@ -21,7 +23,7 @@ typedef struct kvp_head {
 
 typedef struct kvp_cache {
     int n_layers, n_kv_heads, head_dim;
-    float rope_base;
+    kvp_rope rope;           /* how the keys are rotated; rope.factors is the cache's own copy */
     kvp_head *heads;         /* [n_layers * n_kv_heads] */
     int next_pos;            /* RoPE position of the next token */
     int64_t n_seen;          /* tokens ever appended: the next token's seq */
@@ -29,7 +31,8 @@ typedef struct kvp_cache {
     uint64_t shifts;         /* context shifts performed */
 } kvp_cache;
 
-int kvp_cache_init(kvp_cache *c, int n_layers, int n_kv_heads, int head_dim, float rope_base);
+/* rope: the model's RoPE (n_rot <= head_dim); its factors are copied. */
+int kvp_cache_init(kvp_cache *c, int n_layers, int n_kv_heads, int head_dim, const kvp_rope *rope);
 void kvp_cache_free(kvp_cache *c);
 /* Drops every row (keeps the allocation small again). */
 void kvp_cache_reset(kvp_cache *c);
@@ -52,8 +55,8 @@ size_t kvp_head_bytes(const kvp_cache *c, const kvp_head *h);
 size_t kvp_cache_rows(const kvp_cache *c);       /* sum over heads */
 int kvp_cache_max_rows(const kvp_cache *c);      /* largest head */
 
-/* Context shift for a model trained on ctx positions: re-rotates kept keys (RoPE by a
- * negative offset) so that next_pos drops to 3/4 of ctx. One map of old to new positions
+/* Context shift for a model trained on ctx positions: re-rotates kept keys (the cache's
+ * RoPE by a negative offset) so that next_pos drops to 3/4 of ctx. One map of old to new positions
  * serves every head, so a token sits at the same position in all of them:
  *   - sinks (positions < n_sink) stay;
  *   - rows of the newest quarter of the context keep their exact distances to the next

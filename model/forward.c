@@ -26,7 +26,7 @@ int kvp_runstate_init(kvp_runstate *s, const kvp_model_config *c, int max_tokens
     s->hb = malloc(T * c->hidden_dim * sizeof(float));
     s->hb2 = malloc(T * c->hidden_dim * sizeof(float));
     s->logits = malloc((size_t)c->vocab_size * sizeof(float));
-    s->rope = malloc(T * c->head_dim * sizeof(float));
+    s->rope = malloc(T * c->rope.n_rot * sizeof(float));
     if (!s->x || !s->rope || !s->xb || !s->xb2 || !s->q || !s->k || !s->v || !s->att_out || !s->hb ||
         !s->hb2 || !s->logits) {
         kvp_runstate_free(s);
@@ -60,6 +60,14 @@ static void rmsnorm(float *o, const float *x, const float *w, int n, float eps)
     ss = 1.0f / sqrtf(ss / n + eps);
     for (int j = 0; j < n; j++)
         o[j] = w[j] * (ss * x[j]);
+}
+
+/* x[T][n] += b[n] */
+static void add_bias(float *x, const float *b, int T, int n)
+{
+    for (int t = 0; t < T; t++)
+        for (int j = 0; j < n; j++)
+            x[(size_t)t * n + j] += b[j];
 }
 
 /* y[T][out] = x[T][in] . W[out][in]^T (+ y when accumulate) */
@@ -146,9 +154,10 @@ int kvp_forward(const kvp_model *m, kvp_runstate *s, kvp_cache *c,
     int pos0 = c->next_pos;
     int rc;
 
+    int nr = p->rope.n_rot;
     for (int t = 0; t < T; t++) {
         memcpy(s->x + (size_t)t * dim, m->tok_embd + (size_t)tokens[t] * dim, dim * sizeof(float));
-        kvp_rope_table(s->rope + (size_t)t * hd, hd, pos0 + t, p->rope_base);
+        kvp_rope_table(&p->rope, s->rope + (size_t)t * nr, pos0 + t);
     }
 
     for (int l = 0; l < p->n_layers; l++) {
@@ -158,12 +167,27 @@ int kvp_forward(const kvp_model *m, kvp_runstate *s, kvp_cache *c,
         matmul(s->q, s->xb, w->wq, T, dim, qd, 0);
         matmul(s->k, s->xb, w->wk, T, dim, kvd, 0);
         matmul(s->v, s->xb, w->wv, T, dim, kvd, 0);
+        /* Q/K/V biases (qwen2) */
+        if (w->bq)
+            add_bias(s->q, w->bq, T, qd);
+        if (w->bk)
+            add_bias(s->k, w->bk, T, kvd);
+        if (w->bv)
+            add_bias(s->v, w->bv, T, kvd);
+        /* per-head RMSNorm of q[T][n_heads][hd] and k[T][n_kv_heads][hd] (qwen3) */
+        if (w->q_norm) {
+            for (int i = 0; i < T * p->n_heads; i++)
+                rmsnorm(s->q + (size_t)i * hd, s->q + (size_t)i * hd, w->q_norm, hd, p->rms_eps);
+            for (int i = 0; i < T * p->n_kv_heads; i++)
+                rmsnorm(s->k + (size_t)i * hd, s->k + (size_t)i * hd, w->k_norm, hd, p->rms_eps);
+        }
+        /* RoPE on every q and k head at its token's position */
         for (int t = 0; t < T; t++) {
-            const float *cs = s->rope + (size_t)t * hd;
+            const float *cs = s->rope + (size_t)t * nr;
             for (int h = 0; h < p->n_heads; h++)
-                kvp_rope_apply(s->q + (size_t)t * qd + h * hd, hd, cs);
+                kvp_rope_apply(&p->rope, s->q + (size_t)t * qd + h * hd, cs);
             for (int h = 0; h < p->n_kv_heads; h++)
-                kvp_rope_apply(s->k + (size_t)t * kvd + h * hd, hd, cs);
+                kvp_rope_apply(&p->rope, s->k + (size_t)t * kvd + h * hd, cs);
         }
         if (s->hooks.tap)
             s->hooks.tap(s->hooks.tap_ctx, l, s->q, s->k, s->v, T);

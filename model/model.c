@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,26 +19,42 @@
 
 /* Sane upper bounds: far above any real llama, low enough that sizes cannot overflow. */
 #define MAX_DIM (1 << 16)
+#define MAX_HEAD_DIM 4096
 #define MAX_LAYERS 1024
 #define MAX_VOCAB (1 << 20)
 #define MAX_CTX (1 << 22)
 
-static int check_config(const kvp_model_config *c, char *err, size_t errlen)
+/* Checks a configuration; messages name the metadata key (ARCH.suffix in a GGUF, the
+ * same names for the fields of a llama2.c header, whose prefix is ""). */
+static int check_config(const kvp_model_config *c, const char *pfx, char *err, size_t errlen)
 {
-    if (c->dim <= 0 || c->dim > MAX_DIM || c->hidden_dim <= 0 || c->hidden_dim > 4 * MAX_DIM)
-        return ERR("bad model width: dim %d, hidden %d", c->dim, c->hidden_dim);
+    if (c->dim <= 0 || c->dim > MAX_DIM)
+        return ERR("%sembedding_length = %d: must be in [1, %d]", pfx, c->dim, MAX_DIM);
+    if (c->hidden_dim <= 0 || c->hidden_dim > 4 * MAX_DIM)
+        return ERR("%sfeed_forward_length = %d: must be in [1, %d]", pfx, c->hidden_dim, 4 * MAX_DIM);
     if (c->n_layers <= 0 || c->n_layers > MAX_LAYERS)
-        return ERR("bad layer count %d", c->n_layers);
-    if (c->n_heads <= 0 || c->n_kv_heads <= 0 || c->n_heads % c->n_kv_heads)
-        return ERR("bad head counts: %d heads, %d KV heads", c->n_heads, c->n_kv_heads);
-    if (c->head_dim <= 0 || c->head_dim % 2 || c->head_dim * c->n_heads > 4 * MAX_DIM)
-        return ERR("bad head_dim %d", c->head_dim);
+        return ERR("%sblock_count = %d: must be in [1, %d]", pfx, c->n_layers, MAX_LAYERS);
+    if (c->n_heads <= 0 || c->n_heads > MAX_DIM)
+        return ERR("%sattention.head_count = %d: must be in [1, %d]", pfx, c->n_heads, MAX_DIM);
+    if (c->n_kv_heads <= 0 || c->n_heads % c->n_kv_heads)
+        return ERR("%sattention.head_count_kv = %d: must divide %sattention.head_count = %d",
+                   pfx, c->n_kv_heads, pfx, c->n_heads);
+    if (c->head_dim <= 0 || c->head_dim > MAX_HEAD_DIM || c->head_dim * c->n_heads > 4 * MAX_DIM)
+        return ERR("%sattention.key_length = %d: must be in [1, %d] with key_length x "
+                   "head_count (%d) at most %d", pfx, c->head_dim, MAX_HEAD_DIM, c->n_heads,
+                   4 * MAX_DIM);
+    if (c->rope.n_rot <= 0 || c->rope.n_rot % 2 || c->rope.n_rot > c->head_dim)
+        return ERR("%srope.dimension_count = %d: must be even and in [2, attention.key_length "
+                   "= %d]", pfx, c->rope.n_rot, c->head_dim);
+    if (!(c->rope.base > 0) || !isfinite(c->rope.base))
+        return ERR("%srope.freq_base = %g: must be a finite positive number", pfx, c->rope.base);
+    if (!(c->rms_eps > 0) || !isfinite(c->rms_eps))
+        return ERR("%sattention.layer_norm_rms_epsilon = %g: must be a finite positive number",
+                   pfx, c->rms_eps);
     if (c->vocab_size <= 0 || c->vocab_size > MAX_VOCAB)
-        return ERR("bad vocabulary size %d", c->vocab_size);
+        return ERR("%svocab_size = %d: must be in [1, %d]", pfx, c->vocab_size, MAX_VOCAB);
     if (c->seq_len <= 0 || c->seq_len > MAX_CTX)
-        return ERR("bad context length %d", c->seq_len);
-    if (!(c->rope_base > 0) || !(c->rms_eps > 0))
-        return ERR("bad rope base %g or rms epsilon %g", c->rope_base, c->rms_eps);
+        return ERR("%scontext_length = %d: must be in [1, %d]", pfx, c->seq_len, MAX_CTX);
     return 0;
 }
 
@@ -117,10 +134,14 @@ static int load_llama2c(kvp_model *m, const char *path, const char *tokenizer_pa
     c->vocab_size = h[5] > 0 ? h[5] : (h[5] == INT32_MIN ? 0 : -h[5]);
     c->seq_len = h[6];
     c->head_dim = c->n_heads > 0 && c->dim % c->n_heads == 0 ? c->dim / c->n_heads : 0;
-    c->rope_base = 10000.0f;
+    c->rope = (kvp_rope){.n_rot = c->head_dim, .base = 10000.0f};
     c->rms_eps = 1e-5f;
-    if ((rc = check_config(c, err, errlen)))
-        return rc;
+    snprintf(m->arch, sizeof m->arch, "llama");
+    if ((rc = check_config(c, "", err, errlen))) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "%s", err);
+        return ERR("%s: llama2.c header: %s", path, msg);
+    }
 
     size_t d = (size_t)c->dim, L = (size_t)c->n_layers, hid = (size_t)c->hidden_dim;
     size_t qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
@@ -220,9 +241,21 @@ static int tensor(kvp_model *m, const kvp_gguf *g, const char *name, uint64_t ne
     return own_f32(m, t, out, err, errlen);
 }
 
-static int get_int(const kvp_gguf *g, const char *key, int *out, int required,
-                   char *err, size_t errlen)
+/* An optional tensor: *out stays NULL when the file has none. */
+static int opt_tensor(kvp_model *m, const kvp_gguf *g, const char *name, uint64_t ne0,
+                      uint64_t ne1, const float **out, char *err, size_t errlen)
 {
+    if (!kvp_gguf_find_tensor(g, name))
+        return 0;
+    return tensor(m, g, name, ne0, ne1, out, err, errlen);
+}
+
+/* Integer metadata ARCH.suffix; *out keeps its default when absent and not required. */
+static int get_int(const kvp_gguf *g, const char *arch, const char *suffix, int *out,
+                   int required, char *err, size_t errlen)
+{
+    char key[96];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
     uint32_t v;
     int rc = kvp_gguf_get_u32(g, key, &v);
     if (rc == -ENOENT && !required)
@@ -235,11 +268,14 @@ static int get_int(const kvp_gguf *g, const char *key, int *out, int required,
     return 0;
 }
 
-static int get_float(const kvp_gguf *g, const char *key, float *out, char *err, size_t errlen)
+static int get_float(const kvp_gguf *g, const char *arch, const char *suffix, float *out,
+                     char *err, size_t errlen)
 {
+    char key[96];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
     int rc = kvp_gguf_get_f32(g, key, out);
     if (rc && rc != -ENOENT)
-        return ERR("metadata %s has a wrong type", key);
+        return ERR("metadata %s has a wrong type or value", key);
     return 0;
 }
 
@@ -259,6 +295,128 @@ static enum kvp_chat_format detect_chat_format(const kvp_gguf *g)
     return KVP_CHAT_PLAIN;
 }
 
+/* The GGUF architectures: llama's block, and what each adds to it. */
+enum { NONE, OPTIONAL, REQUIRED };
+static const struct arch_desc {
+    const char *name;
+    int neox;       /* RoPE on NeoX halves instead of consecutive pairs */
+    int qkv_bias;   /* blk.N.attn_{q,k,v}.bias */
+    int qk_norm;    /* blk.N.attn_{q,k}_norm.weight */
+} archs[] = {
+    {"llama", 0, OPTIONAL, NONE},
+    {"mistral", 0, OPTIONAL, NONE},
+    {"qwen2", 1, REQUIRED, NONE},
+    {"qwen3", 1, NONE, REQUIRED},
+};
+
+/* Hyperparameters from ARCH.* metadata, defaults as llama.cpp's, then checked. */
+static int read_config(kvp_model *m, const kvp_gguf *g, const struct arch_desc *a,
+                       char *err, size_t errlen)
+{
+    kvp_model_config *c = &m->cfg;
+    const char *n = a->name;
+    int rc;
+    c->rope.base = 10000.0f;
+    c->rope.neox = a->neox;
+    c->rms_eps = 1e-5f;
+    c->seq_len = 2048;
+    if ((rc = get_int(g, n, "embedding_length", &c->dim, 1, err, errlen)) ||
+        (rc = get_int(g, n, "feed_forward_length", &c->hidden_dim, 1, err, errlen)) ||
+        (rc = get_int(g, n, "block_count", &c->n_layers, 1, err, errlen)) ||
+        (rc = get_int(g, n, "attention.head_count", &c->n_heads, 1, err, errlen)) ||
+        (rc = get_int(g, n, "context_length", &c->seq_len, 0, err, errlen)) ||
+        (rc = get_float(g, n, "rope.freq_base", &c->rope.base, err, errlen)) ||
+        (rc = get_float(g, n, "attention.layer_norm_rms_epsilon", &c->rms_eps, err, errlen)))
+        return rc;
+    c->n_kv_heads = c->n_heads;
+    if ((rc = get_int(g, n, "attention.head_count_kv", &c->n_kv_heads, 0, err, errlen)))
+        return rc;
+    /* head size: key_length when given (qwen3: not dim / heads), else dim / heads */
+    char key[96];
+    snprintf(key, sizeof key, "%s.attention.key_length", n);
+    if (!kvp_gguf_find(g, key) && c->n_heads > 0 && c->dim % c->n_heads)
+        return ERR("%s.attention.head_count = %d does not divide %s.embedding_length = %d "
+                   "and %s is absent", n, c->n_heads, n, c->dim, key);
+    c->head_dim = c->n_heads > 0 ? c->dim / c->n_heads : 0;
+    if ((rc = get_int(g, n, "attention.key_length", &c->head_dim, 0, err, errlen)))
+        return rc;
+    int v_dim = c->head_dim;
+    if ((rc = get_int(g, n, "attention.value_length", &v_dim, 0, err, errlen)))
+        return rc;
+    if (v_dim != c->head_dim)
+        return ERR("%s.attention.value_length = %d differs from attention.key_length = %d "
+                   "(unsupported)", n, v_dim, c->head_dim);
+    c->rope.n_rot = c->head_dim;
+    if ((rc = get_int(g, n, "rope.dimension_count", &c->rope.n_rot, 0, err, errlen)))
+        return rc;
+    const kvp_gguf_tensor *emb = kvp_gguf_find_tensor(g, "token_embd.weight");
+    if (!emb || emb->n_dims != 2 || emb->ne[1] > MAX_VOCAB)
+        return ERR("missing or bad token_embd.weight");
+    c->vocab_size = (int)emb->ne[1];
+    int meta_vocab = c->vocab_size;
+    if ((rc = get_int(g, n, "vocab_size", &meta_vocab, 0, err, errlen)))
+        return rc;
+    if (meta_vocab != c->vocab_size)
+        return ERR("%s.vocab_size = %d but token_embd.weight has %d rows", n, meta_vocab,
+                   c->vocab_size);
+    char pfx[32];
+    snprintf(pfx, sizeof pfx, "%s.", n);
+    return check_config(c, pfx, err, errlen);
+}
+
+/* rope_freqs.weight (Llama 3.1+): one frequency divisor per rotated pair. */
+static int read_rope_factors(kvp_model *m, const kvp_gguf *g, char *err, size_t errlen)
+{
+    kvp_rope *r = &m->cfg.rope;
+    int rc = opt_tensor(m, g, "rope_freqs.weight", (uint64_t)r->n_rot / 2, 1, &r->factors,
+                        err, errlen);
+    for (int i = 0; !rc && r->factors && i < r->n_rot / 2; i++)
+        if (!(r->factors[i] > 0) || !isfinite(r->factors[i]))
+            rc = ERR("rope_freqs.weight[%d] = %g: frequency factors must be finite and "
+                     "positive", i, r->factors[i]);
+    return rc;
+}
+
+static int read_layer(kvp_model *m, const kvp_gguf *g, const struct arch_desc *a, int l,
+                      char *err, size_t errlen)
+{
+    const kvp_model_config *c = &m->cfg;
+    uint64_t d = (uint64_t)c->dim, hid = (uint64_t)c->hidden_dim, hd = (uint64_t)c->head_dim;
+    uint64_t qd = (uint64_t)c->n_heads * hd, kvd = (uint64_t)c->n_kv_heads * hd;
+    kvp_layer *ly = &m->layers[l];
+    static const char *const bias_name[3] = {"attn_q", "attn_k", "attn_v"};
+    const float **bias[3] = {&ly->bq, &ly->bk, &ly->bv};
+    const uint64_t bias_len[3] = {qd, kvd, kvd};
+    char n[96];
+    int rc;
+#define T(field, suffix, e0, e1)                                              \
+    snprintf(n, sizeof n, "blk.%d." suffix ".weight", l);                     \
+    if ((rc = tensor(m, g, n, e0, e1, &ly->field, err, errlen)))              \
+        return rc;
+    T(attn_norm, "attn_norm", d, 1)
+    T(wq, "attn_q", d, qd)
+    T(wk, "attn_k", d, kvd)
+    T(wv, "attn_v", d, kvd)
+    T(wo, "attn_output", qd, d)
+    T(ffn_norm, "ffn_norm", d, 1)
+    T(w_gate, "ffn_gate", d, hid)
+    T(w_down, "ffn_down", hid, d)
+    T(w_up, "ffn_up", d, hid)
+    if (a->qk_norm) {
+        T(q_norm, "attn_q_norm", hd, 1)
+        T(k_norm, "attn_k_norm", hd, 1)
+    }
+#undef T
+    for (int i = 0; i < 3 && a->qkv_bias; i++) {
+        snprintf(n, sizeof n, "blk.%d.%s.bias", l, bias_name[i]);
+        rc = a->qkv_bias == REQUIRED ? tensor(m, g, n, bias_len[i], 1, bias[i], err, errlen)
+                                     : opt_tensor(m, g, n, bias_len[i], 1, bias[i], err, errlen);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
 static int load_gguf(kvp_model *m, const char *path, char *err, size_t errlen)
 {
     size_t size;
@@ -266,87 +424,49 @@ static int load_gguf(kvp_model *m, const char *path, char *err, size_t errlen)
     if (rc)
         return rc;
     kvp_gguf g;
-    if ((rc = kvp_gguf_parse(&g, m->map, size, err, errlen))) {
-        char msg[512];
-        snprintf(msg, sizeof msg, "%s", err);
-        snprintf(err, errlen, "%s: %s", path, msg);
-        return rc;
-    }
+    if ((rc = kvp_gguf_parse(&g, m->map, size, err, errlen)))
+        goto prefix;
     /* tensors point into m->map; g's tables are freed below */
-    char arch[64];
-    rc = kvp_gguf_get_str(&g, "general.architecture", arch, sizeof arch);
+    rc = kvp_gguf_get_str(&g, "general.architecture", m->arch, sizeof m->arch);
     if (rc) {
-        rc = ERR("%s: missing or bad general.architecture", path);
+        rc = ERR("missing or bad general.architecture");
         goto out;
     }
-    if (strcmp(arch, "llama")) {
-        rc = ERR("%s: unsupported architecture '%s' (only llama)", path, arch);
+    const struct arch_desc *a = NULL;
+    for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
+        if (!strcmp(m->arch, archs[i].name))
+            a = &archs[i];
+    if (!a) {
+        rc = ERR("general.architecture '%s' is not supported (llama, mistral, qwen2, qwen3)",
+                 m->arch);
         goto out;
     }
     kvp_model_config *c = &m->cfg;
-    c->rope_base = 10000.0f;
-    c->rms_eps = 1e-5f;
-    c->seq_len = 2048;
-    if ((rc = get_int(&g, "llama.embedding_length", &c->dim, 1, err, errlen)) ||
-        (rc = get_int(&g, "llama.feed_forward_length", &c->hidden_dim, 1, err, errlen)) ||
-        (rc = get_int(&g, "llama.block_count", &c->n_layers, 1, err, errlen)) ||
-        (rc = get_int(&g, "llama.attention.head_count", &c->n_heads, 1, err, errlen)) ||
-        (rc = get_int(&g, "llama.context_length", &c->seq_len, 0, err, errlen)) ||
-        (rc = get_float(&g, "llama.rope.freq_base", &c->rope_base, err, errlen)) ||
-        (rc = get_float(&g, "llama.attention.layer_norm_rms_epsilon", &c->rms_eps, err, errlen)))
+    if ((rc = read_config(m, &g, a, err, errlen)))
         goto out;
-    c->n_kv_heads = c->n_heads;
-    if ((rc = get_int(&g, "llama.attention.head_count_kv", &c->n_kv_heads, 0, err, errlen)))
-        goto out;
-    c->head_dim = c->n_heads > 0 ? c->dim / c->n_heads : 0;
-    if ((rc = get_int(&g, "llama.rope.dimension_count", &c->head_dim, 0, err, errlen)))
-        goto out;
-    const kvp_gguf_tensor *emb = kvp_gguf_find_tensor(&g, "token_embd.weight");
-    if (!emb || emb->n_dims != 2 || emb->ne[1] > MAX_VOCAB) {
-        rc = ERR("%s: missing or bad token_embd.weight", path);
-        goto out;
-    }
-    c->vocab_size = (int)emb->ne[1];
-    if ((rc = check_config(c, err, errlen)))
-        goto out;
-
-    uint64_t d = (uint64_t)c->dim, hid = (uint64_t)c->hidden_dim;
-    uint64_t qd = (uint64_t)c->n_heads * c->head_dim, kvd = (uint64_t)c->n_kv_heads * c->head_dim;
+    uint64_t d = (uint64_t)c->dim;
     m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
     if (!m->layers) {
         rc = -ENOMEM;
         goto out;
     }
     if ((rc = tensor(m, &g, "token_embd.weight", d, (uint64_t)c->vocab_size, &m->tok_embd, err, errlen)) ||
-        (rc = tensor(m, &g, "output_norm.weight", d, 1, &m->out_norm, err, errlen)))
+        (rc = tensor(m, &g, "output_norm.weight", d, 1, &m->out_norm, err, errlen)) ||
+        (rc = read_rope_factors(m, &g, err, errlen)))
         goto out;
-    m->tied_output = !kvp_gguf_find_tensor(&g, "output.weight");
+    /* no output.weight: the output projection is tied to the embeddings */
+    if ((rc = opt_tensor(m, &g, "output.weight", d, (uint64_t)c->vocab_size, &m->output, err, errlen)))
+        goto out;
+    m->tied_output = !m->output;
     if (m->tied_output)
         m->output = m->tok_embd;
-    else if ((rc = tensor(m, &g, "output.weight", d, (uint64_t)c->vocab_size, &m->output, err, errlen)))
-        goto out;
-    for (int l = 0; l < c->n_layers; l++) {
-        kvp_layer *ly = &m->layers[l];
-        char n[96];
-#define T(field, suffix, e0, e1)                                              \
-        snprintf(n, sizeof n, "blk.%d." suffix ".weight", l);                  \
-        if ((rc = tensor(m, &g, n, e0, e1, &ly->field, err, errlen)))         \
+    for (int l = 0; l < c->n_layers; l++)
+        if ((rc = read_layer(m, &g, a, l, err, errlen)))
             goto out;
-        T(attn_norm, "attn_norm", d, 1)
-        T(wq, "attn_q", d, qd)
-        T(wk, "attn_k", d, kvd)
-        T(wv, "attn_v", d, kvd)
-        T(wo, "attn_output", qd, d)
-        T(ffn_norm, "ffn_norm", d, 1)
-        T(w_gate, "ffn_gate", d, hid)
-        T(w_down, "ffn_down", hid, d)
-        T(w_up, "ffn_up", d, hid)
-#undef T
-    }
     if ((rc = kvp_tokenizer_load_gguf(&m->tok, &g, err, errlen)))
         goto out;
     if (m->tok.vocab_size != c->vocab_size) {
-        rc = ERR("%s: tokenizer has %d tokens, embeddings %d", path, m->tok.vocab_size, c->vocab_size);
+        rc = ERR("tokenizer has %d tokens, token_embd.weight %d", m->tok.vocab_size, c->vocab_size);
         goto out;
     }
     m->chat_format = detect_chat_format(&g);
@@ -356,6 +476,13 @@ static int load_gguf(kvp_model *m, const char *path, char *err, size_t errlen)
     }
 out:
     kvp_gguf_close(&g);
+prefix:
+    if (rc) {
+        /* every message names the file */
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", err);
+        kvp_errorf(err, errlen, rc, "%s: %s", path, msg);
+    }
     return rc;
 }
 

@@ -1,10 +1,12 @@
-/* A llama-architecture model: hyperparameters, weights (f32: read into anonymous
- * memory on huge pages where the file stores f32 (model.c's load_file), dequantized
- * otherwise), and its tokenizer. */
+/* A llama-family model (GGUF architectures llama, mistral, qwen2, qwen3, or a llama2.c
+ * checkpoint): hyperparameters, weights (f32: read into anonymous memory on huge pages
+ * where the file stores f32 (model.c's load_file), dequantized otherwise), and its
+ * tokenizer. */
 #ifndef KVP_MODEL_H
 #define KVP_MODEL_H
 
 #include <stddef.h>
+#include "cache/rope.h"
 #include "model/tokenizer.h"
 
 typedef struct kvp_model_config {
@@ -13,10 +15,10 @@ typedef struct kvp_model_config {
     int n_layers;
     int n_heads;        /* query heads */
     int n_kv_heads;     /* KV heads (GQA: n_heads % n_kv_heads == 0) */
-    int head_dim;
+    int head_dim;       /* per head, for Q, K and V (may differ from dim / n_heads) */
     int vocab_size;
     int seq_len;        /* trained context length */
-    float rope_base;
+    kvp_rope rope;      /* RoPE layout, rotated dims, base, frequency factors (the model's) */
     float rms_eps;
 } kvp_model_config;
 
@@ -30,6 +32,12 @@ typedef struct kvp_layer {
     const float *w_gate;      /* [hidden][dim]  (llama2.c w1) */
     const float *w_down;      /* [dim][hidden]  (w2) */
     const float *w_up;        /* [hidden][dim]  (w3) */
+    /* optional, NULL when the architecture has none */
+    const float *bq;          /* [n_heads*head_dim]     Q bias (qwen2) */
+    const float *bk;          /* [n_kv_heads*head_dim]  K bias (qwen2) */
+    const float *bv;          /* [n_kv_heads*head_dim]  V bias (qwen2) */
+    const float *q_norm;      /* [head_dim] per-head RMSNorm of q before RoPE (qwen3) */
+    const float *k_norm;      /* [head_dim] the same for k (qwen3) */
 } kvp_layer;
 
 enum kvp_chat_format { KVP_CHAT_PLAIN = 0, KVP_CHAT_CHATML, KVP_CHAT_LLAMA2, KVP_CHAT_LLAMA3 };
@@ -43,6 +51,7 @@ typedef struct kvp_model {
     int tied_output;
     kvp_tokenizer tok;
     enum kvp_chat_format chat_format;  /* from tokenizer.chat_template when present */
+    char arch[16];            /* general.architecture ("llama" for llama2.c checkpoints) */
     char name[128];           /* general.name or file basename */
     char path[512];
     /* ownership */

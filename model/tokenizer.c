@@ -250,6 +250,7 @@ int kvp_tokenizer_load_file(kvp_tokenizer *t, const char *path, int vocab_size,
         t->unk_id = 0;
         t->bos_id = 1;
         t->eos_id = 2;
+        t->eot_id = -1;
         t->add_space_prefix = 1;
         rc = finish(t, NULL, err, errlen);
     }
@@ -386,6 +387,10 @@ static int load_gguf(kvp_tokenizer *t, const kvp_gguf *g, kvp_gguf_str **strs,
         (rc = gguf_id(g, "tokenizer.ggml.eos_token_id", 2, (int)n, &t->eos_id, err, errlen)) < 0 ||
         (rc = gguf_id(g, "tokenizer.ggml.unknown_token_id", 0, (int)n, &t->unk_id, err,
                       errlen)) < 0)
+        return rc;
+    t->eot_id = -1;
+    if (kvp_gguf_find(g, "tokenizer.ggml.eot_token_id") &&
+        (rc = gguf_id(g, "tokenizer.ggml.eot_token_id", 0, (int)n, &t->eot_id, err, errlen)) < 0)
         return rc;
     t->add_space_prefix = 1;
     kv = kvp_gguf_find(g, "tokenizer.ggml.add_space_prefix");

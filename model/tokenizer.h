@@ -14,6 +14,7 @@ typedef struct kvp_tokenizer {
     float *scores;          /* [vocab] merge priority (higher merges first) */
     int byte_token[256];    /* token id of <0xNN>, -1 if the vocabulary lacks it */
     int bos_id, eos_id, unk_id;
+    int eot_id;             /* end of turn (tokenizer.ggml.eot_token_id), -1 if none */
     int max_piece_len;
     int add_space_prefix;   /* prepend " " to non-empty text (SentencePiece dummy prefix) */
     int *sorted;            /* [vocab] token ids sorted by piece, for lookup: first the
@@ -27,7 +28,7 @@ typedef struct kvp_tokenizer {
 int kvp_tokenizer_load_file(kvp_tokenizer *t, const char *path, int vocab_size,
                             char *err, size_t errlen);
 /* tokenizer.ggml.model must be "llama"; tokens, scores (optional: default 0), token_type
- * (optional), bos/eos/unk ids and add_space_prefix are read when present. */
+ * (optional), bos/eos/unk/eot ids and add_space_prefix are read when present. */
 int kvp_tokenizer_load_gguf(kvp_tokenizer *t, const kvp_gguf *g, char *err, size_t errlen);
 void kvp_tokenizer_free(kvp_tokenizer *t);
 

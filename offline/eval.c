@@ -41,7 +41,7 @@ static int cache_copy(kvp_cache *dst, const kvp_cache *src)
 
 static int cache_like(kvp_cache *c, const kvp_model_config *cfg)
 {
-    return kvp_cache_init(c, cfg->n_layers, cfg->n_kv_heads, cfg->head_dim, cfg->rope_base);
+    return kvp_cache_init(c, cfg->n_layers, cfg->n_kv_heads, cfg->head_dim, &cfg->rope);
 }
 
 static double log_sum_exp(const float *x, int n)

@@ -406,8 +406,8 @@ static void snapkv_evict(kvp_policy *p, int layer, int kvh, kvp_head *h)
         /* a context shift re-rotated the keys: follow the query's own (protected) row */
         if (seen && h->seq[seen - 1] == st->seq[slot] && h->pos[seen - 1] != st->pos[slot]) {
             for (int g = 0; g < st->group; g++)
-                kvp_rope(st->q + ((size_t)slot * st->group + g) * d, d,
-                         h->pos[seen - 1] - st->pos[slot], p->cfg.rope_base);
+                kvp_rope_rotate(&p->cfg.rope, st->q + ((size_t)slot * st->group + g) * d,
+                                h->pos[seen - 1] - st->pos[slot]);
             st->pos[slot] = h->pos[seen - 1];
         }
         for (int g = 0; g < st->group; g++) {

@@ -101,7 +101,7 @@ static const char *cache_unusable(const kvp_snapshot *snap, const kvp_cache *c,
                                   const kvp_model_config *cfg, size_t max_bytes)
 {
     if (c->n_layers != cfg->n_layers || c->n_kv_heads != cfg->n_kv_heads ||
-        c->head_dim != cfg->head_dim || c->rope_base != cfg->rope_base)
+        c->head_dim != cfg->head_dim || !kvp_rope_same(&c->rope, &cfg->rope))
         return "its cache has another shape";
     if (c->n_seen != snap->n_cached)
         return "its cache does not match its transcript";

@@ -62,8 +62,9 @@ int kvp_template_init(kvp_template *t, const kvp_model *m)
         /* Base models end a text with EOS, llama2.c stories with BOS. */
         t->stop[0] = t->eos;
         t->stop[1] = t->bos;
-        t->stop[2] = -1;
     }
+    /* the end-of-turn token the file declares ends a reply in every format */
+    t->stop[2] = m->tok.eot_id;
     return t->format != m->chat_format;
 }
 

@@ -141,7 +141,7 @@ int kvp_cmd_generate(int argc, char **argv)
     tokens = malloc((size_t)(plen + 3) * sizeof *tokens);
     int chunk_tokens = (int)(chunk > 256 ? chunk : 256);
     if (!tokens || kvp_runstate_init(&s, &m.cfg, chunk_tokens) || !(have_s = 1) ||
-        kvp_cache_init(&c, m.cfg.n_layers, m.cfg.n_kv_heads, m.cfg.head_dim, m.cfg.rope_base) ||
+        kvp_cache_init(&c, m.cfg.n_layers, m.cfg.n_kv_heads, m.cfg.head_dim, &m.cfg.rope) ||
         !(have_c = 1) ||
         kvp_sampler_init(&smp, m.cfg.vocab_size, (float)temperature, (float)top_p, (uint64_t)seed) ||
         !(have_smp = 1)) {
@@ -165,7 +165,7 @@ int kvp_cmd_generate(int argc, char **argv)
     long forwards = n_prompt;
     while (rc == 0) {
         int next = kvp_sample(&smp, s.logits);
-        int boundary = next == m.tok.bos_id || next == m.tok.eos_id;
+        int boundary = next == m.tok.bos_id || next == m.tok.eos_id || next == m.tok.eot_id;
         if (boundary && !ignore_eos)
             break;
         size_t n;

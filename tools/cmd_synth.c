@@ -1,7 +1,7 @@
-/* `kvp synth`: writes a llama-architecture GGUF with random weights of a given shape,
- * for benchmarks and tests at sizes no real model in ../shared has. Weights are uniform
- * in +-1/sqrt(ne[0]) (ne[0] = the fan-in of the matmul), norms are 1.0, so activations
- * stay in a sane range. Tensor data is generated per tensor inside the writer's fill
+/* `kvp synth`: writes a GGUF with random weights of a given shape and architecture
+ * (llama, qwen2, qwen3), for benchmarks and tests at sizes no real model in ../shared
+ * has. Weights are uniform in +-1/sqrt(ne[0]) (ne[0] = the fan-in of the matmul),
+ * biases in +-0.1, norms are 1.0, so activations stay in a sane range. Tensor data is generated per tensor inside the writer's fill
  * callback from a per-tensor seed: deterministic for a seed, and only the largest
  * tensor is ever in memory. */
 #include <errno.h>
@@ -33,12 +33,18 @@ typedef struct synth_opts {
     const char *out;
     long dim, hidden, layers, heads, kv_heads, vocab, ctx, seed;
     uint32_t type;
+    /* architecture */
+    const char *arch;       /* llama, qwen2 (QKV biases, NeoX RoPE), qwen3 (q/k norms) */
+    long head_dim;          /* attention.key_length; 0: dim / heads */
+    double rope_base;       /* 0: the family's usual (llama 10000, qwen 1000000) */
+    int tied;               /* no output.weight: the output reuses token_embd */
 } synth_opts;
 
 typedef struct synth_tensor {
     char name[48];
     uint32_t n_dims, type;
     uint64_t ne[2];
+    int bias;               /* a vector of random values rather than a norm of ones */
 } synth_tensor;
 
 typedef struct synth_ctx {
@@ -54,7 +60,10 @@ static void usage(FILE *f)
             "usage: kvp synth --out FILE [--dim 768] [--hidden 2048] [--layers 12] [--heads 12]\n"
             "                 [--kv-heads HEADS] [--vocab 32000] [--ctx 2048]\n"
             "                 [--type f32|f16|q8_0] [--seed 0]\n"
-            "Writes a llama-architecture GGUF with random weights (deterministic per seed).\n");
+            "                 [--arch llama|qwen2|qwen3] [--head-dim N] [--rope-base F] [--tied]\n"
+            "Writes a GGUF with random weights (deterministic per seed). --arch qwen2 adds\n"
+            "Q/K/V biases, qwen3 per-head q/k norms (both NeoX RoPE); --head-dim sets\n"
+            "attention.key_length (default dim / heads); --tied leaves out output.weight.\n");
 }
 
 static int bad(const char *fmt, const char *arg)
@@ -74,13 +83,13 @@ static int fill(void *vctx, uint64_t i, void *buf, uint64_t n_bytes)
     uint64_t row_bytes = n_bytes / rows;
     /* per-tensor stream: the data of a tensor does not depend on the others */
     uint64_t s = c->seed ^ (0xd1b54a32d192ed03ull * (i + 1));
-    float scale = t->n_dims == 1 ? 0.0f : 1.0f / sqrtf((float)ne0);
+    float scale = t->bias ? 0.1f : t->n_dims == 1 ? 0.0f : 1.0f / sqrtf((float)ne0);
     uint8_t *out = buf;
     for (uint64_t r = 0; r < rows; r++, out += row_bytes) {
         for (uint64_t j = 0; j < ne0; j++) {
             /* 24 random bits -> uniform in [-scale, scale) */
             float u = (float)(kvp_splitmix64(&s) >> 40) * 0x1p-23f - 1.0f;
-            c->row[j] = t->n_dims == 1 ? 1.0f : u * scale;
+            c->row[j] = t->n_dims == 1 && !t->bias ? 1.0f : u * scale;
         }
         switch (t->type) {
         case KVP_GGML_F32:
@@ -99,8 +108,8 @@ static int fill(void *vctx, uint64_t i, void *buf, uint64_t n_bytes)
     return 0;
 }
 
-static void add_tensor(synth_ctx *c, kvp_gguf_writer *w, const char *name, uint32_t type,
-                       uint64_t ne0, uint64_t ne1)
+static synth_tensor *add_tensor(synth_ctx *c, kvp_gguf_writer *w, const char *name,
+                                uint32_t type, uint64_t ne0, uint64_t ne1)
 {
     synth_tensor *t = &c->t[c->n++];
     snprintf(t->name, sizeof t->name, "%s", name);
@@ -110,6 +119,7 @@ static void add_tensor(synth_ctx *c, kvp_gguf_writer *w, const char *name, uint3
     t->ne[1] = ne1 ? ne1 : 1;
     /* a failed add makes the final write fail with a message */
     kvp_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne);
+    return t;
 }
 
 /* The synthetic vocabulary: specials, the 256 byte tokens, then filler pieces. */
@@ -153,7 +163,8 @@ out:
 static int parse_args(synth_opts *o, int argc, char **argv)
 {
     *o = (synth_opts){.dim = 768, .hidden = 2048, .layers = 12, .heads = 12, .kv_heads = 0,
-                      .vocab = 32000, .ctx = 2048, .seed = 0, .type = KVP_GGML_F32};
+                      .vocab = 32000, .ctx = 2048, .seed = 0, .type = KVP_GGML_F32,
+                      .arch = "llama"};
     static const struct { const char *name; size_t off; long lo, hi; } num[] = {
         {"--dim", offsetof(synth_opts, dim), 1, 65536},
         {"--hidden", offsetof(synth_opts, hidden), 1, 262144},
@@ -163,12 +174,17 @@ static int parse_args(synth_opts *o, int argc, char **argv)
         {"--vocab", offsetof(synth_opts, vocab), MIN_VOCAB, 1 << 22},
         {"--ctx", offsetof(synth_opts, ctx), 1, 1 << 24},
         {"--seed", offsetof(synth_opts, seed), 0, LONG_MAX},
+        {"--head-dim", offsetof(synth_opts, head_dim), 2, 4096},
     };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
             return 0;
+        }
+        if (!strcmp(a, "--tied")) {
+            o->tied = 1;
+            continue;
         }
         if (i + 1 >= argc)
             return bad("%s needs a value", a);
@@ -185,6 +201,13 @@ static int parse_args(synth_opts *o, int argc, char **argv)
             }
         } else if (!strcmp(a, "--out")) {
             o->out = v;
+        } else if (!strcmp(a, "--arch")) {
+            if (strcmp(v, "llama") && strcmp(v, "qwen2") && strcmp(v, "qwen3"))
+                return bad("unknown --arch '%s' (llama, qwen2 or qwen3)", v);
+            o->arch = v;
+        } else if (!strcmp(a, "--rope-base")) {
+            if (!kvp_parse_double(v, 1.0, 1e12, &o->rope_base))
+                return bad("--rope-base '%s' is not a number in [1, 1e12]", v);
         } else if (!strcmp(a, "--type")) {
             if (!strcmp(v, "f32"))
                 o->type = KVP_GGML_F32;
@@ -202,13 +225,21 @@ static int parse_args(synth_opts *o, int argc, char **argv)
         return bad("%s", "missing --out FILE");
     if (!o->kv_heads)
         o->kv_heads = o->heads;
-    if (o->dim % o->heads || (o->dim / o->heads) % 2)
+    if (!o->head_dim && (o->dim % o->heads || (o->dim / o->heads) % 2))
         return bad("%s", "--dim must be a multiple of --heads with an even head size "
-                   "(RoPE rotates pairs)");
+                   "(RoPE rotates pairs), or give --head-dim");
+    if (o->head_dim % 2)
+        return bad("%s", "--head-dim must be even (RoPE rotates pairs)");
+    if (!o->head_dim)
+        o->head_dim = o->dim / o->heads;
+    if (!o->rope_base)
+        o->rope_base = strcmp(o->arch, "llama") ? 1000000.0 : 10000.0;
     if (o->kv_heads > o->heads || o->heads % o->kv_heads)
         return bad("%s", "--kv-heads must divide --heads");
-    if (o->type == KVP_GGML_Q8_0 && (o->dim % KVP_Q8_0_BLOCK || o->hidden % KVP_Q8_0_BLOCK))
-        return bad("%s", "q8_0 needs --dim and --hidden to be multiples of 32");
+    if (o->type == KVP_GGML_Q8_0 && (o->dim % KVP_Q8_0_BLOCK || o->hidden % KVP_Q8_0_BLOCK ||
+                                     (o->head_dim * o->heads) % KVP_Q8_0_BLOCK))
+        return bad("%s", "q8_0 needs --dim, --hidden and --head-dim x --heads to be multiples "
+                   "of 32");
     return -1;
 }
 
@@ -220,10 +251,12 @@ int kvp_cmd_synth(int argc, char **argv)
         return rc;
 
     uint64_t d = (uint64_t)o.dim, hid = (uint64_t)o.hidden, v = (uint64_t)o.vocab;
-    uint64_t kvd = d / (uint64_t)o.heads * (uint64_t)o.kv_heads;
+    uint64_t hd = (uint64_t)o.head_dim;
+    uint64_t qd = hd * (uint64_t)o.heads, kvd = hd * (uint64_t)o.kv_heads;
+    int qwen2 = !strcmp(o.arch, "qwen2"), qwen3 = !strcmp(o.arch, "qwen3");
     /* the limits above keep these products far from overflow */
-    uint64_t per_layer = 2 * d * d + 2 * d * kvd + 3 * d * hid;
-    uint64_t params = 2 * d * v + (uint64_t)o.layers * per_layer;
+    uint64_t per_layer = 2 * d * qd + 2 * d * kvd + 3 * d * hid;
+    uint64_t params = (o.tied ? 1 : 2) * d * v + (uint64_t)o.layers * per_layer;
     uint64_t file_bytes = kvp_type_nbytes(KVP_GGML_F32, params);
     if (file_bytes > MAX_FILE_BYTES) {
         fprintf(stderr, "kvp synth: %llu parameters is too large (at most %llu GiB of "
@@ -232,9 +265,10 @@ int kvp_cmd_synth(int argc, char **argv)
     }
 
     synth_ctx c = {.seed = (uint64_t)o.seed};
-    uint64_t n_tensors = 3 + 9 * (uint64_t)o.layers;
+    uint64_t n_tensors = (o.tied ? 2 : 3) + (9 + 3 * qwen2 + 2 * qwen3) * (uint64_t)o.layers;
     c.t = calloc(n_tensors, sizeof *c.t);
-    c.row = malloc((d > hid ? d : hid) * sizeof *c.row);
+    uint64_t widest = d > hid ? d : hid;
+    c.row = malloc((widest > qd ? widest : qd) * sizeof *c.row);
     kvp_gguf_writer *w = kvp_gguf_writer_new();
     char tmp[4096];
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", o.out, (long)getpid());
@@ -247,21 +281,29 @@ int kvp_cmd_synth(int argc, char **argv)
 
     /* kvs: a failed add makes kvp_gguf_writer_write fail, which is checked below */
     char name[64];
-    snprintf(name, sizeof name, "kvp-synth d%ld l%ld h%ld", o.dim, o.layers, o.heads);
-    kvp_gguf_writer_add_str(w, "general.architecture", "llama");
+    snprintf(name, sizeof name, "kvp-synth %s d%ld l%ld h%ld", o.arch, o.dim, o.layers, o.heads);
+    kvp_gguf_writer_add_str(w, "general.architecture", o.arch);
     kvp_gguf_writer_add_str(w, "general.name", name);
     kvp_gguf_writer_add_u32(w, "general.file_type",
                             o.type == KVP_GGML_F32 ? FTYPE_ALL_F32
                             : o.type == KVP_GGML_F16 ? FTYPE_MOSTLY_F16 : FTYPE_MOSTLY_Q8_0);
-    kvp_gguf_writer_add_u32(w, "llama.context_length", (uint32_t)o.ctx);
-    kvp_gguf_writer_add_u32(w, "llama.embedding_length", (uint32_t)o.dim);
-    kvp_gguf_writer_add_u32(w, "llama.block_count", (uint32_t)o.layers);
-    kvp_gguf_writer_add_u32(w, "llama.feed_forward_length", (uint32_t)o.hidden);
-    kvp_gguf_writer_add_u32(w, "llama.rope.dimension_count", (uint32_t)(o.dim / o.heads));
-    kvp_gguf_writer_add_u32(w, "llama.attention.head_count", (uint32_t)o.heads);
-    kvp_gguf_writer_add_u32(w, "llama.attention.head_count_kv", (uint32_t)o.kv_heads);
-    kvp_gguf_writer_add_f32(w, "llama.rope.freq_base", 10000.0f);
-    kvp_gguf_writer_add_f32(w, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
+    /* the architecture's hyperparameters, under its own prefix */
+    static const char *const keys[] = {
+        "context_length", "embedding_length", "block_count", "feed_forward_length",
+        "attention.head_count", "attention.head_count_kv", "attention.key_length",
+        "attention.value_length", "rope.dimension_count", "vocab_size",
+    };
+    const long vals[] = {o.ctx, o.dim, o.layers, o.hidden, o.heads, o.kv_heads, o.head_dim,
+                         o.head_dim, o.head_dim, o.vocab};
+    char key[96];
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        snprintf(key, sizeof key, "%s.%s", o.arch, keys[i]);
+        kvp_gguf_writer_add_u32(w, key, (uint32_t)vals[i]);
+    }
+    snprintf(key, sizeof key, "%s.rope.freq_base", o.arch);
+    kvp_gguf_writer_add_f32(w, key, (float)o.rope_base);
+    snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", o.arch);
+    kvp_gguf_writer_add_f32(w, key, qwen2 || qwen3 ? 1e-6f : 1e-5f);
     kvp_gguf_writer_add_str(w, "tokenizer.ggml.model", "llama");
     if (add_vocab(w, o.vocab)) {
         fprintf(stderr, "kvp synth: out of memory\n");
@@ -273,19 +315,28 @@ int kvp_cmd_synth(int argc, char **argv)
 
     add_tensor(&c, w, "token_embd.weight", o.type, d, v);
     add_tensor(&c, w, "output_norm.weight", o.type, d, 0);
-    add_tensor(&c, w, "output.weight", o.type, d, v);
+    if (!o.tied)
+        add_tensor(&c, w, "output.weight", o.type, d, v);
     for (long l = 0; l < o.layers; l++) {
-        static const struct { const char *name; int in, out; } blk[] = {
-            /* in/out: 0 = none (a norm), 1 = dim, 2 = kv dim, 3 = hidden */
-            {"attn_norm", 1, 0}, {"attn_q", 1, 1}, {"attn_k", 1, 2}, {"attn_v", 1, 2},
-            {"attn_output", 1, 1}, {"ffn_norm", 1, 0}, {"ffn_gate", 1, 3},
-            {"ffn_down", 3, 1}, {"ffn_up", 1, 3},
+        static const struct { const char *name; int in, out, bias; } blk[] = {
+            /* in/out: 0 = none (a vector), 1 = dim, 2 = kv dim, 3 = hidden, 4 = q dim,
+             * 5 = head dim; bias: 1 = qwen2's, 2 = qwen3's q/k norms */
+            {"attn_norm.weight", 1, 0, 0}, {"attn_q.weight", 1, 4, 0},
+            {"attn_k.weight", 1, 2, 0}, {"attn_v.weight", 1, 2, 0},
+            {"attn_output.weight", 4, 1, 0}, {"ffn_norm.weight", 1, 0, 0},
+            {"ffn_gate.weight", 1, 3, 0}, {"ffn_down.weight", 3, 1, 0},
+            {"ffn_up.weight", 1, 3, 0},
+            {"attn_q.bias", 4, 0, 1}, {"attn_k.bias", 2, 0, 1}, {"attn_v.bias", 2, 0, 1},
+            {"attn_q_norm.weight", 5, 0, 2}, {"attn_k_norm.weight", 5, 0, 2},
         };
-        const uint64_t size[4] = {0, d, kvd, hid};
+        const uint64_t size[6] = {0, d, kvd, hid, qd, hd};
         for (size_t k = 0; k < sizeof blk / sizeof blk[0]; k++) {
+            if ((blk[k].bias == 1 && !qwen2) || (blk[k].bias == 2 && !qwen3))
+                continue;
             char tn[48];
-            snprintf(tn, sizeof tn, "blk.%ld.%s.weight", l, blk[k].name);
-            add_tensor(&c, w, tn, o.type, size[blk[k].in], size[blk[k].out]);
+            snprintf(tn, sizeof tn, "blk.%ld.%s", l, blk[k].name);
+            synth_tensor *t = add_tensor(&c, w, tn, o.type, size[blk[k].in], size[blk[k].out]);
+            t->bias = blk[k].bias == 1;
         }
     }
 

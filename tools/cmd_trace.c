@@ -165,7 +165,7 @@ int kvp_cmd_trace(int argc, char **argv)
             for (long j = 1; j < seq_len; j++)
                 seq[j] = ids[p][i * (seq_len - 1) + j - 1];
             kvp_cache c;
-            int rc = kvp_cache_init(&c, m.cfg.n_layers, m.cfg.n_kv_heads, m.cfg.head_dim, m.cfg.rope_base);
+            int rc = kvp_cache_init(&c, m.cfg.n_layers, m.cfg.n_kv_heads, m.cfg.head_dim, &m.cfg.rope);
             if (!rc)
                 rc = kvp_forward(&m, &s, &c, seq, (int)seq_len, NULL);
             kvp_cache_free(&c);

@@ -1,4 +1,4 @@
-/* kvp: the offline CLI (generate, synth, policy-init, trace, train, eval). */
+/* kvp: the offline CLI (generate, synth, policy-init, trace, train, eval, logits). */
 #include <stdio.h>
 #include <string.h>
 
@@ -15,6 +15,7 @@ static const struct {
     {"trace", kvp_cmd_trace, "record q/k/v traces of a model over text, for training"},
     {"eval", kvp_cmd_eval, "evaluate eviction policies on held-out text (ranking, one-shot, streaming)"},
     {"train", kvp_cmd_train, "train KVP agents on traces (policy file + curve CSV)"},
+    {"logits", kvp_cmd_logits, "write the logits of every position of a token sequence (f32)"},
 };
 
 static void usage(FILE *f)

@@ -3,10 +3,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/checksum.h"
 #include "cache/kvcache.h"
 #include "cache/rope.h"
 
 enum { L = 2, H = 3, D = 8 };
+static const kvp_rope ROPE = {.n_rot = D, .base = 10000.0f};
 
 /* Appends n rows to every head with values derived from (head, seq), the way the forward
  * pass does. Raw (unrotated) keys are returned through raw_k when given. */
@@ -25,7 +27,7 @@ static void append(kvp_cache *c, int n, float *raw_k)
                 h->k[(size_t)r * D + d] = k;
                 h->v[(size_t)r * D + d] = (float)(seq * 100 + d + i);
             }
-            kvp_rope(h->k + (size_t)r * D, D, c->next_pos + t, c->rope_base);
+            kvp_rope_rotate(&c->rope, h->k + (size_t)r * D, c->next_pos + t);
             h->pos[r] = c->next_pos + t;
             h->seq[r] = seq;
             h->score[r] = (float)seq;
@@ -40,7 +42,7 @@ static void append(kvp_cache *c, int n, float *raw_k)
 Test(kvcache, keep_compacts_in_order_and_frees_memory)
 {
     kvp_cache c;
-    cr_assert_eq(kvp_cache_init(&c, L, H, D, 10000.0f), 0);
+    cr_assert_eq(kvp_cache_init(&c, L, H, D, &ROPE), 0);
     append(&c, 200, NULL);
     size_t before = kvp_cache_bytes(&c);
     size_t row = 2 * D * sizeof(float) + 4 + 8 + 8;
@@ -77,10 +79,12 @@ Test(kvcache, keep_compacts_in_order_and_frees_memory)
     kvp_cache_free(&c);
 }
 
-Test(kvcache, shift_rerotates_keys_to_their_new_positions)
+/* Shifts a cache rotated with `rope` and checks every kept key against its raw key
+ * rotated directly to its new position. */
+static void check_shift(const kvp_rope *rope)
 {
     kvp_cache c;
-    cr_assert_eq(kvp_cache_init(&c, L, H, D, 10000.0f), 0);
+    cr_assert_eq(kvp_cache_init(&c, L, H, D, rope), 0);
     float *raw = calloc((size_t)L * H * 10000 * D, sizeof *raw);
     append(&c, 500, raw);
     /* uneven heads: head 0 keeps 4 sinks + every 5th + the last 16; head 1 the last 60 */
@@ -103,7 +107,7 @@ Test(kvcache, shift_rerotates_keys_to_their_new_positions)
             int64_t old = h->seq[r];   /* appended at position == seq */
             float want[D];
             memcpy(want, raw + (size_t)(i * 10000 + old) * D, sizeof want);
-            kvp_rope(want, D, h->pos[r], 10000.0f);
+            kvp_rope_rotate(rope, want, h->pos[r]);
             for (int d = 0; d < D; d++)
                 cr_assert(fabsf(h->k[(size_t)r * D + d] - want[d]) < 1e-4f,
                           "head %d row %d dim %d: %f vs %f", i, r, d, h->k[(size_t)r * D + d], want[d]);
@@ -128,10 +132,30 @@ Test(kvcache, shift_rerotates_keys_to_their_new_positions)
     kvp_cache_free(&c);
 }
 
+static const float factors[D / 2] = {1.0f, 2.0f, 8.0f, 32.0f};
+
+Test(kvcache, shift_rerotates_keys_consecutive_pairs) { check_shift(&ROPE); }
+Test(kvcache, shift_rerotates_keys_neox)
+{
+    check_shift(&(kvp_rope){.n_rot = D, .neox = 1, .base = 1000000.0f});
+}
+Test(kvcache, shift_rerotates_keys_partial_rotary)
+{
+    check_shift(&(kvp_rope){.n_rot = D / 2, .neox = 1, .base = 10000.0f});
+    check_shift(&(kvp_rope){.n_rot = D / 2, .neox = 0, .base = 10000.0f});
+}
+Test(kvcache, shift_rerotates_keys_with_frequency_factors)
+{
+    check_shift(&(kvp_rope){.n_rot = D, .base = 500000.0f, .factors = factors});
+}
+
 Test(kvcache, serialize_round_trip_is_exact)
 {
     kvp_cache c, d;
-    cr_assert_eq(kvp_cache_init(&c, L, H, D, 500000.0f), 0);
+    float f[D / 2] = {1.0f, 2.0f, 8.0f, 32.0f};
+    cr_assert_eq(kvp_cache_init(&c, L, H, D,
+                                &(kvp_rope){.n_rot = D, .neox = 1, .base = 500000.0f, .factors = f}), 0);
+    f[0] = 99.0f;   /* the cache keeps its own copy */
     append(&c, 37, NULL);
     int keep[3] = {0, 5, 36};
     kvp_cache_keep(&c, &c.heads[4], keep, 3);
@@ -143,7 +167,8 @@ Test(kvcache, serialize_round_trip_is_exact)
     cr_expect_eq(d.n_layers, L);
     cr_expect_eq(d.n_kv_heads, H);
     cr_expect_eq(d.head_dim, D);
-    cr_expect_eq(d.rope_base, 500000.0f);
+    cr_expect(kvp_rope_same(&d.rope, &c.rope));
+    cr_expect(d.rope.neox && d.rope.factors && d.rope.factors[0] == 1.0f && d.rope.base == 500000.0f);
     cr_expect_eq(d.next_pos, c.next_pos);
     cr_expect_eq(d.n_seen, c.n_seen);
     cr_expect_eq(d.evicted_rows, c.evicted_rows);
@@ -165,7 +190,7 @@ Test(kvcache, serialize_round_trip_is_exact)
 Test(kvcache, deserialize_rejects_truncated_and_altered_buffers)
 {
     kvp_cache c, d;
-    cr_assert_eq(kvp_cache_init(&c, L, H, D, 10000.0f), 0);
+    cr_assert_eq(kvp_cache_init(&c, L, H, D, &ROPE), 0);
     append(&c, 9, NULL);
     unsigned char *buf;
     size_t len;
@@ -190,7 +215,37 @@ Test(kvcache, deserialize_rejects_truncated_and_altered_buffers)
 Test(kvcache, init_rejects_bad_shapes)
 {
     kvp_cache c;
-    cr_expect_lt(kvp_cache_init(&c, 0, 1, 8, 1e4f), 0);
-    cr_expect_lt(kvp_cache_init(&c, 1, 0, 8, 1e4f), 0);
-    cr_expect_lt(kvp_cache_init(&c, 1, 1, 7, 1e4f), 0);
+    cr_expect_lt(kvp_cache_init(&c, 0, 1, 8, &ROPE), 0);
+    cr_expect_lt(kvp_cache_init(&c, 1, 0, 8, &ROPE), 0);
+    cr_expect_lt(kvp_cache_init(&c, 1, 1, 7, &ROPE), 0, "rotated dims beyond the head");
+    cr_expect_lt(kvp_cache_init(&c, 1, 1, 8, &(kvp_rope){.n_rot = 7, .base = 1e4f}), 0, "odd");
+    cr_expect_lt(kvp_cache_init(&c, 1, 1, 8, &(kvp_rope){.n_rot = 0, .base = 1e4f}), 0);
+}
+
+/* Snapshots written before the rope description (version 1) read as consecutive pairs
+ * over the whole head, without factors. */
+Test(kvcache, deserialize_reads_version_1)
+{
+    kvp_cache c, d;
+    cr_assert_eq(kvp_cache_init(&c, L, H, D, &ROPE), 0);
+    append(&c, 11, NULL);
+    unsigned char *buf;
+    size_t len;
+    char err[128];
+    cr_assert_eq(kvp_cache_serialize(&c, (void **)&buf, &len), 0);
+    /* v2 = v1 + i32 n_rot, neox, n_factors after the base (offset 8 + 4 + 3 * 4 + 4) */
+    size_t at = 8 + 4 + 3 * 4 + 4;
+    uint32_t one = 1;
+    memcpy(buf + 8, &one, 4);
+    memmove(buf + at, buf + at + 12, len - at - 12);
+    len -= 12;
+    uint64_t sum = kvp_fnv1a(KVP_FNV1A_INIT, buf, len - 8);
+    memcpy(buf + len - 8, &sum, 8);
+    cr_assert_eq(kvp_cache_deserialize(&d, buf, len, err, sizeof err), 0, "%s", err);
+    cr_expect(kvp_rope_same(&d.rope, &ROPE));
+    cr_expect_eq(d.next_pos, 11);
+    cr_expect_eq(memcmp(d.heads[5].k, c.heads[5].k, 11 * D * sizeof(float)), 0);
+    kvp_cache_free(&d);
+    free(buf);
+    kvp_cache_free(&c);
 }

@@ -220,3 +220,67 @@ Test(chat, cancel_stops_generation_and_keeps_partial_reply)
     json_decref(done);
     ws_close(&c);
 }
+
+/* A qwen2-shaped model (Q/K/V biases, NeoX RoPE, tied output; `kvp synth --arch qwen2`)
+ * through turns that pass its 128-position context (the context shift re-rotates NeoX
+ * keys), a restart, and a resumed turn that reuses the restored cache. */
+Test(chat_arch, qwen2_turns_past_the_context_and_a_restart, .timeout = 120)
+{
+    char dir[64], model[128], cmd[512], extra[512];
+    cr_assert_eq(h_mkdtemp(dir, sizeof dir), 0);
+    snprintf(model, sizeof model, "%s/qwen2.gguf", dir);
+    snprintf(cmd, sizeof cmd, "%s synth --out %s --arch qwen2 --tied --dim 64 --hidden 128 "
+             "--layers 2 --heads 4 --kv-heads 2 --vocab 512 --ctx 128 --seed 5 >/dev/null 2>&1",
+             h_build("tools/kvp"), model);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+    snprintf(extra, sizeof extra, "--model %s --policy snapkv --budget 48 --chunk 8 "
+             "--state-dir %s", model, dir);
+    kvpd_proc p;
+    cr_assert_eq(kvpd_start(&p, extra), 0, "kvpd did not start (log %s)", p.log);
+    ws_client c;
+    cr_assert_eq(h_connect(&p, &c), 0);
+    cr_assert_eq(ws_send_text(&c, "{\"type\":\"hello\"}"), 0);
+    json_t *s = h_expect(&c, "session", 5000);
+    cr_assert(s);
+    char id[64];
+    snprintf(id, sizeof id, "%s", json_string_value(json_object_get(s, "id")));
+    json_decref(s);
+    json_int_t transcript = 0;
+    for (int turn = 1; turn <= 6; turn++) {
+        json_t *done = h_turn(&c, "Tell me about the weather today, please.", 24, NULL);
+        cr_assert(done, "turn %d got no answer", turn);
+        cr_assert_str_eq(type_of(done), "done", "turn %d: %s", turn,
+                         json_string_value(json_object_get(done, "message")));
+        cr_assert_eq(stat_of(done, "prefilled_tokens"), stat_of(done, "prompt_tokens"),
+                     "turn %d prefilled more than its new tokens", turn);
+        cr_assert_gt(stat_of(done, "generated_tokens"), 0);
+        cr_assert_leq(stat_of(done, "cache_rows_max"), 48 + 8);
+        transcript = stat_of(done, "transcript_tokens");
+        json_decref(done);
+    }
+    cr_assert_gt(transcript, 128, "the turns never passed the context (%lld tokens)",
+                 (long long)transcript);
+    ws_close(&c);
+    cr_assert_eq(kvpd_stop(&p, 10000), 0);
+
+    cr_assert_eq(kvpd_start(&p, extra), 0, "kvpd did not restart (log %s)", p.log);
+    cr_assert_eq(h_connect(&p, &c), 0);
+    char hello[128];
+    snprintf(hello, sizeof hello, "{\"type\":\"hello\",\"session\":\"%s\"}", id);
+    cr_assert_eq(ws_send_text(&c, hello), 0);
+    s = h_expect(&c, "session", 5000);
+    cr_assert(s);
+    cr_assert(json_is_true(json_object_get(s, "resumed")));
+    cr_assert_eq(json_integer_value(json_object_get(s, "turns")), 6);
+    json_decref(s);
+    json_t *done = h_turn(&c, "And tomorrow?", 8, NULL);
+    cr_assert(done);
+    cr_assert_str_eq(type_of(done), "done", "%s", json_string_value(json_object_get(done, "message")));
+    cr_assert_eq(stat_of(done, "prefilled_tokens"), stat_of(done, "prompt_tokens"),
+                 "the restored cache was not reused");
+    json_decref(done);
+    ws_close(&c);
+    cr_assert_eq(kvpd_stop(&p, 10000), 0);
+    cr_expect(!kvpd_log_has(&p, "its cache has another shape"));
+    h_rmdir(dir);
+}

@@ -22,7 +22,7 @@ static void engine_open(engine *e, const char *model, const char *tok, int max_t
     cr_assert_eq(kvp_model_load(&e->m, model, tok, err, sizeof err), 0, "%s", err);
     cr_assert_eq(kvp_runstate_init(&e->s, &e->m.cfg, max_tokens), 0);
     cr_assert_eq(kvp_cache_init(&e->c, e->m.cfg.n_layers, e->m.cfg.n_kv_heads, e->m.cfg.head_dim,
-                                e->m.cfg.rope_base), 0);
+                                &e->m.cfg.rope), 0);
 }
 
 static void engine_close(engine *e)

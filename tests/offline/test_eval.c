@@ -194,7 +194,7 @@ Test(eval, importance_equals_the_trace_readers)
     s.hooks.tap = tap;
     s.hooks.tap_ctx = &cap;
     kvp_cache c;
-    cr_assert_eq(kvp_cache_init(&c, cfg->n_layers, cfg->n_kv_heads, cfg->head_dim, cfg->rope_base), 0);
+    cr_assert_eq(kvp_cache_init(&c, cfg->n_layers, cfg->n_kv_heads, cfg->head_dim, &cfg->rope), 0);
     cr_assert_eq(kvp_forward(&model, &s, &c, tok, LEN, NULL), 0);
     char path[64], err[256];
     snprintf(path, sizeof path, "/tmp/kvp-eval-test-%d.kvpt", (int)getpid());
@@ -256,7 +256,7 @@ Test(eval, streaming_counts_every_token_and_matches_the_full_cache_without_evict
     float *logits = malloc((size_t)SHORT * model.cfg.vocab_size * sizeof *logits);
     kvp_cache c;
     cr_assert_eq(kvp_cache_init(&c, model.cfg.n_layers, model.cfg.n_kv_heads, model.cfg.head_dim,
-                                model.cfg.rope_base), 0);
+                                &model.cfg.rope), 0);
     cr_assert_eq(kvp_forward(&model, &rs, &c, tok, SHORT, logits), 0);
     double nll = 0.0;
     for (int t = 0; t + 1 < SHORT; t++) {

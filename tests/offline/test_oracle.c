@@ -9,7 +9,7 @@ static kvp_model_config test_cfg(void)
 {
     kvp_model_config c = {.dim = 32, .hidden_dim = 64, .n_layers = 2, .n_heads = 2,
                           .n_kv_heads = 2, .head_dim = 16, .vocab_size = 10,
-                          .seq_len = 256, .rope_base = 10000.0f, .rms_eps = 1e-5f};
+                          .seq_len = 256, .rope = {.n_rot = 16, .base = 10000.0f}, .rms_eps = 1e-5f};
     return c;
 }
 

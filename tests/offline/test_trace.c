@@ -334,7 +334,7 @@ Test(trace, kvp_trace_stores_what_the_forward_pass_caches)
         for (int j = 0; j < L; j++)
             toks[j] = tok[j];
         kvp_cache c;
-        cr_assert_eq(kvp_cache_init(&c, m.cfg.n_layers, m.cfg.n_kv_heads, hd, m.cfg.rope_base), 0);
+        cr_assert_eq(kvp_cache_init(&c, m.cfg.n_layers, m.cfg.n_kv_heads, hd, &m.cfg.rope), 0);
         cr_assert_eq(kvp_forward(&m, &s, &c, toks, L, NULL), 0);
         for (int l = 0; l < m.cfg.n_layers; l++)
             for (int kvh = 0; kvh < m.cfg.n_kv_heads; kvh++) {

@@ -58,7 +58,7 @@ static kvp_model_config test_cfg(void)
 {
     return (kvp_model_config){ .dim = NH * D, .hidden_dim = 64, .n_layers = LAYERS,
                                .n_heads = NH, .n_kv_heads = KVH, .head_dim = D,
-                               .vocab_size = 32, .seq_len = 4096, .rope_base = 10000.0f,
+                               .vocab_size = 32, .seq_len = 4096, .rope = {.n_rot = D, .base = 10000.0f},
                                .rms_eps = 1e-5f };
 }
 
@@ -110,7 +110,7 @@ static void sim_init(sim *s, const char *name, uint64_t seed, int budget)
     cr_assert_eq(kvp_offline_policy_create(&s->p, name, NULL, &cfg, seed, err, sizeof err), 0,
                  "%s: %s", name, err);
     s->replay = s->p->rng;
-    cr_assert_eq(kvp_cache_init(&s->c, LAYERS, KVH, D, 10000.0f), 0);
+    cr_assert_eq(kvp_cache_init(&s->c, LAYERS, KVH, D, &cfg.rope), 0);
     s->m = calloc(HEADS, sizeof *s->m);
     cr_assert_not_null(s->m);
     /* a shared direction per head gives KeyDiff a meaningful mean key */
@@ -555,17 +555,18 @@ Test(baselines, only_attention_policies_want_attention)
 }
 
 /* A context shift that moves every row by the same offset keeps all relative positions,
- * so SnapKV's scores must not change: its stored window queries follow their rows. */
-Test(baselines, snapkv_scores_survive_a_context_shift)
+ * so SnapKV's scores must not change: its stored window queries follow their rows, in
+ * the model's RoPE variant. */
+static void snapkv_shift(kvp_rope rope)
 {
     kvp_model_config cfg = {.dim = 32, .hidden_dim = 64, .n_layers = 1, .n_heads = 2,
                             .n_kv_heads = 1, .head_dim = 16, .vocab_size = 10,
-                            .seq_len = 512, .rope_base = 10000.0f, .rms_eps = 1e-5f};
+                            .seq_len = 512, .rope = rope, .rms_eps = 1e-5f};
     char err[128];
     kvp_policy *p;
     cr_assert_eq(kvp_offline_policy_create(&p, "snapkv", NULL, &cfg, 1, err, sizeof err), 0, "%s", err);
     kvp_cache c;
-    cr_assert_eq(kvp_cache_init(&c, 1, 1, 16, 10000.0f), 0);
+    cr_assert_eq(kvp_cache_init(&c, 1, 1, 16, &cfg.rope), 0);
     kvp_head *h = kvp_cache_head(&c, 0, 0);
     enum { N = 100, P0 = 400 };   /* rows at positions 400..499: all in the newest quarter */
     cr_assert_eq(kvp_head_reserve(h, 16, N), 0);
@@ -578,9 +579,9 @@ Test(baselines, snapkv_scores_survive_a_context_shift)
             q[r][d] = kvp_rand_f32(&rng) - 0.5f;
             q[r][16 + d] = kvp_rand_f32(&rng) - 0.5f;
         }
-        kvp_rope(h->k + r * 16, 16, P0 + r, 10000.0f);
-        kvp_rope(q[r], 16, P0 + r, 10000.0f);
-        kvp_rope(q[r] + 16, 16, P0 + r, 10000.0f);
+        kvp_rope_rotate(&cfg.rope, h->k + r * 16, P0 + r);
+        kvp_rope_rotate(&cfg.rope, q[r], P0 + r);
+        kvp_rope_rotate(&cfg.rope, q[r] + 16, P0 + r);
         h->pos[r] = P0 + r;
         h->seq[r] = 1000 + r;
         h->n = r + 1;
@@ -598,4 +599,16 @@ Test(baselines, snapkv_scores_survive_a_context_shift)
         cr_assert_float_eq(h->score[r], before[r], 1e-5f, "row %d: %g vs %g", r, h->score[r], before[r]);
     kvp_cache_free(&c);
     kvp_policy_destroy(p);
+}
+
+static const float snap_factors[8] = {1, 1, 2, 4, 8, 16, 32, 64};
+Test(baselines, snapkv_scores_survive_a_context_shift)
+{
+    snapkv_shift((kvp_rope){.n_rot = 16, .base = 10000.0f});
+}
+Test(baselines, snapkv_scores_survive_a_context_shift_neox_partial_factors)
+{
+    snapkv_shift((kvp_rope){.n_rot = 16, .neox = 1, .base = 1000000.0f});
+    snapkv_shift((kvp_rope){.n_rot = 8, .neox = 1, .base = 10000.0f});
+    snapkv_shift((kvp_rope){.n_rot = 16, .base = 500000.0f, .factors = snap_factors});
 }

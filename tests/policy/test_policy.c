@@ -9,6 +9,7 @@
 #include "policy/policy.h"
 
 #define D 4
+static const kvp_rope ROPE = {.n_rot = D, .base = 10000.0f};
 
 static uint64_t rng_next(uint64_t *s)
 {
@@ -27,7 +28,7 @@ static kvp_model_config test_cfg(void)
 {
     return (kvp_model_config){ .dim = 16, .hidden_dim = 32, .n_layers = 2, .n_heads = 4,
                                .n_kv_heads = 2, .head_dim = D, .vocab_size = 32,
-                               .seq_len = 4096, .rope_base = 10000.0f, .rms_eps = 1e-5f };
+                               .seq_len = 4096, .rope = {.n_rot = D, .base = 10000.0f}, .rms_eps = 1e-5f };
 }
 
 /* Appends n rows to h; every field of row seq s encodes s so compaction can be checked. */
@@ -149,7 +150,7 @@ Test(rank_and_keep, matches_reference_on_random_heads)
     uint64_t s = 0x1234567u;
     for (int it = 0; it < 3000; it++) {
         kvp_cache c;
-        cr_assert_eq(kvp_cache_init(&c, 1, 1, D, 10000.0f), 0);
+        cr_assert_eq(kvp_cache_init(&c, 1, 1, D, &ROPE), 0);
         kvp_head *h = kvp_cache_head(&c, 0, 0);
         int n = rng_int(&s, 1, 200);
         add_rows(&c, h, n);
@@ -192,7 +193,7 @@ Test(rank_and_keep, matches_reference_on_random_heads)
 Test(rank_and_keep, ties_keep_the_older_row)
 {
     kvp_cache c;
-    cr_assert_eq(kvp_cache_init(&c, 1, 1, D, 10000.0f), 0);
+    cr_assert_eq(kvp_cache_init(&c, 1, 1, D, &ROPE), 0);
     kvp_head *h = kvp_cache_head(&c, 0, 0);
     add_rows(&c, h, 10);
     for (int i = 0; i < 10; i++)
@@ -209,7 +210,7 @@ Test(rank_and_keep, ties_keep_the_older_row)
 Test(rank_and_keep, small_budget_keeps_sinks_then_newest)
 {
     kvp_cache c;
-    cr_assert_eq(kvp_cache_init(&c, 1, 1, D, 10000.0f), 0);
+    cr_assert_eq(kvp_cache_init(&c, 1, 1, D, &ROPE), 0);
     kvp_head *h = kvp_cache_head(&c, 0, 0);
     add_rows(&c, h, 40);
     for (int i = 0; i < 40; i++)
@@ -229,7 +230,7 @@ Test(rank_and_keep, small_budget_keeps_sinks_then_newest)
 Test(rank_and_keep, nan_scores_rank_last)
 {
     kvp_cache c;
-    cr_assert_eq(kvp_cache_init(&c, 1, 1, D, 10000.0f), 0);
+    cr_assert_eq(kvp_cache_init(&c, 1, 1, D, &ROPE), 0);
     kvp_head *h = kvp_cache_head(&c, 0, 0);
     add_rows(&c, h, 6);
     float sc[] = { 0, NAN, -5.0f, NAN, -1.0f, 0 };
@@ -246,7 +247,7 @@ Test(rank_and_keep, nan_scores_rank_last)
 Test(rank_and_keep, nonpositive_budget_is_unbounded)
 {
     kvp_cache c;
-    cr_assert_eq(kvp_cache_init(&c, 1, 1, D, 10000.0f), 0);
+    cr_assert_eq(kvp_cache_init(&c, 1, 1, D, &ROPE), 0);
     kvp_head *h = kvp_cache_head(&c, 0, 0);
     add_rows(&c, h, 30);
     probe pr = { 0, -1 };
@@ -261,7 +262,7 @@ Test(rank_and_keep, nonpositive_budget_is_unbounded)
 Test(rank_and_keep, evict_covers_every_head)
 {
     kvp_cache c;
-    cr_assert_eq(kvp_cache_init(&c, 3, 2, D, 10000.0f), 0);
+    cr_assert_eq(kvp_cache_init(&c, 3, 2, D, &ROPE), 0);
     int total = 0;
     for (int i = 0; i < 6; i++) {
         kvp_head *h = &c.heads[i];
@@ -375,7 +376,7 @@ Test(registry, none_and_null_never_evict)
     cr_assert(kvp_policy_is_none(p));
     cr_assert(kvp_policy_is_none(NULL));
     kvp_cache c;
-    cr_assert_eq(kvp_cache_init(&c, 2, 2, D, 10000.0f), 0);
+    cr_assert_eq(kvp_cache_init(&c, 2, 2, D, &ROPE), 0);
     for (int i = 0; i < 4; i++)
         add_rows(&c, &c.heads[i], 50);
     cr_assert_eq(kvp_policy_evict(p, &c, 8), 0);

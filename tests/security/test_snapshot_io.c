@@ -62,7 +62,7 @@ static int count_prefix(const char *prefix)
 static void write_snapshot(const char *id, kvp_snapshot_msg *msgs, int n_msgs)
 {
     kvp_cache c;
-    cr_assert_eq(kvp_cache_init(&c, 1, 1, 4, 10000.0f), 0);
+    cr_assert_eq(kvp_cache_init(&c, 1, 1, 4, &(kvp_rope){.n_rot = 4, .base = 10000.0f}), 0);
     kvp_snapshot s;
     memset(&s, 0, sizeof s);
     snprintf(s.id, sizeof s.id, "%s", id);
@@ -117,7 +117,7 @@ Test(security_snapshot_io, a_fifo_in_place_of_the_temporary_file_fails_the_write
 {
     cr_assert_eq(mkfifo(path_of("w1.snap.tmp"), 0600), 0);
     kvp_cache c;
-    cr_assert_eq(kvp_cache_init(&c, 1, 1, 4, 10000.0f), 0);
+    cr_assert_eq(kvp_cache_init(&c, 1, 1, 4, &(kvp_rope){.n_rot = 4, .base = 10000.0f}), 0);
     kvp_snapshot s;
     memset(&s, 0, sizeof s);
     snprintf(s.id, sizeof s.id, "w1");

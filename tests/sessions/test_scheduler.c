@@ -66,7 +66,7 @@ static void run(const int *units)
     memset(&model, 0, sizeof model);
     model.cfg = (kvp_model_config){.dim = 8, .hidden_dim = 16, .n_layers = 1, .n_heads = 1,
                                    .n_kv_heads = 1, .head_dim = 8, .vocab_size = 4,
-                                   .seq_len = 16, .rope_base = 10000.0f, .rms_eps = 1e-5f};
+                                   .seq_len = 16, .rope = {.n_rot = 8, .base = 10000.0f}, .rms_eps = 1e-5f};
     kvp_session_env env = {.model = &model, .chunk = 4};
     memset(sess, 0, sizeof sess);
     n_order = n_done = 0;

@@ -110,7 +110,7 @@ static void spit(const char *name, const void *buf, size_t len)
 /* A cache with rows derived from (head, seq), serialized. */
 static void make_cache(kvp_cache *c, int layers, int heads, int dim, int rows)
 {
-    cr_assert_eq(kvp_cache_init(c, layers, heads, dim, 10000.0f), 0);
+    cr_assert_eq(kvp_cache_init(c, layers, heads, dim, &(kvp_rope){.n_rot = dim, .base = 10000.0f}), 0);
     for (int i = 0; i < layers * heads; i++) {
         kvp_head *h = &c->heads[i];
         int n = rows + i % 3;   /* heads differ in length, as after eviction */

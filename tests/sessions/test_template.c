@@ -167,6 +167,24 @@ Test(template, llama3)
     cr_assert(kvp_template_is_stop(&t, t.eot));
 }
 
+Test(template, the_files_end_of_turn_token_stops_every_format)
+{
+    enum kvp_chat_format formats[] = {KVP_CHAT_PLAIN, KVP_CHAT_CHATML, KVP_CHAT_LLAMA2,
+                                      KVP_CHAT_LLAMA3};
+    for (size_t i = 0; i < sizeof formats / sizeof formats[0]; i++) {
+        m.chat_format = formats[i];
+        m.tok.eot_id = 300;
+        kvp_template t;
+        kvp_template_init(&t, &m);
+        cr_expect(kvp_template_is_stop(&t, 300), "format %d", formats[i]);
+        cr_expect(!kvp_template_is_stop(&t, 301), "format %d", formats[i]);
+        m.tok.eot_id = -1;
+        kvp_template_init(&t, &m);
+        cr_expect(!kvp_template_is_stop(&t, 300), "format %d", formats[i]);
+    }
+    m.chat_format = KVP_CHAT_PLAIN;
+}
+
 Test(template, missing_markers_fall_back_to_plain)
 {
     kvp_tokenizer_free(&m.tok);

@@ -106,3 +106,48 @@ Test(kvp_cli, generate_past_the_context)
     cr_expect_null(strstr(out, " 0 shifts"), "%s", out);
     free(out);
 }
+
+Test(kvp_cli, logits_arguments)
+{
+    char a[2048], out[] = "/tmp/kvp-cli-logits-XXXXXX";
+    int fd = mkstemp(out);
+    cr_assert(fd >= 0);
+    close(fd);
+    char m[1024];   /* tu_shared's buffers rotate */
+    snprintf(m, sizeof m, "%s", tu_shared("fixtures/arch/qwen2-bias-tied.gguf"));
+    expect("logits", 2, "--model, --tokens and --out are required");
+    snprintf(a, sizeof a, "logits --model %s --out %s", m, out);
+    expect(a, 2, "required");
+    static const char *const bad[] = {"", ",", "1,", ",1", "1,,2", "a", "1 2", "-1", "1.5",
+                                      "99999999999999999999", "0x10"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(a, sizeof a, "logits --model %s --tokens '%s' --out %s", m, bad[i], out);
+        expect(a, 2, "expected comma-separated token ids");
+    }
+    snprintf(a, sizeof a, "logits --model %s --tokens 1,512 --out %s", m, out);
+    expect(a, 2, "token 512 (position 1) is not below the vocabulary size 512");
+    snprintf(a, sizeof a, "logits --model %s --tokens 1 --out %s extra", m, out);
+    expect(a, 2, "unexpected argument");
+    snprintf(a, sizeof a, "logits --model /nonexistent.gguf --tokens 1 --out %s", out);
+    expect(a, 1, "/nonexistent.gguf");
+    snprintf(a, sizeof a, "logits --model %s --tokens 1 --out /proc/kvp-no-such-dir/x", m);
+    expect(a, 1, "cannot create");
+    /* more tokens than the context: a llama2.c checkpoint of 512 positions */
+    char *many = malloc(600 * 4);
+    size_t at = 0;
+    for (int i = 0; i < 600; i++)
+        at += (size_t)sprintf(many + at, i ? ",%d" : "%d", 1);
+    char *cmd = malloc(8192);
+    snprintf(cmd, 8192, "logits --model %s --tokens %s --out %s", tu_shared("models/stories260K.bin"),
+             many, out);
+    expect(cmd, 2, "600 tokens exceed the model's context of 512");
+    free(cmd);
+    free(many);
+    /* a good run writes n x vocab floats */
+    snprintf(a, sizeof a, "logits --model %s --tokens 1,5,7 --out %s", m, out);
+    expect(a, 0, "3 positions x 512 logits");
+    size_t len;
+    free(tu_slurp(out, &len));
+    cr_expect_eq(len, 3 * 512 * 4);
+    remove(out);
+}
