@@ -148,10 +148,10 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
         c->wsi = wsi;
         c->w = w;
         return kvpd_http_request(c, in);
-    case LWS_CALLBACK_HTTP_BODY:
-        return c->oai ? kvpd_openai_body(c, in, len) : -1;
+    case LWS_CALLBACK_HTTP_BODY:   /* only the API reads bodies; others were answered 405 */
+        return c->oai ? kvpd_openai_body(c, in, len) : 0;
     case LWS_CALLBACK_HTTP_BODY_COMPLETION:
-        return c->oai ? kvpd_openai_body_done(c) : -1;
+        return c->oai ? kvpd_openai_body_done(c) : 0;
     case LWS_CALLBACK_HTTP_WRITEABLE:
         return c->oai ? kvpd_openai_writeable(c) : kvpd_http_writeable(c);
     case LWS_CALLBACK_CLOSED_HTTP:

@@ -158,6 +158,9 @@ Test(openai, every_bad_request_gets_its_status_and_the_daemon_keeps_serving, .ti
     a = request(&d, "GET", "/v1/chat/completions", NULL, "");
     cr_assert_eq(a.status, 405, "%s", a.raw);
     free(a.raw);
+    a = request(&d, "POST", "/healthz", NULL, "{\"messages\":[]}");
+    cr_assert_eq(a.status, 405, "%s", a.raw);
+    free(a.raw);
 
     /* 10 MB: read and dropped, answered 413, nothing else disturbed. */
     size_t big = 10u << 20;
