@@ -151,3 +151,48 @@ Test(kvp_cli, logits_arguments)
     cr_expect_eq(len, 3 * 512 * 4);
     remove(out);
 }
+
+/* Every runtime policy on a qwen3-shaped model whose head size (24) is not dim / heads
+ * (16), through context shifts (NeoX RoPE) and eviction: a clean run that keeps every
+ * head within budget + chunk (the sanitizer build checks the memory). */
+Test(kvp_cli, policies_on_a_qwen3_shape_through_context_shifts, .timeout = 240)
+{
+    char dir[] = "/tmp/kvp-cli-qwen3-XXXXXX", model[128], pol[128], a[1024];
+    cr_assert(mkdtemp(dir));
+    snprintf(model, sizeof model, "%s/q3.gguf", dir);
+    snprintf(pol, sizeof pol, "%s/q3.kvp", dir);
+    snprintf(a, sizeof a, "synth --out %s --arch qwen3 --head-dim 24 --dim 64 --hidden 96 "
+             "--layers 2 --heads 4 --kv-heads 2 --vocab 300 --ctx 96 --tied", model);
+    expect(a, 0, "wrote");
+    snprintf(a, sizeof a, "policy-init --model %s --out %s", model, pol);
+    expect(a, 0, "head_dim 24");
+    static const char *const policies[] = {"random", "streaming", "knorm", "keydiff", "lagkv",
+                                           "h2o", "tova", "snapkv", "kvp"};
+    for (size_t i = 0; i < sizeof policies / sizeof policies[0]; i++) {
+        snprintf(a, sizeof a, "generate --model %s --policy %s --policy-file %s --budget 32 "
+                 "--chunk 8 --steps 300 --ignore-eos --temperature 0", model, policies[i], pol);
+        char *out;
+        int st = kvp(a, &out);
+        cr_expect_eq(st, 0, "%s: %s", policies[i], out);
+        const char *shifts = strstr(out, " shifts;");
+        cr_expect(shifts && shifts[-1] != '0', "%s: no context shift in:\n%s", policies[i], out);
+        /* per head rows/bytes: L0[r/b r/b] L1[...] */
+        const char *p = strstr(out, "per head rows/bytes:");
+        cr_assert(p, "%s: %s", policies[i], out);
+        char line[512];
+        snprintf(line, sizeof line, "%.*s", (int)strcspn(p, "\n"), p);
+        int heads = 0;
+        for (char *q = strpbrk(line, "[ "); q; q = strpbrk(q + 1, "[ ")) {
+            int rows;
+            if (sscanf(q + 1, "%d/", &rows) == 1) {
+                cr_expect_leq(rows, 32 + 8, "%s: a head holds %d rows", policies[i], rows);
+                heads++;
+            }
+        }
+        cr_expect_eq(heads, 4, "%s: %s", policies[i], out);
+        free(out);
+    }
+    remove(model);
+    remove(pol);
+    rmdir(dir);
+}
