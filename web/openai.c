@@ -582,9 +582,16 @@ static int options(kvpd_conn *c, json_t *req, kvp_turn_opts *t)
             return -1;
         }
         json_array_foreach(stops, i, s) {
-            o->stops[o->n_stops++] = strdup(json_string_value(s));
+            if (!(o->stops[o->n_stops] = strdup(json_string_value(s))))
+                break;
+            o->n_stops++;
             if (json_string_length(s) - 1 > o->stop_hold)
                 o->stop_hold = json_string_length(s) - 1;
+        }
+        if (o->n_stops < (int)json_array_size(stops)) {
+            json_decref(one);
+            fail(c, 500, NULL, NULL, "out of memory");
+            return -1;
         }
     }
     json_decref(one);
