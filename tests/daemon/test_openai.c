@@ -15,6 +15,8 @@
 
 #include "tests/daemon/harness.h"
 
+TestSuite(openai, .timeout = 120);
+
 static int dial(const kvpd_proc *p)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -122,7 +124,7 @@ static void expect_error(const kvpd_proc *p, const char *headers, const char *bo
 
 #define USER(text) "{\"messages\":[{\"role\":\"user\",\"content\":\"" text "\"}]"
 
-Test(openai, every_bad_request_gets_its_status_and_the_daemon_keeps_serving, .timeout = 120)
+Test(openai, every_bad_request_gets_its_status_and_the_daemon_keeps_serving)
 {
     kvpd_proc d;
     cr_assert_eq(kvpd_start(&d, "--max-body-bytes 65536"), 0);
@@ -191,7 +193,7 @@ Test(openai, every_bad_request_gets_its_status_and_the_daemon_keeps_serving, .ti
     cr_assert_eq(kvpd_stop(&d, 10000), 0);
 }
 
-Test(openai, api_key_is_required_when_set, .timeout = 60)
+Test(openai, api_key_is_required_when_set)
 {
     kvpd_proc d;
     cr_assert_eq(kvpd_start(&d, "--api-key sekret-key-123"), 0);
@@ -257,7 +259,7 @@ static json_t *parse_stream(const char *body, char *content, size_t cap, const c
     return use;
 }
 
-Test(openai, streams_and_continues_a_conversation_prefilling_only_new_messages, .timeout = 120)
+Test(openai, streams_and_continues_a_conversation_prefilling_only_new_messages)
 {
     kvpd_proc d;
     cr_assert_eq(kvpd_start(&d, NULL), 0);
@@ -319,7 +321,7 @@ Test(openai, streams_and_continues_a_conversation_prefilling_only_new_messages, 
     cr_assert_eq(kvpd_stop(&d, 10000), 0);
 }
 
-Test(openai, a_stop_string_ends_the_reply_before_it, .timeout = 60)
+Test(openai, a_stop_string_ends_the_reply_before_it)
 {
     kvpd_proc d;
     cr_assert_eq(kvpd_start(&d, NULL), 0);
@@ -353,7 +355,7 @@ static double metric(const kvpd_proc *p, const char *name)
     return v;
 }
 
-Test(openai, a_client_leaving_mid_stream_cancels_its_turn, .timeout = 60)
+Test(openai, a_client_leaving_mid_stream_cancels_its_turn)
 {
     kvpd_proc d;
     cr_assert_eq(kvpd_start(&d, "--max-tokens 100000 --budget 0"), 0);
@@ -379,7 +381,7 @@ Test(openai, a_client_leaving_mid_stream_cancels_its_turn, .timeout = 60)
     cr_assert_eq(kvpd_stop(&d, 10000), 0);
 }
 
-Test(openai, a_reader_taking_one_byte_at_a_time_gets_the_whole_stream, .timeout = 120)
+Test(openai, a_reader_taking_one_byte_at_a_time_gets_the_whole_stream)
 {
     kvpd_proc d;
     cr_assert_eq(kvpd_start(&d, NULL), 0);
@@ -419,7 +421,7 @@ Test(openai, a_reader_taking_one_byte_at_a_time_gets_the_whole_stream, .timeout 
     cr_assert_eq(kvpd_stop(&d, 10000), 0);
 }
 
-Test(openai, thirty_two_concurrent_streams_all_finish, .timeout = 120)
+Test(openai, thirty_two_concurrent_streams_all_finish)
 {
     kvpd_proc d;
     cr_assert_eq(kvpd_start(&d, NULL), 0);
@@ -452,7 +454,7 @@ Test(openai, thirty_two_concurrent_streams_all_finish, .timeout = 120)
     cr_assert_eq(kvpd_stop(&d, 10000), 0);
 }
 
-Test(openai, overloaded_is_429_with_retry_after, .timeout = 60)
+Test(openai, overloaded_is_429_with_retry_after)
 {
     kvpd_proc d;
     cr_assert_eq(kvpd_start(&d, "--max-sessions 1 --max-tokens 100000 --budget 0"), 0);
