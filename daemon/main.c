@@ -192,9 +192,9 @@ static void load_done(uv_work_t *w, int status)
     kvp_hub_info info;
     kvp_hub_info_get(d->hub, &info);
     kvpd_log("info", "%s", g_h.policy_note);
-    kvpd_log("info", "model %s (%s, %d layers, context %d), policy %s, budget %d, chunk %d, "
+    kvpd_log("info", "model %s (%s, %s, %d layers, context %d), policy %s, budget %d, chunk %d, "
              "%d worker(s), state %s, cache cap %llu (%zu per turn)",
-             d->model.name, info.chat_format, d->model.cfg.n_layers,
+             d->model.name, d->model.arch, info.chat_format, d->model.cfg.n_layers,
              d->model.cfg.seq_len, d->pconf->name, d->cfg.budget, d->cfg.chunk,
              d->cfg.workers, d->cfg.state_dir[0] ? d->cfg.state_dir : "(none)",
              (unsigned long long)d->cfg.max_cache_bytes, kvpd_turn_bytes(d));

@@ -380,6 +380,8 @@ static kvp_hub_client *job_ended(kvp_hub *h, kvp_session *s)
             m->rebuilds++;
             kvpd_log("info", "session %.8s: rebuilt from its transcript: %s", s->id,
                      s->restored.note);
+        } else if (s->restored.note[0]) {   /* e.g. a damaged journal tail was ignored */
+            kvpd_log("warning", "session %.8s: %s", s->id, s->restored.note);
         }
     }
     if (s->save_rc < 0) {

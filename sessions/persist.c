@@ -11,8 +11,23 @@
 
 #include "base/clock.h"
 
-int kvp_session_save(const kvp_session *s, const kvp_session_env *env, char *err,
-                     size_t errlen)
+/* The snapshot's messages borrow the session's (the write only reads them). */
+static int borrow_msgs(const kvp_session *s, int from, kvp_snapshot_msg **out)
+{
+    int n = s->n_msgs - from;
+    *out = NULL;
+    if (n <= 0)
+        return 0;
+    if (!(*out = malloc((size_t)n * sizeof **out)))
+        return -ENOMEM;
+    for (int i = 0; i < n; i++)
+        (*out)[i] = (kvp_snapshot_msg){s->msgs[from + i].user, s->msgs[from + i].text,
+                                       s->msgs[from + i].len};
+    return n;
+}
+
+static int save_full(kvp_session *s, const kvp_session_env *env, void *cache, size_t cache_len,
+                     char *err, size_t errlen)
 {
     kvp_snapshot snap;
     memset(&snap, 0, sizeof snap);
@@ -26,24 +41,69 @@ int kvp_session_save(const kvp_session *s, const kvp_session_env *env, char *err
     snap.tokens = s->tokens;
     snap.n_tokens = s->n_tokens;
     snap.n_cached = s->n_cached;
-    snap.n_msgs = s->n_msgs;
-    if (s->n_msgs) {
-        snap.msgs = malloc((size_t)s->n_msgs * sizeof *snap.msgs);
-        if (!snap.msgs) {
-            snprintf(err, errlen, "snapshot %s: out of memory", s->id);
-            return -ENOMEM;
-        }
-        for (int i = 0; i < s->n_msgs; i++)   /* borrowed: the write only reads */
-            snap.msgs[i] = (kvp_snapshot_msg){s->msgs[i].user, s->msgs[i].text,
-                                              s->msgs[i].len};
+    snap.cache = cache;
+    snap.cache_len = cache_len;
+    int rc = borrow_msgs(s, 0, &snap.msgs);
+    if (rc < 0) {
+        snprintf(err, errlen, "snapshot %s: out of memory", s->id);
+        return rc;
     }
-    int rc = kvp_cache_serialize(&s->cache, &snap.cache, &snap.cache_len);
-    if (rc < 0)
-        snprintf(err, errlen, "snapshot %s: serializing the cache: %s", s->id, strerror(-rc));
-    else
-        rc = kvp_snapshot_write(env->state_dir, &snap, err, errlen);
+    snap.n_msgs = rc;
+    rc = kvp_snapshot_write(env->state_dir, &snap, err, errlen);
+    if (rc == 0) {
+        s->journal_ok = 1;
+        s->journal_bytes = 0;
+        s->base_bytes = cache_len + 4 * (size_t)s->n_tokens;
+        for (int i = 0; i < s->n_msgs; i++)
+            s->base_bytes += s->msgs[i].len;
+    }
     free(snap.msgs);
-    free(snap.cache);
+    return rc;
+}
+
+static int save_increment(kvp_session *s, void *cache, size_t cache_len,
+                          const kvp_session_env *env, char *err, size_t errlen)
+{
+    kvp_journal_rec rec = {
+        .turns = s->turns_done, .evicted_rows = s->cache.evicted_rows,
+        .last_active = kvp_wall_now(), .msgs_before = s->journal_msgs,
+        .tokens_before = s->journal_tokens, .tokens = s->tokens + s->journal_tokens,
+        .n_tokens = s->n_tokens - s->journal_tokens, .n_cached = s->n_cached,
+        .cache = cache, .cache_len = cache_len};
+    kvp_snapshot_msg *msgs;
+    int rc = borrow_msgs(s, s->journal_msgs, &msgs);
+    if (rc < 0) {
+        snprintf(err, errlen, "journal %s: out of memory", s->id);
+        return rc;
+    }
+    rec.msgs = msgs;
+    rec.n_msgs = rc;
+    rc = kvp_journal_append(env->state_dir, s->id, &rec, &s->journal_bytes, err, errlen);
+    free(msgs);
+    if (rc < 0)
+        s->journal_ok = 0;   /* maybe a torn record: the next save rewrites everything */
+    return rc;
+}
+
+int kvp_session_save(kvp_session *s, const kvp_session_env *env, char *err, size_t errlen)
+{
+    void *cache;
+    size_t cache_len;
+    int rc = kvp_cache_serialize(&s->cache, &cache, &cache_len);
+    if (rc < 0) {
+        snprintf(err, errlen, "snapshot %s: serializing the cache: %s", s->id, strerror(-rc));
+        return rc;
+    }
+    size_t limit = s->base_bytes > KVP_JOURNAL_MIN_BYTES ? s->base_bytes : KVP_JOURNAL_MIN_BYTES;
+    int full = !s->journal_ok || s->n_msgs < s->journal_msgs ||
+               s->n_tokens < s->journal_tokens || s->journal_bytes > limit;
+    rc = full ? save_full(s, env, cache, cache_len, err, errlen)
+              : save_increment(s, cache, cache_len, env, err, errlen);
+    if (rc == 0) {
+        s->journal_msgs = s->n_msgs;
+        s->journal_tokens = s->n_tokens;
+    }
+    free(cache);
     return rc;
 }
 
@@ -117,6 +177,11 @@ int kvp_session_restore(kvp_session *s, const kvp_session_env *env, size_t max_b
     int rc = kvp_snapshot_read(env->state_dir, s->id, &snap, err, errlen);
     if (rc < 0)
         return rc;
+    /* The turns since the snapshot. A damaged tail costs those turns, not the session. */
+    size_t journal_bytes;
+    char jerr[256];
+    int journal_clean = kvp_journal_replay(env->state_dir, s->id, &snap, &journal_bytes, jerr,
+                                           sizeof jerr) == 0;
     const kvp_model_config *cfg = &env->model->cfg;
     kvp_restored *r = &s->restored;
     memset(r, 0, sizeof *r);
@@ -195,6 +260,15 @@ int kvp_session_restore(kvp_session *s, const kvp_session_env *env, size_t max_b
     s->created_wall = snap.created;
     s->has_snapshot = 1;
     s->saved = 1;
+    /* Appending goes on only where the files end cleanly and hold these very tokens. */
+    s->journal_ok = journal_clean && same_model;
+    s->journal_msgs = s->n_msgs;
+    s->journal_tokens = s->n_tokens;
+    s->journal_bytes = journal_bytes;
+    s->base_bytes = snap.cache_len + 4 * (size_t)snap.n_tokens;
+    if (!journal_clean)
+        snprintf(r->note + strlen(r->note), sizeof r->note - strlen(r->note), "%s%s",
+                 r->note[0] ? "; " : "", jerr);
     r->pending = 1;
     kvp_snapshot_free(&snap);
     return 0;

@@ -8,11 +8,15 @@
 
 #include "sessions/session.h"
 
-/* Writes <env->state_dir>/<id>.snap from the session as it is now (the transcript, the
- * counters, the cache, s->pconf's identity, s->turn.budget). 0 or a negative code with
- * a message. */
-int kvp_session_save(const kvp_session *s, const kvp_session_env *env, char *err,
-                     size_t errlen);
+/* Puts the session as it is now on disk: a record appended to its journal (what the
+ * transcript gained since the last save, the counters and the cache), or, for the first
+ * save, after a rebuild or a failed append, and when the journal has grown past the
+ * snapshot (or KVP_JOURNAL_MIN_BYTES), a full <env->state_dir>/<id>.snap that replaces the
+ * journal. So a turn's write does not grow with the conversation (amortized: each full
+ * rewrite follows at least as many journal bytes). 0 or a negative code with a message. */
+int kvp_session_save(kvp_session *s, const kvp_session_env *env, char *err, size_t errlen);
+
+#define KVP_JOURNAL_MIN_BYTES (1u << 20)
 
 /* Fills a parked session (empty cache and transcript) from its snapshot. When the
  * snapshot's model or policy identity differs from s->pconf's, its cache does not

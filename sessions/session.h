@@ -121,6 +121,10 @@ typedef struct kvp_session {
     int lost;                        /* the snapshot is gone or was bad: session lost */
     char save_err[256];
     int turns_done;                  /* completed turns, as the snapshot counts them */
+    /* What is on disk: the snapshot plus its journal hold msgs[0..journal_msgs) and
+     * tokens[0..journal_tokens); journal_ok: the next save may append to the journal. */
+    int journal_ok, journal_msgs, journal_tokens;
+    size_t journal_bytes, base_bytes;  /* the journal's size; the last full snapshot's */
     double created_wall;             /* seconds since the epoch */
     kvp_restored restored;
     kvp_cache cache;

@@ -315,8 +315,13 @@ int kvp_snapshot_write(const char *dir, const kvp_snapshot *snap, char *err, siz
         unlink(tmp);
         goto out;
     }
-    /* The rename is durable only once the directory entry is. */
-    if (fsync(dfd) < 0)
+    /* The journal's records are all in the new snapshot now (a crash before this unlink
+     * leaves them for replay to skip). The rename is durable once the directory is. */
+    char journal[PATH_MAX];
+    if (snap_path(journal, sizeof journal, dir, snap->id, ".journal", err, errlen) == 0 &&
+        unlink(journal) < 0 && errno != ENOENT)
+        rc = sys_err("remove", journal, err, errlen);
+    if (rc == 0 && fsync(dfd) < 0)
         rc = sys_err("fsync state directory", dir, err, errlen);
 out:
     close(dfd);
@@ -635,6 +640,11 @@ int kvp_snapshot_remove(const char *dir, const char *id, char *err, size_t errle
         return sys_err("remove", path, err, errlen);
     if (unlink(tmp) < 0 && errno != ENOENT)
         return sys_err("remove", tmp, err, errlen);
+    char journal[PATH_MAX];
+    if ((rc = snap_path(journal, sizeof journal, dir, id, ".journal", err, errlen)) < 0)
+        return rc;
+    if (unlink(journal) < 0 && errno != ENOENT)
+        return sys_err("remove", journal, err, errlen);
     /* Durable, so that a removed session does not come back after a crash. */
     int dfd = open_dir(dir, err, errlen);
     if (dfd < 0)
@@ -667,4 +677,241 @@ int kvp_snapshot_clean(const char *dir, char *err, size_t errlen)
     }
     closedir(d);
     return rc < 0 ? rc : removed;
+}
+
+/* ---- the journal: one record per turn between full snapshots ---- */
+
+static const char JOURNAL_MAGIC[8] = {'K', 'V', 'P', 'J', 'R', 'N', 'L', '\0'};
+enum { JOURNAL_VERSION = 1 };
+
+/* Payload bytes of a record (docs/snapshot-format.md, "Journal"). */
+static size_t record_size(const kvp_journal_rec *rec)
+{
+    size_t n = 4 + 8 + 8 + 4 + 4;
+    for (int i = 0; i < rec->n_msgs; i++)
+        n += 1 + 4 + rec->msgs[i].len;
+    return n + 4 + 4 + 4 * (size_t)rec->n_tokens + 4 + 8 + rec->cache_len;
+}
+
+int kvp_journal_append(const char *dir, const char *id, const kvp_journal_rec *rec,
+                       size_t *size, char *err, size_t errlen)
+{
+    int rc = check_id(id, err, errlen);
+    char path[PATH_MAX];
+    if (rc < 0 || (rc = snap_path(path, sizeof path, dir, id, ".journal", err, errlen)) < 0)
+        return rc;
+    for (int i = 0; i < rec->n_msgs; i++)
+        if (rec->msgs[i].len > UINT32_MAX) {
+            snprintf(err, errlen, "journal %s: a message of %zu bytes", id, rec->msgs[i].len);
+            return -E2BIG;
+        }
+    size_t payload = record_size(rec), id_len = strlen(id);
+    kvp_wbuf w = {malloc(8 + 4 + 4 + id_len + 4 + payload + 8), 0};
+    if (!w.p) {
+        snprintf(err, errlen, "journal %s: out of memory", id);
+        return -ENOMEM;
+    }
+    /* Non-blocking, no links, regular files only: as for snapshots. */
+    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK,
+                  0600);
+    struct stat st;
+    if (fd < 0) {
+        rc = sys_err("open", path, err, errlen);
+    } else if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+        snprintf(err, errlen, "journal %s: not a regular file", path);
+        rc = -EINVAL;
+    }
+    if (rc < 0)
+        goto out;
+    if (st.st_size == 0) {   /* a new journal starts with its header */
+        kvp_w_bytes(&w, JOURNAL_MAGIC, 8);
+        kvp_w_u32(&w, JOURNAL_VERSION);
+        kvp_w_u32(&w, (uint32_t)id_len);
+        kvp_w_bytes(&w, id, id_len);
+    }
+    size_t rec_start = w.n;
+    kvp_w_u32(&w, (uint32_t)payload);
+    kvp_w_u32(&w, (uint32_t)rec->turns);
+    kvp_w_u64(&w, rec->evicted_rows);
+    kvp_w_f64(&w, rec->last_active);
+    kvp_w_u32(&w, (uint32_t)rec->msgs_before);
+    kvp_w_u32(&w, (uint32_t)rec->n_msgs);
+    for (int i = 0; i < rec->n_msgs; i++) {
+        unsigned char role = rec->msgs[i].user ? 1 : 0;
+        kvp_w_bytes(&w, &role, 1);
+        kvp_w_u32(&w, (uint32_t)rec->msgs[i].len);
+        kvp_w_bytes(&w, rec->msgs[i].text, rec->msgs[i].len);
+    }
+    kvp_w_u32(&w, (uint32_t)rec->tokens_before);
+    kvp_w_u32(&w, (uint32_t)rec->n_tokens);
+    for (int i = 0; i < rec->n_tokens; i++)
+        kvp_w_u32(&w, (uint32_t)rec->tokens[i]);
+    kvp_w_u32(&w, (uint32_t)rec->n_cached);
+    kvp_w_u64(&w, (uint64_t)rec->cache_len);
+    kvp_w_bytes(&w, rec->cache, rec->cache_len);
+    kvp_w_u64(&w, kvp_fnv1a(KVP_FNV1A_INIT, w.p + rec_start + 4, payload));
+    if (write_all(fd, w.p, w.n) < 0)
+        rc = sys_err("append to", path, err, errlen);
+    else if (fsync(fd) < 0)
+        rc = sys_err("fsync", path, err, errlen);
+    if (!rc && st.st_size == 0) {   /* a new file: its directory entry must last too */
+        int dfd = open_dir(dir, err, errlen);
+        rc = dfd < 0 ? dfd : fsync(dfd) < 0 ? sys_err("fsync state directory", dir, err, errlen) : 0;
+        if (dfd >= 0)
+            close(dfd);
+    }
+    if (!rc)
+        *size = (size_t)st.st_size + w.n;
+out:
+    if (fd >= 0)
+        close(fd);
+    free(w.p);
+    return rc;
+}
+
+/* Applies one record's payload to snap, or says why it does not follow it. 1 applied,
+ * 0 skipped (the snapshot already holds it), -1 does not follow or is malformed. */
+static int apply_record(kvp_rbuf *r, kvp_snapshot *s)
+{
+    uint32_t turns, msgs_before, n_msgs, tokens_before, n_tokens, cached;
+    uint64_t evicted, cache_len;
+    double last;
+    if (kvp_r_u32(r, &turns) || kvp_r_u64(r, &evicted) || kvp_r_f64(r, &last) || kvp_r_u32(r, &msgs_before) ||
+        kvp_r_u32(r, &n_msgs) || turns > INT_MAX || !isfinite(last))
+        return -1;
+    size_t msgs_at = r->off;
+    for (uint32_t i = 0; i < n_msgs; i++) {   /* a first pass checks the lengths */
+        unsigned char role;
+        uint32_t len;
+        if (kvp_r_bytes(r, &role, 1) || role > 1 || kvp_r_u32(r, &len) || len > r->n - r->off)
+            return -1;
+        r->off += len;
+    }
+    if (kvp_r_u32(r, &tokens_before) || kvp_r_u32(r, &n_tokens) ||
+        (size_t)n_tokens * 4 > r->n - r->off)
+        return -1;
+    size_t tokens_at = r->off;
+    r->off += (size_t)n_tokens * 4;
+    if (kvp_r_u32(r, &cached) || kvp_r_u64(r, &cache_len) || cache_len != r->n - r->off || !cache_len)
+        return -1;
+    uint64_t msgs_after = (uint64_t)msgs_before + n_msgs, tokens_after = (uint64_t)tokens_before + n_tokens;
+    if (msgs_after <= (uint64_t)s->n_msgs && tokens_after <= (uint64_t)s->n_tokens &&
+        (msgs_before != (uint32_t)s->n_msgs || tokens_before != (uint32_t)s->n_tokens))
+        return 0;   /* a crash between a full snapshot's rename and the journal's removal */
+    if (msgs_before != (uint32_t)s->n_msgs || tokens_before != (uint32_t)s->n_tokens ||
+        msgs_after > INT_MAX || tokens_after > INT_MAX || cached > tokens_after)
+        return -1;
+    kvp_snapshot_msg *m = realloc(s->msgs, (size_t)msgs_after * sizeof *m + 1);
+    int *t = realloc(s->tokens, (size_t)tokens_after * sizeof *t + 1);
+    void *cache = malloc((size_t)cache_len);
+    if (m)
+        s->msgs = m;
+    if (t)
+        s->tokens = t;
+    if (!m || !t || !cache) {
+        free(cache);
+        return -1;
+    }
+    r->off = msgs_at;
+    for (uint32_t i = 0; i < n_msgs; i++) {
+        unsigned char role = 0;
+        uint32_t len = 0;
+        kvp_r_bytes(r, &role, 1);
+        kvp_r_u32(r, &len);
+        kvp_snapshot_msg *dst = &s->msgs[s->n_msgs];
+        if (!(dst->text = malloc((size_t)len + 1))) {
+            free(cache);
+            return -1;
+        }
+        kvp_r_bytes(r, dst->text, len);
+        dst->text[len] = '\0';
+        dst->len = len;
+        dst->user = role;
+        s->n_msgs++;
+        if (repair_utf8(dst)) {
+            free(cache);
+            return -1;
+        }
+    }
+    r->off = tokens_at;
+    for (uint32_t i = 0; i < n_tokens; i++) {
+        uint32_t id = 0;
+        kvp_r_u32(r, &id);
+        if (id > INT32_MAX) {
+            free(cache);
+            return -1;
+        }
+        s->tokens[s->n_tokens++] = (int)id;
+    }
+    r->off += 4 + 8;
+    kvp_r_bytes(r, cache, (size_t)cache_len);
+    free(s->cache);
+    s->cache = cache;
+    s->cache_len = (size_t)cache_len;
+    s->n_cached = (int)cached;
+    s->turns = (int)turns;
+    s->evicted_rows = evicted;
+    s->last_active = last;
+    return 1;
+}
+
+int kvp_journal_replay(const char *dir, const char *id, kvp_snapshot *snap, size_t *size,
+                       char *err, size_t errlen)
+{
+    *size = 0;
+    int rc = check_id(id, err, errlen);
+    char path[PATH_MAX];
+    if (rc < 0 || (rc = snap_path(path, sizeof path, dir, id, ".journal", err, errlen)) < 0)
+        return rc;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0)
+        return errno == ENOENT ? 0 : 1;   /* unreadable: the next write replaces it */
+    struct stat st;
+    unsigned char *buf = NULL;
+    size_t got = 0;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0 &&
+        (buf = malloc((size_t)st.st_size))) {
+        while (got < (size_t)st.st_size) {
+            ssize_t n = read(fd, buf + got, (size_t)st.st_size - got);
+            if (n < 0 && errno == EINTR)
+                continue;
+            if (n <= 0)
+                break;
+            got += (size_t)n;
+        }
+    }
+    close(fd);
+    if (!buf) {
+        if (S_ISREG(st.st_mode) && st.st_size == 0)
+            return 0;
+        snprintf(err, errlen, "journal %s: unreadable or out of memory", path);
+        return 1;
+    }
+    kvp_rbuf r = {buf, got, 0};
+    char jid[KVP_SNAPSHOT_ID_MAX + 1];
+    uint32_t version;
+    int clean = 0;
+    if (got >= 8 && !memcmp(buf, JOURNAL_MAGIC, 8) && (r.off = 8, !kvp_r_u32(&r, &version)) &&
+        version == JOURNAL_VERSION && !r_str(&r, jid, KVP_SNAPSHOT_ID_MAX) && !strcmp(jid, id)) {
+        for (;;) {
+            uint32_t len;
+            uint64_t sum = 0;
+            if (r.off == r.n) {
+                clean = 1;
+                break;
+            }
+            if (kvp_r_u32(&r, &len) || (size_t)len + 8 > r.n - r.off)
+                break;   /* a torn last record */
+            kvp_rbuf rec = {buf + r.off, len, 0};
+            r.off += len;
+            kvp_r_u64(&r, &sum);
+            if (kvp_fnv1a(KVP_FNV1A_INIT, rec.p, len) != sum || apply_record(&rec, snap) < 0)
+                break;
+        }
+    }
+    free(buf);
+    *size = got;
+    if (!clean)
+        snprintf(err, errlen, "journal %s: a damaged or unrelated tail was ignored", path);
+    return clean ? 0 : 1;
 }

@@ -2,7 +2,7 @@
  * at the end of every turn so that a restart (or a kill -9) resumes the conversation
  * with its KV cache. Format: docs/snapshot-format.md.
  *
- * Files: <dir>/<id>.snap (the snapshot), <dir>/<id>.snap.tmp (a write in progress or
+ * Files: <dir>/<id>.snap (the snapshot), <dir>/<id>.journal (turns since), <dir>/<id>.snap.tmp (a write in progress or
  * left by a crash: never read), <dir>/<id>.snap.bad-<unix time>[-N] (a snapshot that
  * failed validation, moved aside for inspection). */
 #ifndef KVP_SNAPSHOT_H
@@ -67,8 +67,8 @@ int kvp_snapshot_identity_init(kvp_snapshot_identity *ident, const char *model_n
 /* 1 when a snapshot made under `a` can be resumed under `b`. */
 int kvp_snapshot_identity_equal(const kvp_snapshot_identity *a, const kvp_snapshot_identity *b);
 
-/* Writes <dir>/<snap->id>.snap atomically: <id>.snap.tmp, fsync, rename, fsync of the
- * directory. Only reads *snap (its pointers may borrow a session's arrays). At most
+/* Writes <dir>/<snap->id>.snap atomically: <id>.snap.tmp, fsync, rename, removal of the
+ * journal it supersedes, fsync of the directory. Only reads *snap (its pointers may borrow a session's arrays). At most
  * one writer per id at a time. 0, or a negative errno with a message; on failure the
  * previous snapshot, if any, is intact. */
 int kvp_snapshot_write(const char *dir, const kvp_snapshot *snap, char *err, size_t errlen);
@@ -85,9 +85,39 @@ int kvp_snapshot_read(const char *dir, const char *id, kvp_snapshot *out,
                       char *err, size_t errlen);
 void kvp_snapshot_free(kvp_snapshot *snap);
 
+/* The journal, <dir>/<id>.journal: one record per turn appended after a full snapshot,
+ * so a turn writes what it added (messages, tokens) and the cache, not the whole
+ * conversation; a full snapshot (kvp_snapshot_write) replaces it. */
+typedef struct kvp_journal_rec {
+    int turns;
+    uint64_t evicted_rows;
+    double last_active;
+    int msgs_before;                 /* the transcript this record extends */
+    const kvp_snapshot_msg *msgs;
+    int n_msgs;
+    int tokens_before;
+    const int *tokens;
+    int n_tokens;
+    int n_cached;                    /* of the whole transcript after the record */
+    const void *cache;               /* kvp_cache_serialize() output: the cache now */
+    size_t cache_len;
+} kvp_journal_rec;
+
+/* Appends a record (the file and its header are created first if absent) and fsyncs;
+ * *size: the journal's bytes after. 0 or a negative errno with a message; a failed
+ * append may leave a torn record, which replay ignores (write a full snapshot next). */
+int kvp_journal_append(const char *dir, const char *id, const kvp_journal_rec *rec,
+                       size_t *size, char *err, size_t errlen);
+/* Applies <dir>/<id>.journal to a snapshot just read: each record that extends it (by its
+ * message and token counts) in order; records the snapshot already holds are skipped.
+ * *size: the journal's bytes. 0: none, or all of it applied; 1: a damaged, torn or
+ * unrelated tail was ignored (err says so; the next write must be a full snapshot). */
+int kvp_journal_replay(const char *dir, const char *id, kvp_snapshot *snap, size_t *size,
+                       char *err, size_t errlen);
+
 /* 1 when <dir>/<id>.snap exists, 0 otherwise (also for an invalid id). */
 int kvp_snapshot_exists(const char *dir, const char *id);
-/* Removes <dir>/<id>.snap and any <id>.snap.tmp; 0 also when there was none. */
+/* Removes <dir>/<id>.snap, its journal and any <id>.snap.tmp; 0 also when there was none. */
 int kvp_snapshot_remove(const char *dir, const char *id, char *err, size_t errlen);
 /* Deletes every *.snap.tmp left by a crash (call at start, before any write). Returns
  * how many were removed, or a negative errno with a message. */

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <sys/random.h>
@@ -86,7 +87,13 @@ static int origin_allowed(const kvpd_web *w, const char *origin)
     if (strchr(hostport, '/') || split_host(hostport, &name, &n) < 0)
         return 0;
     const char *after = name[-1] == '[' ? name + n + 1 : name + n;
-    int port = *after == ':' ? atoi(after + 1) : 80;
+    long port = 80;
+    if (*after == ':') {   /* digits only: "…:8080x" is no origin of ours */
+        char *end;
+        port = strtol(after + 1, &end, 10);
+        if (end == after + 1 || *end || after[1] < '0' || after[1] > '9')
+            return 0;
+    }
     return port == w->port && host_allowed(w, name, n);
 }
 

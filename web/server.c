@@ -199,6 +199,9 @@ int kvpd_web_start(kvpd_web *w, char *err, size_t errlen)
     rc = kvpd_listen_start(w, info_host(host), err, errlen);
     if (rc < 0)
         return rc;
+    if (!info_host(host) && !w->cfg->allowed_hosts[0])
+        kvpd_log("warning", "listening on every address, but allowed_hosts is empty: only "
+                 "requests naming localhost, 127.0.0.1 or ::1 in Host are served");
     info.port = CONTEXT_PORT_NO_LISTEN_SERVER;   /* web/listen.c accepts, lws adopts */
     info.protocols = protocols;
     info.foreign_loops = loops;

@@ -237,6 +237,7 @@ Test(chat_arch, qwen2_turns_past_the_context_and_a_restart, .timeout = 120)
              "--state-dir %s", model, dir);
     kvpd_proc p;
     cr_assert_eq(kvpd_start(&p, extra), 0, "kvpd did not start (log %s)", p.log);
+    cr_expect(kvpd_log_has(&p, "(qwen2, plain, 2 layers, context 128)"), "log %s", p.log);
     ws_client c;
     cr_assert_eq(h_connect(&p, &c), 0);
     cr_assert_eq(ws_send_text(&c, "{\"type\":\"hello\"}"), 0);

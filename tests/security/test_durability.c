@@ -1,12 +1,14 @@
 /* Issue 17 item 6: a `done` the client saw must be on disk, or say it is not. With the
- * session's snapshot unwritable (a directory squats on <id>.snap.tmp, as a full disk or
- * no descriptors would fail the write), the turn's done says durable: false with the
+ * session's state unwritable (directories squat on <id>.snap.tmp and <id>.journal, as a
+ * full disk or no descriptors would fail the write), the turn's done says durable: false with the
  * reason, /healthz answers 503 "degraded", and SIGTERM exits non-zero. Once a write
  * succeeds again, all three recover. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -39,6 +41,26 @@ static json_t *turn(ws_client *c, const char *text)
     return done;
 }
 
+/* Directories where the session's next writes go (<base>.snap.tmp, <base>.journal). */
+static void squat_on(const char *base)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s.snap.tmp", base);
+    cr_assert_eq(mkdir(path, 0700), 0);
+    snprintf(path, sizeof path, "%s.journal", base);
+    unlink(path);
+    cr_assert_eq(mkdir(path, 0700), 0);
+}
+
+static void unsquat(const char *base)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s.snap.tmp", base);
+    rmdir(path);
+    snprintf(path, sizeof path, "%s.journal", base);
+    rmdir(path);
+}
+
 static int health(const kvpd_proc *p, char **body)
 {
     return h_get(p, "/healthz", NULL, body);
@@ -61,15 +83,15 @@ Test(security_durability, a_turn_not_on_disk_says_so_and_the_daemon_is_degraded)
     cr_assert(stats);
     const char *id = str_of(json_array_get(json_object_get(stats, "session_list"), 0), "id");
     cr_assert(id);
-    snprintf(squat, sizeof squat, "%s/%s.snap.tmp", g_dir, id);
+    snprintf(squat, sizeof squat, "%s/%s", g_dir, id);
     json_decref(stats);
-    cr_assert_eq(mkdir(squat, 0700), 0);
+    squat_on(squat);
 
     done = turn(&c, "The dog ran to the park.");
     cr_expect(json_is_false(json_object_get(done, "durable")),
               "a turn whose snapshot failed is not reported durable");
     const char *why = str_of(done, "durable_error");
-    cr_expect(why && strstr(why, ".snap.tmp"), "reason: %s", why ? why : "(none)");
+    cr_expect(why && strstr(why, squat), "reason: %s", why ? why : "(none)");
     json_decref(done);
     char *body = NULL;
     cr_expect_eq(health(&p, &body), 503, "/healthz: %s", body);
@@ -77,7 +99,7 @@ Test(security_durability, a_turn_not_on_disk_says_so_and_the_daemon_is_degraded)
     free(body);
 
     /* The disk comes back: the next turn is written, and the daemon is healthy again. */
-    cr_assert_eq(rmdir(squat), 0);
+    unsquat(squat);
     done = turn(&c, "Then it went home.");
     cr_expect(json_is_true(json_object_get(done, "durable")));
     json_decref(done);
@@ -101,9 +123,9 @@ Test(security_durability, shutdown_with_a_turn_not_on_disk_exits_non_zero)
     json_t *stats = h_stats(&p);
     const char *id = str_of(json_array_get(json_object_get(stats, "session_list"), 0), "id");
     cr_assert(id);
-    snprintf(squat, sizeof squat, "%s/%s.snap.tmp", g_dir, id);
+    snprintf(squat, sizeof squat, "%s/%s", g_dir, id);
     json_decref(stats);
-    cr_assert_eq(mkdir(squat, 0700), 0);
+    squat_on(squat);
     done = turn(&c, "The dog ran to the park.");
     cr_expect(json_is_false(json_object_get(done, "durable")));
     json_decref(done);
@@ -112,7 +134,7 @@ Test(security_durability, shutdown_with_a_turn_not_on_disk_exits_non_zero)
     int rc = kvpd_stop(&p, 10000);
     cr_expect(rc != 0 && rc != -1, "kvpd exited %d with a turn not on disk", rc);
     cr_expect(kvpd_log_has(&p, "could not be written"), "log %s", p.log);
-    rmdir(squat);
+    unsquat(squat);
 }
 
 Test(security_durability, without_a_state_dir_done_makes_no_durability_claim)
@@ -123,6 +145,51 @@ Test(security_durability, without_a_state_dir_done_makes_no_durability_claim)
     cr_assert_eq(h_connect(&p, &c), 0);
     json_t *done = turn(&c, "Once upon a time");
     cr_expect_null(json_object_get(done, "durable"));
+    json_decref(done);
+    ws_close(&c);
+    cr_expect_eq(kvpd_stop(&p, 10000), 0);
+}
+
+static int open_fds(pid_t pid)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/fd", (int)pid);
+    DIR *d = opendir(path);
+    cr_assert(d);
+    int n = 0;
+    while (readdir(d))
+        n++;
+    closedir(d);
+    return n - 2;
+}
+
+/* The other way the issue's disk failed: no file descriptor left for the snapshot. */
+Test(security_durability, no_descriptor_for_the_snapshot_is_not_durable)
+{
+    kvpd_proc p;
+    char args[256];
+    snprintf(args, sizeof args, "--state-dir %s", g_dir);
+    cr_assert_eq(kvpd_start(&p, args), 0, "kvpd did not start (log %s)", p.log);
+    ws_client c;
+    cr_assert_eq(h_connect(&p, &c), 0);
+    json_t *done = turn(&c, "Once upon a time");
+    cr_expect(json_is_true(json_object_get(done, "durable")));
+    json_decref(done);
+    struct rlimit old, none;
+    cr_assert_eq(prlimit(p.pid, RLIMIT_NOFILE, NULL, &old), 0);
+    none.rlim_cur = (rlim_t)open_fds(p.pid);
+    none.rlim_max = old.rlim_max;
+    cr_assert_eq(prlimit(p.pid, RLIMIT_NOFILE, &none, NULL), 0);
+    done = turn(&c, "The dog ran to the park.");
+    cr_expect(json_is_false(json_object_get(done, "durable")),
+              "a turn whose snapshot could not even be opened was reported durable");
+    json_decref(done);
+    cr_assert_eq(prlimit(p.pid, RLIMIT_NOFILE, &old, NULL), 0);
+    char *body = NULL;
+    cr_expect_eq(health(&p, &body), 503, "/healthz: %s", body);
+    free(body);
+    done = turn(&c, "Then it went home.");
+    cr_expect(json_is_true(json_object_get(done, "durable")));
     json_decref(done);
     ws_close(&c);
     cr_expect_eq(kvpd_stop(&p, 10000), 0);

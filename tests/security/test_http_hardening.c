@@ -128,6 +128,12 @@ Test(security_http, a_foreign_origin_cannot_open_chat)
                   "a page from http://evil.example got a websocket");
     cr_expect_neq(upgrade(&p, host, origin_of(&p, "evil.example"), "13").status, 101);
     cr_expect_neq(upgrade(&p, host, "null", "13").status, 101);
+    char suffixed[160];
+    snprintf(suffixed, sizeof suffixed, "%s0", origin_of(&p, "127.0.0.1"));
+    cr_expect_neq(upgrade(&p, host, suffixed, "13").status, 101, "%s was allowed", suffixed);
+    snprintf(suffixed, sizeof suffixed, "%s/", origin_of(&p, "127.0.0.1"));
+    cr_expect_neq(upgrade(&p, host, suffixed, "13").status, 101, "%s was allowed", suffixed);
+    cr_expect_neq(upgrade(&p, host, "https://127.0.0.1", "13").status, 101);
     cr_expect_eq(upgrade(&p, host, origin_of(&p, "127.0.0.1"), "13").status, 101,
                  "the daemon's own page was refused");
     cr_expect_eq(upgrade(&p, self(&p, "localhost"), origin_of(&p, "localhost"), "13").status, 101);

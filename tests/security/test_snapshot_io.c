@@ -149,3 +149,79 @@ Test(security_snapshot_io, messages_read_back_are_utf8)
     cr_expect(!memcmp(snap.msgs[2].text, "nul\0inside", 10));
     kvp_snapshot_free(&snap);
 }
+
+/* Issue 17 item 10, the journal's file rules: records that a newer full snapshot already
+ * holds (a crash between its rename and the journal's removal) are skipped, records that
+ * do not follow are not applied, and a FIFO in the journal's place blocks nothing. */
+static kvp_journal_rec record(int msgs_before, int tokens_before, const kvp_snapshot_msg *m,
+                              const int *tokens, const void *cache, size_t cache_len)
+{
+    kvp_journal_rec r = {.turns = msgs_before / 2 + 1, .last_active = 1.0,
+                         .msgs_before = msgs_before, .msgs = m, .n_msgs = 2,
+                         .tokens_before = tokens_before, .tokens = tokens, .n_tokens = 3,
+                         .n_cached = tokens_before + 3, .cache = cache, .cache_len = cache_len};
+    return r;
+}
+
+Test(security_snapshot_io, journal_records_apply_once_and_in_order)
+{
+    kvp_snapshot_msg base[2] = {{1, "hi", 2}, {0, "hello", 5}};
+    write_snapshot("j1", base, 2);
+    kvp_snapshot_msg more[2] = {{1, "and\0then", 8}, {0, "more", 4}};
+    int tokens[3] = {7, 8, 9};
+    static const char cache[] = "not a real cache";
+    kvp_journal_rec r = record(2, 0, more, tokens, cache, sizeof cache);
+    size_t size = 0;
+    char err[256];
+    cr_assert_eq(kvp_journal_append(g_dir, "j1", &r, &size, err, sizeof err), 0, "%s", err);
+    cr_expect_gt(size, 0);
+    kvp_snapshot snap;
+    cr_assert_eq(kvp_snapshot_read(g_dir, "j1", &snap, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(kvp_journal_replay(g_dir, "j1", &snap, &size, err, sizeof err), 0, "%s", err);
+    cr_expect_eq(snap.n_msgs, 4);
+    cr_expect_eq(snap.msgs[2].len, 8);
+    cr_expect(!memcmp(snap.msgs[2].text, "and\0then", 8));
+    cr_expect_eq(snap.n_tokens, 3);
+    cr_expect_eq(snap.n_cached, 3);
+    cr_expect_eq(snap.cache_len, sizeof cache);
+
+    /* A full snapshot of that state, then the old journal put back (the crash window):
+     * its record is skipped, not applied twice. */
+    char jpath[256], saved[256];
+    snprintf(jpath, sizeof jpath, "%s", path_of("j1.journal"));
+    snprintf(saved, sizeof saved, "%s", path_of("j1.saved"));
+    cr_assert_eq(rename(jpath, saved), 0);
+    cr_assert_eq(kvp_snapshot_write(g_dir, &snap, err, sizeof err), 0, "%s", err);
+    kvp_snapshot_free(&snap);
+    cr_assert_eq(rename(saved, jpath), 0);
+    cr_assert_eq(kvp_snapshot_read(g_dir, "j1", &snap, err, sizeof err), 0, "%s", err);
+    cr_expect_eq(kvp_journal_replay(g_dir, "j1", &snap, &size, err, sizeof err), 0, "%s", err);
+    cr_expect_eq(snap.n_msgs, 4, "a record was applied twice");
+    kvp_snapshot_free(&snap);
+
+    /* A record that does not follow (it extends 7 messages) is not applied. */
+    kvp_journal_rec gap = record(7, 3, more, tokens, cache, sizeof cache);
+    cr_assert_eq(kvp_journal_append(g_dir, "j1", &gap, &size, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(kvp_snapshot_read(g_dir, "j1", &snap, err, sizeof err), 0, "%s", err);
+    cr_expect_eq(kvp_journal_replay(g_dir, "j1", &snap, &size, err, sizeof err), 1);
+    cr_expect_eq(snap.n_msgs, 4);
+    kvp_snapshot_free(&snap);
+}
+
+Test(security_snapshot_io, a_fifo_in_place_of_the_journal_blocks_nothing)
+{
+    kvp_snapshot_msg base[1] = {{1, "hi", 2}};
+    write_snapshot("j2", base, 1);
+    cr_assert_eq(mkfifo(path_of("j2.journal"), 0600), 0);
+    kvp_snapshot snap;
+    char err[256];
+    size_t size;
+    cr_assert_eq(kvp_snapshot_read(g_dir, "j2", &snap, err, sizeof err), 0, "%s", err);
+    cr_expect_eq(kvp_journal_replay(g_dir, "j2", &snap, &size, err, sizeof err), 1);
+    cr_expect_eq(snap.n_msgs, 1);
+    kvp_snapshot_free(&snap);
+    int tokens[3] = {1, 2, 3};
+    kvp_snapshot_msg two[2] = {{1, "a", 1}, {0, "b", 1}};
+    kvp_journal_rec r = record(1, 0, two, tokens, "c", 1);
+    cr_expect_lt(kvp_journal_append(g_dir, "j2", &r, &size, err, sizeof err), 0);
+}

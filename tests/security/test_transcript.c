@@ -58,8 +58,10 @@ static void one_turn_session(char *id)
     cr_assert_eq(kvpd_stop(&p, 10000), 0);
 }
 
-/* Rewrites message i of the session's snapshot (a valid file with a new checksum). */
-static void set_message(const char *id, int i, const char *text, size_t len)
+/* Rewrites message i of the session's snapshot (a valid file with a new checksum).
+ * other_model: as if made by another model, so kvpd rebuilds from the transcript
+ * (re-tokenizing the messages) and its next write is a full snapshot from memory. */
+static void set_message(const char *id, int i, const char *text, size_t len, int other_model)
 {
     kvp_snapshot snap;
     char err[512];
@@ -70,6 +72,8 @@ static void set_message(const char *id, int i, const char *text, size_t len)
     memcpy(snap.msgs[i].text, text, len);
     snap.msgs[i].text[len] = '\0';
     snap.msgs[i].len = len;
+    if (other_model)
+        snap.ident.model_hash ^= 1;
     cr_assert_eq(kvp_snapshot_write(g_dir, &snap, err, sizeof err), 0, "%s", err);
     kvp_snapshot_free(&snap);
 }
@@ -120,7 +124,7 @@ Test(security_transcript, a_nul_in_a_reply_survives_the_history_and_the_next_sna
     one_turn_session(id);
     static const char reply[] = "Lily saw a cat.\0It was a big cat and it liked to play.";
     size_t len = sizeof reply - 1;
-    set_message(id, 1, reply, len);
+    set_message(id, 1, reply, len, 1);
 
     kvpd_proc p;
     start(&p);
@@ -132,16 +136,19 @@ Test(security_transcript, a_nul_in_a_reply_survives_the_history_and_the_next_sna
                  json_string_length(t), len);
     cr_expect(!memcmp(json_string_value(t), reply, len));
     json_decref(s);
-    /* Another turn rewrites the snapshot from memory. */
+    /* Another turn writes the whole snapshot from memory (after a rebuild). */
     json_t *done = h_turn(&c, "What did Lily do next?", 8, NULL);
     cr_assert(done && !strcmp(str_of(done, "type"), "done"));
     json_decref(done);
     ws_close(&c);
     cr_assert_eq(kvpd_stop(&p, 10000), 0);
 
-    kvp_snapshot snap;
+    kvp_snapshot snap;   /* what is on disk: the snapshot and the journal's turns */
     char err[512];
+    size_t journal_bytes;
     cr_assert_eq(kvp_snapshot_read(g_dir, id, &snap, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(kvp_journal_replay(g_dir, id, &snap, &journal_bytes, err, sizeof err), 0,
+                 "%s", err);
     cr_assert_geq(snap.n_msgs, 4);
     cr_expect_eq(snap.msgs[1].len, len, "the snapshot kept %zu of %zu bytes",
                  snap.msgs[1].len, len);
@@ -154,7 +161,7 @@ Test(security_transcript, a_snapshot_with_text_that_is_not_utf8_is_loaded_repair
     char id[64];
     one_turn_session(id);
     static const char bad[] = "caf\xe9 \xff\xfe and \xed\xa0\x80 (a surrogate) and \xc3";
-    set_message(id, 0, bad, sizeof bad - 1);
+    set_message(id, 0, bad, sizeof bad - 1, 0);
 
     kvpd_proc p;
     start(&p);
