@@ -727,6 +727,8 @@ int kvpd_openai_body(kvpd_conn *c, const void *in, size_t len)
 {
     kvpd_oai *o = c->oai;
     size_t max = (size_t)c->w->cfg->max_body_bytes;
+    if (len == 0)   /* lws reports an empty body as one empty piece */
+        return 0;
     if (o->body_too_large || o->body_len + len > max) {
         o->body_too_large = 1;   /* read and dropped; answered 413 at the end */
         return 0;
