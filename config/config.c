@@ -12,6 +12,7 @@
 #include "policy/policy.h"
 #include "base/parse.h"
 #include "generate/generate.h"
+#include "sessions/template.h"
 
 #ifndef KVPD_DATA_DIR
 #define KVPD_DATA_DIR "."
@@ -63,6 +64,7 @@ static const key_def keys[] = {
     {"temperature", T_FLOAT, F(temperature), 0, 10, "0.8", "sampling temperature when a message gives none (0: greedy)", FIXED},
     {"top_p", T_FLOAT, F(top_p), 0.01, 1, "0.9", "nucleus sampling (1: off)", FIXED},
     {"seed", T_U64, F(seed), 0, 0, "42", "sampler seed (each session derives its own)", FIXED},
+    {"chat_template", T_STR, F(chat_template), 0, 0, "", "chat template family: chatml, llama3, llama2, mistral, zephyr, phi3, gemma or plain (empty: detected from the model's tokenizer.chat_template)", FIXED},
     {"reuse_cache", T_BOOL, F(reuse_cache), 0, 1, "true", "keep each session's KV cache across turns (false: re-prefill, for benchmarks)", FIXED},
 };
 
@@ -387,6 +389,11 @@ int kvpd_config_validate(const kvpd_config *c, char *err, size_t errlen)
     }
     if (!strcmp(c->policy, "kvp") && !c->policy_file[0]) {
         snprintf(err, errlen, "policy kvp needs policy_file");
+        return -EINVAL;
+    }
+    if (c->chat_template[0] && kvp_template_format(c->chat_template) < 0) {
+        snprintf(err, errlen, "chat_template '%s' is none of plain, chatml, llama2, llama3, "
+                 "mistral, zephyr, phi3, gemma", c->chat_template);
         return -EINVAL;
     }
     if (c->state_dir[0]) {

@@ -180,7 +180,8 @@ static void load_done(uv_work_t *w, int status)
                          .metrics = &d->metrics, .policy = d->pconf,
                          .state_dir = d->cfg.state_dir, .chunk = d->cfg.chunk,
                          .workers = d->cfg.workers, .reuse_cache = d->cfg.reuse_cache,
-                         .top_p = d->cfg.top_p, .seed = d->cfg.seed};
+                         .top_p = d->cfg.top_p, .seed = d->cfg.seed,
+                         .chat_template = d->cfg.chat_template};
     int rc = kvp_hub_start(&d->hub, &hp, err, sizeof err);
     if (rc < 0) {
         kvpd_log("error", "%s", err);

@@ -279,20 +279,19 @@ static int get_float(const kvp_gguf *g, const char *arch, const char *suffix, fl
     return 0;
 }
 
-static enum kvp_chat_format detect_chat_format(const kvp_gguf *g)
+/* A copy of tokenizer.chat_template (the chat template family is sessions/' business). */
+static int copy_chat_template(kvp_model *m, const kvp_gguf *g, char *err, size_t errlen)
 {
     const kvp_gguf_kv *kv = kvp_gguf_find(g, "tokenizer.chat_template");
-    if (!kv || kv->type != KVP_GGUF_STRING)
-        return KVP_CHAT_PLAIN;
-    const char *s = kv->val.str.ptr;
-    size_t n = kv->val.str.len;
-    if (memmem(s, n, "<|im_start|>", 12))
-        return KVP_CHAT_CHATML;
-    if (memmem(s, n, "<|start_header_id|>", 19))
-        return KVP_CHAT_LLAMA3;
-    if (memmem(s, n, "[INST]", 6))
-        return KVP_CHAT_LLAMA2;
-    return KVP_CHAT_PLAIN;
+    if (!kv)
+        return 0;
+    if (kv->type != KVP_GGUF_STRING)
+        return ERR("tokenizer.chat_template is not a string");
+    if (!(m->chat_template = malloc((size_t)kv->val.str.len + 1)))
+        return ERR("out of memory for tokenizer.chat_template");
+    memcpy(m->chat_template, kv->val.str.ptr, (size_t)kv->val.str.len);
+    m->chat_template[kv->val.str.len] = 0;
+    return 0;
 }
 
 /* The GGUF architectures: llama's block, and what each adds to it. */
@@ -469,7 +468,8 @@ static int load_gguf(kvp_model *m, const char *path, char *err, size_t errlen)
         rc = ERR("tokenizer has %d tokens, token_embd.weight %d", m->tok.vocab_size, c->vocab_size);
         goto out;
     }
-    m->chat_format = detect_chat_format(&g);
+    if ((rc = copy_chat_template(m, &g, err, errlen)))
+        goto out;
     if (kvp_gguf_get_str(&g, "general.name", m->name, sizeof m->name)) {
         const char *base = strrchr(path, '/');
         snprintf(m->name, sizeof m->name, "%s", base ? base + 1 : path);
@@ -513,6 +513,7 @@ int kvp_model_load(kvp_model *m, const char *path, const char *tokenizer_path,
 void kvp_model_free(kvp_model *m)
 {
     kvp_tokenizer_free(&m->tok);
+    free(m->chat_template);
     for (int i = 0; i < m->n_owned; i++)
         free(m->owned[i]);
     free(m->owned);

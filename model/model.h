@@ -40,8 +40,6 @@ typedef struct kvp_layer {
     const float *k_norm;      /* [head_dim] the same for k (qwen3) */
 } kvp_layer;
 
-enum kvp_chat_format { KVP_CHAT_PLAIN = 0, KVP_CHAT_CHATML, KVP_CHAT_LLAMA2, KVP_CHAT_LLAMA3 };
-
 typedef struct kvp_model {
     kvp_model_config cfg;
     const float *tok_embd;    /* [vocab][dim] */
@@ -50,7 +48,8 @@ typedef struct kvp_model {
     const float *output;      /* [vocab][dim]; == tok_embd when tied */
     int tied_output;
     kvp_tokenizer tok;
-    enum kvp_chat_format chat_format;  /* from tokenizer.chat_template when present */
+    char *chat_template;      /* tokenizer.chat_template (NUL-terminated), NULL if absent;
+                                 sessions/template.c renders its family */
     char arch[16];            /* general.architecture ("llama" for llama2.c checkpoints) */
     char name[128];           /* general.name or file basename */
     char path[512];

@@ -1,6 +1,8 @@
 #include "model/tokenizer.h"
 
 #include "base/errors.h"
+#include "model/bpe.h"
+#include "model/unicode.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -11,7 +13,7 @@
 #include <sys/stat.h>
 
 /* GGUF token types (llama.cpp's llama_token_type). */
-enum { TT_UNKNOWN = 2, TT_CONTROL = 3, TT_UNUSED = 5, TT_BYTE = 6 };
+enum { TT_UNKNOWN = 2, TT_CONTROL = 3, TT_USER_DEFINED = 4, TT_UNUSED = 5, TT_BYTE = 6 };
 
 /* One single-byte string per byte value, returned by kvp_tokenizer_piece for byte tokens. */
 #define B4(n) n, n + 1, n + 2, n + 3
@@ -28,6 +30,9 @@ void kvp_tokenizer_free(kvp_tokenizer *t)
     free(t->piece_len);
     free(t->scores);
     free(t->sorted);
+    if (t->bpe)
+        kvp_bpe_free(t->bpe);
+    free(t->bpe);
     memset(t, 0, sizeof *t);
 }
 
@@ -69,14 +74,19 @@ static int search(const kvp_tokenizer *t, int lo, int hi, const char *piece, siz
 }
 
 /* The encoder only looks among text tokens. */
-static int lookup_text(const kvp_tokenizer *t, const char *piece, size_t len)
+int kvp_tokenizer_lookup_text(const kvp_tokenizer *t, const char *piece, size_t len)
 {
     return search(t, 0, t->n_text, piece, len);
 }
 
+int kvp_tokenizer_special(const kvp_tokenizer *t, const char *piece, size_t len)
+{
+    return search(t, t->n_text, t->vocab_size, piece, len);
+}
+
 int kvp_tokenizer_lookup(const kvp_tokenizer *t, const char *piece, size_t len)
 {
-    int id = lookup_text(t, piece, len);
+    int id = kvp_tokenizer_lookup_text(t, piece, len);
     return id >= 0 ? id : search(t, t->n_text, t->vocab_size, piece, len);
 }
 
@@ -99,9 +109,13 @@ static int byte_piece_value(const char *p, int len)
 }
 
 /* Byte tokens stand for raw bytes, not for their "<0xNN>" spelling (a merge must never
- * turn the text "<0x41>" into the byte 'A'), and no text may encode to a control token. */
+ * turn the text "<0x41>" into the byte 'A'), and no text may encode to a control token
+ * (nor, in byte-level BPE, to an added user-defined one such as "<think>"). */
 static int is_special(const kvp_tokenizer *t, const int32_t *types, int i)
 {
+    if (t->bpe)
+        return types && (types[i] == TT_UNKNOWN || types[i] == TT_CONTROL ||
+                         types[i] == TT_USER_DEFINED || types[i] == TT_UNUSED);
     int b = byte_piece_value(t->pieces[i], t->piece_len[i]);
     if (b >= 0 && t->byte_token[b] == i)
         return 1;
@@ -116,7 +130,7 @@ static int finish(kvp_tokenizer *t, const int32_t *types, char *err, size_t errl
         t->byte_token[b] = -1;
     t->max_piece_len = 0;
     for (int i = 0; i < t->vocab_size; i++) {
-        int b = byte_piece_value(t->pieces[i], t->piece_len[i]);
+        int b = t->bpe ? -1 : byte_piece_value(t->pieces[i], t->piece_len[i]);
         if (b >= 0 && (!types || types[i] == TT_BYTE) && t->byte_token[b] < 0)
             t->byte_token[b] = i;
         if (t->piece_len[i] > t->max_piece_len)
@@ -142,6 +156,13 @@ static int finish(kvp_tokenizer *t, const int32_t *types, char *err, size_t errl
     for (int i = 0; i < n; i++)
         t->sorted[i] = ents[i].id;
     free(ents);
+    /* Byte-level BPE starts every chunk from one token per byte. */
+    for (int b = 0; t->bpe && b < 256; b++) {
+        char c = (char)b;
+        if ((t->byte_token[b] = kvp_tokenizer_lookup_text(t, &c, 1)) < 0)
+            return kvp_errorf(err, errlen, -EINVAL,
+                              "byte-level vocabulary has no token for byte 0x%02X", b);
+    }
     return 0;
 }
 
@@ -284,6 +305,10 @@ static int gguf_id(const kvp_gguf *g, const char *key, int def, int vocab, int *
 {
     uint32_t v;
     int rc = kvp_gguf_get_u32(g, key, &v);
+    if (rc == -ENOENT && def < 0) {
+        *out = -1;
+        return 0;
+    }
     if (rc == -ENOENT)
         v = (uint32_t)def;
     else if (rc < 0)
@@ -325,11 +350,42 @@ static int load_gguf(kvp_tokenizer *t, const kvp_gguf *g, kvp_gguf_str **strs,
         return kvp_errorf(err, errlen, -ENOENT, "GGUF has no tokenizer.ggml.model");
     if (kv->type != KVP_GGUF_STRING)
         return kvp_errorf(err, errlen, -EINVAL, "tokenizer.ggml.model is not a string");
-    if (kv->val.str.len != 5 || memcmp(kv->val.str.ptr, "llama", 5) != 0)
+    int bpe = kv->val.str.len == 4 && memcmp(kv->val.str.ptr, "gpt2", 4) == 0;
+    if (!bpe && (kv->val.str.len != 5 || memcmp(kv->val.str.ptr, "llama", 5) != 0))
         return kvp_errorf(err, errlen, -ENOTSUP,
-                    "tokenizer.ggml.model \"%.*s\" is not supported (only \"llama\", "
-                    "SentencePiece BPE)",
+                    "tokenizer.ggml.model \"%.*s\" is not supported (\"llama\": SentencePiece "
+                    "BPE, or \"gpt2\": byte-level BPE)",
                     (int)(kv->val.str.len < 64 ? kv->val.str.len : 64), kv->val.str.ptr);
+    const kvp_gguf_kv *merges = NULL;
+    if (bpe) {
+        t->bpe = calloc(1, sizeof *t->bpe);
+        if (!t->bpe)
+            return kvp_errorf(err, errlen, -ENOMEM, "out of memory for the tokenizer");
+        t->bpe->pre = KVP_PRE_GPT2;
+        kv = kvp_gguf_find(g, "tokenizer.ggml.pre");
+        if (kv) {
+            int pre = kv->type == KVP_GGUF_STRING
+                    ? kvp_bpe_pre_from_name(kv->val.str.ptr, (size_t)kv->val.str.len) : -1;
+            if (pre < 0 && kv->type != KVP_GGUF_STRING)
+                return kvp_errorf(err, errlen, -EINVAL, "tokenizer.ggml.pre is not a string");
+            if (pre < 0)
+                return kvp_errorf(err, errlen, -ENOTSUP,
+                                  "tokenizer.ggml.pre \"%.*s\" is not supported (llama-bpe, "
+                                  "qwen2, smollm, gpt2)",
+                                  (int)(kv->val.str.len < 64 ? kv->val.str.len : 64),
+                                  kv->val.str.ptr);
+            t->bpe->pre = (enum kvp_bpe_pre)pre;
+        }
+        /* llama.cpp's Llama 3 vocabulary, like HF's ignore_merges, takes a chunk that
+         * is a whole token as that token. */
+        t->bpe->ignore_merges = t->bpe->pre == KVP_PRE_LLAMA3;
+        /* Qwen's tokenizer.json normalizes to NFC before splitting (GGUF has no key for
+         * a normalizer; the pre-tokenizer name implies it). */
+        t->bpe->nfc = t->bpe->pre == KVP_PRE_QWEN2;
+        merges = kvp_gguf_find(g, "tokenizer.ggml.merges");
+        if (!merges)
+            return kvp_errorf(err, errlen, -ENOENT, "GGUF has no tokenizer.ggml.merges");
+    }
 
     kv = kvp_gguf_find(g, "tokenizer.ggml.tokens");
     if (!kv)
@@ -363,12 +419,6 @@ static int load_gguf(kvp_tokenizer *t, const kvp_gguf *g, kvp_gguf_str **strs,
         return rc;
     if ((rc = alloc_vocab(t, (int)n, blob, err, errlen)) < 0)
         return rc;
-    char *dst = t->pieces[0];
-    for (uint64_t i = 0; i < n; i++) {
-        t->pieces[i] = dst;
-        t->piece_len[i] = copy_piece(dst, (*strs)[i].ptr, (size_t)(*strs)[i].len);
-        dst += t->piece_len[i] + 1;
-    }
     /* Array data is unaligned little-endian inside the mapping: decode, do not cast. */
     if (scores)
         for (uint64_t i = 0; i < n; i++) {
@@ -382,24 +432,51 @@ static int load_gguf(kvp_tokenizer *t, const kvp_gguf *g, kvp_gguf_str **strs,
         for (uint64_t i = 0; i < n; i++)
             (*types)[i] = (int32_t)le32(ttype->val.arr.data + 4 * i);
     }
+    char *dst = t->pieces[0];
+    for (uint64_t i = 0; i < n; i++) {
+        const char *src = (*strs)[i].ptr;
+        size_t len = (size_t)(*strs)[i].len;
+        t->pieces[i] = dst;
+        /* Byte-level text pieces are spelled in GPT-2's alphabet; special ones are
+         * stored as they read. Neither spelling is ever longer than the bytes. */
+        int special = *types && ((*types)[i] == TT_CONTROL || (*types)[i] == TT_USER_DEFINED);
+        int n_bytes = bpe && !special ? kvp_bpe_unspell(src, len, dst) : -1;
+        if (n_bytes >= 0) {
+            dst[n_bytes] = 0;
+            t->piece_len[i] = n_bytes;
+        } else if (bpe) {
+            memcpy(dst, src, len);
+            dst[len] = 0;
+            t->piece_len[i] = (int)len;
+        } else {
+            t->piece_len[i] = copy_piece(dst, src, len);
+        }
+        dst += t->piece_len[i] + 1;
+    }
 
-    if ((rc = gguf_id(g, "tokenizer.ggml.bos_token_id", 1, (int)n, &t->bos_id, err, errlen)) < 0 ||
-        (rc = gguf_id(g, "tokenizer.ggml.eos_token_id", 2, (int)n, &t->eos_id, err, errlen)) < 0 ||
-        (rc = gguf_id(g, "tokenizer.ggml.unknown_token_id", 0, (int)n, &t->unk_id, err,
-                      errlen)) < 0)
+    /* SentencePiece numbers <unk> <s> </s> as 0 1 2; byte-level vocabularies have no
+     * such convention. */
+    if ((rc = gguf_id(g, "tokenizer.ggml.bos_token_id", bpe ? -1 : 1, (int)n, &t->bos_id, err,
+                      errlen)) < 0 ||
+        (rc = gguf_id(g, "tokenizer.ggml.eos_token_id", bpe ? -1 : 2, (int)n, &t->eos_id, err,
+                      errlen)) < 0 ||
+        (rc = gguf_id(g, "tokenizer.ggml.unknown_token_id", bpe ? -1 : 0, (int)n, &t->unk_id,
+                      err, errlen)) < 0)
         return rc;
     t->eot_id = -1;
     if (kvp_gguf_find(g, "tokenizer.ggml.eot_token_id") &&
         (rc = gguf_id(g, "tokenizer.ggml.eot_token_id", 0, (int)n, &t->eot_id, err, errlen)) < 0)
         return rc;
-    t->add_space_prefix = 1;
+    t->add_space_prefix = !bpe;
     kv = kvp_gguf_find(g, "tokenizer.ggml.add_space_prefix");
     if (kv) {
         if (kv->type != KVP_GGUF_BOOL)
             return kvp_errorf(err, errlen, -EINVAL, "tokenizer.ggml.add_space_prefix is not a bool");
         t->add_space_prefix = kv->val.u64 != 0;
     }
-    return finish(t, *types, err, errlen);
+    if ((rc = finish(t, *types, err, errlen)) < 0)
+        return rc;
+    return bpe ? kvp_bpe_load_merges(t->bpe, t, merges, err, errlen) : 0;
 }
 
 int kvp_tokenizer_load_gguf(kvp_tokenizer *t, const kvp_gguf *g, char *err, size_t errlen)
@@ -413,32 +490,6 @@ int kvp_tokenizer_load_gguf(kvp_tokenizer *t, const kvp_gguf *g, char *err, size
     if (rc < 0)
         kvp_tokenizer_free(t);
     return rc;
-}
-
-/* Length of the UTF-8 codepoint at s (n >= 1 bytes left); 1 for an invalid byte. */
-static size_t utf8_unit(const unsigned char *s, size_t n)
-{
-    unsigned c = s[0], lo = 0x80, hi = 0xBF;
-    size_t need;
-    if (c >= 0xC2 && c <= 0xDF) {
-        need = 2;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-        need = 3;
-        lo = c == 0xE0 ? 0xA0 : lo; /* overlong */
-        hi = c == 0xED ? 0x9F : hi; /* surrogates */
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        need = 4;
-        lo = c == 0xF0 ? 0x90 : lo; /* overlong */
-        hi = c == 0xF4 ? 0x8F : hi; /* above U+10FFFF */
-    } else {
-        return 1;
-    }
-    if (n < need || s[1] < lo || s[1] > hi)
-        return 1;
-    for (size_t i = 2; i < need; i++)
-        if ((s[i] & 0xC0) != 0x80)
-            return 1;
-    return need;
 }
 
 /* Encoding state: a doubly linked list of symbols and a max-heap of merge candidates. */
@@ -456,7 +507,7 @@ typedef struct enc {
 
 static void push_unit(enc *e, const char *s, size_t len)
 {
-    int id = lookup_text(e->t, s, len);
+    int id = kvp_tokenizer_lookup_text(e->t, s, len);
     if (id >= 0) {
         e->syms[e->n++].tok = id;
         return;
@@ -512,15 +563,35 @@ static void try_pair(enc *e, int left)
     int a = e->syms[left].tok, b = e->syms[right].tok;
     memcpy(e->buf, t->pieces[a], (size_t)t->piece_len[a]);
     memcpy(e->buf + t->piece_len[a], t->pieces[b], (size_t)t->piece_len[b]);
-    int id = lookup_text(t, e->buf, (size_t)t->piece_len[a] + (size_t)t->piece_len[b]);
+    int id = kvp_tokenizer_lookup_text(t, e->buf, (size_t)t->piece_len[a] + (size_t)t->piece_len[b]);
     /* llama2.c starts its best score at -1e10 and only takes strictly better ones. */
     if (id >= 0 && t->scores[id] > -1e10f)
         heap_push(e, (cand){ t->scores[id], left, right, a, b, id });
 }
 
+/* Byte-level BPE between the optional BOS and EOS. */
+static int encode_bpe(const kvp_tokenizer *t, const char *text, size_t len, unsigned flags,
+                      int *out, int max)
+{
+    int add_bos = (flags & KVP_ENCODE_BOS) && t->bos_id >= 0;
+    int add_eos = (flags & KVP_ENCODE_EOS) && t->eos_id >= 0;
+    if (max < add_bos + add_eos)
+        return -ENOSPC;
+    int n = kvp_bpe_encode(t, text, len, out + add_bos, max - add_bos - add_eos);
+    if (n < 0)
+        return n;
+    if (add_bos)
+        out[0] = t->bos_id;
+    if (add_eos)
+        out[add_bos + n] = t->eos_id;
+    return add_bos + n + add_eos;
+}
+
 int kvp_tokenizer_encode(const kvp_tokenizer *t, const char *text, size_t len,
                          unsigned flags, int *out, int max)
 {
+    if (t->bpe)
+        return encode_bpe(t, text, len, flags, out, max);
     /* One symbol per byte plus the dummy prefix; counts must fit an int. */
     if (len > (size_t)INT_MAX / 4)
         return -E2BIG;
@@ -538,7 +609,8 @@ int kvp_tokenizer_encode(const kvp_tokenizer *t, const char *text, size_t len,
         push_unit(&e, " ", 1);
     const unsigned char *s = (const unsigned char *)text;
     for (size_t i = 0; i < len;) {
-        size_t u = utf8_unit(s + i, len - i);
+        uint32_t cp;
+        size_t u = kvp_utf8_decode(s + i, len - i, &cp);
         push_unit(&e, text + i, u);
         i += u;
     }
@@ -593,6 +665,10 @@ const char *kvp_tokenizer_piece(const kvp_tokenizer *t, int prev, int tok, size_
         return NULL;
     const char *p = t->pieces[tok];
     size_t n = (size_t)t->piece_len[tok];
+    if (t->bpe) {
+        *len = n;
+        return p;
+    }
     int b = byte_piece_value(p, (int)n);
     if (b >= 0 && t->byte_token[b] == tok) {
         *len = 1;

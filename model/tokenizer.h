@@ -1,18 +1,28 @@
-/* SentencePiece-style BPE tokenizer (llama2.c encode: merges by score, byte fallback).
- * Loaded from a llama2.c tokenizer.bin or from GGUF tokenizer.ggml.* metadata. */
+/* Tokenizers: SentencePiece-style BPE (llama2.c encode: merges by score, byte fallback;
+ * tokenizer.ggml.model "llama") and byte-level BPE (merges by rank after a
+ * pre-tokenizer split; tokenizer.ggml.model "gpt2", model/bpe.h).
+ * Loaded from a llama2.c tokenizer.bin or from GGUF tokenizer.ggml.* metadata.
+ * Encoding never produces a special token (control, user-defined, unknown, unused) from
+ * text: "<|im_start|>" in a user's message is plain text; only the chat template puts
+ * special tokens in, by id (kvp_tokenizer_lookup). */
 #ifndef KVP_TOKENIZER_H
 #define KVP_TOKENIZER_H
 
 #include <stddef.h>
 #include "model/gguf.h"
 
+struct kvp_bpe;
+
 typedef struct kvp_tokenizer {
     int vocab_size;
     char **pieces;          /* [vocab] NUL-terminated; the SentencePiece space marker
-                               U+2581 is stored as ' '; byte tokens stay "<0xNN>" */
+                               U+2581 is stored as ' '; byte tokens stay "<0xNN>";
+                               byte-level BPE text pieces are stored as their bytes
+                               ("Ġthe" as " the"), special pieces as written */
     int *piece_len;         /* [vocab] */
     float *scores;          /* [vocab] merge priority (higher merges first) */
-    int byte_token[256];    /* token id of <0xNN>, -1 if the vocabulary lacks it */
+    int byte_token[256];    /* token id of <0xNN> (byte-level BPE: of the one-byte piece),
+                               -1 if the vocabulary lacks it */
     int bos_id, eos_id, unk_id;
     int eot_id;             /* end of turn (tokenizer.ggml.eot_token_id), -1 if none */
     int max_piece_len;
@@ -22,13 +32,17 @@ typedef struct kvp_tokenizer {
                                GGUF unknown/control/unused tokens, which the encoder never
                                produces from text */
     int n_text;
+    struct kvp_bpe *bpe;    /* byte-level BPE merges and pre-tokenizer; NULL for
+                               SentencePiece */
 } kvp_tokenizer;
 
 /* llama2.c format: int max_token_length, then vocab_size x {float score, int len, bytes}. */
 int kvp_tokenizer_load_file(kvp_tokenizer *t, const char *path, int vocab_size,
                             char *err, size_t errlen);
-/* tokenizer.ggml.model must be "llama"; tokens, scores (optional: default 0), token_type
- * (optional), bos/eos/unk/eot ids and add_space_prefix are read when present. */
+/* tokenizer.ggml.model "llama": tokens, scores (optional: default 0), token_type
+ * (optional), bos/eos/unk/eot ids and add_space_prefix are read when present.
+ * "gpt2": tokens, token_type (optional), merges and pre (tokenizer.ggml.pre: llama-bpe,
+ * qwen2, smollm, gpt2 and their aliases; absent means gpt2) are read; no dummy prefix. */
 int kvp_tokenizer_load_gguf(kvp_tokenizer *t, const kvp_gguf *g, char *err, size_t errlen);
 void kvp_tokenizer_free(kvp_tokenizer *t);
 
@@ -46,9 +60,12 @@ enum {
 int kvp_tokenizer_encode(const kvp_tokenizer *t, const char *text, size_t len,
                          unsigned flags, int *out, int max);
 /* The bytes token `tok` contributes after token `prev`: byte tokens become their byte,
- * the leading space after BOS is dropped. Returns a pointer valid while t lives and
+ * SentencePiece's leading space after BOS is dropped, special tokens give their text. Returns a pointer valid while t lives and
  * sets *len; NULL/0 for an id out of range. */
 const char *kvp_tokenizer_piece(const kvp_tokenizer *t, int prev, int tok, size_t *len);
+/* Token id of a special (control, user-defined, unknown, unused or byte) token with
+ * exactly this piece, -1 if there is none: the chat template's markers. */
+int kvp_tokenizer_special(const kvp_tokenizer *t, const char *piece, size_t len);
 /* Token id of an exact piece (spaces as ' '), -1 if absent. Finds special pieces such
  * as "<|im_start|>" too; a text token wins over a special one with the same piece. */
 int kvp_tokenizer_lookup(const kvp_tokenizer *t, const char *piece, size_t len);

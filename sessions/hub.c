@@ -531,9 +531,15 @@ int kvp_hub_start(kvp_hub **out, const kvp_hub_params *p, char *err, size_t errl
     h->workers = p->workers;
     h->pconf = kvp_policy_conf_ref(p->policy);
     h->row_bytes = kvp_cache_row_bytes(&p->model->cfg);
-    if (kvp_template_init(&h->env.tpl, p->model))
-        kvpd_log("warning", "chat template markers missing from the vocabulary: plain text");
-    int rc = kvp_session_table_init(&h->sessions);
+    char note[256];
+    int rc = kvp_template_init(&h->env.tpl, p->model, p->chat_template, note, sizeof note);
+    if (rc < 0) {
+        snprintf(err, errlen, "%s", note);
+        return rc;
+    }
+    if (rc > 0)
+        kvpd_log("warning", "chat template: %s", note);
+    rc = kvp_session_table_init(&h->sessions);
     if (rc < 0) {
         snprintf(err, errlen, "out of memory");
         return rc;

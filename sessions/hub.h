@@ -175,6 +175,7 @@ typedef struct kvp_hub_params {
     int chunk, workers, reuse_cache;
     float top_p;
     uint64_t seed;
+    const char *chat_template;    /* family name (config chat_template); NULL/"" = detect */
 } kvp_hub_params;
 
 /* Starts the workers. On failure *out may be set: stop and free it as below. */

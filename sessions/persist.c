@@ -143,7 +143,7 @@ int kvp_session_retokenize(kvp_session *s, const kvp_session_env *env)
         int *ids = NULL;
         /* A chat format's end marker goes before each later user message (reply_open),
          * whether the reply ended with it or was cut: the same tokens either way. */
-        int n = m->user ? kvp_template_turn(&env->tpl, s->n_tokens == 0, i > 0, m->text,
+        int n = m->user ? kvp_template_turn(&env->tpl, NULL, 0, s->n_tokens == 0, i > 0, m->text,
                                             m->len, &ids)
                         : kvp_template_reply(&env->tpl, m->text, m->len, &ids);
         if (n < 0)

@@ -573,7 +573,7 @@ int kvp_turn_step(kvp_session *s, const kvp_session_env *env, kvp_runstate *rs,
         /* A cancel that came before any work still records the message: the next turn
          * prefills it (prefill checks the flag first). */
         int *ids = NULL;
-        int n = kvp_template_turn(&env->tpl, s->n_tokens == 0, s->reply_open, t->text,
+        int n = kvp_template_turn(&env->tpl, NULL, 0, s->n_tokens == 0, s->reply_open, t->text,
                                   t->text_len, &ids);
         if (n < 0)
             return fail(s, env, sink, 1, n, "tokenize", NULL);

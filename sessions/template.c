@@ -1,5 +1,10 @@
-/* Chat templates built from token ids: markers are looked up as whole pieces (the BPE
- * encoder would split "<|im_start|>"), text segments are encoded between them. */
+/* Chat templates rendered to token ids. Each format is four pieces of its Jinja template:
+ * begin (conversation start, system prompt), user (a user message and the generation
+ * prompt), the reply's body as the template prints it, and what follows a reply (its
+ * end marker and separator). A turn is close-previous-reply + user; a from-scratch
+ * rendering is begin + (user + body + close)*. Text between two special tokens is
+ * collected and encoded as one run; SentencePiece gives every run that starts after a
+ * special token (or the conversation) its dummy leading space, as HF and llama.cpp do. */
 #include "sessions/template.h"
 
 #include <errno.h>
@@ -8,186 +13,589 @@
 
 #include "model/tokenizer.h"
 
+static const struct { const char *name; enum kvp_chat_format f; } names[] = {
+    {"plain", KVP_CHAT_PLAIN},   {"chatml", KVP_CHAT_CHATML}, {"llama2", KVP_CHAT_LLAMA2},
+    {"llama3", KVP_CHAT_LLAMA3}, {"mistral", KVP_CHAT_MISTRAL}, {"zephyr", KVP_CHAT_ZEPHYR},
+    {"phi3", KVP_CHAT_PHI3},     {"gemma", KVP_CHAT_GEMMA},
+};
+#define N_NAMES (sizeof names / sizeof names[0])
+
 const char *kvp_template_name(enum kvp_chat_format f)
 {
-    switch (f) {
-    case KVP_CHAT_CHATML: return "chatml";
-    case KVP_CHAT_LLAMA2: return "llama2";
-    case KVP_CHAT_LLAMA3: return "llama3";
-    default: return "plain";
+    for (size_t i = 0; i < N_NAMES; i++)
+        if (names[i].f == f)
+            return names[i].name;
+    return "plain";
+}
+
+int kvp_template_format(const char *name)
+{
+    for (size_t i = 0; i < N_NAMES; i++)
+        if (!strcmp(names[i].name, name))
+            return (int)names[i].f;
+    return -1;
+}
+
+static int has(const char *s, size_t n, const char *needle)
+{
+    return memmem(s, n, needle, strlen(needle)) != NULL;
+}
+
+int kvp_template_detect(const char *s, size_t n)
+{
+    if (has(s, n, "<|im_start|>"))
+        return KVP_CHAT_CHATML;
+    if (has(s, n, "<|start_header_id|>"))
+        return KVP_CHAT_LLAMA3;
+    if (has(s, n, "<start_of_turn>"))
+        return KVP_CHAT_GEMMA;
+    if (has(s, n, "<|user|>"))
+        return has(s, n, "<|end|>") ? KVP_CHAT_PHI3 : KVP_CHAT_ZEPHYR;
+    if (has(s, n, "[INST]"))
+        return has(s, n, "<<SYS>>") ? KVP_CHAT_LLAMA2 : KVP_CHAT_MISTRAL;
+    return -1;
+}
+
+/* The system prompt a ChatML template writes when the conversation has none, as in
+ * Qwen 2.5's '<|im_start|>system\nYou are Qwen, ...<|im_end|>\n' literal. */
+static void default_system(char *out, size_t cap, const char *s, size_t n)
+{
+    static const char open[] = "<|im_start|>system\\n";
+    out[0] = 0;
+    for (const char *p = s; (p = memmem(p, (size_t)(s + n - p), open, sizeof open - 1));) {
+        p += sizeof open - 1;
+        const char *end = memmem(p, (size_t)(s + n - p), "<|im_end|>", 10);
+        if (!end || (size_t)(end - p) >= cap)
+            return;
+        /* A literal only: no Jinja expression, quote or escape inside. */
+        const char *q = p;
+        while (q < end && !strchr("'\"{}\\+", *q))
+            q++;
+        if (q == end) {
+            memcpy(out, p, (size_t)(end - p));
+            out[end - p] = 0;
+            return;
+        }
     }
 }
 
-static int lookup(const kvp_tokenizer *tok, const char *piece)
+/* Marker ids per format (see the renderers); -1 when the vocabulary lacks one. */
+enum { MK_OPEN, MK_CLOSE, MK_EOT, MK_END, MK_SYSTEM, MK_USER, MK_ASSISTANT, N_MK };
+
+typedef struct tpl_priv {
+    int mk[N_MK];
+} tpl_priv;
+
+static int marker(const kvp_tokenizer *tok, const char *piece)
 {
     return kvp_tokenizer_lookup(tok, piece, strlen(piece));
 }
 
-int kvp_template_init(kvp_template *t, const kvp_model *m)
+static int special(const kvp_tokenizer *tok, const char *piece)
+{
+    return kvp_tokenizer_special(tok, piece, strlen(piece));
+}
+
+/* Marker ids are recomputed from the vocabulary (cheap lookups), so the template struct
+ * stays plain data. */
+static tpl_priv markers(const kvp_template *t)
+{
+    tpl_priv p;
+    for (int i = 0; i < N_MK; i++)
+        p.mk[i] = -1;
+    const kvp_tokenizer *tok = t->tok;
+    switch (t->format) {
+    case KVP_CHAT_CHATML:
+        p.mk[MK_OPEN] = marker(tok, "<|im_start|>");
+        p.mk[MK_CLOSE] = marker(tok, "<|im_end|>");
+        break;
+    case KVP_CHAT_LLAMA3:
+        p.mk[MK_OPEN] = marker(tok, "<|start_header_id|>");
+        p.mk[MK_CLOSE] = marker(tok, "<|end_header_id|>");
+        p.mk[MK_EOT] = marker(tok, "<|eot_id|>");
+        break;
+    case KVP_CHAT_GEMMA:
+        p.mk[MK_OPEN] = marker(tok, "<start_of_turn>");
+        p.mk[MK_CLOSE] = marker(tok, "<end_of_turn>");
+        break;
+    case KVP_CHAT_PHI3:
+    case KVP_CHAT_ZEPHYR:
+        if (t->format == KVP_CHAT_PHI3)
+            p.mk[MK_END] = marker(tok, "<|end|>");
+        /* role markers: text in TinyLlama's vocabulary, special tokens in Phi-3's */
+        p.mk[MK_SYSTEM] = special(tok, "<|system|>");
+        p.mk[MK_USER] = special(tok, "<|user|>");
+        p.mk[MK_ASSISTANT] = special(tok, "<|assistant|>");
+        break;
+    default:
+        break;
+    }
+    return p;
+}
+
+/* The marker that ends a reply and is kept in the transcript, -1 for plain. */
+static int end_marker(const kvp_template *t, const tpl_priv *p)
+{
+    switch (t->format) {
+    case KVP_CHAT_CHATML: return p->mk[MK_CLOSE];
+    case KVP_CHAT_LLAMA3: return p->mk[MK_EOT];
+    case KVP_CHAT_GEMMA: return p->mk[MK_CLOSE];
+    case KVP_CHAT_PHI3: return p->mk[MK_END];
+    case KVP_CHAT_LLAMA2: case KVP_CHAT_MISTRAL: case KVP_CHAT_ZEPHYR: return t->eos;
+    default: return -1;
+    }
+}
+
+int kvp_template_init(kvp_template *t, const kvp_model *m, const char *name, char *note,
+                      size_t notelen)
 {
     memset(t, 0, sizeof *t);
     t->tok = &m->tok;
     t->bos = m->tok.bos_id;
     t->eos = m->tok.eos_id;
-    t->open = t->close = t->eot = -1;
     t->stop[0] = t->stop[1] = t->stop[2] = -1;
-    t->format = m->chat_format;
+    if (note && notelen)
+        note[0] = 0;
+    const char *tmpl = m->chat_template ? m->chat_template : "";
+    size_t tlen = strlen(tmpl);
+    int fell_back = 0;
+    if (name && name[0]) {
+        int f = kvp_template_format(name);
+        if (f < 0) {
+            if (note && notelen)
+                snprintf(note, notelen, "unknown chat_template '%s' (plain, chatml, llama2, "
+                         "llama3, mistral, zephyr, phi3, gemma)", name);
+            return -EINVAL;
+        }
+        t->format = (enum kvp_chat_format)f;
+    } else if (tlen == 0) {
+        t->format = KVP_CHAT_PLAIN;
+    } else {
+        int f = kvp_template_detect(tmpl, tlen);
+        if (f < 0) {
+            f = KVP_CHAT_CHATML;
+            fell_back = 1;
+            if (note && notelen)
+                snprintf(note, notelen, "tokenizer.chat_template is of no known family: "
+                         "using chatml");
+        }
+        t->format = (enum kvp_chat_format)f;
+    }
+    if (t->format == KVP_CHAT_CHATML)
+        default_system(t->default_system, sizeof t->default_system, tmpl, tlen);
+    if (t->format == KVP_CHAT_LLAMA3)
+        t->dated_system = has(tmpl, tlen, "Cutting Knowledge Date");
+
+    tpl_priv p = markers(t);
+    int ok = 1;
     switch (t->format) {
-    case KVP_CHAT_CHATML:
-        t->open = lookup(&m->tok, "<|im_start|>");
-        t->close = lookup(&m->tok, "<|im_end|>");
-        t->stop[0] = t->close;
-        t->stop[1] = t->eos;
-        if (t->open < 0 || t->close < 0)
-            t->format = KVP_CHAT_PLAIN;
-        break;
-    case KVP_CHAT_LLAMA2:
-        t->stop[0] = t->eos;
-        if (t->bos < 0 || t->eos < 0)
-            t->format = KVP_CHAT_PLAIN;
+    case KVP_CHAT_CHATML: case KVP_CHAT_GEMMA:
+        ok = p.mk[MK_OPEN] >= 0 && p.mk[MK_CLOSE] >= 0;
         break;
     case KVP_CHAT_LLAMA3:
-        t->open = lookup(&m->tok, "<|start_header_id|>");
-        t->close = lookup(&m->tok, "<|end_header_id|>");
-        t->eot = lookup(&m->tok, "<|eot_id|>");
-        t->stop[0] = t->eot;
-        t->stop[1] = t->eos;
-        if (t->open < 0 || t->close < 0 || t->eot < 0)
-            t->format = KVP_CHAT_PLAIN;
+        ok = p.mk[MK_OPEN] >= 0 && p.mk[MK_CLOSE] >= 0 && p.mk[MK_EOT] >= 0;
+        break;
+    case KVP_CHAT_PHI3:
+        ok = p.mk[MK_END] >= 0;
+        break;
+    case KVP_CHAT_LLAMA2: case KVP_CHAT_MISTRAL:
+        ok = t->bos >= 0 && t->eos >= 0;
+        break;
+    case KVP_CHAT_ZEPHYR:
+        ok = t->eos >= 0;
         break;
     default:
         break;
+    }
+    if (!ok) {
+        if (note && notelen)
+            snprintf(note, notelen, "the vocabulary lacks the %s markers: plain text",
+                     kvp_template_name(t->format));
+        t->format = KVP_CHAT_PLAIN;
+        fell_back = 1;
     }
     if (t->format == KVP_CHAT_PLAIN) {
         /* Base models end a text with EOS, llama2.c stories with BOS. */
         t->stop[0] = t->eos;
         t->stop[1] = t->bos;
+    } else {
+        t->stop[0] = end_marker(t, &p);
+        if (t->eos != t->stop[0])
+            t->stop[1] = t->eos;
     }
     /* the end-of-turn token the file declares ends a reply in every format */
-    t->stop[2] = m->tok.eot_id;
-    return t->format != m->chat_format;
+    if (m->tok.eot_id != t->stop[0] && m->tok.eot_id != t->stop[1])
+        t->stop[2] = m->tok.eot_id;
+    return fell_back;
 }
 
-typedef struct tokbuf {
+/* ---- rendering ---- */
+
+typedef struct render {
+    const kvp_template *t;
+    tpl_priv p;
     int *v;
     int n, cap;
-} tokbuf;
+    char *text;            /* the pending text run */
+    size_t tn, tcap;
+    int run_start;         /* the pending run starts a segment (dummy prefix) */
+    int rc;
+} render;
 
 /* Room for `need` more tokens (doubling). */
-static int reserve(tokbuf *b, int need)
+static int reserve(render *r, size_t need)
 {
-    while (b->cap - b->n < need) {
-        int cap = b->cap ? b->cap * 2 : 64;
-        int *v = realloc(b->v, (size_t)cap * sizeof *v);
+    if (need > (size_t)(1 << 28))
+        return -E2BIG;
+    while ((size_t)(r->cap - r->n) < need) {
+        int cap = r->cap ? r->cap * 2 : 64;
+        int *v = realloc(r->v, (size_t)cap * sizeof *v);
         if (!v)
             return -ENOMEM;
-        b->v = v;
-        b->cap = cap;
+        r->v = v;
+        r->cap = cap;
     }
     return 0;
 }
 
-static int push(tokbuf *b, int id)
+static void txt(render *r, const char *s, size_t len)
 {
-    if (id < 0)
-        return 0;
-    int rc = reserve(b, 1);
-    if (rc)
-        return rc;
-    b->v[b->n++] = id;
-    return 0;
+    if (r->rc || !len)
+        return;
+    if (r->tn + len > r->tcap) {
+        size_t cap = r->tcap ? r->tcap : 256;
+        while (cap < r->tn + len)
+            cap *= 2;
+        char *nt = realloc(r->text, cap);
+        if (!nt) {
+            r->rc = -ENOMEM;
+            return;
+        }
+        r->text = nt;
+        r->tcap = cap;
+    }
+    memcpy(r->text + r->tn, s, len);
+    r->tn += len;
 }
 
-/* Encodes text; space_prefix selects SentencePiece's dummy leading space. */
-static int push_text(tokbuf *b, const kvp_tokenizer *tok, const char *s, size_t len,
-                     int space_prefix)
+#define LIT(r, s) txt(r, s, sizeof(s) - 1)
+
+/* Encodes the pending run. */
+static void flush(render *r)
 {
-    size_t need = len + 8;    /* at most one token per byte, plus the prefix */
-    if (need > (size_t)(1 << 28))
-        return -E2BIG;
-    int rc = reserve(b, (int)need);
-    if (rc)
-        return rc;
-    int n = kvp_tokenizer_encode(tok, s, len, space_prefix ? 0 : KVP_ENCODE_NO_PREFIX,
-                                 b->v + b->n, b->cap - b->n);
-    if (n < 0)
-        return n;
-    b->n += n;
-    return 0;
+    if (r->rc || !r->tn)
+        return;
+    /* A token covers at least a byte; NFC (Qwen) may lengthen text up to 4x. */
+    for (size_t room = r->tn + 2;; room = 4 * r->tn + 2) {
+        if ((r->rc = reserve(r, room)))
+            return;
+        int n = kvp_tokenizer_encode(r->t->tok, r->text, r->tn,
+                                     r->run_start ? 0 : KVP_ENCODE_NO_PREFIX, r->v + r->n,
+                                     r->cap - r->n);
+        if (n == -ENOSPC && room < 4 * r->tn + 2)
+            continue;
+        if (n < 0) {
+            r->rc = n;
+            return;
+        }
+        r->n += n;
+        break;
+    }
+    r->tn = 0;
+    r->run_start = 0;
 }
 
-#define LIT(s) s, sizeof(s) - 1
-
-int kvp_template_turn(const kvp_template *t, int first, int reply_open,
-                      const char *text, size_t len, int **out)
+static void tok(render *r, int id)
 {
-    tokbuf b = {0};
-    int rc = 0;
+    flush(r);
+    if (r->rc || id < 0)
+        return;
+    if ((r->rc = reserve(r, 1)))
+        return;
+    r->v[r->n++] = id;
+    r->run_start = 1;
+}
+
+/* A marker: its special token when the vocabulary has one, else its text. */
+static void mark(render *r, int id, const char *s)
+{
+    if (id >= 0)
+        tok(r, id);
+    else
+        txt(r, s, strlen(s));
+}
+
+static int is_space(char c)
+{
+    return c == ' ' || (c >= '\t' && c <= '\r');
+}
+
+/* Jinja's trim / Python's strip (ASCII white space). */
+static void trim(const char **s, size_t *len)
+{
+    while (*len && is_space((*s)[0]))
+        (*s)++, (*len)--;
+    while (*len && is_space((*s)[*len - 1]))
+        (*len)--;
+}
+
+/* Conversation start: BOS and the system block of the formats that have one. */
+static void begin(render *r, const char *sys, size_t sl)
+{
+    const kvp_template *t = r->t;
+    const int *mk = r->p.mk;
     switch (t->format) {
     case KVP_CHAT_CHATML:
-        if (!first)
-            rc = rc ? rc : push(&b, reply_open ? t->close : -1);
-        if (!first)
-            rc = rc ? rc : push_text(&b, t->tok, LIT("\n"), 0);
-        rc = rc ? rc : push(&b, t->open);
-        rc = rc ? rc : push_text(&b, t->tok, LIT("user\n"), 0);
-        rc = rc ? rc : push_text(&b, t->tok, text, len, 0);
-        rc = rc ? rc : push(&b, t->close);
-        rc = rc ? rc : push_text(&b, t->tok, LIT("\n"), 0);
-        rc = rc ? rc : push(&b, t->open);
-        rc = rc ? rc : push_text(&b, t->tok, LIT("assistant\n"), 0);
-        break;
-    case KVP_CHAT_LLAMA2:
-        /* <s>[INST] text [/INST] reply </s><s>[INST] ... */
-        if (!first && reply_open)
-            rc = push(&b, t->eos);
-        rc = rc ? rc : push(&b, t->bos);
-        rc = rc ? rc : push_text(&b, t->tok, LIT("[INST] "), 1);
-        rc = rc ? rc : push_text(&b, t->tok, text, len, 0);
-        rc = rc ? rc : push_text(&b, t->tok, LIT(" [/INST]"), 0);
+        if (!sl) {
+            sys = t->default_system;
+            sl = strlen(sys);
+        }
+        if (sl) {
+            tok(r, mk[MK_OPEN]);
+            LIT(r, "system\n");
+            txt(r, sys, sl);
+            tok(r, mk[MK_CLOSE]);
+            LIT(r, "\n");
+        }
         break;
     case KVP_CHAT_LLAMA3:
-        if (first)
-            rc = push(&b, t->bos);
-        else if (reply_open)
-            rc = push(&b, t->eot);
-        rc = rc ? rc : push(&b, t->open);
-        rc = rc ? rc : push_text(&b, t->tok, LIT("user"), 0);
-        rc = rc ? rc : push(&b, t->close);
-        rc = rc ? rc : push_text(&b, t->tok, LIT("\n\n"), 0);
-        rc = rc ? rc : push_text(&b, t->tok, text, len, 0);
-        rc = rc ? rc : push(&b, t->eot);
-        rc = rc ? rc : push(&b, t->open);
-        rc = rc ? rc : push_text(&b, t->tok, LIT("assistant"), 0);
-        rc = rc ? rc : push(&b, t->close);
-        rc = rc ? rc : push_text(&b, t->tok, LIT("\n\n"), 0);
+        tok(r, t->bos);
+        if (sl || t->dated_system) {
+            tok(r, mk[MK_OPEN]);
+            LIT(r, "system");
+            tok(r, mk[MK_CLOSE]);
+            LIT(r, "\n\n");
+            /* Llama 3.1+'s template, with the date it uses when none is passed in */
+            if (t->dated_system)
+                LIT(r, "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n");
+            trim(&sys, &sl);
+            txt(r, sys, sl);
+            tok(r, mk[MK_EOT]);
+        }
+        break;
+    case KVP_CHAT_ZEPHYR:
+    case KVP_CHAT_PHI3:
+        if (sl) {
+            mark(r, mk[MK_SYSTEM], "<|system|>");
+            LIT(r, "\n");
+            txt(r, sys, sl);
+            if (t->format == KVP_CHAT_ZEPHYR)
+                tok(r, t->eos);
+            else
+                tok(r, mk[MK_END]);
+            LIT(r, "\n");
+        }
+        break;
+    case KVP_CHAT_MISTRAL:
+    case KVP_CHAT_GEMMA:
+        tok(r, t->bos);
+        break;
+    default:   /* Llama 2: BOS opens every user turn; plain: BOS opens the text */
+        break;
+    }
+}
+
+/* A user message and the generation prompt. The system prompt is passed for the
+ * formats that fold it into the first user message (Llama 2, Mistral, Gemma). */
+static void user(render *r, int first, const char *sys, size_t sl, const char *u, size_t ul)
+{
+    const kvp_template *t = r->t;
+    const int *mk = r->p.mk;
+    if (!first)
+        sl = 0;
+    switch (t->format) {
+    case KVP_CHAT_CHATML:
+        tok(r, mk[MK_OPEN]);
+        LIT(r, "user\n");
+        txt(r, u, ul);
+        tok(r, mk[MK_CLOSE]);
+        LIT(r, "\n");
+        tok(r, mk[MK_OPEN]);
+        LIT(r, "assistant\n");
+        break;
+    case KVP_CHAT_LLAMA3:
+        tok(r, mk[MK_OPEN]);
+        LIT(r, "user");
+        tok(r, mk[MK_CLOSE]);
+        LIT(r, "\n\n");
+        trim(&u, &ul);
+        txt(r, u, ul);
+        tok(r, mk[MK_EOT]);
+        tok(r, mk[MK_OPEN]);
+        LIT(r, "assistant");
+        tok(r, mk[MK_CLOSE]);
+        LIT(r, "\n\n");
+        break;
+    case KVP_CHAT_LLAMA2: {
+        /* '[INST] ' + ('<<SYS>>\n' + system + '\n<</SYS>>\n\n' + content).strip() + ' [/INST]' */
+        tok(r, t->bos);
+        LIT(r, "[INST] ");
+        if (sl) {
+            /* the strip() touches only the message's end: the block opens the text */
+            LIT(r, "<<SYS>>\n");
+            txt(r, sys, sl);
+            LIT(r, "\n<</SYS>>\n\n");
+            while (ul && is_space(u[ul - 1]))
+                ul--;
+        } else {
+            trim(&u, &ul);
+        }
+        txt(r, u, ul);
+        LIT(r, " [/INST]");
+        break;
+    }
+    case KVP_CHAT_MISTRAL:
+        LIT(r, "[INST] ");
+        if (sl) {
+            txt(r, sys, sl);
+            LIT(r, "\n\n");
+        }
+        txt(r, u, ul);
+        LIT(r, " [/INST]");
+        break;
+    case KVP_CHAT_ZEPHYR:
+        mark(r, mk[MK_USER], "<|user|>");
+        LIT(r, "\n");
+        txt(r, u, ul);
+        tok(r, t->eos);
+        LIT(r, "\n");
+        mark(r, mk[MK_ASSISTANT], "<|assistant|>");
+        LIT(r, "\n");
+        break;
+    case KVP_CHAT_PHI3:
+        mark(r, mk[MK_USER], "<|user|>");
+        LIT(r, "\n");
+        txt(r, u, ul);
+        tok(r, mk[MK_END]);
+        LIT(r, "\n");
+        mark(r, mk[MK_ASSISTANT], "<|assistant|>");
+        LIT(r, "\n");
+        break;
+    case KVP_CHAT_GEMMA:
+        tok(r, mk[MK_OPEN]);
+        LIT(r, "user\n");
+        if (sl) {
+            txt(r, sys, sl);
+            LIT(r, "\n\n");
+        }
+        trim(&u, &ul);
+        txt(r, u, ul);
+        tok(r, mk[MK_CLOSE]);
+        LIT(r, "\n");
+        tok(r, mk[MK_OPEN]);
+        LIT(r, "model\n");
         break;
     default:
         /* Plain continuation: the user's text simply extends the document. */
         if (first)
-            rc = push(&b, t->bos);
-        rc = rc ? rc : push_text(&b, t->tok, text, len, 1);
+            tok(r, t->bos);
+        r->run_start = 1;
+        txt(r, u, ul);
         break;
     }
-    if (rc < 0) {
-        free(b.v);
-        return rc;
+}
+
+/* What follows a reply's text. how: 0 the reply ended with its (kept) stop token,
+ * 1 it was cut (the end marker goes in), 2 rendering from scratch. */
+static void close_reply(render *r, int how)
+{
+    const kvp_template *t = r->t;
+    int end = end_marker(t, &r->p);
+    if (t->format == KVP_CHAT_PLAIN)
+        return;
+    if (t->format == KVP_CHAT_LLAMA2 && how == 2)
+        LIT(r, " ");   /* ' ' + content.strip() + ' ' + eos_token */
+    if (how)
+        tok(r, end);
+    switch (t->format) {
+    case KVP_CHAT_CHATML: case KVP_CHAT_ZEPHYR: case KVP_CHAT_PHI3: case KVP_CHAT_GEMMA:
+        LIT(r, "\n");
+        break;
+    default:
+        break;
     }
-    *out = b.v;
-    return b.n;
+}
+
+/* A reply's text as the template prints it (rendering from scratch). */
+static void reply_body(render *r, const char *a, size_t al)
+{
+    switch (r->t->format) {
+    case KVP_CHAT_LLAMA2:
+        trim(&a, &al);
+        LIT(r, " ");
+        break;
+    case KVP_CHAT_LLAMA3: case KVP_CHAT_GEMMA:
+        trim(&a, &al);
+        break;
+    default:
+        break;
+    }
+    txt(r, a, al);
+}
+
+static int finish(render *r, int **out)
+{
+    flush(r);
+    free(r->text);
+    if (r->rc) {
+        free(r->v);
+        return r->rc;
+    }
+    *out = r->v;
+    return r->n;
+}
+
+static void start(render *r, const kvp_template *t)
+{
+    memset(r, 0, sizeof *r);
+    r->t = t;
+    r->p = markers(t);
+    r->run_start = 1;
+}
+
+int kvp_template_turn(const kvp_template *t, const char *system, size_t system_len,
+                      int first, int reply_open, const char *text, size_t len, int **out)
+{
+    render r;
+    start(&r, t);
+    if (first)
+        begin(&r, system, system_len);
+    else
+        close_reply(&r, reply_open ? 1 : 0);
+    user(&r, first, system, system_len, text, len);
+    return finish(&r, out);
 }
 
 int kvp_template_reply(const kvp_template *t, const char *text, size_t len, int **out)
 {
-    tokbuf b = {0};
+    render r;
+    start(&r, t);
     /* Reply pieces carry their own leading spaces: no dummy prefix. */
-    int rc = push_text(&b, t->tok, text, len, 0);
-    if (rc < 0) {
-        free(b.v);
-        return rc;
+    r.run_start = 0;
+    txt(&r, text, len);
+    return finish(&r, out);
+}
+
+int kvp_template_render(const kvp_template *t, const char *system, size_t system_len,
+                        const kvp_chat_msg *msgs, int n, int **out)
+{
+    render r;
+    start(&r, t);
+    begin(&r, system, system_len);
+    for (int i = 0; i < n; i++) {
+        if (msgs[i].user != !(i % 2)) {
+            free(r.v);
+            free(r.text);
+            return -EINVAL;   /* user and assistant alternate, user first */
+        }
+        if (msgs[i].user) {
+            user(&r, i == 0, system, system_len, msgs[i].text, msgs[i].len);
+        } else {
+            reply_body(&r, msgs[i].text, msgs[i].len);
+            close_reply(&r, 2);
+        }
     }
-    *out = b.v;
-    return b.n;
+    return finish(&r, out);
 }
 
 int kvp_template_is_stop(const kvp_template *t, int tok)

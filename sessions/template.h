@@ -1,34 +1,70 @@
-/* Chat templates: the tokens that wrap each user message so the model sees its own
- * conversation format. Plain continuation for base models (stories260K); ChatML,
- * Llama-2 [INST] and Llama-3 headers when the GGUF declares one (model->chat_format). */
+/* Chat templates: the tokens that wrap each message so the model sees its own
+ * conversation format, rendered as the model's tokenizer.chat_template (Jinja, as Hugging
+ * Face's apply_chat_template runs it) would: ChatML (Qwen, SmolLM), Llama 3 headers,
+ * Llama 2 and Mistral [INST], Zephyr (TinyLlama), Phi-3, Gemma; plain continuation for
+ * base models (stories260K).
+ * Markers are special tokens found by piece (a marker the vocabulary lacks as a special
+ * token, such as Zephyr's "<|user|>" in TinyLlama, is text); the text between two special
+ * tokens is encoded as one run, as HF tokenizes a rendered template. A message's text is
+ * always encoded as text: "<|im_start|>" typed by a user is never a marker. */
 #ifndef KVP_TEMPLATE_H
 #define KVP_TEMPLATE_H
 
 #include <stddef.h>
 #include "model/model.h"
 
+enum kvp_chat_format {
+    KVP_CHAT_PLAIN = 0, KVP_CHAT_CHATML, KVP_CHAT_LLAMA2, KVP_CHAT_LLAMA3, KVP_CHAT_MISTRAL,
+    KVP_CHAT_ZEPHYR, KVP_CHAT_PHI3, KVP_CHAT_GEMMA,
+};
+
 typedef struct kvp_template {
-    enum kvp_chat_format format;   /* the one in use (PLAIN when markers are missing) */
+    enum kvp_chat_format format;   /* the one in use */
     const kvp_tokenizer *tok;
     int bos, eos;
-    int open, close;               /* ChatML <|im_start|> <|im_end|>; Llama-3 header ids */
-    int eot;                       /* Llama-3 <|eot_id|> */
     int stop[3];                   /* tokens that end a reply, -1 unused */
+    char default_system[256];      /* the system prompt the template adds when a
+                                      conversation has none (Qwen 2.5, SmolLM2), or "" */
+    int dated_system;              /* Llama 3.1+: the system block always opens with the
+                                      knowledge cutoff and date lines */
 } kvp_template;
 
-/* Picks the model's format; falls back to plain (returns 1) when a marker token is
- * missing from the vocabulary. */
-int kvp_template_init(kvp_template *t, const kvp_model *m);
+/* A message of a conversation, for kvp_template_render. */
+typedef struct kvp_chat_msg {
+    int user;                      /* 1: user, 0: assistant */
+    const char *text;
+    size_t len;
+} kvp_chat_msg;
+
+/* Picks the format: `name` when not NULL/empty (the config's chat_template = NAME), else
+ * the family of the model's tokenizer.chat_template text; no template: plain. Returns 0,
+ * 1 with a note (an unknown template falls back to ChatML; a format whose markers the
+ * vocabulary lacks falls back to plain), or -EINVAL for an unknown name (note says so). */
+int kvp_template_init(kvp_template *t, const kvp_model *m, const char *name, char *note,
+                      size_t notelen);
 const char *kvp_template_name(enum kvp_chat_format f);
+/* The format of a name ("chatml", "llama3", ...), -1 if unknown. */
+int kvp_template_format(const char *name);
+/* The family a tokenizer.chat_template text renders, -1 if none is recognised. */
+int kvp_template_detect(const char *tmpl, size_t len);
+
 /* Tokens for one user turn, up to the start of the assistant's reply.
- * first: the conversation's first turn; reply_open: the previous reply ended without
- * its end-of-turn marker (cut by max_tokens or cancel), so the marker goes first.
- * *out is malloc'd. Returns the count or a negative code. */
-int kvp_template_turn(const kvp_template *t, int first, int reply_open,
-                      const char *text, size_t len, int **out);
+ * first: the conversation's first turn (system, len 0 for none, is rendered there);
+ * reply_open: the previous reply ended without its end-of-turn marker (cut by
+ * max_tokens or cancel), so the marker goes first. *out is malloc'd. Returns the count
+ * or a negative code. */
+int kvp_template_turn(const kvp_template *t, const char *system, size_t system_len,
+                      int first, int reply_open, const char *text, size_t len, int **out);
 /* Tokens for an assistant reply's text (rebuilding a transcript from its messages):
  * the text as the model would have generated it, without markers. */
 int kvp_template_reply(const kvp_template *t, const char *text, size_t len, int **out);
+/* The whole conversation from scratch with the generation prompt, as the model's
+ * template renders it (replies closed by their end-of-turn markers). Where the format
+ * is prefix-stable (all but Llama 2 / Mistral, whose template puts spaces around a
+ * reply) this equals the transcript the turns build when every reply ends with its
+ * stop token. */
+int kvp_template_render(const kvp_template *t, const char *system, size_t system_len,
+                        const kvp_chat_msg *msgs, int n, int **out);
 /* 1 when `tok` ends a reply. */
 int kvp_template_is_stop(const kvp_template *t, int tok);
 /* 1 when a reply's stop token belongs in the transcript (the format's end marker). */

@@ -18,6 +18,7 @@
 #include "model/quant.h"
 #include "tools/cli.h"
 #include "base/parse.h"
+#include "tools/hf_vocab.h"
 
 #define N_BYTE_TOKENS 256
 #define N_SPECIAL 3                                /* <unk>, <s>, </s> */
@@ -31,6 +32,7 @@ enum { FTYPE_ALL_F32 = 0, FTYPE_MOSTLY_F16 = 1, FTYPE_MOSTLY_Q8_0 = 7 };
 
 typedef struct synth_opts {
     const char *out;
+    const char *tokenizer_json, *tokenizer_config;   /* a real HF tokenizer */
     long dim, hidden, layers, heads, kv_heads, vocab, ctx, seed;
     uint32_t type;
     /* architecture */
@@ -63,7 +65,11 @@ static void usage(FILE *f)
             "                 [--arch llama|qwen2|qwen3] [--head-dim N] [--rope-base F] [--tied]\n"
             "Writes a GGUF with random weights (deterministic per seed). --arch qwen2 adds\n"
             "Q/K/V biases, qwen3 per-head q/k norms (both NeoX RoPE); --head-dim sets\n"
-            "attention.key_length (default dim / heads); --tied leaves out output.weight.\n");
+            "attention.key_length (default dim / heads); --tied leaves out output.weight.\n"
+            "                 [--tokenizer-json tokenizer.json [--tokenizer-config tokenizer_config.json]]\n"
+            "With --tokenizer-json it carries that Hugging Face tokenizer (tokens, types,\n"
+            "merges, pre-tokenizer; from the config BOS/EOS/EOT and chat_template) and its\n"
+            "vocabulary size, instead of a synthetic SentencePiece vocabulary.\n");
 }
 
 static int bad(const char *fmt, const char *arg)
@@ -201,6 +207,11 @@ static int parse_args(synth_opts *o, int argc, char **argv)
             }
         } else if (!strcmp(a, "--out")) {
             o->out = v;
+        /* the real-tokenizer options */
+        } else if (!strcmp(a, "--tokenizer-json")) {
+            o->tokenizer_json = v;
+        } else if (!strcmp(a, "--tokenizer-config")) {
+            o->tokenizer_config = v;
         } else if (!strcmp(a, "--arch")) {
             if (strcmp(v, "llama") && strcmp(v, "qwen2") && strcmp(v, "qwen3"))
                 return bad("unknown --arch '%s' (llama, qwen2 or qwen3)", v);
@@ -223,6 +234,8 @@ static int parse_args(synth_opts *o, int argc, char **argv)
     }
     if (!o->out)
         return bad("%s", "missing --out FILE");
+    if (o->tokenizer_config && !o->tokenizer_json)
+        return bad("%s", "--tokenizer-config needs --tokenizer-json");
     if (!o->kv_heads)
         o->kv_heads = o->heads;
     if (!o->head_dim && (o->dim % o->heads || (o->dim / o->heads) % 2))
@@ -250,6 +263,22 @@ int kvp_cmd_synth(int argc, char **argv)
     if (rc >= 0)
         return rc;
 
+    kvp_gguf_writer *w = kvp_gguf_writer_new();
+    if (!w) {
+        fprintf(stderr, "kvp synth: out of memory\n");
+        return 1;
+    }
+    /* A real tokenizer's vocabulary sets the embedding rows. */
+    if (o.tokenizer_json) {
+        char terr[512];
+        if (kvp_hf_vocab_add(w, o.tokenizer_json, o.tokenizer_config, &o.vocab, terr,
+                             sizeof terr) < 0) {
+            fprintf(stderr, "kvp synth: %s\n", terr);
+            kvp_gguf_writer_free(w);
+            return 1;
+        }
+    }
+
     uint64_t d = (uint64_t)o.dim, hid = (uint64_t)o.hidden, v = (uint64_t)o.vocab;
     uint64_t hd = (uint64_t)o.head_dim;
     uint64_t qd = hd * (uint64_t)o.heads, kvd = hd * (uint64_t)o.kv_heads;
@@ -261,6 +290,7 @@ int kvp_cmd_synth(int argc, char **argv)
     if (file_bytes > MAX_FILE_BYTES) {
         fprintf(stderr, "kvp synth: %llu parameters is too large (at most %llu GiB of "
                 "weights)\n", (unsigned long long)params, MAX_FILE_BYTES >> 30);
+        kvp_gguf_writer_free(w);
         return 2;
     }
 
@@ -269,12 +299,11 @@ int kvp_cmd_synth(int argc, char **argv)
     c.t = calloc(n_tensors, sizeof *c.t);
     uint64_t widest = d > hid ? d : hid;
     c.row = malloc((widest > qd ? widest : qd) * sizeof *c.row);
-    kvp_gguf_writer *w = kvp_gguf_writer_new();
     char tmp[4096];
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", o.out, (long)getpid());
     FILE *f = NULL;
     rc = 1;
-    if (!c.t || !c.row || !w) {
+    if (!c.t || !c.row) {
         fprintf(stderr, "kvp synth: out of memory\n");
         goto out;
     }
@@ -304,14 +333,16 @@ int kvp_cmd_synth(int argc, char **argv)
     kvp_gguf_writer_add_f32(w, key, (float)o.rope_base);
     snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", o.arch);
     kvp_gguf_writer_add_f32(w, key, qwen2 || qwen3 ? 1e-6f : 1e-5f);
-    kvp_gguf_writer_add_str(w, "tokenizer.ggml.model", "llama");
-    if (add_vocab(w, o.vocab)) {
-        fprintf(stderr, "kvp synth: out of memory\n");
-        goto out;
+    if (!o.tokenizer_json) {
+        kvp_gguf_writer_add_str(w, "tokenizer.ggml.model", "llama");
+        if (add_vocab(w, o.vocab)) {
+            fprintf(stderr, "kvp synth: out of memory\n");
+            goto out;
+        }
+        kvp_gguf_writer_add_u32(w, "tokenizer.ggml.unknown_token_id", 0);
+        kvp_gguf_writer_add_u32(w, "tokenizer.ggml.bos_token_id", 1);
+        kvp_gguf_writer_add_u32(w, "tokenizer.ggml.eos_token_id", 2);
     }
-    kvp_gguf_writer_add_u32(w, "tokenizer.ggml.unknown_token_id", 0);
-    kvp_gguf_writer_add_u32(w, "tokenizer.ggml.bos_token_id", 1);
-    kvp_gguf_writer_add_u32(w, "tokenizer.ggml.eos_token_id", 2);
 
     add_tensor(&c, w, "token_embd.weight", o.type, d, v);
     add_tensor(&c, w, "output_norm.weight", o.type, d, 0);

@@ -1,4 +1,5 @@
-/* kvp: the offline CLI (generate, synth, policy-init, trace, train, eval, logits). */
+/* kvp: the offline CLI (generate, synth, policy-init, trace, train, eval, logits,
+ * tokenize). */
 #include <stdio.h>
 #include <string.h>
 
@@ -16,6 +17,7 @@ static const struct {
     {"eval", kvp_cmd_eval, "evaluate eviction policies on held-out text (ranking, one-shot, streaming)"},
     {"train", kvp_cmd_train, "train KVP agents on traces (policy file + curve CSV)"},
     {"logits", kvp_cmd_logits, "write the logits of every position of a token sequence (f32)"},
+    {"tokenize", kvp_cmd_tokenize, "print the token ids of a text (as the daemon encodes a message)"},
 };
 
 static void usage(FILE *f)

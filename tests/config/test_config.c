@@ -254,3 +254,23 @@ Test(config, sample_config_lists_every_key_at_its_default)
     }
     cr_assert_gt(keys, 20);
 }
+
+Test(config, chat_template_names)
+{
+    kvpd_config c;
+    char err[256];
+    kvpd_config_defaults(&c);
+    snprintf(c.static_dir, sizeof c.static_dir, "/tmp");
+    static const char *const good[] = {"", "plain", "chatml", "llama2", "llama3", "mistral",
+                                       "zephyr", "phi3", "gemma"};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        snprintf(c.chat_template, sizeof c.chat_template, "%s", good[i]);
+        cr_assert_eq(kvpd_config_validate(&c, err, sizeof err), 0, "%s: %s", good[i], err);
+    }
+    snprintf(c.chat_template, sizeof c.chat_template, "ChatML");
+    cr_assert_lt(kvpd_config_validate(&c, err, sizeof err), 0);
+    cr_assert(strstr(err, "chat_template 'ChatML'"), "%s", err);
+    /* longer than any name: refused when set */
+    cr_assert_lt(kvpd_config_set(&c, "chat_template", "a-template-name-far-too-long", err,
+                                 sizeof err), 0);
+}

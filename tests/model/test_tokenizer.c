@@ -521,8 +521,10 @@ Test(tokenizer, gguf_built_and_rejected)
     free(mem);
 
     gguf_spec s = good;
+    s.model = "bert";
+    assert_gguf_fails(s, "bert model", "\"bert\" is not supported");
     s.model = "gpt2";
-    assert_gguf_fails(s, "gpt2 model", "gpt2");
+    assert_gguf_fails(s, "gpt2 without merges", "tokenizer.ggml.merges");
     s = good;
     s.model = NULL;
     assert_gguf_fails(s, "no model", "tokenizer.ggml.model");

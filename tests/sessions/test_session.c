@@ -66,7 +66,7 @@ Test(session, a_turn_failing_before_it_starts_undoes_nothing_of_earlier_turns, .
                                 tu_shared("models/tok512.bin"), err, sizeof err), 0, "%s", err);
     kvp_session_env env = {.model = &model, .chunk = 32, .reuse_cache = 1, .top_p = 0.9f,
                            .seed = 1, .state_dir = ""};
-    kvp_template_init(&env.tpl, &model);
+    kvp_template_init(&env.tpl, &model, NULL, NULL, 0);
     kvp_runstate rs;
     cr_assert_eq(kvp_runstate_init(&rs, &model.cfg, env.chunk), 0);
     kvp_session_table t;
@@ -79,7 +79,7 @@ Test(session, a_turn_failing_before_it_starts_undoes_nothing_of_earlier_turns, .
     int words = 40;
     char *text = ht_text(words);
     int *ids = NULL;
-    while (kvp_template_turn(&env.tpl, 1, 0, text, strlen(text), &ids) < model.cfg.seq_len - 8) {
+    while (kvp_template_turn(&env.tpl, NULL, 0, 1, 0, text, strlen(text), &ids) < model.cfg.seq_len - 8) {
         free(ids);
         free(text);
         text = ht_text(words += 20);

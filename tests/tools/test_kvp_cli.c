@@ -152,6 +152,81 @@ Test(kvp_cli, logits_arguments)
     remove(out);
 }
 
+Test(kvp_cli, tokenize_arguments)
+{
+    char a[2048], m[1024];
+    snprintf(m, sizeof m, "%s", tu_shared("models/stories260K.gguf"));
+    expect("tokenize", 2, "needs --model");
+    snprintf(a, sizeof a, "tokenize --model %s", m);
+    expect(a, 2, "one of --text or --file");
+    snprintf(a, sizeof a, "tokenize --model %s --text hi --file /nonexistent", m);
+    expect(a, 2, "one of --text or --file");
+    snprintf(a, sizeof a, "tokenize --model %s --file /nonexistent/x.txt", m);
+    expect(a, 1, "/nonexistent/x.txt");
+    snprintf(a, sizeof a, "tokenize --model %s --file /", m);
+    expect(a, 1, "read error");
+    expect("tokenize --model /nonexistent.gguf --text hi", 1, "/nonexistent.gguf");
+    /* A file that is not a model. */
+    char junk[1024];
+    snprintf(junk, sizeof junk, "%s", tu_write_tmp("GGUF\x03\0\0\0garbage", 15));
+    snprintf(a, sizeof a, "tokenize --model %s --text hi", junk);
+    expect(a, 1, junk);
+    /* The SentencePiece vocabulary: the dummy-prefix space, and the pieces. */
+    char *out;
+    snprintf(a, sizeof a, "tokenize --model %s --text 'Once upon'", m);
+    cr_assert_eq(kvp(a, &out), 0, "%s", out);
+    cr_expect(strchr(out, '\n') && out[0] >= '0' && out[0] <= '9', "ids line: %s", out);
+    free(out);
+    snprintf(a, sizeof a, "tokenize --model %s --text 'Once upon' --pieces", m);
+    cr_assert_eq(kvp(a, &out), 0, "%s", out);
+    cr_expect(strstr(out, "\t Once\n") || strstr(out, "\t O"), "pieces: %s", out);
+    free(out);
+}
+
+Test(kvp_cli, synth_tokenizer_json_refused)
+{
+    char a[4096], outp[1024];
+    snprintf(outp, sizeof outp, "%s", tu_build("tests/tools/synth-tok.gguf"));
+    static const struct { const char *json, *needle; } bad[] = {
+        {"{", "line 1"},
+        {"[1, 2]", "not a JSON object"},
+        {"{\"model\": {\"type\": \"Unigram\", \"vocab\": []}}", "model is not BPE"},
+        {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": -1}, \"merges\": []}, "
+         "\"decoder\": {\"type\": \"ByteLevel\"}, \"pre_tokenizer\": {\"type\": \"ByteLevel\"}}",
+         "bad id"},
+        {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}, "
+         "\"decoder\": {\"type\": \"ByteLevel\"}, \"pre_tokenizer\": {\"type\": \"Whitespace\"}}",
+         "pre_tokenizer is none kvpd implements"},
+        {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}}",
+         "neither byte-level"},
+        {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [7]}, "
+         "\"decoder\": {\"type\": \"ByteLevel\"}, \"pre_tokenizer\": {\"type\": \"ByteLevel\"}}",
+         "merges[0]"},
+        {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}, "
+         "\"added_tokens\": [{\"id\": \"x\"}], \"decoder\": {\"type\": \"ByteLevel\"}, "
+         "\"pre_tokenizer\": {\"type\": \"ByteLevel\"}}", "added_tokens[0]"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        const char *p = tu_write_tmp(bad[i].json, strlen(bad[i].json));
+        snprintf(a, sizeof a, "synth --out %s --dim 8 --hidden 8 --layers 1 --heads 2 "
+                 "--tokenizer-json %s", outp, p);
+        expect(a, 1, bad[i].needle);
+        cr_expect(access(outp, F_OK) != 0, "case %zu left a model behind", i);
+    }
+    snprintf(a, sizeof a, "synth --out %s --tokenizer-config x.json", outp);
+    expect(a, 2, "--tokenizer-config needs --tokenizer-json");
+    snprintf(a, sizeof a, "synth --out %s --tokenizer-json /nonexistent.json", outp);
+    expect(a, 1, "/nonexistent.json");
+    const char *ok = "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}, "
+                     "\"decoder\": {\"type\": \"ByteLevel\"}, \"pre_tokenizer\": {\"type\": \"ByteLevel\"}}";
+    char p[1024];
+    snprintf(p, sizeof p, "%s", tu_write_tmp(ok, strlen(ok)));
+    const char *cfg = tu_write_tmp("{\"model_max_length\": 1000000000000000019884624838656, "
+                                   "\"chat_template\": 5", 60);
+    snprintf(a, sizeof a, "synth --out %s --tokenizer-json %s --tokenizer-config %s", outp, p, cfg);
+    expect(a, 1, "line 1");
+}
+
 /* Every runtime policy on a qwen3-shaped model whose head size (24) is not dim / heads
  * (16), through context shifts (NeoX RoPE) and eviction: a clean run that keeps every
  * head within budget + chunk (the sanitizer build checks the memory). */

@@ -1,0 +1,481 @@
+#include "model/bpe.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/errors.h"
+#include "model/unicode.h"
+
+/* ---- GPT-2's byte-to-unicode alphabet ----
+ * Printable bytes (! .. ~, ¡ .. ¬, ® .. ÿ) stand for themselves; the 68 others (controls,
+ * space, DEL, NBSP, soft hyphen) are U+0100 onwards in byte order. */
+static int printable(unsigned b)
+{
+    return (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
+}
+
+static uint32_t byte_to_cp(unsigned b)
+{
+    if (printable(b))
+        return b;
+    uint32_t k = 0;
+    for (unsigned x = 0; x < b; x++)
+        k += !printable(x);
+    return 256 + k;
+}
+
+/* The byte a spelling code point stands for, or -1. */
+static int cp_to_byte(uint32_t cp)
+{
+    if (cp < 256)
+        return printable(cp) ? (int)cp : -1;
+    if (cp >= 256 + 68)
+        return -1;
+    uint32_t k = cp - 256;
+    for (unsigned b = 0; b < 256; b++)
+        if (!printable(b) && k-- == 0)
+            return (int)b;
+    return -1;
+}
+
+int kvp_bpe_unspell(const char *piece, size_t len, char *dst)
+{
+    const unsigned char *s = (const unsigned char *)piece;
+    size_t o = 0;
+    for (size_t i = 0; i < len;) {
+        uint32_t cp;
+        size_t u = kvp_utf8_decode(s + i, len - i, &cp);
+        int b = u > 1 || s[i] < 0x80 ? cp_to_byte(cp) : -1;
+        if (b < 0)
+            return -1;
+        dst[o++] = (char)b;
+        i += u;
+    }
+    return (int)o;
+}
+
+size_t kvp_bpe_spell(const char *bytes, size_t len, char *dst)
+{
+    size_t o = 0;
+    for (size_t i = 0; i < len; i++)
+        o += kvp_utf8_encode(byte_to_cp((unsigned char)bytes[i]), dst + o);
+    return o;
+}
+
+int kvp_bpe_pre_from_name(const char *name, size_t len)
+{
+    static const struct { const char *name; enum kvp_bpe_pre pre; } names[] = {
+        {"gpt2", KVP_PRE_GPT2},         {"gpt-2", KVP_PRE_GPT2},
+        {"smollm", KVP_PRE_SMOLLM},     {"starcoder", KVP_PRE_SMOLLM},
+        {"llama-bpe", KVP_PRE_LLAMA3},  {"llama3", KVP_PRE_LLAMA3},
+        {"llama-v3", KVP_PRE_LLAMA3},
+        {"qwen2", KVP_PRE_QWEN2},       {"deepseek-r1-qwen", KVP_PRE_QWEN2},
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (strlen(names[i].name) == len && !memcmp(names[i].name, name, len))
+            return (int)names[i].pre;
+    return -1;
+}
+
+/* ---- merge table ---- */
+
+static uint64_t pair_key(int left, int right)
+{
+    return ((uint64_t)(uint32_t)left << 32 | (uint32_t)right) + 1;
+}
+
+static uint64_t slot_of(uint64_t key, uint64_t mask)
+{
+    key ^= key >> 33;
+    key *= 0xff51afd7ed558ccdull;
+    key ^= key >> 33;
+    return key & mask;
+}
+
+/* Rank and result of merging (left, right); 0 when no merge exists. */
+static int find_merge(const kvp_bpe *b, int left, int right, int *rank, int *result)
+{
+    uint64_t key = pair_key(left, right);
+    for (uint64_t s = slot_of(key, b->mask);; s = (s + 1) & b->mask) {
+        if (b->keys[s] == 0)
+            return 0;
+        if (b->keys[s] == key) {
+            *rank = b->rank[s];
+            *result = b->result[s];
+            return 1;
+        }
+    }
+}
+
+void kvp_bpe_free(kvp_bpe *b)
+{
+    free(b->keys);
+    free(b->rank);
+    free(b->result);
+    memset(b, 0, sizeof *b);
+}
+
+int kvp_bpe_load_merges(kvp_bpe *b, const kvp_tokenizer *t, const kvp_gguf_kv *kv,
+                        char *err, size_t errlen)
+{
+    if (kv->type != KVP_GGUF_ARRAY || kv->val.arr.type != KVP_GGUF_STRING)
+        return kvp_errorf(err, errlen, -EINVAL, "tokenizer.ggml.merges is not a string array");
+    uint64_t n = kv->val.arr.n;
+    if (n > INT_MAX / 4)
+        return kvp_errorf(err, errlen, -EINVAL, "tokenizer.ggml.merges has %llu entries",
+                          (unsigned long long)n);
+    uint64_t cap = 16;
+    while (cap < 2 * n)
+        cap *= 2;
+    kvp_gguf_str *strs = malloc((n ? n : 1) * sizeof *strs);
+    char *buf = malloc((size_t)t->max_piece_len * 2 + 2);
+    b->keys = calloc(cap, sizeof *b->keys);
+    b->rank = malloc(cap * sizeof *b->rank);
+    b->result = malloc(cap * sizeof *b->result);
+    b->mask = cap - 1;
+    int rc = 0;
+    if (!strs || !buf || !b->keys || !b->rank || !b->result) {
+        rc = kvp_errorf(err, errlen, -ENOMEM, "out of memory for %llu merges",
+                        (unsigned long long)n);
+        goto out;
+    }
+    if ((rc = kvp_gguf_str_array(kv, strs, n)) < 0) {
+        rc = kvp_errorf(err, errlen, rc, "tokenizer.ggml.merges: bad string array");
+        goto out;
+    }
+    for (uint64_t r = 0; r < n; r++) {
+        const char *s = strs[r].ptr;
+        size_t len = strs[r].len;
+        const char *sp = memchr(s, ' ', len);
+        /* A merge joins two pieces no longer than the longest token. */
+        if (!sp || len > (size_t)t->max_piece_len * 2 + 1) {
+            rc = kvp_errorf(err, errlen, -EINVAL,
+                            "tokenizer.ggml.merges[%llu] is not two pieces \"A B\"",
+                            (unsigned long long)r);
+            goto out;
+        }
+        size_t la = (size_t)(sp - s);
+        int na = kvp_bpe_unspell(s, la, buf);
+        int nb = na < 0 ? -1 : kvp_bpe_unspell(sp + 1, len - la - 1, buf + na);
+        int left = na <= 0 ? -1 : kvp_tokenizer_lookup_text(t, buf, (size_t)na);
+        int right = nb <= 0 ? -1 : kvp_tokenizer_lookup_text(t, buf + na, (size_t)nb);
+        int result = left < 0 || right < 0 ? -1
+                   : kvp_tokenizer_lookup_text(t, buf, (size_t)na + (size_t)nb);
+        /* Converters keep merges whose pieces the vocabulary lacks; they can never
+         * apply, so they are skipped, as HF tokenizers skips them. */
+        if (result < 0)
+            continue;
+        uint64_t key = pair_key(left, right), slot = slot_of(key, b->mask);
+        while (b->keys[slot] && b->keys[slot] != key)
+            slot = (slot + 1) & b->mask;
+        if (b->keys[slot])
+            continue; /* a duplicate: the first (lowest) rank wins */
+        b->keys[slot] = key;
+        b->rank[slot] = (int32_t)r;
+        b->result[slot] = result;
+        b->n_merges++;
+    }
+out:
+    free(strs);
+    free(buf);
+    return rc;
+}
+
+/* ---- pre-tokenizers ----
+ * The text as code points: cls[i] its class, cp[i] its value (0xFFFD for an invalid
+ * byte, which keeps its byte through off[]), off[i] its first byte (off[n] = len). */
+typedef struct cps {
+    const uint32_t *cp;
+    const unsigned char *cls;
+    int n;
+} cps;
+
+static int is_cls(const cps *c, int i, int end, int cls)
+{
+    return i < end && c->cls[i] == cls;
+}
+
+static int is_rn(const cps *c, int i, int end)
+{
+    return i < end && (c->cp[i] == '\r' || c->cp[i] == '\n');
+}
+
+static int run(const cps *c, int i, int end, int cls)
+{
+    int j = i;
+    while (j < end && c->cls[j] == cls)
+        j++;
+    return j - i;
+}
+
+static int lower(uint32_t cp)
+{
+    return cp >= 'A' && cp <= 'Z' ? (int)(cp + 32) : (int)cp;
+}
+
+/* 's|'t|'re|'ve|'m|'ll|'d, ASCII case-insensitive when fold is set. */
+static int contraction(const cps *c, int i, int end, int fold)
+{
+    if (c->cp[i] != '\'' || i + 1 >= end)
+        return 0;
+    int a = fold ? lower(c->cp[i + 1]) : (int)c->cp[i + 1];
+    int b = i + 2 < end ? (fold ? lower(c->cp[i + 2]) : (int)c->cp[i + 2]) : 0;
+    if (a == 's' || a == 't' || a == 'm' || a == 'd')
+        return 2;
+    if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l'))
+        return 3;
+    return 0;
+}
+
+/* \s+(?!\S)|\s+ at i (which holds white space): the whole run when it ends the text or
+ * is one character, else all but its last character (that one goes with the next word). */
+static int spaces(const cps *c, int i, int end)
+{
+    int k = run(c, i, end, KVP_UCLS_SPACE);
+    return i + k == end || k == 1 ? k : k - 1;
+}
+
+/* ' ?' then a run of class cls (at least one). */
+static int space_then(const cps *c, int i, int end, int cls)
+{
+    int j = i + (c->cp[i] == ' ');
+    int k = run(c, j, end, cls);
+    return k ? j - i + k : 0;
+}
+
+/* GPT-2: one match at i < end. */
+static int match_gpt2(const cps *c, int i, int end)
+{
+    int k;
+    if ((k = contraction(c, i, end, 0)) || (k = space_then(c, i, end, KVP_UCLS_LETTER)) ||
+        (k = space_then(c, i, end, KVP_UCLS_NUMBER)) ||
+        (k = space_then(c, i, end, KVP_UCLS_OTHER)))
+        return k;
+    return spaces(c, i, end);
+}
+
+/* Llama 3 / Qwen 2: one match at i < end; max_digits 3 or 1. */
+static int match_llama3(const cps *c, int i, int end, int max_digits)
+{
+    int k;
+    if ((k = contraction(c, i, end, 1)))
+        return k;
+    /* [^\r\n\p{L}\p{N}]?\p{L}+ */
+    if (c->cls[i] == KVP_UCLS_LETTER)
+        return run(c, i, end, KVP_UCLS_LETTER);
+    if (!is_rn(c, i, end) && c->cls[i] != KVP_UCLS_NUMBER && is_cls(c, i + 1, end, KVP_UCLS_LETTER))
+        return 1 + run(c, i + 1, end, KVP_UCLS_LETTER);
+    /* \p{N}{1,max} */
+    if (c->cls[i] == KVP_UCLS_NUMBER) {
+        k = run(c, i, end, KVP_UCLS_NUMBER);
+        return k < max_digits ? k : max_digits;
+    }
+    /*  ?[^\s\p{L}\p{N}]+[\r\n]* */
+    if ((k = space_then(c, i, end, KVP_UCLS_OTHER))) {
+        while (is_rn(c, i + k, end))
+            k++;
+        return k;
+    }
+    /* \s*[\r\n]+: up to the last line break of the white space run */
+    int n = run(c, i, end, KVP_UCLS_SPACE), last = -1;
+    for (int j = i; j < i + n; j++)
+        if (is_rn(c, j, end))
+            last = j;
+    if (last >= 0)
+        return last + 1 - i;
+    return spaces(c, i, end);
+}
+
+/* ---- merging one chunk ---- */
+typedef struct sym { int tok, prev, next; } sym;
+typedef struct cand { int rank, left, right, ltok, rtok, id; } cand;
+
+typedef struct enc {
+    const kvp_tokenizer *t;
+    const kvp_bpe *b;
+    sym *syms;
+    cand *heap;
+    int nheap;
+    int *out, max, n;   /* n counts past max, to report -ENOSPC */
+} enc;
+
+static void emit(enc *e, int tok)
+{
+    if (e->n < e->max)
+        e->out[e->n] = tok;
+    e->n++;
+}
+
+static int before(const cand *a, const cand *b)
+{
+    return a->rank < b->rank || (a->rank == b->rank && a->left < b->left);
+}
+
+static void heap_push(enc *e, cand c)
+{
+    int i = e->nheap++;
+    while (i > 0 && before(&c, &e->heap[(i - 1) / 2])) {
+        e->heap[i] = e->heap[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    e->heap[i] = c;
+}
+
+static cand heap_pop(enc *e)
+{
+    cand top = e->heap[0], last = e->heap[--e->nheap];
+    int i = 0;
+    for (;;) {
+        int c = 2 * i + 1;
+        if (c >= e->nheap)
+            break;
+        if (c + 1 < e->nheap && before(&e->heap[c + 1], &e->heap[c]))
+            c++;
+        if (!before(&e->heap[c], &last))
+            break;
+        e->heap[i] = e->heap[c];
+        i = c;
+    }
+    e->heap[i] = last;
+    return top;
+}
+
+static void try_pair(enc *e, int left)
+{
+    if (left < 0 || e->syms[left].next < 0)
+        return;
+    int right = e->syms[left].next, rank, id;
+    int a = e->syms[left].tok, b = e->syms[right].tok;
+    if (find_merge(e->b, a, b, &rank, &id))
+        heap_push(e, (cand){ rank, left, right, a, b, id });
+}
+
+/* BPE over the bytes of one pre-tokenizer chunk. */
+static void encode_chunk(enc *e, const char *s, int len)
+{
+    if (len <= 0)
+        return;
+    if (len > 1 && e->b->ignore_merges) {
+        int id = kvp_tokenizer_lookup_text(e->t, s, (size_t)len);
+        if (id >= 0) {
+            emit(e, id);
+            return;
+        }
+    }
+    for (int i = 0; i < len; i++)
+        e->syms[i] = (sym){ e->t->byte_token[(unsigned char)s[i]], i - 1, i + 1 < len ? i + 1 : -1 };
+    e->nheap = 0;
+    for (int i = 0; i + 1 < len; i++)
+        try_pair(e, i);
+    while (e->nheap > 0) {
+        cand c = heap_pop(e);
+        sym *l = &e->syms[c.left], *r = &e->syms[c.right];
+        /* stale: an earlier merge changed one side */
+        if (l->tok != c.ltok || l->next != c.right || r->tok != c.rtok)
+            continue;
+        l->tok = c.id;
+        l->next = r->next;
+        if (r->next >= 0)
+            e->syms[r->next].prev = c.left;
+        r->tok = -1;
+        try_pair(e, l->prev);
+        try_pair(e, c.left);
+    }
+    for (int i = 0; i >= 0; i = e->syms[i].next)
+        emit(e, e->syms[i].tok);
+}
+
+static int encode_text(const kvp_tokenizer *t, const char *text, size_t len, int *out, int max);
+
+int kvp_bpe_encode(const kvp_tokenizer *t, const char *text, size_t len, int *out, int max)
+{
+    if (!t->bpe->nfc)
+        return encode_text(t, text, len, out, max);
+    /* ASCII is already NFC. */
+    size_t i = 0;
+    while (i < len && (unsigned char)text[i] < 0x80)
+        i++;
+    if (i == len)
+        return encode_text(t, text, len, out, max);
+    char *norm;
+    size_t norm_len;
+    int rc = kvp_nfc(text, len, &norm, &norm_len);
+    if (rc < 0)
+        return rc;
+    rc = encode_text(t, norm, norm_len, out, max);
+    free(norm);
+    return rc;
+}
+
+int kvp_bpe_split(enum kvp_bpe_pre pre, const char *text, size_t len, int *ends)
+{
+    if (len > (size_t)INT_MAX / 4)
+        return -E2BIG;
+    int n = 0, n_chunks = 0;
+    uint32_t *cp = malloc((len + 1) * sizeof *cp);
+    unsigned char *cls = malloc(len + 1);
+    int *off = malloc((len + 1) * sizeof *off);
+    if (!cp || !cls || !off) {
+        n_chunks = -ENOMEM;
+        goto out;
+    }
+    const unsigned char *s = (const unsigned char *)text;
+    for (size_t i = 0; i < len; n++) {
+        off[n] = (int)i;
+        i += kvp_utf8_decode(s + i, len - i, &cp[n]);
+        cls[n] = (unsigned char)kvp_unicode_class(cp[n]);
+    }
+    off[n] = (int)len;
+    cps c = { cp, cls, n };
+    int seg_end = 0;
+    for (int i = 0; i < n;) {
+        int end = n, k;
+        if (pre == KVP_PRE_SMOLLM) {
+            /* Digits are chunks of their own; the regex runs on the text between them. */
+            if (cls[i] == KVP_UCLS_NUMBER) {
+                ends[n_chunks++] = off[++i];
+                continue;
+            }
+            if (i >= seg_end)
+                for (seg_end = i; seg_end < n && cls[seg_end] != KVP_UCLS_NUMBER; seg_end++)
+                    ;
+            end = seg_end;
+        }
+        k = pre == KVP_PRE_LLAMA3 ? match_llama3(&c, i, end, 3)
+          : pre == KVP_PRE_QWEN2 ? match_llama3(&c, i, end, 1)
+          : match_gpt2(&c, i, end);
+        i += k;
+        ends[n_chunks++] = off[i];
+    }
+out:
+    free(cp);
+    free(cls);
+    free(off);
+    return n_chunks;
+}
+
+/* Pre-tokenizer chunks, each merged on its own. */
+static int encode_text(const kvp_tokenizer *t, const char *text, size_t len, int *out, int max)
+{
+    int *ends = malloc((len + 1) * sizeof *ends);
+    enc e = { .t = t, .b = t->bpe, .out = out, .max = max };
+    e.syms = malloc((len + 1) * sizeof *e.syms);
+    /* len - 1 initial pairs, then at most 2 new ones per merge */
+    e.heap = malloc(3 * (len + 1) * sizeof *e.heap);
+    int rc = -ENOMEM;
+    if (!ends || !e.syms || !e.heap)
+        goto out;
+    int n = kvp_bpe_split(t->bpe->pre, text, len, ends);
+    if ((rc = n) < 0)
+        goto out;
+    for (int i = 0, start = 0; i < n; start = ends[i++])
+        encode_chunk(&e, text + start, ends[i] - start);
+    rc = e.n > max ? -ENOSPC : e.n;
+out:
+    free(ends);
+    free(e.syms);
+    free(e.heap);
+    return rc;
+}

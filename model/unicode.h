@@ -1,0 +1,28 @@
+/* UTF-8 decoding and the code point classes the byte-level BPE pre-tokenizers split on
+ * (table generated from Debian's unicode-data by scripts/gen-unicode-table.py). */
+#ifndef KVP_UNICODE_H
+#define KVP_UNICODE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum kvp_ucls {
+    KVP_UCLS_OTHER = 0,   /* punctuation, symbols, marks, controls, invalid bytes */
+    KVP_UCLS_LETTER = 1,  /* \p{L}: Lu Ll Lt Lm Lo */
+    KVP_UCLS_NUMBER = 2,  /* \p{N}: Nd Nl No */
+    KVP_UCLS_SPACE = 3,   /* \s: the White_Space property */
+};
+
+/* Length of the UTF-8 sequence at s (n >= 1 bytes left) and its code point in *cp;
+ * an invalid or truncated sequence is 1 byte with *cp = 0xFFFD. */
+size_t kvp_utf8_decode(const unsigned char *s, size_t n, uint32_t *cp);
+/* Class of a code point. */
+enum kvp_ucls kvp_unicode_class(uint32_t cp);
+/* Writes cp (<= 0x10FFFF) as UTF-8 into out (4 bytes); returns the length. */
+size_t kvp_utf8_encode(uint32_t cp, char *out);
+/* Unicode Normalization Form C of len bytes into *out (malloc'd, at most 4 * len bytes,
+ * *out_len of them). Invalid UTF-8 bytes pass through unchanged and
+ * block composition across them. Returns 0 or -ENOMEM / -E2BIG. */
+int kvp_nfc(const char *in, size_t len, char **out, size_t *out_len);
+
+#endif

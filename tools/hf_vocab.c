@@ -1,0 +1,308 @@
+#include "tools/hf_vocab.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/errors.h"
+
+/* GGUF token types (llama.cpp's llama_token_type). */
+enum { TT_NORMAL = 1, TT_UNKNOWN = 2, TT_CONTROL = 3, TT_USER_DEFINED = 4, TT_UNUSED = 5,
+       TT_BYTE = 6 };
+
+#define MAX_VOCAB (1 << 22)
+
+/* The split regexes of the byte-level pre-tokenizers kvpd implements (model/bpe.h),
+ * exactly as tokenizer.json spells them. */
+static const char LLAMA3_RE[] =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+"
+    "[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+static const char QWEN2_RE[] =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+"
+    "[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+
+static const char *type_of(json_t *o)
+{
+    const char *s = json_string_value(json_object_get(o, "type"));
+    return s ? s : "";
+}
+
+/* tokenizer.ggml.pre for a byte-level tokenizer.json's pre_tokenizer, or NULL. */
+static const char *pre_name(json_t *pre)
+{
+    if (!strcmp(type_of(pre), "ByteLevel"))
+        return json_is_false(json_object_get(pre, "use_regex")) ? NULL : "gpt2";
+    if (strcmp(type_of(pre), "Sequence"))
+        return NULL;
+    json_t *seq = json_object_get(pre, "pretokenizers");
+    if (json_array_size(seq) != 2 || strcmp(type_of(json_array_get(seq, 1)), "ByteLevel"))
+        return NULL;
+    json_t *first = json_array_get(seq, 0), *bl = json_array_get(seq, 1);
+    int bl_regex = !json_is_false(json_object_get(bl, "use_regex"));
+    if (!strcmp(type_of(first), "Digits") &&
+        json_is_true(json_object_get(first, "individual_digits")) && bl_regex)
+        return "smollm";
+    if (strcmp(type_of(first), "Split") || bl_regex ||
+        strcmp(json_string_value(json_object_get(first, "behavior")) ?: "", "Isolated"))
+        return NULL;
+    const char *re = json_string_value(json_object_get(json_object_get(first, "pattern"), "Regex"));
+    if (!re)
+        return NULL;
+    if (!strcmp(re, LLAMA3_RE))
+        return "llama-bpe";
+    if (!strcmp(re, QWEN2_RE))
+        return "qwen2";
+    return NULL;
+}
+
+/* A config entry naming a token: "<s>" or {"content": "<s>", ...}. */
+static const char *token_text(json_t *v)
+{
+    if (json_is_object(v))
+        v = json_object_get(v, "content");
+    return json_string_value(v);
+}
+
+static json_t *load_json(const char *path, size_t flags, char *err, size_t errlen)
+{
+    json_error_t je;
+    json_t *j = json_load_file(path, flags, &je);
+    if (!j)
+        kvp_errorf(err, errlen, -EINVAL, "%s: line %d: %s", path, je.line, je.text);
+    else if (!json_is_object(j)) {
+        kvp_errorf(err, errlen, -EINVAL, "%s: not a JSON object", path);
+        json_decref(j);
+        j = NULL;
+    }
+    return j;
+}
+
+/* The id of a piece among tok[0..n), -1 if absent (configs name few tokens). */
+static long find_piece(char **tok, long n, const char *s)
+{
+    for (long i = 0; s && i < n; i++)
+        if (tok[i] && !strcmp(tok[i], s))
+            return i;
+    return -1;
+}
+
+/* Merges as "A B" strings: tokenizer.json has them either so or as ["A", "B"]. */
+static int merge_text(json_t *m, char **out)
+{
+    if (json_is_string(m)) {
+        *out = strdup(json_string_value(m));
+    } else if (json_array_size(m) == 2 && json_is_string(json_array_get(m, 0)) &&
+               json_is_string(json_array_get(m, 1))) {
+        const char *a = json_string_value(json_array_get(m, 0));
+        const char *b = json_string_value(json_array_get(m, 1));
+        size_t la = strlen(a), lb = strlen(b);
+        if ((*out = malloc(la + lb + 2))) {
+            memcpy(*out, a, la);
+            (*out)[la] = ' ';
+            memcpy(*out + la + 1, b, lb + 1);
+        }
+    } else {
+        return -EINVAL;
+    }
+    return *out ? 0 : -ENOMEM;
+}
+
+int kvp_hf_vocab_add(kvp_gguf_writer *w, const char *tokenizer_path, const char *config_path,
+                     long *vocab, char *err, size_t errlen)
+{
+    json_t *tj = load_json(tokenizer_path, 0, err, errlen), *cj = NULL;
+    if (!tj)
+        return -EINVAL;
+    /* Configs carry integers beyond 64 bits (model_max_length 1e30); only their strings
+     * are read. */
+    if (config_path && !(cj = load_json(config_path, JSON_DECODE_INT_AS_REAL, err, errlen))) {
+        json_decref(tj);
+        return -EINVAL;
+    }
+    char **tok = NULL, **merges = NULL;
+    int32_t *type = NULL;
+    float *score = NULL;
+    size_t n_merges = 0;
+    long n = 0;
+    int rc = -EINVAL;
+
+    json_t *model = json_object_get(tj, "model");
+    json_t *vj = json_object_get(model, "vocab"), *mj = json_object_get(model, "merges");
+    json_t *added = json_object_get(tj, "added_tokens");
+    if (strcmp(type_of(model), "BPE") || !json_is_object(vj) || !json_is_array(mj)) {
+        kvp_errorf(err, errlen, rc, "%s: model is not BPE with a vocab and merges",
+                   tokenizer_path);
+        goto out;
+    }
+    int byte_level = !strcmp(type_of(json_object_get(tj, "decoder")), "ByteLevel");
+    const char *pre = NULL;
+    if (byte_level && !(pre = pre_name(json_object_get(tj, "pre_tokenizer")))) {
+        kvp_errorf(err, errlen, rc, "%s: pre_tokenizer is none kvpd implements (Llama 3's or "
+                   "Qwen 2's split regex, SmolLM's digits + ByteLevel, GPT-2's ByteLevel)",
+                   tokenizer_path);
+        goto out;
+    }
+    if (!byte_level && !json_is_true(json_object_get(model, "byte_fallback"))) {
+        kvp_errorf(err, errlen, rc, "%s: neither byte-level (ByteLevel decoder) nor "
+                   "SentencePiece-style (byte_fallback) BPE", tokenizer_path);
+        goto out;
+    }
+
+    /* Vocabulary size: the highest id of the vocab and the added tokens, plus one. */
+    const char *key;
+    json_t *v;
+    json_object_foreach(vj, key, v) {
+        json_int_t id = json_integer_value(v);
+        if (!json_is_integer(v) || id < 0 || id >= MAX_VOCAB) {
+            kvp_errorf(err, errlen, rc, "%s: vocab entry \"%.40s\" has a bad id", tokenizer_path, key);
+            goto out;
+        }
+        if (id >= n)
+            n = (long)id + 1;
+    }
+    size_t i;
+    json_array_foreach(added, i, v) {
+        json_int_t id = json_integer_value(json_object_get(v, "id"));
+        if (!json_is_integer(json_object_get(v, "id")) || id < 0 || id >= MAX_VOCAB ||
+            !json_is_string(json_object_get(v, "content"))) {
+            kvp_errorf(err, errlen, rc, "%s: added_tokens[%zu] has no id or content",
+                       tokenizer_path, i);
+            goto out;
+        }
+        if (id >= n)
+            n = (long)id + 1;
+    }
+    tok = calloc((size_t)n + 1, sizeof *tok);
+    type = calloc((size_t)n + 1, sizeof *type);
+    score = calloc((size_t)n + 1, sizeof *score);
+    n_merges = json_array_size(mj);
+    merges = calloc(n_merges + 1, sizeof *merges);
+    rc = -ENOMEM;
+    if (!tok || !type || !score || !merges) {
+        kvp_errorf(err, errlen, rc, "out of memory for %ld tokens", n);
+        goto out;
+    }
+    json_object_foreach(vj, key, v) {
+        long id = (long)json_integer_value(v);
+        free(tok[id]);
+        if (!(tok[id] = strdup(key)))
+            goto out;
+        int b;
+        char c;
+        type[id] = !byte_level && sscanf(key, "<0x%2X%c", &b, &c) == 2 && c == '>' &&
+                   strlen(key) == 6 ? TT_BYTE : TT_NORMAL;
+        /* SentencePiece merges by piece score: a merge result scores minus its rank,
+         * every other piece can only come from the text as it is. */
+        score[id] = -1e30f;
+    }
+    json_array_foreach(added, i, v) {
+        long id = (long)json_integer_value(json_object_get(v, "id"));
+        const char *content = json_string_value(json_object_get(v, "content"));
+        free(tok[id]);
+        if (!(tok[id] = strdup(content)))
+            goto out;
+        int special = json_is_true(json_object_get(v, "special"));
+        type[id] = !byte_level && !strcmp(content, "<unk>") ? TT_UNKNOWN
+                 : special ? TT_CONTROL : TT_USER_DEFINED;
+    }
+    /* Holes in the id range become unused padding pieces, as converters write them. */
+    for (long id = 0; id < n; id++) {
+        if (tok[id])
+            continue;
+        char pad[32];
+        snprintf(pad, sizeof pad, "[PAD%ld]", id);
+        if (!(tok[id] = strdup(pad)))
+            goto out;
+        type[id] = TT_UNUSED;
+    }
+    json_array_foreach(mj, i, v) {
+        if ((rc = merge_text(v, &merges[i])) < 0) {
+            kvp_errorf(err, errlen, rc, "%s: merges[%zu] is not \"A B\" or [\"A\", \"B\"]",
+                       tokenizer_path, i);
+            goto out;
+        }
+        if (byte_level)
+            continue;
+        /* The merged piece's score: minus the rank of its first merge. */
+        char *sp = strchr(merges[i], ' ');
+        if (!sp)
+            continue;
+        *sp = 0;
+        size_t la = strlen(merges[i]), lb = strlen(sp + 1);
+        char *joined = malloc(la + lb + 1);
+        if (!joined) {
+            *sp = ' ';
+            rc = -ENOMEM;
+            goto out;
+        }
+        memcpy(joined, merges[i], la);
+        memcpy(joined + la, sp + 1, lb + 1);
+        *sp = ' ';
+        json_t *idv = json_object_get(vj, joined);
+        free(joined);
+        long id = json_is_integer(idv) ? (long)json_integer_value(idv) : -1;
+        if (id >= 0 && score[id] < -(float)i)
+            score[id] = -(float)i;
+    }
+
+    rc = kvp_gguf_writer_add_str(w, "tokenizer.ggml.model", byte_level ? "gpt2" : "llama");
+    if (byte_level) {
+        rc = rc ? rc : kvp_gguf_writer_add_str(w, "tokenizer.ggml.pre", pre);
+        rc = rc ? rc : kvp_gguf_writer_add_str_array(w, "tokenizer.ggml.merges",
+                                                    (const char *const *)merges, n_merges);
+    } else {
+        for (long id = 0; id < n; id++)
+            if (type[id] != TT_NORMAL)
+                score[id] = 0.0f;
+        rc = rc ? rc : kvp_gguf_writer_add_f32_array(w, "tokenizer.ggml.scores", score,
+                                                    (uint64_t)n);
+    }
+    rc = rc ? rc : kvp_gguf_writer_add_str_array(w, "tokenizer.ggml.tokens",
+                                                (const char *const *)tok, (uint64_t)n);
+    rc = rc ? rc : kvp_gguf_writer_add_i32_array(w, "tokenizer.ggml.token_type", type,
+                                                (uint64_t)n);
+    /* Roles: BOS and EOS from the config; the end-of-turn token is the first of the
+     * known turn markers the vocabulary has (as llama.cpp picks it). */
+    static const char *const eot_names[] = {"<|eot_id|>", "<|im_end|>", "<|end|>",
+                                            "<end_of_turn>", "<|endoftext|>"};
+    long bos = find_piece(tok, n, token_text(json_object_get(cj, "bos_token")));
+    long eos = find_piece(tok, n, token_text(json_object_get(cj, "eos_token")));
+    long unk = find_piece(tok, n, token_text(json_object_get(cj, "unk_token")));
+    long eot = -1;
+    for (size_t k = 0; cj && eot < 0 && k < sizeof eot_names / sizeof eot_names[0]; k++)
+        eot = find_piece(tok, n, eot_names[k]);
+    if (!rc && bos >= 0)
+        rc = kvp_gguf_writer_add_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)bos);
+    if (!rc && eos >= 0)
+        rc = kvp_gguf_writer_add_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)eos);
+    if (!rc && unk >= 0)
+        rc = kvp_gguf_writer_add_u32(w, "tokenizer.ggml.unknown_token_id", (uint32_t)unk);
+    if (!rc && eot >= 0)
+        rc = kvp_gguf_writer_add_u32(w, "tokenizer.ggml.eot_token_id", (uint32_t)eot);
+    /* chat_template: a string, or a list of named templates ("default" is the chat one). */
+    json_t *ct = json_object_get(cj, "chat_template");
+    const char *tmpl = json_string_value(ct);
+    json_array_foreach(ct, i, v)
+        if (!strcmp(json_string_value(json_object_get(v, "name")) ?: "", "default"))
+            tmpl = json_string_value(json_object_get(v, "template"));
+    if (!rc && tmpl)
+        rc = kvp_gguf_writer_add_str(w, "tokenizer.chat_template", tmpl);
+    if (rc)
+        kvp_errorf(err, errlen, rc, "cannot add the tokenizer metadata");
+    *vocab = n;
+out:
+    for (long id = 0; tok && id < n; id++)
+        free(tok[id]);
+    for (size_t k = 0; merges && k < n_merges; k++)
+        free(merges[k]);
+    free(tok);
+    free(merges);
+    free(type);
+    free(score);
+    json_decref(tj);
+    json_decref(cj);
+    return rc;
+}
