@@ -52,6 +52,8 @@ static const key_def keys[] = {
     {"static_dir", T_STR, F(static_dir), 0, 0, KVPD_DATA_DIR "/web/static", "directory of the chat page", FIXED},
     {"max_sessions", T_INT, F(max_sessions), 1, 1 << 20, "64", "sessions resident in memory at once (parked ones do not count)", LIVE},
     {"max_cache_bytes", T_BYTES, F(max_cache_bytes), 0, 0, "0", "KV cache bytes of all resident sessions (k/M/G suffixes; 0: no cap)", LIVE},
+    {"api_key", T_STR, F(api_key), 0, 0, "", "bearer token the OpenAI-compatible API (/v1/*) requires (empty: none)", LIVE},
+    {"max_body_bytes", T_INT, F(max_body_bytes), 1024, 1 << 26, "1048576", "largest HTTP request body accepted (/v1/chat/completions); larger ones are answered 413", LIVE},
     {"max_message_bytes", T_INT, F(max_message_bytes), 64, 1 << 24, "16384", "largest websocket message accepted", LIVE},
     {"max_tokens", T_INT, F(max_tokens), 1, 1 << 20, "256", "largest reply in tokens (and the default)", LIVE},
     {"max_sessions_per_connection", T_INT, F(max_sessions_per_connection), 1, 1 << 20, "8", "conversations one connection may start (sessions it left without a turn do not count)", LIVE},

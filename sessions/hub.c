@@ -236,8 +236,8 @@ void kvp_hub_open(kvp_hub_client *c, const char *id)
     emit_session(c, 1);
 }
 
-void kvp_hub_message(kvp_hub_client *c, const char *text, size_t len, int max_tokens,
-                     int has_temperature, float temperature)
+/* Arms and queues a turn on the client's session (made first when it has none). */
+static void start_turn(kvp_hub_client *c, const char *text, size_t len, const kvp_turn_opts *o)
 {
     kvp_hub *h = c->hub;
     if (h->draining) {
@@ -265,15 +265,78 @@ void kvp_hub_message(kvp_hub_client *c, const char *text, size_t len, int max_to
         return;
     }
     double now = kvp_now();
-    if (kvp_session_begin_turn(s, text, len, max_tokens ? max_tokens : h->cfg->max_tokens,
-                               has_temperature ? temperature : h->cfg->temperature,
+    if (kvp_session_begin_turn(s, text, len, o->max_tokens ? o->max_tokens : h->cfg->max_tokens,
+                               o->has_temperature ? o->temperature : h->cfg->temperature,
                                h->cfg->budget, now) < 0) {
         emit_error(c, KVPD_E_INTERNAL, "out of memory");
         return;
     }
+    if (o->has_top_p)
+        s->turn.top_p = o->top_p;
+    s->turn.has_seed = o->has_seed;
+    s->turn.seed = o->seed;
     s->last_active = now;
     s->owner = c;
     submit(h, s, KVP_SESSION_TURN, reserve);
+}
+
+void kvp_hub_message(kvp_hub_client *c, const char *text, size_t len, int max_tokens,
+                     int has_temperature, float temperature)
+{
+    kvp_turn_opts o = {.max_tokens = max_tokens, .has_temperature = has_temperature,
+                       .temperature = temperature};
+    start_turn(c, text, len, &o);
+}
+
+/* s holds exactly msgs[0..n) and is free to take a turn. A parked session's texts are on
+ * disk: its hash and count stand for them. */
+static int continues(const kvp_session *s, uint64_t hash, const kvp_message *msgs, int n)
+{
+    if (kvp_session_busy(s) || s->transcript_hash != hash || s->transcript_msgs != n)
+        return 0;
+    if (s->state == KVP_SESSION_PARKED)
+        return 1;
+    for (int i = 0; i < n; i++)
+        if (s->msgs[i].user != msgs[i].user || s->msgs[i].len != msgs[i].len ||
+            memcmp(s->msgs[i].text, msgs[i].text, msgs[i].len))
+            return 0;
+    return 1;
+}
+
+void kvp_hub_chat(kvp_hub_client *c, const char *id, const kvp_message *msgs, int n,
+                  const kvp_turn_opts *o)
+{
+    kvp_hub *h = c->hub;
+    if (h->draining) {
+        emit_error(c, KVPD_E_OVERLOADED, "the daemon is shutting down");
+        return;
+    }
+    if (n < 1) {
+        emit_error(c, KVPD_E_BAD_REQUEST, "a conversation needs a message");
+        return;
+    }
+    leave(c);
+    int prefix = n - 1;
+    uint64_t hash = kvp_session_transcript_hash(msgs, prefix);
+    kvp_session *s = id && id[0] ? kvp_session_find(&h->sessions, id) : NULL;
+    if (s && !continues(s, hash, msgs, prefix))
+        s = NULL;
+    for (kvp_session *t = h->sessions.head; !s && t; t = t->next)
+        if (continues(t, hash, msgs, prefix))
+            s = t;
+    if (s) {
+        attach(c, s);
+        emit_session(c, 1);
+    } else {
+        if (new_session(c) < 0)
+            return;
+        s = c->session;
+        if (kvp_session_seed(s, msgs, prefix) < 0) {
+            emit_error(c, KVPD_E_INTERNAL, "out of memory");
+            return;
+        }
+    }
+    start_turn(c, msgs[prefix].text, msgs[prefix].len, o);
 }
 
 void kvp_hub_cancel(kvp_hub_client *c)
@@ -331,6 +394,8 @@ static kvp_hub_client *job_ended(kvp_hub *h, kvp_session *s)
     }
     s->save_rc = 0;
     s->turns = s->turns_done;
+    s->transcript_hash = kvp_session_transcript_hash(s->msgs, s->n_msgs);
+    s->transcript_msgs = s->n_msgs;
     s->evicted_rows = s->cache.evicted_rows;
     s->rows_max = kvp_cache_max_rows(&s->cache);
     s->bytes = kvp_cache_bytes(&s->cache);

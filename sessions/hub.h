@@ -49,6 +49,8 @@ typedef struct kvp_turn_stats {
     int prefilled_tokens;    /* tokens run through the model in prefill this turn */
     int generated_tokens;
     int transcript_tokens;   /* whole conversation so far */
+    int context_tokens;      /* the transcript the reply follows (its prompt, whole) */
+    int cached_tokens;       /* of those, already in the cache: not recomputed */
     int cache_rows_max;      /* largest head, peak over the turn's units */
     int cache_rows;          /* largest head after the turn-boundary eviction */
     size_t cache_bytes;
@@ -104,6 +106,27 @@ void kvp_hub_open(kvp_hub_client *c, const char *id);
  * !has_temperature take the configured defaults. */
 void kvp_hub_message(kvp_hub_client *c, const char *text, size_t len, int max_tokens,
                      int has_temperature, float temperature);
+/* A turn's options beyond its text; zeros take the configured defaults. */
+typedef struct kvp_turn_opts {
+    int max_tokens;               /* 0: the configured default (which is also the cap) */
+    int has_temperature;
+    float temperature;
+    int has_top_p;
+    float top_p;                  /* (0, 1] */
+    int has_seed;
+    uint64_t seed;                /* reseeds the session's sampler for this turn */
+} kvp_turn_opts;
+
+/* A stateless request (an OpenAI-style API): msgs[0..n) is the whole conversation, its
+ * last message the user's new one. The hub continues the idle session whose transcript
+ * is exactly msgs[0..n-1) (matched by a hash of the transcript each session keeps, then
+ * compared): the one named by id when it matches, else any other; a busy session is
+ * never matched. Without a match, a new session starts holding msgs[0..n-1), and its
+ * first turn prefills all of them. Either way a session event (resumed 1 for a
+ * continued session) comes first, then the turn's events as for kvp_hub_message. The
+ * client should be one made for this request: it leaves any session it had. */
+void kvp_hub_chat(kvp_hub_client *c, const char *id, const kvp_message *msgs, int n,
+                  const kvp_turn_opts *o);
 /* Asks the client's running turn to stop (it ends with done, stop "cancel"). */
 void kvp_hub_cancel(kvp_hub_client *c);
 /* The connection is gone: detaches it from its session (whose turn is cancelled), and

@@ -135,8 +135,7 @@ static void clear_transcript(kvp_session *s)
     s->n_tokens = 0;
 }
 
-/* Token ids from the messages, as the turns would have made them with this model. */
-static int retokenize(kvp_session *s, const kvp_session_env *env)
+int kvp_session_retokenize(kvp_session *s, const kvp_session_env *env)
 {
     s->n_tokens = 0;
     for (int i = 0; i < s->n_msgs; i++) {
@@ -232,7 +231,7 @@ int kvp_session_restore(kvp_session *s, const kvp_session_env *env, size_t max_b
         snap.tokens = NULL;
         rc = 0;
     } else {
-        rc = retokenize(s, env);
+        rc = kvp_session_retokenize(s, env);
     }
     if (rc < 0) {
         if (have_cache)

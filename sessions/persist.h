@@ -28,4 +28,8 @@ int kvp_session_save(kvp_session *s, const kvp_session_env *env, char *err, size
 int kvp_session_restore(kvp_session *s, const kvp_session_env *env, size_t max_bytes,
                         char *err, size_t errlen);
 
+/* Token ids from the messages, as the turns would have made them with this model
+ * (restoring a transcript, or a session seeded with a conversation). 0 or < 0. */
+int kvp_session_retokenize(kvp_session *s, const kvp_session_env *env);
+
 #endif

@@ -281,6 +281,7 @@ int kvp_session_begin_turn(kvp_session *s, const char *text, size_t len, int max
     t->text_len = len;
     t->max_tokens = max_tokens;
     t->temperature = temperature;
+    t->top_p = -1;
     t->budget = budget;
     kvp_session_begin_job(s);
     atomic_init(&t->cancel, 0);
@@ -301,6 +302,28 @@ static int push_token(kvp_session *s, int id)
     }
     s->tokens[s->n_tokens++] = id;
     return 0;
+}
+
+static int push_message(kvp_session *s, int user, const char *text, size_t len);
+
+int kvp_session_seed(kvp_session *s, const kvp_message *msgs, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (push_message(s, msgs[i].user, msgs[i].text, msgs[i].len) < 0)
+            return -ENOMEM;
+    return 0;
+}
+
+uint64_t kvp_session_transcript_hash(const kvp_message *msgs, int n)
+{
+    uint64_t h = KVP_FNV1A_INIT;
+    for (int i = 0; i < n; i++) {
+        /* role and length first, so no two transcripts render to the same bytes */
+        uint64_t head[2] = {(uint64_t)msgs[i].user, (uint64_t)msgs[i].len};
+        h = kvp_fnv1a(h, head, sizeof head);
+        h = kvp_fnv1a(h, msgs[i].text, msgs[i].len);
+    }
+    return h;
 }
 
 static int push_message(kvp_session *s, int user, const char *text, size_t len)
@@ -540,6 +563,13 @@ int kvp_turn_step(kvp_session *s, const kvp_session_env *env, kvp_runstate *rs,
     int cancelled = atomic_load(&t->cancel);
 
     if (t->state == KVP_TURN_START) {
+        /* A session seeded with a conversation (kvp_session_seed): its messages first. */
+        if (s->n_tokens == 0 && s->n_msgs > 0) {
+            int rc = kvp_session_retokenize(s, env);
+            if (rc < 0)
+                return fail(s, env, sink, 1, rc, "tokenize", NULL);
+            s->reply_open = 1;
+        }
         /* A cancel that came before any work still records the message: the next turn
          * prefills it (prefill checks the flag first). */
         int *ids = NULL;
@@ -563,7 +593,12 @@ int kvp_turn_step(kvp_session *s, const kvp_session_env *env, kvp_runstate *rs,
             s->n_cached = 0;
         }
         t->evicted_at_start = s->cache.evicted_rows;
+        t->stats.context_tokens = s->n_tokens;
+        t->stats.cached_tokens = s->n_cached;
         s->sampler.temperature = t->temperature;
+        s->sampler.top_p = t->top_p >= 0 ? t->top_p : env->top_p;
+        if (t->has_seed)
+            kvp_sampler_seed(&s->sampler, t->seed);
         s->reply_open = 1;    /* the assistant's reply has begun */
         t->state = KVP_TURN_PREFILL;
     }

@@ -63,6 +63,9 @@ typedef struct kvp_turn {
     size_t text_len;
     int max_tokens;
     float temperature;
+    float top_p;             /* < 0: the daemon's */
+    int has_seed;            /* reseed the sampler with seed at the start */
+    uint64_t seed;
     int budget;              /* KV rows per head for this turn (0 = unbounded) */
     atomic_int cancel;       /* set by the loop, read by the worker each unit */
     enum kvp_turn_state state;
@@ -134,6 +137,10 @@ typedef struct kvp_session {
     int reply_open;
     kvp_message *msgs;
     int n_msgs, cap_msgs;
+    /* loop: the hash of msgs (kvp_session_transcript_hash) as of the last job's end, and
+     * their count, kept while parked: how stateless requests find their conversation */
+    uint64_t transcript_hash;
+    int transcript_msgs;
     kvp_turn turn;
     struct kvp_session *rq_next;     /* scheduler run queue */
 } kvp_session;
@@ -180,6 +187,11 @@ int kvp_session_unpark(kvp_session_table *t, kvp_session *s, const kvp_session_e
  * copy of the text. */
 int kvp_session_begin_turn(kvp_session *s, const char *text, size_t len, int max_tokens,
                            float temperature, int budget, double now);
+/* Loop, on a new session that never ran a turn: takes copies of msgs as its transcript;
+ * its first turn tokenizes and prefills them before its own message. 0 or -ENOMEM. */
+int kvp_session_seed(kvp_session *s, const kvp_message *msgs, int n);
+/* The hash of a transcript's roles and texts, the same for a session and a request. */
+uint64_t kvp_session_transcript_hash(const kvp_message *msgs, int n);
 /* Clears the outcome of the last job before a new one (loop thread; not busy). The
  * caller then sets the state that names the job. */
 void kvp_session_begin_job(kvp_session *s);

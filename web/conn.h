@@ -4,6 +4,7 @@
 
 #include <libwebsockets.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "web/server.h"
 
@@ -25,6 +26,7 @@ typedef struct kvpd_conn {
     char *rx;                          /* the websocket message being assembled */
     size_t rx_len, rx_cap;
     enum kvpd_rx_skip rx_skip;
+    struct kvpd_oai *oai;              /* an OpenAI API request (web/openai.c) */
 } kvpd_conn;
 
 /* The listening socket (web/listen.c): accepts, bounds and hands connections to lws. */
@@ -52,8 +54,29 @@ void kvpd_conn_free_frames(kvpd_conn *c);
 
 /* HTTP: handles LWS_CALLBACK_HTTP for uri; returns as an lws callback. */
 int kvpd_http_request(kvpd_conn *c, const char *uri);
+/* HTTP: status line and headers now (len KVPD_HTTP_NO_LENGTH: none, the body ends when
+ * the connection closes), no-store, and the `extra` "name:", "value" pairs up to a NULL.
+ * 0, or 1 when they could not be written. */
+#define KVPD_HTTP_NO_LENGTH UINT64_MAX
+int kvpd_http_headers(kvpd_conn *c, int status, const char *type, uint64_t len,
+                      const char *const *extra);
+/* The headers, then the body (queued as one frame) on the writeable callback. */
+int kvpd_http_respond(kvpd_conn *c, int status, const char *type, const char *body,
+                      size_t len, const char *const *extra);
+/* 1 when the request carries "Authorization: Bearer <want>" (constant time); 0 when not,
+ * or when want is empty. */
+int kvpd_http_bearer_ok(kvpd_conn *c, const char *want);
 /* HTTP: writes the queued body once writeable; returns as an lws callback. */
 int kvpd_http_writeable(kvpd_conn *c);
+
+/* The OpenAI-compatible API (web/openai.c, docs/openai.md): requests under /v1, their POST
+ * bodies, the streamed answer, and the connection's end (which cancels the turn). Each
+ * returns as an lws callback. */
+int kvpd_openai_request(kvpd_conn *c, const char *uri);
+int kvpd_openai_body(kvpd_conn *c, const void *in, size_t len);
+int kvpd_openai_body_done(kvpd_conn *c);
+int kvpd_openai_writeable(kvpd_conn *c);
+void kvpd_openai_closed(kvpd_conn *c);
 
 /* Websocket: message bytes as they arrive; complete messages are handled. */
 int kvpd_chat_receive(kvpd_conn *c, const void *in, size_t len);

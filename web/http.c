@@ -1,4 +1,5 @@
-/* HTTP endpoints: the chat page (web/static), /healthz, /metrics, /admin/stats. */
+/* HTTP endpoints: the chat page (web/static), /healthz, /metrics, /admin/stats; the API under /v1
+ * goes to web/openai.c. */
 #include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -10,29 +11,44 @@
 #include "base/parse.h"
 #include "web/conn.h"
 
-/* Headers now, the body (queued as one frame) on the writeable callback. */
-static int respond(kvpd_conn *c, int status, const char *type, const char *body, size_t len,
-                   const char *www_auth)
+int kvpd_http_headers(kvpd_conn *c, int status, const char *type, uint64_t len,
+                      const char *const *extra)
 {
     unsigned char hdr[LWS_PRE + 1024], *start = hdr + LWS_PRE, *p = start,
                   *end = hdr + sizeof hdr - 1;
     c->w->metrics->http_requests++;
-    if (lws_add_http_common_headers(c->wsi, (unsigned)status, type, len, &p, end))
+    if (lws_add_http_common_headers(c->wsi, (unsigned)status, type,
+                                    len == KVPD_HTTP_NO_LENGTH ? LWS_ILLEGAL_HTTP_CONTENT_LEN : len,
+                                    &p, end))
         return 1;
-    if (www_auth && lws_add_http_header_by_token(c->wsi, WSI_TOKEN_HTTP_WWW_AUTHENTICATE,
-                                                 (const unsigned char *)www_auth,
-                                                 (int)strlen(www_auth), &p, end))
-        return 1;
+    for (; extra && extra[0]; extra += 2)
+        if (lws_add_http_header_by_name(c->wsi, (const unsigned char *)extra[0],
+                                        (const unsigned char *)extra[1], (int)strlen(extra[1]),
+                                        &p, end))
+            return 1;
     if (lws_add_http_header_by_name(c->wsi, (const unsigned char *)"cache-control:",
                                     (const unsigned char *)"no-store", 8, &p, end))
         return 1;
-    if (lws_finalize_write_http_header(c->wsi, start, &p, end))
+    return lws_finalize_write_http_header(c->wsi, start, &p, end) ? 1 : 0;
+}
+
+int kvpd_http_respond(kvpd_conn *c, int status, const char *type, const char *body,
+                      size_t len, const char *const *extra)
+{
+    if (kvpd_http_headers(c, status, type, len, extra))
         return 1;
     if (c->head)   /* the headers (with the body's length) are the whole answer */
         return lws_http_transaction_completed(c->wsi) ? -1 : 0;
     if (kvpd_conn_queue(c, body, len) < 0)
         return 1;
     return 0;
+}
+
+static int respond(kvpd_conn *c, int status, const char *type, const char *body, size_t len,
+                   const char *www_auth)
+{
+    const char *extra[] = {"www-authenticate:", www_auth, NULL};
+    return kvpd_http_respond(c, status, type, body, len, www_auth ? extra : NULL);
 }
 
 static int respond_json(kvpd_conn *c, int status, json_t *o)
@@ -65,12 +81,10 @@ int kvpd_http_writeable(kvpd_conn *c)
     return lws_http_transaction_completed(c->wsi) ? -1 : 0;
 }
 
-/* Constant-time compare, so the token cannot be guessed byte by byte from timings. */
-static int token_ok(kvpd_conn *c)
+int kvpd_http_bearer_ok(kvpd_conn *c, const char *want)
 {
-    const char *want = kvpd_admin_token(c->w);
     if (!want[0])
-        return 0;   /* closed: no token configured and nowhere to write one */
+        return 0;
     char got[256];
     int n = lws_hdr_copy(c->wsi, got, sizeof got, WSI_TOKEN_HTTP_AUTHORIZATION);
     if (n <= 7 || strncmp(got, "Bearer ", 7))
@@ -81,6 +95,12 @@ static int token_ok(kvpd_conn *c)
     for (size_t i = 0; i < wl; i++)
         diff |= (unsigned char)want[i] ^ (unsigned char)(i < tl ? tok[i] : 0);
     return diff == 0;
+}
+
+/* Closed (no token configured and nowhere to write one) when the token is empty. */
+static int token_ok(kvpd_conn *c)
+{
+    return kvpd_http_bearer_ok(c, kvpd_admin_token(c->w));
 }
 
 /* The gauges, and the hub's view of itself (zeros while the model loads). */
@@ -244,6 +264,8 @@ int kvpd_http_request(kvpd_conn *c, const char *uri)
     const char *refused = kvpd_guard_check(w, c->wsi, &status);
     if (refused)
         return text_status(c, status, refused, NULL);
+    if (!strncmp(uri, "/v1/", 4) || !strcmp(uri, "/v1"))
+        return kvpd_openai_request(c, uri);
     c->head = lws_hdr_total_length(c->wsi, WSI_TOKEN_HEAD_URI) > 0;
     if (!c->head && lws_hdr_total_length(c->wsi, WSI_TOKEN_GET_URI) <= 0)
         return text_status(c, 405, "only GET and HEAD are served\n", NULL);

@@ -143,15 +143,22 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
     case LWS_CALLBACK_RAW_RX:   /* bytes after the CONNECT: nothing to tunnel to */
         return 0;
     case LWS_CALLBACK_HTTP:
+        kvpd_openai_closed(c);   /* a keep-alive connection's earlier request, if any */
         kvpd_conn_free_frames(c);
         c->wsi = wsi;
         c->w = w;
         return kvpd_http_request(c, in);
+    case LWS_CALLBACK_HTTP_BODY:   /* only the API reads bodies; others were answered 405 */
+        return c->oai ? kvpd_openai_body(c, in, len) : 0;
+    case LWS_CALLBACK_HTTP_BODY_COMPLETION:
+        return c->oai ? kvpd_openai_body_done(c) : 0;
     case LWS_CALLBACK_HTTP_WRITEABLE:
-        return kvpd_http_writeable(c);
+        return c->oai ? kvpd_openai_writeable(c) : kvpd_http_writeable(c);
     case LWS_CALLBACK_CLOSED_HTTP:
-        if (c && !c->is_ws)
+        if (c && !c->is_ws) {
+            kvpd_openai_closed(c);
             kvpd_conn_free_frames(c);
+        }
         break;
     default:
         break;

@@ -1,0 +1,473 @@
+/* Integration: the OpenAI-compatible API (web/openai.c) over raw HTTP: every error status,
+ * malformed and oversized bodies, streaming (chunk order, usage, [DONE]), continuation of
+ * a conversation, stop strings, a client that leaves mid-stream (its turn is cancelled),
+ * a reader that takes the stream one byte at a time, 32 concurrent streams. */
+#include <arpa/inet.h>
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "tests/daemon/harness.h"
+
+TestSuite(openai, .timeout = 120);
+
+static int dial(const kvpd_proc *p)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    cr_assert_geq(fd, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)p->port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    return fd;
+}
+
+static void send_all(int fd, const char *buf, size_t len)
+{
+    while (len) {
+        ssize_t n = send(fd, buf, len, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return;   /* the server may close early (413): the answer is still readable */
+        buf += n;
+        len -= (size_t)n;
+    }
+}
+
+/* Sends a request (Connection: close) on fd. */
+static void send_request(int fd, const char *method, const char *path, const char *headers,
+                         const char *body, size_t len)
+{
+    char head[1024];
+    int n = snprintf(head, sizeof head, "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                     "Content-Type: application/json\r\nContent-Length: %zu\r\n%s"
+                     "Connection: close\r\n\r\n", method, path, len, headers ? headers : "");
+    send_all(fd, head, (size_t)n);
+    send_all(fd, body, len);
+}
+
+/* Reads until the server closes (or timeout_ms passes with nothing): the raw answer. */
+static char *read_all(int fd, int timeout_ms, size_t *len)
+{
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    for (;;) {
+        struct pollfd pf = {fd, POLLIN, 0};
+        if (poll(&pf, 1, timeout_ms) <= 0)
+            break;
+        if (n + 4096 > cap)
+            buf = realloc(buf, cap *= 2);
+        ssize_t r = recv(fd, buf + n, cap - n - 1, 0);
+        if (r <= 0)
+            break;
+        n += (size_t)r;
+    }
+    buf[n] = '\0';
+    if (len)
+        *len = n;
+    return buf;
+}
+
+typedef struct answer {
+    int status;
+    char *raw, *body;
+} answer;
+
+static answer request(const kvpd_proc *p, const char *method, const char *path,
+                      const char *headers, const char *body)
+{
+    int fd = dial(p);
+    send_request(fd, method, path, headers, body, strlen(body));
+    answer a = {0};
+    a.raw = read_all(fd, 30000, NULL);
+    close(fd);
+    sscanf(a.raw, "HTTP/1.1 %d", &a.status);
+    char *b = strstr(a.raw, "\r\n\r\n");
+    a.body = b ? b + 4 : a.raw + strlen(a.raw);
+    return a;
+}
+
+/* The value of a response header (lowercase name with the colon), copied, or "". */
+static const char *header(const answer *a, const char *name)
+{
+    static char v[256];
+    v[0] = '\0';
+    const char *h = strcasestr(a->raw, name);
+    if (h && h < a->body)
+        sscanf(h + strlen(name), " %255[^\r\n]", v);
+    return v;
+}
+
+/* The error's param and code, checked against the status and OpenAI's shape. */
+static void expect_error(const kvpd_proc *p, const char *headers, const char *body, int status,
+                         const char *param)
+{
+    answer a = request(p, "POST", "/v1/chat/completions", headers, body);
+    cr_assert_eq(a.status, status, "%s -> %s", body, a.raw);
+    json_t *j = json_loads(a.body, 0, NULL);
+    cr_assert(j, "not JSON: %s", a.body);
+    json_t *e = json_object_get(j, "error");
+    cr_assert(json_is_string(json_object_get(e, "message")), "%s", a.body);
+    cr_assert(json_is_string(json_object_get(e, "type")), "%s", a.body);
+    cr_assert(json_object_get(e, "param") && json_object_get(e, "code"), "%s", a.body);
+    if (param)
+        cr_assert_str_eq(json_string_value(json_object_get(e, "param")), param, "%s", a.body);
+    json_decref(j);
+    free(a.raw);
+}
+
+#define USER(text) "{\"messages\":[{\"role\":\"user\",\"content\":\"" text "\"}]"
+
+Test(openai, every_bad_request_gets_its_status_and_the_daemon_keeps_serving)
+{
+    kvpd_proc d;
+    cr_assert_eq(kvpd_start(&d, "--max-body-bytes 65536"), 0);
+    expect_error(&d, NULL, "{\"messages\":[", 400, NULL);
+    expect_error(&d, NULL, "[1,2]", 400, NULL);
+    expect_error(&d, NULL, "", 400, NULL);
+    expect_error(&d, NULL, "{}", 400, "messages");
+    expect_error(&d, NULL, "{\"messages\":[]}", 400, "messages");
+    expect_error(&d, NULL, "{\"messages\":\"hi\"}", 400, "messages");
+    expect_error(&d, NULL, "{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}", 400,
+                 "messages[0].role");
+    expect_error(&d, NULL, "{\"messages\":[{\"role\":\"user\",\"content\":7}]}", 400,
+                 "messages[0].content");
+    expect_error(&d, NULL, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},"
+                 "{\"role\":\"assistant\",\"content\":\"b\"}]}", 400, "messages");
+    expect_error(&d, NULL, USER("x") ",\"n\":2}", 400, "n");
+    expect_error(&d, NULL, USER("x") ",\"tools\":[{\"type\":\"function\"}]}", 400, "tools");
+    expect_error(&d, NULL, USER("x") ",\"logprobs\":true}", 400, "logprobs");
+    expect_error(&d, NULL, USER("x") ",\"response_format\":{\"type\":\"json_object\"}}", 400,
+                 "response_format");
+    expect_error(&d, NULL, USER("x") ",\"temperature\":\"hot\"}", 400, "temperature");
+    expect_error(&d, NULL, USER("x") ",\"max_tokens\":-3}", 400, "max_tokens");
+    expect_error(&d, NULL, USER("x") ",\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}", 400, "stop");
+    expect_error(&d, NULL, USER("x") ",\"stream\":\"yes\"}", 400, "stream");
+    expect_error(&d, NULL, USER("x") ",\"session\":\"not-an-id\"}", 400, "session");
+    expect_error(&d, NULL, USER("x") ",\"model\":\"gpt-4o\"}", 404, "model");
+
+    /* Unknown paths and methods. */
+    answer a = request(&d, "POST", "/v1/completions", NULL, "{}");
+    cr_assert_eq(a.status, 404, "%s", a.raw);
+    cr_assert(strstr(a.body, "\"error\""));
+    free(a.raw);
+    a = request(&d, "GET", "/v1/chat/completions", NULL, "");
+    cr_assert_eq(a.status, 405, "%s", a.raw);
+    free(a.raw);
+    a = request(&d, "POST", "/healthz", NULL, "{\"messages\":[]}");
+    cr_assert_eq(a.status, 405, "%s", a.raw);
+    free(a.raw);
+
+    /* 10 MB: read and dropped, answered 413, nothing else disturbed. */
+    size_t big = 10u << 20;
+    char *body = malloc(big);
+    memset(body, 'a', big);
+    int fd = dial(&d);
+    send_request(fd, "POST", "/v1/chat/completions", NULL, body, big);
+    char *raw = read_all(fd, 30000, NULL);
+    close(fd);
+    free(body);
+    cr_assert(!strncmp(raw, "HTTP/1.1 413", 12), "%.200s", raw);
+    cr_assert(strstr(raw, "max_body_bytes"), "%s", raw);
+    free(raw);
+
+    /* The model's id from /v1/models is accepted; the daemon still answers. */
+    a = request(&d, "GET", "/v1/models", NULL, "");
+    cr_assert_eq(a.status, 200, "%s", a.raw);
+    json_t *j = json_loads(a.body, 0, NULL);
+    const char *id = json_string_value(json_object_get(json_array_get(json_object_get(j, "data"), 0), "id"));
+    cr_assert(id && id[0]);
+    char req[512];
+    snprintf(req, sizeof req, USER("Once upon a time") ",\"model\":\"%s\",\"max_tokens\":4}", id);
+    json_decref(j);
+    free(a.raw);
+    a = request(&d, "POST", "/v1/chat/completions", NULL, req);
+    cr_assert_eq(a.status, 200, "%s", a.raw);
+    free(a.raw);
+    cr_assert_eq(kvpd_stop(&d, 10000), 0);
+}
+
+Test(openai, api_key_is_required_when_set)
+{
+    kvpd_proc d;
+    cr_assert_eq(kvpd_start(&d, "--api-key sekret-key-123"), 0);
+    expect_error(&d, NULL, USER("x") "}", 401, NULL);
+    expect_error(&d, "Authorization: Bearer sekret-key-12\r\n", USER("x") "}", 401, NULL);
+    expect_error(&d, "Authorization: Bearer sekret-key-1234\r\n", USER("x") "}", 401, NULL);
+    answer a = request(&d, "GET", "/v1/models", NULL, "");
+    cr_assert_eq(a.status, 401);
+    free(a.raw);
+    a = request(&d, "GET", "/v1/models", "Authorization: Bearer sekret-key-123\r\n", "");
+    cr_assert_eq(a.status, 200, "%s", a.raw);
+    free(a.raw);
+    a = request(&d, "POST", "/v1/chat/completions", "Authorization: Bearer sekret-key-123\r\n",
+                USER("Once") ",\"max_tokens\":3}");
+    cr_assert_eq(a.status, 200, "%s", a.raw);
+    free(a.raw);
+    cr_assert_eq(kvpd_stop(&d, 10000), 0);
+}
+
+/* The SSE events of a stream: role first, content, finish_reason, usage, [DONE]. Returns
+ * the usage chunk (a reference) and the concatenated content. */
+static json_t *parse_stream(const char *body, char *content, size_t cap, const char **finish)
+{
+    json_t *use = NULL;
+    int events = 0, done = 0;
+    content[0] = '\0';
+    *finish = NULL;
+    for (const char *p = strstr(body, "data: "); p; p = strstr(p + 1, "\n\ndata: ")) {
+        if (p[0] == '\n')
+            p += 2;
+        p += 6;
+        cr_assert(!done, "data after [DONE]");
+        if (!strncmp(p, "[DONE]", 6)) {
+            done = 1;
+            continue;
+        }
+        json_error_t err;
+        json_t *j = json_loadb(p, strcspn(p, "\n"), 0, &err);
+        cr_assert(j, "bad chunk: %.100s", p);
+        cr_assert_str_eq(json_string_value(json_object_get(j, "object")), "chat.completion.chunk");
+        json_t *ch = json_object_get(j, "choices");
+        json_t *delta = json_object_get(json_array_get(ch, 0), "delta");
+        if (events++ == 0)
+            cr_assert_str_eq(json_string_value(json_object_get(delta, "role")), "assistant");
+        if (json_array_size(ch) == 0) {
+            cr_assert(json_object_get(j, "usage"), "an empty choices chunk without usage");
+            use = json_incref(json_object_get(j, "usage"));
+        } else {
+            cr_assert_null(use, "a choices chunk after the usage chunk");
+            const char *t = json_string_value(json_object_get(delta, "content"));
+            if (t)
+                strncat(content, t, cap - strlen(content) - 1);
+            const char *f = json_string_value(json_object_get(json_array_get(ch, 0),
+                                                              "finish_reason"));
+            if (f) {
+                cr_assert_null(*finish, "two finish_reason chunks");
+                *finish = f[0] == 's' ? "stop" : "length";
+            }
+        }
+        json_decref(j);
+    }
+    cr_assert(done, "no data: [DONE]");
+    return use;
+}
+
+Test(openai, streams_and_continues_a_conversation_prefilling_only_new_messages)
+{
+    kvpd_proc d;
+    cr_assert_eq(kvpd_start(&d, NULL), 0);
+    answer a = request(&d, "POST", "/v1/chat/completions", NULL,
+                       USER("Once upon a time") ",\"max_tokens\":12,\"stream\":true,"
+                       "\"stream_options\":{\"include_usage\":true}}");
+    cr_assert_eq(a.status, 200, "%s", a.raw);
+    cr_assert(strstr(header(&a, "content-type:"), "text/event-stream"));
+    char sid[64];
+    snprintf(sid, sizeof sid, "%s", header(&a, "x-session-id:"));
+    cr_assert_eq(strlen(sid), 32, "no X-Session-Id: %s", a.raw);
+    char reply[2048];
+    const char *finish;
+    json_t *u = parse_stream(a.body, reply, sizeof reply, &finish);
+    cr_assert_str_eq(finish, "length");
+    cr_assert(u);
+    int p1 = (int)json_integer_value(json_object_get(u, "prompt_tokens"));
+    int c1 = (int)json_integer_value(json_object_get(u, "completion_tokens"));
+    cr_assert_eq(c1, 12);
+    cr_assert_eq(json_integer_value(json_object_get(u, "total_tokens")), p1 + c1);
+    cr_assert_eq(json_integer_value(json_object_get(json_object_get(u, "prompt_tokens_details"),
+                                                    "cached_tokens")), 0);
+    json_decref(u);
+    free(a.raw);
+
+    /* Turn 2 carries turn 1 and a new message, not streamed: the same session, the earlier
+     * turn cached, only the new message prefilled. */
+    json_t *req = json_pack("{s:[{s:s, s:s}, {s:s, s:s}, {s:s, s:s}], s:i}", "messages",
+                            "role", "user", "content", "Once upon a time", "role", "assistant",
+                            "content", reply, "role", "user", "content", "The dog", "max_tokens", 6);
+    char *body = json_dumps(req, 0);
+    a = request(&d, "POST", "/v1/chat/completions", NULL, body);
+    cr_assert_eq(a.status, 200, "%s", a.raw);
+    cr_assert_str_eq(header(&a, "x-session-id:"), sid);
+    json_t *j = json_loads(a.body, 0, NULL);
+    cr_assert_str_eq(json_string_value(json_object_get(j, "object")), "chat.completion");
+    u = json_object_get(j, "usage");
+    int p2 = (int)json_integer_value(json_object_get(u, "prompt_tokens"));
+    int cached = (int)json_integer_value(json_object_get(json_object_get(u, "prompt_tokens_details"),
+                                                         "cached_tokens"));
+    int prefilled = (int)json_integer_value(json_object_get(json_object_get(j, "kvpd"),
+                                                            "prefilled_tokens"));
+    cr_assert_geq(cached, p1 + c1 - 1, "turn 1 was recomputed (cached %d)", cached);
+    cr_assert_eq(p2, cached + prefilled);
+    cr_assert_leq(prefilled, 5, "more than \"The dog\" was prefilled: %d", prefilled);
+    cr_assert_str_eq(json_string_value(json_object_get(
+        json_array_get(json_object_get(j, "choices"), 0), "finish_reason")), "length");
+    json_decref(j);
+    free(a.raw);
+
+    /* The same request again: the session has moved on (it holds turn 2), so this history
+     * is no longer its transcript and starts a new conversation. */
+    a = request(&d, "POST", "/v1/chat/completions", NULL, body);
+    cr_assert_neq(strcmp(header(&a, "x-session-id:"), sid), 0,
+                  "a transcript that moved on was matched");
+    free(a.raw);
+    free(body);
+    json_decref(req);
+    cr_assert_eq(kvpd_stop(&d, 10000), 0);
+}
+
+Test(openai, a_stop_string_ends_the_reply_before_it)
+{
+    kvpd_proc d;
+    cr_assert_eq(kvpd_start(&d, NULL), 0);
+    /* Greedy stories260K: "Once upon a time" -> ", there was a little girl named Lily." */
+    answer a = request(&d, "POST", "/v1/chat/completions", NULL,
+                       USER("Once upon a time") ",\"max_tokens\":30,\"stop\":[\"zzz\",\"Lily\"]}");
+    json_t *j = json_loads(a.body, 0, NULL);
+    json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
+    cr_assert_str_eq(json_string_value(json_object_get(json_object_get(ch, "message"), "content")),
+                     ", there was a little girl named ", "%s", a.body);
+    cr_assert_str_eq(json_string_value(json_object_get(ch, "finish_reason")), "stop");
+    json_decref(j);
+    free(a.raw);
+    a = request(&d, "POST", "/v1/chat/completions", NULL,
+                USER("Once upon a time") ",\"max_tokens\":30,\"stop\":\"Lily\",\"stream\":true}");
+    char reply[2048];
+    const char *finish;
+    json_decref(parse_stream(a.body, reply, sizeof reply, &finish));
+    cr_assert_str_eq(reply, ", there was a little girl named ");
+    cr_assert_str_eq(finish, "stop");
+    free(a.raw);
+    cr_assert_eq(kvpd_stop(&d, 10000), 0);
+}
+
+static double metric(const kvpd_proc *p, const char *name)
+{
+    char *text = NULL;
+    cr_assert_eq(h_get(p, "/metrics", NULL, &text), 200);
+    double v = h_metric(text, name);
+    free(text);
+    return v;
+}
+
+Test(openai, a_client_leaving_mid_stream_cancels_its_turn)
+{
+    kvpd_proc d;
+    cr_assert_eq(kvpd_start(&d, "--max-tokens 100000 --budget 0"), 0);
+    int fd = dial(&d);
+    const char *body = USER("Once upon a time") ",\"max_tokens\":100000,\"stream\":true}";
+    send_request(fd, "POST", "/v1/chat/completions", NULL, body, strlen(body));
+    char buf[4096];
+    size_t got = 0;
+    while (!strstr(buf, "\"content\":\",") && got < sizeof buf - 1) {
+        ssize_t n = recv(fd, buf + got, sizeof buf - 1 - got, 0);
+        cr_assert_gt(n, 0);
+        got += (size_t)n;
+        buf[got] = '\0';
+    }
+    cr_assert_eq(metric(&d, "kvpd_turns_cancelled_total"), 0);
+    close(fd);
+    double cancelled = 0;
+    for (int i = 0; i < 100 && cancelled < 1; i++) {
+        usleep(50000);
+        cancelled = metric(&d, "kvpd_turns_cancelled_total");
+    }
+    cr_assert_eq(cancelled, 1, "the turn was not cancelled");
+    cr_assert_eq(kvpd_stop(&d, 10000), 0);
+}
+
+Test(openai, a_reader_taking_one_byte_at_a_time_gets_the_whole_stream)
+{
+    kvpd_proc d;
+    cr_assert_eq(kvpd_start(&d, NULL), 0);
+    int fd = dial(&d);
+    int small = 1024;
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+    const char *body = USER("Once upon a time") ",\"max_tokens\":64,\"stream\":true,"
+                       "\"stream_options\":{\"include_usage\":true}}";
+    send_request(fd, "POST", "/v1/chat/completions", NULL, body, strlen(body));
+    usleep(300000);   /* the daemon fills the socket and waits */
+    /* Meanwhile other requests are served. */
+    answer other = request(&d, "GET", "/v1/models", NULL, "");
+    cr_assert_eq(other.status, 200);
+    free(other.raw);
+    size_t cap = 1 << 20, n = 0;
+    char *raw = malloc(cap);
+    for (;;) {
+        struct pollfd pf = {fd, POLLIN, 0};
+        cr_assert_gt(poll(&pf, 1, 20000), 0, "the stream stalled");
+        ssize_t r = recv(fd, raw + n, 1, 0);
+        if (r <= 0)
+            break;
+        n++;
+        if (n % 512 == 0)
+            usleep(2000);
+    }
+    raw[n] = '\0';
+    close(fd);
+    char *b = strstr(raw, "\r\n\r\n");
+    cr_assert(b);
+    char reply[4096];
+    const char *finish;
+    json_t *u = parse_stream(b + 4, reply, sizeof reply, &finish);
+    cr_assert_eq(json_integer_value(json_object_get(u, "completion_tokens")), 64);
+    json_decref(u);
+    free(raw);
+    cr_assert_eq(kvpd_stop(&d, 10000), 0);
+}
+
+Test(openai, thirty_two_concurrent_streams_all_finish)
+{
+    kvpd_proc d;
+    cr_assert_eq(kvpd_start(&d, NULL), 0);
+    int fds[32];
+    char body[256];
+    for (int i = 0; i < 32; i++) {
+        fds[i] = dial(&d);
+        snprintf(body, sizeof body, USER("Story number %d") ",\"max_tokens\":16,\"stream\":true,"
+                 "\"stream_options\":{\"include_usage\":true}}", i);
+        send_request(fds[i], "POST", "/v1/chat/completions", NULL, body, strlen(body));
+    }
+    char sids[32][40];
+    for (int i = 0; i < 32; i++) {
+        answer a = {0};
+        a.raw = read_all(fds[i], 60000, NULL);
+        close(fds[i]);
+        sscanf(a.raw, "HTTP/1.1 %d", &a.status);
+        cr_assert_eq(a.status, 200, "stream %d: %.300s", i, a.raw);
+        a.body = strstr(a.raw, "\r\n\r\n") + 4;
+        snprintf(sids[i], sizeof sids[i], "%s", header(&a, "x-session-id:"));
+        for (int k = 0; k < i; k++)
+            cr_assert_str_neq(sids[i], sids[k], "two requests shared a session");
+        char reply[2048];
+        const char *finish;
+        json_t *u = parse_stream(a.body, reply, sizeof reply, &finish);
+        cr_assert_eq(json_integer_value(json_object_get(u, "completion_tokens")), 16);
+        json_decref(u);
+        free(a.raw);
+    }
+    cr_assert_eq(kvpd_stop(&d, 10000), 0);
+}
+
+Test(openai, overloaded_is_429_with_retry_after)
+{
+    kvpd_proc d;
+    cr_assert_eq(kvpd_start(&d, "--max-sessions 1 --max-tokens 100000 --budget 0"), 0);
+    int fd = dial(&d);
+    const char *body = USER("Once upon a time") ",\"max_tokens\":100000,\"stream\":true}";
+    send_request(fd, "POST", "/v1/chat/completions", NULL, body, strlen(body));
+    char buf[512];
+    cr_assert_gt(recv(fd, buf, sizeof buf, 0), 0);   /* its turn runs */
+    answer a = request(&d, "POST", "/v1/chat/completions", NULL, USER("Another story") "}");
+    cr_assert_eq(a.status, 429, "%s", a.raw);
+    cr_assert_geq(atoi(header(&a, "retry-after:")), 1, "%s", a.raw);
+    cr_assert(strstr(a.body, "rate_limit_error"), "%s", a.body);
+    free(a.raw);
+    close(fd);
+    cr_assert_eq(kvpd_stop(&d, 10000), 0);
+}

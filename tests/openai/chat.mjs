@@ -1,0 +1,161 @@
+// The official `openai` SDK (pinned in package.json) against kvpd's OpenAI-compatible API:
+// starts $KVP_BUILD/daemon/kvpd on stories260K with an api_key, lists the model, and
+// holds a three-turn conversation, streaming and not, as any OpenAI client would (the
+// whole history in every request). Checks that replies arrive, usage adds up,
+// cached_tokens grows turn by turn and the daemon prefilled only each turn's new tokens;
+// and that the SDK sees kvpd's errors as its own error classes. Exits non-zero on any
+// failure, including a missing SDK (scripts/setup.sh runs npm ci here).
+//
+//   KVP_BUILD=build node tests/openai/chat.mjs      (meson test --suite openai runs it)
+import { spawn } from "node:child_process";
+import { dirname, join, resolve } from "node:path";
+import { fileURLToPath } from "node:url";
+
+const here = dirname(fileURLToPath(import.meta.url));
+const source = resolve(process.env.KVP_SOURCE || join(here, "..", ".."));
+const build = resolve(process.env.KVP_BUILD || join(source, "build"));
+const shared = resolve(process.env.KVP_SHARED || join(source, "..", "shared"));
+const KEY = "sdk-test-key";
+
+function check(cond, msg) {
+  if (!cond) throw new Error(`FAIL: ${msg}`);
+  console.log(`openai: ok: ${msg}`);
+}
+
+let OpenAI;
+try {
+  ({ default: OpenAI } = await import("openai"));
+} catch (e) {
+  console.error(`openai: the SDK is not installed in tests/openai (run scripts/setup.sh, or npm ci there): ${e.message}`);
+  process.exit(1);
+}
+
+async function startKvpd() {
+  const args = [
+    "--listen", "127.0.0.1:0",
+    "--model", join(shared, "models", "stories260K.bin"),
+    "--tokenizer", join(shared, "models", "tok512.bin"),
+    "--workers", "2", "--budget", "64", "--chunk", "16",
+    "--temperature", "0", "--max-tokens", "64", "--api-key", KEY,
+  ];
+  const proc = spawn(join(build, "daemon", "kvpd"), args, { stdio: ["ignore", "ignore", "pipe"] });
+  let log = "";
+  const port = await new Promise((res, rej) => {
+    proc.stderr.on("data", (b) => {
+      log += b.toString();
+      const m = log.match(/listening on 127\.0\.0\.1:(\d+)/);
+      if (m) res(Number(m[1]));
+    });
+    proc.on("exit", (code) => rej(new Error(`kvpd exited (${code}) before listening:\n${log}`)));
+  });
+  for (let i = 0; i < 200; i++) {
+    try {
+      if ((await fetch(`http://127.0.0.1:${port}/healthz`)).status === 200) return { proc, port, log: () => log };
+    } catch {
+      // not up yet
+    }
+    await new Promise((r) => setTimeout(r, 25));
+  }
+  proc.kill("SIGKILL");
+  throw new Error(`kvpd did not become healthy:\n${log}`);
+}
+
+function checkUsage(u, what) {
+  check(u && u.total_tokens === u.prompt_tokens + u.completion_tokens,
+        `${what}: usage adds up (${u && u.prompt_tokens} + ${u && u.completion_tokens} = ${u && u.total_tokens})`);
+  check(u.prompt_tokens_details && Number.isInteger(u.prompt_tokens_details.cached_tokens),
+        `${what}: usage has prompt_tokens_details.cached_tokens`);
+}
+
+async function main() {
+  const k = await startKvpd();
+  try {
+    const client = new OpenAI({ baseURL: `http://127.0.0.1:${k.port}/v1`, apiKey: KEY, maxRetries: 0 });
+    const models = await client.models.list();
+    const model = models.data[0].id;
+    check(models.data.length === 1 && model, `models.list names the loaded model (${model})`);
+
+    const messages = [{ role: "user", content: "Once upon a time" }];
+    // Turn 1, not streamed.
+    const r1 = await client.chat.completions.create({ model, messages, max_tokens: 16 });
+    const a1 = r1.choices[0].message.content;
+    check(r1.object === "chat.completion" && a1.length > 0, `turn 1 replied: ${JSON.stringify(a1)}`);
+    check(r1.choices[0].finish_reason === "length", "turn 1 finish_reason is length");
+    checkUsage(r1.usage, "turn 1");
+    check(r1.usage.completion_tokens === 16, "turn 1 completion_tokens is max_tokens");
+    check(r1.usage.prompt_tokens_details.cached_tokens === 0, "turn 1: nothing was cached");
+    const sid = r1.session;
+    check(/^[0-9a-f]{32}$/.test(sid), "the answer names its session");
+
+    // Turn 2, streamed, with include_usage.
+    messages.push({ role: "assistant", content: a1 }, { role: "user", content: "The dog ran" });
+    const stream = await client.chat.completions.create({
+      model, messages, max_tokens: 12, stream: true, stream_options: { include_usage: true },
+    });
+    let a2 = "", roleFirst = null, finish = null, u2 = null, k2 = null, chunks = 0;
+    for await (const chunk of stream) {
+      if (chunks++ === 0) roleFirst = chunk.choices[0]?.delta?.role;
+      if (chunk.choices.length) {
+        a2 += chunk.choices[0].delta.content || "";
+        if (chunk.choices[0].finish_reason) finish = chunk.choices[0].finish_reason;
+      } else {
+        u2 = chunk.usage;
+        k2 = chunk.kvpd;
+      }
+    }
+    check(roleFirst === "assistant", "turn 2: the first chunk carries delta.role");
+    check(a2.length > 0 && finish === "length", `turn 2 streamed a reply: ${JSON.stringify(a2)}`);
+    checkUsage(u2, "turn 2");
+    const c2 = u2.prompt_tokens_details.cached_tokens;
+    const turn1 = r1.usage.prompt_tokens + r1.usage.completion_tokens;
+    check(c2 >= turn1 - 1, `turn 2: turn 1 was not recomputed (cached ${c2} of ${turn1})`);
+    check(k2 && k2.session === sid, "turn 2 continued turn 1's session");
+    const new2 = u2.prompt_tokens - turn1;   // "The dog ran" in tokens
+    check(k2.prefilled_tokens === u2.prompt_tokens - c2 && k2.prefilled_tokens <= new2 + 1,
+          `turn 2: the daemon prefilled only the new tokens (${k2.prefilled_tokens}; new ${new2}, plus turn 1's last sampled token)`);
+
+    // Turn 3, not streamed: cached_tokens grows again.
+    messages.push({ role: "assistant", content: a2 }, { role: "user", content: "She was happy" });
+    const r3 = await client.chat.completions.create({ model, messages, max_completion_tokens: 8 });
+    checkUsage(r3.usage, "turn 3");
+    const c3 = r3.usage.prompt_tokens_details.cached_tokens;
+    check(c3 > c2, `turn 3: cached_tokens grew (${c2} -> ${c3})`);
+    check(r3.session === sid && r3.kvpd.prefilled_tokens === r3.usage.prompt_tokens - c3 &&
+          r3.kvpd.prefilled_tokens <= r3.usage.prompt_tokens - (u2.prompt_tokens + u2.completion_tokens) + 1,
+          `turn 3: the same session, only the new tokens prefilled (${r3.kvpd.prefilled_tokens})`);
+
+    // The same history under another reply is another conversation, prefilled whole.
+    const other = messages.slice(0, 3).concat([{ role: "assistant", content: "Nothing happened." },
+                                               { role: "user", content: "Why?" }]);
+    const r4 = await client.chat.completions.create({ model, messages: other, max_tokens: 4 });
+    check(r4.session !== sid && r4.usage.prompt_tokens_details.cached_tokens === 0 &&
+          r4.kvpd.prefilled_tokens === r4.usage.prompt_tokens,
+          "a history the daemon never saw is a new conversation, prefilled whole");
+
+    // kvpd's errors are the SDK's error classes.
+    const expectError = async (klass, status, body, opts = client) => {
+      try {
+        await opts.chat.completions.create(body);
+      } catch (e) {
+        check(e instanceof klass && e.status === status, `${klass.name} ${status}: ${e.message}`);
+        return;
+      }
+      throw new Error(`FAIL: no ${klass.name} for ${JSON.stringify(body)}`);
+    };
+    await expectError(OpenAI.NotFoundError, 404, { model: "gpt-4o", messages });
+    await expectError(OpenAI.BadRequestError, 400, { model, messages, n: 2 });
+    await expectError(OpenAI.BadRequestError, 400, { model, messages, tools: [{ type: "function", function: { name: "f" } }] });
+    const wrong = new OpenAI({ baseURL: `http://127.0.0.1:${k.port}/v1`, apiKey: "wrong", maxRetries: 0 });
+    await expectError(OpenAI.AuthenticationError, 401, { model, messages }, wrong);
+  } finally {
+    const exited = new Promise((res) => k.proc.on("exit", (code) => res(code)));
+    k.proc.kill("SIGTERM");
+    const code = await exited;
+    check(code === 0, `kvpd exited 0 on SIGTERM (${code})`);
+  }
+}
+
+main().then(() => console.log("openai: all passed"), (e) => {
+  console.error(`openai: ${e.stack || e}`);
+  process.exit(1);
+});

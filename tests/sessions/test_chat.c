@@ -1,0 +1,151 @@
+/* kvp_hub_chat: stateless requests that carry the whole conversation find the session
+ * whose transcript they extend (only the new message is prefilled), or start one seeded
+ * with their history; busy sessions are not matched; per-turn top_p and seed. */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tests/sessions/hubtest.h"
+
+static ht_hub g;
+
+TestSuite(chat, .timeout = 120);
+
+static kvp_message msg(int user, const char *text)
+{
+    kvp_message m = {user, (char *)text, strlen(text)};
+    return m;
+}
+
+/* Sends msgs on a fresh client; waits for done; returns its index (the session event is
+ * the client's first). */
+static int chat(ht_client *c, const char *id, const kvp_message *msgs, int n,
+                const kvp_turn_opts *o)
+{
+    ht_client_new(&g, c);
+    kvp_hub_chat(c->c, id, msgs, n, o);
+    cr_assert_geq(c->n, 1);
+    cr_assert_eq(c->ev[0].type, KVP_HUB_SESSION, "%s", c->ev[0].text ? c->ev[0].text : "");
+    return ht_wait(&g, c, 1, KVP_HUB_DONE, 60);
+}
+
+/* The request is over: the client lets go of its session (its events stay readable). */
+static void end(ht_client *c)
+{
+    kvp_hub_close(c->c);
+    c->c = NULL;
+}
+
+/* Clients are large (their event logs): static, freed at the end of each test. */
+static ht_client a, b, c, d, e, x;
+
+static void finish(void)
+{
+    ht_client *all[] = {&a, &b, &c, &d, &e, &x};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        ht_client_free(all[i]);
+    ht_stop(&g);
+}
+
+Test(chat, a_request_that_extends_a_transcript_continues_it)
+{
+    ht_start(&g, NULL, "streaming");
+    kvp_turn_opts o = {.max_tokens = 12};
+    kvp_message m[3] = {msg(1, "Once upon a time")};
+    int i = chat(&a, NULL, m, 1, &o);
+    const kvp_turn_stats *s1 = &a.ev[i].stats;
+    cr_assert_eq(a.ev[0].resumed, 0);
+    cr_assert_eq(s1->cached_tokens, 0);
+    cr_assert_eq(s1->prefilled_tokens, s1->context_tokens);
+    cr_assert_gt(s1->context_tokens, 0);
+    end(&a);   /* a's request is over: the session is free */
+
+    m[1] = msg(0, a.ev[i].text);
+    m[2] = msg(1, "The cat sat");
+    int j = chat(&b, NULL, m, 3, &o);
+    const kvp_turn_stats *s2 = &b.ev[j].stats;
+    cr_assert_eq(b.ev[0].resumed, 1, "the conversation was not found");
+    cr_assert_str_eq(b.ev[0].id, a.ev[0].id);
+    cr_assert_geq(s2->cached_tokens, s1->transcript_tokens - 1,
+                  "the earlier turns were recomputed");
+    cr_assert_eq(s2->context_tokens, s2->cached_tokens + s2->prefilled_tokens);
+    cr_assert_lt(s2->prefilled_tokens, 10, "more than the new message was prefilled");
+    end(&b);
+
+    /* The same first message with another reply is another conversation: prefilled whole. */
+    m[1] = msg(0, "a reply the model never gave");
+    int f = chat(&x, NULL, m, 3, &o);
+    cr_assert_eq(x.ev[0].resumed, 0);
+    cr_assert_str_neq(x.ev[0].id, a.ev[0].id);
+    cr_assert_eq(x.ev[f].stats.cached_tokens, 0);
+    cr_assert_eq(x.ev[f].stats.prefilled_tokens, x.ev[f].stats.context_tokens);
+    cr_assert_gt(x.ev[f].stats.context_tokens, s2->prefilled_tokens + s1->context_tokens,
+                 "the seeded history was not prefilled");
+    end(&x);
+    finish();
+}
+
+Test(chat, a_busy_session_is_not_matched_and_a_named_one_is_preferred)
+{
+    ht_start(&g, NULL, "streaming");
+    kvp_turn_opts o = {.max_tokens = 6};
+    kvp_message m[3] = {msg(1, "A dog ran")};
+    int i = chat(&a, NULL, m, 1, &o);
+    end(&a);
+    m[1] = msg(0, a.ev[i].text);
+    m[2] = msg(1, "Then it rained");
+    /* b's turn runs long on the session; c with the same history gets a new one. */
+    kvp_turn_opts longer = {.max_tokens = 200};
+    ht_client_new(&g, &b);
+    kvp_hub_chat(b.c, NULL, m, 3, &longer);
+    cr_assert_eq(b.ev[0].resumed, 1);
+    int j = chat(&c, NULL, m, 3, &o);
+    cr_assert_eq(c.ev[0].resumed, 0, "a busy session was matched");
+    cr_assert_str_neq(c.ev[0].id, a.ev[0].id);
+    cr_assert_eq(c.ev[j].stats.cached_tokens, 0);
+    ht_wait(&g, &b, 1, KVP_HUB_DONE, 60);
+    end(&b);
+    end(&c);
+
+    /* Two sessions hold the same history; the named one (the newer) is continued. */
+    kvp_message one[3] = {msg(1, "Hello")};
+    int i1 = chat(&d, NULL, one, 1, &o);
+    end(&d);
+    int i2 = chat(&e, NULL, one, 1, &o);
+    end(&e);
+    cr_assert_str_eq(d.ev[i1].text, e.ev[i2].text, "greedy replies differ");
+    one[1] = msg(0, d.ev[i1].text);
+    one[2] = msg(1, "again");
+    ht_client_free(&x);
+    chat(&x, e.ev[0].id, one, 3, &o);
+    cr_assert_eq(x.ev[0].resumed, 1);
+    cr_assert_str_eq(x.ev[0].id, e.ev[0].id, "the named session was not preferred");
+    end(&x);
+    finish();
+}
+
+/* A seed reproduces a sampled reply; top_p near 0 is greedy whatever the temperature. */
+Test(chat, seed_and_top_p_apply_to_the_turn)
+{
+    ht_start(&g, NULL, "streaming");
+    kvp_message m[1] = {msg(1, "Once upon a time")};
+    kvp_turn_opts seeded = {.max_tokens = 16, .has_temperature = 1, .temperature = 1.5f,
+                            .has_seed = 1, .seed = 42};
+    kvp_turn_opts other = seeded;
+    other.seed = 43;
+    kvp_turn_opts greedy = {.max_tokens = 16};
+    kvp_turn_opts narrow = {.max_tokens = 16, .has_temperature = 1, .temperature = 1.5f,
+                            .has_top_p = 1, .top_p = 1e-6f};
+    int ia = chat(&a, NULL, m, 1, &seeded), ib = chat(&b, NULL, m, 1, &seeded);
+    int ic = chat(&c, NULL, m, 1, &other);
+    int id = chat(&d, NULL, m, 1, &greedy), ie = chat(&e, NULL, m, 1, &narrow);
+    cr_assert_str_eq(a.ev[ia].text, b.ev[ib].text, "the same seed drew another reply");
+    cr_assert_str_neq(a.ev[ia].text, c.ev[ic].text, "the seed was not used");
+    cr_assert_str_eq(d.ev[id].text, e.ev[ie].text, "top_p was not applied");
+    end(&a);
+    end(&b);
+    end(&c);
+    end(&d);
+    end(&e);
+    finish();
+}

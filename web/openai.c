@@ -1,0 +1,842 @@
+/* The OpenAI-compatible API (docs/openai.md): GET /v1/models and POST
+ * /v1/chat/completions, streamed as Server-Sent Events or answered whole. Transport only:
+ * a request's messages go to kvp_hub_chat, which finds the conversation they extend. */
+#include <errno.h>
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/log.h"
+#include "web/conn.h"
+
+#define MAX_STOPS 4
+
+typedef struct kvpd_oai {
+    char *body;                   /* the POST body, bounded by max_body_bytes */
+    size_t body_len, body_cap;
+    int body_too_large;
+    kvp_hub_client *client;       /* while the turn runs */
+    int stream, include_usage;
+    char *stops[MAX_STOPS];
+    int n_stops;
+    size_t stop_hold;             /* longest stop string - 1: text held back while streaming */
+    char *reply;                  /* the reply so far (stop strings are looked for in it) */
+    size_t reply_len, reply_cap, sent;   /* sent: bytes of reply already streamed */
+    int stopped;                  /* a stop string ended the reply: the turn was cancelled */
+    int ended;                    /* the answer is complete: nothing more gets queued */
+    int started;                  /* streaming: the 200 headers and the role chunk are queued */
+    int headers_sent;
+    int status;                   /* of the answer (200 or an error's) */
+    int retry_after_s;            /* > 0: a Retry-After header */
+    int close;                    /* close after the answer (streams, unread bodies) */
+    uint64_t queued_bytes;        /* the whole body when not streaming */
+    char session[KVP_SESSION_ID_LEN + 1];
+    char id[64];                  /* chatcmpl-... */
+    long created;
+    char model[128];
+} kvpd_oai;
+
+/* ---- answers ---- */
+
+static const char *error_type(int status)
+{
+    switch (status) {
+    case 401: return "authentication_error";
+    case 404: return "not_found_error";
+    case 413: return "invalid_request_error";
+    case 429: return "rate_limit_error";
+    case 503: return "service_unavailable";
+    default: return status >= 500 ? "server_error" : "invalid_request_error";
+    }
+}
+
+/* Queues a body frame (the headers go first, on the writeable callback). */
+static void queue(kvpd_conn *c, const char *text, size_t len)
+{
+    kvpd_oai *o = c->oai;
+    if (kvpd_conn_queue(c, text, len) < 0) {
+        kvpd_log("warning", "out of memory for an API answer; closing the connection");
+        lws_set_timeout(c->wsi, PENDING_TIMEOUT_USER_OK, LWS_TO_KILL_ASYNC);
+        return;
+    }
+    o->queued_bytes += len;
+}
+
+/* The whole answer: a JSON body with a status. */
+static void answer(kvpd_conn *c, int status, json_t *j)
+{
+    kvpd_oai *o = c->oai;
+    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    o->status = s ? status : 500;
+    o->ended = 1;
+    const char *fallback = "{\"error\":{\"message\":\"the server could not build its answer\","
+                           "\"type\":\"server_error\",\"param\":null,\"code\":null}}";
+    queue(c, s ? s : fallback, strlen(s ? s : fallback));
+    free(s);
+}
+
+/* OpenAI's error shape. param and code may be NULL. */
+static void fail(kvpd_conn *c, int status, const char *param, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static void fail(kvpd_conn *c, int status, const char *param, const char *code, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    c->w->metrics->errors[kvpd_err_kind_of(status == 413 ? KVPD_E_TOO_LARGE
+                                           : status == 429 || status == 503 ? KVPD_E_OVERLOADED
+                                           : status >= 500 ? KVPD_E_INTERNAL
+                                           : KVPD_E_BAD_REQUEST)]++;
+    answer(c, status, json_pack("{s:{s:s, s:s, s:s?, s:s?}}", "error", "message", msg,
+                                "type", error_type(status), "param", param, "code", code));
+}
+
+static json_t *usage(const kvp_turn_stats *st)
+{
+    return json_pack("{s:i, s:i, s:i, s:{s:i}}", "prompt_tokens", st->context_tokens,
+                     "completion_tokens", st->generated_tokens, "total_tokens",
+                     st->context_tokens + st->generated_tokens, "prompt_tokens_details",
+                     "cached_tokens", st->cached_tokens);
+}
+
+/* kvpd's own figures beside OpenAI's: what this turn cost the daemon. */
+static json_t *kvpd_stats(const kvpd_oai *o, const kvp_turn_stats *st)
+{
+    return json_pack("{s:s, s:i, s:i, s:i, s:I}", "session", o->session, "prefilled_tokens",
+                     st->prefilled_tokens, "transcript_tokens", st->transcript_tokens,
+                     "cache_rows", st->cache_rows, "evicted_rows", (json_int_t)st->evicted_rows);
+}
+
+static const char *finish_reason(const kvpd_oai *o, const kvp_turn_stats *st)
+{
+    return !o->stopped && !strcmp(st->stop, "length") ? "length" : "stop";
+}
+
+/* One SSE event. */
+static void sse(kvpd_conn *c, json_t *j)
+{
+    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    if (!s) {
+        kvpd_log("warning", "could not build a stream chunk");
+        return;
+    }
+    size_t n = strlen(s);
+    char *frame = malloc(n + 9);
+    if (frame) {
+        memcpy(frame, "data: ", 6);
+        memcpy(frame + 6, s, n);
+        memcpy(frame + 6 + n, "\n\n", 3);
+        queue(c, frame, n + 8);
+    }
+    free(frame);
+    free(s);
+}
+
+static json_t *chunk(const kvpd_oai *o, json_t *choices)
+{
+    return json_pack("{s:s, s:s, s:I, s:s, s:o}", "id", o->id, "object",
+                     "chat.completion.chunk", "created", (json_int_t)o->created, "model",
+                     o->model, "choices", choices);
+}
+
+static void stream_start(kvpd_conn *c)
+{
+    kvpd_oai *o = c->oai;
+    if (o->started)
+        return;
+    o->started = 1;
+    o->status = 200;
+    sse(c, chunk(o, json_pack("[{s:i, s:{s:s, s:s}, s:n}]", "index", 0, "delta", "role",
+                              "assistant", "content", "", "finish_reason")));
+}
+
+static void stream_text(kvpd_conn *c, const char *text, size_t len)
+{
+    kvpd_oai *o = c->oai;
+    if (!len)
+        return;
+    json_t *delta = json_object();
+    json_object_set_new(delta, "content", json_stringn(text, len));
+    sse(c, chunk(o, json_pack("[{s:i, s:o, s:n}]", "index", 0, "delta", delta,
+                              "finish_reason")));
+}
+
+/* ---- stop strings ---- */
+
+static int reply_append(kvpd_oai *o, const char *text, size_t len)
+{
+    if (o->reply_len + len + 1 > o->reply_cap) {
+        size_t cap = o->reply_cap ? o->reply_cap : 256;
+        while (cap < o->reply_len + len + 1)
+            cap *= 2;
+        char *r = realloc(o->reply, cap);
+        if (!r)
+            return -ENOMEM;
+        o->reply = r;
+        o->reply_cap = cap;
+    }
+    memcpy(o->reply + o->reply_len, text, len);
+    o->reply_len += len;
+    o->reply[o->reply_len] = '\0';
+    return 0;
+}
+
+/* The end of the reply's first stop string at or after `from`'s reach, or reply_len:
+ * sets stopped when one is found (the reply ends before it). */
+static size_t stop_at(kvpd_oai *o, size_t from)
+{
+    size_t cut = o->reply_len;
+    size_t start = from > o->stop_hold ? from - o->stop_hold : 0;
+    for (int i = 0; i < o->n_stops; i++) {
+        const char *hit = memmem(o->reply + start, o->reply_len - start, o->stops[i],
+                                 strlen(o->stops[i]));
+        if (hit && (size_t)(hit - o->reply) < cut) {
+            cut = (size_t)(hit - o->reply);
+            o->stopped = 1;
+        }
+    }
+    return cut;
+}
+
+/* How much of the reply may be streamed now: all but what could begin a stop string,
+ * cut back to a UTF-8 boundary. */
+static size_t streamable(const kvpd_oai *o)
+{
+    if (o->reply_len <= o->stop_hold)
+        return 0;
+    size_t n = o->reply_len - o->stop_hold;
+    while (n > 0 && n < o->reply_len && ((unsigned char)o->reply[n] & 0xC0) == 0x80)
+        n--;
+    return n;
+}
+
+/* ---- the hub's events ---- */
+
+static void finish_stream(kvpd_conn *c, const kvp_turn_stats *st)
+{
+    kvpd_oai *o = c->oai;
+    stream_start(c);
+    size_t end = o->stopped ? stop_at(o, 0) : o->reply_len;
+    if (end > o->sent)
+        stream_text(c, o->reply + o->sent, end - o->sent);
+    o->sent = end;
+    sse(c, chunk(o, json_pack("[{s:i, s:{}, s:s}]", "index", 0, "delta", "finish_reason",
+                              finish_reason(o, st))));
+    if (o->include_usage) {
+        json_t *j = chunk(o, json_array());
+        json_object_set_new(j, "usage", usage(st));
+        json_object_set_new(j, "kvpd", kvpd_stats(o, st));
+        sse(c, j);
+    }
+    queue(c, "data: [DONE]\n\n", 14);
+    o->ended = 1;
+}
+
+static void done(kvpd_conn *c, const kvp_hub_event *ev)
+{
+    kvpd_oai *o = c->oai;
+    const kvp_turn_stats *st = ev->stats;
+    if (!o->stopped) {   /* the done's reply is the whole text, whatever was streamed */
+        o->reply_len = 0;
+        if (reply_append(o, ev->text, ev->len) < 0) {
+            fail(c, 500, NULL, NULL, "out of memory");
+            return;
+        }
+        stop_at(o, 0);
+    }
+    if (o->stream) {
+        finish_stream(c, st);
+        return;
+    }
+    size_t end = o->stopped ? stop_at(o, 0) : o->reply_len;
+    json_t *msg = json_pack("{s:s, s:s%}", "role", "assistant", "content", o->reply, end);
+    json_t *j = json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:o, s:n, s:s}], s:o, s:s, s:o}",
+                          "id", o->id, "object", "chat.completion", "created",
+                          (json_int_t)o->created, "model", o->model, "choices", "index", 0,
+                          "message", msg, "logprobs", "finish_reason", finish_reason(o, st),
+                          "usage", usage(st), "session", o->session, "kvpd", kvpd_stats(o, st));
+    answer(c, 200, j);
+}
+
+static void token(kvpd_conn *c, const char *text, size_t len)
+{
+    kvpd_oai *o = c->oai;
+    if (reply_append(o, text, len) < 0) {
+        kvp_hub_cancel(o->client);
+        return;
+    }
+    if (o->n_stops) {
+        size_t cut = stop_at(o, o->reply_len - len);
+        if (o->stopped) {
+            /* The reply ends here: the turn stops at its next step (its partial reply
+             * stays in the session, as for any cancel). */
+            kvp_hub_cancel(o->client);
+            o->reply_len = cut;
+        }
+    }
+    if (!o->stream)
+        return;
+    stream_start(c);
+    size_t n = o->stopped ? o->reply_len : streamable(o);
+    if (n > o->sent) {
+        stream_text(c, o->reply + o->sent, n - o->sent);
+        o->sent = n;
+    }
+}
+
+static void hub_error(kvpd_conn *c, const kvp_hub_event *ev)
+{
+    kvpd_oai *o = c->oai;
+    int status = 500;
+    const char *code = ev->code;
+    if (!strcmp(code, KVPD_E_OVERLOADED) || !strcmp(code, KVPD_E_BUSY)) {
+        status = c->w->draining ? 503 : 429;
+        int ms = ev->retry_after_ms > 0 ? ev->retry_after_ms : kvp_hub_retry_hint_ms(c->w->hub);
+        o->retry_after_s = (ms + 999) / 1000;
+    } else if (!strcmp(code, KVPD_E_TOO_LARGE)) {
+        status = 400;
+        code = "context_length_exceeded";
+    } else if (!strcmp(code, KVPD_E_BAD_REQUEST) || !strcmp(code, KVPD_E_UNKNOWN_SESSION)) {
+        status = 400;
+    }
+    if (o->started) {   /* the stream's 200 is out: the error goes in the stream */
+        sse(c, json_pack("{s:{s:s%, s:s, s:n, s:s}}", "error", "message", ev->text, ev->len,
+                         "type", error_type(status), "param", "code", code));
+        queue(c, "data: [DONE]\n\n", 14);
+        o->ended = 1;
+        return;
+    }
+    char msg[512];
+    snprintf(msg, sizeof msg, "%.*s", (int)ev->len, ev->text);
+    fail(c, status, NULL, code, "%s", msg);
+}
+
+static void on_hub_event(void *ctx, const kvp_hub_event *ev)
+{
+    kvpd_conn *c = ctx;
+    kvpd_oai *o = c->oai;
+    if (!o || o->ended)
+        return;
+    switch (ev->type) {
+    case KVP_HUB_SESSION:
+        snprintf(o->session, sizeof o->session, "%s", ev->id);
+        snprintf(o->id, sizeof o->id, "chatcmpl-%.16s%d", ev->id, ev->turns);
+        break;
+    case KVP_HUB_TOKEN:
+        if (!o->stopped)
+            token(c, ev->text, ev->len);
+        break;
+    case KVP_HUB_DONE:
+        done(c, ev);
+        break;
+    case KVP_HUB_ERROR:
+        hub_error(c, ev);
+        break;
+    }
+}
+
+/* ---- the request ---- */
+
+/* A message's text: a string, or an array of {"type":"text","text":...} parts. */
+static int content_text(json_t *content, char **out, size_t *len)
+{
+    if (json_is_string(content)) {
+        *len = json_string_length(content);
+        *out = malloc(*len + 1);
+        if (!*out)
+            return -ENOMEM;
+        memcpy(*out, json_string_value(content), *len + 1);
+        return 0;
+    }
+    if (!json_is_array(content))
+        return -EINVAL;
+    size_t total = 0, i;
+    json_t *part;
+    json_array_foreach(content, i, part) {
+        json_t *text = json_object_get(part, "text");
+        if (!json_is_string(json_object_get(part, "type")) ||
+            strcmp(json_string_value(json_object_get(part, "type")), "text") ||
+            !json_is_string(text))
+            return -EINVAL;
+        total += json_string_length(text);
+    }
+    *out = malloc(total + 1);
+    if (!*out)
+        return -ENOMEM;
+    *len = 0;
+    json_array_foreach(content, i, part) {
+        json_t *text = json_object_get(part, "text");
+        memcpy(*out + *len, json_string_value(text), json_string_length(text));
+        *len += json_string_length(text);
+    }
+    (*out)[*len] = '\0';
+    return 0;
+}
+
+static void free_messages(kvp_message *m, int n)
+{
+    for (int i = 0; i < n; i++)
+        free(m[i].text);
+    free(m);
+}
+
+/* The request's messages as the hub's: system (and developer) messages are folded into
+ * the user message that follows them. Returns the count, or -1 after answering. */
+static int messages(kvpd_conn *c, json_t *arr, kvp_message **out)
+{
+    size_t n = json_array_size(arr);
+    if (!json_is_array(arr) || n == 0) {
+        fail(c, 400, "messages", NULL, "messages must be a non-empty array");
+        return -1;
+    }
+    kvp_message *m = calloc(n, sizeof *m);
+    char *pending = NULL;   /* system text waiting for its user message */
+    size_t pending_len = 0;
+    int k = 0;
+    char param[48];
+    for (size_t i = 0; m && i < n; i++) {
+        json_t *msg = json_array_get(arr, i);
+        const char *role = json_string_value(json_object_get(msg, "role"));
+        snprintf(param, sizeof param, "messages[%zu].role", i);
+        int system = role && (!strcmp(role, "system") || !strcmp(role, "developer"));
+        if (!role || (!system && strcmp(role, "user") && strcmp(role, "assistant"))) {
+            fail(c, 400, param, NULL, "%s must be system, user or assistant (tool messages are "
+                 "not supported)", param);
+            goto bad;
+        }
+        char *text;
+        size_t len;
+        int rc = content_text(json_object_get(msg, "content"), &text, &len);
+        snprintf(param, sizeof param, "messages[%zu].content", i);
+        if (rc == -ENOMEM)
+            goto oom;
+        if (rc < 0) {
+            fail(c, 400, param, NULL, "%s must be a string or an array of text parts", param);
+            goto bad;
+        }
+        if (system) {
+            char *p = realloc(pending, pending_len + len + 3);
+            if (!p) {
+                free(text);
+                goto oom;
+            }
+            pending = p;
+            memcpy(pending + pending_len, text, len);
+            pending_len += len;
+            memcpy(pending + pending_len, "\n\n", 3);
+            pending_len += 2;
+            free(text);
+            continue;
+        }
+        int user = !strcmp(role, "user");
+        if (user && pending) {
+            char *p = realloc(pending, pending_len + len + 1);
+            if (!p) {
+                free(text);
+                goto oom;
+            }
+            memcpy(p + pending_len, text, len + 1);
+            free(text);
+            text = p;
+            len += pending_len;
+            pending = NULL;
+            pending_len = 0;
+        }
+        m[k++] = (kvp_message){user, text, len};
+    }
+    if (!m)
+        goto oom;
+    if (k == 0 || !m[k - 1].user || pending) {
+        fail(c, 400, "messages", NULL, "the last message must be the user's");
+        goto bad;
+    }
+    *out = m;
+    return k;
+oom:
+    fail(c, 500, NULL, NULL, "out of memory");
+bad:
+    free(pending);
+    if (m)
+        free_messages(m, k);
+    return -1;
+}
+
+static int is_session_id(const char *s)
+{
+    if (strlen(s) != KVP_SESSION_ID_LEN)
+        return 0;
+    for (; *s; s++)
+        if (!((*s >= '0' && *s <= '9') || (*s >= 'a' && *s <= 'f')))
+            return 0;
+    return 1;
+}
+
+/* Fields whose meaning kvpd cannot honour: the first one present, or NULL. */
+static const char *unsupported(json_t *req)
+{
+    static const char *absent[] = {"tools", "functions", "tool_choice", "function_call",
+                                   "top_logprobs", "audio", "prediction"};
+    for (size_t i = 0; i < sizeof absent / sizeof absent[0]; i++) {
+        json_t *v = json_object_get(req, absent[i]);
+        if (v && !json_is_null(v) && !(json_is_array(v) && json_array_size(v) == 0))
+            return absent[i];
+    }
+    if (json_is_true(json_object_get(req, "logprobs")))
+        return "logprobs";
+    json_t *rf = json_object_get(req, "response_format");
+    if (rf && !json_is_null(rf)) {
+        const char *type = json_string_value(json_object_get(rf, "type"));
+        if (!type || strcmp(type, "text"))
+            return "response_format";
+    }
+    json_t *mod = json_object_get(req, "modalities");
+    if (mod && !json_is_null(mod) && (json_array_size(mod) != 1 ||
+                                      !json_is_string(json_array_get(mod, 0)) ||
+                                      strcmp(json_string_value(json_array_get(mod, 0)), "text")))
+        return "modalities";
+    return NULL;
+}
+
+/* A number field in [lo, hi] (absent or null: *has 0). -1 after answering. */
+static int number(kvpd_conn *c, json_t *req, const char *name, double lo, double hi,
+                  int *has, double *out)
+{
+    json_t *v = json_object_get(req, name);
+    *has = 0;
+    if (!v || json_is_null(v))
+        return 0;
+    if (!json_is_number(v) || json_number_value(v) < lo || json_number_value(v) > hi) {
+        fail(c, 400, name, NULL, "%s must be a number from %g to %g", name, lo, hi);
+        return -1;
+    }
+    *has = 1;
+    *out = json_number_value(v);
+    return 0;
+}
+
+/* The turn's options and the answer's form from the request. -1 after answering. */
+static int options(kvpd_conn *c, json_t *req, kvp_turn_opts *t)
+{
+    kvpd_oai *o = c->oai;
+    memset(t, 0, sizeof *t);
+    const char *field = unsupported(req);
+    if (field) {
+        fail(c, 400, field, "unsupported_parameter", "%s is not supported by kvpd", field);
+        return -1;
+    }
+    int has;
+    double v = 0;
+    json_t *n = json_object_get(req, "n");
+    if (n && !json_is_null(n) && !(json_is_integer(n) && json_integer_value(n) == 1)) {
+        fail(c, 400, "n", "unsupported_parameter", "n must be 1: kvpd answers with one choice");
+        return -1;
+    }
+    const char *caps[] = {"max_completion_tokens", "max_tokens"};
+    for (int i = 0; i < 2; i++) {
+        if (number(c, req, caps[i], 1, 1e9, &has, &v) < 0)
+            return -1;
+        if (has && v != (long)v) {
+            fail(c, 400, caps[i], NULL, "%s must be an integer", caps[i]);
+            return -1;
+        }
+        if (has && !t->max_tokens)   /* the newer name wins */
+            t->max_tokens = v > c->w->cfg->max_tokens ? c->w->cfg->max_tokens : (int)v;
+    }
+    if (number(c, req, "temperature", 0, 2, &t->has_temperature, &v) < 0)
+        return -1;
+    t->temperature = (float)v;
+    if (number(c, req, "top_p", 0, 1, &t->has_top_p, &v) < 0)
+        return -1;
+    t->top_p = (float)v;
+    json_t *seed = json_object_get(req, "seed");
+    if (seed && !json_is_null(seed)) {
+        if (!json_is_integer(seed)) {
+            fail(c, 400, "seed", NULL, "seed must be an integer");
+            return -1;
+        }
+        t->has_seed = 1;
+        t->seed = (uint64_t)json_integer_value(seed);
+    }
+    json_t *stop = json_object_get(req, "stop");
+    json_t *one = json_is_string(stop) ? json_array() : NULL;
+    if (one)
+        json_array_append(one, stop);
+    json_t *stops = one ? one : stop;
+    if (stops && !json_is_null(stops)) {
+        size_t i;
+        json_t *s;
+        int ok = json_is_array(stops) && json_array_size(stops) <= MAX_STOPS;
+        json_array_foreach(stops, i, s)
+            ok = ok && json_is_string(s) && json_string_length(s) > 0 &&
+                 json_string_length(s) <= 256;
+        if (!ok) {
+            json_decref(one);
+            fail(c, 400, "stop", NULL, "stop must be a string or up to 4 non-empty strings");
+            return -1;
+        }
+        json_array_foreach(stops, i, s) {
+            if (!(o->stops[o->n_stops] = strdup(json_string_value(s))))
+                break;
+            o->n_stops++;
+            if (json_string_length(s) - 1 > o->stop_hold)
+                o->stop_hold = json_string_length(s) - 1;
+        }
+        if (o->n_stops < (int)json_array_size(stops)) {
+            json_decref(one);
+            fail(c, 500, NULL, NULL, "out of memory");
+            return -1;
+        }
+    }
+    json_decref(one);
+    json_t *stream = json_object_get(req, "stream");
+    if (stream && !json_is_null(stream) && !json_is_boolean(stream)) {
+        fail(c, 400, "stream", NULL, "stream must be a boolean");
+        return -1;
+    }
+    o->stream = json_is_true(stream);
+    json_t *so = json_object_get(req, "stream_options");
+    o->include_usage = json_is_true(json_object_get(so, "include_usage"));
+    return 0;
+}
+
+static void chat_completions(kvpd_conn *c)
+{
+    kvpd_oai *o = c->oai;
+    kvpd_web *w = c->w;
+    json_error_t jerr;
+    json_t *req = json_loadb(o->body ? o->body : "", o->body_len, 0, &jerr);
+    if (!req) {
+        fail(c, 400, NULL, "invalid_json", "the body is not valid JSON: %s (at byte %d)",
+             jerr.text, jerr.position);
+        return;
+    }
+    kvp_message *msgs = NULL;
+    int n = -1;
+    kvp_turn_opts t;
+    if (!json_is_object(req)) {
+        fail(c, 400, NULL, "invalid_json", "the body must be a JSON object");
+        goto out;
+    }
+    json_t *model = json_object_get(req, "model");
+    if (model && !json_is_null(model) && (!json_is_string(model) ||
+                                          strcmp(json_string_value(model), o->model))) {
+        fail(c, 404, "model", "model_not_found", "the model '%s' does not exist; this "
+             "server has '%s'", json_is_string(model) ? json_string_value(model) : "?",
+             o->model);
+        goto out;
+    }
+    if (options(c, req, &t) < 0 || (n = messages(c, json_object_get(req, "messages"), &msgs)) < 0)
+        goto out;
+    char sid[KVP_SESSION_ID_LEN + 8] = "";
+    json_t *named = json_object_get(req, "session");
+    if (json_is_string(named))
+        snprintf(sid, sizeof sid, "%s", json_string_value(named));
+    else if (named && !json_is_null(named)) {
+        fail(c, 400, "session", NULL, "session must be a string");
+        goto out;
+    } else if (lws_hdr_custom_copy(c->wsi, sid, sizeof sid, "x-session-id:", 13) < 0)
+        sid[0] = '\0';
+    if (sid[0] && !is_session_id(sid)) {
+        fail(c, 400, "session", NULL, "a session id is 32 lowercase hex digits");
+        goto out;
+    }
+    if (!(o->client = kvp_hub_client_new(w->hub, on_hub_event, c))) {
+        fail(c, 500, NULL, NULL, "out of memory");
+        goto out;
+    }
+    o->close = o->stream;   /* a stream's end is the connection's */
+    kvp_hub_chat(o->client, sid, msgs, n, &t);
+out:
+    if (msgs)
+        free_messages(msgs, n);
+    json_decref(req);
+}
+
+static void models(kvpd_conn *c)
+{
+    kvpd_oai *o = c->oai;
+    answer(c, 200, json_pack("{s:s, s:[{s:s, s:s, s:I, s:s}]}", "object", "list", "data",
+                             "id", o->model, "object", "model", "created",
+                             (json_int_t)o->created, "owned_by", "kvpd"));
+}
+
+/* Routes the request once the whole of it (the body, for a POST) is in. */
+static void route(kvpd_conn *c, const char *uri, int post)
+{
+    kvpd_oai *o = c->oai;
+    kvpd_web *w = c->w;
+    if (w->cfg->api_key[0] && !kvpd_http_bearer_ok(c, w->cfg->api_key)) {
+        fail(c, 401, NULL, "invalid_api_key", "a valid API key is required "
+             "(Authorization: Bearer <api_key>)");
+        return;
+    }
+    int chat = !strcmp(uri, "/v1/chat/completions"), list = !strcmp(uri, "/v1/models");
+    if (!chat && !list) {
+        fail(c, 404, NULL, "unknown_url", "no such endpoint: %s", uri);
+        return;
+    }
+    if (chat != post) {
+        fail(c, 405, NULL, "method_not_allowed", "%s takes %s", uri, chat ? "POST" : "GET");
+        return;
+    }
+    if (w->draining || !w->hub) {
+        o->retry_after_s = 1;
+        fail(c, 503, NULL, NULL, w->draining ? "the server is shutting down"
+                                            : "the model is loading");
+        return;
+    }
+    kvp_hub_info hi;
+    kvp_hub_info_get(w->hub, &hi);
+    snprintf(o->model, sizeof o->model, "%s", hi.model_name);
+    if (list) {
+        models(c);
+        return;
+    }
+    if (o->body_too_large) {
+        o->close = 1;
+        fail(c, 413, NULL, "request_too_large", "request bodies are limited to %d bytes "
+             "(max_body_bytes)", w->cfg->max_body_bytes);
+        return;
+    }
+    chat_completions(c);
+}
+
+int kvpd_openai_request(kvpd_conn *c, const char *uri)
+{
+    kvpd_oai *o = calloc(1, sizeof *o);
+    if (!o)
+        return -1;
+    c->oai = o;
+    o->created = (long)time(NULL);
+    int post = lws_hdr_total_length(c->wsi, WSI_TOKEN_POST_URI) > 0;
+    if (post)   /* the body comes first; route() runs on its completion */
+        return 0;
+    route(c, uri, 0);
+    lws_callback_on_writable(c->wsi);
+    return 0;
+}
+
+int kvpd_openai_body(kvpd_conn *c, const void *in, size_t len)
+{
+    kvpd_oai *o = c->oai;
+    size_t max = (size_t)c->w->cfg->max_body_bytes;
+    if (len == 0)   /* lws reports an empty body as one empty piece */
+        return 0;
+    if (o->body_too_large || o->body_len + len > max) {
+        o->body_too_large = 1;   /* read and dropped; answered 413 at the end */
+        return 0;
+    }
+    if (o->body_len + len > o->body_cap) {
+        size_t cap = o->body_cap ? o->body_cap : 4096;
+        while (cap < o->body_len + len)
+            cap *= 2;
+        char *b = realloc(o->body, cap);
+        if (!b)
+            return -1;
+        o->body = b;
+        o->body_cap = cap;
+    }
+    memcpy(o->body + o->body_len, in, len);
+    o->body_len += len;
+    return 0;
+}
+
+int kvpd_openai_body_done(kvpd_conn *c)
+{
+    char uri[128];
+    if (lws_hdr_copy(c->wsi, uri, sizeof uri, WSI_TOKEN_POST_URI) <= 0)
+        snprintf(uri, sizeof uri, "?");
+    route(c, uri, 1);
+    free(c->oai->body);
+    c->oai->body = NULL;
+    lws_callback_on_writable(c->wsi);
+    return 0;
+}
+
+static int write_headers(kvpd_conn *c)
+{
+    kvpd_oai *o = c->oai;
+    const char *extra[9];
+    int k = 0;
+    char retry[16];
+    if (o->session[0]) {
+        extra[k++] = "x-session-id:";
+        extra[k++] = o->session;
+    }
+    if (o->retry_after_s > 0) {
+        snprintf(retry, sizeof retry, "%d", o->retry_after_s);
+        extra[k++] = "retry-after:";
+        extra[k++] = retry;
+    }
+    int stream = o->stream && o->status == 200;
+    if (o->close && !stream) {   /* lws says so itself for a body without a length */
+        extra[k++] = "connection:";
+        extra[k++] = "close";
+    }
+    if (o->status == 401) {
+        extra[k++] = "www-authenticate:";
+        extra[k++] = "Bearer realm=\"kvpd\"";
+    }
+    extra[k] = NULL;
+    o->headers_sent = 1;
+    return kvpd_http_headers(c, o->status, stream ? "text/event-stream" : "application/json",
+                             stream ? KVPD_HTTP_NO_LENGTH : o->queued_bytes, extra);
+}
+
+int kvpd_openai_writeable(kvpd_conn *c)
+{
+    kvpd_oai *o = c->oai;
+    if (!c->out_head)   /* nothing yet: a stream waits for its first token */
+        return 0;
+    if (!o->headers_sent) {
+        if (write_headers(c))
+            return -1;
+        lws_callback_on_writable(c->wsi);
+        return 0;
+    }
+    kvpd_frame *f = c->out_head;
+    c->out_head = f->next;
+    if (!c->out_head)
+        c->out_tail = NULL;
+    int last = !c->out_head && o->ended;
+    int stream = o->stream && o->status == 200;
+    int n = lws_write(c->wsi, f->buf + LWS_PRE, f->len,
+                      last && !stream ? LWS_WRITE_HTTP_FINAL : LWS_WRITE_HTTP);
+    free(f);
+    c->w->frames_pending--;
+    if (n < 0)
+        return -1;
+    if (!last) {
+        if (c->out_head)
+            lws_callback_on_writable(c->wsi);
+        return 0;
+    }
+    /* The answer is out: the request lets go of its session. */
+    int close = o->close;
+    kvpd_openai_closed(c);
+    if (close)
+        return -1;
+    return lws_http_transaction_completed(c->wsi) ? -1 : 0;
+}
+
+void kvpd_openai_closed(kvpd_conn *c)
+{
+    kvpd_oai *o = c ? c->oai : NULL;
+    if (!o)
+        return;
+    if (o->client)   /* a turn still running is cancelled; its partial reply stays */
+        kvp_hub_close(o->client);
+    for (int i = 0; i < o->n_stops; i++)
+        free(o->stops[i]);
+    free(o->reply);
+    free(o->body);
+    free(o);
+    c->oai = NULL;
+}
