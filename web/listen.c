@@ -7,6 +7,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -130,6 +132,12 @@ static void on_readable(uv_poll_t *h, int status, int events)
             refuse(l, fd);
             continue;
         }
+        /* Each token goes out as its own small frame: without TCP_NODELAY (which lws
+         * sets on the sockets it accepts itself) Nagle holds it until the client's
+         * delayed ACK, and tokens arrive in bursts about 40 ms apart. */
+        int one = 1;
+        if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) < 0 && errno != EOPNOTSUPP)
+            listener_log(l, strerror(errno));
         struct lws_vhost *vh = lws_get_vhost_by_name(w->lws, "default");
         if (!vh || !lws_adopt_socket_vhost(vh, fd))   /* lws closed fd on failure */
             listener_log(l, "lws could not adopt a connection");
