@@ -15,8 +15,6 @@
 #include "model/quant.h"
 #include "base/errors.h"
 
-#define ERR(...) kvp_errorf(err, errlen, -EINVAL, __VA_ARGS__)
-
 /* Sane upper bounds: far above any real llama, low enough that sizes cannot overflow. */
 #define MAX_DIM (1 << 16)
 #define MAX_HEAD_DIM 4096
@@ -29,32 +27,32 @@
 static int check_config(const kvp_model_config *c, const char *pfx, char *err, size_t errlen)
 {
     if (c->dim <= 0 || c->dim > MAX_DIM)
-        return ERR("%sembedding_length = %d: must be in [1, %d]", pfx, c->dim, MAX_DIM);
+        return KVP_ERR(-EINVAL, "%sembedding_length = %d: must be in [1, %d]", pfx, c->dim, MAX_DIM);
     if (c->hidden_dim <= 0 || c->hidden_dim > 4 * MAX_DIM)
-        return ERR("%sfeed_forward_length = %d: must be in [1, %d]", pfx, c->hidden_dim, 4 * MAX_DIM);
+        return KVP_ERR(-EINVAL, "%sfeed_forward_length = %d: must be in [1, %d]", pfx, c->hidden_dim, 4 * MAX_DIM);
     if (c->n_layers <= 0 || c->n_layers > MAX_LAYERS)
-        return ERR("%sblock_count = %d: must be in [1, %d]", pfx, c->n_layers, MAX_LAYERS);
+        return KVP_ERR(-EINVAL, "%sblock_count = %d: must be in [1, %d]", pfx, c->n_layers, MAX_LAYERS);
     if (c->n_heads <= 0 || c->n_heads > MAX_DIM)
-        return ERR("%sattention.head_count = %d: must be in [1, %d]", pfx, c->n_heads, MAX_DIM);
+        return KVP_ERR(-EINVAL, "%sattention.head_count = %d: must be in [1, %d]", pfx, c->n_heads, MAX_DIM);
     if (c->n_kv_heads <= 0 || c->n_heads % c->n_kv_heads)
-        return ERR("%sattention.head_count_kv = %d: must divide %sattention.head_count = %d",
+        return KVP_ERR(-EINVAL, "%sattention.head_count_kv = %d: must divide %sattention.head_count = %d",
                    pfx, c->n_kv_heads, pfx, c->n_heads);
     if (c->head_dim <= 0 || c->head_dim > MAX_HEAD_DIM || c->head_dim * c->n_heads > 4 * MAX_DIM)
-        return ERR("%sattention.key_length = %d: must be in [1, %d] with key_length x "
+        return KVP_ERR(-EINVAL, "%sattention.key_length = %d: must be in [1, %d] with key_length x "
                    "head_count (%d) at most %d", pfx, c->head_dim, MAX_HEAD_DIM, c->n_heads,
                    4 * MAX_DIM);
     if (c->rope.n_rot <= 0 || c->rope.n_rot % 2 || c->rope.n_rot > c->head_dim)
-        return ERR("%srope.dimension_count = %d: must be even and in [2, attention.key_length "
+        return KVP_ERR(-EINVAL, "%srope.dimension_count = %d: must be even and in [2, attention.key_length "
                    "= %d]", pfx, c->rope.n_rot, c->head_dim);
     if (!(c->rope.base > 0) || !isfinite(c->rope.base))
-        return ERR("%srope.freq_base = %g: must be a finite positive number", pfx, c->rope.base);
+        return KVP_ERR(-EINVAL, "%srope.freq_base = %g: must be a finite positive number", pfx, c->rope.base);
     if (!(c->rms_eps > 0) || !isfinite(c->rms_eps))
-        return ERR("%sattention.layer_norm_rms_epsilon = %g: must be a finite positive number",
+        return KVP_ERR(-EINVAL, "%sattention.layer_norm_rms_epsilon = %g: must be a finite positive number",
                    pfx, c->rms_eps);
     if (c->vocab_size <= 0 || c->vocab_size > MAX_VOCAB)
-        return ERR("%svocab_size = %d: must be in [1, %d]", pfx, c->vocab_size, MAX_VOCAB);
+        return KVP_ERR(-EINVAL, "%svocab_size = %d: must be in [1, %d]", pfx, c->vocab_size, MAX_VOCAB);
     if (c->seq_len <= 0 || c->seq_len > MAX_CTX)
-        return ERR("%scontext_length = %d: must be in [1, %d]", pfx, c->seq_len, MAX_CTX);
+        return KVP_ERR(-EINVAL, "%scontext_length = %d: must be in [1, %d]", pfx, c->seq_len, MAX_CTX);
     return 0;
 }
 
@@ -119,7 +117,7 @@ static int load_llama2c(kvp_model *m, const char *path, const char *tokenizer_pa
     if (rc)
         return rc;
     if (size < 7 * sizeof(int32_t))
-        return ERR("%s: too short for a llama2.c header (%zu bytes)", path, size);
+        return KVP_ERR(-EINVAL, "%s: too short for a llama2.c header (%zu bytes)", path, size);
     int32_t h[7];
     memcpy(h, m->map, sizeof h);
     kvp_model_config *c = &m->cfg;
@@ -138,7 +136,7 @@ static int load_llama2c(kvp_model *m, const char *path, const char *tokenizer_pa
     if ((rc = check_config(c, "", err, errlen))) {
         char msg[256];
         snprintf(msg, sizeof msg, "%s", err);
-        return ERR("%s: llama2.c header: %s", path, msg);
+        return KVP_ERR(-EINVAL, "%s: llama2.c header: %s", path, msg);
     }
 
     size_t d = (size_t)c->dim, L = (size_t)c->n_layers, hid = (size_t)c->hidden_dim;
@@ -146,7 +144,7 @@ static int load_llama2c(kvp_model *m, const char *path, const char *tokenizer_pa
     size_t need = (size_t)c->vocab_size * d + L * (2 * d + qd * d * 2 + kvd * d * 2 + 3 * hid * d) +
                   d + (size_t)c->seq_len * c->head_dim + (m->tied_output ? 0 : (size_t)c->vocab_size * d);
     if (need > (size - sizeof h) / sizeof(float))
-        return ERR("%s: truncated llama2.c checkpoint: the header needs %zu bytes of weights, "
+        return KVP_ERR(-EINVAL, "%s: truncated llama2.c checkpoint: the header needs %zu bytes of weights, "
                    "the file has %zu", path, need * sizeof(float), size - sizeof h);
 
     const float *p = (const float *)((const char *)m->map + sizeof h);
@@ -219,7 +217,7 @@ static int own_f32(kvp_model *m, const kvp_gguf_tensor *t, const float **out,
     m->owned = owned;
     m->owned[m->n_owned++] = buf;
     if (kvp_dequantize(t->type, t->data, buf, t->n_elements))
-        return ERR("tensor %.*s: cannot convert type %s", (int)t->name.len, t->name.ptr,
+        return KVP_ERR(-EINVAL, "tensor %.*s: cannot convert type %s", (int)t->name.len, t->name.ptr,
                    kvp_type_name(t->type));
     *out = buf;
     return 0;
@@ -231,12 +229,12 @@ static const kvp_gguf_tensor *find_shaped(const kvp_gguf *g, const char *name, u
 {
     const kvp_gguf_tensor *t = kvp_gguf_find_tensor(g, name);
     if (!t) {
-        ERR("missing tensor %s", name);
+        KVP_ERR(-EINVAL, "missing tensor %s", name);
         return NULL;
     }
     uint64_t e1 = t->n_dims > 1 ? t->ne[1] : 1;
     if (t->ne[0] != ne0 || e1 != ne1 || t->n_elements != ne0 * ne1) {
-        ERR("tensor %s has shape [%llu, %llu], expected [%llu, %llu]", name,
+        KVP_ERR(-EINVAL, "tensor %s has shape [%llu, %llu], expected [%llu, %llu]", name,
             (unsigned long long)t->ne[0], (unsigned long long)e1,
             (unsigned long long)ne0, (unsigned long long)ne1);
         return NULL;
@@ -288,9 +286,9 @@ static int get_int(const kvp_gguf *g, const char *arch, const char *suffix, int 
     if (rc == -ENOENT && !required)
         return 0;
     if (rc == -ENOENT)
-        return ERR("missing metadata %s", key);
+        return KVP_ERR(-EINVAL, "missing metadata %s", key);
     if (rc || v > INT32_MAX)
-        return ERR("metadata %s has a wrong type or value", key);
+        return KVP_ERR(-EINVAL, "metadata %s has a wrong type or value", key);
     *out = (int)v;
     return 0;
 }
@@ -302,7 +300,7 @@ static int get_float(const kvp_gguf *g, const char *arch, const char *suffix, fl
     snprintf(key, sizeof key, "%s.%s", arch, suffix);
     int rc = kvp_gguf_get_f32(g, key, out);
     if (rc && rc != -ENOENT)
-        return ERR("metadata %s has a wrong type or value", key);
+        return KVP_ERR(-EINVAL, "metadata %s has a wrong type or value", key);
     return 0;
 }
 
@@ -313,9 +311,9 @@ static int copy_chat_template(kvp_model *m, const kvp_gguf *g, char *err, size_t
     if (!kv)
         return 0;
     if (kv->type != KVP_GGUF_STRING)
-        return ERR("tokenizer.chat_template is not a string");
+        return KVP_ERR(-EINVAL, "tokenizer.chat_template is not a string");
     if (!(m->chat_template = malloc((size_t)kv->val.str.len + 1)))
-        return ERR("out of memory for tokenizer.chat_template");
+        return KVP_ERR(-EINVAL, "out of memory for tokenizer.chat_template");
     memcpy(m->chat_template, kv->val.str.ptr, (size_t)kv->val.str.len);
     m->chat_template[kv->val.str.len] = 0;
     return 0;
@@ -361,7 +359,7 @@ static int read_config(kvp_model *m, const kvp_gguf *g, const struct arch_desc *
     char key[96];
     snprintf(key, sizeof key, "%s.attention.key_length", n);
     if (!kvp_gguf_find(g, key) && c->n_heads > 0 && c->dim % c->n_heads)
-        return ERR("%s.attention.head_count = %d does not divide %s.embedding_length = %d "
+        return KVP_ERR(-EINVAL, "%s.attention.head_count = %d does not divide %s.embedding_length = %d "
                    "and %s is absent", n, c->n_heads, n, c->dim, key);
     c->head_dim = c->n_heads > 0 ? c->dim / c->n_heads : 0;
     if ((rc = get_int(g, n, "attention.key_length", &c->head_dim, 0, err, errlen)))
@@ -370,20 +368,20 @@ static int read_config(kvp_model *m, const kvp_gguf *g, const struct arch_desc *
     if ((rc = get_int(g, n, "attention.value_length", &v_dim, 0, err, errlen)))
         return rc;
     if (v_dim != c->head_dim)
-        return ERR("%s.attention.value_length = %d differs from attention.key_length = %d "
+        return KVP_ERR(-EINVAL, "%s.attention.value_length = %d differs from attention.key_length = %d "
                    "(unsupported)", n, v_dim, c->head_dim);
     c->rope.n_rot = c->head_dim;
     if ((rc = get_int(g, n, "rope.dimension_count", &c->rope.n_rot, 0, err, errlen)))
         return rc;
     const kvp_gguf_tensor *emb = kvp_gguf_find_tensor(g, "token_embd.weight");
     if (!emb || emb->n_dims != 2 || emb->ne[1] > MAX_VOCAB)
-        return ERR("missing or bad token_embd.weight");
+        return KVP_ERR(-EINVAL, "missing or bad token_embd.weight");
     c->vocab_size = (int)emb->ne[1];
     int meta_vocab = c->vocab_size;
     if ((rc = get_int(g, n, "vocab_size", &meta_vocab, 0, err, errlen)))
         return rc;
     if (meta_vocab != c->vocab_size)
-        return ERR("%s.vocab_size = %d but token_embd.weight has %d rows", n, meta_vocab,
+        return KVP_ERR(-EINVAL, "%s.vocab_size = %d but token_embd.weight has %d rows", n, meta_vocab,
                    c->vocab_size);
     char pfx[32];
     snprintf(pfx, sizeof pfx, "%s.", n);
@@ -398,7 +396,7 @@ static int read_rope_factors(kvp_model *m, const kvp_gguf *g, char *err, size_t 
                         err, errlen);
     for (int i = 0; !rc && r->factors && i < r->n_rot / 2; i++)
         if (!(r->factors[i] > 0) || !isfinite(r->factors[i]))
-            rc = ERR("rope_freqs.weight[%d] = %g: frequency factors must be finite and "
+            rc = KVP_ERR(-EINVAL, "rope_freqs.weight[%d] = %g: frequency factors must be finite and "
                      "positive", i, r->factors[i]);
     return rc;
 }
@@ -455,7 +453,7 @@ static int load_gguf(kvp_model *m, const char *path, char *err, size_t errlen)
     /* tensors point into m->map; g's tables are freed below */
     rc = kvp_gguf_get_str(&g, "general.architecture", m->arch, sizeof m->arch);
     if (rc) {
-        rc = ERR("missing or bad general.architecture");
+        rc = KVP_ERR(-EINVAL, "missing or bad general.architecture");
         goto out;
     }
     const struct arch_desc *a = NULL;
@@ -463,7 +461,7 @@ static int load_gguf(kvp_model *m, const char *path, char *err, size_t errlen)
         if (!strcmp(m->arch, archs[i].name))
             a = &archs[i];
     if (!a) {
-        rc = ERR("general.architecture '%s' is not supported (llama, mistral, qwen2, qwen3)",
+        rc = KVP_ERR(-EINVAL, "general.architecture '%s' is not supported (llama, mistral, qwen2, qwen3)",
                  m->arch);
         goto out;
     }
@@ -492,7 +490,7 @@ static int load_gguf(kvp_model *m, const char *path, char *err, size_t errlen)
     if ((rc = kvp_tokenizer_load_gguf(&m->tok, &g, err, errlen)))
         goto out;
     if (m->tok.vocab_size != c->vocab_size) {
-        rc = ERR("tokenizer has %d tokens, token_embd.weight %d", m->tok.vocab_size, c->vocab_size);
+        rc = KVP_ERR(-EINVAL, "tokenizer has %d tokens, token_embd.weight %d", m->tok.vocab_size, c->vocab_size);
         goto out;
     }
     if ((rc = copy_chat_template(m, &g, err, errlen)))
