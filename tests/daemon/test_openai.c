@@ -358,13 +358,20 @@ static double metric(const kvpd_proc *p, const char *name)
 Test(openai, a_client_leaving_mid_stream_cancels_its_turn)
 {
     kvpd_proc d;
-    cr_assert_eq(kvpd_start(&d, "--max-tokens 100000 --budget 0"), 0);
+    /* Greedy stories260K ends its story within a second under the sanitizers, before the
+     * client has left; the random-weight model never picks EOS and runs to its context
+     * (4,096 tokens), seconds even in a release build. */
+    char extra[1200];
+    snprintf(extra, sizeof extra, "--model %s --max-tokens 100000 --budget 0",
+             h_shared("models/llama-2-tiny-random.gguf"));
+    cr_assert_eq(kvpd_start(&d, extra), 0);
     int fd = dial(&d);
     const char *body = USER("Once upon a time") ",\"max_tokens\":100000,\"stream\":true}";
     send_request(fd, "POST", "/v1/chat/completions", NULL, body, strlen(body));
-    char buf[4096];
+    char buf[4096] = "";
     size_t got = 0;
-    while (!strstr(buf, "\"content\":\",") && got < sizeof buf - 1) {
+    /* The role chunk, then the first content chunk. */
+    while (!strstr(buf, "\"delta\":{\"content\":") && got < sizeof buf - 1) {
         ssize_t n = recv(fd, buf + got, sizeof buf - 1 - got, 0);
         cr_assert_gt(n, 0);
         got += (size_t)n;
