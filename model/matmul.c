@@ -16,19 +16,26 @@
 #define MAX_POOL 16
 #define TILE_ROWS 64         /* rows decoded to f32 per sgemm on the prefill path */
 #define CHUNK_ROWS 16        /* rows a pool thread takes at a time on the decode path */
+#define GEMM_ROWS 32         /* rows a pool thread packs and multiplies at a time (int8 GEMM) */
+#define QUANT_ROWS 4         /* activation rows a pool thread quantizes at a time */
 #define SPLIT_MIN_BYTES (256u << 10)  /* smaller matrices are not worth a second thread */
 #define SPIN_ROUNDS 200000   /* a helper polls this long for the next job before sleeping */
 
 /* ---- kernel selection ------------------------------------------------------------ */
 
-static kvp_dot_fn kernels[KVP_N_WEIGHT_TYPES];
+static kvp_kernel_set kernels;
 static const char *simd_name = "scalar";
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+static _Atomic int prefill_forced = KVP_PREFILL_AUTO;
 
 static void select_kernels(void)
 {
-    const char *want = getenv("KVP_SIMD");
-    kvp_kernels_scalar(kernels);
+    const char *want = getenv("KVP_SIMD"), *prefill = getenv("KVP_PREFILL");
+    if (prefill && !strcmp(prefill, "sgemm"))
+        prefill_forced = KVP_PREFILL_SGEMM;
+    else if (prefill && !strcmp(prefill, "int8"))
+        prefill_forced = KVP_PREFILL_INT8;
+    kvp_kernels_scalar(&kernels);
 #if defined(__x86_64__)
     __builtin_cpu_init();
     int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
@@ -38,11 +45,11 @@ static void select_kernels(void)
     if (want && !strcmp(want, "scalar"))
         return;
     if (avx2) {
-        kvp_kernels_avx2(kernels);
+        kvp_kernels_avx2(&kernels);
         simd_name = "avx2";
     }
     if (avx512 && !(want && !strcmp(want, "avx2"))) {
-        kvp_kernels_avx512(kernels);
+        kvp_kernels_avx512(&kernels);
         simd_name = "avx512";
     }
 #else
@@ -76,7 +83,8 @@ static enum act_kind act_kind(uint32_t type)
 /* Bytes of the scratch that holds one quantized activation row of n elements. */
 static size_t act_bytes(int n)
 {
-    return (size_t)n + (size_t)(n / KVP_QK) * 2 * sizeof(float) + (size_t)(n / 16) * sizeof(int16_t);
+    return (size_t)n + (size_t)(n / KVP_QK) * 2 * sizeof(float) +
+           (size_t)(n / 16) * (sizeof(int16_t) + sizeof(float));
 }
 
 static void act_quantize(kvp_act *a, enum act_kind kind, const float *x, int n, void *scratch)
@@ -87,7 +95,8 @@ static void act_quantize(kvp_act *a, enum act_kind kind, const float *x, int n, 
         return;
     a->d = scratch;
     a->s = a->d + n / KVP_QK;
-    a->bsums = (int16_t *)(a->s + n / KVP_QK);
+    a->s16 = a->s + n / KVP_QK;
+    a->bsums = (int16_t *)(a->s16 + n / 16);
     a->q = (int8_t *)(a->bsums + n / 16);
     if (kind == ACT_Q8) {
         for (int b = 0; b < n / KVP_QK; b++) {
@@ -118,10 +127,12 @@ static void act_quantize(kvp_act *a, enum act_kind kind, const float *x, int n, 
             }
         int8_t *q = a->q + b * KVP_QK_K;
         int16_t *bs = a->bsums + b * 16;
+        float *s16 = a->s16 + b * 16;
         if (amax == 0.0f) {
             a->d[b] = 0.0f;
             memset(q, 0, KVP_QK_K);
             memset(bs, 0, 16 * sizeof *bs);
+            memset(s16, 0, 16 * sizeof *s16);
             continue;
         }
         float iscale = -127.0f / max;
@@ -136,6 +147,8 @@ static void act_quantize(kvp_act *a, enum act_kind kind, const float *x, int n, 
             bs[g] = (int16_t)s;
         }
         a->d[b] = 1.0f / iscale;
+        for (int g = 0; g < 16; g++)
+            s16[g] = a->d[b] * (float)bs[g];
     }
 }
 
@@ -144,7 +157,10 @@ static void act_quantize(kvp_act *a, enum act_kind kind, const float *x, int n, 
 typedef struct job {
     void (*fn)(const struct job *j, int r0, int r1);
     const kvp_weight *w;
-    const kvp_act *act;   /* [T] */
+    kvp_act *act;         /* [T] */
+    const float *x;       /* [T][cols]: activations to quantize into act */
+    unsigned char *scratch;
+    size_t per;           /* scratch bytes per activation row */
     float *y;
     int T, accumulate;
     int rows, chunk;
@@ -256,7 +272,7 @@ static void run_job(job *j, size_t bytes)
 static void dot_rows(const job *j, int r0, int r1)
 {
     const kvp_weight *w = j->w;
-    kvp_dot_fn dot = kernels[w->type];
+    kvp_dot_fn dot = kernels.dot[w->type];
     for (int t = 0; t < j->T; t++) {
         float *y = j->y + (size_t)t * w->rows;
         for (int r = r0; r < r1; r++) {
@@ -282,8 +298,8 @@ static void matmul_decode(float *y, const float *x, const kvp_weight *w, int T, 
     free(scratch);
 }
 
-/* Prefill: decode TILE_ROWS rows at a time to f32 and let sgemm reuse them across the
- * block's T rows of activations. */
+/* ---- prefill path 1: decode tiles of rows to f32, sgemm (f32 activations, exact) ---- */
+
 static void matmul_tiles(float *y, const float *x, const kvp_weight *w, int T, int accumulate)
 {
     float *tile = malloc((size_t)TILE_ROWS * w->cols * sizeof *tile);
@@ -297,6 +313,69 @@ static void matmul_tiles(float *y, const float *x, const kvp_weight *w, int T, i
                     tile, w->cols, accumulate ? 1.0f : 0.0f, y + r0, w->rows);
     }
     free(tile);
+}
+
+/* ---- prefill path 2: int8 GEMM (activations quantized as decode does) ---------------- */
+
+static void quantize_rows(const job *j, int t0, int t1)
+{
+    for (int t = t0; t < t1; t++)
+        act_quantize(&j->act[t], act_kind(j->w->type), j->x + (size_t)t * j->w->cols, j->w->cols,
+                     j->scratch + j->per * (size_t)t);
+}
+
+/* Packs a chunk of rows (each thread keeps its own buffer) and multiplies it with every
+ * activation row of the block. */
+static void gemm_rows(const job *j, int r0, int r1)
+{
+    static _Thread_local uint8_t *packed;
+    static _Thread_local size_t cap;
+    const kvp_weight *w = j->w;
+    size_t stride = KVP_PACK_BYTES(w->cols), need = stride * (size_t)(r1 - r0);
+    if (need > cap) {
+        free(packed);
+        packed = malloc(need);
+        cap = packed ? need : 0;
+        if (!packed)
+            abort();  /* GEMM_ROWS packed rows; the forward pass has no way to report it */
+    }
+    for (int r = r0; r < r1; r++)
+        kernels.pack[w->type]((const uint8_t *)w->data + (size_t)r * w->row_bytes, w->cols,
+                              packed + stride * (size_t)(r - r0));
+    kernels.gemm[w->type](packed, stride, r1 - r0, j->act, j->T, j->y + r0, w->rows, j->accumulate);
+}
+
+static void matmul_int8(float *y, const float *x, const kvp_weight *w, int T, int accumulate)
+{
+    size_t per = act_bytes(w->cols);
+    kvp_act *act = malloc((size_t)T * sizeof *act);
+    unsigned char *scratch = malloc(per * (size_t)T);
+    if (!act || !scratch)
+        abort();
+    job q = {.fn = quantize_rows, .w = w, .act = act, .x = x, .scratch = scratch, .per = per,
+             .rows = T, .chunk = QUANT_ROWS};
+    run_job(&q, (size_t)T * w->cols * sizeof *x);
+    job j = {.fn = gemm_rows, .w = w, .act = act, .y = y, .T = T, .accumulate = accumulate,
+             .rows = w->rows, .chunk = GEMM_ROWS};
+    run_job(&j, (size_t)w->rows * w->row_bytes * (size_t)T);
+    free(scratch);
+    free(act);
+}
+
+/* Which prefill path a type takes unless one is forced: the int8 GEMM where the type
+ * has one (measured faster than tiles + sgemm for every block format, see README). */
+static int prefill_int8(uint32_t type)
+{
+    if (!kernels.pack[type])
+        return 0;
+    int forced = atomic_load(&prefill_forced);
+    return forced != KVP_PREFILL_SGEMM;
+}
+
+void kvp_matmul_force_prefill(enum kvp_prefill_path path)
+{
+    pthread_once(&init_once, select_kernels);
+    atomic_store(&prefill_forced, path);
 }
 
 void kvp_matmul(float *y, const float *x, const kvp_weight *w, int T, int accumulate)
@@ -314,6 +393,8 @@ void kvp_matmul(float *y, const float *x, const kvp_weight *w, int T, int accumu
     }
     if (T < KVP_MATMUL_TILE_MIN_T)
         matmul_decode(y, x, w, T, accumulate);
+    else if (prefill_int8(w->type))
+        matmul_int8(y, x, w, T, accumulate);
     else
         matmul_tiles(y, x, w, T, accumulate);
 }

@@ -9,9 +9,14 @@
  *     time (KVP_SIMD=scalar|avx2|avx512 forces one); f16 / bf16 rows take f32 dot
  *     products; rows are split over a small thread pool when only one forward pass is
  *     running in the process (KVP_THREADS caps its size; default: online CPUs);
- *   - prefill (longer blocks) decodes tiles of rows to f32 and multiplies them with
- *     sgemm, so batched tokens reuse each decoded tile (f32 activations: the "exact"
- *     path). */
+ *   - prefill (longer blocks) takes one of two paths, both reusing each weight row
+ *     across the block's tokens:
+ *       int8 GEMM: the activation rows are quantized once as decode does, each chunk of
+ *         weight rows is unpacked once to 8-bit codes and multiplied with every token
+ *         by register-blocked integer kernels (the default for the block formats);
+ *       tiles + sgemm: tiles of rows decoded to f32 and multiplied with sgemm
+ *         (f32 activations: the "exact" path; f16 / bf16 always take it).
+ *     KVP_PREFILL=sgemm|int8 (or kvp_matmul_force_prefill) forces one. */
 #ifndef KVP_MATMUL_H
 #define KVP_MATMUL_H
 
@@ -32,6 +37,11 @@ typedef struct kvp_weight {
 
 /* y[T][rows] = x[T][cols] . W^T, or y += when accumulate. */
 void kvp_matmul(float *y, const float *x, const kvp_weight *w, int T, int accumulate);
+enum kvp_prefill_path { KVP_PREFILL_AUTO, KVP_PREFILL_SGEMM, KVP_PREFILL_INT8 };
+/* Forces the prefill path of every later call in the process (tests and benchmarks;
+ * KVP_PREFILL sets it at start). INT8 applies to the types that have an int8 GEMM. */
+void kvp_matmul_force_prefill(enum kvp_prefill_path path);
+
 /* Decodes row r of W into out[cols] (embedding lookup). */
 void kvp_weight_row(const kvp_weight *w, int r, float *out);
 

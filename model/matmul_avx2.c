@@ -6,5 +6,5 @@
 #define KVP_KERNELS kvp_kernels_avx2
 #include "model/matmul_x86.h"
 #else
-void kvp_kernels_avx2(kvp_dot_fn *tab) { (void)tab; }
+void kvp_kernels_avx2(kvp_kernel_set *ks) { (void)ks; }
 #endif

@@ -1,8 +1,14 @@
-/* Dot-product kernels behind kvp_matmul (private to model/). A weight row of `n`
- * elements is dotted with an activation row prepared once per matrix:
+/* Kernels behind kvp_matmul (private to model/). A weight row of `n` elements is
+ * dotted with an activation row prepared once per matrix:
  *   f32 / f16 / bf16 rows:   the f32 activations as they are;
  *   Q8_0 Q4_0 Q4_1 Q5_0 Q5_1: int8 blocks of 32, scale d and s = d * sum(q) per block;
- *   K formats:                int8 blocks of 256, scale d and the sums of every 16. */
+ *   K formats:                int8 blocks of 256, scale d and the sums of every 16.
+ *
+ * Two kinds of kernel: a dot product of one row with one activation row (decode), and
+ * an int8 GEMM of a chunk of rows with a block of activation rows (prefill). The GEMM
+ * first packs each weight row once into plain unsigned 8-bit codes in element order
+ * plus scales (see kvp_pack below), so one register-blocked kernel per family serves
+ * every block format, and each packed row is reused by all the block's tokens. */
 #ifndef KVP_MATMUL_KERNELS_H
 #define KVP_MATMUL_KERNELS_H
 
@@ -18,15 +24,47 @@ typedef struct kvp_act {
     float *d;           /* [n/32] or [n/256] block scales */
     float *s;           /* [n/32]: d * sum(q) of each block */
     int16_t *bsums;     /* [n/16]: sums of q over each 16 (K formats) */
+    float *s16;         /* [n/16]: d * bsums (K formats) */
     int8_t *q;          /* [n] */
 } kvp_act;
 
 typedef float (*kvp_dot_fn)(const void *row, const kvp_act *a);
 
-/* Fill tab[type] with each instruction set's kernels (the later ones replace entries
- * of the earlier ones; a missing entry keeps the scalar kernel). */
-void kvp_kernels_scalar(kvp_dot_fn *tab);
-void kvp_kernels_avx2(kvp_dot_fn *tab);
-void kvp_kernels_avx512(kvp_dot_fn *tab);
+/* A packed weight row of n elements (n a multiple of 32), KVP_PACK_BYTES(n) bytes:
+ *   codes  u8 [n]     element e's code, unsigned (0..255)
+ *   scale  f32 [n/32] family A (_0/_1 formats): the weight scale of each block of 32;
+ *                     family B (K formats): the super-block scale d in [n/256]
+ *   sc16   i16 [n/16] family B: the integer scale of each 16 elements
+ *   kx     f32 [n/16] the offset term: the row's value is
+ *                       A: sum_b scale[b] d_a[b] (codes . q)_b + sum_b kx[b] s[b]
+ *                       B: sum_B scale[B] d_a[B] sum_j sc16[j] (codes . q)_j
+ *                          + sum_j kx[j] s16[j]
+ * (with the activation's d, s, s16 of matmul_kernels.h's kvp_act). The AVX2 kernels
+ * keep Q8_0's codes signed instead (its maddubs would saturate on 255 x 127 pairs). */
+#define KVP_PACK_BYTES(n) ((size_t)(n) * 3 / 2)
+static inline float *kvp_pack_scale(uint8_t *p, int n) { return (float *)(p + n); }
+static inline int16_t *kvp_pack_sc16(uint8_t *p, int n) { return (int16_t *)(p + n + n / 8); }
+static inline float *kvp_pack_kx(uint8_t *p, int n) { return (float *)(p + n + n / 4); }
+
+/* Packs one weight row of n elements into the layout above. */
+typedef void (*kvp_pack_fn)(const void *row, int n, uint8_t *packed);
+/* y[t * ldy + r] (+)= row r . activation t for r < rows, t < T; the rows are packed
+ * `stride` bytes apart. */
+typedef void (*kvp_gemm_fn)(const uint8_t *packed, size_t stride, int rows, const kvp_act *act,
+                            int T, float *y, int ldy, int accumulate);
+
+typedef struct kvp_kernel_set {
+    kvp_dot_fn dot[KVP_N_WEIGHT_TYPES];
+    kvp_pack_fn pack[KVP_N_WEIGHT_TYPES];   /* NULL: no int8 GEMM for the type */
+    kvp_gemm_fn gemm[KVP_N_WEIGHT_TYPES];
+} kvp_kernel_set;
+
+/* Fill the set with each instruction set's kernels (the later ones replace entries of
+ * the earlier ones; a missing entry keeps the scalar kernel). The packed layout is
+ * shared, so a set may replace a type's gemm and keep the scalar pack; it replaces
+ * both when its codes differ (AVX2's signed Q8_0). */
+void kvp_kernels_scalar(kvp_kernel_set *k);
+void kvp_kernels_avx2(kvp_kernel_set *k);
+void kvp_kernels_avx512(kvp_kernel_set *k);
 
 #endif

@@ -241,8 +241,247 @@ static float dot_q6_K(const void *row, const kvp_act *a)
     return sum;
 }
 
-void kvp_kernels_scalar(kvp_dot_fn *tab)
+/* ---- int8 GEMM: packing every block format into unsigned codes (matmul_kernels.h) ---- */
+
+/* The _0/_1 formats: codes, one scale per block and the offset term kx. */
+static void pack_block32(uint8_t *p, int n, int b, float d, float kx)
 {
+    kvp_pack_scale(p, n)[b] = d;
+    kvp_pack_kx(p, n)[b] = kx;
+}
+
+static void pack_q8_0(const void *row, int n, uint8_t *p)
+{
+    const blk_q8_0 *b = row;
+    for (int i = 0; i < n / KVP_QK; i++, b++) {
+        float d = kvp_f16_to_f32(b->d);
+        for (int j = 0; j < KVP_QK; j++)
+            p[i * KVP_QK + j] = (uint8_t)(b->qs[j] + 128);  /* stored q + 128 */
+        pack_block32(p, n, i, d, -128.0f * d);
+    }
+}
+
+static void nibbles_to_codes(const uint8_t *qs, const uint8_t *qh4, uint8_t *codes)
+{
+    uint32_t qh = 0;
+    if (qh4)
+        memcpy(&qh, qh4, 4);
+    for (int j = 0; j < KVP_QK / 2; j++) {
+        codes[j] = (uint8_t)((qs[j] & 0xF) | (qh >> j & 1) << 4);
+        codes[j + KVP_QK / 2] = (uint8_t)((qs[j] >> 4) | (qh >> (j + 16) & 1) << 4);
+    }
+}
+
+static void pack_q4_0(const void *row, int n, uint8_t *p)
+{
+    const blk_q4_0 *b = row;
+    for (int i = 0; i < n / KVP_QK; i++, b++) {
+        float d = kvp_f16_to_f32(b->d);
+        nibbles_to_codes(b->qs, NULL, p + i * KVP_QK);
+        pack_block32(p, n, i, d, -8.0f * d);
+    }
+}
+
+static void pack_q4_1(const void *row, int n, uint8_t *p)
+{
+    const blk_q4_1 *b = row;
+    for (int i = 0; i < n / KVP_QK; i++, b++) {
+        nibbles_to_codes(b->qs, NULL, p + i * KVP_QK);
+        pack_block32(p, n, i, kvp_f16_to_f32(b->d), kvp_f16_to_f32(b->m));
+    }
+}
+
+static void pack_q5_0(const void *row, int n, uint8_t *p)
+{
+    const blk_q5_0 *b = row;
+    for (int i = 0; i < n / KVP_QK; i++, b++) {
+        float d = kvp_f16_to_f32(b->d);
+        nibbles_to_codes(b->qs, b->qh, p + i * KVP_QK);
+        pack_block32(p, n, i, d, -16.0f * d);
+    }
+}
+
+static void pack_q5_1(const void *row, int n, uint8_t *p)
+{
+    const blk_q5_1 *b = row;
+    for (int i = 0; i < n / KVP_QK; i++, b++) {
+        nibbles_to_codes(b->qs, b->qh, p + i * KVP_QK);
+        pack_block32(p, n, i, kvp_f16_to_f32(b->d), kvp_f16_to_f32(b->m));
+    }
+}
+
+/* The K formats: super-block scale d, an integer scale and an offset term per 16. */
+static void pack_q2_K(const void *row, int n, uint8_t *p)
+{
+    const blk_q2_K *b = row;
+    int16_t *sc = kvp_pack_sc16(p, n);
+    float *kx = kvp_pack_kx(p, n);
+    for (int i = 0; i < n / KVP_QK_K; i++, b++) {
+        uint8_t *codes = p + i * KVP_QK_K;
+        float dmin = kvp_f16_to_f32(b->dmin);
+        kvp_pack_scale(p, n)[i] = kvp_f16_to_f32(b->d);
+        int is = 0;
+        for (int m = 0; m < KVP_QK_K; m += 128)
+            for (int shift = 0; shift < 8; shift += 2)
+                for (int half = 0; half < 2; half++, is++, codes += 16) {
+                    const uint8_t *c = b->qs + m / 4 + 16 * half;
+                    for (int l = 0; l < 16; l++)
+                        codes[l] = (c[l] >> shift) & 3;
+                    sc[16 * i + is] = b->scales[is] & 0xF;
+                    kx[16 * i + is] = -dmin * (float)(b->scales[is] >> 4);
+                }
+    }
+}
+
+static void pack_q3_K(const void *row, int n, uint8_t *p)
+{
+    const blk_q3_K *b = row;
+    int16_t *sc = kvp_pack_sc16(p, n);
+    float *kx = kvp_pack_kx(p, n);
+    for (int i = 0; i < n / KVP_QK_K; i++, b++) {
+        uint8_t *codes = p + i * KVP_QK_K;
+        float d = kvp_f16_to_f32(b->d);
+        kvp_pack_scale(p, n)[i] = d;
+        int8_t s[16];
+        kvp_q3_scales(b->scales, s);
+        int is = 0;
+        uint8_t m = 1;
+        for (int k = 0; k < KVP_QK_K; k += 128)
+            for (int shift = 0; shift < 8; shift += 2, m <<= 1)
+                for (int half = 0; half < 2; half++, is++, codes += 16) {
+                    const uint8_t *c = b->qs + k / 4 + 16 * half;
+                    const uint8_t *hm = b->hmask + 16 * half;
+                    for (int l = 0; l < 16; l++)  /* code + 4, so 0..7 */
+                        codes[l] = (uint8_t)(((c[l] >> shift) & 3) + ((hm[l] & m) ? 4 : 0));
+                    sc[16 * i + is] = s[is];
+                    kx[16 * i + is] = -4.0f * d * (float)s[is];
+                }
+    }
+}
+
+/* Q4_K / Q5_K: the scale and min of each 32 go to both of its halves of 16 */
+static void pack_k_affine(uint8_t *p, int n, int i, const uint8_t *scales, uint16_t d, uint16_t dmin)
+{
+    kvp_pack_scale(p, n)[i] = kvp_f16_to_f32(d);
+    for (int j = 0; j < 8; j++) {
+        uint8_t sc, m;
+        kvp_k4_scale_min(j, scales, &sc, &m);
+        float kx = -kvp_f16_to_f32(dmin) * (float)m;
+        for (int h = 0; h < 2; h++) {
+            kvp_pack_sc16(p, n)[16 * i + 2 * j + h] = sc;
+            kvp_pack_kx(p, n)[16 * i + 2 * j + h] = kx;
+        }
+    }
+}
+
+static void pack_q4_K(const void *row, int n, uint8_t *p)
+{
+    const blk_q4_K *b = row;
+    for (int i = 0; i < n / KVP_QK_K; i++, b++) {
+        uint8_t *codes = p + i * KVP_QK_K;
+        for (int m = 0; m < KVP_QK_K; m += 64)
+            for (int l = 0; l < 32; l++) {
+                codes[m + l] = b->qs[m / 2 + l] & 0xF;
+                codes[m + l + 32] = b->qs[m / 2 + l] >> 4;
+            }
+        pack_k_affine(p, n, i, b->scales, b->d, b->dmin);
+    }
+}
+
+static void pack_q5_K(const void *row, int n, uint8_t *p)
+{
+    const blk_q5_K *b = row;
+    for (int i = 0; i < n / KVP_QK_K; i++, b++) {
+        uint8_t *codes = p + i * KVP_QK_K;
+        for (int m = 0, bit = 0; m < KVP_QK_K; m += 64, bit += 2)
+            for (int l = 0; l < 32; l++) {
+                codes[m + l] = (uint8_t)((b->qs[m / 2 + l] & 0xF) | (b->qh[l] >> bit & 1) << 4);
+                codes[m + l + 32] = (uint8_t)((b->qs[m / 2 + l] >> 4) | (b->qh[l] >> (bit + 1) & 1) << 4);
+            }
+        pack_k_affine(p, n, i, b->scales, b->d, b->dmin);
+    }
+}
+
+static void pack_q6_K(const void *row, int n, uint8_t *p)
+{
+    const blk_q6_K *b = row;
+    for (int i = 0; i < n / KVP_QK_K; i++, b++) {
+        uint8_t *codes = p + i * KVP_QK_K;
+        float d = kvp_f16_to_f32(b->d);
+        kvp_pack_scale(p, n)[i] = d;
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = b->ql + 64 * h, *qh = b->qh + 32 * h;
+            uint8_t *c = codes + 128 * h;
+            for (int l = 0; l < 32; l++) {  /* the stored code, value + 32 */
+                c[l] = (uint8_t)((ql[l] & 0xF) | (qh[l] & 3) << 4);
+                c[l + 32] = (uint8_t)((ql[l + 32] & 0xF) | (qh[l] >> 2 & 3) << 4);
+                c[l + 64] = (uint8_t)((ql[l] >> 4) | (qh[l] >> 4 & 3) << 4);
+                c[l + 96] = (uint8_t)((ql[l + 32] >> 4) | (qh[l] >> 6 & 3) << 4);
+            }
+        }
+        for (int j = 0; j < 16; j++) {
+            kvp_pack_sc16(p, n)[16 * i + j] = b->scales[j];
+            kvp_pack_kx(p, n)[16 * i + j] = -32.0f * d * (float)b->scales[j];
+        }
+    }
+}
+
+static int code_dot(const uint8_t *c, const int8_t *q, int len)
+{
+    int s = 0;
+    for (int l = 0; l < len; l++)
+        s += c[l] * q[l];
+    return s;
+}
+
+/* Family A (the _0/_1 formats): a float scale per block of 32. */
+static void gemm_block32(const uint8_t *packed, size_t stride, int rows, const kvp_act *act,
+                         int T, float *y, int ldy, int accumulate)
+{
+    for (int r = 0; r < rows; r++) {
+        uint8_t *p = (uint8_t *)packed + (size_t)r * stride;
+        const kvp_act *a = act;
+        for (int t = 0; t < T; t++, a++) {
+            int n = a->n;
+            float sum = 0.0f, off = 0.0f;
+            for (int b = 0; b < n / KVP_QK; b++) {
+                sum += kvp_pack_scale(p, n)[b] * a->d[b] * (float)code_dot(p + b * KVP_QK, a->q + b * KVP_QK, KVP_QK);
+                off += kvp_pack_kx(p, n)[b] * a->s[b];
+            }
+            float *out = &y[(size_t)t * ldy + r];
+            *out = accumulate ? *out + sum + off : sum + off;
+        }
+    }
+}
+
+/* Family B (the K formats): an integer scale per 16, a float scale per 256. */
+static void gemm_k(const uint8_t *packed, size_t stride, int rows, const kvp_act *act, int T,
+                   float *y, int ldy, int accumulate)
+{
+    for (int r = 0; r < rows; r++) {
+        uint8_t *p = (uint8_t *)packed + (size_t)r * stride;
+        const kvp_act *a = act;
+        for (int t = 0; t < T; t++, a++) {
+            int n = a->n;
+            const int16_t *sc = kvp_pack_sc16(p, n);
+            float sum = 0.0f, off = 0.0f;
+            for (int b = 0; b < n / KVP_QK_K; b++) {
+                int total = 0;
+                for (int j = 0; j < 16; j++)
+                    total += sc[16 * b + j] * code_dot(p + b * KVP_QK_K + 16 * j, a->q + b * KVP_QK_K + 16 * j, 16);
+                sum += kvp_pack_scale(p, n)[b] * a->d[b] * (float)total;
+            }
+            for (int j = 0; j < n / 16; j++)
+                off += kvp_pack_kx(p, n)[j] * a->s16[j];
+            float *out = &y[(size_t)t * ldy + r];
+            *out = accumulate ? *out + sum + off : sum + off;
+        }
+    }
+}
+
+void kvp_kernels_scalar(kvp_kernel_set *k)
+{
+    kvp_dot_fn *tab = k->dot;
     tab[KVP_GGML_F32] = dot_f32;
     tab[KVP_GGML_F16] = dot_f16;
     tab[KVP_GGML_BF16] = dot_bf16;
@@ -256,4 +495,14 @@ void kvp_kernels_scalar(kvp_dot_fn *tab)
     tab[KVP_GGML_Q4_K] = dot_q4_K;
     tab[KVP_GGML_Q5_K] = dot_q5_K;
     tab[KVP_GGML_Q6_K] = dot_q6_K;
+    static const struct { uint32_t type; kvp_pack_fn pack; } packs[] = {
+        {KVP_GGML_Q8_0, pack_q8_0}, {KVP_GGML_Q4_0, pack_q4_0}, {KVP_GGML_Q4_1, pack_q4_1},
+        {KVP_GGML_Q5_0, pack_q5_0}, {KVP_GGML_Q5_1, pack_q5_1}, {KVP_GGML_Q2_K, pack_q2_K},
+        {KVP_GGML_Q3_K, pack_q3_K}, {KVP_GGML_Q4_K, pack_q4_K}, {KVP_GGML_Q5_K, pack_q5_K},
+        {KVP_GGML_Q6_K, pack_q6_K},
+    };
+    for (size_t i = 0; i < sizeof packs / sizeof packs[0]; i++) {
+        k->pack[packs[i].type] = packs[i].pack;
+        k->gemm[packs[i].type] = kvp_type_block(packs[i].type) == KVP_QK ? gemm_block32 : gemm_k;
+    }
 }

@@ -1,4 +1,4 @@
-/* x86 dot-product kernels, compiled twice (see matmul_kernels.h): by matmul_avx2.c for
+/* x86 kernels (dot products and the int8 GEMM), compiled twice (see matmul_kernels.h): by matmul_avx2.c for
  * AVX2 + FMA + F16C, and by matmul_avx512.c with AVX-512 VNNI, where one vpdpbusd
  * replaces the maddubs + madd pair of byte products. The including file sets the target
  * pragma, KVP_VNNI and KVP_KERNELS (the name of the table filler). */
@@ -282,8 +282,284 @@ static float dot_q6_K(const void *row, const kvp_act *a)
     return hsum(acc) - 32.0f * offsets;
 }
 
-void KVP_KERNELS(kvp_dot_fn *tab)
+/* ---- int8 GEMM (matmul_kernels.h): packing and register-blocked tiles ------------- */
+
+static inline void store256(uint8_t *p, __m256i v)
 {
+    _mm256_storeu_si256((__m256i *)p, v);
+}
+
+/* The _0/_1 formats: scale and offset term per block as matmul_scalar.c packs them. */
+#define PACK_BLOCK32(NAME, BLK, CODES, KX)                                                \
+    static void NAME(const void *row, int n, uint8_t *p)                                  \
+    {                                                                                     \
+        const BLK *b = row;                                                               \
+        float *scale = kvp_pack_scale(p, n), *kx = kvp_pack_kx(p, n);                     \
+        for (int i = 0; i < n / KVP_QK; i++, b++) {                                       \
+            float d = h2f(b->d);                                                          \
+            store256(p + i * KVP_QK, CODES);                                              \
+            scale[i] = d;                                                                 \
+            kx[i] = KX;                                                                   \
+        }                                                                                 \
+    }
+#if KVP_VNNI
+/* vpdpbusd sums its byte products in 32 bits: q + 128 fits as unsigned codes */
+PACK_BLOCK32(pack_q8_0, blk_q8_0, _mm256_xor_si256(load256(b->qs), _mm256_set1_epi8(-128)), -128.0f * d)
+#else
+/* maddubs would saturate on 255 x 127 pairs: the codes stay signed (gemm_q8_0_signed) */
+PACK_BLOCK32(pack_q8_0, blk_q8_0, load256(b->qs), 0.0f)
+#endif
+PACK_BLOCK32(pack_q4_0, blk_q4_0, nibbles(b->qs), -8.0f * d)
+PACK_BLOCK32(pack_q4_1, blk_q4_1, nibbles(b->qs), h2f(b->m))
+PACK_BLOCK32(pack_q5_0, blk_q5_0, _mm256_or_si256(nibbles(b->qs), fifth_bits(b->qh)), -16.0f * d)
+PACK_BLOCK32(pack_q5_1, blk_q5_1, _mm256_or_si256(nibbles(b->qs), fifth_bits(b->qh)), h2f(b->m))
+
+/* Q4_K / Q5_K: the scale and min of each 32 go to both of its halves of 16 */
+static inline void pack_k_scales(uint8_t *p, int n, int i, const uint8_t *scales, uint16_t d,
+                                 uint16_t dmin)
+{
+    uint8_t sc[8], m[8];
+    k4_scales(scales, sc, m);
+    float dm = h2f(dmin);
+    int16_t *sc16 = kvp_pack_sc16(p, n) + 16 * i;
+    float *kx = kvp_pack_kx(p, n) + 16 * i;
+    kvp_pack_scale(p, n)[i] = h2f(d);
+    for (int j = 0; j < 8; j++) {
+        sc16[2 * j] = sc16[2 * j + 1] = sc[j];
+        kx[2 * j] = kx[2 * j + 1] = -dm * (float)m[j];
+    }
+}
+
+static void pack_q4_K(const void *row, int n, uint8_t *p)
+{
+    const blk_q4_K *b = row;
+    const __m256i low4 = _mm256_set1_epi8(0xF);
+    for (int i = 0; i < n / KVP_QK_K; i++, b++) {
+        uint8_t *codes = p + i * KVP_QK_K;
+        for (int k = 0; k < 4; k++) {
+            __m256i c = load256(b->qs + 32 * k);
+            store256(codes + 64 * k, _mm256_and_si256(c, low4));
+            store256(codes + 64 * k + 32, _mm256_and_si256(_mm256_srli_epi16(c, 4), low4));
+        }
+        pack_k_scales(p, n, i, b->scales, b->d, b->dmin);
+    }
+}
+
+static void pack_q5_K(const void *row, int n, uint8_t *p)
+{
+    const blk_q5_K *b = row;
+    const __m256i low4 = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1);
+    for (int i = 0; i < n / KVP_QK_K; i++, b++) {
+        uint8_t *codes = p + i * KVP_QK_K;
+        __m256i qh = load256(b->qh);
+        for (int k = 0; k < 4; k++) {
+            __m256i c = load256(b->qs + 32 * k);
+            __m256i hlo = _mm256_slli_epi16(_mm256_and_si256(qh, one), 4);
+            __m256i hhi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 1), one), 4);
+            qh = _mm256_srli_epi16(qh, 2);
+            store256(codes + 64 * k, _mm256_or_si256(_mm256_and_si256(c, low4), hlo));
+            store256(codes + 64 * k + 32,
+                     _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), low4), hhi));
+        }
+        pack_k_scales(p, n, i, b->scales, b->d, b->dmin);
+    }
+}
+
+static void pack_q6_K(const void *row, int n, uint8_t *p)
+{
+    const blk_q6_K *b = row;
+    const __m256i low4 = _mm256_set1_epi8(0xF), low2 = _mm256_set1_epi8(3);
+    for (int i = 0; i < n / KVP_QK_K; i++, b++) {
+        uint8_t *codes = p + i * KVP_QK_K;
+        float d = h2f(b->d);
+        kvp_pack_scale(p, n)[i] = d;
+        for (int h = 0; h < 2; h++) {
+            __m256i l0 = load256(b->ql + 64 * h), l1 = load256(b->ql + 64 * h + 32);
+            __m256i hb = load256(b->qh + 32 * h);
+            uint8_t *c = codes + 128 * h;
+            store256(c, _mm256_or_si256(_mm256_and_si256(l0, low4),
+                                        _mm256_slli_epi16(_mm256_and_si256(hb, low2), 4)));
+            store256(c + 32, _mm256_or_si256(_mm256_and_si256(l1, low4),
+                     _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), low2), 4)));
+            store256(c + 64, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
+                     _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), low2), 4)));
+            store256(c + 96, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
+                     _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), low2), 4)));
+        }
+        for (int j = 0; j < 16; j++) {
+            kvp_pack_sc16(p, n)[16 * i + j] = b->scales[j];
+            kvp_pack_kx(p, n)[16 * i + j] = -32.0f * d * (float)b->scales[j];
+        }
+    }
+}
+
+/* sum of a[i] * b[i], i < len */
+static inline float dotf(const float *a, const float *b, int len)
+{
+    __m256 s = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= len; i += 8)
+        s = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s);
+    float sum = hsum(s);
+    for (; i < len; i++)
+        sum += a[i] * b[i];
+    return sum;
+}
+
+static inline void put(float *y, float v, int accumulate)
+{
+    *y = accumulate ? *y + v : v;
+}
+
+/* Tiles of R packed rows x C activation rows: each loaded code register serves C
+ * tokens and each activation register R rows. R and C are constants where the tile is
+ * full (the loops unroll into registers) and the remainder where it is not. AVX-512
+ * has 32 vector registers, AVX2 16. */
+#if KVP_VNNI
+enum { RA = 4, CA = 4, RB = 2, CB = 4 };
+#else
+enum { RA = 2, CA = 4, RB = 2, CB = 4 };
+#endif
+
+/* Family A: y = sum_b scale_b d_b (codes . q)_b + sum_b kx_b s_b; SIGNED (AVX2 Q8_0):
+ * signed codes, no offset term. */
+static inline __attribute__((always_inline)) void
+tile_block32(const uint8_t *packed, size_t stride, int R, const kvp_act *act, int C, float *y,
+             int ldy, int accumulate, int SIGNED)
+{
+    const int n = act[0].n;
+    const uint8_t *codes[RA] = {0};
+    const float *scale[RA] = {0};
+    __m256 acc[RA][CA] = {{{0}}};
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        codes[r] = packed + (size_t)r * stride;
+        scale[r] = kvp_pack_scale((uint8_t *)codes[r], n);
+    }
+    for (int b = 0; b < n / KVP_QK; b++) {
+        __m256i w[RA] = {{0}}, aw[RA] = {{0}};
+        __m256 dw[RA] = {{0}};
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            w[r] = load256(codes[r] + b * KVP_QK);
+            aw[r] = SIGNED ? _mm256_sign_epi8(w[r], w[r]) : w[r];
+            dw[r] = _mm256_broadcast_ss(scale[r] + b);
+        }
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) {
+            __m256i q = load256(act[c].q + b * KVP_QK);
+            __m256 da = _mm256_broadcast_ss(act[c].d + b);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                __m256i p = mulsum_i32(aw[r], SIGNED ? _mm256_sign_epi8(q, w[r]) : q);
+                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dw[r], da), acc[r][c]);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        const float *kx = kvp_pack_kx((uint8_t *)codes[r], n);
+        for (int c = 0; c < C; c++) {
+            float v = hsum(acc[r][c]) + (SIGNED ? 0.0f : dotf(kx, act[c].s, n / KVP_QK));
+            put(&y[(size_t)c * ldy + r], v, accumulate);
+        }
+    }
+}
+
+/* Family B: y = sum_B scale_B d_B sum_j sc16_j (codes . q)_j + sum_j kx_j s16_j */
+static inline __attribute__((always_inline)) void
+tile_k(const uint8_t *packed, size_t stride, int R, const kvp_act *act, int C, float *y, int ldy,
+       int accumulate)
+{
+    const int n = act[0].n;
+    const uint8_t *codes[RB] = {0};
+    const int16_t *sc[RB] = {0};
+    const float *scale[RB] = {0};
+    __m256 acc[RB][CB] = {{{0}}};
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        codes[r] = packed + (size_t)r * stride;
+        sc[r] = kvp_pack_sc16((uint8_t *)codes[r], n);
+        scale[r] = kvp_pack_scale((uint8_t *)codes[r], n);
+    }
+    for (int B = 0; B < n / KVP_QK_K; B++) {
+        __m256i isum[RB][CB] = {{{0}}};
+        for (int k = 0; k < KVP_QK_K / 32; k++) {
+            __m256i w[RB] = {{0}}, s[RB] = {{0}};
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                w[r] = load256(codes[r] + B * KVP_QK_K + 32 * k);
+                const int16_t *s2 = sc[r] + 16 * B + 2 * k;
+                s[r] = _mm256_set_m128i(_mm_set1_epi16(s2[1]), _mm_set1_epi16(s2[0]));
+            }
+#pragma GCC unroll 4
+            for (int c = 0; c < C; c++) {
+                __m256i q = load256(act[c].q + B * KVP_QK_K + 32 * k);
+#pragma GCC unroll 4
+                for (int r = 0; r < R; r++) {
+                    __m256i m = _mm256_maddubs_epi16(w[r], q);
+#if KVP_VNNI
+                    isum[r][c] = _mm256_dpwssd_epi32(isum[r][c], m, s[r]);
+#else
+                    isum[r][c] = _mm256_add_epi32(isum[r][c], _mm256_madd_epi16(m, s[r]));
+#endif
+                }
+            }
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+            for (int c = 0; c < C; c++)
+                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r][c]),
+                                            _mm256_set1_ps(scale[r][B] * act[c].d[B]), acc[r][c]);
+    }
+    for (int r = 0; r < R; r++) {
+        const float *kx = kvp_pack_kx((uint8_t *)codes[r], n);
+        for (int c = 0; c < C; c++)
+            put(&y[(size_t)c * ldy + r], hsum(acc[r][c]) + dotf(kx, act[c].s16, n / 16), accumulate);
+    }
+}
+
+/* Remainder tiles (fewer rows or tokens than a full tile): the same code, not unrolled */
+static __attribute__((noinline)) void tail_block32(const uint8_t *p, size_t stride, int R,
+                                                   const kvp_act *act, int C, float *y, int ldy,
+                                                   int accumulate, int SIGNED)
+{
+    tile_block32(p, stride, R, act, C, y, ldy, accumulate, SIGNED);
+}
+
+static __attribute__((noinline)) void tail_k(const uint8_t *p, size_t stride, int R,
+                                             const kvp_act *act, int C, float *y, int ldy,
+                                             int accumulate)
+{
+    tile_k(p, stride, R, act, C, y, ldy, accumulate);
+}
+
+/* Token tiles outside, row tiles inside: the chunk's packed rows stay in L2 while a
+ * tile of activations stays in L1. */
+#define GEMM(NAME, TILE, TAIL, R, C, ...)                                                 \
+    static void NAME(const uint8_t *packed, size_t stride, int rows, const kvp_act *act,   \
+                     int T, float *y, int ldy, int accumulate)                            \
+    {                                                                                     \
+        for (int t = 0; t < T; t += C)                                                    \
+            for (int r = 0; r < rows; r += R) {                                           \
+                const uint8_t *p = packed + (size_t)r * stride;                           \
+                float *yt = y + (size_t)t * ldy + r;                                      \
+                if (r + R <= rows && t + C <= T)                                          \
+                    TILE(p, stride, R, act + t, C, yt, ldy, accumulate __VA_ARGS__);      \
+                else                                                                      \
+                    TAIL(p, stride, rows - r < R ? rows - r : R, act + t,                 \
+                         T - t < C ? T - t : C, yt, ldy, accumulate __VA_ARGS__);         \
+            }                                                                             \
+    }
+GEMM(gemm_block32, tile_block32, tail_block32, RA, CA, , 0)
+GEMM(gemm_k, tile_k, tail_k, RB, CB, )
+#if !KVP_VNNI
+GEMM(gemm_q8_0_signed, tile_block32, tail_block32, RA, CA, , 1)
+#endif
+
+void KVP_KERNELS(kvp_kernel_set *ks)
+{
+    kvp_dot_fn *tab = ks->dot;
     tab[KVP_GGML_F16] = dot_f16;
     tab[KVP_GGML_BF16] = dot_bf16;
     tab[KVP_GGML_Q8_0] = dot_q8_0;
@@ -294,4 +570,24 @@ void KVP_KERNELS(kvp_dot_fn *tab)
     tab[KVP_GGML_Q4_K] = dot_q4_K;
     tab[KVP_GGML_Q5_K] = dot_q5_K;
     tab[KVP_GGML_Q6_K] = dot_q6_K;
+    ks->pack[KVP_GGML_Q8_0] = pack_q8_0;
+    ks->pack[KVP_GGML_Q4_0] = pack_q4_0;
+    ks->pack[KVP_GGML_Q4_1] = pack_q4_1;
+    ks->pack[KVP_GGML_Q5_0] = pack_q5_0;
+    ks->pack[KVP_GGML_Q5_1] = pack_q5_1;
+    ks->pack[KVP_GGML_Q4_K] = pack_q4_K;
+    ks->pack[KVP_GGML_Q5_K] = pack_q5_K;
+    ks->pack[KVP_GGML_Q6_K] = pack_q6_K;
+    /* Q2_K and Q3_K keep the scalar pack; the packed layout is shared */
+    static const uint32_t block32[] = {KVP_GGML_Q8_0, KVP_GGML_Q4_0, KVP_GGML_Q4_1,
+                                       KVP_GGML_Q5_0, KVP_GGML_Q5_1};
+    static const uint32_t k[] = {KVP_GGML_Q2_K, KVP_GGML_Q3_K, KVP_GGML_Q4_K, KVP_GGML_Q5_K,
+                                 KVP_GGML_Q6_K};
+    for (size_t i = 0; i < sizeof block32 / sizeof block32[0]; i++)
+        ks->gemm[block32[i]] = gemm_block32;
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
+        ks->gemm[k[i]] = gemm_k;
+#if !KVP_VNNI
+    ks->gemm[KVP_GGML_Q8_0] = gemm_q8_0_signed;
+#endif
 }

@@ -1,8 +1,9 @@
 /* Tests for model/matmul.c against ggml's fixtures (../shared/fixtures/quant): each
  * type's matrix-vector product lands within the error that quantizing the activations
- * to 8 bits can cause, the prefill (tile + sgemm) path matches the f32 product, and the
- * thread pool's row split gives the same rows as one thread. meson runs this file twice:
- * with the best kernels of the CPU and with KVP_SIMD=scalar. */
+ * to 8 bits can cause, the prefill tile + sgemm path matches the f32 product, the int8
+ * GEMM prefill equals the per-row matrix-vector product (same activation quantization)
+ * for every shape, and the thread pool's row split gives the same rows as one thread.
+ * meson runs this file twice: with the best kernels of the CPU and with KVP_SIMD=scalar. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdint.h>
@@ -85,6 +86,7 @@ Test(matmul, decode_within_activation_quantization_error_of_ggml)
 
 Test(matmul, prefill_tiles_match_f32_product)
 {
+    kvp_matmul_force_prefill(KVP_PREFILL_SGEMM);
     kvp_gguf g;
     char err[256];
     cr_assert_eq(kvp_gguf_open(&g, tu_shared("fixtures/quant/quant-fixtures.gguf"), err, sizeof err),
@@ -108,6 +110,86 @@ Test(matmul, prefill_tiles_match_f32_product)
                 cr_expect(fabs(y[t * 64 + r] - ref) <= 2e-4 * (1 + fabs(want[r]) * (t + 1)),
                           "%s t %d row %d: %.7g vs %.7g", types[k], t, r, (double)y[t * 64 + r], ref);
             }
+    }
+    free(xs);
+    kvp_gguf_close(&g);
+}
+
+/* |y - want| within f32 rounding of the products' magnitude */
+static void expect_close(const char *what, int t, int r, float got, float want, double mag)
+{
+    cr_expect(fabs((double)got - want) <= 2e-5 * mag + 1e-6, "%s token %d row %d: %.8g vs %.8g",
+              what, t, r, (double)got, (double)want);
+}
+
+/* One int8 GEMM call against T matrix-vector products (decode's path, the same 8-bit
+ * activations), for `rows` rows of w starting at row r0; with accumulate, y starts at a
+ * known value. Returns the largest difference from the f32 (tile + sgemm) product, so
+ * the caller can check that the activations were quantized. */
+static double check_gemm(const char *name, const kvp_weight *full, int r0, int rows,
+                         const float *xs, int T, int accumulate)
+{
+    kvp_weight w = *full;
+    w.rows = rows;
+    w.data = (const uint8_t *)full->data + (size_t)r0 * full->row_bytes;
+    int n = w.cols;
+    float *y = malloc((size_t)T * rows * sizeof *y), *want = malloc((size_t)T * rows * sizeof *y);
+    float *exact = malloc((size_t)T * rows * sizeof *y), *deq = malloc((size_t)rows * n * sizeof *deq);
+    cr_assert(y && want && exact && deq);
+    kvp_dequantize(w.type, w.data, deq, (uint64_t)rows * n);
+    for (int i = 0; i < T * rows; i++)
+        y[i] = exact[i] = accumulate ? (float)(i % 7) - 3.0f : NAN;
+    kvp_matmul_force_prefill(KVP_PREFILL_INT8);
+    kvp_matmul(y, xs, &w, T, accumulate);
+    kvp_matmul_force_prefill(KVP_PREFILL_SGEMM);
+    kvp_matmul(exact, xs, &w, T, accumulate);
+    kvp_matmul_force_prefill(KVP_PREFILL_AUTO);
+    for (int t = 0; t < T; t++)
+        kvp_matmul(want + (size_t)t * rows, xs + (size_t)t * n, &w, 1, 0);
+    double off = 0;
+    for (int t = 0; t < T; t++)
+        for (int r = 0; r < rows; r++) {
+            double mag = 0;
+            for (int i = 0; i < n; i++)
+                mag += fabs((double)deq[(size_t)r * n + i] * xs[(size_t)t * n + i]);
+            float base = accumulate ? (float)((t * rows + r) % 7) - 3.0f : 0.0f;
+            expect_close(name, t, r, y[(size_t)t * rows + r], base + want[(size_t)t * rows + r], mag);
+            off = fmax(off, fabs((double)y[(size_t)t * rows + r] - exact[(size_t)t * rows + r]));
+        }
+    free(y);
+    free(want);
+    free(exact);
+    free(deq);
+    return off;
+}
+
+Test(matmul, int8_gemm_equals_matvec_for_every_type_and_shape)
+{
+    kvp_gguf g;
+    char err[256];
+    cr_assert_eq(kvp_gguf_open(&g, tu_shared("fixtures/quant/quant-fixtures.gguf"), err, sizeof err),
+                 0, "%s", err);
+    const float *x = get(&g, "", "x")->data;
+    enum { T = 13, N = 1024 };
+    float *xs = malloc(T * N * sizeof *xs);
+    for (int t = 0; t < T; t++)  /* each token its own scale and a shifted pattern */
+        for (int i = 0; i < N; i++)
+            xs[t * N + i] = x[(i + 37 * t) % N] * (float)(t % 5 + 1) * (t % 2 ? -1.0f : 1.0f);
+    static const struct { int r0, rows, T, accumulate; } shapes[] = {
+        {0, 64, 13, 0}, {0, 64, 13, 1}, {3, 61, 7, 0}, {1, 5, 4, 1}, {2, 1, 9, 0}, {0, 63, 5, 1},
+    };
+    for (size_t k = 0; k < N_TYPES; k++) {
+        kvp_weight w = weight_of(get(&g, types[k], "weight"));
+        cr_assert_eq(w.cols, N);
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+            char what[96];
+            snprintf(what, sizeof what, "%s (%s) rows %d+%d T %d acc %d", types[k], kvp_matmul_simd(),
+                     shapes[s].r0, shapes[s].rows, shapes[s].T, shapes[s].accumulate);
+            double off = check_gemm(what, &w, shapes[s].r0, shapes[s].rows, xs, shapes[s].T,
+                                    shapes[s].accumulate);
+            if (kvp_type_block(w.type) > 1)  /* the int8 path ran: it is not the f32 product */
+                cr_expect(off > 0, "%s: equals the f32 product: did the int8 GEMM run?", what);
+        }
     }
     free(xs);
     kvp_gguf_close(&g);
@@ -144,6 +226,33 @@ Test(matmul, row_split_equals_single_rows)
         free(q);
     }
     free(src);
+}
+
+/* The int8 GEMM split over the pool (odd rows, odd T) against the matrix-vector rows. */
+Test(matmul, int8_gemm_row_split_equals_matvec)
+{
+    enum { ROWS = 999, COLS = 768, T = 11 };
+    float *src = malloc((size_t)ROWS * COLS * sizeof *src), *xs = malloc((size_t)T * COLS * sizeof *xs);
+    uint64_t s = 99;
+    for (size_t i = 0; i < (size_t)ROWS * COLS; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        src[i] = (float)((int)(s >> 40) % 2001 - 1000) / 1000.0f;
+    }
+    for (int i = 0; i < T * COLS; i++)
+        xs[i] = sinf(0.37f * (float)i) * (float)(i / COLS + 1);
+    static const uint32_t kinds[] = {KVP_GGML_Q4_K, KVP_GGML_Q8_0, KVP_GGML_Q6_K, KVP_GGML_Q5_0};
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+        size_t rb = kvp_type_nbytes(kinds[k], COLS);
+        uint8_t *q = malloc(rb * ROWS);
+        cr_assert_eq(kvp_quantize(kinds[k], src, q, (uint64_t)ROWS * COLS), 0);
+        kvp_weight w = {kinds[k], ROWS, COLS, rb, q};
+        kvp_matmul_enter();
+        check_gemm(kvp_type_name(kinds[k]), &w, 0, ROWS, xs, T, k % 2);
+        kvp_matmul_leave();
+        free(q);
+    }
+    free(src);
+    free(xs);
 }
 
 Test(matmul, weight_row_decodes_one_row)
