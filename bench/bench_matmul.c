@@ -7,6 +7,7 @@
  * (activation quantization included), best of --reps.
  *
  * Usage: bench_matmul [--anchor PATH] [--mib N] [--reps N] [--types q8_0,q4_K,...] */
+#include <cblas.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -86,6 +87,7 @@ int main(int argc, char **argv)
         return 2;
     }
     setenv("KVP_THREADS", "1", 0);  /* one thread, as ggml's vec_dot benchmark */
+    openblas_set_num_threads(1);
 
     /* a tile of real quantized rows (random weights), repeated to fill the matrix */
     enum { TILE = 64 };
@@ -147,6 +149,48 @@ int main(int argc, char **argv)
         free(w);
         free(y);
     }
+
+    /* prefill: a block of PREFILL_T activation rows through both paths */
+    enum { PREFILL_T = 256, PREFILL_ROWS = 1024 };
+    float *xs = malloc((size_t)PREFILL_T * COLS * sizeof *xs);
+    float *ys = malloc((size_t)PREFILL_T * PREFILL_ROWS * sizeof *ys);
+    for (size_t i = 0; i < (size_t)PREFILL_T * COLS; i++)
+        xs[i] = sinf(0.1f * (float)i) * (float)(1 + i % 3);
+    printf("\n## prefill, %d tokens x %d x %d, one thread: int8 GEMM against tiles + sgemm\n\n"
+           "| type | int8 GEMM GMAC/s | tiles + sgemm GMAC/s | int8 / sgemm | taken by default |\n"
+           "|---|---:|---:|---:|---|\n", PREFILL_T, PREFILL_ROWS, COLS);
+    snprintf(types, sizeof types, "%s", list);
+    for (char *save = NULL, *t = strtok_r(types, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        uint32_t type = (uint32_t)kvp_type_parse(t);
+        size_t rb = kvp_type_nbytes(type, COLS);
+        uint8_t *w = malloc(rb * PREFILL_ROWS);
+        if (!w || kvp_quantize(type, src, w, (uint64_t)TILE * COLS))
+            continue;  /* types without a quantizer have no prefill row */
+        for (int r = TILE; r < PREFILL_ROWS; r += TILE)
+            memcpy(w + rb * r, w, rb * TILE);
+        kvp_weight wt = {type, PREFILL_ROWS, COLS, rb, w};
+        static const enum kvp_prefill_path paths[2] = {KVP_PREFILL_INT8, KVP_PREFILL_SGEMM};
+        double best[2] = {1e30, 1e30};
+        for (int round = 0; round < 2; round++)
+            for (int k = 0; k < 2; k++) {
+                kvp_matmul_force_prefill(paths[k]);
+                for (long r = 0; r < reps; r++) {
+                    double t0 = now();
+                    kvp_matmul(ys, xs, &wt, PREFILL_T, 0);
+                    double dt = now() - t0;
+                    best[k] = dt < best[k] ? dt : best[k];
+                }
+            }
+        kvp_matmul_force_prefill(KVP_PREFILL_AUTO);
+        double macs = (double)PREFILL_T * PREFILL_ROWS * COLS;
+        const char *dflt = kvp_matmul_prefill_path(type);
+        printf("| %s | %.1f | %.1f | %.2fx | %s |\n", kvp_type_name(type), macs / best[0] / 1e9,
+               macs / best[1] / 1e9, best[1] / best[0], dflt);
+        fflush(stdout);
+        free(w);
+    }
+    free(xs);
+    free(ys);
     printf("\nggml: %s --op vec_dot_q --type T --size N -i 5 (the same number of weights); "
            "both sides one thread; three alternating rounds, best of each side. ggml prints its "
            "throughput from the average cycles, which other processes' load inflates; the "

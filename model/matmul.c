@@ -83,8 +83,17 @@ static enum act_kind act_kind(uint32_t type)
 /* Bytes of the scratch that holds one quantized activation row of n elements. */
 static size_t act_bytes(int n)
 {
+    size_t pad = (size_t)kvp_group_pad(n, 32);  /* the larger of the two paddings */
     return (size_t)n + (size_t)(n / KVP_QK) * 2 * sizeof(float) +
-           (size_t)(n / 16) * (sizeof(int16_t) + sizeof(float));
+           (size_t)(n / 16) * (sizeof(int16_t) + sizeof(float)) + pad + 2 * pad / 16 * sizeof(float);
+}
+
+/* lrintf's rounding (to nearest, ties to even) for |v| < 2^22, without a libm call:
+ * adding 1.5 * 2^23 leaves no fraction bits (IEEE arithmetic: not folded away) */
+static inline int round_even(float v)
+{
+    const float big = 12582912.0f;
+    return (int)((v + big) - big);
 }
 
 static void act_quantize(kvp_act *a, enum act_kind kind, const float *x, int n, void *scratch)
@@ -103,11 +112,11 @@ static void act_quantize(kvp_act *a, enum act_kind kind, const float *x, int n, 
             const float *xb = x + b * KVP_QK;
             float amax = 0.0f;
             for (int j = 0; j < KVP_QK; j++)
-                amax = fmaxf(amax, fabsf(xb[j]));
+                amax = fabsf(xb[j]) > amax ? fabsf(xb[j]) : amax;
             float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
             int sum = 0;
             for (int j = 0; j < KVP_QK; j++) {
-                int v = (int)lrintf(xb[j] * id);
+                int v = round_even(xb[j] * id);
                 a->q[b * KVP_QK + j] = (int8_t)v;
                 sum += v;
             }
@@ -137,7 +146,7 @@ static void act_quantize(kvp_act *a, enum act_kind kind, const float *x, int n, 
         }
         float iscale = -127.0f / max;
         for (int j = 0; j < KVP_QK_K; j++) {
-            int v = (int)lrintf(iscale * xb[j]);
+            int v = round_even(iscale * xb[j]);
             q[j] = (int8_t)(v > 127 ? 127 : v);
         }
         for (int g = 0; g < 16; g++) {
@@ -149,6 +158,32 @@ static void act_quantize(kvp_act *a, enum act_kind kind, const float *x, int n, 
         a->d[b] = 1.0f / iscale;
         for (int g = 0; g < 16; g++)
             s16[g] = a->d[b] * (float)bs[g];
+    }
+}
+
+/* The grouped copy of a quantized activation row for the SIMD GEMM (matmul_kernels.h):
+ * codes, and the scale and d * sum(q) of each sub-block of the weight type's size. */
+static void act_group(kvp_act *a, uint32_t type, enum act_kind kind)
+{
+    int n = a->n, g = kvp_gemm_group(type), pad = kvp_group_pad(n, g);
+    a->g = g;
+    a->qg = a->q + n;
+    a->dg = (float *)(a->qg + pad);
+    a->sg = a->dg + pad / g;
+    kvp_group_bytes((const uint8_t *)a->q, n, g, (uint8_t *)a->qg);
+    for (int j = 0; j < pad / g; j++) {
+        if (j * g >= n) {
+            a->dg[j] = a->sg[j] = 0.0f;
+        } else if (kind == ACT_Q8) {  /* g = 32, the activation's own blocks */
+            a->dg[j] = a->d[j];
+            a->sg[j] = a->s[j];
+        } else if (g == 16) {
+            a->dg[j] = a->d[j / 16];
+            a->sg[j] = a->s16[j];
+        } else {
+            a->dg[j] = a->d[j / 8];
+            a->sg[j] = a->s16[2 * j] + a->s16[2 * j + 1];
+        }
     }
 }
 
@@ -319,9 +354,12 @@ static void matmul_tiles(float *y, const float *x, const kvp_weight *w, int T, i
 
 static void quantize_rows(const job *j, int t0, int t1)
 {
-    for (int t = t0; t < t1; t++)
-        act_quantize(&j->act[t], act_kind(j->w->type), j->x + (size_t)t * j->w->cols, j->w->cols,
+    enum act_kind kind = act_kind(j->w->type);
+    for (int t = t0; t < t1; t++) {
+        act_quantize(&j->act[t], kind, j->x + (size_t)t * j->w->cols, j->w->cols,
                      j->scratch + j->per * (size_t)t);
+        act_group(&j->act[t], j->w->type, kind);
+    }
 }
 
 /* Packs a chunk of rows (each thread keeps its own buffer) and multiplies it with every
@@ -376,6 +414,12 @@ void kvp_matmul_force_prefill(enum kvp_prefill_path path)
 {
     pthread_once(&init_once, select_kernels);
     atomic_store(&prefill_forced, path);
+}
+
+const char *kvp_matmul_prefill_path(uint32_t type)
+{
+    pthread_once(&init_once, select_kernels);
+    return type == KVP_GGML_F32 ? "f32 sgemm" : prefill_int8(type) ? "int8" : "sgemm";
 }
 
 void kvp_matmul(float *y, const float *x, const kvp_weight *w, int T, int accumulate)

@@ -41,6 +41,8 @@ enum kvp_prefill_path { KVP_PREFILL_AUTO, KVP_PREFILL_SGEMM, KVP_PREFILL_INT8 };
 /* Forces the prefill path of every later call in the process (tests and benchmarks;
  * KVP_PREFILL sets it at start). INT8 applies to the types that have an int8 GEMM. */
 void kvp_matmul_force_prefill(enum kvp_prefill_path path);
+/* The prefill path blocks of `type` take now: "int8", "sgemm" (or "f32 sgemm"). */
+const char *kvp_matmul_prefill_path(uint32_t type);
 
 /* Decodes row r of W into out[cols] (embedding lookup). */
 void kvp_weight_row(const kvp_weight *w, int r, float *out);

@@ -13,6 +13,7 @@
 #define KVP_MATMUL_KERNELS_H
 
 #include <stdint.h>
+#include <string.h>
 
 #include "model/gguf.h"
 #include "model/matmul.h"
@@ -26,11 +27,46 @@ typedef struct kvp_act {
     int16_t *bsums;     /* [n/16]: sums of q over each 16 (K formats) */
     float *s16;         /* [n/16]: d * bsums (K formats) */
     int8_t *q;          /* [n] */
+    /* for the SIMD GEMM (prefill only), the same codes in the grouped layout below */
+    int g;              /* sub-block size: kvp_gemm_group(weight type) */
+    int8_t *qg;         /* [kvp_group_pad(n, g)] */
+    float *dg, *sg;     /* [pad / g]: scale and d * sum(q) of each sub-block */
 } kvp_act;
+
+/* The grouped layout of the SIMD GEMM: sub-blocks of g elements (the finest unit with
+ * one scale: 32 for the _0/_1 formats, Q4_K and Q5_K; 16 for Q2_K, Q3_K and Q6_K), eight
+ * at a time. Step s of a group holds bytes 4s..4s+3 of each of its eight sub-blocks, so
+ * each 32-bit lane of a byte dot-product instruction sums one sub-block and a group
+ * needs one conversion to float, not eight. Rows are zero-padded to whole groups. */
+static inline int kvp_gemm_group(uint32_t type)
+{
+    return type == KVP_GGML_Q2_K || type == KVP_GGML_Q3_K || type == KVP_GGML_Q6_K ? 16 : 32;
+}
+
+static inline int kvp_group_pad(int n, int g)
+{
+    return (n + 8 * g - 1) / (8 * g) * (8 * g);
+}
+
+/* src[n] in element order -> dst[kvp_group_pad(n, g)] in the grouped layout */
+static inline void kvp_group_bytes(const uint8_t *src, int n, int g, uint8_t *dst)
+{
+    int pad = kvp_group_pad(n, g);
+    for (int j = 0; j < pad / g; j++)        /* sub-block j: group j / 8, lane j % 8 */
+        for (int s = 0; s < g / 4; s++) {
+            uint8_t *o = dst + (j / 8) * 8 * g + 32 * s + 4 * (j % 8);
+            if (j * g < n)
+                memcpy(o, src + j * g + 4 * s, 4);
+            else
+                memset(o, 0, 4);
+        }
+}
 
 typedef float (*kvp_dot_fn)(const void *row, const kvp_act *a);
 
-/* A packed weight row of n elements (n a multiple of 32), KVP_PACK_BYTES(n) bytes:
+/* A packed weight row of n elements (n a multiple of 32), at most KVP_PACK_BYTES(n)
+ * bytes. Each kernel set packs in its own layout and its gemm reads that layout. The
+ * scalar set's (the reference, element order), which the SIMD sets start from:
  *   codes  u8 [n]     element e's code, unsigned (0..255)
  *   scale  f32 [n/32] family A (_0/_1 formats): the weight scale of each block of 32;
  *                     family B (K formats): the super-block scale d in [n/256]
@@ -39,9 +75,10 @@ typedef float (*kvp_dot_fn)(const void *row, const kvp_act *a);
  *                       A: sum_b scale[b] d_a[b] (codes . q)_b + sum_b kx[b] s[b]
  *                       B: sum_B scale[B] d_a[B] sum_j sc16[j] (codes . q)_j
  *                          + sum_j kx[j] s16[j]
- * (with the activation's d, s, s16 of matmul_kernels.h's kvp_act). The AVX2 kernels
- * keep Q8_0's codes signed instead (its maddubs would saturate on 255 x 127 pairs). */
-#define KVP_PACK_BYTES(n) ((size_t)(n) * 3 / 2)
+ * (with the activation's d, s, s16 of kvp_act). The SIMD sets regroup it: codes in the
+ * grouped layout, one f32 scale and one kx per sub-block of g (AVX2 keeps Q8_0's codes
+ * signed: its maddubs would saturate on 255 x 127 pairs). */
+#define KVP_PACK_BYTES(n) ((size_t)((n) + 255) / 256 * 256 * 2)
 static inline float *kvp_pack_scale(uint8_t *p, int n) { return (float *)(p + n); }
 static inline int16_t *kvp_pack_sc16(uint8_t *p, int n) { return (int16_t *)(p + n + n / 8); }
 static inline float *kvp_pack_kx(uint8_t *p, int n) { return (float *)(p + n + n / 4); }
@@ -56,13 +93,13 @@ typedef void (*kvp_gemm_fn)(const uint8_t *packed, size_t stride, int rows, cons
 typedef struct kvp_kernel_set {
     kvp_dot_fn dot[KVP_N_WEIGHT_TYPES];
     kvp_pack_fn pack[KVP_N_WEIGHT_TYPES];   /* NULL: no int8 GEMM for the type */
+    kvp_pack_fn scalar_pack[KVP_N_WEIGHT_TYPES];  /* the scalar set's (element order) */
     kvp_gemm_fn gemm[KVP_N_WEIGHT_TYPES];
 } kvp_kernel_set;
 
 /* Fill the set with each instruction set's kernels (the later ones replace entries of
- * the earlier ones; a missing entry keeps the scalar kernel). The packed layout is
- * shared, so a set may replace a type's gemm and keep the scalar pack; it replaces
- * both when its codes differ (AVX2's signed Q8_0). */
+ * the earlier ones; a missing entry keeps the scalar kernel). A set replaces a type's
+ * pack and gemm together (they share a layout). */
 void kvp_kernels_scalar(kvp_kernel_set *k);
 void kvp_kernels_avx2(kvp_kernel_set *k);
 void kvp_kernels_avx512(kvp_kernel_set *k);

@@ -502,7 +502,7 @@ void kvp_kernels_scalar(kvp_kernel_set *k)
         {KVP_GGML_Q6_K, pack_q6_K},
     };
     for (size_t i = 0; i < sizeof packs / sizeof packs[0]; i++) {
-        k->pack[packs[i].type] = packs[i].pack;
+        k->pack[packs[i].type] = k->scalar_pack[packs[i].type] = packs[i].pack;
         k->gemm[packs[i].type] = kvp_type_block(packs[i].type) == KVP_QK ? gemm_block32 : gemm_k;
     }
 }

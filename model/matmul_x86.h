@@ -289,7 +289,12 @@ static inline void store256(uint8_t *p, __m256i v)
     _mm256_storeu_si256((__m256i *)p, v);
 }
 
-/* The _0/_1 formats: scale and offset term per block as matmul_scalar.c packs them. */
+/* Packing runs in two steps: the row in the scalar set's element-order layout (SIMD
+ * decoders below for the common formats, the scalar ones for the rest), then regrouped
+ * (regroup) into this set's layout:
+ *   codes  u8 [pad]      the grouped layout of kvp_gemm_group(type) (pad = kvp_group_pad)
+ *   scale  f32 [pad/g]   each sub-block's weight scale (K formats: d * its integer scale)
+ *   kx     f32 [pad/g]   each sub-block's offset term, against the activation's sg */
 #define PACK_BLOCK32(NAME, BLK, CODES, KX)                                                \
     static void NAME(const void *row, int n, uint8_t *p)                                  \
     {                                                                                     \
@@ -304,15 +309,15 @@ static inline void store256(uint8_t *p, __m256i v)
     }
 #if KVP_VNNI
 /* vpdpbusd sums its byte products in 32 bits: q + 128 fits as unsigned codes */
-PACK_BLOCK32(pack_q8_0, blk_q8_0, _mm256_xor_si256(load256(b->qs), _mm256_set1_epi8(-128)), -128.0f * d)
+PACK_BLOCK32(natural_q8_0, blk_q8_0, _mm256_xor_si256(load256(b->qs), _mm256_set1_epi8(-128)), -128.0f * d)
 #else
-/* maddubs would saturate on 255 x 127 pairs: the codes stay signed (gemm_q8_0_signed) */
-PACK_BLOCK32(pack_q8_0, blk_q8_0, load256(b->qs), 0.0f)
+/* maddubs would saturate on 255 x 127 pairs: the codes stay signed (gemm_signed) */
+PACK_BLOCK32(natural_q8_0, blk_q8_0, load256(b->qs), 0.0f)
 #endif
-PACK_BLOCK32(pack_q4_0, blk_q4_0, nibbles(b->qs), -8.0f * d)
-PACK_BLOCK32(pack_q4_1, blk_q4_1, nibbles(b->qs), h2f(b->m))
-PACK_BLOCK32(pack_q5_0, blk_q5_0, _mm256_or_si256(nibbles(b->qs), fifth_bits(b->qh)), -16.0f * d)
-PACK_BLOCK32(pack_q5_1, blk_q5_1, _mm256_or_si256(nibbles(b->qs), fifth_bits(b->qh)), h2f(b->m))
+PACK_BLOCK32(natural_q4_0, blk_q4_0, nibbles(b->qs), -8.0f * d)
+PACK_BLOCK32(natural_q4_1, blk_q4_1, nibbles(b->qs), h2f(b->m))
+PACK_BLOCK32(natural_q5_0, blk_q5_0, _mm256_or_si256(nibbles(b->qs), fifth_bits(b->qh)), -16.0f * d)
+PACK_BLOCK32(natural_q5_1, blk_q5_1, _mm256_or_si256(nibbles(b->qs), fifth_bits(b->qh)), h2f(b->m))
 
 /* Q4_K / Q5_K: the scale and min of each 32 go to both of its halves of 16 */
 static inline void pack_k_scales(uint8_t *p, int n, int i, const uint8_t *scales, uint16_t d,
@@ -330,7 +335,7 @@ static inline void pack_k_scales(uint8_t *p, int n, int i, const uint8_t *scales
     }
 }
 
-static void pack_q4_K(const void *row, int n, uint8_t *p)
+static void natural_q4_K(const void *row, int n, uint8_t *p)
 {
     const blk_q4_K *b = row;
     const __m256i low4 = _mm256_set1_epi8(0xF);
@@ -345,7 +350,7 @@ static void pack_q4_K(const void *row, int n, uint8_t *p)
     }
 }
 
-static void pack_q5_K(const void *row, int n, uint8_t *p)
+static void natural_q5_K(const void *row, int n, uint8_t *p)
 {
     const blk_q5_K *b = row;
     const __m256i low4 = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1);
@@ -365,7 +370,7 @@ static void pack_q5_K(const void *row, int n, uint8_t *p)
     }
 }
 
-static void pack_q6_K(const void *row, int n, uint8_t *p)
+static void natural_q6_K(const void *row, int n, uint8_t *p)
 {
     const blk_q6_K *b = row;
     const __m256i low4 = _mm256_set1_epi8(0xF), low2 = _mm256_set1_epi8(3);
@@ -393,6 +398,58 @@ static void pack_q6_K(const void *row, int n, uint8_t *p)
     }
 }
 
+/* Where a SIMD set's packed row keeps its sub-block scales and offset terms. */
+static inline float *grouped_scale(const uint8_t *p, int n, int g)
+{
+    return (float *)(p + kvp_group_pad(n, g));
+}
+
+static inline float *grouped_kx(const uint8_t *p, int n, int g)
+{
+    int pad = kvp_group_pad(n, g);
+    return (float *)(p + pad) + pad / g;
+}
+
+/* The scalar set's layout (nat) -> this set's (p), for a type of sub-block size g. */
+static void regroup(uint32_t type, const uint8_t *nat, int n, uint8_t *p)
+{
+    int g = kvp_gemm_group(type), pad = kvp_group_pad(n, g);
+    float *scale = grouped_scale(p, n, g), *kx = grouped_kx(p, n, g);
+    const float *nscale = kvp_pack_scale((uint8_t *)nat, n), *nkx = kvp_pack_kx((uint8_t *)nat, n);
+    const int16_t *sc16 = kvp_pack_sc16((uint8_t *)nat, n);
+    int k_format = kvp_type_block(type) == KVP_QK_K, per16 = g / 16;
+    kvp_group_bytes(nat, n, g, p);
+    for (int j = 0; j < pad / g; j++) {
+        if (j * g >= n)
+            scale[j] = kx[j] = 0.0f;
+        else if (!k_format)
+            scale[j] = nscale[j], kx[j] = nkx[j];
+        else
+            scale[j] = nscale[j * g / KVP_QK_K] * (float)sc16[j * per16],
+            kx[j] = nkx[j * per16];
+    }
+}
+
+/* pack = the element-order packer (SIMD where written, else the scalar set's) + regroup */
+static kvp_pack_fn natural[KVP_N_WEIGHT_TYPES];
+#define PACK_GROUPED(TYPE)                                                                \
+    static void pack_##TYPE(const void *row, int n, uint8_t *p)                          \
+    {                                                                                     \
+        uint8_t nat[KVP_PACK_BYTES(n)];                                                   \
+        natural[TYPE](row, n, nat);                                                       \
+        regroup(TYPE, nat, n, p);                                                         \
+    }
+PACK_GROUPED(KVP_GGML_Q8_0)
+PACK_GROUPED(KVP_GGML_Q4_0)
+PACK_GROUPED(KVP_GGML_Q4_1)
+PACK_GROUPED(KVP_GGML_Q5_0)
+PACK_GROUPED(KVP_GGML_Q5_1)
+PACK_GROUPED(KVP_GGML_Q2_K)
+PACK_GROUPED(KVP_GGML_Q3_K)
+PACK_GROUPED(KVP_GGML_Q4_K)
+PACK_GROUPED(KVP_GGML_Q5_K)
+PACK_GROUPED(KVP_GGML_Q6_K)
+
 /* sum of a[i] * b[i], i < len */
 static inline float dotf(const float *a, const float *b, int len)
 {
@@ -406,155 +463,119 @@ static inline float dotf(const float *a, const float *b, int len)
     return sum;
 }
 
-static inline void put(float *y, float v, int accumulate)
-{
-    *y = accumulate ? *y + v : v;
-}
-
 /* Tiles of R packed rows x C activation rows: each loaded code register serves C
  * tokens and each activation register R rows. R and C are constants where the tile is
  * full (the loops unroll into registers) and the remainder where it is not. AVX-512
  * has 32 vector registers, AVX2 16. */
 #if KVP_VNNI
-enum { RA = 4, CA = 4, RB = 2, CB = 4 };
+enum { RT = 4, CT = 4 };
 #else
-enum { RA = 2, CA = 4, RB = 2, CB = 4 };
+enum { RT = 2, CT = 4 };
 #endif
 
-/* Family A: y = sum_b scale_b d_b (codes . q)_b + sum_b kx_b s_b; SIGNED (AVX2 Q8_0):
- * signed codes, no offset term. */
+/* y[c][r] = sum over groups of (scale_r * dg_c) . (int32 lanes: one sub-block each)
+ *         + kx_r . sg_c; SIGNED (AVX2's Q8_0): signed codes, no offset term. */
 static inline __attribute__((always_inline)) void
-tile_block32(const uint8_t *packed, size_t stride, int R, const kvp_act *act, int C, float *y,
-             int ldy, int accumulate, int SIGNED)
+tile(const uint8_t *packed, size_t stride, int R, const kvp_act *act, int C, float *y, int ldy,
+     int accumulate, int SIGNED, int g)
 {
-    const int n = act[0].n;
-    const uint8_t *codes[RA] = {0};
-    const float *scale[RA] = {0};
-    __m256 acc[RA][CA] = {{{0}}};
+    const int n = act[0].n, pad = kvp_group_pad(n, g), steps = g / 4;
+    const uint8_t *codes[RT] = {0};
+    const float *scale[RT] = {0};
+    __m256 acc[RT][CT] = {{{0}}};
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) {
         codes[r] = packed + (size_t)r * stride;
-        scale[r] = kvp_pack_scale((uint8_t *)codes[r], n);
+        scale[r] = grouped_scale(codes[r], n, g);
     }
-    for (int b = 0; b < n / KVP_QK; b++) {
-        __m256i w[RA] = {{0}}, aw[RA] = {{0}};
-        __m256 dw[RA] = {{0}};
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) {
-            w[r] = load256(codes[r] + b * KVP_QK);
-            aw[r] = SIGNED ? _mm256_sign_epi8(w[r], w[r]) : w[r];
-            dw[r] = _mm256_broadcast_ss(scale[r] + b);
-        }
-#pragma GCC unroll 4
-        for (int c = 0; c < C; c++) {
-            __m256i q = load256(act[c].q + b * KVP_QK);
-            __m256 da = _mm256_broadcast_ss(act[c].d + b);
+    for (int k = 0; k < pad / (8 * g); k++) {
+        __m256i isum[RT][CT] = {{{0}}};
+#pragma GCC unroll 8
+        for (int s = 0; s < steps; s++) {
+            __m256i w[RT] = {{0}}, aw[RT] = {{0}};
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++) {
-                __m256i p = mulsum_i32(aw[r], SIGNED ? _mm256_sign_epi8(q, w[r]) : q);
-                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dw[r], da), acc[r][c]);
-            }
-        }
-    }
-    for (int r = 0; r < R; r++) {
-        const float *kx = kvp_pack_kx((uint8_t *)codes[r], n);
-        for (int c = 0; c < C; c++) {
-            float v = hsum(acc[r][c]) + (SIGNED ? 0.0f : dotf(kx, act[c].s, n / KVP_QK));
-            put(&y[(size_t)c * ldy + r], v, accumulate);
-        }
-    }
-}
-
-/* Family B: y = sum_B scale_B d_B sum_j sc16_j (codes . q)_j + sum_j kx_j s16_j */
-static inline __attribute__((always_inline)) void
-tile_k(const uint8_t *packed, size_t stride, int R, const kvp_act *act, int C, float *y, int ldy,
-       int accumulate)
-{
-    const int n = act[0].n;
-    const uint8_t *codes[RB] = {0};
-    const int16_t *sc[RB] = {0};
-    const float *scale[RB] = {0};
-    __m256 acc[RB][CB] = {{{0}}};
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++) {
-        codes[r] = packed + (size_t)r * stride;
-        sc[r] = kvp_pack_sc16((uint8_t *)codes[r], n);
-        scale[r] = kvp_pack_scale((uint8_t *)codes[r], n);
-    }
-    for (int B = 0; B < n / KVP_QK_K; B++) {
-        __m256i isum[RB][CB] = {{{0}}};
-        for (int k = 0; k < KVP_QK_K / 32; k++) {
-            __m256i w[RB] = {{0}}, s[RB] = {{0}};
-#pragma GCC unroll 4
-            for (int r = 0; r < R; r++) {
-                w[r] = load256(codes[r] + B * KVP_QK_K + 32 * k);
-                const int16_t *s2 = sc[r] + 16 * B + 2 * k;
-                s[r] = _mm256_set_m128i(_mm_set1_epi16(s2[1]), _mm_set1_epi16(s2[0]));
+                w[r] = load256(codes[r] + k * 8 * g + 32 * s);
+                aw[r] = SIGNED ? _mm256_sign_epi8(w[r], w[r]) : w[r];
             }
 #pragma GCC unroll 4
             for (int c = 0; c < C; c++) {
-                __m256i q = load256(act[c].q + B * KVP_QK_K + 32 * k);
+                __m256i q = load256(act[c].qg + k * 8 * g + 32 * s);
 #pragma GCC unroll 4
                 for (int r = 0; r < R; r++) {
-                    __m256i m = _mm256_maddubs_epi16(w[r], q);
+                    __m256i qs = SIGNED ? _mm256_sign_epi8(q, w[r]) : q;
 #if KVP_VNNI
-                    isum[r][c] = _mm256_dpwssd_epi32(isum[r][c], m, s[r]);
+                    isum[r][c] = _mm256_dpbusd_epi32(isum[r][c], aw[r], qs);
 #else
-                    isum[r][c] = _mm256_add_epi32(isum[r][c], _mm256_madd_epi16(m, s[r]));
+                    isum[r][c] = _mm256_add_epi32(isum[r][c], mulsum_i32(aw[r], qs));
 #endif
                 }
             }
         }
 #pragma GCC unroll 4
-        for (int r = 0; r < R; r++)
+        for (int r = 0; r < R; r++) {
+            __m256 sw = _mm256_loadu_ps(scale[r] + 8 * k);
 #pragma GCC unroll 4
             for (int c = 0; c < C; c++)
                 acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r][c]),
-                                            _mm256_set1_ps(scale[r][B] * act[c].d[B]), acc[r][c]);
+                                            _mm256_mul_ps(sw, _mm256_loadu_ps(act[c].dg + 8 * k)),
+                                            acc[r][c]);
+        }
     }
+#pragma GCC unroll 4
     for (int r = 0; r < R; r++) {
-        const float *kx = kvp_pack_kx((uint8_t *)codes[r], n);
-        for (int c = 0; c < C; c++)
-            put(&y[(size_t)c * ldy + r], hsum(acc[r][c]) + dotf(kx, act[c].s16, n / 16), accumulate);
+        const float *kx = grouped_kx(codes[r], n, g);
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) {
+            float v = hsum(acc[r][c]) + (SIGNED ? 0.0f : dotf(kx, act[c].sg, pad / g));
+            float *o = &y[(size_t)c * ldy + r];
+            *o = accumulate ? *o + v : v;
+        }
     }
 }
 
 /* Remainder tiles (fewer rows or tokens than a full tile): the same code, not unrolled */
-static __attribute__((noinline)) void tail_block32(const uint8_t *p, size_t stride, int R,
-                                                   const kvp_act *act, int C, float *y, int ldy,
-                                                   int accumulate, int SIGNED)
+static __attribute__((noinline)) void tail(const uint8_t *p, size_t stride, int R,
+                                           const kvp_act *act, int C, float *y, int ldy,
+                                           int accumulate, int SIGNED)
 {
-    tile_block32(p, stride, R, act, C, y, ldy, accumulate, SIGNED);
-}
-
-static __attribute__((noinline)) void tail_k(const uint8_t *p, size_t stride, int R,
-                                             const kvp_act *act, int C, float *y, int ldy,
-                                             int accumulate)
-{
-    tile_k(p, stride, R, act, C, y, ldy, accumulate);
+    tile(p, stride, R, act, C, y, ldy, accumulate, SIGNED, act[0].g);
 }
 
 /* Token tiles outside, row tiles inside: the chunk's packed rows stay in L2 while a
  * tile of activations stays in L1. */
-#define GEMM(NAME, TILE, TAIL, R, C, ...)                                                 \
-    static void NAME(const uint8_t *packed, size_t stride, int rows, const kvp_act *act,   \
-                     int T, float *y, int ldy, int accumulate)                            \
-    {                                                                                     \
-        for (int t = 0; t < T; t += C)                                                    \
-            for (int r = 0; r < rows; r += R) {                                           \
-                const uint8_t *p = packed + (size_t)r * stride;                           \
-                float *yt = y + (size_t)t * ldy + r;                                      \
-                if (r + R <= rows && t + C <= T)                                          \
-                    TILE(p, stride, R, act + t, C, yt, ldy, accumulate __VA_ARGS__);      \
-                else                                                                      \
-                    TAIL(p, stride, rows - r < R ? rows - r : R, act + t,                 \
-                         T - t < C ? T - t : C, yt, ldy, accumulate __VA_ARGS__);         \
-            }                                                                             \
-    }
-GEMM(gemm_block32, tile_block32, tail_block32, RA, CA, , 0)
-GEMM(gemm_k, tile_k, tail_k, RB, CB, )
+static inline __attribute__((always_inline)) void
+gemm_tiles(const uint8_t *packed, size_t stride, int rows, const kvp_act *act, int T, float *y,
+           int ldy, int accumulate, int SIGNED, int g)
+{
+    for (int t = 0; t < T; t += CT)
+        for (int r = 0; r < rows; r += RT) {
+            const uint8_t *p = packed + (size_t)r * stride;
+            float *yt = y + (size_t)t * ldy + r;
+            if (r + RT <= rows && t + CT <= T)
+                tile(p, stride, RT, act + t, CT, yt, ldy, accumulate, SIGNED, g);
+            else
+                tail(p, stride, rows - r < RT ? rows - r : RT, act + t, T - t < CT ? T - t : CT,
+                     yt, ldy, accumulate, SIGNED);
+        }
+}
+
+/* one instance per sub-block size, so the steps of a group unroll too */
+static void gemm_unsigned(const uint8_t *packed, size_t stride, int rows, const kvp_act *act,
+                          int T, float *y, int ldy, int accumulate)
+{
+    if (act[0].g == 16)
+        gemm_tiles(packed, stride, rows, act, T, y, ldy, accumulate, 0, 16);
+    else
+        gemm_tiles(packed, stride, rows, act, T, y, ldy, accumulate, 0, 32);
+}
+
 #if !KVP_VNNI
-GEMM(gemm_q8_0_signed, tile_block32, tail_block32, RA, CA, , 1)
+static void gemm_signed(const uint8_t *packed, size_t stride, int rows, const kvp_act *act,
+                        int T, float *y, int ldy, int accumulate)
+{
+    gemm_tiles(packed, stride, rows, act, T, y, ldy, accumulate, 1, 32);
+}
 #endif
 
 void KVP_KERNELS(kvp_kernel_set *ks)
@@ -570,24 +591,28 @@ void KVP_KERNELS(kvp_kernel_set *ks)
     tab[KVP_GGML_Q4_K] = dot_q4_K;
     tab[KVP_GGML_Q5_K] = dot_q5_K;
     tab[KVP_GGML_Q6_K] = dot_q6_K;
-    ks->pack[KVP_GGML_Q8_0] = pack_q8_0;
-    ks->pack[KVP_GGML_Q4_0] = pack_q4_0;
-    ks->pack[KVP_GGML_Q4_1] = pack_q4_1;
-    ks->pack[KVP_GGML_Q5_0] = pack_q5_0;
-    ks->pack[KVP_GGML_Q5_1] = pack_q5_1;
-    ks->pack[KVP_GGML_Q4_K] = pack_q4_K;
-    ks->pack[KVP_GGML_Q5_K] = pack_q5_K;
-    ks->pack[KVP_GGML_Q6_K] = pack_q6_K;
-    /* Q2_K and Q3_K keep the scalar pack; the packed layout is shared */
-    static const uint32_t block32[] = {KVP_GGML_Q8_0, KVP_GGML_Q4_0, KVP_GGML_Q4_1,
-                                       KVP_GGML_Q5_0, KVP_GGML_Q5_1};
-    static const uint32_t k[] = {KVP_GGML_Q2_K, KVP_GGML_Q3_K, KVP_GGML_Q4_K, KVP_GGML_Q5_K,
-                                 KVP_GGML_Q6_K};
-    for (size_t i = 0; i < sizeof block32 / sizeof block32[0]; i++)
-        ks->gemm[block32[i]] = gemm_block32;
-    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
-        ks->gemm[k[i]] = gemm_k;
+    /* the element-order packers: the scalar set's, replaced where written here */
+    memcpy(natural, ks->scalar_pack, sizeof natural);
+    natural[KVP_GGML_Q8_0] = natural_q8_0;
+    natural[KVP_GGML_Q4_0] = natural_q4_0;
+    natural[KVP_GGML_Q4_1] = natural_q4_1;
+    natural[KVP_GGML_Q5_0] = natural_q5_0;
+    natural[KVP_GGML_Q5_1] = natural_q5_1;
+    natural[KVP_GGML_Q4_K] = natural_q4_K;
+    natural[KVP_GGML_Q5_K] = natural_q5_K;
+    natural[KVP_GGML_Q6_K] = natural_q6_K;
+    static const struct { uint32_t type; kvp_pack_fn pack; } packs[] = {
+        {KVP_GGML_Q8_0, pack_KVP_GGML_Q8_0}, {KVP_GGML_Q4_0, pack_KVP_GGML_Q4_0},
+        {KVP_GGML_Q4_1, pack_KVP_GGML_Q4_1}, {KVP_GGML_Q5_0, pack_KVP_GGML_Q5_0},
+        {KVP_GGML_Q5_1, pack_KVP_GGML_Q5_1}, {KVP_GGML_Q2_K, pack_KVP_GGML_Q2_K},
+        {KVP_GGML_Q3_K, pack_KVP_GGML_Q3_K}, {KVP_GGML_Q4_K, pack_KVP_GGML_Q4_K},
+        {KVP_GGML_Q5_K, pack_KVP_GGML_Q5_K}, {KVP_GGML_Q6_K, pack_KVP_GGML_Q6_K},
+    };
+    for (size_t i = 0; i < sizeof packs / sizeof packs[0]; i++) {
+        ks->pack[packs[i].type] = packs[i].pack;
+        ks->gemm[packs[i].type] = gemm_unsigned;
+    }
 #if !KVP_VNNI
-    ks->gemm[KVP_GGML_Q8_0] = gemm_q8_0_signed;
+    ks->gemm[KVP_GGML_Q8_0] = gemm_signed;
 #endif
 }

@@ -1,8 +1,9 @@
 /* The forward pass on quantized weights against ggml's fixtures
  * (../shared/fixtures/arch/NAME.gguf and NAME.expected.gguf): the exact path (weights
- * decoded to f32, f32 activations: a prefill block) within 1e-4 of `logits`; the decode
- * path (8-bit activations) about as far from `logits` as ggml's own quantized path
- * (`logits_ggml_quantized`). meson runs it with the CPU's kernels and KVP_SIMD=scalar. */
+ * decoded to f32, f32 activations: a prefill block on the tiles + sgemm path) within
+ * 1e-4 of `logits`; the decode path and the int8 GEMM prefill (8-bit activations) about
+ * as far from `logits` as ggml's own quantized path (`logits_ggml_quantized`). meson
+ * runs it with the CPU's kernels and KVP_SIMD=scalar. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -12,6 +13,7 @@
 #include "cache/kvcache.h"
 #include "model/forward.h"
 #include "model/gguf.h"
+#include "model/matmul.h"
 #include "model/model.h"
 #include "testutil.h"
 
@@ -83,7 +85,9 @@ static void check(const char *name, uint32_t matrix_type)
     for (size_t i = 0; i < n; i++)
         top = fmax(top, fabs(f.logits[i]));
 
+    kvp_matmul_force_prefill(KVP_PREFILL_SGEMM);
     float *exact = run(&f, N_TOK);
+    kvp_matmul_force_prefill(KVP_PREFILL_AUTO);
     double e = max_diff(exact, f.logits, n);
     cr_expect(e <= 1e-4, "%s exact path: max |logit error| %.3g > 1e-4", name, e);
 
@@ -93,6 +97,14 @@ static void check(const char *name, uint32_t matrix_type)
               "path %.4g (largest logit %.3g)", name, kvp_matmul_simd(), got, ggml, top);
     cr_expect(got > 1e-4, "%s decode path: suspiciously exact (%.3g): are activations quantized?",
               name, got);
+
+    cr_assert_str_eq(kvp_matmul_prefill_path(matrix_type), "int8");
+    float *gemm = run(&f, N_TOK);
+    double prefill = max_diff(gemm, f.logits, n);
+    cr_expect(prefill <= 1.25 * ggml, "%s int8 prefill (%s): max |logit error| %.4g, ggml's "
+              "quantized path %.4g", name, kvp_matmul_simd(), prefill, ggml);
+    cr_expect(prefill > 1e-4, "%s int8 prefill: suspiciously exact (%.3g)", name, prefill);
+    free(gemm);
     free(exact);
     free(fast);
     unload(&f);
