@@ -120,6 +120,7 @@ typedef struct result {
     double decode_tps;
     int blocks[2];
     double prefill_tps[2];
+    double prefill_sgemm_tps;  /* the largest block on tiles + sgemm, when int8 is the default */
     int threads;
 } result;
 
@@ -211,6 +212,11 @@ static void bench_model(result *res, const char *label, const char *path, const 
     res->decode_tps = run_decode(&m, &s, &c, res->decode_n, reps);
     for (int b = 0; b < 2; b++)
         res->prefill_tps[b] = run_prefill(&m, &s, &c, res->blocks[b], total, reps);
+    if (!strcmp(kvp_matmul_prefill_path(m.layers[0].w_up.type), "int8")) {
+        kvp_matmul_force_prefill(KVP_PREFILL_SGEMM);  /* the other prefill path, same blocks */
+        res->prefill_sgemm_tps = run_prefill(&m, &s, &c, res->blocks[1], total, reps);
+        kvp_matmul_force_prefill(KVP_PREFILL_AUTO);
+    }
     res->rss_mb = rss_mb() - rss0;
     res->ok = res->decode_tps > 0 && res->prefill_tps[0] > 0 && res->prefill_tps[1] > 0;
     if (!res->ok)
@@ -356,26 +362,30 @@ int main(int argc, char **argv)
            getenv("KVP_THREADS") ? getenv("KVP_THREADS") : "all CPUs");
     printf("| model | weights | weight MB/token | RSS MB | decode tok/s | decode GB/s "
            "| BW fraction | prefill tok/s (block) | prefill tok/s (block) | prefill/decode "
-           "| decode vs f32 |\n");
-    printf("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+           "| prefill tok/s, tiles + sgemm | int8 / sgemm prefill | decode vs f32 |\n");
+    printf("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     int failed = 0;
     for (int i = 0; i < n_res; i++) {
         const result *r = &res[i];
         if (!r->ok) {
-            printf("| %s | failed | | | | | | | | | |\n", r->name);
+            printf("| %s | failed | | | | | | | | | | | |\n", r->name);
             failed = 1;
             continue;
         }
         double gbs = r->weight_bytes * r->decode_tps;
         double best_prefill = r->prefill_tps[1] > r->prefill_tps[0] ? r->prefill_tps[1]
                                                                      : r->prefill_tps[0];
-        char vs[32] = "";
+        char vs[32] = "", sg[32] = "-", ratio[32] = "-";
         if (i > qwen_first && res[qwen_first].ok)
             snprintf(vs, sizeof vs, "%.2fx", r->decode_tps / res[qwen_first].decode_tps);
-        printf("| %s | %s | %.2f | %.0f | %.1f | %.2f | %.2f | %.0f (%d) | %.0f (%d) | %.1fx | %s |\n",
+        if (r->prefill_sgemm_tps > 0) {
+            snprintf(sg, sizeof sg, "%.0f (%d)", r->prefill_sgemm_tps, r->blocks[1]);
+            snprintf(ratio, sizeof ratio, "%.2fx", r->prefill_tps[1] / r->prefill_sgemm_tps);
+        }
+        printf("| %s | %s | %.2f | %.0f | %.1f | %.2f | %.2f | %.0f (%d) | %.0f (%d) | %.1fx | %s | %s | %s |\n",
                r->name, r->mix, r->weight_bytes / 1e6, r->rss_mb, r->decode_tps, gbs / 1e9,
                gbs / bw, r->prefill_tps[0], r->blocks[0], r->prefill_tps[1], r->blocks[1],
-               best_prefill / r->decode_tps, vs);
+               best_prefill / r->decode_tps, sg, ratio, vs);
     }
     printf("\ndecode: single-token steps from position 0 (");
     for (int i = 0; i < n_res; i++)

@@ -88,14 +88,6 @@ static size_t act_bytes(int n)
            (size_t)(n / 16) * (sizeof(int16_t) + sizeof(float)) + pad + 2 * pad / 16 * sizeof(float);
 }
 
-/* lrintf's rounding (to nearest, ties to even) for |v| < 2^22, without a libm call:
- * adding 1.5 * 2^23 leaves no fraction bits (IEEE arithmetic: not folded away) */
-static inline int round_even(float v)
-{
-    const float big = 12582912.0f;
-    return (int)((v + big) - big);
-}
-
 static void act_quantize(kvp_act *a, enum act_kind kind, const float *x, int n, void *scratch)
 {
     a->n = n;
@@ -108,57 +100,12 @@ static void act_quantize(kvp_act *a, enum act_kind kind, const float *x, int n, 
     a->bsums = (int16_t *)(a->s16 + n / 16);
     a->q = (int8_t *)(a->bsums + n / 16);
     if (kind == ACT_Q8) {
-        for (int b = 0; b < n / KVP_QK; b++) {
-            const float *xb = x + b * KVP_QK;
-            float amax = 0.0f;
-            for (int j = 0; j < KVP_QK; j++)
-                amax = fabsf(xb[j]) > amax ? fabsf(xb[j]) : amax;
-            float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
-            int sum = 0;
-            for (int j = 0; j < KVP_QK; j++) {
-                int v = round_even(xb[j] * id);
-                a->q[b * KVP_QK + j] = (int8_t)v;
-                sum += v;
-            }
-            a->d[b] = d;
-            a->s[b] = d * (float)sum;
-        }
+        kernels.quantize[0](x, n, a);
         return;
     }
-    /* q8_K: the signed extreme maps to -127 (so the other side may reach 127) */
-    for (int b = 0; b < n / KVP_QK_K; b++) {
-        const float *xb = x + b * KVP_QK_K;
-        float amax = 0.0f, max = 0.0f;
-        for (int j = 0; j < KVP_QK_K; j++)
-            if (fabsf(xb[j]) > amax) {
-                amax = fabsf(xb[j]);
-                max = xb[j];
-            }
-        int8_t *q = a->q + b * KVP_QK_K;
-        int16_t *bs = a->bsums + b * 16;
-        float *s16 = a->s16 + b * 16;
-        if (amax == 0.0f) {
-            a->d[b] = 0.0f;
-            memset(q, 0, KVP_QK_K);
-            memset(bs, 0, 16 * sizeof *bs);
-            memset(s16, 0, 16 * sizeof *s16);
-            continue;
-        }
-        float iscale = -127.0f / max;
-        for (int j = 0; j < KVP_QK_K; j++) {
-            int v = round_even(iscale * xb[j]);
-            q[j] = (int8_t)(v > 127 ? 127 : v);
-        }
-        for (int g = 0; g < 16; g++) {
-            int s = 0;
-            for (int j = 0; j < 16; j++)
-                s += q[16 * g + j];
-            bs[g] = (int16_t)s;
-        }
-        a->d[b] = 1.0f / iscale;
-        for (int g = 0; g < 16; g++)
-            s16[g] = a->d[b] * (float)bs[g];
-    }
+    kernels.quantize[1](x, n, a);
+    for (int g = 0; g < n / 16; g++)
+        a->s16[g] = a->d[g / 16] * (float)a->bsums[g];
 }
 
 /* The grouped copy of a quantized activation row for the SIMD GEMM (matmul_kernels.h):
@@ -333,13 +280,31 @@ static void matmul_decode(float *y, const float *x, const kvp_weight *w, int T, 
     free(scratch);
 }
 
+/* A buffer of the calling thread, kept between calls: prefill's buffers are MBs, and
+ * malloc would map fresh pages (page faults) on every matrix. */
+typedef struct scratch_buf {
+    void *p;
+    size_t cap;
+} scratch_buf;
+
+static void *scratch_grow(scratch_buf *b, size_t need)
+{
+    if (need > b->cap) {
+        free(b->p);
+        b->p = malloc(need);
+        b->cap = b->p ? need : 0;
+        if (!b->p)
+            abort();  /* the forward pass has no way to report it */
+    }
+    return b->p;
+}
+
 /* ---- prefill path 1: decode tiles of rows to f32, sgemm (f32 activations, exact) ---- */
 
 static void matmul_tiles(float *y, const float *x, const kvp_weight *w, int T, int accumulate)
 {
-    float *tile = malloc((size_t)TILE_ROWS * w->cols * sizeof *tile);
-    if (!tile)
-        abort();
+    static _Thread_local scratch_buf buf;
+    float *tile = scratch_grow(&buf, (size_t)TILE_ROWS * w->cols * sizeof *tile);
     for (int r0 = 0; r0 < w->rows; r0 += TILE_ROWS) {
         int n = w->rows - r0 < TILE_ROWS ? w->rows - r0 : TILE_ROWS;
         kvp_dequantize(w->type, (const uint8_t *)w->data + (size_t)r0 * w->row_bytes, tile,
@@ -347,7 +312,6 @@ static void matmul_tiles(float *y, const float *x, const kvp_weight *w, int T, i
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, n, w->cols, 1.0f, x, w->cols,
                     tile, w->cols, accumulate ? 1.0f : 0.0f, y + r0, w->rows);
     }
-    free(tile);
 }
 
 /* ---- prefill path 2: int8 GEMM (activations quantized as decode does) ---------------- */
@@ -366,17 +330,10 @@ static void quantize_rows(const job *j, int t0, int t1)
  * activation row of the block. */
 static void gemm_rows(const job *j, int r0, int r1)
 {
-    static _Thread_local uint8_t *packed;
-    static _Thread_local size_t cap;
+    static _Thread_local scratch_buf buf;
     const kvp_weight *w = j->w;
-    size_t stride = KVP_PACK_BYTES(w->cols), need = stride * (size_t)(r1 - r0);
-    if (need > cap) {
-        free(packed);
-        packed = malloc(need);
-        cap = packed ? need : 0;
-        if (!packed)
-            abort();  /* GEMM_ROWS packed rows; the forward pass has no way to report it */
-    }
+    size_t stride = KVP_PACK_BYTES(w->cols);
+    uint8_t *packed = scratch_grow(&buf, stride * (size_t)(r1 - r0));
     for (int r = r0; r < r1; r++)
         kernels.pack[w->type]((const uint8_t *)w->data + (size_t)r * w->row_bytes, w->cols,
                               packed + stride * (size_t)(r - r0));
@@ -385,19 +342,16 @@ static void gemm_rows(const job *j, int r0, int r1)
 
 static void matmul_int8(float *y, const float *x, const kvp_weight *w, int T, int accumulate)
 {
+    static _Thread_local scratch_buf act_buf, codes_buf;
     size_t per = act_bytes(w->cols);
-    kvp_act *act = malloc((size_t)T * sizeof *act);
-    unsigned char *scratch = malloc(per * (size_t)T);
-    if (!act || !scratch)
-        abort();
+    kvp_act *act = scratch_grow(&act_buf, (size_t)T * sizeof *act);
+    unsigned char *scratch = scratch_grow(&codes_buf, per * (size_t)T);
     job q = {.fn = quantize_rows, .w = w, .act = act, .x = x, .scratch = scratch, .per = per,
              .rows = T, .chunk = QUANT_ROWS};
     run_job(&q, (size_t)T * w->cols * sizeof *x);
     job j = {.fn = gemm_rows, .w = w, .act = act, .y = y, .T = T, .accumulate = accumulate,
              .rows = w->rows, .chunk = GEMM_ROWS};
     run_job(&j, (size_t)w->rows * w->row_bytes * (size_t)T);
-    free(scratch);
-    free(act);
 }
 
 /* Which prefill path a type takes unless one is forced: the int8 GEMM where the type

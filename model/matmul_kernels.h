@@ -90,7 +90,12 @@ typedef void (*kvp_pack_fn)(const void *row, int n, uint8_t *packed);
 typedef void (*kvp_gemm_fn)(const uint8_t *packed, size_t stride, int rows, const kvp_act *act,
                             int T, float *y, int ldy, int accumulate);
 
+/* Quantizes n activations into a->q and a->d, and a->s (blocks of 32: q8_0's rule,
+ * d = amax / 127) or a->bsums (blocks of 256: q8_K's, the signed extreme -> -127). */
+typedef void (*kvp_quant_fn)(const float *x, int n, kvp_act *a);
+
 typedef struct kvp_kernel_set {
+    kvp_quant_fn quantize[2];               /* blocks of 32, blocks of 256 */
     kvp_dot_fn dot[KVP_N_WEIGHT_TYPES];
     kvp_pack_fn pack[KVP_N_WEIGHT_TYPES];   /* NULL: no int8 GEMM for the type */
     kvp_pack_fn scalar_pack[KVP_N_WEIGHT_TYPES];  /* the scalar set's (element order) */

@@ -1,8 +1,69 @@
 /* Portable dot-product kernels (see matmul_kernels.h): the reference for the SIMD
  * kernels, and what runs where neither AVX2 nor AVX-512 does (or KVP_SIMD=scalar). */
+#include <math.h>
 #include <string.h>
 
 #include "model/matmul_kernels.h"
+
+/* lrintf's rounding (to nearest, ties to even) for |v| < 2^22, without a libm call:
+ * adding 1.5 * 2^23 leaves no fraction bits (IEEE arithmetic: not folded away) */
+static inline int round_even(float v)
+{
+    const float big = 12582912.0f;
+    return (int)((v + big) - big);
+}
+
+static void quantize32(const float *x, int n, kvp_act *a)
+{
+    for (int b = 0; b < n / KVP_QK; b++) {
+        const float *xb = x + b * KVP_QK;
+        float amax = 0.0f;
+        for (int j = 0; j < KVP_QK; j++)
+            amax = fabsf(xb[j]) > amax ? fabsf(xb[j]) : amax;
+        float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+        int sum = 0;
+        for (int j = 0; j < KVP_QK; j++) {
+            int v = round_even(xb[j] * id);
+            a->q[b * KVP_QK + j] = (int8_t)v;
+            sum += v;
+        }
+        a->d[b] = d;
+        a->s[b] = d * (float)sum;
+    }
+}
+
+static void quantize256(const float *x, int n, kvp_act *a)
+{
+    for (int b = 0; b < n / KVP_QK_K; b++) {
+        const float *xb = x + b * KVP_QK_K;
+        float amax = 0.0f, max = 0.0f;
+        for (int j = 0; j < KVP_QK_K; j++)
+            if (fabsf(xb[j]) > amax) {
+                amax = fabsf(xb[j]);
+                max = xb[j];
+            }
+        int8_t *q = a->q + b * KVP_QK_K;
+        int16_t *bs = a->bsums + b * 16;
+        if (amax == 0.0f) {
+            a->d[b] = 0.0f;
+            memset(q, 0, KVP_QK_K);
+            memset(bs, 0, 16 * sizeof *bs);
+            continue;
+        }
+        float iscale = -127.0f / max;
+        for (int j = 0; j < KVP_QK_K; j++) {
+            int v = round_even(iscale * xb[j]);
+            q[j] = (int8_t)(v > 127 ? 127 : v);
+        }
+        for (int g = 0; g < 16; g++) {
+            int s = 0;
+            for (int j = 0; j < 16; j++)
+                s += q[16 * g + j];
+            bs[g] = (int16_t)s;
+        }
+        a->d[b] = 1.0f / iscale;
+    }
+}
 
 static float dot_f32(const void *row, const kvp_act *a)
 {
@@ -481,6 +542,8 @@ static void gemm_k(const uint8_t *packed, size_t stride, int rows, const kvp_act
 
 void kvp_kernels_scalar(kvp_kernel_set *k)
 {
+    k->quantize[0] = quantize32;
+    k->quantize[1] = quantize256;
     kvp_dot_fn *tab = k->dot;
     tab[KVP_GGML_F32] = dot_f32;
     tab[KVP_GGML_F16] = dot_f16;

@@ -3,6 +3,7 @@
  * replaces the maddubs + madd pair of byte products. The including file sets the target
  * pragma, KVP_VNNI and KVP_KERNELS (the name of the table filler). */
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 #include "model/matmul_kernels.h"
@@ -60,6 +61,95 @@ static inline __m256i fifth_bits(const uint8_t *qh4)
     v = _mm256_or_si256(v, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
     v = _mm256_cmpeq_epi8(v, _mm256_set1_epi64x(-1));
     return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
+}
+
+/* ---- activation quantizers: the scalar set's rules, 8 lanes at a time (cvtps rounds to
+ * nearest even as lrintf does) ---- */
+
+static inline __m256 abs8(__m256 v)
+{
+    return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v);
+}
+
+static inline float hmax(__m256 v)
+{
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
+/* 32 values times `scale`, rounded, to int8 (the caller keeps them within +-127.x) */
+static inline __m256i round32(const float *x, __m256 scale, __m256i *sum)
+{
+    __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x), scale));
+    __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8), scale));
+    __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 16), scale));
+    __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 24), scale));
+    *sum = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
+    __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+    /* the packs work per 128-bit lane: restore element order */
+    return _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+static inline int hsum_i32(__m256i v)
+{
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+
+static void quantize32(const float *x, int n, kvp_act *a)
+{
+    for (int b = 0; b < n / KVP_QK; b++) {
+        const float *xb = x + b * KVP_QK;
+        __m256 m = _mm256_max_ps(_mm256_max_ps(abs8(_mm256_loadu_ps(xb)), abs8(_mm256_loadu_ps(xb + 8))),
+                                 _mm256_max_ps(abs8(_mm256_loadu_ps(xb + 16)), abs8(_mm256_loadu_ps(xb + 24))));
+        float d = hmax(m) / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+        __m256i sum;
+        _mm256_storeu_si256((__m256i *)(a->q + b * KVP_QK), round32(xb, _mm256_set1_ps(id), &sum));
+        a->d[b] = d;
+        a->s[b] = d * (float)hsum_i32(sum);
+    }
+}
+
+static void quantize256(const float *x, int n, kvp_act *a)
+{
+    for (int b = 0; b < n / KVP_QK_K; b++) {
+        const float *xb = x + b * KVP_QK_K;
+        __m256 m = _mm256_setzero_ps();
+        for (int j = 0; j < KVP_QK_K; j += 8)
+            m = _mm256_max_ps(m, abs8(_mm256_loadu_ps(xb + j)));
+        float amax = hmax(m), max = 0.0f;
+        int8_t *q = a->q + b * KVP_QK_K;
+        int16_t *bs = a->bsums + b * 16;
+        if (!(amax > 0.0f)) {
+            a->d[b] = 0.0f;
+            memset(q, 0, KVP_QK_K);
+            memset(bs, 0, 16 * sizeof *bs);
+            continue;
+        }
+        for (int j = 0; j < KVP_QK_K; j++)  /* the first element of that magnitude */
+            if (fabsf(xb[j]) == amax) {
+                max = xb[j];
+                break;
+            }
+        float iscale = -127.0f / max;
+        for (int j = 0; j < KVP_QK_K; j += 32) {
+            __m256i sum;
+            /* a rounded 128 saturates to 127 in the packs, as the scalar rule clamps it */
+            __m256i v = round32(xb + j, _mm256_set1_ps(iscale), &sum);
+            _mm256_storeu_si256((__m256i *)(q + j), v);
+            __m256i s16 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), v),
+                                            _mm256_set1_epi16(1));  /* 8 sums of 4 */
+            int32_t s4[8];
+            _mm256_storeu_si256((__m256i *)s4, s16);
+            bs[j / 16] = (int16_t)(s4[0] + s4[1] + s4[2] + s4[3]);
+            bs[j / 16 + 1] = (int16_t)(s4[4] + s4[5] + s4[6] + s4[7]);
+        }
+        a->d[b] = 1.0f / iscale;
+    }
 }
 
 static float dot_f16(const void *row, const kvp_act *a)
@@ -580,6 +670,8 @@ static void gemm_signed(const uint8_t *packed, size_t stride, int rows, const kv
 
 void KVP_KERNELS(kvp_kernel_set *ks)
 {
+    ks->quantize[0] = quantize32;
+    ks->quantize[1] = quantize256;
     kvp_dot_fn *tab = ks->dot;
     tab[KVP_GGML_F16] = dot_f16;
     tab[KVP_GGML_BF16] = dot_bf16;
