@@ -500,6 +500,31 @@ static inline float *grouped_kx(const uint8_t *p, int n, int g)
     return (float *)(p + pad) + pad / g;
 }
 
+/* kvp_group_bytes for g = 32 and whole groups: each group is an 8 x 8 transpose of
+ * 32-bit words (sub-block j's word s goes to step s, lane j) */
+static void group32(const uint8_t *src, int n, uint8_t *dst)
+{
+    for (int k = 0; k < n; k += 256) {
+        __m256i r[8], t[8], u[8];
+        for (int j = 0; j < 8; j++)
+            r[j] = load256(src + k + 32 * j);
+        for (int j = 0; j < 8; j += 2) {
+            t[j] = _mm256_unpacklo_epi32(r[j], r[j + 1]);
+            t[j + 1] = _mm256_unpackhi_epi32(r[j], r[j + 1]);
+        }
+        for (int j = 0; j < 8; j += 4) {
+            u[j] = _mm256_unpacklo_epi64(t[j], t[j + 2]);
+            u[j + 1] = _mm256_unpackhi_epi64(t[j], t[j + 2]);
+            u[j + 2] = _mm256_unpacklo_epi64(t[j + 1], t[j + 3]);
+            u[j + 3] = _mm256_unpackhi_epi64(t[j + 1], t[j + 3]);
+        }
+        for (int s = 0; s < 4; s++) {
+            store256(dst + k + 32 * s, _mm256_permute2x128_si256(u[s], u[s + 4], 0x20));
+            store256(dst + k + 32 * (s + 4), _mm256_permute2x128_si256(u[s], u[s + 4], 0x31));
+        }
+    }
+}
+
 /* The scalar set's layout (nat) -> this set's (p), for a type of sub-block size g. */
 static void regroup(uint32_t type, const uint8_t *nat, int n, uint8_t *p)
 {
@@ -508,7 +533,10 @@ static void regroup(uint32_t type, const uint8_t *nat, int n, uint8_t *p)
     const float *nscale = kvp_pack_scale((uint8_t *)nat, n), *nkx = kvp_pack_kx((uint8_t *)nat, n);
     const int16_t *sc16 = kvp_pack_sc16((uint8_t *)nat, n);
     int k_format = kvp_type_block(type) == KVP_QK_K, per16 = g / 16;
-    kvp_group_bytes(nat, n, g, p);
+    if (g == 32 && n % 256 == 0)
+        group32(nat, n, p);
+    else
+        kvp_group_bytes(nat, n, g, p);
     for (int j = 0; j < pad / g; j++) {
         if (j * g >= n)
             scale[j] = kx[j] = 0.0f;

@@ -228,26 +228,35 @@ Test(matmul, row_split_equals_single_rows)
     free(src);
 }
 
-/* The int8 GEMM split over the pool (odd rows, odd T) against the matrix-vector rows. */
+/* The int8 GEMM split over the pool (odd rows, odd T) against the matrix-vector rows,
+ * with rows that fill whole groups of eight sub-blocks and rows that do not (896:
+ * Qwen2.5-0.5B's width, 28 blocks of 32). */
 Test(matmul, int8_gemm_row_split_equals_matvec)
 {
-    enum { ROWS = 999, COLS = 768, T = 11 };
-    float *src = malloc((size_t)ROWS * COLS * sizeof *src), *xs = malloc((size_t)T * COLS * sizeof *xs);
+    enum { ROWS = 999, MAX_COLS = 896, T = 11 };
+    float *src = malloc((size_t)ROWS * MAX_COLS * sizeof *src);
+    float *xs = malloc((size_t)T * MAX_COLS * sizeof *xs);
     uint64_t s = 99;
-    for (size_t i = 0; i < (size_t)ROWS * COLS; i++) {
+    for (size_t i = 0; i < (size_t)ROWS * MAX_COLS; i++) {
         s = s * 6364136223846793005ull + 1442695040888963407ull;
         src[i] = (float)((int)(s >> 40) % 2001 - 1000) / 1000.0f;
     }
-    for (int i = 0; i < T * COLS; i++)
-        xs[i] = sinf(0.37f * (float)i) * (float)(i / COLS + 1);
-    static const uint32_t kinds[] = {KVP_GGML_Q4_K, KVP_GGML_Q8_0, KVP_GGML_Q6_K, KVP_GGML_Q5_0};
+    static const struct { uint32_t type; int cols; } kinds[] = {
+        {KVP_GGML_Q4_K, 768}, {KVP_GGML_Q8_0, 896}, {KVP_GGML_Q6_K, 768}, {KVP_GGML_Q5_0, 864},
+        {KVP_GGML_Q8_0, 768}, {KVP_GGML_Q4_1, 96},
+    };
     for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
-        size_t rb = kvp_type_nbytes(kinds[k], COLS);
+        int cols = kinds[k].cols;
+        for (int i = 0; i < T * cols; i++)
+            xs[i] = sinf(0.37f * (float)i) * (float)(i / cols + 1);
+        size_t rb = kvp_type_nbytes(kinds[k].type, (uint64_t)cols);
         uint8_t *q = malloc(rb * ROWS);
-        cr_assert_eq(kvp_quantize(kinds[k], src, q, (uint64_t)ROWS * COLS), 0);
-        kvp_weight w = {kinds[k], ROWS, COLS, rb, q};
+        cr_assert_eq(kvp_quantize(kinds[k].type, src, q, (uint64_t)ROWS * cols), 0);
+        kvp_weight w = {kinds[k].type, ROWS, cols, rb, q};
+        char what[64];
+        snprintf(what, sizeof what, "%s x %d", kvp_type_name(kinds[k].type), cols);
         kvp_matmul_enter();
-        check_gemm(kvp_type_name(kinds[k]), &w, 0, ROWS, xs, T, k % 2);
+        check_gemm(what, &w, 0, ROWS, xs, T, k % 2);
         kvp_matmul_leave();
         free(q);
     }
