@@ -372,6 +372,78 @@ static float dot_q6_K(const void *row, const kvp_act *a)
     return hsum(acc) - 32.0f * offsets;
 }
 
+/* Q2_K / Q3_K: for each half (128 elements) and each 2-bit plane (shift), the 32 bytes
+ * of qs give 32 consecutive elements: 16 with scale j, 16 with scale j + 1 */
+static inline __m256i pair_scales(int lo, int hi)
+{
+    return _mm256_set_m128i(_mm_set1_epi16((short)hi), _mm_set1_epi16((short)lo));
+}
+
+static float dot_q2_K(const void *row, const kvp_act *a)
+{
+    const blk_q2_K *b = row;
+    const __m256i low2 = _mm256_set1_epi8(3);
+    __m256 acc = _mm256_setzero_ps();
+    float mins = 0.0f;
+    for (int i = 0; i < a->n / KVP_QK_K; i++, b++) {
+        const int8_t *q = a->q + i * KVP_QK_K;
+        const int16_t *bs = a->bsums + i * 16;
+        int sm = 0;
+        for (int j = 0; j < 16; j++)
+            sm += (b->scales[j] >> 4) * bs[j];
+        __m256i sumi = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            __m256i c = load256(b->qs + 32 * h);
+            for (int k = 0; k < 4; k++) {
+                __m256i codes = _mm256_and_si256(_mm256_srli_epi16(c, 2 * k), low2);
+                __m256i p = _mm256_maddubs_epi16(codes, load256(q + 128 * h + 32 * k));
+                int is = 8 * h + 2 * k;
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, pair_scales(b->scales[is] & 0xF,
+                                                                                b->scales[is + 1] & 0xF)));
+            }
+        }
+        float da = a->d[i];
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(b->d) * da), _mm256_cvtepi32_ps(sumi), acc);
+        mins += h2f(b->dmin) * da * (float)sm;
+    }
+    return hsum(acc) - mins;
+}
+
+/* Q3_K: code + 4 (0..7) from two bits of qs and the hmask bit, minus 4 sum(q) per 16 */
+static float dot_q3_K(const void *row, const kvp_act *a)
+{
+    const blk_q3_K *b = row;
+    const __m256i low2 = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
+    __m256 acc = _mm256_setzero_ps();
+    float offsets = 0.0f;
+    for (int i = 0; i < a->n / KVP_QK_K; i++, b++) {
+        const int8_t *q = a->q + i * KVP_QK_K;
+        const int16_t *bs = a->bsums + i * 16;
+        int8_t sc[16];
+        kvp_q3_scales(b->scales, sc);
+        int offset = 0;
+        for (int j = 0; j < 16; j++)
+            offset += sc[j] * bs[j];
+        __m256i hm = load256(b->hmask);
+        __m256i sumi = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            __m256i c = load256(b->qs + 32 * h);
+            for (int k = 0; k < 4; k++) {
+                __m256i bit = _mm256_set1_epi8((char)(1 << (4 * h + k)));
+                __m256i high = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit), four);
+                __m256i codes = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 2 * k), low2), high);
+                __m256i p = _mm256_maddubs_epi16(codes, load256(q + 128 * h + 32 * k));
+                int is = 8 * h + 2 * k;
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, pair_scales(sc[is], sc[is + 1])));
+            }
+        }
+        float d = h2f(b->d) * a->d[i];
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        offsets += d * (float)offset;
+    }
+    return hsum(acc) - 4.0f * offsets;
+}
+
 /* ---- int8 GEMM (matmul_kernels.h): packing and register-blocked tiles ------------- */
 
 static inline void store256(uint8_t *p, __m256i v)
@@ -711,6 +783,8 @@ void KVP_KERNELS(kvp_kernel_set *ks)
     tab[KVP_GGML_Q4_K] = dot_q4_K;
     tab[KVP_GGML_Q5_K] = dot_q5_K;
     tab[KVP_GGML_Q6_K] = dot_q6_K;
+    tab[KVP_GGML_Q2_K] = dot_q2_K;
+    tab[KVP_GGML_Q3_K] = dot_q3_K;
     /* the element-order packers: the scalar set's, replaced where written here */
     memcpy(natural, ks->scalar_pack, sizeof natural);
     natural[KVP_GGML_Q8_0] = natural_q8_0;
