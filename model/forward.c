@@ -210,7 +210,7 @@ static int forward_batch(const kvp_model *m, kvp_runstate *s, kvp_batch_seq *seq
     /* the batch: its rows, one cache per sequence */
     long total = 0;
     for (int i = 0; i < n_seqs; i++) {
-        total += seqs[i].n > 0 ? seqs[i].n : 0;
+        total += !seqs[i].rc && seqs[i].n > 0 ? seqs[i].n : 0;
         for (int j = 0; j < i; j++)
             if (seqs[i].cache == seqs[j].cache)
                 return -EINVAL;
@@ -222,7 +222,7 @@ static int forward_batch(const kvp_model *m, kvp_runstate *s, kvp_batch_seq *seq
     int T = 0;
     for (int i = 0; i < n_seqs; i++) {
         kvp_batch_seq *q = &seqs[i];
-        if ((q->rc = admit_seq(s, p, q)))
+        if (q->rc || (q->rc = admit_seq(s, p, q)))
             continue;
         q->row0 = T;
         /* token embeddings and the RoPE table at the sequence's own positions */

@@ -10,7 +10,7 @@
 
 /* What the forward pass reports to the layers above it; every member is optional. The
  * generation layer fills score/attention from the session's eviction policy
- * (kvp_policy_attach), trace recording sets tap. */
+ * (kvp_policy_attach, per sequence), trace recording sets tap. */
 typedef struct kvp_forward_hooks {
     /* Rows [first, first+n) were just appended to h: set h->score (and h->stat). */
     void (*score)(void *ctx, int layer, int kvh, kvp_head *h, int first, int n);
@@ -57,7 +57,8 @@ typedef struct kvp_batch_seq {
     float *logits;             /* [vocab]: the logits of the block's last token */
     float *all_logits;         /* NULL or [n][vocab] */
     kvp_forward_hooks hooks;   /* this sequence's policy and tap */
-    int rc;                    /* out: 0, or why it did not run (its cache is unchanged) */
+    int rc;                    /* in: nonzero leaves the sequence out (rc kept);
+                                  out: 0, or why it did not run (its cache is unchanged) */
     int row0;                  /* the pass's own: the block's first row in the batch */
 } kvp_batch_seq;
 
