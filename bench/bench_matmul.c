@@ -6,7 +6,7 @@
  * so both sides stream from memory); throughput = weight bytes / time of one y = W x
  * (activation quantization included), best of --reps.
  *
- * Usage: bench_matmul [--anchor PATH] [--mib N] [--reps N] [--types q8_0,q4_K,...] */
+ * Usage: bench_matmul [--anchor PATH] [--mib N] [--reps N] [--rounds N] [--types q8_0,q4_K,...] */
 #include <cblas.h>
 #include <math.h>
 #include <stdint.h>
@@ -70,20 +70,21 @@ int main(int argc, char **argv)
 {
     const char *anchor = "../shared/anchors/ggml-quantize-perf";
     const char *list = "q8_0,q4_0,q4_1,q5_0,q5_1,q2_K,q3_K,q4_K,q5_K,q6_K,f16,bf16";
-    long mib = 128, reps = 5;
+    long mib = 128, reps = 5, rounds = 3;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--anchor"))
             anchor = argv[i + 1];
         else if (!strcmp(argv[i], "--types"))
             list = argv[i + 1];
         else if (!(!strcmp(argv[i], "--mib") ? kvp_parse_long(argv[i + 1], 8, 1 << 16, &mib)
-                   : !strcmp(argv[i], "--reps") ? kvp_parse_long(argv[i + 1], 1, 1000, &reps) : 0)) {
-            fprintf(stderr, "usage: bench_matmul [--anchor PATH] [--mib N] [--reps N] [--types LIST]\n");
+                   : !strcmp(argv[i], "--reps") ? kvp_parse_long(argv[i + 1], 1, 1000, &reps)
+                   : !strcmp(argv[i], "--rounds") ? kvp_parse_long(argv[i + 1], 1, 100, &rounds) : 0)) {
+            fprintf(stderr, "usage: bench_matmul [--anchor PATH] [--mib N] [--reps N] [--rounds N] [--types LIST]\n");
             return 2;
         }
     }
     if (argc % 2 == 0) {
-        fprintf(stderr, "usage: bench_matmul [--anchor PATH] [--mib N] [--reps N] [--types LIST]\n");
+        fprintf(stderr, "usage: bench_matmul [--anchor PATH] [--mib N] [--reps N] [--rounds N] [--types LIST]\n");
         return 2;
     }
     setenv("KVP_THREADS", "1", 0);  /* one thread, as ggml's vec_dot benchmark */
@@ -124,10 +125,10 @@ int main(int argc, char **argv)
             memcpy(w + rb * r, w, rb * TILE);
         kvp_weight wt = {(uint32_t)type, rows, COLS, rb, w};
         kvp_matmul(y, x, &wt, 1, 0);  /* warm-up */
-        /* kvp and the anchor take turns (3 rounds, best of each), so a burst of load
+        /* kvp and the anchor take turns (--rounds, best of each), so a burst of load
          * from other processes hits both sides alike */
         double best = 1e30, ref = 0, min_cyc = 0;
-        for (int round = 0; round < 3; round++) {
+        for (long round = 0; round < rounds; round++) {
             for (long r = 0; r < reps; r++) {
                 double t0 = now();
                 kvp_matmul(y, x, &wt, 1, 0);
@@ -192,10 +193,10 @@ int main(int argc, char **argv)
     free(xs);
     free(ys);
     printf("\nggml: %s --op vec_dot_q --type T --size N -i 5 (the same number of weights); "
-           "both sides one thread; three alternating rounds, best of each side. ggml prints its "
+           "both sides one thread; %ld alternating rounds, best of each side. ggml prints its "
            "throughput from the average cycles, which other processes' load inflates; the "
            "min-cycles column converts its best pass with the TSC rate (%.2f GHz), the "
-           "measure comparable with kvp's best pass.\n", anchor, hz / 1e9);
+           "measure comparable with kvp's best pass.\n", anchor, rounds, hz / 1e9);
     free(src);
     free(x);
     return 0;

@@ -19,7 +19,7 @@ ninja -C $dir bench/bench_engine bench/bench_matmul tools/kvp
 if [ "${1:-}" = --quant ]; then
     shift
     echo "load: $(uptime)"
-    $dir/bench/bench_matmul --anchor ../shared/anchors/ggml-quantize-perf \
+    $dir/bench/bench_matmul --anchor ../shared/anchors/ggml-quantize-perf --mib 64 --rounds 2 \
         --types q8_0,q4_0,q4_1,q5_0,q5_1,q4_K,q5_K,q6_K,f16,bf16
     echo "load: $(uptime)"
     exec $dir/bench/bench_engine --kvp $dir/tools/kvp --qwen --no-synth "$@"
