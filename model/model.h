@@ -52,7 +52,7 @@ typedef struct kvp_model {
     int tied_output;
     kvp_tokenizer tok;
     char *chat_template;      /* tokenizer.chat_template (NUL-terminated), NULL if absent;
-                                 sessions/template.c renders its family */
+                                 model/template.c renders its family */
     char arch[16];            /* general.architecture ("llama" for llama2.c checkpoints) */
     char name[128];           /* general.name or file basename */
     char path[512];
