@@ -19,6 +19,7 @@
 #include "offline/oracle.h"
 #include "offline/trace.h"
 #include "tools/cli.h"
+#include "tools/corpus.h"
 #include "base/parse.h"
 #include "base/clock.h"
 #include "generate/generate.h"
@@ -29,7 +30,9 @@
 static void usage(FILE *f)
 {
     fprintf(f,
-        "usage: kvp eval --model M --text FILE --out DIR [options]\n"
+        "usage: kvp eval --model M (--text FILE | --conversations FILE) --out DIR [options]\n"
+        "  --conversations F  JSON-lines conversations rendered with the model's chat\n"
+        "                     template, as kvp trace reads them\n"
         "  --tokenizer PATH   tokenizer for llama2.c checkpoints\n"
         "  --policies LIST    comma-separated, from: %s\n"
         "                     (default: all of them; kvp only with --policy-file)\n"
@@ -208,6 +211,7 @@ static int run_phase(job *j, int phase, int n_tasks, int n_threads)
 int kvp_cmd_eval(int argc, char **argv)
 {
     const char *model_path = NULL, *tok_path = NULL, *text_path = NULL, *out_dir = NULL;
+    int conversations = 0;
     const char *policy_file = NULL;
     char *pol_arg = NULL, *bud_arg = NULL;
     long n_seqs = 64, seq_len = 512, cut = 384, n_streams = 8, stream_len = 0,
@@ -216,7 +220,7 @@ int kvp_cmd_eval(int argc, char **argv)
     double split = 0.8;
     static const struct option opts[] = {
         {"model", 1, 0, 'm'}, {"tokenizer", 1, 0, 'z'}, {"text", 1, 0, 'x'}, {"out", 1, 0, 'o'},
-        {"policies", 1, 0, 'P'}, {"policy-file", 1, 0, 'F'}, {"budgets", 1, 0, 'b'},
+        {"conversations", 1, 0, 'C'}, {"policies", 1, 0, 'P'}, {"policy-file", 1, 0, 'F'}, {"budgets", 1, 0, 'b'},
         {"split", 1, 0, 's'}, {"seqs", 1, 0, 'N'}, {"seq-len", 1, 0, 'n'}, {"cut", 1, 0, 'c'},
         {"streams", 1, 0, 'S'}, {"stream-len", 1, 0, 'L'}, {"chunk", 1, 0, 'k'},
         {"lookahead", 1, 0, 'l'}, {"seed", 1, 0, 'r'}, {"threads", 1, 0, 't'},
@@ -229,6 +233,7 @@ int kvp_cmd_eval(int argc, char **argv)
         case 'm': model_path = optarg; break;
         case 'z': tok_path = optarg; break;
         case 'x': text_path = optarg; break;
+        case 'C': text_path = optarg; conversations = 1; break;
         case 'o': out_dir = optarg; break;
         case 'P': pol_arg = optarg; break;
         case 'F': policy_file = optarg; break;
@@ -250,7 +255,7 @@ int kvp_cmd_eval(int argc, char **argv)
             return usage_error("bad value '%s' for --%s", optarg, opts[idx].name);
     }
     if (!model_path || !text_path || !out_dir || optind < argc)
-        return usage_error("--model, --text and --out are required");
+        return usage_error("--model, --text or --conversations, and --out are required");
     if (cut >= seq_len)
         return usage_error("--cut %ld must be below --seq-len %ld", cut, seq_len);
     if (threads < 1)
@@ -338,12 +343,16 @@ int kvp_cmd_eval(int argc, char **argv)
         goto out;
     }
     size_t at = kvp_trace_split_at(text, text_len, split);
-    long n_ids = kvp_trace_tokenize(&m.tok, text + at, text_len - at, &ids);
+    char cerr[512];
+    long n_ids = kvp_corpus_tokens(&m, text_path, text, at, text_len, conversations, &ids, cerr,
+                                   sizeof cerr);
     if (n_ids < 0) {
-        fprintf(stderr, "kvp eval: cannot tokenize %s\n", text_path);
+        fprintf(stderr, "kvp eval: %s\n", cerr);
         goto out;
     }
-    long have_seqs = n_ids / (seq_len - 1), have_streams = n_ids / (stream_len - 1);
+    int bos = m.tok.bos_id;
+    long have_seqs = kvp_corpus_count(n_ids, seq_len, bos);
+    long have_streams = kvp_corpus_count(n_ids, stream_len, bos);
     int n_seq = (int)(n_seqs < have_seqs ? n_seqs : have_seqs);
     int n_str = (int)(n_streams < have_streams ? n_streams : have_streams);
     if (n_seq < 1 || (n_streams && n_str < 1)) {
@@ -387,17 +396,11 @@ int kvp_cmd_eval(int argc, char **argv)
     rows = malloc((size_t)n_pol * KVP_EVAL_ROWS_PER_POLICY * sizeof *rows);
     if (!seq_tokens || !stream_tokens || !refs || !seq_acc || !stream_acc || !acc || !rows)
         goto oom;
-    /* the sequences kvp trace makes of the validation part: BOS + consecutive text */
-    for (int i = 0; i < n_seq; i++) {
-        int *t = seq_tokens + (size_t)i * seq_len;
-        t[0] = m.tok.bos_id;
-        memcpy(t + 1, ids + (size_t)i * (seq_len - 1), (size_t)(seq_len - 1) * sizeof *t);
-    }
-    for (int i = 0; i < n_str; i++) {
-        int *t = stream_tokens + (size_t)i * stream_len;
-        t[0] = m.tok.bos_id;
-        memcpy(t + 1, ids + (size_t)i * (stream_len - 1), (size_t)(stream_len - 1) * sizeof *t);
-    }
+    /* the sequences kvp trace makes of the validation part */
+    for (int i = 0; i < n_seq; i++)
+        kvp_corpus_sequence(ids, i, seq_len, bos, seq_tokens + (size_t)i * seq_len);
+    for (int i = 0; i < n_str; i++)
+        kvp_corpus_sequence(ids, i, stream_len, bos, stream_tokens + (size_t)i * stream_len);
     for (; n_refs < n_seq; n_refs++)
         if (kvp_eval_ref_init(&refs[n_refs], &m.cfg, (int)seq_len, &eo))
             goto oom;

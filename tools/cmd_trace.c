@@ -5,15 +5,15 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-
-#include <jansson.h>
+#include <unistd.h>
 
 #include "base/checksum.h"
+#include "base/clock.h"
 #include "base/parse.h"
 #include "model/forward.h"
 #include "offline/trace.h"
-#include "model/template.h"
 #include "tools/cli.h"
+#include "tools/corpus.h"
 
 static void usage(FILE *f)
 {
@@ -45,78 +45,6 @@ static void tap(void *ctx, int layer, const float *q, const float *k, const floa
     memcpy(c->q[layer], q, (size_t)n * c->qn * sizeof(float));
     memcpy(c->k[layer], k, (size_t)n * c->kn * sizeof(float));
     memcpy(c->v[layer], v, (size_t)n * c->kn * sizeof(float));
-}
-
-/* The conversations of JSON lines text[0..len) rendered one after the other with the
- * model's chat template, as the daemon would have them in its cache. *out is malloc'd;
- * returns the token count, or -1 with a message naming the line. */
-static long render_conversations(const kvp_template *t, const char *path, const char *text,
-                                 size_t len, long first_line, int **out, char *err, size_t errlen)
-{
-    long n = 0, cap = 0, line = first_line;
-    int *ids = NULL;
-    for (size_t off = 0; off < len; line++) {
-        const char *nl = memchr(text + off, '\n', len - off);
-        size_t end = nl ? (size_t)(nl - text) : len;
-        const char *at = text + off;
-        size_t llen = end - off;
-        off = end + 1;
-        while (llen && (at[llen - 1] == '\r' || at[llen - 1] == ' '))
-            llen--;
-        if (!llen)
-            continue;
-        json_error_t je;
-        json_t *j = json_loadb(at, llen, 0, &je);
-        json_t *msgs = json_is_object(j) ? json_object_get(j, "messages") : NULL;
-        size_t nm = json_is_array(msgs) ? json_array_size(msgs) : 0;
-        kvp_chat_msg *cm = calloc(nm ? nm : 1, sizeof *cm);
-        const char *system = NULL, *bad = !j ? je.text : !nm ? "no \"messages\" array" : NULL;
-        size_t system_len = 0;
-        int nc = 0;
-        for (size_t i = 0; !bad && cm && i < nm; i++) {
-            json_t *m = json_array_get(msgs, i), *c = json_object_get(m, "content");
-            const char *role = json_string_value(json_object_get(m, "role"));
-            if (!role || !json_is_string(c))
-                bad = "a message without a string role and content";
-            else if (!strcmp(role, "system") && i == 0) {
-                system = json_string_value(c);
-                system_len = json_string_length(c);
-            } else if (!strcmp(role, "user") || !strcmp(role, "assistant"))
-                cm[nc++] = (kvp_chat_msg){!strcmp(role, "user"), json_string_value(c),
-                                          json_string_length(c)};
-            else
-                bad = "a role other than system (first), user or assistant";
-        }
-        int *tok = NULL;
-        long k = bad || !cm ? -1 : kvp_template_render(t, system, system_len, cm, nc, &tok);
-        if (k >= 0 && n + k > cap) {
-            long want = cap ? cap : 4096;
-            while (want < n + k)
-                want *= 2;
-            int *grown = realloc(ids, (size_t)want * sizeof *ids);
-            if (grown) {
-                ids = grown;
-                cap = want;
-            } else {
-                k = -1;
-                bad = "out of memory";
-            }
-        }
-        if (k >= 0) {
-            memcpy(ids + n, tok, (size_t)k * sizeof *ids);
-            n += k;
-        }
-        free(tok);
-        free(cm);
-        json_decref(j);
-        if (k < 0) {
-            snprintf(err, errlen, "%s:%ld: %s", path, line, bad ? bad : "cannot render it");
-            free(ids);
-            return -1;
-        }
-    }
-    *out = ids;
-    return n;
 }
 
 int kvp_cmd_trace(int argc, char **argv)
@@ -186,31 +114,15 @@ int kvp_cmd_trace(int argc, char **argv)
     fclose(tf);
     size_t cut = kvp_trace_split_at(text, text_len, split);
     long n_ids[2];
-    if (conversations) {
-        kvp_template tmpl;
-        char note[256];
-        if (kvp_template_init(&tmpl, &m, NULL, note, sizeof note) < 0) {
-            fprintf(stderr, "kvp trace: %s\n", note);
-            goto out;
-        }
-        long lines_before_cut = 1;
-        for (size_t i = 0; i < cut; i++)
-            lines_before_cut += text[i] == '\n';
-        n_ids[0] = render_conversations(&tmpl, text_path, text, cut, 1, &ids[0], err, sizeof err);
-        n_ids[1] = n_ids[0] < 0 ? -1
-                 : render_conversations(&tmpl, text_path, text + cut, text_len - cut,
-                                        lines_before_cut, &ids[1], err, sizeof err);
-        if (n_ids[0] < 0 || n_ids[1] < 0) {
+    if (conversations)
+        fprintf(stderr, "kvp trace: conversations rendered with the model's %s template\n",
+                kvp_corpus_format(&m));
+    for (int p = 0; p < 2; p++) {
+        size_t from = p ? cut : 0, to = p ? text_len : cut;
+        n_ids[p] = kvp_corpus_tokens(&m, text_path, text, from, to, conversations, &ids[p],
+                                     err, sizeof err);
+        if (n_ids[p] < 0) {
             fprintf(stderr, "kvp trace: %s\n", err);
-            goto out;
-        }
-        fprintf(stderr, "kvp trace: conversations rendered with the %s template: %ld + %ld tokens\n",
-                kvp_template_name(tmpl.format), n_ids[0], n_ids[1]);
-    } else {
-        n_ids[0] = kvp_trace_tokenize(&m.tok, text, cut, &ids[0]);
-        n_ids[1] = kvp_trace_tokenize(&m.tok, text + cut, text_len - cut, &ids[1]);
-        if (n_ids[0] < 0 || n_ids[1] < 0) {
-            fprintf(stderr, "kvp trace: cannot tokenize %s\n", text_path);
             goto out;
         }
     }
@@ -218,7 +130,8 @@ int kvp_cmd_trace(int argc, char **argv)
     long want[2] = {(long)(max_seqs * split + 0.5), 0};
     want[0] = want[0] < 1 ? 1 : want[0] > max_seqs - 1 ? max_seqs - 1 : want[0];
     want[1] = max_seqs - want[0];
-    long have[2] = {n_ids[0] / (seq_len - 1), n_ids[1] / (seq_len - 1)};
+    long have[2] = {kvp_corpus_count(n_ids[0], seq_len, m.tok.bos_id),
+                    kvp_corpus_count(n_ids[1], seq_len, m.tok.bos_id)};
     for (int p = 0; p < 2; p++)
         if (want[p] > have[p])
             want[p] = have[p];
@@ -263,11 +176,11 @@ int kvp_cmd_trace(int argc, char **argv)
     int32_t *seq = malloc(seq_len * sizeof *seq);
     if (!seq)
         goto oom;
+    double t0 = kvp_now();
+    int tty = isatty(2);
     for (int p = 0; p < 2; p++)
         for (long i = 0; i < want[p]; i++) {
-            seq[0] = m.tok.bos_id;
-            for (long j = 1; j < seq_len; j++)
-                seq[j] = ids[p][i * (seq_len - 1) + j - 1];
+            kvp_corpus_sequence(ids[p], i, seq_len, m.tok.bos_id, seq);
             kvp_cache c;
             int rc = kvp_cache_init(&c, m.cfg.n_layers, m.cfg.n_kv_heads, m.cfg.head_dim, &m.cfg.rope);
             if (!rc)
@@ -281,11 +194,18 @@ int kvp_cmd_trace(int argc, char **argv)
                 fprintf(stderr, "kvp trace: sequence %ld: %s\n", i, strerror(-rc));
                 goto out;
             }
-            fprintf(stderr, "\rkvp trace: %s sequence %ld/%ld", p ? "validation" : "training",
-                    i + 1, want[p]);
+            /* One line rewritten on a terminal; a line per tenth in a log. */
+            long done = (p ? want[0] : 0) + i + 1, total = want[0] + want[1];
+            double el = kvp_now() - t0;
+            if (tty || done * 10 / total != (done - 1) * 10 / total || done == total)
+                fprintf(stderr, "%skvp trace: %s sequence %ld/%ld (%.0f%%, left %.0f s)%s",
+                        tty ? "\r" : "", p ? "validation" : "training", i + 1, want[p],
+                        100.0 * (double)done / (double)total,
+                        el / (double)done * (double)(total - done), tty ? "  " : "\n");
         }
     free(seq);
-    fprintf(stderr, "\n");
+    if (tty)
+        fprintf(stderr, "\n");
     writer_open = 0;
     if (kvp_trace_writer_close(&w, (int)want[0], err, sizeof err)) {
         fprintf(stderr, "kvp trace: %s\n", err);
