@@ -47,6 +47,8 @@ static void usage(FILE *f)
         "  --stream-len N     tokens per stream, BOS included (default 4 x the context)\n"
         "  --chunk N          streaming eviction chunk (default " KVP_STR(KVP_DEFAULT_CHUNK) ")\n"
         "  --lookahead N      tokens the streaming oracle looks ahead (default 128)\n"
+        "  --kl-every N       streaming fidelity: compare with the model's full window every\n"
+        "                     N positions (default 32)\n"
         "  --seed S           seed of the random policy (default 1)\n"
         "  --threads N        worker threads (default: the online CPUs)\n"
         "Writes DIR/results.csv, DIR/results.md and DIR/<protocol>-<metric>.svg.\n",
@@ -116,6 +118,8 @@ typedef struct job {
     const int *seq_tokens;             /* [n_seq][seq_len] */
     const int *stream_tokens;          /* [streams][stream_len] */
     kvp_eval_ref *refs;                /* [n_seq] */
+    kvp_eval_stream_ref *stream_refs;  /* [streams] */
+    int n_str, bos;
     kvp_eval_acc *seq_acc;             /* [n_seq][n_pol] */
     kvp_eval_acc *stream_acc;          /* [streams][n_spol][n_budgets] */
     int phase, n_tasks, tty;
@@ -130,9 +134,14 @@ static int run_task(job *j, kvp_runstate *s, int t, char *err, size_t errlen)
 {
     const kvp_eval_opts *o = j->o;
     if (j->phase == 0) {
-        int rc = kvp_eval_ref_compute(&j->refs[t], j->m, s, j->seq_tokens + (size_t)t * j->seq_len);
+        int rc = t < j->n_seq
+                     ? kvp_eval_ref_compute(&j->refs[t], j->m, s, j->seq_tokens + (size_t)t * j->seq_len)
+                     : kvp_eval_stream_ref_compute(&j->stream_refs[t - j->n_seq], j->m, s,
+                                                   j->stream_tokens + (size_t)(t - j->n_seq) * j->stream_len,
+                                                   j->bos);
         if (rc)
-            snprintf(err, errlen, "sequence %d: %s", t, strerror(-rc));
+            snprintf(err, errlen, "%s %d: %s", t < j->n_seq ? "sequence" : "stream",
+                     t < j->n_seq ? t : t - j->n_seq, strerror(-rc));
         return rc;
     }
     int seq_tasks = j->n_seq * j->n_pol, is_seq = t < seq_tasks;
@@ -151,7 +160,7 @@ static int run_task(job *j, kvp_runstate *s, int t, char *err, size_t errlen)
                                &j->refs[seq], &j->seq_acc[(size_t)seq * j->n_pol + pi]);
     else
         rc = kvp_eval_stream(j->m, s, p, j->stream_tokens + (size_t)stream * j->stream_len,
-                             j->stream_len, bi, o,
+                             j->stream_len, bi, o, &j->stream_refs[stream],
                              &j->stream_acc[((size_t)stream * j->n_spol + spi) * o->n_budgets + bi]);
     if (rc)
         snprintf(err, errlen, "policy %s on %s %d: %s", name, is_seq ? "sequence" : "stream",
@@ -216,14 +225,14 @@ int kvp_cmd_eval(int argc, char **argv)
     char *pol_arg = NULL, *bud_arg = NULL;
     long n_seqs = 64, seq_len = 512, cut = 384, n_streams = 8, stream_len = 0,
          chunk = KVP_DEFAULT_CHUNK;
-    long lookahead = 128, seed = 1, threads = sysconf(_SC_NPROCESSORS_ONLN);
+    long lookahead = 128, kl_every = 32, seed = 1, threads = sysconf(_SC_NPROCESSORS_ONLN);
     double split = 0.8;
     static const struct option opts[] = {
         {"model", 1, 0, 'm'}, {"tokenizer", 1, 0, 'z'}, {"text", 1, 0, 'x'}, {"out", 1, 0, 'o'},
         {"conversations", 1, 0, 'C'}, {"policies", 1, 0, 'P'}, {"policy-file", 1, 0, 'F'}, {"budgets", 1, 0, 'b'},
         {"split", 1, 0, 's'}, {"seqs", 1, 0, 'N'}, {"seq-len", 1, 0, 'n'}, {"cut", 1, 0, 'c'},
         {"streams", 1, 0, 'S'}, {"stream-len", 1, 0, 'L'}, {"chunk", 1, 0, 'k'},
-        {"lookahead", 1, 0, 'l'}, {"seed", 1, 0, 'r'}, {"threads", 1, 0, 't'},
+        {"lookahead", 1, 0, 'l'}, {"kl-every", 1, 0, 'K'}, {"seed", 1, 0, 'r'}, {"threads", 1, 0, 't'},
         {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     int o, idx = 0;
     optind = 1;
@@ -246,6 +255,7 @@ int kvp_cmd_eval(int argc, char **argv)
         case 'L': ok = kvp_parse_long(optarg, 2, 1 << 24, &stream_len); break;
         case 'k': ok = kvp_parse_long(optarg, 1, 1 << 16, &chunk); break;
         case 'l': ok = kvp_parse_long(optarg, 1, 1 << 16, &lookahead); break;
+        case 'K': ok = kvp_parse_long(optarg, 1, 1 << 16, &kl_every); break;
         case 'r': ok = kvp_parse_long(optarg, 0, LONG_MAX, &seed); break;
         case 't': ok = kvp_parse_long(optarg, 1, 64, &threads); break;
         case 'h': usage(stdout); return 0;
@@ -318,10 +328,11 @@ int kvp_cmd_eval(int argc, char **argv)
     char *text = NULL, *intro = NULL;
     int *ids = NULL, *seq_tokens = NULL, *stream_tokens = NULL;
     kvp_eval_ref *refs = NULL;
+    kvp_eval_stream_ref *stream_refs = NULL;
     kvp_eval_acc *seq_acc = NULL, *stream_acc = NULL, *acc = NULL;
     kvp_eval_row *rows = NULL;
     size_t intro_len = 0;
-    int n_refs = 0;
+    int n_refs = 0, n_stream_refs = 0;
     if (!stream_len)
         stream_len = 4L * ctx;
     if (seq_len > ctx) {
@@ -390,11 +401,13 @@ int kvp_cmd_eval(int argc, char **argv)
     seq_tokens = malloc((size_t)n_seq * seq_len * sizeof *seq_tokens);
     stream_tokens = malloc(((size_t)n_str * stream_len + 1) * sizeof *stream_tokens);
     refs = calloc((size_t)n_seq, sizeof *refs);
+    stream_refs = calloc((size_t)n_str + 1, sizeof *stream_refs);
     seq_acc = calloc((size_t)n_seq * n_pol, sizeof *seq_acc);
     stream_acc = calloc((size_t)n_str * n_spol * eo.n_budgets + 1, sizeof *stream_acc);
     acc = calloc((size_t)n_pol, sizeof *acc);
     rows = malloc((size_t)n_pol * KVP_EVAL_ROWS_PER_POLICY * sizeof *rows);
-    if (!seq_tokens || !stream_tokens || !refs || !seq_acc || !stream_acc || !acc || !rows)
+    if (!seq_tokens || !stream_tokens || !refs || !stream_refs || !seq_acc || !stream_acc ||
+        !acc || !rows)
         goto oom;
     /* the sequences kvp trace makes of the validation part */
     for (int i = 0; i < n_seq; i++)
@@ -404,19 +417,25 @@ int kvp_cmd_eval(int argc, char **argv)
     for (; n_refs < n_seq; n_refs++)
         if (kvp_eval_ref_init(&refs[n_refs], &m.cfg, (int)seq_len, &eo))
             goto oom;
+    for (; n_stream_refs < n_str; n_stream_refs++)
+        if (kvp_eval_stream_ref_init(&stream_refs[n_stream_refs], &m.cfg, (int)stream_len,
+                                     (int)kl_every))
+            goto oom;
 
     openblas_set_num_threads(1);   /* small matrices: the parallelism is over tasks */
     long max_tokens = seq_len > lookahead ? seq_len : lookahead;
+    max_tokens = max_tokens > kl_every ? max_tokens : kl_every;
     job j = {.m = &m, .o = &eo, .policies = (const char *const *)names, .n_pol = n_pol,
               .stream_pol = spol, .n_spol = n_spol, .policy_file = policy_file,
               .seed = (uint64_t)seed, .seq_len = (int)seq_len, .stream_len = (int)stream_len,
               .n_seq = n_seq,
               .max_tokens = (int)(max_tokens > chunk ? max_tokens : chunk),
               .seq_tokens = seq_tokens, .stream_tokens = stream_tokens, .refs = refs,
+              .stream_refs = stream_refs, .n_str = n_str, .bos = bos,
               .seq_acc = seq_acc, .stream_acc = stream_acc, .tty = isatty(2),
               .lock = PTHREAD_MUTEX_INITIALIZER};
     double t0 = kvp_now();
-    if (run_phase(&j, 0, n_seq, (int)threads) ||
+    if (run_phase(&j, 0, n_seq + n_str, (int)threads) ||
         run_phase(&j, 1, n_seq * n_pol + n_str * n_spol * eo.n_budgets, (int)threads)) {
         fprintf(stderr, "kvp eval: %s\n", j.err);
         goto out;
@@ -454,7 +473,10 @@ int kvp_cmd_eval(int argc, char **argv)
             "Ranking cases: %d (sequence, layer, KV head). Full-cache perplexity of these "
             "sequences: %.3f.\n"
             "- streaming: %d streams of %ld tokens (%.1fx the context of %d), chunk %ld, "
-            "context shift; the oracle looks %ld tokens ahead.\n"
+            "context shift; the oracle looks %ld tokens ahead. Fidelity every %ld positions: "
+            "KL(full window || policy) and top-1 agreement, the full window being the plain "
+            "cache within the context and, past it, the model run fresh on BOS + the last "
+            "%d tokens.\n"
             "- eviction keeps the 4 oldest rows (sinks) and the 16 newest of every head "
             "(H2O, SnapKV, LagKV and StreamingLLM keep more of the newest by their own rules); "
             "`none` never evicts: it gives the full-cache numbers, has no ranking and cannot "
@@ -462,7 +484,7 @@ int kvp_cmd_eval(int argc, char **argv)
             at, text_len, text_path, n_ids, split, n_seq, seq_len, cut, seq_len - cut,
             n_seq * m.cfg.n_layers * m.cfg.n_kv_heads,
             exp(full_nll / ((double)n_seq * (seq_len - 1))), n_str, stream_len,
-            (double)stream_len / ctx, ctx, chunk, lookahead);
+            (double)stream_len / ctx, ctx, chunk, lookahead, kl_every, ctx - 1);
     if (fclose(mf))
         goto oom;
     if (kvp_eval_write(out_dir, rows, n_rows, intro, err, sizeof err)) {
@@ -504,7 +526,10 @@ oom:
 out:
     for (int i = 0; i < n_refs; i++)
         kvp_eval_ref_free(&refs[i]);
+    for (int i = 0; i < n_stream_refs; i++)
+        kvp_eval_stream_ref_free(&stream_refs[i]);
     free(refs);
+    free(stream_refs);
     free(seq_acc);
     free(stream_acc);
     free(acc);
