@@ -422,7 +422,7 @@ int kvp_eval_stream_ref_compute(kvp_eval_stream_ref *r, const kvp_model *m, kvp_
     kvp_cache c = {0};
     if (!window || !block || (rc = cache_like(&c, &m->cfg)))
         goto out;
-    kvp_policy_attach(s, NULL);
+    kvp_policy_attach(&s->hooks, NULL);
     /* Within the context: one cache, fed in blocks that end at the sampled positions. */
     for (int off = 0; i < r->n_pos && r->pos[i] < ctx; off += every, i++) {
         if ((rc = kvp_gen_prefill(m, s, &c, NULL, tokens + off, every, block)))

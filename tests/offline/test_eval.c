@@ -371,9 +371,9 @@ Test(eval, streaming_kl_equals_a_brute_force_computation)
     kvp_evict_cfg e = {p, opts.budgets[0], opts.chunk};
     for (int off = 0; off < LEN2; off += opts.chunk) {
         int n = LEN2 - off < opts.chunk ? LEN2 - off : opts.chunk;
-        kvp_policy_attach(&rs, p);
+        kvp_policy_attach(&rs.hooks, p);
         cr_assert_eq(kvp_gen_prefill(&model, &rs, &c, &e, tok + off, n, pol + (size_t)off * V), 0);
-        kvp_policy_attach(&rs, NULL);
+        kvp_policy_attach(&rs.hooks, NULL);
     }
     kvp_policy_destroy(p);
     kvp_cache_free(&c);
