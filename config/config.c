@@ -12,7 +12,7 @@
 #include "policy/policy.h"
 #include "base/parse.h"
 #include "generate/generate.h"
-#include "sessions/template.h"
+#include "model/template.h"
 
 #ifndef KVPD_DATA_DIR
 #define KVPD_DATA_DIR "."
@@ -43,7 +43,8 @@ static const key_def keys[] = {
     {"policy_dir", T_STR, F(policy_dir), 0, 0, KVPD_DATA_DIR "/policy/weights", "directory of the default policy's <model stem>.kvp", LIVE},
     {"budget", T_INT, F(budget), 0, 1 << 24, "256", "KV rows kept per head (0: no eviction)", LIVE},
     {"chunk", T_INT, F(chunk), 1, 4096, KVP_STR(KVP_DEFAULT_CHUNK), "prefill chunk in tokens; a head may exceed the budget by this much", FIXED},
-    {"workers", T_INT, F(workers), 0, 256, "0", "model worker threads (0: one per core)", FIXED},
+    {"step_tokens", T_INT, F(step_tokens), 1, 65536, "256", "tokens of one batched step, at least chunk: every decoding turn gives one, prefilling turns a chunk each while room is left (the rest wait for the next step)", FIXED},
+    {"workers", T_INT, F(workers), 0, 256, "0", "model worker threads (0: one per core): one runs the batched step at a time, the others snapshot loads and saves meanwhile", FIXED},
     {"state_dir", T_STR, F(state_dir), 0, 0, "", "directory for session state (must be writable when set)", FIXED},
     {"admin_token", T_STR, F(admin_token), 0, 0, "", "bearer token required by /admin/* (empty: one is generated at start into admin_token_file)", LIVE},
     {"admin_token_file", T_STR, F(admin_token_file), 0, 0, "", "where the generated admin token is written, mode 0600 (empty: STATE_DIR/admin.token; with neither, /admin/* is closed)", FIXED},

@@ -10,12 +10,33 @@
 #   in f32, f16, q8_0 and q4_K_M on all CPUs (bench_engine --qwen --no-synth; ~3.9 GB
 #   in /tmp): decode and prefill tok/s, prefill/decode, RSS, and the fraction of the
 #   read bandwidth measured in the same run.
+#        scripts/bench.sh --batching [LEVELS]
+#   --batching: the daemon's step loop under 1,4,8,16,32 concurrent sessions (LEVELS
+#   overrides) with loadgen, on the 134M f32 synthetic (`kvp synth --ctx 1024`, written
+#   to /tmp/kvp-synth-134M.gguf on first use, ~540 MB) and on stories260K: aggregate
+#   tokens/s and TTFT p50/p99 with their ratios to one session; plots in
+#   docs/batching-134M.svg and docs/batching-stories260K.svg.
 # KVP_BUILD_DIR selects the build directory (default build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${KVP_BUILD_DIR:-build}
 [ -f $dir/build.ninja ] || meson setup $dir
-ninja -C $dir bench/bench_engine bench/bench_matmul tools/kvp
+ninja -C $dir bench/bench_engine bench/bench_matmul bench/loadgen tools/kvp daemon/kvpd
+if [ "${1:-}" = --batching ]; then
+    levels=${2:-1,4,8,16,32}
+    synth=/tmp/kvp-synth-134M.gguf
+    [ -f $synth ] || $dir/tools/kvp synth --out $synth --ctx 1024
+    echo "load: $(uptime)"
+    for model in 134M stories260K; do
+        if [ $model = 134M ]; then args=(--model $synth); else
+            args=(--model models/stories260K.bin --tokenizer models/tok512.bin); fi
+        echo "### $model"
+        $dir/bench/loadgen --kvpd $dir/daemon/kvpd "${args[@]}" --concurrency "$levels" \
+            --turns 2 --max-tokens 32 --label "$model" --svg docs/batching-$model.svg
+    done
+    echo "load: $(uptime)"
+    exit 0
+fi
 if [ "${1:-}" = --quant ]; then
     shift
     echo "load: $(uptime)"
