@@ -57,6 +57,7 @@ static const key_def keys[] = {
     {"max_body_bytes", T_INT, F(max_body_bytes), 1024, 1 << 26, "1048576", "largest HTTP request body accepted (/v1/chat/completions); larger ones are answered 413", LIVE},
     {"max_message_bytes", T_INT, F(max_message_bytes), 64, 1 << 24, "16384", "largest websocket message accepted", LIVE},
     {"max_tokens", T_INT, F(max_tokens), 1, 1 << 20, "256", "largest reply in tokens (and the default)", LIVE},
+    {"max_history_tokens", T_INT, F(max_history_tokens), 0, 1 << 30, "32768", "transcript tokens a session stores (memory, snapshot, history): past it the oldest whole turns are dropped at the end of a turn, the newest kept; the KV cache is not affected (0: keep everything)", LIVE},
     {"max_sessions_per_connection", T_INT, F(max_sessions_per_connection), 1, 1 << 20, "8", "conversations one connection may start (sessions it left without a turn do not count)", LIVE},
     {"idle_timeout", T_INT, F(idle_timeout_s), 1, 1 << 30, "1800", "seconds without activity before a session is parked (dropped without state_dir)", LIVE},
     {"max_connections", T_INT, F(max_connections), 0, 1 << 20, "1024", "HTTP and websocket connections at once; more are answered 503 and closed (0: no cap)", LIVE},

@@ -33,6 +33,7 @@ typedef struct kvpd_config {
     char static_dir[KVPD_PATH_MAX];
     int max_sessions;                 /* resident sessions (parked ones do not count) */
     int max_sessions_per_connection;
+    int max_history_tokens;           /* stored transcript per session; 0 = unbounded */
     uint64_t max_cache_bytes;         /* KV cache bytes of resident sessions; 0 = no cap */
     int max_message_bytes;
     int max_body_bytes;               /* HTTP request bodies (/v1/chat/completions) */

@@ -17,7 +17,8 @@ void kvpd_hub_config_sync(kvpd *d)
         .budget = d->cfg.budget, .max_tokens = d->cfg.max_tokens,
         .temperature = d->cfg.temperature, .max_sessions = d->cfg.max_sessions,
         .max_cache_bytes = d->cfg.max_cache_bytes, .idle_timeout_s = d->cfg.idle_timeout_s,
-        .max_sessions_per_client = d->cfg.max_sessions_per_connection};
+        .max_sessions_per_client = d->cfg.max_sessions_per_connection,
+        .max_history_tokens = d->cfg.max_history_tokens};
 }
 
 void kvpd_announce_ready(kvpd *d)

@@ -40,7 +40,8 @@ static void emit_session(kvp_hub_client *c, int resumed)
     int idle = !kvp_session_busy(s);
     kvp_hub_event ev = {.type = KVP_HUB_SESSION, .id = s->id, .resumed = resumed,
                         .turns = s->turns, .history = idle ? s->msgs : NULL,
-                        .n_history = idle ? s->n_msgs : 0};
+                        .n_history = idle ? s->n_msgs : 0,
+                        .history_dropped = idle ? s->hist_msgs : 0};
     c->sink(c->ctx, &ev);
 }
 
@@ -275,6 +276,7 @@ static void start_turn(kvp_hub_client *c, const char *text, size_t len, const kv
         s->turn.top_p = o->top_p;
     s->turn.has_seed = o->has_seed;
     s->turn.seed = o->seed;
+    s->turn.max_history = h->cfg->max_history_tokens;
     s->last_active = now;
     s->owner = c;
     submit(h, s, KVP_SESSION_TURN, reserve);
@@ -289,16 +291,22 @@ void kvp_hub_message(kvp_hub_client *c, const char *text, size_t len, int max_to
 }
 
 /* s holds exactly msgs[0..n) and is free to take a turn. A parked session's texts are on
- * disk: its hash and count stand for them. */
-static int continues(const kvp_session *s, uint64_t hash, const kvp_message *msgs, int n)
+ * disk: its hash and count stand for them. Messages dropped from a bounded history
+ * (max_history_tokens) are known by the hash alone: such a session is continued only when
+ * the request names it (`named`: its id is the key to the conversation); an anonymous
+ * request whose history reaches into them starts a new session instead. */
+static int continues(const kvp_session *s, int named, uint64_t hash, const kvp_message *msgs,
+                     int n)
 {
-    if (kvp_session_busy(s) || s->transcript_hash != hash || s->transcript_msgs != n)
+    if (kvp_session_busy(s) || s->transcript_hash != hash || s->transcript_msgs != n ||
+        (s->transcript_dropped && !named))
         return 0;
     if (s->state == KVP_SESSION_PARKED)
         return 1;
-    for (int i = 0; i < n; i++)
-        if (s->msgs[i].user != msgs[i].user || s->msgs[i].len != msgs[i].len ||
-            memcmp(s->msgs[i].text, msgs[i].text, msgs[i].len))
+    const kvp_message *kept = msgs + s->hist_msgs;
+    for (int i = 0; i < s->n_msgs; i++)
+        if (s->msgs[i].user != kept[i].user || s->msgs[i].len != kept[i].len ||
+            memcmp(s->msgs[i].text, kept[i].text, kept[i].len))
             return 0;
     return 1;
 }
@@ -319,10 +327,10 @@ void kvp_hub_chat(kvp_hub_client *c, const char *id, const kvp_message *msgs, in
     int prefix = n - 1;
     uint64_t hash = kvp_session_transcript_hash(msgs, prefix);
     kvp_session *s = id && id[0] ? kvp_session_find(&h->sessions, id) : NULL;
-    if (s && !continues(s, hash, msgs, prefix))
+    if (s && !continues(s, 1, hash, msgs, prefix))
         s = NULL;
     for (kvp_session *t = h->sessions.head; !s && t; t = t->next)
-        if (continues(t, hash, msgs, prefix))
+        if (continues(t, 0, hash, msgs, prefix))
             s = t;
     if (s) {
         attach(c, s);
@@ -394,8 +402,9 @@ static kvp_hub_client *job_ended(kvp_hub *h, kvp_session *s)
     }
     s->save_rc = 0;
     s->turns = s->turns_done;
-    s->transcript_hash = kvp_session_transcript_hash(s->msgs, s->n_msgs);
-    s->transcript_msgs = s->n_msgs;
+    s->transcript_hash = kvp_session_transcript_hash_more(s->hist_hash, s->msgs, s->n_msgs);
+    s->transcript_msgs = s->hist_msgs + s->n_msgs;
+    s->transcript_dropped = s->hist_msgs;
     s->evicted_rows = s->cache.evicted_rows;
     s->rows_max = kvp_cache_max_rows(&s->cache);
     s->bytes = kvp_cache_bytes(&s->cache);

@@ -70,8 +70,9 @@ typedef struct kvp_hub_event {
     /* SESSION */
     const char *id;
     int resumed, turns;
-    const kvp_message *history;   /* the transcript (none while a turn runs) */
+    const kvp_message *history;   /* the stored transcript (none while a turn runs) */
     int n_history;
+    int history_dropped;          /* earlier messages not stored (max_history_tokens) */
     /* TOKEN: the text; DONE: the whole reply; ERROR: the message */
     const char *text;
     size_t len;
@@ -94,6 +95,7 @@ typedef struct kvp_hub_config {
     uint64_t max_cache_bytes;     /* KV cache bytes of resident sessions (0: no cap) */
     int idle_timeout_s;
     int max_sessions_per_client;  /* started and not ended unused */
+    int max_history_tokens;       /* transcript tokens a session stores (0: all) */
 } kvp_hub_config;
 
 typedef struct kvp_hub kvp_hub;

@@ -22,7 +22,8 @@ static int borrow_msgs(const kvp_session *s, int from, kvp_snapshot_msg **out)
         return -ENOMEM;
     for (int i = 0; i < n; i++)
         (*out)[i] = (kvp_snapshot_msg){s->msgs[from + i].user, s->msgs[from + i].text,
-                                       s->msgs[from + i].len};
+                                       s->msgs[from + i].len,
+                                       s->hist_tokens + s->msg_tok[from + i]};
     return n;
 }
 
@@ -41,6 +42,9 @@ static int save_full(kvp_session *s, const kvp_session_env *env, void *cache, si
     snap.tokens = s->tokens;
     snap.n_tokens = s->n_tokens;
     snap.n_cached = s->n_cached;
+    snap.hist_msgs = s->hist_msgs;
+    snap.hist_tokens = s->hist_tokens;
+    snap.hist_hash = s->hist_hash;
     snap.cache = cache;
     snap.cache_len = cache_len;
     int rc = borrow_msgs(s, 0, &snap.msgs);
@@ -61,17 +65,24 @@ static int save_full(kvp_session *s, const kvp_session_env *env, void *cache, si
     return rc;
 }
 
+/* What is on disk ends at message journal_msgs and token journal_tokens of the whole
+ * conversation: their places in msgs[] and tokens[]. */
+static int new_msgs_from(const kvp_session *s) { return s->journal_msgs - s->hist_msgs; }
+static int64_t new_tokens_from(const kvp_session *s) { return s->journal_tokens - s->hist_tokens; }
+
 static int save_increment(kvp_session *s, void *cache, size_t cache_len,
                           const kvp_session_env *env, char *err, size_t errlen)
 {
+    int tf = (int)new_tokens_from(s);
     kvp_journal_rec rec = {
         .turns = s->turns_done, .evicted_rows = s->cache.evicted_rows,
         .last_active = kvp_wall_now(), .msgs_before = s->journal_msgs,
-        .tokens_before = s->journal_tokens, .tokens = s->tokens + s->journal_tokens,
-        .n_tokens = s->n_tokens - s->journal_tokens, .n_cached = s->n_cached,
+        .tokens_before = s->journal_tokens, .tokens = s->tokens + tf,
+        .n_tokens = s->n_tokens - tf, .n_cached = s->n_cached,
+        .hist_msgs = s->hist_msgs, .hist_tokens = s->hist_tokens, .hist_hash = s->hist_hash,
         .cache = cache, .cache_len = cache_len};
     kvp_snapshot_msg *msgs;
-    int rc = borrow_msgs(s, s->journal_msgs, &msgs);
+    int rc = borrow_msgs(s, new_msgs_from(s), &msgs);
     if (rc < 0) {
         snprintf(err, errlen, "journal %s: out of memory", s->id);
         return rc;
@@ -95,13 +106,15 @@ int kvp_session_save(kvp_session *s, const kvp_session_env *env, char *err, size
         return rc;
     }
     size_t limit = s->base_bytes > KVP_JOURNAL_MIN_BYTES ? s->base_bytes : KVP_JOURNAL_MIN_BYTES;
-    int full = !s->journal_ok || s->n_msgs < s->journal_msgs ||
-               s->n_tokens < s->journal_tokens || s->journal_bytes > limit;
+    /* A record extends what is on disk: the transcript must still hold its end. */
+    int full = !s->journal_ok || new_msgs_from(s) < 0 || new_msgs_from(s) > s->n_msgs ||
+               new_tokens_from(s) < 0 || new_tokens_from(s) > s->n_tokens ||
+               s->journal_bytes > limit;
     rc = full ? save_full(s, env, cache, cache_len, err, errlen)
               : save_increment(s, cache, cache_len, env, err, errlen);
     if (rc == 0) {
-        s->journal_msgs = s->n_msgs;
-        s->journal_tokens = s->n_tokens;
+        s->journal_msgs = s->hist_msgs + s->n_msgs;
+        s->journal_tokens = s->hist_tokens + s->n_tokens;
     }
     free(cache);
     return rc;
@@ -130,30 +143,44 @@ static void clear_transcript(kvp_session *s)
     for (int i = 0; i < s->n_msgs; i++)
         free(s->msgs[i].text);
     free(s->msgs);
+    free(s->msg_tok);
     s->msgs = NULL;
+    s->msg_tok = NULL;
     s->n_msgs = s->cap_msgs = 0;
     s->n_tokens = 0;
 }
 
-int kvp_session_retokenize(kvp_session *s, const kvp_session_env *env)
+/* Renders the messages with the chat template as the turns would have: each message's
+ * first token into msg_tok, and with `keep` the ids into tokens (else only counted, for
+ * a transcript whose ids are kept as they are). */
+static int render(kvp_session *s, const kvp_session_env *env, int keep)
 {
-    s->n_tokens = 0;
+    int count = 0;
+    if (keep)
+        s->n_tokens = 0;
     for (int i = 0; i < s->n_msgs; i++) {
         const kvp_message *m = &s->msgs[i];
         int *ids = NULL;
         /* A chat format's end marker goes before each later user message (reply_open),
          * whether the reply ended with it or was cut: the same tokens either way. */
-        int n = m->user ? kvp_template_turn(&env->tpl, NULL, 0, s->n_tokens == 0, i > 0, m->text,
+        int n = m->user ? kvp_template_turn(&env->tpl, NULL, 0, count == 0, i > 0, m->text,
                                             m->len, &ids)
                         : kvp_template_reply(&env->tpl, m->text, m->len, &ids);
         if (n < 0)
             return n;
-        int rc = append(s, ids, n);
+        s->msg_tok[i] = keep || count <= s->n_tokens ? count : s->n_tokens;
+        int rc = keep ? append(s, ids, n) : 0;
         free(ids);
         if (rc < 0)
             return rc;
+        count += n;
     }
     return 0;
+}
+
+int kvp_session_retokenize(kvp_session *s, const kvp_session_env *env)
+{
+    return render(s, env, 1);
 }
 
 /* Why the snapshot's cache cannot be used as it is, or NULL. */
@@ -163,7 +190,7 @@ static const char *cache_unusable(const kvp_snapshot *snap, const kvp_cache *c,
     if (c->n_layers != cfg->n_layers || c->n_kv_heads != cfg->n_kv_heads ||
         c->head_dim != cfg->head_dim || !kvp_rope_same(&c->rope, &cfg->rope))
         return "its cache has another shape";
-    if (c->n_seen != snap->n_cached)
+    if (c->n_seen != snap->hist_tokens + snap->n_cached)
         return "its cache does not match its transcript";
     if (max_bytes && kvp_cache_bytes(c) > max_bytes)
         return "its cache is larger than a turn may hold now";
@@ -187,9 +214,12 @@ int kvp_session_restore(kvp_session *s, const kvp_session_env *env, size_t max_b
     memset(r, 0, sizeof *r);
 
     /* The messages: their texts move over from the snapshot. */
+    int firsts_known = 1;
     if (snap.n_msgs) {
         s->msgs = calloc((size_t)snap.n_msgs, sizeof *s->msgs);
-        if (!s->msgs) {
+        s->msg_tok = calloc((size_t)snap.n_msgs, sizeof *s->msg_tok);
+        if (!s->msgs || !s->msg_tok) {
+            clear_transcript(s);
             kvp_snapshot_free(&snap);
             snprintf(err, errlen, "restoring %s: out of memory", s->id);
             return -ENOMEM;
@@ -198,9 +228,14 @@ int kvp_session_restore(kvp_session *s, const kvp_session_env *env, size_t max_b
         for (int i = 0; i < snap.n_msgs; i++) {
             s->msgs[i] = (kvp_message){snap.msgs[i].user, snap.msgs[i].text, snap.msgs[i].len};
             snap.msgs[i].text = NULL;
+            s->msg_tok[i] = (int)(snap.msgs[i].first_token - snap.hist_tokens);
+            firsts_known &= snap.msgs[i].first_token >= 0;
         }
         s->n_msgs = snap.n_msgs;
     }
+    s->hist_msgs = snap.hist_msgs;
+    s->hist_hash = snap.hist_hash;
+    s->hist_tokens = snap.hist_tokens;
 
     const kvp_snapshot_identity *want = &s->pconf->ident;
     int same_model = snap.ident.model_hash == want->model_hash &&
@@ -224,13 +259,18 @@ int kvp_session_restore(kvp_session *s, const kvp_session_env *env, size_t max_b
         have_cache = 1;
     }
 
-    if (same_model) {   /* the ids are this model's own: keep them exactly */
+    /* Rebuilt after history was dropped: the kept tokens do not start a conversation, so
+     * the kept messages are rendered as one (a new token stream for the new cache). */
+    int restart = !same_model || (!have_cache && snap.hist_tokens > 0);
+    if (!restart) {   /* the ids are this model's own: keep them exactly */
         free(s->tokens);
         s->tokens = snap.tokens;
         s->n_tokens = s->cap_tokens = snap.n_tokens;
         snap.tokens = NULL;
-        rc = 0;
+        /* a version 1 file does not say where each message's tokens begin */
+        rc = firsts_known ? 0 : render(s, env, 0);
     } else {
+        s->hist_tokens = 0;
         rc = kvp_session_retokenize(s, env);
     }
     if (rc < 0) {
@@ -255,15 +295,16 @@ int kvp_session_restore(kvp_session *s, const kvp_session_env *env, size_t max_b
     }
     /* Cut replies still need their end marker; a reply that ended has it last. */
     s->reply_open = s->n_msgs > 0 && s->n_tokens > 0 &&
-                    !(same_model && kvp_template_is_stop(&env->tpl, s->tokens[s->n_tokens - 1]));
+                    !(!restart && kvp_template_is_stop(&env->tpl, s->tokens[s->n_tokens - 1]));
     s->turns_done = snap.turns;
     s->created_wall = snap.created;
     s->has_snapshot = 1;
     s->saved = 1;
-    /* Appending goes on only where the files end cleanly and hold these very tokens. */
-    s->journal_ok = journal_clean && same_model;
-    s->journal_msgs = s->n_msgs;
-    s->journal_tokens = s->n_tokens;
+    /* Appending goes on only where the files end cleanly, in this version, and hold these
+     * very tokens. */
+    s->journal_ok = journal_clean && !restart && snap.version == KVP_SNAPSHOT_VERSION;
+    s->journal_msgs = s->hist_msgs + s->n_msgs;
+    s->journal_tokens = s->hist_tokens + s->n_tokens;
     s->journal_bytes = journal_bytes;
     s->base_bytes = snap.cache_len + 4 * (size_t)snap.n_tokens;
     if (!journal_clean)

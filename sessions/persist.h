@@ -22,7 +22,8 @@ int kvp_session_save(kvp_session *s, const kvp_session_env *env, char *err, size
  * snapshot's model or policy identity differs from s->pconf's, its cache does not
  * decode, or it would take more than `max_bytes` (0: no limit), the session is rebuilt
  * from its transcript instead: the cache stays empty so the next turn prefills the
- * whole transcript (re-tokenized from the messages when the model differs). Sets
+ * whole stored transcript (re-tokenized from the messages when the model differs or
+ * history was dropped: docs/snapshot-format.md, "Bounded history"). Sets
  * s->restored. Errors leave the session empty: -ENOENT (no snapshot) and -EBADMSG (bad
  * file, moved aside) mean the session is lost; others (I/O, memory) may be retried. */
 int kvp_session_restore(kvp_session *s, const kvp_session_env *env, size_t max_bytes,

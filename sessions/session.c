@@ -132,6 +132,7 @@ static void session_free(kvp_session *s)
     for (int i = 0; i < s->n_msgs; i++)
         free(s->msgs[i].text);
     free(s->msgs);
+    free(s->msg_tok);
     free(s->turn.text);
     free(s->turn.reply);
     free(s);
@@ -173,6 +174,7 @@ int kvp_session_create(kvp_session_table *t, const kvp_session_env *env, kvp_pol
     }
     s->created = s->last_active = now;
     s->created_wall = kvp_wall_now();
+    s->hist_hash = KVP_FNV1A_INIT;
     s->pconf = kvp_policy_conf_ref(pc);
     if ((rc = table_add(t, s)) < 0) {
         snprintf(err, errlen, "out of memory");
@@ -238,7 +240,9 @@ void kvp_session_park(kvp_session_table *t, kvp_session *s)
     for (int i = 0; i < s->n_msgs; i++)
         free(s->msgs[i].text);
     free(s->msgs);
+    free(s->msg_tok);
     s->msgs = NULL;
+    s->msg_tok = NULL;
     s->n_msgs = s->cap_msgs = 0;
     free(s->turn.text);
     free(s->turn.reply);
@@ -305,19 +309,24 @@ static int push_token(kvp_session *s, int id)
     return 0;
 }
 
-static int push_message(kvp_session *s, int user, const char *text, size_t len);
+static int push_message(kvp_session *s, int user, const char *text, size_t len, int first);
 
 int kvp_session_seed(kvp_session *s, const kvp_message *msgs, int n)
 {
+    /* no tokens yet: the first turn renders them (kvp_session_retokenize) */
     for (int i = 0; i < n; i++)
-        if (push_message(s, msgs[i].user, msgs[i].text, msgs[i].len) < 0)
+        if (push_message(s, msgs[i].user, msgs[i].text, msgs[i].len, 0) < 0)
             return -ENOMEM;
     return 0;
 }
 
 uint64_t kvp_session_transcript_hash(const kvp_message *msgs, int n)
 {
-    uint64_t h = KVP_FNV1A_INIT;
+    return kvp_session_transcript_hash_more(KVP_FNV1A_INIT, msgs, n);
+}
+
+uint64_t kvp_session_transcript_hash_more(uint64_t h, const kvp_message *msgs, int n)
+{
     for (int i = 0; i < n; i++) {
         /* role and length first, so no two transcripts render to the same bytes */
         uint64_t head[2] = {(uint64_t)msgs[i].user, (uint64_t)msgs[i].len};
@@ -327,14 +336,18 @@ uint64_t kvp_session_transcript_hash(const kvp_message *msgs, int n)
     return h;
 }
 
-static int push_message(kvp_session *s, int user, const char *text, size_t len)
+/* first: where the message's tokens begin in tokens[]. */
+static int push_message(kvp_session *s, int user, const char *text, size_t len, int first)
 {
     if (s->n_msgs == s->cap_msgs) {
         int cap = s->cap_msgs ? s->cap_msgs * 2 : 16;
         kvp_message *v = realloc(s->msgs, (size_t)cap * sizeof *v);
-        if (!v)
+        if (v)
+            s->msgs = v;
+        int *f = v ? realloc(s->msg_tok, (size_t)cap * sizeof *f) : NULL;
+        if (!f)
             return -ENOMEM;
-        s->msgs = v;
+        s->msg_tok = f;
         s->cap_msgs = cap;
     }
     char *copy = malloc(len + 1);
@@ -345,8 +358,55 @@ static int push_message(kvp_session *s, int user, const char *text, size_t len)
     s->msgs[s->n_msgs].user = user;
     s->msgs[s->n_msgs].text = copy;
     s->msgs[s->n_msgs].len = len;
+    s->msg_tok[s->n_msgs] = first;
     s->n_msgs++;
     return 0;
+}
+
+/* max_history_tokens, at the end of a turn: drops the oldest whole turns (a user message
+ * and the replies after it) while the tokens from the next kept turn on are more than
+ * max; the newest turn always stays. Only tokens that are in the cache go (the cache
+ * itself keeps them: positions and rows do not change), so the next turn's prefill, the
+ * context shift and the sampler see nothing of it. */
+static void bound_history(kvp_session *s, int max)
+{
+    if (max <= 0 || s->n_tokens <= max)
+        return;
+    int last = s->n_msgs - 1;
+    while (last > 0 && !s->msgs[last].user)
+        last--;
+    int keep = 1;   /* the first kept message: a user one, at most the newest turn's */
+    while (keep < last && (!s->msgs[keep].user || s->n_tokens - s->msg_tok[keep] > max))
+        keep++;
+    int cut = s->msg_tok[keep];
+    if (keep > last || cut <= 0 || cut > s->n_cached || cut >= s->n_tokens)
+        return;   /* nothing to drop, or it would take tokens not yet run */
+    s->hist_hash = kvp_session_transcript_hash_more(s->hist_hash, s->msgs, keep);
+    for (int i = 0; i < keep; i++)
+        free(s->msgs[i].text);
+    s->n_msgs -= keep;
+    memmove(s->msgs, s->msgs + keep, (size_t)s->n_msgs * sizeof *s->msgs);
+    for (int i = 0; i < s->n_msgs; i++)
+        s->msg_tok[i] = s->msg_tok[i + keep] - cut;
+    s->n_tokens -= cut;
+    s->n_cached -= cut;
+    memmove(s->tokens, s->tokens + cut, (size_t)s->n_tokens * sizeof *s->tokens);
+    s->hist_msgs += keep;
+    s->hist_tokens += cut;
+}
+
+/* The cache was dropped: with history dropped before, the kept tokens do not start a
+ * conversation (no beginning-of-text, no system text), so the next turn renders the
+ * kept messages again as a conversation of their own (kvp_turn_step's seeded path). */
+static void restart_tokens(kvp_session *s)
+{
+    if (s->hist_tokens == 0)
+        return;
+    s->n_tokens = 0;
+    s->hist_tokens = 0;
+    for (int i = 0; i < s->n_msgs; i++)
+        s->msg_tok[i] = 0;   /* none rendered yet */
+    s->journal_ok = 0;   /* other tokens than on disk: the next save is a full one */
 }
 
 static int reply_append(kvp_turn *t, const char *p, size_t n)
@@ -411,7 +471,7 @@ static int finish(kvp_session *s, const kvp_session_env *env, const kvp_turn_sin
     if (dropped < 0 && !rc)
         rc = dropped;
     if (!rc)
-        rc = push_message(s, 0, t->reply ? t->reply : "", t->reply_len);
+        rc = push_message(s, 0, t->reply ? t->reply : "", t->reply_len, t->reply_from);
     if (rc < 0) {
         free(t->text);
         t->text = NULL;
@@ -419,9 +479,10 @@ static int finish(kvp_session *s, const kvp_session_env *env, const kvp_turn_sin
         sink->error(sink->ctx, s, rc, "could not finish the turn");
         return 0;
     }
+    bound_history(s, t->max_history);
     double end = kvp_now();
     kvp_turn_stats *st = &t->stats;
-    st->transcript_tokens = s->n_tokens;
+    st->transcript_tokens = (int)(s->hist_tokens + s->n_tokens);
     st->cache_rows = kvp_cache_max_rows(&s->cache);
     if (st->cache_rows > st->cache_rows_max)
         st->cache_rows_max = st->cache_rows;
@@ -458,6 +519,7 @@ static int fail(kvp_session *s, const kvp_session_env *env, const kvp_turn_sink 
         if (t->recorded)
             free(s->msgs[--s->n_msgs].text);
     }
+    restart_tokens(s);
     char msg[160];
     snprintf(msg, sizeof msg, "%s: %s", what, detail ? detail :
              rc == -E2BIG ? "the conversation outgrew the model's context" : strerror(-rc));
@@ -580,7 +642,7 @@ static int plan_unit(kvp_session *s, const kvp_session_env *env, const kvp_turn_
         }
         /* A cancel that came before any work still records the message: the next turn
          * prefills it (prefill checks the flag first). */
-        int *ids = NULL;
+        int *ids = NULL, first = s->n_tokens;
         int n = kvp_template_turn(&env->tpl, NULL, 0, s->n_tokens == 0, s->reply_open, t->text,
                                   t->text_len, &ids);
         if (n < 0)
@@ -591,18 +653,27 @@ static int plan_unit(kvp_session *s, const kvp_session_env *env, const kvp_turn_
                 return fail(s, env, sink, 1, -ENOMEM, "transcript", NULL);
             }
         free(ids);
-        if (push_message(s, 1, t->text, t->text_len) < 0)
+        if (push_message(s, 1, t->text, t->text_len, first) < 0)
             return fail(s, env, sink, 1, -ENOMEM, "transcript", NULL);
         t->recorded = 1;
         t->stats.prompt_tokens = s->n_tokens - s->n_cached;
         if (!env->reuse_cache) {
-            /* Benchmark baseline: forget the cache, run the whole transcript again. */
+            /* Benchmark baseline: forget the cache, run the whole (kept) transcript again. */
             kvp_cache_reset(&s->cache);
             s->n_cached = 0;
+            if (s->hist_tokens > 0) {
+                restart_tokens(s);
+                int rc = kvp_session_retokenize(s, env);
+                t->undo_tokens = s->msg_tok[s->n_msgs - 1];   /* in the new rendering */
+                if (rc < 0)
+                    return fail(s, env, sink, 1, rc, "tokenize", NULL);
+            }
         }
+        t->reply_from = s->n_tokens;
         t->evicted_at_start = s->cache.evicted_rows;
-        t->stats.context_tokens = s->n_tokens;
-        t->stats.cached_tokens = s->n_cached;
+        /* of the whole conversation: the cache holds the dropped history's tokens too */
+        t->stats.context_tokens = (int)(s->hist_tokens + s->n_tokens);
+        t->stats.cached_tokens = (int)(s->hist_tokens + s->n_cached);
         s->sampler.temperature = t->temperature;
         s->sampler.top_p = t->top_p >= 0 ? t->top_p : env->top_p;
         if (t->has_seed)

@@ -68,10 +68,12 @@ typedef struct kvp_turn {
     int has_seed;            /* reseed the sampler with seed at the start */
     uint64_t seed;
     int budget;              /* KV rows per head for this turn (0 = unbounded) */
+    int max_history;         /* transcript tokens kept at its end (0 = all) */
     atomic_int cancel;       /* set by the loop, read by the worker each unit */
     enum kvp_turn_state state;
     int undo_tokens;         /* transcript length before this turn's message */
     int recorded;            /* this turn's user message is in the transcript */
+    int reply_from;          /* where the reply's tokens begin in tokens[] */
     int next_token;          /* sampled, emitted, not yet run through the model */
     kvp_evict_cfg evict;     /* the bounds of its unit in the running step */
     kvp_utf8 utf8;
@@ -123,9 +125,11 @@ typedef struct kvp_session {
     int lost;                        /* the snapshot is gone or was bad: session lost */
     char save_err[256];
     int turns_done;                  /* completed turns, as the snapshot counts them */
-    /* What is on disk: the snapshot plus its journal hold msgs[0..journal_msgs) and
-     * tokens[0..journal_tokens); journal_ok: the next save may append to the journal. */
-    int journal_ok, journal_msgs, journal_tokens;
+    /* What is on disk: the snapshot plus its journal hold the conversation's first
+     * journal_msgs messages and journal_tokens tokens (dropped history included);
+     * journal_ok: the next save may append to the journal. */
+    int journal_ok, journal_msgs;
+    int64_t journal_tokens;
     size_t journal_bytes, base_bytes;  /* the journal's size; the last full snapshot's */
     double created_wall;             /* seconds since the epoch */
     kvp_restored restored;
@@ -138,11 +142,21 @@ typedef struct kvp_session {
     int n_cached;                    /* tokens[0..n_cached) have been run */
     int reply_open;
     kvp_message *msgs;
+    int *msg_tok;                    /* [cap_msgs] where each message's tokens begin in tokens[] */
     int n_msgs, cap_msgs;
+    /* The bounded history (max_history_tokens): msgs[0] is the conversation's message
+     * hist_msgs and tokens[0] its token hist_tokens; what came before was dropped, its
+     * messages summed up in hist_hash (kvp_session_transcript_hash's state after them).
+     * The cache holds the tokens of all of it: cache.n_seen == hist_tokens + n_cached. A
+     * rebuilt cache starts a new token stream from the kept messages (hist_tokens 0). */
+    int hist_msgs;
+    int64_t hist_tokens;
+    uint64_t hist_hash;
     /* loop: the hash of msgs (kvp_session_transcript_hash) as of the last job's end, and
      * their count, kept while parked: how stateless requests find their conversation */
     uint64_t transcript_hash;
-    int transcript_msgs;
+    int transcript_msgs;             /* of the whole conversation, dropped ones included */
+    int transcript_dropped;          /* of those, dropped from the stored history */
     kvp_turn turn;
     struct kvp_session *rq_next;     /* scheduler run queue */
 } kvp_session;
@@ -192,8 +206,10 @@ int kvp_session_begin_turn(kvp_session *s, const char *text, size_t len, int max
 /* Loop, on a new session that never ran a turn: takes copies of msgs as its transcript;
  * its first turn tokenizes and prefills them before its own message. 0 or -ENOMEM. */
 int kvp_session_seed(kvp_session *s, const kvp_message *msgs, int n);
-/* The hash of a transcript's roles and texts, the same for a session and a request. */
+/* The hash of a transcript's roles and texts, the same for a session and a request;
+ * _more goes on from the state h after earlier messages (a session's hist_hash). */
 uint64_t kvp_session_transcript_hash(const kvp_message *msgs, int n);
+uint64_t kvp_session_transcript_hash_more(uint64_t h, const kvp_message *msgs, int n);
 /* Clears the outcome of the last job before a new one (loop thread; not busy). The
  * caller then sets the state that names the job. */
 void kvp_session_begin_job(kvp_session *s);

@@ -23,7 +23,7 @@ static const char SNAP_MAGIC[8] = {'K', 'V', 'P', 'S', 'N', 'A', 'P', '\0'};
 
 enum { HEADER_BYTES = 16, SECTION_HEADER_BYTES = 16, TRAILER_BYTES = 8, N_SECTIONS = 5 };
 
-/* Section tags in file order; every v1 file has all of them. */
+/* Section tags in file order; every file (versions 1 and 2) has all of them. */
 static const char SECTION_TAGS[N_SECTIONS][5] = {"IDEN", "CNTR", "MSGS", "TOKS", "CACH"};
 
 /* The one parse failure that says nothing about the file. */
@@ -178,9 +178,15 @@ static int check_snapshot(const kvp_snapshot *s, char *err, size_t errlen)
         why = "bad token list (n_cached must be within 0..n_tokens)";
     else if (!s->cache || s->cache_len == 0)
         why = "no serialized cache";
+    else if (s->hist_msgs < 0 || s->hist_tokens < 0)
+        why = "negative dropped history";
     for (int i = 0; !why && i < s->n_msgs; i++)
         if ((s->msgs[i].len && !s->msgs[i].text) || s->msgs[i].len > UINT32_MAX)
             why = "bad message text";
+        else if (s->msgs[i].first_token < s->hist_tokens ||
+                 s->msgs[i].first_token > s->hist_tokens + s->n_tokens ||
+                 (i && s->msgs[i].first_token < s->msgs[i - 1].first_token))
+            why = "a message's first token is outside the tokens or out of order";
     if (why) {
         snprintf(err, errlen, "snapshot %s: %s", s->id, why);
         return -EINVAL;
@@ -193,10 +199,10 @@ static int encode_prefix(const kvp_snapshot *s, kvp_wbuf *w)
 {
     size_t iden = 4 + strlen(s->id) + 4 + strlen(s->ident.model_name) + 8 +
                   4 + strlen(s->ident.policy_name) + 8 + 4;
-    size_t cntr = 4 + 8 + 8 + 8;
+    size_t cntr = 4 + 8 + 8 + 8 + 4 + 8 + 8;
     size_t msgs = 4;
     for (int i = 0; i < s->n_msgs; i++)
-        msgs += 1 + 4 + s->msgs[i].len;
+        msgs += 1 + 4 + s->msgs[i].len + 8;
     size_t toks = 4 + 4 + 4 * (size_t)s->n_tokens;
     size_t total = HEADER_BYTES + N_SECTIONS * SECTION_HEADER_BYTES + iden + cntr + msgs + toks;
     w->p = malloc(total);
@@ -220,6 +226,9 @@ static int encode_prefix(const kvp_snapshot *s, kvp_wbuf *w)
     kvp_w_u64(w, s->evicted_rows);
     kvp_w_f64(w, s->created);
     kvp_w_f64(w, s->last_active);
+    kvp_w_u32(w, (uint32_t)s->hist_msgs);
+    kvp_w_u64(w, (uint64_t)s->hist_tokens);
+    kvp_w_u64(w, s->hist_msgs ? s->hist_hash : KVP_FNV1A_INIT);
 
     w_section(w, 2, msgs);
     kvp_w_u32(w, (uint32_t)s->n_msgs);
@@ -228,6 +237,7 @@ static int encode_prefix(const kvp_snapshot *s, kvp_wbuf *w)
         kvp_w_bytes(w, &role, 1);
         kvp_w_u32(w, (uint32_t)s->msgs[i].len);
         kvp_w_bytes(w, s->msgs[i].text, s->msgs[i].len);
+        kvp_w_u64(w, (uint64_t)s->msgs[i].first_token);
     }
 
     w_section(w, 3, toks);
@@ -356,6 +366,22 @@ static const char *parse_iden(kvp_rbuf *r, kvp_snapshot *s, const char *id)
     return NULL;
 }
 
+/* The history dropped before the stored transcript (version 2). */
+static const char *parse_hist(kvp_rbuf *r, int *msgs, int64_t *tokens, uint64_t *hash)
+{
+    uint32_t m;
+    uint64_t t;
+    if (kvp_r_u32(r, &m) || kvp_r_u64(r, &t) || kvp_r_u64(r, hash))
+        return "dropped history inconsistent";
+    if (m > INT_MAX || t > INT64_MAX / 2)
+        return "dropped history out of range";
+    *msgs = (int)m;
+    *tokens = (int64_t)t;
+    if (!m)
+        *hash = KVP_FNV1A_INIT;
+    return NULL;
+}
+
 static const char *parse_cntr(kvp_rbuf *r, kvp_snapshot *s)
 {
     uint32_t turns;
@@ -365,7 +391,8 @@ static const char *parse_cntr(kvp_rbuf *r, kvp_snapshot *s)
     if (turns > INT_MAX || !isfinite(s->created) || !isfinite(s->last_active))
         return "counters out of range";
     s->turns = (int)turns;
-    return NULL;
+    s->hist_hash = KVP_FNV1A_INIT;
+    return s->version >= 2 ? parse_hist(r, &s->hist_msgs, &s->hist_tokens, &s->hist_hash) : NULL;
 }
 
 /* Messages are UTF-8 (they travel in JSON frames); a file from before that rule may hold
@@ -408,9 +435,27 @@ static const char *parse_msgs(kvp_rbuf *r, kvp_snapshot *s)
         m->text[len] = 0;
         m->len = len;
         m->user = role;
+        m->first_token = -1;
         if (repair_utf8(m))
             return OOM;
+        uint64_t first;
+        if (s->version >= 2) {
+            if (kvp_r_u64(r, &first) || first > INT64_MAX / 2)
+                return "message inconsistent with the section length";
+            m->first_token = (int64_t)first;
+        }
     }
+    return NULL;
+}
+
+/* Version 2: each message's first token lies within the stored tokens, in order. */
+static const char *check_first_tokens(const kvp_snapshot *s)
+{
+    for (int i = 0; s->version >= 2 && i < s->n_msgs; i++)
+        if (s->msgs[i].first_token < s->hist_tokens ||
+            s->msgs[i].first_token > s->hist_tokens + s->n_tokens ||
+            (i && s->msgs[i].first_token < s->msgs[i - 1].first_token))
+            return "a message's first token is outside the tokens or out of order";
     return NULL;
 }
 
@@ -451,14 +496,15 @@ static const char *parse(unsigned char *buf, size_t len, const char *id, kvp_sna
     r.off = 8;
     kvp_r_u32(&r, &version);
     kvp_r_u32(&r, &n_sections);
-    if (version != KVP_SNAPSHOT_VERSION) {
-        snprintf(why, whylen, "unsupported version %u (this kvpd reads %d)", version,
+    if (version < 1 || version > KVP_SNAPSHOT_VERSION) {
+        snprintf(why, whylen, "unsupported version %u (this kvpd reads 1 to %d)", version,
                  KVP_SNAPSHOT_VERSION);
         return why;
     }
+    s->version = (int)version;
     if (n_sections != N_SECTIONS) {
-        snprintf(why, whylen, "%u sections, version %d has %d", n_sections,
-                 KVP_SNAPSHOT_VERSION, N_SECTIONS);
+        snprintf(why, whylen, "%u sections, version %u has %d", n_sections, version,
+                 N_SECTIONS);
         return why;
     }
     /* Walk the section table against the file size before trusting the checksum, to
@@ -511,6 +557,8 @@ static const char *parse(unsigned char *buf, size_t len, const char *id, kvp_sna
             bad = why;
         }
     }
+    if (!bad)
+        bad = check_first_tokens(s);
     if (bad)
         return bad;
     if (size[N_SECTIONS - 1] == 0)
@@ -682,15 +730,16 @@ int kvp_snapshot_clean(const char *dir, char *err, size_t errlen)
 /* ---- the journal: one record per turn between full snapshots ---- */
 
 static const char JOURNAL_MAGIC[8] = {'K', 'V', 'P', 'J', 'R', 'N', 'L', '\0'};
-enum { JOURNAL_VERSION = 1 };
+/* 2: absolute "before" counts, each message's first token, the dropped history. */
+enum { JOURNAL_VERSION = 2 };
 
 /* Payload bytes of a record (docs/snapshot-format.md, "Journal"). */
 static size_t record_size(const kvp_journal_rec *rec)
 {
     size_t n = 4 + 8 + 8 + 4 + 4;
     for (int i = 0; i < rec->n_msgs; i++)
-        n += 1 + 4 + rec->msgs[i].len;
-    return n + 4 + 4 + 4 * (size_t)rec->n_tokens + 4 + 8 + rec->cache_len;
+        n += 1 + 4 + rec->msgs[i].len + 8;
+    return n + 8 + 4 + 4 * (size_t)rec->n_tokens + 4 + (4 + 8 + 8) + 8 + rec->cache_len;
 }
 
 int kvp_journal_append(const char *dir, const char *id, const kvp_journal_rec *rec,
@@ -741,12 +790,16 @@ int kvp_journal_append(const char *dir, const char *id, const kvp_journal_rec *r
         kvp_w_bytes(&w, &role, 1);
         kvp_w_u32(&w, (uint32_t)rec->msgs[i].len);
         kvp_w_bytes(&w, rec->msgs[i].text, rec->msgs[i].len);
+        kvp_w_u64(&w, (uint64_t)rec->msgs[i].first_token);
     }
-    kvp_w_u32(&w, (uint32_t)rec->tokens_before);
+    kvp_w_u64(&w, (uint64_t)rec->tokens_before);
     kvp_w_u32(&w, (uint32_t)rec->n_tokens);
     for (int i = 0; i < rec->n_tokens; i++)
         kvp_w_u32(&w, (uint32_t)rec->tokens[i]);
     kvp_w_u32(&w, (uint32_t)rec->n_cached);
+    kvp_w_u32(&w, (uint32_t)rec->hist_msgs);
+    kvp_w_u64(&w, (uint64_t)rec->hist_tokens);
+    kvp_w_u64(&w, rec->hist_msgs ? rec->hist_hash : KVP_FNV1A_INIT);
     kvp_w_u64(&w, (uint64_t)rec->cache_len);
     kvp_w_bytes(&w, rec->cache, rec->cache_len);
     kvp_w_u64(&w, kvp_fnv1a(KVP_FNV1A_INIT, w.p + rec_start + 4, payload));
@@ -769,13 +822,36 @@ out:
     return rc;
 }
 
-/* Applies one record's payload to snap, or says why it does not follow it. 1 applied,
- * 0 skipped (the snapshot already holds it), -1 does not follow or is malformed. */
-static int apply_record(kvp_rbuf *r, kvp_snapshot *s)
+/* Drops the oldest messages and tokens of a replayed transcript up to the record's
+ * dropped history. 0, or -1 when it does not fit the transcript. */
+static int drop_front(kvp_snapshot *s, int hist_msgs, int64_t hist_tokens, uint64_t hash)
 {
-    uint32_t turns, msgs_before, n_msgs, tokens_before, n_tokens, cached;
-    uint64_t evicted, cache_len;
+    int m = hist_msgs - s->hist_msgs;
+    int64_t t = hist_tokens - s->hist_tokens;
+    if (m < 0 || m > s->n_msgs || t < 0 || t > s->n_tokens)
+        return -1;
+    for (int i = 0; i < m; i++)
+        free(s->msgs[i].text);
+    s->n_msgs -= m;
+    memmove(s->msgs, s->msgs + m, (size_t)s->n_msgs * sizeof *s->msgs);
+    s->n_tokens -= (int)t;
+    memmove(s->tokens, s->tokens + t, (size_t)s->n_tokens * sizeof *s->tokens);
+    s->hist_msgs = hist_msgs;
+    s->hist_tokens = hist_tokens;
+    s->hist_hash = hist_msgs ? hash : KVP_FNV1A_INIT;
+    return 0;
+}
+
+/* Applies one record's payload (journal `version`) to snap, or says why it does not
+ * follow it. 1 applied, 0 skipped (the snapshot already holds it), -1 does not follow or
+ * is malformed. Counts are of the whole conversation (version 1 had no dropped history,
+ * so its counts are the same either way). */
+static int apply_record(kvp_rbuf *r, kvp_snapshot *s, uint32_t version)
+{
+    uint32_t turns, msgs_before, n_msgs, n_tokens, cached, tb32, hist_m = 0;
+    uint64_t evicted, cache_len, tokens_before, hist_t = 0, hist_h = KVP_FNV1A_INIT;
     double last;
+    int v2 = version >= 2;
     if (kvp_r_u32(r, &turns) || kvp_r_u64(r, &evicted) || kvp_r_f64(r, &last) || kvp_r_u32(r, &msgs_before) ||
         kvp_r_u32(r, &n_msgs) || turns > INT_MAX || !isfinite(last))
         return -1;
@@ -783,26 +859,34 @@ static int apply_record(kvp_rbuf *r, kvp_snapshot *s)
     for (uint32_t i = 0; i < n_msgs; i++) {   /* a first pass checks the lengths */
         unsigned char role;
         uint32_t len;
-        if (kvp_r_bytes(r, &role, 1) || role > 1 || kvp_r_u32(r, &len) || len > r->n - r->off)
+        if (kvp_r_bytes(r, &role, 1) || role > 1 || kvp_r_u32(r, &len) ||
+            (uint64_t)len + (v2 ? 8 : 0) > r->n - r->off)
             return -1;
-        r->off += len;
+        r->off += len + (v2 ? 8 : 0);
     }
-    if (kvp_r_u32(r, &tokens_before) || kvp_r_u32(r, &n_tokens) ||
-        (size_t)n_tokens * 4 > r->n - r->off)
+    if (v2 ? kvp_r_u64(r, &tokens_before) : (kvp_r_u32(r, &tb32) || (tokens_before = tb32, 0)))
+        return -1;
+    if (kvp_r_u32(r, &n_tokens) || (size_t)n_tokens * 4 > r->n - r->off)
         return -1;
     size_t tokens_at = r->off;
     r->off += (size_t)n_tokens * 4;
-    if (kvp_r_u32(r, &cached) || kvp_r_u64(r, &cache_len) || cache_len != r->n - r->off || !cache_len)
+    if (kvp_r_u32(r, &cached) ||
+        (v2 && (kvp_r_u32(r, &hist_m) || kvp_r_u64(r, &hist_t) || kvp_r_u64(r, &hist_h))) ||
+        kvp_r_u64(r, &cache_len) || cache_len != r->n - r->off || !cache_len)
         return -1;
-    uint64_t msgs_after = (uint64_t)msgs_before + n_msgs, tokens_after = (uint64_t)tokens_before + n_tokens;
-    if (msgs_after <= (uint64_t)s->n_msgs && tokens_after <= (uint64_t)s->n_tokens &&
-        (msgs_before != (uint32_t)s->n_msgs || tokens_before != (uint32_t)s->n_tokens))
+    uint64_t have_msgs = (uint64_t)s->hist_msgs + (uint64_t)s->n_msgs;
+    uint64_t have_tokens = (uint64_t)s->hist_tokens + (uint64_t)s->n_tokens;
+    uint64_t msgs_after = (uint64_t)msgs_before + n_msgs, tokens_after = tokens_before + n_tokens;
+    if (msgs_after <= have_msgs && tokens_after <= have_tokens &&
+        (msgs_before != have_msgs || tokens_before != have_tokens))
         return 0;   /* a crash between a full snapshot's rename and the journal's removal */
-    if (msgs_before != (uint32_t)s->n_msgs || tokens_before != (uint32_t)s->n_tokens ||
-        msgs_after > INT_MAX || tokens_after > INT_MAX || cached > tokens_after)
+    if (msgs_before != have_msgs || tokens_before != have_tokens ||
+        (uint64_t)s->n_msgs + n_msgs > INT_MAX || (uint64_t)s->n_tokens + n_tokens > INT_MAX ||
+        hist_m > INT_MAX || hist_t > INT64_MAX / 2 || (v2 && hist_m == 0 && hist_t > 0))
         return -1;
-    kvp_snapshot_msg *m = realloc(s->msgs, (size_t)msgs_after * sizeof *m + 1);
-    int *t = realloc(s->tokens, (size_t)tokens_after * sizeof *t + 1);
+    size_t new_msgs = (size_t)s->n_msgs + n_msgs, new_tokens = (size_t)s->n_tokens + n_tokens;
+    kvp_snapshot_msg *m = realloc(s->msgs, new_msgs * sizeof *m + 1);
+    int *t = realloc(s->tokens, new_tokens * sizeof *t + 1);
     void *cache = malloc((size_t)cache_len);
     if (m)
         s->msgs = m;
@@ -816,6 +900,7 @@ static int apply_record(kvp_rbuf *r, kvp_snapshot *s)
     for (uint32_t i = 0; i < n_msgs; i++) {
         unsigned char role = 0;
         uint32_t len = 0;
+        uint64_t first = 0;
         kvp_r_bytes(r, &role, 1);
         kvp_r_u32(r, &len);
         kvp_snapshot_msg *dst = &s->msgs[s->n_msgs];
@@ -827,7 +912,12 @@ static int apply_record(kvp_rbuf *r, kvp_snapshot *s)
         dst->text[len] = '\0';
         dst->len = len;
         dst->user = role;
+        dst->first_token = -1;
         s->n_msgs++;
+        if (v2) {
+            kvp_r_u64(r, &first);
+            dst->first_token = first > INT64_MAX / 2 ? -1 : (int64_t)first;
+        }
         if (repair_utf8(dst)) {
             free(cache);
             return -1;
@@ -843,8 +933,13 @@ static int apply_record(kvp_rbuf *r, kvp_snapshot *s)
         }
         s->tokens[s->n_tokens++] = (int)id;
     }
-    r->off += 4 + 8;
+    r->off += 4 + (v2 ? 4 + 8 + 8 : 0) + 8;
     kvp_r_bytes(r, cache, (size_t)cache_len);
+    if ((v2 && drop_front(s, (int)hist_m, (int64_t)hist_t, hist_h) < 0) ||
+        cached > (uint32_t)s->n_tokens || check_first_tokens(s)) {
+        free(cache);
+        return -1;
+    }
     free(s->cache);
     s->cache = cache;
     s->cache_len = (size_t)cache_len;
@@ -892,7 +987,7 @@ int kvp_journal_replay(const char *dir, const char *id, kvp_snapshot *snap, size
     uint32_t version;
     int clean = 0;
     if (got >= 8 && !memcmp(buf, JOURNAL_MAGIC, 8) && (r.off = 8, !kvp_r_u32(&r, &version)) &&
-        version == JOURNAL_VERSION && !r_str(&r, jid, KVP_SNAPSHOT_ID_MAX) && !strcmp(jid, id)) {
+        version >= 1 && version <= JOURNAL_VERSION && !r_str(&r, jid, KVP_SNAPSHOT_ID_MAX) && !strcmp(jid, id)) {
         for (;;) {
             uint32_t len;
             uint64_t sum = 0;
@@ -905,13 +1000,19 @@ int kvp_journal_replay(const char *dir, const char *id, kvp_snapshot *snap, size
             kvp_rbuf rec = {buf + r.off, len, 0};
             r.off += len;
             kvp_r_u64(&r, &sum);
-            if (kvp_fnv1a(KVP_FNV1A_INIT, rec.p, len) != sum || apply_record(&rec, snap) < 0)
+            if (kvp_fnv1a(KVP_FNV1A_INIT, rec.p, len) != sum || apply_record(&rec, snap, version) < 0)
                 break;
         }
     }
     free(buf);
     *size = got;
-    if (!clean)
+    if (!clean) {
         snprintf(err, errlen, "journal %s: a damaged or unrelated tail was ignored", path);
-    return clean ? 0 : 1;
+        return 1;
+    }
+    if (version != JOURNAL_VERSION) {   /* records of this version go to a new journal */
+        snprintf(err, errlen, "journal %s: version %u, replaced by the next write", path, version);
+        return 1;
+    }
+    return 0;
 }

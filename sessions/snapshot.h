@@ -11,7 +11,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define KVP_SNAPSHOT_VERSION 1
+/* 2: the bounded history (messages and tokens dropped, each message's first token);
+ * version 1 files still load. */
+#define KVP_SNAPSHOT_VERSION 2
 #define KVP_SNAPSHOT_ID_MAX 64
 #define KVP_SNAPSHOT_NAME_MAX 127
 /* The model hash covers the file size and this many leading bytes: the whole GGUF
@@ -33,6 +35,9 @@ typedef struct kvp_snapshot_msg {
     int user;                 /* 1 user, 0 assistant */
     char *text;               /* read: NUL-terminated copy (may hold NULs: use len) */
     size_t len;
+    int64_t first_token;      /* its first token's index in the conversation's token stream
+                               * (hist_tokens + its place in tokens[]); read: -1 when the
+                               * file does not say (version 1) */
 } kvp_snapshot_msg;
 
 typedef struct kvp_snapshot {
@@ -42,6 +47,13 @@ typedef struct kvp_snapshot {
     int turns;
     uint64_t evicted_rows;
     double created, last_active;     /* wall clock, seconds since the Unix epoch */
+    /* The bounded history: msgs[0] is the conversation's message hist_msgs, tokens[0] its
+     * token hist_tokens; hist_hash is the transcript hash's state after the dropped
+     * messages (KVP_FNV1A_INIT when none). The cache holds hist_tokens + n_cached tokens. */
+    int hist_msgs;
+    int64_t hist_tokens;
+    uint64_t hist_hash;
+    int version;              /* read: the file's */
     kvp_snapshot_msg *msgs;
     int n_msgs;
     int *tokens;              /* transcript token ids */
@@ -92,13 +104,16 @@ typedef struct kvp_journal_rec {
     int turns;
     uint64_t evicted_rows;
     double last_active;
-    int msgs_before;                 /* the transcript this record extends */
-    const kvp_snapshot_msg *msgs;
-    int n_msgs;
-    int tokens_before;
+    int msgs_before;                 /* the transcript this record extends (message and */
+    const kvp_snapshot_msg *msgs;    /* token counts of the whole conversation, dropped */
+    int n_msgs;                      /* history included) */
+    int64_t tokens_before;
     const int *tokens;
     int n_tokens;
-    int n_cached;                    /* of the whole transcript after the record */
+    int n_cached;                    /* of the stored tokens after the record */
+    int hist_msgs;                   /* the bounded history after the record (as in */
+    int64_t hist_tokens;             /* kvp_snapshot): the replay drops up to there */
+    uint64_t hist_hash;
     const void *cache;               /* kvp_cache_serialize() output: the cache now */
     size_t cache_len;
 } kvp_journal_rec;

@@ -22,7 +22,7 @@ static void on_hub_event(void *ctx, const kvp_hub_event *ev)
     switch (ev->type) {
     case KVP_HUB_SESSION:
         kvpd_conn_send(c, kvpd_proto_session(ev->id, ev->resumed, ev->turns, ev->history,
-                                             ev->n_history));
+                                             ev->n_history, ev->history_dropped));
         break;
     case KVP_HUB_TOKEN:
         kvpd_conn_send(c, kvpd_proto_token(ev->text, ev->len));

@@ -33,6 +33,19 @@ typedef struct kvpd_conn {
 int kvpd_listen_start(kvpd_web *w, const char *host, char *err, size_t errlen);
 void kvpd_listen_stop(kvpd_web *w);
 
+/* web/wsguard.c: client frames must be masked (RFC 6455 5.1), checked before lws reads
+ * them. init at start (0 or < 0), check: 0 when lws's reads do go through the guard;
+ * accept: a connection kvpd accepted, before lws adopts it (-EMFILE: a descriptor past the
+ * table, not to be served); upgraded: the websocket handshake completed (< 0: the client
+ * sent bytes before it, fail the connection); failed: 1 once an unmasked frame came (the
+ * callbacks close with 1002). */
+int kvpd_wsguard_init(void);
+void kvpd_wsguard_free(void);
+int kvpd_wsguard_check(void);
+int kvpd_wsguard_accept(int fd);
+int kvpd_wsguard_upgraded(int fd, struct lws *wsi);
+int kvpd_wsguard_failed(int fd);
+
 /* web/guard.c. The Host and Origin rules for a request: NULL when allowed, else the
  * reason and the HTTP status to answer (400, 421, 403). */
 const char *kvpd_guard_check(kvpd_web *w, struct lws *wsi, int *status);

@@ -138,6 +138,10 @@ static void on_readable(uv_poll_t *h, int status, int events)
         int one = 1;
         if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) < 0 && errno != EOPNOTSUPP)
             listener_log(l, strerror(errno));
+        if (kvpd_wsguard_accept(fd) < 0) {   /* its frames could not be checked */
+            refuse(l, fd);
+            continue;
+        }
         struct lws_vhost *vh = lws_get_vhost_by_name(w->lws, "default");
         if (!vh || !lws_adopt_socket_vhost(vh, fd))   /* lws closed fd on failure */
             listener_log(l, "lws could not adopt a connection");
@@ -194,7 +198,19 @@ int kvpd_listen_start(kvpd_web *w, const char *host, char *err, size_t errlen)
         return -ENOMEM;
     }
     l->w = w;
-    int rc = bind_listen(host, w->cfg->listen_port, &l->fd, &w->port, err, errlen);
+    int rc = kvpd_wsguard_init();
+    if (rc < 0) {
+        snprintf(err, errlen, "websocket frame guard: %s", strerror(-rc));
+        free(l);
+        return rc;
+    }
+    if (kvpd_wsguard_check() < 0) {
+        snprintf(err, errlen, "websocket frame guard: lws's reads do not go through it "
+                 "(recv is not bound to kvpd's)");
+        free(l);
+        return -ENOSYS;
+    }
+    rc = bind_listen(host, w->cfg->listen_port, &l->fd, &w->port, err, errlen);
     if (rc < 0) {
         free(l);
         return rc;
@@ -216,6 +232,7 @@ static void on_closed(uv_handle_t *h)
             close(l->reserve_fd);
         close(l->fd);
         free(l);
+        kvpd_wsguard_free();
     }
 }
 

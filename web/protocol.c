@@ -106,7 +106,7 @@ static char *dump(json_t *o)
 }
 
 char *kvpd_proto_session(const char *id, int resumed, int turns, const kvp_message *history,
-                         int n_history)
+                         int n_history, int history_dropped)
 {
     json_t *h = json_array();
     for (int i = 0; h && i < n_history; i++)
@@ -119,8 +119,9 @@ char *kvpd_proto_session(const char *id, int resumed, int turns, const kvp_messa
         }
     if (!h)
         return NULL;
-    return dump(json_pack("{s:s, s:s, s:b, s:i, s:o}", "type", "session", "id", id,
-                          "resumed", resumed, "turns", turns, "history", h));
+    return dump(json_pack("{s:s, s:s, s:b, s:i, s:o, s:i}", "type", "session", "id", id,
+                          "resumed", resumed, "turns", turns, "history", h,
+                          "history_dropped", history_dropped));
 }
 
 char *kvpd_proto_token(const char *text, size_t len)

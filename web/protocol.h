@@ -28,9 +28,10 @@ int kvpd_proto_parse(const char *buf, size_t len, int max_tokens_limit,
 void kvpd_proto_msg_free(kvpd_client_msg *m);
 
 /* Server frames, malloc'd NUL-terminated JSON (NULL when out of memory). */
-/* history: the transcript's messages (NULL/0 for none; only while no turn runs). */
+/* history: the transcript's stored messages (NULL/0 for none; only while no turn runs),
+ * after history_dropped earlier ones that max_history_tokens dropped. */
 char *kvpd_proto_session(const char *id, int resumed, int turns, const kvp_message *history,
-                         int n_history);
+                         int n_history, int history_dropped);
 char *kvpd_proto_token(const char *text, size_t len);
 /* durable: -1 without a state directory (no field), 1 when the turn's snapshot is on
  * disk, 0 when writing it failed (with the reason in "durable_error"). */

@@ -85,6 +85,16 @@ static void keep_alive(kvpd_conn *c)
     lws_set_timeout(c->wsi, secs ? PENDING_TIMEOUT_USER_OK : NO_PENDING_TIMEOUT, secs);
 }
 
+/* A client frame was unmasked (web/wsguard.c): fail the connection, code 1002. */
+static int unmasked(struct lws *wsi)
+{
+    if (!kvpd_wsguard_failed(lws_get_socket_fd(wsi)))
+        return 0;
+    static const char why[] = "unmasked client frame";
+    lws_close_reason(wsi, LWS_CLOSE_STATUS_PROTOCOL_ERR, (unsigned char *)why, sizeof why - 1);
+    return 1;
+}
+
 static int uri_is(struct lws *wsi, const char *want)
 {
     char uri[64];
@@ -112,6 +122,13 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
         return why != NULL;
     }
     case LWS_CALLBACK_ESTABLISHED:
+        if (kvpd_wsguard_upgraded(lws_get_socket_fd(wsi), wsi) < 0) {
+            static const char why[] = "data before the handshake completed";
+            kvpd_log("info", "websocket closed: %s", why);
+            lws_close_reason(wsi, LWS_CLOSE_STATUS_PROTOCOL_ERR, (unsigned char *)why,
+                             sizeof why - 1);
+            return -1;
+        }
         memset(c, 0, sizeof *c);
         c->wsi = wsi;
         c->w = w;
@@ -120,9 +137,13 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
         keep_alive(c);
         return 0;
     case LWS_CALLBACK_RECEIVE:
+        if (unmasked(wsi))
+            return -1;
         keep_alive(c);
         return kvpd_chat_receive(c, in, len);
     case LWS_CALLBACK_SERVER_WRITEABLE:
+        if (unmasked(wsi))
+            return -1;
         keep_alive(c);
         return ws_writeable(c);
     case LWS_CALLBACK_CLOSED:

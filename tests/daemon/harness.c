@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -72,8 +73,13 @@ int kvpd_start(kvpd_proc *p, const char *extra)
     for (char *save, *t = strtok_r(copy, " ", &save); t && argc < 62; t = strtok_r(NULL, " ", &save))
         argv[argc++] = t;
     argv[argc] = NULL;
+    pid_t parent = getpid();
     p->pid = fork();
     if (p->pid == 0) {
+        /* A test that fails ends its process without kvpd_stop: the daemon goes with it
+         * (the check covers a parent that was gone before the prctl). */
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != parent)
+            _exit(127);
         dup2(fd, 2);
         int null = open("/dev/null", O_RDWR);
         dup2(null, 0);

@@ -97,7 +97,7 @@ Test(security_snapshot_io, a_fifo_is_refused_without_blocking)
 
 Test(security_snapshot_io, a_symlink_is_not_followed)
 {
-    kvp_snapshot_msg m = {1, "hello", 5};
+    kvp_snapshot_msg m = {1, "hello", 5, 0};
     write_snapshot("real", &m, 1);
     cr_assert_eq(symlink(path_of("real.snap"), path_of("link.snap")), 0);
     expect_refused("link", "a symbolic link");
@@ -133,9 +133,9 @@ Test(security_snapshot_io, a_fifo_in_place_of_the_temporary_file_fails_the_write
 
 Test(security_snapshot_io, messages_read_back_are_utf8)
 {
-    kvp_snapshot_msg m[3] = {{1, "plain \xc3\xa9t\xc3\xa9!", 12},
-                             {0, "bad \xff\x80 \xe2\x82", 10},
-                             {1, "nul\0inside", 10}};
+    kvp_snapshot_msg m[3] = {{1, "plain \xc3\xa9t\xc3\xa9!", 12, 0},
+                             {0, "bad \xff\x80 \xe2\x82", 10, 0},
+                             {1, "nul\0inside", 10, 0}};
     write_snapshot("u1", m, 3);
     kvp_snapshot snap;
     char err[256];
@@ -165,9 +165,9 @@ static kvp_journal_rec record(int msgs_before, int tokens_before, const kvp_snap
 
 Test(security_snapshot_io, journal_records_apply_once_and_in_order)
 {
-    kvp_snapshot_msg base[2] = {{1, "hi", 2}, {0, "hello", 5}};
+    kvp_snapshot_msg base[2] = {{1, "hi", 2, 0}, {0, "hello", 5, 0}};
     write_snapshot("j1", base, 2);
-    kvp_snapshot_msg more[2] = {{1, "and\0then", 8}, {0, "more", 4}};
+    kvp_snapshot_msg more[2] = {{1, "and\0then", 8, 0}, {0, "more", 4, 1}};
     int tokens[3] = {7, 8, 9};
     static const char cache[] = "not a real cache";
     kvp_journal_rec r = record(2, 0, more, tokens, cache, sizeof cache);
@@ -210,7 +210,7 @@ Test(security_snapshot_io, journal_records_apply_once_and_in_order)
 
 Test(security_snapshot_io, a_fifo_in_place_of_the_journal_blocks_nothing)
 {
-    kvp_snapshot_msg base[1] = {{1, "hi", 2}};
+    kvp_snapshot_msg base[1] = {{1, "hi", 2, 0}};
     write_snapshot("j2", base, 1);
     cr_assert_eq(mkfifo(path_of("j2.journal"), 0600), 0);
     kvp_snapshot snap;
@@ -221,7 +221,7 @@ Test(security_snapshot_io, a_fifo_in_place_of_the_journal_blocks_nothing)
     cr_expect_eq(snap.n_msgs, 1);
     kvp_snapshot_free(&snap);
     int tokens[3] = {1, 2, 3};
-    kvp_snapshot_msg two[2] = {{1, "a", 1}, {0, "b", 1}};
+    kvp_snapshot_msg two[2] = {{1, "a", 1, 0}, {0, "b", 1, 1}};
     kvp_journal_rec r = record(1, 0, two, tokens, "c", 1);
     cr_expect_lt(kvp_journal_append(g_dir, "j2", &r, &size, err, sizeof err), 0);
 }

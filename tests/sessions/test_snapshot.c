@@ -140,10 +140,10 @@ static int g_tokens[9] = {1, 42, 7, 0, 31999, 5, 6, 7, 8};
 static void make_snapshot(kvp_snapshot *s, const char *id, int rows)
 {
     static char nul_text[] = "with\0nul";
-    g_msgs[0] = (kvp_snapshot_msg){1, "Hello there", 11};
-    g_msgs[1] = (kvp_snapshot_msg){0, "General Kenobi! \xe2\x9c\x93", 19};
-    g_msgs[2] = (kvp_snapshot_msg){1, "", 0};
-    g_msgs[3] = (kvp_snapshot_msg){0, nul_text, 8};
+    g_msgs[0] = (kvp_snapshot_msg){1, "Hello there", 11, 0};
+    g_msgs[1] = (kvp_snapshot_msg){0, "General Kenobi! \xe2\x9c\x93", 19, 3};
+    g_msgs[2] = (kvp_snapshot_msg){1, "", 0, 5};
+    g_msgs[3] = (kvp_snapshot_msg){0, nul_text, 8, 6};
     memset(s, 0, sizeof *s);
     snprintf(s->id, sizeof s->id, "%s", id);
     snprintf(s->ident.model_name, sizeof s->ident.model_name, "stories260K");
@@ -387,11 +387,15 @@ Test(snapshot, wrong_magic_and_version_are_rejected)
     expect_bad("mv", "magic", "magic");
     b[3] = 'S';
 
-    b[8] = 2;
+    b[8] = KVP_SNAPSHOT_VERSION + 1;
     fix_checksum(b, len);
     spit("mv.snap", b, len);
-    expect_bad("mv", "unsupported version 2", "version");
-    b[8] = 1;
+    expect_bad("mv", "unsupported version 3", "version");
+    b[8] = 0;
+    fix_checksum(b, len);
+    spit("mv.snap", b, len);
+    expect_bad("mv", "unsupported version 0", "version 0");
+    b[8] = KVP_SNAPSHOT_VERSION;
 
     memcpy(b + 16, "XXXX", 4);
     fix_checksum(b, len);

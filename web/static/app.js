@@ -94,6 +94,15 @@ function connect() {
         localStorage.removeItem("kvpd.session");
         ws.send(JSON.stringify({ type: "hello" }));
       }
+      if (m.code === "overloaded" && !current) {
+        // The hello was refused for now (the model is still loading after a restart, or
+        // no room): ask again, or the page would stay without a session.
+        const sent = ws;
+        setTimeout(() => {
+          if (sent === ws && ws.readyState === WebSocket.OPEN)
+            ws.send(JSON.stringify(sessionId ? { type: "hello", session: sessionId } : { type: "hello" }));
+        }, m.retry_after_ms || 1000);
+      }
       showError(`${m.code}: ${m.message}`);
       if (current && m.code !== "busy") {
         current.bot.classList.remove("streaming");

@@ -1,0 +1,215 @@
+/* RFC 6455 5.1: a server MUST fail the connection on a client frame that is not masked.
+ * libwebsockets 4.1 (Debian 12's) parses frames itself, accepts unmasked ones and reports
+ * the mask bit nowhere (no option, callback or accessor; the check "client unmasked" came
+ * in later releases). So kvpd looks at the frame headers before lws does: lws reads the
+ * sockets kvpd accepted (web/listen.c) with recv(), and this file defines recv() in the
+ * executable, which the dynamic linker binds lws's calls to (kvpd_wsguard_check() verifies
+ * that at start). For a socket registered at accept:
+ *   - HTTP (before the upgrade): each read ends at the first empty line (LF, optional CR,
+ *     LF) it reaches, so the read that holds the end of a request's header holds nothing
+ *     after it. lws handles a read before it reads again, so when the upgrade completes
+ *     (kvpd_wsguard_upgraded) the next byte read is the first frame's first byte - unless
+ *     the client sent bytes after the upgrade request without waiting for the 101
+ *     (RFC 6455 4.1 forbids it): that connection is failed. One MSG_PEEK more per read,
+ *     on the HTTP side only.
+ *   - websocket: each read's bytes go to lws as they are; a small state machine walks the
+ *     frame headers in them (at most 14 bytes each; payloads are skipped by length, so the
+ *     cost is per frame, not per byte, and nothing is copied) across any split of frames
+ *     over reads. The bytes before the first unmasked frame go to lws; that frame and
+ *     everything after it never do, and the connection is failed: close code 1002 from
+ *     lws (kvpd_wsguard_failed, checked by the callbacks), or a plain close when the
+ *     client does not even read.
+ * Loop thread only: lws is the only caller of recv() in kvpd, and only on the loop.
+ * Other descriptors (and MSG_PEEK reads) go straight to the system call. */
+#undef _FORTIFY_SOURCE   /* its inline recv() wrapper would clash with the definition below */
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "web/conn.h"
+
+enum guard_mode { GUARD_HTTP = 0, GUARD_WS, GUARD_FAILED };
+
+typedef struct guard {
+    enum guard_mode mode;
+    struct lws *wsi;             /* websocket: for the close */
+    /* HTTP: how much of an empty line the bytes so far end with (0: none, 1: LF, 2: LF CR)
+     * and whether the last byte read ended one. */
+    int eol, at_end;
+    /* websocket: the frame header being read and the payload bytes still to skip */
+    unsigned char hdr[14];
+    int hdr_have;
+    uint64_t payload_left;
+} guard;
+
+static guard **table;            /* by descriptor */
+static int table_n;
+
+static ssize_t sys_recv(int fd, void *buf, size_t len, int flags)
+{
+    return syscall(SYS_recvfrom, fd, buf, len, flags, NULL, NULL);
+}
+
+int kvpd_wsguard_init(void)
+{
+    struct rlimit rl;
+    if (table)
+        return 0;
+    if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
+        return -errno;
+    /* Every descriptor accept() can return is below the soft limit (kvpd never raises it). */
+    rlim_t n = rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur > (1u << 20) ? (1u << 20) : rl.rlim_cur;
+    if (!(table = calloc((size_t)n, sizeof *table)))
+        return -ENOMEM;
+    table_n = (int)n;
+    return 0;
+}
+
+void kvpd_wsguard_free(void)
+{
+    for (int i = 0; i < table_n; i++)
+        free(table[i]);
+    free(table);
+    table = NULL;
+    table_n = 0;
+}
+
+int kvpd_wsguard_check(void)
+{
+    /* lws's calls resolve like this lookup: to the first definition in the global scope. */
+    return dlsym(RTLD_DEFAULT, "recv") == (void *)recv ? 0 : -ENOSYS;
+}
+
+int kvpd_wsguard_accept(int fd)
+{
+    if (fd < 0 || fd >= table_n)
+        return -EMFILE;
+    guard *g = table[fd] ? table[fd] : malloc(sizeof *g);
+    if (!g)
+        return -ENOMEM;
+    memset(g, 0, sizeof *g);
+    table[fd] = g;
+    return 0;
+}
+
+int kvpd_wsguard_upgraded(int fd, struct lws *wsi)
+{
+    guard *g = fd >= 0 && fd < table_n ? table[fd] : NULL;
+    if (!g)
+        return -EINVAL;   /* not a connection kvpd accepted: it cannot be checked */
+    g->wsi = wsi;
+    if (!g->at_end) {     /* bytes after the upgrade request already went to lws */
+        g->mode = GUARD_FAILED;
+        return -EPROTO;
+    }
+    g->mode = GUARD_WS;
+    g->hdr_have = 0;
+    g->payload_left = 0;
+    return 0;
+}
+
+int kvpd_wsguard_failed(int fd)
+{
+    return fd >= 0 && fd < table_n && table[fd] && table[fd]->mode == GUARD_FAILED;
+}
+
+/* HTTP: how many of buf[0..n) to deliver: up to the end of the first empty line. */
+static size_t http_cut(guard *g, const unsigned char *buf, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = buf[i];
+        if (ch == '\n') {
+            if (g->eol) {         /* LF LF or LF CR LF: an empty line ends here */
+                g->eol = 0;
+                g->at_end = 1;
+                return i + 1;
+            }
+            g->eol = 1;
+        } else if (ch == '\r' && g->eol == 1) {
+            g->eol = 2;
+        } else {
+            g->eol = 0;
+        }
+        g->at_end = 0;
+    }
+    return n;
+}
+
+/* Websocket: walks the frame headers in buf[0..n); returns how many bytes come before
+ * the first unmasked frame (n when there is none). */
+static size_t ws_scan(guard *g, const unsigned char *buf, size_t n)
+{
+    size_t i = 0;
+    while (i < n) {
+        if (g->payload_left) {
+            uint64_t skip = n - i < g->payload_left ? n - i : g->payload_left;
+            i += (size_t)skip;
+            g->payload_left -= skip;
+            continue;
+        }
+        g->hdr[g->hdr_have++] = buf[i++];
+        if (g->hdr_have < 2)
+            continue;
+        if (g->hdr_have == 2 && !(g->hdr[1] & 0x80))
+            return i >= 2 ? i - 2 : 0;   /* its first byte may have come in the last read */
+        int len7 = g->hdr[1] & 0x7f;
+        int need = 2 + (len7 == 126 ? 2 : len7 == 127 ? 8 : 0) + 4;
+        if (g->hdr_have < need)
+            continue;
+        uint64_t len = (uint64_t)len7;
+        if (len7 >= 126) {
+            len = 0;
+            for (int k = 2; k < need - 4; k++)
+                len = len << 8 | g->hdr[k];
+        }
+        g->payload_left = len;
+        g->hdr_have = 0;
+    }
+    return n;
+}
+
+/* Every recv() in the process comes here (see the top of the file). */
+ssize_t recv(int fd, void *buf, size_t len, int flags)
+{
+    guard *g = fd >= 0 && fd < table_n ? table[fd] : NULL;
+    if (!g || (flags & MSG_PEEK))
+        return sys_recv(fd, buf, len, flags);
+    ssize_t n;
+    switch (g->mode) {
+    case GUARD_HTTP:
+        if ((n = sys_recv(fd, buf, len, flags | MSG_PEEK)) <= 0)
+            return n;
+        return sys_recv(fd, buf, http_cut(g, buf, (size_t)n), flags);
+    case GUARD_WS: {
+        if ((n = sys_recv(fd, buf, len, flags)) <= 0)
+            return n;
+        size_t ok = ws_scan(g, buf, (size_t)n);
+        if (ok == (size_t)n)
+            return n;
+        /* An unmasked frame: what came before it is delivered, it and the rest never
+         * are. The callbacks see kvpd_wsguard_failed() and close with 1002; the timeout
+         * closes a client that reads nothing (so no writeable callback comes). */
+        g->mode = GUARD_FAILED;
+        lws_set_timeout(g->wsi, PENDING_TIMEOUT_CLOSE_SEND, 5);
+        lws_callback_on_writable(g->wsi);
+        if (ok)
+            return (ssize_t)ok;
+        errno = EAGAIN;
+        return -1;
+    }
+    case GUARD_FAILED:
+    default:
+        /* Read and drop: nothing more reaches lws; 0 (the peer closed) lets lws close. */
+        if ((n = sys_recv(fd, buf, len, flags)) <= 0)
+            return n;
+        errno = EAGAIN;
+        return -1;
+    }
+}
