@@ -40,7 +40,8 @@ static void emit_session(kvp_hub_client *c, int resumed)
     int idle = !kvp_session_busy(s);
     kvp_hub_event ev = {.type = KVP_HUB_SESSION, .id = s->id, .resumed = resumed,
                         .turns = s->turns, .history = idle ? s->msgs : NULL,
-                        .n_history = idle ? s->n_msgs : 0};
+                        .n_history = idle ? s->n_msgs : 0, .system = s->system,
+                        .system_len = s->system_len};
     c->sink(c->ctx, &ev);
 }
 
@@ -115,7 +116,45 @@ kvp_hub_client *kvp_hub_client_new(kvp_hub *h, kvp_hub_sink sink, void *ctx)
     return c;
 }
 
-static int new_session(kvp_hub_client *c)
+/* The system text a hello or a request gives may be stored. */
+static int system_ok(kvp_hub_client *c, size_t len)
+{
+    if (len <= KVP_HUB_SYSTEM_MAX)
+        return 1;
+    char err[96];
+    snprintf(err, sizeof err, "the system text is limited to %d bytes", KVP_HUB_SYSTEM_MAX);
+    emit_error(c, KVPD_E_TOO_LARGE, err);
+    return 0;
+}
+
+static int same_system(const kvp_session *s, const char *system, size_t len)
+{
+    return s->system_len == len && (!len || !memcmp(s->system, system, len));
+}
+
+/* A hello's system text against the session it resumes: never re-templated. */
+static int system_matches(kvp_hub_client *c, const kvp_session *s, const char *system,
+                          size_t len)
+{
+    if (!system || same_system(s, system, len))
+        return 1;
+    emit_error(c, KVPD_E_BAD_REQUEST, s->system_len
+               ? "this session was started with another system text, which cannot change; "
+                 "resume it without one, or start a new session"
+               : "this session was started without a system text, which cannot change; "
+                 "resume it without one, or start a new session");
+    return 0;
+}
+
+static void forget_system_check(kvp_hub_client *c)
+{
+    free(c->want_system);
+    c->want_system = NULL;
+    c->want_system_len = 0;
+    c->check_system = 0;
+}
+
+static int new_session(kvp_hub_client *c, const char *system, size_t system_len)
 {
     kvp_hub *h = c->hub;
     char err[256];
@@ -141,6 +180,11 @@ static int new_session(kvp_hub_client *c)
         emit_error(c, KVPD_E_INTERNAL, err);
         return rc;
     }
+    if (kvp_session_set_system(s, system, system_len) < 0) {
+        kvp_session_remove(&h->sessions, s);
+        emit_error(c, KVPD_E_INTERNAL, "out of memory");
+        return -ENOMEM;
+    }
     c->created++;
     s->creator = c->serial;
     h->m->sessions_created++;
@@ -162,7 +206,8 @@ static int unpark(kvp_hub *h, kvp_session *s)
 
 /* open naming a session whose state is on disk: parked here, or from before a restart
  * (s NULL). The snapshot is read on a worker; the session event follows the job. */
-static void open_from_disk(kvp_hub_client *c, kvp_session *s, const char *id)
+static void open_from_disk(kvp_hub_client *c, kvp_session *s, const char *id,
+                           const char *system, size_t system_len)
 {
     kvp_hub *h = c->hub;
     char err[256];
@@ -183,16 +228,33 @@ static void open_from_disk(kvp_hub_client *c, kvp_session *s, const char *id)
         emit_error(c, KVPD_E_INTERNAL, "out of memory");
         return;
     }
+    if (!s->need_restore) {   /* parked with nothing to keep: nothing to read */
+        if (system_matches(c, s, system, system_len)) {
+            attach(c, s);
+            s->last_active = kvp_now();
+            emit_session(c, 1);
+        }
+        return;
+    }
     attach(c, s);
     s->last_active = kvp_now();
-    if (!s->need_restore) {   /* parked with nothing to keep: nothing to read */
-        emit_session(c, 1);
-        return;
+    forget_system_check(c);
+    if (system) {   /* the session's own is known once its snapshot is read */
+        c->want_system = system_len ? malloc(system_len) : NULL;
+        if (system_len && !c->want_system) {
+            emit_error(c, KVPD_E_INTERNAL, "out of memory");
+            leave(c);
+            return;
+        }
+        if (system_len)
+            memcpy(c->want_system, system, system_len);
+        c->want_system_len = system_len;
+        c->check_system = 1;
     }
     submit(h, s, KVP_SESSION_LOAD, reserve);
 }
 
-void kvp_hub_open(kvp_hub_client *c, const char *id)
+void kvp_hub_open(kvp_hub_client *c, const char *id, const char *system, size_t system_len)
 {
     kvp_hub *h = c->hub;
     kvp_session *cur = c->session;
@@ -200,6 +262,8 @@ void kvp_hub_open(kvp_hub_client *c, const char *id)
         emit_error(c, KVPD_E_OVERLOADED, "the daemon is shutting down");
         return;
     }
+    if (!system_ok(c, system_len))
+        return;
     if (cur && kvp_session_busy(cur)) {
         emit_error(c, KVPD_E_BUSY, cur->state == KVP_SESSION_LOAD
                    ? "this connection's session is being loaded from disk; its session frame follows"
@@ -207,7 +271,7 @@ void kvp_hub_open(kvp_hub_client *c, const char *id)
         return;
     }
     if (!id || !id[0]) {
-        new_session(c);
+        new_session(c, system, system_len);
         return;
     }
     kvp_session *s = kvp_session_find(&h->sessions, id);
@@ -220,17 +284,24 @@ void kvp_hub_open(kvp_hub_client *c, const char *id)
         return;
     }
     if (s && s->state == KVP_SESSION_LOAD) {   /* its loader left: the answer comes here */
+        if (system) {
+            emit_error(c, KVPD_E_BUSY, "the session is being loaded from disk; send hello "
+                       "again once it is in (its system text is not known yet)");
+            return;
+        }
         attach(c, s);
         return;
     }
     if ((s && s->state == KVP_SESSION_PARKED) || (!s && h->env.state_dir[0])) {
-        open_from_disk(c, s, id);
+        open_from_disk(c, s, id, system, system_len);
         return;
     }
     if (!s) {
         emit_error(c, KVPD_E_UNKNOWN_SESSION, "no such session (expired or never existed)");
         return;
     }
+    if (!system_matches(c, s, system, system_len))
+        return;
     s->last_active = kvp_now();
     attach(c, s);
     emit_session(c, 1);
@@ -244,7 +315,7 @@ static void start_turn(kvp_hub_client *c, const char *text, size_t len, const kv
         emit_error(c, KVPD_E_OVERLOADED, "the daemon is shutting down");
         return;
     }
-    if (!c->session && new_session(c) < 0)
+    if (!c->session && new_session(c, NULL, 0) < 0)
         return;
     kvp_session *s = c->session;
     if (kvp_session_busy(s)) {
@@ -290,9 +361,11 @@ void kvp_hub_message(kvp_hub_client *c, const char *text, size_t len, int max_to
 
 /* s holds exactly msgs[0..n) and is free to take a turn. A parked session's texts are on
  * disk: its hash and count stand for them. */
-static int continues(const kvp_session *s, uint64_t hash, const kvp_message *msgs, int n)
+static int continues(const kvp_session *s, uint64_t hash, const char *system,
+                     size_t system_len, const kvp_message *msgs, int n)
 {
-    if (kvp_session_busy(s) || s->transcript_hash != hash || s->transcript_msgs != n)
+    if (kvp_session_busy(s) || s->transcript_hash != hash || s->transcript_msgs != n ||
+        !same_system(s, system, system_len))
         return 0;
     if (s->state == KVP_SESSION_PARKED)
         return 1;
@@ -303,8 +376,8 @@ static int continues(const kvp_session *s, uint64_t hash, const kvp_message *msg
     return 1;
 }
 
-void kvp_hub_chat(kvp_hub_client *c, const char *id, const kvp_message *msgs, int n,
-                  const kvp_turn_opts *o)
+void kvp_hub_chat(kvp_hub_client *c, const char *id, const char *system, size_t system_len,
+                  const kvp_message *msgs, int n, const kvp_turn_opts *o)
 {
     kvp_hub *h = c->hub;
     if (h->draining) {
@@ -315,20 +388,22 @@ void kvp_hub_chat(kvp_hub_client *c, const char *id, const kvp_message *msgs, in
         emit_error(c, KVPD_E_BAD_REQUEST, "a conversation needs a message");
         return;
     }
+    if (!system_ok(c, system_len))
+        return;
     leave(c);
     int prefix = n - 1;
-    uint64_t hash = kvp_session_transcript_hash(msgs, prefix);
+    uint64_t hash = kvp_session_transcript_hash(system, system_len, msgs, prefix);
     kvp_session *s = id && id[0] ? kvp_session_find(&h->sessions, id) : NULL;
-    if (s && !continues(s, hash, msgs, prefix))
+    if (s && !continues(s, hash, system, system_len, msgs, prefix))
         s = NULL;
     for (kvp_session *t = h->sessions.head; !s && t; t = t->next)
-        if (continues(t, hash, msgs, prefix))
+        if (continues(t, hash, system, system_len, msgs, prefix))
             s = t;
     if (s) {
         attach(c, s);
         emit_session(c, 1);
     } else {
-        if (new_session(c) < 0)
+        if (new_session(c, system, system_len) < 0)
             return;
         s = c->session;
         if (kvp_session_seed(s, msgs, prefix) < 0) {
@@ -356,6 +431,7 @@ void kvp_hub_close(kvp_hub_client *c)
         atomic_store(&s->turn.cancel, 1);
     }
     leave(c);
+    forget_system_check(c);
     free(c);
 }
 
@@ -394,7 +470,8 @@ static kvp_hub_client *job_ended(kvp_hub *h, kvp_session *s)
     }
     s->save_rc = 0;
     s->turns = s->turns_done;
-    s->transcript_hash = kvp_session_transcript_hash(s->msgs, s->n_msgs);
+    s->transcript_hash = kvp_session_transcript_hash(s->system, s->system_len, s->msgs,
+                                                     s->n_msgs);
     s->transcript_msgs = s->n_msgs;
     s->evicted_rows = s->cache.evicted_rows;
     s->rows_max = kvp_cache_max_rows(&s->cache);
@@ -432,19 +509,29 @@ static void on_job(kvp_hub *h, kvp_session *s, const kvpd_event *ev)
 {
     int was_load = s->state == KVP_SESSION_LOAD;
     kvp_hub_client *to = job_ended(h, s);
+    int check = to && to->check_system;
+    char *want = check ? to->want_system : NULL;
+    size_t want_len = check ? to->want_system_len : 0;
+    if (to) {   /* the check is this load's only */
+        to->want_system = NULL;
+        to->check_system = 0;
+    }
     if (was_load && ev->code < 0 && s->lost) {
         lose(h, s, to, ev->code, ev->text);
     } else if (was_load && ev->code < 0) {
         restore_failed(h, s, to, ev->text);
     } else if (was_load) {
         kvpd_log("info", "session %.8s: loaded from its snapshot (%d turns)", s->id, s->turns);
-        if (to)
+        if (check && !system_matches(to, s, want ? want : "", want_len))
+            leave(to);
+        else if (to)
             emit_session(to, 1);
     } else {   /* a save job (shutdown): its outcome decides the session's durability */
         s->save_failed = ev->code < 0;
         if (ev->code < 0)
             kvpd_log("warning", "session %.8s: %s", s->id, ev->text);
     }
+    free(want);
 }
 
 static const char *error_code(int rc)

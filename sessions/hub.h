@@ -26,6 +26,8 @@
 #include "sessions/metrics.h"
 
 #define KVP_SESSION_ID_LEN 32
+/* Bytes of a session's system text, at most. */
+#define KVP_HUB_SYSTEM_MAX 32768
 
 /* Error codes of error events (the protocol's, docs/protocol.md). */
 #define KVPD_E_BAD_JSON "bad_json"
@@ -71,6 +73,8 @@ typedef struct kvp_hub_event {
     int resumed, turns;
     const kvp_message *history;   /* the transcript (none while a turn runs) */
     int n_history;
+    const char *system;           /* the session's system text (NULL: none) */
+    size_t system_len;
     /* TOKEN: the text; DONE: the whole reply; ERROR: the message */
     const char *text;
     size_t len;
@@ -100,8 +104,13 @@ typedef struct kvp_hub_client kvp_hub_client;
 
 /* A front end's connection. NULL when out of memory. */
 kvp_hub_client *kvp_hub_client_new(kvp_hub *h, kvp_hub_sink sink, void *ctx);
-/* hello: id NULL or "" starts a new session; else resumes it (from memory or disk). */
-void kvp_hub_open(kvp_hub_client *c, const char *id);
+/* hello: id NULL or "" starts a new session, with the system text when one is given
+ * (system_len 0: none); else resumes that session (from memory or disk). A session's
+ * system text never changes: resuming with system not NULL requires the session's own
+ * (the same bytes; "" for a session without one), else the answer is bad_request and
+ * the client is left without a session. A system text over KVP_HUB_SYSTEM_MAX bytes is
+ * too_large. */
+void kvp_hub_open(kvp_hub_client *c, const char *id, const char *system, size_t system_len);
 /* A user message: starts a session first when the client has none. max_tokens 0 and
  * !has_temperature take the configured defaults. */
 void kvp_hub_message(kvp_hub_client *c, const char *text, size_t len, int max_tokens,
@@ -117,16 +126,17 @@ typedef struct kvp_turn_opts {
     uint64_t seed;                /* reseeds the session's sampler for this turn */
 } kvp_turn_opts;
 
-/* A stateless request (an OpenAI-style API): msgs[0..n) is the whole conversation, its
- * last message the user's new one. The hub continues the idle session whose transcript
- * is exactly msgs[0..n-1) (matched by a hash of the transcript each session keeps, then
- * compared): the one named by id when it matches, else any other; a busy session is
- * never matched. Without a match, a new session starts holding msgs[0..n-1), and its
- * first turn prefills all of them. Either way a session event (resumed 1 for a
- * continued session) comes first, then the turn's events as for kvp_hub_message. The
- * client should be one made for this request: it leaves any session it had. */
-void kvp_hub_chat(kvp_hub_client *c, const char *id, const kvp_message *msgs, int n,
-                  const kvp_turn_opts *o);
+/* A stateless request (an OpenAI-style API): system (len 0: none) and msgs[0..n) are the
+ * whole conversation, its last message the user's new one. The hub continues the idle
+ * session whose system text is `system` and whose transcript is exactly msgs[0..n-1)
+ * (matched by a hash of both each session keeps, then compared): the one named by id
+ * when it matches, else any other; a busy session is never matched. Without a match, a
+ * new session starts holding system and msgs[0..n-1), and its first turn prefills all of
+ * them. Either way a session event (resumed 1 for a continued session) comes first, then
+ * the turn's events as for kvp_hub_message. The client should be one made for this
+ * request: it leaves any session it had. */
+void kvp_hub_chat(kvp_hub_client *c, const char *id, const char *system, size_t system_len,
+                  const kvp_message *msgs, int n, const kvp_turn_opts *o);
 /* Asks the client's running turn to stop (it ends with done, stop "cancel"). */
 void kvp_hub_cancel(kvp_hub_client *c);
 /* The connection is gone: detaches it from its session (whose turn is cancelled), and

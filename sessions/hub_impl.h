@@ -31,6 +31,11 @@ struct kvp_hub_client {
     kvp_session *session;            /* attached (s->client == this) */
     uint64_t serial;                 /* the session it starts carry it (creator) */
     int created;                     /* sessions it started that still hold a conversation */
+    /* A hello with a system text naming a session being read from disk: checked against
+     * the session's when the load ends. */
+    int check_system;
+    char *want_system;
+    size_t want_system_len;
 };
 
 #endif

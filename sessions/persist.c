@@ -41,6 +41,8 @@ static int save_full(kvp_session *s, const kvp_session_env *env, void *cache, si
     snap.tokens = s->tokens;
     snap.n_tokens = s->n_tokens;
     snap.n_cached = s->n_cached;
+    snap.system = s->system;
+    snap.system_len = s->system_len;
     snap.cache = cache;
     snap.cache_len = cache_len;
     int rc = borrow_msgs(s, 0, &snap.msgs);
@@ -143,8 +145,8 @@ int kvp_session_retokenize(kvp_session *s, const kvp_session_env *env)
         int *ids = NULL;
         /* A chat format's end marker goes before each later user message (reply_open),
          * whether the reply ended with it or was cut: the same tokens either way. */
-        int n = m->user ? kvp_template_turn(&env->tpl, NULL, 0, s->n_tokens == 0, i > 0, m->text,
-                                            m->len, &ids)
+        int n = m->user ? kvp_template_turn(&env->tpl, s->system, s->system_len,
+                                            s->n_tokens == 0, i > 0, m->text, m->len, &ids)
                         : kvp_template_reply(&env->tpl, m->text, m->len, &ids);
         if (n < 0)
             return n;
@@ -186,7 +188,11 @@ int kvp_session_restore(kvp_session *s, const kvp_session_env *env, size_t max_b
     kvp_restored *r = &s->restored;
     memset(r, 0, sizeof *r);
 
-    /* The messages: their texts move over from the snapshot. */
+    /* The system text and the messages: their texts move over from the snapshot. */
+    free(s->system);
+    s->system = snap.system;
+    s->system_len = snap.system_len;
+    snap.system = NULL;
     if (snap.n_msgs) {
         s->msgs = calloc((size_t)snap.n_msgs, sizeof *s->msgs);
         if (!s->msgs) {

@@ -131,6 +131,7 @@ static void session_free(kvp_session *s)
     for (int i = 0; i < s->n_msgs; i++)
         free(s->msgs[i].text);
     free(s->msgs);
+    free(s->system);
     free(s->turn.text);
     free(s->turn.reply);
     free(s);
@@ -314,9 +315,30 @@ int kvp_session_seed(kvp_session *s, const kvp_message *msgs, int n)
     return 0;
 }
 
-uint64_t kvp_session_transcript_hash(const kvp_message *msgs, int n)
+int kvp_session_set_system(kvp_session *s, const char *system, size_t len)
+{
+    free(s->system);
+    s->system = NULL;
+    s->system_len = 0;
+    if (!len)
+        return 0;
+    if (!(s->system = malloc(len + 1)))
+        return -ENOMEM;
+    memcpy(s->system, system, len);
+    s->system[len] = '\0';
+    s->system_len = len;
+    return 0;
+}
+
+uint64_t kvp_session_transcript_hash(const char *system, size_t system_len,
+                                     const kvp_message *msgs, int n)
 {
     uint64_t h = KVP_FNV1A_INIT;
+    if (system_len) {   /* role 2: no message has it */
+        uint64_t head[2] = {2, (uint64_t)system_len};
+        h = kvp_fnv1a(h, head, sizeof head);
+        h = kvp_fnv1a(h, system, system_len);
+    }
     for (int i = 0; i < n; i++) {
         /* role and length first, so no two transcripts render to the same bytes */
         uint64_t head[2] = {(uint64_t)msgs[i].user, (uint64_t)msgs[i].len};
@@ -573,8 +595,8 @@ int kvp_turn_step(kvp_session *s, const kvp_session_env *env, kvp_runstate *rs,
         /* A cancel that came before any work still records the message: the next turn
          * prefills it (prefill checks the flag first). */
         int *ids = NULL;
-        int n = kvp_template_turn(&env->tpl, NULL, 0, s->n_tokens == 0, s->reply_open, t->text,
-                                  t->text_len, &ids);
+        int n = kvp_template_turn(&env->tpl, s->system, s->system_len, s->n_tokens == 0,
+                                  s->reply_open, t->text, t->text_len, &ids);
         if (n < 0)
             return fail(s, env, sink, 1, n, "tokenize", NULL);
         for (int i = 0; i < n; i++)

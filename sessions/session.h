@@ -135,9 +135,14 @@ typedef struct kvp_session {
     int n_tokens, cap_tokens;
     int n_cached;                    /* tokens[0..n_cached) have been run */
     int reply_open;
+    /* The system text the chat template renders at the conversation's start (NULL/0:
+     * none, the template's default if it has one). Set when the session is made, never
+     * changed; persisted with the session. */
+    char *system;
+    size_t system_len;
     kvp_message *msgs;
     int n_msgs, cap_msgs;
-    /* loop: the hash of msgs (kvp_session_transcript_hash) as of the last job's end, and
+    /* loop: the hash of system and msgs (kvp_session_transcript_hash) as of the last job's end, and
      * their count, kept while parked: how stateless requests find their conversation */
     uint64_t transcript_hash;
     int transcript_msgs;
@@ -190,8 +195,12 @@ int kvp_session_begin_turn(kvp_session *s, const char *text, size_t len, int max
 /* Loop, on a new session that never ran a turn: takes copies of msgs as its transcript;
  * its first turn tokenizes and prefills them before its own message. 0 or -ENOMEM. */
 int kvp_session_seed(kvp_session *s, const kvp_message *msgs, int n);
-/* The hash of a transcript's roles and texts, the same for a session and a request. */
-uint64_t kvp_session_transcript_hash(const kvp_message *msgs, int n);
+/* Loop, on a new session: takes a copy of its system text (len 0: none). 0 or -ENOMEM. */
+int kvp_session_set_system(kvp_session *s, const char *system, size_t len);
+/* The hash of a conversation's system text and its messages' roles and texts, the same
+ * for a session and a request. */
+uint64_t kvp_session_transcript_hash(const char *system, size_t system_len,
+                                     const kvp_message *msgs, int n);
 /* Clears the outcome of the last job before a new one (loop thread; not busy). The
  * caller then sets the state that names the job. */
 void kvp_session_begin_job(kvp_session *s);

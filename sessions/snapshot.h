@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define KVP_SNAPSHOT_VERSION 1
+#define KVP_SNAPSHOT_VERSION 2   /* written; version 1 (no system text) is still read */
 #define KVP_SNAPSHOT_ID_MAX 64
 #define KVP_SNAPSHOT_NAME_MAX 127
 /* The model hash covers the file size and this many leading bytes: the whole GGUF
@@ -42,6 +42,9 @@ typedef struct kvp_snapshot {
     int turns;
     uint64_t evicted_rows;
     double created, last_active;     /* wall clock, seconds since the Unix epoch */
+    char *system;             /* the session's system text (read: NUL-terminated copy or
+                                 NULL; may hold NULs: use system_len) */
+    size_t system_len;
     kvp_snapshot_msg *msgs;
     int n_msgs;
     int *tokens;              /* transcript token ids */

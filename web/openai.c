@@ -387,9 +387,12 @@ static void free_messages(kvp_message *m, int n)
     free(m);
 }
 
-/* The request's messages as the hub's: system (and developer) messages are folded into
- * the user message that follows them. Returns the count, or -1 after answering. */
-static int messages(kvpd_conn *c, json_t *arr, kvp_message **out)
+/* The request's messages as the hub's: a system (or developer) message first is the
+ * conversation's system text (*system, malloc'd; NULL for none), as the chat template
+ * renders it; later ones are folded into the user message that follows them. Returns
+ * the count, or -1 after answering. */
+static int messages(kvpd_conn *c, json_t *arr, kvp_message **out, char **system,
+                    size_t *system_len)
 {
     size_t n = json_array_size(arr);
     if (!json_is_array(arr) || n == 0) {
@@ -397,6 +400,8 @@ static int messages(kvpd_conn *c, json_t *arr, kvp_message **out)
         return -1;
     }
     kvp_message *m = calloc(n, sizeof *m);
+    *system = NULL;
+    *system_len = 0;
     char *pending = NULL;   /* system text waiting for its user message */
     size_t pending_len = 0;
     int k = 0;
@@ -405,8 +410,8 @@ static int messages(kvpd_conn *c, json_t *arr, kvp_message **out)
         json_t *msg = json_array_get(arr, i);
         const char *role = json_string_value(json_object_get(msg, "role"));
         snprintf(param, sizeof param, "messages[%zu].role", i);
-        int system = role && (!strcmp(role, "system") || !strcmp(role, "developer"));
-        if (!role || (!system && strcmp(role, "user") && strcmp(role, "assistant"))) {
+        int sys_role = role && (!strcmp(role, "system") || !strcmp(role, "developer"));
+        if (!role || (!sys_role && strcmp(role, "user") && strcmp(role, "assistant"))) {
             fail(c, 400, param, NULL, "%s must be system, user or assistant (tool messages are "
                  "not supported)", param);
             goto bad;
@@ -421,7 +426,12 @@ static int messages(kvpd_conn *c, json_t *arr, kvp_message **out)
             fail(c, 400, param, NULL, "%s must be a string or an array of text parts", param);
             goto bad;
         }
-        if (system) {
+        if (sys_role && i == 0) {
+            *system = text;
+            *system_len = len;
+            continue;
+        }
+        if (sys_role) {
             char *p = realloc(pending, pending_len + len + 3);
             if (!p) {
                 free(text);
@@ -463,6 +473,8 @@ oom:
     fail(c, 500, NULL, NULL, "out of memory");
 bad:
     free(pending);
+    free(*system);
+    *system = NULL;
     if (m)
         free_messages(m, k);
     return -1;
@@ -618,6 +630,8 @@ static void chat_completions(kvpd_conn *c)
         return;
     }
     kvp_message *msgs = NULL;
+    char *system = NULL;
+    size_t system_len = 0;
     int n = -1;
     kvp_turn_opts t;
     if (!json_is_object(req)) {
@@ -632,8 +646,14 @@ static void chat_completions(kvpd_conn *c)
              o->model);
         goto out;
     }
-    if (options(c, req, &t) < 0 || (n = messages(c, json_object_get(req, "messages"), &msgs)) < 0)
+    if (options(c, req, &t) < 0 ||
+        (n = messages(c, json_object_get(req, "messages"), &msgs, &system, &system_len)) < 0)
         goto out;
+    if (system_len > KVP_HUB_SYSTEM_MAX) {
+        fail(c, 400, "messages[0].content", NULL, "the system message is limited to %d bytes",
+             KVP_HUB_SYSTEM_MAX);
+        goto out;
+    }
     char sid[KVP_SESSION_ID_LEN + 8] = "";
     json_t *named = json_object_get(req, "session");
     if (json_is_string(named))
@@ -652,10 +672,11 @@ static void chat_completions(kvpd_conn *c)
         goto out;
     }
     o->close = o->stream;   /* a stream's end is the connection's */
-    kvp_hub_chat(o->client, sid, msgs, n, &t);
+    kvp_hub_chat(o->client, sid, system, system_len, msgs, n, &t);
 out:
     if (msgs)
         free_messages(msgs, n);
+    free(system);
     json_decref(req);
 }
 

@@ -62,6 +62,9 @@ static void sink(void *ctx, const kvp_hub_event *e)
     r->resumed = e->resumed;
     r->turns = e->turns;
     r->n_history = e->n_history;
+    r->has_system = e->system != NULL;
+    if (e->system)
+        snprintf(r->system, sizeof r->system, "%.*s", (int)e->system_len, e->system);
     if (e->code)
         snprintf(r->code, sizeof r->code, "%s", e->code);
     if (e->text) {

@@ -16,6 +16,8 @@ typedef struct ht_event {
     char id[KVP_SESSION_ID_LEN + 1];
     int resumed, turns, n_history;
     char code[32];
+    int has_system;          /* SESSION: the session has a system text (below, cut to fit) */
+    char system[128];
     char *text;              /* token text, reply, error message */
     kvp_turn_stats stats;
 } ht_event;

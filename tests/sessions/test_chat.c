@@ -23,7 +23,7 @@ static int chat(ht_client *c, const char *id, const kvp_message *msgs, int n,
                 const kvp_turn_opts *o)
 {
     ht_client_new(&g, c);
-    kvp_hub_chat(c->c, id, msgs, n, o);
+    kvp_hub_chat(c->c, id, NULL, 0, msgs, n, o);
     cr_assert_geq(c->n, 1);
     cr_assert_eq(c->ev[0].type, KVP_HUB_SESSION, "%s", c->ev[0].text ? c->ev[0].text : "");
     return ht_wait(&g, c, 1, KVP_HUB_DONE, 60);
@@ -97,7 +97,7 @@ Test(chat, a_busy_session_is_not_matched_and_a_named_one_is_preferred)
     /* b's turn runs long on the session; c with the same history gets a new one. */
     kvp_turn_opts longer = {.max_tokens = 200};
     ht_client_new(&g, &b);
-    kvp_hub_chat(b.c, NULL, m, 3, &longer);
+    kvp_hub_chat(b.c, NULL, NULL, 0, m, 3, &longer);
     cr_assert_eq(b.ev[0].resumed, 1);
     int j = chat(&c, NULL, m, 3, &o);
     cr_assert_eq(c.ev[0].resumed, 0, "a busy session was matched");
@@ -147,5 +147,38 @@ Test(chat, seed_and_top_p_apply_to_the_turn)
     end(&c);
     end(&d);
     end(&e);
+    finish();
+}
+
+/* The system text is part of the conversation: a request under another one (or none) is
+ * another conversation; under the same one it continues. */
+Test(chat, the_system_text_is_part_of_the_match)
+{
+    ht_start(&g, NULL, "streaming");
+    kvp_turn_opts o = {.max_tokens = 6};
+    kvp_message m[3] = {msg(1, "A dog ran")};
+    ht_client_new(&g, &a);
+    kvp_hub_chat(a.c, NULL, "Be brief.", 9, m, 1, &o);
+    cr_assert(a.ev[0].has_system);
+    cr_assert_str_eq(a.ev[0].system, "Be brief.");
+    int i = ht_wait(&g, &a, 1, KVP_HUB_DONE, 60);
+    end(&a);
+    m[1] = msg(0, a.ev[i].text);
+    m[2] = msg(1, "Then?");
+    ht_client_new(&g, &b);
+    kvp_hub_chat(b.c, NULL, "Be long.", 8, m, 3, &o);   /* another system text */
+    cr_assert_eq(b.ev[0].resumed, 0);
+    ht_wait(&g, &b, 1, KVP_HUB_DONE, 60);
+    end(&b);
+    chat(&c, NULL, m, 3, &o);   /* none */
+    cr_assert_eq(c.ev[0].resumed, 0);
+    end(&c);
+    ht_client_new(&g, &d);
+    kvp_hub_chat(d.c, NULL, "Be brief.", 9, m, 3, &o);
+    cr_assert_eq(d.ev[0].resumed, 1, "the same system text and history were not matched");
+    cr_assert_str_eq(d.ev[0].id, a.ev[0].id);
+    int j = ht_wait(&g, &d, 1, KVP_HUB_DONE, 60);
+    cr_assert_gt(d.ev[j].stats.cached_tokens, 0);
+    end(&d);
     finish();
 }
