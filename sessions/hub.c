@@ -53,11 +53,19 @@ static int never_used(const kvp_session *s)
     return !kvp_session_busy(s) && s->n_msgs == 0 && !s->has_snapshot && s->turns_done == 0;
 }
 
+/* A session leaves memory; it stays in the transcript index while it is on disk. */
+static void drop(kvp_hub *h, kvp_session *s)
+{
+    if (!h->env.state_dir[0] || !s->has_snapshot || s->lost)
+        kvp_transcripts_remove(&h->transcripts, s->id);
+    kvp_session_remove(&h->sessions, s);
+}
+
 static void remove_session(kvp_hub *h, kvp_session *s)
 {
     if (s->client)
         s->client->session = NULL;
-    kvp_session_remove(&h->sessions, s);
+    drop(h, s);
 }
 
 /* The client lets go of its session; one that was never used ends here (and no longer
@@ -74,7 +82,7 @@ static void leave(kvp_hub_client *c)
     if (never_used(s)) {
         if (s->creator == c->serial)
             c->created--;
-        kvp_session_remove(&c->hub->sessions, s);
+        drop(c->hub, s);
     }
 }
 
@@ -342,6 +350,15 @@ static void start_turn(kvp_hub_client *c, const char *text, size_t len, const kv
         emit_error(c, KVPD_E_INTERNAL, "out of memory");
         return;
     }
+    int rc = kvp_session_turn_stops(s, o->stop, o->stop_len, o->n_stop);
+    if (rc < 0) {
+        char err[96];
+        snprintf(err, sizeof err, "at most %d stop strings of 1 to %d bytes", KVP_HUB_MAX_STOPS,
+                 KVP_HUB_STOP_MAX);
+        emit_error(c, rc == -EINVAL ? KVPD_E_BAD_REQUEST : KVPD_E_INTERNAL,
+                   rc == -EINVAL ? err : "out of memory");
+        return;
+    }
     if (o->has_top_p)
         s->turn.top_p = o->top_p;
     s->turn.has_seed = o->has_seed;
@@ -376,6 +393,86 @@ static int continues(const kvp_session *s, uint64_t hash, const char *system,
     return 1;
 }
 
+/* A request waiting for the snapshot of the session it extends (kvp_hub_chat). */
+typedef struct kvp_hub_pending {
+    uint64_t hash;                   /* of system and msgs[0..n-1) */
+    char *system;
+    size_t system_len;
+    kvp_message *msgs;
+    int n;
+    kvp_turn_opts o;                 /* its stop strings point into stops */
+    char *stops[KVP_HUB_MAX_STOPS];
+} kvp_hub_pending;
+
+static void pending_free(kvp_hub_pending *p)
+{
+    if (!p)
+        return;
+    free(p->system);
+    for (int i = 0; i < p->n; i++)
+        free(p->msgs[i].text);
+    free(p->msgs);
+    for (int i = 0; i < KVP_HUB_MAX_STOPS; i++)
+        free(p->stops[i]);
+    free(p);
+}
+
+static char *copy_bytes(const char *s, size_t n)
+{
+    char *c = malloc(n + 1);
+    if (c) {
+        memcpy(c, s, n);
+        c[n] = '\0';
+    }
+    return c;
+}
+
+static kvp_hub_pending *pending_new(uint64_t hash, const char *system, size_t system_len,
+                                   const kvp_message *msgs, int n, const kvp_turn_opts *o)
+{
+    kvp_hub_pending *p = calloc(1, sizeof *p);
+    if (!p || !(p->msgs = calloc((size_t)n, sizeof *p->msgs)))
+        goto oom;
+    p->hash = hash;
+    p->o = *o;
+    if (system_len && !(p->system = copy_bytes(system, system_len)))
+        goto oom;
+    p->system_len = system_len;
+    for (; p->n < n; p->n++) {
+        p->msgs[p->n] = msgs[p->n];
+        if (!(p->msgs[p->n].text = copy_bytes(msgs[p->n].text, msgs[p->n].len)))
+            goto oom;
+    }
+    for (int i = 0; i < o->n_stop && i < KVP_HUB_MAX_STOPS; i++) {
+        if (!(p->stops[i] = copy_bytes(o->stop[i], o->stop_len[i])))
+            goto oom;
+        p->o.stop[i] = p->stops[i];
+    }
+    return p;
+oom:
+    pending_free(p);
+    return NULL;
+}
+
+/* The request goes on: on s (it continues s), or on a new session seeded with its
+ * history. */
+static void chat_go(kvp_hub_client *c, kvp_session *s, const char *system, size_t system_len,
+                    const kvp_message *msgs, int n, const kvp_turn_opts *o)
+{
+    if (s) {
+        attach(c, s);
+        emit_session(c, 1);
+    } else {
+        if (new_session(c, system, system_len) < 0)
+            return;
+        if (kvp_session_seed(c->session, msgs, n - 1) < 0) {
+            emit_error(c, KVPD_E_INTERNAL, "out of memory");
+            return;
+        }
+    }
+    start_turn(c, msgs[n - 1].text, msgs[n - 1].len, o);
+}
+
 void kvp_hub_chat(kvp_hub_client *c, const char *id, const char *system, size_t system_len,
                   const kvp_message *msgs, int n, const kvp_turn_opts *o)
 {
@@ -393,25 +490,43 @@ void kvp_hub_chat(kvp_hub_client *c, const char *id, const char *system, size_t 
     leave(c);
     int prefix = n - 1;
     uint64_t hash = kvp_session_transcript_hash(system, system_len, msgs, prefix);
-    kvp_session *s = id && id[0] ? kvp_session_find(&h->sessions, id) : NULL;
-    if (s && !continues(s, hash, system, system_len, msgs, prefix))
-        s = NULL;
-    for (kvp_session *t = h->sessions.head; !s && t; t = t->next)
-        if (continues(t, hash, system, system_len, msgs, prefix))
+    kvp_session *s = NULL;
+    const char *disk = NULL;   /* a session it extends that is only on disk */
+    if (prefix > 0 && id && id[0]) {   /* the named session first */
+        kvp_session *t = kvp_session_find(&h->sessions, id);
+        const kvp_transcript_entry *e = t ? NULL : kvp_transcripts_get(&h->transcripts, id);
+        if (t && continues(t, hash, system, system_len, msgs, prefix))
             s = t;
-    if (s) {
-        attach(c, s);
-        emit_session(c, 1);
-    } else {
-        if (new_session(c, system, system_len) < 0)
-            return;
-        s = c->session;
-        if (kvp_session_seed(s, msgs, prefix) < 0) {
-            emit_error(c, KVPD_E_INTERNAL, "out of memory");
-            return;
-        }
+        else if (e && e->hash == hash && e->n_msgs == prefix && h->env.state_dir[0])
+            disk = e->id;
     }
-    start_turn(c, msgs[prefix].text, msgs[prefix].len, o);
+    /* Then every session with this transcript hash: one in memory if any is free. */
+    for (const kvp_transcript_entry *e = prefix > 0 && !s && !disk
+             ? kvp_transcripts_next(&h->transcripts, hash, prefix, NULL) : NULL;
+         e && !s; e = kvp_transcripts_next(&h->transcripts, hash, prefix, e)) {
+        kvp_session *t = kvp_session_find(&h->sessions, e->id);
+        if (t && continues(t, hash, system, system_len, msgs, prefix))
+            s = t;
+        else if (!t && !disk && h->env.state_dir[0])
+            disk = e->id;
+    }
+    if (s || !disk) {
+        chat_go(c, s, system, system_len, msgs, n, o);
+        return;
+    }
+    /* Read it first (a load job); the request waits on the client (chat_loaded). */
+    kvp_hub_pending *p = pending_new(hash, system, system_len, msgs, n, o);
+    if (!p) {
+        emit_error(c, KVPD_E_INTERNAL, "out of memory");
+        return;
+    }
+    char sid[KVP_SNAPSHOT_ID_MAX + 1];
+    snprintf(sid, sizeof sid, "%s", disk);
+    open_from_disk(c, NULL, sid, NULL, 0);
+    if (c->session && c->session->state == KVP_SESSION_LOAD)
+        c->pending = p;
+    else
+        pending_free(p);   /* refused (overloaded): answered */
 }
 
 void kvp_hub_cancel(kvp_hub_client *c)
@@ -432,6 +547,7 @@ void kvp_hub_close(kvp_hub_client *c)
     }
     leave(c);
     forget_system_check(c);
+    pending_free(c->pending);
     free(c);
 }
 
@@ -473,6 +589,9 @@ static kvp_hub_client *job_ended(kvp_hub *h, kvp_session *s)
     s->transcript_hash = kvp_session_transcript_hash(s->system, s->system_len, s->msgs,
                                                      s->n_msgs);
     s->transcript_msgs = s->n_msgs;
+    if (s->n_msgs > 0 && kvp_transcripts_put(&h->transcripts, s->id, s->transcript_hash,
+                                             s->n_msgs) < 0)
+        kvpd_log("warning", "session %.8s: out of memory for the transcript index", s->id);
     s->evicted_rows = s->cache.evicted_rows;
     s->rows_max = kvp_cache_max_rows(&s->cache);
     s->bytes = kvp_cache_bytes(&s->cache);
@@ -505,10 +624,39 @@ static void restore_failed(kvp_hub *h, kvp_session *s, kvp_hub_client *to, const
         kvp_session_park(&h->sessions, s);
 }
 
+/* The load a request waited for ended: it continues that session when the session's
+ * transcript is the request's history (the index is a hint: compared now), else a new
+ * one. A load that failed is not the request's error. */
+static void chat_loaded(kvp_hub *h, kvp_session *s, kvp_hub_client *c, const kvpd_event *ev)
+{
+    kvp_hub_pending *p = c->pending;
+    c->pending = NULL;
+    kvp_session *use = NULL;
+    if (ev->code < 0) {
+        leave(c);
+        if (s->lost)
+            lose(h, s, NULL, ev->code, ev->text);
+        else
+            restore_failed(h, s, NULL, ev->text);
+    } else if (continues(s, p->hash, p->system, p->system_len, p->msgs, p->n - 1)) {
+        kvpd_log("info", "session %.8s: loaded from its snapshot for a request that extends it",
+                 s->id);
+        use = s;
+    } else {
+        leave(c);   /* it stays in memory, idle, under its real transcript */
+    }
+    chat_go(c, use, p->system, p->system_len, p->msgs, p->n, &p->o);
+    pending_free(p);
+}
+
 static void on_job(kvp_hub *h, kvp_session *s, const kvpd_event *ev)
 {
     int was_load = s->state == KVP_SESSION_LOAD;
     kvp_hub_client *to = job_ended(h, s);
+    if (was_load && to && to->pending) {
+        chat_loaded(h, s, to, ev);
+        return;
+    }
     int check = to && to->check_system;
     char *want = check ? to->want_system : NULL;
     size_t want_len = check ? to->want_system_len : 0;
@@ -627,6 +775,12 @@ int kvp_hub_start(kvp_hub **out, const kvp_hub_params *p, char *err, size_t errl
     if (rc > 0)
         kvpd_log("warning", "chat template: %s", note);
     rc = kvp_session_table_init(&h->sessions);
+    if (rc == 0 && p->transcripts) {
+        h->transcripts = *p->transcripts;
+        memset(p->transcripts, 0, sizeof *p->transcripts);
+    } else if (rc == 0) {
+        rc = kvp_transcripts_init(&h->transcripts);
+    }
     if (rc < 0) {
         snprintf(err, errlen, "out of memory");
         return rc;
@@ -651,7 +805,7 @@ void kvp_hub_expire(kvp_hub *h, double now)
         if (kvp_session_busy(s)) {
             /* its job's end decides */
         } else if (!s->client && never_used(s)) {
-            kvp_session_remove(&h->sessions, s);
+            drop(h, s);
         } else if (h->env.state_dir[0]) {
             /* With a state directory nothing is dropped: idle sessions are parked (if
              * their snapshot is up to date), and parked ones nobody is attached to are
@@ -660,7 +814,7 @@ void kvp_hub_expire(kvp_hub *h, double now)
                 kvp_hub_park(h, s);
             } else if (s->state == KVP_SESSION_PARKED && !s->client && idle > 2 * timeout) {
                 h->m->sessions_forgotten++;
-                kvp_session_remove(&h->sessions, s);
+                drop(h, s);   /* its snapshot stays, and its index entry */
             }
         } else if (idle > timeout) {
             emit_error(s->client, KVPD_E_UNKNOWN_SESSION,
@@ -726,6 +880,7 @@ void kvp_hub_free(kvp_hub *h)
         if (s->client)
             s->client->session = NULL;
     kvp_session_table_clear(&h->sessions);
+    kvp_transcripts_free(&h->transcripts);
     kvp_policy_conf_unref(h->pconf);
     free(h);
 }

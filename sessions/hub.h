@@ -26,6 +26,9 @@
 #include "sessions/metrics.h"
 
 #define KVP_SESSION_ID_LEN 32
+/* Stop strings of a turn: at most this many, each 1..KVP_HUB_STOP_MAX bytes. */
+#define KVP_HUB_MAX_STOPS 4
+#define KVP_HUB_STOP_MAX 256
 /* Bytes of a session's system text, at most. */
 #define KVP_HUB_SYSTEM_MAX 32768
 
@@ -60,7 +63,7 @@ typedef struct kvp_turn_stats {
     uint64_t evicted_rows;   /* this turn */
     uint64_t evicted_total;  /* the session's lifetime */
     double ttft_ms, duration_ms, tokens_per_s;
-    const char *stop;        /* "eos", "length", "cancel" */
+    const char *stop;        /* "eos", "length", "cancel", "stop" (a stop string) */
 } kvp_turn_stats;
 
 enum kvp_hub_event_type { KVP_HUB_SESSION, KVP_HUB_TOKEN, KVP_HUB_DONE, KVP_HUB_ERROR };
@@ -124,6 +127,13 @@ typedef struct kvp_turn_opts {
     float top_p;                  /* (0, 1] */
     int has_seed;
     uint64_t seed;                /* reseeds the session's sampler for this turn */
+    /* Stop strings (borrowed for the call): the reply ends before the first one that
+     * appears, which is never sent as tokens; the session's transcript (and its cache)
+     * ends there too, so a client that sends the reply back continues the session. A
+     * bad count or length is bad_request. */
+    const char *stop[KVP_HUB_MAX_STOPS];
+    size_t stop_len[KVP_HUB_MAX_STOPS];
+    int n_stop;
 } kvp_turn_opts;
 
 /* A stateless request (an OpenAI-style API): system (len 0: none) and msgs[0..n) are the
@@ -188,6 +198,9 @@ typedef struct kvp_hub_params {
     float top_p;
     uint64_t seed;
     const char *chat_template;    /* family name (config chat_template); NULL/"" = detect */
+    /* The conversations on disk by transcript (kvp_transcripts_load at start), moved into
+     * the hub (*transcripts is left empty); NULL: none. */
+    struct kvp_transcripts *transcripts;
 } kvp_hub_params;
 
 /* Starts the workers. On failure *out may be set: stop and free it as below. */

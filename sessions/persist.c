@@ -10,6 +10,8 @@
 #include <time.h>
 
 #include "base/clock.h"
+#include "base/log.h"
+#include "sessions/transcripts.h"
 
 /* The snapshot's messages borrow the session's (the write only reads them). */
 static int borrow_msgs(const kvp_session *s, int from, kvp_snapshot_msg **out)
@@ -104,6 +106,12 @@ int kvp_session_save(kvp_session *s, const kvp_session_env *env, char *err, size
     if (rc == 0) {
         s->journal_msgs = s->n_msgs;
         s->journal_tokens = s->n_tokens;
+        /* The conversation can be found by its transcript after a restart. */
+        char ierr[256];
+        uint64_t hash = kvp_session_transcript_hash(s->system, s->system_len, s->msgs, s->n_msgs);
+        if (kvp_transcripts_append(env->state_dir, s->id, hash, s->n_msgs, ierr, sizeof ierr) < 0)
+            kvpd_log("warning", "session %.8s: %s (after a restart, a request extending this "
+                     "conversation would start a new one)", s->id, ierr);
     }
     free(cache);
     return rc;

@@ -75,6 +75,17 @@ typedef struct kvp_turn {
     kvp_utf8 utf8;
     char *reply;
     size_t reply_len, reply_cap;
+    size_t sent;             /* bytes of reply given to the sink as tokens */
+    char *stop[KVP_HUB_MAX_STOPS];   /* stop strings (copies) */
+    size_t stop_len[KVP_HUB_MAX_STOPS];
+    int n_stop;
+    size_t stop_hold;        /* longest stop string - 1: reply bytes held back from the sink */
+    int stopped;             /* a stop string was found at stop_at: the reply ends there */
+    size_t stop_at;
+    int gen_start;           /* transcript index of the reply's first token */
+    size_t *tok_end;         /* with stop strings, per reply token: the reply's length after
+                              * it, SIZE_MAX while a character was incomplete */
+    int tok_end_cap;
     uint64_t evicted_at_start;
     double t_start, t_first;
     kvp_turn_stats stats;
@@ -192,6 +203,9 @@ int kvp_session_unpark(kvp_session_table *t, kvp_session *s, const kvp_session_e
  * copy of the text. */
 int kvp_session_begin_turn(kvp_session *s, const char *text, size_t len, int max_tokens,
                            float temperature, int budget, double now);
+/* Loop, after kvp_session_begin_turn: the turn's stop strings (copies; n at most
+ * KVP_HUB_MAX_STOPS, each 1..KVP_HUB_STOP_MAX bytes). 0, -EINVAL or -ENOMEM. */
+int kvp_session_turn_stops(kvp_session *s, const char *const *stop, const size_t *len, int n);
 /* Loop, on a new session that never ran a turn: takes copies of msgs as its transcript;
  * its first turn tokenizes and prefills them before its own message. 0 or -ENOMEM. */
 int kvp_session_seed(kvp_session *s, const kvp_message *msgs, int n);

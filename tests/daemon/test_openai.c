@@ -337,6 +337,28 @@ Test(openai, a_stop_string_ends_the_reply_before_it)
     cr_assert_str_eq(json_string_value(json_object_get(json_object_get(ch, "message"), "content")),
                      ", there was a little girl named ", "%s", a.body);
     cr_assert_str_eq(json_string_value(json_object_get(ch, "finish_reason")), "stop");
+    int p1 = (int)json_integer_value(json_object_get(json_object_get(j, "usage"), "prompt_tokens"));
+    json_decref(j);
+    char sid[64];
+    snprintf(sid, sizeof sid, "%s", header(&a, "x-session-id:"));
+    free(a.raw);
+    /* The client sends the reply back as it got it (without the stop text): the session's
+     * transcript ends there too, so this continues it, prefilling only the new message. */
+    a = request(&d, "POST", "/v1/chat/completions", NULL,
+                "{\"messages\":[{\"role\":\"user\",\"content\":\"Once upon a time\"},"
+                "{\"role\":\"assistant\",\"content\":\", there was a little girl named \"},"
+                "{\"role\":\"user\",\"content\":\"Sue\"}],\"max_tokens\":4}");
+    cr_assert_eq(a.status, 200, "%s", a.raw);
+    cr_assert_str_eq(header(&a, "x-session-id:"), sid, "the cut reply was not matched");
+    j = json_loads(a.body, 0, NULL);
+    json_t *u = json_object_get(j, "usage");
+    int cached = (int)json_integer_value(json_object_get(json_object_get(u, "prompt_tokens_details"),
+                                                         "cached_tokens"));
+    int prefilled = (int)json_integer_value(json_object_get(json_object_get(j, "kvpd"),
+                                                            "prefilled_tokens"));
+    cr_assert_geq(cached, p1 + 5, "the first turn was recomputed (cached %d)", cached);
+    cr_assert_eq((int)json_integer_value(json_object_get(u, "prompt_tokens")), cached + prefilled);
+    cr_assert_leq(prefilled, 6, "more than \"Sue\" and the cut token were prefilled: %d", prefilled);
     json_decref(j);
     free(a.raw);
     a = request(&d, "POST", "/v1/chat/completions", NULL,
@@ -616,5 +638,68 @@ Test(openai, while_the_daemon_stops_the_api_answers_503_with_retry_after)
     close(keep);
     close(fd);
     cr_assert_eq(kvpd_wait(&d, 30000), 0);
+    h_rmdir(dir);
+}
+
+/* A conversation that is only on disk after a restart: the request that extends it finds
+ * it by its transcript (the index read at start) and continues it from its snapshot. */
+Test(openai, a_conversation_only_on_disk_after_a_restart_is_continued)
+{
+    char dir[64], extra[128];
+    cr_assert_eq(h_mkdtemp(dir, sizeof dir), 0);
+    snprintf(extra, sizeof extra, "--state-dir %s", dir);
+    kvpd_proc d;
+    cr_assert_eq(kvpd_start(&d, extra), 0);
+    json_t *msgs = json_pack("[{s:s, s:s}]", "role", "user", "content", "Once upon a time");
+    char sid[64] = "";
+    int total = 0;
+    for (int turn = 0; turn < 3; turn++) {
+        if (turn == 2) {   /* a restart: nothing of the session is in memory */
+            cr_assert_eq(kvpd_stop(&d, 10000), 0);
+            cr_assert_eq(kvpd_start(&d, extra), 0);
+            cr_assert(kvpd_log_has(&d, "1 conversation(s) in the transcript index"));
+        }
+        json_t *req = json_pack("{s:O, s:i}", "messages", msgs, "max_tokens", 6);
+        char *body = json_dumps(req, 0);
+        answer a = request(&d, "POST", "/v1/chat/completions", NULL, body);
+        free(body);
+        json_decref(req);
+        cr_assert_eq(a.status, 200, "turn %d: %s", turn, a.raw);
+        json_t *j = json_loads(a.body, 0, NULL);
+        json_t *u = json_object_get(j, "usage");
+        int prompt = (int)json_integer_value(json_object_get(u, "prompt_tokens"));
+        int cached = (int)json_integer_value(json_object_get(json_object_get(u, "prompt_tokens_details"),
+                                                             "cached_tokens"));
+        int prefilled = (int)json_integer_value(json_object_get(json_object_get(j, "kvpd"),
+                                                                "prefilled_tokens"));
+        if (turn == 0) {
+            snprintf(sid, sizeof sid, "%s", header(&a, "x-session-id:"));
+            cr_assert_eq(cached, 0);
+        } else {
+            cr_assert_str_eq(header(&a, "x-session-id:"), sid, "turn %d: another session", turn);
+            cr_assert_geq(cached, total - 1, "turn %d: the history was recomputed (cached %d of %d)",
+                          turn, cached, total);
+            cr_assert_leq(prefilled, 8, "turn %d: %d tokens prefilled", turn, prefilled);
+        }
+        cr_assert_eq(prompt, cached + prefilled);
+        total = prompt + (int)json_integer_value(json_object_get(u, "completion_tokens"));
+        const char *reply = json_string_value(json_object_get(json_object_get(
+            json_array_get(json_object_get(j, "choices"), 0), "message"), "content"));
+        json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "assistant", "content", reply));
+        json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "user", "content",
+                                              turn ? "The end." : "The dog ran"));
+        json_decref(j);
+        free(a.raw);
+    }
+    /* A history nobody had is a new conversation, even with the index in place. */
+    answer a = request(&d, "POST", "/v1/chat/completions", NULL,
+                       "{\"messages\":[{\"role\":\"user\",\"content\":\"Once upon a time\"},"
+                       "{\"role\":\"assistant\",\"content\":\"never said\"},"
+                       "{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":2}");
+    cr_assert_eq(a.status, 200, "%s", a.raw);
+    cr_assert_str_neq(header(&a, "x-session-id:"), sid);
+    free(a.raw);
+    json_decref(msgs);
+    cr_assert_eq(kvpd_stop(&d, 10000), 0);
     h_rmdir(dir);
 }

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "base/clock.h"
+#include "sessions/hub_impl.h"
 #include "tests/model/testutil.h"
 
 void ht_start(ht_hub *h, const char *state_dir, const char *policy)
@@ -74,6 +75,11 @@ static void sink(void *ctx, const kvp_hub_event *e)
     }
     if (e->stats)
         r->stats = *e->stats;
+}
+
+kvp_session *ht_session(ht_hub *h, const char *id)
+{
+    return kvp_session_find(&h->hub->sessions, id);
 }
 
 void ht_client_new(ht_hub *h, ht_client *c)

@@ -50,6 +50,8 @@ int ht_wait(ht_hub *h, ht_client *c, int from, enum kvp_hub_event_type type, dou
 void ht_settle(ht_hub *h);
 /* The index of c's first event of this type at or after from, or -1. */
 int ht_find(const ht_client *c, int from, enum kvp_hub_event_type type);
+/* The hub's session with this id (NULL: none); read it only while it is idle. */
+kvp_session *ht_session(ht_hub *h, const char *id);
 /* A user message of about n tokens of story text. */
 char *ht_text(int words);
 
