@@ -14,13 +14,10 @@ int kvp_gen_compress(kvp_cache *c, const kvp_evict_cfg *e)
     return evicting(e) ? kvp_policy_evict(e->policy, c, e->budget) : 0;
 }
 
-/* Feeds one block of n tokens: evicts first if the block would take a head past
- * budget + chunk, and shifts the context if the block would pass seq_len. */
-static int feed(const kvp_model *m, kvp_runstate *s, kvp_cache *c, const kvp_evict_cfg *e,
-                const int *tokens, int n, float *logits)
+/* The bounds of one block of n tokens, before it runs: evicts first if the block would
+ * take a head past budget + chunk, and shifts the context if it would pass seq_len. */
+static int bound(const kvp_model *m, kvp_cache *c, const kvp_evict_cfg *e, int n)
 {
-    if (e)
-        kvp_policy_attach(s, e->policy);  /* runstates belong to workers, policies to sessions */
     if (evicting(e) && kvp_cache_max_rows(c) + n > e->budget + chunk_of(e)) {
         int rc = kvp_policy_evict(e->policy, c, e->budget);
         if (rc < 0)
@@ -33,7 +30,36 @@ static int feed(const kvp_model *m, kvp_runstate *s, kvp_cache *c, const kvp_evi
         if (c->next_pos + n > m->cfg.seq_len)
             return -E2BIG;  /* budget + chunk does not fit the context */
     }
-    return kvp_forward(m, s, c, tokens, n, logits);
+    return 0;
+}
+
+int kvp_gen_step(const kvp_model *m, kvp_runstate *s, kvp_batch_seq *seqs,
+                 const kvp_evict_cfg *const *evict, int n_seqs)
+{
+    int ran = 0;
+    for (int i = 0; i < n_seqs; i++) {
+        kvp_batch_seq *q = &seqs[i];
+        const kvp_evict_cfg *e = evict[i];
+        q->hooks = s->hooks;
+        if (e)   /* runstates belong to workers, policies to sessions */
+            kvp_policy_attach(&q->hooks, e->policy);
+        /* a sequence that fails its bounds is left out of the pass (rc set) */
+        q->rc = q->cache ? bound(m, q->cache, e, q->n) : -EINVAL;
+        ran += q->rc == 0;
+    }
+    if (n_seqs <= 0)
+        return -EINVAL;
+    return ran ? kvp_forward_batch(m, s, seqs, n_seqs) : 0;
+}
+
+/* Feeds one block of n tokens: a step with one sequence. */
+static int feed(const kvp_model *m, kvp_runstate *s, kvp_cache *c, const kvp_evict_cfg *e,
+                const int *tokens, int n, float *logits)
+{
+    kvp_batch_seq one = {.cache = c, .tokens = tokens, .n = n, .logits = s->logits,
+                         .all_logits = logits};
+    int rc = kvp_gen_step(m, s, &one, &e, 1);
+    return rc ? rc : one.rc;
 }
 
 int kvp_gen_prefill(const kvp_model *m, kvp_runstate *s, kvp_cache *c,

@@ -7,9 +7,8 @@
  *   - kvp_gen_compress evicts to `budget` now (turn boundaries);
  *   - before next_pos would reach the model's context length the cache is shifted
  *     (kvp_cache_shift), so a conversation can run forever.
- * The drivers attach e->policy to the runstate for the forward pass (so it scores and
- * observes the rows it will rank); with e NULL the runstate's own policy, if any, is
- * left in place. budget 0 or policy "none" never evicts (the context shift then drops nothing, so a
+ * The drivers attach e->policy to the sequence's forward hooks (so it scores and
+ * observes the rows it will rank); with e NULL the runstate's own hooks, if any, serve. budget 0 or policy "none" never evicts (the context shift then drops nothing, so a
  * session without eviction is limited to seq_len tokens: -E2BIG past it). */
 #ifndef KVP_GENERATE_H
 #define KVP_GENERATE_H
@@ -32,6 +31,14 @@ int kvp_gen_prefill(const kvp_model *m, kvp_runstate *s, kvp_cache *c,
 /* One token (equivalent to prefill of 1 with the decode trigger). */
 int kvp_gen_decode(const kvp_model *m, kvp_runstate *s, kvp_cache *c,
                    const kvp_evict_cfg *e, int token);
+/* One batched step (continuous batching): each sequence's block goes through the same
+ * bounds as a single feed (the eviction trigger, the context shift; with its own
+ * evict[i], which may be NULL), then one kvp_forward_batch runs them all. seqs[i]: its
+ * cache, block and logits (model/forward.h); the hooks are set here. A sequence whose
+ * bounds or pass fail gets rc < 0 and the others run. Returns 0, or negative when the
+ * batch is malformed (then nothing ran). */
+int kvp_gen_step(const kvp_model *m, kvp_runstate *s, kvp_batch_seq *seqs,
+                 const kvp_evict_cfg *const *evict, int n_seqs);
 /* Evicts every head down to the budget. Returns rows dropped. */
 int kvp_gen_compress(kvp_cache *c, const kvp_evict_cfg *e);
 

@@ -48,6 +48,7 @@ void kvp_runstate_free(kvp_runstate *s)
     free(s->hb2);
     free(s->att);
     free(s->logits);
+    free(s->batch_logits);
     free(s->rope);
     memset(s, 0, sizeof *s);
 }
@@ -83,20 +84,21 @@ static int ensure_att(kvp_runstate *s, size_t need)
     return 0;
 }
 
-/* Attention of the block's T queries over one KV head's rows. Rows [0, base) predate the
- * block; query t also sees the block's rows base..base+t. Writes att_out for the
- * group's query heads and leaves their probabilities in s->att ([g][t][rows]). */
+/* Attention of one sequence's T queries (batch rows r0..r0+T) over one KV head's rows.
+ * Rows [0, base) predate the block; query t also sees the block's rows base..base+t.
+ * Writes att_out for the group's query heads and leaves their probabilities in s->att
+ * ([g][t][rows]). */
 static void attend_head(kvp_runstate *s, const kvp_model_config *c, const kvp_head *h,
-                        int kvh, int T, int base)
+                        int kvh, int r0, int T, int base)
 {
     int hd = c->head_dim, group = c->n_heads / c->n_kv_heads, R = h->n;
     int qd = c->n_heads * hd;
     float scale = 1.0f / sqrtf((float)hd);
     for (int g = 0; g < group; g++) {
         int qh = kvh * group + g;
-        const float *q = s->q + (size_t)qh * hd;
+        const float *q = s->q + (size_t)r0 * qd + (size_t)qh * hd;
         float *att = s->att + (size_t)g * T * R;
-        float *out = s->att_out + (size_t)qh * hd;
+        float *out = s->att_out + (size_t)r0 * qd + (size_t)qh * hd;
         /* att[T][R] = q[T][hd] . K[R][hd]^T * scale */
         if (T == 1)
             cblas_sgemv(CblasRowMajor, CblasNoTrans, R, hd, scale, h->k, hd, q, 1, 0.0f, att, 1);
@@ -129,25 +131,109 @@ static void attend_head(kvp_runstate *s, const kvp_model_config *c, const kvp_he
     }
 }
 
-static int forward_block(const kvp_model *m, kvp_runstate *s, kvp_cache *c,
-                         const int *tokens, int T, float *all_logits)
+/* One sequence's part of a layer's attention, per KV head: append the block's K/V rows
+ * to the head's store, let the policy score them, attend, let the policy observe. */
+static void attend_seq(kvp_runstate *s, const kvp_model_config *p, kvp_batch_seq *q, int l)
+{
+    int hd = p->head_dim, qd = p->n_heads * hd, kvd = p->n_kv_heads * hd;
+    int group = p->n_heads / p->n_kv_heads, T = q->n, r0 = q->row0;
+    kvp_cache *c = q->cache;
+    const kvp_forward_hooks *hk = &q->hooks;
+    if (hk->tap)
+        hk->tap(hk->tap_ctx, l, s->q + (size_t)r0 * qd, s->k + (size_t)r0 * kvd,
+                s->v + (size_t)r0 * kvd, T);
+    for (int kvh = 0; kvh < p->n_kv_heads; kvh++) {
+        kvp_head *h = kvp_cache_head(c, l, kvh);
+        int base = h->n;
+        for (int t = 0; t < T; t++) {
+            int r = base + t;
+            const float *k = s->k + (size_t)(r0 + t) * kvd + kvh * hd;
+            const float *v = s->v + (size_t)(r0 + t) * kvd + kvh * hd;
+            memcpy(h->k + (size_t)r * hd, k, hd * sizeof(float));
+            memcpy(h->v + (size_t)r * hd, v, hd * sizeof(float));
+            h->pos[r] = c->next_pos + t;
+            h->seq[r] = c->n_seen + t;
+            h->score[r] = 0.0f;
+            h->stat[r] = 0.0f;
+        }
+        h->n = base + T;
+        if (hk->score)
+            hk->score(hk->ctx, l, kvh, h, base, T);
+        attend_head(s, p, h, kvh, r0, T, base);
+        if (hk->attention)
+            hk->attention(hk->ctx, l, kvh, h, s->q + (size_t)r0 * qd + (size_t)kvh * group * hd,
+                          qd, s->att, h->n, T);
+    }
+}
+
+/* Checks a sequence before the step and makes room for its block in every head (and
+ * for its attention probabilities), so that nothing can fail once its rows start to
+ * enter the cache. */
+static int admit_seq(kvp_runstate *s, const kvp_model_config *p, kvp_batch_seq *q)
+{
+    int rows = 0;
+    if (!q->cache || !q->tokens || !q->logits || q->n <= 0)
+        return -EINVAL;
+    for (int t = 0; t < q->n; t++)
+        if (q->tokens[t] < 0 || q->tokens[t] >= p->vocab_size)
+            return -EINVAL;
+    for (int l = 0; l < p->n_layers; l++)
+        for (int kvh = 0; kvh < p->n_kv_heads; kvh++) {
+            kvp_head *h = kvp_cache_head(q->cache, l, kvh);
+            int rc = kvp_head_reserve(h, p->head_dim, h->n + q->n);
+            if (rc)
+                return rc;
+            rows = h->n + q->n > rows ? h->n + q->n : rows;
+        }
+    return ensure_att(s, (size_t)(p->n_heads / p->n_kv_heads) * q->n * rows);
+}
+
+static int ensure_batch_logits(kvp_runstate *s, int seqs, int vocab)
+{
+    if (seqs <= s->batch_logits_cap)
+        return 0;
+    float *b = realloc(s->batch_logits, (size_t)seqs * vocab * sizeof *b);
+    if (!b)
+        return -ENOMEM;
+    s->batch_logits = b;
+    s->batch_logits_cap = seqs;
+    return 0;
+}
+
+static int forward_batch(const kvp_model *m, kvp_runstate *s, kvp_batch_seq *seqs, int n_seqs)
 {
     const kvp_model_config *p = &m->cfg;
-    int dim = p->dim, hd = p->head_dim, hid = p->hidden_dim;
-    int qd = p->n_heads * hd, kvd = p->n_kv_heads * hd, group = p->n_heads / p->n_kv_heads;
-    if (T <= 0 || T > s->max_tokens)
-        return -EINVAL;
-    for (int t = 0; t < T; t++)
-        if (tokens[t] < 0 || tokens[t] >= p->vocab_size)
-            return -EINVAL;
-    int pos0 = c->next_pos;
+    int dim = p->dim, hd = p->head_dim, hid = p->hidden_dim, V = p->vocab_size;
+    int qd = p->n_heads * hd, kvd = p->n_kv_heads * hd, nr = p->rope.n_rot;
     int rc;
 
-    int nr = p->rope.n_rot;
-    for (int t = 0; t < T; t++) {
-        kvp_weight_row(&m->tok_embd, tokens[t], s->x + (size_t)t * dim);
-        kvp_rope_table(&p->rope, s->rope + (size_t)t * nr, pos0 + t);
+    /* the batch: its rows, one cache per sequence */
+    long total = 0;
+    for (int i = 0; i < n_seqs; i++) {
+        total += !seqs[i].rc && seqs[i].n > 0 ? seqs[i].n : 0;
+        for (int j = 0; j < i; j++)
+            if (seqs[i].cache == seqs[j].cache)
+                return -EINVAL;
     }
+    if (n_seqs <= 0 || total > s->max_tokens)
+        return -EINVAL;
+    if ((rc = ensure_batch_logits(s, n_seqs, V)))
+        return rc;
+    int T = 0;
+    for (int i = 0; i < n_seqs; i++) {
+        kvp_batch_seq *q = &seqs[i];
+        if (q->rc || (q->rc = admit_seq(s, p, q)))
+            continue;
+        q->row0 = T;
+        /* token embeddings and the RoPE table at the sequence's own positions */
+        for (int t = 0; t < q->n; t++) {
+            kvp_weight_row(&m->tok_embd, q->tokens[t], s->x + (size_t)(T + t) * dim);
+            kvp_rope_table(&p->rope, s->rope + (size_t)(T + t) * nr, q->cache->next_pos + t);
+        }
+        T += q->n;
+    }
+    if (T == 0)
+        return 0;
 
     for (int l = 0; l < p->n_layers; l++) {
         const kvp_layer *w = &m->layers[l];
@@ -178,33 +264,10 @@ static int forward_block(const kvp_model *m, kvp_runstate *s, kvp_cache *c,
             for (int h = 0; h < p->n_kv_heads; h++)
                 kvp_rope_apply(&p->rope, s->k + (size_t)t * kvd + h * hd, cs);
         }
-        if (s->hooks.tap)
-            s->hooks.tap(s->hooks.tap_ctx, l, s->q, s->k, s->v, T);
-
-        for (int kvh = 0; kvh < p->n_kv_heads; kvh++) {
-            kvp_head *h = kvp_cache_head(c, l, kvh);
-            int base = h->n;
-            if ((rc = kvp_head_reserve(h, hd, base + T)))
-                return rc;
-            for (int t = 0; t < T; t++) {
-                int r = base + t;
-                memcpy(h->k + (size_t)r * hd, s->k + (size_t)t * kvd + kvh * hd, hd * sizeof(float));
-                memcpy(h->v + (size_t)r * hd, s->v + (size_t)t * kvd + kvh * hd, hd * sizeof(float));
-                h->pos[r] = pos0 + t;
-                h->seq[r] = c->n_seen + t;
-                h->score[r] = 0.0f;
-                h->stat[r] = 0.0f;
-            }
-            h->n = base + T;
-            if (s->hooks.score)
-                s->hooks.score(s->hooks.ctx, l, kvh, h, base, T);
-            if ((rc = ensure_att(s, (size_t)group * T * h->n)))
-                return rc;
-            attend_head(s, p, h, kvh, T, base);
-            if (s->hooks.attention)
-                s->hooks.attention(s->hooks.ctx, l, kvh, h, s->q + (size_t)kvh * group * hd, qd,
-                                   s->att, h->n, T);
-        }
+        /* attention: each sequence over its own cache */
+        for (int i = 0; i < n_seqs; i++)
+            if (!seqs[i].rc)
+                attend_seq(s, p, &seqs[i], l);
         kvp_matmul(s->x, s->att_out, &w->wo, T, 1);
 
         for (int t = 0; t < T; t++)
@@ -218,24 +281,50 @@ static int forward_block(const kvp_model *m, kvp_runstate *s, kvp_cache *c,
         kvp_matmul(s->x, s->hb, &w->w_down, T, 1);
     }
 
-    for (int t = 0; t < T; t++)
-        rmsnorm(s->xb + (size_t)t * dim, s->x + (size_t)t * dim, m->out_norm, dim, p->rms_eps);
-    if (all_logits) {
-        kvp_matmul(all_logits, s->xb, &m->output, T, 0);
-        memcpy(s->logits, all_logits + (size_t)(T - 1) * p->vocab_size, p->vocab_size * sizeof(float));
-    } else {
-        kvp_matmul(s->logits, s->xb + (size_t)(T - 1) * dim, &m->output, 1, 0);
+    /* logits: every row of a sequence that asks for them, else its last row only (those
+     * gathered into xb2 and run together) */
+    int n_last = 0;
+    for (int i = 0; i < n_seqs; i++) {
+        kvp_batch_seq *q = &seqs[i];
+        if (q->rc)
+            continue;
+        if (q->all_logits) {
+            for (int t = q->row0; t < q->row0 + q->n; t++)
+                rmsnorm(s->xb + (size_t)t * dim, s->x + (size_t)t * dim, m->out_norm, dim, p->rms_eps);
+            kvp_matmul(q->all_logits, s->xb + (size_t)q->row0 * dim, &m->output, q->n, 0);
+            memcpy(q->logits, q->all_logits + (size_t)(q->n - 1) * V, V * sizeof(float));
+        } else {
+            rmsnorm(s->xb2 + (size_t)n_last++ * dim, s->x + (size_t)(q->row0 + q->n - 1) * dim,
+                    m->out_norm, dim, p->rms_eps);
+        }
     }
-    c->next_pos += T;
-    c->n_seen += T;
+    if (n_last)
+        kvp_matmul(s->batch_logits, s->xb2, &m->output, n_last, 0);
+    for (int i = 0, j = 0; i < n_seqs; i++) {
+        kvp_batch_seq *q = &seqs[i];
+        if (q->rc)
+            continue;
+        if (!q->all_logits)
+            memcpy(q->logits, s->batch_logits + (size_t)j++ * V, V * sizeof(float));
+        q->cache->next_pos += q->n;
+        q->cache->n_seen += q->n;
+    }
     return 0;
+}
+
+int kvp_forward_batch(const kvp_model *m, kvp_runstate *s, kvp_batch_seq *seqs, int n_seqs)
+{
+    kvp_matmul_enter();  /* the matmul pool serves one forward pass at a time */
+    int rc = forward_batch(m, s, seqs, n_seqs);
+    kvp_matmul_leave();
+    return rc;
 }
 
 int kvp_forward(const kvp_model *m, kvp_runstate *s, kvp_cache *c,
                 const int *tokens, int n, float *all_logits)
 {
-    kvp_matmul_enter();  /* the matmul pool serves one forward pass at a time */
-    int rc = forward_block(m, s, c, tokens, n, all_logits);
-    kvp_matmul_leave();
-    return rc;
+    kvp_batch_seq one = {.cache = c, .tokens = tokens, .n = n, .logits = s->logits,
+                         .all_logits = all_logits, .hooks = s->hooks};
+    int rc = kvp_forward_batch(m, s, &one, 1);
+    return rc ? rc : one.rc;
 }

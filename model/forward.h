@@ -1,6 +1,7 @@
-/* Transformer forward pass over a block of tokens (decode: n = 1; prefill: n > 1 through
- * sgemm). K/V of the block are appended to every (layer, KV head) store of the cache;
- * attention of each head runs over that head's own rows. */
+/* Transformer forward pass over a batch of sequences, each with its own KV cache and its
+ * own block of tokens (decode: 1; prefill: a chunk): the weight matrices run once over
+ * all rows of the batch; K/V of each block are appended to every (layer, KV head) store
+ * of its cache, and attention of each head runs over that head's own rows. */
 #ifndef KVP_FORWARD_H
 #define KVP_FORWARD_H
 
@@ -9,7 +10,7 @@
 
 /* What the forward pass reports to the layers above it; every member is optional. The
  * generation layer fills score/attention from the session's eviction policy
- * (kvp_policy_attach), trace recording sets tap. */
+ * (kvp_policy_attach, per sequence), trace recording sets tap. */
 typedef struct kvp_forward_hooks {
     /* Rows [first, first+n) were just appended to h: set h->score (and h->stat). */
     void (*score)(void *ctx, int layer, int kvh, kvp_head *h, int first, int n);
@@ -37,7 +38,9 @@ typedef struct kvp_runstate {
     float *hb, *hb2;    /* [T][hidden] */
     float *att;         /* [group*T][att_cap] attention probabilities of one KV group */
     int att_cap;
-    float *logits;      /* [vocab] logits of the last token of the last block */
+    float *logits;      /* [vocab] logits of the last token of kvp_forward's block */
+    float *batch_logits; /* [seqs][vocab] the last rows' logits of a batched step */
+    int batch_logits_cap;
     float *rope;        /* [T][head_dim] cos/sin of each block position */
     kvp_forward_hooks hooks;
 } kvp_runstate;
@@ -45,9 +48,32 @@ typedef struct kvp_runstate {
 int kvp_runstate_init(kvp_runstate *s, const kvp_model_config *cfg, int max_tokens);
 void kvp_runstate_free(kvp_runstate *s);
 
-/* Runs tokens[0..n) at positions cache->next_pos.. (n <= s->max_tokens; the caller
- * keeps next_pos + n <= seq_len, see generate/generate.h). all_logits: NULL or [n][vocab].
- * The last token's logits are always left in s->logits. Returns 0 or negative. */
+/* One sequence of a batched step: its own cache, its own block of tokens (1 to decode,
+ * a chunk to prefill), where its logits go and what the pass reports to it. */
+typedef struct kvp_batch_seq {
+    kvp_cache *cache;          /* distinct for every sequence of the batch */
+    const int *tokens;         /* [n] at positions cache->next_pos.. */
+    int n;
+    float *logits;             /* [vocab]: the logits of the block's last token */
+    float *all_logits;         /* NULL or [n][vocab] */
+    kvp_forward_hooks hooks;   /* this sequence's policy and tap */
+    int rc;                    /* in: nonzero leaves the sequence out (rc kept);
+                                  out: 0, or why it did not run (its cache is unchanged) */
+    int row0;                  /* the pass's own: the block's first row in the batch */
+} kvp_batch_seq;
+
+/* One forward step over a batch: embedding, norms, the Q/K/V and output projections,
+ * the FFN and the logits run once over all rows of the batch (T = sum of n <=
+ * s->max_tokens); RoPE, attention and the hooks run per sequence over its own cache.
+ * A sequence whose tokens are out of range, or whose cache cannot grow, gets rc < 0
+ * and is left out; the others run. Returns 0, or negative when the batch itself is
+ * malformed (no sequence then runs). s->hooks are not used: each sequence has its own. */
+int kvp_forward_batch(const kvp_model *m, kvp_runstate *s, kvp_batch_seq *seqs, int n_seqs);
+
+/* A batch of one: tokens[0..n) at positions cache->next_pos.. with s->hooks (n <=
+ * s->max_tokens; the caller keeps next_pos + n <= seq_len, see generate/generate.h).
+ * all_logits: NULL or [n][vocab]. The last token's logits are always left in s->logits.
+ * Returns 0 or negative. */
 int kvp_forward(const kvp_model *m, kvp_runstate *s, kvp_cache *c,
                 const int *tokens, int n, float *all_logits);
 

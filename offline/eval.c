@@ -202,7 +202,7 @@ int kvp_eval_ref_compute(kvp_eval_ref *r, const kvp_model *m, kvp_runstate *s,
     int rc = -ENOMEM;
     if (!logits || !limit || (rc = cache_like(&c, &m->cfg)) || (rc = cache_like(&prefix, &m->cfg)))
         goto out;
-    kvp_policy_attach(s, NULL);
+    kvp_policy_attach(&s->hooks, NULL);
     if ((rc = kvp_gen_prefill(m, s, &c, NULL, tokens, cut, logits)))
         goto out;
     r->nll = 0.0;
@@ -215,9 +215,9 @@ int kvp_eval_ref_compute(kvp_eval_ref *r, const kvp_model *m, kvp_runstate *s,
         limit[hi] = cut;
     importance_obs st = {r->imp, cut, limit};
     kvp_policy obs = {.ops = &obs_ops, .cfg = m->cfg, .impl = &st};
-    kvp_policy_attach(s, &obs);
+    kvp_policy_attach(&s->hooks, &obs);
     rc = kvp_gen_prefill(m, s, &c, NULL, tokens + cut, cont, r->logits);
-    kvp_policy_attach(s, NULL);
+    kvp_policy_attach(&s->hooks, NULL);
     if (rc)
         goto out;
     for (int t = 0; t + 1 < cont; t++)
@@ -296,9 +296,9 @@ int kvp_eval_sequence(const kvp_model *m, kvp_runstate *s, kvp_policy *p, const 
     if (!logits || !rk || !sorted || (rc = cache_like(&a, &m->cfg)) || (rc = cache_like(&b, &m->cfg)))
         goto out;
     /* the policy watches the prefix run, as it would in the daemon */
-    kvp_policy_attach(s, p);
+    kvp_policy_attach(&s->hooks, p);
     rc = kvp_gen_prefill(m, s, &a, NULL, tokens, cut, NULL);
-    kvp_policy_attach(s, NULL);
+    kvp_policy_attach(&s->hooks, NULL);
     if (rc)
         goto out;
     if (kvp_policy_is_oracle(p))
@@ -366,9 +366,9 @@ static int lookahead_scores(const kvp_model *m, kvp_runstate *s, kvp_cache *c, k
     memset(imp, 0, (size_t)nh * stride * sizeof *imp);
     importance_obs st = {imp, stride, limit};
     kvp_policy obs = {.ops = &obs_ops, .cfg = m->cfg, .impl = &st};
-    kvp_policy_attach(s, &obs);
+    kvp_policy_attach(&s->hooks, &obs);
     rc = kvp_forward(m, s, d, tokens, n, NULL);
-    kvp_policy_attach(s, NULL);
+    kvp_policy_attach(&s->hooks, NULL);
     if (rc)
         return rc;
     for (int hi = 0; hi < nh; hi++)
@@ -399,9 +399,9 @@ int kvp_eval_stream(const kvp_model *m, kvp_runstate *s, kvp_policy *p, const in
             if ((rc = lookahead_scores(m, s, &c, &d, tokens + off, look, p->n_sink, imp, limit)))
                 goto out;
         }
-        kvp_policy_attach(s, p);
+        kvp_policy_attach(&s->hooks, p);
         rc = kvp_gen_prefill(m, s, &c, &e, tokens + off, n, logits);
-        kvp_policy_attach(s, NULL);
+        kvp_policy_attach(&s->hooks, NULL);
         if (rc)
             goto out;
         for (int t = 0; t < n && off + t + 1 < len; t++)

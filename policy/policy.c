@@ -84,11 +84,11 @@ static void hook_attention(void *ctx, int layer, int kvh, kvp_head *h, const flo
     p->ops->on_attention(p, layer, kvh, h, q, q_stride, att, att_stride, n_q);
 }
 
-void kvp_policy_attach(kvp_runstate *rs, kvp_policy *p)
+void kvp_policy_attach(kvp_forward_hooks *hooks, kvp_policy *p)
 {
-    rs->hooks.ctx = p;
-    rs->hooks.score = p && p->ops->on_insert ? hook_score : NULL;
-    rs->hooks.attention = p && p->ops->wants_attention ? hook_attention : NULL;
+    hooks->ctx = p;
+    hooks->score = p && p->ops->on_insert ? hook_score : NULL;
+    hooks->attention = p && p->ops->wants_attention ? hook_attention : NULL;
 }
 
 void kvp_policy_destroy(kvp_policy *p)

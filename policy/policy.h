@@ -59,9 +59,9 @@ int kvp_policy_make(kvp_policy **out,
                     int (*create)(kvp_policy *p, const char *policy_file, char *err, size_t errlen),
                     const char *name, const char *policy_file, const kvp_model_config *cfg,
                     uint64_t seed, char *err, size_t errlen);
-/* Points the runstate's forward hooks at p (scoring of new rows, attention when p wants
- * it); NULL clears them. The tap is left alone. */
-void kvp_policy_attach(kvp_runstate *rs, kvp_policy *p);
+/* Points forward hooks (a runstate's, or one sequence's of a batch) at p: scoring of new
+ * rows, attention when p wants it; NULL clears them. The tap is left alone. */
+void kvp_policy_attach(kvp_forward_hooks *hooks, kvp_policy *p);
 /* Space-separated list of every policy name (for --help and errors). */
 const char *kvp_policy_names(void);
 /* 1 for "none" (and for NULL, generate.h's "no policy"): never evicts. */

@@ -1,4 +1,5 @@
-/* kvp generate: text from a model, optionally under a cache budget with a policy. */
+/* kvp generate: text from a model, optionally under a cache budget with a policy;
+ * --parallel N runs N sequences of the prompt (seeds S, S+1, ...) in batched steps. */
 #include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
@@ -29,16 +30,19 @@ static void usage(FILE *f)
         "  --sinks N            oldest rows always kept (default " KVP_STR(KVP_DEFAULT_SINKS) ")\n"
         "  --recent N           newest rows always kept (default " KVP_STR(KVP_DEFAULT_RECENT) ")\n"
         "  --chunk N            eviction chunk (default " KVP_STR(KVP_DEFAULT_CHUNK) ")\n"
-        "  --ignore-eos         go on past the end of a text (BOS/EOS print as a newline)\n",
+        "  --ignore-eos         go on past the end of a text (BOS/EOS print as a newline)\n"
+        "  --parallel N         N sequences of the prompt with seeds S..S+N-1, each with its own\n"
+        "                       cache and policy, decoded in batched steps (default 1); their\n"
+        "                       texts print at the end, each under a '--- sequence I (seed S)' line\n",
         kvp_policy_names());
 }
 
 /* Writes a piece, dropping ASCII control bytes other than whitespace (as llama2.c does). */
-static void emit(const char *p, size_t n)
+static void emit(FILE *f, const char *p, size_t n)
 {
     if (n == 1 && (unsigned char)p[0] < 0x20 && !strchr("\t\n\r", p[0]))
         return;
-    fwrite(p, 1, n, stdout);
+    fwrite(p, 1, n, f);
 }
 
 /* Rows and bytes of every (layer, KV head) store: what the budget bounds. */
@@ -58,12 +62,43 @@ static void report_cache(const kvp_cache *c)
     fprintf(stderr, "\n");
 }
 
+/* One sequence: its cache, policy and sampler, where its prompt stands, its text. */
+typedef struct gen_seq {
+    kvp_cache cache;
+    kvp_policy *policy;
+    kvp_sampler smp;
+    kvp_evict_cfg ev;
+    int have_cache, have_smp;
+    int fed;             /* prompt tokens run */
+    int next;            /* the sampled token the next step runs */
+    int prev;            /* the token before it, for its piece */
+    long forwards;       /* forward passes, prompt tokens included */
+    int generated;
+    int done;
+    double t_prefilled;
+    FILE *out;           /* stdout alone, else a memory stream printed at the end */
+    char *text;
+    size_t text_len;
+} gen_seq;
+
+static void seq_free(gen_seq *q)
+{
+    if (q->have_smp)
+        kvp_sampler_free(&q->smp);
+    if (q->have_cache)
+        kvp_cache_free(&q->cache);
+    kvp_policy_destroy(q->policy);
+    if (q->out && q->out != stdout)
+        fclose(q->out);
+    free(q->text);
+}
+
 int kvp_cmd_generate(int argc, char **argv)
 {
     const char *model_path = NULL, *tok_path = NULL, *prompt = "", *policy_name = "none",
                *policy_file = NULL;
     long steps = 256, seed = (long)time(NULL), budget = 0, sinks = KVP_DEFAULT_SINKS,
-         recent = KVP_DEFAULT_RECENT, chunk = KVP_DEFAULT_CHUNK;
+         recent = KVP_DEFAULT_RECENT, chunk = KVP_DEFAULT_CHUNK, parallel = 1;
     double temperature = 1.0, top_p = 0.9;
     int ignore_eos = 0;
     static const struct option opts[] = {
@@ -71,7 +106,8 @@ int kvp_cmd_generate(int argc, char **argv)
         {"steps", 1, 0, 'n'}, {"temperature", 1, 0, 't'}, {"top-p", 1, 0, 'p'},
         {"seed", 1, 0, 's'}, {"policy", 1, 0, 'P'}, {"policy-file", 1, 0, 'F'},
         {"budget", 1, 0, 'b'}, {"sinks", 1, 0, 'S'}, {"recent", 1, 0, 'R'},
-        {"chunk", 1, 0, 'c'}, {"ignore-eos", 0, 0, 'E'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+        {"chunk", 1, 0, 'c'}, {"ignore-eos", 0, 0, 'E'}, {"parallel", 1, 0, 'N'},
+        {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     int o, idx = 0;
     optind = 1;
     while ((o = getopt_long(argc, argv, "", opts, &idx)) != -1) {
@@ -83,7 +119,7 @@ int kvp_cmd_generate(int argc, char **argv)
         case 'n': ok = kvp_parse_long(optarg, 1, 1L << 30, &steps); break;
         case 't': ok = kvp_parse_double(optarg, 0.0, 100.0, &temperature); break;
         case 'p': ok = kvp_parse_double(optarg, 1e-6, 1.0, &top_p); break;
-        case 's': ok = kvp_parse_long(optarg, 0, LONG_MAX, &seed); break;
+        case 's': ok = kvp_parse_long(optarg, 0, LONG_MAX - 4096, &seed); break;
         case 'P': policy_name = optarg; break;
         case 'F': policy_file = optarg; break;
         case 'b': ok = kvp_parse_long(optarg, 0, 1L << 24, &budget); break;
@@ -91,6 +127,7 @@ int kvp_cmd_generate(int argc, char **argv)
         case 'R': ok = kvp_parse_long(optarg, 0, 1L << 20, &recent); break;
         case 'c': ok = kvp_parse_long(optarg, 1, 1L << 16, &chunk); break;
         case 'E': ignore_eos = 1; break;
+        case 'N': ok = kvp_parse_long(optarg, 1, 4096, &parallel); break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -122,31 +159,43 @@ int kvp_cmd_generate(int argc, char **argv)
         kvp_model_free(&m);
         return 2;
     }
-    int status = 1;
-    kvp_policy *policy = NULL;
+    int N = (int)parallel, V = m.cfg.vocab_size;
+    int status = 1, have_s = 0;
     kvp_runstate s;
-    kvp_cache c;
-    kvp_sampler smp;
-    int *tokens = NULL;
-    int have_s = 0, have_c = 0, have_smp = 0;
-    if (kvp_policy_create(&policy, policy_name, policy_file, &m.cfg, (uint64_t)seed, err, sizeof err)) {
-        fprintf(stderr, "kvp generate: %s\n", err);
-        goto out;
-    }
-    policy->n_sink = (int)sinks;
-    policy->n_recent = (int)recent;
-    kvp_evict_cfg ev = {policy, (int)budget, (int)chunk};
-
+    gen_seq *seqs = calloc((size_t)N, sizeof *seqs);
+    kvp_batch_seq *batch = calloc((size_t)N, sizeof *batch);
+    const kvp_evict_cfg **evict = calloc((size_t)N, sizeof *evict);
+    int *who = calloc((size_t)N, sizeof *who);
+    float *logits = malloc((size_t)N * V * sizeof *logits);
     size_t plen = strlen(prompt);
-    tokens = malloc((size_t)(plen + 3) * sizeof *tokens);
-    int chunk_tokens = (int)(chunk > 256 ? chunk : 256);
-    if (!tokens || kvp_runstate_init(&s, &m.cfg, chunk_tokens) || !(have_s = 1) ||
-        kvp_cache_init(&c, m.cfg.n_layers, m.cfg.n_kv_heads, m.cfg.head_dim, &m.cfg.rope) ||
-        !(have_c = 1) ||
-        kvp_sampler_init(&smp, m.cfg.vocab_size, (float)temperature, (float)top_p, (uint64_t)seed) ||
-        !(have_smp = 1)) {
+    int *tokens = malloc((size_t)(plen + 3) * sizeof *tokens);
+    /* A prompt block per sequence and step: a chunk when evicting (the trigger's
+     * bound), else up to 256 tokens. */
+    int evicting = budget > 0 && strcmp(policy_name, "none") != 0;
+    int block = (int)(evicting || chunk > 256 ? chunk : 256);
+    if (!seqs || !batch || !evict || !who || !logits || !tokens ||
+        kvp_runstate_init(&s, &m.cfg, N * block) || !(have_s = 1)) {
         fprintf(stderr, "kvp generate: out of memory\n");
         goto out;
+    }
+    for (int i = 0; i < N; i++) {
+        gen_seq *q = &seqs[i];
+        uint64_t sd = (uint64_t)seed + (uint64_t)i;
+        if (kvp_policy_create(&q->policy, policy_name, policy_file, &m.cfg, sd, err, sizeof err)) {
+            fprintf(stderr, "kvp generate: %s\n", err);
+            goto out;
+        }
+        q->policy->n_sink = (int)sinks;
+        q->policy->n_recent = (int)recent;
+        q->ev = (kvp_evict_cfg){q->policy, (int)budget, (int)chunk};
+        q->out = N == 1 ? stdout : open_memstream(&q->text, &q->text_len);
+        if (!q->out ||
+            kvp_cache_init(&q->cache, m.cfg.n_layers, m.cfg.n_kv_heads, m.cfg.head_dim, &m.cfg.rope) ||
+            !(q->have_cache = 1) ||
+            kvp_sampler_init(&q->smp, V, (float)temperature, (float)top_p, sd) || !(q->have_smp = 1)) {
+            fprintf(stderr, "kvp generate: out of memory\n");
+            goto out;
+        }
     }
     int n_prompt = kvp_tokenizer_encode(&m.tok, prompt, plen, KVP_ENCODE_BOS, tokens, (int)plen + 3);
     if (n_prompt < 1) {
@@ -156,54 +205,115 @@ int kvp_cmd_generate(int argc, char **argv)
     if (n_prompt > steps)
         n_prompt = (int)steps;
 
-    double t0 = kvp_now();
-    int rc = kvp_gen_prefill(&m, &s, &c, &ev, tokens, n_prompt, NULL);
-    double t1 = kvp_now();
-    /* llama2.c's loop: `steps` forward passes in all (prompt included); the logits of
-     * each pass from the last prompt token on are sampled and printed */
-    int prev = tokens[n_prompt - 1], generated = 0;
-    long forwards = n_prompt;
-    while (rc == 0) {
-        int next = kvp_sample(&smp, s.logits);
-        int boundary = next == m.tok.bos_id || next == m.tok.eos_id || next == m.tok.eot_id;
-        if (boundary && !ignore_eos)
+    /* Steps until every sequence is done: each running sequence gives its next prompt
+     * block or its last sampled token. llama2.c's loop per sequence: `steps` forward
+     * passes in all (prompt included); the logits of each pass from the last prompt
+     * token on are sampled and printed. */
+    double t0 = kvp_now(), t_prefilled = t0;
+    int rc = 0, failed = -1;
+    long n_steps = 0;
+    for (;;) {
+        int nb = 0;
+        for (int i = 0; i < N; i++) {
+            gen_seq *q = &seqs[i];
+            if (q->done)
+                continue;
+            int n = n_prompt - q->fed < block ? n_prompt - q->fed : block;
+            batch[nb] = (kvp_batch_seq){.cache = &q->cache, .logits = logits + (size_t)nb * V,
+                                        .tokens = n > 0 ? tokens + q->fed : &q->next,
+                                        .n = n > 0 ? n : 1};
+            evict[nb] = &q->ev;
+            who[nb++] = i;
+        }
+        if (nb == 0)
             break;
-        size_t n;
-        const char *piece = boundary ? "\n" : kvp_tokenizer_piece(&m.tok, prev, next, &n);
-        if (boundary)
-            n = 1;
-        if (piece)
-            emit(piece, n);
-        generated++;
-        prev = next;
-        if (forwards >= steps)
+        if ((rc = kvp_gen_step(&m, &s, batch, evict, nb)))
             break;
-        rc = kvp_gen_decode(&m, &s, &c, &ev, next);
-        forwards++;
+        n_steps++;
+        int prefilling = 0;
+        for (int j = 0; j < nb; j++) {
+            gen_seq *q = &seqs[who[j]];
+            if ((rc = batch[j].rc)) {
+                failed = who[j];
+                break;
+            }
+            if (q->fed < n_prompt) {
+                q->fed += batch[j].n;
+                q->forwards += batch[j].n;
+                prefilling = 1;
+                if (q->fed < n_prompt)
+                    continue;
+                q->prev = tokens[n_prompt - 1];
+            }
+            int next = kvp_sample(&q->smp, batch[j].logits);
+            int boundary = next == m.tok.bos_id || next == m.tok.eos_id || next == m.tok.eot_id;
+            if (boundary && !ignore_eos) {
+                q->done = 1;
+                continue;
+            }
+            size_t n;
+            const char *piece = boundary ? "\n" : kvp_tokenizer_piece(&m.tok, q->prev, next, &n);
+            if (boundary)
+                n = 1;
+            if (piece)
+                emit(q->out, piece, n);
+            q->generated++;
+            q->prev = q->next = next;
+            if (q->forwards >= steps)
+                q->done = 1;
+            else
+                q->forwards++;
+        }
+        if (rc)
+            break;
+        if (prefilling)
+            t_prefilled = kvp_now();
     }
     double t2 = kvp_now();
     if (rc) {
-        fprintf(stderr, "\nkvp generate: %s\n", rc == -E2BIG
+        char who_failed[32] = "";
+        if (failed >= 0 && N > 1)
+            snprintf(who_failed, sizeof who_failed, "sequence %d: ", failed);
+        fprintf(stderr, "\nkvp generate: %s%s\n", who_failed, rc == -E2BIG
                 ? "context full: the model's context length is reached (use --budget to evict)"
                 : strerror(-rc));
         goto out;
     }
-    printf("\n");
-    fprintf(stderr, "prefill: %d tokens, %.1f tok/s; decode: %d tokens, %.1f tok/s; policy %s, budget %ld\n",
-            n_prompt, n_prompt / (t1 - t0 > 0 ? t1 - t0 : 1e-9), generated,
-            generated / (t2 - t1 > 0 ? t2 - t1 : 1e-9), policy_name, budget);
+    long generated = 0;
+    for (int i = 0; i < N; i++) {
+        gen_seq *q = &seqs[i];
+        generated += q->generated;
+        if (q->out == stdout)
+            continue;
+        fclose(q->out);
+        q->out = NULL;
+        printf("--- sequence %d (seed %ld)\n", i, seed + i);
+        fwrite(q->text, 1, q->text_len, stdout);
+        printf("\n");
+    }
+    if (N == 1)
+        printf("\n");
+    fprintf(stderr, "prefill: %d tokens, %.1f tok/s; decode: %ld tokens, %.1f tok/s; policy %s, budget %ld\n",
+            n_prompt * N, n_prompt * N / (t_prefilled - t0 > 0 ? t_prefilled - t0 : 1e-9),
+            generated, generated / (t2 - t_prefilled > 0 ? t2 - t_prefilled : 1e-9), policy_name,
+            budget);
+    if (N > 1)
+        fprintf(stderr, "parallel: %d sequences in %ld batched steps\n", N, n_steps);
     if (budget > 0)
-        report_cache(&c);
+        for (int i = 0; i < N; i++)
+            report_cache(&seqs[i].cache);
     status = 0;
 out:
-    if (have_smp)
-        kvp_sampler_free(&smp);
-    if (have_c)
-        kvp_cache_free(&c);
+    for (int i = 0; seqs && i < N; i++)
+        seq_free(&seqs[i]);
     if (have_s)
         kvp_runstate_free(&s);
+    free(seqs);
+    free(batch);
+    free(evict);
+    free(who);
+    free(logits);
     free(tokens);
-    kvp_policy_destroy(policy);
     kvp_model_free(&m);
     return status;
 }

@@ -186,3 +186,108 @@ Test(generate, no_eviction_stops_at_the_context_length)
     cr_expect_leq(r.c.next_pos, model.cfg.seq_len);
     run_close(&r);
 }
+
+/* Continuous batching (kvp_gen_step): sequences with different policies, budgets, prompt
+ * lengths and join times, batched with prefill chunks beside decodes, give the greedy
+ * tokens and keep the cache rows of each sequence run alone. */
+#define N_BATCH 6
+Test(generate, batched_steps_keep_each_sequence_and_policy)
+{
+    static const struct {
+        const char *policy;
+        int budget, chunk, prompt, join;
+    } seqs[N_BATCH] = {
+        {"none", 0, 8, 3, 0},       {"h2o", 40, 8, 30, 0},   {"streaming", 36, 4, 9, 2},
+        {"snapkv", 44, 8, 50, 5},   {"kvp", 40, 16, 20, 7},  {"random", 48, 8, 12, 11},
+    };
+    const int n_gen = 90, V = model.cfg.vocab_size;
+    int prompt[N_BATCH][64], want[N_BATCH][128], got[N_BATCH][128];
+    size_t rows[N_BATCH];
+    uint64_t evicted[N_BATCH];
+    for (int i = 0; i < N_BATCH; i++) {
+        prompt[i][0] = 1;
+        for (int t = 1; t < seqs[i].prompt; t++)
+            prompt[i][t] = 3 + (i * 37 + t * 11) % (V - 3);
+        run r;
+        run_open(&r, seqs[i].policy, seqs[i].budget, seqs[i].chunk);
+        greedy(&r, prompt[i], seqs[i].prompt, n_gen, want[i]);
+        rows[i] = kvp_cache_rows(&r.c);
+        evicted[i] = r.c.evicted_rows;
+        run_close(&r);
+    }
+
+    run r[N_BATCH];
+    for (int i = 0; i < N_BATCH; i++)
+        run_open(&r[i], seqs[i].policy, seqs[i].budget, seqs[i].chunk);
+    kvp_runstate s;
+    cr_assert_eq(kvp_runstate_init(&s, &model.cfg, 64 * N_BATCH), 0);
+    float *logits = malloc((size_t)N_BATCH * V * sizeof *logits);
+    int fed[N_BATCH] = {0}, n_got[N_BATCH] = {0}, max_batch = 0;
+    for (int step = 0;; step++) {
+        kvp_batch_seq b[N_BATCH];
+        const kvp_evict_cfg *e[N_BATCH];
+        int who[N_BATCH], nb = 0;
+        for (int i = 0; i < N_BATCH; i++) {
+            if (step < seqs[i].join || n_got[i] > n_gen)
+                continue;
+            int left = seqs[i].prompt - fed[i];
+            /* kvp_gen_prefill's blocks: a chunk when evicting, else the whole prompt */
+            int blk = seqs[i].budget ? seqs[i].chunk : left;
+            b[nb] = (kvp_batch_seq){.cache = &r[i].c, .logits = logits + (size_t)nb * V,
+                                    .tokens = left > 0 ? prompt[i] + fed[i] : &got[i][n_got[i] - 1],
+                                    .n = left > 0 ? (left < blk ? left : blk) : 1};
+            e[nb] = &r[i].e;
+            who[nb++] = i;
+        }
+        if (!nb)
+            break;
+        max_batch = nb > max_batch ? nb : max_batch;
+        cr_assert_eq(kvp_gen_step(&model, &s, b, e, nb), 0);
+        for (int j = 0; j < nb; j++) {
+            int i = who[j];
+            cr_assert_eq(b[j].rc, 0, "sequence %d: %d", i, b[j].rc);
+            if (fed[i] < seqs[i].prompt && (fed[i] += b[j].n) < seqs[i].prompt)
+                continue;
+            if (n_got[i] < n_gen)
+                got[i][n_got[i]] = argmax(b[j].logits, V);
+            n_got[i]++;
+        }
+    }
+    cr_assert_eq(max_batch, N_BATCH);
+    for (int i = 0; i < N_BATCH; i++) {
+        cr_expect_arr_eq(got[i], want[i], n_gen * sizeof(int), "%s: tokens differ from its run alone",
+                         seqs[i].policy);
+        cr_expect_eq(kvp_cache_rows(&r[i].c), rows[i], "%s: rows", seqs[i].policy);
+        cr_expect_eq(r[i].c.evicted_rows, evicted[i], "%s: evicted rows", seqs[i].policy);
+        if (seqs[i].budget)
+            cr_expect_gt(evicted[i], 0, "%s evicted", seqs[i].policy);
+        run_close(&r[i]);
+    }
+    free(logits);
+    kvp_runstate_free(&s);
+}
+
+/* One sequence that cannot run (no eviction, past the context) gets its own -E2BIG in a
+ * step; the other runs and its cache advances. */
+Test(generate, a_failing_sequence_leaves_the_batch_running)
+{
+    run a, full;
+    run_open(&a, "h2o", 40, 8);
+    run_open(&full, "none", 0, 8);
+    full.c.next_pos = model.cfg.seq_len;   /* as if the context were used up */
+    kvp_runstate s;
+    cr_assert_eq(kvp_runstate_init(&s, &model.cfg, 16), 0);
+    int tok[2] = {1, 5};
+    float la[512], lf[512];
+    kvp_batch_seq b[2] = {{.cache = &full.c, .tokens = tok, .n = 2, .logits = lf},
+                          {.cache = &a.c, .tokens = tok, .n = 2, .logits = la}};
+    const kvp_evict_cfg *e[2] = {&full.e, &a.e};
+    cr_assert_eq(kvp_gen_step(&model, &s, b, e, 2), 0);
+    cr_expect_eq(b[0].rc, -E2BIG);
+    cr_expect_eq(b[1].rc, 0);
+    cr_expect_eq(a.c.next_pos, 2);
+    cr_expect_eq(kvp_cache_rows(&full.c), 0);
+    kvp_runstate_free(&s);
+    run_close(&a);
+    run_close(&full);
+}

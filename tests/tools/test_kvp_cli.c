@@ -53,6 +53,47 @@ Test(kvp_cli, generate_arguments)
     snprintf(a, sizeof a, "generate --model %s extra", m);
     expect(a, 2, "unexpected argument");
     expect("generate --model /nonexistent.gguf", 1, "/nonexistent.gguf");
+    static const char *const bad_parallel[] = {"0", "-1", "two", "4097", "2x", ""};
+    for (size_t i = 0; i < sizeof bad_parallel / sizeof bad_parallel[0]; i++) {
+        snprintf(a, sizeof a, "generate --model %s --parallel '%s'", m, bad_parallel[i]);
+        expect(a, 2, "--parallel");
+    }
+}
+
+/* --parallel N, greedy: N replies in batched steps, each equal to the reply of one
+ * sequence alone; with a policy and a budget the eviction runs per sequence. */
+static void parallel_equals_alone(const char *extra)
+{
+    char a[1024], *one, *many;
+    const char *m = tu_shared("models/stories260K.bin");
+    snprintf(a, sizeof a, "%s generate --model %s --prompt 'Once upon a time' --temperature 0 "
+             "--steps 200 --seed 4 %s 2>/dev/null", tu_build("tools/kvp"), m, extra);
+    cr_assert_eq(tu_run(a, &one), 0, "%s", one);   /* the text alone, without the figures */
+    snprintf(a, sizeof a, "generate --model %s --prompt 'Once upon a time' --temperature 0 "
+             "--steps 200 --seed 4 --parallel 5 %s", m, extra);
+    cr_assert_eq(kvp(a, &many), 0, "%s", many);
+    size_t len = strlen(one);
+    cr_assert_gt(len, 100, "%s", one);
+    one[--len] = '\0';   /* the final newline */
+    const char *p = many;
+    for (int i = 0; i < 5; i++) {
+        char head[64];
+        snprintf(head, sizeof head, "--- sequence %d (seed %d)\n", i, 4 + i);
+        cr_assert(p = strstr(p, head), "no '%s' in:\n%s", head, many);
+        p += strlen(head);
+        cr_expect_eq(strncmp(p, one, len), 0, "sequence %d:\n%.*s\nalone:\n%s", i, (int)len, p, one);
+        cr_expect_eq(p[len], '\n');
+        p += len;
+    }
+    cr_expect(strstr(many, "parallel: 5 sequences"), "%s", many);
+    free(one);
+    free(many);
+}
+
+Test(kvp_cli, generate_parallel_greedy_equals_alone)
+{
+    parallel_equals_alone("--ignore-eos");
+    parallel_equals_alone("--policy h2o --budget 48 --chunk 8 --ignore-eos");
 }
 
 Test(kvp_cli, trace_arguments)

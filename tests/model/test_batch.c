@@ -1,0 +1,288 @@
+/* The batched step (kvp_forward_batch): each sequence's logits in a batch equal its
+ * logits when it runs alone, with sequences at different lengths joining at different
+ * steps and prefill chunks mixed with decodes; per-sequence failures and hooks. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "model/forward.h"
+#include "tests/model/testutil.h"
+
+#define N_SEQ 5
+#define MAX_STEPS 64
+
+/* A sequence's script: it joins at step `join`, prefills `prompt` tokens in chunks of
+ * `chunk`, then decodes greedily until it has run `total` tokens. */
+typedef struct {
+    int join, prompt, chunk, total;
+} script;
+
+static const script scripts[N_SEQ] = {
+    {0, 1, 1, 20},     /* decodes from the first step */
+    {0, 23, 8, 40},    /* a prompt in chunks of 8 */
+    {3, 5, 5, 18},     /* joins late, one chunk */
+    {6, 17, 4, 30},    /* joins later, small chunks beside decodes */
+    {9, 2, 1, 12},     /* leaves first */
+};
+
+/* Logits relative to the reference: the largest difference over the largest magnitude. */
+static float rel_diff(const float *a, const float *ref, int n)
+{
+    float d = 0.0f, mag = 0.0f;
+    for (int i = 0; i < n; i++) {
+        d = fmaxf(d, fabsf(a[i] - ref[i]));
+        mag = fmaxf(mag, fabsf(ref[i]));
+    }
+    return d / mag;
+}
+
+static int argmax(const float *x, int n)
+{
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b])
+            b = i;
+    return b;
+}
+
+/* The block a sequence runs at its k-th step: a prompt chunk, or the last token. */
+static int block_of(const script *sc, const int *toks, int done, const int **block)
+{
+    if (done < sc->prompt) {
+        int n = sc->prompt - done < sc->chunk ? sc->prompt - done : sc->chunk;
+        *block = toks + done;
+        return n;
+    }
+    *block = toks + done;
+    return 1;
+}
+
+typedef struct {
+    int toks[128];       /* prompt, then the greedy tokens */
+    int done;            /* tokens run */
+    float *logits;       /* [MAX_STEPS][vocab] after each of its steps */
+    int steps;
+} seq_run;
+
+static kvp_cache new_cache(const kvp_model *m)
+{
+    kvp_cache c;
+    cr_assert_eq(kvp_cache_init(&c, m->cfg.n_layers, m->cfg.n_kv_heads, m->cfg.head_dim,
+                                &m->cfg.rope), 0);
+    return c;
+}
+
+static void prompt_of(seq_run *r, int i, const script *sc, int vocab)
+{
+    memset(r, 0, sizeof *r);
+    r->toks[0] = 1;
+    for (int t = 1; t < sc->prompt; t++)
+        r->toks[t] = 3 + (int)((i * 131u + t * 71u) % (unsigned)(vocab - 3));
+}
+
+/* Each sequence alone, block by block with kvp_forward. */
+static void run_alone(const kvp_model *m, seq_run *runs)
+{
+    int V = m->cfg.vocab_size;
+    kvp_runstate s;
+    cr_assert_eq(kvp_runstate_init(&s, &m->cfg, 64), 0);
+    for (int i = 0; i < N_SEQ; i++) {
+        const script *sc = &scripts[i];
+        seq_run *r = &runs[i];
+        prompt_of(r, i, sc, V);
+        r->logits = malloc((size_t)MAX_STEPS * V * sizeof(float));
+        kvp_cache c = new_cache(m);
+        while (r->done < sc->total) {
+            const int *block;
+            int n = block_of(sc, r->toks, r->done, &block);
+            cr_assert_eq(kvp_forward(m, &s, &c, block, n, NULL), 0);
+            r->done += n;
+            memcpy(r->logits + (size_t)r->steps++ * V, s.logits, V * sizeof(float));
+            if (r->done >= sc->prompt)
+                r->toks[r->done] = argmax(s.logits, V);
+        }
+        kvp_cache_free(&c);
+    }
+    kvp_runstate_free(&s);
+}
+
+/* All of them in one batch per step; each step's logits against the run alone. */
+static void run_batched(const kvp_model *m, const seq_run *alone, const char *what)
+{
+    int V = m->cfg.vocab_size;
+    kvp_runstate s;
+    cr_assert_eq(kvp_runstate_init(&s, &m->cfg, 64), 0);
+    seq_run runs[N_SEQ];
+    kvp_cache caches[N_SEQ];
+    float *logits = malloc((size_t)N_SEQ * V * sizeof(float));
+    for (int i = 0; i < N_SEQ; i++) {
+        prompt_of(&runs[i], i, &scripts[i], V);
+        caches[i] = new_cache(m);
+    }
+    float worst = 0.0f;
+    int max_batch = 0, mixed = 0;
+    for (int step = 0;; step++) {
+        kvp_batch_seq b[N_SEQ];
+        int who[N_SEQ], nb = 0, prefill = 0, decode = 0;
+        for (int i = 0; i < N_SEQ; i++) {
+            const script *sc = &scripts[i];
+            seq_run *r = &runs[i];
+            if (step < sc->join || r->done >= sc->total)
+                continue;
+            const int *block;
+            int n = block_of(sc, r->toks, r->done, &block);
+            b[nb] = (kvp_batch_seq){.cache = &caches[i], .tokens = block, .n = n,
+                                    .logits = logits + (size_t)nb * V};
+            prefill += n > 1;
+            decode += n == 1;
+            who[nb++] = i;
+        }
+        if (nb == 0)
+            break;
+        max_batch = nb > max_batch ? nb : max_batch;
+        mixed |= prefill && decode;
+        cr_assert_eq(kvp_forward_batch(m, &s, b, nb), 0);
+        for (int j = 0; j < nb; j++) {
+            int i = who[j];
+            seq_run *r = &runs[i];
+            cr_assert_eq(b[j].rc, 0);
+            r->done += b[j].n;
+            const float *ref = alone[i].logits + (size_t)r->steps++ * V;
+            float d = rel_diff(b[j].logits, ref, V);
+            worst = fmaxf(worst, d);
+            cr_expect_leq(d, 1e-4f, "%s: sequence %d, step %d: relative difference %g", what, i,
+                          r->steps - 1, d);
+            if (r->done >= scripts[i].prompt) {
+                r->toks[r->done] = argmax(b[j].logits, V);
+                cr_assert_eq(r->toks[r->done], alone[i].toks[r->done],
+                             "%s: sequence %d, token %d differs from its run alone", what, i,
+                             r->done);
+            }
+        }
+    }
+    for (int i = 0; i < N_SEQ; i++) {
+        cr_assert_eq(runs[i].steps, alone[i].steps);
+        cr_assert_eq(caches[i].next_pos, scripts[i].total);
+        kvp_cache_free(&caches[i]);
+    }
+    cr_assert_geq(max_batch, 4, "the scripts overlap");
+    cr_assert(mixed, "some step mixes prefill chunks with decodes");
+    cr_log_info("%s: worst relative difference %g", what, worst);
+    free(logits);
+    kvp_runstate_free(&s);
+}
+
+static void check_model(const char *path, const char *tok, const char *what)
+{
+    kvp_model m;
+    char err[256];
+    cr_assert_eq(kvp_model_load(&m, path, tok, err, sizeof err), 0, "%s", err);
+    seq_run alone[N_SEQ];
+    run_alone(&m, alone);
+    run_batched(&m, alone, what);
+    for (int i = 0; i < N_SEQ; i++)
+        free(alone[i].logits);
+    kvp_model_free(&m);
+}
+
+Test(batch, stories260K_batch_equals_alone)
+{
+    check_model(tu_shared("models/stories260K.bin"), tu_shared("models/tok512.bin"), "stories260K");
+}
+
+/* A GQA synthetic (8 query heads over 2 KV heads, untied output) with a qwen3 shape
+ * (q/k norms) so every per-row step of the pass runs over a batch. */
+static const char *synth(const char *extra, const char *tag)
+{
+    static char path[128];
+    char cmd[768];
+    snprintf(path, sizeof path, "/tmp/kvp-test-batch-%d-%s.gguf", (int)getpid(), tag);
+    snprintf(cmd, sizeof cmd, "%s synth --out %s --dim 64 --hidden 160 --layers 2 --heads 8 "
+             "--kv-heads 2 --vocab 300 --ctx 256 --seed 5 %s 2>&1", tu_build("tools/kvp"), path,
+             extra);
+    cr_assert_eq(tu_run(cmd, NULL), 0, "%s", cmd);
+    return path;
+}
+
+Test(batch, gqa_synthetic_batch_equals_alone)
+{
+    const char *path = synth("", "gqa");
+    check_model(path, NULL, "gqa synthetic");
+    remove(path);
+}
+
+Test(batch, qwen3_synthetic_batch_equals_alone)
+{
+    const char *path = synth("--arch qwen3", "qwen3");
+    check_model(path, NULL, "qwen3 synthetic");
+    remove(path);
+}
+
+/* Per-sequence hooks: each sequence's score hook sees only its own cache's rows. */
+typedef struct {
+    kvp_cache *cache;
+    int rows;
+    int wrong;
+} hook_seen;
+
+static void count_score(void *ctx, int layer, int kvh, kvp_head *h, int first, int n)
+{
+    hook_seen *hs = ctx;
+    if (kvp_cache_head(hs->cache, layer, kvh) != h || first + n != h->n)
+        hs->wrong++;
+    hs->rows += n;
+}
+
+/* A sequence with a bad token is left out with its own error and an unchanged cache;
+ * the others run and match their runs alone. A malformed batch runs nothing. */
+Test(batch, bad_sequence_is_left_out_and_bad_batches_refused)
+{
+    kvp_model m;
+    char err[256];
+    cr_assert_eq(kvp_model_load(&m, tu_shared("models/stories260K.bin"),
+                                tu_shared("models/tok512.bin"), err, sizeof err), 0, "%s", err);
+    int V = m.cfg.vocab_size;
+    kvp_runstate s;
+    cr_assert_eq(kvp_runstate_init(&s, &m.cfg, 8), 0);
+    kvp_cache a = new_cache(&m), bad = new_cache(&m), ref = new_cache(&m);
+    int good[3] = {1, 50, 60}, evil[2] = {1, V};
+    float la[512], lb[512];
+    hook_seen ha = {&a, 0, 0}, hb = {&bad, 0, 0};
+    kvp_batch_seq b[2] = {
+        {.cache = &bad, .tokens = evil, .n = 2, .logits = lb,
+         .hooks = {.score = count_score, .ctx = &hb}},
+        {.cache = &a, .tokens = good, .n = 3, .logits = la,
+         .hooks = {.score = count_score, .ctx = &ha}},
+    };
+    cr_assert_eq(kvp_forward_batch(&m, &s, b, 2), 0);
+    cr_assert_eq(b[0].rc, -EINVAL);
+    cr_assert_eq(b[1].rc, 0);
+    cr_assert_eq(bad.next_pos, 0);
+    cr_assert_eq(kvp_cache_rows(&bad), 0);
+    cr_assert_eq(hb.rows, 0);
+    cr_assert_eq(ha.wrong, 0);
+    cr_assert_eq(ha.rows, 3 * m.cfg.n_layers * m.cfg.n_kv_heads);
+    cr_assert_eq(kvp_forward(&m, &s, &ref, good, 3, NULL), 0);
+    cr_assert_leq(rel_diff(la, s.logits, V), 1e-4f);
+
+    /* the same cache twice, more rows than the runstate holds, an empty batch */
+    kvp_batch_seq twice[2] = {{.cache = &a, .tokens = good, .n = 1, .logits = la},
+                              {.cache = &a, .tokens = good, .n = 1, .logits = lb}};
+    cr_assert_eq(kvp_forward_batch(&m, &s, twice, 2), -EINVAL);
+    int many[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+    kvp_batch_seq big[2] = {{.cache = &a, .tokens = many, .n = 5, .logits = la},
+                            {.cache = &bad, .tokens = many, .n = 4, .logits = lb}};
+    cr_assert_eq(kvp_forward_batch(&m, &s, big, 2), -EINVAL);
+    cr_assert_eq(kvp_forward_batch(&m, &s, big, 0), -EINVAL);
+    cr_assert_eq(a.next_pos, 3);
+    cr_assert_eq(bad.next_pos, 0);
+    kvp_cache_free(&a);
+    kvp_cache_free(&bad);
+    kvp_cache_free(&ref);
+    kvp_runstate_free(&s);
+    kvp_model_free(&m);
+}
