@@ -170,6 +170,27 @@ int kvp_cache_max_rows(const kvp_cache *c)
     return m;
 }
 
+void kvp_cache_drop_newest(kvp_cache *c, int n)
+{
+    if (n <= 0)
+        return;
+    int64_t from = c->n_seen - n;
+    int last_pos = -1;   /* of the rows that stay */
+    for (int i = 0; i < c->n_layers * c->n_kv_heads; i++) {
+        kvp_head *h = &c->heads[i];
+        while (h->n > 0 && h->seq[h->n - 1] >= from)
+            h->n--;
+        if (h->n > 0 && h->pos[h->n - 1] > last_pos)
+            last_pos = h->pos[h->n - 1];
+    }
+    c->n_seen = from;
+    /* The newest tokens sit at consecutive positions (a context shift keeps the newest
+     * quarter's distances), so they free the last n; never below a row that stays. */
+    c->next_pos -= n;
+    if (c->next_pos <= last_pos)
+        c->next_pos = last_pos + 1;
+}
+
 void kvp_cache_shift(kvp_cache *c, int n_sink, int ctx)
 {
     int target = ctx - ctx / 4, window = ctx / 4;

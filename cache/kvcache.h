@@ -48,6 +48,12 @@ int kvp_head_reserve(kvp_head *h, int head_dim, int rows);
  * releasing capacity that is no longer needed. Counts the dropped rows. */
 void kvp_cache_keep(kvp_cache *c, kvp_head *h, const int *keep, int n_keep);
 
+/* Takes back the newest n tokens appended (seq >= n_seen - n): their rows leave every
+ * head (rows are in insertion order: each head's last ones), n_seen and next_pos step
+ * back, as if they had never been run. Not an eviction (evicted_rows stays). For a reply
+ * cut back by a stop string. */
+void kvp_cache_drop_newest(kvp_cache *c, int n);
+
 /* Bytes allocated for rows across all heads (k, v, pos, seq, score, stat). */
 size_t kvp_cache_bytes(const kvp_cache *c);
 /* The same for one head. */

@@ -13,6 +13,7 @@
 #include "daemon/notify.h"
 #include "daemon/reload.h"
 #include "sessions/residency.h"
+#include "sessions/transcripts.h"
 #include "policy/policy.h"
 
 typedef struct daemon_handles {
@@ -26,6 +27,9 @@ typedef struct daemon_handles {
     int load_rc;
     int tmp_removed;           /* stale .snap.tmp files removed at start, or -errno */
     char tmp_err[512];
+    kvp_transcripts transcripts;   /* the conversations on disk, read at start */
+    int transcripts_n;             /* entries, or -errno */
+    char transcripts_err[512];
 } daemon_handles;
 
 static kvpd g_d;
@@ -131,8 +135,14 @@ static int prepare(kvpd *d, char *err, size_t errlen)
 static void load_work(uv_work_t *w)
 {
     kvpd *d = w->data;
-    if (d->cfg.state_dir[0])
+    if (d->cfg.state_dir[0]) {
         g_h.tmp_removed = kvp_snapshot_clean(d->cfg.state_dir, g_h.tmp_err, sizeof g_h.tmp_err);
+        g_h.transcripts_n = kvp_transcripts_init(&g_h.transcripts);
+        if (g_h.transcripts_n == 0)
+            g_h.transcripts_n = kvp_transcripts_load(&g_h.transcripts, d->cfg.state_dir,
+                                                     g_h.transcripts_err,
+                                                     sizeof g_h.transcripts_err);
+    }
     g_h.load_rc = kvp_model_load(&d->model, d->cfg.model,
                                  d->cfg.tokenizer[0] ? d->cfg.tokenizer : NULL,
                                  g_h.load_err, sizeof g_h.load_err);
@@ -147,6 +157,7 @@ static void load_done(uv_work_t *w, int status)
 {
     kvpd *d = w->data;
     if (d->draining) {   /* a signal came during the load; nothing to start */
+        kvp_transcripts_free(&g_h.transcripts);
         if (status == 0 && g_h.load_rc == 0)
             kvp_model_free(&d->model);
         return;
@@ -156,6 +167,11 @@ static void load_done(uv_work_t *w, int status)
                  g_h.tmp_removed);
     else if (g_h.tmp_removed < 0)
         kvpd_log("warning", "state directory: %s", g_h.tmp_err);
+    if (g_h.transcripts_n < 0 || g_h.transcripts_err[0])
+        kvpd_log("warning", "state directory: %s", g_h.transcripts_err);
+    if (g_h.transcripts_n > 0)
+        kvpd_log("info", "state directory: %d conversation(s) in the transcript index",
+                 g_h.transcripts_n);
     if (status == 0 && g_h.load_rc == 0 && d->cfg.max_cache_bytes &&
         d->cfg.max_cache_bytes < kvpd_turn_bytes(d)) {
         snprintf(g_h.load_err, sizeof g_h.load_err,
@@ -166,6 +182,7 @@ static void load_done(uv_work_t *w, int status)
         kvp_model_free(&d->model);
     }
     if (status < 0 || g_h.load_rc < 0) {
+        kvp_transcripts_free(&g_h.transcripts);
         kvpd_log("error", "%s", status < 0 ? uv_strerror(status) : g_h.load_err);
         kvpd_notify("STATUS=failed: %s", status < 0 ? uv_strerror(status) : g_h.load_err);
         if (g_h.load_rc == 0)
@@ -181,8 +198,10 @@ static void load_done(uv_work_t *w, int status)
                          .state_dir = d->cfg.state_dir, .chunk = d->cfg.chunk,
                          .step_tokens = d->cfg.step_tokens, .workers = d->cfg.workers, .reuse_cache = d->cfg.reuse_cache,
                          .top_p = d->cfg.top_p, .seed = d->cfg.seed,
-                         .chat_template = d->cfg.chat_template};
+                         .chat_template = d->cfg.chat_template,
+                         .transcripts = d->cfg.state_dir[0] ? &g_h.transcripts : NULL};
     int rc = kvp_hub_start(&d->hub, &hp, err, sizeof err);
+    kvp_transcripts_free(&g_h.transcripts);   /* what the hub did not take */
     if (rc < 0) {
         kvpd_log("error", "%s", err);
         d->exit_code = 1;

@@ -41,7 +41,8 @@ static void emit_session(kvp_hub_client *c, int resumed)
     kvp_hub_event ev = {.type = KVP_HUB_SESSION, .id = s->id, .resumed = resumed,
                         .turns = s->turns, .history = idle ? s->msgs : NULL,
                         .n_history = idle ? s->n_msgs : 0,
-                        .history_dropped = idle ? s->hist_msgs : 0};
+                        .history_dropped = idle ? s->hist_msgs : 0, .system = s->system,
+                        .system_len = s->system_len};
     c->sink(c->ctx, &ev);
 }
 
@@ -53,11 +54,19 @@ static int never_used(const kvp_session *s)
     return !kvp_session_busy(s) && s->n_msgs == 0 && !s->has_snapshot && s->turns_done == 0;
 }
 
+/* A session leaves memory; it stays in the transcript index while it is on disk. */
+static void drop(kvp_hub *h, kvp_session *s)
+{
+    if (!h->env.state_dir[0] || !s->has_snapshot || s->lost)
+        kvp_transcripts_remove(&h->transcripts, s->id);
+    kvp_session_remove(&h->sessions, s);
+}
+
 static void remove_session(kvp_hub *h, kvp_session *s)
 {
     if (s->client)
         s->client->session = NULL;
-    kvp_session_remove(&h->sessions, s);
+    drop(h, s);
 }
 
 /* The client lets go of its session; one that was never used ends here (and no longer
@@ -74,7 +83,7 @@ static void leave(kvp_hub_client *c)
     if (never_used(s)) {
         if (s->creator == c->serial)
             c->created--;
-        kvp_session_remove(&c->hub->sessions, s);
+        drop(c->hub, s);
     }
 }
 
@@ -116,7 +125,45 @@ kvp_hub_client *kvp_hub_client_new(kvp_hub *h, kvp_hub_sink sink, void *ctx)
     return c;
 }
 
-static int new_session(kvp_hub_client *c)
+/* The system text a hello or a request gives may be stored. */
+static int system_ok(kvp_hub_client *c, size_t len)
+{
+    if (len <= KVP_HUB_SYSTEM_MAX)
+        return 1;
+    char err[96];
+    snprintf(err, sizeof err, "the system text is limited to %d bytes", KVP_HUB_SYSTEM_MAX);
+    emit_error(c, KVPD_E_TOO_LARGE, err);
+    return 0;
+}
+
+static int same_system(const kvp_session *s, const char *system, size_t len)
+{
+    return s->system_len == len && (!len || !memcmp(s->system, system, len));
+}
+
+/* A hello's system text against the session it resumes: never re-templated. */
+static int system_matches(kvp_hub_client *c, const kvp_session *s, const char *system,
+                          size_t len)
+{
+    if (!system || same_system(s, system, len))
+        return 1;
+    emit_error(c, KVPD_E_BAD_REQUEST, s->system_len
+               ? "this session was started with another system text, which cannot change; "
+                 "resume it without one, or start a new session"
+               : "this session was started without a system text, which cannot change; "
+                 "resume it without one, or start a new session");
+    return 0;
+}
+
+static void forget_system_check(kvp_hub_client *c)
+{
+    free(c->want_system);
+    c->want_system = NULL;
+    c->want_system_len = 0;
+    c->check_system = 0;
+}
+
+static int new_session(kvp_hub_client *c, const char *system, size_t system_len)
 {
     kvp_hub *h = c->hub;
     char err[256];
@@ -142,6 +189,11 @@ static int new_session(kvp_hub_client *c)
         emit_error(c, KVPD_E_INTERNAL, err);
         return rc;
     }
+    if (kvp_session_set_system(s, system, system_len) < 0) {
+        kvp_session_remove(&h->sessions, s);
+        emit_error(c, KVPD_E_INTERNAL, "out of memory");
+        return -ENOMEM;
+    }
     c->created++;
     s->creator = c->serial;
     h->m->sessions_created++;
@@ -163,7 +215,8 @@ static int unpark(kvp_hub *h, kvp_session *s)
 
 /* open naming a session whose state is on disk: parked here, or from before a restart
  * (s NULL). The snapshot is read on a worker; the session event follows the job. */
-static void open_from_disk(kvp_hub_client *c, kvp_session *s, const char *id)
+static void open_from_disk(kvp_hub_client *c, kvp_session *s, const char *id,
+                           const char *system, size_t system_len)
 {
     kvp_hub *h = c->hub;
     char err[256];
@@ -184,16 +237,33 @@ static void open_from_disk(kvp_hub_client *c, kvp_session *s, const char *id)
         emit_error(c, KVPD_E_INTERNAL, "out of memory");
         return;
     }
+    if (!s->need_restore) {   /* parked with nothing to keep: nothing to read */
+        if (system_matches(c, s, system, system_len)) {
+            attach(c, s);
+            s->last_active = kvp_now();
+            emit_session(c, 1);
+        }
+        return;
+    }
     attach(c, s);
     s->last_active = kvp_now();
-    if (!s->need_restore) {   /* parked with nothing to keep: nothing to read */
-        emit_session(c, 1);
-        return;
+    forget_system_check(c);
+    if (system) {   /* the session's own is known once its snapshot is read */
+        c->want_system = system_len ? malloc(system_len) : NULL;
+        if (system_len && !c->want_system) {
+            emit_error(c, KVPD_E_INTERNAL, "out of memory");
+            leave(c);
+            return;
+        }
+        if (system_len)
+            memcpy(c->want_system, system, system_len);
+        c->want_system_len = system_len;
+        c->check_system = 1;
     }
     submit(h, s, KVP_SESSION_LOAD, reserve);
 }
 
-void kvp_hub_open(kvp_hub_client *c, const char *id)
+void kvp_hub_open(kvp_hub_client *c, const char *id, const char *system, size_t system_len)
 {
     kvp_hub *h = c->hub;
     kvp_session *cur = c->session;
@@ -201,6 +271,8 @@ void kvp_hub_open(kvp_hub_client *c, const char *id)
         emit_error(c, KVPD_E_OVERLOADED, "the daemon is shutting down");
         return;
     }
+    if (!system_ok(c, system_len))
+        return;
     if (cur && kvp_session_busy(cur)) {
         emit_error(c, KVPD_E_BUSY, cur->state == KVP_SESSION_LOAD
                    ? "this connection's session is being loaded from disk; its session frame follows"
@@ -208,7 +280,7 @@ void kvp_hub_open(kvp_hub_client *c, const char *id)
         return;
     }
     if (!id || !id[0]) {
-        new_session(c);
+        new_session(c, system, system_len);
         return;
     }
     kvp_session *s = kvp_session_find(&h->sessions, id);
@@ -221,17 +293,24 @@ void kvp_hub_open(kvp_hub_client *c, const char *id)
         return;
     }
     if (s && s->state == KVP_SESSION_LOAD) {   /* its loader left: the answer comes here */
+        if (system) {
+            emit_error(c, KVPD_E_BUSY, "the session is being loaded from disk; send hello "
+                       "again once it is in (its system text is not known yet)");
+            return;
+        }
         attach(c, s);
         return;
     }
     if ((s && s->state == KVP_SESSION_PARKED) || (!s && h->env.state_dir[0])) {
-        open_from_disk(c, s, id);
+        open_from_disk(c, s, id, system, system_len);
         return;
     }
     if (!s) {
         emit_error(c, KVPD_E_UNKNOWN_SESSION, "no such session (expired or never existed)");
         return;
     }
+    if (!system_matches(c, s, system, system_len))
+        return;
     s->last_active = kvp_now();
     attach(c, s);
     emit_session(c, 1);
@@ -245,7 +324,7 @@ static void start_turn(kvp_hub_client *c, const char *text, size_t len, const kv
         emit_error(c, KVPD_E_OVERLOADED, "the daemon is shutting down");
         return;
     }
-    if (!c->session && new_session(c) < 0)
+    if (!c->session && new_session(c, NULL, 0) < 0)
         return;
     kvp_session *s = c->session;
     if (kvp_session_busy(s)) {
@@ -272,6 +351,15 @@ static void start_turn(kvp_hub_client *c, const char *text, size_t len, const kv
         emit_error(c, KVPD_E_INTERNAL, "out of memory");
         return;
     }
+    int rc = kvp_session_turn_stops(s, o->stop, o->stop_len, o->n_stop);
+    if (rc < 0) {
+        char err[96];
+        snprintf(err, sizeof err, "at most %d stop strings of 1 to %d bytes", KVP_HUB_MAX_STOPS,
+                 KVP_HUB_STOP_MAX);
+        emit_error(c, rc == -EINVAL ? KVPD_E_BAD_REQUEST : KVPD_E_INTERNAL,
+                   rc == -EINVAL ? err : "out of memory");
+        return;
+    }
     if (o->has_top_p)
         s->turn.top_p = o->top_p;
     s->turn.has_seed = o->has_seed;
@@ -295,11 +383,11 @@ void kvp_hub_message(kvp_hub_client *c, const char *text, size_t len, int max_to
  * (max_history_tokens) are known by the hash alone: such a session is continued only when
  * the request names it (`named`: its id is the key to the conversation); an anonymous
  * request whose history reaches into them starts a new session instead. */
-static int continues(const kvp_session *s, int named, uint64_t hash, const kvp_message *msgs,
-                     int n)
+static int continues(const kvp_session *s, int named, uint64_t hash, const char *system,
+                     size_t system_len, const kvp_message *msgs, int n)
 {
     if (kvp_session_busy(s) || s->transcript_hash != hash || s->transcript_msgs != n ||
-        (s->transcript_dropped && !named))
+        (s->transcript_dropped && !named) || !same_system(s, system, system_len))
         return 0;
     if (s->state == KVP_SESSION_PARKED)
         return 1;
@@ -311,8 +399,89 @@ static int continues(const kvp_session *s, int named, uint64_t hash, const kvp_m
     return 1;
 }
 
-void kvp_hub_chat(kvp_hub_client *c, const char *id, const kvp_message *msgs, int n,
-                  const kvp_turn_opts *o)
+/* A request waiting for the snapshot of the session it extends (kvp_hub_chat). */
+typedef struct kvp_hub_pending {
+    uint64_t hash;                   /* of system and msgs[0..n-1) */
+    char *system;
+    size_t system_len;
+    kvp_message *msgs;
+    int n;
+    int named;                       /* the session it waits for is the one it named */
+    kvp_turn_opts o;                 /* its stop strings point into stops */
+    char *stops[KVP_HUB_MAX_STOPS];
+} kvp_hub_pending;
+
+static void pending_free(kvp_hub_pending *p)
+{
+    if (!p)
+        return;
+    free(p->system);
+    for (int i = 0; i < p->n; i++)
+        free(p->msgs[i].text);
+    free(p->msgs);
+    for (int i = 0; i < KVP_HUB_MAX_STOPS; i++)
+        free(p->stops[i]);
+    free(p);
+}
+
+static char *copy_bytes(const char *s, size_t n)
+{
+    char *c = malloc(n + 1);
+    if (c) {
+        memcpy(c, s, n);
+        c[n] = '\0';
+    }
+    return c;
+}
+
+static kvp_hub_pending *pending_new(uint64_t hash, const char *system, size_t system_len,
+                                   const kvp_message *msgs, int n, const kvp_turn_opts *o)
+{
+    kvp_hub_pending *p = calloc(1, sizeof *p);
+    if (!p || !(p->msgs = calloc((size_t)n, sizeof *p->msgs)))
+        goto oom;
+    p->hash = hash;
+    p->o = *o;
+    if (system_len && !(p->system = copy_bytes(system, system_len)))
+        goto oom;
+    p->system_len = system_len;
+    for (; p->n < n; p->n++) {
+        p->msgs[p->n] = msgs[p->n];
+        if (!(p->msgs[p->n].text = copy_bytes(msgs[p->n].text, msgs[p->n].len)))
+            goto oom;
+    }
+    for (int i = 0; i < o->n_stop && i < KVP_HUB_MAX_STOPS; i++) {
+        if (!(p->stops[i] = copy_bytes(o->stop[i], o->stop_len[i])))
+            goto oom;
+        p->o.stop[i] = p->stops[i];
+    }
+    return p;
+oom:
+    pending_free(p);
+    return NULL;
+}
+
+/* The request goes on: on s (it continues s), or on a new session seeded with its
+ * history. */
+static void chat_go(kvp_hub_client *c, kvp_session *s, const char *system, size_t system_len,
+                    const kvp_message *msgs, int n, const kvp_turn_opts *o)
+{
+    if (s) {
+        attach(c, s);
+        emit_session(c, 1);
+    } else {
+        if (new_session(c, system, system_len) < 0)
+            return;
+        if (kvp_session_seed(c->session, msgs, n - 1) < 0) {
+            emit_error(c, KVPD_E_INTERNAL, "out of memory");
+            return;
+        }
+    }
+    start_turn(c, msgs[n - 1].text, msgs[n - 1].len, o);
+}
+
+void kvp_hub_chat(kvp_hub_client *c, const char *id, const char *system, size_t system_len,
+                  const kvp_message *msgs, int n, const kvp_turn_opts *o)
 {
     kvp_hub *h = c->hub;
     if (h->draining) {
@@ -323,28 +492,51 @@ void kvp_hub_chat(kvp_hub_client *c, const char *id, const kvp_message *msgs, in
         emit_error(c, KVPD_E_BAD_REQUEST, "a conversation needs a message");
         return;
     }
+    if (!system_ok(c, system_len))
+        return;
     leave(c);
     int prefix = n - 1;
-    uint64_t hash = kvp_session_transcript_hash(msgs, prefix);
-    kvp_session *s = id && id[0] ? kvp_session_find(&h->sessions, id) : NULL;
-    if (s && !continues(s, 1, hash, msgs, prefix))
-        s = NULL;
-    for (kvp_session *t = h->sessions.head; !s && t; t = t->next)
-        if (continues(t, 0, hash, msgs, prefix))
+    uint64_t hash = kvp_session_transcript_hash(system, system_len, msgs, prefix);
+    kvp_session *s = NULL;
+    const char *disk = NULL;   /* a session it extends that is only on disk */
+    int named = 0;
+    if (prefix > 0 && id && id[0]) {   /* the named session first */
+        kvp_session *t = kvp_session_find(&h->sessions, id);
+        const kvp_transcript_entry *e = t ? NULL : kvp_transcripts_get(&h->transcripts, id);
+        if (t && continues(t, 1, hash, system, system_len, msgs, prefix))
             s = t;
-    if (s) {
-        attach(c, s);
-        emit_session(c, 1);
-    } else {
-        if (new_session(c) < 0)
-            return;
-        s = c->session;
-        if (kvp_session_seed(s, msgs, prefix) < 0) {
-            emit_error(c, KVPD_E_INTERNAL, "out of memory");
-            return;
-        }
+        else if (e && e->hash == hash && e->n_msgs == prefix && h->env.state_dir[0])
+            disk = e->id;
+        named = disk != NULL;
     }
-    start_turn(c, msgs[prefix].text, msgs[prefix].len, o);
+    /* Then every session with this transcript hash: one in memory if any is free. */
+    for (const kvp_transcript_entry *e = prefix > 0 && !s && !disk
+             ? kvp_transcripts_next(&h->transcripts, hash, prefix, NULL) : NULL;
+         e && !s; e = kvp_transcripts_next(&h->transcripts, hash, prefix, e)) {
+        kvp_session *t = kvp_session_find(&h->sessions, e->id);
+        if (t && continues(t, 0, hash, system, system_len, msgs, prefix))
+            s = t;
+        else if (!t && !disk && h->env.state_dir[0])
+            disk = e->id;
+    }
+    if (s || !disk) {
+        chat_go(c, s, system, system_len, msgs, n, o);
+        return;
+    }
+    /* Read it first (a load job); the request waits on the client (chat_loaded). */
+    kvp_hub_pending *p = pending_new(hash, system, system_len, msgs, n, o);
+    if (!p) {
+        emit_error(c, KVPD_E_INTERNAL, "out of memory");
+        return;
+    }
+    p->named = named;
+    char sid[KVP_SNAPSHOT_ID_MAX + 1];
+    snprintf(sid, sizeof sid, "%s", disk);
+    open_from_disk(c, NULL, sid, NULL, 0);
+    if (c->session && c->session->state == KVP_SESSION_LOAD)
+        c->pending = p;
+    else
+        pending_free(p);   /* refused (overloaded): answered */
 }
 
 void kvp_hub_cancel(kvp_hub_client *c)
@@ -364,6 +556,8 @@ void kvp_hub_close(kvp_hub_client *c)
         atomic_store(&s->turn.cancel, 1);
     }
     leave(c);
+    forget_system_check(c);
+    pending_free(c->pending);
     free(c);
 }
 
@@ -402,9 +596,12 @@ static kvp_hub_client *job_ended(kvp_hub *h, kvp_session *s)
     }
     s->save_rc = 0;
     s->turns = s->turns_done;
-    s->transcript_hash = kvp_session_transcript_hash_more(s->hist_hash, s->msgs, s->n_msgs);
+    s->transcript_hash = kvp_session_hash(s);
     s->transcript_msgs = s->hist_msgs + s->n_msgs;
     s->transcript_dropped = s->hist_msgs;
+    if (s->transcript_msgs > 0 && kvp_transcripts_put(&h->transcripts, s->id, s->transcript_hash,
+                                                      s->transcript_msgs) < 0)
+        kvpd_log("warning", "session %.8s: out of memory for the transcript index", s->id);
     s->evicted_rows = s->cache.evicted_rows;
     s->rows_max = kvp_cache_max_rows(&s->cache);
     s->bytes = kvp_cache_bytes(&s->cache);
@@ -437,23 +634,62 @@ static void restore_failed(kvp_hub *h, kvp_session *s, kvp_hub_client *to, const
         kvp_session_park(&h->sessions, s);
 }
 
+/* The load a request waited for ended: it continues that session when the session's
+ * transcript is the request's history (the index is a hint: compared now), else a new
+ * one. A load that failed is not the request's error. */
+static void chat_loaded(kvp_hub *h, kvp_session *s, kvp_hub_client *c, const kvpd_event *ev)
+{
+    kvp_hub_pending *p = c->pending;
+    c->pending = NULL;
+    kvp_session *use = NULL;
+    if (ev->code < 0) {
+        leave(c);
+        if (s->lost)
+            lose(h, s, NULL, ev->code, ev->text);
+        else
+            restore_failed(h, s, NULL, ev->text);
+    } else if (continues(s, p->named, p->hash, p->system, p->system_len, p->msgs, p->n - 1)) {
+        kvpd_log("info", "session %.8s: loaded from its snapshot for a request that extends it",
+                 s->id);
+        use = s;
+    } else {
+        leave(c);   /* it stays in memory, idle, under its real transcript */
+    }
+    chat_go(c, use, p->system, p->system_len, p->msgs, p->n, &p->o);
+    pending_free(p);
+}
+
 static void on_job(kvp_hub *h, kvp_session *s, const kvpd_event *ev)
 {
     int was_load = s->state == KVP_SESSION_LOAD;
     kvp_hub_client *to = job_ended(h, s);
+    if (was_load && to && to->pending) {
+        chat_loaded(h, s, to, ev);
+        return;
+    }
+    int check = to && to->check_system;
+    char *want = check ? to->want_system : NULL;
+    size_t want_len = check ? to->want_system_len : 0;
+    if (to) {   /* the check is this load's only */
+        to->want_system = NULL;
+        to->check_system = 0;
+    }
     if (was_load && ev->code < 0 && s->lost) {
         lose(h, s, to, ev->code, ev->text);
     } else if (was_load && ev->code < 0) {
         restore_failed(h, s, to, ev->text);
     } else if (was_load) {
         kvpd_log("info", "session %.8s: loaded from its snapshot (%d turns)", s->id, s->turns);
-        if (to)
+        if (check && !system_matches(to, s, want ? want : "", want_len))
+            leave(to);
+        else if (to)
             emit_session(to, 1);
     } else {   /* a save job (shutdown): its outcome decides the session's durability */
         s->save_failed = ev->code < 0;
         if (ev->code < 0)
             kvpd_log("warning", "session %.8s: %s", s->id, ev->text);
     }
+    free(want);
 }
 
 static const char *error_code(int rc)
@@ -556,6 +792,12 @@ int kvp_hub_start(kvp_hub **out, const kvp_hub_params *p, char *err, size_t errl
     if (rc > 0)
         kvpd_log("warning", "chat template: %s", note);
     rc = kvp_session_table_init(&h->sessions);
+    if (rc == 0 && p->transcripts) {
+        h->transcripts = *p->transcripts;
+        memset(p->transcripts, 0, sizeof *p->transcripts);
+    } else if (rc == 0) {
+        rc = kvp_transcripts_init(&h->transcripts);
+    }
     if (rc < 0) {
         snprintf(err, errlen, "out of memory");
         return rc;
@@ -580,7 +822,7 @@ void kvp_hub_expire(kvp_hub *h, double now)
         if (kvp_session_busy(s)) {
             /* its job's end decides */
         } else if (!s->client && never_used(s)) {
-            kvp_session_remove(&h->sessions, s);
+            drop(h, s);
         } else if (h->env.state_dir[0]) {
             /* With a state directory nothing is dropped: idle sessions are parked (if
              * their snapshot is up to date), and parked ones nobody is attached to are
@@ -589,7 +831,7 @@ void kvp_hub_expire(kvp_hub *h, double now)
                 kvp_hub_park(h, s);
             } else if (s->state == KVP_SESSION_PARKED && !s->client && idle > 2 * timeout) {
                 h->m->sessions_forgotten++;
-                kvp_session_remove(&h->sessions, s);
+                drop(h, s);   /* its snapshot stays, and its index entry */
             }
         } else if (idle > timeout) {
             emit_error(s->client, KVPD_E_UNKNOWN_SESSION,
@@ -655,6 +897,7 @@ void kvp_hub_free(kvp_hub *h)
         if (s->client)
             s->client->session = NULL;
     kvp_session_table_clear(&h->sessions);
+    kvp_transcripts_free(&h->transcripts);
     kvp_policy_conf_unref(h->pconf);
     free(h);
 }

@@ -26,6 +26,11 @@
 #include "sessions/metrics.h"
 
 #define KVP_SESSION_ID_LEN 32
+/* Stop strings of a turn: at most this many, each 1..KVP_HUB_STOP_MAX bytes. */
+#define KVP_HUB_MAX_STOPS 4
+#define KVP_HUB_STOP_MAX 256
+/* Bytes of a session's system text, at most. */
+#define KVP_HUB_SYSTEM_MAX 32768
 
 /* Error codes of error events (the protocol's, docs/protocol.md). */
 #define KVPD_E_BAD_JSON "bad_json"
@@ -59,7 +64,7 @@ typedef struct kvp_turn_stats {
     uint64_t evicted_total;  /* the session's lifetime */
     double ttft_ms, duration_ms, tokens_per_s;
     double queue_ms;         /* from the message to the turn's first step */
-    const char *stop;        /* "eos", "length", "cancel" */
+    const char *stop;        /* "eos", "length", "cancel", "stop" (a stop string) */
 } kvp_turn_stats;
 
 enum kvp_hub_event_type { KVP_HUB_SESSION, KVP_HUB_TOKEN, KVP_HUB_DONE, KVP_HUB_ERROR };
@@ -73,6 +78,8 @@ typedef struct kvp_hub_event {
     const kvp_message *history;   /* the stored transcript (none while a turn runs) */
     int n_history;
     int history_dropped;          /* earlier messages not stored (max_history_tokens) */
+    const char *system;           /* the session's system text (NULL: none) */
+    size_t system_len;
     /* TOKEN: the text; DONE: the whole reply; ERROR: the message */
     const char *text;
     size_t len;
@@ -103,8 +110,13 @@ typedef struct kvp_hub_client kvp_hub_client;
 
 /* A front end's connection. NULL when out of memory. */
 kvp_hub_client *kvp_hub_client_new(kvp_hub *h, kvp_hub_sink sink, void *ctx);
-/* hello: id NULL or "" starts a new session; else resumes it (from memory or disk). */
-void kvp_hub_open(kvp_hub_client *c, const char *id);
+/* hello: id NULL or "" starts a new session, with the system text when one is given
+ * (system_len 0: none); else resumes that session (from memory or disk). A session's
+ * system text never changes: resuming with system not NULL requires the session's own
+ * (the same bytes; "" for a session without one), else the answer is bad_request and
+ * the client is left without a session. A system text over KVP_HUB_SYSTEM_MAX bytes is
+ * too_large. */
+void kvp_hub_open(kvp_hub_client *c, const char *id, const char *system, size_t system_len);
 /* A user message: starts a session first when the client has none. max_tokens 0 and
  * !has_temperature take the configured defaults. */
 void kvp_hub_message(kvp_hub_client *c, const char *text, size_t len, int max_tokens,
@@ -118,18 +130,26 @@ typedef struct kvp_turn_opts {
     float top_p;                  /* (0, 1] */
     int has_seed;
     uint64_t seed;                /* reseeds the session's sampler for this turn */
+    /* Stop strings (borrowed for the call): the reply ends before the first one that
+     * appears, which is never sent as tokens; the session's transcript (and its cache)
+     * ends there too, so a client that sends the reply back continues the session. A
+     * bad count or length is bad_request. */
+    const char *stop[KVP_HUB_MAX_STOPS];
+    size_t stop_len[KVP_HUB_MAX_STOPS];
+    int n_stop;
 } kvp_turn_opts;
 
-/* A stateless request (an OpenAI-style API): msgs[0..n) is the whole conversation, its
- * last message the user's new one. The hub continues the idle session whose transcript
- * is exactly msgs[0..n-1) (matched by a hash of the transcript each session keeps, then
- * compared): the one named by id when it matches, else any other; a busy session is
- * never matched. Without a match, a new session starts holding msgs[0..n-1), and its
- * first turn prefills all of them. Either way a session event (resumed 1 for a
- * continued session) comes first, then the turn's events as for kvp_hub_message. The
- * client should be one made for this request: it leaves any session it had. */
-void kvp_hub_chat(kvp_hub_client *c, const char *id, const kvp_message *msgs, int n,
-                  const kvp_turn_opts *o);
+/* A stateless request (an OpenAI-style API): system (len 0: none) and msgs[0..n) are the
+ * whole conversation, its last message the user's new one. The hub continues the idle
+ * session whose system text is `system` and whose transcript is exactly msgs[0..n-1)
+ * (matched by a hash of both each session keeps, then compared): the one named by id
+ * when it matches, else any other; a busy session is never matched. Without a match, a
+ * new session starts holding system and msgs[0..n-1), and its first turn prefills all of
+ * them. Either way a session event (resumed 1 for a continued session) comes first, then
+ * the turn's events as for kvp_hub_message. The client should be one made for this
+ * request: it leaves any session it had. */
+void kvp_hub_chat(kvp_hub_client *c, const char *id, const char *system, size_t system_len,
+                  const kvp_message *msgs, int n, const kvp_turn_opts *o);
 /* Asks the client's running turn to stop (it ends with done, stop "cancel"). */
 void kvp_hub_cancel(kvp_hub_client *c);
 /* The connection is gone: detaches it from its session (whose turn is cancelled), and
@@ -182,6 +202,9 @@ typedef struct kvp_hub_params {
     float top_p;
     uint64_t seed;
     const char *chat_template;    /* family name (config chat_template); NULL/"" = detect */
+    /* The conversations on disk by transcript (kvp_transcripts_load at start), moved into
+     * the hub (*transcripts is left empty); NULL: none. */
+    struct kvp_transcripts *transcripts;
 } kvp_hub_params;
 
 /* Starts the workers. On failure *out may be set: stop and free it as below. */

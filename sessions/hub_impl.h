@@ -8,6 +8,7 @@
 #include "sessions/hub.h"
 #include "sessions/scheduler.h"
 #include "sessions/session.h"
+#include "sessions/transcripts.h"
 
 struct kvp_hub {
     uv_loop_t *loop;
@@ -16,6 +17,7 @@ struct kvp_hub {
     kvp_session_env env;
     kvp_policy_conf *pconf;          /* the policy of new sessions */
     kvp_session_table sessions;
+    kvp_transcripts transcripts;     /* every session by transcript hash, on disk ones too */
     kvpd_sched *sched;
     size_t row_bytes;                /* cache bytes per row per head */
     int workers;
@@ -31,6 +33,12 @@ struct kvp_hub_client {
     kvp_session *session;            /* attached (s->client == this) */
     uint64_t serial;                 /* the session it starts carry it (creator) */
     int created;                     /* sessions it started that still hold a conversation */
+    /* A hello with a system text naming a session being read from disk: checked against
+     * the session's when the load ends. */
+    int check_system;
+    char *want_system;
+    size_t want_system_len;
+    struct kvp_hub_pending *pending; /* a request waiting for its session's snapshot */
 };
 
 #endif

@@ -10,6 +10,8 @@
 #include <time.h>
 
 #include "base/clock.h"
+#include "base/log.h"
+#include "sessions/transcripts.h"
 
 /* The snapshot's messages borrow the session's (the write only reads them). */
 static int borrow_msgs(const kvp_session *s, int from, kvp_snapshot_msg **out)
@@ -45,6 +47,8 @@ static int save_full(kvp_session *s, const kvp_session_env *env, void *cache, si
     snap.hist_msgs = s->hist_msgs;
     snap.hist_tokens = s->hist_tokens;
     snap.hist_hash = s->hist_hash;
+    snap.system = s->system;
+    snap.system_len = s->system_len;
     snap.cache = cache;
     snap.cache_len = cache_len;
     int rc = borrow_msgs(s, 0, &snap.msgs);
@@ -115,6 +119,13 @@ int kvp_session_save(kvp_session *s, const kvp_session_env *env, char *err, size
     if (rc == 0) {
         s->journal_msgs = s->hist_msgs + s->n_msgs;
         s->journal_tokens = s->hist_tokens + s->n_tokens;
+        /* The conversation can be found by its transcript after a restart (the whole of
+         * it: the hash and count cover the dropped messages too). */
+        char ierr[256];
+        if (kvp_transcripts_append(env->state_dir, s->id, kvp_session_hash(s),
+                                   s->hist_msgs + s->n_msgs, ierr, sizeof ierr) < 0)
+            kvpd_log("warning", "session %.8s: %s (after a restart, a request extending this "
+                     "conversation would start a new one)", s->id, ierr);
     }
     free(cache);
     return rc;
@@ -163,8 +174,8 @@ static int render(kvp_session *s, const kvp_session_env *env, int keep)
         int *ids = NULL;
         /* A chat format's end marker goes before each later user message (reply_open),
          * whether the reply ended with it or was cut: the same tokens either way. */
-        int n = m->user ? kvp_template_turn(&env->tpl, NULL, 0, count == 0, i > 0, m->text,
-                                            m->len, &ids)
+        int n = m->user ? kvp_template_turn(&env->tpl, s->system, s->system_len, count == 0,
+                                            i > 0, m->text, m->len, &ids)
                         : kvp_template_reply(&env->tpl, m->text, m->len, &ids);
         if (n < 0)
             return n;
@@ -213,7 +224,11 @@ int kvp_session_restore(kvp_session *s, const kvp_session_env *env, size_t max_b
     kvp_restored *r = &s->restored;
     memset(r, 0, sizeof *r);
 
-    /* The messages: their texts move over from the snapshot. */
+    /* The system text and the messages: their texts move over from the snapshot. */
+    free(s->system);
+    s->system = snap.system;
+    s->system_len = snap.system_len;
+    snap.system = NULL;
     int firsts_known = 1;
     if (snap.n_msgs) {
         s->msgs = calloc((size_t)snap.n_msgs, sizeof *s->msgs);

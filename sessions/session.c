@@ -121,6 +121,17 @@ static int table_add(kvp_session_table *t, kvp_session *s)
     return 0;
 }
 
+/* Frees what a turn holds and zeroes it. */
+static void turn_clear(kvp_turn *t)
+{
+    free(t->text);
+    free(t->reply);
+    for (int i = 0; i < t->n_stop; i++)
+        free(t->stop[i]);
+    free(t->tok_end);
+    memset(t, 0, sizeof *t);
+}
+
 static void session_free(kvp_session *s)
 {
     kvp_policy_conf_unref(s->pconf);
@@ -133,8 +144,8 @@ static void session_free(kvp_session *s)
         free(s->msgs[i].text);
     free(s->msgs);
     free(s->msg_tok);
-    free(s->turn.text);
-    free(s->turn.reply);
+    free(s->system);
+    turn_clear(&s->turn);
     free(s);
 }
 
@@ -244,9 +255,7 @@ void kvp_session_park(kvp_session_table *t, kvp_session *s)
     s->msgs = NULL;
     s->msg_tok = NULL;
     s->n_msgs = s->cap_msgs = 0;
-    free(s->turn.text);
-    free(s->turn.reply);
-    memset(&s->turn, 0, sizeof s->turn);
+    turn_clear(&s->turn);
     s->reply_open = 0;
     s->state = KVP_SESSION_PARKED;
     s->bytes = 0;
@@ -275,9 +284,7 @@ int kvp_session_begin_turn(kvp_session *s, const char *text, size_t len, int max
                            float temperature, int budget, double now)
 {
     kvp_turn *t = &s->turn;
-    free(t->text);
-    free(t->reply);
-    memset(t, 0, sizeof *t);
+    turn_clear(t);
     t->text = malloc(len + 1);
     if (!t->text)
         return -ENOMEM;
@@ -292,6 +299,26 @@ int kvp_session_begin_turn(kvp_session *s, const char *text, size_t len, int max
     atomic_init(&t->cancel, 0);
     t->state = KVP_TURN_START;
     t->t_start = now;
+    return 0;
+}
+
+int kvp_session_turn_stops(kvp_session *s, const char *const *stop, const size_t *len, int n)
+{
+    kvp_turn *t = &s->turn;
+    if (n < 0 || n > KVP_HUB_MAX_STOPS)
+        return -EINVAL;
+    for (int i = 0; i < n; i++)
+        if (len[i] < 1 || len[i] > KVP_HUB_STOP_MAX)
+            return -EINVAL;
+    for (int i = 0; i < n; i++) {
+        if (!(t->stop[i] = malloc(len[i])))
+            return -ENOMEM;   /* turn_clear frees the ones made */
+        memcpy(t->stop[i], stop[i], len[i]);
+        t->stop_len[i] = len[i];
+        t->n_stop = i + 1;
+        if (len[i] - 1 > t->stop_hold)
+            t->stop_hold = len[i] - 1;
+    }
     return 0;
 }
 
@@ -320,9 +347,43 @@ int kvp_session_seed(kvp_session *s, const kvp_message *msgs, int n)
     return 0;
 }
 
-uint64_t kvp_session_transcript_hash(const kvp_message *msgs, int n)
+int kvp_session_set_system(kvp_session *s, const char *system, size_t len)
 {
-    return kvp_session_transcript_hash_more(KVP_FNV1A_INIT, msgs, n);
+    free(s->system);
+    s->system = NULL;
+    s->system_len = 0;
+    if (!len)
+        return 0;
+    if (!(s->system = malloc(len + 1)))
+        return -ENOMEM;
+    memcpy(s->system, system, len);
+    s->system[len] = '\0';
+    s->system_len = len;
+    return 0;
+}
+
+uint64_t kvp_session_transcript_hash(const char *system, size_t system_len,
+                                     const kvp_message *msgs, int n)
+{
+    uint64_t h = KVP_FNV1A_INIT;
+    if (system_len) {   /* role 2: no message has it */
+        uint64_t head[2] = {2, (uint64_t)system_len};
+        h = kvp_fnv1a(h, head, sizeof head);
+        h = kvp_fnv1a(h, system, system_len);
+    }
+    return kvp_session_transcript_hash_more(h, msgs, n);
+}
+
+/* The state after the system text and the dropped messages: where the kept ones go on. */
+static uint64_t hash_before_kept(const kvp_session *s)
+{
+    return s->hist_msgs ? s->hist_hash
+                        : kvp_session_transcript_hash(s->system, s->system_len, NULL, 0);
+}
+
+uint64_t kvp_session_hash(const kvp_session *s)
+{
+    return kvp_session_transcript_hash_more(hash_before_kept(s), s->msgs, s->n_msgs);
 }
 
 uint64_t kvp_session_transcript_hash_more(uint64_t h, const kvp_message *msgs, int n)
@@ -381,7 +442,7 @@ static void bound_history(kvp_session *s, int max)
     int cut = s->msg_tok[keep];
     if (keep > last || cut <= 0 || cut > s->n_cached || cut >= s->n_tokens)
         return;   /* nothing to drop, or it would take tokens not yet run */
-    s->hist_hash = kvp_session_transcript_hash_more(s->hist_hash, s->msgs, keep);
+    s->hist_hash = kvp_session_transcript_hash_more(hash_before_kept(s), s->msgs, keep);
     for (int i = 0; i < keep; i++)
         free(s->msgs[i].text);
     s->n_msgs -= keep;
@@ -427,6 +488,97 @@ static int reply_append(kvp_turn *t, const char *p, size_t n)
     return 0;
 }
 
+/* Gives the sink the reply up to `upto` (what it has not had yet). */
+static void emit(kvp_session *s, const kvp_turn_sink *sink, size_t upto)
+{
+    kvp_turn *t = &s->turn;
+    if (upto > t->sent) {
+        sink->token(sink->ctx, s, t->reply + t->sent, upto - t->sent);
+        t->sent = upto;
+    }
+}
+
+/* Reply text (valid UTF-8): kept, looked through for the turn's stop strings, and given
+ * to the sink but for what could still begin one (held back until it cannot, or the
+ * turn ends). After a stop string nothing more is kept. */
+static int reply_text(kvp_session *s, const kvp_turn_sink *sink, const char *p, size_t n)
+{
+    kvp_turn *t = &s->turn;
+    if (t->stopped)
+        return 0;
+    size_t from = t->reply_len;
+    if (reply_append(t, p, n) < 0)
+        return -ENOMEM;
+    size_t upto = t->reply_len;
+    if (t->n_stop) {
+        /* only where a stop string could end in the new text */
+        size_t start = from > t->stop_hold ? from - t->stop_hold : 0;
+        for (int i = 0; i < t->n_stop; i++) {
+            const char *hit = memmem(t->reply + start, t->reply_len - start, t->stop[i],
+                                     t->stop_len[i]);
+            if (hit && (!t->stopped || (size_t)(hit - t->reply) < t->stop_at)) {
+                t->stopped = 1;
+                t->stop_at = (size_t)(hit - t->reply);
+            }
+        }
+        upto = t->stopped ? t->stop_at : t->reply_len > t->stop_hold ? t->reply_len - t->stop_hold : 0;
+        while (upto > t->sent && upto < t->reply_len &&
+               ((unsigned char)t->reply[upto] & 0xC0) == 0x80)
+            upto--;   /* whole characters only */
+    }
+    emit(s, sink, upto);
+    return 0;
+}
+
+/* With stop strings: where the reply stood after its newest token. */
+static int note_token_end(kvp_turn *t)
+{
+    int g = t->stats.generated_tokens;
+    if (g > t->tok_end_cap) {
+        int cap = t->tok_end_cap ? 2 * t->tok_end_cap : 64;
+        size_t *v = realloc(t->tok_end, (size_t)cap * sizeof *v);
+        if (!v)
+            return -ENOMEM;
+        t->tok_end = v;
+        t->tok_end_cap = cap;
+    }
+    t->tok_end[g - 1] = t->utf8.n ? SIZE_MAX : t->reply_len;
+    return 0;
+}
+
+/* A stop string ended the reply at stop_at: the transcript ends there too — the stop
+ * text and what followed leave the tokens and the cache — so the client's next request,
+ * which sends the reply back without the stop text, continues this session. The reply's
+ * tokens stay up to the last one that ends at or before the cut; the text between it and
+ * the cut is tokenized again (not yet run: the next turn prefills it). */
+static int cut_at_stop(kvp_session *s, const kvp_session_env *env)
+{
+    kvp_turn *t = &s->turn;
+    int keep = 0;
+    size_t at = 0;
+    for (int i = t->stats.generated_tokens - 1; i >= 0; i--)
+        if (t->tok_end[i] <= t->stop_at) {
+            keep = i + 1;
+            at = t->tok_end[i];
+            break;
+        }
+    int end = t->gen_start + keep;
+    if (s->n_cached > end) {
+        kvp_cache_drop_newest(&s->cache, s->n_cached - end);
+        s->n_cached = end;
+    }
+    s->n_tokens = end;
+    int *ids = NULL;
+    int n = kvp_template_reply(&env->tpl, t->reply + at, t->stop_at - at, &ids);
+    if (n < 0)
+        return n;
+    int rc = 0;
+    for (int i = 0; i < n && !rc; i++)
+        rc = push_token(s, ids[i]);
+    free(ids);
+    return rc;
+}
+
 static void note_rows(kvp_session *s)
 {
     int r = kvp_cache_max_rows(&s->cache);
@@ -461,11 +613,15 @@ static int finish(kvp_session *s, const kvp_session_env *env, const kvp_turn_sin
     kvp_turn *t = &s->turn;
     char tail[4];
     size_t n = kvp_utf8_flush(&t->utf8, tail);
-    int rc = 0;
-    if (n) {
-        sink->token(sink->ctx, s, tail, n);
-        rc = reply_append(t, tail, n);
+    int rc = n ? reply_text(s, sink, tail, n) : 0;
+    if (!rc && t->stopped) {
+        rc = cut_at_stop(s, env);
+        stop = "stop";
+        t->reply_len = t->stop_at;
+        if (t->reply)
+            t->reply[t->reply_len] = '\0';
     }
+    emit(s, sink, t->reply_len);   /* what was held back for the stop strings */
     kvp_evict_cfg e = evict_cfg(s, env);
     int dropped = kvp_gen_compress(&s->cache, &e);
     if (dropped < 0 && !rc)
@@ -556,14 +712,15 @@ static int take_token(kvp_session *s, const kvp_session_env *env, const kvp_turn
         while (off < plen) {   /* pieces are short; chunk anyway to bound buf */
             size_t n = plen - off > 64 ? 64 : plen - off;
             size_t o = kvp_utf8_feed(&t->utf8, piece + off, n, buf);
-            if (o) {
-                sink->token(sink->ctx, s, buf, o);
-                if (reply_append(t, buf, o) < 0)
-                    return fail(s, env, sink, 0, -ENOMEM, "reply", NULL);
-            }
+            if (o && reply_text(s, sink, buf, o) < 0)
+                return fail(s, env, sink, 0, -ENOMEM, "reply", NULL);
             off += n;
         }
     }
+    if (t->n_stop && note_token_end(t) < 0)
+        return fail(s, env, sink, 0, -ENOMEM, "reply", NULL);
+    if (t->stopped)
+        return finish(s, env, sink, "stop");
     if (t->stats.generated_tokens >= t->max_tokens)
         return finish(s, env, sink, "length");
     t->next_token = tok;
@@ -643,8 +800,8 @@ static int plan_unit(kvp_session *s, const kvp_session_env *env, const kvp_turn_
         /* A cancel that came before any work still records the message: the next turn
          * prefills it (prefill checks the flag first). */
         int *ids = NULL, first = s->n_tokens;
-        int n = kvp_template_turn(&env->tpl, NULL, 0, s->n_tokens == 0, s->reply_open, t->text,
-                                  t->text_len, &ids);
+        int n = kvp_template_turn(&env->tpl, s->system, s->system_len, s->n_tokens == 0,
+                                  s->reply_open, t->text, t->text_len, &ids);
         if (n < 0)
             return fail(s, env, sink, 1, n, "tokenize", NULL);
         for (int i = 0; i < n; i++)
@@ -656,6 +813,7 @@ static int plan_unit(kvp_session *s, const kvp_session_env *env, const kvp_turn_
         if (push_message(s, 1, t->text, t->text_len, first) < 0)
             return fail(s, env, sink, 1, -ENOMEM, "transcript", NULL);
         t->recorded = 1;
+        t->gen_start = s->n_tokens;
         t->stats.prompt_tokens = s->n_tokens - s->n_cached;
         if (!env->reuse_cache) {
             /* Benchmark baseline: forget the cache, run the whole (kept) transcript again. */

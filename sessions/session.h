@@ -79,6 +79,17 @@ typedef struct kvp_turn {
     kvp_utf8 utf8;
     char *reply;
     size_t reply_len, reply_cap;
+    size_t sent;             /* bytes of reply given to the sink as tokens */
+    char *stop[KVP_HUB_MAX_STOPS];   /* stop strings (copies) */
+    size_t stop_len[KVP_HUB_MAX_STOPS];
+    int n_stop;
+    size_t stop_hold;        /* longest stop string - 1: reply bytes held back from the sink */
+    int stopped;             /* a stop string was found at stop_at: the reply ends there */
+    size_t stop_at;
+    int gen_start;           /* transcript index of the reply's first token */
+    size_t *tok_end;         /* with stop strings, per reply token: the reply's length after
+                              * it, SIZE_MAX while a character was incomplete */
+    int tok_end_cap;
     uint64_t evicted_at_start;
     double t_start, t_first;
     kvp_turn_stats stats;
@@ -141,18 +152,24 @@ typedef struct kvp_session {
     int n_tokens, cap_tokens;
     int n_cached;                    /* tokens[0..n_cached) have been run */
     int reply_open;
+    /* The system text the chat template renders at the conversation's start (NULL/0:
+     * none, the template's default if it has one). Set when the session is made, never
+     * changed; persisted with the session. */
+    char *system;
+    size_t system_len;
     kvp_message *msgs;
     int *msg_tok;                    /* [cap_msgs] where each message's tokens begin in tokens[] */
     int n_msgs, cap_msgs;
     /* The bounded history (max_history_tokens): msgs[0] is the conversation's message
      * hist_msgs and tokens[0] its token hist_tokens; what came before was dropped, its
-     * messages summed up in hist_hash (kvp_session_transcript_hash's state after them).
+     * messages summed up in hist_hash (kvp_session_transcript_hash's state after the
+     * system text and them; meaningful when hist_msgs > 0).
      * The cache holds the tokens of all of it: cache.n_seen == hist_tokens + n_cached. A
      * rebuilt cache starts a new token stream from the kept messages (hist_tokens 0). */
     int hist_msgs;
     int64_t hist_tokens;
     uint64_t hist_hash;
-    /* loop: the hash of msgs (kvp_session_transcript_hash) as of the last job's end, and
+    /* loop: the hash of system and msgs (kvp_session_transcript_hash) as of the last job's end, and
      * their count, kept while parked: how stateless requests find their conversation */
     uint64_t transcript_hash;
     int transcript_msgs;             /* of the whole conversation, dropped ones included */
@@ -203,13 +220,21 @@ int kvp_session_unpark(kvp_session_table *t, kvp_session *s, const kvp_session_e
  * copy of the text. */
 int kvp_session_begin_turn(kvp_session *s, const char *text, size_t len, int max_tokens,
                            float temperature, int budget, double now);
+/* Loop, after kvp_session_begin_turn: the turn's stop strings (copies; n at most
+ * KVP_HUB_MAX_STOPS, each 1..KVP_HUB_STOP_MAX bytes). 0, -EINVAL or -ENOMEM. */
+int kvp_session_turn_stops(kvp_session *s, const char *const *stop, const size_t *len, int n);
 /* Loop, on a new session that never ran a turn: takes copies of msgs as its transcript;
  * its first turn tokenizes and prefills them before its own message. 0 or -ENOMEM. */
 int kvp_session_seed(kvp_session *s, const kvp_message *msgs, int n);
-/* The hash of a transcript's roles and texts, the same for a session and a request;
- * _more goes on from the state h after earlier messages (a session's hist_hash). */
-uint64_t kvp_session_transcript_hash(const kvp_message *msgs, int n);
+/* Loop, on a new session: takes a copy of its system text (len 0: none). 0 or -ENOMEM. */
+int kvp_session_set_system(kvp_session *s, const char *system, size_t len);
+/* The hash of a conversation's system text and its messages' roles and texts, the same
+ * for a session and a request; _more goes on from the state h after earlier messages. */
+uint64_t kvp_session_transcript_hash(const char *system, size_t system_len,
+                                     const kvp_message *msgs, int n);
 uint64_t kvp_session_transcript_hash_more(uint64_t h, const kvp_message *msgs, int n);
+/* The hash of the session's whole conversation (system text, dropped and kept messages). */
+uint64_t kvp_session_hash(const kvp_session *s);
 /* Clears the outcome of the last job before a new one (loop thread; not busy). The
  * caller then sets the state that names the job. */
 void kvp_session_begin_job(kvp_session *s);

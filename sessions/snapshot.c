@@ -173,6 +173,8 @@ static int check_snapshot(const kvp_snapshot *s, char *err, size_t errlen)
         why = "negative budget or turn count";
     else if (s->n_msgs < 0 || (s->n_msgs && !s->msgs))
         why = "bad message list";
+    else if ((s->system_len && !s->system) || s->system_len > UINT32_MAX)
+        why = "bad system text";
     else if (s->n_tokens < 0 || s->n_cached < 0 || s->n_cached > s->n_tokens ||
              (s->n_tokens && !s->tokens))
         why = "bad token list (n_cached must be within 0..n_tokens)";
@@ -200,7 +202,7 @@ static int encode_prefix(const kvp_snapshot *s, kvp_wbuf *w)
     size_t iden = 4 + strlen(s->id) + 4 + strlen(s->ident.model_name) + 8 +
                   4 + strlen(s->ident.policy_name) + 8 + 4;
     size_t cntr = 4 + 8 + 8 + 8 + 4 + 8 + 8;
-    size_t msgs = 4;
+    size_t msgs = 4 + s->system_len + 4;
     for (int i = 0; i < s->n_msgs; i++)
         msgs += 1 + 4 + s->msgs[i].len + 8;
     size_t toks = 4 + 4 + 4 * (size_t)s->n_tokens;
@@ -231,6 +233,8 @@ static int encode_prefix(const kvp_snapshot *s, kvp_wbuf *w)
     kvp_w_u64(w, s->hist_msgs ? s->hist_hash : KVP_FNV1A_INIT);
 
     w_section(w, 2, msgs);
+    kvp_w_u32(w, (uint32_t)s->system_len);
+    kvp_w_bytes(w, s->system, s->system_len);
     kvp_w_u32(w, (uint32_t)s->n_msgs);
     for (int i = 0; i < s->n_msgs; i++) {
         unsigned char role = s->msgs[i].user ? 1 : 0;
@@ -392,7 +396,7 @@ static const char *parse_cntr(kvp_rbuf *r, kvp_snapshot *s)
         return "counters out of range";
     s->turns = (int)turns;
     s->hist_hash = KVP_FNV1A_INIT;
-    return s->version >= 2 ? parse_hist(r, &s->hist_msgs, &s->hist_tokens, &s->hist_hash) : NULL;
+    return s->version >= 3 ? parse_hist(r, &s->hist_msgs, &s->hist_tokens, &s->hist_hash) : NULL;
 }
 
 /* Messages are UTF-8 (they travel in JSON frames); a file from before that rule may hold
@@ -414,9 +418,31 @@ static const char *repair_utf8(kvp_snapshot_msg *m)
     return NULL;
 }
 
-static const char *parse_msgs(kvp_rbuf *r, kvp_snapshot *s)
+/* A message's or the system's text: len bytes, NUL-terminated, repaired to UTF-8. */
+static const char *read_text(kvp_rbuf *r, uint32_t len, char **text, size_t *out_len)
+{
+    if (!(*text = malloc((size_t)len + 1)))
+        return OOM;
+    kvp_r_bytes(r, *text, len);
+    (*text)[len] = 0;
+    kvp_snapshot_msg m = {0, *text, len, -1};
+    if (repair_utf8(&m))
+        return OOM;
+    *text = m.text;
+    *out_len = m.len;
+    return NULL;
+}
+
+static const char *parse_msgs(kvp_rbuf *r, kvp_snapshot *s, uint32_t version)
 {
     uint32_t n;
+    if (version >= 2) {   /* the system text first */
+        uint32_t len;
+        if (kvp_r_u32(r, &len) || len > r->n - r->off)
+            return "system text inconsistent with the section length";
+        if (len && read_text(r, len, &s->system, &s->system_len))
+            return OOM;
+    }
     /* Each message takes at least 5 bytes: bounds the allocation by the section. */
     if (kvp_r_u32(r, &n) || n > INT_MAX || n > (r->n - r->off) / 5)
         return "message count inconsistent with the section length";
@@ -428,18 +454,13 @@ static const char *parse_msgs(kvp_rbuf *r, kvp_snapshot *s)
         if (kvp_r_bytes(r, &role, 1) || role > 1 || kvp_r_u32(r, &len) || len > r->n - r->off)
             return "message inconsistent with the section length";
         kvp_snapshot_msg *m = &s->msgs[i];
-        if (!(m->text = malloc((size_t)len + 1)))
-            return OOM;
         s->n_msgs = (int)i + 1;
-        kvp_r_bytes(r, m->text, len);
-        m->text[len] = 0;
-        m->len = len;
         m->user = role;
         m->first_token = -1;
-        if (repair_utf8(m))
+        if (read_text(r, len, &m->text, &m->len))
             return OOM;
         uint64_t first;
-        if (s->version >= 2) {
+        if (s->version >= 3) {
             if (kvp_r_u64(r, &first) || first > INT64_MAX / 2)
                 return "message inconsistent with the section length";
             m->first_token = (int64_t)first;
@@ -448,10 +469,10 @@ static const char *parse_msgs(kvp_rbuf *r, kvp_snapshot *s)
     return NULL;
 }
 
-/* Version 2: each message's first token lies within the stored tokens, in order. */
+/* Version 3: each message's first token lies within the stored tokens, in order. */
 static const char *check_first_tokens(const kvp_snapshot *s)
 {
-    for (int i = 0; s->version >= 2 && i < s->n_msgs; i++)
+    for (int i = 0; s->version >= 3 && i < s->n_msgs; i++)
         if (s->msgs[i].first_token < s->hist_tokens ||
             s->msgs[i].first_token > s->hist_tokens + s->n_tokens ||
             (i && s->msgs[i].first_token < s->msgs[i - 1].first_token))
@@ -548,7 +569,7 @@ static const char *parse(unsigned char *buf, size_t len, const char *id, kvp_sna
         switch (i) {
         case 0: bad = parse_iden(&sec, s, id); break;
         case 1: bad = parse_cntr(&sec, s); break;
-        case 2: bad = parse_msgs(&sec, s); break;
+        case 2: bad = parse_msgs(&sec, s, version); break;
         default: bad = parse_toks(&sec, s); break;
         }
         if (!bad && sec.off != sec.n) {
@@ -663,6 +684,7 @@ void kvp_snapshot_free(kvp_snapshot *s)
     for (int i = 0; i < s->n_msgs; i++)
         free(s->msgs[i].text);
     free(s->msgs);
+    free(s->system);
     free(s->tokens);
     free(s->cache);
     memset(s, 0, sizeof *s);

@@ -11,9 +11,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* 2: the bounded history (messages and tokens dropped, each message's first token);
- * version 1 files still load. */
-#define KVP_SNAPSHOT_VERSION 2
+/* Written: 3. Read: 1 (no system text, no bounded history), 2 (the system text), 3 (the
+ * bounded history: messages and tokens dropped, each message's first token). */
+#define KVP_SNAPSHOT_VERSION 3
 #define KVP_SNAPSHOT_ID_MAX 64
 #define KVP_SNAPSHOT_NAME_MAX 127
 /* The model hash covers the file size and this many leading bytes: the whole GGUF
@@ -47,6 +47,9 @@ typedef struct kvp_snapshot {
     int turns;
     uint64_t evicted_rows;
     double created, last_active;     /* wall clock, seconds since the Unix epoch */
+    char *system;             /* the session's system text (read: NUL-terminated copy or
+                                 NULL; may hold NULs: use system_len) */
+    size_t system_len;
     /* The bounded history: msgs[0] is the conversation's message hist_msgs, tokens[0] its
      * token hist_tokens; hist_hash is the transcript hash's state after the dropped
      * messages (KVP_FNV1A_INIT when none). The cache holds hist_tokens + n_cached tokens. */

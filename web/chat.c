@@ -22,7 +22,8 @@ static void on_hub_event(void *ctx, const kvp_hub_event *ev)
     switch (ev->type) {
     case KVP_HUB_SESSION:
         kvpd_conn_send(c, kvpd_proto_session(ev->id, ev->resumed, ev->turns, ev->history,
-                                             ev->n_history, ev->history_dropped));
+                                             ev->n_history, ev->history_dropped, ev->system,
+                                             ev->system_len));
         break;
     case KVP_HUB_TOKEN:
         kvpd_conn_send(c, kvpd_proto_token(ev->text, ev->len));
@@ -56,7 +57,7 @@ static void handle(kvpd_conn *c, const char *buf, size_t len)
     } else if (!c->client && !(c->client = kvp_hub_client_new(w->hub, on_hub_event, c))) {
         send_error(c, KVPD_E_INTERNAL, "out of memory", 0);
     } else if (m.type == KVPD_MSG_HELLO) {
-        kvp_hub_open(c->client, m.session);
+        kvp_hub_open(c->client, m.session, m.system, m.system_len);
     } else {
         kvp_hub_message(c->client, m.text, m.text_len, m.max_tokens, m.has_temperature,
                         m.temperature);

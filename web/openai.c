@@ -12,20 +12,15 @@
 #include "base/log.h"
 #include "web/conn.h"
 
-#define MAX_STOPS 4
-
 typedef struct kvpd_oai {
     char *body;                   /* the POST body, bounded by max_body_bytes */
     size_t body_len, body_cap;
     int body_too_large;
     kvp_hub_client *client;       /* while the turn runs */
     int stream, include_usage;
-    char *stops[MAX_STOPS];
+    char *stops[KVP_HUB_MAX_STOPS];   /* the request's stop strings: the hub's turn ends
+                                       * the reply (and the transcript) before one */
     int n_stops;
-    size_t stop_hold;             /* longest stop string - 1: text held back while streaming */
-    char *reply;                  /* the reply so far (stop strings are looked for in it) */
-    size_t reply_len, reply_cap, sent;   /* sent: bytes of reply already streamed */
-    int stopped;                  /* a stop string ended the reply: the turn was cancelled */
     int ended;                    /* the answer is complete: nothing more gets queued */
     int started;                  /* streaming: the 200 headers and the role chunk are queued */
     int headers_sent;
@@ -113,9 +108,9 @@ static json_t *kvpd_stats(const kvpd_oai *o, const kvp_turn_stats *st)
                      "cache_rows", st->cache_rows, "evicted_rows", (json_int_t)st->evicted_rows);
 }
 
-static const char *finish_reason(const kvpd_oai *o, const kvp_turn_stats *st)
+static const char *finish_reason(const kvp_turn_stats *st)
 {
-    return !o->stopped && !strcmp(st->stop, "length") ? "length" : "stop";
+    return !strcmp(st->stop, "length") ? "length" : "stop";
 }
 
 /* One SSE event. */
@@ -168,67 +163,14 @@ static void stream_text(kvpd_conn *c, const char *text, size_t len)
                               "finish_reason")));
 }
 
-/* ---- stop strings ---- */
-
-static int reply_append(kvpd_oai *o, const char *text, size_t len)
-{
-    if (o->reply_len + len + 1 > o->reply_cap) {
-        size_t cap = o->reply_cap ? o->reply_cap : 256;
-        while (cap < o->reply_len + len + 1)
-            cap *= 2;
-        char *r = realloc(o->reply, cap);
-        if (!r)
-            return -ENOMEM;
-        o->reply = r;
-        o->reply_cap = cap;
-    }
-    memcpy(o->reply + o->reply_len, text, len);
-    o->reply_len += len;
-    o->reply[o->reply_len] = '\0';
-    return 0;
-}
-
-/* The end of the reply's first stop string at or after `from`'s reach, or reply_len:
- * sets stopped when one is found (the reply ends before it). */
-static size_t stop_at(kvpd_oai *o, size_t from)
-{
-    size_t cut = o->reply_len;
-    size_t start = from > o->stop_hold ? from - o->stop_hold : 0;
-    for (int i = 0; i < o->n_stops; i++) {
-        const char *hit = memmem(o->reply + start, o->reply_len - start, o->stops[i],
-                                 strlen(o->stops[i]));
-        if (hit && (size_t)(hit - o->reply) < cut) {
-            cut = (size_t)(hit - o->reply);
-            o->stopped = 1;
-        }
-    }
-    return cut;
-}
-
-/* How much of the reply may be streamed now: all but what could begin a stop string,
- * cut back to a UTF-8 boundary. */
-static size_t streamable(const kvpd_oai *o)
-{
-    if (o->reply_len <= o->stop_hold)
-        return 0;
-    size_t n = o->reply_len - o->stop_hold;
-    while (n > 0 && n < o->reply_len && ((unsigned char)o->reply[n] & 0xC0) == 0x80)
-        n--;
-    return n;
-}
-
 /* ---- the hub's events ---- */
 
 static void finish_stream(kvpd_conn *c, const kvp_turn_stats *st)
 {
     kvpd_oai *o = c->oai;
     stream_start(c);
-    size_t end = o->stopped ? stop_at(o, 0) : o->reply_len;
-    if (end > o->sent)
-        stream_text(c, o->reply + o->sent, end - o->sent);
-    o->sent = end;
     sse(c, chunk(o, json_pack("[{s:i, s:{}, s:s}]", "index", 0, "delta", "finish_reason",
-                              finish_reason(o, st))));
+                              finish_reason(st))));
     if (o->include_usage) {
         json_t *j = chunk(o, json_array());
         json_object_set_new(j, "usage", usage(st));
@@ -243,52 +185,17 @@ static void done(kvpd_conn *c, const kvp_hub_event *ev)
 {
     kvpd_oai *o = c->oai;
     const kvp_turn_stats *st = ev->stats;
-    if (!o->stopped) {   /* the done's reply is the whole text, whatever was streamed */
-        o->reply_len = 0;
-        if (reply_append(o, ev->text, ev->len) < 0) {
-            fail(c, 500, NULL, NULL, "out of memory");
-            return;
-        }
-        stop_at(o, 0);
-    }
-    if (o->stream) {
+    if (o->stream) {   /* the tokens carried the whole reply */
         finish_stream(c, st);
         return;
     }
-    size_t end = o->stopped ? stop_at(o, 0) : o->reply_len;
-    json_t *msg = json_pack("{s:s, s:s%}", "role", "assistant", "content", o->reply, end);
+    json_t *msg = json_pack("{s:s, s:s%}", "role", "assistant", "content", ev->text, ev->len);
     json_t *j = json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:o, s:n, s:s}], s:o, s:s, s:o}",
                           "id", o->id, "object", "chat.completion", "created",
                           (json_int_t)o->created, "model", o->model, "choices", "index", 0,
-                          "message", msg, "logprobs", "finish_reason", finish_reason(o, st),
+                          "message", msg, "logprobs", "finish_reason", finish_reason(st),
                           "usage", usage(st), "session", o->session, "kvpd", kvpd_stats(o, st));
     answer(c, 200, j);
-}
-
-static void token(kvpd_conn *c, const char *text, size_t len)
-{
-    kvpd_oai *o = c->oai;
-    if (reply_append(o, text, len) < 0) {
-        kvp_hub_cancel(o->client);
-        return;
-    }
-    if (o->n_stops) {
-        size_t cut = stop_at(o, o->reply_len - len);
-        if (o->stopped) {
-            /* The reply ends here: the turn stops at its next step (its partial reply
-             * stays in the session, as for any cancel). */
-            kvp_hub_cancel(o->client);
-            o->reply_len = cut;
-        }
-    }
-    if (!o->stream)
-        return;
-    stream_start(c);
-    size_t n = o->stopped ? o->reply_len : streamable(o);
-    if (n > o->sent) {
-        stream_text(c, o->reply + o->sent, n - o->sent);
-        o->sent = n;
-    }
 }
 
 static void hub_error(kvpd_conn *c, const kvp_hub_event *ev)
@@ -330,8 +237,10 @@ static void on_hub_event(void *ctx, const kvp_hub_event *ev)
         snprintf(o->id, sizeof o->id, "chatcmpl-%.16s%d", ev->id, ev->turns);
         break;
     case KVP_HUB_TOKEN:
-        if (!o->stopped)
-            token(c, ev->text, ev->len);
+        if (o->stream) {
+            stream_start(c);
+            stream_text(c, ev->text, ev->len);
+        }
         break;
     case KVP_HUB_DONE:
         done(c, ev);
@@ -387,9 +296,12 @@ static void free_messages(kvp_message *m, int n)
     free(m);
 }
 
-/* The request's messages as the hub's: system (and developer) messages are folded into
- * the user message that follows them. Returns the count, or -1 after answering. */
-static int messages(kvpd_conn *c, json_t *arr, kvp_message **out)
+/* The request's messages as the hub's: a system (or developer) message first is the
+ * conversation's system text (*system, malloc'd; NULL for none), as the chat template
+ * renders it; later ones are folded into the user message that follows them. Returns
+ * the count, or -1 after answering. */
+static int messages(kvpd_conn *c, json_t *arr, kvp_message **out, char **system,
+                    size_t *system_len)
 {
     size_t n = json_array_size(arr);
     if (!json_is_array(arr) || n == 0) {
@@ -397,6 +309,8 @@ static int messages(kvpd_conn *c, json_t *arr, kvp_message **out)
         return -1;
     }
     kvp_message *m = calloc(n, sizeof *m);
+    *system = NULL;
+    *system_len = 0;
     char *pending = NULL;   /* system text waiting for its user message */
     size_t pending_len = 0;
     int k = 0;
@@ -405,8 +319,8 @@ static int messages(kvpd_conn *c, json_t *arr, kvp_message **out)
         json_t *msg = json_array_get(arr, i);
         const char *role = json_string_value(json_object_get(msg, "role"));
         snprintf(param, sizeof param, "messages[%zu].role", i);
-        int system = role && (!strcmp(role, "system") || !strcmp(role, "developer"));
-        if (!role || (!system && strcmp(role, "user") && strcmp(role, "assistant"))) {
+        int sys_role = role && (!strcmp(role, "system") || !strcmp(role, "developer"));
+        if (!role || (!sys_role && strcmp(role, "user") && strcmp(role, "assistant"))) {
             fail(c, 400, param, NULL, "%s must be system, user or assistant (tool messages are "
                  "not supported)", param);
             goto bad;
@@ -421,7 +335,12 @@ static int messages(kvpd_conn *c, json_t *arr, kvp_message **out)
             fail(c, 400, param, NULL, "%s must be a string or an array of text parts", param);
             goto bad;
         }
-        if (system) {
+        if (sys_role && i == 0) {
+            *system = text;
+            *system_len = len;
+            continue;
+        }
+        if (sys_role) {
             char *p = realloc(pending, pending_len + len + 3);
             if (!p) {
                 free(text);
@@ -463,6 +382,8 @@ oom:
     fail(c, 500, NULL, NULL, "out of memory");
 bad:
     free(pending);
+    free(*system);
+    *system = NULL;
     if (m)
         free_messages(m, k);
     return -1;
@@ -572,21 +493,23 @@ static int options(kvpd_conn *c, json_t *req, kvp_turn_opts *t)
     if (stops && !json_is_null(stops)) {
         size_t i;
         json_t *s;
-        int ok = json_is_array(stops) && json_array_size(stops) <= MAX_STOPS;
+        int ok = json_is_array(stops) && json_array_size(stops) <= KVP_HUB_MAX_STOPS;
         json_array_foreach(stops, i, s)
             ok = ok && json_is_string(s) && json_string_length(s) > 0 &&
-                 json_string_length(s) <= 256;
+                 json_string_length(s) <= KVP_HUB_STOP_MAX;
         if (!ok) {
             json_decref(one);
             fail(c, 400, "stop", NULL, "stop must be a string or up to 4 non-empty strings");
             return -1;
         }
         json_array_foreach(stops, i, s) {
-            if (!(o->stops[o->n_stops] = strdup(json_string_value(s))))
+            size_t len = json_string_length(s);
+            if (!(o->stops[o->n_stops] = malloc(len)))
                 break;
-            o->n_stops++;
-            if (json_string_length(s) - 1 > o->stop_hold)
-                o->stop_hold = json_string_length(s) - 1;
+            memcpy(o->stops[o->n_stops], json_string_value(s), len);
+            t->stop[o->n_stops] = o->stops[o->n_stops];
+            t->stop_len[o->n_stops] = len;
+            t->n_stop = ++o->n_stops;
         }
         if (o->n_stops < (int)json_array_size(stops)) {
             json_decref(one);
@@ -618,6 +541,8 @@ static void chat_completions(kvpd_conn *c)
         return;
     }
     kvp_message *msgs = NULL;
+    char *system = NULL;
+    size_t system_len = 0;
     int n = -1;
     kvp_turn_opts t;
     if (!json_is_object(req)) {
@@ -632,8 +557,14 @@ static void chat_completions(kvpd_conn *c)
              o->model);
         goto out;
     }
-    if (options(c, req, &t) < 0 || (n = messages(c, json_object_get(req, "messages"), &msgs)) < 0)
+    if (options(c, req, &t) < 0 ||
+        (n = messages(c, json_object_get(req, "messages"), &msgs, &system, &system_len)) < 0)
         goto out;
+    if (system_len > KVP_HUB_SYSTEM_MAX) {
+        fail(c, 400, "messages[0].content", NULL, "the system message is limited to %d bytes",
+             KVP_HUB_SYSTEM_MAX);
+        goto out;
+    }
     char sid[KVP_SESSION_ID_LEN + 8] = "";
     json_t *named = json_object_get(req, "session");
     if (json_is_string(named))
@@ -652,10 +583,11 @@ static void chat_completions(kvpd_conn *c)
         goto out;
     }
     o->close = o->stream;   /* a stream's end is the connection's */
-    kvp_hub_chat(o->client, sid, msgs, n, &t);
+    kvp_hub_chat(o->client, sid, system, system_len, msgs, n, &t);
 out:
     if (msgs)
         free_messages(msgs, n);
+    free(system);
     json_decref(req);
 }
 
@@ -835,7 +767,6 @@ void kvpd_openai_closed(kvpd_conn *c)
         kvp_hub_close(o->client);
     for (int i = 0; i < o->n_stops; i++)
         free(o->stops[i]);
-    free(o->reply);
     free(o->body);
     free(o);
     c->oai = NULL;

@@ -51,6 +51,21 @@ int kvpd_proto_parse(const char *buf, size_t len, int max_tokens_limit,
             else
                 snprintf(out->session, sizeof out->session, "%s", json_string_value(id));
         }
+        json_t *sys = json_object_get(root, "system");
+        if (!rc && sys && !json_is_null(sys)) {
+            if (!json_is_string(sys)) {
+                rc = reject(code, KVPD_E_BAD_REQUEST, msg, msglen, "system must be a string");
+            } else if (json_string_length(sys) > KVP_HUB_SYSTEM_MAX) {
+                *code = KVPD_E_TOO_LARGE;
+                snprintf(msg, msglen, "the system text is limited to %d bytes", KVP_HUB_SYSTEM_MAX);
+                rc = -EINVAL;
+            } else if (!(out->system = malloc(json_string_length(sys) + 1))) {
+                rc = reject(code, KVPD_E_INTERNAL, msg, msglen, "out of memory");
+            } else {
+                out->system_len = json_string_length(sys);
+                memcpy(out->system, json_string_value(sys), out->system_len + 1);
+            }
+        }
     } else if (!strcmp(type, "message")) {
         out->type = KVPD_MSG_MESSAGE;
         json_t *text = json_object_get(root, "text");
@@ -94,6 +109,8 @@ void kvpd_proto_msg_free(kvpd_client_msg *m)
 {
     free(m->text);
     m->text = NULL;
+    free(m->system);
+    m->system = NULL;
 }
 
 static char *dump(json_t *o)
@@ -106,7 +123,8 @@ static char *dump(json_t *o)
 }
 
 char *kvpd_proto_session(const char *id, int resumed, int turns, const kvp_message *history,
-                         int n_history, int history_dropped)
+                         int n_history, int history_dropped, const char *system,
+                         size_t system_len)
 {
     json_t *h = json_array();
     for (int i = 0; h && i < n_history; i++)
@@ -119,9 +137,14 @@ char *kvpd_proto_session(const char *id, int resumed, int turns, const kvp_messa
         }
     if (!h)
         return NULL;
-    return dump(json_pack("{s:s, s:s, s:b, s:i, s:o, s:i}", "type", "session", "id", id,
+    json_t *o = json_pack("{s:s, s:s, s:b, s:i, s:o, s:i}", "type", "session", "id", id,
                           "resumed", resumed, "turns", turns, "history", h,
-                          "history_dropped", history_dropped));
+                          "history_dropped", history_dropped);
+    if (o && system && json_object_set_new(o, "system", json_stringn(system, system_len)) < 0) {
+        json_decref(o);
+        o = NULL;
+    }
+    return dump(o);
 }
 
 char *kvpd_proto_token(const char *text, size_t len)

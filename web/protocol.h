@@ -12,6 +12,8 @@ enum kvpd_msg_type { KVPD_MSG_HELLO, KVPD_MSG_MESSAGE, KVPD_MSG_CANCEL };
 typedef struct kvpd_client_msg {
     enum kvpd_msg_type type;
     char session[KVP_SESSION_ID_LEN + 1];   /* hello: "" = new session */
+    char *system;                           /* hello: malloc'd, valid UTF-8; NULL: none given */
+    size_t system_len;
     char *text;                             /* message: malloc'd, valid UTF-8 */
     size_t text_len;
     int max_tokens;                         /* 0 = not given */
@@ -29,9 +31,11 @@ void kvpd_proto_msg_free(kvpd_client_msg *m);
 
 /* Server frames, malloc'd NUL-terminated JSON (NULL when out of memory). */
 /* history: the transcript's stored messages (NULL/0 for none; only while no turn runs),
- * after history_dropped earlier ones that max_history_tokens dropped. */
+ * after history_dropped earlier ones that max_history_tokens dropped. system: the
+ * session's system text (NULL: none, no field). */
 char *kvpd_proto_session(const char *id, int resumed, int turns, const kvp_message *history,
-                         int n_history, int history_dropped);
+                         int n_history, int history_dropped, const char *system,
+                         size_t system_len);
 char *kvpd_proto_token(const char *text, size_t len);
 /* durable: -1 without a state directory (no field), 1 when the turn's snapshot is on
  * disk, 0 when writing it failed (with the reason in "durable_error"). */

@@ -49,7 +49,7 @@ static int read_port(const char *log)
     return port;
 }
 
-int kvpd_start(kvpd_proc *p, const char *extra)
+int kvpd_spawn(kvpd_proc *p, const char *extra)
 {
     memset(p, 0, sizeof *p);
     snprintf(p->log, sizeof p->log, "/tmp/kvpd-test-XXXXXX");
@@ -100,6 +100,13 @@ int kvpd_start(kvpd_proc *p, const char *extra)
             return -1;
         }
     }
+    return p->port ? 0 : -1;
+}
+
+int kvpd_start(kvpd_proc *p, const char *extra)
+{
+    if (kvpd_spawn(p, extra) < 0)
+        return -1;
     for (int i = 0; i < 400 && p->port; i++) {
         char *body = NULL;
         int st = http_get("127.0.0.1", p->port, "/healthz", NULL, &body, 2000);

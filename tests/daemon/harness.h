@@ -20,6 +20,8 @@ typedef struct kvpd_proc {
 /* Starts kvpd with the test defaults (2 workers, budget 64, chunk 16, greedy) and
  * `extra` (space-separated flags, later ones win); waits for /healthz. 0 or -1. */
 int kvpd_start(kvpd_proc *p, const char *extra);
+/* As kvpd_start, but returns as soon as the port is bound (the model may be loading). */
+int kvpd_spawn(kvpd_proc *p, const char *extra);
 /* SIGTERM, then waits up to timeout_ms; returns the exit status, or -1 (killed). */
 int kvpd_stop(kvpd_proc *p, int timeout_ms);
 /* Waits up to timeout_ms for it to exit (a signal was sent); as kvpd_stop. */

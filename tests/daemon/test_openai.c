@@ -5,12 +5,16 @@
 #include <arpa/inet.h>
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "tests/daemon/harness.h"
@@ -333,6 +337,28 @@ Test(openai, a_stop_string_ends_the_reply_before_it)
     cr_assert_str_eq(json_string_value(json_object_get(json_object_get(ch, "message"), "content")),
                      ", there was a little girl named ", "%s", a.body);
     cr_assert_str_eq(json_string_value(json_object_get(ch, "finish_reason")), "stop");
+    int p1 = (int)json_integer_value(json_object_get(json_object_get(j, "usage"), "prompt_tokens"));
+    json_decref(j);
+    char sid[64];
+    snprintf(sid, sizeof sid, "%s", header(&a, "x-session-id:"));
+    free(a.raw);
+    /* The client sends the reply back as it got it (without the stop text): the session's
+     * transcript ends there too, so this continues it, prefilling only the new message. */
+    a = request(&d, "POST", "/v1/chat/completions", NULL,
+                "{\"messages\":[{\"role\":\"user\",\"content\":\"Once upon a time\"},"
+                "{\"role\":\"assistant\",\"content\":\", there was a little girl named \"},"
+                "{\"role\":\"user\",\"content\":\"Sue\"}],\"max_tokens\":4}");
+    cr_assert_eq(a.status, 200, "%s", a.raw);
+    cr_assert_str_eq(header(&a, "x-session-id:"), sid, "the cut reply was not matched");
+    j = json_loads(a.body, 0, NULL);
+    json_t *u = json_object_get(j, "usage");
+    int cached = (int)json_integer_value(json_object_get(json_object_get(u, "prompt_tokens_details"),
+                                                         "cached_tokens"));
+    int prefilled = (int)json_integer_value(json_object_get(json_object_get(j, "kvpd"),
+                                                            "prefilled_tokens"));
+    cr_assert_geq(cached, p1 + 5, "the first turn was recomputed (cached %d)", cached);
+    cr_assert_eq((int)json_integer_value(json_object_get(u, "prompt_tokens")), cached + prefilled);
+    cr_assert_leq(prefilled, 6, "more than \"Sue\" and the cut token were prefilled: %d", prefilled);
     json_decref(j);
     free(a.raw);
     a = request(&d, "POST", "/v1/chat/completions", NULL,
@@ -477,4 +503,203 @@ Test(openai, overloaded_is_429_with_retry_after)
     free(a.raw);
     close(fd);
     cr_assert_eq(kvpd_stop(&d, 10000), 0);
+}
+
+/* A 503 in OpenAI's shape with a Retry-After. */
+static void expect_503(const kvpd_proc *p, const char *method, const char *path, const char *body,
+                       const char *why)
+{
+    answer a = request(p, method, path, NULL, body);
+    cr_assert_eq(a.status, 503, "%s %s: %s", method, path, a.raw);
+    cr_assert_geq(atoi(header(&a, "retry-after:")), 1, "%s", a.raw);
+    json_t *j = json_loads(a.body, 0, NULL);
+    cr_assert(j, "not JSON: %s", a.body);
+    json_t *e = json_object_get(j, "error");
+    cr_assert_str_eq(json_string_value(json_object_get(e, "type")), "service_unavailable", "%s", a.body);
+    cr_assert(strstr(json_string_value(json_object_get(e, "message")), why), "%s", a.body);
+    cr_assert(json_object_get(e, "param") && json_object_get(e, "code"), "%s", a.body);
+    json_decref(j);
+    free(a.raw);
+}
+
+/* While the model loads: the model file is a FIFO, so the load waits (in open) until the
+ * test opens its other end; meanwhile the API answers 503 "loading". */
+Test(openai, while_the_model_loads_the_api_answers_503_with_retry_after)
+{
+    char dir[64], fifo[128], extra[256];
+    cr_assert_eq(h_mkdtemp(dir, sizeof dir), 0);
+    snprintf(fifo, sizeof fifo, "%s/model.gguf", dir);
+    cr_assert_eq(mkfifo(fifo, 0600), 0);
+    snprintf(extra, sizeof extra, "--model %s", fifo);
+    kvpd_proc d;
+    cr_assert_eq(kvpd_spawn(&d, extra), 0, "kvpd did not bind its port (log %s)", d.log);
+    expect_503(&d, "POST", "/v1/chat/completions", USER("Once") ",\"max_tokens\":3}", "loading");
+    expect_503(&d, "GET", "/v1/models", "", "loading");
+    char *body = NULL;
+    cr_assert_eq(h_get(&d, "/healthz", NULL, &body), 503);
+    free(body);
+    /* The load goes on: an empty model file (each open of the FIFO finds a writer that
+     * closes at once), refused; the daemon stops with status 1. */
+    int status = -2;
+    for (int i = 0; i < 1000 && d.pid > 0; i++) {
+        int fd = open(fifo, O_WRONLY | O_NONBLOCK);   /* ENXIO while nobody reads */
+        if (fd >= 0)
+            close(fd);
+        int st;
+        if (waitpid(d.pid, &st, WNOHANG) == d.pid) {
+            status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+            d.pid = 0;
+        }
+        usleep(10000);
+    }
+    cr_assert_eq(status, 1, "kvpd did not stop after the failed load");
+    h_rmdir(dir);
+}
+
+/* One answer with a Content-Length on a connection that stays open. */
+static char *read_one(int fd)
+{
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    for (;;) {
+        struct pollfd pf = {fd, POLLIN, 0};
+        cr_assert_gt(poll(&pf, 1, 10000), 0, "no answer");
+        ssize_t r = recv(fd, buf + n, cap - n - 1, 0);
+        cr_assert_gt(r, 0, "closed before the answer");
+        n += (size_t)r;
+        buf[n] = '\0';
+        char *end = strstr(buf, "\r\n\r\n");
+        const char *cl = strcasestr(buf, "content-length:");
+        if (end && cl && n >= (size_t)(end + 4 - buf) + (size_t)atoi(cl + 15))
+            return buf;
+    }
+}
+
+/* While the daemon drains: a connection opened before (new ones are closed at once) asks
+ * while a long prefill unit still runs — the turn stops at its next step, and the
+ * shutdown waits for it — and gets 503 "shutting down". */
+Test(openai, while_the_daemon_stops_the_api_answers_503_with_retry_after)
+{
+    char dir[64], model[128], cmd[512];
+    cr_assert_eq(h_mkdtemp(dir, sizeof dir), 0);
+    snprintf(model, sizeof model, "%s/slow.gguf", dir);
+    /* q8_0 prefill of some hundreds of tokens in one chunk: a unit of a second or more */
+    snprintf(cmd, sizeof cmd, "%s synth --out %s --dim 768 --hidden 2048 --layers 4 --heads 12 "
+             "--vocab 32000 --ctx 8192 --type q8_0 >/dev/null 2>&1", h_build("tools/kvp"), model);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+    char extra[512];
+    snprintf(extra, sizeof extra, "--model %s --chunk 4096 --budget 0 --max-body-bytes 1000000",
+             model);
+    kvpd_proc d;
+    cr_assert_eq(kvpd_start(&d, extra), 0);
+    int keep = dial(&d);
+    const char *get = "GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+    send_all(keep, get, strlen(get));
+    char *first = read_one(keep);
+    cr_assert(!strncmp(first, "HTTP/1.1 200", 12), "%s", first);
+    free(first);
+
+    size_t words = 200, len = 0;
+    char *body = malloc(words * 8 + 128);
+    len += (size_t)sprintf(body, "{\"max_tokens\":2,\"messages\":[{\"role\":\"user\",\"content\":\"");
+    for (size_t i = 0; i < words; i++)
+        len += (size_t)sprintf(body + len, "%s ", i % 3 ? "dog" : "ran");
+    len += (size_t)sprintf(body + len, "\"}]}");
+    int fd = dial(&d);
+    send_request(fd, "POST", "/v1/chat/completions", NULL, body, len);
+    free(body);
+    /* The turn left the queue: its worker is in the prefill unit. */
+    char *text = NULL;
+    for (int i = 0; i < 200; i++) {
+        free(text);
+        text = NULL;
+        cr_assert_eq(h_get(&d, "/metrics", NULL, &text), 200);
+        if (h_metric(text, "kvpd_turns_running") == 1 && h_metric(text, "kvpd_queue_depth") == 0)
+            break;
+        usleep(10000);
+    }
+    cr_assert_eq(h_metric(text, "kvpd_turns_running"), 1, "%s", text);
+    free(text);
+    cr_assert_eq(kill(d.pid, SIGTERM), 0);
+    usleep(50000);
+    const char *post = "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                       "Content-Type: application/json\r\nContent-Length: 40\r\n\r\n"
+                       "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}";
+    send_all(keep, post, strlen(post));
+    answer a = {0};
+    a.raw = read_one(keep);
+    sscanf(a.raw, "HTTP/1.1 %d", &a.status);
+    a.body = strstr(a.raw, "\r\n\r\n") + 4;
+    cr_assert_eq(a.status, 503, "%s", a.raw);
+    cr_assert_geq(atoi(header(&a, "retry-after:")), 1, "%s", a.raw);
+    cr_assert(strstr(a.body, "\"service_unavailable\"") && strstr(a.body, "shutting down"),
+              "%s", a.body);
+    free(a.raw);
+    close(keep);
+    close(fd);
+    cr_assert_eq(kvpd_wait(&d, 30000), 0);
+    h_rmdir(dir);
+}
+
+/* A conversation that is only on disk after a restart: the request that extends it finds
+ * it by its transcript (the index read at start) and continues it from its snapshot. */
+Test(openai, a_conversation_only_on_disk_after_a_restart_is_continued)
+{
+    char dir[64], extra[128];
+    cr_assert_eq(h_mkdtemp(dir, sizeof dir), 0);
+    snprintf(extra, sizeof extra, "--state-dir %s", dir);
+    kvpd_proc d;
+    cr_assert_eq(kvpd_start(&d, extra), 0);
+    json_t *msgs = json_pack("[{s:s, s:s}]", "role", "user", "content", "Once upon a time");
+    char sid[64] = "";
+    int total = 0;
+    for (int turn = 0; turn < 3; turn++) {
+        if (turn == 2) {   /* a restart: nothing of the session is in memory */
+            cr_assert_eq(kvpd_stop(&d, 10000), 0);
+            cr_assert_eq(kvpd_start(&d, extra), 0);
+            cr_assert(kvpd_log_has(&d, "1 conversation(s) in the transcript index"));
+        }
+        json_t *req = json_pack("{s:O, s:i}", "messages", msgs, "max_tokens", 6);
+        char *body = json_dumps(req, 0);
+        answer a = request(&d, "POST", "/v1/chat/completions", NULL, body);
+        free(body);
+        json_decref(req);
+        cr_assert_eq(a.status, 200, "turn %d: %s", turn, a.raw);
+        json_t *j = json_loads(a.body, 0, NULL);
+        json_t *u = json_object_get(j, "usage");
+        int prompt = (int)json_integer_value(json_object_get(u, "prompt_tokens"));
+        int cached = (int)json_integer_value(json_object_get(json_object_get(u, "prompt_tokens_details"),
+                                                             "cached_tokens"));
+        int prefilled = (int)json_integer_value(json_object_get(json_object_get(j, "kvpd"),
+                                                                "prefilled_tokens"));
+        if (turn == 0) {
+            snprintf(sid, sizeof sid, "%s", header(&a, "x-session-id:"));
+            cr_assert_eq(cached, 0);
+        } else {
+            cr_assert_str_eq(header(&a, "x-session-id:"), sid, "turn %d: another session", turn);
+            cr_assert_geq(cached, total - 1, "turn %d: the history was recomputed (cached %d of %d)",
+                          turn, cached, total);
+            cr_assert_leq(prefilled, 8, "turn %d: %d tokens prefilled", turn, prefilled);
+        }
+        cr_assert_eq(prompt, cached + prefilled);
+        total = prompt + (int)json_integer_value(json_object_get(u, "completion_tokens"));
+        const char *reply = json_string_value(json_object_get(json_object_get(
+            json_array_get(json_object_get(j, "choices"), 0), "message"), "content"));
+        json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "assistant", "content", reply));
+        json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "user", "content",
+                                              turn ? "The end." : "The dog ran"));
+        json_decref(j);
+        free(a.raw);
+    }
+    /* A history nobody had is a new conversation, even with the index in place. */
+    answer a = request(&d, "POST", "/v1/chat/completions", NULL,
+                       "{\"messages\":[{\"role\":\"user\",\"content\":\"Once upon a time\"},"
+                       "{\"role\":\"assistant\",\"content\":\"never said\"},"
+                       "{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":2}");
+    cr_assert_eq(a.status, 200, "%s", a.raw);
+    cr_assert_str_neq(header(&a, "x-session-id:"), sid);
+    free(a.raw);
+    json_decref(msgs);
+    cr_assert_eq(kvpd_stop(&d, 10000), 0);
+    h_rmdir(dir);
 }

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "base/clock.h"
+#include "sessions/hub_impl.h"
 #include "tests/model/testutil.h"
 
 void ht_start(ht_hub *h, const char *state_dir, const char *policy)
@@ -62,6 +63,9 @@ static void sink(void *ctx, const kvp_hub_event *e)
     r->resumed = e->resumed;
     r->turns = e->turns;
     r->n_history = e->n_history;
+    r->has_system = e->system != NULL;
+    if (e->system)
+        snprintf(r->system, sizeof r->system, "%.*s", (int)e->system_len, e->system);
     if (e->code)
         snprintf(r->code, sizeof r->code, "%s", e->code);
     if (e->text) {
@@ -71,6 +75,11 @@ static void sink(void *ctx, const kvp_hub_event *e)
     }
     if (e->stats)
         r->stats = *e->stats;
+}
+
+kvp_session *ht_session(ht_hub *h, const char *id)
+{
+    return kvp_session_find(&h->hub->sessions, id);
 }
 
 void ht_client_new(ht_hub *h, ht_client *c)

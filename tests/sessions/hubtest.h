@@ -16,6 +16,8 @@ typedef struct ht_event {
     char id[KVP_SESSION_ID_LEN + 1];
     int resumed, turns, n_history;
     char code[32];
+    int has_system;          /* SESSION: the session has a system text (below, cut to fit) */
+    char system[128];
     char *text;              /* token text, reply, error message */
     kvp_turn_stats stats;
 } ht_event;
@@ -48,6 +50,8 @@ int ht_wait(ht_hub *h, ht_client *c, int from, enum kvp_hub_event_type type, dou
 void ht_settle(ht_hub *h);
 /* The index of c's first event of this type at or after from, or -1. */
 int ht_find(const ht_client *c, int from, enum kvp_hub_event_type type);
+/* The hub's session with this id (NULL: none); read it only while it is idle. */
+kvp_session *ht_session(ht_hub *h, const char *id);
 /* A user message of about n tokens of story text. */
 char *ht_text(int words);
 

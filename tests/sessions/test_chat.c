@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/tokenizer.h"
 #include "tests/sessions/hubtest.h"
 
 static ht_hub g;
@@ -23,7 +24,7 @@ static int chat(ht_client *c, const char *id, const kvp_message *msgs, int n,
                 const kvp_turn_opts *o)
 {
     ht_client_new(&g, c);
-    kvp_hub_chat(c->c, id, msgs, n, o);
+    kvp_hub_chat(c->c, id, NULL, 0, msgs, n, o);
     cr_assert_geq(c->n, 1);
     cr_assert_eq(c->ev[0].type, KVP_HUB_SESSION, "%s", c->ev[0].text ? c->ev[0].text : "");
     return ht_wait(&g, c, 1, KVP_HUB_DONE, 60);
@@ -97,7 +98,7 @@ Test(chat, a_busy_session_is_not_matched_and_a_named_one_is_preferred)
     /* b's turn runs long on the session; c with the same history gets a new one. */
     kvp_turn_opts longer = {.max_tokens = 200};
     ht_client_new(&g, &b);
-    kvp_hub_chat(b.c, NULL, m, 3, &longer);
+    kvp_hub_chat(b.c, NULL, NULL, 0, m, 3, &longer);
     cr_assert_eq(b.ev[0].resumed, 1);
     int j = chat(&c, NULL, m, 3, &o);
     cr_assert_eq(c.ev[0].resumed, 0, "a busy session was matched");
@@ -147,5 +148,91 @@ Test(chat, seed_and_top_p_apply_to_the_turn)
     end(&c);
     end(&d);
     end(&e);
+    finish();
+}
+
+/* The system text is part of the conversation: a request under another one (or none) is
+ * another conversation; under the same one it continues. */
+Test(chat, the_system_text_is_part_of_the_match)
+{
+    ht_start(&g, NULL, "streaming");
+    kvp_turn_opts o = {.max_tokens = 6};
+    kvp_message m[3] = {msg(1, "A dog ran")};
+    ht_client_new(&g, &a);
+    kvp_hub_chat(a.c, NULL, "Be brief.", 9, m, 1, &o);
+    cr_assert(a.ev[0].has_system);
+    cr_assert_str_eq(a.ev[0].system, "Be brief.");
+    int i = ht_wait(&g, &a, 1, KVP_HUB_DONE, 60);
+    end(&a);
+    m[1] = msg(0, a.ev[i].text);
+    m[2] = msg(1, "Then?");
+    ht_client_new(&g, &b);
+    kvp_hub_chat(b.c, NULL, "Be long.", 8, m, 3, &o);   /* another system text */
+    cr_assert_eq(b.ev[0].resumed, 0);
+    ht_wait(&g, &b, 1, KVP_HUB_DONE, 60);
+    end(&b);
+    chat(&c, NULL, m, 3, &o);   /* none */
+    cr_assert_eq(c.ev[0].resumed, 0);
+    end(&c);
+    ht_client_new(&g, &d);
+    kvp_hub_chat(d.c, NULL, "Be brief.", 9, m, 3, &o);
+    cr_assert_eq(d.ev[0].resumed, 1, "the same system text and history were not matched");
+    cr_assert_str_eq(d.ev[0].id, a.ev[0].id);
+    int j = ht_wait(&g, &d, 1, KVP_HUB_DONE, 60);
+    cr_assert_gt(d.ev[j].stats.cached_tokens, 0);
+    end(&d);
+    finish();
+}
+
+/* A stop string ends the reply in the hub's turn: never streamed, and the session's
+ * transcript tokens and cache end before it (the cut token's text re-tokenized), so the
+ * request that sends the reply back continues the session. */
+Test(chat, a_stop_string_cuts_the_transcript_and_the_cache)
+{
+    ht_start(&g, NULL, "streaming");
+    kvp_turn_opts plain = {.max_tokens = 30};
+    kvp_message m[3] = {msg(1, "Once upon a time")};
+    int i = chat(&a, NULL, m, 1, &plain);
+    end(&a);
+    const char *full = a.ev[i].text;   /* greedy: ", there was a little girl named Lily..." */
+    const char *lily = strstr(full, "Lily");
+    cr_assert(lily, "%s", full);
+    kvp_turn_opts o = {.max_tokens = 30, .stop = {"zzz", "Lily"}, .stop_len = {3, 4}, .n_stop = 2};
+    int j = chat(&b, NULL, m, 1, &o);
+    cr_assert_str_eq(b.ev[j].stats.stop, "stop");
+    cr_assert_eq(strlen(b.ev[j].text), (size_t)(lily - full));
+    cr_assert_eq(strncmp(b.ev[j].text, full, (size_t)(lily - full)), 0);
+    char streamed[4096] = "";
+    for (int k = 1; k < j; k++)
+        strcat(streamed, b.ev[k].text);
+    cr_assert_str_eq(streamed, b.ev[j].text, "the stop text was streamed");
+    end(&b);
+    /* The transcript as text ends where the reply does. */
+    kvp_session *s = ht_session(&g, b.ev[0].id);
+    cr_assert(s);
+    char text[4096] = "";
+    cr_assert_eq(s->tokens[0], g.model.tok.bos_id);
+    for (int k = 1; k < s->n_tokens; k++) {   /* after BOS */
+        size_t pl;
+        const char *p = kvp_tokenizer_piece(&g.model.tok, s->tokens[k - 1], s->tokens[k], &pl);
+        strncat(text, p, pl);
+    }
+    char want[4096];
+    snprintf(want, sizeof want, "Once upon a time%s", b.ev[j].text);
+    cr_assert_str_eq(text, want, "the transcript kept the stop text");
+    /* the cache holds only tokens that stay */
+    cr_assert_leq(s->n_cached, s->n_tokens);
+    cr_assert_eq(s->cache.n_seen, s->n_cached);
+    for (int h = 0; h < s->cache.n_layers * s->cache.n_kv_heads; h++)
+        for (int r = 0; r < s->cache.heads[h].n; r++)
+            cr_assert_lt(s->cache.heads[h].seq[r], s->n_cached);
+
+    m[1] = msg(0, b.ev[j].text);
+    m[2] = msg(1, "She liked cats");
+    int k = chat(&c, NULL, m, 3, &plain);
+    cr_assert_str_eq(c.ev[0].id, b.ev[0].id, "the cut reply was not matched");
+    cr_assert_geq(c.ev[k].stats.cached_tokens, b.ev[j].stats.context_tokens);
+    cr_assert_lt(c.ev[k].stats.prefilled_tokens, 10);
+    end(&c);
     finish();
 }

@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/bytes.h"
 #include "base/checksum.h"
 #include "cache/kvcache.h"
 #include "sessions/snapshot.h"
@@ -157,6 +158,8 @@ static void make_snapshot(kvp_snapshot *s, const char *id, int rows)
     s->last_active = 1700000123.5;
     s->msgs = g_msgs;
     s->n_msgs = 4;
+    s->system = "You are terse. \xe2\x9c\x93";
+    s->system_len = 18;
     s->tokens = g_tokens;
     s->n_tokens = 9;
     s->n_cached = 8;
@@ -225,6 +228,9 @@ Test(snapshot, round_trip_is_exact)
     cr_expect_eq(r.evicted_rows, s.evicted_rows);
     cr_expect_eq(r.created, s.created);
     cr_expect_eq(r.last_active, s.last_active);
+    cr_assert_eq(r.system_len, s.system_len);
+    cr_expect_eq(memcmp(r.system, s.system, s.system_len), 0);
+    cr_expect_eq(r.system[r.system_len], 0);
     cr_assert_eq(r.n_msgs, 4);
     for (int i = 0; i < 4; i++) {
         cr_expect_eq(r.msgs[i].user, s.msgs[i].user);
@@ -294,6 +300,74 @@ Test(snapshot, rewrite_replaces_the_previous_snapshot)
     cr_expect_eq(r.n_cached, 9);
     cr_expect_eq(dir_entries(), 1);
     kvp_snapshot_free(&r);
+    free(s.cache);
+}
+
+/* The offset of section `tag`'s header in a snapshot file. */
+static size_t section_at(const unsigned char *b, size_t len, const char *tag)
+{
+    size_t off = 16;
+    while (off + 16 <= len && memcmp(b + off, tag, 4)) {
+        uint64_t n = 0;
+        for (int i = 7; i >= 0; i--)
+            n = n << 8 | b[off + 8 + i];
+        off += 16 + (size_t)n;
+    }
+    cr_assert_leq(off + 16, len, "no section %s", tag);
+    return off;
+}
+
+/* Removes n bytes at off from a section (the file's bytes after it move up). */
+static void cut(unsigned char *b, size_t *len, size_t sec, size_t off, size_t n)
+{
+    memmove(b + off, b + off + n, *len - off - n);
+    *len -= n;
+    kvp_put_u64(b + sec + 8, kvp_get_u64(b + sec + 8) - n);
+}
+
+/* Version 1 (before system texts and the bounded history): MSGS starts with the message
+ * count, no first tokens, CNTR has no dropped history. Such a file, made from a current
+ * one (nothing dropped) by removing those fields, still loads as it is. */
+Test(snapshot, version_1_files_still_load_without_a_system_text)
+{
+    kvp_snapshot s;
+    make_snapshot(&s, "old", 3);
+    s.system = NULL;
+    s.system_len = 0;
+    write_ok(&s);
+    size_t len;
+    unsigned char *b = slurp("old.snap", &len);
+    size_t at = section_at(b, len, "CNTR");
+    cut(b, &len, at, at + 16 + kvp_get_u64(b + at + 8) - 20, 20);   /* the dropped history */
+    at = section_at(b, len, "MSGS");
+    cr_assert_eq(kvp_get_u32(b + at + 16), 0, "system length 0 first");
+    cut(b, &len, at, at + 16, 4);
+    size_t p = at + 16 + 4;
+    uint32_t n_msgs = kvp_get_u32(b + at + 16);
+    for (uint32_t i = 0; i < n_msgs; i++) {
+        p += 1 + 4 + kvp_get_u32(b + p + 1);
+        cut(b, &len, at, p, 8);   /* its first token */
+    }
+    b[8] = 1;
+    fix_checksum(b, len);
+    spit("old.snap", b, len);
+    char err[512];
+    kvp_snapshot r;
+    cr_assert_eq(kvp_snapshot_read(g_dir, "old", &r, err, sizeof err), 0, "%s", err);
+    cr_expect_null(r.system);
+    cr_expect_eq(r.system_len, 0);
+    cr_assert_eq(r.n_msgs, 4);
+    for (int i = 0; i < 4; i++)
+        cr_expect(r.msgs[i].len == s.msgs[i].len &&
+                  !memcmp(r.msgs[i].text, s.msgs[i].text, s.msgs[i].len), "message %d", i);
+    cr_expect_eq(r.n_tokens, 9);
+    kvp_snapshot_free(&r);
+    /* The same bytes marked version 2 are inconsistent (no system length): refused. */
+    b[8] = 2;
+    fix_checksum(b, len);
+    spit("old.snap", b, len);
+    expect_bad("old", "message", "version 1 layout under version 2");
+    free(b);
     free(s.cache);
 }
 
@@ -390,7 +464,9 @@ Test(snapshot, wrong_magic_and_version_are_rejected)
     b[8] = KVP_SNAPSHOT_VERSION + 1;
     fix_checksum(b, len);
     spit("mv.snap", b, len);
-    expect_bad("mv", "unsupported version 3", "version");
+    char want[64];
+    snprintf(want, sizeof want, "unsupported version %d", KVP_SNAPSHOT_VERSION + 1);
+    expect_bad("mv", want, "version");
     b[8] = 0;
     fix_checksum(b, len);
     spit("mv.snap", b, len);

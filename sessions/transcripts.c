@@ -1,0 +1,332 @@
+/* The transcript index (sessions/transcripts.h): two chained hash tables in memory, an
+ * append-only text file on disk. */
+#include "sessions/transcripts.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/checksum.h"
+
+/* ---- in memory ---- */
+
+static size_t id_bucket(const kvp_transcripts *x, const char *id)
+{
+    return (size_t)kvp_fnv1a(KVP_FNV1A_INIT, id, strlen(id)) & (x->n_buckets - 1);
+}
+
+static size_t hash_bucket(const kvp_transcripts *x, uint64_t hash)
+{
+    return (size_t)(hash ^ hash >> 32) & (x->n_buckets - 1);
+}
+
+static int tables_alloc(kvp_transcripts *x, size_t n)
+{
+    x->by_hash = calloc(n, sizeof *x->by_hash);
+    x->by_id = calloc(n, sizeof *x->by_id);
+    if (!x->by_hash || !x->by_id) {
+        free(x->by_hash);
+        free(x->by_id);
+        return -ENOMEM;
+    }
+    x->n_buckets = n;
+    return 0;
+}
+
+int kvp_transcripts_init(kvp_transcripts *x)
+{
+    memset(x, 0, sizeof *x);
+    return tables_alloc(x, 64);
+}
+
+void kvp_transcripts_free(kvp_transcripts *x)
+{
+    for (size_t i = 0; i < x->n_buckets; i++)
+        for (kvp_transcript_entry *e = x->by_id[i], *next; e; e = next) {
+            next = e->inext;
+            free(e);
+        }
+    free(x->by_hash);
+    free(x->by_id);
+    memset(x, 0, sizeof *x);
+}
+
+static void link_entry(kvp_transcripts *x, kvp_transcript_entry *e)
+{
+    size_t h = hash_bucket(x, e->hash), i = id_bucket(x, e->id);
+    e->hnext = x->by_hash[h];
+    x->by_hash[h] = e;
+    e->inext = x->by_id[i];
+    x->by_id[i] = e;
+}
+
+/* Doubles both tables when there are more entries than buckets. */
+static int grow(kvp_transcripts *x)
+{
+    kvp_transcripts old = *x;
+    if (tables_alloc(x, old.n_buckets * 2) < 0) {
+        *x = old;
+        return -ENOMEM;
+    }
+    for (size_t i = 0; i < old.n_buckets; i++)
+        for (kvp_transcript_entry *e = old.by_id[i], *next; e; e = next) {
+            next = e->inext;
+            link_entry(x, e);
+        }
+    free(old.by_hash);
+    free(old.by_id);
+    return 0;
+}
+
+/* Unlinks id's entry from both chains and returns it (NULL: none). */
+static kvp_transcript_entry *unlink_id(kvp_transcripts *x, const char *id)
+{
+    kvp_transcript_entry *e = NULL;
+    for (kvp_transcript_entry **p = &x->by_id[id_bucket(x, id)]; *p; p = &(*p)->inext)
+        if (!strcmp((*p)->id, id)) {
+            e = *p;
+            *p = e->inext;
+            break;
+        }
+    if (!e)
+        return NULL;
+    for (kvp_transcript_entry **p = &x->by_hash[hash_bucket(x, e->hash)]; *p; p = &(*p)->hnext)
+        if (*p == e) {
+            *p = e->hnext;
+            break;
+        }
+    x->count--;
+    return e;
+}
+
+int kvp_transcripts_put(kvp_transcripts *x, const char *id, uint64_t hash, int n_msgs)
+{
+    if (strlen(id) > KVP_SNAPSHOT_ID_MAX)
+        return -EINVAL;
+    kvp_transcript_entry *e = unlink_id(x, id);
+    if (!e && (size_t)x->count >= x->n_buckets && grow(x) < 0)
+        return -ENOMEM;
+    if (!e && !(e = calloc(1, sizeof *e)))
+        return -ENOMEM;
+    snprintf(e->id, sizeof e->id, "%s", id);
+    e->hash = hash;
+    e->n_msgs = n_msgs;
+    link_entry(x, e);
+    x->count++;
+    return 0;
+}
+
+void kvp_transcripts_remove(kvp_transcripts *x, const char *id)
+{
+    free(unlink_id(x, id));
+}
+
+const kvp_transcript_entry *kvp_transcripts_get(const kvp_transcripts *x, const char *id)
+{
+    for (const kvp_transcript_entry *e = x->by_id[id_bucket(x, id)]; e; e = e->inext)
+        if (!strcmp(e->id, id))
+            return e;
+    return NULL;
+}
+
+const kvp_transcript_entry *kvp_transcripts_next(const kvp_transcripts *x, uint64_t hash,
+                                                 int n_msgs, const kvp_transcript_entry *prev)
+{
+    const kvp_transcript_entry *e = prev ? prev->hnext : x->by_hash[hash_bucket(x, hash)];
+    for (; e; e = e->hnext)
+        if (e->hash == hash && e->n_msgs == n_msgs)
+            return e;
+    return NULL;
+}
+
+/* ---- on disk ---- */
+
+static int path_of(char *buf, size_t n, const char *dir, const char *suffix, char *err,
+                   size_t errlen)
+{
+    int w = snprintf(buf, n, "%s/" KVP_TRANSCRIPTS_FILE "%s", dir, suffix);
+    if (w < 0 || (size_t)w >= n) {
+        snprintf(err, errlen, "transcript index path too long in %s", dir);
+        return -ENAMETOOLONG;
+    }
+    return 0;
+}
+
+/* "<id> <16 hex> <n>": 0 and the fields, or -1 for a damaged line. */
+static int parse_line(const char *line, size_t len, char *id, uint64_t *hash, int *n)
+{
+    const char *sp = memchr(line, ' ', len);
+    if (!sp || sp == line || (size_t)(sp - line) > KVP_SNAPSHOT_ID_MAX)
+        return -1;
+    memcpy(id, line, (size_t)(sp - line));
+    id[sp - line] = '\0';
+    if (!kvp_snapshot_id_valid(id))
+        return -1;
+    const char *p = sp + 1, *end = line + len;
+    uint64_t h = 0;
+    int digits = 0;
+    for (; p < end && *p != ' '; p++, digits++) {
+        int v = *p >= '0' && *p <= '9' ? *p - '0' : *p >= 'a' && *p <= 'f' ? *p - 'a' + 10 : -1;
+        if (v < 0 || digits >= 16)
+            return -1;
+        h = h << 4 | (uint64_t)v;
+    }
+    if (digits != 16 || p == end)
+        return -1;
+    long v = 0;
+    int any = 0;
+    for (p++; p < end; p++, any = 1) {
+        if (*p < '0' || *p > '9' || v > INT_MAX / 10)
+            return -1;
+        v = v * 10 + (*p - '0');
+    }
+    if (!any || v > INT_MAX)
+        return -1;
+    *hash = h;
+    *n = (int)v;
+    return 0;
+}
+
+static int format_line(char *buf, size_t n, const char *id, uint64_t hash, int n_msgs)
+{
+    return snprintf(buf, n, "%s %016llx %d\n", id, (unsigned long long)hash, n_msgs);
+}
+
+static int write_all(int fd, const char *p, size_t n)
+{
+    while (n) {
+        ssize_t k = write(fd, p, n);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k < 0)
+            return -1;
+        p += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+/* Opens like the snapshots: no links, no blocking on a FIFO, regular files only. */
+static int open_regular(const char *path, int flags, char *err, size_t errlen)
+{
+    int fd = open(path, flags | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
+    if (fd < 0) {
+        int e = errno;
+        snprintf(err, errlen, "open %s: %s", path, strerror(e));
+        return -e;
+    }
+    struct stat st;
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        snprintf(err, errlen, "%s: not a regular file", path);
+        return -EINVAL;
+    }
+    return fd;
+}
+
+/* The compacted file: one line per entry, written to .tmp and renamed over the index. */
+static int rewrite(const kvp_transcripts *x, const char *dir, char *err, size_t errlen)
+{
+    char path[PATH_MAX], tmp[PATH_MAX];
+    int rc;
+    if ((rc = path_of(path, sizeof path, dir, "", err, errlen)) < 0 ||
+        (rc = path_of(tmp, sizeof tmp, dir, ".tmp", err, errlen)) < 0)
+        return rc;
+    int fd = open_regular(tmp, O_WRONLY | O_CREAT | O_TRUNC, err, errlen);
+    if (fd < 0)
+        return fd;
+    char line[KVP_SNAPSHOT_ID_MAX + 48];
+    for (size_t i = 0; i < x->n_buckets && rc == 0; i++)
+        for (const kvp_transcript_entry *e = x->by_id[i]; e && rc == 0; e = e->inext) {
+            int n = format_line(line, sizeof line, e->id, e->hash, e->n_msgs);
+            if (write_all(fd, line, (size_t)n) < 0)
+                rc = -errno;
+        }
+    if (close(fd) < 0 && rc == 0)
+        rc = -errno;
+    if (rc == 0 && rename(tmp, path) < 0)
+        rc = -errno;
+    if (rc < 0) {
+        snprintf(err, errlen, "rewriting %s: %s", path, strerror(-rc));
+        unlink(tmp);
+    }
+    return rc;
+}
+
+int kvp_transcripts_load(kvp_transcripts *x, const char *dir, char *err, size_t errlen)
+{
+    char path[PATH_MAX];
+    int rc = path_of(path, sizeof path, dir, "", err, errlen);
+    if (rc < 0)
+        return rc;
+    FILE *f = NULL;
+    int fd = open_regular(path, O_RDONLY, err, errlen);
+    if (fd == -ENOENT)
+        return 0;
+    if (fd < 0 || !(f = fdopen(fd, "r"))) {
+        if (fd >= 0)
+            close(fd);
+        return fd < 0 ? fd : -ENOMEM;
+    }
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    int damaged = 0;
+    while ((n = getline(&line, &cap, f)) >= 0) {
+        char id[KVP_SNAPSHOT_ID_MAX + 1];
+        uint64_t hash;
+        int msgs;
+        if (n == 0 || line[n - 1] != '\n' || parse_line(line, (size_t)n - 1, id, &hash, &msgs)) {
+            damaged++;   /* a torn last line, or bytes that are no line of ours */
+            continue;
+        }
+        if ((rc = kvp_transcripts_put(x, id, hash, msgs)) < 0)
+            break;
+    }
+    free(line);
+    fclose(f);
+    if (rc < 0) {
+        snprintf(err, errlen, "reading %s: out of memory", path);
+        return rc;
+    }
+    /* Sessions whose snapshot is gone (removed, lost, moved aside) leave the index. */
+    for (size_t i = 0; i < x->n_buckets; i++)
+        for (kvp_transcript_entry *e = x->by_id[i], *next; e; e = next) {
+            next = e->inext;
+            if (!kvp_snapshot_exists(dir, e->id))
+                kvp_transcripts_remove(x, e->id);
+        }
+    if ((rc = rewrite(x, dir, err, errlen)) < 0)
+        return rc;
+    if (damaged)
+        snprintf(err, errlen, "%s: %d damaged line(s) skipped", path, damaged);
+    return x->count;
+}
+
+int kvp_transcripts_append(const char *dir, const char *id, uint64_t hash, int n_msgs,
+                           char *err, size_t errlen)
+{
+    char path[PATH_MAX], line[KVP_SNAPSHOT_ID_MAX + 48];
+    int rc = path_of(path, sizeof path, dir, "", err, errlen);
+    if (rc < 0)
+        return rc;
+    if (!kvp_snapshot_id_valid(id)) {
+        snprintf(err, errlen, "transcript index: invalid session id");
+        return -EINVAL;
+    }
+    int fd = open_regular(path, O_WRONLY | O_CREAT | O_APPEND, err, errlen);
+    if (fd < 0)
+        return fd;
+    int len = format_line(line, sizeof line, id, hash, n_msgs);
+    if (write_all(fd, line, (size_t)len) < 0) {
+        rc = -errno;
+        snprintf(err, errlen, "append to %s: %s", path, strerror(-rc));
+    }
+    close(fd);
+    return rc;
+}
