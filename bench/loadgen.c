@@ -6,8 +6,11 @@
  *   build/bench/loadgen [--kvpd build/daemon/kvpd] [--model M --tokenizer T]
  *                       [--sessions 16] [--turns 10] [--max-tokens 32] [--workers 0]
  *                       [--budget 256] [--reps 5] [--port P --pid PID]
+ *                       [--concurrency 1,4,8,16,32 [--svg PATH] [--label NAME]]
  * With --port it drives a daemon that is already running (RSS needs --pid) and skips
- * the reuse comparison. */
+ * the reuse comparison. With --concurrency it sweeps the load instead, on one daemon
+ * (the step loop batches the sessions): each level's aggregate tokens/s and TTFT p50 /
+ * p99 with their ratios to the first level, in a table and (--svg) a plot. */
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -20,12 +23,21 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "offline/svgplot.h"
 #include "tools/wsclient.h"
 
+#define MAX_LEVELS 16
+
 typedef struct opts {
-    const char *kvpd, *model, *tokenizer;
+    const char *kvpd, *model, *tokenizer, *svg, *label;
     int sessions, turns, max_tokens, workers, budget, reps, port, pid;
+    int levels[MAX_LEVELS], n_levels;   /* --concurrency */
 } opts;
+
+/* What one load run measured. */
+typedef struct load_result {
+    double tok_s, ttft_p50, ttft_p99;
+} load_result;
 
 typedef struct samples {
     double *v;
@@ -234,8 +246,8 @@ static int stop(daemon_proc *d)
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-/* N sessions x M turns at once. */
-static int load(const opts *o, int port, int pid)
+/* N sessions x M turns at once; prints its table unless quiet. */
+static int load(const opts *o, int port, int pid, int quiet, load_result *res)
 {
     session_run *runs = calloc((size_t)o->sessions, sizeof *runs);
     pthread_t *th = calloc((size_t)o->sessions, sizeof *th);
@@ -262,6 +274,10 @@ static int load(const opts *o, int port, int pid)
         free(runs[i].itl.v);
     }
     double secs = (now_ms() - t0) / 1e3;
+    if (res)
+        *res = (load_result){tokens / secs, pct(&ttft, 50), pct(&ttft, 99)};
+    if (quiet)
+        goto out;
     printf("| sessions x turns | %d x %d (max_tokens %d) |\n", o->sessions, o->turns, o->max_tokens);
     printf("| failed sessions | %d |\n", failed);
     printf("| tokens generated | %ld in %.2f s |\n", tokens, secs);
@@ -270,6 +286,7 @@ static int load(const opts *o, int port, int pid)
     printf("| inter-token latency p50 / p99 | %.3f / %.3f ms |\n", pct(&itl, 50), pct(&itl, 99));
     if (pid > 0)
         printf("| kvpd peak RSS | %.1f MiB |\n", peak_rss_kib(pid) / 1024.0);
+out:
     free(ttft.v);
     free(itl.v);
     free(runs);
@@ -300,6 +317,70 @@ static double turn10_ttft(const opts *o, int reuse)
     return med;
 }
 
+/* The load at each concurrency level on one daemon, after a warm-up turn: aggregate
+ * tokens/s and TTFT against the first level, as a table and (o->svg) a plot. */
+static int sweep(const opts *o)
+{
+    daemon_proc d;
+    if (spawn(o, 1, &d) < 0)
+        return 1;
+    opts one = *o;
+    one.sessions = 1;
+    one.turns = 1;
+    int rc = load(&one, d.port, d.pid, 1, NULL);   /* warm-up: page in the weights */
+    load_result res[MAX_LEVELS];
+    double x[MAX_LEVELS], tok_ratio[MAX_LEVELS], p99_ratio[MAX_LEVELS];
+    printf("| sessions | aggregate tok/s | x 1st | TTFT p50 ms | TTFT p99 ms | p99 x 1st |\n"
+           "|---|---|---|---|---|---|\n");
+    for (int i = 0; i < o->n_levels && rc == 0; i++) {
+        opts lv = *o;
+        lv.sessions = o->levels[i];
+        rc = load(&lv, d.port, d.pid, 1, &res[i]);
+        x[i] = o->levels[i];
+        tok_ratio[i] = res[i].tok_s / res[0].tok_s;
+        p99_ratio[i] = res[i].ttft_p99 / res[0].ttft_p99;
+        printf("| %d | %.1f | %.2f | %.1f | %.1f | %.2f |\n", o->levels[i], res[i].tok_s,
+               tok_ratio[i], res[i].ttft_p50, res[i].ttft_p99, p99_ratio[i]);
+        fflush(stdout);
+    }
+    printf("(%d turns of %d tokens per session; kvpd peak RSS %.1f MiB)\n", o->turns,
+           o->max_tokens, peak_rss_kib(d.pid) / 1024.0);
+    int st = stop(&d);
+    if (st != 0)
+        fprintf(stderr, "loadgen: kvpd exited with %d\n", st);
+    if (rc == 0 && o->svg) {
+        char title[160], err[256];
+        snprintf(title, sizeof title, "%s: against %d session%s", o->label ? o->label : "kvpd",
+                 o->levels[0], o->levels[0] == 1 ? "" : "s");
+        kvp_svg_series series[2] = {{"aggregate tokens/s", tok_ratio, 0, 0, 1},
+                                    {"TTFT p99", p99_ratio, 1, 0, 0}};
+        kvp_svg_plot plot = {title, "concurrent sessions", "ratio to the first level", x,
+                             o->n_levels, 1, series, 2};
+        if (kvp_svg_write(o->svg, &plot, err, sizeof err) < 0) {
+            fprintf(stderr, "loadgen: %s\n", err);
+            rc = -EIO;
+        }
+    }
+    return rc < 0 || st != 0 ? 1 : 0;
+}
+
+/* "1,4,8": increasing positive levels. */
+static int arg_levels(const char *v, opts *o)
+{
+    o->n_levels = 0;
+    for (const char *p = v;;) {
+        char *end;
+        long x = strtol(p, &end, 10);
+        if (end == p || x < 1 || x > 4096 || o->n_levels == MAX_LEVELS ||
+            (o->n_levels && x <= o->levels[o->n_levels - 1]) || (*end && *end != ','))
+            return -1;
+        o->levels[o->n_levels++] = (int)x;
+        if (!*end)
+            return 0;
+        p = end + 1;
+    }
+}
+
 static int arg_int(const char *v, int *out)
 {
     char *end;
@@ -320,7 +401,8 @@ int main(int argc, char **argv)
         if (!strcmp(a, "--help")) {
             printf("usage: loadgen [--kvpd PATH] [--model M] [--tokenizer T] [--sessions N]\n"
                    "               [--turns M] [--max-tokens K] [--workers W] [--budget B]\n"
-                   "               [--reps R] [--port P [--pid PID]]\n");
+                   "               [--reps R] [--port P [--pid PID]]\n"
+                   "               [--concurrency 1,4,8,16,32 [--svg PATH] [--label NAME]]\n");
             return 0;
         } else if (bad) {
         } else if (!strcmp(a, "--kvpd")) {
@@ -345,6 +427,12 @@ int main(int argc, char **argv)
             bad = arg_int(v, &o.port);
         } else if (!strcmp(a, "--pid")) {
             bad = arg_int(v, &o.pid);
+        } else if (!strcmp(a, "--concurrency")) {
+            bad = arg_levels(v, &o);
+        } else if (!strcmp(a, "--svg")) {
+            o.svg = v;
+        } else if (!strcmp(a, "--label")) {
+            o.label = v;
         } else {
             bad = 1;
         }
@@ -355,14 +443,16 @@ int main(int argc, char **argv)
         i++;
     }
     signal(SIGPIPE, SIG_IGN);
+    if (o.n_levels)
+        return sweep(&o);
     printf("| measure | value |\n|---|---|\n");
     if (o.port) {
-        return load(&o, o.port, o.pid) < 0 ? 1 : 0;
+        return load(&o, o.port, o.pid, 0, NULL) < 0 ? 1 : 0;
     }
     daemon_proc d;
     if (spawn(&o, 1, &d) < 0)
         return 1;
-    int rc = load(&o, d.port, d.pid);
+    int rc = load(&o, d.port, d.pid, 0, NULL);
     int st = stop(&d);
     if (st != 0)
         fprintf(stderr, "loadgen: kvpd exited with %d\n", st);

@@ -22,6 +22,7 @@ typedef struct kvpd_config {
     char policy_dir[KVPD_PATH_MAX];   /* where the default policy's <model stem>.kvp is */
     int budget;                       /* KV rows per head; 0 = unbounded */
     int chunk;                        /* prefill chunk = eviction slack */
+    int step_tokens;                  /* tokens of one batched step */
     int workers;                      /* 0 = one per core */
     char state_dir[KVPD_PATH_MAX];
     char admin_token[128];            /* "" = one is generated at start (web/guard.c) */

@@ -196,7 +196,7 @@ static void load_done(uv_work_t *w, int status)
     kvp_hub_params hp = {.loop = &d->loop, .model = &d->model, .cfg = &d->hub_cfg,
                          .metrics = &d->metrics, .policy = d->pconf,
                          .state_dir = d->cfg.state_dir, .chunk = d->cfg.chunk,
-                         .workers = d->cfg.workers, .reuse_cache = d->cfg.reuse_cache,
+                         .step_tokens = d->cfg.step_tokens, .workers = d->cfg.workers, .reuse_cache = d->cfg.reuse_cache,
                          .top_p = d->cfg.top_p, .seed = d->cfg.seed,
                          .chat_template = d->cfg.chat_template,
                          .transcripts = d->cfg.state_dir[0] ? &g_h.transcripts : NULL};
@@ -280,9 +280,8 @@ int main(int argc, char **argv)
         long n = sysconf(_SC_NPROCESSORS_ONLN);
         d->cfg.workers = n > 0 ? (int)n : 1;
     }
-    /* workers x BLAS threads must not exceed the cores. */
-    if (d->cfg.workers > 1)
-        openblas_set_num_threads(1);
+    /* One batched step runs at a time (sessions/scheduler.h): OpenBLAS and the matmul
+     * pool use every core for it; the other workers only read and write snapshots. */
     signal(SIGPIPE, SIG_IGN);
 
     d->argc = argc;

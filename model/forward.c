@@ -172,7 +172,7 @@ static void attend_seq(kvp_runstate *s, const kvp_model_config *p, kvp_batch_seq
 static int admit_seq(kvp_runstate *s, const kvp_model_config *p, kvp_batch_seq *q)
 {
     int rows = 0;
-    if (!q->cache || !q->tokens || !q->logits || q->n <= 0)
+    if (!q->cache || !q->tokens || q->n <= 0)
         return -EINVAL;
     for (int t = 0; t < q->n; t++)
         if (q->tokens[t] < 0 || q->tokens[t] >= p->vocab_size)
@@ -292,7 +292,11 @@ static int forward_batch(const kvp_model *m, kvp_runstate *s, kvp_batch_seq *seq
             for (int t = q->row0; t < q->row0 + q->n; t++)
                 rmsnorm(s->xb + (size_t)t * dim, s->x + (size_t)t * dim, m->out_norm, dim, p->rms_eps);
             kvp_matmul(q->all_logits, s->xb + (size_t)q->row0 * dim, &m->output, q->n, 0);
-            memcpy(q->logits, q->all_logits + (size_t)(q->n - 1) * V, V * sizeof(float));
+            float *last = q->all_logits + (size_t)(q->n - 1) * V;
+            if (q->logits)
+                memcpy(q->logits, last, V * sizeof(float));
+            else
+                q->logits = last;
         } else {
             rmsnorm(s->xb2 + (size_t)n_last++ * dim, s->x + (size_t)(q->row0 + q->n - 1) * dim,
                     m->out_norm, dim, p->rms_eps);
@@ -304,8 +308,13 @@ static int forward_batch(const kvp_model *m, kvp_runstate *s, kvp_batch_seq *seq
         kvp_batch_seq *q = &seqs[i];
         if (q->rc)
             continue;
-        if (!q->all_logits)
-            memcpy(q->logits, s->batch_logits + (size_t)j++ * V, V * sizeof(float));
+        if (!q->all_logits) {
+            float *row = s->batch_logits + (size_t)j++ * V;
+            if (q->logits)
+                memcpy(q->logits, row, V * sizeof(float));
+            else
+                q->logits = row;
+        }
         q->cache->next_pos += q->n;
         q->cache->n_seen += q->n;
     }

@@ -54,7 +54,9 @@ typedef struct kvp_batch_seq {
     kvp_cache *cache;          /* distinct for every sequence of the batch */
     const int *tokens;         /* [n] at positions cache->next_pos.. */
     int n;
-    float *logits;             /* [vocab]: the logits of the block's last token */
+    float *logits;             /* [vocab]: the logits of the block's last token; NULL: the
+                                  pass points it at them in the runstate (valid until its
+                                  next pass) */
     float *all_logits;         /* NULL or [n][vocab] */
     kvp_forward_hooks hooks;   /* this sequence's policy and tap */
     int rc;                    /* in: nonzero leaves the sequence out (rc kept);

@@ -693,6 +693,11 @@ static void on_event(void *ctx, const kvpd_event *ev)
     kvp_session *s = ev->session;
     kvpd_metrics *m = h->m;
     switch (ev->type) {
+    case KVPD_EV_STEP:
+        kvpd_hist_observe(&m->step_sessions, ev->step.sessions);
+        kvpd_hist_observe(&m->step_tokens, ev->step.rows);
+        kvpd_hist_observe(&m->step_duration, ev->step.duration_s);
+        return;
     case KVPD_EV_TOKEN:
         if (s->owner) {
             kvp_hub_event e = {.type = KVP_HUB_TOKEN, .text = ev->text, .len = ev->len};
@@ -719,6 +724,7 @@ static void on_event(void *ctx, const kvpd_event *ev)
         m->evicted_rows += st->evicted_rows;
         kvpd_hist_observe(&m->ttft, st->ttft_ms / 1e3);
         kvpd_hist_observe(&m->turn_duration, st->duration_ms / 1e3);
+        kvpd_hist_observe(&m->queue_wait, st->queue_ms / 1e3);
         if (to) {
             kvp_hub_event e = {.type = KVP_HUB_DONE, .text = ev->text, .len = ev->len,
                                .stats = st, .durable = h->env.state_dir[0] ? !s->save_failed : -1,
@@ -759,6 +765,7 @@ int kvp_hub_start(kvp_hub **out, const kvp_hub_params *p, char *err, size_t errl
     h->m = p->metrics;
     h->env.model = p->model;
     h->env.chunk = p->chunk;
+    h->env.step_tokens = p->step_tokens;
     h->env.reuse_cache = p->reuse_cache;
     h->env.top_p = p->top_p;
     h->env.seed = p->seed;
@@ -785,7 +792,7 @@ int kvp_hub_start(kvp_hub **out, const kvp_hub_params *p, char *err, size_t errl
         snprintf(err, errlen, "out of memory");
         return rc;
     }
-    return kvpd_sched_start(&h->sched, h->loop, p->workers, &h->env, kvp_turn_step, on_event,
+    return kvpd_sched_start(&h->sched, h->loop, p->workers, &h->env, kvp_turn_batch, on_event,
                             h, err, errlen);
 }
 
@@ -912,6 +919,7 @@ void kvp_hub_info_get(kvp_hub *h, kvp_hub_info *o)
     for (int t = 0; t < KVP_N_WEIGHT_TYPES; t++)
         o->weight_bytes += md->type_bytes[t];
     o->chunk = h->env.chunk;
+    o->step_tokens = h->env.step_tokens;
     o->workers = h->workers;
     for (kvp_session *s = h->sessions.resident_head; s; s = s->rnext) {
         o->turns_running += kvp_session_busy(s);

@@ -63,6 +63,7 @@ typedef struct kvp_turn_stats {
     uint64_t evicted_rows;   /* this turn */
     uint64_t evicted_total;  /* the session's lifetime */
     double ttft_ms, duration_ms, tokens_per_s;
+    double queue_ms;         /* from the message to the turn's first step */
     const char *stop;        /* "eos", "length", "cancel", "stop" (a stop string) */
 } kvp_turn_stats;
 
@@ -156,7 +157,7 @@ void kvp_hub_close(kvp_hub_client *c);
 /* What /metrics and /admin/stats show. */
 typedef struct kvp_hub_info {
     const char *model_name, *chat_format, *policy, *policy_file, *state_dir;
-    int layers, kv_heads, head_dim, context, chunk, workers;
+    int layers, kv_heads, head_dim, context, chunk, workers, step_tokens;
     int sessions_resident, sessions_parked, turns_running, queue_depth;
     uint64_t sessions_total;      /* ever created */
     size_t cache_bytes_total, cache_bytes_max_session, cache_bytes_accounted;
@@ -195,6 +196,7 @@ typedef struct kvp_hub_params {
     struct kvp_policy_conf *policy;   /* the policy of new sessions (a reference is taken) */
     const char *state_dir;        /* "" = no snapshots, no parking */
     int chunk, workers, reuse_cache;
+    int step_tokens;              /* tokens of one batched step (decodes + prefill chunks) */
     float top_p;
     uint64_t seed;
     const char *chat_template;    /* family name (config chat_template); NULL/"" = detect */

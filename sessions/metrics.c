@@ -15,11 +15,23 @@ static const double ttft_bounds[KVPD_HIST_BUCKETS - 1] = {
 static const double turn_bounds[KVPD_HIST_BUCKETS - 1] = {
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10, 60};
 
+/* The step loop: sessions per step, tokens per step (counts), a step's time (seconds). */
+static const double step_sessions_bounds[KVPD_HIST_BUCKETS - 1] = {
+    1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64};
+static const double step_tokens_bounds[KVPD_HIST_BUCKETS - 1] = {
+    1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024};
+static const double step_bounds[KVPD_HIST_BUCKETS - 1] = {
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1};
+
 void kvpd_metrics_init(kvpd_metrics *m)
 {
     memset(m, 0, sizeof *m);
     m->ttft.bounds = ttft_bounds;
     m->turn_duration.bounds = turn_bounds;
+    m->step_sessions.bounds = step_sessions_bounds;
+    m->step_tokens.bounds = step_tokens_bounds;
+    m->step_duration.bounds = step_bounds;
+    m->queue_wait.bounds = ttft_bounds;
 }
 
 void kvpd_hist_observe(kvpd_hist *h, double v)
@@ -144,6 +156,13 @@ char *kvpd_metrics_render(const kvpd_metrics *m, const kvpd_gauges *g, size_t *l
     histogram(f, "kvpd_ttft_seconds", "Time from a message to its first token", &m->ttft);
     histogram(f, "kvpd_turn_duration_seconds", "Time from a message to its done frame",
               &m->turn_duration);
+    histogram(f, "kvpd_step_sessions", "Turns in each batched step (batch size)",
+              &m->step_sessions);
+    histogram(f, "kvpd_step_tokens", "Tokens each batched step ran (decodes plus prefill chunks)",
+              &m->step_tokens);
+    histogram(f, "kvpd_step_duration_seconds", "Time of each batched step", &m->step_duration);
+    histogram(f, "kvpd_queue_wait_seconds", "Time from a message to its turn's first step",
+              &m->queue_wait);
     if (fclose(f) != 0) {
         free(buf);
         return NULL;

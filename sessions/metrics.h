@@ -36,6 +36,9 @@ typedef struct kvpd_metrics {
     uint64_t connections_refused;         /* max_connections, or out of descriptors */
     uint64_t errors[KVPD_ERR_KINDS];
     kvpd_hist ttft, turn_duration;        /* seconds */
+    /* the step loop: per batched step, the turns in it, the tokens it ran and its time;
+     * per turn, the wait from its message to its first step */
+    kvpd_hist step_sessions, step_tokens, step_duration, queue_wait;
 } kvpd_metrics;
 
 /* Point-in-time values that are not counters. */

@@ -1,4 +1,5 @@
-/* Worker pool and run queue; worker -> loop events through a locked list + uv_async. */
+/* The step loop: worker threads, one run queue, one batched step in flight; worker ->
+ * loop events through a locked list + uv_async. */
 #include "sessions/scheduler.h"
 
 #include <errno.h>
@@ -7,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include "base/clock.h"
 
 struct kvpd_sched {
     uv_async_t async;
@@ -19,11 +22,13 @@ struct kvpd_sched {
     kvp_session *rq_head, *rq_tail;
     int depth;
     int stopping;
+    int stepping;              /* a worker runs a batched step */
     pthread_mutex_t ev_mu;
     kvpd_event *ev_head, *ev_tail;
     int n_workers;
     pthread_t *threads;
     kvp_runstate *rs;
+    int rows;                  /* of each runstate: the step's token budget */
     int started;               /* threads actually running */
     kvp_turn_sink sink;
 };
@@ -111,37 +116,121 @@ static void enqueue_locked(kvpd_sched *s, kvp_session *sess)
     pthread_cond_signal(&s->rq_cv);
 }
 
+/* Unlinks a queued session; rq_mu is held. */
+static void unlink_locked(kvpd_sched *s, kvp_session *prev, kvp_session *sess)
+{
+    *(prev ? &prev->rq_next : &s->rq_head) = sess->rq_next;
+    if (s->rq_tail == sess)
+        s->rq_tail = prev;
+    sess->rq_next = NULL;
+    s->depth--;
+}
+
+/* The first queued snapshot job, unlinked; rq_mu is held. */
+static kvp_session *take_job_locked(kvpd_sched *s)
+{
+    for (kvp_session *prev = NULL, *q = s->rq_head; q; prev = q, q = q->rq_next)
+        if (q->state != KVP_SESSION_TURN) {
+            unlink_locked(s, prev, q);
+            return q;
+        }
+    return NULL;
+}
+
+/* Up to max queued turns in queue order, unlinked; rq_mu is held. */
+static int take_turns_locked(kvpd_sched *s, kvp_session **out, int max)
+{
+    int n = 0;
+    kvp_session *prev = NULL, *q = s->rq_head;
+    while (q && n < max) {
+        kvp_session *next = q->rq_next;
+        if (q->state == KVP_SESSION_TURN) {
+            unlink_locked(s, prev, q);
+            out[n++] = q;
+        } else {
+            prev = q;
+        }
+        q = next;
+    }
+    return n;
+}
+
+static void post_step(kvpd_sched *s, int sessions, int rows, double duration)
+{
+    kvpd_event *ev = calloc(1, sizeof *ev);
+    if (!ev)
+        return;   /* a lost figure; the metrics survive it */
+    ev->type = KVPD_EV_STEP;
+    ev->step = (kvpd_step_info){sessions, rows, duration};
+    post(s, ev);
+}
+
 static void *worker_main(void *arg)
 {
     worker_arg *wa = arg;
     kvpd_sched *s = wa->s;
     kvp_runstate *rs = &s->rs[wa->index];
     free(wa);
+    /* a session takes at least one row of a step */
+    kvp_session **batch = malloc((size_t)s->rows * sizeof *batch);
+    int *more = malloc((size_t)s->rows * sizeof *more);
     for (;;) {
+        kvp_session *job = NULL;
+        int n = 0;
         pthread_mutex_lock(&s->rq_mu);
-        while (!s->stopping && !s->rq_head)
+        for (;;) {
+            if (s->stopping)
+                break;
+            if ((job = take_job_locked(s)))
+                break;
+            if (batch && more && !s->stepping && (n = take_turns_locked(s, batch, s->rows))) {
+                s->stepping = 1;
+                break;
+            }
             pthread_cond_wait(&s->rq_cv, &s->rq_mu);
-        if (s->stopping) {
-            pthread_mutex_unlock(&s->rq_mu);
-            return NULL;
         }
-        kvp_session *sess = s->rq_head;
-        s->rq_head = sess->rq_next;
-        if (!s->rq_head)
-            s->rq_tail = NULL;
-        sess->rq_next = NULL;
-        s->depth--;
         pthread_mutex_unlock(&s->rq_mu);
-
-        int more = s->step(sess, s->env, rs, &s->sink);
-
-        if (more) {
-            pthread_mutex_lock(&s->rq_mu);
-            if (!s->stopping)   /* tail: every other turn gets a unit first */
-                enqueue_locked(s, sess);
-            pthread_mutex_unlock(&s->rq_mu);
+        if (!job && !n)
+            break;   /* stopping */
+        if (job) {
+            int job_more = 0, rows;
+            s->step(&job, 1, s->env, rs, &s->sink, &job_more, &rows);
+            if (job_more) {
+                pthread_mutex_lock(&s->rq_mu);
+                if (!s->stopping)
+                    enqueue_locked(s, job);
+                pthread_mutex_unlock(&s->rq_mu);
+            }
+            continue;
         }
+
+        double t0 = kvp_now();
+        int rows = 0;
+        int taken = s->step(batch, n, s->env, rs, &s->sink, more, &rows);
+        if (rows > 0)
+            post_step(s, taken, rows, kvp_now() - t0);
+
+        pthread_mutex_lock(&s->rq_mu);
+        if (!s->stopping) {
+            /* those left out stay first, in order; those that took part go to the tail */
+            for (int i = n - 1; i >= taken; i--) {
+                batch[i]->rq_next = s->rq_head;
+                s->rq_head = batch[i];
+                if (!s->rq_tail)
+                    s->rq_tail = batch[i];
+                s->depth++;
+            }
+            for (int i = 0; i < taken; i++)
+                if (more[i])
+                    enqueue_locked(s, batch[i]);
+        }
+        s->stepping = 0;
+        pthread_cond_broadcast(&s->rq_cv);
+        pthread_mutex_unlock(&s->rq_mu);
     }
+    free(batch);
+    free(more);
+    return NULL;
 }
 
 /* Takes every queued worker event, oldest first. */
@@ -181,6 +270,8 @@ int kvpd_sched_start(kvpd_sched **out, uv_loop_t *loop, int workers,
     s->fn = fn;
     s->ctx = ctx;
     s->n_workers = workers;
+    /* a step holds at least one prefill chunk */
+    s->rows = env->step_tokens > env->chunk ? env->step_tokens : env->chunk;
     s->sink = (kvp_turn_sink){sink_token, sink_done, sink_error, sink_job, s};
     pthread_mutex_init(&s->rq_mu, NULL);
     pthread_cond_init(&s->rq_cv, NULL);
@@ -198,7 +289,7 @@ int kvpd_sched_start(kvpd_sched **out, uv_loop_t *loop, int workers,
     s->async.data = s;
     *out = s;   /* from here the caller stops and frees on failure */
     for (int i = 0; i < workers; i++) {
-        if ((rc = kvp_runstate_init(&s->rs[i], &env->model->cfg, env->chunk)) < 0) {
+        if ((rc = kvp_runstate_init(&s->rs[i], &env->model->cfg, s->rows)) < 0) {
             snprintf(err, errlen, "runstate: %s", strerror(-rc));
             return rc;
         }

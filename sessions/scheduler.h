@@ -1,7 +1,12 @@
-/* The model side: a pool of worker threads pulling turns from a run queue. Each pull
- * advances one turn by one unit (a prefill chunk or one decoded token) and requeues it
- * at the tail, so sessions share the cores fairly and a long prefill never starves the
- * others; a session is on at most one worker at a time. Workers report through a
+/* The model side: the step loop. Worker threads pull from one run queue:
+ *   - turns run in batched steps, one step in flight at a time: a worker takes every
+ *     queued turn, the step fn advances each by one unit (a prefill chunk or one decoded
+ *     token) in one forward pass while the step has rows left (its runstate's
+ *     env->step_tokens), those that took part go back to the tail and those left out
+ *     stay at the head, so sessions join and leave between steps and a long prefill
+ *     never stalls the others;
+ *   - snapshot jobs (LOAD, SAVE) run alone on any other worker meanwhile.
+ * A session is on at most one worker at a time. Workers report through a
  * mutex-protected event queue and uv_async_send; the loop thread drains it. */
 #ifndef KVPD_SCHED_H
 #define KVPD_SCHED_H
@@ -11,7 +16,14 @@
 
 #include "sessions/session.h"
 
-enum kvpd_event_type { KVPD_EV_TOKEN, KVPD_EV_DONE, KVPD_EV_ERROR, KVPD_EV_JOB };
+enum kvpd_event_type { KVPD_EV_TOKEN, KVPD_EV_DONE, KVPD_EV_ERROR, KVPD_EV_JOB, KVPD_EV_STEP };
+
+/* A batched step, for the metrics. */
+typedef struct kvpd_step_info {
+    int sessions;              /* turns that took part */
+    int rows;                  /* tokens the forward pass ran */
+    double duration_s;
+} kvpd_step_info;
 
 typedef struct kvpd_event {
     enum kvpd_event_type type;
@@ -20,6 +32,7 @@ typedef struct kvpd_event {
     size_t len;
     int code;                  /* ERROR: negative errno; JOB: 0 or negative errno */
     kvp_turn_stats stats;      /* DONE */
+    kvpd_step_info step;       /* STEP (session NULL) */
     struct kvpd_event *next;
 } kvpd_event;
 
@@ -28,12 +41,14 @@ typedef void (*kvpd_event_fn)(void *ctx, const kvpd_event *ev);
 
 typedef struct kvpd_sched kvpd_sched;
 
-/* One unit of a session's job on a worker (kvp_turn_step; tests pass their own). */
-typedef int (*kvpd_step_fn)(kvp_session *s, const kvp_session_env *env, kvp_runstate *rs,
-                            const kvp_turn_sink *sink);
+/* One step on a worker over queued sessions ss[0..n) (kvp_turn_batch; tests pass their
+ * own): a job alone, or turns batched. Returns how many took part (a prefix of ss) and
+ * sets more[i] for those; *rows: the tokens the forward pass ran. */
+typedef int (*kvpd_step_fn)(kvp_session **ss, int n, const kvp_session_env *env,
+                            kvp_runstate *rs, const kvp_turn_sink *sink, int *more, int *rows);
 
-/* Starts `workers` threads (each with its own runstate of env->chunk tokens) that run
- * `step` on queued sessions and deliver their events to fn on the loop. */
+/* Starts `workers` threads (each with its own runstate of env->step_tokens rows) that
+ * run `step` on queued sessions and deliver their events to fn on the loop. */
 int kvpd_sched_start(kvpd_sched **out, uv_loop_t *loop, int workers,
                      const kvp_session_env *env, kvpd_step_fn step, kvpd_event_fn fn,
                      void *ctx, char *err, size_t errlen);

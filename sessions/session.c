@@ -1,6 +1,7 @@
-/* Sessions and the turn state machine. A turn is advanced one unit at a time by
- * whichever worker pulls it from the run queue, so nothing of a turn lives in a
- * worker's runstate between units: logits are sampled in the unit that made them. */
+/* Sessions and the turn state machine. A turn is advanced one unit at a time (a prefill
+ * chunk or one decoded token) in the batched step of whichever worker pulls it from the
+ * run queue, so nothing of a turn lives in a worker's runstate between units: logits
+ * are sampled in the step that made them. */
 #include "sessions/session.h"
 
 #include <errno.h>
@@ -671,12 +672,17 @@ static int run_job(kvp_session *s, const kvp_session_env *env, const kvp_turn_si
     return 0;
 }
 
-int kvp_turn_step(kvp_session *s, const kvp_session_env *env, kvp_runstate *rs,
-                  const kvp_turn_sink *sink)
+/* A turn's next unit for a batched step: the START work (restore, policy, the user
+ * message into the transcript), then its next prefill chunk or the token sampled last.
+ * Returns 1 with the block in q, 0 when the turn ended here (cancelled, nothing to run,
+ * or failed: reported), NO_ROOM when its chunk does not fit the `room` the step has
+ * left: it waits for the next step rather than split the chunk, so its chunks, and so
+ * its eviction points, are those of the turn run alone. */
+#define NO_ROOM 2
+static int plan_unit(kvp_session *s, const kvp_session_env *env, const kvp_turn_sink *sink,
+                     int room, kvp_batch_seq *q)
 {
     kvp_turn *t = &s->turn;
-    if (s->state != KVP_SESSION_TURN)
-        return run_job(s, env, sink);
     if (s->need_restore) {
         /* Unparking: the snapshot comes back before the turn's first unit. */
         char err[256];
@@ -690,8 +696,10 @@ int kvp_turn_step(kvp_session *s, const kvp_session_env *env, kvp_runstate *rs,
         }
         s->need_restore = 0;
     }
-    if (t->state == KVP_TURN_START)
+    if (t->state == KVP_TURN_START) {
         t->undo_tokens = s->n_tokens;   /* where a failure before the reply goes back to */
+        t->stats.queue_ms = (kvp_now() - t->t_start) * 1e3;
+    }
     if (!s->policy) {
         /* Policy construction may read a policy file: worker work, not the loop's. */
         char err[160];
@@ -703,7 +711,7 @@ int kvp_turn_step(kvp_session *s, const kvp_session_env *env, kvp_runstate *rs,
             return fail(s, env, sink, 1, rc, "policy", err);
         }
     }
-    kvp_evict_cfg e = evict_cfg(s, env);
+    t->evict = evict_cfg(s, env);
     int cancelled = atomic_load(&t->cancel);
 
     if (t->state == KVP_TURN_START) {
@@ -748,34 +756,92 @@ int kvp_turn_step(kvp_session *s, const kvp_session_env *env, kvp_runstate *rs,
         t->state = KVP_TURN_PREFILL;
     }
 
-    if (t->state == KVP_TURN_PREFILL) {
-        if (cancelled)
-            return finish(s, env, sink, "cancel");
-        int left = s->n_tokens - s->n_cached;
-        int n = left < env->chunk ? left : env->chunk;
-        if (n > 0) {
-            int rc = kvp_gen_prefill(env->model, rs, &s->cache, &e, s->tokens + s->n_cached,
-                                     n, NULL);
-            if (rc < 0)
-                return fail(s, env, sink, 1, rc, "prefill", NULL);
-            s->n_cached += n;
-            t->stats.prefilled_tokens += n;
-            note_rows(s);
-        }
-        if (s->n_cached < s->n_tokens)
-            return 1;
-        if (n == 0)   /* nothing new to run: no fresh logits to sample from */
-            return finish(s, env, sink, "eos");
-        return take_token(s, env, sink, kvp_sample(&s->sampler, rs->logits));
-    }
-
-    /* KVP_TURN_DECODE */
     if (cancelled)
         return finish(s, env, sink, "cancel");
-    int rc = kvp_gen_decode(env->model, rs, &s->cache, &e, t->next_token);
-    if (rc < 0)
-        return fail(s, env, sink, 0, rc, "decode", NULL);
-    s->n_cached++;
+    if (t->state == KVP_TURN_DECODE) {
+        *q = (kvp_batch_seq){.cache = &s->cache, .tokens = &t->next_token, .n = 1};
+        return 1;
+    }
+    /* KVP_TURN_PREFILL: the next chunk of the transcript not yet run */
+    int left = s->n_tokens - s->n_cached;
+    int n = left < env->chunk ? left : env->chunk;
+    if (n == 0)   /* nothing new to run: no fresh logits to sample from */
+        return finish(s, env, sink, "eos");
+    if (n > room)
+        return NO_ROOM;
+    *q = (kvp_batch_seq){.cache = &s->cache, .tokens = s->tokens + s->n_cached, .n = n};
+    return 1;
+}
+
+/* The unit's result after the step: the block is in the cache; the prompt's last chunk
+ * and every decoded token give logits to sample from. Returns as kvp_turn_step. */
+static int advance_unit(kvp_session *s, const kvp_session_env *env, const kvp_turn_sink *sink,
+                        const kvp_batch_seq *q)
+{
+    kvp_turn *t = &s->turn;
+    int prefill = t->state == KVP_TURN_PREFILL;
+    if (q->rc < 0)
+        return fail(s, env, sink, prefill, q->rc, prefill ? "prefill" : "decode", NULL);
+    s->n_cached += q->n;
+    if (prefill)
+        t->stats.prefilled_tokens += q->n;
     note_rows(s);
-    return take_token(s, env, sink, kvp_sample(&s->sampler, rs->logits));
+    if (s->n_cached < s->n_tokens)
+        return 1;
+    return take_token(s, env, sink, kvp_sample(&s->sampler, q->logits));
+}
+
+int kvp_turn_batch(kvp_session **ss, int n, const kvp_session_env *env, kvp_runstate *rs,
+                   const kvp_turn_sink *sink, int *more, int *rows)
+{
+    *rows = 0;
+    kvp_batch_seq *b = malloc((size_t)n * sizeof *b);
+    const kvp_evict_cfg **e = malloc((size_t)n * sizeof *e);
+    int *who = malloc((size_t)n * sizeof *who);
+    if (!b || !e || !who) {
+        free(b);
+        free(e);
+        free(who);
+        return 0;   /* nobody took part: they stay queued for the next step */
+    }
+    /* Who takes part, in queue order, while their units fit the rows the step has left
+     * (the first always does: a runstate holds at least a chunk). */
+    int room = rs->max_tokens, taken = 0, nb = 0;
+    for (; taken < n && room > 0; taken++) {
+        kvp_session *s = ss[taken];
+        if (s->state != KVP_SESSION_TURN) {
+            more[taken] = run_job(s, env, sink);
+            continue;
+        }
+        int r = plan_unit(s, env, sink, room, &b[nb]);
+        if (r == NO_ROOM)
+            break;
+        more[taken] = r;
+        if (r) {
+            e[nb] = &s->turn.evict;
+            room -= b[nb].n;
+            who[nb++] = taken;
+        }
+    }
+    /* One forward step for all of them; each one's failure is its own. */
+    if (nb) {
+        int rc = kvp_gen_step(env->model, rs, b, e, nb);
+        *rows = rs->max_tokens - room;
+        for (int j = 0; j < nb; j++) {
+            if (rc < 0)
+                b[j].rc = rc;
+            more[who[j]] = advance_unit(ss[who[j]], env, sink, &b[j]);
+        }
+    }
+    free(b);
+    free(e);
+    free(who);
+    return taken;
+}
+
+int kvp_turn_step(kvp_session *s, const kvp_session_env *env, kvp_runstate *rs,
+                  const kvp_turn_sink *sink)
+{
+    int more = 0, rows;
+    return kvp_turn_batch(&s, 1, env, rs, sink, &more, &rows) ? more : 1;
 }

@@ -38,6 +38,7 @@ typedef struct kvp_session_env {
     const kvp_model *model;
     kvp_template tpl;
     int chunk;
+    int step_tokens;                 /* rows of a batched step (at least chunk) */
     int reuse_cache;
     float top_p;
     uint64_t seed;
@@ -72,6 +73,7 @@ typedef struct kvp_turn {
     int undo_tokens;         /* transcript length before this turn's message */
     int recorded;            /* this turn's user message is in the transcript */
     int next_token;          /* sampled, emitted, not yet run through the model */
+    kvp_evict_cfg evict;     /* the bounds of its unit in the running step */
     kvp_utf8 utf8;
     char *reply;
     size_t reply_len, reply_cap;
@@ -230,13 +232,22 @@ typedef struct kvp_turn_sink {
     void *ctx;
 } kvp_turn_sink;
 
-/* Advances the session's job by one unit (a snapshot load or save, a prefill chunk or
- * one decoded token) on a worker's runstate. Returns 1 when more work remains, 0 when
- * the job ended (done, error or job was reported: the worker's last touch). With a
- * state directory, a turn's end (done or error) writes the snapshot first. */
+/* One batched step on a worker's runstate over queued sessions ss[0..n), in order:
+ * each TURN takes part with its next unit (its next prefill chunk of env->chunk tokens,
+ * or its decoded token) while the unit fits the rows the step has left (rs->max_tokens
+ * in all, at least a chunk); the
+ * matrices run once for all of them (kvp_gen_step), while the eviction triggers, context
+ * shift, cancel, sampling, stop conditions and failures stay per session. A LOAD or SAVE
+ * job runs alone as its unit. Returns how many sessions took part (a prefix of ss; the
+ * rest wait for the next step); more[i] for those: 1 when more work remains, 0 when
+ * the job ended (done, error or job was reported: the worker's last touch); *rows:
+ * the tokens the forward pass ran. With a state directory, a turn's end (done or
+ * error) writes the snapshot first. */
+int kvp_turn_batch(kvp_session **ss, int n, const kvp_session_env *env, kvp_runstate *rs,
+                   const kvp_turn_sink *sink, int *more, int *rows);
+/* A batch of one: advances the session's job by one unit. Returns 1 when more work
+ * remains, 0 when the job ended. */
 int kvp_turn_step(kvp_session *s, const kvp_session_env *env, kvp_runstate *rs,
                   const kvp_turn_sink *sink);
-
-
 
 #endif

@@ -150,6 +150,36 @@ static long query_long(kvpd_conn *c, const char *name, long dflt, long max)
 #define STATS_PAGE_DEFAULT 100
 #define STATS_PAGE_MAX 1000
 
+static double hist_mean(const kvpd_hist *h)
+{
+    return h->count ? h->sum / (double)h->count : 0.0;
+}
+
+/* A histogram as {"le": [bounds], "counts": [per bucket, the last past every bound]}. */
+static json_t *hist_json(const kvpd_hist *h)
+{
+    json_t *le = json_array(), *counts = json_array();
+    for (int i = 0; le && counts && i < KVPD_HIST_BUCKETS; i++) {
+        if (i < KVPD_HIST_BUCKETS - 1)
+            json_array_append_new(le, json_real(h->bounds[i]));
+        json_array_append_new(counts, json_integer((json_int_t)h->counts[i]));
+    }
+    return json_pack("{s:o, s:o}", "le", le, "counts", counts);
+}
+
+/* The step loop: steps run, their mean batch size, tokens and time, the queue wait. */
+static json_t *steps_json(const kvpd_metrics *m, int step_tokens)
+{
+    return json_pack("{s:i, s:I, s:f, s:f, s:f, s:f, s:o, s:o}", "step_tokens", step_tokens,
+                     "steps", (json_int_t)m->step_sessions.count,
+                     "sessions_mean", hist_mean(&m->step_sessions),
+                     "tokens_mean", hist_mean(&m->step_tokens),
+                     "duration_ms_mean", hist_mean(&m->step_duration) * 1e3,
+                     "queue_wait_ms_mean", hist_mean(&m->queue_wait) * 1e3,
+                     "sessions_per_step", hist_json(&m->step_sessions),
+                     "tokens_per_step", hist_json(&m->step_tokens));
+}
+
 static int admin_stats(kvpd_conn *c)
 {
     kvpd_web *w = c->w;
@@ -203,9 +233,10 @@ static int admin_stats(kvpd_conn *c)
         (json_int_t)m->prefilled_tokens, "out", (json_int_t)m->generated_tokens,
         "evicted_rows", (json_int_t)m->evicted_rows, "turns", (json_int_t)m->turns,
         "queue_depth", g.queue_depth, "session_list", list, "session_page", page);
-    if (o && json_object_set_new(o, "connections", json_pack(
-                 "{s:i, s:i, s:I}", "open", g.connections_open, "max", w->cfg->max_connections,
-                 "refused", (json_int_t)m->connections_refused)) < 0) {
+    if (o && (json_object_set_new(o, "connections", json_pack(
+                  "{s:i, s:i, s:I}", "open", g.connections_open, "max", w->cfg->max_connections,
+                  "refused", (json_int_t)m->connections_refused)) < 0 ||
+              json_object_set_new(o, "batching", steps_json(m, hi.step_tokens)) < 0)) {
         json_decref(o);
         o = NULL;
     }

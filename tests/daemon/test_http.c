@@ -50,6 +50,14 @@ Test(http, endpoints_and_metrics_pass_promtool, .timeout = 60)
     cr_assert_eq(h_get(&d, "/metrics", NULL, &body), 200);
     cr_assert(strstr(body, "# TYPE kvpd_ttft_seconds histogram"));
     cr_assert(strstr(body, "# TYPE kvpd_turn_duration_seconds histogram"));
+    /* the step loop: 8 tokens plus the prompt ran in at least 9 steps of one turn each */
+    cr_assert(strstr(body, "# TYPE kvpd_step_sessions histogram"));
+    cr_assert(strstr(body, "# TYPE kvpd_step_duration_seconds histogram"));
+    cr_assert(strstr(body, "kvpd_queue_wait_seconds_count 1\n"), "%s", body);
+    cr_assert_geq(h_metric(body, "kvpd_step_sessions_count"), 8);
+    cr_assert_eq(h_metric(body, "kvpd_step_sessions_sum"), h_metric(body, "kvpd_step_sessions_count"));
+    cr_assert_gt(h_metric(body, "kvpd_step_tokens_sum"), h_metric(body, "kvpd_step_sessions_count"),
+                 "the prompt's chunk ran in a step too");
     cr_assert(strstr(body, "kvpd_ttft_seconds_bucket{le=\"+Inf\"} 1\n"));
     cr_assert_eq(h_metric(body, "kvpd_turns_total"), 1);
     cr_assert_eq(h_metric(body, "kvpd_sessions"), 1);
@@ -87,6 +95,11 @@ Test(http, endpoints_and_metrics_pass_promtool, .timeout = 60)
     for (const char *k = "uptime_s\0model\0policy\0budget\0sessions\0cache_bytes\0tokens\0"
                          "evicted_rows\0queue_depth\0session_list\0"; *k; k += strlen(k) + 1)
         cr_assert(json_object_get(j, k), "admin/stats lacks %s", k);
+    json_t *batching = json_object_get(j, "batching");
+    cr_assert_eq(json_integer_value(json_object_get(batching, "step_tokens")), 256);
+    cr_assert_geq(json_integer_value(json_object_get(batching, "steps")), 8);
+    cr_assert_eq(json_array_size(json_object_get(json_object_get(batching, "sessions_per_step"),
+                                                 "counts")), 12);
     json_t *model = json_object_get(j, "model");
     /* stories260K.bin: all f32, about 1 MB */
     const char *mix = json_string_value(json_object_get(model, "weights"));

@@ -1,0 +1,308 @@
+/* The step loop's turns (kvp_turn_batch) on this thread: sessions with different
+ * policies, budgets, message lengths and reply lengths join and leave a run of batched
+ * steps mid-reply (second turns start while others decode) and give the greedy replies,
+ * cache rows and evictions they give alone; a step with too little room leaves the
+ * later turns for the next step; one turn's failure ends only that turn. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "policy/policy.h"
+#include "sessions/session.h"
+#include "tests/model/testutil.h"
+#include "tests/sessions/hubtest.h"
+
+#define N_SESS 6
+#define N_TURNS 2
+
+typedef struct spec {
+    const char *policy;
+    int budget;        /* rows per head (0: none) */
+    int words;         /* first message; the second is longer */
+    int max_tokens;
+    int join;          /* the step its first turn arrives at */
+} spec;
+
+static const spec specs[N_SESS] = {
+    {"none", 0, 3, 40, 0},
+    {"h2o", 48, 30, 60, 0},
+    {"streaming", 40, 12, 25, 1},
+    {"snapkv", 56, 45, 50, 3},
+    {"knorm", 44, 8, 70, 6},
+    {"tova", 40, 20, 12, 9},
+};
+
+typedef struct record {
+    kvp_session *sess[N_SESS];
+    char *reply[N_SESS][N_TURNS];
+    int turn[N_SESS];           /* turns done */
+    int errors;
+} record;
+
+static int index_of(const record *r, const kvp_session *s)
+{
+    for (int i = 0; i < N_SESS; i++)
+        if (r->sess[i] == s)
+            return i;
+    cr_assert_fail("unknown session");
+    return -1;
+}
+
+static void on_token(void *ctx, kvp_session *s, const char *t, size_t n)
+{
+    (void)ctx, (void)s, (void)t, (void)n;
+}
+
+static void on_done(void *ctx, kvp_session *s, const kvp_turn_stats *st, const char *reply,
+                    size_t n)
+{
+    record *r = ctx;
+    int i = index_of(r, s);
+    (void)st;
+    r->reply[i][r->turn[i]++] = strndup(reply, n);
+}
+
+static void on_error(void *ctx, kvp_session *s, int code, const char *msg)
+{
+    record *r = ctx;
+    cr_log_info("session %d: %d %s", index_of(r, s), code, msg);
+    r->errors++;
+    r->turn[index_of(r, s)]++;
+}
+
+typedef struct world {
+    kvp_model model;
+    kvp_session_env env;
+    kvp_session_table table;
+    kvp_policy_conf *pc[N_SESS];
+} world;
+
+static kvp_policy_conf *conf(const char *name)
+{
+    kvp_policy_conf *pc = calloc(1, sizeof *pc);
+    pc->refs = 1;
+    snprintf(pc->name, sizeof pc->name, "%s", name);
+    return pc;
+}
+
+static void world_open(world *w, const char *model, const char *tok, record *r)
+{
+    char err[512];
+    memset(w, 0, sizeof *w);
+    memset(r, 0, sizeof *r);
+    cr_assert_eq(kvp_model_load(&w->model, model, tok, err, sizeof err), 0, "%s", err);
+    w->env = (kvp_session_env){.model = &w->model, .chunk = 16, .reuse_cache = 1,
+                               .top_p = 0.9f, .seed = 1, .state_dir = ""};
+    kvp_template_init(&w->env.tpl, &w->model, NULL, NULL, 0);
+    cr_assert_eq(kvp_session_table_init(&w->table), 0);
+    /* made in the same order in every run: the same seeds */
+    for (int i = 0; i < N_SESS; i++) {
+        w->pc[i] = conf(specs[i].policy);
+        cr_assert_eq(kvp_session_create(&w->table, &w->env, w->pc[i], NULL, 0.0, &r->sess[i],
+                                        err, sizeof err), 0, "%s", err);
+    }
+}
+
+static void world_close(world *w, record *r)
+{
+    kvp_session_table_clear(&w->table);
+    for (int i = 0; i < N_SESS; i++) {
+        kvp_policy_conf_unref(w->pc[i]);
+        for (int k = 0; k < N_TURNS; k++)
+            free(r->reply[i][k]);
+    }
+    kvp_model_free(&w->model);
+}
+
+static void begin(world *w, record *r, int i)
+{
+    kvp_session *s = r->sess[i];
+    char *text = ht_text(specs[i].words + 9 * r->turn[i]);
+    cr_assert_eq(kvp_session_begin_turn(s, text, strlen(text), specs[i].max_tokens, 0.0f,
+                                        specs[i].budget, kvp_now()), 0);
+    free(text);
+    s->state = KVP_SESSION_TURN;
+    (void)w;
+}
+
+/* Each session alone, its turns one after the other (kvp_turn_step). */
+static void run_alone(world *w, record *r)
+{
+    kvp_runstate rs;
+    cr_assert_eq(kvp_runstate_init(&rs, &w->model.cfg, w->env.chunk), 0);
+    kvp_turn_sink sink = {on_token, on_done, on_error, NULL, r};
+    for (int i = 0; i < N_SESS; i++)
+        while (r->turn[i] < N_TURNS) {
+            begin(w, r, i);
+            while (kvp_turn_step(r->sess[i], &w->env, &rs, &sink))
+                ;
+            r->sess[i]->state = KVP_SESSION_IDLE;
+        }
+    kvp_runstate_free(&rs);
+}
+
+typedef struct step_log {
+    int steps, max_batch, left_out, mixed;
+} step_log;
+
+/* All of them through batched steps of step_tokens rows, as the scheduler runs them:
+ * a run queue, those left out of a full step first in the next one, those that took
+ * part at the tail; a session's next turn arrives the step after its last one ended. */
+static step_log run_batched(world *w, record *r, int step_tokens)
+{
+    kvp_runstate rs;
+    cr_assert_eq(kvp_runstate_init(&rs, &w->model.cfg, step_tokens), 0);
+    kvp_turn_sink sink = {on_token, on_done, on_error, NULL, r};
+    kvp_session *queue[N_SESS], *next[N_SESS];
+    int nq = 0, more[N_SESS], pending[N_SESS];
+    step_log log = {0};
+    for (int i = 0; i < N_SESS; i++)
+        pending[i] = specs[i].join;   /* the step the next turn arrives at; -1: none */
+    for (int step = 0;; step++) {
+        for (int i = 0; i < N_SESS; i++)
+            if (pending[i] == step) {
+                begin(w, r, i);
+                queue[nq++] = r->sess[i];
+                pending[i] = -1;
+            }
+        if (nq == 0) {
+            int waiting = 0;
+            for (int i = 0; i < N_SESS; i++)
+                waiting |= pending[i] >= 0;
+            if (!waiting)
+                break;
+            continue;
+        }
+        int decoding = 0, prefilling = 0;
+        for (int k = 0; k < nq; k++) {
+            decoding += queue[k]->turn.state == KVP_TURN_DECODE;
+            prefilling += queue[k]->turn.state != KVP_TURN_DECODE;
+        }
+        int rows = 0;
+        int taken = kvp_turn_batch(queue, nq, &w->env, &rs, &sink, more, &rows);
+        cr_assert_gt(taken, 0);
+        log.steps++;
+        log.max_batch = taken > log.max_batch ? taken : log.max_batch;
+        log.left_out += taken < nq;
+        log.mixed |= decoding && prefilling && taken == nq;
+        int nn = 0;
+        for (int k = taken; k < nq; k++)
+            next[nn++] = queue[k];
+        for (int k = 0; k < taken; k++) {
+            if (more[k]) {
+                next[nn++] = queue[k];
+                continue;
+            }
+            int i = index_of(r, queue[k]);
+            queue[k]->state = KVP_SESSION_IDLE;
+            if (r->turn[i] < N_TURNS)
+                pending[i] = step + 1;
+        }
+        memcpy(queue, next, (size_t)nn * sizeof *queue);
+        nq = nn;
+    }
+    kvp_runstate_free(&rs);
+    return log;
+}
+
+static void check(const char *model, const char *tok, int step_tokens)
+{
+    world wa, wb;
+    record alone, batched;
+    world_open(&wa, model, tok, &alone);
+    run_alone(&wa, &alone);
+    world_open(&wb, model, tok, &batched);
+    step_log log = run_batched(&wb, &batched, step_tokens);
+    cr_assert_eq(alone.errors, 0);
+    cr_assert_eq(batched.errors, 0);
+    cr_assert_geq(log.max_batch, 4, "sessions overlap");
+    cr_assert(log.mixed, "a step mixes prefill chunks with decodes");
+    cr_log_info("%s: %d steps, largest batch %d, %d steps left turns out", model, log.steps,
+                log.max_batch, log.left_out);
+    for (int i = 0; i < N_SESS; i++) {
+        for (int k = 0; k < N_TURNS; k++) {
+            cr_assert(alone.reply[i][k] && batched.reply[i][k]);
+            cr_assert_gt(strlen(alone.reply[i][k]), 0);
+            cr_expect_str_eq(batched.reply[i][k], alone.reply[i][k],
+                             "session %d (%s, budget %d), turn %d", i, specs[i].policy,
+                             specs[i].budget, k);
+        }
+        kvp_session *a = alone.sess[i], *b = batched.sess[i];
+        cr_expect_eq(b->n_tokens, a->n_tokens, "session %d: transcript", i);
+        cr_expect_eq(kvp_cache_rows(&b->cache), kvp_cache_rows(&a->cache), "session %d: rows", i);
+        cr_expect_eq(b->cache.evicted_rows, a->cache.evicted_rows, "session %d: evicted", i);
+        if (specs[i].budget)
+            cr_expect_gt(a->cache.evicted_rows, 0, "session %d evicts", i);
+    }
+    world_close(&wa, &alone);
+    world_close(&wb, &batched);
+    if (step_tokens < 64)
+        cr_assert_gt(log.left_out, 0, "the step budget left turns out");
+}
+
+Test(steploop, stories260K_batched_turns_equal_alone, .timeout = 120)
+{
+    check(tu_shared("models/stories260K.bin"), tu_shared("models/tok512.bin"), 256);
+}
+
+/* A step of 24 rows: chunks of 16 do not all fit, so turns wait for the next step. */
+Test(steploop, a_small_step_budget_changes_no_reply, .timeout = 120)
+{
+    check(tu_shared("models/stories260K.bin"), tu_shared("models/tok512.bin"), 24);
+}
+
+/* A GQA synthetic with its own SentencePiece vocabulary. */
+Test(steploop, gqa_synthetic_batched_turns_equal_alone, .timeout = 120)
+{
+    char path[128], cmd[768];
+    snprintf(path, sizeof path, "/tmp/kvp-test-steploop-%d.gguf", (int)getpid());
+    snprintf(cmd, sizeof cmd, "%s synth --out %s --dim 64 --hidden 160 --layers 2 --heads 8 "
+             "--kv-heads 2 --vocab 600 --ctx 512 --seed 3 2>&1", tu_build("tools/kvp"), path);
+    cr_assert_eq(tu_run(cmd, NULL), 0, "%s", cmd);
+    check(path, NULL, 40);
+    remove(path);
+}
+
+/* In one step, a turn whose policy cannot be made ends with its error; the other turns
+ * of the step go on and give their replies alone. */
+Test(steploop, one_failing_turn_ends_only_itself, .timeout = 120)
+{
+    world wa, wb;
+    record alone, batched;
+    world_open(&wa, tu_shared("models/stories260K.bin"), tu_shared("models/tok512.bin"), &alone);
+    run_alone(&wa, &alone);
+    world_open(&wb, tu_shared("models/stories260K.bin"), tu_shared("models/tok512.bin"), &batched);
+    kvp_session *bad = batched.sess[2];
+    kvp_policy_conf_unref(bad->pconf);
+    bad->pconf = conf("kvp");
+    snprintf(bad->pconf->file, sizeof bad->pconf->file, "/nonexistent/policy.kvp");
+    kvp_runstate rs;
+    cr_assert_eq(kvp_runstate_init(&rs, &wb.model.cfg, 256), 0);
+    kvp_turn_sink sink = {on_token, on_done, on_error, NULL, &batched};
+    kvp_session *queue[N_SESS];
+    int more[N_SESS], rows, nq = N_SESS;
+    for (int i = 0; i < N_SESS; i++) {
+        begin(&wb, &batched, i);
+        queue[i] = batched.sess[i];
+    }
+    while (nq) {
+        int taken = kvp_turn_batch(queue, nq, &wb.env, &rs, &sink, more, &rows);
+        cr_assert_eq(taken, nq);
+        int nn = 0;
+        for (int k = 0; k < nq; k++)
+            if (more[k])
+                queue[nn++] = queue[k];
+        nq = nn;
+    }
+    cr_assert_eq(batched.errors, 1);
+    cr_assert_null(batched.reply[2][0]);
+    for (int i = 0; i < N_SESS; i++)
+        if (i != 2)
+            cr_expect_str_eq(batched.reply[i][0], alone.reply[i][0], "session %d", i);
+    kvp_runstate_free(&rs);
+    world_close(&wa, &alone);
+    world_close(&wb, &batched);
+}
