@@ -15,7 +15,7 @@
 #include "model/tokenizer.h"
 #include "sessions/hub.h"
 #include "sessions/snapshot.h"
-#include "sessions/template.h"
+#include "model/template.h"
 #include "sessions/utf8.h"
 #include "tests/daemon/harness.h"
 
