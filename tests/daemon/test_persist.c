@@ -216,11 +216,13 @@ Test(persist, kill_9_during_generation_loses_at_most_the_turn_in_flight)
     ws_close(&c);
     stop(&d);
     /* Only the session's state is left: its snapshot and, for the turns since, its
-     * journal; no temporary file. */
+     * journal; no temporary file ("." and ".." are counted too). */
     char mine[80];
     snprintf(mine, sizeof mine, "%s.snap", id);
     cr_assert_eq(count_files(mine), 1, "the session's snapshot is missing or has a .tmp");
-    cr_assert_eq(count_files("") - 2, count_files(id), "files not of the session are left");
+    /* and the transcript index (docs/openai.md), without its temporary file */
+    cr_assert_eq(count_files("transcripts.index"), 1, "no transcript index, or its .tmp is left");
+    cr_assert_eq(count_files("") - 3, count_files(id), "files not of the session are left");
     cr_assert_leq(count_files(id), 2);
 }
 
