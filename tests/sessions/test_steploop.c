@@ -306,3 +306,95 @@ Test(steploop, one_failing_turn_ends_only_itself, .timeout = 120)
     world_close(&wa, &alone);
     world_close(&wb, &batched);
 }
+
+/* Through the hub and the real step loop (a worker thread): clients whose messages
+ * arrive while others are mid-reply, with different message and reply lengths and a
+ * second turn each, get the greedy replies they get alone. */
+#define N_CLIENTS 5
+static ht_hub hub;
+
+static int count_type(const ht_client *c, enum kvp_hub_event_type type)
+{
+    int n = 0;
+    for (int i = 0; i < c->n; i++)
+        n += c->ev[i].type == type;
+    return n;
+}
+
+static const char *nth_done(const ht_client *c, int k)
+{
+    for (int i = 0; i < c->n; i++)
+        if (c->ev[i].type == KVP_HUB_DONE && k-- == 0)
+            return c->ev[i].text;
+    return NULL;
+}
+
+Test(steploop, hub_clients_joining_mid_reply_get_their_replies_alone, .timeout = 300)
+{
+    static const int words[N_CLIENTS] = {4, 40, 12, 25, 7}, max_tokens[N_CLIENTS] = {60, 30, 45, 20, 50};
+    char *texts[N_CLIENTS][2];
+    for (int i = 0; i < N_CLIENTS; i++)
+        for (int k = 0; k < 2; k++)
+            texts[i][k] = ht_text(words[i] + 5 * k);
+    ht_start(&hub, NULL, "h2o");
+    /* alone: one client at a time, two turns each */
+    static ht_client alone[N_CLIENTS], together[N_CLIENTS];
+    for (int i = 0; i < N_CLIENTS; i++) {
+        ht_client_new(&hub, &alone[i]);
+        for (int k = 0; k < 2; k++) {
+            kvp_hub_message(alone[i].c, texts[i][k], strlen(texts[i][k]), max_tokens[i], 0, 0);
+            double end = kvp_now() + 60;
+            while (count_type(&alone[i], KVP_HUB_DONE) < k + 1) {
+                cr_assert_lt(kvp_now(), end);
+                uv_run(&hub.loop, UV_RUN_NOWAIT);
+                uv_sleep(1);
+            }
+        }
+    }
+    /* together: client i's first message arrives once client i-1 has streamed 5 tokens,
+     * its second as soon as its first is done */
+    for (int i = 0; i < N_CLIENTS; i++)
+        ht_client_new(&hub, &together[i]);
+    int sent[N_CLIENTS] = {0}, busy_max = 0;
+    double end = kvp_now() + 120;
+    for (;;) {
+        int finished = 0, busy = 0;
+        for (int i = 0; i < N_CLIENTS; i++) {
+            ht_client *c = &together[i];
+            int done = count_type(c, KVP_HUB_DONE);
+            finished += done == 2;
+            busy += sent[i] > done;
+            int go = sent[i] == 0 ? i == 0 || count_type(&together[i - 1], KVP_HUB_TOKEN) >= 5
+                                  : sent[i] == 1 && done == 1;
+            if (go) {
+                kvp_hub_message(c->c, texts[i][sent[i]], strlen(texts[i][sent[i]]), max_tokens[i],
+                                0, 0);
+                sent[i]++;
+            }
+        }
+        busy_max = busy > busy_max ? busy : busy_max;
+        if (finished == N_CLIENTS)
+            break;
+        cr_assert_lt(kvp_now(), end, "replies did not finish");
+        uv_run(&hub.loop, UV_RUN_NOWAIT);
+        uv_sleep(1);
+    }
+    cr_assert_geq(busy_max, 3, "turns overlapped");
+    for (int i = 0; i < N_CLIENTS; i++) {
+        cr_assert_eq(count_type(&together[i], KVP_HUB_ERROR), 0);
+        for (int k = 0; k < 2; k++)
+            cr_expect_str_eq(nth_done(&together[i], k), nth_done(&alone[i], k),
+                             "client %d turn %d", i, k);
+    }
+    int batched = 0;   /* steps with more than one turn in them */
+    for (int b = 1; b < KVPD_HIST_BUCKETS; b++)
+        batched += (int)hub.metrics.step_sessions.counts[b];
+    cr_assert_gt(batched, 10, "turns shared steps");
+    for (int i = 0; i < N_CLIENTS; i++) {
+        ht_client_free(&alone[i]);
+        ht_client_free(&together[i]);
+        free(texts[i][0]);
+        free(texts[i][1]);
+    }
+    ht_stop(&hub);
+}
