@@ -12,7 +12,7 @@
 #include "policy/policy.h"
 #include "base/parse.h"
 #include "generate/generate.h"
-#include "sessions/template.h"
+#include "model/template.h"
 
 #ifndef KVPD_DATA_DIR
 #define KVPD_DATA_DIR "."

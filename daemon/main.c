@@ -210,7 +210,8 @@ static void load_done(uv_work_t *w, int status)
              (unsigned long long)d->cfg.max_cache_bytes, kvpd_turn_bytes(d));
     char mix[256];
     kvp_model_weight_mix(&d->model, mix, sizeof mix);
-    kvpd_log("info", "weights: %s (matmul kernels %s)", mix, kvp_matmul_simd());
+    kvpd_log("info", "weights: %s (matmul kernels %s), fingerprint %016llx", mix, kvp_matmul_simd(),
+             (unsigned long long)d->model.cfg.fingerprint);
     kvpd_announce_ready(d);
 }
 

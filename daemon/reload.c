@@ -72,8 +72,8 @@ int kvpd_policy_conf_make(const kvpd_config *cfg, const kvp_model *model,
     int rc = policy_loads(pc, cfg, model, why, sizeof why);
     if (rc < 0 && found) {
         /* The default must not keep the daemon from starting. */
-        snprintf(note, notelen, "policy streaming: the default %s does not load (%s)",
-                 pc->file, why);
+        snprintf(note, notelen, "policy streaming: the default %s does not load (%s); "
+                 "learned eviction for this model: kvp learn --model %s", pc->file, why, cfg->model);
         snprintf(pc->name, sizeof pc->name, "streaming");
         pc->file[0] = '\0';
         rc = policy_loads(pc, cfg, model, why, sizeof why);
@@ -81,7 +81,8 @@ int kvpd_policy_conf_make(const kvpd_config *cfg, const kvp_model *model,
         if (found)
             snprintf(note, notelen, "policy kvp with %s (the default for this model)", pc->file);
         else
-            snprintf(note, notelen, "policy streaming (the default: there is no %s)", looked);
+            snprintf(note, notelen, "policy streaming (the default: there is no %s; learned "
+                     "eviction for this model: kvp learn --model %s)", looked, cfg->model);
     } else if (rc == 0) {
         snprintf(note, notelen, "policy %s%s%s", pc->name, pc->file[0] ? " with " : "", pc->file);
     }

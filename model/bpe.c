@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "base/errors.h"
+#include "model/merges.h"
 #include "model/unicode.h"
 
 /* ---- GPT-2's byte-to-unicode alphabet ----
@@ -123,7 +124,8 @@ int kvp_bpe_load_merges(kvp_bpe *b, const kvp_tokenizer *t, const kvp_gguf_kv *k
     if (kv->type != KVP_GGUF_ARRAY || kv->val.arr.type != KVP_GGUF_STRING)
         return kvp_errorf(err, errlen, -EINVAL, "tokenizer.ggml.merges is not a string array");
     uint64_t n = kv->val.arr.n;
-    if (n > INT_MAX / 4)
+    /* Ranks are merge priorities as floats (model/merges.h): exact below 2^24. */
+    if (n > (1u << 24))
         return kvp_errorf(err, errlen, -EINVAL, "tokenizer.ggml.merges has %llu entries",
                           (unsigned long long)n);
     uint64_t cap = 16;
@@ -289,15 +291,10 @@ static int match_llama3(const cps *c, int i, int end, int max_digits)
 }
 
 /* ---- merging one chunk ---- */
-typedef struct sym { int tok, prev, next; } sym;
-typedef struct cand { int rank, left, right, ltok, rtok, id; } cand;
-
 typedef struct enc {
     const kvp_tokenizer *t;
     const kvp_bpe *b;
-    sym *syms;
-    cand *heap;
-    int nheap;
+    kvp_merges m;
     int *out, max, n;   /* n counts past max, to report -ENOSPC */
 } enc;
 
@@ -308,48 +305,16 @@ static void emit(enc *e, int tok)
     e->n++;
 }
 
-static int before(const cand *a, const cand *b)
+static void try_pair(void *ctx, int left)
 {
-    return a->rank < b->rank || (a->rank == b->rank && a->left < b->left);
-}
-
-static void heap_push(enc *e, cand c)
-{
-    int i = e->nheap++;
-    while (i > 0 && before(&c, &e->heap[(i - 1) / 2])) {
-        e->heap[i] = e->heap[(i - 1) / 2];
-        i = (i - 1) / 2;
-    }
-    e->heap[i] = c;
-}
-
-static cand heap_pop(enc *e)
-{
-    cand top = e->heap[0], last = e->heap[--e->nheap];
-    int i = 0;
-    for (;;) {
-        int c = 2 * i + 1;
-        if (c >= e->nheap)
-            break;
-        if (c + 1 < e->nheap && before(&e->heap[c + 1], &e->heap[c]))
-            c++;
-        if (!before(&e->heap[c], &last))
-            break;
-        e->heap[i] = e->heap[c];
-        i = c;
-    }
-    e->heap[i] = last;
-    return top;
-}
-
-static void try_pair(enc *e, int left)
-{
-    if (left < 0 || e->syms[left].next < 0)
+    enc *e = ctx;
+    kvp_sym *syms = e->m.syms;
+    if (left < 0 || syms[left].next < 0)
         return;
-    int right = e->syms[left].next, rank, id;
-    int a = e->syms[left].tok, b = e->syms[right].tok;
+    int right = syms[left].next, rank, id;
+    int a = syms[left].tok, b = syms[right].tok;
     if (find_merge(e->b, a, b, &rank, &id))
-        heap_push(e, (cand){ rank, left, right, a, b, id });
+        kvp_merges_push(&e->m, (kvp_merge){ -(float)rank, left, right, a, b, id });
 }
 
 /* BPE over the bytes of one pre-tokenizer chunk. */
@@ -365,26 +330,10 @@ static void encode_chunk(enc *e, const char *s, int len)
         }
     }
     for (int i = 0; i < len; i++)
-        e->syms[i] = (sym){ e->t->byte_token[(unsigned char)s[i]], i - 1, i + 1 < len ? i + 1 : -1 };
-    e->nheap = 0;
-    for (int i = 0; i + 1 < len; i++)
-        try_pair(e, i);
-    while (e->nheap > 0) {
-        cand c = heap_pop(e);
-        sym *l = &e->syms[c.left], *r = &e->syms[c.right];
-        /* stale: an earlier merge changed one side */
-        if (l->tok != c.ltok || l->next != c.right || r->tok != c.rtok)
-            continue;
-        l->tok = c.id;
-        l->next = r->next;
-        if (r->next >= 0)
-            e->syms[r->next].prev = c.left;
-        r->tok = -1;
-        try_pair(e, l->prev);
-        try_pair(e, c.left);
-    }
-    for (int i = 0; i >= 0; i = e->syms[i].next)
-        emit(e, e->syms[i].tok);
+        e->m.syms[i].tok = e->t->byte_token[(unsigned char)s[i]];
+    kvp_merges_run(&e->m, len, try_pair, e);
+    for (int i = 0; i >= 0; i = e->m.syms[i].next)
+        emit(e, e->m.syms[i].tok);
 }
 
 static int encode_text(const kvp_tokenizer *t, const char *text, size_t len, int *out, int max);
@@ -461,11 +410,10 @@ static int encode_text(const kvp_tokenizer *t, const char *text, size_t len, int
 {
     int *ends = malloc((len + 1) * sizeof *ends);
     enc e = { .t = t, .b = t->bpe, .out = out, .max = max };
-    e.syms = malloc((len + 1) * sizeof *e.syms);
-    /* len - 1 initial pairs, then at most 2 new ones per merge */
-    e.heap = malloc(3 * (len + 1) * sizeof *e.heap);
+    e.m.syms = malloc((len + 1) * sizeof *e.m.syms);
+    e.m.heap = malloc(3 * (len + 1) * sizeof *e.m.heap);
     int rc = -ENOMEM;
-    if (!ends || !e.syms || !e.heap)
+    if (!ends || !e.m.syms || !e.m.heap)
         goto out;
     int n = kvp_bpe_split(t->bpe->pre, text, len, ends);
     if ((rc = n) < 0)
@@ -475,7 +423,7 @@ static int encode_text(const kvp_tokenizer *t, const char *text, size_t len, int
     rc = e.n > max ? -ENOSPC : e.n;
 out:
     free(ends);
-    free(e.syms);
-    free(e.heap);
+    free(e.m.syms);
+    free(e.m.heap);
     return rc;
 }

@@ -11,6 +11,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/checksum.h"
+
 #include "model/gguf.h"
 #include "model/quant.h"
 #include "base/errors.h"
@@ -531,6 +533,34 @@ static size_t weight_bytes(const kvp_model *m)
     return sum;
 }
 
+/* The shape, then each matrix's type and the first and last KiB of its bytes: cheap at
+ * load for any size, and different for any two trainings or quantizations of a shape. */
+static uint64_t mix_matrix(uint64_t h, const kvp_weight *w)
+{
+    size_t bytes = matrix_bytes(w), take = bytes < 1024 ? bytes : 1024;
+    const unsigned char *d = w->data;
+    h = kvp_fnv1a(h, &w->type, sizeof w->type);
+    h = kvp_fnv1a(h, d, take);
+    return kvp_fnv1a(h, d + bytes - take, take);
+}
+
+static uint64_t fingerprint(const kvp_model *m)
+{
+    const kvp_model_config *c = &m->cfg;
+    int32_t shape[] = {c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads,
+                       c->head_dim, c->vocab_size};
+    uint64_t h = kvp_fnv1a(KVP_FNV1A_INIT, shape, sizeof shape);
+    h = mix_matrix(h, &m->tok_embd);
+    h = mix_matrix(h, &m->output);
+    for (int l = 0; l < c->n_layers; l++) {
+        const kvp_layer *y = &m->layers[l];
+        const kvp_weight *each[] = {&y->wq, &y->wk, &y->wv, &y->wo, &y->w_gate, &y->w_down, &y->w_up};
+        for (int i = 0; i < 7; i++)
+            h = mix_matrix(h, each[i]);
+    }
+    return h ? h : 1;   /* 0 means unknown */
+}
+
 void kvp_model_weight_mix(const kvp_model *m, char *buf, size_t len)
 {
     int done[KVP_N_WEIGHT_TYPES] = {0};
@@ -571,6 +601,7 @@ int kvp_model_load(kvp_model *m, const char *path, const char *tokenizer_path,
         return rc < 0 ? rc : -EINVAL;
     }
     m->weight_bytes = weight_bytes(m);
+    m->cfg.fingerprint = fingerprint(m);
     return 0;
 }
 

@@ -5,6 +5,7 @@
 #define KVP_MODEL_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include "cache/rope.h"
 #include "model/matmul.h"
 #include "model/tokenizer.h"
@@ -20,6 +21,8 @@ typedef struct kvp_model_config {
     int seq_len;        /* trained context length */
     kvp_rope rope;      /* RoPE layout, rotated dims, base, frequency factors (the model's) */
     float rms_eps;
+    uint64_t fingerprint; /* the weights' identity (kvp_model_load; policy files are bound
+                             to it); 0 when unknown */
 } kvp_model_config;
 
 typedef struct kvp_layer {
@@ -49,7 +52,7 @@ typedef struct kvp_model {
     int tied_output;
     kvp_tokenizer tok;
     char *chat_template;      /* tokenizer.chat_template (NUL-terminated), NULL if absent;
-                                 sessions/template.c renders its family */
+                                 model/template.c renders its family */
     char arch[16];            /* general.architecture ("llama" for llama2.c checkpoints) */
     char name[128];           /* general.name or file basename */
     char path[512];

@@ -2,6 +2,7 @@
 
 #include "base/errors.h"
 #include "model/bpe.h"
+#include "model/merges.h"
 #include "model/unicode.h"
 
 #include <errno.h>
@@ -492,16 +493,12 @@ int kvp_tokenizer_load_gguf(kvp_tokenizer *t, const kvp_gguf *g, char *err, size
     return rc;
 }
 
-/* Encoding state: a doubly linked list of symbols and a max-heap of merge candidates. */
-typedef struct sym { int tok, prev, next; } sym;
-typedef struct cand { float score; int left, right, ltok, rtok, id; } cand;
-
+/* Encoding state: the symbols and candidates of the shared merge loop (model/merges.h),
+ * ranked by piece score (higher first, then the leftmost pair, as llama2.c picks). */
 typedef struct enc {
     const kvp_tokenizer *t;
-    sym *syms;
+    kvp_merges m;
     int n;
-    cand *heap;
-    int nheap;
     char *buf; /* 2 x max_piece_len: a pair's concatenation */
 } enc;
 
@@ -509,64 +506,30 @@ static void push_unit(enc *e, const char *s, size_t len)
 {
     int id = kvp_tokenizer_lookup_text(e->t, s, len);
     if (id >= 0) {
-        e->syms[e->n++].tok = id;
+        e->m.syms[e->n++].tok = id;
         return;
     }
     for (size_t i = 0; i < len; i++) {
         int b = e->t->byte_token[(unsigned char)s[i]];
-        e->syms[e->n++].tok = b >= 0 ? b : e->t->unk_id;
+        e->m.syms[e->n++].tok = b >= 0 ? b : e->t->unk_id;
     }
-}
-
-/* Heap order: higher score first, then the leftmost pair, as llama2.c picks. */
-static int before(const cand *a, const cand *b)
-{
-    return a->score > b->score || (a->score == b->score && a->left < b->left);
-}
-
-static void heap_push(enc *e, cand c)
-{
-    int i = e->nheap++;
-    while (i > 0 && before(&c, &e->heap[(i - 1) / 2])) {
-        e->heap[i] = e->heap[(i - 1) / 2];
-        i = (i - 1) / 2;
-    }
-    e->heap[i] = c;
-}
-
-static cand heap_pop(enc *e)
-{
-    cand top = e->heap[0], last = e->heap[--e->nheap];
-    int i = 0;
-    for (;;) {
-        int c = 2 * i + 1;
-        if (c >= e->nheap)
-            break;
-        if (c + 1 < e->nheap && before(&e->heap[c + 1], &e->heap[c]))
-            c++;
-        if (!before(&e->heap[c], &last))
-            break;
-        e->heap[i] = e->heap[c];
-        i = c;
-    }
-    e->heap[i] = last;
-    return top;
 }
 
 /* Queues the pair (left, left's next) if its concatenation is a piece. */
-static void try_pair(enc *e, int left)
+static void try_pair(void *ctx, int left)
 {
-    if (left < 0 || e->syms[left].next < 0)
+    enc *e = ctx;
+    if (left < 0 || e->m.syms[left].next < 0)
         return;
-    int right = e->syms[left].next;
+    int right = e->m.syms[left].next;
     const kvp_tokenizer *t = e->t;
-    int a = e->syms[left].tok, b = e->syms[right].tok;
+    int a = e->m.syms[left].tok, b = e->m.syms[right].tok;
     memcpy(e->buf, t->pieces[a], (size_t)t->piece_len[a]);
     memcpy(e->buf + t->piece_len[a], t->pieces[b], (size_t)t->piece_len[b]);
     int id = kvp_tokenizer_lookup_text(t, e->buf, (size_t)t->piece_len[a] + (size_t)t->piece_len[b]);
     /* llama2.c starts its best score at -1e10 and only takes strictly better ones. */
     if (id >= 0 && t->scores[id] > -1e10f)
-        heap_push(e, (cand){ t->scores[id], left, right, a, b, id });
+        kvp_merges_push(&e->m, (kvp_merge){ t->scores[id], left, right, a, b, id });
 }
 
 /* Byte-level BPE between the optional BOS and EOS. */
@@ -597,12 +560,11 @@ int kvp_tokenizer_encode(const kvp_tokenizer *t, const char *text, size_t len,
         return -E2BIG;
     size_t cap = len + 1;
     enc e = { .t = t };
-    e.syms = malloc(cap * sizeof *e.syms);
-    /* n - 1 initial pairs, then at most 2 new ones per merge (n - 1 merges). */
-    e.heap = malloc(3 * cap * sizeof *e.heap);
+    e.m.syms = malloc(cap * sizeof *e.m.syms);
+    e.m.heap = malloc(3 * cap * sizeof *e.m.heap);
     e.buf = malloc(2 * (size_t)t->max_piece_len + 1);
     int rc = -ENOMEM;
-    if (!e.syms || !e.heap || !e.buf)
+    if (!e.m.syms || !e.m.heap || !e.buf)
         goto out;
 
     if (t->add_space_prefix && !(flags & KVP_ENCODE_NO_PREFIX) && len > 0)
@@ -614,46 +576,25 @@ int kvp_tokenizer_encode(const kvp_tokenizer *t, const char *text, size_t len,
         push_unit(&e, text + i, u);
         i += u;
     }
-    for (int i = 0; i < e.n; i++) {
-        e.syms[i].prev = i - 1;
-        e.syms[i].next = i + 1 < e.n ? i + 1 : -1;
-    }
-    for (int i = 0; i + 1 < e.n; i++)
-        try_pair(&e, i);
-
-    while (e.nheap > 0) {
-        cand c = heap_pop(&e);
-        sym *l = &e.syms[c.left], *r = &e.syms[c.right];
-        /* Skip candidates that an earlier merge made stale: still adjacent with the
-         * same tokens means the same merge. */
-        if (l->tok != c.ltok || l->next != c.right || r->tok != c.rtok)
-            continue;
-        l->tok = c.id;
-        l->next = r->next;
-        if (r->next >= 0)
-            e.syms[r->next].prev = c.left;
-        r->tok = -1; /* dead */
-        try_pair(&e, l->prev);
-        try_pair(&e, c.left);
-    }
+    kvp_merges_run(&e.m, e.n, try_pair, &e);
 
     int add_bos = (flags & KVP_ENCODE_BOS) != 0, add_eos = (flags & KVP_ENCODE_EOS) != 0;
     int n = 0, need = add_bos + add_eos;
-    for (int i = e.n > 0 ? 0 : -1; i >= 0; i = e.syms[i].next)
+    for (int i = e.n > 0 ? 0 : -1; i >= 0; i = e.m.syms[i].next)
         need++;
     rc = -ENOSPC;
     if (need > max)
         goto out;
     if (add_bos)
         out[n++] = t->bos_id;
-    for (int i = e.n > 0 ? 0 : -1; i >= 0; i = e.syms[i].next)
-        out[n++] = e.syms[i].tok;
+    for (int i = e.n > 0 ? 0 : -1; i >= 0; i = e.m.syms[i].next)
+        out[n++] = e.m.syms[i].tok;
     if (add_eos)
         out[n++] = t->eos_id;
     rc = n;
 out:
-    free(e.syms);
-    free(e.heap);
+    free(e.m.syms);
+    free(e.m.heap);
     free(e.buf);
     return rc;
 }

@@ -60,6 +60,14 @@ static double nll_of(const float *logits, int vocab, int target)
     return log_sum_exp(logits, vocab) - logits[target];
 }
 
+static int argmax(const float *x, int n)
+{
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        best = x[i] > x[best] ? i : best;
+    return best;
+}
+
 /* KL(softmax(p) || softmax(q)) in nats; exactly 0 when the logits are equal */
 static double kl_of(const float *p, const float *q, int vocab)
 {
@@ -377,8 +385,73 @@ static int lookahead_scores(const kvp_model *m, kvp_runstate *s, kvp_cache *c, k
     return 0;
 }
 
+int kvp_eval_stream_ref_init(kvp_eval_stream_ref *r, const kvp_model_config *cfg, int len,
+                             int every)
+{
+    memset(r, 0, sizeof *r);
+    if (len < 2 || every < 1)
+        return -EINVAL;
+    r->len = len;
+    r->every = every;
+    r->vocab = cfg->vocab_size;
+    r->n_pos = (len - 1) / every;   /* t = every - 1, ... <= len - 2 */
+    r->pos = malloc(((size_t)r->n_pos + 1) * sizeof *r->pos);
+    r->logits = malloc(((size_t)r->n_pos * r->vocab + 1) * sizeof *r->logits);
+    if (!r->pos || !r->logits) {
+        kvp_eval_stream_ref_free(r);
+        return -ENOMEM;
+    }
+    for (int i = 0; i < r->n_pos; i++)
+        r->pos[i] = (i + 1) * every - 1;
+    return 0;
+}
+
+void kvp_eval_stream_ref_free(kvp_eval_stream_ref *r)
+{
+    free(r->pos);
+    free(r->logits);
+    memset(r, 0, sizeof *r);
+}
+
+int kvp_eval_stream_ref_compute(kvp_eval_stream_ref *r, const kvp_model *m, kvp_runstate *s,
+                                const int *tokens, int bos)
+{
+    int ctx = m->cfg.seq_len, V = r->vocab, every = r->every, i = 0, rc = -ENOMEM;
+    int *window = malloc((size_t)ctx * sizeof *window);
+    float *block = malloc((size_t)every * V * sizeof *block);
+    kvp_cache c = {0};
+    if (!window || !block || (rc = cache_like(&c, &m->cfg)))
+        goto out;
+    kvp_policy_attach(&s->hooks, NULL);
+    /* Within the context: one cache, fed in blocks that end at the sampled positions. */
+    for (int off = 0; i < r->n_pos && r->pos[i] < ctx; off += every, i++) {
+        if ((rc = kvp_gen_prefill(m, s, &c, NULL, tokens + off, every, block)))
+            goto out;
+        memcpy(r->logits + (size_t)i * V, block + (size_t)(every - 1) * V, (size_t)V * sizeof *block);
+    }
+    /* Past it: a fresh cache on the last context - 1 tokens. */
+    for (; i < r->n_pos; i++) {
+        int t = r->pos[i], n = 0;
+        if (bos >= 0)
+            window[n++] = bos;
+        memcpy(window + n, tokens + t - ctx + 2, (size_t)(ctx - 1) * sizeof *window);
+        n += ctx - 1;
+        kvp_cache_free(&c);
+        if ((rc = cache_like(&c, &m->cfg)) || (rc = kvp_gen_prefill(m, s, &c, NULL, window, n, NULL)))
+            goto out;
+        memcpy(r->logits + (size_t)i * V, s->logits, (size_t)V * sizeof *block);
+    }
+    rc = 0;
+out:
+    kvp_cache_free(&c);
+    free(window);
+    free(block);
+    return rc;
+}
+
 int kvp_eval_stream(const kvp_model *m, kvp_runstate *s, kvp_policy *p, const int *tokens,
-                    int len, int bi, const kvp_eval_opts *o, kvp_eval_acc *acc)
+                    int len, int bi, const kvp_eval_opts *o, const kvp_eval_stream_ref *ref,
+                    kvp_eval_acc *acc)
 {
     int V = m->cfg.vocab_size, nh = m->cfg.n_layers * m->cfg.n_kv_heads, oracle = kvp_policy_is_oracle(p);
     int chunk = o->chunk;
@@ -406,6 +479,13 @@ int kvp_eval_stream(const kvp_model *m, kvp_runstate *s, kvp_policy *p, const in
             goto out;
         for (int t = 0; t < n && off + t + 1 < len; t++)
             nll += nll_of(logits + (size_t)t * V, V, tokens[off + t + 1]);
+        /* the sampled positions in this chunk: pos = (i + 1) every - 1 */
+        for (int i = ref ? off / ref->every : 0; ref && i < ref->n_pos && ref->pos[i] < off + n; i++) {
+            const float *want = ref->logits + (size_t)i * V, *got = logits + (size_t)(ref->pos[i] - off) * V;
+            acc->stream_kl[bi] += kl_of(want, got, V);
+            acc->stream_top1[bi] += argmax(want, V) == argmax(got, V);
+            acc->stream_samples[bi]++;
+        }
     }
     acc->stream_nll[bi] += nll;
     acc->stream_tokens[bi] += len - 1;
@@ -431,6 +511,9 @@ void kvp_eval_acc_add(kvp_eval_acc *dst, const kvp_eval_acc *src)
         dst->kl[bi] += src->kl[bi];
         dst->stream_tokens[bi] += src->stream_tokens[bi];
         dst->stream_nll[bi] += src->stream_nll[bi];
+        dst->stream_samples[bi] += src->stream_samples[bi];
+        dst->stream_kl[bi] += src->stream_kl[bi];
+        dst->stream_top1[bi] += src->stream_top1[bi];
     }
 }
 
@@ -464,6 +547,14 @@ int kvp_eval_rows(const char *policy, const kvp_eval_acc *a, const kvp_eval_opts
         if (a->stream_tokens[bi])
             rows[n++] = (kvp_eval_row){"streaming", policy, "ppl", o->budgets[bi],
                                        exp(a->stream_nll[bi] / a->stream_tokens[bi])};
+    for (int bi = 0; bi < o->n_budgets; bi++)
+        if (a->stream_samples[bi])
+            rows[n++] = (kvp_eval_row){"streaming", policy, "kl", o->budgets[bi],
+                                       a->stream_kl[bi] / a->stream_samples[bi]};
+    for (int bi = 0; bi < o->n_budgets; bi++)
+        if (a->stream_samples[bi])
+            rows[n++] = (kvp_eval_row){"streaming", policy, "top1", o->budgets[bi],
+                                       (double)a->stream_top1[bi] / a->stream_samples[bi]};
     return n;
 }
 
@@ -483,6 +574,10 @@ static const struct metric_info {
      "KL (nats)", "%.4f", 1},
     {"streaming", "ppl", "Streaming: perplexity with chunked eviction and context shift",
      "perplexity", "%.3f", 0},
+    {"streaming", "kl", "Streaming: mean KL(full window || policy) of next-token distributions "
+     "(nats; fidelity to the model itself)", "KL (nats)", "%.4f", 1},
+    {"streaming", "top1", "Streaming: top-1 agreement with the full window (higher is better)",
+     "top-1 agreement", "%.3f", 0},
 };
 
 static const kvp_eval_row *find_row(const kvp_eval_row *rows, int n, const struct metric_info *mi,

@@ -9,7 +9,10 @@
  *              teacher-forced: perplexity and KL(full || evicted) of the next-token
  *              distributions (the paper's protocol);
  *   streaming  a text longer than the context through kvp_gen_prefill with chunked
- *              eviction and the context shift (the daemon's protocol): perplexity.
+ *              eviction and the context shift (the daemon's protocol): perplexity, and
+ *              fidelity to the model itself: at every `every`-th position, KL(reference
+ *              || policy) of the next-token distributions and top-1 agreement, the
+ *              reference being the model with a full window (kvp_eval_stream_ref).
  * The oracle's scores are true future importance: I_i(cut) in the first two; in streaming,
  * before every chunk, the attention the next `lookahead` tokens pay each row, measured on
  * a copy of the cache (shifted first when the lookahead would pass the context). */
@@ -23,7 +26,7 @@
 
 #define KVP_EVAL_MAX_BUDGETS 16
 /* rows kvp_eval_rows adds for one policy at most */
-#define KVP_EVAL_ROWS_PER_POLICY (1 + 6 * KVP_EVAL_MAX_BUDGETS)
+#define KVP_EVAL_ROWS_PER_POLICY (1 + 7 * KVP_EVAL_MAX_BUDGETS)
 
 typedef struct kvp_eval_opts {
     int cut;          /* tokens in the cache when it is ranked / compressed (384) */
@@ -55,7 +58,22 @@ typedef struct kvp_eval_acc {
     double nll[KVP_EVAL_MAX_BUDGETS], kl[KVP_EVAL_MAX_BUDGETS];
     long stream_tokens[KVP_EVAL_MAX_BUDGETS];     /* streaming: predictions */
     double stream_nll[KVP_EVAL_MAX_BUDGETS];
+    long stream_samples[KVP_EVAL_MAX_BUDGETS];    /* streaming: positions compared with */
+    double stream_kl[KVP_EVAL_MAX_BUDGETS];       /* the reference, their KL and */
+    long stream_top1[KVP_EVAL_MAX_BUDGETS];       /* top-1 agreements */
 } kvp_eval_acc;
+
+/* What the model itself predicts with a full window, at the sampled positions of one
+ * stream of len tokens: t = every - 1, 2 every - 1, ... below len - 1 (the prediction of
+ * token t + 1). While t is below the context the window is the plain full cache of
+ * tokens[0..t]; past it, the model run fresh on the last context - 1 tokens,
+ * tokens[t - context + 2..t], after BOS when the model has one. Shared by every policy
+ * and budget streamed over that text. */
+typedef struct kvp_eval_stream_ref {
+    int len, every, n_pos, vocab;
+    int *pos;              /* [n_pos] the positions t */
+    float *logits;         /* [n_pos][vocab] */
+} kvp_eval_stream_ref;
 
 /* Allocates r for sequences of len tokens (cut < len <= the model's context). */
 int kvp_eval_ref_init(kvp_eval_ref *r, const kvp_model_config *cfg, int len,
@@ -71,10 +89,20 @@ int kvp_eval_ref_compute(kvp_eval_ref *r, const kvp_model *m, kvp_runstate *s,
  * only gets the oneshot protocol (the full-cache numbers). 0 or a negative code. */
 int kvp_eval_sequence(const kvp_model *m, kvp_runstate *s, kvp_policy *p, const int *tokens,
                       const kvp_eval_ref *r, kvp_eval_acc *acc);
+int kvp_eval_stream_ref_init(kvp_eval_stream_ref *r, const kvp_model_config *cfg, int len,
+                             int every);
+void kvp_eval_stream_ref_free(kvp_eval_stream_ref *r);
+/* Fills r for tokens[0..len) (bos: the model's BOS id, -1 if none). s must hold blocks
+ * of `every` tokens. 0 or a negative code. */
+int kvp_eval_stream_ref_compute(kvp_eval_stream_ref *r, const kvp_model *m, kvp_runstate *s,
+                                const int *tokens, int bos);
+
 /* Streaming protocol for policy p (fresh, not "none") at budgets[bi] over tokens[0..len),
- * len >= 2; s must hold blocks of chunk and lookahead tokens. Adds to acc. */
+ * len >= 2; s must hold blocks of chunk and lookahead tokens. ref (NULL: perplexity only)
+ * was computed for the same tokens. Adds to acc. */
 int kvp_eval_stream(const kvp_model *m, kvp_runstate *s, kvp_policy *p, const int *tokens,
-                    int len, int bi, const kvp_eval_opts *o, kvp_eval_acc *acc);
+                    int len, int bi, const kvp_eval_opts *o, const kvp_eval_stream_ref *ref,
+                    kvp_eval_acc *acc);
 
 /* Position of a policy name in kvp_policy_names(), -1 if it is not one. */
 int kvp_eval_policy_index(const char *name);
@@ -84,7 +112,8 @@ void kvp_eval_acc_add(kvp_eval_acc *dst, const kvp_eval_acc *src);
 
 /* One result: protocol "ranking" | "oneshot" | "streaming"; metric "cc_ratio" (C/C*,
  * budget 0 = all budgets), "cost" (evicted importance / the oracle's), "recall" (share of
- * the importance kept), "ppl", "kl". Strings are static or the caller's policy name. */
+ * the importance kept), "ppl", "kl", "top1" (streaming: share of the sampled positions
+ * whose most likely next token is the reference's). Strings are static or the caller's policy name. */
 typedef struct kvp_eval_row {
     const char *protocol, *policy, *metric;
     int budget;

@@ -636,8 +636,15 @@ int kvp_train(const kvp_trace *t, kvp_agent_set *s, const kvp_train_cfg *c,
             char e1[32], e2[32];
             fmt_time(e1, sizeof e1, el);
             fmt_time(e2, sizeof e2, el / (double)x.step1 * (double)(c->steps - x.step1));
-            fprintf(c->log, "kvp train: step %ld/%ld  train C/C* %.3f  val C/C* %.3f  lr %.2e  "
-                    "elapsed %s  left %s\n", x.step1, c->steps, train, val, lr, e1, e2);
+            fprintf(c->log, "kvp train: step %ld/%ld (%.0f%%)  train C/C* %.3f  val C/C* %.3f  "
+                    "lr %.2e  elapsed %s  left %s\n", x.step1, c->steps,
+                    100.0 * (double)x.step1 / (double)c->steps, train, val, lr, e1, e2);
+        }
+        if (c->max_seconds > 0 && el >= c->max_seconds && x.step1 < c->steps) {
+            if (c->log)
+                fprintf(c->log, "kvp train: the time budget (%.0f s) ran out: stopped at step "
+                        "%ld of %ld\n", c->max_seconds, x.step1, c->steps);
+            break;
         }
     }
     memcpy(s->params, ema_all, (size_t)n_agents * np * sizeof(float));

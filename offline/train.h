@@ -94,6 +94,8 @@ typedef struct kvp_train_cfg {
     int cut_stride;      /* importance is cached per (sequence, cut): a grid keeps it small */
     int val_cut;         /* validation ranks the first val_cut rows of each sequence */
     long eval_every;     /* validation and a progress line every so many steps */
+    double max_seconds;  /* > 0: stop at the first validation past this much time (the
+                            schedule is cut short, the EMA weights saved); 0: no limit */
     FILE *log;           /* progress lines; NULL: quiet */
     FILE *curve;         /* CSV: step,train_cost,val_cost,lr,elapsed_s; NULL: none */
 } kvp_train_cfg;

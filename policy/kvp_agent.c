@@ -462,8 +462,11 @@ void kvp_agent_set_init(kvp_agent_set *s, uint64_t seed)
 /* ---------------------------------------------------------------- file format */
 
 static const uint8_t MAGIC[8] = {'K', 'V', 'P', 'P', 'O', 'L', 0, 1};
-#define FORMAT_VERSION 1u
-#define HEADER_BYTES 48
+#define FORMAT_VERSION 2u
+/* Version 1: the 48 bytes of shape. Version 2 adds the model the agents were trained for:
+ * u64 weights fingerprint (kvp_model_config.fingerprint) and its name, 64 bytes NUL-padded. */
+#define HEADER_V1_BYTES 48
+#define HEADER_BYTES (HEADER_V1_BYTES + 8 + KVP_POLICY_MODEL_NAME)
 #define CHECKSUM_BYTES 8
 
 int kvp_agent_set_save(const kvp_agent_set *s, const char *path, char *err, size_t errlen)
@@ -499,6 +502,9 @@ int kvp_agent_set_save(const kvp_agent_set *s, const char *path, char *err, size
     kvp_put_u32(hdr + 32, (uint32_t)s->arch.H);
     kvp_put_u32(hdr + 36, (uint32_t)s->arch.pmax);
     kvp_put_u64(hdr + 40, s->n_params);
+    kvp_put_u64(hdr + 48, s->model_fingerprint);
+    memset(hdr + 56, 0, KVP_POLICY_MODEL_NAME);
+    memcpy(hdr + 56, s->model_name, strnlen(s->model_name, KVP_POLICY_MODEL_NAME - 1));
 
     size_t nf = (size_t)s->n_layers * (size_t)s->n_kv_heads * s->n_params;
     uint8_t tail[CHECKSUM_BYTES];
@@ -531,19 +537,20 @@ int kvp_agent_set_save(const kvp_agent_set *s, const char *path, char *err, size
 
 /* Validates the header, and the file size against it, before anything is allocated. */
 static int parse_header(const uint8_t *hdr, uint64_t file_size, const char *path,
-                        int *n_layers, int *n_kv_heads, kvp_agent_arch *a, char *err,
-                        size_t errlen)
+                        int *n_layers, int *n_kv_heads, kvp_agent_arch *a, int *header_bytes,
+                        char *err, size_t errlen)
 {
     if (memcmp(hdr, MAGIC, 8) != 0) {
         kvp_errorf(err, errlen, 0, "%s: not a KVP policy file (bad magic)", path);
         return -EINVAL;
     }
     uint32_t version = kvp_get_u32(hdr + 8);
-    if (version != FORMAT_VERSION) {
-        kvp_errorf(err, errlen, 0, "%s: unsupported policy file version %u (this build reads %u)",
+    if (version != 1 && version != FORMAT_VERSION) {
+        kvp_errorf(err, errlen, 0, "%s: unsupported policy file version %u (this build reads 1 and %u)",
                path, version, FORMAT_VERSION);
         return -EINVAL;
     }
+    *header_bytes = version == 1 ? HEADER_V1_BYTES : HEADER_BYTES;
     static const struct { const char *name; int off; int64_t max; } fields[] = {
         {"n_layers", 12, MAX_LAYERS}, {"n_kv_heads", 16, MAX_KV_HEADS},
         {"head_dim", 20, MAX_D},      {"width P", 24, MAX_WIDTH},
@@ -577,7 +584,7 @@ static int parse_header(const uint8_t *hdr, uint64_t file_size, const char *path
     uint64_t agents = (uint64_t)v[0] * (uint64_t)v[1];
     uint64_t want = np > file_size / 4u / agents
                         ? UINT64_MAX
-                        : HEADER_BYTES + agents * np * 4u + CHECKSUM_BYTES;
+                        : (uint64_t)*header_bytes + agents * np * 4u + CHECKSUM_BYTES;
     if (file_size < want) {
         kvp_errorf(err, errlen, 0,
                "%s: truncated: %llu bytes, %llu agents x %llu parameters do not fit", path,
@@ -622,6 +629,22 @@ static int check_shape(const kvp_agent_set *s, const kvp_model_config *cfg,
     return -EINVAL;
 }
 
+/* A file bound to a model (version 2) loads only for that model's weights; an unbound
+ * file (version 1) or an unknown model (fingerprint 0, as in the tests' shapes) is
+ * checked by shape alone. */
+static int check_model(const kvp_agent_set *s, const kvp_model_config *cfg,
+                       const char *path, char *err, size_t errlen)
+{
+    if (!s->model_fingerprint || !cfg->fingerprint || s->model_fingerprint == cfg->fingerprint)
+        return 0;
+    kvp_errorf(err, errlen, 0,
+               "%s: policy file is for the model '%s' (weights %016llx), not this one (weights "
+               "%016llx); make one for this model with `kvp learn --model MODEL`",
+               path, s->model_name, (unsigned long long)s->model_fingerprint,
+               (unsigned long long)cfg->fingerprint);
+    return -EINVAL;
+}
+
 int kvp_agent_set_load(kvp_agent_set *s, const char *path, const kvp_model_config *cfg,
                        char *err, size_t errlen)
 {
@@ -647,20 +670,27 @@ int kvp_agent_set_load(kvp_agent_set *s, const char *path, const kvp_model_confi
         rc = -EINVAL;
         goto fail;
     }
-    if (st.st_size < HEADER_BYTES) {
+    if (st.st_size < HEADER_V1_BYTES) {
         kvp_errorf(err, errlen, 0, "%s: truncated: %lld bytes, the header alone is %d", path,
-               (long long)st.st_size, HEADER_BYTES);
+               (long long)st.st_size, HEADER_V1_BYTES);
         rc = -EINVAL;
         goto fail;
     }
-    if (fread(hdr, 1, sizeof hdr, f) != sizeof hdr) {
+    int header_bytes;
+    if (fread(hdr, 1, HEADER_V1_BYTES, f) != HEADER_V1_BYTES) {
         kvp_errorf(err, errlen, 0, "%s: read error", path);
         rc = -EIO;
         goto fail;
     }
     if ((rc = parse_header(hdr, (uint64_t)st.st_size, path, &n_layers, &n_kv_heads, &a,
-                           err, errlen)))
+                           &header_bytes, err, errlen)))
         goto fail;
+    if (fread(hdr + HEADER_V1_BYTES, 1, (size_t)header_bytes - HEADER_V1_BYTES, f) !=
+        (size_t)header_bytes - HEADER_V1_BYTES) {
+        kvp_errorf(err, errlen, 0, "%s: read error", path);
+        rc = -EIO;
+        goto fail;
+    }
     if ((rc = kvp_agent_set_alloc(s, n_layers, n_kv_heads, &a, err, errlen)))
         goto fail;
 
@@ -671,7 +701,7 @@ int kvp_agent_set_load(kvp_agent_set *s, const char *path, const kvp_model_confi
         rc = -EIO;
         goto fail;
     }
-    uint64_t sum = kvp_fnv1a(kvp_fnv1a(KVP_FNV1A_INIT, hdr, sizeof hdr), s->params,
+    uint64_t sum = kvp_fnv1a(kvp_fnv1a(KVP_FNV1A_INIT, hdr, (size_t)header_bytes), s->params,
                              nf * sizeof(float));
     if (sum != kvp_get_u64(tail)) {
         kvp_errorf(err, errlen, 0, "%s: checksum mismatch (file %016llx, computed %016llx): corrupt",
@@ -679,8 +709,14 @@ int kvp_agent_set_load(kvp_agent_set *s, const char *path, const kvp_model_confi
         rc = -EBADMSG;
         goto fail;
     }
+    if (header_bytes == HEADER_BYTES) {
+        s->model_fingerprint = kvp_get_u64(hdr + 48);
+        memcpy(s->model_name, hdr + 56, KVP_POLICY_MODEL_NAME);
+        s->model_name[KVP_POLICY_MODEL_NAME - 1] = 0;
+    }
     if ((rc = check_params(s, path, err, errlen)) ||
-        (cfg && (rc = check_shape(s, cfg, path, err, errlen))))
+        (cfg && (rc = check_shape(s, cfg, path, err, errlen))) ||
+        (cfg && (rc = check_model(s, cfg, path, err, errlen))))
         goto fail;
     fclose(f);
     return 0;

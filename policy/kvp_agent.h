@@ -76,11 +76,17 @@ void kvp_agent_backward(kvp_agent_acts *t, const float *params, const float *dsc
 
 /* All agents of a model, layer-major: agent (layer, kvh) is at index
  * layer * n_kv_heads + kvh. */
+#define KVP_POLICY_MODEL_NAME 64
+
 typedef struct kvp_agent_set {
     int n_layers, n_kv_heads;
     kvp_agent_arch arch;      /* arch.d is the model's head_dim */
     size_t n_params;          /* per agent */
     float *params;            /* [n_layers * n_kv_heads][n_params] */
+    /* The model the agents are for (kvp_model_config.fingerprint and its name); 0 and ""
+     * when unbound (a version-1 file, or a set made for a bare shape). */
+    uint64_t model_fingerprint;
+    char model_name[KVP_POLICY_MODEL_NAME];
 } kvp_agent_set;
 
 /* Allocates (uninitialised) parameters for n_layers x n_kv_heads agents. 0, -EINVAL
@@ -102,7 +108,8 @@ int kvp_agent_set_save(const kvp_agent_set *s, const char *path, char *err, size
  * (layers, KV heads, head_dim) must match it. Errors, each with a message naming the
  * file: -errno (open), -EIO (read), -EINVAL (not a regular file, truncated, bad magic,
  * unknown version, bad or inconsistent sizes, trailing bytes, non-finite parameter,
- * shape mismatch), -EBADMSG (checksum mismatch), -ENOMEM. Sizes are validated against
+ * shape mismatch, a file bound to other weights than cfg->fingerprint), -EBADMSG
+ * (checksum mismatch), -ENOMEM. Sizes are validated against
  * the file size before anything is allocated. */
 int kvp_agent_set_load(kvp_agent_set *s, const char *path, const kvp_model_config *cfg,
                        char *err, size_t errlen);

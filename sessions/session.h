@@ -28,7 +28,7 @@
 #include "generate/generate.h"
 #include "model/sampler.h"
 #include "sessions/snapshot.h"
-#include "sessions/template.h"
+#include "model/template.h"
 #include "sessions/utf8.h"
 
 #define KVP_SESSION_PATH_MAX 512

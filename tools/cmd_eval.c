@@ -19,6 +19,7 @@
 #include "offline/oracle.h"
 #include "offline/trace.h"
 #include "tools/cli.h"
+#include "tools/corpus.h"
 #include "base/parse.h"
 #include "base/clock.h"
 #include "generate/generate.h"
@@ -29,7 +30,9 @@
 static void usage(FILE *f)
 {
     fprintf(f,
-        "usage: kvp eval --model M --text FILE --out DIR [options]\n"
+        "usage: kvp eval --model M (--text FILE | --conversations FILE) --out DIR [options]\n"
+        "  --conversations F  JSON-lines conversations rendered with the model's chat\n"
+        "                     template, as kvp trace reads them\n"
         "  --tokenizer PATH   tokenizer for llama2.c checkpoints\n"
         "  --policies LIST    comma-separated, from: %s\n"
         "                     (default: all of them; kvp only with --policy-file)\n"
@@ -44,6 +47,8 @@ static void usage(FILE *f)
         "  --stream-len N     tokens per stream, BOS included (default 4 x the context)\n"
         "  --chunk N          streaming eviction chunk (default " KVP_STR(KVP_DEFAULT_CHUNK) ")\n"
         "  --lookahead N      tokens the streaming oracle looks ahead (default 128)\n"
+        "  --kl-every N       streaming fidelity: compare with the model's full window every\n"
+        "                     N positions (default 32)\n"
         "  --seed S           seed of the random policy (default 1)\n"
         "  --threads N        worker threads (default: the online CPUs)\n"
         "Writes DIR/results.csv, DIR/results.md and DIR/<protocol>-<metric>.svg.\n",
@@ -113,6 +118,8 @@ typedef struct job {
     const int *seq_tokens;             /* [n_seq][seq_len] */
     const int *stream_tokens;          /* [streams][stream_len] */
     kvp_eval_ref *refs;                /* [n_seq] */
+    kvp_eval_stream_ref *stream_refs;  /* [streams] */
+    int n_str, bos;
     kvp_eval_acc *seq_acc;             /* [n_seq][n_pol] */
     kvp_eval_acc *stream_acc;          /* [streams][n_spol][n_budgets] */
     int phase, n_tasks, tty;
@@ -127,9 +134,14 @@ static int run_task(job *j, kvp_runstate *s, int t, char *err, size_t errlen)
 {
     const kvp_eval_opts *o = j->o;
     if (j->phase == 0) {
-        int rc = kvp_eval_ref_compute(&j->refs[t], j->m, s, j->seq_tokens + (size_t)t * j->seq_len);
+        int rc = t < j->n_seq
+                     ? kvp_eval_ref_compute(&j->refs[t], j->m, s, j->seq_tokens + (size_t)t * j->seq_len)
+                     : kvp_eval_stream_ref_compute(&j->stream_refs[t - j->n_seq], j->m, s,
+                                                   j->stream_tokens + (size_t)(t - j->n_seq) * j->stream_len,
+                                                   j->bos);
         if (rc)
-            snprintf(err, errlen, "sequence %d: %s", t, strerror(-rc));
+            snprintf(err, errlen, "%s %d: %s", t < j->n_seq ? "sequence" : "stream",
+                     t < j->n_seq ? t : t - j->n_seq, strerror(-rc));
         return rc;
     }
     int seq_tasks = j->n_seq * j->n_pol, is_seq = t < seq_tasks;
@@ -148,7 +160,7 @@ static int run_task(job *j, kvp_runstate *s, int t, char *err, size_t errlen)
                                &j->refs[seq], &j->seq_acc[(size_t)seq * j->n_pol + pi]);
     else
         rc = kvp_eval_stream(j->m, s, p, j->stream_tokens + (size_t)stream * j->stream_len,
-                             j->stream_len, bi, o,
+                             j->stream_len, bi, o, &j->stream_refs[stream],
                              &j->stream_acc[((size_t)stream * j->n_spol + spi) * o->n_budgets + bi]);
     if (rc)
         snprintf(err, errlen, "policy %s on %s %d: %s", name, is_seq ? "sequence" : "stream",
@@ -208,18 +220,19 @@ static int run_phase(job *j, int phase, int n_tasks, int n_threads)
 int kvp_cmd_eval(int argc, char **argv)
 {
     const char *model_path = NULL, *tok_path = NULL, *text_path = NULL, *out_dir = NULL;
+    int conversations = 0;
     const char *policy_file = NULL;
     char *pol_arg = NULL, *bud_arg = NULL;
     long n_seqs = 64, seq_len = 512, cut = 384, n_streams = 8, stream_len = 0,
          chunk = KVP_DEFAULT_CHUNK;
-    long lookahead = 128, seed = 1, threads = sysconf(_SC_NPROCESSORS_ONLN);
+    long lookahead = 128, kl_every = 32, seed = 1, threads = sysconf(_SC_NPROCESSORS_ONLN);
     double split = 0.8;
     static const struct option opts[] = {
         {"model", 1, 0, 'm'}, {"tokenizer", 1, 0, 'z'}, {"text", 1, 0, 'x'}, {"out", 1, 0, 'o'},
-        {"policies", 1, 0, 'P'}, {"policy-file", 1, 0, 'F'}, {"budgets", 1, 0, 'b'},
+        {"conversations", 1, 0, 'C'}, {"policies", 1, 0, 'P'}, {"policy-file", 1, 0, 'F'}, {"budgets", 1, 0, 'b'},
         {"split", 1, 0, 's'}, {"seqs", 1, 0, 'N'}, {"seq-len", 1, 0, 'n'}, {"cut", 1, 0, 'c'},
         {"streams", 1, 0, 'S'}, {"stream-len", 1, 0, 'L'}, {"chunk", 1, 0, 'k'},
-        {"lookahead", 1, 0, 'l'}, {"seed", 1, 0, 'r'}, {"threads", 1, 0, 't'},
+        {"lookahead", 1, 0, 'l'}, {"kl-every", 1, 0, 'K'}, {"seed", 1, 0, 'r'}, {"threads", 1, 0, 't'},
         {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     int o, idx = 0;
     optind = 1;
@@ -229,6 +242,7 @@ int kvp_cmd_eval(int argc, char **argv)
         case 'm': model_path = optarg; break;
         case 'z': tok_path = optarg; break;
         case 'x': text_path = optarg; break;
+        case 'C': text_path = optarg; conversations = 1; break;
         case 'o': out_dir = optarg; break;
         case 'P': pol_arg = optarg; break;
         case 'F': policy_file = optarg; break;
@@ -241,6 +255,7 @@ int kvp_cmd_eval(int argc, char **argv)
         case 'L': ok = kvp_parse_long(optarg, 2, 1 << 24, &stream_len); break;
         case 'k': ok = kvp_parse_long(optarg, 1, 1 << 16, &chunk); break;
         case 'l': ok = kvp_parse_long(optarg, 1, 1 << 16, &lookahead); break;
+        case 'K': ok = kvp_parse_long(optarg, 1, 1 << 16, &kl_every); break;
         case 'r': ok = kvp_parse_long(optarg, 0, LONG_MAX, &seed); break;
         case 't': ok = kvp_parse_long(optarg, 1, 64, &threads); break;
         case 'h': usage(stdout); return 0;
@@ -250,7 +265,7 @@ int kvp_cmd_eval(int argc, char **argv)
             return usage_error("bad value '%s' for --%s", optarg, opts[idx].name);
     }
     if (!model_path || !text_path || !out_dir || optind < argc)
-        return usage_error("--model, --text and --out are required");
+        return usage_error("--model, --text or --conversations, and --out are required");
     if (cut >= seq_len)
         return usage_error("--cut %ld must be below --seq-len %ld", cut, seq_len);
     if (threads < 1)
@@ -313,10 +328,11 @@ int kvp_cmd_eval(int argc, char **argv)
     char *text = NULL, *intro = NULL;
     int *ids = NULL, *seq_tokens = NULL, *stream_tokens = NULL;
     kvp_eval_ref *refs = NULL;
+    kvp_eval_stream_ref *stream_refs = NULL;
     kvp_eval_acc *seq_acc = NULL, *stream_acc = NULL, *acc = NULL;
     kvp_eval_row *rows = NULL;
     size_t intro_len = 0;
-    int n_refs = 0;
+    int n_refs = 0, n_stream_refs = 0;
     if (!stream_len)
         stream_len = 4L * ctx;
     if (seq_len > ctx) {
@@ -338,12 +354,16 @@ int kvp_cmd_eval(int argc, char **argv)
         goto out;
     }
     size_t at = kvp_trace_split_at(text, text_len, split);
-    long n_ids = kvp_trace_tokenize(&m.tok, text + at, text_len - at, &ids);
+    char cerr[512];
+    long n_ids = kvp_corpus_tokens(&m, text_path, text, at, text_len, conversations, &ids, cerr,
+                                   sizeof cerr);
     if (n_ids < 0) {
-        fprintf(stderr, "kvp eval: cannot tokenize %s\n", text_path);
+        fprintf(stderr, "kvp eval: %s\n", cerr);
         goto out;
     }
-    long have_seqs = n_ids / (seq_len - 1), have_streams = n_ids / (stream_len - 1);
+    int bos = m.tok.bos_id;
+    long have_seqs = kvp_corpus_count(n_ids, seq_len, bos);
+    long have_streams = kvp_corpus_count(n_ids, stream_len, bos);
     int n_seq = (int)(n_seqs < have_seqs ? n_seqs : have_seqs);
     int n_str = (int)(n_streams < have_streams ? n_streams : have_streams);
     if (n_seq < 1 || (n_streams && n_str < 1)) {
@@ -381,39 +401,41 @@ int kvp_cmd_eval(int argc, char **argv)
     seq_tokens = malloc((size_t)n_seq * seq_len * sizeof *seq_tokens);
     stream_tokens = malloc(((size_t)n_str * stream_len + 1) * sizeof *stream_tokens);
     refs = calloc((size_t)n_seq, sizeof *refs);
+    stream_refs = calloc((size_t)n_str + 1, sizeof *stream_refs);
     seq_acc = calloc((size_t)n_seq * n_pol, sizeof *seq_acc);
     stream_acc = calloc((size_t)n_str * n_spol * eo.n_budgets + 1, sizeof *stream_acc);
     acc = calloc((size_t)n_pol, sizeof *acc);
     rows = malloc((size_t)n_pol * KVP_EVAL_ROWS_PER_POLICY * sizeof *rows);
-    if (!seq_tokens || !stream_tokens || !refs || !seq_acc || !stream_acc || !acc || !rows)
+    if (!seq_tokens || !stream_tokens || !refs || !stream_refs || !seq_acc || !stream_acc ||
+        !acc || !rows)
         goto oom;
-    /* the sequences kvp trace makes of the validation part: BOS + consecutive text */
-    for (int i = 0; i < n_seq; i++) {
-        int *t = seq_tokens + (size_t)i * seq_len;
-        t[0] = m.tok.bos_id;
-        memcpy(t + 1, ids + (size_t)i * (seq_len - 1), (size_t)(seq_len - 1) * sizeof *t);
-    }
-    for (int i = 0; i < n_str; i++) {
-        int *t = stream_tokens + (size_t)i * stream_len;
-        t[0] = m.tok.bos_id;
-        memcpy(t + 1, ids + (size_t)i * (stream_len - 1), (size_t)(stream_len - 1) * sizeof *t);
-    }
+    /* the sequences kvp trace makes of the validation part */
+    for (int i = 0; i < n_seq; i++)
+        kvp_corpus_sequence(ids, i, seq_len, bos, seq_tokens + (size_t)i * seq_len);
+    for (int i = 0; i < n_str; i++)
+        kvp_corpus_sequence(ids, i, stream_len, bos, stream_tokens + (size_t)i * stream_len);
     for (; n_refs < n_seq; n_refs++)
         if (kvp_eval_ref_init(&refs[n_refs], &m.cfg, (int)seq_len, &eo))
+            goto oom;
+    for (; n_stream_refs < n_str; n_stream_refs++)
+        if (kvp_eval_stream_ref_init(&stream_refs[n_stream_refs], &m.cfg, (int)stream_len,
+                                     (int)kl_every))
             goto oom;
 
     openblas_set_num_threads(1);   /* small matrices: the parallelism is over tasks */
     long max_tokens = seq_len > lookahead ? seq_len : lookahead;
+    max_tokens = max_tokens > kl_every ? max_tokens : kl_every;
     job j = {.m = &m, .o = &eo, .policies = (const char *const *)names, .n_pol = n_pol,
               .stream_pol = spol, .n_spol = n_spol, .policy_file = policy_file,
               .seed = (uint64_t)seed, .seq_len = (int)seq_len, .stream_len = (int)stream_len,
               .n_seq = n_seq,
               .max_tokens = (int)(max_tokens > chunk ? max_tokens : chunk),
               .seq_tokens = seq_tokens, .stream_tokens = stream_tokens, .refs = refs,
+              .stream_refs = stream_refs, .n_str = n_str, .bos = bos,
               .seq_acc = seq_acc, .stream_acc = stream_acc, .tty = isatty(2),
               .lock = PTHREAD_MUTEX_INITIALIZER};
     double t0 = kvp_now();
-    if (run_phase(&j, 0, n_seq, (int)threads) ||
+    if (run_phase(&j, 0, n_seq + n_str, (int)threads) ||
         run_phase(&j, 1, n_seq * n_pol + n_str * n_spol * eo.n_budgets, (int)threads)) {
         fprintf(stderr, "kvp eval: %s\n", j.err);
         goto out;
@@ -451,7 +473,10 @@ int kvp_cmd_eval(int argc, char **argv)
             "Ranking cases: %d (sequence, layer, KV head). Full-cache perplexity of these "
             "sequences: %.3f.\n"
             "- streaming: %d streams of %ld tokens (%.1fx the context of %d), chunk %ld, "
-            "context shift; the oracle looks %ld tokens ahead.\n"
+            "context shift; the oracle looks %ld tokens ahead. Fidelity every %ld positions: "
+            "KL(full window || policy) and top-1 agreement, the full window being the plain "
+            "cache within the context and, past it, the model run fresh on BOS + the last "
+            "%d tokens.\n"
             "- eviction keeps the 4 oldest rows (sinks) and the 16 newest of every head "
             "(H2O, SnapKV, LagKV and StreamingLLM keep more of the newest by their own rules); "
             "`none` never evicts: it gives the full-cache numbers, has no ranking and cannot "
@@ -459,7 +484,7 @@ int kvp_cmd_eval(int argc, char **argv)
             at, text_len, text_path, n_ids, split, n_seq, seq_len, cut, seq_len - cut,
             n_seq * m.cfg.n_layers * m.cfg.n_kv_heads,
             exp(full_nll / ((double)n_seq * (seq_len - 1))), n_str, stream_len,
-            (double)stream_len / ctx, ctx, chunk, lookahead);
+            (double)stream_len / ctx, ctx, chunk, lookahead, kl_every, ctx - 1);
     if (fclose(mf))
         goto oom;
     if (kvp_eval_write(out_dir, rows, n_rows, intro, err, sizeof err)) {
@@ -501,7 +526,10 @@ oom:
 out:
     for (int i = 0; i < n_refs; i++)
         kvp_eval_ref_free(&refs[i]);
+    for (int i = 0; i < n_stream_refs; i++)
+        kvp_eval_stream_ref_free(&stream_refs[i]);
     free(refs);
+    free(stream_refs);
     free(seq_acc);
     free(stream_acc);
     free(acc);

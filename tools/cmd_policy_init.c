@@ -103,6 +103,8 @@ int kvp_cmd_policy_init(int argc, char **argv)
         return 1;
     }
     kvp_model_config cfg = m.cfg;
+    char name[KVP_POLICY_MODEL_NAME];
+    snprintf(name, sizeof name, "%.63s", m.name);
     kvp_model_free(&m);
 
     arch.d = cfg.head_dim;
@@ -112,14 +114,17 @@ int kvp_cmd_policy_init(int argc, char **argv)
         return 1;
     }
     kvp_agent_set_init(&s, seed);
+    s.model_fingerprint = cfg.fingerprint;   /* the trained file stays bound to this model */
+    memcpy(s.model_name, name, sizeof name);
     int rc = kvp_agent_set_save(&s, out, err, sizeof err);
     if (rc) {
         fprintf(stderr, "kvp policy-init: %s\n", err);
     } else {
         printf("wrote %s: %d layers x %d KV heads x head_dim %d, P %d E %d H %d pmax %d, "
-               "%zu parameters per agent, seed %llu\n",
+               "%zu parameters per agent, seed %llu, for model '%s' (weights %016llx)\n",
                out, s.n_layers, s.n_kv_heads, arch.d, arch.P, arch.E, arch.H, arch.pmax,
-               s.n_params, (unsigned long long)seed);
+               s.n_params, (unsigned long long)seed, s.model_name,
+               (unsigned long long)s.model_fingerprint);
         if (cfg.seq_len > arch.pmax)
             fprintf(stderr, "kvp policy-init: note: the model's context is %d; positions "
                     ">= %d share one embedding row\n", cfg.seq_len, arch.pmax);

@@ -5,23 +5,31 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "base/checksum.h"
+#include "base/clock.h"
+#include "base/parse.h"
 #include "model/forward.h"
 #include "offline/trace.h"
 #include "tools/cli.h"
-#include "base/parse.h"
+#include "tools/corpus.h"
 
 static void usage(FILE *f)
 {
     fprintf(f,
-        "usage: kvp trace --model M --text FILE --out DIR [options]\n"
+        "usage: kvp trace --model M (--text FILE | --conversations FILE) --out DIR [options]\n"
+        "  --text FILE        plain text, tokenized line by line\n"
+        "  --conversations F  JSON lines, each {\"messages\": [{\"role\": \"system\"|\"user\"|\n"
+        "                     \"assistant\", \"content\": TEXT}, ...]}, rendered with the\n"
+        "                     model's chat template (special tokens included)\n"
         "  --tokenizer PATH   tokenizer for llama2.c checkpoints\n"
         "  --seq-len N        tokens per sequence, BOS included (default 512, at most the\n"
         "                     model's context)\n"
         "  --max-seqs N       sequences in all (default 400)\n"
-        "  --split F          the first F of the text (by bytes, moved to a line start)\n"
-        "                     gives training sequences, the rest validation (default 0.8)\n"
+        "  --split F          the first F of the text (by bytes, moved to a line start:\n"
+        "                     whole conversations) gives training sequences, the rest\n"
+        "                     validation (default 0.8)\n"
         "Writes DIR/trace.kvpt (format: docs/trace-format.md).\n");
 }
 
@@ -42,11 +50,12 @@ static void tap(void *ctx, int layer, const float *q, const float *k, const floa
 int kvp_cmd_trace(int argc, char **argv)
 {
     const char *model_path = NULL, *tok_path = NULL, *text_path = NULL, *out_dir = NULL;
+    int conversations = 0;
     long seq_len = 512, max_seqs = 400;
     double split = 0.8;
     static const struct option opts[] = {
         {"model", 1, 0, 'm'}, {"tokenizer", 1, 0, 'z'}, {"text", 1, 0, 'x'}, {"out", 1, 0, 'o'},
-        {"seq-len", 1, 0, 'n'}, {"max-seqs", 1, 0, 'N'}, {"split", 1, 0, 's'},
+        {"conversations", 1, 0, 'C'}, {"seq-len", 1, 0, 'n'}, {"max-seqs", 1, 0, 'N'}, {"split", 1, 0, 's'},
         {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     int o, idx = 0;
     optind = 1;
@@ -56,6 +65,7 @@ int kvp_cmd_trace(int argc, char **argv)
         case 'm': model_path = optarg; break;
         case 'z': tok_path = optarg; break;
         case 'x': text_path = optarg; break;
+        case 'C': text_path = optarg; conversations = 1; break;
         case 'o': out_dir = optarg; break;
         case 'n': ok = kvp_parse_long(optarg, 8, 1 << 20, &seq_len); break;
         case 'N': ok = kvp_parse_long(optarg, 2, 1 << 24, &max_seqs); break;
@@ -69,7 +79,7 @@ int kvp_cmd_trace(int argc, char **argv)
         }
     }
     if (!model_path || !text_path || !out_dir || optind < argc) {
-        fprintf(stderr, "kvp trace: --model, --text and --out are required\n");
+        fprintf(stderr, "kvp trace: --model, --text or --conversations, and --out are required\n");
         usage(stderr);
         return 2;
     }
@@ -104,17 +114,24 @@ int kvp_cmd_trace(int argc, char **argv)
     fclose(tf);
     size_t cut = kvp_trace_split_at(text, text_len, split);
     long n_ids[2];
-    n_ids[0] = kvp_trace_tokenize(&m.tok, text, cut, &ids[0]);
-    n_ids[1] = kvp_trace_tokenize(&m.tok, text + cut, text_len - cut, &ids[1]);
-    if (n_ids[0] < 0 || n_ids[1] < 0) {
-        fprintf(stderr, "kvp trace: cannot tokenize %s\n", text_path);
-        goto out;
+    if (conversations)
+        fprintf(stderr, "kvp trace: conversations rendered with the model's %s template\n",
+                kvp_corpus_format(&m));
+    for (int p = 0; p < 2; p++) {
+        size_t from = p ? cut : 0, to = p ? text_len : cut;
+        n_ids[p] = kvp_corpus_tokens(&m, text_path, text, from, to, conversations, &ids[p],
+                                     err, sizeof err);
+        if (n_ids[p] < 0) {
+            fprintf(stderr, "kvp trace: %s\n", err);
+            goto out;
+        }
     }
     /* at least one sequence on each side of the split */
     long want[2] = {(long)(max_seqs * split + 0.5), 0};
     want[0] = want[0] < 1 ? 1 : want[0] > max_seqs - 1 ? max_seqs - 1 : want[0];
     want[1] = max_seqs - want[0];
-    long have[2] = {n_ids[0] / (seq_len - 1), n_ids[1] / (seq_len - 1)};
+    long have[2] = {kvp_corpus_count(n_ids[0], seq_len, m.tok.bos_id),
+                    kvp_corpus_count(n_ids[1], seq_len, m.tok.bos_id)};
     for (int p = 0; p < 2; p++)
         if (want[p] > have[p])
             want[p] = have[p];
@@ -159,11 +176,11 @@ int kvp_cmd_trace(int argc, char **argv)
     int32_t *seq = malloc(seq_len * sizeof *seq);
     if (!seq)
         goto oom;
+    double t0 = kvp_now();
+    int tty = isatty(2);
     for (int p = 0; p < 2; p++)
         for (long i = 0; i < want[p]; i++) {
-            seq[0] = m.tok.bos_id;
-            for (long j = 1; j < seq_len; j++)
-                seq[j] = ids[p][i * (seq_len - 1) + j - 1];
+            kvp_corpus_sequence(ids[p], i, seq_len, m.tok.bos_id, seq);
             kvp_cache c;
             int rc = kvp_cache_init(&c, m.cfg.n_layers, m.cfg.n_kv_heads, m.cfg.head_dim, &m.cfg.rope);
             if (!rc)
@@ -177,11 +194,18 @@ int kvp_cmd_trace(int argc, char **argv)
                 fprintf(stderr, "kvp trace: sequence %ld: %s\n", i, strerror(-rc));
                 goto out;
             }
-            fprintf(stderr, "\rkvp trace: %s sequence %ld/%ld", p ? "validation" : "training",
-                    i + 1, want[p]);
+            /* One line rewritten on a terminal; a line per tenth in a log. */
+            long done = (p ? want[0] : 0) + i + 1, total = want[0] + want[1];
+            double el = kvp_now() - t0;
+            if (tty || done * 10 / total != (done - 1) * 10 / total || done == total)
+                fprintf(stderr, "%skvp trace: %s sequence %ld/%ld (%.0f%%, left %.0f s)%s",
+                        tty ? "\r" : "", p ? "validation" : "training", i + 1, want[p],
+                        100.0 * (double)done / (double)total,
+                        el / (double)done * (double)(total - done), tty ? "  " : "\n");
         }
     free(seq);
-    fprintf(stderr, "\n");
+    if (tty)
+        fprintf(stderr, "\n");
     writer_open = 0;
     if (kvp_trace_writer_close(&w, (int)want[0], err, sizeof err)) {
         fprintf(stderr, "kvp trace: %s\n", err);

@@ -34,6 +34,7 @@ static void usage(FILE *f, const kvp_train_cfg *d)
         "  --cut-stride N     cut points on this grid (default %d)\n"
         "  --val-cut N        validation ranks the first N rows (default %d)\n"
         "  --eval-every N     validation and progress interval in steps (default %ld)\n"
+        "  --max-seconds S    stop at the first validation past S seconds (default: no limit)\n"
         "  --curve FILE       training curve CSV (default POLICY.csv)\n",
         d->steps, (unsigned long long)d->seed, d->episodes, d->samples, (double)d->lr,
         (double)d->lr_min, d->warmup, (double)d->adamw.weight_decay, (double)d->clip,
@@ -54,6 +55,7 @@ int kvp_cmd_train(int argc, char **argv)
         {"weight-decay", 1, 0, 'W'}, {"clip", 1, 0, 'c'}, {"ema", 1, 0, 'e'},
         {"cut-min", 1, 0, 'm'}, {"cut-tail", 1, 0, 'T'}, {"cut-stride", 1, 0, 'S'},
         {"val-cut", 1, 0, 'v'}, {"eval-every", 1, 0, 'E'}, {"curve", 1, 0, 'C'},
+        {"max-seconds", 1, 0, 'X'},
         {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     int o, idx = 0;
     optind = 1;
@@ -82,6 +84,7 @@ int kvp_cmd_train(int argc, char **argv)
         case 'S': ok = kvp_parse_long(optarg, 1, 1 << 20, &l); c.cut_stride = (int)l; break;
         case 'v': ok = kvp_parse_long(optarg, 2, 1 << 20, &l); c.val_cut = (int)l; break;
         case 'E': ok = kvp_parse_long(optarg, 1, 100000000, &c.eval_every); break;
+        case 'X': ok = kvp_parse_double(optarg, 1.0, 1e9, &c.max_seconds); break;
         case 'h': usage(stdout, &c); return 0;
         default: usage(stderr, &c); return 2;
         }

@@ -17,6 +17,7 @@ static const struct {
     {"trace", kvp_cmd_trace, "record q/k/v traces of a model over text, for training"},
     {"eval", kvp_cmd_eval, "evaluate eviction policies on held-out text (ranking, one-shot, streaming)"},
     {"train", kvp_cmd_train, "train KVP agents on traces (policy file + curve CSV)"},
+    {"learn", kvp_cmd_learn, "trace, train, evaluate and install a KVP policy for a model, in one go"},
     {"logits", kvp_cmd_logits, "write the logits of every position of a token sequence (f32)"},
     {"tokenize", kvp_cmd_tokenize, "print the token ids of a text (as the daemon encodes a message)"},
 };

@@ -186,7 +186,7 @@ async function main() {
   const resumedBefore = resumedFrames.count;
   kvpd = await startKvpd(stateDir, port);
   await page.locator("#status").filter({ hasText: /^connected$/ }).waitFor({ timeout: 30000 });
-  for (let i = 0; i < 400 && resumedFrames.count === resumedBefore; i++) await sleep(25);
+  for (let i = 0; i < 1200 && resumedFrames.count === resumedBefore; i++) await sleep(25);
   check(resumedFrames.count > resumedBefore, "the restarted kvpd sent a resumed session frame");
   await waitSession(page, "resumed, 2 turns", "after a restart the page resumes the session");
   h = await history(page);

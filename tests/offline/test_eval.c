@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "generate/generate.h"
 #include "offline/eval.h"
 #include "offline/oracle.h"
 #include "offline/trace.h"
@@ -250,7 +251,7 @@ Test(eval, streaming_counts_every_token_and_matches_the_full_cache_without_evict
     big.budgets[0] = 480;
     kvp_eval_acc a = {0};
     kvp_policy *p = make("streaming", 1);
-    cr_assert_eq(kvp_eval_stream(&model, &rs, p, tok, SHORT, 0, &big, &a), 0);
+    cr_assert_eq(kvp_eval_stream(&model, &rs, p, tok, SHORT, 0, &big, NULL, &a), 0);
     kvp_policy_destroy(p);
     cr_assert_eq(a.stream_tokens[0], SHORT - 1);
     float *logits = malloc((size_t)SHORT * model.cfg.vocab_size * sizeof *logits);
@@ -276,7 +277,7 @@ Test(eval, streaming_counts_every_token_and_matches_the_full_cache_without_evict
     for (int k = 1; k < NPOL; k++) {
         kvp_eval_acc b = {0};
         p = make(all_policies[k], 2);
-        cr_assert_eq(kvp_eval_stream(&model, &rs, p, tok, LONG, 1, &opts, &b), 0, "%s",
+        cr_assert_eq(kvp_eval_stream(&model, &rs, p, tok, LONG, 1, &opts, NULL, &b), 0, "%s",
                      all_policies[k]);
         kvp_policy_destroy(p);
         cr_assert_eq(b.stream_tokens[1], LONG - 1);
@@ -284,6 +285,127 @@ Test(eval, streaming_counts_every_token_and_matches_the_full_cache_without_evict
         cr_assert(isfinite(ppl) && ppl > 1.0 && ppl < 100.0, "%s: %g", all_policies[k], ppl);
     }
     free(tok);
+}
+
+/* ---- streaming fidelity ------------------------------------------------------------------- */
+
+static double softmax_kl(const float *p, const float *q, int n)
+{
+    double mp = p[0], mq = q[0], zp = 0.0, zq = 0.0, kl = 0.0;
+    for (int i = 1; i < n; i++) {
+        mp = fmax(mp, p[i]);
+        mq = fmax(mq, q[i]);
+    }
+    for (int i = 0; i < n; i++) {
+        zp += exp(p[i] - mp);
+        zq += exp(q[i] - mq);
+    }
+    for (int i = 0; i < n; i++) {
+        double lp = p[i] - mp - log(zp), lq = q[i] - mq - log(zq);
+        kl += exp(lp) * (lp - lq);
+    }
+    return kl;
+}
+
+static int best(const float *x, int n)
+{
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b])
+            b = i;
+    return b;
+}
+
+/* A budget above the stream (and the stream within the context): the policy is the
+ * full window, so KL 0 and full agreement at every sampled position. */
+Test(eval, streaming_kl_is_zero_when_nothing_is_evicted)
+{
+    enum { SHORT = 300, EVERY = 16 };
+    int *tok = malloc(SHORT * sizeof *tok);
+    tok[0] = model.tok.bos_id;
+    memcpy(tok + 1, ids, (SHORT - 1) * sizeof *tok);
+    kvp_eval_stream_ref ref;
+    cr_assert_eq(kvp_eval_stream_ref_init(&ref, &model.cfg, SHORT, EVERY), 0);
+    cr_assert_eq(kvp_eval_stream_ref_compute(&ref, &model, &rs, tok, model.tok.bos_id), 0);
+    cr_assert_eq(ref.n_pos, (SHORT - 1) / EVERY);
+    kvp_eval_opts big = opts;
+    big.n_budgets = 1;
+    big.budgets[0] = 480;
+    kvp_eval_acc a = {0};
+    kvp_policy *p = make("tova", 1);
+    cr_assert_eq(kvp_eval_stream(&model, &rs, p, tok, SHORT, 0, &big, &ref, &a), 0);
+    kvp_policy_destroy(p);
+    cr_assert_eq(a.stream_samples[0], ref.n_pos);
+    cr_assert_eq(a.stream_top1[0], ref.n_pos);
+    cr_assert(a.stream_kl[0] / ref.n_pos < 1e-6, "KL %g", a.stream_kl[0] / ref.n_pos);
+    kvp_eval_stream_ref_free(&ref);
+    free(tok);
+}
+
+/* Past the context with eviction: the metric equals a brute-force computation. The
+ * reference at t: the model run from scratch on tokens[0..t] (t < context), else on BOS +
+ * tokens[t - 510..t]; the policy's distribution at t: its own chunked run over the
+ * whole stream. */
+Test(eval, streaming_kl_equals_a_brute_force_computation)
+{
+    enum { LEN2 = 700, EVERY = 50, CTX = 512 };
+    cr_assert_eq(model.cfg.seq_len, CTX);
+    int V = model.cfg.vocab_size;
+    int *tok = malloc(LEN2 * sizeof *tok), *window = malloc(CTX * sizeof *window);
+    tok[0] = model.tok.bos_id;
+    memcpy(tok + 1, ids + 3000, (LEN2 - 1) * sizeof *tok);
+    kvp_eval_stream_ref ref;
+    cr_assert_eq(kvp_eval_stream_ref_init(&ref, &model.cfg, LEN2, EVERY), 0);
+    cr_assert_eq(kvp_eval_stream_ref_compute(&ref, &model, &rs, tok, model.tok.bos_id), 0);
+    kvp_eval_acc a = {0};
+    kvp_policy *p = make("streaming", 1);
+    cr_assert_eq(kvp_eval_stream(&model, &rs, p, tok, LEN2, 0, &opts, &ref, &a), 0);
+    kvp_policy_destroy(p);
+
+    /* the policy's logits at every position, chunk by chunk as the protocol runs */
+    float *pol = malloc((size_t)LEN2 * V * sizeof *pol), *want = malloc((size_t)V * sizeof *want);
+    kvp_cache c;
+    cr_assert_eq(kvp_cache_init(&c, model.cfg.n_layers, model.cfg.n_kv_heads, model.cfg.head_dim,
+                                &model.cfg.rope), 0);
+    p = make("streaming", 1);
+    kvp_evict_cfg e = {p, opts.budgets[0], opts.chunk};
+    for (int off = 0; off < LEN2; off += opts.chunk) {
+        int n = LEN2 - off < opts.chunk ? LEN2 - off : opts.chunk;
+        kvp_policy_attach(&rs.hooks, p);
+        cr_assert_eq(kvp_gen_prefill(&model, &rs, &c, &e, tok + off, n, pol + (size_t)off * V), 0);
+        kvp_policy_attach(&rs.hooks, NULL);
+    }
+    kvp_policy_destroy(p);
+    kvp_cache_free(&c);
+
+    double kl = 0.0;
+    long agree = 0, n = 0;
+    for (int t = EVERY - 1; t + 1 < LEN2; t += EVERY, n++) {
+        cr_assert_eq(kvp_cache_init(&c, model.cfg.n_layers, model.cfg.n_kv_heads,
+                                    model.cfg.head_dim, &model.cfg.rope), 0);
+        if (t < CTX) {
+            cr_assert_eq(kvp_forward(&model, &rs, &c, tok, t + 1, NULL), 0);
+        } else {
+            window[0] = model.tok.bos_id;
+            memcpy(window + 1, tok + t - CTX + 2, (CTX - 1) * sizeof *window);
+            cr_assert_eq(kvp_forward(&model, &rs, &c, window, CTX, NULL), 0);
+        }
+        memcpy(want, rs.logits, (size_t)V * sizeof *want);
+        kvp_cache_free(&c);
+        kl += softmax_kl(want, pol + (size_t)t * V, V);
+        agree += best(want, V) == best(pol + (size_t)t * V, V);
+    }
+    cr_assert_eq(a.stream_samples[0], n);
+    cr_assert_eq(a.stream_top1[0], agree);
+    /* blocks of other sizes round the floats differently: equal to 1e-4 of the sum */
+    cr_assert(fabs(a.stream_kl[0] - kl) <= 1e-4 * kl + 1e-6, "KL %.8f vs brute force %.8f",
+              a.stream_kl[0], kl);
+    cr_assert_gt(kl, 0.0);   /* the policy evicted: it is not the full window */
+    kvp_eval_stream_ref_free(&ref);
+    free(pol);
+    free(want);
+    free(tok);
+    free(window);
 }
 
 /* ---- the command --------------------------------------------------------------------------- */
@@ -333,9 +455,11 @@ Test(eval, cli_writes_one_csv_row_per_protocol_policy_budget_metric)
         "oneshot,random,64,kl", "oneshot,oracle,32,ppl", "oneshot,oracle,64,ppl",
         "oneshot,oracle,32,kl", "oneshot,oracle,64,kl",
         "streaming,random,32,ppl", "streaming,random,64,ppl", "streaming,oracle,32,ppl",
-        "streaming,oracle,64,ppl",
+        "streaming,oracle,64,ppl", "streaming,random,32,kl", "streaming,random,64,kl",
+        "streaming,oracle,32,kl", "streaming,oracle,64,kl", "streaming,random,32,top1",
+        "streaming,random,64,top1", "streaming,oracle,32,top1", "streaming,oracle,64,top1",
     };
-    int n_exp = (int)(sizeof expected / sizeof expected[0]), seen[32] = {0}, rows = 0;
+    int n_exp = (int)(sizeof expected / sizeof expected[0]), seen[48] = {0}, rows = 0;
     for (char *line = csv + strlen(header); *line; rows++) {
         char *nl = strchr(line, '\n');
         cr_assert(nl, "unterminated line");
@@ -364,8 +488,9 @@ Test(eval, cli_writes_one_csv_row_per_protocol_policy_budget_metric)
     cr_assert(strstr(md, "--policies none,random,oracle"), "the command is recorded");
     free(md);
     static const char *const plots[] = {"ranking-cost", "ranking-recall", "oneshot-ppl",
-                                        "oneshot-kl", "streaming-ppl"};
-    for (int i = 0; i < 5; i++) {
+                                        "oneshot-kl", "streaming-ppl", "streaming-kl",
+                                        "streaming-top1"};
+    for (int i = 0; i < 7; i++) {
         size_t len;
         snprintf(path, sizeof path, "%s/%s.svg", dir[0], plots[i]);
         char *svg = tu_slurp(path, &len);

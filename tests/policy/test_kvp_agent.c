@@ -133,17 +133,80 @@ Test(kvp_agent, file_layout_matches_the_documented_format)
     uint8_t *b = (uint8_t *)tu_slurp(path, &len);
     size_t np = kvp_agent_n_params(&tiny_arch);
     cr_assert_eq(memcmp(b, "KVPPOL\0\1", 8), 0);
-    uint32_t want[8] = {1, 2, 3, 8, 6, 4, 5, 16};   /* version, shape, P E H pmax */
+    uint32_t want[8] = {2, 2, 3, 8, 6, 4, 5, 16};   /* version, shape, P E H pmax */
     for (int i = 0; i < 8; i++)
         cr_expect_eq(rd32(b + 8 + 4 * i), want[i], "u32 at offset %d", 8 + 4 * i);
     cr_assert_eq(rd64(b + 40), np);
-    cr_assert_eq(len, 48 + 6 * np * 4 + 8);
+    /* The model: fingerprint and name (an unbound set: 0 and ""), 64 bytes NUL-padded. */
+    cr_assert_eq(rd64(b + 48), 0);
+    for (int i = 0; i < 64; i++)
+        cr_assert_eq(b[56 + i], 0);
+    cr_assert_eq(len, 120 + 6 * np * 4 + 8);
     cr_assert_eq(rd64(b + len - 8), fnv1a_ref(b, len - 8));
     /* Documented parameter count: 2Pd + 6P + pmax*E + 2E + H(2P+E) + H*H + 7H + 1. */
     size_t P = 6, E = 4, H = 5, d = 8, pmax = 16;
     cr_assert_eq(np, 2 * P * d + 6 * P + pmax * E + 2 * E + H * (2 * P + E) + H * H + 7 * H + 1);
     free(b);
     unlink(path);
+}
+
+/* A set bound to a model's weights loads for that model and for a bare shape, and is
+ * refused, naming the model it is for, by another model of the same shape. */
+Test(kvp_agent, a_bound_file_loads_only_for_its_model)
+{
+    char err[512];
+    kvp_agent_set s, r;
+    cr_assert_eq(kvp_agent_set_alloc(&s, 2, 3, &tiny_arch, err, sizeof err), 0, "%s", err);
+    kvp_agent_set_init(&s, 7);
+    s.model_fingerprint = 0x1234567890abcdefull;
+    snprintf(s.model_name, sizeof s.model_name, "tiny-chat-v1");
+    const char *path = tmp_path();
+    cr_assert_eq(kvp_agent_set_save(&s, path, err, sizeof err), 0, "%s", err);
+    kvp_model_config cfg = {.n_layers = 2, .n_kv_heads = 3, .head_dim = 8,
+                            .fingerprint = 0x1234567890abcdefull};
+    cr_assert_eq(kvp_agent_set_load(&r, path, &cfg, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(r.model_fingerprint, s.model_fingerprint);
+    cr_assert_str_eq(r.model_name, "tiny-chat-v1");
+    kvp_agent_set_free(&r);
+    cfg.fingerprint = 0;   /* a shape without weights: checked by shape alone */
+    cr_assert_eq(kvp_agent_set_load(&r, path, &cfg, err, sizeof err), 0, "%s", err);
+    kvp_agent_set_free(&r);
+    cfg.fingerprint = 0x1234567890abcdeeull;
+    cr_assert_eq(kvp_agent_set_load(&r, path, &cfg, err, sizeof err), -EINVAL);
+    cr_assert(strstr(err, "tiny-chat-v1") && strstr(err, "1234567890abcdef") &&
+              strstr(err, "kvp learn"), "%s", err);
+    cr_assert_null(r.params);
+    unlink(path);
+    kvp_agent_set_free(&s);
+}
+
+/* Version 1 (no model in the header) still loads, unbound, with the same parameters. */
+Test(kvp_agent, a_version_1_file_still_loads)
+{
+    char err[512];
+    kvp_agent_set s, r;
+    cr_assert_eq(kvp_agent_set_alloc(&s, 2, 3, &tiny_arch, err, sizeof err), 0, "%s", err);
+    kvp_agent_set_init(&s, 9);
+    s.model_fingerprint = 42;
+    const char *path = tmp_path();
+    cr_assert_eq(kvp_agent_set_save(&s, path, err, sizeof err), 0, "%s", err);
+    size_t len;
+    uint8_t *b = (uint8_t *)tu_slurp(path, &len);
+    /* The version-1 layout: the 48 bytes of shape, then the parameters and the checksum. */
+    memmove(b + 48, b + 120, len - 120);
+    len -= 72;
+    wr32(b + 8, 1);
+    reseal(b, len);
+    const char *v1 = tu_write_tmp(b, len);
+    kvp_model_config cfg = {.n_layers = 2, .n_kv_heads = 3, .head_dim = 8, .fingerprint = 99};
+    cr_assert_eq(kvp_agent_set_load(&r, v1, &cfg, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(r.model_fingerprint, 0);
+    cr_assert_eq(memcmp(r.params, s.params, 6 * s.n_params * sizeof(float)), 0);
+    kvp_agent_set_free(&r);
+    unlink(v1);
+    unlink(path);
+    free(b);
+    kvp_agent_set_free(&s);
 }
 
 Test(kvp_agent, layout_groups_tile_the_vector_in_order)
@@ -356,8 +419,8 @@ Test(kvp_agent, same_seed_same_bytes_different_seed_differs)
     /* Every agent differs between seeds, and agents differ from each other. */
     size_t np = kvp_agent_n_params(&tiny_arch), bytes = np * 4;
     for (int ag = 0; ag < 20; ag++)
-        cr_assert_neq(memcmp(b1 + 48 + ag * bytes, b3 + 48 + ag * bytes, bytes), 0, "agent %d", ag);
-    cr_assert_neq(memcmp(b1 + 48, b1 + 48 + bytes, bytes), 0);
+        cr_assert_neq(memcmp(b1 + 120 + ag * bytes, b3 + 120 + ag * bytes, bytes), 0, "agent %d", ag);
+    cr_assert_neq(memcmp(b1 + 120, b1 + 120 + bytes, bytes), 0);
     free(b1);
     free(b2);
     free(b3);
@@ -391,6 +454,7 @@ Test(kvp_agent, bad_files_are_rejected_with_a_message)
     expect_bad(b, 0, "truncated", -EINVAL);
     expect_bad(b, 20, "truncated", -EINVAL);
     expect_bad(b, 48, "truncated", -EINVAL);
+    expect_bad(b, 100, "truncated", -EINVAL);   /* inside the model's name */
     expect_bad(b, len - 1, "truncated", -EINVAL);
 
     memcpy(m, b, len);
@@ -398,8 +462,8 @@ Test(kvp_agent, bad_files_are_rejected_with_a_message)
     expect_bad(m, len, "bad magic", -EINVAL);
 
     memcpy(m, b, len);
-    wr32(m + 8, 2);
-    expect_bad(m, len, "unsupported policy file version 2", -EINVAL);
+    wr32(m + 8, 3);
+    expect_bad(m, len, "unsupported policy file version 3", -EINVAL);
 
     memcpy(m, b, len);
     m[100] ^= 0x10;
@@ -453,7 +517,7 @@ Test(kvp_agent, bad_files_are_rejected_with_a_message)
 
     memcpy(m, b, len);
     float nan = NAN;
-    memcpy(m + 48 + 4 * 7, &nan, 4);
+    memcpy(m + 120 + 4 * 7, &nan, 4);
     reseal(m, len);
     expect_bad(m, len, "not finite", -EINVAL);
 

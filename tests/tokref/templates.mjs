@@ -1,4 +1,4 @@
-// Reference test of kvpd's chat templates (sessions/template.c). For each family a
+// Reference test of kvpd's chat templates (model/template.c). For each family a
 // random-weight GGUF carrying a real vocabulary and a chat template is written with
 // `kvp synth --tokenizer-json --tokenizer-config`; the helper build/tests/sessions/
 // render_chat renders multi-turn OpenAssistant conversations (5 user turns without a
@@ -28,7 +28,7 @@ const source = resolve(process.env.KVP_SOURCE || join(here, "..", ".."));
 const build = resolve(process.env.KVP_BUILD || join(source, "build"));
 const shared = resolve(process.env.KVP_SHARED || join(source, "..", "shared"));
 const kvp = join(build, "tools", "kvp");
-const renderChat = join(build, "tests", "sessions", "render_chat");
+const renderChat = join(build, "tests", "model", "render_chat");
 const require = createRequire(import.meta.url);
 const tmp = mkdtempSync(join(tmpdir(), "kvp-tplref-"));
 

@@ -101,7 +101,7 @@ Test(kvp_cli, trace_arguments)
     char a[2048], dir[] = "/tmp/kvp-cli-trace-XXXXXX";
     cr_assert(mkdtemp(dir));
     const char *m = tu_shared("models/stories260K.bin"), *t = tu_shared("datasets/tinystories/tinystories-dev.txt");
-    expect("trace", 2, "--model, --text and --out are required");
+    expect("trace", 2, "--model, --text or --conversations, and --out are required");
     snprintf(a, sizeof a, "trace --model %s --text %s --out %s --seq-len 4096", m, t, dir);
     expect(a, 2, "exceeds the model's context");
     snprintf(a, sizeof a, "trace --model %s --text %s --out %s --split 1.5", m, t, dir);

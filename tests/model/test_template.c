@@ -1,4 +1,4 @@
-/* sessions/template.c: each chat format's turn tokens, built on tok512 plus the marker
+/* model/template.c: each chat format's turn tokens, built on tok512 plus the marker
  * pieces a chat model's vocabulary carries (appended to a copy of tok512.bin); family
  * detection, the config override and fallbacks. The real vocabularies and the reference
  * renderings are checked in tests/tokref/templates.mjs. */
@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #include "model/tokenizer.h"
-#include "sessions/template.h"
+#include "model/template.h"
 
 static const char *markers[] = {"<|im_start|>", "<|im_end|>", "<|start_header_id|>",
                                 "<|end_header_id|>", "<|eot_id|>", "<start_of_turn>",

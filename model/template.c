@@ -5,7 +5,7 @@
  * rendering is begin + (user + body + close)*. Text between two special tokens is
  * collected and encoded as one run; SentencePiece gives every run that starts after a
  * special token (or the conversation) its dummy leading space, as HF and llama.cpp do. */
-#include "sessions/template.h"
+#include "model/template.h"
 
 #include <errno.h>
 #include <stdlib.h>

@@ -1,5 +1,5 @@
 /* Test helper for tests/tokref/templates.mjs: renders a conversation with
- * sessions/template.c and prints {"render": [...], "transcript": [...]}.
+ * model/template.c and prints {"render": [...], "transcript": [...]}.
  *   render_chat MODEL.gguf FORMAT < {"system": "...", "messages": [{"role", "content"}...]}
  * render: kvp_template_render of the conversation (ending with a user message: the
  * generation prompt last). transcript: the tokens a session accumulates turn by turn —
@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "model/model.h"
-#include "sessions/template.h"
+#include "model/template.h"
 
 static void print_ids(const char *key, const int *ids, int n, int last)
 {

@@ -1,0 +1,350 @@
+/* kvp learn: one command from a model to its installed KVP policy. It checks that the
+ * disk and memory the run needs are there, then runs the four stages in this process —
+ * trace (chat conversations rendered with the model's template, or text), policy-init
+ * (bound to the model's weights), train, eval against the baselines on the held-out part
+ * — installs the policy where kvpd looks for its model's default, and writes a report
+ * of each stage's time, memory and disk beside the evaluation tables. */
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include "base/clock.h"
+#include "base/parse.h"
+#include "model/model.h"
+#include "policy/kvp_agent.h"
+#include "policy/policy.h"
+#include "tools/cli.h"
+
+#define CUT_MIN 64    /* kvp train's episode grid (offline/train.c defaults) */
+#define CUT_TAIL 32
+#define CUT_STRIDE 8
+
+typedef struct {
+    const char *model, *tokenizer, *text, *conversations, *out, *work, *budgets;
+    long seq_len, max_seqs, steps, threads, seed, eval_seqs;
+    double budget_hours;
+} learn_opts;
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+        "usage: kvp learn --model M [options]\n"
+        "Traces the model, trains its KVP agents, evaluates them against the baselines on\n"
+        "held-out data and installs the policy where kvpd finds it (docs/training.md).\n"
+        "  --tokenizer PATH     tokenizer for llama2.c checkpoints\n"
+        "  --conversations F    JSON-lines chat conversations ({\"messages\": [...]}, OpenAI's\n"
+        "                       shape), rendered with the model's chat template (default for\n"
+        "                       a model with a template: %s/datasets/oasst/oasst_en100_longest_threads.jsonl)\n"
+        "  --text F             plain text instead (default for a model without a template:\n"
+        "                       %s/datasets/tinystories/tinystories-dev.txt)\n"
+        "  --out FILE           the installed policy (default: kvpd's default for this model,\n"
+        "                       %s/<model file stem>.kvp)\n"
+        "  --work DIR           trace, checkpoints, evaluation and report (default\n"
+        "                       /tmp/kvp-learn-<model file stem>)\n"
+        "  --budget-hours H     training stops at its first validation past what is left of\n"
+        "                       H hours after tracing (default: no limit)\n"
+        "  --seq-len N          tokens per traced sequence (default 512, at most the context)\n"
+        "  --max-seqs N         traced sequences, 80%% training (default 300)\n"
+        "  --steps N            training steps (default 3000)\n"
+        "  --eval-seqs N        evaluation sequences (default 64)\n"
+        "  --budgets LIST       evaluated budgets, rows per KV head (default 16,32,64,128)\n"
+        "  --threads N          (default: the online CPUs)\n"
+        "  --seed S             (default 1)\n",
+        KVP_SHARED_DIR, KVP_SHARED_DIR, KVP_DATA_DIR "/policy/weights");
+}
+
+/* The model file's name without its directory and last extension (kvpd's rule). */
+static void model_stem(const char *path, char *out, size_t len)
+{
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    const char *dot = strrchr(base, '.');
+    int n = dot && dot != base ? (int)(dot - base) : (int)strlen(base);
+    snprintf(out, len, "%.*s", n, base);
+}
+
+static double peak_rss_mb(void)
+{
+    struct rusage ru;
+    return getrusage(RUSAGE_SELF, &ru) ? 0.0 : (double)ru.ru_maxrss / 1024.0;
+}
+
+static double file_mb(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) ? 0.0 : (double)st.st_size / 1e6;
+}
+
+static double mem_available_bytes(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    double kb = 0.0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %lf kB", &kb) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return kb * 1024.0;
+}
+
+typedef struct {
+    const char *name;
+    double seconds, rss_mb, disk_mb;
+} stage_cost;
+
+/* Runs one subcommand in this process; argv[0] is its name. */
+static int run_stage(int (*cmd)(int, char **), char **argv, stage_cost *cost, int k, int n,
+                     const char *disk_file)
+{
+    int argc = 0;
+    while (argv[argc])
+        argc++;
+    fprintf(stderr, "kvp learn: [%d/%d] %s\n", k, n, cost->name);
+    double t0 = kvp_now();
+    int rc = cmd(argc, argv);
+    fflush(stdout);
+    cost->seconds = kvp_now() - t0;
+    cost->rss_mb = peak_rss_mb();
+    cost->disk_mb = disk_file ? file_mb(disk_file) : 0.0;
+    if (rc)
+        fprintf(stderr, "kvp learn: %s failed (exit %d); its output is above\n", cost->name, rc);
+    return rc;
+}
+
+static int parse(int argc, char **argv, learn_opts *o)
+{
+    static const struct option opts[] = {
+        {"model", 1, 0, 'm'}, {"tokenizer", 1, 0, 'z'}, {"text", 1, 0, 'x'},
+        {"conversations", 1, 0, 'C'}, {"out", 1, 0, 'o'}, {"work", 1, 0, 'w'},
+        {"budget-hours", 1, 0, 'H'}, {"seq-len", 1, 0, 'n'}, {"max-seqs", 1, 0, 'N'},
+        {"steps", 1, 0, 's'}, {"eval-seqs", 1, 0, 'e'}, {"budgets", 1, 0, 'b'},
+        {"threads", 1, 0, 't'}, {"seed", 1, 0, 'r'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+    int c, idx = 0;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "", opts, &idx)) != -1) {
+        int ok = 1;
+        switch (c) {
+        case 'm': o->model = optarg; break;
+        case 'z': o->tokenizer = optarg; break;
+        case 'x': o->text = optarg; break;
+        case 'C': o->conversations = optarg; break;
+        case 'o': o->out = optarg; break;
+        case 'w': o->work = optarg; break;
+        case 'b': o->budgets = optarg; break;
+        case 'H': ok = kvp_parse_double(optarg, 0.001, 1e4, &o->budget_hours); break;
+        case 'n': ok = kvp_parse_long(optarg, 64, 1 << 20, &o->seq_len); break;
+        case 'N': ok = kvp_parse_long(optarg, 2, 1 << 24, &o->max_seqs); break;
+        case 's': ok = kvp_parse_long(optarg, 1, 100000000, &o->steps); break;
+        case 'e': ok = kvp_parse_long(optarg, 1, 1 << 20, &o->eval_seqs); break;
+        case 't': ok = kvp_parse_long(optarg, 1, 64, &o->threads); break;
+        case 'r': ok = kvp_parse_long(optarg, 0, 0x7fffffffL, &o->seed); break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+        if (!ok) {
+            fprintf(stderr, "kvp learn: bad value '%s' for --%s\n", optarg, opts[idx].name);
+            return 2;
+        }
+    }
+    if (!o->model || optind < argc) {
+        fprintf(stderr, "kvp learn: --model is required\n");
+        usage(stderr);
+        return 2;
+    }
+    if (o->text && o->conversations) {
+        fprintf(stderr, "kvp learn: --text and --conversations exclude each other\n");
+        return 2;
+    }
+    return -1;
+}
+
+int kvp_cmd_learn(int argc, char **argv)
+{
+    learn_opts o = {.seq_len = 512, .max_seqs = 300, .steps = 3000, .seed = 1,
+                    .eval_seqs = 64, .budgets = "16,32,64,128",
+                    .threads = sysconf(_SC_NPROCESSORS_ONLN)};
+    int rc = parse(argc, argv, &o);
+    if (rc >= 0)
+        return rc;
+    if (o.threads < 1)
+        o.threads = 1;
+
+    /* The model: its shape, identity and template decide the defaults. */
+    char err[512], stem[256];
+    kvp_model m;
+    if (kvp_model_load(&m, o.model, o.tokenizer, err, sizeof err)) {
+        fprintf(stderr, "kvp learn: %s\n", err);
+        return 1;
+    }
+    kvp_model_config cfg = m.cfg;
+    int has_template = m.chat_template != NULL;
+    double model_mb = (double)m.weight_bytes / 1e6;
+    kvp_model_free(&m);
+    model_stem(o.model, stem, sizeof stem);
+    if (o.seq_len > cfg.seq_len)
+        o.seq_len = cfg.seq_len;
+    const char *shared = getenv("KVP_SHARED") ? getenv("KVP_SHARED") : KVP_SHARED_DIR;
+    char data[1024], out[1024], work[1024];
+    int conversations = o.conversations || (!o.text && has_template);
+    if (o.conversations || o.text)
+        snprintf(data, sizeof data, "%s", o.conversations ? o.conversations : o.text);
+    else if (conversations)
+        snprintf(data, sizeof data, "%s/datasets/oasst/oasst_en100_longest_threads.jsonl", shared);
+    else
+        snprintf(data, sizeof data, "%s/datasets/tinystories/tinystories-dev.txt", shared);
+    if (access(data, R_OK)) {
+        fprintf(stderr, "kvp learn: cannot read the training data %s: %s (give --%s FILE)\n",
+                data, strerror(errno), conversations ? "conversations" : "text");
+        return 1;
+    }
+    if (o.out)
+        snprintf(out, sizeof out, "%s", o.out);
+    else
+        snprintf(out, sizeof out, "%s/policy/weights/%s.kvp", KVP_DATA_DIR, stem);
+    snprintf(work, sizeof work, "%s", o.work ? o.work : "");
+    if (!o.work)
+        snprintf(work, sizeof work, "/tmp/kvp-learn-%s", stem);
+    if (mkdir(work, 0777) && errno != EEXIST) {
+        fprintf(stderr, "kvp learn: cannot create %s: %s\n", work, strerror(errno));
+        return 1;
+    }
+
+    /* What the run needs: the trace on disk (q, k, v of every layer and position), and in
+     * memory the model, the trace (mapped and read whole by training) and the trainer's
+     * importance cache (every training sequence x agent x cut of the grid). */
+    long n_train = (long)(0.8 * (double)o.max_seqs + 0.5);
+    double per_seq = 4.0 + 4.0 * (double)o.seq_len +
+                     4.0 * (double)o.seq_len * cfg.n_layers *
+                         (double)(cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim;
+    double trace_bytes = 136.0 + per_seq * (double)o.max_seqs;
+    long cuts = o.seq_len > CUT_MIN + CUT_TAIL ? (o.seq_len - CUT_TAIL - CUT_MIN) / CUT_STRIDE + 1 : 1;
+    double mean_cut = (CUT_MIN + (double)(o.seq_len - CUT_TAIL)) / 2.0;
+    double importance_bytes = 4.0 * (double)n_train * cfg.n_layers * cfg.n_kv_heads *
+                              (double)cuts * mean_cut;
+    double need_mem = model_mb * 1e6 + trace_bytes + importance_bytes;
+    struct statvfs vfs;
+    double free_disk = statvfs(work, &vfs) ? 0.0 : (double)vfs.f_bavail * (double)vfs.f_frsize;
+    double avail_mem = mem_available_bytes();
+    fprintf(stderr, "kvp learn: model %s (%d layers x %d KV heads x head_dim %d, weights %016llx); "
+            "data %s (%s); %ld sequences of %ld tokens\n",
+            o.model, cfg.n_layers, cfg.n_kv_heads, cfg.head_dim,
+            (unsigned long long)cfg.fingerprint, data,
+            conversations ? "conversations, the model's chat template" : "text", o.max_seqs,
+            o.seq_len);
+    fprintf(stderr, "kvp learn: needs %.2f GB of disk in %s (%.2f GB free) and about %.2f GB of "
+            "memory (%.2f GB available)\n", trace_bytes / 1e9, work, free_disk / 1e9,
+            need_mem / 1e9, avail_mem / 1e9);
+    if (free_disk < trace_bytes * 1.05 + 64e6 || (avail_mem > 0 && avail_mem < need_mem)) {
+        fprintf(stderr, "kvp learn: not enough %s to start; lower --max-seqs or --seq-len%s\n",
+                free_disk < trace_bytes * 1.05 + 64e6 ? "disk" : "memory",
+                free_disk < trace_bytes * 1.05 + 64e6 ? ", or give --work on a larger disk" : "");
+        return 1;
+    }
+
+    char s_seq[32], s_max[32], s_steps[32], s_threads[32], s_seed[32], s_eval[32], s_pmax[32];
+    char s_budget[32], trace_file[1100], init[1100], trained[1100], eval_dir[1100];
+    snprintf(s_seq, sizeof s_seq, "%ld", o.seq_len);
+    snprintf(s_max, sizeof s_max, "%ld", o.max_seqs);
+    snprintf(s_steps, sizeof s_steps, "%ld", o.steps);
+    snprintf(s_threads, sizeof s_threads, "%ld", o.threads);
+    snprintf(s_seed, sizeof s_seed, "%ld", o.seed);
+    snprintf(s_eval, sizeof s_eval, "%ld", o.eval_seqs);
+    snprintf(s_pmax, sizeof s_pmax, "%ld", o.seq_len);
+    snprintf(trace_file, sizeof trace_file, "%s/trace.kvpt", work);
+    snprintf(init, sizeof init, "%s/init.kvp", work);
+    snprintf(trained, sizeof trained, "%s/trained.kvp", work);
+    snprintf(eval_dir, sizeof eval_dir, "%s/eval", work);
+    const char *data_flag = conversations ? "--conversations" : "--text";
+    const char *tok = o.tokenizer ? o.tokenizer : "";
+    stage_cost cost[4] = {{.name = "trace"}, {.name = "policy-init"}, {.name = "train"},
+                          {.name = "eval"}};
+    double start = kvp_now();
+
+    char *trace_argv[] = {"trace", "--model", (char *)o.model, (char *)data_flag, data,
+                          "--out", work, "--seq-len", s_seq, "--max-seqs", s_max,
+                          o.tokenizer ? "--tokenizer" : NULL, (char *)tok, NULL};
+    if (run_stage(kvp_cmd_trace, trace_argv, &cost[0], 1, 4, trace_file))
+        return 1;
+    /* The agents' sizes of the shipped policy (docs/training.md); positions up to the
+     * traced length. */
+    char *init_argv[] = {"policy-init", "--model", (char *)o.model, "--out", init, "--seed",
+                         s_seed, "--width", "32", "--hidden", "32", "--pos-dim", "4",
+                         "--pos-max", s_pmax, o.tokenizer ? "--tokenizer" : NULL, (char *)tok, NULL};
+    if (run_stage(kvp_cmd_policy_init, init_argv, &cost[1], 2, 4, init))
+        return 1;
+    /* Validation and evaluation rank the first 3/4 of a sequence (384 of 512). */
+    char s_cut[32];
+    snprintf(s_cut, sizeof s_cut, "%ld", o.seq_len * 3 / 4);
+    if (o.budget_hours > 0) {
+        double left = o.budget_hours * 3600.0 - (kvp_now() - start);
+        /* what is left, less a share for the evaluation */
+        snprintf(s_budget, sizeof s_budget, "%.0f", left * 0.85 > 1.0 ? left * 0.85 : 1.0);
+    }
+    char *train_argv[] = {"train", "--traces", work, "--init", init, "--out", trained,
+                          "--seed", s_seed, "--threads", s_threads, "--steps", s_steps,
+                          "--lr", "3e-3", "--episodes", "16", "--samples", "8",
+                          "--val-cut", s_cut,
+                          o.budget_hours > 0 ? "--max-seconds" : NULL, s_budget, NULL};
+    if (run_stage(kvp_cmd_train, train_argv, &cost[2], 3, 4, trained))
+        return 1;
+    char *eval_argv[] = {"eval", "--model", (char *)o.model, (char *)data_flag, data,
+                         "--out", eval_dir, "--policies", "kvp,streaming,h2o,tova,snapkv,keydiff,knorm,random",
+                         "--policy-file", trained, "--budgets", (char *)o.budgets, "--seqs", s_eval,
+                         "--seq-len", s_seq, "--cut", s_cut, "--threads", s_threads,
+                         "--streams", "0", o.tokenizer ? "--tokenizer" : NULL, (char *)tok, NULL};
+    if (run_stage(kvp_cmd_eval, eval_argv, &cost[3], 4, 4, NULL))
+        return 1;
+
+    /* Install: loading checks the file against the model again, saving writes it
+     * atomically (temporary file, fsync, rename) where kvpd looks. */
+    kvp_agent_set set;
+    if (kvp_agent_set_load(&set, trained, &cfg, err, sizeof err) ||
+        kvp_agent_set_save(&set, out, err, sizeof err)) {
+        fprintf(stderr, "kvp learn: cannot install the policy: %s\n", err);
+        kvp_agent_set_free(&set);
+        return 1;
+    }
+    kvp_agent_set_free(&set);
+
+    char report[1100], results[1200];
+    snprintf(report, sizeof report, "%s/report.md", work);
+    snprintf(results, sizeof results, "%s/results.md", eval_dir);
+    FILE *r = fopen(report, "w");
+    if (!r) {
+        fprintf(stderr, "kvp learn: cannot write %s: %s\n", report, strerror(errno));
+        return 1;
+    }
+    fprintf(r, "# kvp learn: %s\n\nPolicy installed at `%s` (bound to weights %016llx).\n"
+            "Data: `%s` (%s), %ld sequences of %ld tokens (80%% training); %ld training "
+            "steps, seed %ld, %ld threads.\n\n| stage | wall time (s) | peak memory (MB) | "
+            "output (MB) |\n|---|---:|---:|---:|\n",
+            o.model, out, (unsigned long long)cfg.fingerprint, data,
+            conversations ? "conversations rendered with the model's chat template" : "text",
+            o.max_seqs, o.seq_len, o.steps, o.seed, o.threads);
+    for (int i = 0; i < 4; i++)
+        fprintf(r, "| %s | %.1f | %.0f | %.1f |\n", cost[i].name, cost[i].seconds,
+                cost[i].rss_mb, cost[i].disk_mb);
+    fprintf(r, "| all | %.1f | %.0f | %.1f |\n\nThe evaluation (held-out part of the data): "
+            "`%s`.\n\n", kvp_now() - start, peak_rss_mb(), file_mb(trace_file) + file_mb(trained),
+            results);
+    FILE *e = fopen(results, "r");
+    char buf[4096];
+    size_t got;
+    while (e && (got = fread(buf, 1, sizeof buf, e)) > 0)
+        fwrite(buf, 1, got, r);
+    if (e)
+        fclose(e);
+    int werr = ferror(r) | fclose(r);
+    fprintf(stderr, "kvp learn: installed %s; report %s (%.0f s in all)%s\n", out, report,
+            kvp_now() - start, werr ? " — the report could not be written whole" : "");
+    fprintf(stderr, "kvp learn: kvpd --model %s picks it up as its default policy%s\n", o.model,
+            o.out ? " when policy_dir is its directory" : "");
+    return werr ? 1 : 0;
+}
