@@ -27,8 +27,7 @@ void ht_start(ht_hub *h, const char *state_dir, const char *policy)
     snprintf(h->state_dir, sizeof h->state_dir, "%s", state_dir ? state_dir : "");
     kvp_hub_params p = {.loop = &h->loop, .model = &h->model, .cfg = &h->cfg,
                         .metrics = &h->metrics, .policy = h->pc, .state_dir = h->state_dir,
-                        .chunk = 32, .step_tokens = 256, .workers = 1, .reuse_cache = 1,
-                        .top_p = 0.9f, .seed = 42};
+                        .chunk = 32, .workers = 1, .reuse_cache = 1, .top_p = 0.9f, .seed = 42};
     cr_assert_eq(kvp_hub_start(&h->hub, &p, err, sizeof err), 0, "%s", err);
 }
 
