@@ -280,12 +280,47 @@ static void matmul_decode(float *y, const float *x, const kvp_weight *w, int T, 
     free(scratch);
 }
 
-/* A buffer of the calling thread, kept between calls: prefill's buffers are MBs, and
- * malloc would map fresh pages (page faults) on every matrix. */
+/* Buffers of the calling thread, kept between calls: prefill's buffers are MBs, and
+ * malloc would map fresh pages (page faults) on every matrix. They are freed when the
+ * thread exits (a daemon worker, a pool thread). */
 typedef struct scratch_buf {
     void *p;
     size_t cap;
 } scratch_buf;
+
+typedef struct scratch_set {
+    scratch_buf tile, packed, act, codes;
+} scratch_set;
+
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+
+static void scratch_free(void *arg)
+{
+    scratch_set *s = arg;
+    free(s->tile.p);
+    free(s->packed.p);
+    free(s->act.p);
+    free(s->codes.p);
+    free(s);
+}
+
+static void scratch_key_init(void)
+{
+    if (pthread_key_create(&scratch_key, scratch_free))
+        abort();
+}
+
+static scratch_set *thread_scratch(void)
+{
+    pthread_once(&scratch_once, scratch_key_init);
+    scratch_set *s = pthread_getspecific(scratch_key);
+    if (!s) {
+        if (!(s = calloc(1, sizeof *s)) || pthread_setspecific(scratch_key, s))
+            abort();  /* the forward pass has no way to report it */
+    }
+    return s;
+}
 
 static void *scratch_grow(scratch_buf *b, size_t need)
 {
@@ -303,8 +338,7 @@ static void *scratch_grow(scratch_buf *b, size_t need)
 
 static void matmul_tiles(float *y, const float *x, const kvp_weight *w, int T, int accumulate)
 {
-    static _Thread_local scratch_buf buf;
-    float *tile = scratch_grow(&buf, (size_t)TILE_ROWS * w->cols * sizeof *tile);
+    float *tile = scratch_grow(&thread_scratch()->tile, (size_t)TILE_ROWS * w->cols * sizeof *tile);
     for (int r0 = 0; r0 < w->rows; r0 += TILE_ROWS) {
         int n = w->rows - r0 < TILE_ROWS ? w->rows - r0 : TILE_ROWS;
         kvp_dequantize(w->type, (const uint8_t *)w->data + (size_t)r0 * w->row_bytes, tile,
@@ -330,10 +364,9 @@ static void quantize_rows(const job *j, int t0, int t1)
  * activation row of the block. */
 static void gemm_rows(const job *j, int r0, int r1)
 {
-    static _Thread_local scratch_buf buf;
     const kvp_weight *w = j->w;
     size_t stride = KVP_PACK_BYTES(w->cols);
-    uint8_t *packed = scratch_grow(&buf, stride * (size_t)(r1 - r0));
+    uint8_t *packed = scratch_grow(&thread_scratch()->packed, stride * (size_t)(r1 - r0));
     for (int r = r0; r < r1; r++)
         kernels.pack[w->type]((const uint8_t *)w->data + (size_t)r * w->row_bytes, w->cols,
                               packed + stride * (size_t)(r - r0));
@@ -342,10 +375,10 @@ static void gemm_rows(const job *j, int r0, int r1)
 
 static void matmul_int8(float *y, const float *x, const kvp_weight *w, int T, int accumulate)
 {
-    static _Thread_local scratch_buf act_buf, codes_buf;
+    scratch_set *own = thread_scratch();
     size_t per = act_bytes(w->cols);
-    kvp_act *act = scratch_grow(&act_buf, (size_t)T * sizeof *act);
-    unsigned char *scratch = scratch_grow(&codes_buf, per * (size_t)T);
+    kvp_act *act = scratch_grow(&own->act, (size_t)T * sizeof *act);
+    unsigned char *scratch = scratch_grow(&own->codes, per * (size_t)T);
     job q = {.fn = quantize_rows, .w = w, .act = act, .x = x, .scratch = scratch, .per = per,
              .rows = T, .chunk = QUANT_ROWS};
     run_job(&q, (size_t)T * w->cols * sizeof *x);
