@@ -26,6 +26,20 @@ static const char *env_path(const char *var, const char *fallback, const char *r
 const char *h_build(const char *rel) { return env_path("KVP_BUILD", "build", rel); }
 const char *h_shared(const char *rel) { return env_path("KVP_SHARED", "../shared", rel); }
 
+int h_open_fds(pid_t pid)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/fd", (int)pid);
+    DIR *d = opendir(path);
+    if (!d)
+        return -1;
+    int n = 0;
+    while (readdir(d))
+        n++;
+    closedir(d);
+    return n - 2;   /* . and .. */
+}
+
 static void sleep_ms(int ms)
 {
     nanosleep(&(struct timespec){ms / 1000, (long)(ms % 1000) * 1000000L}, NULL);

@@ -41,6 +41,8 @@ json_t *h_stats(const kvpd_proc *p);
 /* "$KVP_BUILD/<rel>", "$KVP_SHARED/<rel>" */
 const char *h_build(const char *rel);
 const char *h_shared(const char *rel);
+/* Descriptors process pid has open (its /proc/PID/fd), -1 if it cannot be read. */
+int h_open_fds(pid_t pid);
 
 /* Connects to /chat on the daemon. */
 int h_connect(const kvpd_proc *p, ws_client *c);

@@ -150,19 +150,6 @@ Test(security_durability, without_a_state_dir_done_makes_no_durability_claim)
     cr_expect_eq(kvpd_stop(&p, 10000), 0);
 }
 
-static int open_fds(pid_t pid)
-{
-    char path[64];
-    snprintf(path, sizeof path, "/proc/%d/fd", (int)pid);
-    DIR *d = opendir(path);
-    cr_assert(d);
-    int n = 0;
-    while (readdir(d))
-        n++;
-    closedir(d);
-    return n - 2;
-}
-
 /* The other way the disk failed: no file descriptor left for the snapshot. */
 Test(security_durability, no_descriptor_for_the_snapshot_is_not_durable)
 {
@@ -177,7 +164,9 @@ Test(security_durability, no_descriptor_for_the_snapshot_is_not_durable)
     json_decref(done);
     struct rlimit old, none;
     cr_assert_eq(prlimit(p.pid, RLIMIT_NOFILE, NULL, &old), 0);
-    none.rlim_cur = (rlim_t)open_fds(p.pid);
+    int fds = h_open_fds(p.pid);
+    cr_assert_geq(fds, 0, "cannot read /proc/%d/fd", (int)p.pid);
+    none.rlim_cur = (rlim_t)fds;
     none.rlim_max = old.rlim_max;
     cr_assert_eq(prlimit(p.pid, RLIMIT_NOFILE, &none, NULL), 0);
     done = turn(&c, "The dog ran to the park.");

@@ -96,19 +96,6 @@ Test(security_fds, an_idle_websocket_is_closed)
     cr_expect_eq(kvpd_stop(&p, 10000), 0);
 }
 
-static int open_fds(pid_t pid)
-{
-    char path[64];
-    snprintf(path, sizeof path, "/proc/%d/fd", (int)pid);
-    DIR *d = opendir(path);
-    cr_assert(d);
-    int n = 0;
-    while (readdir(d))
-        n++;
-    closedir(d);
-    return n - 2;
-}
-
 /* utime + stime in seconds. */
 static double cpu_s(pid_t pid)
 {
@@ -156,7 +143,9 @@ Test(security_fds, running_out_of_descriptors_does_not_spin)
     cr_assert_eq(kvpd_start(&p, ""), 0, "log %s", p.log);
     struct rlimit old, low;
     cr_assert_eq(prlimit(p.pid, RLIMIT_NOFILE, NULL, &old), 0);
-    low.rlim_cur = (rlim_t)open_fds(p.pid) + 3;
+    int fds = h_open_fds(p.pid);
+    cr_assert_geq(fds, 0, "cannot read /proc/%d/fd", (int)p.pid);
+    low.rlim_cur = (rlim_t)fds + 3;
     low.rlim_max = old.rlim_max;
     cr_assert_eq(prlimit(p.pid, RLIMIT_NOFILE, &low, NULL), 0);
     int socks[24], n = 0;
