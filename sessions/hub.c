@@ -10,6 +10,7 @@
 #include "base/log.h"
 #include "sessions/hub_impl.h"
 #include "sessions/residency.h"
+#include "sessions/store.h"
 
 /* ---- events to clients ---- */
 
@@ -57,8 +58,9 @@ static int never_used(const kvp_session *s)
 /* A session leaves memory; it stays in the transcript index while it is on disk. */
 static void drop(kvp_hub *h, kvp_session *s)
 {
-    if (!h->env.state_dir[0] || !s->has_snapshot || s->lost)
+    if (!h->env.store || !s->has_snapshot || s->lost)
         kvp_transcripts_remove(&h->transcripts, s->id);
+    kvp_store_lease_drop(h->env.store, s->id);
     kvp_session_remove(&h->sessions, s);
 }
 
@@ -80,6 +82,9 @@ static void leave(kvp_hub_client *c)
     if (s->client == c)
         s->client = NULL;
     s->last_active = kvp_now();
+    /* Nobody here serves it now: another node may take it at once (sessions/store.h). */
+    if (!s->client && !kvp_session_busy(s))
+        kvp_store_lease_drop(c->hub->env.store, s->id);
     if (never_used(s)) {
         if (s->creator == c->serial)
             c->created--;
@@ -301,7 +306,7 @@ void kvp_hub_open(kvp_hub_client *c, const char *id, const char *system, size_t 
         attach(c, s);
         return;
     }
-    if ((s && s->state == KVP_SESSION_PARKED) || (!s && h->env.state_dir[0])) {
+    if ((s && s->state == KVP_SESSION_PARKED) || (!s && h->env.store)) {
         open_from_disk(c, s, id, system, system_len);
         return;
     }
@@ -505,8 +510,10 @@ void kvp_hub_chat(kvp_hub_client *c, const char *id, const char *system, size_t 
         const kvp_transcript_entry *e = t ? NULL : kvp_transcripts_get(&h->transcripts, id);
         if (t && continues(t, 1, hash, system, system_len, msgs, prefix))
             s = t;
-        else if (e && e->hash == hash && e->n_msgs == prefix && h->env.state_dir[0])
+        else if (e && e->hash == hash && e->n_msgs == prefix && h->env.store)
             disk = e->id;
+        else if (!t && h->env.store && !h->env.state_dir[0] && kvp_snapshot_id_valid(id))
+            disk = id;   /* a shared store (Redis) keeps no index here: the load compares */
         named = disk != NULL;
     }
     /* Then every session with this transcript hash: one in memory if any is free. */
@@ -516,7 +523,7 @@ void kvp_hub_chat(kvp_hub_client *c, const char *id, const char *system, size_t 
         kvp_session *t = kvp_session_find(&h->sessions, e->id);
         if (t && continues(t, 0, hash, system, system_len, msgs, prefix))
             s = t;
-        else if (!t && !disk && h->env.state_dir[0])
+        else if (!t && !disk && h->env.store)
             disk = e->id;
     }
     if (s || !disk) {
@@ -575,6 +582,11 @@ static kvp_hub_client *job_ended(kvp_hub *h, kvp_session *s)
     s->owner = NULL;
     s->reserve = 0;
     s->last_active = kvp_now();
+    /* The lease runs out lease_ms after this job, or goes now when nobody is attached. */
+    if (s->client)
+        kvp_store_lease_idle(h->env.store, s->id);
+    else
+        kvp_store_lease_drop(h->env.store, s->id);
     if (s->restored.pending) {
         s->restored.pending = 0;
         m->unparks++;
@@ -593,6 +605,8 @@ static kvp_hub_client *job_ended(kvp_hub *h, kvp_session *s)
     } else if (s->save_rc > 0) {
         m->snapshots_written++;
         s->save_failed = 0;
+        kvpd_hist_observe(&m->snapshot_write, s->save_ms / 1e3);
+        kvpd_hist_observe(&m->snapshot_bytes, (double)s->save_bytes);
     }
     s->save_rc = 0;
     s->turns = s->turns_done;
@@ -622,16 +636,28 @@ static void lose(kvp_hub *h, kvp_session *s, kvp_hub_client *to, int code, const
     remove_session(h, s);
 }
 
+/* Another node holds the session's lease: this node's copy, if any, is not the one to
+ * serve, so it leaves memory (the store keeps the session); the client is told to retry
+ * (through the balancer, which sends it to the holder or back here once the lease ends). */
+static void elsewhere(kvp_hub *h, kvp_session *s, kvp_hub_client *to, const char *why)
+{
+    kvpd_log("info", "session %.8s: %s", s->id, why);
+    emit_error_retry(to, KVPD_E_ELSEWHERE, why, s->elsewhere_ms > 0 ? s->elsewhere_ms : 1);
+    remove_session(h, s);
+}
+
 /* A restore that failed for a reason that may pass (I/O, memory): parked again (or let
  * go, when the session was never in memory). */
 static void restore_failed(kvp_hub *h, kvp_session *s, kvp_hub_client *to, const char *why)
 {
     kvpd_log("warning", "session %.8s: %s", s->id, why);
     emit_error(to, KVPD_E_INTERNAL, "the session could not be loaded; try again");
-    if (!s->has_snapshot)
+    if (!s->has_snapshot) {
         remove_session(h, s);
-    else
+    } else {
+        kvp_store_lease_drop(h->env.store, s->id);
         kvp_session_park(&h->sessions, s);
+    }
 }
 
 /* The load a request waited for ended: it continues that session when the session's
@@ -642,9 +668,17 @@ static void chat_loaded(kvp_hub *h, kvp_session *s, kvp_hub_client *c, const kvp
     kvp_hub_pending *p = c->pending;
     c->pending = NULL;
     kvp_session *use = NULL;
+    if (ev->code == -EADDRINUSE && p->named) {   /* the named one is served elsewhere */
+        leave(c);
+        elsewhere(h, s, c, ev->text);
+        pending_free(p);
+        return;
+    }
     if (ev->code < 0) {
         leave(c);
-        if (s->lost)
+        if (ev->code == -EADDRINUSE)
+            elsewhere(h, s, NULL, ev->text);
+        else if (s->lost)
             lose(h, s, NULL, ev->code, ev->text);
         else
             restore_failed(h, s, NULL, ev->text);
@@ -674,7 +708,9 @@ static void on_job(kvp_hub *h, kvp_session *s, const kvpd_event *ev)
         to->want_system = NULL;
         to->check_system = 0;
     }
-    if (was_load && ev->code < 0 && s->lost) {
+    if (was_load && ev->code == -EADDRINUSE) {
+        elsewhere(h, s, to, ev->text);
+    } else if (was_load && ev->code < 0 && s->lost) {
         lose(h, s, to, ev->code, ev->text);
     } else if (was_load && ev->code < 0) {
         restore_failed(h, s, to, ev->text);
@@ -737,7 +773,7 @@ static void on_event(void *ctx, const kvpd_event *ev)
         kvpd_hist_observe(&m->queue_wait, st->queue_ms / 1e3);
         if (to) {
             kvp_hub_event e = {.type = KVP_HUB_DONE, .text = ev->text, .len = ev->len,
-                               .stats = st, .durable = h->env.state_dir[0] ? !s->save_failed : -1,
+                               .stats = st, .durable = h->env.store ? !s->save_failed : -1,
                                .durable_error = s->save_err};
             to->sink(to->ctx, &e);
         }
@@ -745,6 +781,10 @@ static void on_event(void *ctx, const kvpd_event *ev)
     }
     case KVPD_EV_ERROR: {
         kvp_hub_client *to = job_ended(h, s);
+        if (ev->code == -EADDRINUSE) {
+            elsewhere(h, s, to, ev->text);
+            return;
+        }
         if (s->need_restore) {   /* the turn could not get the session back from disk */
             if (s->lost)
                 lose(h, s, to, ev->code, ev->text);
@@ -779,7 +819,15 @@ int kvp_hub_start(kvp_hub **out, const kvp_hub_params *p, char *err, size_t errl
     h->env.reuse_cache = p->reuse_cache;
     h->env.top_p = p->top_p;
     h->env.seed = p->seed;
-    h->env.state_dir = p->state_dir;
+    h->env.store = p->store;
+    if (!h->env.store && p->state_dir && p->state_dir[0]) {
+        kvp_store_params sp = {.state_dir = p->state_dir};
+        int rc = kvp_store_open(&h->own_store, &sp, err, errlen);
+        if (rc < 0)
+            return rc;
+        h->env.store = h->own_store;
+    }
+    h->env.state_dir = h->env.store ? kvp_store_dir(h->env.store) : "";
     h->workers = p->workers;
     h->pconf = kvp_policy_conf_ref(p->policy);
     h->row_bytes = kvp_cache_row_bytes(&p->model->cfg);
@@ -823,7 +871,7 @@ void kvp_hub_expire(kvp_hub *h, double now)
             /* its job's end decides */
         } else if (!s->client && never_used(s)) {
             drop(h, s);
-        } else if (h->env.state_dir[0]) {
+        } else if (h->env.store) {
             /* With a state directory nothing is dropped: idle sessions are parked (if
              * their snapshot is up to date), and parked ones nobody is attached to are
              * let go from memory after another timeout (open loads them again). */
@@ -869,7 +917,7 @@ int kvp_hub_jobs(const kvp_hub *h)
 int kvp_hub_save_unsaved(kvp_hub *h)
 {
     int n = 0;
-    if (!h->env.state_dir[0])
+    if (!h->env.store)
         return 0;
     for (kvp_session *s = h->sessions.resident_head; s; s = s->rnext)
         if (s->state == KVP_SESSION_IDLE && !s->saved && (s->n_msgs > 0 || s->has_snapshot)) {
@@ -899,6 +947,7 @@ void kvp_hub_free(kvp_hub *h)
     kvp_session_table_clear(&h->sessions);
     kvp_transcripts_free(&h->transcripts);
     kvp_policy_conf_unref(h->pconf);
+    kvp_store_close(h->own_store);
     free(h);
 }
 
@@ -921,6 +970,18 @@ void kvp_hub_info_get(kvp_hub *h, kvp_hub_info *o)
     o->policy = h->pconf->name;
     o->policy_file = h->pconf->file;
     o->state_dir = h->env.state_dir;
+    o->store = h->env.store ? kvp_store_kind(h->env.store) : "";
+    o->store_where = h->env.store ? kvp_store_where(h->env.store) : "";
+    o->node = h->env.store ? kvp_store_node(h->env.store) : "";
+    if (h->env.store) {
+        kvp_store_stats ss;
+        kvp_store_stats_get(h->env.store, &ss);
+        o->lease_conflicts = ss.lease_conflicts;
+        o->lease_takeovers = ss.lease_takeovers;
+        o->snapshots_expired = ss.expired;
+        o->store_errors = ss.errors;
+        o->leases_renewing = ss.leases_renewing;
+    }
     o->layers = md->cfg.n_layers;
     o->kv_heads = md->cfg.n_kv_heads;
     o->head_dim = md->cfg.head_dim;

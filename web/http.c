@@ -306,7 +306,7 @@ int kvpd_http_request(kvpd_conn *c, const char *uri)
             return respond_json(c, 503, json_pack("{s:s, s:i}", "status", "degraded",
                                                   "unsaved_sessions", unsaved));
         return respond_json(c, ok ? 200 : 503,
-                            json_pack("{s:s}", "status", ok ? "ok" : w->draining ? "stopping" : "loading"));
+                            json_pack("{s:s}", "status", ok ? "ok" : w->draining ? "draining" : "loading"));
     }
     if (!strcmp(uri, "/metrics"))
         return metrics(c);
