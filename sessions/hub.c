@@ -219,7 +219,9 @@ static int unpark(kvp_hub *h, kvp_session *s)
 }
 
 /* open naming a session whose state is on disk: parked here, or from before a restart
- * (s NULL). The snapshot is read on a worker; the session event follows the job. */
+ * (s NULL), or, with a shared store, in memory here but maybe served by another node
+ * since (the job takes the lease and reads the snapshot if it moved on). The snapshot
+ * is read on a worker; the session event follows the job. */
 static void open_from_disk(kvp_hub_client *c, kvp_session *s, const char *id,
                            const char *system, size_t system_len)
 {
@@ -238,11 +240,12 @@ static void open_from_disk(kvp_hub_client *c, kvp_session *s, const char *id,
             return;
         }
         s->need_restore = 1;   /* has_snapshot stays 0 until the load finds one */
-    } else if (unpark(h, s) < 0) {
+    } else if (s->state == KVP_SESSION_PARKED && unpark(h, s) < 0) {
         emit_error(c, KVPD_E_INTERNAL, "out of memory");
         return;
     }
-    if (!s->need_restore) {   /* parked with nothing to keep: nothing to read */
+    int shared = kvp_store_has_leases(h->env.store);
+    if (!s->need_restore && !shared) {   /* parked with nothing to keep: nothing to read */
         if (system_matches(c, s, system, system_len)) {
             attach(c, s);
             s->last_active = kvp_now();
@@ -306,7 +309,8 @@ void kvp_hub_open(kvp_hub_client *c, const char *id, const char *system, size_t 
         attach(c, s);
         return;
     }
-    if ((s && s->state == KVP_SESSION_PARKED) || (!s && h->env.store)) {
+    if ((s && s->state == KVP_SESSION_PARKED) || (!s && h->env.store) ||
+        (s && !kvp_session_busy(s) && kvp_store_has_leases(h->env.store))) {
         open_from_disk(c, s, id, system, system_len);
         return;
     }
@@ -695,7 +699,7 @@ static void chat_loaded(kvp_hub *h, kvp_session *s, kvp_hub_client *c, const kvp
 
 static void on_job(kvp_hub *h, kvp_session *s, const kvpd_event *ev)
 {
-    int was_load = s->state == KVP_SESSION_LOAD;
+    int was_load = s->state == KVP_SESSION_LOAD, read = s->restored.pending;
     kvp_hub_client *to = job_ended(h, s);
     if (was_load && to && to->pending) {
         chat_loaded(h, s, to, ev);
@@ -715,7 +719,9 @@ static void on_job(kvp_hub *h, kvp_session *s, const kvpd_event *ev)
     } else if (was_load && ev->code < 0) {
         restore_failed(h, s, to, ev->text);
     } else if (was_load) {
-        kvpd_log("info", "session %.8s: loaded from its snapshot (%d turns)", s->id, s->turns);
+        if (read)   /* (a shared store's session in memory and current is not read) */
+            kvpd_log("info", "session %.8s: loaded from its snapshot (%d turns)", s->id,
+                     s->turns);
         if (check && !system_matches(to, s, want ? want : "", want_len))
             leave(to);
         else if (to)

@@ -766,8 +766,10 @@ static int run_job(kvp_session *s, const kvp_session_env *env, const kvp_turn_si
     char err[256] = "";
     int rc;
     if (s->state == KVP_SESSION_LOAD) {
+        /* In memory already (a shared store): only the lease, and the snapshot when
+         * another node served the session meanwhile. */
         rc = take_lease(s, env, err, sizeof err);
-        if (rc == 0)
+        if (rc == 0 && s->need_restore)
             rc = kvp_session_restore(s, env, s->reserve, err, sizeof err);
         s->lost = rc == -ENOENT || rc == -EBADMSG;
         if (rc == 0)

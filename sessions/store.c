@@ -498,6 +498,11 @@ int kvp_store_expire(kvp_store *st, char *err, size_t errlen)
     return rc;
 }
 
+int kvp_store_has_leases(const kvp_store *st)
+{
+    return st && st->ops->lease_take != NULL;
+}
+
 int kvp_store_lease_take(kvp_store *st, const char *id, int *stored_turns, int *left_ms,
                          char *holder, size_t holder_len, char *err, size_t errlen)
 {

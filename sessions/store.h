@@ -84,6 +84,8 @@ int kvp_store_expire(kvp_store *st, char *err, size_t errlen);
  * left to expire lease_ms after the last one, released at once when the node parks or
  * forgets the session or shuts down. */
 enum { KVP_LEASE_OTHER = 0, KVP_LEASE_HELD = 1, KVP_LEASE_NEW = 2 };
+/* 1 when the store has leases (Redis: several nodes), 0 for the directory. */
+int kvp_store_has_leases(const kvp_store *st);
 /* Takes or renews the session's lease: KVP_LEASE_HELD (already ours: renewed),
  * KVP_LEASE_NEW (it was free, taken now: what this node has in memory may be older than
  * the store; *stored_turns is the turn count of the stored snapshot, -1 none),
