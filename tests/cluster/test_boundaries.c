@@ -1,0 +1,239 @@
+/* The new boundaries of a node that keeps its sessions in Redis (docs/cluster.md): a bad
+ * state_url or an unreachable Redis at start (clear error, non-zero exit), Redis going
+ * away mid-run (the turn is answered, not durable, counted; the next one after it comes
+ * back is durable), a damaged value (moved aside, never loaded), hostile ?session= ids
+ * (the upgrade is refused, the node keeps serving), and the metrics of a write. */
+#include <criterion/criterion.h>
+#include <hiredis/hiredis.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tests/daemon/harness.h"
+
+static h_proc g_redis;
+static char g_dir[64];
+
+static void redis_up(void)
+{
+    if (!h_have("redis-server"))
+        cr_skip_test("redis-server is not installed (scripts/setup.sh installs it)");
+    cr_assert_eq(h_mkdtemp(g_dir, sizeof g_dir), 0);
+    cr_assert_eq(h_redis_start(&g_redis, g_dir, 0, 0), 0, "redis-server did not start");
+}
+
+static void redis_down(void)
+{
+    h_proc_kill(&g_redis);
+    if (g_dir[0])
+        h_rmdir(g_dir);
+}
+
+TestSuite(boundaries, .timeout = 90);
+
+/* kvpd with `extra` must exit by itself: its status; its log into log. */
+static int exit_status(const char *extra, char *log, size_t loglen)
+{
+    kvpd_proc p;
+    int rc = kvpd_spawn(&p, extra);
+    if (rc == 0)   /* it bound its port first: wait for it to give up */
+        return kvpd_wait(&p, 20000);
+    FILE *f = fopen(p.log, "r");
+    size_t n = f ? fread(log, 1, loglen - 1, f) : 0;
+    log[n] = '\0';
+    if (f)
+        fclose(f);
+    unlink(p.log);
+    return -2;   /* exited before binding: the harness reaped it */
+}
+
+Test(boundaries, a_malformed_state_url_is_refused_at_start)
+{
+    const char *bad[] = {"http://127.0.0.1:6379", "redis://", "redis://h:99999", "redis://h/x",
+                         "redis://a%20b"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char extra[256], log[4096];
+        snprintf(extra, sizeof extra, "--state-url %s", bad[i]);
+        cr_assert_eq(exit_status(extra, log, sizeof log), -2, "kvpd started with %s", bad[i]);
+        cr_assert(strstr(log, "state_url"), "no reason for %s: %s", bad[i], log);
+    }
+    char log[4096];
+    cr_assert_eq(exit_status("--node-id bad/name", log, sizeof log), -2);
+    cr_assert(strstr(log, "node_id"), "%s", log);
+}
+
+Test(boundaries, an_unreachable_redis_at_start_is_a_clear_error_and_a_non_zero_exit)
+{
+    char extra[128];
+    snprintf(extra, sizeof extra, "--state-url redis://127.0.0.1:%d/0", h_free_port());
+    kvpd_proc p;
+    cr_assert_eq(kvpd_spawn(&p, extra), 0, "kvpd did not bind (log %s)", p.log);
+    int st = kvpd_wait(&p, 20000);
+    cr_assert_neq(st, 0, "kvpd exited 0 without its store");
+    cr_assert(kvpd_log_has(&p, "state_url redis://127.0.0.1"), "log %s", p.log);
+    cr_assert(kvpd_log_has(&p, "refused"), "log %s", p.log);
+    unlink(p.log);
+}
+
+static json_t *turn(ws_client *c, const char *text)
+{
+    json_t *done = h_turn(c, text, 16, NULL);
+    cr_assert(done);
+    return done;
+}
+
+static double metric(const kvpd_proc *p, const char *name)
+{
+    char *body = NULL;
+    cr_assert_eq(h_get(p, "/metrics", NULL, &body), 200);
+    double v = h_metric(body, name);
+    free(body);
+    return v;
+}
+
+Test(boundaries, redis_away_mid_run_answers_the_turn_not_durable_and_counts_it,
+     .init = redis_up, .fini = redis_down)
+{
+    char extra[128];
+    snprintf(extra, sizeof extra, "--state-url redis://127.0.0.1:%d/0 --lease-ms 1000",
+             g_redis.port);
+    kvpd_proc p;
+    cr_assert_eq(kvpd_start(&p, extra), 0, "log %s", p.log);
+    ws_client c;
+    cr_assert_eq(h_connect(&p, &c), 0);
+    json_t *done = turn(&c, "Once upon a time");
+    cr_assert(json_is_true(json_object_get(done, "durable")));
+    json_decref(done);
+    cr_assert_eq(metric(&p, "kvpd_snapshot_write_seconds_count"), 1);
+    cr_assert_gt(metric(&p, "kvpd_snapshot_bytes_sum"), 1000, "a snapshot's bytes");
+    int port = g_redis.port;
+    h_proc_kill(&g_redis);
+    /* the session is in memory: the turn is answered, its snapshot is not written */
+    done = turn(&c, "The dog ran");
+    cr_assert_str_eq(json_string_value(json_object_get(done, "type")), "done");
+    cr_assert(json_is_false(json_object_get(done, "durable")));
+    cr_assert(strstr(json_string_value(json_object_get(done, "durable_error")), "redis"));
+    json_decref(done);
+    cr_assert_geq(metric(&p, "kvpd_store_errors_total"), 1);
+    cr_assert_eq(metric(&p, "kvpd_snapshot_failures_total"), 1);
+    char *body = NULL;
+    cr_assert_eq(h_get(&p, "/healthz", NULL, &body), 503, "degraded while a turn is unsaved");
+    free(body);
+    /* back: the next turn writes the whole session, durable again */
+    cr_assert_eq(h_redis_start(&g_redis, g_dir, port, 0), 0);
+    done = turn(&c, "and then");
+    cr_assert(json_is_true(json_object_get(done, "durable")));
+    json_decref(done);
+    cr_assert_eq(h_get(&p, "/healthz", NULL, &body), 200);
+    free(body);
+    ws_close(&c);
+    cr_assert_eq(kvpd_stop(&p, 10000), 0);
+}
+
+Test(boundaries, a_damaged_redis_value_is_moved_aside_and_the_session_reported_lost,
+     .init = redis_up, .fini = redis_down)
+{
+    char extra[128];
+    snprintf(extra, sizeof extra, "--state-url redis://127.0.0.1:%d/0", g_redis.port);
+    kvpd_proc p;
+    cr_assert_eq(kvpd_start(&p, extra), 0, "log %s", p.log);
+    ws_client c;
+    cr_assert_eq(h_connect(&p, &c), 0);
+    json_decref(turn(&c, "Once upon a time"));
+    ws_close(&c);
+    redisContext *r = redisConnect("127.0.0.1", g_redis.port);
+    cr_assert(r && !r->err);
+    redisReply *keys = redisCommand(r, "KEYS snap:*");
+    cr_assert_eq(keys->elements, 1);
+    char id[64];
+    snprintf(id, sizeof id, "%s", keys->element[0]->str + 5);
+    freeReplyObject(keys);
+    freeReplyObject(redisCommand(r, "SETRANGE snap:%s 30 XXXX", id));
+    /* a new node (the session is not in its memory) reads it */
+    kvpd_proc q;
+    cr_assert_eq(kvpd_start(&q, extra), 0, "log %s", q.log);
+    cr_assert_eq(h_connect(&q, &c), 0);
+    char hello[128];
+    snprintf(hello, sizeof hello, "{\"type\":\"hello\",\"session\":\"%s\"}", id);
+    cr_assert_eq(ws_send_text(&c, hello), 0);
+    json_t *e = h_expect(&c, "error", 10000);
+    cr_assert(e);
+    cr_assert_str_eq(json_string_value(json_object_get(e, "code")), "unknown_session");
+    cr_assert(strstr(json_string_value(json_object_get(e, "message")), "damaged"));
+    json_decref(e);
+    keys = redisCommand(r, "KEYS damaged:%s:*", id);
+    cr_assert_eq(keys->elements, 1, "moved aside to a damaged: key");
+    freeReplyObject(keys);
+    cr_assert(kvpd_log_has(&q, "moved aside to damaged:"));
+    /* never loaded again; the node goes on serving */
+    cr_assert_eq(ws_send_text(&c, hello), 0);
+    e = h_expect(&c, "error", 10000);
+    cr_assert_str_eq(json_string_value(json_object_get(e, "code")), "unknown_session");
+    json_decref(e);
+    json_t *done = turn(&c, "A new story");
+    cr_assert_str_eq(json_string_value(json_object_get(done, "type")), "done");
+    json_decref(done);
+    ws_close(&c);
+    redisFree(r);
+    cr_assert_eq(kvpd_stop(&q, 10000), 0);
+    cr_assert_eq(kvpd_stop(&p, 10000), 0);
+}
+
+Test(boundaries, hostile_session_ids_in_the_url_are_refused_at_the_upgrade)
+{
+    char dir[64];
+    cr_assert_eq(h_mkdtemp(dir, sizeof dir), 0);
+    char extra[128];
+    snprintf(extra, sizeof extra, "--state-dir %s", dir);
+    kvpd_proc p;
+    cr_assert_eq(kvpd_start(&p, extra), 0, "log %s", p.log);
+    static char huge[9000];
+    memcpy(huge, "/chat?session=", 14);
+    memset(huge + 14, 'a', sizeof huge - 15);
+    const char *bad[] = {
+        "/chat?session=0123456789abcdef0123456789ABCDEF",        /* uppercase */
+        "/chat?session=0123456789abcdef0123456789abcde",         /* 31 */
+        "/chat?session=0123456789abcdef0123456789abcdef0",       /* 33 */
+        "/chat?session=../../../../etc/passwd",
+        "/chat?session=",
+        "/chat?session=0123456789abcdef%00123456789abcdef",
+        "/chat?session=0123456789abcdef0123456789abcdef&session=0123456789abcdef0123456789abcdef",
+        huge,
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ws_client c;
+        int rc = ws_connect(&c, "127.0.0.1", p.port, bad[i], 5000);
+        if (rc == 0)
+            ws_close(&c);
+        cr_assert_lt(rc, 0, "upgrade accepted: %.80s", bad[i]);
+    }
+    /* a good one: a hello without an id resumes the URL's session */
+    ws_client c;
+    cr_assert_eq(h_connect(&p, &c), 0);
+    cr_assert_eq(ws_send_text(&c, "{\"type\":\"hello\"}"), 0);
+    json_t *s = h_expect(&c, "session", 5000);
+    char id[40], path[80];
+    snprintf(id, sizeof id, "%s", json_string_value(json_object_get(s, "id")));
+    json_decref(s);
+    json_decref(h_turn(&c, "Once upon a time", 8, NULL));
+    ws_close(&c);
+    snprintf(path, sizeof path, "/chat?session=%s&other=1", id);
+    cr_assert_eq(ws_connect(&c, "127.0.0.1", p.port, path, 5000), 0);
+    cr_assert_eq(ws_send_text(&c, "{\"type\":\"hello\"}"), 0);
+    s = h_expect(&c, "session", 5000);
+    cr_assert(s);
+    cr_assert_str_eq(json_string_value(json_object_get(s, "id")), id);
+    cr_assert(json_is_true(json_object_get(s, "resumed")));
+    json_decref(s);
+    /* a hello naming another session on that connection is refused */
+    cr_assert_eq(ws_send_text(&c, "{\"type\":\"hello\",\"session\":\"0123456789abcdef0123456789abcdef\"}"), 0);
+    json_t *e = h_expect(&c, "error", 5000);
+    cr_assert_str_eq(json_string_value(json_object_get(e, "code")), "bad_request");
+    json_decref(e);
+    ws_close(&c);
+    cr_assert_eq(kvpd_stop(&p, 10000), 0);
+    h_rmdir(dir);
+}
