@@ -673,19 +673,19 @@ static void chat_loaded(kvp_hub *h, kvp_session *s, kvp_hub_client *c, const kvp
     c->pending = NULL;
     kvp_session *use = NULL;
     if (ev->code == -EADDRINUSE && p->named) {   /* the named one is served elsewhere */
-        leave(c);
         elsewhere(h, s, c, ev->text);
         pending_free(p);
         return;
     }
     if (ev->code < 0) {
-        leave(c);
+        /* the session first (leave() would drop one that never ran a turn here) */
         if (ev->code == -EADDRINUSE)
             elsewhere(h, s, NULL, ev->text);
         else if (s->lost)
             lose(h, s, NULL, ev->code, ev->text);
         else
             restore_failed(h, s, NULL, ev->text);
+        leave(c);   /* still attached when it was parked again */
     } else if (continues(s, p->named, p->hash, p->system, p->system_len, p->msgs, p->n - 1)) {
         kvpd_log("info", "session %.8s: loaded from its snapshot for a request that extends it",
                  s->id);

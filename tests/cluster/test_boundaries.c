@@ -237,3 +237,83 @@ Test(boundaries, hostile_session_ids_in_the_url_are_refused_at_the_upgrade)
     cr_assert_eq(kvpd_stop(&p, 10000), 0);
     h_rmdir(dir);
 }
+
+/* The OpenAI API across nodes: a conversation started on one node is continued on
+ * another (the request names it by X-Session-Id), from its Redis snapshot, recomputing
+ * only the new message; while the first node holds it, the answer is 503 elsewhere. */
+Test(boundaries, the_openai_api_continues_a_named_conversation_on_another_node,
+     .init = redis_up, .fini = redis_down)
+{
+    char extra[128];
+    snprintf(extra, sizeof extra, "--state-url redis://127.0.0.1:%d/0 --lease-ms 60000",
+             g_redis.port);
+    kvpd_proc a, b;
+    cr_assert_eq(kvpd_start(&a, extra), 0, "log %s", a.log);
+    cr_assert_eq(kvpd_start(&b, extra), 0, "log %s", b.log);
+    char *raw;
+    const char *body;
+    /* a well-formed id nobody has: a new conversation (its history prefilled) */
+    int st = h_request(a.port, "POST", "/v1/chat/completions",
+                       "X-Session-Id: 0123456789abcdef0123456789abcdef\r\n",
+                       "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"},"
+                       "{\"role\":\"assistant\",\"content\":\"Hello\"},"
+                       "{\"role\":\"user\",\"content\":\"Once\"}],\"max_tokens\":4}",
+                       &raw, &body);
+    cr_assert_eq(st, 200, "%s", raw);
+    cr_assert_neq(strcmp(h_header(raw, "x-session-id:"), "0123456789abcdef0123456789abcdef"), 0);
+    free(raw);
+    st = h_request(a.port, "POST", "/v1/chat/completions", NULL,
+                       "{\"messages\":[{\"role\":\"user\",\"content\":\"Once upon a time\"}],"
+                       "\"max_tokens\":8}", &raw, &body);
+    cr_assert_eq(st, 200, "%s", raw);
+    char sid[64];
+    snprintf(sid, sizeof sid, "%s", h_header(raw, "x-session-id:"));
+    cr_assert_eq(strlen(sid), 32, "%s", raw);
+    json_t *j = json_loads(body, 0, NULL);
+    json_t *msg = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message");
+    json_t *u = json_object_get(j, "usage");
+    int p1 = (int)json_integer_value(json_object_get(u, "prompt_tokens"));
+    int c1 = (int)json_integer_value(json_object_get(u, "completion_tokens"));
+    json_t *req = json_pack("{s:[{s:s, s:s}, {s:s, s:O}, {s:s, s:s}], s:i}", "messages",
+                            "role", "user", "content", "Once upon a time", "role", "assistant",
+                            "content", json_object_get(msg, "content"), "role", "user",
+                            "content", "The dog", "max_tokens", 6);
+    char *next = json_dumps(req, 0);
+    json_decref(req);
+    json_decref(j);
+    free(raw);
+    char hdr[96];
+    snprintf(hdr, sizeof hdr, "X-Session-Id: %s\r\n", sid);
+    /* b holds the lease now, for a long time: a asks, and is told to retry elsewhere */
+    redisContext *r = redisConnect("127.0.0.1", g_redis.port);
+    cr_assert(r && !r->err);
+    freeReplyObject(redisCommand(r, "SET lease:%s someone-else PX 3000", sid));
+    st = h_request(b.port, "POST", "/v1/chat/completions", hdr, next, &raw, &body);
+    if (st != 503)
+        fprintf(stderr, "answer: %s\n", raw);
+    cr_assert_eq(st, 503);
+    cr_assert(strstr(body, "\"elsewhere\""), "%s", body);
+    int retry = atoi(h_header(raw, "retry-after:"));
+    cr_assert(retry >= 1 && retry <= 3, "Retry-After: %d", retry);
+    free(raw);
+    freeReplyObject(redisCommand(r, "DEL lease:%s", sid));
+    redisFree(r);
+    /* free: b continues it from the snapshot a wrote */
+    st = h_request(b.port, "POST", "/v1/chat/completions", hdr, next, &raw, &body);
+    cr_assert_eq(st, 200, "%s", raw);
+    cr_assert_str_eq(h_header(raw, "x-session-id:"), sid);
+    j = json_loads(body, 0, NULL);
+    u = json_object_get(j, "usage");
+    int p2 = (int)json_integer_value(json_object_get(u, "prompt_tokens"));
+    int cached = (int)json_integer_value(json_object_get(json_object_get(u, "prompt_tokens_details"),
+                                                         "cached_tokens"));
+    cr_assert_geq(cached, p1 + c1 - 1, "turn 1 was recomputed on the other node (cached %d)",
+                  cached);
+    cr_assert_lt(p2 - cached, 12, "only the new message is prefilled");
+    json_decref(j);
+    free(raw);
+    free(next);
+    cr_assert(kvpd_log_has(&b, "loaded from its snapshot"));
+    cr_assert_eq(kvpd_stop(&b, 10000), 0);
+    cr_assert_eq(kvpd_stop(&a, 10000), 0);
+}

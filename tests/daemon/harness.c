@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -436,4 +437,61 @@ int h_redis_start(h_proc *r, const char *dir, int port, int aof)
                     (char *)dir, "--save", "", "--appendonly", aof ? "yes" : "no",
                     "--appendfsync", "always", "--daemonize", "no", "--logfile", "", NULL};
     return h_proc_start(r, argv, port, 10000);
+}
+
+int h_request(int port, const char *method, const char *path, const char *extra_headers,
+              const char *body, char **raw, const char **resp_body)
+{
+    *raw = NULL;
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) < 0) {
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    size_t blen = strlen(body);
+    char head[1024];
+    int n = snprintf(head, sizeof head, "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                     "Content-Type: application/json\r\nContent-Length: %zu\r\n%s"
+                     "Connection: close\r\n\r\n", method, path, blen,
+                     extra_headers ? extra_headers : "");
+    if (send(fd, head, (size_t)n, MSG_NOSIGNAL) != n ||
+        send(fd, body, blen, MSG_NOSIGNAL) != (ssize_t)blen) {
+        close(fd);
+        return -1;
+    }
+    size_t cap = 1 << 16, got = 0;
+    char *buf = malloc(cap);
+    for (;;) {
+        struct pollfd pf = {fd, POLLIN, 0};
+        if (poll(&pf, 1, 30000) <= 0)
+            break;
+        if (got + 4096 > cap)
+            buf = realloc(buf, cap *= 2);
+        ssize_t r = recv(fd, buf + got, cap - got - 1, 0);
+        if (r <= 0)
+            break;
+        got += (size_t)r;
+    }
+    close(fd);
+    buf[got] = '\0';
+    *raw = buf;
+    int status = -1;
+    sscanf(buf, "HTTP/1.1 %d", &status);
+    char *b = strstr(buf, "\r\n\r\n");
+    *resp_body = b ? b + 4 : buf + got;
+    return status;
+}
+
+const char *h_header(const char *raw, const char *name)
+{
+    static char v[256];
+    v[0] = '\0';
+    const char *end = strstr(raw, "\r\n\r\n");
+    const char *h = strcasestr(raw, name);
+    if (h && (!end || h < end))
+        sscanf(h + strlen(name), " %255[^\r\n]", v);
+    return v;
 }

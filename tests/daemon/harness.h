@@ -55,6 +55,13 @@ json_t *h_expect(ws_client *c, const char *type, int timeout_ms);
 json_t *h_turn(ws_client *c, const char *text, int max_tokens, char **tokens);
 /* GET with an optional bearer token; returns the status, body malloc'd. */
 int h_get(const kvpd_proc *p, const char *path, const char *token, char **body);
+/* One HTTP request with a body (Connection: close) to 127.0.0.1:port; extra_headers
+ * are whole "Name: value\r\n" lines or NULL. Returns the status; *raw (malloc'd) is the
+ * whole answer, *body points into it. */
+int h_request(int port, const char *method, const char *path, const char *extra_headers,
+              const char *body, char **raw, const char **resp_body);
+/* The value of the response header `name` (lowercase, with the colon) in raw, or "". */
+const char *h_header(const char *raw, const char *name);
 /* The value of an unlabelled sample in Prometheus text, or -1. */
 double h_metric(const char *text, const char *name);
 
