@@ -531,7 +531,7 @@ static const char *parse(unsigned char *buf, size_t len, const char *id, kvp_sna
                          char *why, size_t whylen)
 {
     kvp_rbuf r = {buf, len, 0};
-    uint32_t version, n_sections;
+    uint32_t version = 0, n_sections = 0;   /* read just below: the length was checked */
     if (len >= 8 && memcmp(buf, SNAP_MAGIC, 8) != 0)
         return "not a kvpd snapshot (bad magic)";
     if (len < HEADER_BYTES + TRAILER_BYTES) {
