@@ -194,7 +194,7 @@ static void load_done(uv_work_t *w, int status)
         if (g_h.load_rc == 0)
             kvp_model_free(&d->model);
         d->exit_code = 1;
-        begin_shutdown(d, "model load failed");
+        begin_shutdown(d, g_h.store_rc < 0 ? "snapshot store unavailable" : "model load failed");
         return;
     }
     d->model_loaded = 1;

@@ -508,6 +508,7 @@ void kvp_hub_chat(kvp_hub_client *c, const char *id, const char *system, size_t 
     uint64_t hash = kvp_session_transcript_hash(system, system_len, msgs, prefix);
     kvp_session *s = NULL;
     const char *disk = NULL;   /* a session it extends that is only on disk */
+    kvp_session *stale = NULL; /* ... or in memory here, but maybe moved on elsewhere */
     int named = 0;
     if (prefix > 0 && id && id[0]) {   /* the named session first */
         kvp_session *t = kvp_session_find(&h->sessions, id);
@@ -516,8 +517,14 @@ void kvp_hub_chat(kvp_hub_client *c, const char *id, const char *system, size_t 
             s = t;
         else if (e && e->hash == hash && e->n_msgs == prefix && h->env.store)
             disk = e->id;
-        else if (!t && h->env.store && !h->env.state_dir[0] && kvp_snapshot_id_valid(id))
-            disk = id;   /* a shared store (Redis) keeps no index here: the load compares */
+        else if (h->env.store && !h->env.state_dir[0] && kvp_snapshot_id_valid(id) &&
+                 (!t || !kvp_session_busy(t))) {
+            /* A shared store (Redis) keeps no index here, and another node may have served
+             * turns since this copy: the load takes the lease, reads the snapshot when it
+             * moved on, and the answer compares. */
+            disk = id;
+            stale = t;
+        }
         named = disk != NULL;
     }
     /* Then every session with this transcript hash: one in memory if any is free. */
@@ -543,7 +550,7 @@ void kvp_hub_chat(kvp_hub_client *c, const char *id, const char *system, size_t 
     p->named = named;
     char sid[KVP_SNAPSHOT_ID_MAX + 1];
     snprintf(sid, sizeof sid, "%s", disk);
-    open_from_disk(c, NULL, sid, NULL, 0);
+    open_from_disk(c, stale, sid, NULL, 0);
     if (c->session && c->session->state == KVP_SESSION_LOAD)
         c->pending = p;
     else

@@ -744,8 +744,8 @@ static int take_lease(kvp_session *s, const kvp_session_env *env, char *err, siz
     char holder[KVP_STORE_NODE_MAX + 1];
     int rc = kvp_store_lease_take(env->store, s->id, &stored, &left, holder, sizeof holder,
                                   err, errlen);
-    if (rc < 0)
-        return s->need_restore || s->state == KVP_SESSION_LOAD ? rc : 0;
+    if (rc < 0)   /* in memory: served from there (its write will say it failed) */
+        return s->need_restore ? rc : 0;
     if (rc == KVP_LEASE_OTHER) {
         s->elsewhere_ms = left > 0 ? left : 1;
         snprintf(err, errlen, "session %s is being served by another node (%s); retry in %d ms",

@@ -67,15 +67,21 @@ Test(boundaries, a_malformed_state_url_is_refused_at_start)
 
 Test(boundaries, an_unreachable_redis_at_start_is_a_clear_error_and_a_non_zero_exit)
 {
-    char extra[128];
-    snprintf(extra, sizeof extra, "--state-url redis://127.0.0.1:%d/0", h_free_port());
-    kvpd_proc p;
-    cr_assert_eq(kvpd_spawn(&p, extra), 0, "kvpd did not bind (log %s)", p.log);
-    int st = kvpd_wait(&p, 20000);
-    cr_assert_neq(st, 0, "kvpd exited 0 without its store");
-    cr_assert(kvpd_log_has(&p, "state_url redis://127.0.0.1"), "log %s", p.log);
-    cr_assert(kvpd_log_has(&p, "refused"), "log %s", p.log);
-    unlink(p.log);
+    char log[] = "/tmp/kvpd-test-XXXXXX", cmd[2048];
+    int fd = mkstemp(log);
+    cr_assert_geq(fd, 0);
+    close(fd);
+    snprintf(cmd, sizeof cmd, "'%s' --listen 127.0.0.1:0 --model '%s' --tokenizer '%s' "
+             "--state-url redis://127.0.0.1:%d/0 2>'%s'", h_build("daemon/kvpd"),
+             h_shared("models/stories260K.bin"), h_shared("models/tok512.bin"), h_free_port(),
+             log);
+    int st = system(cmd);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 1, "kvpd without its store: status %d", st);
+    kvpd_proc p = {0};
+    snprintf(p.log, sizeof p.log, "%s", log);
+    cr_assert(kvpd_log_has(&p, "state_url redis://127.0.0.1"), "log %s", log);
+    cr_assert(kvpd_log_has(&p, "Connection refused"), "log %s", log);
+    unlink(log);
 }
 
 static json_t *turn(ws_client *c, const char *text)
@@ -104,6 +110,12 @@ Test(boundaries, redis_away_mid_run_answers_the_turn_not_durable_and_counts_it,
     cr_assert_eq(kvpd_start(&p, extra), 0, "log %s", p.log);
     ws_client c;
     cr_assert_eq(h_connect(&p, &c), 0);
+    cr_assert_eq(ws_send_text(&c, "{\"type\":\"hello\"}"), 0);
+    json_t *s = h_expect(&c, "session", 5000);
+    char hello[128];
+    snprintf(hello, sizeof hello, "{\"type\":\"hello\",\"session\":\"%s\"}",
+             json_string_value(json_object_get(s, "id")));
+    json_decref(s);
     json_t *done = turn(&c, "Once upon a time");
     cr_assert(json_is_true(json_object_get(done, "durable")));
     json_decref(done);
@@ -122,11 +134,26 @@ Test(boundaries, redis_away_mid_run_answers_the_turn_not_durable_and_counts_it,
     char *body = NULL;
     cr_assert_eq(h_get(&p, "/healthz", NULL, &body), 503, "degraded while a turn is unsaved");
     free(body);
+    /* resuming it while Redis is away keeps what memory holds (nothing is dropped) */
+    cr_assert_eq(ws_send_text(&c, hello), 0);
+    s = h_expect(&c, "session", 10000);
+    cr_assert(s, "the session in memory is resumed without its store");
+    cr_assert_eq(json_integer_value(json_object_get(s, "turns")), 2);
+    json_decref(s);
     /* back: the next turn writes the whole session, durable again */
     cr_assert_eq(h_redis_start(&g_redis, g_dir, port, 0), 0);
     done = turn(&c, "and then");
     cr_assert(json_is_true(json_object_get(done, "durable")));
     json_decref(done);
+    redisContext *r = redisConnect("127.0.0.1", port);
+    cr_assert(r && !r->err);
+    redisReply *keys = redisCommand(r, "KEYS turns:*");
+    cr_assert_eq(keys->elements, 1);
+    redisReply *t = redisCommand(r, "GET %s", keys->element[0]->str);
+    cr_assert_str_eq(t->str, "3", "all three turns are in Redis");
+    freeReplyObject(t);
+    freeReplyObject(keys);
+    redisFree(r);
     cr_assert_eq(h_get(&p, "/healthz", NULL, &body), 200);
     free(body);
     ws_close(&c);
