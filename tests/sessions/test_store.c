@@ -70,6 +70,12 @@ Test(store, redis_urls_parse_and_bad_ones_are_refused_with_a_reason)
     cr_assert_eq(kvp_redis_url_parse(longhost, &u, err, sizeof err), -EINVAL);
 }
 
+static void count_id(void *ctx, const char *id)
+{
+    (void)id;
+    (*(int *)ctx)++;
+}
+
 static void age_file(const char *dir, const char *name, int seconds)
 {
     char path[512];
@@ -105,6 +111,9 @@ Test(store, the_directory_deletes_snapshots_older_than_the_ttl_at_start_and_on_d
         cr_assert_eq(kvp_store_put(st, &s, &bytes, err, sizeof err), 0, "%s", err);
         cr_assert_gt(bytes, s.cache_len, "a put reports the bytes it wrote");
     }
+    int listed = 0;
+    cr_assert_eq(kvp_store_list(st, count_id, &listed, err, sizeof err), 3);
+    cr_assert_eq(listed, 3);
     kvp_store_close(st);
     age_file(dir, "old1.snap", 2000);
     age_file(dir, "old2.snap", 2000);
@@ -226,6 +235,9 @@ Test(store, redis_keeps_the_same_checksummed_bytes_with_a_ttl, .init = redis_up,
     kvp_snapshot_free(&back);
     cr_assert(kvp_store_exists(a, s.id));
     cr_assert(!kvp_store_exists(a, "ffffffffffffffffffffffffffffffff"));
+    int listed = 0;
+    cr_assert_eq(kvp_store_list(a, count_id, &listed, err, sizeof err), 1);
+    cr_assert_eq(listed, 1);
     cr_assert_eq(kvp_store_get(a, "ffffffffffffffffffffffffffffffff", &back, &jb, &clean, jerr,
                                sizeof jerr, err, sizeof err), -ENOENT);
     /* hostile ids never reach Redis */
