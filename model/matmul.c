@@ -216,14 +216,26 @@ static void *helper_main(void *arg)
     return NULL;
 }
 
+/* The pool's size, the caller included (KVP_THREADS, else the online CPUs). */
+static int pool_size(void)
+{
+    static _Atomic int size;
+    int n = atomic_load(&size);
+    if (!n) {
+        long v = sysconf(_SC_NPROCESSORS_ONLN);
+        const char *env = getenv("KVP_THREADS");
+        if (env)
+            v = strtol(env, NULL, 10);
+        n = v < 1 ? 1 : v > MAX_POOL ? MAX_POOL : (int)v;
+        atomic_store(&size, n);
+    }
+    return n;
+}
+
 static void start_pool(void)
 {
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    const char *env = getenv("KVP_THREADS");
-    if (env)
-        n = strtol(env, NULL, 10);
-    n = n < 1 ? 1 : n > MAX_POOL ? MAX_POOL : n;
-    for (long i = 0; i < n - 1; i++) {
+    int n = pool_size();
+    for (int i = 0; i < n - 1; i++) {
         pthread_t t;
         pthread_attr_t attr;
         pthread_attr_init(&attr);
@@ -280,9 +292,8 @@ static void run_items(const job *j, int i0, int i1)
 
 int kvp_matmul_threads(void)
 {
-    pthread_once(&pool_once, start_pool);
-    int cap = atomic_load(&threads_forced);
-    return cap && cap < pool.n_helpers + 1 ? cap : pool.n_helpers + 1;
+    int cap = atomic_load(&threads_forced), n = pool_size();   /* started on first use */
+    return cap && cap < n ? cap : n;
 }
 
 void kvp_matmul_force_threads(int n) { atomic_store(&threads_forced, n > 0 ? n : 0); }
