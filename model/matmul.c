@@ -15,7 +15,7 @@
 
 #define MAX_POOL 16
 #define TILE_ROWS 64         /* rows decoded to f32 per sgemm on the prefill path */
-#define CHUNK_ROWS 16        /* rows a pool thread takes at a time on the decode path */
+#define CHUNK_ROWS 16        /* granularity of a decode split (rows) */
 #define GEMM_ROWS 32         /* rows a pool thread packs and multiplies at a time (int8 GEMM) */
 #define QUANT_ROWS 4         /* activation rows a pool thread quantizes at a time */
 #define SPLIT_MIN_BYTES (256u << 10)  /* smaller matrices are not worth a second thread */
@@ -146,6 +146,8 @@ typedef struct job {
     float *y;
     int T, accumulate;
     int rows, chunk;
+    int guided;           /* 1: claims shrink with the rows left (decode), else fixed chunks */
+    int threads;          /* threads sharing the job, set by run_job */
     atomic_int next;      /* next unclaimed row */
 } job;
 
@@ -164,10 +166,18 @@ static pthread_once_t pool_once = PTHREAD_ONCE_INIT;
 static void run_chunks(job *j)
 {
     for (;;) {
-        int r0 = atomic_fetch_add(&j->next, j->chunk);
+        int r0 = atomic_load_explicit(&j->next, memory_order_relaxed), n = j->chunk;
+        if (j->threads > 1) {
+            /* guided: a share of what is left, so each thread streams long contiguous
+             * runs of rows and the last pieces are small enough to even out the end */
+            n = (j->rows - r0) / (2 * j->threads);
+            n = n < j->chunk ? j->chunk : (n + j->chunk - 1) / j->chunk * j->chunk;
+        }
         if (r0 >= j->rows)
             return;
-        j->fn(j, r0, r0 + j->chunk < j->rows ? r0 + j->chunk : j->rows);
+        if (!atomic_compare_exchange_weak(&j->next, &r0, r0 + n))
+            continue;
+        j->fn(j, r0, r0 + n < j->rows ? r0 + n : j->rows);
     }
 }
 
@@ -237,6 +247,8 @@ static void run_job(job *j, size_t bytes)
         run_chunks(j);
         return;
     }
+    if (j->guided)
+        j->threads = pool.n_helpers + 1;
     pool.cur = j;
     atomic_store(&pool.running, pool.n_helpers);
     pthread_mutex_lock(&pool.mu);
@@ -275,7 +287,7 @@ static void matmul_decode(float *y, const float *x, const kvp_weight *w, int T, 
     for (int t = 0; t < T; t++)
         act_quantize(&act[t], kind, x + (size_t)t * w->cols, w->cols, scratch + per * (size_t)t);
     job j = {.fn = dot_rows, .w = w, .act = act, .y = y, .T = T, .accumulate = accumulate,
-             .rows = w->rows, .chunk = CHUNK_ROWS};
+             .rows = w->rows, .chunk = CHUNK_ROWS, .guided = 1};
     run_job(&j, (size_t)w->rows * w->row_bytes);
     free(scratch);
 }
