@@ -3,6 +3,7 @@
  * bad input and a run that cannot fit are refused before any work. kvp trace
  * --conversations renders chats with the model's own template. */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,7 +65,16 @@ Test(learn, stories260K_end_to_end_installs_a_policy_kvpd_picks_up, .init = make
     int st = kvp(args, &out);
     cr_assert_eq(st, 0, "kvp %s:\n%s", args, out);
     cr_expect(strstr(out, "[1/4] trace") && strstr(out, "[4/4] eval"), "%s", out);
+    /* The disk estimate it started on is the trace it wrote. */
+    const char *need = strstr(out, "needs ");
+    double need_mb = 0.0;
+    cr_assert(need && sscanf(need, "needs %lf MB of disk", &need_mb) == 1, "%s", out);
     free(out);
+    struct stat st_trace;
+    snprintf(path, sizeof path, "%s/work/trace.kvpt", dir);
+    cr_assert_eq(stat(path, &st_trace), 0);
+    cr_expect(fabs(need_mb - (double)st_trace.st_size / 1e6) <= 0.05 + 0.001 * need_mb,
+              "estimated %.1f MB, wrote %.1f MB", need_mb, (double)st_trace.st_size / 1e6);
 
     /* The trace: valid, of the requested shape, split 16 + 4. */
     char err[512];
