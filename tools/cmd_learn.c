@@ -26,7 +26,8 @@
 typedef struct {
     const char *model, *tokenizer, *text, *conversations, *out, *work, *budgets;
     long seq_len, max_seqs, steps, threads, seed, eval_seqs;
-    double budget_hours;
+    double budget_hours, trace_gb;
+    int max_seqs_given;
 } learn_opts;
 
 static void usage(FILE *f)
@@ -48,7 +49,10 @@ static void usage(FILE *f)
         "  --budget-hours H     training stops at its first validation past what is left of\n"
         "                       H hours after tracing (default: no limit)\n"
         "  --seq-len N          tokens per traced sequence (default 512, at most the context)\n"
-        "  --max-seqs N         traced sequences, 80%% training (default 300)\n"
+        "  --max-seqs N         traced sequences, 80%% training (default 300, fewer when\n"
+        "                       that many would not fit in --trace-gb)\n"
+        "  --trace-gb G         the trace's disk budget when --max-seqs is not given\n"
+        "                       (default 4): bounds disk and memory whatever the model\n"
         "  --steps N            training steps (default 3000)\n"
         "  --eval-seqs N        evaluation sequences (default 64)\n"
         "  --budgets LIST       evaluated budgets, rows per KV head (default 16,32,64,128)\n"
@@ -134,6 +138,7 @@ static int parse(int argc, char **argv, learn_opts *o)
         {"model", 1, 0, 'm'}, {"tokenizer", 1, 0, 'z'}, {"text", 1, 0, 'x'},
         {"conversations", 1, 0, 'C'}, {"out", 1, 0, 'o'}, {"work", 1, 0, 'w'},
         {"budget-hours", 1, 0, 'H'}, {"seq-len", 1, 0, 'n'}, {"max-seqs", 1, 0, 'N'},
+        {"trace-gb", 1, 0, 'G'},
         {"steps", 1, 0, 's'}, {"eval-seqs", 1, 0, 'e'}, {"budgets", 1, 0, 'b'},
         {"threads", 1, 0, 't'}, {"seed", 1, 0, 'r'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     int c, idx = 0;
@@ -150,7 +155,8 @@ static int parse(int argc, char **argv, learn_opts *o)
         case 'b': o->budgets = optarg; break;
         case 'H': ok = kvp_parse_double(optarg, 0.001, 1e4, &o->budget_hours); break;
         case 'n': ok = kvp_parse_long(optarg, 64, 1 << 20, &o->seq_len); break;
-        case 'N': ok = kvp_parse_long(optarg, 2, 1 << 24, &o->max_seqs); break;
+        case 'N': ok = kvp_parse_long(optarg, 2, 1 << 24, &o->max_seqs); o->max_seqs_given = 1; break;
+        case 'G': ok = kvp_parse_double(optarg, 0.001, 1e6, &o->trace_gb); break;
         case 's': ok = kvp_parse_long(optarg, 1, 100000000, &o->steps); break;
         case 'e': ok = kvp_parse_long(optarg, 1, 1 << 20, &o->eval_seqs); break;
         case 't': ok = kvp_parse_long(optarg, 1, 64, &o->threads); break;
@@ -177,7 +183,7 @@ static int parse(int argc, char **argv, learn_opts *o)
 
 int kvp_cmd_learn(int argc, char **argv)
 {
-    learn_opts o = {.seq_len = 512, .max_seqs = 300, .steps = 3000, .seed = 1,
+    learn_opts o = {.seq_len = 512, .max_seqs = 300, .trace_gb = 4.0, .steps = 3000, .seed = 1,
                     .eval_seqs = 64, .budgets = "16,32,64,128",
                     .threads = sysconf(_SC_NPROCESSORS_ONLN)};
     int rc = parse(argc, argv, &o);
@@ -238,6 +244,15 @@ int kvp_cmd_learn(int argc, char **argv)
     double agents = (double)cfg.n_layers * cfg.n_kv_heads;
     double per_seq = 4.0 + 4.0 * (double)o.seq_len +
                      agents * (4.0 * (double)o.seq_len * cfg.head_dim + 4.0 * imp_floats);
+    if (!o.max_seqs_given) {
+        /* a larger model gets fewer sequences, so the trace stays within its budget */
+        double fit = (o.trace_gb * 1e9 - (double)sizeof(kvp_trace_header) - 8.0) / per_seq;
+        if (fit < (double)o.max_seqs) {
+            o.max_seqs = fit < 10.0 ? 10 : (long)fit;
+            fprintf(stderr, "kvp learn: %ld sequences fit in the trace's %g GB budget "
+                    "(--trace-gb); tracing those\n", o.max_seqs, o.trace_gb);
+        }
+    }
     double trace_bytes = (double)sizeof(kvp_trace_header) + 8.0 + per_seq * (double)o.max_seqs;
     double capture_bytes = 4.0 * (double)o.seq_len * cfg.n_layers *
                            (double)(cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim;

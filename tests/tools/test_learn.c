@@ -155,6 +155,17 @@ Test(learn, bad_arguments_and_runs_that_cannot_fit_are_refused_before_any_work,
     cr_expect_eq(kvp(args, &out), 1);
     cr_expect(strstr(out, "needs") && strstr(out, "not enough disk"), "%s", out);
     free(out);
+    /* Without --max-seqs the trace's disk budget sets the count: a stories260K sequence
+     * of 512 tokens takes 1,483,012 bytes, so 13 fit in 20 MB (the tiny text then stops
+     * the trace). */
+    const char *tiny = tu_write_tmp("Once upon a time.\n", 18);
+    snprintf(args, sizeof args, "learn --model %s --text %s --trace-gb 0.02 --work %s/w "
+             "--out %s/p.kvp", model, tiny, dir, dir);
+    cr_expect_eq(kvp(args, &out), 1);
+    cr_expect(strstr(out, "13 sequences fit in the trace's 0.02 GB budget") &&
+              strstr(out, "13 sequences of 512 tokens") && strstr(out, "needs 19.3 MB"), "%s", out);
+    free(out);
+    remove(tiny);
     char path[256];
     snprintf(path, sizeof path, "%s/w/trace.kvpt", dir);
     cr_expect(!exists(path));
