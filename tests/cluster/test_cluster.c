@@ -7,8 +7,9 @@
  * Redis restarts; every node restarts in turn. Every conversation keeps every completed
  * turn (an OpenAI one's stored history is the client's, reply texts included), after its
  * first turn prefills only its new tokens wherever it lands (an OpenAI turn: the previous
- * transcript cached, at most its last sampled token computed again), and websocket ones
- * are served by one node at a time. */
+ * transcript cached, at most its last sampled token computed again), and is served by
+ * one node at a time (while the kill's turns run, each busy session is busy on one node
+ * and its lease in Redis names that node). */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <hiredis/hiredis.h>
@@ -507,11 +508,17 @@ static int node_of_lease(redisContext *r, const char *id)
     return k;
 }
 
+/* The id of conversation i of both kinds: websocket ones first, then OpenAI ones. */
+static const char *conv_id(int i)
+{
+    return i < CONVS ? g_conv[i].id : g_api[i - CONVS].id;
+}
+
 /* Every session busy on a node is busy on that node only, and its lease names it. */
 static int check_single_owner(redisContext *r)
 {
-    int busy_on[CONVS], busy_total = 0;
-    for (int i = 0; i < CONVS; i++)
+    int busy_on[CONVS + API_CONVS], busy_total = 0;
+    for (int i = 0; i < CONVS + API_CONVS; i++)
         busy_on[i] = -1;
     for (int k = 0; k < NODES; k++) {
         if (g_node[k].pid <= 0)
@@ -523,15 +530,15 @@ static int check_single_owner(redisContext *r)
         json_array_foreach(list, idx, si) {
             if (!json_is_true(json_object_get(si, "busy")))
                 continue;
-            for (int i = 0; i < CONVS; i++)
-                if (!strcmp(str_of(si, "id"), g_conv[i].id)) {
+            for (int i = 0; i < CONVS + API_CONVS; i++)
+                if (!strcmp(str_of(si, "id"), conv_id(i))) {
                     cr_assert_eq(busy_on[i], -1, "conversation %s busy on nodes %d and %d",
-                                 g_conv[i].id, busy_on[i], k);
+                                 conv_id(i), busy_on[i], k);
                     busy_on[i] = k;
                     busy_total++;
-                    int holder = node_of_lease(r, g_conv[i].id);
+                    int holder = node_of_lease(r, conv_id(i));
                     cr_assert_eq(holder, k, "conversation %s runs on node %d, its lease says %d",
-                                 g_conv[i].id, k, holder);
+                                 conv_id(i), k, holder);
                 }
         }
         json_decref(st);
