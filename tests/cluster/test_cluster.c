@@ -1,12 +1,18 @@
 /* Several nodes (docs/cluster.md): a Redis (AOF, fsync always), three kvpd nodes sharing
  * it and HAProxy in front (deploy/haproxy.cfg's routing: consistent hashing on the
- * session id), all on loopback with ephemeral ports. 24 conversations of 5 turns over
- * the balancer; a node is killed (-9) while turns run; Redis restarts; every node
- * restarts in turn. Every conversation keeps every completed turn, after its first turn
- * prefills only its new tokens wherever it lands, and is served by one node at a time. */
+ * session id), all on loopback with ephemeral ports. 24 websocket conversations and 8
+ * OpenAI-API ones (/v1/chat/completions, each request the whole history plus the
+ * X-Session-Id it was given), 5 turns each, over the balancer; a node is killed (-9)
+ * while turns of both kinds run (a cut request is sent again, a 503 "elsewhere" too);
+ * Redis restarts; every node restarts in turn. Every conversation keeps every completed
+ * turn (an OpenAI one's stored history is the client's, reply texts included), after its
+ * first turn prefills only its new tokens wherever it lands (an OpenAI turn: the previous
+ * transcript cached, at most its last sampled token computed again), and websocket ones
+ * are served by one node at a time. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <hiredis/hiredis.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +24,7 @@
 #define NODES 3
 #define CONVS 24
 #define LEASE_MS 1500
+#define API_CONVS 8
 
 typedef struct conv {
     char id[33];
@@ -31,6 +38,18 @@ static kvpd_proc g_node[NODES];
 static int g_port[NODES], g_hport, g_rport;
 static char g_dir[64], g_cfg[128];
 static conv g_conv[CONVS];
+
+/* An OpenAI-API conversation: the client keeps the whole history and sends it back with
+ * every request, with the X-Session-Id it was given. */
+typedef struct api_conv {
+    char id[33];
+    json_t *messages;       /* user and assistant messages of the completed turns */
+    int turns;              /* completed, as this client knows them */
+    char pending[128];      /* a message whose request was cut (no answer came) */
+    json_int_t transcript;  /* kvpd.transcript_tokens after the last completed turn */
+} api_conv;
+
+static api_conv g_api[API_CONVS];
 
 static void nap_ms(int ms)
 {
@@ -71,6 +90,7 @@ static void write_haproxy_cfg(void)
     fprintf(f, "backend kvpd_api\n  balance hdr(X-Session-Id)\n  hash-type consistent\n"
                "  option httpchk\n"
                "  http-check send meth GET uri /healthz ver HTTP/1.1 hdr Host localhost\n"
+               "  http-check expect status 200\n"
                "  default-server inter 200ms fall 1 rise 1\n");
     for (int k = 0; k < NODES; k++)
         fprintf(f, "  server n%d 127.0.0.1:%d check\n", k, g_port[k]);
@@ -102,6 +122,8 @@ static void teardown(void)
         if (g_node[k].pid > 0)
             kvpd_stop(&g_node[k], 5000);
     h_proc_kill(&g_redis);
+    for (int i = 0; i < API_CONVS; i++)
+        json_decref(g_api[i].messages);
     if (g_dir[0]) {   /* Redis keeps its AOF in a subdirectory */
         char cmd[128];
         snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
@@ -277,12 +299,194 @@ static void text_of(char *buf, size_t n, int conv, int turn)
              conv, turn);
 }
 
+/* An OpenAI request's answer, as h_request gives it. */
+typedef struct api_answer {
+    int status;             /* -1: no answer (the connection was cut) */
+    char *raw;
+    const char *body;
+} api_answer;
+
+/* POST /v1/chat/completions through the balancer: the client's whole history, the new
+ * user message last, and the session id it was given. */
+static void api_send(const api_conv *ac, const char *text, int max_tokens, api_answer *a)
+{
+    json_t *msgs = json_deep_copy(ac->messages);
+    json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "user", "content", text));
+    json_t *req = json_pack("{s:o, s:i}", "messages", msgs, "max_tokens", max_tokens);
+    char *body = json_dumps(req, JSON_COMPACT), hdr[64] = "";
+    json_decref(req);
+    if (ac->id[0])
+        snprintf(hdr, sizeof hdr, "X-Session-Id: %s\r\n", ac->id);
+    a->status = h_request(g_hport, "POST", "/v1/chat/completions", hdr, body, &a->raw, &a->body);
+    free(body);
+}
+
+/* The session as a websocket hello through the balancer shows it (NULL while it is
+ * elsewhere or a node is down: retried). */
+static json_t *api_stored(const char *id)
+{
+    conv probe = {0};
+    snprintf(probe.id, sizeof probe.id, "%s", id);
+    for (int a = 0; a < 40; a++) {
+        ws_client c;
+        json_t *s;
+        if (open_conv(&c, &probe, &s) == 0) {
+            ws_close(&c);
+            return s;
+        }
+        nap_ms(100);
+    }
+    cr_assert_fail("session %s could not be read", id);
+    return NULL;
+}
+
+static json_int_t int_at(json_t *j, const char *path)
+{
+    char key[64];
+    snprintf(key, sizeof key, "%s", path);
+    for (char *k = key, *dot; k; k = dot ? dot + 1 : NULL) {
+        dot = strchr(k, '.');
+        if (dot)
+            *dot = '\0';
+        j = json_object_get(j, k);
+    }
+    cr_assert(json_is_integer(j), "%s missing", path);
+    return json_integer_value(j);
+}
+
+/* An answer to a turn's request: 1 when the turn completed (then checked), 0 when it is
+ * to be sent again (a node died under it, the session was elsewhere, a node was
+ * stopping). */
+static int api_answered(api_conv *ac, const char *text, api_answer *a)
+{
+    int status = a->status;
+    if (status != 200) {
+        cr_assert(status == -1 || status == 502 || status == 503 || status == 504 || status == 429,
+                  "api conversation %s: status %d: %.300s", ac->id, status,
+                  a->raw ? a->raw : "");
+        if (status == 503 && strstr(a->body, "\"code\""))
+            cr_assert(strstr(a->body, "\"elsewhere\"") || strstr(a->body, "service_unavailable"),
+                      "api conversation %s: 503 %s", ac->id, a->body);
+        free(a->raw);
+        snprintf(ac->pending, sizeof ac->pending, "%s", text);
+        return 0;
+    }
+    json_t *j = json_loads(a->body, 0, NULL);
+    cr_assert(j, "api conversation %s: not JSON: %.300s", ac->id, a->body);
+    char sid[33];
+    snprintf(sid, sizeof sid, "%s", h_header(a->raw, "x-session-id:"));
+    free(a->raw);
+    json_t *usage = json_object_get(j, "usage");
+    json_int_t prompt = int_at(usage, "prompt_tokens"),
+               cached = int_at(usage, "prompt_tokens_details.cached_tokens"),
+               pre = int_at(j, "kvpd.prefilled_tokens"), all = int_at(j, "kvpd.transcript_tokens");
+    cr_assert_eq(strlen(sid), 32, "api conversation %s: no X-Session-Id", ac->id);
+    cr_assert_str_eq(str_of(json_object_get(j, "kvpd"), "session"), sid);
+    /* the tokens of the prompt not in the cache, and only those, were computed */
+    cr_assert_eq(pre, prompt - cached, "api conversation %s: prefilled %lld of %lld, %lld cached",
+                 sid, (long long)pre, (long long)prompt, (long long)cached);
+    if (ac->turns > 0 && strcmp(sid, ac->id)) {
+        /* another session: only when the cut request's turn had completed on its node
+         * (the client never saw that reply, so its history is not that session's) */
+        json_t *old = api_stored(ac->id);
+        json_t *hist = json_object_get(old, "history");
+        size_t n = json_array_size(hist);
+        cr_assert(ac->pending[0] && n == (size_t)(2 * ac->turns + 2) &&
+                      !strcmp(str_of(json_array_get(hist, n - 2), "text"), ac->pending),
+                  "api conversation %s continued as %s, with its history", ac->id, sid);
+        json_decref(old);
+        ac->transcript = 0;
+    }
+    if (ac->transcript > 0) {
+        /* continued: the previous transcript is cached, all of it or all but the last
+         * sampled token (which the next turn feeds when its node sampled it); only the
+         * new message's tokens are computed */
+        cr_assert(cached == ac->transcript || cached == ac->transcript - 1,
+                  "api conversation %s turn %d: %lld cached of a transcript of %lld", sid,
+                  ac->turns + 1, (long long)cached, (long long)ac->transcript);
+        cr_assert_lt(pre, prompt - 8, "api conversation %s turn %d: the whole history was "
+                     "prefilled again", sid, ac->turns + 1);
+    } else {
+        cr_assert_eq(pre, prompt, "api conversation %s: a new session prefills its history", sid);
+    }
+    json_t *msg = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message");
+    const char *reply = str_of(msg, "content");
+    cr_assert_str_eq(str_of(msg, "role"), "assistant");
+    cr_assert(reply[0], "api conversation %s: an empty reply", sid);
+    json_array_append_new(ac->messages, json_pack("{s:s, s:s}", "role", "user", "content", text));
+    json_array_append_new(ac->messages,
+                          json_pack("{s:s, s:s}", "role", "assistant", "content", reply));
+    snprintf(ac->id, sizeof ac->id, "%s", sid);
+    ac->turns++;
+    ac->transcript = all;
+    ac->pending[0] = '\0';
+    json_decref(j);
+    return 1;
+}
+
+/* One OpenAI turn through the balancer, sent again (bounded) until it completes. */
+static void api_turn(api_conv *ac, const char *message)
+{
+    char text[128];
+    snprintf(text, sizeof text, "%s", message);
+    for (int attempt = 0; attempt < 60; attempt++) {
+        api_answer a;
+        api_send(ac, text, 24, &a);
+        if (api_answered(ac, text, &a))
+            return;
+        nap_ms(100);
+    }
+    cr_assert_fail("api conversation %s: no turn after 60 attempts", ac->id);
+}
+
+static void api_text_of(char *buf, size_t n, int conv, int turn)
+{
+    snprintf(buf, n, "API conversation %d, turn %d: what did the cat find in the garden?", conv,
+             turn);
+}
+
+/* The session as stored holds this client's history, reply texts included. */
+static void api_check_stored(const api_conv *ac)
+{
+    json_t *s = api_stored(ac->id), *hist = json_object_get(s, "history");
+    cr_assert_eq(json_array_size(hist), json_array_size(ac->messages),
+                 "api conversation %s: %zu messages stored, %zu known", ac->id,
+                 json_array_size(hist), json_array_size(ac->messages));
+    for (size_t m = 0; m < json_array_size(hist); m++) {
+        json_t *h = json_array_get(hist, m), *c = json_array_get(ac->messages, m);
+        cr_assert_str_eq(str_of(h, "role"), str_of(c, "role"));
+        cr_assert_str_eq(str_of(h, "text"), str_of(c, "content"),
+                         "api conversation %s: message %zu differs", ac->id, m);
+    }
+    json_decref(s);
+}
+
+/* A long OpenAI turn running on its own thread while the main one kills a node. */
+typedef struct api_job {
+    pthread_t thread;
+    api_conv *ac;
+    char text[128];
+    api_answer answer;
+} api_job;
+
+static void *api_job_run(void *arg)
+{
+    api_job *job = arg;
+    api_send(job->ac, job->text, 200, &job->answer);
+    return NULL;
+}
+
 static void all_turn(int turn)
 {
     for (int i = 0; i < CONVS; i++) {
         char text[128];
         text_of(text, sizeof text, i, turn);
         conv_turn(&g_conv[i], text);
+    }
+    for (int i = 0; i < API_CONVS; i++) {
+        char text[128];
+        api_text_of(text, sizeof text, i, turn);
+        api_turn(&g_api[i], text);
     }
 }
 
@@ -335,12 +539,19 @@ static int check_single_owner(redisContext *r)
     return busy_total;
 }
 
-/* Starts a long turn on every conversation at once, kills -9 a node that is running one,
- * and reads every turn to its end (done, or cut by the kill). Returns turns cut. */
+/* Starts a long turn on every conversation at once (websocket and OpenAI), kills -9 a
+ * node that is running one, and reads every turn to its end (done, or cut by the kill).
+ * Returns the websocket turns cut; the OpenAI ones cut are left pending. */
 static int kill_mid_turn(int turn, int *victim)
 {
     ws_client c[CONVS];
     char text[CONVS][128];
+    api_job jobs[API_CONVS];
+    for (int i = 0; i < API_CONVS; i++) {
+        jobs[i].ac = &g_api[i];
+        api_text_of(jobs[i].text, sizeof jobs[i].text, i, turn);
+        cr_assert_eq(pthread_create(&jobs[i].thread, NULL, api_job_run, &jobs[i]), 0);
+    }
     for (int i = 0; i < CONVS; i++) {
         json_t *s;
         text_of(text[i], sizeof text[i], i, turn);
@@ -375,12 +586,18 @@ static int kill_mid_turn(int turn, int *victim)
             cut++;
         }
     }
+    for (int i = 0; i < API_CONVS; i++) {
+        pthread_join(jobs[i].thread, NULL);
+        api_answered(&g_api[i], jobs[i].text, &jobs[i].answer);
+    }
     return cut;
 }
 
 Test(cluster, conversations_survive_a_killed_node_a_redis_restart_and_a_rolling_restart)
 {
     double t0 = ws_now_ms();
+    for (int i = 0; i < API_CONVS; i++)
+        g_api[i].messages = json_array();
     /* turns 1 and 2: new conversations land anywhere, then on their hashed node */
     all_turn(1);
     all_turn(2);
@@ -397,6 +614,9 @@ Test(cluster, conversations_survive_a_killed_node_a_redis_restart_and_a_rolling_
     for (int i = 0; i < CONVS; i++)
         if (g_conv[i].pending[0])
             conv_turn(&g_conv[i], g_conv[i].pending);
+    for (int i = 0; i < API_CONVS; i++)
+        if (g_api[i].pending[0])
+            api_turn(&g_api[i], g_api[i].pending);
     node_start(victim);
     /* Redis restarts (AOF, fsync always): no completed turn is lost */
     h_proc_kill(&g_redis);
@@ -409,6 +629,11 @@ Test(cluster, conversations_survive_a_killed_node_a_redis_restart_and_a_rolling_
             char text[128];
             text_of(text, sizeof text, i, 5);
             conv_turn(&g_conv[i], text);
+        }
+        for (int i = k; i < API_CONVS; i += NODES) {
+            char text[128];
+            api_text_of(text, sizeof text, i, 5);
+            api_turn(&g_api[i], text);
         }
         node_start(k);
     }
@@ -428,6 +653,10 @@ Test(cluster, conversations_survive_a_killed_node_a_redis_restart_and_a_rolling_
             nap_ms(100);
         }
     }
+    for (int i = 0; i < API_CONVS; i++) {
+        cr_assert_eq(g_api[i].turns, 5, "api conversation %d: %d turns", i, g_api[i].turns);
+        api_check_stored(&g_api[i]);
+    }
     cr_assert_lt(ws_now_ms() - t0, 120000, "the cluster test took over 2 minutes");
 }
 
@@ -442,7 +671,8 @@ Test(deploy, haproxy_accepts_the_shipped_configuration)
     snprintf(cmd, sizeof cmd, "haproxy -c -q -f '%s/deploy/haproxy.cfg'", src);
     cr_assert_eq(system(cmd), 0, "haproxy -c refused deploy/haproxy.cfg");
     snprintf(cmd, sizeof cmd, "grep -q '^ *balance url_param session' '%s/deploy/haproxy.cfg' && "
+             "grep -q '^ *balance hdr(X-Session-Id)' '%s/deploy/haproxy.cfg' && "
              "grep -q '^ *hash-type consistent' '%s/deploy/haproxy.cfg' && "
-             "grep -q 'uri /healthz' '%s/deploy/haproxy.cfg'", src, src, src);
+             "grep -q 'uri /healthz' '%s/deploy/haproxy.cfg'", src, src, src, src);
     cr_assert_eq(system(cmd), 0, "deploy/haproxy.cfg does not hash on the session id");
 }
