@@ -18,7 +18,7 @@
 #define KVPD_DATA_DIR "."
 #endif
 
-enum key_type { T_STR, T_INT, T_FLOAT, T_U64, T_BOOL, T_LISTEN, T_BYTES };
+enum key_type { T_STR, T_INT, T_FLOAT, T_U64, T_BOOL, T_LISTEN, T_BYTES, T_KV_TYPE };
 
 typedef struct key_def {
     const char *name;
@@ -42,6 +42,7 @@ static const key_def keys[] = {
     {"policy_file", T_STR, F(policy_file), 0, 0, "", "KVP policy file (policy kvp)", LIVE},
     {"policy_dir", T_STR, F(policy_dir), 0, 0, KVPD_DATA_DIR "/policy/weights", "directory of the default policy's <model stem>.kvp", LIVE},
     {"budget", T_INT, F(budget), 0, 1 << 24, "256", "KV rows kept per head (0: no eviction)", LIVE},
+    {"kv_type", T_KV_TYPE, F(kv_type), 0, 0, "f32", "how KV cache rows are stored: f32, f16 or q8_0 (8-bit blocks of 32 with an f16 scale, keys and values alike); snapshots of another type are converted on load", FIXED},
     {"chunk", T_INT, F(chunk), 1, 4096, KVP_STR(KVP_DEFAULT_CHUNK), "prefill chunk in tokens; a head may exceed the budget by this much", FIXED},
     {"step_tokens", T_INT, F(step_tokens), 1, 65536, "256", "tokens of one batched step, at least chunk: every decoding turn gives one, prefilling turns a chunk each while room is left (the rest wait for the next step)", FIXED},
     {"workers", T_INT, F(workers), 0, 256, "0", "model worker threads (0: one per core): one runs the batched step at a time, the others snapshot loads and saves meanwhile", FIXED},
@@ -208,6 +209,15 @@ int kvpd_config_set(kvpd_config *c, const char *key, const char *value,
             return -EINVAL;
         }
         *(uint64_t *)field = (uint64_t)v << shift;
+        return 0;
+    }
+    case T_KV_TYPE: {
+        int t = kvp_kv_type_parse(value);
+        if (t < 0) {
+            snprintf(err, errlen, "%s: expected one of %s, got '%s'", key, kvp_kv_type_names(), value);
+            return -EINVAL;
+        }
+        *(kvp_kv_type *)field = (kvp_kv_type)t;
         return 0;
     }
     case T_BOOL:

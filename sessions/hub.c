@@ -775,6 +775,7 @@ int kvp_hub_start(kvp_hub **out, const kvp_hub_params *p, char *err, size_t errl
     h->m = p->metrics;
     h->env.model = p->model;
     h->env.chunk = p->chunk;
+    h->env.kv_type = p->kv_type;
     h->env.step_tokens = p->step_tokens;
     h->env.reuse_cache = p->reuse_cache;
     h->env.top_p = p->top_p;
@@ -782,7 +783,7 @@ int kvp_hub_start(kvp_hub **out, const kvp_hub_params *p, char *err, size_t errl
     h->env.state_dir = p->state_dir;
     h->workers = p->workers;
     h->pconf = kvp_policy_conf_ref(p->policy);
-    h->row_bytes = kvp_cache_row_bytes(&p->model->cfg);
+    h->row_bytes = kvp_cache_row_cost(p->kv_type, p->model->cfg.head_dim);
     char note[256];
     int rc = kvp_template_init(&h->env.tpl, p->model, p->chat_template, note, sizeof note);
     if (rc < 0) {

@@ -23,6 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cache/kvrow.h"
 #include "sessions/metrics.h"
 
 #define KVP_SESSION_ID_LEN 32
@@ -198,6 +199,7 @@ typedef struct kvp_hub_params {
     struct kvp_policy_conf *policy;   /* the policy of new sessions (a reference is taken) */
     const char *state_dir;        /* "" = no snapshots, no parking */
     int chunk, workers, reuse_cache;
+    kvp_kv_type kv_type;          /* how session caches store their rows */
     int step_tokens;              /* tokens of one batched step (decodes + prefill chunks) */
     float top_p;
     uint64_t seed;

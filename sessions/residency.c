@@ -5,17 +5,6 @@
 #include <stdio.h>
 #include <string.h>
 
-size_t kvp_cache_row_bytes(const kvp_model_config *m)
-{
-    kvp_cache c;
-    size_t bytes = 0;
-    if (kvp_cache_init(&c, 1, 1, m->head_dim, &m->rope) == 0 &&
-        kvp_head_reserve(&c.heads[0], m->head_dim, 1) == 0)
-        bytes = kvp_cache_bytes(&c) / (size_t)c.heads[0].cap;
-    kvp_cache_free(&c);
-    return bytes;
-}
-
 size_t kvp_turn_bytes(const kvp_model_config *m, size_t row_bytes, int budget, int chunk,
                       const char *policy)
 {

@@ -13,8 +13,6 @@
 
 #include "sessions/hub_impl.h"
 
-/* Bytes of one cache row of one head (cache/kvcache.c's count). */
-size_t kvp_cache_row_bytes(const kvp_model_config *m);
 /* The most one session's cache can take during a turn: every head's allocation for
  * min(budget + chunk, context) rows (the whole context when the policy never evicts). */
 size_t kvp_turn_bytes(const kvp_model_config *m, size_t row_bytes, int budget, int chunk,

@@ -81,6 +81,14 @@ Test(config, rejects_bad_values_with_a_reason)
     cr_assert_lt(kvpd_config_set(&c, "listen", "8080", err, sizeof err), 0);
     cr_assert_lt(kvpd_config_set(&c, "listen", "127.0.0.1:70000", err, sizeof err), 0);
     cr_assert_lt(kvpd_config_set(&c, "seed", "-3", err, sizeof err), 0);
+    const char *bad_kv[] = {"", "q4_0", "Q8_0", "f32 ", "1", "q8_0\n"};
+    for (size_t i = 0; i < sizeof bad_kv / sizeof bad_kv[0]; i++) {
+        cr_assert_lt(kvpd_config_set(&c, "kv_type", bad_kv[i], err, sizeof err), 0, "'%s'", bad_kv[i]);
+        cr_assert(strstr(err, "kv_type: expected one of f32 f16 q8_0"), "%s", err);
+    }
+    cr_assert_eq(c.kv_type, KVP_KV_F32, "a refused value left the key alone");
+    cr_assert_eq(kvpd_config_set(&c, "kv_type", "q8_0", err, sizeof err), 0);
+    cr_assert_eq(c.kv_type, KVP_KV_Q8_0);
     cr_assert_lt(kvpd_config_set(&c, "nope", "1", err, sizeof err), 0);
     cr_assert(strstr(err, "unknown key"));
     cr_assert_eq(kvpd_config_set(&c, "listen", "[::1]:81", err, sizeof err), 0);

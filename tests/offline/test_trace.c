@@ -343,9 +343,9 @@ Test(trace, kvp_trace_stores_what_the_forward_pass_caches)
                 for (int r = 0; r < L; r++) {
                     const float *tk = kvp_trace_k(&t, q, l) + (size_t)r * kvd + (size_t)kvh * hd;
                     const float *tv = kvp_trace_v(&t, q, l) + (size_t)r * kvd + (size_t)kvh * hd;
-                    cr_assert_eq(memcmp(h->k + (size_t)r * hd, tk, hd * sizeof(float)), 0,
+                    cr_assert_eq(memcmp((float *)h->k + (size_t)r * hd, tk, hd * sizeof(float)), 0,
                                  "seq %d layer %d head %d row %d: k differs", q, l, kvh, r);
-                    cr_assert_eq(memcmp(h->v + (size_t)r * hd, tv, hd * sizeof(float)), 0,
+                    cr_assert_eq(memcmp((float *)h->v + (size_t)r * hd, tv, hd * sizeof(float)), 0,
                                  "seq %d layer %d head %d row %d: v differs", q, l, kvh, r);
                 }
             }

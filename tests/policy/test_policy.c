@@ -38,8 +38,8 @@ static void add_rows(kvp_cache *c, kvp_head *h, int n)
     for (int i = h->n; i < h->n + n; i++) {
         int64_t s = c->n_seen + (i - h->n);
         for (int j = 0; j < c->head_dim; j++) {
-            h->k[(size_t)i * c->head_dim + j] = (float)s + 0.25f * (float)j;
-            h->v[(size_t)i * c->head_dim + j] = -(float)s - 0.25f * (float)j;
+            ((float *)h->k)[(size_t)i * c->head_dim + j] = (float)s + 0.25f * (float)j;
+            ((float *)h->v)[(size_t)i * c->head_dim + j] = -(float)s - 0.25f * (float)j;
         }
         h->pos[i] = (int32_t)s;
         h->seq[i] = s;
@@ -56,8 +56,8 @@ static void check_rows_intact(const kvp_cache *c, const kvp_head *h)
         cr_assert_eq(h->pos[i], (int32_t)s);
         cr_assert_eq(h->stat[i], (float)s * 0.5f);
         for (int j = 0; j < c->head_dim; j++) {
-            cr_assert_eq(h->k[(size_t)i * c->head_dim + j], (float)s + 0.25f * (float)j);
-            cr_assert_eq(h->v[(size_t)i * c->head_dim + j], -(float)s - 0.25f * (float)j);
+            cr_assert_eq(((float *)h->k)[(size_t)i * c->head_dim + j], (float)s + 0.25f * (float)j);
+            cr_assert_eq(((float *)h->v)[(size_t)i * c->head_dim + j], -(float)s - 0.25f * (float)j);
         }
     }
 }

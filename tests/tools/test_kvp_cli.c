@@ -50,6 +50,11 @@ Test(kvp_cli, generate_arguments)
     expect(a, 2, "smaller than --sinks + --recent");
     snprintf(a, sizeof a, "generate --model %s --budget 64 --chunk 9999999", m);
     expect(a, 2, "--chunk");
+    static const char *const bad_kv[] = {"q4_0", "", "Q8_0", "f32x", "8"};
+    for (size_t i = 0; i < sizeof bad_kv / sizeof bad_kv[0]; i++) {
+        snprintf(a, sizeof a, "generate --model %s --kv-type '%s'", m, bad_kv[i]);
+        expect(a, 2, "--kv-type");
+    }
     snprintf(a, sizeof a, "generate --model %s extra", m);
     expect(a, 2, "unexpected argument");
     expect("generate --model /nonexistent.gguf", 1, "/nonexistent.gguf");
@@ -134,18 +139,30 @@ Test(kvp_cli, trace_arguments)
  * stays at budget + chunk rows per head, and the context shift ran. */
 Test(kvp_cli, generate_past_the_context)
 {
-    char a[1024], *out;
-    snprintf(a, sizeof a, "generate --model %s --steps 1200 --ignore-eos --seed 3 --policy streaming "
-             "--budget 64", tu_shared("models/stories260K.bin"));
-    cr_assert_eq(kvp(a, &out), 0, "%s", out);
-    cr_expect(strstr(out, "decode: 1200 tokens"), "%s", out);
-    const char *cache = strstr(out, "cache: ");
-    size_t bytes = 0, rows = 0;
-    cr_assert(cache && sscanf(cache, "cache: %zu bytes, %zu rows", &bytes, &rows) == 2, "%s", out);
-    cr_expect_leq(rows, (size_t)20 * (64 + 32), "20 heads of at most budget + chunk rows: %zu", rows);
-    cr_expect_gt(rows, (size_t)20 * 64 - 1);
-    cr_expect_null(strstr(out, " 0 shifts"), "%s", out);
-    free(out);
+    /* every row type: the budget bounds the rows; q8_0 rows take under half the bytes */
+    size_t f32_bytes = 0;
+    const char *types[] = {"f32", "f16", "q8_0"};
+    for (int t = 0; t < 3; t++) {
+        char a[1024], *out;
+        snprintf(a, sizeof a, "generate --model %s --steps 1200 --ignore-eos --seed 3 --policy streaming "
+                 "--budget 64 --kv-type %s", tu_shared("models/stories260K.bin"), types[t]);
+        cr_assert_eq(kvp(a, &out), 0, "%s", out);
+        cr_expect(strstr(out, "decode: 1200 tokens"), "%s", out);
+        const char *cache = strstr(out, "cache: ");
+        size_t bytes = 0, rows = 0;
+        char type[8] = "";
+        cr_assert(cache && sscanf(cache, "cache: %zu bytes, %zu rows of %7[a-z0-9_]", &bytes, &rows, type) == 3,
+                  "%s", out);
+        cr_expect_str_eq(type, types[t]);
+        cr_expect_leq(rows, (size_t)20 * (64 + 32), "20 heads of at most budget + chunk rows: %zu", rows);
+        cr_expect_gt(rows, (size_t)20 * 64 - 1);
+        cr_expect_null(strstr(out, " 0 shifts"), "%s", out);
+        if (t == 0)
+            f32_bytes = bytes;
+        else
+            cr_expect_lt(bytes * (t == 2 ? 2 : 1), f32_bytes, "%s: %zu bytes, f32 %zu", types[t], bytes, f32_bytes);
+        free(out);
+    }
 }
 
 Test(kvp_cli, logits_arguments)
