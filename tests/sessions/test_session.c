@@ -152,7 +152,7 @@ Test(session, the_table_finds_every_id_after_growth_and_removal, .timeout = 60)
  * configured, they are converted (never read as the other type): every type to every
  * other, the transcript and position intact, and the next turn runs on the restored
  * cache without re-prefilling. */
-Test(session, a_snapshot_of_one_kv_type_restores_under_every_other, .timeout = 120)
+Test(session, a_snapshot_of_one_kv_type_restores_under_every_other, .timeout = 60)
 {
     kvp_model model;
     char err[512], dir[] = "/tmp/kvp-kvtype-XXXXXX";
