@@ -37,6 +37,7 @@ typedef struct opts {
 /* What one load run measured. */
 typedef struct load_result {
     double tok_s, ttft_p50, ttft_p99;
+    double prompt_first, prompt_later;   /* mean prompt tokens prefilled: first turns, later */
 } load_result;
 
 typedef struct samples {
@@ -86,6 +87,7 @@ typedef struct session_run {
     int port, index;
     samples ttft, itl;       /* ms, client side */
     long tokens;
+    long prefilled[2];       /* prompt tokens prefilled: first turn, later turns */
     double ttft_turn10;      /* server-side ttft_ms of turn 10 */
     int failed;
 } session_run;
@@ -128,6 +130,8 @@ static void *run_session(void *arg)
                 last = at;
                 r->tokens++;
             } else if (!strcmp(type, "done")) {
+                r->prefilled[t > 0] += (long)json_integer_value(
+                    json_object_get(json_object_get(j, "stats"), "prefilled_tokens"));
                 if (t == 9)
                     r->ttft_turn10 = json_number_value(
                         json_object_get(json_object_get(j, "stats"), "ttft_ms"));
@@ -260,7 +264,7 @@ static int load(const opts *o, int port, int pid, int quiet, load_result *res)
             return -EAGAIN;
     }
     samples ttft = {0}, itl = {0};
-    long tokens = 0;
+    long tokens = 0, prefilled[2] = {0, 0};
     int failed = 0;
     for (int i = 0; i < o->sessions; i++) {
         pthread_join(th[i], NULL);
@@ -269,13 +273,17 @@ static int load(const opts *o, int port, int pid, int quiet, load_result *res)
         for (size_t k = 0; k < runs[i].itl.n; k++)
             add(&itl, runs[i].itl.v[k]);
         tokens += runs[i].tokens;
+        prefilled[0] += runs[i].prefilled[0];
+        prefilled[1] += runs[i].prefilled[1];
         failed += runs[i].failed;
         free(runs[i].ttft.v);
         free(runs[i].itl.v);
     }
     double secs = (now_ms() - t0) / 1e3;
     if (res)
-        *res = (load_result){tokens / secs, pct(&ttft, 50), pct(&ttft, 99)};
+        *res = (load_result){tokens / secs, pct(&ttft, 50), pct(&ttft, 99),
+                             (double)prefilled[0] / o->sessions,
+                             o->turns > 1 ? (double)prefilled[1] / o->sessions / (o->turns - 1) : 0};
     if (quiet)
         goto out;
     printf("| sessions x turns | %d x %d (max_tokens %d) |\n", o->sessions, o->turns, o->max_tokens);
@@ -343,8 +351,10 @@ static int sweep(const opts *o)
                tok_ratio[i], res[i].ttft_p50, res[i].ttft_p99, p99_ratio[i]);
         fflush(stdout);
     }
-    printf("(%d turns of %d tokens per session; kvpd peak RSS %.1f MiB)\n", o->turns,
-           o->max_tokens, peak_rss_kib(d.pid) / 1024.0);
+    printf("(%d turns of %d tokens per session; prompts prefilled: %.1f tokens at the first "
+           "turn, %.1f at later ones; kvpd peak RSS %.1f MiB)\n", o->turns, o->max_tokens,
+           rc == 0 ? res[0].prompt_first : 0, rc == 0 ? res[0].prompt_later : 0,
+           peak_rss_kib(d.pid) / 1024.0);
     int st = stop(&d);
     if (st != 0)
         fprintf(stderr, "loadgen: kvpd exited with %d\n", st);

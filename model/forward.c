@@ -47,7 +47,8 @@ void kvp_runstate_free(kvp_runstate *s)
     free(s->att_out);
     free(s->hb);
     free(s->hb2);
-    free(s->att);
+    for (int i = 0; i < KVP_MATMUL_MAX_THREADS; i++)
+        free(s->att[i]);
     free(s->logits);
     free(s->batch_logits);
     free(s->rope);
@@ -72,16 +73,16 @@ static void add_bias(float *x, const float *b, int T, int n)
             x[(size_t)t * n + j] += b[j];
 }
 
-static int ensure_att(kvp_runstate *s, size_t need)
+static int ensure_att(kvp_runstate *s, int slot, size_t need)
 {
-    if (need <= (size_t)s->att_cap)
+    if (need <= s->att_cap[slot])
         return 0;
     size_t cap = need + need / 2;
-    float *a = realloc(s->att, cap * sizeof *a);
+    float *a = realloc(s->att[slot], cap * sizeof *a);
     if (!a)
         return -ENOMEM;
-    s->att = a;
-    s->att_cap = (int)cap;
+    s->att[slot] = a;
+    s->att_cap[slot] = cap;
     return 0;
 }
 
@@ -132,10 +133,10 @@ static void head_values(const kvp_head *h, int hd, const float *att, int T, int 
 
 /* Attention of one sequence's T queries (batch rows r0..r0+T) over one KV head's rows.
  * Rows [0, base) predate the block; query t also sees the block's rows base..base+t.
- * Writes att_out for the group's query heads and leaves their probabilities in s->att
+ * Writes att_out for the group's query heads and leaves their probabilities in att_buf
  * ([g][t][rows]). */
 static void attend_head(kvp_runstate *s, const kvp_model_config *c, const kvp_head *h,
-                        int kvh, int r0, int T, int base)
+                        int kvh, int r0, int T, int base, float *att_buf)
 {
     int hd = c->head_dim, group = c->n_heads / c->n_kv_heads, R = h->n;
     int qd = c->n_heads * hd;
@@ -143,7 +144,7 @@ static void attend_head(kvp_runstate *s, const kvp_model_config *c, const kvp_he
     for (int g = 0; g < group; g++) {
         int qh = kvh * group + g;
         const float *q = s->q + (size_t)r0 * qd + (size_t)qh * hd;
-        float *att = s->att + (size_t)g * T * R;
+        float *att = att_buf + (size_t)g * T * R;
         float *out = s->att_out + (size_t)r0 * qd + (size_t)qh * hd;
         /* att[T][R] = q[T][hd] . K[R][hd]^T * scale */
         head_scores(h, hd, q, qd, T, base, scale, att);
@@ -169,12 +170,13 @@ static void attend_head(kvp_runstate *s, const kvp_model_config *c, const kvp_he
     }
 }
 
-/* One sequence's part of a layer's attention, per KV head: append the block's K/V rows
- * to the head's store, let the policy score them, attend, let the policy observe. */
-static void attend_seq(kvp_runstate *s, const kvp_model_config *p, kvp_batch_seq *q, int l)
+/* A sequence's block enters its cache for one layer, per KV head: the block's K/V rows
+ * are appended to the head's store and the policy scores them (in head order: a policy
+ * may draw random numbers). */
+static void store_seq(kvp_runstate *s, const kvp_model_config *p, kvp_batch_seq *q, int l)
 {
     int hd = p->head_dim, qd = p->n_heads * hd, kvd = p->n_kv_heads * hd;
-    int group = p->n_heads / p->n_kv_heads, T = q->n, r0 = q->row0;
+    int T = q->n, r0 = q->row0;
     kvp_cache *c = q->cache;
     const kvp_forward_hooks *hk = &q->hooks;
     if (hk->tap)
@@ -197,17 +199,43 @@ static void attend_seq(kvp_runstate *s, const kvp_model_config *p, kvp_batch_seq
         h->n = base + T;
         if (hk->score)
             hk->score(hk->ctx, l, kvh, h, base, T);
-        attend_head(s, p, h, kvh, r0, T, base);
-        if (hk->attention)
-            hk->attention(hk->ctx, l, kvh, h, s->q + (size_t)r0 * qd + (size_t)kvh * group * hd,
-                          qd, s->att, h->n, T);
     }
+}
+
+/* One layer's attention over the batch: items (sequence, KV head), each over that
+ * sequence's own rows, on any thread of the pass. */
+typedef struct attend_job {
+    kvp_runstate *s;
+    const kvp_model_config *p;
+    kvp_batch_seq *seqs;
+    int layer;
+} attend_job;
+
+/* Item i: sequence i / n_kv_heads, KV head i % n_kv_heads, its block already stored; the
+ * policy observes the probabilities. */
+static void attend_item(void *arg, int i, int slot)
+{
+    const attend_job *a = arg;
+    const kvp_model_config *p = a->p;
+    kvp_batch_seq *q = &a->seqs[i / p->n_kv_heads];
+    int kvh = i % p->n_kv_heads, hd = p->head_dim, qd = p->n_heads * hd;
+    int group = p->n_heads / p->n_kv_heads;
+    if (q->rc)
+        return;
+    kvp_head *h = kvp_cache_head(q->cache, a->layer, kvh);
+    float *att = a->s->att[slot];
+    attend_head(a->s, p, h, kvh, q->row0, q->n, h->n - q->n, att);
+    if (q->hooks.attention)
+        q->hooks.attention(q->hooks.ctx, a->layer, kvh, h,
+                           a->s->q + (size_t)q->row0 * qd + (size_t)kvh * group * hd, qd, att,
+                           h->n, q->n);
 }
 
 /* Checks a sequence before the step and makes room for its block in every head (and
  * for its attention probabilities), so that nothing can fail once its rows start to
  * enter the cache. */
-static int admit_seq(kvp_runstate *s, const kvp_model_config *p, kvp_batch_seq *q)
+static int admit_seq(kvp_runstate *s, const kvp_model_config *p, kvp_batch_seq *q,
+                     size_t *att_need)
 {
     int rows = 0;
     if (!q->cache || !q->tokens || q->n <= 0)
@@ -223,7 +251,11 @@ static int admit_seq(kvp_runstate *s, const kvp_model_config *p, kvp_batch_seq *
                 return rc;
             rows = h->n + q->n > rows ? h->n + q->n : rows;
         }
-    return ensure_att(s, (size_t)(p->n_heads / p->n_kv_heads) * q->n * rows);
+    size_t need = (size_t)(p->n_heads / p->n_kv_heads) * q->n * rows;
+    int rc = ensure_att(s, 0, need);
+    if (!rc && need > *att_need)
+        *att_need = need;
+    return rc;
 }
 
 static int ensure_batch_logits(kvp_runstate *s, int seqs, int vocab)
@@ -258,10 +290,12 @@ static int forward_batch(const kvp_model *m, kvp_runstate *s, kvp_batch_seq *seq
     if ((rc = ensure_batch_logits(s, n_seqs, V)))
         return rc;
     int T = 0;
+    size_t att_need = 0, kv_bytes = 0;   /* the largest attention buffer; rows read */
     for (int i = 0; i < n_seqs; i++) {
         kvp_batch_seq *q = &seqs[i];
-        if (q->rc || (q->rc = admit_seq(s, p, q)))
+        if (q->rc || (q->rc = admit_seq(s, p, q, &att_need)))
             continue;
+        kv_bytes += (size_t)q->n * kvp_cache_head(q->cache, 0, 0)->n * kvd * 2 * sizeof(float);
         q->row0 = T;
         /* token embeddings and the RoPE table at the sequence's own positions */
         for (int t = 0; t < q->n; t++) {
@@ -272,6 +306,11 @@ static int forward_batch(const kvp_model *m, kvp_runstate *s, kvp_batch_seq *seq
     }
     if (T == 0)
         return 0;
+    /* a buffer of attention probabilities for every thread the items may run on (fewer
+     * threads if memory is short) */
+    int slots = 1, threads = kvp_matmul_threads();
+    while (slots < threads && !ensure_att(s, slots, att_need))
+        slots++;
 
     for (int l = 0; l < p->n_layers; l++) {
         const kvp_layer *w = &m->layers[l];
@@ -302,10 +341,15 @@ static int forward_batch(const kvp_model *m, kvp_runstate *s, kvp_batch_seq *seq
             for (int h = 0; h < p->n_kv_heads; h++)
                 kvp_rope_apply(&p->rope, s->k + (size_t)t * kvd + h * hd, cs);
         }
-        /* attention: each sequence over its own cache */
+        /* attention, each sequence over its own cache: the blocks' rows enter the caches
+         * (and are scored) in order, then the (sequence, KV head) items run on every
+         * core; the pool's threads poll for more only when the pool runs the matmuls */
         for (int i = 0; i < n_seqs; i++)
             if (!seqs[i].rc)
-                attend_seq(s, p, &seqs[i], l);
+                store_seq(s, p, &seqs[i], l);
+        attend_job aj = {s, p, seqs, l};
+        kvp_matmul_parallel(n_seqs * p->n_kv_heads, attend_item, &aj, kv_bytes, slots,
+                            w->wo.type != KVP_GGML_F32);
         kvp_matmul(s->x, s->att_out, &w->wo, T, 1);
 
         for (int t = 0; t < T; t++)

@@ -17,7 +17,9 @@ typedef struct kvp_forward_hooks {
     /* Attention of the KV group's n_q newest queries over h's rows (h->n, the block's
      * own rows included). Query head g of query t: q at q + t*q_stride + g*head_dim,
      * probabilities at att + (g*n_q + t)*att_stride, zeros where the causal mask hides a
-     * row. NULL: nobody observes attention. */
+     * row. NULL: nobody observes attention. The pass may call it for different KV heads
+     * of one sequence at once, from different threads (after every score call of the
+     * layer): it may touch only that head's rows and state. */
     void (*attention)(void *ctx, int layer, int kvh, kvp_head *h, const float *q,
                       int q_stride, const float *att, int att_stride, int n_q);
     void *ctx;
@@ -36,8 +38,10 @@ typedef struct kvp_runstate {
     float *k, *v;       /* [T][n_kv_heads*head_dim] */
     float *att_out;     /* [T][n_heads*head_dim] */
     float *hb, *hb2;    /* [T][hidden] */
-    float *att;         /* [group*T][att_cap] attention probabilities of one KV group */
-    int att_cap;
+    /* [group*T][rows] attention probabilities of one KV group, one buffer for each
+     * thread of the pass (kvp_matmul_parallel's slot) */
+    float *att[KVP_MATMUL_MAX_THREADS];
+    size_t att_cap[KVP_MATMUL_MAX_THREADS];
     float *logits;      /* [vocab] logits of the last token of kvp_forward's block */
     float *batch_logits; /* [seqs][vocab] the last rows' logits of a batched step */
     int batch_logits_cap;

@@ -13,7 +13,7 @@
 #include "model/matmul_kernels.h"
 #include "model/quant.h"
 
-#define MAX_POOL 16
+#define MAX_POOL KVP_MATMUL_MAX_THREADS
 #define TILE_ROWS 64         /* rows decoded to f32 per sgemm on the prefill path */
 #define CHUNK_ROWS 16        /* rows a pool thread takes at a time on the decode path */
 #define GEMM_ROWS 32         /* rows a pool thread packs and multiplies at a time (int8 GEMM) */
@@ -150,6 +150,10 @@ static void act_group(kvp_act *a, uint32_t type, enum act_kind kind)
 
 typedef struct job {
     void (*fn)(const struct job *j, int r0, int r1);
+    void (*item)(void *ctx, int i, int slot);   /* kvp_matmul_parallel's items */
+    void *ctx;
+    int slots;            /* threads whose slot is below this take part (0: all) */
+    int linger;           /* the helpers poll for the next job afterwards */
     const kvp_weight *w;
     kvp_act *act;         /* [T] */
     const float *x;       /* [T][cols]: activations to quantize into act */
@@ -167,11 +171,17 @@ static struct {
     atomic_uint gen;       /* bumped for every job */
     atomic_int running;    /* helpers still inside the current job */
     job *volatile cur;
+    atomic_int linger;     /* the current job's: poll for the next one after it */
+    atomic_int slots;      /* the current job's slot limit (0: all) */
     int n_helpers;
+    atomic_int next_slot;  /* slots handed to helpers as they start */
     atomic_int owner;      /* 1 while a caller drives the pool */
     atomic_int passes;     /* forward passes in progress (kvp_matmul_enter / leave) */
 } pool = {.mu = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER};
 static pthread_once_t pool_once = PTHREAD_ONCE_INIT;
+static _Atomic int threads_forced;   /* kvp_matmul_force_threads (0: none) */
+/* Which thread this is to kvp_matmul_parallel's items: 0 for callers, 1.. for helpers. */
+static _Thread_local int pool_slot;
 
 static void run_chunks(job *j)
 {
@@ -193,9 +203,12 @@ static inline void cpu_relax(void)
 static void *helper_main(void *arg)
 {
     unsigned seen = (unsigned)(uintptr_t)arg;  /* the generation before the helper existed */
+    pool_slot = atomic_fetch_add(&pool.next_slot, 1) + 1;
+    int linger = 1;
     for (;;) {
         int spins = 0;
-        while (atomic_load_explicit(&pool.gen, memory_order_acquire) == seen && spins < SPIN_ROUNDS) {
+        while (linger && atomic_load_explicit(&pool.gen, memory_order_acquire) == seen &&
+               spins < SPIN_ROUNDS) {
             cpu_relax();
             spins++;
         }
@@ -206,20 +219,35 @@ static void *helper_main(void *arg)
             pthread_mutex_unlock(&pool.mu);
         }
         seen = atomic_load(&pool.gen);
-        run_chunks(pool.cur);
+        int slots = atomic_load(&pool.slots);
+        linger = atomic_load(&pool.linger);
+        if (!slots || pool_slot < slots)
+            run_chunks(pool.cur);
         atomic_fetch_sub_explicit(&pool.running, 1, memory_order_release);
     }
     return NULL;
 }
 
+/* The pool's size, the caller included (KVP_THREADS, else the online CPUs). */
+static int pool_size(void)
+{
+    static _Atomic int size;
+    int n = atomic_load(&size);
+    if (!n) {
+        long v = sysconf(_SC_NPROCESSORS_ONLN);
+        const char *env = getenv("KVP_THREADS");
+        if (env)
+            v = strtol(env, NULL, 10);
+        n = v < 1 ? 1 : v > MAX_POOL ? MAX_POOL : (int)v;
+        atomic_store(&size, n);
+    }
+    return n;
+}
+
 static void start_pool(void)
 {
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    const char *env = getenv("KVP_THREADS");
-    if (env)
-        n = strtol(env, NULL, 10);
-    n = n < 1 ? 1 : n > MAX_POOL ? MAX_POOL : n;
-    for (long i = 0; i < n - 1; i++) {
+    int n = pool_size();
+    for (int i = 0; i < n - 1; i++) {
         pthread_t t;
         pthread_attr_t attr;
         pthread_attr_init(&attr);
@@ -239,7 +267,10 @@ void kvp_matmul_leave(void) { atomic_fetch_sub(&pool.passes, 1); }
 static void run_job(job *j, size_t bytes)
 {
     atomic_init(&j->next, 0);
-    int alone = bytes < SPLIT_MIN_BYTES || atomic_load(&pool.passes) > 1;
+    int cap = atomic_load(&threads_forced);
+    if (cap && (!j->slots || j->slots > cap))
+        j->slots = cap;
+    int alone = bytes < SPLIT_MIN_BYTES || atomic_load(&pool.passes) > 1 || j->slots == 1;
     int expected = 0;
     if (!alone) {
         pthread_once(&pool_once, start_pool);
@@ -250,6 +281,8 @@ static void run_job(job *j, size_t bytes)
         return;
     }
     pool.cur = j;
+    atomic_store(&pool.linger, j->linger);
+    atomic_store(&pool.slots, j->slots);
     atomic_store(&pool.running, pool.n_helpers);
     pthread_mutex_lock(&pool.mu);
     atomic_fetch_add_explicit(&pool.gen, 1, memory_order_release);
@@ -259,6 +292,32 @@ static void run_job(job *j, size_t bytes)
     while (atomic_load_explicit(&pool.running, memory_order_acquire) > 0)
         cpu_relax();
     atomic_store(&pool.owner, 0);
+}
+
+/* ---- work items of the forward pass on the same threads ------------------------------ */
+
+static void run_items(const job *j, int i0, int i1)
+{
+    for (int i = i0; i < i1; i++)
+        j->item(j->ctx, i, pool_slot);
+}
+
+int kvp_matmul_threads(void)
+{
+    int cap = atomic_load(&threads_forced), n = pool_size();   /* started on first use */
+    return cap && cap < n ? cap : n;
+}
+
+void kvp_matmul_force_threads(int n) { atomic_store(&threads_forced, n > 0 ? n : 0); }
+
+void kvp_matmul_parallel(int n, void (*fn)(void *ctx, int i, int slot), void *ctx, size_t bytes,
+                         int slots, int linger)
+{
+    if (n <= 0)
+        return;
+    job j = {.fn = run_items, .item = fn, .ctx = ctx, .rows = n, .chunk = 1,
+             .slots = slots < 1 ? 1 : slots, .linger = linger};
+    run_job(&j, n > 1 ? bytes : 0);
 }
 
 /* ---- the two paths ------------------------------------------------------------------ */
@@ -287,7 +346,7 @@ static void matmul_decode(float *y, const float *x, const kvp_weight *w, int T, 
     for (int t = 0; t < T; t++)
         act_quantize(&act[t], kind, x + (size_t)t * w->cols, w->cols, scratch + per * (size_t)t);
     job j = {.fn = dot_rows, .w = w, .act = act, .y = y, .T = T, .accumulate = accumulate,
-             .rows = w->rows, .chunk = CHUNK_ROWS};
+             .rows = w->rows, .chunk = CHUNK_ROWS, .linger = 1};
     run_job(&j, (size_t)w->rows * w->row_bytes);
     free(scratch);
 }
@@ -392,10 +451,10 @@ static void matmul_int8(float *y, const float *x, const kvp_weight *w, int T, in
     kvp_act *act = scratch_grow(&own->act, (size_t)T * sizeof *act);
     unsigned char *scratch = scratch_grow(&own->codes, per * (size_t)T);
     job q = {.fn = quantize_rows, .w = w, .act = act, .x = x, .scratch = scratch, .per = per,
-             .rows = T, .chunk = QUANT_ROWS};
+             .rows = T, .chunk = QUANT_ROWS, .linger = 1};
     run_job(&q, (size_t)T * w->cols * sizeof *x);
     job j = {.fn = gemm_rows, .w = w, .act = act, .y = y, .T = T, .accumulate = accumulate,
-             .rows = w->rows, .chunk = GEMM_ROWS};
+             .rows = w->rows, .chunk = GEMM_ROWS, .linger = 1};
     run_job(&j, (size_t)w->rows * w->row_bytes * (size_t)T);
 }
 

@@ -60,6 +60,25 @@ void kvp_matmul_leave(void);
 float kvp_kv_dot(kvp_kv_type t, const void *row, const float *q, int n);
 void kvp_kv_axpy(kvp_kv_type t, float *y, float a, const void *row, int n);
 
+/* The most threads the pool runs (the caller included). */
+#define KVP_MATMUL_MAX_THREADS 16
+
+/* Other work of a forward pass on the same threads: fn(ctx, i, slot) for every i in
+ * [0, n), in any order, on the calling thread and, when this is the only forward pass,
+ * the pool is free and the work is worth a second thread (bytes: what the items read in
+ * all), on the pool's threads too. slot names the thread running the item (0: the
+ * caller; always below `slots` and KVP_MATMUL_MAX_THREADS), so each can have its own
+ * scratch; one thread runs one item at a time. linger: the pool's threads keep polling
+ * for a next job afterwards (set when the pool's own matmuls follow soon; clear when
+ * OpenBLAS needs the cores next). Returns when every item has run. */
+void kvp_matmul_parallel(int n, void (*fn)(void *ctx, int i, int slot), void *ctx, size_t bytes,
+                         int slots, int linger);
+/* Threads kvp_matmul_parallel may use: the pool's helpers plus the caller. */
+int kvp_matmul_threads(void);
+/* Caps the threads of every later job, matmuls and items (0: no cap; 1: the calling
+ * thread alone), so tests can compare the split work with the serial path. */
+void kvp_matmul_force_threads(int n);
+
 /* The kernel set in use: "avx512", "avx2" or "scalar". */
 const char *kvp_matmul_simd(void);
 

@@ -12,10 +12,10 @@
 #   read bandwidth measured in the same run.
 #        scripts/bench.sh --batching [LEVELS]
 #   --batching: the daemon's step loop under 1,4,8,16,32 concurrent sessions (LEVELS
-#   overrides) with loadgen, on the 134M f32 synthetic (`kvp synth --ctx 1024`, written
-#   to /tmp/kvp-synth-134M.gguf on first use, ~540 MB) and on stories260K: aggregate
-#   tokens/s and TTFT p50/p99 with their ratios to one session; plots in
-#   docs/batching-134M.svg and docs/batching-stories260K.svg.
+#   overrides) with loadgen, on the 134M synthetic in f32 and q8_0 (`kvp synth --ctx
+#   1024 [--type q8_0]`, written to /tmp/kvp-synth-134M[-q8_0].gguf on first use, ~540
+#   and ~145 MB) and on stories260K: aggregate tokens/s and TTFT p50/p99 with their
+#   ratios to one session; plots in docs/batching-{134M,134M-q8_0,stories260K}.svg.
 # KVP_BUILD_DIR selects the build directory (default build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,12 +24,16 @@ dir=${KVP_BUILD_DIR:-build}
 ninja -C $dir bench/bench_engine bench/bench_matmul bench/loadgen tools/kvp daemon/kvpd
 if [ "${1:-}" = --batching ]; then
     levels=${2:-1,4,8,16,32}
-    synth=/tmp/kvp-synth-134M.gguf
+    synth=/tmp/kvp-synth-134M.gguf synth_q8=/tmp/kvp-synth-134M-q8_0.gguf
     [ -f $synth ] || $dir/tools/kvp synth --out $synth --ctx 1024
+    [ -f $synth_q8 ] || $dir/tools/kvp synth --out $synth_q8 --ctx 1024 --type q8_0
     echo "load: $(uptime)"
-    for model in 134M stories260K; do
-        if [ $model = 134M ]; then args=(--model $synth); else
-            args=(--model models/stories260K.bin --tokenizer models/tok512.bin); fi
+    for model in 134M 134M-q8_0 stories260K; do
+        case $model in
+        134M) args=(--model $synth) ;;
+        134M-q8_0) args=(--model $synth_q8) ;;
+        *) args=(--model models/stories260K.bin --tokenizer models/tok512.bin) ;;
+        esac
         echo "### $model"
         $dir/bench/loadgen --kvpd $dir/daemon/kvpd "${args[@]}" --concurrency "$levels" \
             --turns 2 --max-tokens 32 --label "$model" --svg docs/batching-$model.svg

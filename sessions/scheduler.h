@@ -2,9 +2,9 @@
  *   - turns run in batched steps, one step in flight at a time: a worker takes every
  *     queued turn, the step fn advances each by one unit (a prefill chunk or one decoded
  *     token) in one forward pass while the step has rows left (its runstate's
- *     env->step_tokens), those that took part go back to the tail and those left out
- *     stay at the head, so sessions join and leave between steps and a long prefill
- *     never stalls the others;
+ *     env->step_tokens; decodes first), those that took part go back to the tail and
+ *     those left out stay at the head, so sessions join and leave between steps and a
+ *     long prefill never stalls the others;
  *   - snapshot jobs (LOAD, SAVE) run alone on any other worker meanwhile.
  * A session is on at most one worker at a time. Workers report through a
  * mutex-protected event queue and uv_async_send; the loop thread drains it. */
@@ -42,8 +42,9 @@ typedef void (*kvpd_event_fn)(void *ctx, const kvpd_event *ev);
 typedef struct kvpd_sched kvpd_sched;
 
 /* One step on a worker over queued sessions ss[0..n) (kvp_turn_batch; tests pass their
- * own): a job alone, or turns batched. Returns how many took part (a prefix of ss) and
- * sets more[i] for those; *rows: the tokens the forward pass ran. */
+ * own): a job alone, or turns batched. Reorders ss so those that took part come first
+ * (the others keep their order), returns how many took part and sets more[i] for
+ * those; *rows: the tokens the forward pass ran. */
 typedef int (*kvpd_step_fn)(kvp_session **ss, int n, const kvp_session_env *env,
                             kvp_runstate *rs, const kvp_turn_sink *sink, int *more, int *rows);
 

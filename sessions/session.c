@@ -876,38 +876,57 @@ static int advance_unit(kvp_session *s, const kvp_session_env *env, const kvp_tu
     return take_token(s, env, sink, kvp_sample(&s->sampler, q->logits));
 }
 
+/* Whether a queued session is a turn that decodes next (one row). */
+static int decoding(const kvp_session *s)
+{
+    return s->state == KVP_SESSION_TURN && s->turn.state == KVP_TURN_DECODE;
+}
+
 int kvp_turn_batch(kvp_session **ss, int n, const kvp_session_env *env, kvp_runstate *rs,
                    const kvp_turn_sink *sink, int *more, int *rows)
 {
     *rows = 0;
     kvp_batch_seq *b = malloc((size_t)n * sizeof *b);
     const kvp_evict_cfg **e = malloc((size_t)n * sizeof *e);
-    int *who = malloc((size_t)n * sizeof *who);
-    if (!b || !e || !who) {
+    int *who = malloc((size_t)n * sizeof *who), *order = malloc((size_t)n * sizeof *order);
+    int *unit_more = malloc((size_t)n * sizeof *unit_more);
+    char *took = calloc((size_t)n, 1);
+    kvp_session **sorted = malloc((size_t)n * sizeof *sorted);
+    if (!b || !e || !who || !order || !unit_more || !took || !sorted) {
         free(b);
         free(e);
         free(who);
+        free(order);
+        free(unit_more);
+        free(took);
+        free(sorted);
         return 0;   /* nobody took part: they stay queued for the next step */
     }
-    /* Who takes part, in queue order, while their units fit the rows the step has left
-     * (the first always does: a runstate holds at least a chunk). */
+    /* Who takes part: first every decoding turn (one row each), so a prompt never holds
+     * back the next token of a reply; then, in queue order, each other turn's unit (its
+     * next prefill chunk) wherever it fits the rows left. A chunk that does not fit is
+     * skipped, not split; the turns left out keep the head of the queue, so prefills take
+     * the rows decodes leave in round robin. */
     int room = rs->max_tokens, taken = 0, nb = 0;
-    for (; taken < n && room > 0; taken++) {
-        kvp_session *s = ss[taken];
-        if (s->state != KVP_SESSION_TURN) {
-            more[taken] = run_job(s, env, sink);
-            continue;
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < n && room > 0; i++) {
+            kvp_session *s = ss[i];
+            if (took[i] || decoding(s) != (pass == 0))
+                continue;
+            int r;
+            if (s->state != KVP_SESSION_TURN) {
+                r = run_job(s, env, sink);
+            } else if ((r = plan_unit(s, env, sink, room, &b[nb])) == NO_ROOM) {
+                continue;
+            } else if (r) {
+                e[nb] = &s->turn.evict;
+                room -= b[nb].n;
+                who[nb++] = taken;
+            }
+            took[i] = 1;
+            unit_more[taken] = r;
+            order[taken++] = i;
         }
-        int r = plan_unit(s, env, sink, room, &b[nb]);
-        if (r == NO_ROOM)
-            break;
-        more[taken] = r;
-        if (r) {
-            e[nb] = &s->turn.evict;
-            room -= b[nb].n;
-            who[nb++] = taken;
-        }
-    }
     /* One forward step for all of them; each one's failure is its own. */
     if (nb) {
         int rc = kvp_gen_step(env->model, rs, b, e, nb);
@@ -915,12 +934,25 @@ int kvp_turn_batch(kvp_session **ss, int n, const kvp_session_env *env, kvp_runs
         for (int j = 0; j < nb; j++) {
             if (rc < 0)
                 b[j].rc = rc;
-            more[who[j]] = advance_unit(ss[who[j]], env, sink, &b[j]);
+            unit_more[who[j]] = advance_unit(ss[order[who[j]]], env, sink, &b[j]);
         }
     }
+    /* Those that took part first, in the order they took part, then the others in theirs. */
+    for (int k = 0; k < taken; k++) {
+        sorted[k] = ss[order[k]];
+        more[k] = unit_more[k];
+    }
+    for (int i = 0, k = taken; i < n; i++)
+        if (!took[i])
+            sorted[k++] = ss[i];
+    memcpy(ss, sorted, (size_t)n * sizeof *ss);
     free(b);
     free(e);
     free(who);
+    free(order);
+    free(unit_more);
+    free(took);
+    free(sorted);
     return taken;
 }
 

@@ -251,17 +251,18 @@ typedef struct kvp_turn_sink {
     void *ctx;
 } kvp_turn_sink;
 
-/* One batched step on a worker's runstate over queued sessions ss[0..n), in order:
- * each TURN takes part with its next unit (its next prefill chunk of env->chunk tokens,
- * or its decoded token) while the unit fits the rows the step has left (rs->max_tokens
- * in all, at least a chunk); the
- * matrices run once for all of them (kvp_gen_step), while the eviction triggers, context
- * shift, cancel, sampling, stop conditions and failures stay per session. A LOAD or SAVE
- * job runs alone as its unit. Returns how many sessions took part (a prefix of ss; the
- * rest wait for the next step); more[i] for those: 1 when more work remains, 0 when
- * the job ended (done, error or job was reported: the worker's last touch); *rows:
- * the tokens the forward pass ran. With a state directory, a turn's end (done or
- * error) writes the snapshot first. */
+/* One batched step on a worker's runstate over queued sessions ss[0..n): each TURN
+ * takes part with its next unit (its decoded token, or its next prefill chunk of
+ * env->chunk tokens) while the unit fits the rows the step has left (rs->max_tokens in
+ * all, at least a chunk): every decoding turn first, then the prefill chunks in queue
+ * order wherever they fit (a chunk is never split). The matrices run once for all of
+ * them (kvp_gen_step), while the eviction triggers, context shift, cancel, sampling,
+ * stop conditions and failures stay per session. A LOAD or SAVE job runs alone as its
+ * unit. Reorders ss: those that took part first (in the order they ran), then the
+ * others in their queue order; returns how many took part. more[i] for those: 1 when
+ * more work remains, 0 when the job ended (done, error or job was reported: the
+ * worker's last touch); *rows: the tokens the forward pass ran. With a state
+ * directory, a turn's end (done or error) writes the snapshot first. */
 int kvp_turn_batch(kvp_session **ss, int n, const kvp_session_env *env, kvp_runstate *rs,
                    const kvp_turn_sink *sink, int *more, int *rows);
 /* A batch of one: advances the session's job by one unit. Returns 1 when more work

@@ -3,6 +3,8 @@
  * steps and prefill chunks mixed with decodes; per-sequence failures and hooks. */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <pthread.h>
+#include <time.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -284,5 +286,153 @@ Test(batch, bad_sequence_is_left_out_and_bad_batches_refused)
     kvp_cache_free(&bad);
     kvp_cache_free(&ref);
     kvp_runstate_free(&s);
+    kvp_model_free(&m);
+}
+
+/* The attention items (sequence, KV head) of a layer run on every thread of the pass:
+ * the result is bit for bit the serial path's. Each sequence's score hook draws from its
+ * own random stream (so the order of its calls matters) and its attention hook sums the
+ * probabilities into the rows' stat (as H2O does), noting the threads it ran on. */
+#define SPLIT_SEQ 8
+#define SPLIT_DECODES 12
+
+typedef struct {
+    uint64_t rng;
+    pthread_mutex_t *mu;
+    pthread_t *threads;
+    int *n_threads;
+} split_hooks;
+
+static void split_score(void *ctx, int layer, int kvh, kvp_head *h, int first, int n)
+{
+    split_hooks *sh = ctx;
+    (void)layer, (void)kvh;
+    for (int r = first; r < first + n; r++) {
+        sh->rng = sh->rng * 6364136223846793005ull + 1442695040888963407ull;
+        h->score[r] = (float)(sh->rng >> 40) / (float)(1 << 24);
+    }
+}
+
+static void split_attention(void *ctx, int layer, int kvh, kvp_head *h, const float *q,
+                            int q_stride, const float *att, int att_stride, int n_q)
+{
+    split_hooks *sh = ctx;
+    (void)layer, (void)kvh, (void)q, (void)q_stride;
+    /* long enough that the other threads wake and take items too (and that another
+     * item's probabilities would overwrite these if threads shared a buffer) */
+    nanosleep(&(struct timespec){0, 100 * 1000}, NULL);
+    for (int t = 0; t < n_q; t++)
+        for (int j = 0; j < h->n; j++)
+            h->stat[j] += att[(size_t)t * att_stride + j];
+    pthread_mutex_lock(sh->mu);
+    int seen = 0;
+    for (int i = 0; i < *sh->n_threads; i++)
+        seen |= pthread_equal(sh->threads[i], pthread_self());
+    if (!seen && *sh->n_threads < KVP_MATMUL_MAX_THREADS)
+        sh->threads[(*sh->n_threads)++] = pthread_self();
+    pthread_mutex_unlock(sh->mu);
+}
+
+typedef struct {
+    float *logits;     /* every step's logits of every sequence */
+    size_t n_logits;
+    kvp_cache caches[SPLIT_SEQ];
+    int n_threads;
+} split_run;
+
+/* Prompts of different lengths in chunks of 32, then greedy decodes, all batched. */
+static void run_split(const kvp_model *m, int threads, split_run *out)
+{
+    int V = m->cfg.vocab_size;
+    kvp_matmul_force_threads(threads);
+    kvp_runstate s;
+    cr_assert_eq(kvp_runstate_init(&s, &m->cfg, SPLIT_SEQ * 32), 0);
+    pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    pthread_t seen[KVP_MATMUL_MAX_THREADS];
+    split_hooks hooks[SPLIT_SEQ];
+    int toks[SPLIT_SEQ][256], done[SPLIT_SEQ] = {0}, prompt[SPLIT_SEQ];
+    size_t cap = (size_t)SPLIT_SEQ * (8 + SPLIT_DECODES) * V;
+    memset(out, 0, sizeof *out);
+    out->logits = malloc(cap * sizeof(float));
+    for (int i = 0; i < SPLIT_SEQ; i++) {
+        out->caches[i] = new_cache(m);
+        hooks[i] = (split_hooks){1000u + (uint64_t)i, &mu, seen, &out->n_threads};
+        prompt[i] = 60 + 17 * i;
+        toks[i][0] = 1;
+        for (int t = 1; t < prompt[i]; t++)
+            toks[i][t] = 3 + (int)((i * 131u + t * 71u) % (unsigned)(V - 3));
+    }
+    for (int step = 0;; step++) {
+        kvp_batch_seq b[SPLIT_SEQ];
+        int nb = 0;
+        for (int i = 0; i < SPLIT_SEQ; i++) {
+            if (done[i] >= prompt[i] + SPLIT_DECODES)
+                continue;
+            int n = done[i] < prompt[i] ? (prompt[i] - done[i] < 32 ? prompt[i] - done[i] : 32) : 1;
+            b[nb++] = (kvp_batch_seq){.cache = &out->caches[i], .tokens = toks[i] + done[i],
+                                      .n = n, .hooks = {.score = split_score,
+                                      .attention = split_attention, .ctx = &hooks[i]}};
+        }
+        if (!nb)
+            break;
+        cr_assert_eq(kvp_forward_batch(m, &s, b, nb), 0);
+        for (int j = 0; j < nb; j++) {
+            cr_assert_eq(b[j].rc, 0);
+            int i = (int)(b[j].cache - out->caches);
+            cr_assert_leq(out->n_logits + V, cap);
+            memcpy(out->logits + out->n_logits, b[j].logits, V * sizeof(float));
+            out->n_logits += V;
+            done[i] += b[j].n;
+            if (done[i] >= prompt[i])
+                toks[i][done[i]] = argmax(b[j].logits, V);
+        }
+    }
+    kvp_runstate_free(&s);
+    kvp_matmul_force_threads(0);
+}
+
+static void expect_same_head(const kvp_head *a, const kvp_head *b, int hd, int i, int l, int kvh)
+{
+    cr_assert_eq(a->n, b->n);
+    size_t n = (size_t)a->n;
+    cr_expect(!memcmp(a->k, b->k, n * hd * sizeof(float)) &&
+              !memcmp(a->v, b->v, n * hd * sizeof(float)) &&
+              !memcmp(a->score, b->score, n * sizeof(float)) &&
+              !memcmp(a->stat, b->stat, n * sizeof(float)) &&
+              !memcmp(a->pos, b->pos, n * sizeof *a->pos),
+              "sequence %d, layer %d, head %d differs from the serial run", i, l, kvh);
+}
+
+Test(batch, attention_split_across_threads_equals_serial)
+{
+    char path[128], cmd[768], err[256];
+    snprintf(path, sizeof path, "/tmp/kvp-test-batch-%d-split.gguf", (int)getpid());
+    snprintf(cmd, sizeof cmd, "%s synth --out %s --dim 128 --hidden 256 --layers 2 --heads 8 "
+             "--kv-heads 4 --vocab 300 --ctx 512 --seed 7 2>&1", tu_build("tools/kvp"), path);
+    cr_assert_eq(tu_run(cmd, NULL), 0, "%s", cmd);
+    kvp_model m;
+    cr_assert_eq(kvp_model_load(&m, path, NULL, err, sizeof err), 0, "%s", err);
+    remove(path);
+    if (kvp_matmul_threads() < 2)
+        cr_skip_test("one thread: nothing to split");
+    split_run serial, split;
+    run_split(&m, 1, &serial);
+    run_split(&m, 0, &split);
+    cr_assert_eq(serial.n_threads, 1, "the serial run stays on one thread");
+    cr_assert_geq(split.n_threads, 2, "the items ran on more than one thread");
+    cr_assert_eq(split.n_logits, serial.n_logits);
+    cr_assert(!memcmp(split.logits, serial.logits, serial.n_logits * sizeof(float)),
+              "the logits are bit for bit the serial run's");
+    for (int i = 0; i < SPLIT_SEQ; i++) {
+        for (int l = 0; l < m.cfg.n_layers; l++)
+            for (int kvh = 0; kvh < m.cfg.n_kv_heads; kvh++)
+                expect_same_head(kvp_cache_head(&serial.caches[i], l, kvh),
+                                 kvp_cache_head(&split.caches[i], l, kvh), m.cfg.head_dim, i, l,
+                                 kvh);
+        kvp_cache_free(&serial.caches[i]);
+        kvp_cache_free(&split.caches[i]);
+    }
+    free(serial.logits);
+    free(split.logits);
     kvp_model_free(&m);
 }

@@ -146,6 +146,8 @@ static void run_alone(world *w, record *r)
 
 typedef struct step_log {
     int steps, max_batch, left_out, mixed;
+    int decodes_left_out;   /* decoding turns a step left out while prefills ran */
+    int prefills_behind;    /* steps that left a prefill out while decodes ran */
 } step_log;
 
 /* All of them through batched steps of step_tokens rows, as the scheduler runs them:
@@ -181,9 +183,26 @@ static step_log run_batched(world *w, record *r, int step_tokens)
             decoding += queue[k]->turn.state == KVP_TURN_DECODE;
             prefilling += queue[k]->turn.state != KVP_TURN_DECODE;
         }
-        int rows = 0;
+        int rows = 0, was_decoding[N_SESS];
+        kvp_session *before[N_SESS];
+        for (int k = 0; k < nq; k++) {
+            before[k] = queue[k];
+            was_decoding[k] = queue[k]->turn.state == KVP_TURN_DECODE;
+        }
         int taken = kvp_turn_batch(queue, nq, &w->env, &rs, &sink, more, &rows);
         cr_assert_gt(taken, 0);
+        /* the queue comes back reordered: those that took part first */
+        int prefill_left = 0;
+        for (int k = 0; k < nq; k++) {
+            int at = -1;
+            for (int m = 0; m < nq; m++)
+                if (queue[m] == before[k])
+                    at = m;
+            cr_assert_geq(at, 0, "a queued session is still queued");
+            log.decodes_left_out += was_decoding[k] && at >= taken && decoding <= rs.max_tokens;
+            prefill_left += !was_decoding[k] && at >= taken;
+        }
+        log.prefills_behind += prefill_left && decoding;
         log.steps++;
         log.max_batch = taken > log.max_batch ? taken : log.max_batch;
         log.left_out += taken < nq;
@@ -220,6 +239,7 @@ static void check(const char *model, const char *tok, int step_tokens)
     cr_assert_eq(batched.errors, 0);
     cr_assert_geq(log.max_batch, 4, "sessions overlap");
     cr_assert(log.mixed, "a step mixes prefill chunks with decodes");
+    cr_assert_eq(log.decodes_left_out, 0, "every decoding turn takes part in each step");
     cr_log_info("%s: %d steps, largest batch %d, %d steps left turns out", model, log.steps,
                 log.max_batch, log.left_out);
     for (int i = 0; i < N_SESS; i++) {
@@ -239,8 +259,10 @@ static void check(const char *model, const char *tok, int step_tokens)
     }
     world_close(&wa, &alone);
     world_close(&wb, &batched);
-    if (step_tokens < 64)
+    if (step_tokens < 64) {
         cr_assert_gt(log.left_out, 0, "the step budget left turns out");
+        cr_assert_gt(log.prefills_behind, 0, "prefills waited while decodes ran");
+    }
 }
 
 Test(steploop, stories260K_batched_turns_equal_alone, .timeout = 120)
