@@ -1,6 +1,5 @@
 /* kvpd: the chat daemon. One libuv loop runs HTTP/websockets (libwebsockets on the same
  * loop), signals and timers; the model is loaded and run on other threads only. */
-#include <cblas.h>
 #include <errno.h>
 #include <libwebsockets.h>
 #include <signal.h>
@@ -192,15 +191,8 @@ static void load_done(uv_work_t *w, int status)
         return;
     }
     d->model_loaded = 1;
-    /* One batched step runs at a time (sessions/scheduler.h), so its matrix work gets
-     * every core: OpenBLAS's threads when the matrices are f32 (they go through
-     * sgemm), else the matmul pool's, and OpenBLAS (attention) keeps to the step's own
-     * thread so that its idle threads do not spin against the pool. */
-    uint64_t all = 0;
-    for (int t = 0; t < KVP_N_WEIGHT_TYPES; t++)
-        all += d->model.type_bytes[t];
-    if (d->model.type_bytes[KVP_GGML_F32] * 2 < all)
-        openblas_set_num_threads(1);
+    /* one batched step runs at a time (sessions/scheduler.h): its matrices get every core */
+    kvp_model_use_cores(&d->model);
     char err[256];
     kvp_hub_params hp = {.loop = &d->loop, .model = &d->model, .cfg = &d->hub_cfg,
                          .metrics = &d->metrics, .policy = d->pconf,

@@ -316,9 +316,8 @@ static int forward_batch(const kvp_model *m, kvp_runstate *s, kvp_batch_seq *seq
         const kvp_layer *w = &m->layers[l];
         for (int t = 0; t < T; t++)
             rmsnorm(s->xb + (size_t)t * dim, s->x + (size_t)t * dim, w->attn_norm, dim, p->rms_eps);
-        kvp_matmul(s->q, s->xb, &w->wq, T, 0);
-        kvp_matmul(s->k, s->xb, &w->wk, T, 0);
-        kvp_matmul(s->v, s->xb, &w->wv, T, 0);
+        kvp_matmul_shared(3, (float *const[]){s->q, s->k, s->v}, s->xb,
+                          (const kvp_weight *const[]){&w->wq, &w->wk, &w->wv}, T);
         /* Q/K/V biases (qwen2) */
         if (w->bq)
             add_bias(s->q, w->bq, T, qd);
@@ -354,8 +353,8 @@ static int forward_batch(const kvp_model *m, kvp_runstate *s, kvp_batch_seq *seq
 
         for (int t = 0; t < T; t++)
             rmsnorm(s->xb + (size_t)t * dim, s->x + (size_t)t * dim, w->ffn_norm, dim, p->rms_eps);
-        kvp_matmul(s->hb, s->xb, &w->w_gate, T, 0);
-        kvp_matmul(s->hb2, s->xb, &w->w_up, T, 0);
+        kvp_matmul_shared(2, (float *const[]){s->hb, s->hb2}, s->xb,
+                          (const kvp_weight *const[]){&w->w_gate, &w->w_up}, T);
         for (size_t i = 0; i < (size_t)T * hid; i++) {
             float g = s->hb[i];
             s->hb[i] = g / (1.0f + expf(-g)) * s->hb2[i];

@@ -15,7 +15,7 @@
 
 #define MAX_POOL KVP_MATMUL_MAX_THREADS
 #define TILE_ROWS 64         /* rows decoded to f32 per sgemm on the prefill path */
-#define CHUNK_ROWS 16        /* rows a pool thread takes at a time on the decode path */
+#define CHUNK_ROWS 16        /* granularity of a decode split (rows) */
 #define GEMM_ROWS 32         /* rows a pool thread packs and multiplies at a time (int8 GEMM) */
 #define QUANT_ROWS 4         /* activation rows a pool thread quantizes at a time */
 #define SPLIT_MIN_BYTES (256u << 10)  /* smaller matrices are not worth a second thread */
@@ -148,8 +148,20 @@ static void act_group(kvp_act *a, uint32_t type, enum act_kind kind)
 
 /* ---- thread pool: helpers take row chunks of the caller's job ----------------------- */
 
+/* One matrix of a decode job: its rows are rows [row0, row0 + w->rows) of the job. */
+typedef struct segment {
+    const kvp_weight *w;
+    const kvp_act *act;   /* [T] */
+    float *y;             /* [T][w->rows] */
+    int row0;
+} segment;
+
+#define MAX_SEGMENTS 3
+
 typedef struct job {
     void (*fn)(const struct job *j, int r0, int r1);
+    const segment *seg;   /* decode: the matrices, in row order */
+    int n_seg;
     void (*item)(void *ctx, int i, int slot);   /* kvp_matmul_parallel's items */
     void *ctx;
     int slots;            /* threads whose slot is below this take part (0: all) */
@@ -162,6 +174,8 @@ typedef struct job {
     float *y;
     int T, accumulate;
     int rows, chunk;
+    int guided;           /* 1: claims shrink with the rows left (decode), else fixed chunks */
+    int threads;          /* threads sharing the job, set by run_job */
     atomic_int next;      /* next unclaimed row */
 } job;
 
@@ -186,10 +200,18 @@ static _Thread_local int pool_slot;
 static void run_chunks(job *j)
 {
     for (;;) {
-        int r0 = atomic_fetch_add(&j->next, j->chunk);
+        int r0 = atomic_load_explicit(&j->next, memory_order_relaxed), n = j->chunk;
+        if (j->threads > 1) {
+            /* guided: a share of what is left, so each thread streams long contiguous
+             * runs of rows and the last pieces are small enough to even out the end */
+            n = (j->rows - r0) / (2 * j->threads);
+            n = n < j->chunk ? j->chunk : (n + j->chunk - 1) / j->chunk * j->chunk;
+        }
         if (r0 >= j->rows)
             return;
-        j->fn(j, r0, r0 + j->chunk < j->rows ? r0 + j->chunk : j->rows);
+        if (!atomic_compare_exchange_weak(&j->next, &r0, r0 + n))
+            continue;
+        j->fn(j, r0, r0 + n < j->rows ? r0 + n : j->rows);
     }
 }
 
@@ -280,6 +302,8 @@ static void run_job(job *j, size_t bytes)
         run_chunks(j);
         return;
     }
+    if (j->guided)
+        j->threads = j->slots && j->slots < pool.n_helpers + 1 ? j->slots : pool.n_helpers + 1;
     pool.cur = j;
     atomic_store(&pool.linger, j->linger);
     atomic_store(&pool.slots, j->slots);
@@ -324,30 +348,53 @@ void kvp_matmul_parallel(int n, void (*fn)(void *ctx, int i, int slot), void *ct
 
 static void dot_rows(const job *j, int r0, int r1)
 {
-    const kvp_weight *w = j->w;
-    kvp_dot_fn dot = kernels.dot[w->type];
-    for (int t = 0; t < j->T; t++) {
-        float *y = j->y + (size_t)t * w->rows;
-        for (int r = r0; r < r1; r++) {
-            float v = dot((const uint8_t *)w->data + (size_t)r * w->row_bytes, &j->act[t]);
-            y[r] = j->accumulate ? y[r] + v : v;
+    for (const segment *g = j->seg; g < j->seg + j->n_seg; g++) {
+        const kvp_weight *w = g->w;
+        int a = r0 > g->row0 ? r0 - g->row0 : 0, b = r1 - g->row0 < w->rows ? r1 - g->row0 : w->rows;
+        kvp_dot_fn dot = kernels.dot[w->type];
+        for (int t = 0; t < j->T; t++) {
+            float *y = g->y + (size_t)t * w->rows;
+            for (int r = a; r < b; r++) {
+                float v = dot((const uint8_t *)w->data + (size_t)r * w->row_bytes, &g->act[t]);
+                y[r] = j->accumulate ? y[r] + v : v;
+            }
         }
     }
 }
 
-static void matmul_decode(float *y, const float *x, const kvp_weight *w, int T, int accumulate)
+/* n matrices that read the same activations x[T][cols], as one job: each activation row
+ * is quantized once per kind and the pool meets once for all their rows. */
+static void matmul_decode(int n, float *const y[], const float *x, const kvp_weight *const w[],
+                          int T, int accumulate)
 {
-    enum act_kind kind = act_kind(w->type);
-    size_t per = kind == ACT_F32 ? 0 : act_bytes(w->cols);
-    kvp_act act[KVP_MATMUL_TILE_MIN_T];
-    unsigned char *scratch = per ? malloc(per * (size_t)T) : NULL;
-    if (per && !scratch)
+    enum act_kind kinds[MAX_SEGMENTS];
+    kvp_act act[MAX_SEGMENTS][KVP_MATMUL_TILE_MIN_T];
+    segment seg[MAX_SEGMENTS];
+    size_t per = act_bytes(w[0]->cols);
+    unsigned char *scratch = malloc(per * (size_t)T * (size_t)n);
+    if (!scratch)
         abort();  /* a few KB; the forward pass has no way to report it */
-    for (int t = 0; t < T; t++)
-        act_quantize(&act[t], kind, x + (size_t)t * w->cols, w->cols, scratch + per * (size_t)t);
-    job j = {.fn = dot_rows, .w = w, .act = act, .y = y, .T = T, .accumulate = accumulate,
-             .rows = w->rows, .chunk = CHUNK_ROWS, .linger = 1};
-    run_job(&j, (size_t)w->rows * w->row_bytes);
+    int rows = 0;
+    size_t bytes = 0;
+    for (int i = 0; i < n; i++) {
+        kinds[i] = act_kind(w[i]->type);
+        int same = 0;
+        while (same < i && kinds[same] != kinds[i])
+            same++;
+        if (same < i) {
+            memcpy(act[i], act[same], sizeof act[i]);
+        } else {
+            for (int t = 0; t < T; t++)
+                act_quantize(&act[i][t], kinds[i], x + (size_t)t * w[i]->cols, w[i]->cols,
+                             scratch + per * ((size_t)i * T + t));
+        }
+        seg[i] = (segment){.w = w[i], .act = act[i], .y = y[i], .row0 = rows};
+        rows += w[i]->rows;
+        bytes += (size_t)w[i]->rows * w[i]->row_bytes;
+    }
+    job j = {.fn = dot_rows, .seg = seg, .n_seg = n, .T = T, .accumulate = accumulate,
+             .rows = rows, .chunk = CHUNK_ROWS, .guided = 1, .linger = 1};
+    run_job(&j, bytes);
     free(scratch);
 }
 
@@ -494,11 +541,25 @@ void kvp_matmul(float *y, const float *x, const kvp_weight *w, int T, int accumu
         return;
     }
     if (T < KVP_MATMUL_TILE_MIN_T)
-        matmul_decode(y, x, w, T, accumulate);
+        matmul_decode(1, &y, x, &w, T, accumulate);
     else if (prefill_int8(w->type))
         matmul_int8(y, x, w, T, accumulate);
     else
         matmul_tiles(y, x, w, T, accumulate);
+}
+
+void kvp_matmul_shared(int n, float *const y[], const float *x, const kvp_weight *const w[], int T)
+{
+    pthread_once(&init_once, select_kernels);
+    int fused = n <= MAX_SEGMENTS && T < KVP_MATMUL_TILE_MIN_T;
+    for (int i = 0; i < n && fused; i++)
+        fused = w[i]->type != KVP_GGML_F32 && w[i]->cols == w[0]->cols;
+    if (fused) {
+        matmul_decode(n, y, x, w, T, 0);
+        return;
+    }
+    for (int i = 0; i < n; i++)
+        kvp_matmul(y[i], x, w[i], T, 0);
 }
 
 void kvp_weight_row(const kvp_weight *w, int r, float *out)

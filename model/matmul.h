@@ -39,6 +39,9 @@ typedef struct kvp_weight {
 
 /* y[T][rows] = x[T][cols] . W^T, or y += when accumulate. */
 void kvp_matmul(float *y, const float *x, const kvp_weight *w, int T, int accumulate);
+/* y[i] = x . w[i]^T for n matrices that read the same x[T][cols] (q/k/v, gate/up): at
+ * decode one pass over all their rows (the pool meets once); else n kvp_matmul calls. */
+void kvp_matmul_shared(int n, float *const y[], const float *x, const kvp_weight *const w[], int T);
 enum kvp_prefill_path { KVP_PREFILL_AUTO, KVP_PREFILL_SGEMM, KVP_PREFILL_INT8 };
 /* Forces the prefill path of every later call in the process (tests and benchmarks;
  * KVP_PREFILL sets it at start). INT8 applies to the types that have an int8 GEMM. */

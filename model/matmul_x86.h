@@ -54,6 +54,10 @@ static inline __m256i fifth_bits(const uint8_t *qh4)
 {
     uint32_t x;
     memcpy(&x, qh4, 4);
+#if KVP_VNNI
+    /* AVX-512BW: the word is a byte mask */
+    return _mm256_maskz_mov_epi8((__mmask32)x, _mm256_set1_epi8(0x10));
+#else
     const __m256i spread = _mm256_setr_epi64x(0x0000000000000000, 0x0101010101010101,
                                               0x0202020202020202, 0x0303030303030303);
     __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)x), spread);
@@ -61,6 +65,7 @@ static inline __m256i fifth_bits(const uint8_t *qh4)
     v = _mm256_or_si256(v, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
     v = _mm256_cmpeq_epi8(v, _mm256_set1_epi64x(-1));
     return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
+#endif
 }
 
 /* ---- activation quantizers: the scalar set's rules, 8 lanes at a time (cvtps rounds to

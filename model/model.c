@@ -1,5 +1,6 @@
 #include "model/model.h"
 
+#include <cblas.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -559,6 +560,17 @@ static uint64_t fingerprint(const kvp_model *m)
             h = mix_matrix(h, each[i]);
     }
     return h ? h : 1;   /* 0 means unknown */
+}
+
+void kvp_model_use_cores(const kvp_model *m)
+{
+    static int all;
+    if (!all)
+        all = openblas_get_num_threads();
+    uint64_t total = 0;
+    for (int t = 0; t < KVP_N_WEIGHT_TYPES; t++)
+        total += m->type_bytes[t];
+    openblas_set_num_threads(m->type_bytes[KVP_GGML_F32] * 2 < total ? 1 : all);
 }
 
 void kvp_model_weight_mix(const kvp_model *m, char *buf, size_t len)

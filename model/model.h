@@ -74,5 +74,11 @@ int kvp_model_load(kvp_model *m, const char *path, const char *tokenizer_path,
 void kvp_model_free(kvp_model *m);
 /* "Q4_K 120.5 MB, Q6_K 31.0 MB, F32 0.1 MB": the weight bytes by type, largest first. */
 void kvp_model_weight_mix(const kvp_model *m, char *buf, size_t len);
+/* Gives m's matrix work every core, for a process that runs one forward pass at a time:
+ * OpenBLAS's threads when the matrices are mostly f32 (they go through sgemm/sgemv),
+ * else the matmul pool's, with OpenBLAS (attention) on the calling thread so that its
+ * idle threads do not spin against the pool. "All" is OpenBLAS's count at the first
+ * call (OPENBLAS_NUM_THREADS or the CPUs). */
+void kvp_model_use_cores(const kvp_model *m);
 
 #endif

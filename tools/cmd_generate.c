@@ -156,6 +156,7 @@ int kvp_cmd_generate(int argc, char **argv)
         fprintf(stderr, "kvp generate: %s\n", err);
         return 1;
     }
+    kvp_model_use_cores(&m);
     if (budget > 0 && budget + chunk >= m.cfg.seq_len) {
         fprintf(stderr, "kvp generate: --budget %ld + --chunk %ld must stay below the model's "
                 "context length %d\n", budget, chunk, m.cfg.seq_len);

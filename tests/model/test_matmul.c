@@ -278,3 +278,60 @@ Test(matmul, weight_row_decodes_one_row)
     cr_expect(!memcmp(out, want, sizeof out));
     cr_expect(fabsf(out[5] - src[2 * 64 + 5]) < 0.05f);
 }
+
+/* Matrices that read the same activations, as one job (q/k/v, gate/up): each output
+ * equals its own kvp_matmul bit for bit, with types of different activation kinds, at
+ * decode (T = 1, 3) and on the prefill path (T = 5), and with an f32 matrix among them. */
+Test(matmul, shared_input_equals_separate_products)
+{
+    enum { COLS = 1024, MAXR = 600, MAXT = 5 };
+    static const uint32_t types[][3] = {
+        {KVP_GGML_Q8_0, KVP_GGML_Q6_K, KVP_GGML_F16},
+        {KVP_GGML_Q5_0, KVP_GGML_Q5_0, KVP_GGML_Q4_K},
+        {KVP_GGML_Q8_0, KVP_GGML_F32, KVP_GGML_Q8_0},
+    };
+    static const int rows[3] = {600, 40, 130};
+    float *src = malloc((size_t)MAXR * COLS * sizeof *src), x[MAXT * COLS];
+    uint64_t s = 777;
+    for (size_t i = 0; i < (size_t)MAXR * COLS; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        src[i] = (float)((int)(s >> 40) % 2001 - 1000) / 1000.0f;
+    }
+    for (int i = 0; i < MAXT * COLS; i++)
+        x[i] = cosf(0.37f * (float)i);
+    for (size_t c = 0; c < sizeof types / sizeof types[0]; c++) {
+        kvp_weight w[3];
+        const kvp_weight *wp[3];
+        float *y[3], *ref[3];
+        for (int i = 0; i < 3; i++) {
+            size_t rb = kvp_type_nbytes(types[c][i], COLS);
+            uint8_t *q = malloc(rb * rows[i]);
+            if (types[c][i] == KVP_GGML_F32)
+                memcpy(q, src, rb * rows[i]);
+            else
+                cr_assert_eq(kvp_quantize(types[c][i], src, q, (uint64_t)rows[i] * COLS), 0);
+            w[i] = (kvp_weight){types[c][i], rows[i], COLS, rb, q};
+            wp[i] = &w[i];
+            y[i] = malloc((size_t)MAXT * rows[i] * sizeof(float));
+            ref[i] = malloc((size_t)MAXT * rows[i] * sizeof(float));
+        }
+        static const int Ts[] = {1, 3, 5};
+        for (int k = 0; k < 3; k++) {
+            int T = Ts[k];
+            kvp_matmul_enter();
+            kvp_matmul_shared(3, y, x, wp, T);
+            for (int i = 0; i < 3; i++)
+                kvp_matmul(ref[i], x, &w[i], T, 0);
+            kvp_matmul_leave();
+            for (int i = 0; i < 3; i++)
+                cr_assert(!memcmp(y[i], ref[i], (size_t)T * rows[i] * sizeof(float)),
+                          "case %zu, matrix %d (%s), T %d", c, i, kvp_type_name(types[c][i]), T);
+        }
+        for (int i = 0; i < 3; i++) {
+            free((void *)w[i].data);
+            free(y[i]);
+            free(ref[i]);
+        }
+    }
+    free(src);
+}
