@@ -155,6 +155,7 @@ int kvp_eval_ref_init(kvp_eval_ref *r, const kvp_model_config *cfg, int len,
     r->n_budgets = o->n_budgets;
     memcpy(r->budgets, o->budgets, sizeof r->budgets);
     r->kv_type = o->kv_type;
+    r->budget_mode = o->budget_mode;
     r->imp = malloc((size_t)r->n_heads * r->cut * sizeof *r->imp);
     r->logits = malloc((size_t)(len - r->cut) * r->vocab * sizeof *r->logits);
     r->min_evicted = malloc((size_t)r->n_budgets * r->n_heads * sizeof *r->min_evicted);
@@ -192,7 +193,7 @@ static int oracle_minimum(kvp_eval_ref *r, const kvp_model_config *cfg, const kv
             break;
         for (int hi = 0; hi < r->n_heads; hi++)
             memcpy(b.heads[hi].score, r->imp + (size_t)hi * r->cut, r->cut * sizeof(float));
-        kvp_evict_cfg e = {oracle, r->budgets[bi], 0};
+        kvp_evict_cfg e = {.policy = oracle, .budget = r->budgets[bi]};
         if ((rc = kvp_gen_compress(&b, &e)) >= 0) {
             rc = 0;
             for (int hi = 0; hi < r->n_heads; hi++) {
@@ -331,7 +332,7 @@ int kvp_eval_sequence(const kvp_model *m, kvp_runstate *s, kvp_policy *p, const 
     }
 
     for (int bi = 0; bi < r->n_budgets; bi++) {
-        kvp_evict_cfg e = {p, r->budgets[bi], 0};
+        kvp_evict_cfg e = {p, r->budgets[bi], 0, r->budget_mode};
         if ((rc = cache_copy(&b, &a)) || (rc = kvp_gen_compress(&b, &e)) < 0)
             goto out;
         for (int hi = 0; hi < nh && !kvp_policy_is_none(p); hi++) {
@@ -472,7 +473,7 @@ int kvp_eval_stream(const kvp_model *m, kvp_runstate *s, kvp_policy *p, const in
     if (!logits || (oracle && (!imp || !limit)) || (rc = cache_like(&c, &m->cfg, o->kv_type)) ||
         (rc = cache_like(&d, &m->cfg, o->kv_type)))
         goto out;
-    kvp_evict_cfg e = {p, o->budgets[bi], chunk};
+    kvp_evict_cfg e = {p, o->budgets[bi], chunk, o->budget_mode};
     double nll = 0.0;
     for (int off = 0; off < len; off += chunk) {
         int n = len - off < chunk ? len - off : chunk;
@@ -718,7 +719,7 @@ static int write_md_and_plots(const char *dir, const kvp_eval_row *rows, int n,
         }
         kvp_svg_plot plot = {mi->title, "budget (rows per KV head, log2 scale)", mi->ylabel, x,
                              n_bud < KVP_EVAL_MAX_BUDGETS ? n_bud : KVP_EVAL_MAX_BUDGETS,
-                             mi->log_y, series, ns};
+                             mi->log_y, series, ns, 0};
         char svg[1200];
         snprintf(svg, sizeof svg, "%s/%s-%s.svg", dir, mi->protocol, mi->metric);
         rc = kvp_svg_write(svg, &plot, err, errlen);

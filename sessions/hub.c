@@ -776,6 +776,7 @@ int kvp_hub_start(kvp_hub **out, const kvp_hub_params *p, char *err, size_t errl
     h->env.model = p->model;
     h->env.chunk = p->chunk;
     h->env.kv_type = p->kv_type;
+    h->env.budget_mode = p->budget_mode;
     h->env.step_tokens = p->step_tokens;
     h->env.reuse_cache = p->reuse_cache;
     h->env.top_p = p->top_p;
@@ -922,6 +923,8 @@ void kvp_hub_info_get(kvp_hub *h, kvp_hub_info *o)
     o->policy = h->pconf->name;
     o->policy_file = h->pconf->file;
     o->state_dir = h->env.state_dir;
+    o->kv_type = kvp_kv_type_name(h->env.kv_type);
+    o->budget_mode = kvp_budget_mode_name(h->env.budget_mode);
     o->layers = md->cfg.n_layers;
     o->kv_heads = md->cfg.n_kv_heads;
     o->head_dim = md->cfg.head_dim;

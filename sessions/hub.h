@@ -160,6 +160,7 @@ void kvp_hub_close(kvp_hub_client *c);
 /* What /metrics and /admin/stats show. */
 typedef struct kvp_hub_info {
     const char *model_name, *chat_format, *policy, *policy_file, *state_dir;
+    const char *kv_type, *budget_mode;   /* "f32" | "f16" | "q8_0"; "per_head" | "global" */
     int layers, kv_heads, head_dim, context, chunk, workers, step_tokens;
     int sessions_resident, sessions_parked, turns_running, queue_depth;
     uint64_t sessions_total;      /* ever created */
@@ -200,6 +201,7 @@ typedef struct kvp_hub_params {
     const char *state_dir;        /* "" = no snapshots, no parking */
     int chunk, workers, reuse_cache;
     kvp_kv_type kv_type;          /* how session caches store their rows */
+    int budget_mode;              /* enum kvp_budget_mode (policy/policy.h) */
     int step_tokens;              /* tokens of one batched step (decodes + prefill chunks) */
     float top_p;
     uint64_t seed;

@@ -592,7 +592,7 @@ static void note_rows(kvp_session *s)
 
 static kvp_evict_cfg evict_cfg(const kvp_session *s, const kvp_session_env *env)
 {
-    kvp_evict_cfg e = {s->policy, s->turn.budget, env->chunk};
+    kvp_evict_cfg e = {s->policy, s->turn.budget, env->chunk, env->budget_mode};
     return e;
 }
 

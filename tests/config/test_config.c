@@ -89,6 +89,14 @@ Test(config, rejects_bad_values_with_a_reason)
     cr_assert_eq(c.kv_type, KVP_KV_F32, "a refused value left the key alone");
     cr_assert_eq(kvpd_config_set(&c, "kv_type", "q8_0", err, sizeof err), 0);
     cr_assert_eq(c.kv_type, KVP_KV_Q8_0);
+    const char *bad_mode[] = {"", "Global", "per-head", "0", "global "};
+    for (size_t i = 0; i < sizeof bad_mode / sizeof bad_mode[0]; i++) {
+        cr_assert_lt(kvpd_config_set(&c, "budget_mode", bad_mode[i], err, sizeof err), 0, "'%s'", bad_mode[i]);
+        cr_assert(strstr(err, "budget_mode: expected per_head or global"), "%s", err);
+    }
+    cr_assert_eq(c.budget_mode, 0);
+    cr_assert_eq(kvpd_config_set(&c, "budget_mode", "global", err, sizeof err), 0);
+    cr_assert_eq(c.budget_mode, 1);
     cr_assert_lt(kvpd_config_set(&c, "nope", "1", err, sizeof err), 0);
     cr_assert(strstr(err, "unknown key"));
     cr_assert_eq(kvpd_config_set(&c, "listen", "[::1]:81", err, sizeof err), 0);
