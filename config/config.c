@@ -13,6 +13,7 @@
 #include "base/parse.h"
 #include "generate/generate.h"
 #include "model/template.h"
+#include "sessions/store.h"
 
 #ifndef KVPD_DATA_DIR
 #define KVPD_DATA_DIR "."
@@ -48,6 +49,10 @@ static const key_def keys[] = {
     {"step_tokens", T_INT, F(step_tokens), 1, 65536, "256", "tokens of one batched step, at least chunk: every decoding turn gives one, prefilling turns a chunk each while room is left (the rest wait for the next step)", FIXED},
     {"workers", T_INT, F(workers), 0, 256, "0", "model worker threads (0: one per core): one runs the batched step at a time, the others snapshot loads and saves meanwhile", FIXED},
     {"state_dir", T_STR, F(state_dir), 0, 0, "", "directory for session state (must be writable when set)", FIXED},
+    {"state_url", T_STR, F(state_url), 0, 0, "", "redis://HOST[:PORT][/DB]: keep session snapshots in Redis instead, shared by several nodes, with a lease per session (docs/cluster.md; wins over state_dir for snapshots)", FIXED},
+    {"snapshot_ttl", T_INT, F(snapshot_ttl_s), 0, 1 << 30, "604800", "seconds a session's snapshot is kept after its last write (7 days; the directory deletes older ones at start and then every ttl/4, at most hourly; Redis keys expire; 0: forever)", FIXED},
+    {"lease_ms", T_INT, F(lease_ms), 100, 3600000, "10000", "with state_url: a session's lease lasts this long past its last renewal (renewed while a turn runs; released when the client leaves)", FIXED},
+    {"node_id", T_STR, F(node_id), 0, 0, "", "with state_url: this node's name in leases, 1..64 of A-Z a-z 0-9 . _ : - (empty: hostname-pid)", FIXED},
     {"admin_token", T_STR, F(admin_token), 0, 0, "", "bearer token required by /admin/* (empty: one is generated at start into admin_token_file)", LIVE},
     {"admin_token_file", T_STR, F(admin_token_file), 0, 0, "", "where the generated admin token is written, mode 0600 (empty: STATE_DIR/admin.token; with neither, /admin/* is closed)", FIXED},
     {"allowed_hosts", T_STR, F(allowed_hosts), 0, 0, "", "comma-separated Host names served, others get 421 (empty: localhost, 127.0.0.1, ::1 and the listen address; *: any)", LIVE},
@@ -423,6 +428,18 @@ int kvpd_config_validate(const kvpd_config *c, char *err, size_t errlen)
         if (rc < 0)
             return rc;
     }
+    if (c->state_url[0]) {
+        kvp_redis_url u;
+        int rc = kvp_redis_url_parse(c->state_url, &u, err, errlen);
+        if (rc < 0)
+            return rc;
+    }
+    for (const char *p = c->node_id; *p; p++)
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
+              *p == '.' || *p == '_' || *p == ':' || *p == '-')) {
+            snprintf(err, errlen, "node_id: only A-Z a-z 0-9 . _ : - (at most 64)");
+            return -EINVAL;
+        }
     return check_dir("static_dir", c->static_dir, err, errlen);
 }
 

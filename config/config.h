@@ -29,6 +29,10 @@ typedef struct kvpd_config {
     int step_tokens;                  /* tokens of one batched step */
     int workers;                      /* 0 = one per core */
     char state_dir[KVPD_PATH_MAX];
+    char state_url[KVPD_PATH_MAX];    /* redis://HOST:PORT/DB: snapshots in Redis (wins) */
+    int snapshot_ttl_s;               /* snapshots kept this long after their last write */
+    int lease_ms;                     /* Redis: a session lease's life without renewal */
+    char node_id[65];                 /* Redis: this node's name in leases; "" = host-pid */
     char admin_token[128];            /* "" = one is generated at start (web/guard.c) */
     char admin_token_file[KVPD_PATH_MAX];   /* where; "" = <state_dir>/admin.token */
     char api_key[128];                /* "" = the API under /v1 is open */

@@ -26,6 +26,7 @@ typedef struct kvpd {
     kvp_snapshot_identity model_ident;
     kvp_hub_config hub_cfg;       /* the hub's view of cfg (kvpd_hub_config_sync) */
     kvp_hub *hub;                 /* NULL until the model is loaded */
+    struct kvp_store *store;      /* snapshots (state_dir or state_url); NULL: none */
     kvpd_web web;
     kvpd_metrics metrics;
 } kvpd;

@@ -12,6 +12,7 @@
 #include "daemon/notify.h"
 #include "daemon/reload.h"
 #include "sessions/residency.h"
+#include "sessions/store.h"
 #include "sessions/transcripts.h"
 #include "policy/policy.h"
 
@@ -24,8 +25,8 @@ typedef struct daemon_handles {
     char load_err[512];
     char policy_note[768];
     int load_rc;
-    int tmp_removed;           /* stale .snap.tmp files removed at start, or -errno */
-    char tmp_err[512];
+    int store_rc;              /* opening the snapshot store */
+    char store_err[512];
     kvp_transcripts transcripts;   /* the conversations on disk, read at start */
     int transcripts_n;             /* entries, or -errno */
     char transcripts_err[512];
@@ -129,13 +130,19 @@ static int prepare(kvpd *d, char *err, size_t errlen)
     return 0;
 }
 
-/* Thread pool: loading a model is model work and may take seconds; the state directory
- * is swept of writes a crash interrupted. */
+/* Thread pool: loading a model is model work and may take seconds; the snapshot store
+ * is opened (a state directory is swept of writes a crash interrupted and of expired
+ * snapshots; a Redis server must answer). */
 static void load_work(uv_work_t *w)
 {
     kvpd *d = w->data;
-    if (d->cfg.state_dir[0]) {
-        g_h.tmp_removed = kvp_snapshot_clean(d->cfg.state_dir, g_h.tmp_err, sizeof g_h.tmp_err);
+    kvp_store_params sp = {.state_dir = d->cfg.state_dir, .state_url = d->cfg.state_url,
+                           .ttl_s = d->cfg.snapshot_ttl_s, .lease_ms = d->cfg.lease_ms,
+                           .node_id = d->cfg.node_id};
+    g_h.store_rc = kvp_store_open(&d->store, &sp, g_h.store_err, sizeof g_h.store_err);
+    if (g_h.store_rc < 0)
+        return;
+    if (d->store && kvp_store_dir(d->store)[0]) {
         g_h.transcripts_n = kvp_transcripts_init(&g_h.transcripts);
         if (g_h.transcripts_n == 0)
             g_h.transcripts_n = kvp_transcripts_load(&g_h.transcripts, d->cfg.state_dir,
@@ -161,11 +168,10 @@ static void load_done(uv_work_t *w, int status)
             kvp_model_free(&d->model);
         return;
     }
-    if (g_h.tmp_removed > 0)
-        kvpd_log("info", "state directory: removed %d unfinished snapshot write(s)",
-                 g_h.tmp_removed);
-    else if (g_h.tmp_removed < 0)
-        kvpd_log("warning", "state directory: %s", g_h.tmp_err);
+    if (g_h.store_rc < 0) {
+        snprintf(g_h.load_err, sizeof g_h.load_err, "%s", g_h.store_err);
+        g_h.load_rc = g_h.store_rc;
+    }
     if (g_h.transcripts_n < 0 || g_h.transcripts_err[0])
         kvpd_log("warning", "state directory: %s", g_h.transcripts_err);
     if (g_h.transcripts_n > 0)
@@ -187,7 +193,7 @@ static void load_done(uv_work_t *w, int status)
         if (g_h.load_rc == 0)
             kvp_model_free(&d->model);
         d->exit_code = 1;
-        begin_shutdown(d, "model load failed");
+        begin_shutdown(d, g_h.store_rc < 0 ? "snapshot store unavailable" : "model load failed");
         return;
     }
     d->model_loaded = 1;
@@ -196,12 +202,13 @@ static void load_done(uv_work_t *w, int status)
     char err[256];
     kvp_hub_params hp = {.loop = &d->loop, .model = &d->model, .cfg = &d->hub_cfg,
                          .metrics = &d->metrics, .policy = d->pconf,
-                         .state_dir = d->cfg.state_dir, .chunk = d->cfg.chunk,
+                         .store = d->store, .chunk = d->cfg.chunk,
                          .kv_type = d->cfg.kv_type, .budget_mode = d->cfg.budget_mode,
                          .step_tokens = d->cfg.step_tokens, .workers = d->cfg.workers, .reuse_cache = d->cfg.reuse_cache,
                          .top_p = d->cfg.top_p, .seed = d->cfg.seed,
                          .chat_template = d->cfg.chat_template,
-                         .transcripts = d->cfg.state_dir[0] ? &g_h.transcripts : NULL};
+                         .transcripts = d->store && kvp_store_dir(d->store)[0] ? &g_h.transcripts
+                                                                               : NULL};
     int rc = kvp_hub_start(&d->hub, &hp, err, sizeof err);
     kvp_transcripts_free(&g_h.transcripts);   /* what the hub did not take */
     if (rc < 0) {
@@ -215,10 +222,12 @@ static void load_done(uv_work_t *w, int status)
     kvp_hub_info_get(d->hub, &info);
     kvpd_log("info", "%s", g_h.policy_note);
     kvpd_log("info", "model %s (%s, %s, %d layers, context %d), policy %s, budget %d, chunk %d, "
-             "%d worker(s), state %s, cache cap %llu (%zu per turn)",
+             "%d worker(s), state %s%s%s, cache cap %llu (%zu per turn)",
              d->model.name, d->model.arch, info.chat_format, d->model.cfg.n_layers,
              d->model.cfg.seq_len, d->pconf->name, d->cfg.budget, d->cfg.chunk,
-             d->cfg.workers, d->cfg.state_dir[0] ? d->cfg.state_dir : "(none)",
+             d->cfg.workers, d->store ? kvp_store_where(d->store) : "(none)",
+             d->store && !kvp_store_dir(d->store)[0] ? ", node " : "",
+             d->store && !kvp_store_dir(d->store)[0] ? kvp_store_node(d->store) : "",
              (unsigned long long)d->cfg.max_cache_bytes, kvpd_turn_bytes(d));
     char mix[256];
     kvp_model_weight_mix(&d->model, mix, sizeof mix);
@@ -340,6 +349,7 @@ int main(int argc, char **argv)
         lws_context_destroy(d->web.lws);
     uv_run(&d->loop, UV_RUN_DEFAULT);
     kvp_hub_free(d->hub);
+    kvp_store_close(d->store);   /* releases the leases still held */
     kvp_policy_conf_unref(d->pconf);
     if (d->model_loaded)
         kvp_model_free(&d->model);

@@ -11,15 +11,37 @@
 
 #include "base/checksum.h"
 #include "base/errors.h"
+#include "model/quant.h"
 
-_Static_assert(sizeof(kvp_trace_header) == 128, "trace header is 128 bytes on disk");
+_Static_assert(sizeof(kvp_trace_header) == 144, "trace header is 144 bytes on disk");
 
-
-static size_t seq_bytes(const kvp_trace_header *h, size_t len)
+int kvp_trace_n_cuts(const kvp_trace_header *h, int len)
 {
-    size_t per_tok = (size_t)h->n_layers * ((size_t)h->n_heads + 2 * (size_t)h->n_kv_heads) *
-                     (size_t)h->head_dim * sizeof(float) + sizeof(int32_t);
-    return sizeof(int32_t) + len * per_tok;
+    return len - h->cut_tail >= h->cut_min ? (len - h->cut_tail - h->cut_min) / h->cut_stride + 1 : 0;
+}
+
+int kvp_trace_cut_index(const kvp_trace_header *h, int n)
+{
+    return n >= h->cut_min && (n - h->cut_min) % h->cut_stride == 0 ? (n - h->cut_min) / h->cut_stride : -1;
+}
+
+/* Floats of importance one agent stores for a sequence with g cuts (the cuts' I(n) one
+ * after the other), and where cut g starts among them. */
+static size_t cut_offset(const kvp_trace_header *h, int g)
+{
+    return (size_t)g * h->cut_min + (size_t)h->cut_stride * g * (g - 1) / 2;
+}
+
+static size_t agent_bytes(const kvp_trace_header *h, int len)
+{
+    return 2 * (size_t)len * h->head_dim * sizeof(uint16_t) +
+           cut_offset(h, kvp_trace_n_cuts(h, len)) * sizeof(float);
+}
+
+static size_t seq_bytes(const kvp_trace_header *h, int len)
+{
+    return sizeof(int32_t) + (size_t)len * sizeof(int32_t) +
+           (size_t)h->n_layers * h->n_kv_heads * agent_bytes(h, len);
 }
 
 int kvp_trace_open(kvp_trace *t, const char *path, const kvp_model_config *cfg,
@@ -49,14 +71,18 @@ int kvp_trace_open(kvp_trace *t, const char *path, const kvp_model_config *cfg,
         rc = KVP_ERR(-EINVAL, "%s: not a trace file (bad magic)", path);
         goto fail;
     }
-    if (h->version != 1) {
-        rc = KVP_ERR(-EINVAL, "%s: unsupported trace version %u", path, h->version);
+    if (h->version != 2) {
+        rc = KVP_ERR(-EINVAL, "%s: unsupported trace version %u%s", path, h->version,
+                     h->version == 1 ? " (f32 q/k/v of kvp trace before the compact format; "
+                     "trace again)" : "");
         goto fail;
     }
     if (h->n_layers <= 0 || h->n_layers > 1024 || h->n_heads <= 0 || h->n_heads > 4096 ||
         h->n_kv_heads <= 0 || h->n_heads % h->n_kv_heads || h->head_dim <= 0 ||
         h->head_dim > 4096 || h->seq_len <= 1 || h->seq_len > (1 << 20) || h->n_seqs <= 0 ||
-        h->n_train < 0 || h->n_train > h->n_seqs) {
+        h->n_train < 0 || h->n_train > h->n_seqs || h->cut_min < 1 || h->cut_stride < 1 ||
+        h->cut_tail < 1 || h->cut_min > (1 << 20) || h->cut_stride > (1 << 20) ||
+        h->cut_tail > (1 << 20) || h->reserved) {
         rc = KVP_ERR(-EINVAL, "%s: bad trace header", path);
         goto fail;
     }
@@ -86,12 +112,12 @@ int kvp_trace_open(kvp_trace *t, const char *path, const kvp_model_config *cfg,
             goto fail;
         }
         memcpy(&len, b + off, 4);
-        if (len < 2 || len > h->seq_len || seq_bytes(h, (size_t)len) > end - off) {
+        if (len < 2 || len > h->seq_len || seq_bytes(h, len) > end - off) {
             rc = KVP_ERR(-EINVAL, "%s: sequence %d has a bad length %d", path, s, len);
             goto fail;
         }
         t->offsets[s] = off;
-        off += seq_bytes(h, (size_t)len);
+        off += seq_bytes(h, len);
     }
     if (off != end) {
         rc = KVP_ERR(-EINVAL, "%s: %zu unexpected trailing bytes", path, end - off);
@@ -123,40 +149,39 @@ const int32_t *kvp_trace_tokens(const kvp_trace *t, int seq)
     return (const int32_t *)((const char *)t->map + t->offsets[seq] + 4);
 }
 
-/* Start of layer `layer` of a sequence: q, then k, then v. */
-static const float *layer_base(const kvp_trace *t, int seq, int layer)
+/* Start of agent (layer, kvh) of a sequence: k, then v, then the importance. */
+static const char *agent_base(const kvp_trace *t, int seq, int layer, int kvh)
 {
-    const kvp_trace_header *h = &t->h;
-    size_t len = (size_t)kvp_trace_len(t, seq);
-    size_t per_layer = len * ((size_t)h->n_heads + 2 * (size_t)h->n_kv_heads) * h->head_dim;
-    const char *p = (const char *)t->map + t->offsets[seq] + 4 + len * 4;
-    return (const float *)p + (size_t)layer * per_layer;
+    int len = kvp_trace_len(t, seq);
+    size_t agent = (size_t)layer * t->h.n_kv_heads + (size_t)kvh;
+    return (const char *)t->map + t->offsets[seq] + 4 + (size_t)len * 4 +
+           agent * agent_bytes(&t->h, len);
 }
 
-const float *kvp_trace_q(const kvp_trace *t, int seq, int layer)
+const uint16_t *kvp_trace_k(const kvp_trace *t, int seq, int layer, int kvh)
 {
-    return layer_base(t, seq, layer);
+    return (const uint16_t *)agent_base(t, seq, layer, kvh);
 }
 
-const float *kvp_trace_k(const kvp_trace *t, int seq, int layer)
+const uint16_t *kvp_trace_v(const kvp_trace *t, int seq, int layer, int kvh)
 {
-    size_t len = (size_t)kvp_trace_len(t, seq);
-    return layer_base(t, seq, layer) + len * t->h.n_heads * t->h.head_dim;
+    return kvp_trace_k(t, seq, layer, kvh) + (size_t)kvp_trace_len(t, seq) * t->h.head_dim;
 }
 
-const float *kvp_trace_v(const kvp_trace *t, int seq, int layer)
+const float *kvp_trace_importance(const kvp_trace *t, int seq, int layer, int kvh, int g)
 {
-    size_t len = (size_t)kvp_trace_len(t, seq);
-    return kvp_trace_k(t, seq, layer) + len * t->h.n_kv_heads * t->h.head_dim;
+    const uint16_t *end = kvp_trace_v(t, seq, layer, kvh) +
+                          (size_t)kvp_trace_len(t, seq) * t->h.head_dim;
+    return (const float *)end + cut_offset(&t->h, g);
 }
 
-void kvp_trace_importance_cuts(const kvp_trace *t, int seq, int layer, int kvh, int first,
-                               int stride, int n_cuts, float *const *out, float *work)
+void kvp_importance_cuts(const float *q, const float *k, int len, int n_heads,
+                         int n_kv_heads, int head_dim, int kvh, int first, int stride,
+                         int n_cuts, float *const *out, float *work)
 {
-    const kvp_trace_header *h = &t->h;
-    int len = kvp_trace_len(t, seq), hd = h->head_dim, group = h->n_heads / h->n_kv_heads;
-    int qd = h->n_heads * hd, kvd = h->n_kv_heads * hd, g = n_cuts - 1;
-    const float *q = kvp_trace_q(t, seq, layer), *k = kvp_trace_k(t, seq, layer) + kvh * hd;
+    int hd = head_dim, group = n_heads / n_kv_heads, g = n_cuts - 1;
+    int qd = n_heads * hd, kvd = n_kv_heads * hd;
+    k += (size_t)kvh * hd;
     float scale = 1.0f / sqrtf((float)hd), *att = work, *amax = work + len, *acc = work + 2 * len;
     for (; g >= 0 && first + g * stride >= len; g--)   /* no query comes after the cut */
         memset(out[g], 0, (size_t)(first + g * stride) * sizeof **out);
@@ -195,12 +220,6 @@ void kvp_trace_importance_cuts(const kvp_trace *t, int seq, int layer, int kvh, 
     }
 }
 
-void kvp_trace_importance(const kvp_trace *t, int seq, int layer, int kvh, int n,
-                          float *imp, float *work)
-{
-    kvp_trace_importance_cuts(t, seq, layer, kvh, n, 1, 1, &imp, work);
-}
-
 size_t kvp_trace_split_at(const char *text, size_t len, double split)
 {
     size_t cut = (size_t)(split * (double)len);
@@ -234,6 +253,17 @@ long kvp_trace_tokenize(const kvp_tokenizer *tok, const char *text, size_t len, 
 
 /* ---- writer -------------------------------------------------------------------- */
 
+static void writer_free(kvp_trace_writer *w)
+{
+    free(w->imp);
+    free(w->cuts);
+    free(w->work);
+    free(w->half);
+    w->imp = w->work = NULL;
+    w->cuts = NULL;
+    w->half = NULL;
+}
+
 static int wr(kvp_trace_writer *w, const void *p, size_t n)
 {
     return fwrite(p, 1, n, w->f) == n ? 0 : -EIO;
@@ -245,13 +275,30 @@ int kvp_trace_writer_open(kvp_trace_writer *w, const char *path, const kvp_trace
     memset(w, 0, sizeof *w);
     w->h = *h;
     memcpy(w->h.magic, "KVPTRACE", 8);
-    w->h.version = 1;
+    w->h.version = 2;
     w->h.n_seqs = 0;
+    w->h.reserved = 0;
+    if (h->cut_min < 1 || h->cut_stride < 1 || h->cut_tail < 1 || h->seq_len < 2 ||
+        h->head_dim < 1 || h->n_kv_heads < 1 || h->n_heads % h->n_kv_heads)
+        return KVP_ERR(-EINVAL, "bad trace shape or cut grid (cut min %d, stride %d, tail %d)",
+                       h->cut_min, h->cut_stride, h->cut_tail);
+    int grid = kvp_trace_n_cuts(&w->h, h->seq_len);
+    w->imp = malloc((cut_offset(&w->h, grid) + 1) * sizeof *w->imp);
+    w->cuts = malloc(((size_t)grid + 1) * sizeof *w->cuts);
+    w->work = malloc(3 * (size_t)h->seq_len * sizeof *w->work);
+    w->half = malloc((size_t)h->seq_len * h->head_dim * sizeof *w->half);
+    if (!w->imp || !w->cuts || !w->work || !w->half) {
+        kvp_trace_writer_abort(w);
+        return KVP_ERR(-ENOMEM, "out of memory");
+    }
     snprintf(w->path, sizeof w->path, "%s", path);
     snprintf(w->tmp, sizeof w->tmp, "%s.tmp", path);
     w->f = fopen(w->tmp, "wb");
-    if (!w->f)
-        return KVP_ERR(-errno, "cannot create %s: %s", w->tmp, strerror(errno));
+    if (!w->f) {
+        int e = errno;
+        kvp_trace_writer_abort(w);
+        return KVP_ERR(-e, "cannot create %s: %s", w->tmp, strerror(e));
+    }
     /* the header is rewritten with the final counts at close */
     if (fwrite(&w->h, sizeof w->h, 1, w->f) != 1) {
         kvp_trace_writer_abort(w);
@@ -260,17 +307,35 @@ int kvp_trace_writer_open(kvp_trace_writer *w, const char *path, const kvp_trace
     return 0;
 }
 
+/* Rows [len][head_dim] of one KV head out of x [len][n_kv_heads * head_dim], in f16. */
+static int write_half(kvp_trace_writer *w, const float *x, int len, int kvh)
+{
+    int hd = w->h.head_dim, kvd = w->h.n_kv_heads * hd;
+    for (int r = 0; r < len; r++)
+        for (int i = 0; i < hd; i++)
+            w->half[(size_t)r * hd + i] = kvp_f32_to_f16(x[(size_t)r * kvd + (size_t)kvh * hd + i]);
+    return wr(w, w->half, (size_t)len * hd * sizeof *w->half);
+}
+
 int kvp_trace_writer_add(kvp_trace_writer *w, const int32_t *tokens, int len,
                          const float *const *q, const float *const *k, const float *const *v)
 {
     const kvp_trace_header *h = &w->h;
-    size_t qn = (size_t)len * h->n_heads * h->head_dim, kn = (size_t)len * h->n_kv_heads * h->head_dim;
-    int32_t l32 = len;
+    if (len < 2 || len > h->seq_len)
+        return -EINVAL;
+    int32_t l32 = len, grid = kvp_trace_n_cuts(h, len);
     if (wr(w, &l32, 4) || wr(w, tokens, (size_t)len * 4))
         return -EIO;
+    for (int g = 0; g < grid; g++)
+        w->cuts[g] = w->imp + cut_offset(h, g);
     for (int l = 0; l < h->n_layers; l++)
-        if (wr(w, q[l], qn * 4) || wr(w, k[l], kn * 4) || wr(w, v[l], kn * 4))
-            return -EIO;
+        for (int kvh = 0; kvh < h->n_kv_heads; kvh++) {
+            kvp_importance_cuts(q[l], k[l], len, h->n_heads, h->n_kv_heads, h->head_dim, kvh,
+                                h->cut_min, h->cut_stride, grid, w->cuts, w->work);
+            if (write_half(w, k[l], len, kvh) || write_half(w, v[l], len, kvh) ||
+                wr(w, w->imp, cut_offset(h, grid) * sizeof *w->imp))
+                return -EIO;
+        }
     w->h.n_seqs++;
     return 0;
 }
@@ -307,6 +372,7 @@ int kvp_trace_writer_close(kvp_trace_writer *w, int n_train, char *err, size_t e
     }
     fclose(w->f);
     w->f = NULL;
+    writer_free(w);
     if (rename(w->tmp, w->path)) {
         int e = errno;
         remove(w->tmp);
@@ -317,8 +383,10 @@ int kvp_trace_writer_close(kvp_trace_writer *w, int n_train, char *err, size_t e
 
 void kvp_trace_writer_abort(kvp_trace_writer *w)
 {
-    if (w->f)
+    if (w->f) {
         fclose(w->f);
+        remove(w->tmp);
+    }
     w->f = NULL;
-    remove(w->tmp);
+    writer_free(w);
 }

@@ -12,6 +12,7 @@
 #include "model/sampler.h"
 #include "base/errors.h"
 #include "base/clock.h"
+#include "model/quant.h"
 
 
 /* ---- Plackett-Luce, sampling, cost ------------------------------------------------- */
@@ -161,7 +162,7 @@ void kvp_train_defaults(kvp_train_cfg *c)
         .lr = 3e-3f, .lr_min = 1e-6f, .warmup = 100, .warmup_start = 0.01f,
         .adamw = {.beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 1e-3f},
         .clip = 5.0f, .ema = 0.99f, .adv_clamp = 2.0f, .n_sink = KVP_DEFAULT_SINKS, .n_recent = KVP_DEFAULT_RECENT,
-        .cut_min = 64, .cut_tail = 32, .cut_stride = 8, .val_cut = 384, .eval_every = 100,
+        .val_cut = 384, .eval_every = 100,
     };
 }
 
@@ -229,20 +230,20 @@ static int pool_run(int threads, int n_jobs, int (*job)(void *, int, int), void 
     return atomic_load(&p.rc);
 }
 
-/* Rows [first, first + n) of (layer, kvh) gathered into contiguous k, v [n][d] and their
- * positions. */
+/* Rows [first, first + n) of (layer, kvh) gathered into contiguous f32 k, v [n][d] and
+ * their positions. */
 static void gather_rows(const kvp_trace *t, int seq, int layer, int kvh, int first, int n,
                         float *k, float *v, int32_t *pos)
 {
-    int d = t->h.head_dim, kvd = t->h.n_kv_heads * d;
-    const float *ks = kvp_trace_k(t, seq, layer) + (size_t)kvh * d;
-    const float *vs = kvp_trace_v(t, seq, layer) + (size_t)kvh * d;
-    for (int i = 0; i < n; i++) {
-        size_t row = (size_t)(first + i);
-        memcpy(k + (size_t)i * d, ks + row * kvd, (size_t)d * sizeof(float));
-        memcpy(v + (size_t)i * d, vs + row * kvd, (size_t)d * sizeof(float));
-        pos[i] = first + i;
+    int d = t->h.head_dim;
+    const uint16_t *ks = kvp_trace_k(t, seq, layer, kvh) + (size_t)first * d;
+    const uint16_t *vs = kvp_trace_v(t, seq, layer, kvh) + (size_t)first * d;
+    for (size_t i = 0; i < (size_t)n * d; i++) {
+        k[i] = kvp_f16_to_f32(ks[i]);
+        v[i] = kvp_f16_to_f32(vs[i]);
     }
+    for (int i = 0; i < n; i++)
+        pos[i] = first + i;
 }
 
 /* ---- validation --------------------------------------------------------------------- */
@@ -260,25 +261,23 @@ static int val_job(void *arg, int worker, int a)
     val_ctx *c = arg;
     const kvp_trace *t = c->t;
     const kvp_agent_set *s = c->s;
-    int layer = a / s->n_kv_heads, kvh = a % s->n_kv_heads, d = s->arch.d, len = t->h.seq_len;
-    int m = c->cut - c->n_sink - c->n_recent;
-    float *imp = malloc((size_t)c->cut * sizeof *imp);
-    float *work = malloc((size_t)(3 * len) * sizeof *work);
+    int layer = a / s->n_kv_heads, kvh = a % s->n_kv_heads, d = s->arch.d;
+    int m = c->cut - c->n_sink - c->n_recent, g = kvp_trace_cut_index(&t->h, c->cut);
     float *k = malloc((size_t)m * d * sizeof *k), *v = malloc((size_t)m * d * sizeof *v);
     int32_t *pos = malloc((size_t)m * sizeof *pos), *order = malloc((size_t)m * sizeof *order);
     float *scores = malloc((size_t)m * sizeof *scores);
     float *swork = malloc(kvp_agent_score_work(&s->arch, m) * sizeof *swork);
     kvp_rank_key *rk = malloc((size_t)m * sizeof *rk);
     int rc = -ENOMEM;
-    if (!imp || !work || !k || !v || !pos || !order || !scores || !swork || !rk)
+    if (!k || !v || !pos || !order || !scores || !swork || !rk)
         goto out;
     double sum = 0.0;
     int count = 0;
     const float *w = kvp_agent_set_params(s, layer, kvh);
     for (int seq = t->h.n_train; seq < t->h.n_seqs; seq++) {
-        if (kvp_trace_len(t, seq) <= c->cut)
+        if (g >= kvp_trace_n_cuts(&t->h, kvp_trace_len(t, seq)))
             continue;
-        kvp_trace_importance(t, seq, layer, kvh, c->cut, imp, work);
+        const float *imp = kvp_trace_importance(t, seq, layer, kvh, g);
         gather_rows(t, seq, layer, kvh, c->n_sink, m, k, v, pos);
         kvp_agent_score(&s->arch, w, k, v, pos, m, scores, swork);
         kvp_argsort_desc(scores, m, order, rk);
@@ -290,8 +289,6 @@ static int val_job(void *arg, int worker, int a)
     c->per_agent[a] = sum / count;
     rc = 0;
 out:
-    free(imp);
-    free(work);
     free(k);
     free(v);
     free(pos);
@@ -310,10 +307,16 @@ int kvp_train_validate(const kvp_trace *t, const kvp_agent_set *s, int cut, int 
     if (cut < n_sink + n_recent + 2)
         return KVP_ERR(-EINVAL, "validation cut %d leaves fewer than 2 rows to rank after %d sinks "
                    "and %d recent rows", cut, n_sink, n_recent);
+    int g = kvp_trace_cut_index(&t->h, cut);
+    if (g < 0)
+        return KVP_ERR(-EINVAL, "the validation cut %d is not on the trace's grid of cuts (%d, %d, "
+                   "%d, ...)", cut, t->h.cut_min, t->h.cut_min + t->h.cut_stride,
+                   t->h.cut_min + 2 * t->h.cut_stride);
     for (int seq = t->h.n_train; seq < t->h.n_seqs; seq++)
-        usable += kvp_trace_len(t, seq) > cut;
+        usable += g < kvp_trace_n_cuts(&t->h, kvp_trace_len(t, seq));
     if (!usable)
-        return KVP_ERR(-EINVAL, "no validation sequence is longer than the validation cut %d", cut);
+        return KVP_ERR(-EINVAL, "no validation sequence has the validation cut %d and the %d "
+                   "tokens after it", cut, t->h.cut_tail);
     openblas_set_num_threads(1);   /* the parallelism is over agents */
     double *pa = per_agent ? per_agent : malloc((size_t)n_agents * sizeof *pa);
     if (!pa)
@@ -337,14 +340,12 @@ int kvp_train_validate(const kvp_trace *t, const kvp_agent_set *s, int cut, int 
 typedef struct agent_state {
     float *w, *ema, *m, *v, *grad;
     uint64_t rng;
-    float **imp;          /* [n_usable]: I(n) of every cut of a sequence, one block each,
-                             computed on first use */
     double *step_cost;    /* [eval_every]: mean sampled C/C* of each step of a round */
 } agent_state;
 
 typedef struct worker {
     kvp_agent_acts *acts;
-    float *k, *v, *scores, *dscores, *pl_grad, *imp_work, **cuts;
+    float *k, *v, *scores, *dscores, *pl_grad;
     int32_t *pos, *sigma, *order;
     double *pl_work, *reward;
     float *adv;
@@ -358,7 +359,7 @@ typedef struct train_ctx {
     agent_state *agents;
     worker *workers;
     int *usable;          /* training sequences long enough for the smallest cut */
-    int n_usable, n_grid;
+    int n_usable;
     long step0, step1;    /* the round being run */
 } train_ctx;
 
@@ -375,8 +376,6 @@ static void worker_free(worker *w)
     free(w->scores);
     free(w->dscores);
     free(w->pl_grad);
-    free(w->imp_work);
-    free(w->cuts);
     free(w->pos);
     free(w->sigma);
     free(w->order);
@@ -386,8 +385,7 @@ static void worker_free(worker *w)
     free(w->rank_work);
 }
 
-static int worker_init(worker *w, const kvp_agent_arch *a, int len, int n_grid,
-                       const kvp_train_cfg *c)
+static int worker_init(worker *w, const kvp_agent_arch *a, int len, const kvp_train_cfg *c)
 {
     size_t rows = (size_t)c->episodes * len, d = (size_t)a->d, nk = (size_t)c->episodes * c->samples;
     *w = (worker){0};
@@ -397,8 +395,6 @@ static int worker_init(worker *w, const kvp_agent_arch *a, int len, int n_grid,
     w->scores = malloc(rows * sizeof(float));
     w->dscores = malloc(rows * sizeof(float));
     w->pl_grad = malloc((size_t)len * sizeof(float));
-    w->imp_work = malloc((size_t)(3 * len) * sizeof(float));
-    w->cuts = malloc((size_t)n_grid * sizeof(float *));
     w->pos = malloc(rows * sizeof(int32_t));
     w->sigma = malloc(nk * len * sizeof(int32_t));
     w->order = malloc((size_t)len * sizeof(int32_t));
@@ -407,24 +403,12 @@ static int worker_init(worker *w, const kvp_agent_arch *a, int len, int n_grid,
     w->adv = malloc(nk * sizeof(float));
     w->rank_work = malloc((size_t)len * sizeof(kvp_rank_key));
     if (!w->acts || !w->k || !w->v || !w->scores || !w->dscores || !w->pl_grad ||
-        !w->imp_work || !w->cuts || !w->pos || !w->sigma || !w->order || !w->pl_work || !w->reward ||
+        !w->pos || !w->sigma || !w->order || !w->pl_work || !w->reward ||
         !w->adv || !w->rank_work) {
         worker_free(w);
         return -ENOMEM;
     }
     return 0;
-}
-
-/* The cut grid of a sequence of len tokens, and where cut g starts in its importance block
- * (the cuts' I(n) one after the other). */
-static int n_cuts(const kvp_train_cfg *c, int len)
-{
-    return (len - c->cut_tail - c->cut_min) / c->cut_stride + 1;
-}
-
-static size_t cut_offset(const kvp_train_cfg *c, int g)
-{
-    return (size_t)g * c->cut_min + (size_t)c->cut_stride * g * (g - 1) / 2;
 }
 
 static int rand_below(uint64_t *rng, int n)
@@ -445,18 +429,10 @@ static int train_step(train_ctx *x, worker *wk, int a, long step)
     int rows = 0;
     for (int e = 0; e < B; e++) {
         int u = rand_below(&st->rng, x->n_usable), seq = x->usable[u];
-        int grid = n_cuts(c, kvp_trace_len(t, seq));
-        if (!st->imp[u]) {
-            if (!(st->imp[u] = malloc(cut_offset(c, grid) * sizeof(float))))
-                return -ENOMEM;
-            for (int g = 0; g < grid; g++)
-                wk->cuts[g] = st->imp[u] + cut_offset(c, g);
-            kvp_trace_importance_cuts(t, seq, layer, kvh, c->cut_min, c->cut_stride, grid,
-                                      wk->cuts, wk->imp_work);
-        }
-        int g = rand_below(&st->rng, grid), cut = c->cut_min + g * c->cut_stride;
+        int grid = kvp_trace_n_cuts(&t->h, kvp_trace_len(t, seq));
+        int g = rand_below(&st->rng, grid), cut = t->h.cut_min + g * t->h.cut_stride;
         int m = cut - c->n_sink - c->n_recent;
-        ep[e] = (episode){rows, m, st->imp[u] + cut_offset(c, g) + c->n_sink};
+        ep[e] = (episode){rows, m, kvp_trace_importance(t, seq, layer, kvh, g) + c->n_sink};
         gather_rows(t, seq, layer, kvh, c->n_sink, m, wk->k + (size_t)rows * d,
                     wk->v + (size_t)rows * d, wk->pos + rows);
         rows += m;
@@ -521,18 +497,14 @@ static void fmt_time(char *buf, size_t n, double s)
 static int check_cfg(const kvp_train_cfg *c, char *err, size_t errlen)
 {
     if (c->steps < 1 || c->threads < 1 || c->episodes < 1 || c->samples < 2 ||
-        c->eval_every < 1 || c->warmup < 0 || c->cut_stride < 1 || c->cut_tail < 1 ||
-        c->n_sink < 0 || c->n_recent < 0)
+        c->eval_every < 1 || c->warmup < 0 || c->n_sink < 0 || c->n_recent < 0)
         return KVP_ERR(-EINVAL, "bad training settings (steps, threads, episodes >= 1, samples >= 2, "
-                   "eval interval >= 1, cut stride and tail >= 1)");
+                   "eval interval >= 1)");
     if (!(c->lr > 0.0f) || !(c->lr_min >= 0.0f) || !(c->clip > 0.0f) ||
         !(c->ema >= 0.0f && c->ema < 1.0f) || !(c->adv_clamp > 0.0f) ||
         !(c->warmup_start >= 0.0f && c->warmup_start <= 1.0f))
         return KVP_ERR(-EINVAL, "bad optimiser settings (lr > 0, lr_min >= 0, clip > 0, "
                    "0 <= ema < 1, clamp > 0, 0 <= warm-up start <= 1)");
-    if (c->cut_min < c->n_sink + c->n_recent + 2)
-        return KVP_ERR(-EINVAL, "the smallest cut %d leaves fewer than 2 rows to rank after %d "
-                   "sinks and %d recent rows", c->cut_min, c->n_sink, c->n_recent);
     return 0;
 }
 
@@ -543,6 +515,9 @@ int kvp_train(const kvp_trace *t, kvp_agent_set *s, const kvp_train_cfg *c,
     if (rc)
         return rc;
     const kvp_trace_header *h = &t->h;
+    if (h->cut_min < c->n_sink + c->n_recent + 2)
+        return KVP_ERR(-EINVAL, "the trace's smallest cut %d leaves fewer than 2 rows to rank after "
+                   "%d sinks and %d recent rows", h->cut_min, c->n_sink, c->n_recent);
     if (s->n_layers != h->n_layers || s->n_kv_heads != h->n_kv_heads || s->arch.d != h->head_dim)
         return KVP_ERR(-EINVAL, "the policy is for %d layers x %d KV heads x head_dim %d, the trace "
                    "for %d x %d x %d", s->n_layers, s->n_kv_heads, s->arch.d, h->n_layers,
@@ -551,17 +526,16 @@ int kvp_train(const kvp_trace *t, kvp_agent_set *s, const kvp_train_cfg *c,
     int threads = c->threads < n_agents ? c->threads : n_agents;   /* a worker per thread */
     size_t np = s->n_params;
     train_ctx x = {.t = t, .s = s, .c = c};
-    x.n_grid = n_cuts(c, len);
     x.usable = malloc((size_t)(h->n_train > 0 ? h->n_train : 1) * sizeof *x.usable);
     if (!x.usable)
         return KVP_ERR(-ENOMEM, "out of memory");
     for (int seq = 0; seq < h->n_train; seq++)
-        if (kvp_trace_len(t, seq) >= c->cut_min + c->cut_tail)
+        if (kvp_trace_n_cuts(h, kvp_trace_len(t, seq)) > 0)
             x.usable[x.n_usable++] = seq;
     if (!x.n_usable) {
         free(x.usable);
         return KVP_ERR(-EINVAL, "no training sequence has the %d tokens the smallest cut (%d) and "
-                   "the future (%d) need", c->cut_min + c->cut_tail, c->cut_min, c->cut_tail);
+                   "the future (%d) need", h->cut_min + h->cut_tail, h->cut_min, h->cut_tail);
     }
     double val = 0.0;
     kvp_agent_set view = *s;
@@ -586,20 +560,19 @@ int kvp_train(const kvp_trace *t, kvp_agent_set *s, const kvp_train_cfg *c,
         st->m = calloc(np, sizeof(float));
         st->v = calloc(np, sizeof(float));
         st->grad = malloc(np * sizeof(float));
-        st->imp = calloc((size_t)x.n_usable, sizeof *st->imp);
         st->step_cost = malloc((size_t)c->eval_every * sizeof(double));
         /* a per-agent stream: the agent's results do not depend on which thread runs it */
         st->rng = (c->seed + 1) * 0x9E3779B97F4A7C15ull ^ (uint64_t)(a + 1) * 0xD1B54A32D192ED03ull;
         st->rng = st->rng ? st->rng : 1;
         for (int i = 0; i < 8; i++)
             kvp_rand_f32(&st->rng);
-        if (!st->m || !st->v || !st->grad || !st->imp || !st->step_cost) {
+        if (!st->m || !st->v || !st->grad || !st->step_cost) {
             rc = KVP_ERR(-ENOMEM, "out of memory");
             goto out;
         }
     }
     for (; n_workers < threads; n_workers++)
-        if (worker_init(&x.workers[n_workers], &s->arch, len, x.n_grid, c)) {
+        if (worker_init(&x.workers[n_workers], &s->arch, len, c)) {
             rc = KVP_ERR(-ENOMEM, "out of memory");
             goto out;
         }
@@ -655,9 +628,6 @@ out:
         worker_free(&x.workers[w]);
     for (int a = 0; x.agents && a < n_agents; a++) {
         agent_state *st = &x.agents[a];
-        for (int i = 0; st->imp && i < x.n_usable; i++)
-            free(st->imp[i]);
-        free(st->imp);
         free(st->m);
         free(st->v);
         free(st->grad);

@@ -89,10 +89,8 @@ typedef struct kvp_train_cfg {
     float ema;           /* EMA decay of the saved weights */
     float adv_clamp;
     int n_sink, n_recent;   /* rows always kept, as rank-and-keep (4, 16) */
-    int cut_min;         /* cut points n in cut_min, cut_min + cut_stride, ... */
-    int cut_tail;        /* ... up to len - cut_tail (the future is at least this long) */
-    int cut_stride;      /* importance is cached per (sequence, cut): a grid keeps it small */
-    int val_cut;         /* validation ranks the first val_cut rows of each sequence */
+    int val_cut;         /* validation ranks the first val_cut rows of each sequence (a cut
+                            of the trace's grid); episodes use every cut of the grid */
     long eval_every;     /* validation and a progress line every so many steps */
     double max_seconds;  /* > 0: stop at the first validation past this much time (the
                             schedule is cut short, the EMA weights saved); 0: no limit */
@@ -109,7 +107,8 @@ float kvp_train_lr(const kvp_train_cfg *c, long t);
 /* Mean C/C* over the validation sequences (trace->h.n_train ..) and agents, ranking rows
  * n_sink..cut-n_recent-1 of the first `cut` rows by deterministic argsort of the agent
  * scores. per_agent (NULL or [n_layers * n_kv_heads]) receives each agent's mean.
- * 0, -EINVAL (no validation sequence long enough) or -ENOMEM, with a message. */
+ * 0, -EINVAL (cut not on the trace's grid, no validation sequence long enough) or
+ * -ENOMEM, with a message. */
 int kvp_train_validate(const kvp_trace *t, const kvp_agent_set *s, int cut, int n_sink,
                        int n_recent, int threads, double *mean, double *per_agent,
                        char *err, size_t errlen);

@@ -16,12 +16,32 @@
 #   1024 [--type q8_0]`, written to /tmp/kvp-synth-134M[-q8_0].gguf on first use, ~540
 #   and ~145 MB) and on stories260K: aggregate tokens/s and TTFT p50/p99 with their
 #   ratios to one session; plots in docs/batching-{134M,134M-q8_0,stories260K}.svg.
+#        scripts/bench.sh --store [bench_store options, e.g. --reps 50 --sizes 64,1024]
+#   --store: a session snapshot's write and read in the state directory and in a Redis
+#   (redis-server started here on a free port with AOF, appendfsync always, in a temp
+#   dir), for caches of 64 KiB, 1 MiB and 8 MiB: milliseconds, Redis as a ratio to the
+#   directory.
 # KVP_BUILD_DIR selects the build directory (default build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${KVP_BUILD_DIR:-build}
 [ -f $dir/build.ninja ] || meson setup $dir
-ninja -C $dir bench/bench_engine bench/bench_matmul bench/loadgen tools/kvp daemon/kvpd
+ninja -C $dir bench/bench_engine bench/bench_matmul bench/loadgen bench/bench_store tools/kvp \
+    daemon/kvpd
+if [ "${1:-}" = --store ]; then
+    shift
+    rdir=$(mktemp -d /tmp/kvp-bench-redis-XXXXXX)
+    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    redis-server --port "$port" --bind 127.0.0.1 --dir "$rdir" --save "" --appendonly yes \
+        --appendfsync always --logfile "$rdir/redis.log" &
+    rpid=$!
+    trap 'kill $rpid 2>/dev/null; wait $rpid 2>/dev/null; rm -rf "$rdir"' EXIT
+    for _ in $(seq 100); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.05; done
+    echo "load: $(uptime)"
+    $dir/bench/bench_store --url "redis://127.0.0.1:$port/0" "$@"
+    echo "load: $(uptime)"
+    exit 0
+fi
 if [ "${1:-}" = --batching ]; then
     levels=${2:-1,4,8,16,32}
     synth=/tmp/kvp-synth-134M.gguf synth_q8=/tmp/kvp-synth-134M-q8_0.gguf

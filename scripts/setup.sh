@@ -7,7 +7,8 @@ cd "$(dirname "$0")/.."
 PACKAGES=(build-essential meson ninja-build pkg-config
           libopenblas-dev libuv1-dev libwebsockets-dev libwebsockets-evlib-uv
           libjansson-dev libcriterion-dev curl ca-certificates
-          prometheus systemd chromium)
+          prometheus systemd chromium
+          redis-server haproxy libhiredis-dev)
 # The browser test's node and npm: Debian's, unless the machine already has them (a
 # Node.js from elsewhere ships its own npm, which Debian's npm package would conflict with).
 command -v node >/dev/null || PACKAGES+=(nodejs)
@@ -21,7 +22,21 @@ if [ ${#missing[@]} -gt 0 ]; then
     echo "setup: installing ${missing[*]}"
     SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
     $SUDO apt-get update -qq
+    # Without a running systemd (a CI container), packages like redis-server and haproxy
+    # would try to start their service from the install: a policy-rc.d that says "no"
+    # keeps them installed and stopped (the tests start their own on free ports).
+    policy=""
+    if [ ! -d /run/systemd/system ] && [ ! -e /usr/sbin/policy-rc.d ]; then
+        policy=/usr/sbin/policy-rc.d
+        printf '#!/bin/sh\nexit 101\n' | $SUDO tee $policy >/dev/null
+        $SUDO chmod 755 $policy
+        trap '$SUDO rm -f $policy' EXIT
+    fi
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+    if [ -n "$policy" ]; then
+        $SUDO rm -f $policy
+        trap - EXIT
+    fi
 fi
 
 scripts/fetch-models.sh

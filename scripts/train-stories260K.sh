@@ -3,13 +3,14 @@
 # TinyStories dev text, then trains its 20 KVP agents. Same seed, same file.
 #   scripts/train-stories260K.sh [OUT]      (default policy/weights/stories260K.kvp)
 # Environment: BUILD (build dir, default build), THREADS (default 2), TRACES (trace dir,
-# default /tmp/kvp-traces-stories260K; kept between runs, rebuilt when missing), CURVE
-# (training-curve CSV, default /tmp/stories260K-curve.csv).
+# default /tmp/kvp-traces-stories260K-v2, named by the trace format version; kept between
+# runs, rebuilt when missing), CURVE (training-curve CSV, default
+# /tmp/stories260K-curve.csv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD:-build}
 shared=${KVP_SHARED:-../shared}
-traces=${TRACES:-/tmp/kvp-traces-stories260K}
+traces=${TRACES:-/tmp/kvp-traces-stories260K-v2}
 out=${1:-policy/weights/stories260K.kvp}
 threads=${THREADS:-2}
 curve=${CURVE:-/tmp/stories260K-curve.csv}

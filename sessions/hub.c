@@ -10,6 +10,7 @@
 #include "base/log.h"
 #include "sessions/hub_impl.h"
 #include "sessions/residency.h"
+#include "sessions/store.h"
 
 /* ---- events to clients ---- */
 
@@ -57,8 +58,9 @@ static int never_used(const kvp_session *s)
 /* A session leaves memory; it stays in the transcript index while it is on disk. */
 static void drop(kvp_hub *h, kvp_session *s)
 {
-    if (!h->env.state_dir[0] || !s->has_snapshot || s->lost)
+    if (!h->env.store || !s->has_snapshot || s->lost)
         kvp_transcripts_remove(&h->transcripts, s->id);
+    kvp_store_lease_drop(h->env.store, s->id);
     kvp_session_remove(&h->sessions, s);
 }
 
@@ -80,6 +82,9 @@ static void leave(kvp_hub_client *c)
     if (s->client == c)
         s->client = NULL;
     s->last_active = kvp_now();
+    /* Nobody here serves it now: another node may take it at once (sessions/store.h). */
+    if (!s->client && !kvp_session_busy(s))
+        kvp_store_lease_drop(c->hub->env.store, s->id);
     if (never_used(s)) {
         if (s->creator == c->serial)
             c->created--;
@@ -214,7 +219,9 @@ static int unpark(kvp_hub *h, kvp_session *s)
 }
 
 /* open naming a session whose state is on disk: parked here, or from before a restart
- * (s NULL). The snapshot is read on a worker; the session event follows the job. */
+ * (s NULL), or, with a shared store, in memory here but maybe served by another node
+ * since (the job takes the lease and reads the snapshot if it moved on). The snapshot
+ * is read on a worker; the session event follows the job. */
 static void open_from_disk(kvp_hub_client *c, kvp_session *s, const char *id,
                            const char *system, size_t system_len)
 {
@@ -233,11 +240,12 @@ static void open_from_disk(kvp_hub_client *c, kvp_session *s, const char *id,
             return;
         }
         s->need_restore = 1;   /* has_snapshot stays 0 until the load finds one */
-    } else if (unpark(h, s) < 0) {
+    } else if (s->state == KVP_SESSION_PARKED && unpark(h, s) < 0) {
         emit_error(c, KVPD_E_INTERNAL, "out of memory");
         return;
     }
-    if (!s->need_restore) {   /* parked with nothing to keep: nothing to read */
+    int shared = kvp_store_has_leases(h->env.store);
+    if (!s->need_restore && !shared) {   /* parked with nothing to keep: nothing to read */
         if (system_matches(c, s, system, system_len)) {
             attach(c, s);
             s->last_active = kvp_now();
@@ -301,7 +309,8 @@ void kvp_hub_open(kvp_hub_client *c, const char *id, const char *system, size_t 
         attach(c, s);
         return;
     }
-    if ((s && s->state == KVP_SESSION_PARKED) || (!s && h->env.state_dir[0])) {
+    if ((s && s->state == KVP_SESSION_PARKED) || (!s && h->env.store) ||
+        (s && !kvp_session_busy(s) && kvp_store_has_leases(h->env.store))) {
         open_from_disk(c, s, id, system, system_len);
         return;
     }
@@ -499,14 +508,23 @@ void kvp_hub_chat(kvp_hub_client *c, const char *id, const char *system, size_t 
     uint64_t hash = kvp_session_transcript_hash(system, system_len, msgs, prefix);
     kvp_session *s = NULL;
     const char *disk = NULL;   /* a session it extends that is only on disk */
+    kvp_session *stale = NULL; /* ... or in memory here, but maybe moved on elsewhere */
     int named = 0;
     if (prefix > 0 && id && id[0]) {   /* the named session first */
         kvp_session *t = kvp_session_find(&h->sessions, id);
         const kvp_transcript_entry *e = t ? NULL : kvp_transcripts_get(&h->transcripts, id);
         if (t && continues(t, 1, hash, system, system_len, msgs, prefix))
             s = t;
-        else if (e && e->hash == hash && e->n_msgs == prefix && h->env.state_dir[0])
+        else if (e && e->hash == hash && e->n_msgs == prefix && h->env.store)
             disk = e->id;
+        else if (h->env.store && !h->env.state_dir[0] && kvp_snapshot_id_valid(id) &&
+                 (!t || !kvp_session_busy(t))) {
+            /* A shared store (Redis) keeps no index here, and another node may have served
+             * turns since this copy: the load takes the lease, reads the snapshot when it
+             * moved on, and the answer compares. */
+            disk = id;
+            stale = t;
+        }
         named = disk != NULL;
     }
     /* Then every session with this transcript hash: one in memory if any is free. */
@@ -516,7 +534,7 @@ void kvp_hub_chat(kvp_hub_client *c, const char *id, const char *system, size_t 
         kvp_session *t = kvp_session_find(&h->sessions, e->id);
         if (t && continues(t, 0, hash, system, system_len, msgs, prefix))
             s = t;
-        else if (!t && !disk && h->env.state_dir[0])
+        else if (!t && !disk && h->env.store)
             disk = e->id;
     }
     if (s || !disk) {
@@ -532,7 +550,7 @@ void kvp_hub_chat(kvp_hub_client *c, const char *id, const char *system, size_t 
     p->named = named;
     char sid[KVP_SNAPSHOT_ID_MAX + 1];
     snprintf(sid, sizeof sid, "%s", disk);
-    open_from_disk(c, NULL, sid, NULL, 0);
+    open_from_disk(c, stale, sid, NULL, 0);
     if (c->session && c->session->state == KVP_SESSION_LOAD)
         c->pending = p;
     else
@@ -575,6 +593,11 @@ static kvp_hub_client *job_ended(kvp_hub *h, kvp_session *s)
     s->owner = NULL;
     s->reserve = 0;
     s->last_active = kvp_now();
+    /* The lease runs out lease_ms after this job, or goes now when nobody is attached. */
+    if (s->client)
+        kvp_store_lease_idle(h->env.store, s->id);
+    else
+        kvp_store_lease_drop(h->env.store, s->id);
     if (s->restored.pending) {
         s->restored.pending = 0;
         m->unparks++;
@@ -593,6 +616,8 @@ static kvp_hub_client *job_ended(kvp_hub *h, kvp_session *s)
     } else if (s->save_rc > 0) {
         m->snapshots_written++;
         s->save_failed = 0;
+        kvpd_hist_observe(&m->snapshot_write, s->save_ms / 1e3);
+        kvpd_hist_observe(&m->snapshot_bytes, (double)s->save_bytes);
     }
     s->save_rc = 0;
     s->turns = s->turns_done;
@@ -622,16 +647,28 @@ static void lose(kvp_hub *h, kvp_session *s, kvp_hub_client *to, int code, const
     remove_session(h, s);
 }
 
+/* Another node holds the session's lease: this node's copy, if any, is not the one to
+ * serve, so it leaves memory (the store keeps the session); the client is told to retry
+ * (through the balancer, which sends it to the holder or back here once the lease ends). */
+static void elsewhere(kvp_hub *h, kvp_session *s, kvp_hub_client *to, const char *why)
+{
+    kvpd_log("info", "session %.8s: %s", s->id, why);
+    emit_error_retry(to, KVPD_E_ELSEWHERE, why, s->elsewhere_ms > 0 ? s->elsewhere_ms : 1);
+    remove_session(h, s);
+}
+
 /* A restore that failed for a reason that may pass (I/O, memory): parked again (or let
  * go, when the session was never in memory). */
 static void restore_failed(kvp_hub *h, kvp_session *s, kvp_hub_client *to, const char *why)
 {
     kvpd_log("warning", "session %.8s: %s", s->id, why);
     emit_error(to, KVPD_E_INTERNAL, "the session could not be loaded; try again");
-    if (!s->has_snapshot)
+    if (!s->has_snapshot) {
         remove_session(h, s);
-    else
+    } else {
+        kvp_store_lease_drop(h->env.store, s->id);
         kvp_session_park(&h->sessions, s);
+    }
 }
 
 /* The load a request waited for ended: it continues that session when the session's
@@ -642,12 +679,20 @@ static void chat_loaded(kvp_hub *h, kvp_session *s, kvp_hub_client *c, const kvp
     kvp_hub_pending *p = c->pending;
     c->pending = NULL;
     kvp_session *use = NULL;
+    if (ev->code == -EADDRINUSE && p->named) {   /* the named one is served elsewhere */
+        elsewhere(h, s, c, ev->text);
+        pending_free(p);
+        return;
+    }
     if (ev->code < 0) {
-        leave(c);
-        if (s->lost)
+        /* the session first (leave() would drop one that never ran a turn here) */
+        if (ev->code == -EADDRINUSE)
+            elsewhere(h, s, NULL, ev->text);
+        else if (s->lost)
             lose(h, s, NULL, ev->code, ev->text);
         else
             restore_failed(h, s, NULL, ev->text);
+        leave(c);   /* still attached when it was parked again */
     } else if (continues(s, p->named, p->hash, p->system, p->system_len, p->msgs, p->n - 1)) {
         kvpd_log("info", "session %.8s: loaded from its snapshot for a request that extends it",
                  s->id);
@@ -661,7 +706,7 @@ static void chat_loaded(kvp_hub *h, kvp_session *s, kvp_hub_client *c, const kvp
 
 static void on_job(kvp_hub *h, kvp_session *s, const kvpd_event *ev)
 {
-    int was_load = s->state == KVP_SESSION_LOAD;
+    int was_load = s->state == KVP_SESSION_LOAD, read = s->restored.pending;
     kvp_hub_client *to = job_ended(h, s);
     if (was_load && to && to->pending) {
         chat_loaded(h, s, to, ev);
@@ -674,12 +719,16 @@ static void on_job(kvp_hub *h, kvp_session *s, const kvpd_event *ev)
         to->want_system = NULL;
         to->check_system = 0;
     }
-    if (was_load && ev->code < 0 && s->lost) {
+    if (was_load && ev->code == -EADDRINUSE) {
+        elsewhere(h, s, to, ev->text);
+    } else if (was_load && ev->code < 0 && s->lost) {
         lose(h, s, to, ev->code, ev->text);
     } else if (was_load && ev->code < 0) {
         restore_failed(h, s, to, ev->text);
     } else if (was_load) {
-        kvpd_log("info", "session %.8s: loaded from its snapshot (%d turns)", s->id, s->turns);
+        if (read)   /* (a shared store's session in memory and current is not read) */
+            kvpd_log("info", "session %.8s: loaded from its snapshot (%d turns)", s->id,
+                     s->turns);
         if (check && !system_matches(to, s, want ? want : "", want_len))
             leave(to);
         else if (to)
@@ -737,7 +786,7 @@ static void on_event(void *ctx, const kvpd_event *ev)
         kvpd_hist_observe(&m->queue_wait, st->queue_ms / 1e3);
         if (to) {
             kvp_hub_event e = {.type = KVP_HUB_DONE, .text = ev->text, .len = ev->len,
-                               .stats = st, .durable = h->env.state_dir[0] ? !s->save_failed : -1,
+                               .stats = st, .durable = h->env.store ? !s->save_failed : -1,
                                .durable_error = s->save_err};
             to->sink(to->ctx, &e);
         }
@@ -745,6 +794,10 @@ static void on_event(void *ctx, const kvpd_event *ev)
     }
     case KVPD_EV_ERROR: {
         kvp_hub_client *to = job_ended(h, s);
+        if (ev->code == -EADDRINUSE) {
+            elsewhere(h, s, to, ev->text);
+            return;
+        }
         if (s->need_restore) {   /* the turn could not get the session back from disk */
             if (s->lost)
                 lose(h, s, to, ev->code, ev->text);
@@ -781,7 +834,15 @@ int kvp_hub_start(kvp_hub **out, const kvp_hub_params *p, char *err, size_t errl
     h->env.reuse_cache = p->reuse_cache;
     h->env.top_p = p->top_p;
     h->env.seed = p->seed;
-    h->env.state_dir = p->state_dir;
+    h->env.store = p->store;
+    if (!h->env.store && p->state_dir && p->state_dir[0]) {
+        kvp_store_params sp = {.state_dir = p->state_dir};
+        int rc = kvp_store_open(&h->own_store, &sp, err, errlen);
+        if (rc < 0)
+            return rc;
+        h->env.store = h->own_store;
+    }
+    h->env.state_dir = h->env.store ? kvp_store_dir(h->env.store) : "";
     h->workers = p->workers;
     h->pconf = kvp_policy_conf_ref(p->policy);
     h->row_bytes = kvp_cache_row_cost(p->kv_type, p->model->cfg.head_dim);
@@ -825,7 +886,7 @@ void kvp_hub_expire(kvp_hub *h, double now)
             /* its job's end decides */
         } else if (!s->client && never_used(s)) {
             drop(h, s);
-        } else if (h->env.state_dir[0]) {
+        } else if (h->env.store) {
             /* With a state directory nothing is dropped: idle sessions are parked (if
              * their snapshot is up to date), and parked ones nobody is attached to are
              * let go from memory after another timeout (open loads them again). */
@@ -871,7 +932,7 @@ int kvp_hub_jobs(const kvp_hub *h)
 int kvp_hub_save_unsaved(kvp_hub *h)
 {
     int n = 0;
-    if (!h->env.state_dir[0])
+    if (!h->env.store)
         return 0;
     for (kvp_session *s = h->sessions.resident_head; s; s = s->rnext)
         if (s->state == KVP_SESSION_IDLE && !s->saved && (s->n_msgs > 0 || s->has_snapshot)) {
@@ -901,6 +962,7 @@ void kvp_hub_free(kvp_hub *h)
     kvp_session_table_clear(&h->sessions);
     kvp_transcripts_free(&h->transcripts);
     kvp_policy_conf_unref(h->pconf);
+    kvp_store_close(h->own_store);
     free(h);
 }
 
@@ -925,6 +987,18 @@ void kvp_hub_info_get(kvp_hub *h, kvp_hub_info *o)
     o->state_dir = h->env.state_dir;
     o->kv_type = kvp_kv_type_name(h->env.kv_type);
     o->budget_mode = kvp_budget_mode_name(h->env.budget_mode);
+    o->store = h->env.store ? kvp_store_kind(h->env.store) : "";
+    o->store_where = h->env.store ? kvp_store_where(h->env.store) : "";
+    o->node = h->env.store ? kvp_store_node(h->env.store) : "";
+    if (h->env.store) {
+        kvp_store_stats ss;
+        kvp_store_stats_get(h->env.store, &ss);
+        o->lease_conflicts = ss.lease_conflicts;
+        o->lease_takeovers = ss.lease_takeovers;
+        o->snapshots_expired = ss.expired;
+        o->store_errors = ss.errors;
+        o->leases_renewing = ss.leases_renewing;
+    }
     o->layers = md->cfg.n_layers;
     o->kv_heads = md->cfg.n_kv_heads;
     o->head_dim = md->cfg.head_dim;

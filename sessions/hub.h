@@ -41,6 +41,9 @@
 #define KVPD_E_UNKNOWN_SESSION "unknown_session"
 #define KVPD_E_OVERLOADED "overloaded"
 #define KVPD_E_INTERNAL "internal"
+/* Another node serves the session now (its lease, sessions/store.h): retry after
+ * retry_after_ms, through the balancer (docs/cluster.md). */
+#define KVPD_E_ELSEWHERE "elsewhere"
 
 /* One message of a transcript. */
 typedef struct kvp_message {
@@ -161,6 +164,9 @@ void kvp_hub_close(kvp_hub_client *c);
 typedef struct kvp_hub_info {
     const char *model_name, *chat_format, *policy, *policy_file, *state_dir;
     const char *kv_type, *budget_mode;   /* "f32" | "f16" | "q8_0"; "per_head" | "global" */
+    const char *store, *store_where, *node;   /* "dir"/"redis"/"" and where; lease name */
+    uint64_t lease_conflicts, lease_takeovers, snapshots_expired, store_errors;
+    int leases_renewing;
     int layers, kv_heads, head_dim, context, chunk, workers, step_tokens;
     int sessions_resident, sessions_parked, turns_running, queue_depth;
     uint64_t sessions_total;      /* ever created */
@@ -198,7 +204,11 @@ typedef struct kvp_hub_params {
     const kvp_hub_config *cfg;    /* read live; owned by the caller */
     kvpd_metrics *metrics;        /* counters the hub adds to; owned by the caller */
     struct kvp_policy_conf *policy;   /* the policy of new sessions (a reference is taken) */
-    const char *state_dir;        /* "" = no snapshots, no parking */
+    /* Where snapshots go (owned by the caller); NULL: a directory store on state_dir,
+     * made and freed by the hub, when state_dir is not "" (no snapshots, no parking
+     * otherwise). */
+    struct kvp_store *store;
+    const char *state_dir;
     int chunk, workers, reuse_cache;
     kvp_kv_type kv_type;          /* how session caches store their rows */
     int budget_mode;              /* enum kvp_budget_mode (policy/policy.h) */

@@ -14,7 +14,8 @@ struct kvp_hub {
     uv_loop_t *loop;
     const kvp_hub_config *cfg;
     kvpd_metrics *m;
-    kvp_session_env env;
+    kvp_session_env env;             /* env.store: NULL without persistence */
+    struct kvp_store *own_store;     /* made by the hub (kvp_hub_params.store NULL) */
     kvp_policy_conf *pconf;          /* the policy of new sessions */
     kvp_session_table sessions;
     kvp_transcripts transcripts;     /* every session by transcript hash, on disk ones too */

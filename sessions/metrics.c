@@ -20,6 +20,12 @@ static const double step_sessions_bounds[KVPD_HIST_BUCKETS - 1] = {
     1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64};
 static const double step_tokens_bounds[KVPD_HIST_BUCKETS - 1] = {
     1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024};
+/* A snapshot write: seconds; its size: bytes. */
+static const double snapshot_write_bounds[KVPD_HIST_BUCKETS - 1] = {
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1};
+static const double snapshot_bytes_bounds[KVPD_HIST_BUCKETS - 1] = {
+    1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864, 268435456,
+    1073741824};
 static const double step_bounds[KVPD_HIST_BUCKETS - 1] = {
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1};
 
@@ -32,6 +38,8 @@ void kvpd_metrics_init(kvpd_metrics *m)
     m->step_tokens.bounds = step_tokens_bounds;
     m->step_duration.bounds = step_bounds;
     m->queue_wait.bounds = ttft_bounds;
+    m->snapshot_write.bounds = snapshot_write_bounds;
+    m->snapshot_bytes.bounds = snapshot_bytes_bounds;
 }
 
 void kvpd_hist_observe(kvpd_hist *h, double v)
@@ -46,7 +54,7 @@ void kvpd_hist_observe(kvpd_hist *h, double v)
 
 static const char *err_codes[KVPD_ERR_KINDS] = {
     KVPD_E_BAD_JSON, KVPD_E_BAD_REQUEST, KVPD_E_BUSY, KVPD_E_TOO_LARGE,
-    KVPD_E_UNKNOWN_SESSION, KVPD_E_OVERLOADED, KVPD_E_INTERNAL};
+    KVPD_E_UNKNOWN_SESSION, KVPD_E_OVERLOADED, KVPD_E_INTERNAL, KVPD_E_ELSEWHERE};
 
 enum kvpd_err_kind kvpd_err_kind_of(const char *code)
 {
@@ -163,6 +171,25 @@ char *kvpd_metrics_render(const kvpd_metrics *m, const kvpd_gauges *g, size_t *l
     histogram(f, "kvpd_step_duration_seconds", "Time of each batched step", &m->step_duration);
     histogram(f, "kvpd_queue_wait_seconds", "Time from a message to its turn's first step",
               &m->queue_wait);
+    histogram(f, "kvpd_snapshot_write_seconds",
+              "Time of each snapshot write at the end of a turn (directory or Redis)",
+              &m->snapshot_write);
+    histogram(f, "kvpd_snapshot_bytes",
+              "Bytes of each snapshot write (a journal record, or a whole snapshot)",
+              &m->snapshot_bytes);
+    counter(f, "kvpd_lease_conflicts_total",
+            "Loads and turns refused because another node held the session's lease",
+            g->lease_conflicts);
+    counter(f, "kvpd_lease_takeovers_total",
+            "Sessions in memory reloaded because another node had served them meanwhile",
+            g->lease_takeovers);
+    gauge(f, "kvpd_leases_renewing", "Session leases this node renews (jobs in flight)",
+          g->leases_renewing);
+    counter(f, "kvpd_snapshots_expired_total", "Snapshots deleted by snapshot_ttl (directory)",
+            g->snapshots_expired);
+    counter(f, "kvpd_store_errors_total",
+            "Snapshot store calls that failed (disk, or the Redis server unreachable)",
+            g->store_errors);
     if (fclose(f) != 0) {
         free(buf);
         return NULL;

@@ -17,7 +17,8 @@ typedef struct kvpd_hist {
 
 enum kvpd_err_kind {
     KVPD_ERR_BAD_JSON, KVPD_ERR_BAD_REQUEST, KVPD_ERR_BUSY, KVPD_ERR_TOO_LARGE,
-    KVPD_ERR_UNKNOWN_SESSION, KVPD_ERR_OVERLOADED, KVPD_ERR_INTERNAL, KVPD_ERR_KINDS
+    KVPD_ERR_UNKNOWN_SESSION, KVPD_ERR_OVERLOADED, KVPD_ERR_INTERNAL, KVPD_ERR_ELSEWHERE,
+    KVPD_ERR_KINDS
 };
 
 typedef struct kvpd_metrics {
@@ -39,6 +40,8 @@ typedef struct kvpd_metrics {
     /* the step loop: per batched step, the turns in it, the tokens it ran and its time;
      * per turn, the wait from its message to its first step */
     kvpd_hist step_sessions, step_tokens, step_duration, queue_wait;
+    /* per snapshot write (the end of a turn): its time and its bytes */
+    kvpd_hist snapshot_write, snapshot_bytes;
 } kvpd_metrics;
 
 /* Point-in-time values that are not counters. */
@@ -50,6 +53,10 @@ typedef struct kvpd_gauges {
     size_t cache_bytes_accounted, cache_bytes_cap, turn_reserve_bytes;
     double uptime_s;
     int ready;
+    int draining;                     /* shutting down: /healthz says so */
+    /* the snapshot store's counters (sessions/store.h) */
+    uint64_t lease_conflicts, lease_takeovers, snapshots_expired, store_errors;
+    int leases_renewing;
 } kvpd_gauges;
 
 /* Zeroes the counters and sets the histogram buckets. */

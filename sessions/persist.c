@@ -11,6 +11,7 @@
 
 #include "base/clock.h"
 #include "base/log.h"
+#include "sessions/store.h"
 #include "sessions/transcripts.h"
 
 /* The snapshot's messages borrow the session's (the write only reads them). */
@@ -30,7 +31,7 @@ static int borrow_msgs(const kvp_session *s, int from, kvp_snapshot_msg **out)
 }
 
 static int save_full(kvp_session *s, const kvp_session_env *env, void *cache, size_t cache_len,
-                     char *err, size_t errlen)
+                     size_t *bytes, char *err, size_t errlen)
 {
     kvp_snapshot snap;
     memset(&snap, 0, sizeof snap);
@@ -57,7 +58,7 @@ static int save_full(kvp_session *s, const kvp_session_env *env, void *cache, si
         return rc;
     }
     snap.n_msgs = rc;
-    rc = kvp_snapshot_write(env->state_dir, &snap, err, errlen);
+    rc = kvp_store_put(env->store, &snap, bytes, err, errlen);
     if (rc == 0) {
         s->journal_ok = 1;
         s->journal_bytes = 0;
@@ -75,7 +76,7 @@ static int new_msgs_from(const kvp_session *s) { return s->journal_msgs - s->his
 static int64_t new_tokens_from(const kvp_session *s) { return s->journal_tokens - s->hist_tokens; }
 
 static int save_increment(kvp_session *s, void *cache, size_t cache_len,
-                          const kvp_session_env *env, char *err, size_t errlen)
+                          const kvp_session_env *env, size_t *bytes, char *err, size_t errlen)
 {
     int tf = (int)new_tokens_from(s);
     kvp_journal_rec rec = {
@@ -93,7 +94,7 @@ static int save_increment(kvp_session *s, void *cache, size_t cache_len,
     }
     rec.msgs = msgs;
     rec.n_msgs = rc;
-    rc = kvp_journal_append(env->state_dir, s->id, &rec, &s->journal_bytes, err, errlen);
+    rc = kvp_store_append(env->store, s->id, &rec, &s->journal_bytes, bytes, err, errlen);
     free(msgs);
     if (rc < 0)
         s->journal_ok = 0;   /* maybe a torn record: the next save rewrites everything */
@@ -102,6 +103,8 @@ static int save_increment(kvp_session *s, void *cache, size_t cache_len,
 
 int kvp_session_save(kvp_session *s, const kvp_session_env *env, char *err, size_t errlen)
 {
+    double t0 = kvp_now();
+    s->save_bytes = 0;
     void *cache;
     size_t cache_len;
     int rc = kvp_cache_serialize(&s->cache, &cache, &cache_len);
@@ -111,16 +114,19 @@ int kvp_session_save(kvp_session *s, const kvp_session_env *env, char *err, size
     }
     size_t limit = s->base_bytes > KVP_JOURNAL_MIN_BYTES ? s->base_bytes : KVP_JOURNAL_MIN_BYTES;
     /* A record extends what is on disk: the transcript must still hold its end. */
-    int full = !s->journal_ok || new_msgs_from(s) < 0 || new_msgs_from(s) > s->n_msgs ||
+    int full = !kvp_store_has_journal(env->store) || !s->journal_ok || new_msgs_from(s) < 0 || new_msgs_from(s) > s->n_msgs ||
                new_tokens_from(s) < 0 || new_tokens_from(s) > s->n_tokens ||
                s->journal_bytes > limit;
-    rc = full ? save_full(s, env, cache, cache_len, err, errlen)
-              : save_increment(s, cache, cache_len, env, err, errlen);
+    rc = full ? save_full(s, env, cache, cache_len, &s->save_bytes, err, errlen)
+              : save_increment(s, cache, cache_len, env, &s->save_bytes, err, errlen);
+    s->save_ms = (kvp_now() - t0) * 1e3;
     if (rc == 0) {
         s->journal_msgs = s->hist_msgs + s->n_msgs;
         s->journal_tokens = s->hist_tokens + s->n_tokens;
-        /* The conversation can be found by its transcript after a restart (the whole of
-         * it: the hash and count cover the dropped messages too). */
+    }
+    /* The conversation can be found by its transcript after a restart (the whole of it:
+     * the hash and count cover the dropped messages too); the index is the directory's. */
+    if (rc == 0 && env->state_dir && env->state_dir[0]) {
         char ierr[256];
         if (kvp_transcripts_append(env->state_dir, s->id, kvp_session_hash(s),
                                    s->hist_msgs + s->n_msgs, ierr, sizeof ierr) < 0)
@@ -189,6 +195,19 @@ static int render(kvp_session *s, const kvp_session_env *env, int keep)
     return 0;
 }
 
+void kvp_session_forget(kvp_session *s)
+{
+    kvp_cache_reset(&s->cache);
+    if (s->policy)
+        kvp_policy_destroy(s->policy);
+    s->policy = NULL;
+    clear_transcript(s);
+    s->n_cached = 0;
+    s->hist_msgs = 0;
+    s->hist_tokens = 0;
+    s->reply_open = 0;
+}
+
 int kvp_session_retokenize(kvp_session *s, const kvp_session_env *env)
 {
     return render(s, env, 1);
@@ -212,14 +231,15 @@ int kvp_session_restore(kvp_session *s, const kvp_session_env *env, size_t max_b
                         char *err, size_t errlen)
 {
     kvp_snapshot snap;
-    int rc = kvp_snapshot_read(env->state_dir, s->id, &snap, err, errlen);
-    if (rc < 0)
-        return rc;
-    /* The turns since the snapshot. A damaged tail costs those turns, not the session. */
+    /* With the turns since the snapshot (the journal). A damaged tail costs those turns,
+     * not the session. */
     size_t journal_bytes;
     char jerr[256];
-    int journal_clean = kvp_journal_replay(env->state_dir, s->id, &snap, &journal_bytes, jerr,
-                                           sizeof jerr) == 0;
+    int journal_clean;
+    int rc = kvp_store_get(env->store, s->id, &snap, &journal_bytes, &journal_clean, jerr,
+                           sizeof jerr, err, errlen);
+    if (rc < 0)
+        return rc;
     const kvp_model_config *cfg = &env->model->cfg;
     kvp_restored *r = &s->restored;
     memset(r, 0, sizeof *r);

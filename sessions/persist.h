@@ -8,12 +8,14 @@
 
 #include "sessions/session.h"
 
-/* Puts the session as it is now on disk: a record appended to its journal (what the
- * transcript gained since the last save, the counters and the cache), or, for the first
- * save, after a rebuild or a failed append, and when the journal has grown past the
- * snapshot (or KVP_JOURNAL_MIN_BYTES), a full <env->state_dir>/<id>.snap that replaces the
- * journal. So a turn's write does not grow with the conversation (amortized: each full
- * rewrite follows at least as many journal bytes). 0 or a negative code with a message. */
+/* Puts the session as it is now in env->store (sessions/store.h). In a store with
+ * journals (the directory): a record appended to its journal (what the transcript gained
+ * since the last save, the counters and the cache), or, for the first save, after a
+ * rebuild or a failed append, and when the journal has grown past the snapshot (or
+ * KVP_JOURNAL_MIN_BYTES), a full snapshot that replaces the journal. So a turn's write
+ * does not grow with the conversation (amortized: each full rewrite follows at least as
+ * many journal bytes). Redis takes whole snapshots. Sets s->save_ms and s->save_bytes.
+ * 0 or a negative code with a message (-ESTALE: another node holds the lease now). */
 int kvp_session_save(kvp_session *s, const kvp_session_env *env, char *err, size_t errlen);
 
 #define KVP_JOURNAL_MIN_BYTES (1u << 20)
@@ -28,6 +30,10 @@ int kvp_session_save(kvp_session *s, const kvp_session_env *env, char *err, size
  * file, moved aside) mean the session is lost; others (I/O, memory) may be retried. */
 int kvp_session_restore(kvp_session *s, const kvp_session_env *env, size_t max_bytes,
                         char *err, size_t errlen);
+
+/* Worker: drops what memory holds of the conversation (cache, transcript, policy), to be
+ * restored from the store (a snapshot newer than memory). */
+void kvp_session_forget(kvp_session *s);
 
 /* Token ids from the messages, as the turns would have made them with this model
  * (restoring a transcript, or a session seeded with a conversation). 0 or < 0. */

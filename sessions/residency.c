@@ -5,6 +5,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "sessions/store.h"
+
 size_t kvp_turn_bytes(const kvp_model_config *m, size_t row_bytes, int budget, int chunk,
                       const char *policy, int budget_mode)
 {
@@ -47,6 +49,7 @@ size_t kvp_hub_accounted_bytes(const kvp_hub *h, size_t *actual)
 
 void kvp_hub_park(kvp_hub *h, kvp_session *s)
 {
+    kvp_store_lease_drop(h->env.store, s->id);
     kvp_session_park(&h->sessions, s);
     h->m->parks++;
 }
@@ -54,7 +57,7 @@ void kvp_hub_park(kvp_hub *h, kvp_session *s)
 /* The least recently used idle session that can be parked, other than keep. */
 static kvp_session *lru_parkable(kvp_hub *h, const kvp_session *keep)
 {
-    if (!h->env.state_dir[0])
+    if (!h->env.store)
         return NULL;
     kvp_session *best = NULL;
     for (kvp_session *s = h->sessions.resident_head; s; s = s->rnext)

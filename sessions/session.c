@@ -15,6 +15,7 @@
 #include "model/tokenizer.h"
 #include "policy/policy.h"
 #include "sessions/persist.h"
+#include "sessions/store.h"
 
 static int random_id(char *out)
 {
@@ -599,7 +600,7 @@ static kvp_evict_cfg evict_cfg(const kvp_session *s, const kvp_session_env *env)
 /* The end of every turn, done or failed: the snapshot follows memory. */
 static void save(kvp_session *s, const kvp_session_env *env)
 {
-    if (!env->state_dir[0])
+    if (!env->store)
         return;
     int rc = kvp_session_save(s, env, s->save_err, sizeof s->save_err);
     s->save_rc = rc < 0 ? rc : 1;
@@ -729,13 +730,48 @@ static int take_token(kvp_session *s, const kvp_session_env *env, const kvp_turn
     return 1;
 }
 
+/* Before a load or a turn: this node takes the session's lease (sessions/store.h). 0 to
+ * go on; -EADDRINUSE when another node serves it (s->elsewhere_ms: for how long yet).
+ * When the lease was free and the store's snapshot has moved past what this node holds
+ * in memory (another node served turns meanwhile), memory is dropped for the snapshot.
+ * When the store cannot be reached, a session in memory goes on (its snapshot write
+ * will fail and say so); one that must be read first cannot. */
+static int take_lease(kvp_session *s, const kvp_session_env *env, char *err, size_t errlen)
+{
+    s->elsewhere_ms = 0;
+    if (!env->store)
+        return 0;
+    int stored, left;
+    char holder[KVP_STORE_NODE_MAX + 1];
+    int rc = kvp_store_lease_take(env->store, s->id, &stored, &left, holder, sizeof holder,
+                                  err, errlen);
+    if (rc < 0)   /* in memory: served from there (its write will say it failed) */
+        return s->need_restore ? rc : 0;
+    if (rc == KVP_LEASE_OTHER) {
+        s->elsewhere_ms = left > 0 ? left : 1;
+        snprintf(err, errlen, "session %s is being served by another node (%s); retry in %d ms",
+                 s->id, holder, s->elsewhere_ms);
+        return -EADDRINUSE;
+    }
+    if (rc == KVP_LEASE_NEW && !s->need_restore && stored >= 0 && stored != s->turns_done) {
+        kvp_session_forget(s);
+        s->need_restore = 1;
+        kvp_store_note_takeover(env->store);
+    }
+    return 0;
+}
+
 /* A snapshot load (for a hello) or save (at shutdown): one unit, then the job event. */
 static int run_job(kvp_session *s, const kvp_session_env *env, const kvp_turn_sink *sink)
 {
     char err[256] = "";
     int rc;
     if (s->state == KVP_SESSION_LOAD) {
-        rc = kvp_session_restore(s, env, s->reserve, err, sizeof err);
+        /* In memory already (a shared store): only the lease, and the snapshot when
+         * another node served the session meanwhile. */
+        rc = take_lease(s, env, err, sizeof err);
+        if (rc == 0 && s->need_restore)
+            rc = kvp_session_restore(s, env, s->reserve, err, sizeof err);
         s->lost = rc == -ENOENT || rc == -EBADMSG;
         if (rc == 0)
             s->need_restore = 0;
@@ -759,6 +795,16 @@ static int plan_unit(kvp_session *s, const kvp_session_env *env, const kvp_turn_
                      int room, kvp_batch_seq *q)
 {
     kvp_turn *t = &s->turn;
+    if (t->state == KVP_TURN_START) {
+        char err[256];
+        int rc = take_lease(s, env, err, sizeof err);
+        if (rc < 0) {
+            free(t->text);
+            t->text = NULL;
+            sink->error(sink->ctx, s, rc, err);
+            return 0;
+        }
+    }
     if (s->need_restore) {
         /* Unparking: the snapshot comes back before the turn's first unit. */
         char err[256];

@@ -44,7 +44,9 @@ typedef struct kvp_session_env {
     int reuse_cache;
     float top_p;
     uint64_t seed;
-    const char *state_dir;           /* "" = no snapshots (and no parking) */
+    struct kvp_store *store;         /* NULL = no snapshots (and no parking) */
+    const char *state_dir;           /* the directory store's ("" otherwise): the
+                                      * transcript index lives there */
 } kvp_session_env;
 
 /* An eviction policy as configured: immutable once made, so a reload makes a new one
@@ -137,6 +139,11 @@ typedef struct kvp_session {
     int save_rc;                     /* last job: 1 written, 0 none, < 0 failed (save_err) */
     int lost;                        /* the snapshot is gone or was bad: session lost */
     char save_err[256];
+    double save_ms;                  /* last job's snapshot write: its time and bytes */
+    size_t save_bytes;
+    /* Another node held the session's lease at the last job (-EADDRINUSE): for about
+     * this many ms more */
+    int elsewhere_ms;
     int turns_done;                  /* completed turns, as the snapshot counts them */
     /* What is on disk: the snapshot plus its journal hold the conversation's first
      * journal_msgs messages and journal_tokens tokens (dropped history included);

@@ -343,6 +343,30 @@ out:
     return rc;
 }
 
+int kvp_snapshot_encode(const kvp_snapshot *snap, unsigned char **out, size_t *len,
+                        char *err, size_t errlen)
+{
+    *out = NULL;
+    *len = 0;
+    int rc = check_snapshot(snap, err, errlen);
+    if (rc < 0)
+        return rc;
+    kvp_wbuf w;
+    unsigned char *whole = NULL;
+    if (encode_prefix(snap, &w) < 0 ||
+        !(whole = realloc(w.p, w.n + snap->cache_len + TRAILER_BYTES))) {
+        free(w.p);
+        snprintf(err, errlen, "snapshot %s: out of memory", snap->id);
+        return -ENOMEM;
+    }
+    w.p = whole;
+    kvp_w_bytes(&w, snap->cache, snap->cache_len);
+    kvp_w_u64(&w, kvp_fnv1a(KVP_FNV1A_INIT, w.p, w.n));
+    *out = w.p;
+    *len = w.n;
+    return 0;
+}
+
 /* ---- decoding ---- */
 
 /* A length-prefixed string into a fixed buffer of max+1 bytes; no embedded NULs. */
@@ -507,7 +531,7 @@ static const char *parse(unsigned char *buf, size_t len, const char *id, kvp_sna
                          char *why, size_t whylen)
 {
     kvp_rbuf r = {buf, len, 0};
-    uint32_t version, n_sections;
+    uint32_t version = 0, n_sections = 0;   /* read just below: the length was checked */
     if (len >= 8 && memcmp(buf, SNAP_MAGIC, 8) != 0)
         return "not a kvpd snapshot (bad magic)";
     if (len < HEADER_BYTES + TRAILER_BYTES) {
@@ -589,6 +613,25 @@ static const char *parse(unsigned char *buf, size_t len, const char *id, kvp_sna
     unsigned char *shrunk = realloc(buf, s->cache_len);
     s->cache = shrunk ? shrunk : buf;
     return NULL;
+}
+
+int kvp_snapshot_decode(unsigned char *buf, size_t len, const char *id, kvp_snapshot *out,
+                        char *err, size_t errlen)
+{
+    memset(out, 0, sizeof *out);
+    int rc = check_id(id, err, errlen);
+    if (rc < 0) {
+        free(buf);
+        return rc;
+    }
+    char why[160];
+    const char *bad = parse(buf, len, id, out, why, sizeof why);
+    if (!bad)
+        return 0;
+    free(buf);
+    kvp_snapshot_free(out);
+    snprintf(err, errlen, "snapshot %s: %s", id, bad);
+    return bad == OOM ? -ENOMEM : -EBADMSG;
 }
 
 /* Renames <id>.snap to <id>.snap.bad-<unix time>[-N] and appends the outcome to err. */

@@ -88,6 +88,17 @@ int kvp_snapshot_identity_equal(const kvp_snapshot_identity *a, const kvp_snapsh
  * previous snapshot, if any, is intact. */
 int kvp_snapshot_write(const char *dir, const kvp_snapshot *snap, char *err, size_t errlen);
 
+/* The snapshot's bytes as a file holds them (header, sections, checksum), for stores
+ * that are not the directory (sessions/store.h). *out is malloc'd. 0, -EINVAL (as
+ * kvp_snapshot_write) or -ENOMEM, with a message. */
+int kvp_snapshot_encode(const kvp_snapshot *snap, unsigned char **out, size_t *len,
+                        char *err, size_t errlen);
+/* Validates bytes made by kvp_snapshot_encode (or read from a file) for session id into
+ * *out, taking buf (freed on failure, kept as out->cache on success). 0, -EINVAL (bad id),
+ * -EBADMSG (damaged: err says why) or -ENOMEM. */
+int kvp_snapshot_decode(unsigned char *buf, size_t len, const char *id, kvp_snapshot *out,
+                        char *err, size_t errlen);
+
 /* Reads and validates <dir>/<id>.snap into *out (free with kvp_snapshot_free).
  *   -EINVAL   id is not valid (nothing touched)
  *   -ENOENT   no snapshot

@@ -17,18 +17,17 @@
 #include "base/clock.h"
 #include "base/parse.h"
 #include "model/model.h"
+#include "offline/trace.h"
 #include "policy/kvp_agent.h"
 #include "policy/policy.h"
 #include "tools/cli.h"
 
-#define CUT_MIN 64    /* kvp train's episode grid (offline/train.c defaults) */
-#define CUT_TAIL 32
-#define CUT_STRIDE 8
 
 typedef struct {
     const char *model, *tokenizer, *text, *conversations, *out, *work, *budgets;
     long seq_len, max_seqs, steps, threads, seed, eval_seqs;
-    double budget_hours;
+    double budget_hours, trace_gb;
+    int max_seqs_given;
 } learn_opts;
 
 static void usage(FILE *f)
@@ -50,7 +49,10 @@ static void usage(FILE *f)
         "  --budget-hours H     training stops at its first validation past what is left of\n"
         "                       H hours after tracing (default: no limit)\n"
         "  --seq-len N          tokens per traced sequence (default 512, at most the context)\n"
-        "  --max-seqs N         traced sequences, 80%% training (default 300)\n"
+        "  --max-seqs N         traced sequences, 80%% training (default 300, fewer when\n"
+        "                       that many would not fit in --trace-gb)\n"
+        "  --trace-gb G         the trace's disk budget when --max-seqs is not given\n"
+        "                       (default 4): bounds disk and memory whatever the model\n"
         "  --steps N            training steps (default 3000)\n"
         "  --eval-seqs N        evaluation sequences (default 64)\n"
         "  --budgets LIST       evaluated budgets, rows per KV head (default 16,32,64,128)\n"
@@ -75,6 +77,17 @@ static double peak_rss_mb(void)
     return getrusage(RUSAGE_SELF, &ru) ? 0.0 : (double)ru.ru_maxrss / 1024.0;
 }
 
+/* CPU seconds of this process so far, every thread: with the wall time it says how much a
+ * stage was slowed by other work on the machine. */
+static double cpu_seconds(void)
+{
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru))
+        return 0.0;
+    return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+           (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}
+
 static double file_mb(const char *path)
 {
     struct stat st;
@@ -96,7 +109,7 @@ static double mem_available_bytes(void)
 
 typedef struct {
     const char *name;
-    double seconds, rss_mb, disk_mb;
+    double seconds, cpu, rss_mb, disk_mb;
 } stage_cost;
 
 /* Runs one subcommand in this process; argv[0] is its name. */
@@ -107,10 +120,11 @@ static int run_stage(int (*cmd)(int, char **), char **argv, stage_cost *cost, in
     while (argv[argc])
         argc++;
     fprintf(stderr, "kvp learn: [%d/%d] %s\n", k, n, cost->name);
-    double t0 = kvp_now();
+    double t0 = kvp_now(), c0 = cpu_seconds();
     int rc = cmd(argc, argv);
     fflush(stdout);
     cost->seconds = kvp_now() - t0;
+    cost->cpu = cpu_seconds() - c0;
     cost->rss_mb = peak_rss_mb();
     cost->disk_mb = disk_file ? file_mb(disk_file) : 0.0;
     if (rc)
@@ -124,6 +138,7 @@ static int parse(int argc, char **argv, learn_opts *o)
         {"model", 1, 0, 'm'}, {"tokenizer", 1, 0, 'z'}, {"text", 1, 0, 'x'},
         {"conversations", 1, 0, 'C'}, {"out", 1, 0, 'o'}, {"work", 1, 0, 'w'},
         {"budget-hours", 1, 0, 'H'}, {"seq-len", 1, 0, 'n'}, {"max-seqs", 1, 0, 'N'},
+        {"trace-gb", 1, 0, 'G'},
         {"steps", 1, 0, 's'}, {"eval-seqs", 1, 0, 'e'}, {"budgets", 1, 0, 'b'},
         {"threads", 1, 0, 't'}, {"seed", 1, 0, 'r'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     int c, idx = 0;
@@ -140,7 +155,8 @@ static int parse(int argc, char **argv, learn_opts *o)
         case 'b': o->budgets = optarg; break;
         case 'H': ok = kvp_parse_double(optarg, 0.001, 1e4, &o->budget_hours); break;
         case 'n': ok = kvp_parse_long(optarg, 64, 1 << 20, &o->seq_len); break;
-        case 'N': ok = kvp_parse_long(optarg, 2, 1 << 24, &o->max_seqs); break;
+        case 'N': ok = kvp_parse_long(optarg, 2, 1 << 24, &o->max_seqs); o->max_seqs_given = 1; break;
+        case 'G': ok = kvp_parse_double(optarg, 0.001, 1e6, &o->trace_gb); break;
         case 's': ok = kvp_parse_long(optarg, 1, 100000000, &o->steps); break;
         case 'e': ok = kvp_parse_long(optarg, 1, 1 << 20, &o->eval_seqs); break;
         case 't': ok = kvp_parse_long(optarg, 1, 64, &o->threads); break;
@@ -167,7 +183,7 @@ static int parse(int argc, char **argv, learn_opts *o)
 
 int kvp_cmd_learn(int argc, char **argv)
 {
-    learn_opts o = {.seq_len = 512, .max_seqs = 300, .steps = 3000, .seed = 1,
+    learn_opts o = {.seq_len = 512, .max_seqs = 300, .trace_gb = 4.0, .steps = 3000, .seed = 1,
                     .eval_seqs = 64, .budgets = "16,32,64,128",
                     .threads = sysconf(_SC_NPROCESSORS_ONLN)};
     int rc = parse(argc, argv, &o);
@@ -216,19 +232,31 @@ int kvp_cmd_learn(int argc, char **argv)
         return 1;
     }
 
-    /* What the run needs: the trace on disk (q, k, v of every layer and position), and in
-     * memory the model, the trace (mapped and read whole by training) and the trainer's
-     * importance cache (every training sequence x agent x cut of the grid). */
-    long n_train = (long)(0.8 * (double)o.max_seqs + 0.5);
+    /* What the run needs: the trace on disk (per agent and position f16 k and v, and the
+     * f32 importance of the rows at every cut of the grid), and in memory the model, one
+     * sequence's f32 q, k, v while tracing, and the trace (mapped, read whole by
+     * training). */
+    kvp_trace_header grid = {.cut_min = KVP_TRACE_CUT_MIN, .cut_stride = KVP_TRACE_CUT_STRIDE,
+                             .cut_tail = KVP_TRACE_CUT_TAIL};
+    long cuts = kvp_trace_n_cuts(&grid, (int)o.seq_len);
+    double imp_floats = (double)cuts * KVP_TRACE_CUT_MIN +
+                        (double)KVP_TRACE_CUT_STRIDE * (double)cuts * (double)(cuts - 1) / 2.0;
+    double agents = (double)cfg.n_layers * cfg.n_kv_heads;
     double per_seq = 4.0 + 4.0 * (double)o.seq_len +
-                     4.0 * (double)o.seq_len * cfg.n_layers *
-                         (double)(cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim;
-    double trace_bytes = 136.0 + per_seq * (double)o.max_seqs;
-    long cuts = o.seq_len > CUT_MIN + CUT_TAIL ? (o.seq_len - CUT_TAIL - CUT_MIN) / CUT_STRIDE + 1 : 1;
-    double mean_cut = (CUT_MIN + (double)(o.seq_len - CUT_TAIL)) / 2.0;
-    double importance_bytes = 4.0 * (double)n_train * cfg.n_layers * cfg.n_kv_heads *
-                              (double)cuts * mean_cut;
-    double need_mem = model_mb * 1e6 + trace_bytes + importance_bytes;
+                     agents * (4.0 * (double)o.seq_len * cfg.head_dim + 4.0 * imp_floats);
+    if (!o.max_seqs_given) {
+        /* a larger model gets fewer sequences, so the trace stays within its budget */
+        double fit = (o.trace_gb * 1e9 - (double)sizeof(kvp_trace_header) - 8.0) / per_seq;
+        if (fit < (double)o.max_seqs) {
+            o.max_seqs = fit < 10.0 ? 10 : (long)fit;
+            fprintf(stderr, "kvp learn: %ld sequences fit in the trace's %g GB budget "
+                    "(--trace-gb); tracing those\n", o.max_seqs, o.trace_gb);
+        }
+    }
+    double trace_bytes = (double)sizeof(kvp_trace_header) + 8.0 + per_seq * (double)o.max_seqs;
+    double capture_bytes = 4.0 * (double)o.seq_len * cfg.n_layers *
+                           (double)(cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim;
+    double need_mem = model_mb * 1e6 + capture_bytes + trace_bytes;
     struct statvfs vfs;
     double free_disk = statvfs(work, &vfs) ? 0.0 : (double)vfs.f_bavail * (double)vfs.f_frsize;
     double avail_mem = mem_available_bytes();
@@ -238,8 +266,8 @@ int kvp_cmd_learn(int argc, char **argv)
             (unsigned long long)cfg.fingerprint, data,
             conversations ? "conversations, the model's chat template" : "text", o.max_seqs,
             o.seq_len);
-    fprintf(stderr, "kvp learn: needs %.2f GB of disk in %s (%.2f GB free) and about %.2f GB of "
-            "memory (%.2f GB available)\n", trace_bytes / 1e9, work, free_disk / 1e9,
+    fprintf(stderr, "kvp learn: needs %.1f MB of disk in %s (%.2f GB free) and about %.2f GB of "
+            "memory (%.2f GB available)\n", trace_bytes / 1e6, work, free_disk / 1e9,
             need_mem / 1e9, avail_mem / 1e9);
     if (free_disk < trace_bytes * 1.05 + 64e6 || (avail_mem > 0 && avail_mem < need_mem)) {
         fprintf(stderr, "kvp learn: not enough %s to start; lower --max-seqs or --seq-len%s\n",
@@ -279,9 +307,13 @@ int kvp_cmd_learn(int argc, char **argv)
                          "--pos-max", s_pmax, o.tokenizer ? "--tokenizer" : NULL, (char *)tok, NULL};
     if (run_stage(kvp_cmd_policy_init, init_argv, &cost[1], 2, 4, init))
         return 1;
-    /* Validation and evaluation rank the first 3/4 of a sequence (384 of 512). */
+    /* Validation and evaluation rank the first 3/4 of a sequence (384 of 512), down to a
+     * cut of the trace's grid. */
+    long val_cut = o.seq_len * 3 / 4;
+    if (val_cut > KVP_TRACE_CUT_MIN)
+        val_cut -= (val_cut - KVP_TRACE_CUT_MIN) % KVP_TRACE_CUT_STRIDE;
     char s_cut[32];
-    snprintf(s_cut, sizeof s_cut, "%ld", o.seq_len * 3 / 4);
+    snprintf(s_cut, sizeof s_cut, "%ld", val_cut);
     if (o.budget_hours > 0) {
         double left = o.budget_hours * 3600.0 - (kvp_now() - start);
         /* what is left, less a share for the evaluation */
@@ -323,16 +355,16 @@ int kvp_cmd_learn(int argc, char **argv)
     }
     fprintf(r, "# kvp learn: %s\n\nPolicy installed at `%s` (bound to weights %016llx).\n"
             "Data: `%s` (%s), %ld sequences of %ld tokens (80%% training); %ld training "
-            "steps, seed %ld, %ld threads.\n\n| stage | wall time (s) | peak memory (MB) | "
-            "output (MB) |\n|---|---:|---:|---:|\n",
+            "steps, seed %ld, %ld threads.\n\n| stage | wall time (s) | CPU time (s) | peak memory "
+            "(MB) | output (MB) |\n|---|---:|---:|---:|---:|\n",
             o.model, out, (unsigned long long)cfg.fingerprint, data,
             conversations ? "conversations rendered with the model's chat template" : "text",
             o.max_seqs, o.seq_len, o.steps, o.seed, o.threads);
     for (int i = 0; i < 4; i++)
-        fprintf(r, "| %s | %.1f | %.0f | %.1f |\n", cost[i].name, cost[i].seconds,
-                cost[i].rss_mb, cost[i].disk_mb);
-    fprintf(r, "| all | %.1f | %.0f | %.1f |\n\nThe evaluation (held-out part of the data): "
-            "`%s`.\n\n", kvp_now() - start, peak_rss_mb(), file_mb(trace_file) + file_mb(trained),
+        fprintf(r, "| %s | %.1f | %.1f | %.0f | %.1f |\n", cost[i].name, cost[i].seconds,
+                cost[i].cpu, cost[i].rss_mb, cost[i].disk_mb);
+    fprintf(r, "| all | %.1f | %.1f | %.0f | %.1f |\n\nThe evaluation (held-out part of the data): "
+            "`%s`.\n\n", kvp_now() - start, cpu_seconds(), peak_rss_mb(), file_mb(trace_file) + file_mb(trained),
             results);
     FILE *e = fopen(results, "r");
     char buf[4096];

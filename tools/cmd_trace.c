@@ -1,4 +1,7 @@
-/* kvp trace: record q/k/v of the unmodified model over real text (teacher forcing). */
+/* kvp trace: run the unmodified model over real text (teacher forcing) and record what
+ * training reads: each agent's keys and values in f16 and the future importance of its
+ * rows at a grid of cuts, computed from the queries while they are in memory (one
+ * sequence at a time, so memory does not grow with the trace). */
 #include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
@@ -30,7 +33,11 @@ static void usage(FILE *f)
         "  --split F          the first F of the text (by bytes, moved to a line start:\n"
         "                     whole conversations) gives training sequences, the rest\n"
         "                     validation (default 0.8)\n"
-        "Writes DIR/trace.kvpt (format: docs/trace-format.md).\n");
+        "  --cut-min N        the grid of cuts whose future importance is stored: N,\n"
+        "  --cut-stride S     N + S, N + 2S, ... while at least T tokens follow\n"
+        "  --cut-tail T       (defaults %d, %d, %d; kvp train ranks at these cuts)\n"
+        "Writes DIR/trace.kvpt (format: docs/trace-format.md).\n",
+        KVP_TRACE_CUT_MIN, KVP_TRACE_CUT_STRIDE, KVP_TRACE_CUT_TAIL);
 }
 
 typedef struct {
@@ -51,11 +58,13 @@ int kvp_cmd_trace(int argc, char **argv)
 {
     const char *model_path = NULL, *tok_path = NULL, *text_path = NULL, *out_dir = NULL;
     int conversations = 0;
-    long seq_len = 512, max_seqs = 400;
+    long seq_len = 512, max_seqs = 400, cut_min = KVP_TRACE_CUT_MIN,
+         cut_stride = KVP_TRACE_CUT_STRIDE, cut_tail = KVP_TRACE_CUT_TAIL;
     double split = 0.8;
     static const struct option opts[] = {
         {"model", 1, 0, 'm'}, {"tokenizer", 1, 0, 'z'}, {"text", 1, 0, 'x'}, {"out", 1, 0, 'o'},
         {"conversations", 1, 0, 'C'}, {"seq-len", 1, 0, 'n'}, {"max-seqs", 1, 0, 'N'}, {"split", 1, 0, 's'},
+        {"cut-min", 1, 0, 'c'}, {"cut-stride", 1, 0, 'S'}, {"cut-tail", 1, 0, 'T'},
         {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     int o, idx = 0;
     optind = 1;
@@ -70,6 +79,9 @@ int kvp_cmd_trace(int argc, char **argv)
         case 'n': ok = kvp_parse_long(optarg, 8, 1 << 20, &seq_len); break;
         case 'N': ok = kvp_parse_long(optarg, 2, 1 << 24, &max_seqs); break;
         case 's': ok = kvp_parse_double(optarg, 0.01, 0.99, &split); break;
+        case 'c': ok = kvp_parse_long(optarg, 1, 1 << 20, &cut_min); break;
+        case 'S': ok = kvp_parse_long(optarg, 1, 1 << 20, &cut_stride); break;
+        case 'T': ok = kvp_parse_long(optarg, 1, 1 << 20, &cut_tail); break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -166,7 +178,8 @@ int kvp_cmd_trace(int argc, char **argv)
     kvp_trace_header h = {
         .n_layers = m.cfg.n_layers, .n_heads = m.cfg.n_heads, .n_kv_heads = m.cfg.n_kv_heads,
         .head_dim = m.cfg.head_dim, .seq_len = (int32_t)seq_len, .split = split,
-        .text_bytes = text_len, .text_hash = kvp_fnv1a(KVP_FNV1A_INIT, text, text_len)};
+        .text_bytes = text_len, .text_hash = kvp_fnv1a(KVP_FNV1A_INIT, text, text_len),
+        .cut_min = (int32_t)cut_min, .cut_stride = (int32_t)cut_stride, .cut_tail = (int32_t)cut_tail};
     snprintf(h.model, sizeof h.model, "%.63s", m.name);
     if (kvp_trace_writer_open(&w, path, &h, err, sizeof err)) {
         fprintf(stderr, "kvp trace: %s\n", err);

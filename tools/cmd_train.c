@@ -29,16 +29,15 @@ static void usage(FILE *f, const kvp_train_cfg *d)
         "  --weight-decay F   AdamW decoupled weight decay (default %g)\n"
         "  --clip F           gradient-norm clip (default %g)\n"
         "  --ema F            EMA decay of the saved weights (default %g)\n"
-        "  --cut-min N        smallest cut point (default %d)\n"
-        "  --cut-tail N       future tokens after the largest cut (default %d)\n"
-        "  --cut-stride N     cut points on this grid (default %d)\n"
-        "  --val-cut N        validation ranks the first N rows (default %d)\n"
+        "  --val-cut N        validation ranks the first N rows, a cut of the trace's grid\n"
+        "                     (default %d); episodes use every cut of the grid (kvp trace\n"
+        "                     --cut-min, --cut-stride, --cut-tail)\n"
         "  --eval-every N     validation and progress interval in steps (default %ld)\n"
         "  --max-seconds S    stop at the first validation past S seconds (default: no limit)\n"
         "  --curve FILE       training curve CSV (default POLICY.csv)\n",
         d->steps, (unsigned long long)d->seed, d->episodes, d->samples, (double)d->lr,
         (double)d->lr_min, d->warmup, (double)d->adamw.weight_decay, (double)d->clip,
-        (double)d->ema, d->cut_min, d->cut_tail, d->cut_stride, d->val_cut, d->eval_every);
+        (double)d->ema, d->val_cut, d->eval_every);
 }
 
 int kvp_cmd_train(int argc, char **argv)
@@ -53,7 +52,6 @@ int kvp_cmd_train(int argc, char **argv)
         {"seed", 1, 0, 's'}, {"threads", 1, 0, 'j'}, {"episodes", 1, 0, 'b'},
         {"samples", 1, 0, 'k'}, {"lr", 1, 0, 'l'}, {"lr-min", 1, 0, 'L'}, {"warmup", 1, 0, 'w'},
         {"weight-decay", 1, 0, 'W'}, {"clip", 1, 0, 'c'}, {"ema", 1, 0, 'e'},
-        {"cut-min", 1, 0, 'm'}, {"cut-tail", 1, 0, 'T'}, {"cut-stride", 1, 0, 'S'},
         {"val-cut", 1, 0, 'v'}, {"eval-every", 1, 0, 'E'}, {"curve", 1, 0, 'C'},
         {"max-seconds", 1, 0, 'X'},
         {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
@@ -79,9 +77,6 @@ int kvp_cmd_train(int argc, char **argv)
         case 'W': ok = kvp_parse_double(optarg, 0.0, 1.0, &f); c.adamw.weight_decay = (float)f; break;
         case 'c': ok = kvp_parse_double(optarg, 1e-6, 1e6, &f); c.clip = (float)f; break;
         case 'e': ok = kvp_parse_double(optarg, 0.0, 0.999999, &f); c.ema = (float)f; break;
-        case 'm': ok = kvp_parse_long(optarg, 2, 1 << 20, &l); c.cut_min = (int)l; break;
-        case 'T': ok = kvp_parse_long(optarg, 1, 1 << 20, &l); c.cut_tail = (int)l; break;
-        case 'S': ok = kvp_parse_long(optarg, 1, 1 << 20, &l); c.cut_stride = (int)l; break;
         case 'v': ok = kvp_parse_long(optarg, 2, 1 << 20, &l); c.val_cut = (int)l; break;
         case 'E': ok = kvp_parse_long(optarg, 1, 100000000, &c.eval_every); break;
         case 'X': ok = kvp_parse_double(optarg, 1.0, 1e9, &c.max_seconds); break;

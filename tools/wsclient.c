@@ -114,15 +114,23 @@ int ws_connect(ws_client *c, const char *host, int port, const char *path, int t
     if (c->fd < 0)
         return c->fd;
     unsigned char nonce[16];
-    char key[32], req[512];
+    char key[32];
     if (getrandom(nonce, sizeof nonce, 0) != sizeof nonce)
         memset(nonce, 7, sizeof nonce);
     b64(nonce, sizeof nonce, key);
-    int n = snprintf(req, sizeof req,
+    /* sized for the path: tests send oversized ones on purpose */
+    size_t cap = strlen(path) + strlen(host) + 256;
+    char *req = malloc(cap);
+    if (!req) {
+        ws_close(c);
+        return -ENOMEM;
+    }
+    int n = snprintf(req, cap,
                      "GET %s HTTP/1.1\r\nHost: %s:%d\r\nUpgrade: websocket\r\n"
                      "Connection: Upgrade\r\nSec-WebSocket-Key: %s\r\n"
                      "Sec-WebSocket-Version: 13\r\n\r\n", path, host, port, key);
     int rc = send_all(c->fd, req, (size_t)n);
+    free(req);
     double deadline = ws_now_ms() + timeout_ms;
     while (!rc) {
         unsigned char *end = c->len >= 4 ? memmem(c->buf, c->len, "\r\n\r\n", 4) : NULL;

@@ -56,13 +56,53 @@ static void handle(kvpd_conn *c, const char *buf, size_t len)
                    w->draining ? "the daemon is shutting down" : "the model is loading", 0);
     } else if (!c->client && !(c->client = kvp_hub_client_new(w->hub, on_hub_event, c))) {
         send_error(c, KVPD_E_INTERNAL, "out of memory", 0);
+    } else if (m.type == KVPD_MSG_HELLO && m.session[0] && c->session_arg[0] &&
+               strcmp(m.session, c->session_arg)) {
+        send_error(c, KVPD_E_BAD_REQUEST, "hello names another session than the connection's "
+                   "?session=", 0);
     } else if (m.type == KVPD_MSG_HELLO) {
-        kvp_hub_open(c->client, m.session, m.system, m.system_len);
+        kvp_hub_open(c->client, m.session[0] ? m.session : c->session_arg, m.system,
+                     m.system_len);
     } else {
         kvp_hub_message(c->client, m.text, m.text_len, m.max_tokens, m.has_temperature,
                         m.temperature);
     }
     kvpd_proto_msg_free(&m);
+}
+
+const char *kvpd_chat_session_arg(struct lws *wsi, char *out)
+{
+    static const char bad[] = "?session= must be 32 lowercase hex digits";
+    out[0] = '\0';
+    int found = 0;
+    for (int i = 0;; i++) {
+        int n = lws_hdr_fragment_length(wsi, WSI_TOKEN_HTTP_URI_ARGS, i);
+        if (n <= 0)
+            return NULL;
+        char *arg = malloc((size_t)n + 1);   /* bounded by lws's header limit */
+        if (!arg || lws_hdr_copy_fragment(wsi, arg, n + 1, WSI_TOKEN_HTTP_URI_ARGS, i) < 0) {
+            free(arg);
+            return "unreadable query";
+        }
+        const char *why = NULL;
+        if (!strncmp(arg, "session=", 8)) {
+            const char *v = arg + 8;
+            int ok = strlen(v) == KVP_SESSION_ID_LEN;
+            for (const char *p = v; ok && *p; p++)
+                ok = (*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f');
+            if (!ok)
+                why = bad;
+            else if (found++)
+                why = "?session= given twice";
+            else
+                memcpy(out, v, KVP_SESSION_ID_LEN + 1);
+        }
+        free(arg);
+        if (why) {
+            out[0] = '\0';
+            return why;
+        }
+    }
 }
 
 int kvpd_chat_receive(kvpd_conn *c, const void *in, size_t len)

@@ -22,6 +22,8 @@ typedef struct kvpd_conn {
     int is_ws;
     int head;                          /* HTTP: a HEAD request (headers only) */
     kvp_hub_client *client;            /* made on the first hello or message */
+    char session_arg[KVP_SESSION_ID_LEN + 1];   /* /chat?session=ID ("" none): what a
+                                                 * hello without an id resumes */
     kvpd_frame *out_head, *out_tail;   /* ws frames, or one HTTP body */
     char *rx;                          /* the websocket message being assembled */
     size_t rx_len, rx_cap;
@@ -67,6 +69,10 @@ void kvpd_conn_free_frames(kvpd_conn *c);
 
 /* HTTP: handles LWS_CALLBACK_HTTP for uri; returns as an lws callback. */
 int kvpd_http_request(kvpd_conn *c, const char *uri);
+/* The websocket upgrade's ?session=ID (a balancer's affinity key, docs/cluster.md) into
+ * out (KVP_SESSION_ID_LEN + 1 bytes; "" when absent). NULL, or why it is refused: not
+ * 32 lowercase hex digits, or given twice. */
+const char *kvpd_chat_session_arg(struct lws *wsi, char *out);
 /* HTTP: status line and headers now (len KVPD_HTTP_NO_LENGTH: none, the body ends when
  * the connection closes), no-store, and the `extra` "name:", "value" pairs up to a NULL.
  * 0, or 1 when they could not be written. */

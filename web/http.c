@@ -118,6 +118,11 @@ static void gauges(kvpd_web *w, kvpd_gauges *g, kvp_hub_info *hi)
         g->cache_bytes_max_session = hi->cache_bytes_max_session;
         g->cache_bytes_accounted = hi->cache_bytes_accounted;
         g->turn_reserve_bytes = hi->turn_reserve_bytes;
+        g->lease_conflicts = hi->lease_conflicts;
+        g->lease_takeovers = hi->lease_takeovers;
+        g->snapshots_expired = hi->snapshots_expired;
+        g->store_errors = hi->store_errors;
+        g->leases_renewing = hi->leases_renewing;
     }
     g->cache_bytes_cap = w->cfg->max_cache_bytes;
     g->connections_open = w->connections_open;
@@ -307,7 +312,7 @@ int kvpd_http_request(kvpd_conn *c, const char *uri)
             return respond_json(c, 503, json_pack("{s:s, s:i}", "status", "degraded",
                                                   "unsaved_sessions", unsaved));
         return respond_json(c, ok ? 200 : 503,
-                            json_pack("{s:s}", "status", ok ? "ok" : w->draining ? "stopping" : "loading"));
+                            json_pack("{s:s}", "status", ok ? "ok" : w->draining ? "draining" : "loading"));
     }
     if (!strcmp(uri, "/metrics"))
         return metrics(c);

@@ -207,6 +207,10 @@ static void hub_error(kvpd_conn *c, const kvp_hub_event *ev)
         status = c->w->draining ? 503 : 429;
         int ms = ev->retry_after_ms > 0 ? ev->retry_after_ms : kvp_hub_retry_hint_ms(c->w->hub);
         o->retry_after_s = (ms + 999) / 1000;
+    } else if (!strcmp(code, KVPD_E_ELSEWHERE)) {
+        /* another node serves the session now: the balancer may retry (docs/cluster.md) */
+        status = 503;
+        o->retry_after_s = (ev->retry_after_ms + 999) / 1000;
     } else if (!strcmp(code, KVPD_E_TOO_LARGE)) {
         status = 400;
         code = "context_length_exceeded";

@@ -116,7 +116,10 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
         w->connections_open--;
         return 0;
     case LWS_CALLBACK_FILTER_PROTOCOL_CONNECTION: {   /* non-zero refuses the upgrade */
+        char sid[KVP_SESSION_ID_LEN + 1];
         const char *why = uri_is(wsi, "/chat") ? kvpd_guard_upgrade(w, wsi) : "not /chat";
+        if (!why)
+            why = kvpd_chat_session_arg(wsi, sid);
         if (why)
             kvpd_log("info", "websocket upgrade refused: %s", why);
         return why != NULL;
@@ -133,6 +136,7 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
         c->wsi = wsi;
         c->w = w;
         c->is_ws = 1;
+        kvpd_chat_session_arg(wsi, c->session_arg);   /* checked at the upgrade */
         w->metrics->connections++;
         keep_alive(c);
         return 0;

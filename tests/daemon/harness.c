@@ -1,6 +1,7 @@
 /* Integration-test harness (see harness.h). */
 #include "tests/daemon/harness.h"
 
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -8,7 +9,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -316,4 +320,178 @@ double h_metric(const char *text, const char *name)
         if (!strncmp(p, name, n) && p[n] == ' ')
             return atof(p + n + 1);
     return -1;
+}
+
+int h_have(const char *prog)
+{
+    const char *path = getenv("PATH");
+    char buf[1024];
+    for (const char *p = path ? path : "/usr/bin:/bin"; *p;) {
+        size_t n = strcspn(p, ":");
+        snprintf(buf, sizeof buf, "%.*s/%s", (int)n, p, prog);
+        if (access(buf, X_OK) == 0)
+            return 1;
+        p += n + (p[n] == ':');
+    }
+    return 0;
+}
+
+int h_free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    int port = -1;
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    if (fd >= 0)
+        close(fd);
+    return port;
+}
+
+static int port_open(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    int ok = fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0;
+    if (fd >= 0)
+        close(fd);
+    return ok;
+}
+
+int h_proc_start(h_proc *p, char *const argv[], int port, int timeout_ms)
+{
+    memset(p, 0, sizeof *p);
+    p->port = port;
+    snprintf(p->log, sizeof p->log, "/tmp/kvpd-helper-XXXXXX");
+    int fd = mkstemp(p->log);
+    if (fd < 0)
+        return -1;
+    pid_t parent = getpid();
+    p->pid = fork();
+    if (p->pid == 0) {
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != parent)
+            _exit(127);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        int null = open("/dev/null", O_RDONLY);
+        dup2(null, 0);
+        execvp(argv[0], argv);
+        _exit(127);
+    }
+    close(fd);
+    if (p->pid < 0)
+        return -1;
+    for (int waited = 0; port > 0 && waited < timeout_ms; waited += 20) {
+        if (port_open(port))
+            return 0;
+        if (waitpid(p->pid, NULL, WNOHANG) == p->pid) {
+            p->pid = 0;
+            fprintf(stderr, "%s exited at start; its log: %s\n", argv[0], p->log);
+            return -1;
+        }
+        sleep_ms(20);
+    }
+    if (port > 0) {
+        fprintf(stderr, "%s did not listen on %d; its log: %s\n", argv[0], port, p->log);
+        return -1;
+    }
+    return 0;
+}
+
+int h_proc_stop(h_proc *p, int timeout_ms)
+{
+    if (p->pid <= 0)
+        return -1;
+    kill(p->pid, SIGTERM);
+    int status = 0;
+    for (int waited = 0; waited < timeout_ms; waited += 10) {
+        if (waitpid(p->pid, &status, WNOHANG) == p->pid) {
+            p->pid = 0;
+            return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+        }
+        sleep_ms(10);
+    }
+    h_proc_kill(p);
+    return -1;
+}
+
+void h_proc_kill(h_proc *p)
+{
+    if (p->pid <= 0)
+        return;
+    kill(p->pid, SIGKILL);
+    waitpid(p->pid, NULL, 0);
+    p->pid = 0;
+}
+
+int h_redis_start(h_proc *r, const char *dir, int port, int aof)
+{
+    if (port <= 0)
+        port = h_free_port();
+    char portbuf[16];
+    snprintf(portbuf, sizeof portbuf, "%d", port);
+    char *argv[] = {"redis-server", "--port", portbuf, "--bind", "127.0.0.1", "--dir",
+                    (char *)dir, "--save", "", "--appendonly", aof ? "yes" : "no",
+                    "--appendfsync", "always", "--daemonize", "no", "--logfile", "", NULL};
+    return h_proc_start(r, argv, port, 10000);
+}
+
+int h_request(int port, const char *method, const char *path, const char *extra_headers,
+              const char *body, char **raw, const char **resp_body)
+{
+    *raw = NULL;
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) < 0) {
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    size_t blen = strlen(body);
+    char head[1024];
+    int n = snprintf(head, sizeof head, "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                     "Content-Type: application/json\r\nContent-Length: %zu\r\n%s"
+                     "Connection: close\r\n\r\n", method, path, blen,
+                     extra_headers ? extra_headers : "");
+    if (send(fd, head, (size_t)n, MSG_NOSIGNAL) != n ||
+        send(fd, body, blen, MSG_NOSIGNAL) != (ssize_t)blen) {
+        close(fd);
+        return -1;
+    }
+    size_t cap = 1 << 16, got = 0;
+    char *buf = malloc(cap);
+    for (;;) {
+        struct pollfd pf = {fd, POLLIN, 0};
+        if (poll(&pf, 1, 30000) <= 0)
+            break;
+        if (got + 4096 > cap)
+            buf = realloc(buf, cap *= 2);
+        ssize_t r = recv(fd, buf + got, cap - got - 1, 0);
+        if (r <= 0)
+            break;
+        got += (size_t)r;
+    }
+    close(fd);
+    buf[got] = '\0';
+    *raw = buf;
+    int status = -1;
+    sscanf(buf, "HTTP/1.1 %d", &status);
+    char *b = strstr(buf, "\r\n\r\n");
+    *resp_body = b ? b + 4 : buf + got;
+    return status;
+}
+
+const char *h_header(const char *raw, const char *name)
+{
+    static char v[256];
+    v[0] = '\0';
+    const char *end = strstr(raw, "\r\n\r\n");
+    const char *h = strcasestr(raw, name);
+    if (h && (!end || h < end))
+        sscanf(h + strlen(name), " %255[^\r\n]", v);
+    return v;
 }

@@ -55,7 +55,35 @@ json_t *h_expect(ws_client *c, const char *type, int timeout_ms);
 json_t *h_turn(ws_client *c, const char *text, int max_tokens, char **tokens);
 /* GET with an optional bearer token; returns the status, body malloc'd. */
 int h_get(const kvpd_proc *p, const char *path, const char *token, char **body);
+/* One HTTP request with a body (Connection: close) to 127.0.0.1:port; extra_headers
+ * are whole "Name: value\r\n" lines or NULL. Returns the status; *raw (malloc'd) is the
+ * whole answer, *body points into it. */
+int h_request(int port, const char *method, const char *path, const char *extra_headers,
+              const char *body, char **raw, const char **resp_body);
+/* The value of the response header `name` (lowercase, with the colon) in raw, or "". */
+const char *h_header(const char *raw, const char *name);
 /* The value of an unlabelled sample in Prometheus text, or -1. */
 double h_metric(const char *text, const char *name);
+
+/* A helper server a test starts (redis-server, haproxy): dies with the test. */
+typedef struct h_proc {
+    pid_t pid;
+    int port;
+    char log[64];       /* its stdout and stderr */
+} h_proc;
+
+/* 1 when the program is found in PATH. */
+int h_have(const char *prog);
+/* A free loopback TCP port (bound, then released). */
+int h_free_port(void);
+/* Runs argv (argv[0] looked up in PATH); with port > 0, waits up to timeout_ms until it
+ * accepts connections there. 0 or -1 (then its log says why). */
+int h_proc_start(h_proc *p, char *const argv[], int port, int timeout_ms);
+/* SIGTERM and wait up to timeout_ms (then SIGKILL); SIGKILL at once. */
+int h_proc_stop(h_proc *p, int timeout_ms);
+void h_proc_kill(h_proc *p);
+/* redis-server on `port` (0: a free one) with its files in dir; aof: appendonly with
+ * appendfsync always (every write on disk before the reply). */
+int h_redis_start(h_proc *r, const char *dir, int port, int aof);
 
 #endif

@@ -132,10 +132,9 @@ static int verify(const char *unit, char *out, size_t cap)
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-/* The unit with ExecStart= pointing at this build's kvpd (verify wants the binary). */
-static char *unit_for_build(void)
+/* A unit with ExecStart= pointing at this build's kvpd (verify wants the binary). */
+static char *unit_for_build(const char *unit)
 {
-    const char *unit = read_unit();
     const char *build = getenv("KVP_BUILD");
     cr_assert_not_null(build);
     char kvpd[1024];
@@ -155,7 +154,7 @@ Test(service, systemd_analyze_verify_accepts_it, .timeout = 60)
     if (!have_systemd_analyze())
         cr_skip_test("systemd-analyze not installed (Debian package systemd)");
     char out[8192];
-    int rc = verify(unit_for_build(), out, sizeof out);
+    int rc = verify(unit_for_build(read_unit()), out, sizeof out);
     /* verify exits 0 on directives it ignores; it says so on stderr, so silence is
      * the real pass. */
     cr_expect_eq(rc, 0, "exit %d: %s", rc, out);
@@ -167,11 +166,34 @@ Test(service, systemd_analyze_verify_catches_a_bad_directive, .timeout = 60)
     if (!have_systemd_analyze())
         cr_skip_test("systemd-analyze not installed (Debian package systemd)");
     /* The check above would notice a typo: the same unit with one spoiled value. */
-    char *unit = unit_for_build();
+    char *unit = unit_for_build(read_unit());
     char *t = strstr(unit, "Type=notify");
     cr_assert_not_null(t);
     memcpy(t, "Type=notifX", 11);
     char out[8192];
     verify(unit, out, sizeof out);
     cr_expect_not_null(strstr(out, "notifX"), "not reported: %s", out);
+}
+
+/* deploy/kvpd-node.service (a node of a cluster, docs/cluster.md): no state directory,
+ * its sessions in Redis; systemd accepts it as it accepts kvpd.service. */
+Test(service, the_cluster_node_unit_verifies, .timeout = 60)
+{
+    char *unit = read_source("deploy/kvpd-node.service");
+    cr_expect(has_line(unit, "ExecStart=/usr/local/bin/kvpd --config /etc/kvpd/kvpd-node.conf "
+                             "--node-id %H --admin-token-file ${RUNTIME_DIRECTORY}/admin.token"));
+    cr_expect(has_line(unit, "Type=notify"));
+    cr_expect_null(strstr(unit, "--state-dir"), "a node keeps no state directory");
+    char *conf = read_source("deploy/kvpd-node.conf");
+    cr_expect_not_null(strstr(conf, "\nstate_url = redis://"), "kvpd-node.conf names no Redis");
+    free(conf);
+    if (!have_systemd_analyze()) {
+        free(unit);
+        cr_skip_test("systemd-analyze not installed (Debian package systemd)");
+    }
+    char out[8192];
+    int rc = verify(unit_for_build(unit), out, sizeof out);
+    cr_expect_eq(rc, 0, "exit %d: %s", rc, out);
+    cr_expect_str_empty(out, "systemd-analyze verify said:\n%s", out);
+    free(unit);
 }

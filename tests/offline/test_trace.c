@@ -1,10 +1,12 @@
-/* trace.c: the writer and the reader agree byte for byte; `kvp trace` stores what the
- * forward pass puts in the cache, on the text split it documents; importance against a
- * plain double-precision reference; damaged and mismatched files are refused with a
+/* trace.c: the reader returns what the writer was given (keys and values rounded to
+ * f16, the tokens exactly); the stored importance at every cut of the grid against a
+ * plain double-precision reference; `kvp trace` stores what the forward pass puts in the
+ * cache, on the text split it documents; damaged and mismatched files are refused with a
  * message. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +15,7 @@
 
 #include "base/checksum.h"
 #include "model/forward.h"
+#include "model/quant.h"
 #include "offline/trace.h"
 #include "tests/model/testutil.h"
 
@@ -22,6 +25,10 @@
 #define NKV 2
 #define HD 4
 #define MAXLEN 40
+/* the grid of cuts: 6, 11, 16, ... while 3 tokens follow */
+#define CUT_MIN 6
+#define CUT_STRIDE 5
+#define CUT_TAIL 3
 
 static uint64_t rng_state = 7;
 
@@ -46,7 +53,7 @@ typedef struct seqdata {
     float q[NL][MAXLEN * NH * HD], k[NL][MAXLEN * NKV * HD], v[NL][MAXLEN * NKV * HD];
 } seqdata;
 
-static const int lens[] = {MAXLEN, 17, 2, 31};
+static const int lens[] = {MAXLEN, 17, 2, 31, 9};
 #define NSEQ (int)(sizeof lens / sizeof lens[0])
 static seqdata seqs[NSEQ];
 
@@ -55,7 +62,8 @@ static void write_synthetic(const char *path)
 {
     kvp_trace_header h = {.n_layers = NL, .n_heads = NH, .n_kv_heads = NKV, .head_dim = HD,
                           .seq_len = MAXLEN, .split = 0.75, .text_bytes = 1234,
-                          .text_hash = 0x1234567890abcdefull};
+                          .text_hash = 0x1234567890abcdefull, .cut_min = CUT_MIN,
+                          .cut_stride = CUT_STRIDE, .cut_tail = CUT_TAIL};
     snprintf(h.model, sizeof h.model, "synthetic");
     kvp_trace_writer w;
     char err[256];
@@ -115,7 +123,10 @@ Test(trace, written_trace_reads_back_exactly)
     char err[256];
     cr_assert_eq(kvp_trace_open(&t, path, NULL, err, sizeof err), 0, "%s", err);
     cr_assert_eq(memcmp(t.h.magic, "KVPTRACE", 8), 0);
-    cr_assert_eq(t.h.version, 1u);
+    cr_assert_eq(t.h.version, 2u);
+    cr_assert_eq(t.h.cut_min, CUT_MIN);
+    cr_assert_eq(t.h.cut_stride, CUT_STRIDE);
+    cr_assert_eq(t.h.cut_tail, CUT_TAIL);
     cr_assert_eq(t.h.n_layers, NL);
     cr_assert_eq(t.h.n_heads, NH);
     cr_assert_eq(t.h.n_kv_heads, NKV);
@@ -131,11 +142,18 @@ Test(trace, written_trace_reads_back_exactly)
         const seqdata *d = &seqs[s];
         cr_assert_eq(kvp_trace_len(&t, s), d->len);
         cr_assert_eq(memcmp(kvp_trace_tokens(&t, s), d->tokens, d->len * sizeof(int32_t)), 0);
-        for (int l = 0; l < NL; l++) {
-            cr_assert_eq(memcmp(kvp_trace_q(&t, s, l), d->q[l], d->len * NH * HD * sizeof(float)), 0);
-            cr_assert_eq(memcmp(kvp_trace_k(&t, s, l), d->k[l], d->len * NKV * HD * sizeof(float)), 0);
-            cr_assert_eq(memcmp(kvp_trace_v(&t, s, l), d->v[l], d->len * NKV * HD * sizeof(float)), 0);
-        }
+        for (int l = 0; l < NL; l++)
+            for (int kvh = 0; kvh < NKV; kvh++) {
+                const uint16_t *k = kvp_trace_k(&t, s, l, kvh), *v = kvp_trace_v(&t, s, l, kvh);
+                for (int r = 0; r < d->len; r++)
+                    for (int x = 0; x < HD; x++) {
+                        size_t at = (size_t)r * NKV * HD + (size_t)kvh * HD + x;
+                        cr_assert_eq(k[r * HD + x], kvp_f32_to_f16(d->k[l][at]),
+                                     "seq %d layer %d head %d row %d: k", s, l, kvh, r);
+                        cr_assert_eq(v[r * HD + x], kvp_f32_to_f16(d->v[l][at]),
+                                     "seq %d layer %d head %d row %d: v", s, l, kvh, r);
+                    }
+            }
     }
     kvp_trace_close(&t);
     unlink(path);
@@ -173,26 +191,38 @@ static void importance_ref(const seqdata *d, int layer, int kvh, int n, double *
     }
 }
 
-Test(trace, importance_matches_double_precision_reference)
+Test(trace, stored_importance_matches_double_precision_reference_at_every_cut)
 {
     const char *path = tmp_name("imp.kvpt");
     write_synthetic(path);
     kvp_trace t;
     char err[256];
     cr_assert_eq(kvp_trace_open(&t, path, NULL, err, sizeof err), 0, "%s", err);
-    float imp[MAXLEN], work[3 * MAXLEN];
     double ref[MAXLEN];
-    for (int s = 0; s < NSEQ; s++)
+    int checked = 0;
+    for (int s = 0; s < NSEQ; s++) {
+        /* the grid: every cut with CUT_TAIL tokens after it, no other */
+        int want = 0;
+        for (int n = CUT_MIN; n + CUT_TAIL <= seqs[s].len; n += CUT_STRIDE)
+            want++;
+        cr_assert_eq(kvp_trace_n_cuts(&t.h, seqs[s].len), want, "seq %d", s);
         for (int l = 0; l < NL; l++)
             for (int kvh = 0; kvh < NKV; kvh++)
-                for (int n = 1; n <= seqs[s].len; n += 3) {
-                    kvp_trace_importance(&t, s, l, kvh, n, imp, work);
+                for (int g = 0; g < want; g++) {
+                    int n = CUT_MIN + g * CUT_STRIDE;
+                    cr_assert_eq(kvp_trace_cut_index(&t.h, n), g);
+                    const float *imp = kvp_trace_importance(&t, s, l, kvh, g);
                     importance_ref(&seqs[s], l, kvh, n, ref);
+                    checked++;
                     for (int i = 0; i < n; i++)
                         cr_assert(fabs(imp[i] - ref[i]) <= 1e-5 * (1.0 + ref[i]),
                                   "seq %d layer %d head %d n %d row %d: %g vs %g", s, l, kvh, n,
                                   i, imp[i], ref[i]);
                 }
+    }
+    cr_assert_gt(checked, 20);
+    cr_assert_eq(kvp_trace_cut_index(&t.h, CUT_MIN + 1), -1);
+    cr_assert_eq(kvp_trace_cut_index(&t.h, CUT_MIN - CUT_STRIDE), -1);
     kvp_trace_close(&t);
     unlink(path);
 }
@@ -237,15 +267,32 @@ Test(trace, truncated_or_altered_files_are_refused_with_a_message)
     open_fails(bad, NULL, err, sizeof err);
     cr_assert(strstr(err, "magic"), "%s", err);
     buf[0] = 'K';
-    uint32_t v2 = 2;
-    memcpy(buf + 8, &v2, 4);
+    uint32_t v3 = 3;
+    memcpy(buf + 8, &v3, 4);
     reseal(buf, len);
     write_bytes(bad, buf, len);
     open_fails(bad, NULL, err, sizeof err);
-    cr_assert(strstr(err, "version 2"), "%s", err);
-    /* a sequence length past the end, resealed */
+    cr_assert(strstr(err, "version 3"), "%s", err);
+    /* the f32 format of before: refused with the way out */
     uint32_t v1 = 1;
     memcpy(buf + 8, &v1, 4);
+    reseal(buf, len);
+    write_bytes(bad, buf, len);
+    open_fails(bad, NULL, err, sizeof err);
+    cr_assert(strstr(err, "version 1") && strstr(err, "trace again"), "%s", err);
+    /* a bad grid of cuts, resealed */
+    uint32_t v2 = 2;
+    memcpy(buf + 8, &v2, 4);
+    int32_t zero = 0, good;
+    size_t at_stride = offsetof(kvp_trace_header, cut_stride);
+    memcpy(&good, buf + at_stride, 4);
+    memcpy(buf + at_stride, &zero, 4);
+    reseal(buf, len);
+    write_bytes(bad, buf, len);
+    open_fails(bad, NULL, err, sizeof err);
+    cr_assert(strstr(err, "header"), "%s", err);
+    memcpy(buf + at_stride, &good, 4);
+    /* a sequence length past the end, resealed */
     int32_t huge = 1000;
     memcpy(buf + sizeof(kvp_trace_header), &huge, 4);
     reseal(buf, len);
@@ -294,7 +341,8 @@ Test(trace, kvp_trace_stores_what_the_forward_pass_caches)
     enum { L = 64 };
     char cmd[2048];
     snprintf(cmd, sizeof cmd, "%s trace --model %s --text %s --out %s --seq-len %d "
-             "--max-seqs 6 --split 0.5 2>&1", tu_build("tools/kvp"), model_path, text_path,
+             "--max-seqs 6 --split 0.5 --cut-min 24 --cut-stride 8 --cut-tail 16 2>&1",
+             tu_build("tools/kvp"), model_path, text_path,
              dir, L);
     char *out;
     cr_assert_eq(tu_run(cmd, &out), 0, "%s", out);
@@ -311,6 +359,8 @@ Test(trace, kvp_trace_stores_what_the_forward_pass_caches)
     cr_assert_eq(t.h.n_train, 3);
     cr_assert_eq(t.h.text_bytes, text_len);
     cr_assert_eq(t.h.text_hash, kvp_fnv1a(KVP_FNV1A_INIT, full, text_len));
+    cr_assert_eq(t.h.cut_min, 24);
+    cr_assert_eq(kvp_trace_n_cuts(&t.h, L), 4, "cuts 24, 32, 40, 48");
 
     /* the split and the tokens, by the shared helpers' documented rule */
     size_t at = kvp_trace_split_at(full, text_len, 0.5);
@@ -322,7 +372,7 @@ Test(trace, kvp_trace_stores_what_the_forward_pass_caches)
 
     kvp_runstate s;
     cr_assert_eq(kvp_runstate_init(&s, &m.cfg, L), 0);
-    int hd = m.cfg.head_dim, kvd = m.cfg.n_kv_heads * hd;
+    int hd = m.cfg.head_dim;
     for (int q = 0; q < 6; q++) {
         int part = q >= 3, i = q % 3;
         const int32_t *tok = kvp_trace_tokens(&t, q);
@@ -340,13 +390,12 @@ Test(trace, kvp_trace_stores_what_the_forward_pass_caches)
             for (int kvh = 0; kvh < m.cfg.n_kv_heads; kvh++) {
                 const kvp_head *h = kvp_cache_head(&c, l, kvh);
                 cr_assert_eq(h->n, L);
-                for (int r = 0; r < L; r++) {
-                    const float *tk = kvp_trace_k(&t, q, l) + (size_t)r * kvd + (size_t)kvh * hd;
-                    const float *tv = kvp_trace_v(&t, q, l) + (size_t)r * kvd + (size_t)kvh * hd;
-                    cr_assert_eq(memcmp((float *)h->k + (size_t)r * hd, tk, hd * sizeof(float)), 0,
-                                 "seq %d layer %d head %d row %d: k differs", q, l, kvh, r);
-                    cr_assert_eq(memcmp((float *)h->v + (size_t)r * hd, tv, hd * sizeof(float)), 0,
-                                 "seq %d layer %d head %d row %d: v differs", q, l, kvh, r);
+                const uint16_t *tk = kvp_trace_k(&t, q, l, kvh), *tv = kvp_trace_v(&t, q, l, kvh);
+                for (int i = 0; i < L * hd; i++) {
+                    cr_assert_eq(tk[i], kvp_f32_to_f16(((const float *)h->k)[i]),
+                                 "seq %d layer %d head %d row %d: k differs", q, l, kvh, i / hd);
+                    cr_assert_eq(tv[i], kvp_f32_to_f16(((const float *)h->v)[i]),
+                                 "seq %d layer %d head %d row %d: v differs", q, l, kvh, i / hd);
                 }
             }
         kvp_cache_free(&c);

@@ -271,13 +271,14 @@ Test(train, schedule_warms_up_then_decays_to_the_floor)
 
 /* Queries point along one direction per head, so a row's future attention follows its
  * key's projection on it: a ranking an agent can learn from keys. */
-static void make_trace(const char *dir)
+static void make_trace_grid(const char *dir, int cut_min)
 {
     char path[512];
     snprintf(path, sizeof path, "%s/trace.kvpt", dir);
     cr_assert(mkdir(dir, 0777) == 0 || errno == EEXIST);
     kvp_trace_header h = {.n_layers = T_LAYERS, .n_heads = T_HEADS, .n_kv_heads = T_KVH,
-                          .head_dim = T_D, .seq_len = T_LEN, .split = 0.75};
+                          .head_dim = T_D, .seq_len = T_LEN, .split = 0.75,
+                          .cut_min = cut_min, .cut_stride = 8, .cut_tail = 8};
     snprintf(h.model, sizeof h.model, "synthetic");
     kvp_trace_writer w;
     char err[256];
@@ -310,6 +311,12 @@ static void make_trace(const char *dir)
         cr_assert_eq(kvp_trace_writer_add(&w, tokens, T_LEN, qp, kp, vp), 0);
     }
     cr_assert_eq(kvp_trace_writer_close(&w, T_TRAIN, err, sizeof err), 0, "%s", err);
+}
+
+/* Episodes at cuts 32, 40, ..., 88. */
+static void make_trace(const char *dir)
+{
+    make_trace_grid(dir, 32);
 }
 
 static const char *trace_dir(void)
@@ -348,38 +355,40 @@ static kvp_train_cfg tiny_cfg(long steps, int threads)
     c.samples = 4;
     c.lr = 1e-2f;
     c.warmup = 5;
-    c.cut_min = 32;
-    c.cut_tail = 8;
-    c.cut_stride = 8;
     c.val_cut = 72;
     c.eval_every = 10;
     c.ema = 0.9f;
     return c;
 }
 
-Test(train, importance_at_many_cuts_matches_kvp_trace_importance)
+Test(train, importance_at_many_cuts_matches_one_cut_at_a_time)
 {
-    kvp_trace t;
-    open_trace(&t);
     enum { FIRST = 24, STRIDE = 10, CUTS = 6 };
+    static float q[T_LEN * T_HEADS * T_D], k[T_LEN * T_KVH * T_D];
+    for (size_t i = 0; i < sizeof q / sizeof *q; i++)
+        q[i] = 3.0f * frand();
+    for (size_t i = 0; i < sizeof k / sizeof *k; i++)
+        k[i] = frand();
     float *out[CUTS], work[3 * T_LEN], ref[T_LEN], rwork[3 * T_LEN];
     for (int g = 0; g < CUTS; g++)
         out[g] = malloc((FIRST + g * STRIDE) * sizeof(float));
-    for (int l = 0; l < T_LAYERS; l++)
-        for (int h = 0; h < T_KVH; h++) {
-            kvp_trace_importance_cuts(&t, 1, l, h, FIRST, STRIDE, CUTS, out, work);
-            for (int g = 0; g < CUTS; g++) {
-                int n = FIRST + g * STRIDE;
-                kvp_trace_importance(&t, 1, l, h, n, ref, rwork);
-                for (int i = 0; i < n; i++)
-                    cr_assert_float_eq(out[g][i], ref[i], 1e-5f * (1.0f + ref[i]),
-                                       "layer %d head %d cut %d row %d", l, h, n, i);
+    for (int h = 0; h < T_KVH; h++) {
+        kvp_importance_cuts(q, k, T_LEN, T_HEADS, T_KVH, T_D, h, FIRST, STRIDE, CUTS, out, work);
+        for (int g = 0; g < CUTS; g++) {
+            int n = FIRST + g * STRIDE;
+            float *one = ref;
+            kvp_importance_cuts(q, k, T_LEN, T_HEADS, T_KVH, T_D, h, n, 1, 1, &one, rwork);
+            double total = 0.0;
+            for (int i = 0; i < n; i++) {
+                cr_assert_float_eq(out[g][i], ref[i], 1e-5f * (1.0f + ref[i]),
+                                   "head %d cut %d row %d", h, n, i);
+                total += ref[i];
             }
+            cr_assert_gt(total, 0.0, "head %d cut %d: no importance", h, n);
         }
+    }
     for (int g = 0; g < CUTS; g++)
         free(out[g]);
-    kvp_trace_close(&t);
-    remove_trace();
 }
 
 /* The training loss of one episode, -sum_k adv_k log pi(sigma_k | s(w)) / K. */
@@ -533,17 +542,25 @@ Test(train, bad_settings_and_shapes_are_errors)
     c.samples = 1;
     cr_assert_eq(kvp_train(&t, &s, &c, NULL, err, sizeof err), -EINVAL);
     c = tiny_cfg(2, 1);
-    c.cut_min = 21;   /* one row left to rank */
+    c.n_recent = 27;   /* the smallest cut, 32, leaves one row to rank */
     cr_assert_eq(kvp_train(&t, &s, &c, NULL, err, sizeof err), -EINVAL);
     cr_assert(strstr(err, "fewer than 2 rows"), "%s", err);
-    c = tiny_cfg(2, 1);
-    c.cut_min = 90;   /* + tail 8 > 96 */
-    cr_assert_eq(kvp_train(&t, &s, &c, NULL, err, sizeof err), -EINVAL);
-    cr_assert(strstr(err, "no training sequence"), "%s", err);
     c = tiny_cfg(2, 1);
     c.val_cut = T_LEN;
     cr_assert_eq(kvp_train(&t, &s, &c, NULL, err, sizeof err), -EINVAL);
     cr_assert(strstr(err, "no validation sequence"), "%s", err);
+    c = tiny_cfg(2, 1);
+    c.val_cut = 75;   /* between cuts 72 and 80 */
+    cr_assert_eq(kvp_train(&t, &s, &c, NULL, err, sizeof err), -EINVAL);
+    cr_assert(strstr(err, "not on the trace's grid"), "%s", err);
+    kvp_trace_close(&t);
+    remove_trace();
+    /* a grid that starts at 90: 90 + 8 future tokens do not fit in 96 */
+    make_trace_grid(trace_dir(), 90);
+    open_trace(&t);
+    c = tiny_cfg(2, 1);
+    cr_assert_eq(kvp_train(&t, &s, &c, NULL, err, sizeof err), -EINVAL);
+    cr_assert(strstr(err, "no training sequence"), "%s", err);
     kvp_agent_set_free(&s);
     kvp_trace_close(&t);
     remove_trace();
@@ -564,7 +581,7 @@ Test(train, cli_trains_writes_policy_and_curve)
     char args[1024], pol[256], csv[300], *out;
     snprintf(pol, sizeof pol, "%s/cli.kvp", dir);
     snprintf(args, sizeof args, "--traces %s --out %s --init %s --steps 20 --eval-every 10 "
-             "--threads 2 --episodes 4 --samples 4 --cut-min 32 --cut-tail 8 --val-cut 72",
+             "--threads 2 --episodes 4 --samples 4 --val-cut 72",
              dir, pol, pol);
     /* --init needs a policy of the trace's shape: write one first */
     kvp_agent_set s;

@@ -6,12 +6,9 @@
  * of the key are refused. */
 #include <criterion/criterion.h>
 #include <errno.h>
-#include <netinet/in.h>
-#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include "base/bytes.h"
@@ -196,36 +193,6 @@ Test(security_history, bounded_history_keeps_the_cache_exact_across_a_restart)
 
 /* ---- the OpenAI API on a session whose matched history was partly dropped ---- */
 
-static char *post(const kvpd_proc *p, const char *headers, const char *body)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)p->port),
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    cr_assert(fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0);
-    char head[512];
-    int n = snprintf(head, sizeof head, "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                     "Content-Type: application/json\r\nContent-Length: %zu\r\n%s"
-                     "Connection: close\r\n\r\n", strlen(body), headers);
-    cr_assert_eq(send(fd, head, (size_t)n, MSG_NOSIGNAL), n);
-    cr_assert_eq(send(fd, body, strlen(body), MSG_NOSIGNAL), (ssize_t)strlen(body));
-    size_t cap = 1 << 16, got = 0;
-    char *buf = malloc(cap);
-    for (;;) {
-        struct pollfd pf = {fd, POLLIN, 0};
-        if (poll(&pf, 1, 30000) <= 0)
-            break;
-        if (got + 4096 > cap)
-            buf = realloc(buf, cap *= 2);
-        ssize_t r = recv(fd, buf + got, cap - got - 1, 0);
-        if (r <= 0)
-            break;
-        got += (size_t)r;
-    }
-    buf[got] = '\0';
-    close(fd);
-    return buf;
-}
-
 /* The JSON body of a non-streamed answer. */
 static json_t *completion(const kvpd_proc *p, const char *id, const convo *c, int turns)
 {
@@ -242,11 +209,12 @@ static json_t *completion(const kvpd_proc *p, const char *id, const convo *c, in
     char headers[128] = "";
     if (id)
         snprintf(headers, sizeof headers, "X-Session-Id: %s\r\n", id);
-    char *raw = post(p, headers, body);
+    char *raw;
+    const char *b;
+    int status = h_request(p->port, "POST", "/v1/chat/completions", headers, body, &raw, &b);
     free(body);
-    char *b = strstr(raw, "\r\n\r\n");
-    cr_assert(b && !strncmp(raw, "HTTP/1.1 200", 12), "answer: %.300s", raw);
-    json_t *j = json_loads(b + 4, 0, NULL);
+    cr_assert_eq(status, 200, "answer: %.300s", raw ? raw : "(none)");
+    json_t *j = json_loads(b, 0, NULL);
     free(raw);
     cr_assert(j);
     return j;

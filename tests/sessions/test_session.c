@@ -8,6 +8,7 @@
 #include "model/tokenizer.h"
 #include "sessions/persist.h"
 #include "sessions/session.h"
+#include "sessions/store.h"
 #include "tests/model/testutil.h"
 #include "tests/sessions/hubtest.h"
 
@@ -164,10 +165,14 @@ Test(session, a_snapshot_of_one_kv_type_restores_under_every_other, .timeout = 6
     kvp_policy_conf *pc = conf("streaming", "");
     snprintf(pc->ident.model_name, sizeof pc->ident.model_name, "%s", model.name);
     snprintf(pc->ident.policy_name, sizeof pc->ident.policy_name, "streaming");
+    kvp_store *store;
+    kvp_store_params sp = {.state_dir = dir};
+    cr_assert_eq(kvp_store_open(&store, &sp, err, sizeof err), 0, "%s", err);
     for (int from = 0; from < KVP_KV_N_TYPES; from++)
         for (int to = 0; to < KVP_KV_N_TYPES; to++) {
             kvp_session_env env = {.model = &model, .chunk = 32, .reuse_cache = 1, .top_p = 0.9f,
-                                   .seed = 1, .state_dir = dir, .kv_type = (kvp_kv_type)from};
+                                   .seed = 1, .store = store, .state_dir = dir,
+                                   .kv_type = (kvp_kv_type)from};
             kvp_template_init(&env.tpl, &model, NULL, NULL, 0);
             kvp_session_table t;
             cr_assert_eq(kvp_session_table_init(&t), 0);
@@ -210,6 +215,7 @@ Test(session, a_snapshot_of_one_kv_type_restores_under_every_other, .timeout = 6
             free(got);
             kvp_session_table_clear(&t);
         }
+    kvp_store_close(store);
     kvp_policy_conf_unref(pc);
     kvp_runstate_free(&rs);
     kvp_model_free(&model);

@@ -3,6 +3,7 @@
  * bad input and a run that cannot fit are refused before any work. kvp trace
  * --conversations renders chats with the model's own template. */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,7 +65,16 @@ Test(learn, stories260K_end_to_end_installs_a_policy_kvpd_picks_up, .init = make
     int st = kvp(args, &out);
     cr_assert_eq(st, 0, "kvp %s:\n%s", args, out);
     cr_expect(strstr(out, "[1/4] trace") && strstr(out, "[4/4] eval"), "%s", out);
+    /* The disk estimate it started on is the trace it wrote. */
+    const char *need = strstr(out, "needs ");
+    double need_mb = 0.0;
+    cr_assert(need && sscanf(need, "needs %lf MB of disk", &need_mb) == 1, "%s", out);
     free(out);
+    struct stat st_trace;
+    snprintf(path, sizeof path, "%s/work/trace.kvpt", dir);
+    cr_assert_eq(stat(path, &st_trace), 0);
+    cr_expect(fabs(need_mb - (double)st_trace.st_size / 1e6) <= 0.05 + 0.001 * need_mb,
+              "estimated %.1f MB, wrote %.1f MB", need_mb, (double)st_trace.st_size / 1e6);
 
     /* The trace: valid, of the requested shape, split 16 + 4. */
     char err[512];
@@ -145,6 +155,17 @@ Test(learn, bad_arguments_and_runs_that_cannot_fit_are_refused_before_any_work,
     cr_expect_eq(kvp(args, &out), 1);
     cr_expect(strstr(out, "needs") && strstr(out, "not enough disk"), "%s", out);
     free(out);
+    /* Without --max-seqs the trace's disk budget sets the count: a stories260K sequence
+     * of 512 tokens takes 1,483,012 bytes, so 13 fit in 20 MB (the tiny text then stops
+     * the trace). */
+    const char *tiny = tu_write_tmp("Once upon a time.\n", 18);
+    snprintf(args, sizeof args, "learn --model %s --text %s --trace-gb 0.02 --work %s/w "
+             "--out %s/p.kvp", model, tiny, dir, dir);
+    cr_expect_eq(kvp(args, &out), 1);
+    cr_expect(strstr(out, "13 sequences fit in the trace's 0.02 GB budget") &&
+              strstr(out, "13 sequences of 512 tokens") && strstr(out, "needs 19.3 MB"), "%s", out);
+    free(out);
+    remove(tiny);
     char path[256];
     snprintf(path, sizeof path, "%s/w/trace.kvpt", dir);
     cr_expect(!exists(path));

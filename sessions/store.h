@@ -1,0 +1,116 @@
+/* Where session snapshots live (docs/cluster.md): the state directory (one node, the
+ * files of sessions/snapshot.h) or a Redis server (`state_url = redis://HOST:PORT/DB`,
+ * several nodes sharing the sessions). Both keep the same checksummed snapshot bytes,
+ * move a damaged one aside (never loaded again) and forget snapshots older than the
+ * time to live.
+ *
+ * Threads: put, get, remove and lease_take block (disk or network) and run on the
+ * workers, as snapshot I/O always has; each call may come from any thread. lease_drop
+ * and the counters only take a mutex: the loop may call them. The store's own thread
+ * renews the leases of sessions with a job in flight, releases dropped ones and, for the
+ * directory, deletes expired snapshots. */
+#ifndef KVP_STORE_H
+#define KVP_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "sessions/snapshot.h"
+
+#define KVP_STORE_NODE_MAX 64
+
+typedef struct kvp_store kvp_store;
+
+typedef struct kvp_store_params {
+    const char *state_dir;        /* "" or NULL: none */
+    const char *state_url;        /* redis://HOST:PORT/DB, wins over state_dir; "" or NULL */
+    double ttl_s;                 /* snapshots unused this long are deleted (0: never) */
+    int lease_ms;                 /* Redis: a session's lease lasts this long unrenewed */
+    const char *node_id;          /* Redis: this node's name in leases ("" : host-pid) */
+    double expire_every_s;        /* directory: how often expired files are looked for */
+} kvp_store_params;
+
+/* A parsed redis:// URL. */
+typedef struct kvp_redis_url {
+    char host[256];
+    int port;                     /* 1..65535, default 6379 */
+    int db;                       /* 0..15 by default Redis; any 0..(1<<20) accepted */
+} kvp_redis_url;
+
+/* redis://HOST[:PORT][/DB]; HOST is a name or IPv4 ([v6] in brackets). 0 or -EINVAL with
+ * a message naming what is wrong. */
+int kvp_redis_url_parse(const char *url, kvp_redis_url *out, char *err, size_t errlen);
+
+/* Opens the store the parameters name (neither dir nor url: *out NULL, returns 0). For
+ * Redis the server must answer now (a clear error otherwise). At start, before any
+ * write: a directory's leftover temporary files and expired snapshots are deleted. */
+int kvp_store_open(kvp_store **out, const kvp_store_params *p, char *err, size_t errlen);
+/* Stops the store's thread, releases every lease still held, frees it. */
+void kvp_store_close(kvp_store *st);
+
+/* "dir" or "redis", and where (the directory, or host:port/db). */
+const char *kvp_store_kind(const kvp_store *st);
+const char *kvp_store_where(const kvp_store *st);
+/* The directory when the store is one, else "" (the transcript index lives only there). */
+const char *kvp_store_dir(const kvp_store *st);
+const char *kvp_store_node(const kvp_store *st);
+
+/* Writes a whole snapshot (replacing the journal, if the store keeps one). *bytes: what
+ * was written. 0 or a negative code with a message; -ESTALE (Redis): this node no longer
+ * holds the session's lease, nothing was written. */
+int kvp_store_put(kvp_store *st, const kvp_snapshot *snap, size_t *bytes, char *err,
+                  size_t errlen);
+/* 1 when the store keeps journals (kvp_store_append may be called), else 0. */
+int kvp_store_has_journal(const kvp_store *st);
+int kvp_store_append(kvp_store *st, const char *id, const kvp_journal_rec *rec,
+                     size_t *journal_bytes, size_t *bytes, char *err, size_t errlen);
+/* Reads a snapshot and replays its journal. -ENOENT none; -EBADMSG damaged (moved aside:
+ * the message says where); others may pass. *journal_clean: 0 when a journal tail was
+ * ignored (jerr says why; the next write must be whole). */
+int kvp_store_get(kvp_store *st, const char *id, kvp_snapshot *out, size_t *journal_bytes,
+                  int *journal_clean, char *jerr, size_t jerrlen, char *err, size_t errlen);
+int kvp_store_exists(kvp_store *st, const char *id);
+int kvp_store_remove(kvp_store *st, const char *id, char *err, size_t errlen);
+/* Calls fn for each stored session id; returns how many, or a negative code. */
+int kvp_store_list(kvp_store *st, void (*fn)(void *ctx, const char *id), void *ctx,
+                   char *err, size_t errlen);
+/* Deletes snapshots unused for longer than the time to live (the directory; Redis lets
+ * its keys expire by themselves). Returns how many, or a negative code. */
+int kvp_store_expire(kvp_store *st, char *err, size_t errlen);
+
+/* Leases (Redis; a directory has a single node, which always holds them). A session is
+ * served by the node holding its lease: taken by the worker before a job (a load or a
+ * turn), renewed by the store's thread while the job runs and by every snapshot write,
+ * left to expire lease_ms after the last one, released at once when the node parks or
+ * forgets the session or shuts down. */
+enum { KVP_LEASE_OTHER = 0, KVP_LEASE_HELD = 1, KVP_LEASE_NEW = 2 };
+/* 1 when the store has leases (Redis: several nodes), 0 for the directory. */
+int kvp_store_has_leases(const kvp_store *st);
+/* Takes or renews the session's lease: KVP_LEASE_HELD (already ours: renewed),
+ * KVP_LEASE_NEW (it was free, taken now: what this node has in memory may be older than
+ * the store; *stored_turns is the turn count of the stored snapshot, -1 none),
+ * KVP_LEASE_OTHER (another node holds it: its name in holder, *left_ms until it runs out
+ * unless renewed), or a negative code. The store's thread renews it until
+ * kvp_store_lease_idle or _drop. */
+int kvp_store_lease_take(kvp_store *st, const char *id, int *stored_turns, int *left_ms,
+                         char *holder, size_t holder_len, char *err, size_t errlen);
+/* The job ended: no more renewals (the lease runs out lease_ms after the last). Loop-safe. */
+void kvp_store_lease_idle(kvp_store *st, const char *id);
+/* The node lets go of the session (parked, removed): released in the background
+ * (compare-and-delete: never another node's). Loop-safe. */
+void kvp_store_lease_drop(kvp_store *st, const char *id);
+
+/* Counters since open (any thread). */
+typedef struct kvp_store_stats {
+    uint64_t lease_conflicts;     /* takes refused: another node held the lease */
+    uint64_t lease_takeovers;     /* takes of a free lease for a session in memory whose
+                                   * stored snapshot had moved on (reloaded) */
+    uint64_t expired;             /* snapshots deleted by the time to live (directory) */
+    uint64_t errors;              /* store calls that failed (network, disk) */
+    int leases_renewing;
+} kvp_store_stats;
+void kvp_store_stats_get(kvp_store *st, kvp_store_stats *out);
+/* Worker: a snapshot that moved on under a NEW lease (counted in lease_takeovers). */
+void kvp_store_note_takeover(kvp_store *st);
+
+#endif

@@ -1,0 +1,449 @@
+/* The Redis store (docs/cluster.md). Keys, in the database the URL names:
+ *   snap:<id>              the snapshot's bytes (kvp_snapshot_encode), PX snapshot_ttl
+ *   turns:<id>             its turn count (how a node tells its memory is current)
+ *   lease:<id>             the node serving the session, PX lease_ms
+ *   damaged:<id>:<time>    a snapshot that failed validation, moved aside, never loaded
+ * Blocking hiredis calls on the calling thread (a worker, or the store's thread), one
+ * connection per thread at a time from a small pool: the loop never waits on Redis.
+ * A snapshot is written whole at every turn (no journal), by a script that writes only
+ * while no other node holds the lease, so a node that lost a session can never
+ * overwrite what its new owner wrote. */
+#include <errno.h>
+#include <hiredis/hiredis.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/log.h"
+#include "sessions/store_impl.h"
+
+#define POOL_MAX 16
+
+typedef struct redis_impl {
+    kvp_redis_url url;
+    pthread_mutex_t mu;
+    redisContext *idle[POOL_MAX];
+    int n_idle;
+} redis_impl;
+
+/* KEYS: snap, turns, lease. ARGV: bytes, turns, ttl ms (0: none), node, lease ms.
+ * Writes unless another node holds the lease; takes (or renews) it for this node. */
+static const char PUT_SCRIPT[] =
+    "local h = redis.call('GET', KEYS[3])\n"
+    "if h and h ~= ARGV[4] then return 0 end\n"
+    "if tonumber(ARGV[3]) > 0 then\n"
+    "  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])\n"
+    "  redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])\n"
+    "else\n"
+    "  redis.call('SET', KEYS[1], ARGV[1])\n"
+    "  redis.call('SET', KEYS[2], ARGV[2])\n"
+    "end\n"
+    "redis.call('SET', KEYS[3], ARGV[4], 'PX', ARGV[5])\n"
+    "return 1\n";
+
+/* KEYS: lease, turns. ARGV: node, lease ms. {1, node, 0} renewed; {2, stored turns or
+ * '', 0} taken now (SET NX PX); {0, holder, ms left} another node holds it. */
+static const char TAKE_SCRIPT[] =
+    "if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then\n"
+    "  return {2, redis.call('GET', KEYS[2]) or '', 0}\n"
+    "end\n"
+    "local h = redis.call('GET', KEYS[1])\n"
+    "if h == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) return {1, h, 0} end\n"
+    "return {0, h or '', redis.call('PTTL', KEYS[1])}\n";
+
+/* KEYS: lease. ARGV: node, lease ms (renew) or '' (release). Touches only its own. */
+static const char OWN_SCRIPT[] =
+    "if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end\n"
+    "if ARGV[2] == '' then return redis.call('DEL', KEYS[1]) end\n"
+    "return redis.call('PEXPIRE', KEYS[1], ARGV[2])\n";
+
+static redis_impl *impl(kvp_store *st) { return st->impl; }
+
+static redisContext *connect_one(redis_impl *r, char *err, size_t errlen)
+{
+    struct timeval tv = {2, 0};
+    redisContext *c = redisConnectWithTimeout(r->url.host, r->url.port, tv);
+    if (!c || c->err) {
+        snprintf(err, errlen, "redis %s:%d: %s", r->url.host, r->url.port,
+                 c ? c->errstr : "out of memory");
+        redisFree(c);
+        return NULL;
+    }
+    redisSetTimeout(c, tv);
+    if (r->url.db) {
+        redisReply *rep = redisCommand(c, "SELECT %d", r->url.db);
+        int ok = rep && rep->type == REDIS_REPLY_STATUS;
+        if (!ok)
+            snprintf(err, errlen, "redis %s:%d: SELECT %d: %s", r->url.host, r->url.port,
+                     r->url.db, rep && rep->type == REDIS_REPLY_ERROR ? rep->str : c->errstr);
+        freeReplyObject(rep);
+        if (!ok) {
+            redisFree(c);
+            return NULL;
+        }
+    }
+    return c;
+}
+
+static redisContext *conn_get(redis_impl *r, char *err, size_t errlen)
+{
+    pthread_mutex_lock(&r->mu);
+    redisContext *c = r->n_idle ? r->idle[--r->n_idle] : NULL;
+    pthread_mutex_unlock(&r->mu);
+    return c ? c : connect_one(r, err, errlen);
+}
+
+/* Back to the pool, unless it failed (a broken connection is dropped: the next call
+ * reconnects, e.g. after a Redis restart). */
+static void conn_put(redis_impl *r, redisContext *c)
+{
+    if (!c)
+        return;
+    pthread_mutex_lock(&r->mu);
+    if (!c->err && r->n_idle < POOL_MAX) {
+        r->idle[r->n_idle++] = c;
+        c = NULL;
+    }
+    pthread_mutex_unlock(&r->mu);
+    redisFree(c);
+}
+
+static void drop_idle(redis_impl *r)
+{
+    pthread_mutex_lock(&r->mu);
+    while (r->n_idle)
+        redisFree(r->idle[--r->n_idle]);
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* One command (argv form, binary-safe), retried once on a fresh connection when the
+ * pooled one had gone stale. NULL with a message on failure; an error reply is returned
+ * as it is. */
+static redisReply *command(kvp_store *st, int argc, const char **argv, const size_t *lens,
+                           char *err, size_t errlen)
+{
+    redis_impl *r = impl(st);
+    for (int attempt = 0; attempt < 2; attempt++) {
+        redisContext *c = conn_get(r, err, errlen);
+        if (!c)
+            return NULL;
+        redisReply *rep = redisCommandArgv(c, argc, argv, lens);
+        if (rep) {
+            conn_put(r, c);
+            return rep;
+        }
+        snprintf(err, errlen, "redis %s:%d: %s", r->url.host, r->url.port, c->errstr);
+        redisFree(c);
+        drop_idle(r);   /* they went stale with it (a restarted server): reconnect */
+    }
+    return NULL;
+}
+
+static void key(char *buf, size_t n, const char *prefix, const char *id)
+{
+    snprintf(buf, n, "%s:%s", prefix, id);
+}
+
+static int reply_error(redisReply *rep, const char *what, char *err, size_t errlen)
+{
+    snprintf(err, errlen, "redis %s: %s", what,
+             rep->type == REDIS_REPLY_ERROR ? rep->str : "unexpected reply");
+    freeReplyObject(rep);
+    return -EIO;
+}
+
+static int redis_put(kvp_store *st, const kvp_snapshot *snap, size_t *bytes, char *err,
+                     size_t errlen)
+{
+    unsigned char *buf;
+    size_t len;
+    int rc = kvp_snapshot_encode(snap, &buf, &len, err, errlen);
+    if (rc < 0)
+        return rc;
+    char ks[96], kt[96], kl[96], turns[16], ttl[24], lease[16];
+    key(ks, sizeof ks, "snap", snap->id);
+    key(kt, sizeof kt, "turns", snap->id);
+    key(kl, sizeof kl, "lease", snap->id);
+    snprintf(turns, sizeof turns, "%d", snap->turns);
+    snprintf(ttl, sizeof ttl, "%lld", (long long)(st->ttl_s * 1000));
+    snprintf(lease, sizeof lease, "%d", st->lease_ms);
+    const char *argv[] = {"EVAL", PUT_SCRIPT, "3", ks, kt, kl, (const char *)buf, turns, ttl,
+                          st->node, lease};
+    size_t lens[11];
+    for (int i = 0; i < 11; i++)
+        lens[i] = strlen(argv[i]);
+    lens[6] = len;
+    redisReply *rep = command(st, 11, argv, lens, err, errlen);
+    free(buf);
+    if (!rep)
+        return -EIO;
+    if (rep->type != REDIS_REPLY_INTEGER)
+        return reply_error(rep, "snapshot write", err, errlen);
+    rc = rep->integer == 1 ? 0 : -ESTALE;
+    freeReplyObject(rep);
+    if (rc < 0)
+        snprintf(err, errlen, "snapshot %s: another node holds the session's lease now; "
+                 "not written", snap->id);
+    else
+        *bytes = len;
+    return rc;
+}
+
+/* RENAME snap:<id> to damaged:<id>:<unix time> (it keeps its time to live). */
+static void move_aside(kvp_store *st, const char *id, char *err, size_t errlen)
+{
+    char ks[96], kd[128], kt[96], derr[128];
+    key(ks, sizeof ks, "snap", id);
+    key(kt, sizeof kt, "turns", id);
+    snprintf(kd, sizeof kd, "damaged:%s:%lld", id, (long long)time(NULL));
+    const char *argv[] = {"RENAME", ks, kd};
+    size_t lens[] = {6, strlen(ks), strlen(kd)};
+    redisReply *rep = command(st, 3, argv, lens, derr, sizeof derr);
+    size_t used = strlen(err);
+    if (rep && rep->type == REDIS_REPLY_STATUS)
+        snprintf(err + used, errlen - used, "; moved aside to %s", kd);
+    else
+        snprintf(err + used, errlen - used, "; could not move it aside: %s",
+                 rep && rep->type == REDIS_REPLY_ERROR ? rep->str : derr);
+    freeReplyObject(rep);
+    const char *del[] = {"DEL", kt};
+    size_t dlens[] = {3, strlen(kt)};
+    freeReplyObject(command(st, 2, del, dlens, derr, sizeof derr));
+}
+
+static int redis_get(kvp_store *st, const char *id, kvp_snapshot *out, size_t *journal_bytes,
+                     int *journal_clean, char *jerr, size_t jerrlen, char *err, size_t errlen)
+{
+    (void)journal_bytes;
+    (void)journal_clean;
+    (void)jerr;
+    (void)jerrlen;
+    memset(out, 0, sizeof *out);
+    if (!kvp_snapshot_id_valid(id)) {
+        snprintf(err, errlen, "invalid session id");
+        return -EINVAL;
+    }
+    char ks[96];
+    key(ks, sizeof ks, "snap", id);
+    const char *argv[] = {"GET", ks};
+    size_t lens[] = {3, strlen(ks)};
+    redisReply *rep = command(st, 2, argv, lens, err, errlen);
+    if (!rep)
+        return -EIO;
+    if (rep->type == REDIS_REPLY_NIL) {
+        freeReplyObject(rep);
+        snprintf(err, errlen, "no snapshot for session %s in redis %s", id, st->where);
+        return -ENOENT;
+    }
+    if (rep->type != REDIS_REPLY_STRING)
+        return reply_error(rep, "snapshot read", err, errlen);
+    unsigned char *buf = malloc(rep->len ? rep->len : 1);
+    if (!buf) {
+        freeReplyObject(rep);
+        snprintf(err, errlen, "snapshot %s: out of memory", id);
+        return -ENOMEM;
+    }
+    memcpy(buf, rep->str, rep->len);
+    size_t len = rep->len;
+    freeReplyObject(rep);
+    int rc = kvp_snapshot_decode(buf, len, id, out, err, errlen);
+    if (rc == -EBADMSG)
+        move_aside(st, id, err, errlen);
+    return rc;
+}
+
+static int redis_exists(kvp_store *st, const char *id)
+{
+    char ks[96], err[128];
+    if (!kvp_snapshot_id_valid(id))
+        return 0;
+    key(ks, sizeof ks, "snap", id);
+    const char *argv[] = {"EXISTS", ks};
+    size_t lens[] = {6, strlen(ks)};
+    redisReply *rep = command(st, 2, argv, lens, err, sizeof err);
+    int yes = rep && rep->type == REDIS_REPLY_INTEGER && rep->integer == 1;
+    freeReplyObject(rep);
+    return yes;
+}
+
+static int redis_remove(kvp_store *st, const char *id, char *err, size_t errlen)
+{
+    if (!kvp_snapshot_id_valid(id)) {
+        snprintf(err, errlen, "invalid session id");
+        return -EINVAL;
+    }
+    char ks[96], kt[96];
+    key(ks, sizeof ks, "snap", id);
+    key(kt, sizeof kt, "turns", id);
+    const char *argv[] = {"DEL", ks, kt};
+    size_t lens[] = {3, strlen(ks), strlen(kt)};
+    redisReply *rep = command(st, 3, argv, lens, err, errlen);
+    if (!rep)
+        return -EIO;
+    if (rep->type != REDIS_REPLY_INTEGER)
+        return reply_error(rep, "remove", err, errlen);
+    freeReplyObject(rep);
+    return 0;
+}
+
+static int redis_list(kvp_store *st, void (*fn)(void *ctx, const char *id), void *ctx,
+                      char *err, size_t errlen)
+{
+    char cursor[32] = "0";
+    int count = 0;
+    do {
+        const char *argv[] = {"SCAN", cursor, "MATCH", "snap:*", "COUNT", "256"};
+        size_t lens[6];
+        for (int i = 0; i < 6; i++)
+            lens[i] = strlen(argv[i]);
+        redisReply *rep = command(st, 6, argv, lens, err, errlen);
+        if (!rep)
+            return -EIO;
+        if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2 ||
+            rep->element[0]->type != REDIS_REPLY_STRING ||
+            rep->element[1]->type != REDIS_REPLY_ARRAY)
+            return reply_error(rep, "SCAN", err, errlen);
+        snprintf(cursor, sizeof cursor, "%s", rep->element[0]->str);
+        redisReply *keys = rep->element[1];
+        for (size_t i = 0; i < keys->elements; i++) {
+            const redisReply *k = keys->element[i];
+            if (k->type == REDIS_REPLY_STRING && k->len > 5 && kvp_snapshot_id_valid(k->str + 5)) {
+                fn(ctx, k->str + 5);
+                count++;
+            }
+        }
+        freeReplyObject(rep);
+    } while (strcmp(cursor, "0") != 0);
+    return count;
+}
+
+static int redis_expire(kvp_store *st, char *err, size_t errlen)
+{
+    (void)st;
+    (void)err;
+    (void)errlen;
+    return 0;   /* the keys carry their own time to live */
+}
+
+static int redis_lease_take(kvp_store *st, const char *id, int *stored_turns, int *left_ms,
+                            char *holder, size_t holder_len, char *err, size_t errlen)
+{
+    if (!kvp_snapshot_id_valid(id)) {
+        snprintf(err, errlen, "invalid session id");
+        return -EINVAL;
+    }
+    char kl[96], kt[96], lease[16];
+    key(kl, sizeof kl, "lease", id);
+    key(kt, sizeof kt, "turns", id);
+    snprintf(lease, sizeof lease, "%d", st->lease_ms);
+    const char *argv[] = {"EVAL", TAKE_SCRIPT, "2", kl, kt, st->node, lease};
+    size_t lens[7];
+    for (int i = 0; i < 7; i++)
+        lens[i] = strlen(argv[i]);
+    redisReply *rep = command(st, 7, argv, lens, err, errlen);
+    if (!rep)
+        return -EIO;
+    if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 3 ||
+        rep->element[0]->type != REDIS_REPLY_INTEGER ||
+        rep->element[1]->type != REDIS_REPLY_STRING ||
+        rep->element[2]->type != REDIS_REPLY_INTEGER)
+        return reply_error(rep, "lease", err, errlen);
+    int rc = (int)rep->element[0]->integer;
+    const char *s = rep->element[1]->str;
+    if (rc == KVP_LEASE_NEW && s[0])
+        *stored_turns = atoi(s);
+    if (rc == KVP_LEASE_OTHER) {
+        snprintf(holder, holder_len, "%s", s);
+        *left_ms = rep->element[2]->integer > 0 ? (int)rep->element[2]->integer : 0;
+    }
+    freeReplyObject(rep);
+    return rc;
+}
+
+/* Pipelined: one round trip for all of them. */
+static void redis_lease_batch(kvp_store *st, const kvp_store_id *ids, int n, int release)
+{
+    redis_impl *r = impl(st);
+    char err[160], lease[16];
+    snprintf(lease, sizeof lease, "%d", release ? 0 : st->lease_ms);
+    redisContext *c = conn_get(r, err, sizeof err);
+    if (!c) {
+        kvp_store_count_error(st);
+        kvpd_log("warning", "leases: %s", err);
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        char kl[96];
+        key(kl, sizeof kl, "lease", ids[i]);
+        const char *argv[] = {"EVAL", OWN_SCRIPT, "1", kl, st->node, release ? "" : lease};
+        size_t lens[6];
+        for (int j = 0; j < 6; j++)
+            lens[j] = strlen(argv[j]);
+        redisAppendCommandArgv(c, 6, argv, lens);
+    }
+    int failed = 0;
+    for (int i = 0; i < n; i++) {
+        void *rep = NULL;
+        if (redisGetReply(c, &rep) != REDIS_OK) {
+            failed = 1;
+            break;
+        }
+        freeReplyObject(rep);
+    }
+    if (failed) {
+        kvp_store_count_error(st);
+        kvpd_log("warning", "leases: %s %d lease(s): %s", release ? "releasing" : "renewing", n,
+                 c->errstr);
+    }
+    conn_put(r, c);
+}
+
+static void redis_close(kvp_store *st)
+{
+    redis_impl *r = impl(st);
+    if (!r)
+        return;
+    for (int i = 0; i < r->n_idle; i++)
+        redisFree(r->idle[i]);
+    pthread_mutex_destroy(&r->mu);
+    free(r);
+    st->impl = NULL;
+}
+
+static const kvp_store_ops redis_ops = {
+    .put = redis_put, .get = redis_get, .exists = redis_exists, .remove = redis_remove,
+    .list = redis_list, .expire = redis_expire, .lease_take = redis_lease_take,
+    .lease_batch = redis_lease_batch, .close = redis_close,
+};
+
+int kvp_store_redis_open(kvp_store *st, const char *url, char *err, size_t errlen)
+{
+    redis_impl *r = calloc(1, sizeof *r);
+    if (!r) {
+        snprintf(err, errlen, "out of memory");
+        return -ENOMEM;
+    }
+    st->ops = &redis_ops;
+    st->impl = r;
+    pthread_mutex_init(&r->mu, NULL);
+    int rc = kvp_redis_url_parse(url, &r->url, err, errlen);
+    if (rc < 0)
+        return rc;
+    snprintf(st->where, sizeof st->where, "redis://%s:%d/%d", r->url.host, r->url.port,
+             r->url.db);
+    /* The server must answer now: a node that cannot store turns should not start. */
+    const char *argv[] = {"PING"};
+    size_t lens[] = {4};
+    char cerr[200];
+    redisReply *rep = command(st, 1, argv, lens, cerr, sizeof cerr);
+    if (!rep || rep->type != REDIS_REPLY_STATUS) {
+        snprintf(err, errlen, "state_url %s: %s", st->where,
+                 !rep ? cerr : rep->type == REDIS_REPLY_ERROR ? rep->str : "no PONG");
+        freeReplyObject(rep);
+        return -ECONNREFUSED;
+    }
+    freeReplyObject(rep);
+    return 0;
+}
