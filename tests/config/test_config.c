@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "config/config.h"
+#include "policy/policy.h"
 
 static const char *write_tmp(const char *text)
 {
@@ -27,6 +28,8 @@ Test(config, defaults)
     cr_assert(strstr(c.model, "models/stories260K.bin"));
     cr_assert_eq(c.reuse_cache, 1);
     cr_assert_eq(c.admin_token[0], '\0');
+    cr_assert_eq(c.kv_type, KVP_KV_F16);     /* quality per byte: docs/quality-per-byte.md */
+    cr_assert_eq(c.budget_mode, KVP_BUDGET_PER_HEAD);
 }
 
 Test(config, flags_override_file_override_defaults)
@@ -86,7 +89,7 @@ Test(config, rejects_bad_values_with_a_reason)
         cr_assert_lt(kvpd_config_set(&c, "kv_type", bad_kv[i], err, sizeof err), 0, "'%s'", bad_kv[i]);
         cr_assert(strstr(err, "kv_type: expected one of f32 f16 q8_0"), "%s", err);
     }
-    cr_assert_eq(c.kv_type, KVP_KV_F32, "a refused value left the key alone");
+    cr_assert_eq(c.kv_type, KVP_KV_F16, "a refused value left the key alone");
     cr_assert_eq(kvpd_config_set(&c, "kv_type", "q8_0", err, sizeof err), 0);
     cr_assert_eq(c.kv_type, KVP_KV_Q8_0);
     const char *bad_mode[] = {"", "Global", "per-head", "0", "global "};
