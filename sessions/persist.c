@@ -275,6 +275,10 @@ int kvp_session_restore(kvp_session *s, const kvp_session_env *env, size_t max_b
         why = "it was made with another policy";
     } else if (kvp_cache_deserialize(&c, snap.cache, snap.cache_len, cerr, sizeof cerr) < 0) {
         why = "its cache does not decode";
+    } else if (kvp_cache_convert(&c, env->kv_type) < 0) {
+        /* rows of another kv_type are re-encoded as this daemon stores them */
+        why = "its cache could not be converted to this kv_type";
+        kvp_cache_free(&c);
     } else if ((why = cache_unusable(&snap, &c, cfg, max_bytes))) {
         kvp_cache_free(&c);
     } else {

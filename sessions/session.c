@@ -173,7 +173,8 @@ int kvp_session_create(kvp_session_table *t, const kvp_session_env *env, kvp_pol
     /* Every session gets its own stream of random numbers. */
     uint64_t seed = env->seed ^ (0x9E3779B97F4A7C15ull * (t->created_total + 1));
     if ((rc = kvp_cache_init(&s->cache, cfg->n_layers, cfg->n_kv_heads, cfg->head_dim,
-                             &cfg->rope)) < 0) {
+                             &cfg->rope)) < 0 ||
+        (rc = kvp_cache_convert(&s->cache, env->kv_type)) < 0) {
         snprintf(err, errlen, "cache: %s", strerror(-rc));
         free(s);
         return rc;
@@ -598,7 +599,7 @@ static void note_rows(kvp_session *s)
 
 static kvp_evict_cfg evict_cfg(const kvp_session *s, const kvp_session_env *env)
 {
-    kvp_evict_cfg e = {s->policy, s->turn.budget, env->chunk};
+    kvp_evict_cfg e = {s->policy, s->turn.budget, env->chunk, env->budget_mode};
     return e;
 }
 

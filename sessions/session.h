@@ -38,6 +38,8 @@ typedef struct kvp_session_env {
     const kvp_model *model;
     kvp_template tpl;
     int chunk;
+    kvp_kv_type kv_type;             /* how every session's cache rows are stored */
+    int budget_mode;                 /* enum kvp_budget_mode: the budget per head or shared */
     int step_tokens;                 /* rows of a batched step (at least chunk) */
     int reuse_cache;
     float top_p;
