@@ -6,7 +6,13 @@
  * so both sides stream from memory); throughput = weight bytes / time of one y = W x
  * (activation quantization included), best of --reps.
  *
- * Usage: bench_matmul [--anchor PATH] [--mib N] [--reps N] [--rounds N] [--types q8_0,q4_K,...] */
+ * Usage: bench_matmul [--anchor PATH] [--mib N] [--reps N] [--rounds N] [--types q8_0,q4_K,...]
+ *
+ * bench_matmul --f32-small COLS [--mib N] [--reps N]: f32 weights [rows][COLS] (--mib
+ * MiB) against T = 1..64 activation rows on every thread, as a decode step of T
+ * sessions runs them: the pool's small-T kernel against OpenBLAS (sgemv at T = 1, else
+ * sgemm), alternating, best of --reps each; the ratio gives the crossover T
+ * (KVP_F32_SMALL_T in model/matmul.h). */
 #include <cblas.h>
 #include <math.h>
 #include <stdint.h>
@@ -66,11 +72,62 @@ static double anchor_gbs(const char *anchor, const char *type, long n, double *m
     return gbs;
 }
 
+/* f32 weights at small T: the pool's kernel against OpenBLAS, every thread of both. */
+static int bench_f32_small(int cols, long mib, long reps)
+{
+    static const int Ts[] = {1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256};
+    enum { MAX_T = 256 };
+    int rows = (int)(((size_t)mib << 20) / ((size_t)cols * sizeof(float)) / 64 * 64);
+    float *w = malloc((size_t)rows * cols * sizeof *w), *x = malloc((size_t)MAX_T * cols * sizeof *x);
+    float *y = malloc((size_t)MAX_T * rows * sizeof *y);
+    if (!w || !x || !y || rows < 64) {
+        fprintf(stderr, "bench_matmul: cannot build a %d x %d matrix\n", rows, cols);
+        return 1;
+    }
+    uint64_t s = 7;
+    for (size_t i = 0; i < (size_t)rows * cols; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        w[i] = (float)((double)(s >> 11) * 0x1p-53 * 2 - 1);
+    }
+    for (size_t i = 0; i < (size_t)MAX_T * cols; i++)
+        x[i] = sinf(0.1f * (float)i);
+    kvp_weight wt = {KVP_GGML_F32, rows, cols, (size_t)cols * sizeof(float), w};
+    printf("## f32 weights at small T: %d x %d (%.0f MiB), %d threads (kernels: %s)\n\n"
+           "| T | kernel ms | kernel GB/s | kernel GFLOP/s | OpenBLAS ms | OpenBLAS GFLOP/s "
+           "| OpenBLAS / kernel (time) |\n|---:|---:|---:|---:|---:|---:|---:|\n",
+           rows, cols, (double)rows * cols * 4 / (1 << 20), kvp_matmul_threads(), kvp_matmul_simd());
+    kvp_matmul_enter();
+    for (size_t k = 0; k < sizeof Ts / sizeof Ts[0]; k++) {
+        int T = Ts[k];
+        double best[2] = {1e30, 1e30};
+        for (long r = 0; r < reps; r++)
+            for (int side = 0; side < 2; side++) {
+                /* side 0: the default (the kernel up to KVP_F32_SMALL_T); 1: OpenBLAS */
+                kvp_matmul_force_prefill(side ? KVP_PREFILL_SGEMM : KVP_PREFILL_AUTO);
+                double t0 = now();
+                kvp_matmul(y, x, &wt, T, 0);
+                double dt = now() - t0;
+                best[side] = dt < best[side] ? dt : best[side];
+            }
+        double flop = 2.0 * T * rows * cols, bytes = (double)rows * cols * 4;
+        printf("| %d%s | %.2f | %.1f | %.1f | %.2f | %.1f | %.2fx |\n", T,
+               T > KVP_F32_SMALL_T ? " (sgemm both)" : "", best[0] * 1e3, bytes / best[0] / 1e9,
+               flop / best[0] / 1e9, best[1] * 1e3, flop / best[1] / 1e9, best[1] / best[0]);
+        fflush(stdout);
+    }
+    kvp_matmul_leave();
+    kvp_matmul_force_prefill(KVP_PREFILL_AUTO);
+    free(w);
+    free(x);
+    free(y);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *anchor = "../shared/anchors/ggml-quantize-perf";
     const char *list = "q8_0,q4_0,q4_1,q5_0,q5_1,q2_K,q3_K,q4_K,q5_K,q6_K,f16,bf16";
-    long mib = 128, reps = 5, rounds = 3;
+    long mib = 128, reps = 5, rounds = 3, small_cols = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--anchor"))
             anchor = argv[i + 1];
@@ -78,15 +135,19 @@ int main(int argc, char **argv)
             list = argv[i + 1];
         else if (!(!strcmp(argv[i], "--mib") ? kvp_parse_long(argv[i + 1], 8, 1 << 16, &mib)
                    : !strcmp(argv[i], "--reps") ? kvp_parse_long(argv[i + 1], 1, 1000, &reps)
-                   : !strcmp(argv[i], "--rounds") ? kvp_parse_long(argv[i + 1], 1, 100, &rounds) : 0)) {
-            fprintf(stderr, "usage: bench_matmul [--anchor PATH] [--mib N] [--reps N] [--rounds N] [--types LIST]\n");
+                   : !strcmp(argv[i], "--rounds") ? kvp_parse_long(argv[i + 1], 1, 100, &rounds)
+                   : !strcmp(argv[i], "--f32-small") ? kvp_parse_long(argv[i + 1], 8, 1 << 16, &small_cols)
+                   : 0)) {
+            fprintf(stderr, "usage: bench_matmul [--anchor PATH] [--mib N] [--reps N] [--rounds N] [--types LIST] [--f32-small COLS]\n");
             return 2;
         }
     }
     if (argc % 2 == 0) {
-        fprintf(stderr, "usage: bench_matmul [--anchor PATH] [--mib N] [--reps N] [--rounds N] [--types LIST]\n");
+        fprintf(stderr, "usage: bench_matmul [--anchor PATH] [--mib N] [--reps N] [--rounds N] [--types LIST] [--f32-small COLS]\n");
         return 2;
     }
+    if (small_cols)
+        return bench_f32_small((int)small_cols, mib, reps);
     setenv("KVP_THREADS", "1", 0);  /* one thread, as ggml's vec_dot benchmark */
     openblas_set_num_threads(1);
 

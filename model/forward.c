@@ -348,7 +348,7 @@ static int forward_batch(const kvp_model *m, kvp_runstate *s, kvp_batch_seq *seq
                 store_seq(s, p, &seqs[i], l);
         attend_job aj = {s, p, seqs, l};
         kvp_matmul_parallel(n_seqs * p->n_kv_heads, attend_item, &aj, kv_bytes, slots,
-                            w->wo.type != KVP_GGML_F32);
+                            kvp_matmul_pooled(&w->wo, T));
         kvp_matmul(s->x, s->att_out, &w->wo, T, 1);
 
         for (int t = 0; t < T; t++)

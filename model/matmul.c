@@ -19,7 +19,10 @@
 #define GEMM_ROWS 32         /* rows a pool thread packs and multiplies at a time (int8 GEMM) */
 #define QUANT_ROWS 4         /* activation rows a pool thread quantizes at a time */
 #define SPLIT_MIN_BYTES (256u << 10)  /* smaller matrices are not worth a second thread */
-#define SPIN_ROUNDS 200000   /* a helper polls this long for the next job before sleeping */
+/* Waits poll this many pause instructions (about 70-90 ns each: ~0.15 ms) before they
+ * sleep: long enough to span the gaps between a forward pass's matmuls, short enough
+ * that a thread without work gives its core back when more threads than cores run. */
+#define SPIN_ROUNDS 2000
 
 /* ---- kernel selection ------------------------------------------------------------ */
 
@@ -160,7 +163,8 @@ static void act_group(kvp_act *a, uint32_t type, enum act_kind kind)
 /* One matrix of a decode job: its rows are rows [row0, row0 + w->rows) of the job. */
 typedef struct segment {
     const kvp_weight *w;
-    const kvp_act *act;   /* [T] */
+    const kvp_act *act;   /* [T], or NULL for f32 weights (f32_rows reads x) */
+    const float *x;       /* [T][w->cols] */
     float *y;             /* [T][w->rows] */
     int row0;
 } segment;
@@ -188,11 +192,17 @@ typedef struct job {
     atomic_int next;      /* next unclaimed row */
 } job;
 
+/* A job is open from its start until the caller has run out of rows: a helper joins it
+ * (running + 1, then checks `open`) only while it is open, so the caller waits for the
+ * helpers that joined, never for one that has not been scheduled yet. */
 static struct {
     pthread_mutex_t mu;
-    pthread_cond_t wake;
+    pthread_cond_t wake;   /* helpers sleep here between jobs */
+    pthread_cond_t done;   /* the caller sleeps here for the helpers still in its job */
     atomic_uint gen;       /* bumped for every job */
-    atomic_int running;    /* helpers still inside the current job */
+    atomic_uint open;      /* the generation of the job helpers may join (0: none) */
+    atomic_int running;    /* helpers inside a job */
+    atomic_int waiting;    /* the caller sleeps on `done` */
     job *volatile cur;
     atomic_int linger;     /* the current job's: poll for the next one after it */
     atomic_int slots;      /* the current job's slot limit (0: all) */
@@ -200,7 +210,8 @@ static struct {
     atomic_int next_slot;  /* slots handed to helpers as they start */
     atomic_int owner;      /* 1 while a caller drives the pool */
     atomic_int passes;     /* forward passes in progress (kvp_matmul_enter / leave) */
-} pool = {.mu = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER};
+} pool = {.mu = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER,
+            .done = PTHREAD_COND_INITIALIZER};
 static pthread_once_t pool_once = PTHREAD_ONCE_INIT;
 static _Atomic int threads_forced;   /* kvp_matmul_force_threads (0: none) */
 /* Which thread this is to kvp_matmul_parallel's items: 0 for callers, 1.. for helpers. */
@@ -250,11 +261,18 @@ static void *helper_main(void *arg)
             pthread_mutex_unlock(&pool.mu);
         }
         seen = atomic_load(&pool.gen);
-        int slots = atomic_load(&pool.slots);
-        linger = atomic_load(&pool.linger);
-        if (!slots || pool_slot < slots)
-            run_chunks(pool.cur);
-        atomic_fetch_sub_explicit(&pool.running, 1, memory_order_release);
+        atomic_fetch_add(&pool.running, 1);
+        if (atomic_load(&pool.open) == seen) {   /* else the caller has finished it */
+            int slots = atomic_load(&pool.slots);
+            linger = atomic_load(&pool.linger);
+            if (!slots || pool_slot < slots)
+                run_chunks(pool.cur);
+        }
+        if (atomic_fetch_sub(&pool.running, 1) == 1 && atomic_load(&pool.waiting)) {
+            pthread_mutex_lock(&pool.mu);
+            pthread_cond_broadcast(&pool.done);
+            pthread_mutex_unlock(&pool.mu);
+        }
     }
     return NULL;
 }
@@ -316,14 +334,26 @@ static void run_job(job *j, size_t bytes)
     pool.cur = j;
     atomic_store(&pool.linger, j->linger);
     atomic_store(&pool.slots, j->slots);
-    atomic_store(&pool.running, pool.n_helpers);
+    unsigned gen = atomic_load(&pool.gen) + 1;   /* only the owner bumps it; never 0 */
+    gen += gen == 0;
+    atomic_store(&pool.open, gen);
     pthread_mutex_lock(&pool.mu);
-    atomic_fetch_add_explicit(&pool.gen, 1, memory_order_release);
+    atomic_store(&pool.gen, gen);
     pthread_cond_broadcast(&pool.wake);
     pthread_mutex_unlock(&pool.mu);
     run_chunks(j);
-    while (atomic_load_explicit(&pool.running, memory_order_acquire) > 0)
+    /* close the job, then wait for the helpers that joined it: poll, then sleep */
+    atomic_store(&pool.open, 0);
+    for (int spins = 0; atomic_load(&pool.running) > 0 && spins < SPIN_ROUNDS; spins++)
         cpu_relax();
+    if (atomic_load(&pool.running) > 0) {
+        pthread_mutex_lock(&pool.mu);
+        atomic_store(&pool.waiting, 1);
+        while (atomic_load(&pool.running) > 0)
+            pthread_cond_wait(&pool.done, &pool.mu);
+        atomic_store(&pool.waiting, 0);
+        pthread_mutex_unlock(&pool.mu);
+    }
     atomic_store(&pool.owner, 0);
 }
 
@@ -360,6 +390,13 @@ static void dot_rows(const job *j, int r0, int r1)
     for (const segment *g = j->seg; g < j->seg + j->n_seg; g++) {
         const kvp_weight *w = g->w;
         int a = r0 > g->row0 ? r0 - g->row0 : 0, b = r1 - g->row0 < w->rows ? r1 - g->row0 : w->rows;
+        if (a >= b)
+            continue;
+        if (!g->act) {   /* f32: each weight row read once for all T activation rows */
+            kernels.f32_rows((const float *)w->data + (size_t)a * w->cols, b - a, w->cols, g->x,
+                             j->T, g->y + a, w->rows, j->accumulate);
+            continue;
+        }
         kvp_dot_fn dot = kernels.dot[w->type];
         kvp_rows_fn rows = kernels.rows[w->type];
         for (int t = 0; t < j->T; t++) {
@@ -377,6 +414,16 @@ static void dot_rows(const job *j, int r0, int r1)
     }
 }
 
+/* Whether a block of T activation rows against w takes the decode path (matmul_decode):
+ * f32 weights up to KVP_F32_SMALL_T rows (each weight row streamed once, no packing:
+ * cheaper than sgemm there, see README), the other types below KVP_MATMUL_TILE_MIN_T. */
+static int decode_path(const kvp_weight *w, int T)
+{
+    if (w->type == KVP_GGML_F32)
+        return T <= KVP_F32_SMALL_T && atomic_load(&prefill_forced) != KVP_PREFILL_SGEMM;
+    return T < KVP_MATMUL_TILE_MIN_T;
+}
+
 /* n matrices that read the same activations x[T][cols], as one job: each activation row
  * is quantized once per kind and the pool meets once for all their rows. */
 static void matmul_decode(int n, float *const y[], const float *x, const kvp_weight *const w[],
@@ -386,24 +433,26 @@ static void matmul_decode(int n, float *const y[], const float *x, const kvp_wei
     kvp_act act[MAX_SEGMENTS][KVP_MATMUL_TILE_MIN_T];
     segment seg[MAX_SEGMENTS];
     size_t per = act_bytes(w[0]->cols);
-    unsigned char *scratch = malloc(per * (size_t)T * (size_t)n);
+    /* quantized activations: only quantized matrices' rows, below KVP_MATMUL_TILE_MIN_T */
+    size_t quantized_T = T < KVP_MATMUL_TILE_MIN_T ? (size_t)T : 0;
+    unsigned char *scratch = malloc(per * quantized_T * (size_t)n + 1);
     if (!scratch)
         abort();  /* a few KB; the forward pass has no way to report it */
     int rows = 0;
     size_t bytes = 0;
     for (int i = 0; i < n; i++) {
         kinds[i] = act_kind(w[i]->type);
-        int same = 0;
-        while (same < i && kinds[same] != kinds[i])
+        int f32 = w[i]->type == KVP_GGML_F32, same = 0;
+        while (same < i && (kinds[same] != kinds[i] || w[same]->type == KVP_GGML_F32))
             same++;
-        if (same < i) {
+        if (!f32 && same < i) {
             memcpy(act[i], act[same], sizeof act[i]);
-        } else {
+        } else if (!f32) {   /* (f32_rows reads x itself) */
             for (int t = 0; t < T; t++)
                 act_quantize(&act[i][t], kinds[i], x + (size_t)t * w[i]->cols, w[i]->cols,
                              scratch + per * ((size_t)i * T + t));
         }
-        seg[i] = (segment){.w = w[i], .act = act[i], .y = y[i], .row0 = rows};
+        seg[i] = (segment){.w = w[i], .act = f32 ? NULL : act[i], .x = x, .y = y[i], .row0 = rows};
         rows += w[i]->rows;
         bytes += (size_t)w[i]->rows * w[i]->row_bytes;
     }
@@ -530,6 +579,12 @@ static int prefill_int8(uint32_t type)
     return forced != KVP_PREFILL_SGEMM;
 }
 
+int kvp_matmul_pooled(const kvp_weight *w, int T)
+{
+    pthread_once(&init_once, select_kernels);
+    return decode_path(w, T) || prefill_int8(w->type);
+}
+
 void kvp_matmul_force_prefill(enum kvp_prefill_path path)
 {
     pthread_once(&init_once, select_kernels);
@@ -545,7 +600,9 @@ const char *kvp_matmul_prefill_path(uint32_t type)
 void kvp_matmul(float *y, const float *x, const kvp_weight *w, int T, int accumulate)
 {
     pthread_once(&init_once, select_kernels);
-    if (w->type == KVP_GGML_F32) {
+    if (decode_path(w, T)) {
+        matmul_decode(1, &y, x, &w, T, accumulate);
+    } else if (w->type == KVP_GGML_F32) {
         const float *a = w->data;
         if (T == 1)
             cblas_sgemv(CblasRowMajor, CblasNoTrans, w->rows, w->cols, 1.0f, a, w->cols, x, 1,
@@ -553,22 +610,19 @@ void kvp_matmul(float *y, const float *x, const kvp_weight *w, int T, int accumu
         else
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, w->rows, w->cols, 1.0f, x,
                         w->cols, a, w->cols, accumulate ? 1.0f : 0.0f, y, w->rows);
-        return;
-    }
-    if (T < KVP_MATMUL_TILE_MIN_T)
-        matmul_decode(1, &y, x, &w, T, accumulate);
-    else if (prefill_int8(w->type))
+    } else if (prefill_int8(w->type)) {
         matmul_int8(y, x, w, T, accumulate);
-    else
+    } else {
         matmul_tiles(y, x, w, T, accumulate);
+    }
 }
 
 void kvp_matmul_shared(int n, float *const y[], const float *x, const kvp_weight *const w[], int T)
 {
     pthread_once(&init_once, select_kernels);
-    int fused = n <= MAX_SEGMENTS && T < KVP_MATMUL_TILE_MIN_T;
+    int fused = n <= MAX_SEGMENTS;
     for (int i = 0; i < n && fused; i++)
-        fused = w[i]->type != KVP_GGML_F32 && w[i]->cols == w[0]->cols;
+        fused = decode_path(w[i], T) && w[i]->cols == w[0]->cols;
     if (fused) {
         matmul_decode(n, y, x, w, T, 0);
         return;

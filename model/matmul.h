@@ -2,7 +2,9 @@
  * ggml's block formats, see quant.h).
  *
  * One entry point, kvp_matmul, for every weight matrix of the forward pass:
- *   - f32 weights go through OpenBLAS (sgemv / sgemm);
+ *   - f32 weights: blocks of up to KVP_F32_SMALL_T activation rows (decode steps, batched
+ *     or not) on the thread pool, each weight row streamed once and dotted with every
+ *     activation row (AVX-512 / AVX2 / scalar); longer blocks through OpenBLAS sgemm;
  *   - decode (a few rows of activations) quantizes each activation row once to 8-bit
  *     blocks (32 elements for the _0/_1 formats, 256 for the K formats, as ggml does)
  *     and runs integer dot products, AVX-512 VNNI / AVX2 / portable scalar chosen at run
@@ -16,7 +18,8 @@
  *         by register-blocked integer kernels (the default for the block formats);
  *       tiles + sgemm: tiles of rows decoded to f32 and multiplied with sgemm
  *         (f32 activations: the "exact" path; f16 / bf16 always take it).
- *     KVP_PREFILL=sgemm|int8 (or kvp_matmul_force_prefill) forces one. */
+ *     KVP_PREFILL=sgemm|int8 (or kvp_matmul_force_prefill) forces one (sgemm: f32
+ *     weights take OpenBLAS at every block size). */
 #ifndef KVP_MATMUL_H
 #define KVP_MATMUL_H
 
@@ -36,6 +39,9 @@ typedef struct kvp_weight {
 
 /* Blocks of at least this many activation rows take the tile + sgemm path. */
 #define KVP_MATMUL_TILE_MIN_T 4
+/* f32 weights: blocks of at most this many rows take the pool's kernel, longer ones
+ * sgemm (the crossover measured by `bench_matmul --f32-small`, see README). */
+#define KVP_F32_SMALL_T 128
 
 /* y[T][rows] = x[T][cols] . W^T, or y += when accumulate. */
 void kvp_matmul(float *y, const float *x, const kvp_weight *w, int T, int accumulate);
@@ -76,6 +82,9 @@ void kvp_kv_axpy(kvp_kv_type t, float *y, float a, const void *row, int n);
  * OpenBLAS needs the cores next). Returns when every item has run. */
 void kvp_matmul_parallel(int n, void (*fn)(void *ctx, int i, int slot), void *ctx, size_t bytes,
                          int slots, int linger);
+/* Whether kvp_matmul(w, T) runs on the pool's threads (else OpenBLAS's): the linger
+ * of a kvp_matmul_parallel just before it. */
+int kvp_matmul_pooled(const kvp_weight *w, int T);
 /* Threads kvp_matmul_parallel may use: the pool's helpers plus the caller. */
 int kvp_matmul_threads(void);
 /* Caps the threads of every later job, matmuls and items (0: no cap; 1: the calling

@@ -104,6 +104,13 @@ typedef void (*kvp_gemm_fn)(const uint8_t *packed, size_t stride, int rows, cons
  * d = amax / 127) or a->bsums (blocks of 256: q8_K's, the signed extreme -> -127). */
 typedef void (*kvp_quant_fn)(const float *x, int n, kvp_act *a);
 
+/* f32 weights against a few activation rows (a decode step of up to KVP_F32_SMALL_T
+ * rows): y[t * ldy + r] (+)= w[r] . x[t] for r < rows, t < T; w [rows][n], x [T][n].
+ * Each weight row is read once for all T rows of x. Every (r, t) sum runs in the same
+ * order whatever T and rows are, so a row's result does not depend on its batch. */
+typedef void (*kvp_f32_rows_fn)(const float *w, int rows, int n, const float *x, int T,
+                                float *y, int ldy, int accumulate);
+
 /* The attention kernels over stored KV cache rows (cache/kvrow.h): row . q, y += a * row. */
 typedef float (*kvp_kv_dot_fn)(kvp_kv_type t, const void *row, const float *q, int n);
 typedef void (*kvp_kv_axpy_fn)(kvp_kv_type t, float *y, float a, const void *row, int n);
@@ -111,6 +118,7 @@ typedef void (*kvp_kv_axpy_fn)(kvp_kv_type t, float *y, float a, const void *row
 typedef struct kvp_kernel_set {
     kvp_quant_fn quantize[2];               /* blocks of 32, blocks of 256 */
     void (*regroup32)(kvp_act *a);          /* after quantize[0]: qx, ox, dx (NULL: none) */
+    kvp_f32_rows_fn f32_rows;
     kvp_dot_fn dot[KVP_N_WEIGHT_TYPES];
     kvp_rows_fn rows[KVP_N_WEIGHT_TYPES];   /* NULL: dot row by row */
     kvp_pack_fn pack[KVP_N_WEIGHT_TYPES];   /* NULL: no int8 GEMM for the type */

@@ -65,13 +65,17 @@ static void quantize256(const float *x, int n, kvp_act *a)
     }
 }
 
-static float dot_f32(const void *row, const kvp_act *a)
+static void f32_rows(const float *w, int rows, int n, const float *x, int T, float *y, int ldy,
+                     int accumulate)
 {
-    const float *w = row;
-    float sum = 0.0f;
-    for (int i = 0; i < a->n; i++)
-        sum += w[i] * a->x[i];
-    return sum;
+    for (int r = 0; r < rows; r++)       /* row r stays in cache while every token reads it */
+        for (int t = 0; t < T; t++) {
+            float sum = 0.0f;
+            for (int i = 0; i < n; i++)
+                sum += w[(size_t)r * n + i] * x[(size_t)t * n + i];
+            float *o = y + (size_t)t * ldy + r;
+            *o = accumulate ? *o + sum : sum;
+        }
 }
 
 static float dot_f16(const void *row, const kvp_act *a)
@@ -546,8 +550,8 @@ void kvp_kernels_scalar(kvp_kernel_set *k)
     k->kv_axpy = kvp_kv_row_axpy;
     k->quantize[0] = quantize32;
     k->quantize[1] = quantize256;
+    k->f32_rows = f32_rows;
     kvp_dot_fn *tab = k->dot;
-    tab[KVP_GGML_F32] = dot_f32;
     tab[KVP_GGML_F16] = dot_f16;
     tab[KVP_GGML_BF16] = dot_bf16;
     tab[KVP_GGML_Q8_0] = dot_q8_0;

@@ -773,6 +773,73 @@ static void gemm_signed(const uint8_t *packed, size_t stride, int rows, const kv
 }
 #endif
 
+/* f32 rows at small T (kvp_f32_rows_fn): tiles of R weight rows x C activation rows,
+ * each (row, token) summed in its own 8-lane register in element order, then hsum and
+ * the scalar tail, for every tile shape alike (so a row's result does not depend on T).
+ * Each loaded weight register serves C tokens and each activation register R rows;
+ * AVX-512 has 32 vector registers (4 x 4 tiles), AVX2 16 (2 x 4). */
+#if KVP_VNNI
+#define F32_R 4
+#else
+#define F32_R 2
+#endif
+#define F32_C 4
+
+static inline __attribute__((always_inline)) void
+f32_tile(const float *w, int n, const float *x, float *y, int ldy, int accumulate, int R, int C)
+{
+    __m256 s[F32_R][F32_C];
+    for (int i = 0; i < R; i++)
+        for (int j = 0; j < C; j++)
+            s[i][j] = _mm256_setzero_ps();
+    int k = 0;
+    for (; k + 8 <= n; k += 8) {
+        __m256 wv[F32_R];
+        for (int i = 0; i < R; i++)
+            wv[i] = _mm256_loadu_ps(w + (size_t)i * n + k);
+        for (int j = 0; j < C; j++) {
+            __m256 xv = _mm256_loadu_ps(x + (size_t)j * n + k);
+            for (int i = 0; i < R; i++)
+                s[i][j] = _mm256_fmadd_ps(wv[i], xv, s[i][j]);
+        }
+    }
+    for (int i = 0; i < R; i++)
+        for (int j = 0; j < C; j++) {
+            float v = hsum(s[i][j]);
+            for (int e = k; e < n; e++)
+                v += w[(size_t)i * n + e] * x[(size_t)j * n + e];
+            float *o = y + (size_t)j * ldy + i;
+            *o = accumulate ? *o + v : v;
+        }
+}
+
+/* the tiles of R rows against every token: full tiles of F32_C, then the rest */
+static inline __attribute__((always_inline)) void
+f32_strip(const float *w, int n, const float *x, int T, float *y, int ldy, int accumulate, int R)
+{
+    int t = 0;
+    for (; t + F32_C <= T; t += F32_C)
+        f32_tile(w, n, x + (size_t)t * n, y + (size_t)t * ldy, ldy, accumulate, R, F32_C);
+    x += (size_t)t * n;
+    y += (size_t)t * ldy;
+    switch (T - t) {
+    case 3: f32_tile(w, n, x, y, ldy, accumulate, R, 3); break;
+    case 2: f32_tile(w, n, x, y, ldy, accumulate, R, 2); break;
+    case 1: f32_tile(w, n, x, y, ldy, accumulate, R, 1); break;
+    default: break;
+    }
+}
+
+static void f32_rows(const float *w, int rows, int n, const float *x, int T, float *y, int ldy,
+                     int accumulate)
+{
+    int r = 0;
+    for (; r + F32_R <= rows; r += F32_R)
+        f32_strip(w + (size_t)r * n, n, x, T, y + r, ldy, accumulate, F32_R);
+    for (; r < rows; r++)
+        f32_strip(w + (size_t)r * n, n, x, T, y + r, ldy, accumulate, 1);
+}
+
 /* ---- attention over stored KV cache rows (cache/kvrow.h) -------------------------- */
 
 /* 8 stored numbers from i as f32: f16 through F16C, q8_0 codes sign-extended (unscaled) */
@@ -828,6 +895,7 @@ static void kv_axpy(kvp_kv_type t, float *y, float a, const void *row, int n)
 
 void KVP_KERNELS(kvp_kernel_set *ks)
 {
+    ks->f32_rows = f32_rows;
     ks->kv_dot = kv_dot;
     ks->kv_axpy = kv_axpy;
     ks->quantize[0] = quantize32;

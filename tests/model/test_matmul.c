@@ -2,7 +2,8 @@
  * type's matrix-vector product lands within the error that quantizing the activations
  * to 8 bits can cause, the prefill tile + sgemm path matches the f32 product, the int8
  * GEMM prefill equals the per-row matrix-vector product (same activation quantization)
- * for every shape, and the thread pool's row split gives the same rows as one thread.
+ * for every shape, f32 weights in small blocks give each row what it gets alone, and
+ * the thread pool's row split gives the same rows as one thread.
  * meson runs this file twice: with the best kernels of the CPU and with KVP_SIMD=scalar. */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -271,6 +272,70 @@ Test(matmul, row_split_equals_single_rows)
         free(q);
     }
     free(src);
+}
+
+/* f32 weights in blocks of up to KVP_F32_SMALL_T activation rows (a batched decode
+ * step) take the pool's kernel: each product is within float rounding of the exact one
+ * (|error| <= 1e-5 of sum |w| |x|), and each activation row's outputs equal, bit for bit,
+ * the same row multiplied alone (T = 1) on one thread: a session's logits do not depend
+ * on the batch it runs in. Rows not a multiple of the kernels' tiles, widths with and
+ * without a tail of 8, T across the tiles' remainders and past the sgemm crossover
+ * (those only within rounding), and accumulate. */
+Test(matmul, f32_small_blocks_equal_rows_alone)
+{
+    enum { ROWS = 301, MAXT = KVP_F32_SMALL_T + 3 };
+    static const int widths[] = {768, 100};
+    static const int Ts[] = {1, 2, 3, 4, 5, 7, 16, 17, 33, KVP_F32_SMALL_T, MAXT};
+    float *w = malloc((size_t)ROWS * 768 * sizeof *w), *x = malloc((size_t)MAXT * 768 * sizeof *x);
+    float *y = malloc((size_t)MAXT * ROWS * sizeof *y), *alone = malloc(ROWS * sizeof *alone);
+    cr_assert(w && x && y && alone);
+    uint64_t s = 99;
+    for (int i = 0; i < ROWS * 768; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        w[i] = (float)((int)(s >> 40) % 2001 - 1000) / 1000.0f;
+    }
+    for (int i = 0; i < MAXT * 768; i++)
+        x[i] = cosf(0.71f * (float)i) * (float)(1 + i % 5);
+    for (size_t c = 0; c < sizeof widths / sizeof widths[0]; c++) {
+        int cols = widths[c];
+        kvp_weight wt = {KVP_GGML_F32, ROWS, cols, (size_t)cols * sizeof(float), w};
+        for (size_t k = 0; k < sizeof Ts / sizeof Ts[0]; k++) {
+            int T = Ts[k];
+            for (int accumulate = 0; accumulate < 2; accumulate++) {
+                for (int i = 0; i < T * ROWS; i++)
+                    y[i] = accumulate ? 0.5f * (float)(i % 7) : NAN;
+                kvp_matmul_enter();
+                kvp_matmul(y, x, &wt, T, accumulate);
+                kvp_matmul_leave();
+                kvp_matmul_force_threads(1);
+                for (int t = 0; t < T; t++) {
+                    for (int r = 0; r < ROWS; r++)
+                        alone[r] = accumulate ? 0.5f * (float)((t * ROWS + r) % 7) : 0.0f;
+                    kvp_matmul(alone, x + (size_t)t * cols, &wt, 1, accumulate);
+                    for (int r = 0; r < ROWS; r++) {
+                        double exact = accumulate ? 0.5 * ((t * ROWS + r) % 7) : 0.0, mag = 0;
+                        for (int e = 0; e < cols; e++) {
+                            double p = (double)w[(size_t)r * cols + e] * x[(size_t)t * cols + e];
+                            exact += p;
+                            mag += fabs(p);
+                        }
+                        float got = y[(size_t)t * ROWS + r];
+                        cr_assert(fabs(got - exact) <= 1e-5 * mag + 1e-6, "cols %d T %d row %d: %g vs %g",
+                                  cols, T, r, (double)got, exact);
+                        if (T <= KVP_F32_SMALL_T)
+                            cr_assert(!memcmp(&got, &alone[r], sizeof got),
+                                      "cols %d T %d acc %d token %d row %d: %.9g in the block, %.9g alone",
+                                      cols, T, accumulate, t, r, (double)got, (double)alone[r]);
+                    }
+                }
+                kvp_matmul_force_threads(0);
+            }
+        }
+    }
+    free(w);
+    free(x);
+    free(y);
+    free(alone);
 }
 
 /* The int8 GEMM split over the pool (odd rows, odd T) against the matrix-vector rows,
