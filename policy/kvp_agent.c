@@ -802,10 +802,20 @@ static void kvp_destroy(kvp_policy *p)
     p->impl = NULL;
 }
 
+/* The newest half of the budget is always kept (as H2O keeps it): the next-token
+ * distribution depends on the recent rows more than their share of future attention
+ * says, and the agents rank the older half. Measured on held-out TinyStories streams
+ * (docs/evaluation.md): streaming KL at budget 64 0.192 -> 0.173, at 256 0.049 -> 0.043. */
+static int kvp_recent_window(const kvp_policy *p, int budget)
+{
+    return budget / 2 > p->n_recent ? budget / 2 : p->n_recent;
+}
+
 static const kvp_policy_ops kvp_ops = {
     .name = "kvp",
     .on_insert = kvp_on_insert,
     .before_evict = kvp_before_evict,
+    .recent_window = kvp_recent_window,
     .destroy = kvp_destroy,
 };
 

@@ -576,6 +576,11 @@ Test(kvp_agent, policy_scores_inserted_rows)
     cr_assert_str_eq(p.ops->name, "kvp");
     cr_assert_eq(p.ops->wants_attention, 0);
     cr_assert_not_null(p.ops->before_evict);
+    /* the newest half of the budget is protected, never less than the default window */
+    p.n_recent = KVP_DEFAULT_RECENT;
+    cr_assert_eq(p.ops->recent_window(&p, 256), 128);
+    cr_assert_eq(p.ops->recent_window(&p, 33), KVP_DEFAULT_RECENT);
+    cr_assert_eq(p.ops->recent_window(&p, 40), 20);
 
     /* A head with more rows than one scoring block, inserted as 1 row, then 599. */
     enum { N = 600, D = 8 };
