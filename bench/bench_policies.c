@@ -136,7 +136,8 @@ int main(int argc, char **argv)
                     "at most 16)\n", len, q, all);
             return 2;
         }
-        snprintf(names[n_names++], sizeof names[0], "%.*s", len, q);
+        memcpy(names[n_names], q, (size_t)len);   /* a known name: shorter than a slot */
+        names[n_names++][len] = 0;
     }
     char tmp_policy[64] = "";
     if (!kvp_file) {
