@@ -3,8 +3,11 @@
  * cache bytes a session holds at each budget.
  *
  * usage: bench_policies [MODEL [TOKENIZER]] [--kvp FILE] [--prefill N] [--decode N]
+ *                       [--policies LIST]
  * Without --kvp, a randomly initialised KVP file (default widths) is used: scoring cost
- * does not depend on training. */
+ * does not depend on training. When prefill + decode pass the context, the bounded
+ * policies run through context shifts (KVP rescoring the rows a shift moved) and "none",
+ * which cannot shift, decodes only the tokens that fit. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -84,6 +87,7 @@ static int run(const kvp_model *m, const char *policy_name, const char *kvp_file
 int main(int argc, char **argv)
 {
     const char *model_path = "models/stories260K.bin", *tok_path = NULL, *kvp_file = NULL;
+    const char *list = "random,streaming,knorm,keydiff,lagkv,h2o,tova,snapkv,kvp";
     int n_prefill = 128, n_decode = 352, pos = 0;
     long v;
     for (int i = 1; i < argc; i++) {
@@ -93,13 +97,15 @@ int main(int argc, char **argv)
             n_prefill = (int)v, i++;
         else if (!strcmp(argv[i], "--decode") && i + 1 < argc && kvp_parse_long(argv[i + 1], 1, 1 << 20, &v))
             n_decode = (int)v, i++;
+        else if (!strcmp(argv[i], "--policies") && i + 1 < argc)
+            list = argv[++i];
         else if (pos == 0 && argv[i][0] != '-')
             model_path = argv[i], pos++;
         else if (pos == 1 && argv[i][0] != '-')
             tok_path = argv[i], pos++;
         else {
             fprintf(stderr, "usage: bench_policies [MODEL [TOKENIZER]] [--kvp FILE] "
-                    "[--prefill N] [--decode N]\n");
+                    "[--prefill N] [--decode N] [--policies LIST]\n");
             return 2;
         }
     }
@@ -109,9 +115,29 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_policies: %s\n", err);
         return 1;
     }
-    if (n_prefill < 1 || n_decode < 1 || n_prefill + n_decode + 1 > m.cfg.seq_len) {
-        fprintf(stderr, "bench_policies: prefill + decode must fit the context (%d)\n", m.cfg.seq_len);
+    if (n_prefill < 1 || n_decode < 1 || n_prefill + 2 > m.cfg.seq_len) {
+        fprintf(stderr, "bench_policies: the prefill and one decoded token must fit the "
+                "context (%d)\n", m.cfg.seq_len);
         return 2;
+    }
+    int n_decode_full = n_prefill + n_decode + 1 > m.cfg.seq_len ? m.cfg.seq_len - n_prefill - 1
+                                                                  : n_decode;
+    /* --policies: names of kvp_policy_names() but "none" (the reference row) */
+    char names[16][32];
+    int n_names = 0;
+    for (const char *q = list; *q; q += strcspn(q, ",") + (q[strcspn(q, ",")] == ',')) {
+        int len = (int)strcspn(q, ",");
+        const char *all = kvp_policy_names();
+        int known = 0;
+        for (const char *w = all; *w; w += strcspn(w, " ") + (w[strcspn(w, " ")] == ' '))
+            known |= (int)strcspn(w, " ") == len && !strncmp(w, q, (size_t)len);
+        if (n_names == 16 || !known || (len == 4 && !strncmp(q, "none", 4))) {
+            fprintf(stderr, "bench_policies: bad --policies entry '%.*s' (one of: %s; not none; "
+                    "at most 16)\n", len, q, all);
+            return 2;
+        }
+        memcpy(names[n_names], q, (size_t)len);   /* a known name: shorter than a slot */
+        names[n_names++][len] = 0;
     }
     char tmp_policy[64] = "";
     if (!kvp_file) {
@@ -138,20 +164,18 @@ int main(int argc, char **argv)
     for (int i = 1; i < n_tok; i++)
         prompt[i] = 3 + (int)((i * 2654435761u) % (unsigned)(m.cfg.vocab_size - 3));
 
-    printf("model %s: %d layers x %d KV heads x head_dim %d; prefill %d, decode %d tokens; "
-           "kvp file %s\n\n", m.name, m.cfg.n_layers, m.cfg.n_kv_heads, m.cfg.head_dim,
-           n_prefill, n_decode, kvp_file);
+    printf("model %s: %d layers x %d KV heads x head_dim %d, context %d; prefill %d, decode %d "
+           "tokens (none: %d); kvp file %s\n\n", m.name, m.cfg.n_layers, m.cfg.n_kv_heads,
+           m.cfg.head_dim, m.cfg.seq_len, n_prefill, n_decode, n_decode_full, kvp_file);
     result full;
-    if (run(&m, "none", NULL, 0, prompt, n_prefill, n_decode, &full))
+    if (run(&m, "none", NULL, 0, prompt, n_prefill, n_decode_full, &full))
         return 1;
     printf("| policy | budget | decode tok/s | vs none | scoring %% | eviction %% | rows/head (max) | cache bytes |\n");
     printf("|---|---|---|---|---|---|---|---|\n");
     printf("| none | - | %.0f | 1.00 | - | - | %d | %zu |\n", full.tok_s, full.max_rows, full.bytes);
-    const char *names[] = {"random", "streaming", "knorm", "keydiff", "lagkv", "h2o", "tova",
-                           "snapkv", "kvp"};
     int budgets[] = {64, 128};
     for (size_t b = 0; b < 2; b++)
-        for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        for (int i = 0; i < n_names; i++) {
             result r;
             if (run(&m, names[i], kvp_file, budgets[b], prompt, n_prefill, n_decode, &r))
                 return 1;

@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # Evaluates every eviction policy on stories260K over the held-out part of the TinyStories
 # dev text (the 20% after the split scripts/train-stories260K.sh trains before), at budgets
-# 16..256, with the three protocols of docs/evaluation.md.
+# 16..256, with the three protocols of docs/evaluation.md; then zero-shot on text of another
+# kind: the OpenAssistant conversations of ../shared/datasets/oasst/oasst_en100_longest_threads.jsonl
+# rendered as plain text ("User: ..." / "Assistant: ..." lines, a blank line between
+# conversations), all of it held out (the model and the agents never saw it).
 #   scripts/eval-stories260K.sh [OUT]     (default docs/eval-stories260K)
-# Writes OUT/results.csv, OUT/results.md and OUT/*.svg; prints a summary table.
+# Writes OUT/results.csv, OUT/results.md and OUT/*.svg, and the same for the zero-shot text
+# in OUT/oasst/.
 # Environment: BUILD (build dir, default build), THREADS (default 2), POLICY (KVP policy
 # file, default policy/weights/stories260K.kvp; when it is missing a random policy from
 # `kvp policy-init` stands in, which only checks the plumbing), SEQS (default 64) and
-# STREAMS (default 8): about 3 minutes on 2 cores.
+# STREAMS (default 8): about 5 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD:-build}
@@ -24,10 +28,13 @@ tok=$shared/models/tok512.bin
 ninja -C "$build" tools/kvp
 kvp=$build/tools/kvp
 
+oasst=$(mktemp /tmp/kvp-oasst-XXXXXX.txt)
+random_policy=
+trap 'rm -f "$oasst" ${random_policy:+"$random_policy"}' EXIT
 if [ ! -f "$policy" ]; then
     echo "eval-stories260K: $policy not found; evaluating a RANDOM kvp policy instead" >&2
     policy=$(mktemp /tmp/kvp-random-XXXXXX.kvp)
-    trap 'rm -f "$policy"' EXIT
+    random_policy=$policy
     "$kvp" policy-init --model "$model" --tokenizer "$tok" --out "$policy" --seed 1
 fi
 start=$(date +%s)
@@ -36,3 +43,19 @@ start=$(date +%s)
     --policy-file "$policy" --budgets 16,32,64,128,256 \
     --seqs "$seqs" --streams "$streams" --threads "$threads" --out "$out"
 echo "eval-stories260K: $out/results.md in $(( $(date +%s) - start )) s" >&2
+
+# zero-shot: conversations as plain text (stories260K has no chat template)
+python3 - "$shared/datasets/oasst/oasst_en100_longest_threads.jsonl" "$oasst" <<'PY'
+import json, sys
+with open(sys.argv[1], encoding="utf-8") as src, open(sys.argv[2], "w", encoding="utf-8") as dst:
+    for line in src:
+        for m in json.loads(line)["messages"]:
+            who = "User" if m["role"] == "user" else "Assistant"
+            dst.write(f"{who}: {m['content'].strip()}\n")
+        dst.write("\n")
+PY
+start=$(date +%s)
+"$kvp" eval --model "$model" --tokenizer "$tok" --text "$oasst" --split 0 \
+    --policy-file "$policy" --budgets 16,32,64,128,256 \
+    --seqs "$seqs" --streams "$streams" --threads "$threads" --out "$out/oasst"
+echo "eval-stories260K: $out/oasst/results.md in $(( $(date +%s) - start )) s" >&2

@@ -576,17 +576,24 @@ Test(kvp_agent, policy_scores_inserted_rows)
     cr_assert_str_eq(p.ops->name, "kvp");
     cr_assert_eq(p.ops->wants_attention, 0);
     cr_assert_not_null(p.ops->before_evict);
+    /* the newest half of the budget is protected, never less than the default window */
+    p.n_recent = KVP_DEFAULT_RECENT;
+    cr_assert_eq(p.ops->recent_window(&p, 256), 128);
+    cr_assert_eq(p.ops->recent_window(&p, 33), KVP_DEFAULT_RECENT);
+    cr_assert_eq(p.ops->recent_window(&p, 40), 20);
 
     /* A head with more rows than one scoring block, inserted as 1 row, then 599. */
     enum { N = 600, D = 8 };
     float *k = malloc(N * D * sizeof(float)), *v = malloc(N * D * sizeof(float));
-    float *score = calloc(N, sizeof(float)), want[N];
+    float *score = calloc(N, sizeof(float)), *stat = calloc(N, sizeof(float)), want[N];
     int32_t *pos = malloc(N * sizeof(int32_t));
+    int64_t *seq = malloc(N * sizeof(int64_t));
     fill(k, N * D, 2.0f);
     fill(v, N * D, 1.0f);
     for (int i = 0; i < N; i++)
-        pos[i] = i;
-    kvp_head h = {.n = N, .cap = N, .k = k, .v = v, .pos = pos, .score = score};
+        pos[i] = i, seq[i] = i;
+    kvp_head h = {.n = N, .cap = N, .k = k, .v = v, .pos = pos, .seq = seq, .score = score,
+                  .stat = stat};
     /* scoring is deferred to the eviction, batched over the rows not yet scored */
     p.ops->on_insert(&p, 3, 2, &h, 0, 1);
     cr_assert(isnan(score[0]), "row 0 scored at insertion");
@@ -607,6 +614,36 @@ Test(kvp_agent, policy_scores_inserted_rows)
     kvp_agent_score(&s.arch, kvp_agent_set_params(&s, 0, 0), k, v, pos, N, want, work);
     cr_assert_neq(memcmp(score, want, sizeof want), 0);
 
+    /* A context shift moves the positions of rows 4.. (keys re-rotated with them): their
+     * scores went stale and are recomputed on the new positions; the sinks' stay. */
+    float before[N];
+    memcpy(before, score, sizeof before);
+    for (int i = 4; i < N; i++)
+        pos[i] = 4 + (i - 4) / 2;
+    p.ops->before_evict(&p, 3, 2, &h);
+    kvp_agent_score(&s.arch, kvp_agent_set_params(&s, 3, 2), k, v, pos, N, want, work);
+    for (int i = 0; i < N; i++)
+        cr_assert_float_eq(score[i], want[i], 1e-5f * (1.0f + fabsf(want[i])), "row %d", i);
+    for (int i = 0; i < 4; i++)
+        cr_assert_eq(score[i], before[i], "sink %d rescored", i);
+    int moved = 0;
+    for (int i = 4; i < N; i++)
+        moved += score[i] != before[i];
+    cr_assert_gt(moved, N / 2, "only %d rows got new scores after the shift", moved);
+
+    /* Rows that would leave the model's window (seq_len - 1 tokens) within the next
+     * eviction chunk (32 tokens) rank last; the rest keep their scores. */
+    p.cfg.seq_len = 400;
+    memcpy(before, score, sizeof before);
+    p.ops->before_evict(&p, 3, 2, &h);
+    for (int i = 0; i < N; i++) {
+        if (N - 1 - i >= 400 - 1 - 32)
+            cr_assert(isinf(score[i]) && score[i] < 0, "row %d (age %d): %g", i, N - 1 - i,
+                      score[i]);
+        else
+            cr_assert_eq(score[i], before[i], "row %d (age %d)", i, N - 1 - i);
+    }
+
     p.ops->destroy(&p);
     cr_assert_null(p.impl);
     kvp_agent_set_free(&s);
@@ -614,7 +651,9 @@ Test(kvp_agent, policy_scores_inserted_rows)
     free(k);
     free(v);
     free(score);
+    free(stat);
     free(pos);
+    free(seq);
 }
 
 Test(kvp_agent, policy_create_reports_mismatch_and_missing_file)
