@@ -511,6 +511,8 @@ int kvp_agent_set_calibration(kvp_agent_set *s, int n_knots, const float *knots,
 void kvp_agent_calibrate(const kvp_agent_set *s, int layer, int kvh, const float *in, int n,
                          float *out)
 {
+    if (n <= 0)
+        return;
     if (!s->n_knots) {
         memmove(out, in, (size_t)n * sizeof *out);
         return;

@@ -242,6 +242,8 @@ static int by_global_score(const void *a, const void *b)
  * scores (unscored) rank last. */
 static void calibrate(const kvp_policy *p, int layer, int kvh, const kvp_head *h, float *out)
 {
+    if (!h->n)   /* an empty head may have no score array yet */
+        return;
     if (p->ops->calibrate)
         p->ops->calibrate(p, layer, kvh, h->score, h->n, out);
     else
