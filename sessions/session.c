@@ -234,6 +234,18 @@ void kvp_session_table_clear(kvp_session_table *t)
     memset(t, 0, sizeof *t);
 }
 
+void kvp_session_clear_transcript(kvp_session *s)
+{
+    for (int i = 0; i < s->n_msgs; i++)
+        free(s->msgs[i].text);
+    free(s->msgs);
+    free(s->msg_tok);
+    s->msgs = NULL;
+    s->msg_tok = NULL;
+    s->n_msgs = s->cap_msgs = 0;
+    s->n_tokens = 0;
+}
+
 int kvp_session_parkable(const kvp_session *s)
 {
     return s->state == KVP_SESSION_IDLE &&
@@ -247,16 +259,10 @@ void kvp_session_park(kvp_session_table *t, kvp_session *s)
         kvp_policy_destroy(s->policy);
     s->policy = NULL;
     kvp_sampler_free(&s->sampler);
+    kvp_session_clear_transcript(s);
     free(s->tokens);
     s->tokens = NULL;
-    s->n_tokens = s->cap_tokens = s->n_cached = 0;
-    for (int i = 0; i < s->n_msgs; i++)
-        free(s->msgs[i].text);
-    free(s->msgs);
-    free(s->msg_tok);
-    s->msgs = NULL;
-    s->msg_tok = NULL;
-    s->n_msgs = s->cap_msgs = 0;
+    s->cap_tokens = s->n_cached = 0;
     turn_clear(&s->turn);
     s->reply_open = 0;
     s->state = KVP_SESSION_PARKED;
