@@ -446,6 +446,7 @@ int kvp_agent_set_alloc(kvp_agent_set *s, int n_layers, int n_kv_heads,
 void kvp_agent_set_free(kvp_agent_set *s)
 {
     free(s->params);
+    free(s->knots);
     memset(s, 0, sizeof *s);
 }
 
@@ -459,12 +460,94 @@ void kvp_agent_set_init(kvp_agent_set *s, uint64_t seed)
         }
 }
 
+/* ---------------------------------------------------------------- calibration */
+
+static int check_knots(int n_knots, const float *x, const float *y, int layer, int kvh,
+                       char *err, size_t errlen)
+{
+    for (int i = 0; i < n_knots; i++) {
+        const char *bad = !isfinite(x[i]) || !isfinite(y[i]) ? "is not finite"
+                          : i && x[i] <= x[i - 1]            ? "score is not above the previous"
+                          : i && y[i] < y[i - 1]             ? "value is below the previous"
+                                                             : NULL;
+        if (bad) {
+            kvp_errorf(err, errlen, 0, "calibration of agent (layer %d, KV head %d): knot %d %s",
+                       layer, kvh, i, bad);
+            return -EINVAL;
+        }
+    }
+    return 0;
+}
+
+int kvp_agent_set_calibration(kvp_agent_set *s, int n_knots, const float *knots, char *err,
+                              size_t errlen)
+{
+    if (n_knots < 0 || n_knots > KVP_CALIBRATION_MAX_KNOTS || n_knots == 1) {
+        kvp_errorf(err, errlen, 0, "calibration of %d knots (0, or 2..%d)", n_knots,
+                   KVP_CALIBRATION_MAX_KNOTS);
+        return -EINVAL;
+    }
+    size_t nf = (size_t)s->n_layers * (size_t)s->n_kv_heads * 2u * (size_t)n_knots;
+    for (int l = 0; l < s->n_layers; l++)
+        for (int h = 0; h < s->n_kv_heads; h++) {
+            const float *x = knots + ((size_t)l * (size_t)s->n_kv_heads + (size_t)h) * 2u * (size_t)n_knots;
+            int rc = check_knots(n_knots, x, x + n_knots, l, h, err, errlen);
+            if (rc)
+                return rc;
+        }
+    float *copy = NULL;
+    if (n_knots && !(copy = malloc(nf * sizeof *copy))) {
+        kvp_errorf(err, errlen, 0, "out of memory");
+        return -ENOMEM;
+    }
+    if (n_knots)
+        memcpy(copy, knots, nf * sizeof *copy);
+    free(s->knots);
+    s->knots = copy;
+    s->n_knots = n_knots;
+    return 0;
+}
+
+void kvp_agent_calibrate(const kvp_agent_set *s, int layer, int kvh, const float *in, int n,
+                         float *out)
+{
+    if (n <= 0)
+        return;
+    if (!s->n_knots) {
+        memmove(out, in, (size_t)n * sizeof *out);
+        return;
+    }
+    int K = s->n_knots;
+    const float *x = kvp_agent_set_knots(s, layer, kvh), *y = x + K;
+    for (int i = 0; i < n; i++) {
+        float v = in[i];
+        if (!isfinite(v)) {
+            out[i] = v;
+            continue;
+        }
+        /* the first knot at or above v (binary search) */
+        int lo = 0, hi = K;
+        while (lo < hi) {
+            int mid = (lo + hi) / 2;
+            if (x[mid] < v)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        out[i] = lo == 0 ? y[0] : lo == K ? y[K - 1]
+                 : y[lo - 1] + (y[lo] - y[lo - 1]) * ((v - x[lo - 1]) / (x[lo] - x[lo - 1]));
+    }
+}
+
 /* ---------------------------------------------------------------- file format */
 
 static const uint8_t MAGIC[8] = {'K', 'V', 'P', 'P', 'O', 'L', 0, 1};
-#define FORMAT_VERSION 2u
+#define FORMAT_VERSION 3u
 /* Version 1: the 48 bytes of shape. Version 2 adds the model the agents were trained for:
- * u64 weights fingerprint (kvp_model_config.fingerprint) and its name, 64 bytes NUL-padded. */
+ * u64 weights fingerprint (kvp_model_config.fingerprint) and its name, 64 bytes NUL-padded.
+ * Version 3 adds the calibration after the parameters: u32 n_knots (2..256), then per agent
+ * n_knots f32 scores and n_knots f32 values. A set without a calibration is written as
+ * version 2, so an uncalibrated policy's file is unchanged. */
 #define HEADER_V1_BYTES 48
 #define HEADER_BYTES (HEADER_V1_BYTES + 8 + KVP_POLICY_MODEL_NAME)
 #define CHECKSUM_BYTES 8
@@ -493,7 +576,7 @@ int kvp_agent_set_save(const kvp_agent_set *s, const char *path, char *err, size
 
     uint8_t hdr[HEADER_BYTES];
     memcpy(hdr, MAGIC, 8);
-    kvp_put_u32(hdr + 8, FORMAT_VERSION);
+    kvp_put_u32(hdr + 8, s->n_knots ? 3u : 2u);
     kvp_put_u32(hdr + 12, (uint32_t)s->n_layers);
     kvp_put_u32(hdr + 16, (uint32_t)s->n_kv_heads);
     kvp_put_u32(hdr + 20, (uint32_t)s->arch.d);
@@ -507,15 +590,22 @@ int kvp_agent_set_save(const kvp_agent_set *s, const char *path, char *err, size
     memcpy(hdr + 56, s->model_name, strnlen(s->model_name, KVP_POLICY_MODEL_NAME - 1));
 
     size_t nf = (size_t)s->n_layers * (size_t)s->n_kv_heads * s->n_params;
-    uint8_t tail[CHECKSUM_BYTES];
-    kvp_put_u64(tail, kvp_fnv1a(kvp_fnv1a(KVP_FNV1A_INIT, hdr, sizeof hdr), s->params,
-                            nf * sizeof(float)));
+    size_t nk = (size_t)s->n_layers * (size_t)s->n_kv_heads * 2u * (size_t)s->n_knots;
+    uint8_t cal[4], tail[CHECKSUM_BYTES];
+    kvp_put_u32(cal, (uint32_t)s->n_knots);
+    uint64_t sum = kvp_fnv1a(kvp_fnv1a(KVP_FNV1A_INIT, hdr, sizeof hdr), s->params,
+                             nf * sizeof(float));
+    if (s->n_knots)
+        sum = kvp_fnv1a(kvp_fnv1a(sum, cal, sizeof cal), s->knots, nk * sizeof(float));
+    kvp_put_u64(tail, sum);
 
     /* The daemon may run as another user: make the file world-readable like a normal
      * create would (mkstemp uses 0600). */
     errno = 0;
     int ok = fchmod(fd, 0644) == 0 && fwrite(hdr, 1, sizeof hdr, f) == sizeof hdr &&
              fwrite(s->params, sizeof(float), nf, f) == nf &&
+             (!s->n_knots || (fwrite(cal, 1, sizeof cal, f) == sizeof cal &&
+                              fwrite(s->knots, sizeof(float), nk, f) == nk)) &&
              fwrite(tail, 1, sizeof tail, f) == sizeof tail && fflush(f) == 0 &&
              fsync(fd) == 0;
     int saved = errno ? errno : EIO;   /* a short fwrite need not set errno */
@@ -538,19 +628,20 @@ int kvp_agent_set_save(const kvp_agent_set *s, const char *path, char *err, size
 /* Validates the header, and the file size against it, before anything is allocated. */
 static int parse_header(const uint8_t *hdr, uint64_t file_size, const char *path,
                         int *n_layers, int *n_kv_heads, kvp_agent_arch *a, int *header_bytes,
-                        char *err, size_t errlen)
+                        int *calibrated, char *err, size_t errlen)
 {
     if (memcmp(hdr, MAGIC, 8) != 0) {
         kvp_errorf(err, errlen, 0, "%s: not a KVP policy file (bad magic)", path);
         return -EINVAL;
     }
     uint32_t version = kvp_get_u32(hdr + 8);
-    if (version != 1 && version != FORMAT_VERSION) {
-        kvp_errorf(err, errlen, 0, "%s: unsupported policy file version %u (this build reads 1 and %u)",
+    if (version < 1 || version > FORMAT_VERSION) {
+        kvp_errorf(err, errlen, 0, "%s: unsupported policy file version %u (this build reads 1 to %u)",
                path, version, FORMAT_VERSION);
         return -EINVAL;
     }
     *header_bytes = version == 1 ? HEADER_V1_BYTES : HEADER_BYTES;
+    *calibrated = version == 3;
     static const struct { const char *name; int off; int64_t max; } fields[] = {
         {"n_layers", 12, MAX_LAYERS}, {"n_kv_heads", 16, MAX_KV_HEADS},
         {"head_dim", 20, MAX_D},      {"width P", 24, MAX_WIDTH},
@@ -585,6 +676,13 @@ static int parse_header(const uint8_t *hdr, uint64_t file_size, const char *path
     uint64_t want = np > file_size / 4u / agents
                         ? UINT64_MAX
                         : (uint64_t)*header_bytes + agents * np * 4u + CHECKSUM_BYTES;
+    /* version 3: the knot count and at least its u32; read_calibration checks that the
+     * count matches the bytes left before it allocates the knots */
+    if (*calibrated && want != UINT64_MAX) {
+        want += 4;
+        if (file_size > want)
+            want = file_size;
+    }
     if (file_size < want) {
         kvp_errorf(err, errlen, 0,
                "%s: truncated: %llu bytes, %llu agents x %llu parameters do not fit", path,
@@ -600,6 +698,42 @@ static int parse_header(const uint8_t *hdr, uint64_t file_size, const char *path
     return 0;
 }
 
+/* Version 3's calibration, after the parameters: the knot count must match the bytes left
+ * (parse_header checked they hold a whole number of knots per agent). */
+static int read_calibration(kvp_agent_set *s, FILE *f, uint64_t file_size, int header_bytes,
+                            uint64_t *sum, const char *path, char *err, size_t errlen)
+{
+    uint8_t cal[4];
+    if (fread(cal, 1, sizeof cal, f) != sizeof cal) {
+        kvp_errorf(err, errlen, 0, "%s: read error", path);
+        return -EIO;
+    }
+    uint64_t agents = (uint64_t)s->n_layers * (uint64_t)s->n_kv_heads;
+    uint64_t left = file_size - (uint64_t)header_bytes - agents * s->n_params * 4u - 4u - CHECKSUM_BYTES;
+    uint32_t k = kvp_get_u32(cal);
+    if (k < 2 || k > KVP_CALIBRATION_MAX_KNOTS || left != agents * 8u * k) {
+        kvp_errorf(err, errlen, 0, "%s: calibration of %u knots does not match the %llu bytes "
+                   "it has (2..%d knots per agent)", path, k, (unsigned long long)left,
+                   KVP_CALIBRATION_MAX_KNOTS);
+        return -EINVAL;
+    }
+    size_t nk = (size_t)agents * 2u * k;
+    float *knots = malloc(nk * sizeof *knots);
+    if (!knots) {
+        kvp_errorf(err, errlen, 0, "%s: out of memory", path);
+        return -ENOMEM;
+    }
+    if (fread(knots, sizeof(float), nk, f) != nk) {
+        free(knots);
+        kvp_errorf(err, errlen, 0, "%s: read error (file changed while reading?)", path);
+        return -EIO;
+    }
+    *sum = kvp_fnv1a(kvp_fnv1a(*sum, cal, sizeof cal), knots, nk * sizeof(float));
+    s->knots = knots;
+    s->n_knots = (int)k;
+    return 0;
+}
+
 static int check_params(const kvp_agent_set *s, const char *path, char *err, size_t errlen)
 {
     for (int l = 0; l < s->n_layers; l++)
@@ -611,6 +745,20 @@ static int check_params(const kvp_agent_set *s, const char *path, char *err, siz
                            "is not finite", path, i, l, h);
                     return -EINVAL;
                 }
+        }
+    return 0;
+}
+
+static int check_calibration(const kvp_agent_set *s, const char *path, char *err, size_t errlen)
+{
+    for (int l = 0; l < s->n_layers && s->n_knots; l++)
+        for (int h = 0; h < s->n_kv_heads; h++) {
+            const float *x = kvp_agent_set_knots(s, l, h);
+            char msg[256];
+            if (check_knots(s->n_knots, x, x + s->n_knots, l, h, msg, sizeof msg)) {
+                kvp_errorf(err, errlen, 0, "%s: %s", path, msg);
+                return -EINVAL;
+            }
         }
     return 0;
 }
@@ -676,14 +824,14 @@ int kvp_agent_set_load(kvp_agent_set *s, const char *path, const kvp_model_confi
         rc = -EINVAL;
         goto fail;
     }
-    int header_bytes;
+    int header_bytes, calibrated;
     if (fread(hdr, 1, HEADER_V1_BYTES, f) != HEADER_V1_BYTES) {
         kvp_errorf(err, errlen, 0, "%s: read error", path);
         rc = -EIO;
         goto fail;
     }
     if ((rc = parse_header(hdr, (uint64_t)st.st_size, path, &n_layers, &n_kv_heads, &a,
-                           &header_bytes, err, errlen)))
+                           &header_bytes, &calibrated, err, errlen)))
         goto fail;
     if (fread(hdr + HEADER_V1_BYTES, 1, (size_t)header_bytes - HEADER_V1_BYTES, f) !=
         (size_t)header_bytes - HEADER_V1_BYTES) {
@@ -695,14 +843,21 @@ int kvp_agent_set_load(kvp_agent_set *s, const char *path, const kvp_model_confi
         goto fail;
 
     size_t nf = (size_t)n_layers * (size_t)n_kv_heads * s->n_params;
-    if (fread(s->params, sizeof(float), nf, f) != nf ||
-        fread(tail, 1, sizeof tail, f) != sizeof tail) {
+    if (fread(s->params, sizeof(float), nf, f) != nf) {
         kvp_errorf(err, errlen, 0, "%s: read error (file changed while reading?)", path);
         rc = -EIO;
         goto fail;
     }
     uint64_t sum = kvp_fnv1a(kvp_fnv1a(KVP_FNV1A_INIT, hdr, (size_t)header_bytes), s->params,
                              nf * sizeof(float));
+    if (calibrated &&
+        (rc = read_calibration(s, f, (uint64_t)st.st_size, header_bytes, &sum, path, err, errlen)))
+        goto fail;
+    if (fread(tail, 1, sizeof tail, f) != sizeof tail) {
+        kvp_errorf(err, errlen, 0, "%s: read error (file changed while reading?)", path);
+        rc = -EIO;
+        goto fail;
+    }
     if (sum != kvp_get_u64(tail)) {
         kvp_errorf(err, errlen, 0, "%s: checksum mismatch (file %016llx, computed %016llx): corrupt",
                path, (unsigned long long)kvp_get_u64(tail), (unsigned long long)sum);
@@ -715,6 +870,7 @@ int kvp_agent_set_load(kvp_agent_set *s, const char *path, const kvp_model_confi
         s->model_name[KVP_POLICY_MODEL_NAME - 1] = 0;
     }
     if ((rc = check_params(s, path, err, errlen)) ||
+        (rc = check_calibration(s, path, err, errlen)) ||
         (cfg && (rc = check_shape(s, cfg, path, err, errlen))) ||
         (cfg && (rc = check_model(s, cfg, path, err, errlen))))
         goto fail;
@@ -793,6 +949,13 @@ static void kvp_before_evict(kvp_policy *p, int layer, int kvh, kvp_head *h)
                 h->score[i] = -INFINITY;
 }
 
+static void kvp_calibrate_op(const kvp_policy *p, int layer, int kvh, const float *in, int n,
+                             float *out)
+{
+    const kvp_agent_policy *ap = p->impl;
+    kvp_agent_calibrate(&ap->set, layer, kvh, in, n, out);
+}
+
 static void kvp_destroy(kvp_policy *p)
 {
     kvp_agent_policy *ap = p->impl;
@@ -819,6 +982,7 @@ static const kvp_policy_ops kvp_ops = {
     .on_insert = kvp_on_insert,
     .before_evict = kvp_before_evict,
     .recent_window = kvp_recent_window,
+    .calibrate = kvp_calibrate_op,
     .destroy = kvp_destroy,
 };
 

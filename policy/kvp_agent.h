@@ -87,7 +87,14 @@ typedef struct kvp_agent_set {
      * when unbound (a version-1 file, or a set made for a bare shape). */
     uint64_t model_fingerprint;
     char model_name[KVP_POLICY_MODEL_NAME];
+    /* Calibration (policy file version 3; `kvp calibrate`, offline/calibrate.h): per agent
+     * a monotone piecewise-linear map from its raw score to the expected future attention
+     * of the row, so scores compare across heads (global budgets). n_knots 0: none. */
+    int n_knots;
+    float *knots;             /* [agents][2][n_knots]: scores ascending, then the values */
 } kvp_agent_set;
+
+#define KVP_CALIBRATION_MAX_KNOTS 256
 
 /* Allocates (uninitialised) parameters for n_layers x n_kv_heads agents. 0, -EINVAL
  * (bad sizes) or -ENOMEM, with a message. */
@@ -102,6 +109,23 @@ static inline float *kvp_agent_set_params(const kvp_agent_set *s, int layer, int
     return s->params + ((size_t)layer * (size_t)s->n_kv_heads + (size_t)kvh) * s->n_params;
 }
 
+/* Agent (layer, kvh)'s knots: x[n_knots] ascending, then y[n_knots] non-decreasing. */
+static inline float *kvp_agent_set_knots(const kvp_agent_set *s, int layer, int kvh)
+{
+    return s->knots + ((size_t)layer * (size_t)s->n_kv_heads + (size_t)kvh) * 2u * (size_t)s->n_knots;
+}
+/* Sets (n_knots > 0, knots [agents][2][n_knots] copied after validation) or clears
+ * (n_knots 0) the calibration. -EINVAL with a message when a knot is not finite, the
+ * scores not strictly ascending or the values decreasing; -ENOMEM. */
+int kvp_agent_set_calibration(kvp_agent_set *s, int n_knots, const float *knots, char *err,
+                              size_t errlen);
+/* The calibrated score of agent (layer, kvh) for raw scores in[n] into out[n]: linear
+ * between knots, the end values outside them; NaN (unscored) stays NaN and an infinite
+ * score stays infinite (-inf: a row the policy drops first, such as one leaving the
+ * model's window). Without a calibration the raw scores are copied. */
+void kvp_agent_calibrate(const kvp_agent_set *s, int layer, int kvh, const float *in, int n,
+                         float *out);
+
 /* Writes the policy file atomically (temporary file, fsync, rename). 0 or -errno. */
 int kvp_agent_set_save(const kvp_agent_set *s, const char *path, char *err, size_t errlen);
 /* Reads a policy file into an unallocated *s. When cfg is not NULL the file's shape
@@ -110,7 +134,8 @@ int kvp_agent_set_save(const kvp_agent_set *s, const char *path, char *err, size
  * unknown version, bad or inconsistent sizes, trailing bytes, non-finite parameter,
  * shape mismatch, a file bound to other weights than cfg->fingerprint), -EBADMSG
  * (checksum mismatch), -ENOMEM. Sizes are validated against
- * the file size before anything is allocated. */
+ * the file size before anything is allocated. A file with a calibration is written as
+ * version 3, one without as version 2; both load. */
 int kvp_agent_set_load(kvp_agent_set *s, const char *path, const kvp_model_config *cfg,
                        char *err, size_t errlen);
 

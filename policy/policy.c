@@ -236,16 +236,21 @@ static int by_global_score(const void *a, const void *b)
     return (x->row > y->row) - (x->row < y->row);
 }
 
-/* Calibration: the scores as the policy gives them. KVP's agents share one architecture
- * and one objective and are trained on the same traces, so their scores are ranked across
- * heads as they are. Measured on stories260K (docs/quality-per-byte.md), this identity
- * beat a per-head softmax (each row's Plackett-Luce share) and a per-head z-score; none
- * reaches the oracle's gain, which needs scores on the scale of future attention (a
- * per-head map fitted on traces). NaN scores (unscored) rank last. */
-static void calibrate(const kvp_head *h, float *out)
+/* Calibration: scores comparable across heads. A policy may map each head's scores
+ * (ops->calibrate: KVP's per-head monotone map to expected future attention, fitted on
+ * traces by `kvp calibrate`); otherwise its raw scores are ranked across heads. NaN
+ * scores (unscored) rank last. */
+static void calibrate(const kvp_policy *p, int layer, int kvh, const kvp_head *h, float *out)
 {
+    if (!h->n)   /* an empty head may have no score array yet */
+        return;
+    if (p->ops->calibrate)
+        p->ops->calibrate(p, layer, kvh, h->score, h->n, out);
+    else
+        memcpy(out, h->score, (size_t)h->n * sizeof *out);
     for (int i = 0; i < h->n; i++)
-        out[i] = isnan(h->score[i]) ? -INFINITY : h->score[i];
+        if (isnan(out[i]))
+            out[i] = -INFINITY;
 }
 
 int kvp_policy_evict_global(kvp_policy *p, kvp_cache *c, int budget)
@@ -298,7 +303,7 @@ int kvp_policy_evict_global(kvp_policy *p, kvp_cache *c, int budget)
         kept[hi] = ns + nr + (want > 0 ? want : 0);
         used += kept[hi];
         /* the rest compete across heads */
-        calibrate(h, cal);
+        calibrate(p, hi / c->n_kv_heads, hi % c->n_kv_heads, h, cal);
         for (int i = 0; i < h->n; i++)
             if (!kh[i])
                 pool[n_pool++] = (global_ranked){cal[i], hi, i};

@@ -35,6 +35,10 @@ typedef struct kvp_policy_ops {
     void (*before_evict)(kvp_policy *p, int layer, int kvh, kvp_head *h);
     /* Optional: newest rows always kept at this budget (default p->n_recent). */
     int (*recent_window)(const kvp_policy *p, int budget);
+    /* Optional: scores of head (layer, kvh) made comparable across heads, for global
+     * budgets (in[n] raw, out[n]; NaN stays NaN). Default: the raw scores. */
+    void (*calibrate)(const kvp_policy *p, int layer, int kvh, const float *in, int n,
+                      float *out);
     void (*destroy)(kvp_policy *p);
 } kvp_policy_ops;
 

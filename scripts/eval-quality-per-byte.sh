@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Quality per byte on stories260K (issue 15): one-shot and streaming KL against the bytes
-# a session's cache holds, for KVP with f32 or q8_0 rows and per-head or global budgets,
+# a session's cache holds, for KVP with f32, f16 or q8_0 rows and per-head or global budgets,
 # and for the best baselines (TOVA, SnapKV, StreamingLLM) with f32 rows, per head.
 #   scripts/eval-quality-per-byte.sh [OUT]     (default docs/quality-per-byte)
 # Runs `kvp eval` once per configuration into OUT/<kv_type>-<budget_mode>/ and writes
 # OUT/table.md (every row with its bytes) and OUT/kl-per-byte.csv (series,bytes,kl), which
 # `kvp plot` turns into OUT/oneshot-kl.svg and OUT/streaming-kl.svg.
 # Environment: BUILD (default build), THREADS (default 2), POLICY (default
-# policy/weights/stories260K.kvp), SEQS (default 32), STREAMS (default 4).
+# policy/weights/stories260K.kvp; global budgets need its calibration: kvp calibrate),
+# SEQS (default 32), STREAMS (default 4).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD:-build}
@@ -31,8 +32,10 @@ run() {   # kv_type budget_mode policies
         --threads "$threads" --kv-type "$1" --budget-mode "$2" --policies "$3" --out "$out/$1-$2"
 }
 run f32 per_head kvp,tova,snapkv,streaming
+run f16 per_head kvp
 run q8_0 per_head kvp
 run f32 global kvp
+run f16 global kvp
 run q8_0 global kvp
 
 # bytes per session at budget B: B x (bytes per row and head x heads), as results.md says

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Reproduces policy/weights/stories260K.kvp (docs/training.md): traces stories260K over the
-# TinyStories dev text, then trains its 20 KVP agents. Same seed, same file.
+# TinyStories dev text, trains its 20 KVP agents, then fits their score calibration
+# (kvp calibrate). Same seed, same file.
 #   scripts/train-stories260K.sh [OUT]      (default policy/weights/stories260K.kvp)
 # Environment: BUILD (build dir, default build), THREADS (default 2), TRACES (trace dir,
 # default /tmp/kvp-traces-stories260K-v2, named by the trace format version; kept between
@@ -33,4 +34,6 @@ trap 'rm -f "$init"' EXIT
     --width 32 --hidden 32 --pos-dim 4 --pos-max 512
 "$kvp" train --traces "$traces" --init "$init" --out "$out" --curve "$curve" \
     --seed 1 --threads "$threads" --steps 3000 --lr 3e-3 --episodes 16 --samples 8
+# the per-head calibration global budgets rank by (docs/policy-format.md, version 3)
+"$kvp" calibrate --traces "$traces" --policy-file "$out" --out "$out" --threads "$threads"
 echo "train-stories260K: $out ($(stat -c %s "$out") bytes) in $(( $(date +%s) - start )) s" >&2

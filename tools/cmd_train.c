@@ -113,6 +113,9 @@ int kvp_cmd_train(int argc, char **argv)
     int rc;
     if (init) {
         rc = kvp_agent_set_load(&s, init, &cfg, err, sizeof err);
+        /* a calibration fits the agents it was fitted on, not the ones trained here */
+        if (!rc)
+            rc = kvp_agent_set_calibration(&s, 0, NULL, err, sizeof err);
     } else {
         kvp_agent_arch a = {.d = cfg.head_dim, .P = KVP_AGENT_DEFAULT_P,
                             .E = KVP_AGENT_DEFAULT_E, .H = KVP_AGENT_DEFAULT_H,

@@ -443,6 +443,137 @@ static void expect_bad(const void *buf, size_t len, const char *want, int code)
     unlink(path);
 }
 
+/* A calibrated set of 2 x 3 agents, K knots each: agent a's scores a + 0, 1, ..., its
+ * values (a + 1) x 0, 1, 4, 9, ... */
+static void calibrate_tiny(kvp_agent_set *s, int K)
+{
+    char err[512];
+    cr_assert_eq(kvp_agent_set_alloc(s, 2, 3, &tiny_arch, err, sizeof err), 0, "%s", err);
+    kvp_agent_set_init(s, 3);
+    float knots[6 * 2 * 8];
+    for (int a = 0; a < 6; a++)
+        for (int i = 0; i < K; i++) {
+            knots[a * 2 * K + i] = (float)(a + i);
+            knots[a * 2 * K + K + i] = (float)((a + 1) * i * i);
+        }
+    cr_assert_eq(kvp_agent_set_calibration(s, K, knots, err, sizeof err), 0, "%s", err);
+}
+
+/* A calibration is written as version 3 (the knot count and knots after the parameters,
+ * under the checksum), reads back exactly, and maps scores piecewise-linearly; cleared, the
+ * set is written as version 2, byte for byte the uncalibrated file. */
+Test(kvp_agent, a_calibrated_file_is_version_3_and_round_trips)
+{
+    char err[512];
+    kvp_agent_set s, r;
+    calibrate_tiny(&s, 4);
+    const char *path = tmp_path();
+    cr_assert_eq(kvp_agent_set_save(&s, path, err, sizeof err), 0, "%s", err);
+    size_t len, np = kvp_agent_n_params(&tiny_arch);
+    uint8_t *b = (uint8_t *)tu_slurp(path, &len);
+    cr_assert_eq(rd32(b + 8), 3);
+    cr_assert_eq(len, 120 + 6 * np * 4 + 4 + 6 * 2 * 4 * 4 + 8);
+    cr_assert_eq(rd32(b + 120 + 6 * np * 4), 4);
+    cr_assert_eq(rd64(b + len - 8), fnv1a_ref(b, len - 8));
+    cr_assert_eq(kvp_agent_set_load(&r, path, NULL, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(r.n_knots, 4);
+    cr_assert_eq(memcmp(r.knots, s.knots, 6 * 2 * 4 * sizeof(float)), 0);
+    cr_assert_eq(memcmp(r.params, s.params, 6 * np * sizeof(float)), 0);
+    /* agent (1, 2) = index 5: scores 5..8, values 0, 6, 24, 54 */
+    float in[8] = {-3.0f, 5.0f, 5.5f, 7.0f, 7.25f, 100.0f, NAN, -INFINITY}, out[8];
+    kvp_agent_calibrate(&r, 1, 2, in, 8, out);
+    float want[6] = {0.0f, 0.0f, 3.0f, 24.0f, 24.0f + 0.25f * 30.0f, 54.0f};
+    for (int i = 0; i < 6; i++)
+        cr_expect_float_eq(out[i], want[i], 1e-5f, "score %g: %g, want %g", in[i], out[i], want[i]);
+    cr_expect(isnan(out[6]));
+    cr_expect(isinf(out[7]) && out[7] < 0, "a row dropped first stays below every calibrated score");
+    kvp_agent_set_free(&r);
+    /* cleared: version 2, the same bytes as a set never calibrated */
+    cr_assert_eq(kvp_agent_set_calibration(&s, 0, NULL, err, sizeof err), 0, "%s", err);
+    kvp_agent_calibrate(&s, 1, 2, in, 6, out);
+    for (int i = 0; i < 6; i++)
+        cr_expect_eq(out[i], in[i], "without a calibration the raw score");
+    cr_assert_eq(kvp_agent_set_save(&s, path, err, sizeof err), 0, "%s", err);
+    size_t len2;
+    uint8_t *b2 = (uint8_t *)tu_slurp(path, &len2);
+    cr_assert_eq(rd32(b2 + 8), 2);
+    cr_assert_eq(len2, 120 + 6 * np * 4 + 8);
+    kvp_agent_set u;
+    cr_assert_eq(kvp_agent_set_alloc(&u, 2, 3, &tiny_arch, err, sizeof err), 0, "%s", err);
+    kvp_agent_set_init(&u, 3);
+    const char *plain = tmp_path();
+    cr_assert_eq(kvp_agent_set_save(&u, plain, err, sizeof err), 0, "%s", err);
+    size_t len3;
+    uint8_t *b3 = (uint8_t *)tu_slurp(plain, &len3);
+    cr_assert_eq(len3, len2);
+    cr_assert_eq(memcmp(b2, b3, len2), 0);
+    free(b), free(b2), free(b3);
+    unlink(path), unlink(plain);
+    kvp_agent_set_free(&s);
+    kvp_agent_set_free(&u);
+}
+
+/* Bad calibrations are refused: when set (knot counts, order, finiteness) and in a file
+ * (a count that does not match the bytes, knots out of order, truncated knots). */
+Test(kvp_agent, bad_calibrations_are_refused_with_a_message)
+{
+    char err[512];
+    kvp_agent_set s;
+    calibrate_tiny(&s, 3);
+    float k[6 * 2 * 3];
+    memcpy(k, s.knots, sizeof k);
+    const int counts[] = {1, -1, KVP_CALIBRATION_MAX_KNOTS + 1};
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(kvp_agent_set_calibration(&s, counts[i], k, err, sizeof err), -EINVAL);
+        cr_assert(strstr(err, "knots"), "%s", err);
+    }
+    struct { int at; float v; const char *want; } bad[] = {
+        {6 * 3 + 1, 3.0f, "not above"},                               /* agent 3: x1 = x0 */
+        {2 * 6 + 3 + 2, -1.0f, "below the previous"},                 /* agent 2: y2 < y1 */
+        {0, NAN, "not finite"}, {4 * 6 + 3, INFINITY, "not finite"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        float m[sizeof k / sizeof k[0]];
+        memcpy(m, k, sizeof m);
+        m[bad[i].at] = bad[i].v;
+        cr_assert_eq(kvp_agent_set_calibration(&s, 3, m, err, sizeof err), -EINVAL, "case %zu", i);
+        cr_assert(strstr(err, bad[i].want), "case %zu: %s", i, err);
+        cr_assert_eq(memcmp(s.knots, k, sizeof k), 0, "a refused calibration left the old one");
+    }
+    const char *path = tmp_path();
+    cr_assert_eq(kvp_agent_set_save(&s, path, err, sizeof err), 0, "%s", err);
+    size_t len, np = kvp_agent_n_params(&tiny_arch), at = 120 + 6 * np * 4;
+    uint8_t *b = (uint8_t *)tu_slurp(path, &len);
+    unlink(path);
+    uint8_t *m = malloc(len);
+    memcpy(m, b, len);
+    wr32(m + at, 4);   /* 4 knots said, 3 stored */
+    reseal(m, len);
+    expect_bad(m, len, "calibration of 4 knots does not match", -EINVAL);
+    memcpy(m, b, len);
+    wr32(m + at, 1);
+    reseal(m, len);
+    expect_bad(m, len, "calibration of 1 knots", -EINVAL);
+    memcpy(m, b, len);
+    float y = -5.0f;   /* agent 0's last value below its previous */
+    memcpy(m + at + 4 + 5 * 4, &y, 4);
+    reseal(m, len);
+    expect_bad(m, len, "below the previous", -EINVAL);
+    /* knots cut short: the count no longer matches what is left */
+    memcpy(m, b, len);
+    memmove(m + len - 16, m + len - 8, 8);
+    reseal(m, len - 8);
+    expect_bad(m, len - 8, "does not match", -EINVAL);
+    expect_bad(b, at + 2, "truncated", -EINVAL);
+    /* a knot changed without resealing */
+    memcpy(m, b, len);
+    m[at + 9] ^= 0x01;
+    expect_bad(m, len, "checksum mismatch", -EBADMSG);
+    free(m);
+    free(b);
+    kvp_agent_set_free(&s);
+}
+
 Test(kvp_agent, bad_files_are_rejected_with_a_message)
 {
     const char *good = write_policy(&tiny_arch, 2, 2, 1);
@@ -462,8 +593,8 @@ Test(kvp_agent, bad_files_are_rejected_with_a_message)
     expect_bad(m, len, "bad magic", -EINVAL);
 
     memcpy(m, b, len);
-    wr32(m + 8, 3);
-    expect_bad(m, len, "unsupported policy file version 3", -EINVAL);
+    wr32(m + 8, 4);
+    expect_bad(m, len, "unsupported policy file version 4", -EINVAL);
 
     memcpy(m, b, len);
     m[100] ^= 0x10;

@@ -500,6 +500,44 @@ Test(global_budget, a_peaked_head_gives_rows_to_a_flat_one)
     kvp_cache_free(&c);
 }
 
+/* A calibration that puts head 1's scores ten times above head 0's. */
+static void probe_calibrate(const kvp_policy *p, int layer, int kvh, const float *in, int n,
+                            float *out)
+{
+    (void)p, (void)layer;
+    for (int i = 0; i < n; i++)
+        out[i] = kvh == 1 ? 10.0f * in[i] : in[i];
+}
+
+/* The global ranking reads the policy's calibrated scores: two heads with the same raw
+ * scores split the rows evenly, and when the calibration says head 1's rows matter more,
+ * head 1 takes everything above head 0's floor, up to its cap. */
+Test(global_budget, the_ranking_uses_the_policys_calibration)
+{
+    for (int calibrated = 0; calibrated < 2; calibrated++) {
+        kvp_cache c;
+        cr_assert_eq(kvp_cache_init(&c, 1, 2, D, &ROPE), 0);
+        add_rows(&c, &c.heads[0], 200);
+        add_rows(&c, &c.heads[1], 200);
+        for (int r = 0; r < 200; r++)   /* distinct, shuffled */
+            c.heads[0].score[r] = c.heads[1].score[r] = 1.0f + (float)((r * 37) % 200) / 10.0f;
+        probe pr = { 0, -1 };
+        kvp_policy_ops ops = probe_ops;
+        ops.calibrate = calibrated ? probe_calibrate : NULL;
+        kvp_policy p = { .ops = &ops, .n_sink = 4, .n_recent = 16, .impl = &pr };
+        int budget = 40, floor = kvp_policy_head_floor(&p, budget);
+        cr_assert_eq(kvp_policy_evict_global(&p, &c, budget), 400 - 2 * budget);
+        if (!calibrated) {
+            /* equal raw scores: ties go to the lower head, at most one row apart */
+            cr_assert_leq(abs(c.heads[0].n - c.heads[1].n), 1, "%d %d", c.heads[0].n, c.heads[1].n);
+        } else {
+            cr_assert_eq(c.heads[0].n, floor, "head 0 kept %d", c.heads[0].n);
+            cr_assert_eq(c.heads[1].n, 2 * budget - floor);
+        }
+        kvp_cache_free(&c);
+    }
+}
+
 Test(global_budget, mode_names_parse_and_refuse_others)
 {
     cr_expect_eq(kvp_budget_mode_parse("per_head"), KVP_BUDGET_PER_HEAD);
