@@ -56,24 +56,33 @@ static void tap(void *ctx, int layer, const float *q, const float *k, const floa
     memcpy(c->v[layer], v, (size_t)n * c->kn * sizeof(float));
 }
 
-/* --max-seconds: with `done` training sequences traced in `el` seconds and `per` seconds
- * for each after the first (which also pages the model in), trace only the sequences that
- * fit in the time left, training and validation in the split's proportion. */
-static void plan(long want[2], long done, double split, double max_seconds, double el,
-                 double per)
+/* --max-seconds, checked after every sequence from the third on: with `done` sequences
+ * traced in `el` seconds (phase p: 0 training, 1 validation) and `per` seconds for each
+ * after the first (which also pages the model in), trace only the sequences that still fit,
+ * training and validation in the split's proportion. Says so at the first cut and when
+ * the count falls by another tenth (a machine that gets busier). */
+static void plan(long want[2], int p, long done, double split, double max_seconds, double el,
+                 double per, long *said)
 {
     long total = want[0] + want[1];
     long fit = done + (long)((max_seconds - el) / (per > 1e-6 ? per : 1e-6));
     if (fit >= total)
         return;
     fit = fit < done + 1 ? done + 1 : fit;
-    long train = (long)((double)fit * split + 0.5);
-    train = train < done ? done : train > fit - 1 ? fit - 1 : train;
-    want[1] = fit - train < want[1] ? fit - train : want[1];
-    want[0] = train;
-    fprintf(stderr, "kvp trace: %.1f s a sequence; %ld of the %ld sequences fit in "
-            "--max-seconds %.0f: tracing %ld training + %ld validation\n",
-            per, want[0] + want[1], total, max_seconds, want[0], want[1]);
+    if (!p) {
+        long train = (long)((double)fit * split + 0.5);
+        train = train < done ? done : train > fit - 1 ? fit - 1 : train;
+        want[1] = fit - train < want[1] ? fit - train : want[1];
+        want[0] = train;
+    } else {
+        want[1] = fit - want[0];
+    }
+    if (!*said || want[0] + want[1] <= *said * 9 / 10) {
+        fprintf(stderr, "kvp trace: %.1f s a sequence; %ld of the %ld sequences fit in "
+                "--max-seconds %.0f: tracing %ld training + %ld validation\n",
+                per, want[0] + want[1], *said ? *said : total, max_seconds, want[0], want[1]);
+        *said = want[0] + want[1];
+    }
 }
 
 int kvp_cmd_trace(int argc, char **argv)
@@ -215,6 +224,7 @@ int kvp_cmd_trace(int argc, char **argv)
     if (!seq)
         goto oom;
     double t0 = kvp_now(), t1 = 0.0;
+    long said = 0;   /* the sequence count --max-seconds last announced */
     int tty = isatty(2);
     for (int p = 0; p < 2; p++)
         for (long i = 0; i < want[p]; i++) {
@@ -236,8 +246,9 @@ int kvp_cmd_trace(int argc, char **argv)
             double el = kvp_now() - t0;
             if (done == 1)
                 t1 = el;
-            if (max_seconds > 0 && !p && done == (want[0] < 3 ? want[0] : 3))
-                plan(want, done, split, max_seconds, el, done > 1 ? (el - t1) / (double)(done - 1) : el);
+            if (max_seconds > 0 && done >= (want[0] < 3 ? want[0] : 3))
+                plan(want, p, done, split, max_seconds, el,
+                     done > 1 ? (el - t1) / (double)(done - 1) : el, &said);
             /* One line rewritten on a terminal; a line per tenth in a log. */
             long total = want[0] + want[1];
             if (tty || done * 10 / total != (done - 1) * 10 / total || done == total)
