@@ -68,14 +68,14 @@ static void plan(long want[2], int p, long done, double split, double max_second
     long fit = done + (long)((max_seconds - el) / (per > 1e-6 ? per : 1e-6));
     if (fit >= total)
         return;
-    fit = fit < done + 1 ? done + 1 : fit;
     if (!p) {
+        fit = fit < done + 1 ? done + 1 : fit;   /* one validation sequence at least */
         long train = (long)((double)fit * split + 0.5);
         train = train < done ? done : train > fit - 1 ? fit - 1 : train;
         want[1] = fit - train < want[1] ? fit - train : want[1];
         want[0] = train;
     } else {
-        want[1] = fit - want[0];
+        want[1] = fit < done ? done - want[0] : fit - want[0];   /* what is done stays */
     }
     if (!*said || want[0] + want[1] <= *said * 9 / 10) {
         fprintf(stderr, "kvp trace: %.1f s a sequence; %ld of the %ld sequences fit in "
