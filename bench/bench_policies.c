@@ -51,7 +51,7 @@ static int run(const kvp_model *m, const char *policy_name, const char *kvp_file
     kvp_cache c;
     kvp_runstate_init(&s, &m->cfg, 64);
     kvp_cache_init(&c, m->cfg.n_layers, m->cfg.n_kv_heads, m->cfg.head_dim, &m->cfg.rope);
-    kvp_evict_cfg e = {p, budget, 32};
+    kvp_evict_cfg e = {.policy = p, .budget = budget, .chunk = 32};
     int rc = kvp_gen_prefill(m, &s, &c, &e, prompt, n_prefill, NULL);
     insert_s = 0.0;
     double evict_s = 0.0, t0 = kvp_now();

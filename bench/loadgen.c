@@ -365,7 +365,7 @@ static int sweep(const opts *o)
         kvp_svg_series series[2] = {{"aggregate tokens/s", tok_ratio, 0, 0, 1},
                                     {"TTFT p99", p99_ratio, 1, 0, 0}};
         kvp_svg_plot plot = {title, "concurrent sessions", "ratio to the first level", x,
-                             o->n_levels, 1, series, 2};
+                             o->n_levels, 1, series, 2, 0};
         if (kvp_svg_write(o->svg, &plot, err, sizeof err) < 0) {
             fprintf(stderr, "loadgen: %s\n", err);
             rc = -EIO;

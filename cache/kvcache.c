@@ -9,17 +9,17 @@
 #include "base/checksum.h"
 #include "cache/rope.h"
 
-/* bytes one row costs in a head: k + v (head_dim floats each), pos, seq, score, stat */
-static size_t row_bytes(int head_dim)
+size_t kvp_cache_row_cost(kvp_kv_type type, int head_dim)
 {
-    return 2 * (size_t)head_dim * sizeof(float) + sizeof(int32_t) + sizeof(int64_t) +
+    return 2 * kvp_kv_row_bytes(type, head_dim) + sizeof(int32_t) + sizeof(int64_t) +
            2 * sizeof(float);
 }
 
 int kvp_cache_init(kvp_cache *c, int n_layers, int n_kv_heads, int head_dim, const kvp_rope *rope)
 {
     memset(c, 0, sizeof *c);
-    if (n_layers <= 0 || n_kv_heads <= 0 || head_dim <= 0 || rope->n_rot <= 0 ||
+    if (n_layers <= 0 || n_kv_heads <= 0 || head_dim <= 0 || head_dim > KVP_MAX_HEAD_DIM ||
+        rope->n_rot <= 0 ||
         rope->n_rot % 2 || rope->n_rot > head_dim)
         return -EINVAL;
     c->heads = calloc((size_t)n_layers * n_kv_heads, sizeof *c->heads);
@@ -51,7 +51,9 @@ static void head_free(kvp_head *h)
     free(h->seq);
     free(h->score);
     free(h->stat);
+    kvp_kv_type type = h->type;
     memset(h, 0, sizeof *h);
+    h->type = type;
 }
 
 void kvp_cache_free(kvp_cache *c)
@@ -79,11 +81,11 @@ static int head_resize(kvp_head *h, int head_dim, int cap)
         head_free(h);
         return 0;
     }
-    size_t hd = (size_t)head_dim;
-    float *k = realloc(h->k, (size_t)cap * hd * sizeof *k);
+    size_t rb = kvp_kv_row_bytes(h->type, head_dim);
+    uint8_t *k = realloc(h->k, (size_t)cap * rb);
     if (k)
         h->k = k;
-    float *v = realloc(h->v, (size_t)cap * hd * sizeof *v);
+    uint8_t *v = realloc(h->v, (size_t)cap * rb);
     if (v)
         h->v = v;
     int32_t *pos = realloc(h->pos, (size_t)cap * sizeof *pos);
@@ -120,13 +122,13 @@ int kvp_head_reserve(kvp_head *h, int head_dim, int rows)
 
 void kvp_cache_keep(kvp_cache *c, kvp_head *h, const int *keep, int n_keep)
 {
-    size_t hd = (size_t)c->head_dim;
+    size_t rb = kvp_kv_row_bytes(h->type, c->head_dim);
     for (int i = 0; i < n_keep; i++) {
         int r = keep[i];
         if (r == i)
             continue;
-        memcpy(h->k + i * hd, h->k + r * hd, hd * sizeof(float));
-        memcpy(h->v + i * hd, h->v + r * hd, hd * sizeof(float));
+        memcpy(kvp_head_krow(h, c->head_dim, i), kvp_head_krow(h, c->head_dim, r), rb);
+        memcpy(kvp_head_vrow(h, c->head_dim, i), kvp_head_vrow(h, c->head_dim, r), rb);
         h->pos[i] = h->pos[r];
         h->seq[i] = h->seq[r];
         h->score[i] = h->score[r];
@@ -140,9 +142,88 @@ void kvp_cache_keep(kvp_cache *c, kvp_head *h, const int *keep, int n_keep)
         (void)head_resize(h, c->head_dim, n_keep < 16 ? 16 : n_keep);
 }
 
+static const float *rows_f32(kvp_kv_type t, const uint8_t *rows, int hd, int first, int n,
+                             float *tmp)
+{
+    size_t rb = kvp_kv_row_bytes(t, hd);
+    if (t == KVP_KV_F32)
+        return (const float *)(rows + (size_t)first * rb);
+    for (int r = 0; r < n; r++)
+        kvp_kv_row_load(t, tmp + (size_t)r * hd, rows + (size_t)(first + r) * rb, hd);
+    return tmp;
+}
+
+const float *kvp_head_keys(const kvp_head *h, int head_dim, int first, int n, float *tmp)
+{
+    return rows_f32(h->type, h->k, head_dim, first, n, tmp);
+}
+
+const float *kvp_head_values(const kvp_head *h, int head_dim, int first, int n, float *tmp)
+{
+    return rows_f32(h->type, h->v, head_dim, first, n, tmp);
+}
+
+/* Re-encodes one head's n rows of `from` (at *rows) as `to`, into a new array of cap rows. */
+static uint8_t *convert_rows(const uint8_t *rows, int n, int cap, int hd, kvp_kv_type from,
+                             kvp_kv_type to, float *tmp)
+{
+    size_t rf = kvp_kv_row_bytes(from, hd), rt = kvp_kv_row_bytes(to, hd);
+    uint8_t *out = malloc((size_t)cap * rt);
+    if (!out)
+        return NULL;
+    for (int r = 0; r < n; r++) {
+        kvp_kv_row_load(from, tmp, rows + (size_t)r * rf, hd);
+        kvp_kv_row_store(to, out + (size_t)r * rt, tmp, hd);
+    }
+    return out;
+}
+
+int kvp_cache_convert(kvp_cache *c, kvp_kv_type type)
+{
+    if ((unsigned)type >= KVP_KV_N_TYPES)
+        return -EINVAL;
+    if (type == c->kv_type)
+        return 0;
+    int nh = c->n_layers * c->n_kv_heads, hd = c->head_dim;
+    /* every head's new rows first, so that a failure leaves the cache as it was */
+    uint8_t **nk = calloc((size_t)nh, sizeof *nk), **nv = calloc((size_t)nh, sizeof *nv);
+    float *tmp = malloc((size_t)hd * sizeof *tmp);
+    int rc = nk && nv && tmp ? 0 : -ENOMEM;
+    for (int i = 0; !rc && i < nh; i++) {
+        const kvp_head *h = &c->heads[i];
+        if (!h->cap)
+            continue;
+        nk[i] = convert_rows(h->k, h->n, h->cap, hd, h->type, type, tmp);
+        nv[i] = convert_rows(h->v, h->n, h->cap, hd, h->type, type, tmp);
+        if (!nk[i] || !nv[i])
+            rc = -ENOMEM;
+    }
+    for (int i = 0; i < nh && nk && nv; i++) {
+        kvp_head *h = &c->heads[i];
+        if (rc) {
+            free(nk[i]);
+            free(nv[i]);
+            continue;
+        }
+        if (h->cap) {
+            free(h->k);
+            free(h->v);
+            h->k = nk[i];
+            h->v = nv[i];
+        }
+        h->type = type;
+    }
+    if (!rc)
+        c->kv_type = type;
+    free(nk);
+    free(nv);
+    free(tmp);
+    return rc;
+}
+
 size_t kvp_head_bytes(const kvp_cache *c, const kvp_head *h)
 {
-    return (size_t)h->cap * row_bytes(c->head_dim);
+    return (size_t)h->cap * kvp_cache_row_cost(h->type, c->head_dim);
 }
 
 size_t kvp_cache_bytes(const kvp_cache *c)
@@ -150,7 +231,7 @@ size_t kvp_cache_bytes(const kvp_cache *c)
     size_t rows = 0;
     for (int i = 0; i < c->n_layers * c->n_kv_heads; i++)
         rows += (size_t)c->heads[i].cap;
-    return rows * row_bytes(c->head_dim);
+    return rows * kvp_cache_row_cost(c->kv_type, c->head_dim);
 }
 
 size_t kvp_cache_rows(const kvp_cache *c)
@@ -198,6 +279,7 @@ void kvp_cache_shift(kvp_cache *c, int n_sink, int ctx)
     if (delta <= 0 || target - window < n_sink)
         return;
     int old_end = c->next_pos - window, new_old_end = target - window;
+    float tmp[KVP_MAX_HEAD_DIM];   /* one key row decoded */
     for (int i = 0; i < c->n_layers * c->n_kv_heads; i++) {
         kvp_head *h = &c->heads[i];
         for (int r = 0; r < h->n; r++) {
@@ -211,7 +293,11 @@ void kvp_cache_shift(kvp_cache *c, int n_sink, int ctx)
                                     (old_end - n_sink));
             if (np == p)
                 continue;
-            kvp_rope_rotate(&c->rope, h->k + (size_t)r * c->head_dim, np - p);
+            /* the key is decoded, rotated and stored again in its own type */
+            uint8_t *row = kvp_head_krow(h, c->head_dim, r);
+            kvp_kv_row_load(h->type, tmp, row, c->head_dim);
+            kvp_rope_rotate(&c->rope, tmp, np - p);
+            kvp_kv_row_store(h->type, row, tmp, c->head_dim);
             h->pos[r] = np;
         }
     }
@@ -223,23 +309,25 @@ void kvp_cache_shift(kvp_cache *c, int n_sink, int ctx)
  * Layout (little-endian, as the host writes it; snapshots are machine-local):
  *   "KVPCACHE" u32 version, i32 n_layers, n_kv_heads, head_dim, f32 rope base,
  *   i32 rope n_rot, i32 rope neox, i32 n_factors (0 or n_rot/2), f32 factors[n_factors],
- *   i32 next_pos, i64 n_seen, u64 evicted_rows, u64 shifts,
- *   per head: i32 n, then n k rows, n v rows, n pos, n seq, n score, n stat;
+ *   i32 next_pos, i64 n_seen, u64 evicted_rows, u64 shifts, u32 kv_type,
+ *   per head: i32 n, then n k rows, n v rows (as stored: kvp_kv_row_bytes each),
+ *   n pos, n seq, n score, n stat;
  *   u64 FNV-1a of everything before it.
- * Version 1 had only the rope base: its keys were rotated on consecutive pairs over the
- * whole head without factors, and it still reads as such. */
+ * Version 2 had no kv_type (its rows are f32). Version 1 had only the rope base: its
+ * keys were rotated on consecutive pairs over the whole head without factors, and it
+ * still reads as such. A reader wanting another kv_type converts (kvp_cache_convert). */
 #define CACHE_MAGIC "KVPCACHE"
-#define CACHE_VERSION 2u
+#define CACHE_VERSION 3u
 
 static uint64_t fnv1a(const void *p, size_t n) { return kvp_fnv1a(KVP_FNV1A_INIT, p, n); }
 
 int kvp_cache_serialize(const kvp_cache *c, void **buf, size_t *len)
 {
-    size_t hd = (size_t)c->head_dim;
+    size_t rb = kvp_kv_row_bytes(c->kv_type, c->head_dim);
     int n_factors = c->rope.factors ? c->rope.n_rot / 2 : 0;
-    size_t total = 8 + 4 + 4 * 4 + 3 * 4 + (size_t)n_factors * 4 + 4 + 8 + 8 + 8 + 8;
+    size_t total = 8 + 4 + 4 * 4 + 3 * 4 + (size_t)n_factors * 4 + 4 + 8 + 8 + 8 + 4 + 8;
     for (int i = 0; i < c->n_layers * c->n_kv_heads; i++)
-        total += 4 + (size_t)c->heads[i].n * row_bytes(c->head_dim);
+        total += 4 + (size_t)c->heads[i].n * kvp_cache_row_cost(c->kv_type, c->head_dim);
     kvp_wbuf w = {malloc(total), 0};
     if (!w.p)
         return -ENOMEM;
@@ -259,14 +347,16 @@ int kvp_cache_serialize(const kvp_cache *c, void **buf, size_t *len)
     kvp_w_bytes(&w, &c->n_seen, 8);
     kvp_w_bytes(&w, &c->evicted_rows, 8);
     kvp_w_bytes(&w, &c->shifts, 8);
+    uint32_t kv_type = (uint32_t)c->kv_type;
+    kvp_w_bytes(&w, &kv_type, 4);
     for (int i = 0; i < c->n_layers * c->n_kv_heads; i++) {
         const kvp_head *h = &c->heads[i];
         size_t n = (size_t)h->n;
         kvp_w_bytes(&w, &h->n, 4);
         if (!n)
             continue;
-        kvp_w_bytes(&w, h->k, n * hd * sizeof(float));
-        kvp_w_bytes(&w, h->v, n * hd * sizeof(float));
+        kvp_w_bytes(&w, h->k, n * rb);
+        kvp_w_bytes(&w, h->v, n * rb);
         kvp_w_bytes(&w, h->pos, n * sizeof *h->pos);
         kvp_w_bytes(&w, h->seq, n * sizeof *h->seq);
         kvp_w_bytes(&w, h->score, n * sizeof *h->score);
@@ -300,7 +390,7 @@ int kvp_cache_deserialize(kvp_cache *c, const void *buf, size_t len, char *err, 
         return -EINVAL;
     }
     r.n = len - 8;
-    if (kvp_r_bytes(&r, &version, 4) || (version != 1 && version != CACHE_VERSION)) {
+    if (kvp_r_bytes(&r, &version, 4) || version < 1 || version > CACHE_VERSION) {
         snprintf(err, errlen, "cache snapshot: unsupported version %u", version);
         return -EINVAL;
     }
@@ -331,10 +421,19 @@ int kvp_cache_deserialize(kvp_cache *c, const void *buf, size_t len, char *err, 
     c->next_pos = next_pos;
     if (kvp_r_bytes(&r, &c->n_seen, 8) || kvp_r_bytes(&r, &c->evicted_rows, 8) || kvp_r_bytes(&r, &c->shifts, 8))
         goto bad;
+    uint32_t kv_type = KVP_KV_F32;
+    if (version >= 3 && (kvp_r_bytes(&r, &kv_type, 4) || kv_type >= KVP_KV_N_TYPES)) {
+        kvp_cache_free(c);
+        snprintf(err, errlen, "cache snapshot: unknown kv_type %u", kv_type);
+        return -EINVAL;
+    }
+    (void)kvp_cache_convert(c, (kvp_kv_type)kv_type);   /* no rows yet: cannot fail */
+    size_t rb = kvp_kv_row_bytes(c->kv_type, hd);
     for (int i = 0; i < n_layers * n_kv; i++) {
         kvp_head *h = &c->heads[i];
         int n;
-        if (kvp_r_bytes(&r, &n, 4) || n < 0 || (size_t)n > (r.n - r.off) / row_bytes(hd))
+        if (kvp_r_bytes(&r, &n, 4) || n < 0 ||
+            (size_t)n > (r.n - r.off) / kvp_cache_row_cost(c->kv_type, hd))
             goto bad;
         if (!n)
             continue;
@@ -345,7 +444,7 @@ int kvp_cache_deserialize(kvp_cache *c, const void *buf, size_t len, char *err, 
         }
         h->n = n;
         size_t nn = (size_t)n;
-        if (kvp_r_bytes(&r, h->k, nn * hd * sizeof(float)) || kvp_r_bytes(&r, h->v, nn * hd * sizeof(float)) ||
+        if (kvp_r_bytes(&r, h->k, nn * rb) || kvp_r_bytes(&r, h->v, nn * rb) ||
             kvp_r_bytes(&r, h->pos, nn * sizeof *h->pos) || kvp_r_bytes(&r, h->seq, nn * sizeof *h->seq) ||
             kvp_r_bytes(&r, h->score, nn * sizeof *h->score) || kvp_r_bytes(&r, h->stat, nn * sizeof *h->stat))
             goto bad;

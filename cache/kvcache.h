@@ -1,20 +1,26 @@
 /* Per-session KV cache: one compact store per (layer, KV head).
  * Rows are kept in insertion order (row 0 is the oldest), so "sinks" are the first rows
  * and the "recent window" the last ones; eviction keeps a row subset and compacts in
- * place. Heads hold different tokens, so their lengths differ. */
+ * place. Heads hold different tokens, so their lengths differ. Keys and values are
+ * stored as the cache's kv_type (f32, f16 or q8_0 rows, cache/kvrow.h); the scores,
+ * positions and counters stay full width. */
 #ifndef KVP_KVCACHE_H
 #define KVP_KVCACHE_H
 
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cache/kvrow.h"
 #include "cache/rope.h"
+
+#define KVP_MAX_HEAD_DIM 4096
 
 typedef struct kvp_head {
     int n;            /* rows held */
     int cap;          /* rows allocated */
-    float *k;         /* [cap][head_dim] keys, RoPE-rotated at pos[] */
-    float *v;         /* [cap][head_dim] values */
+    kvp_kv_type type; /* how k and v rows are stored (the cache's kv_type) */
+    void *k;          /* [cap] key rows of kvp_kv_row_bytes(type, head_dim), RoPE-rotated at pos[] */
+    void *v;          /* [cap] value rows, the same size */
     int32_t *pos;     /* [cap] RoPE position the key is currently rotated at */
     int64_t *seq;     /* [cap] absolute token index in the conversation (never renumbered) */
     float *score;     /* [cap] policy score, higher = keep */
@@ -25,14 +31,20 @@ typedef struct kvp_cache {
     int n_layers, n_kv_heads, head_dim;
     kvp_rope rope;           /* how the keys are rotated; rope.factors is the cache's own copy */
     kvp_head *heads;         /* [n_layers * n_kv_heads] */
+    kvp_kv_type kv_type;     /* every head's row type (f32 after init) */
     int next_pos;            /* RoPE position of the next token */
     int64_t n_seen;          /* tokens ever appended: the next token's seq */
     uint64_t evicted_rows;   /* rows dropped by eviction, all heads, all time */
     uint64_t shifts;         /* context shifts performed */
 } kvp_cache;
 
-/* rope: the model's RoPE (n_rot <= head_dim); its factors are copied. */
+/* rope: the model's RoPE (n_rot <= head_dim); its factors are copied. Rows are f32
+ * until kvp_cache_convert chooses another type. */
 int kvp_cache_init(kvp_cache *c, int n_layers, int n_kv_heads, int head_dim, const kvp_rope *rope);
+/* Stores every head's rows as `type` from now on, re-encoding the rows held (decoded,
+ * then stored again: f32 -> q8_0 rounds, q8_0 -> f32 is exact). On an empty cache it
+ * just sets the type. 0, -EINVAL (unknown type) or -ENOMEM (the cache is unchanged). */
+int kvp_cache_convert(kvp_cache *c, kvp_kv_type type);
 void kvp_cache_free(kvp_cache *c);
 /* Drops every row (keeps the allocation small again). */
 void kvp_cache_reset(kvp_cache *c);
@@ -44,6 +56,21 @@ static inline kvp_head *kvp_cache_head(const kvp_cache *c, int layer, int kvh)
 
 /* Makes room for `rows` rows in total (grows geometrically). 0 or -ENOMEM. */
 int kvp_head_reserve(kvp_head *h, int head_dim, int rows);
+
+/* Row r's stored key / value (kvp_kv_row_bytes(h->type, head_dim) bytes). */
+static inline void *kvp_head_krow(const kvp_head *h, int head_dim, int r)
+{
+    return (uint8_t *)h->k + (size_t)r * kvp_kv_row_bytes(h->type, head_dim);
+}
+static inline void *kvp_head_vrow(const kvp_head *h, int head_dim, int r)
+{
+    return (uint8_t *)h->v + (size_t)r * kvp_kv_row_bytes(h->type, head_dim);
+}
+/* Keys / values of rows [first, first + n) as f32 rows, head_dim apart: the store itself
+ * for f32 heads, else decoded into tmp[n * head_dim]. What a policy reads: the rows
+ * attention uses. */
+const float *kvp_head_keys(const kvp_head *h, int head_dim, int first, int n, float *tmp);
+const float *kvp_head_values(const kvp_head *h, int head_dim, int first, int n, float *tmp);
 /* Keeps rows keep[0..n_keep) (strictly increasing indices), compacting in place and
  * releasing capacity that is no longer needed. Counts the dropped rows. */
 void kvp_cache_keep(kvp_cache *c, kvp_head *h, const int *keep, int n_keep);
@@ -54,6 +81,8 @@ void kvp_cache_keep(kvp_cache *c, kvp_head *h, const int *keep, int n_keep);
  * cut back by a stop string. */
 void kvp_cache_drop_newest(kvp_cache *c, int n);
 
+/* Bytes one row costs in a head of `type`: its key and value rows, pos, seq, score, stat. */
+size_t kvp_cache_row_cost(kvp_kv_type type, int head_dim);
 /* Bytes allocated for rows across all heads (k, v, pos, seq, score, stat). */
 size_t kvp_cache_bytes(const kvp_cache *c);
 /* The same for one head. */

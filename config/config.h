@@ -9,6 +9,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "cache/kvrow.h"
+
 #define KVPD_PATH_MAX 512
 
 typedef struct kvpd_config {
@@ -21,6 +23,8 @@ typedef struct kvpd_config {
     char policy_file[KVPD_PATH_MAX];
     char policy_dir[KVPD_PATH_MAX];   /* where the default policy's <model stem>.kvp is */
     int budget;                       /* KV rows per head; 0 = unbounded */
+    kvp_kv_type kv_type;              /* how cache rows are stored */
+    int budget_mode;                  /* enum kvp_budget_mode: per head or global */
     int chunk;                        /* prefill chunk = eviction slack */
     int step_tokens;                  /* tokens of one batched step */
     int workers;                      /* 0 = one per core */

@@ -203,6 +203,7 @@ static void load_done(uv_work_t *w, int status)
     kvp_hub_params hp = {.loop = &d->loop, .model = &d->model, .cfg = &d->hub_cfg,
                          .metrics = &d->metrics, .policy = d->pconf,
                          .store = d->store, .chunk = d->cfg.chunk,
+                         .kv_type = d->cfg.kv_type, .budget_mode = d->cfg.budget_mode,
                          .step_tokens = d->cfg.step_tokens, .workers = d->cfg.workers, .reuse_cache = d->cfg.reuse_cache,
                          .top_p = d->cfg.top_p, .seed = d->cfg.seed,
                          .chat_template = d->cfg.chat_template,

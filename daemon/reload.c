@@ -34,7 +34,8 @@ void kvpd_announce_ready(kvpd *d)
 static size_t turn_bytes(const kvpd *d, const kvpd_config *cfg, const kvp_policy_conf *pc)
 {
     const kvp_model_config *m = &d->model.cfg;
-    return kvp_turn_bytes(m, kvp_cache_row_bytes(m), cfg->budget, cfg->chunk, pc->name);
+    return kvp_turn_bytes(m, kvp_cache_row_cost(cfg->kv_type, m->head_dim), cfg->budget,
+                          cfg->chunk, pc->name, cfg->budget_mode);
 }
 
 static int policy_loads(const kvp_policy_conf *pc, const kvpd_config *cfg,

@@ -9,17 +9,35 @@ static int evicting(const kvp_evict_cfg *e)
     return e && e->policy && e->budget > 0 && !kvp_policy_is_none(e->policy);
 }
 
+static int evict(kvp_cache *c, const kvp_evict_cfg *e)
+{
+    return e->mode == KVP_BUDGET_GLOBAL ? kvp_policy_evict_global(e->policy, c, e->budget)
+                                        : kvp_policy_evict(e->policy, c, e->budget);
+}
+
 int kvp_gen_compress(kvp_cache *c, const kvp_evict_cfg *e)
 {
-    return evicting(e) ? kvp_policy_evict(e->policy, c, e->budget) : 0;
+    return evicting(e) ? evict(c, e) : 0;
+}
+
+/* Whether n more tokens would pass the bound: a head past budget + chunk rows, or with
+ * global budgets the session past (budget + chunk) x heads or a head past cap + chunk. */
+static int over(const kvp_cache *c, const kvp_evict_cfg *e, int n)
+{
+    int chunk = chunk_of(e);
+    if (e->mode != KVP_BUDGET_GLOBAL)
+        return kvp_cache_max_rows(c) + n > e->budget + chunk;
+    size_t heads = (size_t)c->n_layers * c->n_kv_heads;
+    return kvp_cache_max_rows(c) + n > kvp_policy_head_cap(e->budget) + chunk ||
+           kvp_cache_rows(c) + (size_t)n * heads > (size_t)(e->budget + chunk) * heads;
 }
 
 /* The bounds of one block of n tokens, before it runs: evicts first if the block would
- * take a head past budget + chunk, and shifts the context if it would pass seq_len. */
+ * pass the budget's bound, and shifts the context if it would pass seq_len. */
 static int bound(const kvp_model *m, kvp_cache *c, const kvp_evict_cfg *e, int n)
 {
-    if (evicting(e) && kvp_cache_max_rows(c) + n > e->budget + chunk_of(e)) {
-        int rc = kvp_policy_evict(e->policy, c, e->budget);
+    if (evicting(e) && over(c, e, n)) {
+        int rc = evict(c, e);
         if (rc < 0)
             return rc;
     }

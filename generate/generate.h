@@ -3,7 +3,10 @@
  *   - prefill runs in chunks of `chunk` tokens; before a chunk (or a decoded token)
  *     would take any head past budget + chunk rows, every head is evicted back to
  *     `budget`. So a head never holds more than budget + chunk rows, even during the
- *     forward pass, and decode evicts once every `chunk` tokens;
+ *     forward pass, and decode evicts once every `chunk` tokens. With global budgets
+ *     (mode KVP_BUDGET_GLOBAL) the session's heads share budget x heads rows: eviction
+ *     runs before the total would pass (budget + chunk) x heads or a head its cap +
+ *     chunk (kvp_policy_evict_global);
  *   - kvp_gen_compress evicts to `budget` now (turn boundaries);
  *   - before next_pos would reach the model's context length the cache is shifted
  *     (kvp_cache_shift), so a conversation can run forever.
@@ -21,8 +24,9 @@
 
 typedef struct kvp_evict_cfg {
     kvp_policy *policy;   /* NULL = none */
-    int budget;           /* rows per KV head, 0 = unbounded */
+    int budget;           /* rows per KV head (global: on average), 0 = unbounded */
     int chunk;            /* 0: KVP_DEFAULT_CHUNK */
+    int mode;             /* enum kvp_budget_mode (policy.h); 0 = per head */
 } kvp_evict_cfg;
 
 /* Feeds tokens; last logits in s->logits; all_logits NULL or [n][vocab]. */

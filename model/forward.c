@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "cache/rope.h"
+#include "model/matmul.h"
 
 int kvp_runstate_init(kvp_runstate *s, const kvp_model_config *c, int max_tokens)
 {
@@ -85,6 +86,51 @@ static int ensure_att(kvp_runstate *s, int slot, size_t need)
     return 0;
 }
 
+/* Scores att[T][R] = q[T][hd] . K[R][hd]^T * scale of one query head over a head's
+ * rows: OpenBLAS on f32 rows; f16 / q8_0 rows are read as stored, one row at a time
+ * (decoded in registers by kvp_kv_dot), never copied out as f32. Rows a query cannot
+ * see yet (j >= base + t + 1) are left for the softmax to clear. */
+static void head_scores(const kvp_head *h, int hd, const float *q, int qd, int T, int base,
+                        float scale, float *att)
+{
+    int R = h->n;
+    if (h->type == KVP_KV_F32) {
+        const float *k = (const float *)h->k;
+        if (T == 1)
+            cblas_sgemv(CblasRowMajor, CblasNoTrans, R, hd, scale, k, hd, q, 1, 0.0f, att, 1);
+        else
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, R, hd, scale, q, qd, k, hd,
+                        0.0f, att, R);
+        return;
+    }
+    for (int t = 0; t < T; t++)
+        for (int j = 0; j < base + t + 1; j++)
+            att[(size_t)t * R + j] =
+                scale * kvp_kv_dot(h->type, kvp_head_krow(h, hd, j), q + (size_t)t * qd, hd);
+}
+
+/* out[T][hd] (rows qd apart) = att[T][R] . V[R][hd], the same way as head_scores. */
+static void head_values(const kvp_head *h, int hd, const float *att, int T, int base, float *out,
+                        int qd)
+{
+    int R = h->n;
+    if (h->type == KVP_KV_F32) {
+        const float *v = (const float *)h->v;
+        if (T == 1)
+            cblas_sgemv(CblasRowMajor, CblasTrans, R, hd, 1.0f, v, hd, att, 1, 0.0f, out, 1);
+        else
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, R, 1.0f, att, R, v, hd,
+                        0.0f, out, qd);
+        return;
+    }
+    for (int t = 0; t < T; t++) {
+        float *o = out + (size_t)t * qd;
+        memset(o, 0, (size_t)hd * sizeof *o);
+        for (int j = 0; j < base + t + 1; j++)
+            kvp_kv_axpy(h->type, o, att[(size_t)t * R + j], kvp_head_vrow(h, hd, j), hd);
+    }
+}
+
 /* Attention of one sequence's T queries (batch rows r0..r0+T) over one KV head's rows.
  * Rows [0, base) predate the block; query t also sees the block's rows base..base+t.
  * Writes att_out for the group's query heads and leaves their probabilities in att_buf
@@ -101,11 +147,7 @@ static void attend_head(kvp_runstate *s, const kvp_model_config *c, const kvp_he
         float *att = att_buf + (size_t)g * T * R;
         float *out = s->att_out + (size_t)r0 * qd + (size_t)qh * hd;
         /* att[T][R] = q[T][hd] . K[R][hd]^T * scale */
-        if (T == 1)
-            cblas_sgemv(CblasRowMajor, CblasNoTrans, R, hd, scale, h->k, hd, q, 1, 0.0f, att, 1);
-        else
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, R, hd, scale, q, qd,
-                        h->k, hd, 0.0f, att, R);
+        head_scores(h, hd, q, qd, T, base, scale, att);
         for (int t = 0; t < T; t++) {
             float *a = att + (size_t)t * R;
             int visible = base + t + 1;
@@ -124,11 +166,7 @@ static void attend_head(kvp_runstate *s, const kvp_model_config *c, const kvp_he
                 a[j] = 0.0f;
         }
         /* out[T][hd] = att[T][R] . V[R][hd] */
-        if (T == 1)
-            cblas_sgemv(CblasRowMajor, CblasTrans, R, hd, 1.0f, h->v, hd, att, 1, 0.0f, out, 1);
-        else
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, R, 1.0f, att, R,
-                        h->v, hd, 0.0f, out, qd);
+        head_values(h, hd, att, T, base, out, qd);
     }
 }
 
@@ -151,8 +189,8 @@ static void store_seq(kvp_runstate *s, const kvp_model_config *p, kvp_batch_seq 
             int r = base + t;
             const float *k = s->k + (size_t)(r0 + t) * kvd + kvh * hd;
             const float *v = s->v + (size_t)(r0 + t) * kvd + kvh * hd;
-            memcpy(h->k + (size_t)r * hd, k, hd * sizeof(float));
-            memcpy(h->v + (size_t)r * hd, v, hd * sizeof(float));
+            kvp_kv_row_store(h->type, kvp_head_krow(h, hd, r), k, hd);
+            kvp_kv_row_store(h->type, kvp_head_vrow(h, hd, r), v, hd);
             h->pos[r] = c->next_pos + t;
             h->seq[r] = c->n_seen + t;
             h->score[r] = 0.0f;

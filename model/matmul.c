@@ -57,6 +57,18 @@ static void select_kernels(void)
 #endif
 }
 
+float kvp_kv_dot(kvp_kv_type t, const void *row, const float *q, int n)
+{
+    pthread_once(&init_once, select_kernels);
+    return kernels.kv_dot(t, row, q, n);
+}
+
+void kvp_kv_axpy(kvp_kv_type t, float *y, float a, const void *row, int n)
+{
+    pthread_once(&init_once, select_kernels);
+    kernels.kv_axpy(t, y, a, row, n);
+}
+
 const char *kvp_matmul_simd(void)
 {
     pthread_once(&init_once, select_kernels);

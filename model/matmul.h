@@ -23,6 +23,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cache/kvrow.h"
+
 typedef struct kvp_weight {
     uint32_t type;        /* enum kvp_ggml_type */
     int rows, cols;       /* [rows][cols], a row is contiguous (cols = ggml's ne[0]) */
@@ -55,6 +57,11 @@ void kvp_weight_row(const kvp_weight *w, int r, float *out);
  * thread. */
 void kvp_matmul_enter(void);
 void kvp_matmul_leave(void);
+
+/* Attention over stored KV cache rows of n numbers (cache/kvrow.h), with the kernel set
+ * in use: returns row . q; adds a * row to y. */
+float kvp_kv_dot(kvp_kv_type t, const void *row, const float *q, int n);
+void kvp_kv_axpy(kvp_kv_type t, float *y, float a, const void *row, int n);
 
 /* The most threads the pool runs (the caller included). */
 #define KVP_MATMUL_MAX_THREADS 16

@@ -15,6 +15,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "cache/kvrow.h"
 #include "model/gguf.h"
 #include "model/matmul.h"
 #include "model/quant_blocks.h"
@@ -94,12 +95,18 @@ typedef void (*kvp_gemm_fn)(const uint8_t *packed, size_t stride, int rows, cons
  * d = amax / 127) or a->bsums (blocks of 256: q8_K's, the signed extreme -> -127). */
 typedef void (*kvp_quant_fn)(const float *x, int n, kvp_act *a);
 
+/* The attention kernels over stored KV cache rows (cache/kvrow.h): row . q, y += a * row. */
+typedef float (*kvp_kv_dot_fn)(kvp_kv_type t, const void *row, const float *q, int n);
+typedef void (*kvp_kv_axpy_fn)(kvp_kv_type t, float *y, float a, const void *row, int n);
+
 typedef struct kvp_kernel_set {
     kvp_quant_fn quantize[2];               /* blocks of 32, blocks of 256 */
     kvp_dot_fn dot[KVP_N_WEIGHT_TYPES];
     kvp_pack_fn pack[KVP_N_WEIGHT_TYPES];   /* NULL: no int8 GEMM for the type */
     kvp_pack_fn scalar_pack[KVP_N_WEIGHT_TYPES];  /* the scalar set's (element order) */
     kvp_gemm_fn gemm[KVP_N_WEIGHT_TYPES];
+    kvp_kv_dot_fn kv_dot;
+    kvp_kv_axpy_fn kv_axpy;
 } kvp_kernel_set;
 
 /* Fill the set with each instruction set's kernels (the later ones replace entries of

@@ -542,6 +542,8 @@ static void gemm_k(const uint8_t *packed, size_t stride, int rows, const kvp_act
 
 void kvp_kernels_scalar(kvp_kernel_set *k)
 {
+    k->kv_dot = kvp_kv_row_dot;
+    k->kv_axpy = kvp_kv_row_axpy;
     k->quantize[0] = quantize32;
     k->quantize[1] = quantize256;
     kvp_dot_fn *tab = k->dot;

@@ -773,8 +773,63 @@ static void gemm_signed(const uint8_t *packed, size_t stride, int rows, const kv
 }
 #endif
 
+/* ---- attention over stored KV cache rows (cache/kvrow.h) -------------------------- */
+
+/* 8 stored numbers from i as f32: f16 through F16C, q8_0 codes sign-extended (unscaled) */
+static inline __m256 kv_load8(kvp_kv_type t, const void *row, int n, int i)
+{
+    if (t == KVP_KV_F16)
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + i)));
+    const int8_t *codes = kvp_kv_q8_codes(row, n) + i;
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)codes)));
+}
+
+static float kv_dot(kvp_kv_type t, const void *row, const float *q, int n)
+{
+    if (t == KVP_KV_F32 || n % 8)
+        return kvp_kv_row_dot(t, row, q, n);
+    __m256 acc = _mm256_setzero_ps();
+    if (t == KVP_KV_F16) {
+        for (int i = 0; i < n; i += 8)
+            acc = _mm256_fmadd_ps(kv_load8(t, row, n, i), _mm256_loadu_ps(q + i), acc);
+        return hsum(acc);
+    }
+    for (int b = 0; b * KVP_KV_BLOCK < n; b++) {
+        int lo = b * KVP_KV_BLOCK, hi = lo + KVP_KV_BLOCK < n ? lo + KVP_KV_BLOCK : n;
+        __m256 s = _mm256_setzero_ps();
+        for (int i = lo; i < hi; i += 8)
+            s = _mm256_fmadd_ps(kv_load8(t, row, n, i), _mm256_loadu_ps(q + i), s);
+        uint16_t d;
+        memcpy(&d, (const uint8_t *)row + 2 * b, 2);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(d)), s, acc);
+    }
+    return hsum(acc);
+}
+
+static void kv_axpy(kvp_kv_type t, float *y, float a, const void *row, int n)
+{
+    if (t == KVP_KV_F32 || n % 8) {
+        kvp_kv_row_axpy(t, y, a, row, n);
+        return;
+    }
+    for (int b = 0; b * KVP_KV_BLOCK < n; b++) {
+        int lo = b * KVP_KV_BLOCK, hi = lo + KVP_KV_BLOCK < n ? lo + KVP_KV_BLOCK : n;
+        float ad = a;
+        if (t == KVP_KV_Q8_0) {
+            uint16_t d;
+            memcpy(&d, (const uint8_t *)row + 2 * b, 2);
+            ad *= _cvtsh_ss(d);
+        }
+        __m256 va = _mm256_set1_ps(ad);
+        for (int i = lo; i < hi; i += 8)
+            _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, kv_load8(t, row, n, i), _mm256_loadu_ps(y + i)));
+    }
+}
+
 void KVP_KERNELS(kvp_kernel_set *ks)
 {
+    ks->kv_dot = kv_dot;
+    ks->kv_axpy = kv_axpy;
     ks->quantize[0] = quantize32;
     ks->quantize[1] = quantize256;
     kvp_dot_fn *tab = ks->dot;

@@ -16,6 +16,7 @@
 #ifndef KVP_QUANT_H
 #define KVP_QUANT_H
 
+#include "base/half.h"
 #include <stddef.h>
 #include <stdint.h>
 
@@ -35,10 +36,6 @@ const char *kvp_type_name(uint32_t type);
  * not one. */
 int kvp_type_parse(const char *name);
 
-float kvp_f16_to_f32(uint16_t h);
-uint16_t kvp_f32_to_f16(float f);
-float kvp_bf16_to_f32(uint16_t h);
-uint16_t kvp_f32_to_bf16(float f);   /* round to nearest even; nan stays nan */
 
 /* Decodes n elements (whole blocks) of `type` at src into dst. 0 or -EINVAL. */
 int kvp_dequantize(uint32_t type, const void *src, float *dst, uint64_t n);

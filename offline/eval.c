@@ -17,18 +17,20 @@
 /* dst (initialised with src's shape) becomes a copy of src's rows and counters */
 static int cache_copy(kvp_cache *dst, const kvp_cache *src)
 {
-    size_t hd = (size_t)src->head_dim;
+    size_t rb = kvp_kv_row_bytes(src->kv_type, src->head_dim);
+    int rc = kvp_cache_convert(dst, src->kv_type);
+    if (rc)
+        return rc;
     for (int i = 0; i < src->n_layers * src->n_kv_heads; i++) {
         const kvp_head *s = &src->heads[i];
         kvp_head *d = &dst->heads[i];
-        int rc = kvp_head_reserve(d, src->head_dim, s->n);
-        if (rc)
+        if ((rc = kvp_head_reserve(d, src->head_dim, s->n)))
             return rc;
         d->n = s->n;
         if (!s->n)
             continue;
-        memcpy(d->k, s->k, (size_t)s->n * hd * sizeof *d->k);
-        memcpy(d->v, s->v, (size_t)s->n * hd * sizeof *d->v);
+        memcpy(d->k, s->k, (size_t)s->n * rb);
+        memcpy(d->v, s->v, (size_t)s->n * rb);
         memcpy(d->pos, s->pos, (size_t)s->n * sizeof *d->pos);
         memcpy(d->seq, s->seq, (size_t)s->n * sizeof *d->seq);
         memcpy(d->score, s->score, (size_t)s->n * sizeof *d->score);
@@ -39,9 +41,13 @@ static int cache_copy(kvp_cache *dst, const kvp_cache *src)
     return 0;
 }
 
-static int cache_like(kvp_cache *c, const kvp_model_config *cfg)
+/* An empty cache for cfg's model storing rows as `type` */
+static int cache_like(kvp_cache *c, const kvp_model_config *cfg, kvp_kv_type type)
 {
-    return kvp_cache_init(c, cfg->n_layers, cfg->n_kv_heads, cfg->head_dim, &cfg->rope);
+    int rc = kvp_cache_init(c, cfg->n_layers, cfg->n_kv_heads, cfg->head_dim, &cfg->rope);
+    if (!rc && (rc = kvp_cache_convert(c, type)))
+        kvp_cache_free(c);
+    return rc;
 }
 
 static double log_sum_exp(const float *x, int n)
@@ -148,6 +154,8 @@ int kvp_eval_ref_init(kvp_eval_ref *r, const kvp_model_config *cfg, int len,
     r->vocab = cfg->vocab_size;
     r->n_budgets = o->n_budgets;
     memcpy(r->budgets, o->budgets, sizeof r->budgets);
+    r->kv_type = o->kv_type;
+    r->budget_mode = o->budget_mode;
     r->imp = malloc((size_t)r->n_heads * r->cut * sizeof *r->imp);
     r->logits = malloc((size_t)(len - r->cut) * r->vocab * sizeof *r->logits);
     r->min_evicted = malloc((size_t)r->n_budgets * r->n_heads * sizeof *r->min_evicted);
@@ -176,7 +184,7 @@ static int oracle_minimum(kvp_eval_ref *r, const kvp_model_config *cfg, const kv
     if (rc)
         return rc;
     kvp_cache b;
-    if ((rc = cache_like(&b, cfg))) {
+    if ((rc = cache_like(&b, cfg, KVP_KV_F32))) {
         kvp_policy_destroy(oracle);
         return rc;
     }
@@ -185,7 +193,7 @@ static int oracle_minimum(kvp_eval_ref *r, const kvp_model_config *cfg, const kv
             break;
         for (int hi = 0; hi < r->n_heads; hi++)
             memcpy(b.heads[hi].score, r->imp + (size_t)hi * r->cut, r->cut * sizeof(float));
-        kvp_evict_cfg e = {oracle, r->budgets[bi], 0};
+        kvp_evict_cfg e = {.policy = oracle, .budget = r->budgets[bi]};
         if ((rc = kvp_gen_compress(&b, &e)) >= 0) {
             rc = 0;
             for (int hi = 0; hi < r->n_heads; hi++) {
@@ -208,7 +216,8 @@ int kvp_eval_ref_compute(kvp_eval_ref *r, const kvp_model *m, kvp_runstate *s,
     float *logits = malloc((size_t)cut * V * sizeof *logits);
     int *limit = malloc((size_t)r->n_heads * sizeof *limit);
     int rc = -ENOMEM;
-    if (!logits || !limit || (rc = cache_like(&c, &m->cfg)) || (rc = cache_like(&prefix, &m->cfg)))
+    if (!logits || !limit || (rc = cache_like(&c, &m->cfg, KVP_KV_F32)) ||
+        (rc = cache_like(&prefix, &m->cfg, KVP_KV_F32)))
         goto out;
     kvp_policy_attach(&s->hooks, NULL);
     if ((rc = kvp_gen_prefill(m, s, &c, NULL, tokens, cut, logits)))
@@ -301,7 +310,8 @@ int kvp_eval_sequence(const kvp_model *m, kvp_runstate *s, kvp_policy *p, const 
     ranked *rk = malloc((size_t)cut * sizeof *rk);
     float *sorted = malloc((size_t)cut * sizeof *sorted);
     int rc = -ENOMEM;
-    if (!logits || !rk || !sorted || (rc = cache_like(&a, &m->cfg)) || (rc = cache_like(&b, &m->cfg)))
+    if (!logits || !rk || !sorted || (rc = cache_like(&a, &m->cfg, r->kv_type)) ||
+        (rc = cache_like(&b, &m->cfg, r->kv_type)))
         goto out;
     /* the policy watches the prefix run, as it would in the daemon */
     kvp_policy_attach(&s->hooks, p);
@@ -322,7 +332,7 @@ int kvp_eval_sequence(const kvp_model *m, kvp_runstate *s, kvp_policy *p, const 
     }
 
     for (int bi = 0; bi < r->n_budgets; bi++) {
-        kvp_evict_cfg e = {p, r->budgets[bi], 0};
+        kvp_evict_cfg e = {p, r->budgets[bi], 0, r->budget_mode};
         if ((rc = cache_copy(&b, &a)) || (rc = kvp_gen_compress(&b, &e)) < 0)
             goto out;
         for (int hi = 0; hi < nh && !kvp_policy_is_none(p); hi++) {
@@ -420,7 +430,7 @@ int kvp_eval_stream_ref_compute(kvp_eval_stream_ref *r, const kvp_model *m, kvp_
     int *window = malloc((size_t)ctx * sizeof *window);
     float *block = malloc((size_t)every * V * sizeof *block);
     kvp_cache c = {0};
-    if (!window || !block || (rc = cache_like(&c, &m->cfg)))
+    if (!window || !block || (rc = cache_like(&c, &m->cfg, KVP_KV_F32)))
         goto out;
     kvp_policy_attach(&s->hooks, NULL);
     /* Within the context: one cache, fed in blocks that end at the sampled positions. */
@@ -437,7 +447,7 @@ int kvp_eval_stream_ref_compute(kvp_eval_stream_ref *r, const kvp_model *m, kvp_
         memcpy(window + n, tokens + t - ctx + 2, (size_t)(ctx - 1) * sizeof *window);
         n += ctx - 1;
         kvp_cache_free(&c);
-        if ((rc = cache_like(&c, &m->cfg)) || (rc = kvp_gen_prefill(m, s, &c, NULL, window, n, NULL)))
+        if ((rc = cache_like(&c, &m->cfg, KVP_KV_F32)) || (rc = kvp_gen_prefill(m, s, &c, NULL, window, n, NULL)))
             goto out;
         memcpy(r->logits + (size_t)i * V, s->logits, (size_t)V * sizeof *block);
     }
@@ -460,10 +470,10 @@ int kvp_eval_stream(const kvp_model *m, kvp_runstate *s, kvp_policy *p, const in
     float *imp = oracle ? malloc((size_t)nh * m->cfg.seq_len * sizeof *imp) : NULL;
     int *limit = oracle ? malloc((size_t)nh * sizeof *limit) : NULL;
     int rc = -ENOMEM;
-    if (!logits || (oracle && (!imp || !limit)) || (rc = cache_like(&c, &m->cfg)) ||
-        (rc = cache_like(&d, &m->cfg)))
+    if (!logits || (oracle && (!imp || !limit)) || (rc = cache_like(&c, &m->cfg, o->kv_type)) ||
+        (rc = cache_like(&d, &m->cfg, o->kv_type)))
         goto out;
-    kvp_evict_cfg e = {p, o->budgets[bi], chunk};
+    kvp_evict_cfg e = {p, o->budgets[bi], chunk, o->budget_mode};
     double nll = 0.0;
     for (int off = 0; off < len; off += chunk) {
         int n = len - off < chunk ? len - off : chunk;
@@ -709,7 +719,7 @@ static int write_md_and_plots(const char *dir, const kvp_eval_row *rows, int n,
         }
         kvp_svg_plot plot = {mi->title, "budget (rows per KV head, log2 scale)", mi->ylabel, x,
                              n_bud < KVP_EVAL_MAX_BUDGETS ? n_bud : KVP_EVAL_MAX_BUDGETS,
-                             mi->log_y, series, ns};
+                             mi->log_y, series, ns, 0};
         char svg[1200];
         snprintf(svg, sizeof svg, "%s/%s-%s.svg", dir, mi->protocol, mi->metric);
         rc = kvp_svg_write(svg, &plot, err, errlen);

@@ -34,6 +34,8 @@ typedef struct kvp_eval_opts {
     int lookahead;    /* streaming: tokens the oracle's scores look ahead (128) */
     int n_budgets;
     int budgets[KVP_EVAL_MAX_BUDGETS];   /* rows per KV head */
+    kvp_kv_type kv_type;                 /* the policies' cache rows (the references: f32) */
+    int budget_mode;                     /* enum kvp_budget_mode: per head or global */
 } kvp_eval_opts;
 
 /* The unmodified model on one sequence of len tokens: what every policy is compared with.
@@ -45,6 +47,8 @@ typedef struct kvp_eval_ref {
     float *logits;         /* [len - cut][vocab] full-cache logits at tokens cut..len-1 */
     double *min_evicted;   /* [n_budgets][n_heads] importance the oracle's eviction drops */
     double nll;            /* summed over the len - 1 predictions of the whole sequence */
+    kvp_kv_type kv_type;   /* rows of the caches the policies are run on (opts) */
+    int budget_mode;       /* how the policies' budgets apply (opts) */
 } kvp_eval_ref;
 
 /* Sums over the cases evaluated for one policy (kvp_eval_rows turns them into metrics). */

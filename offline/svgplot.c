@@ -195,14 +195,15 @@ int kvp_svg_write(const char *path, const kvp_svg_plot *p, char *err, size_t err
         const char *color = palette[sr->color % N_COLORS];
         const char *style = sr->dashed ? " stroke-dasharray=\"6 4\"" : "";
         double width = sr->bold ? 3.0 : 1.6;
-        /* a missing value breaks the line */
+        /* a missing value breaks the line (or is skipped: join_gaps) */
         int open = 0;
         for (int i = 0; i < p->n; i++) {
             if (!usable(sr->y[i], p->log_y)) {
-                if (open)
+                if (open && !p->join_gaps) {
                     fprintf(f, "\" fill=\"none\" stroke=\"%s\" stroke-width=\"%.1f\"%s/>\n",
                             color, width, style);
-                open = 0;
+                    open = 0;
+                }
                 continue;
             }
             fprintf(f, open ? " %.1f,%.1f" : "<polyline points=\"%.1f,%.1f", map_x(p, p->x[i]),

@@ -20,6 +20,8 @@ typedef struct kvp_svg_plot {
     int log_y;         /* log10 y axis instead of linear */
     const kvp_svg_series *series;
     int n_series;
+    int join_gaps;     /* a missing value is skipped, not a break in the line (series
+                        * measured at different x on one shared axis) */
 } kvp_svg_plot;
 
 /* Writes the plot to path. 0, or -errno with a message. */

@@ -106,8 +106,9 @@ static void knorm_insert(kvp_policy *p, int layer, int kvh, kvp_head *h, int fir
     (void)layer;
     (void)kvh;
     int d = p->cfg.head_dim;
+    float tmp[KVP_MAX_HEAD_DIM];
     for (int i = first; i < first + n; i++)
-        h->score[i] = -head_norm(h->k + (size_t)i * d, d);
+        h->score[i] = -head_norm(kvp_head_keys(h, d, i, 1, tmp), d);
 }
 
 static const kvp_policy_ops knorm_ops = { .name = "knorm", .on_insert = knorm_insert };
@@ -123,7 +124,7 @@ int kvp_knorm_policy_create(kvp_policy *p, const char *policy_file, char *err, s
 
 /* ---- keydiff ----------------------------------------------------------------------- */
 
-/* impl: float[head_dim], the mean unit key */
+/* impl: float[2][head_dim], the mean unit key and one key decoded */
 static void keydiff_evict(kvp_policy *p, int layer, int kvh, kvp_head *h)
 {
     (void)layer;
@@ -132,7 +133,7 @@ static void keydiff_evict(kvp_policy *p, int layer, int kvh, kvp_head *h)
     float *a = p->impl;
     memset(a, 0, (size_t)d * sizeof *a);
     for (int i = 0; i < h->n; i++) {
-        const float *k = h->k + (size_t)i * d;
+        const float *k = kvp_head_keys(h, d, i, 1, a + d);
         float nk = head_norm(k, d);
         if (nk > 0.0f)
             for (int c = 0; c < d; c++)
@@ -140,7 +141,7 @@ static void keydiff_evict(kvp_policy *p, int layer, int kvh, kvp_head *h)
     }
     float na = head_norm(a, d);  /* the 1/n of the mean cancels in the cosine */
     for (int i = 0; i < h->n; i++) {
-        const float *k = h->k + (size_t)i * d;
+        const float *k = kvp_head_keys(h, d, i, 1, a + d);
         float nk = head_norm(k, d), dot = 0.0f;
         for (int c = 0; c < d; c++)
             dot += k[c] * a[c];
@@ -157,7 +158,7 @@ int kvp_keydiff_policy_create(kvp_policy *p, const char *policy_file, char *err,
     (void)policy_file;
     if (p->cfg.head_dim <= 0)
         return need_shape(p, "keydiff", err, errlen);
-    if (!(p->impl = malloc((size_t)p->cfg.head_dim * sizeof(float))))
+    if (!(p->impl = malloc(2 * (size_t)p->cfg.head_dim * sizeof(float))))
         return no_memory("keydiff", err, errlen);
     p->ops = &keydiff_ops;
     return 0;
@@ -171,6 +172,7 @@ typedef struct lagkv_state {
     int last_part;
     float *mn, *mx;   /* [head_dim] per-channel range of the next partition */
     float *z;         /* [LAGKV_PARTITION] per-token std, then its softmax */
+    float *rows;      /* [2 * LAGKV_PARTITION][head_dim]: two partitions decoded (f16 / q8_0) */
 } lagkv_state;
 
 /* z[r] = softmax over the partition's rows of the std over channels of x[r] normalised
@@ -223,10 +225,12 @@ static void lagkv_evict(kvp_policy *p, int layer, int kvh, kvp_head *h)
     for (int start = ns; start + LAGKV_PARTITION < h->n; start += LAGKV_PARTITION) {
         int next = start + LAGKV_PARTITION;
         int n_next = h->n - next < LAGKV_PARTITION ? h->n - next : LAGKV_PARTITION;
-        lagkv_part(st, h->k + (size_t)start * d, h->k + (size_t)next * d, n_next, d);
+        const float *k = kvp_head_keys(h, d, start, LAGKV_PARTITION + n_next, st->rows);
+        lagkv_part(st, k, k + (size_t)LAGKV_PARTITION * d, n_next, d);
         for (int r = 0; r < LAGKV_PARTITION; r++)
             h->score[start + r] = 0.5f * st->z[r];
-        lagkv_part(st, h->v + (size_t)start * d, h->v + (size_t)next * d, n_next, d);
+        const float *v = kvp_head_values(h, d, start, LAGKV_PARTITION + n_next, st->rows);
+        lagkv_part(st, v, v + (size_t)LAGKV_PARTITION * d, n_next, d);
         for (int r = 0; r < LAGKV_PARTITION; r++)
             h->score[start + r] += 0.5f * st->z[r];
     }
@@ -245,6 +249,7 @@ static void lagkv_destroy(kvp_policy *p)
     free(st->mn);
     free(st->mx);
     free(st->z);
+    free(st->rows);
     free_impl(p);
 }
 
@@ -265,7 +270,8 @@ int kvp_lagkv_policy_create(kvp_policy *p, const char *policy_file, char *err, s
     st->mn = malloc((size_t)p->cfg.head_dim * sizeof *st->mn);
     st->mx = malloc((size_t)p->cfg.head_dim * sizeof *st->mx);
     st->z = malloc(LAGKV_PARTITION * sizeof *st->z);
-    if (!st->mn || !st->mx || !st->z) {
+    st->rows = malloc(2 * LAGKV_PARTITION * (size_t)p->cfg.head_dim * sizeof *st->rows);
+    if (!st->mn || !st->mx || !st->z || !st->rows) {
         lagkv_destroy(p);
         return no_memory("lagkv", err, errlen);
     }
@@ -366,6 +372,7 @@ typedef struct snapkv_state {
     int32_t *pos;    /* [heads][SNAPKV_WINDOW] the position the query is rotated at */
     int *next;       /* [heads] ring slot to write */
     int *count;      /* [heads] queries held (<= SNAPKV_WINDOW) */
+    float *row;      /* [d]: one key decoded (f16 / q8_0 rows) */
 } snapkv_state;
 
 static void snapkv_attention(kvp_policy *p, int layer, int kvh, kvp_head *h, const float *q,
@@ -415,7 +422,7 @@ static void snapkv_evict(kvp_policy *p, int layer, int kvh, kvp_head *h)
             /* online log-sum-exp, then a second pass for the probabilities */
             float mx = -INFINITY, sum = 0.0f;
             for (int i = 0; i < seen; i++) {
-                const float *k = h->k + (size_t)i * d;
+                const float *k = kvp_head_keys(h, d, i, 1, st->row);
                 float l = 0.0f;
                 for (int c = 0; c < d; c++)
                     l += qg[c] * k[c];
@@ -428,7 +435,7 @@ static void snapkv_evict(kvp_policy *p, int layer, int kvh, kvp_head *h)
                 }
             }
             for (int i = 0; i < seen; i++) {
-                const float *k = h->k + (size_t)i * d;
+                const float *k = kvp_head_keys(h, d, i, 1, st->row);
                 float l = 0.0f;
                 for (int c = 0; c < d; c++)
                     l += qg[c] * k[c];
@@ -464,6 +471,7 @@ static void snapkv_destroy(kvp_policy *p)
     free(st->pos);
     free(st->next);
     free(st->count);
+    free(st->row);
     free_impl(p);
 }
 
@@ -489,7 +497,8 @@ int kvp_snapkv_policy_create(kvp_policy *p, const char *policy_file, char *err, 
     st->pos = malloc(heads * SNAPKV_WINDOW * sizeof *st->pos);
     st->next = calloc(heads, sizeof *st->next);
     st->count = calloc(heads, sizeof *st->count);
-    if (!st->q || !st->seq || !st->pos || !st->next || !st->count) {
+    st->row = malloc((size_t)st->d * sizeof *st->row);
+    if (!st->q || !st->seq || !st->pos || !st->next || !st->count || !st->row) {
         snapkv_destroy(p);
         return no_memory("snapkv", err, errlen);
     }

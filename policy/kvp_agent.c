@@ -734,6 +734,7 @@ fail:
 typedef struct kvp_agent_policy {
     kvp_agent_set set;
     float *work;   /* kvp_agent_score_work(SCORE_BLOCK) floats */
+    float *rows;   /* [2][SCORE_BLOCK][d]: a block's keys and values decoded (f16 / q8_0 rows) */
 } kvp_agent_policy;
 
 /* Scores are computed once per row, but not one row at a time: on_insert marks new rows
@@ -758,8 +759,9 @@ static void kvp_before_evict(kvp_policy *p, int layer, int kvh, kvp_head *h)
         first--;
     for (int i = first; i < h->n; i += SCORE_BLOCK) {
         int m = h->n - i < SCORE_BLOCK ? h->n - i : SCORE_BLOCK;
-        kvp_agent_score(a, w, h->k + (size_t)i * a->d, h->v + (size_t)i * a->d, h->pos + i,
-                        m, h->score + i, ap->work);
+        float *kt = ap->rows, *vt = ap->rows + (size_t)SCORE_BLOCK * a->d;
+        kvp_agent_score(a, w, kvp_head_keys(h, a->d, i, m, kt), kvp_head_values(h, a->d, i, m, vt),
+                        h->pos + i, m, h->score + i, ap->work);
     }
 }
 
@@ -770,6 +772,7 @@ static void kvp_destroy(kvp_policy *p)
         return;
     kvp_agent_set_free(&ap->set);
     free(ap->work);
+    free(ap->rows);
     free(ap);
     p->impl = NULL;
 }
@@ -798,7 +801,10 @@ int kvp_agent_policy_create(kvp_policy *p, const char *policy_file, char *err, s
         return rc;
     }
     ap->work = malloc(kvp_agent_score_work(&ap->set.arch, SCORE_BLOCK) * sizeof(float));
-    if (!ap->work) {
+    ap->rows = malloc(2 * (size_t)SCORE_BLOCK * ap->set.arch.d * sizeof(float));
+    if (!ap->work || !ap->rows) {
+        free(ap->work);
+        free(ap->rows);
         kvp_errorf(err, errlen, 0, "out of memory");
         kvp_agent_set_free(&ap->set);
         free(ap);

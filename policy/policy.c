@@ -125,6 +125,16 @@ static int by_row(const void *a, const void *b)
     return (x->row > y->row) - (x->row < y->row);
 }
 
+/* The rows of h rank-and-keep protects at `budget`: sinks [0, *ns) and the recent window
+ * [n - *nr, n), disjoint. */
+static void protected_rows(const kvp_policy *p, const kvp_head *h, int budget, int *ns, int *nr)
+{
+    int n = h->n;
+    int recent = p->ops->recent_window ? p->ops->recent_window(p, budget) : p->n_recent;
+    *ns = p->n_sink < 0 ? 0 : p->n_sink < n ? p->n_sink : n;
+    *nr = recent < 0 ? 0 : recent < n - *ns ? recent : n - *ns;
+}
+
 int kvp_policy_evict_head(kvp_policy *p, kvp_cache *c, int layer, int kvh, int budget)
 {
     kvp_head *h = kvp_cache_head(c, layer, kvh);
@@ -132,11 +142,8 @@ int kvp_policy_evict_head(kvp_policy *p, kvp_cache *c, int layer, int kvh, int b
         return 0;
     if (p->ops->before_evict)
         p->ops->before_evict(p, layer, kvh, h);
-    int n = h->n;
-    int recent = p->ops->recent_window ? p->ops->recent_window(p, budget) : p->n_recent;
-    /* protected: sinks [0, ns) and the recent window [n - nr, n), disjoint */
-    int ns = p->n_sink < 0 ? 0 : p->n_sink < n ? p->n_sink : n;
-    int nr = recent < 0 ? 0 : recent < n - ns ? recent : n - ns;
+    int n = h->n, ns, nr;
+    protected_rows(p, h, budget, &ns, &nr);
     int *keep = malloc((size_t)budget * sizeof *keep);
     if (!keep)
         return -ENOMEM;
@@ -186,4 +193,142 @@ int kvp_policy_evict(kvp_policy *p, kvp_cache *c, int budget)
             dropped += rc;
         }
     return dropped;
+}
+
+/* ---- global budgets ---------------------------------------------------------------- */
+
+int kvp_budget_mode_parse(const char *name)
+{
+    return !name ? -1 : !strcmp(name, "per_head") ? KVP_BUDGET_PER_HEAD
+                      : !strcmp(name, "global") ? KVP_BUDGET_GLOBAL : -1;
+}
+
+const char *kvp_budget_mode_name(int mode)
+{
+    return mode == KVP_BUDGET_GLOBAL ? "global" : "per_head";
+}
+
+int kvp_policy_head_cap(int budget)
+{
+    return KVP_GLOBAL_CAP_FACTOR * budget;
+}
+
+int kvp_policy_head_floor(const kvp_policy *p, int budget)
+{
+    int protect = (p->n_sink > 0 ? p->n_sink : 0) + (p->n_recent > 0 ? p->n_recent : 0);
+    int floor = budget / KVP_GLOBAL_FLOOR_DIV;
+    return floor > protect ? floor : protect;
+}
+
+/* A row of the session-wide ranking: its calibrated score, its head and row. */
+typedef struct global_ranked {
+    float score;
+    int head, row;
+} global_ranked;
+
+static int by_global_score(const void *a, const void *b)
+{
+    const global_ranked *x = a, *y = b;
+    if (x->score != y->score)
+        return x->score > y->score ? -1 : 1;
+    if (x->head != y->head)
+        return (x->head > y->head) - (x->head < y->head);
+    return (x->row > y->row) - (x->row < y->row);
+}
+
+/* Calibration: the scores as the policy gives them. KVP's agents share one architecture
+ * and one objective and are trained on the same traces, so their scores are ranked across
+ * heads as they are. Measured on stories260K (docs/quality-per-byte.md), this identity
+ * beat a per-head softmax (each row's Plackett-Luce share) and a per-head z-score; none
+ * reaches the oracle's gain, which needs scores on the scale of future attention (a
+ * per-head map fitted on traces). NaN scores (unscored) rank last. */
+static void calibrate(const kvp_head *h, float *out)
+{
+    for (int i = 0; i < h->n; i++)
+        out[i] = isnan(h->score[i]) ? -INFINITY : h->score[i];
+}
+
+int kvp_policy_evict_global(kvp_policy *p, kvp_cache *c, int budget)
+{
+    int H = c->n_layers * c->n_kv_heads;
+    if (kvp_policy_is_none(p) || budget <= 0)
+        return 0;
+    int floor = kvp_policy_head_floor(p, budget), cap = kvp_policy_head_cap(budget);
+    if (budget < floor)   /* no room to share: every head keeps its budget */
+        return kvp_policy_evict(p, c, budget);
+    long total = (long)budget * H, rows = 0;
+    int over_cap = 0, most = 0;
+    for (int i = 0; i < H; i++) {
+        rows += c->heads[i].n;
+        over_cap |= c->heads[i].n > cap;
+        most = c->heads[i].n > most ? c->heads[i].n : most;
+    }
+    if (rows <= total && !over_cap)
+        return 0;
+    int *kept = calloc((size_t)H, sizeof *kept);        /* rows each head keeps so far */
+    char *keep = calloc((size_t)H * most + 1, 1);         /* [H][most]: row is kept */
+    float *cal = malloc(((size_t)most + 1) * sizeof *cal);
+    global_ranked *pool = malloc(((size_t)rows + 1) * sizeof *pool);
+    int *idx = malloc(((size_t)most + 1) * sizeof *idx);
+    ranked *mid = malloc(((size_t)most + 1) * sizeof *mid);
+    int rc = kept && keep && cal && pool && idx && mid ? 0 : -ENOMEM;
+    long n_pool = 0, used = 0;
+    for (int hi = 0; hi < H && !rc; hi++) {
+        kvp_head *h = &c->heads[hi];
+        char *kh = keep + (size_t)hi * most;
+        if (p->ops->before_evict && h->n)
+            p->ops->before_evict(p, hi / c->n_kv_heads, hi % c->n_kv_heads, h);
+        int ns, nr;
+        protected_rows(p, h, budget, &ns, &nr);
+        if (ns + nr > budget)   /* a policy's own window: never past the budget (exact total) */
+            nr = budget - ns;
+        /* the sinks and the recent window, then the head's best rows up to its floor */
+        for (int i = 0; i < ns; i++)
+            kh[i] = 1;
+        for (int i = h->n - nr; i < h->n; i++)
+            kh[i] = 1;
+        int n_mid = h->n - ns - nr, want = (floor < h->n ? floor : h->n) - ns - nr;
+        for (int i = 0; i < n_mid; i++) {
+            float s = h->score[ns + i];
+            mid[i] = (ranked){isnan(s) ? -INFINITY : s, ns + i};
+        }
+        qsort(mid, (size_t)n_mid, sizeof *mid, by_score);
+        for (int i = 0; i < want; i++)
+            kh[mid[i].row] = 1;
+        kept[hi] = ns + nr + (want > 0 ? want : 0);
+        used += kept[hi];
+        /* the rest compete across heads */
+        calibrate(h, cal);
+        for (int i = 0; i < h->n; i++)
+            if (!kh[i])
+                pool[n_pool++] = (global_ranked){cal[i], hi, i};
+    }
+    if (!rc) {
+        qsort(pool, (size_t)n_pool, sizeof *pool, by_global_score);
+        for (long j = 0; j < n_pool && used < total; j++) {
+            global_ranked *g = &pool[j];
+            if (kept[g->head] >= cap)
+                continue;
+            keep[(size_t)g->head * most + g->row] = 1;
+            kept[g->head]++;
+            used++;
+        }
+        for (int hi = 0; hi < H; hi++) {
+            kvp_head *h = &c->heads[hi];
+            if (kept[hi] == h->n)
+                continue;
+            int k = 0;
+            for (int i = 0; i < h->n; i++)
+                if (keep[(size_t)hi * most + i])
+                    idx[k++] = i;
+            kvp_cache_keep(c, h, idx, k);
+        }
+    }
+    free(kept);
+    free(keep);
+    free(cal);
+    free(pool);
+    free(idx);
+    free(mid);
+    return rc ? rc : (int)(rows - used);
 }

@@ -76,6 +76,24 @@ int kvp_policy_evict_head(kvp_policy *p, kvp_cache *c, int layer, int kvh, int b
 /* All heads. Returns the rows dropped, or -ENOMEM. */
 int kvp_policy_evict(kvp_policy *p, kvp_cache *c, int budget);
 
+/* Global budgets (budget_mode = global): the session keeps budget x heads rows in all,
+ * shared among its heads by score. Every head keeps its sinks and recent window and its
+ * best rows up to kvp_policy_head_floor; the remaining rows go to the highest calibrated
+ * scores of any head (calibrate() in policy.c), no head above kvp_policy_head_cap. So
+ * the session holds at most budget x heads rows after an eviction (exactly that many when
+ * it had more), a head at most its cap; between evictions each head grows by at most a
+ * chunk (generate.h). A budget below the floor falls back to per-head eviction. Returns
+ * the rows dropped, or -ENOMEM. */
+enum kvp_budget_mode { KVP_BUDGET_PER_HEAD = 0, KVP_BUDGET_GLOBAL = 1 };
+/* "per_head" / "global" -> the mode, -1 for anything else; and back. */
+int kvp_budget_mode_parse(const char *name);
+const char *kvp_budget_mode_name(int mode);
+#define KVP_GLOBAL_CAP_FACTOR 4   /* a head's cap: 4 x budget */
+#define KVP_GLOBAL_FLOOR_DIV 4    /* a head's floor: budget / 4, at least the protected rows */
+int kvp_policy_evict_global(kvp_policy *p, kvp_cache *c, int budget);
+int kvp_policy_head_cap(int budget);
+int kvp_policy_head_floor(const kvp_policy *p, int budget);
+
 /* Constructors kvp_policy_create dispatches to by name (policy/baselines.c; "kvp" is
  * kvp_agent_policy_create, policy/kvp_agent.h). Each installs p->ops (and p->impl) on a
  * policy whose cfg, n_sink, n_recent and rng are already set; on failure it frees what

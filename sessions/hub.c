@@ -828,6 +828,8 @@ int kvp_hub_start(kvp_hub **out, const kvp_hub_params *p, char *err, size_t errl
     h->m = p->metrics;
     h->env.model = p->model;
     h->env.chunk = p->chunk;
+    h->env.kv_type = p->kv_type;
+    h->env.budget_mode = p->budget_mode;
     h->env.step_tokens = p->step_tokens;
     h->env.reuse_cache = p->reuse_cache;
     h->env.top_p = p->top_p;
@@ -843,7 +845,7 @@ int kvp_hub_start(kvp_hub **out, const kvp_hub_params *p, char *err, size_t errl
     h->env.state_dir = h->env.store ? kvp_store_dir(h->env.store) : "";
     h->workers = p->workers;
     h->pconf = kvp_policy_conf_ref(p->policy);
-    h->row_bytes = kvp_cache_row_bytes(&p->model->cfg);
+    h->row_bytes = kvp_cache_row_cost(p->kv_type, p->model->cfg.head_dim);
     char note[256];
     int rc = kvp_template_init(&h->env.tpl, p->model, p->chat_template, note, sizeof note);
     if (rc < 0) {
@@ -983,6 +985,8 @@ void kvp_hub_info_get(kvp_hub *h, kvp_hub_info *o)
     o->policy = h->pconf->name;
     o->policy_file = h->pconf->file;
     o->state_dir = h->env.state_dir;
+    o->kv_type = kvp_kv_type_name(h->env.kv_type);
+    o->budget_mode = kvp_budget_mode_name(h->env.budget_mode);
     o->store = h->env.store ? kvp_store_kind(h->env.store) : "";
     o->store_where = h->env.store ? kvp_store_where(h->env.store) : "";
     o->node = h->env.store ? kvp_store_node(h->env.store) : "";

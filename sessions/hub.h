@@ -23,6 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cache/kvrow.h"
 #include "sessions/metrics.h"
 
 #define KVP_SESSION_ID_LEN 32
@@ -162,6 +163,7 @@ void kvp_hub_close(kvp_hub_client *c);
 /* What /metrics and /admin/stats show. */
 typedef struct kvp_hub_info {
     const char *model_name, *chat_format, *policy, *policy_file, *state_dir;
+    const char *kv_type, *budget_mode;   /* "f32" | "f16" | "q8_0"; "per_head" | "global" */
     const char *store, *store_where, *node;   /* "dir"/"redis"/"" and where; lease name */
     uint64_t lease_conflicts, lease_takeovers, snapshots_expired, store_errors;
     int leases_renewing;
@@ -208,6 +210,8 @@ typedef struct kvp_hub_params {
     struct kvp_store *store;
     const char *state_dir;
     int chunk, workers, reuse_cache;
+    kvp_kv_type kv_type;          /* how session caches store their rows */
+    int budget_mode;              /* enum kvp_budget_mode (policy/policy.h) */
     int step_tokens;              /* tokens of one batched step (decodes + prefill chunks) */
     float top_p;
     uint64_t seed;

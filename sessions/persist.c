@@ -154,19 +154,6 @@ static int append(kvp_session *s, const int *ids, int n)
     return 0;
 }
 
-/* Back to the empty state of a parked session. */
-static void clear_transcript(kvp_session *s)
-{
-    for (int i = 0; i < s->n_msgs; i++)
-        free(s->msgs[i].text);
-    free(s->msgs);
-    free(s->msg_tok);
-    s->msgs = NULL;
-    s->msg_tok = NULL;
-    s->n_msgs = s->cap_msgs = 0;
-    s->n_tokens = 0;
-}
-
 /* Renders the messages with the chat template as the turns would have: each message's
  * first token into msg_tok, and with `keep` the ids into tokens (else only counted, for
  * a transcript whose ids are kept as they are). */
@@ -201,7 +188,7 @@ void kvp_session_forget(kvp_session *s)
     if (s->policy)
         kvp_policy_destroy(s->policy);
     s->policy = NULL;
-    clear_transcript(s);
+    kvp_session_clear_transcript(s);
     s->n_cached = 0;
     s->hist_msgs = 0;
     s->hist_tokens = 0;
@@ -254,7 +241,7 @@ int kvp_session_restore(kvp_session *s, const kvp_session_env *env, size_t max_b
         s->msgs = calloc((size_t)snap.n_msgs, sizeof *s->msgs);
         s->msg_tok = calloc((size_t)snap.n_msgs, sizeof *s->msg_tok);
         if (!s->msgs || !s->msg_tok) {
-            clear_transcript(s);
+            kvp_session_clear_transcript(s);
             kvp_snapshot_free(&snap);
             snprintf(err, errlen, "restoring %s: out of memory", s->id);
             return -ENOMEM;
@@ -288,6 +275,10 @@ int kvp_session_restore(kvp_session *s, const kvp_session_env *env, size_t max_b
         why = "it was made with another policy";
     } else if (kvp_cache_deserialize(&c, snap.cache, snap.cache_len, cerr, sizeof cerr) < 0) {
         why = "its cache does not decode";
+    } else if (kvp_cache_convert(&c, env->kv_type) < 0) {
+        /* rows of another kv_type are re-encoded as this daemon stores them */
+        why = "its cache could not be converted to this kv_type";
+        kvp_cache_free(&c);
     } else if ((why = cache_unusable(&snap, &c, cfg, max_bytes))) {
         kvp_cache_free(&c);
     } else {
@@ -311,7 +302,7 @@ int kvp_session_restore(kvp_session *s, const kvp_session_env *env, size_t max_b
     if (rc < 0) {
         if (have_cache)
             kvp_cache_free(&c);
-        clear_transcript(s);
+        kvp_session_clear_transcript(s);
         kvp_snapshot_free(&snap);
         snprintf(err, errlen, "restoring %s: re-tokenizing the transcript: %s", s->id,
                  strerror(-rc));

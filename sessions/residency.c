@@ -7,24 +7,15 @@
 
 #include "sessions/store.h"
 
-size_t kvp_cache_row_bytes(const kvp_model_config *m)
-{
-    kvp_cache c;
-    size_t bytes = 0;
-    if (kvp_cache_init(&c, 1, 1, m->head_dim, &m->rope) == 0 &&
-        kvp_head_reserve(&c.heads[0], m->head_dim, 1) == 0)
-        bytes = kvp_cache_bytes(&c) / (size_t)c.heads[0].cap;
-    kvp_cache_free(&c);
-    return bytes;
-}
-
 size_t kvp_turn_bytes(const kvp_model_config *m, size_t row_bytes, int budget, int chunk,
-                      const char *policy)
+                      const char *policy, int budget_mode)
 {
     int evicts = budget > 0 && strcmp(policy, "none");
     long rows = evicts ? (long)budget + chunk : m->seq_len;
-    if (rows > m->seq_len)
-        rows = m->seq_len;   /* the context shift keeps a head within the context */
+    /* the context shift keeps a head within the context; global budgets bound the
+     * session's total, (budget + chunk) x heads rows, not each head */
+    if (rows > m->seq_len && !(evicts && budget_mode == KVP_BUDGET_GLOBAL))
+        rows = m->seq_len;
     /* A head's allocation doubles from 16 rows, so it stays under twice what it holds
      * (kvp_head_reserve); a cache restored from a snapshot is allocated the same way. */
     long cap = rows * 2 < 16 ? 16 : rows * 2;
@@ -34,7 +25,7 @@ size_t kvp_turn_bytes(const kvp_model_config *m, size_t row_bytes, int budget, i
 size_t kvp_hub_turn_bytes(const kvp_hub *h)
 {
     return kvp_turn_bytes(&h->env.model->cfg, h->row_bytes, h->cfg->budget, h->env.chunk,
-                          h->pconf->name);
+                          h->pconf->name, h->env.budget_mode);
 }
 
 static size_t counted(const kvp_session *s)

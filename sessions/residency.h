@@ -13,12 +13,12 @@
 
 #include "sessions/hub_impl.h"
 
-/* Bytes of one cache row of one head (cache/kvcache.c's count). */
-size_t kvp_cache_row_bytes(const kvp_model_config *m);
 /* The most one session's cache can take during a turn: every head's allocation for
- * min(budget + chunk, context) rows (the whole context when the policy never evicts). */
+ * min(budget + chunk, context) rows (the whole context when the policy never evicts).
+ * With global budgets (policy.h) a head may hold more and another less, but the heads'
+ * allocations together stay under twice (budget + chunk) x heads rows. */
 size_t kvp_turn_bytes(const kvp_model_config *m, size_t row_bytes, int budget, int chunk,
-                      const char *policy);
+                      const char *policy, int budget_mode);
 /* The same with the hub's budget and policy in force. */
 size_t kvp_hub_turn_bytes(const kvp_hub *h);
 /* What the cap counts now, and the sum of the resident sessions' actual cache bytes. */

@@ -173,7 +173,8 @@ int kvp_session_create(kvp_session_table *t, const kvp_session_env *env, kvp_pol
     /* Every session gets its own stream of random numbers. */
     uint64_t seed = env->seed ^ (0x9E3779B97F4A7C15ull * (t->created_total + 1));
     if ((rc = kvp_cache_init(&s->cache, cfg->n_layers, cfg->n_kv_heads, cfg->head_dim,
-                             &cfg->rope)) < 0) {
+                             &cfg->rope)) < 0 ||
+        (rc = kvp_cache_convert(&s->cache, env->kv_type)) < 0) {
         snprintf(err, errlen, "cache: %s", strerror(-rc));
         free(s);
         return rc;
@@ -233,6 +234,18 @@ void kvp_session_table_clear(kvp_session_table *t)
     memset(t, 0, sizeof *t);
 }
 
+void kvp_session_clear_transcript(kvp_session *s)
+{
+    for (int i = 0; i < s->n_msgs; i++)
+        free(s->msgs[i].text);
+    free(s->msgs);
+    free(s->msg_tok);
+    s->msgs = NULL;
+    s->msg_tok = NULL;
+    s->n_msgs = s->cap_msgs = 0;
+    s->n_tokens = 0;
+}
+
 int kvp_session_parkable(const kvp_session *s)
 {
     return s->state == KVP_SESSION_IDLE &&
@@ -246,16 +259,10 @@ void kvp_session_park(kvp_session_table *t, kvp_session *s)
         kvp_policy_destroy(s->policy);
     s->policy = NULL;
     kvp_sampler_free(&s->sampler);
+    kvp_session_clear_transcript(s);
     free(s->tokens);
     s->tokens = NULL;
-    s->n_tokens = s->cap_tokens = s->n_cached = 0;
-    for (int i = 0; i < s->n_msgs; i++)
-        free(s->msgs[i].text);
-    free(s->msgs);
-    free(s->msg_tok);
-    s->msgs = NULL;
-    s->msg_tok = NULL;
-    s->n_msgs = s->cap_msgs = 0;
+    s->cap_tokens = s->n_cached = 0;
     turn_clear(&s->turn);
     s->reply_open = 0;
     s->state = KVP_SESSION_PARKED;
@@ -592,7 +599,7 @@ static void note_rows(kvp_session *s)
 
 static kvp_evict_cfg evict_cfg(const kvp_session *s, const kvp_session_env *env)
 {
-    kvp_evict_cfg e = {s->policy, s->turn.budget, env->chunk};
+    kvp_evict_cfg e = {s->policy, s->turn.budget, env->chunk, env->budget_mode};
     return e;
 }
 

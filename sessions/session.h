@@ -38,6 +38,8 @@ typedef struct kvp_session_env {
     const kvp_model *model;
     kvp_template tpl;
     int chunk;
+    kvp_kv_type kv_type;             /* how every session's cache rows are stored */
+    int budget_mode;                 /* enum kvp_budget_mode: the budget per head or shared */
     int step_tokens;                 /* rows of a batched step (at least chunk) */
     int reuse_cache;
     float top_p;
@@ -215,6 +217,9 @@ kvp_session *kvp_session_find(const kvp_session_table *t, const char *id);
 void kvp_session_remove(kvp_session_table *t, kvp_session *s);
 void kvp_session_table_clear(kvp_session_table *t);
 
+/* Drops the messages and the token count (not the token buffer): the transcript of a
+ * session that was never spoken to. */
+void kvp_session_clear_transcript(kvp_session *s);
 /* Loop, on an idle resident session: frees its cache, transcript, policy and sampler.
  * Only when its snapshot is up to date (or it has nothing to keep). */
 int kvp_session_parkable(const kvp_session *s);

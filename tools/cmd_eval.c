@@ -46,6 +46,10 @@ static void usage(FILE *f)
         "  --streams N        streaming texts (default 8)\n"
         "  --stream-len N     tokens per stream, BOS included (default 4 x the context)\n"
         "  --chunk N          streaming eviction chunk (default " KVP_STR(KVP_DEFAULT_CHUNK) ")\n"
+        "  --budget-mode M    per_head (every head keeps the budget) or global (the heads\n"
+        "                     share budget x heads rows by calibrated score; default per_head)\n"
+        "  --kv-type T        how the policies' cache rows are stored: f32, f16 or q8_0\n"
+        "                     (default f32; the full-cache references stay f32)\n"
         "  --lookahead N      tokens the streaming oracle looks ahead (default 128)\n"
         "  --kl-every N       streaming fidelity: compare with the model's full window every\n"
         "                     N positions (default 32)\n"
@@ -227,13 +231,14 @@ int kvp_cmd_eval(int argc, char **argv)
          chunk = KVP_DEFAULT_CHUNK;
     long lookahead = 128, kl_every = 32, seed = 1, threads = sysconf(_SC_NPROCESSORS_ONLN);
     double split = 0.8;
+    int kv_type = KVP_KV_F32, budget_mode = KVP_BUDGET_PER_HEAD;
     static const struct option opts[] = {
         {"model", 1, 0, 'm'}, {"tokenizer", 1, 0, 'z'}, {"text", 1, 0, 'x'}, {"out", 1, 0, 'o'},
         {"conversations", 1, 0, 'C'}, {"policies", 1, 0, 'P'}, {"policy-file", 1, 0, 'F'}, {"budgets", 1, 0, 'b'},
         {"split", 1, 0, 's'}, {"seqs", 1, 0, 'N'}, {"seq-len", 1, 0, 'n'}, {"cut", 1, 0, 'c'},
         {"streams", 1, 0, 'S'}, {"stream-len", 1, 0, 'L'}, {"chunk", 1, 0, 'k'},
         {"lookahead", 1, 0, 'l'}, {"kl-every", 1, 0, 'K'}, {"seed", 1, 0, 'r'}, {"threads", 1, 0, 't'},
-        {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+        {"kv-type", 1, 0, 'T'}, {"budget-mode", 1, 0, 'B'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     int o, idx = 0;
     optind = 1;
     while ((o = getopt_long(argc, argv, "", opts, &idx)) != -1) {
@@ -258,6 +263,8 @@ int kvp_cmd_eval(int argc, char **argv)
         case 'K': ok = kvp_parse_long(optarg, 1, 1 << 16, &kl_every); break;
         case 'r': ok = kvp_parse_long(optarg, 0, LONG_MAX, &seed); break;
         case 't': ok = kvp_parse_long(optarg, 1, 64, &threads); break;
+        case 'T': ok = (kv_type = kvp_kv_type_parse(optarg)) >= 0; break;
+        case 'B': ok = (budget_mode = kvp_budget_mode_parse(optarg)) >= 0; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -301,7 +308,8 @@ int kvp_cmd_eval(int argc, char **argv)
     /* budgets, ascending */
     char bud_buf[512], *fields[KVP_EVAL_MAX_BUDGETS + 1];
     int n_fields;
-    kvp_eval_opts eo = {.cut = (int)cut, .chunk = (int)chunk, .lookahead = (int)lookahead};
+    kvp_eval_opts eo = {.cut = (int)cut, .chunk = (int)chunk, .lookahead = (int)lookahead,
+                       .kv_type = (kvp_kv_type)kv_type, .budget_mode = budget_mode};
     snprintf(bud_buf, sizeof bud_buf, "%s", bud_arg ? bud_arg : DEFAULT_BUDGETS);
     if (!split_list(bud_buf, fields, KVP_EVAL_MAX_BUDGETS, &n_fields))
         return usage_error("bad budget list '%s' (at most %d positive integers, comma-separated)",
@@ -485,6 +493,17 @@ int kvp_cmd_eval(int argc, char **argv)
             n_seq * m.cfg.n_layers * m.cfg.n_kv_heads,
             exp(full_nll / ((double)n_seq * (seq_len - 1))), n_str, stream_len,
             (double)stream_len / ctx, ctx, chunk, lookahead, kl_every, ctx - 1);
+    /* what a budget costs: the x axis of a quality-per-byte comparison */
+    size_t row_cost = kvp_cache_row_cost((kvp_kv_type)kv_type, m.cfg.head_dim);
+    fprintf(mf, "- cache rows stored as %s: %zu bytes per row per head (key, value, position, "
+            "token index, score, policy state); %d heads, so a budget of B rows per head "
+            "holds B x %zu bytes per session. Budgets: %s.\n",
+            kvp_kv_type_name((kvp_kv_type)kv_type), row_cost, m.cfg.n_layers * m.cfg.n_kv_heads,
+            row_cost * (size_t)(m.cfg.n_layers * m.cfg.n_kv_heads),
+            budget_mode == KVP_BUDGET_GLOBAL
+                ? "global (the heads share B x heads rows by calibrated score, each between "
+                  "its floor and its cap)"
+                : "per head (every head keeps B rows)");
     if (fclose(mf))
         goto oom;
     if (kvp_eval_write(out_dir, rows, n_rows, intro, err, sizeof err)) {

@@ -30,6 +30,9 @@ static void usage(FILE *f)
         "  --sinks N            oldest rows always kept (default " KVP_STR(KVP_DEFAULT_SINKS) ")\n"
         "  --recent N           newest rows always kept (default " KVP_STR(KVP_DEFAULT_RECENT) ")\n"
         "  --chunk N            eviction chunk (default " KVP_STR(KVP_DEFAULT_CHUNK) ")\n"
+        "  --kv-type T          how cache rows are stored: f32, f16 or q8_0 (default f32)\n"
+        "  --budget-mode M      per_head (every head keeps --budget rows) or global (the\n"
+        "                       heads share budget x heads rows by calibrated score)\n"
         "  --ignore-eos         go on past the end of a text (BOS/EOS print as a newline)\n"
         "  --parallel N         N sequences of the prompt with seeds S..S+N-1, each with its own\n"
         "                       cache and policy, decoded in batched steps (default 1); their\n"
@@ -48,8 +51,8 @@ static void emit(FILE *f, const char *p, size_t n)
 /* Rows and bytes of every (layer, KV head) store: what the budget bounds. */
 static void report_cache(const kvp_cache *c)
 {
-    fprintf(stderr, "cache: %zu bytes, %zu rows, %llu evicted, %llu shifts; per head rows/bytes:",
-            kvp_cache_bytes(c), kvp_cache_rows(c), (unsigned long long)c->evicted_rows,
+    fprintf(stderr, "cache: %zu bytes, %zu rows of %s, %llu evicted, %llu shifts; per head rows/bytes:",
+            kvp_cache_bytes(c), kvp_cache_rows(c), kvp_kv_type_name(c->kv_type), (unsigned long long)c->evicted_rows,
             (unsigned long long)c->shifts);
     for (int l = 0; l < c->n_layers; l++) {
         fprintf(stderr, " L%d[", l);
@@ -100,13 +103,14 @@ int kvp_cmd_generate(int argc, char **argv)
     long steps = 256, seed = (long)time(NULL), budget = 0, sinks = KVP_DEFAULT_SINKS,
          recent = KVP_DEFAULT_RECENT, chunk = KVP_DEFAULT_CHUNK, parallel = 1;
     double temperature = 1.0, top_p = 0.9;
-    int ignore_eos = 0;
+    int ignore_eos = 0, kv_type = KVP_KV_F32, budget_mode = KVP_BUDGET_PER_HEAD;
     static const struct option opts[] = {
         {"model", 1, 0, 'm'}, {"tokenizer", 1, 0, 'z'}, {"prompt", 1, 0, 'i'},
         {"steps", 1, 0, 'n'}, {"temperature", 1, 0, 't'}, {"top-p", 1, 0, 'p'},
         {"seed", 1, 0, 's'}, {"policy", 1, 0, 'P'}, {"policy-file", 1, 0, 'F'},
         {"budget", 1, 0, 'b'}, {"sinks", 1, 0, 'S'}, {"recent", 1, 0, 'R'},
         {"chunk", 1, 0, 'c'}, {"ignore-eos", 0, 0, 'E'}, {"parallel", 1, 0, 'N'},
+        {"kv-type", 1, 0, 'K'}, {"budget-mode", 1, 0, 'M'},
         {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     int o, idx = 0;
     optind = 1;
@@ -127,6 +131,8 @@ int kvp_cmd_generate(int argc, char **argv)
         case 'R': ok = kvp_parse_long(optarg, 0, 1L << 20, &recent); break;
         case 'c': ok = kvp_parse_long(optarg, 1, 1L << 16, &chunk); break;
         case 'E': ignore_eos = 1; break;
+        case 'K': ok = (kv_type = kvp_kv_type_parse(optarg)) >= 0; break;
+        case 'M': ok = (budget_mode = kvp_budget_mode_parse(optarg)) >= 0; break;
         case 'N': ok = kvp_parse_long(optarg, 1, 4096, &parallel); break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
@@ -188,11 +194,11 @@ int kvp_cmd_generate(int argc, char **argv)
         }
         q->policy->n_sink = (int)sinks;
         q->policy->n_recent = (int)recent;
-        q->ev = (kvp_evict_cfg){q->policy, (int)budget, (int)chunk};
+        q->ev = (kvp_evict_cfg){q->policy, (int)budget, (int)chunk, budget_mode};
         q->out = N == 1 ? stdout : open_memstream(&q->text, &q->text_len);
         if (!q->out ||
             kvp_cache_init(&q->cache, m.cfg.n_layers, m.cfg.n_kv_heads, m.cfg.head_dim, &m.cfg.rope) ||
-            !(q->have_cache = 1) ||
+            !(q->have_cache = 1) || kvp_cache_convert(&q->cache, (kvp_kv_type)kv_type) ||
             kvp_sampler_init(&q->smp, V, (float)temperature, (float)top_p, sd) || !(q->have_smp = 1)) {
             fprintf(stderr, "kvp generate: out of memory\n");
             goto out;

@@ -16,6 +16,7 @@ static const struct {
     {"policy-init", kvp_cmd_policy_init, "write a randomly initialised KVP policy file"},
     {"trace", kvp_cmd_trace, "record q/k/v traces of a model over text, for training"},
     {"eval", kvp_cmd_eval, "evaluate eviction policies on held-out text (ranking, one-shot, streaming)"},
+    {"plot", kvp_cmd_plot, "an SVG line plot of measured points from a CSV (series at their own x)"},
     {"train", kvp_cmd_train, "train KVP agents on traces (policy file + curve CSV)"},
     {"learn", kvp_cmd_learn, "trace, train, evaluate and install a KVP policy for a model, in one go"},
     {"logits", kvp_cmd_logits, "write the logits of every position of a token sequence (f32)"},

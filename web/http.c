@@ -219,7 +219,7 @@ static int admin_stats(kvpd_conn *c)
                              "limit", (json_int_t)limit, "total", total,
                              "next_offset", (json_int_t)next);
     json_t *o = json_pack(
-        "{s:f, s:b, s:{s:s, s:s, s:i, s:i, s:i, s:i, s:s, s:I}, s:s, s:s, s:i, s:i, s:i,"
+        "{s:f, s:b, s:{s:s, s:s, s:i, s:i, s:i, s:i, s:s, s:I}, s:s, s:s, s:i, s:i, s:i, s:s, s:s,"
         " s:{s:i, s:i, s:i, s:I, s:i}, s:{s:I, s:I}, s:o, s:o,"
         " s:{s:I, s:I, s:I}, s:I, s:I, s:i, s:o, s:o}",
         "uptime_s", g.uptime_s, "ready", g.ready,
@@ -229,6 +229,7 @@ static int admin_stats(kvpd_conn *c)
         "weights", hi.weights, "weight_bytes", (json_int_t)hi.weight_bytes,
         "policy", hi.policy ? hi.policy : "", "policy_file", hi.policy_file ? hi.policy_file : "",
         "budget", w->cfg->budget, "chunk", w->cfg->chunk, "workers", w->cfg->workers,
+        "kv_type", hi.kv_type, "budget_mode", hi.budget_mode,
         "sessions", "active", g.sessions_active, "resident", g.sessions_active,
         "parked", g.sessions_parked, "total", (json_int_t)hi.sessions_total,
         "max", w->cfg->max_sessions,

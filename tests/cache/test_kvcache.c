@@ -1,4 +1,5 @@
 #include <criterion/criterion.h>
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,10 +25,10 @@ static void append(kvp_cache *c, int n, float *raw_k)
                 float k = sinf((float)(seq * 7 + d + i * 13));
                 if (raw_k)
                     raw_k[(size_t)(i * 10000 + seq) * D + d] = k;
-                h->k[(size_t)r * D + d] = k;
-                h->v[(size_t)r * D + d] = (float)(seq * 100 + d + i);
+                ((float *)h->k)[(size_t)r * D + d] = k;
+                ((float *)h->v)[(size_t)r * D + d] = (float)(seq * 100 + d + i);
             }
-            kvp_rope_rotate(&c->rope, h->k + (size_t)r * D, c->next_pos + t);
+            kvp_rope_rotate(&c->rope, (float *)h->k + (size_t)r * D, c->next_pos + t);
             h->pos[r] = c->next_pos + t;
             h->seq[r] = seq;
             h->score[r] = (float)seq;
@@ -57,7 +58,7 @@ Test(kvcache, keep_compacts_in_order_and_frees_memory)
     for (int i = 0; i < 20; i++) {
         cr_expect_eq(h->seq[i], i * 10);
         cr_expect_eq(h->pos[i], i * 10);
-        cr_expect_eq(h->v[(size_t)i * D + 3], (float)(i * 10 * 100 + 3 + 5));
+        cr_expect_eq(((float *)h->v)[(size_t)i * D + 3], (float)(i * 10 * 100 + 3 + 5));
         cr_expect_eq(h->score[i], (float)(i * 10));
     }
     cr_expect_eq(c.evicted_rows, 180);
@@ -109,8 +110,8 @@ static void check_shift(const kvp_rope *rope)
             memcpy(want, raw + (size_t)(i * 10000 + old) * D, sizeof want);
             kvp_rope_rotate(rope, want, h->pos[r]);
             for (int d = 0; d < D; d++)
-                cr_assert(fabsf(h->k[(size_t)r * D + d] - want[d]) < 1e-4f,
-                          "head %d row %d dim %d: %f vs %f", i, r, d, h->k[(size_t)r * D + d], want[d]);
+                cr_assert(fabsf(((float *)h->k)[(size_t)r * D + d] - want[d]) < 1e-4f,
+                          "head %d row %d dim %d: %f vs %f", i, r, d, ((float *)h->k)[(size_t)r * D + d], want[d]);
             if (old < 4)
                 cr_assert_eq(h->pos[r], old, "sinks keep their positions");
             else if (old >= 500 - window)
@@ -222,6 +223,43 @@ Test(kvcache, init_rejects_bad_shapes)
     cr_expect_lt(kvp_cache_init(&c, 1, 1, 8, &(kvp_rope){.n_rot = 0, .base = 1e4f}), 0);
 }
 
+/* Rewrites a version-3 buffer of an f32 cache without rope factors as version 2 wrote
+ * it: no kv_type after the counters (offset 8 + 4 + 3*4 + 4 + 3*4 + 4 + 3*8). */
+static void to_version_2(unsigned char *buf, size_t *len)
+{
+    size_t at = 8 + 4 + 3 * 4 + 4 + 3 * 4 + 4 + 3 * 8;
+    uint32_t two = 2, type;
+    memcpy(&type, buf + at, 4);
+    cr_assert_eq(type, KVP_KV_F32);
+    memcpy(buf + 8, &two, 4);
+    memmove(buf + at, buf + at + 4, *len - at - 4);
+    *len -= 4;
+    uint64_t sum = kvp_fnv1a(KVP_FNV1A_INIT, buf, *len - 8);
+    memcpy(buf + *len - 8, &sum, 8);
+}
+
+Test(kvcache, deserialize_reads_version_2_as_f32_rows)
+{
+    kvp_cache c, d;
+    cr_assert_eq(kvp_cache_init(&c, L, H, D, &ROPE), 0);
+    append(&c, 13, NULL);
+    unsigned char *buf;
+    size_t len;
+    char err[128];
+    cr_assert_eq(kvp_cache_serialize(&c, (void **)&buf, &len), 0);
+    to_version_2(buf, &len);
+    cr_assert_eq(kvp_cache_deserialize(&d, buf, len, err, sizeof err), 0, "%s", err);
+    cr_expect_eq(d.kv_type, KVP_KV_F32);
+    for (int i = 0; i < L * H; i++) {
+        cr_assert_eq(d.heads[i].n, 13);
+        cr_expect_eq(memcmp(d.heads[i].k, c.heads[i].k, 13 * D * sizeof(float)), 0);
+        cr_expect_eq(memcmp(d.heads[i].v, c.heads[i].v, 13 * D * sizeof(float)), 0);
+    }
+    kvp_cache_free(&d);
+    free(buf);
+    kvp_cache_free(&c);
+}
+
 /* Snapshots written before the rope description (version 1) read as consecutive pairs
  * over the whole head, without factors. */
 Test(kvcache, deserialize_reads_version_1)
@@ -233,6 +271,7 @@ Test(kvcache, deserialize_reads_version_1)
     size_t len;
     char err[128];
     cr_assert_eq(kvp_cache_serialize(&c, (void **)&buf, &len), 0);
+    to_version_2(buf, &len);
     /* v2 = v1 + i32 n_rot, neox, n_factors after the base (offset 8 + 4 + 3 * 4 + 4) */
     size_t at = 8 + 4 + 3 * 4 + 4;
     uint32_t one = 1;
@@ -248,4 +287,170 @@ Test(kvcache, deserialize_reads_version_1)
     kvp_cache_free(&d);
     free(buf);
     kvp_cache_free(&c);
+}
+
+/* ---- stored row types ------------------------------------------------------------- */
+
+static const kvp_kv_type TYPES[] = {KVP_KV_F32, KVP_KV_F16, KVP_KV_Q8_0};
+
+/* worst error of a decoded row against x, relative to the row's largest |x| */
+static float row_error(kvp_kv_type t, const float *x, int n)
+{
+    unsigned char row[4 * 80 + 16];
+    float y[80], amax = 0.0f, worst = 0.0f;
+    kvp_kv_row_store(t, row, x, n);
+    kvp_kv_row_load(t, y, row, n);
+    for (int i = 0; i < n; i++) {
+        amax = fmaxf(amax, fabsf(x[i]));
+        worst = fmaxf(worst, fabsf(y[i] - x[i]));
+    }
+    return amax > 0.0f ? worst / amax : worst;
+}
+
+Test(kvrow, rows_round_trip_within_their_precision)
+{
+    float x[80];
+    for (int n = 1; n <= 80; n++) {
+        for (int i = 0; i < n; i++)
+            x[i] = sinf((float)(i * 3 + n)) * (i % 7 == 0 ? 40.0f : 1.0f);
+        cr_expect_eq(row_error(KVP_KV_F32, x, n), 0.0f);
+        cr_expect_leq(row_error(KVP_KV_F16, x, n), 1.0f / 1024, "f16 n=%d", n);
+        /* q8_0: half a step of max|x| / 127 per block, the f16 scale's rounding on top */
+        cr_expect_leq(row_error(KVP_KV_Q8_0, x, n), 0.5f / 127 * 1.01f, "q8_0 n=%d", n);
+    }
+    cr_expect_eq(kvp_kv_row_bytes(KVP_KV_Q8_0, 8), 8 + 2);
+    cr_expect_eq(kvp_kv_row_bytes(KVP_KV_Q8_0, 64), 64 + 4);
+    cr_expect_eq(kvp_kv_row_bytes(KVP_KV_Q8_0, 80), 80 + 6);
+    cr_expect_eq(kvp_kv_row_bytes(KVP_KV_F16, 64), 128);
+    /* a zero block stays zero (no division by a zero scale) */
+    float z[40] = {0}, back[40];
+    unsigned char row[64];
+    z[35] = 1.0f;
+    kvp_kv_row_store(KVP_KV_Q8_0, row, z, 40);
+    kvp_kv_row_load(KVP_KV_Q8_0, back, row, 40);
+    for (int i = 0; i < 32; i++)
+        cr_expect_eq(back[i], 0.0f, "element %d: %f", i, back[i]);
+    cr_expect(fabsf(back[35] - 1.0f) < 1e-3f);
+}
+
+Test(kvrow, kernels_equal_decode_then_f32)
+{
+    unsigned char row[4 * 72];
+    float x[72], q[72], y[72], dec[72];
+    for (int n = 1; n <= 72; n++)
+        for (unsigned t = 0; t < 3; t++) {
+            for (int i = 0; i < n; i++) {
+                x[i] = cosf((float)(i * 5 + n + (int)t));
+                q[i] = sinf((float)(i + 2 * n));
+                y[i] = 0.5f;
+            }
+            kvp_kv_row_store(TYPES[t], row, x, n);
+            kvp_kv_row_load(TYPES[t], dec, row, n);
+            double want = 0.0;
+            for (int i = 0; i < n; i++)
+                want += (double)dec[i] * q[i];
+            cr_expect(fabs(kvp_kv_row_dot(TYPES[t], row, q, n) - want) < 1e-5 * (1 + fabs(want)),
+                      "%s n=%d", kvp_kv_type_name(TYPES[t]), n);
+            kvp_kv_row_axpy(TYPES[t], y, -2.0f, row, n);
+            for (int i = 0; i < n; i++)
+                cr_expect(fabsf(y[i] - (0.5f - 2.0f * dec[i])) < 1e-6f);
+        }
+}
+
+Test(kvrow, type_names_parse_and_refuse_others)
+{
+    for (unsigned t = 0; t < 3; t++)
+        cr_expect_eq(kvp_kv_type_parse(kvp_kv_type_name(TYPES[t])), (int)TYPES[t]);
+    const char *bad[] = {"", "F32", "q8", "q4_0", "f32 ", "bf16", NULL};
+    for (int i = 0; bad[i]; i++)
+        cr_expect_eq(kvp_kv_type_parse(bad[i]), -1, "'%s' accepted", bad[i]);
+    cr_expect_eq(kvp_kv_type_parse(NULL), -1);
+}
+
+/* Every type: bytes count the stored rows, keep and shift work on them, a snapshot reads
+ * back byte for byte and as its own type, and converting re-encodes (never misreads). */
+Test(kvcache, every_kv_type_counts_keeps_shifts_and_round_trips)
+{
+    for (unsigned t = 0; t < 3; t++) {
+        kvp_cache f, c, d;
+        cr_assert_eq(kvp_cache_init(&f, L, H, D, &ROPE), 0);
+        cr_assert_eq(kvp_cache_init(&c, L, H, D, &ROPE), 0);
+        append(&f, 120, NULL);
+        append(&c, 120, NULL);
+        cr_assert_eq(kvp_cache_convert(&c, TYPES[t]), 0);
+        cr_expect_eq(c.kv_type, TYPES[t]);
+        size_t row = kvp_cache_row_cost(TYPES[t], D);
+        cr_expect_eq(row, 2 * kvp_kv_row_bytes(TYPES[t], D) + 4 + 8 + 4 + 4);
+        cr_expect_eq(kvp_cache_bytes(&c), kvp_cache_rows(&c) / 120 * c.heads[0].cap * row);
+        if (TYPES[t] == KVP_KV_Q8_0)
+            cr_expect_lt(kvp_cache_bytes(&c) * 2, kvp_cache_bytes(&f), "q8_0 rows under half of f32");
+        /* keep and shift on both; the typed cache stays the f32 one within its precision */
+        int keep[30];
+        for (int i = 0; i < 30; i++)
+            keep[i] = i * 4;
+        for (int i = 0; i < L * H; i++) {
+            kvp_cache_keep(&f, &f.heads[i], keep, 30);
+            kvp_cache_keep(&c, &c.heads[i], keep, 30);
+        }
+        f.next_pos = c.next_pos = 4000;
+        kvp_cache_shift(&f, 4, 1024);
+        kvp_cache_shift(&c, 4, 1024);
+        float tmp[D], tol = TYPES[t] == KVP_KV_F32 ? 0.0f : TYPES[t] == KVP_KV_F16 ? 2e-3f : 1.5e-2f;
+        for (int i = 0; i < L * H; i++) {
+            cr_assert_eq(c.heads[i].n, 30);
+            for (int r = 0; r < 30; r++) {
+                cr_expect_eq(c.heads[i].pos[r], f.heads[i].pos[r]);
+                const float *a = kvp_head_keys(&c.heads[i], D, r, 1, tmp);
+                const float *b = (const float *)f.heads[i].k + (size_t)r * D;
+                for (int j = 0; j < D; j++)
+                    cr_assert_leq(fabsf(a[j] - b[j]), tol, "%s head %d row %d", kvp_kv_type_name(TYPES[t]), i, r);
+            }
+        }
+        void *buf;
+        size_t len;
+        char err[128];
+        cr_assert_eq(kvp_cache_serialize(&c, &buf, &len), 0);
+        cr_assert_eq(kvp_cache_deserialize(&d, buf, len, err, sizeof err), 0, "%s", err);
+        cr_expect_eq(d.kv_type, TYPES[t]);
+        size_t rb = kvp_kv_row_bytes(TYPES[t], D);
+        for (int i = 0; i < L * H; i++) {
+            cr_assert_eq(d.heads[i].n, 30);
+            cr_expect_eq(d.heads[i].type, TYPES[t]);
+            cr_expect_eq(memcmp(d.heads[i].k, c.heads[i].k, 30 * rb), 0);
+            cr_expect_eq(memcmp(d.heads[i].v, c.heads[i].v, 30 * rb), 0);
+        }
+        /* loaded as another type: converted, every value within that type's precision */
+        for (unsigned u = 0; u < 3; u++) {
+            kvp_cache e;
+            cr_assert_eq(kvp_cache_deserialize(&e, buf, len, err, sizeof err), 0, "%s", err);
+            cr_assert_eq(kvp_cache_convert(&e, TYPES[u]), 0);
+            cr_expect_eq(kvp_cache_bytes(&e), kvp_cache_rows(&e) / 30 * e.heads[0].cap *
+                                                  kvp_cache_row_cost(TYPES[u], D));
+            float tu = TYPES[u] == KVP_KV_Q8_0 ? 1.5e-2f : TYPES[u] == KVP_KV_F16 ? 2e-3f : 0.0f;
+            for (int i = 0; i < L * H; i++)
+                for (int r = 0; r < 30; r++) {
+                    float x[D], y[D];
+                    kvp_kv_row_load(TYPES[t], x, (const unsigned char *)c.heads[i].v + r * rb, D);
+                    const float *got = kvp_head_values(&e.heads[i], D, r, 1, y);
+                    for (int j = 0; j < D; j++)
+                        cr_assert_leq(fabsf(got[j] - x[j]), tu * fmaxf(1.0f, fabsf(x[j])),
+                                      "%s -> %s", kvp_kv_type_name(TYPES[t]), kvp_kv_type_name(TYPES[u]));
+                }
+            kvp_cache_free(&e);
+        }
+        /* an unknown kv_type in the buffer is refused by name */
+        kvp_cache d2;
+        unsigned char *b = buf;
+        uint32_t bad = 7;
+        memcpy(b + 8 + 4 + 12 + 4 + 12 + 4 + 24, &bad, 4);
+        uint64_t sum = kvp_fnv1a(KVP_FNV1A_INIT, b, len - 8);
+        memcpy(b + len - 8, &sum, 8);
+        cr_expect_lt(kvp_cache_deserialize(&d2, buf, len, err, sizeof err), 0);
+        cr_expect(strstr(err, "kv_type"), "%s", err);
+        cr_expect_eq(kvp_cache_convert(&c, (kvp_kv_type)3), -EINVAL);
+        free(buf);
+        kvp_cache_free(&d);
+        kvp_cache_free(&c);
+        kvp_cache_free(&f);
+    }
 }

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "config/config.h"
+#include "policy/policy.h"
 
 static const char *write_tmp(const char *text)
 {
@@ -27,6 +28,8 @@ Test(config, defaults)
     cr_assert(strstr(c.model, "models/stories260K.bin"));
     cr_assert_eq(c.reuse_cache, 1);
     cr_assert_eq(c.admin_token[0], '\0');
+    cr_assert_eq(c.kv_type, KVP_KV_F16);     /* quality per byte: docs/quality-per-byte.md */
+    cr_assert_eq(c.budget_mode, KVP_BUDGET_PER_HEAD);
 }
 
 Test(config, flags_override_file_override_defaults)
@@ -81,6 +84,22 @@ Test(config, rejects_bad_values_with_a_reason)
     cr_assert_lt(kvpd_config_set(&c, "listen", "8080", err, sizeof err), 0);
     cr_assert_lt(kvpd_config_set(&c, "listen", "127.0.0.1:70000", err, sizeof err), 0);
     cr_assert_lt(kvpd_config_set(&c, "seed", "-3", err, sizeof err), 0);
+    const char *bad_kv[] = {"", "q4_0", "Q8_0", "f32 ", "1", "q8_0\n"};
+    for (size_t i = 0; i < sizeof bad_kv / sizeof bad_kv[0]; i++) {
+        cr_assert_lt(kvpd_config_set(&c, "kv_type", bad_kv[i], err, sizeof err), 0, "'%s'", bad_kv[i]);
+        cr_assert(strstr(err, "kv_type: expected one of f32 f16 q8_0"), "%s", err);
+    }
+    cr_assert_eq(c.kv_type, KVP_KV_F16, "a refused value left the key alone");
+    cr_assert_eq(kvpd_config_set(&c, "kv_type", "q8_0", err, sizeof err), 0);
+    cr_assert_eq(c.kv_type, KVP_KV_Q8_0);
+    const char *bad_mode[] = {"", "Global", "per-head", "0", "global "};
+    for (size_t i = 0; i < sizeof bad_mode / sizeof bad_mode[0]; i++) {
+        cr_assert_lt(kvpd_config_set(&c, "budget_mode", bad_mode[i], err, sizeof err), 0, "'%s'", bad_mode[i]);
+        cr_assert(strstr(err, "budget_mode: expected per_head or global"), "%s", err);
+    }
+    cr_assert_eq(c.budget_mode, 0);
+    cr_assert_eq(kvpd_config_set(&c, "budget_mode", "global", err, sizeof err), 0);
+    cr_assert_eq(c.budget_mode, 1);
     cr_assert_lt(kvpd_config_set(&c, "nope", "1", err, sizeof err), 0);
     cr_assert(strstr(err, "unknown key"));
     cr_assert_eq(kvpd_config_set(&c, "listen", "[::1]:81", err, sizeof err), 0);

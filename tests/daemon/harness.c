@@ -457,10 +457,17 @@ int h_request(int port, const char *method, const char *path, const char *extra_
                      "Content-Type: application/json\r\nContent-Length: %zu\r\n%s"
                      "Connection: close\r\n\r\n", method, path, blen,
                      extra_headers ? extra_headers : "");
-    if (send(fd, head, (size_t)n, MSG_NOSIGNAL) != n ||
-        send(fd, body, blen, MSG_NOSIGNAL) != (ssize_t)blen) {
-        close(fd);
-        return -1;
+    /* A send cut short is not an error: the server may answer (413) and close before it
+     * has read an oversized body, and that answer is still readable. */
+    if (send(fd, head, (size_t)n, MSG_NOSIGNAL) == n) {
+        for (size_t sent = 0; sent < blen;) {
+            ssize_t w = send(fd, body + sent, blen - sent, MSG_NOSIGNAL);
+            if (w < 0 && errno == EINTR)
+                continue;
+            if (w <= 0)
+                break;
+            sent += (size_t)w;
+        }
     }
     size_t cap = 1 << 16, got = 0;
     char *buf = malloc(cap);

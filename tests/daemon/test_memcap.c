@@ -45,13 +45,17 @@ static double metric(const kvpd_proc *d, const char *name)
     return v;
 }
 
-/* The bytes one turn reserves, from a daemon with no cap. */
-static json_int_t turn_bytes(void)
+/* The bytes one turn reserves, from a daemon with no cap storing rows as kv_type. */
+static json_int_t turn_bytes(const char *kv_type, const char *mode)
 {
     kvpd_proc d;
-    cr_assert_eq(kvpd_start(&d, NULL), 0);
+    char args[128];
+    snprintf(args, sizeof args, "--kv-type %s --budget-mode %s", kv_type, mode);
+    cr_assert_eq(kvpd_start(&d, args), 0);
     json_t *st = h_stats(&d);
     cr_assert(st);
+    cr_assert_str_eq(str_of(st, "kv_type"), kv_type);
+    cr_assert_str_eq(str_of(st, "budget_mode"), mode);
     json_int_t r = int_at(st, "memory", "turn_reserve_bytes");
     json_decref(st);
     cr_assert_eq(kvpd_stop(&d, 10000), 0);
@@ -78,13 +82,15 @@ static void check_cap(const kvpd_proc *d, json_int_t cap)
     json_decref(st);
 }
 
-Test(memcap, fifty_sessions_under_a_cap_of_ten)
+/* Fifty sessions under a cap of ten turns' reservations, cache rows stored as kv_type,
+ * budgets per head or global. */
+static void fifty_sessions_under_a_cap_of_ten(const char *kv_type, const char *mode)
 {
-    json_int_t per_turn = turn_bytes();
+    json_int_t per_turn = turn_bytes(kv_type, mode);
     json_int_t cap = 10 * per_turn;
     char args[512];
-    snprintf(args, sizeof args, "--state-dir %s --max-cache-bytes %lld --max-sessions 100",
-             g_dir, (long long)cap);
+    snprintf(args, sizeof args, "--state-dir %s --max-cache-bytes %lld --max-sessions 100 "
+             "--kv-type %s --budget-mode %s", g_dir, (long long)cap, kv_type, mode);
     kvpd_proc d;
     cr_assert_eq(kvpd_start(&d, args), 0, "log %s", d.log);
 
@@ -154,6 +160,24 @@ Test(memcap, fifty_sessions_under_a_cap_of_ten)
     for (int i = 0; i < SESSIONS; i++)
         ws_close(&c[i]);
     cr_assert_eq(kvpd_stop(&d, 10000), 0);
+}
+
+Test(memcap, fifty_sessions_under_a_cap_of_ten) { fifty_sessions_under_a_cap_of_ten("f32", "per_head"); }
+Test(memcap, fifty_sessions_under_a_cap_of_ten_f16) { fifty_sessions_under_a_cap_of_ten("f16", "per_head"); }
+Test(memcap, fifty_sessions_under_a_cap_of_ten_q8_0) { fifty_sessions_under_a_cap_of_ten("q8_0", "per_head"); }
+Test(memcap, fifty_sessions_under_a_cap_of_ten_global) { fifty_sessions_under_a_cap_of_ten("f32", "global"); }
+Test(memcap, fifty_sessions_under_a_cap_of_ten_global_q8_0) { fifty_sessions_under_a_cap_of_ten("q8_0", "global"); }
+
+/* A turn's reservation counts the stored rows' real bytes. */
+Test(memcap, reservation_follows_the_row_type)
+{
+    json_int_t f32 = turn_bytes("f32", "per_head"), f16 = turn_bytes("f16", "per_head"),
+               q8 = turn_bytes("q8_0", "per_head");
+    /* a global budget shares the same rows: the same reservation */
+    cr_expect_eq(turn_bytes("q8_0", "global"), q8);
+    /* stories260K: head_dim 8, per row 2 x (32 | 16 | 10) bytes + 20 of bookkeeping */
+    cr_expect_eq(f32 * 52, f16 * 84, "f32 %lld f16 %lld", (long long)f32, (long long)f16);
+    cr_expect_eq(f32 * 40, q8 * 84, "f32 %lld q8_0 %lld", (long long)f32, (long long)q8);
 }
 
 Test(memcap, max_sessions_counts_resident_sessions_only)

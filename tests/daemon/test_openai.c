@@ -86,26 +86,17 @@ typedef struct answer {
 static answer request(const kvpd_proc *p, const char *method, const char *path,
                       const char *headers, const char *body)
 {
-    int fd = dial(p);
-    send_request(fd, method, path, headers, body, strlen(body));
     answer a = {0};
-    a.raw = read_all(fd, 30000, NULL);
-    close(fd);
-    sscanf(a.raw, "HTTP/1.1 %d", &a.status);
-    char *b = strstr(a.raw, "\r\n\r\n");
-    a.body = b ? b + 4 : a.raw + strlen(a.raw);
+    const char *b;
+    a.status = h_request(p->port, method, path, headers, body, &a.raw, &b);
+    cr_assert(a.raw, "%s %s: cannot connect", method, path);
+    a.body = (char *)b;
     return a;
 }
 
-/* The value of a response header (lowercase name with the colon), copied, or "". */
 static const char *header(const answer *a, const char *name)
 {
-    static char v[256];
-    v[0] = '\0';
-    const char *h = strcasestr(a->raw, name);
-    if (h && h < a->body)
-        sscanf(h + strlen(name), " %255[^\r\n]", v);
-    return v;
+    return h_header(a->raw, name);
 }
 
 /* The error's param and code, checked against the status and OpenAI's shape. */

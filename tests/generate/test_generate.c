@@ -60,7 +60,7 @@ static void run_open(run *r, const char *policy, int budget, int chunk)
     cr_assert_eq(kvp_runstate_init(&r->s, &model.cfg, 64), 0);
     cr_assert_eq(kvp_cache_init(&r->c, model.cfg.n_layers, model.cfg.n_kv_heads,
                                 model.cfg.head_dim, &model.cfg.rope), 0);
-    r->e = (kvp_evict_cfg){r->policy, budget, chunk};
+    r->e = (kvp_evict_cfg){.policy = r->policy, .budget = budget, .chunk = chunk};
 }
 
 static void run_close(run *r)

@@ -199,7 +199,7 @@ static void check_shift(const char *name)
             kvp_cache_reset(&one);
             one.next_pos = h->pos[r];
             cr_assert_eq(kvp_forward(&m, &s, &one, &toks[h->seq[r]], 1, NULL), 0);
-            const float *want = kvp_cache_head(&one, 0, kvh)->k, *got = h->k + (size_t)r * hd;
+            const float *want = kvp_cache_head(&one, 0, kvh)->k, *got = (float *)h->k + (size_t)r * hd;
             float top = 0.0f, diff = 0.0f;
             for (int j = 0; j < hd; j++) {
                 top = fmaxf(top, fabsf(want[j]));

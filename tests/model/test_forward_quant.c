@@ -113,3 +113,129 @@ static void check(const char *name, uint32_t matrix_type)
 Test(forward_quant, llama_q8_0) { check("llama-q8_0", KVP_GGML_Q8_0); }
 Test(forward_quant, llama_q6_K) { check("llama-q6_K", KVP_GGML_Q6_K); }
 Test(forward_quant, qwen2_q4_K) { check("qwen2-q4_K", KVP_GGML_Q4_K); }
+
+/* ---- KV cache rows stored as f16 / q8_0 ------------------------------------------- */
+
+/* logits of tokens[0..n) run in blocks of `block` on a cache storing rows as `type` */
+static float *run_kv(const kvp_model *m, const int *tokens, int n, int block, kvp_kv_type type)
+{
+    int V = m->cfg.vocab_size;
+    float *out = malloc((size_t)n * V * sizeof *out);
+    kvp_runstate s;
+    kvp_cache c;
+    cr_assert_eq(kvp_runstate_init(&s, &m->cfg, block), 0);
+    cr_assert_eq(kvp_cache_init(&c, m->cfg.n_layers, m->cfg.n_kv_heads, m->cfg.head_dim,
+                                &m->cfg.rope), 0);
+    cr_assert_eq(kvp_cache_convert(&c, type), 0);
+    for (int t = 0; t < n; t += block) {
+        int b = n - t < block ? n - t : block;
+        cr_assert_eq(kvp_forward(m, &s, &c, tokens + t, b, out + (size_t)t * V), 0);
+    }
+    cr_assert_eq(c.kv_type, type);
+    kvp_cache_free(&c);
+    kvp_runstate_free(&s);
+    return out;
+}
+
+/* KL(softmax(p) || softmax(q)) in nats */
+static double kl_logits(const float *p, const float *q, int V)
+{
+    double mp = p[0], mq = q[0], zp = 0, zq = 0, kl = 0;
+    for (int i = 1; i < V; i++) {
+        mp = fmax(mp, p[i]);
+        mq = fmax(mq, q[i]);
+    }
+    for (int i = 0; i < V; i++) {
+        zp += exp(p[i] - mp);
+        zq += exp(q[i] - mq);
+    }
+    for (int i = 0; i < V; i++) {
+        double lp = p[i] - mp - log(zp), lq = q[i] - mq - log(zq);
+        kl += exp(lp) * (lp - lq);
+    }
+    return kl;
+}
+
+/* Attention reads f16 and q8_0 rows as stored (SIMD and scalar kernels): the logits stay
+ * within the rows' rounding of the f32 cache's, and a prefill block equals one token at a
+ * time on the same row type (the block's causal mask is applied on the stored rows). */
+Test(forward_quant, kv_rows_f16_and_q8_0_stay_close_to_f32)
+{
+    const char *models[][2] = {{"models/stories260K.bin", "models/tok512.bin"},
+                               {"fixtures/arch/llama-plain.gguf", NULL},
+                               {"fixtures/arch/qwen2-bias-tied.gguf", NULL}};
+    for (int mi = 0; mi < 3; mi++) {
+        kvp_model m;
+        char err[512];
+        cr_assert_eq(kvp_model_load(&m, tu_shared(models[mi][0]),
+                                    models[mi][1] ? tu_shared(models[mi][1]) : NULL, err, sizeof err),
+                     0, "%s", err);
+        int V = m.cfg.vocab_size, n = m.cfg.seq_len < 160 ? m.cfg.seq_len : 160;
+        int *tokens = malloc((size_t)n * sizeof *tokens);
+        uint64_t x = 88172645463325252ull;
+        for (int t = 0; t < n; t++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            tokens[t] = t == 0 ? 1 : (int)(x % (uint64_t)V);
+        }
+        float *ref = run_kv(&m, tokens, n, 32, KVP_KV_F32);
+        double worst[3] = {0}, mean[3] = {0};
+        for (int ti = 1; ti < 3; ti++) {
+            float *got = run_kv(&m, tokens, n, 32, (kvp_kv_type)ti);
+            float *one = run_kv(&m, tokens, n, 1, (kvp_kv_type)ti);
+            for (int t = 0; t < n; t++) {
+                double kl = kl_logits(ref + (size_t)t * V, got + (size_t)t * V, V);
+                worst[ti] = fmax(worst[ti], kl);
+                mean[ti] += kl / n;
+            }
+            /* the weights' prefill and decode paths differ by ~1e-6, which can move a
+             * value across a rounding boundary of the stored row: compare distributions */
+            double d = 0;
+            for (int t = 0; t < n; t++)
+                d = fmax(d, kl_logits(one + (size_t)t * V, got + (size_t)t * V, V));
+            cr_expect_leq(d, 1e-3, "%s %s: block vs one at a time, KL %g", models[mi][0],
+                          kvp_kv_type_name((kvp_kv_type)ti), d);
+            free(got);
+            free(one);
+        }
+        /* f16 rows: ~1e-3 relative rounding; q8_0: ~1/254 of each block's largest value.
+         * Measured (random tokens): stories260K (head_dim 8: a block is a whole row)
+         * q8_0 mean 2.8e-3, worst 3.2e-2; the fixtures (wider heads) 1e-5 or less. */
+        cr_expect_leq(mean[KVP_KV_F16], 1e-5, "%s: f16 mean KL %g", models[mi][0], mean[1]);
+        cr_expect_leq(worst[KVP_KV_F16], 1e-4, "%s: f16 worst KL %g", models[mi][0], worst[1]);
+        cr_expect_leq(mean[KVP_KV_Q8_0], 5e-3, "%s: q8_0 mean KL %g", models[mi][0], mean[2]);
+        cr_expect_leq(worst[KVP_KV_Q8_0], 5e-2, "%s: q8_0 worst KL %g", models[mi][0], worst[2]);
+        cr_expect_gt(mean[KVP_KV_Q8_0], 0.0, "q8_0 rows changed nothing: not stored as q8_0?");
+        fprintf(stderr, "%s: KL vs f32 rows: f16 mean %.2g worst %.2g; q8_0 mean %.2g worst %.2g\n",
+                models[mi][0], mean[1], worst[1], mean[2], worst[2]);
+        free(ref);
+        free(tokens);
+        kvp_model_free(&m);
+    }
+}
+
+/* The dispatched kernels (SIMD when the CPU has it) equal the portable ones. */
+Test(forward_quant, kv_row_kernels_equal_the_portable_ones)
+{
+    unsigned char row[4 * 136];
+    float x[136], q[136], y1[136], y2[136];
+    const int ns[] = {8, 16, 24, 32, 40, 64, 72, 128, 136, 7, 9, 33};
+    for (int ni = 0; ni < (int)(sizeof ns / sizeof ns[0]); ni++)
+        for (int t = 0; t < 3; t++) {
+            int n = ns[ni];
+            for (int i = 0; i < n; i++) {
+                x[i] = sinf((float)(i * 7 + n + t)) * (i % 5 ? 1.0f : 9.0f);
+                q[i] = cosf((float)(i * 3 - n));
+                y1[i] = y2[i] = (float)i * 0.1f;
+            }
+            kvp_kv_row_store((kvp_kv_type)t, row, x, n);
+            float a = kvp_kv_dot((kvp_kv_type)t, row, q, n);
+            float b = kvp_kv_row_dot((kvp_kv_type)t, row, q, n);
+            cr_expect(fabsf(a - b) <= 1e-5f * (1.0f + fabsf(b)), "%s n=%d: %g vs %g (%s)",
+                      kvp_kv_type_name((kvp_kv_type)t), n, a, b, kvp_matmul_simd());
+            kvp_kv_axpy((kvp_kv_type)t, y1, 0.37f, row, n);
+            kvp_kv_row_axpy((kvp_kv_type)t, y2, 0.37f, row, n);
+            for (int i = 0; i < n; i++)
+                cr_expect(fabsf(y1[i] - y2[i]) <= 1e-6f * (1.0f + fabsf(y2[i])), "%s n=%d axpy[%d]",
+                          kvp_kv_type_name((kvp_kv_type)t), n, i);
+        }
+}

@@ -368,7 +368,7 @@ Test(eval, streaming_kl_equals_a_brute_force_computation)
     cr_assert_eq(kvp_cache_init(&c, model.cfg.n_layers, model.cfg.n_kv_heads, model.cfg.head_dim,
                                 &model.cfg.rope), 0);
     p = make("streaming", 1);
-    kvp_evict_cfg e = {p, opts.budgets[0], opts.chunk};
+    kvp_evict_cfg e = {.policy = p, .budget = opts.budgets[0], .chunk = opts.chunk};
     for (int off = 0; off < LEN2; off += opts.chunk) {
         int n = LEN2 - off < opts.chunk ? LEN2 - off : opts.chunk;
         kvp_policy_attach(&rs.hooks, p);
@@ -523,6 +523,12 @@ Test(eval, cli_rejects_bad_input_with_a_message)
         {"--out /tmp/x --budgets 500", 2, "exceeds the model's context"},
         {"--out /tmp/x --seqs 0", 2, "bad value '0' for --seqs"},
         {"--out /tmp/x --cut 600", 2, "must be below --seq-len"},
+        {"--out /tmp/x --kv-type q4_0", 2, "bad value 'q4_0' for --kv-type"},
+        {"--out /tmp/x --kv-type ''", 2, "bad value '' for --kv-type"},
+        {"--out /tmp/x --kv-type F16", 2, "bad value 'F16' for --kv-type"},
+        {"--out /tmp/x --budget-mode Global", 2, "bad value 'Global' for --budget-mode"},
+        {"--out /tmp/x --budget-mode ''", 2, "bad value '' for --budget-mode"},
+        {"--out /tmp/x --budget-mode per-head", 2, "bad value 'per-head' for --budget-mode"},
         {"", 2, "--out are required"},
         {"--out /tmp/x --text /nonexistent/text.txt", 1, "cannot read /nonexistent/text.txt"},
         {"--out /tmp/x --policies kvp --policy-file /nonexistent.kvp", 1, "/nonexistent.kvp"},

@@ -392,9 +392,9 @@ Test(trace, kvp_trace_stores_what_the_forward_pass_caches)
                 cr_assert_eq(h->n, L);
                 const uint16_t *tk = kvp_trace_k(&t, q, l, kvh), *tv = kvp_trace_v(&t, q, l, kvh);
                 for (int i = 0; i < L * hd; i++) {
-                    cr_assert_eq(tk[i], kvp_f32_to_f16(h->k[i]),
+                    cr_assert_eq(tk[i], kvp_f32_to_f16(((const float *)h->k)[i]),
                                  "seq %d layer %d head %d row %d: k differs", q, l, kvh, i / hd);
-                    cr_assert_eq(tv[i], kvp_f32_to_f16(h->v[i]),
+                    cr_assert_eq(tv[i], kvp_f32_to_f16(((const float *)h->v)[i]),
                                  "seq %d layer %d head %d row %d: v differs", q, l, kvh, i / hd);
                 }
             }

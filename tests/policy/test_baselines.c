@@ -148,8 +148,8 @@ static void sim_block(sim *s, int n)
                     mr->k[j] = s->offset[hi][j] + scale * (float)rng_normal(&s->in);
                     mr->v[j] = (float)rng_normal(&s->in);
                 }
-                memcpy(h->k + (size_t)r * D, mr->k, sizeof mr->k);
-                memcpy(h->v + (size_t)r * D, mr->v, sizeof mr->v);
+                memcpy((float *)h->k + (size_t)r * D, mr->k, sizeof mr->k);
+                memcpy((float *)h->v + (size_t)r * D, mr->v, sizeof mr->v);
                 h->pos[r] = s->c.next_pos + t;
                 h->seq[r] = mr->seq;
                 h->score[r] = 0.0f;
@@ -450,8 +450,8 @@ static void sim_evict(sim *s, int hi)
                          "%s seed %llu budget %d head %d: row %d holds seq %lld, want %lld",
                          s->name, (unsigned long long)s->seed, s->budget, x, r,
                          (long long)h->seq[r], (long long)mh->rows[i].seq);
-            cr_assert_eq(memcmp(h->k + (size_t)r * D, mh->rows[i].k, sizeof mh->rows[i].k), 0);
-            cr_assert_eq(memcmp(h->v + (size_t)r * D, mh->rows[i].v, sizeof mh->rows[i].v), 0);
+            cr_assert_eq(memcmp((float *)h->k + (size_t)r * D, mh->rows[i].k, sizeof mh->rows[i].k), 0);
+            cr_assert_eq(memcmp((float *)h->v + (size_t)r * D, mh->rows[i].v, sizeof mh->rows[i].v), 0);
             mh->rows[r++] = mh->rows[i];
         }
         mh->n = r;
@@ -574,12 +574,12 @@ static void snapkv_shift(kvp_rope rope)
     float q[N][2 * 16];
     for (int r = 0; r < N; r++) {
         for (int d = 0; d < 16; d++) {
-            h->k[r * 16 + d] = kvp_rand_f32(&rng) - 0.5f;
-            h->v[r * 16 + d] = kvp_rand_f32(&rng);
+            ((float *)h->k)[r * 16 + d] = kvp_rand_f32(&rng) - 0.5f;
+            ((float *)h->v)[r * 16 + d] = kvp_rand_f32(&rng);
             q[r][d] = kvp_rand_f32(&rng) - 0.5f;
             q[r][16 + d] = kvp_rand_f32(&rng) - 0.5f;
         }
-        kvp_rope_rotate(&cfg.rope, h->k + r * 16, P0 + r);
+        kvp_rope_rotate(&cfg.rope, (float *)h->k + r * 16, P0 + r);
         kvp_rope_rotate(&cfg.rope, q[r], P0 + r);
         kvp_rope_rotate(&cfg.rope, q[r] + 16, P0 + r);
         h->pos[r] = P0 + r;

@@ -38,8 +38,8 @@ static void add_rows(kvp_cache *c, kvp_head *h, int n)
     for (int i = h->n; i < h->n + n; i++) {
         int64_t s = c->n_seen + (i - h->n);
         for (int j = 0; j < c->head_dim; j++) {
-            h->k[(size_t)i * c->head_dim + j] = (float)s + 0.25f * (float)j;
-            h->v[(size_t)i * c->head_dim + j] = -(float)s - 0.25f * (float)j;
+            ((float *)h->k)[(size_t)i * c->head_dim + j] = (float)s + 0.25f * (float)j;
+            ((float *)h->v)[(size_t)i * c->head_dim + j] = -(float)s - 0.25f * (float)j;
         }
         h->pos[i] = (int32_t)s;
         h->seq[i] = s;
@@ -56,8 +56,8 @@ static void check_rows_intact(const kvp_cache *c, const kvp_head *h)
         cr_assert_eq(h->pos[i], (int32_t)s);
         cr_assert_eq(h->stat[i], (float)s * 0.5f);
         for (int j = 0; j < c->head_dim; j++) {
-            cr_assert_eq(h->k[(size_t)i * c->head_dim + j], (float)s + 0.25f * (float)j);
-            cr_assert_eq(h->v[(size_t)i * c->head_dim + j], -(float)s - 0.25f * (float)j);
+            cr_assert_eq(((float *)h->k)[(size_t)i * c->head_dim + j], (float)s + 0.25f * (float)j);
+            cr_assert_eq(((float *)h->v)[(size_t)i * c->head_dim + j], -(float)s - 0.25f * (float)j);
         }
     }
 }
@@ -402,4 +402,112 @@ Test(registry, seeds_give_distinct_rng_states)
     kvp_policy_destroy(a);
     kvp_policy_destroy(b);
     kvp_policy_destroy(z);
+}
+
+/* ---- global budgets ---------------------------------------------------------------- */
+
+/* Heads of many sizes and random scores (ties, NaN): after a global eviction the session
+ * holds exactly budget x heads rows (or all it had, when fewer and no head is over its
+ * cap); every head keeps its sinks, its recent window, at least its floor (or all its
+ * rows) and at most its cap; the rows kept are whole and in order; and no row left out
+ * outranks, by the calibrated score, a row kept beyond a head's floor. */
+Test(global_budget, the_total_is_exact_and_every_head_within_floor_and_cap)
+{
+    uint64_t s = 0x5eed;
+    for (int it = 0; it < 300; it++) {
+        kvp_cache c;
+        int layers = rng_int(&s, 1, 3), kvh = rng_int(&s, 1, 3), H = layers * kvh;
+        cr_assert_eq(kvp_cache_init(&c, layers, kvh, D, &ROPE), 0);
+        int budget = rng_int(&s, 20, 60), sizes[9], rows = 0;
+        for (int i = 0; i < H; i++) {
+            kvp_head *h = &c.heads[i];
+            add_rows(&c, h, sizes[i] = rng_int(&s, 0, 5 * budget));
+            rows += h->n;
+            int spread = rng_int(&s, 0, 3);
+            for (int r = 0; r < h->n; r++)
+                h->score[r] = rng_int(&s, 0, 40) == 0 ? NAN : (float)rng_int(&s, 0, 8 << spread) / 4.0f;
+        }
+        probe pr = { 0, -1 };
+        kvp_policy p = { .ops = &probe_ops, .n_sink = 4, .n_recent = 16, .impl = &pr };
+        int floor = kvp_policy_head_floor(&p, budget), cap = kvp_policy_head_cap(budget);
+        cr_assert_eq(floor, budget / 4 > 20 ? budget / 4 : 20);
+        int over_cap = 0;
+        for (int i = 0; i < H; i++)
+            over_cap |= sizes[i] > cap;
+        int dropped = kvp_policy_evict_global(&p, &c, budget);
+        cr_assert_geq(dropped, 0);
+        int after = (int)kvp_cache_rows(&c);
+        cr_assert_eq(after, rows - dropped);
+        if (rows > budget * H)
+            cr_assert_eq(after, budget * H, "it %d: %d rows kept, total %d", it, after, budget * H);
+        else if (!over_cap)
+            cr_assert_eq(dropped, 0);
+        else
+            cr_assert_leq(after, budget * H);
+        for (int i = 0; i < H; i++) {
+            const kvp_head *h = &c.heads[i];
+            int n0 = sizes[i];
+            cr_assert_leq(h->n, cap);
+            cr_assert_geq(h->n, n0 < floor ? n0 : floor, "it %d head %d: %d rows, floor %d", it, i, h->n, floor);
+            check_rows_intact(&c, h);
+            for (int r = 1; r < h->n; r++)
+                cr_assert_lt(h->seq[r - 1], h->seq[r]);
+            if (h->n == n0)
+                continue;
+            /* the sinks and the 16 newest */
+            for (int r = 0; r < 4; r++)
+                cr_assert_eq(h->seq[r], c.n_seen + r);
+            for (int r = 0; r < 16; r++)
+                cr_assert_eq(h->seq[h->n - 1 - r], c.n_seen + n0 - 1 - r);
+        }
+        kvp_cache_free(&c);
+    }
+}
+
+/* Calibration moves rows to the heads that need them: a head whose scores single out a
+ * few rows gives rows to a head whose scores are flat, and the total stays the budget's. */
+Test(global_budget, a_peaked_head_gives_rows_to_a_flat_one)
+{
+    kvp_cache c;
+    cr_assert_eq(kvp_cache_init(&c, 1, 2, D, &ROPE), 0);
+    kvp_head *peaked = &c.heads[0], *flat = &c.heads[1];
+    add_rows(&c, peaked, 300);
+    add_rows(&c, flat, 300);
+    for (int r = 0; r < 300; r++) {
+        peaked->score[r] = r % 50 == 7 ? 20.0f : 0.0f;   /* 6 rows stand out */
+        flat->score[r] = 0.01f * (float)(r % 3);
+    }
+    probe pr = { 0, -1 };
+    kvp_policy p = { .ops = &probe_ops, .n_sink = 4, .n_recent = 16, .impl = &pr };
+    cr_assert_eq(kvp_policy_evict_global(&p, &c, 64), 600 - 128);
+    cr_assert_eq(peaked->n + flat->n, 128);
+    cr_assert_eq(peaked->n, kvp_policy_head_floor(&p, 64) > 20 + 6 ? kvp_policy_head_floor(&p, 64) : 20 + 6,
+                 "peaked head kept %d", peaked->n);
+    cr_assert_gt(flat->n, 64, "flat head kept %d", flat->n);
+    /* the peaked head's standouts all stay */
+    int standouts = 0;
+    for (int r = 0; r < peaked->n; r++)
+        standouts += peaked->seq[r] % 50 == 7;
+    cr_assert_eq(standouts, 6);
+    /* a budget below the floor: per head, as kvp_policy_evict */
+    kvp_cache_free(&c);
+    cr_assert_eq(kvp_cache_init(&c, 1, 2, D, &ROPE), 0);
+    add_rows(&c, &c.heads[0], 50);
+    add_rows(&c, &c.heads[1], 50);
+    cr_assert_eq(kvp_policy_evict_global(&p, &c, 12), 76);
+    cr_assert_eq(c.heads[0].n, 12);
+    cr_assert_eq(c.heads[1].n, 12);
+    kvp_cache_free(&c);
+}
+
+Test(global_budget, mode_names_parse_and_refuse_others)
+{
+    cr_expect_eq(kvp_budget_mode_parse("per_head"), KVP_BUDGET_PER_HEAD);
+    cr_expect_eq(kvp_budget_mode_parse("global"), KVP_BUDGET_GLOBAL);
+    const char *bad[] = {"", "Global", "per-head", "perhead", "global ", "1", NULL};
+    for (int i = 0; bad[i]; i++)
+        cr_expect_eq(kvp_budget_mode_parse(bad[i]), -1, "'%s'", bad[i]);
+    cr_expect_eq(kvp_budget_mode_parse(NULL), -1);
+    cr_expect_str_eq(kvp_budget_mode_name(KVP_BUDGET_GLOBAL), "global");
+    cr_expect_str_eq(kvp_budget_mode_name(KVP_BUDGET_PER_HEAD), "per_head");
 }

@@ -118,8 +118,8 @@ static void make_cache(kvp_cache *c, int layers, int heads, int dim, int rows)
         cr_assert_eq(kvp_head_reserve(h, dim, n), 0);
         for (int r = 0; r < n; r++) {
             for (int d = 0; d < dim; d++) {
-                h->k[(size_t)r * dim + d] = (float)(i * 1000 + r * 10 + d) * 0.5f;
-                h->v[(size_t)r * dim + d] = (float)-(i * 1000 + r * 10 + d);
+                ((float *)h->k)[(size_t)r * dim + d] = (float)(i * 1000 + r * 10 + d) * 0.5f;
+                ((float *)h->v)[(size_t)r * dim + d] = (float)-(i * 1000 + r * 10 + d);
             }
             h->pos[r] = r;
             h->seq[r] = r * 2;

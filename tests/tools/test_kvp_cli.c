@@ -50,6 +50,16 @@ Test(kvp_cli, generate_arguments)
     expect(a, 2, "smaller than --sinks + --recent");
     snprintf(a, sizeof a, "generate --model %s --budget 64 --chunk 9999999", m);
     expect(a, 2, "--chunk");
+    static const char *const bad_mode[] = {"Global", "", "per-head", "1", "global,"};
+    for (size_t i = 0; i < sizeof bad_mode / sizeof bad_mode[0]; i++) {
+        snprintf(a, sizeof a, "generate --model %s --budget 64 --budget-mode '%s'", m, bad_mode[i]);
+        expect(a, 2, "--budget-mode");
+    }
+    static const char *const bad_kv[] = {"q4_0", "", "Q8_0", "f32x", "8"};
+    for (size_t i = 0; i < sizeof bad_kv / sizeof bad_kv[0]; i++) {
+        snprintf(a, sizeof a, "generate --model %s --kv-type '%s'", m, bad_kv[i]);
+        expect(a, 2, "--kv-type");
+    }
     snprintf(a, sizeof a, "generate --model %s extra", m);
     expect(a, 2, "unexpected argument");
     expect("generate --model /nonexistent.gguf", 1, "/nonexistent.gguf");
@@ -154,20 +164,75 @@ Test(kvp_cli, trace_arguments)
 
 /* Past the model's context with --ignore-eos: every step produces a token, the cache
  * stays at budget + chunk rows per head, and the context shift ran. */
+/* Global budgets past the context, every row type: the session keeps at most
+ * (budget + chunk) x heads rows, no head more than its cap (4 x budget) + chunk, and the
+ * heads' row counts differ (the budget is shared, not split evenly). */
+Test(kvp_cli, generate_with_global_budgets_keeps_the_session_bound)
+{
+    const char *types[] = {"f32", "q8_0"};
+    for (int t = 0; t < 2; t++) {
+        char a[1024], *out;
+        snprintf(a, sizeof a, "generate --model %s --steps 1200 --ignore-eos --seed 3 --policy kvp "
+                 "--policy-file %s/policy/weights/stories260K.kvp --budget 64 --budget-mode global "
+                 "--kv-type %s", tu_shared("models/stories260K.bin"), getenv("KVP_SOURCE"), types[t]);
+        cr_assert_eq(kvp(a, &out), 0, "%s", out);
+        const char *cache = strstr(out, "cache: ");
+        size_t bytes = 0, rows = 0;
+        cr_assert(cache && sscanf(cache, "cache: %zu bytes, %zu rows", &bytes, &rows) == 2, "%s", out);
+        cr_expect_leq(rows, (size_t)20 * (64 + 32), "%zu rows", rows);
+        cr_expect_geq(rows, (size_t)20 * 64, "%zu rows", rows);
+        /* per head rows/bytes: " L0[r/b r/b ...]" */
+        int lo = 1 << 30, hi = 0, heads = 0;
+        for (const char *q = strchr(cache, '['); q; q = strchr(q, '[')) {
+            q++;
+            for (;;) {
+                int r;
+                size_t b;
+                if (sscanf(q, "%d/%zu", &r, &b) != 2)
+                    break;
+                lo = r < lo ? r : lo;
+                hi = r > hi ? r : hi;
+                heads++;
+                q += strcspn(q, " ]");
+                if (*q != ' ')
+                    break;
+                q++;
+            }
+        }
+        cr_expect_eq(heads, 20, "%s", out);
+        cr_expect_leq(hi, 4 * 64 + 32, "a head above its cap + chunk: %d", hi);
+        cr_expect_geq(lo, 20, "a head below its sinks + recent window: %d", lo);
+        cr_expect_neq(lo, hi, "every head kept the same rows: the budget was not shared");
+        free(out);
+    }
+}
+
 Test(kvp_cli, generate_past_the_context)
 {
-    char a[1024], *out;
-    snprintf(a, sizeof a, "generate --model %s --steps 1200 --ignore-eos --seed 3 --policy streaming "
-             "--budget 64", tu_shared("models/stories260K.bin"));
-    cr_assert_eq(kvp(a, &out), 0, "%s", out);
-    cr_expect(strstr(out, "decode: 1200 tokens"), "%s", out);
-    const char *cache = strstr(out, "cache: ");
-    size_t bytes = 0, rows = 0;
-    cr_assert(cache && sscanf(cache, "cache: %zu bytes, %zu rows", &bytes, &rows) == 2, "%s", out);
-    cr_expect_leq(rows, (size_t)20 * (64 + 32), "20 heads of at most budget + chunk rows: %zu", rows);
-    cr_expect_gt(rows, (size_t)20 * 64 - 1);
-    cr_expect_null(strstr(out, " 0 shifts"), "%s", out);
-    free(out);
+    /* every row type: the budget bounds the rows; q8_0 rows take under half the bytes */
+    size_t f32_bytes = 0;
+    const char *types[] = {"f32", "f16", "q8_0"};
+    for (int t = 0; t < 3; t++) {
+        char a[1024], *out;
+        snprintf(a, sizeof a, "generate --model %s --steps 1200 --ignore-eos --seed 3 --policy streaming "
+                 "--budget 64 --kv-type %s", tu_shared("models/stories260K.bin"), types[t]);
+        cr_assert_eq(kvp(a, &out), 0, "%s", out);
+        cr_expect(strstr(out, "decode: 1200 tokens"), "%s", out);
+        const char *cache = strstr(out, "cache: ");
+        size_t bytes = 0, rows = 0;
+        char type[8] = "";
+        cr_assert(cache && sscanf(cache, "cache: %zu bytes, %zu rows of %7[a-z0-9_]", &bytes, &rows, type) == 3,
+                  "%s", out);
+        cr_expect_str_eq(type, types[t]);
+        cr_expect_leq(rows, (size_t)20 * (64 + 32), "20 heads of at most budget + chunk rows: %zu", rows);
+        cr_expect_gt(rows, (size_t)20 * 64 - 1);
+        cr_expect_null(strstr(out, " 0 shifts"), "%s", out);
+        if (t == 0)
+            f32_bytes = bytes;
+        else
+            cr_expect_lt(bytes * (t == 2 ? 2 : 1), f32_bytes, "%s: %zu bytes, f32 %zu", types[t], bytes, f32_bytes);
+        free(out);
+    }
 }
 
 Test(kvp_cli, logits_arguments)
@@ -333,4 +398,51 @@ Test(kvp_cli, policies_on_a_qwen3_shape_through_context_shifts, .timeout = 240)
     remove(model);
     remove(pol);
     rmdir(dir);
+}
+
+/* kvp plot: series measured at different x share one axis and each is one line. */
+Test(kvp_cli, plot_draws_series_at_their_own_x_and_refuses_bad_input)
+{
+    char a[1024], svg[64];
+    snprintf(svg, sizeof svg, "/tmp/kvp-plot-%d.svg", (int)getpid());
+    const char *text = "protocol,series,budget,bytes,kl\n"
+                       "oneshot,kvp f32,16,1000,0.5\noneshot,kvp f32,32,2000,0.25\n"
+                       "oneshot,kvp q8_0,16,480,0.52\noneshot,kvp q8_0,32,960,0.27\n"
+                       "streaming,kvp f32,16,1000,9\n";
+    const char *csv = tu_write_tmp(text, strlen(text));
+    snprintf(a, sizeof a, "plot --csv %s --protocol oneshot --out %s --title T", csv, svg);
+    expect(a, 0, "");
+    char *s = tu_slurp(svg, NULL);
+    cr_expect(strstr(s, "kvp f32") && strstr(s, "kvp q8_0"), "%s", s);
+    /* two lines of two points each, though no x is shared */
+    int lines = 0;
+    for (const char *q = s; (q = strstr(q, "<polyline points=\"")); q++) {
+        const char *end = strchr(q, '"' );
+        end = strchr(end + 1, '"');
+        int pts = 0;
+        for (const char *c = q; c < end; c++)
+            pts += *c == ',';
+        cr_expect_eq(pts, 2, "a line of %d points", pts);
+        lines++;
+    }
+    cr_expect_eq(lines, 2);
+    cr_expect_null(strstr(s, ">9<"), "the streaming point was plotted");
+    free(s);
+    unlink(svg);
+    expect("plot", 2, "--csv and --out are required");
+    snprintf(a, sizeof a, "plot --csv /nonexistent.csv --out %s", svg);
+    expect(a, 1, "cannot read /nonexistent.csv");
+    static const char *const bad[] = {
+        "h\noneshot,kvp,16,1000\n",                 /* a field short */
+        "h\noneshot,kvp,16,-5,0.1\n",               /* x <= 0 */
+        "h\noneshot,kvp,16,abc,0.1\n",              /* not a number */
+        "h\noneshot,kvp,16,1000,0.1,extra\n",       /* a field too many */
+        "h\n",                                      /* no points */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        const char *p = tu_write_tmp(bad[i], strlen(bad[i]));
+        snprintf(a, sizeof a, "plot --csv %s --out %s", p, svg);
+        expect(a, 1, i < 4 ? ":2: expected" : "no points");
+    }
+    cr_expect_neq(access(svg, F_OK), 0, "a refused plot wrote its file");
 }
