@@ -51,6 +51,8 @@ static void select_kernels(void)
     if (avx512 && !(want && !strcmp(want, "avx2"))) {
         kvp_kernels_avx512(&kernels);
         simd_name = "avx512";
+        if (__builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("avx512bitalg"))
+            kvp_kernels_avx512vbmi(&kernels);
     }
 #else
     (void)want;
@@ -97,7 +99,9 @@ static size_t act_bytes(int n)
 {
     size_t pad = (size_t)kvp_group_pad(n, 32);  /* the larger of the two paddings */
     return (size_t)n + (size_t)(n / KVP_QK) * 2 * sizeof(float) +
-           (size_t)(n / 16) * (sizeof(int16_t) + sizeof(float)) + pad + 2 * pad / 16 * sizeof(float);
+           (size_t)(n / 16) * (sizeof(int16_t) + sizeof(float)) +
+           (size_t)KVP_X4_GROUPS(n) * (128 + 16 * (sizeof(int32_t) + sizeof(float))) + pad +
+           2 * pad / 16 * sizeof(float);
 }
 
 static void act_quantize(kvp_act *a, enum act_kind kind, const float *x, int n, void *scratch)
@@ -109,10 +113,15 @@ static void act_quantize(kvp_act *a, enum act_kind kind, const float *x, int n, 
     a->d = scratch;
     a->s = a->d + n / KVP_QK;
     a->s16 = a->s + n / KVP_QK;
-    a->bsums = (int16_t *)(a->s16 + n / 16);
+    a->dx = a->s16 + n / 16;
+    a->ox = (int32_t *)(a->dx + 16 * KVP_X4_GROUPS(n));
+    a->qx = (int8_t *)(a->ox + 16 * KVP_X4_GROUPS(n));
+    a->bsums = (int16_t *)(a->qx + 128 * KVP_X4_GROUPS(n));
     a->q = (int8_t *)(a->bsums + n / 16);
     if (kind == ACT_Q8) {
         kernels.quantize[0](x, n, a);
+        if (kernels.regroup32)
+            kernels.regroup32(a);
         return;
     }
     kernels.quantize[1](x, n, a);
@@ -352,8 +361,14 @@ static void dot_rows(const job *j, int r0, int r1)
         const kvp_weight *w = g->w;
         int a = r0 > g->row0 ? r0 - g->row0 : 0, b = r1 - g->row0 < w->rows ? r1 - g->row0 : w->rows;
         kvp_dot_fn dot = kernels.dot[w->type];
+        kvp_rows_fn rows = kernels.rows[w->type];
         for (int t = 0; t < j->T; t++) {
             float *y = g->y + (size_t)t * w->rows;
+            if (rows && b > a) {
+                rows((const uint8_t *)w->data + (size_t)a * w->row_bytes, w->row_bytes, b - a,
+                     &g->act[t], y + a, j->accumulate);
+                continue;
+            }
             for (int r = a; r < b; r++) {
                 float v = dot((const uint8_t *)w->data + (size_t)r * w->row_bytes, &g->act[t]);
                 y[r] = j->accumulate ? y[r] + v : v;

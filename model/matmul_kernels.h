@@ -20,6 +20,8 @@
 #include "model/matmul.h"
 #include "model/quant_blocks.h"
 
+#define KVP_X4_GROUPS(n) (((n) / 32 + 3) / 4)   /* groups of four blocks of 32 */
+
 typedef struct kvp_act {
     int n;              /* elements */
     const float *x;     /* [n] f32 activations */
@@ -28,6 +30,10 @@ typedef struct kvp_act {
     int16_t *bsums;     /* [n/16]: sums of q over each 16 (K formats) */
     float *s16;         /* [n/16]: d * bsums (K formats) */
     int8_t *q;          /* [n] */
+    /* blocks of 32 regrouped by fours for a set's regroup32 (matmul_avx512vbmi.c) */
+    int8_t *qx;         /* [128 * KVP_X4_GROUPS(n)] */
+    int32_t *ox;        /* [16 * KVP_X4_GROUPS(n)] */
+    float *dx;          /* [16 * KVP_X4_GROUPS(n)] */
     /* for the SIMD GEMM (prefill only), the same codes in the grouped layout below */
     int g;              /* sub-block size: kvp_gemm_group(weight type) */
     int8_t *qg;         /* [kvp_group_pad(n, g)] */
@@ -64,6 +70,9 @@ static inline void kvp_group_bytes(const uint8_t *src, int n, int g, uint8_t *ds
 }
 
 typedef float (*kvp_dot_fn)(const void *row, const kvp_act *a);
+/* y[r] (+)= row r . a for r < rows, the rows `stride` bytes apart (a run of a matrix) */
+typedef void (*kvp_rows_fn)(const uint8_t *w, size_t stride, int rows, const kvp_act *a, float *y,
+                            int accumulate);
 
 /* A packed weight row of n elements (n a multiple of 32), at most KVP_PACK_BYTES(n)
  * bytes. Each kernel set packs in its own layout and its gemm reads that layout. The
@@ -101,7 +110,9 @@ typedef void (*kvp_kv_axpy_fn)(kvp_kv_type t, float *y, float a, const void *row
 
 typedef struct kvp_kernel_set {
     kvp_quant_fn quantize[2];               /* blocks of 32, blocks of 256 */
+    void (*regroup32)(kvp_act *a);          /* after quantize[0]: qx, ox, dx (NULL: none) */
     kvp_dot_fn dot[KVP_N_WEIGHT_TYPES];
+    kvp_rows_fn rows[KVP_N_WEIGHT_TYPES];   /* NULL: dot row by row */
     kvp_pack_fn pack[KVP_N_WEIGHT_TYPES];   /* NULL: no int8 GEMM for the type */
     kvp_pack_fn scalar_pack[KVP_N_WEIGHT_TYPES];  /* the scalar set's (element order) */
     kvp_gemm_fn gemm[KVP_N_WEIGHT_TYPES];
@@ -115,5 +126,6 @@ typedef struct kvp_kernel_set {
 void kvp_kernels_scalar(kvp_kernel_set *k);
 void kvp_kernels_avx2(kvp_kernel_set *k);
 void kvp_kernels_avx512(kvp_kernel_set *k);
+void kvp_kernels_avx512vbmi(kvp_kernel_set *k);   /* Q4_0 Q4_1 Q5_0 Q5_1 decode */
 
 #endif

@@ -84,6 +84,51 @@ Test(matmul, decode_within_activation_quantization_error_of_ggml)
     kvp_gguf_close(&g);
 }
 
+/* The 32-element formats with any number of blocks a row (the AVX-512 VBMI kernels
+ * take groups of four blocks and a masked last group of one to three) and any number of
+ * rows (they take rows in pairs): the first `cols` elements of fixture rows, as a
+ * narrower matrix, within the activation-quantization bound of the exact product. */
+Test(matmul, block32_rows_of_any_width_and_count)
+{
+    kvp_gguf g;
+    char err[256];
+    cr_assert_eq(kvp_gguf_open(&g, tu_shared("fixtures/quant/quant-fixtures.gguf"), err, sizeof err),
+                 0, "%s", err);
+    const float *x = get(&g, "", "x")->data;
+    static const char *const narrow[] = {"q4_0", "q4_1", "q5_0", "q5_1"};
+    static const int widths[] = {32, 64, 96, 128, 160, 896, 928, 960, 992, 1024};
+    static const struct { int r0, rows; } runs[] = {{0, 64}, {1, 7}, {5, 1}, {2, 33}};
+    for (size_t k = 0; k < sizeof narrow / sizeof narrow[0]; k++) {
+        const kvp_gguf_tensor *wt = get(&g, narrow[k], "weight");
+        const float *deq = get(&g, narrow[k], "dequant")->data;
+        kvp_weight full = weight_of(wt);
+        for (size_t c = 0; c < sizeof widths / sizeof widths[0]; c++)
+            for (size_t u = 0; u < sizeof runs / sizeof runs[0]; u++) {
+                int cols = widths[c], r0 = runs[u].r0, rows = runs[u].rows;
+                kvp_weight w = {.type = full.type, .rows = rows, .cols = cols,
+                                .row_bytes = full.row_bytes,
+                                .data = (const uint8_t *)full.data + (size_t)r0 * full.row_bytes};
+                float y[64];
+                kvp_matmul(y, x, &w, 1, 0);
+                for (int r = 0; r < rows; r++) {
+                    const float *d = deq + (size_t)(r0 + r) * full.cols;
+                    double exact = 0, bound = 0, mag = 0;
+                    for (int i = 0; i < cols; i++) {
+                        exact += (double)d[i] * x[i];
+                        mag += fabs((double)d[i] * x[i]);
+                        bound += fabs((double)d[i]) * block_amax(x, i, KVP_QK) / 254.0;
+                    }
+                    bound += 1e-5 * mag;
+                    double e = fabs((double)y[r] - exact);
+                    cr_expect(e <= bound, "%s (%s) %d cols, rows %d+%d, row %d: %.7g vs %.7g, "
+                              "|error| %.3g > bound %.3g", narrow[k], kvp_matmul_simd(), cols, r0,
+                              rows, r, (double)y[r], exact, e, bound);
+                }
+            }
+    }
+    kvp_gguf_close(&g);
+}
+
 Test(matmul, prefill_tiles_match_f32_product)
 {
     kvp_matmul_force_prefill(KVP_PREFILL_SGEMM);
