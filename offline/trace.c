@@ -9,8 +9,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cblas.h>
+
 #include "base/checksum.h"
 #include "base/errors.h"
+#include "model/matmul.h"
 #include "model/quant.h"
 
 _Static_assert(sizeof(kvp_trace_header) == 144, "trace header is 144 bytes on disk");
@@ -175,6 +178,11 @@ const float *kvp_trace_importance(const kvp_trace *t, int seq, int layer, int kv
     return (const float *)end + cut_offset(&t->h, g);
 }
 
+size_t kvp_importance_work(int len)
+{
+    return (2 * (size_t)KVP_IMPORTANCE_BLOCK + 1) * (size_t)len;
+}
+
 void kvp_importance_cuts(const float *q, const float *k, int len, int n_heads,
                          int n_kv_heads, int head_dim, int kvh, int first, int stride,
                          int n_cuts, float *const *out, float *work)
@@ -182,40 +190,51 @@ void kvp_importance_cuts(const float *q, const float *k, int len, int n_heads,
     int hd = head_dim, group = n_heads / n_kv_heads, g = n_cuts - 1;
     int qd = n_heads * hd, kvd = n_kv_heads * hd;
     k += (size_t)kvh * hd;
-    float scale = 1.0f / sqrtf((float)hd), *att = work, *amax = work + len, *acc = work + 2 * len;
+    float scale = 1.0f / sqrtf((float)hd);
     for (; g >= 0 && first + g * stride >= len; g--)   /* no query comes after the cut */
         memset(out[g], 0, (size_t)(first + g * stride) * sizeof **out);
     int last = g >= 0 ? first + g * stride : 0;
+    /* scores [B][len] of one query head, the group's max [B][len], the running sum [len] */
+    float *att = work, *amax = work + (size_t)KVP_IMPORTANCE_BLOCK * len,
+          *acc = amax + (size_t)KVP_IMPORTANCE_BLOCK * len;
     memset(acc, 0, (size_t)last * sizeof *acc);
-    for (int tq = len - 1; tq >= first && g >= 0; tq--) {
-        int cols = tq + 1 < last ? tq + 1 : last;   /* rows past the largest cut: never ranked */
+    /* blocks of queries [t0, t1) from the last back to the first cut; a block's scores
+     * are one sgemm per query head of the group */
+    for (int t1 = len; t1 > first && g >= 0; t1 -= KVP_IMPORTANCE_BLOCK) {
+        int t0 = t1 - KVP_IMPORTANCE_BLOCK > first ? t1 - KVP_IMPORTANCE_BLOCK : first;
+        int nb = t1 - t0;
+        int cols = t1 < last ? t1 : last;   /* rows past the largest cut: never ranked */
         for (int gi = 0; gi < group; gi++) {
-            const float *qv = q + (size_t)tq * qd + (size_t)(kvh * group + gi) * hd;
-            float mx = -INFINITY, sum = 0.0f;
-            for (int j = 0; j <= tq; j++) {
-                const float *kv = k + (size_t)j * kvd;
-                float d = 0.0f;
-                for (int x = 0; x < hd; x++)
-                    d += qv[x] * kv[x];
-                att[j] = d * scale;
-                mx = att[j] > mx ? att[j] : mx;
-            }
-            for (int j = 0; j <= tq; j++)
-                sum += att[j] = expf(att[j] - mx);
-            float inv = 1.0f / sum;
-            /* the max over the group is taken per query, before summing over queries */
-            for (int i = 0; i < cols; i++) {
-                float a = att[i] * inv;
-                if (gi == 0 || a > amax[i])
-                    amax[i] = a;
+            /* att[b][j] = q[t0 + b] . k[j] * scale, j < t1 */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, t1, hd, scale,
+                        q + (size_t)t0 * qd + (size_t)(kvh * group + gi) * hd, qd, k, kvd,
+                        0.0f, att, t1);
+            for (int b = 0; b < nb; b++) {
+                float *a = att + (size_t)b * t1, *mxr = amax + (size_t)b * t1;
+                int seen = t0 + b + 1, n = seen < cols ? seen : cols;
+                float mx = -INFINITY, sum = 0.0f;
+                for (int j = 0; j < seen; j++)
+                    mx = a[j] > mx ? a[j] : mx;
+                for (int j = 0; j < seen; j++)
+                    sum += a[j] = expf(a[j] - mx);
+                float inv = 1.0f / sum;
+                /* the max over the group is taken per query, before summing over queries */
+                for (int i = 0; i < n; i++) {
+                    float p = a[i] * inv;
+                    mxr[i] = gi == 0 || p > mxr[i] ? p : mxr[i];
+                }
             }
         }
-        for (int i = 0; i < cols; i++)
-            acc[i] += amax[i];
-        int cut = first + g * stride;
-        if (tq == cut) {
-            memcpy(out[g], acc, (size_t)cut * sizeof *acc);
-            g--;
+        for (int tq = t1 - 1; tq >= t0 && g >= 0; tq--) {
+            const float *mxr = amax + (size_t)(tq - t0) * t1;
+            int n = tq + 1 < cols ? tq + 1 : cols;
+            for (int i = 0; i < n; i++)
+                acc[i] += mxr[i];
+            int cut = first + g * stride;
+            if (tq == cut) {
+                memcpy(out[g], acc, (size_t)cut * sizeof *acc);
+                g--;
+            }
         }
     }
 }
@@ -283,9 +302,11 @@ int kvp_trace_writer_open(kvp_trace_writer *w, const char *path, const kvp_trace
         return KVP_ERR(-EINVAL, "bad trace shape or cut grid (cut min %d, stride %d, tail %d)",
                        h->cut_min, h->cut_stride, h->cut_tail);
     int grid = kvp_trace_n_cuts(&w->h, h->seq_len);
-    w->imp = malloc((cut_offset(&w->h, grid) + 1) * sizeof *w->imp);
-    w->cuts = malloc(((size_t)grid + 1) * sizeof *w->cuts);
-    w->work = malloc(3 * (size_t)h->seq_len * sizeof *w->work);
+    size_t agents = (size_t)h->n_layers * h->n_kv_heads;
+    w->slots = kvp_matmul_threads();
+    w->imp = malloc((agents * cut_offset(&w->h, grid) + 1) * sizeof *w->imp);
+    w->cuts = malloc((agents * grid + 1) * sizeof *w->cuts);
+    w->work = malloc((size_t)w->slots * kvp_importance_work(h->seq_len) * sizeof *w->work);
     w->half = malloc((size_t)h->seq_len * h->head_dim * sizeof *w->half);
     if (!w->imp || !w->cuts || !w->work || !w->half) {
         kvp_trace_writer_abort(w);
@@ -317,6 +338,23 @@ static int write_half(kvp_trace_writer *w, const float *x, int len, int kvh)
     return wr(w, w->half, (size_t)len * hd * sizeof *w->half);
 }
 
+typedef struct importance_job {
+    kvp_trace_writer *w;
+    const float *const *q, *const *k;
+    int len, grid;
+} importance_job;
+
+/* Item a: agent a = layer * n_kv_heads + kvh into its own part of w->imp. */
+static void importance_item(void *ctx, int a, int slot)
+{
+    const importance_job *j = ctx;
+    const kvp_trace_header *h = &j->w->h;
+    int l = a / h->n_kv_heads, kvh = a % h->n_kv_heads;
+    kvp_importance_cuts(j->q[l], j->k[l], j->len, h->n_heads, h->n_kv_heads, h->head_dim,
+                        kvh, h->cut_min, h->cut_stride, j->grid, j->w->cuts + (size_t)a * j->grid,
+                        j->w->work + (size_t)slot * kvp_importance_work(h->seq_len));
+}
+
 int kvp_trace_writer_add(kvp_trace_writer *w, const int32_t *tokens, int len,
                          const float *const *q, const float *const *k, const float *const *v)
 {
@@ -324,18 +362,22 @@ int kvp_trace_writer_add(kvp_trace_writer *w, const int32_t *tokens, int len,
     if (len < 2 || len > h->seq_len)
         return -EINVAL;
     int32_t l32 = len, grid = kvp_trace_n_cuts(h, len);
+    int agents = h->n_layers * h->n_kv_heads;
+    size_t per_agent = cut_offset(h, grid);
     if (wr(w, &l32, 4) || wr(w, tokens, (size_t)len * 4))
         return -EIO;
-    for (int g = 0; g < grid; g++)
-        w->cuts[g] = w->imp + cut_offset(h, g);
-    for (int l = 0; l < h->n_layers; l++)
-        for (int kvh = 0; kvh < h->n_kv_heads; kvh++) {
-            kvp_importance_cuts(q[l], k[l], len, h->n_heads, h->n_kv_heads, h->head_dim, kvh,
-                                h->cut_min, h->cut_stride, grid, w->cuts, w->work);
-            if (write_half(w, k[l], len, kvh) || write_half(w, v[l], len, kvh) ||
-                wr(w, w->imp, cut_offset(h, grid) * sizeof *w->imp))
-                return -EIO;
-        }
+    for (int a = 0; a < agents; a++)
+        for (int g = 0; g < grid; g++)
+            w->cuts[(size_t)a * grid + g] = w->imp + (size_t)a * per_agent + cut_offset(h, g);
+    importance_job job = {w, q, k, len, grid};
+    kvp_matmul_parallel(agents, importance_item, &job,
+                        (size_t)agents * len * h->head_dim * sizeof(float), w->slots, 0);
+    for (int a = 0; a < agents; a++) {
+        int l = a / h->n_kv_heads, kvh = a % h->n_kv_heads;
+        if (write_half(w, k[l], len, kvh) || write_half(w, v[l], len, kvh) ||
+            wr(w, w->imp + (size_t)a * per_agent, per_agent * sizeof *w->imp))
+            return -EIO;
+    }
     w->h.n_seqs++;
     return 0;
 }

@@ -73,7 +73,10 @@ const float *kvp_trace_importance(const kvp_trace *t, int seq, int layer, int kv
  * softmax attention of query t on row i. q [len][n_heads * head_dim], k [len][n_kv_heads *
  * head_dim] (post-RoPE, as the forward pass taps them). One pass over the attention rows
  * from the last query back, so I(n) of each cut is the running sum when the pass reaches
- * row n. out[g] receives n_g floats; work holds 3 * len floats. */
+ * row n. out[g] receives n_g floats; work holds kvp_importance_work(len) floats. The
+ * scores of KVP_IMPORTANCE_BLOCK queries at a time are one sgemm per query head. */
+#define KVP_IMPORTANCE_BLOCK 64
+size_t kvp_importance_work(int len);
 void kvp_importance_cuts(const float *q, const float *k, int len, int n_heads,
                          int n_kv_heads, int head_dim, int kvh, int first, int stride,
                          int n_cuts, float *const *out, float *work);
@@ -91,7 +94,9 @@ long kvp_trace_tokenize(const kvp_tokenizer *tok, const char *text, size_t len, 
 typedef struct kvp_trace_writer {
     FILE *f;
     kvp_trace_header h;
-    float *imp, **cuts, *work;   /* one agent's importance at every cut, and scratch */
+    float *imp, **cuts;          /* every agent's importance at every cut */
+    float *work;                 /* scratch of kvp_importance_cuts, one per thread */
+    int slots;                   /* threads the importance runs on */
     uint16_t *half;              /* one agent's k or v in f16 */
     char path[1024], tmp[1040];
 } kvp_trace_writer;
@@ -100,7 +105,8 @@ int kvp_trace_writer_open(kvp_trace_writer *w, const char *path, const kvp_trace
                           char *err, size_t errlen);
 /* q [len][n_heads*head_dim], k and v [len][n_kv_heads*head_dim] per layer ([n_layers]
  * pointers each, f32, post-RoPE): the writer computes the importance at the header's cuts
- * and stores each agent's keys, values and importance. */
+ * (the agents on the matmul pool's threads) and stores each agent's keys, values and
+ * importance. */
 int kvp_trace_writer_add(kvp_trace_writer *w, const int32_t *tokens, int len,
                          const float *const *q, const float *const *k, const float *const *v);
 /* Writes the checksum, fsyncs and renames into place. n_train as given. */

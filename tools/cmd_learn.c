@@ -23,11 +23,22 @@
 #include "tools/cli.h"
 
 
+/* --budget-hours: the trace's share of the budget, the evaluation's (training gets the
+ * rest); the policies evaluated; an evaluated token with its logits, against a traced
+ * one (the vocabulary-wide output row and the KL over it); below this many sequences
+ * the evaluation drops to two budgets; and its fewest sequences. */
+#define TRACE_SHARE 0.40
+#define EVAL_SHARE 0.25
+#define N_POLICIES 8.0
+#define CONT_COST 1.4
+#define EVAL_FOUR_BUDGETS_MIN 32
+#define EVAL_SEQS_MIN 4
+
 typedef struct {
     const char *model, *tokenizer, *text, *conversations, *out, *work, *budgets;
     long seq_len, max_seqs, steps, threads, seed, eval_seqs;
     double budget_hours, trace_gb;
-    int max_seqs_given;
+    int max_seqs_given, eval_seqs_given;
 } learn_opts;
 
 static void usage(FILE *f)
@@ -46,19 +57,25 @@ static void usage(FILE *f)
         "                       %s/<model file stem>.kvp)\n"
         "  --work DIR           trace, checkpoints, evaluation and report (default\n"
         "                       /tmp/kvp-learn-<model file stem>)\n"
-        "  --budget-hours H     training stops at its first validation past what is left of\n"
-        "                       H hours after tracing (default: no limit)\n"
+        "  --budget-hours H     the whole run's wall time (default 1.5; 0: no limit): the\n"
+        "                       trace keeps to %.0f%% of it (as many sequences as its measured\n"
+        "                       time allows), the evaluation is sized from the trace's cost\n"
+        "                       per token to %.0f%% of it, training stops at its first\n"
+        "                       validation past what is left\n"
         "  --seq-len N          tokens per traced sequence (default 512, at most the context)\n"
         "  --max-seqs N         traced sequences, 80%% training (default 300, fewer when\n"
         "                       that many would not fit in --trace-gb)\n"
         "  --trace-gb G         the trace's disk budget when --max-seqs is not given\n"
         "                       (default 4): bounds disk and memory whatever the model\n"
         "  --steps N            training steps (default 3000)\n"
-        "  --eval-seqs N        evaluation sequences (default 64)\n"
-        "  --budgets LIST       evaluated budgets, rows per KV head (default 16,32,64,128)\n"
+        "  --eval-seqs N        evaluation sequences (default 64, fewer when --budget-hours\n"
+        "                       does not fit them)\n"
+        "  --budgets LIST       evaluated budgets, rows per KV head (default 16,32,64,128;\n"
+        "                       32,128 when fewer than %d sequences of four would fit)\n"
         "  --threads N          (default: the online CPUs)\n"
         "  --seed S             (default 1)\n",
-        KVP_SHARED_DIR, KVP_SHARED_DIR, KVP_DATA_DIR "/policy/weights");
+        KVP_SHARED_DIR, KVP_SHARED_DIR, KVP_DATA_DIR "/policy/weights",
+        100.0 * TRACE_SHARE, 100.0 * EVAL_SHARE, EVAL_FOUR_BUDGETS_MIN);
 }
 
 /* The model file's name without its directory and last extension (kvpd's rule). */
@@ -92,6 +109,17 @@ static double file_mb(const char *path)
 {
     struct stat st;
     return stat(path, &st) ? 0.0 : (double)st.st_size / 1e6;
+}
+
+/* Sequences in a finished trace (its header), or -1. */
+static long trace_seqs(const char *path)
+{
+    kvp_trace_header h;
+    FILE *f = fopen(path, "rb");
+    int ok = f && fread(&h, sizeof h, 1, f) == 1;
+    if (f)
+        fclose(f);
+    return ok ? h.n_seqs : -1;
 }
 
 static double mem_available_bytes(void)
@@ -153,12 +181,12 @@ static int parse(int argc, char **argv, learn_opts *o)
         case 'o': o->out = optarg; break;
         case 'w': o->work = optarg; break;
         case 'b': o->budgets = optarg; break;
-        case 'H': ok = kvp_parse_double(optarg, 0.001, 1e4, &o->budget_hours); break;
+        case 'H': ok = kvp_parse_double(optarg, 0.0, 1e4, &o->budget_hours); break;
         case 'n': ok = kvp_parse_long(optarg, 64, 1 << 20, &o->seq_len); break;
         case 'N': ok = kvp_parse_long(optarg, 2, 1 << 24, &o->max_seqs); o->max_seqs_given = 1; break;
         case 'G': ok = kvp_parse_double(optarg, 0.001, 1e6, &o->trace_gb); break;
         case 's': ok = kvp_parse_long(optarg, 1, 100000000, &o->steps); break;
-        case 'e': ok = kvp_parse_long(optarg, 1, 1 << 20, &o->eval_seqs); break;
+        case 'e': ok = kvp_parse_long(optarg, 1, 1 << 20, &o->eval_seqs); o->eval_seqs_given = 1; break;
         case 't': ok = kvp_parse_long(optarg, 1, 64, &o->threads); break;
         case 'r': ok = kvp_parse_long(optarg, 0, 0x7fffffffL, &o->seed); break;
         case 'h': usage(stdout); return 0;
@@ -184,7 +212,7 @@ static int parse(int argc, char **argv, learn_opts *o)
 int kvp_cmd_learn(int argc, char **argv)
 {
     learn_opts o = {.seq_len = 512, .max_seqs = 300, .trace_gb = 4.0, .steps = 3000, .seed = 1,
-                    .eval_seqs = 64, .budgets = "16,32,64,128",
+                    .eval_seqs = 64, .budget_hours = 1.5,
                     .threads = sysconf(_SC_NPROCESSORS_ONLN)};
     int rc = parse(argc, argv, &o);
     if (rc >= 0)
@@ -277,14 +305,16 @@ int kvp_cmd_learn(int argc, char **argv)
     }
 
     char s_seq[32], s_max[32], s_steps[32], s_threads[32], s_seed[32], s_eval[32], s_pmax[32];
-    char s_budget[32], trace_file[1100], init[1100], trained[1100], eval_dir[1100];
+    char s_budget[32], s_trace_budget[32], trace_file[1100], init[1100], trained[1100];
+    char eval_dir[1100], plan[1024] = "";
+    double budget = o.budget_hours * 3600.0;
     snprintf(s_seq, sizeof s_seq, "%ld", o.seq_len);
     snprintf(s_max, sizeof s_max, "%ld", o.max_seqs);
     snprintf(s_steps, sizeof s_steps, "%ld", o.steps);
     snprintf(s_threads, sizeof s_threads, "%ld", o.threads);
     snprintf(s_seed, sizeof s_seed, "%ld", o.seed);
-    snprintf(s_eval, sizeof s_eval, "%ld", o.eval_seqs);
     snprintf(s_pmax, sizeof s_pmax, "%ld", o.seq_len);
+    snprintf(s_trace_budget, sizeof s_trace_budget, "%.0f", budget * TRACE_SHARE);
     snprintf(trace_file, sizeof trace_file, "%s/trace.kvpt", work);
     snprintf(init, sizeof init, "%s/init.kvp", work);
     snprintf(trained, sizeof trained, "%s/trained.kvp", work);
@@ -295,11 +325,20 @@ int kvp_cmd_learn(int argc, char **argv)
                           {.name = "eval"}};
     double start = kvp_now();
 
+    /* the trace: as many of the sequences as fit in its share of the budget */
     char *trace_argv[] = {"trace", "--model", (char *)o.model, (char *)data_flag, data,
                           "--out", work, "--seq-len", s_seq, "--max-seqs", s_max,
-                          o.tokenizer ? "--tokenizer" : NULL, (char *)tok, NULL};
+                          "--tokenizer", (char *)tok,
+                          budget > 0 ? "--max-seconds" : NULL, s_trace_budget, NULL};
+    if (!o.tokenizer)   /* drop the tokenizer pair: the list goes on after it */
+        memmove(&trace_argv[11], &trace_argv[13], 3 * sizeof *trace_argv);
     if (run_stage(kvp_cmd_trace, trace_argv, &cost[0], 1, 4, trace_file))
         return 1;
+    long traced = trace_seqs(trace_file);
+    if (traced < 2) {
+        fprintf(stderr, "kvp learn: cannot read the trace's header %s\n", trace_file);
+        return 1;
+    }
     /* The agents' sizes of the shipped policy (docs/training.md); positions up to the
      * traced length. */
     char *init_argv[] = {"policy-init", "--model", (char *)o.model, "--out", init, "--seed",
@@ -314,21 +353,52 @@ int kvp_cmd_learn(int argc, char **argv)
         val_cut -= (val_cut - KVP_TRACE_CUT_MIN) % KVP_TRACE_CUT_STRIDE;
     char s_cut[32];
     snprintf(s_cut, sizeof s_cut, "%ld", val_cut);
-    if (o.budget_hours > 0) {
-        double left = o.budget_hours * 3600.0 - (kvp_now() - start);
-        /* what is left, less a share for the evaluation */
-        snprintf(s_budget, sizeof s_budget, "%.0f", left * 0.85 > 1.0 ? left * 0.85 : 1.0);
+
+    /* The evaluation's size from the trace's measured cost: a traced sequence is one
+     * forward pass over seq_len tokens; an evaluated one is the reference (seq_len
+     * tokens) and, per policy, the prefix (val_cut tokens) and per budget the rest with
+     * every row's logits (CONT_COST each). */
+    double per_trace_seq = cost[0].seconds / (double)traced, cont = (double)(o.seq_len - val_cut);
+    const char *budgets = o.budgets ? o.budgets : "16,32,64,128";
+    int n_budgets = 4;
+    double eval_seq_s = 0.0;
+    if (budget > 0) {
+        double ref_tokens = (double)val_cut + CONT_COST * cont;
+        for (;;) {
+            double tokens = ref_tokens + N_POLICIES * ((double)val_cut + n_budgets * CONT_COST * cont);
+            eval_seq_s = per_trace_seq * tokens / (double)o.seq_len;
+            long fit = (long)(budget * EVAL_SHARE / eval_seq_s);
+            if (!o.budgets && n_budgets == 4 && fit < EVAL_FOUR_BUDGETS_MIN) {
+                budgets = "32,128";
+                n_budgets = 2;
+                continue;
+            }
+            if (!o.eval_seqs_given && fit < o.eval_seqs)
+                o.eval_seqs = fit < EVAL_SEQS_MIN ? EVAL_SEQS_MIN : fit;
+            break;
+        }
+        snprintf(plan, sizeof plan, "Plan for the %.2f h budget: the trace kept to %.0f s "
+                 "and took %.0f s for %ld sequences (%.1f s each); an evaluated sequence "
+                 "estimated at %.0f s (%d policies, %d budgets) gives %ld evaluation "
+                 "sequences (about %.0f s); training gets what is left.",
+                 o.budget_hours, budget * TRACE_SHARE, cost[0].seconds, traced, per_trace_seq,
+                 eval_seq_s, (int)N_POLICIES, n_budgets, o.eval_seqs,
+                 eval_seq_s * (double)o.eval_seqs);
+        fprintf(stderr, "kvp learn: %s\n", plan);
+        double left = budget - (kvp_now() - start) - eval_seq_s * (double)o.eval_seqs;
+        snprintf(s_budget, sizeof s_budget, "%.0f", left > 1.0 ? left : 1.0);
     }
+    snprintf(s_eval, sizeof s_eval, "%ld", o.eval_seqs);
     char *train_argv[] = {"train", "--traces", work, "--init", init, "--out", trained,
                           "--seed", s_seed, "--threads", s_threads, "--steps", s_steps,
                           "--lr", "3e-3", "--episodes", "16", "--samples", "8",
                           "--val-cut", s_cut,
-                          o.budget_hours > 0 ? "--max-seconds" : NULL, s_budget, NULL};
+                          budget > 0 ? "--max-seconds" : NULL, s_budget, NULL};
     if (run_stage(kvp_cmd_train, train_argv, &cost[2], 3, 4, trained))
         return 1;
     char *eval_argv[] = {"eval", "--model", (char *)o.model, (char *)data_flag, data,
                          "--out", eval_dir, "--policies", "kvp,streaming,h2o,tova,snapkv,keydiff,knorm,random",
-                         "--policy-file", trained, "--budgets", (char *)o.budgets, "--seqs", s_eval,
+                         "--policy-file", trained, "--budgets", (char *)budgets, "--seqs", s_eval,
                          "--seq-len", s_seq, "--cut", s_cut, "--threads", s_threads,
                          "--streams", "0", o.tokenizer ? "--tokenizer" : NULL, (char *)tok, NULL};
     if (run_stage(kvp_cmd_eval, eval_argv, &cost[3], 4, 4, NULL))
@@ -354,12 +424,14 @@ int kvp_cmd_learn(int argc, char **argv)
         return 1;
     }
     fprintf(r, "# kvp learn: %s\n\nPolicy installed at `%s` (bound to weights %016llx).\n"
-            "Data: `%s` (%s), %ld sequences of %ld tokens (80%% training); %ld training "
-            "steps, seed %ld, %ld threads.\n\n| stage | wall time (s) | CPU time (s) | peak memory "
-            "(MB) | output (MB) |\n|---|---:|---:|---:|---:|\n",
+            "Data: `%s` (%s), %ld sequences of %ld tokens traced (80%% training); at most "
+            "%ld training steps, seed %ld, %ld threads; the evaluation: %ld held-out "
+            "sequences, budgets %s.\n\n%s%s| stage | wall time (s) | CPU time (s) | peak "
+            "memory (MB) | output (MB) |\n|---|---:|---:|---:|---:|\n",
             o.model, out, (unsigned long long)cfg.fingerprint, data,
             conversations ? "conversations rendered with the model's chat template" : "text",
-            o.max_seqs, o.seq_len, o.steps, o.seed, o.threads);
+            traced, o.seq_len, o.steps, o.seed, o.threads, o.eval_seqs, budgets, plan,
+            plan[0] ? "\n\n" : "");
     for (int i = 0; i < 4; i++)
         fprintf(r, "| %s | %.1f | %.1f | %.0f | %.1f |\n", cost[i].name, cost[i].seconds,
                 cost[i].cpu, cost[i].rss_mb, cost[i].disk_mb);

@@ -30,6 +30,8 @@ static void usage(FILE *f)
         "  --seq-len N        tokens per sequence, BOS included (default 512, at most the\n"
         "                     model's context)\n"
         "  --max-seqs N       sequences in all (default 400)\n"
+        "  --max-seconds S    after the first sequences, trace only as many as fit in S\n"
+        "                     seconds in all (their measured time; the split kept)\n"
         "  --split F          the first F of the text (by bytes, moved to a line start:\n"
         "                     whole conversations) gives training sequences, the rest\n"
         "                     validation (default 0.8)\n"
@@ -54,16 +56,46 @@ static void tap(void *ctx, int layer, const float *q, const float *k, const floa
     memcpy(c->v[layer], v, (size_t)n * c->kn * sizeof(float));
 }
 
+/* --max-seconds, checked after every sequence from the third on: with `done` sequences
+ * traced in `el` seconds (phase p: 0 training, 1 validation) and `per` seconds for each
+ * after the first (which also pages the model in), trace only the sequences that still fit,
+ * training and validation in the split's proportion. Says so at the first cut and when
+ * the count falls by another tenth (a machine that gets busier). */
+static void plan(long want[2], int p, long done, double split, double max_seconds, double el,
+                 double per, long *said)
+{
+    long total = want[0] + want[1];
+    long fit = done + (long)((max_seconds - el) / (per > 1e-6 ? per : 1e-6));
+    if (fit >= total)
+        return;
+    if (!p) {
+        fit = fit < done + 1 ? done + 1 : fit;   /* one validation sequence at least */
+        long train = (long)((double)fit * split + 0.5);
+        train = train < done ? done : train > fit - 1 ? fit - 1 : train;
+        want[1] = fit - train < want[1] ? fit - train : want[1];
+        want[0] = train;
+    } else {
+        want[1] = fit < done ? done - want[0] : fit - want[0];   /* what is done stays */
+    }
+    if (!*said || want[0] + want[1] <= *said * 9 / 10) {
+        fprintf(stderr, "kvp trace: %.1f s a sequence; %ld of the %ld sequences fit in "
+                "--max-seconds %.0f: tracing %ld training + %ld validation\n",
+                per, want[0] + want[1], *said ? *said : total, max_seconds, want[0], want[1]);
+        *said = want[0] + want[1];
+    }
+}
+
 int kvp_cmd_trace(int argc, char **argv)
 {
     const char *model_path = NULL, *tok_path = NULL, *text_path = NULL, *out_dir = NULL;
     int conversations = 0;
     long seq_len = 512, max_seqs = 400, cut_min = KVP_TRACE_CUT_MIN,
          cut_stride = KVP_TRACE_CUT_STRIDE, cut_tail = KVP_TRACE_CUT_TAIL;
-    double split = 0.8;
+    double split = 0.8, max_seconds = 0.0;
     static const struct option opts[] = {
         {"model", 1, 0, 'm'}, {"tokenizer", 1, 0, 'z'}, {"text", 1, 0, 'x'}, {"out", 1, 0, 'o'},
         {"conversations", 1, 0, 'C'}, {"seq-len", 1, 0, 'n'}, {"max-seqs", 1, 0, 'N'}, {"split", 1, 0, 's'},
+        {"max-seconds", 1, 0, 'M'},
         {"cut-min", 1, 0, 'c'}, {"cut-stride", 1, 0, 'S'}, {"cut-tail", 1, 0, 'T'},
         {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     int o, idx = 0;
@@ -79,6 +111,7 @@ int kvp_cmd_trace(int argc, char **argv)
         case 'n': ok = kvp_parse_long(optarg, 8, 1 << 20, &seq_len); break;
         case 'N': ok = kvp_parse_long(optarg, 2, 1 << 24, &max_seqs); break;
         case 's': ok = kvp_parse_double(optarg, 0.01, 0.99, &split); break;
+        case 'M': ok = kvp_parse_double(optarg, 1.0, 1e9, &max_seconds); break;
         case 'c': ok = kvp_parse_long(optarg, 1, 1 << 20, &cut_min); break;
         case 'S': ok = kvp_parse_long(optarg, 1, 1 << 20, &cut_stride); break;
         case 'T': ok = kvp_parse_long(optarg, 1, 1 << 20, &cut_tail); break;
@@ -106,6 +139,7 @@ int kvp_cmd_trace(int argc, char **argv)
         kvp_model_free(&m);
         return 2;
     }
+    kvp_model_use_cores(&m);   /* one forward pass at a time */
     int status = 1;
     size_t text_len = 0;
     char *text = NULL;
@@ -189,7 +223,8 @@ int kvp_cmd_trace(int argc, char **argv)
     int32_t *seq = malloc(seq_len * sizeof *seq);
     if (!seq)
         goto oom;
-    double t0 = kvp_now();
+    double t0 = kvp_now(), t1 = 0.0;
+    long said = 0;   /* the sequence count --max-seconds last announced */
     int tty = isatty(2);
     for (int p = 0; p < 2; p++)
         for (long i = 0; i < want[p]; i++) {
@@ -207,9 +242,15 @@ int kvp_cmd_trace(int argc, char **argv)
                 fprintf(stderr, "kvp trace: sequence %ld: %s\n", i, strerror(-rc));
                 goto out;
             }
-            /* One line rewritten on a terminal; a line per tenth in a log. */
-            long done = (p ? want[0] : 0) + i + 1, total = want[0] + want[1];
+            long done = (p ? want[0] : 0) + i + 1;
             double el = kvp_now() - t0;
+            if (done == 1)
+                t1 = el;
+            if (max_seconds > 0 && done >= (want[0] < 3 ? want[0] : 3))
+                plan(want, p, done, split, max_seconds, el,
+                     done > 1 ? (el - t1) / (double)(done - 1) : el, &said);
+            /* One line rewritten on a terminal; a line per tenth in a log. */
+            long total = want[0] + want[1];
             if (tty || done * 10 / total != (done - 1) * 10 / total || done == total)
                 fprintf(stderr, "%skvp trace: %s sequence %ld/%ld (%.0f%%, left %.0f s)%s",
                         tty ? "\r" : "", p ? "validation" : "training", i + 1, want[p],

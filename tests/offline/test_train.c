@@ -371,7 +371,9 @@ Test(train, importance_at_many_cuts_matches_one_cut_at_a_time)
         q[i] = 3.0f * frand();
     for (size_t i = 0; i < sizeof k / sizeof *k; i++)
         k[i] = frand();
-    float *out[CUTS], work[3 * T_LEN], ref[T_LEN], rwork[3 * T_LEN];
+    float *out[CUTS], ref[T_LEN];
+    float *work = malloc(kvp_importance_work(T_LEN) * sizeof(float)),
+          *rwork = malloc(kvp_importance_work(T_LEN) * sizeof(float));
     for (int g = 0; g < CUTS; g++)
         out[g] = malloc((FIRST + g * STRIDE) * sizeof(float));
     for (int h = 0; h < T_KVH; h++) {
@@ -391,6 +393,8 @@ Test(train, importance_at_many_cuts_matches_one_cut_at_a_time)
     }
     for (int g = 0; g < CUTS; g++)
         free(out[g]);
+    free(work);
+    free(rwork);
 }
 
 /* The training loss of one episode, -sum_k adv_k log pi(sigma_k | s(w)) / K. */

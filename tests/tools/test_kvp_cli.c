@@ -137,6 +137,28 @@ Test(kvp_cli, trace_arguments)
     cr_expect_eq(kvp_trace_tokens(&tr, 0)[0], 1, "sequences start with BOS");
     kvp_trace_close(&tr);
     remove(path);
+    /* --max-seconds: after the first sequences the trace keeps to the time, training and
+     * validation in the split's proportion (three copies of the text are some 1500
+     * sequences of 512 tokens; a second holds only part of them) */
+    size_t tlen;
+    char *text = tu_slurp(t, &tlen), *big = malloc(3 * tlen);
+    cr_assert(text && big);
+    for (int i = 0; i < 3; i++)
+        memcpy(big + i * tlen, text, tlen);
+    const char *many = tu_write_tmp(big, 3 * tlen);
+    free(text);
+    free(big);
+    snprintf(a, sizeof a, "trace --model %s --text %s --out %s --max-seqs 1000000 --max-seconds 1",
+             tu_shared("models/stories260K.bin"), many, dir);
+    expect(a, 0, "fit in --max-seconds 1: tracing");
+    remove(many);
+    cr_assert_eq(kvp_trace_open(&tr, path, NULL, err, sizeof err), 0, "%s", err);
+    cr_expect_geq(tr.h.n_train, 3, "the measured sequences are kept");
+    cr_expect_geq(tr.h.n_seqs - tr.h.n_train, 1, "a validation sequence");
+    cr_expect_lt(tr.h.n_seqs, 1500, "%d sequences: not trimmed", tr.h.n_seqs);
+    cr_expect_leq(tr.h.n_train, (int)(tr.h.n_seqs * 0.8 + 0.5));
+    kvp_trace_close(&tr);
+    remove(path);
     rmdir(dir);
 }
 
