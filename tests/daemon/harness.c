@@ -439,6 +439,27 @@ int h_redis_start(h_proc *r, const char *dir, int port, int aof)
     return h_proc_start(r, argv, port, 10000);
 }
 
+char *h_read_all(int fd, int timeout_ms, size_t *len)
+{
+    size_t cap = 1 << 16, got = 0;
+    char *buf = malloc(cap);
+    for (;;) {
+        struct pollfd pf = {fd, POLLIN, 0};
+        if (poll(&pf, 1, timeout_ms) <= 0)
+            break;
+        if (got + 4096 > cap)
+            buf = realloc(buf, cap *= 2);
+        ssize_t r = recv(fd, buf + got, cap - got - 1, 0);
+        if (r <= 0)
+            break;
+        got += (size_t)r;
+    }
+    buf[got] = '\0';
+    if (len)
+        *len = got;
+    return buf;
+}
+
 int h_request(int port, const char *method, const char *path, const char *extra_headers,
               const char *body, char **raw, const char **resp_body)
 {
@@ -469,21 +490,9 @@ int h_request(int port, const char *method, const char *path, const char *extra_
             sent += (size_t)w;
         }
     }
-    size_t cap = 1 << 16, got = 0;
-    char *buf = malloc(cap);
-    for (;;) {
-        struct pollfd pf = {fd, POLLIN, 0};
-        if (poll(&pf, 1, 30000) <= 0)
-            break;
-        if (got + 4096 > cap)
-            buf = realloc(buf, cap *= 2);
-        ssize_t r = recv(fd, buf + got, cap - got - 1, 0);
-        if (r <= 0)
-            break;
-        got += (size_t)r;
-    }
+    size_t got;
+    char *buf = h_read_all(fd, 30000, &got);
     close(fd);
-    buf[got] = '\0';
     *raw = buf;
     int status = -1;
     sscanf(buf, "HTTP/1.1 %d", &status);

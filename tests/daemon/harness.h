@@ -55,6 +55,9 @@ json_t *h_expect(ws_client *c, const char *type, int timeout_ms);
 json_t *h_turn(ws_client *c, const char *text, int max_tokens, char **tokens);
 /* GET with an optional bearer token; returns the status, body malloc'd. */
 int h_get(const kvpd_proc *p, const char *path, const char *token, char **body);
+/* Reads from fd until the peer closes or timeout_ms pass with nothing; the bytes,
+ * NUL-terminated (malloc'd), their count in *len (may be NULL). */
+char *h_read_all(int fd, int timeout_ms, size_t *len);
 /* One HTTP request with a body (Connection: close) to 127.0.0.1:port; extra_headers
  * are whole "Name: value\r\n" lines or NULL. Returns the status; *raw (malloc'd) is the
  * whole answer, *body points into it. */

@@ -56,28 +56,6 @@ static void send_request(int fd, const char *method, const char *path, const cha
     send_all(fd, body, len);
 }
 
-/* Reads until the server closes (or timeout_ms passes with nothing): the raw answer. */
-static char *read_all(int fd, int timeout_ms, size_t *len)
-{
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    for (;;) {
-        struct pollfd pf = {fd, POLLIN, 0};
-        if (poll(&pf, 1, timeout_ms) <= 0)
-            break;
-        if (n + 4096 > cap)
-            buf = realloc(buf, cap *= 2);
-        ssize_t r = recv(fd, buf + n, cap - n - 1, 0);
-        if (r <= 0)
-            break;
-        n += (size_t)r;
-    }
-    buf[n] = '\0';
-    if (len)
-        *len = n;
-    return buf;
-}
-
 typedef struct answer {
     int status;
     char *raw, *body;
@@ -165,7 +143,7 @@ Test(openai, every_bad_request_gets_its_status_and_the_daemon_keeps_serving)
     memset(body, 'a', big);
     int fd = dial(&d);
     send_request(fd, "POST", "/v1/chat/completions", NULL, body, big);
-    char *raw = read_all(fd, 30000, NULL);
+    char *raw = h_read_all(fd, 30000, NULL);
     close(fd);
     free(body);
     cr_assert(!strncmp(raw, "HTTP/1.1 413", 12), "%.200s", raw);
@@ -460,7 +438,7 @@ Test(openai, thirty_two_concurrent_streams_all_finish)
     char sids[32][40];
     for (int i = 0; i < 32; i++) {
         answer a = {0};
-        a.raw = read_all(fds[i], 60000, NULL);
+        a.raw = h_read_all(fds[i], 60000, NULL);
         close(fds[i]);
         sscanf(a.raw, "HTTP/1.1 %d", &a.status);
         cr_assert_eq(a.status, 200, "stream %d: %.300s", i, a.raw);
