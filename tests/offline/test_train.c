@@ -574,10 +574,11 @@ Test(train, bad_settings_and_shapes_are_errors)
 
 /* ---- kvp train ----------------------------------------------------------------------- */
 
-static int run_train(const char *args, char **out)
+/* `kvp SUB ARGS` with stderr in *out; its exit status. */
+static int run_kvp(const char *sub, const char *args, char **out)
 {
     char cmd[4096];
-    snprintf(cmd, sizeof cmd, "%s train %s 2>&1", tu_build("tools/kvp"), args);
+    snprintf(cmd, sizeof cmd, "%s %s %s 2>&1", tu_build("tools/kvp"), sub, args);
     return tu_run(cmd, out);
 }
 
@@ -596,7 +597,7 @@ Test(train, cli_trains_writes_policy_and_curve)
     kvp_agent_set_init(&s, 2);
     cr_assert_eq(kvp_agent_set_save(&s, pol, err, sizeof err), 0, "%s", err);
     kvp_agent_set_free(&s);
-    cr_assert_eq(run_train(args, &out), 0, "%s", out);
+    cr_assert_eq(run_kvp("train", args, &out), 0, "%s", out);
     cr_assert(strstr(out, "step 20/20"), "%s", out);
     cr_assert(strstr(out, "val C/C*"), "%s", out);
     free(out);
@@ -629,15 +630,15 @@ Test(train, cli_rejects_bad_input)
         "--traces /tmp --out /tmp/x.kvp extra",
     };
     for (size_t i = 0; i < sizeof usage / sizeof usage[0]; i++) {
-        cr_assert_eq(run_train(usage[i], &out), 2, "'%s': %s", usage[i], out);
+        cr_assert_eq(run_kvp("train", usage[i], &out), 2, "'%s': %s", usage[i], out);
         cr_assert(strstr(out, "kvp train"), "'%s': %s", usage[i], out);
         free(out);
     }
-    cr_assert_eq(run_train("--help", &out), 0);
+    cr_assert_eq(run_kvp("train", "--help", &out), 0);
     cr_assert(strstr(out, "--traces"));
     free(out);
     /* no trace there */
-    cr_assert_eq(run_train("--traces /nonexistent --out /tmp/never.kvp", &out), 1);
+    cr_assert_eq(run_kvp("train", "--traces /nonexistent --out /tmp/never.kvp", &out), 1);
     cr_assert(strstr(out, "/nonexistent/trace.kvpt"), "%s", out);
     free(out);
     /* a trace for another shape than the --init policy */
@@ -650,7 +651,7 @@ Test(train, cli_rejects_bad_input)
     cr_assert_eq(kvp_agent_set_save(&s, pol, err, sizeof err), 0, "%s", err);
     kvp_agent_set_free(&s);
     snprintf(args, sizeof args, "--traces %s --out %s/never.kvp --init %s", dir, dir, pol);
-    cr_assert_eq(run_train(args, &out), 1, "%s", out);
+    cr_assert_eq(run_kvp("train", args, &out), 1, "%s", out);
     cr_assert(strstr(out, "3 layers"), "%s", out);
     free(out);
     char never[256];
@@ -731,13 +732,6 @@ Test(calibrate, the_fit_is_monotone_and_keeps_the_mean_importance)
     remove_trace();
 }
 
-static int run_calibrate(const char *args, char **out)
-{
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "%s calibrate %s 2>&1", tu_build("tools/kvp"), args);
-    return tu_run(cmd, out);
-}
-
 /* `kvp calibrate` writes the policy with its calibration (version 3) and the same agents;
  * bad values and missing arguments are usage errors, a policy of another shape a runtime
  * error that writes nothing; `kvp train --init` of a calibrated file drops the map. */
@@ -753,7 +747,7 @@ Test(calibrate, cli_writes_a_calibrated_policy_and_refuses_bad_input)
     cr_assert_eq(kvp_agent_set_save(&s, pol, err, sizeof err), 0, "%s", err);
     snprintf(args, sizeof args, "--traces %s --policy-file %s --out %s --knots 16 --threads 2",
              dir, pol, cal);
-    cr_assert_eq(run_calibrate(args, &out), 0, "%s", out);
+    cr_assert_eq(run_kvp("calibrate", args, &out), 0, "%s", out);
     free(out);
     cr_assert_eq(kvp_agent_set_load(&r, cal, NULL, err, sizeof err), 0, "%s", err);
     cr_assert_eq(r.n_knots, 16);
@@ -764,7 +758,7 @@ Test(calibrate, cli_writes_a_calibrated_policy_and_refuses_bad_input)
                            "--knots x --traces a --policy-file b --out c",
                            "--threads 0 --traces a --policy-file b --out c", "--bogus"};
     for (size_t i = 0; i < sizeof usage / sizeof usage[0]; i++) {
-        cr_assert_eq(run_calibrate(usage[i], &out), 2, "'%s': %s", usage[i], out);
+        cr_assert_eq(run_kvp("calibrate", usage[i], &out), 2, "'%s': %s", usage[i], out);
         cr_assert(strstr(out, "kvp calibrate"), "'%s': %s", usage[i], out);
         free(out);
     }
@@ -777,7 +771,7 @@ Test(calibrate, cli_writes_a_calibrated_policy_and_refuses_bad_input)
     cr_assert_eq(kvp_agent_set_save(&r, other, err, sizeof err), 0, "%s", err);
     kvp_agent_set_free(&r);
     snprintf(args, sizeof args, "--traces %s --policy-file %s --out %s", dir, other, never);
-    cr_assert_eq(run_calibrate(args, &out), 1, "%s", out);
+    cr_assert_eq(run_kvp("calibrate", args, &out), 1, "%s", out);
     cr_assert(strstr(out, "3 layers"), "%s", out);
     free(out);
     cr_assert_neq(access(never, F_OK), 0);
