@@ -1,7 +1,8 @@
 /* kvp learn: one command from a model to its installed KVP policy. It checks that the
- * disk and memory the run needs are there, then runs the four stages in this process —
+ * disk and memory the run needs are there, then runs the five stages in this process —
  * trace (chat conversations rendered with the model's template, or text), policy-init
- * (bound to the model's weights), train, eval against the baselines on the held-out part
+ * (bound to the model's weights), train, calibrate (scores comparable across heads, for
+ * budget_mode = global), eval against the baselines on the held-out part
  * — installs the policy where kvpd looks for its model's default, and writes a report
  * of each stage's time, memory and disk beside the evaluation tables. */
 #include <errno.h>
@@ -306,7 +307,7 @@ int kvp_cmd_learn(int argc, char **argv)
 
     char s_seq[32], s_max[32], s_steps[32], s_threads[32], s_seed[32], s_eval[32], s_pmax[32];
     char s_budget[32], s_trace_budget[32], trace_file[1100], init[1100], trained[1100];
-    char eval_dir[1100], plan[1024] = "";
+    char eval_dir[1100], calibrated[1100], plan[1024] = "";
     double budget = o.budget_hours * 3600.0;
     snprintf(s_seq, sizeof s_seq, "%ld", o.seq_len);
     snprintf(s_max, sizeof s_max, "%ld", o.max_seqs);
@@ -318,11 +319,13 @@ int kvp_cmd_learn(int argc, char **argv)
     snprintf(trace_file, sizeof trace_file, "%s/trace.kvpt", work);
     snprintf(init, sizeof init, "%s/init.kvp", work);
     snprintf(trained, sizeof trained, "%s/trained.kvp", work);
+    snprintf(calibrated, sizeof calibrated, "%s/policy.kvp", work);
     snprintf(eval_dir, sizeof eval_dir, "%s/eval", work);
     const char *data_flag = conversations ? "--conversations" : "--text";
     const char *tok = o.tokenizer ? o.tokenizer : "";
-    stage_cost cost[4] = {{.name = "trace"}, {.name = "policy-init"}, {.name = "train"},
-                          {.name = "eval"}};
+    enum { N_STAGES = 5 };
+    stage_cost cost[N_STAGES] = {{.name = "trace"}, {.name = "policy-init"}, {.name = "train"},
+                                 {.name = "calibrate"}, {.name = "eval"}};
     double start = kvp_now();
 
     /* the trace: as many of the sequences as fit in its share of the budget */
@@ -332,7 +335,7 @@ int kvp_cmd_learn(int argc, char **argv)
                           budget > 0 ? "--max-seconds" : NULL, s_trace_budget, NULL};
     if (!o.tokenizer)   /* drop the tokenizer pair: the list goes on after it */
         memmove(&trace_argv[11], &trace_argv[13], 3 * sizeof *trace_argv);
-    if (run_stage(kvp_cmd_trace, trace_argv, &cost[0], 1, 4, trace_file))
+    if (run_stage(kvp_cmd_trace, trace_argv, &cost[0], 1, N_STAGES, trace_file))
         return 1;
     long traced = trace_seqs(trace_file);
     if (traced < 2) {
@@ -344,7 +347,7 @@ int kvp_cmd_learn(int argc, char **argv)
     char *init_argv[] = {"policy-init", "--model", (char *)o.model, "--out", init, "--seed",
                          s_seed, "--width", "32", "--hidden", "32", "--pos-dim", "4",
                          "--pos-max", s_pmax, o.tokenizer ? "--tokenizer" : NULL, (char *)tok, NULL};
-    if (run_stage(kvp_cmd_policy_init, init_argv, &cost[1], 2, 4, init))
+    if (run_stage(kvp_cmd_policy_init, init_argv, &cost[1], 2, N_STAGES, init))
         return 1;
     /* Validation and evaluation rank the first 3/4 of a sequence (384 of 512), down to a
      * cut of the trace's grid. */
@@ -394,20 +397,26 @@ int kvp_cmd_learn(int argc, char **argv)
                           "--lr", "3e-3", "--episodes", "16", "--samples", "8",
                           "--val-cut", s_cut,
                           budget > 0 ? "--max-seconds" : NULL, s_budget, NULL};
-    if (run_stage(kvp_cmd_train, train_argv, &cost[2], 3, 4, trained))
+    if (run_stage(kvp_cmd_train, train_argv, &cost[2], 3, N_STAGES, trained))
+        return 1;
+    /* Calibration fits on the training sequences the agents saw; what is evaluated and
+     * installed is the calibrated file. */
+    char *calibrate_argv[] = {"calibrate", "--traces", work, "--policy-file", trained,
+                              "--out", calibrated, "--threads", s_threads, NULL};
+    if (run_stage(kvp_cmd_calibrate, calibrate_argv, &cost[3], 4, N_STAGES, calibrated))
         return 1;
     char *eval_argv[] = {"eval", "--model", (char *)o.model, (char *)data_flag, data,
                          "--out", eval_dir, "--policies", "kvp,streaming,h2o,tova,snapkv,keydiff,knorm,random",
-                         "--policy-file", trained, "--budgets", (char *)budgets, "--seqs", s_eval,
+                         "--policy-file", calibrated, "--budgets", (char *)budgets, "--seqs", s_eval,
                          "--seq-len", s_seq, "--cut", s_cut, "--threads", s_threads,
                          "--streams", "0", o.tokenizer ? "--tokenizer" : NULL, (char *)tok, NULL};
-    if (run_stage(kvp_cmd_eval, eval_argv, &cost[3], 4, 4, NULL))
+    if (run_stage(kvp_cmd_eval, eval_argv, &cost[4], 5, N_STAGES, NULL))
         return 1;
 
     /* Install: loading checks the file against the model again, saving writes it
      * atomically (temporary file, fsync, rename) where kvpd looks. */
     kvp_agent_set set;
-    if (kvp_agent_set_load(&set, trained, &cfg, err, sizeof err) ||
+    if (kvp_agent_set_load(&set, calibrated, &cfg, err, sizeof err) ||
         kvp_agent_set_save(&set, out, err, sizeof err)) {
         fprintf(stderr, "kvp learn: cannot install the policy: %s\n", err);
         kvp_agent_set_free(&set);
@@ -432,11 +441,11 @@ int kvp_cmd_learn(int argc, char **argv)
             conversations ? "conversations rendered with the model's chat template" : "text",
             traced, o.seq_len, o.steps, o.seed, o.threads, o.eval_seqs, budgets, plan,
             plan[0] ? "\n\n" : "");
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < N_STAGES; i++)
         fprintf(r, "| %s | %.1f | %.1f | %.0f | %.1f |\n", cost[i].name, cost[i].seconds,
                 cost[i].cpu, cost[i].rss_mb, cost[i].disk_mb);
     fprintf(r, "| all | %.1f | %.1f | %.0f | %.1f |\n\nThe evaluation (held-out part of the data): "
-            "`%s`.\n\n", kvp_now() - start, cpu_seconds(), peak_rss_mb(), file_mb(trace_file) + file_mb(trained),
+            "`%s`.\n\n", kvp_now() - start, cpu_seconds(), peak_rss_mb(), file_mb(trace_file) + file_mb(trained) + file_mb(calibrated),
             results);
     FILE *e = fopen(results, "r");
     char buf[4096];

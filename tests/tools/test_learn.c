@@ -64,7 +64,8 @@ Test(learn, stories260K_end_to_end_installs_a_policy_kvpd_picks_up, .init = make
     char *out;
     int st = kvp(args, &out);
     cr_assert_eq(st, 0, "kvp %s:\n%s", args, out);
-    cr_expect(strstr(out, "[1/4] trace") && strstr(out, "[4/4] eval"), "%s", out);
+    cr_expect(strstr(out, "[1/5] trace") && strstr(out, "[4/5] calibrate") &&
+              strstr(out, "[5/5] eval"), "%s", out);
     /* The disk estimate it started on is the trace it wrote. */
     const char *need = strstr(out, "needs ");
     double need_mb = 0.0;
@@ -96,7 +97,7 @@ Test(learn, stories260K_end_to_end_installs_a_policy_kvpd_picks_up, .init = make
     char *report = tu_slurp(path, NULL);
     cr_assert_not_null(report, "no %s", path);
     cr_expect(strstr(report, "| trace |") && strstr(report, "| train |") &&
-              strstr(report, "| eval |") && strstr(report, "Ranking"), "%s", report);
+              strstr(report, "| calibrate |") && strstr(report, "| eval |") && strstr(report, "Ranking"), "%s", report);
     free(report);
 
     /* The installed file loads for this model and is bound to its weights. */
@@ -107,6 +108,8 @@ Test(learn, stories260K_end_to_end_installs_a_policy_kvpd_picks_up, .init = make
     cr_assert_eq(kvp_agent_set_load(&s, path, &m.cfg, err, sizeof err), 0, "%s", err);
     cr_expect_eq(s.model_fingerprint, m.cfg.fingerprint);
     cr_expect_neq(s.model_fingerprint, 0);
+    /* ... and carries the calibration budget_mode = global needs. */
+    cr_expect_gt(s.n_knots, 1, "the installed policy is not calibrated");
     kvp_agent_set_free(&s);
     kvp_model_free(&m);
 
