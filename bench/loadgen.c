@@ -9,8 +9,9 @@
  *                       [--concurrency 1,4,8,16,32 [--svg PATH] [--label NAME]]
  * With --port it drives a daemon that is already running (RSS needs --pid) and skips
  * the reuse comparison. With --concurrency it sweeps the load instead, on one daemon
- * (the step loop batches the sessions): each level's aggregate tokens/s and TTFT p50 /
- * p99 with their ratios to the first level, in a table and (--svg) a plot. */
+ * (the step loop batches the sessions): each level's aggregate tokens/s (reply tokens,
+ * and processed: prompt tokens prefilled plus reply tokens) and TTFT p50 / p99 with
+ * their ratios to the first level, in a table and (--svg) a plot. */
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -37,6 +38,7 @@ typedef struct opts {
 /* What one load run measured. */
 typedef struct load_result {
     double tok_s, ttft_p50, ttft_p99;
+    double processed_s;                  /* prompt tokens prefilled + reply tokens, per s */
     double prompt_first, prompt_later;   /* mean prompt tokens prefilled: first turns, later */
 } load_result;
 
@@ -282,6 +284,7 @@ static int load(const opts *o, int port, int pid, int quiet, load_result *res)
     double secs = (now_ms() - t0) / 1e3;
     if (res)
         *res = (load_result){tokens / secs, pct(&ttft, 50), pct(&ttft, 99),
+                             (double)(tokens + prefilled[0] + prefilled[1]) / secs,
                              (double)prefilled[0] / o->sessions,
                              o->turns > 1 ? (double)prefilled[1] / o->sessions / (o->turns - 1) : 0};
     if (quiet)
@@ -290,6 +293,8 @@ static int load(const opts *o, int port, int pid, int quiet, load_result *res)
     printf("| failed sessions | %d |\n", failed);
     printf("| tokens generated | %ld in %.2f s |\n", tokens, secs);
     printf("| aggregate tokens/s | %.0f |\n", tokens / secs);
+    printf("| processed tokens/s (prompt + reply) | %.0f (%ld prompt tokens) |\n",
+           (double)(tokens + prefilled[0] + prefilled[1]) / secs, prefilled[0] + prefilled[1]);
     printf("| time to first token p50 / p99 | %.2f / %.2f ms |\n", pct(&ttft, 50), pct(&ttft, 99));
     printf("| inter-token latency p50 / p99 | %.3f / %.3f ms |\n", pct(&itl, 50), pct(&itl, 99));
     if (pid > 0)
@@ -326,7 +331,8 @@ static double turn10_ttft(const opts *o, int reuse)
 }
 
 /* The load at each concurrency level on one daemon, after a warm-up turn: aggregate
- * tokens/s and TTFT against the first level, as a table and (o->svg) a plot. */
+ * tokens/s (reply, processed) and TTFT against the first level, as a table and (o->svg)
+ * a plot. */
 static int sweep(const opts *o)
 {
     daemon_proc d;
@@ -337,18 +343,20 @@ static int sweep(const opts *o)
     one.turns = 1;
     int rc = load(&one, d.port, d.pid, 1, NULL);   /* warm-up: page in the weights */
     load_result res[MAX_LEVELS];
-    double x[MAX_LEVELS], tok_ratio[MAX_LEVELS], p99_ratio[MAX_LEVELS];
-    printf("| sessions | aggregate tok/s | x 1st | TTFT p50 ms | TTFT p99 ms | p99 x 1st |\n"
-           "|---|---|---|---|---|---|\n");
+    double x[MAX_LEVELS], tok_ratio[MAX_LEVELS], proc_ratio[MAX_LEVELS], p99_ratio[MAX_LEVELS];
+    printf("| sessions | aggregate tok/s | x 1st | processed tok/s | x 1st | TTFT p50 ms "
+           "| TTFT p99 ms | p99 x 1st |\n|---|---|---|---|---|---|---|---|\n");
     for (int i = 0; i < o->n_levels && rc == 0; i++) {
         opts lv = *o;
         lv.sessions = o->levels[i];
         rc = load(&lv, d.port, d.pid, 1, &res[i]);
         x[i] = o->levels[i];
         tok_ratio[i] = res[i].tok_s / res[0].tok_s;
+        proc_ratio[i] = res[i].processed_s / res[0].processed_s;
         p99_ratio[i] = res[i].ttft_p99 / res[0].ttft_p99;
-        printf("| %d | %.1f | %.2f | %.1f | %.1f | %.2f |\n", o->levels[i], res[i].tok_s,
-               tok_ratio[i], res[i].ttft_p50, res[i].ttft_p99, p99_ratio[i]);
+        printf("| %d | %.1f | %.2f | %.1f | %.2f | %.1f | %.1f | %.2f |\n", o->levels[i],
+               res[i].tok_s, tok_ratio[i], res[i].processed_s, proc_ratio[i], res[i].ttft_p50,
+               res[i].ttft_p99, p99_ratio[i]);
         fflush(stdout);
     }
     printf("(%d turns of %d tokens per session; prompts prefilled: %.1f tokens at the first "
@@ -362,10 +370,11 @@ static int sweep(const opts *o)
         char title[160], err[256];
         snprintf(title, sizeof title, "%s: against %d session%s", o->label ? o->label : "kvpd",
                  o->levels[0], o->levels[0] == 1 ? "" : "s");
-        kvp_svg_series series[2] = {{"aggregate tokens/s", tok_ratio, 0, 0, 1},
+        kvp_svg_series series[3] = {{"aggregate tokens/s (reply)", tok_ratio, 0, 0, 1},
+                                    {"processed tokens/s (prompt + reply)", proc_ratio, 2, 0, 0},
                                     {"TTFT p99", p99_ratio, 1, 0, 0}};
         kvp_svg_plot plot = {title, "concurrent sessions", "ratio to the first level", x,
-                             o->n_levels, 1, series, 2, 0};
+                             o->n_levels, 1, series, 3, 0};
         if (kvp_svg_write(o->svg, &plot, err, sizeof err) < 0) {
             fprintf(stderr, "loadgen: %s\n", err);
             rc = -EIO;

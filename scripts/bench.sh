@@ -14,8 +14,9 @@
 #   --batching: the daemon's step loop under 1,4,8,16,32 concurrent sessions (LEVELS
 #   overrides) with loadgen, on the 134M synthetic in f32 and q8_0 (`kvp synth --ctx
 #   1024 [--type q8_0]`, written to /tmp/kvp-synth-134M[-q8_0].gguf on first use, ~540
-#   and ~145 MB) and on stories260K: aggregate tokens/s and TTFT p50/p99 with their
-#   ratios to one session; plots in docs/batching-{134M,134M-q8_0,stories260K}.svg.
+#   and ~145 MB) and on stories260K, with replies of 32 and of 128 tokens: aggregate
+#   tokens/s (reply tokens, and processed: prompt + reply) and TTFT p50/p99 with their
+#   ratios to one session; plots in docs/batching-{134M,134M-q8_0,stories260K}[-128].svg.
 #        scripts/bench.sh --store [bench_store options, e.g. --reps 50 --sizes 64,1024]
 #   --store: a session snapshot's write and read in the state directory and in a Redis
 #   (redis-server started here on a free port with AOF, appendfsync always, in a temp
@@ -54,9 +55,13 @@ if [ "${1:-}" = --batching ]; then
         134M-q8_0) args=(--model $synth_q8) ;;
         *) args=(--model models/stories260K.bin --tokenizer models/tok512.bin) ;;
         esac
-        echo "### $model"
-        $dir/bench/loadgen --kvpd $dir/daemon/kvpd "${args[@]}" --concurrency "$levels" \
-            --turns 2 --max-tokens 32 --label "$model" --svg docs/batching-$model.svg
+        for reply in 32 128; do
+            svg=docs/batching-$model.svg
+            [ $reply = 32 ] || svg=docs/batching-$model-$reply.svg
+            echo "### $model, replies of $reply tokens"
+            $dir/bench/loadgen --kvpd $dir/daemon/kvpd "${args[@]}" --concurrency "$levels" \
+                --turns 2 --max-tokens $reply --label "$model, $reply-token replies" --svg $svg
+        done
     done
     echo "load: $(uptime)"
     exit 0
