@@ -12,7 +12,11 @@
  * MiB) against T = 1..64 activation rows on every thread, as a decode step of T
  * sessions runs them: the pool's small-T kernel against OpenBLAS (sgemv at T = 1, else
  * sgemm), alternating, best of --reps each; the ratio gives the crossover T
- * (KVP_F32_SMALL_T in model/matmul.h). */
+ * (KVP_F32_SMALL_T in model/matmul.h).
+ *
+ * bench_matmul --q8-small COLS [--mib N] [--reps N]: the same for q8_0 weights: the
+ * small-T kernel (each block read once for T activation rows) against the int8 GEMM
+ * (forced; below KVP_MATMUL_TILE_MIN_T rows both run the kernel), KVP_QUANT_SMALL_T. */
 #include <cblas.h>
 #include <math.h>
 #include <stdint.h>
@@ -72,15 +76,20 @@ static double anchor_gbs(const char *anchor, const char *type, long n, double *m
     return gbs;
 }
 
-/* f32 weights at small T: the pool's kernel against OpenBLAS, every thread of both. */
-static int bench_f32_small(int cols, long mib, long reps)
+/* Weights of `type` at small T, every thread: the pool's small-T kernel (f32 up to
+ * KVP_F32_SMALL_T, q8_0 up to KVP_QUANT_SMALL_T) against what the type takes without it
+ * (f32: OpenBLAS; q8_0: the int8 GEMM from KVP_MATMUL_TILE_MIN_T rows). */
+static int bench_small(uint32_t type, int cols, long mib, long reps)
 {
     static const int Ts[] = {1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256};
     enum { MAX_T = 256 };
-    int rows = (int)(((size_t)mib << 20) / ((size_t)cols * sizeof(float)) / 64 * 64);
+    int f32 = type == KVP_GGML_F32, small_t = f32 ? KVP_F32_SMALL_T : KVP_QUANT_SMALL_T;
+    size_t row_bytes = kvp_type_nbytes(type, (uint64_t)cols);
+    int rows = (int)(((size_t)mib << 20) / row_bytes / 64 * 64);
     float *w = malloc((size_t)rows * cols * sizeof *w), *x = malloc((size_t)MAX_T * cols * sizeof *x);
     float *y = malloc((size_t)MAX_T * rows * sizeof *y);
-    if (!w || !x || !y || rows < 64) {
+    void *data = f32 ? (void *)w : malloc(row_bytes * (size_t)rows);
+    if (!w || !x || !y || !data || rows < 64) {
         fprintf(stderr, "bench_matmul: cannot build a %d x %d matrix\n", rows, cols);
         return 1;
     }
@@ -89,34 +98,45 @@ static int bench_f32_small(int cols, long mib, long reps)
         s = s * 6364136223846793005ull + 1442695040888963407ull;
         w[i] = (float)((double)(s >> 11) * 0x1p-53 * 2 - 1);
     }
+    if (!f32 && kvp_quantize(type, w, data, (uint64_t)rows * cols) != 0) {
+        fprintf(stderr, "bench_matmul: cannot quantize to %s\n", kvp_type_name(type));
+        return 1;
+    }
     for (size_t i = 0; i < (size_t)MAX_T * cols; i++)
         x[i] = sinf(0.1f * (float)i);
-    kvp_weight wt = {KVP_GGML_F32, rows, cols, (size_t)cols * sizeof(float), w};
-    printf("## f32 weights at small T: %d x %d (%.0f MiB), %d threads (kernels: %s)\n\n"
-           "| T | kernel ms | kernel GB/s | kernel GFLOP/s | OpenBLAS ms | OpenBLAS GFLOP/s "
-           "| OpenBLAS / kernel (time) |\n|---:|---:|---:|---:|---:|---:|---:|\n",
-           rows, cols, (double)rows * cols * 4 / (1 << 20), kvp_matmul_threads(), kvp_matmul_simd());
+    kvp_weight wt = {type, rows, cols, row_bytes, data};
+    const char *other = f32 ? "OpenBLAS" : "int8 GEMM";
+    printf("## %s weights at small T: %d x %d (%.0f MiB), %d threads (kernels: %s)\n\n"
+           "| T | kernel ms | kernel GB/s | kernel G(FL)OP/s | %s ms | %s G(FL)OP/s "
+           "| %s / kernel (time) |\n|---:|---:|---:|---:|---:|---:|---:|\n",
+           kvp_type_name(type), rows, cols, (double)rows * row_bytes / (1 << 20), kvp_matmul_threads(),
+           kvp_matmul_simd(), other, other, other);
     kvp_matmul_enter();
     for (size_t k = 0; k < sizeof Ts / sizeof Ts[0]; k++) {
         int T = Ts[k];
         double best[2] = {1e30, 1e30};
         for (long r = 0; r < reps; r++)
             for (int side = 0; side < 2; side++) {
-                /* side 0: the default (the kernel up to KVP_F32_SMALL_T); 1: OpenBLAS */
-                kvp_matmul_force_prefill(side ? KVP_PREFILL_SGEMM : KVP_PREFILL_AUTO);
+                /* side 0: the default (the kernel up to small_t); 1: without it */
+                kvp_matmul_force_prefill(side ? (f32 ? KVP_PREFILL_SGEMM : KVP_PREFILL_INT8)
+                                              : KVP_PREFILL_AUTO);
                 double t0 = now();
                 kvp_matmul(y, x, &wt, T, 0);
                 double dt = now() - t0;
                 best[side] = dt < best[side] ? dt : best[side];
             }
-        double flop = 2.0 * T * rows * cols, bytes = (double)rows * cols * 4;
-        printf("| %d%s | %.2f | %.1f | %.1f | %.2f | %.1f | %.2fx |\n", T,
-               T > KVP_F32_SMALL_T ? " (sgemm both)" : "", best[0] * 1e3, bytes / best[0] / 1e9,
-               flop / best[0] / 1e9, best[1] * 1e3, flop / best[1] / 1e9, best[1] / best[0]);
+        double flop = 2.0 * T * rows * cols, bytes = (double)rows * row_bytes;
+        const char *note = T > small_t ? " (both without)"
+                           : !f32 && T < KVP_MATMUL_TILE_MIN_T ? " (both the kernel)" : "";
+        printf("| %d%s | %.2f | %.1f | %.1f | %.2f | %.1f | %.2fx |\n", T, note, best[0] * 1e3,
+               bytes / best[0] / 1e9, flop / best[0] / 1e9, best[1] * 1e3, flop / best[1] / 1e9,
+               best[1] / best[0]);
         fflush(stdout);
     }
     kvp_matmul_leave();
     kvp_matmul_force_prefill(KVP_PREFILL_AUTO);
+    if (!f32)
+        free(data);
     free(w);
     free(x);
     free(y);
@@ -127,7 +147,7 @@ int main(int argc, char **argv)
 {
     const char *anchor = "../shared/anchors/ggml-quantize-perf";
     const char *list = "q8_0,q4_0,q4_1,q5_0,q5_1,q2_K,q3_K,q4_K,q5_K,q6_K,f16,bf16";
-    long mib = 128, reps = 5, rounds = 3, small_cols = 0;
+    long mib = 128, reps = 5, rounds = 3, small_cols = 0, q8_cols = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--anchor"))
             anchor = argv[i + 1];
@@ -137,17 +157,21 @@ int main(int argc, char **argv)
                    : !strcmp(argv[i], "--reps") ? kvp_parse_long(argv[i + 1], 1, 1000, &reps)
                    : !strcmp(argv[i], "--rounds") ? kvp_parse_long(argv[i + 1], 1, 100, &rounds)
                    : !strcmp(argv[i], "--f32-small") ? kvp_parse_long(argv[i + 1], 8, 1 << 16, &small_cols)
+                   : !strcmp(argv[i], "--q8-small") ? kvp_parse_long(argv[i + 1], 32, 1 << 16, &q8_cols) &&
+                                                      q8_cols % 32 == 0
                    : 0)) {
-            fprintf(stderr, "usage: bench_matmul [--anchor PATH] [--mib N] [--reps N] [--rounds N] [--types LIST] [--f32-small COLS]\n");
+            fprintf(stderr, "usage: bench_matmul [--anchor PATH] [--mib N] [--reps N] [--rounds N] [--types LIST] [--f32-small COLS] [--q8-small COLS]\n");
             return 2;
         }
     }
     if (argc % 2 == 0) {
-        fprintf(stderr, "usage: bench_matmul [--anchor PATH] [--mib N] [--reps N] [--rounds N] [--types LIST] [--f32-small COLS]\n");
+        fprintf(stderr, "usage: bench_matmul [--anchor PATH] [--mib N] [--reps N] [--rounds N] [--types LIST] [--f32-small COLS] [--q8-small COLS]\n");
         return 2;
     }
     if (small_cols)
-        return bench_f32_small((int)small_cols, mib, reps);
+        return bench_small(KVP_GGML_F32, (int)small_cols, mib, reps);
+    if (q8_cols)
+        return bench_small(KVP_GGML_Q8_0, (int)q8_cols, mib, reps);
     setenv("KVP_THREADS", "1", 0);  /* one thread, as ggml's vec_dot benchmark */
     openblas_set_num_threads(1);
 

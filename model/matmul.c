@@ -103,6 +103,7 @@ static size_t act_bytes(int n)
     size_t pad = (size_t)kvp_group_pad(n, 32);  /* the larger of the two paddings */
     return (size_t)n + (size_t)(n / KVP_QK) * 2 * sizeof(float) +
            (size_t)(n / 16) * (sizeof(int16_t) + sizeof(float)) +
+           (size_t)(n / 4) * (sizeof(int32_t) + sizeof(float)) +
            (size_t)KVP_X4_GROUPS(n) * (128 + 16 * (sizeof(int32_t) + sizeof(float))) + pad +
            2 * pad / 16 * sizeof(float);
 }
@@ -116,7 +117,9 @@ static void act_quantize(kvp_act *a, enum act_kind kind, const float *x, int n, 
     a->d = scratch;
     a->s = a->d + n / KVP_QK;
     a->s16 = a->s + n / KVP_QK;
-    a->dx = a->s16 + n / 16;
+    a->d4 = a->s16 + n / 16;
+    a->o4 = (int32_t *)(a->d4 + n / 4);
+    a->dx = (float *)(a->o4 + n / 4);
     a->ox = (int32_t *)(a->dx + 16 * KVP_X4_GROUPS(n));
     a->qx = (int8_t *)(a->ox + 16 * KVP_X4_GROUPS(n));
     a->bsums = (int16_t *)(a->qx + 128 * KVP_X4_GROUPS(n));
@@ -125,6 +128,8 @@ static void act_quantize(kvp_act *a, enum act_kind kind, const float *x, int n, 
         kernels.quantize[0](x, n, a);
         if (kernels.regroup32)
             kernels.regroup32(a);
+        if (kernels.small_prep)
+            kernels.small_prep(a);
         return;
     }
     kernels.quantize[1](x, n, a);
@@ -397,6 +402,12 @@ static void dot_rows(const job *j, int r0, int r1)
                              j->T, g->y + a, w->rows, j->accumulate);
             continue;
         }
+        if (kernels.small[w->type]) {   /* each block read once for all T activation rows */
+            kernels.small[w->type]((const uint8_t *)w->data + (size_t)a * w->row_bytes,
+                                   w->row_bytes, b - a, g->act, j->T, g->y + a, w->rows,
+                                   j->accumulate);
+            continue;
+        }
         kvp_dot_fn dot = kernels.dot[w->type];
         kvp_rows_fn rows = kernels.rows[w->type];
         for (int t = 0; t < j->T; t++) {
@@ -415,12 +426,17 @@ static void dot_rows(const job *j, int r0, int r1)
 }
 
 /* Whether a block of T activation rows against w takes the decode path (matmul_decode):
- * f32 weights up to KVP_F32_SMALL_T rows (each weight row streamed once, no packing:
- * cheaper than sgemm there, see README), the other types below KVP_MATMUL_TILE_MIN_T. */
+ * f32 weights up to KVP_F32_SMALL_T rows and types with a small-T kernel up to
+ * KVP_QUANT_SMALL_T (each weight row streamed once, no packing: cheaper than sgemm or
+ * the int8 GEMM there, see README) unless a prefill path is forced, the other types
+ * below KVP_MATMUL_TILE_MIN_T. */
 static int decode_path(const kvp_weight *w, int T)
 {
+    int forced = atomic_load(&prefill_forced);
     if (w->type == KVP_GGML_F32)
-        return T <= KVP_F32_SMALL_T && atomic_load(&prefill_forced) != KVP_PREFILL_SGEMM;
+        return T <= KVP_F32_SMALL_T && forced != KVP_PREFILL_SGEMM;
+    if (kernels.small[w->type] && forced == KVP_PREFILL_AUTO)
+        return T <= KVP_QUANT_SMALL_T;
     return T < KVP_MATMUL_TILE_MIN_T;
 }
 
@@ -430,14 +446,17 @@ static void matmul_decode(int n, float *const y[], const float *x, const kvp_wei
                           int T, int accumulate)
 {
     enum act_kind kinds[MAX_SEGMENTS];
-    kvp_act act[MAX_SEGMENTS][KVP_MATMUL_TILE_MIN_T];
+    kvp_act *act[MAX_SEGMENTS];   /* [T] each: a matrix's quantized activation rows */
     segment seg[MAX_SEGMENTS];
     size_t per = act_bytes(w[0]->cols);
-    /* quantized activations: only quantized matrices' rows, below KVP_MATMUL_TILE_MIN_T */
-    size_t quantized_T = T < KVP_MATMUL_TILE_MIN_T ? (size_t)T : 0;
-    unsigned char *scratch = malloc(per * quantized_T * (size_t)n + 1);
-    if (!scratch)
-        abort();  /* a few KB; the forward pass has no way to report it */
+    /* quantized activations (f32 matrices read x) */
+    size_t quantized_T = 0;
+    for (int i = 0; i < n; i++)
+        quantized_T = w[i]->type != KVP_GGML_F32 ? (size_t)T : quantized_T;
+    kvp_act *acts = malloc((sizeof *acts + per) * quantized_T * (size_t)n + 1);
+    if (!acts)
+        abort();  /* some KB; the forward pass has no way to report it */
+    unsigned char *scratch = (unsigned char *)(acts + quantized_T * (size_t)n);
     int rows = 0;
     size_t bytes = 0;
     for (int i = 0; i < n; i++) {
@@ -445,8 +464,9 @@ static void matmul_decode(int n, float *const y[], const float *x, const kvp_wei
         int f32 = w[i]->type == KVP_GGML_F32, same = 0;
         while (same < i && (kinds[same] != kinds[i] || w[same]->type == KVP_GGML_F32))
             same++;
+        act[i] = acts + (size_t)i * quantized_T;
         if (!f32 && same < i) {
-            memcpy(act[i], act[same], sizeof act[i]);
+            memcpy(act[i], act[same], (size_t)T * sizeof *act[i]);
         } else if (!f32) {   /* (f32_rows reads x itself) */
             for (int t = 0; t < T; t++)
                 act_quantize(&act[i][t], kinds[i], x + (size_t)t * w[i]->cols, w[i]->cols,
@@ -459,7 +479,7 @@ static void matmul_decode(int n, float *const y[], const float *x, const kvp_wei
     job j = {.fn = dot_rows, .seg = seg, .n_seg = n, .T = T, .accumulate = accumulate,
              .rows = rows, .chunk = CHUNK_ROWS, .guided = 1, .linger = 1};
     run_job(&j, bytes);
-    free(scratch);
+    free(acts);
 }
 
 /* Buffers of the calling thread, kept between calls: prefill's buffers are MBs, and

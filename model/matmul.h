@@ -7,7 +7,8 @@
  *     activation row (AVX-512 / AVX2 / scalar); longer blocks through OpenBLAS sgemm;
  *   - decode (a few rows of activations) quantizes each activation row once to 8-bit
  *     blocks (32 elements for the _0/_1 formats, 256 for the K formats, as ggml does)
- *     and runs integer dot products, AVX-512 VNNI / AVX2 / portable scalar chosen at run
+ *     and runs integer dot products (Q8_0: up to KVP_QUANT_SMALL_T rows, each weight
+ *     block read once for all of them), AVX-512 VNNI / AVX2 / portable scalar chosen at run
  *     time (KVP_SIMD=scalar|avx2|avx512 forces one); f16 / bf16 rows take f32 dot
  *     products; rows are split over a small thread pool when only one forward pass is
  *     running in the process (KVP_THREADS caps its size; default: online CPUs);
@@ -42,6 +43,9 @@ typedef struct kvp_weight {
 /* f32 weights: blocks of at most this many rows take the pool's kernel, longer ones
  * sgemm (the crossover measured by `bench_matmul --f32-small`, see README). */
 #define KVP_F32_SMALL_T 128
+/* Block formats with a small-T kernel (Q8_0): blocks of at most this many rows take it,
+ * longer ones the int8 GEMM (the crossover measured by `bench_matmul --q8-small`). */
+#define KVP_QUANT_SMALL_T 32
 
 /* y[T][rows] = x[T][cols] . W^T, or y += when accumulate. */
 void kvp_matmul(float *y, const float *x, const kvp_weight *w, int T, int accumulate);

@@ -4,8 +4,10 @@
  *   Q8_0 Q4_0 Q4_1 Q5_0 Q5_1: int8 blocks of 32, scale d and s = d * sum(q) per block;
  *   K formats:                int8 blocks of 256, scale d and the sums of every 16.
  *
- * Two kinds of kernel: a dot product of one row with one activation row (decode), and
- * an int8 GEMM of a chunk of rows with a block of activation rows (prefill). The GEMM
+ * Three kinds of kernel: a dot product of one row with one activation row (decode); for
+ * Q8_0, a small-T kernel that reads each block of a row once for a few activation rows
+ * (decode steps of several sessions); and an int8 GEMM of a chunk of rows with a block
+ * of activation rows (prefill). The GEMM
  * first packs each weight row once into plain unsigned 8-bit codes in element order
  * plus scales (see kvp_pack below), so one register-blocked kernel per family serves
  * every block format, and each packed row is reused by all the block's tokens. */
@@ -30,6 +32,9 @@ typedef struct kvp_act {
     int16_t *bsums;     /* [n/16]: sums of q over each 16 (K formats) */
     float *s16;         /* [n/16]: d * bsums (K formats) */
     int8_t *q;          /* [n] */
+    /* blocks of 32, for a set's small_prep (the small-T kernels, matmul_x86.h) */
+    int32_t *o4;        /* [n/4]: -128 x the sum of each 4 codes */
+    float *d4;          /* [n/4]: the scale d of each 4 codes' block */
     /* blocks of 32 regrouped by fours for a set's regroup32 (matmul_avx512vbmi.c) */
     int8_t *qx;         /* [128 * KVP_X4_GROUPS(n)] */
     int32_t *ox;        /* [16 * KVP_X4_GROUPS(n)] */
@@ -100,6 +105,14 @@ typedef void (*kvp_pack_fn)(const void *row, int n, uint8_t *packed);
 typedef void (*kvp_gemm_fn)(const uint8_t *packed, size_t stride, int rows, const kvp_act *act,
                             int T, float *y, int ldy, int accumulate);
 
+/* A block format against a few activation rows (a decode step of up to
+ * KVP_QUANT_SMALL_T rows, batched or not): y[t * ldy + r] (+)= row r . act[t] for
+ * r < rows, t < T, the rows `stride` bytes apart. Each block is read as it lies in the
+ * file once for all T activation rows (no packing). Every (r, t) sum runs in the same
+ * order whatever T and rows are, so a row's result does not depend on its batch. */
+typedef void (*kvp_small_fn)(const uint8_t *w, size_t stride, int rows, const kvp_act *act, int T,
+                             float *y, int ldy, int accumulate);
+
 /* Quantizes n activations into a->q and a->d, and a->s (blocks of 32: q8_0's rule,
  * d = amax / 127) or a->bsums (blocks of 256: q8_K's, the signed extreme -> -127). */
 typedef void (*kvp_quant_fn)(const float *x, int n, kvp_act *a);
@@ -118,9 +131,11 @@ typedef void (*kvp_kv_axpy_fn)(kvp_kv_type t, float *y, float a, const void *row
 typedef struct kvp_kernel_set {
     kvp_quant_fn quantize[2];               /* blocks of 32, blocks of 256 */
     void (*regroup32)(kvp_act *a);          /* after quantize[0]: qx, ox, dx (NULL: none) */
+    void (*small_prep)(kvp_act *a);         /* after quantize[0]: o4, d4 (NULL: none) */
     kvp_f32_rows_fn f32_rows;
     kvp_dot_fn dot[KVP_N_WEIGHT_TYPES];
     kvp_rows_fn rows[KVP_N_WEIGHT_TYPES];   /* NULL: dot row by row */
+    kvp_small_fn small[KVP_N_WEIGHT_TYPES]; /* set: every decode block of the type (not dot) */
     kvp_pack_fn pack[KVP_N_WEIGHT_TYPES];   /* NULL: no int8 GEMM for the type */
     kvp_pack_fn scalar_pack[KVP_N_WEIGHT_TYPES];  /* the scalar set's (element order) */
     kvp_gemm_fn gemm[KVP_N_WEIGHT_TYPES];

@@ -96,18 +96,24 @@ static float dot_bf16(const void *row, const kvp_act *a)
     return sum;
 }
 
-static float dot_q8_0(const void *row, const kvp_act *a)
+/* kvp_small_fn for Q8_0 (also a single activation row's dot product) */
+static void small_q8_0(const uint8_t *w, size_t stride, int rows, const kvp_act *act, int T,
+                       float *y, int ldy, int accumulate)
 {
-    const blk_q8_0 *b = row;
-    float sum = 0.0f;
-    for (int i = 0; i < a->n / KVP_QK; i++, b++) {
-        const int8_t *q = a->q + i * KVP_QK;
-        int s = 0;
-        for (int j = 0; j < KVP_QK; j++)
-            s += b->qs[j] * q[j];
-        sum += kvp_f16_to_f32(b->d) * a->d[i] * (float)s;
-    }
-    return sum;
+    for (int r = 0; r < rows; r++)       /* row r stays in cache while every token reads it */
+        for (int t = 0; t < T; t++) {
+            const blk_q8_0 *b = (const blk_q8_0 *)(w + (size_t)r * stride);
+            float sum = 0.0f;
+            for (int i = 0; i < act[t].n / KVP_QK; i++, b++) {
+                const int8_t *q = act[t].q + i * KVP_QK;
+                int s = 0;
+                for (int j = 0; j < KVP_QK; j++)
+                    s += b->qs[j] * q[j];
+                sum += kvp_f16_to_f32(b->d) * act[t].d[i] * (float)s;
+            }
+            float *o = y + (size_t)t * ldy + r;
+            *o = accumulate ? *o + sum : sum;
+        }
 }
 
 /* sum over a block of (4-bit code) * q: low nibbles are elements 0..15, high 16..31 */
@@ -551,10 +557,10 @@ void kvp_kernels_scalar(kvp_kernel_set *k)
     k->quantize[0] = quantize32;
     k->quantize[1] = quantize256;
     k->f32_rows = f32_rows;
+    k->small[KVP_GGML_Q8_0] = small_q8_0;
     kvp_dot_fn *tab = k->dot;
     tab[KVP_GGML_F16] = dot_f16;
     tab[KVP_GGML_BF16] = dot_bf16;
-    tab[KVP_GGML_Q8_0] = dot_q8_0;
     tab[KVP_GGML_Q4_0] = dot_q4_0;
     tab[KVP_GGML_Q4_1] = dot_q4_1;
     tab[KVP_GGML_Q5_0] = dot_q5_0;

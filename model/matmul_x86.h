@@ -203,28 +203,6 @@ static float dot_bf16(const void *row, const kvp_act *a)
     return sum;
 }
 
-static float dot_q8_0(const void *row, const kvp_act *a)
-{
-    const blk_q8_0 *b = row;
-    const int nb = a->n / KVP_QK;
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
-    int i = 0;
-    for (; i + 2 <= nb; i += 2) {
-        __m256i x0 = load256(b[i].qs), y0 = load256(a->q + i * KVP_QK);
-        __m256i x1 = load256(b[i + 1].qs), y1 = load256(a->q + (i + 1) * KVP_QK);
-        __m256 p0 = mulsum_f32(_mm256_sign_epi8(x0, x0), _mm256_sign_epi8(y0, x0));
-        __m256 p1 = mulsum_f32(_mm256_sign_epi8(x1, x1), _mm256_sign_epi8(y1, x1));
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(b[i].d) * a->d[i]), p0, acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(b[i + 1].d) * a->d[i + 1]), p1, acc1);
-    }
-    for (; i < nb; i++) {
-        __m256i x0 = load256(b[i].qs), y0 = load256(a->q + i * KVP_QK);
-        __m256 p0 = mulsum_f32(_mm256_sign_epi8(x0, x0), _mm256_sign_epi8(y0, x0));
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(b[i].d) * a->d[i]), p0, acc0);
-    }
-    return hsum(_mm256_add_ps(acc0, acc1));
-}
-
 /* The 32-element formats with unsigned codes: sum over blocks of
  * d_w * (d_a * sum(code * q)) + extra_w * s_a, where extra_w is -8 d / -16 d for the _0
  * formats and m for the _1 formats. */
@@ -840,6 +818,149 @@ static void f32_rows(const float *w, int rows, int n, const float *x, int T, flo
         f32_strip(w + (size_t)r * n, n, x, T, y + r, ldy, accumulate, 1);
 }
 
+/* ---- Q8_0 at small T (kvp_small_fn): each block read once for T activation rows ---- */
+
+#if KVP_VNNI
+/* Tiles of Q8_R weight rows x Q8_C activation rows, two blocks to a 512-bit vector. The
+ * weight codes are read unsigned (code + 128, as vpdpbusd wants its first operand) and
+ * each lane starts at the activation's o4 (-128 x the sum of the 4 codes it multiplies),
+ * so every lane sums 4 exact products; then one multiply-add per lane by d_w x d_a (the
+ * activation's d4). Each (row, token) has its own accumulator and runs the same steps
+ * whatever the tile, so a row's result does not depend on T. 32 vector registers: 16
+ * accumulators, 4 rows of codes and 4 of scales. */
+#define Q8_R 4
+#define Q8_C 4
+
+/* [d of block 0] x 8, [d of block 1] x 8 (one: the upper half 0) */
+static inline __m512 q8_scales(const blk_q8_0 *b, int two)
+{
+    __m128i lo = _mm_set1_epi16((short)b[0].d), hi = two ? _mm_set1_epi16((short)b[1].d) : _mm_setzero_si128();
+    return _mm512_cvtph_ps(_mm256_set_m128i(hi, lo));
+}
+
+static inline __attribute__((always_inline)) void
+q8_tile(const uint8_t *w, size_t stride, const kvp_act *act, float *y, int ldy, int accumulate,
+        int R, int C)
+{
+    const int nb = act[0].n / KVP_QK;
+    const __m512i flip = _mm512_set1_epi8(-128);
+    __m512 acc[Q8_R][Q8_C];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++)
+            acc[r][c] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b += 2) {
+        const int two = b + 1 < nb;   /* else the last block alone, the upper half 0 */
+        __m512i wu[Q8_R];
+        __m512 dw[Q8_R];
+        for (int r = 0; r < R; r++) {
+            const blk_q8_0 *k = (const blk_q8_0 *)(w + (size_t)r * stride) + b;
+            __m512i v = _mm512_zextsi256_si512(load256(k[0].qs));
+            if (two)
+                v = _mm512_inserti64x4(v, load256(k[1].qs), 1);
+            wu[r] = _mm512_xor_si512(v, flip);   /* (a lone block's upper half meets q = 0) */
+            dw[r] = q8_scales(k, two);
+        }
+        for (int c = 0; c < C; c++) {
+            __m512i q, o;
+            __m512 da;
+            if (two) {
+                q = _mm512_loadu_si512(act[c].q + b * KVP_QK);
+                o = _mm512_loadu_si512(act[c].o4 + b * 8);
+                da = _mm512_loadu_ps(act[c].d4 + b * 8);
+            } else {
+                q = _mm512_zextsi256_si512(load256(act[c].q + b * KVP_QK));
+                o = _mm512_zextsi256_si512(load256(act[c].o4 + b * 8));
+                da = _mm512_zextps256_ps512(_mm256_loadu_ps(act[c].d4 + b * 8));
+            }
+            for (int r = 0; r < R; r++)
+                acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(o, wu[r], q)),
+                                            _mm512_mul_ps(dw[r], da), acc[r][c]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) {
+            float v = _mm512_reduce_add_ps(acc[r][c]), *o = y + (size_t)c * ldy + r;
+            *o = accumulate ? *o + v : v;
+        }
+}
+
+/* the activation side of q8_tile: o4 and d4 from q and d */
+static void small_prep(kvp_act *a)
+{
+    const __m256i ones = _mm256_set1_epi8(1);
+    for (int b = 0; b < a->n / KVP_QK; b++) {
+        __m256i sums = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones, load256(a->q + b * KVP_QK));
+        _mm256_storeu_si256((__m256i *)(a->o4 + 8 * b), _mm256_mullo_epi32(sums, _mm256_set1_epi32(-128)));
+        _mm256_storeu_ps(a->d4 + 8 * b, _mm256_set1_ps(a->d[b]));
+    }
+}
+#else
+/* AVX2: tiles of Q8_R rows x Q8_C tokens, a block to a 256-bit vector, signed codes
+ * (maddubs would saturate on unsigned ones: |code| . sign(q, code) as dot_q8_0 did),
+ * one multiply-add per block by d_w x d_a. 16 vector registers. */
+#define Q8_R 2
+#define Q8_C 4
+
+static inline __attribute__((always_inline)) void
+q8_tile(const uint8_t *w, size_t stride, const kvp_act *act, float *y, int ldy, int accumulate,
+        int R, int C)
+{
+    const int nb = act[0].n / KVP_QK;
+    __m256 acc[Q8_R][Q8_C];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++)
+            acc[r][c] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        __m256i wv[Q8_R], wa[Q8_R];
+        __m256 dw[Q8_R];
+        for (int r = 0; r < R; r++) {
+            const blk_q8_0 *k = (const blk_q8_0 *)(w + (size_t)r * stride) + b;
+            wv[r] = load256(k->qs);
+            wa[r] = _mm256_sign_epi8(wv[r], wv[r]);
+            dw[r] = _mm256_set1_ps(h2f(k->d));
+        }
+        for (int c = 0; c < C; c++) {
+            __m256i q = load256(act[c].q + b * KVP_QK);
+            __m256 da = _mm256_set1_ps(act[c].d[b]);
+            for (int r = 0; r < R; r++)
+                acc[r][c] = _mm256_fmadd_ps(mulsum_f32(wa[r], _mm256_sign_epi8(q, wv[r])),
+                                            _mm256_mul_ps(dw[r], da), acc[r][c]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) {
+            float v = hsum(acc[r][c]), *o = y + (size_t)c * ldy + r;
+            *o = accumulate ? *o + v : v;
+        }
+}
+#endif
+
+/* the tiles of R rows against every token: full tiles of Q8_C, then the rest */
+static inline __attribute__((always_inline)) void
+q8_strip(const uint8_t *w, size_t stride, const kvp_act *act, int T, float *y, int ldy,
+         int accumulate, int R)
+{
+    int t = 0;
+    for (; t + Q8_C <= T; t += Q8_C)
+        q8_tile(w, stride, act + t, y + (size_t)t * ldy, ldy, accumulate, R, Q8_C);
+    switch (T - t) {
+    case 3: q8_tile(w, stride, act + t, y + (size_t)t * ldy, ldy, accumulate, R, 3); break;
+    case 2: q8_tile(w, stride, act + t, y + (size_t)t * ldy, ldy, accumulate, R, 2); break;
+    case 1: q8_tile(w, stride, act + t, y + (size_t)t * ldy, ldy, accumulate, R, 1); break;
+    default: break;
+    }
+}
+
+static void small_q8_0(const uint8_t *w, size_t stride, int rows, const kvp_act *act, int T,
+                       float *y, int ldy, int accumulate)
+{
+    int r = 0;
+    for (; r + Q8_R <= rows; r += Q8_R)
+        q8_strip(w + (size_t)r * stride, stride, act, T, y + r, ldy, accumulate, Q8_R);
+    for (; r < rows; r++)
+        q8_strip(w + (size_t)r * stride, stride, act, T, y + r, ldy, accumulate, 1);
+}
+
 /* ---- attention over stored KV cache rows (cache/kvrow.h) -------------------------- */
 
 /* 8 stored numbers from i as f32: f16 through F16C, q8_0 codes sign-extended (unscaled) */
@@ -896,6 +1017,10 @@ static void kv_axpy(kvp_kv_type t, float *y, float a, const void *row, int n)
 void KVP_KERNELS(kvp_kernel_set *ks)
 {
     ks->f32_rows = f32_rows;
+    ks->small[KVP_GGML_Q8_0] = small_q8_0;
+#if KVP_VNNI
+    ks->small_prep = small_prep;
+#endif
     ks->kv_dot = kv_dot;
     ks->kv_axpy = kv_axpy;
     ks->quantize[0] = quantize32;
@@ -903,7 +1028,6 @@ void KVP_KERNELS(kvp_kernel_set *ks)
     kvp_dot_fn *tab = ks->dot;
     tab[KVP_GGML_F16] = dot_f16;
     tab[KVP_GGML_BF16] = dot_bf16;
-    tab[KVP_GGML_Q8_0] = dot_q8_0;
     tab[KVP_GGML_Q4_0] = dot_q4_0;
     tab[KVP_GGML_Q4_1] = dot_q4_1;
     tab[KVP_GGML_Q5_0] = dot_q5_0;

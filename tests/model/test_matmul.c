@@ -2,7 +2,7 @@
  * type's matrix-vector product lands within the error that quantizing the activations
  * to 8 bits can cause, the prefill tile + sgemm path matches the f32 product, the int8
  * GEMM prefill equals the per-row matrix-vector product (same activation quantization)
- * for every shape, f32 weights in small blocks give each row what it gets alone, and
+ * for every shape, f32 and Q8_0 weights in small blocks give each row what it gets alone, and
  * the thread pool's row split gives the same rows as one thread.
  * meson runs this file twice: with the best kernels of the CPU and with KVP_SIMD=scalar. */
 #include <criterion/criterion.h>
@@ -336,6 +336,82 @@ Test(matmul, f32_small_blocks_equal_rows_alone)
     free(x);
     free(y);
     free(alone);
+}
+
+/* Q8_0 weights in blocks of up to KVP_QUANT_SMALL_T activation rows take the small-T
+ * kernel (each block read once for all the rows): each product is within the error
+ * that quantizing the activations to 8 bits can cause (the bound of
+ * block32_rows_of_any_width_and_count), and each activation row's outputs equal, bit for
+ * bit, the same row multiplied alone (T = 1) on one thread, so a session's logits do not
+ * depend on its batch. Rows not a multiple of the tiles, widths of an even and an odd
+ * number of blocks (the AVX-512 kernel takes blocks in pairs), T across the tiles'
+ * remainders and past the GEMM crossover (there only within the bound), accumulate. */
+Test(matmul, q8_0_small_blocks_equal_rows_alone)
+{
+    enum { ROWS = 331, MAXC = 800, MAXT = KVP_QUANT_SMALL_T + 3 };
+    static const int widths[] = {768, 800, 96};
+    static const int Ts[] = {1, 2, 3, 4, 5, 7, 16, 17, KVP_QUANT_SMALL_T, MAXT};
+    float *src = malloc((size_t)ROWS * MAXC * sizeof *src), *x = malloc((size_t)MAXT * MAXC * sizeof *x);
+    float *deq = malloc((size_t)ROWS * MAXC * sizeof *deq), *y = malloc((size_t)MAXT * ROWS * sizeof *y);
+    float *alone = malloc(ROWS * sizeof *alone);
+    uint8_t *q = malloc(kvp_type_nbytes(KVP_GGML_Q8_0, MAXC) * ROWS);
+    cr_assert(src && x && deq && y && alone && q);
+    uint64_t s = 4242;
+    for (int i = 0; i < ROWS * MAXC; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        src[i] = (float)((int)(s >> 40) % 2001 - 1000) / 1000.0f * (float)(1 + i % 3);
+    }
+    for (int i = 0; i < MAXT * MAXC; i++)
+        x[i] = cosf(0.53f * (float)i) * (float)(1 + i % 7);
+    for (size_t c = 0; c < sizeof widths / sizeof widths[0]; c++) {
+        int cols = widths[c];
+        size_t rb = kvp_type_nbytes(KVP_GGML_Q8_0, (uint64_t)cols);
+        cr_assert_eq(kvp_quantize(KVP_GGML_Q8_0, src, q, (uint64_t)ROWS * cols), 0);
+        kvp_dequantize(KVP_GGML_Q8_0, q, deq, (uint64_t)ROWS * cols);
+        kvp_weight wt = {KVP_GGML_Q8_0, ROWS, cols, rb, q};
+        for (size_t k = 0; k < sizeof Ts / sizeof Ts[0]; k++) {
+            int T = Ts[k];
+            for (int accumulate = 0; accumulate < 2; accumulate++) {
+                for (int i = 0; i < T * ROWS; i++)
+                    y[i] = accumulate ? 0.5f * (float)(i % 7) : NAN;
+                kvp_matmul_enter();
+                kvp_matmul(y, x, &wt, T, accumulate);
+                kvp_matmul_leave();
+                kvp_matmul_force_threads(1);
+                for (int t = 0; t < T; t++) {
+                    const float *xt = x + (size_t)t * cols;
+                    for (int r = 0; r < ROWS; r++)
+                        alone[r] = accumulate ? 0.5f * (float)((t * ROWS + r) % 7) : 0.0f;
+                    kvp_matmul(alone, xt, &wt, 1, accumulate);
+                    for (int r = 0; r < ROWS; r++) {
+                        double exact = accumulate ? 0.5 * ((t * ROWS + r) % 7) : 0.0, bound = 0, mag = 0;
+                        for (int e = 0; e < cols; e++) {
+                            double d = deq[(size_t)r * cols + e];
+                            exact += d * xt[e];
+                            mag += fabs(d * xt[e]);
+                            bound += fabs(d) * block_amax(xt, e, KVP_QK) / 254.0;
+                        }
+                        float got = y[(size_t)t * ROWS + r];
+                        cr_assert(fabs(got - exact) <= bound + 1e-5 * mag + 1e-6,
+                                  "cols %d T %d row %d: %g vs %g (bound %g)", cols, T, r, (double)got,
+                                  exact, bound);
+                        if (T <= KVP_QUANT_SMALL_T)
+                            cr_assert(!memcmp(&got, &alone[r], sizeof got),
+                                      "%s cols %d T %d acc %d token %d row %d: %.9g in the block, "
+                                      "%.9g alone", kvp_matmul_simd(), cols, T, accumulate, t, r,
+                                      (double)got, (double)alone[r]);
+                    }
+                }
+                kvp_matmul_force_threads(0);
+            }
+        }
+    }
+    free(src);
+    free(x);
+    free(deq);
+    free(y);
+    free(alone);
+    free(q);
 }
 
 /* The int8 GEMM split over the pool (odd rows, odd T) against the matrix-vector rows,
