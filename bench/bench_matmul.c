@@ -81,7 +81,7 @@ static double anchor_gbs(const char *anchor, const char *type, long n, double *m
  * (f32: OpenBLAS; q8_0: the int8 GEMM from KVP_MATMUL_TILE_MIN_T rows). */
 static int bench_small(uint32_t type, int cols, long mib, long reps)
 {
-    static const int Ts[] = {1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256};
+    static const int Ts[] = {1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256};
     enum { MAX_T = 256 };
     int f32 = type == KVP_GGML_F32, small_t = f32 ? KVP_F32_SMALL_T : KVP_QUANT_SMALL_T;
     size_t row_bytes = kvp_type_nbytes(type, (uint64_t)cols);

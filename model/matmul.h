@@ -42,7 +42,7 @@ typedef struct kvp_weight {
 #define KVP_MATMUL_TILE_MIN_T 4
 /* f32 weights: blocks of at most this many rows take the pool's kernel, longer ones
  * sgemm (the crossover measured by `bench_matmul --f32-small`, see README). */
-#define KVP_F32_SMALL_T 128
+#define KVP_F32_SMALL_T 256
 /* Block formats with a small-T kernel (Q8_0): blocks of at most this many rows take it,
  * longer ones the int8 GEMM (the crossover measured by `bench_matmul --q8-small`). */
 #define KVP_QUANT_SMALL_T 32

@@ -752,10 +752,11 @@ static void gemm_signed(const uint8_t *packed, size_t stride, int rows, const kv
 #endif
 
 /* f32 rows at small T (kvp_f32_rows_fn): tiles of R weight rows x C activation rows,
- * each (row, token) summed in its own 8-lane register in element order, then hsum and
- * the scalar tail, for every tile shape alike (so a row's result does not depend on T).
- * Each loaded weight register serves C tokens and each activation register R rows;
- * AVX-512 has 32 vector registers (4 x 4 tiles), AVX2 16 (2 x 4). */
+ * each (row, token) summed in its own register in element order (AVX-512: 16 lanes, the
+ * last piece under a mask; AVX2: 8 lanes, then hsum and the scalar tail), for every tile
+ * shape alike (so a row's result does not depend on T). Each loaded weight register
+ * serves C tokens and each activation register R rows; AVX-512 has 32 vector registers
+ * (4 x 4 tiles), AVX2 16 (2 x 4). */
 #if KVP_VNNI
 #define F32_R 4
 #else
@@ -763,6 +764,43 @@ static void gemm_signed(const uint8_t *packed, size_t stride, int rows, const kv
 #endif
 #define F32_C 4
 
+#if KVP_VNNI
+static inline __attribute__((always_inline)) void
+f32_tile(const float *w, int n, const float *x, float *y, int ldy, int accumulate, int R, int C)
+{
+    __m512 s[F32_R][F32_C];
+    for (int i = 0; i < R; i++)
+        for (int j = 0; j < C; j++)
+            s[i][j] = _mm512_setzero_ps();
+    int k = 0;
+    for (; k + 16 <= n; k += 16) {
+        __m512 wv[F32_R];
+        for (int i = 0; i < R; i++)
+            wv[i] = _mm512_loadu_ps(w + (size_t)i * n + k);
+        for (int j = 0; j < C; j++) {
+            __m512 xv = _mm512_loadu_ps(x + (size_t)j * n + k);
+            for (int i = 0; i < R; i++)
+                s[i][j] = _mm512_fmadd_ps(wv[i], xv, s[i][j]);
+        }
+    }
+    if (k < n) {
+        __mmask16 m = (__mmask16)((1u << (n - k)) - 1);
+        __m512 wv[F32_R];
+        for (int i = 0; i < R; i++)
+            wv[i] = _mm512_maskz_loadu_ps(m, w + (size_t)i * n + k);
+        for (int j = 0; j < C; j++) {
+            __m512 xv = _mm512_maskz_loadu_ps(m, x + (size_t)j * n + k);
+            for (int i = 0; i < R; i++)
+                s[i][j] = _mm512_fmadd_ps(wv[i], xv, s[i][j]);
+        }
+    }
+    for (int i = 0; i < R; i++)
+        for (int j = 0; j < C; j++) {
+            float v = _mm512_reduce_add_ps(s[i][j]), *o = y + (size_t)j * ldy + i;
+            *o = accumulate ? *o + v : v;
+        }
+}
+#else
 static inline __attribute__((always_inline)) void
 f32_tile(const float *w, int n, const float *x, float *y, int ldy, int accumulate, int R, int C)
 {
@@ -790,6 +828,7 @@ f32_tile(const float *w, int n, const float *x, float *y, int ldy, int accumulat
             *o = accumulate ? *o + v : v;
         }
 }
+#endif
 
 /* the tiles of R rows against every token: full tiles of F32_C, then the rest */
 static inline __attribute__((always_inline)) void
@@ -812,8 +851,13 @@ static void f32_rows(const float *w, int rows, int n, const float *x, int T, flo
                      int accumulate)
 {
     int r = 0;
-    for (; r + F32_R <= rows; r += F32_R)
+    for (; r + F32_R <= rows; r += F32_R) {
+        /* the strip after next (see small_q8_0) */
+        if (r + 3 * F32_R <= rows)
+            for (size_t off = 0; off < F32_R * (size_t)n * sizeof *w; off += 64)
+                _mm_prefetch((const char *)(w + (size_t)(r + 2 * F32_R) * n) + off, _MM_HINT_T0);
         f32_strip(w + (size_t)r * n, n, x, T, y + r, ldy, accumulate, F32_R);
+    }
     for (; r < rows; r++)
         f32_strip(w + (size_t)r * n, n, x, T, y + r, ldy, accumulate, 1);
 }
@@ -826,10 +870,10 @@ static void f32_rows(const float *w, int rows, int n, const float *x, int T, flo
  * each lane starts at the activation's o4 (-128 x the sum of the 4 codes it multiplies),
  * so every lane sums 4 exact products; then one multiply-add per lane by d_w x d_a (the
  * activation's d4). Each (row, token) has its own accumulator and runs the same steps
- * whatever the tile, so a row's result does not depend on T. 32 vector registers: 16
- * accumulators, 4 rows of codes and 4 of scales. */
+ * whatever the tile, so a row's result does not depend on T. 32 vector registers: 12
+ * accumulators, 4 rows of codes and 4 of scales (4 x 4 tiles spill). */
 #define Q8_R 4
-#define Q8_C 4
+#define Q8_C 3
 
 /* [d of block 0] x 8, [d of block 1] x 8 (one: the upper half 0) */
 static inline __m512 q8_scales(const blk_q8_0 *b, int two)
@@ -899,7 +943,7 @@ static void small_prep(kvp_act *a)
  * (maddubs would saturate on unsigned ones: |code| . sign(q, code) as dot_q8_0 did),
  * one multiply-add per block by d_w x d_a. 16 vector registers. */
 #define Q8_R 2
-#define Q8_C 4
+#define Q8_C 3
 
 static inline __attribute__((always_inline)) void
 q8_tile(const uint8_t *w, size_t stride, const kvp_act *act, float *y, int ldy, int accumulate,
@@ -935,7 +979,7 @@ q8_tile(const uint8_t *w, size_t stride, const kvp_act *act, float *y, int ldy, 
 }
 #endif
 
-/* the tiles of R rows against every token: full tiles of Q8_C, then the rest */
+/* the tiles of R rows against every token: full tiles of Q8_C (3), then the rest */
 static inline __attribute__((always_inline)) void
 q8_strip(const uint8_t *w, size_t stride, const kvp_act *act, int T, float *y, int ldy,
          int accumulate, int R)
@@ -944,7 +988,6 @@ q8_strip(const uint8_t *w, size_t stride, const kvp_act *act, int T, float *y, i
     for (; t + Q8_C <= T; t += Q8_C)
         q8_tile(w, stride, act + t, y + (size_t)t * ldy, ldy, accumulate, R, Q8_C);
     switch (T - t) {
-    case 3: q8_tile(w, stride, act + t, y + (size_t)t * ldy, ldy, accumulate, R, 3); break;
     case 2: q8_tile(w, stride, act + t, y + (size_t)t * ldy, ldy, accumulate, R, 2); break;
     case 1: q8_tile(w, stride, act + t, y + (size_t)t * ldy, ldy, accumulate, R, 1); break;
     default: break;
@@ -955,8 +998,14 @@ static void small_q8_0(const uint8_t *w, size_t stride, int rows, const kvp_act 
                        float *y, int ldy, int accumulate)
 {
     int r = 0;
-    for (; r + Q8_R <= rows; r += Q8_R)
+    for (; r + Q8_R <= rows; r += Q8_R) {
+        /* the strip after next: the hardware prefetcher loses the stream once a strip
+         * is read more than once (T > Q8_C) */
+        if (r + 3 * Q8_R <= rows)
+            for (size_t off = 0; off < Q8_R * stride; off += 64)
+                _mm_prefetch((const char *)w + (size_t)(r + 2 * Q8_R) * stride + off, _MM_HINT_T0);
         q8_strip(w + (size_t)r * stride, stride, act, T, y + r, ldy, accumulate, Q8_R);
+    }
     for (; r < rows; r++)
         q8_strip(w + (size_t)r * stride, stride, act, T, y + r, ldy, accumulate, 1);
 }
