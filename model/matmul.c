@@ -518,16 +518,25 @@ static void *scratch_grow(scratch_buf *b, size_t need)
 
 /* ---- prefill path 1: decode tiles of rows to f32, sgemm (f32 activations, exact) ---- */
 
+/* One pool thread's tiles: each decodes TILE_ROWS rows into its own buffer and runs the
+ * sgemm that fills their columns of y (the threads write disjoint columns). */
+static void tile_rows(const job *j, int r0, int r1)
+{
+    const kvp_weight *w = j->w;
+    float *tile = scratch_grow(&thread_scratch()->tile, (size_t)TILE_ROWS * w->cols * sizeof *tile);
+    kvp_dequantize(w->type, (const uint8_t *)w->data + (size_t)r0 * w->row_bytes, tile,
+                   (uint64_t)(r1 - r0) * w->cols);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->T, r1 - r0, w->cols, 1.0f, j->x,
+                w->cols, tile, w->cols, j->accumulate ? 1.0f : 0.0f, j->y + r0, w->rows);
+}
+
+/* The tiles go to the pool's threads, so an f16/bf16 model's prefill uses every core
+ * (OpenBLAS keeps one thread for such models, kvp_model_use_cores). */
 static void matmul_tiles(float *y, const float *x, const kvp_weight *w, int T, int accumulate)
 {
-    float *tile = scratch_grow(&thread_scratch()->tile, (size_t)TILE_ROWS * w->cols * sizeof *tile);
-    for (int r0 = 0; r0 < w->rows; r0 += TILE_ROWS) {
-        int n = w->rows - r0 < TILE_ROWS ? w->rows - r0 : TILE_ROWS;
-        kvp_dequantize(w->type, (const uint8_t *)w->data + (size_t)r0 * w->row_bytes, tile,
-                       (uint64_t)n * w->cols);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, n, w->cols, 1.0f, x, w->cols,
-                    tile, w->cols, accumulate ? 1.0f : 0.0f, y + r0, w->rows);
-    }
+    job j = {.fn = tile_rows, .w = w, .x = x, .y = y, .T = T, .accumulate = accumulate,
+             .rows = w->rows, .chunk = TILE_ROWS, .linger = 1};
+    run_job(&j, (size_t)w->rows * w->row_bytes * (size_t)T);
 }
 
 /* ---- prefill path 2: int8 GEMM (activations quantized as decode does) ---------------- */

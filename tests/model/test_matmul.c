@@ -338,6 +338,65 @@ Test(matmul, f32_small_blocks_equal_rows_alone)
     free(alone);
 }
 
+/* The tiles + sgemm prefill path (f16, bf16) split over the pool's threads: rows not a
+ * multiple of the tile, an odd T, with and without accumulate, equal bit for bit the same
+ * product on one thread (each tile's sgemm sees the same operands either way). */
+Test(matmul, prefill_tiles_row_split_equals_one_thread)
+{
+    enum { ROWS = 333, COLS = 256, T = 41 };
+    float *src = malloc((size_t)ROWS * COLS * sizeof *src), *x = malloc((size_t)T * COLS * sizeof *x);
+    float *y = malloc((size_t)T * ROWS * sizeof *y), *one = malloc((size_t)T * ROWS * sizeof *one);
+    cr_assert(src && x && y && one);
+    uint64_t s = 777;
+    for (size_t i = 0; i < (size_t)ROWS * COLS; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        src[i] = (float)((int)(s >> 40) % 2001 - 1000) / 1000.0f;
+    }
+    for (int i = 0; i < T * COLS; i++)
+        x[i] = sinf(0.37f * (float)i);
+    static const uint32_t kinds[] = {KVP_GGML_F16, KVP_GGML_BF16};
+    kvp_matmul_force_prefill(KVP_PREFILL_SGEMM);
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+        size_t rb = kvp_type_nbytes(kinds[k], COLS);
+        uint8_t *q = malloc(rb * ROWS);
+        cr_assert_eq(kvp_quantize(kinds[k], src, q, (uint64_t)ROWS * COLS), 0);
+        kvp_weight w = {kinds[k], ROWS, COLS, rb, q};
+        for (int accumulate = 0; accumulate < 2; accumulate++) {
+            for (int i = 0; i < T * ROWS; i++)
+                y[i] = one[i] = accumulate ? 0.25f * (float)(i % 5) : NAN;
+            kvp_matmul_enter();
+            kvp_matmul(y, x, &w, T, accumulate);
+            kvp_matmul_leave();
+            kvp_matmul_force_threads(1);
+            kvp_matmul(one, x, &w, T, accumulate);
+            kvp_matmul_force_threads(0);
+            for (int i = 0; i < T * ROWS; i++)
+                cr_assert(!memcmp(&y[i], &one[i], sizeof y[i]), "%s acc %d token %d row %d: "
+                          "%.9g split, %.9g on one thread", kvp_type_name(kinds[k]), accumulate,
+                          i / ROWS, i % ROWS, (double)y[i], (double)one[i]);
+            /* and it is the product: one spot check per token against double precision */
+            for (int t = 0; t < T; t++) {
+                int r = (t * 37) % ROWS;
+                float deq[COLS];
+                kvp_dequantize(kinds[k], q + rb * r, deq, COLS);
+                double exact = accumulate ? 0.25 * ((t * ROWS + r) % 5) : 0.0, mag = 0;
+                for (int e = 0; e < COLS; e++) {
+                    exact += (double)deq[e] * x[t * COLS + e];
+                    mag += fabs((double)deq[e] * x[t * COLS + e]);
+                }
+                cr_assert(fabs(y[t * ROWS + r] - exact) <= 1e-5 * mag + 1e-6, "%s token %d row %d",
+                          kvp_type_name(kinds[k]), t, r);
+            }
+        }
+        free(q);
+    }
+    kvp_matmul_force_prefill(KVP_PREFILL_AUTO);
+    free(src);
+    free(x);
+    free(y);
+    free(one);
+}
+
 /* The int8 GEMM split over the pool (odd rows, odd T) against the matrix-vector rows,
  * with rows that fill whole groups of eight sub-blocks and rows that do not (896:
  * Qwen2.5-0.5B's width, 28 blocks of 32). */
