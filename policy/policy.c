@@ -215,22 +215,30 @@ int kvp_policy_head_cap(int budget)
 
 int kvp_policy_head_floor(const kvp_policy *p, int budget)
 {
-    int protect = (p->n_sink > 0 ? p->n_sink : 0) + (p->n_recent > 0 ? p->n_recent : 0);
-    int floor = budget / KVP_GLOBAL_FLOOR_DIV;
-    return floor > protect ? floor : protect;
+    int recent = p->ops->recent_window ? p->ops->recent_window(p, budget) : p->n_recent;
+    int protect = (p->n_sink > 0 ? p->n_sink : 0) + (recent > 0 ? recent : 0);
+    if (budget <= protect)
+        return protect;
+    int share = (budget - protect) / KVP_GLOBAL_FLOOR_DIV;
+    return protect + (share > 1 ? share : 1);
 }
 
-/* A row of the session-wide ranking: its calibrated score, its head and row. */
+/* A row of the session-wide ranking: its calibrated and raw scores, its head and row. */
 typedef struct global_ranked {
-    float score;
+    float score, raw;
     int head, row;
 } global_ranked;
 
+/* Calibrated score first; equal ones (a calibration is flat above its last knot and
+ * where it pooled violators) by raw score, so a head's rows still enter in its own
+ * order: without this its best rows tied and went oldest first. */
 static int by_global_score(const void *a, const void *b)
 {
     const global_ranked *x = a, *y = b;
     if (x->score != y->score)
         return x->score > y->score ? -1 : 1;
+    if (x->raw != y->raw)
+        return x->raw > y->raw ? -1 : 1;
     if (x->head != y->head)
         return (x->head > y->head) - (x->head < y->head);
     return (x->row > y->row) - (x->row < y->row);
@@ -306,7 +314,7 @@ int kvp_policy_evict_global(kvp_policy *p, kvp_cache *c, int budget)
         calibrate(p, hi / c->n_kv_heads, hi % c->n_kv_heads, h, cal);
         for (int i = 0; i < h->n; i++)
             if (!kh[i])
-                pool[n_pool++] = (global_ranked){cal[i], hi, i};
+                pool[n_pool++] = (global_ranked){cal[i], isnan(h->score[i]) ? -INFINITY : h->score[i], hi, i};
     }
     if (!rc) {
         qsort(pool, (size_t)n_pool, sizeof *pool, by_global_score);

@@ -82,7 +82,10 @@ int kvp_policy_evict(kvp_policy *p, kvp_cache *c, int budget);
 
 /* Global budgets (budget_mode = global): the session keeps budget x heads rows in all,
  * shared among its heads by score. Every head keeps its sinks and recent window and its
- * best rows up to kvp_policy_head_floor; the remaining rows go to the highest calibrated
+ * best rows up to kvp_policy_head_floor (at least its one best other row: a calibration
+ * is flat above its last knot, so it undervalues the rows a head ranks highest, and on
+ * stories260K a head that lost them all cost 3.8x the KL at budget 32, docs/
+ * quality-per-byte.md); the remaining rows go to the highest calibrated
  * scores of any head (calibrate() in policy.c), no head above kvp_policy_head_cap. So
  * the session holds at most budget x heads rows after an eviction (exactly that many when
  * it had more), a head at most its cap; between evictions each head grows by at most a
@@ -93,7 +96,7 @@ enum kvp_budget_mode { KVP_BUDGET_PER_HEAD = 0, KVP_BUDGET_GLOBAL = 1 };
 int kvp_budget_mode_parse(const char *name);
 const char *kvp_budget_mode_name(int mode);
 #define KVP_GLOBAL_CAP_FACTOR 4   /* a head's cap: 4 x budget */
-#define KVP_GLOBAL_FLOOR_DIV 4    /* a head's floor: budget / 4, at least the protected rows */
+#define KVP_GLOBAL_FLOOR_DIV 8    /* a head's floor: its protected rows + 1/8 of the rest (at least 1) */
 int kvp_policy_evict_global(kvp_policy *p, kvp_cache *c, int budget);
 int kvp_policy_head_cap(int budget);
 int kvp_policy_head_floor(const kvp_policy *p, int budget);

@@ -18,7 +18,7 @@ threads=${THREADS:-2}
 policy=${POLICY:-policy/weights/stories260K.kvp}
 seqs=${SEQS:-32}
 streams=${STREAMS:-4}
-budgets=16,32,64,128
+budgets=16,32,64,128,256   # 256: kvpd's default budget
 
 [ -f "$build/build.ninja" ] || meson setup "$build"
 ninja -C "$build" tools/kvp

@@ -150,9 +150,11 @@ static int run_task(job *j, kvp_runstate *s, int t, char *err, size_t errlen)
     }
     int seq_tasks = j->n_seq * j->n_pol, is_seq = t < seq_tasks;
     int u = is_seq ? t : t - seq_tasks;
+    /* a stream task's indexes only for stream tasks: n_spol is 0 when every policy is
+     * one the streams skip (--policies none) */
     int seq = u / j->n_pol, pi = u % j->n_pol;
-    int stream = u / (j->n_spol * o->n_budgets), spi = u / o->n_budgets % j->n_spol;
-    int bi = u % o->n_budgets;
+    int stream = is_seq ? 0 : u / (j->n_spol * o->n_budgets);
+    int spi = is_seq ? 0 : u / o->n_budgets % j->n_spol, bi = u % o->n_budgets;
     const char *name = is_seq ? j->policies[pi] : j->stream_pol[spi];
     uint64_t seed = j->seed + (uint64_t)(is_seq ? seq : j->n_seq + stream);
     kvp_policy *p;

@@ -45,17 +45,22 @@ static double metric(const kvpd_proc *d, const char *name)
     return v;
 }
 
+/* Budget of the fifty-session runs: small enough that their three turns evict (with the
+ * default KVP policy, global budgets then move rows between heads). */
+#define BUDGET "32"
+
 /* The bytes one turn reserves, from a daemon with no cap storing rows as kv_type. */
 static json_int_t turn_bytes(const char *kv_type, const char *mode)
 {
     kvpd_proc d;
     char args[128];
-    snprintf(args, sizeof args, "--kv-type %s --budget-mode %s", kv_type, mode);
+    snprintf(args, sizeof args, "--kv-type %s --budget-mode %s --budget " BUDGET, kv_type, mode);
     cr_assert_eq(kvpd_start(&d, args), 0);
     json_t *st = h_stats(&d);
     cr_assert(st);
     cr_assert_str_eq(str_of(st, "kv_type"), kv_type);
     cr_assert_str_eq(str_of(st, "budget_mode"), mode);
+    cr_assert_str_eq(str_of(st, "policy"), "kvp", "global budgets rank KVP's calibrated scores");
     json_int_t r = int_at(st, "memory", "turn_reserve_bytes");
     json_decref(st);
     cr_assert_eq(kvpd_stop(&d, 10000), 0);
@@ -90,7 +95,7 @@ static void fifty_sessions_under_a_cap_of_ten(const char *kv_type, const char *m
     json_int_t cap = 10 * per_turn;
     char args[512];
     snprintf(args, sizeof args, "--state-dir %s --max-cache-bytes %lld --max-sessions 100 "
-             "--kv-type %s --budget-mode %s", g_dir, (long long)cap, kv_type, mode);
+             "--kv-type %s --budget-mode %s --budget " BUDGET, g_dir, (long long)cap, kv_type, mode);
     kvpd_proc d;
     cr_assert_eq(kvpd_start(&d, args), 0, "log %s", d.log);
 
@@ -152,6 +157,7 @@ static void fifty_sessions_under_a_cap_of_ten(const char *kv_type, const char *m
     cr_assert_gt(metric(&d, "kvpd_parks_total"), 0);
     cr_assert_gt(metric(&d, "kvpd_unparks_total"), 0);
     cr_assert_eq(metric(&d, "kvpd_reserve_overruns_total"), 0);
+    cr_assert_gt(metric(&d, "kvpd_evicted_rows_total"), 0, "no turn reached the budget");
     cr_assert_gt(metric(&d, "kvpd_sessions_parked"), 0);
     cr_assert_eq(metric(&d, "kvpd_sessions_resident") + metric(&d, "kvpd_sessions_parked"),
                  SESSIONS);
@@ -166,6 +172,7 @@ Test(memcap, fifty_sessions_under_a_cap_of_ten) { fifty_sessions_under_a_cap_of_
 Test(memcap, fifty_sessions_under_a_cap_of_ten_f16) { fifty_sessions_under_a_cap_of_ten("f16", "per_head"); }
 Test(memcap, fifty_sessions_under_a_cap_of_ten_q8_0) { fifty_sessions_under_a_cap_of_ten("q8_0", "per_head"); }
 Test(memcap, fifty_sessions_under_a_cap_of_ten_global) { fifty_sessions_under_a_cap_of_ten("f32", "global"); }
+Test(memcap, fifty_sessions_under_a_cap_of_ten_global_f16) { fifty_sessions_under_a_cap_of_ten("f16", "global"); }
 Test(memcap, fifty_sessions_under_a_cap_of_ten_global_q8_0) { fifty_sessions_under_a_cap_of_ten("q8_0", "global"); }
 
 /* A turn's reservation counts the stored rows' real bytes. */
@@ -173,7 +180,9 @@ Test(memcap, reservation_follows_the_row_type)
 {
     json_int_t f32 = turn_bytes("f32", "per_head"), f16 = turn_bytes("f16", "per_head"),
                q8 = turn_bytes("q8_0", "per_head");
-    /* a global budget shares the same rows: the same reservation */
+    /* a global budget shares the same rows: the same reservation, every row type */
+    cr_expect_eq(turn_bytes("f32", "global"), f32);
+    cr_expect_eq(turn_bytes("f16", "global"), f16);
     cr_expect_eq(turn_bytes("q8_0", "global"), q8);
     /* stories260K: head_dim 8, per row 2 x (32 | 16 | 10) bytes + 20 of bookkeeping */
     cr_expect_eq(f32 * 52, f16 * 84, "f32 %lld f16 %lld", (long long)f32, (long long)f16);

@@ -423,6 +423,31 @@ static const char *small_run =
     "--policies none,random,oracle --budgets 64,32 --seqs 2 --seq-len 128 --cut 96 "
     "--streams 1 --stream-len 700";
 
+/* --policies none alone (no policy the streams run): the one-shot protocol still runs,
+ * and with q8_0 rows its KL is the rows' own error against the f32 reference (it crashed
+ * on a division by the streams' empty policy list). */
+Test(eval, cli_runs_the_full_cache_alone)
+{
+    char dir[64], args[512], *out, path[128];
+    snprintf(dir, sizeof dir, "/tmp/kvp-eval-none-%d", (int)getpid());
+    snprintf(args, sizeof args, "--policies none --budgets 32 --seqs 2 --seq-len 128 --cut 96 "
+             "--kv-type q8_0 --out %s --threads 2", dir);
+    cr_assert_eq(run_eval(args, &out), 0, "%s", out);
+    free(out);
+    snprintf(path, sizeof path, "%s/results.csv", dir);
+    char *csv = tu_slurp(path, NULL);
+    cr_assert(csv);
+    const char *row = strstr(csv, "oneshot,none,32,kl,");
+    cr_assert(row, "%s", csv);
+    double kl = atof(row + strlen("oneshot,none,32,kl,"));
+    cr_expect(kl > 0.0 && kl < 0.05, "q8_0 rows' KL %g", kl);
+    cr_expect_null(strstr(csv, "streaming,"), "%s", csv);
+    free(csv);
+    char cmd[160];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    cr_assert_eq(system(cmd), 0);
+}
+
 Test(eval, cli_writes_one_csv_row_per_protocol_policy_budget_metric)
 {
     char dir[2][64], args[512], *out;

@@ -430,7 +430,9 @@ Test(global_budget, the_total_is_exact_and_every_head_within_floor_and_cap)
         probe pr = { 0, -1 };
         kvp_policy p = { .ops = &probe_ops, .n_sink = 4, .n_recent = 16, .impl = &pr };
         int floor = kvp_policy_head_floor(&p, budget), cap = kvp_policy_head_cap(budget);
-        cr_assert_eq(floor, budget / 4 > 20 ? budget / 4 : 20);
+        /* the protected rows, then 1/8 of the rest, at least one (when there is a rest) */
+        cr_assert_eq(floor, budget <= 20 ? 20 : 20 + ((budget - 20) / 8 > 1 ? (budget - 20) / 8 : 1),
+                     "budget %d", budget);
         int over_cap = 0;
         for (int i = 0; i < H; i++)
             over_cap |= sizes[i] > cap;
@@ -548,4 +550,52 @@ Test(global_budget, mode_names_parse_and_refuse_others)
     cr_expect_eq(kvp_budget_mode_parse(NULL), -1);
     cr_expect_str_eq(kvp_budget_mode_name(KVP_BUDGET_GLOBAL), "global");
     cr_expect_str_eq(kvp_budget_mode_name(KVP_BUDGET_PER_HEAD), "per_head");
+}
+
+/* A calibration flat over a head's top scores (above its last knot): one value per head. */
+static void flat_calibrate(const kvp_policy *p, int layer, int kvh, const float *in, int n,
+                           float *out)
+{
+    (void)p, (void)layer, (void)in;
+    for (int i = 0; i < n; i++)
+        out[i] = kvh == 1 ? 5.0f : 1.0f;
+}
+
+/* Where the calibration ties a head's rows, the head's own ranking decides which of them
+ * stay (its best raw scores, not its oldest rows), and a head the calibration ranks last
+ * still keeps its best unprotected row (the floor): losing it cost stories260K 3.8x the
+ * one-shot KL at budget 32. */
+Test(global_budget, calibration_ties_keep_each_heads_best_rows)
+{
+    kvp_cache c;
+    cr_assert_eq(kvp_cache_init(&c, 1, 2, D, &ROPE), 0);
+    add_rows(&c, &c.heads[0], 120);
+    add_rows(&c, &c.heads[1], 120);
+    for (int r = 0; r < 120; r++)   /* distinct, shuffled; the best rows are late */
+        c.heads[0].score[r] = c.heads[1].score[r] = (float)((r * 53) % 120);
+    probe pr = { 0, -1 };
+    kvp_policy_ops ops = probe_ops;
+    ops.calibrate = flat_calibrate;
+    kvp_policy p = { .ops = &ops, .n_sink = 4, .n_recent = 16, .impl = &pr };
+    int budget = 32, floor = kvp_policy_head_floor(&p, budget);
+    cr_assert_eq(floor, 4 + 16 + 1);
+    cr_assert_eq(kvp_policy_evict_global(&p, &c, budget), 240 - 2 * budget);
+    cr_assert_eq(c.heads[0].n, floor);
+    cr_assert_eq(c.heads[1].n, 2 * budget - floor);
+    /* each head's unprotected rows kept are exactly its best raw scores among them */
+    for (int hi = 0; hi < 2; hi++) {
+        const kvp_head *h = &c.heads[hi];
+        float worst_kept = INFINITY;
+        char kept[120] = {0};
+        for (int r = 4; r < h->n - 16; r++) {
+            kept[h->seq[r] - c.n_seen] = 1;
+            float s = (float)((h->seq[r] - c.n_seen) * 53 % 120);
+            worst_kept = s < worst_kept ? s : worst_kept;
+        }
+        for (int r = 4; r < 120 - 16; r++)
+            if (!kept[r])
+                cr_assert_lt((float)(r * 53 % 120), worst_kept, "head %d: row %d (score %d) evicted "
+                             "below a kept score %g", hi, r, r * 53 % 120, worst_kept);
+    }
+    kvp_cache_free(&c);
 }

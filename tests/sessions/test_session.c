@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "model/tokenizer.h"
+#include "policy/policy.h"
 #include "sessions/persist.h"
 #include "sessions/session.h"
 #include "sessions/store.h"
@@ -15,6 +16,7 @@
 typedef struct outcome {
     int done, error;
     int code;
+    char reply[1024];   /* the done reply, NUL-terminated (cut to fit) */
 } outcome;
 
 static void on_token(void *ctx, kvp_session *s, const char *t, size_t n)
@@ -25,8 +27,10 @@ static void on_token(void *ctx, kvp_session *s, const char *t, size_t n)
 static void on_done(void *ctx, kvp_session *s, const kvp_turn_stats *st, const char *r,
                     size_t n)
 {
-    (void)s, (void)st, (void)r, (void)n;
-    ((outcome *)ctx)->done++;
+    (void)s, (void)st;
+    outcome *o = ctx;
+    o->done++;
+    snprintf(o->reply, sizeof o->reply, "%.*s", (int)n, r);
 }
 
 static void on_error(void *ctx, kvp_session *s, int code, const char *msg)
@@ -45,17 +49,24 @@ static kvp_policy_conf *conf(const char *name, const char *file)
     return pc;
 }
 
-static outcome run_turn(kvp_session *s, const kvp_session_env *env, kvp_runstate *rs,
-                        const char *text, int max_tokens)
+/* A greedy turn; budget: KV rows per head (0: unbounded). */
+static outcome run_turn_budget(kvp_session *s, const kvp_session_env *env, kvp_runstate *rs,
+                               const char *text, int max_tokens, int budget)
 {
     outcome o = {0};
     kvp_turn_sink sink = {on_token, on_done, on_error, NULL, &o};
-    cr_assert_eq(kvp_session_begin_turn(s, text, strlen(text), max_tokens, 0.0f, 0, 0.0), 0);
+    cr_assert_eq(kvp_session_begin_turn(s, text, strlen(text), max_tokens, 0.0f, budget, 0.0), 0);
     s->state = KVP_SESSION_TURN;
     while (kvp_turn_step(s, env, rs, &sink))
         ;
     s->state = KVP_SESSION_IDLE;
     return o;
+}
+
+static outcome run_turn(kvp_session *s, const kvp_session_env *env, kvp_runstate *rs,
+                        const char *text, int max_tokens)
+{
+    return run_turn_budget(s, env, rs, text, max_tokens, 0);
 }
 
 /* A turn that failed in decode keeps its user message (the reply was under way); a later
@@ -215,6 +226,118 @@ Test(session, a_snapshot_of_one_kv_type_restores_under_every_other, .timeout = 6
             free(got);
             kvp_session_table_clear(&t);
         }
+    kvp_store_close(store);
+    kvp_policy_conf_unref(pc);
+    kvp_runstate_free(&rs);
+    kvp_model_free(&model);
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    cr_assert_eq(system(cmd), 0);
+}
+
+/* Every head of a and b holds the same rows: positions, token indices, scores, policy
+ * accumulators and the stored key and value bytes. */
+static void same_rows(const kvp_cache *a, const kvp_cache *b, const char *what)
+{
+    cr_assert_eq(a->kv_type, b->kv_type, "%s", what);
+    cr_assert_eq(a->n_seen, b->n_seen, "%s", what);
+    cr_assert_eq(a->next_pos, b->next_pos, "%s", what);
+    size_t row = kvp_kv_row_bytes(a->kv_type, a->head_dim);
+    for (int i = 0; i < a->n_layers * a->n_kv_heads; i++) {
+        const kvp_head *x = &a->heads[i], *y = &b->heads[i];
+        cr_assert_eq(x->n, y->n, "%s: head %d holds %d rows, restored %d", what, i, x->n, y->n);
+        size_t n = (size_t)x->n;
+        cr_assert_eq(memcmp(x->pos, y->pos, n * sizeof *x->pos), 0, "%s: head %d positions", what, i);
+        cr_assert_eq(memcmp(x->seq, y->seq, n * sizeof *x->seq), 0, "%s: head %d tokens", what, i);
+        cr_assert_eq(memcmp(x->score, y->score, n * sizeof *x->score), 0, "%s: head %d scores", what, i);
+        cr_assert_eq(memcmp(x->stat, y->stat, n * sizeof *x->stat), 0, "%s: head %d stats", what, i);
+        cr_assert_eq(memcmp(x->k, y->k, n * row), 0, "%s: head %d keys", what, i);
+        cr_assert_eq(memcmp(x->v, y->v, n * row), 0, "%s: head %d values", what, i);
+    }
+}
+
+/* Global budgets (budget_mode = global, KVP with its calibration) leave the heads with
+ * different row counts. For every kv_type: the session keeps at most budget x heads rows
+ * plus a chunk per head, no head above its cap + chunk; a snapshot restores each head's
+ * rows exactly; the next greedy turn gives the same reply and leaves the same cache as in
+ * the session that was never saved. Restored where budgets are per head, the next turn
+ * brings every head back within budget + chunk. */
+Test(session, a_snapshot_with_global_budgets_restores_the_same_rows_and_reply, .timeout = 120)
+{
+    kvp_model model;
+    char err[512], dir[] = "/tmp/kvp-global-XXXXXX", pfile[KVP_SESSION_PATH_MAX];
+    cr_assert(mkdtemp(dir));
+    cr_assert_eq(kvp_model_load(&model, tu_shared("models/stories260K.bin"),
+                                tu_shared("models/tok512.bin"), err, sizeof err), 0, "%s", err);
+    enum { BUDGET = 32, CHUNK = 8 };
+    kvp_runstate rs;
+    cr_assert_eq(kvp_runstate_init(&rs, &model.cfg, CHUNK), 0);
+    snprintf(pfile, sizeof pfile, "%s/policy/weights/stories260K.kvp", getenv("KVP_SOURCE"));
+    kvp_policy_conf *pc = conf("kvp", pfile);
+    snprintf(pc->ident.model_name, sizeof pc->ident.model_name, "%s", model.name);
+    snprintf(pc->ident.policy_name, sizeof pc->ident.policy_name, "kvp");
+    kvp_store *store;
+    kvp_store_params sp = {.state_dir = dir};
+    cr_assert_eq(kvp_store_open(&store, &sp, err, sizeof err), 0, "%s", err);
+    char *text = ht_text(150);
+    int H = model.cfg.n_layers * model.cfg.n_kv_heads;
+    for (int t = 0; t < KVP_KV_N_TYPES; t++) {
+        const char *type = kvp_kv_type_name((kvp_kv_type)t);
+        kvp_session_env env = {.model = &model, .chunk = CHUNK, .reuse_cache = 1, .top_p = 0.9f,
+                               .seed = 1, .store = store, .state_dir = dir,
+                               .kv_type = (kvp_kv_type)t, .budget_mode = KVP_BUDGET_GLOBAL};
+        kvp_template_init(&env.tpl, &model, NULL, NULL, 0);
+        kvp_session_table ta, tb;
+        cr_assert_eq(kvp_session_table_init(&ta), 0);
+        cr_assert_eq(kvp_session_table_init(&tb), 0);
+        kvp_session *s, *r;
+        cr_assert_eq(kvp_session_create(&ta, &env, pc, NULL, 0.0, &s, err, sizeof err), 0, "%s", err);
+        outcome o = run_turn_budget(s, &env, &rs, text, 24, BUDGET);
+        cr_assert_eq(o.done, 1, "%s", type);
+        cr_assert_gt(s->cache.evicted_rows, 0, "%s: nothing was evicted", type);
+        /* the bound: the total, and every head within its cap (+ a chunk between evictions) */
+        int lo = 1 << 30, hi = 0;
+        for (int i = 0; i < H; i++) {
+            int n = s->cache.heads[i].n;
+            lo = n < lo ? n : lo;
+            hi = n > hi ? n : hi;
+        }
+        cr_assert_leq(kvp_cache_rows(&s->cache), (size_t)H * (BUDGET + CHUNK), "%s", type);
+        cr_assert_leq(hi, kvp_policy_head_cap(BUDGET) + CHUNK, "%s", type);
+        cr_assert_neq(lo, hi, "%s: every head holds %d rows: the budget was not shared", type, lo);
+        cr_assert_gt(hi, BUDGET + CHUNK, "%s: no head above a per-head budget (%d rows)", type, hi);
+
+        cr_assert_eq(kvp_session_save(s, &env, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(kvp_session_create(&tb, &env, pc, s->id, 0.0, &r, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(kvp_session_restore(r, &env, 0, err, sizeof err), 0, "%s", err);
+        same_rows(&s->cache, &r->cache, type);
+
+        /* the next turn: the same reply, the same rows kept */
+        outcome a = run_turn_budget(s, &env, &rs, "The dog ran to the park.", 16, BUDGET);
+        outcome b = run_turn_budget(r, &env, &rs, "The dog ran to the park.", 16, BUDGET);
+        cr_assert_eq(a.done, 1);
+        cr_assert_eq(b.done, 1);
+        cr_assert_gt(strlen(a.reply), 0);
+        cr_assert_str_eq(b.reply, a.reply, "%s: the restored session answered otherwise", type);
+        same_rows(&s->cache, &r->cache, type);
+        cr_assert_eq(kvp_session_save(s, &env, err, sizeof err), 0, "%s", err);
+        kvp_session_table_clear(&tb);
+
+        /* restored under per-head budgets: the next turn evicts every head to its budget */
+        env.budget_mode = KVP_BUDGET_PER_HEAD;
+        cr_assert_eq(kvp_session_table_init(&tb), 0);
+        cr_assert_eq(kvp_session_create(&tb, &env, pc, s->id, 0.0, &r, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(kvp_session_restore(r, &env, 0, err, sizeof err), 0, "%s", err);
+        same_rows(&s->cache, &r->cache, type);
+        o = run_turn_budget(r, &env, &rs, "It was happy.", 8, BUDGET);
+        cr_assert_eq(o.done, 1);
+        for (int i = 0; i < H; i++)
+            cr_assert_leq(r->cache.heads[i].n, BUDGET + CHUNK, "%s: head %d holds %d rows per head",
+                          type, i, r->cache.heads[i].n);
+        kvp_session_table_clear(&ta);
+        kvp_session_table_clear(&tb);
+    }
+    free(text);
     kvp_store_close(store);
     kvp_policy_conf_unref(pc);
     kvp_runstate_free(&rs);

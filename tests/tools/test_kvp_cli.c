@@ -165,12 +165,14 @@ Test(kvp_cli, trace_arguments)
 /* Past the model's context with --ignore-eos: every step produces a token, the cache
  * stays at budget + chunk rows per head, and the context shift ran. */
 /* Global budgets past the context, every row type: the session keeps at most
- * (budget + chunk) x heads rows, no head more than its cap (4 x budget) + chunk, and the
- * heads' row counts differ (the budget is shared, not split evenly). */
+ * (budget + chunk) x heads rows, no head more than its cap (4 x budget) + chunk, the
+ * heads' row counts differ (the budget is shared, not split evenly), and the bytes count
+ * the stored type's rows: 2 x row + 20 per row and head (head_dim 8). */
 Test(kvp_cli, generate_with_global_budgets_keeps_the_session_bound)
 {
-    const char *types[] = {"f32", "q8_0"};
-    for (int t = 0; t < 2; t++) {
+    const char *types[] = {"f32", "f16", "q8_0"};
+    const size_t row_bytes[] = {32, 16, 10};
+    for (int t = 0; t < 3; t++) {
         char a[1024], *out;
         snprintf(a, sizeof a, "generate --model %s --steps 1200 --ignore-eos --seed 3 --policy kvp "
                  "--policy-file %s/policy/weights/stories260K.kvp --budget 64 --budget-mode global "
@@ -183,6 +185,7 @@ Test(kvp_cli, generate_with_global_budgets_keeps_the_session_bound)
         cr_expect_geq(rows, (size_t)20 * 64, "%zu rows", rows);
         /* per head rows/bytes: " L0[r/b r/b ...]" */
         int lo = 1 << 30, hi = 0, heads = 0;
+        size_t sum = 0;
         for (const char *q = strchr(cache, '['); q; q = strchr(q, '[')) {
             q++;
             for (;;) {
@@ -190,6 +193,11 @@ Test(kvp_cli, generate_with_global_budgets_keeps_the_session_bound)
                 size_t b;
                 if (sscanf(q, "%d/%zu", &r, &b) != 2)
                     break;
+                /* allocated rows of 2 x row + 20 bytes, room for those held */
+                size_t cost = 2 * row_bytes[t] + 20;
+                cr_expect_eq(b % cost, 0, "%s: %zu bytes are not whole rows", types[t], b);
+                cr_expect_geq(b, (size_t)r * cost, "%s: %d rows in %zu bytes", types[t], r, b);
+                sum += b;
                 lo = r < lo ? r : lo;
                 hi = r > hi ? r : hi;
                 heads++;
@@ -200,6 +208,7 @@ Test(kvp_cli, generate_with_global_budgets_keeps_the_session_bound)
             }
         }
         cr_expect_eq(heads, 20, "%s", out);
+        cr_expect_eq(sum, bytes, "%s: the heads' bytes do not add up", types[t]);
         cr_expect_leq(hi, 4 * 64 + 32, "a head above its cap + chunk: %d", hi);
         cr_expect_geq(lo, 20, "a head below its sinks + recent window: %d", lo);
         cr_expect_neq(lo, hi, "every head kept the same rows: the budget was not shared");
