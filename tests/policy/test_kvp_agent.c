@@ -707,11 +707,20 @@ Test(kvp_agent, policy_scores_inserted_rows)
     cr_assert_str_eq(p.ops->name, "kvp");
     cr_assert_eq(p.ops->wants_attention, 0);
     cr_assert_not_null(p.ops->before_evict);
-    /* the newest half of the budget is protected, never less than the default window */
+    /* the newest half of the budget is protected, never less than the default window;
+     * with a known context the agents choose at most an eighth of it (the rest of a
+     * large budget is the newest rows) */
     p.n_recent = KVP_DEFAULT_RECENT;
     cr_assert_eq(p.ops->recent_window(&p, 256), 128);
     cr_assert_eq(p.ops->recent_window(&p, 33), KVP_DEFAULT_RECENT);
     cr_assert_eq(p.ops->recent_window(&p, 40), 20);
+    p.cfg.seq_len = 512;
+    cr_assert_eq(p.ops->recent_window(&p, 32), KVP_DEFAULT_RECENT);
+    cr_assert_eq(p.ops->recent_window(&p, 128), 64);
+    cr_assert_eq(p.ops->recent_window(&p, 200), 136);
+    cr_assert_eq(p.ops->recent_window(&p, 256), 192);
+    cr_assert_eq(p.ops->recent_window(&p, 448), 384);
+    p.cfg.seq_len = 0;
 
     /* A head with more rows than one scoring block, inserted as 1 row, then 599. */
     enum { N = 600, D = 8 };
@@ -785,6 +794,68 @@ Test(kvp_agent, policy_scores_inserted_rows)
     free(stat);
     free(pos);
     free(seq);
+}
+
+/* Through the shared rank-and-keep, as the daemon and kvp eval evict: a 384-row head of
+ * a 512-token model compressed to 256 keeps the 4 sinks, the newest 192 rows whatever
+ * their scores, and the agents' 60 best of the rows in between. */
+Test(kvp_agent, a_large_budget_keeps_the_newest_rows_and_the_agents_best_older_ones)
+{
+    enum { N = 384, B = 256, D = 8, WINDOW = 192, SINKS = 4 };
+    const char *path = write_policy(&default_arch, 1, 1, 5);
+    kvp_policy *p;
+    kvp_model_config cfg = {.n_layers = 1, .n_kv_heads = 1, .head_dim = D, .n_heads = 1,
+                            .seq_len = 512};
+    char err[256];
+    cr_assert_eq(kvp_policy_create(&p, "kvp", path, &cfg, 1, err, sizeof err), 0, "%s", err);
+    kvp_agent_set s;
+    cr_assert_eq(kvp_agent_set_load(&s, path, NULL, err, sizeof err), 0, "%s", err);
+    unlink(path);
+    kvp_cache c;
+    kvp_rope rope = {.n_rot = D, .base = 10000.0f};
+    cr_assert_eq(kvp_cache_init(&c, 1, 1, D, &rope), 0);
+    kvp_head *h = kvp_cache_head(&c, 0, 0);
+    cr_assert_eq(kvp_head_reserve(h, D, N), 0);
+    fill(h->k, N * D, 2.0f);
+    fill(h->v, N * D, 1.0f);
+    for (int i = 0; i < N; i++)
+        h->pos[i] = i, h->seq[i] = i;
+    h->n = N;
+    p->ops->on_insert(p, 0, 0, h, 0, N);
+    /* the agents' scores of the rows between the sinks and the window */
+    float want[N], *work = malloc(kvp_agent_score_work(&s.arch, N) * sizeof(float));
+    kvp_agent_score(&s.arch, kvp_agent_set_params(&s, 0, 0), h->k, h->v, h->pos, N, want, work);
+    float mid[N - SINKS - WINDOW];
+    memcpy(mid, want + SINKS, sizeof mid);
+    int n_mid = N - SINKS - WINDOW, slots = B - SINKS - WINDOW;
+    /* the slots-th best score of the middle: the agents keep the rows at or above it */
+    for (int i = 0; i < slots; i++)
+        for (int j = i + 1; j < n_mid; j++)
+            if (mid[j] > mid[i]) {
+                float t = mid[i];
+                mid[i] = mid[j], mid[j] = t;
+            }
+    float cut = mid[slots - 1];
+
+    cr_assert_eq(kvp_policy_evict_head(p, &c, 0, 0, B), N - B);
+    cr_assert_eq(h->n, B);
+    char kept[N] = {0};
+    for (int i = 0; i < h->n; i++)
+        kept[h->seq[i]] = 1;
+    for (int r = 0; r < N; r++) {
+        if (r < SINKS || r >= N - WINDOW)
+            cr_assert(kept[r], "protected row %d dropped", r);
+        else if (want[r] > cut)
+            cr_assert(kept[r], "row %d (score %g above the %d-th best %g) dropped", r,
+                      want[r], slots, cut);
+        else if (want[r] < cut)
+            cr_assert(!kept[r], "row %d (score %g below the %d-th best %g) kept", r, want[r],
+                      slots, cut);
+    }
+    free(work);
+    kvp_cache_free(&c);
+    kvp_agent_set_free(&s);
+    kvp_policy_destroy(p);
 }
 
 Test(kvp_agent, policy_create_reports_mismatch_and_missing_file)
