@@ -37,6 +37,15 @@ static kvp_weight weight_of(const kvp_gguf_tensor *t)
 }
 
 /* Largest |x| of the activation block (32 or 256 elements) holding element i. */
+/* n weights in [-1, 1] in steps of 1/1000 from a 64-bit LCG started at seed */
+static void fill_uniform(float *v, size_t n, uint64_t seed)
+{
+    for (size_t i = 0; i < n; i++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        v[i] = (float)((int)(seed >> 40) % 2001 - 1000) / 1000.0f;
+    }
+}
+
 static float block_amax(const float *x, int i, int block)
 {
     float m = 0;
@@ -246,11 +255,7 @@ Test(matmul, row_split_equals_single_rows)
 {
     enum { ROWS = 1000, COLS = 1024 };
     float *src = malloc((size_t)ROWS * COLS * sizeof *src), x[COLS], y[ROWS];
-    uint64_t s = 12345;
-    for (size_t i = 0; i < (size_t)ROWS * COLS; i++) {
-        s = s * 6364136223846793005ull + 1442695040888963407ull;
-        src[i] = (float)((int)(s >> 40) % 2001 - 1000) / 1000.0f;
-    }
+    fill_uniform(src, (size_t)ROWS * COLS, 12345);
     for (int i = 0; i < COLS; i++)
         x[i] = sinf((float)i);
     static const uint32_t kinds[] = {KVP_GGML_Q4_K, KVP_GGML_Q8_0, KVP_GGML_F16, KVP_GGML_Q5_0};
@@ -289,11 +294,7 @@ Test(matmul, f32_small_blocks_equal_rows_alone)
     float *w = malloc((size_t)ROWS * 768 * sizeof *w), *x = malloc((size_t)MAXT * 768 * sizeof *x);
     float *y = malloc((size_t)MAXT * ROWS * sizeof *y), *alone = malloc(ROWS * sizeof *alone);
     cr_assert(w && x && y && alone);
-    uint64_t s = 99;
-    for (int i = 0; i < ROWS * 768; i++) {
-        s = s * 6364136223846793005ull + 1442695040888963407ull;
-        w[i] = (float)((int)(s >> 40) % 2001 - 1000) / 1000.0f;
-    }
+    fill_uniform(w, ROWS * 768, 99);
     for (int i = 0; i < MAXT * 768; i++)
         x[i] = cosf(0.71f * (float)i) * (float)(1 + i % 5);
     for (size_t c = 0; c < sizeof widths / sizeof widths[0]; c++) {
@@ -423,11 +424,7 @@ Test(matmul, prefill_tiles_row_split_equals_one_thread)
     float *src = malloc((size_t)ROWS * COLS * sizeof *src), *x = malloc((size_t)T * COLS * sizeof *x);
     float *y = malloc((size_t)T * ROWS * sizeof *y), *one = malloc((size_t)T * ROWS * sizeof *one);
     cr_assert(src && x && y && one);
-    uint64_t s = 777;
-    for (size_t i = 0; i < (size_t)ROWS * COLS; i++) {
-        s = s * 6364136223846793005ull + 1442695040888963407ull;
-        src[i] = (float)((int)(s >> 40) % 2001 - 1000) / 1000.0f;
-    }
+    fill_uniform(src, (size_t)ROWS * COLS, 777);
     for (int i = 0; i < T * COLS; i++)
         x[i] = sinf(0.37f * (float)i);
     static const uint32_t kinds[] = {KVP_GGML_F16, KVP_GGML_BF16};
@@ -481,11 +478,7 @@ Test(matmul, int8_gemm_row_split_equals_matvec)
     enum { ROWS = 999, MAX_COLS = 896, T = 11 };
     float *src = malloc((size_t)ROWS * MAX_COLS * sizeof *src);
     float *xs = malloc((size_t)T * MAX_COLS * sizeof *xs);
-    uint64_t s = 99;
-    for (size_t i = 0; i < (size_t)ROWS * MAX_COLS; i++) {
-        s = s * 6364136223846793005ull + 1442695040888963407ull;
-        src[i] = (float)((int)(s >> 40) % 2001 - 1000) / 1000.0f;
-    }
+    fill_uniform(src, (size_t)ROWS * MAX_COLS, 99);
     static const struct { uint32_t type; int cols; } kinds[] = {
         {KVP_GGML_Q4_K, 768}, {KVP_GGML_Q8_0, 896}, {KVP_GGML_Q6_K, 768}, {KVP_GGML_Q5_0, 864},
         {KVP_GGML_Q8_0, 768}, {KVP_GGML_Q4_1, 96},
@@ -537,11 +530,7 @@ Test(matmul, shared_input_equals_separate_products)
     };
     static const int rows[3] = {600, 40, 130};
     float *src = malloc((size_t)MAXR * COLS * sizeof *src), x[MAXT * COLS];
-    uint64_t s = 777;
-    for (size_t i = 0; i < (size_t)MAXR * COLS; i++) {
-        s = s * 6364136223846793005ull + 1442695040888963407ull;
-        src[i] = (float)((int)(s >> 40) % 2001 - 1000) / 1000.0f;
-    }
+    fill_uniform(src, (size_t)MAXR * COLS, 777);
     for (int i = 0; i < MAXT * COLS; i++)
         x[i] = cosf(0.37f * (float)i);
     for (size_t c = 0; c < sizeof types / sizeof types[0]; c++) {
