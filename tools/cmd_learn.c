@@ -46,8 +46,9 @@ static void usage(FILE *f)
 {
     fprintf(f,
         "usage: kvp learn --model M [options]\n"
-        "Traces the model, trains its KVP agents, evaluates them against the baselines on\n"
-        "held-out data and installs the policy where kvpd finds it (docs/training.md).\n"
+        "Traces the model, trains its KVP agents, calibrates their scores across heads,\n"
+        "evaluates them against the baselines on held-out data and installs the policy\n"
+        "where kvpd finds it (docs/training.md).\n"
         "  --tokenizer PATH     tokenizer for llama2.c checkpoints\n"
         "  --conversations F    JSON-lines chat conversations ({\"messages\": [...]}, OpenAI's\n"
         "                       shape), rendered with the model's chat template (default for\n"
