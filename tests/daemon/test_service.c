@@ -15,11 +15,16 @@ static char *read_source(const char *rel)
     snprintf(path, sizeof path, "%s/%s", src, rel);
     FILE *f = fopen(path, "r");
     cr_assert_not_null(f, "%s", path);
-    size_t cap = 1 << 16;
-    char *buf = malloc(cap);
+    /* the whole file, whatever its size (the README outgrew a fixed buffer) */
+    cr_assert_eq(fseek(f, 0, SEEK_END), 0);
+    long size = ftell(f);
+    cr_assert_geq(size, 0);
+    rewind(f);
+    char *buf = malloc((size_t)size + 1);
     cr_assert_not_null(buf);
-    size_t n = fread(buf, 1, cap - 1, f);
+    size_t n = fread(buf, 1, (size_t)size, f);
     fclose(f);
+    cr_assert_eq(n, (size_t)size, "%s: short read", path);
     buf[n] = 0;
     return buf;
 }
