@@ -4,6 +4,7 @@
  * sequence at a time, so memory does not grow with the trace). */
 #include <errno.h>
 #include <getopt.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,6 +70,12 @@ static void plan(long want[2], int p, long done, double split, double max_second
     if (fit >= total)
         return;
     if (!p) {
+        /* the training sequences already traced stay, with their share of validation
+         * (so the split holds even when the machine slows down after many of them) */
+        long need = (long)ceil((double)done / split);
+        if (need >= total)
+            return;
+        fit = fit < need ? need : fit;
         fit = fit < done + 1 ? done + 1 : fit;   /* one validation sequence at least */
         long train = (long)((double)fit * split + 0.5);
         train = train < done ? done : train > fit - 1 ? fit - 1 : train;
