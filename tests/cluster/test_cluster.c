@@ -514,7 +514,10 @@ static const char *conv_id(int i)
     return i < CONVS ? g_conv[i].id : g_api[i - CONVS].id;
 }
 
-/* Every session busy on a node is busy on that node only, and its lease names it. */
+/* Every session busy on a node is busy on that node only, and its lease names no other
+ * node. A busy session may hold no lease yet: a queued turn's worker takes the lease when
+ * the job starts, and an OpenAI conversation (no client attached) lets it go after each
+ * turn, so between turns nothing names it. */
 static int check_single_owner(redisContext *r)
 {
     int busy_on[CONVS + API_CONVS], busy_total = 0;
@@ -537,8 +540,9 @@ static int check_single_owner(redisContext *r)
                     busy_on[i] = k;
                     busy_total++;
                     int holder = node_of_lease(r, conv_id(i));
-                    cr_assert_eq(holder, k, "conversation %s runs on node %d, its lease says %d",
-                                 conv_id(i), k, holder);
+                    cr_assert(holder == k || holder == -1,
+                              "conversation %s runs on node %d, its lease names node %d",
+                              conv_id(i), k, holder);
                 }
         }
         json_decref(st);
