@@ -17,6 +17,7 @@
 
 #include "base/bytes.h"
 #include "base/checksum.h"
+#include "base/fileio.h"
 #include "sessions/utf8.h"
 
 static const char SNAP_MAGIC[8] = {'K', 'V', 'P', 'S', 'N', 'A', 'P', '\0'};
@@ -64,11 +65,17 @@ static int snap_path(char *buf, size_t n, const char *dir, const char *id, const
     return 0;
 }
 
-static int sys_err(const char *what, const char *path, char *err, size_t errlen)
+/* "what path: reason" for the negative errno rc (EIO when there is none); returns it. */
+static int sys_fail(int rc, const char *what, const char *path, char *err, size_t errlen)
 {
-    int e = errno ? errno : EIO;
+    int e = rc < 0 ? -rc : EIO;
     snprintf(err, errlen, "%s %s: %s", what, path, strerror(e));
     return -e;
+}
+
+static int sys_err(const char *what, const char *path, char *err, size_t errlen)
+{
+    return sys_fail(-errno, what, path, err, errlen);
 }
 
 /* ---- file hashing and identity ---- */
@@ -254,21 +261,6 @@ static int encode_prefix(const kvp_snapshot *s, kvp_wbuf *w)
     return 0;
 }
 
-static int write_all(int fd, const void *buf, size_t n)
-{
-    const unsigned char *p = buf;
-    while (n) {
-        ssize_t k = write(fd, p, n);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k < 0)
-            return -1;
-        p += k;
-        n -= (size_t)k;
-    }
-    return 0;
-}
-
 static int open_dir(const char *dir, char *err, size_t errlen)
 {
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -300,24 +292,23 @@ int kvp_snapshot_write(const char *dir, const kvp_snapshot *snap, char *err, siz
         free(w.p);
         return dfd;
     }
-    /* O_TRUNC: a .tmp left by a crash is simply overwritten. O_NONBLOCK: a FIFO in its
-     * place fails (ENXIO) instead of blocking; it is no regular file anyway. */
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK,
-                  0600);
-    if (fd < 0) {
-        rc = sys_err("create", tmp, err, errlen);
-        goto out;
-    }
+    /* O_TRUNC: a .tmp left by a crash is simply overwritten. A FIFO in its place fails
+     * (ENXIO: the open does not block) instead of blocking; it is no regular file anyway. */
     struct stat st;
-    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
+    int fd = kvp_open_regular(tmp, O_WRONLY | O_CREAT | O_TRUNC, &st);
+    if (fd == KVP_E_NOT_REGULAR) {
         snprintf(err, errlen, "snapshot %s: not a regular file", tmp);
         rc = -EINVAL;
         goto out;
     }
-    if (write_all(fd, w.p, w.n) < 0 || write_all(fd, snap->cache, snap->cache_len) < 0 ||
-        write_all(fd, trailer, sizeof trailer) < 0) {
-        rc = sys_err("write", tmp, err, errlen);
+    if (fd < 0) {
+        rc = sys_fail(fd, "create", tmp, err, errlen);
+        goto out;
+    }
+    if ((rc = kvp_write_all(fd, w.p, w.n)) < 0 ||
+        (rc = kvp_write_all(fd, snap->cache, snap->cache_len)) < 0 ||
+        (rc = kvp_write_all(fd, trailer, sizeof trailer)) < 0) {
+        rc = sys_fail(rc, "write", tmp, err, errlen);
     } else if (fsync(fd) < 0) {
         rc = sys_err("fsync", tmp, err, errlen);
     }
@@ -660,30 +651,20 @@ int kvp_snapshot_read(const char *dir, const char *id, kvp_snapshot *out,
     if (rc < 0 || (rc = snap_path(path, sizeof path, dir, id, ".snap", err, errlen)) < 0)
         return rc;
     /* Non-blocking: a FIFO in its place must not hold the worker in open(). */
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-    if (fd < 0) {
-        if (errno == ENOENT) {
-            snprintf(err, errlen, "no snapshot for session %s in %s", id, dir);
-            return -ENOENT;
-        }
-        if (errno != ELOOP)
-            return sys_err("open", path, err, errlen);
-        snprintf(err, errlen, "snapshot %s: a symbolic link, not a snapshot", path);
-        move_aside(path, err, errlen);
-        return -EBADMSG;
-    }
     struct stat st;
-    if (fstat(fd, &st) < 0) {
-        rc = sys_err("stat", path, err, errlen);
-        close(fd);
-        return rc;
+    int fd = kvp_open_regular(path, O_RDONLY, &st);
+    if (fd == -ENOENT) {
+        snprintf(err, errlen, "no snapshot for session %s in %s", id, dir);
+        return -ENOENT;
     }
-    if (!S_ISREG(st.st_mode)) {
-        close(fd);
-        snprintf(err, errlen, "snapshot %s: not a regular file", path);
+    if (fd == -ELOOP || fd == KVP_E_NOT_REGULAR) {
+        snprintf(err, errlen, "snapshot %s: %s", path,
+                 fd == -ELOOP ? "a symbolic link, not a snapshot" : "not a regular file");
         move_aside(path, err, errlen);
         return -EBADMSG;
     }
+    if (fd < 0)
+        return sys_fail(fd, "open", path, err, errlen);
     size_t len = (size_t)st.st_size;
     unsigned char *buf = malloc(len ? len : 1);
     if (!buf) {
@@ -691,24 +672,15 @@ int kvp_snapshot_read(const char *dir, const char *id, kvp_snapshot *out,
         snprintf(err, errlen, "snapshot %s: out of memory (%zu bytes)", path, len);
         return -ENOMEM;
     }
-    size_t got = 0;
-    while (got < len) {
-        ssize_t n = read(fd, buf + got, len - got);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0) {
-            rc = sys_err("read", path, err, errlen);
-            close(fd);
-            free(buf);
-            return rc;
-        }
-        if (n == 0)
-            break;   /* shrank under us: validation reports it as truncated */
-        got += (size_t)n;
-    }
+    /* A file that shrank under us reads short: validation reports it as truncated. */
+    long long got = kvp_read_full(fd, buf, len);
     close(fd);
+    if (got < 0) {
+        free(buf);
+        return sys_fail((int)got, "read", path, err, errlen);
+    }
     char why[160];
-    const char *bad = parse(buf, got, id, out, why, sizeof why);
+    const char *bad = parse(buf, (size_t)got, id, out, why, sizeof why);
     if (!bad)
         return 0;
     free(buf);
@@ -826,14 +798,13 @@ int kvp_journal_append(const char *dir, const char *id, const kvp_journal_rec *r
         return -ENOMEM;
     }
     /* Non-blocking, no links, regular files only: as for snapshots. */
-    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK,
-                  0600);
     struct stat st;
-    if (fd < 0) {
-        rc = sys_err("open", path, err, errlen);
-    } else if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+    int fd = kvp_open_regular(path, O_WRONLY | O_CREAT | O_APPEND, &st);
+    if (fd == KVP_E_NOT_REGULAR) {
         snprintf(err, errlen, "journal %s: not a regular file", path);
         rc = -EINVAL;
+    } else if (fd < 0) {
+        rc = sys_fail(fd, "open", path, err, errlen);
     }
     if (rc < 0)
         goto out;
@@ -868,8 +839,8 @@ int kvp_journal_append(const char *dir, const char *id, const kvp_journal_rec *r
     kvp_w_u64(&w, (uint64_t)rec->cache_len);
     kvp_w_bytes(&w, rec->cache, rec->cache_len);
     kvp_w_u64(&w, kvp_fnv1a(KVP_FNV1A_INIT, w.p + rec_start + 4, payload));
-    if (write_all(fd, w.p, w.n) < 0)
-        rc = sys_err("append to", path, err, errlen);
+    if ((rc = kvp_write_all(fd, w.p, w.n)) < 0)
+        rc = sys_fail(rc, "append to", path, err, errlen);
     else if (fsync(fd) < 0)
         rc = sys_err("fsync", path, err, errlen);
     if (!rc && st.st_size == 0) {   /* a new file: its directory entry must last too */
@@ -1023,30 +994,28 @@ int kvp_journal_replay(const char *dir, const char *id, kvp_snapshot *snap, size
     char path[PATH_MAX];
     if (rc < 0 || (rc = snap_path(path, sizeof path, dir, id, ".journal", err, errlen)) < 0)
         return rc;
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-    if (fd < 0)
-        return errno == ENOENT ? 0 : 1;   /* unreadable: the next write replaces it */
     struct stat st;
-    unsigned char *buf = NULL;
-    size_t got = 0;
-    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0 &&
-        (buf = malloc((size_t)st.st_size))) {
-        while (got < (size_t)st.st_size) {
-            ssize_t n = read(fd, buf + got, (size_t)st.st_size - got);
-            if (n < 0 && errno == EINTR)
-                continue;
-            if (n <= 0)
-                break;
-            got += (size_t)n;
-        }
-    }
-    close(fd);
-    if (!buf) {
-        if (S_ISREG(st.st_mode) && st.st_size == 0)
-            return 0;
-        snprintf(err, errlen, "journal %s: unreadable or out of memory", path);
+    int fd = kvp_open_regular(path, O_RDONLY, &st);
+    if (fd == -ENOENT)
+        return 0;
+    if (fd < 0) {   /* unreadable: the next write replaces it */
+        snprintf(err, errlen, "journal %s: %s", path,
+                 fd == KVP_E_NOT_REGULAR ? "not a regular file" : strerror(-fd));
         return 1;
     }
+    if (st.st_size == 0) {
+        close(fd);
+        return 0;
+    }
+    unsigned char *buf = malloc((size_t)st.st_size);
+    long long n = buf ? kvp_read_full(fd, buf, (size_t)st.st_size) : -ENOMEM;
+    close(fd);
+    if (n < 0) {
+        free(buf);
+        snprintf(err, errlen, "journal %s: %s", path, strerror((int)-n));
+        return 1;
+    }
+    size_t got = (size_t)n;
     kvp_rbuf r = {buf, got, 0};
     char jid[KVP_SNAPSHOT_ID_MAX + 1];
     uint32_t version;

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "base/checksum.h"
+#include "base/fileio.h"
 
 /* ---- in memory ---- */
 
@@ -197,35 +198,15 @@ static int format_line(char *buf, size_t n, const char *id, uint64_t hash, int n
     return snprintf(buf, n, "%s %016llx %d\n", id, (unsigned long long)hash, n_msgs);
 }
 
-static int write_all(int fd, const char *p, size_t n)
-{
-    while (n) {
-        ssize_t k = write(fd, p, n);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k < 0)
-            return -1;
-        p += k;
-        n -= (size_t)k;
-    }
-    return 0;
-}
-
 /* Opens like the snapshots: no links, no blocking on a FIFO, regular files only. */
 static int open_regular(const char *path, int flags, char *err, size_t errlen)
 {
-    int fd = open(path, flags | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
-    if (fd < 0) {
-        int e = errno;
-        snprintf(err, errlen, "open %s: %s", path, strerror(e));
-        return -e;
-    }
     struct stat st;
-    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
+    int fd = kvp_open_regular(path, flags, &st);
+    if (fd == KVP_E_NOT_REGULAR)
         snprintf(err, errlen, "%s: not a regular file", path);
-        return -EINVAL;
-    }
+    else if (fd < 0)
+        snprintf(err, errlen, "open %s: %s", path, strerror(-fd));
     return fd;
 }
 
@@ -244,8 +225,7 @@ static int rewrite(const kvp_transcripts *x, const char *dir, char *err, size_t 
     for (size_t i = 0; i < x->n_buckets && rc == 0; i++)
         for (const kvp_transcript_entry *e = x->by_id[i]; e && rc == 0; e = e->inext) {
             int n = format_line(line, sizeof line, e->id, e->hash, e->n_msgs);
-            if (write_all(fd, line, (size_t)n) < 0)
-                rc = -errno;
+            rc = kvp_write_all(fd, line, (size_t)n);
         }
     if (close(fd) < 0 && rc == 0)
         rc = -errno;
@@ -323,8 +303,7 @@ int kvp_transcripts_append(const char *dir, const char *id, uint64_t hash, int n
     if (fd < 0)
         return fd;
     int len = format_line(line, sizeof line, id, hash, n_msgs);
-    if (write_all(fd, line, (size_t)len) < 0) {
-        rc = -errno;
+    if ((rc = kvp_write_all(fd, line, (size_t)len)) < 0) {
         snprintf(err, errlen, "append to %s: %s", path, strerror(-rc));
     }
     close(fd);

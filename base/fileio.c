@@ -1,0 +1,54 @@
+#include "base/fileio.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+int kvp_open_regular(const char *path, int flags, struct stat *st)
+{
+    int fd = open(path, flags | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
+    if (fd < 0)
+        return -errno;
+    if (fstat(fd, st) < 0) {
+        int e = errno;
+        close(fd);
+        return -e;
+    }
+    if (!S_ISREG(st->st_mode)) {
+        close(fd);
+        return KVP_E_NOT_REGULAR;
+    }
+    return fd;
+}
+
+int kvp_write_all(int fd, const void *buf, size_t n)
+{
+    const unsigned char *p = buf;
+    while (n) {
+        ssize_t k = write(fd, p, n);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k < 0)
+            return -errno;
+        p += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+long long kvp_read_full(int fd, void *buf, size_t n)
+{
+    unsigned char *p = buf;
+    size_t got = 0;
+    while (got < n) {
+        ssize_t k = read(fd, p + got, n - got);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k < 0)
+            return -errno;
+        if (k == 0)
+            break;
+        got += (size_t)k;
+    }
+    return (long long)got;
+}
