@@ -189,8 +189,8 @@ static void store_seq(kvp_runstate *s, const kvp_model_config *p, kvp_batch_seq 
             int r = base + t;
             const float *k = s->k + (size_t)(r0 + t) * kvd + kvh * hd;
             const float *v = s->v + (size_t)(r0 + t) * kvd + kvh * hd;
-            kvp_kv_row_store(h->type, kvp_head_krow(h, hd, r), k, hd);
-            kvp_kv_row_store(h->type, kvp_head_vrow(h, hd, r), v, hd);
+            kvp_kv_store(h->type, kvp_head_krow(h, hd, r), k, hd);
+            kvp_kv_store(h->type, kvp_head_vrow(h, hd, r), v, hd);
             h->pos[r] = c->next_pos + t;
             h->seq[r] = c->n_seen + t;
             h->score[r] = 0.0f;

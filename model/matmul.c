@@ -74,6 +74,12 @@ void kvp_kv_axpy(kvp_kv_type t, float *y, float a, const void *row, int n)
     kernels.kv_axpy(t, y, a, row, n);
 }
 
+void kvp_kv_store(kvp_kv_type t, void *row, const float *x, int n)
+{
+    pthread_once(&init_once, select_kernels);
+    kernels.kv_store(t, row, x, n);
+}
+
 const char *kvp_matmul_simd(void)
 {
     pthread_once(&init_once, select_kernels);

@@ -69,9 +69,11 @@ void kvp_matmul_enter(void);
 void kvp_matmul_leave(void);
 
 /* Attention over stored KV cache rows of n numbers (cache/kvrow.h), with the kernel set
- * in use: returns row . q; adds a * row to y. */
+ * in use: returns row . q; adds a * row to y; stores x[n] as a row (the same bytes as
+ * kvp_kv_row_store). */
 float kvp_kv_dot(kvp_kv_type t, const void *row, const float *q, int n);
 void kvp_kv_axpy(kvp_kv_type t, float *y, float a, const void *row, int n);
+void kvp_kv_store(kvp_kv_type t, void *row, const float *x, int n);
 
 /* The most threads the pool runs (the caller included). */
 #define KVP_MATMUL_MAX_THREADS 16

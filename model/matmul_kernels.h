@@ -124,9 +124,11 @@ typedef void (*kvp_quant_fn)(const float *x, int n, kvp_act *a);
 typedef void (*kvp_f32_rows_fn)(const float *w, int rows, int n, const float *x, int T,
                                 float *y, int ldy, int accumulate);
 
-/* The attention kernels over stored KV cache rows (cache/kvrow.h): row . q, y += a * row. */
+/* The kernels over stored KV cache rows (cache/kvrow.h): row . q, y += a * row, and the
+ * encoding of a row (kvp_kv_row_store's bytes). */
 typedef float (*kvp_kv_dot_fn)(kvp_kv_type t, const void *row, const float *q, int n);
 typedef void (*kvp_kv_axpy_fn)(kvp_kv_type t, float *y, float a, const void *row, int n);
+typedef void (*kvp_kv_store_fn)(kvp_kv_type t, void *row, const float *x, int n);
 
 typedef struct kvp_kernel_set {
     kvp_quant_fn quantize[2];               /* blocks of 32, blocks of 256 */
@@ -141,6 +143,7 @@ typedef struct kvp_kernel_set {
     kvp_gemm_fn gemm[KVP_N_WEIGHT_TYPES];
     kvp_kv_dot_fn kv_dot;
     kvp_kv_axpy_fn kv_axpy;
+    kvp_kv_store_fn kv_store;
 } kvp_kernel_set;
 
 /* Fill the set with each instruction set's kernels (the later ones replace entries of

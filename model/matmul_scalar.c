@@ -554,6 +554,7 @@ void kvp_kernels_scalar(kvp_kernel_set *k)
 {
     k->kv_dot = kvp_kv_row_dot;
     k->kv_axpy = kvp_kv_row_axpy;
+    k->kv_store = kvp_kv_row_store;
     k->quantize[0] = quantize32;
     k->quantize[1] = quantize256;
     k->f32_rows = f32_rows;

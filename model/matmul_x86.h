@@ -1043,6 +1043,24 @@ static float kv_dot(kvp_kv_type t, const void *row, const float *q, int n)
     return hsum(acc);
 }
 
+/* kvp_kv_row_store's bytes: f16 rows converted 8 at a time by F16C (round to nearest
+ * even, as kvp_f32_to_f16; NaNs quieted with their payload's top bits alike), the tail
+ * and the other types by the portable code. */
+static void kv_store(kvp_kv_type t, void *row, const float *x, int n)
+{
+    if (t != KVP_KV_F16) {
+        kvp_kv_row_store(t, row, x, n);
+        return;
+    }
+    uint16_t *h = row;
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(h + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+    if (i < n)
+        kvp_kv_row_store(t, h + i, x + i, n - i);
+}
+
 static void kv_axpy(kvp_kv_type t, float *y, float a, const void *row, int n)
 {
     if (t == KVP_KV_F32 || n % 8) {
@@ -1072,6 +1090,7 @@ void KVP_KERNELS(kvp_kernel_set *ks)
 #endif
     ks->kv_dot = kv_dot;
     ks->kv_axpy = kv_axpy;
+    ks->kv_store = kv_store;
     ks->quantize[0] = quantize32;
     ks->quantize[1] = quantize256;
     kvp_dot_fn *tab = ks->dot;

@@ -239,3 +239,50 @@ Test(forward_quant, kv_row_kernels_equal_the_portable_ones)
                           kvp_kv_type_name((kvp_kv_type)t), n, i);
         }
 }
+
+/* kvp_kv_store (F16C when the CPU has it) writes kvp_kv_row_store's bytes, for every f32
+ * bit pattern class: normals of every exponent, f16 subnormals and underflow, halfway
+ * cases, overflow to inf, inf and NaNs with payloads, both signs. */
+Test(forward_quant, kv_store_writes_the_portable_bytes)
+{
+    enum { MAXN = 137 };
+    unsigned char a[4 * MAXN], b[4 * MAXN];
+    float x[MAXN];
+    const int ns[] = {1, 7, 8, 9, 16, 64, 128, 136, MAXN};
+    uint64_t s = 12345;
+    for (int round = 0; round < 2000; round++) {
+        int n = ns[round % (int)(sizeof ns / sizeof ns[0])];
+        for (int i = 0; i < n; i++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            uint32_t u = (uint32_t)(s >> 32);
+            switch (round % 4) {
+            case 0:   /* any bit pattern */
+                break;
+            case 1:   /* exponents around f16's range: subnormals, normals, overflow */
+                u = (u & 0x807fffffu) | ((uint32_t)(97 + (u >> 23) % 50) << 23);
+                break;
+            case 2:   /* halfway between two halves: the 13 dropped bits 1000... */
+                u = (u & 0xffffe000u) | 0x1000u;
+                u = (u & 0x807fffffu) | ((uint32_t)(100 + (u >> 23) % 45) << 23);
+                break;
+            default:  /* inf and NaNs */
+                u = (u & 0x807fffffu) | 0x7f800000u;
+                if (i % 3 == 0)
+                    u &= 0xff800000u;
+                break;
+            }
+            memcpy(&x[i], &u, sizeof u);
+        }
+        for (int t = 0; t < KVP_KV_N_TYPES; t++) {
+            if (t == KVP_KV_Q8_0 && round % 4 == 3)
+                continue;   /* (q8_0 scales of inf / NaN are not meaningful) */
+            size_t bytes = kvp_kv_row_bytes((kvp_kv_type)t, n);
+            memset(a, 0xa5, sizeof a);
+            memset(b, 0xa5, sizeof b);
+            kvp_kv_store((kvp_kv_type)t, a, x, n);
+            kvp_kv_row_store((kvp_kv_type)t, b, x, n);
+            cr_assert(!memcmp(a, b, sizeof a), "%s n=%d round %d: bytes differ (%s, %zu bytes)",
+                      kvp_kv_type_name((kvp_kv_type)t), n, round, kvp_matmul_simd(), bytes);
+        }
+    }
+}
