@@ -106,6 +106,15 @@ group4(const perm4 *P, __m512i r0, __m512i r1, act4 x, int QH, int MIN, __m512 a
     return _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, x.dl), acc);
 }
 
+/* 64 bytes as two 256-bit loads: a 512-bit load that straddles two cache lines (the
+ * groups of 88 or 72 bytes rarely start on one) is slow to wait for when they come from
+ * memory: one thread streamed a 64 MiB Q5_0 matrix at ~10 GB/s with them, ~30 this way */
+static inline __m512i load512_halves(const uint8_t *p)
+{
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p)),
+                              _mm256_loadu_si256((const __m256i *)(p + 32)), 1);
+}
+
 /* group g of the row at p: the full group's two loads, or a last one of 1 to 3 blocks
  * under masks (zeros past them, as in qx) */
 static inline __attribute__((always_inline)) __m512
@@ -114,8 +123,8 @@ row_group(const perm4 *full, const perm4 *tail, const uint8_t *p, int g, int nb,
 {
     p += (size_t)4 * BLOCK * g;
     if (4 * g + 4 <= nb)
-        return group4(full, _mm512_loadu_si512(p), _mm512_loadu_si512(p + 4 * BLOCK - 64), x, QH,
-                      MIN, acc);
+        return group4(full, load512_halves(p), load512_halves(p + 4 * BLOCK - 64), x, QH, MIN,
+                      acc);
     int bytes = (nb - 4 * g) * BLOCK;
     __mmask64 m0 = bytes >= 64 ? ~0ULL : (1ULL << bytes) - 1;
     __mmask64 m1 = bytes <= 64 ? 0 : (1ULL << (bytes - 64)) - 1;
@@ -123,35 +132,22 @@ row_group(const perm4 *full, const perm4 *tail, const uint8_t *p, int g, int nb,
                   MIN, acc);
 }
 
-/* y[r] (+)= row r . a for `rows` rows `stride` bytes apart: two rows at a time, so each
- * group of the activation is loaded once for both. The two are the same row of each
- * half of the run: each half is read in address order, which the hardware prefetcher
- * follows (a pair of adjacent rows would jump back and forth within the pages). */
+/* y[r] (+)= row r . a for `rows` rows `stride` bytes apart, a row at a time: one
+ * sequential stream, which the hardware prefetcher follows (two rows a pass, each group
+ * of the activation loaded once for both, read two streams: one thread got about half
+ * the bandwidth from them, see README). */
 static inline __attribute__((always_inline)) void
 rows_x4(const perm4 *full, const perm4 *tail, const uint8_t *w, size_t stride, int rows,
         const kvp_act *a, float *y, int accumulate, const int BLOCK, int QH, int MIN)
 {
-    const int nb = a->n / KVP_QK, ng = KVP_X4_GROUPS(a->n), half = rows / 2;
-    for (int r = 0; r < half; r++) {
-        const uint8_t *p0 = w + stride * r, *p1 = w + stride * (r + half);
-        __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0;
-        for (int g = 0; g < ng; g++) {
-            act4 x = act_group4(a, g);
-            acc0 = row_group(full, tail, p0, g, nb, BLOCK, x, QH, MIN, acc0);
-            acc1 = row_group(full, tail, p1, g, nb, BLOCK, x, QH, MIN, acc1);
-        }
-        float v0 = _mm512_reduce_add_ps(acc0), v1 = _mm512_reduce_add_ps(acc1);
-        y[r] = accumulate ? y[r] + v0 : v0;
-        y[r + half] = accumulate ? y[r + half] + v1 : v1;
-    }
-    if (rows % 2) {
-        const int r = rows - 1;
-        const uint8_t *p0 = w + stride * r;
-        __m512 acc0 = _mm512_setzero_ps();
+    const int nb = a->n / KVP_QK, ng = KVP_X4_GROUPS(a->n);
+    for (int r = 0; r < rows; r++) {
+        const uint8_t *p = w + stride * r;
+        __m512 acc = _mm512_setzero_ps();
         for (int g = 0; g < ng; g++)
-            acc0 = row_group(full, tail, p0, g, nb, BLOCK, act_group4(a, g), QH, MIN, acc0);
-        float v0 = _mm512_reduce_add_ps(acc0);
-        y[r] = accumulate ? y[r] + v0 : v0;
+            acc = row_group(full, tail, p, g, nb, BLOCK, act_group4(a, g), QH, MIN, acc);
+        float v = _mm512_reduce_add_ps(acc);
+        y[r] = accumulate ? y[r] + v : v;
     }
 }
 
