@@ -766,6 +766,20 @@ static void gemm_signed(const uint8_t *packed, size_t stride, int rows, const kv
 #define F32_C 4
 
 #if KVP_VNNI
+/* The sums of a, b, c, d in lanes 0..3, each in _mm512_reduce_add_ps's order (halves,
+ * then quarters, then lanes two apart, then neighbours), so the sums equal those of
+ * reducing each register alone, for 14 instructions instead of 4 x 8. */
+static inline __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d)
+{
+    __m512 x = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+    __m512 y = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, 0x44), _mm512_shuffle_f32x4(c, d, 0xEE));
+    __m512 z = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x88), _mm512_shuffle_f32x4(x, y, 0xDD));
+    z = _mm512_add_ps(z, _mm512_permute_ps(z, 0x4E));
+    z = _mm512_add_ps(z, _mm512_permute_ps(z, 0xB1));
+    return _mm512_castps512_ps128(
+        _mm512_permutexvar_ps(_mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0), z));
+}
+
 static inline __attribute__((always_inline)) void
 f32_tile(const float *w, int n, const float *x, float *y, int ldy, int accumulate, int R, int C)
 {
@@ -795,10 +809,15 @@ f32_tile(const float *w, int n, const float *x, float *y, int ldy, int accumulat
                 s[i][j] = _mm512_fmadd_ps(wv[i], xv, s[i][j]);
         }
     }
-    for (int i = 0; i < R; i++)
-        for (int j = 0; j < C; j++) {
-            float v = _mm512_reduce_add_ps(s[i][j]), *o = y + (size_t)j * ldy + i;
-            *o = accumulate ? *o + v : v;
+    /* four rows' sums of a token at a time, into consecutive outputs */
+    for (int j = 0; j < C; j++)
+        for (int i = 0; i < R; i += 4) {
+            __m512 z = _mm512_setzero_ps();
+            __m128 v = reduce4(s[i][j], i + 1 < R ? s[i + 1][j] : z, i + 2 < R ? s[i + 2][j] : z,
+                               i + 3 < R ? s[i + 3][j] : z);
+            __mmask8 m = (__mmask8)((1u << (R - i < 4 ? R - i : 4)) - 1);
+            float *o = y + (size_t)j * ldy + i;
+            _mm_mask_storeu_ps(o, m, accumulate ? _mm_add_ps(_mm_maskz_loadu_ps(m, o), v) : v);
         }
 }
 #else
