@@ -87,8 +87,8 @@ static int ensure_att(kvp_runstate *s, int slot, size_t need)
 }
 
 /* Scores att[T][R] = q[T][hd] . K[R][hd]^T * scale of one query head over a head's
- * rows: OpenBLAS on f32 rows; f16 / q8_0 rows are read as stored, one row at a time
- * (decoded in registers by kvp_kv_dot), never copied out as f32. Rows a query cannot
+ * rows: OpenBLAS on f32 rows; f16 / q8_0 rows are read as stored (decoded in registers
+ * by kvp_kv_dots, four rows at a time), never copied out as f32. Rows a query cannot
  * see yet (j >= base + t + 1) are left for the softmax to clear. */
 static void head_scores(const kvp_head *h, int hd, const float *q, int qd, int T, int base,
                         float scale, float *att)
@@ -104,9 +104,8 @@ static void head_scores(const kvp_head *h, int hd, const float *q, int qd, int T
         return;
     }
     for (int t = 0; t < T; t++)
-        for (int j = 0; j < base + t + 1; j++)
-            att[(size_t)t * R + j] =
-                scale * kvp_kv_dot(h->type, kvp_head_krow(h, hd, j), q + (size_t)t * qd, hd);
+        kvp_kv_dots(h->type, h->k, base + t + 1, q + (size_t)t * qd, hd, scale,
+                    att + (size_t)t * R);
 }
 
 /* out[T][hd] (rows qd apart) = att[T][R] . V[R][hd], the same way as head_scores. */
@@ -123,12 +122,8 @@ static void head_values(const kvp_head *h, int hd, const float *att, int T, int 
                         0.0f, out, qd);
         return;
     }
-    for (int t = 0; t < T; t++) {
-        float *o = out + (size_t)t * qd;
-        memset(o, 0, (size_t)hd * sizeof *o);
-        for (int j = 0; j < base + t + 1; j++)
-            kvp_kv_axpy(h->type, o, att[(size_t)t * R + j], kvp_head_vrow(h, hd, j), hd);
-    }
+    for (int t = 0; t < T; t++)
+        kvp_kv_mix(h->type, h->v, base + t + 1, att + (size_t)t * R, hd, out + (size_t)t * qd);
 }
 
 /* Attention of one sequence's T queries (batch rows r0..r0+T) over one KV head's rows.

@@ -80,6 +80,19 @@ void kvp_kv_store(kvp_kv_type t, void *row, const float *x, int n)
     kernels.kv_store(t, row, x, n);
 }
 
+void kvp_kv_dots(kvp_kv_type t, const void *rows, int n_rows, const float *q, int n, float scale,
+                 float *out)
+{
+    pthread_once(&init_once, select_kernels);
+    kernels.kv_dots(t, rows, n_rows, q, n, scale, out);
+}
+
+void kvp_kv_mix(kvp_kv_type t, const void *rows, int n_rows, const float *a, int n, float *y)
+{
+    pthread_once(&init_once, select_kernels);
+    kernels.kv_mix(t, rows, n_rows, a, n, y);
+}
+
 const char *kvp_matmul_simd(void)
 {
     pthread_once(&init_once, select_kernels);

@@ -74,6 +74,12 @@ void kvp_matmul_leave(void);
 float kvp_kv_dot(kvp_kv_type t, const void *row, const float *q, int n);
 void kvp_kv_axpy(kvp_kv_type t, float *y, float a, const void *row, int n);
 void kvp_kv_store(kvp_kv_type t, void *row, const float *x, int n);
+/* The same over n_rows consecutive rows (a head's store): out[j] = scale * (row j . q),
+ * each as kvp_kv_dot computes it; y[n] = sum_j a[j] * row j, as kvp_kv_axpy adds them
+ * in row order from y = 0. */
+void kvp_kv_dots(kvp_kv_type t, const void *rows, int n_rows, const float *q, int n, float scale,
+                 float *out);
+void kvp_kv_mix(kvp_kv_type t, const void *rows, int n_rows, const float *a, int n, float *y);
 
 /* The most threads the pool runs (the caller included). */
 #define KVP_MATMUL_MAX_THREADS 16

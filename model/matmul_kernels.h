@@ -129,6 +129,11 @@ typedef void (*kvp_f32_rows_fn)(const float *w, int rows, int n, const float *x,
 typedef float (*kvp_kv_dot_fn)(kvp_kv_type t, const void *row, const float *q, int n);
 typedef void (*kvp_kv_axpy_fn)(kvp_kv_type t, float *y, float a, const void *row, int n);
 typedef void (*kvp_kv_store_fn)(kvp_kv_type t, void *row, const float *x, int n);
+/* Over n_rows consecutive rows: out[j] = scale * (row j . q); y[n] = sum_j a[j] * row j. */
+typedef void (*kvp_kv_dots_fn)(kvp_kv_type t, const void *rows, int n_rows, const float *q, int n,
+                               float scale, float *out);
+typedef void (*kvp_kv_mix_fn)(kvp_kv_type t, const void *rows, int n_rows, const float *a, int n,
+                              float *y);
 
 typedef struct kvp_kernel_set {
     kvp_quant_fn quantize[2];               /* blocks of 32, blocks of 256 */
@@ -144,6 +149,8 @@ typedef struct kvp_kernel_set {
     kvp_kv_dot_fn kv_dot;
     kvp_kv_axpy_fn kv_axpy;
     kvp_kv_store_fn kv_store;
+    kvp_kv_dots_fn kv_dots;
+    kvp_kv_mix_fn kv_mix;
 } kvp_kernel_set;
 
 /* Fill the set with each instruction set's kernels (the later ones replace entries of

@@ -550,11 +550,29 @@ static void gemm_k(const uint8_t *packed, size_t stride, int rows, const kvp_act
     }
 }
 
+static void kv_dots(kvp_kv_type t, const void *rows, int n_rows, const float *q, int n,
+                    float scale, float *out)
+{
+    size_t rb = kvp_kv_row_bytes(t, n);
+    for (int j = 0; j < n_rows; j++)
+        out[j] = scale * kvp_kv_row_dot(t, (const uint8_t *)rows + (size_t)j * rb, q, n);
+}
+
+static void kv_mix(kvp_kv_type t, const void *rows, int n_rows, const float *a, int n, float *y)
+{
+    size_t rb = kvp_kv_row_bytes(t, n);
+    memset(y, 0, (size_t)n * sizeof *y);
+    for (int j = 0; j < n_rows; j++)
+        kvp_kv_row_axpy(t, y, a[j], (const uint8_t *)rows + (size_t)j * rb, n);
+}
+
 void kvp_kernels_scalar(kvp_kernel_set *k)
 {
     k->kv_dot = kvp_kv_row_dot;
     k->kv_axpy = kvp_kv_row_axpy;
     k->kv_store = kvp_kv_row_store;
+    k->kv_dots = kv_dots;
+    k->kv_mix = kv_mix;
     k->quantize[0] = quantize32;
     k->quantize[1] = quantize256;
     k->f32_rows = f32_rows;

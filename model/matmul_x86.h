@@ -1133,6 +1133,85 @@ static void kv_axpy(kvp_kv_type t, float *y, float a, const void *row, int n)
     }
 }
 
+/* kv_dot over n_rows consecutive rows, four at a time (four independent chains of
+ * multiply-adds instead of one), each row's sum in kv_dot's order: out[j] = scale * dot. */
+static void kv_dots(kvp_kv_type t, const void *rows, int n_rows, const float *q, int n,
+                    float scale, float *out)
+{
+    size_t rb = kvp_kv_row_bytes(t, n);
+    const uint8_t *r0 = rows;
+    int j = 0;
+    for (; t != KVP_KV_F32 && n % 8 == 0 && j + 4 <= n_rows; j += 4) {
+        const uint8_t *r = r0 + (size_t)j * rb;
+        __m256 acc[4];
+        for (int u = 0; u < 4; u++)
+            acc[u] = _mm256_setzero_ps();
+        for (int b = 0; b * KVP_KV_BLOCK < n; b++) {
+            int lo = b * KVP_KV_BLOCK, hi = lo + KVP_KV_BLOCK < n ? lo + KVP_KV_BLOCK : n;
+            if (t == KVP_KV_F16) {
+                for (int i = lo; i < hi; i += 8) {
+                    __m256 qv = _mm256_loadu_ps(q + i);
+                    for (int u = 0; u < 4; u++)
+                        acc[u] = _mm256_fmadd_ps(kv_load8(t, r + u * rb, n, i), qv, acc[u]);
+                }
+                continue;
+            }
+            __m256 s[4];
+            for (int u = 0; u < 4; u++)
+                s[u] = _mm256_setzero_ps();
+            for (int i = lo; i < hi; i += 8) {
+                __m256 qv = _mm256_loadu_ps(q + i);
+                for (int u = 0; u < 4; u++)
+                    s[u] = _mm256_fmadd_ps(kv_load8(t, r + u * rb, n, i), qv, s[u]);
+            }
+            for (int u = 0; u < 4; u++) {
+                uint16_t d;
+                memcpy(&d, r + u * rb + 2 * b, 2);
+                acc[u] = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(d)), s[u], acc[u]);
+            }
+        }
+        for (int u = 0; u < 4; u++)
+            out[j + u] = scale * hsum(acc[u]);
+    }
+    for (; j < n_rows; j++)
+        out[j] = scale * kv_dot(t, r0 + (size_t)j * rb, q, n);
+}
+
+/* y[n] = sum over the rows of a[j] * row j: kv_axpy's multiply-adds from y = 0 in row
+ * order, the same sums, with 64 of y's numbers held in registers across the rows. */
+static void kv_mix(kvp_kv_type t, const void *rows, int n_rows, const float *a, int n, float *y)
+{
+    size_t rb = kvp_kv_row_bytes(t, n);
+    const uint8_t *r0 = rows;
+    if (t == KVP_KV_F32 || n % 8) {
+        memset(y, 0, (size_t)n * sizeof *y);
+        for (int j = 0; j < n_rows; j++)
+            kv_axpy(t, y, a[j], r0 + (size_t)j * rb, n);
+        return;
+    }
+    for (int c = 0; c < n; c += 64) {   /* 64 numbers: a block of 32 twice */
+        int w = n - c < 64 ? (n - c) / 8 : 8;
+        __m256 acc[8];
+        for (int k = 0; k < 8; k++)
+            acc[k] = _mm256_setzero_ps();
+        for (int j = 0; j < n_rows; j++) {
+            const uint8_t *r = r0 + (size_t)j * rb;
+            float ad[2] = {a[j], a[j]};
+            if (t == KVP_KV_Q8_0)
+                for (int h = 0; h < 2 && c + 32 * h < n; h++) {
+                    uint16_t d;
+                    memcpy(&d, r + 2 * ((c + 32 * h) / KVP_KV_BLOCK), 2);
+                    ad[h] *= _cvtsh_ss(d);
+                }
+            __m256 va[2] = {_mm256_set1_ps(ad[0]), _mm256_set1_ps(ad[1])};
+            for (int k = 0; k < w; k++)
+                acc[k] = _mm256_fmadd_ps(va[k / 4], kv_load8(t, r, n, c + 8 * k), acc[k]);
+        }
+        for (int k = 0; k < w; k++)
+            _mm256_storeu_ps(y + c + 8 * k, acc[k]);
+    }
+}
+
 void KVP_KERNELS(kvp_kernel_set *ks)
 {
     ks->f32_rows = f32_rows;
@@ -1143,6 +1222,8 @@ void KVP_KERNELS(kvp_kernel_set *ks)
     ks->kv_dot = kv_dot;
     ks->kv_axpy = kv_axpy;
     ks->kv_store = kv_store;
+    ks->kv_dots = kv_dots;
+    ks->kv_mix = kv_mix;
     ks->quantize[0] = quantize32;
     ks->quantize[1] = quantize256;
     kvp_dot_fn *tab = ks->dot;

@@ -286,3 +286,50 @@ Test(forward_quant, kv_store_writes_the_portable_bytes)
         }
     }
 }
+
+/* The attention kernels over a head's consecutive rows give, bit for bit, what the row
+ * kernels give: kvp_kv_dots each row's scaled kvp_kv_dot (four rows at a time in the
+ * SIMD sets), kvp_kv_mix kvp_kv_axpy's sums over the rows in order from zero (64 numbers
+ * of y in registers): row counts around the groups of four, widths with a short last
+ * q8_0 block, past 64 numbers, and off the SIMD width (the portable path). */
+Test(forward_quant, kv_rows_kernels_equal_the_row_kernels)
+{
+    enum { MAXR = 37, MAXN = 136 };
+    static unsigned char rows[MAXR * 4 * MAXN];
+    float x[MAXN], q[MAXN], a[MAXR], out[MAXR], y1[MAXN], y2[MAXN];
+    const int ns[] = {8, 24, 40, 64, 72, 128, 136, 7, 33};
+    const int counts[] = {0, 1, 3, 4, 5, 8, 9, MAXR};
+    for (int ni = 0; ni < (int)(sizeof ns / sizeof ns[0]); ni++)
+        for (int t = 0; t < KVP_KV_N_TYPES; t++) {
+            int n = ns[ni];
+            size_t rb = kvp_kv_row_bytes((kvp_kv_type)t, n);
+            for (int j = 0; j < MAXR; j++) {
+                for (int i = 0; i < n; i++)
+                    x[i] = sinf((float)(i * 7 + j * 13 + n + t)) * (i % 5 ? 1.0f : 9.0f);
+                kvp_kv_store((kvp_kv_type)t, rows + j * rb, x, n);
+                a[j] = cosf((float)j * 0.7f) * 0.1f;
+            }
+            for (int i = 0; i < n; i++)
+                q[i] = cosf((float)(i * 3 - n));
+            for (int ci = 0; ci < (int)(sizeof counts / sizeof counts[0]); ci++) {
+                int m = counts[ci];
+                kvp_kv_dots((kvp_kv_type)t, rows, m, q, n, 0.125f, out);
+                for (int j = 0; j < m; j++) {
+                    float want = 0.125f * kvp_kv_dot((kvp_kv_type)t, rows + j * rb, q, n);
+                    cr_assert(!memcmp(&out[j], &want, sizeof want),
+                              "%s n=%d rows=%d dots[%d]: %.9g vs %.9g (%s)",
+                              kvp_kv_type_name((kvp_kv_type)t), n, m, j, (double)out[j],
+                              (double)want, kvp_matmul_simd());
+                }
+                for (int i = 0; i < n; i++)
+                    y1[i] = NAN;
+                kvp_kv_mix((kvp_kv_type)t, rows, m, a, n, y1);
+                memset(y2, 0, sizeof y2);
+                for (int j = 0; j < m; j++)
+                    kvp_kv_axpy((kvp_kv_type)t, y2, a[j], rows + j * rb, n);
+                cr_assert(!memcmp(y1, y2, (size_t)n * sizeof *y1),
+                          "%s n=%d rows=%d: mix differs (%s)", kvp_kv_type_name((kvp_kv_type)t),
+                          n, m, kvp_matmul_simd());
+            }
+        }
+}
