@@ -9,10 +9,12 @@
  * Usage: bench_matmul [--anchor PATH] [--mib N] [--reps N] [--rounds N] [--types q8_0,q4_K,...]
  *
  * bench_matmul --f32-small COLS [--mib N] [--reps N]: f32 weights [rows][COLS] (--mib
- * MiB) against T = 1..64 activation rows on every thread, as a decode step of T
+ * MiB) against T = 1..256 activation rows on every thread, as a decode step of T
  * sessions runs them: the pool's small-T kernel against OpenBLAS (sgemv at T = 1, else
  * sgemm), alternating, best of --reps each; the ratio gives the crossover T
- * (KVP_F32_SMALL_T in model/matmul.h).
+ * (KVP_F32_SMALL_T in model/matmul.h). Both also as a share of the threads' f32 peak
+ * (fused multiply-adds alone on the kernel set's vector width, best of the reps
+ * alternating with them).
  *
  * bench_matmul --q8-small COLS [--mib N] [--reps N]: the same for q8_0 weights: the
  * small-T kernel (each block read once for T activation rows) against the int8 GEMM
@@ -76,6 +78,65 @@ static double anchor_gbs(const char *anchor, const char *type, long n, double *m
     return gbs;
 }
 
+/* The machine's f32 peak on every thread of the pool: a loop of independent fused
+ * multiply-adds on the widest vectors the kernel set uses (12 chains, enough to cover
+ * the latency on two FMA pipes), as GFLOP/s (0 for the scalar set). On a loaded machine
+ * it is what the threads get of the cores, so it is measured beside each T. */
+typedef struct peak_job {
+    long iters;
+    int wide;          /* 1: 16 lanes (AVX-512), else 8 (AVX2) */
+    float sink[KVP_MATMUL_MAX_THREADS];
+} peak_job;
+
+#define PEAK_CHAINS 12
+#define PEAK_LOOP(vec, set1, fma, add, lanes)                                                   \
+    do {                                                                                       \
+        vec acc[PEAK_CHAINS], b = set1(1.0f + 1e-7f * (float)(slot + 1)), c = set1(1e-9f);      \
+        for (int i = 0; i < PEAK_CHAINS; i++)                                                  \
+            acc[i] = set1((float)i);                                                           \
+        for (long k = 0; k < j->iters; k++)                                                    \
+            for (int i = 0; i < PEAK_CHAINS; i++)                                              \
+                acc[i] = fma(acc[i], b, c);                                                    \
+        vec t = acc[0];                                                                        \
+        for (int i = 1; i < PEAK_CHAINS; i++)                                                  \
+            t = add(t, acc[i]);                                                                \
+        float out[lanes];                                                                      \
+        memcpy(out, &t, sizeof out);                                                           \
+        j->sink[slot] = out[0];                                                                \
+    } while (0)
+
+__attribute__((target("avx512f"))) static void peak_item512(peak_job *j, int slot)
+{
+    PEAK_LOOP(__m512, _mm512_set1_ps, _mm512_fmadd_ps, _mm512_add_ps, 16);
+}
+
+__attribute__((target("avx2,fma"))) static void peak_item256(peak_job *j, int slot)
+{
+    PEAK_LOOP(__m256, _mm256_set1_ps, _mm256_fmadd_ps, _mm256_add_ps, 8);
+}
+
+static void peak_item(void *ctx, int i, int slot)
+{
+    (void)i;
+    peak_job *j = ctx;
+    if (j->wide)
+        peak_item512(j, slot);
+    else
+        peak_item256(j, slot);
+}
+
+static double peak_gflops(void)
+{
+    const char *simd = kvp_matmul_simd();
+    if (!strcmp(simd, "scalar"))
+        return 0;
+    int threads = kvp_matmul_threads();
+    peak_job j = {.iters = 1000000, .wide = !strcmp(simd, "avx512")};
+    double t0 = now();
+    kvp_matmul_parallel(threads, peak_item, &j, (size_t)1 << 30, threads, 0);
+    return 2.0 * (j.wide ? 16 : 8) * PEAK_CHAINS * (double)j.iters * threads / (now() - t0) / 1e9;
+}
+
 /* Weights of `type` at small T, every thread: the pool's small-T kernel (f32 up to
  * KVP_F32_SMALL_T, q8_0 up to KVP_QUANT_SMALL_T) against what the type takes without it
  * (f32: OpenBLAS; q8_0: the int8 GEMM from KVP_MATMUL_TILE_MIN_T rows). */
@@ -106,16 +167,19 @@ static int bench_small(uint32_t type, int cols, long mib, long reps)
         x[i] = sinf(0.1f * (float)i);
     kvp_weight wt = {type, rows, cols, row_bytes, data};
     const char *other = f32 ? "OpenBLAS" : "int8 GEMM";
-    printf("## %s weights at small T: %d x %d (%.0f MiB), %d threads (kernels: %s)\n\n"
-           "| T | kernel ms | kernel GB/s | kernel G(FL)OP/s | %s ms | %s G(FL)OP/s "
-           "| %s / kernel (time) |\n|---:|---:|---:|---:|---:|---:|---:|\n",
-           kvp_type_name(type), rows, cols, (double)rows * row_bytes / (1 << 20), kvp_matmul_threads(),
-           kvp_matmul_simd(), other, other, other);
     kvp_matmul_enter();
+    printf("## %s weights at small T: %d x %d (%.0f MiB), %d threads (kernels: %s)\n\n"
+           "| T | kernel ms | kernel GB/s | kernel G(FL)OP/s | kernel / peak | %s ms | %s G(FL)OP/s "
+           "| %s / peak | %s / kernel (time) | f32 peak GFLOP/s |\n"
+           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+           kvp_type_name(type), rows, cols, (double)rows * row_bytes / (1 << 20), kvp_matmul_threads(),
+           kvp_matmul_simd(), other, other, other, other);
     for (size_t k = 0; k < sizeof Ts / sizeof Ts[0]; k++) {
         int T = Ts[k];
-        double best[2] = {1e30, 1e30};
-        for (long r = 0; r < reps; r++)
+        double best[2] = {1e30, 1e30}, peak = 0;
+        for (long r = 0; r < reps; r++) {
+            double p = f32 ? peak_gflops() : 0;   /* (f32 alone: the peak is of f32 FLOPs) */
+            peak = p > peak ? p : peak;
             for (int side = 0; side < 2; side++) {
                 /* side 0: the default (the kernel up to small_t); 1: without it */
                 kvp_matmul_force_prefill(side ? (f32 ? KVP_PREFILL_SGEMM : KVP_PREFILL_INT8)
@@ -125,12 +189,18 @@ static int bench_small(uint32_t type, int cols, long mib, long reps)
                 double dt = now() - t0;
                 best[side] = dt < best[side] ? dt : best[side];
             }
+        }
         double flop = 2.0 * T * rows * cols, bytes = (double)rows * row_bytes;
         const char *note = T > small_t ? " (both without)"
                            : !f32 && T < KVP_MATMUL_TILE_MIN_T ? " (both the kernel)" : "";
-        printf("| %d%s | %.2f | %.1f | %.1f | %.2f | %.1f | %.2fx |\n", T, note, best[0] * 1e3,
-               bytes / best[0] / 1e9, flop / best[0] / 1e9, best[1] * 1e3, flop / best[1] / 1e9,
-               best[1] / best[0]);
+        char share[3][16] = {"-", "-", "-"};
+        for (int side = 0; side < 2 && peak > 0; side++)
+            snprintf(share[side], sizeof share[side], "%.0f%%", 100 * flop / best[side] / 1e9 / peak);
+        if (peak > 0)
+            snprintf(share[2], sizeof share[2], "%.0f", peak);
+        printf("| %d%s | %.2f | %.1f | %.1f | %s | %.2f | %.1f | %s | %.2fx | %s |\n", T, note,
+               best[0] * 1e3, bytes / best[0] / 1e9, flop / best[0] / 1e9, share[0], best[1] * 1e3,
+               flop / best[1] / 1e9, share[1], best[1] / best[0], share[2]);
         fflush(stdout);
     }
     kvp_matmul_leave();
