@@ -124,10 +124,12 @@ static size_t act_bytes(int n)
            (size_t)(n / 16) * (sizeof(int16_t) + sizeof(float)) +
            (size_t)(n / 4) * (sizeof(int32_t) + sizeof(float)) +
            (size_t)KVP_X4_GROUPS(n) * (128 + 16 * (sizeof(int32_t) + sizeof(float))) + pad +
-           2 * pad / 16 * sizeof(float);
+           2 * pad / 16 * sizeof(float) + 64;   /* + 64: qg starts on a cache line */
 }
 
-static void act_quantize(kvp_act *a, enum act_kind kind, const float *x, int n, void *scratch)
+/* decode: also the small-T kernels' and regroup32's copies (the int8 GEMM reads neither) */
+static void act_quantize(kvp_act *a, enum act_kind kind, const float *x, int n, void *scratch,
+                         int decode)
 {
     a->n = n;
     a->x = x;
@@ -145,9 +147,9 @@ static void act_quantize(kvp_act *a, enum act_kind kind, const float *x, int n, 
     a->q = (int8_t *)(a->bsums + n / 16);
     if (kind == ACT_Q8) {
         kernels.quantize[0](x, n, a);
-        if (kernels.regroup32)
+        if (decode && kernels.regroup32)
             kernels.regroup32(a);
-        if (kernels.small_prep)
+        if (decode && kernels.small_prep)
             kernels.small_prep(a);
         return;
     }
@@ -162,7 +164,7 @@ static void act_group(kvp_act *a, uint32_t type, enum act_kind kind)
 {
     int n = a->n, g = kvp_gemm_group(type), pad = kvp_group_pad(n, g);
     a->g = g;
-    a->qg = a->q + n;
+    a->qg = (int8_t *)(((uintptr_t)(a->q + n) + 63) & ~(uintptr_t)63);
     a->dg = (float *)(a->qg + pad);
     a->sg = a->dg + pad / g;
     kvp_group_bytes((const uint8_t *)a->q, n, g, (uint8_t *)a->qg);
@@ -489,7 +491,7 @@ static void matmul_decode(int n, float *const y[], const float *x, const kvp_wei
         } else if (!f32) {   /* (f32_rows reads x itself) */
             for (int t = 0; t < T; t++)
                 act_quantize(&act[i][t], kinds[i], x + (size_t)t * w[i]->cols, w[i]->cols,
-                             scratch + per * ((size_t)i * T + t));
+                             scratch + per * ((size_t)i * T + t), 1);
         }
         seg[i] = (segment){.w = w[i], .act = f32 ? NULL : act[i], .x = x, .y = y[i], .row0 = rows};
         rows += w[i]->rows;
@@ -547,7 +549,9 @@ static void *scratch_grow(scratch_buf *b, size_t need)
 {
     if (need > b->cap) {
         free(b->p);
-        b->p = malloc(need);
+        /* cache-line aligned: the int8 GEMM's 512-bit loads of packed rows (whose
+         * stride is a multiple of 64) do not straddle two lines */
+        b->p = aligned_alloc(64, (need + 63) / 64 * 64);
         b->cap = b->p ? need : 0;
         if (!b->p)
             abort();  /* the forward pass has no way to report it */
@@ -585,7 +589,7 @@ static void quantize_rows(const job *j, int t0, int t1)
     enum act_kind kind = act_kind(j->w->type);
     for (int t = t0; t < t1; t++) {
         act_quantize(&j->act[t], kind, j->x + (size_t)t * j->w->cols, j->w->cols,
-                     j->scratch + j->per * (size_t)t);
+                     j->scratch + j->per * (size_t)t, 0);
         act_group(&j->act[t], j->w->type, kind);
     }
 }
