@@ -38,6 +38,20 @@ static float q8_scale(const void *row, int b)
     return kvp_f16_to_f32(d);
 }
 
+/* Codes x[lo, hi) against the scale d as stored (dh, so the f16 rounding adds no error);
+ * returns their squared error. */
+static float q8_code_block(int8_t *codes, const float *x, int lo, int hi, uint16_t dh)
+{
+    float d = kvp_f16_to_f32(dh), id = d > 0.0f ? 1.0f / d : 0.0f, err = 0.0f;
+    for (int i = lo; i < hi; i++) {
+        float c = roundf(x[i] * id);
+        c = c > 127.0f ? 127.0f : c < -127.0f ? -127.0f : c;
+        codes[i - lo] = (int8_t)c;
+        err += (x[i] - c * d) * (x[i] - c * d);
+    }
+    return err;
+}
+
 void kvp_kv_row_store(kvp_kv_type t, void *row, const float *x, int n)
 {
     if (t == KVP_KV_F32) {
@@ -48,20 +62,26 @@ void kvp_kv_row_store(kvp_kv_type t, void *row, const float *x, int n)
             memcpy((uint8_t *)row + 2 * i, &h, 2);
         }
     } else {
-        int8_t *codes = (int8_t *)row + 2 * kvp_kv_blocks(n);
+        int8_t *codes = (int8_t *)row + 2 * kvp_kv_blocks(n), trial[KVP_KV_BLOCK];
         for (int b = 0; b * KVP_KV_BLOCK < n; b++) {
             int lo = b * KVP_KV_BLOCK, hi = lo + KVP_KV_BLOCK < n ? lo + KVP_KV_BLOCK : n;
             float amax = 0.0f;
             for (int i = lo; i < hi; i++)
                 amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
-            uint16_t dh = kvp_f32_to_f16(amax / 127.0f);
-            memcpy((uint8_t *)row + 2 * b, &dh, 2);
-            /* codes against the scale as stored, so the f16 rounding does not add error */
-            float d = kvp_f16_to_f32(dh), id = d > 0.0f ? 1.0f / d : 0.0f;
-            for (int i = lo; i < hi; i++) {
-                float c = roundf(x[i] * id);
-                codes[i] = (int8_t)(c > 127.0f ? 127 : c < -127.0f ? -127 : c);
+            /* The scale that codes the block's largest |x| as 127 - k, k = 0..KVP_KV_Q8_SEARCH,
+             * whose codes leave the least squared error: k = 0 is ggml's max / 127 */
+            uint16_t best = kvp_f32_to_f16(amax / 127.0f);
+            float best_err = q8_code_block(codes + lo, x, lo, hi, best);
+            for (int k = 1; k <= KVP_KV_Q8_SEARCH && best_err > 0.0f; k++) {
+                uint16_t dh = kvp_f32_to_f16(amax / (float)(127 - k));
+                float err = q8_code_block(trial, x, lo, hi, dh);
+                if (err < best_err) {
+                    best_err = err;
+                    best = dh;
+                    memcpy(codes + lo, trial, (size_t)(hi - lo));
+                }
             }
+            memcpy((uint8_t *)row + 2 * b, &best, 2);
         }
     }
 }

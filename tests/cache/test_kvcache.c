@@ -5,6 +5,8 @@
 #include <string.h>
 
 #include "base/checksum.h"
+#include "base/half.h"
+#include "base/rng.h"
 #include "cache/kvcache.h"
 #include "cache/rope.h"
 
@@ -315,8 +317,10 @@ Test(kvrow, rows_round_trip_within_their_precision)
             x[i] = sinf((float)(i * 3 + n)) * (i % 7 == 0 ? 40.0f : 1.0f);
         cr_expect_eq(row_error(KVP_KV_F32, x, n), 0.0f);
         cr_expect_leq(row_error(KVP_KV_F16, x, n), 1.0f / 1024, "f16 n=%d", n);
-        /* q8_0: half a step of max|x| / 127 per block, the f16 scale's rounding on top */
-        cr_expect_leq(row_error(KVP_KV_Q8_0, x, n), 0.5f / 127 * 1.01f, "q8_0 n=%d", n);
+        /* q8_0: half a step of at most max|x| / (127 - KVP_KV_Q8_SEARCH) per block, the f16
+         * scale's rounding on top */
+        cr_expect_leq(row_error(KVP_KV_Q8_0, x, n), 0.5f / (127 - KVP_KV_Q8_SEARCH) * 1.01f,
+                      "q8_0 n=%d", n);
     }
     cr_expect_eq(kvp_kv_row_bytes(KVP_KV_Q8_0, 8), 8 + 2);
     cr_expect_eq(kvp_kv_row_bytes(KVP_KV_Q8_0, 64), 64 + 4);
@@ -331,6 +335,55 @@ Test(kvrow, rows_round_trip_within_their_precision)
     for (int i = 0; i < 32; i++)
         cr_expect_eq(back[i], 0.0f, "element %d: %f", i, back[i]);
     cr_expect(fabsf(back[35] - 1.0f) < 1e-3f);
+}
+
+/* ggml's Q8_0 rule on one block: d = max|x| / 127 rounded to f16, codes against it */
+static float ggml_q8_error(const float *x, int n)
+{
+    float amax = 0.0f, err = 0.0f;
+    for (int i = 0; i < n; i++)
+        amax = fmaxf(amax, fabsf(x[i]));
+    float d = kvp_f16_to_f32(kvp_f32_to_f16(amax / 127.0f));
+    for (int i = 0; i < n; i++) {
+        float c = d > 0.0f ? roundf(x[i] / d) : 0.0f;
+        c = fminf(127.0f, fmaxf(-127.0f, c));
+        err += (x[i] - c * d) * (x[i] - c * d);
+    }
+    return err;
+}
+
+/* The q8_0 scale search: never more squared error than ggml's max / 127, less on most
+ * blocks, and the block's largest number is never clipped (its code is 127 - k or the
+ * nearest to it). */
+Test(kvrow, q8_0_scale_search_never_worse_than_max_over_127)
+{
+    uint64_t s = 7;
+    int better = 0, blocks = 0;
+    for (int trial = 0; trial < 400; trial++) {
+        int n = 1 + trial % KVP_KV_BLOCK;
+        float x[KVP_KV_BLOCK], y[KVP_KV_BLOCK], amax = 0.0f, err = 0.0f, big = 0.0f;
+        unsigned char row[KVP_KV_BLOCK + 2];
+        for (int i = 0; i < n; i++) {
+            x[i] = (float)((int64_t)(kvp_splitmix64(&s) >> 11) - (1ll << 52)) / (float)(1ll << 52);
+            x[i] *= trial % 3 == 0 ? 30.0f : 1.0f;
+            if (fabsf(x[i]) > amax) {
+                amax = fabsf(x[i]);
+                big = x[i];
+            }
+        }
+        kvp_kv_row_store(KVP_KV_Q8_0, row, x, n);
+        kvp_kv_row_load(KVP_KV_Q8_0, y, row, n);
+        for (int i = 0; i < n; i++) {
+            err += (x[i] - y[i]) * (x[i] - y[i]);
+            if (x[i] == big)
+                cr_expect_leq(fabsf(y[i] - x[i]), amax * 2e-3f, "n=%d largest %g -> %g", n, x[i], y[i]);
+        }
+        float ref = ggml_q8_error(x, n);
+        cr_expect_leq(err, ref, "n=%d: %g against max / 127's %g", n, err, ref);
+        better += err < ref * 0.99f;
+        blocks++;
+    }
+    cr_expect_gt(better, blocks / 2, "the search lowered the error of %d blocks of %d", better, blocks);
 }
 
 Test(kvrow, kernels_equal_decode_then_f32)
