@@ -38,18 +38,27 @@ static float q8_scale(const void *row, int b)
     return kvp_f16_to_f32(d);
 }
 
-/* Codes x[lo, hi) against the scale d as stored (dh, so the f16 rounding adds no error);
- * returns their squared error. */
-static float q8_code_block(int8_t *codes, const float *x, int lo, int hi, uint16_t dh)
+/* The q8_0 code of v = x / d: the nearest integer (ties to even, without a libm call so
+ * the loops below vectorize; exact for |v| < 2^22), a NaN to 0, clamped to +-127. */
+static inline float q8_code(float v)
 {
-    float d = kvp_f16_to_f32(dh), id = d > 0.0f ? 1.0f / d : 0.0f, err = 0.0f;
-    for (int i = lo; i < hi; i++) {
-        float c = roundf(x[i] * id);
-        c = c > 127.0f ? 127.0f : c < -127.0f ? -127.0f : c;
-        codes[i - lo] = (int8_t)c;
-        err += (x[i] - c * d) * (x[i] - c * d);
+    float c = (v + 12582912.0f) - 12582912.0f;
+    c = c == c ? c : 0.0f;
+    return c > 127.0f ? 127.0f : c < -127.0f ? -127.0f : c;
+}
+
+/* The error of x[n] coded against the scale d (as stored) with inverse id: the squared
+ * error of each number weighted by its magnitude, sum |x| (x - d code)^2, in eight partial
+ * sums (number i in sum i % 8) added as ((0+4)+(2+6))+((1+5)+(3+7)): the order of the
+ * AVX2 store (model/matmul_x86.h), so both keep the same scale. */
+static float q8_block_error(const float *x, int n, float d, float id)
+{
+    float acc[8] = {0};
+    for (int i = 0; i < n; i++) {
+        float e = x[i] - q8_code(x[i] * id) * d;
+        acc[i % 8] += fabsf(x[i]) * e * e;
     }
-    return err;
+    return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
 }
 
 void kvp_kv_row_store(kvp_kv_type t, void *row, const float *x, int n)
@@ -62,26 +71,33 @@ void kvp_kv_row_store(kvp_kv_type t, void *row, const float *x, int n)
             memcpy((uint8_t *)row + 2 * i, &h, 2);
         }
     } else {
-        int8_t *codes = (int8_t *)row + 2 * kvp_kv_blocks(n), trial[KVP_KV_BLOCK];
+        int8_t *codes = (int8_t *)row + 2 * kvp_kv_blocks(n);
         for (int b = 0; b * KVP_KV_BLOCK < n; b++) {
-            int lo = b * KVP_KV_BLOCK, hi = lo + KVP_KV_BLOCK < n ? lo + KVP_KV_BLOCK : n;
+            int lo = b * KVP_KV_BLOCK, m = lo + KVP_KV_BLOCK < n ? KVP_KV_BLOCK : n - lo;
+            const float *xb = x + lo;
             float amax = 0.0f;
-            for (int i = lo; i < hi; i++)
-                amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+            for (int i = 0; i < m; i++)
+                amax = fabsf(xb[i]) > amax ? fabsf(xb[i]) : amax;
             /* The scale that codes the block's largest |x| as 127 - k, k = 0..KVP_KV_Q8_SEARCH,
-             * whose codes leave the least squared error: k = 0 is ggml's max / 127 */
-            uint16_t best = kvp_f32_to_f16(amax / 127.0f);
-            float best_err = q8_code_block(codes + lo, x, lo, hi, best);
-            for (int k = 1; k <= KVP_KV_Q8_SEARCH && best_err > 0.0f; k++) {
+             * whose codes leave the least error (k = 0 is ggml's max / 127); the codes are
+             * rounded against the scale as stored, so its f16 rounding adds no error */
+            uint16_t best = 0;
+            float best_err = INFINITY;
+            for (int k = 0; k <= KVP_KV_Q8_SEARCH; k++) {
                 uint16_t dh = kvp_f32_to_f16(amax / (float)(127 - k));
-                float err = q8_code_block(trial, x, lo, hi, dh);
+                float d = kvp_f16_to_f32(dh);
+                float err = q8_block_error(xb, m, d, d > 0.0f ? 1.0f / d : 0.0f);
                 if (err < best_err) {
                     best_err = err;
                     best = dh;
-                    memcpy(codes + lo, trial, (size_t)(hi - lo));
                 }
+                if (err == 0.0f)
+                    break;
             }
             memcpy((uint8_t *)row + 2 * b, &best, 2);
+            float d = kvp_f16_to_f32(best), id = d > 0.0f ? 1.0f / d : 0.0f;
+            for (int i = 0; i < m; i++)
+                codes[lo + i] = (int8_t)q8_code(xb[i] * id);
         }
     }
 }

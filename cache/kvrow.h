@@ -4,12 +4,11 @@
  *   q8_0  blocks of 32 (the last one shorter when head_dim is not a multiple of 32):
  *         the f16 scale d of every block first, then head_dim int8 codes; x = d * code.
  *         d codes the block's largest |x| as 127 - k, k in 0..KVP_KV_Q8_SEARCH (ggml's
- *         Q8_0 rule, max|x| / 127, is k = 0), the k whose codes leave the least squared
- *         error: a step up to 10% coarser often lands the block's other numbers nearer
- *         their codes. On stories260K's 8-number rows that halves the KL q8_0 keys cost
- *         (0.0029 -> 0.0013 nats); scales below max / 127, which clip the largest number,
- *         lower the squared error more but raise the KL (0.0037): the largest coordinates
- *         carry the dot products (docs/quality-per-byte.md).
+ *         Q8_0 rule, max|x| / 127, is k = 0), the k whose codes leave the least
+ *         sum |x| (x - d code)^2: a step up to 10% coarser often lands the block's other
+ *         numbers nearer their codes. The largest coordinates carry the dot products, so
+ *         their errors weigh more: scales below max / 127, which clip the largest number,
+ *         and the unweighted squared error both gave worse KL (docs/quality-per-byte.md).
  * Keys and values are stored alike and separately. The portable kernels are here;
  * model/matmul.h runs the SIMD ones chosen at start (kvp_kv_dot / kvp_kv_axpy). */
 #ifndef KVP_KVROW_H

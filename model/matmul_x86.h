@@ -1168,24 +1168,6 @@ static float kv_dot(kvp_kv_type t, const void *row, const float *q, int n)
     return hsum(acc);
 }
 
-/* kvp_kv_row_store's bytes: f16 rows converted 8 at a time by F16C (round to nearest
- * even, as kvp_f32_to_f16; NaNs quieted with their payload's top bits alike), the tail
- * and the other types by the portable code. */
-static void kv_store(kvp_kv_type t, void *row, const float *x, int n)
-{
-    if (t != KVP_KV_F16) {
-        kvp_kv_row_store(t, row, x, n);
-        return;
-    }
-    uint16_t *h = row;
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm_storeu_si128((__m128i *)(h + i),
-                         _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
-    if (i < n)
-        kvp_kv_row_store(t, h + i, x + i, n - i);
-}
-
 static void kv_axpy(kvp_kv_type t, float *y, float a, const void *row, int n)
 {
     if (t == KVP_KV_F32 || n % 8) {
@@ -1282,6 +1264,74 @@ static void kv_mix(kvp_kv_type t, const void *rows, int n_rows, const float *a, 
         }
         for (int k = 0; k < w; k++)
             _mm256_storeu_ps(y + c + 8 * k, acc[k]);
+    }
+}
+
+/* q8_0 codes of 8 numbers against the inverse scale id: rounded to nearest even, a NaN
+ * to 0, clamped to +-127 (as q8_code in cache/kvrow.c) */
+static inline __m256 q8_code8(__m256 v, __m256 id)
+{
+    __m256 c = _mm256_round_ps(_mm256_mul_ps(v, id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    c = _mm256_and_ps(c, _mm256_cmp_ps(c, c, _CMP_ORD_Q));
+    return _mm256_min_ps(_mm256_max_ps(c, _mm256_set1_ps(-127.0f)), _mm256_set1_ps(127.0f));
+}
+
+/* kvp_kv_row_store's bytes: f16 rows converted 8 at a time by F16C (round to nearest
+ * even, as kvp_f32_to_f16; NaNs quieted with their payload's top bits alike); q8_0 rows
+ * of whole vectors with the scale search 8 numbers at a time, in the portable loop's
+ * order of operations and of its eight partial sums (hsum's), so the same scale wins;
+ * the tails and f32 rows by the portable code. */
+static void kv_store(kvp_kv_type t, void *row, const float *x, int n)
+{
+    if (t == KVP_KV_F16) {
+        uint16_t *h = row;
+        int i = 0;
+        for (; i + 8 <= n; i += 8)
+            _mm_storeu_si128((__m128i *)(h + i),
+                             _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+        if (i < n)
+            kvp_kv_row_store(t, h + i, x + i, n - i);
+        return;
+    }
+    if (t != KVP_KV_Q8_0 || n % 8) {
+        kvp_kv_row_store(t, row, x, n);
+        return;
+    }
+    int8_t *codes = (int8_t *)row + 2 * kvp_kv_blocks(n);
+    for (int b = 0; b * KVP_KV_BLOCK < n; b++) {
+        int lo = b * KVP_KV_BLOCK, nv = (lo + KVP_KV_BLOCK < n ? KVP_KV_BLOCK : n - lo) / 8;
+        __m256 v[KVP_KV_BLOCK / 8], a[KVP_KV_BLOCK / 8], mx = _mm256_setzero_ps();
+        for (int j = 0; j < nv; j++) {
+            v[j] = _mm256_loadu_ps(x + lo + 8 * j);
+            a[j] = abs8(v[j]);
+            mx = _mm256_max_ps(a[j], mx);   /* a NaN is skipped, as in the portable loop */
+        }
+        float amax = hmax(mx), best_err = INFINITY;
+        uint16_t best = 0;
+        for (int k = 0; k <= KVP_KV_Q8_SEARCH; k++) {
+            uint16_t dh = _cvtss_sh(amax / (float)(127 - k), _MM_FROUND_TO_NEAREST_INT);
+            float d = h2f(dh), id = d > 0.0f ? 1.0f / d : 0.0f;
+            __m256 vd = _mm256_set1_ps(d), vid = _mm256_set1_ps(id), acc = _mm256_setzero_ps();
+            for (int j = 0; j < nv; j++) {
+                __m256 e = _mm256_sub_ps(v[j], _mm256_mul_ps(q8_code8(v[j], vid), vd));
+                acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(a[j], e), e));
+            }
+            float err = hsum(acc);
+            if (err < best_err) {
+                best_err = err;
+                best = dh;
+            }
+            if (err == 0.0f)
+                break;
+        }
+        memcpy((uint8_t *)row + 2 * b, &best, 2);
+        float d = h2f(best);
+        __m256 vid = _mm256_set1_ps(d > 0.0f ? 1.0f / d : 0.0f);
+        for (int j = 0; j < nv; j++) {
+            __m256i i32 = _mm256_cvtps_epi32(q8_code8(v[j], vid));
+            __m128i i16 = _mm_packs_epi32(_mm256_castsi256_si128(i32), _mm256_extracti128_si256(i32, 1));
+            _mm_storel_epi64((__m128i *)(codes + lo + 8 * j), _mm_packs_epi16(i16, i16));
+        }
     }
 }
 

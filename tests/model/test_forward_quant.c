@@ -199,7 +199,8 @@ Test(forward_quant, kv_rows_f16_and_q8_0_stay_close_to_f32)
         }
         /* f16 rows: ~1e-3 relative rounding; q8_0: ~1/254 of each block's largest value.
          * Measured (random tokens): stories260K (head_dim 8: a block is a whole row)
-         * q8_0 mean 2.8e-3, worst 3.2e-2; the fixtures (wider heads) 1e-5 or less. */
+         * q8_0 mean 2.4e-3, worst 2.2e-2 (max / 127 scales: 2.8e-3, 3.2e-2); the fixtures
+         * (wider heads) 1e-5 or less, worst 6e-4. */
         cr_expect_leq(mean[KVP_KV_F16], 1e-5, "%s: f16 mean KL %g", models[mi][0], mean[1]);
         cr_expect_leq(worst[KVP_KV_F16], 1e-4, "%s: f16 worst KL %g", models[mi][0], worst[1]);
         cr_expect_leq(mean[KVP_KV_Q8_0], 5e-3, "%s: q8_0 mean KL %g", models[mi][0], mean[2]);
@@ -240,9 +241,10 @@ Test(forward_quant, kv_row_kernels_equal_the_portable_ones)
         }
 }
 
-/* kvp_kv_store (F16C when the CPU has it) writes kvp_kv_row_store's bytes, for every f32
- * bit pattern class: normals of every exponent, f16 subnormals and underflow, halfway
- * cases, overflow to inf, inf and NaNs with payloads, both signs. */
+/* kvp_kv_store (F16C and the AVX2 q8_0 scale search when the CPU has them) writes
+ * kvp_kv_row_store's bytes, for every f32 bit pattern class: normals of every exponent,
+ * f16 subnormals and underflow, halfway cases, overflow to inf, inf and NaNs with
+ * payloads, both signs. */
 Test(forward_quant, kv_store_writes_the_portable_bytes)
 {
     enum { MAXN = 137 };
