@@ -44,7 +44,7 @@ static const key_def keys[] = {
     {"policy_dir", T_STR, F(policy_dir), 0, 0, KVPD_DATA_DIR "/policy/weights", "directory of the default policy's <model stem>.kvp", LIVE},
     {"budget", T_INT, F(budget), 0, 1 << 24, "256", "KV rows kept per head (0: no eviction)", LIVE},
     {"budget_mode", T_BUDGET_MODE, F(budget_mode), 0, 0, "per_head", "per_head: every (layer, KV head) keeps budget rows; global: a session keeps budget x heads rows in all, shared among its heads by calibrated score (each head between a floor and 4 x budget)", FIXED},
-    {"kv_type", T_KV_TYPE, F(kv_type), 0, 0, "f16", "how KV cache rows are stored: f32, f16 or q8_0 (8-bit blocks of 32 with an f16 scale, keys and values alike); snapshots of another type are converted on load. f16 is the default: within 0.002 nats of f32 rows at 0.62x the bytes (docs/quality-per-byte.md)", FIXED},
+    {"kv_type", T_KV_TYPE, F(kv_type), 0, 0, "q8_0", "how KV cache rows are stored: f32, f16 or q8_0 (8-bit blocks of 32 with an f16 scale, keys and values alike); snapshots of another type are converted on load. q8_0 is the default: at equal bytes it keeps more rows and loses less than f16 or f32 rows (docs/quality-per-byte.md)", FIXED},
     {"chunk", T_INT, F(chunk), 1, 4096, KVP_STR(KVP_DEFAULT_CHUNK), "prefill chunk in tokens; a head may exceed the budget by this much", FIXED},
     {"step_tokens", T_INT, F(step_tokens), 1, 65536, "256", "tokens of one batched step, at least chunk: every decoding turn gives one, prefilling turns a chunk each while room is left (the rest wait for the next step)", FIXED},
     {"workers", T_INT, F(workers), 0, 256, "0", "model worker threads (0: one per core): one runs the batched step at a time, the others snapshot loads and saves meanwhile", FIXED},

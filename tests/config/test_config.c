@@ -28,7 +28,7 @@ Test(config, defaults)
     cr_assert(strstr(c.model, "models/stories260K.bin"));
     cr_assert_eq(c.reuse_cache, 1);
     cr_assert_eq(c.admin_token[0], '\0');
-    cr_assert_eq(c.kv_type, KVP_KV_F16);     /* quality per byte: docs/quality-per-byte.md */
+    cr_assert_eq(c.kv_type, KVP_KV_Q8_0);    /* quality per byte: docs/quality-per-byte.md */
     cr_assert_eq(c.budget_mode, KVP_BUDGET_PER_HEAD);
 }
 
@@ -89,9 +89,9 @@ Test(config, rejects_bad_values_with_a_reason)
         cr_assert_lt(kvpd_config_set(&c, "kv_type", bad_kv[i], err, sizeof err), 0, "'%s'", bad_kv[i]);
         cr_assert(strstr(err, "kv_type: expected one of f32 f16 q8_0"), "%s", err);
     }
-    cr_assert_eq(c.kv_type, KVP_KV_F16, "a refused value left the key alone");
-    cr_assert_eq(kvpd_config_set(&c, "kv_type", "q8_0", err, sizeof err), 0);
-    cr_assert_eq(c.kv_type, KVP_KV_Q8_0);
+    cr_assert_eq(c.kv_type, KVP_KV_Q8_0, "a refused value left the key alone");
+    cr_assert_eq(kvpd_config_set(&c, "kv_type", "f16", err, sizeof err), 0);
+    cr_assert_eq(c.kv_type, KVP_KV_F16);
     const char *bad_mode[] = {"", "Global", "per-head", "0", "global "};
     for (size_t i = 0; i < sizeof bad_mode / sizeof bad_mode[0]; i++) {
         cr_assert_lt(kvpd_config_set(&c, "budget_mode", bad_mode[i], err, sizeof err), 0, "'%s'", bad_mode[i]);
