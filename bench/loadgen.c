@@ -7,11 +7,15 @@
  *                       [--sessions 16] [--turns 10] [--max-tokens 32] [--workers 0]
  *                       [--budget 256] [--reps 5] [--port P --pid PID]
  *                       [--concurrency 1,4,8,16,32 [--svg PATH] [--label NAME]]
+ *                       [--stagger-ms S]
  * With --port it drives a daemon that is already running (RSS needs --pid) and skips
  * the reuse comparison. With --concurrency it sweeps the load instead, on one daemon
  * (the step loop batches the sessions): each level's aggregate tokens/s (reply tokens,
  * and processed: prompt tokens prefilled plus reply tokens) and TTFT p50 / p99 with
- * their ratios to the first level, in a table and (--svg) a plot. */
+ * their ratios to the first level, in a table and (--svg) a plot. By default every
+ * session sends its first message at once (a burst: the last first token waits for all
+ * the prompts); --stagger-ms S starts session i at i x S ms instead, so messages arrive
+ * spread out, as users' do, and each prompt meets the decodes already running. */
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -32,6 +36,7 @@
 typedef struct opts {
     const char *kvpd, *model, *tokenizer, *svg, *label;
     int sessions, turns, max_tokens, workers, budget, reps, port, pid;
+    int stagger_ms;                     /* session i starts at i x stagger_ms */
     int levels[MAX_LEVELS], n_levels;   /* --concurrency */
 } opts;
 
@@ -101,6 +106,10 @@ static void *run_session(void *arg)
 {
     session_run *r = arg;
     ws_client c;
+    if (r->o->stagger_ms > 0) {
+        long ms = (long)r->index * r->o->stagger_ms;
+        nanosleep(&(struct timespec){ms / 1000, ms % 1000 * 1000000L}, NULL);
+    }
     if (ws_connect(&c, "127.0.0.1", r->port, "/chat", 10000) < 0) {
         r->failed = 1;
         return NULL;
@@ -360,9 +369,13 @@ static int sweep(const opts *o)
         fflush(stdout);
     }
     printf("(%d turns of %d tokens per session; prompts prefilled: %.1f tokens at the first "
-           "turn, %.1f at later ones; kvpd peak RSS %.1f MiB)\n", o->turns, o->max_tokens,
+           "turn, %.1f at later ones; kvpd peak RSS %.1f MiB; ", o->turns, o->max_tokens,
            rc == 0 ? res[0].prompt_first : 0, rc == 0 ? res[0].prompt_later : 0,
            peak_rss_kib(d.pid) / 1024.0);
+    if (o->stagger_ms > 0)
+        printf("session i starts at i x %d ms)\n", o->stagger_ms);
+    else
+        printf("every session's first message at once)\n");
     int st = stop(&d);
     if (st != 0)
         fprintf(stderr, "loadgen: kvpd exited with %d\n", st);
@@ -421,7 +434,8 @@ int main(int argc, char **argv)
             printf("usage: loadgen [--kvpd PATH] [--model M] [--tokenizer T] [--sessions N]\n"
                    "               [--turns M] [--max-tokens K] [--workers W] [--budget B]\n"
                    "               [--reps R] [--port P [--pid PID]]\n"
-                   "               [--concurrency 1,4,8,16,32 [--svg PATH] [--label NAME]]\n");
+                   "               [--concurrency 1,4,8,16,32 [--svg PATH] [--label NAME]]\n"
+                   "               [--stagger-ms S]\n");
             return 0;
         } else if (bad) {
         } else if (!strcmp(a, "--kvpd")) {
@@ -448,6 +462,8 @@ int main(int argc, char **argv)
             bad = arg_int(v, &o.pid);
         } else if (!strcmp(a, "--concurrency")) {
             bad = arg_levels(v, &o);
+        } else if (!strcmp(a, "--stagger-ms")) {
+            bad = arg_int(v, &o.stagger_ms) || o.stagger_ms > 60000;
         } else if (!strcmp(a, "--svg")) {
             o.svg = v;
         } else if (!strcmp(a, "--label")) {

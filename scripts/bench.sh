@@ -16,7 +16,9 @@
 #   1024 [--type q8_0]`, written to /tmp/kvp-synth-134M[-q8_0].gguf on first use, ~540
 #   and ~145 MB) and on stories260K, with replies of 32 and of 128 tokens: aggregate
 #   tokens/s (reply tokens, and processed: prompt + reply) and TTFT p50/p99 with their
-#   ratios to one session; plots in docs/batching-{134M,134M-q8_0,stories260K}[-128].svg.
+#   ratios to one session; plots in docs/batching-{134M,134M-q8_0,stories260K}[-128].svg;
+#   then the 134M runs with 32-token replies again with arrivals spread out (loadgen
+#   --stagger-ms 200) instead of every session's first message at once.
 #        scripts/bench.sh --store [bench_store options, e.g. --reps 50 --sizes 64,1024]
 #   --store: a session snapshot's write and read in the state directory and in a Redis
 #   (redis-server started here on a free port with AOF, appendfsync always, in a temp
@@ -81,6 +83,14 @@ if [ "${1:-}" = --batching ]; then
             $dir/bench/loadgen --kvpd $dir/daemon/kvpd "${args[@]}" --concurrency "$levels" \
                 --turns 2 --max-tokens $reply --label "$model, $reply-token replies" --svg $svg
         done
+    done
+    # The same load with arrivals spread out (session i starts at i x 200 ms, about one
+    # prompt's prefill alone on the 134M synthetic) instead of all at once.
+    for model in 134M 134M-q8_0; do
+        synth_of=$synth; [ $model = 134M ] || synth_of=$synth_q8
+        echo "### $model, replies of 32 tokens, staggered arrivals"
+        $dir/bench/loadgen --kvpd $dir/daemon/kvpd --model $synth_of --concurrency "$levels" \
+            --turns 2 --max-tokens 32 --stagger-ms 200
     done
     echo "load: $(uptime)"
     exit 0
