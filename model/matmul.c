@@ -2,6 +2,9 @@
 #include "model/matmul.h"
 
 #include <cblas.h>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -31,6 +34,15 @@ static const char *simd_name = "scalar";
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 static _Atomic int prefill_forced = KVP_PREFILL_AUTO;
 
+#if defined(__x86_64__)
+/* CPUID leaf 1, ECX bit 29 (clang's __builtin_cpu_supports does not know "f16c") */
+static int has_f16c(void)
+{
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+}
+#endif
+
 static void select_kernels(void)
 {
     const char *want = getenv("KVP_SIMD"), *prefill = getenv("KVP_PREFILL");
@@ -41,8 +53,7 @@ static void select_kernels(void)
     kvp_kernels_scalar(&kernels);
 #if defined(__x86_64__)
     __builtin_cpu_init();
-    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-               __builtin_cpu_supports("f16c");
+    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c();
     int avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                  __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
     if (want && !strcmp(want, "scalar"))

@@ -20,7 +20,12 @@
  * lane takes it to the float total. */
 #include "model/matmul_kernels.h"
 #if defined(__x86_64__)
+/* the target for this file's functions (clang has no GCC target pragma: an attribute on each) */
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg"))), apply_to = function)
+#else
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg")
+#endif
 #include <immintrin.h>
 
 /* The byte permutes of one format for a group of four blocks loaded as two vectors
@@ -211,6 +216,9 @@ void kvp_kernels_avx512vbmi(kvp_kernel_set *ks)
     ks->rows[KVP_GGML_Q5_1] = rows_q5_1;
     ks->regroup32 = regroup_act;
 }
+#if defined(__clang__)
+#pragma clang attribute pop
+#endif
 #else
 void kvp_kernels_avx512vbmi(kvp_kernel_set *ks) { (void)ks; }
 #endif
