@@ -9,6 +9,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "generate/generate.h"
 #include "model/sampler.h"
 #include "base/errors.h"
 #include "base/clock.h"
@@ -163,6 +164,8 @@ void kvp_train_defaults(kvp_train_cfg *c)
         .adamw = {.beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 1e-3f},
         .clip = 5.0f, .ema = 0.99f, .adv_clamp = 2.0f, .n_sink = KVP_DEFAULT_SINKS, .n_recent = KVP_DEFAULT_RECENT,
         .val_cut = 384, .eval_every = 100,
+        .stream_share = 0.0f, .stream_chunk = KVP_DEFAULT_CHUNK, .n_stream_budgets = 4,
+        .stream_budgets = {32, 64, 128, 256},
     };
 }
 
@@ -244,6 +247,24 @@ static void gather_rows(const kvp_trace *t, int seq, int layer, int kvh, int fir
     }
     for (int i = 0; i < n; i++)
         pos[i] = first + i;
+}
+
+/* Rows idx[0..n) of (layer, kvh) gathered like gather_rows, with their importance. */
+static void gather_list(const kvp_trace *t, int seq, int layer, int kvh, const int32_t *idx,
+                        int n, const float *imp_all, float *k, float *v, int32_t *pos,
+                        float *imp)
+{
+    int d = t->h.head_dim;
+    const uint16_t *ks = kvp_trace_k(t, seq, layer, kvh), *vs = kvp_trace_v(t, seq, layer, kvh);
+    for (int i = 0; i < n; i++) {
+        const uint16_t *kr = ks + (size_t)idx[i] * d, *vr = vs + (size_t)idx[i] * d;
+        for (int j = 0; j < d; j++) {
+            k[(size_t)i * d + j] = kvp_f16_to_f32(kr[j]);
+            v[(size_t)i * d + j] = kvp_f16_to_f32(vr[j]);
+        }
+        pos[i] = idx[i];
+        imp[i] = imp_all[idx[i]];
+    }
 }
 
 /* ---- validation --------------------------------------------------------------------- */
@@ -346,7 +367,9 @@ typedef struct agent_state {
 typedef struct worker {
     kvp_agent_acts *acts;
     float *k, *v, *scores, *dscores, *pl_grad;
-    int32_t *pos, *sigma, *order;
+    float *imp;                      /* streaming episodes' gathered importance */
+    float *behave, *behave_work;     /* their behaviour scores and its scratch */
+    int32_t *pos, *sigma, *order, *kept;
     double *pl_work, *reward;
     float *adv;
     kvp_rank_key *rank_work;
@@ -376,6 +399,10 @@ static void worker_free(worker *w)
     free(w->scores);
     free(w->dscores);
     free(w->pl_grad);
+    free(w->imp);
+    free(w->behave);
+    free(w->behave_work);
+    free(w->kept);
     free(w->pos);
     free(w->sigma);
     free(w->order);
@@ -395,6 +422,10 @@ static int worker_init(worker *w, const kvp_agent_arch *a, int len, const kvp_tr
     w->scores = malloc(rows * sizeof(float));
     w->dscores = malloc(rows * sizeof(float));
     w->pl_grad = malloc((size_t)len * sizeof(float));
+    w->imp = malloc(rows * sizeof(float));
+    w->behave = malloc((size_t)len * sizeof(float));
+    w->behave_work = malloc(kvp_agent_score_work(a, len) * sizeof(float));
+    w->kept = malloc((size_t)len * sizeof(int32_t));
     w->pos = malloc(rows * sizeof(int32_t));
     w->sigma = malloc(nk * len * sizeof(int32_t));
     w->order = malloc((size_t)len * sizeof(int32_t));
@@ -403,6 +434,7 @@ static int worker_init(worker *w, const kvp_agent_arch *a, int len, const kvp_tr
     w->adv = malloc(nk * sizeof(float));
     w->rank_work = malloc((size_t)len * sizeof(kvp_rank_key));
     if (!w->acts || !w->k || !w->v || !w->scores || !w->dscores || !w->pl_grad ||
+        !w->imp || !w->behave || !w->behave_work || !w->kept ||
         !w->pos || !w->sigma || !w->order || !w->pl_work || !w->reward ||
         !w->adv || !w->rank_work) {
         worker_free(w);
@@ -415,6 +447,54 @@ static int rand_below(uint64_t *rng, int n)
 {
     int i = (int)(kvp_rand_f32(rng) * (float)n);
     return i < n ? i : n - 1;
+}
+
+static int int_cmp(const void *pa, const void *pb)
+{
+    int32_t a = *(const int32_t *)pa, b = *(const int32_t *)pb;
+    return (a > b) - (a < b);
+}
+
+int kvp_train_stream_rows(const float *score, int n, int budget, int seq_len, int n_sink,
+                          int n_recent, int chunk, int32_t *rows, int32_t *order,
+                          kvp_rank_key *work)
+{
+    int win = kvp_agent_recent_window(budget, seq_len, n_recent);
+    int keep = budget - n_sink - win, older = n - win - chunk - n_sink, m = 0;
+    if (keep < 1 || n - win - n_sink <= keep)
+        return 0;
+    if (older > keep) {
+        kvp_argsort_desc(score + n_sink, older, order, work);
+        for (; m < keep; m++)
+            rows[m] = n_sink + order[m];
+        qsort(rows, (size_t)m, sizeof *rows, int_cmp);
+    } else {
+        for (; m < older; m++)
+            rows[m] = n_sink + m;
+    }
+    for (int i = n - win - chunk; i < n - win; i++)
+        if (i >= n_sink)
+            rows[m++] = i;
+    return m;
+}
+
+/* The rows of a streaming episode at cut n and budget b into wk->kept, scored with the
+ * agent's current weights w (on-policy: the survivors are the ones this agent would have
+ * kept); their count, 0 when b evicts nothing at n. scratch_k/v/pos hold n rows. */
+static int stream_episode_rows(const kvp_trace *t, const kvp_agent_arch *arch, const float *w,
+                               const kvp_train_cfg *c, worker *wk, int seq, int layer, int kvh,
+                               int n, int budget, float *scratch_k, float *scratch_v,
+                               int32_t *scratch_pos)
+{
+    int win = kvp_agent_recent_window(budget, t->h.seq_len, c->n_recent);
+    int scored = n - win - c->stream_chunk;   /* rows 0..scored-1 compete for the kept places */
+    if (scored > c->n_sink) {
+        gather_rows(t, seq, layer, kvh, 0, scored, scratch_k, scratch_v, scratch_pos);
+        kvp_agent_score(arch, w, scratch_k, scratch_v, scratch_pos, scored, wk->behave,
+                        wk->behave_work);
+    }
+    return kvp_train_stream_rows(wk->behave, n, budget, t->h.seq_len, c->n_sink, c->n_recent,
+                                 c->stream_chunk, wk->kept, wk->order, wk->rank_work);
 }
 
 /* One optimiser step of agent a at step `step`. */
@@ -431,10 +511,25 @@ static int train_step(train_ctx *x, worker *wk, int a, long step)
         int u = rand_below(&st->rng, x->n_usable), seq = x->usable[u];
         int grid = kvp_trace_n_cuts(&t->h, kvp_trace_len(t, seq));
         int g = rand_below(&st->rng, grid), cut = t->h.cut_min + g * t->h.cut_stride;
-        int m = cut - c->n_sink - c->n_recent;
-        ep[e] = (episode){rows, m, kvp_trace_importance(t, seq, layer, kvh, g) + c->n_sink};
-        gather_rows(t, seq, layer, kvh, c->n_sink, m, wk->k + (size_t)rows * d,
-                    wk->v + (size_t)rows * d, wk->pos + rows);
+        const float *imp = kvp_trace_importance(t, seq, layer, kvh, g);
+        float *k = wk->k + (size_t)rows * d, *v = wk->v + (size_t)rows * d;
+        int m = 0;
+        /* the coin is drawn only when streaming episodes are on, so plain training keeps
+         * its random stream (and its file) */
+        if (c->stream_share > 0.0f && kvp_rand_f32(&st->rng) < c->stream_share) {
+            int budget = c->stream_budgets[rand_below(&st->rng, c->n_stream_budgets)];
+            m = stream_episode_rows(t, &x->s->arch, st->w, c, wk, seq, layer, kvh, cut, budget,
+                                    k, v, wk->pos + rows);
+            if (m)
+                gather_list(t, seq, layer, kvh, wk->kept, m, imp, k, v, wk->pos + rows,
+                            wk->imp + rows);
+            ep[e] = (episode){rows, m, wk->imp + rows};
+        }
+        if (!m) {
+            m = cut - c->n_sink - c->n_recent;
+            ep[e] = (episode){rows, m, imp + c->n_sink};
+            gather_rows(t, seq, layer, kvh, c->n_sink, m, k, v, wk->pos + rows);
+        }
         rows += m;
     }
     kvp_agent_forward(wk->acts, st->w, wk->k, wk->v, wk->pos, rows, wk->scores);
@@ -500,6 +595,14 @@ static int check_cfg(const kvp_train_cfg *c, char *err, size_t errlen)
         c->eval_every < 1 || c->warmup < 0 || c->n_sink < 0 || c->n_recent < 0)
         return KVP_ERR(-EINVAL, "bad training settings (steps, threads, episodes >= 1, samples >= 2, "
                    "eval interval >= 1)");
+    if (!(c->stream_share >= 0.0f && c->stream_share <= 1.0f) || c->stream_chunk < 1 ||
+        c->n_stream_budgets < 1 || c->n_stream_budgets > KVP_TRAIN_MAX_STREAM_BUDGETS)
+        return KVP_ERR(-EINVAL, "bad streaming-episode settings (share in [0, 1], chunk >= 1, "
+                   "1..%d budgets)", KVP_TRAIN_MAX_STREAM_BUDGETS);
+    for (int i = 0; i < c->n_stream_budgets; i++)
+        if (c->stream_budgets[i] <= c->n_sink + c->n_recent)
+            return KVP_ERR(-EINVAL, "streaming budget %d leaves no row to choose after %d sinks "
+                       "and %d recent rows", c->stream_budgets[i], c->n_sink, c->n_recent);
     if (!(c->lr > 0.0f) || !(c->lr_min >= 0.0f) || !(c->clip > 0.0f) ||
         !(c->ema >= 0.0f && c->ema < 1.0f) || !(c->adv_clamp > 0.0f) ||
         !(c->warmup_start >= 0.0f && c->warmup_start <= 1.0f))

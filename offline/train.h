@@ -72,7 +72,21 @@ float kvp_clip_grad_norm(float *g, size_t n, float max_norm);
 /* ema = decay * ema + (1 - decay) * w */
 void kvp_ema_update(float *ema, const float *w, size_t n, float decay);
 
+/* The rows chunked eviction ranks at cut n (the cache holds rows 0..n-1) at budget b
+ * under the "kvp" policy's recent window w = kvp_agent_recent_window(b, seq_len,
+ * n_recent), when every row keeps a fixed score: the chunk of rows n-w-chunk..n-w-1 that
+ * has just left the window, and the k = b - n_sink - w older rows still cached, which are
+ * the top k by score of rows n_sink..n-w-chunk-1 (a row once outranked by k others stays
+ * outranked; ties to the older row). score[i] is row i's score for i < n - w - chunk.
+ * Writes the rows ascending into rows and returns their count; 0 when b evicts nothing
+ * at n. order and work hold n entries. */
+int kvp_train_stream_rows(const float *score, int n, int budget, int seq_len, int n_sink,
+                          int n_recent, int chunk, int32_t *rows, int32_t *order,
+                          kvp_rank_key *work);
+
 /* ---- the trainer ---------------------------------------------------------------------- */
+
+#define KVP_TRAIN_MAX_STREAM_BUDGETS 16
 
 typedef struct kvp_train_cfg {
     long steps;          /* optimiser steps, every agent */
@@ -89,6 +103,15 @@ typedef struct kvp_train_cfg {
     float ema;           /* EMA decay of the saved weights */
     float adv_clamp;
     int n_sink, n_recent;   /* rows always kept, as rank-and-keep (4, 16) */
+    /* Streaming-shaped episodes (docs/training.md, "Streaming decisions"): this share of
+     * the episodes (0: none, the plain cuts only) is the decision chunked eviction makes
+     * at the cut for a budget drawn from stream_budgets: the agent ranks the rows that
+     * just left the "kvp" policy's recent window (stream_chunk of them) together with
+     * the older rows its current weights kept at the earlier evictions. */
+    float stream_share;
+    int stream_chunk;
+    int n_stream_budgets;
+    int stream_budgets[KVP_TRAIN_MAX_STREAM_BUDGETS];
     int val_cut;         /* validation ranks the first val_cut rows of each sequence (a cut
                             of the trace's grid); episodes use every cut of the grid */
     long eval_every;     /* validation and a progress line every so many steps */

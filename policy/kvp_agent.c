@@ -979,12 +979,17 @@ static void kvp_destroy(kvp_policy *p)
  * 0.0083 -> 0.0073 and streaming KL 0.0433 -> 0.0383 on 64 held-out TinyStories
  * sequences / 8 streams, equal or better zero-shot on a smaller sample; at budgets up to
  * 128 the window stays the half. */
-static int kvp_recent_window(const kvp_policy *p, int budget)
+int kvp_agent_recent_window(int budget, int seq_len, int n_recent)
 {
-    int w = budget / 2, agents_max = p->cfg.seq_len / 8;
+    int w = budget / 2, agents_max = seq_len / 8;
     if (agents_max > 0 && budget - agents_max > w)
         w = budget - agents_max;
-    return w > p->n_recent ? w : p->n_recent;
+    return w > n_recent ? w : n_recent;
+}
+
+static int kvp_recent_window(const kvp_policy *p, int budget)
+{
+    return kvp_agent_recent_window(budget, p->cfg.seq_len, p->n_recent);
 }
 
 static const kvp_policy_ops kvp_ops = {

@@ -139,6 +139,11 @@ int kvp_agent_set_save(const kvp_agent_set *s, const char *path, char *err, size
 int kvp_agent_set_load(kvp_agent_set *s, const char *path, const kvp_model_config *cfg,
                        char *err, size_t errlen);
 
+/* The newest rows the "kvp" policy always keeps at a budget (its recent_window op):
+ * max(budget / 2, budget - seq_len / 8, n_recent). Training mirrors the streaming
+ * decisions with it (offline/train.h). */
+int kvp_agent_recent_window(int budget, int seq_len, int n_recent);
+
 /* The "kvp" policy: loads policy_file for p->cfg (filled by the caller) and sets p->ops
  * and p->impl. Each row is scored once from its k, v and pos, but lazily: on_insert marks
  * new rows unscored (NaN) and before_evict scores the unscored rows in sgemm batches

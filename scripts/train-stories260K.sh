@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Reproduces policy/weights/stories260K.kvp (docs/training.md): traces stories260K over the
-# TinyStories dev text, trains its 20 KVP agents, then fits their score calibration
+# TinyStories dev text, trains its 20 KVP agents (half the episodes shaped as streaming
+# decisions, docs/training.md "Streaming decisions"), then fits their score calibration
 # (kvp calibrate). Same seed, same file.
 #   scripts/train-stories260K.sh [OUT]      (default policy/weights/stories260K.kvp)
 # Environment: BUILD (build dir, default build), THREADS (default 2), TRACES (trace dir,
@@ -33,7 +34,8 @@ trap 'rm -f "$init"' EXIT
 "$kvp" policy-init --model "$model" --tokenizer "$tok" --out "$init" --seed 1 \
     --width 32 --hidden 32 --pos-dim 4 --pos-max 512
 "$kvp" train --traces "$traces" --init "$init" --out "$out" --curve "$curve" \
-    --seed 1 --threads "$threads" --steps 3000 --lr 3e-3 --episodes 16 --samples 8
+    --seed 1 --threads "$threads" --steps 3000 --lr 3e-3 --episodes 16 --samples 8 \
+    --stream-share 0.5
 # the per-head calibration global budgets rank by (docs/policy-format.md, version 3)
 "$kvp" calibrate --traces "$traces" --policy-file "$out" --out "$out" --threads "$threads"
 echo "train-stories260K: $out ($(stat -c %s "$out") bytes) in $(( $(date +%s) - start )) s" >&2

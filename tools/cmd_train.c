@@ -34,10 +34,33 @@ static void usage(FILE *f, const kvp_train_cfg *d)
         "                     --cut-min, --cut-stride, --cut-tail)\n"
         "  --eval-every N     validation and progress interval in steps (default %ld)\n"
         "  --max-seconds S    stop at the first validation past S seconds (default: no limit)\n"
-        "  --curve FILE       training curve CSV (default POLICY.csv)\n",
+        "  --curve FILE       training curve CSV (default POLICY.csv)\n"
+        "  --stream-share F   share of the episodes shaped as streaming decisions (default\n"
+        "                     %g): the rows that just left the kvp policy's recent window\n"
+        "                     and the older rows the agent kept before, at a budget drawn\n"
+        "                     from --stream-budgets\n"
+        "  --stream-budgets L their budgets, comma-separated (default 32,64,128,256)\n"
+        "  --stream-chunk N   their eviction chunk (default %d)\n",
         d->steps, (unsigned long long)d->seed, d->episodes, d->samples, (double)d->lr,
         (double)d->lr_min, d->warmup, (double)d->adamw.weight_decay, (double)d->clip,
-        (double)d->ema, d->val_cut, d->eval_every);
+        (double)d->ema, d->val_cut, d->eval_every, (double)d->stream_share, d->stream_chunk);
+}
+
+/* "32,64,..." into c->stream_budgets; 0 when it is not 1..KVP_TRAIN_MAX_STREAM_BUDGETS
+ * integers in 1..2^20. */
+static int parse_budgets(const char *arg, kvp_train_cfg *c)
+{
+    char buf[512], *save = NULL;
+    if (snprintf(buf, sizeof buf, "%s", arg) >= (int)sizeof buf || !*arg || arg[strlen(arg) - 1] == ',')
+        return 0;
+    c->n_stream_budgets = 0;
+    for (char *f = strtok_r(buf, ",", &save); f; f = strtok_r(NULL, ",", &save)) {
+        long b;
+        if (c->n_stream_budgets == KVP_TRAIN_MAX_STREAM_BUDGETS || !kvp_parse_long(f, 1, 1 << 20, &b))
+            return 0;
+        c->stream_budgets[c->n_stream_budgets++] = (int)b;
+    }
+    return c->n_stream_budgets > 0 && !strstr(arg, ",,") && arg[0] != ',';
 }
 
 int kvp_cmd_train(int argc, char **argv)
@@ -53,7 +76,8 @@ int kvp_cmd_train(int argc, char **argv)
         {"samples", 1, 0, 'k'}, {"lr", 1, 0, 'l'}, {"lr-min", 1, 0, 'L'}, {"warmup", 1, 0, 'w'},
         {"weight-decay", 1, 0, 'W'}, {"clip", 1, 0, 'c'}, {"ema", 1, 0, 'e'},
         {"val-cut", 1, 0, 'v'}, {"eval-every", 1, 0, 'E'}, {"curve", 1, 0, 'C'},
-        {"max-seconds", 1, 0, 'X'},
+        {"max-seconds", 1, 0, 'X'}, {"stream-share", 1, 0, 'S'}, {"stream-budgets", 1, 0, 'B'},
+        {"stream-chunk", 1, 0, 'K'},
         {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     int o, idx = 0;
     optind = 1;
@@ -80,6 +104,9 @@ int kvp_cmd_train(int argc, char **argv)
         case 'v': ok = kvp_parse_long(optarg, 2, 1 << 20, &l); c.val_cut = (int)l; break;
         case 'E': ok = kvp_parse_long(optarg, 1, 100000000, &c.eval_every); break;
         case 'X': ok = kvp_parse_double(optarg, 1.0, 1e9, &c.max_seconds); break;
+        case 'S': ok = kvp_parse_double(optarg, 0.0, 1.0, &f); c.stream_share = (float)f; break;
+        case 'B': ok = parse_budgets(optarg, &c); break;
+        case 'K': ok = kvp_parse_long(optarg, 1, 1 << 20, &l); c.stream_chunk = (int)l; break;
         case 'h': usage(stdout, &c); return 0;
         default: usage(stderr, &c); return 2;
         }

@@ -512,6 +512,99 @@ Test(train, same_seed_same_file_for_any_thread_count)
     remove_trace();
 }
 
+/* Chunked eviction with fixed scores, row by row as kvp_gen_prefill runs it (every head
+ * back to b before it would pass b + chunk rows; sinks and the kvp policy's window kept,
+ * the rest by score, ties to the older row): at every eviction the rows it ranks are the
+ * ones kvp_train_stream_rows names from the scores alone. */
+Test(train, stream_rows_are_the_rows_chunked_eviction_ranks)
+{
+    enum { N = 512, SINK = 4, RECENT = 16, CHUNK = 32 };
+    static float score[N];
+    uint64_t rng = 5;
+    for (int i = 0; i < N; i++)
+        score[i] = kvp_rand_f32(&rng);
+    score[100] = score[101] = score[102];   /* ties go to the older row */
+    static const int budgets[] = {32, 64, 128, 256};
+    for (size_t bi = 0; bi < sizeof budgets / sizeof budgets[0]; bi++) {
+        int b = budgets[bi], win = kvp_agent_recent_window(b, N, RECENT), keep = b - SINK - win;
+        int32_t cache[N + 1], rows[N], order[N], want[N];
+        kvp_rank_key work[N];
+        int size = 0, decisions = 0;
+        for (int n = 1; n <= N; n++) {
+            cache[size++] = n - 1;
+            if (size < b + CHUNK)
+                continue;
+            /* the rows this eviction ranks: neither sinks nor in the window */
+            int m = 0;
+            for (int i = SINK; i < size - win; i++)
+                want[m++] = cache[i];
+            int got = kvp_train_stream_rows(score, n, b, N, SINK, RECENT, CHUNK, rows, order, work);
+            cr_assert_eq(got, m, "budget %d, cut %d: %d rows, eviction ranks %d", b, n, got, m);
+            for (int i = 0; i < m; i++)
+                cr_assert_eq(rows[i], want[i], "budget %d, cut %d, row %d", b, n, i);
+            /* evict: keep the top `keep` of them by score, in cache order */
+            int32_t kept[N];
+            for (int i = 0; i < m; i++)
+                kept[i] = 0;
+            for (int r = 0; r < keep; r++) {
+                int best = -1;
+                for (int i = 0; i < m; i++)
+                    if (!kept[i] && (best < 0 || score[want[i]] > score[want[best]]))
+                        best = i;
+                kept[best] = 1;
+            }
+            int out = SINK;
+            for (int i = 0; i < m; i++)
+                if (kept[i])
+                    cache[out++] = want[i];
+            for (int i = size - win; i < size; i++)
+                cache[out++] = cache[i];
+            cr_assert_eq(out, b);
+            size = out;
+            decisions++;
+        }
+        cr_assert_gt(decisions, 5, "budget %d: %d evictions", b, decisions);
+        /* a budget that evicts nothing yet */
+        cr_assert_eq(kvp_train_stream_rows(score, b, b, N, SINK, RECENT, CHUNK, rows, order, work), 0);
+    }
+}
+
+static void train_stream(const kvp_trace *t, int threads, float share, const char *out)
+{
+    kvp_agent_set s;
+    char err[256];
+    cr_assert_eq(kvp_agent_set_alloc(&s, T_LAYERS, T_KVH, &tiny_arch, err, sizeof err), 0);
+    kvp_agent_set_init(&s, 5);
+    kvp_train_cfg c = tiny_cfg(12, threads);
+    c.seed = 7;
+    c.stream_share = share;
+    c.n_stream_budgets = 2;
+    c.stream_budgets[0] = 24;   /* window 16: 4 rows chosen */
+    c.stream_budgets[1] = 40;   /* window 28 (40 - 96 / 8): 8 rows chosen */
+    c.stream_chunk = 8;
+    cr_assert_eq(kvp_train(t, &s, &c, NULL, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(kvp_agent_set_save(&s, out, err, sizeof err), 0, "%s", err);
+    kvp_agent_set_free(&s);
+}
+
+Test(train, streaming_episodes_are_reproducible_and_change_what_is_learnt)
+{
+    kvp_trace t;
+    open_trace(&t);
+    char p[4][128];
+    for (int i = 0; i < 4; i++)
+        snprintf(p[i], sizeof p[i], "%s/s%d.kvp", trace_dir(), i);
+    train_stream(&t, 1, 0.5f, p[0]);
+    train_stream(&t, 3, 0.5f, p[1]);
+    train_stream(&t, 1, 0.0f, p[2]);
+    train_tiny(&t, 12, 1, 7, p[3], NULL, NULL);
+    cr_assert(same_file(p[0], p[1]), "1 and 3 threads differ with streaming episodes");
+    cr_assert(!same_file(p[0], p[2]), "streaming episodes changed nothing");
+    cr_assert(same_file(p[2], p[3]), "share 0 is not plain training");
+    kvp_trace_close(&t);
+    remove_trace();
+}
+
 Test(train, training_learns_a_ranking_the_keys_predict)
 {
     kvp_trace t;
@@ -555,6 +648,22 @@ Test(train, bad_settings_and_shapes_are_errors)
     c.val_cut = T_LEN;
     cr_assert_eq(kvp_train(&t, &s, &c, NULL, err, sizeof err), -EINVAL);
     cr_assert(strstr(err, "no validation sequence"), "%s", err);
+    c = tiny_cfg(2, 1);
+    c.stream_share = 1.5f;
+    cr_assert_eq(kvp_train(&t, &s, &c, NULL, err, sizeof err), -EINVAL);
+    cr_assert(strstr(err, "streaming-episode"), "%s", err);
+    c = tiny_cfg(2, 1);
+    c.stream_chunk = 0;
+    cr_assert_eq(kvp_train(&t, &s, &c, NULL, err, sizeof err), -EINVAL);
+    cr_assert(strstr(err, "streaming-episode"), "%s", err);
+    c = tiny_cfg(2, 1);
+    c.n_stream_budgets = 0;
+    cr_assert_eq(kvp_train(&t, &s, &c, NULL, err, sizeof err), -EINVAL);
+    c = tiny_cfg(2, 1);
+    c.stream_share = 0.5f;
+    c.stream_budgets[1] = 20;   /* 4 sinks + 16 recent: nothing to choose */
+    cr_assert_eq(kvp_train(&t, &s, &c, NULL, err, sizeof err), -EINVAL);
+    cr_assert(strstr(err, "streaming budget 20 leaves no row"), "%s", err);
     c = tiny_cfg(2, 1);
     c.val_cut = 75;   /* between cuts 72 and 80 */
     cr_assert_eq(kvp_train(&t, &s, &c, NULL, err, sizeof err), -EINVAL);
@@ -627,6 +736,14 @@ Test(train, cli_rejects_bad_input)
         "--traces /tmp --out /tmp/x.kvp --samples 1",
         "--traces /tmp --out /tmp/x.kvp --lr 1e-3 --lr-min 1e-2",
         "--traces /tmp --out /tmp/x.kvp --bogus",
+        "--traces /tmp --out /tmp/x.kvp --stream-share 1.5",
+        "--traces /tmp --out /tmp/x.kvp --stream-share half",
+        "--traces /tmp --out /tmp/x.kvp --stream-budgets 32,,64",
+        "--traces /tmp --out /tmp/x.kvp --stream-budgets ,32",
+        "--traces /tmp --out /tmp/x.kvp --stream-budgets 32,",
+        "--traces /tmp --out /tmp/x.kvp --stream-budgets 0",
+        "--traces /tmp --out /tmp/x.kvp --stream-budgets 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17",
+        "--traces /tmp --out /tmp/x.kvp --stream-chunk 0",
         "--traces /tmp --out /tmp/x.kvp extra",
     };
     for (size_t i = 0; i < sizeof usage / sizeof usage[0]; i++) {
