@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* strtol and strtod skip leading spaces and take '+', "0x", "inf" and "nan": a number
  * here starts with a digit (or '-' then a digit, or '.') and is decimal. */
@@ -38,4 +39,20 @@ int kvp_parse_double(const char *s, double lo, double hi, double *out)
         return 0;
     *out = v;
     return 1;
+}
+
+int kvp_split_list(char *s, char **out, int max, int *n)
+{
+    *n = 0;
+    for (char *p = s;;) {
+        char *comma = strchr(p, ',');
+        if (comma)
+            *comma = '\0';
+        if (!*p || *n == max)
+            return 0;
+        out[(*n)++] = p;
+        if (!comma)
+            return 1;
+        p = comma + 1;
+    }
 }

@@ -7,6 +7,9 @@
 /* Return 1 and set *out when s is a number within [lo, hi], else 0. */
 int kvp_parse_long(const char *s, long lo, long hi, long *out);
 int kvp_parse_double(const char *s, double lo, double hi, double *out);
+/* "a,b,c" -> out[0..*n), in place (the commas become NULs). Returns 1, or 0 on an empty
+ * field (",a", "a,,b", "a,", "") or more than max fields. */
+int kvp_split_list(char *s, char **out, int max, int *n);
 
 /* A macro's value as a string literal: "(default " KVP_STR(KVP_DEFAULT_CHUNK) ")". */
 #define KVP_STR_(x) #x

@@ -233,20 +233,28 @@ static int pool_run(int threads, int n_jobs, int (*job)(void *, int, int), void 
     return atomic_load(&p.rc);
 }
 
+/* Trace row r of (layer, kvh) as f32 key and value rows of the head's d numbers. */
+static void decode_row(const kvp_trace *t, int seq, int layer, int kvh, int r, float *k, float *v)
+{
+    int d = t->h.head_dim;
+    const uint16_t *kr = kvp_trace_k(t, seq, layer, kvh) + (size_t)r * d;
+    const uint16_t *vr = kvp_trace_v(t, seq, layer, kvh) + (size_t)r * d;
+    for (int j = 0; j < d; j++) {
+        k[j] = kvp_f16_to_f32(kr[j]);
+        v[j] = kvp_f16_to_f32(vr[j]);
+    }
+}
+
 /* Rows [first, first + n) of (layer, kvh) gathered into contiguous f32 k, v [n][d] and
  * their positions. */
 static void gather_rows(const kvp_trace *t, int seq, int layer, int kvh, int first, int n,
                         float *k, float *v, int32_t *pos)
 {
-    int d = t->h.head_dim;
-    const uint16_t *ks = kvp_trace_k(t, seq, layer, kvh) + (size_t)first * d;
-    const uint16_t *vs = kvp_trace_v(t, seq, layer, kvh) + (size_t)first * d;
-    for (size_t i = 0; i < (size_t)n * d; i++) {
-        k[i] = kvp_f16_to_f32(ks[i]);
-        v[i] = kvp_f16_to_f32(vs[i]);
-    }
-    for (int i = 0; i < n; i++)
+    size_t d = (size_t)t->h.head_dim;
+    for (int i = 0; i < n; i++) {
+        decode_row(t, seq, layer, kvh, first + i, k + i * d, v + i * d);
         pos[i] = first + i;
+    }
 }
 
 /* Rows idx[0..n) of (layer, kvh) gathered like gather_rows, with their importance. */
@@ -254,14 +262,9 @@ static void gather_list(const kvp_trace *t, int seq, int layer, int kvh, const i
                         int n, const float *imp_all, float *k, float *v, int32_t *pos,
                         float *imp)
 {
-    int d = t->h.head_dim;
-    const uint16_t *ks = kvp_trace_k(t, seq, layer, kvh), *vs = kvp_trace_v(t, seq, layer, kvh);
+    size_t d = (size_t)t->h.head_dim;
     for (int i = 0; i < n; i++) {
-        const uint16_t *kr = ks + (size_t)idx[i] * d, *vr = vs + (size_t)idx[i] * d;
-        for (int j = 0; j < d; j++) {
-            k[(size_t)i * d + j] = kvp_f16_to_f32(kr[j]);
-            v[(size_t)i * d + j] = kvp_f16_to_f32(vr[j]);
-        }
+        decode_row(t, seq, layer, kvh, idx[i], k + i * d, v + i * d);
         pos[i] = idx[i];
         imp[i] = imp_all[idx[i]];
     }

@@ -70,23 +70,6 @@ __attribute__((format(printf, 1, 2))) static int usage_error(const char *fmt, ..
     return 2;
 }
 
-/* "a,b,c" -> fields, in place; 0 on an empty field or more than max */
-static int split_list(char *s, char **out, int max, int *n)
-{
-    *n = 0;
-    for (char *p = s;;) {
-        char *comma = strchr(p, ',');
-        if (comma)
-            *comma = '\0';
-        if (!*p || *n == max)
-            return 0;
-        out[(*n)++] = p;
-        if (!comma)
-            return 1;
-        p = comma + 1;
-    }
-}
-
 static char *read_file(const char *path, size_t *len)
 {
     FILE *f = fopen(path, "rb");
@@ -290,7 +273,7 @@ int kvp_cmd_eval(int argc, char **argv)
         for (char *c = names_buf; *c; c++)
             *c = *c == ' ' ? ',' : *c;
     }
-    if (!split_list(names_buf, names, MAX_POLICIES, &n_pol))
+    if (!kvp_split_list(names_buf, names, MAX_POLICIES, &n_pol))
         return usage_error("bad policy list '%s'", pol_arg);
     for (int i = 0; i < n_pol; i++) {
         if (kvp_eval_policy_index(names[i]) < 0)
@@ -313,7 +296,7 @@ int kvp_cmd_eval(int argc, char **argv)
     kvp_eval_opts eo = {.cut = (int)cut, .chunk = (int)chunk, .lookahead = (int)lookahead,
                        .kv_type = (kvp_kv_type)kv_type, .budget_mode = budget_mode};
     snprintf(bud_buf, sizeof bud_buf, "%s", bud_arg ? bud_arg : DEFAULT_BUDGETS);
-    if (!split_list(bud_buf, fields, KVP_EVAL_MAX_BUDGETS, &n_fields))
+    if (!kvp_split_list(bud_buf, fields, KVP_EVAL_MAX_BUDGETS, &n_fields))
         return usage_error("bad budget list '%s' (at most %d positive integers, comma-separated)",
                            bud_arg, KVP_EVAL_MAX_BUDGETS);
     for (int i = 0; i < n_fields; i++) {

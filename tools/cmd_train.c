@@ -50,17 +50,19 @@ static void usage(FILE *f, const kvp_train_cfg *d)
  * integers in 1..2^20. */
 static int parse_budgets(const char *arg, kvp_train_cfg *c)
 {
-    char buf[512], *save = NULL;
-    if (snprintf(buf, sizeof buf, "%s", arg) >= (int)sizeof buf || !*arg || arg[strlen(arg) - 1] == ',')
+    char buf[512], *fields[KVP_TRAIN_MAX_STREAM_BUDGETS];
+    int n;
+    if (snprintf(buf, sizeof buf, "%s", arg) >= (int)sizeof buf ||
+        !kvp_split_list(buf, fields, KVP_TRAIN_MAX_STREAM_BUDGETS, &n))
         return 0;
-    c->n_stream_budgets = 0;
-    for (char *f = strtok_r(buf, ",", &save); f; f = strtok_r(NULL, ",", &save)) {
+    for (int i = 0; i < n; i++) {
         long b;
-        if (c->n_stream_budgets == KVP_TRAIN_MAX_STREAM_BUDGETS || !kvp_parse_long(f, 1, 1 << 20, &b))
+        if (!kvp_parse_long(fields[i], 1, 1 << 20, &b))
             return 0;
-        c->stream_budgets[c->n_stream_budgets++] = (int)b;
+        c->stream_budgets[i] = (int)b;
     }
-    return c->n_stream_budgets > 0 && !strstr(arg, ",,") && arg[0] != ',';
+    c->n_stream_budgets = n;
+    return 1;
 }
 
 int kvp_cmd_train(int argc, char **argv)

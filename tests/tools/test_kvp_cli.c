@@ -106,6 +106,25 @@ Test(kvp_cli, generate_parallel_greedy_equals_alone)
     parallel_equals_alone("--policy h2o --budget 48 --chunk 8 --ignore-eos");
 }
 
+/* kvp train's streaming-episode options are checked before anything is read. */
+Test(kvp_cli, train_stream_arguments)
+{
+    static const char *const bad[][2] = {
+        {"--stream-share", "1.5"}, {"--stream-share", "-0.1"}, {"--stream-share", "half"},
+        {"--stream-budgets", ""}, {"--stream-budgets", "32,,64"}, {"--stream-budgets", ",32"},
+        {"--stream-budgets", "32,"}, {"--stream-budgets", "32,0"}, {"--stream-budgets", "32,x"},
+        {"--stream-budgets", "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17"},
+        {"--stream-chunk", "0"}, {"--stream-chunk", "4k"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char a[512], want[64];
+        snprintf(a, sizeof a, "train --traces /nonexistent --init /nonexistent --out /tmp/x.kvp %s '%s'",
+                 bad[i][0], bad[i][1]);
+        snprintf(want, sizeof want, "bad value '%s' for %s", bad[i][1], bad[i][0]);
+        expect(a, 2, want);
+    }
+}
+
 Test(kvp_cli, trace_arguments)
 {
     char a[2048], dir[] = "/tmp/kvp-cli-trace-XXXXXX";
