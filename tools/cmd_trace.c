@@ -82,6 +82,10 @@ static void plan(long want[2], int p, long done, double split, double max_second
         want[1] = fit - train < want[1] ? fit - train : want[1];
         want[0] = train;
     } else {
+        /* the training sequences keep their share of validation here too (a machine that
+         * slows down during validation must not leave more training than the split) */
+        long need = (long)ceil((double)want[0] / split);
+        fit = fit < need ? need : fit;
         want[1] = fit < done ? done - want[0] : fit - want[0];   /* what is done stays */
     }
     if (!*said || want[0] + want[1] <= *said * 9 / 10) {
