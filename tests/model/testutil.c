@@ -37,6 +37,26 @@ char *tu_slurp(const char *path, size_t *len)
     return buf;
 }
 
+/* Every file tu_write_tmp made in this process, removed when the test process exits
+ * (Criterion runs each test in its own process; a pid check keeps a forked child from
+ * removing its parent's files). */
+static struct {
+    char (*paths)[64];
+    int n, cap;
+    pid_t owner;
+} tmp_files;
+
+static void remove_tmp_files(void)
+{
+    if (tmp_files.owner != getpid())
+        return;
+    for (int i = 0; i < tmp_files.n; i++)
+        unlink(tmp_files.paths[i]);
+    free(tmp_files.paths);
+    tmp_files.paths = NULL;
+    tmp_files.n = tmp_files.cap = 0;
+}
+
 const char *tu_write_tmp(const void *buf, size_t len)
 {
     static char paths[4][64];
@@ -47,6 +67,19 @@ const char *tu_write_tmp(const void *buf, size_t len)
     cr_assert(fd >= 0);
     cr_assert_eq(write(fd, buf, len), (ssize_t)len);
     close(fd);
+    if (tmp_files.owner != getpid()) {
+        /* first file of this process (or of a child that inherited the parent's list) */
+        tmp_files.paths = NULL;
+        tmp_files.n = tmp_files.cap = 0;
+        tmp_files.owner = getpid();
+        atexit(remove_tmp_files);
+    }
+    if (tmp_files.n == tmp_files.cap) {
+        tmp_files.cap = tmp_files.cap ? 2 * tmp_files.cap : 16;
+        tmp_files.paths = realloc(tmp_files.paths, (size_t)tmp_files.cap * sizeof *tmp_files.paths);
+        cr_assert(tmp_files.paths);
+    }
+    snprintf(tmp_files.paths[tmp_files.n++], sizeof tmp_files.paths[0], "%s", p);
     return p;
 }
 

@@ -10,7 +10,8 @@ const char *tu_shared(const char *rel);
 const char *tu_build(const char *rel);
 /* Reads a whole file (malloc'd, NUL-terminated); aborts the test on failure. */
 char *tu_slurp(const char *path, size_t *len);
-/* Writes len bytes to a fresh temp file; returns its path (static buffer rotation of 4). */
+/* Writes len bytes to a fresh temp file; returns its path (static buffer rotation of 4).
+ * The file is removed when the test process exits. */
 const char *tu_write_tmp(const void *buf, size_t len);
 /* Runs a shell command, captures stdout into *out (malloc'd), returns the exit status
  * (or -1 if it did not exit normally, e.g. a crash). */
