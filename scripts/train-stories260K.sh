@@ -26,7 +26,7 @@ kvp=$build/tools/kvp
 start=$(date +%s)
 # --max-seqs 600 is more than the text holds, so every whole sequence is traced: 415
 # training sequences from the first 80% and 107 validation ones from the rest (with 300,
-# 240 + 60, streaming KL was 1.5-3x higher at budgets 32-128; docs/evaluation.md)
+# 240 + 60, streaming KL was 1.4-3.7x higher at budgets 32-128; docs/evaluation.md)
 if [ ! -f "$traces/trace.kvpt" ]; then
     "$kvp" trace --model "$model" --tokenizer "$tok" \
         --text "$shared/datasets/tinystories/tinystories-dev.txt" --out "$traces" \

@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "base/fileio.h"
 #include "cache/kvcache.h"
 #include "model/forward.h"
 #include "model/model.h"
@@ -15,13 +16,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     int fd = memfd_create("fuzz-model.gguf", 0);
     if (fd < 0)
         return 0;
-    for (size_t off = 0; off < size;) {
-        ssize_t n = write(fd, data + off, size - off);
-        if (n <= 0) {
-            close(fd);
-            return 0;
-        }
-        off += (size_t)n;
+    if (kvp_write_all(fd, data, size) < 0) {
+        close(fd);
+        return 0;
     }
     char path[64], err[256];
     snprintf(path, sizeof path, "/proc/self/fd/%d", fd);

@@ -2,37 +2,30 @@
  * an empty input), as the suite's regression test of what the fuzzers found. */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "base/fileio.h"
 #include "tests/fuzz/fuzz.h"
 
 static int run_file(const char *path)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "replay: %s: %s\n", path, strerror(errno));
+    struct stat st;
+    int fd = kvp_open_regular(path, O_RDONLY, &st);
+    if (fd < 0) {
+        fprintf(stderr, "replay: %s: %s\n", path, strerror(-fd));
         return -1;
     }
-    size_t cap = 1 << 16, n = 0;
-    unsigned char *buf = malloc(cap);
-    for (size_t got; buf && (got = fread(buf + n, 1, cap - n, f)) > 0;) {
-        n += got;
-        if (n == cap) {
-            unsigned char *more = realloc(buf, cap * 2);
-            if (!more) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = more;
-            cap *= 2;
-        }
-    }
-    fclose(f);
-    if (!buf) {
-        fprintf(stderr, "replay: %s: out of memory\n", path);
+    size_t n = (size_t)st.st_size;
+    unsigned char *buf = malloc(n ? n : 1);
+    long long got = buf ? kvp_read_full(fd, buf, n) : -ENOMEM;
+    close(fd);
+    if (got != (long long)n) {
+        fprintf(stderr, "replay: %s: %s\n", path, got < 0 ? strerror((int)-got) : "short read");
+        free(buf);
         return -1;
     }
     LLVMFuzzerTestOneInput(buf, n);

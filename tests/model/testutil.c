@@ -46,7 +46,7 @@ static struct {
     pid_t owner;
 } tmp_files;
 
-static void remove_tmp_files(void)
+void tu_remove_tmp_files(void)
 {
     if (tmp_files.owner != getpid())
         return;
@@ -72,7 +72,7 @@ const char *tu_write_tmp(const void *buf, size_t len)
         tmp_files.paths = NULL;
         tmp_files.n = tmp_files.cap = 0;
         tmp_files.owner = getpid();
-        atexit(remove_tmp_files);
+        atexit(tu_remove_tmp_files);
     }
     if (tmp_files.n == tmp_files.cap) {
         tmp_files.cap = tmp_files.cap ? 2 * tmp_files.cap : 16;

@@ -11,8 +11,10 @@ const char *tu_build(const char *rel);
 /* Reads a whole file (malloc'd, NUL-terminated); aborts the test on failure. */
 char *tu_slurp(const char *path, size_t *len);
 /* Writes len bytes to a fresh temp file; returns its path (static buffer rotation of 4).
- * The file is removed when the test process exits. */
+ * The file is removed when the test process exits (tu_remove_tmp_files). */
 const char *tu_write_tmp(const void *buf, size_t len);
+/* Removes every file tu_write_tmp made in this process (registered with atexit). */
+void tu_remove_tmp_files(void);
 /* Runs a shell command, captures stdout into *out (malloc'd), returns the exit status
  * (or -1 if it did not exit normally, e.g. a crash). */
 int tu_run(const char *cmd, char **out);
