@@ -460,7 +460,7 @@ static void dot_rows(const job *j, int r0, int r1)
 /* Whether a block of T activation rows against w takes the decode path (matmul_decode):
  * f32 weights up to KVP_F32_SMALL_T rows and types with a small-T kernel up to
  * KVP_QUANT_SMALL_T (each weight row streamed once, no packing: cheaper than sgemm or
- * the int8 GEMM there, see README) unless a prefill path is forced, the other types
+ * the int8 GEMM there, see docs/benchmarks.md) unless a prefill path is forced, the other types
  * below KVP_MATMUL_TILE_MIN_T. */
 static int decode_path(const kvp_weight *w, int T)
 {
@@ -633,7 +633,7 @@ static void matmul_int8(float *y, const float *x, const kvp_weight *w, int T, in
 }
 
 /* Which prefill path a type takes unless one is forced: the int8 GEMM where the type
- * has one (measured faster than tiles + sgemm for every block format, see README). */
+ * has one (measured faster than tiles + sgemm for every block format, see docs/benchmarks.md). */
 static int prefill_int8(uint32_t type)
 {
     if (!kernels.pack[type])

@@ -41,7 +41,7 @@ typedef struct kvp_weight {
 /* Blocks of at least this many activation rows take the tile + sgemm path. */
 #define KVP_MATMUL_TILE_MIN_T 4
 /* f32 weights: blocks of at most this many rows take the pool's kernel, longer ones
- * sgemm (the crossover measured by `bench_matmul --f32-small`, see README). */
+ * sgemm (the crossover measured by `bench_matmul --f32-small`, see docs/benchmarks.md). */
 #define KVP_F32_SMALL_T 256
 /* Block formats with a small-T kernel (Q8_0): blocks of at most this many rows take it,
  * longer ones the int8 GEMM (the crossover measured by `bench_matmul --q8-small`). */

@@ -140,7 +140,7 @@ row_group(const perm4 *full, const perm4 *tail, const uint8_t *p, int g, int nb,
 /* y[r] (+)= row r . a for `rows` rows `stride` bytes apart, a row at a time: one
  * sequential stream, which the hardware prefetcher follows (two rows a pass, each group
  * of the activation loaded once for both, read two streams: one thread got about half
- * the bandwidth from them, see README). */
+ * the bandwidth from them, see docs/benchmarks.md). */
 static inline __attribute__((always_inline)) void
 rows_x4(const perm4 *full, const perm4 *tail, const uint8_t *w, size_t stride, int rows,
         const kvp_act *a, float *y, int accumulate, const int BLOCK, int QH, int MIN)

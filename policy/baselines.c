@@ -1,4 +1,4 @@
-/* Baseline eviction policies (kvp-method.md, "Baseline scoring rules"). Each only sets
+/* Baseline eviction policies (the KVP method, "Baseline scoring rules"). Each only sets
  * scores; kvp_policy_evict_head (policy.c) does the protecting, ranking and compaction. */
 #include "policy/policy.h"
 

@@ -1,6 +1,6 @@
 /* KVP agents: one small scoring network per (layer, KV head) that ranks cached rows by
  * predicted future attention from the row's key, value and position alone
- * (docs/policy-format.md has the file layout, ../shared/docs/kvp-method.md the method).
+ * (docs/policy-format.md has the file layout, docs/training.md the method).
  *
  *   kh = LN(Wk k + bk)   vh = LN(Wv v + bv)   ph = LN(Emb[clamp(p, 0, pmax-1)])
  *   h1 = SiLU(LN(W1 [kh;vh;ph] + b1))   h2 = SiLU(LN(W2 h1 + b2))   s = w3.h2 + b3
