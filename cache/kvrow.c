@@ -50,7 +50,7 @@ static inline float q8_code(float v)
 /* The error of x[n] coded against the scale d (as stored) with inverse id: the squared
  * error of each number weighted by its magnitude, sum |x| (x - d code)^2, in eight partial
  * sums (number i in sum i % 8) added as ((0+4)+(2+6))+((1+5)+(3+7)): the order of the
- * AVX2 store (model/matmul_x86.h), so both keep the same scale. */
+ * AVX2 store (model/x86_kvrow.h), so both keep the same scale. */
 static float q8_block_error(const float *x, int n, float d, float id)
 {
     float acc[8] = {0};

@@ -1,4 +1,5 @@
-/* AVX-512 VNNI build of the x86 kernels (matmul_x86.h): vpdpbusd on 256-bit vectors. */
+/* AVX-512 VNNI build of the x86 kernels (matmul_x86.h): vpdpbusd for byte products, 512-bit f32 tiles and
+ * GEMM tiles. */
 #include "model/matmul_kernels.h"
 #if defined(__x86_64__)
 /* the target for this file's functions (clang has no GCC target pragma: an attribute on each) */

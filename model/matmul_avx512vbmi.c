@@ -2,7 +2,7 @@
  * Q5_1) on 512-bit vectors, for CPUs with AVX-512 VBMI and BITALG besides VNNI (chosen
  * at run time; they replace the avx512 set's entries for these types).
  *
- * The 256-bit kernels of matmul_x86.h spend more instructions unpacking each block of
+ * The 256-bit kernels of x86_dot.h spend more instructions unpacking each block of
  * 32 codes (nibbles, fifth bits, scale, offset term) than multiplying it, so they run
  * slower than memory streams a Q5_0 row. Here a group of four consecutive blocks is
  * read as it lies in the file (two 64-byte loads) and byte permutes (vpermt2b) put
@@ -112,8 +112,8 @@ group4(const perm4 *P, __m512i r0, __m512i r1, act4 x, int QH, int MIN, __m512 a
 }
 
 /* 64 bytes as two 256-bit loads: a 512-bit load that straddles two cache lines (the
- * groups of 88 or 72 bytes rarely start on one) is slow to wait for when they come from
- * memory: one thread streamed a 64 MiB Q5_0 matrix at ~10 GB/s with them, ~30 this way */
+ * groups of 88 or 72 bytes rarely start on one) is slow to wait for when the lines come
+ * from memory */
 static inline __m512i load512_halves(const uint8_t *p)
 {
     return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p)),

@@ -32,7 +32,7 @@ typedef struct kvp_act {
     int16_t *bsums;     /* [n/16]: sums of q over each 16 (K formats) */
     float *s16;         /* [n/16]: d * bsums (K formats) */
     int8_t *q;          /* [n] */
-    /* blocks of 32, for a set's small_prep (the small-T kernels, matmul_x86.h) */
+    /* blocks of 32, for a set's small_prep (the small-T kernels, x86_f32.h and x86_q8small.h) */
     int32_t *o4;        /* [n/4]: -128 x the sum of each 4 codes */
     float *d4;          /* [n/4]: the scale d of each 4 codes' block */
     /* blocks of 32 regrouped by fours for a set's regroup32 (matmul_avx512vbmi.c) */
