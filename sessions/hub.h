@@ -1,5 +1,5 @@
-/* The session hub: the one API every front end (the websocket today; an HTTP API or a
- * batching scheduler tomorrow) calls to run conversations. A front end makes one client
+/* The session hub: the one API every front end (the /chat websocket, the OpenAI API)
+ * calls to run conversations. A front end makes one client
  * per connection and calls open (hello: a new session, or resume one by id), message,
  * cancel and close; the hub answers through the client's sink with events: session,
  * token, done, error. Admission (max_sessions, the memory cap), parking, residency,

@@ -1,5 +1,4 @@
-/* kvp: the offline CLI (generate, synth, quantize, policy-init, trace, train, eval, logits,
- * tokenize). */
+/* kvp: the offline CLI; `commands` below lists its subcommands (`kvp` alone prints them). */
 #include <stdio.h>
 #include <string.h>
 

@@ -1,5 +1,6 @@
 /* libwebsockets on the daemon's libuv loop (foreign loop): one protocol serves HTTP
- * (chat page, /healthz, /metrics, /admin/stats) and the /chat websocket. Transport only:
+ * (chat page, /healthz, /metrics, /admin/stats, the OpenAI API under /v1) and the /chat
+ * websocket. Transport only:
  * every conversation request goes to the session hub (sessions/hub.h). */
 #ifndef KVPD_SERVER_H
 #define KVPD_SERVER_H
