@@ -23,9 +23,9 @@ typedef struct kvp_agent_arch {
     int pmax;   /* position table rows; positions >= pmax share the last row */
 } kvp_agent_arch;
 
-/* Defaults sized for small models (stories260K: head_dim 8). */
+/* Defaults: the sizes of the shipped stories260K agents, which kvp learn builds too. */
 #define KVP_AGENT_DEFAULT_P 32
-#define KVP_AGENT_DEFAULT_E 16
+#define KVP_AGENT_DEFAULT_E 4
 #define KVP_AGENT_DEFAULT_H 32
 #define KVP_AGENT_DEFAULT_PMAX 512
 

@@ -3,12 +3,12 @@
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <unistd.h>
 
 #include "base/parse.h"
 #include "offline/calibrate.h"
 #include "policy/kvp_agent.h"
 #include "tools/cli.h"
+#include "tools/stages.h"
 
 #define DEFAULT_KNOTS 32
 
@@ -25,10 +25,16 @@ static void usage(FILE *f)
         KVP_CALIBRATION_MAX_KNOTS, DEFAULT_KNOTS);
 }
 
+void kvp_calibrate_defaults(kvp_calibrate_opts *o)
+{
+    *o = (kvp_calibrate_opts){.knots = DEFAULT_KNOTS, .threads = kvp_stage_threads()};
+}
+
 int kvp_cmd_calibrate(int argc, char **argv)
 {
-    const char *traces = NULL, *in = NULL, *out = NULL;
-    long knots = DEFAULT_KNOTS, ncpu = sysconf(_SC_NPROCESSORS_ONLN), threads = ncpu > 0 ? ncpu : 1;
+    kvp_calibrate_opts c;
+    kvp_calibrate_defaults(&c);
+    long knots = c.knots, threads = c.threads;
     static const struct option opts[] = {
         {"traces", 1, 0, 't'}, {"policy-file", 1, 0, 'p'}, {"out", 1, 0, 'o'},
         {"knots", 1, 0, 'k'}, {"threads", 1, 0, 'j'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
@@ -37,9 +43,9 @@ int kvp_cmd_calibrate(int argc, char **argv)
     while ((o = getopt_long(argc, argv, "", opts, &idx)) != -1) {
         int ok = 1;
         switch (o) {
-        case 't': traces = optarg; break;
-        case 'p': in = optarg; break;
-        case 'o': out = optarg; break;
+        case 't': c.traces = optarg; break;
+        case 'p': c.in = optarg; break;
+        case 'o': c.out = optarg; break;
         case 'k': ok = kvp_parse_long(optarg, 2, KVP_CALIBRATION_MAX_KNOTS, &knots); break;
         case 'j': ok = kvp_parse_long(optarg, 1, 1024, &threads); break;
         case 'h': usage(stdout); return 0;
@@ -50,11 +56,19 @@ int kvp_cmd_calibrate(int argc, char **argv)
             return 2;
         }
     }
-    if (!traces || !in || !out || optind < argc) {
+    if (!c.traces || !c.in || !c.out || optind < argc) {
         fprintf(stderr, "kvp calibrate: --traces, --policy-file and --out are required\n");
         usage(stderr);
         return 2;
     }
+    c.knots = (int)knots;
+    c.threads = (int)threads;
+    return kvp_calibrate_run(&c);
+}
+
+int kvp_calibrate_run(const kvp_calibrate_opts *c)
+{
+    const char *traces = c->traces, *in = c->in, *out = c->out;
     char err[512], path[1024];
     snprintf(path, sizeof path, "%s/trace.kvpt", traces);
     kvp_trace t;
@@ -68,7 +82,7 @@ int kvp_cmd_calibrate(int argc, char **argv)
     kvp_agent_set s;
     int rc = kvp_agent_set_load(&s, in, &cfg, err, sizeof err);
     if (!rc)
-        rc = kvp_calibrate_fit(&s, &t, (int)knots, (int)threads, stderr, err, sizeof err);
+        rc = kvp_calibrate_fit(&s, &t, c->knots, c->threads, stderr, err, sizeof err);
     if (!rc)
         rc = kvp_agent_set_save(&s, out, err, sizeof err);
     if (rc)

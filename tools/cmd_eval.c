@@ -19,6 +19,7 @@
 #include "offline/oracle.h"
 #include "offline/trace.h"
 #include "tools/cli.h"
+#include "tools/stages.h"
 #include "tools/corpus.h"
 #include "base/parse.h"
 #include "base/clock.h"
@@ -206,17 +207,41 @@ static int run_phase(job *j, int phase, int n_tasks, int n_threads)
     return atomic_load(&j->failed) ? -1 : 0;
 }
 
+void kvp_eval_defaults(kvp_eval_cli_opts *o)
+{
+    *o = (kvp_eval_cli_opts){.split = 0.8, .seqs = 64, .seq_len = 512, .cut = 384,
+                             .streams = 8, .chunk = KVP_DEFAULT_CHUNK, .lookahead = 128,
+                             .kl_every = 32, .seed = 1, .threads = kvp_stage_threads(),
+                             .kv_type = KVP_KV_F32, .budget_mode = KVP_BUDGET_PER_HEAD};
+}
+
+/* The command that reruns this evaluation, every setting spelled out (the report's
+ * first lines: the same whether kvp eval or kvp learn ran it). */
+static void print_command(FILE *f, const kvp_eval_cli_opts *e)
+{
+    fprintf(f, "kvp eval --model %s", e->model);
+    if (e->tokenizer)
+        fprintf(f, " --tokenizer %s", e->tokenizer);
+    fprintf(f, " %s %s --out %s", e->conversations ? "--conversations" : "--text", e->text, e->out);
+    if (e->policies)
+        fprintf(f, " --policies %s", e->policies);
+    if (e->policy_file)
+        fprintf(f, " --policy-file %s", e->policy_file);
+    fprintf(f, " --budgets %s --split %g --seqs %ld --seq-len %ld --cut %ld --streams %ld",
+            e->budgets ? e->budgets : DEFAULT_BUDGETS, e->split, e->seqs, e->seq_len, e->cut,
+            e->streams);
+    if (e->stream_len)
+        fprintf(f, " --stream-len %ld", e->stream_len);
+    fprintf(f, " --chunk %ld --lookahead %ld --kl-every %ld --seed %ld --threads %ld"
+            " --kv-type %s --budget-mode %s", e->chunk, e->lookahead, e->kl_every, e->seed,
+            e->threads, kvp_kv_type_name((kvp_kv_type)e->kv_type),
+            kvp_budget_mode_name(e->budget_mode));
+}
+
 int kvp_cmd_eval(int argc, char **argv)
 {
-    const char *model_path = NULL, *tok_path = NULL, *text_path = NULL, *out_dir = NULL;
-    int conversations = 0;
-    const char *policy_file = NULL;
-    char *pol_arg = NULL, *bud_arg = NULL;
-    long n_seqs = 64, seq_len = 512, cut = 384, n_streams = 8, stream_len = 0,
-         chunk = KVP_DEFAULT_CHUNK;
-    long lookahead = 128, kl_every = 32, seed = 1, threads = sysconf(_SC_NPROCESSORS_ONLN);
-    double split = 0.8;
-    int kv_type = KVP_KV_F32, budget_mode = KVP_BUDGET_PER_HEAD;
+    kvp_eval_cli_opts e;
+    kvp_eval_defaults(&e);
     static const struct option opts[] = {
         {"model", 1, 0, 'm'}, {"tokenizer", 1, 0, 'z'}, {"text", 1, 0, 'x'}, {"out", 1, 0, 'o'},
         {"conversations", 1, 0, 'C'}, {"policies", 1, 0, 'P'}, {"policy-file", 1, 0, 'F'}, {"budgets", 1, 0, 'b'},
@@ -229,35 +254,48 @@ int kvp_cmd_eval(int argc, char **argv)
     while ((o = getopt_long(argc, argv, "", opts, &idx)) != -1) {
         int ok = 1;
         switch (o) {
-        case 'm': model_path = optarg; break;
-        case 'z': tok_path = optarg; break;
-        case 'x': text_path = optarg; break;
-        case 'C': text_path = optarg; conversations = 1; break;
-        case 'o': out_dir = optarg; break;
-        case 'P': pol_arg = optarg; break;
-        case 'F': policy_file = optarg; break;
-        case 'b': bud_arg = optarg; break;
-        case 's': ok = kvp_parse_double(optarg, 0.0, 0.99, &split); break;
-        case 'N': ok = kvp_parse_long(optarg, 1, 1 << 20, &n_seqs); break;
-        case 'n': ok = kvp_parse_long(optarg, 3, 1 << 20, &seq_len); break;
-        case 'c': ok = kvp_parse_long(optarg, 1, 1 << 20, &cut); break;
-        case 'S': ok = kvp_parse_long(optarg, 0, 1 << 20, &n_streams); break;
-        case 'L': ok = kvp_parse_long(optarg, 2, 1 << 24, &stream_len); break;
-        case 'k': ok = kvp_parse_long(optarg, 1, 1 << 16, &chunk); break;
-        case 'l': ok = kvp_parse_long(optarg, 1, 1 << 16, &lookahead); break;
-        case 'K': ok = kvp_parse_long(optarg, 1, 1 << 16, &kl_every); break;
-        case 'r': ok = kvp_parse_long(optarg, 0, LONG_MAX, &seed); break;
-        case 't': ok = kvp_parse_long(optarg, 1, 64, &threads); break;
-        case 'T': ok = (kv_type = kvp_kv_type_parse(optarg)) >= 0; break;
-        case 'B': ok = (budget_mode = kvp_budget_mode_parse(optarg)) >= 0; break;
+        case 'm': e.model = optarg; break;
+        case 'z': e.tokenizer = optarg; break;
+        case 'x': e.text = optarg; break;
+        case 'C': e.text = optarg; e.conversations = 1; break;
+        case 'o': e.out = optarg; break;
+        case 'P': e.policies = optarg; break;
+        case 'F': e.policy_file = optarg; break;
+        case 'b': e.budgets = optarg; break;
+        case 's': ok = kvp_parse_double(optarg, 0.0, 0.99, &e.split); break;
+        case 'N': ok = kvp_parse_long(optarg, 1, 1 << 20, &e.seqs); break;
+        case 'n': ok = kvp_parse_long(optarg, 3, 1 << 20, &e.seq_len); break;
+        case 'c': ok = kvp_parse_long(optarg, 1, 1 << 20, &e.cut); break;
+        case 'S': ok = kvp_parse_long(optarg, 0, 1 << 20, &e.streams); break;
+        case 'L': ok = kvp_parse_long(optarg, 2, 1 << 24, &e.stream_len); break;
+        case 'k': ok = kvp_parse_long(optarg, 1, 1 << 16, &e.chunk); break;
+        case 'l': ok = kvp_parse_long(optarg, 1, 1 << 16, &e.lookahead); break;
+        case 'K': ok = kvp_parse_long(optarg, 1, 1 << 16, &e.kl_every); break;
+        case 'r': ok = kvp_parse_long(optarg, 0, LONG_MAX, &e.seed); break;
+        case 't': ok = kvp_parse_long(optarg, 1, 64, &e.threads); break;
+        case 'T': ok = (e.kv_type = kvp_kv_type_parse(optarg)) >= 0; break;
+        case 'B': ok = (e.budget_mode = kvp_budget_mode_parse(optarg)) >= 0; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
         if (!ok)
             return usage_error("bad value '%s' for --%s", optarg, opts[idx].name);
     }
-    if (!model_path || !text_path || !out_dir || optind < argc)
+    if (!e.model || !e.text || !e.out || optind < argc)
         return usage_error("--model, --text or --conversations, and --out are required");
+    return kvp_eval_run(&e);
+}
+
+int kvp_eval_run(const kvp_eval_cli_opts *e)
+{
+    const char *model_path = e->model, *tok_path = e->tokenizer, *text_path = e->text,
+               *out_dir = e->out, *policy_file = e->policy_file;
+    const char *pol_arg = e->policies, *bud_arg = e->budgets;
+    int conversations = e->conversations, kv_type = e->kv_type, budget_mode = e->budget_mode;
+    long n_seqs = e->seqs, seq_len = e->seq_len, cut = e->cut, n_streams = e->streams,
+         stream_len = e->stream_len, chunk = e->chunk, lookahead = e->lookahead,
+         kl_every = e->kl_every, seed = e->seed, threads = e->threads;
+    double split = e->split;
     if (cut >= seq_len)
         return usage_error("--cut %ld must be below --seq-len %ld", cut, seq_len);
     if (threads < 1)
@@ -455,9 +493,8 @@ int kvp_cmd_eval(int argc, char **argv)
     FILE *mf = open_memstream(&intro, &intro_len);
     if (!mf)
         goto oom;
-    fprintf(mf, "# kvp eval: %s\n\nCommand:\n\n```\nkvp", m.name);
-    for (int i = 0; i < argc; i++)
-        fprintf(mf, " %s", argv[i]);
+    fprintf(mf, "# kvp eval: %s\n\nCommand:\n\n```\n", m.name);
+    print_command(mf, e);
     fprintf(mf, "\n```\n\nHeld-out text: bytes %zu..%zu of `%s` (%ld tokens): the part after "
             "the first %.2f of the file, cut at a line start by the rule of `kvp trace`, so "
             "a policy trained on that trace's training sequences never saw it.\n\n"

@@ -22,6 +22,7 @@
 #include "policy/kvp_agent.h"
 #include "policy/policy.h"
 #include "tools/cli.h"
+#include "tools/stages.h"
 
 
 /* --budget-hours: the trace's share of the budget, the evaluation's (training gets the
@@ -30,7 +31,8 @@
  * the evaluation drops to two budgets; and its fewest sequences. */
 #define TRACE_SHARE 0.40
 #define EVAL_SHARE 0.25
-#define N_POLICIES 8.0
+#define LEARN_POLICIES "kvp,streaming,h2o,tova,snapkv,keydiff,knorm,random"
+#define N_POLICIES 8.0   /* the names in LEARN_POLICIES */
 #define CONT_COST 1.4
 #define EVAL_FOUR_BUDGETS_MIN 32
 #define EVAL_SEQS_MIN 4
@@ -142,24 +144,35 @@ typedef struct {
     double seconds, cpu, rss_mb, disk_mb;
 } stage_cost;
 
-/* Runs one subcommand in this process; argv[0] is its name. */
-static int run_stage(int (*cmd)(int, char **), char **argv, stage_cost *cost, int k, int n,
-                     const char *disk_file)
+/* One stage's cost: wall and CPU time from stage_begin to stage_end, the peak memory so
+ * far, and the size of what it wrote. */
+static double stage_t0, stage_c0;
+
+static void stage_begin(stage_cost *cost, int k, int n)
 {
-    int argc = 0;
-    while (argv[argc])
-        argc++;
     fprintf(stderr, "kvp learn: [%d/%d] %s\n", k, n, cost->name);
-    double t0 = kvp_now(), c0 = cpu_seconds();
-    int rc = cmd(argc, argv);
+    stage_t0 = kvp_now();
+    stage_c0 = cpu_seconds();
+}
+
+/* rc: the stage's exit status; nonzero when it failed. */
+static int stage_end(stage_cost *cost, int rc, const char *disk_file)
+{
     fflush(stdout);
-    cost->seconds = kvp_now() - t0;
-    cost->cpu = cpu_seconds() - c0;
+    cost->seconds = kvp_now() - stage_t0;
+    cost->cpu = cpu_seconds() - stage_c0;
     cost->rss_mb = peak_rss_mb();
     cost->disk_mb = disk_file ? file_mb(disk_file) : 0.0;
     if (rc)
         fprintf(stderr, "kvp learn: %s failed (exit %d); its output is above\n", cost->name, rc);
     return rc;
+}
+
+/* A time limit in whole seconds, at least one (what the stages accept). */
+static double at_least_one(double seconds)
+{
+    seconds = (double)(long)(seconds + 0.5);
+    return seconds > 1.0 ? seconds : 1.0;
 }
 
 static int parse(int argc, char **argv, learn_opts *o)
@@ -215,7 +228,7 @@ int kvp_cmd_learn(int argc, char **argv)
 {
     learn_opts o = {.seq_len = 512, .max_seqs = 300, .trace_gb = 4.0, .steps = 3000, .seed = 1,
                     .eval_seqs = 64, .budget_hours = 1.5,
-                    .threads = sysconf(_SC_NPROCESSORS_ONLN)};
+                    .threads = kvp_stage_threads()};
     int rc = parse(argc, argv, &o);
     if (rc >= 0)
         return rc;
@@ -306,57 +319,55 @@ int kvp_cmd_learn(int argc, char **argv)
         return 1;
     }
 
-    char s_seq[32], s_max[32], s_steps[32], s_threads[32], s_seed[32], s_eval[32], s_pmax[32];
-    char s_budget[32], s_trace_budget[32], trace_file[1100], init[1100], trained[1100];
-    char eval_dir[1100], calibrated[1100], plan[1024] = "";
+    char trace_file[1100], init[1100], trained[1100], eval_dir[1100], calibrated[1100];
+    char plan[1024] = "";
     double budget = o.budget_hours * 3600.0;
-    snprintf(s_seq, sizeof s_seq, "%ld", o.seq_len);
-    snprintf(s_max, sizeof s_max, "%ld", o.max_seqs);
-    snprintf(s_steps, sizeof s_steps, "%ld", o.steps);
-    snprintf(s_threads, sizeof s_threads, "%ld", o.threads);
-    snprintf(s_seed, sizeof s_seed, "%ld", o.seed);
-    snprintf(s_pmax, sizeof s_pmax, "%ld", o.seq_len);
-    snprintf(s_trace_budget, sizeof s_trace_budget, "%.0f", budget * TRACE_SHARE);
     snprintf(trace_file, sizeof trace_file, "%s/trace.kvpt", work);
     snprintf(init, sizeof init, "%s/init.kvp", work);
     snprintf(trained, sizeof trained, "%s/trained.kvp", work);
     snprintf(calibrated, sizeof calibrated, "%s/policy.kvp", work);
     snprintf(eval_dir, sizeof eval_dir, "%s/eval", work);
-    const char *data_flag = conversations ? "--conversations" : "--text";
-    const char *tok = o.tokenizer ? o.tokenizer : "";
     enum { N_STAGES = 5 };
     stage_cost cost[N_STAGES] = {{.name = "trace"}, {.name = "policy-init"}, {.name = "train"},
                                  {.name = "calibrate"}, {.name = "eval"}};
     double start = kvp_now();
 
     /* the trace: as many of the sequences as fit in its share of the budget */
-    char *trace_argv[] = {"trace", "--model", (char *)o.model, (char *)data_flag, data,
-                          "--out", work, "--seq-len", s_seq, "--max-seqs", s_max,
-                          "--tokenizer", (char *)tok,
-                          budget > 0 ? "--max-seconds" : NULL, s_trace_budget, NULL};
-    if (!o.tokenizer)   /* drop the tokenizer pair: the list goes on after it */
-        memmove(&trace_argv[11], &trace_argv[13], 3 * sizeof *trace_argv);
-    if (run_stage(kvp_cmd_trace, trace_argv, &cost[0], 1, N_STAGES, trace_file))
+    kvp_trace_opts to;
+    kvp_trace_defaults(&to);
+    to.model = o.model;
+    to.tokenizer = o.tokenizer;
+    to.text = data;
+    to.conversations = conversations;
+    to.out = work;
+    to.seq_len = o.seq_len;
+    to.max_seqs = o.max_seqs;
+    to.max_seconds = budget > 0 ? at_least_one(budget * TRACE_SHARE) : 0.0;
+    stage_begin(&cost[0], 1, N_STAGES);
+    if (stage_end(&cost[0], kvp_trace_run(&to), trace_file))
         return 1;
     long traced = trace_seqs(trace_file);
     if (traced < 2) {
         fprintf(stderr, "kvp learn: cannot read the trace's header %s\n", trace_file);
         return 1;
     }
-    /* The agents' sizes of the shipped policy (docs/training.md); positions up to the
-     * traced length. */
-    char *init_argv[] = {"policy-init", "--model", (char *)o.model, "--out", init, "--seed",
-                         s_seed, "--width", "32", "--hidden", "32", "--pos-dim", "4",
-                         "--pos-max", s_pmax, o.tokenizer ? "--tokenizer" : NULL, (char *)tok, NULL};
-    if (run_stage(kvp_cmd_policy_init, init_argv, &cost[1], 2, N_STAGES, init))
+    /* The default agent sizes (those of the shipped policy, docs/training.md), positions
+     * up to the traced length. */
+    kvp_policy_init_opts po;
+    kvp_policy_init_defaults(&po);
+    po.model = o.model;
+    po.tokenizer = o.tokenizer;
+    po.out = init;
+    po.seed = (uint64_t)o.seed;
+    po.arch.pmax = (int)o.seq_len;
+    stage_begin(&cost[1], 2, N_STAGES);
+    if (stage_end(&cost[1], kvp_policy_init_run(&po), init))
         return 1;
     /* Validation and evaluation rank the first 3/4 of a sequence (384 of 512), down to a
      * cut of the trace's grid. */
     long val_cut = o.seq_len * 3 / 4;
     if (val_cut > KVP_TRACE_CUT_MIN)
         val_cut -= (val_cut - KVP_TRACE_CUT_MIN) % KVP_TRACE_CUT_STRIDE;
-    char s_cut[32];
-    snprintf(s_cut, sizeof s_cut, "%ld", val_cut);
 
     /* The evaluation's size from the trace's measured cost: a traced sequence is one
      * forward pass over seq_len tokens; an evaluated one is the reference (seq_len
@@ -365,7 +376,7 @@ int kvp_cmd_learn(int argc, char **argv)
     double per_trace_seq = cost[0].seconds / (double)traced, cont = (double)(o.seq_len - val_cut);
     const char *budgets = o.budgets ? o.budgets : "16,32,64,128";
     int n_budgets = 4;
-    double eval_seq_s = 0.0;
+    double eval_seq_s = 0.0, train_seconds = 0.0;
     if (budget > 0) {
         double ref_tokens = (double)val_cut + CONT_COST * cont;
         for (;;) {
@@ -389,29 +400,52 @@ int kvp_cmd_learn(int argc, char **argv)
                  eval_seq_s, (int)N_POLICIES, n_budgets, o.eval_seqs,
                  eval_seq_s * (double)o.eval_seqs);
         fprintf(stderr, "kvp learn: %s\n", plan);
-        double left = budget - (kvp_now() - start) - eval_seq_s * (double)o.eval_seqs;
-        snprintf(s_budget, sizeof s_budget, "%.0f", left > 1.0 ? left : 1.0);
+        train_seconds = at_least_one(budget - (kvp_now() - start) - eval_seq_s * (double)o.eval_seqs);
     }
-    snprintf(s_eval, sizeof s_eval, "%ld", o.eval_seqs);
-    char *train_argv[] = {"train", "--traces", work, "--init", init, "--out", trained,
-                          "--seed", s_seed, "--threads", s_threads, "--steps", s_steps,
-                          "--lr", "3e-3", "--episodes", "16", "--samples", "8",
-                          "--val-cut", s_cut,
-                          budget > 0 ? "--max-seconds" : NULL, s_budget, NULL};
-    if (run_stage(kvp_cmd_train, train_argv, &cost[2], 3, N_STAGES, trained))
+    kvp_train_opts tr;
+    kvp_train_opts_defaults(&tr);
+    tr.traces = work;
+    tr.init = init;
+    tr.out = trained;
+    tr.cfg.seed = (uint64_t)o.seed;
+    tr.cfg.threads = (int)o.threads;
+    tr.cfg.steps = o.steps;
+    tr.cfg.lr = 3e-3f;
+    tr.cfg.episodes = 16;
+    tr.cfg.samples = 8;
+    tr.cfg.val_cut = (int)val_cut;
+    tr.cfg.max_seconds = train_seconds;
+    stage_begin(&cost[2], 3, N_STAGES);
+    if (stage_end(&cost[2], kvp_train_run(&tr), trained))
         return 1;
     /* Calibration fits on the training sequences the agents saw; what is evaluated and
      * installed is the calibrated file. */
-    char *calibrate_argv[] = {"calibrate", "--traces", work, "--policy-file", trained,
-                              "--out", calibrated, "--threads", s_threads, NULL};
-    if (run_stage(kvp_cmd_calibrate, calibrate_argv, &cost[3], 4, N_STAGES, calibrated))
+    kvp_calibrate_opts co;
+    kvp_calibrate_defaults(&co);
+    co.traces = work;
+    co.in = trained;
+    co.out = calibrated;
+    co.threads = (int)o.threads;
+    stage_begin(&cost[3], 4, N_STAGES);
+    if (stage_end(&cost[3], kvp_calibrate_run(&co), calibrated))
         return 1;
-    char *eval_argv[] = {"eval", "--model", (char *)o.model, (char *)data_flag, data,
-                         "--out", eval_dir, "--policies", "kvp,streaming,h2o,tova,snapkv,keydiff,knorm,random",
-                         "--policy-file", calibrated, "--budgets", (char *)budgets, "--seqs", s_eval,
-                         "--seq-len", s_seq, "--cut", s_cut, "--threads", s_threads,
-                         "--streams", "0", o.tokenizer ? "--tokenizer" : NULL, (char *)tok, NULL};
-    if (run_stage(kvp_cmd_eval, eval_argv, &cost[4], 5, N_STAGES, NULL))
+    kvp_eval_cli_opts eo;
+    kvp_eval_defaults(&eo);
+    eo.model = o.model;
+    eo.tokenizer = o.tokenizer;
+    eo.text = data;
+    eo.conversations = conversations;
+    eo.out = eval_dir;
+    eo.policies = LEARN_POLICIES;
+    eo.policy_file = calibrated;
+    eo.budgets = budgets;
+    eo.seqs = o.eval_seqs;
+    eo.seq_len = o.seq_len;
+    eo.cut = val_cut;
+    eo.threads = o.threads;
+    eo.streams = 0;
+    stage_begin(&cost[4], 5, N_STAGES);
+    if (stage_end(&cost[4], kvp_eval_run(&eo), NULL))
         return 1;
 
     /* Install: loading checks the file against the model again, saving writes it

@@ -12,6 +12,7 @@
 #include "policy/kvp_agent.h"
 #include "base/parse.h"
 #include "tools/cli.h"
+#include "tools/stages.h"
 
 static void usage(FILE *f)
 {
@@ -42,15 +43,22 @@ __attribute__((format(printf, 1, 2))) static int usage_error(const char *fmt, ..
     return 2;
 }
 
+void kvp_policy_init_defaults(kvp_policy_init_opts *o)
+{
+    *o = (kvp_policy_init_opts){
+        .seed = 1,
+        .arch = {.d = 1, .P = KVP_AGENT_DEFAULT_P, .E = KVP_AGENT_DEFAULT_E,
+                 .H = KVP_AGENT_DEFAULT_H, .pmax = KVP_AGENT_DEFAULT_PMAX}};
+}
+
 int kvp_cmd_policy_init(int argc, char **argv)
 {
-    const char *model_path = NULL, *tok_path = NULL, *out = NULL;
-    uint64_t seed = 1;
-    kvp_agent_arch arch = {.d = 1, .P = KVP_AGENT_DEFAULT_P, .E = KVP_AGENT_DEFAULT_E,
-                           .H = KVP_AGENT_DEFAULT_H, .pmax = KVP_AGENT_DEFAULT_PMAX};
+    kvp_policy_init_opts po;
+    kvp_policy_init_defaults(&po);
+    kvp_agent_arch *a = &po.arch;
     const struct { const char *flag; int *dst; } int_flags[] = {
-        {"--width", &arch.P}, {"--hidden", &arch.H}, {"--pos-dim", &arch.E},
-        {"--pos-max", &arch.pmax},
+        {"--width", &a->P}, {"--hidden", &a->H}, {"--pos-dim", &a->E},
+        {"--pos-max", &a->pmax},
     };
 
     for (int i = 1; i < argc; i++) {
@@ -74,24 +82,32 @@ int kvp_cmd_policy_init(int argc, char **argv)
                 return usage_error("%s needs a positive integer, got '%s'", o, val);
             *int_flags[f].dst = (int)v;
         } else if (!strcmp(o, "--model")) {
-            model_path = val;
+            po.model = val;
         } else if (!strcmp(o, "--tokenizer")) {
-            tok_path = val;
+            po.tokenizer = val;
         } else if (!strcmp(o, "--out")) {
-            out = val;
+            po.out = val;
         } else if (!strcmp(o, "--seed")) {
             long v;
             if (!kvp_parse_long(val, 0, LONG_MAX, &v))
                 return usage_error("%s needs an unsigned integer, got '%s'", o, val);
-            seed = (uint64_t)v;
+            po.seed = (uint64_t)v;
         } else {
             return usage_error("unknown option '%s'", o);
         }
     }
-    if (!model_path)
+    if (!po.model)
         return usage_error("--model is required");
-    if (!out)
+    if (!po.out)
         return usage_error("--out is required");
+    return kvp_policy_init_run(&po);
+}
+
+int kvp_policy_init_run(const kvp_policy_init_opts *po)
+{
+    const char *model_path = po->model, *tok_path = po->tokenizer, *out = po->out;
+    uint64_t seed = po->seed;
+    kvp_agent_arch arch = po->arch;
     char err[512];
     /* Size limits are a usage matter; head_dim (from the model) is checked again below. */
     if (kvp_agent_arch_check(&arch, err, sizeof err))

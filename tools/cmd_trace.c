@@ -17,6 +17,7 @@
 #include "model/forward.h"
 #include "offline/trace.h"
 #include "tools/cli.h"
+#include "tools/stages.h"
 #include "tools/corpus.h"
 
 static void usage(FILE *f)
@@ -96,13 +97,17 @@ static void plan(long want[2], int p, long done, double split, double max_second
     }
 }
 
+void kvp_trace_defaults(kvp_trace_opts *o)
+{
+    *o = (kvp_trace_opts){.seq_len = 512, .max_seqs = 400, .cut_min = KVP_TRACE_CUT_MIN,
+                          .cut_stride = KVP_TRACE_CUT_STRIDE, .cut_tail = KVP_TRACE_CUT_TAIL,
+                          .split = 0.8};
+}
+
 int kvp_cmd_trace(int argc, char **argv)
 {
-    const char *model_path = NULL, *tok_path = NULL, *text_path = NULL, *out_dir = NULL;
-    int conversations = 0;
-    long seq_len = 512, max_seqs = 400, cut_min = KVP_TRACE_CUT_MIN,
-         cut_stride = KVP_TRACE_CUT_STRIDE, cut_tail = KVP_TRACE_CUT_TAIL;
-    double split = 0.8, max_seconds = 0.0;
+    kvp_trace_opts t;
+    kvp_trace_defaults(&t);
     static const struct option opts[] = {
         {"model", 1, 0, 'm'}, {"tokenizer", 1, 0, 'z'}, {"text", 1, 0, 'x'}, {"out", 1, 0, 'o'},
         {"conversations", 1, 0, 'C'}, {"seq-len", 1, 0, 'n'}, {"max-seqs", 1, 0, 'N'}, {"split", 1, 0, 's'},
@@ -114,18 +119,18 @@ int kvp_cmd_trace(int argc, char **argv)
     while ((o = getopt_long(argc, argv, "", opts, &idx)) != -1) {
         int ok = 1;
         switch (o) {
-        case 'm': model_path = optarg; break;
-        case 'z': tok_path = optarg; break;
-        case 'x': text_path = optarg; break;
-        case 'C': text_path = optarg; conversations = 1; break;
-        case 'o': out_dir = optarg; break;
-        case 'n': ok = kvp_parse_long(optarg, 8, 1 << 20, &seq_len); break;
-        case 'N': ok = kvp_parse_long(optarg, 2, 1 << 24, &max_seqs); break;
-        case 's': ok = kvp_parse_double(optarg, 0.01, 0.99, &split); break;
-        case 'M': ok = kvp_parse_double(optarg, 1.0, 1e9, &max_seconds); break;
-        case 'c': ok = kvp_parse_long(optarg, 1, 1 << 20, &cut_min); break;
-        case 'S': ok = kvp_parse_long(optarg, 1, 1 << 20, &cut_stride); break;
-        case 'T': ok = kvp_parse_long(optarg, 1, 1 << 20, &cut_tail); break;
+        case 'm': t.model = optarg; break;
+        case 'z': t.tokenizer = optarg; break;
+        case 'x': t.text = optarg; break;
+        case 'C': t.text = optarg; t.conversations = 1; break;
+        case 'o': t.out = optarg; break;
+        case 'n': ok = kvp_parse_long(optarg, 8, 1 << 20, &t.seq_len); break;
+        case 'N': ok = kvp_parse_long(optarg, 2, 1 << 24, &t.max_seqs); break;
+        case 's': ok = kvp_parse_double(optarg, 0.01, 0.99, &t.split); break;
+        case 'M': ok = kvp_parse_double(optarg, 1.0, 1e9, &t.max_seconds); break;
+        case 'c': ok = kvp_parse_long(optarg, 1, 1 << 20, &t.cut_min); break;
+        case 'S': ok = kvp_parse_long(optarg, 1, 1 << 20, &t.cut_stride); break;
+        case 'T': ok = kvp_parse_long(optarg, 1, 1 << 20, &t.cut_tail); break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -134,11 +139,22 @@ int kvp_cmd_trace(int argc, char **argv)
             return 2;
         }
     }
-    if (!model_path || !text_path || !out_dir || optind < argc) {
+    if (!t.model || !t.text || !t.out || optind < argc) {
         fprintf(stderr, "kvp trace: --model, --text or --conversations, and --out are required\n");
         usage(stderr);
         return 2;
     }
+    return kvp_trace_run(&t);
+}
+
+int kvp_trace_run(const kvp_trace_opts *t)
+{
+    const char *model_path = t->model, *tok_path = t->tokenizer, *text_path = t->text,
+               *out_dir = t->out;
+    int conversations = t->conversations;
+    long seq_len = t->seq_len, max_seqs = t->max_seqs, cut_min = t->cut_min,
+         cut_stride = t->cut_stride, cut_tail = t->cut_tail;
+    double split = t->split, max_seconds = t->max_seconds;
     char err[512];
     kvp_model m;
     if (kvp_model_load(&m, model_path, tok_path, err, sizeof err)) {

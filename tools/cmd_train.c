@@ -8,6 +8,7 @@
 #include "policy/kvp_agent.h"
 #include "offline/train.h"
 #include "tools/cli.h"
+#include "tools/stages.h"
 #include "base/parse.h"
 
 static void usage(FILE *f, const kvp_train_cfg *d)
@@ -65,13 +66,18 @@ static int parse_budgets(const char *arg, kvp_train_cfg *c)
     return 1;
 }
 
+void kvp_train_opts_defaults(kvp_train_opts *o)
+{
+    *o = (kvp_train_opts){0};
+    kvp_train_defaults(&o->cfg);
+    o->cfg.threads = kvp_stage_threads();
+}
+
 int kvp_cmd_train(int argc, char **argv)
 {
-    kvp_train_cfg c;
-    kvp_train_defaults(&c);
-    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    c.threads = ncpu > 0 ? (int)ncpu : 1;
-    const char *traces = NULL, *out = NULL, *init = NULL, *curve_path = NULL;
+    kvp_train_opts to;
+    kvp_train_opts_defaults(&to);
+    kvp_train_cfg *cp = &to.cfg;
     static const struct option opts[] = {
         {"traces", 1, 0, 't'}, {"out", 1, 0, 'o'}, {"init", 1, 0, 'i'}, {"steps", 1, 0, 'n'},
         {"seed", 1, 0, 's'}, {"threads", 1, 0, 'j'}, {"episodes", 1, 0, 'b'},
@@ -88,40 +94,47 @@ int kvp_cmd_train(int argc, char **argv)
         double f = 0.0;
         int ok = 1;
         switch (o) {
-        case 't': traces = optarg; break;
-        case 'o': out = optarg; break;
-        case 'i': init = optarg; break;
-        case 'C': curve_path = optarg; break;
-        case 'n': ok = kvp_parse_long(optarg, 1, 100000000, &c.steps); break;
-        case 's': ok = kvp_parse_long(optarg, 0, LONG_MAX, &l); c.seed = (uint64_t)l; break;
-        case 'j': ok = kvp_parse_long(optarg, 1, 1024, &l); c.threads = (int)l; break;
-        case 'b': ok = kvp_parse_long(optarg, 1, 4096, &l); c.episodes = (int)l; break;
-        case 'k': ok = kvp_parse_long(optarg, 2, 4096, &l); c.samples = (int)l; break;
-        case 'l': ok = kvp_parse_double(optarg, 1e-9, 10.0, &f); c.lr = (float)f; break;
-        case 'L': ok = kvp_parse_double(optarg, 0.0, 10.0, &f); c.lr_min = (float)f; break;
-        case 'w': ok = kvp_parse_long(optarg, 0, 100000000, &c.warmup); break;
-        case 'W': ok = kvp_parse_double(optarg, 0.0, 1.0, &f); c.adamw.weight_decay = (float)f; break;
-        case 'c': ok = kvp_parse_double(optarg, 1e-6, 1e6, &f); c.clip = (float)f; break;
-        case 'e': ok = kvp_parse_double(optarg, 0.0, 0.999999, &f); c.ema = (float)f; break;
-        case 'v': ok = kvp_parse_long(optarg, 2, 1 << 20, &l); c.val_cut = (int)l; break;
-        case 'E': ok = kvp_parse_long(optarg, 1, 100000000, &c.eval_every); break;
-        case 'X': ok = kvp_parse_double(optarg, 1.0, 1e9, &c.max_seconds); break;
-        case 'S': ok = kvp_parse_double(optarg, 0.0, 1.0, &f); c.stream_share = (float)f; break;
-        case 'B': ok = parse_budgets(optarg, &c); break;
-        case 'K': ok = kvp_parse_long(optarg, 1, 1 << 20, &l); c.stream_chunk = (int)l; break;
-        case 'h': usage(stdout, &c); return 0;
-        default: usage(stderr, &c); return 2;
+        case 't': to.traces = optarg; break;
+        case 'o': to.out = optarg; break;
+        case 'i': to.init = optarg; break;
+        case 'C': to.curve = optarg; break;
+        case 'n': ok = kvp_parse_long(optarg, 1, 100000000, &cp->steps); break;
+        case 's': ok = kvp_parse_long(optarg, 0, LONG_MAX, &l); cp->seed = (uint64_t)l; break;
+        case 'j': ok = kvp_parse_long(optarg, 1, 1024, &l); cp->threads = (int)l; break;
+        case 'b': ok = kvp_parse_long(optarg, 1, 4096, &l); cp->episodes = (int)l; break;
+        case 'k': ok = kvp_parse_long(optarg, 2, 4096, &l); cp->samples = (int)l; break;
+        case 'l': ok = kvp_parse_double(optarg, 1e-9, 10.0, &f); cp->lr = (float)f; break;
+        case 'L': ok = kvp_parse_double(optarg, 0.0, 10.0, &f); cp->lr_min = (float)f; break;
+        case 'w': ok = kvp_parse_long(optarg, 0, 100000000, &cp->warmup); break;
+        case 'W': ok = kvp_parse_double(optarg, 0.0, 1.0, &f); cp->adamw.weight_decay = (float)f; break;
+        case 'c': ok = kvp_parse_double(optarg, 1e-6, 1e6, &f); cp->clip = (float)f; break;
+        case 'e': ok = kvp_parse_double(optarg, 0.0, 0.999999, &f); cp->ema = (float)f; break;
+        case 'v': ok = kvp_parse_long(optarg, 2, 1 << 20, &l); cp->val_cut = (int)l; break;
+        case 'E': ok = kvp_parse_long(optarg, 1, 100000000, &cp->eval_every); break;
+        case 'X': ok = kvp_parse_double(optarg, 1.0, 1e9, &cp->max_seconds); break;
+        case 'S': ok = kvp_parse_double(optarg, 0.0, 1.0, &f); cp->stream_share = (float)f; break;
+        case 'B': ok = parse_budgets(optarg, cp); break;
+        case 'K': ok = kvp_parse_long(optarg, 1, 1 << 20, &l); cp->stream_chunk = (int)l; break;
+        case 'h': usage(stdout, cp); return 0;
+        default: usage(stderr, cp); return 2;
         }
         if (!ok) {
             fprintf(stderr, "kvp train: bad value '%s' for --%s\n", optarg, opts[idx].name);
             return 2;
         }
     }
-    if (!traces || !out || optind < argc) {
+    if (!to.traces || !to.out || optind < argc) {
         fprintf(stderr, "kvp train: --traces and --out are required\n");
-        usage(stderr, &c);
+        usage(stderr, cp);
         return 2;
     }
+    return kvp_train_run(&to);
+}
+
+int kvp_train_run(const kvp_train_opts *to)
+{
+    kvp_train_cfg c = to->cfg;
+    const char *traces = to->traces, *out = to->out, *init = to->init, *curve_path = to->curve;
     if (c.lr_min > c.lr) {
         fprintf(stderr, "kvp train: --lr-min %g exceeds --lr %g\n", (double)c.lr_min, (double)c.lr);
         return 2;

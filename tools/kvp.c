@@ -1,8 +1,10 @@
 /* kvp: the offline CLI; `commands` below lists its subcommands (`kvp` alone prints them). */
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "tools/cli.h"
+#include "tools/stages.h"
 
 static const struct {
     const char *name;
@@ -22,6 +24,12 @@ static const struct {
     {"logits", kvp_cmd_logits, "write the logits of every position of a token sequence (f32)"},
     {"tokenize", kvp_cmd_tokenize, "print the token ids of a text (as the daemon encodes a message)"},
 };
+
+int kvp_stage_threads(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)(n < 1024 ? n : 1024) : 1;
+}
 
 static void usage(FILE *f)
 {

@@ -180,6 +180,24 @@ Test(kvp_agent, a_bound_file_loads_only_for_its_model)
     kvp_agent_set_free(&s);
 }
 
+/* The default agent sizes (kvp policy-init and kvp train without --init, kvp learn) are
+ * those of the shipped policy, so every way of starting an agent builds the same one. */
+Test(kvp_agent, the_default_sizes_are_the_shipped_agents)
+{
+    const char *src = getenv("KVP_SOURCE");
+    cr_assert_not_null(src, "KVP_SOURCE is not set");
+    char path[1024], err[512];
+    snprintf(path, sizeof path, "%s/policy/weights/stories260K.kvp", src);
+    kvp_model_config cfg = {.n_layers = 5, .n_kv_heads = 4, .head_dim = 8};
+    kvp_agent_set s;
+    cr_assert_eq(kvp_agent_set_load(&s, path, &cfg, err, sizeof err), 0, "%s", err);
+    cr_expect_eq(s.arch.P, KVP_AGENT_DEFAULT_P);
+    cr_expect_eq(s.arch.E, KVP_AGENT_DEFAULT_E);
+    cr_expect_eq(s.arch.H, KVP_AGENT_DEFAULT_H);
+    cr_expect_eq(s.arch.pmax, KVP_AGENT_DEFAULT_PMAX);
+    kvp_agent_set_free(&s);
+}
+
 /* Version 1 (no model in the header) still loads, unbound, with the same parameters. */
 Test(kvp_agent, a_version_1_file_still_loads)
 {
