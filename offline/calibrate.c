@@ -3,12 +3,13 @@
 
 #include <errno.h>
 #include <math.h>
-#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/errors.h"
 #include "base/half.h"
+#include "offline/pool.h"
 
 typedef struct pair {
     float score, target;
@@ -25,9 +26,8 @@ typedef struct fit_job {
     const kvp_trace *t;
     int n_knots;
     float *knots;              /* [agents][2][n_knots], each job writes its agents' */
-    int next, agents, failed;  /* next agent to take, under lock */
-    long rows;                 /* pairs of the agent fitted last (for the log) */
-    pthread_mutex_t lock;
+    int agents;
+    atomic_long rows;          /* pairs of an agent fitted (for the log) */
 } fit_job;
 
 /* The pairs of agent a over the training sequences; *out malloc'd. -ENOMEM or the count. */
@@ -135,31 +135,22 @@ static void fit_knots(pair *p, long m, int K, float *x, float *y)
     free(bw), free(by), free(wsum), free(ysum), free(start);
 }
 
-static void *fit_main(void *arg)
+/* One agent's fit (a pool job): its pairs from the trace, then the knots. */
+static int fit_job_run(void *arg, int worker, int a)
 {
+    (void)worker;
     fit_job *j = arg;
-    for (;;) {
-        pthread_mutex_lock(&j->lock);
-        int a = j->failed ? j->agents : j->next++;
-        pthread_mutex_unlock(&j->lock);
-        if (a >= j->agents)
-            return NULL;
-        pair *p = NULL;
-        long m = agent_pairs(j, a, &p);
-        if (m <= 0) {
-            pthread_mutex_lock(&j->lock);
-            j->failed = m < 0 ? -ENOMEM : -EINVAL;
-            pthread_mutex_unlock(&j->lock);
-            free(p);
-            return NULL;
-        }
-        float *x = j->knots + (size_t)a * 2u * (size_t)j->n_knots;
-        fit_knots(p, m, j->n_knots, x, x + j->n_knots);
+    pair *p = NULL;
+    long m = agent_pairs(j, a, &p);
+    if (m <= 0) {
         free(p);
-        pthread_mutex_lock(&j->lock);
-        j->rows = m;
-        pthread_mutex_unlock(&j->lock);
+        return m < 0 ? -ENOMEM : -EINVAL;
     }
+    float *x = j->knots + (size_t)a * 2u * (size_t)j->n_knots;
+    fit_knots(p, m, j->n_knots, x, x + j->n_knots);
+    free(p);
+    atomic_store(&j->rows, m);
+    return 0;
 }
 
 int kvp_calibrate_fit(kvp_agent_set *s, const kvp_trace *t, int n_knots, int threads,
@@ -177,24 +168,13 @@ int kvp_calibrate_fit(kvp_agent_set *s, const kvp_trace *t, int n_knots, int thr
         return -EINVAL;
     }
     fit_job j = {.s = s, .t = t, .n_knots = n_knots, .agents = s->n_layers * s->n_kv_heads};
+    atomic_init(&j.rows, 0);
     j.knots = malloc((size_t)j.agents * 2u * (size_t)n_knots * sizeof *j.knots);
     if (!j.knots) {
         kvp_errorf(err, errlen, 0, "out of memory");
         return -ENOMEM;
     }
-    pthread_mutex_init(&j.lock, NULL);
-    threads = threads < 1 ? 1 : threads > j.agents ? j.agents : threads;
-    pthread_t *tid = malloc((size_t)threads * sizeof *tid);
-    int started = 0;
-    for (; tid && started < threads - 1; started++)
-        if (pthread_create(&tid[started], NULL, fit_main, &j))
-            break;
-    fit_main(&j);
-    for (int i = 0; i < started; i++)
-        pthread_join(tid[i], NULL);
-    free(tid);
-    pthread_mutex_destroy(&j.lock);
-    int rc = j.failed;
+    int rc = kvp_pool_run(threads < 1 ? 1 : threads, j.agents, fit_job_run, &j);
     if (rc)
         kvp_errorf(err, errlen, 0, rc == -ENOMEM ? "out of memory"
                    : "the trace has no training rows past the sinks and recent window to fit on");
@@ -202,7 +182,7 @@ int kvp_calibrate_fit(kvp_agent_set *s, const kvp_trace *t, int n_knots, int thr
         rc = kvp_agent_set_calibration(s, n_knots, j.knots, err, errlen);
     if (!rc && log)
         fprintf(log, "calibrate: %d agents, %d knots each, %ld (score, importance) pairs per agent\n",
-                j.agents, n_knots, j.rows);
+                j.agents, n_knots, atomic_load(&j.rows));
     free(j.knots);
     return rc;
 }

@@ -1,3 +1,4 @@
+#include "offline/pool.h"
 #include "offline/train.h"
 
 #include <cblas.h>
@@ -178,61 +179,6 @@ float kvp_train_lr(const kvp_train_cfg *c, long t)
     return c->lr_min + (c->lr - c->lr_min) * (float)(0.5 * (1.0 + cos(M_PI * (p > 1.0 ? 1.0 : p))));
 }
 
-/* ---- a pool of threads over agents -------------------------------------------------- */
-
-typedef struct pool {
-    atomic_int next, rc;
-    int n_jobs;
-    int (*job)(void *ctx, int worker, int job);
-    void *ctx;
-} pool;
-
-typedef struct pool_arg {
-    pool *p;
-    int worker;
-} pool_arg;
-
-static void *pool_main(void *arg)
-{
-    pool_arg *a = arg;
-    pool *p = a->p;
-    int j;
-    while (!atomic_load(&p->rc) && (j = atomic_fetch_add(&p->next, 1)) < p->n_jobs) {
-        int rc = p->job(p->ctx, a->worker, j);
-        if (rc) {
-            int zero = 0;
-            atomic_compare_exchange_strong(&p->rc, &zero, rc);
-        }
-    }
-    return NULL;
-}
-
-/* Runs job(ctx, worker, j) for j = 0..n_jobs-1 on up to `threads` threads (worker ids
- * 0..threads-1; the caller is worker 0). Returns the first nonzero job result. */
-static int pool_run(int threads, int n_jobs, int (*job)(void *, int, int), void *ctx)
-{
-    pool p = {.n_jobs = n_jobs, .job = job, .ctx = ctx};
-    atomic_init(&p.next, 0);
-    atomic_init(&p.rc, 0);
-    if (threads > n_jobs)
-        threads = n_jobs;
-    pthread_t tid[threads > 1 ? threads : 1];
-    pool_arg args[threads > 1 ? threads : 1];
-    int started = 1;
-    for (int w = 1; w < threads; w++) {
-        args[w] = (pool_arg){&p, w};
-        /* a thread that cannot start just leaves its share to the others */
-        if (pthread_create(&tid[w], NULL, pool_main, &args[w]))
-            break;
-        started++;
-    }
-    args[0] = (pool_arg){&p, 0};
-    pool_main(&args[0]);
-    for (int w = 1; w < started; w++)
-        pthread_join(tid[w], NULL);
-    return atomic_load(&p.rc);
-}
-
 /* Trace row r of (layer, kvh) as f32 key and value rows of the head's d numbers. */
 static void decode_row(const kvp_trace *t, int seq, int layer, int kvh, int r, float *k, float *v)
 {
@@ -347,7 +293,7 @@ int kvp_train_validate(const kvp_trace *t, const kvp_agent_set *s, int cut, int 
         return KVP_ERR(-ENOMEM, "out of memory");
     val_ctx c = {.t = t, .s = s, .cut = cut, .n_sink = n_sink, .n_recent = n_recent,
                  .per_agent = pa};
-    int rc = pool_run(threads, n_agents, val_job, &c);
+    int rc = kvp_pool_run(threads, n_agents, val_job, &c);
     if (!rc) {
         double sum = 0.0;
         for (int a = 0; a < n_agents; a++)
@@ -693,7 +639,7 @@ int kvp_train(const kvp_trace *t, kvp_agent_set *s, const kvp_train_cfg *c,
     for (long step0 = 0; step0 < c->steps; step0 += c->eval_every) {
         x.step0 = step0;
         x.step1 = step0 + c->eval_every < c->steps ? step0 + c->eval_every : c->steps;
-        if ((rc = pool_run(threads, n_agents, train_job, &x))) {
+        if ((rc = kvp_pool_run(threads, n_agents, train_job, &x))) {
             rc = KVP_ERR(rc, "out of memory");
             goto out;
         }

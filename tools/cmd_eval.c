@@ -17,6 +17,7 @@
 
 #include "offline/eval.h"
 #include "offline/oracle.h"
+#include "offline/pool.h"
 #include "offline/trace.h"
 #include "tools/cli.h"
 #include "tools/stages.h"
@@ -111,7 +112,10 @@ typedef struct job {
     kvp_eval_acc *seq_acc;             /* [n_seq][n_pol] */
     kvp_eval_acc *stream_acc;          /* [streams][n_spol][n_budgets] */
     int phase, n_tasks, tty;
-    atomic_int next, done, failed;
+    int n_workers;                     /* pool threads; one run state each */
+    kvp_runstate *states;              /* [n_workers] */
+    char *state_ready;                 /* [n_workers] */
+    atomic_int done;
     pthread_mutex_t lock;
     char err[600];
 } job;
@@ -159,52 +163,50 @@ static int run_task(job *j, kvp_runstate *s, int t, char *err, size_t errlen)
     return rc;
 }
 
-static void *worker(void *arg)
+/* A pool job: task t of the current phase on worker w's run state (made on its first
+ * task). The first failure's message is kept. */
+static int eval_job(void *arg, int w, int t)
 {
     job *j = arg;
-    kvp_runstate s;
     char err[sizeof j->err];
-    int rc = kvp_runstate_init(&s, &j->m->cfg, j->max_tokens);
-    if (rc)
-        snprintf(err, sizeof err, "out of memory");
-    while (!rc && !atomic_load(&j->failed)) {
-        int t = atomic_fetch_add(&j->next, 1);
-        if (t >= j->n_tasks)
-            break;
-        if ((rc = run_task(j, &s, t, err, sizeof err)))
-            break;
-        /* progress in steps of 5%, on a terminal only */
-        int done = atomic_fetch_add(&j->done, 1) + 1;
-        if (j->tty && done * 20 / j->n_tasks != (done - 1) * 20 / j->n_tasks) {
-            pthread_mutex_lock(&j->lock);
-            fprintf(stderr, "\rkvp eval: %s %d/%d", j->phase ? "policy runs" : "references",
-                    done, j->n_tasks);
-            pthread_mutex_unlock(&j->lock);
-        }
+    int rc = 0;
+    if (!j->state_ready[w]) {
+        if ((rc = kvp_runstate_init(&j->states[w], &j->m->cfg, j->max_tokens)))
+            snprintf(err, sizeof err, "out of memory");
+        else
+            j->state_ready[w] = 1;
     }
-    if (rc && !atomic_exchange(&j->failed, 1))
-        memcpy(j->err, err, sizeof err);
-    kvp_runstate_free(&s);
-    return NULL;
+    if (!rc)
+        rc = run_task(j, &j->states[w], t, err, sizeof err);
+    if (rc) {
+        pthread_mutex_lock(&j->lock);
+        if (!j->err[0])
+            memcpy(j->err, err, sizeof err);
+        pthread_mutex_unlock(&j->lock);
+        return rc;
+    }
+    /* progress in steps of 5%, on a terminal only */
+    int done = atomic_fetch_add(&j->done, 1) + 1;
+    if (j->tty && done * 20 / j->n_tasks != (done - 1) * 20 / j->n_tasks) {
+        pthread_mutex_lock(&j->lock);
+        fprintf(stderr, "\rkvp eval: %s %d/%d", j->phase ? "policy runs" : "references",
+                done, j->n_tasks);
+        pthread_mutex_unlock(&j->lock);
+    }
+    return 0;
 }
 
-/* Runs one phase on n_threads threads (the calling thread included). 0 or -1. */
-static int run_phase(job *j, int phase, int n_tasks, int n_threads)
+/* Runs one phase on the offline pool with j->n_workers threads (the calling thread
+ * included). 0 or -1. */
+static int run_phase(job *j, int phase, int n_tasks)
 {
     j->phase = phase;
     j->n_tasks = n_tasks;
-    atomic_store(&j->next, 0);
     atomic_store(&j->done, 0);
-    pthread_t tid[64];
-    int started = 0;
-    while (started < n_threads - 1 && started < 64 && !pthread_create(&tid[started], NULL, worker, j))
-        started++;
-    worker(j);
-    for (int i = 0; i < started; i++)
-        pthread_join(tid[i], NULL);
+    int rc = kvp_pool_run(j->n_workers, n_tasks, eval_job, j);
     if (j->tty)
         fprintf(stderr, "\n");
-    return atomic_load(&j->failed) ? -1 : 0;
+    return rc ? -1 : 0;
 }
 
 void kvp_eval_defaults(kvp_eval_cli_opts *o)
@@ -464,11 +466,20 @@ int kvp_eval_run(const kvp_eval_cli_opts *e)
               .seq_tokens = seq_tokens, .stream_tokens = stream_tokens, .refs = refs,
               .stream_refs = stream_refs, .n_str = n_str, .bos = bos,
               .seq_acc = seq_acc, .stream_acc = stream_acc, .tty = isatty(2),
-              .lock = PTHREAD_MUTEX_INITIALIZER};
+              .lock = PTHREAD_MUTEX_INITIALIZER, .n_workers = (int)threads};
+    j.states = calloc((size_t)j.n_workers, sizeof *j.states);
+    j.state_ready = calloc((size_t)j.n_workers, 1);
     double t0 = kvp_now();
-    if (run_phase(&j, 0, n_seq + n_str, (int)threads) ||
-        run_phase(&j, 1, n_seq * n_pol + n_str * n_spol * eo.n_budgets, (int)threads)) {
-        fprintf(stderr, "kvp eval: %s\n", j.err);
+    int phases_rc = !j.states || !j.state_ready ? -1
+                    : run_phase(&j, 0, n_seq + n_str) ||
+                      run_phase(&j, 1, n_seq * n_pol + n_str * n_spol * eo.n_budgets);
+    for (int w = 0; j.state_ready && w < j.n_workers; w++)
+        if (j.state_ready[w])
+            kvp_runstate_free(&j.states[w]);
+    free(j.states);
+    free(j.state_ready);
+    if (phases_rc) {
+        fprintf(stderr, "kvp eval: %s\n", j.err[0] ? j.err : "out of memory");
         goto out;
     }
     double full_nll = 0.0;
