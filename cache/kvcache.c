@@ -26,6 +26,7 @@ int kvp_cache_init(kvp_cache *c, int n_layers, int n_kv_heads, int head_dim, con
     if (!c->heads)
         return -ENOMEM;
     c->rope = *rope;
+    c->rope_base_swa = rope->base;
     if (rope->factors) {
         /* own copy: a restored cache has no model to borrow from */
         size_t n = (size_t)rope->n_rot / 2 * sizeof(float);
@@ -63,7 +64,63 @@ void kvp_cache_free(kvp_cache *c)
             head_free(&c->heads[i]);
     free(c->heads);
     free((float *)c->rope.factors);
+    free(c->window);
     memset(c, 0, sizeof *c);
+}
+
+int kvp_cache_set_windows(kvp_cache *c, const int *window, float rope_base_swa)
+{
+    int any = 0;
+    for (int l = 0; window && l < c->n_layers; l++) {
+        if (window[l] < 0)
+            return -EINVAL;
+        any |= window[l] > 0;
+    }
+    if (!(rope_base_swa > 0))
+        return -EINVAL;
+    for (int i = 0; i < c->n_layers * c->n_kv_heads; i++)
+        if (c->heads[i].n)
+            return -EBUSY;
+    int32_t *w = NULL;
+    if (any) {
+        if (!(w = malloc((size_t)c->n_layers * sizeof *w)))
+            return -ENOMEM;
+        for (int l = 0; l < c->n_layers; l++)
+            w[l] = window[l];
+    }
+    free(c->window);
+    c->window = w;
+    c->rope_base_swa = rope_base_swa;
+    return 0;
+}
+
+kvp_rope kvp_cache_layer_rope(const kvp_cache *c, int layer)
+{
+    kvp_rope r = c->rope;
+    if (kvp_cache_window(c, layer) && c->rope_base_swa > 0)
+        r.base = c->rope_base_swa;
+    return r;
+}
+
+void kvp_cache_slide(kvp_cache *c, int layer, int64_t next_seq)
+{
+    int w = kvp_cache_window(c, layer), hd = c->head_dim;
+    for (int kvh = 0; w > 0 && kvh < c->n_kv_heads; kvh++) {
+        kvp_head *h = kvp_cache_head(c, layer, kvh);
+        int k = 0;
+        while (k < h->n && h->seq[k] <= next_seq - w)
+            k++;
+        if (!k)
+            continue;
+        size_t n = (size_t)(h->n - k), rb = kvp_kv_row_bytes(h->type, hd);
+        memmove(h->k, kvp_head_krow(h, hd, k), n * rb);
+        memmove(h->v, kvp_head_vrow(h, hd, k), n * rb);
+        memmove(h->pos, h->pos + k, n * sizeof *h->pos);
+        memmove(h->seq, h->seq + k, n * sizeof *h->seq);
+        memmove(h->score, h->score + k, n * sizeof *h->score);
+        memmove(h->stat, h->stat + k, n * sizeof *h->stat);
+        h->n -= k;
+    }
 }
 
 void kvp_cache_reset(kvp_cache *c)
@@ -251,6 +308,32 @@ int kvp_cache_max_rows(const kvp_cache *c)
     return m;
 }
 
+size_t kvp_cache_budget_rows(const kvp_cache *c)
+{
+    size_t rows = 0;
+    for (int i = 0; i < c->n_layers * c->n_kv_heads; i++)
+        if (!kvp_cache_window(c, i / c->n_kv_heads))
+            rows += (size_t)c->heads[i].n;
+    return rows;
+}
+
+int kvp_cache_budget_max_rows(const kvp_cache *c)
+{
+    int m = 0;
+    for (int i = 0; i < c->n_layers * c->n_kv_heads; i++)
+        if (!kvp_cache_window(c, i / c->n_kv_heads) && c->heads[i].n > m)
+            m = c->heads[i].n;
+    return m;
+}
+
+int kvp_cache_budget_heads(const kvp_cache *c)
+{
+    int n = 0;
+    for (int l = 0; l < c->n_layers; l++)
+        n += kvp_cache_window(c, l) ? 0 : c->n_kv_heads;
+    return n;
+}
+
 void kvp_cache_drop_newest(kvp_cache *c, int n)
 {
     if (n <= 0)
@@ -282,6 +365,7 @@ void kvp_cache_shift(kvp_cache *c, int n_sink, int ctx)
     float tmp[KVP_MAX_HEAD_DIM];   /* one key row decoded */
     for (int i = 0; i < c->n_layers * c->n_kv_heads; i++) {
         kvp_head *h = &c->heads[i];
+        kvp_rope rope = kvp_cache_layer_rope(c, i / c->n_kv_heads);
         for (int r = 0; r < h->n; r++) {
             int p = h->pos[r], np;
             if (p < n_sink)
@@ -296,7 +380,7 @@ void kvp_cache_shift(kvp_cache *c, int n_sink, int ctx)
             /* the key is decoded, rotated and stored again in its own type */
             uint8_t *row = kvp_head_krow(h, c->head_dim, r);
             kvp_kv_row_load(h->type, tmp, row, c->head_dim);
-            kvp_rope_rotate(&c->rope, tmp, np - p);
+            kvp_rope_rotate(&rope, tmp, np - p);
             kvp_kv_row_store(h->type, row, tmp, c->head_dim);
             h->pos[r] = np;
         }
@@ -310,14 +394,15 @@ void kvp_cache_shift(kvp_cache *c, int n_sink, int ctx)
  *   "KVPCACHE" u32 version, i32 n_layers, n_kv_heads, head_dim, f32 rope base,
  *   i32 rope n_rot, i32 rope neox, i32 n_factors (0 or n_rot/2), f32 factors[n_factors],
  *   i32 next_pos, i64 n_seen, u64 evicted_rows, u64 shifts, u32 kv_type,
+ *   (version 4 only:) f32 rope_base_swa, i32 window[n_layers],
  *   per head: i32 n, then n k rows, n v rows (as stored: kvp_kv_row_bytes each),
  *   n pos, n seq, n score, n stat;
  *   u64 FNV-1a of everything before it.
- * Version 2 had no kv_type (its rows are f32). Version 1 had only the rope base: its
+ * A cache without sliding windows is written as version 3, which has no windows. Version 2 had no kv_type (its rows are f32). Version 1 had only the rope base: its
  * keys were rotated on consecutive pairs over the whole head without factors, and it
  * still reads as such. A reader wanting another kv_type converts (kvp_cache_convert). */
 #define CACHE_MAGIC "KVPCACHE"
-#define CACHE_VERSION 3u
+#define CACHE_VERSION 4u
 
 static uint64_t fnv1a(const void *p, size_t n) { return kvp_fnv1a(KVP_FNV1A_INIT, p, n); }
 
@@ -325,13 +410,15 @@ int kvp_cache_serialize(const kvp_cache *c, void **buf, size_t *len)
 {
     size_t rb = kvp_kv_row_bytes(c->kv_type, c->head_dim);
     int n_factors = c->rope.factors ? c->rope.n_rot / 2 : 0;
-    size_t total = 8 + 4 + 4 * 4 + 3 * 4 + (size_t)n_factors * 4 + 4 + 8 + 8 + 8 + 4 + 8;
+    int n_windows = c->window ? c->n_layers : 0;
+    size_t total = 8 + 4 + 4 * 4 + 3 * 4 + (size_t)n_factors * 4 + 4 + 8 + 8 + 8 + 4 + 8 +
+                   (n_windows ? 4 + (size_t)n_windows * 4 : 0);
     for (int i = 0; i < c->n_layers * c->n_kv_heads; i++)
         total += 4 + (size_t)c->heads[i].n * kvp_cache_row_cost(c->kv_type, c->head_dim);
     kvp_wbuf w = {malloc(total), 0};
     if (!w.p)
         return -ENOMEM;
-    uint32_t version = CACHE_VERSION;
+    uint32_t version = n_windows ? CACHE_VERSION : 3u;
     kvp_w_bytes(&w, CACHE_MAGIC, 8);
     kvp_w_bytes(&w, &version, 4);
     kvp_w_bytes(&w, &c->n_layers, 4);
@@ -349,6 +436,10 @@ int kvp_cache_serialize(const kvp_cache *c, void **buf, size_t *len)
     kvp_w_bytes(&w, &c->shifts, 8);
     uint32_t kv_type = (uint32_t)c->kv_type;
     kvp_w_bytes(&w, &kv_type, 4);
+    if (n_windows) {
+        kvp_w_bytes(&w, &c->rope_base_swa, 4);
+        kvp_w_bytes(&w, c->window, (size_t)n_windows * 4);
+    }
     for (int i = 0; i < c->n_layers * c->n_kv_heads; i++) {
         const kvp_head *h = &c->heads[i];
         size_t n = (size_t)h->n;
@@ -428,6 +519,17 @@ int kvp_cache_deserialize(kvp_cache *c, const void *buf, size_t len, char *err, 
         return -EINVAL;
     }
     (void)kvp_cache_convert(c, (kvp_kv_type)kv_type);   /* no rows yet: cannot fail */
+    if (version >= 4) {
+        float base_swa;
+        int win[4096];
+        if (kvp_r_bytes(&r, &base_swa, 4) ||
+            kvp_r_bytes(&r, win, (size_t)n_layers * sizeof *win) ||
+            kvp_cache_set_windows(c, win, base_swa) || !c->window) {
+            kvp_cache_free(c);
+            snprintf(err, errlen, "cache snapshot: bad sliding windows");
+            return -EINVAL;
+        }
+    }
     size_t rb = kvp_kv_row_bytes(c->kv_type, hd);
     for (int i = 0; i < n_layers * n_kv; i++) {
         kvp_head *h = &c->heads[i];

@@ -30,6 +30,12 @@ typedef struct kvp_head {
 typedef struct kvp_cache {
     int n_layers, n_kv_heads, head_dim;
     kvp_rope rope;           /* how the keys are rotated; rope.factors is the cache's own copy */
+    /* Sliding-window layers (gemma2, gemma3, phi3; kvp_cache_set_windows): window[l] > 0
+     * bounds layer l to the rows of its last window[l] tokens (the forward pass drops the
+     * older ones, kvp_cache_slide); the budget and the eviction policy apply to the other
+     * layers only. Windowed layers rotate with rope_base_swa instead of rope.base. */
+    int32_t *window;         /* [n_layers], or NULL: every layer holds the whole context */
+    float rope_base_swa;
     kvp_head *heads;         /* [n_layers * n_kv_heads] */
     kvp_kv_type kv_type;     /* every head's row type (f32 after init) */
     int next_pos;            /* RoPE position of the next token */
@@ -53,6 +59,22 @@ static inline kvp_head *kvp_cache_head(const kvp_cache *c, int layer, int kvh)
 {
     return &c->heads[layer * c->n_kv_heads + kvh];
 }
+
+/* Sets the layers' sliding windows (window[n_layers], 0: the layer holds the whole
+ * context; all 0 or NULL: none) and the RoPE base of the windowed layers. Only on an
+ * empty cache (-EBUSY otherwise); 0, -EINVAL or -ENOMEM. */
+int kvp_cache_set_windows(kvp_cache *c, const int *window, float rope_base_swa);
+/* Layer l's window (0: none). */
+static inline int kvp_cache_window(const kvp_cache *c, int layer)
+{
+    return c->window ? c->window[layer] : 0;
+}
+/* The RoPE layer l's keys are rotated with. */
+kvp_rope kvp_cache_layer_rope(const kvp_cache *c, int layer);
+/* Drops the rows of every head of windowed layer l that the token seq next_seq and later
+ * ones cannot see (seq <= next_seq - window): the oldest rows, positions untouched. Not
+ * an eviction (evicted_rows stays). */
+void kvp_cache_slide(kvp_cache *c, int layer, int64_t next_seq);
 
 /* Makes room for `rows` rows in total (grows geometrically). 0 or -ENOMEM. */
 int kvp_head_reserve(kvp_head *h, int head_dim, int rows);
@@ -89,9 +111,13 @@ size_t kvp_cache_bytes(const kvp_cache *c);
 size_t kvp_head_bytes(const kvp_cache *c, const kvp_head *h);
 size_t kvp_cache_rows(const kvp_cache *c);       /* sum over heads */
 int kvp_cache_max_rows(const kvp_cache *c);      /* largest head */
+/* The same over the heads the budget bounds: those of layers without a window. */
+size_t kvp_cache_budget_rows(const kvp_cache *c);
+int kvp_cache_budget_max_rows(const kvp_cache *c);
+int kvp_cache_budget_heads(const kvp_cache *c);
 
-/* Context shift for a model trained on ctx positions: re-rotates kept keys (the cache's
- * RoPE by a negative offset) so that next_pos drops to 3/4 of ctx. One map of old to new positions
+/* Context shift for a model trained on ctx positions: re-rotates kept keys (each layer's
+ * RoPE, kvp_cache_layer_rope, by a negative offset) so that next_pos drops to 3/4 of ctx. One map of old to new positions
  * serves every head, so a token sits at the same position in all of them:
  *   - sinks (positions < n_sink) stay;
  *   - rows of the newest quarter of the context keep their exact distances to the next

@@ -21,15 +21,16 @@ int kvp_gen_compress(kvp_cache *c, const kvp_evict_cfg *e)
 }
 
 /* Whether n more tokens would pass the bound: a head past budget + chunk rows, or with
- * global budgets the session past (budget + chunk) x heads or a head past cap + chunk. */
+ * global budgets the session past (budget + chunk) x heads or a head past cap + chunk.
+ * Heads of sliding-window layers do not count: their windows bound them. */
 static int over(const kvp_cache *c, const kvp_evict_cfg *e, int n)
 {
     int chunk = chunk_of(e);
     if (e->mode != KVP_BUDGET_GLOBAL)
-        return kvp_cache_max_rows(c) + n > e->budget + chunk;
-    size_t heads = (size_t)c->n_layers * c->n_kv_heads;
-    return kvp_cache_max_rows(c) + n > kvp_policy_head_cap(e->budget) + chunk ||
-           kvp_cache_rows(c) + (size_t)n * heads > (size_t)(e->budget + chunk) * heads;
+        return kvp_cache_budget_max_rows(c) + n > e->budget + chunk;
+    size_t heads = (size_t)kvp_cache_budget_heads(c);
+    return kvp_cache_budget_max_rows(c) + n > kvp_policy_head_cap(e->budget) + chunk ||
+           kvp_cache_budget_rows(c) + (size_t)n * heads > (size_t)(e->budget + chunk) * heads;
 }
 
 /* The bounds of one block of n tokens, before it runs: evicts first if the block would

@@ -28,6 +28,11 @@ int kvp_runstate_init(kvp_runstate *s, const kvp_model_config *c, int max_tokens
     s->hb2 = malloc(T * c->hidden_dim * sizeof(float));
     s->logits = malloc((size_t)c->vocab_size * sizeof(float));
     s->rope = malloc(T * c->rope.n_rot * sizeof(float));
+    if (c->rope_base_swa > 0 && c->rope_base_swa != c->rope.base &&
+        !(s->rope_swa = malloc(T * c->rope.n_rot * sizeof(float)))) {
+        kvp_runstate_free(s);
+        return -ENOMEM;
+    }
     if (!s->x || !s->rope || !s->xb || !s->xb2 || !s->q || !s->k || !s->v || !s->att_out || !s->hb ||
         !s->hb2 || !s->logits) {
         kvp_runstate_free(s);
@@ -52,6 +57,7 @@ void kvp_runstate_free(kvp_runstate *s)
     free(s->logits);
     free(s->batch_logits);
     free(s->rope);
+    free(s->rope_swa);
     memset(s, 0, sizeof *s);
 }
 
@@ -63,6 +69,19 @@ static void rmsnorm(float *o, const float *x, const float *w, int n, float eps)
     ss = 1.0f / sqrtf(ss / n + eps);
     for (int j = 0; j < n; j++)
         o[j] = w[j] * (ss * x[j]);
+}
+
+/* x[n] = cap tanh(x / cap): gemma's soft cap of attention scores and logits */
+static void softcap(float *x, size_t n, float cap)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = cap * tanhf(x[i] / cap);
+}
+
+/* GELU, tanh approximation, in f32 (gemma's GeGLU) */
+static float gelu(float x)
+{
+    return 0.5f * x * (1.0f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x)));
 }
 
 /* x[T][n] += b[n] */
@@ -127,15 +146,17 @@ static void head_values(const kvp_head *h, int hd, const float *att, int T, int 
 }
 
 /* Attention of one sequence's T queries (batch rows r0..r0+T) over one KV head's rows.
- * Rows [0, base) predate the block; query t also sees the block's rows base..base+t.
- * Writes att_out for the group's query heads and leaves their probabilities in att_buf
- * ([g][t][rows]). */
+ * Rows [0, base) predate the block; query t also sees the block's rows base..base+t, and
+ * with a sliding window (window > 0) only rows of its last `window` tokens (query t is
+ * token seq0 + t). Writes att_out for the group's query heads and leaves their
+ * probabilities in att_buf ([g][t][rows]). */
 static void attend_head(kvp_runstate *s, const kvp_model_config *c, const kvp_head *h,
-                        int kvh, int r0, int T, int base, float *att_buf)
+                        int kvh, int r0, int T, int base, int window, int64_t seq0,
+                        float *att_buf)
 {
     int hd = c->head_dim, group = c->n_heads / c->n_kv_heads, R = h->n;
     int qd = c->n_heads * hd;
-    float scale = 1.0f / sqrtf((float)hd);
+    float scale = c->query_scale > 0 ? c->query_scale : 1.0f / sqrtf((float)hd);
     for (int g = 0; g < group; g++) {
         int qh = kvh * group + g;
         const float *q = s->q + (size_t)r0 * qd + (size_t)qh * hd;
@@ -145,17 +166,23 @@ static void attend_head(kvp_runstate *s, const kvp_model_config *c, const kvp_he
         head_scores(h, hd, q, qd, T, base, scale, att);
         for (int t = 0; t < T; t++) {
             float *a = att + (size_t)t * R;
-            int visible = base + t + 1;
-            float mx = a[0];
-            for (int j = 1; j < visible; j++)
+            int visible = base + t + 1, first = 0;   /* rows [first, visible) are seen */
+            while (window > 0 && first < visible - 1 && h->seq[first] <= seq0 + t - window)
+                first++;
+            if (c->attn_softcap > 0)
+                softcap(a + first, (size_t)(visible - first), c->attn_softcap);
+            float mx = a[first];
+            for (int j = first + 1; j < visible; j++)
                 mx = a[j] > mx ? a[j] : mx;
             float sum = 0.0f;
-            for (int j = 0; j < visible; j++) {
+            for (int j = first; j < visible; j++) {
                 a[j] = expf(a[j] - mx);
                 sum += a[j];
             }
             float inv = 1.0f / sum;
-            for (int j = 0; j < visible; j++)
+            for (int j = 0; j < first; j++)
+                a[j] = 0.0f;
+            for (int j = first; j < visible; j++)
                 a[j] *= inv;
             for (int j = visible; j < R; j++)
                 a[j] = 0.0f;
@@ -204,6 +231,7 @@ typedef struct attend_job {
     const kvp_model_config *p;
     kvp_batch_seq *seqs;
     int layer;
+    int window;         /* the layer's sliding window, 0: none */
 } attend_job;
 
 /* Item i: sequence i / n_kv_heads, KV head i % n_kv_heads, its block already stored; the
@@ -219,35 +247,56 @@ static void attend_item(void *arg, int i, int slot)
         return;
     kvp_head *h = kvp_cache_head(q->cache, a->layer, kvh);
     float *att = a->s->att[slot];
-    attend_head(a->s, p, h, kvh, q->row0, q->n, h->n - q->n, att);
+    attend_head(a->s, p, h, kvh, q->row0, q->n, h->n - q->n, a->window, q->cache->n_seen, att);
     if (q->hooks.attention)
         q->hooks.attention(q->hooks.ctx, a->layer, kvh, h,
                            a->s->q + (size_t)q->row0 * qd + (size_t)kvh * group * hd, qd, att,
                            h->n, q->n);
 }
 
+/* A cache meets a model with sliding windows: an empty cache takes the model's windows
+ * (and their RoPE base); one that holds rows must already have them (a snapshot of
+ * another model is refused). */
+static int cache_windows(const kvp_model *m, kvp_cache *c)
+{
+    const kvp_model_config *p = &m->cfg;
+    if (c->n_layers != p->n_layers)
+        return -EINVAL;
+    int same = c->rope_base_swa == (p->rope_base_swa > 0 ? p->rope_base_swa : p->rope.base);
+    for (int l = 0; same && l < p->n_layers; l++)
+        same = kvp_cache_window(c, l) == m->layers[l].window;
+    if (same)
+        return 0;
+    int win[p->n_layers];
+    for (int l = 0; l < p->n_layers; l++)
+        win[l] = m->layers[l].window;
+    return kvp_cache_set_windows(c, win, p->rope_base_swa > 0 ? p->rope_base_swa : p->rope.base);
+}
+
 /* Checks a sequence before the step and makes room for its block in every head (and
  * for its attention probabilities), so that nothing can fail once its rows start to
  * enter the cache. */
-static int admit_seq(kvp_runstate *s, const kvp_model_config *p, kvp_batch_seq *q,
+static int admit_seq(kvp_runstate *s, const kvp_model *m, kvp_batch_seq *q,
                      size_t *att_need)
 {
-    int rows = 0;
+    const kvp_model_config *p = &m->cfg;
+    int rows = 0, rc;
     if (!q->cache || !q->tokens || q->n <= 0)
         return -EINVAL;
+    if ((rc = cache_windows(m, q->cache)))
+        return rc;
     for (int t = 0; t < q->n; t++)
         if (q->tokens[t] < 0 || q->tokens[t] >= p->vocab_size)
             return -EINVAL;
     for (int l = 0; l < p->n_layers; l++)
         for (int kvh = 0; kvh < p->n_kv_heads; kvh++) {
             kvp_head *h = kvp_cache_head(q->cache, l, kvh);
-            int rc = kvp_head_reserve(h, p->head_dim, h->n + q->n);
-            if (rc)
+            if ((rc = kvp_head_reserve(h, p->head_dim, h->n + q->n)))
                 return rc;
             rows = h->n + q->n > rows ? h->n + q->n : rows;
         }
     size_t need = (size_t)(p->n_heads / p->n_kv_heads) * q->n * rows;
-    int rc = ensure_att(s, 0, need);
+    rc = ensure_att(s, 0, need);
     if (!rc && need > *att_need)
         *att_need = need;
     return rc;
@@ -265,12 +314,32 @@ static int ensure_batch_logits(kvp_runstate *s, int seqs, int vocab)
     return 0;
 }
 
+/* x += in . w^T, or with a post-norm (gemma) x += rmsnorm(in . w^T) */
+static void residual_add(kvp_runstate *s, const float *post_norm, const float *in,
+                         const kvp_weight *w, int T, const kvp_model_config *p)
+{
+    if (!post_norm) {
+        kvp_matmul(s->x, in, w, T, 1);
+        return;
+    }
+    int dim = p->dim;
+    kvp_matmul(s->xb, in, w, T, 0);
+    for (int t = 0; t < T; t++) {
+        float *y = s->xb + (size_t)t * dim, *x = s->x + (size_t)t * dim;
+        rmsnorm(y, y, post_norm, dim, p->rms_eps);
+        for (int j = 0; j < dim; j++)
+            x[j] += y[j];
+    }
+}
+
 static int forward_batch(const kvp_model *m, kvp_runstate *s, kvp_batch_seq *seqs, int n_seqs)
 {
     const kvp_model_config *p = &m->cfg;
     int dim = p->dim, hd = p->head_dim, hid = p->hidden_dim, V = p->vocab_size;
     int qd = p->n_heads * hd, kvd = p->n_kv_heads * hd, nr = p->rope.n_rot;
     int rc;
+    kvp_rope rope_swa = p->rope;   /* the sliding-window layers' RoPE */
+    rope_swa.base = p->rope_base_swa > 0 ? p->rope_base_swa : p->rope.base;
 
     /* the batch: its rows, one cache per sequence */
     long total = 0;
@@ -288,14 +357,20 @@ static int forward_batch(const kvp_model *m, kvp_runstate *s, kvp_batch_seq *seq
     size_t att_need = 0, kv_bytes = 0;   /* the largest attention buffer; rows read */
     for (int i = 0; i < n_seqs; i++) {
         kvp_batch_seq *q = &seqs[i];
-        if (q->rc || (q->rc = admit_seq(s, p, q, &att_need)))
+        if (q->rc || (q->rc = admit_seq(s, m, q, &att_need)))
             continue;
         kv_bytes += (size_t)q->n * kvp_cache_head(q->cache, 0, 0)->n * kvd * 2 * sizeof(float);
         q->row0 = T;
         /* token embeddings and the RoPE table at the sequence's own positions */
         for (int t = 0; t < q->n; t++) {
-            kvp_weight_row(&m->tok_embd, q->tokens[t], s->x + (size_t)(T + t) * dim);
+            float *x = s->x + (size_t)(T + t) * dim;
+            kvp_weight_row(&m->tok_embd, q->tokens[t], x);
+            if (p->embd_scale > 0)   /* gemma */
+                for (int j = 0; j < dim; j++)
+                    x[j] *= p->embd_scale;
             kvp_rope_table(&p->rope, s->rope + (size_t)(T + t) * nr, q->cache->next_pos + t);
+            if (s->rope_swa)
+                kvp_rope_table(&rope_swa, s->rope_swa + (size_t)(T + t) * nr, q->cache->next_pos + t);
         }
         T += q->n;
     }
@@ -327,13 +402,23 @@ static int forward_batch(const kvp_model *m, kvp_runstate *s, kvp_batch_seq *seq
             for (int i = 0; i < T * p->n_kv_heads; i++)
                 rmsnorm(s->k + (size_t)i * hd, s->k + (size_t)i * hd, w->k_norm, hd, p->rms_eps);
         }
-        /* RoPE on every q and k head at its token's position */
+        /* RoPE on every q and k head at its token's position (a sliding-window layer
+         * with its own base: its own table); phi3's attn_factor then scales the rotated
+         * dims, as ggml scales cos and sin */
+        const float *table = w->window && s->rope_swa ? s->rope_swa : s->rope;
+        float af = p->rope_attn_factor > 0 ? p->rope_attn_factor : 1.0f;
         for (int t = 0; t < T; t++) {
-            const float *cs = s->rope + (size_t)t * nr;
+            const float *cs = table + (size_t)t * nr;
             for (int h = 0; h < p->n_heads; h++)
                 kvp_rope_apply(&p->rope, s->q + (size_t)t * qd + h * hd, cs);
             for (int h = 0; h < p->n_kv_heads; h++)
                 kvp_rope_apply(&p->rope, s->k + (size_t)t * kvd + h * hd, cs);
+            for (int h = 0; af != 1.0f && h < p->n_heads + p->n_kv_heads; h++) {
+                float *x = h < p->n_heads ? s->q + (size_t)t * qd + h * hd
+                                          : s->k + (size_t)t * kvd + (h - p->n_heads) * hd;
+                for (int j = 0; j < nr; j++)
+                    x[j] *= af;
+            }
         }
         /* attention, each sequence over its own cache: the blocks' rows enter the caches
          * (and are scored) in order, then the (sequence, KV head) items run on every
@@ -341,10 +426,14 @@ static int forward_batch(const kvp_model *m, kvp_runstate *s, kvp_batch_seq *seq
         for (int i = 0; i < n_seqs; i++)
             if (!seqs[i].rc)
                 store_seq(s, p, &seqs[i], l);
-        attend_job aj = {s, p, seqs, l};
+        attend_job aj = {s, p, seqs, l, w->window};
         kvp_matmul_parallel(n_seqs * p->n_kv_heads, attend_item, &aj, kv_bytes, slots,
                             kvp_matmul_pooled(&w->wo, T));
-        kvp_matmul(s->x, s->att_out, &w->wo, T, 1);
+        /* a sliding-window layer keeps only what the next token can see */
+        for (int i = 0; w->window && i < n_seqs; i++)
+            if (!seqs[i].rc)
+                kvp_cache_slide(seqs[i].cache, l, seqs[i].cache->n_seen + seqs[i].n);
+        residual_add(s, w->post_attn_norm, s->att_out, &w->wo, T, p);
 
         for (int t = 0; t < T; t++)
             rmsnorm(s->xb + (size_t)t * dim, s->x + (size_t)t * dim, w->ffn_norm, dim, p->rms_eps);
@@ -352,9 +441,9 @@ static int forward_batch(const kvp_model *m, kvp_runstate *s, kvp_batch_seq *seq
                           (const kvp_weight *const[]){&w->w_gate, &w->w_up}, T);
         for (size_t i = 0; i < (size_t)T * hid; i++) {
             float g = s->hb[i];
-            s->hb[i] = g / (1.0f + expf(-g)) * s->hb2[i];
+            s->hb[i] = (p->gelu ? gelu(g) : g / (1.0f + expf(-g))) * s->hb2[i];
         }
-        kvp_matmul(s->x, s->hb, &w->w_down, T, 1);
+        residual_add(s, w->post_ffn_norm, s->hb, &w->w_down, T, p);
     }
 
     /* logits: every row of a sequence that asks for them, else its last row only (those
@@ -368,6 +457,8 @@ static int forward_batch(const kvp_model *m, kvp_runstate *s, kvp_batch_seq *seq
             for (int t = q->row0; t < q->row0 + q->n; t++)
                 rmsnorm(s->xb + (size_t)t * dim, s->x + (size_t)t * dim, m->out_norm, dim, p->rms_eps);
             kvp_matmul(q->all_logits, s->xb + (size_t)q->row0 * dim, &m->output, q->n, 0);
+            if (p->final_softcap > 0)
+                softcap(q->all_logits, (size_t)q->n * V, p->final_softcap);
             float *last = q->all_logits + (size_t)(q->n - 1) * V;
             if (q->logits)
                 memcpy(q->logits, last, V * sizeof(float));
@@ -380,6 +471,8 @@ static int forward_batch(const kvp_model *m, kvp_runstate *s, kvp_batch_seq *seq
     }
     if (n_last)
         kvp_matmul(s->batch_logits, s->xb2, &m->output, n_last, 0);
+    if (n_last && p->final_softcap > 0)
+        softcap(s->batch_logits, (size_t)n_last * V, p->final_softcap);
     for (int i = 0, j = 0; i < n_seqs; i++) {
         kvp_batch_seq *q = &seqs[i];
         if (q->rc)

@@ -45,7 +45,9 @@ typedef struct kvp_runstate {
     float *logits;      /* [vocab] logits of the last token of kvp_forward's block */
     float *batch_logits; /* [seqs][vocab] the last rows' logits of a batched step */
     int batch_logits_cap;
-    float *rope;        /* [T][head_dim] cos/sin of each block position */
+    float *rope;        /* [T][n_rot] cos/sin of each block position */
+    float *rope_swa;    /* the same with the sliding-window layers' base (gemma3), or NULL
+                           when they rotate as the others */
     kvp_forward_hooks hooks;
 } kvp_runstate;
 

@@ -329,12 +329,81 @@ static const struct arch_desc {
     int neox;       /* RoPE on NeoX halves instead of consecutive pairs */
     int qkv_bias;   /* blk.N.attn_{q,k,v}.bias */
     int qk_norm;    /* blk.N.attn_{q,k}_norm.weight */
+    int gemma;      /* Gemma's block: embeddings times sqrt(dim), GeGLU, post-attention and
+                       post-FFN norms, softcapping where the file sets it */
+    int fused;      /* blk.N.attn_qkv (q, k, v rows) and ffn_up holding gate then up (phi3) */
+    int swa_every;  /* with ARCH.attention.sliding_window > 0, the windowed layers: 1 every
+                       layer, 2 the even ones, 6 all but every sixth (l + 1) % 6 == 0 */
 } archs[] = {
-    {"llama", 0, OPTIONAL, NONE},
-    {"mistral", 0, OPTIONAL, NONE},
-    {"qwen2", 1, REQUIRED, NONE},
-    {"qwen3", 1, NONE, REQUIRED},
+    {"llama", 0, OPTIONAL, NONE, 0, 0, 0},
+    {"mistral", 0, OPTIONAL, NONE, 0, 0, 0},
+    {"qwen2", 1, REQUIRED, NONE, 0, 0, 0},
+    {"qwen3", 1, NONE, REQUIRED, 0, 0, 0},
+    {"gemma2", 1, NONE, NONE, 1, 0, 2},
+    {"gemma3", 1, NONE, REQUIRED, 1, 0, 6},
+    {"phi3", 1, NONE, NONE, 0, 1, 1},
 };
+
+/* Layer l of a model with a sliding window: whether it is one of the windowed layers. */
+static int swa_layer(const struct arch_desc *a, int l)
+{
+    return a->swa_every == 1 || (a->swa_every == 2 && l % 2 == 0) ||
+           (a->swa_every == 6 && (l + 1) % 6 != 0);
+}
+
+/* A float metadata value that must be finite and >= 0 when present (0: off). */
+static int get_nonneg(const kvp_gguf *g, const char *arch, const char *suffix, float *out,
+                      char *err, size_t errlen)
+{
+    int rc = get_float(g, arch, suffix, out, err, errlen);
+    if (!rc && (!(*out >= 0) || !isfinite(*out)))
+        rc = KVP_ERR(-EINVAL, "%s.%s = %g: must be a finite number >= 0", arch, suffix, *out);
+    return rc;
+}
+
+/* What gemma2, gemma3 and phi3 add to the llama hyperparameters (semantics as llama.cpp's
+ * graphs of these architectures). */
+static int read_arch_extras(kvp_model *m, const kvp_gguf *g, const struct arch_desc *a,
+                            char *err, size_t errlen)
+{
+    kvp_model_config *c = &m->cfg;
+    const char *n = a->name;
+    int rc;
+    if (a->gemma) {
+        c->embd_scale = sqrtf((float)c->dim);
+        c->gelu = 1;
+        /* there is no key for query_pre_attn_scalar: llama.cpp takes key_length except
+         * for the 27B models (46 and 62 layers), whose scalar is dim / heads */
+        int scalar = c->head_dim;
+        if ((!strcmp(n, "gemma2") && c->n_layers == 46) ||
+            (!strcmp(n, "gemma3") && c->n_layers == 62))
+            scalar = c->dim / c->n_heads;
+        c->query_scale = 1.0f / sqrtf((float)scalar);
+        if ((rc = get_nonneg(g, n, "attn_logit_softcapping", &c->attn_softcap, err, errlen)) ||
+            (rc = get_nonneg(g, n, "final_logit_softcapping", &c->final_softcap, err, errlen)))
+            return rc;
+    }
+    /* gemma3's local layers rotate with a fixed base (llama.cpp has no key for it) */
+    c->rope_base_swa = !strcmp(n, "gemma3") ? 10000.0f : c->rope.base;
+    if (a->swa_every && (rc = get_int(g, n, "attention.sliding_window", &c->swa_window, 0,
+                                      err, errlen)))
+        return rc;
+    if (a->fused) {
+        float f = 0.0f;
+        if ((rc = get_nonneg(g, n, "rope.scaling.attn_factor", &f, err, errlen)))
+            return rc;
+        c->rope_attn_factor = f;
+        /* LongRoPE files carry short and long factors; kvpd applies the short ones (as
+         * llama.cpp does while the context is at most original_context_length), so the
+         * context is held to that length */
+        int orig = 0;
+        if ((rc = get_int(g, n, "rope.scaling.original_context_length", &orig, 0, err, errlen)))
+            return rc;
+        if (orig > 0 && orig < c->seq_len && kvp_gguf_find_tensor(g, "rope_factors_long.weight"))
+            c->seq_len = orig;
+    }
+    return 0;
+}
 
 /* Hyperparameters from ARCH.* metadata, defaults as llama.cpp's, then checked. */
 static int read_config(kvp_model *m, const kvp_gguf *g, const struct arch_desc *a,
@@ -386,22 +455,48 @@ static int read_config(kvp_model *m, const kvp_gguf *g, const struct arch_desc *
     if (meta_vocab != c->vocab_size)
         return KVP_ERR(-EINVAL, "%s.vocab_size = %d but token_embd.weight has %d rows", n, meta_vocab,
                    c->vocab_size);
-    char pfx[32];
+    char pfx[48];
     snprintf(pfx, sizeof pfx, "%s.", n);
-    return check_config(c, pfx, err, errlen);
+    if ((rc = check_config(c, pfx, err, errlen)) || (rc = read_arch_extras(m, g, a, err, errlen)))
+        return rc;
+    return 0;
 }
 
-/* rope_freqs.weight (Llama 3.1+): one frequency divisor per rotated pair. */
+/* rope_freqs.weight (Llama 3.1+), or phi3's rope_factors_short.weight (LongRoPE within
+ * the original context): one frequency divisor per rotated pair. */
 static int read_rope_factors(kvp_model *m, const kvp_gguf *g, char *err, size_t errlen)
 {
     kvp_rope *r = &m->cfg.rope;
-    int rc = opt_tensor(m, g, "rope_freqs.weight", (uint64_t)r->n_rot / 2, 1, &r->factors,
-                        err, errlen);
+    const char *name = kvp_gguf_find_tensor(g, "rope_factors_short.weight")
+                           ? "rope_factors_short.weight" : "rope_freqs.weight";
+    int rc = opt_tensor(m, g, name, (uint64_t)r->n_rot / 2, 1, &r->factors, err, errlen);
     for (int i = 0; !rc && r->factors && i < r->n_rot / 2; i++)
         if (!(r->factors[i] > 0) || !isfinite(r->factors[i]))
-            rc = KVP_ERR(-EINVAL, "rope_freqs.weight[%d] = %g: frequency factors must be finite and "
-                     "positive", i, r->factors[i]);
+            rc = KVP_ERR(-EINVAL, "%s[%d] = %g: frequency factors must be finite and positive",
+                         name, i, r->factors[i]);
     return rc;
+}
+
+/* A fused matrix of parts[0] + parts[1] + ... rows: each part a view of its rows. */
+static int fused_matrix(kvp_model *m, const kvp_gguf *g, const char *name, uint64_t ne0,
+                        const uint64_t *rows, kvp_weight *const *parts, int n_parts,
+                        char *err, size_t errlen)
+{
+    uint64_t total = 0;
+    for (int i = 0; i < n_parts; i++)
+        total += rows[i];
+    kvp_weight all;
+    int rc = matrix(m, g, name, ne0, total, &all, err, errlen);
+    if (rc)
+        return rc;
+    const char *at = all.data;
+    for (int i = 0; i < n_parts; i++) {
+        *parts[i] = all;
+        parts[i]->rows = (int)rows[i];
+        parts[i]->data = at;
+        at += rows[i] * all.row_bytes;
+    }
+    return 0;
 }
 
 static int read_layer(kvp_model *m, const kvp_gguf *g, const struct arch_desc *a, int l,
@@ -421,17 +516,32 @@ static int read_layer(kvp_model *m, const kvp_gguf *g, const struct arch_desc *a
     if ((rc = get(m, g, n, e0, e1, &ly->field, err, errlen)))                 \
         return rc;
     T(tensor, attn_norm, "attn_norm", d, 1)
-    T(matrix, wq, "attn_q", d, qd)
-    T(matrix, wk, "attn_k", d, kvd)
-    T(matrix, wv, "attn_v", d, kvd)
+    if (a->fused) {
+        snprintf(n, sizeof n, "blk.%d.attn_qkv.weight", l);
+        if ((rc = fused_matrix(m, g, n, d, (const uint64_t[]){qd, kvd, kvd},
+                               (kvp_weight *const[]){&ly->wq, &ly->wk, &ly->wv}, 3, err, errlen)))
+            return rc;
+        snprintf(n, sizeof n, "blk.%d.ffn_up.weight", l);
+        if ((rc = fused_matrix(m, g, n, d, (const uint64_t[]){hid, hid},
+                               (kvp_weight *const[]){&ly->w_gate, &ly->w_up}, 2, err, errlen)))
+            return rc;
+    } else {
+        T(matrix, wq, "attn_q", d, qd)
+        T(matrix, wk, "attn_k", d, kvd)
+        T(matrix, wv, "attn_v", d, kvd)
+        T(matrix, w_gate, "ffn_gate", d, hid)
+        T(matrix, w_up, "ffn_up", d, hid)
+    }
     T(matrix, wo, "attn_output", qd, d)
     T(tensor, ffn_norm, "ffn_norm", d, 1)
-    T(matrix, w_gate, "ffn_gate", d, hid)
     T(matrix, w_down, "ffn_down", hid, d)
-    T(matrix, w_up, "ffn_up", d, hid)
     if (a->qk_norm) {
         T(tensor, q_norm, "attn_q_norm", hd, 1)
         T(tensor, k_norm, "attn_k_norm", hd, 1)
+    }
+    if (a->gemma) {
+        T(tensor, post_attn_norm, "post_attention_norm", d, 1)
+        T(tensor, post_ffn_norm, "post_ffw_norm", d, 1)
     }
 #undef T
     for (int i = 0; i < 3 && a->qkv_bias; i++) {
@@ -464,8 +574,8 @@ static int load_gguf(kvp_model *m, const char *path, char *err, size_t errlen)
         if (!strcmp(m->arch, archs[i].name))
             a = &archs[i];
     if (!a) {
-        rc = KVP_ERR(-EINVAL, "general.architecture '%s' is not supported (llama, mistral, qwen2, qwen3)",
-                 m->arch);
+        rc = KVP_ERR(-EINVAL, "general.architecture '%s' is not supported (llama, mistral, qwen2, "
+                     "qwen3, gemma2, gemma3, phi3)", m->arch);
         goto out;
     }
     kvp_model_config *c = &m->cfg;
@@ -477,6 +587,8 @@ static int load_gguf(kvp_model *m, const char *path, char *err, size_t errlen)
         rc = -ENOMEM;
         goto out;
     }
+    for (int l = 0; l < c->n_layers; l++)
+        m->layers[l].window = c->swa_window > 0 && swa_layer(a, l) ? c->swa_window : 0;
     if ((rc = matrix(m, &g, "token_embd.weight", d, (uint64_t)c->vocab_size, &m->tok_embd, err, errlen)) ||
         (rc = tensor(m, &g, "output_norm.weight", d, 1, &m->out_norm, err, errlen)) ||
         (rc = read_rope_factors(m, &g, err, errlen)))

@@ -1,5 +1,5 @@
-/* A llama-family model (GGUF architectures llama, mistral, qwen2, qwen3, or a llama2.c
- * checkpoint): hyperparameters, weights (matrices in the file's own type, read into
+/* A llama-family model (GGUF architectures llama, mistral, qwen2, qwen3, gemma2, gemma3,
+ * phi3, or a llama2.c checkpoint): hyperparameters, weights (matrices in the file's own type, read into
  * memory as they are; see matmul.h), and its tokenizer. */
 #ifndef KVP_MODEL_H
 #define KVP_MODEL_H
@@ -21,6 +21,19 @@ typedef struct kvp_model_config {
     int seq_len;        /* trained context length */
     kvp_rope rope;      /* RoPE layout, rotated dims, base, frequency factors (the model's) */
     float rms_eps;
+    /* What gemma2, gemma3 and phi3 add to llama's block. 0 everywhere means "as llama",
+     * so a configuration built without them runs the llama block. */
+    float embd_scale;       /* token embeddings times this (gemma: sqrt(dim)); 0: 1 */
+    float query_scale;      /* attention scores times this; 0: 1/sqrt(head_dim) */
+    float attn_softcap;     /* scores capped to c tanh(s/c) before mask and softmax; 0: none */
+    float final_softcap;    /* logits capped the same way; 0: none */
+    float rope_attn_factor; /* the rotated dims of q and k times this (phi3's LongRoPE
+                               attn_factor: ggml scales cos and sin); 0: 1 */
+    float rope_base_swa;    /* RoPE base of the sliding-window layers (gemma3: 10000 while
+                               the global layers use rope.base); 0: rope.base */
+    int swa_window;         /* ARCH.attention.sliding_window when some layer has a window
+                               (kvp_layer.window); 0: every layer sees the whole context */
+    int gelu;               /* FFN: GeGLU with tanh GELU (gemma) instead of SwiGLU */
     uint64_t fingerprint; /* the weights' identity (kvp_model_load; policy files are bound
                              to it); 0 when unknown */
 } kvp_model_config;
@@ -40,7 +53,12 @@ typedef struct kvp_layer {
     const float *bk;          /* [n_kv_heads*head_dim]  K bias (qwen2) */
     const float *bv;          /* [n_kv_heads*head_dim]  V bias (qwen2) */
     const float *q_norm;      /* [head_dim] per-head RMSNorm of q before RoPE (qwen3) */
-    const float *k_norm;      /* [head_dim] the same for k (qwen3) */
+    const float *k_norm;      /* [head_dim] the same for k (qwen3, gemma3) */
+    const float *post_attn_norm; /* [dim] RMSNorm of the attention output before the
+                                    residual add (gemma) */
+    const float *post_ffn_norm;  /* [dim] the same for the FFN output (gemma) */
+    int window;               /* sliding window: a query sees its own and the window - 1
+                                 tokens before it; 0: the whole context */
 } kvp_layer;
 
 typedef struct kvp_model {
@@ -53,7 +71,7 @@ typedef struct kvp_model {
     kvp_tokenizer tok;
     char *chat_template;      /* tokenizer.chat_template (NUL-terminated), NULL if absent;
                                  model/template.c renders its family */
-    char arch[16];            /* general.architecture ("llama" for llama2.c checkpoints) */
+    char arch[32];            /* general.architecture ("llama" for llama2.c checkpoints) */
     char name[128];           /* general.name or file basename */
     char path[512];
     /* ownership */

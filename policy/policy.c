@@ -185,8 +185,9 @@ int kvp_policy_evict_head(kvp_policy *p, kvp_cache *c, int layer, int kvh, int b
 int kvp_policy_evict(kvp_policy *p, kvp_cache *c, int budget)
 {
     int dropped = 0;
+    /* a sliding-window layer is bounded by its window, not by the budget */
     for (int l = 0; l < c->n_layers; l++)
-        for (int kvh = 0; kvh < c->n_kv_heads; kvh++) {
+        for (int kvh = 0; kvh < c->n_kv_heads && !kvp_cache_window(c, l); kvh++) {
             int rc = kvp_policy_evict_head(p, c, l, kvh, budget);
             if (rc < 0)
                 return rc;
@@ -269,9 +270,13 @@ int kvp_policy_evict_global(kvp_policy *p, kvp_cache *c, int budget)
     int floor = kvp_policy_head_floor(p, budget), cap = kvp_policy_head_cap(budget);
     if (budget < floor)   /* no room to share: every head keeps its budget */
         return kvp_policy_evict(p, c, budget);
-    long total = (long)budget * H, rows = 0;
+    /* the heads of sliding-window layers are bounded by their windows: they neither
+     * share the budget nor lose rows to it */
+    long total = (long)budget * kvp_cache_budget_heads(c), rows = 0;
     int over_cap = 0, most = 0;
     for (int i = 0; i < H; i++) {
+        if (kvp_cache_window(c, i / c->n_kv_heads))
+            continue;
         rows += c->heads[i].n;
         over_cap |= c->heads[i].n > cap;
         most = c->heads[i].n > most ? c->heads[i].n : most;
@@ -289,6 +294,8 @@ int kvp_policy_evict_global(kvp_policy *p, kvp_cache *c, int budget)
     for (int hi = 0; hi < H && !rc; hi++) {
         kvp_head *h = &c->heads[hi];
         char *kh = keep + (size_t)hi * most;
+        if (kvp_cache_window(c, hi / c->n_kv_heads))
+            continue;
         if (p->ops->before_evict && h->n)
             p->ops->before_evict(p, hi / c->n_kv_heads, hi % c->n_kv_heads, h);
         int ns, nr;
@@ -328,7 +335,7 @@ int kvp_policy_evict_global(kvp_policy *p, kvp_cache *c, int budget)
         }
         for (int hi = 0; hi < H; hi++) {
             kvp_head *h = &c->heads[hi];
-            if (kept[hi] == h->n)
+            if (kvp_cache_window(c, hi / c->n_kv_heads) || kept[hi] == h->n)
                 continue;
             int k = 0;
             for (int i = 0; i < h->n; i++)

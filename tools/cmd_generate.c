@@ -55,7 +55,11 @@ static void report_cache(const kvp_cache *c)
             kvp_cache_bytes(c), kvp_cache_rows(c), kvp_kv_type_name(c->kv_type), (unsigned long long)c->evicted_rows,
             (unsigned long long)c->shifts);
     for (int l = 0; l < c->n_layers; l++) {
-        fprintf(stderr, " L%d[", l);
+        /* a sliding-window layer: "w" and its window (the budget does not bound it) */
+        if (kvp_cache_window(c, l))
+            fprintf(stderr, " L%dw%d[", l, kvp_cache_window(c, l));
+        else
+            fprintf(stderr, " L%d[", l);
         for (int h = 0; h < c->n_kv_heads; h++) {
             const kvp_head *hd = kvp_cache_head(c, l, h);
             fprintf(stderr, h ? " %d/%zu" : "%d/%zu", hd->n, kvp_head_bytes(c, hd));

@@ -1,5 +1,5 @@
 /* `kvp synth`: writes a GGUF with random weights of a given shape and architecture
- * (llama, qwen2, qwen3), for benchmarks and tests at sizes no real model in ../shared
+ * (llama, qwen2, qwen3, gemma2, gemma3, phi3), for benchmarks and tests at sizes no real model in ../shared
  * has. Weights are uniform in +-1/sqrt(ne[0]) (ne[0] = the fan-in of the matmul),
  * biases in +-0.1, norms are 1.0, so activations stay in a sane range. Tensor data is generated per tensor inside the writer's fill
  * callback from a per-tensor seed: deterministic for a seed, and only the largest
@@ -36,7 +36,9 @@ typedef struct synth_opts {
     const char *type_name;
     kvp_quant_mix mix;      /* the type of every tensor (tools/quantmix.h) */
     /* architecture */
-    const char *arch;       /* llama, qwen2 (QKV biases, NeoX RoPE), qwen3 (q/k norms) */
+    const char *arch;       /* llama, qwen2 (QKV biases, NeoX RoPE), qwen3 (q/k norms),
+                               gemma2, gemma3 (post-norms, windows), phi3 (fused tensors) */
+    long window;            /* attention.sliding_window; -1: the family's usual */
     long head_dim;          /* attention.key_length; 0: dim / heads */
     double rope_base;       /* 0: the family's usual (llama 10000, qwen 1000000) */
     int tied;               /* no output.weight: the output reuses token_embd */
@@ -62,10 +64,15 @@ static void usage(FILE *f)
             "usage: kvp synth --out FILE [--dim 768] [--hidden 2048] [--layers 12] [--heads 12]\n"
             "                 [--kv-heads HEADS] [--vocab 32000] [--ctx 2048]\n"
             "                 [--type TYPE] [--seed 0]\n"
-            "                 [--arch llama|qwen2|qwen3] [--head-dim N] [--rope-base F] [--tied]\n"
+            "                 [--arch llama|qwen2|qwen3|gemma2|gemma3|phi3] [--head-dim N]\n"
+            "                 [--rope-base F] [--window N] [--tied]\n"
             "Writes a GGUF with random weights (deterministic per seed). --arch qwen2 adds\n"
-            "Q/K/V biases, qwen3 per-head q/k norms (both NeoX RoPE); --head-dim sets\n"
-            "attention.key_length (default dim / heads); --tied leaves out output.weight.\n"
+            "Q/K/V biases, qwen3 per-head q/k norms (both NeoX RoPE); gemma2 Gemma's block\n"
+            "with softcaps (50, 30) and a window on even layers, gemma3 q/k norms and a\n"
+            "window on 5 of every 6 layers, phi3 fused attn_qkv and gate+up tensors with a\n"
+            "window on every layer; --window sets attention.sliding_window (gemma2 4096,\n"
+            "gemma3 512, phi3 0 = none by default); --head-dim sets attention.key_length\n"
+            "(default dim / heads); --tied leaves out output.weight.\n"
             "                 [--tokenizer-json tokenizer.json [--tokenizer-config tokenizer_config.json]]\n"
             "With --tokenizer-json it carries that Hugging Face tokenizer (tokens, types,\n"
             "merges, pre-tokenizer; from the config BOS/EOS/EOT and chat_template) and its\n"
@@ -160,7 +167,7 @@ static int parse_args(synth_opts *o, int argc, char **argv)
 {
     *o = (synth_opts){.dim = 768, .hidden = 2048, .layers = 12, .heads = 12, .kv_heads = 0,
                       .vocab = 32000, .ctx = 2048, .seed = 0, .type_name = "f32",
-                      .arch = "llama"};
+                      .arch = "llama", .window = -1};
     kvp_quant_mix_parse(o->type_name, &o->mix);
     static const struct { const char *name; size_t off; long lo, hi; } num[] = {
         {"--dim", offsetof(synth_opts, dim), 1, 65536},
@@ -172,6 +179,7 @@ static int parse_args(synth_opts *o, int argc, char **argv)
         {"--ctx", offsetof(synth_opts, ctx), 1, 1 << 24},
         {"--seed", offsetof(synth_opts, seed), 0, LONG_MAX},
         {"--head-dim", offsetof(synth_opts, head_dim), 2, 4096},
+        {"--window", offsetof(synth_opts, window), 0, 1 << 24},
     };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -204,8 +212,12 @@ static int parse_args(synth_opts *o, int argc, char **argv)
         } else if (!strcmp(a, "--tokenizer-config")) {
             o->tokenizer_config = v;
         } else if (!strcmp(a, "--arch")) {
-            if (strcmp(v, "llama") && strcmp(v, "qwen2") && strcmp(v, "qwen3"))
-                return bad("unknown --arch '%s' (llama, qwen2 or qwen3)", v);
+            static const char *const known[] = {"llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"};
+            size_t j = 0;
+            while (j < sizeof known / sizeof known[0] && strcmp(v, known[j]))
+                j++;
+            if (j == sizeof known / sizeof known[0])
+                return bad("unknown --arch '%s' (llama, qwen2, qwen3, gemma2, gemma3 or phi3)", v);
             o->arch = v;
         } else if (!strcmp(a, "--rope-base")) {
             if (!kvp_parse_double(v, 1.0, 1e12, &o->rope_base))
@@ -232,7 +244,12 @@ static int parse_args(synth_opts *o, int argc, char **argv)
     if (!o->head_dim)
         o->head_dim = o->dim / o->heads;
     if (!o->rope_base)
-        o->rope_base = strcmp(o->arch, "llama") ? 1000000.0 : 10000.0;
+        o->rope_base = !strcmp(o->arch, "llama") || !strcmp(o->arch, "gemma2") ||
+                       !strcmp(o->arch, "phi3") ? 10000.0 : 1000000.0;
+    if (o->window < 0)
+        o->window = !strcmp(o->arch, "gemma2") ? 4096 : !strcmp(o->arch, "gemma3") ? 512 : 0;
+    if (o->window && strncmp(o->arch, "gemma", 5) && strcmp(o->arch, "phi3"))
+        return bad("--window is for gemma2, gemma3 and phi3, not %s", o->arch);
     if (o->kv_heads > o->heads || o->heads % o->kv_heads)
         return bad("%s", "--kv-heads must divide --heads");
     if (kvp_type_block(o->mix.base) > 1 && (o->dim % KVP_QK || o->hidden % KVP_QK ||
@@ -269,6 +286,8 @@ int kvp_cmd_synth(int argc, char **argv)
     uint64_t hd = (uint64_t)o.head_dim;
     uint64_t qd = hd * (uint64_t)o.heads, kvd = hd * (uint64_t)o.kv_heads;
     int qwen2 = !strcmp(o.arch, "qwen2"), qwen3 = !strcmp(o.arch, "qwen3");
+    int gemma = !strncmp(o.arch, "gemma", 5), gemma3 = !strcmp(o.arch, "gemma3");
+    int phi3 = !strcmp(o.arch, "phi3");
     /* the limits above keep these products far from overflow */
     uint64_t per_layer = 2 * d * qd + 2 * d * kvd + 3 * d * hid;
     uint64_t params = (o.tied ? 1 : 2) * d * v + (uint64_t)o.layers * per_layer;
@@ -281,7 +300,9 @@ int kvp_cmd_synth(int argc, char **argv)
     }
 
     synth_ctx c = {.seed = (uint64_t)o.seed};
-    uint64_t n_tensors = (o.tied ? 2 : 3) + (9 + 3 * qwen2 + 2 * qwen3) * (uint64_t)o.layers;
+    uint64_t n_tensors = (o.tied ? 2 : 3) +
+                         (9 + 3 * qwen2 + 2 * (qwen3 || gemma3) + 2 * gemma - 3 * phi3) *
+                         (uint64_t)o.layers;
     c.t = calloc(n_tensors, sizeof *c.t);
     uint64_t widest = d > hid ? d : hid;
     c.row = malloc((widest > qd ? widest : qd) * sizeof *c.row);
@@ -316,7 +337,15 @@ int kvp_cmd_synth(int argc, char **argv)
     snprintf(key, sizeof key, "%s.rope.freq_base", o.arch);
     kvp_gguf_writer_add_f32(w, key, (float)o.rope_base);
     snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", o.arch);
-    kvp_gguf_writer_add_f32(w, key, qwen2 || qwen3 ? 1e-6f : 1e-5f);
+    kvp_gguf_writer_add_f32(w, key, qwen2 || qwen3 || gemma ? 1e-6f : 1e-5f);
+    if (o.window) {
+        snprintf(key, sizeof key, "%s.attention.sliding_window", o.arch);
+        kvp_gguf_writer_add_u32(w, key, (uint32_t)o.window);
+    }
+    if (!strcmp(o.arch, "gemma2")) {   /* Gemma 2's own caps */
+        kvp_gguf_writer_add_f32(w, "gemma2.attn_logit_softcapping", 50.0f);
+        kvp_gguf_writer_add_f32(w, "gemma2.final_logit_softcapping", 30.0f);
+    }
     if (!o.tokenizer_json) {
         kvp_gguf_writer_add_str(w, "tokenizer.ggml.model", "llama");
         if (add_vocab(w, o.vocab)) {
@@ -333,20 +362,25 @@ int kvp_cmd_synth(int argc, char **argv)
     if (!o.tied)
         add_tensor(&c, w, "output.weight", &o, d, v);
     for (long l = 0; l < o.layers; l++) {
-        static const struct { const char *name; int in, out, bias; } blk[] = {
+        static const struct { const char *name; int in, out, bias, only; } blk[] = {
             /* in/out: 0 = none (a vector), 1 = dim, 2 = kv dim, 3 = hidden, 4 = q dim,
-             * 5 = head dim; bias: 1 = qwen2's, 2 = qwen3's q/k norms */
-            {"attn_norm.weight", 1, 0, 0}, {"attn_q.weight", 1, 4, 0},
-            {"attn_k.weight", 1, 2, 0}, {"attn_v.weight", 1, 2, 0},
-            {"attn_output.weight", 4, 1, 0}, {"ffn_norm.weight", 1, 0, 0},
-            {"ffn_gate.weight", 1, 3, 0}, {"ffn_down.weight", 3, 1, 0},
-            {"ffn_up.weight", 1, 3, 0},
-            {"attn_q.bias", 4, 0, 1}, {"attn_k.bias", 2, 0, 1}, {"attn_v.bias", 2, 0, 1},
-            {"attn_q_norm.weight", 5, 0, 2}, {"attn_k_norm.weight", 5, 0, 2},
+             * 5 = head dim, 6 = fused q+k+v rows, 7 = fused gate+up rows; bias: 1 =
+             * qwen2's biases (random values); only: 1 = not phi3 (unfused), 2 = phi3
+             * (fused), 3 = q/k norms (qwen3, gemma3), 4 = gemma's post-norms, 5 = qwen2 */
+            {"attn_norm.weight", 1, 0, 0, 0}, {"attn_q.weight", 1, 4, 0, 1},
+            {"attn_k.weight", 1, 2, 0, 1}, {"attn_v.weight", 1, 2, 0, 1},
+            {"attn_qkv.weight", 1, 6, 0, 2},
+            {"attn_output.weight", 4, 1, 0, 0}, {"ffn_norm.weight", 1, 0, 0, 0},
+            {"ffn_gate.weight", 1, 3, 0, 1}, {"ffn_down.weight", 3, 1, 0, 0},
+            {"ffn_up.weight", 1, 3, 0, 1}, {"ffn_up.weight", 1, 7, 0, 2},
+            {"attn_q.bias", 4, 0, 1, 5}, {"attn_k.bias", 2, 0, 1, 5}, {"attn_v.bias", 2, 0, 1, 5},
+            {"attn_q_norm.weight", 5, 0, 0, 3}, {"attn_k_norm.weight", 5, 0, 0, 3},
+            {"post_attention_norm.weight", 1, 0, 0, 4}, {"post_ffw_norm.weight", 1, 0, 0, 4},
         };
-        const uint64_t size[6] = {0, d, kvd, hid, qd, hd};
+        const uint64_t size[8] = {0, d, kvd, hid, qd, hd, qd + 2 * kvd, 2 * hid};
+        const int wanted[6] = {1, !phi3, phi3, qwen3 || gemma3, gemma, qwen2};
         for (size_t k = 0; k < sizeof blk / sizeof blk[0]; k++) {
-            if ((blk[k].bias == 1 && !qwen2) || (blk[k].bias == 2 && !qwen3))
+            if (!wanted[blk[k].only])
                 continue;
             char tn[48];
             snprintf(tn, sizeof tn, "blk.%ld.%s", l, blk[k].name);

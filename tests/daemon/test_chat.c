@@ -285,3 +285,89 @@ Test(chat_arch, qwen2_turns_past_the_context_and_a_restart, .timeout = 120)
     cr_expect(!kvpd_log_has(&p, "its cache has another shape"));
     h_rmdir(dir);
 }
+
+/* One session's hello (a new one when id is empty, else resuming id); the session frame. */
+static json_t *say_hello(ws_client *c, const char *id)
+{
+    char msg[128];
+    snprintf(msg, sizeof msg, *id ? "{\"type\":\"hello\",\"session\":\"%s\"}" : "{\"type\":\"hello\"}", id);
+    cr_assert_eq(ws_send_text(c, msg), 0);
+    json_t *s = h_expect(c, "session", 5000);
+    cr_assert(s, "no session frame");
+    return s;
+}
+
+/* A gemma3-shaped model (`kvp synth --arch gemma3`: 5 of 6 layers windowed at 16 rows)
+ * chats over the websocket for 5 turns with a budget smaller than the conversation: the
+ * global layer is evicted to the budget, the windowed ones hold their window; after a
+ * restart the session resumes from its snapshot and its next reply equals the reply of
+ * the same conversation run without a restart (the windows came back exactly). */
+Test(chat_arch, gemma3_windows_and_eviction_across_a_restart, .timeout = 120)
+{
+    char dir[64], model[128], cmd[512], extra[512];
+    cr_assert_eq(h_mkdtemp(dir, sizeof dir), 0);
+    snprintf(model, sizeof model, "%s/gemma3.gguf", dir);
+    snprintf(cmd, sizeof cmd, "%s synth --out %s --arch gemma3 --tied --dim 64 --hidden 128 "
+             "--layers 6 --heads 4 --kv-heads 2 --vocab 512 --ctx 512 --window 16 --seed 9 "
+             ">/dev/null 2>&1", h_build("tools/kvp"), model);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+    snprintf(extra, sizeof extra, "--model %s --policy h2o --budget 40 --chunk 8 --state-dir %s",
+             model, dir);
+    kvpd_proc p;
+    cr_assert_eq(kvpd_start(&p, extra), 0, "kvpd did not start (log %s)", p.log);
+    cr_expect(kvpd_log_has(&p, "(gemma3, "), "log %s", p.log);
+    static const char *const said[] = {"Tell me about the weather today, please.",
+                                       "What should I wear outside?", "Is it going to rain?",
+                                       "And what about the wind?", "Thank you, good night."};
+    ws_client c;
+    cr_assert_eq(h_connect(&p, &c), 0);
+    json_t *s = say_hello(&c, "");
+    char id[64];
+    snprintf(id, sizeof id, "%s", json_string_value(json_object_get(s, "id")));
+    json_decref(s);
+    json_int_t transcript = 0;
+    for (int turn = 0; turn < 5; turn++) {
+        json_t *done = h_turn(&c, said[turn], 24, NULL);
+        cr_assert(done, "turn %d got no answer", turn);
+        cr_assert_str_eq(type_of(done), "done", "turn %d: %s", turn,
+                         json_string_value(json_object_get(done, "message")));
+        cr_assert_eq(stat_of(done, "prefilled_tokens"), stat_of(done, "prompt_tokens"));
+        cr_assert_leq(stat_of(done, "cache_rows_max"), 40 + 8, "turn %d", turn);
+        transcript = stat_of(done, "transcript_tokens");
+        json_decref(done);
+    }
+    cr_assert_gt(transcript, 40 + 8, "the conversation (%lld tokens) never passed the budget",
+                 (long long)transcript);
+    ws_close(&c);
+    cr_assert_eq(kvpd_stop(&p, 10000), 0);
+
+    cr_assert_eq(kvpd_start(&p, extra), 0, "kvpd did not restart (log %s)", p.log);
+    cr_assert_eq(h_connect(&p, &c), 0);
+    s = say_hello(&c, id);
+    cr_assert(json_is_true(json_object_get(s, "resumed")));
+    cr_assert_eq(json_integer_value(json_object_get(s, "turns")), 5);
+    json_decref(s);
+    json_t *resumed = h_turn(&c, "See you tomorrow.", 12, NULL);
+    cr_assert(resumed);
+    cr_assert_str_eq(type_of(resumed), "done", "%s",
+                     json_string_value(json_object_get(resumed, "message")));
+    cr_assert_eq(stat_of(resumed, "prefilled_tokens"), stat_of(resumed, "prompt_tokens"),
+                 "the restored cache was not reused");
+    ws_close(&c);
+    /* the same six turns in one run */
+    ws_client r;
+    cr_assert_eq(h_connect(&p, &r), 0);
+    json_decref(say_hello(&r, ""));
+    for (int turn = 0; turn < 5; turn++)
+        json_decref(h_turn(&r, said[turn], 24, NULL));
+    json_t *ref = h_turn(&r, "See you tomorrow.", 12, NULL);
+    cr_assert(ref);
+    cr_expect_str_eq(json_string_value(json_object_get(resumed, "reply")),
+                     json_string_value(json_object_get(ref, "reply")));
+    json_decref(ref);
+    json_decref(resumed);
+    ws_close(&r);
+    cr_assert_eq(kvpd_stop(&p, 10000), 0);
+    cr_expect(!kvpd_log_has(&p, "its cache has another shape"));
+    h_rmdir(dir);
+}

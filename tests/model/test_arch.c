@@ -147,6 +147,10 @@ Test(arch, llama_rope_freqs) { check_in_process("llama-rope-freqs"); check_cli("
 Test(arch, qwen2_bias_tied) { check_in_process("qwen2-bias-tied"); check_cli("qwen2-bias-tied"); }
 Test(arch, qwen3_qknorm) { check_in_process("qwen3-qknorm"); check_cli("qwen3-qknorm"); }
 Test(arch, llama_q8_0) { check_in_process("llama-q8_0"); check_cli("llama-q8_0"); }
+Test(arch, gemma2_softcap) { check_in_process("gemma2-softcap"); check_cli("gemma2-softcap"); }
+Test(arch, gemma3_swa) { check_in_process("gemma3-swa"); check_cli("gemma3-swa"); }
+Test(arch, phi3) { check_in_process("phi3"); check_cli("phi3"); }
+Test(arch, phi3_swa) { check_in_process("phi3-swa"); check_cli("phi3-swa"); }
 
 Test(arch, loaded_shapes_follow_the_metadata)
 {
@@ -220,6 +224,122 @@ Test(arch, shifted_keys_equal_direct_keys_consecutive_pairs) { check_shift("llam
 Test(arch, shifted_keys_equal_direct_keys_frequency_factors) { check_shift("llama-rope-freqs"); }
 Test(arch, shifted_keys_equal_direct_keys_neox) { check_shift("qwen2-bias-tied"); }
 Test(arch, shifted_keys_equal_direct_keys_neox_qknorm) { check_shift("qwen3-qknorm"); }
+/* gemma3's layer 0 is a sliding-window layer with its own RoPE base; phi3-swa rotates 12
+ * of 16 dims on every (windowed) layer */
+Test(arch, shifted_keys_equal_direct_keys_local_rope_base) { check_shift("gemma3-swa"); }
+Test(arch, shifted_keys_equal_direct_keys_partial_neox_window) { check_shift("phi3-swa"); }
+
+/* What the loader reads from the gemma and phi3 files (README of the fixtures). */
+Test(arch, gemma_phi3_metadata)
+{
+    kvp_model m;
+    char err[512];
+    cr_assert_eq(kvp_model_load(&m, model_path("gemma2-softcap"), NULL, err, sizeof err), 0, "%s", err);
+    cr_expect_str_eq(m.arch, "gemma2");
+    cr_expect(m.cfg.attn_softcap == 5.0f && m.cfg.final_softcap == 30.0f && m.cfg.gelu);
+    cr_expect_eq(m.cfg.embd_scale, 8.0f);
+    cr_expect_eq(m.cfg.query_scale, 1.0f / sqrtf(32.0f), "1/sqrt(key_length), not dim/heads");
+    cr_expect(m.layers[0].window == 8 && m.layers[1].window == 0 && m.layers[2].window == 8 &&
+              m.layers[3].window == 0, "alternate layers are windowed");
+    cr_expect(m.layers[3].post_attn_norm && m.layers[3].post_ffn_norm && m.tied_output);
+    kvp_model_free(&m);
+    cr_assert_eq(kvp_model_load(&m, model_path("gemma3-swa"), NULL, err, sizeof err), 0, "%s", err);
+    for (int l = 0; l < 6; l++)
+        cr_expect_eq(m.layers[l].window, l == 5 ? 0 : 8, "layer %d", l);
+    cr_expect(m.cfg.rope.base == 1e6f && m.cfg.rope_base_swa == 10000.0f);
+    cr_expect(m.cfg.attn_softcap == 0 && m.cfg.final_softcap == 0 && m.layers[0].k_norm);
+    kvp_model_free(&m);
+    cr_assert_eq(kvp_model_load(&m, model_path("phi3"), NULL, err, sizeof err), 0, "%s", err);
+    cr_expect(m.cfg.rope.neox && m.cfg.rope.factors && m.cfg.swa_window == 0);
+    cr_expect(fabsf(m.cfg.rope_attn_factor - 1.1902381f) < 1e-6f);
+    cr_expect_eq(m.cfg.seq_len, 4096, "short rope factors: the context is held to "
+                 "original_context_length");
+    cr_expect(m.layers[0].wk.data == (const char *)m.layers[0].wq.data + 96 * m.layers[0].wq.row_bytes,
+              "k rows follow q rows in attn_qkv");
+    kvp_model_free(&m);
+    cr_assert_eq(kvp_model_load(&m, model_path("phi3-swa"), NULL, err, sizeof err), 0, "%s", err);
+    cr_expect(m.cfg.rope.n_rot == 12 && m.cfg.head_dim == 16 && !m.cfg.rope.factors);
+    for (int l = 0; l < 3; l++)
+        cr_expect_eq(m.layers[l].window, 8);
+    kvp_model_free(&m);
+}
+
+/* A sliding-window layer's heads hold only their window's rows (the newest tokens, at
+ * their exact positions); a global layer holds every token; decoding past the window
+ * still reproduces ggml's logits (check_in_process), and the budget counts only the
+ * global layers. */
+Test(arch, window_bounds_the_local_layers)
+{
+    kvp_model m;
+    char err[512];
+    cr_assert_eq(kvp_model_load(&m, model_path("gemma3-swa"), NULL, err, sizeof err), 0, "%s", err);
+    const kvp_model_config *p = &m.cfg;
+    enum { N = 30 };
+    int toks[N];
+    for (int i = 0; i < N; i++)
+        toks[i] = (i * 29 + 5) % p->vocab_size;
+    kvp_runstate s;
+    kvp_cache c;
+    cr_assert_eq(kvp_runstate_init(&s, p, N), 0);
+    cr_assert_eq(kvp_cache_init(&c, p->n_layers, p->n_kv_heads, p->head_dim, &p->rope), 0);
+    cr_assert_eq(kvp_forward(&m, &s, &c, toks, 20, NULL), 0);
+    for (int i = 20; i < N; i++)
+        cr_assert_eq(kvp_forward(&m, &s, &c, &toks[i], 1, NULL), 0);
+    for (int l = 0; l < p->n_layers; l++) {
+        cr_expect_eq(kvp_cache_window(&c, l), m.layers[l].window);
+        for (int kvh = 0; kvh < p->n_kv_heads; kvh++) {
+            const kvp_head *h = kvp_cache_head(&c, l, kvh);
+            int want = m.layers[l].window ? 7 : N;   /* the next token sees 7 + itself */
+            cr_expect_eq(h->n, want, "layer %d head %d holds %d rows", l, kvh, h->n);
+            for (int r = 0; r < h->n; r++)
+                cr_expect(h->pos[r] == N - h->n + r && h->seq[r] == N - h->n + r);
+        }
+    }
+    cr_expect_eq(c.evicted_rows, 0, "leaving the window is not an eviction");
+    cr_expect_eq(kvp_cache_budget_heads(&c), p->n_kv_heads);
+    cr_expect_eq(kvp_cache_budget_rows(&c), (size_t)N * p->n_kv_heads);
+    cr_expect_eq(kvp_cache_budget_max_rows(&c), N);
+    /* a snapshot keeps the windows and the local base */
+    void *buf;
+    size_t len;
+    kvp_cache r;
+    cr_assert_eq(kvp_cache_serialize(&c, &buf, &len), 0);
+    cr_assert_eq(kvp_cache_deserialize(&r, buf, len, err, sizeof err), 0, "%s", err);
+    cr_expect_eq(r.rope_base_swa, 10000.0f);
+    for (int l = 0; l < p->n_layers; l++)
+        cr_expect_eq(kvp_cache_window(&r, l), m.layers[l].window);
+    /* and the restored cache decodes as the original */
+    float want[512];
+    cr_assert_eq(kvp_forward(&m, &s, &c, &toks[3], 1, NULL), 0);
+    memcpy(want, s.logits, sizeof want);
+    cr_assert_eq(kvp_forward(&m, &s, &r, &toks[3], 1, NULL), 0);
+    cr_expect_eq(memcmp(want, s.logits, sizeof want), 0);
+    free(buf);
+    kvp_cache_free(&r);
+    kvp_cache_free(&c);
+    kvp_runstate_free(&s);
+    kvp_model_free(&m);
+}
+
+/* An architecture kvpd does not run is refused naming the key and its value. */
+Test(arch, unknown_architecture_is_refused_by_name)
+{
+    size_t len;
+    char *raw = tu_slurp(model_path("llama-plain"), &len);
+    cr_assert(raw);
+    /* general.architecture "llama" -> "lla_a": the same length, so the file stays valid */
+    char *at = memmem(raw, len, "general.architecture", 20);
+    cr_assert(at);
+    char *val = memmem(at, len - (size_t)(at - raw), "llama", 5);
+    cr_assert(val);
+    memcpy(val, "mamba", 5);
+    const char *path = tu_write_tmp(raw, len);
+    kvp_model m;
+    char err[512];
+    cr_expect_lt(kvp_model_load(&m, path, NULL, err, sizeof err), 0);
+    cr_expect(strstr(err, "general.architecture 'mamba' is not supported"), "%s", err);
+    free(raw);
+}
 
 /* The quantized fixtures: where the file's types load, the logits match ggml's from the
  * dequantized weights like the float files; where a type is not supported yet, the

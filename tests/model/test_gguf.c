@@ -1328,3 +1328,60 @@ Test(gguf, synth_architectures)
         cr_expect_eq(st, 2, "'%s' exited %d", bad[i], st);
     }
 }
+
+/* kvp synth --arch gemma2|gemma3|phi3: Gemma's post-norms and softcaps, gemma3's q/k
+ * norms, phi3's fused tensors, each family's windowed layers; a window shorter than the
+ * sequence and batched prefill still equal token-by-token decode. */
+Test(gguf, synth_windowed_architectures)
+{
+    static const struct { const char *arch; int windowed[6], qk_norm, post, gelu; } a[] = {
+        {"gemma2", {1, 0, 1, 0, 1, 0}, 0, 1, 1},
+        {"gemma3", {1, 1, 1, 1, 1, 0}, 1, 1, 1},
+        {"phi3", {1, 1, 1, 1, 1, 1}, 0, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof a / sizeof a[0]; i++) {
+        char args[256];
+        snprintf(args, sizeof args, "--dim 64 --hidden 96 --layers 6 --heads 4 --kv-heads 2 "
+                 "--vocab 300 --ctx 128 --seed 5 --window 6 --arch %s", a[i].arch);
+        int st;
+        const char *p = synth(args, &st);
+        cr_assert_eq(st, 0, "%s", args);
+        kvp_model m;
+        char err[512];
+        cr_assert_eq(kvp_model_load(&m, p, NULL, err, sizeof err), 0, "%s: %s", args, err);
+        cr_expect_str_eq(m.arch, a[i].arch);
+        for (int l = 0; l < 6; l++)
+            cr_expect_eq(m.layers[l].window, a[i].windowed[l] ? 6 : 0, "%s layer %d", a[i].arch, l);
+        cr_expect_eq(!!m.layers[0].k_norm, a[i].qk_norm, "%s", args);
+        cr_expect_eq(!!m.layers[0].post_ffn_norm, a[i].post, "%s", args);
+        cr_expect_eq(m.cfg.gelu, a[i].gelu, "%s", args);
+        cr_expect_eq(m.cfg.attn_softcap, !strcmp(a[i].arch, "gemma2") ? 50.0f : 0.0f);
+        enum { N = 21 };
+        int toks[N];
+        for (int t = 0; t < N; t++)
+            toks[t] = (t * 53 + 7) % 300;
+        kvp_runstate s;
+        kvp_cache c;
+        float *all = malloc((size_t)N * 300 * sizeof *all);
+        cr_assert_eq(kvp_runstate_init(&s, &m.cfg, N), 0);
+        cr_assert_eq(kvp_cache_init(&c, 6, 2, m.cfg.head_dim, &m.cfg.rope), 0);
+        cr_assert_eq(kvp_forward(&m, &s, &c, toks, N, all), 0);
+        kvp_cache_reset(&c);
+        float worst = 0.0f;
+        for (int t = 0; t < N; t++) {
+            cr_assert_eq(kvp_forward(&m, &s, &c, &toks[t], 1, NULL), 0);
+            for (int j = 0; j < 300; j++)
+                worst = fmaxf(worst, fabsf(s.logits[j] - all[(size_t)t * 300 + j]));
+        }
+        cr_expect_leq(worst, 1e-4f, "%s: prefill and decode differ by %g", args, worst);
+        cr_expect_eq(kvp_cache_head(&c, 0, 0)->n, 5, "%s: a windowed layer holds its window", args);
+        free(all);
+        kvp_cache_free(&c);
+        kvp_runstate_free(&s);
+        kvp_model_free(&m);
+        remove(p);
+    }
+    int st;
+    synth("--layers 1 --vocab 300 --dim 64 --hidden 64 --heads 4 --arch qwen2 --window 8", &st);
+    cr_expect_eq(st, 2, "a window for an architecture without one");
+}
