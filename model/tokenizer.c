@@ -157,12 +157,17 @@ static int finish(kvp_tokenizer *t, const int32_t *types, char *err, size_t errl
     for (int i = 0; i < n; i++)
         t->sorted[i] = ents[i].id;
     free(ents);
-    /* Byte-level BPE starts every chunk from one token per byte. */
+    /* Byte-level BPE starts every chunk from one token per byte. Some vocabularies
+     * leave out the bytes UTF-8 never uses (StarCoder's has no 0xC0, 0xC1, 0xF5..0xFF):
+     * those stay -1 and the encoder drops them, as the reference tokenizers do; the
+     * vocabulary must still cover ASCII. */
     for (int b = 0; t->bpe && b < 256; b++) {
         char c = (char)b;
-        if ((t->byte_token[b] = kvp_tokenizer_lookup_text(t, &c, 1)) < 0)
+        t->byte_token[b] = kvp_tokenizer_lookup_text(t, &c, 1);
+        if (t->byte_token[b] < 0 && b >= 0x20 && b < 0x7F)
             return kvp_errorf(err, errlen, -EINVAL,
-                              "byte-level vocabulary has no token for byte 0x%02X", b);
+                              "byte-level vocabulary has no token for byte 0x%02X ('%c')", b,
+                              b);
     }
     return 0;
 }
@@ -371,15 +376,14 @@ static int load_gguf(kvp_tokenizer *t, const kvp_gguf *g, kvp_gguf_str **strs,
                 return kvp_errorf(err, errlen, -EINVAL, "tokenizer.ggml.pre is not a string");
             if (pre < 0)
                 return kvp_errorf(err, errlen, -ENOTSUP,
-                                  "tokenizer.ggml.pre \"%.*s\" is not supported (llama-bpe, "
-                                  "qwen2, smollm, gpt2)",
+                                  "tokenizer.ggml.pre \"%.*s\" is not supported (known: %s)",
                                   (int)(kv->val.str.len < 64 ? kv->val.str.len : 64),
-                                  kv->val.str.ptr);
+                                  kv->val.str.ptr, kvp_bpe_pre_names());
             t->bpe->pre = (enum kvp_bpe_pre)pre;
         }
-        /* llama.cpp's Llama 3 vocabulary, like HF's ignore_merges, takes a chunk that
-         * is a whole token as that token. */
-        t->bpe->ignore_merges = t->bpe->pre == KVP_PRE_LLAMA3;
+        /* llama.cpp's Llama 3 and tekken vocabularies, like HF's ignore_merges, take a
+         * chunk that is a whole token as that token. */
+        t->bpe->ignore_merges = t->bpe->pre == KVP_PRE_LLAMA3 || t->bpe->pre == KVP_PRE_TEKKEN;
         /* Qwen's tokenizer.json normalizes to NFC before splitting (GGUF has no key for
          * a normalizer; the pre-tokenizer name implies it). */
         t->bpe->nfc = t->bpe->pre == KVP_PRE_QWEN2;

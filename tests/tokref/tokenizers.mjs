@@ -80,6 +80,9 @@ function variant(name, preTokenizer) {
 // The pre-tokenizer variants run on a smaller corpus (transformers.js takes most of
 // this test's time).
 const small = { oasst: oasst.slice(0, quick ? 50 : 300).join("\n\n"), torture };
+// The vocabularies of the other pre-tokenizers: a bounded slice of every text.
+const bounded = { oasst: oasst.slice(0, quick ? 50 : 400).join("\n\n"),
+  tinystories: tinystories.slice(0, quick ? 10000 : 200000), torture };
 const families = [
   { name: "qwen3", ...qwen, byteLevel: true, nfc: true },
   { name: "llama3", ...pkg("llama3"), byteLevel: true },
@@ -89,7 +92,11 @@ const families = [
       { type: "ByteLevel", add_prefix_space: false, trim_offsets: true, use_regex: true }] }) },
   { name: "gpt2", byteLevel: true, corpus: small, ...variant("gpt2",
       { type: "ByteLevel", add_prefix_space: false, trim_offsets: true, use_regex: true }) },
-];
+  { name: "llama3_1", ...pkg("llama3_1"), byteLevel: true, corpus: bounded },
+  { name: "gpt4o", ...pkg("gpt4o"), byteLevel: true, corpus: bounded },
+  { name: "gptoss", ...pkg("gptoss"), byteLevel: true, corpus: bounded },
+  { name: "deepseek_v3", ...pkg("deepseek_v3"), byteLevel: true, corpus: bounded },
+].filter((f) => !process.env.KVP_TOKREF_ONLY || process.env.KVP_TOKREF_ONLY.split(",").includes(f.name));
 
 // Token pieces printed by `kvp tokenize --pieces` (C escapes) back to bytes.
 function unescape(buf) {
