@@ -759,6 +759,12 @@ int kvp_gguf_writer_add_str(kvp_gguf_writer *w, const char *key, const char *v)
     return rc ? rc : end_kv(w, put_str(w, v));
 }
 
+int kvp_gguf_writer_add_bool(kvp_gguf_writer *w, const char *key, int v)
+{
+    int rc = begin_kv(w, key, KVP_GGUF_BOOL);
+    return rc ? rc : end_kv(w, put_le(w, v != 0, 1));
+}
+
 static int begin_array(kvp_gguf_writer *w, const char *key, uint32_t et, uint64_t n)
 {
     int rc = begin_kv(w, key, KVP_GGUF_ARRAY);

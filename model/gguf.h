@@ -93,6 +93,7 @@ void kvp_gguf_writer_free(kvp_gguf_writer *w);
 int kvp_gguf_writer_add_u32(kvp_gguf_writer *w, const char *key, uint32_t v);
 int kvp_gguf_writer_add_f32(kvp_gguf_writer *w, const char *key, float v);
 int kvp_gguf_writer_add_str(kvp_gguf_writer *w, const char *key, const char *v);
+int kvp_gguf_writer_add_bool(kvp_gguf_writer *w, const char *key, int v);
 int kvp_gguf_writer_add_str_array(kvp_gguf_writer *w, const char *key, const char *const *v, uint64_t n);
 int kvp_gguf_writer_add_f32_array(kvp_gguf_writer *w, const char *key, const float *v, uint64_t n);
 int kvp_gguf_writer_add_i32_array(kvp_gguf_writer *w, const char *key, const int32_t *v, uint64_t n);

@@ -31,6 +31,7 @@ void kvp_tokenizer_free(kvp_tokenizer *t)
     free(t->piece_len);
     free(t->scores);
     free(t->sorted);
+    free(t->user_ids);
     if (t->bpe)
         kvp_bpe_free(t->bpe);
     free(t->bpe);
@@ -156,13 +157,37 @@ static int finish(kvp_tokenizer *t, const int32_t *types, char *err, size_t errl
     }
     for (int i = 0; i < n; i++)
         t->sorted[i] = ents[i].id;
+    /* SentencePiece's user-defined pieces, sorted (ents is in piece order within each
+     * part). */
+    t->n_user = 0;
+    for (int i = 0; !t->bpe && types && i < t->n_text; i++) {
+        int id = ents[i].id;
+        if (types[id] == TT_USER_DEFINED && ents[i].len > 0 &&
+            !memchr(ents[i].piece, ' ', (size_t)ents[i].len))
+            ents[t->n_user++] = ents[i];
+    }
+    if (t->n_user && !(t->user_ids = malloc((size_t)t->n_user * sizeof *t->user_ids))) {
+        free(ents);
+        return kvp_errorf(err, errlen, -ENOMEM, "out of memory for the tokenizer index");
+    }
+    for (int i = 0; i < t->n_user; i++) {
+        unsigned char first = (unsigned char)ents[i].piece[0];
+        t->user_ids[i] = ents[i].id;
+        if (ents[i].len > t->user_max_len[first])
+            t->user_max_len[first] = (unsigned char)(ents[i].len < 255 ? ents[i].len : 255);
+    }
     free(ents);
-    /* Byte-level BPE starts every chunk from one token per byte. */
+    /* Byte-level BPE starts every chunk from one token per byte. Some vocabularies
+     * leave out the bytes UTF-8 never uses (StarCoder's has no 0xC0, 0xC1, 0xF5..0xFF):
+     * those stay -1 and the encoder drops them, as the reference tokenizers do; the
+     * vocabulary must still cover ASCII. */
     for (int b = 0; t->bpe && b < 256; b++) {
         char c = (char)b;
-        if ((t->byte_token[b] = kvp_tokenizer_lookup_text(t, &c, 1)) < 0)
+        t->byte_token[b] = kvp_tokenizer_lookup_text(t, &c, 1);
+        if (t->byte_token[b] < 0 && b >= 0x20 && b < 0x7F)
             return kvp_errorf(err, errlen, -EINVAL,
-                              "byte-level vocabulary has no token for byte 0x%02X", b);
+                              "byte-level vocabulary has no token for byte 0x%02X ('%c')", b,
+                              b);
     }
     return 0;
 }
@@ -371,15 +396,14 @@ static int load_gguf(kvp_tokenizer *t, const kvp_gguf *g, kvp_gguf_str **strs,
                 return kvp_errorf(err, errlen, -EINVAL, "tokenizer.ggml.pre is not a string");
             if (pre < 0)
                 return kvp_errorf(err, errlen, -ENOTSUP,
-                                  "tokenizer.ggml.pre \"%.*s\" is not supported (llama-bpe, "
-                                  "qwen2, smollm, gpt2)",
+                                  "tokenizer.ggml.pre \"%.*s\" is not supported (known: %s)",
                                   (int)(kv->val.str.len < 64 ? kv->val.str.len : 64),
-                                  kv->val.str.ptr);
+                                  kv->val.str.ptr, kvp_bpe_pre_names());
             t->bpe->pre = (enum kvp_bpe_pre)pre;
         }
-        /* llama.cpp's Llama 3 vocabulary, like HF's ignore_merges, takes a chunk that
-         * is a whole token as that token. */
-        t->bpe->ignore_merges = t->bpe->pre == KVP_PRE_LLAMA3;
+        /* llama.cpp's Llama 3 and tekken vocabularies, like HF's ignore_merges, take a
+         * chunk that is a whole token as that token. */
+        t->bpe->ignore_merges = t->bpe->pre == KVP_PRE_LLAMA3 || t->bpe->pre == KVP_PRE_TEKKEN;
         /* Qwen's tokenizer.json normalizes to NFC before splitting (GGUF has no key for
          * a normalizer; the pre-tokenizer name implies it). */
         t->bpe->nfc = t->bpe->pre == KVP_PRE_QWEN2;
@@ -550,6 +574,42 @@ static int encode_bpe(const kvp_tokenizer *t, const char *text, size_t len, unsi
     return add_bos + n + add_eos;
 }
 
+/* The longest user-defined piece at text[0..len), its id and *n its length; -1 if none. */
+static int user_token_at(const kvp_tokenizer *t, const char *text, size_t len, size_t *n)
+{
+    size_t max = t->user_max_len[(unsigned char)text[0]];
+    for (size_t l = max < len ? max : len; l > 0; l--) {
+        int lo = 0, hi = t->n_user;
+        while (lo < hi) {
+            int mid = lo + (hi - lo) / 2, id = t->user_ids[mid];
+            int c = cmp_bytes(t->pieces[id], (size_t)t->piece_len[id], text, l);
+            if (c == 0) {
+                *n = l;
+                return id;
+            }
+            if (c < 0)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+    }
+    return -1;
+}
+
+/* Merges the symbols e->n pushed so far and appends their tokens to out[*n..max). */
+static void flush_units(enc *e, int *out, int max, int *n)
+{
+    if (e->n == 0)
+        return;
+    kvp_merges_run(&e->m, e->n, try_pair, e);
+    for (int i = 0; i >= 0; i = e->m.syms[i].next) {
+        if (*n < max)
+            out[*n] = e->m.syms[i].tok;
+        (*n)++;
+    }
+    e->n = 0;
+}
+
 int kvp_tokenizer_encode(const kvp_tokenizer *t, const char *text, size_t len,
                          unsigned flags, int *out, int max)
 {
@@ -567,31 +627,46 @@ int kvp_tokenizer_encode(const kvp_tokenizer *t, const char *text, size_t len,
     if (!e.m.syms || !e.m.heap || !e.buf)
         goto out;
 
+    int add_bos = (flags & KVP_ENCODE_BOS) != 0, add_eos = (flags & KVP_ENCODE_EOS) != 0;
+    int n = 0;
+    if (add_bos) {
+        if (n < max)
+            out[n] = t->bos_id;
+        n++;
+    }
     if (t->add_space_prefix && !(flags & KVP_ENCODE_NO_PREFIX) && len > 0)
         push_unit(&e, " ", 1);
     const unsigned char *s = (const unsigned char *)text;
     for (size_t i = 0; i < len;) {
+        size_t u;
+        int user = t->n_user && t->user_max_len[s[i]] ? user_token_at(t, text + i, len - i, &u)
+                                                      : -1;
+        if (user >= 0) {
+            /* A user-defined token stands alone: the text on each side merges apart. */
+            flush_units(&e, out, max, &n);
+            if (n < max)
+                out[n] = user;
+            n++;
+            i += u;
+            continue;
+        }
         uint32_t cp;
-        size_t u = kvp_utf8_decode(s + i, len - i, &cp);
-        push_unit(&e, text + i, u);
+        u = kvp_utf8_decode(s + i, len - i, &cp);
+        /* U+2581 is the space marker itself: the references map a space to it and then
+         * match pieces, so both are one symbol. */
+        if (cp == 0x2581)
+            push_unit(&e, " ", 1);
+        else
+            push_unit(&e, text + i, u);
         i += u;
     }
-    kvp_merges_run(&e.m, e.n, try_pair, &e);
-
-    int add_bos = (flags & KVP_ENCODE_BOS) != 0, add_eos = (flags & KVP_ENCODE_EOS) != 0;
-    int n = 0, need = add_bos + add_eos;
-    for (int i = e.n > 0 ? 0 : -1; i >= 0; i = e.m.syms[i].next)
-        need++;
-    rc = -ENOSPC;
-    if (need > max)
-        goto out;
-    if (add_bos)
-        out[n++] = t->bos_id;
-    for (int i = e.n > 0 ? 0 : -1; i >= 0; i = e.m.syms[i].next)
-        out[n++] = e.m.syms[i].tok;
-    if (add_eos)
-        out[n++] = t->eos_id;
-    rc = n;
+    flush_units(&e, out, max, &n);
+    if (add_eos) {
+        if (n < max)
+            out[n] = t->eos_id;
+        n++;
+    }
+    rc = n > max ? -ENOSPC : n;
 out:
     free(e.m.syms);
     free(e.m.heap);

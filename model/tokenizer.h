@@ -2,8 +2,8 @@
  * tokenizer.ggml.model "llama") and byte-level BPE (merges by rank after a
  * pre-tokenizer split; tokenizer.ggml.model "gpt2", model/bpe.h).
  * Loaded from a llama2.c tokenizer.bin or from GGUF tokenizer.ggml.* metadata.
- * Encoding never produces a special token (control, user-defined, unknown, unused) from
- * text: "<|im_start|>" in a user's message is plain text; only the chat template puts
+ * Encoding never produces a special token (control, unknown, unused; in byte-level BPE
+ * also user-defined) from text: "<|im_start|>" in a user's message is plain text; only the chat template puts
  * special tokens in, by id (kvp_tokenizer_lookup). */
 #ifndef KVP_TOKENIZER_H
 #define KVP_TOKENIZER_H
@@ -34,6 +34,14 @@ typedef struct kvp_tokenizer {
     int n_text;
     struct kvp_bpe *bpe;    /* byte-level BPE merges and pre-tokenizer; NULL for
                                SentencePiece */
+    /* SentencePiece user-defined tokens (GGUF token type 4, e.g. Gemma's "\n\n" and
+     * "<table>"): the encoder takes each where the text spells it, longest first, before
+     * merging the text around it. Sorted by piece; pieces holding a space (U+2581 in
+     * the file) are left out, as the references match those only against a literal
+     * U+2581. */
+    int *user_ids;
+    int n_user;
+    unsigned char user_max_len[256];   /* longest such piece by first byte, 0 if none */
 } kvp_tokenizer;
 
 /* llama2.c format: int max_token_length, then vocab_size x {float score, int len, bytes}. */

@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "model/unicode_table.h"
 
@@ -62,6 +63,33 @@ enum kvp_ucls kvp_unicode_class(uint32_t cp)
             return (enum kvp_ucls)unicode_ranges[mid].cls;
     }
     return KVP_UCLS_OTHER;
+}
+
+enum kvp_ugc kvp_unicode_gc(uint32_t cp)
+{
+    if (cp < 0x80) {
+        if (cp >= 'a' && cp <= 'z')
+            return KVP_UGC_LL;
+        if (cp >= 'A' && cp <= 'Z')
+            return KVP_UGC_LU;
+        if (cp >= '0' && cp <= '9')
+            return KVP_UGC_NUMBER;
+        if (cp <= ' ' || cp == 0x7F)
+            return KVP_UGC_OTHER;
+        /* ASCII symbols: $ + < = > ^ ` | ~; the rest of the printable ones are P. */
+        return strchr("$+<=>^`|~", (int)cp) ? KVP_UGC_SYMBOL : KVP_UGC_PUNCT;
+    }
+    size_t lo = 0, hi = sizeof unicode_gc / sizeof unicode_gc[0];
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (cp > unicode_gc[mid].hi)
+            lo = mid + 1;
+        else if (cp < unicode_gc[mid].lo)
+            hi = mid;
+        else
+            return (enum kvp_ugc)unicode_gc[mid].gc;
+    }
+    return KVP_UGC_OTHER;
 }
 
 size_t kvp_utf8_encode(uint32_t cp, char *out)

@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Writes model/unicode_table.h: the code point classes the byte-level BPE pre-tokenizers
-split on (\\p{L} letters, \\p{N} numbers, \\s white space), as sorted ranges, and the
+split on (\\p{L} letters, \\p{N} numbers, \\s white space), as sorted ranges, the
+general categories some of them name (\\p{Lu}, \\p{Ll}, \\p{Lt}, \\p{Lm}, \\p{Lo},
+\\p{M}, \\p{P}, \\p{S}), and the
 data of NFC normalization (canonical combining classes, canonical decompositions,
 primary composites), which Qwen's tokenizers apply first.
 
@@ -18,6 +20,8 @@ import sys
 root = sys.argv[1] if len(sys.argv) > 1 else "/usr/share/unicode"
 OTHER, LETTER, NUMBER, SPACE = 0, 1, 2, 3
 cls = {}
+GC = {"Lu": 1, "Ll": 2, "Lt": 3, "Lm": 4, "Lo": 5, "M": 6, "N": 7, "P": 8, "S": 9}
+gc = {}
 ccc = {}
 decomp = {}
 
@@ -37,6 +41,10 @@ with open(os.path.join(root, "UnicodeData.txt"), encoding="utf-8") as f:
             continue
         lo = first if name.endswith(", Last>") else cp
         first = None
+        g = GC.get(cat, GC.get(cat[0], 0))
+        if g:
+            for x in range(lo, cp + 1):
+                gc[x] = g
         if c != OTHER:
             for x in range(lo, cp + 1):
                 cls[x] = c
@@ -92,6 +100,20 @@ out.write("static const struct { unsigned lo, hi; unsigned char cls; } unicode_r
           % len(ranges))
 for lo, hi, c in ranges:
     out.write("    {0x%04X, 0x%04X, %d},\n" % (lo, hi, c))
+out.write("};\n")
+
+gc_ranges = []
+for cp in sorted(gc):
+    if gc_ranges and gc_ranges[-1][1] == cp - 1 and gc_ranges[-1][2] == gc[cp]:
+        gc_ranges[-1][1] = cp
+    else:
+        gc_ranges.append([cp, cp, gc[cp]])
+out.write("/* General categories as ranges: Lu 1, Ll 2, Lt 3, Lm 4, Lo 5, M* 6, N* 7, P* 8,\n")
+out.write(" * S* 9; every other code point (Z*, C*, unassigned) is 0. Sorted. */\n")
+out.write("static const struct { unsigned lo, hi; unsigned char gc; } unicode_gc[%d] = {\n"
+          % len(gc_ranges))
+for lo, hi, g in gc_ranges:
+    out.write("    {0x%04X, 0x%04X, %d},\n" % (lo, hi, g))
 out.write("};\n")
 
 ccc_ranges = []

@@ -24,6 +24,28 @@ static const char QWEN2_RE[] =
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+"
     "[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 
+/* GPT-4o's (o200k) split regex; gpt-oss and Llama 4 use it too. */
+static const char GPT4O_RE[] =
+    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}"
+    "\\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}"
+    "\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\\p{N}{1,3}|"
+    " ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+/* DeepSeek V3's three splits (CR and LF stand as themselves in its third regex). */
+static const char DS3_RE1[] = "\\p{N}{1,3}";
+static const char DS3_RE2[] = "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+";
+static const char DS3_RE3[] =
+    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?"
+    "[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+";
+
+/* The byte-level pre-tokenizers written as a Sequence of regex Splits, then ByteLevel
+ * without its own regex. */
+static const struct { const char *name; const char *re[3]; } split_pres[] = {
+    {"llama-bpe", {LLAMA3_RE}},
+    {"qwen2", {QWEN2_RE}},
+    {"gpt-4o", {GPT4O_RE}},
+    {"deepseek-v3", {DS3_RE1, DS3_RE2, DS3_RE3}},
+};
+
 static const char *type_of(json_t *o)
 {
     const char *s = json_string_value(json_object_get(o, "type"));
@@ -38,24 +60,48 @@ static const char *pre_name(json_t *pre)
     if (strcmp(type_of(pre), "Sequence"))
         return NULL;
     json_t *seq = json_object_get(pre, "pretokenizers");
-    if (json_array_size(seq) != 2 || strcmp(type_of(json_array_get(seq, 1)), "ByteLevel"))
+    size_t n = json_array_size(seq);
+    if (n < 2 || strcmp(type_of(json_array_get(seq, n - 1)), "ByteLevel"))
         return NULL;
-    json_t *first = json_array_get(seq, 0), *bl = json_array_get(seq, 1);
+    json_t *first = json_array_get(seq, 0), *bl = json_array_get(seq, n - 1);
     int bl_regex = !json_is_false(json_object_get(bl, "use_regex"));
-    if (!strcmp(type_of(first), "Digits") &&
+    if (n == 2 && !strcmp(type_of(first), "Digits") &&
         json_is_true(json_object_get(first, "individual_digits")) && bl_regex)
         return "smollm";
-    if (strcmp(type_of(first), "Split") || bl_regex ||
-        strcmp(json_string_value(json_object_get(first, "behavior")) ?: "", "Isolated"))
+    if (bl_regex)
         return NULL;
-    const char *re = json_string_value(json_object_get(json_object_get(first, "pattern"), "Regex"));
-    if (!re)
-        return NULL;
-    if (!strcmp(re, LLAMA3_RE))
-        return "llama-bpe";
-    if (!strcmp(re, QWEN2_RE))
-        return "qwen2";
+    /* Each Split keeps its matches and the text between them: "Isolated", or "Removed"
+     * with invert (it removes the gaps, and these regexes leave none). */
+    for (size_t p = 0; p < sizeof split_pres / sizeof split_pres[0]; p++) {
+        size_t k = 0;
+        for (; k + 1 < n; k++) {
+            json_t *sp = json_array_get(seq, k);
+            const char *behavior = json_string_value(json_object_get(sp, "behavior")) ?: "";
+            const char *re = json_string_value(json_object_get(json_object_get(sp, "pattern"),
+                                                               "Regex"));
+            int keeps = !strcmp(behavior, "Isolated") ? !json_is_true(json_object_get(sp, "invert"))
+                      : !strcmp(behavior, "Removed") && json_is_true(json_object_get(sp, "invert"));
+            if (k >= 3 || strcmp(type_of(sp), "Split") || !keeps || !re || !split_pres[p].re[k] ||
+                strcmp(re, split_pres[p].re[k]))
+                break;
+        }
+        if (k + 1 == n && (k == 3 || !split_pres[p].re[k]))
+            return split_pres[p].name;
+    }
     return NULL;
+}
+
+/* Whether a normalizer (or one in its Sequence) is Prepend("▁"). */
+static int has_prepend(json_t *norm)
+{
+    if (!strcmp(type_of(norm), "Prepend"))
+        return !strcmp(json_string_value(json_object_get(norm, "prepend")) ?: "", "\u2581");
+    size_t i;
+    json_t *v;
+    json_array_foreach(json_object_get(norm, "normalizers"), i, v)
+        if (has_prepend(v))
+            return 1;
+    return 0;
 }
 
 /* A config entry naming a token: "<s>" or {"content": "<s>", ...}. */
@@ -140,8 +186,9 @@ int kvp_hf_vocab_add(kvp_gguf_writer *w, const char *tokenizer_path, const char 
     int byte_level = !strcmp(type_of(json_object_get(tj, "decoder")), "ByteLevel");
     const char *pre = NULL;
     if (byte_level && !(pre = pre_name(json_object_get(tj, "pre_tokenizer")))) {
-        kvp_errorf(err, errlen, rc, "%s: pre_tokenizer is none kvpd implements (Llama 3's or "
-                   "Qwen 2's split regex, SmolLM's digits + ByteLevel, GPT-2's ByteLevel)",
+        kvp_errorf(err, errlen, rc, "%s: pre_tokenizer is none kvpd implements (the split "
+                   "regexes of Llama 3, Qwen 2, GPT-4o or DeepSeek V3, SmolLM's digits + "
+                   "ByteLevel, GPT-2's ByteLevel)",
                    tokenizer_path);
         goto out;
     }
@@ -254,9 +301,15 @@ int kvp_hf_vocab_add(kvp_gguf_writer *w, const char *tokenizer_path, const char 
         rc = rc ? rc : kvp_gguf_writer_add_str_array(w, "tokenizer.ggml.merges",
                                                     (const char *const *)merges, n_merges);
     } else {
+        /* User-defined pieces keep their merge scores: Gemma's whitespace runs ("▁▁")
+         * are both added tokens and merge results, and merge in rank order. */
         for (long id = 0; id < n; id++)
-            if (type[id] != TT_NORMAL)
+            if (type[id] != TT_NORMAL && (type[id] != TT_USER_DEFINED || score[id] < -1e29f))
                 score[id] = 0.0f;
+        /* SentencePiece's dummy prefix is the normalizer's Prepend("▁") (Llama 2 has
+         * it, Gemma does not). */
+        rc = rc ? rc : kvp_gguf_writer_add_bool(w, "tokenizer.ggml.add_space_prefix",
+                                               has_prepend(json_object_get(tj, "normalizer")));
         rc = rc ? rc : kvp_gguf_writer_add_f32_array(w, "tokenizer.ggml.scores", score,
                                                     (uint64_t)n);
     }
