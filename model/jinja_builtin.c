@@ -299,11 +299,17 @@ kvp_jv *jx_call_builtin(jctx *c, kvp_jv *f, kvp_jv **args, int nargs, const char
         }
         if (!v[2])
             jx_fail(c, line, "range() step cannot be zero");
+        /* its length first: a huge range fails before it is built */
+        long double span = v[2] > 0 ? (long double)v[1] - v[0] : (long double)v[0] - v[1];
+        long double count = span <= 0 ? 0 : (span + (v[2] > 0 ? v[2] : -v[2]) - 1) /
+                                             (v[2] > 0 ? v[2] : -(long double)v[2]);
+        if (count > (long double)(c->lim.max_steps - c->steps))
+            jx_fail(c, line, "range() of %.0Lf items: more than the %ld loop iterations "
+                    "a template may run", count, c->lim.max_steps);
+        c->steps += (long)count;            /* building it is work of its length */
         kvp_jv *l = jv_new(c, JV_LIST);
-        for (long long i = v[0]; v[2] > 0 ? i < v[1] : i > v[1]; i += v[2]) {
-            jx_step(c, line);
+        for (long long i = v[0]; v[2] > 0 ? i < v[1] : i > v[1]; i += v[2])
             jv_push(c, l, jv_int(c, i));
-        }
         return l;
     }
     case F_RAISE: {
@@ -395,6 +401,8 @@ int jx_test(jctx *c, const char *name, kvp_jv *v, kvp_jv **args, int nargs, int 
 {
     kvp_jv *x = nargs ? args[0] : NULL;
     int t = (int)v->type;
+    if (!jx_is_test(name))
+        jx_fail(c, line, "unknown test '%s'", name);
     if (!strcmp(name, "defined")) return t != JV_UNDEF;
     if (!strcmp(name, "undefined")) return t == JV_UNDEF;
     if (!strcmp(name, "none")) return t == JV_NONE;

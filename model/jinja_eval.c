@@ -60,7 +60,14 @@ static kvp_jv *lookup(jctx *c, jscope *s, const char *name)
 
 static void assign(jctx *c, jscope *s, const char *name, kvp_jv *v)
 {
-    jv_dset(c, s->vars, jv_cstr(c, name), v);
+    kvp_jv *d = s->vars;
+    size_t n = strlen(name);
+    for (size_t i = 0; i < d->len; i++)     /* rebinding allocates nothing */
+        if (d->k[i]->n == n && !memcmp(d->k[i]->s, name, n)) {
+            d->v[i] = v;
+            return;
+        }
+    jv_dset(c, d, jv_cstr(c, name), v);
 }
 
 __attribute__((noreturn))
@@ -347,10 +354,30 @@ static jargs eval_args(jctx *c, jscope *s, jnode **kids, int nkids)
     return a;
 }
 
+/* loop.index, ... computed when read: a loop's state costs one value however long it runs */
+static kvp_jv *loop_attr(jctx *c, const kvp_jv *l, const char *name)
+{
+    long long i = l->i, n = (long long)l->len;
+    if (!strcmp(name, "index")) return jv_int(c, i + 1);
+    if (!strcmp(name, "index0")) return jv_int(c, i);
+    if (!strcmp(name, "revindex")) return jv_int(c, n - i);
+    if (!strcmp(name, "revindex0")) return jv_int(c, n - i - 1);
+    if (!strcmp(name, "first")) return jv_bool(c, i == 0);
+    if (!strcmp(name, "last")) return jv_bool(c, i + 1 == n);
+    if (!strcmp(name, "length")) return jv_int(c, n);
+    if (!strcmp(name, "depth")) return jv_int(c, 1);
+    if (!strcmp(name, "depth0")) return jv_int(c, 0);
+    if (!strcmp(name, "previtem")) return i > 0 ? l->v[i - 1] : jv_undef(c, "previtem");
+    if (!strcmp(name, "nextitem")) return i + 1 < n ? l->v[i + 1] : jv_undef(c, "nextitem");
+    return jv_undef(c, name);
+}
+
 static kvp_jv *attr(jctx *c, kvp_jv *o, const char *name, int line)
 {
     if (o->type == JV_UNDEF)
         undefined_error(c, o, line);
+    if (o->type == JV_LOOP)
+        return loop_attr(c, o, name);
     kvp_jv *m = jx_method(c, o, name, line);
     if (m)
         return m;
@@ -553,11 +580,6 @@ static kvp_jv *iterable(jctx *c, kvp_jv *v, int line)
     }
 }
 
-static void loop_set(jctx *c, kvp_jv *loop, const char *k, kvp_jv *v)
-{
-    jv_dset(c, loop, jv_cstr(c, k), v);
-}
-
 static int run_for(jctx *c, jscope *s, const jnode *n)
 {
     kvp_jv *seq = iterable(c, jx_eval(c, s, n->b), n->line);
@@ -573,21 +595,13 @@ static int run_for(jctx *c, jscope *s, const jnode *n)
         seq = kept;
     }
     size_t len = seq->len;
+    kvp_jv *loop = jv_new(c, JV_LOOP);
+    loop->v = seq->v;
+    loop->len = len;
+    assign(c, ls, "loop", loop);
     for (size_t i = 0; i < len; i++) {
         jx_step(c, n->line);
-        kvp_jv *loop = jv_new(c, JV_DICT);
-        loop_set(c, loop, "index", jv_int(c, (long long)i + 1));
-        loop_set(c, loop, "index0", jv_int(c, (long long)i));
-        loop_set(c, loop, "revindex", jv_int(c, (long long)(len - i)));
-        loop_set(c, loop, "revindex0", jv_int(c, (long long)(len - i - 1)));
-        loop_set(c, loop, "first", jv_bool(c, i == 0));
-        loop_set(c, loop, "last", jv_bool(c, i + 1 == len));
-        loop_set(c, loop, "length", jv_int(c, (long long)len));
-        loop_set(c, loop, "depth", jv_int(c, 1));
-        loop_set(c, loop, "depth0", jv_int(c, 0));
-        loop_set(c, loop, "previtem", i ? seq->v[i - 1] : jv_undef(c, "previtem"));
-        loop_set(c, loop, "nextitem", i + 1 < len ? seq->v[i + 1] : jv_undef(c, "nextitem"));
-        assign(c, ls, "loop", loop);
+        loop->i = (long long)i;
         bind(c, ls, n, seq->v[i], n->line);
         if (run_body(c, ls, n->kids, n->nkids) == RUN_BREAK)
             break;

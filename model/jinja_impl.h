@@ -11,7 +11,7 @@
 #include "model/jinja.h"
 
 enum jv_type { JV_UNDEF, JV_NONE, JV_BOOL, JV_INT, JV_FLOAT, JV_STR, JV_LIST, JV_DICT,
-               JV_MACRO, JV_FUNC };
+               JV_MACRO, JV_FUNC, JV_LOOP };
 
 struct jnode;
 struct jscope;
@@ -19,14 +19,14 @@ struct jscope;
 struct kvp_jv {
     enum jv_type type;
     int ns;                        /* dict made by namespace(): attributes assignable */
-    long long i;                   /* bool, int */
+    long long i;                   /* bool, int; loop: index0 */
     double f;
     const char *s;                 /* str: bytes (NUL-terminated), undef: its name */
     size_t n;
     const unsigned char *taint;    /* str: per byte 1 = caller's data; NULL = none is */
-    kvp_jv **v;                    /* list items, dict values */
+    kvp_jv **v;                    /* list items, dict values; loop: the items */
     kvp_jv **k;                    /* dict keys (strings) */
-    size_t len, cap;
+    size_t len, cap;               /* loop: len = loop.length */
     const struct jnode *node;      /* macro */
     int fn;                        /* builtin function id (jinja_builtin.c) */
     kvp_jv *self;                  /* bound method: its receiver; call block: caller */
@@ -126,6 +126,7 @@ struct jctx {
     jscope *globals;
     jbuf *out;                     /* where output goes (a macro's body: its own) */
     int line;                      /* the statement being run, for errors */
+    kvp_jv *small[256];            /* the ints 0..255, made once (values are immutable) */
 };
 
 void jx_step(jctx *c, int line);

@@ -55,7 +55,7 @@ static int is_digit(char c) { return c >= '0' && c <= '9'; }
 /* The line of src[at]; positions are asked for mostly in increasing order. */
 static int line_of(jparser *p, size_t at)
 {
-    if (at < p->lpos) {
+    if (at < p->lpos || !p->lno) {
         p->lpos = 0;
         p->lno = 1;
     }

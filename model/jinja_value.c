@@ -10,7 +10,7 @@
 
 #include "model/jinja_impl.h"
 
-#define DEFAULT_MEMORY ((size_t)256 << 20)
+#define DEFAULT_MEMORY ((size_t)64 << 20)
 #define BLOCK (64 * 1024)
 
 struct jblock {
@@ -217,7 +217,12 @@ kvp_jv *jv_strn(jctx *c, const char *s, size_t n, const unsigned char *taint, in
 
 kvp_jv *jv_cstr(jctx *c, const char *s) { return jv_strn(c, s, strlen(s), NULL, 0); }
 kvp_jv *jv_bool(jctx *c, int b) { return must(c, kvp_jv_bool(c->a, b)); }
-kvp_jv *jv_int(jctx *c, long long i) { return must(c, kvp_jv_int(c->a, i)); }
+kvp_jv *jv_int(jctx *c, long long i)
+{
+    if (i >= 0 && i < 256)
+        return c->small[i] ? c->small[i] : (c->small[i] = must(c, kvp_jv_int(c->a, i)));
+    return must(c, kvp_jv_int(c->a, i));
+}
 
 void jv_push(jctx *c, kvp_jv *list, kvp_jv *v)
 {
@@ -238,7 +243,7 @@ int jv_truthy(const kvp_jv *v)
     case JV_FLOAT: return v->f != 0;
     case JV_STR: return v->n != 0;
     case JV_LIST: case JV_DICT: return v->len != 0;
-    case JV_MACRO: case JV_FUNC: return 1;
+    case JV_MACRO: case JV_FUNC: case JV_LOOP: return 1;
     default: return 0;
     }
 }
@@ -282,7 +287,7 @@ int jv_equal(const kvp_jv *a, const kvp_jv *b)
 const char *jv_type_name(const kvp_jv *v)
 {
     static const char *n[] = {"undefined", "none", "bool", "int", "float", "string", "list",
-                              "dict", "macro", "function"};
+                              "dict", "macro", "function", "loop"};
     return n[v->type];
 }
 
