@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/template_impl.h"
 #include "model/tokenizer.h"
 
 static const struct { const char *name; enum kvp_chat_format f; } names[] = {
@@ -79,12 +80,7 @@ static void default_system(char *out, size_t cap, const char *s, size_t n)
     }
 }
 
-/* Marker ids per format (see the renderers); -1 when the vocabulary lacks one. */
-enum { MK_OPEN, MK_CLOSE, MK_EOT, MK_END, MK_SYSTEM, MK_USER, MK_ASSISTANT, N_MK };
 
-typedef struct tpl_priv {
-    int mk[N_MK];
-} tpl_priv;
 
 static int marker(const kvp_tokenizer *tok, const char *piece)
 {
@@ -226,21 +222,23 @@ int kvp_template_init(kvp_template *t, const kvp_model *m, const char *name, cha
     /* the end-of-turn token the file declares ends a reply in every format */
     if (m->tok.eot_id != t->stop[0] && m->tok.eot_id != t->stop[1])
         t->stop[2] = m->tok.eot_id;
+    /* Detecting: the model's own template renders, the family stays for what the
+     * interpreter refuses (the note names the construct). */
+    if (!(name && name[0]) && tlen) {
+        char why[200];
+        if (kvp_template_use_jinja(t, tmpl, tlen, why, sizeof why) < 0) {
+            if (note && notelen) {
+                size_t at = strlen(note);
+                snprintf(note + at, notelen - at, "%stokenizer.chat_template: %s; the %s "
+                         "family renders", at ? "; " : "", why, kvp_template_name(t->format));
+            }
+            fell_back = 1;
+        }
+    }
     return fell_back;
 }
 
 /* ---- rendering ---- */
-
-typedef struct render {
-    const kvp_template *t;
-    tpl_priv p;
-    int *v;
-    int n, cap;
-    char *text;            /* the pending text run */
-    size_t tn, tcap;
-    int run_start;         /* the pending run starts a segment (dummy prefix) */
-    int rc;
-} render;
 
 /* Room for `need` more tokens (doubling). */
 static int reserve(render *r, size_t need)
@@ -258,7 +256,7 @@ static int reserve(render *r, size_t need)
     return 0;
 }
 
-static void txt(render *r, const char *s, size_t len)
+void kvp_tpl_txt(render *r, const char *s, size_t len)
 {
     if (r->rc || !len)
         return;
@@ -278,7 +276,7 @@ static void txt(render *r, const char *s, size_t len)
     r->tn += len;
 }
 
-#define LIT(r, s) txt(r, s, sizeof(s) - 1)
+#define LIT(r, s) kvp_tpl_txt(r, s, sizeof(s) - 1)
 
 /* Encodes the pending run. */
 static void flush(render *r)
@@ -305,7 +303,7 @@ static void flush(render *r)
     r->run_start = 0;
 }
 
-static void tok(render *r, int id)
+void kvp_tpl_tok(render *r, int id)
 {
     flush(r);
     if (r->rc || id < 0)
@@ -320,9 +318,9 @@ static void tok(render *r, int id)
 static void mark(render *r, int id, const char *s)
 {
     if (id >= 0)
-        tok(r, id);
+        kvp_tpl_tok(r, id);
     else
-        txt(r, s, strlen(s));
+        kvp_tpl_txt(r, s, strlen(s));
 }
 
 static int is_space(char c)
@@ -351,26 +349,26 @@ static void begin(render *r, const char *sys, size_t sl)
             sl = strlen(sys);
         }
         if (sl) {
-            tok(r, mk[MK_OPEN]);
+            kvp_tpl_tok(r, mk[MK_OPEN]);
             LIT(r, "system\n");
-            txt(r, sys, sl);
-            tok(r, mk[MK_CLOSE]);
+            kvp_tpl_txt(r, sys, sl);
+            kvp_tpl_tok(r, mk[MK_CLOSE]);
             LIT(r, "\n");
         }
         break;
     case KVP_CHAT_LLAMA3:
-        tok(r, t->bos);
+        kvp_tpl_tok(r, t->bos);
         if (sl || t->dated_system) {
-            tok(r, mk[MK_OPEN]);
+            kvp_tpl_tok(r, mk[MK_OPEN]);
             LIT(r, "system");
-            tok(r, mk[MK_CLOSE]);
+            kvp_tpl_tok(r, mk[MK_CLOSE]);
             LIT(r, "\n\n");
             /* Llama 3.1+'s template, with the date it uses when none is passed in */
             if (t->dated_system)
                 LIT(r, "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n");
             trim(&sys, &sl);
-            txt(r, sys, sl);
-            tok(r, mk[MK_EOT]);
+            kvp_tpl_txt(r, sys, sl);
+            kvp_tpl_tok(r, mk[MK_EOT]);
         }
         break;
     case KVP_CHAT_ZEPHYR:
@@ -378,17 +376,17 @@ static void begin(render *r, const char *sys, size_t sl)
         if (sl) {
             mark(r, mk[MK_SYSTEM], "<|system|>");
             LIT(r, "\n");
-            txt(r, sys, sl);
+            kvp_tpl_txt(r, sys, sl);
             if (t->format == KVP_CHAT_ZEPHYR)
-                tok(r, t->eos);
+                kvp_tpl_tok(r, t->eos);
             else
-                tok(r, mk[MK_END]);
+                kvp_tpl_tok(r, mk[MK_END]);
             LIT(r, "\n");
         }
         break;
     case KVP_CHAT_MISTRAL:
     case KVP_CHAT_GEMMA:
-        tok(r, t->bos);
+        kvp_tpl_tok(r, t->bos);
         break;
     default:   /* Llama 2: BOS opens every user turn; plain: BOS opens the text */
         break;
@@ -405,59 +403,59 @@ static void user(render *r, int first, const char *sys, size_t sl, const char *u
         sl = 0;
     switch (t->format) {
     case KVP_CHAT_CHATML:
-        tok(r, mk[MK_OPEN]);
+        kvp_tpl_tok(r, mk[MK_OPEN]);
         LIT(r, "user\n");
-        txt(r, u, ul);
-        tok(r, mk[MK_CLOSE]);
+        kvp_tpl_txt(r, u, ul);
+        kvp_tpl_tok(r, mk[MK_CLOSE]);
         LIT(r, "\n");
-        tok(r, mk[MK_OPEN]);
+        kvp_tpl_tok(r, mk[MK_OPEN]);
         LIT(r, "assistant\n");
         break;
     case KVP_CHAT_LLAMA3:
-        tok(r, mk[MK_OPEN]);
+        kvp_tpl_tok(r, mk[MK_OPEN]);
         LIT(r, "user");
-        tok(r, mk[MK_CLOSE]);
+        kvp_tpl_tok(r, mk[MK_CLOSE]);
         LIT(r, "\n\n");
         trim(&u, &ul);
-        txt(r, u, ul);
-        tok(r, mk[MK_EOT]);
-        tok(r, mk[MK_OPEN]);
+        kvp_tpl_txt(r, u, ul);
+        kvp_tpl_tok(r, mk[MK_EOT]);
+        kvp_tpl_tok(r, mk[MK_OPEN]);
         LIT(r, "assistant");
-        tok(r, mk[MK_CLOSE]);
+        kvp_tpl_tok(r, mk[MK_CLOSE]);
         LIT(r, "\n\n");
         break;
     case KVP_CHAT_LLAMA2: {
         /* '[INST] ' + ('<<SYS>>\n' + system + '\n<</SYS>>\n\n' + content).strip() + ' [/INST]' */
-        tok(r, t->bos);
+        kvp_tpl_tok(r, t->bos);
         LIT(r, "[INST] ");
         if (sl) {
             /* the strip() touches only the message's end: the block opens the text */
             LIT(r, "<<SYS>>\n");
-            txt(r, sys, sl);
+            kvp_tpl_txt(r, sys, sl);
             LIT(r, "\n<</SYS>>\n\n");
             while (ul && is_space(u[ul - 1]))
                 ul--;
         } else {
             trim(&u, &ul);
         }
-        txt(r, u, ul);
+        kvp_tpl_txt(r, u, ul);
         LIT(r, " [/INST]");
         break;
     }
     case KVP_CHAT_MISTRAL:
         LIT(r, "[INST] ");
         if (sl) {
-            txt(r, sys, sl);
+            kvp_tpl_txt(r, sys, sl);
             LIT(r, "\n\n");
         }
-        txt(r, u, ul);
+        kvp_tpl_txt(r, u, ul);
         LIT(r, " [/INST]");
         break;
     case KVP_CHAT_ZEPHYR:
         mark(r, mk[MK_USER], "<|user|>");
         LIT(r, "\n");
-        txt(r, u, ul);
-        tok(r, t->eos);
+        kvp_tpl_txt(r, u, ul);
+        kvp_tpl_tok(r, t->eos);
         LIT(r, "\n");
         mark(r, mk[MK_ASSISTANT], "<|assistant|>");
         LIT(r, "\n");
@@ -465,32 +463,32 @@ static void user(render *r, int first, const char *sys, size_t sl, const char *u
     case KVP_CHAT_PHI3:
         mark(r, mk[MK_USER], "<|user|>");
         LIT(r, "\n");
-        txt(r, u, ul);
-        tok(r, mk[MK_END]);
+        kvp_tpl_txt(r, u, ul);
+        kvp_tpl_tok(r, mk[MK_END]);
         LIT(r, "\n");
         mark(r, mk[MK_ASSISTANT], "<|assistant|>");
         LIT(r, "\n");
         break;
     case KVP_CHAT_GEMMA:
-        tok(r, mk[MK_OPEN]);
+        kvp_tpl_tok(r, mk[MK_OPEN]);
         LIT(r, "user\n");
         if (sl) {
-            txt(r, sys, sl);
+            kvp_tpl_txt(r, sys, sl);
             LIT(r, "\n\n");
         }
         trim(&u, &ul);
-        txt(r, u, ul);
-        tok(r, mk[MK_CLOSE]);
+        kvp_tpl_txt(r, u, ul);
+        kvp_tpl_tok(r, mk[MK_CLOSE]);
         LIT(r, "\n");
-        tok(r, mk[MK_OPEN]);
+        kvp_tpl_tok(r, mk[MK_OPEN]);
         LIT(r, "model\n");
         break;
     default:
         /* Plain continuation: the user's text simply extends the document. */
         if (first)
-            tok(r, t->bos);
+            kvp_tpl_tok(r, t->bos);
         r->run_start = 1;
-        txt(r, u, ul);
+        kvp_tpl_txt(r, u, ul);
         break;
     }
 }
@@ -506,7 +504,7 @@ static void close_reply(render *r, int how)
     if (t->format == KVP_CHAT_LLAMA2 && how == 2)
         LIT(r, " ");   /* ' ' + content.strip() + ' ' + eos_token */
     if (how)
-        tok(r, end);
+        kvp_tpl_tok(r, end);
     switch (t->format) {
     case KVP_CHAT_CHATML: case KVP_CHAT_ZEPHYR: case KVP_CHAT_PHI3: case KVP_CHAT_GEMMA:
         LIT(r, "\n");
@@ -530,10 +528,10 @@ static void reply_body(render *r, const char *a, size_t al)
     default:
         break;
     }
-    txt(r, a, al);
+    kvp_tpl_txt(r, a, al);
 }
 
-static int finish(render *r, int **out)
+int kvp_tpl_finish(render *r, int **out)
 {
     flush(r);
     free(r->text);
@@ -545,7 +543,7 @@ static int finish(render *r, int **out)
     return r->n;
 }
 
-static void start(render *r, const kvp_template *t)
+void kvp_tpl_start(render *r, const kvp_template *t)
 {
     memset(r, 0, sizeof *r);
     r->t = t;
@@ -557,30 +555,32 @@ int kvp_template_turn(const kvp_template *t, const char *system, size_t system_l
                       int first, int reply_open, const char *text, size_t len, int **out)
 {
     render r;
-    start(&r, t);
+    kvp_tpl_start(&r, t);
     if (first)
         begin(&r, system, system_len);
     else
         close_reply(&r, reply_open ? 1 : 0);
     user(&r, first, system, system_len, text, len);
-    return finish(&r, out);
+    return kvp_tpl_finish(&r, out);
 }
 
 int kvp_template_reply(const kvp_template *t, const char *text, size_t len, int **out)
 {
     render r;
-    start(&r, t);
+    kvp_tpl_start(&r, t);
     /* Reply pieces carry their own leading spaces: no dummy prefix. */
     r.run_start = 0;
-    txt(&r, text, len);
-    return finish(&r, out);
+    kvp_tpl_txt(&r, text, len);
+    return kvp_tpl_finish(&r, out);
 }
 
 int kvp_template_render(const kvp_template *t, const char *system, size_t system_len,
                         const kvp_chat_msg *msgs, int n, int **out)
 {
+    if (t->jinja)
+        return kvp_template_render_jinja(t, system, system_len, msgs, n, out, NULL, 0);
     render r;
-    start(&r, t);
+    kvp_tpl_start(&r, t);
     begin(&r, system, system_len);
     for (int i = 0; i < n; i++) {
         if (msgs[i].user != !(i % 2)) {
@@ -595,7 +595,7 @@ int kvp_template_render(const kvp_template *t, const char *system, size_t system
             close_reply(&r, 2);
         }
     }
-    return finish(&r, out);
+    return kvp_tpl_finish(&r, out);
 }
 
 int kvp_template_is_stop(const kvp_template *t, int tok)

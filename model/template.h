@@ -27,6 +27,11 @@ typedef struct kvp_template {
                                       conversation has none (Qwen 2.5, SmolLM2), or "" */
     int dated_system;              /* Llama 3.1+: the system block always opens with the
                                       knowledge cutoff and date lines */
+    struct kvp_jinja *jinja;       /* the model's own chat template (model/jinja.h), NULL:
+                                      the family renders; kvp_template_free frees it */
+    int *specials;                 /* the special tokens a rendering may hold, longest
+                                      piece first (jinja only) */
+    int n_specials;
 } kvp_template;
 
 /* A message of a conversation, for kvp_template_render. */
@@ -42,6 +47,21 @@ typedef struct kvp_chat_msg {
  * vocabulary lacks falls back to plain), or -EINVAL for an unknown name (note says so). */
 int kvp_template_init(kvp_template *t, const kvp_model *m, const char *name, char *note,
                       size_t notelen);
+/* Renders with a Jinja template instead of the family (the GGUF's tokenizer.chat_template,
+ * which kvp_template_init takes when detecting, or a chat_template_file): parsed and
+ * tried on a one-message conversation. 0, or -EINVAL with why in note (the line and
+ * the construct) and the family left in charge. The family still gives the stop tokens. */
+int kvp_template_use_jinja(kvp_template *t, const char *src, size_t len, char *note,
+                           size_t notelen);
+/* The Jinja rendering of a conversation: messages (a system message first when
+ * system_len > 0), add_generation_prompt when the last is a user message, bos_token and
+ * eos_token the vocabulary's pieces. Special tokens come only from the template's own
+ * text and bos/eos: a message's "<|im_start|>" is text. The count, or a negative code
+ * (-EINVAL: the template refused the conversation, why in err when err is not NULL). */
+int kvp_template_render_jinja(const kvp_template *t, const char *system, size_t system_len,
+                              const kvp_chat_msg *msgs, int n, int **out, char *err,
+                              size_t errlen);
+void kvp_template_free(kvp_template *t);
 const char *kvp_template_name(enum kvp_chat_format f);
 /* The format of a name ("chatml", "llama3", ...), -1 if unknown. */
 int kvp_template_format(const char *name);
@@ -59,7 +79,7 @@ int kvp_template_turn(const kvp_template *t, const char *system, size_t system_l
  * the text as the model would have generated it, without markers. */
 int kvp_template_reply(const kvp_template *t, const char *text, size_t len, int **out);
 /* The whole conversation from scratch with the generation prompt, as the model's
- * template renders it (replies closed by their end-of-turn markers). Where the format
+ * template renders it (its Jinja template when t->jinja is set) (replies closed by their end-of-turn markers). Where the format
  * is prefix-stable (all but Llama 2 / Mistral, whose template puts spaces around a
  * reply) this equals the transcript the turns build when every reply ends with its
  * stop token. */

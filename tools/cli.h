@@ -15,5 +15,6 @@ int kvp_cmd_calibrate(int argc, char **argv);
 int kvp_cmd_learn(int argc, char **argv);
 int kvp_cmd_logits(int argc, char **argv);
 int kvp_cmd_tokenize(int argc, char **argv);
+int kvp_cmd_render(int argc, char **argv);
 
 #endif

@@ -23,6 +23,7 @@ static const struct {
     {"learn", kvp_cmd_learn, "trace, train, evaluate and install a KVP policy for a model, in one go"},
     {"logits", kvp_cmd_logits, "write the logits of every position of a token sequence (f32)"},
     {"tokenize", kvp_cmd_tokenize, "print the token ids of a text (as the daemon encodes a message)"},
+    {"render", kvp_cmd_render, "print a conversation rendered by the model's own Jinja chat template"},
 };
 
 int kvp_stage_threads(void)

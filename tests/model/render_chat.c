@@ -5,7 +5,11 @@
  * generation prompt last). transcript: the tokens a session accumulates turn by turn —
  * kvp_template_turn for each user message, then as the reply the tokens the template's
  * own rendering puts between the generation prompt and the reply's end marker (the
- * marker included), as a model that reproduces its template generates them. Exits 1
+ * marker included), as a model that reproduces its template generates them. When the
+ * model's Jinja template renders (t.jinja), "render" is its rendering and the transcript
+ * is the family's (kvp_template_turn), checked against the family's own rendering: a
+ * Jinja template need not be prefix-stable (Qwen3 drops the empty think block of earlier
+ * replies), the family's turns must be. Exits 1
  * with a message if a turn's transcript is not a prefix of the rendering. FORMAT "" =
  * detect from the model's tokenizer.chat_template. */
 #include <jansson.h>
@@ -40,8 +44,11 @@ int main(int argc, char **argv)
         return die(err);
     kvp_template t;
     char note[256];
-    if (kvp_template_init(&t, &m, argv[2], note, sizeof note) != 0)
+    int trc = kvp_template_init(&t, &m, argv[2], note, sizeof note);
+    if (trc < 0)
         return die(note[0] ? note : "template init");
+    if (trc > 0)
+        fprintf(stderr, "render_chat: note: %s\n", note);
     json_error_t je;
     json_t *j = json_loadf(stdin, 0, &je);
     json_t *msgs = json_object_get(j, "messages");
@@ -62,17 +69,23 @@ int main(int argc, char **argv)
     if (nf < 0)
         return die("render failed");
 
-    int *tr = malloc(sizeof *tr * ((size_t)nf * 4 + 64)), nt = 0;
+    kvp_template fam = t;
+    fam.jinja = NULL;
+    int *famfull, nff = kvp_template_render(&fam, sys, sl, cm, n, &famfull);
+    if (nff < 0)
+        return die("family render failed");
+    free(famfull);
+    int *tr = malloc(sizeof *tr * ((size_t)(nf > nff ? nf : nff) * 4 + 64)), nt = 0;
     for (int k = 0; k < n; k += 2) {
         int *turn;
-        int nturn = kvp_template_turn(&t, sys, sl, k == 0, 0, cm[k].text, cm[k].len, &turn);
+        int nturn = kvp_template_turn(&fam, sys, sl, k == 0, 0, cm[k].text, cm[k].len, &turn);
         if (nturn < 0)
             return die("turn failed");
         memcpy(tr + nt, turn, sizeof *tr * (size_t)nturn);
         nt += nturn;
         free(turn);
         int *upto;
-        int nu = kvp_template_render(&t, sys, sl, cm, k + 1, &upto);
+        int nu = kvp_template_render(&fam, sys, sl, cm, k + 1, &upto);
         if (nu != nt || memcmp(upto, tr, sizeof *tr * (size_t)nt)) {
             fprintf(stderr, "render_chat: after user message %d the transcript (%d tokens) "
                     "is not the rendering (%d tokens)\n", k, nt, nu);
@@ -83,11 +96,11 @@ int main(int argc, char **argv)
             break;
         /* The reply as the template renders it, up to and with its end marker. */
         int *withreply;
-        int nw = kvp_template_render(&t, sys, sl, cm, k + 2, &withreply);
+        int nw = kvp_template_render(&fam, sys, sl, cm, k + 2, &withreply);
         if (nw < nu || memcmp(withreply, tr, sizeof *tr * (size_t)nt))
             return die("the rendering with the reply does not extend the one without");
         int i = nu;
-        while (i < nw && !kvp_template_is_stop(&t, withreply[i]))
+        while (i < nw && !kvp_template_is_stop(&fam, withreply[i]))
             tr[nt++] = withreply[i++];
         if (i == nw)
             return die("no end marker after the reply");
@@ -97,8 +110,9 @@ int main(int argc, char **argv)
     printf("{");
     print_ids("render", full, nf, 0);
     print_ids("transcript", tr, nt, 1);
-    printf("}\n");
+    printf(", \"jinja\": %s}\n", t.jinja ? "true" : "false");
     free(full);
+    kvp_template_free(&t);
     free(tr);
     free(cm);
     json_decref(j);

@@ -1,0 +1,604 @@
+/* Values of the Jinja interpreter: the arena, constructors, Python's truth, equality and
+ * str(), and transformers' tojson (json.dumps with ensure_ascii=False, insertion order,
+ * optional indent). */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/jinja_impl.h"
+
+#define DEFAULT_MEMORY ((size_t)64 << 20)
+#define BLOCK (64 * 1024)
+
+struct jblock {
+    struct jblock *next;
+    size_t used, cap;
+    _Alignas(16) unsigned char data[];
+};
+
+kvp_jarena *kvp_jarena_new(size_t max_memory)
+{
+    kvp_jarena *a = calloc(1, sizeof *a);
+    if (a)
+        a->max = max_memory ? max_memory : DEFAULT_MEMORY;
+    return a;
+}
+
+void kvp_jarena_free(kvp_jarena *a)
+{
+    if (!a)
+        return;
+    for (struct jblock *b = a->head, *nx; b; b = nx) {
+        nx = b->next;
+        free(b);
+    }
+    free(a);
+}
+
+void *ja_alloc(kvp_jarena *a, size_t n)
+{
+    n = (n + 15) & ~(size_t)15;
+    if (a->oom || n > a->max || a->used + n > a->max) {
+        a->oom = 1;
+        return NULL;
+    }
+    struct jblock *b = a->head;
+    if (!b || b->cap - b->used < n) {
+        size_t cap = n > BLOCK ? n : BLOCK;
+        b = malloc(sizeof *b + cap);
+        if (!b) {
+            a->oom = 1;
+            return NULL;
+        }
+        b->cap = cap;
+        b->used = 0;
+        b->next = a->head;
+        a->head = b;
+    }
+    void *p = b->data + b->used;
+    b->used += n;
+    a->used += n;
+    memset(p, 0, n);
+    return p;
+}
+
+/* ---- public constructors ---- */
+
+static kvp_jv *mk(kvp_jarena *a, enum jv_type t)
+{
+    kvp_jv *v = a ? ja_alloc(a, sizeof *v) : NULL;
+    if (v)
+        v->type = t;
+    return v;
+}
+
+kvp_jv *kvp_jv_none(kvp_jarena *a) { return mk(a, JV_NONE); }
+kvp_jv *kvp_jv_list(kvp_jarena *a) { return mk(a, JV_LIST); }
+kvp_jv *kvp_jv_dict(kvp_jarena *a) { return mk(a, JV_DICT); }
+
+kvp_jv *kvp_jv_bool(kvp_jarena *a, int b)
+{
+    kvp_jv *v = mk(a, JV_BOOL);
+    if (v)
+        v->i = !!b;
+    return v;
+}
+
+kvp_jv *kvp_jv_int(kvp_jarena *a, long long i)
+{
+    kvp_jv *v = mk(a, JV_INT);
+    if (v)
+        v->i = i;
+    return v;
+}
+
+kvp_jv *kvp_jv_float(kvp_jarena *a, double f)
+{
+    kvp_jv *v = mk(a, JV_FLOAT);
+    if (v)
+        v->f = f;
+    return v;
+}
+
+static kvp_jv *mkstr(kvp_jarena *a, const char *s, size_t n, const unsigned char *taint,
+                     int all)
+{
+    kvp_jv *v = mk(a, JV_STR);
+    char *p = v ? ja_alloc(a, n + 1) : NULL;
+    if (!p)
+        return NULL;
+    if (n)
+        memcpy(p, s, n);
+    v->s = p;
+    v->n = n;
+    if (n && (all || taint)) {
+        unsigned char *t = ja_alloc(a, n);
+        if (!t)
+            return NULL;
+        if (all)
+            memset(t, 1, n);
+        else
+            memcpy(t, taint, n);
+        v->taint = t;
+    }
+    return v;
+}
+
+kvp_jv *kvp_jv_str(kvp_jarena *a, const char *s, size_t n) { return mkstr(a, s, n, NULL, 1); }
+
+kvp_jv *kvp_jv_str_trusted(kvp_jarena *a, const char *s, size_t n)
+{
+    return mkstr(a, s, n, NULL, 0);
+}
+
+static int grow(kvp_jarena *a, kvp_jv *c, int keys)
+{
+    if (c->len < c->cap)
+        return 0;
+    size_t cap = c->cap ? c->cap * 2 : 4;
+    kvp_jv **v = ja_alloc(a, cap * sizeof *v);
+    kvp_jv **k = keys ? ja_alloc(a, cap * sizeof *k) : NULL;
+    if (!v || (keys && !k))
+        return -1;
+    if (c->len) {
+        memcpy(v, c->v, c->len * sizeof *v);
+        if (keys)
+            memcpy(k, c->k, c->len * sizeof *k);
+    }
+    c->v = v;
+    c->k = k;
+    c->cap = cap;
+    return 0;
+}
+
+int kvp_jv_append(kvp_jarena *a, kvp_jv *list, kvp_jv *v)
+{
+    if (!list || !v || list->type != JV_LIST || grow(a, list, 0))
+        return -1;
+    list->v[list->len++] = v;
+    return 0;
+}
+
+kvp_jv *jv_dget(const kvp_jv *d, const char *key, size_t n)
+{
+    for (size_t i = 0; i < d->len; i++)
+        if (d->k[i]->n == n && !memcmp(d->k[i]->s, key, n))
+            return d->v[i];
+    return NULL;
+}
+
+static int dset(kvp_jarena *a, kvp_jv *d, kvp_jv *key, kvp_jv *v)
+{
+    for (size_t i = 0; i < d->len; i++)
+        if (d->k[i]->n == key->n && !memcmp(d->k[i]->s, key->s, key->n)) {
+            d->v[i] = v;
+            return 0;
+        }
+    if (grow(a, d, 1))
+        return -1;
+    d->k[d->len] = key;
+    d->v[d->len++] = v;
+    return 0;
+}
+
+int kvp_jv_set(kvp_jarena *a, kvp_jv *dict, const char *key, kvp_jv *v)
+{
+    if (!dict || !v || !key || dict->type != JV_DICT)
+        return -1;
+    kvp_jv *k = kvp_jv_str(a, key, strlen(key));
+    return k ? dset(a, dict, k, v) : -1;
+}
+
+/* ---- internal constructors: failure unwinds ---- */
+
+static void *must(jctx *c, void *p)
+{
+    if (!p)
+        jx_fail(c, 0, "the template needs more than %zu bytes of memory", c->a->max);
+    return p;
+}
+
+kvp_jv *jv_new(jctx *c, enum jv_type t) { return must(c, mk(c->a, t)); }
+
+kvp_jv *jv_undef(jctx *c, const char *name)
+{
+    kvp_jv *v = jv_new(c, JV_UNDEF);
+    v->s = name;
+    return v;
+}
+
+kvp_jv *jv_strn(jctx *c, const char *s, size_t n, const unsigned char *taint, int all)
+{
+    return must(c, mkstr(c->a, s, n, taint, all));
+}
+
+kvp_jv *jv_cstr(jctx *c, const char *s) { return jv_strn(c, s, strlen(s), NULL, 0); }
+kvp_jv *jv_bool(jctx *c, int b) { return must(c, kvp_jv_bool(c->a, b)); }
+kvp_jv *jv_int(jctx *c, long long i)
+{
+    if (i >= 0 && i < 256)
+        return c->small[i] ? c->small[i] : (c->small[i] = must(c, kvp_jv_int(c->a, i)));
+    return must(c, kvp_jv_int(c->a, i));
+}
+
+void jv_push(jctx *c, kvp_jv *list, kvp_jv *v)
+{
+    if (kvp_jv_append(c->a, list, v))
+        must(c, NULL);
+}
+
+void jv_dset(jctx *c, kvp_jv *d, kvp_jv *key, kvp_jv *v)
+{
+    if (dset(c->a, d, key, v))
+        must(c, NULL);
+}
+
+int jv_truthy(const kvp_jv *v)
+{
+    switch (v->type) {
+    case JV_BOOL: case JV_INT: return v->i != 0;
+    case JV_FLOAT: return v->f != 0;
+    case JV_STR: return v->n != 0;
+    case JV_LIST: case JV_DICT: return v->len != 0;
+    case JV_MACRO: case JV_FUNC: case JV_LOOP: return 1;
+    default: return 0;
+    }
+}
+
+static int is_num(const kvp_jv *v)
+{
+    return v->type == JV_INT || v->type == JV_BOOL || v->type == JV_FLOAT;
+}
+
+static double num(const kvp_jv *v) { return v->type == JV_FLOAT ? v->f : (double)v->i; }
+
+int jv_equal(const kvp_jv *a, const kvp_jv *b)
+{
+    if (is_num(a) && is_num(b))
+        return (a->type == JV_FLOAT || b->type == JV_FLOAT) ? num(a) == num(b) : a->i == b->i;
+    if (a->type != b->type)
+        return 0;
+    switch (a->type) {
+    case JV_UNDEF: case JV_NONE: return 1;
+    case JV_STR: return a->n == b->n && !memcmp(a->s, b->s, a->n);
+    case JV_LIST:
+        if (a->len != b->len)
+            return 0;
+        for (size_t i = 0; i < a->len; i++)
+            if (!jv_equal(a->v[i], b->v[i]))
+                return 0;
+        return 1;
+    case JV_DICT:
+        if (a->len != b->len)
+            return 0;
+        for (size_t i = 0; i < a->len; i++) {
+            kvp_jv *o = jv_dget(b, a->k[i]->s, a->k[i]->n);
+            if (!o || !jv_equal(a->v[i], o))
+                return 0;
+        }
+        return 1;
+    default: return a == b;
+    }
+}
+
+const char *jv_type_name(const kvp_jv *v)
+{
+    static const char *n[] = {"undefined", "none", "bool", "int", "float", "string", "list",
+                              "dict", "macro", "function", "loop"};
+    return n[v->type];
+}
+
+/* ---- output buffers ---- */
+
+void jb_put(jctx *c, jbuf *b, const char *s, size_t n, const unsigned char *taint, int all)
+{
+    if (!n)
+        return;
+    if (b->n + n > c->lim.max_output)
+        jx_fail(c, 0, "the output exceeds %zu bytes", c->lim.max_output);
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->n + n + 1)
+            cap *= 2;
+        char *ns = must(c, ja_alloc(c->a, cap));
+        unsigned char *nt = must(c, ja_alloc(c->a, cap));
+        if (b->n) {
+            memcpy(ns, b->s, b->n);
+            memcpy(nt, b->t, b->n);
+        }
+        b->s = ns;
+        b->t = nt;
+        b->cap = cap;
+    }
+    memcpy(b->s + b->n, s, n);
+    if (all || taint) {
+        if (all)
+            memset(b->t + b->n, 1, n);
+        else
+            memcpy(b->t + b->n, taint, n);
+        b->tainted = 1;
+    }
+    b->n += n;
+    b->s[b->n] = 0;
+}
+
+static void put(jctx *c, jbuf *b, const char *s) { jb_put(c, b, s, strlen(s), NULL, 0); }
+
+kvp_jv *jb_value(jctx *c, jbuf *b)
+{
+    return jv_strn(c, b->s ? b->s : "", b->n, b->tainted ? b->t : NULL, 0);
+}
+
+/* Python's repr of a float: the shortest digits that read back, exponent form below 1e-4
+ * and from 1e16. */
+static void put_float(jctx *c, jbuf *b, double f)
+{
+    char s[64];
+    if (isnan(f)) {
+        put(c, b, "nan");
+        return;
+    }
+    if (isinf(f)) {
+        put(c, b, f < 0 ? "-inf" : "inf");
+        return;
+    }
+    int p = 1;
+    for (; p < 17; p++) {
+        snprintf(s, sizeof s, "%.*e", p - 1, f);
+        if (strtod(s, NULL) == f)
+            break;
+    }
+    snprintf(s, sizeof s, "%.*e", p - 1, f);
+    char *e = strchr(s, 'e');
+    int exp = atoi(e + 1);
+    *e = 0;
+    char digits[32];
+    int nd = 0, neg = s[0] == '-';
+    for (char *q = s + neg; *q; q++)
+        if (*q != '.')
+            digits[nd++] = *q;
+    digits[nd] = 0;
+    char o[96];
+    int k = neg ? sprintf(o, "-") : 0;
+    if (exp < -4 || exp >= 16) {
+        k += sprintf(o + k, "%c", digits[0]);
+        if (nd > 1)
+            k += sprintf(o + k, ".%s", digits + 1);
+        sprintf(o + k, "e%c%02d", exp < 0 ? '-' : '+', exp < 0 ? -exp : exp);
+    } else if (exp < 0) {
+        k += sprintf(o + k, "0.");
+        for (int i = 0; i < -exp - 1; i++)
+            o[k++] = '0';
+        sprintf(o + k, "%s", digits);
+    } else {
+        for (int i = 0; i <= exp; i++)
+            o[k++] = i < nd ? digits[i] : '0';
+        o[k++] = '.';
+        if (nd > exp + 1)
+            sprintf(o + k, "%s", digits + exp + 1);
+        else
+            sprintf(o + k, "0");
+    }
+    put(c, b, o);
+}
+
+static void put_repr_str(jctx *c, jbuf *b, const kvp_jv *v)
+{
+    int dq = memchr(v->s, '\'', v->n) && !memchr(v->s, '"', v->n);
+    put(c, b, dq ? "\"" : "'");
+    for (size_t i = 0; i < v->n; i++) {
+        unsigned char ch = (unsigned char)v->s[i];
+        char e[8];
+        const char *r = NULL;
+        if (ch == '\\') r = "\\\\";
+        else if (ch == '\n') r = "\\n";
+        else if (ch == '\r') r = "\\r";
+        else if (ch == '\t') r = "\\t";
+        else if (ch == '\'' && !dq) r = "\\'";
+        else if (ch < 0x20 || ch == 0x7f) {
+            snprintf(e, sizeof e, "\\x%02x", ch);
+            r = e;
+        }
+        if (r)
+            jb_put(c, b, r, strlen(r), NULL, v->taint != NULL);
+        else
+            jb_put(c, b, v->s + i, 1, v->taint ? v->taint + i : NULL, 0);
+    }
+    put(c, b, dq ? "\"" : "'");
+}
+
+/* Python's str() (repr inside containers). */
+static void put_py(jctx *c, jbuf *b, const kvp_jv *v, int repr)
+{
+    switch (v->type) {
+    case JV_UNDEF: break;
+    case JV_NONE: put(c, b, "None"); break;
+    case JV_BOOL: put(c, b, v->i ? "True" : "False"); break;
+    case JV_INT: {
+        char s[32];
+        snprintf(s, sizeof s, "%lld", v->i);
+        put(c, b, s);
+        break;
+    }
+    case JV_FLOAT: put_float(c, b, v->f); break;
+    case JV_STR:
+        if (repr)
+            put_repr_str(c, b, v);
+        else
+            jb_put(c, b, v->s, v->n, v->taint, 0);
+        break;
+    case JV_LIST:
+        put(c, b, "[");
+        for (size_t i = 0; i < v->len; i++) {
+            if (i)
+                put(c, b, ", ");
+            put_py(c, b, v->v[i], 1);
+        }
+        put(c, b, "]");
+        break;
+    case JV_DICT:
+        put(c, b, v->ns ? "<Namespace {" : "{");
+        for (size_t i = 0; i < v->len; i++) {
+            if (i)
+                put(c, b, ", ");
+            put_py(c, b, v->k[i], 1);
+            put(c, b, ": ");
+            put_py(c, b, v->v[i], 1);
+        }
+        put(c, b, v->ns ? "}>" : "}");
+        break;
+    default: put(c, b, v->type == JV_MACRO ? "<macro>" : "<function>"); break;
+    }
+}
+
+void jb_str(jctx *c, jbuf *b, const kvp_jv *v) { put_py(c, b, v, 0); }
+
+kvp_jv *jv_to_str(jctx *c, const kvp_jv *v)
+{
+    if (v->type == JV_STR)
+        return (kvp_jv *)v;
+    jbuf b = {0};
+    jb_str(c, &b, v);
+    return jb_value(c, &b);
+}
+
+static void json_str(jctx *c, jbuf *b, const kvp_jv *v, int all)
+{
+    jb_put(c, b, "\"", 1, NULL, all);
+    size_t from = 0;
+    for (size_t i = 0; i < v->n; i++) {
+        unsigned char ch = (unsigned char)v->s[i];
+        if (ch >= 0x20 && ch != '"' && ch != '\\')
+            continue;
+        jb_put(c, b, v->s + from, i - from, v->taint ? v->taint + from : NULL, all);
+        char e[8];
+        switch (ch) {
+        case '"': strcpy(e, "\\\""); break;
+        case '\\': strcpy(e, "\\\\"); break;
+        case '\n': strcpy(e, "\\n"); break;
+        case '\r': strcpy(e, "\\r"); break;
+        case '\t': strcpy(e, "\\t"); break;
+        case '\b': strcpy(e, "\\b"); break;
+        case '\f': strcpy(e, "\\f"); break;
+        default: snprintf(e, sizeof e, "\\u%04x", ch); break;
+        }
+        jb_put(c, b, e, strlen(e), NULL, all || v->taint != NULL);
+        from = i + 1;
+    }
+    jb_put(c, b, v->s + from, v->n - from, v->taint ? v->taint + from : NULL, all);
+    jb_put(c, b, "\"", 1, NULL, all);
+}
+
+static void newline(jctx *c, jbuf *b, int indent, int level, int all)
+{
+    jb_put(c, b, "\n", 1, NULL, all);
+    for (int i = 0; i < indent * level; i++)
+        jb_put(c, b, " ", 1, NULL, all);
+}
+
+/* json.dumps(v, ensure_ascii=False, indent=indent or None). The JSON text of a value
+ * that holds caller data is marked as the caller's: punctuation and keys alike. */
+static void json_rec(jctx *c, jbuf *b, const kvp_jv *v, int indent, int level, int all)
+{
+    if (level > c->lim.max_depth)
+        jx_fail(c, 0, "tojson: a value nested deeper than %d", c->lim.max_depth);
+    switch (v->type) {
+    case JV_UNDEF: jx_fail(c, 0, "tojson: undefined value%s%s", v->s ? " " : "", v->s ? v->s : "");
+    case JV_NONE: jb_put(c, b, "null", 4, NULL, all); break;
+    case JV_BOOL: jb_put(c, b, v->i ? "true" : "false", v->i ? 4 : 5, NULL, all); break;
+    case JV_INT: case JV_FLOAT: {
+        if (v->type == JV_FLOAT && isnan(v->f)) {
+            jb_put(c, b, "NaN", 3, NULL, all);
+            break;
+        }
+        if (v->type == JV_FLOAT && isinf(v->f)) {
+            const char *s = v->f < 0 ? "-Infinity" : "Infinity";
+            jb_put(c, b, s, strlen(s), NULL, all);
+            break;
+        }
+        jbuf t = {0};
+        put_py(c, &t, v, 1);
+        jb_put(c, b, t.s, t.n, NULL, all);
+        break;
+    }
+    case JV_STR: json_str(c, b, v, all); break;
+    case JV_LIST: case JV_DICT: {
+        int dict = v->type == JV_DICT;
+        jb_put(c, b, dict ? "{" : "[", 1, NULL, all);
+        for (size_t i = 0; i < v->len; i++) {
+            if (i)
+                jb_put(c, b, indent >= 0 ? "," : ", ", indent >= 0 ? 1 : 2, NULL, all);
+            if (indent >= 0)
+                newline(c, b, indent, level + 1, all);
+            if (dict) {
+                json_str(c, b, v->k[i], all);
+                jb_put(c, b, ": ", 2, NULL, all);
+            }
+            json_rec(c, b, v->v[i], indent, level + 1, all);
+        }
+        if (indent >= 0 && v->len)
+            newline(c, b, indent, level, all);
+        jb_put(c, b, dict ? "}" : "]", 1, NULL, all);
+        break;
+    }
+    default: jx_fail(c, 0, "tojson: a %s is not JSON serializable", jv_type_name(v));
+    }
+}
+
+static int has_data(const kvp_jv *v, int depth)
+{
+    if (depth > 256)
+        return 1;
+    if (v->type == JV_STR)
+        return v->taint != NULL;
+    for (size_t i = 0; (v->type == JV_LIST || v->type == JV_DICT) && i < v->len; i++)
+        if (has_data(v->v[i], depth + 1) || (v->type == JV_DICT && has_data(v->k[i], depth + 1)))
+            return 1;
+    return 0;
+}
+
+void jb_json(jctx *c, jbuf *b, const kvp_jv *v, int indent, int level)
+{
+    json_rec(c, b, v, indent, level, has_data(v, 0));
+}
+
+size_t *jv_cps(jctx *c, const kvp_jv *v, size_t *count)
+{
+    size_t *o = must(c, ja_alloc(c->a, (v->n + 1) * sizeof *o)), k = 0;
+    for (size_t i = 0; i < v->n; i++)
+        if (((unsigned char)v->s[i] & 0xc0) != 0x80)
+            o[k++] = i;
+    o[k] = v->n;
+    *count = k;
+    return o;
+}
+
+kvp_jv *jv_sub(jctx *c, const kvp_jv *v, size_t from, size_t to)
+{
+    return jv_strn(c, v->s + from, to - from, v->taint ? v->taint + from : NULL, 0);
+}
+
+/* The code point at s[at] is white space as Python's str.isspace says; *len its bytes. */
+int jv_is_space_at(const char *s, size_t n, size_t at, size_t *len)
+{
+    unsigned char b = (unsigned char)s[at];
+    *len = 1;
+    if (b < 0x80)
+        return (b >= 0x09 && b <= 0x0d) || (b >= 0x1c && b <= 0x20);
+    unsigned cp;
+    if ((b & 0xe0) == 0xc0 && at + 1 < n) {
+        cp = (unsigned)(b & 0x1f) << 6 | ((unsigned char)s[at + 1] & 0x3f);
+        *len = 2;
+    } else if ((b & 0xf0) == 0xe0 && at + 2 < n) {
+        cp = (unsigned)(b & 0x0f) << 12 | ((unsigned)((unsigned char)s[at + 1] & 0x3f) << 6) |
+             ((unsigned char)s[at + 2] & 0x3f);
+        *len = 3;
+    } else {
+        return 0;
+    }
+    return cp == 0x85 || cp == 0xa0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200a) ||
+           cp == 0x2028 || cp == 0x2029 || cp == 0x202f || cp == 0x205f || cp == 0x3000;
+}

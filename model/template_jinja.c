@@ -1,0 +1,191 @@
+/* Chat templates rendered by the model's own Jinja template (model/jinja.h) to token ids.
+ * The output's bytes carry whether they came from the template or from the conversation:
+ * special tokens are matched (longest piece first) only in the template's bytes, and
+ * everything between two special tokens is encoded as one text run, as Hugging Face
+ * tokenizes a rendered template. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/jinja.h"
+#include "model/template_impl.h"
+#include "model/tokenizer.h"
+
+static const kvp_tokenizer *tk(const kvp_template *t) { return t->tok; }
+
+static int by_length(const void *a, const void *b, void *tokp)
+{
+    const kvp_tokenizer *tok = tokp;
+    int x = *(const int *)a, y = *(const int *)b;
+    return tok->piece_len[y] - tok->piece_len[x];
+}
+
+/* The special pieces of the vocabulary (control and user-defined tokens of two bytes or
+ * more; byte tokens are not markers), and the family's markers, BOS and EOS, which a
+ * vocabulary without token types holds as plain pieces. */
+static int collect_specials(kvp_template *t)
+{
+    const kvp_tokenizer *tok = tk(t);
+    render r;
+    kvp_tpl_start(&r, t);                  /* for r.p: the family's marker ids */
+    int *v = malloc(sizeof *v * (size_t)(tok->vocab_size + N_MK + 2)), n = 0;
+    if (!v)
+        return -ENOMEM;
+    for (int id = 0; id < tok->vocab_size; id++) {
+        int len = tok->piece_len[id], mark = id == t->bos || id == t->eos;
+        for (int k = 0; k < N_MK; k++)
+            mark |= r.p.mk[k] == id;
+        if (len < 2 || (!mark && kvp_tokenizer_special(tok, tok->pieces[id], (size_t)len) != id))
+            continue;
+        if (len == 6 && !memcmp(tok->pieces[id], "<0x", 3))
+            continue;
+        v[n++] = id;
+    }
+    qsort_r(v, (size_t)n, sizeof *v, by_length, (void *)tok);
+    t->specials = v;
+    t->n_specials = n;
+    return 0;
+}
+
+static kvp_jv *piece_value(kvp_jarena *a, const kvp_tokenizer *tok, int id)
+{
+    size_t n = 0;
+    const char *p = id >= 0 ? kvp_tokenizer_piece(tok, -1, id, &n) : NULL;
+    return kvp_jv_str_trusted(a, p ? p : "", p ? n : 0);
+}
+
+static kvp_jv *message(kvp_jarena *a, const char *role, const char *text, size_t len)
+{
+    kvp_jv *m = kvp_jv_dict(a);
+    kvp_jv_set(a, m, "role", kvp_jv_str(a, role, strlen(role)));
+    kvp_jv_set(a, m, "content", kvp_jv_str(a, text, len));
+    return m;
+}
+
+/* Renders to text and mask; the length or -1 with err. */
+static long render_text(const kvp_template *t, kvp_jinja *j, const char *system,
+                        size_t system_len, const kvp_chat_msg *msgs, int n, char **out,
+                        unsigned char **mask, char *err, size_t errlen)
+{
+    kvp_jarena *a = kvp_jarena_new(0);
+    if (!a) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    kvp_jv *vars = kvp_jv_dict(a), *list = kvp_jv_list(a);
+    if (system_len)
+        kvp_jv_append(a, list, message(a, "system", system, system_len));
+    for (int i = 0; i < n; i++)
+        kvp_jv_append(a, list, message(a, msgs[i].user ? "user" : "assistant", msgs[i].text,
+                                       msgs[i].len));
+    kvp_jv_set(a, vars, "messages", list);
+    kvp_jv_set(a, vars, "add_generation_prompt", kvp_jv_bool(a, n > 0 && msgs[n - 1].user));
+    kvp_jv_set(a, vars, "bos_token", piece_value(a, tk(t), t->bos));
+    kvp_jv_set(a, vars, "eos_token", piece_value(a, tk(t), t->eos));
+    long len = kvp_jinja_render(j, a, vars, NULL, out, mask, err, errlen);
+    kvp_jarena_free(a);
+    return len;
+}
+
+/* The special token whose piece starts at s[0..n), -1 if none. */
+static int special_at(const kvp_template *t, const char *s, size_t n)
+{
+    const kvp_tokenizer *tok = tk(t);
+    for (int i = 0; i < t->n_specials; i++) {
+        int id = t->specials[i];
+        size_t len = (size_t)tok->piece_len[id];
+        if (len <= n && tok->pieces[id][0] == s[0] && !memcmp(tok->pieces[id], s, len))
+            return id;
+    }
+    return -1;
+}
+
+int kvp_template_render_jinja(const kvp_template *t, const char *system, size_t system_len,
+                              const kvp_chat_msg *msgs, int n, int **out, char *err,
+                              size_t errlen)
+{
+    char ebuf[256];
+    if (!err || !errlen) {
+        err = ebuf;
+        errlen = sizeof ebuf;
+    }
+    for (int i = 0; i < n; i++)
+        if (msgs[i].user != !(i % 2)) {
+            snprintf(err, errlen, "user and assistant messages must alternate");
+            return -EINVAL;
+        }
+    char *text;
+    unsigned char *mask;
+    long len = render_text(t, t->jinja, system, system_len, msgs, n, &text, &mask, err,
+                           errlen);
+    if (len < 0)
+        return -EINVAL;
+    render r;
+    kvp_tpl_start(&r, t);
+    size_t from = 0;
+    for (size_t i = 0; i < (size_t)len;) {
+        int id = mask[i] ? -1 : special_at(t, text + i, (size_t)len - i);
+        if (id < 0) {
+            i++;
+            continue;
+        }
+        kvp_tpl_txt(&r, text + from, i - from);
+        kvp_tpl_tok(&r, id);
+        i += (size_t)tk(t)->piece_len[id];
+        from = i;
+    }
+    kvp_tpl_txt(&r, text + from, (size_t)len - from);
+    free(text);
+    free(mask);
+    return kvp_tpl_finish(&r, out);
+}
+
+int kvp_template_use_jinja(kvp_template *t, const char *src, size_t len, char *note,
+                           size_t notelen)
+{
+    char err[200];
+    kvp_jinja *j = kvp_jinja_parse(src, len, err, sizeof err);
+    if (!j) {
+        snprintf(note, notelen, "the Jinja interpreter refuses it (%s)", err);
+        return -EINVAL;
+    }
+    /* a first conversation, so a template that fails on every input is refused now */
+    kvp_chat_msg hello = {.user = 1, .text = "Hello", .len = 5};
+    char *text;
+    unsigned char *mask;
+    long n = render_text(t, j, NULL, 0, &hello, 1, &text, &mask, err, sizeof err);
+    if (n < 0) {
+        snprintf(note, notelen, "the Jinja interpreter cannot render it (%s)", err);
+        kvp_jinja_free(j);
+        return -EINVAL;
+    }
+    long data = 0;
+    for (long i = 0; i < n; i++)
+        data += mask[i];
+    free(text);
+    free(mask);
+    if (!data) {
+        /* not a chat template: the family's markers alone, say */
+        snprintf(note, notelen, "it does not render the messages");
+        kvp_jinja_free(j);
+        return -EINVAL;
+    }
+    if (!t->specials && collect_specials(t) < 0) {
+        snprintf(note, notelen, "out of memory");
+        kvp_jinja_free(j);
+        return -ENOMEM;
+    }
+    kvp_jinja_free(t->jinja);
+    t->jinja = j;
+    return 0;
+}
+
+void kvp_template_free(kvp_template *t)
+{
+    kvp_jinja_free(t->jinja);
+    free(t->specials);
+    t->jinja = NULL;
+    t->specials = NULL;
+    t->n_specials = 0;
+}
