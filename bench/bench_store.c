@@ -47,16 +47,17 @@ static int measure(kvp_store *st, size_t bytes, int reps, result *out)
     s.cache_len = bytes;
     char err[256], jerr[64];
     double put = 0, get = 0;
+    uint64_t version = 0, got;   /* each write descends from the one before */
     for (int r = 0; r < reps; r++) {
         s.turns = r + 1;
         size_t written, jb;
         int clean;
         double t0 = now_ms();
-        int rc = kvp_store_put(st, &s, &written, err, sizeof err);
+        int rc = kvp_store_put(st, &s, &version, &written, err, sizeof err);
         double t1 = now_ms();
         kvp_snapshot back;
         if (rc == 0)
-            rc = kvp_store_get(st, s.id, &back, &jb, &clean, jerr, sizeof jerr, err, sizeof err);
+            rc = kvp_store_get(st, s.id, &back, &got, &jb, &clean, jerr, sizeof jerr, err, sizeof err);
         double t2 = now_ms();
         if (rc < 0) {
             fprintf(stderr, "bench_store: %s\n", err);

@@ -734,7 +734,9 @@ static void on_job(kvp_hub *h, kvp_session *s, const kvpd_event *ev)
         else if (to)
             emit_session(to, 1);
     } else {   /* a save job (shutdown): its outcome decides the session's durability */
-        s->save_failed = ev->code < 0;
+        /* -ESTALE: the store holds a newer version (or another node the lease); this
+         * copy is not written and nothing acknowledged is lost with it */
+        s->save_failed = ev->code < 0 && ev->code != -ESTALE;
         if (ev->code < 0)
             kvpd_log("warning", "session %.8s: %s", s->id, ev->text);
     }

@@ -58,8 +58,10 @@ static int save_full(kvp_session *s, const kvp_session_env *env, void *cache, si
         return rc;
     }
     snap.n_msgs = rc;
-    rc = kvp_store_put(env->store, &snap, bytes, err, errlen);
+    uint64_t version = s->store_version;
+    rc = kvp_store_put(env->store, &snap, &version, bytes, err, errlen);
     if (rc == 0) {
+        s->store_version = version;
         s->journal_ok = 1;
         s->journal_bytes = 0;
         s->base_bytes = cache_len + 4 * (size_t)s->n_tokens;
@@ -223,7 +225,8 @@ int kvp_session_restore(kvp_session *s, const kvp_session_env *env, size_t max_b
     size_t journal_bytes;
     char jerr[256];
     int journal_clean;
-    int rc = kvp_store_get(env->store, s->id, &snap, &journal_bytes, &journal_clean, jerr,
+    uint64_t version;
+    int rc = kvp_store_get(env->store, s->id, &snap, &version, &journal_bytes, &journal_clean, jerr,
                            sizeof jerr, err, errlen);
     if (rc < 0)
         return rc;
@@ -323,6 +326,7 @@ int kvp_session_restore(kvp_session *s, const kvp_session_env *env, size_t max_b
     s->reply_open = s->n_msgs > 0 && s->n_tokens > 0 &&
                     !(!restart && kvp_template_is_stop(&env->tpl, s->tokens[s->n_tokens - 1]));
     s->turns_done = snap.turns;
+    s->store_version = version;
     s->created_wall = snap.created;
     s->has_snapshot = 1;
     s->saved = 1;

@@ -738,28 +738,37 @@ static int take_token(kvp_session *s, const kvp_session_env *env, const kvp_turn
 
 /* Before a load or a turn: this node takes the session's lease (sessions/store.h). 0 to
  * go on; -EADDRINUSE when another node serves it (s->elsewhere_ms: for how long yet).
- * When the lease was free and the store's snapshot has moved past what this node holds
- * in memory (another node served turns meanwhile), memory is dropped for the snapshot.
- * When the store cannot be reached, a session in memory goes on (its snapshot write
- * will fail and say so); one that must be read first cannot. */
+ * When the store's snapshot is another version than the one memory descends from
+ * (another node served turns meanwhile), memory is dropped for the snapshot. When the
+ * store cannot be reached, a session in memory goes on only while this node's lease
+ * surely lasts (its snapshot write will fail and say so): past that another node may
+ * hold it. One that must be read first cannot. */
 static int take_lease(kvp_session *s, const kvp_session_env *env, char *err, size_t errlen)
 {
     s->elsewhere_ms = 0;
     if (!env->store)
         return 0;
     int stored, left;
+    uint64_t version;
     char holder[KVP_STORE_NODE_MAX + 1];
-    int rc = kvp_store_lease_take(env->store, s->id, &stored, &left, holder, sizeof holder,
-                                  err, errlen);
-    if (rc < 0)   /* in memory: served from there (its write will say it failed) */
-        return s->need_restore ? rc : 0;
+    int rc = kvp_store_lease_take(env->store, s->id, &stored, &version, &left, holder,
+                                  sizeof holder, err, errlen);
+    if (rc < 0) {   /* in memory and still ours: served from there */
+        if (s->need_restore || kvp_store_lease_left_ms(env->store, s->id) > 0)
+            return s->need_restore ? rc : 0;
+        size_t used = strlen(err);
+        snprintf(err + used, errlen - used, "; this node's lease on session %.8s has run out, "
+                 "so it is not served until the store answers (try again)", s->id);
+        return rc;
+    }
     if (rc == KVP_LEASE_OTHER) {
         s->elsewhere_ms = left > 0 ? left : 1;
         snprintf(err, errlen, "session %s is being served by another node (%s); retry in %d ms",
                  s->id, holder, s->elsewhere_ms);
         return -EADDRINUSE;
     }
-    if (rc == KVP_LEASE_NEW && !s->need_restore && stored >= 0 && stored != s->turns_done) {
+    if (!s->need_restore && kvp_store_has_leases(env->store) && version &&
+        version != s->store_version) {
         kvp_session_forget(s);
         s->need_restore = 1;
         kvp_store_note_takeover(env->store);

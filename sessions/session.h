@@ -145,6 +145,9 @@ typedef struct kvp_session {
      * this many ms more */
     int elsewhere_ms;
     int turns_done;                  /* completed turns, as the snapshot counts them */
+    /* The stored version memory descends from (its last read or write; 0: none): a
+     * shared store holding another version was written by another node since. */
+    uint64_t store_version;
     /* What is on disk: the snapshot plus its journal hold the conversation's first
      * journal_msgs messages and journal_tokens tokens (dropped history included);
      * journal_ok: the next save may append to the journal. */

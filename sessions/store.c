@@ -98,9 +98,10 @@ static int dir_file_size(kvp_store *st, const char *id, const char *suffix, size
     return 0;
 }
 
-static int dir_put(kvp_store *st, const kvp_snapshot *snap, size_t *bytes, char *err,
-                   size_t errlen)
+static int dir_put(kvp_store *st, const kvp_snapshot *snap, kvp_store_fence *f,
+                   size_t *bytes, char *err, size_t errlen)
 {
+    (void)f;   /* one node: always its own, never fenced */
     int rc = kvp_snapshot_write(st->dir, snap, err, errlen);
     if (rc == 0 && dir_file_size(st, snap->id, ".snap", bytes) < 0)
         *bytes = 0;
@@ -116,9 +117,11 @@ static int dir_append(kvp_store *st, const char *id, const kvp_journal_rec *rec,
     return rc;
 }
 
-static int dir_get(kvp_store *st, const char *id, kvp_snapshot *out, size_t *journal_bytes,
-                   int *journal_clean, char *jerr, size_t jerrlen, char *err, size_t errlen)
+static int dir_get(kvp_store *st, const char *id, kvp_snapshot *out, uint64_t *version,
+                   size_t *journal_bytes, int *journal_clean, char *jerr, size_t jerrlen,
+                   char *err, size_t errlen)
 {
+    (void)version;
     int rc = kvp_snapshot_read(st->dir, id, out, err, errlen);
     if (rc < 0)
         return rc;
@@ -227,34 +230,39 @@ static const kvp_store_ops dir_ops = {
 
 /* ---- the store's thread ---- */
 
-static int set_find(const kvp_id_set *s, const char *id)
+static int set_find(const kvp_lease_set *s, const char *id)
 {
     for (int i = 0; i < s->n; i++)
-        if (!strcmp(s->v[i], id))
+        if (!strcmp(s->v[i].id, id))
             return i;
     return -1;
 }
 
-static void set_add(kvp_id_set *s, const char *id)
-{
-    if (set_find(s, id) >= 0)
-        return;
-    if (s->n == s->cap) {
-        int cap = s->cap ? 2 * s->cap : 16;
-        kvp_store_id *v = realloc(s->v, (size_t)cap * sizeof *v);
-        if (!v)
-            return;   /* not renewed: the lease runs out, a snapshot write renews it */
-        s->v = v;
-        s->cap = cap;
-    }
-    snprintf(s->v[s->n++], sizeof(kvp_store_id), "%s", id);
-}
-
-static void set_del(kvp_id_set *s, const char *id)
+/* The entry for id, added (zeroed) when missing; NULL when out of memory. */
+static kvp_lease_ent *set_get(kvp_lease_set *s, const char *id)
 {
     int i = set_find(s, id);
     if (i >= 0)
-        memcpy(s->v[i], s->v[--s->n], sizeof(kvp_store_id));
+        return &s->v[i];
+    if (s->n == s->cap) {
+        int cap = s->cap ? 2 * s->cap : 16;
+        kvp_lease_ent *v = realloc(s->v, (size_t)cap * sizeof *v);
+        if (!v)
+            return NULL;   /* not tracked: its writes take the lease again (a new token) */
+        s->v = v;
+        s->cap = cap;
+    }
+    kvp_lease_ent *e = &s->v[s->n++];
+    memset(e, 0, sizeof *e);
+    snprintf(e->id, sizeof e->id, "%s", id);
+    return e;
+}
+
+static void set_del(kvp_lease_set *s, const char *id)
+{
+    int i = set_find(s, id);
+    if (i >= 0)
+        s->v[i] = s->v[--s->n];
 }
 
 static double mono_now(void)
@@ -264,19 +272,42 @@ static double mono_now(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* Copies the set under the mutex: the Redis calls run without it. */
-static int set_take(kvp_id_set *s, kvp_store_id **out, int clear)
+/* Copies the entries (all, or those being renewed) under the mutex: the Redis calls run
+ * without it. */
+static int set_take(kvp_lease_set *s, kvp_lease_ent **out, int renewing_only, int clear)
 {
     *out = NULL;
-    if (!s->n)
+    if (!s->n || !(*out = malloc((size_t)s->n * sizeof **out)))
         return 0;
-    int n = s->n;
-    if (!(*out = malloc((size_t)n * sizeof **out)))
-        return 0;
-    memcpy(*out, s->v, (size_t)n * sizeof **out);
+    int n = 0;
+    for (int i = 0; i < s->n; i++)
+        if (!renewing_only || s->v[i].renew)
+            (*out)[n++] = s->v[i];
     if (clear)
         s->n = 0;
     return n;
+}
+
+/* Renewals answered: a lease renewed lasts lease_ms from before the call; one that is
+ * no longer this node's is forgotten (its session's next job takes the lease again and
+ * compares versions). */
+static void note_renewals(kvp_store *st, const kvp_lease_ent *ents, int n,
+                          const signed char *res, double t0)
+{
+    pthread_mutex_lock(&st->mu);
+    for (int i = 0; i < n; i++) {
+        int k = set_find(&st->held, ents[i].id);
+        if (k < 0 || st->held.v[k].token != ents[i].token || res[i] < 0)
+            continue;
+        if (res[i] == 1) {
+            st->held.v[k].until = t0 + st->lease_ms / 1000.0;
+        } else {
+            kvpd_log("warning", "session %.8s: this node's lease was taken over or lost; "
+                     "it is not renewed", ents[i].id);
+            set_del(&st->held, ents[i].id);
+        }
+    }
+    pthread_mutex_unlock(&st->mu);
 }
 
 static void *store_thread(void *arg)
@@ -289,21 +320,29 @@ static void *store_thread(void *arg)
     while (!st->stopping) {
         double now = mono_now();
         if (st->ops->lease_batch && st->releasing.n) {
-            kvp_store_id *ids;
-            int n = set_take(&st->releasing, &ids, 1);
+            kvp_lease_ent *ents;
+            int n = set_take(&st->releasing, &ents, 0, 1);
             pthread_mutex_unlock(&st->mu);
-            st->ops->lease_batch(st, ids, n, 1);
-            free(ids);
+            signed char *res = n ? malloc((size_t)n) : NULL;
+            if (res)
+                st->ops->lease_batch(st, ents, n, 1, res);
+            free(res);
+            free(ents);
             pthread_mutex_lock(&st->mu);
             continue;
         }
         if (now >= next_renew) {
-            kvp_store_id *ids;
-            int n = set_take(&st->renewing, &ids, 0);
+            kvp_lease_ent *ents;
+            int n = set_take(&st->held, &ents, 1, 0);
             pthread_mutex_unlock(&st->mu);
-            if (n)
-                st->ops->lease_batch(st, ids, n, 0);
-            free(ids);
+            signed char *res = n ? malloc((size_t)n) : NULL;
+            if (res) {
+                double t0 = mono_now();
+                st->ops->lease_batch(st, ents, n, 0, res);
+                note_renewals(st, ents, n, res, t0);
+            }
+            free(res);
+            free(ents);
             pthread_mutex_lock(&st->mu);
             next_renew = mono_now() + renew_every;
             continue;
@@ -402,14 +441,19 @@ void kvp_store_close(kvp_store *st)
     }
     /* Every lease still held goes now, so another node can take the sessions at once. */
     if (st->ops && st->ops->lease_batch) {
-        for (int i = 0; i < st->renewing.n; i++)
-            set_add(&st->releasing, st->renewing.v[i]);
-        if (st->releasing.n)
-            st->ops->lease_batch(st, st->releasing.v, st->releasing.n, 1);
+        for (int i = 0; i < st->held.n; i++) {
+            kvp_lease_ent *e = set_get(&st->releasing, st->held.v[i].id);
+            if (e)
+                e->token = st->held.v[i].token;
+        }
+        signed char *res = st->releasing.n ? malloc((size_t)st->releasing.n) : NULL;
+        if (res)
+            st->ops->lease_batch(st, st->releasing.v, st->releasing.n, 1, res);
+        free(res);
     }
     if (st->ops && st->ops->close)
         st->ops->close(st);
-    free(st->renewing.v);
+    free(st->held.v);
     free(st->releasing.v);
     pthread_cond_destroy(&st->wake);
     pthread_mutex_destroy(&st->mu);
@@ -437,11 +481,47 @@ static int counted(kvp_store *st, int rc)
     return rc;
 }
 
-int kvp_store_put(kvp_store *st, const kvp_snapshot *snap, size_t *bytes, char *err,
-                  size_t errlen)
+/* The token of the lease held for id (0: none known). */
+static uint64_t held_token(kvp_store *st, const char *id)
+{
+    pthread_mutex_lock(&st->mu);
+    int i = set_find(&st->held, id);
+    uint64_t t = i >= 0 ? st->held.v[i].token : 0;
+    pthread_mutex_unlock(&st->mu);
+    return t;
+}
+
+/* A call that took or renewed the lease with this token (sent at t0). */
+static void note_held(kvp_store *st, const char *id, uint64_t token, double t0)
+{
+    kvp_lease_ent *e = set_get(&st->held, id);
+    if (!e)
+        return;
+    e->token = token;
+    e->until = t0 + st->lease_ms / 1000.0;
+}
+
+int kvp_store_put(kvp_store *st, const kvp_snapshot *snap, uint64_t *version, size_t *bytes,
+                  char *err, size_t errlen)
 {
     *bytes = 0;
-    return counted(st, st->ops->put(st, snap, bytes, err, errlen));
+    int leases = st->ops->lease_take != NULL;
+    kvp_store_fence f = {leases ? held_token(st, snap->id) : 0, *version};
+    double t0 = mono_now();
+    int rc = counted(st, st->ops->put(st, snap, &f, bytes, err, errlen));
+    if (leases) {
+        pthread_mutex_lock(&st->mu);
+        if (rc == 0) {
+            note_held(st, snap->id, f.token, t0);
+            set_del(&st->releasing, snap->id);
+        } else if (rc == -ESTALE) {
+            set_del(&st->held, snap->id);   /* not ours: the next job takes it again */
+        }
+        pthread_mutex_unlock(&st->mu);
+    }
+    if (rc == 0)
+        *version = f.version;
+    return rc;
 }
 
 int kvp_store_has_journal(const kvp_store *st)
@@ -460,15 +540,17 @@ int kvp_store_append(kvp_store *st, const char *id, const kvp_journal_rec *rec,
     return counted(st, st->ops->append(st, id, rec, journal_bytes, bytes, err, errlen));
 }
 
-int kvp_store_get(kvp_store *st, const char *id, kvp_snapshot *out, size_t *journal_bytes,
-                  int *journal_clean, char *jerr, size_t jerrlen, char *err, size_t errlen)
+int kvp_store_get(kvp_store *st, const char *id, kvp_snapshot *out, uint64_t *version,
+                  size_t *journal_bytes, int *journal_clean, char *jerr, size_t jerrlen,
+                  char *err, size_t errlen)
 {
+    *version = 0;
     *journal_bytes = 0;
     *journal_clean = 1;
     if (jerrlen)
         jerr[0] = '\0';
-    return counted(st, st->ops->get(st, id, out, journal_bytes, journal_clean, jerr, jerrlen,
-                                    err, errlen));
+    return counted(st, st->ops->get(st, id, out, version, journal_bytes, journal_clean, jerr,
+                                    jerrlen, err, errlen));
 }
 
 int kvp_store_exists(kvp_store *st, const char *id)
@@ -503,26 +585,47 @@ int kvp_store_has_leases(const kvp_store *st)
     return st && st->ops->lease_take != NULL;
 }
 
-int kvp_store_lease_take(kvp_store *st, const char *id, int *stored_turns, int *left_ms,
-                         char *holder, size_t holder_len, char *err, size_t errlen)
+int kvp_store_lease_take(kvp_store *st, const char *id, int *stored_turns,
+                         uint64_t *stored_version, int *left_ms, char *holder,
+                         size_t holder_len, char *err, size_t errlen)
 {
     *stored_turns = -1;
+    *stored_version = 0;
     *left_ms = 0;
     if (holder_len)
         holder[0] = '\0';
     if (!st->ops->lease_take)
         return KVP_LEASE_HELD;
-    int rc = counted(st, st->ops->lease_take(st, id, stored_turns, left_ms, holder, holder_len,
-                                             err, errlen));
+    uint64_t token = held_token(st, id);
+    double t0 = mono_now();
+    int rc = counted(st, st->ops->lease_take(st, id, &token, stored_turns, stored_version,
+                                             left_ms, holder, holder_len, err, errlen));
     pthread_mutex_lock(&st->mu);
-    if (rc == KVP_LEASE_OTHER)
+    if (rc == KVP_LEASE_OTHER) {
         st->stats.lease_conflicts++;
-    else if (rc > 0) {
+        set_del(&st->held, id);
+    } else if (rc > 0) {
+        /* A release queued before this take must not remove it: the release carries
+         * the older token, and the take issued a new one. */
         set_del(&st->releasing, id);
-        set_add(&st->renewing, id);
+        note_held(st, id, token, t0);
+        int i = set_find(&st->held, id);
+        if (i >= 0)
+            st->held.v[i].renew = 1;
     }
     pthread_mutex_unlock(&st->mu);
     return rc;
+}
+
+int kvp_store_lease_left_ms(kvp_store *st, const char *id)
+{
+    if (!st || !st->ops->lease_take)
+        return INT_MAX;
+    pthread_mutex_lock(&st->mu);
+    int i = set_find(&st->held, id);
+    double left = i >= 0 ? st->held.v[i].until - mono_now() : 0;
+    pthread_mutex_unlock(&st->mu);
+    return left <= 0 ? 0 : left * 1000 >= INT_MAX ? INT_MAX : (int)(left * 1000);
 }
 
 void kvp_store_lease_idle(kvp_store *st, const char *id)
@@ -530,7 +633,9 @@ void kvp_store_lease_idle(kvp_store *st, const char *id)
     if (!st || !st->ops->lease_take)
         return;
     pthread_mutex_lock(&st->mu);
-    set_del(&st->renewing, id);
+    int i = set_find(&st->held, id);
+    if (i >= 0)
+        st->held.v[i].renew = 0;
     pthread_mutex_unlock(&st->mu);
 }
 
@@ -539,9 +644,15 @@ void kvp_store_lease_drop(kvp_store *st, const char *id)
     if (!st || !st->ops->lease_take)
         return;
     pthread_mutex_lock(&st->mu);
-    set_del(&st->renewing, id);
-    set_add(&st->releasing, id);
-    pthread_cond_signal(&st->wake);
+    int i = set_find(&st->held, id);
+    if (i >= 0) {
+        /* released with the token held now: a later take's lease is never removed */
+        kvp_lease_ent *e = set_get(&st->releasing, id);
+        if (e)
+            e->token = st->held.v[i].token;
+        set_del(&st->held, id);
+        pthread_cond_signal(&st->wake);
+    }
     pthread_mutex_unlock(&st->mu);
 }
 
@@ -549,7 +660,9 @@ void kvp_store_stats_get(kvp_store *st, kvp_store_stats *out)
 {
     pthread_mutex_lock(&st->mu);
     *out = st->stats;
-    out->leases_renewing = st->renewing.n;
+    out->leases_renewing = 0;
+    for (int i = 0; i < st->held.n; i++)
+        out->leases_renewing += st->held.v[i].renew;
     pthread_mutex_unlock(&st->mu);
 }
 

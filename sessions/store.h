@@ -56,19 +56,24 @@ const char *kvp_store_dir(const kvp_store *st);
 const char *kvp_store_node(const kvp_store *st);
 
 /* Writes a whole snapshot (replacing the journal, if the store keeps one). *bytes: what
- * was written. 0 or a negative code with a message; -ESTALE (Redis): this node no longer
- * holds the session's lease, nothing was written. */
-int kvp_store_put(kvp_store *st, const kvp_snapshot *snap, size_t *bytes, char *err,
-                  size_t errlen);
+ * was written. *version: in, the stored version this copy descends from (what the last
+ * get or put of it gave; 0 for a session never stored); out, the version written (the
+ * directory leaves it). 0 or a negative code with a message; -ESTALE (Redis): nothing
+ * was written, because another node holds the session's lease or the stored session has
+ * moved past *version (another node wrote it since): this copy is stale. */
+int kvp_store_put(kvp_store *st, const kvp_snapshot *snap, uint64_t *version, size_t *bytes,
+                  char *err, size_t errlen);
 /* 1 when the store keeps journals (kvp_store_append may be called), else 0. */
 int kvp_store_has_journal(const kvp_store *st);
 int kvp_store_append(kvp_store *st, const char *id, const kvp_journal_rec *rec,
                      size_t *journal_bytes, size_t *bytes, char *err, size_t errlen);
 /* Reads a snapshot and replays its journal. -ENOENT none; -EBADMSG damaged (moved aside:
- * the message says where); others may pass. *journal_clean: 0 when a journal tail was
- * ignored (jerr says why; the next write must be whole). */
-int kvp_store_get(kvp_store *st, const char *id, kvp_snapshot *out, size_t *journal_bytes,
-                  int *journal_clean, char *jerr, size_t jerrlen, char *err, size_t errlen);
+ * the message says where); others may pass. *version: the stored version read (0: the
+ * directory, or none). *journal_clean: 0 when a journal tail was ignored (jerr says why;
+ * the next write must be whole). */
+int kvp_store_get(kvp_store *st, const char *id, kvp_snapshot *out, uint64_t *version,
+                  size_t *journal_bytes, int *journal_clean, char *jerr, size_t jerrlen,
+                  char *err, size_t errlen);
 int kvp_store_exists(kvp_store *st, const char *id);
 int kvp_store_remove(kvp_store *st, const char *id, char *err, size_t errlen);
 /* Calls fn for each stored session id; returns how many, or a negative code. */
@@ -79,25 +84,36 @@ int kvp_store_list(kvp_store *st, void (*fn)(void *ctx, const char *id), void *c
 int kvp_store_expire(kvp_store *st, char *err, size_t errlen);
 
 /* Leases (Redis; a directory has a single node, which always holds them). A session is
- * served by the node holding its lease: taken by the worker before a job (a load or a
- * turn), renewed by the store's thread while the job runs and by every snapshot write,
- * left to expire lease_ms after the last one, released at once when the node parks or
- * forgets the session or shuts down. */
+ * served by the node holding its lease: taken by the worker before a job (a load, a turn
+ * or a save), renewed by the store's thread while the job runs and by every snapshot
+ * write, left to expire lease_ms after the last one, released at once when the node parks
+ * or forgets the session or shuts down. Every take issues a new fencing token (a counter
+ * in Redis that only grows); renewals, releases and writes act only while their token is
+ * the newest, so a release queued before a later take never removes the later lease. A
+ * snapshot's version is the token of the lease it was written under: a later owner's
+ * always exceeds it (docs/cluster.md, "The write protocol"). */
 enum { KVP_LEASE_OTHER = 0, KVP_LEASE_HELD = 1, KVP_LEASE_NEW = 2 };
 /* 1 when the store has leases (Redis: several nodes), 0 for the directory. */
 int kvp_store_has_leases(const kvp_store *st);
-/* Takes or renews the session's lease: KVP_LEASE_HELD (already ours: renewed),
- * KVP_LEASE_NEW (it was free, taken now: what this node has in memory may be older than
- * the store; *stored_turns is the turn count of the stored snapshot, -1 none),
+/* Takes or renews the session's lease: KVP_LEASE_HELD (this node's already: renewed),
+ * KVP_LEASE_NEW (it was free or an older lease of this node's name, taken now), with
+ * *stored_turns and *stored_version those of the stored snapshot (-1 and 0: none): a copy
+ * in memory whose version differs is older than the store and must be read again;
  * KVP_LEASE_OTHER (another node holds it: its name in holder, *left_ms until it runs out
  * unless renewed), or a negative code. The store's thread renews it until
  * kvp_store_lease_idle or _drop. */
-int kvp_store_lease_take(kvp_store *st, const char *id, int *stored_turns, int *left_ms,
-                         char *holder, size_t holder_len, char *err, size_t errlen);
+int kvp_store_lease_take(kvp_store *st, const char *id, int *stored_turns,
+                         uint64_t *stored_version, int *left_ms, char *holder,
+                         size_t holder_len, char *err, size_t errlen);
+/* How long this node's lease on the session surely lasts (ms, from its last take,
+ * renewal or write that Redis answered; 0: none or run out; INT_MAX for the directory).
+ * While the store cannot be reached, a session is served from memory only so long. Any
+ * thread. */
+int kvp_store_lease_left_ms(kvp_store *st, const char *id);
 /* The job ended: no more renewals (the lease runs out lease_ms after the last). Loop-safe. */
 void kvp_store_lease_idle(kvp_store *st, const char *id);
 /* The node lets go of the session (parked, removed): released in the background
- * (compare-and-delete: never another node's). Loop-safe. */
+ * (compare-and-delete on the token: never another node's, nor a later take's). Loop-safe. */
 void kvp_store_lease_drop(kvp_store *st, const char *id);
 
 /* Counters since open (any thread). */

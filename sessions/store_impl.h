@@ -8,30 +8,56 @@
 
 typedef char kvp_store_id[KVP_SNAPSHOT_ID_MAX + 1];
 
+/* What a Redis write is conditional on (docs/cluster.md, "The write protocol"). token:
+ * in, the fencing token of the lease this node holds (0: none known); out, the lease's
+ * after the write. version: in, the stored version this copy descends from; out, the
+ * version written. The directory ignores both. */
+typedef struct kvp_store_fence {
+    uint64_t token, version;
+} kvp_store_fence;
+
+/* A lease this node holds (or releases): its fencing token; until: the monotonic time
+ * (seconds) it surely lasts to, counted from before the call that took or renewed it;
+ * renew: a job runs, the store's thread renews it. */
+typedef struct kvp_lease_ent {
+    kvp_store_id id;
+    uint64_t token;
+    double until;
+    int renew;
+} kvp_lease_ent;
+
 typedef struct kvp_store_ops {
-    int (*put)(kvp_store *st, const kvp_snapshot *snap, size_t *bytes, char *err, size_t errlen);
+    int (*put)(kvp_store *st, const kvp_snapshot *snap, kvp_store_fence *f, size_t *bytes,
+               char *err, size_t errlen);
     /* NULL: no journal, every write is whole */
     int (*append)(kvp_store *st, const char *id, const kvp_journal_rec *rec,
                   size_t *journal_bytes, size_t *bytes, char *err, size_t errlen);
-    int (*get)(kvp_store *st, const char *id, kvp_snapshot *out, size_t *journal_bytes,
-               int *journal_clean, char *jerr, size_t jerrlen, char *err, size_t errlen);
+    /* *version: the stored version read (left 0 by the directory) */
+    int (*get)(kvp_store *st, const char *id, kvp_snapshot *out, uint64_t *version,
+               size_t *journal_bytes, int *journal_clean, char *jerr, size_t jerrlen,
+               char *err, size_t errlen);
     int (*exists)(kvp_store *st, const char *id);
     int (*remove)(kvp_store *st, const char *id, char *err, size_t errlen);
     int (*list)(kvp_store *st, void (*fn)(void *ctx, const char *id), void *ctx, char *err,
                 size_t errlen);
     int (*expire)(kvp_store *st, char *err, size_t errlen);
     /* NULL: one node, leases always held */
-    int (*lease_take)(kvp_store *st, const char *id, int *stored_turns, int *left_ms,
-                      char *holder, size_t holder_len, char *err, size_t errlen);
-    /* the store's thread: renew (release 0) or release (1) these leases */
-    void (*lease_batch)(kvp_store *st, const kvp_store_id *ids, int n, int release);
+    /* *token: in, the one held (0: none); out, the new one (HELD and NEW) */
+    int (*lease_take)(kvp_store *st, const char *id, uint64_t *token, int *stored_turns,
+                      uint64_t *stored_version, int *left_ms, char *holder, size_t holder_len,
+                      char *err, size_t errlen);
+    /* The store's thread: renew (release 0) or release (1) these leases, each only while
+     * its token is the session's newest. res[i]: 1 done, 0 not this node's lease (any
+     * more), -1 no answer. */
+    void (*lease_batch)(kvp_store *st, const kvp_lease_ent *ents, int n, int release,
+                        signed char *res);
     void (*close)(kvp_store *st);
 } kvp_store_ops;
 
-typedef struct kvp_id_set {
-    kvp_store_id *v;
+typedef struct kvp_lease_set {
+    kvp_lease_ent *v;
     int n, cap;
-} kvp_id_set;
+} kvp_lease_set;
 
 struct kvp_store {
     const kvp_store_ops *ops;
@@ -47,7 +73,7 @@ struct kvp_store {
     pthread_cond_t wake;
     pthread_t thread;
     int thread_on, stopping;
-    kvp_id_set renewing, releasing;
+    kvp_lease_set held, releasing;  /* the leases held; those to release */
     kvp_store_stats stats;
 };
 

@@ -1,13 +1,17 @@
 /* The Redis store (docs/cluster.md). Keys, in the database the URL names:
  *   snap:<id>              the snapshot's bytes (kvp_snapshot_encode), PX snapshot_ttl
- *   turns:<id>             its turn count (how a node tells its memory is current)
+ *   turns:<id>             its turn count
+ *   ver:<id>               its version: the fencing token of the lease it was written under
  *   lease:<id>             the node serving the session, PX lease_ms
+ *   fence:<id>             the session's fencing token counter (INCR at every take), kept
+ *                          at least as long as the snapshot
  *   damaged:<id>:<time>    a snapshot that failed validation, moved aside, never loaded
  * Blocking hiredis calls on the calling thread (a worker, or the store's thread), one
  * connection per thread at a time from a small pool: the loop never waits on Redis.
  * A snapshot is written whole at every turn (no journal), by a script that writes only
- * while no other node holds the lease, so a node that lost a session can never
- * overwrite what its new owner wrote. */
+ * under this node's lease with its newest token (or a free lease) and only over the
+ * version the copy descends from, so a stale copy can never overwrite a newer one
+ * (docs/cluster.md, "The write protocol"). */
 #include <errno.h>
 #include <hiredis/hiredis.h>
 #include <pthread.h>
@@ -28,36 +32,66 @@ typedef struct redis_impl {
     int n_idle;
 } redis_impl;
 
-/* KEYS: snap, turns, lease. ARGV: bytes, turns, ttl ms (0: none), node, lease ms.
- * Writes unless another node holds the lease; takes (or renews) it for this node. */
+/* KEYS: snap, turns, lease, fence, ver. ARGV: bytes, turns, ttl ms (0: none), node,
+ * lease ms, token held (0: none), base version (0: none). Writes only when the lease is
+ * this node's under that token, or free, and the stored version is the base (or there is
+ * none); a free lease is taken (a new token unless the counter is still at this one).
+ * {1, token} written (the version is the token); {0, holder} the lease is another's (or
+ * an older one of this node's name); {-1, version} the stored copy moved on. */
 static const char PUT_SCRIPT[] =
     "local h = redis.call('GET', KEYS[3])\n"
-    "if h and h ~= ARGV[4] then return 0 end\n"
-    "if tonumber(ARGV[3]) > 0 then\n"
-    "  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])\n"
-    "  redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])\n"
+    "local f = redis.call('GET', KEYS[4])\n"
+    "if h and not (h == ARGV[4] and f == ARGV[6]) then return {0, h} end\n"
+    "local v = redis.call('GET', KEYS[5])\n"
+    "if v and v ~= ARGV[7] then return {-1, v} end\n"
+    "local t = ARGV[6]\n"
+    "if f ~= t then t = tostring(redis.call('INCR', KEYS[4])) end\n"
+    "local ttl, lease = tonumber(ARGV[3]), tonumber(ARGV[5])\n"
+    "if ttl > 0 then\n"
+    "  redis.call('SET', KEYS[1], ARGV[1], 'PX', ttl)\n"
+    "  redis.call('SET', KEYS[2], ARGV[2], 'PX', ttl)\n"
+    "  redis.call('SET', KEYS[5], t, 'PX', ttl)\n"
+    "  redis.call('PEXPIRE', KEYS[4], math.max(ttl, lease))\n"
     "else\n"
     "  redis.call('SET', KEYS[1], ARGV[1])\n"
     "  redis.call('SET', KEYS[2], ARGV[2])\n"
+    "  redis.call('SET', KEYS[5], t)\n"
+    "  redis.call('PERSIST', KEYS[4])\n"
     "end\n"
-    "redis.call('SET', KEYS[3], ARGV[4], 'PX', ARGV[5])\n"
-    "return 1\n";
+    "redis.call('SET', KEYS[3], ARGV[4], 'PX', lease)\n"
+    "return {1, t}\n";
 
-/* KEYS: lease, turns. ARGV: node, lease ms. {1, node, 0} renewed; {2, stored turns or
- * '', 0} taken now (SET NX PX); {0, holder, ms left} another node holds it. */
+/* KEYS: lease, fence, turns, ver. ARGV: node, lease ms, token held (0: none), counter ttl
+ * ms (0: none). Another node's lease: {0, holder, ms left}. Else a new token (INCR) and
+ * the lease for this node: {1, token} when it was this node's under the token held,
+ * {2, token} when it was free or an older one of this node's name; with the stored
+ * version and turn count ('' none). */
 static const char TAKE_SCRIPT[] =
-    "if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then\n"
-    "  return {2, redis.call('GET', KEYS[2]) or '', 0}\n"
-    "end\n"
     "local h = redis.call('GET', KEYS[1])\n"
-    "if h == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) return {1, h, 0} end\n"
-    "return {0, h or '', redis.call('PTTL', KEYS[1])}\n";
+    "if h and h ~= ARGV[1] then return {0, h, redis.call('PTTL', KEYS[1]), '', ''} end\n"
+    "local rc = 2\n"
+    "if h and redis.call('GET', KEYS[2]) == ARGV[3] then rc = 1 end\n"
+    "local t = redis.call('INCR', KEYS[2])\n"
+    "if tonumber(ARGV[4]) > 0 then redis.call('PEXPIRE', KEYS[2], ARGV[4])\n"
+    "else redis.call('PERSIST', KEYS[2]) end\n"
+    "redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])\n"
+    "return {rc, tostring(t), 0, redis.call('GET', KEYS[4]) or '',\n"
+    "        redis.call('GET', KEYS[3]) or ''}\n";
 
-/* KEYS: lease. ARGV: node, lease ms (renew) or '' (release). Touches only its own. */
+/* KEYS: lease, fence. ARGV: node, lease ms (renew) or '' (release), token. Acts only
+ * while the token is the session's newest: a release deletes the lease (compare-and-
+ * delete), a renewal extends it, or sets it again when it ran out and nobody took it
+ * since. 1 done, 0 not this lease any more. */
 static const char OWN_SCRIPT[] =
-    "if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end\n"
-    "if ARGV[2] == '' then return redis.call('DEL', KEYS[1]) end\n"
-    "return redis.call('PEXPIRE', KEYS[1], ARGV[2])\n";
+    "if redis.call('GET', KEYS[2]) ~= ARGV[3] then return 0 end\n"
+    "local h = redis.call('GET', KEYS[1])\n"
+    "if ARGV[2] == '' then\n"
+    "  if h == ARGV[1] then redis.call('DEL', KEYS[1]) end\n"
+    "  return 1\n"
+    "end\n"
+    "if h and h ~= ARGV[1] then return 0 end\n"
+    "redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])\n"
+    "return 1\n";
 
 static redis_impl *impl(kvp_store *st) { return st->impl; }
 
@@ -154,49 +188,75 @@ static int reply_error(redisReply *rep, const char *what, char *err, size_t errl
     return -EIO;
 }
 
-static int redis_put(kvp_store *st, const kvp_snapshot *snap, size_t *bytes, char *err,
-                     size_t errlen)
+/* The fencing counter lives at least as long as the snapshot (0: forever). */
+static long long fence_ttl_ms(const kvp_store *st)
+{
+    long long ttl = (long long)(st->ttl_s * 1000);
+    return ttl <= 0 ? 0 : ttl > st->lease_ms ? ttl : st->lease_ms;
+}
+
+static int redis_put(kvp_store *st, const kvp_snapshot *snap, kvp_store_fence *f,
+                     size_t *bytes, char *err, size_t errlen)
 {
     unsigned char *buf;
     size_t len;
     int rc = kvp_snapshot_encode(snap, &buf, &len, err, errlen);
     if (rc < 0)
         return rc;
-    char ks[96], kt[96], kl[96], turns[16], ttl[24], lease[16];
+    char ks[96], kt[96], kl[96], kf[96], kv[96], turns[16], ttl[24], lease[16], tok[24],
+        base[24];
     key(ks, sizeof ks, "snap", snap->id);
     key(kt, sizeof kt, "turns", snap->id);
     key(kl, sizeof kl, "lease", snap->id);
+    key(kf, sizeof kf, "fence", snap->id);
+    key(kv, sizeof kv, "ver", snap->id);
     snprintf(turns, sizeof turns, "%d", snap->turns);
     snprintf(ttl, sizeof ttl, "%lld", (long long)(st->ttl_s * 1000));
     snprintf(lease, sizeof lease, "%d", st->lease_ms);
-    const char *argv[] = {"EVAL", PUT_SCRIPT, "3", ks, kt, kl, (const char *)buf, turns, ttl,
-                          st->node, lease};
-    size_t lens[11];
-    for (int i = 0; i < 11; i++)
+    snprintf(tok, sizeof tok, "%llu", (unsigned long long)f->token);
+    snprintf(base, sizeof base, "%llu", (unsigned long long)f->version);
+    const char *argv[] = {"EVAL", PUT_SCRIPT, "5", ks, kt, kl, kf, kv, (const char *)buf,
+                          turns, ttl, st->node, lease, tok, base};
+    enum { ARGC = sizeof argv / sizeof argv[0] };
+    size_t lens[ARGC];
+    for (int i = 0; i < ARGC; i++)
         lens[i] = strlen(argv[i]);
-    lens[6] = len;
-    redisReply *rep = command(st, 11, argv, lens, err, errlen);
+    lens[8] = len;
+    redisReply *rep = command(st, ARGC, argv, lens, err, errlen);
     free(buf);
     if (!rep)
         return -EIO;
-    if (rep->type != REDIS_REPLY_INTEGER)
+    if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2 ||
+        rep->element[0]->type != REDIS_REPLY_INTEGER ||
+        rep->element[1]->type != REDIS_REPLY_STRING)
         return reply_error(rep, "snapshot write", err, errlen);
-    rc = rep->integer == 1 ? 0 : -ESTALE;
-    freeReplyObject(rep);
-    if (rc < 0)
-        snprintf(err, errlen, "snapshot %s: another node holds the session's lease now; "
-                 "not written", snap->id);
-    else
+    long long what = rep->element[0]->integer;
+    const char *s = rep->element[1]->str;
+    if (what == 1) {
+        f->token = f->version = strtoull(s, NULL, 10);
         *bytes = len;
+        rc = 0;
+    } else if (what == 0) {
+        snprintf(err, errlen, "snapshot %s: not written: the session's lease is held by %s%s",
+                 snap->id, s, strcmp(s, st->node) ? "" : " under a newer token");
+        rc = -ESTALE;
+    } else {
+        snprintf(err, errlen, "snapshot %s: not written: the stored session moved on "
+                 "(version %s; this copy descends from %llu): this copy is stale",
+                 snap->id, s, (unsigned long long)f->version);
+        rc = -ESTALE;
+    }
+    freeReplyObject(rep);
     return rc;
 }
 
 /* RENAME snap:<id> to damaged:<id>:<unix time> (it keeps its time to live). */
 static void move_aside(kvp_store *st, const char *id, char *err, size_t errlen)
 {
-    char ks[96], kd[128], kt[96], derr[128];
+    char ks[96], kd[128], kt[96], kv[96], derr[128];
     key(ks, sizeof ks, "snap", id);
     key(kt, sizeof kt, "turns", id);
+    key(kv, sizeof kv, "ver", id);
     snprintf(kd, sizeof kd, "damaged:%s:%lld", id, (long long)time(NULL));
     const char *argv[] = {"RENAME", ks, kd};
     size_t lens[] = {6, strlen(ks), strlen(kd)};
@@ -208,13 +268,14 @@ static void move_aside(kvp_store *st, const char *id, char *err, size_t errlen)
         snprintf(err + used, errlen - used, "; could not move it aside: %s",
                  rep && rep->type == REDIS_REPLY_ERROR ? rep->str : derr);
     freeReplyObject(rep);
-    const char *del[] = {"DEL", kt};
-    size_t dlens[] = {3, strlen(kt)};
-    freeReplyObject(command(st, 2, del, dlens, derr, sizeof derr));
+    const char *del[] = {"DEL", kt, kv};
+    size_t dlens[] = {3, strlen(kt), strlen(kv)};
+    freeReplyObject(command(st, 3, del, dlens, derr, sizeof derr));
 }
 
-static int redis_get(kvp_store *st, const char *id, kvp_snapshot *out, size_t *journal_bytes,
-                     int *journal_clean, char *jerr, size_t jerrlen, char *err, size_t errlen)
+static int redis_get(kvp_store *st, const char *id, kvp_snapshot *out, uint64_t *version,
+                     size_t *journal_bytes, int *journal_clean, char *jerr, size_t jerrlen,
+                     char *err, size_t errlen)
 {
     (void)journal_bytes;
     (void)journal_clean;
@@ -225,29 +286,39 @@ static int redis_get(kvp_store *st, const char *id, kvp_snapshot *out, size_t *j
         snprintf(err, errlen, "invalid session id");
         return -EINVAL;
     }
-    char ks[96];
+    /* the bytes and their version together (MGET is atomic) */
+    char ks[96], kv[96];
     key(ks, sizeof ks, "snap", id);
-    const char *argv[] = {"GET", ks};
-    size_t lens[] = {3, strlen(ks)};
-    redisReply *rep = command(st, 2, argv, lens, err, errlen);
-    if (!rep)
+    key(kv, sizeof kv, "ver", id);
+    const char *argv[] = {"MGET", ks, kv};
+    size_t lens[] = {4, strlen(ks), strlen(kv)};
+    redisReply *all = command(st, 3, argv, lens, err, errlen);
+    if (!all)
         return -EIO;
+    if (all->type != REDIS_REPLY_ARRAY || all->elements != 2)
+        return reply_error(all, "snapshot read", err, errlen);
+    redisReply *rep = all->element[0], *ver = all->element[1];
     if (rep->type == REDIS_REPLY_NIL) {
-        freeReplyObject(rep);
+        freeReplyObject(all);
         snprintf(err, errlen, "no snapshot for session %s in redis %s", id, st->where);
         return -ENOENT;
     }
-    if (rep->type != REDIS_REPLY_STRING)
-        return reply_error(rep, "snapshot read", err, errlen);
+    if (rep->type != REDIS_REPLY_STRING) {
+        freeReplyObject(all);
+        snprintf(err, errlen, "redis snapshot read: unexpected reply");
+        return -EIO;
+    }
     unsigned char *buf = malloc(rep->len ? rep->len : 1);
     if (!buf) {
-        freeReplyObject(rep);
+        freeReplyObject(all);
         snprintf(err, errlen, "snapshot %s: out of memory", id);
         return -ENOMEM;
     }
     memcpy(buf, rep->str, rep->len);
     size_t len = rep->len;
-    freeReplyObject(rep);
+    if (ver->type == REDIS_REPLY_STRING)
+        *version = strtoull(ver->str, NULL, 10);
+    freeReplyObject(all);
     int rc = kvp_snapshot_decode(buf, len, id, out, err, errlen);
     if (rc == -EBADMSG)
         move_aside(st, id, err, errlen);
@@ -274,12 +345,13 @@ static int redis_remove(kvp_store *st, const char *id, char *err, size_t errlen)
         snprintf(err, errlen, "invalid session id");
         return -EINVAL;
     }
-    char ks[96], kt[96];
+    char ks[96], kt[96], kv[96];
     key(ks, sizeof ks, "snap", id);
     key(kt, sizeof kt, "turns", id);
-    const char *argv[] = {"DEL", ks, kt};
-    size_t lens[] = {3, strlen(ks), strlen(kt)};
-    redisReply *rep = command(st, 3, argv, lens, err, errlen);
+    key(kv, sizeof kv, "ver", id);
+    const char *argv[] = {"DEL", ks, kt, kv};
+    size_t lens[] = {3, strlen(ks), strlen(kt), strlen(kv)};
+    redisReply *rep = command(st, 4, argv, lens, err, errlen);
     if (!rep)
         return -EIO;
     if (rep->type != REDIS_REPLY_INTEGER)
@@ -327,47 +399,59 @@ static int redis_expire(kvp_store *st, char *err, size_t errlen)
     return 0;   /* the keys carry their own time to live */
 }
 
-static int redis_lease_take(kvp_store *st, const char *id, int *stored_turns, int *left_ms,
-                            char *holder, size_t holder_len, char *err, size_t errlen)
+static int redis_lease_take(kvp_store *st, const char *id, uint64_t *token, int *stored_turns,
+                            uint64_t *stored_version, int *left_ms, char *holder,
+                            size_t holder_len, char *err, size_t errlen)
 {
     if (!kvp_snapshot_id_valid(id)) {
         snprintf(err, errlen, "invalid session id");
         return -EINVAL;
     }
-    char kl[96], kt[96], lease[16];
+    char kl[96], kf[96], kt[96], kv[96], lease[16], tok[24], fttl[24];
     key(kl, sizeof kl, "lease", id);
+    key(kf, sizeof kf, "fence", id);
     key(kt, sizeof kt, "turns", id);
+    key(kv, sizeof kv, "ver", id);
     snprintf(lease, sizeof lease, "%d", st->lease_ms);
-    const char *argv[] = {"EVAL", TAKE_SCRIPT, "2", kl, kt, st->node, lease};
-    size_t lens[7];
-    for (int i = 0; i < 7; i++)
+    snprintf(tok, sizeof tok, "%llu", (unsigned long long)*token);
+    snprintf(fttl, sizeof fttl, "%lld", fence_ttl_ms(st));
+    const char *argv[] = {"EVAL", TAKE_SCRIPT, "4", kl, kf, kt, kv, st->node, lease, tok, fttl};
+    enum { ARGC = sizeof argv / sizeof argv[0] };
+    size_t lens[ARGC];
+    for (int i = 0; i < ARGC; i++)
         lens[i] = strlen(argv[i]);
-    redisReply *rep = command(st, 7, argv, lens, err, errlen);
+    redisReply *rep = command(st, ARGC, argv, lens, err, errlen);
     if (!rep)
         return -EIO;
-    if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 3 ||
-        rep->element[0]->type != REDIS_REPLY_INTEGER ||
-        rep->element[1]->type != REDIS_REPLY_STRING ||
-        rep->element[2]->type != REDIS_REPLY_INTEGER)
+    if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 5)
         return reply_error(rep, "lease", err, errlen);
+    for (int i = 0; i < 5; i++)
+        if (rep->element[i]->type != (i == 0 || i == 2 ? REDIS_REPLY_INTEGER : REDIS_REPLY_STRING))
+            return reply_error(rep, "lease", err, errlen);
     int rc = (int)rep->element[0]->integer;
     const char *s = rep->element[1]->str;
-    if (rc == KVP_LEASE_NEW && s[0])
-        *stored_turns = atoi(s);
     if (rc == KVP_LEASE_OTHER) {
         snprintf(holder, holder_len, "%s", s);
         *left_ms = rep->element[2]->integer > 0 ? (int)rep->element[2]->integer : 0;
+    } else {
+        *token = strtoull(s, NULL, 10);
+        if (rep->element[3]->str[0])
+            *stored_version = strtoull(rep->element[3]->str, NULL, 10);
+        if (rep->element[4]->str[0])
+            *stored_turns = atoi(rep->element[4]->str);
     }
     freeReplyObject(rep);
     return rc;
 }
 
 /* Pipelined: one round trip for all of them. */
-static void redis_lease_batch(kvp_store *st, const kvp_store_id *ids, int n, int release)
+static void redis_lease_batch(kvp_store *st, const kvp_lease_ent *ents, int n, int release,
+                              signed char *res)
 {
     redis_impl *r = impl(st);
     char err[160], lease[16];
-    snprintf(lease, sizeof lease, "%d", release ? 0 : st->lease_ms);
+    snprintf(lease, sizeof lease, "%d", st->lease_ms);
+    memset(res, -1, (size_t)n);
     redisContext *c = conn_get(r, err, sizeof err);
     if (!c) {
         kvp_store_count_error(st);
@@ -375,13 +459,16 @@ static void redis_lease_batch(kvp_store *st, const kvp_store_id *ids, int n, int
         return;
     }
     for (int i = 0; i < n; i++) {
-        char kl[96];
-        key(kl, sizeof kl, "lease", ids[i]);
-        const char *argv[] = {"EVAL", OWN_SCRIPT, "1", kl, st->node, release ? "" : lease};
-        size_t lens[6];
-        for (int j = 0; j < 6; j++)
+        char kl[96], kf[96], tok[24];
+        key(kl, sizeof kl, "lease", ents[i].id);
+        key(kf, sizeof kf, "fence", ents[i].id);
+        snprintf(tok, sizeof tok, "%llu", (unsigned long long)ents[i].token);
+        const char *argv[] = {"EVAL", OWN_SCRIPT, "2", kl, kf, st->node, release ? "" : lease,
+                              tok};
+        size_t lens[8];
+        for (int j = 0; j < 8; j++)
             lens[j] = strlen(argv[j]);
-        redisAppendCommandArgv(c, 6, argv, lens);
+        redisAppendCommandArgv(c, 8, argv, lens);
     }
     int failed = 0;
     for (int i = 0; i < n; i++) {
@@ -390,6 +477,9 @@ static void redis_lease_batch(kvp_store *st, const kvp_store_id *ids, int n, int
             failed = 1;
             break;
         }
+        const redisReply *rr = rep;
+        if (rr->type == REDIS_REPLY_INTEGER)
+            res[i] = rr->integer == 1;
         freeReplyObject(rep);
     }
     if (failed) {

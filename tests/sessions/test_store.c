@@ -70,6 +70,10 @@ Test(store, redis_urls_parse_and_bad_ones_are_refused_with_a_reason)
     cr_assert_eq(kvp_redis_url_parse(longhost, &u, err, sizeof err), -EINVAL);
 }
 
+/* The stored version each put descends from, and the one the last get read (each test
+ * runs in its own process). */
+static uint64_t g_ver, g_got;
+
 static void count_id(void *ctx, const char *id)
 {
     (void)id;
@@ -108,7 +112,7 @@ Test(store, the_directory_deletes_snapshots_older_than_the_ttl_at_start_and_on_d
         kvp_snapshot s;
         fake_snapshot(&s, ids[i], 1);
         size_t bytes;
-        cr_assert_eq(kvp_store_put(st, &s, &bytes, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(kvp_store_put(st, &s, &g_ver, &bytes, err, sizeof err), 0, "%s", err);
         cr_assert_gt(bytes, s.cache_len, "a put reports the bytes it wrote");
     }
     int listed = 0;
@@ -135,7 +139,7 @@ Test(store, the_directory_deletes_snapshots_older_than_the_ttl_at_start_and_on_d
     p.ttl_s = 0;
     cr_assert_eq(kvp_store_open(&st, &p, err, sizeof err), 0);
     size_t bytes;
-    cr_assert_eq(kvp_store_put(st, &s, &bytes, err, sizeof err), 0);
+    cr_assert_eq(kvp_store_put(st, &s, &g_ver, &bytes, err, sizeof err), 0);
     age_file(dir, "forever.snap", 100000000);
     cr_assert_eq(kvp_store_expire(st, err, sizeof err), 0);
     cr_assert(file_exists(dir, "forever.snap"));
@@ -194,8 +198,8 @@ static int take(kvp_store *st, const char *id, int *turns, char *holder)
     char err[256];
     int left;
     char h[KVP_STORE_NODE_MAX + 1];
-    int rc = kvp_store_lease_take(st, id, turns, &left, holder ? holder : h, sizeof h, err,
-                                  sizeof err);
+    int rc = kvp_store_lease_take(st, id, turns, &g_got, &left, holder ? holder : h, sizeof h,
+                                  err, sizeof err);
     cr_assert_geq(rc, 0, "%s", err);
     if (rc == KVP_LEASE_OTHER)
         cr_assert_gt(left, 0, "the holder's time left is reported");
@@ -210,7 +214,7 @@ Test(store, redis_keeps_the_same_checksummed_bytes_with_a_ttl, .init = redis_up,
     char err[256], jerr[64];
     size_t bytes, jb;
     int clean;
-    cr_assert_eq(kvp_store_put(a, &s, &bytes, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(kvp_store_put(a, &s, &g_ver, &bytes, err, sizeof err), 0, "%s", err);
     unsigned char *enc;
     size_t len;
     cr_assert_eq(kvp_snapshot_encode(&s, &enc, &len, err, sizeof err), 0);
@@ -225,7 +229,7 @@ Test(store, redis_keeps_the_same_checksummed_bytes_with_a_ttl, .init = redis_up,
     cr_assert(r->integer > 3000000 && r->integer <= 3600000, "snapshot_ttl is the key's: %lld",
               r->integer);
     freeReplyObject(r);
-    cr_assert_eq(kvp_store_get(a, s.id, &back, &jb, &clean, jerr, sizeof jerr, err, sizeof err), 0,
+    cr_assert_eq(kvp_store_get(a, s.id, &back, &g_got, &jb, &clean, jerr, sizeof jerr, err, sizeof err), 0,
                  "%s", err);
     cr_assert_eq(back.turns, 3);
     cr_assert_eq(back.n_msgs, 2);
@@ -238,12 +242,12 @@ Test(store, redis_keeps_the_same_checksummed_bytes_with_a_ttl, .init = redis_up,
     int listed = 0;
     cr_assert_eq(kvp_store_list(a, count_id, &listed, err, sizeof err), 1);
     cr_assert_eq(listed, 1);
-    cr_assert_eq(kvp_store_get(a, "ffffffffffffffffffffffffffffffff", &back, &jb, &clean, jerr,
+    cr_assert_eq(kvp_store_get(a, "ffffffffffffffffffffffffffffffff", &back, &g_got, &jb, &clean, jerr,
                                sizeof jerr, err, sizeof err), -ENOENT);
     /* hostile ids never reach Redis */
-    cr_assert_eq(kvp_store_get(a, "../../etc", &back, &jb, &clean, jerr, sizeof jerr, err,
+    cr_assert_eq(kvp_store_get(a, "../../etc", &back, &g_got, &jb, &clean, jerr, sizeof jerr, err,
                                sizeof err), -EINVAL);
-    cr_assert_eq(kvp_store_get(a, "a b*", &back, &jb, &clean, jerr, sizeof jerr, err, sizeof err),
+    cr_assert_eq(kvp_store_get(a, "a b*", &back, &g_got, &jb, &clean, jerr, sizeof jerr, err, sizeof err),
                  -EINVAL);
     cr_assert_eq(kvp_store_remove(a, s.id, err, sizeof err), 0);
     cr_assert(!kvp_store_exists(a, s.id));
@@ -260,26 +264,26 @@ Test(store, a_damaged_redis_value_is_moved_aside_and_never_loaded, .init = redis
     char err[512], jerr[64];
     size_t bytes, jb;
     int clean;
-    cr_assert_eq(kvp_store_put(a, &s, &bytes, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(kvp_store_put(a, &s, &g_ver, &bytes, err, sizeof err), 0, "%s", err);
     /* flip one byte in the middle: the checksum no longer matches */
     redisReply *r = cmd("SETRANGE snap:%s 40 X", id);
     freeReplyObject(r);
-    cr_assert_eq(kvp_store_get(a, id, &back, &jb, &clean, jerr, sizeof jerr, err, sizeof err),
+    cr_assert_eq(kvp_store_get(a, id, &back, &g_got, &jb, &clean, jerr, sizeof jerr, err, sizeof err),
                  -EBADMSG);
     cr_assert(strstr(err, "checksum") && strstr(err, "moved aside to damaged:"), "%s", err);
     r = cmd("KEYS damaged:%s:*", id);
     cr_assert_eq(r->elements, 1, "one damaged: key");
     freeReplyObject(r);
-    cr_assert_eq(kvp_store_get(a, id, &back, &jb, &clean, jerr, sizeof jerr, err, sizeof err),
+    cr_assert_eq(kvp_store_get(a, id, &back, &g_got, &jb, &clean, jerr, sizeof jerr, err, sizeof err),
                  -ENOENT, "never loaded again");
     /* truncated and foreign values too */
     r = cmd("SET snap:%s KVPSNAP", id);
     freeReplyObject(r);
-    cr_assert_eq(kvp_store_get(a, id, &back, &jb, &clean, jerr, sizeof jerr, err, sizeof err),
+    cr_assert_eq(kvp_store_get(a, id, &back, &g_got, &jb, &clean, jerr, sizeof jerr, err, sizeof err),
                  -EBADMSG);
     r = cmd("SET snap:%s hello", id);
     freeReplyObject(r);
-    cr_assert_eq(kvp_store_get(a, id, &back, &jb, &clean, jerr, sizeof jerr, err, sizeof err),
+    cr_assert_eq(kvp_store_get(a, id, &back, &g_got, &jb, &clean, jerr, sizeof jerr, err, sizeof err),
                  -EBADMSG);
     kvp_store_stats ss;
     kvp_store_stats_get(a, &ss);
@@ -304,9 +308,9 @@ Test(store, a_lease_belongs_to_one_node_which_alone_renews_and_releases_it, .ini
     fake_snapshot(&s, id, 7);
     char err[256];
     size_t bytes;
-    cr_assert_eq(kvp_store_put(b, &s, &bytes, err, sizeof err), -ESTALE);
+    cr_assert_eq(kvp_store_put(b, &s, &g_ver, &bytes, err, sizeof err), -ESTALE);
     cr_assert(!kvp_store_exists(b, id));
-    cr_assert_eq(kvp_store_put(a, &s, &bytes, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(kvp_store_put(a, &s, &g_ver, &bytes, err, sizeof err), 0, "%s", err);
     /* renewed by a's thread while held: still a's after three lease times */
     nap_ms(1800);
     cr_assert_eq(take(b, id, &turns, holder), KVP_LEASE_OTHER);
@@ -364,12 +368,12 @@ Test(store, an_unreachable_redis_is_a_clear_error_at_open_and_a_counted_one_late
     size_t bytes;
     int port = g_redis.port;
     h_proc_kill(&g_redis);
-    cr_assert_lt(kvp_store_put(a, &s, &bytes, err, sizeof err), 0);
+    cr_assert_lt(kvp_store_put(a, &s, &g_ver, &bytes, err, sizeof err), 0);
     cr_assert(strstr(err, "redis"), "%s", err);
     kvp_store_stats ss;
     kvp_store_stats_get(a, &ss);
     cr_assert_geq(ss.errors, 1);
     cr_assert_eq(h_redis_start(&g_redis, g_rdir, port, 0), 0);
-    cr_assert_eq(kvp_store_put(a, &s, &bytes, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(kvp_store_put(a, &s, &g_ver, &bytes, err, sizeof err), 0, "%s", err);
     kvp_store_close(a);
 }
