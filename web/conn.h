@@ -21,6 +21,8 @@ typedef struct kvpd_conn {
     kvpd_web *w;
     int is_ws;
     int head;                          /* HTTP: a HEAD request (headers only) */
+    int close_after;                   /* HTTP: close once this answer is out (its body,
+                                        * if any, was never read) */
     kvp_hub_client *client;            /* made on the first hello or message */
     char session_arg[KVP_SESSION_ID_LEN + 1];   /* /chat?session=ID ("" none): what a
                                                  * hello without an id resumes */
@@ -47,6 +49,12 @@ int kvpd_wsguard_check(void);
 int kvpd_wsguard_accept(int fd);
 int kvpd_wsguard_upgraded(int fd, struct lws *wsi);
 int kvpd_wsguard_failed(int fd);
+/* HTTP requests: after a request's header, body: len bytes of body go to lws, and what
+ * follows is held back from it (read and dropped) until release, when the answer is out.
+ * release: 1 when bytes other than blank lines were dropped (a pipelined request: the
+ * connection must close), or the body was not all read. */
+void kvpd_wsguard_body(int fd, uint64_t len);
+int kvpd_wsguard_release(int fd);
 
 /* web/guard.c. The Host and Origin rules for a request: NULL when allowed, else the
  * reason and the HTTP status to answer (400, 421, 403). */

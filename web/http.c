@@ -2,9 +2,12 @@
  * goes to web/openai.c. */
 #include <errno.h>
 #include <jansson.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 
 #include "base/clock.h"
@@ -47,8 +50,18 @@ int kvpd_http_respond(kvpd_conn *c, int status, const char *type, const char *bo
 static int respond(kvpd_conn *c, int status, const char *type, const char *body, size_t len,
                    const char *www_auth)
 {
-    const char *extra[] = {"www-authenticate:", www_auth, NULL};
-    return kvpd_http_respond(c, status, type, body, len, www_auth ? extra : NULL);
+    const char *extra[5];
+    int k = 0;
+    if (www_auth) {
+        extra[k++] = "www-authenticate:";
+        extra[k++] = www_auth;
+    }
+    if (c->close_after) {
+        extra[k++] = "connection:";
+        extra[k++] = "close";
+    }
+    extra[k] = NULL;
+    return kvpd_http_respond(c, status, type, body, len, extra);
 }
 
 static int respond_json(kvpd_conn *c, int status, json_t *o)
@@ -76,7 +89,7 @@ int kvpd_http_writeable(kvpd_conn *c)
     int n = lws_write(c->wsi, f->buf + LWS_PRE, f->len, LWS_WRITE_HTTP_FINAL);
     free(f);
     c->w->frames_pending--;
-    if (n < 0)
+    if (n < 0 || c->close_after)
         return -1;
     return lws_http_transaction_completed(c->wsi) ? -1 : 0;
 }
@@ -294,14 +307,94 @@ static int static_file(kvpd_conn *c, const char *uri)
     return rc < 0 ? -1 : 0;
 }
 
+/* 1 when the header (a known token, or a custom "name:") is present. */
+static int has_header(struct lws *wsi, enum lws_token_indexes tok, char *buf, size_t len)
+{
+    buf[0] = '\0';
+    if (lws_hdr_total_length(wsi, tok) <= 0)
+        return 0;
+    if (lws_hdr_copy(wsi, buf, (int)len, tok) < 0)
+        buf[0] = '\0';
+    return 1;
+}
+
+/* How the request's body is framed. kvpd reads only Content-Length bodies, only on POST:
+ * anything else is answered at once (refused: the connection closes after the answer,
+ * and the bytes after the header are never read, as a body or as a request). Returns
+ * NULL when the request goes on (*body_len: its body's bytes); else why, and *status. */
+static const char *framing(kvpd_conn *c, int post, int api, uint64_t *body_len, int *status)
+{
+    struct lws *wsi = c->wsi;
+    char buf[128];
+    *body_len = 0;
+    if (has_header(wsi, WSI_TOKEN_HTTP_TRANSFER_ENCODING, buf, sizeof buf)) {
+        *status = post ? 411 : 400;
+        return post ? "Transfer-Encoding is not supported: send the body with Content-Length\n"
+                    : "Transfer-Encoding on a request without a body\n";
+    }
+    if (has_header(wsi, WSI_TOKEN_TE, buf, sizeof buf) && strcasestr(buf, "chunked")) {
+        *status = 400;
+        return "TE: chunked is not a valid request header\n";
+    }
+    long cl = 0;
+    if (has_header(wsi, WSI_TOKEN_HTTP_CONTENT_LENGTH, buf, sizeof buf) &&
+        !kvp_parse_long(buf, 0, LONG_MAX, &cl)) {
+        *status = 400;
+        return "Content-Length must be a non-negative integer\n";
+    }
+    if (!post && cl > 0) {
+        *status = 400;
+        return "only POST requests may carry a body\n";
+    }
+    if (post && api && !has_header(wsi, WSI_TOKEN_HTTP_CONTENT_LENGTH, buf, sizeof buf)) {
+        *status = 411;
+        return "a POST body needs Content-Length\n";
+    }
+    int expect = has_header(wsi, WSI_TOKEN_HTTP_EXPECT, buf, sizeof buf);
+    if (expect && (!post || strcasecmp(buf, "100-continue"))) {
+        *status = 417;
+        return "the only expectation served is 100-continue, on POST\n";
+    }
+    if (post && api && cl > c->w->cfg->max_body_bytes) {
+        *status = 413;
+        return "the body is over max_body_bytes\n";
+    }
+    if (expect && api) {
+        /* The client waits for this before it sends the body. Nothing else of this
+         * request is written yet, and the answers before it are out. */
+        static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
+        if (send(lws_get_socket_fd(wsi), cont, sizeof cont - 1, MSG_DONTWAIT | MSG_NOSIGNAL)
+            != (ssize_t)sizeof cont - 1) {
+            *status = 500;
+            return "could not write 100 Continue\n";
+        }
+    }
+    *body_len = (uint64_t)cl;
+    return NULL;
+}
+
 int kvpd_http_request(kvpd_conn *c, const char *uri)
 {
     kvpd_web *w = c->w;
     int status;
-    const char *refused = kvpd_guard_check(w, c->wsi, &status);
+    int post = lws_hdr_total_length(c->wsi, WSI_TOKEN_POST_URI) > 0;
+    int api = !strncmp(uri, "/v1/", 4) || !strcmp(uri, "/v1");
+    uint64_t body_len;
+    c->close_after = 0;
+    const char *refused = framing(c, post, api, &body_len, &status);
+    if (refused || (post && !api)) {
+        /* its body (if any) is not read: held back, dropped, and the connection closed */
+        c->close_after = 1;
+        body_len = 0;
+    }
+    if (refused || post)
+        kvpd_wsguard_body(lws_get_socket_fd(c->wsi), body_len);
     if (refused)
         return text_status(c, status, refused, NULL);
-    if (!strncmp(uri, "/v1/", 4) || !strcmp(uri, "/v1"))
+    refused = kvpd_guard_check(w, c->wsi, &status);
+    if (refused)
+        return text_status(c, status, refused, NULL);
+    if (api)
         return kvpd_openai_request(c, uri);
     c->head = lws_hdr_total_length(c->wsi, WSI_TOKEN_HEAD_URI) > 0;
     if (!c->head && lws_hdr_total_length(c->wsi, WSI_TOKEN_GET_URI) <= 0)

@@ -16,6 +16,7 @@ typedef struct kvpd_oai {
     char *body;                   /* the POST body, bounded by max_body_bytes */
     size_t body_len, body_cap;
     int body_too_large;
+    int body_done;                /* the body is in: the request was routed */
     kvp_hub_client *client;       /* while the turn runs */
     int stream, include_usage;
     char *stops[KVP_HUB_MAX_STOPS];   /* the request's stop strings: the hub's turn ends
@@ -663,7 +664,7 @@ int kvpd_openai_body(kvpd_conn *c, const void *in, size_t len)
 {
     kvpd_oai *o = c->oai;
     size_t max = (size_t)c->w->cfg->max_body_bytes;
-    if (len == 0)   /* lws reports an empty body as one empty piece */
+    if (len == 0 || o->body_done)   /* lws reports an empty body as one empty piece */
         return 0;
     if (o->body_too_large || o->body_len + len > max) {
         o->body_too_large = 1;   /* read and dropped; answered 413 at the end */
@@ -686,12 +687,17 @@ int kvpd_openai_body(kvpd_conn *c, const void *in, size_t len)
 
 int kvpd_openai_body_done(kvpd_conn *c)
 {
+    kvpd_oai *o = c->oai;
+    if (o->body_done)   /* a request is routed once (web/wsguard.c holds what follows) */
+        return 0;
+    o->body_done = 1;
     char uri[128];
     if (lws_hdr_copy(c->wsi, uri, sizeof uri, WSI_TOKEN_POST_URI) <= 0)
         snprintf(uri, sizeof uri, "?");
     route(c, uri, 1);
-    free(c->oai->body);
-    c->oai->body = NULL;
+    free(o->body);
+    o->body = NULL;
+    o->body_len = o->body_cap = 0;
     lws_callback_on_writable(c->wsi);
     return 0;
 }
@@ -754,8 +760,12 @@ int kvpd_openai_writeable(kvpd_conn *c)
             lws_callback_on_writable(c->wsi);
         return 0;
     }
-    /* The answer is out: the request lets go of its session. */
+    /* The answer is out: the request lets go of its session. A request pipelined
+     * behind it was dropped unread (web/wsguard.c): closing tells the client to send
+     * it again. */
     int close = o->close;
+    if (kvpd_wsguard_release(lws_get_socket_fd(c->wsi)))
+        close = 1;
     kvpd_openai_closed(c);
     if (close)
         return -1;

@@ -12,6 +12,10 @@
  *     the client sent bytes after the upgrade request without waiting for the 101
  *     (RFC 6455 4.1 forbids it): that connection is failed. One MSG_PEEK more per read,
  *     on the HTTP side only.
+ *   - HTTP body (kvpd_wsguard_body, from the request's callback): reads deliver the
+ *     Content-Length bytes of the body and nothing past them; what follows is read and
+ *     dropped until the answer is out (kvpd_wsguard_release), so one request is routed
+ *     once and a pipelined one is never parsed while this one runs.
  *   - websocket: each read's bytes go to lws as they are; a small state machine walks the
  *     frame headers in them (at most 14 bytes each; payloads are skipped by length, so the
  *     cost is per frame, not per byte, and nothing is copied) across any split of frames
@@ -35,7 +39,11 @@
 
 #include "web/conn.h"
 
-enum guard_mode { GUARD_HTTP = 0, GUARD_WS, GUARD_FAILED };
+enum guard_mode { GUARD_HTTP = 0, GUARD_BODY, GUARD_HOLD, GUARD_WS, GUARD_FAILED };
+
+/* Bytes a client may send after a request it must wait the answer of before they are
+ * only dropped no more: past this the connection is closed. */
+#define HOLD_MAX (64 * 1024)
 
 typedef struct guard {
     enum guard_mode mode;
@@ -47,6 +55,11 @@ typedef struct guard {
     unsigned char hdr[14];
     int hdr_have;
     uint64_t payload_left;
+    /* HTTP body: its bytes still to deliver; then, until the answer is out, what came
+     * after it (dropped: held[0] CR/LF only, held[1] anything else) */
+    uint64_t body_left;
+    uint64_t held;
+    int held_request;
 } guard;
 
 static guard **table;            /* by descriptor */
@@ -113,6 +126,33 @@ int kvpd_wsguard_upgraded(int fd, struct lws *wsi)
     g->hdr_have = 0;
     g->payload_left = 0;
     return 0;
+}
+
+static guard *guard_of(int fd)
+{
+    return fd >= 0 && fd < table_n ? table[fd] : NULL;
+}
+
+void kvpd_wsguard_body(int fd, uint64_t len)
+{
+    guard *g = guard_of(fd);
+    if (!g || g->mode != GUARD_HTTP)
+        return;
+    g->body_left = len;
+    g->held = 0;
+    g->held_request = 0;
+    g->mode = len ? GUARD_BODY : GUARD_HOLD;
+}
+
+int kvpd_wsguard_release(int fd)
+{
+    guard *g = guard_of(fd);
+    if (!g || (g->mode != GUARD_BODY && g->mode != GUARD_HOLD))
+        return 0;
+    int unclean = g->held_request || g->mode == GUARD_BODY;
+    g->mode = GUARD_HTTP;
+    g->eol = g->at_end = 0;
+    return unclean;
 }
 
 int kvpd_wsguard_failed(int fd)
@@ -187,6 +227,29 @@ ssize_t recv(int fd, void *buf, size_t len, int flags)
         if ((n = sys_recv(fd, buf, len, flags | MSG_PEEK)) <= 0)
             return n;
         return sys_recv(fd, buf, http_cut(g, buf, (size_t)n), flags);
+    case GUARD_BODY:
+        if ((n = sys_recv(fd, buf, len < g->body_left ? len : (size_t)g->body_left, flags)) <= 0)
+            return n;
+        g->body_left -= (uint64_t)n;
+        if (!g->body_left)
+            g->mode = GUARD_HOLD;
+        return n;
+    case GUARD_HOLD:
+        /* Past the body, before the answer: lws must not see these bytes (lws 4.1 reports
+         * the body complete again for each read, and would parse them as a request
+         * before this one is answered). They are read (so the poll does not spin) and
+         * dropped; blank lines are allowed (RFC 9112 2.2), anything else was a
+         * pipelined request, and the connection closes after this answer. */
+        if ((n = sys_recv(fd, buf, len, flags)) <= 0)
+            return n;
+        for (ssize_t i = 0; i < n; i++)
+            if (((unsigned char *)buf)[i] != '\r' && ((unsigned char *)buf)[i] != '\n')
+                g->held_request = 1;
+        g->held += (uint64_t)n;
+        if (g->held > HOLD_MAX)
+            return 0;   /* lws closes it as if the peer had */
+        errno = EAGAIN;
+        return -1;
     case GUARD_WS: {
         if ((n = sys_recv(fd, buf, len, flags)) <= 0)
             return n;

@@ -1,5 +1,5 @@
 /* Issue 17 item 12 (websocket side): a client frame that is not masked fails the
- * connection (RFC 6455 5.1: close code 1002, or the TCP connection closed), wherever the
+ * connection (RFC 6455 5.1: a close frame with code 1002), wherever the
  * frame falls in the reads: alone, after good frames in the same write, split over
  * writes, or sent with the upgrade request. Masked frames keep working however they are
  * split or packed, and the daemon keeps serving the other clients. */
@@ -35,9 +35,10 @@ static size_t unmasked_frame(unsigned char *out, const char *text)
     return n + 2;
 }
 
-/* What the server did after a protocol violation: 1002 in a close frame, or the
- * connection closed (reset or EOF). Text frames before it are skipped. 0: still open. */
-static int failed_with_1002_or_closed(ws_client *c, int timeout_ms)
+/* What the server did after a protocol violation: 1 for 1002 in a close frame (the
+ * documented answer, docs/protocol.md); 0 when the connection stayed open or closed
+ * without a close frame. Text frames before it are skipped. */
+static int failed_with_1002(ws_client *c, int timeout_ms)
 {
     double end = ws_now_ms() + timeout_ms;
     while (ws_now_ms() < end) {
@@ -53,8 +54,10 @@ static int failed_with_1002_or_closed(ws_client *c, int timeout_ms)
         free(payload);
         if (op == -ETIMEDOUT)
             return 0;
-        if (op < 0)
-            return 1;   /* reset or EOF */
+        if (op < 0) {
+            cr_expect_fail("the connection closed without a close frame (%d)", op);
+            return 0;
+        }
     }
     return 0;
 }
@@ -85,7 +88,7 @@ Test(security_frames, an_unmasked_frame_fails_the_connection)
     unsigned char f[160];
     size_t n = unmasked_frame(f, HELLO);
     cr_assert_eq(ws_send_raw(&c, f, n), 0);
-    cr_expect(failed_with_1002_or_closed(&c, 8000), "an unmasked frame was accepted");
+    cr_expect(failed_with_1002(&c, 8000), "an unmasked frame was accepted");
     ws_close(&c);
     others_are_served(&p);
     cr_expect_eq(kvpd_stop(&p, 10000), 0);
@@ -107,7 +110,7 @@ Test(security_frames, after_good_frames_in_the_same_read)
     n += ws_frame(buf + n, WS_TEXT, 1, big, sizeof big);
     n += unmasked_frame(buf + n, "{\"type\":\"message\",\"text\":\"hi\"}");
     cr_assert_eq(ws_send_raw(&c, buf, n), 0);
-    cr_expect(failed_with_1002_or_closed(&c, 8000), "an unmasked frame after good ones was accepted");
+    cr_expect(failed_with_1002(&c, 8000), "an unmasked frame after good ones was accepted");
     ws_close(&c);
     others_are_served(&p);
     cr_expect_eq(kvpd_stop(&p, 10000), 0);
@@ -135,7 +138,7 @@ Test(security_frames, split_over_reads)
     cr_assert_eq(ws_send_raw(&c, buf, 1), 0);
     sleep_ms(50);
     cr_assert_eq(ws_send_raw(&c, buf + 1, n - 1), 0);
-    cr_expect(failed_with_1002_or_closed(&c, 8000), "a split unmasked frame was accepted");
+    cr_expect(failed_with_1002(&c, 8000), "a split unmasked frame was accepted");
     ws_close(&c);
     others_are_served(&p);
     cr_expect_eq(kvpd_stop(&p, 10000), 0);
@@ -216,6 +219,46 @@ Test(security_frames, frames_sent_with_the_upgrade_request)
     cr_expect(closed, "the connection stayed open");
     cr_expect(!memmem(got, have, "\"session\"", 9), "the unmasked hello was answered");
     ws_close(&c);
+    others_are_served(&p);
+    cr_expect_eq(kvpd_stop(&p, 10000), 0);
+}
+
+/* The close code the server answers a client's close frame with (-1: none came). */
+static int close_answer(const kvpd_proc *p, const void *payload, size_t len)
+{
+    ws_client c;
+    cr_assert_eq(h_connect(p, &c), 0);
+    cr_assert_eq(ws_send_frame(&c, WS_CLOSE, 1, payload, len), 0);
+    double end = ws_now_ms() + 5000;
+    int code = -1;
+    while (ws_now_ms() < end) {
+        char *got = NULL;
+        size_t n = 0;
+        int op = ws_read(&c, (int)(end - ws_now_ms()) + 1, &got, &n);
+        if (op == WS_CLOSE)
+            code = n >= 2 ? ((unsigned char)got[0] << 8 | (unsigned char)got[1]) : 0;
+        free(got);
+        if (op == WS_CLOSE || op < 0)
+            break;
+    }
+    ws_close(&c);
+    return code;
+}
+
+Test(security_frames, an_invalid_close_code_is_answered_1002_not_echoed)
+{
+    kvpd_proc p;
+    cr_assert_eq(kvpd_start(&p, ""), 0, "log %s", p.log);
+    const unsigned char c5000[] = {0x13, 0x88}, c999[] = {0x03, 0xe7}, c1015[] = {0x03, 0xf7},
+                        c2000[] = {0x07, 0xd0}, one[] = {0x03}, c1000[] = {0x03, 0xe8, 'o', 'k'},
+                        c4001[] = {0x0f, 0xa1};
+    cr_expect_eq(close_answer(&p, c5000, 2), 1002);
+    cr_expect_eq(close_answer(&p, c999, 2), 1002);
+    cr_expect_eq(close_answer(&p, c1015, 2), 1002);
+    cr_expect_eq(close_answer(&p, c2000, 2), 1002);
+    cr_expect_eq(close_answer(&p, one, 1), 1002, "a one-byte close payload");
+    cr_expect_eq(close_answer(&p, c1000, 4), 1000, "a normal close is echoed");
+    cr_expect_eq(close_answer(&p, c4001, 2), 4001, "an application code is echoed");
     others_are_served(&p);
     cr_expect_eq(kvpd_stop(&p, 10000), 0);
 }

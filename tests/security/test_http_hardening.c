@@ -244,3 +244,186 @@ Test(security_http, connect_is_answered_and_closed)
     cr_expect_eq(get(&p, "GET", "/healthz", self(&p, "127.0.0.1"), NULL).status, 200);
     cr_expect_eq(kvpd_stop(&p, 10000), 0);
 }
+
+/* ---- request framing: bodies, pipelining, Transfer-Encoding, Expect ---- */
+
+/* Sends req on fd, then reads until the server closes, max bytes came, or wait_ms
+ * passed; the bytes NUL-terminated (malloc'd), *closed 1 when the server closed. */
+static char *exchange(int fd, const char *req, size_t max, int wait_ms, int *closed)
+{
+    if (req)
+        cr_assert_eq(send(fd, req, strlen(req), MSG_NOSIGNAL), (ssize_t)strlen(req));
+    char *buf = malloc(max + 1);
+    size_t got = 0;
+    double end = ws_now_ms() + wait_ms;
+    *closed = 0;
+    while (got < max && ws_now_ms() < end) {
+        struct pollfd p = {fd, POLLIN, 0};
+        if (poll(&p, 1, 50) <= 0)
+            continue;
+        ssize_t n = recv(fd, buf + got, max - got, 0);
+        if (n <= 0) {
+            *closed = 1;
+            break;
+        }
+        got += (size_t)n;
+    }
+    buf[got] = '\0';
+    return buf;
+}
+
+static int count(const char *hay, const char *needle)
+{
+    int n = 0;
+    for (const char *p = hay; (p = strstr(p, needle)); p += strlen(needle))
+        n++;
+    return n;
+}
+
+static const char CHAT_BODY[] =
+    "{\"max_tokens\":4,\"messages\":[{\"role\":\"user\",\"content\":\"Once upon a time\"}]}";
+
+static void chat_post(char *out, size_t len, const char *extra_headers)
+{
+    snprintf(out, len, "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+             "Content-Type: application/json\r\nContent-Length: %zu\r\n%s\r\n%s",
+             strlen(CHAT_BODY), extra_headers ? extra_headers : "", CHAT_BODY);
+}
+
+/* The one answer in buf is whole: its Content-Length bytes follow the head, nothing else. */
+static void one_whole_answer(const char *buf, int status)
+{
+    int st = 0;
+    cr_assert_eq(sscanf(buf, "HTTP/1.1 %d", &st), 1, "no answer: %.300s", buf);
+    cr_expect_eq(st, status, "%.600s", buf);
+    cr_expect_eq(count(buf, "HTTP/1.1 "), 1, "more than one answer: %.2000s", buf);
+    const char *body = strstr(buf, "\r\n\r\n");
+    const char *cl = strcasestr(buf, "content-length:");
+    cr_assert(body && cl, "%.600s", buf);
+    cr_expect_eq(strlen(body + 4), (size_t)atol(cl + 15), "the body is not its length: %.2000s",
+                 buf);
+    json_t *j = json_loads(body + 4, 0, NULL);
+    cr_expect(j, "the body is not one JSON value: %.2000s", body + 4);
+    json_decref(j);
+}
+
+Test(security_http, a_request_pipelined_behind_a_post_is_never_routed_twice)
+{
+    kvpd_proc p;
+    cr_assert_eq(kvpd_start(&p, ""), 0, "log %s", p.log);
+    char one[1024], two[2048];
+    chat_post(one, sizeof one, NULL);
+    snprintf(two, sizeof two, "%s%s", one, one);
+    int fd = tcp_connect(p.port), closed;
+    double t0 = ws_now_ms();
+    char *buf = exchange(fd, two, 1 << 20, 5000, &closed);
+    close(fd);
+    one_whole_answer(buf, 200);
+    cr_expect(strstr(buf, "\"finish_reason\""), "%.1000s", buf);
+    cr_expect(closed, "the connection stayed open with a request dropped unanswered");
+    cr_expect_lt(ws_now_ms() - t0, 4000);
+    free(buf);
+    cr_expect_eq(get(&p, "GET", "/healthz", self(&p, "127.0.0.1"), NULL).status, 200);
+    cr_expect_eq(kvpd_stop(&p, 10000), 0);
+}
+
+Test(security_http, a_trailing_crlf_after_a_post_body_keeps_the_connection)
+{
+    kvpd_proc p;
+    cr_assert_eq(kvpd_start(&p, ""), 0, "log %s", p.log);
+    char req[1024], req2[1100];
+    chat_post(req, sizeof req, NULL);
+    snprintf(req2, sizeof req2, "%s\r\n", req);
+    int fd = tcp_connect(p.port), closed;
+    char *buf = exchange(fd, req2, 1 << 20, 1500, &closed);
+    one_whole_answer(buf, 200);
+    cr_expect(!closed, "a blank line after the body closed the connection");
+    free(buf);
+    /* the connection serves its next request */
+    buf = exchange(fd, req, 1 << 20, 1500, &closed);
+    one_whole_answer(buf, 200);
+    free(buf);
+    close(fd);
+    cr_expect_eq(kvpd_stop(&p, 10000), 0);
+}
+
+Test(security_http, a_chunked_post_is_answered_411_at_once)
+{
+    kvpd_proc p;
+    cr_assert_eq(kvpd_start(&p, ""), 0, "log %s", p.log);
+    char req[1024];
+    snprintf(req, sizeof req, "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+             "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n%zx\r\n%s\r\n"
+             "0\r\n\r\n", strlen(CHAT_BODY), CHAT_BODY);
+    int fd = tcp_connect(p.port), closed;
+    double t0 = ws_now_ms();
+    char *buf = exchange(fd, req, 1 << 16, 4000, &closed);
+    close(fd);
+    cr_expect(!strncmp(buf, "HTTP/1.1 411", 12), "%.300s", buf);
+    cr_expect(closed);
+    cr_expect_lt(ws_now_ms() - t0, 1500, "the answer took %.0f ms", ws_now_ms() - t0);
+    free(buf);
+    cr_expect_eq(kvpd_stop(&p, 10000), 0);
+}
+
+Test(security_http, expect_100_continue_is_served_and_other_expectations_get_417)
+{
+    kvpd_proc p;
+    cr_assert_eq(kvpd_start(&p, ""), 0, "log %s", p.log);
+    char head[1024];
+    snprintf(head, sizeof head, "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+             "Content-Type: application/json\r\nContent-Length: %zu\r\n"
+             "Expect: 100-continue\r\nConnection: close\r\n\r\n", strlen(CHAT_BODY));
+    int fd = tcp_connect(p.port), closed;
+    char *buf = exchange(fd, head, 25, 3000, &closed);   /* the body waits for the 100 */
+    cr_expect(!strcmp(buf, "HTTP/1.1 100 Continue\r\n\r\n"), "got '%s'", buf);
+    free(buf);
+    buf = exchange(fd, CHAT_BODY, 1 << 20, 5000, &closed);
+    close(fd);
+    one_whole_answer(buf, 200);
+    free(buf);
+
+    snprintf(head, sizeof head, "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+             "Content-Length: %zu\r\nExpect: 200-ok\r\n\r\n%s", strlen(CHAT_BODY), CHAT_BODY);
+    fd = tcp_connect(p.port);
+    buf = exchange(fd, head, 1 << 16, 3000, &closed);
+    close(fd);
+    cr_expect(!strncmp(buf, "HTTP/1.1 417", 12), "%.300s", buf);
+    cr_expect(closed);
+    free(buf);
+    cr_expect_eq(kvpd_stop(&p, 10000), 0);
+}
+
+/* A GET's "body" (with Transfer-Encoding, TE: chunked or Content-Length) is never run as
+ * the next request: the admin request smuggled in it would carry the token. */
+Test(security_http, a_body_on_a_get_is_never_parsed_as_a_request)
+{
+    kvpd_proc p;
+    cr_assert_eq(kvpd_start(&p, ""), 0, "log %s", p.log);
+    char inner[512], auth[200];
+    snprintf(auth, sizeof auth, "Authorization: Bearer %s\r\n", h_admin_token(&p));
+    snprintf(inner, sizeof inner, "GET /admin/stats HTTP/1.1\r\nHost: 127.0.0.1\r\n%s\r\n", auth);
+    const char *framings[] = {"Transfer-Encoding: chunked\r\n", "TE: chunked\r\n",
+                              "Content-Length: %zu\r\n"};
+    for (int i = 0; i < 3; i++) {
+        char hdr[128], req[2048];
+        snprintf(hdr, sizeof hdr, framings[i], strlen(inner));
+        if (i < 2)
+            snprintf(req, sizeof req, "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n%s\r\n"
+                     "%zx\r\n%s\r\n0\r\n\r\n", hdr, strlen(inner), inner);
+        else
+            snprintf(req, sizeof req, "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n%s\r\n%s",
+                     hdr, inner);
+        int fd = tcp_connect(p.port), closed;
+        char *buf = exchange(fd, req, 1 << 16, 3000, &closed);
+        close(fd);
+        cr_expect(!strncmp(buf, "HTTP/1.1 400", 12), "%s: %.300s", hdr, buf);
+        cr_expect_eq(count(buf, "HTTP/1.1 "), 1, "%s: the body ran as a request: %.2000s", hdr,
+                     buf);
+        cr_expect(!strstr(buf, "session_list"), "%s: /admin/stats was served", hdr);
+        cr_expect(closed, "%s", hdr);
+        free(buf);
+    }
+    cr_expect_eq(get(&p, "GET", "/healthz", self(&p, "127.0.0.1"), NULL).status, 200);
+    cr_expect_eq(kvpd_stop(&p, 10000), 0);
+}
