@@ -7,6 +7,7 @@
 
 #include <assert.h>
 #include <cblas.h>
+#include <stdatomic.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -793,10 +794,19 @@ static int check_model(const kvp_agent_set *s, const kvp_model_config *cfg,
     return -EINVAL;
 }
 
+/* Policy files read by this process (kvp_agent_set_loads). */
+static atomic_ullong set_loads;
+
+unsigned long long kvp_agent_set_loads(void)
+{
+    return atomic_load(&set_loads);
+}
+
 int kvp_agent_set_load(kvp_agent_set *s, const char *path, const kvp_model_config *cfg,
                        char *err, size_t errlen)
 {
     memset(s, 0, sizeof *s);
+    atomic_fetch_add(&set_loads, 1);
     FILE *f = fopen(path, "rb");
     if (!f) {
         int rc = -errno;
@@ -888,7 +898,8 @@ fail:
 #define SCORE_BLOCK 256
 
 typedef struct kvp_agent_policy {
-    kvp_agent_set set;
+    kvp_agent_set own;          /* the weights it loaded itself (kvp_agent_policy_create) */
+    const kvp_agent_set *set;   /* &own, or a set shared read-only with other instances */
     float *work;   /* kvp_agent_score_work(SCORE_BLOCK) floats */
     float *rows;   /* [2][SCORE_BLOCK][d]: a block's keys and values decoded (f16 / q8_0 rows) */
 } kvp_agent_policy;
@@ -923,8 +934,8 @@ static int stale(const kvp_head *h, int i)
 static void kvp_before_evict(kvp_policy *p, int layer, int kvh, kvp_head *h)
 {
     kvp_agent_policy *ap = p->impl;
-    const kvp_agent_arch *a = &ap->set.arch;
-    const float *w = kvp_agent_set_params(&ap->set, layer, kvh);
+    const kvp_agent_arch *a = &ap->set->arch;
+    const float *w = kvp_agent_set_params(ap->set, layer, kvh);
     for (int i = 0; i < h->n;) {
         if (!stale(h, i)) {
             i++;
@@ -953,7 +964,7 @@ static void kvp_calibrate_op(const kvp_policy *p, int layer, int kvh, const floa
                              float *out)
 {
     const kvp_agent_policy *ap = p->impl;
-    kvp_agent_calibrate(&ap->set, layer, kvh, in, n, out);
+    kvp_agent_calibrate(ap->set, layer, kvh, in, n, out);
 }
 
 static void kvp_destroy(kvp_policy *p)
@@ -961,7 +972,7 @@ static void kvp_destroy(kvp_policy *p)
     kvp_agent_policy *ap = p->impl;
     if (!ap)
         return;
-    kvp_agent_set_free(&ap->set);
+    kvp_agent_set_free(&ap->own);
     free(ap->work);
     free(ap->rows);
     free(ap);
@@ -1001,6 +1012,20 @@ static const kvp_policy_ops kvp_ops = {
     .destroy = kvp_destroy,
 };
 
+/* The per-instance part: scratch for scoring a block of rows with ap->set's agents. */
+static int alloc_scratch(kvp_agent_policy *ap, char *err, size_t errlen)
+{
+    ap->work = malloc(kvp_agent_score_work(&ap->set->arch, SCORE_BLOCK) * sizeof(float));
+    ap->rows = malloc(2 * (size_t)SCORE_BLOCK * ap->set->arch.d * sizeof(float));
+    if (!ap->work || !ap->rows) {
+        free(ap->work);
+        free(ap->rows);
+        kvp_errorf(err, errlen, 0, "out of memory");
+        return -ENOMEM;
+    }
+    return 0;
+}
+
 int kvp_agent_policy_create(kvp_policy *p, const char *policy_file, char *err, size_t errlen)
 {
     if (!policy_file || !*policy_file) {
@@ -1012,20 +1037,38 @@ int kvp_agent_policy_create(kvp_policy *p, const char *policy_file, char *err, s
         kvp_errorf(err, errlen, 0, "out of memory");
         return -ENOMEM;
     }
-    int rc = kvp_agent_set_load(&ap->set, policy_file, &p->cfg, err, errlen);
+    int rc = kvp_agent_set_load(&ap->own, policy_file, &p->cfg, err, errlen);
     if (rc) {
         free(ap);
         return rc;
     }
-    ap->work = malloc(kvp_agent_score_work(&ap->set.arch, SCORE_BLOCK) * sizeof(float));
-    ap->rows = malloc(2 * (size_t)SCORE_BLOCK * ap->set.arch.d * sizeof(float));
-    if (!ap->work || !ap->rows) {
-        free(ap->work);
-        free(ap->rows);
-        kvp_errorf(err, errlen, 0, "out of memory");
-        kvp_agent_set_free(&ap->set);
+    ap->set = &ap->own;
+    if ((rc = alloc_scratch(ap, err, errlen)) < 0) {
+        kvp_agent_set_free(&ap->own);
         free(ap);
+        return rc;
+    }
+    p->ops = &kvp_ops;
+    p->impl = ap;
+    return 0;
+}
+
+int kvp_agent_policy_create_shared(kvp_policy *p, const kvp_agent_set *set, char *err,
+                                   size_t errlen)
+{
+    int rc;
+    if ((rc = check_shape(set, &p->cfg, "shared policy weights", err, errlen)) < 0 ||
+        (rc = check_model(set, &p->cfg, "shared policy weights", err, errlen)) < 0)
+        return rc;
+    kvp_agent_policy *ap = calloc(1, sizeof *ap);
+    if (!ap) {
+        kvp_errorf(err, errlen, 0, "out of memory");
         return -ENOMEM;
+    }
+    ap->set = set;
+    if ((rc = alloc_scratch(ap, err, errlen)) < 0) {
+        free(ap);
+        return rc;
     }
     p->ops = &kvp_ops;
     p->impl = ap;

@@ -126,11 +126,12 @@ static void unlink_locked(kvpd_sched *s, kvp_session *prev, kvp_session *sess)
     s->depth--;
 }
 
-/* The first queued snapshot job, unlinked; rq_mu is held. */
+/* The first queued job (a snapshot LOAD or SAVE, a turn's start or end: I/O the
+ * batched step must not wait on), unlinked; rq_mu is held. */
 static kvp_session *take_job_locked(kvpd_sched *s)
 {
     for (kvp_session *prev = NULL, *q = s->rq_head; q; prev = q, q = q->rq_next)
-        if (q->state != KVP_SESSION_TURN) {
+        if (kvp_session_job_next(q)) {
             unlink_locked(s, prev, q);
             return q;
         }
@@ -144,7 +145,7 @@ static int take_turns_locked(kvpd_sched *s, kvp_session **out, int max)
     kvp_session *prev = NULL, *q = s->rq_head;
     while (q && n < max) {
         kvp_session *next = q->rq_next;
-        if (q->state == KVP_SESSION_TURN) {
+        if (!kvp_session_job_next(q)) {
             unlink_locked(s, prev, q);
             out[n++] = q;
         } else {

@@ -50,12 +50,17 @@ typedef struct kvp_session_env {
 } kvp_session_env;
 
 /* An eviction policy as configured: immutable once made, so a reload makes a new one
- * and sessions keep the one they hold. Reference counts are touched on the loop only. */
+ * and sessions keep the one they hold. Reference counts are touched on the loop only.
+ * weights: the policy file loaded once when the conf was made (the daemon's one copy,
+ * read by every session's policy instance; freed with the conf, which every session
+ * holding an instance references); NULL: each session loads `file` itself. */
+struct kvp_policy_weights;
 typedef struct kvp_policy_conf {
     int refs;
     char name[32];
     char file[KVP_SESSION_PATH_MAX];  /* "" = the policy has no file */
     kvp_snapshot_identity ident;      /* the model and this policy, for snapshots */
+    struct kvp_policy_weights *weights;
 } kvp_policy_conf;
 
 kvp_policy_conf *kvp_policy_conf_ref(kvp_policy_conf *pc);
@@ -97,6 +102,11 @@ typedef struct kvp_turn {
     uint64_t evicted_at_start;
     double t_start, t_first;
     kvp_turn_stats stats;
+    /* Ended with its final event still to send after the snapshot write (end_turn):
+     * done (end_code 0) or an error (end_code < 0, end_msg). */
+    int end;
+    int end_code;
+    char end_msg[192];
 } kvp_turn;
 
 enum kvp_session_state {
@@ -184,6 +194,10 @@ typedef struct kvp_session {
     int transcript_msgs;             /* of the whole conversation, dropped ones included */
     int transcript_dropped;          /* of those, dropped from the stored history */
     kvp_turn turn;
+    /* The TURN's next unit waits on I/O (its start: lease, snapshot, policy, transcript;
+     * or its end: the snapshot write, then the final event), so it runs as a job on a
+     * worker of its own, never inside a batched step (kvp_session_job_next). */
+    int io_next;
     struct kvp_session *rq_next;     /* scheduler run queue */
 } kvp_session;
 
@@ -203,6 +217,14 @@ static inline int kvp_session_busy(const kvp_session *s)
 {
     return s->state == KVP_SESSION_TURN || s->state == KVP_SESSION_LOAD ||
            s->state == KVP_SESSION_SAVE;
+}
+
+/* Whether the session's next unit runs alone as a job (LOAD, SAVE, a turn's start or
+ * end) rather than as a part of a batched step. The scheduler reads it on queued
+ * sessions, under its queue's mutex. */
+static inline int kvp_session_job_next(const kvp_session *s)
+{
+    return s->state != KVP_SESSION_TURN || s->io_next;
 }
 
 int kvp_session_table_init(kvp_session_table *t);
