@@ -151,10 +151,10 @@ int kvp_agent_recent_window(int budget, int seq_len, int n_recent);
  * and p->impl. Each row is scored once from its k, v and pos, but lazily: on_insert marks
  * new rows unscored (NaN) and before_evict scores the unscored rows in sgemm batches
  * before the shared rank-and-keep. ops->destroy frees p->impl only.
- * An instance is used by one thread at a time (it owns a scratch buffer). */
+ * An instance is used by one thread at a time; its scoring scratch is the thread's. */
 int kvp_agent_policy_create(kvp_policy *p, const char *policy_file, char *err, size_t errlen);
 /* The same policy on weights loaded once and shared read-only: the instance holds only
- * its scoring scratch and a pointer to set, which must outlive it (and match p->cfg's
+ * a pointer to set, which must outlive it (and match p->cfg's
  * shape and model: -EINVAL otherwise). */
 int kvp_agent_policy_create_shared(kvp_policy *p, const kvp_agent_set *set, char *err,
                                    size_t errlen);
