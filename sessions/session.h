@@ -294,8 +294,10 @@ typedef struct kvp_turn_sink {
  * unit. Reorders ss: those that took part first (in the order they ran), then the
  * others in their queue order; returns how many took part. more[i] for those: 1 when
  * more work remains, 0 when the job ended (done, error or job was reported: the
- * worker's last touch); *rows: the tokens the forward pass ran. With a state
- * directory, a turn's end (done or error) writes the snapshot first. */
+ * worker's last touch); *rows: the tokens the forward pass ran. A turn's start (lease,
+ * restore, policy, transcript) is a unit of its own that runs alone, outside the pass,
+ * as is its end with a store (the snapshot written, then done or error): the units
+ * kvp_session_job_next names, which the scheduler runs as jobs on another worker. */
 int kvp_turn_batch(kvp_session **ss, int n, const kvp_session_env *env, kvp_runstate *rs,
                    const kvp_turn_sink *sink, int *more, int *rows);
 /* A batch of one: advances the session's job by one unit. Returns 1 when more work
