@@ -829,7 +829,6 @@ static int turn_start(kvp_session *s, const kvp_session_env *env, const kvp_turn
         s->need_restore = 0;
     }
     t->undo_tokens = s->n_tokens;   /* where a failure before the reply goes back to */
-    t->stats.queue_ms = (kvp_now() - t->t_start) * 1e3;
     if (!s->policy) {
         /* On the conf's shared weights (no file read); a conf without them (made by
          * hand) has its file read here, on this worker. */
@@ -942,6 +941,10 @@ static int plan_unit(kvp_session *s, const kvp_session_env *env, const kvp_turn_
                      int room, kvp_batch_seq *q)
 {
     kvp_turn *t = &s->turn;
+    if (!t->planned) {   /* its wait for its first step, its start job included */
+        t->planned = 1;
+        t->stats.queue_ms = (kvp_now() - t->t_start) * 1e3;
+    }
     t->evict = evict_cfg(s, env);
     if (atomic_load(&t->cancel))
         return finish(s, env, sink, "cancel") ? ENDED : 0;

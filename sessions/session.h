@@ -82,6 +82,7 @@ typedef struct kvp_turn {
     enum kvp_turn_state state;
     int undo_tokens;         /* transcript length before this turn's message */
     int recorded;            /* this turn's user message is in the transcript */
+    int planned;             /* it has been planned into a batched step */
     int reply_from;          /* where the reply's tokens begin in tokens[] */
     int next_token;          /* sampled, emitted, not yet run through the model */
     kvp_evict_cfg evict;     /* the bounds of its unit in the running step */
