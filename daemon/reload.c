@@ -38,15 +38,17 @@ static size_t turn_bytes(const kvpd *d, const kvpd_config *cfg, const kvp_policy
                           cfg->chunk, pc->name, cfg->budget_mode);
 }
 
-static int policy_loads(const kvp_policy_conf *pc, const kvpd_config *cfg,
-                        const kvp_model *model, char *err, size_t errlen)
+/* Loads the policy's file into pc: the one copy every session under pc shares. */
+static int policy_loads(kvp_policy_conf *pc, const kvp_model *model, char *err, size_t errlen)
 {
-    kvp_policy *p;
-    int rc = kvp_policy_create(&p, pc->name, pc->file[0] ? pc->file : NULL, &model->cfg,
-                               cfg->seed, err, errlen);
-    if (rc == 0)
-        kvp_policy_destroy(p);
-    return rc;
+    return kvp_policy_weights_load(&pc->weights, pc->name, pc->file[0] ? pc->file : NULL,
+                                   &model->cfg, err, errlen);
+}
+
+static void conf_free(kvp_policy_conf *pc)
+{
+    kvp_policy_weights_free(pc->weights);
+    free(pc);
 }
 
 int kvpd_policy_conf_make(const kvpd_config *cfg, const kvp_model *model,
@@ -71,14 +73,14 @@ int kvpd_policy_conf_make(const kvpd_config *cfg, const kvp_model *model,
             snprintf(pc->file, sizeof pc->file, "%s", cfg->policy_file);
     }
     char why[256];
-    int rc = policy_loads(pc, cfg, model, why, sizeof why);
+    int rc = policy_loads(pc, model, why, sizeof why);
     if (rc < 0 && found) {
         /* The default must not keep the daemon from starting. */
         snprintf(note, notelen, "policy streaming: the default %s does not load (%s); "
                  "learned eviction for this model: kvp learn --model %s", pc->file, why, cfg->model);
         snprintf(pc->name, sizeof pc->name, "streaming");
         pc->file[0] = '\0';
-        rc = policy_loads(pc, cfg, model, why, sizeof why);
+        rc = policy_loads(pc, model, why, sizeof why);
     } else if (rc == 0 && dflt) {
         if (found)
             snprintf(note, notelen, "policy kvp with %s (the default for this model)", pc->file);
@@ -90,7 +92,7 @@ int kvpd_policy_conf_make(const kvpd_config *cfg, const kvp_model *model,
     }
     if (rc < 0) {
         snprintf(err, errlen, "%s", why);
-        free(pc);
+        conf_free(pc);
         return rc;
     }
     pc->ident = *model_ident;
@@ -98,7 +100,7 @@ int kvpd_policy_conf_make(const kvpd_config *cfg, const kvp_model *model,
     pc->ident.policy_hash = 0;
     if (pc->file[0] && (rc = kvp_snapshot_hash_file(pc->file, UINT64_MAX, &pc->ident.policy_hash,
                                                     err, errlen)) < 0) {
-        free(pc);
+        conf_free(pc);
         return rc;
     }
     pc->refs = 1;

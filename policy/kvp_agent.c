@@ -7,8 +7,10 @@
 
 #include <assert.h>
 #include <cblas.h>
+#include <stdatomic.h>
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -793,10 +795,19 @@ static int check_model(const kvp_agent_set *s, const kvp_model_config *cfg,
     return -EINVAL;
 }
 
+/* Policy files read by this process (kvp_agent_set_loads). */
+static atomic_ullong set_loads;
+
+unsigned long long kvp_agent_set_loads(void)
+{
+    return atomic_load(&set_loads);
+}
+
 int kvp_agent_set_load(kvp_agent_set *s, const char *path, const kvp_model_config *cfg,
                        char *err, size_t errlen)
 {
     memset(s, 0, sizeof *s);
+    atomic_fetch_add(&set_loads, 1);
     FILE *f = fopen(path, "rb");
     if (!f) {
         int rc = -errno;
@@ -888,10 +899,60 @@ fail:
 #define SCORE_BLOCK 256
 
 typedef struct kvp_agent_policy {
-    kvp_agent_set set;
-    float *work;   /* kvp_agent_score_work(SCORE_BLOCK) floats */
-    float *rows;   /* [2][SCORE_BLOCK][d]: a block's keys and values decoded (f16 / q8_0 rows) */
+    kvp_agent_set own;          /* the weights it loaded itself (kvp_agent_policy_create) */
+    const kvp_agent_set *set;   /* &own, or a set shared read-only with other instances */
 } kvp_agent_policy;
+
+/* Scoring scratch: kvp_agent_score_work(SCORE_BLOCK) floats, then [2][SCORE_BLOCK][d] for
+ * a block's keys and values decoded (f16 / q8_0 rows). One buffer per thread, not per
+ * instance: an instance is used by one thread at a time and scoring does not nest, so
+ * the sessions of a daemon, which share their policy's weights, add nothing per session
+ * but the instance itself. Freed when the thread ends. */
+typedef struct scratch {
+    float *buf;
+    size_t n;
+} scratch;
+
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+static int scratch_ok;
+
+static void scratch_free(void *p)
+{
+    scratch *sc = p;
+    free(sc->buf);
+    free(sc);
+}
+
+static void scratch_init(void)
+{
+    scratch_ok = pthread_key_create(&scratch_key, scratch_free) == 0;
+}
+
+/* This thread's scratch of at least n floats, or NULL (out of memory). */
+static float *thread_scratch(size_t n)
+{
+    pthread_once(&scratch_once, scratch_init);
+    if (!scratch_ok)
+        return NULL;
+    scratch *sc = pthread_getspecific(scratch_key);
+    if (!sc) {
+        if (!(sc = calloc(1, sizeof *sc)))
+            return NULL;
+        if (pthread_setspecific(scratch_key, sc) != 0) {
+            free(sc);
+            return NULL;
+        }
+    }
+    if (sc->n < n) {
+        float *b = realloc(sc->buf, n * sizeof *b);
+        if (!b)
+            return NULL;
+        sc->buf = b;
+        sc->n = n;
+    }
+    return sc->buf;
+}
 
 /* Rows older than this many tokens before the next eviction would leave the model's own
  * window (seq_len - 1 tokens after the sink) within one eviction chunk (generate.h's
@@ -923,9 +984,12 @@ static int stale(const kvp_head *h, int i)
 static void kvp_before_evict(kvp_policy *p, int layer, int kvh, kvp_head *h)
 {
     kvp_agent_policy *ap = p->impl;
-    const kvp_agent_arch *a = &ap->set.arch;
-    const float *w = kvp_agent_set_params(&ap->set, layer, kvh);
-    for (int i = 0; i < h->n;) {
+    const kvp_agent_arch *a = &ap->set->arch;
+    const float *w = kvp_agent_set_params(ap->set, layer, kvh);
+    size_t nwork = kvp_agent_score_work(a, SCORE_BLOCK);
+    /* without scratch (out of memory) the stale rows stay unscored: NaN ranks last */
+    float *work = thread_scratch(nwork + 2 * (size_t)SCORE_BLOCK * a->d);
+    for (int i = 0; work && i < h->n;) {
         if (!stale(h, i)) {
             i++;
             continue;
@@ -933,9 +997,9 @@ static void kvp_before_evict(kvp_policy *p, int layer, int kvh, kvp_head *h)
         int m = 1;
         while (m < SCORE_BLOCK && i + m < h->n && stale(h, i + m))
             m++;
-        float *kt = ap->rows, *vt = ap->rows + (size_t)SCORE_BLOCK * a->d;
+        float *kt = work + nwork, *vt = kt + (size_t)SCORE_BLOCK * a->d;
         kvp_agent_score(a, w, kvp_head_keys(h, a->d, i, m, kt), kvp_head_values(h, a->d, i, m, vt),
-                        h->pos + i, m, h->score + i, ap->work);
+                        h->pos + i, m, h->score + i, work);
         for (int j = i; j < i + m; j++)
             h->stat[j] = (float)h->pos[j];
         i += m;
@@ -953,7 +1017,7 @@ static void kvp_calibrate_op(const kvp_policy *p, int layer, int kvh, const floa
                              float *out)
 {
     const kvp_agent_policy *ap = p->impl;
-    kvp_agent_calibrate(&ap->set, layer, kvh, in, n, out);
+    kvp_agent_calibrate(ap->set, layer, kvh, in, n, out);
 }
 
 static void kvp_destroy(kvp_policy *p)
@@ -961,9 +1025,7 @@ static void kvp_destroy(kvp_policy *p)
     kvp_agent_policy *ap = p->impl;
     if (!ap)
         return;
-    kvp_agent_set_free(&ap->set);
-    free(ap->work);
-    free(ap->rows);
+    kvp_agent_set_free(&ap->own);
     free(ap);
     p->impl = NULL;
 }
@@ -1012,21 +1074,30 @@ int kvp_agent_policy_create(kvp_policy *p, const char *policy_file, char *err, s
         kvp_errorf(err, errlen, 0, "out of memory");
         return -ENOMEM;
     }
-    int rc = kvp_agent_set_load(&ap->set, policy_file, &p->cfg, err, errlen);
+    int rc = kvp_agent_set_load(&ap->own, policy_file, &p->cfg, err, errlen);
     if (rc) {
         free(ap);
         return rc;
     }
-    ap->work = malloc(kvp_agent_score_work(&ap->set.arch, SCORE_BLOCK) * sizeof(float));
-    ap->rows = malloc(2 * (size_t)SCORE_BLOCK * ap->set.arch.d * sizeof(float));
-    if (!ap->work || !ap->rows) {
-        free(ap->work);
-        free(ap->rows);
+    ap->set = &ap->own;
+    p->ops = &kvp_ops;
+    p->impl = ap;
+    return 0;
+}
+
+int kvp_agent_policy_create_shared(kvp_policy *p, const kvp_agent_set *set, char *err,
+                                   size_t errlen)
+{
+    int rc;
+    if ((rc = check_shape(set, &p->cfg, "shared policy weights", err, errlen)) < 0 ||
+        (rc = check_model(set, &p->cfg, "shared policy weights", err, errlen)) < 0)
+        return rc;
+    kvp_agent_policy *ap = calloc(1, sizeof *ap);
+    if (!ap) {
         kvp_errorf(err, errlen, 0, "out of memory");
-        kvp_agent_set_free(&ap->set);
-        free(ap);
         return -ENOMEM;
     }
+    ap->set = set;
     p->ops = &kvp_ops;
     p->impl = ap;
     return 0;

@@ -138,6 +138,9 @@ int kvp_agent_set_save(const kvp_agent_set *s, const char *path, char *err, size
  * version 3, one without as version 2; both load. */
 int kvp_agent_set_load(kvp_agent_set *s, const char *path, const kvp_model_config *cfg,
                        char *err, size_t errlen);
+/* How many times this process has read a policy file (kvp_agent_set_load calls, from
+ * any thread): what shows that a daemon loads its policy's weights once, not per session. */
+unsigned long long kvp_agent_set_loads(void);
 
 /* The newest rows the "kvp" policy always keeps at a budget (its recent_window op):
  * max(budget / 2, budget - seq_len / 8, n_recent). Training mirrors the streaming
@@ -148,7 +151,12 @@ int kvp_agent_recent_window(int budget, int seq_len, int n_recent);
  * and p->impl. Each row is scored once from its k, v and pos, but lazily: on_insert marks
  * new rows unscored (NaN) and before_evict scores the unscored rows in sgemm batches
  * before the shared rank-and-keep. ops->destroy frees p->impl only.
- * An instance is used by one thread at a time (it owns a scratch buffer). */
+ * An instance is used by one thread at a time; its scoring scratch is the thread's. */
 int kvp_agent_policy_create(kvp_policy *p, const char *policy_file, char *err, size_t errlen);
+/* The same policy on weights loaded once and shared read-only: the instance holds only
+ * a pointer to set, which must outlive it (and match p->cfg's
+ * shape and model: -EINVAL otherwise). */
+int kvp_agent_policy_create_shared(kvp_policy *p, const kvp_agent_set *set, char *err,
+                                   size_t errlen);
 
 #endif

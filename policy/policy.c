@@ -31,22 +31,33 @@ const char *kvp_policy_names(void)
     return "none random streaming knorm keydiff lagkv h2o tova snapkv kvp";
 }
 
-int kvp_policy_make(kvp_policy **out,
-                    int (*create)(kvp_policy *p, const char *policy_file, char *err, size_t errlen),
-                    const char *name, const char *policy_file, const kvp_model_config *cfg,
-                    uint64_t seed, char *err, size_t errlen)
+/* A policy with its defaults, before its constructor installs the ops; NULL with a
+ * message when out of memory. */
+static kvp_policy *policy_alloc(const char *name, const kvp_model_config *cfg, uint64_t seed,
+                                char *err, size_t errlen)
 {
-    *out = NULL;
     kvp_policy *p = calloc(1, sizeof *p);
     if (!p) {
         snprintf(err, errlen, "policy %s: out of memory", name);
-        return -ENOMEM;
+        return NULL;
     }
     if (cfg)
         p->cfg = *cfg;
     p->n_sink = KVP_DEFAULT_SINKS;
     p->n_recent = KVP_DEFAULT_RECENT;
     p->rng = kvp_rng_seed(seed);
+    return p;
+}
+
+int kvp_policy_make(kvp_policy **out,
+                    int (*create)(kvp_policy *p, const char *policy_file, char *err, size_t errlen),
+                    const char *name, const char *policy_file, const kvp_model_config *cfg,
+                    uint64_t seed, char *err, size_t errlen)
+{
+    *out = NULL;
+    kvp_policy *p = policy_alloc(name, cfg, seed, err, errlen);
+    if (!p)
+        return -ENOMEM;
     int rc = create(p, policy_file, err, errlen);
     if (rc < 0) {
         free(p);
@@ -69,6 +80,68 @@ int kvp_policy_create(kvp_policy **out, const char *name, const char *policy_fil
         return -EINVAL;
     }
     return kvp_policy_make(out, registry[i].create, name, policy_file, cfg, seed, err, errlen);
+}
+
+struct kvp_policy_weights {
+    char name[32];
+    int has_set;            /* the kvp policy: its agents, loaded once */
+    kvp_agent_set set;
+};
+
+int kvp_policy_weights_load(kvp_policy_weights **out, const char *name, const char *policy_file,
+                            const kvp_model_config *cfg, char *err, size_t errlen)
+{
+    *out = NULL;
+    kvp_policy_weights *w = calloc(1, sizeof *w);
+    if (!w) {
+        snprintf(err, errlen, "policy %s: out of memory", name ? name : "(null)");
+        return -ENOMEM;
+    }
+    int rc;
+    if (name && !strcmp(name, "kvp") && policy_file && *policy_file) {
+        rc = kvp_agent_set_load(&w->set, policy_file, cfg, err, errlen);
+        w->has_set = rc == 0;
+    } else {
+        /* nothing to share: made once here so a bad name fails now, as it would later */
+        kvp_policy *p;
+        if ((rc = kvp_policy_create(&p, name, policy_file, cfg, 0, err, errlen)) == 0)
+            kvp_policy_destroy(p);
+    }
+    if (rc < 0) {
+        free(w);
+        return rc;
+    }
+    snprintf(w->name, sizeof w->name, "%s", name);
+    *out = w;
+    return 0;
+}
+
+void kvp_policy_weights_free(kvp_policy_weights *w)
+{
+    if (!w)
+        return;
+    if (w->has_set)
+        kvp_agent_set_free(&w->set);
+    free(w);
+}
+
+int kvp_policy_create_shared(kvp_policy **out, const kvp_policy_weights *w,
+                             const kvp_model_config *cfg, uint64_t seed, char *err,
+                             size_t errlen)
+{
+    *out = NULL;
+    if (!w->has_set)
+        return kvp_policy_create(out, w->name, NULL, cfg, seed, err, errlen);
+    kvp_policy *p = policy_alloc(w->name, cfg, seed, err, errlen);
+    if (!p)
+        return -ENOMEM;
+    int rc = kvp_agent_policy_create_shared(p, &w->set, err, errlen);
+    if (rc < 0) {
+        free(p);
+        return rc;
+    }
+    *out = p;
+    return 0;
 }
 
 static void hook_score(void *ctx, int layer, int kvh, kvp_head *h, int first, int n)

@@ -57,6 +57,19 @@ struct kvp_policy {
 int kvp_policy_create(kvp_policy **out, const char *name, const char *policy_file,
                       const kvp_model_config *cfg, uint64_t seed, char *err, size_t errlen);
 void kvp_policy_destroy(kvp_policy *p);
+/* What a policy reads from its file (the kvp policy's agent weights), loaded once and
+ * shared read-only by every instance made from it, so a daemon holds one copy however
+ * many sessions use it: each instance adds only its per-session scratch. Loading checks
+ * the policy as kvp_policy_create does (the same errors and messages); a policy without
+ * a file keeps only its name. The weights must outlive every instance made from them. */
+typedef struct kvp_policy_weights kvp_policy_weights;
+int kvp_policy_weights_load(kvp_policy_weights **out, const char *name, const char *policy_file,
+                            const kvp_model_config *cfg, char *err, size_t errlen);
+void kvp_policy_weights_free(kvp_policy_weights *w);
+/* A new instance of w's policy for cfg (the model w was loaded for); reads no file. */
+int kvp_policy_create_shared(kvp_policy **out, const kvp_policy_weights *w,
+                             const kvp_model_config *cfg, uint64_t seed, char *err,
+                             size_t errlen);
 /* Makes a policy with the constructor `create` (the registry's path, open to policies
  * defined outside it such as offline/oracle.h). */
 int kvp_policy_make(kvp_policy **out,

@@ -31,6 +31,15 @@
 #   (written to /tmp/kvp-synth-134M.gguf on first use) with prefill 768 + decode 384, which
 #   passes its 1024-token context, so KVP rescores the rows each context shift moves
 #   (issue 14's bound: KVP's scoring + eviction under 5% of decode time).
+#        scripts/bench.sh --slow-store
+#   --slow-store: inter-token latency of decoding sessions while other sessions finish
+#   turns into a Redis that answers every command 200 ms late (scripts/delay-proxy.py in
+#   front of it), against the same load on the Redis directly: loadgen's p50 / p99 and
+#   the ratio of the p99s (a synthetic of dim 256 x 8 layers, /tmp/kvp-synth-stepio.gguf;
+#   4 sessions decoding 2 turns of 256 tokens, measured, while 8 others finish 8 turns of
+#   8 tokens each, arrivals 100 ms apart). Then kvpd's RSS with 64
+#   resident sessions on stories260K under the kvp policy and under streaming, their
+#   difference against the policy file's size.
 # KVP_BUILD_DIR selects the build directory (default build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -49,6 +58,67 @@ if [ "${1:-}" = --store ]; then
     for _ in $(seq 100); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.05; done
     echo "load: $(uptime)"
     $dir/bench/bench_store --url "redis://127.0.0.1:$port/0" "$@"
+    echo "load: $(uptime)"
+    exit 0
+fi
+if [ "${1:-}" = --slow-store ]; then
+    free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+    tmp=$(mktemp -d /tmp/kvp-bench-slow-XXXXXX)
+    rport=$(free_port) pport=$(free_port)
+    redis-server --port "$rport" --bind 127.0.0.1 --dir "$tmp" --save "" --appendonly no \
+        --logfile "$tmp/redis.log" &
+    rpid=$!
+    python3 scripts/delay-proxy.py "$pport" "$rport" 200 &
+    ppid=$!
+    trap 'kill $rpid $ppid 2>/dev/null; wait $rpid $ppid 2>/dev/null || true; rm -rf "$tmp"' EXIT
+    for _ in $(seq 100); do redis-cli -p "$rport" ping >/dev/null 2>&1 && break; sleep 0.05; done
+    synth=/tmp/kvp-synth-stepio.gguf
+    [ -f $synth ] || $dir/tools/kvp synth --out $synth --dim 256 --hidden 768 --layers 8 \
+        --heads 8 --vocab 4096 --ctx 2048 > /dev/null
+    # kvpd with "$@" on a free port until it answers /healthz; sets kport and kpid
+    kvpd_up() {
+        kport=$(free_port)
+        $dir/daemon/kvpd --listen 127.0.0.1:$kport "$@" > "$tmp/kvpd.log" 2>&1 &
+        kpid=$!
+        for _ in $(seq 600); do curl -sf http://127.0.0.1:$kport/healthz >/dev/null && return 0; sleep 0.05; done
+        cat "$tmp/kvpd.log"; return 1
+    }
+    kvpd_down() { kill $kpid; wait $kpid 2>/dev/null || true; }
+    echo "load: $(uptime)"
+    # The decoding sessions measured: 4 x 2 turns of 256 tokens; meanwhile 8 others
+    # finish 8 short turns each (8 tokens), each end a snapshot write into the store.
+    declare -A p99
+    for store in direct delayed; do
+        port=$rport; [ $store = direct ] || port=$pport
+        redis-cli -p "$rport" flushall >/dev/null
+        kvpd_up --model $synth --state-url redis://127.0.0.1:$port/0 --max-tokens 256
+        echo "### Redis $store: the decoding sessions, then the sessions finishing turns"
+        $dir/bench/loadgen --port $kport --sessions 8 --turns 8 --max-tokens 8 \
+            --stagger-ms 100 > "$tmp/churn.txt" &
+        cpid=$!
+        out=$($dir/bench/loadgen --port $kport --pid $kpid --sessions 4 --turns 2 --max-tokens 256)
+        wait $cpid
+        echo "$out"
+        cat "$tmp/churn.txt"
+        p99[$store]=$(sed -n 's/^| inter-token latency p50 \/ p99 | [0-9.]* \/ \([0-9.]*\) ms |$/\1/p' <<<"$out")
+        kvpd_down
+    done
+    python3 -c "import sys; d, s = map(float, sys.argv[1:]); print(f'inter-token p99 of the decoding sessions: {d:.3f} ms direct, {s:.3f} ms with Redis 200 ms late: {s / d:.2f}x')" \
+        "${p99[direct]}" "${p99[delayed]}"
+    declare -A rss
+    for policy in kvp streaming; do
+        pargs=(--policy $policy)
+        [ $policy = streaming ] || pargs+=(--policy-file policy/weights/stories260K.kvp)
+        kvpd_up --model models/stories260K.bin --tokenizer models/tok512.bin "${pargs[@]}" \
+            --max-sessions 64 --workers 2
+        echo "### 64 resident sessions, policy $policy"
+        out=$($dir/bench/loadgen --port $kport --pid $kpid --sessions 64 --turns 2 --max-tokens 64)
+        echo "$out"
+        rss[$policy]=$(awk '/^Rss:/ {print $2}' /proc/$kpid/smaps_rollup)
+        kvpd_down
+    done
+    python3 -c "import os, sys; k, s = map(int, sys.argv[1:3]); f = os.path.getsize(sys.argv[3]); print(f'RSS with 64 sessions: kvp {k / 1024:.1f} MiB, streaming {s / 1024:.1f} MiB, difference {(k - s) / 1024:.2f} MiB; the policy file {f / 2**20:.2f} MiB + 2 MiB = {f / 2**20 + 2:.2f} MiB')" \
+        "${rss[kvp]}" "${rss[streaming]}" policy/weights/stories260K.kvp
     echo "load: $(uptime)"
     exit 0
 fi

@@ -23,6 +23,7 @@ struct kvpd_sched {
     int depth;
     int stopping;
     int stepping;              /* a worker runs a batched step */
+    int jobs;                  /* workers in a job; at most n_workers - 1 (see worker_main) */
     pthread_mutex_t ev_mu;
     kvpd_event *ev_head, *ev_tail;
     int n_workers;
@@ -126,11 +127,12 @@ static void unlink_locked(kvpd_sched *s, kvp_session *prev, kvp_session *sess)
     s->depth--;
 }
 
-/* The first queued snapshot job, unlinked; rq_mu is held. */
+/* The first queued job (a snapshot LOAD or SAVE, a turn's start or end: I/O the
+ * batched step must not wait on), unlinked; rq_mu is held. */
 static kvp_session *take_job_locked(kvpd_sched *s)
 {
     for (kvp_session *prev = NULL, *q = s->rq_head; q; prev = q, q = q->rq_next)
-        if (q->state != KVP_SESSION_TURN) {
+        if (kvp_session_job_next(q)) {
             unlink_locked(s, prev, q);
             return q;
         }
@@ -144,7 +146,7 @@ static int take_turns_locked(kvpd_sched *s, kvp_session **out, int max)
     kvp_session *prev = NULL, *q = s->rq_head;
     while (q && n < max) {
         kvp_session *next = q->rq_next;
-        if (q->state == KVP_SESSION_TURN) {
+        if (!kvp_session_job_next(q)) {
             unlink_locked(s, prev, q);
             out[n++] = q;
         } else {
@@ -181,8 +183,13 @@ static void *worker_main(void *arg)
         for (;;) {
             if (s->stopping)
                 break;
-            if ((job = take_job_locked(s)))
+            /* Jobs wait on the disk or the network: with two workers or more, one is
+             * always left free of them, so a store that answers late never leaves the
+             * queued turns without a worker to step them. */
+            if ((s->n_workers == 1 || s->jobs < s->n_workers - 1) && (job = take_job_locked(s))) {
+                s->jobs++;
                 break;
+            }
             if (batch && more && !s->stepping && (n = take_turns_locked(s, batch, s->rows))) {
                 s->stepping = 1;
                 break;
@@ -195,12 +202,12 @@ static void *worker_main(void *arg)
         if (job) {
             int job_more = 0, rows;
             s->step(&job, 1, s->env, rs, &s->sink, &job_more, &rows);
-            if (job_more) {
-                pthread_mutex_lock(&s->rq_mu);
-                if (!s->stopping)
-                    enqueue_locked(s, job);
-                pthread_mutex_unlock(&s->rq_mu);
-            }
+            pthread_mutex_lock(&s->rq_mu);
+            s->jobs--;
+            if (job_more && !s->stopping)
+                enqueue_locked(s, job);
+            pthread_cond_broadcast(&s->rq_cv);   /* a job may be waiting for a free worker */
+            pthread_mutex_unlock(&s->rq_mu);
             continue;
         }
 

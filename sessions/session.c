@@ -43,8 +43,10 @@ kvp_policy_conf *kvp_policy_conf_ref(kvp_policy_conf *pc)
 
 void kvp_policy_conf_unref(kvp_policy_conf *pc)
 {
-    if (pc && --pc->refs == 0)
+    if (pc && --pc->refs == 0) {
+        kvp_policy_weights_free(pc->weights);
         free(pc);
+    }
 }
 
 /* ---- the table: an id hash, the list of every session, the resident list ---- */
@@ -135,10 +137,10 @@ static void turn_clear(kvp_turn *t)
 
 static void session_free(kvp_session *s)
 {
-    kvp_policy_conf_unref(s->pconf);
     kvp_cache_free(&s->cache);
-    if (s->policy)
+    if (s->policy)   /* before the conf: it may read the conf's shared weights */
         kvp_policy_destroy(s->policy);
+    kvp_policy_conf_unref(s->pconf);
     kvp_sampler_free(&s->sampler);
     free(s->tokens);
     for (int i = 0; i < s->n_msgs; i++)
@@ -306,6 +308,7 @@ int kvp_session_begin_turn(kvp_session *s, const char *text, size_t len, int max
     kvp_session_begin_job(s);
     atomic_init(&t->cancel, 0);
     t->state = KVP_TURN_START;
+    s->io_next = 1;   /* turn_start, a job before the turn's first step */
     t->t_start = now;
     return 0;
 }
@@ -614,6 +617,39 @@ static void save(kvp_session *s, const kvp_session_env *env)
     s->has_snapshot |= rc == 0;
 }
 
+/* A turn's last unit: its snapshot written (with a store), then its final event, the
+ * worker's last touch of the session. Returns 0 (the turn ended). */
+static int turn_report(kvp_session *s, const kvp_session_env *env, const kvp_turn_sink *sink)
+{
+    kvp_turn *t = &s->turn;
+    s->io_next = 0;
+    t->end = 0;
+    save(s, env);
+    if (t->end_code < 0)
+        sink->error(sink->ctx, s, t->end_code, t->end_msg);
+    else
+        sink->done(sink->ctx, s, &t->stats, t->reply ? t->reply : "", t->reply_len);
+    return 0;
+}
+
+/* The end of every turn, done (code 0) or failed (code < 0, msg): the final event is
+ * sent only once the snapshot is written, and that write waits on the disk or the
+ * network, so with a store the turn leaves the batched step here and its end is a unit
+ * of its own (turn_report, run as a job: the step never waits on the store). Returns as
+ * kvp_turn_step. */
+static int end_turn(kvp_session *s, const kvp_session_env *env, const kvp_turn_sink *sink,
+                    int code, const char *msg)
+{
+    kvp_turn *t = &s->turn;
+    t->end = 1;
+    t->end_code = code;
+    snprintf(t->end_msg, sizeof t->end_msg, "%s", msg ? msg : "");
+    if (!env->store)
+        return turn_report(s, env, sink);
+    s->io_next = 1;
+    return 1;
+}
+
 /* Ends the turn: turn-boundary eviction, transcript, stats. */
 static int finish(kvp_session *s, const kvp_session_env *env, const kvp_turn_sink *sink,
                   const char *stop)
@@ -639,9 +675,7 @@ static int finish(kvp_session *s, const kvp_session_env *env, const kvp_turn_sin
     if (rc < 0) {
         free(t->text);
         t->text = NULL;
-        save(s, env);
-        sink->error(sink->ctx, s, rc, "could not finish the turn");
-        return 0;
+        return end_turn(s, env, sink, rc, "could not finish the turn");
     }
     bound_history(s, t->max_history);
     double end = kvp_now();
@@ -662,10 +696,7 @@ static int finish(kvp_session *s, const kvp_session_env *env, const kvp_turn_sin
     free(t->text);
     t->text = NULL;
     s->turns_done++;
-    save(s, env);
-    /* The last touch: once posted, the loop owns the session again. */
-    sink->done(sink->ctx, s, st, t->reply ? t->reply : "", t->reply_len);
-    return 0;
+    return end_turn(s, env, sink, 0, NULL);
 }
 
 /* Ends a failed turn so the session stays usable: the cache may be half-updated, so it
@@ -689,9 +720,7 @@ static int fail(kvp_session *s, const kvp_session_env *env, const kvp_turn_sink 
              rc == -E2BIG ? "the conversation outgrew the model's context" : strerror(-rc));
     free(t->text);
     t->text = NULL;
-    save(s, env);
-    sink->error(sink->ctx, s, rc, msg);   /* the last touch, as in finish() */
-    return 0;
+    return end_turn(s, env, sink, rc, msg);
 }
 
 /* A sampled token: stop, or stream it and keep going. Returns as kvp_turn_step. */
@@ -776,41 +805,16 @@ static int take_lease(kvp_session *s, const kvp_session_env *env, char *err, siz
     return 0;
 }
 
-/* A snapshot load (for a hello) or save (at shutdown): one unit, then the job event. */
-static int run_job(kvp_session *s, const kvp_session_env *env, const kvp_turn_sink *sink)
-{
-    char err[256] = "";
-    int rc;
-    if (s->state == KVP_SESSION_LOAD) {
-        /* In memory already (a shared store): only the lease, and the snapshot when
-         * another node served the session meanwhile. */
-        rc = take_lease(s, env, err, sizeof err);
-        if (rc == 0 && s->need_restore)
-            rc = kvp_session_restore(s, env, s->reserve, err, sizeof err);
-        s->lost = rc == -ENOENT || rc == -EBADMSG;
-        if (rc == 0)
-            s->need_restore = 0;
-    } else {
-        rc = kvp_session_save(s, env, err, sizeof err);
-        s->saved = rc == 0;
-        s->has_snapshot |= rc == 0;
-    }
-    sink->job(sink->ctx, s, rc, err);
-    return 0;
-}
-
-/* A turn's next unit for a batched step: the START work (restore, policy, the user
- * message into the transcript), then its next prefill chunk or the token sampled last.
- * Returns 1 with the block in q, 0 when the turn ended here (cancelled, nothing to run,
- * or failed: reported), NO_ROOM when its chunk does not fit the `room` the step has
- * left: it waits for the next step rather than split the chunk, so its chunks, and so
- * its eviction points, are those of the turn run alone. */
-#define NO_ROOM 2
-static int plan_unit(kvp_session *s, const kvp_session_env *env, const kvp_turn_sink *sink,
-                     int room, kvp_batch_seq *q)
+/* A turn's first unit, run as a job before the turn joins a batched step: everything
+ * here may wait on the disk or the network, or take a while without the model (the
+ * lease, the snapshot of an unparked session, its policy, a seeded transcript tokenized,
+ * the user message into the transcript), so none of it holds back the other turns.
+ * Returns as kvp_turn_step. */
+static int turn_start(kvp_session *s, const kvp_session_env *env, const kvp_turn_sink *sink)
 {
     kvp_turn *t = &s->turn;
-    if (t->state == KVP_TURN_START) {
+    s->io_next = 0;
+    {
         char err[256];
         int rc = take_lease(s, env, err, sizeof err);
         if (rc < 0) {
@@ -833,77 +837,126 @@ static int plan_unit(kvp_session *s, const kvp_session_env *env, const kvp_turn_
         }
         s->need_restore = 0;
     }
-    if (t->state == KVP_TURN_START) {
-        t->undo_tokens = s->n_tokens;   /* where a failure before the reply goes back to */
-        t->stats.queue_ms = (kvp_now() - t->t_start) * 1e3;
-    }
+    t->undo_tokens = s->n_tokens;   /* where a failure before the reply goes back to */
     if (!s->policy) {
-        /* Policy construction may read a policy file: worker work, not the loop's. */
+        /* On the conf's shared weights (no file read); a conf without them (made by
+         * hand) has its file read here, on this worker. */
         char err[160];
-        int rc = kvp_policy_create(&s->policy, s->pconf->name,
-                                   s->pconf->file[0] ? s->pconf->file : NULL,
-                                   &env->model->cfg, s->seed, err, sizeof err);
+        int rc = s->pconf->weights
+                     ? kvp_policy_create_shared(&s->policy, s->pconf->weights,
+                                                &env->model->cfg, s->seed, err, sizeof err)
+                     : kvp_policy_create(&s->policy, s->pconf->name,
+                                         s->pconf->file[0] ? s->pconf->file : NULL,
+                                         &env->model->cfg, s->seed, err, sizeof err);
         if (rc < 0) {
             s->policy = NULL;
             return fail(s, env, sink, 1, rc, "policy", err);
         }
     }
-    t->evict = evict_cfg(s, env);
-    int cancelled = atomic_load(&t->cancel);
 
-    if (t->state == KVP_TURN_START) {
-        /* A session seeded with a conversation (kvp_session_seed): its messages first. */
-        if (s->n_tokens == 0 && s->n_msgs > 0) {
+    /* A session seeded with a conversation (kvp_session_seed): its messages first. */
+    if (s->n_tokens == 0 && s->n_msgs > 0) {
+        int rc = kvp_session_retokenize(s, env);
+        if (rc < 0)
+            return fail(s, env, sink, 1, rc, "tokenize", NULL);
+        s->reply_open = 1;
+    }
+    /* A cancel that came before any work still records the message: the next turn
+     * prefills it (prefill checks the flag first). */
+    int *ids = NULL, first = s->n_tokens;
+    int n = kvp_template_turn(&env->tpl, s->system, s->system_len, s->n_tokens == 0,
+                              s->reply_open, t->text, t->text_len, &ids);
+    if (n < 0)
+        return fail(s, env, sink, 1, n, "tokenize", NULL);
+    for (int i = 0; i < n; i++)
+        if (push_token(s, ids[i]) < 0) {
+            free(ids);
+            return fail(s, env, sink, 1, -ENOMEM, "transcript", NULL);
+        }
+    free(ids);
+    if (push_message(s, 1, t->text, t->text_len, first) < 0)
+        return fail(s, env, sink, 1, -ENOMEM, "transcript", NULL);
+    t->recorded = 1;
+    t->gen_start = s->n_tokens;
+    t->stats.prompt_tokens = s->n_tokens - s->n_cached;
+    if (!env->reuse_cache) {
+        /* Benchmark baseline: forget the cache, run the whole (kept) transcript again. */
+        kvp_cache_reset(&s->cache);
+        s->n_cached = 0;
+        if (s->hist_tokens > 0) {
+            restart_tokens(s);
             int rc = kvp_session_retokenize(s, env);
+            t->undo_tokens = s->msg_tok[s->n_msgs - 1];   /* in the new rendering */
             if (rc < 0)
                 return fail(s, env, sink, 1, rc, "tokenize", NULL);
-            s->reply_open = 1;
         }
-        /* A cancel that came before any work still records the message: the next turn
-         * prefills it (prefill checks the flag first). */
-        int *ids = NULL, first = s->n_tokens;
-        int n = kvp_template_turn(&env->tpl, s->system, s->system_len, s->n_tokens == 0,
-                                  s->reply_open, t->text, t->text_len, &ids);
-        if (n < 0)
-            return fail(s, env, sink, 1, n, "tokenize", NULL);
-        for (int i = 0; i < n; i++)
-            if (push_token(s, ids[i]) < 0) {
-                free(ids);
-                return fail(s, env, sink, 1, -ENOMEM, "transcript", NULL);
-            }
-        free(ids);
-        if (push_message(s, 1, t->text, t->text_len, first) < 0)
-            return fail(s, env, sink, 1, -ENOMEM, "transcript", NULL);
-        t->recorded = 1;
-        t->gen_start = s->n_tokens;
-        t->stats.prompt_tokens = s->n_tokens - s->n_cached;
-        if (!env->reuse_cache) {
-            /* Benchmark baseline: forget the cache, run the whole (kept) transcript again. */
-            kvp_cache_reset(&s->cache);
-            s->n_cached = 0;
-            if (s->hist_tokens > 0) {
-                restart_tokens(s);
-                int rc = kvp_session_retokenize(s, env);
-                t->undo_tokens = s->msg_tok[s->n_msgs - 1];   /* in the new rendering */
-                if (rc < 0)
-                    return fail(s, env, sink, 1, rc, "tokenize", NULL);
-            }
-        }
-        t->reply_from = s->n_tokens;
-        t->evicted_at_start = s->cache.evicted_rows;
-        /* of the whole conversation: the cache holds the dropped history's tokens too */
-        t->stats.context_tokens = (int)(s->hist_tokens + s->n_tokens);
-        t->stats.cached_tokens = (int)(s->hist_tokens + s->n_cached);
-        s->sampler.temperature = t->temperature;
-        s->sampler.top_p = t->top_p >= 0 ? t->top_p : env->top_p;
-        if (t->has_seed)
-            kvp_sampler_seed(&s->sampler, t->seed);
-        s->reply_open = 1;    /* the assistant's reply has begun */
-        t->state = KVP_TURN_PREFILL;
     }
+    t->reply_from = s->n_tokens;
+    t->evicted_at_start = s->cache.evicted_rows;
+    /* of the whole conversation: the cache holds the dropped history's tokens too */
+    t->stats.context_tokens = (int)(s->hist_tokens + s->n_tokens);
+    t->stats.cached_tokens = (int)(s->hist_tokens + s->n_cached);
+    s->sampler.temperature = t->temperature;
+    s->sampler.top_p = t->top_p >= 0 ? t->top_p : env->top_p;
+    if (t->has_seed)
+        kvp_sampler_seed(&s->sampler, t->seed);
+    s->reply_open = 1;    /* the assistant's reply has begun */
+    t->state = KVP_TURN_PREFILL;
+    return 1;
+}
 
-    if (cancelled)
-        return finish(s, env, sink, "cancel");
+/* A unit run alone, outside any forward pass: a snapshot load (for a hello) or save (at
+ * shutdown), then the job event; or a turn's start (turn_start) or end (turn_report).
+ * Returns as kvp_turn_step. */
+static int run_job(kvp_session *s, const kvp_session_env *env, const kvp_turn_sink *sink)
+{
+    if (s->state == KVP_SESSION_TURN) {
+        int more = 1;
+        if (s->turn.state == KVP_TURN_START)
+            more = turn_start(s, env, sink);
+        if (more && s->turn.end)   /* it failed there: its end follows in the same job */
+            more = turn_report(s, env, sink);
+        return more;
+    }
+    char err[256] = "";
+    int rc;
+    if (s->state == KVP_SESSION_LOAD) {
+        /* In memory already (a shared store): only the lease, and the snapshot when
+         * another node served the session meanwhile. */
+        rc = take_lease(s, env, err, sizeof err);
+        if (rc == 0 && s->need_restore)
+            rc = kvp_session_restore(s, env, s->reserve, err, sizeof err);
+        s->lost = rc == -ENOENT || rc == -EBADMSG;
+        if (rc == 0)
+            s->need_restore = 0;
+    } else {
+        rc = kvp_session_save(s, env, err, sizeof err);
+        s->saved = rc == 0;
+        s->has_snapshot |= rc == 0;
+    }
+    sink->job(sink->ctx, s, rc, err);
+    return 0;
+}
+
+/* A started turn's next unit for a batched step: its next prefill chunk or the token
+ * sampled last. Returns 1 with the block in q, 0 when the turn ended here (cancelled,
+ * nothing to run: reported), ENDED when it ended and its end is a unit of its own
+ * (end_turn), NO_ROOM when its chunk does not fit the `room` the step has left: it
+ * waits for the next step rather than split the chunk, so its chunks, and so its
+ * eviction points, are those of the turn run alone. */
+#define NO_ROOM 2
+#define ENDED 3
+static int plan_unit(kvp_session *s, const kvp_session_env *env, const kvp_turn_sink *sink,
+                     int room, kvp_batch_seq *q)
+{
+    kvp_turn *t = &s->turn;
+    if (!t->planned) {   /* its wait for its first step, its start job included */
+        t->planned = 1;
+        t->stats.queue_ms = (kvp_now() - t->t_start) * 1e3;
+    }
+    t->evict = evict_cfg(s, env);
+    if (atomic_load(&t->cancel))
+        return finish(s, env, sink, "cancel") ? ENDED : 0;
     if (t->state == KVP_TURN_DECODE) {
         *q = (kvp_batch_seq){.cache = &s->cache, .tokens = &t->next_token, .n = 1};
         return 1;
@@ -912,7 +965,7 @@ static int plan_unit(kvp_session *s, const kvp_session_env *env, const kvp_turn_
     int left = s->n_tokens - s->n_cached;
     int n = left < env->chunk ? left : env->chunk;
     if (n == 0)   /* nothing new to run: no fresh logits to sample from */
-        return finish(s, env, sink, "eos");
+        return finish(s, env, sink, "eos") ? ENDED : 0;
     if (n > room)
         return NO_ROOM;
     *q = (kvp_batch_seq){.cache = &s->cache, .tokens = s->tokens + s->n_cached, .n = n};
@@ -940,7 +993,7 @@ static int advance_unit(kvp_session *s, const kvp_session_env *env, const kvp_tu
 /* Whether a queued session is a turn that decodes next (one row). */
 static int decoding(const kvp_session *s)
 {
-    return s->state == KVP_SESSION_TURN && s->turn.state == KVP_TURN_DECODE;
+    return !kvp_session_job_next(s) && s->turn.state == KVP_TURN_DECODE;
 }
 
 int kvp_turn_batch(kvp_session **ss, int n, const kvp_session_env *env, kvp_runstate *rs,
@@ -975,10 +1028,12 @@ int kvp_turn_batch(kvp_session **ss, int n, const kvp_session_env *env, kvp_runs
             if (took[i] || decoding(s) != (pass == 0))
                 continue;
             int r;
-            if (s->state != KVP_SESSION_TURN) {
-                r = run_job(s, env, sink);
+            if (kvp_session_job_next(s) || s->turn.state == KVP_TURN_START) {
+                r = run_job(s, env, sink);   /* the scheduler runs these as jobs instead */
             } else if ((r = plan_unit(s, env, sink, room, &b[nb])) == NO_ROOM) {
                 continue;
+            } else if (r == ENDED) {
+                r = 1;   /* no block: its end is its next unit */
             } else if (r) {
                 e[nb] = &s->turn.evict;
                 room -= b[nb].n;

@@ -50,12 +50,17 @@ typedef struct kvp_session_env {
 } kvp_session_env;
 
 /* An eviction policy as configured: immutable once made, so a reload makes a new one
- * and sessions keep the one they hold. Reference counts are touched on the loop only. */
+ * and sessions keep the one they hold. Reference counts are touched on the loop only.
+ * weights: the policy file loaded once when the conf was made (the daemon's one copy,
+ * read by every session's policy instance; freed with the conf, which every session
+ * holding an instance references); NULL: each session loads `file` itself. */
+struct kvp_policy_weights;
 typedef struct kvp_policy_conf {
     int refs;
     char name[32];
     char file[KVP_SESSION_PATH_MAX];  /* "" = the policy has no file */
     kvp_snapshot_identity ident;      /* the model and this policy, for snapshots */
+    struct kvp_policy_weights *weights;
 } kvp_policy_conf;
 
 kvp_policy_conf *kvp_policy_conf_ref(kvp_policy_conf *pc);
@@ -77,6 +82,7 @@ typedef struct kvp_turn {
     enum kvp_turn_state state;
     int undo_tokens;         /* transcript length before this turn's message */
     int recorded;            /* this turn's user message is in the transcript */
+    int planned;             /* it has been planned into a batched step */
     int reply_from;          /* where the reply's tokens begin in tokens[] */
     int next_token;          /* sampled, emitted, not yet run through the model */
     kvp_evict_cfg evict;     /* the bounds of its unit in the running step */
@@ -97,6 +103,11 @@ typedef struct kvp_turn {
     uint64_t evicted_at_start;
     double t_start, t_first;
     kvp_turn_stats stats;
+    /* Ended with its final event still to send after the snapshot write (end_turn):
+     * done (end_code 0) or an error (end_code < 0, end_msg). */
+    int end;
+    int end_code;
+    char end_msg[192];
 } kvp_turn;
 
 enum kvp_session_state {
@@ -187,6 +198,10 @@ typedef struct kvp_session {
     int transcript_msgs;             /* of the whole conversation, dropped ones included */
     int transcript_dropped;          /* of those, dropped from the stored history */
     kvp_turn turn;
+    /* The TURN's next unit waits on I/O (its start: lease, snapshot, policy, transcript;
+     * or its end: the snapshot write, then the final event), so it runs as a job on a
+     * worker of its own, never inside a batched step (kvp_session_job_next). */
+    int io_next;
     struct kvp_session *rq_next;     /* scheduler run queue */
 } kvp_session;
 
@@ -206,6 +221,14 @@ static inline int kvp_session_busy(const kvp_session *s)
 {
     return s->state == KVP_SESSION_TURN || s->state == KVP_SESSION_LOAD ||
            s->state == KVP_SESSION_SAVE;
+}
+
+/* Whether the session's next unit runs alone as a job (LOAD, SAVE, a turn's start or
+ * end) rather than as a part of a batched step. The scheduler reads it on queued
+ * sessions, under its queue's mutex. */
+static inline int kvp_session_job_next(const kvp_session *s)
+{
+    return s->state != KVP_SESSION_TURN || s->io_next;
 }
 
 int kvp_session_table_init(kvp_session_table *t);
@@ -275,8 +298,10 @@ typedef struct kvp_turn_sink {
  * unit. Reorders ss: those that took part first (in the order they ran), then the
  * others in their queue order; returns how many took part. more[i] for those: 1 when
  * more work remains, 0 when the job ended (done, error or job was reported: the
- * worker's last touch); *rows: the tokens the forward pass ran. With a state
- * directory, a turn's end (done or error) writes the snapshot first. */
+ * worker's last touch); *rows: the tokens the forward pass ran. A turn's start (lease,
+ * restore, policy, transcript) is a unit of its own that runs alone, outside the pass,
+ * as is its end with a store (the snapshot written, then done or error): the units
+ * kvp_session_job_next names, which the scheduler runs as jobs on another worker. */
 int kvp_turn_batch(kvp_session **ss, int n, const kvp_session_env *env, kvp_runstate *rs,
                    const kvp_turn_sink *sink, int *more, int *rows);
 /* A batch of one: advances the session's job by one unit. Returns 1 when more work

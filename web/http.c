@@ -12,6 +12,7 @@
 
 #include "base/clock.h"
 #include "base/parse.h"
+#include "policy/kvp_agent.h"
 #include "web/conn.h"
 
 int kvpd_http_headers(kvpd_conn *c, int status, const char *type, uint64_t len,
@@ -214,13 +215,16 @@ static int admin_stats(kvpd_conn *c)
     int total = w->hub && list ? kvp_hub_list(w->hub, (int)offset, (int)limit, list_session,
                                               list) : 0;
     const kvpd_metrics *m = w->metrics;
+    /* policy_file_loads: policy files this process has read; the policy in force is read
+     * once (and again at each reload), never per session: its weights are shared. */
     json_t *memory = json_pack(
-        "{s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "cap", (json_int_t)g.cache_bytes_cap,
+        "{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "cap", (json_int_t)g.cache_bytes_cap,
         "resident_bytes", (json_int_t)g.cache_bytes_total,
         "accounted_bytes", (json_int_t)g.cache_bytes_accounted,
         "turn_reserve_bytes", (json_int_t)g.turn_reserve_bytes,
         "parks", (json_int_t)m->parks, "unparks", (json_int_t)m->unparks,
-        "reserve_overruns", (json_int_t)m->reserve_overruns);
+        "reserve_overruns", (json_int_t)m->reserve_overruns,
+        "policy_file_loads", (json_int_t)kvp_agent_set_loads());
     json_t *persist = json_pack(
         "{s:s, s:I, s:I, s:I, s:I, s:I, s:I}", "state_dir", w->cfg->state_dir,
         "snapshots_written", (json_int_t)m->snapshots_written,

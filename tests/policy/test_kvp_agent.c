@@ -2,12 +2,14 @@
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "policy/kvp_agent.h"
+#include "policy/policy.h"
 #include "tests/model/testutil.h"
 
 static const kvp_agent_arch small_arch = {.d = 3, .P = 4, .E = 3, .H = 5, .pmax = 6};
@@ -889,6 +891,107 @@ Test(kvp_agent, policy_create_reports_mismatch_and_missing_file)
     cr_assert_lt(kvp_agent_policy_create(&p, NULL, err, sizeof err), 0);
     cr_assert(strstr(err, "policy file"), "%s", err);
     cr_assert_eq(kvp_agent_policy_create(&p, "/nonexistent.kvp", err, sizeof err), -ENOENT);
+}
+
+/* One head of n rows from a fixed stream, for scoring. */
+enum { SH_N = 700, SH_D = 8 };
+typedef struct shared_head {
+    float k[SH_N * SH_D], v[SH_N * SH_D], score[SH_N], stat[SH_N];
+    int32_t pos[SH_N];
+    int64_t seq[SH_N];
+    kvp_head h;
+} shared_head;
+
+static void shared_head_init(shared_head *x)
+{
+    rng_state = 777;
+    fill(x->k, SH_N * SH_D, 2.0f);
+    fill(x->v, SH_N * SH_D, 1.0f);
+    for (int i = 0; i < SH_N; i++)
+        x->pos[i] = i, x->seq[i] = i;
+    x->h = (kvp_head){.n = SH_N, .cap = SH_N, .k = x->k, .v = x->v, .pos = x->pos,
+                      .seq = x->seq, .score = x->score, .stat = x->stat};
+}
+
+static void score_all(kvp_policy *p, shared_head *x, int layer, int kvh)
+{
+    p->ops->on_insert(p, layer, kvh, &x->h, 0, SH_N);
+    p->ops->before_evict(p, layer, kvh, &x->h);
+}
+
+typedef struct scorer {
+    kvp_policy *p;
+    shared_head x;
+} scorer;
+
+static void *score_thread(void *arg)
+{
+    scorer *sc = arg;
+    shared_head_init(&sc->x);
+    for (int r = 0; r < 20; r++)
+        score_all(sc->p, &sc->x, 3, 1);
+    return NULL;
+}
+
+/* Weights loaded once (kvp_policy_weights_load: the file is read once, whatever the
+ * number of instances) give every instance made on them the scores of an instance that
+ * loaded the file itself, also with instances scoring on several threads at once (each
+ * thread has its own scratch); a model of another shape is refused naming both. */
+Test(kvp_agent, instances_on_shared_weights_score_as_one_that_loaded_the_file)
+{
+    const char *path = write_policy(&default_arch, 5, 4, 23);
+    kvp_model_config cfg = {.n_layers = 5, .n_kv_heads = 4, .head_dim = 8, .n_heads = 8};
+    char err[512];
+    kvp_policy *own, *shared[4];
+    cr_assert_eq(kvp_policy_create(&own, "kvp", path, &cfg, 1, err, sizeof err), 0, "%s", err);
+    unsigned long long loads = kvp_agent_set_loads();
+    kvp_policy_weights *w;
+    cr_assert_eq(kvp_policy_weights_load(&w, "kvp", path, &cfg, err, sizeof err), 0, "%s", err);
+    unlink(path);   /* the instances below never read it */
+    for (int i = 0; i < 4; i++)
+        cr_assert_eq(kvp_policy_create_shared(&shared[i], w, &cfg, (uint64_t)i, err, sizeof err),
+                     0, "%s", err);
+    cr_assert_eq(kvp_agent_set_loads(), loads + 1, "one read for four instances");
+    cr_assert_str_eq(shared[0]->ops->name, "kvp");
+
+    static shared_head want;
+    shared_head_init(&want);
+    score_all(own, &want, 3, 1);
+    static scorer sc[4];
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++) {
+        sc[i].p = shared[i];
+        cr_assert_eq(pthread_create(&th[i], NULL, score_thread, &sc[i]), 0);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        for (int j = 0; j < SH_N; j++)
+            cr_assert_eq(memcmp(&sc[i].x.score[j], &want.score[j], sizeof(float)), 0,
+                         "instance %d row %d: %g, want %g", i, j, sc[i].x.score[j], want.score[j]);
+    }
+    for (int j = 0; j < SH_N; j++)
+        cr_assert(isfinite(want.score[j]), "row %d scored", j);
+
+    kvp_model_config other = cfg;
+    other.n_layers = 6;
+    kvp_policy *bad = NULL;
+    cr_assert_eq(kvp_policy_create_shared(&bad, w, &other, 0, err, sizeof err), -EINVAL);
+    cr_assert(strstr(err, "model has 6 layers"), "%s", err);
+    cr_assert_null(bad);
+    for (int i = 0; i < 4; i++)
+        kvp_policy_destroy(shared[i]);
+    kvp_policy_destroy(own);
+    kvp_policy_weights_free(w);
+
+    /* a policy without a file keeps only its name; a bad name fails at the load */
+    cr_assert_eq(kvp_policy_weights_load(&w, "streaming", NULL, &cfg, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(kvp_policy_create_shared(&bad, w, &cfg, 0, err, sizeof err), 0, "%s", err);
+    cr_assert_str_eq(bad->ops->name, "streaming");
+    kvp_policy_destroy(bad);
+    kvp_policy_weights_free(w);
+    cr_assert_eq(kvp_policy_weights_load(&w, "no-such", NULL, &cfg, err, sizeof err), -EINVAL);
+    cr_assert_null(w);
+    cr_assert(strstr(err, "unknown policy"), "%s", err);
 }
 
 /* ---- kvp policy-init (needs the kvp executable from the full build) */
