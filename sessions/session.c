@@ -130,6 +130,7 @@ static void turn_clear(kvp_turn *t)
     for (int i = 0; i < t->n_stop; i++)
         free(t->stop[i]);
     free(t->tok_end);
+    free((void *)t->sampling.bias);
     memset(t, 0, sizeof *t);
 }
 
@@ -327,6 +328,23 @@ int kvp_session_turn_stops(kvp_session *s, const char *const *stop, const size_t
         if (len[i] - 1 > t->stop_hold)
             t->stop_hold = len[i] - 1;
     }
+    return 0;
+}
+
+int kvp_session_turn_sampling(kvp_session *s, const kvp_sample_opts *o)
+{
+    kvp_turn *t = &s->turn;
+    const char *field;
+    if (kvp_sample_opts_check(o, s->sampler.vocab_size, &field) < 0)
+        return -EINVAL;
+    kvp_logit_bias *b = NULL;
+    if (o->n_bias && !(b = malloc((size_t)o->n_bias * sizeof *b)))
+        return -ENOMEM;
+    if (b)
+        memcpy(b, o->bias, (size_t)o->n_bias * sizeof *b);
+    free((void *)t->sampling.bias);
+    t->sampling = *o;
+    t->sampling.bias = b;
     return 0;
 }
 
@@ -889,6 +907,8 @@ static int plan_unit(kvp_session *s, const kvp_session_env *env, const kvp_turn_
         s->sampler.top_p = t->top_p >= 0 ? t->top_p : env->top_p;
         if (t->has_seed)
             kvp_sampler_seed(&s->sampler, t->seed);
+        if (kvp_sampler_set_opts(&s->sampler, &t->sampling) < 0)   /* checked by the hub */
+            return fail(s, env, sink, 1, -ENOMEM, "sampler", NULL);
         s->reply_open = 1;    /* the assistant's reply has begun */
         t->state = KVP_TURN_PREFILL;
     }
