@@ -264,33 +264,50 @@ static unsigned key(float p, int l)
  * crossing bucket; once that holds at most SORT_MAX candidates (or, after the last
  * level, only equal ones), it is sorted and cut. O(m) whatever the distribution. The
  * kept candidates above the crossing bucket stay in candidate order; the crossing
- * bucket's in sorted order after them. */
-static int select_top(cand *c, int m, int k, double target)
+ * bucket's in sorted order after them, from *sorted_at, with *mass_before the mass of
+ * those before it. */
+static int select_top(cand *c, int m, int k, double target, int *sorted_at, double *mass_before)
 {
-    static _Thread_local unsigned cnt[2048];
-    static _Thread_local double mass[2048];
+    /* two histograms, even and odd candidates: a flat distribution sends most of them
+     * to a few buckets, and one histogram would chain every update on the last */
+    static _Thread_local unsigned cnt[2][2048];
+    static _Thread_local double mass[2][2048];
     int head = 0, end = m;   /* c[0..head) kept; c[head..end) undecided */
     double kept = 0.0;
+    *sorted_at = 0;
+    *mass_before = 0.0;
     for (int l = 0; l < 3 && end - head > SORT_MAX; l++) {
         int nb = l == 0 ? 2048 : 1024;
-        memset(cnt, 0, (size_t)nb * sizeof *cnt);
-        memset(mass, 0, (size_t)nb * sizeof *mass);
-        for (int j = head; j < end; j++) {
-            unsigned b = key(c[j].p, l);
-            cnt[b]++;
-            mass[b] += c[j].p;
+        memset(cnt, 0, sizeof cnt);
+        memset(mass, 0, sizeof mass);
+        int j = head;
+        for (; j + 1 < end; j += 2) {
+            unsigned b0 = key(c[j].p, l), b1 = key(c[j + 1].p, l);
+            cnt[0][b0]++;
+            mass[0][b0] += c[j].p;
+            cnt[1][b1]++;
+            mass[1][b1] += c[j + 1].p;
+        }
+        if (j < end) {
+            cnt[0][key(c[j].p, l)]++;
+            mass[0][key(c[j].p, l)] += c[j].p;
         }
         int above = 0, cross = -1;
         for (int b = nb - 1; b >= 0; b--) {
-            if (k ? head + above + (int)cnt[b] >= k : kept + mass[b] > target) {
+            int nc = (int)(cnt[0][b] + cnt[1][b]);
+            double mb = mass[0][b] + mass[1][b];
+            if (k ? head + above + nc >= k : kept + mb > target) {
                 cross = b;
                 break;
             }
-            above += (int)cnt[b];
-            kept += mass[b];
+            above += nc;
+            kept += mb;
         }
-        if (cross < 0)
+        if (cross < 0) {
+            *sorted_at = end;
+            *mass_before = kept;
             return end;
+        }
         /* partition c[head..end): keys above cross, then cross's, the rest dropped */
         int w = head;
         for (int j = head; j < end; j++)
@@ -308,6 +325,8 @@ static int select_top(cand *c, int m, int k, double target)
         end = v;
     }
     qsort(c + head, (size_t)(end - head), sizeof *c, by_prob_desc);
+    *sorted_at = head;
+    *mass_before = kept;
     if (k)
         return k < end ? k : end;
     for (int j = head; j < end; j++) {
@@ -341,8 +360,10 @@ static int candidates(kvp_sampler *s, const float *p, int best)
             m++;
         }
     if (s->top_k > 0 && s->top_k < m) {
+        int at;
+        double before;
         if (m > SORT_MAX)
-            m = select_top(c, m, s->top_k, 0.0);
+            m = select_top(c, m, s->top_k, 0.0, &at, &before);
         if (m <= SORT_MAX)
             qsort(c, (size_t)m, sizeof *c, by_prob_desc);
         m = s->top_k < m ? s->top_k : m;
@@ -373,9 +394,21 @@ static int candidates(kvp_sampler *s, const float *p, int best)
         /* A few more than the nucleus (the selection sums in double, the cut below in
          * float, as the sort-based sampler did); when that is few enough to sort, the
          * cut below makes it the same nucleus in the same order. */
-        m = select_top(c, m, 0, (double)target * (1.0 + 1e-4));
-        if (m > SORT_MAX)   /* the nucleus is within those: select it exactly */
-            return select_top(c, m, 0, (double)target);
+        int at;
+        double before;
+        m = select_top(c, m, 0, (double)target * (1.0 + 1e-4), &at, &before);
+        if (m > SORT_MAX) {
+            /* the nucleus is within those: its exact end in the sorted part, or (when
+             * the margin reached into an earlier bucket) a selection among them */
+            if (before > (double)target)
+                return select_top(c, m, 0, (double)target, &at, &before);
+            for (int j = at; j < m; j++) {
+                before += c[j].p;
+                if (before > (double)target)
+                    return j + 1;
+            }
+            return m;
+        }
     }
     qsort(c, (size_t)m, sizeof *c, by_prob_desc);
     float cum = 0.0f;
