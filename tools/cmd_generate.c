@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "generate/generate.h"
+#include "model/matmul.h"
 #include "model/sampler.h"
 #include "tools/cli.h"
 #include "base/parse.h"
@@ -100,6 +101,24 @@ static void seq_free(gen_seq *q)
     free(q->text);
 }
 
+/* A step's draws on the matmul pool, one sequence per item (each has its own sampler). */
+typedef struct draw_job {
+    gen_seq *seqs;
+    const int *who;
+    const kvp_batch_seq *batch;
+    int n_prompt;
+    int *tok;            /* -1: nothing to draw (a prompt block before the last, or failed) */
+} draw_job;
+
+static void draw_item(void *ctx, int j, int slot)
+{
+    draw_job *d = ctx;
+    gen_seq *q = &d->seqs[d->who[j]];
+    (void)slot;
+    d->tok[j] = !d->batch[j].rc && q->fed + d->batch[j].n >= d->n_prompt
+                    ? kvp_sample(&q->smp, d->batch[j].logits) : -1;
+}
+
 int kvp_cmd_generate(int argc, char **argv)
 {
     const char *model_path = NULL, *tok_path = NULL, *prompt = "", *policy_name = "none",
@@ -184,7 +203,7 @@ int kvp_cmd_generate(int argc, char **argv)
     gen_seq *seqs = calloc((size_t)N, sizeof *seqs);
     kvp_batch_seq *batch = calloc((size_t)N, sizeof *batch);
     const kvp_evict_cfg **evict = calloc((size_t)N, sizeof *evict);
-    int *who = calloc((size_t)N, sizeof *who);
+    int *who = calloc((size_t)N, sizeof *who), *drawn = calloc((size_t)N, sizeof *drawn);
     float *logits = malloc((size_t)N * V * sizeof *logits);
     size_t plen = strlen(prompt);
     int *tokens = malloc((size_t)(plen + 3) * sizeof *tokens);
@@ -192,7 +211,7 @@ int kvp_cmd_generate(int argc, char **argv)
      * bound), else up to 256 tokens. */
     int evicting = budget > 0 && strcmp(policy_name, "none") != 0;
     int block = (int)(evicting || chunk > 256 ? chunk : 256);
-    if (!seqs || !batch || !evict || !who || !logits || !tokens ||
+    if (!seqs || !batch || !evict || !who || !drawn || !logits || !tokens ||
         kvp_runstate_init(&s, &m.cfg, N * block) || !(have_s = 1)) {
         fprintf(stderr, "kvp generate: out of memory\n");
         goto out;
@@ -255,6 +274,11 @@ int kvp_cmd_generate(int argc, char **argv)
             break;
         n_steps++;
         int prefilling = 0;
+        draw_job dj = {seqs, who, batch, n_prompt, drawn};
+        kvp_matmul_enter();
+        kvp_matmul_parallel(nb, draw_item, &dj, (size_t)nb * (size_t)V * sizeof(float),
+                            KVP_MATMUL_MAX_THREADS, 0);
+        kvp_matmul_leave();
         for (int j = 0; j < nb; j++) {
             gen_seq *q = &seqs[who[j]];
             if ((rc = batch[j].rc)) {
@@ -269,7 +293,7 @@ int kvp_cmd_generate(int argc, char **argv)
                     continue;
                 q->prev = tokens[n_prompt - 1];
             }
-            int next = kvp_sample(&q->smp, batch[j].logits);
+            int next = drawn[j];
             int boundary = next == m.tok.bos_id || next == m.tok.eos_id || next == m.tok.eot_id;
             if (boundary && !ignore_eos) {
                 q->done = 1;
@@ -336,6 +360,7 @@ out:
     free(batch);
     free(evict);
     free(who);
+    free(drawn);
     free(logits);
     free(tokens);
     kvp_model_free(&m);
