@@ -333,6 +333,15 @@ static void start_turn(kvp_hub_client *c, const char *text, size_t len, const kv
         emit_error(c, KVPD_E_OVERLOADED, "the daemon is shutting down");
         return;
     }
+    const char *field;
+    if (kvp_sample_opts_check(&o->sampling, h->env.model->cfg.vocab_size, &field) < 0) {
+        char err[160];
+        snprintf(err, sizeof err, "%s is out of range%s", field,
+                 strcmp(field, "logit_bias") ? ""
+                 : ": token ids below the vocabulary size, biases in [-100, 100]");
+        emit_error(c, KVPD_E_BAD_REQUEST, err);
+        return;
+    }
     if (!c->session && new_session(c, NULL, 0) < 0)
         return;
     kvp_session *s = c->session;
@@ -367,6 +376,10 @@ static void start_turn(kvp_hub_client *c, const char *text, size_t len, const kv
                  KVP_HUB_STOP_MAX);
         emit_error(c, rc == -EINVAL ? KVPD_E_BAD_REQUEST : KVPD_E_INTERNAL,
                    rc == -EINVAL ? err : "out of memory");
+        return;
+    }
+    if (kvp_session_turn_sampling(s, &o->sampling) < 0) {
+        emit_error(c, KVPD_E_INTERNAL, "out of memory");
         return;
     }
     if (o->has_top_p)

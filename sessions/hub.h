@@ -24,6 +24,7 @@
 #include <stdint.h>
 
 #include "cache/kvrow.h"
+#include "model/sampler.h"
 #include "sessions/metrics.h"
 
 #define KVP_SESSION_ID_LEN 32
@@ -134,6 +135,9 @@ typedef struct kvp_turn_opts {
     float top_p;                  /* (0, 1] */
     int has_seed;
     uint64_t seed;                /* reseeds the session's sampler for this turn */
+    /* top-k, min-p, penalties, logit biases (bias borrowed for the call); values the
+     * sampler does not take (kvp_sample_opts_check) are bad_request naming the field */
+    kvp_sample_opts sampling;
     /* Stop strings (borrowed for the call): the reply ends before the first one that
      * appears, which is never sent as tokens; the session's transcript (and its cache)
      * ends there too, so a client that sends the reply back continues the session. A

@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "base/checksum.h"
+#include "model/matmul.h"
 #include "model/tokenizer.h"
 #include "policy/policy.h"
 #include "sessions/persist.h"
@@ -132,6 +133,7 @@ static void turn_clear(kvp_turn *t)
     for (int i = 0; i < t->n_stop; i++)
         free(t->stop[i]);
     free(t->tok_end);
+    free((void *)t->sampling.bias);
     memset(t, 0, sizeof *t);
 }
 
@@ -330,6 +332,23 @@ int kvp_session_turn_stops(kvp_session *s, const char *const *stop, const size_t
         if (len[i] - 1 > t->stop_hold)
             t->stop_hold = len[i] - 1;
     }
+    return 0;
+}
+
+int kvp_session_turn_sampling(kvp_session *s, const kvp_sample_opts *o)
+{
+    kvp_turn *t = &s->turn;
+    const char *field;
+    if (kvp_sample_opts_check(o, s->sampler.vocab_size, &field) < 0)
+        return -EINVAL;
+    kvp_logit_bias *b = NULL;
+    if (o->n_bias && !(b = malloc((size_t)o->n_bias * sizeof *b)))
+        return -ENOMEM;
+    if (b)
+        memcpy(b, o->bias, (size_t)o->n_bias * sizeof *b);
+    free((void *)t->sampling.bias);
+    t->sampling = *o;
+    t->sampling.bias = b;
     return 0;
 }
 
@@ -900,6 +919,8 @@ static int turn_start(kvp_session *s, const kvp_session_env *env, const kvp_turn
     s->sampler.top_p = t->top_p >= 0 ? t->top_p : env->top_p;
     if (t->has_seed)
         kvp_sampler_seed(&s->sampler, t->seed);
+    if (kvp_sampler_set_opts(&s->sampler, &t->sampling) < 0)   /* checked by the hub */
+        return fail(s, env, sink, 1, -ENOMEM, "sampler", NULL);
     s->reply_open = 1;    /* the assistant's reply has begun */
     t->state = KVP_TURN_PREFILL;
     return 1;
@@ -972,10 +993,33 @@ static int plan_unit(kvp_session *s, const kvp_session_env *env, const kvp_turn_
     return 1;
 }
 
+/* Whether the unit's logits are sampled after the step: the block ran and ends the
+ * transcript (the prompt's last chunk, or a decoded token). */
+static int samples(const kvp_session *s, const kvp_batch_seq *q)
+{
+    return q->rc >= 0 && s->n_cached + q->n >= s->n_tokens;
+}
+
+typedef struct sample_job {
+    kvp_session **ss;
+    const int *order, *who;
+    kvp_batch_seq *b;
+    int *tok;
+} sample_job;
+
+static void sample_item(void *ctx, int j, int slot)
+{
+    sample_job *sj = ctx;
+    kvp_session *s = sj->ss[sj->order[sj->who[j]]];
+    (void)slot;
+    sj->tok[j] = samples(s, &sj->b[j]) ? kvp_sample(&s->sampler, sj->b[j].logits) : -1;
+}
+
 /* The unit's result after the step: the block is in the cache; the prompt's last chunk
- * and every decoded token give logits to sample from. Returns as kvp_turn_step. */
+ * and every decoded token give logits to sample from (tok: drawn already, or -1 to draw
+ * here). Returns as kvp_turn_step. */
 static int advance_unit(kvp_session *s, const kvp_session_env *env, const kvp_turn_sink *sink,
-                        const kvp_batch_seq *q)
+                        const kvp_batch_seq *q, int tok)
 {
     kvp_turn *t = &s->turn;
     int prefill = t->state == KVP_TURN_PREFILL;
@@ -987,7 +1031,7 @@ static int advance_unit(kvp_session *s, const kvp_session_env *env, const kvp_tu
     note_rows(s);
     if (s->n_cached < s->n_tokens)
         return 1;
-    return take_token(s, env, sink, kvp_sample(&s->sampler, q->logits));
+    return take_token(s, env, sink, tok >= 0 ? tok : kvp_sample(&s->sampler, q->logits));
 }
 
 /* Whether a queued session is a turn that decodes next (one row). */
@@ -1047,11 +1091,26 @@ int kvp_turn_batch(kvp_session **ss, int n, const kvp_session_env *env, kvp_runs
     if (nb) {
         int rc = kvp_gen_step(env->model, rs, b, e, nb);
         *rows = rs->max_tokens - room;
+        /* The samplers of the step on the matmul pool, one session per item (each has
+         * its own sampler and logits, so the tokens are those of a serial run); out of
+         * memory, each advance_unit draws its own. */
+        int *tok = malloc((size_t)nb * sizeof *tok), n_sample = 0;
         for (int j = 0; j < nb; j++) {
             if (rc < 0)
                 b[j].rc = rc;
-            unit_more[who[j]] = advance_unit(ss[order[who[j]]], env, sink, &b[j]);
+            n_sample += samples(ss[order[who[j]]], &b[j]);
         }
+        if (tok) {
+            sample_job sj = {ss, order, who, b, tok};
+            kvp_matmul_enter();
+            kvp_matmul_parallel(nb, sample_item, &sj,
+                                (size_t)n_sample * (size_t)env->model->cfg.vocab_size * sizeof(float),
+                                KVP_MATMUL_MAX_THREADS, 0);
+            kvp_matmul_leave();
+        }
+        for (int j = 0; j < nb; j++)
+            unit_more[who[j]] = advance_unit(ss[order[who[j]]], env, sink, &b[j], tok ? tok[j] : -1);
+        free(tok);
     }
     /* Those that took part first, in the order they took part, then the others in theirs. */
     for (int k = 0; k < taken; k++) {

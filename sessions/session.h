@@ -76,6 +76,7 @@ typedef struct kvp_turn {
     float top_p;             /* < 0: the daemon's */
     int has_seed;            /* reseed the sampler with seed at the start */
     uint64_t seed;
+    kvp_sample_opts sampling;   /* the sampler's other settings; bias: an owned copy */
     int budget;              /* KV rows per head for this turn (0 = unbounded) */
     int max_history;         /* transcript tokens kept at its end (0 = all) */
     atomic_int cancel;       /* set by the loop, read by the worker each unit */
@@ -261,6 +262,8 @@ int kvp_session_begin_turn(kvp_session *s, const char *text, size_t len, int max
 /* Loop, after kvp_session_begin_turn: the turn's stop strings (copies; n at most
  * KVP_HUB_MAX_STOPS, each 1..KVP_HUB_STOP_MAX bytes). 0, -EINVAL or -ENOMEM. */
 int kvp_session_turn_stops(kvp_session *s, const char *const *stop, const size_t *len, int n);
+/* The turn's sampling settings (o's biases copied); -EINVAL as kvp_sample_opts_check. */
+int kvp_session_turn_sampling(kvp_session *s, const kvp_sample_opts *o);
 /* Loop, on a new session that never ran a turn: takes copies of msgs as its transcript;
  * its first turn tokenizes and prefills them before its own message. 0 or -ENOMEM. */
 int kvp_session_seed(kvp_session *s, const kvp_message *msgs, int n);

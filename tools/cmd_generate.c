@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "generate/generate.h"
+#include "model/matmul.h"
 #include "model/sampler.h"
 #include "tools/cli.h"
 #include "base/parse.h"
@@ -23,6 +24,10 @@ static void usage(FILE *f)
         "  --steps N            sequence length, prompt included, as in llama2.c (default 256)\n"
         "  --temperature T      0 = greedy (default 1.0)\n"
         "  --top-p P            nucleus sampling threshold (default 0.9)\n"
+        "  --top-k K            keep the K most likely tokens (default 0: all)\n"
+        "  --min-p P            keep tokens with p >= P * p(most likely) (default 0)\n"
+        "  --frequency-penalty F, --presence-penalty F   OpenAI's, over the reply (-2..2)\n"
+        "  --repetition-penalty R   CTRL / llama.cpp's, over the reply (default 1: off)\n"
         "  --seed S             sampling seed (default: time)\n"
         "  --policy NAME        eviction policy: %s (default none)\n"
         "  --policy-file F      KVP policy file (for --policy kvp)\n"
@@ -100,13 +105,32 @@ static void seq_free(gen_seq *q)
     free(q->text);
 }
 
+/* A step's draws on the matmul pool, one sequence per item (each has its own sampler). */
+typedef struct draw_job {
+    gen_seq *seqs;
+    const int *who;
+    const kvp_batch_seq *batch;
+    int n_prompt;
+    int *tok;            /* -1: nothing to draw (a prompt block before the last, or failed) */
+} draw_job;
+
+static void draw_item(void *ctx, int j, int slot)
+{
+    draw_job *d = ctx;
+    gen_seq *q = &d->seqs[d->who[j]];
+    (void)slot;
+    d->tok[j] = !d->batch[j].rc && q->fed + d->batch[j].n >= d->n_prompt
+                    ? kvp_sample(&q->smp, d->batch[j].logits) : -1;
+}
+
 int kvp_cmd_generate(int argc, char **argv)
 {
     const char *model_path = NULL, *tok_path = NULL, *prompt = "", *policy_name = "none",
                *policy_file = NULL;
     long steps = 256, seed = (long)time(NULL), budget = 0, sinks = KVP_DEFAULT_SINKS,
          recent = KVP_DEFAULT_RECENT, chunk = KVP_DEFAULT_CHUNK, parallel = 1;
-    double temperature = 1.0, top_p = 0.9;
+    double temperature = 1.0, top_p = 0.9, min_p = 0, freq_pen = 0, pres_pen = 0, rep_pen = 1;
+    long top_k = 0;
     int ignore_eos = 0, kv_type = KVP_KV_F32, budget_mode = KVP_BUDGET_PER_HEAD;
     static const struct option opts[] = {
         {"model", 1, 0, 'm'}, {"tokenizer", 1, 0, 'z'}, {"prompt", 1, 0, 'i'},
@@ -115,6 +139,8 @@ int kvp_cmd_generate(int argc, char **argv)
         {"budget", 1, 0, 'b'}, {"sinks", 1, 0, 'S'}, {"recent", 1, 0, 'R'},
         {"chunk", 1, 0, 'c'}, {"ignore-eos", 0, 0, 'E'}, {"parallel", 1, 0, 'N'},
         {"kv-type", 1, 0, 'K'}, {"budget-mode", 1, 0, 'M'},
+        {"top-k", 1, 0, 1000}, {"min-p", 1, 0, 1001}, {"frequency-penalty", 1, 0, 1002},
+        {"presence-penalty", 1, 0, 1003}, {"repetition-penalty", 1, 0, 1004},
         {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     int o, idx = 0;
     optind = 1;
@@ -138,6 +164,11 @@ int kvp_cmd_generate(int argc, char **argv)
         case 'K': ok = (kv_type = kvp_kv_type_parse(optarg)) >= 0; break;
         case 'M': ok = (budget_mode = kvp_budget_mode_parse(optarg)) >= 0; break;
         case 'N': ok = kvp_parse_long(optarg, 1, 4096, &parallel); break;
+        case 1000: ok = kvp_parse_long(optarg, 0, 1L << 30, &top_k); break;
+        case 1001: ok = kvp_parse_double(optarg, 0.0, 1.0, &min_p); break;
+        case 1002: ok = kvp_parse_double(optarg, -2.0, 2.0, &freq_pen); break;
+        case 1003: ok = kvp_parse_double(optarg, -2.0, 2.0, &pres_pen); break;
+        case 1004: ok = kvp_parse_double(optarg, 1e-3, 10.0, &rep_pen); break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -176,7 +207,7 @@ int kvp_cmd_generate(int argc, char **argv)
     gen_seq *seqs = calloc((size_t)N, sizeof *seqs);
     kvp_batch_seq *batch = calloc((size_t)N, sizeof *batch);
     const kvp_evict_cfg **evict = calloc((size_t)N, sizeof *evict);
-    int *who = calloc((size_t)N, sizeof *who);
+    int *who = calloc((size_t)N, sizeof *who), *drawn = calloc((size_t)N, sizeof *drawn);
     float *logits = malloc((size_t)N * V * sizeof *logits);
     size_t plen = strlen(prompt);
     int *tokens = malloc((size_t)(plen + 3) * sizeof *tokens);
@@ -184,11 +215,15 @@ int kvp_cmd_generate(int argc, char **argv)
      * bound), else up to 256 tokens. */
     int evicting = budget > 0 && strcmp(policy_name, "none") != 0;
     int block = (int)(evicting || chunk > 256 ? chunk : 256);
-    if (!seqs || !batch || !evict || !who || !logits || !tokens ||
+    if (!seqs || !batch || !evict || !who || !drawn || !logits || !tokens ||
         kvp_runstate_init(&s, &m.cfg, N * block) || !(have_s = 1)) {
         fprintf(stderr, "kvp generate: out of memory\n");
         goto out;
     }
+    kvp_sample_opts sopts = {.top_k = (int)top_k, .min_p = (float)min_p,
+                             .frequency_penalty = (float)freq_pen,
+                             .presence_penalty = (float)pres_pen,
+                             .repetition_penalty = (float)rep_pen};
     for (int i = 0; i < N; i++) {
         gen_seq *q = &seqs[i];
         uint64_t sd = (uint64_t)seed + (uint64_t)i;
@@ -203,7 +238,8 @@ int kvp_cmd_generate(int argc, char **argv)
         if (!q->out ||
             kvp_cache_init(&q->cache, m.cfg.n_layers, m.cfg.n_kv_heads, m.cfg.head_dim, &m.cfg.rope) ||
             !(q->have_cache = 1) || kvp_cache_convert(&q->cache, (kvp_kv_type)kv_type) ||
-            kvp_sampler_init(&q->smp, V, (float)temperature, (float)top_p, sd) || !(q->have_smp = 1)) {
+            kvp_sampler_init(&q->smp, V, (float)temperature, (float)top_p, sd) || !(q->have_smp = 1) ||
+            kvp_sampler_set_opts(&q->smp, &sopts)) {
             fprintf(stderr, "kvp generate: out of memory\n");
             goto out;
         }
@@ -242,6 +278,11 @@ int kvp_cmd_generate(int argc, char **argv)
             break;
         n_steps++;
         int prefilling = 0;
+        draw_job dj = {seqs, who, batch, n_prompt, drawn};
+        kvp_matmul_enter();
+        kvp_matmul_parallel(nb, draw_item, &dj, (size_t)nb * (size_t)V * sizeof(float),
+                            KVP_MATMUL_MAX_THREADS, 0);
+        kvp_matmul_leave();
         for (int j = 0; j < nb; j++) {
             gen_seq *q = &seqs[who[j]];
             if ((rc = batch[j].rc)) {
@@ -256,7 +297,7 @@ int kvp_cmd_generate(int argc, char **argv)
                     continue;
                 q->prev = tokens[n_prompt - 1];
             }
-            int next = kvp_sample(&q->smp, batch[j].logits);
+            int next = drawn[j];
             int boundary = next == m.tok.bos_id || next == m.tok.eos_id || next == m.tok.eot_id;
             if (boundary && !ignore_eos) {
                 q->done = 1;
@@ -323,6 +364,7 @@ out:
     free(batch);
     free(evict);
     free(who);
+    free(drawn);
     free(logits);
     free(tokens);
     kvp_model_free(&m);

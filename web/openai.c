@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "base/log.h"
+#include "base/parse.h"
 #include "web/conn.h"
 
 typedef struct kvpd_oai {
@@ -22,6 +23,7 @@ typedef struct kvpd_oai {
     char *stops[KVP_HUB_MAX_STOPS];   /* the request's stop strings: the hub's turn ends
                                        * the reply (and the transcript) before one */
     int n_stops;
+    kvp_logit_bias *bias;         /* the request's logit_bias, lent to the hub's call */
     int ended;                    /* the answer is complete: nothing more gets queued */
     int started;                  /* streaming: the 200 headers and the role chunk are queued */
     int headers_sent;
@@ -447,6 +449,65 @@ static int number(kvpd_conn *c, json_t *req, const char *name, double lo, double
     return 0;
 }
 
+/* The sampler's fields beyond temperature and top_p: OpenAI's frequency_penalty,
+ * presence_penalty and logit_bias, and top_k, min_p, repetition_penalty as llama.cpp's
+ * and vLLM's servers take them. -1 after answering. */
+static int sampling(kvpd_conn *c, json_t *req, kvp_sample_opts *so)
+{
+    kvpd_oai *o = c->oai;
+    static const char *const name[] = {"frequency_penalty", "presence_penalty", "min_p",
+                                       "repetition_penalty", "top_k"};
+    static const double lo[] = {-2, -2, 0, 0, 0}, hi[] = {2, 2, 1, 10, 1e9};
+    float *out[] = {&so->frequency_penalty, &so->presence_penalty, &so->min_p,
+                    &so->repetition_penalty};
+    for (int i = 0; i < 5; i++) {
+        int has;
+        double v = 0;
+        if (number(c, req, name[i], lo[i], hi[i], &has, &v) < 0)
+            return -1;
+        if (has && ((i == 3 && v <= 0) || (i == 4 && v != (long)v))) {
+            fail(c, 400, name[i], NULL, i == 3 ? "repetition_penalty must be above 0"
+                                               : "top_k must be an integer");
+            return -1;
+        }
+        if (i < 4)
+            *out[i] = has ? (float)v : 0.0f;
+        else
+            so->top_k = has ? (int)v : 0;
+    }
+    json_t *lb = json_object_get(req, "logit_bias");
+    if (!lb || json_is_null(lb))
+        return 0;
+    if (!json_is_object(lb) || json_object_size(lb) > KVP_SAMPLER_MAX_BIAS) {
+        fail(c, 400, "logit_bias", NULL, "logit_bias must be an object of at most %d token "
+             "ids, each mapped to a number from -100 to 100", KVP_SAMPLER_MAX_BIAS);
+        return -1;
+    }
+    free(o->bias);
+    o->bias = NULL;
+    size_t n = json_object_size(lb);
+    if (n && !(o->bias = malloc(n * sizeof *o->bias))) {
+        fail(c, 500, NULL, NULL, "out of memory");
+        return -1;
+    }
+    const char *key;
+    json_t *v;
+    int k = 0;
+    json_object_foreach(lb, key, v) {
+        long id;
+        if (!kvp_parse_long(key, 0, 1L << 30, &id) || !json_is_number(v) ||
+            json_number_value(v) < -100 || json_number_value(v) > 100) {
+            fail(c, 400, "logit_bias", NULL, "logit_bias: \"%s\" must be a token id mapped "
+                 "to a number from -100 to 100", key);
+            return -1;
+        }
+        o->bias[k++] = (kvp_logit_bias){(int)id, (float)json_number_value(v)};
+    }
+    so->bias = o->bias;
+    so->n_bias = k;
+    return 0;
+}
+
 /* The turn's options and the answer's form from the request. -1 after answering. */
 static int options(kvpd_conn *c, json_t *req, kvp_turn_opts *t)
 {
@@ -481,6 +542,8 @@ static int options(kvpd_conn *c, json_t *req, kvp_turn_opts *t)
     if (number(c, req, "top_p", 0, 1, &t->has_top_p, &v) < 0)
         return -1;
     t->top_p = (float)v;
+    if (sampling(c, req, &t->sampling) < 0)
+        return -1;
     json_t *seed = json_object_get(req, "seed");
     if (seed && !json_is_null(seed)) {
         if (!json_is_integer(seed)) {
@@ -781,6 +844,7 @@ void kvpd_openai_closed(kvpd_conn *c)
         kvp_hub_close(o->client);
     for (int i = 0; i < o->n_stops; i++)
         free(o->stops[i]);
+    free(o->bias);
     free(o->body);
     free(o);
     c->oai = NULL;

@@ -1,7 +1,8 @@
 /* Integration: the OpenAI-compatible API (web/openai.c) over raw HTTP: every error status,
  * malformed and oversized bodies, streaming (chunk order, usage, [DONE]), continuation of
  * a conversation, stop strings, a client that leaves mid-stream (its turn is cancelled),
- * a reader that takes the stream one byte at a time, 32 concurrent streams. */
+ * a reader that takes the stream one byte at a time, 32 concurrent streams, the sampler's
+ * fields (penalties, logit_bias, top_k, min_p) honoured and their bad values refused. */
 #include <arpa/inet.h>
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -124,6 +125,14 @@ Test(openai, every_bad_request_gets_its_status_and_the_daemon_keeps_serving)
     expect_error(&d, NULL, USER("x") ",\"stream\":\"yes\"}", 400, "stream");
     expect_error(&d, NULL, USER("x") ",\"session\":\"not-an-id\"}", 400, "session");
     expect_error(&d, NULL, USER("x") ",\"model\":\"gpt-4o\"}", 404, "model");
+    expect_error(&d, NULL, USER("x") ",\"frequency_penalty\":2.5}", 400, "frequency_penalty");
+    expect_error(&d, NULL, USER("x") ",\"presence_penalty\":-3}", 400, "presence_penalty");
+    expect_error(&d, NULL, USER("x") ",\"repetition_penalty\":0}", 400, "repetition_penalty");
+    expect_error(&d, NULL, USER("x") ",\"min_p\":1.5}", 400, "min_p");
+    expect_error(&d, NULL, USER("x") ",\"top_k\":2.5}", 400, "top_k");
+    expect_error(&d, NULL, USER("x") ",\"logit_bias\":{\"5\":101}}", 400, "logit_bias");
+    expect_error(&d, NULL, USER("x") ",\"logit_bias\":{\"five\":1}}", 400, "logit_bias");
+    expect_error(&d, NULL, USER("x") ",\"logit_bias\":[1]}", 400, "logit_bias");
 
     /* Unknown paths and methods. */
     answer a = request(&d, "POST", "/v1/completions", NULL, "{}");
@@ -338,6 +347,61 @@ Test(openai, a_stop_string_ends_the_reply_before_it)
     cr_assert_str_eq(reply, ", there was a little girl named ");
     cr_assert_str_eq(finish, "stop");
     free(a.raw);
+    cr_assert_eq(kvpd_stop(&d, 10000), 0);
+}
+
+/* The reply's text of a non-streaming request (the caller frees it). */
+static char *reply_of(const kvpd_proc *p, const char *body)
+{
+    answer a = request(p, "POST", "/v1/chat/completions", NULL, body);
+    cr_assert_eq(a.status, 200, "%s -> %s", body, a.raw);
+    json_t *j = json_loads(a.body, 0, NULL);
+    json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
+    const char *text = json_string_value(json_object_get(json_object_get(ch, "message"), "content"));
+    cr_assert(text, "%s", a.body);
+    char *out = strdup(text);
+    json_decref(j);
+    free(a.raw);
+    return out;
+}
+
+static int count_of(const char *s, const char *word)
+{
+    int n = 0;
+    for (const char *p = s; (p = strstr(p, word)); p += strlen(word))
+        n++;
+    return n;
+}
+
+/* Greedy stories260K repeats itself ("play", "She"): frequency_penalty 2 changes the
+ * reply and repeats its most repeated word less; logit_bias -100 on " Lily" (token 317 of
+ * tok512) keeps it out of a reply that has it; an out-of-vocabulary token is a 400 naming
+ * logit_bias; top_k 1 is greedy at any temperature. */
+Test(openai, penalties_and_logit_bias_are_honoured)
+{
+    kvpd_proc d;
+    cr_assert_eq(kvpd_start(&d, NULL), 0);
+    char *plain = reply_of(&d, USER("Once upon a time") ",\"max_tokens\":60}");
+    cr_assert(strstr(plain, " Lily"), "%s", plain);
+    cr_assert_geq(count_of(plain, " play"), 2, "%s", plain);
+    char *pen = reply_of(&d, USER("Once upon a time") ",\"max_tokens\":60,\"frequency_penalty\":2}");
+    cr_expect_str_neq(pen, plain);
+    cr_expect_lt(count_of(pen, " play"), count_of(plain, " play"), "%s\n%s", plain, pen);
+    char *pres = reply_of(&d, USER("Once upon a time") ",\"max_tokens\":60,\"presence_penalty\":2}");
+    cr_expect_str_neq(pres, plain);
+    char *ban = reply_of(&d, USER("Once upon a time") ",\"max_tokens\":60,\"logit_bias\":{\"317\":-100}}");
+    cr_expect(!strstr(ban, " Lily"), "%s", ban);
+    char *k1 = reply_of(&d, USER("Once upon a time") ",\"max_tokens\":60,\"temperature\":1.5,"
+                        "\"top_k\":1,\"seed\":7}");
+    cr_expect_str_eq(k1, plain);
+    /* the next request without the fields is the plain greedy reply again */
+    char *again = reply_of(&d, USER("Once upon a time") ",\"max_tokens\":60}");
+    cr_expect_str_eq(again, plain);
+    expect_error(&d, NULL, USER("x") ",\"logit_bias\":{\"512\":1}}", 400, NULL);
+    answer a = request(&d, "POST", "/v1/chat/completions", NULL, USER("x") ",\"logit_bias\":{\"512\":1}}");
+    cr_expect(strstr(a.body, "logit_bias"), "%s", a.body);
+    free(a.raw);
+    free(plain), free(pen), free(pres), free(ban), free(k1), free(again);
     cr_assert_eq(kvpd_stop(&d, 10000), 0);
 }
 

@@ -117,12 +117,19 @@ static void world_close(world *w, record *r)
     kvp_model_free(&w->model);
 }
 
+/* The temperature of every turn (0: greedy) and, when set, a frequency penalty for the
+ * odd sessions. */
+static float turn_temperature;
+static float turn_penalty;
+
 static void begin(world *w, record *r, int i)
 {
     kvp_session *s = r->sess[i];
     char *text = ht_text(specs[i].words + 9 * r->turn[i]);
-    cr_assert_eq(kvp_session_begin_turn(s, text, strlen(text), specs[i].max_tokens, 0.0f,
-                                        specs[i].budget, kvp_now()), 0);
+    cr_assert_eq(kvp_session_begin_turn(s, text, strlen(text), specs[i].max_tokens,
+                                        turn_temperature, specs[i].budget, kvp_now()), 0);
+    kvp_sample_opts so = {.frequency_penalty = i % 2 ? turn_penalty : 0.0f};
+    cr_assert_eq(kvp_session_turn_sampling(s, &so), 0);
     free(text);
     s->state = KVP_SESSION_TURN;
     (void)w;
@@ -327,4 +334,41 @@ Test(steploop, one_failing_turn_ends_only_itself, .timeout = 120)
     kvp_runstate_free(&rs);
     world_close(&wa, &alone);
     world_close(&wb, &batched);
+}
+
+/* Sampled turns (temperature 0.8, some with a frequency penalty) on a synthetic with a
+ * 70000-token vocabulary, so a step's samplers are worth the matmul pool: the replies of
+ * batched steps with the pool are those with every step on one thread. */
+Test(steploop, samplers_on_the_pool_draw_what_a_serial_step_draws, .timeout = 300)
+{
+    char path[128], cmd[768];
+    snprintf(path, sizeof path, "/tmp/kvp-test-steploop-v-%d.gguf", (int)getpid());
+    snprintf(cmd, sizeof cmd, "%s synth --out %s --dim 64 --hidden 128 --layers 1 --heads 4 "
+             "--kv-heads 2 --vocab 70000 --ctx 512 --seed 5 2>&1", tu_build("tools/kvp"), path);
+    cr_assert_eq(tu_run(cmd, NULL), 0, "%s", cmd);
+    turn_temperature = 0.8f;
+    turn_penalty = 0.7f;
+    world ws, wp;
+    record serial, pooled;
+    kvp_matmul_force_threads(1);
+    world_open(&ws, path, NULL, &serial);
+    run_batched(&ws, &serial, 256);
+    kvp_matmul_force_threads(0);
+    world_open(&wp, path, NULL, &pooled);
+    run_batched(&wp, &pooled, 256);
+    remove(path);
+    cr_assert_eq(serial.errors, 0);
+    cr_assert_eq(pooled.errors, 0);
+    int differ = 0;
+    for (int i = 0; i < N_SESS; i++)
+        for (int k = 0; k < N_TURNS; k++) {
+            cr_assert(serial.reply[i][k] && pooled.reply[i][k]);
+            cr_assert_gt(strlen(serial.reply[i][k]), 0);
+            cr_expect_str_eq(pooled.reply[i][k], serial.reply[i][k], "session %d turn %d", i, k);
+            differ += i && strcmp(serial.reply[i][k], serial.reply[0][0]) != 0;
+        }
+    cr_expect_gt(differ, 0, "the sessions draw their own streams");
+    world_close(&ws, &serial);
+    world_close(&wp, &pooled);
+    turn_temperature = turn_penalty = 0.0f;
 }
