@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "policy/policy.h"
 #include "base/parse.h"
@@ -48,9 +49,9 @@ static const key_def keys[] = {
     {"chunk", T_INT, F(chunk), 1, 4096, KVP_STR(KVP_DEFAULT_CHUNK), "prefill chunk in tokens; a head may exceed the budget by this much", FIXED},
     {"step_tokens", T_INT, F(step_tokens), 1, 65536, "256", "tokens of one batched step, at least chunk: every decoding turn gives one, prefilling turns a chunk each while room is left (the rest wait for the next step)", FIXED},
     {"workers", T_INT, F(workers), 0, 256, "0", "model worker threads (0: one per core): one runs the batched step at a time, the others snapshot loads and saves meanwhile", FIXED},
-    {"state_dir", T_STR, F(state_dir), 0, 0, "", "directory for session state (must be writable when set)", FIXED},
+    {"state_dir", T_STR, F(state_dir), 0, 0, "", "directory for session state (must be writable when set: refused at start otherwise)", FIXED},
     {"state_url", T_STR, F(state_url), 0, 0, "", "redis://HOST[:PORT][/DB]: keep session snapshots in Redis instead, shared by several nodes, with a lease per session (docs/cluster.md; wins over state_dir for snapshots)", FIXED},
-    {"snapshot_ttl", T_INT, F(snapshot_ttl_s), 0, 1 << 30, "604800", "seconds a session's snapshot is kept after its last write (7 days; the directory deletes older ones at start and then every ttl/4, at most hourly; Redis keys expire; 0: forever)", FIXED},
+    {"snapshot_ttl", T_INT, F(snapshot_ttl_s), 0, 1 << 30, "604800", "seconds a session's snapshot is kept after its last write (7 days; the directory deletes older ones at start and then every ttl/4, at most hourly; Redis keys expire; 0: forever; at least idle_timeout)", FIXED},
     {"lease_ms", T_INT, F(lease_ms), 100, 3600000, "10000", "with state_url: a session's lease lasts this long past its last renewal (renewed while a turn runs; released when the client leaves)", FIXED},
     {"node_id", T_STR, F(node_id), 0, 0, "", "with state_url: this node's name in leases, 1..64 of A-Z a-z 0-9 . _ : - (empty: hostname-pid)", FIXED},
     {"admin_token", T_STR, F(admin_token), 0, 0, "", "bearer token required by /admin/* (empty: one is generated at start into admin_token_file)", LIVE},
@@ -276,25 +277,45 @@ int kvpd_config_load_file(kvpd_config *c, const char *path, char *err, size_t er
             rc = -EINVAL;
             break;
         }
-        char *hash = strchr(line, '#');
-        if (hash)
+        /* A '#' before the '=' (or on a line without one) starts a comment. */
+        char *eq = strchr(line, '='), *hash = strchr(line, '#');
+        if (hash && (!eq || hash < eq)) {
             *hash = '\0';
+            eq = NULL;
+        }
         char *s = trim(line);
         if (!*s)
             continue;
-        char *eq = strchr(s, '=');
         if (!eq) {
             snprintf(err, errlen, "%s:%d: expected key = value", path, lineno);
             rc = -EINVAL;
             break;
         }
         *eq = '\0';
-        char *key = trim(s), *val = trim(eq + 1);
-        /* Quotes allow a value with leading spaces or a '#'-free empty string. */
-        size_t vl = strlen(val);
-        if (vl >= 2 && val[0] == '"' && val[vl - 1] == '"') {
-            val[vl - 1] = '\0';
+        char *key = trim(s), *val = eq + 1;
+        while (isspace((unsigned char)*val))
             val++;
+        /* A quoted value is taken whole up to its closing quote ('#' and spaces
+         * included); only blanks or a comment may follow it. Unquoted, '#' starts a
+         * comment. */
+        if (*val == '"') {
+            char *close = strchr(val + 1, '"');
+            char *rest = close ? close + 1 : NULL;
+            while (rest && isspace((unsigned char)*rest))
+                rest++;
+            if (!close || (*rest && *rest != '#')) {
+                snprintf(err, errlen, "%s:%d: %s", path, lineno, close
+                         ? "text after the closing quote (quoted values cannot hold '\"')"
+                         : "no closing quote");
+                rc = -EINVAL;
+                break;
+            }
+            *close = '\0';
+            val++;
+        } else {
+            if ((hash = strchr(val, '#')))
+                *hash = '\0';
+            val = trim(val);
         }
         if ((rc = kvpd_config_set(c, key, val, msg, sizeof msg)) < 0) {
             snprintf(err, errlen, "%s:%d: %s", path, lineno, msg);
@@ -402,6 +423,24 @@ static int check_dir(const char *what, const char *path, char *err, size_t errle
     return 0;
 }
 
+/* The directory takes a new file: one is made and removed again (permissions alone do
+ * not tell, e.g. on a read-only mount). */
+static int check_writable(const char *what, const char *dir, char *err, size_t errlen)
+{
+    char probe[KVPD_PATH_MAX + 32];
+    snprintf(probe, sizeof probe, "%s/.kvpd-write-probe-XXXXXX", dir);
+    int fd = mkstemp(probe);
+    if (fd < 0) {
+        int e = errno;
+        snprintf(err, errlen, "%s: '%s' is not writable (%s); kvpd writes session snapshots "
+                 "there", what, dir, strerror(e));
+        return -e;
+    }
+    close(fd);
+    unlink(probe);
+    return 0;
+}
+
 int kvpd_config_validate(const kvpd_config *c, char *err, size_t errlen)
 {
     if (!c->model[0]) {
@@ -425,8 +464,16 @@ int kvpd_config_validate(const kvpd_config *c, char *err, size_t errlen)
     }
     if (c->state_dir[0]) {
         int rc = check_dir("state_dir", c->state_dir, err, errlen);
-        if (rc < 0)
+        if (rc < 0 || (rc = check_writable("state_dir", c->state_dir, err, errlen)) < 0)
             return rc;
+    }
+    /* Expiry must not reach a session before its idle timeout has parked it: a snapshot
+     * younger than idle_timeout may be the only copy of a resident session's turns. */
+    if (c->snapshot_ttl_s && c->snapshot_ttl_s < c->idle_timeout_s) {
+        snprintf(err, errlen, "snapshot_ttl (%d s) is below idle_timeout (%d s): snapshots of "
+                 "sessions still in memory would expire; raise snapshot_ttl or set it to 0",
+                 c->snapshot_ttl_s, c->idle_timeout_s);
+        return -EINVAL;
     }
     if (c->state_url[0]) {
         kvp_redis_url u;
