@@ -1,4 +1,5 @@
 /* kvpd configuration: one table of keys drives the file parser, the flags and --help. */
+#include "base/fileio.h"
 #include "config/config.h"
 
 #include <assert.h>
@@ -262,10 +263,10 @@ static char *trim(char *s)
 
 int kvpd_config_load_file(kvpd_config *c, const char *path, char *err, size_t errlen)
 {
-    FILE *f = fopen(path, "r");
+    FILE *f = kvp_fopen_input(path);
     if (!f) {
         int e = errno;
-        snprintf(err, errlen, "%s: %s", path, strerror(e));
+        snprintf(err, errlen, "%s: %s", path, kvp_fileio_strerror(-e));
         return -e;
     }
     char line[2048], msg[256];

@@ -1,3 +1,4 @@
+#include "base/fileio.h"
 #include "policy/kvp_agent.h"
 
 #include "base/bytes.h"
@@ -797,10 +798,10 @@ int kvp_agent_set_load(kvp_agent_set *s, const char *path, const kvp_model_confi
                        char *err, size_t errlen)
 {
     memset(s, 0, sizeof *s);
-    FILE *f = fopen(path, "rb");
+    FILE *f = kvp_fopen_input(path);
     if (!f) {
         int rc = -errno;
-        kvp_errorf(err, errlen, 0, "%s: cannot open: %s", path, strerror(errno));
+        kvp_errorf(err, errlen, 0, "%s: cannot open: %s", path, kvp_fileio_strerror(rc));
         return rc;
     }
     int rc;

@@ -83,15 +83,10 @@ static int sys_err(const char *what, const char *path, char *err, size_t errlen)
 int kvp_snapshot_hash_file(const char *path, uint64_t max_bytes, uint64_t *hash,
                            char *err, size_t errlen)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return sys_err("open", path, err, errlen);
     struct stat st;
-    if (fstat(fd, &st) < 0) {
-        int rc = sys_err("stat", path, err, errlen);
-        close(fd);
-        return rc;
-    }
+    int fd = kvp_open_input(path, &st);   /* a FIFO in its place must not block */
+    if (fd < 0)
+        return sys_fail(fd, "open", path, err, errlen);
     unsigned char size_le[8];
     kvp_put_u64(size_le, (uint64_t)st.st_size);
     uint64_t h = kvp_fnv1a(KVP_FNV1A_INIT, size_le, 8);

@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/fileio.h"
 #include "base/log.h"
 #include "web/conn.h"
 
@@ -159,14 +160,13 @@ int kvpd_admin_token_init(kvpd_web *w, char *err, size_t errlen)
         return 0;
     }
     /* Only this user may read it: created 0600, never through a link, never someone
-     * else's file. */
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC,
-                  0600);
+     * else's file; an existing file is emptied only once it passed those checks. */
     struct stat st;
-    int rc = fd < 0 ? -errno : 0;
-    if (!rc && (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid()))
+    int fd = kvp_open_regular(path, O_WRONLY | O_CREAT, &st);
+    int rc = fd == KVP_E_NOT_REGULAR ? -EPERM : fd < 0 ? fd : 0;
+    if (!rc && st.st_uid != geteuid())
         rc = -EPERM;
-    if (!rc && fchmod(fd, 0600) < 0)
+    if (!rc && (fchmod(fd, 0600) < 0 || ftruncate(fd, 0) < 0))
         rc = -errno;
     char line[40];
     int n = snprintf(line, sizeof line, "%s\n", w->admin_token_generated);
