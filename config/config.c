@@ -74,7 +74,7 @@ static const key_def keys[] = {
     {"shutdown_timeout_ms", T_INT, F(shutdown_timeout_ms), 0, 600000, "5000", "grace period for in-flight turns and snapshots on SIGTERM", LIVE},
     {"temperature", T_FLOAT, F(temperature), 0, 10, "0.8", "sampling temperature when a message gives none (0: greedy)", FIXED},
     {"top_p", T_FLOAT, F(top_p), 0.01, 1, "0.9", "nucleus sampling (1: off)", FIXED},
-    {"seed", T_U64, F(seed), 0, 0, "42", "sampler seed (each session derives its own)", FIXED},
+    {"seed", T_U64, F(seed), 0, 0, "42", "mixed into each session's sampler seed, which comes from getrandom (unpredictable per session; a request's own seed makes its turn reproducible)", FIXED},
     {"chat_template", T_STR, F(chat_template), 0, 0, "", "chat template family: chatml, llama3, llama2, mistral, zephyr, phi3, gemma or plain (empty: detected from the model's tokenizer.chat_template)", FIXED},
     {"reuse_cache", T_BOOL, F(reuse_cache), 0, 1, "true", "keep each session's KV cache across turns (false: re-prefill, for benchmarks)", FIXED},
 };
