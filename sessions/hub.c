@@ -616,6 +616,7 @@ static kvp_hub_client *job_ended(kvp_hub *h, kvp_session *s)
     } else if (s->save_rc > 0) {
         m->snapshots_written++;
         s->save_failed = 0;
+        s->save_retries = 0;
         kvpd_hist_observe(&m->snapshot_write, s->save_ms / 1e3);
         kvpd_hist_observe(&m->snapshot_bytes, (double)s->save_bytes);
     }
@@ -733,10 +734,15 @@ static void on_job(kvp_hub *h, kvp_session *s, const kvpd_event *ev)
             leave(to);
         else if (to)
             emit_session(to, 1);
-    } else {   /* a save job (shutdown): its outcome decides the session's durability */
+    } else {   /* a save job (a retry, or shutdown): its outcome decides durability */
         s->save_failed = ev->code < 0;
         if (ev->code < 0)
             kvpd_log("warning", "session %.8s: %s", s->id, ev->text);
+        else if (s->save_retries)
+            kvpd_log("info", "session %.8s: its snapshot was written on retry %d", s->id,
+                     s->save_retries);
+        if (ev->code >= 0)
+            s->save_retries = 0;
     }
     free(want);
 }
@@ -875,6 +881,29 @@ void kvp_hub_set_policy(kvp_hub *h, kvp_policy_conf *pc)
     h->pconf = kvp_policy_conf_ref(pc);
 }
 
+static void submit_save(kvp_hub *h, kvp_session *s)
+{
+    kvp_session_begin_job(s);
+    submit(h, s, KVP_SESSION_SAVE, 0);
+}
+
+/* A session whose snapshot write failed (a full or failing disk) is written again, 1 s
+ * after the failure, then 2, 4 ... up to 60 s apart, until a write succeeds: the node
+ * recovers (/healthz, parking) once the store takes writes again. Not with a shared
+ * store: a write there must hold the session's lease, which only a turn or a load takes. */
+static int retry_save(kvp_hub *h, kvp_session *s, double now)
+{
+    if (!s->save_failed || s->state != KVP_SESSION_IDLE || h->draining ||
+        kvp_store_has_leases(h->env.store) || now < s->save_retry_at)
+        return 0;
+    int shift = s->save_retries < 6 ? s->save_retries : 6;
+    double wait = (double)(1 << shift);
+    s->save_retry_at = now + (wait > 60 ? 60 : wait);
+    s->save_retries++;
+    submit_save(h, s);
+    return 1;
+}
+
 void kvp_hub_expire(kvp_hub *h, double now)
 {
     double timeout = h->cfg->idle_timeout_s;
@@ -882,7 +911,7 @@ void kvp_hub_expire(kvp_hub *h, double now)
     while (s) {
         kvp_session *next = s->next;
         double idle = now - s->last_active;
-        if (kvp_session_busy(s)) {
+        if (kvp_session_busy(s) || retry_save(h, s, now)) {
             /* its job's end decides */
         } else if (!s->client && never_used(s)) {
             drop(h, s);
@@ -936,8 +965,7 @@ int kvp_hub_save_unsaved(kvp_hub *h)
         return 0;
     for (kvp_session *s = h->sessions.resident_head; s; s = s->rnext)
         if (s->state == KVP_SESSION_IDLE && !s->saved && (s->n_msgs > 0 || s->has_snapshot)) {
-            kvp_session_begin_job(s);
-            submit(h, s, KVP_SESSION_SAVE, 0);
+            submit_save(h, s);
             n++;
         }
     return n;

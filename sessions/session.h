@@ -135,6 +135,8 @@ typedef struct kvp_session {
     int need_restore;                /* the job reads the snapshot first */
     int has_snapshot;                /* a snapshot of this session exists */
     int save_failed;                 /* its last snapshot write failed: not on disk (loop) */
+    int save_retries;                /* loop: writes retried since the last that succeeded */
+    double save_retry_at;            /* loop: when the next retry may start (kvp_now) */
     int saved;                       /* the snapshot matches memory */
     int save_rc;                     /* last job: 1 written, 0 none, < 0 failed (save_err) */
     int lost;                        /* the snapshot is gone or was bad: session lost */
