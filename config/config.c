@@ -1,5 +1,4 @@
 /* kvpd configuration: one table of keys drives the file parser, the flags and --help. */
-#include "base/fileio.h"
 #include "config/config.h"
 
 #include <assert.h>
@@ -12,6 +11,7 @@
 #include <unistd.h>
 
 #include "policy/policy.h"
+#include "base/fileio.h"
 #include "base/parse.h"
 #include "generate/generate.h"
 #include "model/template.h"
@@ -62,7 +62,8 @@ static const key_def keys[] = {
     {"static_dir", T_STR, F(static_dir), 0, 0, KVPD_DATA_DIR "/web/static", "directory of the chat page", FIXED},
     {"max_sessions", T_INT, F(max_sessions), 1, 1 << 20, "64", "sessions resident in memory at once (parked ones do not count)", LIVE},
     {"max_cache_bytes", T_BYTES, F(max_cache_bytes), 0, 0, "0", "KV cache bytes of all resident sessions (k/M/G suffixes; 0: no cap)", LIVE},
-    {"api_key", T_STR, F(api_key), 0, 0, "", "bearer token the OpenAI-compatible API (/v1/*) requires (empty: none)", LIVE},
+    {"api_key", T_STR, F(api_key), 0, 0, "", "comma-separated bearer tokens, one per tenant, that every model endpoint (/v1/* and the /chat websocket) requires; a session belongs to the key that made it (empty, and no api_key_file: open, one tenant)", LIVE},
+    {"api_key_file", T_STR, F(api_key_file), 0, 0, "", "file of more API keys, one per line ('#' lines skipped), read at start and on SIGHUP", LIVE},
     {"max_body_bytes", T_INT, F(max_body_bytes), 1024, 1 << 26, "1048576", "largest HTTP request body accepted (/v1/chat/completions); larger ones are answered 413", LIVE},
     {"max_message_bytes", T_INT, F(max_message_bytes), 64, 1 << 24, "16384", "largest websocket message accepted", LIVE},
     {"max_tokens", T_INT, F(max_tokens), 1, 1 << 20, "256", "largest reply in tokens (and the default)", LIVE},
@@ -491,6 +492,67 @@ int kvpd_config_validate(const kvpd_config *c, char *err, size_t errlen)
     return check_dir("static_dir", c->static_dir, err, errlen);
 }
 
+static int add_key(kvpd_config *c, const char *k, size_t n, const char *where, char *err,
+                   size_t errlen)
+{
+    int ok = n >= 1 && n <= KVPD_API_KEY_MAX;
+    for (size_t i = 0; ok && i < n; i++)
+        ok = k[i] > ' ' && k[i] < 127 && k[i] != ',';
+    if (!ok) {
+        snprintf(err, errlen, "%s: an API key is 1 to %d printable characters without spaces "
+                 "or commas", where, KVPD_API_KEY_MAX);
+        return -EINVAL;
+    }
+    if (c->n_api_keys >= KVPD_API_KEYS_MAX) {
+        snprintf(err, errlen, "%s: more than %d API keys", where, KVPD_API_KEYS_MAX);
+        return -EINVAL;
+    }
+    memcpy(c->api_keys[c->n_api_keys], k, n);
+    c->api_keys[c->n_api_keys++][n] = '\0';
+    return 0;
+}
+
+int kvpd_config_load_keys(kvpd_config *c, char *err, size_t errlen)
+{
+    c->n_api_keys = 0;
+    int rc = 0;
+    for (const char *p = c->api_key; *p && rc == 0;) {
+        const char *end = strchr(p, ',');
+        size_t n = end ? (size_t)(end - p) : strlen(p);
+        const char *a = p, *b = p + n;
+        while (a < b && isspace((unsigned char)*a))
+            a++;
+        while (b > a && isspace((unsigned char)b[-1]))
+            b--;
+        rc = add_key(c, a, (size_t)(b - a), "api_key", err, errlen);
+        p = end ? end + 1 : p + n;
+    }
+    if (rc < 0 || !c->api_key_file[0])
+        return rc;
+    FILE *f = kvp_fopen_input(c->api_key_file);
+    if (!f) {
+        int e = errno;
+        snprintf(err, errlen, "api_key_file %s: %s", c->api_key_file, kvp_fileio_strerror(-e));
+        return -EINVAL;
+    }
+    char line[KVPD_API_KEY_MAX + 8], where[KVPD_PATH_MAX + 32];
+    int lineno = 0;
+    while (rc == 0 && fgets(line, sizeof line, f)) {
+        lineno++;
+        snprintf(where, sizeof where, "%s:%d", c->api_key_file, lineno);
+        if (!strchr(line, '\n') && !feof(f)) {
+            snprintf(err, errlen, "%s: line too long", where);
+            rc = -EINVAL;
+            break;
+        }
+        char *k = trim(line);
+        if (*k && *k != '#')
+            rc = add_key(c, k, strlen(k), where, err, errlen);
+    }
+    fclose(f);
+    return rc;
+}
+
 void kvpd_config_usage(FILE *f)
 {
     fprintf(f,
@@ -535,6 +597,8 @@ void kvpd_config_apply_live(kvpd_config *cur, const kvpd_config *next, char *fix
                             size_t fixed_len)
 {
     size_t used = 0;
+    memcpy(cur->api_keys, next->api_keys, sizeof cur->api_keys);   /* from live keys */
+    cur->n_api_keys = next->n_api_keys;
     fixed[0] = '\0';
     for (size_t i = 0; i < N_KEYS; i++) {
         const key_def *k = &keys[i];

@@ -130,6 +130,18 @@ kvp_hub_client *kvp_hub_client_new(kvp_hub *h, kvp_hub_sink sink, void *ctx)
     return c;
 }
 
+void kvp_hub_client_set_tenant(kvp_hub_client *c, const char *tenant)
+{
+    snprintf(c->tenant, sizeof c->tenant, "%s", tenant);
+}
+
+/* The session belongs to the client's tenant (a session still to be read from disk is
+ * checked once its snapshot says whose it is). */
+static int same_tenant(const kvp_hub_client *c, const kvp_session *s)
+{
+    return !strcmp(c->tenant, s->tenant);
+}
+
 /* The system text a hello or a request gives may be stored. */
 static int system_ok(kvp_hub_client *c, size_t len)
 {
@@ -201,6 +213,7 @@ static int new_session(kvp_hub_client *c, const char *system, size_t system_len)
     }
     c->created++;
     s->creator = c->serial;
+    snprintf(s->tenant, sizeof s->tenant, "%s", c->tenant);
     h->m->sessions_created++;
     attach(c, s);
     emit_session(c, 0);
@@ -292,6 +305,11 @@ void kvp_hub_open(kvp_hub_client *c, const char *id, const char *system, size_t 
         return;
     }
     kvp_session *s = kvp_session_find(&h->sessions, id);
+    /* (one named before a restart and not read yet has no tenant yet: its load checks) */
+    if (s && !(s->need_restore && !s->has_snapshot) && !same_tenant(c, s)) {
+        emit_error(c, KVPD_E_UNKNOWN_SESSION, "no such session (expired or never existed)");
+        return;
+    }
     if (s && s->client && s->client != c && kvp_session_busy(s)) {
         /* The connection whose job runs keeps the session and gets its answer. */
         emit_error(c, KVPD_E_BUSY, s->state == KVP_SESSION_LOAD
@@ -392,10 +410,11 @@ void kvp_hub_message(kvp_hub_client *c, const char *text, size_t len, int max_to
  * (max_history_tokens) are known by the hash alone: such a session is continued only when
  * the request names it (`named`: its id is the key to the conversation); an anonymous
  * request whose history reaches into them starts a new session instead. */
-static int continues(const kvp_session *s, int named, uint64_t hash, const char *system,
-                     size_t system_len, const kvp_message *msgs, int n)
+static int continues(const kvp_hub_client *c, const kvp_session *s, int named, uint64_t hash,
+                     const char *system, size_t system_len, const kvp_message *msgs, int n)
 {
-    if (kvp_session_busy(s) || s->transcript_hash != hash || s->transcript_msgs != n ||
+    if (kvp_session_busy(s) || !same_tenant(c, s) || s->transcript_hash != hash ||
+        s->transcript_msgs != n ||
         (s->transcript_dropped && !named) || !same_system(s, system, system_len))
         return 0;
     if (s->state == KVP_SESSION_PARKED)
@@ -505,7 +524,8 @@ void kvp_hub_chat(kvp_hub_client *c, const char *id, const char *system, size_t 
         return;
     leave(c);
     int prefix = n - 1;
-    uint64_t hash = kvp_session_transcript_hash(system, system_len, msgs, prefix);
+    uint64_t hash = kvp_session_transcript_hash(system, system_len, msgs, prefix) ^
+                    kvp_tenant_mix(c->tenant);
     kvp_session *s = NULL;
     const char *disk = NULL;   /* a session it extends that is only on disk */
     kvp_session *stale = NULL; /* ... or in memory here, but maybe moved on elsewhere */
@@ -513,7 +533,7 @@ void kvp_hub_chat(kvp_hub_client *c, const char *id, const char *system, size_t 
     if (prefix > 0 && id && id[0]) {   /* the named session first */
         kvp_session *t = kvp_session_find(&h->sessions, id);
         const kvp_transcript_entry *e = t ? NULL : kvp_transcripts_get(&h->transcripts, id);
-        if (t && continues(t, 1, hash, system, system_len, msgs, prefix))
+        if (t && continues(c, t, 1, hash, system, system_len, msgs, prefix))
             s = t;
         else if (e && e->hash == hash && e->n_msgs == prefix && h->env.store)
             disk = e->id;
@@ -532,7 +552,7 @@ void kvp_hub_chat(kvp_hub_client *c, const char *id, const char *system, size_t 
              ? kvp_transcripts_next(&h->transcripts, hash, prefix, NULL) : NULL;
          e && !s; e = kvp_transcripts_next(&h->transcripts, hash, prefix, e)) {
         kvp_session *t = kvp_session_find(&h->sessions, e->id);
-        if (t && continues(t, 0, hash, system, system_len, msgs, prefix))
+        if (t && continues(c, t, 0, hash, system, system_len, msgs, prefix))
             s = t;
         else if (!t && !disk && h->env.store)
             disk = e->id;
@@ -622,7 +642,7 @@ static kvp_hub_client *job_ended(kvp_hub *h, kvp_session *s)
     }
     s->save_rc = 0;
     s->turns = s->turns_done;
-    s->transcript_hash = kvp_session_hash(s);
+    s->transcript_hash = kvp_session_index_hash(s);
     s->transcript_msgs = s->hist_msgs + s->n_msgs;
     s->transcript_dropped = s->hist_msgs;
     if (s->transcript_msgs > 0 && kvp_transcripts_put(&h->transcripts, s->id, s->transcript_hash,
@@ -694,7 +714,7 @@ static void chat_loaded(kvp_hub *h, kvp_session *s, kvp_hub_client *c, const kvp
         else
             restore_failed(h, s, NULL, ev->text);
         leave(c);   /* still attached when it was parked again */
-    } else if (continues(s, p->named, p->hash, p->system, p->system_len, p->msgs, p->n - 1)) {
+    } else if (continues(c, s, p->named, p->hash, p->system, p->system_len, p->msgs, p->n - 1)) {
         kvpd_log("info", "session %.8s: loaded from its snapshot for a request that extends it",
                  s->id);
         use = s;
@@ -730,7 +750,10 @@ static void on_job(kvp_hub *h, kvp_session *s, const kvpd_event *ev)
         if (read)   /* (a shared store's session in memory and current is not read) */
             kvpd_log("info", "session %.8s: loaded from its snapshot (%d turns)", s->id,
                      s->turns);
-        if (check && !system_matches(to, s, want ? want : "", want_len))
+        if (to && !same_tenant(to, s)) {   /* another tenant's: as if it did not exist */
+            emit_error(to, KVPD_E_UNKNOWN_SESSION, "no such session (expired or never existed)");
+            leave(to);
+        } else if (check && !system_matches(to, s, want ? want : "", want_len))
             leave(to);
         else if (to)
             emit_session(to, 1);

@@ -412,6 +412,16 @@ uint64_t kvp_session_hash(const kvp_session *s)
     return kvp_session_transcript_hash_more(hash_before_kept(s), s->msgs, s->n_msgs);
 }
 
+uint64_t kvp_tenant_mix(const char *tenant)
+{
+    return tenant[0] ? kvp_fnv1a(KVP_FNV1A_INIT, tenant, strlen(tenant)) : 0;
+}
+
+uint64_t kvp_session_index_hash(const kvp_session *s)
+{
+    return kvp_session_hash(s) ^ kvp_tenant_mix(s->tenant);
+}
+
 uint64_t kvp_session_transcript_hash_more(uint64_t h, const kvp_message *msgs, int n)
 {
     for (int i = 0; i < n; i++) {
