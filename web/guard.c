@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/checksum.h"
 #include "base/fileio.h"
 #include "base/log.h"
 #include "web/conn.h"
@@ -130,6 +131,24 @@ const char *kvpd_guard_upgrade(kvpd_web *w, struct lws *wsi)
     if (lws_hdr_copy(wsi, v, sizeof v, WSI_TOKEN_VERSION) <= 0 || strcmp(v, "13"))
         return "Sec-WebSocket-Version must be 13 (RFC 6455)\n";
     return NULL;
+}
+
+int kvpd_api_tenant(const kvpd_web *w, struct lws *wsi, char *tenant)
+{
+    tenant[0] = '\0';
+    const kvpd_config *cfg = w->cfg;
+    if (!cfg->n_api_keys)
+        return 1;
+    int found = -1;
+    for (int i = 0; i < cfg->n_api_keys; i++)   /* every key compared: no early exit */
+        if (kvpd_bearer_is(wsi, cfg->api_keys[i]) && found < 0)
+            found = i;
+    if (found < 0)
+        return 0;
+    const char *k = cfg->api_keys[found];
+    snprintf(tenant, KVP_TENANT_LEN + 1, "%016llx",
+             (unsigned long long)kvp_fnv1a(KVP_FNV1A_INIT, k, strlen(k)));
+    return 1;
 }
 
 const char *kvpd_admin_token(const kvpd_web *w)

@@ -591,6 +591,7 @@ static void chat_completions(kvpd_conn *c)
         fail(c, 500, NULL, NULL, "out of memory");
         goto out;
     }
+    kvp_hub_client_set_tenant(o->client, c->tenant);
     o->close = o->stream;   /* a stream's end is the connection's */
     kvp_hub_chat(o->client, sid, system, system_len, msgs, n, &t);
 out:
@@ -613,7 +614,7 @@ static void route(kvpd_conn *c, const char *uri, int post)
 {
     kvpd_oai *o = c->oai;
     kvpd_web *w = c->w;
-    if (w->cfg->api_key[0] && !kvpd_http_bearer_ok(c, w->cfg->api_key)) {
+    if (!kvpd_api_tenant(w, c->wsi, c->tenant)) {
         fail(c, 401, NULL, "invalid_api_key", "a valid API key is required "
              "(Authorization: Bearer <api_key>)");
         return;

@@ -85,14 +85,45 @@ static void keep_alive(kvpd_conn *c)
     lws_set_timeout(c->wsi, secs ? PENDING_TIMEOUT_USER_OK : NO_PENDING_TIMEOUT, secs);
 }
 
+/* Writes a close frame with code 1002 and why (under 100 bytes) itself: lws 4.1 has no
+ * write of a close, and closes without the reason set from a writeable callback. */
+static void close_1002(struct lws *wsi, const char *why)
+{
+    size_t n = strlen(why);
+    unsigned char buf[LWS_PRE + 4 + 100], *f = buf + LWS_PRE;
+    f[0] = 0x88;   /* FIN, close */
+    f[1] = (unsigned char)(2 + n);
+    f[2] = LWS_CLOSE_STATUS_PROTOCOL_ERR >> 8;
+    f[3] = LWS_CLOSE_STATUS_PROTOCOL_ERR & 0xff;
+    memcpy(f + 4, why, n);
+    lws_write(wsi, f, 4 + n, LWS_WRITE_RAW);
+}
+
 /* A client frame was unmasked (web/wsguard.c): fail the connection, code 1002. */
-static int unmasked(struct lws *wsi)
+static int unmasked(struct lws *wsi, int writeable)
 {
     if (!kvpd_wsguard_failed(lws_get_socket_fd(wsi)))
         return 0;
     static const char why[] = "unmasked client frame";
-    lws_close_reason(wsi, LWS_CLOSE_STATUS_PROTOCOL_ERR, (unsigned char *)why, sizeof why - 1);
+    if (writeable)
+        close_1002(wsi, why);
+    else
+        lws_close_reason(wsi, LWS_CLOSE_STATUS_PROTOCOL_ERR, (unsigned char *)why,
+                         sizeof why - 1);
     return 1;
+}
+
+/* A client's close frame payload: empty, or a code a peer may send (RFC 6455 7.4)
+ * and a reason. */
+static int close_code_valid(const unsigned char *p, size_t len)
+{
+    if (len == 0)
+        return 1;
+    if (len < 2)
+        return 0;
+    int code = p[0] << 8 | p[1];
+    return (code >= 1000 && code <= 1003) || (code >= 1007 && code <= 1014) ||
+           (code >= 3000 && code <= 4999);
 }
 
 static int uri_is(struct lws *wsi, const char *want)
@@ -120,6 +151,9 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
         const char *why = uri_is(wsi, "/chat") ? kvpd_guard_upgrade(w, wsi) : "not /chat";
         if (!why)
             why = kvpd_chat_session_arg(wsi, sid);
+        char tenant[KVP_TENANT_LEN + 1];
+        if (!why && !kvpd_api_tenant(w, wsi, tenant))
+            why = "no valid API key (Authorization: Bearer <api_key> on the upgrade)";
         if (why)
             kvpd_log("info", "websocket upgrade refused: %s", why);
         return why != NULL;
@@ -137,19 +171,26 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
         c->w = w;
         c->is_ws = 1;
         kvpd_chat_session_arg(wsi, c->session_arg);   /* checked at the upgrade */
+        kvpd_api_tenant(w, wsi, c->tenant);           /* the key too */
         w->metrics->connections++;
         keep_alive(c);
         return 0;
     case LWS_CALLBACK_RECEIVE:
-        if (unmasked(wsi))
+        if (unmasked(wsi, 0))
             return -1;
         keep_alive(c);
         return kvpd_chat_receive(c, in, len);
     case LWS_CALLBACK_SERVER_WRITEABLE:
-        if (unmasked(wsi))
+        if (unmasked(wsi, 1))
             return -1;
         keep_alive(c);
         return ws_writeable(c);
+    case LWS_CALLBACK_WS_PEER_INITIATED_CLOSE:
+        /* lws echoes the client's close; an invalid code is answered 1002 instead */
+        if (close_code_valid(in, len))
+            return 0;
+        close_1002(wsi, "invalid close code");
+        return 1;
     case LWS_CALLBACK_CLOSED:
         kvpd_chat_closed(c);
         return 0;
