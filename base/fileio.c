@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <string.h>
 #include <unistd.h>
 
 int kvp_open_regular(const char *path, int flags, struct stat *st)
@@ -19,6 +20,52 @@ int kvp_open_regular(const char *path, int flags, struct stat *st)
         return KVP_E_NOT_REGULAR;
     }
     return fd;
+}
+
+int kvp_open_input(const char *path, struct stat *st)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0)
+        return -errno;
+    if (fstat(fd, st) < 0) {
+        int e = errno;
+        close(fd);
+        return -e;
+    }
+    if (!S_ISREG(st->st_mode)) {
+        close(fd);
+        return KVP_E_NOT_REGULAR;
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0) {
+        int e = errno;
+        close(fd);
+        return -e;
+    }
+    return fd;
+}
+
+FILE *kvp_fopen_input(const char *path)
+{
+    struct stat st;
+    int fd = kvp_open_input(path, &st);
+    if (fd < 0) {
+        errno = -fd;
+        return NULL;
+    }
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        int e = errno;
+        close(fd);
+        errno = e;
+    }
+    return f;
+}
+
+const char *kvp_fileio_strerror(int rc)
+{
+    return rc == KVP_E_NOT_REGULAR ? "not a regular file (a FIFO, device or directory?)"
+                                   : strerror(-rc);
 }
 
 int kvp_write_all(int fd, const void *buf, size_t n)

@@ -8,8 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "policy/policy.h"
+#include "base/fileio.h"
 #include "base/parse.h"
 #include "generate/generate.h"
 #include "model/template.h"
@@ -48,9 +50,9 @@ static const key_def keys[] = {
     {"chunk", T_INT, F(chunk), 1, 4096, KVP_STR(KVP_DEFAULT_CHUNK), "prefill chunk in tokens; a head may exceed the budget by this much", FIXED},
     {"step_tokens", T_INT, F(step_tokens), 1, 65536, "256", "tokens of one batched step, at least chunk: every decoding turn gives one, prefilling turns a chunk each while room is left (the rest wait for the next step)", FIXED},
     {"workers", T_INT, F(workers), 0, 256, "0", "model worker threads (0: one per core): one runs the batched step at a time, the others the jobs that wait on I/O meanwhile (snapshot loads and saves, each turn's start and end-of-turn snapshot)", FIXED},
-    {"state_dir", T_STR, F(state_dir), 0, 0, "", "directory for session state (must be writable when set)", FIXED},
+    {"state_dir", T_STR, F(state_dir), 0, 0, "", "directory for session state (must be writable when set: refused at start otherwise)", FIXED},
     {"state_url", T_STR, F(state_url), 0, 0, "", "redis://HOST[:PORT][/DB]: keep session snapshots in Redis instead, shared by several nodes, with a lease per session (docs/cluster.md; wins over state_dir for snapshots)", FIXED},
-    {"snapshot_ttl", T_INT, F(snapshot_ttl_s), 0, 1 << 30, "604800", "seconds a session's snapshot is kept after its last write (7 days; the directory deletes older ones at start and then every ttl/4, at most hourly; Redis keys expire; 0: forever)", FIXED},
+    {"snapshot_ttl", T_INT, F(snapshot_ttl_s), 0, 1 << 30, "604800", "seconds a session's snapshot is kept after its last write (7 days; the directory deletes older ones at start and then every ttl/4, at most hourly; Redis keys expire; 0: forever; at least idle_timeout)", FIXED},
     {"lease_ms", T_INT, F(lease_ms), 100, 3600000, "10000", "with state_url: a session's lease lasts this long past its last renewal (renewed while a turn runs; released when the client leaves)", FIXED},
     {"node_id", T_STR, F(node_id), 0, 0, "", "with state_url: this node's name in leases, 1..64 of A-Z a-z 0-9 . _ : - (empty: hostname-pid)", FIXED},
     {"admin_token", T_STR, F(admin_token), 0, 0, "", "bearer token required by /admin/* (empty: one is generated at start into admin_token_file)", LIVE},
@@ -60,7 +62,8 @@ static const key_def keys[] = {
     {"static_dir", T_STR, F(static_dir), 0, 0, KVPD_DATA_DIR "/web/static", "directory of the chat page", FIXED},
     {"max_sessions", T_INT, F(max_sessions), 1, 1 << 20, "64", "sessions resident in memory at once (parked ones do not count)", LIVE},
     {"max_cache_bytes", T_BYTES, F(max_cache_bytes), 0, 0, "0", "KV cache bytes of all resident sessions (k/M/G suffixes; 0: no cap)", LIVE},
-    {"api_key", T_STR, F(api_key), 0, 0, "", "bearer token the OpenAI-compatible API (/v1/*) requires (empty: none)", LIVE},
+    {"api_key", T_STR, F(api_key), 0, 0, "", "comma-separated bearer tokens, one per tenant, that every model endpoint (/v1/* and the /chat websocket) requires; a session belongs to the key that made it (empty, and no api_key_file: open, one tenant)", LIVE},
+    {"api_key_file", T_STR, F(api_key_file), 0, 0, "", "file of more API keys, one per line ('#' lines skipped), read at start and on SIGHUP", LIVE},
     {"max_body_bytes", T_INT, F(max_body_bytes), 1024, 1 << 26, "1048576", "largest HTTP request body accepted (/v1/chat/completions); larger ones are answered 413", LIVE},
     {"max_message_bytes", T_INT, F(max_message_bytes), 64, 1 << 24, "16384", "largest websocket message accepted", LIVE},
     {"max_tokens", T_INT, F(max_tokens), 1, 1 << 20, "256", "largest reply in tokens (and the default)", LIVE},
@@ -72,7 +75,7 @@ static const key_def keys[] = {
     {"shutdown_timeout_ms", T_INT, F(shutdown_timeout_ms), 0, 600000, "5000", "grace period for in-flight turns and snapshots on SIGTERM", LIVE},
     {"temperature", T_FLOAT, F(temperature), 0, 10, "0.8", "sampling temperature when a message gives none (0: greedy)", FIXED},
     {"top_p", T_FLOAT, F(top_p), 0.01, 1, "0.9", "nucleus sampling (1: off)", FIXED},
-    {"seed", T_U64, F(seed), 0, 0, "42", "sampler seed (each session derives its own)", FIXED},
+    {"seed", T_U64, F(seed), 0, 0, "42", "mixed into each session's sampler seed, which comes from getrandom (unpredictable per session; a request's own seed makes its turn reproducible)", FIXED},
     {"chat_template", T_STR, F(chat_template), 0, 0, "", "chat template family: chatml, llama3, llama2, mistral, zephyr, phi3, gemma or plain (empty: detected from the model's tokenizer.chat_template)", FIXED},
     {"reuse_cache", T_BOOL, F(reuse_cache), 0, 1, "true", "keep each session's KV cache across turns (false: re-prefill, for benchmarks)", FIXED},
 };
@@ -261,10 +264,10 @@ static char *trim(char *s)
 
 int kvpd_config_load_file(kvpd_config *c, const char *path, char *err, size_t errlen)
 {
-    FILE *f = fopen(path, "r");
+    FILE *f = kvp_fopen_input(path);
     if (!f) {
         int e = errno;
-        snprintf(err, errlen, "%s: %s", path, strerror(e));
+        snprintf(err, errlen, "%s: %s", path, kvp_fileio_strerror(-e));
         return -e;
     }
     char line[2048], msg[256];
@@ -276,25 +279,45 @@ int kvpd_config_load_file(kvpd_config *c, const char *path, char *err, size_t er
             rc = -EINVAL;
             break;
         }
-        char *hash = strchr(line, '#');
-        if (hash)
+        /* A '#' before the '=' (or on a line without one) starts a comment. */
+        char *eq = strchr(line, '='), *hash = strchr(line, '#');
+        if (hash && (!eq || hash < eq)) {
             *hash = '\0';
+            eq = NULL;
+        }
         char *s = trim(line);
         if (!*s)
             continue;
-        char *eq = strchr(s, '=');
         if (!eq) {
             snprintf(err, errlen, "%s:%d: expected key = value", path, lineno);
             rc = -EINVAL;
             break;
         }
         *eq = '\0';
-        char *key = trim(s), *val = trim(eq + 1);
-        /* Quotes allow a value with leading spaces or a '#'-free empty string. */
-        size_t vl = strlen(val);
-        if (vl >= 2 && val[0] == '"' && val[vl - 1] == '"') {
-            val[vl - 1] = '\0';
+        char *key = trim(s), *val = eq + 1;
+        while (isspace((unsigned char)*val))
             val++;
+        /* A quoted value is taken whole up to its closing quote ('#' and spaces
+         * included); only blanks or a comment may follow it. Unquoted, '#' starts a
+         * comment. */
+        if (*val == '"') {
+            char *close = strchr(val + 1, '"');
+            char *rest = close ? close + 1 : NULL;
+            while (rest && isspace((unsigned char)*rest))
+                rest++;
+            if (!close || (*rest && *rest != '#')) {
+                snprintf(err, errlen, "%s:%d: %s", path, lineno, close
+                         ? "text after the closing quote (quoted values cannot hold '\"')"
+                         : "no closing quote");
+                rc = -EINVAL;
+                break;
+            }
+            *close = '\0';
+            val++;
+        } else {
+            if ((hash = strchr(val, '#')))
+                *hash = '\0';
+            val = trim(val);
         }
         if ((rc = kvpd_config_set(c, key, val, msg, sizeof msg)) < 0) {
             snprintf(err, errlen, "%s:%d: %s", path, lineno, msg);
@@ -402,6 +425,24 @@ static int check_dir(const char *what, const char *path, char *err, size_t errle
     return 0;
 }
 
+/* The directory takes a new file: one is made and removed again (permissions alone do
+ * not tell, e.g. on a read-only mount). */
+static int check_writable(const char *what, const char *dir, char *err, size_t errlen)
+{
+    char probe[KVPD_PATH_MAX + 32];
+    snprintf(probe, sizeof probe, "%s/.kvpd-write-probe-XXXXXX", dir);
+    int fd = mkstemp(probe);
+    if (fd < 0) {
+        int e = errno;
+        snprintf(err, errlen, "%s: '%s' is not writable (%s); kvpd writes session snapshots "
+                 "there", what, dir, strerror(e));
+        return -e;
+    }
+    close(fd);
+    unlink(probe);
+    return 0;
+}
+
 int kvpd_config_validate(const kvpd_config *c, char *err, size_t errlen)
 {
     if (!c->model[0]) {
@@ -425,8 +466,16 @@ int kvpd_config_validate(const kvpd_config *c, char *err, size_t errlen)
     }
     if (c->state_dir[0]) {
         int rc = check_dir("state_dir", c->state_dir, err, errlen);
-        if (rc < 0)
+        if (rc < 0 || (rc = check_writable("state_dir", c->state_dir, err, errlen)) < 0)
             return rc;
+    }
+    /* Expiry must not reach a session before its idle timeout has parked it: a snapshot
+     * younger than idle_timeout may be the only copy of a resident session's turns. */
+    if (c->snapshot_ttl_s && c->snapshot_ttl_s < c->idle_timeout_s) {
+        snprintf(err, errlen, "snapshot_ttl (%d s) is below idle_timeout (%d s): snapshots of "
+                 "sessions still in memory would expire; raise snapshot_ttl or set it to 0",
+                 c->snapshot_ttl_s, c->idle_timeout_s);
+        return -EINVAL;
     }
     if (c->state_url[0]) {
         kvp_redis_url u;
@@ -441,6 +490,67 @@ int kvpd_config_validate(const kvpd_config *c, char *err, size_t errlen)
             return -EINVAL;
         }
     return check_dir("static_dir", c->static_dir, err, errlen);
+}
+
+static int add_key(kvpd_config *c, const char *k, size_t n, const char *where, char *err,
+                   size_t errlen)
+{
+    int ok = n >= 1 && n <= KVPD_API_KEY_MAX;
+    for (size_t i = 0; ok && i < n; i++)
+        ok = k[i] > ' ' && k[i] < 127 && k[i] != ',';
+    if (!ok) {
+        snprintf(err, errlen, "%s: an API key is 1 to %d printable characters without spaces "
+                 "or commas", where, KVPD_API_KEY_MAX);
+        return -EINVAL;
+    }
+    if (c->n_api_keys >= KVPD_API_KEYS_MAX) {
+        snprintf(err, errlen, "%s: more than %d API keys", where, KVPD_API_KEYS_MAX);
+        return -EINVAL;
+    }
+    memcpy(c->api_keys[c->n_api_keys], k, n);
+    c->api_keys[c->n_api_keys++][n] = '\0';
+    return 0;
+}
+
+int kvpd_config_load_keys(kvpd_config *c, char *err, size_t errlen)
+{
+    c->n_api_keys = 0;
+    int rc = 0;
+    for (const char *p = c->api_key; *p && rc == 0;) {
+        const char *end = strchr(p, ',');
+        size_t n = end ? (size_t)(end - p) : strlen(p);
+        const char *a = p, *b = p + n;
+        while (a < b && isspace((unsigned char)*a))
+            a++;
+        while (b > a && isspace((unsigned char)b[-1]))
+            b--;
+        rc = add_key(c, a, (size_t)(b - a), "api_key", err, errlen);
+        p = end ? end + 1 : p + n;
+    }
+    if (rc < 0 || !c->api_key_file[0])
+        return rc;
+    FILE *f = kvp_fopen_input(c->api_key_file);
+    if (!f) {
+        int e = errno;
+        snprintf(err, errlen, "api_key_file %s: %s", c->api_key_file, kvp_fileio_strerror(-e));
+        return -EINVAL;
+    }
+    char line[KVPD_API_KEY_MAX + 8], where[KVPD_PATH_MAX + 32];
+    int lineno = 0;
+    while (rc == 0 && fgets(line, sizeof line, f)) {
+        lineno++;
+        snprintf(where, sizeof where, "%s:%d", c->api_key_file, lineno);
+        if (!strchr(line, '\n') && !feof(f)) {
+            snprintf(err, errlen, "%s: line too long", where);
+            rc = -EINVAL;
+            break;
+        }
+        char *k = trim(line);
+        if (*k && *k != '#')
+            rc = add_key(c, k, strlen(k), where, err, errlen);
+    }
+    fclose(f);
+    return rc;
 }
 
 void kvpd_config_usage(FILE *f)
@@ -487,6 +597,8 @@ void kvpd_config_apply_live(kvpd_config *cur, const kvpd_config *next, char *fix
                             size_t fixed_len)
 {
     size_t used = 0;
+    memcpy(cur->api_keys, next->api_keys, sizeof cur->api_keys);   /* from live keys */
+    cur->n_api_keys = next->n_api_keys;
     fixed[0] = '\0';
     for (size_t i = 0; i < N_KEYS; i++) {
         const key_def *k = &keys[i];

@@ -12,6 +12,8 @@
 #include "cache/kvrow.h"
 
 #define KVPD_PATH_MAX 512
+#define KVPD_API_KEYS_MAX 64
+#define KVPD_API_KEY_MAX 200
 
 typedef struct kvpd_config {
     char listen_host[64];
@@ -35,7 +37,12 @@ typedef struct kvpd_config {
     char node_id[65];                 /* Redis: this node's name in leases; "" = host-pid */
     char admin_token[128];            /* "" = one is generated at start (web/guard.c) */
     char admin_token_file[KVPD_PATH_MAX];   /* where; "" = <state_dir>/admin.token */
-    char api_key[128];                /* "" = the API under /v1 is open */
+    char api_key[1024];               /* comma-separated keys; "" and no file: no key */
+    char api_key_file[KVPD_PATH_MAX]; /* one key per line ("" none) */
+    /* The keys of api_key and api_key_file (kvpd_config_load_keys): each a tenant. None:
+     * the model endpoints are open and every client is one tenant. */
+    char api_keys[KVPD_API_KEYS_MAX][KVPD_API_KEY_MAX + 1];
+    int n_api_keys;
     char allowed_hosts[512];          /* Host names served; "" = loopback + listen address */
     char allowed_origins[1024];       /* Origins allowed; "" = this daemon's own */
     char static_dir[KVPD_PATH_MAX];
@@ -73,6 +80,11 @@ int kvpd_config_from_args(kvpd_config *c, int argc, char **argv, enum kvpd_actio
                           char *err, size_t errlen);
 /* Range and consistency checks that need no model. */
 int kvpd_config_validate(const kvpd_config *c, char *err, size_t errlen);
+/* Fills api_keys from api_key (comma-separated) and api_key_file (one key per line,
+ * blank lines and '#' lines skipped; read without blocking on a FIFO): each key 1 to
+ * KVPD_API_KEY_MAX printable ASCII characters without spaces or commas, at most
+ * KVPD_API_KEYS_MAX. Reads the file system: not on the loop. 0 or -EINVAL with a message. */
+int kvpd_config_load_keys(kvpd_config *c, char *err, size_t errlen);
 /* The usage text for --help. */
 void kvpd_config_usage(FILE *f);
 
@@ -83,7 +95,7 @@ int kvpd_config_default_policy(const kvpd_config *c, char *name, size_t name_len
                                char *file, size_t file_len);
 
 /* SIGHUP: copies the keys that can change while running (policy, policy_file,
- * policy_dir, budget, the limits, admin_token) from `next` into `cur`, and lists in
+ * policy_dir, budget, the limits, admin_token, the API keys loaded) from `next` into `cur`, and lists in
  * `fixed` (comma-separated, "" for none) the other keys whose value differs. */
 void kvpd_config_apply_live(kvpd_config *cur, const kvpd_config *next, char *fixed,
                             size_t fixed_len);

@@ -4,6 +4,7 @@
  * are compared with what the remaining bytes could possibly hold before anything is
  * allocated. Integers are decoded byte by byte, so the host byte order does not matter
  * for the metadata. */
+#include "base/fileio.h"
 #include "model/gguf.h"
 
 #include "base/checksum.h"
@@ -474,18 +475,11 @@ fail:
 int kvp_gguf_open(kvp_gguf *g, const char *path, char *err, size_t errlen)
 {
     memset(g, 0, sizeof *g);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        int e = errno;
-        kvp_errorf(err, errlen, 0, "%s: %s", path, strerror(e));
-        return -e;
-    }
     struct stat st;
-    if (fstat(fd, &st)) {
-        int e = errno;
-        close(fd);
-        kvp_errorf(err, errlen, 0, "%s: %s", path, strerror(e));
-        return -e;
+    int fd = kvp_open_input(path, &st);
+    if (fd < 0) {
+        kvp_errorf(err, errlen, 0, "%s: %s", path, kvp_fileio_strerror(fd));
+        return fd;
     }
     if (!S_ISREG(st.st_mode) || st.st_size < 4) {
         close(fd);

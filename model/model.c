@@ -1,3 +1,4 @@
+#include "base/fileio.h"
 #include "model/model.h"
 
 #include <cblas.h>
@@ -67,13 +68,13 @@ static int check_config(const kvp_model_config *c, const char *pfx, char *err, s
 static int load_file(const char *path, void **map, size_t *size, size_t *map_size,
                      char *err, size_t errlen)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        snprintf(err, errlen, "cannot open %s: %s", path, strerror(errno));
-        return -errno;
-    }
     struct stat st;
-    if (fstat(fd, &st) || !S_ISREG(st.st_mode) || st.st_size == 0) {
+    int fd = kvp_open_input(path, &st);
+    if (fd < 0) {
+        snprintf(err, errlen, "cannot open %s: %s", path, kvp_fileio_strerror(fd));
+        return fd;
+    }
+    if (st.st_size == 0) {
         close(fd);
         snprintf(err, errlen, "%s: not a regular non-empty file", path);
         return -EINVAL;
@@ -710,9 +711,9 @@ int kvp_model_load(kvp_model *m, const char *path, const char *tokenizer_path,
     memset(m, 0, sizeof *m);
     snprintf(m->path, sizeof m->path, "%s", path);
     char magic[4] = {0};
-    FILE *f = fopen(path, "rb");
+    FILE *f = kvp_fopen_input(path);
     if (!f) {
-        snprintf(err, errlen, "cannot open %s: %s", path, strerror(errno));
+        snprintf(err, errlen, "cannot open %s: %s", path, kvp_fileio_strerror(-errno));
         return -ENOENT;
     }
     size_t got = fread(magic, 1, 4, f);

@@ -1,3 +1,4 @@
+#include "base/fileio.h"
 #include "model/tokenizer.h"
 
 #include "base/errors.h"
@@ -262,10 +263,10 @@ int kvp_tokenizer_load_file(kvp_tokenizer *t, const char *path, int vocab_size,
     /* unk, bos and eos are ids 0, 1, 2 in this format. */
     if (vocab_size < 3)
         return kvp_errorf(err, errlen, -EINVAL, "%s: vocab_size %d is too small", path, vocab_size);
-    FILE *f = fopen(path, "rb");
+    FILE *f = kvp_fopen_input(path);
     if (!f) {
         int e = errno;
-        return kvp_errorf(err, errlen, -e, "cannot open %s: %s", path, strerror(e));
+        return kvp_errorf(err, errlen, -e, "cannot open %s: %s", path, kvp_fileio_strerror(-e));
     }
     struct stat st;
     int rc = 0;

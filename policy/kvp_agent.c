@@ -1,3 +1,4 @@
+#include "base/fileio.h"
 #include "policy/kvp_agent.h"
 
 #include "base/bytes.h"
@@ -808,10 +809,10 @@ int kvp_agent_set_load(kvp_agent_set *s, const char *path, const kvp_model_confi
 {
     memset(s, 0, sizeof *s);
     atomic_fetch_add(&set_loads, 1);
-    FILE *f = fopen(path, "rb");
+    FILE *f = kvp_fopen_input(path);
     if (!f) {
         int rc = -errno;
-        kvp_errorf(err, errlen, 0, "%s: cannot open: %s", path, strerror(errno));
+        kvp_errorf(err, errlen, 0, "%s: cannot open: %s", path, kvp_fileio_strerror(rc));
         return rc;
     }
     int rc;

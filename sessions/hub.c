@@ -130,6 +130,18 @@ kvp_hub_client *kvp_hub_client_new(kvp_hub *h, kvp_hub_sink sink, void *ctx)
     return c;
 }
 
+void kvp_hub_client_set_tenant(kvp_hub_client *c, const char *tenant)
+{
+    snprintf(c->tenant, sizeof c->tenant, "%s", tenant);
+}
+
+/* The session belongs to the client's tenant (a session still to be read from disk is
+ * checked once its snapshot says whose it is). */
+static int same_tenant(const kvp_hub_client *c, const kvp_session *s)
+{
+    return !strcmp(c->tenant, s->tenant);
+}
+
 /* The system text a hello or a request gives may be stored. */
 static int system_ok(kvp_hub_client *c, size_t len)
 {
@@ -201,6 +213,7 @@ static int new_session(kvp_hub_client *c, const char *system, size_t system_len)
     }
     c->created++;
     s->creator = c->serial;
+    snprintf(s->tenant, sizeof s->tenant, "%s", c->tenant);
     h->m->sessions_created++;
     attach(c, s);
     emit_session(c, 0);
@@ -292,6 +305,11 @@ void kvp_hub_open(kvp_hub_client *c, const char *id, const char *system, size_t 
         return;
     }
     kvp_session *s = kvp_session_find(&h->sessions, id);
+    /* (one named before a restart and not read yet has no tenant yet: its load checks) */
+    if (s && !(s->need_restore && !s->has_snapshot) && !same_tenant(c, s)) {
+        emit_error(c, KVPD_E_UNKNOWN_SESSION, "no such session (expired or never existed)");
+        return;
+    }
     if (s && s->client && s->client != c && kvp_session_busy(s)) {
         /* The connection whose job runs keeps the session and gets its answer. */
         emit_error(c, KVPD_E_BUSY, s->state == KVP_SESSION_LOAD
@@ -405,10 +423,11 @@ void kvp_hub_message(kvp_hub_client *c, const char *text, size_t len, int max_to
  * (max_history_tokens) are known by the hash alone: such a session is continued only when
  * the request names it (`named`: its id is the key to the conversation); an anonymous
  * request whose history reaches into them starts a new session instead. */
-static int continues(const kvp_session *s, int named, uint64_t hash, const char *system,
-                     size_t system_len, const kvp_message *msgs, int n)
+static int continues(const kvp_hub_client *c, const kvp_session *s, int named, uint64_t hash,
+                     const char *system, size_t system_len, const kvp_message *msgs, int n)
 {
-    if (kvp_session_busy(s) || s->transcript_hash != hash || s->transcript_msgs != n ||
+    if (kvp_session_busy(s) || !same_tenant(c, s) || s->transcript_hash != hash ||
+        s->transcript_msgs != n ||
         (s->transcript_dropped && !named) || !same_system(s, system, system_len))
         return 0;
     if (s->state == KVP_SESSION_PARKED)
@@ -518,7 +537,8 @@ void kvp_hub_chat(kvp_hub_client *c, const char *id, const char *system, size_t 
         return;
     leave(c);
     int prefix = n - 1;
-    uint64_t hash = kvp_session_transcript_hash(system, system_len, msgs, prefix);
+    uint64_t hash = kvp_session_transcript_hash(system, system_len, msgs, prefix) ^
+                    kvp_tenant_mix(c->tenant);
     kvp_session *s = NULL;
     const char *disk = NULL;   /* a session it extends that is only on disk */
     kvp_session *stale = NULL; /* ... or in memory here, but maybe moved on elsewhere */
@@ -526,7 +546,7 @@ void kvp_hub_chat(kvp_hub_client *c, const char *id, const char *system, size_t 
     if (prefix > 0 && id && id[0]) {   /* the named session first */
         kvp_session *t = kvp_session_find(&h->sessions, id);
         const kvp_transcript_entry *e = t ? NULL : kvp_transcripts_get(&h->transcripts, id);
-        if (t && continues(t, 1, hash, system, system_len, msgs, prefix))
+        if (t && continues(c, t, 1, hash, system, system_len, msgs, prefix))
             s = t;
         else if (e && e->hash == hash && e->n_msgs == prefix && h->env.store)
             disk = e->id;
@@ -545,7 +565,7 @@ void kvp_hub_chat(kvp_hub_client *c, const char *id, const char *system, size_t 
              ? kvp_transcripts_next(&h->transcripts, hash, prefix, NULL) : NULL;
          e && !s; e = kvp_transcripts_next(&h->transcripts, hash, prefix, e)) {
         kvp_session *t = kvp_session_find(&h->sessions, e->id);
-        if (t && continues(t, 0, hash, system, system_len, msgs, prefix))
+        if (t && continues(c, t, 0, hash, system, system_len, msgs, prefix))
             s = t;
         else if (!t && !disk && h->env.store)
             disk = e->id;
@@ -629,12 +649,13 @@ static kvp_hub_client *job_ended(kvp_hub *h, kvp_session *s)
     } else if (s->save_rc > 0) {
         m->snapshots_written++;
         s->save_failed = 0;
+        s->save_retries = 0;
         kvpd_hist_observe(&m->snapshot_write, s->save_ms / 1e3);
         kvpd_hist_observe(&m->snapshot_bytes, (double)s->save_bytes);
     }
     s->save_rc = 0;
     s->turns = s->turns_done;
-    s->transcript_hash = kvp_session_hash(s);
+    s->transcript_hash = kvp_session_index_hash(s);
     s->transcript_msgs = s->hist_msgs + s->n_msgs;
     s->transcript_dropped = s->hist_msgs;
     if (s->transcript_msgs > 0 && kvp_transcripts_put(&h->transcripts, s->id, s->transcript_hash,
@@ -706,7 +727,7 @@ static void chat_loaded(kvp_hub *h, kvp_session *s, kvp_hub_client *c, const kvp
         else
             restore_failed(h, s, NULL, ev->text);
         leave(c);   /* still attached when it was parked again */
-    } else if (continues(s, p->named, p->hash, p->system, p->system_len, p->msgs, p->n - 1)) {
+    } else if (continues(c, s, p->named, p->hash, p->system, p->system_len, p->msgs, p->n - 1)) {
         kvpd_log("info", "session %.8s: loaded from its snapshot for a request that extends it",
                  s->id);
         use = s;
@@ -742,16 +763,24 @@ static void on_job(kvp_hub *h, kvp_session *s, const kvpd_event *ev)
         if (read)   /* (a shared store's session in memory and current is not read) */
             kvpd_log("info", "session %.8s: loaded from its snapshot (%d turns)", s->id,
                      s->turns);
-        if (check && !system_matches(to, s, want ? want : "", want_len))
+        if (to && !same_tenant(to, s)) {   /* another tenant's: as if it did not exist */
+            emit_error(to, KVPD_E_UNKNOWN_SESSION, "no such session (expired or never existed)");
+            leave(to);
+        } else if (check && !system_matches(to, s, want ? want : "", want_len))
             leave(to);
         else if (to)
             emit_session(to, 1);
-    } else {   /* a save job (shutdown): its outcome decides the session's durability */
+    } else {   /* a save job (a retry, or shutdown): its outcome decides durability */
         /* -ESTALE: the store holds a newer version (or another node the lease); this
          * copy is not written and nothing acknowledged is lost with it */
         s->save_failed = ev->code < 0 && ev->code != -ESTALE;
         if (ev->code < 0)
             kvpd_log("warning", "session %.8s: %s", s->id, ev->text);
+        else if (s->save_retries)
+            kvpd_log("info", "session %.8s: its snapshot was written on retry %d", s->id,
+                     s->save_retries);
+        if (ev->code >= 0)
+            s->save_retries = 0;
     }
     free(want);
 }
@@ -890,6 +919,29 @@ void kvp_hub_set_policy(kvp_hub *h, kvp_policy_conf *pc)
     h->pconf = kvp_policy_conf_ref(pc);
 }
 
+static void submit_save(kvp_hub *h, kvp_session *s)
+{
+    kvp_session_begin_job(s);
+    submit(h, s, KVP_SESSION_SAVE, 0);
+}
+
+/* A session whose snapshot write failed (a full or failing disk) is written again, 1 s
+ * after the failure, then 2, 4 ... up to 60 s apart, until a write succeeds: the node
+ * recovers (/healthz, parking) once the store takes writes again. Not with a shared
+ * store: a write there must hold the session's lease, which only a turn or a load takes. */
+static int retry_save(kvp_hub *h, kvp_session *s, double now)
+{
+    if (!s->save_failed || s->state != KVP_SESSION_IDLE || h->draining ||
+        kvp_store_has_leases(h->env.store) || now < s->save_retry_at)
+        return 0;
+    int shift = s->save_retries < 6 ? s->save_retries : 6;
+    double wait = (double)(1 << shift);
+    s->save_retry_at = now + (wait > 60 ? 60 : wait);
+    s->save_retries++;
+    submit_save(h, s);
+    return 1;
+}
+
 void kvp_hub_expire(kvp_hub *h, double now)
 {
     double timeout = h->cfg->idle_timeout_s;
@@ -897,7 +949,7 @@ void kvp_hub_expire(kvp_hub *h, double now)
     while (s) {
         kvp_session *next = s->next;
         double idle = now - s->last_active;
-        if (kvp_session_busy(s)) {
+        if (kvp_session_busy(s) || retry_save(h, s, now)) {
             /* its job's end decides */
         } else if (!s->client && never_used(s)) {
             drop(h, s);
@@ -951,8 +1003,7 @@ int kvp_hub_save_unsaved(kvp_hub *h)
         return 0;
     for (kvp_session *s = h->sessions.resident_head; s; s = s->rnext)
         if (s->state == KVP_SESSION_IDLE && !s->saved && (s->n_msgs > 0 || s->has_snapshot)) {
-            kvp_session_begin_job(s);
-            submit(h, s, KVP_SESSION_SAVE, 0);
+            submit_save(h, s);
             n++;
         }
     return n;

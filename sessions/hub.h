@@ -28,6 +28,8 @@
 #include "sessions/metrics.h"
 
 #define KVP_SESSION_ID_LEN 32
+/* A tenant's name: 16 hex digits (of its API key's hash), "" when there are no keys. */
+#define KVP_TENANT_LEN 16
 /* Stop strings of a turn: at most this many, each 1..KVP_HUB_STOP_MAX bytes. */
 #define KVP_HUB_MAX_STOPS 4
 #define KVP_HUB_STOP_MAX 256
@@ -115,6 +117,10 @@ typedef struct kvp_hub_client kvp_hub_client;
 
 /* A front end's connection. NULL when out of memory. */
 kvp_hub_client *kvp_hub_client_new(kvp_hub *h, kvp_hub_sink sink, void *ctx);
+/* The client's tenant (at most KVP_TENANT_LEN characters; "" by default): its new
+ * sessions belong to it, and it may open, continue or match only sessions of the same
+ * tenant (another's is answered as if it did not exist). Set before its first request. */
+void kvp_hub_client_set_tenant(kvp_hub_client *c, const char *tenant);
 /* hello: id NULL or "" starts a new session, with the system text when one is given
  * (system_len 0: none); else resumes that session (from memory or disk). A session's
  * system text never changes: resuming with system not NULL requires the session's own

@@ -33,6 +33,7 @@ struct kvp_hub_client {
     void *ctx;
     kvp_session *session;            /* attached (s->client == this) */
     uint64_t serial;                 /* the session it starts carry it (creator) */
+    char tenant[KVP_TENANT_LEN + 1]; /* whose sessions it may use (kvp_hub_client_set_tenant) */
     int created;                     /* sessions it started that still hold a conversation */
     /* A hello with a system text naming a session being read from disk: checked against
      * the session's when the load ends. */

@@ -50,6 +50,7 @@ static int save_full(kvp_session *s, const kvp_session_env *env, void *cache, si
     snap.hist_hash = s->hist_hash;
     snap.system = s->system;
     snap.system_len = s->system_len;
+    snprintf(snap.tenant, sizeof snap.tenant, "%s", s->tenant);
     snap.cache = cache;
     snap.cache_len = cache_len;
     int rc = borrow_msgs(s, 0, &snap.msgs);
@@ -130,7 +131,7 @@ int kvp_session_save(kvp_session *s, const kvp_session_env *env, char *err, size
      * the hash and count cover the dropped messages too); the index is the directory's. */
     if (rc == 0 && env->state_dir && env->state_dir[0]) {
         char ierr[256];
-        if (kvp_transcripts_append(env->state_dir, s->id, kvp_session_hash(s),
+        if (kvp_transcripts_append(env->state_dir, s->id, kvp_session_index_hash(s),
                                    s->hist_msgs + s->n_msgs, ierr, sizeof ierr) < 0)
             kvpd_log("warning", "session %.8s: %s (after a restart, a request extending this "
                      "conversation would start a new one)", s->id, ierr);
@@ -234,6 +235,7 @@ int kvp_session_restore(kvp_session *s, const kvp_session_env *env, size_t max_b
     kvp_restored *r = &s->restored;
     memset(r, 0, sizeof *r);
 
+    snprintf(s->tenant, sizeof s->tenant, "%s", snap.tenant);
     /* The system text and the messages: their texts move over from the snapshot. */
     free(s->system);
     s->system = snap.system;

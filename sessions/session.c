@@ -18,19 +18,29 @@
 #include "sessions/persist.h"
 #include "sessions/store.h"
 
-static int random_id(char *out)
+/* n bytes from the kernel's CSPRNG: 0 or -errno. */
+static int random_bytes(void *buf, size_t n)
 {
-    unsigned char raw[KVP_SESSION_ID_LEN / 2];
+    unsigned char *raw = buf;
     size_t got = 0;
-    while (got < sizeof raw) {
-        ssize_t n = getrandom(raw + got, sizeof raw - got, 0);
-        if (n < 0) {
+    while (got < n) {
+        ssize_t k = getrandom(raw + got, n - got, 0);
+        if (k < 0) {
             if (errno == EINTR)
                 continue;
             return -errno;
         }
-        got += (size_t)n;
+        got += (size_t)k;
     }
+    return 0;
+}
+
+static int random_id(char *out)
+{
+    unsigned char raw[KVP_SESSION_ID_LEN / 2];
+    int rc = random_bytes(raw, sizeof raw);
+    if (rc < 0)
+        return rc;
     for (size_t i = 0; i < sizeof raw; i++)
         snprintf(out + 2 * i, 3, "%02x", raw[i]);
     return 0;
@@ -174,8 +184,16 @@ int kvp_session_create(kvp_session_table *t, const kvp_session_env *env, kvp_pol
                 return rc;
             }
         } while (kvp_session_find(t, s->id)); /* astronomically unlikely, but cheap */
-    /* Every session gets its own stream of random numbers. */
-    uint64_t seed = env->seed ^ (0x9E3779B97F4A7C15ull * (t->created_total + 1));
+    /* Every session gets its own stream of random numbers, from the CSPRNG: a client
+     * must not predict another session's samples from its own or from the order of
+     * creation (a turn that wants reproducible samples gives its own seed). */
+    uint64_t seed;
+    if ((rc = random_bytes(&seed, sizeof seed)) < 0) {
+        snprintf(err, errlen, "getrandom: %s", strerror(-rc));
+        free(s);
+        return rc;
+    }
+    seed ^= env->seed;
     if ((rc = kvp_cache_init(&s->cache, cfg->n_layers, cfg->n_kv_heads, cfg->head_dim,
                              &cfg->rope)) < 0 ||
         (rc = kvp_cache_convert(&s->cache, env->kv_type)) < 0) {
@@ -414,6 +432,16 @@ static uint64_t hash_before_kept(const kvp_session *s)
 uint64_t kvp_session_hash(const kvp_session *s)
 {
     return kvp_session_transcript_hash_more(hash_before_kept(s), s->msgs, s->n_msgs);
+}
+
+uint64_t kvp_tenant_mix(const char *tenant)
+{
+    return tenant[0] ? kvp_fnv1a(KVP_FNV1A_INIT, tenant, strlen(tenant)) : 0;
+}
+
+uint64_t kvp_session_index_hash(const kvp_session *s)
+{
+    return kvp_session_hash(s) ^ kvp_tenant_mix(s->tenant);
 }
 
 uint64_t kvp_session_transcript_hash_more(uint64_t h, const kvp_message *msgs, int n)

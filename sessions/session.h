@@ -135,6 +135,9 @@ typedef struct kvp_session {
     struct kvp_hub_client *client;   /* the front end attached, if any */
     struct kvp_hub_client *owner;    /* who started the running turn (gets its events) */
     uint64_t creator;                /* serial of the client that started it (0: none) */
+    /* The API key's tenant that made it ("": no keys configured); only clients of the
+     * same tenant attach to it. Kept in its snapshot. */
+    char tenant[KVP_TENANT_LEN + 1];
     int rows_max;
     size_t bytes;                    /* cache bytes while idle (0 when parked) */
     size_t reserve;                  /* bytes held for the job in flight (memory cap) */
@@ -147,6 +150,8 @@ typedef struct kvp_session {
     int need_restore;                /* the job reads the snapshot first */
     int has_snapshot;                /* a snapshot of this session exists */
     int save_failed;                 /* its last snapshot write failed: not on disk (loop) */
+    int save_retries;                /* loop: writes retried since the last that succeeded */
+    double save_retry_at;            /* loop: when the next retry may start (kvp_now) */
     int saved;                       /* the snapshot matches memory */
     int save_rc;                     /* last job: 1 written, 0 none, < 0 failed (save_err) */
     int lost;                        /* the snapshot is gone or was bad: session lost */
@@ -276,6 +281,11 @@ uint64_t kvp_session_transcript_hash(const char *system, size_t system_len,
 uint64_t kvp_session_transcript_hash_more(uint64_t h, const kvp_message *msgs, int n);
 /* The hash of the session's whole conversation (system text, dropped and kept messages). */
 uint64_t kvp_session_hash(const kvp_session *s);
+/* What the transcript index files a conversation under: its hash mixed with its
+ * tenant's (kvp_tenant_mix; 0 for the tenant "" of a daemon without API keys), so a
+ * request finds only its own tenant's conversations. */
+uint64_t kvp_tenant_mix(const char *tenant);
+uint64_t kvp_session_index_hash(const kvp_session *s);
 /* Clears the outcome of the last job before a new one (loop thread; not busy). The
  * caller then sets the state that names the job. */
 void kvp_session_begin_job(kvp_session *s);

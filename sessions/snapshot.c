@@ -83,15 +83,10 @@ static int sys_err(const char *what, const char *path, char *err, size_t errlen)
 int kvp_snapshot_hash_file(const char *path, uint64_t max_bytes, uint64_t *hash,
                            char *err, size_t errlen)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return sys_err("open", path, err, errlen);
     struct stat st;
-    if (fstat(fd, &st) < 0) {
-        int rc = sys_err("stat", path, err, errlen);
-        close(fd);
-        return rc;
-    }
+    int fd = kvp_open_input(path, &st);   /* a FIFO in its place must not block */
+    if (fd < 0)
+        return sys_fail(fd, "open", path, err, errlen);
     unsigned char size_le[8];
     kvp_put_u64(size_le, (uint64_t)st.st_size);
     uint64_t h = kvp_fnv1a(KVP_FNV1A_INIT, size_le, 8);
@@ -173,7 +168,9 @@ static int check_snapshot(const kvp_snapshot *s, char *err, size_t errlen)
     if (rc < 0)
         return rc;
     const char *why = NULL;
-    if (strnlen(s->ident.model_name, sizeof s->ident.model_name) > KVP_SNAPSHOT_NAME_MAX ||
+    if (strnlen(s->tenant, sizeof s->tenant) > KVP_SNAPSHOT_TENANT_MAX)
+        why = "tenant not NUL-terminated";
+    else if (strnlen(s->ident.model_name, sizeof s->ident.model_name) > KVP_SNAPSHOT_NAME_MAX ||
         strnlen(s->ident.policy_name, sizeof s->ident.policy_name) > KVP_SNAPSHOT_NAME_MAX)
         why = "model or policy name not NUL-terminated";
     else if (s->budget < 0 || s->turns < 0)
@@ -207,7 +204,7 @@ static int check_snapshot(const kvp_snapshot *s, char *err, size_t errlen)
 static int encode_prefix(const kvp_snapshot *s, kvp_wbuf *w)
 {
     size_t iden = 4 + strlen(s->id) + 4 + strlen(s->ident.model_name) + 8 +
-                  4 + strlen(s->ident.policy_name) + 8 + 4;
+                  4 + strlen(s->ident.policy_name) + 8 + 4 + 4 + strlen(s->tenant);
     size_t cntr = 4 + 8 + 8 + 8 + 4 + 8 + 8;
     size_t msgs = 4 + s->system_len + 4;
     for (int i = 0; i < s->n_msgs; i++)
@@ -229,6 +226,7 @@ static int encode_prefix(const kvp_snapshot *s, kvp_wbuf *w)
     w_str(w, s->ident.policy_name);
     kvp_w_u64(w, s->ident.policy_hash);
     kvp_w_u32(w, (uint32_t)s->budget);
+    w_str(w, s->tenant);
 
     w_section(w, 1, cntr);
     kvp_w_u32(w, (uint32_t)s->turns);
@@ -382,6 +380,9 @@ static const char *parse_iden(kvp_rbuf *r, kvp_snapshot *s, const char *id)
     if (budget > INT_MAX)
         return "budget out of range";
     s->budget = (int)budget;
+    s->tenant[0] = '\0';
+    if (s->version >= 4 && r_str(r, s->tenant, KVP_SNAPSHOT_TENANT_MAX))
+        return "identity section inconsistent (tenant)";
     return NULL;
 }
 

@@ -11,9 +11,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Written: 3. Read: 1 (no system text, no bounded history), 2 (the system text), 3 (the
- * bounded history: messages and tokens dropped, each message's first token). */
-#define KVP_SNAPSHOT_VERSION 3
+/* Written: 4. Read: 1 (no system text, no bounded history), 2 (the system text), 3 (the
+ * bounded history: messages and tokens dropped, each message's first token), 4 (the
+ * session's tenant). */
+#define KVP_SNAPSHOT_VERSION 4
+#define KVP_SNAPSHOT_TENANT_MAX 16
 #define KVP_SNAPSHOT_ID_MAX 64
 #define KVP_SNAPSHOT_NAME_MAX 127
 /* The model hash covers the file size and this many leading bytes: the whole GGUF
@@ -44,6 +46,7 @@ typedef struct kvp_snapshot {
     char id[KVP_SNAPSHOT_ID_MAX + 1];
     kvp_snapshot_identity ident;
     int budget;               /* KV rows per head the cache was kept to (0 = unbounded) */
+    char tenant[KVP_SNAPSHOT_TENANT_MAX + 1];   /* whose session ("": none; before 4) */
     int turns;
     uint64_t evicted_rows;
     double created, last_active;     /* wall clock, seconds since the Unix epoch */

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +14,7 @@
 
 #include "base/checksum.h"
 #include "base/fileio.h"
+#include "base/log.h"
 
 /* ---- in memory ---- */
 
@@ -199,10 +201,10 @@ static int format_line(char *buf, size_t n, const char *id, uint64_t hash, int n
 }
 
 /* Opens like the snapshots: no links, no blocking on a FIFO, regular files only. */
-static int open_regular(const char *path, int flags, char *err, size_t errlen)
+static int open_regular(const char *path, int flags, struct stat *st, char *err,
+                        size_t errlen)
 {
-    struct stat st;
-    int fd = kvp_open_regular(path, flags, &st);
+    int fd = kvp_open_regular(path, flags, st);
     if (fd == KVP_E_NOT_REGULAR)
         snprintf(err, errlen, "%s: not a regular file", path);
     else if (fd < 0)
@@ -218,7 +220,8 @@ static int rewrite(const kvp_transcripts *x, const char *dir, char *err, size_t 
     if ((rc = path_of(path, sizeof path, dir, "", err, errlen)) < 0 ||
         (rc = path_of(tmp, sizeof tmp, dir, ".tmp", err, errlen)) < 0)
         return rc;
-    int fd = open_regular(tmp, O_WRONLY | O_CREAT | O_TRUNC, err, errlen);
+    struct stat st;
+    int fd = open_regular(tmp, O_WRONLY | O_CREAT | O_TRUNC, &st, err, errlen);
     if (fd < 0)
         return fd;
     char line[KVP_SNAPSHOT_ID_MAX + 48];
@@ -238,16 +241,19 @@ static int rewrite(const kvp_transcripts *x, const char *dir, char *err, size_t 
     return rc;
 }
 
-int kvp_transcripts_load(kvp_transcripts *x, const char *dir, char *err, size_t errlen)
+/* Reads the index file at path into x, the last line of an id winning; *damaged counts
+ * the lines skipped. A missing file is an empty index (no message). 0 or a negative code
+ * with a message. */
+static int read_index(kvp_transcripts *x, const char *path, int *damaged, char *err,
+                      size_t errlen)
 {
-    char path[PATH_MAX];
-    int rc = path_of(path, sizeof path, dir, "", err, errlen);
-    if (rc < 0)
-        return rc;
     FILE *f = NULL;
-    int fd = open_regular(path, O_RDONLY, err, errlen);
-    if (fd == -ENOENT)
+    struct stat st;
+    int rc = 0, fd = open_regular(path, O_RDONLY, &st, err, errlen);
+    if (fd == -ENOENT) {   /* a fresh state directory */
+        err[0] = '\0';
         return 0;
+    }
     if (fd < 0 || !(f = fdopen(fd, "r"))) {
         if (fd >= 0)
             close(fd);
@@ -256,13 +262,12 @@ int kvp_transcripts_load(kvp_transcripts *x, const char *dir, char *err, size_t 
     char *line = NULL;
     size_t cap = 0;
     ssize_t n;
-    int damaged = 0;
     while ((n = getline(&line, &cap, f)) >= 0) {
         char id[KVP_SNAPSHOT_ID_MAX + 1];
         uint64_t hash;
         int msgs;
         if (n == 0 || line[n - 1] != '\n' || parse_line(line, (size_t)n - 1, id, &hash, &msgs)) {
-            damaged++;   /* a torn last line, or bytes that are no line of ours */
+            (*damaged)++;   /* a torn last line, or bytes that are no line of ours */
             continue;
         }
         if ((rc = kvp_transcripts_put(x, id, hash, msgs)) < 0)
@@ -270,22 +275,69 @@ int kvp_transcripts_load(kvp_transcripts *x, const char *dir, char *err, size_t 
     }
     free(line);
     fclose(f);
-    if (rc < 0) {
+    if (rc < 0)
         snprintf(err, errlen, "reading %s: out of memory", path);
-        return rc;
-    }
-    /* Sessions whose snapshot is gone (removed, lost, moved aside) leave the index. */
+    return rc;
+}
+
+/* Sessions whose snapshot is gone (removed, lost, moved aside) leave the index; the file
+ * is rewritten with the others. */
+static int prune_and_rewrite(kvp_transcripts *x, const char *dir, char *err, size_t errlen)
+{
     for (size_t i = 0; i < x->n_buckets; i++)
         for (kvp_transcript_entry *e = x->by_id[i], *next; e; e = next) {
             next = e->inext;
             if (!kvp_snapshot_exists(dir, e->id))
                 kvp_transcripts_remove(x, e->id);
         }
-    if ((rc = rewrite(x, dir, err, errlen)) < 0)
+    return rewrite(x, dir, err, errlen);
+}
+
+int kvp_transcripts_load(kvp_transcripts *x, const char *dir, char *err, size_t errlen)
+{
+    char path[PATH_MAX];
+    int damaged = 0, rc = path_of(path, sizeof path, dir, "", err, errlen);
+    if (rc < 0 || (rc = read_index(x, path, &damaged, err, errlen)) < 0 ||
+        (rc = prune_and_rewrite(x, dir, err, errlen)) < 0)
         return rc;
     if (damaged)
         snprintf(err, errlen, "%s: %d damaged line(s) skipped", path, damaged);
     return x->count;
+}
+
+/* Appends and compactions of this process, one at a time: a compaction renames a new
+ * file over the one an append would otherwise write to. `compacted` is the file's size
+ * after the last compaction (or as first seen) in `dir`. */
+static pthread_mutex_t g_index_lock = PTHREAD_MUTEX_INITIALIZER;
+static char g_index_dir[PATH_MAX];
+static off_t g_index_compacted;
+
+/* The file holds a line per saved turn: once it is both past KVP_TRANSCRIPTS_COMPACT_MIN
+ * bytes and twice its compacted size, it is read and rewritten with one line per
+ * session (so the cost per append stays constant, and the file within about twice its
+ * entries). Called with g_index_lock held. */
+static void maybe_compact(const char *dir, const char *path, off_t size)
+{
+    if (strcmp(g_index_dir, dir)) {
+        snprintf(g_index_dir, sizeof g_index_dir, "%s", dir);
+        g_index_compacted = size;
+    }
+    if (size < KVP_TRANSCRIPTS_COMPACT_MIN || size < 2 * g_index_compacted)
+        return;
+    kvp_transcripts x;
+    char err[256] = "";
+    int damaged = 0;
+    if (kvp_transcripts_init(&x) < 0)
+        return;
+    if (read_index(&x, path, &damaged, err, sizeof err) == 0 &&
+        prune_and_rewrite(&x, dir, err, sizeof err) == 0) {
+        struct stat st;
+        g_index_compacted = stat(path, &st) == 0 ? st.st_size : 0;
+    } else {
+        g_index_compacted = size;   /* tried again once it doubled */
+        kvpd_log("warning", "transcript index: compaction failed: %s", err);
+    }
+    kvp_transcripts_free(&x);
 }
 
 int kvp_transcripts_append(const char *dir, const char *id, uint64_t hash, int n_msgs,
@@ -299,13 +351,20 @@ int kvp_transcripts_append(const char *dir, const char *id, uint64_t hash, int n
         snprintf(err, errlen, "transcript index: invalid session id");
         return -EINVAL;
     }
-    int fd = open_regular(path, O_WRONLY | O_CREAT | O_APPEND, err, errlen);
-    if (fd < 0)
+    pthread_mutex_lock(&g_index_lock);
+    struct stat st;
+    int fd = open_regular(path, O_WRONLY | O_CREAT | O_APPEND, &st, err, errlen);
+    if (fd < 0) {
+        pthread_mutex_unlock(&g_index_lock);
         return fd;
+    }
     int len = format_line(line, sizeof line, id, hash, n_msgs);
     if ((rc = kvp_write_all(fd, line, (size_t)len)) < 0) {
         snprintf(err, errlen, "append to %s: %s", path, strerror(-rc));
     }
     close(fd);
+    if (rc == 0)
+        maybe_compact(dir, path, st.st_size + len);
+    pthread_mutex_unlock(&g_index_lock);
     return rc;
 }

@@ -5,7 +5,8 @@
  * In memory: one entry per session id, in two hash tables (by transcript hash, by id).
  * On disk: STATE_DIR/transcripts.index, one line "<id> <hash, 16 hex> <messages>\n"
  * appended by the worker that saved a session (after its snapshot is written), the last
- * line of an id winning; read and rewritten compacted at start. The file is a hint,
+ * line of an id winning; read and rewritten compacted at start, and again by an append
+ * once the file is past KVP_TRANSCRIPTS_COMPACT_MIN bytes and twice its compacted size. The file is a hint,
  * never fsynced: a line lost in a crash costs a match (the request starts a new
  * conversation), never a wrong one (a candidate's transcript is compared once its
  * snapshot is read). Loop thread only, but for kvp_transcripts_append (workers) and
@@ -19,6 +20,7 @@
 #include "sessions/snapshot.h"
 
 #define KVP_TRANSCRIPTS_FILE "transcripts.index"
+#define KVP_TRANSCRIPTS_COMPACT_MIN (64 * 1024)
 
 typedef struct kvp_transcript_entry {
     char id[KVP_SNAPSHOT_ID_MAX + 1];
@@ -50,8 +52,9 @@ const kvp_transcript_entry *kvp_transcripts_next(const kvp_transcripts *x, uint6
  * pass over the file and one stat per session. Returns the entries kept, or a negative
  * code with a message (x then holds what was read). */
 int kvp_transcripts_load(kvp_transcripts *x, const char *dir, char *err, size_t errlen);
-/* Appends id's line to <dir>/transcripts.index (O_APPEND: one write per line, so
- * workers do not interleave). 0 or a negative code with a message. */
+/* Appends id's line to <dir>/transcripts.index (O_APPEND, one write per line, one
+ * appending worker at a time), then compacts the file when it has grown (see above).
+ * 0 or a negative code with a message. */
 int kvp_transcripts_append(const char *dir, const char *id, uint64_t hash, int n_msgs,
                            char *err, size_t errlen);
 

@@ -109,6 +109,14 @@ static void b64(const unsigned char *in, size_t n, char *out)
 
 int ws_connect(ws_client *c, const char *host, int port, const char *path, int timeout_ms)
 {
+    return ws_connect_headers(c, host, port, path, NULL, timeout_ms);
+}
+
+int ws_connect_headers(ws_client *c, const char *host, int port, const char *path,
+                       const char *headers, int timeout_ms)
+{
+    if (!headers)
+        headers = "";
     memset(c, 0, sizeof *c);
     c->fd = tcp_connect(host, port);
     if (c->fd < 0)
@@ -119,7 +127,7 @@ int ws_connect(ws_client *c, const char *host, int port, const char *path, int t
         memset(nonce, 7, sizeof nonce);
     b64(nonce, sizeof nonce, key);
     /* sized for the path: tests send oversized ones on purpose */
-    size_t cap = strlen(path) + strlen(host) + 256;
+    size_t cap = strlen(path) + strlen(host) + strlen(headers) + 256;
     char *req = malloc(cap);
     if (!req) {
         ws_close(c);
@@ -128,7 +136,7 @@ int ws_connect(ws_client *c, const char *host, int port, const char *path, int t
     int n = snprintf(req, cap,
                      "GET %s HTTP/1.1\r\nHost: %s:%d\r\nUpgrade: websocket\r\n"
                      "Connection: Upgrade\r\nSec-WebSocket-Key: %s\r\n"
-                     "Sec-WebSocket-Version: 13\r\n\r\n", path, host, port, key);
+                     "Sec-WebSocket-Version: 13\r\n%s\r\n", path, host, port, key, headers);
     int rc = send_all(c->fd, req, (size_t)n);
     free(req);
     double deadline = ws_now_ms() + timeout_ms;

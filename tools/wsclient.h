@@ -19,6 +19,9 @@ typedef struct ws_client {
 /* Connects to host:port and upgrades `path`. 0, or a negative errno (-EPROTO when the
  * server refuses the upgrade). */
 int ws_connect(ws_client *c, const char *host, int port, const char *path, int timeout_ms);
+/* The same with more request headers: whole "Name: value\r\n" lines, or NULL. */
+int ws_connect_headers(ws_client *c, const char *host, int port, const char *path,
+                       const char *headers, int timeout_ms);
 void ws_close(ws_client *c);
 /* Builds one masked client frame into out (len + 14 bytes); returns its size. */
 size_t ws_frame(unsigned char *out, int opcode, int fin, const void *data, size_t len);

@@ -38,6 +38,15 @@ static void on_hub_event(void *ctx, const kvp_hub_event *ev)
     }
 }
 
+/* The connection's hub client, of the tenant its API key (checked at the upgrade) names. */
+static kvp_hub_client *new_client(kvpd_conn *c)
+{
+    kvp_hub_client *hc = kvp_hub_client_new(c->w->hub, on_hub_event, c);
+    if (hc)
+        kvp_hub_client_set_tenant(hc, c->tenant);
+    return hc;
+}
+
 static void handle(kvpd_conn *c, const char *buf, size_t len)
 {
     kvpd_web *w = c->w;
@@ -54,7 +63,7 @@ static void handle(kvpd_conn *c, const char *buf, size_t len)
     } else if (w->draining || !w->hub) {
         send_error(c, KVPD_E_OVERLOADED,
                    w->draining ? "the daemon is shutting down" : "the model is loading", 0);
-    } else if (!c->client && !(c->client = kvp_hub_client_new(w->hub, on_hub_event, c))) {
+    } else if (!c->client && !(c->client = new_client(c))) {
         send_error(c, KVPD_E_INTERNAL, "out of memory", 0);
     } else if (m.type == KVPD_MSG_HELLO && m.session[0] && c->session_arg[0] &&
                strcmp(m.session, c->session_arg)) {

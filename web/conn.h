@@ -31,6 +31,7 @@ typedef struct kvpd_conn {
     size_t rx_len, rx_cap;
     enum kvpd_rx_skip rx_skip;
     struct kvpd_oai *oai;              /* an OpenAI API request (web/openai.c) */
+    char tenant[KVP_TENANT_LEN + 1];   /* the API key's tenant (kvpd_api_tenant) */
 } kvpd_conn;
 
 /* The listening socket (web/listen.c): accepts, bounds and hands connections to lws. */
@@ -61,6 +62,11 @@ int kvpd_wsguard_release(int fd);
 const char *kvpd_guard_check(kvpd_web *w, struct lws *wsi, int *status);
 /* The same for a websocket upgrade, plus Sec-WebSocket-Version 13. */
 const char *kvpd_guard_upgrade(kvpd_web *w, struct lws *wsi);
+/* The model endpoints' key check: with API keys configured, 1 when the request carries
+ * "Authorization: Bearer <one of them>" (constant time), its tenant (16 hex digits of
+ * the key's hash) in tenant[KVP_TENANT_LEN + 1]; 0 without a valid key. Without keys,
+ * 1 and tenant "". */
+int kvpd_api_tenant(const kvpd_web *w, struct lws *wsi, char *tenant);
 /* The bearer token the admin endpoints require: admin_token, or the generated one. */
 const char *kvpd_admin_token(const kvpd_web *w);
 /* At start: without admin_token, generates one and writes it (mode 0600) to
@@ -93,6 +99,8 @@ int kvpd_http_respond(kvpd_conn *c, int status, const char *type, const char *bo
 /* 1 when the request carries "Authorization: Bearer <want>" (constant time); 0 when not,
  * or when want is empty. */
 int kvpd_http_bearer_ok(kvpd_conn *c, const char *want);
+/* The same on any request of wsi (an upgrade too). */
+int kvpd_bearer_is(struct lws *wsi, const char *want);
 /* HTTP: writes the queued body once writeable; returns as an lws callback. */
 int kvpd_http_writeable(kvpd_conn *c);
 

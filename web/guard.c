@@ -13,6 +13,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/checksum.h"
+#include "base/fileio.h"
 #include "base/log.h"
 #include "web/conn.h"
 
@@ -131,6 +133,24 @@ const char *kvpd_guard_upgrade(kvpd_web *w, struct lws *wsi)
     return NULL;
 }
 
+int kvpd_api_tenant(const kvpd_web *w, struct lws *wsi, char *tenant)
+{
+    tenant[0] = '\0';
+    const kvpd_config *cfg = w->cfg;
+    if (!cfg->n_api_keys)
+        return 1;
+    int found = -1;
+    for (int i = 0; i < cfg->n_api_keys; i++)   /* every key compared: no early exit */
+        if (kvpd_bearer_is(wsi, cfg->api_keys[i]) && found < 0)
+            found = i;
+    if (found < 0)
+        return 0;
+    const char *k = cfg->api_keys[found];
+    snprintf(tenant, KVP_TENANT_LEN + 1, "%016llx",
+             (unsigned long long)kvp_fnv1a(KVP_FNV1A_INIT, k, strlen(k)));
+    return 1;
+}
+
 const char *kvpd_admin_token(const kvpd_web *w)
 {
     return w->cfg->admin_token[0] ? w->cfg->admin_token : w->admin_token_generated;
@@ -159,14 +179,13 @@ int kvpd_admin_token_init(kvpd_web *w, char *err, size_t errlen)
         return 0;
     }
     /* Only this user may read it: created 0600, never through a link, never someone
-     * else's file. */
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC,
-                  0600);
+     * else's file; an existing file is emptied only once it passed those checks. */
     struct stat st;
-    int rc = fd < 0 ? -errno : 0;
-    if (!rc && (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid()))
+    int fd = kvp_open_regular(path, O_WRONLY | O_CREAT, &st);
+    int rc = fd == KVP_E_NOT_REGULAR ? -EPERM : fd < 0 ? fd : 0;
+    if (!rc && st.st_uid != geteuid())
         rc = -EPERM;
-    if (!rc && fchmod(fd, 0600) < 0)
+    if (!rc && (fchmod(fd, 0600) < 0 || ftruncate(fd, 0) < 0))
         rc = -errno;
     char line[40];
     int n = snprintf(line, sizeof line, "%s\n", w->admin_token_generated);

@@ -97,10 +97,15 @@ int kvpd_http_writeable(kvpd_conn *c)
 
 int kvpd_http_bearer_ok(kvpd_conn *c, const char *want)
 {
+    return kvpd_bearer_is(c->wsi, want);
+}
+
+int kvpd_bearer_is(struct lws *wsi, const char *want)
+{
     if (!want[0])
         return 0;
     char got[256];
-    int n = lws_hdr_copy(c->wsi, got, sizeof got, WSI_TOKEN_HTTP_AUTHORIZATION);
+    int n = lws_hdr_copy(wsi, got, sizeof got, WSI_TOKEN_HTTP_AUTHORIZATION);
     if (n <= 7 || strncmp(got, "Bearer ", 7))
         return 0;
     const char *tok = got + 7;

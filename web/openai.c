@@ -32,6 +32,7 @@ typedef struct kvpd_oai {
     int close;                    /* close after the answer (streams, unread bodies) */
     uint64_t queued_bytes;        /* the whole body when not streaming */
     char session[KVP_SESSION_ID_LEN + 1];
+    int durable;                  /* the turn's (kvp_hub_event): 1 saved, 0 not, -1 no store */
     char id[64];                  /* chatcmpl-... */
     long created;
     char model[128];
@@ -106,9 +107,12 @@ static json_t *usage(const kvp_turn_stats *st)
 /* kvpd's own figures beside OpenAI's: what this turn cost the daemon. */
 static json_t *kvpd_stats(const kvpd_oai *o, const kvp_turn_stats *st)
 {
-    return json_pack("{s:s, s:i, s:i, s:i, s:I}", "session", o->session, "prefilled_tokens",
+    /* durable: the turn is in the state store (true), its write failed and is retried
+     * (false), or there is no store (null) */
+    return json_pack("{s:s, s:i, s:i, s:i, s:I, s:o}", "session", o->session, "prefilled_tokens",
                      st->prefilled_tokens, "transcript_tokens", st->transcript_tokens,
-                     "cache_rows", st->cache_rows, "evicted_rows", (json_int_t)st->evicted_rows);
+                     "cache_rows", st->cache_rows, "evicted_rows", (json_int_t)st->evicted_rows,
+                     "durable", o->durable < 0 ? json_null() : json_boolean(o->durable));
 }
 
 static const char *finish_reason(const kvp_turn_stats *st)
@@ -188,6 +192,7 @@ static void done(kvpd_conn *c, const kvp_hub_event *ev)
 {
     kvpd_oai *o = c->oai;
     const kvp_turn_stats *st = ev->stats;
+    o->durable = ev->durable;
     if (o->stream) {   /* the tokens carried the whole reply */
         finish_stream(c, st);
         return;
@@ -650,6 +655,7 @@ static void chat_completions(kvpd_conn *c)
         fail(c, 500, NULL, NULL, "out of memory");
         goto out;
     }
+    kvp_hub_client_set_tenant(o->client, c->tenant);
     o->close = o->stream;   /* a stream's end is the connection's */
     kvp_hub_chat(o->client, sid, system, system_len, msgs, n, &t);
 out:
@@ -672,7 +678,7 @@ static void route(kvpd_conn *c, const char *uri, int post)
 {
     kvpd_oai *o = c->oai;
     kvpd_web *w = c->w;
-    if (w->cfg->api_key[0] && !kvpd_http_bearer_ok(c, w->cfg->api_key)) {
+    if (!kvpd_api_tenant(w, c->wsi, c->tenant)) {
         fail(c, 401, NULL, "invalid_api_key", "a valid API key is required "
              "(Authorization: Bearer <api_key>)");
         return;
@@ -768,12 +774,16 @@ int kvpd_openai_body_done(kvpd_conn *c)
 static int write_headers(kvpd_conn *c)
 {
     kvpd_oai *o = c->oai;
-    const char *extra[9];
+    const char *extra[11];
     int k = 0;
     char retry[16];
     if (o->session[0]) {
         extra[k++] = "x-session-id:";
         extra[k++] = o->session;
+    }
+    if (o->status == 200 && !o->stream && o->durable >= 0) {   /* a whole answer's turn */
+        extra[k++] = "x-kvpd-durable:";
+        extra[k++] = o->durable ? "true" : "false";
     }
     if (o->retry_after_s > 0) {
         snprintf(retry, sizeof retry, "%d", o->retry_after_s);

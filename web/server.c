@@ -151,6 +151,9 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
         const char *why = uri_is(wsi, "/chat") ? kvpd_guard_upgrade(w, wsi) : "not /chat";
         if (!why)
             why = kvpd_chat_session_arg(wsi, sid);
+        char tenant[KVP_TENANT_LEN + 1];
+        if (!why && !kvpd_api_tenant(w, wsi, tenant))
+            why = "no valid API key (Authorization: Bearer <api_key> on the upgrade)";
         if (why)
             kvpd_log("info", "websocket upgrade refused: %s", why);
         return why != NULL;
@@ -168,6 +171,7 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
         c->w = w;
         c->is_ws = 1;
         kvpd_chat_session_arg(wsi, c->session_arg);   /* checked at the upgrade */
+        kvpd_api_tenant(w, wsi, c->tenant);           /* the key too */
         w->metrics->connections++;
         keep_alive(c);
         return 0;

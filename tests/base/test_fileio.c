@@ -96,3 +96,37 @@ Test(fileio, write_all_reports_the_error)
     char c;
     cr_assert_eq(kvp_read_full(p[1], &c, 1), -EBADF);
 }
+
+/* Input files (model, policy, config) may be links, never FIFOs: a FIFO with no writer
+ * returns at once instead of blocking; what is returned reads in blocking mode. */
+Test(fileio, open_input_follows_links_and_refuses_fifos_without_blocking)
+{
+    char file[128], link[128], fifo[128];
+    path_in(file, sizeof file, "in");
+    path_in(link, sizeof link, "in-link");
+    path_in(fifo, sizeof fifo, "in-fifo");
+    struct stat st;
+    int fd = kvp_open_regular(file, O_WRONLY | O_CREAT, &st);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(kvp_write_all(fd, "abc", 3), 0);
+    close(fd);
+    cr_assert_eq(symlink(file, link), 0);
+    cr_assert_eq(mkfifo(fifo, 0600), 0);
+    fd = kvp_open_input(link, &st);
+    cr_assert_geq(fd, 0, "a link is followed: %s", kvp_fileio_strerror(fd));
+    cr_assert_eq(st.st_size, 3);
+    cr_assert_eq(fcntl(fd, F_GETFL) & O_NONBLOCK, 0, "blocking again");
+    close(fd);
+    cr_assert_eq(kvp_open_input(fifo, &st), KVP_E_NOT_REGULAR);
+    cr_assert_eq(kvp_open_input(g_dir, &st), KVP_E_NOT_REGULAR);
+    cr_assert(strstr(kvp_fileio_strerror(KVP_E_NOT_REGULAR), "not a regular file"));
+    FILE *f = kvp_fopen_input(fifo);
+    cr_assert_null(f);
+    cr_assert_eq(errno, EINVAL);
+    f = kvp_fopen_input(link);
+    cr_assert(f);
+    char buf[4] = {0};
+    cr_assert_eq(fread(buf, 1, 3, f), 3);
+    cr_assert_str_eq(buf, "abc");
+    fclose(f);
+}

@@ -3,6 +3,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "config/config.h"
@@ -292,4 +294,73 @@ Test(config, chat_template_names)
     /* longer than any name: refused when set */
     cr_assert_lt(kvpd_config_set(&c, "chat_template", "a-template-name-far-too-long", err,
                                  sizeof err), 0);
+}
+
+Test(config, a_hash_inside_a_quoted_value_is_part_of_it)
+{
+    const char *path = write_tmp("admin_token = \"Zq#9xV2LmP7rT4kW\"  # the comment\n"
+                                 "api_key = \"  spaced # key \"\n"
+                                 "node_id = n1 # unquoted: the comment starts at '#'\n"
+                                 "# a whole-line comment with = in it\n");
+    kvpd_config c;
+    char err[256];
+    kvpd_config_defaults(&c);
+    cr_assert_eq(kvpd_config_load_file(&c, path, err, sizeof err), 0, "%s", err);
+    unlink(path);
+    cr_assert_str_eq(c.admin_token, "Zq#9xV2LmP7rT4kW");
+    cr_assert_str_eq(c.api_key, "  spaced # key ");
+    cr_assert_str_eq(c.node_id, "n1");
+    /* an unclosed quote or text after the closing one is an error naming the line */
+    path = write_tmp("budget = 10\nadmin_token = \"Zq#9xV2\n");
+    cr_assert_lt(kvpd_config_load_file(&c, path, err, sizeof err), 0);
+    cr_assert(strstr(err, ":2:") && strstr(err, "quote"), "%s", err);
+    unlink(path);
+    path = write_tmp("admin_token = \"ab\" cd\n");
+    cr_assert_lt(kvpd_config_load_file(&c, path, err, sizeof err), 0);
+    cr_assert(strstr(err, ":1:") && strstr(err, "quote"), "%s", err);
+    unlink(path);
+}
+
+Test(config, snapshot_ttl_below_idle_timeout_is_refused)
+{
+    kvpd_config c;
+    char err[256];
+    kvpd_config_defaults(&c);
+    c.idle_timeout_s = 600;
+    c.snapshot_ttl_s = 60;
+    cr_assert_lt(kvpd_config_validate(&c, err, sizeof err), 0);
+    cr_assert(strstr(err, "snapshot_ttl") && strstr(err, "idle_timeout"), "%s", err);
+    c.snapshot_ttl_s = 600;
+    cr_assert_eq(kvpd_config_validate(&c, err, sizeof err), 0, "%s", err);
+    c.snapshot_ttl_s = 0;   /* forever */
+    cr_assert_eq(kvpd_config_validate(&c, err, sizeof err), 0, "%s", err);
+}
+
+/* A state_dir kvpd cannot write to is refused at start. Root writes anywhere, so the
+ * check runs in a child that became an unprivileged user. */
+Test(config, a_read_only_state_dir_is_refused)
+{
+    char dir[] = "/tmp/kvpd-ro-XXXXXX";
+    cr_assert(mkdtemp(dir));
+    kvpd_config c;
+    char err[256];
+    kvpd_config_defaults(&c);
+    snprintf(c.state_dir, sizeof c.state_dir, "%s", dir);
+    cr_assert_eq(kvpd_config_validate(&c, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(chmod(dir, 0555), 0);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        if (geteuid() == 0 && (chown(dir, 65534, 65534) < 0 || setgid(65534) < 0 ||
+                               setuid(65534) < 0))
+            _exit(3);
+        int rc = kvpd_config_validate(&c, err, sizeof err);
+        _exit(rc < 0 && strstr(err, "not writable") ? 0 : 1);
+    }
+    int status;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    chmod(dir, 0755);
+    rmdir(dir);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "exit %d",
+              WIFEXITED(status) ? WEXITSTATUS(status) : -1);
 }

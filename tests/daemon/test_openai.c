@@ -559,11 +559,18 @@ static void expect_503(const kvpd_proc *p, const char *method, const char *path,
  * test opens its other end; meanwhile the API answers 503 "loading". */
 Test(openai, while_the_model_loads_the_api_answers_503_with_retry_after)
 {
-    char dir[64], fifo[128], extra[256];
-    cr_assert_eq(h_mkdtemp(dir, sizeof dir), 0);
-    snprintf(fifo, sizeof fifo, "%s/model.gguf", dir);
-    cr_assert_eq(mkfifo(fifo, 0600), 0);
-    snprintf(extra, sizeof extra, "--model %s", fifo);
+    /* The start stays in its loading phase while the snapshot store does not answer: a
+     * "Redis" that takes the connection (the listen backlog) and never replies. */
+    int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    cr_assert_geq(lfd, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t alen = sizeof a;
+    cr_assert_eq(bind(lfd, (struct sockaddr *)&a, sizeof a), 0);
+    cr_assert_eq(listen(lfd, 8), 0);
+    cr_assert_eq(getsockname(lfd, (struct sockaddr *)&a, &alen), 0);
+    char extra[256];
+    snprintf(extra, sizeof extra, "--state-url redis://127.0.0.1:%d", ntohs(a.sin_port));
     kvpd_proc d;
     cr_assert_eq(kvpd_spawn(&d, extra), 0, "kvpd did not bind its port (log %s)", d.log);
     expect_503(&d, "POST", "/v1/chat/completions", USER("Once") ",\"max_tokens\":3}", "loading");
@@ -571,13 +578,10 @@ Test(openai, while_the_model_loads_the_api_answers_503_with_retry_after)
     char *body = NULL;
     cr_assert_eq(h_get(&d, "/healthz", NULL, &body), 503);
     free(body);
-    /* The load goes on: an empty model file (each open of the FIFO finds a writer that
-     * closes at once), refused; the daemon stops with status 1. */
+    /* The load goes on: the store never answers its PING, so the start fails and the
+     * daemon stops with status 1. */
     int status = -2;
-    for (int i = 0; i < 1000 && d.pid > 0; i++) {
-        int fd = open(fifo, O_WRONLY | O_NONBLOCK);   /* ENXIO while nobody reads */
-        if (fd >= 0)
-            close(fd);
+    for (int i = 0; i < 3000 && d.pid > 0; i++) {
         int st;
         if (waitpid(d.pid, &st, WNOHANG) == d.pid) {
             status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
@@ -585,8 +589,8 @@ Test(openai, while_the_model_loads_the_api_answers_503_with_retry_after)
         }
         usleep(10000);
     }
+    close(lfd);
     cr_assert_eq(status, 1, "kvpd did not stop after the failed load");
-    h_rmdir(dir);
 }
 
 /* One answer with a Content-Length on a connection that stays open. */

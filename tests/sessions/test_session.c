@@ -346,3 +346,37 @@ Test(session, a_snapshot_with_global_budgets_restores_the_same_rows_and_reply, .
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     cr_assert_eq(system(cmd), 0);
 }
+
+/* Sampler seeds come from the CSPRNG: two tables with the same configuration (two
+ * daemons, or one before and after a restart) give their n-th sessions unrelated seeds,
+ * and no two sessions of one table share one. */
+Test(session, sampler_seeds_are_unpredictable_per_session, .timeout = 60)
+{
+    kvp_model model;
+    char err[512];
+    cr_assert_eq(kvp_model_load(&model, tu_shared("models/stories260K.bin"),
+                                tu_shared("models/tok512.bin"), err, sizeof err), 0, "%s", err);
+    kvp_session_env env = {.model = &model, .chunk = 32, .top_p = 0.9f, .seed = 42,
+                           .state_dir = ""};
+    kvp_session_table a, b;
+    cr_assert_eq(kvp_session_table_init(&a), 0);
+    cr_assert_eq(kvp_session_table_init(&b), 0);
+    kvp_policy_conf *pc = conf("streaming", "");
+    enum { N = 16 };
+    kvp_session *sa[N], *sb[N];
+    for (int i = 0; i < N; i++) {
+        cr_assert_eq(kvp_session_create(&a, &env, pc, NULL, 0.0, &sa[i], err, sizeof err), 0);
+        cr_assert_eq(kvp_session_create(&b, &env, pc, NULL, 0.0, &sb[i], err, sizeof err), 0);
+    }
+    for (int i = 0; i < N; i++) {
+        cr_assert_neq(sa[i]->seed, sb[i]->seed, "session %d got the same seed in both", i);
+        for (int j = 0; j < i; j++)
+            cr_assert_neq(sa[i]->seed, sa[j]->seed);
+        /* not the old derivation from the base seed and the creation index */
+        cr_assert_neq(sa[i]->seed, 42 ^ (0x9E3779B97F4A7C15ull * (uint64_t)(i + 1)));
+    }
+    kvp_session_table_clear(&a);
+    kvp_session_table_clear(&b);
+    kvp_policy_conf_unref(pc);
+    kvp_model_free(&model);
+}

@@ -325,8 +325,8 @@ static void cut(unsigned char *b, size_t *len, size_t sec, size_t off, size_t n)
     kvp_put_u64(b + sec + 8, kvp_get_u64(b + sec + 8) - n);
 }
 
-/* Version 1 (before system texts and the bounded history): MSGS starts with the message
- * count, no first tokens, CNTR has no dropped history. Such a file, made from a current
+/* Version 1 (before system texts, the bounded history and tenants): MSGS starts with the
+ * message count, no first tokens, CNTR has no dropped history, IDEN no tenant. Such a file, made from a current
  * one (nothing dropped) by removing those fields, still loads as it is. */
 Test(snapshot, version_1_files_still_load_without_a_system_text)
 {
@@ -337,7 +337,10 @@ Test(snapshot, version_1_files_still_load_without_a_system_text)
     write_ok(&s);
     size_t len;
     unsigned char *b = slurp("old.snap", &len);
-    size_t at = section_at(b, len, "CNTR");
+    size_t at = section_at(b, len, "IDEN");
+    cr_assert_eq(kvp_get_u32(b + at + 16 + kvp_get_u64(b + at + 8) - 4), 0, "no tenant last");
+    cut(b, &len, at, at + 16 + kvp_get_u64(b + at + 8) - 4, 4);   /* the tenant (version 4) */
+    at = section_at(b, len, "CNTR");
     cut(b, &len, at, at + 16 + kvp_get_u64(b + at + 8) - 20, 20);   /* the dropped history */
     at = section_at(b, len, "MSGS");
     cr_assert_eq(kvp_get_u32(b + at + 16), 0, "system length 0 first");
@@ -752,4 +755,31 @@ Test(snapshot, identity_distinguishes_model_and_policy)
                                             sizeof err), -EINVAL);
     cr_expect_eq(kvp_snapshot_identity_init(&b, "tiny", path_of("none"), "h2o", NULL, err,
                                             sizeof err), -ENOENT);
+}
+
+/* A session's tenant is kept (version 4); the same file without it reads as version 3
+ * with no tenant. */
+Test(snapshot, the_tenant_is_kept)
+{
+    kvp_snapshot s;
+    make_snapshot(&s, "ten", 3);
+    snprintf(s.tenant, sizeof s.tenant, "0123456789abcdef");
+    write_ok(&s);
+    char err[512];
+    kvp_snapshot r;
+    cr_assert_eq(kvp_snapshot_read(g_dir, "ten", &r, err, sizeof err), 0, "%s", err);
+    cr_assert_str_eq(r.tenant, "0123456789abcdef");
+    kvp_snapshot_free(&r);
+    size_t len;
+    unsigned char *b = slurp("ten.snap", &len);
+    size_t at = section_at(b, len, "IDEN");
+    cut(b, &len, at, at + 16 + kvp_get_u64(b + at + 8) - 20, 20);
+    b[8] = 3;
+    fix_checksum(b, len);
+    spit("ten.snap", b, len);
+    cr_assert_eq(kvp_snapshot_read(g_dir, "ten", &r, err, sizeof err), 0, "%s", err);
+    cr_assert_str_eq(r.tenant, "");
+    kvp_snapshot_free(&r);
+    free(b);
+    free(s.cache);
 }

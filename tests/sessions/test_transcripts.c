@@ -173,3 +173,49 @@ Test(transcripts, a_link_in_place_of_the_file_is_refused)
     struct stat st;
     cr_assert_eq(lstat("/etc/passwd", &st), 0);
 }
+
+Test(transcripts, a_fresh_directory_loads_without_a_message)
+{
+    char err[256] = "";
+    kvp_transcripts x;
+    cr_assert_eq(kvp_transcripts_init(&x), 0);
+    cr_assert_eq(kvp_transcripts_load(&x, dir, err, sizeof err), 0);
+    cr_assert_str_eq(err, "", "a missing index is not worth a warning");
+    kvp_transcripts_free(&x);
+}
+
+/* A line per saved turn: the file is compacted as it grows, not only at start. */
+Test(transcripts, appends_keep_the_file_bounded_and_the_last_line_wins)
+{
+    char err[256] = "", p[128];
+    touch("s0.snap");
+    touch("s1.snap");
+    touch("s2.snap");
+    snprintf(p, sizeof p, "%s/" KVP_TRANSCRIPTS_FILE, dir);
+    struct stat st;
+    off_t largest = 0;
+    for (int i = 0; i < 12000; i++) {
+        char id[8];
+        snprintf(id, sizeof id, "s%d", i % 3);
+        cr_assert_eq(kvp_transcripts_append(dir, id, (uint64_t)i, i + 1, err, sizeof err), 0,
+                     "%s", err);
+        cr_assert_eq(stat(p, &st), 0);
+        if (st.st_size > largest)
+            largest = st.st_size;
+    }
+    /* 12000 lines of about 25 bytes would be 300 kB */
+    cr_assert_leq(largest, KVP_TRANSCRIPTS_COMPACT_MIN + 64, "the index grew to %lld bytes",
+                  (long long)largest);
+    cr_assert_lt(st.st_size, KVP_TRANSCRIPTS_COMPACT_MIN);
+    kvp_transcripts x;
+    cr_assert_eq(kvp_transcripts_init(&x), 0);
+    cr_assert_eq(kvp_transcripts_load(&x, dir, err, sizeof err), 3, "%s", err);
+    for (int k = 0; k < 3; k++) {
+        char id[8];
+        snprintf(id, sizeof id, "s%d", k);
+        const kvp_transcript_entry *e = kvp_transcripts_get(&x, id);
+        int last = 12000 - 3 + k;
+        cr_assert(e && e->hash == (uint64_t)last && e->n_msgs == last + 1, "%s", id);
+    }
+    kvp_transcripts_free(&x);
+}
