@@ -98,7 +98,8 @@ static void world_open(world *w, const char *model, const char *tok, record *r)
                                .top_p = 0.9f, .seed = 1, .state_dir = ""};
     kvp_template_init(&w->env.tpl, &w->model, NULL, NULL, 0);
     cr_assert_eq(kvp_session_table_init(&w->table), 0);
-    /* made in the same order in every run: the same seeds */
+    /* made in the same order in every run (a sampler's own seed is random: begin()
+     * seeds each turn, as an API request's `seed` does) */
     for (int i = 0; i < N_SESS; i++) {
         w->pc[i] = conf(specs[i].policy);
         cr_assert_eq(kvp_session_create(&w->table, &w->env, w->pc[i], NULL, 0.0, &r->sess[i],
@@ -128,6 +129,8 @@ static void begin(world *w, record *r, int i)
     char *text = ht_text(specs[i].words + 9 * r->turn[i]);
     cr_assert_eq(kvp_session_begin_turn(s, text, strlen(text), specs[i].max_tokens,
                                         turn_temperature, specs[i].budget, kvp_now()), 0);
+    s->turn.has_seed = 1;   /* each (session, turn) its own stream, the same in every run */
+    s->turn.seed = 1000u * (uint64_t)i + (uint64_t)r->turn[i] + 1;
     kvp_sample_opts so = {.frequency_penalty = i % 2 ? turn_penalty : 0.0f};
     cr_assert_eq(kvp_session_turn_sampling(s, &so), 0);
     free(text);
