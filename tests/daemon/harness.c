@@ -427,16 +427,44 @@ void h_proc_kill(h_proc *p)
     p->pid = 0;
 }
 
+/* Whether the server on port answers PING as Redis does, or says it is loading its data
+ * (not some other process that took the port between h_free_port and redis-server's
+ * bind). */
+static int redis_pongs(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    char buf[16] = "";
+    int ok = fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+             send(fd, "PING\r\n", 6, MSG_NOSIGNAL) == 6;
+    if (ok) {
+        struct pollfd pf = {fd, POLLIN, 0};
+        ok = poll(&pf, 1, 2000) == 1 && recv(fd, buf, sizeof buf - 1, 0) > 0 &&
+             (!strncmp(buf, "+PONG", 5) || !strncmp(buf, "-LOADING", 8));
+    }
+    if (fd >= 0)
+        close(fd);
+    return ok;
+}
+
 int h_redis_start(h_proc *r, const char *dir, int port, int aof)
 {
-    if (port <= 0)
-        port = h_free_port();
-    char portbuf[16];
-    snprintf(portbuf, sizeof portbuf, "%d", port);
-    char *argv[] = {"redis-server", "--port", portbuf, "--bind", "127.0.0.1", "--dir",
-                    (char *)dir, "--save", "", "--appendonly", aof ? "yes" : "no",
-                    "--appendfsync", "always", "--daemonize", "no", "--logfile", "", NULL};
-    return h_proc_start(r, argv, port, 10000);
+    /* a free port can be taken by another test's server before redis binds it: then
+     * this redis-server exits and another port is tried */
+    for (int attempt = 0; attempt < (port > 0 ? 1 : 5); attempt++) {
+        int p = port > 0 ? port : h_free_port();
+        char portbuf[16];
+        snprintf(portbuf, sizeof portbuf, "%d", p);
+        char *argv[] = {"redis-server", "--port", portbuf, "--bind", "127.0.0.1", "--dir",
+                        (char *)dir, "--save", "", "--appendonly", aof ? "yes" : "no",
+                        "--appendfsync", "always", "--daemonize", "no", "--logfile", "", NULL};
+        if (h_proc_start(r, argv, p, 10000) == 0 && redis_pongs(p) &&
+            waitpid(r->pid, NULL, WNOHANG) == 0)
+            return 0;
+        h_proc_kill(r);
+    }
+    return -1;
 }
 
 char *h_read_all(int fd, int timeout_ms, size_t *len)
