@@ -194,8 +194,10 @@ static void attend_head(kvp_runstate *s, const kvp_model_config *c, const kvp_he
 
 /* A sequence's block enters its cache for one layer, per KV head: the block's K/V rows
  * are appended to the head's store and the policy scores them (in head order: a policy
- * may draw random numbers). */
-static void store_seq(kvp_runstate *s, const kvp_model_config *p, kvp_batch_seq *q, int l)
+ * may draw random numbers). A sliding-window layer's rows are not scored: its window,
+ * not the policy, bounds it. */
+static void store_seq(kvp_runstate *s, const kvp_model_config *p, kvp_batch_seq *q, int l,
+                      int window)
 {
     int hd = p->head_dim, qd = p->n_heads * hd, kvd = p->n_kv_heads * hd;
     int T = q->n, r0 = q->row0;
@@ -219,7 +221,7 @@ static void store_seq(kvp_runstate *s, const kvp_model_config *p, kvp_batch_seq 
             h->stat[r] = 0.0f;
         }
         h->n = base + T;
-        if (hk->score)
+        if (hk->score && !window)
             hk->score(hk->ctx, l, kvh, h, base, T);
     }
 }
@@ -248,7 +250,7 @@ static void attend_item(void *arg, int i, int slot)
     kvp_head *h = kvp_cache_head(q->cache, a->layer, kvh);
     float *att = a->s->att[slot];
     attend_head(a->s, p, h, kvh, q->row0, q->n, h->n - q->n, a->window, q->cache->n_seen, att);
-    if (q->hooks.attention)
+    if (q->hooks.attention && !a->window)
         q->hooks.attention(q->hooks.ctx, a->layer, kvh, h,
                            a->s->q + (size_t)q->row0 * qd + (size_t)kvh * group * hd, qd, att,
                            h->n, q->n);
@@ -425,7 +427,7 @@ static int forward_batch(const kvp_model *m, kvp_runstate *s, kvp_batch_seq *seq
          * core; the pool's threads poll for more only when the pool runs the matmuls */
         for (int i = 0; i < n_seqs; i++)
             if (!seqs[i].rc)
-                store_seq(s, p, &seqs[i], l);
+                store_seq(s, p, &seqs[i], l, w->window);
         attend_job aj = {s, p, seqs, l, w->window};
         kvp_matmul_parallel(n_seqs * p->n_kv_heads, attend_item, &aj, kv_bytes, slots,
                             kvp_matmul_pooled(&w->wo, T));

@@ -383,6 +383,14 @@ static int read_arch_extras(kvp_model *m, const kvp_gguf *g, const struct arch_d
         if ((rc = get_nonneg(g, n, "attn_logit_softcapping", &c->attn_softcap, err, errlen)) ||
             (rc = get_nonneg(g, n, "final_logit_softcapping", &c->final_softcap, err, errlen)))
             return rc;
+        /* Gemma 3 4B and larger scale the global layers' positions linearly, which the
+         * RoPE here does not model: refused rather than run with wrong positions */
+        float scaling = 1.0f;
+        if ((rc = get_nonneg(g, n, "rope.scaling.factor", &scaling, err, errlen)))
+            return rc;
+        if (scaling != 1.0f && scaling != 0.0f)
+            return KVP_ERR(-EINVAL, "%s.rope.scaling.factor = %g: linear RoPE scaling of the "
+                           "global layers is not supported", n, scaling);
     }
     /* gemma3's local layers rotate with a fixed base (llama.cpp has no key for it) */
     c->rope_base_swa = !strcmp(n, "gemma3") ? 10000.0f : c->rope.base;
@@ -643,6 +651,8 @@ static size_t weight_bytes(const kvp_model *m)
         sum += matrix_bytes(&w->wq) + matrix_bytes(&w->wk) + matrix_bytes(&w->wv) +
                matrix_bytes(&w->wo) + matrix_bytes(&w->w_gate) + matrix_bytes(&w->w_down) +
                matrix_bytes(&w->w_up);
+        if (w->post_attn_norm)   /* gemma's post-norms */
+            sum += (size_t)2 * c->dim * sizeof(float);
     }
     return sum;
 }

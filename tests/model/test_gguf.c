@@ -1263,6 +1263,37 @@ Test(gguf, model_bad_tensors)
     expect_refused(&s, "token_embd.weight", "no embeddings");
 }
 
+/* A synthetic model (vocabulary 300) runs 21 tokens as one block and token by token
+ * through one cache: the logits agree at every position. Returns the rows layer 0's
+ * first head holds at the end. */
+static int expect_prefill_equals_decode(const kvp_model *m, const char *args)
+{
+    enum { N = 21 };
+    int toks[N];
+    for (int t = 0; t < N; t++)
+        toks[t] = (t * 53 + 7) % 300;
+    kvp_runstate s;
+    kvp_cache c;
+    float *all = malloc((size_t)N * 300 * sizeof *all);
+    cr_assert_eq(kvp_runstate_init(&s, &m->cfg, N), 0);
+    cr_assert_eq(kvp_cache_init(&c, m->cfg.n_layers, m->cfg.n_kv_heads, m->cfg.head_dim,
+                                &m->cfg.rope), 0);
+    cr_assert_eq(kvp_forward(m, &s, &c, toks, N, all), 0);
+    kvp_cache_reset(&c);
+    float worst = 0.0f;
+    for (int t = 0; t < N; t++) {
+        cr_assert_eq(kvp_forward(m, &s, &c, &toks[t], 1, NULL), 0);
+        for (int j = 0; j < 300; j++)
+            worst = fmaxf(worst, fabsf(s.logits[j] - all[(size_t)t * 300 + j]));
+    }
+    cr_expect_leq(worst, 1e-4f, "%s: prefill and decode differ by %g", args, worst);
+    int rows = kvp_cache_head(&c, 0, 0)->n;
+    free(all);
+    kvp_cache_free(&c);
+    kvp_runstate_free(&s);
+    return rows;
+}
+
 /* kvp synth --arch: each family's tensors and keys, loaded as that family, and its
  * batched prefill equals token-by-token decode. */
 Test(gguf, synth_architectures)
@@ -1292,27 +1323,7 @@ Test(gguf, synth_architectures)
         cr_expect_eq(!!m.layers[1].k_norm, a[i].qk_norm, "%s", args);
         cr_expect_eq(m.tied_output, a[i].tied, "%s", args);
         cr_expect_eq(m.cfg.vocab_size, 300);
-        enum { N = 21 };
-        int toks[N];
-        for (int t = 0; t < N; t++)
-            toks[t] = (t * 53 + 7) % 300;
-        kvp_runstate s;
-        kvp_cache c;
-        float *all = malloc((size_t)N * 300 * sizeof *all);
-        cr_assert_eq(kvp_runstate_init(&s, &m.cfg, N), 0);
-        cr_assert_eq(kvp_cache_init(&c, 2, 2, m.cfg.head_dim, &m.cfg.rope), 0);
-        cr_assert_eq(kvp_forward(&m, &s, &c, toks, N, all), 0);
-        kvp_cache_reset(&c);
-        float worst = 0.0f;
-        for (int t = 0; t < N; t++) {
-            cr_assert_eq(kvp_forward(&m, &s, &c, &toks[t], 1, NULL), 0);
-            for (int j = 0; j < 300; j++)
-                worst = fmaxf(worst, fabsf(s.logits[j] - all[(size_t)t * 300 + j]));
-        }
-        cr_expect_leq(worst, 1e-4f, "%s: prefill and decode differ by %g", args, worst);
-        free(all);
-        kvp_cache_free(&c);
-        kvp_runstate_free(&s);
+        expect_prefill_equals_decode(&m, args);
         kvp_model_free(&m);
         remove(p);
     }
@@ -1356,28 +1367,8 @@ Test(gguf, synth_windowed_architectures)
         cr_expect_eq(!!m.layers[0].post_ffn_norm, a[i].post, "%s", args);
         cr_expect_eq(m.cfg.gelu, a[i].gelu, "%s", args);
         cr_expect_eq(m.cfg.attn_softcap, !strcmp(a[i].arch, "gemma2") ? 50.0f : 0.0f);
-        enum { N = 21 };
-        int toks[N];
-        for (int t = 0; t < N; t++)
-            toks[t] = (t * 53 + 7) % 300;
-        kvp_runstate s;
-        kvp_cache c;
-        float *all = malloc((size_t)N * 300 * sizeof *all);
-        cr_assert_eq(kvp_runstate_init(&s, &m.cfg, N), 0);
-        cr_assert_eq(kvp_cache_init(&c, 6, 2, m.cfg.head_dim, &m.cfg.rope), 0);
-        cr_assert_eq(kvp_forward(&m, &s, &c, toks, N, all), 0);
-        kvp_cache_reset(&c);
-        float worst = 0.0f;
-        for (int t = 0; t < N; t++) {
-            cr_assert_eq(kvp_forward(&m, &s, &c, &toks[t], 1, NULL), 0);
-            for (int j = 0; j < 300; j++)
-                worst = fmaxf(worst, fabsf(s.logits[j] - all[(size_t)t * 300 + j]));
-        }
-        cr_expect_leq(worst, 1e-4f, "%s: prefill and decode differ by %g", args, worst);
-        cr_expect_eq(kvp_cache_head(&c, 0, 0)->n, 5, "%s: a windowed layer holds its window", args);
-        free(all);
-        kvp_cache_free(&c);
-        kvp_runstate_free(&s);
+        cr_expect_eq(expect_prefill_equals_decode(&m, args), 5,
+                     "%s: a windowed layer holds its window", args);
         kvp_model_free(&m);
         remove(p);
     }
