@@ -250,9 +250,25 @@ Test(chatml, five_turns_under_a_system_text_are_the_template_rendering_and_survi
     }
     cr_assert_eq(at, snap.n_tokens, "tokens after the last reply");
 
-    /* And as text: the transcript reads as the rendering of the whole conversation. */
+    /* And as text: the transcript reads as the model's own (Jinja) rendering of the
+     * conversation up to its last user message... */
+    cr_assert_not_null(t.jinja, "Qwen3's template renders through the interpreter");
+    int *upto;
+    int nu = kvp_template_render(&t, sys, strlen(sys), msgs, 2 * TURNS - 1, &upto);
+    cr_assert_gt(nu, 0);
+    cr_assert_leq(nu, snap.n_tokens);
+    char *want_upto = text_of(&m, upto, nu, -1), *have_upto = text_of(&m, snap.tokens, nu, -1);
+    cr_assert_str_eq(have_upto, want_upto);
+    free(want_upto);
+    free(have_upto);
+    free(upto);
+    /* ... and as the ChatML family's rendering of the whole of it (Qwen3's own template
+     * would write the last reply with an empty think block, as it does for a reply that
+     * ends a conversation). */
+    kvp_template fam = t;
+    fam.jinja = NULL;
     int *full;
-    int nf = kvp_template_render(&t, sys, strlen(sys), msgs, 2 * TURNS, &full);
+    int nf = kvp_template_render(&fam, sys, strlen(sys), msgs, 2 * TURNS, &full);
     cr_assert_gt(nf, 0);
     char *want = text_of(&m, full, nf, -1), *have = text_of(&m, snap.tokens, snap.n_tokens, -1);
     /* The rendering closes the last reply; the transcript closes it at the next turn. */
