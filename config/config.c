@@ -77,6 +77,7 @@ static const key_def keys[] = {
     {"top_p", T_FLOAT, F(top_p), 0.01, 1, "0.9", "nucleus sampling (1: off)", FIXED},
     {"seed", T_U64, F(seed), 0, 0, "42", "mixed into each session's sampler seed, which comes from getrandom (unpredictable per session; a request's own seed makes its turn reproducible)", FIXED},
     {"chat_template", T_STR, F(chat_template), 0, 0, "", "chat template family: chatml, llama3, llama2, mistral, zephyr, phi3, gemma or plain (empty: detected from the model's tokenizer.chat_template)", FIXED},
+    {"chat_template_file", T_STR, F(chat_template_file), 0, 0, "", "a Jinja chat template file rendered instead of the model's tokenizer.chat_template (as Hugging Face's apply_chat_template renders it; empty: the model's own)", FIXED},
     {"reuse_cache", T_BOOL, F(reuse_cache), 0, 1, "true", "keep each session's KV cache across turns (false: re-prefill, for benchmarks)", FIXED},
 };
 
@@ -462,6 +463,10 @@ int kvpd_config_validate(const kvpd_config *c, char *err, size_t errlen)
     if (c->chat_template[0] && kvp_template_format(c->chat_template) < 0) {
         snprintf(err, errlen, "chat_template '%s' is none of plain, chatml, llama2, llama3, "
                  "mistral, zephyr, phi3, gemma", c->chat_template);
+        return -EINVAL;
+    }
+    if (c->chat_template[0] && c->chat_template_file[0]) {
+        snprintf(err, errlen, "chat_template (a family) and chat_template_file exclude each other");
         return -EINVAL;
     }
     if (c->state_dir[0]) {

@@ -20,6 +20,7 @@ typedef struct kvpd_config {
     int listen_port;                  /* 0: an ephemeral port, logged at start */
     char model[KVPD_PATH_MAX];
     char chat_template[16];    /* family name; "" = detect */
+    char chat_template_file[KVPD_PATH_MAX];   /* a Jinja chat template; "" = the model's */
     char tokenizer[KVPD_PATH_MAX];    /* "" = next to the model */
     char policy[32];                  /* "" = the default (kvpd_config_default_policy) */
     char policy_file[KVPD_PATH_MAX];

@@ -207,6 +207,7 @@ static void load_done(uv_work_t *w, int status)
                          .step_tokens = d->cfg.step_tokens, .workers = d->cfg.workers, .reuse_cache = d->cfg.reuse_cache,
                          .top_p = d->cfg.top_p, .seed = d->cfg.seed,
                          .chat_template = d->cfg.chat_template,
+                         .chat_template_file = d->cfg.chat_template_file,
                          .transcripts = d->store && kvp_store_dir(d->store)[0] ? &g_h.transcripts
                                                                                : NULL};
     int rc = kvp_hub_start(&d->hub, &hp, err, sizeof err);

@@ -340,52 +340,51 @@ static jnode *bin(jparser *p, int op, jnode *a, jnode *b, int line)
     return n;
 }
 
+typedef jnode *(*parse_fn)(jparser *p);
+
+/* One left-associative level of binary operators: ops[i] makes a B_ node of codes[i]. */
+static jnode *left_assoc(jparser *p, parse_fn next, const char *const *ops, const int *codes)
+{
+    jnode *n = next(p);
+    for (;;) {
+        int line = cur(p)->line, k = -1;
+        for (int i = 0; ops[i] && k < 0; i++)
+            if (accept_op(p, ops[i]))
+                k = i;
+        if (k < 0)
+            return n;
+        n = bin(p, codes[k], n, next(p), line);
+    }
+}
+
+static jnode *unary_filtered(jparser *p) { return unary(p, 1); }
+
 static jnode *power(jparser *p)
 {
-    jnode *n = unary(p, 1);
-    while (is_op(cur(p), "**")) {
-        int line = cur(p)->line;
-        p->pos++;
-        n = bin(p, B_POW, n, unary(p, 1), line);
-    }
-    return n;
+    static const char *const ops[] = {"**", NULL};
+    static const int codes[] = {B_POW};
+    return left_assoc(p, unary_filtered, ops, codes);
 }
 
 static jnode *math2(jparser *p)
 {
-    jnode *n = power(p);
-    for (;;) {
-        int line = cur(p)->line, op;
-        if (accept_op(p, "*")) op = B_MUL;
-        else if (accept_op(p, "//")) op = B_FDIV;
-        else if (accept_op(p, "/")) op = B_DIV;
-        else if (accept_op(p, "%")) op = B_MOD;
-        else return n;
-        n = bin(p, op, n, power(p), line);
-    }
+    static const char *const ops[] = {"*", "//", "/", "%", NULL};
+    static const int codes[] = {B_MUL, B_FDIV, B_DIV, B_MOD};
+    return left_assoc(p, power, ops, codes);
 }
 
 static jnode *concat(jparser *p)
 {
-    jnode *n = math2(p);
-    while (is_op(cur(p), "~")) {
-        int line = cur(p)->line;
-        p->pos++;
-        n = bin(p, B_CAT, n, math2(p), line);
-    }
-    return n;
+    static const char *const ops[] = {"~", NULL};
+    static const int codes[] = {B_CAT};
+    return left_assoc(p, math2, ops, codes);
 }
 
 static jnode *math1(jparser *p)
 {
-    jnode *n = concat(p);
-    for (;;) {
-        int line = cur(p)->line, op;
-        if (accept_op(p, "+")) op = B_ADD;
-        else if (accept_op(p, "-")) op = B_SUB;
-        else return n;
-        n = bin(p, op, n, concat(p), line);
-    }
+    static const char *const ops[] = {"+", "-", NULL};
+    static const int codes[] = {B_ADD, B_SUB};
+    return left_assoc(p, concat, ops, codes);
 }
 
 static jnode *compare(jparser *p)
@@ -421,31 +420,22 @@ static jnode *not_expr(jparser *p)
     return compare(p);
 }
 
-static jnode *and_expr(jparser *p)
+/* `and` / `or`: Python's, returning an operand */
+static jnode *logic(jparser *p, parse_fn next, const char *word, enum jnode_kind kind)
 {
-    jnode *n = not_expr(p);
-    while (is_name(cur(p), "and")) {
-        jnode *a = node(p, N_AND, cur(p)->line);
+    jnode *n = next(p);
+    while (is_name(cur(p), word)) {
+        jnode *a = node(p, kind, cur(p)->line);
         p->pos++;
         a->a = n;
-        a->b = not_expr(p);
+        a->b = next(p);
         n = a;
     }
     return n;
 }
 
-static jnode *or_expr(jparser *p)
-{
-    jnode *n = and_expr(p);
-    while (is_name(cur(p), "or")) {
-        jnode *a = node(p, N_OR, cur(p)->line);
-        p->pos++;
-        a->a = n;
-        a->b = and_expr(p);
-        n = a;
-    }
-    return n;
-}
+static jnode *and_expr(jparser *p) { return logic(p, not_expr, "and", N_AND); }
+static jnode *or_expr(jparser *p) { return logic(p, and_expr, "or", N_OR); }
 
 /* x if cond else y (else optional: undefined) */
 static jnode *expr(jparser *p)

@@ -61,6 +61,19 @@ int kvp_template_use_jinja(kvp_template *t, const char *src, size_t len, char *n
 int kvp_template_render_jinja(const kvp_template *t, const char *system, size_t system_len,
                               const kvp_chat_msg *msgs, int n, int **out, char *err,
                               size_t errlen);
+/* A session's next turn with the Jinja template: msgs is the whole conversation, the new
+ * user message last; have[0..n_have) the transcript so far (replies as generated);
+ * rendered: the transcript is this template's rendering of msgs but the last (as this
+ * function built it). Sets *keep, how many of those tokens stand, and *out, the tokens
+ * that follow them. When the rendering goes on from the previous one with the last reply's
+ * text, *keep = n_have and *out is what follows the reply; when the template renders an
+ * earlier turn differently now (Qwen3 drops an earlier reply's think block), or the
+ * transcript was not rendered by it, *keep is the longest prefix the transcript shares
+ * with the rendering from scratch. The count of *out, or -EINVAL when the template
+ * refuses the conversation. */
+int kvp_template_jinja_turn(const kvp_template *t, const char *system, size_t system_len,
+                            const kvp_chat_msg *msgs, int n, const int *have, int n_have,
+                            int rendered, int *keep, int **out);
 void kvp_template_free(kvp_template *t);
 const char *kvp_template_name(enum kvp_chat_format f);
 /* The format of a name ("chatml", "llama3", ...), -1 if unknown. */

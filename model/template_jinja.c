@@ -101,6 +101,39 @@ static int special_at(const kvp_template *t, const char *s, size_t n)
     return -1;
 }
 
+/* Tokens of text[from, len): special tokens only where the mask says template. */
+static int tokenize(const kvp_template *t, const char *text, const unsigned char *mask,
+                    size_t from, size_t len, int run_start, int **out)
+{
+    render r;
+    kvp_tpl_start(&r, t);
+    r.run_start = run_start;
+    size_t at = from;
+    for (size_t i = from; i < len;) {
+        int id = mask[i] ? -1 : special_at(t, text + i, len - i);
+        if (id < 0) {
+            i++;
+            continue;
+        }
+        kvp_tpl_txt(&r, text + at, i - at);
+        kvp_tpl_tok(&r, id);
+        i += (size_t)tk(t)->piece_len[id];
+        at = i;
+    }
+    kvp_tpl_txt(&r, text + at, len - at);
+    return kvp_tpl_finish(&r, out);
+}
+
+static int alternates(const kvp_chat_msg *msgs, int n, char *err, size_t errlen)
+{
+    for (int i = 0; i < n; i++)
+        if (msgs[i].user != !(i % 2)) {
+            snprintf(err, errlen, "user and assistant messages must alternate");
+            return 0;
+        }
+    return 1;
+}
+
 int kvp_template_render_jinja(const kvp_template *t, const char *system, size_t system_len,
                               const kvp_chat_msg *msgs, int n, int **out, char *err,
                               size_t errlen)
@@ -110,35 +143,93 @@ int kvp_template_render_jinja(const kvp_template *t, const char *system, size_t 
         err = ebuf;
         errlen = sizeof ebuf;
     }
-    for (int i = 0; i < n; i++)
-        if (msgs[i].user != !(i % 2)) {
-            snprintf(err, errlen, "user and assistant messages must alternate");
-            return -EINVAL;
-        }
+    if (!alternates(msgs, n, err, errlen))
+        return -EINVAL;
     char *text;
     unsigned char *mask;
     long len = render_text(t, t->jinja, system, system_len, msgs, n, &text, &mask, err,
                            errlen);
     if (len < 0)
         return -EINVAL;
-    render r;
-    kvp_tpl_start(&r, t);
-    size_t from = 0;
-    for (size_t i = 0; i < (size_t)len;) {
-        int id = mask[i] ? -1 : special_at(t, text + i, (size_t)len - i);
-        if (id < 0) {
-            i++;
-            continue;
-        }
-        kvp_tpl_txt(&r, text + from, i - from);
-        kvp_tpl_tok(&r, id);
-        i += (size_t)tk(t)->piece_len[id];
-        from = i;
-    }
-    kvp_tpl_txt(&r, text + from, (size_t)len - from);
+    int rc = tokenize(t, text, mask, 0, (size_t)len, 1, out);
     free(text);
     free(mask);
-    return kvp_tpl_finish(&r, out);
+    return rc;
+}
+
+/* The reply's tokens stay as generated: when the new rendering goes on from the
+ * rendering up to the previous user message (the transcript's start, as the caller
+ * vouches) with the reply's text, only what follows the reply (after its kept stop
+ * token) is new. */
+static int extend(const kvp_template *t, const char *system, size_t system_len,
+                  const kvp_chat_msg *msgs, int n, const int *have, int n_have,
+                  const char *text, const unsigned char *mask, size_t len, int **out)
+{
+    char err[64], *ptext;
+    unsigned char *pmask;
+    long plen = render_text(t, t->jinja, system, system_len, msgs, n - 2, &ptext, &pmask,
+                            err, sizeof err);
+    if (plen < 0)
+        return -ENOENT;
+    const kvp_chat_msg *reply = &msgs[n - 2];
+    size_t at = (size_t)plen + reply->len;
+    /* the same text (which bytes are the caller's may differ: a role the template wrote
+     * as a literal in the generation prompt comes from the message now) */
+    int ok = (size_t)plen <= len && !memcmp(ptext, text, (size_t)plen) && at <= len &&
+             !memcmp(text + plen, reply->text, reply->len);
+    free(ptext);
+    free(pmask);
+    if (!ok)
+        return -ENOENT;
+    int last = have[n_have - 1], after_special = 0;
+    size_t pl = 0;
+    const char *piece = kvp_template_is_stop(t, last) ? kvp_tokenizer_piece(tk(t), -1, last, &pl)
+                                                      : NULL;
+    if (piece && pl && at + pl <= len && !mask[at] && !memcmp(text + at, piece, pl)) {
+        at += pl;                  /* the stop token the transcript kept is the template's */
+        after_special = 1;
+    }
+    return tokenize(t, text, mask, at, len, after_special, out);
+}
+
+int kvp_template_jinja_turn(const kvp_template *t, const char *system, size_t system_len,
+                            const kvp_chat_msg *msgs, int n, const int *have, int n_have,
+                            int rendered, int *keep, int **out)
+{
+    char err[64];
+    if (!t->jinja || n < 1 || !msgs[n - 1].user || !alternates(msgs, n, err, sizeof err))
+        return -EINVAL;
+    char *text;
+    unsigned char *mask;
+    long len = render_text(t, t->jinja, system, system_len, msgs, n, &text, &mask, err,
+                           sizeof err);
+    if (len < 0)
+        return -EINVAL;
+    int rc = -ENOENT;
+    if (rendered && n >= 3 && n_have > 0) {
+        rc = extend(t, system, system_len, msgs, n, have, n_have, text, mask, (size_t)len, out);
+        if (rc >= 0)
+            *keep = n_have;
+    }
+    if (rc == -ENOENT) {
+        /* from scratch: the longest prefix the transcript shares with the rendering */
+        int *full;
+        rc = tokenize(t, text, mask, 0, (size_t)len, 1, &full);
+        if (rc >= 0) {
+            int common = 0;
+            while (common < rc && common < n_have && full[common] == have[common])
+                common++;
+            *out = malloc(sizeof **out * (size_t)(rc - common + 1));
+            if (*out)
+                memcpy(*out, full + common, sizeof **out * (size_t)(rc - common));
+            *keep = common;
+            rc = *out ? rc - common : -ENOMEM;
+            free(full);
+        }
+    }
+    free(text);
+    free(mask);
+    return rc;
 }
 
 int kvp_template_use_jinja(kvp_template *t, const char *src, size_t len, char *note,

@@ -6,7 +6,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include "base/fileio.h"
 #include "base/log.h"
 #include "sessions/hub_impl.h"
 #include "sessions/residency.h"
@@ -859,6 +863,36 @@ static void on_event(void *ctx, const kvpd_event *ev)
 
 /* ---- the daemon's side ---- */
 
+/* chat_template_file: the Jinja template read and tried now, so a bad file stops the
+ * start with the reason (where and which construct) instead of each turn. */
+static int use_template_file(kvp_template *t, const char *path, char *err, size_t errlen)
+{
+    struct stat st;
+    int fd = kvp_open_regular(path, O_RDONLY, &st);
+    if (fd < 0) {
+        snprintf(err, errlen, "chat_template_file %s: %s", path,
+                 fd == KVP_E_NOT_REGULAR ? "not a regular file" : strerror(-fd));
+        return fd;
+    }
+    char *src = st.st_size <= (16 << 20) ? malloc((size_t)st.st_size + 1) : NULL;
+    long long n = src ? kvp_read_full(fd, src, (size_t)st.st_size) : -EFBIG;
+    close(fd);
+    if (n < 0) {
+        free(src);
+        snprintf(err, errlen, "chat_template_file %s: %s", path,
+                 n == -EFBIG ? "larger than 16 MiB" : strerror((int)-n));
+        return (int)n;
+    }
+    char note[256];
+    int rc = kvp_template_use_jinja(t, src, (size_t)n, note, sizeof note);
+    free(src);
+    if (rc < 0)
+        snprintf(err, errlen, "chat_template_file %s: %s", path, note);
+    else
+        kvpd_log("info", "chat template: %s (Jinja)", path);
+    return rc;
+}
+
 int kvp_hub_start(kvp_hub **out, const kvp_hub_params *p, char *err, size_t errlen)
 {
     kvp_hub *h = calloc(1, sizeof *h);
@@ -896,8 +930,11 @@ int kvp_hub_start(kvp_hub **out, const kvp_hub_params *p, char *err, size_t errl
         snprintf(err, errlen, "%s", note);
         return rc;
     }
-    if (rc > 0)
+    if (rc > 0 && !(p->chat_template_file && p->chat_template_file[0]))
         kvpd_log("warning", "chat template: %s", note);
+    if (p->chat_template_file && p->chat_template_file[0] &&
+        (rc = use_template_file(&h->env.tpl, p->chat_template_file, err, errlen)) < 0)
+        return rc;
     rc = kvp_session_table_init(&h->sessions);
     if (rc == 0 && p->transcripts) {
         h->transcripts = *p->transcripts;
@@ -1029,6 +1066,7 @@ void kvp_hub_free(kvp_hub *h)
     kvp_transcripts_free(&h->transcripts);
     kvp_policy_conf_unref(h->pconf);
     kvp_store_close(h->own_store);
+    kvp_template_free(&h->env.tpl);
     free(h);
 }
 

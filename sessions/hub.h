@@ -226,6 +226,8 @@ typedef struct kvp_hub_params {
     float top_p;
     uint64_t seed;
     const char *chat_template;    /* family name (config chat_template); NULL/"" = detect */
+    const char *chat_template_file;   /* a Jinja template (config chat_template_file) rendered
+                                         instead of the model's; NULL/"" = the model's */
     /* The conversations on disk by transcript (kvp_transcripts_load at start), moved into
      * the hub (*transcripts is left empty); NULL: none. */
     struct kvp_transcripts *transcripts;

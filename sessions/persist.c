@@ -200,6 +200,7 @@ void kvp_session_forget(kvp_session *s)
 
 int kvp_session_retokenize(kvp_session *s, const kvp_session_env *env)
 {
+    s->jinja_rendered = 0;   /* the family's tokens: the next Jinja turn compares them */
     return render(s, env, 1);
 }
 
@@ -324,6 +325,10 @@ int kvp_session_restore(kvp_session *s, const kvp_session_env *env, size_t max_b
         r->rebuilt = 1;
         snprintf(r->note, sizeof r->note, "%s", why);
     }
+    /* Tokens kept from the snapshot were built by this daemon's template (a Jinja one
+     * turn by turn); re-tokenized ones are the family's (kvp_session_retokenize). */
+    if (!restart)
+        s->jinja_rendered = env->tpl.jinja != NULL;
     /* Cut replies still need their end marker; a reply that ended has it last. */
     s->reply_open = s->n_msgs > 0 && s->n_tokens > 0 &&
                     !(!restart && kvp_template_is_stop(&env->tpl, s->tokens[s->n_tokens - 1]));

@@ -386,6 +386,46 @@ static int push_token(kvp_session *s, int id)
 
 static int push_message(kvp_session *s, int user, const char *text, size_t len, int first);
 
+/* With the model's own Jinja template (kvp_template_jinja_turn): the whole conversation
+ * with the new user message rendered, the transcript kept as far as the rendering agrees
+ * with it. Where the template renders an earlier turn differently now (Qwen3 drops an
+ * earlier reply's think block), the transcript and the cache go back to the longest
+ * shared prefix (the journal's next save is a full one) and the rest is prefilled anew.
+ * *ids (malloc'd) are the tokens to append. Returns their count, or -ENOENT when the
+ * family renders this turn: no Jinja template, dropped history (the rendering would
+ * start at the conversation's beginning), or a conversation the template refuses. */
+static int jinja_turn(kvp_session *s, const kvp_session_env *env, kvp_turn *t, int **ids)
+{
+    if (!env->tpl.jinja || s->hist_tokens != 0)
+        return -ENOENT;
+    kvp_chat_msg *cm = malloc(sizeof *cm * ((size_t)s->n_msgs + 1));
+    if (!cm)
+        return -ENOMEM;
+    for (int i = 0; i < s->n_msgs; i++)
+        cm[i] = (kvp_chat_msg){s->msgs[i].user, s->msgs[i].text, s->msgs[i].len};
+    cm[s->n_msgs] = (kvp_chat_msg){1, t->text, t->text_len};
+    int common = 0;
+    int n = kvp_template_jinja_turn(&env->tpl, s->system, s->system_len, cm, s->n_msgs + 1,
+                                    s->tokens, s->n_tokens, s->jinja_rendered, &common, ids);
+    free(cm);
+    if (n < 0)
+        return n == -ENOMEM ? n : -ENOENT;
+    if (common < s->n_tokens) {
+        if (s->n_cached > common) {
+            kvp_cache_drop_newest(&s->cache, s->n_cached - common);
+            s->n_cached = common;
+        }
+        s->n_tokens = common;
+        for (int i = 0; i < s->n_msgs; i++)
+            if (s->msg_tok[i] > common)
+                s->msg_tok[i] = common;
+        s->journal_ok = 0;
+        t->undo_tokens = common;
+    }
+    s->jinja_rendered = 1;
+    return n;
+}
+
 int kvp_session_seed(kvp_session *s, const kvp_message *msgs, int n)
 {
     /* no tokens yet: the first turn renders them (kvp_session_retokenize) */
@@ -910,9 +950,14 @@ static int turn_start(kvp_session *s, const kvp_session_env *env, const kvp_turn
     }
     /* A cancel that came before any work still records the message: the next turn
      * prefills it (prefill checks the flag first). */
-    int *ids = NULL, first = s->n_tokens;
-    int n = kvp_template_turn(&env->tpl, s->system, s->system_len, s->n_tokens == 0,
+    int *ids = NULL;
+    int n = jinja_turn(s, env, t, &ids);
+    if (n == -ENOENT) {
+        s->jinja_rendered = 0;
+        n = kvp_template_turn(&env->tpl, s->system, s->system_len, s->n_tokens == 0,
                               s->reply_open, t->text, t->text_len, &ids);
+    }
+    int first = s->n_tokens;
     if (n < 0)
         return fail(s, env, sink, 1, n, "tokenize", NULL);
     for (int i = 0; i < n; i++)

@@ -181,6 +181,9 @@ typedef struct kvp_session {
     int n_tokens, cap_tokens;
     int n_cached;                    /* tokens[0..n_cached) have been run */
     int reply_open;
+    int jinja_rendered;              /* tokens[] were built by the model's Jinja template turn
+                                        by turn (kvp_template_jinja_turn), replies as
+                                        generated; 0 after the family rebuilt them */
     /* The system text the chat template renders at the conversation's start (NULL/0:
      * none, the template's default if it has one). Set when the session is made, never
      * changed; persisted with the session. */

@@ -250,9 +250,25 @@ Test(chatml, five_turns_under_a_system_text_are_the_template_rendering_and_survi
     }
     cr_assert_eq(at, snap.n_tokens, "tokens after the last reply");
 
-    /* And as text: the transcript reads as the rendering of the whole conversation. */
+    /* And as text: the transcript reads as the model's own (Jinja) rendering of the
+     * conversation up to its last user message... */
+    cr_assert_not_null(t.jinja, "Qwen3's template renders through the interpreter");
+    int *upto;
+    int nu = kvp_template_render(&t, sys, strlen(sys), msgs, 2 * TURNS - 1, &upto);
+    cr_assert_gt(nu, 0);
+    cr_assert_leq(nu, snap.n_tokens);
+    char *want_upto = text_of(&m, upto, nu, -1), *have_upto = text_of(&m, snap.tokens, nu, -1);
+    cr_assert_str_eq(have_upto, want_upto);
+    free(want_upto);
+    free(have_upto);
+    free(upto);
+    /* ... and as the ChatML family's rendering of the whole of it (Qwen3's own template
+     * would write the last reply with an empty think block, as it does for a reply that
+     * ends a conversation). */
+    kvp_template fam = t;
+    fam.jinja = NULL;
     int *full;
-    int nf = kvp_template_render(&t, sys, strlen(sys), msgs, 2 * TURNS, &full);
+    int nf = kvp_template_render(&fam, sys, strlen(sys), msgs, 2 * TURNS, &full);
     cr_assert_gt(nf, 0);
     char *want = text_of(&m, full, nf, -1), *have = text_of(&m, snap.tokens, snap.n_tokens, -1);
     /* The rendering closes the last reply; the transcript closes it at the next turn. */
@@ -340,5 +356,48 @@ Test(chatml, a_bad_system_text_gets_an_error_and_the_connection_keeps_serving)
     cr_assert_eq(json_string_length(json_object_get(s, "system")), KVP_HUB_SYSTEM_MAX);
     json_decref(s);
     free(big);
+    ws_close(&c);
+}
+
+/* chat_template_file: a template that cannot render stops the start with where and why;
+ * a good one renders the turns instead of the model's own. */
+Test(chatml, chat_template_file_replaces_the_models_template)
+{
+    cr_assert_eq(kvpd_stop(&d, 10000), 0);
+    char bad[128], good[128], args[2048];
+    snprintf(bad, sizeof bad, "%s/bad.jinja", state);
+    snprintf(good, sizeof good, "%s/good.jinja", state);
+    FILE *f = fopen(bad, "w");
+    cr_assert(f);
+    fputs("{% for m in messages %}\n{% include 'other.jinja' %}{% endfor %}", f);
+    fclose(f);
+    f = fopen(good, "w");
+    cr_assert(f);
+    fputs("{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content | upper + "
+          "'<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}"
+          "{{ '<|im_start|>assistant\\n' }}{% endif %}", f);
+    fclose(f);
+    snprintf(args, sizeof args, "%s --chat-template-file %s", daemon_args, bad);
+    cr_assert_neq(kvpd_start(&d, args), 0, "kvpd started with a template it cannot parse");
+    cr_assert(kvpd_log_has(&d, "chat_template_file"), "log %s", d.log);
+    cr_assert(kvpd_log_has(&d, "line 2: unknown statement 'include'"), "log %s", d.log);
+    kvpd_stop(&d, 10000);
+
+    snprintf(args, sizeof args, "%s --chat-template-file %s", daemon_args, good);
+    cr_assert_eq(kvpd_start(&d, args), 0, "kvpd did not start (log %s)", d.log);
+    cr_assert(kvpd_log_has(&d, "good.jinja (Jinja)"), "log %s", d.log);
+    ws_client c;
+    cr_assert_eq(h_connect(&d, &c), 0);
+    cr_assert_eq(ws_send_text(&c, "{\"type\":\"hello\"}"), 0);
+    json_decref(h_expect(&c, "session", 5000));
+    char *tokens = NULL;
+    json_t *done = h_turn(&c, "hello there", 4, &tokens);
+    cr_assert(done);
+    cr_assert_str_eq(json_string_value(json_object_get(done, "type")), "done");
+    /* the file's template upper-cases the message: other tokens than the model's would */
+    json_int_t prompt = stat_of(done, "prompt_tokens");
+    cr_assert_geq(prompt, 6, "%lld", (long long)prompt);
+    free(tokens);
+    json_decref(done);
     ws_close(&c);
 }

@@ -399,3 +399,53 @@ Test(template, jinja_template_renders_with_markers_from_the_template_only)
     kvp_template_free(&t);
     m.chat_template = NULL;
 }
+
+/* A session's turns with a Jinja template: a rendering that extends the previous one keeps
+ * the reply's generated tokens; one that renders an earlier reply differently (as Qwen3
+ * drops think blocks) keeps only the prefix shared with the rendering from scratch. */
+Test(template, jinja_turn_keeps_replies_or_goes_back_to_the_shared_prefix)
+{
+    m.chat_template = "{% for m in messages %}{% set c = m.content %}"
+                      "{% if m.role == 'assistant' and not loop.last %}{% set c = c.split('</think>')[-1] %}{% endif %}"
+                      "{{ '<|im_start|>' + m.role + '\\n' + c + '<|im_end|>\\n' }}{% endfor %}"
+                      "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+    kvp_template t;
+    kvp_template_init(&t, &m, NULL, NULL, 0);
+    cr_assert_not_null(t.jinja);
+    int end = kvp_tokenizer_lookup(&m.tok, "<|im_end|>", 10);
+    for (int think = 0; think < 2; think++) {
+        const char *reply = think ? "<think>hmm</think>Yes." : "Yes.";
+        kvp_chat_msg msgs[3] = {{1, "Hi", 2}, {0, reply, strlen(reply)}, {1, "Ok", 2}};
+        int *first, keep = -1, *next;
+        int nf = kvp_template_jinja_turn(&t, NULL, 0, msgs, 1, NULL, 0, 0, &keep, &first);
+        cr_assert_gt(nf, 0);
+        cr_assert_eq(keep, 0);
+        /* the transcript: the first rendering, the reply as "generated" (one id per byte,
+         * not the text's encoding), its end marker */
+        int have[256], nh = 0;
+        memcpy(have, first, sizeof *first * (size_t)nf);
+        nh = nf;
+        for (size_t i = 0; i < strlen(reply); i++)
+            have[nh++] = m.tok.byte_token[(unsigned char)reply[i]];
+        have[nh++] = end;
+        int nn = kvp_template_jinja_turn(&t, NULL, 0, msgs, 3, have, nh, 1, &keep, &next);
+        cr_assert_gt(nn, 0);
+        if (!think) {
+            cr_assert_eq(keep, nh, "the reply's tokens stay");
+            char *s = render(&t, next, nn, end);
+            cr_assert_str_eq(s, " \n<|im_start|> user\nOk<|im_end|> \n<|im_start|> assistant\n");
+            free(s);
+        } else {
+            cr_assert_eq(keep, nf, "back to the reply's start (%d of %d)", keep, nh);
+            int *scratch;
+            int ns = kvp_template_render(&t, NULL, 0, msgs, 3, &scratch);
+            cr_assert_eq(keep + nn, ns);
+            cr_assert_arr_eq(next, scratch + keep, sizeof *next * (size_t)nn);
+            free(scratch);
+        }
+        free(first);
+        free(next);
+    }
+    kvp_template_free(&t);
+    m.chat_template = NULL;
+}
