@@ -420,9 +420,66 @@ static int candidates(kvp_sampler *s, const float *p, int best)
     return m;
 }
 
+/* Top-p alone with a nucleus too large to sort (a flat distribution), found without
+ * collecting every candidate: one histogram of p[] at select_top's first level; the
+ * tokens of the buckets above the crossing one are the nucleus's bulk and stay where
+ * they are in p[] (*above_key: that bucket, *above_mass: their mass); only the crossing
+ * bucket's tokens are gathered into s->scratch and selected there. Returns their number,
+ * or -1 when the bulk holds at most SORT_MAX tokens (candidates() then sorts the
+ * nucleus, as the sort-based sampler did) or rounding left the mass short. */
+static int flat_nucleus(kvp_sampler *s, const float *p, int *above_key, double *above_mass)
+{
+    static _Thread_local unsigned cnt[2][2048];
+    static _Thread_local double mass[2][2048];
+    int n = s->vocab_size, i = 0;
+    double target = s->top_p;   /* in the softmax's units: the whole mass is 1 */
+    memset(cnt, 0, sizeof cnt);
+    memset(mass, 0, sizeof mass);
+    for (; i + 1 < n; i += 2) {
+        unsigned b0 = key(p[i], 0), b1 = key(p[i + 1], 0);
+        cnt[0][b0]++;
+        mass[0][b0] += p[i];
+        cnt[1][b1]++;
+        mass[1][b1] += p[i + 1];
+    }
+    if (i < n) {
+        cnt[0][key(p[i], 0)]++;
+        mass[0][key(p[i], 0)] += p[i];
+    }
+    int above = 0, cross = -1;
+    double kept = 0.0;
+    for (int b = 2047; b >= 0; b--) {
+        double mb = mass[0][b] + mass[1][b];
+        if (kept + mb > target) {
+            cross = b;
+            break;
+        }
+        above += (int)(cnt[0][b] + cnt[1][b]);
+        kept += mb;
+    }
+    if (cross < 0 || above <= SORT_MAX)
+        return -1;
+    cand *c = (cand *)s->scratch;
+    int g = 0;
+    for (i = 0; i < n; i++)
+        if (key(p[i], 0) == (unsigned)cross) {
+            c[g].p = p[i];
+            c[g].i = i;
+            g++;
+        }
+    int at;
+    double before;
+    *above_key = cross;
+    *above_mass = kept;
+    return select_top(c, g, 0, target - kept, &at, &before);
+}
+
 /* Penalties, biases, greedy or softmax + candidates. Returns the greedy token, or -1
- * with *m candidates in s->scratch; *best is the most likely token. */
-static int prepare(kvp_sampler *s, float *logits, int *m, int *best)
+ * with *m candidates in s->scratch, after (when *above >= 0) the tokens of logits[]
+ * whose first-level key is above *above, of mass *above_mass; *best is the most likely
+ * token. */
+static int prepare(kvp_sampler *s, float *logits, int *m, int *best, int *above,
+                   double *above_mass)
 {
     int n = s->vocab_size;
     pthread_once(&simd_once, pick_simd);
@@ -432,8 +489,13 @@ static int prepare(kvp_sampler *s, float *logits, int *m, int *best)
     if (s->temperature < KVP_SAMPLER_GREEDY_BELOW)
         return *best;
     softmax(logits, n, *best, s->temperature);
-    int plain = s->top_p >= 1.0f && s->min_p <= 0.0f && !(s->top_k > 0 && s->top_k < n);
-    *m = plain ? 0 : candidates(s, logits, *best);
+    int filtered = s->min_p > 0.0f || (s->top_k > 0 && s->top_k < n);
+    *above = -1;
+    *above_mass = 0.0;
+    if (s->top_p >= 1.0f && !filtered)
+        *m = 0;
+    else if (filtered || (*m = flat_nucleus(s, logits, above, above_mass)) < 0)
+        *m = candidates(s, logits, *best);
     return -1;
 }
 
@@ -446,11 +508,26 @@ static int drawn(kvp_sampler *s, int tok)
 
 int kvp_sample(kvp_sampler *s, float *logits)
 {
-    int m = 0, best;
-    int tok = prepare(s, logits, &m, &best);
+    int m = 0, best, above;
+    double above_mass;
+    int tok = prepare(s, logits, &m, &best, &above, &above_mass);
     if (tok >= 0)
         return drawn(s, tok);
     float coin = kvp_rand_f32(&s->rng);
+    const cand *c = (const cand *)s->scratch;
+    if (above >= 0) {   /* the bulk in token order, then the selected crossing tokens */
+        double total = above_mass, cdf = 0.0;
+        for (int j = 0; j < m; j++)
+            total += c[j].p;
+        double r = (double)coin * total;
+        for (int i = 0; i < s->vocab_size; i++)
+            if (key(logits[i], 0) > (unsigned)above && (cdf += logits[i]) > r)
+                return drawn(s, i);
+        for (int j = 0; j < m; j++)
+            if ((cdf += c[j].p) > r)
+                return drawn(s, c[j].i);
+        return drawn(s, best);
+    }
     if (m == 0) {   /* no filter: the whole distribution in token order */
         float cdf = 0.0f;
         for (int i = 0; i < s->vocab_size; i++) {
@@ -460,7 +537,6 @@ int kvp_sample(kvp_sampler *s, float *logits)
         }
         return drawn(s, best);   /* rounding left the cdf short of the coin */
     }
-    const cand *c = (const cand *)s->scratch;
     float cum = 0.0f, cdf = 0.0f;
     for (int j = 0; j < m; j++)
         cum += c[j].p;
@@ -475,8 +551,9 @@ int kvp_sample(kvp_sampler *s, float *logits)
 
 int kvp_sampler_dist(kvp_sampler *s, float *logits, int *ids, float *p)
 {
-    int m = 0, best;
-    int tok = prepare(s, logits, &m, &best);
+    int m = 0, best, above;
+    double above_mass;
+    int tok = prepare(s, logits, &m, &best, &above, &above_mass);
     if (tok >= 0) {
         ids[0] = tok;
         p[0] = 1.0f;
@@ -490,12 +567,18 @@ int kvp_sampler_dist(kvp_sampler *s, float *logits, int *ids, float *p)
         return s->vocab_size;
     }
     const cand *c = (const cand *)s->scratch;
-    double cum = 0.0;
+    double cum = above_mass;
     for (int j = 0; j < m; j++)
         cum += c[j].p;
+    int k = 0;
+    for (int i = 0; above >= 0 && i < s->vocab_size; i++)
+        if (key(logits[i], 0) > (unsigned)above) {
+            ids[k] = i;
+            p[k++] = (float)(logits[i] / cum);
+        }
     for (int j = 0; j < m; j++) {
-        ids[j] = c[j].i;
-        p[j] = (float)(c[j].p / cum);
+        ids[k] = c[j].i;
+        p[k++] = (float)(c[j].p / cum);
     }
-    return m;
+    return k;
 }
