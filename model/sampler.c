@@ -256,6 +256,44 @@ static unsigned key(float p, int l)
     return l == 0 ? u >> 20 : l == 1 ? (u >> 10) & 1023u : u & 1023u;
 }
 
+/* The bucket at radix level l of n probabilities p[0], p[stride], ... (a candidate
+ * array's, or a softmax's) where, walking down from the top bucket, the count of those
+ * above plus its own reaches k (k > 0; `base` counted before), or (k == 0) the mass
+ * *kept plus its own exceeds target; adds the count and mass of the buckets above it to
+ * *above and *kept. -1: no bucket does. */
+static int crossing(const float *p, int n, int stride, int l, int k, int base, double target,
+                    int *above, double *kept)
+{
+    /* two histograms, even and odd items: a flat distribution sends most of them to a
+     * few buckets, and one histogram would chain every update on the last */
+    static _Thread_local unsigned cnt[2][2048];
+    static _Thread_local double mass[2][2048];
+    int nb = l == 0 ? 2048 : 1024, j = 0;
+    memset(cnt, 0, sizeof cnt);
+    memset(mass, 0, sizeof mass);
+    for (; j + 1 < n; j += 2) {
+        float a = p[(size_t)j * stride], b = p[(size_t)(j + 1) * stride];
+        unsigned b0 = key(a, l), b1 = key(b, l);
+        cnt[0][b0]++;
+        mass[0][b0] += a;
+        cnt[1][b1]++;
+        mass[1][b1] += b;
+    }
+    if (j < n) {
+        cnt[0][key(p[(size_t)j * stride], l)]++;
+        mass[0][key(p[(size_t)j * stride], l)] += p[(size_t)j * stride];
+    }
+    for (int b = nb - 1; b >= 0; b--) {
+        int nc = (int)(cnt[0][b] + cnt[1][b]);
+        double mb = mass[0][b] + mass[1][b];
+        if (k ? base + *above + nc >= k : *kept + mb > target)
+            return b;
+        *above += nc;
+        *kept += mb;
+    }
+    return -1;
+}
+
 /* Reorders c[0..m) so that c[0..return) are its k most likely (k > 0), or (k == 0) the
  * fewest most likely whose mass first exceeds target, the one crossing it included (all
  * of them when rounding leaves the sum short): a most-significant-digit radix select on
@@ -268,41 +306,14 @@ static unsigned key(float p, int l)
  * those before it. */
 static int select_top(cand *c, int m, int k, double target, int *sorted_at, double *mass_before)
 {
-    /* two histograms, even and odd candidates: a flat distribution sends most of them
-     * to a few buckets, and one histogram would chain every update on the last */
-    static _Thread_local unsigned cnt[2][2048];
-    static _Thread_local double mass[2][2048];
     int head = 0, end = m;   /* c[0..head) kept; c[head..end) undecided */
     double kept = 0.0;
     *sorted_at = 0;
     *mass_before = 0.0;
     for (int l = 0; l < 3 && end - head > SORT_MAX; l++) {
-        int nb = l == 0 ? 2048 : 1024;
-        memset(cnt, 0, sizeof cnt);
-        memset(mass, 0, sizeof mass);
-        int j = head;
-        for (; j + 1 < end; j += 2) {
-            unsigned b0 = key(c[j].p, l), b1 = key(c[j + 1].p, l);
-            cnt[0][b0]++;
-            mass[0][b0] += c[j].p;
-            cnt[1][b1]++;
-            mass[1][b1] += c[j + 1].p;
-        }
-        if (j < end) {
-            cnt[0][key(c[j].p, l)]++;
-            mass[0][key(c[j].p, l)] += c[j].p;
-        }
-        int above = 0, cross = -1;
-        for (int b = nb - 1; b >= 0; b--) {
-            int nc = (int)(cnt[0][b] + cnt[1][b]);
-            double mb = mass[0][b] + mass[1][b];
-            if (k ? head + above + nc >= k : kept + mb > target) {
-                cross = b;
-                break;
-            }
-            above += nc;
-            kept += mb;
-        }
+        int above = 0;
+        int cross = crossing(&c[head].p, end - head, (int)(sizeof(cand) / sizeof(float)), l, k,
+                             head, target, &above, &kept);
         if (cross < 0) {
             *sorted_at = end;
             *mass_before = kept;
@@ -429,39 +440,14 @@ static int candidates(kvp_sampler *s, const float *p, int best)
  * nucleus, as the sort-based sampler did) or rounding left the mass short. */
 static int flat_nucleus(kvp_sampler *s, const float *p, int *above_key, double *above_mass)
 {
-    static _Thread_local unsigned cnt[2][2048];
-    static _Thread_local double mass[2][2048];
-    int n = s->vocab_size, i = 0;
-    double target = s->top_p;   /* in the softmax's units: the whole mass is 1 */
-    memset(cnt, 0, sizeof cnt);
-    memset(mass, 0, sizeof mass);
-    for (; i + 1 < n; i += 2) {
-        unsigned b0 = key(p[i], 0), b1 = key(p[i + 1], 0);
-        cnt[0][b0]++;
-        mass[0][b0] += p[i];
-        cnt[1][b1]++;
-        mass[1][b1] += p[i + 1];
-    }
-    if (i < n) {
-        cnt[0][key(p[i], 0)]++;
-        mass[0][key(p[i], 0)] += p[i];
-    }
-    int above = 0, cross = -1;
-    double kept = 0.0;
-    for (int b = 2047; b >= 0; b--) {
-        double mb = mass[0][b] + mass[1][b];
-        if (kept + mb > target) {
-            cross = b;
-            break;
-        }
-        above += (int)(cnt[0][b] + cnt[1][b]);
-        kept += mb;
-    }
+    int n = s->vocab_size, above = 0;
+    double target = s->top_p, kept = 0.0;   /* in the softmax's units: the whole mass is 1 */
+    int cross = crossing(p, n, 1, 0, 0, 0, target, &above, &kept);
     if (cross < 0 || above <= SORT_MAX)
         return -1;
     cand *c = (cand *)s->scratch;
     int g = 0;
-    for (i = 0; i < n; i++)
+    for (int i = 0; i < n; i++)
         if (key(p[i], 0) == (unsigned)cross) {
             c[g].p = p[i];
             c[g].i = i;
