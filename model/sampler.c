@@ -256,6 +256,44 @@ static unsigned key(float p, int l)
     return l == 0 ? u >> 20 : l == 1 ? (u >> 10) & 1023u : u & 1023u;
 }
 
+/* The bucket at radix level l of n probabilities p[0], p[stride], ... (a candidate
+ * array's, or a softmax's) where, walking down from the top bucket, the count of those
+ * above plus its own reaches k (k > 0; `base` counted before), or (k == 0) the mass
+ * *kept plus its own exceeds target; adds the count and mass of the buckets above it to
+ * *above and *kept. -1: no bucket does. */
+static int crossing(const float *p, int n, int stride, int l, int k, int base, double target,
+                    int *above, double *kept)
+{
+    /* two histograms, even and odd items: a flat distribution sends most of them to a
+     * few buckets, and one histogram would chain every update on the last */
+    static _Thread_local unsigned cnt[2][2048];
+    static _Thread_local double mass[2][2048];
+    int nb = l == 0 ? 2048 : 1024, j = 0;
+    memset(cnt, 0, sizeof cnt);
+    memset(mass, 0, sizeof mass);
+    for (; j + 1 < n; j += 2) {
+        float a = p[(size_t)j * stride], b = p[(size_t)(j + 1) * stride];
+        unsigned b0 = key(a, l), b1 = key(b, l);
+        cnt[0][b0]++;
+        mass[0][b0] += a;
+        cnt[1][b1]++;
+        mass[1][b1] += b;
+    }
+    if (j < n) {
+        cnt[0][key(p[(size_t)j * stride], l)]++;
+        mass[0][key(p[(size_t)j * stride], l)] += p[(size_t)j * stride];
+    }
+    for (int b = nb - 1; b >= 0; b--) {
+        int nc = (int)(cnt[0][b] + cnt[1][b]);
+        double mb = mass[0][b] + mass[1][b];
+        if (k ? base + *above + nc >= k : *kept + mb > target)
+            return b;
+        *above += nc;
+        *kept += mb;
+    }
+    return -1;
+}
+
 /* Reorders c[0..m) so that c[0..return) are its k most likely (k > 0), or (k == 0) the
  * fewest most likely whose mass first exceeds target, the one crossing it included (all
  * of them when rounding leaves the sum short): a most-significant-digit radix select on
@@ -268,41 +306,14 @@ static unsigned key(float p, int l)
  * those before it. */
 static int select_top(cand *c, int m, int k, double target, int *sorted_at, double *mass_before)
 {
-    /* two histograms, even and odd candidates: a flat distribution sends most of them
-     * to a few buckets, and one histogram would chain every update on the last */
-    static _Thread_local unsigned cnt[2][2048];
-    static _Thread_local double mass[2][2048];
     int head = 0, end = m;   /* c[0..head) kept; c[head..end) undecided */
     double kept = 0.0;
     *sorted_at = 0;
     *mass_before = 0.0;
     for (int l = 0; l < 3 && end - head > SORT_MAX; l++) {
-        int nb = l == 0 ? 2048 : 1024;
-        memset(cnt, 0, sizeof cnt);
-        memset(mass, 0, sizeof mass);
-        int j = head;
-        for (; j + 1 < end; j += 2) {
-            unsigned b0 = key(c[j].p, l), b1 = key(c[j + 1].p, l);
-            cnt[0][b0]++;
-            mass[0][b0] += c[j].p;
-            cnt[1][b1]++;
-            mass[1][b1] += c[j + 1].p;
-        }
-        if (j < end) {
-            cnt[0][key(c[j].p, l)]++;
-            mass[0][key(c[j].p, l)] += c[j].p;
-        }
-        int above = 0, cross = -1;
-        for (int b = nb - 1; b >= 0; b--) {
-            int nc = (int)(cnt[0][b] + cnt[1][b]);
-            double mb = mass[0][b] + mass[1][b];
-            if (k ? head + above + nc >= k : kept + mb > target) {
-                cross = b;
-                break;
-            }
-            above += nc;
-            kept += mb;
-        }
+        int above = 0;
+        int cross = crossing(&c[head].p, end - head, (int)(sizeof(cand) / sizeof(float)), l, k,
+                             head, target, &above, &kept);
         if (cross < 0) {
             *sorted_at = end;
             *mass_before = kept;
@@ -420,9 +431,41 @@ static int candidates(kvp_sampler *s, const float *p, int best)
     return m;
 }
 
+/* Top-p alone with a nucleus too large to sort (a flat distribution), found without
+ * collecting every candidate: one histogram of p[] at select_top's first level; the
+ * tokens of the buckets above the crossing one are the nucleus's bulk and stay where
+ * they are in p[] (*above_key: that bucket, *above_mass: their mass); only the crossing
+ * bucket's tokens are gathered into s->scratch and selected there. Returns their number,
+ * or -1 when the bulk holds at most SORT_MAX tokens (candidates() then sorts the
+ * nucleus, as the sort-based sampler did) or rounding left the mass short. */
+static int flat_nucleus(kvp_sampler *s, const float *p, int *above_key, double *above_mass)
+{
+    int n = s->vocab_size, above = 0;
+    double target = s->top_p, kept = 0.0;   /* in the softmax's units: the whole mass is 1 */
+    int cross = crossing(p, n, 1, 0, 0, 0, target, &above, &kept);
+    if (cross < 0 || above <= SORT_MAX)
+        return -1;
+    cand *c = (cand *)s->scratch;
+    int g = 0;
+    for (int i = 0; i < n; i++)
+        if (key(p[i], 0) == (unsigned)cross) {
+            c[g].p = p[i];
+            c[g].i = i;
+            g++;
+        }
+    int at;
+    double before;
+    *above_key = cross;
+    *above_mass = kept;
+    return select_top(c, g, 0, target - kept, &at, &before);
+}
+
 /* Penalties, biases, greedy or softmax + candidates. Returns the greedy token, or -1
- * with *m candidates in s->scratch; *best is the most likely token. */
-static int prepare(kvp_sampler *s, float *logits, int *m, int *best)
+ * with *m candidates in s->scratch, after (when *above >= 0) the tokens of logits[]
+ * whose first-level key is above *above, of mass *above_mass; *best is the most likely
+ * token. */
+static int prepare(kvp_sampler *s, float *logits, int *m, int *best, int *above,
+                   double *above_mass)
 {
     int n = s->vocab_size;
     pthread_once(&simd_once, pick_simd);
@@ -432,8 +475,13 @@ static int prepare(kvp_sampler *s, float *logits, int *m, int *best)
     if (s->temperature < KVP_SAMPLER_GREEDY_BELOW)
         return *best;
     softmax(logits, n, *best, s->temperature);
-    int plain = s->top_p >= 1.0f && s->min_p <= 0.0f && !(s->top_k > 0 && s->top_k < n);
-    *m = plain ? 0 : candidates(s, logits, *best);
+    int filtered = s->min_p > 0.0f || (s->top_k > 0 && s->top_k < n);
+    *above = -1;
+    *above_mass = 0.0;
+    if (s->top_p >= 1.0f && !filtered)
+        *m = 0;
+    else if (filtered || (*m = flat_nucleus(s, logits, above, above_mass)) < 0)
+        *m = candidates(s, logits, *best);
     return -1;
 }
 
@@ -446,11 +494,26 @@ static int drawn(kvp_sampler *s, int tok)
 
 int kvp_sample(kvp_sampler *s, float *logits)
 {
-    int m = 0, best;
-    int tok = prepare(s, logits, &m, &best);
+    int m = 0, best, above;
+    double above_mass;
+    int tok = prepare(s, logits, &m, &best, &above, &above_mass);
     if (tok >= 0)
         return drawn(s, tok);
     float coin = kvp_rand_f32(&s->rng);
+    const cand *c = (const cand *)s->scratch;
+    if (above >= 0) {   /* the bulk in token order, then the selected crossing tokens */
+        double total = above_mass, cdf = 0.0;
+        for (int j = 0; j < m; j++)
+            total += c[j].p;
+        double r = (double)coin * total;
+        for (int i = 0; i < s->vocab_size; i++)
+            if (key(logits[i], 0) > (unsigned)above && (cdf += logits[i]) > r)
+                return drawn(s, i);
+        for (int j = 0; j < m; j++)
+            if ((cdf += c[j].p) > r)
+                return drawn(s, c[j].i);
+        return drawn(s, best);
+    }
     if (m == 0) {   /* no filter: the whole distribution in token order */
         float cdf = 0.0f;
         for (int i = 0; i < s->vocab_size; i++) {
@@ -460,7 +523,6 @@ int kvp_sample(kvp_sampler *s, float *logits)
         }
         return drawn(s, best);   /* rounding left the cdf short of the coin */
     }
-    const cand *c = (const cand *)s->scratch;
     float cum = 0.0f, cdf = 0.0f;
     for (int j = 0; j < m; j++)
         cum += c[j].p;
@@ -475,8 +537,9 @@ int kvp_sample(kvp_sampler *s, float *logits)
 
 int kvp_sampler_dist(kvp_sampler *s, float *logits, int *ids, float *p)
 {
-    int m = 0, best;
-    int tok = prepare(s, logits, &m, &best);
+    int m = 0, best, above;
+    double above_mass;
+    int tok = prepare(s, logits, &m, &best, &above, &above_mass);
     if (tok >= 0) {
         ids[0] = tok;
         p[0] = 1.0f;
@@ -490,12 +553,18 @@ int kvp_sampler_dist(kvp_sampler *s, float *logits, int *ids, float *p)
         return s->vocab_size;
     }
     const cand *c = (const cand *)s->scratch;
-    double cum = 0.0;
+    double cum = above_mass;
     for (int j = 0; j < m; j++)
         cum += c[j].p;
+    int k = 0;
+    for (int i = 0; above >= 0 && i < s->vocab_size; i++)
+        if (key(logits[i], 0) > (unsigned)above) {
+            ids[k] = i;
+            p[k++] = (float)(logits[i] / cum);
+        }
     for (int j = 0; j < m; j++) {
-        ids[j] = c[j].i;
-        p[j] = (float)(c[j].p / cum);
+        ids[k] = c[j].i;
+        p[k++] = (float)(c[j].p / cum);
     }
-    return m;
+    return k;
 }

