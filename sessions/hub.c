@@ -770,6 +770,7 @@ static void on_event(void *ctx, const kvpd_event *ev)
         return;
     case KVPD_EV_DONE: {
         const kvp_turn_stats *st = &ev->stats;
+        int stale = s->save_rc == -ESTALE;
         if (st->cache_bytes_max > s->reserve) {
             m->reserve_overruns++;
             kvpd_log("error", "session %.8s: its cache reached %zu bytes, over the %zu reserved",
@@ -792,6 +793,10 @@ static void on_event(void *ctx, const kvpd_event *ev)
                                .durable_error = s->save_err};
             to->sink(to->ctx, &e);
         }
+        /* Not written because the store holds a newer version: the store is fine (no
+         * degraded health); the next job takes the lease and reloads this copy. */
+        if (stale)
+            s->save_failed = 0;
         return;
     }
     case KVPD_EV_ERROR: {
