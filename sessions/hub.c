@@ -611,7 +611,10 @@ static kvp_hub_client *job_ended(kvp_hub *h, kvp_session *s)
     }
     if (s->save_rc < 0) {
         m->snapshot_failures++;
-        s->save_failed = 1;
+        /* -ESTALE: not written because the store holds a newer version (or another node
+         * the lease): the store is fine, no degraded health; the next job takes the
+         * lease and reloads this copy */
+        s->save_failed = s->save_rc != -ESTALE;
         kvpd_log("warning", "session %.8s: %s", s->id, s->save_err);
     } else if (s->save_rc > 0) {
         m->snapshots_written++;
@@ -789,14 +792,11 @@ static void on_event(void *ctx, const kvpd_event *ev)
         kvpd_hist_observe(&m->queue_wait, st->queue_ms / 1e3);
         if (to) {
             kvp_hub_event e = {.type = KVP_HUB_DONE, .text = ev->text, .len = ev->len,
-                               .stats = st, .durable = h->env.store ? !s->save_failed : -1,
+                               .stats = st,
+                               .durable = h->env.store ? !s->save_failed && !stale : -1,
                                .durable_error = s->save_err};
             to->sink(to->ctx, &e);
         }
-        /* Not written because the store holds a newer version: the store is fine (no
-         * degraded health); the next job takes the lease and reloads this copy. */
-        if (stale)
-            s->save_failed = 0;
         return;
     }
     case KVPD_EV_ERROR: {

@@ -193,6 +193,19 @@ static redisReply *cmd(const char *fmt, const char *arg)
     return r;
 }
 
+/* Waits (bounded) for a released lease to leave Redis. */
+static void lease_gone(const char *id)
+{
+    for (int i = 0; i < 50; i++) {
+        redisReply *r = cmd("EXISTS lease:%s", id);
+        long long n = r->integer;
+        freeReplyObject(r);
+        if (!n)
+            break;
+        nap_ms(20);
+    }
+}
+
 static int take(kvp_store *st, const char *id, int *turns, char *holder)
 {
     char err[256];
@@ -397,14 +410,7 @@ Test(store, every_redis_write_is_fenced_by_the_lease_token_and_the_stored_versio
     cr_assert_eq(kvp_store_lease_left_ms(b, id), 0);
     /* a lets go; b takes it, learns a's version, reads it and writes on */
     kvp_store_lease_drop(a, id);
-    for (int i = 0; i < 50; i++) {
-        redisReply *r = cmd("EXISTS lease:%s", id);
-        long long n = r->integer;
-        freeReplyObject(r);
-        if (!n)
-            break;
-        nap_ms(20);
-    }
+    lease_gone(id);
     cr_assert_eq(take(b, id, &turns, NULL), KVP_LEASE_NEW);
     cr_assert_eq(g_got, va, "the take reports the stored version");
     cr_assert_eq(kvp_store_get(b, id, &back, &vb, &jb, &clean, jerr, sizeof jerr, err,
@@ -420,14 +426,7 @@ Test(store, every_redis_write_is_fenced_by_the_lease_token_and_the_stored_versio
     cr_assert_eq(kvp_store_put(a, &s, &stale, &bytes, err, sizeof err), -ESTALE);
     cr_assert(strstr(err, "node-b"), "%s", err);
     kvp_store_lease_drop(b, id);
-    for (int i = 0; i < 50; i++) {
-        redisReply *r = cmd("EXISTS lease:%s", id);
-        long long n = r->integer;
-        freeReplyObject(r);
-        if (!n)
-            break;
-        nap_ms(20);
-    }
+    lease_gone(id);
     cr_assert_eq(kvp_store_put(a, &s, &stale, &bytes, err, sizeof err), -ESTALE);
     cr_assert(strstr(err, "moved on"), "%s", err);
     redisReply *r = cmd("GET ver:%s", id);
