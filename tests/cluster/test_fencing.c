@@ -448,16 +448,23 @@ Test(fencing, a_stale_node_s_shutdown_save_never_rolls_back_another_node_s_durab
     cr_assert_eq(kvpd_wait(&g_a, 10000), 0, "a stale copy not written is no failed save");
 }
 
+/* A (behind the proxy) and B with this lease; a new session's first turn on A (its id
+ * into id, its client a). */
+static void first_turn_on_a(int lease, ws_client *a, char *id)
+{
+    node_start(&g_a, "nA", 1, lease);
+    node_start(&g_b, "nB", 0, lease);
+    open_new(&g_a, a, id);
+    turn_ok(a, "Once upon a time", 1);
+}
+
 /* A (behind the proxy) and B; a session's first turn on A, then a partition between A
  * and Redis: A serves its client from memory while its lease surely lasts, the lease
  * runs out, and B serves a durable turn of the session. A's client stays connected (a). */
 static void partition_past_the_lease(ws_client *a, char *id)
 {
     const int lease = 2000;
-    node_start(&g_a, "nA", 1, lease);
-    node_start(&g_b, "nB", 0, lease);
-    open_new(&g_a, a, id);
-    turn_ok(a, "Once upon a time", 1);
+    first_turn_on_a(lease, a, id);
     px_cut(&g_px);
     turn_ok(a, "A alone", 0);
     nap_ms(lease + 500);   /* A's lease has run out in Redis */
@@ -467,6 +474,22 @@ static void partition_past_the_lease(ws_client *a, char *id)
     json_decref(s);
     turn_ok(&b, "B meanwhile", 1);
     ws_close(&b);
+}
+
+/* Healed: A and the store both count two turns, but A's copy is not the store's. A's
+ * next turn takes the lease, finds B's newer version, reloads it and goes on: B's
+ * durable turn survives, A's undurable one is gone. */
+static void heal_then_a_goes_on(ws_client *a, const char *id)
+{
+    px_heal(&g_px);
+    nap_ms(300);   /* B's release */
+    turn_ok(a, "A after", 1);
+    ws_close(a);
+    nap_ms(300);
+    char users[512];
+    cr_assert_eq(stored_on_b(id, users, sizeof users), 3);
+    cr_assert_str_eq(users, "Once upon a time\nB meanwhile\nA after\n",
+                     "B's durable turn did not survive A's next write");
 }
 
 Test(fencing, a_partitioned_node_stops_serving_when_its_lease_runs_out_and_reloads_after)
@@ -480,27 +503,15 @@ Test(fencing, a_partitioned_node_stops_serving_when_its_lease_runs_out_and_reloa
     cr_assert_str_eq(str_of(j, "type"), "error", "A served the session without its lease");
     cr_assert(strstr(str_of(j, "message"), "lease"), "%s", str_of(j, "message"));
     json_decref(j);
-    /* healed: A takes the lease, finds B's newer version, reloads it and goes on */
-    px_heal(&g_px);
-    nap_ms(300);   /* B's release */
-    turn_ok(&a, "A after", 1);
-    ws_close(&a);
-    nap_ms(300);
-    char users[512];
-    cr_assert_eq(stored_on_b(id, users, sizeof users), 3);
-    cr_assert_str_eq(users, "Once upon a time\nB meanwhile\nA after\n",
-                     "B's durable turn survives; A's undurable one is gone");
+    heal_then_a_goes_on(&a, id);
 }
 
 Test(fencing, a_delayed_lease_release_never_removes_a_later_take_of_the_same_node)
 {
     const int lease = 4000;
-    node_start(&g_a, "nA", 1, lease);
-    node_start(&g_b, "nB", 0, lease);
     ws_client a;
     char id[33];
-    open_new(&g_a, &a, id);
-    turn_ok(&a, "Once upon a time", 1);
+    first_turn_on_a(lease, &a, id);
     /* the client leaves: A's release is sent on a connection the proxy now stalls */
     px_stall_open(&g_px);
     ws_close(&a);
@@ -544,16 +555,7 @@ Test(fencing, after_a_partition_longer_than_the_lease_the_cut_off_copy_never_ove
     ws_client a;
     char id[33];
     partition_past_the_lease(&a, id);
-    px_heal(&g_px);
-    nap_ms(300);
-    /* A and the store both count two turns now; A's copy is not the store's */
-    turn_ok(&a, "A after", 1);
-    ws_close(&a);
-    nap_ms(300);
-    char users[512];
-    cr_assert_eq(stored_on_b(id, users, sizeof users), 3);
-    cr_assert_str_eq(users, "Once upon a time\nB meanwhile\nA after\n",
-                     "B's durable turn survives A's next write");
+    heal_then_a_goes_on(&a, id);
 }
 
 /* A's lease runs out while its turn's write is on the way (Redis gets A's commands
@@ -561,12 +563,9 @@ Test(fencing, after_a_partition_longer_than_the_lease_the_cut_off_copy_never_ove
 Test(fencing, a_lease_running_out_mid_turn_costs_that_turn_s_durability_only)
 {
     const int lease = 600, delay = 1700;
-    node_start(&g_a, "nA", 1, lease);
-    node_start(&g_b, "nB", 0, lease);
     ws_client a;
     char id[33];
-    open_new(&g_a, &a, id);
-    turn_ok(&a, "Once upon a time", 1);
+    first_turn_on_a(lease, &a, id);
     nap_ms(lease + 300);   /* A's lease from that turn has run out */
     px_delay(&g_px, delay);
     /* A's turn: its take reaches Redis late, its write later still */
