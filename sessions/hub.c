@@ -657,7 +657,10 @@ static kvp_hub_client *job_ended(kvp_hub *h, kvp_session *s)
     }
     if (s->save_rc < 0) {
         m->snapshot_failures++;
-        s->save_failed = 1;
+        /* -ESTALE: not written because the store holds a newer version (or another node
+         * the lease): the store is fine, no degraded health; the next job takes the
+         * lease and reloads this copy */
+        s->save_failed = s->save_rc != -ESTALE;
         kvpd_log("warning", "session %.8s: %s", s->id, s->save_err);
     } else if (s->save_rc > 0) {
         m->snapshots_written++;
@@ -825,6 +828,7 @@ static void on_event(void *ctx, const kvpd_event *ev)
         return;
     case KVPD_EV_DONE: {
         const kvp_turn_stats *st = &ev->stats;
+        int stale = s->save_rc == -ESTALE;
         if (st->cache_bytes_max > s->reserve) {
             m->reserve_overruns++;
             kvpd_log("error", "session %.8s: its cache reached %zu bytes, over the %zu reserved",
@@ -843,7 +847,8 @@ static void on_event(void *ctx, const kvpd_event *ev)
         kvpd_hist_observe(&m->queue_wait, st->queue_ms / 1e3);
         if (to) {
             kvp_hub_event e = {.type = KVP_HUB_DONE, .text = ev->text, .len = ev->len,
-                               .stats = st, .durable = h->env.store ? !s->save_failed : -1,
+                               .stats = st,
+                               .durable = h->env.store ? !s->save_failed && !stale : -1,
                                .durable_error = s->save_err};
             to->sink(to->ctx, &e);
         }

@@ -822,6 +822,12 @@ static int take_token(kvp_session *s, const kvp_session_env *env, const kvp_turn
         s->reply_open = 0;
         return finish(s, env, sink, "eos");
     }
+    /* Past the lease this node surely holds, another node may serve the session: the
+     * turn stops here and is not kept (the client sends it again). */
+    if (env->store && kvp_store_lease_left_ms(env->store, s->id) == 0)
+        return fail(s, env, sink, 1, -ENOLCK, "lease", "this node's lease ran out before "
+                    "the turn ended (the store did not answer in time); the turn is cut and "
+                    "not kept: send it again");
     int prev = s->n_tokens ? s->tokens[s->n_tokens - 1] : -1;
     if (push_token(s, tok) < 0)
         return fail(s, env, sink, 0, -ENOMEM, "transcript", NULL);

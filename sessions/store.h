@@ -84,8 +84,8 @@ int kvp_store_list(kvp_store *st, void (*fn)(void *ctx, const char *id), void *c
 int kvp_store_expire(kvp_store *st, char *err, size_t errlen);
 
 /* Leases (Redis; a directory has a single node, which always holds them). A session is
- * served by the node holding its lease: taken by the worker before a job (a load, a turn
- * or a save), renewed by the store's thread while the job runs and by every snapshot
+ * served by the node holding its lease: taken by the worker before a job (a load or a
+ * turn; a snapshot write checks or takes it itself), renewed by the store's thread while the job runs and by every snapshot
  * write, left to expire lease_ms after the last one, released at once when the node parks
  * or forgets the session or shuts down. Every take issues a new fencing token (a counter
  * in Redis that only grows); renewals, releases and writes act only while their token is

@@ -104,7 +104,9 @@ Test(boundaries, redis_away_mid_run_answers_the_turn_not_durable_and_counts_it,
      .init = redis_up, .fini = redis_down)
 {
     char extra[128];
-    snprintf(extra, sizeof extra, "--state-url redis://127.0.0.1:%d/0 --lease-ms 1000",
+    /* the node serves from memory while Redis is away only while its lease surely lasts:
+     * long enough for the steps below on a loaded machine */
+    snprintf(extra, sizeof extra, "--state-url redis://127.0.0.1:%d/0 --lease-ms 5000",
              g_redis.port);
     kvpd_proc p;
     cr_assert_eq(kvpd_start(&p, extra), 0, "log %s", p.log);

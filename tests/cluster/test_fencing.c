@@ -29,6 +29,7 @@
 
 typedef struct px_chunk {
     struct px_chunk *next;
+    double at;             /* delivered no sooner (monotonic seconds) */
     size_t len;
     char data[];
 } px_chunk;
@@ -44,11 +45,19 @@ typedef struct proxy {
     pthread_t thread;
     pthread_mutex_t mu;
     int stop, cut;
+    int delay_ms;          /* the node's bytes reach Redis this much later */
     px_pair p[PX_PAIRS];
     int n;
-    size_t queued;         /* bytes waiting in stalled pairs */
-    size_t delivered;      /* stalled bytes delivered after a heal */
+    size_t queued;         /* bytes waiting (stalled or delayed) */
+    size_t delivered;      /* waiting bytes delivered since */
 } proxy;
+
+static double px_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
 
 static int px_connect_up(int port)
 {
@@ -94,7 +103,7 @@ static void px_close_pair(proxy *x, int i)
  * side meanwhile (a late packet): the pair ends when its queue is empty. */
 static void px_flush(proxy *x, px_pair *p)
 {
-    while (!p->stalled && p->q) {
+    while (!p->stalled && p->q && p->q->at <= px_now()) {
         px_chunk *k = p->q;
         if (p->s >= 0)
             px_write_all(p->s, k->data, k->len);
@@ -147,9 +156,10 @@ static void *px_thread(void *arg)
                 if (r <= 0) {
                     close(p->c);
                     p->c = -1;
-                } else if (p->stalled || p->q) {
+                } else if (p->stalled || p->q || x->delay_ms) {
                     px_chunk *k = malloc(sizeof *k + (size_t)r);
                     k->next = NULL;
+                    k->at = px_now() + x->delay_ms / 1000.0;
                     k->len = (size_t)r;
                     memcpy(k->data, buf, (size_t)r);
                     if (p->tail)
@@ -227,10 +237,19 @@ static void px_stall_open(proxy *x)
     pthread_mutex_unlock(&x->mu);
 }
 
+/* From now on the node's bytes reach Redis ms later (Redis's answers are not held). */
+static void px_delay(proxy *x, int ms)
+{
+    pthread_mutex_lock(&x->mu);
+    x->delay_ms = ms;
+    pthread_mutex_unlock(&x->mu);
+}
+
 static void px_heal(proxy *x)
 {
     pthread_mutex_lock(&x->mu);
     x->cut = 0;
+    x->delay_ms = 0;
     for (int i = 0; i < x->n; i++)
         x->p[i].stalled = 0;
     pthread_mutex_unlock(&x->mu);
@@ -417,9 +436,6 @@ Test(fencing, a_stale_node_s_shutdown_save_never_rolls_back_another_node_s_durab
     kill(g_a.pid, SIGTERM);
     for (int i = 0; i < 1000 && !kvpd_log_has(&g_a, "kvpd: info: stopped"); i++)
         nap_ms(10);   /* (its log goes with a clean exit) */
-    cr_assert(kvpd_log_has(&g_a, "not written: the stored session moved on"),
-              "A's log says why it did not save (%s)", g_a.log);
-    cr_assert_eq(kvpd_wait(&g_a, 10000), 0, "a stale copy not written is no failed save");
     redisReply *t = redis_cmd("GET turns:%s", id);
     cr_assert_eq(t->type, REDIS_REPLY_STRING);
     cr_assert_str_eq(t->str, "5", "B's four durable turns are in Redis");
@@ -427,20 +443,30 @@ Test(fencing, a_stale_node_s_shutdown_save_never_rolls_back_another_node_s_durab
     char users[512];
     cr_assert_eq(stored_on_b(id, users, sizeof users), 5);
     cr_assert_str_eq(users, "Once upon a time\nB one\nB two\nB three\nB four\n");
+    cr_assert(kvpd_log_has(&g_a, "not written: the stored session moved on"),
+              "A's log says why it did not save (%s)", g_a.log);
+    cr_assert_eq(kvpd_wait(&g_a, 10000), 0, "a stale copy not written is no failed save");
 }
 
-Test(fencing, a_partitioned_node_stops_serving_when_its_lease_runs_out_and_reloads_after)
+/* A (behind the proxy) and B with this lease; a new session's first turn on A (its id
+ * into id, its client a). */
+static void first_turn_on_a(int lease, ws_client *a, char *id)
 {
-    const int lease = 2000;
     node_start(&g_a, "nA", 1, lease);
     node_start(&g_b, "nB", 0, lease);
-    ws_client a;
-    char id[33];
-    open_new(&g_a, &a, id);
-    turn_ok(&a, "Once upon a time", 1);
-    /* the partition: A serves its client from memory while its lease surely lasts */
+    open_new(&g_a, a, id);
+    turn_ok(a, "Once upon a time", 1);
+}
+
+/* A (behind the proxy) and B; a session's first turn on A, then a partition between A
+ * and Redis: A serves its client from memory while its lease surely lasts, the lease
+ * runs out, and B serves a durable turn of the session. A's client stays connected (a). */
+static void partition_past_the_lease(ws_client *a, char *id)
+{
+    const int lease = 2000;
+    first_turn_on_a(lease, a, id);
     px_cut(&g_px);
-    turn_ok(&a, "A alone", 0);
+    turn_ok(a, "A alone", 0);
     nap_ms(lease + 500);   /* A's lease has run out in Redis */
     ws_client b;
     json_t *s = resume(&g_b, &b, id);
@@ -448,33 +474,44 @@ Test(fencing, a_partitioned_node_stops_serving_when_its_lease_runs_out_and_reloa
     json_decref(s);
     turn_ok(&b, "B meanwhile", 1);
     ws_close(&b);
+}
+
+/* Healed: A and the store both count two turns, but A's copy is not the store's. A's
+ * next turn takes the lease, finds B's newer version, reloads it and goes on: B's
+ * durable turn survives, A's undurable one is gone. */
+static void heal_then_a_goes_on(ws_client *a, const char *id)
+{
+    px_heal(&g_px);
+    nap_ms(300);   /* B's release */
+    turn_ok(a, "A after", 1);
+    ws_close(a);
+    nap_ms(300);
+    char users[512];
+    cr_assert_eq(stored_on_b(id, users, sizeof users), 3);
+    cr_assert_str_eq(users, "Once upon a time\nB meanwhile\nA after\n",
+                     "B's durable turn did not survive A's next write");
+}
+
+Test(fencing, a_partitioned_node_stops_serving_when_its_lease_runs_out_and_reloads_after)
+{
+    ws_client a;
+    char id[33];
+    partition_past_the_lease(&a, id);
     /* still cut off: A must not serve a session another node may hold now */
     json_t *j = h_turn(&a, "A again", 8, NULL);
     cr_assert(j);
     cr_assert_str_eq(str_of(j, "type"), "error", "A served the session without its lease");
     cr_assert(strstr(str_of(j, "message"), "lease"), "%s", str_of(j, "message"));
     json_decref(j);
-    /* healed: A takes the lease, finds B's newer version, reloads it and goes on */
-    px_heal(&g_px);
-    nap_ms(300);   /* B's release */
-    turn_ok(&a, "A after", 1);
-    ws_close(&a);
-    nap_ms(300);
-    char users[512];
-    cr_assert_eq(stored_on_b(id, users, sizeof users), 3);
-    cr_assert_str_eq(users, "Once upon a time\nB meanwhile\nA after\n",
-                     "B's durable turn survives; A's undurable one is gone");
+    heal_then_a_goes_on(&a, id);
 }
 
 Test(fencing, a_delayed_lease_release_never_removes_a_later_take_of_the_same_node)
 {
     const int lease = 4000;
-    node_start(&g_a, "nA", 1, lease);
-    node_start(&g_b, "nB", 0, lease);
     ws_client a;
     char id[33];
-    open_new(&g_a, &a, id);
-    turn_ok(&a, "Once upon a time", 1);
+    first_turn_on_a(lease, &a, id);
     /* the client leaves: A's release is sent on a connection the proxy now stalls */
     px_stall_open(&g_px);
     ws_close(&a);
@@ -510,4 +547,68 @@ Test(fencing, a_delayed_lease_release_never_removes_a_later_take_of_the_same_nod
     ws_close(&b);
     turn_ok(&a2, "A goes on", 1);
     ws_close(&a2);
+}
+
+/* The second scenario exactly: equal turn counts on both sides after the heal. */
+Test(fencing, after_a_partition_longer_than_the_lease_the_cut_off_copy_never_overwrites)
+{
+    ws_client a;
+    char id[33];
+    partition_past_the_lease(&a, id);
+    heal_then_a_goes_on(&a, id);
+}
+
+/* A's lease runs out while its turn's write is on the way (Redis gets A's commands
+ * late): B serves the session meanwhile, and A's late write must not land on B's. */
+Test(fencing, a_lease_running_out_mid_turn_costs_that_turn_s_durability_only)
+{
+    const int lease = 600, delay = 1700;
+    ws_client a;
+    char id[33];
+    first_turn_on_a(lease, &a, id);
+    nap_ms(lease + 300);   /* A's lease from that turn has run out */
+    px_delay(&g_px, delay);
+    /* A's turn: its take reaches Redis late, its write later still */
+    json_t *m = json_pack("{s:s, s:s, s:i}", "type", "message", "text", "A slow", "max_tokens", 8);
+    char *txt = json_dumps(m, JSON_COMPACT);
+    json_decref(m);
+    cr_assert_eq(ws_send_text(&a, txt), 0);
+    free(txt);
+    /* once A's take has landed and its lease has run out again, B serves the session */
+    nap_ms(delay + lease + 100);
+    ws_client b;
+    json_t *s = resume(&g_b, &b, id);
+    json_decref(s);
+    turn_ok(&b, "B meanwhile", 1);
+    ws_close(&b);
+    /* A's turn ends without being kept: cut when its lease ran out (an error), or
+     * answered not durable when its write was refused */
+    json_t *done = NULL;
+    for (int i = 0; i < 50 && !done; i++) {
+        json_t *j = h_read_json(&a, 10000);
+        cr_assert(j, "A's turn never ended");
+        if (!strcmp(str_of(j, "type"), "done") || !strcmp(str_of(j, "type"), "error"))
+            done = j;
+        else
+            json_decref(j);
+    }
+    cr_assert(done);
+    cr_assert(!json_is_true(json_object_get(done, "durable")),
+              "A's late write was acknowledged durable over B's turn");
+    if (!strcmp(str_of(done, "type"), "error"))
+        cr_assert(strstr(str_of(done, "message"), "lease ran out"), "%s", str_of(done, "message"));
+    else
+        cr_assert(strstr(str_of(done, "durable_error"), "not written"), "%s",
+                  str_of(done, "durable_error"));
+    json_decref(done);
+    px_heal(&g_px);
+    /* a stale copy is no store failure: A stays healthy */
+    char *body = NULL;
+    cr_assert_eq(h_get(&g_a, "/healthz", NULL, &body), 200, "%s", body ? body : "");
+    free(body);
+    ws_close(&a);
+    nap_ms(300);
+    char users[512];
+    cr_assert_eq(stored_on_b(id, users, sizeof users), 2);
+    cr_assert_str_eq(users, "Once upon a time\nB meanwhile\n", "B's durable turn survives");
 }

@@ -193,6 +193,19 @@ static redisReply *cmd(const char *fmt, const char *arg)
     return r;
 }
 
+/* Waits (bounded) for a released lease to leave Redis. */
+static void lease_gone(const char *id)
+{
+    for (int i = 0; i < 50; i++) {
+        redisReply *r = cmd("EXISTS lease:%s", id);
+        long long n = r->integer;
+        freeReplyObject(r);
+        if (!n)
+            break;
+        nap_ms(20);
+    }
+}
+
 static int take(kvp_store *st, const char *id, int *turns, char *holder)
 {
     char err[256];
@@ -376,4 +389,66 @@ Test(store, an_unreachable_redis_is_a_clear_error_at_open_and_a_counted_one_late
     cr_assert_eq(h_redis_start(&g_redis, g_rdir, port, 0), 0);
     cr_assert_eq(kvp_store_put(a, &s, &g_ver, &bytes, err, sizeof err), 0, "%s", err);
     kvp_store_close(a);
+}
+
+Test(store, every_redis_write_is_fenced_by_the_lease_token_and_the_stored_version,
+     .init = redis_up, .fini = redis_down)
+{
+    kvp_store *a = open_node("node-a", 600), *b = open_node("node-b", 600);
+    const char *id = "00000000000000000000000000000004";
+    kvp_snapshot s, back;
+    char err[256], jerr[64];
+    size_t bytes, jb;
+    int clean, turns;
+    /* a takes the lease and writes: the version is its token */
+    cr_assert_eq(take(a, id, &turns, NULL), KVP_LEASE_NEW);
+    uint64_t va = 0, vb = 0;
+    fake_snapshot(&s, id, 1);
+    cr_assert_eq(kvp_store_put(a, &s, &va, &bytes, err, sizeof err), 0, "%s", err);
+    cr_assert_gt(va, 0);
+    cr_assert_gt(kvp_store_lease_left_ms(a, id), 0, "a knows its lease lasts");
+    cr_assert_eq(kvp_store_lease_left_ms(b, id), 0);
+    /* a lets go; b takes it, learns a's version, reads it and writes on */
+    kvp_store_lease_drop(a, id);
+    lease_gone(id);
+    cr_assert_eq(take(b, id, &turns, NULL), KVP_LEASE_NEW);
+    cr_assert_eq(g_got, va, "the take reports the stored version");
+    cr_assert_eq(kvp_store_get(b, id, &back, &vb, &jb, &clean, jerr, sizeof jerr, err,
+                               sizeof err), 0, "%s", err);
+    kvp_snapshot_free(&back);
+    cr_assert_eq(vb, va);
+    fake_snapshot(&s, id, 2);
+    cr_assert_eq(kvp_store_put(b, &s, &vb, &bytes, err, sizeof err), 0, "%s", err);
+    cr_assert_gt(vb, va, "a later owner's version exceeds the earlier one's");
+    /* a's stale copy: refused while b holds the lease, and after it is free too */
+    uint64_t stale = va;
+    fake_snapshot(&s, id, 2);
+    cr_assert_eq(kvp_store_put(a, &s, &stale, &bytes, err, sizeof err), -ESTALE);
+    cr_assert(strstr(err, "node-b"), "%s", err);
+    kvp_store_lease_drop(b, id);
+    lease_gone(id);
+    cr_assert_eq(kvp_store_put(a, &s, &stale, &bytes, err, sizeof err), -ESTALE);
+    cr_assert(strstr(err, "moved on"), "%s", err);
+    redisReply *r = cmd("GET ver:%s", id);
+    cr_assert_eq(r->type, REDIS_REPLY_STRING);
+    cr_assert_eq(strtoull(r->str, NULL, 10), vb, "b's version stands");
+    freeReplyObject(r);
+    /* a free lease and the current version: the write takes the lease with a new token */
+    uint64_t cur = vb;
+    cr_assert_eq(kvp_store_put(a, &s, &cur, &bytes, err, sizeof err), 0, "%s", err);
+    cr_assert_gt(cur, vb);
+    r = cmd("GET lease:%s", id);
+    cr_assert_str_eq(r->str, "node-a");
+    freeReplyObject(r);
+    /* a release with an older token than the session's newest deletes nothing (here the
+     * counter moves on as another take of this node's name would move it) */
+    r = cmd("SET fence:%s 999", id);
+    freeReplyObject(r);
+    kvp_store_lease_drop(a, id);
+    nap_ms(200);
+    r = cmd("EXISTS lease:%s", id);
+    cr_assert_eq(r->integer, 1, "a release under an older token removed the lease");
+    freeReplyObject(r);
+    kvp_store_close(a);
+    kvp_store_close(b);
 }
