@@ -80,6 +80,14 @@ static int text_status(kvpd_conn *c, int status, const char *msg, const char *ww
     return respond(c, status, "text/plain; charset=utf-8", msg, strlen(msg), www_auth);
 }
 
+/* An unknown path: JSON, in the API's error shape (docs/openai.md). */
+static int not_found(kvpd_conn *c)
+{
+    return respond_json(c, 404, json_pack("{s:{s:s, s:s, s:n, s:s}}", "error", "message",
+                                          "no such path", "type", "not_found_error",
+                                          "param", "code", "unknown_url"));
+}
+
 int kvpd_http_writeable(kvpd_conn *c)
 {
     kvpd_frame *f = c->out_head;
@@ -414,12 +422,12 @@ int kvpd_http_request(kvpd_conn *c, const char *uri)
             return text_status(c, 401, "admin token required\n", "Bearer realm=\"kvpd\"");
         if (!strcmp(uri, "/admin/stats"))
             return admin_stats(c);
-        return text_status(c, 404, "not found\n", NULL);
+        return not_found(c);
     }
     if (!strcmp(uri, "/chat"))
         return text_status(c, 426, "/chat is a websocket endpoint\n", NULL);
     int rc = static_file(c, uri);
     if (rc <= 0)
         return rc;
-    return text_status(c, 404, "not found\n", NULL);
+    return not_found(c);
 }

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 
 #include "base/log.h"
@@ -182,10 +183,35 @@ static void finish_stream(kvpd_conn *c, const kvp_turn_stats *st)
     o->ended = 1;
 }
 
+/* A turn that ended "cancel" for this API client was cut by the daemon's shutdown (the
+ * API has no cancel, and a client that leaves gets no events): the reply is not whole,
+ * so it is an error, never finish_reason "stop". */
+static void cut(kvpd_conn *c)
+{
+    kvpd_oai *o = c->oai;
+    static const char msg[] = "the server is shutting down: the reply was cut";
+    o->retry_after_s = 1;
+    c->w->metrics->errors[kvpd_err_kind_of(KVPD_E_OVERLOADED)]++;
+    if (o->started) {   /* the stream's 200 is out: the error goes in the stream */
+        sse(c, json_pack("{s:{s:s, s:s, s:n, s:s}}", "error", "message", msg, "type",
+                         error_type(503), "param", "code", "server_shutting_down"));
+        queue(c, "data: [DONE]\n\n", 14);
+        o->ended = 1;
+        return;
+    }
+    o->close = 1;
+    answer(c, 503, json_pack("{s:{s:s, s:s, s:n, s:s}}", "error", "message", msg, "type",
+                             error_type(503), "param", "code", "server_shutting_down"));
+}
+
 static void done(kvpd_conn *c, const kvp_hub_event *ev)
 {
     kvpd_oai *o = c->oai;
     const kvp_turn_stats *st = ev->stats;
+    if (!strcmp(st->stop, "cancel")) {
+        cut(c);
+        return;
+    }
     if (o->stream) {   /* the tokens carried the whole reply */
         finish_stream(c, st);
         return;
@@ -239,7 +265,6 @@ static void on_hub_event(void *ctx, const kvp_hub_event *ev)
     switch (ev->type) {
     case KVP_HUB_SESSION:
         snprintf(o->session, sizeof o->session, "%s", ev->id);
-        snprintf(o->id, sizeof o->id, "chatcmpl-%.16s%d", ev->id, ev->turns);
         break;
     case KVP_HUB_TOKEN:
         if (o->stream) {
@@ -322,7 +347,10 @@ static int messages(kvpd_conn *c, json_t *arr, kvp_message **out, char **system,
     char param[48];
     for (size_t i = 0; m && i < n; i++) {
         json_t *msg = json_array_get(arr, i);
-        const char *role = json_string_value(json_object_get(msg, "role"));
+        json_t *jrole = json_object_get(msg, "role");
+        const char *role = json_string_value(jrole);
+        if (role && strlen(role) != json_string_length(jrole))
+            role = NULL;   /* a NUL inside: no role */
         snprintf(param, sizeof param, "messages[%zu].role", i);
         int sys_role = role && (!strcmp(role, "system") || !strcmp(role, "developer"));
         if (!role || (!sys_role && strcmp(role, "user") && strcmp(role, "assistant"))) {
@@ -539,7 +567,11 @@ static void chat_completions(kvpd_conn *c)
     kvpd_oai *o = c->oai;
     kvpd_web *w = c->w;
     json_error_t jerr;
-    json_t *req = json_loadb(o->body ? o->body : "", o->body_len, 0, &jerr);
+    /* Texts may hold NUL (\u0000): kvpd's own replies can, and they come back in the
+     * history; every text is handled by its length. Duplicate keys are refused, as on
+     * the websocket (docs/protocol.md). */
+    json_t *req = json_loadb(o->body ? o->body : "", o->body_len,
+                             JSON_ALLOW_NUL | JSON_REJECT_DUPLICATES, &jerr);
     if (!req) {
         fail(c, 400, NULL, "invalid_json", "the body is not valid JSON: %s (at byte %d)",
              jerr.text, jerr.position);
@@ -652,6 +684,13 @@ int kvpd_openai_request(kvpd_conn *c, const char *uri)
         return -1;
     c->oai = o;
     o->created = (long)time(NULL);
+    /* A random id: nothing of the session's (its id is the key to the conversation). */
+    unsigned char raw[12];
+    if (getrandom(raw, sizeof raw, 0) != (ssize_t)sizeof raw)
+        return -1;
+    int k = snprintf(o->id, sizeof o->id, "chatcmpl-");
+    for (size_t i = 0; i < sizeof raw; i++)
+        k += snprintf(o->id + k, sizeof o->id - (size_t)k, "%02x", raw[i]);
     int post = lws_hdr_total_length(c->wsi, WSI_TOKEN_POST_URI) > 0;
     if (post)   /* the body comes first; route() runs on its completion */
         return 0;
