@@ -59,8 +59,17 @@ int kvpd_wsguard_release(int fd);
 /* web/guard.c. The Host and Origin rules for a request: NULL when allowed, else the
  * reason and the HTTP status to answer (400, 421, 403). */
 const char *kvpd_guard_check(kvpd_web *w, struct lws *wsi, int *status);
-/* The same for a websocket upgrade, plus Sec-WebSocket-Version 13. */
-const char *kvpd_guard_upgrade(kvpd_web *w, struct lws *wsi);
+/* CORS (docs/openai.md): the Access-Control-Allow-Origin value for the request's
+ * Origin: the origin itself (copied into buf) when allowed_origins lists it, "*" when
+ * allowed_origins is "*", NULL when there is no Origin or CORS is not allowed for it
+ * (a page of the daemon's own origin needs none). Credentials are never allowed. */
+const char *kvpd_guard_cors(kvpd_web *w, struct lws *wsi, char *buf, size_t len);
+/* The CORS headers of every answer under /v1 ("name:", "value" pairs, NULL-ended;
+ * none when origin is NULL): at most KVPD_CORS_HEADERS pairs. */
+#define KVPD_CORS_HEADERS 3
+int kvpd_cors_headers(const char *origin, const char **extra);
+/* The same for a websocket upgrade, plus Sec-WebSocket-Version 13 (400). */
+const char *kvpd_guard_upgrade(kvpd_web *w, struct lws *wsi, int *status);
 /* The bearer token the admin endpoints require: admin_token, or the generated one. */
 const char *kvpd_admin_token(const kvpd_web *w);
 /* At start: without admin_token, generates one and writes it (mode 0600) to

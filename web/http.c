@@ -315,6 +315,42 @@ static int static_file(kvpd_conn *c, const char *uri)
     return rc < 0 ? -1 : 0;
 }
 
+int kvpd_cors_headers(const char *origin, const char **extra)
+{
+    if (!origin)
+        return 0;
+    int k = 0;
+    extra[k++] = "access-control-allow-origin:";
+    extra[k++] = origin;
+    extra[k++] = "vary:";
+    extra[k++] = "Origin";
+    extra[k++] = "access-control-expose-headers:";
+    extra[k++] = "x-session-id, retry-after";
+    return k;
+}
+
+/* OPTIONS under /v1: a CORS preflight. 204; with the CORS headers for an origin
+ * allowed_origins lists (none for others: the browser then refuses the request). No
+ * API key: browsers send none on a preflight. */
+static int preflight(kvpd_conn *c)
+{
+    char buf[256];
+    const char *extra[2 * (KVPD_CORS_HEADERS + 4) + 1];
+    int k = kvpd_cors_headers(kvpd_guard_cors(c->w, c->wsi, buf, sizeof buf), extra);
+    extra[k++] = "allow:";
+    extra[k++] = "GET, POST, OPTIONS";
+    if (k > 2) {
+        extra[k++] = "access-control-allow-methods:";
+        extra[k++] = "GET, POST, OPTIONS";
+        extra[k++] = "access-control-allow-headers:";
+        extra[k++] = "authorization, content-type, x-session-id";
+        extra[k++] = "access-control-max-age:";
+        extra[k++] = "600";
+    }
+    extra[k] = NULL;
+    return kvpd_http_respond(c, 204, "text/plain", "", 0, extra);
+}
+
 /* 1 when the header (a known token, or a custom "name:") is present. */
 static int has_header(struct lws *wsi, enum lws_token_indexes tok, char *buf, size_t len)
 {
@@ -402,6 +438,8 @@ int kvpd_http_request(kvpd_conn *c, const char *uri)
     refused = kvpd_guard_check(w, c->wsi, &status);
     if (refused)
         return text_status(c, status, refused, NULL);
+    if (api && lws_hdr_total_length(c->wsi, WSI_TOKEN_OPTIONS_URI) > 0)
+        return preflight(c);
     if (api)
         return kvpd_openai_request(c, uri);
     c->head = lws_hdr_total_length(c->wsi, WSI_TOKEN_HEAD_URI) > 0;

@@ -34,6 +34,7 @@ typedef struct kvpd_oai {
     char id[64];                  /* chatcmpl-... */
     long created;
     char model[128];
+    char origin[256];             /* CORS: Access-Control-Allow-Origin ("" none) */
 } kvpd_oai;
 
 /* ---- answers ---- */
@@ -684,6 +685,9 @@ int kvpd_openai_request(kvpd_conn *c, const char *uri)
         return -1;
     c->oai = o;
     o->created = (long)time(NULL);
+    char origin[sizeof o->origin];
+    const char *cors = kvpd_guard_cors(c->w, c->wsi, origin, sizeof origin);
+    snprintf(o->origin, sizeof o->origin, "%s", cors ? cors : "");
     /* A random id: nothing of the session's (its id is the key to the conversation). */
     unsigned char raw[12];
     if (getrandom(raw, sizeof raw, 0) != (ssize_t)sizeof raw)
@@ -744,8 +748,8 @@ int kvpd_openai_body_done(kvpd_conn *c)
 static int write_headers(kvpd_conn *c)
 {
     kvpd_oai *o = c->oai;
-    const char *extra[9];
-    int k = 0;
+    const char *extra[9 + 2 * KVPD_CORS_HEADERS];
+    int k = kvpd_cors_headers(o->origin[0] ? o->origin : NULL, extra);
     char retry[16];
     if (o->session[0]) {
         extra[k++] = "x-session-id:";

@@ -147,12 +147,18 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
         w->connections_open--;
         return 0;
     case LWS_CALLBACK_FILTER_PROTOCOL_CONNECTION: {   /* non-zero refuses the upgrade */
+        /* A refused upgrade is answered with its HTTP status (403 for a foreign Origin,
+         * docs/protocol.md), then closed; lws alone would close without an answer. */
         char sid[KVP_SESSION_ID_LEN + 1];
-        const char *why = uri_is(wsi, "/chat") ? kvpd_guard_upgrade(w, wsi) : "not /chat";
-        if (!why)
-            why = kvpd_chat_session_arg(wsi, sid);
-        if (why)
-            kvpd_log("info", "websocket upgrade refused: %s", why);
+        int status = 404;
+        const char *why = uri_is(wsi, "/chat") ? kvpd_guard_upgrade(w, wsi, &status)
+                                               : "websockets are served on /chat only\n";
+        if (!why && (why = kvpd_chat_session_arg(wsi, sid)))
+            status = 400;
+        if (why) {
+            kvpd_log("info", "websocket upgrade refused: %.*s", (int)strcspn(why, "\n"), why);
+            lws_return_http_status(wsi, (unsigned)status, why);
+        }
         return why != NULL;
     }
     case LWS_CALLBACK_ESTABLISHED:
