@@ -236,3 +236,40 @@ Test(security_api, the_longest_api_key_config_takes_matches)
     if (p.pid > 0)
         kvpd_kill(&p);
 }
+
+/* A prompt far past what the model can take is refused before its prefill: at once,
+ * 400 context_length_exceeded, and the daemon prefilled nothing of it. */
+Test(security_api, a_huge_prompt_is_refused_before_any_prefill)
+{
+    kvpd_proc p;
+    cr_assert_eq(kvpd_start(&p, "--max-body-bytes 2000000"), 0, "log %s", p.log);
+    size_t words = 150000, len = 0;
+    char *body = malloc(words * 4 + 128);
+    len += (size_t)sprintf(body, "{\"messages\":[{\"role\":\"user\",\"content\":\"");
+    for (size_t i = 0; i < words; i++)
+        len += (size_t)sprintf(body + len, "%s", i % 2 ? "dog " : "ran ");
+    sprintf(body + len, "\"}]}");
+    double t0 = ws_now_ms();
+    char *raw;
+    const char *resp;
+    int st = post(&p, NULL, body, &raw, &resp);
+    double ms = ws_now_ms() - t0;
+    free(body);
+    cr_expect_eq(st, 400, "%.500s", raw);
+    cr_expect(strstr(resp, "context_length_exceeded") && strstr(resp, "max_prompt_tokens"),
+              "%.500s", resp);
+    cr_expect_lt(ms, 10000, "the refusal took %.0f ms", ms);
+    free(raw);
+    cr_expect_eq(metric(&p, "kvpd_prefilled_tokens_total"), 0);
+    /* a prompt within the cap is served; the cap is a setting */
+    cr_expect_eq(post(&p, NULL, "{\"max_tokens\":2,\"messages\":[{\"role\":\"user\","
+                                "\"content\":\"Once upon a time\"}]}", &raw, &resp), 200);
+    free(raw);
+    cr_expect_eq(kvpd_stop(&p, 10000), 0);
+    cr_assert_eq(kvpd_start(&p, "--max-prompt-tokens 3"), 0, "log %s", p.log);
+    cr_expect_eq(post(&p, NULL, "{\"max_tokens\":2,\"messages\":[{\"role\":\"user\","
+                                "\"content\":\"Once upon a time there was\"}]}", &raw, &resp),
+                 400, "%s", raw);
+    free(raw);
+    cr_expect_eq(kvpd_stop(&p, 10000), 0);
+}
