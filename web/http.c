@@ -435,6 +435,12 @@ int kvpd_http_request(kvpd_conn *c, const char *uri)
         kvpd_wsguard_body(lws_get_socket_fd(c->wsi), body_len);
     if (refused)
         return text_status(c, status, refused, NULL);
+    if (kvpd_listen_reserved(c->wsi)) {
+        /* past max_connections: only health checks, one per connection */
+        c->close_after = 1;
+        if (strcmp(uri, "/healthz") && strcmp(uri, "/metrics"))
+            return text_status(c, 503, "too many connections\n", NULL);
+    }
     refused = kvpd_guard_check(w, c->wsi, &status);
     if (refused)
         return text_status(c, status, refused, NULL);

@@ -145,6 +145,7 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
         return 0;
     case LWS_CALLBACK_WSI_DESTROY:
         w->connections_open--;
+        kvpd_listen_closed(wsi);
         return 0;
     case LWS_CALLBACK_FILTER_PROTOCOL_CONNECTION: {   /* non-zero refuses the upgrade */
         /* A refused upgrade is answered with its HTTP status (403 for a foreign Origin,
@@ -155,6 +156,10 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
                                                : "websockets are served on /chat only\n";
         if (!why && (why = kvpd_chat_session_arg(wsi, sid)))
             status = 400;
+        if (!why && kvpd_listen_reserved(wsi)) {
+            why = "too many connections\n";
+            status = 503;
+        }
         if (why) {
             kvpd_log("info", "websocket upgrade refused: %.*s", (int)strcspn(why, "\n"), why);
             lws_return_http_status(wsi, (unsigned)status, why);
