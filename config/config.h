@@ -50,12 +50,14 @@ typedef struct kvpd_config {
     int max_sessions;                 /* resident sessions (parked ones do not count) */
     int max_sessions_per_connection;
     int max_history_tokens;           /* stored transcript per session; 0 = unbounded */
+    int max_prompt_tokens;            /* tokens one turn may prefill; 0 = context + budget */
     uint64_t max_cache_bytes;         /* KV cache bytes of resident sessions; 0 = no cap */
     int max_message_bytes;
     int max_body_bytes;               /* HTTP request bodies (/v1/chat/completions) */
     int max_tokens;                   /* per reply: the cap and the default */
     int idle_timeout_s;
     int max_connections;              /* HTTP and websocket connections at once; 0 = no cap */
+    int max_connections_per_address;  /* of them from one client address; 0 = no cap */
     int connection_idle_timeout_s;    /* websocket without frames; 0 = never closed */
     int shutdown_timeout_ms;
     float temperature;                /* default for messages that give none */

@@ -18,7 +18,8 @@ void kvpd_hub_config_sync(kvpd *d)
         .temperature = d->cfg.temperature, .max_sessions = d->cfg.max_sessions,
         .max_cache_bytes = d->cfg.max_cache_bytes, .idle_timeout_s = d->cfg.idle_timeout_s,
         .max_sessions_per_client = d->cfg.max_sessions_per_connection,
-        .max_history_tokens = d->cfg.max_history_tokens};
+        .max_history_tokens = d->cfg.max_history_tokens,
+        .max_prompt_tokens = d->cfg.max_prompt_tokens};
 }
 
 void kvpd_announce_ready(kvpd *d)

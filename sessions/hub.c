@@ -409,6 +409,8 @@ static void start_turn(kvp_hub_client *c, const char *text, size_t len, const kv
     s->turn.has_seed = o->has_seed;
     s->turn.seed = o->seed;
     s->turn.max_history = h->cfg->max_history_tokens;
+    s->turn.max_prompt = h->cfg->max_prompt_tokens > 0 ? h->cfg->max_prompt_tokens
+                         : h->env.model->cfg.seq_len + h->cfg->budget;
     s->last_active = now;
     s->owner = c;
     submit(h, s, KVP_SESSION_TURN, reserve);

@@ -110,6 +110,8 @@ typedef struct kvp_hub_config {
     int idle_timeout_s;
     int max_sessions_per_client;  /* started and not ended unused */
     int max_history_tokens;       /* transcript tokens a session stores (0: all) */
+    int max_prompt_tokens;        /* tokens one turn may prefill (0: the model's context
+                                   * plus the budget); more: too_large, before any prefill */
 } kvp_hub_config;
 
 typedef struct kvp_hub kvp_hub;

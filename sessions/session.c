@@ -977,6 +977,13 @@ static int turn_start(kvp_session *s, const kvp_session_env *env, const kvp_turn
     t->recorded = 1;
     t->gen_start = s->n_tokens;
     t->stats.prompt_tokens = s->n_tokens - s->n_cached;
+    if (t->max_prompt > 0 && t->stats.prompt_tokens > t->max_prompt) {
+        /* refused before any prefill: its cost grows with the prompt */
+        char why[96];
+        snprintf(why, sizeof why, "%d tokens to prefill, over the %d of max_prompt_tokens",
+                 t->stats.prompt_tokens, t->max_prompt);
+        return fail(s, env, sink, 1, -E2BIG, "prompt", why);
+    }
     if (!env->reuse_cache) {
         /* Benchmark baseline: forget the cache, run the whole (kept) transcript again. */
         kvp_cache_reset(&s->cache);

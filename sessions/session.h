@@ -79,6 +79,7 @@ typedef struct kvp_turn {
     kvp_sample_opts sampling;   /* the sampler's other settings; bias: an owned copy */
     int budget;              /* KV rows per head for this turn (0 = unbounded) */
     int max_history;         /* transcript tokens kept at its end (0 = all) */
+    int max_prompt;          /* tokens this turn may prefill (0 = no cap) */
     atomic_int cancel;       /* set by the loop, read by the worker each unit */
     enum kvp_turn_state state;
     int undo_tokens;         /* transcript length before this turn's message */

@@ -37,6 +37,11 @@ typedef struct kvpd_conn {
 /* The listening socket (web/listen.c): accepts, bounds and hands connections to lws. */
 int kvpd_listen_start(kvpd_web *w, const char *host, char *err, size_t errlen);
 void kvpd_listen_stop(kvpd_web *w);
+/* 1 for a connection accepted past max_connections, into the few kept for /healthz and
+ * /metrics: anything else is refused, and it closes after its answer. */
+int kvpd_listen_reserved(struct lws *wsi);
+/* The connection's wsi is going: its client address counts one connection less. */
+void kvpd_listen_closed(struct lws *wsi);
 
 /* web/wsguard.c: client frames must be masked (RFC 6455 5.1), checked before lws reads
  * them. init at start (0 or < 0), check: 0 when lws's reads do go through the guard;
@@ -60,8 +65,17 @@ int kvpd_wsguard_release(int fd);
 /* web/guard.c. The Host and Origin rules for a request: NULL when allowed, else the
  * reason and the HTTP status to answer (400, 421, 403). */
 const char *kvpd_guard_check(kvpd_web *w, struct lws *wsi, int *status);
-/* The same for a websocket upgrade, plus Sec-WebSocket-Version 13. */
-const char *kvpd_guard_upgrade(kvpd_web *w, struct lws *wsi);
+/* CORS (docs/openai.md): the Access-Control-Allow-Origin value for the request's
+ * Origin: the origin itself (copied into buf) when allowed_origins lists it, "*" when
+ * allowed_origins is "*", NULL when there is no Origin or CORS is not allowed for it
+ * (a page of the daemon's own origin needs none). Credentials are never allowed. */
+const char *kvpd_guard_cors(kvpd_web *w, struct lws *wsi, char *buf, size_t len);
+/* The CORS headers of every answer under /v1 ("name:", "value" pairs, NULL-ended;
+ * none when origin is NULL): at most KVPD_CORS_HEADERS pairs. */
+#define KVPD_CORS_HEADERS 3
+int kvpd_cors_headers(const char *origin, const char **extra);
+/* The same for a websocket upgrade, plus Sec-WebSocket-Version 13 (400). */
+const char *kvpd_guard_upgrade(kvpd_web *w, struct lws *wsi, int *status);
 /* The model endpoints' key check: with API keys configured, 1 when the request carries
  * "Authorization: Bearer <one of them>" (constant time), its tenant (16 hex digits of
  * the key's hash) in tenant[KVP_TENANT_LEN + 1]; 0 without a valid key. Without keys,

@@ -121,13 +121,24 @@ const char *kvpd_guard_check(kvpd_web *w, struct lws *wsi, int *status)
     return NULL;
 }
 
-const char *kvpd_guard_upgrade(kvpd_web *w, struct lws *wsi)
+const char *kvpd_guard_cors(kvpd_web *w, struct lws *wsi, char *buf, size_t len)
 {
-    int status;
-    const char *why = kvpd_guard_check(w, wsi, &status);
+    const char *list = w->cfg->allowed_origins;
+    if (!list[0] || lws_hdr_total_length(wsi, WSI_TOKEN_ORIGIN) <= 0 ||
+        lws_hdr_copy(wsi, buf, (int)len, WSI_TOKEN_ORIGIN) <= 0)
+        return NULL;
+    if (!strcmp(list, "*"))
+        return "*";
+    return in_list(list, buf, strlen(buf)) ? buf : NULL;
+}
+
+const char *kvpd_guard_upgrade(kvpd_web *w, struct lws *wsi, int *status)
+{
+    const char *why = kvpd_guard_check(w, wsi, status);
     if (why)
         return why;
     char v[16];
+    *status = 400;
     if (lws_hdr_copy(wsi, v, sizeof v, WSI_TOKEN_VERSION) <= 0 || strcmp(v, "13"))
         return "Sec-WebSocket-Version must be 13 (RFC 6455)\n";
     return NULL;

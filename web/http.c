@@ -81,6 +81,14 @@ static int text_status(kvpd_conn *c, int status, const char *msg, const char *ww
     return respond(c, status, "text/plain; charset=utf-8", msg, strlen(msg), www_auth);
 }
 
+/* An unknown path: JSON, in the API's error shape (docs/openai.md). */
+static int not_found(kvpd_conn *c)
+{
+    return respond_json(c, 404, json_pack("{s:{s:s, s:s, s:n, s:s}}", "error", "message",
+                                          "no such path", "type", "not_found_error",
+                                          "param", "code", "unknown_url"));
+}
+
 int kvpd_http_writeable(kvpd_conn *c)
 {
     kvpd_frame *f = c->out_head;
@@ -316,6 +324,42 @@ static int static_file(kvpd_conn *c, const char *uri)
     return rc < 0 ? -1 : 0;
 }
 
+int kvpd_cors_headers(const char *origin, const char **extra)
+{
+    if (!origin)
+        return 0;
+    int k = 0;
+    extra[k++] = "access-control-allow-origin:";
+    extra[k++] = origin;
+    extra[k++] = "vary:";
+    extra[k++] = "Origin";
+    extra[k++] = "access-control-expose-headers:";
+    extra[k++] = "x-session-id, retry-after";
+    return k;
+}
+
+/* OPTIONS under /v1: a CORS preflight. 204; with the CORS headers for an origin
+ * allowed_origins lists (none for others: the browser then refuses the request). No
+ * API key: browsers send none on a preflight. */
+static int preflight(kvpd_conn *c)
+{
+    char buf[256];
+    const char *extra[2 * (KVPD_CORS_HEADERS + 4) + 1];
+    int k = kvpd_cors_headers(kvpd_guard_cors(c->w, c->wsi, buf, sizeof buf), extra);
+    extra[k++] = "allow:";
+    extra[k++] = "GET, POST, OPTIONS";
+    if (k > 2) {
+        extra[k++] = "access-control-allow-methods:";
+        extra[k++] = "GET, POST, OPTIONS";
+        extra[k++] = "access-control-allow-headers:";
+        extra[k++] = "authorization, content-type, x-session-id";
+        extra[k++] = "access-control-max-age:";
+        extra[k++] = "600";
+    }
+    extra[k] = NULL;
+    return kvpd_http_respond(c, 204, "text/plain", "", 0, extra);
+}
+
 /* 1 when the header (a known token, or a custom "name:") is present. */
 static int has_header(struct lws *wsi, enum lws_token_indexes tok, char *buf, size_t len)
 {
@@ -400,9 +444,17 @@ int kvpd_http_request(kvpd_conn *c, const char *uri)
         kvpd_wsguard_body(lws_get_socket_fd(c->wsi), body_len);
     if (refused)
         return text_status(c, status, refused, NULL);
+    if (kvpd_listen_reserved(c->wsi)) {
+        /* past max_connections: only health checks, one per connection */
+        c->close_after = 1;
+        if (strcmp(uri, "/healthz") && strcmp(uri, "/metrics"))
+            return text_status(c, 503, "too many connections\n", NULL);
+    }
     refused = kvpd_guard_check(w, c->wsi, &status);
     if (refused)
         return text_status(c, status, refused, NULL);
+    if (api && lws_hdr_total_length(c->wsi, WSI_TOKEN_OPTIONS_URI) > 0)
+        return preflight(c);
     if (api)
         return kvpd_openai_request(c, uri);
     c->head = lws_hdr_total_length(c->wsi, WSI_TOKEN_HEAD_URI) > 0;
@@ -423,12 +475,12 @@ int kvpd_http_request(kvpd_conn *c, const char *uri)
             return text_status(c, 401, "admin token required\n", "Bearer realm=\"kvpd\"");
         if (!strcmp(uri, "/admin/stats"))
             return admin_stats(c);
-        return text_status(c, 404, "not found\n", NULL);
+        return not_found(c);
     }
     if (!strcmp(uri, "/chat"))
         return text_status(c, 426, "/chat is a websocket endpoint\n", NULL);
     int rc = static_file(c, uri);
     if (rc <= 0)
         return rc;
-    return text_status(c, 404, "not found\n", NULL);
+    return not_found(c);
 }

@@ -23,6 +23,26 @@
 #define BACKOFF_MAX_MS 2000
 #define LOG_EVERY_S 10.0
 #define ACCEPTS_PER_WAKEUP 64     /* then the loop serves others */
+/* Connections accepted past max_connections, for /healthz and /metrics only (each is
+ * answered and closed): health checks get through while clients hold every slot. */
+#define HEALTH_RESERVE 4
+
+/* A client address with connections open (max_connections_per_address). Loop thread
+ * only; outlives the listener: connections close after it. */
+typedef struct kvpd_peer {
+    struct kvpd_peer *next;
+    int count;
+    size_t len;
+    unsigned char addr[16];
+} kvpd_peer;
+
+/* A connection kvpd accepted: lws's opaque user data of its wsi. */
+typedef struct kvpd_slot {
+    kvpd_peer *peer;
+    int reserve;                  /* accepted into HEALTH_RESERVE */
+} kvpd_slot;
+
+static kvpd_peer *peers;
 
 struct kvpd_listener {
     uv_poll_t poll;
@@ -86,18 +106,67 @@ static int shed_one(struct kvpd_listener *l)
 }
 
 /* Over max_connections: a short HTTP answer (it fits any socket buffer), then close. */
-static void refuse(struct kvpd_listener *l, int fd)
+static void refuse(struct kvpd_listener *l, int fd, const char *why)
 {
-    static const char busy[] = "HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\n"
-                               "Content-Type: text/plain\r\nContent-Length: 21\r\n\r\n"
-                               "too many connections\n";
-    ssize_t n = send(fd, busy, sizeof busy - 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+    char busy[256];
+    int len = snprintf(busy, sizeof busy, "HTTP/1.1 503 Service Unavailable\r\nConnection: "
+                       "close\r\nContent-Type: text/plain\r\nContent-Length: %zu\r\n\r\n%s\n",
+                       strlen(why) + 1, why);
+    ssize_t n = send(fd, busy, (size_t)len, MSG_DONTWAIT | MSG_NOSIGNAL);
     (void)n;   /* best effort: the close says the same */
     shutdown(fd, SHUT_WR);
     close(fd);
     l->w->metrics->connections_refused++;
     l->shed_since_log++;
-    listener_log(l, "max_connections reached");
+    listener_log(l, why);
+}
+
+/* The peer of an accepted connection (made with count 0); NULL when out of memory. */
+static kvpd_peer *peer_of(const struct sockaddr_storage *sa)
+{
+    const unsigned char *a = sa->ss_family == AF_INET6
+        ? ((const struct sockaddr_in6 *)sa)->sin6_addr.s6_addr
+        : (const unsigned char *)&((const struct sockaddr_in *)sa)->sin_addr;
+    size_t len = sa->ss_family == AF_INET6 ? 16 : 4;
+    for (kvpd_peer *p = peers; p; p = p->next)
+        if (p->len == len && !memcmp(p->addr, a, len))
+            return p;
+    kvpd_peer *p = calloc(1, sizeof *p);
+    if (!p)
+        return NULL;
+    p->len = len;
+    memcpy(p->addr, a, len);
+    p->next = peers;
+    peers = p;
+    return p;
+}
+
+static void peer_unref(kvpd_peer *p)
+{
+    if (--p->count > 0)
+        return;
+    for (kvpd_peer **pp = &peers; *pp; pp = &(*pp)->next)
+        if (*pp == p) {
+            *pp = p->next;
+            free(p);
+            return;
+        }
+}
+
+int kvpd_listen_reserved(struct lws *wsi)
+{
+    const kvpd_slot *s = lws_get_opaque_user_data(wsi);
+    return s && s->reserve;
+}
+
+void kvpd_listen_closed(struct lws *wsi)
+{
+    kvpd_slot *s = lws_get_opaque_user_data(wsi);
+    if (!s)
+        return;
+    lws_set_opaque_user_data(wsi, NULL);
+    peer_unref(s->peer);
+    free(s);
 }
 
 static void on_readable(uv_poll_t *h, int status, int events)
@@ -108,7 +177,10 @@ static void on_readable(uv_poll_t *h, int status, int events)
     if (status < 0 || l->closing)
         return;
     for (int i = 0; i < ACCEPTS_PER_WAKEUP; i++) {
-        int fd = accept4(l->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        struct sockaddr_storage sa;
+        socklen_t sl = sizeof sa;
+        memset(&sa, 0, sizeof sa);
+        int fd = accept4(l->fd, (struct sockaddr *)&sa, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
             int e = errno;
             if (e == EINTR || e == ECONNABORTED)
@@ -128,8 +200,17 @@ static void on_readable(uv_poll_t *h, int status, int events)
             close(fd);
             continue;
         }
-        if (w->cfg->max_connections && w->connections_open >= w->cfg->max_connections) {
-            refuse(l, fd);
+        int max = w->cfg->max_connections;
+        if (max && w->connections_open >= max + HEALTH_RESERVE) {
+            refuse(l, fd, "too many connections");
+            continue;
+        }
+        kvpd_peer *peer = peer_of(&sa);
+        int per = w->cfg->max_connections_per_address;
+        if (!peer || (per && peer->count >= per)) {
+            if (peer && !peer->count)
+                peer_unref(peer);
+            refuse(l, fd, "too many connections from this address");
             continue;
         }
         /* Each token goes out as its own small frame: without TCP_NODELAY (which lws
@@ -138,13 +219,25 @@ static void on_readable(uv_poll_t *h, int status, int events)
         int one = 1;
         if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) < 0 && errno != EOPNOTSUPP)
             listener_log(l, strerror(errno));
-        if (kvpd_wsguard_accept(fd) < 0) {   /* its frames could not be checked */
-            refuse(l, fd);
+        kvpd_slot *slot = malloc(sizeof *slot);
+        if (!slot || kvpd_wsguard_accept(fd) < 0) {   /* its frames could not be checked */
+            free(slot);
+            if (!peer->count)
+                peer_unref(peer);
+            refuse(l, fd, "too many connections");
             continue;
         }
+        *slot = (kvpd_slot){peer, max && w->connections_open >= max};
+        peer->count++;
         struct lws_vhost *vh = lws_get_vhost_by_name(w->lws, "default");
-        if (!vh || !lws_adopt_socket_vhost(vh, fd))   /* lws closed fd on failure */
+        struct lws *wsi = vh ? lws_adopt_socket_vhost(vh, fd) : NULL;
+        if (wsi) {
+            lws_set_opaque_user_data(wsi, slot);
+        } else {   /* lws closed fd on failure */
+            peer_unref(peer);
+            free(slot);
             listener_log(l, "lws could not adopt a connection");
+        }
     }
 }
 

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 
 #include "base/log.h"
@@ -36,6 +37,7 @@ typedef struct kvpd_oai {
     char id[64];                  /* chatcmpl-... */
     long created;
     char model[128];
+    char origin[256];             /* CORS: Access-Control-Allow-Origin ("" none) */
 } kvpd_oai;
 
 /* ---- answers ---- */
@@ -188,11 +190,36 @@ static void finish_stream(kvpd_conn *c, const kvp_turn_stats *st)
     o->ended = 1;
 }
 
+/* A turn that ended "cancel" for this API client was cut by the daemon's shutdown (the
+ * API has no cancel, and a client that leaves gets no events): the reply is not whole,
+ * so it is an error, never finish_reason "stop". */
+static void cut(kvpd_conn *c)
+{
+    kvpd_oai *o = c->oai;
+    static const char msg[] = "the server is shutting down: the reply was cut";
+    o->retry_after_s = 1;
+    c->w->metrics->errors[kvpd_err_kind_of(KVPD_E_OVERLOADED)]++;
+    if (o->started) {   /* the stream's 200 is out: the error goes in the stream */
+        sse(c, json_pack("{s:{s:s, s:s, s:n, s:s}}", "error", "message", msg, "type",
+                         error_type(503), "param", "code", "server_shutting_down"));
+        queue(c, "data: [DONE]\n\n", 14);
+        o->ended = 1;
+        return;
+    }
+    o->close = 1;
+    answer(c, 503, json_pack("{s:{s:s, s:s, s:n, s:s}}", "error", "message", msg, "type",
+                             error_type(503), "param", "code", "server_shutting_down"));
+}
+
 static void done(kvpd_conn *c, const kvp_hub_event *ev)
 {
     kvpd_oai *o = c->oai;
     const kvp_turn_stats *st = ev->stats;
     o->durable = ev->durable;
+    if (!strcmp(st->stop, "cancel")) {
+        cut(c);
+        return;
+    }
     if (o->stream) {   /* the tokens carried the whole reply */
         finish_stream(c, st);
         return;
@@ -246,7 +273,6 @@ static void on_hub_event(void *ctx, const kvp_hub_event *ev)
     switch (ev->type) {
     case KVP_HUB_SESSION:
         snprintf(o->session, sizeof o->session, "%s", ev->id);
-        snprintf(o->id, sizeof o->id, "chatcmpl-%.16s%d", ev->id, ev->turns);
         break;
     case KVP_HUB_TOKEN:
         if (o->stream) {
@@ -329,7 +355,10 @@ static int messages(kvpd_conn *c, json_t *arr, kvp_message **out, char **system,
     char param[48];
     for (size_t i = 0; m && i < n; i++) {
         json_t *msg = json_array_get(arr, i);
-        const char *role = json_string_value(json_object_get(msg, "role"));
+        json_t *jrole = json_object_get(msg, "role");
+        const char *role = json_string_value(jrole);
+        if (role && strlen(role) != json_string_length(jrole))
+            role = NULL;   /* a NUL inside: no role */
         snprintf(param, sizeof param, "messages[%zu].role", i);
         int sys_role = role && (!strcmp(role, "system") || !strcmp(role, "developer"));
         if (!role || (!sys_role && strcmp(role, "user") && strcmp(role, "assistant"))) {
@@ -607,7 +636,11 @@ static void chat_completions(kvpd_conn *c)
     kvpd_oai *o = c->oai;
     kvpd_web *w = c->w;
     json_error_t jerr;
-    json_t *req = json_loadb(o->body ? o->body : "", o->body_len, 0, &jerr);
+    /* Texts may hold NUL (\u0000): kvpd's own replies can, and they come back in the
+     * history; every text is handled by its length. Duplicate keys are refused, as on
+     * the websocket (docs/protocol.md). */
+    json_t *req = json_loadb(o->body ? o->body : "", o->body_len,
+                             JSON_ALLOW_NUL | JSON_REJECT_DUPLICATES, &jerr);
     if (!req) {
         fail(c, 400, NULL, "invalid_json", "the body is not valid JSON: %s (at byte %d)",
              jerr.text, jerr.position);
@@ -721,6 +754,16 @@ int kvpd_openai_request(kvpd_conn *c, const char *uri)
         return -1;
     c->oai = o;
     o->created = (long)time(NULL);
+    char origin[sizeof o->origin];
+    const char *cors = kvpd_guard_cors(c->w, c->wsi, origin, sizeof origin);
+    snprintf(o->origin, sizeof o->origin, "%s", cors ? cors : "");
+    /* A random id: nothing of the session's (its id is the key to the conversation). */
+    unsigned char raw[12];
+    if (getrandom(raw, sizeof raw, 0) != (ssize_t)sizeof raw)
+        return -1;
+    int k = snprintf(o->id, sizeof o->id, "chatcmpl-");
+    for (size_t i = 0; i < sizeof raw; i++)
+        k += snprintf(o->id + k, sizeof o->id - (size_t)k, "%02x", raw[i]);
     int post = lws_hdr_total_length(c->wsi, WSI_TOKEN_POST_URI) > 0;
     if (post)   /* the body comes first; route() runs on its completion */
         return 0;
@@ -774,8 +817,8 @@ int kvpd_openai_body_done(kvpd_conn *c)
 static int write_headers(kvpd_conn *c)
 {
     kvpd_oai *o = c->oai;
-    const char *extra[11];
-    int k = 0;
+    const char *extra[11 + 2 * KVPD_CORS_HEADERS];
+    int k = kvpd_cors_headers(o->origin[0] ? o->origin : NULL, extra);
     char retry[16];
     if (o->session[0]) {
         extra[k++] = "x-session-id:";

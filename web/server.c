@@ -145,17 +145,30 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
         return 0;
     case LWS_CALLBACK_WSI_DESTROY:
         w->connections_open--;
+        kvpd_listen_closed(wsi);
         return 0;
     case LWS_CALLBACK_FILTER_PROTOCOL_CONNECTION: {   /* non-zero refuses the upgrade */
+        /* A refused upgrade is answered with its HTTP status (403 for a foreign Origin,
+         * docs/protocol.md), then closed; lws alone would close without an answer. */
         char sid[KVP_SESSION_ID_LEN + 1];
-        const char *why = uri_is(wsi, "/chat") ? kvpd_guard_upgrade(w, wsi) : "not /chat";
-        if (!why)
-            why = kvpd_chat_session_arg(wsi, sid);
+        int status = 404;
+        const char *why = uri_is(wsi, "/chat") ? kvpd_guard_upgrade(w, wsi, &status)
+                                               : "websockets are served on /chat only\n";
+        if (!why && (why = kvpd_chat_session_arg(wsi, sid)))
+            status = 400;
         char tenant[KVP_TENANT_LEN + 1];
-        if (!why && !kvpd_api_tenant(w, wsi, tenant))
-            why = "no valid API key (Authorization: Bearer <api_key> on the upgrade)";
-        if (why)
-            kvpd_log("info", "websocket upgrade refused: %s", why);
+        if (!why && !kvpd_api_tenant(w, wsi, tenant)) {
+            why = "no valid API key (Authorization: Bearer <api_key> on the upgrade)\n";
+            status = 401;
+        }
+        if (!why && kvpd_listen_reserved(wsi)) {
+            why = "too many connections\n";
+            status = 503;
+        }
+        if (why) {
+            kvpd_log("info", "websocket upgrade refused: %.*s", (int)strcspn(why, "\n"), why);
+            lws_return_http_status(wsi, (unsigned)status, why);
+        }
         return why != NULL;
     }
     case LWS_CALLBACK_ESTABLISHED:

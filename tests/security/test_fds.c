@@ -48,11 +48,19 @@ Test(security_fds, max_connections_is_enforced)
         cr_expect(!hello_ok(&extra), "a fourth connection was served");
         ws_close(&extra);
     }
+    /* Health checks still get through (a few connections are kept for them), anything
+     * else on those gets 503. */
     char *body = NULL;
     int status = h_get(&p, "/healthz", NULL, &body);
-    cr_expect(status == 503 || status < 0, "/healthz over the cap answered %d", status);
-    if (status == 503)
-        cr_expect(body && strstr(body, "too many connections"), "%s", body);
+    cr_expect_eq(status, 200, "/healthz over the cap answered %d: %s", status, body);
+    free(body);
+    body = NULL;
+    cr_expect_eq(h_get(&p, "/metrics", NULL, &body), 200);
+    free(body);
+    body = NULL;
+    status = h_get(&p, "/v1/models", NULL, &body);
+    cr_expect_eq(status, 503, "/v1/models over the cap answered %d", status);
+    cr_expect(body && strstr(body, "too many connections"), "%s", body);
     free(body);
     /* One leaves: room for another. */
     ws_close(&c[0]);
@@ -171,5 +179,40 @@ Test(security_fds, running_out_of_descriptors_does_not_spin)
         free(body);
     }
     cr_expect_eq(status, 200, "kvpd did not serve again");
+    cr_expect_eq(kvpd_stop(&p, 10000), 0);
+}
+
+Test(security_fds, idle_websockets_of_one_address_cannot_take_every_slot)
+{
+    kvpd_proc p;
+    cr_assert_eq(kvpd_start(&p, "--max-connections 8 --max-connections-per-address 3"), 0,
+                 "log %s", p.log);
+    ws_client c[3], extra;
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(h_connect(&p, &c[i]), 0, "connection %d", i);
+        cr_assert(hello_ok(&c[i]), "connection %d got no session", i);
+    }
+    int rc = h_connect(&p, &extra);
+    if (rc == 0) {
+        cr_expect(!hello_ok(&extra), "a fourth connection from the address was served");
+        ws_close(&extra);
+    }
+    char *body = NULL;
+    int status = h_get(&p, "/healthz", NULL, &body);
+    cr_expect(status == 503 || status < 0, "%d", status);
+    if (status == 503)
+        cr_expect(body && strstr(body, "from this address"), "%s", body);
+    free(body);
+    ws_close(&c[0]);
+    int served = 0;
+    for (int tries = 0; tries < 40 && !served; tries++) {
+        sleep_ms(50);
+        body = NULL;
+        served = h_get(&p, "/healthz", NULL, &body) == 200;
+        free(body);
+    }
+    cr_expect(served, "the address got no connection after one of its own closed");
+    for (int i = 1; i < 3; i++)
+        ws_close(&c[i]);
     cr_expect_eq(kvpd_stop(&p, 10000), 0);
 }

@@ -427,3 +427,79 @@ Test(security_http, a_body_on_a_get_is_never_parsed_as_a_request)
     cr_expect_eq(get(&p, "GET", "/healthz", self(&p, "127.0.0.1"), NULL).status, 200);
     cr_expect_eq(kvpd_stop(&p, 10000), 0);
 }
+
+/* ---- CORS for the API, and the status of a refused upgrade ---- */
+
+static const char *hdr_value(const reply *r, const char *name, char *out, size_t len)
+{
+    const char *v = h_header(r->head, name);
+    snprintf(out, len, "%.*s", (int)strcspn(v, "\r\n"), v);
+    return out;
+}
+
+Test(security_http, cors_preflight_and_headers_for_allowed_origins)
+{
+    kvpd_proc p;
+    cr_assert_eq(kvpd_start(&p, "--allowed-origins https://app.example --api-key k3y"), 0,
+                 "log %s", p.log);
+    const char *host = self(&p, "127.0.0.1");
+    char v[256];
+    reply r = get(&p, "OPTIONS", "/v1/chat/completions", host,
+                  "Origin: https://app.example\r\nAccess-Control-Request-Method: POST\r\n"
+                  "Access-Control-Request-Headers: authorization, content-type\r\n");
+    cr_expect_eq(r.status, 204, "%s", r.head);
+    cr_expect_str_eq(hdr_value(&r, "access-control-allow-origin:", v, sizeof v),
+                     "https://app.example", "%s", r.head);
+    cr_expect(strstr(hdr_value(&r, "access-control-allow-methods:", v, sizeof v), "POST"),
+              "%s", r.head);
+    cr_expect(strcasestr(hdr_value(&r, "access-control-allow-headers:", v, sizeof v),
+                         "authorization"), "%s", r.head);
+    cr_expect(strstr(hdr_value(&r, "vary:", v, sizeof v), "Origin"), "%s", r.head);
+    cr_expect(!strcasestr(r.head, "access-control-allow-credentials"), "%s", r.head);
+
+    /* the answers themselves, errors included, carry the origin */
+    char req[1024];
+    snprintf(req, sizeof req, "POST /v1/chat/completions HTTP/1.1\r\nHost: %s\r\n"
+             "Origin: https://app.example\r\nAuthorization: Bearer k3y\r\n"
+             "Content-Type: application/json\r\nContent-Length: %zu\r\nConnection: close\r\n"
+             "\r\n%s", host, strlen(CHAT_BODY), CHAT_BODY);
+    r = raw(p.port, req, 300);
+    cr_expect_eq(r.status, 200, "%s", r.head);
+    cr_expect_str_eq(hdr_value(&r, "access-control-allow-origin:", v, sizeof v),
+                     "https://app.example", "%s", r.head);
+    cr_expect(strstr(hdr_value(&r, "vary:", v, sizeof v), "Origin"), "%s", r.head);
+    cr_expect(strcasestr(hdr_value(&r, "access-control-expose-headers:", v, sizeof v),
+                         "x-session-id"), "%s", r.head);
+    r = get(&p, "GET", "/v1/models", host, "Origin: https://app.example\r\n");
+    cr_expect_eq(r.status, 401, "%s", r.head);
+    cr_expect_str_eq(hdr_value(&r, "access-control-allow-origin:", v, sizeof v),
+                     "https://app.example", "%s", r.head);
+    /* another origin gets no CORS grant (and 403 as before) */
+    r = get(&p, "OPTIONS", "/v1/chat/completions", host, "Origin: https://evil.example\r\n");
+    cr_expect_eq(r.status, 403, "%s", r.head);
+    cr_expect(!strcasestr(r.head, "access-control-allow-origin"), "%s", r.head);
+    cr_expect_eq(kvpd_stop(&p, 10000), 0);
+
+    /* "*": any origin, never with credentials */
+    cr_assert_eq(kvpd_start(&p, "--allowed-origins *"), 0, "log %s", p.log);
+    r = get(&p, "OPTIONS", "/v1/chat/completions", self(&p, "127.0.0.1"),
+            "Origin: https://any.example\r\nAccess-Control-Request-Method: POST\r\n");
+    cr_expect_eq(r.status, 204, "%s", r.head);
+    cr_expect_str_eq(hdr_value(&r, "access-control-allow-origin:", v, sizeof v), "*", "%s",
+                     r.head);
+    cr_expect(!strcasestr(r.head, "access-control-allow-credentials"), "%s", r.head);
+    cr_expect_eq(kvpd_stop(&p, 10000), 0);
+}
+
+Test(security_http, a_refused_upgrade_gets_its_http_status)
+{
+    kvpd_proc p;
+    cr_assert_eq(kvpd_start(&p, ""), 0, "log %s", p.log);
+    const char *host = self(&p, "127.0.0.1");
+    cr_expect_eq(upgrade(&p, host, "http://evil.example", "13").status, 403,
+                 "a foreign Origin's upgrade was not answered 403");
+    cr_expect_eq(upgrade(&p, host, NULL, "8").status, 400);
+    cr_expect_eq(upgrade(&p, self(&p, "evil.example"), NULL, "13").status, 421);
+    cr_expect_eq(upgrade(&p, host, NULL, "13").status, 101);
+    cr_expect_eq(kvpd_stop(&p, 10000), 0);
+}
