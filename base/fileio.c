@@ -5,9 +5,11 @@
 #include <string.h>
 #include <unistd.h>
 
-int kvp_open_regular(const char *path, int flags, struct stat *st)
+/* open(path, flags | O_CLOEXEC | O_NONBLOCK, 0600) and fstat: a regular file's
+ * descriptor, or a negative errno or KVP_E_NOT_REGULAR with nothing left open. */
+static int open_checked(const char *path, int flags, struct stat *st)
 {
-    int fd = open(path, flags | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
+    int fd = open(path, flags | O_CLOEXEC | O_NONBLOCK, 0600);
     if (fd < 0)
         return -errno;
     if (fstat(fd, st) < 0) {
@@ -22,20 +24,16 @@ int kvp_open_regular(const char *path, int flags, struct stat *st)
     return fd;
 }
 
+int kvp_open_regular(const char *path, int flags, struct stat *st)
+{
+    return open_checked(path, flags | O_NOFOLLOW, st);
+}
+
 int kvp_open_input(const char *path, struct stat *st)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    int fd = open_checked(path, O_RDONLY, st);
     if (fd < 0)
-        return -errno;
-    if (fstat(fd, st) < 0) {
-        int e = errno;
-        close(fd);
-        return -e;
-    }
-    if (!S_ISREG(st->st_mode)) {
-        close(fd);
-        return KVP_E_NOT_REGULAR;
-    }
+        return fd;
     int fl = fcntl(fd, F_GETFL);
     if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0) {
         int e = errno;

@@ -50,7 +50,7 @@ static const key_def keys[] = {
     {"chunk", T_INT, F(chunk), 1, 4096, KVP_STR(KVP_DEFAULT_CHUNK), "prefill chunk in tokens; a head may exceed the budget by this much", FIXED},
     {"step_tokens", T_INT, F(step_tokens), 1, 65536, "256", "tokens of one batched step, at least chunk: every decoding turn gives one, prefilling turns a chunk each while room is left (the rest wait for the next step)", FIXED},
     {"workers", T_INT, F(workers), 0, 256, "0", "model worker threads (0: one per core): one runs the batched step at a time, the others the jobs that wait on I/O meanwhile (snapshot loads and saves, each turn's start and end-of-turn snapshot)", FIXED},
-    {"state_dir", T_STR, F(state_dir), 0, 0, "", "directory for session state (must be writable when set: refused at start otherwise)", FIXED},
+    {"state_dir", T_STR, F(state_dir), 0, 0, "auto", "directory for session state (must be writable when set: refused at start otherwise); auto: $STATE_DIRECTORY (systemd), else $XDG_STATE_HOME/kvpd, else ~/.local/state/kvpd, made 0700 if missing (none with state_url); empty: none (idle sessions are dropped)", FIXED},
     {"state_url", T_STR, F(state_url), 0, 0, "", "redis://HOST[:PORT][/DB]: keep session snapshots in Redis instead, shared by several nodes, with a lease per session (docs/cluster.md; wins over state_dir for snapshots)", FIXED},
     {"snapshot_ttl", T_INT, F(snapshot_ttl_s), 0, 1 << 30, "604800", "seconds a session's snapshot is kept after its last write (7 days; the directory deletes older ones at start and then every ttl/4, at most hourly; Redis keys expire; 0: forever; at least idle_timeout)", FIXED},
     {"lease_ms", T_INT, F(lease_ms), 100, 3600000, "10000", "with state_url: a session's lease lasts this long past its last renewal (renewed while a turn runs; released when the client leaves)", FIXED},
@@ -418,6 +418,53 @@ int kvpd_config_from_args(kvpd_config *c, int argc, char **argv, enum kvpd_actio
     return 0;
 }
 
+/* mkdir -p, the directories it makes 0700. */
+static int make_dirs(char *path)
+{
+    for (char *p = path + 1; ; p++) {
+        if (*p != '/' && *p)
+            continue;
+        char c = *p;
+        *p = '\0';
+        int rc = mkdir(path, 0700) < 0 && errno != EEXIST ? -errno : 0;
+        *p = c;
+        if (rc < 0 || !c)
+            return rc;
+    }
+}
+
+int kvpd_config_resolve_state_dir(kvpd_config *c, char *err, size_t errlen)
+{
+    if (strcmp(c->state_dir, "auto"))
+        return 0;
+    const char *sd = getenv("STATE_DIRECTORY"), *xdg = getenv("XDG_STATE_HOME"),
+               *home = getenv("HOME");
+    char dir[KVPD_PATH_MAX];
+    int n = -1;
+    if (c->state_url[0])   /* the snapshots live in Redis */
+        n = snprintf(dir, sizeof dir, "%s", "");
+    else if (sd && sd[0] == '/')   /* systemd's StateDirectory= (the first if several) */
+        n = snprintf(dir, sizeof dir, "%.*s", (int)strcspn(sd, ":"), sd);
+    else if (xdg && xdg[0] == '/')
+        n = snprintf(dir, sizeof dir, "%s/kvpd", xdg);
+    else if (home && home[0] == '/')
+        n = snprintf(dir, sizeof dir, "%s/.local/state/kvpd", home);
+    else
+        n = snprintf(dir, sizeof dir, "%s", "");   /* nowhere to keep state */
+    if (n < 0 || (size_t)n >= sizeof dir) {
+        snprintf(err, errlen, "state_dir auto: the path is too long; set state_dir");
+        return -ENAMETOOLONG;
+    }
+    int rc = dir[0] ? make_dirs(dir) : 0;
+    if (rc < 0) {
+        snprintf(err, errlen, "state_dir auto: cannot make %s (%s); set state_dir (empty: "
+                 "none)", dir, strerror(-rc));
+        return rc;
+    }
+    memcpy(c->state_dir, dir, strlen(dir) + 1);
+    return 0;
+}
+
 static int check_dir(const char *what, const char *path, char *err, size_t errlen)
 {
     struct stat st;
@@ -471,7 +518,7 @@ int kvpd_config_validate(const kvpd_config *c, char *err, size_t errlen)
         snprintf(err, errlen, "chat_template (a family) and chat_template_file exclude each other");
         return -EINVAL;
     }
-    if (c->state_dir[0]) {
+    if (c->state_dir[0] && strcmp(c->state_dir, "auto")) {   /* (auto: resolved at start) */
         int rc = check_dir("state_dir", c->state_dir, err, errlen);
         if (rc < 0 || (rc = check_writable("state_dir", c->state_dir, err, errlen)) < 0)
             return rc;

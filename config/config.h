@@ -31,7 +31,7 @@ typedef struct kvpd_config {
     int chunk;                        /* prefill chunk = eviction slack */
     int step_tokens;                  /* tokens of one batched step */
     int workers;                      /* 0 = one per core */
-    char state_dir[KVPD_PATH_MAX];
+    char state_dir[KVPD_PATH_MAX];    /* "" none; "auto" until resolved */
     char state_url[KVPD_PATH_MAX];    /* redis://HOST:PORT/DB: snapshots in Redis (wins) */
     int snapshot_ttl_s;               /* snapshots kept this long after their last write */
     int lease_ms;                     /* Redis: a session lease's life without renewal */
@@ -81,6 +81,11 @@ int kvpd_config_load_file(kvpd_config *c, const char *path, char *err, size_t er
 /* Defaults, then --config FILE, then the other flags over it. */
 int kvpd_config_from_args(kvpd_config *c, int argc, char **argv, enum kvpd_action *action,
                           char *err, size_t errlen);
+/* state_dir "auto" becomes the directory it stands for ($STATE_DIRECTORY, else
+ * $XDG_STATE_HOME/kvpd, else $HOME/.local/state/kvpd; "" with state_url or without any
+ * of them), made (0700) if missing. Other values are left alone. 0 or a negative code
+ * with a message. */
+int kvpd_config_resolve_state_dir(kvpd_config *c, char *err, size_t errlen);
 /* Range and consistency checks that need no model. */
 int kvpd_config_validate(const kvpd_config *c, char *err, size_t errlen);
 /* Fills api_keys from api_key (comma-separated) and api_key_file (one key per line,

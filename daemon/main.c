@@ -282,7 +282,8 @@ int main(int argc, char **argv)
         printf("kvpd %s\n", KVP_VERSION);
         return 0;
     }
-    if (kvpd_config_validate(&d->cfg, err, sizeof err) < 0 ||
+    if (kvpd_config_resolve_state_dir(&d->cfg, err, sizeof err) < 0 ||
+        kvpd_config_validate(&d->cfg, err, sizeof err) < 0 ||
         kvpd_config_load_keys(&d->cfg, err, sizeof err) < 0) {
         fprintf(stderr, "kvpd: %s\n", err);
         return 2;

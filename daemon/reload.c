@@ -131,6 +131,8 @@ static void reload_work(uv_work_t *w)
     enum kvpd_action action;
     j->rc = kvpd_config_from_args(&j->cfg, d->argc, d->argv, &action, j->err, sizeof j->err);
     if (j->rc == 0)
+        j->rc = kvpd_config_resolve_state_dir(&j->cfg, j->err, sizeof j->err);
+    if (j->rc == 0)
         j->rc = kvpd_config_validate(&j->cfg, j->err, sizeof j->err);
     if (j->rc == 0)
         j->rc = kvpd_config_load_keys(&j->cfg, j->err, sizeof j->err);

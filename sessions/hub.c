@@ -35,7 +35,10 @@ static void emit_error(kvp_hub_client *c, const char *code, const char *msg)
 /* overloaded, with a hint of when to try again. */
 static void overloaded(kvp_hub_client *c, const char *msg)
 {
-    emit_error_retry(c, KVPD_E_OVERLOADED, msg, kvp_hub_retry_hint_ms(c->hub));
+    kvp_hub *h = c->hub;
+    int retry = h->refused_retry_ms ? h->refused_retry_ms : kvp_hub_retry_hint_ms(h);
+    h->refused_retry_ms = 0;
+    emit_error_retry(c, KVPD_E_OVERLOADED, msg, retry);
 }
 
 static void emit_session(kvp_hub_client *c, int resumed)
@@ -68,11 +71,16 @@ static void drop(kvp_hub *h, kvp_session *s)
     kvp_session_remove(&h->sessions, s);
 }
 
-static void remove_session(kvp_hub *h, kvp_session *s)
+void kvp_hub_drop(kvp_hub *h, kvp_session *s)
 {
     if (s->client)
         s->client->session = NULL;
     drop(h, s);
+}
+
+static void remove_session(kvp_hub *h, kvp_session *s)
+{
+    kvp_hub_drop(h, s);
 }
 
 /* The client lets go of its session; one that was never used ends here (and no longer

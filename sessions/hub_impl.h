@@ -25,7 +25,13 @@ struct kvp_hub {
     int draining;
     int jobs;                        /* sessions with a job in flight */
     uint64_t clients_made;           /* serial numbers of clients */
+    /* Set by a refused admission when nothing running will free room soon: the wait
+     * until an idle session times out (ms); 0: about a turn (kvp_hub_retry_hint_ms). */
+    int refused_retry_ms;
 };
+
+/* An idle session leaves memory (hub.c; its snapshot, if any, stays on disk). */
+void kvp_hub_drop(kvp_hub *h, kvp_session *s);
 
 struct kvp_hub_client {
     kvp_hub *hub;

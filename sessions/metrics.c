@@ -126,6 +126,9 @@ char *kvpd_metrics_render(const kvpd_metrics *m, const kvpd_gauges *g, size_t *l
     counter(f, "kvpd_sessions_forgotten_total",
             "Parked sessions let go from memory after another idle timeout (snapshot kept)",
             m->sessions_forgotten);
+    counter(f, "kvpd_sessions_dropped_total",
+            "Idle sessions no client was attached to, dropped to make room (no state directory)",
+            m->sessions_dropped);
     counter(f, "kvpd_sessions_lost_total", "Sessions whose snapshot was missing or bad",
             m->sessions_lost);
     counter(f, "kvpd_parks_total", "Sessions parked to disk (memory freed)", m->parks);

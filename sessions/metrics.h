@@ -24,6 +24,7 @@ enum kvpd_err_kind {
 typedef struct kvpd_metrics {
     uint64_t sessions_created, sessions_expired;
     uint64_t sessions_forgotten;          /* parked, idle, let go from memory (file kept) */
+    uint64_t sessions_dropped;            /* idle, unattached, dropped to make room (no store) */
     uint64_t sessions_lost;               /* snapshot missing or bad when needed */
     uint64_t parks, unparks;              /* unparks: snapshots loaded back, lazy loads too */
     uint64_t rebuilds;                    /* restored from the transcript, not the cache */

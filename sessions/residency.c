@@ -54,16 +54,37 @@ void kvp_hub_park(kvp_hub *h, kvp_session *s)
     h->m->parks++;
 }
 
-/* The least recently used idle session that can be parked, other than keep. */
-static kvp_session *lru_parkable(kvp_hub *h, const kvp_session *keep)
+/* The least recently used idle session that can make room, other than keep: with a
+ * store one that can be parked; without one, one no client is attached to (a finished
+ * API request's, a left websocket's), which is dropped: finished one-shot sessions must
+ * not lock new conversations out until their idle timeout. */
+static kvp_session *lru_victim(kvp_hub *h, const kvp_session *keep)
 {
-    if (!h->env.store)
-        return NULL;
     kvp_session *best = NULL;
     for (kvp_session *s = h->sessions.resident_head; s; s = s->rnext)
-        if (s != keep && kvp_session_parkable(s) && (!best || s->last_active < best->last_active))
+        if (s != keep && (h->env.store ? kvp_session_parkable(s)
+                                       : !kvp_session_busy(s) && !s->client) &&
+            (!best || s->last_active < best->last_active))
             best = s;
     return best;
+}
+
+/* The milliseconds until the least recently used idle session reaches its idle timeout
+ * (and leaves memory or is parked), for a refusal while no job runs; 0 when one does
+ * (it ends about a turn from now). */
+static int idle_retry_ms(const kvp_hub *h)
+{
+    double oldest = 0;
+    int any = 0;
+    for (const kvp_session *s = h->sessions.resident_head; s; s = s->rnext) {
+        if (kvp_session_busy(s))
+            return 0;
+        if (!any || s->last_active < oldest)
+            oldest = s->last_active;
+        any = 1;
+    }
+    double left = any ? oldest + h->cfg->idle_timeout_s - kvp_now() : 1;
+    return left < 1 ? 1000 : left > 86400 ? 86400000 : (int)(left * 1e3);
 }
 
 int kvp_hub_admit(kvp_hub *h, kvp_session *s, int job, size_t *reserve, char *why,
@@ -80,8 +101,9 @@ int kvp_hub_admit(kvp_hub *h, kvp_session *s, int job, size_t *reserve, char *wh
     size_t others = kvp_hub_accounted_bytes(h, NULL) - (s ? counted(s) : 0);
     uint64_t cap = h->cfg->max_cache_bytes;
     while (slots > h->cfg->max_sessions || (cap && others + need > cap)) {
-        kvp_session *victim = lru_parkable(h, s);
+        kvp_session *victim = lru_victim(h, s);
         if (!victim) {
+            h->refused_retry_ms = idle_retry_ms(h);
             if (slots > h->cfg->max_sessions)
                 snprintf(why, whylen, "too many sessions (%d)", h->cfg->max_sessions);
             else
@@ -91,7 +113,12 @@ int kvp_hub_admit(kvp_hub *h, kvp_session *s, int job, size_t *reserve, char *wh
         }
         others -= victim->bytes;
         slots--;
-        kvp_hub_park(h, victim);
+        if (h->env.store) {
+            kvp_hub_park(h, victim);
+        } else {
+            h->m->sessions_dropped++;
+            kvp_hub_drop(h, victim);
+        }
     }
     *reserve = need;
     return 0;

@@ -3,8 +3,9 @@
  * session with a job in flight, its reservation: the most its cache can take during the
  * turn, from the model's shape. So resident bytes stay under the cap even mid-turn. To
  * make room, the least recently used idle sessions are parked (their snapshot is up to
- * date; memory is freed, nothing is written); when that is not enough the job is
- * refused and the client told `overloaded`. Only resident sessions are visited, so the
+ * date; memory is freed, nothing is written), or without a store the least recently
+ * used idle ones no client is attached to are dropped; when that is not enough the job
+ * is refused and the client told `overloaded`. Only resident sessions are visited, so the
  * cost is bounded by max_sessions, not by the sessions on disk. */
 #ifndef KVP_RESIDENCY_H
 #define KVP_RESIDENCY_H

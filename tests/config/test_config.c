@@ -364,3 +364,46 @@ Test(config, a_read_only_state_dir_is_refused)
     cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "exit %d",
               WIFEXITED(status) ? WEXITSTATUS(status) : -1);
 }
+
+/* The default state_dir, auto: systemd's directory, else XDG's, else ~/.local/state,
+ * made 0700; none with Redis; an explicit value is left alone. */
+Test(config, state_dir_auto_resolves_and_is_made)
+{
+    char base[] = "/tmp/kvpd-auto-XXXXXX", want[128], err[256];
+    cr_assert(mkdtemp(base));
+    kvpd_config c;
+    kvpd_config_defaults(&c);
+    cr_assert_str_eq(c.state_dir, "auto");
+    unsetenv("STATE_DIRECTORY");
+    setenv("XDG_STATE_HOME", base, 1);
+    cr_assert_eq(kvpd_config_resolve_state_dir(&c, err, sizeof err), 0, "%s", err);
+    snprintf(want, sizeof want, "%s/kvpd", base);
+    cr_assert_str_eq(c.state_dir, want);
+    struct stat st;
+    cr_assert_eq(stat(want, &st), 0);
+    cr_assert(S_ISDIR(st.st_mode) && (st.st_mode & 0777) == 0700);
+    cr_assert_eq(kvpd_config_validate(&c, err, sizeof err), 0, "%s", err);
+    rmdir(want);
+    /* no XDG: HOME's .local/state */
+    unsetenv("XDG_STATE_HOME");
+    setenv("HOME", base, 1);
+    snprintf(c.state_dir, sizeof c.state_dir, "auto");
+    cr_assert_eq(kvpd_config_resolve_state_dir(&c, err, sizeof err), 0, "%s", err);
+    snprintf(want, sizeof want, "%s/.local/state/kvpd", base);
+    cr_assert_str_eq(c.state_dir, want);
+    cr_assert_eq(stat(want, &st), 0);
+    /* systemd's wins */
+    setenv("STATE_DIRECTORY", "/var/lib/kvpd-test-none:/other", 1);
+    snprintf(c.state_dir, sizeof c.state_dir, "auto");
+    snprintf(c.state_url, sizeof c.state_url, "redis://127.0.0.1:6379");
+    cr_assert_eq(kvpd_config_resolve_state_dir(&c, err, sizeof err), 0, "%s", err);
+    cr_assert_str_eq(c.state_dir, "", "with state_url the snapshots are in Redis");
+    unsetenv("STATE_DIRECTORY");
+    c.state_url[0] = '\0';
+    snprintf(c.state_dir, sizeof c.state_dir, "%s", base);
+    cr_assert_eq(kvpd_config_resolve_state_dir(&c, err, sizeof err), 0);
+    cr_assert_str_eq(c.state_dir, base);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", base);
+    cr_assert_eq(system(cmd), 0);
+}

@@ -83,7 +83,8 @@ int kvpd_spawn(kvpd_proc *p, const char *extra)
     char *defaults[] = {"--listen", "127.0.0.1:0", "--model", model, "--tokenizer", tok,
                         "--workers", "2", "--budget", "64", "--chunk", "16",
                         "--temperature", "0", "--max-tokens", "64",
-                        "--shutdown-timeout-ms", "3000", "--admin-token-file", p->admin_file};
+                        "--shutdown-timeout-ms", "3000", "--admin-token-file", p->admin_file,
+                        "--state-dir", ""};
     argv[argc++] = (char *)h_build("daemon/kvpd");
     for (size_t i = 0; i < sizeof defaults / sizeof defaults[0]; i++)
         argv[argc++] = defaults[i];

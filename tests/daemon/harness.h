@@ -17,7 +17,8 @@ typedef struct kvpd_proc {
     int health_503;     /* /healthz answers 503 seen while kvpd_start waited */
 } kvpd_proc;
 
-/* Starts kvpd with the test defaults (2 workers, budget 64, chunk 16, greedy) and
+/* Starts kvpd with the test defaults (2 workers, budget 64, chunk 16, greedy, no state
+ * directory: --state-dir "") and
  * `extra` (space-separated flags, later ones win); waits for /healthz. 0 or -1. */
 int kvpd_start(kvpd_proc *p, const char *extra);
 /* As kvpd_start, but returns as soon as the port is bound (the model may be loading). */

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "tests/daemon/harness.h"
 
@@ -89,4 +90,32 @@ Test(security_api_flood, a_refusal_with_nothing_running_does_not_promise_a_retry
     ws_close(&a);
     ws_close(&b);
     cr_assert_eq(kvpd_stop(&d, 10000), 0);
+}
+
+/* The default state_dir (auto) keeps state under $XDG_STATE_HOME/kvpd: the flood is
+ * parked there too. */
+Test(security_api_flood, the_default_state_dir_is_made_and_used)
+{
+    char base[64], args[128], snap[256];
+    cr_assert_eq(h_mkdtemp(base, sizeof base), 0);
+    setenv("XDG_STATE_HOME", base, 1);
+    kvpd_proc d;
+    cr_assert_eq(kvpd_start(&d, "--max-sessions 4 --state-dir auto"), 0, "log %s", d.log);
+    snprintf(args, sizeof args, "state %s/kvpd", base);
+    cr_assert(kvpd_log_has(&d, args), "log %s", d.log);
+    char *raw = NULL;
+    for (int i = 0; i < 12; i++) {
+        int st = one_conversation(&d, i, &raw);
+        cr_assert_eq(st, 200, "conversation %d: %s", i, raw);
+        if (i < 11)
+            free(raw);
+    }
+    snprintf(snap, sizeof snap, "%s/kvpd/%s.snap", base, h_header(raw, "x-session-id:"));
+    free(raw);
+    cr_assert_eq(access(snap, F_OK), 0, "%s is missing", snap);
+    cr_assert_eq(kvpd_stop(&d, 10000), 0);
+    unsetenv("XDG_STATE_HOME");
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", base);
+    cr_assert_eq(system(cmd), 0);
 }
