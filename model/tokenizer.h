@@ -49,8 +49,10 @@ int kvp_tokenizer_load_file(kvp_tokenizer *t, const char *path, int vocab_size,
                             char *err, size_t errlen);
 /* tokenizer.ggml.model "llama": tokens, scores (optional: default 0), token_type
  * (optional), bos/eos/unk/eot ids and add_space_prefix are read when present.
- * "gpt2": tokens, token_type (optional), merges and pre (tokenizer.ggml.pre: llama-bpe,
- * qwen2, smollm, gpt2 and their aliases; absent means gpt2) are read; no dummy prefix. */
+ * "gpt2": tokens, token_type (optional), merges and pre (tokenizer.ggml.pre: the names
+ * of model/bpe.h, kvp_bpe_pre_names(); absent means gpt2; another is refused naming it)
+ * are read; no dummy prefix. A byte-level vocabulary may lack the bytes UTF-8 never
+ * uses (the encoder drops them), not a printable ASCII one. */
 int kvp_tokenizer_load_gguf(kvp_tokenizer *t, const kvp_gguf *g, char *err, size_t errlen);
 void kvp_tokenizer_free(kvp_tokenizer *t);
 

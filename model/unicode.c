@@ -6,6 +6,22 @@
 
 #include "model/unicode_table.h"
 
+/* The value of the range holding cp in a sorted table, 0 if none does. */
+static unsigned range_value(const struct unicode_range *r, size_t n, uint32_t cp)
+{
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (cp > r[mid].hi)
+            lo = mid + 1;
+        else if (cp < r[mid].lo)
+            hi = mid;
+        else
+            return r[mid].v;
+    }
+    return 0;
+}
+
 size_t kvp_utf8_decode(const unsigned char *s, size_t n, uint32_t *cp)
 {
     unsigned c = s[0], lo = 0x80, hi = 0xBF;
@@ -52,17 +68,8 @@ enum kvp_ucls kvp_unicode_class(uint32_t cp)
             return KVP_UCLS_SPACE;
         return KVP_UCLS_OTHER;
     }
-    size_t lo = 0, hi = sizeof unicode_ranges / sizeof unicode_ranges[0];
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (cp > unicode_ranges[mid].hi)
-            lo = mid + 1;
-        else if (cp < unicode_ranges[mid].lo)
-            hi = mid;
-        else
-            return (enum kvp_ucls)unicode_ranges[mid].cls;
-    }
-    return KVP_UCLS_OTHER;
+    return (enum kvp_ucls)range_value(unicode_ranges,
+                                      sizeof unicode_ranges / sizeof unicode_ranges[0], cp);
 }
 
 enum kvp_ugc kvp_unicode_gc(uint32_t cp)
@@ -79,17 +86,7 @@ enum kvp_ugc kvp_unicode_gc(uint32_t cp)
         /* ASCII symbols: $ + < = > ^ ` | ~; the rest of the printable ones are P. */
         return strchr("$+<=>^`|~", (int)cp) ? KVP_UGC_SYMBOL : KVP_UGC_PUNCT;
     }
-    size_t lo = 0, hi = sizeof unicode_gc / sizeof unicode_gc[0];
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (cp > unicode_gc[mid].hi)
-            lo = mid + 1;
-        else if (cp < unicode_gc[mid].lo)
-            hi = mid;
-        else
-            return (enum kvp_ugc)unicode_gc[mid].gc;
-    }
-    return KVP_UGC_OTHER;
+    return (enum kvp_ugc)range_value(unicode_gc, sizeof unicode_gc / sizeof unicode_gc[0], cp);
 }
 
 size_t kvp_utf8_encode(uint32_t cp, char *out)
@@ -130,17 +127,7 @@ static unsigned ccc_of(uint32_t cp)
 {
     if (cp < 0x300 || cp & INVALID)
         return 0;
-    size_t lo = 0, hi = sizeof unicode_ccc / sizeof unicode_ccc[0];
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (cp > unicode_ccc[mid].hi)
-            lo = mid + 1;
-        else if (cp < unicode_ccc[mid].lo)
-            hi = mid;
-        else
-            return unicode_ccc[mid].ccc;
-    }
-    return 0;
+    return range_value(unicode_ccc, sizeof unicode_ccc / sizeof unicode_ccc[0], cp);
 }
 
 /* Index of cp's one-level canonical decomposition, or -1. */

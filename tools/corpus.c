@@ -99,15 +99,19 @@ long kvp_corpus_tokens(const kvp_model *m, const char *path, const char *text, s
     long line = 1;
     for (size_t i = 0; i < from; i++)
         line += text[i] == '\n';
-    return render_conversations(&t, path, text + from, to - from, line, out, err, errlen);
+    long n = render_conversations(&t, path, text + from, to - from, line, out, err, errlen);
+    kvp_template_free(&t);
+    return n;
 }
 
 const char *kvp_corpus_format(const kvp_model *m)
 {
     kvp_template t;
     char note[256];
-    return kvp_template_init(&t, m, NULL, note, sizeof note) < 0 ? "none"
-                                                                  : kvp_template_name(t.format);
+    if (kvp_template_init(&t, m, NULL, note, sizeof note) < 0)
+        return "none";
+    kvp_template_free(&t);   /* the format's name is static */
+    return kvp_template_name(t.format);
 }
 
 long kvp_corpus_count(long n_ids, long len, int bos)

@@ -74,6 +74,102 @@ Test(bpe, qwen2_and_smollm_split)
     assert_split(KVP_PRE_SMOLLM, "it's 3", "it|'s| |3");
 }
 
+/* The pre-tokenizers without an npm reference, each case worked out by hand from
+ * llama.cpp's regex list for it (llama-vocab.cpp, quoted in model/bpe.h), the regexes
+ * applied in order, each to every chunk of the one before. */
+Test(bpe, falcon_split)
+{
+    /* [\p{P}\$\+<=>\^~\|`]+ first: punctuation and these symbols split off, even
+     * inside contractions; then GPT-2's regex; then [0-9][0-9][0-9] from the left. */
+    assert_split(KVP_PRE_FALCON, "Hello, world!", "Hello|,| world|!");
+    assert_split(KVP_PRE_FALCON, "x=1+2", "x|=|1|+|2");
+    assert_split(KVP_PRE_FALCON, "it's", "it|'|s");
+    assert_split(KVP_PRE_FALCON, "12345 678", "123|45| |678");
+    assert_split(KVP_PRE_FALCON, "a  b\nc", "a| | b|\n|c");
+    /* [0-9] is ASCII only: Arabic-Indic digits stay one GPT-2 number chunk */
+    assert_split(KVP_PRE_FALCON, "\xd9\xa3\xd9\xa4\xd9\xa5\xd9\xa6",
+                 "\xd9\xa3\xd9\xa4\xd9\xa5\xd9\xa6");
+}
+
+Test(bpe, deepseek_llm_split)
+{
+    /* [\r\n] | \s?[cased letters]+ | \s?[!-/:-~...]+ | \s+$ | [CJK]+ | \p{N}+ */
+    assert_split(KVP_PRE_DEEPSEEK_LLM, "Hello world\nfoo", "Hello| world|\n|foo");
+    /* é is one of the letters of the second regex, not of the third's ASCII range: the
+     * third splits the word around it */
+    assert_split(KVP_PRE_DEEPSEEK_LLM, "H\xc3\xa9llo", "H|\xc3\xa9|llo");
+    assert_split(KVP_PRE_DEEPSEEK_LLM, "abc 123", "abc| |123");
+    assert_split(KVP_PRE_DEEPSEEK_LLM, "x!? y", "x|!?| y");
+    assert_split(KVP_PRE_DEEPSEEK_LLM, "end   ", "end|   ");
+    /* 中文字 한국: CJK and Hangul runs, the space between them alone */
+    assert_split(KVP_PRE_DEEPSEEK_LLM, "\xe4\xb8\xad\xe6\x96\x87\xe5\xad\x97 \xed\x95\x9c\xea\xb5\xad",
+                 "\xe4\xb8\xad\xe6\x96\x87\xe5\xad\x97| |\xed\x95\x9c\xea\xb5\xad");
+    /* no contractions: the letter runs split off first, so the apostrophe between them
+     * stays a chunk of its own (the third regex only splits chunks further) */
+    assert_split(KVP_PRE_DEEPSEEK_LLM, "don't", "don|'|t");
+    assert_split(KVP_PRE_DEEPSEEK_LLM, "\r\n\n", "\r|\n|\n");
+}
+
+Test(bpe, deepseek_coder_split)
+{
+    /* [\r\n] | \s?\p{L}+ | \s?\p{P}+ | [CJK]+ | \p{N} */
+    assert_split(KVP_PRE_DEEPSEEK_CODER, "def f(x):\n  return 42",
+                 "def| f|(|x|):|\n| | return| |4|2");
+    /* 中文 abc: CJK are \p{L} */
+    assert_split(KVP_PRE_DEEPSEEK_CODER, "\xe4\xb8\xad\xe6\x96\x87 abc",
+                 "\xe4\xb8\xad\xe6\x96\x87| abc");
+    /* + is a symbol, not \p{P}: a chunk of the text between matches */
+    assert_split(KVP_PRE_DEEPSEEK_CODER, "a+b", "a|+|b");
+    assert_split(KVP_PRE_DEEPSEEK_CODER, "it's", "it|'|s");
+}
+
+Test(bpe, gpt4o_and_tekken_split)
+{
+    /* Words are [U]*[L]+ or [U]+[L]*: a capital starts a new word (camel case) */
+    assert_split(KVP_PRE_GPT4O, "HelloWorld", "Hello|World");
+    assert_split(KVP_PRE_GPT4O, "ABCdef", "ABCdef");
+    assert_split(KVP_PRE_GPT4O, "HELLO world", "HELLO| world");
+    /* GPT-4o keeps a contraction on its word, case-insensitively; tekken has none */
+    assert_split(KVP_PRE_GPT4O, "don't I'LL", "don't| I'LL");
+    assert_split(KVP_PRE_TEKKEN, "don't", "don|'t");
+    /* \p{N}{1,3} against tekken's \p{N} */
+    assert_split(KVP_PRE_GPT4O, "12345", "123|45");
+    assert_split(KVP_PRE_TEKKEN, "12345", "1|2|3|4|5");
+    /* punctuation takes the line breaks and slashes after it */
+    assert_split(KVP_PRE_TEKKEN, "a.\n/b", "a|.\n/|b");
+    assert_split(KVP_PRE_GPT4O, "http://x", "http|://|x");
+    /* e + combining acute (a mark is in both classes) is one word; CJK (Lo) too */
+    assert_split(KVP_PRE_GPT4O, "caf" "e\xcc\x81 \xe4\xb8\xad\xe6\x96\x87",
+                 "caf" "e\xcc\x81| \xe4\xb8\xad\xe6\x96\x87");
+    /* a title-case letter (U+01C5) counts as upper */
+    assert_split(KVP_PRE_GPT4O, "x\xc7\x85x", "x|\xc7\x85x");
+    assert_split(KVP_PRE_GPT4O, "x  \n y", "x|  \n| y");
+}
+
+Test(bpe, chatglm_split)
+{
+    /* Llama 3's regex */
+    assert_split(KVP_PRE_CHATGLM4, "1234567 it'S", "123|456|7| it|'S");
+}
+
+Test(bpe, pre_names)
+{
+    static const struct { const char *name; enum kvp_bpe_pre pre; } names[] = {
+        {"mpt", KVP_PRE_GPT2}, {"olmo", KVP_PRE_GPT2}, {"starcoder", KVP_PRE_SMOLLM},
+        {"refact", KVP_PRE_SMOLLM}, {"command-r", KVP_PRE_SMOLLM},
+        {"deepseek-r1-qwen", KVP_PRE_QWEN2}, {"falcon", KVP_PRE_FALCON},
+        {"deepseek-llm", KVP_PRE_DEEPSEEK_LLM}, {"deepseek-coder", KVP_PRE_DEEPSEEK_CODER},
+        {"deepseek-v3", KVP_PRE_DEEPSEEK3}, {"gpt-4o", KVP_PRE_GPT4O}, {"tekken", KVP_PRE_TEKKEN},
+        {"chatglm-bpe", KVP_PRE_CHATGLM4},
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        cr_assert_eq(kvp_bpe_pre_from_name(names[i].name, strlen(names[i].name)),
+                     (int)names[i].pre, "%s", names[i].name);
+        cr_assert(strstr(kvp_bpe_pre_names(), names[i].name), "%s", names[i].name);
+    }
+    cr_assert_eq(kvp_bpe_pre_from_name("bert", 4), -1);
+}
+
 Test(bpe, long_runs_split_linearly)
 {
     /* 1M spaces then a word: one chunk of spaces, one " x" (no quadratic rescans; the
@@ -83,7 +179,7 @@ Test(bpe, long_runs_split_linearly)
     memset(text, ' ', n);
     text[n] = 'x';
     text[n + 1] = 0;
-    for (int pre = KVP_PRE_GPT2; pre <= KVP_PRE_QWEN2; pre++) {
+    for (int pre = KVP_PRE_GPT2; pre <= KVP_PRE_CHATGLM4; pre++) {
         int *ends = malloc((n + 2) * sizeof *ends);
         cr_assert_eq(kvp_bpe_split((enum kvp_bpe_pre)pre, text, n + 1, ends), 2);
         cr_assert_eq(ends[0], (int)n - 1);
@@ -143,7 +239,8 @@ typedef struct vocab_spec {
     int pre_as_u32;
     int n_merges;             /* -1: no tokenizer.ggml.merges */
     const char *bad_merge;    /* replaces the first merge */
-    int drop_byte;            /* 1: the byte 'z' token is renamed away */
+    int drop_byte;            /* 1: the byte 'z' token is renamed away; 2: those of the
+                                 bytes UTF-8 never uses (0xC0, 0xC1, 0xF5..0xFF) */
 } vocab_spec;
 
 static int load(const vocab_spec *s, kvp_tokenizer *t, char *err, size_t errlen)
@@ -157,10 +254,12 @@ static int load(const vocab_spec *s, kvp_tokenizer *t, char *err, size_t errlen)
         kvp_bpe_spell(&c, 1, toks[b]);
         types[b] = 1;
     }
-    if (s->drop_byte) {
-        free(toks['z']);
-        toks['z'] = strdup("zz-not-a-byte");
-    }
+    for (int b = 0; b < 256 && s->drop_byte; b++)
+        if (s->drop_byte == 1 ? b == 'z' : b == 0xC0 || b == 0xC1 || b >= 0xF5) {
+            free(toks[b]);
+            toks[b] = calloc(32, 1);
+            snprintf(toks[b], 32, "not-a-byte-%d", b);
+        }
     for (int i = 0; i < N_MERGED; i++) {
         toks[256 + i] = strdup(merged[i]);
         types[256 + i] = 1;
@@ -265,7 +364,7 @@ Test(bpe, raw_bytes_round_trip)
     for (int i = 0; i < 512; i++)
         text[i] = (unsigned char)(i * 7 + (i >> 3));   /* every byte, invalid UTF-8 too */
     int out[512];
-    for (int pre = KVP_PRE_GPT2; pre <= KVP_PRE_QWEN2; pre++) {
+    for (int pre = KVP_PRE_GPT2; pre <= KVP_PRE_CHATGLM4; pre++) {
         t.bpe->pre = (enum kvp_bpe_pre)pre;
         t.bpe->nfc = 0;
         int n = kvp_tokenizer_encode(&t, (const char *)text, sizeof text, 0, out, 512);
@@ -310,6 +409,8 @@ Test(bpe, refused_metadata)
     s = good;
     s.drop_byte = 1;
     assert_refused(s, "byte 0x7A");
+    s.pre = "klingon";
+    assert_refused(s, "deepseek-v3");   /* the message lists the known names */
     /* absent pre: GPT-2's split */
     s = good;
     s.pre = NULL;
@@ -323,5 +424,27 @@ Test(bpe, refused_metadata)
     s.bad_merge = "q z";
     cr_assert_eq(load(&s, &t, err, sizeof err), 0, "%s", err);
     assert_ids(&t, "he", (int[]){ 'h', 'e' }, 2);
+    kvp_tokenizer_free(&t);
+}
+
+/* StarCoder's vocabulary has no tokens for the bytes UTF-8 never uses: it loads, and
+ * those bytes are dropped from the ids (as transformers.js and llama.cpp drop them). */
+Test(bpe, vocabulary_without_unused_bytes)
+{
+    vocab_spec s = good;
+    s.pre = "starcoder";
+    s.drop_byte = 2;
+    kvp_tokenizer t;
+    char err[256];
+    cr_assert_eq(load(&s, &t, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(t.byte_token[0xC0], -1);
+    cr_assert_eq(t.byte_token[0xFF], -1);
+    cr_assert_eq(t.byte_token[0xC3], 0xC3);
+    assert_ids(&t, "hello", (int[]){ ID_HELL, 'o' }, 2);
+    assert_ids(&t, "a\xc0" "b", (int[]){ 'a', 'b' }, 2);
+    int out[4];
+    cr_assert_eq(kvp_tokenizer_encode(&t, "\xc0\xc1\xff", 3, 0, out, 4), 0);
+    /* valid UTF-8 keeps every byte: é is C3 A9 */
+    assert_ids(&t, "\xc3\xa9", (int[]){ 0xC3, 0xA9 }, 2);
     kvp_tokenizer_free(&t);
 }

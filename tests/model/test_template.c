@@ -110,6 +110,7 @@ Test(template, plain_continuation)
     cr_assert(kvp_template_is_stop(&t, t.eos));
     cr_assert(kvp_template_is_stop(&t, t.bos));
     cr_assert_not(kvp_template_keeps_stop(&t));
+    kvp_template_free(&t);
 }
 
 Test(template, chatml)
@@ -139,6 +140,7 @@ Test(template, chatml)
     cr_assert_eq(t.stop[0], kvp_tokenizer_lookup(&m.tok, "<|im_end|>", 10));
     cr_assert(kvp_template_is_stop(&t, t.stop[0]));
     cr_assert(kvp_template_keeps_stop(&t));
+    kvp_template_free(&t);
 }
 
 Test(template, llama2)
@@ -156,6 +158,7 @@ Test(template, llama2)
     cr_assert_str_eq(s, "</s><s>[INST] Yo [/INST]");
     free(s);
     free(ids);
+    kvp_template_free(&t);
 }
 
 Test(template, llama3)
@@ -170,6 +173,7 @@ Test(template, llama3)
     free(s);
     free(ids);
     cr_assert(kvp_template_is_stop(&t, kvp_tokenizer_lookup(&m.tok, "<|eot_id|>", 10)));
+    kvp_template_free(&t);
 }
 
 Test(template, the_files_end_of_turn_token_stops_every_format)
@@ -182,9 +186,11 @@ Test(template, the_files_end_of_turn_token_stops_every_format)
         kvp_template_init(&t, &m, formats[i], NULL, 0);
         cr_expect(kvp_template_is_stop(&t, 300), "format %s", formats[i]);
         cr_expect(!kvp_template_is_stop(&t, 301), "format %s", formats[i]);
+        kvp_template_free(&t);
         m.tok.eot_id = -1;
         kvp_template_init(&t, &m, formats[i], NULL, 0);
         cr_expect(!kvp_template_is_stop(&t, 300), "format %s", formats[i]);
+        kvp_template_free(&t);
     }
 }
 
@@ -198,6 +204,7 @@ Test(template, missing_markers_fall_back_to_plain)
     cr_assert_eq(kvp_template_init(&t, &m, "chatml", note, sizeof note), 1);
     cr_assert_eq(t.format, KVP_CHAT_PLAIN);
     cr_assert(strstr(note, "lacks the chatml markers"), "%s", note);
+    kvp_template_free(&t);
 }
 
 /* Renders a first turn with a system prompt under `name` to text. */
@@ -257,9 +264,11 @@ Test(template, family_detected_from_template_text)
                   "%s: %s", cases[i].tmpl, fnote);
         cr_assert_null(t.jinja);
         cr_assert_eq(t.format, cases[i].f, "%s: %s", cases[i].tmpl, kvp_template_name(t.format));
+        kvp_template_free(&t);
         /* the config's name wins over the text */
         cr_assert_eq(kvp_template_init(&t, &m, "chatml", NULL, 0), 0);
         cr_assert_eq(t.format, KVP_CHAT_CHATML);
+        kvp_template_free(&t);
     }
     /* An unknown template: ChatML, said in the note. */
     m.chat_template = "{{ messages | my_own_format }}";
@@ -268,10 +277,12 @@ Test(template, family_detected_from_template_text)
     cr_assert_eq(kvp_template_init(&t, &m, NULL, note, sizeof note), 1);
     cr_assert_eq(t.format, KVP_CHAT_CHATML);
     cr_assert(strstr(note, "using chatml"), "%s", note);
+    kvp_template_free(&t);
     /* An unknown name is refused. */
     cr_assert_eq(kvp_template_init(&t, &m, "klingon", note, sizeof note), -EINVAL);
     cr_assert(strstr(note, "klingon"), "%s", note);
     m.chat_template = NULL;
+    kvp_template_free(&t);
 }
 
 Test(template, chatml_default_system_from_template)
@@ -289,6 +300,7 @@ Test(template, chatml_default_system_from_template)
     cr_assert_eq(kvp_template_init(&t, &m, NULL, NULL, 0), 0);
     cr_assert_str_eq(t.default_system, "");
     m.chat_template = NULL;
+    kvp_template_free(&t);
 }
 
 Test(template, user_text_never_makes_markers)
@@ -312,6 +324,7 @@ Test(template, user_text_never_makes_markers)
     cr_assert(strstr(s, evil), "%s", s);   /* the text is all there, as text */
     free(s);
     free(ids);
+    kvp_template_free(&t);
 }
 
 Test(template, render_equals_turns)
@@ -333,6 +346,7 @@ Test(template, render_equals_turns)
     /* user and assistant must alternate */
     kvp_chat_msg bad[2] = {{1, "a", 1}, {1, "b", 1}};
     cr_assert_eq(kvp_template_render(&t, NULL, 0, bad, 2, &full), -EINVAL);
+    kvp_template_free(&t);
 }
 
 Test(template, llama31_dated_system_block)
@@ -352,6 +366,7 @@ Test(template, llama31_dated_system_block)
     free(s);
     free(ids);
     m.chat_template = NULL;
+    kvp_template_free(&t);
 }
 
 /* A real template: the model's own Jinja renders; the markers it writes are special
@@ -398,6 +413,8 @@ Test(template, jinja_template_renders_with_markers_from_the_template_only)
     cr_assert(strstr(err, "no replies here"), "%s", err);
     kvp_template_free(&t);
     m.chat_template = NULL;
+    kvp_template_free(&fam);
+    kvp_template_free(&t);
 }
 
 /* A session's turns with a Jinja template: a rendering that extends the previous one keeps
@@ -448,4 +465,5 @@ Test(template, jinja_turn_keeps_replies_or_goes_back_to_the_shared_prefix)
     }
     kvp_template_free(&t);
     m.chat_template = NULL;
+    kvp_template_free(&t);
 }

@@ -641,3 +641,66 @@ Test(tokenizer, no_prefix_flag)
     cr_expect_eq(memcmp(whole, parts, (size_t)n * sizeof *whole), 0);
     kvp_tokenizer_free(&t);
 }
+
+/* A Gemma-style SentencePiece vocabulary: no dummy prefix, user-defined tokens (newline
+ * runs, an HTML tag, a run of U+2581) and a control turn marker. */
+Test(tokenizer, gemma_user_defined_tokens)
+{
+    static const char *const toks[] = {
+        "<pad>", "<eos>", "<bos>", "<unk>", "\n", "\n\n", "\xE2\x96\x81\xE2\x96\x81", "<td>",
+        "<start_of_turn>", "\xE2\x96\x81", "a", "b", "ab", "<", "t", "d", ">" };
+    enum { N = 17 };
+    /* "\n\n" and "<td>" score at llama2.c's floor: merging never reaches them, only the
+     * user-defined match does. */
+    float scores[N] = { 0, 0, 0, 0, 0, -1e10f, -1, -1e10f, 0, -2, -3, -3, -1.5f, -3, -3, -3, -3 };
+    int32_t types[N] = { 3, 3, 3, 2, 4, 4, 4, 4, 3, 1, 1, 1, 1, 1, 1, 1, 1 };
+    kvp_gguf_writer *w = kvp_gguf_writer_new();
+    cr_assert(w);
+    cr_assert_eq(kvp_gguf_writer_add_str(w, "tokenizer.ggml.model", "llama"), 0);
+    cr_assert_eq(kvp_gguf_writer_add_str_array(w, "tokenizer.ggml.tokens", toks, N), 0);
+    cr_assert_eq(kvp_gguf_writer_add_f32_array(w, "tokenizer.ggml.scores", scores, N), 0);
+    cr_assert_eq(kvp_gguf_writer_add_i32_array(w, "tokenizer.ggml.token_type", types, N), 0);
+    cr_assert_eq(kvp_gguf_writer_add_u32(w, "tokenizer.ggml.bos_token_id", 2), 0);
+    cr_assert_eq(kvp_gguf_writer_add_u32(w, "tokenizer.ggml.eos_token_id", 1), 0);
+    cr_assert_eq(kvp_gguf_writer_add_u32(w, "tokenizer.ggml.unknown_token_id", 3), 0);
+    cr_assert_eq(kvp_gguf_writer_add_bool(w, "tokenizer.ggml.add_space_prefix", 0), 0);
+    char *mem = NULL;
+    size_t size;
+    FILE *f = open_memstream(&mem, &size);
+    cr_assert(f);
+    char err[256];
+    cr_assert_eq(kvp_gguf_writer_write(w, f, NULL, NULL, err, sizeof err), 0, "%s", err);
+    fclose(f);
+    kvp_gguf_writer_free(w);
+    kvp_gguf g;
+    cr_assert_eq(kvp_gguf_parse(&g, mem, size, err, sizeof err), 0, "%s", err);
+    kvp_tokenizer t;
+    cr_assert_eq(kvp_tokenizer_load_gguf(&t, &g, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(t.add_space_prefix, 0);
+
+    /* Longest user-defined piece first: "\n\n" then "\n". */
+    assert_ids(&t, "a\n\n\nb", 0, 0, (int[]){ 10, 5, 4, 11 }, 4);
+    /* The tag is one token; the text after it merges on its own ("ab"). */
+    assert_ids(&t, "<td>ab", 1, 0, (int[]){ 2, 7, 12 }, 3);
+    /* Two spaces merge into the U+2581 run by score (that user-defined piece matches
+     * only a literal U+2581 run in the references, never spaces). */
+    assert_ids(&t, "a  b", 0, 0, (int[]){ 10, 6, 11 }, 3);
+    /* A literal U+2581 is a space. */
+    assert_ids(&t, "a\xE2\x96\x81" "b", 0, 0, (int[]){ 10, 9, 11 }, 3);
+    assert_ids(&t, "a b", 0, 0, (int[]){ 10, 9, 11 }, 3);
+    /* The control marker is found by name and never produced from text. */
+    cr_assert_eq(kvp_tokenizer_special(&t, "<start_of_turn>", 15), 8);
+    int out[32];
+    int n = kvp_tokenizer_encode(&t, "a<start_of_turn>", 16, 0, out, 32);
+    cr_assert_gt(n, 2);
+    for (int i = 0; i < n; i++)
+        cr_assert_neq(out[i], 8, "control token from text");
+    /* Too small an output is -ENOSPC, with user-defined tokens too. */
+    cr_assert_eq(kvp_tokenizer_encode(&t, "a\n\n\nb", 5, 0, out, 3), -ENOSPC);
+    size_t len;
+    const char *p = kvp_tokenizer_piece(&t, 10, 5, &len);
+    cr_assert(len == 2 && !memcmp(p, "\n\n", 2));
+    kvp_tokenizer_free(&t);
+    kvp_gguf_close(&g);
+    free(mem);
+}

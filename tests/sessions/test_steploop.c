@@ -115,6 +115,7 @@ static void world_close(world *w, record *r)
         for (int k = 0; k < N_TURNS; k++)
             free(r->reply[i][k]);
     }
+    kvp_template_free(&w->env.tpl);
     kvp_model_free(&w->model);
 }
 

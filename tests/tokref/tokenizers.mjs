@@ -84,8 +84,8 @@ function variant(name, preTokenizer) {
 // this test's time).
 const small = { oasst: oasst.slice(0, quick ? 50 : 300).join("\n\n"), torture };
 // The vocabularies of the other pre-tokenizers: a bounded slice of every text.
-const bounded = { oasst: oasst.slice(0, quick ? 50 : 400).join("\n\n"),
-  tinystories: tinystories.slice(0, quick ? 10000 : 200000), torture };
+const bounded = { oasst: oasst.slice(0, quick ? 50 : 150).join("\n\n"),
+  tinystories: tinystories.slice(0, quick ? 10000 : 50000), torture };
 const families = [
   { name: "qwen3", ...qwen, byteLevel: true, nfc: true },
   { name: "llama3", ...pkg("llama3"), byteLevel: true },
