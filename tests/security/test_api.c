@@ -210,7 +210,7 @@ Test(security_api, unknown_paths_get_json_404s)
 
 Test(security_api, the_longest_api_key_config_takes_matches)
 {
-    char key[128], extra[200], auth[200];
+    char key[201], extra[260], auth[260];   /* a key of KVPD_API_KEY_MAX (200) characters */
     for (size_t i = 0; i < sizeof key - 1; i++)
         key[i] = (char)('a' + i % 26);
     key[sizeof key - 1] = '\0';
@@ -229,7 +229,7 @@ Test(security_api, the_longest_api_key_config_takes_matches)
     free(raw);
     cr_expect_eq(kvpd_stop(&p, 10000), 0);
     /* one character more is refused at start, saying why */
-    char longer[140];
+    char longer[240];
     snprintf(longer, sizeof longer, "--api-key %sx", key);
     cr_expect_neq(kvpd_start(&p, longer), 0);
     cr_expect(kvpd_log_has(&p, "api_key"), "log %s", p.log);
