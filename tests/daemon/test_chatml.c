@@ -279,6 +279,7 @@ Test(chatml, five_turns_under_a_system_text_are_the_template_rendering_and_survi
     free(have);
     free(full);
     kvp_snapshot_free(&snap);
+    kvp_template_free(&t);
 
     /* A restart: the system text comes back with the session; a hello naming another one
      * is refused and the connection keeps serving; the next turn prefills only its own. */

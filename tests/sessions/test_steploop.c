@@ -351,7 +351,7 @@ Test(steploop, one_failing_turn_ends_only_itself, .timeout = 120)
 /* Sampled turns (temperature 0.8, some with a frequency penalty) on a synthetic with a
  * 70000-token vocabulary, so a step's samplers are worth the matmul pool: the replies of
  * batched steps with the pool are those with every step on one thread. */
-Test(steploop, samplers_on_the_pool_draw_what_a_serial_step_draws, .timeout = 300)
+Test(steploop, samplers_on_the_pool_draw_what_a_serial_step_draws)
 {
     char path[128];
     synth(path, sizeof path, "-v", "--dim 64 --hidden 128 --layers 1 --heads 4 --kv-heads 2 "
