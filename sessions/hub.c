@@ -12,6 +12,7 @@
 
 #include "base/fileio.h"
 #include "base/log.h"
+#include "policy/kvp_agent.h"
 #include "sessions/hub_impl.h"
 #include "sessions/residency.h"
 #include "sessions/store.h"
@@ -1148,6 +1149,7 @@ void kvp_hub_info_get(kvp_hub *h, kvp_hub_info *o)
     o->cache_bytes_accounted = kvp_hub_accounted_bytes(h, &o->cache_bytes_total);
     o->turn_reserve_bytes = kvp_hub_turn_bytes(h);
     o->queue_depth = kvpd_sched_depth(h->sched);
+    o->policy_file_loads = kvp_agent_set_loads();
 }
 
 int kvp_hub_list(kvp_hub *h, int offset, int limit,

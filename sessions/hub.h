@@ -186,6 +186,7 @@ typedef struct kvp_hub_info {
     size_t turn_reserve_bytes;
     char weights[160];            /* weight bytes by type (kvp_model_weight_mix) */
     uint64_t weight_bytes;        /* resident weight bytes, all types */
+    uint64_t policy_file_loads;   /* policy files read: once at start, once per reload */
 } kvp_hub_info;
 
 typedef struct kvp_hub_session_info {

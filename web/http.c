@@ -12,7 +12,6 @@
 
 #include "base/clock.h"
 #include "base/parse.h"
-#include "policy/kvp_agent.h"
 #include "web/conn.h"
 
 int kvpd_http_headers(kvpd_conn *c, int status, const char *type, uint64_t len,
@@ -237,7 +236,7 @@ static int admin_stats(kvpd_conn *c)
         "turn_reserve_bytes", (json_int_t)g.turn_reserve_bytes,
         "parks", (json_int_t)m->parks, "unparks", (json_int_t)m->unparks,
         "reserve_overruns", (json_int_t)m->reserve_overruns,
-        "policy_file_loads", (json_int_t)kvp_agent_set_loads());
+        "policy_file_loads", (json_int_t)(w->hub ? hi.policy_file_loads : 0));
     json_t *persist = json_pack(
         "{s:s, s:I, s:I, s:I, s:I, s:I, s:I}", "state_dir", w->cfg->state_dir,
         "snapshots_written", (json_int_t)m->snapshots_written,
