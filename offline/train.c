@@ -1,5 +1,6 @@
 #include "offline/pool.h"
 #include "offline/train.h"
+#include "offline/agent_train.h"
 
 #include <cblas.h>
 #include <errno.h>

@@ -7,7 +7,8 @@
  *
  * Every LayerNorm has a learned gain and bias. An agent's parameters are one flat float
  * vector (layout in kvp_agent_layout), so an optimizer can treat it as a single array
- * and a gradient has the same shape. */
+ * and a gradient has the same shape. Training (init, the backward pass) is offline, in
+ * offline/agent_train.h. */
 #ifndef KVP_AGENT_H
 #define KVP_AGENT_H
 
@@ -48,31 +49,12 @@ int kvp_agent_arch_check(const kvp_agent_arch *a, char *err, size_t errlen);
 void kvp_agent_layout_of(const kvp_agent_arch *a, kvp_agent_layout *l);
 size_t kvp_agent_n_params(const kvp_agent_arch *a);
 
-/* Xavier-uniform matrices, unit-variance position table, zero biases, LayerNorm gains 1.
- * Deterministic for a seed on every platform. */
-void kvp_agent_init(const kvp_agent_arch *a, float *params, uint64_t seed);
-
 /* Inference: scores of n rows (k, v: [n][d]; pos: [n]) into scores[n]. Batched with
  * sgemm for n > 1, a gemv path for n == 1; the two agree to float rounding. work holds
  * kvp_agent_score_work(a, n) floats. */
 size_t kvp_agent_score_work(const kvp_agent_arch *a, int n);
 void kvp_agent_score(const kvp_agent_arch *a, const float *params, const float *k,
                      const float *v, const int32_t *pos, int n, float *scores, float *work);
-
-/* Training: a forward pass that keeps the activations of up to n_max rows, and the
- * backward pass from dL/ds of every row to dL/dparams. One kvp_agent_acts per thread;
- * params are only read, so threads may share them. */
-typedef struct kvp_agent_acts kvp_agent_acts;
-kvp_agent_acts *kvp_agent_acts_new(const kvp_agent_arch *a, int n_max);   /* NULL: OOM */
-void kvp_agent_acts_free(kvp_agent_acts *t);
-/* Same scores as kvp_agent_score (batched path). k, v and pos are not copied: they must
- * stay valid until the matching kvp_agent_backward. */
-void kvp_agent_forward(kvp_agent_acts *t, const float *params, const float *k,
-                       const float *v, const int32_t *pos, int n, float *scores);
-/* Adds dL/dparams for the last forward's rows to grad (kvp_agent_n_params floats), given
- * dscores[i] = dL/ds_i; zero grad first for a fresh gradient. */
-void kvp_agent_backward(kvp_agent_acts *t, const float *params, const float *dscores,
-                        float *grad);
 
 /* All agents of a model, layer-major: agent (layer, kvh) is at index
  * layer * n_kv_heads + kvh. */
@@ -101,8 +83,6 @@ typedef struct kvp_agent_set {
 int kvp_agent_set_alloc(kvp_agent_set *s, int n_layers, int n_kv_heads,
                         const kvp_agent_arch *a, char *err, size_t errlen);
 void kvp_agent_set_free(kvp_agent_set *s);
-/* Initialises every agent from one seed (each agent gets its own derived stream). */
-void kvp_agent_set_init(kvp_agent_set *s, uint64_t seed);
 
 static inline float *kvp_agent_set_params(const kvp_agent_set *s, int layer, int kvh)
 {

@@ -10,6 +10,7 @@
 
 #include "model/model.h"
 #include "policy/kvp_agent.h"
+#include "offline/agent_train.h"
 #include "base/parse.h"
 #include "tools/cli.h"
 #include "tools/stages.h"

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "policy/kvp_agent.h"
+#include "offline/agent_train.h"
 #include "offline/train.h"
 #include "tools/cli.h"
 #include "tools/stages.h"

@@ -15,6 +15,7 @@
 #include "base/half.h"
 #include "offline/calibrate.h"
 #include "offline/train.h"
+#include "offline/agent_train.h"
 #include "tests/model/testutil.h"
 
 static uint64_t rng_state = 99;

@@ -1,0 +1,381 @@
+/* The policy file: writing, and reading with every size validated against the file's
+ * length before anything is allocated (docs/policy-format.md has the layout). */
+#include "policy/kvp_agent_net.h"
+
+#include "base/bytes.h"
+#include "base/checksum.h"
+#include "base/errors.h"
+#include "base/fileio.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* Parameters are stored as raw host floats; the file format is little-endian IEEE f32. */
+_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+               "policy files hold little-endian f32: add byte swapping for this host");
+_Static_assert(sizeof(float) == 4, "f32 parameters");
+_Static_assert(sizeof(size_t) >= 8, "parameter counts up to 2^42 need a 64-bit size_t");
+
+/* ---------------------------------------------------------------- file format */
+
+static const uint8_t MAGIC[8] = {'K', 'V', 'P', 'P', 'O', 'L', 0, 1};
+#define FORMAT_VERSION 3u
+/* Version 1: the 48 bytes of shape. Version 2 adds the model the agents were trained for:
+ * u64 weights fingerprint (kvp_model_config.fingerprint) and its name, 64 bytes NUL-padded.
+ * Version 3 adds the calibration after the parameters: u32 n_knots (2..256), then per agent
+ * n_knots f32 scores and n_knots f32 values. A set without a calibration is written as
+ * version 2, so an uncalibrated policy's file is unchanged. */
+#define HEADER_V1_BYTES 48
+#define HEADER_BYTES (HEADER_V1_BYTES + 8 + KVP_POLICY_MODEL_NAME)
+#define CHECKSUM_BYTES 8
+
+int kvp_agent_set_save(const kvp_agent_set *s, const char *path, char *err, size_t errlen)
+{
+    char tmp[4096];
+    if ((size_t)snprintf(tmp, sizeof tmp, "%s.XXXXXX", path) >= sizeof tmp) {
+        kvp_errorf(err, errlen, 0, "%s: path too long", path);
+        return -ENAMETOOLONG;
+    }
+    int fd = mkstemp(tmp);
+    if (fd < 0) {
+        int rc = -errno;
+        kvp_errorf(err, errlen, 0, "%s: cannot create a temporary file: %s", path, strerror(errno));
+        return rc;
+    }
+    FILE *f = fdopen(fd, "wb");
+    if (!f) {
+        int rc = -errno;
+        kvp_errorf(err, errlen, 0, "%s: %s", tmp, strerror(errno));
+        close(fd);
+        unlink(tmp);
+        return rc;
+    }
+
+    uint8_t hdr[HEADER_BYTES];
+    memcpy(hdr, MAGIC, 8);
+    kvp_put_u32(hdr + 8, s->n_knots ? 3u : 2u);
+    kvp_put_u32(hdr + 12, (uint32_t)s->n_layers);
+    kvp_put_u32(hdr + 16, (uint32_t)s->n_kv_heads);
+    kvp_put_u32(hdr + 20, (uint32_t)s->arch.d);
+    kvp_put_u32(hdr + 24, (uint32_t)s->arch.P);
+    kvp_put_u32(hdr + 28, (uint32_t)s->arch.E);
+    kvp_put_u32(hdr + 32, (uint32_t)s->arch.H);
+    kvp_put_u32(hdr + 36, (uint32_t)s->arch.pmax);
+    kvp_put_u64(hdr + 40, s->n_params);
+    kvp_put_u64(hdr + 48, s->model_fingerprint);
+    memset(hdr + 56, 0, KVP_POLICY_MODEL_NAME);
+    memcpy(hdr + 56, s->model_name, strnlen(s->model_name, KVP_POLICY_MODEL_NAME - 1));
+
+    size_t nf = (size_t)s->n_layers * (size_t)s->n_kv_heads * s->n_params;
+    size_t nk = (size_t)s->n_layers * (size_t)s->n_kv_heads * 2u * (size_t)s->n_knots;
+    uint8_t cal[4], tail[CHECKSUM_BYTES];
+    kvp_put_u32(cal, (uint32_t)s->n_knots);
+    uint64_t sum = kvp_fnv1a(kvp_fnv1a(KVP_FNV1A_INIT, hdr, sizeof hdr), s->params,
+                             nf * sizeof(float));
+    if (s->n_knots)
+        sum = kvp_fnv1a(kvp_fnv1a(sum, cal, sizeof cal), s->knots, nk * sizeof(float));
+    kvp_put_u64(tail, sum);
+
+    /* The daemon may run as another user: make the file world-readable like a normal
+     * create would (mkstemp uses 0600). */
+    errno = 0;
+    int ok = fchmod(fd, 0644) == 0 && fwrite(hdr, 1, sizeof hdr, f) == sizeof hdr &&
+             fwrite(s->params, sizeof(float), nf, f) == nf &&
+             (!s->n_knots || (fwrite(cal, 1, sizeof cal, f) == sizeof cal &&
+                              fwrite(s->knots, sizeof(float), nk, f) == nk)) &&
+             fwrite(tail, 1, sizeof tail, f) == sizeof tail && fflush(f) == 0 &&
+             fsync(fd) == 0;
+    int saved = errno ? errno : EIO;   /* a short fwrite need not set errno */
+    if (fclose(f) != 0 && ok) {
+        ok = 0;
+        saved = errno;
+    }
+    if (ok && rename(tmp, path) != 0) {
+        ok = 0;
+        saved = errno;
+    }
+    if (!ok) {
+        kvp_errorf(err, errlen, 0, "%s: write failed: %s", path, strerror(saved));
+        unlink(tmp);
+        return -saved;
+    }
+    return 0;
+}
+
+/* Validates the header, and the file size against it, before anything is allocated. */
+static int parse_header(const uint8_t *hdr, uint64_t file_size, const char *path,
+                        int *n_layers, int *n_kv_heads, kvp_agent_arch *a, int *header_bytes,
+                        int *calibrated, char *err, size_t errlen)
+{
+    if (memcmp(hdr, MAGIC, 8) != 0) {
+        kvp_errorf(err, errlen, 0, "%s: not a KVP policy file (bad magic)", path);
+        return -EINVAL;
+    }
+    uint32_t version = kvp_get_u32(hdr + 8);
+    if (version < 1 || version > FORMAT_VERSION) {
+        kvp_errorf(err, errlen, 0, "%s: unsupported policy file version %u (this build reads 1 to %u)",
+               path, version, FORMAT_VERSION);
+        return -EINVAL;
+    }
+    *header_bytes = version == 1 ? HEADER_V1_BYTES : HEADER_BYTES;
+    *calibrated = version == 3;
+    static const struct { const char *name; int off; int64_t max; } fields[] = {
+        {"n_layers", 12, KVP_AGENT_MAX_LAYERS}, {"n_kv_heads", 16, KVP_AGENT_MAX_KV_HEADS},
+        {"head_dim", 20, KVP_AGENT_MAX_D},      {"width P", 24, KVP_AGENT_MAX_WIDTH},
+        {"position dim E", 28, KVP_AGENT_MAX_WIDTH}, {"hidden H", 32, KVP_AGENT_MAX_WIDTH},
+        {"position table size pmax", 36, KVP_AGENT_MAX_PMAX},
+    };
+    int v[7];
+    for (int i = 0; i < 7; i++) {
+        char msg[160];
+        if (kvp_agent_check_range(fields[i].name, kvp_get_u32(hdr + fields[i].off), fields[i].max, msg,
+                        sizeof msg)) {
+            kvp_errorf(err, errlen, 0, "%s: %s", path, msg);
+            return -EINVAL;
+        }
+        v[i] = (int)kvp_get_u32(hdr + fields[i].off);
+    }
+    *n_layers = v[0];
+    *n_kv_heads = v[1];
+    *a = (kvp_agent_arch){.d = v[2], .P = v[3], .E = v[4], .H = v[5], .pmax = v[6]};
+
+    uint64_t np = kvp_agent_n_params(a), stored = kvp_get_u64(hdr + 40);
+    if (stored != np) {
+        kvp_errorf(err, errlen, 0,
+               "%s: parameter count %llu per agent does not match the sizes "
+               "(d=%d P=%d E=%d H=%d pmax=%d need %llu)",
+               path, (unsigned long long)stored, a->d, a->P, a->E, a->H, a->pmax,
+               (unsigned long long)np);
+        return -EINVAL;
+    }
+    /* Compare by division first: absurd sizes would overflow the byte count. */
+    uint64_t agents = (uint64_t)v[0] * (uint64_t)v[1];
+    uint64_t want = np > file_size / 4u / agents
+                        ? UINT64_MAX
+                        : (uint64_t)*header_bytes + agents * np * 4u + CHECKSUM_BYTES;
+    /* version 3: the knot count and at least its u32; read_calibration checks that the
+     * count matches the bytes left before it allocates the knots */
+    if (*calibrated && want != UINT64_MAX) {
+        want += 4;
+        if (file_size > want)
+            want = file_size;
+    }
+    if (file_size < want) {
+        kvp_errorf(err, errlen, 0,
+               "%s: truncated: %llu bytes, %llu agents x %llu parameters do not fit", path,
+               (unsigned long long)file_size, (unsigned long long)agents,
+               (unsigned long long)np);
+        return -EINVAL;
+    }
+    if (file_size > want) {
+        kvp_errorf(err, errlen, 0, "%s: %llu trailing bytes after the checksum", path,
+               (unsigned long long)(file_size - want));
+        return -EINVAL;
+    }
+    return 0;
+}
+
+/* Version 3's calibration, after the parameters: the knot count must match the bytes left
+ * (parse_header checked they hold a whole number of knots per agent). */
+static int read_calibration(kvp_agent_set *s, FILE *f, uint64_t file_size, int header_bytes,
+                            uint64_t *sum, const char *path, char *err, size_t errlen)
+{
+    uint8_t cal[4];
+    if (fread(cal, 1, sizeof cal, f) != sizeof cal) {
+        kvp_errorf(err, errlen, 0, "%s: read error", path);
+        return -EIO;
+    }
+    uint64_t agents = (uint64_t)s->n_layers * (uint64_t)s->n_kv_heads;
+    uint64_t left = file_size - (uint64_t)header_bytes - agents * s->n_params * 4u - 4u - CHECKSUM_BYTES;
+    uint32_t k = kvp_get_u32(cal);
+    if (k < 2 || k > KVP_CALIBRATION_MAX_KNOTS || left != agents * 8u * k) {
+        kvp_errorf(err, errlen, 0, "%s: calibration of %u knots does not match the %llu bytes "
+                   "it has (2..%d knots per agent)", path, k, (unsigned long long)left,
+                   KVP_CALIBRATION_MAX_KNOTS);
+        return -EINVAL;
+    }
+    size_t nk = (size_t)agents * 2u * k;
+    float *knots = malloc(nk * sizeof *knots);
+    if (!knots) {
+        kvp_errorf(err, errlen, 0, "%s: out of memory", path);
+        return -ENOMEM;
+    }
+    if (fread(knots, sizeof(float), nk, f) != nk) {
+        free(knots);
+        kvp_errorf(err, errlen, 0, "%s: read error (file changed while reading?)", path);
+        return -EIO;
+    }
+    *sum = kvp_fnv1a(kvp_fnv1a(*sum, cal, sizeof cal), knots, nk * sizeof(float));
+    s->knots = knots;
+    s->n_knots = (int)k;
+    return 0;
+}
+
+static int check_params(const kvp_agent_set *s, const char *path, char *err, size_t errlen)
+{
+    for (int l = 0; l < s->n_layers; l++)
+        for (int h = 0; h < s->n_kv_heads; h++) {
+            const float *w = kvp_agent_set_params(s, l, h);
+            for (size_t i = 0; i < s->n_params; i++)
+                if (!isfinite(w[i])) {
+                    kvp_errorf(err, errlen, 0, "%s: parameter %zu of agent (layer %d, KV head %d) "
+                           "is not finite", path, i, l, h);
+                    return -EINVAL;
+                }
+        }
+    return 0;
+}
+
+static int check_calibration(const kvp_agent_set *s, const char *path, char *err, size_t errlen)
+{
+    for (int l = 0; l < s->n_layers && s->n_knots; l++)
+        for (int h = 0; h < s->n_kv_heads; h++) {
+            const float *x = kvp_agent_set_knots(s, l, h);
+            char msg[256];
+            if (kvp_agent_check_knots(s->n_knots, x, x + s->n_knots, l, h, msg, sizeof msg)) {
+                kvp_errorf(err, errlen, 0, "%s: %s", path, msg);
+                return -EINVAL;
+            }
+        }
+    return 0;
+}
+
+static int check_shape(const kvp_agent_set *s, const kvp_model_config *cfg,
+                       const char *path, char *err, size_t errlen)
+{
+    if (s->n_layers == cfg->n_layers && s->n_kv_heads == cfg->n_kv_heads &&
+        s->arch.d == cfg->head_dim)
+        return 0;
+    kvp_errorf(err, errlen, 0,
+           "%s: policy file is for %d layers x %d KV heads x head_dim %d, "
+           "model has %d layers x %d KV heads x head_dim %d",
+           path, s->n_layers, s->n_kv_heads, s->arch.d, cfg->n_layers, cfg->n_kv_heads,
+           cfg->head_dim);
+    return -EINVAL;
+}
+
+/* A file bound to a model (version 2) loads only for that model's weights; an unbound
+ * file (version 1) or an unknown model (fingerprint 0, as in the tests' shapes) is
+ * checked by shape alone. */
+static int check_model(const kvp_agent_set *s, const kvp_model_config *cfg,
+                       const char *path, char *err, size_t errlen)
+{
+    if (!s->model_fingerprint || !cfg->fingerprint || s->model_fingerprint == cfg->fingerprint)
+        return 0;
+    kvp_errorf(err, errlen, 0,
+               "%s: policy file is for the model '%s' (weights %016llx), not this one (weights "
+               "%016llx); make one for this model with `kvp learn --model MODEL`",
+               path, s->model_name, (unsigned long long)s->model_fingerprint,
+               (unsigned long long)cfg->fingerprint);
+    return -EINVAL;
+}
+
+int kvp_agent_set_check_model(const kvp_agent_set *s, const kvp_model_config *cfg,
+                              const char *what, char *err, size_t errlen)
+{
+    int rc = check_shape(s, cfg, what, err, errlen);
+    return rc ? rc : check_model(s, cfg, what, err, errlen);
+}
+
+/* Policy files read by this process (kvp_agent_set_loads). */
+static atomic_ullong set_loads;
+
+unsigned long long kvp_agent_set_loads(void)
+{
+    return atomic_load(&set_loads);
+}
+
+int kvp_agent_set_load(kvp_agent_set *s, const char *path, const kvp_model_config *cfg,
+                       char *err, size_t errlen)
+{
+    memset(s, 0, sizeof *s);
+    atomic_fetch_add(&set_loads, 1);
+    FILE *f = kvp_fopen_input(path);
+    if (!f) {
+        int rc = -errno;
+        kvp_errorf(err, errlen, 0, "%s: cannot open: %s", path, kvp_fileio_strerror(rc));
+        return rc;
+    }
+    int rc;
+    struct stat st;
+    uint8_t hdr[HEADER_BYTES], tail[CHECKSUM_BYTES];
+    int n_layers, n_kv_heads;
+    kvp_agent_arch a;
+    if (fstat(fileno(f), &st) != 0) {
+        rc = -errno;
+        kvp_errorf(err, errlen, 0, "%s: %s", path, strerror(errno));
+        goto fail;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        kvp_errorf(err, errlen, 0, "%s: not a regular file", path);
+        rc = -EINVAL;
+        goto fail;
+    }
+    if (st.st_size < HEADER_V1_BYTES) {
+        kvp_errorf(err, errlen, 0, "%s: truncated: %lld bytes, the header alone is %d", path,
+               (long long)st.st_size, HEADER_V1_BYTES);
+        rc = -EINVAL;
+        goto fail;
+    }
+    int header_bytes, calibrated;
+    if (fread(hdr, 1, HEADER_V1_BYTES, f) != HEADER_V1_BYTES) {
+        kvp_errorf(err, errlen, 0, "%s: read error", path);
+        rc = -EIO;
+        goto fail;
+    }
+    if ((rc = parse_header(hdr, (uint64_t)st.st_size, path, &n_layers, &n_kv_heads, &a,
+                           &header_bytes, &calibrated, err, errlen)))
+        goto fail;
+    if (fread(hdr + HEADER_V1_BYTES, 1, (size_t)header_bytes - HEADER_V1_BYTES, f) !=
+        (size_t)header_bytes - HEADER_V1_BYTES) {
+        kvp_errorf(err, errlen, 0, "%s: read error", path);
+        rc = -EIO;
+        goto fail;
+    }
+    if ((rc = kvp_agent_set_alloc(s, n_layers, n_kv_heads, &a, err, errlen)))
+        goto fail;
+
+    size_t nf = (size_t)n_layers * (size_t)n_kv_heads * s->n_params;
+    if (fread(s->params, sizeof(float), nf, f) != nf) {
+        kvp_errorf(err, errlen, 0, "%s: read error (file changed while reading?)", path);
+        rc = -EIO;
+        goto fail;
+    }
+    uint64_t sum = kvp_fnv1a(kvp_fnv1a(KVP_FNV1A_INIT, hdr, (size_t)header_bytes), s->params,
+                             nf * sizeof(float));
+    if (calibrated &&
+        (rc = read_calibration(s, f, (uint64_t)st.st_size, header_bytes, &sum, path, err, errlen)))
+        goto fail;
+    if (fread(tail, 1, sizeof tail, f) != sizeof tail) {
+        kvp_errorf(err, errlen, 0, "%s: read error (file changed while reading?)", path);
+        rc = -EIO;
+        goto fail;
+    }
+    if (sum != kvp_get_u64(tail)) {
+        kvp_errorf(err, errlen, 0, "%s: checksum mismatch (file %016llx, computed %016llx): corrupt",
+               path, (unsigned long long)kvp_get_u64(tail), (unsigned long long)sum);
+        rc = -EBADMSG;
+        goto fail;
+    }
+    if (header_bytes == HEADER_BYTES) {
+        s->model_fingerprint = kvp_get_u64(hdr + 48);
+        memcpy(s->model_name, hdr + 56, KVP_POLICY_MODEL_NAME);
+        s->model_name[KVP_POLICY_MODEL_NAME - 1] = 0;
+    }
+    if ((rc = check_params(s, path, err, errlen)) ||
+        (rc = check_calibration(s, path, err, errlen)) ||
+        (cfg && (rc = kvp_agent_set_check_model(s, cfg, path, err, errlen))))
+        goto fail;
+    fclose(f);
+    return 0;
+fail:
+    kvp_agent_set_free(s);
+    fclose(f);
+    return rc;
+}
