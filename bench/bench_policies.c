@@ -16,6 +16,7 @@
 
 #include "generate/generate.h"
 #include "policy/kvp_agent.h"
+#include "offline/agent_train.h"
 #include "base/parse.h"
 #include "base/clock.h"
 

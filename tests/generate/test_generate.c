@@ -12,6 +12,7 @@
 #include "generate/generate.h"
 #include "model/sampler.h"
 #include "policy/kvp_agent.h"
+#include "offline/agent_train.h"
 #include "tests/model/testutil.h"
 
 static kvp_model model;
