@@ -10,7 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "sessions/store.h"
+#include "store/store.h"
 
 static double now_ms(void)
 {

@@ -15,7 +15,7 @@
 #include "base/parse.h"
 #include "generate/generate.h"
 #include "model/template.h"
-#include "sessions/store.h"
+#include "store/store.h"
 
 #ifndef KVPD_DATA_DIR
 #define KVPD_DATA_DIR "."

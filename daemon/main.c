@@ -12,7 +12,7 @@
 #include "daemon/notify.h"
 #include "daemon/reload.h"
 #include "sessions/residency.h"
-#include "sessions/store.h"
+#include "store/store.h"
 #include "sessions/transcripts.h"
 #include "policy/policy.h"
 

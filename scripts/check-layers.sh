@@ -9,9 +9,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 declare -A floor=(
-    [base]=0 [cache]=1 [model]=2 [policy]=3 [generate]=4
-    [offline]=5 [sessions]=5 [config]=6 [web]=7 [daemon]=8
-    [tools]=9 [bench]=10 [tests]=11
+    [base]=0 [cache]=1 [model]=2 [policy]=3 [generate]=4 [store]=5
+    [offline]=6 [sessions]=6 [config]=7 [web]=8 [daemon]=9
+    [tools]=10 [bench]=11 [tests]=12
 )
 # Edges still to be removed, as "from -> to" (empty when the floors are clean).
 allowed=()

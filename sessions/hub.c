@@ -15,7 +15,7 @@
 #include "policy/kvp_agent.h"
 #include "sessions/hub_impl.h"
 #include "sessions/residency.h"
-#include "sessions/store.h"
+#include "store/store.h"
 
 /* ---- events to clients ---- */
 
@@ -95,7 +95,7 @@ static void leave(kvp_hub_client *c)
     if (s->client == c)
         s->client = NULL;
     s->last_active = kvp_now();
-    /* Nobody here serves it now: another node may take it at once (sessions/store.h). */
+    /* Nobody here serves it now: another node may take it at once (store/store.h). */
     if (!s->client && !kvp_session_busy(s))
         kvp_store_lease_drop(c->hub->env.store, s->id);
     if (never_used(s)) {

@@ -44,7 +44,7 @@
 #define KVPD_E_UNKNOWN_SESSION "unknown_session"
 #define KVPD_E_OVERLOADED "overloaded"
 #define KVPD_E_INTERNAL "internal"
-/* Another node serves the session now (its lease, sessions/store.h): retry after
+/* Another node serves the session now (its lease, store/store.h): retry after
  * retry_after_ms, through the balancer (docs/cluster.md). */
 #define KVPD_E_ELSEWHERE "elsewhere"
 

@@ -55,7 +55,7 @@ typedef struct kvpd_gauges {
     double uptime_s;
     int ready;
     int draining;                     /* shutting down: /healthz says so */
-    /* the snapshot store's counters (sessions/store.h) */
+    /* the snapshot store's counters (store/store.h) */
     uint64_t lease_conflicts, lease_takeovers, snapshots_expired, store_errors;
     int leases_renewing;
 } kvpd_gauges;

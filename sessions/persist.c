@@ -11,7 +11,7 @@
 
 #include "base/clock.h"
 #include "base/log.h"
-#include "sessions/store.h"
+#include "store/store.h"
 #include "sessions/transcripts.h"
 
 /* The snapshot's messages borrow the session's (the write only reads them). */

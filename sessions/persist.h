@@ -1,4 +1,4 @@
-/* A session to and from its snapshot (sessions/snapshot.h, docs/snapshot-format.md).
+/* A session to and from its snapshot (store/snapshot.h, docs/snapshot-format.md).
  * Both run on the worker that owns the session (disk I/O and (de)serialization never
  * run on the loop). */
 #ifndef KVP_PERSIST_H
@@ -8,7 +8,7 @@
 
 #include "sessions/session.h"
 
-/* Puts the session as it is now in env->store (sessions/store.h). In a store with
+/* Puts the session as it is now in env->store (store/store.h). In a store with
  * journals (the directory): a record appended to its journal (what the transcript gained
  * since the last save, the counters and the cache), or, for the first save, after a
  * rebuild or a failed append, and when the journal has grown past the snapshot (or

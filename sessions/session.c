@@ -16,7 +16,7 @@
 #include "model/tokenizer.h"
 #include "policy/policy.h"
 #include "sessions/persist.h"
-#include "sessions/store.h"
+#include "store/store.h"
 
 /* n bytes from the kernel's CSPRNG: 0 or -errno. */
 static int random_bytes(void *buf, size_t n)
@@ -858,7 +858,7 @@ static int take_token(kvp_session *s, const kvp_session_env *env, const kvp_turn
     return 1;
 }
 
-/* Before a load or a turn: this node takes the session's lease (sessions/store.h). 0 to
+/* Before a load or a turn: this node takes the session's lease (store/store.h). 0 to
  * go on; -EADDRINUSE when another node serves it (s->elsewhere_ms: for how long yet).
  * When the store's snapshot is another version than the one memory descends from
  * (another node served turns meanwhile), memory is dropped for the snapshot. When the

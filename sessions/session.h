@@ -27,9 +27,9 @@
 #include "model/forward.h"
 #include "generate/generate.h"
 #include "model/sampler.h"
-#include "sessions/snapshot.h"
+#include "store/snapshot.h"
 #include "model/template.h"
-#include "sessions/utf8.h"
+#include "base/utf8.h"
 
 #define KVP_SESSION_PATH_MAX 512
 

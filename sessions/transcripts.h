@@ -17,7 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "sessions/snapshot.h"
+#include "store/snapshot.h"
 
 #define KVP_TRANSCRIPTS_FILE "transcripts.index"
 #define KVP_TRANSCRIPTS_COMPACT_MIN (64 * 1024)

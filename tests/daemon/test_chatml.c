@@ -14,9 +14,9 @@
 #include "model/model.h"
 #include "model/tokenizer.h"
 #include "sessions/hub.h"
-#include "sessions/snapshot.h"
+#include "store/snapshot.h"
 #include "model/template.h"
-#include "sessions/utf8.h"
+#include "base/utf8.h"
 #include "tests/daemon/harness.h"
 
 static kvpd_proc d;

@@ -14,7 +14,7 @@
 #include "base/bytes.h"
 #include "base/checksum.h"
 #include "config/config.h"
-#include "sessions/snapshot.h"
+#include "store/snapshot.h"
 #include "tests/daemon/harness.h"
 
 TestSuite(security_history, .timeout = 240);

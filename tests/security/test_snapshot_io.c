@@ -12,8 +12,8 @@
 #include <unistd.h>
 
 #include "cache/kvcache.h"
-#include "sessions/snapshot.h"
-#include "sessions/utf8.h"
+#include "store/snapshot.h"
+#include "base/utf8.h"
 
 static char g_dir[64];
 

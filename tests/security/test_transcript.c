@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "sessions/snapshot.h"
-#include "sessions/utf8.h"
+#include "store/snapshot.h"
+#include "base/utf8.h"
 #include "tests/daemon/harness.h"
 
 static char g_dir[128];

@@ -9,7 +9,7 @@
 #include "policy/policy.h"
 #include "sessions/persist.h"
 #include "sessions/session.h"
-#include "sessions/store.h"
+#include "store/store.h"
 #include "tests/model/testutil.h"
 #include "tests/sessions/hubtest.h"
 

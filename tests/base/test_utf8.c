@@ -2,7 +2,7 @@
 #include <criterion/criterion.h>
 #include <string.h>
 
-#include "sessions/utf8.h"
+#include "base/utf8.h"
 
 static size_t feed(kvp_utf8 *u, const char *s, size_t n, char *out)
 {

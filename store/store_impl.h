@@ -1,10 +1,10 @@
-/* The store's two implementations behind sessions/store.h (private to sessions/). */
+/* The store's two implementations behind store/store.h (private to sessions/). */
 #ifndef KVP_STORE_IMPL_H
 #define KVP_STORE_IMPL_H
 
 #include <pthread.h>
 
-#include "sessions/store.h"
+#include "store/store.h"
 
 typedef char kvp_store_id[KVP_SNAPSHOT_ID_MAX + 1];
 

@@ -92,7 +92,7 @@ int kvp_snapshot_identity_equal(const kvp_snapshot_identity *a, const kvp_snapsh
 int kvp_snapshot_write(const char *dir, const kvp_snapshot *snap, char *err, size_t errlen);
 
 /* The snapshot's bytes as a file holds them (header, sections, checksum), for stores
- * that are not the directory (sessions/store.h). *out is malloc'd. 0, -EINVAL (as
+ * that are not the directory (store/store.h). *out is malloc'd. 0, -EINVAL (as
  * kvp_snapshot_write) or -ENOMEM, with a message. */
 int kvp_snapshot_encode(const kvp_snapshot *snap, unsigned char **out, size_t *len,
                         char *err, size_t errlen);

@@ -14,7 +14,7 @@
 #include "base/bytes.h"
 #include "base/checksum.h"
 #include "cache/kvcache.h"
-#include "sessions/snapshot.h"
+#include "store/snapshot.h"
 
 /* ---- helpers ---- */
 

@@ -1,5 +1,5 @@
 /* Where session snapshots live (docs/cluster.md): the state directory (one node, the
- * files of sessions/snapshot.h) or a Redis server (`state_url = redis://HOST:PORT/DB`,
+ * files of store/snapshot.h) or a Redis server (`state_url = redis://HOST:PORT/DB`,
  * several nodes sharing the sessions). Both keep the same checksummed snapshot bytes,
  * move a damaged one aside (never loaded again) and forget snapshots older than the
  * time to live.
@@ -15,7 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "sessions/snapshot.h"
+#include "store/snapshot.h"
 
 #define KVP_STORE_NODE_MAX 64
 

@@ -1,6 +1,6 @@
 /* The snapshot store: the calls every store answers, the directory store (the files of
  * sessions/snapshot.c), and the store's thread (lease renewals and releases, expiry). */
-#include "sessions/store.h"
+#include "store/store.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "base/log.h"
-#include "sessions/store_impl.h"
+#include "store/store_impl.h"
 
 /* ---- redis:// URLs ---- */
 

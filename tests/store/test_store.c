@@ -1,4 +1,4 @@
-/* The snapshot store (sessions/store.h): redis:// URLs, the directory's time to live,
+/* The snapshot store (store/store.h): redis:// URLs, the directory's time to live,
  * and the Redis store against a redis-server this test starts (same bytes as a file,
  * damaged values moved aside, leases that only their node can renew or release). */
 #include <criterion/criterion.h>
@@ -12,7 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "sessions/store.h"
+#include "store/store.h"
 #include "tests/daemon/harness.h"
 
 static void nap_ms(int ms)

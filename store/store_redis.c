@@ -21,7 +21,7 @@
 #include <time.h>
 
 #include "base/log.h"
-#include "sessions/store_impl.h"
+#include "store/store_impl.h"
 
 #define POOL_MAX 16
 

@@ -1,5 +1,5 @@
 /* Incremental UTF-8 validation (RFC 3629: no overlongs, no surrogates, <= U+10FFFF). */
-#include "sessions/utf8.h"
+#include "base/utf8.h"
 
 #include <string.h>
 
