@@ -1,7 +1,7 @@
 /* train.c: Plackett-Luce log-likelihood and its gradient, Gumbel-sort sampling, the
  * ranking cost, RLOO, AdamW, the schedule, importance at many cuts, the agent gradient
  * through the training loss, and whole training runs on a small synthetic trace
- * (determinism, learning) and through `kvp train`. */
+ * (tests/offline/traceutil.c: determinism, learning) and through `kvp train`. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <math.h>
@@ -17,6 +17,7 @@
 #include "offline/train.h"
 #include "offline/agent_train.h"
 #include "tests/model/testutil.h"
+#include "tests/offline/traceutil.h"
 
 static uint64_t rng_state = 99;
 
@@ -260,93 +261,6 @@ Test(train, schedule_warms_up_then_decays_to_the_floor)
     for (long t = 101; t < 1000; t++)
         cr_assert_leq(kvp_train_lr(&c, t), kvp_train_lr(&c, t - 1));
 }
-
-/* ---- a small synthetic trace ---------------------------------------------------------- */
-
-#define T_LAYERS 2
-#define T_KVH 2
-#define T_GROUP 2
-#define T_HEADS (T_KVH * T_GROUP)
-#define T_D 4
-#define T_LEN 96
-#define T_SEQS 8
-#define T_TRAIN 6
-
-/* Queries point along one direction per head, so a row's future attention follows its
- * key's projection on it: a ranking an agent can learn from keys. */
-static void make_trace_grid(const char *dir, int cut_min)
-{
-    char path[512];
-    snprintf(path, sizeof path, "%s/trace.kvpt", dir);
-    cr_assert(mkdir(dir, 0777) == 0 || errno == EEXIST);
-    kvp_trace_header h = {.n_layers = T_LAYERS, .n_heads = T_HEADS, .n_kv_heads = T_KVH,
-                          .head_dim = T_D, .seq_len = T_LEN, .split = 0.75,
-                          .cut_min = cut_min, .cut_stride = 8, .cut_tail = 8};
-    snprintf(h.model, sizeof h.model, "synthetic");
-    kvp_trace_writer w;
-    char err[256];
-    cr_assert_eq(kvp_trace_writer_open(&w, path, &h, err, sizeof err), 0, "%s", err);
-    static float q[T_LAYERS][T_LEN * T_HEADS * T_D], k[T_LAYERS][T_LEN * T_KVH * T_D],
-        v[T_LAYERS][T_LEN * T_KVH * T_D];
-    int32_t tokens[T_LEN];
-    uint64_t rng = 77;
-    for (int seq = 0; seq < T_SEQS; seq++) {
-        for (int i = 0; i < T_LEN; i++)
-            tokens[i] = i % 32;
-        for (int l = 0; l < T_LAYERS; l++) {
-            for (int i = 0; i < T_LEN * T_KVH * T_D; i++) {
-                k[l][i] = 2.0f * kvp_rand_f32(&rng) - 1.0f;
-                v[l][i] = 2.0f * kvp_rand_f32(&rng) - 1.0f;
-            }
-            for (int t = 0; t < T_LEN; t++)
-                for (int hh = 0; hh < T_HEADS; hh++)
-                    for (int x = 0; x < T_D; x++)
-                        q[l][(t * T_HEADS + hh) * T_D + x] =
-                            (x == (l + hh / T_GROUP) % T_D ? 6.0f : 0.0f) +
-                            0.5f * (kvp_rand_f32(&rng) - 0.5f);
-        }
-        const float *qp[T_LAYERS], *kp[T_LAYERS], *vp[T_LAYERS];
-        for (int l = 0; l < T_LAYERS; l++) {
-            qp[l] = q[l];
-            kp[l] = k[l];
-            vp[l] = v[l];
-        }
-        cr_assert_eq(kvp_trace_writer_add(&w, tokens, T_LEN, qp, kp, vp), 0);
-    }
-    cr_assert_eq(kvp_trace_writer_close(&w, T_TRAIN, err, sizeof err), 0, "%s", err);
-}
-
-/* Episodes at cuts 32, 40, ..., 88. */
-static void make_trace(const char *dir)
-{
-    make_trace_grid(dir, 32);
-}
-
-static const char *trace_dir(void)
-{
-    static char dir[64];
-    if (!dir[0]) {
-        snprintf(dir, sizeof dir, "/tmp/kvp-train-test-%d", (int)getpid());
-        make_trace(dir);
-    }
-    return dir;
-}
-
-static void open_trace(kvp_trace *t)
-{
-    char path[256], err[256];
-    snprintf(path, sizeof path, "%s/trace.kvpt", trace_dir());
-    cr_assert_eq(kvp_trace_open(t, path, NULL, err, sizeof err), 0, "%s", err);
-}
-
-static void remove_trace(void)
-{
-    char cmd[256];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", trace_dir());
-    cr_assert_eq(system(cmd), 0);
-}
-
-static const kvp_agent_arch tiny_arch = {.d = T_D, .P = 8, .E = 4, .H = 8, .pmax = T_LEN};
 
 static kvp_train_cfg tiny_cfg(long steps, int threads)
 {
@@ -684,14 +598,6 @@ Test(train, bad_settings_and_shapes_are_errors)
 
 /* ---- kvp train ----------------------------------------------------------------------- */
 
-/* `kvp SUB ARGS` with stderr in *out; its exit status. */
-static int run_kvp(const char *sub, const char *args, char **out)
-{
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "%s %s %s 2>&1", tu_build("tools/kvp"), sub, args);
-    return tu_run(cmd, out);
-}
-
 Test(train, cli_trains_writes_policy_and_curve)
 {
     const char *dir = trace_dir();
@@ -775,133 +681,5 @@ Test(train, cli_rejects_bad_input)
     char never[256];
     snprintf(never, sizeof never, "%s/never.kvp", dir);
     cr_assert_neq(access(never, F_OK), 0);
-    remove_trace();
-}
-
-/* ---- calibration (offline/calibrate.h) ---------------------------------------------- */
-
-/* The fitted map of every agent is monotone (scores strictly ascending, values
- * non-decreasing) within the scores the agent gave, and pooling adjacent violators keeps
- * the mean: the K equal-count bins' values average to the mean target of every (row, cut)
- * pair, computed here from the trace (rows past the sinks and before the recent window,
- * importance per future query). One thread and two give the same knots. */
-Test(calibrate, the_fit_is_monotone_and_keeps_the_mean_importance)
-{
-    kvp_trace t;
-    open_trace(&t);
-    char err[256];
-    kvp_agent_set s, s2;
-    cr_assert_eq(kvp_agent_set_alloc(&s, T_LAYERS, T_KVH, &tiny_arch, err, sizeof err), 0);
-    kvp_agent_set_init(&s, 5);
-    cr_assert_eq(kvp_agent_set_alloc(&s2, T_LAYERS, T_KVH, &tiny_arch, err, sizeof err), 0);
-    kvp_agent_set_init(&s2, 5);
-    /* 1920 pairs per agent (6 sequences, cuts 32..88): 8 bins of 240 */
-    const int K = 8;
-    cr_assert_eq(kvp_calibrate_fit(&s, &t, K, 1, NULL, err, sizeof err), 0, "%s", err);
-    cr_assert_eq(kvp_calibrate_fit(&s2, &t, K, 2, NULL, err, sizeof err), 0, "%s", err);
-    cr_assert_eq(s.n_knots, K);
-    cr_assert_eq(memcmp(s.knots, s2.knots, (size_t)T_LAYERS * T_KVH * 2 * K * sizeof(float)), 0);
-    float k[T_LEN * T_D], v[T_LEN * T_D], score[T_LEN];
-    int32_t pos[T_LEN];
-    float *work = malloc(kvp_agent_score_work(&tiny_arch, T_LEN) * sizeof *work);
-    for (int i = 0; i < T_LEN; i++)
-        pos[i] = i;
-    for (int l = 0; l < T_LAYERS; l++)
-        for (int h = 0; h < T_KVH; h++) {
-            const float *x = kvp_agent_set_knots(&s, l, h), *y = x + K;
-            double sum = 0.0, lo = INFINITY, hi = -INFINITY;
-            long pairs = 0;
-            for (int q = 0; q < T_TRAIN; q++) {
-                int len = kvp_trace_len(&t, q);
-                const uint16_t *tk = kvp_trace_k(&t, q, l, h), *tv = kvp_trace_v(&t, q, l, h);
-                for (int i = 0; i < len * T_D; i++) {
-                    k[i] = kvp_f16_to_f32(tk[i]);
-                    v[i] = kvp_f16_to_f32(tv[i]);
-                }
-                kvp_agent_score(&tiny_arch, kvp_agent_set_params(&s, l, h), k, v, pos, len, score, work);
-                for (int g = 0; g < kvp_trace_n_cuts(&t.h, len); g++) {
-                    int n = t.h.cut_min + g * t.h.cut_stride;
-                    const float *imp = kvp_trace_importance(&t, q, l, h, g);
-                    for (int i = 4; i < n - 16; i++, pairs++) {
-                        sum += imp[i] / (double)(len - n);
-                        lo = score[i] < lo ? score[i] : lo;
-                        hi = score[i] > hi ? score[i] : hi;
-                    }
-                }
-            }
-            cr_assert_eq(pairs % K, 0, "equal bins need %ld pairs divisible by %d", pairs, K);
-            double mean_y = 0.0;
-            for (int i = 0; i < K; i++) {
-                mean_y += y[i] / K;
-                if (i) {
-                    cr_assert_gt(x[i], x[i - 1], "agent %d,%d knot %d", l, h, i);
-                    cr_assert_geq(y[i], y[i - 1], "agent %d,%d knot %d", l, h, i);
-                }
-            }
-            cr_assert(x[0] >= lo && x[K - 1] <= hi, "knots %g..%g outside the scores %g..%g",
-                      x[0], x[K - 1], lo, hi);
-            cr_assert_float_eq(mean_y, sum / (double)pairs, 1e-4 * sum / (double)pairs + 1e-7,
-                               "agent %d,%d: mean %g, pairs' mean %g", l, h, mean_y, sum / pairs);
-        }
-    free(work);
-    kvp_agent_set_free(&s);
-    kvp_agent_set_free(&s2);
-    kvp_trace_close(&t);
-    remove_trace();
-}
-
-/* `kvp calibrate` writes the policy with its calibration (version 3) and the same agents;
- * bad values and missing arguments are usage errors, a policy of another shape a runtime
- * error that writes nothing; `kvp train --init` of a calibrated file drops the map. */
-Test(calibrate, cli_writes_a_calibrated_policy_and_refuses_bad_input)
-{
-    const char *dir = trace_dir();
-    char pol[256], cal[300], args[1024], err[256], *out;
-    snprintf(pol, sizeof pol, "%s/plain.kvp", dir);
-    snprintf(cal, sizeof cal, "%s/cal.kvp", dir);
-    kvp_agent_set s, r;
-    cr_assert_eq(kvp_agent_set_alloc(&s, T_LAYERS, T_KVH, &tiny_arch, err, sizeof err), 0);
-    kvp_agent_set_init(&s, 2);
-    cr_assert_eq(kvp_agent_set_save(&s, pol, err, sizeof err), 0, "%s", err);
-    snprintf(args, sizeof args, "--traces %s --policy-file %s --out %s --knots 16 --threads 2",
-             dir, pol, cal);
-    cr_assert_eq(run_kvp("calibrate", args, &out), 0, "%s", out);
-    free(out);
-    cr_assert_eq(kvp_agent_set_load(&r, cal, NULL, err, sizeof err), 0, "%s", err);
-    cr_assert_eq(r.n_knots, 16);
-    cr_assert_eq(memcmp(r.params, s.params, (size_t)T_LAYERS * T_KVH * s.n_params * sizeof(float)), 0);
-    kvp_agent_set_free(&r);
-    const char *usage[] = {"", "--traces /tmp", "--knots 1 --traces a --policy-file b --out c",
-                           "--knots 257 --traces a --policy-file b --out c",
-                           "--knots x --traces a --policy-file b --out c",
-                           "--threads 0 --traces a --policy-file b --out c", "--bogus"};
-    for (size_t i = 0; i < sizeof usage / sizeof usage[0]; i++) {
-        cr_assert_eq(run_kvp("calibrate", usage[i], &out), 2, "'%s': %s", usage[i], out);
-        cr_assert(strstr(out, "kvp calibrate"), "'%s': %s", usage[i], out);
-        free(out);
-    }
-    char never[300];
-    snprintf(never, sizeof never, "%s/never.kvp", dir);
-    cr_assert_eq(kvp_agent_set_alloc(&r, T_LAYERS + 1, T_KVH, &tiny_arch, err, sizeof err), 0);
-    kvp_agent_set_init(&r, 2);
-    char other[300];
-    snprintf(other, sizeof other, "%s/other3.kvp", dir);
-    cr_assert_eq(kvp_agent_set_save(&r, other, err, sizeof err), 0, "%s", err);
-    kvp_agent_set_free(&r);
-    snprintf(args, sizeof args, "--traces %s --policy-file %s --out %s", dir, other, never);
-    cr_assert_eq(run_kvp("calibrate", args, &out), 1, "%s", out);
-    cr_assert(strstr(out, "3 layers"), "%s", out);
-    free(out);
-    cr_assert_neq(access(never, F_OK), 0);
-    /* trained from a calibrated file: the map is for the old agents, so it is dropped */
-    snprintf(args, sizeof args, "%s train --traces %s --out %s --init %s --steps 2 --eval-every 1 "
-             "--threads 1 --episodes 2 --samples 2 --val-cut 72 2>&1", tu_build("tools/kvp"), dir,
-             never, cal);
-    cr_assert_eq(tu_run(args, &out), 0, "%s", out);
-    free(out);
-    cr_assert_eq(kvp_agent_set_load(&r, never, NULL, err, sizeof err), 0, "%s", err);
-    cr_assert_eq(r.n_knots, 0);
-    kvp_agent_set_free(&r);
-    kvp_agent_set_free(&s);
     remove_trace();
 }
