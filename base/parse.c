@@ -41,6 +41,21 @@ int kvp_parse_double(const char *s, double lo, double hi, double *out)
     return 1;
 }
 
+int kvp_parse_u64(const char *s, unsigned long long *out, const char **end_out)
+{
+    char *end;
+    errno = 0;
+    if (!(*s >= '0' && *s <= '9'))
+        return 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || (!end_out && *end))
+        return 0;
+    if (end_out)
+        *end_out = end;
+    *out = v;
+    return 1;
+}
+
 int kvp_split_list(char *s, char **out, int max, int *n)
 {
     *n = 0;

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/parse.h"
 #include "policy/policy.h"
 #include "base/fileio.h"
 #include "base/parse.h"
@@ -114,22 +115,6 @@ static const key_def *find_key(const char *name)
     return NULL;
 }
 
-/* strtol and friends skip leading spaces and take a sign, "0x" and "inf": " -1" got past
- * the sign check of an unsigned key. A number here is ASCII digits with an optional '-'
- * (signed keys), '.' and exponent (floats), and nothing else. */
-static int plain_number(const char *v, int sign_ok, int float_ok)
-{
-    if (*v == '-' && sign_ok)
-        v++;
-    if (!((*v >= '0' && *v <= '9') || (float_ok && *v == '.')))
-        return 0;
-    for (; *v; v++)
-        if (!((*v >= '0' && *v <= '9') ||
-              (float_ok && (*v == '.' || *v == 'e' || *v == 'E' || *v == '-' || *v == '+'))))
-            return 0;
-    return 1;
-}
-
 static int set_listen(kvpd_config *c, const char *v, char *err, size_t errlen)
 {
     const char *colon = strrchr(v, ':');
@@ -142,10 +127,8 @@ static int set_listen(kvpd_config *c, const char *v, char *err, size_t errlen)
         v++;
         hl -= 2;
     }
-    char *end;
-    errno = 0;
-    long port = strtol(colon + 1, &end, 10);
-    if (!plain_number(colon + 1, 0, 0) || errno || *end || port < 0 || port > 65535) {
+    long port;
+    if (colon[1] == '-' || !kvp_parse_long(colon + 1, 0, 65535, &port)) {
         snprintf(err, errlen, "listen: bad port in '%s'", v);
         return -EINVAL;
     }
@@ -167,8 +150,7 @@ int kvpd_config_set(kvpd_config *c, const char *key, const char *value,
         snprintf(err, errlen, "unknown key '%s'", key);
         return -EINVAL;
     }
-    char *field = (char *)c + k->off, *end;
-    errno = 0;
+    char *field = (char *)c + k->off;
     switch (k->type) {
     case T_LISTEN:
         return set_listen(c, value, err, errlen);
@@ -180,8 +162,8 @@ int kvpd_config_set(kvpd_config *c, const char *key, const char *value,
         memcpy(field, value, strlen(value) + 1);
         return 0;
     case T_INT: {
-        long v = strtol(value, &end, 10);
-        if (!plain_number(value, 1, 0) || errno || *end || v < k->min || v > k->max) {
+        long v;
+        if (!kvp_parse_long(value, (long)k->min, (long)k->max, &v)) {
             snprintf(err, errlen, "%s: expected an integer in [%.0f, %.0f], got '%s'",
                      key, k->min, k->max, value);
             return -EINVAL;
@@ -190,8 +172,8 @@ int kvpd_config_set(kvpd_config *c, const char *key, const char *value,
         return 0;
     }
     case T_FLOAT: {
-        double v = strtod(value, &end);
-        if (!plain_number(value, 1, 1) || errno || *end || !(v >= k->min && v <= k->max)) {
+        double v;
+        if (!kvp_parse_double(value, k->min, k->max, &v)) {
             snprintf(err, errlen, "%s: expected a number in [%g, %g], got '%s'",
                      key, k->min, k->max, value);
             return -EINVAL;
@@ -200,8 +182,8 @@ int kvpd_config_set(kvpd_config *c, const char *key, const char *value,
         return 0;
     }
     case T_U64: {
-        unsigned long long v = strtoull(value, &end, 10);
-        if (!plain_number(value, 0, 0) || errno || *end) {
+        unsigned long long v;
+        if (!kvp_parse_u64(value, &v, NULL)) {
             snprintf(err, errlen, "%s: expected an unsigned integer, got '%s'", key, value);
             return -EINVAL;
         }
@@ -209,13 +191,14 @@ int kvpd_config_set(kvpd_config *c, const char *key, const char *value,
         return 0;
     }
     case T_BYTES: {
-        unsigned long long v = strtoull(value, &end, 10);
+        unsigned long long v;
+        const char *end;
         unsigned shift = 0;
-        if (end != value && *end && !end[1])
+        int ok = kvp_parse_u64(value, &v, &end);
+        if (ok && *end && !end[1])
             shift = *end == 'k' || *end == 'K' ? 10 : *end == 'M' ? 20 : *end == 'G' ? 30 : 0;
-        /* digits (strtoull takes no more after the first), then one suffix letter */
-        if (!(value[0] >= '0' && value[0] <= '9') || errno || (*end && !shift) ||
-            v > (UINT64_MAX >> shift)) {
+        /* digits, then at most one suffix letter */
+        if (!ok || (*end && !shift) || v > (UINT64_MAX >> shift)) {
             snprintf(err, errlen, "%s: expected a byte count (k, M, G suffixes), got '%s'",
                      key, value);
             return -EINVAL;

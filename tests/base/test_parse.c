@@ -33,3 +33,18 @@ Test(parse, split_list_refuses_empty_fields_and_too_many)
     char s[] = "1,2,3,4,5";
     cr_assert_eq(kvp_split_list(s, f, 4, &n), 0, "five fields into four");
 }
+
+Test(parse, u64_takes_digits_only_and_reports_where_they_end)
+{
+    unsigned long long v;
+    cr_assert_eq(kvp_parse_u64("18446744073709551615", &v, NULL), 1);
+    cr_assert_eq(v, 18446744073709551615ull);
+    static const char *bad[] = {"", " 1", "-1", "+1", "0x10", "1 ", "18446744073709551616", "1k"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        cr_assert_eq(kvp_parse_u64(bad[i], &v, NULL), 0, "'%s' accepted", bad[i]);
+    const char *end;
+    cr_assert_eq(kvp_parse_u64("64M", &v, &end), 1);
+    cr_assert_eq(v, 64);
+    cr_assert_str_eq(end, "M");
+    cr_assert_eq(kvp_parse_u64("M", &v, &end), 0);
+}
