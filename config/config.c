@@ -10,7 +10,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "base/parse.h"
 #include "policy/policy.h"
 #include "base/fileio.h"
 #include "base/parse.h"
@@ -54,7 +53,7 @@ static const key_def keys[] = {
     {"state_dir", T_STR, F(state_dir), 0, 0, "auto", "directory for session state (must be writable when set: refused at start otherwise); auto: $STATE_DIRECTORY (systemd), else $XDG_STATE_HOME/kvpd, else ~/.local/state/kvpd, made 0700 if missing (none with state_url); empty: none (idle sessions are dropped)", FIXED},
     {"state_url", T_STR, F(state_url), 0, 0, "", "redis://HOST[:PORT][/DB]: keep session snapshots in Redis instead, shared by several nodes, with a lease per session (docs/cluster.md; wins over state_dir for snapshots)", FIXED},
     {"snapshot_ttl", T_INT, F(snapshot_ttl_s), 0, 1 << 30, "604800", "seconds a session's snapshot is kept after its last write (7 days; the directory deletes older ones at start and then every ttl/4, at most hourly; Redis keys expire; 0: forever; at least idle_timeout)", FIXED},
-    {"lease_ms", T_INT, F(lease_ms), 100, 3600000, "10000", "with state_url: a session's lease lasts this long past its last renewal (renewed while a turn runs; released when the client leaves)", FIXED},
+    {"lease_ms", T_INT, F(lease_ms), 100, 3600000, KVP_STR(KVP_STORE_DEFAULT_LEASE_MS), "with state_url: a session's lease lasts this long past its last renewal (renewed while a turn runs; released when the client leaves)", FIXED},
     {"node_id", T_STR, F(node_id), 0, 0, "", "with state_url: this node's name in leases, 1..64 of A-Z a-z 0-9 . _ : - (empty: hostname-pid)", FIXED},
     {"admin_token", T_STR, F(admin_token), 0, 0, "", "bearer token required by /admin/* (empty: one is generated at start into admin_token_file)", LIVE},
     {"admin_token_file", T_STR, F(admin_token_file), 0, 0, "", "where the generated admin token is written, mode 0600 (empty: STATE_DIR/admin.token; with neither, /admin/* is closed)", FIXED},

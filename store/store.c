@@ -385,7 +385,7 @@ int kvp_store_open(kvp_store **out, const kvp_store_params *p, char *err, size_t
         return -ENOMEM;
     }
     st->ttl_s = p->ttl_s;
-    st->lease_ms = p->lease_ms > 0 ? p->lease_ms : 10000;
+    st->lease_ms = p->lease_ms > 0 ? p->lease_ms : KVP_STORE_DEFAULT_LEASE_MS;
     /* A quarter of the time to live, within a second and an hour. */
     st->expire_every_s = p->expire_every_s > 0 ? p->expire_every_s
                          : st->ttl_s / 4 < 1 ? 1 : st->ttl_s / 4 > 3600 ? 3600 : st->ttl_s / 4;

@@ -21,11 +21,14 @@
 
 typedef struct kvp_store kvp_store;
 
+/* How long a session's lease lasts unrenewed when the settings do not say. */
+#define KVP_STORE_DEFAULT_LEASE_MS 10000
+
 typedef struct kvp_store_params {
     const char *state_dir;        /* "" or NULL: none */
     const char *state_url;        /* redis://HOST:PORT/DB, wins over state_dir; "" or NULL */
     double ttl_s;                 /* snapshots unused this long are deleted (0: never) */
-    int lease_ms;                 /* Redis: a session's lease lasts this long unrenewed */
+    int lease_ms;                 /* Redis: a session's lease lasts this long unrenewed (0: KVP_STORE_DEFAULT_LEASE_MS) */
     const char *node_id;          /* Redis: this node's name in leases ("" : host-pid) */
     double expire_every_s;        /* directory: how often expired files are looked for */
 } kvp_store_params;
