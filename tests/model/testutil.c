@@ -1,5 +1,7 @@
 #include "tests/model/testutil.h"
 
+#include "model/gguf.h"
+
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -104,4 +106,18 @@ int tu_run(const char *cmd, char **out)
     else
         free(buf);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* Writes w into a heap buffer with the given fill callback. */
+uint8_t *tu_gguf_to_mem(kvp_gguf_writer *w, int (*fill)(void *, uint64_t, void *, uint64_t),
+                        size_t *len)
+{
+    char *buf = NULL;
+    FILE *f = open_memstream(&buf, len);
+    cr_assert(f);
+    char err[256];
+    int rc = kvp_gguf_writer_write(w, f, fill, NULL, err, sizeof err);
+    fclose(f);
+    cr_assert_eq(rc, 0, "write: %s", err);
+    return (uint8_t *)buf;
 }

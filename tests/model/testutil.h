@@ -3,6 +3,7 @@
 #define KVP_TESTUTIL_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* "$KVP_SHARED/<rel>" (falls back to ../shared relative to the source root). */
 const char *tu_shared(const char *rel);
@@ -18,5 +19,11 @@ void tu_remove_tmp_files(void);
 /* Runs a shell command, captures stdout into *out (malloc'd), returns the exit status
  * (or -1 if it did not exit normally, e.g. a crash). */
 int tu_run(const char *cmd, char **out);
+
+/* w written by kvp_gguf_writer_write into a heap buffer (free it), with the given tensor
+ * fill callback; a failed write fails the test. */
+struct kvp_gguf_writer;
+uint8_t *tu_gguf_to_mem(struct kvp_gguf_writer *w,
+                        int (*fill)(void *, uint64_t, void *, uint64_t), size_t *len);
 
 #endif
