@@ -9,7 +9,6 @@
 #include "config/config.h"
 #include "model/model.h"
 #include "sessions/hub.h"
-#include "sessions/session.h"
 #include "web/server.h"
 
 typedef struct kvpd {
@@ -22,11 +21,9 @@ typedef struct kvpd {
     int draining;                 /* shutting down: no new connections or turns */
     int exit_code;
     int reloading, reload_again;  /* a SIGHUP reload is off the loop; another one asked */
-    kvp_policy_conf *pconf;       /* the policy in force for new sessions */
-    kvp_snapshot_identity model_ident;
+    struct kvp_policy_conf *pconf;   /* the policy in force for new sessions */
     kvp_hub_config hub_cfg;       /* the hub's view of cfg (kvpd_hub_config_sync) */
     kvp_hub *hub;                 /* NULL until the model is loaded */
-    struct kvp_store *store;      /* snapshots (state_dir or state_url); NULL: none */
     kvpd_web web;
     kvpd_metrics metrics;
 } kvpd;

@@ -8,13 +8,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "daemon/kvpd.h"
 #include "daemon/notify.h"
 #include "daemon/reload.h"
-#include "sessions/residency.h"
-#include "store/store.h"
-#include "sessions/transcripts.h"
-#include "policy/policy.h"
 
 typedef struct daemon_handles {
     uv_signal_t sigint, sigterm, sighup;
@@ -27,9 +24,7 @@ typedef struct daemon_handles {
     int load_rc;
     int store_rc;              /* opening the snapshot store */
     char store_err[512];
-    kvp_transcripts transcripts;   /* the conversations on disk, read at start */
-    int transcripts_n;             /* entries, or -errno */
-    char transcripts_err[512];
+    kvp_hub_storage *storage;  /* opened at start, moved into the hub */
 } daemon_handles;
 
 static kvpd g_d;
@@ -117,17 +112,11 @@ static void on_idle_timer(uv_timer_t *t)
         kvp_hub_expire(d->hub, kvp_now());
 }
 
-/* The model's identity for snapshots, and the policy conf. */
+/* The policy conf (its identity names the model's file). */
 static int prepare(kvpd *d, char *err, size_t errlen)
 {
-    int rc = kvp_snapshot_identity_init(&d->model_ident, d->model.name, d->cfg.model, "",
-                                        NULL, err, errlen);
-    if (rc < 0)
-        return rc;
-    if ((rc = kvpd_policy_conf_make(&d->cfg, &d->model, &d->model_ident, &d->pconf,
-                                    g_h.policy_note, sizeof g_h.policy_note, err, errlen)) < 0)
-        return rc;
-    return 0;
+    return kvpd_policy_conf_make(&d->cfg, &d->model, &d->pconf, g_h.policy_note,
+                                 sizeof g_h.policy_note, err, errlen);
 }
 
 /* Thread pool: loading a model is model work and may take seconds; the snapshot store
@@ -136,19 +125,12 @@ static int prepare(kvpd *d, char *err, size_t errlen)
 static void load_work(uv_work_t *w)
 {
     kvpd *d = w->data;
-    kvp_store_params sp = {.state_dir = d->cfg.state_dir, .state_url = d->cfg.state_url,
-                           .ttl_s = d->cfg.snapshot_ttl_s, .lease_ms = d->cfg.lease_ms,
-                           .node_id = d->cfg.node_id};
-    g_h.store_rc = kvp_store_open(&d->store, &sp, g_h.store_err, sizeof g_h.store_err);
+    kvp_hub_storage_params sp = {.state_dir = d->cfg.state_dir, .state_url = d->cfg.state_url,
+                                 .ttl_s = d->cfg.snapshot_ttl_s, .lease_ms = d->cfg.lease_ms,
+                                 .node_id = d->cfg.node_id};
+    g_h.store_rc = kvp_hub_storage_open(&g_h.storage, &sp, g_h.store_err, sizeof g_h.store_err);
     if (g_h.store_rc < 0)
         return;
-    if (d->store && kvp_store_dir(d->store)[0]) {
-        g_h.transcripts_n = kvp_transcripts_init(&g_h.transcripts);
-        if (g_h.transcripts_n == 0)
-            g_h.transcripts_n = kvp_transcripts_load(&g_h.transcripts, d->cfg.state_dir,
-                                                     g_h.transcripts_err,
-                                                     sizeof g_h.transcripts_err);
-    }
     g_h.load_rc = kvp_model_load(&d->model, d->cfg.model,
                                  d->cfg.tokenizer[0] ? d->cfg.tokenizer : NULL,
                                  g_h.load_err, sizeof g_h.load_err);
@@ -163,7 +145,8 @@ static void load_done(uv_work_t *w, int status)
 {
     kvpd *d = w->data;
     if (d->draining) {   /* a signal came during the load; nothing to start */
-        kvp_transcripts_free(&g_h.transcripts);
+        kvp_hub_storage_close(g_h.storage);
+        g_h.storage = NULL;
         if (status == 0 && g_h.load_rc == 0)
             kvp_model_free(&d->model);
         return;
@@ -172,11 +155,6 @@ static void load_done(uv_work_t *w, int status)
         snprintf(g_h.load_err, sizeof g_h.load_err, "%s", g_h.store_err);
         g_h.load_rc = g_h.store_rc;
     }
-    if (g_h.transcripts_n < 0 || g_h.transcripts_err[0])
-        kvpd_log("warning", "state directory: %s", g_h.transcripts_err);
-    if (g_h.transcripts_n > 0)
-        kvpd_log("info", "state directory: %d conversation(s) in the transcript index",
-                 g_h.transcripts_n);
     if (status == 0 && g_h.load_rc == 0 && d->cfg.max_cache_bytes &&
         d->cfg.max_cache_bytes < kvpd_turn_bytes(d)) {
         snprintf(g_h.load_err, sizeof g_h.load_err,
@@ -187,7 +165,8 @@ static void load_done(uv_work_t *w, int status)
         kvp_model_free(&d->model);
     }
     if (status < 0 || g_h.load_rc < 0) {
-        kvp_transcripts_free(&g_h.transcripts);
+        kvp_hub_storage_close(g_h.storage);
+        g_h.storage = NULL;
         kvpd_log("error", "%s", status < 0 ? uv_strerror(status) : g_h.load_err);
         kvpd_notify("STATUS=failed: %s", status < 0 ? uv_strerror(status) : g_h.load_err);
         if (g_h.load_rc == 0)
@@ -202,16 +181,16 @@ static void load_done(uv_work_t *w, int status)
     char err[256];
     kvp_hub_params hp = {.loop = &d->loop, .model = &d->model, .cfg = &d->hub_cfg,
                          .metrics = &d->metrics, .policy = d->pconf,
-                         .store = d->store, .chunk = d->cfg.chunk,
+                         .storage = g_h.storage, .chunk = d->cfg.chunk,
                          .kv_type = d->cfg.kv_type, .budget_mode = d->cfg.budget_mode,
                          .step_tokens = d->cfg.step_tokens, .workers = d->cfg.workers, .reuse_cache = d->cfg.reuse_cache,
                          .top_p = d->cfg.top_p, .seed = d->cfg.seed,
                          .chat_template = d->cfg.chat_template,
-                         .chat_template_file = d->cfg.chat_template_file,
-                         .transcripts = d->store && kvp_store_dir(d->store)[0] ? &g_h.transcripts
-                                                                               : NULL};
+                         .chat_template_file = d->cfg.chat_template_file};
+    char where[512];
+    kvp_hub_storage_describe(g_h.storage, where, sizeof where);
+    g_h.storage = NULL;   /* the hub's now, also when it fails to start */
     int rc = kvp_hub_start(&d->hub, &hp, err, sizeof err);
-    kvp_transcripts_free(&g_h.transcripts);   /* what the hub did not take */
     if (rc < 0) {
         kvpd_log("error", "%s", err);
         d->exit_code = 1;
@@ -223,12 +202,10 @@ static void load_done(uv_work_t *w, int status)
     kvp_hub_info_get(d->hub, &info);
     kvpd_log("info", "%s", g_h.policy_note);
     kvpd_log("info", "model %s (%s, %s, %d layers, context %d), policy %s, budget %d, chunk %d, "
-             "%d worker(s), state %s%s%s, cache cap %llu (%zu per turn)",
+             "%d worker(s), state %s, cache cap %llu (%zu per turn)",
              d->model.name, d->model.arch, info.chat_format, d->model.cfg.n_layers,
-             d->model.cfg.seq_len, d->pconf->name, d->cfg.budget, d->cfg.chunk,
-             d->cfg.workers, d->store ? kvp_store_where(d->store) : "(none)",
-             d->store && !kvp_store_dir(d->store)[0] ? ", node " : "",
-             d->store && !kvp_store_dir(d->store)[0] ? kvp_store_node(d->store) : "",
+             d->model.cfg.seq_len, kvp_hub_policy_name(d->pconf), d->cfg.budget, d->cfg.chunk,
+             d->cfg.workers, where,
              (unsigned long long)d->cfg.max_cache_bytes, kvpd_turn_bytes(d));
     char mix[256];
     kvp_model_weight_mix(&d->model, mix, sizeof mix);
@@ -252,7 +229,7 @@ static int check_config(kvpd *d)
     else
         printf("kvpd: configuration ok (model %s, %s, budget %d)\n", d->model.name,
                g_h.policy_note, d->cfg.budget);
-    kvp_policy_conf_unref(d->pconf);
+    kvp_hub_policy_unref(d->pconf);
     kvp_model_free(&d->model);
     return rc < 0 ? 1 : 0;
 }
@@ -275,7 +252,7 @@ int main(int argc, char **argv)
     }
     if (action == KVPD_HELP) {
         kvpd_config_usage(stdout);
-        printf("\npolicies: %s\n", kvp_policy_names());
+        printf("\npolicies: %s\n", kvp_hub_policy_names());
         return 0;
     }
     if (action == KVPD_VERSION) {
@@ -352,8 +329,8 @@ int main(int argc, char **argv)
         lws_context_destroy(d->web.lws);
     uv_run(&d->loop, UV_RUN_DEFAULT);
     kvp_hub_free(d->hub);
-    kvp_store_close(d->store);   /* releases the leases still held */
-    kvp_policy_conf_unref(d->pconf);
+    kvp_hub_storage_close(g_h.storage);   /* when the hub never took it */
+    kvp_hub_policy_unref(d->pconf);
     if (d->model_loaded)
         kvp_model_free(&d->model);
     if (uv_loop_close(&d->loop) == UV_EBUSY) {

@@ -7,9 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/clock.h"
 #include "daemon/notify.h"
-#include "sessions/residency.h"
-#include "policy/policy.h"
 
 void kvpd_hub_config_sync(kvpd *d)
 {
@@ -28,85 +27,29 @@ void kvpd_announce_ready(kvpd *d)
     kvp_hub_info_get(d->hub, &info);
     kvpd_notify("READY=1\nSTATUS=serving on %s:%d: model %s, policy %s, budget %d, "
                 "%d resident session(s)", d->cfg.listen_host, d->web.port, d->model.name,
-                d->pconf->name, d->cfg.budget, info.sessions_resident);
+                kvp_hub_policy_name(d->pconf), d->cfg.budget, info.sessions_resident);
 }
 
 /* One turn's cache reservation under cfg's budget and pc's policy. */
-static size_t turn_bytes(const kvpd *d, const kvpd_config *cfg, const kvp_policy_conf *pc)
+static size_t turn_bytes(const kvpd *d, const kvpd_config *cfg, const struct kvp_policy_conf *pc)
 {
-    const kvp_model_config *m = &d->model.cfg;
-    return kvp_turn_bytes(m, kvp_cache_row_cost(cfg->kv_type, m->head_dim), cfg->budget,
-                          cfg->chunk, pc->name, cfg->budget_mode);
-}
-
-/* Loads the policy's file into pc: the one copy every session under pc shares. */
-static int policy_loads(kvp_policy_conf *pc, const kvp_model *model, char *err, size_t errlen)
-{
-    return kvp_policy_weights_load(&pc->weights, pc->name, pc->file[0] ? pc->file : NULL,
-                                   &model->cfg, err, errlen);
-}
-
-static void conf_free(kvp_policy_conf *pc)
-{
-    kvp_policy_weights_free(pc->weights);
-    free(pc);
+    return kvp_hub_turn_bytes_for(&d->model, cfg->kv_type, cfg->budget, cfg->chunk, pc,
+                                  cfg->budget_mode);
 }
 
 int kvpd_policy_conf_make(const kvpd_config *cfg, const kvp_model *model,
-                          const kvp_snapshot_identity *model_ident, kvp_policy_conf **out,
-                          char *note, size_t notelen, char *err, size_t errlen)
+                          struct kvp_policy_conf **out, char *note, size_t notelen, char *err,
+                          size_t errlen)
 {
-    kvp_policy_conf *pc = calloc(1, sizeof *pc);
-    if (!pc) {
-        snprintf(err, errlen, "out of memory");
-        return -ENOMEM;
-    }
-    char looked[KVP_SESSION_PATH_MAX];
-    int dflt = !cfg->policy[0], found = 0;
-    if (dflt) {
-        found = kvpd_config_default_policy(cfg, pc->name, sizeof pc->name, looked, sizeof looked);
-        if (found)
-            snprintf(pc->file, sizeof pc->file, "%s", looked);
-    } else {
-        snprintf(pc->name, sizeof pc->name, "%s", cfg->policy);
-        /* Only kvp reads a file: another policy's identity must not depend on one. */
-        if (!strcmp(pc->name, "kvp"))
-            snprintf(pc->file, sizeof pc->file, "%s", cfg->policy_file);
-    }
-    char why[256];
-    int rc = policy_loads(pc, model, why, sizeof why);
-    if (rc < 0 && found) {
-        /* The default must not keep the daemon from starting. */
-        snprintf(note, notelen, "policy streaming: the default %s does not load (%s); "
-                 "learned eviction for this model: kvp learn --model %s", pc->file, why, cfg->model);
-        snprintf(pc->name, sizeof pc->name, "streaming");
-        pc->file[0] = '\0';
-        rc = policy_loads(pc, model, why, sizeof why);
-    } else if (rc == 0 && dflt) {
-        if (found)
-            snprintf(note, notelen, "policy kvp with %s (the default for this model)", pc->file);
-        else
-            snprintf(note, notelen, "policy streaming (the default: there is no %s; learned "
-                     "eviction for this model: kvp learn --model %s)", looked, cfg->model);
-    } else if (rc == 0) {
-        snprintf(note, notelen, "policy %s%s%s", pc->name, pc->file[0] ? " with " : "", pc->file);
-    }
-    if (rc < 0) {
-        snprintf(err, errlen, "%s", why);
-        conf_free(pc);
-        return rc;
-    }
-    pc->ident = *model_ident;
-    snprintf(pc->ident.policy_name, sizeof pc->ident.policy_name, "%s", pc->name);
-    pc->ident.policy_hash = 0;
-    if (pc->file[0] && (rc = kvp_snapshot_hash_file(pc->file, UINT64_MAX, &pc->ident.policy_hash,
-                                                    err, errlen)) < 0) {
-        conf_free(pc);
-        return rc;
-    }
-    pc->refs = 1;
-    *out = pc;
-    return 0;
+    char name[32], looked[KVPD_PATH_MAX];
+    int found = 0;
+    if (!cfg->policy[0])   /* the default: a stat, off the loop */
+        found = kvpd_config_default_policy(cfg, name, sizeof name, looked, sizeof looked);
+    kvp_hub_policy_params pp = {.policy = cfg->policy, .policy_file = cfg->policy_file,
+                                .default_file = found ? looked : NULL,
+                                .looked = cfg->policy[0] ? NULL : looked,
+                                .model_path = cfg->model};
+    return kvp_hub_policy_make(&pp, model, out, note, notelen, err, errlen);
 }
 
 size_t kvpd_turn_bytes(const kvpd *d)
@@ -119,7 +62,7 @@ typedef struct reload_job {
     kvpd *d;
     int workers;               /* the running value, for a config that leaves it to kvpd */
     kvpd_config cfg;
-    kvp_policy_conf *pc;
+    struct kvp_policy_conf *pc;
     char note[768], err[768];
     int rc;
 } reload_job;
@@ -139,8 +82,8 @@ static void reload_work(uv_work_t *w)
     if (j->rc == 0) {
         if (j->cfg.workers == 0)
             j->cfg.workers = j->workers;
-        j->rc = kvpd_policy_conf_make(&j->cfg, &d->model, &d->model_ident, &j->pc, j->note,
-                                      sizeof j->note, j->err, sizeof j->err);
+        j->rc = kvpd_policy_conf_make(&j->cfg, &d->model, &j->pc, j->note, sizeof j->note,
+                                      j->err, sizeof j->err);
     }
 }
 
@@ -170,7 +113,7 @@ static void reload_done(uv_work_t *w, int status)
         char fixed[512];
         kvpd_config_apply_live(&d->cfg, &j->cfg, fixed, sizeof fixed);
         kvpd_hub_config_sync(d);
-        kvp_policy_conf_unref(d->pconf);
+        kvp_hub_policy_unref(d->pconf);
         d->pconf = j->pc;
         j->pc = NULL;
         kvp_hub_set_policy(d->hub, d->pconf);
@@ -181,7 +124,7 @@ static void reload_done(uv_work_t *w, int status)
         if (fixed[0])
             kvpd_log("warning", "reload: %s changed; that takes a restart", fixed);
     }
-    kvp_policy_conf_unref(j->pc);
+    kvp_hub_policy_unref(j->pc);
     free(j);
     if (d->draining)
         return;

@@ -8,12 +8,11 @@
 
 #include "daemon/kvpd.h"
 
-/* Thread pool: the policy cfg names (the default one when none: config.h), checked to
- * load for the model, its file hashed for snapshot identities. A default KVP file that
- * does not load falls back to streaming. `note` says what was chosen, for the log. */
+/* Thread pool: the policy cfg names (the default one when none: config.h), made by the
+ * hub (kvp_hub_policy_make). `note` says what was chosen, for the log. */
 int kvpd_policy_conf_make(const kvpd_config *cfg, const kvp_model *model,
-                          const kvp_snapshot_identity *model_ident, kvp_policy_conf **out,
-                          char *note, size_t notelen, char *err, size_t errlen);
+                          struct kvp_policy_conf **out, char *note, size_t notelen,
+                          char *err, size_t errlen);
 
 /* SIGHUP (loop): re-reads the command line's config file and the policy file on the
  * thread pool, then applies the keys that can change live and swaps the policy; a bad

@@ -2,7 +2,8 @@
 # The floors (docs/architecture.md): each top-level folder may include headers only from
 # folders on a lower floor; folders on the same floor never include each other, so the
 # folder graph has no cycle. Offline code is reachable from tools/, bench/ and tests/
-# only; web/ sees only the session hub's public headers. A build file compiles only its
+# only; web/ and daemon/ see only the session hub's public headers, and the daemon
+# reaches stores and policies through the hub. A build file compiles only its
 # own folder's sources (others link a library).
 # Prints every offending file:line and exits 1 when there is one.
 set -uo pipefail
@@ -34,8 +35,14 @@ while IFS=: read -r file line text; do
     [ -n "${floor[$from]+x}" ] || { echo "$file:$line: folder '$from' has no floor in scripts/check-layers.sh"; bad=1; continue; }
     [ -n "${floor[$to]+x}" ] || { echo "$file:$line: includes '$inc' from unknown folder '$to'"; bad=1; continue; }
     [ "$from" = "$to" ] && continue
-    if [ "$from" = web ] && [ "$to" = sessions ] && [[ " $hub_public " != *" $inc "* ]]; then
-        echo "$file:$line: web/ includes $inc: front ends use only $hub_public"
+    if { [ "$from" = web ] || [ "$from" = daemon ]; } && [ "$to" = sessions ] &&
+       [[ " $hub_public " != *" $inc "* ]]; then
+        echo "$file:$line: $from/ includes $inc: front ends and the daemon use only $hub_public"
+        bad=1
+        continue
+    fi
+    if [ "$from" = daemon ] && { [ "$to" = store ] || [ "$to" = policy ] || [ "$to" = generate ] || [ "$to" = cache ]; }; then
+        echo "$file:$line: daemon/ includes $inc: it reaches stores and policies through the hub"
         bad=1
         continue
     fi

@@ -923,6 +923,7 @@ int kvp_hub_start(kvp_hub **out, const kvp_hub_params *p, char *err, size_t errl
     kvp_hub *h = calloc(1, sizeof *h);
     *out = h;
     if (!h) {
+        kvp_hub_storage_close(p->storage);
         snprintf(err, errlen, "out of memory");
         return -ENOMEM;
     }
@@ -937,14 +938,8 @@ int kvp_hub_start(kvp_hub **out, const kvp_hub_params *p, char *err, size_t errl
     h->env.reuse_cache = p->reuse_cache;
     h->env.top_p = p->top_p;
     h->env.seed = p->seed;
-    h->env.store = p->store;
-    if (!h->env.store && p->state_dir && p->state_dir[0]) {
-        kvp_store_params sp = {.state_dir = p->state_dir};
-        int rc = kvp_store_open(&h->own_store, &sp, err, errlen);
-        if (rc < 0)
-            return rc;
-        h->env.store = h->own_store;
-    }
+    h->storage = p->storage;
+    h->env.store = h->storage ? h->storage->store : NULL;
     h->env.state_dir = h->env.store ? kvp_store_dir(h->env.store) : "";
     h->workers = p->workers;
     h->pconf = kvp_policy_conf_ref(p->policy);
@@ -961,9 +956,9 @@ int kvp_hub_start(kvp_hub **out, const kvp_hub_params *p, char *err, size_t errl
         (rc = use_template_file(&h->env.tpl, p->chat_template_file, err, errlen)) < 0)
         return rc;
     rc = kvp_session_table_init(&h->sessions);
-    if (rc == 0 && p->transcripts) {
-        h->transcripts = *p->transcripts;
-        memset(p->transcripts, 0, sizeof *p->transcripts);
+    if (rc == 0 && h->storage) {
+        h->transcripts = h->storage->transcripts;
+        memset(&h->storage->transcripts, 0, sizeof h->storage->transcripts);
     } else if (rc == 0) {
         rc = kvp_transcripts_init(&h->transcripts);
     }
@@ -1090,7 +1085,7 @@ void kvp_hub_free(kvp_hub *h)
     kvp_session_table_clear(&h->sessions);
     kvp_transcripts_free(&h->transcripts);
     kvp_policy_conf_unref(h->pconf);
-    kvp_store_close(h->own_store);
+    kvp_hub_storage_close(h->storage);
     kvp_template_free(&h->env.tpl);
     free(h);
 }

@@ -211,17 +211,33 @@ struct uv_loop_s;
 struct kvp_model;
 struct kvp_policy_conf;
 
+/* Where snapshots are kept: a state directory (with its transcript index), Redis, or
+ * neither. Opened off the loop, since it blocks: the directory is swept of interrupted
+ * writes and expired snapshots and its index read (warnings go to the log); a Redis
+ * server must answer. Neither dir nor url: a storage without snapshots. */
+typedef struct kvp_hub_storage kvp_hub_storage;
+typedef struct kvp_hub_storage_params {
+    const char *state_dir;        /* NULL or "": none */
+    const char *state_url;        /* redis://HOST[:PORT][/DB]; NULL or "": none */
+    double ttl_s;                 /* snapshots unused this long are deleted (s); 0: kept */
+    int lease_ms;                 /* Redis: a session's lease lasts this long unrenewed */
+    const char *node_id;          /* Redis: this node's name in leases; NULL or "": host-pid */
+} kvp_hub_storage_params;
+int kvp_hub_storage_open(kvp_hub_storage **out, const kvp_hub_storage_params *p, char *err,
+                         size_t errlen);
+void kvp_hub_storage_close(kvp_hub_storage *s);
+/* For the log: "(none)", the directory, or the Redis address and this node's name. */
+void kvp_hub_storage_describe(const kvp_hub_storage *s, char *buf, size_t n);
+
 typedef struct kvp_hub_params {
     struct uv_loop_s *loop;
     const struct kvp_model *model;
     const kvp_hub_config *cfg;    /* read live; owned by the caller */
     kvpd_metrics *metrics;        /* counters the hub adds to; owned by the caller */
     struct kvp_policy_conf *policy;   /* the policy of new sessions (a reference is taken) */
-    /* Where snapshots go (owned by the caller); NULL: a directory store on state_dir,
-     * made and freed by the hub, when state_dir is not "" (no snapshots, no parking
-     * otherwise). */
-    struct kvp_store *store;
-    const char *state_dir;
+    /* Where snapshots go (kvp_hub_storage_open), moved into the hub, which closes it when
+     * it is freed (also when kvp_hub_start fails); NULL: no snapshots, no parking. */
+    struct kvp_hub_storage *storage;
     int chunk, workers, reuse_cache;
     kvp_kv_type kv_type;          /* how session caches store their rows */
     int budget_mode;              /* enum kvp_budget_mode (policy/policy.h) */
@@ -231,10 +247,32 @@ typedef struct kvp_hub_params {
     const char *chat_template;    /* family name (config chat_template); NULL/"" = detect */
     const char *chat_template_file;   /* a Jinja template (config chat_template_file) rendered
                                          instead of the model's; NULL/"" = the model's */
-    /* The conversations on disk by transcript (kvp_transcripts_load at start), moved into
-     * the hub (*transcripts is left empty); NULL: none. */
-    struct kvp_transcripts *transcripts;
 } kvp_hub_params;
+
+/* The policy of new sessions (kvp_hub_params.policy, kvp_hub_set_policy), made off the
+ * loop: it loads the policy's file once for every session that takes it, and hashes the
+ * model and policy files for the snapshots' identity. */
+typedef struct kvp_hub_policy_params {
+    const char *policy;        /* a policy name; NULL or "": the default */
+    const char *policy_file;   /* the "kvp" policy's file (ignored by the others) */
+    /* The default: the file found for this model (kvp), or NULL (streaming), and the
+     * path that was looked at (for the note). A default file that does not load falls
+     * back to streaming with a note saying why. */
+    const char *default_file, *looked;
+    const char *model_path;    /* the model's file: its identity, and the notes' hint */
+} kvp_hub_policy_params;
+/* 0 with *out (one reference) and note saying what was chosen, for the log; or a negative
+ * errno with a message. */
+int kvp_hub_policy_make(const kvp_hub_policy_params *p, const struct kvp_model *model,
+                        struct kvp_policy_conf **out, char *note, size_t notelen, char *err,
+                        size_t errlen);
+void kvp_hub_policy_unref(struct kvp_policy_conf *pc);
+const char *kvp_hub_policy_name(const struct kvp_policy_conf *pc);
+/* Every policy name, for --help. */
+const char *kvp_hub_policy_names(void);
+/* One turn's cache reservation under a budget and policy (the memory cap must hold it). */
+size_t kvp_hub_turn_bytes_for(const struct kvp_model *m, kvp_kv_type kv_type, int budget,
+                              int chunk, const struct kvp_policy_conf *pc, int budget_mode);
 
 /* Starts the workers. On failure *out may be set: stop and free it as below. */
 int kvp_hub_start(kvp_hub **out, const kvp_hub_params *p, char *err, size_t errlen);

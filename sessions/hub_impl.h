@@ -10,12 +10,17 @@
 #include "sessions/session.h"
 #include "sessions/transcripts.h"
 
+struct kvp_hub_storage {
+    struct kvp_store *store;         /* NULL: no snapshots */
+    kvp_transcripts transcripts;     /* the directory's index, moved into the hub at start */
+};
+
 struct kvp_hub {
     uv_loop_t *loop;
     const kvp_hub_config *cfg;
     kvpd_metrics *m;
     kvp_session_env env;             /* env.store: NULL without persistence */
-    struct kvp_store *own_store;     /* made by the hub (kvp_hub_params.store NULL) */
+    kvp_hub_storage *storage;        /* its store and the index read at start; NULL: none */
     kvp_policy_conf *pconf;          /* the policy of new sessions */
     kvp_session_table sessions;
     kvp_transcripts transcripts;     /* every session by transcript hash, on disk ones too */

@@ -26,8 +26,11 @@ void ht_start(ht_hub *h, const char *state_dir, const char *policy)
     snprintf(h->pc->ident.model_name, sizeof h->pc->ident.model_name, "%s", h->model.name);
     snprintf(h->pc->ident.policy_name, sizeof h->pc->ident.policy_name, "%s", policy);
     snprintf(h->state_dir, sizeof h->state_dir, "%s", state_dir ? state_dir : "");
+    kvp_hub_storage *storage;
+    kvp_hub_storage_params sp = {.state_dir = h->state_dir};
+    cr_assert_eq(kvp_hub_storage_open(&storage, &sp, err, sizeof err), 0, "%s", err);
     kvp_hub_params p = {.loop = &h->loop, .model = &h->model, .cfg = &h->cfg,
-                        .metrics = &h->metrics, .policy = h->pc, .state_dir = h->state_dir,
+                        .metrics = &h->metrics, .policy = h->pc, .storage = storage,
                         .chunk = 32, .workers = 1, .reuse_cache = 1, .top_p = 0.9f, .seed = 42};
     cr_assert_eq(kvp_hub_start(&h->hub, &p, err, sizeof err), 0, "%s", err);
 }
