@@ -1,0 +1,281 @@
+/* model/schema.c: schemas compiled to grammars accept the documents that validate and
+ * refuse the others; hostile schemas get an error naming the keyword or the limit. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/schema.h"
+
+static kvp_grammar *compile(const char *schema)
+{
+    json_error_t je;
+    json_t *s = json_loads(schema, JSON_DECODE_ANY, &je);
+    cr_assert(s, "bad test schema: %s", je.text);
+    char err[256];
+    kvp_grammar *g = kvp_schema_compile(s, err, sizeof err);
+    json_decref(s);
+    cr_assert(g, "compile failed: %s", err);
+    return g;
+}
+
+/* The error compiling schema gives (the grammar must fail). */
+static const char *refuse(const char *schema)
+{
+    static char err[256];
+    json_error_t je;
+    json_t *s = json_loads(schema, JSON_DECODE_ANY, &je);
+    cr_assert(s, "bad test schema: %s", je.text);
+    kvp_grammar *g = kvp_schema_compile(s, err, sizeof err);
+    json_decref(s);
+    cr_assert_null(g, "schema %s compiled", schema);
+    cr_assert(err[0]);
+    return err;
+}
+
+/* Whether doc is a whole document of g. */
+static int whole(kvp_grammar *g, const char *doc)
+{
+    kvp_gmatch m;
+    cr_assert_eq(kvp_gmatch_init(&m, g), 0);
+    int ok = kvp_gmatch_accept(&m, doc, strlen(doc)) == 0 && kvp_gmatch_complete(&m);
+    kvp_gmatch_free(&m);
+    return ok;
+}
+
+static void check(const char *schema, const char *const *good, const char *const *bad)
+{
+    kvp_grammar *g = compile(schema);
+    for (; good && *good; good++)
+        cr_expect(whole(g, *good), "%s should accept %s", schema, *good);
+    for (; bad && *bad; bad++)
+        cr_expect(!whole(g, *bad), "%s should refuse %s", schema, *bad);
+    kvp_grammar_unref(g);
+}
+
+#define L(...) ((const char *const[]){__VA_ARGS__, NULL})
+
+Test(schema, object_properties_in_order_required_and_optional)
+{
+    check("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},"
+          "\"b\":{\"type\":\"string\"},\"c\":{\"type\":\"boolean\"}},\"required\":[\"b\"]}",
+          L("{\"b\":\"x\"}", "{\"a\":1,\"b\":\"\"}", "{\"a\": -3, \"b\": \"q\", \"c\": true}",
+            "{\n  \"b\":\"x\",\n  \"c\":false\n}", "{ \"b\" : \"x\" }"),
+          L("{}", "{\"a\":1}", "{\"b\":\"x\",\"a\":1}", "{\"b\":\"x\",\"d\":1}",
+            "{\"b\":1}", "{\"b\":\"x\",}", "{\"b\":\"x\"", "{\"b\":\"x\"} ", " {\"b\":\"x\"}",
+            "{\"b\":\"x\",\"c\":null}"));
+}
+
+Test(schema, additional_false_and_nested)
+{
+    check("{\"type\":\"object\",\"additionalProperties\":false,\"properties\":{\"p\":{\"type\":"
+          "\"object\",\"properties\":{\"q\":{\"type\":\"array\",\"items\":{\"type\":\"null\"}}},"
+          "\"required\":[\"q\"]}},\"required\":[\"p\"]}",
+          L("{\"p\":{\"q\":[]}}", "{\"p\":{\"q\":[null, null]}}"),
+          L("{\"p\":{}}", "{\"p\":{\"q\":[0]}}", "{\"p\":{\"q\":[null,]}}"));
+}
+
+Test(schema, map_and_any_object)
+{
+    check("{\"type\":\"object\",\"additionalProperties\":{\"type\":\"integer\"}}",
+          L("{}", "{\"x\":1,\"y\":-2}"), L("{\"x\":\"1\"}", "[]"));
+    char err[128];
+    kvp_grammar *g = kvp_schema_any_object(err, sizeof err);
+    cr_assert(g, "%s", err);
+    cr_expect(whole(g, "{\"a\":[1,{\"b\":null},\"s\\n\"],\"c\":{}}"));
+    cr_expect(whole(g, "{}"));
+    cr_expect(!whole(g, "[]"));
+    cr_expect(!whole(g, "\"s\""));
+    cr_expect(!whole(g, "{\"a\":}"));
+    cr_expect(!whole(g, "{\"a\":tru}"));
+    kvp_grammar_unref(g);
+}
+
+Test(schema, integer_ranges_exact)
+{
+    check("{\"type\":\"integer\",\"minimum\":-12,\"maximum\":345}",
+          L("-12", "-1", "0", "7", "99", "100", "299", "345", "-10"),
+          L("-13", "-0", "346", "350", "400", "1000", "01", "", "3.0", "+1", "-"));
+    check("{\"type\":\"integer\",\"exclusiveMinimum\":0,\"exclusiveMaximum\":10}",
+          L("1", "9"), L("0", "10", "-1"));
+    check("{\"type\":\"integer\",\"minimum\":1000}", L("1000", "123456789"), L("999", "-5"));
+    check("{\"type\":\"integer\",\"maximum\":-5}", L("-5", "-123"), L("-4", "0", "5"));
+    check("{\"type\":\"integer\"}", L("0", "-9999999999999999", "42"),
+          L("00", "12345678901234567", "1e3"));
+    /* every value of a small range, and its neighbours */
+    kvp_grammar *g = compile("{\"type\":\"integer\",\"minimum\":-37,\"maximum\":1203}");
+    for (int v = -60; v < 1300; v++) {
+        char s[16];
+        snprintf(s, sizeof s, "%d", v);
+        cr_expect_eq(whole(g, s), v >= -37 && v <= 1203, "%d", v);
+    }
+    kvp_grammar_unref(g);
+}
+
+Test(schema, number_bounds)
+{
+    check("{\"type\":\"number\",\"minimum\":0,\"maximum\":1}",
+          L("0", "0.5", "1", "1.0", "1.000", "0.999", "0.0"),
+          L("1.5", "1.01", "-0.1", "2", "-1", ".5"));
+    check("{\"type\":\"number\",\"minimum\":-2,\"exclusiveMaximum\":1}",
+          L("-2", "-1.5", "0.25", "0.999"), L("1", "1.0", "-2.5", "-2.1", "-3"));
+    check("{\"type\":\"number\",\"exclusiveMinimum\":0}", L("0.1", "3", "0.001"),
+          L("0", "0.0", "-1"));
+    check("{\"type\":\"number\"}", L("0", "-1.5", "2e10", "3.25E-7", "12"),
+          L("1.", "01", "e1", "--1", "1e"));
+    cr_expect(strstr(refuse("{\"type\":\"number\",\"minimum\":0.5}"), "minimum"));
+}
+
+Test(schema, strings_lengths_and_escapes)
+{
+    check("{\"type\":\"string\",\"minLength\":1,\"maxLength\":3}",
+          L("\"a\"", "\"abc\"", "\"\\u00e9b\"", "\"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80\"",
+            "\"\\\"\\\\\\n\""),
+          L("\"\"", "\"abcd\"", "\"a\nb\"", "\"\\x\"", "\"\\ud800\"", "\"\xc3\"", "\"\xed\xa0\x80\"",
+            "abc"));
+    check("{\"type\":\"string\"}", L("\"\"", "\"any \\\" text\""), L("\"\x01\""));
+}
+
+Test(schema, enum_const_types_anyof)
+{
+    check("{\"enum\":[\"red\",\"green\",3,null,{\"a\":1}]}",
+          L("\"red\"", "\"green\"", "3", "null", "{\"a\":1}"), L("\"blue\"", "4", "\"re\""));
+    check("{\"const\":\"x\"}", L("\"x\""), L("\"y\""));
+    check("{\"type\":[\"integer\",\"null\"],\"maximum\":3}", L("3", "null", "-1"), L("4", "\"3\""));
+    check("{\"anyOf\":[{\"type\":\"string\",\"maxLength\":1},{\"type\":\"boolean\"}]}",
+          L("\"a\"", "true"), L("\"ab\"", "1"));
+    check("{\"oneOf\":[{\"type\":\"integer\"},{\"type\":\"array\",\"items\":{\"type\":\"integer\"},"
+          "\"minItems\":1,\"maxItems\":2}]}",
+          L("5", "[1]", "[1, 2]"), L("[]", "[1,2,3]"));
+}
+
+Test(schema, arrays_counts)
+{
+    check("{\"type\":\"array\",\"items\":{\"enum\":[1,2]},\"minItems\":2}",
+          L("[1,2]", "[1,1,2,2,1]", "[ 1 , 2 ]"), L("[]", "[1]", "[1,3]", "[1,2,]"));
+    check("{\"type\":\"array\",\"maxItems\":0}", L("[]"), L("[1]"));
+    check("{\"type\":\"array\"}", L("[]", "[1,\"a\",[null]]"), L("[,]"));
+}
+
+Test(schema, refs_and_recursion)
+{
+    check("{\"$defs\":{\"n\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":9}},"
+          "\"type\":\"object\",\"properties\":{\"x\":{\"$ref\":\"#/$defs/n\"},"
+          "\"y\":{\"$ref\":\"#/$defs/n\"}},\"required\":[\"x\",\"y\"]}",
+          L("{\"x\":1,\"y\":9}"), L("{\"x\":10,\"y\":1}"));
+    const char *tree = "{\"definitions\":{\"t\":{\"type\":\"object\",\"properties\":{"
+                       "\"v\":{\"type\":\"integer\"},\"kids\":{\"type\":\"array\",\"items\":"
+                       "{\"$ref\":\"#/definitions/t\"}}},\"required\":[\"v\"]}},"
+                       "\"$ref\":\"#/definitions/t\"}";
+    check(tree, L("{\"v\":1}", "{\"v\":1,\"kids\":[{\"v\":2,\"kids\":[{\"v\":3}]},{\"v\":4}]}"),
+          L("{\"v\":1,\"kids\":[{}]}", "{\"kids\":[]}"));
+    cr_expect(strstr(refuse("{\"$defs\":{\"a\":{\"$ref\":\"#/$defs/a\"}},\"$ref\":\"#/$defs/a\"}"),
+                     "$ref"));
+    cr_expect(strstr(refuse("{\"anyOf\":[{\"$ref\":\"#\"},{\"type\":\"null\"}]}"), "$ref"));
+    cr_expect(strstr(refuse("{\"$ref\":\"#/$defs/missing\"}"), "$ref"));
+    cr_expect(strstr(refuse("{\"$ref\":\"http://example.com/s.json\"}"), "$ref"));
+}
+
+Test(schema, patterns)
+{
+    check("{\"type\":\"string\",\"pattern\":\"^[a-z]{2,3}-\\\\d+$\"}",
+          L("\"ab-1\"", "\"xyz-0123\""), L("\"a-1\"", "\"abcd-1\"", "\"ab-\"", "\"AB-1\""));
+    check("{\"type\":\"string\",\"pattern\":\"^(cat|dog)s?$\"}", L("\"cat\"", "\"dogs\""),
+          L("\"cow\"", "\"cats!\""));
+    check("{\"type\":\"string\",\"pattern\":\"x\\\\.y\"}", L("\"x.y\"", "\"aax.ybb\""),
+          L("\"xzy\"", "\"\""));
+    check("{\"type\":\"string\",\"pattern\":\"^(a*|b)$\"}", L("\"aaa\"", "\"b\"", "\"\""),
+          L("\"ab\"", "\"ba\""));
+    check("{\"type\":\"string\",\"pattern\":\"^[^\\\"]+$\"}", L("\"abc\""), L("\"a\\\"b\""));
+    cr_expect(strstr(refuse("{\"type\":\"string\",\"pattern\":\"(a)\\\\1\"}"), "pattern"));
+    cr_expect(strstr(refuse("{\"type\":\"string\",\"pattern\":\"(a*)*\"}"), "pattern"));
+    cr_expect(strstr(refuse("{\"type\":\"string\",\"pattern\":\"(?=a)\"}"), "pattern"));
+    cr_expect(strstr(refuse("{\"type\":\"string\",\"pattern\":\"[a\"}"), "pattern"));
+    cr_expect(strstr(refuse("{\"type\":\"string\",\"pattern\":\"a{5000}\"}"), "pattern"));
+}
+
+Test(schema, whitespace_is_bounded)
+{
+    kvp_grammar *g = compile("{\"type\":\"array\",\"items\":{\"type\":\"integer\"}}");
+    char doc[64];
+    snprintf(doc, sizeof doc, "[\n%*s1]", 20, "");
+    cr_expect(whole(g, doc));
+    snprintf(doc, sizeof doc, "[\n%*s1]", 21, "");
+    cr_expect(!whole(g, doc));
+    cr_expect(!whole(g, "[  1]"));
+    cr_expect(!whole(g, "[\n\n1]"));
+    kvp_grammar_unref(g);
+}
+
+Test(schema, refused_keywords_are_named)
+{
+    cr_expect(strstr(refuse("{\"type\":\"string\",\"format\":\"date-time\"}"), "format"));
+    cr_expect(strstr(refuse("{\"type\":\"integer\",\"multipleOf\":3}"), "multipleOf"));
+    cr_expect(strstr(refuse("{\"type\":\"object\",\"properties\":{\"a\":{\"not\":{}}}}"),
+                     "not is not supported at /properties/a"));
+    cr_expect(strstr(refuse("{\"type\":\"object\",\"required\":[\"z\"]}"), "required"));
+    cr_expect(strstr(refuse("{\"type\":\"strin\"}"), "strin"));
+    cr_expect(strstr(refuse("{\"type\":\"string\",\"maxLength\":1000000}"), "maxLength"));
+    cr_expect(strstr(refuse("{\"type\":\"string\",\"minLength\":3,\"maxLength\":2}"), "minLength"));
+    cr_expect(strstr(refuse("{\"type\":\"integer\",\"minimum\":5,\"maximum\":4}"), "minimum"));
+    cr_expect(strstr(refuse("{\"allOf\":[{},{}]}"), "allOf"));
+    cr_expect(strstr(refuse("{\"enum\":[]}"), "enum"));
+    cr_expect(strstr(refuse("false"), "false"));
+    cr_expect(strstr(refuse("[1]"), "schema"));
+    cr_expect(strstr(refuse("{\"type\":\"array\",\"prefixItems\":[{}]}"), "prefixItems"));
+}
+
+Test(schema, hostile_sizes_fail_fast)
+{
+    /* 100 KB of properties */
+    size_t cap = 120 * 1024, n = 0;
+    char *s = malloc(cap);
+    n += (size_t)snprintf(s + n, cap - n, "{\"type\":\"object\",\"properties\":{");
+    for (int i = 0; n < 100 * 1024; i++)
+        n += (size_t)snprintf(s + n, cap - n, "%s\"p%d\":{\"type\":\"string\"}", i ? "," : "", i);
+    snprintf(s + n, cap - n, "}}");
+    cr_expect(strstr(refuse(s), "bytes, over the limit"));
+    /* nesting 200 deep */
+    n = 0;
+    for (int i = 0; i < 200; i++)
+        n += (size_t)snprintf(s + n, cap - n, "{\"type\":\"array\",\"items\":");
+    n += (size_t)snprintf(s + n, cap - n, "{}");
+    for (int i = 0; i < 200; i++)
+        s[n++] = '}';
+    s[n] = '\0';
+    cr_expect(strstr(refuse(s), "deeper"));
+    /* a shared schema is one rule however often it is used: this stays small */
+    kvp_grammar *g = compile("{\"type\":\"array\",\"maxItems\":4096,\"items\":{\"type\":"
+                             "\"array\",\"maxItems\":4096,\"items\":{\"type\":\"string\","
+                             "\"maxLength\":4096}}}");
+    cr_expect_lt(kvp_grammar_states(g), 300000);
+    kvp_grammar_unref(g);
+    /* distinct long strings add up: refused past the state limit */
+    n = 0;
+    n += (size_t)snprintf(s + n, cap - n, "{\"type\":\"object\",\"properties\":{");
+    for (int i = 0; i < 40; i++)
+        n += (size_t)snprintf(s + n, cap - n, "%s\"p%d\":{\"type\":\"string\",\"maxLength\":4096}",
+                              i ? "," : "", i);
+    snprintf(s + n, cap - n, "}}");
+    cr_expect(strstr(refuse(s), "too large"));
+    free(s);
+}
+
+Test(schema, calls)
+{
+    json_t *p1 = json_loads("{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\","
+                            "\"maxLength\":8}},\"required\":[\"city\"]}", 0, NULL);
+    kvp_schema_fn fns[] = {{"weather", p1}, {"time", NULL}};
+    char err[256];
+    kvp_grammar *g = kvp_schema_compile_calls(fns, 2, "<tool_call>\n", "\n</tool_call>", err,
+                                              sizeof err);
+    cr_assert(g, "%s", err);
+    cr_expect(whole(g, "<tool_call>\n{\"name\": \"weather\", \"arguments\": {\"city\": \"Oslo\"}}"
+                       "\n</tool_call>"));
+    cr_expect(whole(g, "<tool_call>\n{\"name\":\"time\",\"arguments\":{\"tz\":[1]}}\n</tool_call>"));
+    cr_expect(!whole(g, "<tool_call>\n{\"name\":\"weather\",\"arguments\":{}}\n</tool_call>"));
+    cr_expect(!whole(g, "<tool_call>\n{\"name\":\"other\",\"arguments\":{}}\n</tool_call>"));
+    cr_expect(!whole(g, "{\"name\":\"time\",\"arguments\":{}}"));
+    kvp_grammar_unref(g);
+    json_decref(p1);
+}
