@@ -60,11 +60,9 @@ int kvp_vocab_trie_build(kvp_vocab_trie *tr, const kvp_tokenizer *t)
         }
     free(keep);
     qsort(e, (size_t)n, sizeof *e, cmp_entry);
-    size_t cap = (size_t)n * 2 + 16, total = 0;
+    size_t cap = 1;   /* nodes: at most one per byte of the pieces */
     for (int i = 0; i < n; i++)
-        total += (size_t)e[i].len;
-    if (cap > total + 1)
-        cap = total + 1;
+        cap += (size_t)e[i].len;
     tr->byte = malloc(cap);
     tr->depth = malloc(cap * sizeof *tr->depth);
     tr->skip = malloc(cap * sizeof *tr->skip);
@@ -90,12 +88,6 @@ int kvp_vocab_trie_build(kvp_vocab_trie *tr, const kvp_tokenizer *t)
         while (plen > l)
             tr->skip[path[--plen]] = nn;
         for (int k = l; k < e[i].len; k++) {
-            if ((size_t)nn == cap) {   /* cannot happen: cap covers every byte */
-                free(e);
-                free(path);
-                kvp_vocab_trie_free(tr);
-                return -ENOMEM;
-            }
             tr->byte[nn] = (uint8_t)e[i].p[k];
             tr->depth[nn] = (uint16_t)(k + 1);
             tr->off[nn] = nt;

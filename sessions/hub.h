@@ -153,6 +153,10 @@ typedef struct kvp_turn_opts {
     const char *stop[KVP_HUB_MAX_STOPS];
     size_t stop_len[KVP_HUB_MAX_STOPS];
     int n_stop;
+    /* Structured output (model/schema.h; borrowed for the call, the hub takes its own
+     * reference): the reply is one of the grammar's documents, ending with a stop token
+     * once it is whole. NULL: unconstrained. */
+    struct kvp_grammar *grammar;
 } kvp_turn_opts;
 
 /* A stateless request (an OpenAI-style API): system (len 0: none) and msgs[0..n) are the
