@@ -11,7 +11,7 @@
 #include <string.h>
 
 enum { ARC_RANGE = 0, ARC_EPS = 1, ARC_CALL = 2 };
-enum { ST_END = 1, ST_BYTES = 2 };
+enum { ST_END = 1, ST_BYTES = 2, ST_PLAIN = 4 };   /* PLAIN: byte arcs only, no end */
 
 typedef struct garc {
     uint8_t kind, lo, hi;
@@ -184,6 +184,13 @@ kvp_grammar *kvp_grammar_finish(kvp_gbuild *b, int root)
     for (size_t i = 0; i < b->n_arcs; i++)
         g->arcs[fill[b->arcs[i].from]++] = b->arcs[i].a;
     free(fill);
+    for (int s = 0; s < g->n_states; s++) {
+        int plain = (g->flags[s] & (ST_BYTES | ST_END)) == ST_BYTES;
+        for (int32_t a = g->arc_off[s]; a < g->arc_off[s + 1] && plain; a++)
+            plain = g->arcs[a].kind == ARC_RANGE;
+        if (plain)
+            g->flags[s] |= ST_PLAIN;
+    }
     atomic_init(&g->refs, 1);
 out:
     kvp_gbuild_free(b);
@@ -342,8 +349,16 @@ static int step(kvp_gmatch *m, const kvp_gset *in, uint8_t byte, kvp_gset *out)
         int32_t s = in->t[i].state;
         for (int32_t a = g->arc_off[s]; a < g->arc_off[s + 1]; a++) {
             const garc *arc = &g->arcs[a];
-            if (arc->kind == ARC_RANGE && byte >= arc->lo && byte <= arc->hi &&
-                closure(m, out, arc->to, in->t[i].frame, &work) < 0)
+            if (arc->kind != ARC_RANGE || byte < arc->lo || byte > arc->hi)
+                continue;
+            if (g->flags[arc->to] & ST_PLAIN) {
+                /* nothing to close over (most bytes inside strings and numbers) */
+                int dup = 0;
+                for (int k = 0; k < out->n && !dup; k++)
+                    dup = out->t[k].state == arc->to && same_stack(m, out->t[k].frame, in->t[i].frame);
+                if (!dup && out->n < KVP_GRAMMAR_MAX_THREADS)
+                    out->t[out->n++] = (kvp_gthread){arc->to, in->t[i].frame};
+            } else if (closure(m, out, arc->to, in->t[i].frame, &work) < 0)
                 return -ENOMEM;
         }
     }

@@ -119,8 +119,8 @@ int sc_string(sc *c, const json_t *s, int from, int to)
     long unroll = hi >= 0 ? hi : lo;
     int at = open;
     for (long k = 0; k <= unroll; k++) {
-        if (k >= lo)
-            kvp_gbuild_eps(c->b, at, close);
+        if (k >= lo)   /* the closing quote straight from here: one state per position */
+            kvp_gbuild_range(c->b, at, '"', '"', to);
         if (k == unroll) {
             if (hi < 0 && sc_char(c, at, at) < 0)   /* unbounded: more of them */
                 return -1;
