@@ -453,6 +453,12 @@ void kvp_hub_message(kvp_hub_client *c, const char *text, size_t len, int max_to
     start_turn(c, text, len, &o);
 }
 
+void kvp_hub_message_opts(kvp_hub_client *c, const char *text, size_t len,
+                          const kvp_turn_opts *o)
+{
+    start_turn(c, text, len, o);
+}
+
 /* s holds exactly msgs[0..n) and is free to take a turn. A parked session's texts are on
  * disk: its hash and count stand for them. Messages dropped from a bounded history
  * (max_history_tokens) are known by the hash alone: such a session is continued only when

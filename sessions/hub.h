@@ -159,6 +159,10 @@ typedef struct kvp_turn_opts {
     struct kvp_grammar *grammar;
 } kvp_turn_opts;
 
+/* kvp_hub_message with the turn's options (kvp_turn_opts, below). */
+void kvp_hub_message_opts(kvp_hub_client *c, const char *text, size_t len,
+                          const struct kvp_turn_opts *o);
+
 /* A stateless request (an OpenAI-style API): system (len 0: none) and msgs[0..n) are the
  * whole conversation, its last message the user's new one. The hub continues the idle
  * session whose system text is `system` and whose transcript is exactly msgs[0..n-1)
