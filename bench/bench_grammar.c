@@ -7,7 +7,8 @@
  * every kind of state (structure, strings, numbers, whitespace), document after document.
  * Prints medians (and the 90th percentile) in microseconds, the ratios, and the load.
  *
- *   bench_grammar MODEL.gguf [--reps N] [--decode N]   (scripts/bench.sh --grammar) */
+ *   bench_grammar MODEL.gguf [--reps N] [--decode N] [--schema FILE]
+ *   (scripts/bench.sh --grammar; --schema: another schema than the built-in one) */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,13 +52,15 @@ static void random_logits(float *l, int n, uint64_t *rng)
 
 int main(int argc, char **argv)
 {
-    const char *path = NULL;
+    const char *path = NULL, *schema_file = NULL;
     int reps = 8, decode_n = 16, mask_n = 64;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--reps") && i + 1 < argc)
             reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--decode") && i + 1 < argc)
             decode_n = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--schema") && i + 1 < argc)
+            schema_file = argv[++i];
         else if (argv[i][0] != '-')
             path = argv[i];
         else {
@@ -88,7 +91,12 @@ int main(int argc, char **argv)
         tr.vocab_size = vocab;
     tr.n_end = 1;
     tr.end_tok[0] = m.tok.eos_id >= 0 ? m.tok.eos_id : 0;
-    json_t *sj = json_loads(schema_text, 0, NULL);
+    json_error_t je;
+    json_t *sj = schema_file ? json_load_file(schema_file, 0, &je) : json_loads(schema_text, 0, &je);
+    if (!sj) {
+        fprintf(stderr, "bench_grammar: %s: %s\n", schema_file ? schema_file : "schema", je.text);
+        return 1;
+    }
     t0 = kvp_now();
     kvp_grammar *g = kvp_schema_compile(sj, err, sizeof err);
     double compile_ms = (kvp_now() - t0) * 1e3;
@@ -121,6 +129,7 @@ int main(int argc, char **argv)
     kvp_gmatch gm;
     kvp_gmatch_init(&gm, g);
     int docs = 0, n_m = 0, n_d = 0, n_s = 0, pos = 0;
+    long cut = 0;
     long allowed_sum = 0;
     for (int i = 0; i < 4; i++) {   /* warm-up: weights faulted in */
         int tok = 3 + i;
@@ -142,6 +151,7 @@ int main(int argc, char **argv)
             tm[n_m++] = (kvp_now() - a) * 1e6;
             allowed_sum += n;
             if (end || n <= 0) {   /* the document is done: the next one */
+                cut += gm.cut_walks;
                 kvp_gmatch_free(&gm);
                 kvp_gmatch_init(&gm, g);
                 docs++;
@@ -167,6 +177,7 @@ int main(int argc, char **argv)
             ts[n_s++] = (kvp_now() - a) * 1e6;
         }
     }
+    cut += gm.cut_walks;
     double mean = 0;
     for (int i = 0; i < n_m; i++)
         mean += tm[i] / n_m;
@@ -176,8 +187,9 @@ int main(int argc, char **argv)
     if (getloadavg(la, 3) < 0)
         la[0] = -1;
     printf("constrained step (mask + -inf + accept): median %.1f us, p90 %.1f us, mean %.1f us, "
-           "over %d steps (%d documents finished, %.0f tokens allowed per step on average)\n",
-           m50, m90, mean, n_m, docs, (double)allowed_sum / n_m);
+           "over %d steps (%d documents finished, %.0f tokens allowed per step on average, "
+           "%ld walks cut by the budget)\n", m50, m90, mean, n_m, docs,
+           (double)allowed_sum / n_m, cut);
     printf("decode step of %s: median %.1f us over %d steps\n", path, d50, n_d);
     printf("plain sampler (kvp_sample, T 1): median %.1f us over %d draws\n", s50, n_s);
     printf("mask / decode step: median %.3f, mean %.3f; mask / sampler: median %.2f\n",

@@ -496,9 +496,17 @@ int kvp_gmatch_closed(const kvp_gmatch *m)
     return m->cur.n == 0;
 }
 
+/* Marks the tokens of node i. */
+static void mark(const kvp_vocab_trie *tr, int i, uint32_t *mask)
+{
+    for (int32_t k = tr->off[i]; k < tr->off[i + 1]; k++)
+        mask[tr->tok[k] >> 5] |= 1u << (tr->tok[k] & 31);
+}
+
 int kvp_gmatch_mask(kvp_gmatch *m, const kvp_vocab_trie *tr, uint32_t *mask)
 {
-    memset(mask, 0, ((size_t)tr->vocab_size + 31) / 32 * sizeof *mask);
+    size_t words = ((size_t)tr->vocab_size + 31) / 32;
+    memset(mask, 0, words * sizeof *mask);
     if (m->n_level < tr->max_len + 1) {
         kvp_gset *l = realloc(m->level, ((size_t)tr->max_len + 1) * sizeof *l);
         if (!l)
@@ -506,35 +514,50 @@ int kvp_gmatch_mask(kvp_gmatch *m, const kvp_vocab_trie *tr, uint32_t *mask)
         m->level = l;
         m->n_level = tr->max_len + 1;
     }
-    int mark = m->n_frames, allowed = 0;
+    int mark_frames = m->n_frames;
     m->level[0] = m->cur;
+    /* First the one-byte tokens (the root's children), so a walk cut short by the
+     * budget still offers every byte that may come next. */
+    for (int i = 0; i < tr->n_nodes; i = tr->skip[i]) {
+        if (step(m, &m->level[0], tr->byte[i], &m->level[1]) < 0) {
+            m->n_frames = mark_frames;
+            return -ENOMEM;
+        }
+        if (m->level[1].n || m->level[1].complete)
+            mark(tr, i, mask);
+    }
+    m->n_frames = mark_frames;
+    /* Then the whole trie, each subtree left at the first byte the grammar refuses. */
+    long work = 0;
     for (int i = 0; i < tr->n_nodes;) {
         int d = tr->depth[i];
         kvp_gset *out = &m->level[d];
+        work += m->level[d - 1].n;
+        if (work > KVP_GRAMMAR_MASK_BUDGET) {
+            m->cut_walks++;
+            break;
+        }
         if (step(m, &m->level[d - 1], tr->byte[i], out) < 0) {
-            m->n_frames = mark;
+            m->n_frames = mark_frames;
             return -ENOMEM;
         }
         if (out->n == 0 && !out->complete) {
             i = tr->skip[i];
             continue;
         }
-        for (int32_t k = tr->off[i]; k < tr->off[i + 1]; k++) {
-            int id = tr->tok[k];
-            mask[id >> 5] |= 1u << (id & 31);
-            allowed++;
-        }
+        mark(tr, i, mask);
         i = out->n ? i + 1 : tr->skip[i];
     }
-    m->n_frames = mark;   /* the walk's frames are garbage now */
+    m->n_frames = mark_frames;   /* the walk's frames are garbage now */
     if (m->cur.complete)
         for (int k = 0; k < tr->n_end; k++) {
             int id = tr->end_tok[k];
-            if (id >= 0 && id < tr->vocab_size && !(mask[id >> 5] & (1u << (id & 31)))) {
+            if (id >= 0 && id < tr->vocab_size)
                 mask[id >> 5] |= 1u << (id & 31);
-                allowed++;
-            }
         }
+    int allowed = 0;
+    for (size_t w = 0; w < words; w++)
+        allowed += __builtin_popcount(mask[w]);
     return allowed;
 }
 

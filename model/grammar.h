@@ -19,6 +19,10 @@
 #define KVP_GRAMMAR_MAX_STATES (1 << 20)   /* a grammar larger than this is refused */
 #define KVP_GRAMMAR_MAX_DEPTH 256          /* return states on one thread's stack */
 #define KVP_GRAMMAR_MAX_THREADS 128        /* threads the matcher follows at once */
+/* Thread steps one mask may take (a plain walk of Qwen's trie takes about 0.3 M): a
+ * grammar so ambiguous that many threads live at once has its walk cut there, offering
+ * the tokens found so far (all valid) and every one-byte token that is. */
+#define KVP_GRAMMAR_MASK_BUDGET 600000L
 
 typedef struct kvp_grammar kvp_grammar;
 
@@ -66,6 +70,7 @@ typedef struct kvp_gmatch {
     kvp_gset *level;     /* the trie walk's sets, one per depth (max piece length + 1) */
     int n_level;
     void *scratch;       /* the closure's work list and visit marks (grammar.c) */
+    long cut_walks;      /* masks the budget cut short */
 } kvp_gmatch;
 
 /* At the document's start. 0 or -ENOMEM. */
@@ -99,7 +104,8 @@ int kvp_vocab_trie_build(kvp_vocab_trie *tr, const kvp_tokenizer *t);
 void kvp_vocab_trie_free(kvp_vocab_trie *tr);
 
 /* The tokens that may come next into mask (vocab_size bits, all written): those whose
- * bytes continue a document, and the trie's end tokens only when the document is whole.
+ * bytes continue a document (all of them unless the walk passes
+ * KVP_GRAMMAR_MASK_BUDGET), and the trie's end tokens only when the document is whole.
  * Returns how many are allowed (0: none; the caller ends the reply), or -ENOMEM. */
 int kvp_gmatch_mask(kvp_gmatch *m, const kvp_vocab_trie *tr, uint32_t *mask);
 /* Sets the logits of the tokens mask leaves out to -inf. */

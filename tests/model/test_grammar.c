@@ -215,3 +215,41 @@ Test(grammar, trie_holds_every_text_token_once, .init = load, .fini = unload)
         cr_expect_leq(seen[id], 1);
     free(seen);
 }
+
+Test(grammar, an_ambiguous_grammar_has_its_walk_cut_with_valid_tokens, .init = load, .fini = unload)
+{
+    /* 60 string schemas alive at once inside a string: the walk passes the budget */
+    char s[8192];
+    size_t n = (size_t)snprintf(s, sizeof s, "{\"anyOf\":[");
+    for (int i = 1; i <= 60; i++)
+        n += (size_t)snprintf(s + n, sizeof s - n, "%s{\"type\":\"string\",\"maxLength\":%d}",
+                              i > 1 ? "," : "", 40 + i);
+    snprintf(s + n, sizeof s - n, "]}");
+    json_t *js = json_loads(s, 0, NULL);
+    char err[256];
+    kvp_grammar *g = kvp_schema_compile(js, err, sizeof err);
+    json_decref(js);
+    cr_assert(g, "%s", err);
+    uint32_t *mask = calloc((32000 + 31) / 32, sizeof *mask);
+    kvp_gmatch m;
+    cr_assert_eq(kvp_gmatch_init(&m, g), 0);
+    cr_assert_eq(kvp_gmatch_accept(&m, "\"a", 2), 0);
+    int allowed = kvp_gmatch_mask(&m, &trie, mask);
+    cr_expect_eq(m.cut_walks, 1);
+    cr_expect_gt(allowed, 100);
+    for (int id = 0; id < 32000; id++)
+        if ((mask[id >> 5] >> (id & 31)) & 1)
+            cr_expect(brute(g, "\"a", id), "token %d '%s' is not valid", id, tok.pieces[id]);
+    /* every one-byte token that may follow is there, the closing quote first of all */
+    int q = kvp_tokenizer_lookup(&tok, "\"", 1);
+    cr_assert_geq(q, 0);
+    cr_expect((mask[q >> 5] >> (q & 31)) & 1);
+    for (int b = 0x20; b < 0x7F; b++) {
+        int id = tok.byte_token[b];
+        if (id >= 0)
+            cr_expect_eq((mask[id >> 5] >> (id & 31)) & 1, brute(g, "\"a", id), "byte %02x", b);
+    }
+    kvp_gmatch_free(&m);
+    free(mask);
+    kvp_grammar_unref(g);
+}
