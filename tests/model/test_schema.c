@@ -279,3 +279,98 @@ Test(schema, calls)
     kvp_grammar_unref(g);
     json_decref(p1);
 }
+
+/* ---- random schemas: whatever compiles writes only JSON ---- */
+
+static uint64_t rng_state = 88172645463325252ull;
+
+static unsigned rnd(unsigned n)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (unsigned)(rng_state % n);
+}
+
+static json_t *random_schema(int depth)
+{
+    static const char *const types[] = {"string", "integer", "number", "boolean", "null",
+                                        "object", "array"};
+    int k = (int)rnd(depth > 3 ? 5 : 10);
+    switch (k) {
+    case 0: return json_pack("{s:s, s:i}", "type", "string", "maxLength", (int)rnd(6));
+    case 1: return json_pack("{s:s, s:i, s:i}", "type", "integer", "minimum", (int)rnd(30) - 15,
+                             "maximum", 15 + (int)rnd(300));
+    case 2: return json_pack("{s:[s, i, n]}", "enum", "a\"b", (int)rnd(9));
+    case 3: return json_pack("{s:s, s:s}", "type", "string", "pattern", rnd(2) ? "^[a-c]+x?$" : "d|e");
+    case 4: return json_pack("{s:s}", "type", types[rnd(7)]);
+    case 5: {
+        json_t *p = json_object();
+        int n = 1 + (int)rnd(3);
+        json_t *req = json_array();
+        for (int i = 0; i < n; i++) {
+            char key[8];
+            snprintf(key, sizeof key, "k%d", i);
+            json_object_set_new(p, key, random_schema(depth + 1));
+            if (rnd(2))
+                json_array_append_new(req, json_string(key));
+        }
+        return json_pack("{s:s, s:o, s:o, s:b}", "type", "object", "properties", p, "required",
+                         req, "additionalProperties", 0);
+    }
+    case 6: return json_pack("{s:s, s:o, s:i}", "type", "array", "items", random_schema(depth + 1),
+                             "maxItems", (int)rnd(4));
+    case 7: return json_pack("{s:[o, o]}", "anyOf", random_schema(depth + 1),
+                             random_schema(depth + 1));
+    case 8: return json_pack("{s:s, s:i, s:i}", "type", "number", "minimum", -(int)rnd(3),
+                             "exclusiveMaximum", 1 + (int)rnd(3));
+    default: return json_pack("{s:[s, s], s:i}", "type", "string", "null", "maxLength", 2);
+    }
+}
+
+Test(schema, random_schemas_write_only_json)
+{
+    static const char bytes[] = "{}[],:\" \n\tabcdexk0123456789-.eE+tfrunl\\/\x01\xc3\xa9";
+    int compiled = 0, documents = 0;
+    for (int round = 0; round < 300; round++) {
+        json_t *s = random_schema(0);
+        char err[256];
+        kvp_grammar *g = kvp_schema_compile(s, err, sizeof err);
+        json_decref(s);
+        if (!g)
+            continue;
+        compiled++;
+        kvp_gmatch m;
+        cr_assert_eq(kvp_gmatch_init(&m, g), 0);
+        char doc[512];
+        size_t len = 0;
+        while (len < sizeof doc - 1 && !kvp_gmatch_closed(&m)) {
+            if (kvp_gmatch_complete(&m) && rnd(4) == 0)
+                break;
+            int took = 0;
+            for (int tries = 0; tries < 64 && !took; tries++) {
+                char b = bytes[rnd(sizeof bytes - 1)];
+                int before = kvp_gmatch_complete(&m);
+                if (kvp_gmatch_accept(&m, &b, 1) == 0) {
+                    doc[len++] = b;
+                    took = 1;
+                } else
+                    cr_assert_eq(kvp_gmatch_complete(&m), before, "a refusal changed the state");
+            }
+            if (!took)
+                break;
+        }
+        doc[len] = '\0';
+        if (kvp_gmatch_complete(&m)) {
+            json_error_t je;
+            json_t *v = json_loadb(doc, len, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
+            cr_expect(v, "not JSON (%s): %s", je.text, doc);
+            json_decref(v);
+            documents++;
+        }
+        kvp_gmatch_free(&m);
+        kvp_grammar_unref(g);
+    }
+    cr_expect_gt(compiled, 200);
+    cr_expect_gt(documents, 100);
+}
