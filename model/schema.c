@@ -625,70 +625,105 @@ kvp_grammar *kvp_schema_any_object(char *err, size_t errlen)
     return g;
 }
 
-kvp_grammar *kvp_schema_compile_calls(const kvp_schema_fn *fns, int n, const char *prefix,
-                                      const char *suffix, char *err, size_t errlen)
+/* The rule `prefix CALL suffix` for one of fns[0..n) into *out; 1 when made. */
+static int calls_rule(sc *c, const kvp_schema_fn *fns, int n, const char *prefix,
+                      const char *suffix, int *out)
 {
-    sc c;
-    sc_init(&c, NULL, err, errlen);
-    int start = c.b ? sc_state(&c) : -1, end = c.b ? sc_state(&c) : -1, body_s = -1,
+    char *err = c->err;
+    size_t errlen = c->errlen;
+    int start = c->b ? sc_state(c) : -1, end = c->b ? sc_state(c) : -1, body_s = -1,
         after = -1;
     int ok = end >= 0 && n > 0;
     if (n <= 0)
         snprintf(err, errlen, "no function to call");
     if (ok) {
-        body_s = sc_state(&c);
-        after = sc_state(&c);
-        kvp_gbuild_end(c.b, end);
+        body_s = sc_state(c);
+        after = sc_state(c);
+        kvp_gbuild_end(c->b, end);
         ok = after >= 0 &&
-             sc_literal(&c, start, body_s, prefix ? prefix : "", prefix ? strlen(prefix) : 0) == 0 &&
-             sc_literal(&c, after, end, suffix ? suffix : "", suffix ? strlen(suffix) : 0) == 0;
+             sc_literal(c, start, body_s, prefix ? prefix : "", prefix ? strlen(prefix) : 0) == 0 &&
+             sc_literal(c, after, end, suffix ? suffix : "", suffix ? strlen(suffix) : 0) == 0;
     }
     for (int i = 0; ok && i < n; i++) {
         const json_t *params = fns[i].parameters;
         json_t *any = params ? NULL : json_pack("{s:s}", "type", "object");
-        c.root = params ? params : any;
-        snprintf(c.path, sizeof c.path, "/%s", fns[i].name ? fns[i].name : "?");
+        c->root = params ? params : any;
+        snprintf(c->path, sizeof c->path, "/%s", fns[i].name ? fns[i].name : "?");
         int s[12];
         for (int k = 0; k < 12 && ok; k++)
-            ok = (s[k] = sc_state(&c)) >= 0;
+            ok = (s[k] = sc_state(c)) >= 0;
         json_t *name = json_string(fns[i].name ? fns[i].name : "");
-        ok = ok && name && c.root && size_ok(&c, c.root) == 0;
+        ok = ok && name && c->root && size_ok(c, c->root) == 0;
         if (ok) {
             /* { "name" : NAME , "arguments" : ARGS } */
-            kvp_gbuild_range(c.b, body_s, '{', '{', s[0]);
-            sc_ws(&c, s[0], s[1]);
-            ok = sc_literal(&c, s[1], s[2], "\"name\"", 6) == 0;
-            sc_ws(&c, s[2], s[3]);
-            kvp_gbuild_range(c.b, s[3], ':', ':', s[4]);
-            sc_ws(&c, s[4], s[5]);
-            ok = ok && value_literal(&c, name, s[5], s[6]) == 0;
-            sc_ws(&c, s[6], s[7]);
-            kvp_gbuild_range(c.b, s[7], ',', ',', s[8]);
-            sc_ws(&c, s[8], s[9]);
-            ok = ok && sc_literal(&c, s[9], s[10], "\"arguments\"", 11) == 0;
-            int s11 = sc_state(&c), s12 = sc_state(&c), s13 = sc_state(&c), rs;
+            kvp_gbuild_range(c->b, body_s, '{', '{', s[0]);
+            sc_ws(c, s[0], s[1]);
+            ok = sc_literal(c, s[1], s[2], "\"name\"", 6) == 0;
+            sc_ws(c, s[2], s[3]);
+            kvp_gbuild_range(c->b, s[3], ':', ':', s[4]);
+            sc_ws(c, s[4], s[5]);
+            ok = ok && value_literal(c, name, s[5], s[6]) == 0;
+            sc_ws(c, s[6], s[7]);
+            kvp_gbuild_range(c->b, s[7], ',', ',', s[8]);
+            sc_ws(c, s[8], s[9]);
+            ok = ok && sc_literal(c, s[9], s[10], "\"arguments\"", 11) == 0;
+            int s11 = sc_state(c), s12 = sc_state(c), s13 = sc_state(c), rs;
             ok = ok && s13 >= 0;
             if (ok) {
-                sc_ws(&c, s[10], s[11]);
-                kvp_gbuild_range(c.b, s[11], ':', ':', s11);
-                sc_ws(&c, s11, s12);
-                ok = rule(&c, c.root, &rs) == 0;
+                sc_ws(c, s[10], s[11]);
+                kvp_gbuild_range(c->b, s[11], ':', ':', s11);
+                sc_ws(c, s11, s12);
+                ok = rule(c, c->root, &rs) == 0;
             }
             if (ok) {
-                kvp_gbuild_call(c.b, s12, rs, s13);
-                int s14 = sc_state(&c);
+                kvp_gbuild_call(c->b, s12, rs, s13);
+                int s14 = sc_state(c);
                 ok = s14 >= 0;
                 if (ok) {
-                    sc_ws(&c, s13, s14);
-                    kvp_gbuild_range(c.b, s14, '}', '}', after);
+                    sc_ws(c, s13, s14);
+                    kvp_gbuild_range(c->b, s14, '}', '}', after);
                 }
             }
         }
         json_decref(name);
         json_decref(any);   /* its rule's memo entry is dropped below: nodes may repeat */
-        for (int r = 0; r < c.n_rules; r++)
-            if (c.rules[r].node == any)
-                c.rules[r].node = NULL;
+        for (int r = 0; r < c->n_rules; r++)
+            if (c->rules[r].node == any)
+                c->rules[r].node = NULL;
     }
-    return sc_done(&c, start, ok && !err[0]);
+    *out = start;
+    return ok && !err[0];
+}
+
+kvp_grammar *kvp_schema_compile_call_list(const kvp_schema_fn *fns, int n, const char *prefix,
+                                          const char *suffix, const char *between,
+                                          int max_calls, char *err, size_t errlen)
+{
+    sc c;
+    sc_init(&c, NULL, err, errlen);
+    int call = -1, root = -1;
+    int ok = c.b && calls_rule(&c, fns, n, prefix, suffix, &call);
+    if (ok && (max_calls < 1 || max_calls > 64)) {
+        snprintf(err, errlen, "max_calls must be 1 to 64");
+        ok = 0;
+    }
+    ok = ok && (root = sc_state(&c)) >= 0;
+    for (int k = 1, at = root; ok && k <= max_calls; k++) {
+        int after = sc_state(&c), next = sc_state(&c);
+        if (!(ok = next >= 0))
+            break;
+        kvp_gbuild_call(c.b, at, call, after);
+        kvp_gbuild_end(c.b, after);
+        if (k < max_calls)
+            ok = sc_literal(&c, after, next, between ? between : "",
+                            between ? strlen(between) : 0) == 0;
+        at = next;
+    }
+    return sc_done(&c, root, ok && !err[0]);
+}
+
+kvp_grammar *kvp_schema_compile_calls(const kvp_schema_fn *fns, int n, const char *prefix,
+                                      const char *suffix, char *err, size_t errlen)
+{
+    return kvp_schema_compile_call_list(fns, n, prefix, suffix, NULL, 1, err, errlen);
 }

@@ -53,5 +53,10 @@ typedef struct kvp_schema_fn {
  * `tool_choice: required` the list of all. NULL with err as kvp_schema_compile. */
 kvp_grammar *kvp_schema_compile_calls(const kvp_schema_fn *fns, int n, const char *prefix,
                                       const char *suffix, char *err, size_t errlen);
+/* One to max_calls (at most 64) such calls, `between` (NULL: nothing) written between
+ * two: parallel tool calls, e.g. between "\n". */
+kvp_grammar *kvp_schema_compile_call_list(const kvp_schema_fn *fns, int n, const char *prefix,
+                                          const char *suffix, const char *between,
+                                          int max_calls, char *err, size_t errlen);
 
 #endif

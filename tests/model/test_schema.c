@@ -277,6 +277,30 @@ Test(schema, calls)
     cr_expect(!whole(g, "<tool_call>\n{\"name\":\"other\",\"arguments\":{}}\n</tool_call>"));
     cr_expect(!whole(g, "{\"name\":\"time\",\"arguments\":{}}"));
     kvp_grammar_unref(g);
+    /* parallel calls: one to three, a newline between */
+    g = kvp_schema_compile_call_list(fns, 2, "<tool_call>\n", "\n</tool_call>", "\n", 3, err,
+                                     sizeof err);
+    cr_assert(g, "%s", err);
+    const char *one = "<tool_call>\n{\"name\":\"time\",\"arguments\":{}}\n</tool_call>";
+    char doc[1024];
+    cr_expect(whole(g, one));
+    snprintf(doc, sizeof doc, "%s\n%s", one, one);
+    cr_expect(whole(g, doc));
+    snprintf(doc, sizeof doc, "%s\n%s\n%s", one, one, one);
+    cr_expect(whole(g, doc));
+    snprintf(doc, sizeof doc, "%s\n%s\n%s\n%s", one, one, one, one);
+    cr_expect(!whole(g, doc));
+    snprintf(doc, sizeof doc, "%s%s", one, one);
+    cr_expect(!whole(g, doc));
+    kvp_grammar_unref(g);
+    cr_expect_null(kvp_schema_compile_call_list(fns, 2, NULL, NULL, NULL, 0, err, sizeof err));
+    cr_expect_null(kvp_schema_compile_calls(fns, 0, NULL, NULL, err, sizeof err));
+    json_t *badp = json_loads("{\"type\":\"object\",\"properties\":{\"a\":{\"format\":\"x\"}}}",
+                              0, NULL);
+    kvp_schema_fn bad[] = {{"f", badp}};
+    cr_expect_null(kvp_schema_compile_calls(bad, 1, NULL, NULL, err, sizeof err));
+    cr_expect(strstr(err, "format is not supported at /f/properties/a"), "%s", err);
+    json_decref(badp);
     json_decref(p1);
 }
 
