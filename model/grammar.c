@@ -147,11 +147,61 @@ int kvp_gbuild_literal(kvp_gbuild *b, int from, const char *s, size_t len)
     return b->failed ? -1 : at;
 }
 
-kvp_grammar *kvp_grammar_finish(kvp_gbuild *b, int root)
+/* Drops the arcs into states from which no rule end can be reached (a branch that could
+ * never be finished, such as a property required to hold itself): a matcher then never
+ * enters a path without a way out. 0, -ENOMEM, or -ENOENT when the root has no finite
+ * document at all. */
+static int prune(kvp_grammar *g)
+{
+    uint8_t *prod = calloc((size_t)g->n_states, 1);
+    if (!prod)
+        return -ENOMEM;
+    for (int s = 0; s < g->n_states; s++)
+        prod[s] = (g->flags[s] & ST_END) != 0;
+    /* Paths are mostly built toward higher state numbers: passes from the top converge in
+     * a few; a state still open after the last pass is taken as unproductive (safe: its
+     * documents are dropped, never invented). */
+    for (int pass = 0, changed = 1; changed && pass < 256; pass++) {
+        changed = 0;
+        for (int s = g->n_states - 1; s >= 0; s--) {
+            if (prod[s])
+                continue;
+            for (int32_t a = g->arc_off[s]; a < g->arc_off[s + 1]; a++) {
+                const garc *arc = &g->arcs[a];
+                if (prod[arc->to] && (arc->kind != ARC_CALL || prod[arc->call])) {
+                    prod[s] = changed = 1;
+                    break;
+                }
+            }
+        }
+    }
+    int32_t k = 0;
+    for (int s = 0; s < g->n_states; s++) {
+        int32_t from = g->arc_off[s], to = g->arc_off[s + 1];
+        g->arc_off[s] = k;
+        g->flags[s] &= (uint8_t)~ST_BYTES;
+        for (int32_t a = from; a < to; a++) {
+            const garc *arc = &g->arcs[a];
+            if (!prod[s] || !prod[arc->to] || (arc->kind == ARC_CALL && !prod[arc->call]))
+                continue;
+            if (arc->kind == ARC_RANGE)
+                g->flags[s] |= ST_BYTES;
+            g->arcs[k++] = *arc;
+        }
+    }
+    g->arc_off[g->n_states] = k;
+    int ok = prod[g->root];
+    free(prod);
+    return ok ? 0 : -ENOENT;
+}
+
+kvp_grammar *kvp_grammar_finish(kvp_gbuild *b, int root, int *rc)
 {
     kvp_grammar *g = NULL;
+    *rc = b->failed ? b->failed : -EINVAL;
     if (b->failed || root < 0 || root >= b->n_states)
         goto out;
+    *rc = -ENOMEM;
     g = calloc(1, sizeof *g);
     if (!g)
         goto out;
@@ -184,6 +234,11 @@ kvp_grammar *kvp_grammar_finish(kvp_gbuild *b, int root)
     for (size_t i = 0; i < b->n_arcs; i++)
         g->arcs[fill[b->arcs[i].from]++] = b->arcs[i].a;
     free(fill);
+    if ((*rc = prune(g)) < 0) {
+        kvp_grammar_unref(g);
+        g = NULL;
+        goto out;
+    }
     for (int s = 0; s < g->n_states; s++) {
         int plain = (g->flags[s] & (ST_BYTES | ST_END)) == ST_BYTES;
         for (int32_t a = g->arc_off[s]; a < g->arc_off[s + 1] && plain; a++)

@@ -43,8 +43,10 @@ void kvp_gbuild_end(kvp_gbuild *b, int state);                 /* the rule may e
 int kvp_gbuild_literal(kvp_gbuild *b, int from, const char *s, size_t len);
 int kvp_gbuild_failed(const kvp_gbuild *b);   /* -ENOMEM, -E2BIG (too many states) or 0 */
 int kvp_gbuild_count(const kvp_gbuild *b);    /* states made */
-/* The grammar whose documents are the root rule's (root: a start state); frees b. */
-kvp_grammar *kvp_grammar_finish(kvp_gbuild *b, int root);
+/* The grammar whose documents are the root rule's (root: a start state); frees b. Paths
+ * that can never end are dropped. NULL with *rc: the builder's failure, -ENOMEM, or
+ * -ENOENT when no document is finite. */
+kvp_grammar *kvp_grammar_finish(kvp_gbuild *b, int root, int *rc);
 
 kvp_grammar *kvp_grammar_ref(kvp_grammar *g);
 void kvp_grammar_unref(kvp_grammar *g);   /* NULL is fine */

@@ -589,9 +589,11 @@ static kvp_grammar *sc_done(sc *c, int start, int ok)
         kvp_gbuild_free(c->b);
         return NULL;
     }
-    kvp_grammar *g = kvp_grammar_finish(c->b, start);
+    int rc;
+    kvp_grammar *g = kvp_grammar_finish(c->b, start, &rc);
     if (!g)
-        snprintf(c->err, c->errlen, "out of memory");
+        snprintf(c->err, c->errlen, rc == -ENOENT ? "the schema has no finite document (a "
+                 "required property that must hold itself, at any depth)" : "out of memory");
     return g;
 }
 

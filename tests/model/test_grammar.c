@@ -20,9 +20,41 @@ static kvp_grammar *parens(void)
     kvp_gbuild_range(b, s, '(', '(', open);
     kvp_gbuild_call(b, open, s, open);
     kvp_gbuild_range(b, open, ')', ')', end);
-    kvp_grammar *g = kvp_grammar_finish(b, s);
+    int rc;
+    kvp_grammar *g = kvp_grammar_finish(b, s, &rc);
     cr_assert(g);
     return g;
+}
+
+static int whole(kvp_grammar *g, const char *doc);
+
+Test(grammar, paths_that_never_end_are_dropped)
+{
+    /* S = "a" S | "b" | "c" T, T = "d" T (T never ends) */
+    kvp_gbuild *b = kvp_gbuild_new();
+    int s = kvp_gbuild_state(b), end = kvp_gbuild_state(b), a = kvp_gbuild_state(b),
+        t = kvp_gbuild_state(b);
+    kvp_gbuild_end(b, end);
+    kvp_gbuild_range(b, s, 'a', 'a', a);
+    kvp_gbuild_call(b, a, s, end);
+    kvp_gbuild_range(b, s, 'b', 'b', end);
+    kvp_gbuild_range(b, s, 'c', 'c', t);
+    kvp_gbuild_range(b, t, 'd', 'd', t);
+    int rc;
+    kvp_grammar *g = kvp_grammar_finish(b, s, &rc);
+    cr_assert(g);
+    cr_expect(whole(g, "aab"));
+    kvp_gmatch m;
+    cr_assert_eq(kvp_gmatch_init(&m, g), 0);
+    cr_expect_eq(kvp_gmatch_accept(&m, "c", 1), -EINVAL);
+    kvp_gmatch_free(&m);
+    kvp_grammar_unref(g);
+    /* only the endless path: no document */
+    b = kvp_gbuild_new();
+    s = kvp_gbuild_state(b);
+    kvp_gbuild_range(b, s, 'd', 'd', s);
+    cr_expect_null(kvp_grammar_finish(b, s, &rc));
+    cr_expect_eq(rc, -ENOENT);
 }
 
 static int whole(kvp_grammar *g, const char *doc)

@@ -1,6 +1,7 @@
 /* model/schema.c: schemas compiled to grammars accept the documents that validate and
  * refuse the others; hostile schemas get an error naming the keyword or the limit. */
 #include <criterion/criterion.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -173,6 +174,20 @@ Test(schema, refs_and_recursion)
                      "$ref"));
     cr_expect(strstr(refuse("{\"anyOf\":[{\"$ref\":\"#\"},{\"type\":\"null\"}]}"), "$ref"));
     cr_expect(strstr(refuse("{\"$ref\":\"#/$defs/missing\"}"), "$ref"));
+    /* a required property that must hold the object itself: no finite document */
+    cr_expect(strstr(refuse("{\"type\":\"object\",\"properties\":{\"x\":{\"$ref\":\"#\"}},"
+                            "\"required\":[\"x\"]}"), "no finite document"));
+    /* optional, it is fine, and the endless branch of an anyOf is dropped */
+    check("{\"type\":\"object\",\"properties\":{\"x\":{\"$ref\":\"#\"}}}",
+          L("{}", "{\"x\":{\"x\":{}}}"), L("{\"x\":1}"));
+    kvp_grammar *g = compile("{\"anyOf\":[{\"type\":\"null\"},{\"type\":\"array\",\"items\":"
+                             "{\"$ref\":\"#/anyOf/1\"},\"minItems\":1}]}");
+    cr_expect(whole(g, "null"));
+    kvp_gmatch m;
+    cr_assert_eq(kvp_gmatch_init(&m, g), 0);
+    cr_expect_eq(kvp_gmatch_accept(&m, "[", 1), -EINVAL, "the endless branch is not offered");
+    kvp_gmatch_free(&m);
+    kvp_grammar_unref(g);
     cr_expect(strstr(refuse("{\"$ref\":\"http://example.com/s.json\"}"), "$ref"));
 }
 
