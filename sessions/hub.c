@@ -12,6 +12,7 @@
 
 #include "base/fileio.h"
 #include "base/log.h"
+#include "model/grammar.h"
 #include "policy/kvp_agent.h"
 #include "sessions/hub_impl.h"
 #include "sessions/residency.h"
@@ -356,6 +357,21 @@ void kvp_hub_open(kvp_hub_client *c, const char *id, const char *system, size_t 
     emit_session(c, 1);
 }
 
+/* The turn's reply follows g; the vocabulary's trie is made for the first such turn. */
+static int start_grammar(kvp_hub *h, kvp_session *s, kvp_grammar *g)
+{
+    if (!h->trie) {
+        kvp_vocab_trie *tr = calloc(1, sizeof *tr);
+        if (!tr || kvp_session_trie_build(tr, &h->env) < 0) {
+            free(tr);
+            return -ENOMEM;
+        }
+        h->trie = tr;
+        h->env.trie = tr;
+    }
+    return kvp_session_turn_grammar(s, g);
+}
+
 /* Arms and queues a turn on the client's session (made first when it has none). */
 static void start_turn(kvp_hub_client *c, const char *text, size_t len, const kvp_turn_opts *o)
 {
@@ -413,6 +429,10 @@ static void start_turn(kvp_hub_client *c, const char *text, size_t len, const kv
         emit_error(c, KVPD_E_INTERNAL, "out of memory");
         return;
     }
+    if (o->grammar && start_grammar(h, s, o->grammar) < 0) {
+        emit_error(c, KVPD_E_INTERNAL, "out of memory");
+        return;
+    }
     if (o->has_top_p)
         s->turn.top_p = o->top_p;
     s->turn.has_seed = o->has_seed;
@@ -431,6 +451,12 @@ void kvp_hub_message(kvp_hub_client *c, const char *text, size_t len, int max_to
     kvp_turn_opts o = {.max_tokens = max_tokens, .has_temperature = has_temperature,
                        .temperature = temperature};
     start_turn(c, text, len, &o);
+}
+
+void kvp_hub_message_opts(kvp_hub_client *c, const char *text, size_t len,
+                          const kvp_turn_opts *o)
+{
+    start_turn(c, text, len, o);
 }
 
 /* s holds exactly msgs[0..n) and is free to take a turn. A parked session's texts are on
@@ -480,6 +506,7 @@ static void pending_free(kvp_hub_pending *p)
     for (int i = 0; i < KVP_HUB_MAX_STOPS; i++)
         free(p->stops[i]);
     free(p->bias);
+    kvp_grammar_unref(p->o.grammar);
     free(p);
 }
 
@@ -501,6 +528,7 @@ static kvp_hub_pending *pending_new(uint64_t hash, const char *system, size_t sy
         goto oom;
     p->hash = hash;
     p->o = *o;
+    kvp_grammar_ref(p->o.grammar);
     if (system_len && !(p->system = copy_bytes(system, system_len)))
         goto oom;
     p->system_len = system_len;
@@ -1087,6 +1115,10 @@ void kvp_hub_free(kvp_hub *h)
     kvp_policy_conf_unref(h->pconf);
     kvp_hub_storage_close(h->storage);
     kvp_template_free(&h->env.tpl);
+    if (h->trie) {
+        kvp_vocab_trie_free(h->trie);
+        free(h->trie);
+    }
     free(h);
 }
 

@@ -153,7 +153,15 @@ typedef struct kvp_turn_opts {
     const char *stop[KVP_HUB_MAX_STOPS];
     size_t stop_len[KVP_HUB_MAX_STOPS];
     int n_stop;
+    /* Structured output (model/schema.h; borrowed for the call, the hub takes its own
+     * reference): the reply is one of the grammar's documents, ending with a stop token
+     * once it is whole. NULL: unconstrained. */
+    struct kvp_grammar *grammar;
 } kvp_turn_opts;
+
+/* kvp_hub_message with the turn's options (kvp_turn_opts, below). */
+void kvp_hub_message_opts(kvp_hub_client *c, const char *text, size_t len,
+                          const struct kvp_turn_opts *o);
 
 /* A stateless request (an OpenAI-style API): system (len 0: none) and msgs[0..n) are the
  * whole conversation, its last message the user's new one. The hub continues the idle

@@ -33,6 +33,7 @@ struct kvp_hub {
     /* Set by a refused admission when nothing running will free room soon: the wait
      * until an idle session times out (ms); 0: about a turn (kvp_hub_retry_hint_ms). */
     int refused_retry_ms;
+    struct kvp_vocab_trie *trie;     /* env.trie's memory: made for the first grammar */
 };
 
 /* An idle session leaves memory (hub.c; its snapshot, if any, stays on disk). */

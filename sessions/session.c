@@ -144,6 +144,7 @@ static void turn_clear(kvp_turn *t)
         free(t->stop[i]);
     free(t->tok_end);
     free((void *)t->sampling.bias);
+    kvp_turn_grammar_free(t);
     memset(t, 0, sizeof *t);
 }
 
@@ -1091,6 +1092,7 @@ typedef struct sample_job {
     const int *order, *who;
     kvp_batch_seq *b;
     int *tok;
+    const kvp_session_env *env;
 } sample_job;
 
 static void sample_item(void *ctx, int j, int slot)
@@ -1098,7 +1100,7 @@ static void sample_item(void *ctx, int j, int slot)
     sample_job *sj = ctx;
     kvp_session *s = sj->ss[sj->order[sj->who[j]]];
     (void)slot;
-    sj->tok[j] = samples(s, &sj->b[j]) ? kvp_sample(&s->sampler, sj->b[j].logits) : -1;
+    sj->tok[j] = samples(s, &sj->b[j]) ? kvp_turn_draw(s, sj->env, sj->b[j].logits) : -1;
 }
 
 /* The unit's result after the step: the block is in the cache; the prompt's last chunk
@@ -1117,7 +1119,7 @@ static int advance_unit(kvp_session *s, const kvp_session_env *env, const kvp_tu
     note_rows(s);
     if (s->n_cached < s->n_tokens)
         return 1;
-    return take_token(s, env, sink, tok >= 0 ? tok : kvp_sample(&s->sampler, q->logits));
+    return take_token(s, env, sink, tok >= 0 ? tok : kvp_turn_draw(s, env, q->logits));
 }
 
 /* Whether a queued session is a turn that decodes next (one row). */
@@ -1187,7 +1189,7 @@ int kvp_turn_batch(kvp_session **ss, int n, const kvp_session_env *env, kvp_runs
             n_sample += samples(ss[order[who[j]]], &b[j]);
         }
         if (tok) {
-            sample_job sj = {ss, order, who, b, tok};
+            sample_job sj = {ss, order, who, b, tok, env};
             kvp_matmul_enter();
             kvp_matmul_parallel(nb, sample_item, &sj,
                                 (size_t)n_sample * (size_t)env->model->cfg.vocab_size * sizeof(float),

@@ -47,6 +47,8 @@ typedef struct kvp_session_env {
     struct kvp_store *store;         /* NULL = no snapshots (and no parking) */
     const char *state_dir;           /* the directory store's ("" otherwise): the
                                       * transcript index lives there */
+    const struct kvp_vocab_trie *trie;   /* the vocabulary's byte trie for constrained
+                                          * replies, made with the first (NULL until) */
 } kvp_session_env;
 
 /* An eviction policy as configured: immutable once made, so a reload makes a new one
@@ -105,6 +107,8 @@ typedef struct kvp_turn {
     uint64_t evicted_at_start;
     double t_start, t_first;
     kvp_turn_stats stats;
+    struct kvp_gmatch *gm;   /* the reply's grammar matcher (NULL: unconstrained) */
+    uint32_t *gmask;         /* its mask for the next token (vocab bits) */
     /* Ended with its final event still to send after the snapshot write (end_turn):
      * done (end_code 0) or an error (end_code < 0, end_msg). */
     int end;
@@ -273,6 +277,16 @@ int kvp_session_begin_turn(kvp_session *s, const char *text, size_t len, int max
 int kvp_session_turn_stops(kvp_session *s, const char *const *stop, const size_t *len, int n);
 /* The turn's sampling settings (o's biases copied); -EINVAL as kvp_sample_opts_check. */
 int kvp_session_turn_sampling(kvp_session *s, const kvp_sample_opts *o);
+/* The reply of the armed turn is one of g's documents (sessions/constrain.c): each token
+ * is drawn from those that continue it, a stop token only once it is whole. 0 or -ENOMEM. */
+int kvp_session_turn_grammar(kvp_session *s, struct kvp_grammar *g);
+/* Frees the turn's matcher. */
+void kvp_turn_grammar_free(kvp_turn *t);
+/* The next token from logits (modified): the sampler's draw, under the turn's grammar
+ * when it has one. Compute only: run inside the step. */
+int kvp_turn_draw(kvp_session *s, const kvp_session_env *env, float *logits);
+/* The byte trie of env's vocabulary, its end tokens the template's stop tokens. */
+int kvp_session_trie_build(struct kvp_vocab_trie *tr, const kvp_session_env *env);
 /* Loop, on a new session that never ran a turn: takes copies of msgs as its transcript;
  * its first turn tokenizes and prefills them before its own message. 0 or -ENOMEM. */
 int kvp_session_seed(kvp_session *s, const kvp_message *msgs, int n);

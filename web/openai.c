@@ -12,7 +12,9 @@
 
 #include "base/log.h"
 #include "base/parse.h"
+#include "model/grammar.h"
 #include "web/conn.h"
+#include "web/format.h"
 
 typedef struct kvpd_oai {
     char *body;                   /* the POST body, bounded by max_body_bytes */
@@ -25,6 +27,7 @@ typedef struct kvpd_oai {
                                        * the reply (and the transcript) before one */
     int n_stops;
     kvp_logit_bias *bias;         /* the request's logit_bias, lent to the hub's call */
+    kvp_grammar *grammar;         /* the request's response_format, lent likewise */
     int ended;                    /* the answer is complete: nothing more gets queued */
     int started;                  /* streaming: the 200 headers and the role chunk are queued */
     int headers_sent;
@@ -452,12 +455,6 @@ static const char *unsupported(json_t *req)
     }
     if (json_is_true(json_object_get(req, "logprobs")))
         return "logprobs";
-    json_t *rf = json_object_get(req, "response_format");
-    if (rf && !json_is_null(rf)) {
-        const char *type = json_string_value(json_object_get(rf, "type"));
-        if (!type || strcmp(type, "text"))
-            return "response_format";
-    }
     json_t *mod = json_object_get(req, "modalities");
     if (mod && !json_is_null(mod) && (json_array_size(mod) != 1 ||
                                       !json_is_string(json_array_get(mod, 0)) ||
@@ -578,6 +575,15 @@ static int options(kvpd_conn *c, json_t *req, kvp_turn_opts *t)
     t->top_p = (float)v;
     if (sampling(c, req, &t->sampling) < 0)
         return -1;
+    const char *param;
+    char msg[400];
+    kvp_grammar_unref(o->grammar);
+    if (kvpd_response_format(json_object_get(req, "response_format"), &o->grammar, &param, msg,
+                             sizeof msg) < 0) {
+        fail(c, 400, param, "unsupported_parameter", "%s", msg);
+        return -1;
+    }
+    t->grammar = o->grammar;
     json_t *seed = json_object_get(req, "seed");
     if (seed && !json_is_null(seed)) {
         if (!json_is_integer(seed)) {
@@ -898,6 +904,7 @@ void kvpd_openai_closed(kvpd_conn *c)
     for (int i = 0; i < o->n_stops; i++)
         free(o->stops[i]);
     free(o->bias);
+    kvp_grammar_unref(o->grammar);
     free(o->body);
     free(o);
     c->oai = NULL;

@@ -7,6 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/grammar.h"
+#include "web/format.h"
+
 static int reject(const char **code, const char *c, char *msg, size_t msglen,
                   const char *text)
 {
@@ -94,6 +97,12 @@ int kvpd_proto_parse(const char *buf, size_t len, int max_tokens_limit,
                 out->max_tokens = json_is_integer(mt) ? (int)json_integer_value(mt) : 0;
                 out->has_temperature = temp && json_is_number(temp);
                 out->temperature = out->has_temperature ? (float)json_number_value(temp) : 0;
+                const char *param;
+                if (kvpd_response_format(json_object_get(root, "response_format"),
+                                         &out->grammar, &param, msg, msglen) < 0) {
+                    *code = KVPD_E_BAD_REQUEST;
+                    rc = -EINVAL;
+                }
             }
         }
     } else if (!strcmp(type, "cancel")) {
@@ -102,11 +111,15 @@ int kvpd_proto_parse(const char *buf, size_t len, int max_tokens_limit,
         rc = reject(code, KVPD_E_BAD_REQUEST, msg, msglen, "unknown message type");
     }
     json_decref(root);
+    if (rc < 0)   /* nothing of a refused message is kept */
+        kvpd_proto_msg_free(out);
     return rc;
 }
 
 void kvpd_proto_msg_free(kvpd_client_msg *m)
 {
+    kvp_grammar_unref(m->grammar);
+    m->grammar = NULL;
     free(m->text);
     m->text = NULL;
     free(m->system);

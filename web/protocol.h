@@ -19,6 +19,8 @@ typedef struct kvpd_client_msg {
     int max_tokens;                         /* 0 = not given */
     float temperature;
     int has_temperature;
+    struct kvp_grammar *grammar;            /* message: its response_format (web/format.h),
+                                               NULL: none; freed with the message */
 } kvpd_client_msg;
 
 /* Error codes of the protocol: KVPD_E_* in sessions/hub.h. */

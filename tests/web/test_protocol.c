@@ -95,3 +95,28 @@ Test(metrics, histogram_buckets_are_cumulative)
     cr_assert_eq(kvpd_err_kind_of("whatever"), KVPD_ERR_INTERNAL);
     free(t);
 }
+
+Test(protocol, message_response_format)
+{
+    kvpd_client_msg m;
+    const char *code;
+    char msg[256];
+    const char *ok = "{\"type\":\"message\",\"text\":\"x\",\"response_format\":{\"type\":\"json_schema\","
+                     "\"json_schema\":{\"name\":\"n\",\"schema\":{\"type\":\"integer\"}}}}";
+    cr_assert_eq(kvpd_proto_parse(ok, strlen(ok), 100, &m, &code, msg, sizeof msg), 0, "%s", msg);
+    cr_expect(m.grammar);
+    kvpd_proto_msg_free(&m);
+    cr_expect_null(m.grammar);
+    cr_assert_eq(parse("{\"type\":\"message\",\"text\":\"x\",\"response_format\":{\"type\":\"text\"}}",
+                       &m, &code), 0);
+    cr_expect_null(m.grammar);
+    kvpd_proto_msg_free(&m);
+    const char *bad = "{\"type\":\"message\",\"text\":\"x\",\"response_format\":{\"type\":\"json_schema\","
+                      "\"json_schema\":{\"name\":\"n\",\"schema\":{\"not\":{}}}}}";
+    cr_assert_lt(kvpd_proto_parse(bad, strlen(bad), 100, &m, &code, msg, sizeof msg), 0);
+    cr_expect_str_eq(code, "bad_request");
+    cr_expect(strstr(msg, "not is not supported"), "%s", msg);
+    cr_expect_null(m.text);   /* a refused message keeps nothing */
+    cr_assert_lt(parse("{\"type\":\"message\",\"text\":\"x\",\"response_format\":7}", &m, &code), 0);
+    cr_expect_str_eq(code, "bad_request");
+}

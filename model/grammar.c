@@ -1,0 +1,630 @@
+/* The grammar builder and the incremental matcher (model/grammar.h). A step from a set
+ * of threads takes every byte arc that holds the byte, then closes the result over
+ * epsilon arcs, calls (a new frame holding the return state) and rule ends (the frame's
+ * return state, or the document's end at the root). Threads with the same state and
+ * equal stacks are kept once, so an ambiguous grammar does not multiply them. */
+#include "model/grammar.h"
+
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { ARC_RANGE = 0, ARC_EPS = 1, ARC_CALL = 2 };
+enum { ST_END = 1, ST_BYTES = 2, ST_PLAIN = 4 };   /* PLAIN: byte arcs only, no end */
+
+typedef struct garc {
+    uint8_t kind, lo, hi;
+    int32_t to, call;          /* call: the rule's start state */
+} garc;
+
+typedef struct barc {
+    int32_t from;
+    garc a;
+} barc;
+
+struct kvp_gbuild {
+    int n_states, cap_states;
+    uint8_t *flags;
+    barc *arcs;
+    size_t n_arcs, cap_arcs;
+    int failed;
+};
+
+struct kvp_grammar {
+    atomic_int refs;
+    int n_states;
+    int root;
+    uint8_t *flags;
+    int32_t *arc_off;          /* [n_states + 1] */
+    garc *arcs;
+};
+
+kvp_gbuild *kvp_gbuild_new(void)
+{
+    return calloc(1, sizeof(kvp_gbuild));
+}
+
+void kvp_gbuild_free(kvp_gbuild *b)
+{
+    if (!b)
+        return;
+    free(b->flags);
+    free(b->arcs);
+    free(b);
+}
+
+int kvp_gbuild_failed(const kvp_gbuild *b)
+{
+    return b->failed;
+}
+
+int kvp_gbuild_count(const kvp_gbuild *b)
+{
+    return b->n_states;
+}
+
+int kvp_gbuild_state(kvp_gbuild *b)
+{
+    if (b->failed)
+        return -1;
+    if (b->n_states >= KVP_GRAMMAR_MAX_STATES) {
+        b->failed = -E2BIG;
+        return -1;
+    }
+    if (b->n_states == b->cap_states) {
+        int cap = b->cap_states ? b->cap_states * 2 : 256;
+        uint8_t *f = realloc(b->flags, (size_t)cap);
+        if (!f) {
+            b->failed = -ENOMEM;
+            return -1;
+        }
+        b->flags = f;
+        b->cap_states = cap;
+    }
+    b->flags[b->n_states] = 0;
+    return b->n_states++;
+}
+
+static void add_arc(kvp_gbuild *b, int from, garc a)
+{
+    if (b->failed || from < 0 || from >= b->n_states || a.to < 0 || a.to >= b->n_states ||
+        (a.kind == ARC_CALL && (a.call < 0 || a.call >= b->n_states))) {
+        if (!b->failed)
+            b->failed = -EINVAL;
+        return;
+    }
+    if (b->n_arcs == b->cap_arcs) {
+        size_t cap = b->cap_arcs ? b->cap_arcs * 2 : 512;
+        barc *v = realloc(b->arcs, cap * sizeof *v);
+        if (!v) {
+            b->failed = -ENOMEM;
+            return;
+        }
+        b->arcs = v;
+        b->cap_arcs = cap;
+    }
+    b->arcs[b->n_arcs++] = (barc){from, a};
+    if (a.kind == ARC_RANGE)
+        b->flags[from] |= ST_BYTES;
+}
+
+void kvp_gbuild_range(kvp_gbuild *b, int from, unsigned lo, unsigned hi, int to)
+{
+    if (lo > hi || hi > 255) {
+        b->failed = b->failed ? b->failed : -EINVAL;
+        return;
+    }
+    add_arc(b, from, (garc){ARC_RANGE, (uint8_t)lo, (uint8_t)hi, to, 0});
+}
+
+void kvp_gbuild_eps(kvp_gbuild *b, int from, int to)
+{
+    add_arc(b, from, (garc){ARC_EPS, 0, 0, to, 0});
+}
+
+void kvp_gbuild_call(kvp_gbuild *b, int from, int start, int ret)
+{
+    add_arc(b, from, (garc){ARC_CALL, 0, 0, ret, start});
+}
+
+void kvp_gbuild_end(kvp_gbuild *b, int state)
+{
+    if (!b->failed && state >= 0 && state < b->n_states)
+        b->flags[state] |= ST_END;
+}
+
+int kvp_gbuild_literal(kvp_gbuild *b, int from, const char *s, size_t len)
+{
+    int at = from;
+    for (size_t i = 0; i < len && at >= 0; i++) {
+        int next = kvp_gbuild_state(b);
+        if (next < 0)
+            return -1;
+        kvp_gbuild_range(b, at, (uint8_t)s[i], (uint8_t)s[i], next);
+        at = next;
+    }
+    return b->failed ? -1 : at;
+}
+
+/* Drops the arcs into states from which no rule end can be reached (a branch that could
+ * never be finished, such as a property required to hold itself): a matcher then never
+ * enters a path without a way out. 0, -ENOMEM, or -ENOENT when the root has no finite
+ * document at all. */
+static int prune(kvp_grammar *g)
+{
+    uint8_t *prod = calloc((size_t)g->n_states, 1);
+    if (!prod)
+        return -ENOMEM;
+    for (int s = 0; s < g->n_states; s++)
+        prod[s] = (g->flags[s] & ST_END) != 0;
+    /* Paths are mostly built toward higher state numbers: passes from the top converge in
+     * a few; a state still open after the last pass is taken as unproductive (safe: its
+     * documents are dropped, never invented). */
+    for (int pass = 0, changed = 1; changed && pass < 256; pass++) {
+        changed = 0;
+        for (int s = g->n_states - 1; s >= 0; s--) {
+            if (prod[s])
+                continue;
+            for (int32_t a = g->arc_off[s]; a < g->arc_off[s + 1]; a++) {
+                const garc *arc = &g->arcs[a];
+                if (prod[arc->to] && (arc->kind != ARC_CALL || prod[arc->call])) {
+                    prod[s] = changed = 1;
+                    break;
+                }
+            }
+        }
+    }
+    int32_t k = 0;
+    for (int s = 0; s < g->n_states; s++) {
+        int32_t from = g->arc_off[s], to = g->arc_off[s + 1];
+        g->arc_off[s] = k;
+        g->flags[s] &= (uint8_t)~ST_BYTES;
+        for (int32_t a = from; a < to; a++) {
+            const garc *arc = &g->arcs[a];
+            if (!prod[s] || !prod[arc->to] || (arc->kind == ARC_CALL && !prod[arc->call]))
+                continue;
+            if (arc->kind == ARC_RANGE)
+                g->flags[s] |= ST_BYTES;
+            g->arcs[k++] = *arc;
+        }
+    }
+    g->arc_off[g->n_states] = k;
+    int ok = prod[g->root];
+    free(prod);
+    return ok ? 0 : -ENOENT;
+}
+
+kvp_grammar *kvp_grammar_finish(kvp_gbuild *b, int root, int *rc)
+{
+    kvp_grammar *g = NULL;
+    *rc = b->failed ? b->failed : -EINVAL;
+    if (b->failed || root < 0 || root >= b->n_states)
+        goto out;
+    *rc = -ENOMEM;
+    g = calloc(1, sizeof *g);
+    if (!g)
+        goto out;
+    g->n_states = b->n_states;
+    g->root = root;
+    g->flags = malloc((size_t)b->n_states);
+    g->arc_off = calloc((size_t)b->n_states + 1, sizeof *g->arc_off);
+    g->arcs = malloc((b->n_arcs ? b->n_arcs : 1) * sizeof *g->arcs);
+    if (!g->flags || !g->arc_off || !g->arcs) {
+        free(g->flags);
+        free(g->arc_off);
+        free(g->arcs);
+        free(g);
+        g = NULL;
+        goto out;
+    }
+    memcpy(g->flags, b->flags, (size_t)b->n_states);
+    for (size_t i = 0; i < b->n_arcs; i++)
+        g->arc_off[b->arcs[i].from + 1]++;
+    for (int i = 0; i < b->n_states; i++)
+        g->arc_off[i + 1] += g->arc_off[i];
+    /* counting sort by source state, in the order the arcs were made */
+    int32_t *fill = malloc((size_t)b->n_states * sizeof *fill);
+    if (!fill) {
+        kvp_grammar_unref(g);
+        g = NULL;
+        goto out;
+    }
+    memcpy(fill, g->arc_off, (size_t)b->n_states * sizeof *fill);
+    for (size_t i = 0; i < b->n_arcs; i++)
+        g->arcs[fill[b->arcs[i].from]++] = b->arcs[i].a;
+    free(fill);
+    if ((*rc = prune(g)) < 0) {
+        kvp_grammar_unref(g);
+        g = NULL;
+        goto out;
+    }
+    for (int s = 0; s < g->n_states; s++) {
+        int plain = (g->flags[s] & (ST_BYTES | ST_END)) == ST_BYTES;
+        for (int32_t a = g->arc_off[s]; a < g->arc_off[s + 1] && plain; a++)
+            plain = g->arcs[a].kind == ARC_RANGE;
+        if (plain)
+            g->flags[s] |= ST_PLAIN;
+    }
+    atomic_init(&g->refs, 1);
+out:
+    kvp_gbuild_free(b);
+    return g;
+}
+
+kvp_grammar *kvp_grammar_ref(kvp_grammar *g)
+{
+    if (g)
+        atomic_fetch_add(&g->refs, 1);
+    return g;
+}
+
+void kvp_grammar_unref(kvp_grammar *g)
+{
+    if (!g || atomic_fetch_sub(&g->refs, 1) != 1)
+        return;
+    free(g->flags);
+    free(g->arc_off);
+    free(g->arcs);
+    free(g);
+}
+
+int kvp_grammar_states(const kvp_grammar *g)
+{
+    return g->n_states;
+}
+
+/* ---- the matcher ---- */
+
+/* Expansions one step may make: a backstop against grammars whose closure explodes. */
+#define CLOSURE_WORK (1 << 16)
+
+/* The matcher's closure scratch: a work list and the states visited in this step. */
+typedef struct gwork {
+    kvp_gthread *todo;
+    int n, cap;
+    uint32_t *stamp;           /* [n_states] step number of the last visit */
+    int32_t *vframe;           /* [n_states] the frame it was visited with */
+    uint32_t now;
+} gwork;
+
+static int frame_new(kvp_gmatch *m, int32_t ret, int32_t parent)
+{
+    int d = parent < 0 ? 1 : m->depth[parent] + 1;
+    if (d > KVP_GRAMMAR_MAX_DEPTH)
+        return -2;
+    if (m->n_frames == m->cap_frames) {
+        int cap = m->cap_frames * 2;
+        int32_t *r = realloc(m->ret, (size_t)cap * sizeof *r);
+        if (r)
+            m->ret = r;
+        int32_t *p = realloc(m->parent, (size_t)cap * sizeof *p);
+        if (p)
+            m->parent = p;
+        uint16_t *dp = realloc(m->depth, (size_t)cap * sizeof *dp);
+        if (dp)
+            m->depth = dp;
+        if (!r || !p || !dp)
+            return -1;
+        m->cap_frames = cap;
+    }
+    m->ret[m->n_frames] = ret;
+    m->parent[m->n_frames] = parent;
+    m->depth[m->n_frames] = (uint16_t)d;
+    return m->n_frames++;
+}
+
+static int same_stack(const kvp_gmatch *m, int32_t a, int32_t b)
+{
+    while (a != b) {
+        if (a < 0 || b < 0 || m->ret[a] != m->ret[b])
+            return 0;
+        a = m->parent[a];
+        b = m->parent[b];
+    }
+    return 1;
+}
+
+static gwork *work_of(kvp_gmatch *m);
+
+static int push(gwork *w, int32_t st, int32_t fr)
+{
+    if (w->n == w->cap) {
+        int cap = w->cap * 2;
+        kvp_gthread *v = realloc(w->todo, (size_t)cap * sizeof *v);
+        if (!v)
+            return -1;
+        w->todo = v;
+        w->cap = cap;
+    }
+    w->todo[w->n++] = (kvp_gthread){st, fr};
+    return 0;
+}
+
+/* Adds (st, fr) and everything it reaches without a byte to out. -ENOMEM or 0. */
+static int closure(kvp_gmatch *m, kvp_gset *out, int32_t st, int32_t fr, int *work)
+{
+    const kvp_grammar *g = m->g;
+    gwork *w = work_of(m);
+    w->n = 0;
+    if (push(w, st, fr) < 0)
+        return -ENOMEM;
+    while (w->n > 0) {
+        kvp_gthread th = w->todo[--w->n];
+        if (++*work > CLOSURE_WORK)
+            return 0;
+        if (w->stamp[th.state] == w->now && same_stack(m, w->vframe[th.state], th.frame))
+            continue;
+        w->stamp[th.state] = w->now;
+        w->vframe[th.state] = th.frame;
+        uint8_t f = g->flags[th.state];
+        if (f & ST_END) {
+            if (th.frame < 0)
+                out->complete = 1;
+            else if (push(w, m->ret[th.frame], m->parent[th.frame]) < 0)
+                return -ENOMEM;
+        }
+        if (f & ST_BYTES) {
+            int dup = 0;
+            for (int i = 0; i < out->n && !dup; i++)
+                dup = out->t[i].state == th.state && same_stack(m, out->t[i].frame, th.frame);
+            if (!dup && out->n < KVP_GRAMMAR_MAX_THREADS)
+                out->t[out->n++] = th;
+        }
+        for (int32_t a = g->arc_off[th.state]; a < g->arc_off[th.state + 1]; a++) {
+            const garc *arc = &g->arcs[a];
+            if (arc->kind == ARC_EPS) {
+                if (push(w, arc->to, th.frame) < 0)
+                    return -ENOMEM;
+            } else if (arc->kind == ARC_CALL) {
+                int nf = frame_new(m, arc->to, th.frame);
+                if (nf == -1)
+                    return -ENOMEM;
+                if (nf >= 0 && push(w, arc->call, nf) < 0)
+                    return -ENOMEM;
+            }
+        }
+    }
+    return 0;
+}
+
+/* out = where byte leads from in. -ENOMEM or 0. */
+static int step(kvp_gmatch *m, const kvp_gset *in, uint8_t byte, kvp_gset *out)
+{
+    const kvp_grammar *g = m->g;
+    gwork *w = work_of(m);
+    out->n = 0;
+    out->complete = 0;
+    if (++w->now == 0) {   /* wrapped: forget every stamp */
+        memset(w->stamp, 0, (size_t)g->n_states * sizeof *w->stamp);
+        w->now = 1;
+    }
+    int work = 0;
+    for (int i = 0; i < in->n; i++) {
+        int32_t s = in->t[i].state;
+        for (int32_t a = g->arc_off[s]; a < g->arc_off[s + 1]; a++) {
+            const garc *arc = &g->arcs[a];
+            if (arc->kind != ARC_RANGE || byte < arc->lo || byte > arc->hi)
+                continue;
+            if (g->flags[arc->to] & ST_PLAIN) {
+                /* nothing to close over (most bytes inside strings and numbers) */
+                int dup = 0;
+                for (int k = 0; k < out->n && !dup; k++)
+                    dup = out->t[k].state == arc->to && same_stack(m, out->t[k].frame, in->t[i].frame);
+                if (!dup && out->n < KVP_GRAMMAR_MAX_THREADS)
+                    out->t[out->n++] = (kvp_gthread){arc->to, in->t[i].frame};
+            } else if (closure(m, out, arc->to, in->t[i].frame, &work) < 0)
+                return -ENOMEM;
+        }
+    }
+    return 0;
+}
+
+static gwork *work_of(kvp_gmatch *m)
+{
+    return (gwork *)(void *)m->scratch;
+}
+
+int kvp_gmatch_init(kvp_gmatch *m, kvp_grammar *g)
+{
+    memset(m, 0, sizeof *m);
+    gwork *w = calloc(1, sizeof *w);
+    m->cap_frames = 256;
+    m->ret = malloc((size_t)m->cap_frames * sizeof *m->ret);
+    m->parent = malloc((size_t)m->cap_frames * sizeof *m->parent);
+    m->depth = malloc((size_t)m->cap_frames * sizeof *m->depth);
+    m->scratch = w;
+    if (w) {
+        w->cap = 64;
+        w->todo = malloc((size_t)w->cap * sizeof *w->todo);
+        w->stamp = calloc((size_t)g->n_states, sizeof *w->stamp);
+        w->vframe = malloc((size_t)g->n_states * sizeof *w->vframe);
+        w->now = 1;
+    }
+    m->g = kvp_grammar_ref(g);
+    if (!w || !w->todo || !w->stamp || !w->vframe || !m->ret || !m->parent || !m->depth) {
+        kvp_gmatch_free(m);
+        return -ENOMEM;
+    }
+    int work = 0;
+    m->cur.n = 0;
+    m->cur.complete = 0;
+    if (closure(m, &m->cur, g->root, -1, &work) < 0) {
+        kvp_gmatch_free(m);
+        return -ENOMEM;
+    }
+    return 0;
+}
+
+void kvp_gmatch_free(kvp_gmatch *m)
+{
+    gwork *w = m->scratch;
+    if (w) {
+        free(w->todo);
+        free(w->stamp);
+        free(w->vframe);
+        free(w);
+    }
+    free(m->ret);
+    free(m->parent);
+    free(m->depth);
+    free(m->level);
+    kvp_grammar_unref(m->g);
+    memset(m, 0, sizeof *m);
+}
+
+/* Copies the frames the current threads use to the arena's start, dropping the rest. */
+static void compact(kvp_gmatch *m)
+{
+    int32_t *map = malloc((size_t)m->n_frames * sizeof *map);
+    int32_t *r = malloc((size_t)m->n_frames * sizeof *r), *p = malloc((size_t)m->n_frames * sizeof *p);
+    uint16_t *d = malloc((size_t)m->n_frames * sizeof *d);
+    if (!map || !r || !p || !d)
+        goto out;
+    for (int i = 0; i < m->n_frames; i++)
+        map[i] = -1;
+    /* frames are made after their parents: copying in index order keeps that */
+    int n = 0;
+    char *live = calloc((size_t)m->n_frames, 1);
+    if (!live)
+        goto out;
+    for (int i = 0; i < m->cur.n; i++)
+        for (int32_t f = m->cur.t[i].frame; f >= 0 && !live[f]; f = m->parent[f])
+            live[f] = 1;
+    for (int i = 0; i < m->n_frames; i++)
+        if (live[i]) {
+            map[i] = n;
+            r[n] = m->ret[i];
+            p[n] = m->parent[i] < 0 ? -1 : map[m->parent[i]];
+            d[n] = m->depth[i];
+            n++;
+        }
+    free(live);
+    for (int i = 0; i < m->cur.n; i++)
+        if (m->cur.t[i].frame >= 0)
+            m->cur.t[i].frame = map[m->cur.t[i].frame];
+    memcpy(m->ret, r, (size_t)n * sizeof *r);
+    memcpy(m->parent, p, (size_t)n * sizeof *p);
+    memcpy(m->depth, d, (size_t)n * sizeof *d);
+    m->n_frames = n;
+out:
+    free(map);
+    free(r);
+    free(p);
+    free(d);
+}
+
+int kvp_gmatch_accept(kvp_gmatch *m, const char *bytes, size_t len)
+{
+    kvp_gset *a = malloc(2 * sizeof *a);
+    if (!a)
+        return -ENOMEM;
+    int mark = m->n_frames, rc = 0;
+    kvp_gset *from = &m->cur, *to = &a[0];
+    for (size_t i = 0; i < len; i++) {
+        if ((rc = step(m, from, (uint8_t)bytes[i], to)) < 0)
+            break;
+        if (to->n == 0 && (!to->complete || i + 1 < len)) {
+            rc = -EINVAL;
+            break;
+        }
+        from = to;
+        to = to == &a[0] ? &a[1] : &a[0];
+    }
+    if (rc < 0)
+        m->n_frames = mark;
+    else if (from != &m->cur)
+        m->cur = *from;
+    free(a);
+    if (rc == 0 && m->n_frames > 65536)
+        compact(m);
+    return rc;
+}
+
+int kvp_gmatch_complete(const kvp_gmatch *m)
+{
+    return m->cur.complete;
+}
+
+int kvp_gmatch_closed(const kvp_gmatch *m)
+{
+    return m->cur.n == 0;
+}
+
+/* Marks the tokens of node i. */
+static void mark(const kvp_vocab_trie *tr, int i, uint32_t *mask)
+{
+    for (int32_t k = tr->off[i]; k < tr->off[i + 1]; k++)
+        mask[tr->tok[k] >> 5] |= 1u << (tr->tok[k] & 31);
+}
+
+int kvp_gmatch_mask(kvp_gmatch *m, const kvp_vocab_trie *tr, uint32_t *mask)
+{
+    size_t words = ((size_t)tr->vocab_size + 31) / 32;
+    memset(mask, 0, words * sizeof *mask);
+    if (m->n_level < tr->max_len + 1) {
+        kvp_gset *l = realloc(m->level, ((size_t)tr->max_len + 1) * sizeof *l);
+        if (!l)
+            return -ENOMEM;
+        m->level = l;
+        m->n_level = tr->max_len + 1;
+    }
+    int mark_frames = m->n_frames;
+    m->level[0] = m->cur;
+    /* First the one-byte tokens (the root's children), so a walk cut short by the
+     * budget still offers every byte that may come next. */
+    for (int i = 0; i < tr->n_nodes; i = tr->skip[i]) {
+        if (step(m, &m->level[0], tr->byte[i], &m->level[1]) < 0) {
+            m->n_frames = mark_frames;
+            return -ENOMEM;
+        }
+        if (m->level[1].n || m->level[1].complete)
+            mark(tr, i, mask);
+    }
+    m->n_frames = mark_frames;
+    /* Then the whole trie, each subtree left at the first byte the grammar refuses. */
+    long work = 0;
+    for (int i = 0; i < tr->n_nodes;) {
+        int d = tr->depth[i];
+        kvp_gset *out = &m->level[d];
+        work += m->level[d - 1].n;
+        if (work > KVP_GRAMMAR_MASK_BUDGET) {
+            m->cut_walks++;
+            break;
+        }
+        if (step(m, &m->level[d - 1], tr->byte[i], out) < 0) {
+            m->n_frames = mark_frames;
+            return -ENOMEM;
+        }
+        if (out->n == 0 && !out->complete) {
+            i = tr->skip[i];
+            continue;
+        }
+        mark(tr, i, mask);
+        i = out->n ? i + 1 : tr->skip[i];
+    }
+    m->n_frames = mark_frames;   /* the walk's frames are garbage now */
+    if (m->cur.complete)
+        for (int k = 0; k < tr->n_end; k++) {
+            int id = tr->end_tok[k];
+            if (id >= 0 && id < tr->vocab_size)
+                mask[id >> 5] |= 1u << (id & 31);
+        }
+    int allowed = 0;
+    for (size_t w = 0; w < words; w++)
+        allowed += __builtin_popcount(mask[w]);
+    return allowed;
+}
+
+void kvp_grammar_apply_mask(float *logits, const uint32_t *mask, int vocab_size)
+{
+    for (int w = 0; w * 32 < vocab_size; w++) {
+        uint32_t bits = mask[w];
+        if (bits == 0xFFFFFFFFu)
+            continue;
+        int end = w * 32 + 32 < vocab_size ? w * 32 + 32 : vocab_size;
+        for (int i = w * 32; i < end; i++)
+            if (!(bits & (1u << (i - w * 32))))
+                logits[i] = -__builtin_inff();
+    }
+}

@@ -1,0 +1,116 @@
+/* Byte-level grammars for constrained decoding: a recursive transition network (states
+ * joined by byte-range, epsilon and call arcs; a call pushes its return state), the
+ * incremental matcher that follows it byte by byte (a pushdown automaton: a small set of
+ * threads, each a state and a stack of return states), and the trie of a vocabulary's
+ * byte strings that gives the tokens allowed next in one walk.
+ *
+ * Shapes and units: states and arcs are int32 indices; a document is the bytes of the
+ * root rule; a thread's stack is a chain of frames in the matcher's arena (depth at most
+ * KVP_GRAMMAR_MAX_DEPTH); a mask is a bitset of vocab_size bits, bit i set when token i
+ * may come next. Grammars are immutable once built and shared by reference count. */
+#ifndef KVP_GRAMMAR_H
+#define KVP_GRAMMAR_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/tokenizer.h"
+
+#define KVP_GRAMMAR_MAX_STATES (1 << 20)   /* a grammar larger than this is refused */
+#define KVP_GRAMMAR_MAX_DEPTH 256          /* return states on one thread's stack */
+#define KVP_GRAMMAR_MAX_THREADS 128        /* threads the matcher follows at once */
+/* Thread steps one mask may take (a plain walk of Qwen's trie takes about 0.3 M): a
+ * grammar so ambiguous that many threads live at once has its walk cut there, offering
+ * the tokens found so far (all valid) and every one-byte token that is. */
+#define KVP_GRAMMAR_MASK_BUDGET 600000L
+
+typedef struct kvp_grammar kvp_grammar;
+
+/* Building: states are made, joined, and one rule (a start state whose end states are
+ * marked) is the root. Every call fails only for lack of memory or room: the builder then
+ * remembers the failure and kvp_grammar_finish returns NULL. */
+typedef struct kvp_gbuild kvp_gbuild;
+
+kvp_gbuild *kvp_gbuild_new(void);
+void kvp_gbuild_free(kvp_gbuild *b);
+int kvp_gbuild_state(kvp_gbuild *b);                                   /* its id, or -1 */
+void kvp_gbuild_range(kvp_gbuild *b, int from, unsigned lo, unsigned hi, int to);
+void kvp_gbuild_eps(kvp_gbuild *b, int from, int to);
+/* From `from`: run the rule starting at `start`; where it ends, go on at `ret`. */
+void kvp_gbuild_call(kvp_gbuild *b, int from, int start, int ret);
+void kvp_gbuild_end(kvp_gbuild *b, int state);                 /* the rule may end here */
+/* The literal bytes from `from`; returns the state after them (-1 on failure). */
+int kvp_gbuild_literal(kvp_gbuild *b, int from, const char *s, size_t len);
+int kvp_gbuild_failed(const kvp_gbuild *b);   /* -ENOMEM, -E2BIG (too many states) or 0 */
+int kvp_gbuild_count(const kvp_gbuild *b);    /* states made */
+/* The grammar whose documents are the root rule's (root: a start state); frees b. Paths
+ * that can never end are dropped. NULL with *rc: the builder's failure, -ENOMEM, or
+ * -ENOENT when no document is finite. */
+kvp_grammar *kvp_grammar_finish(kvp_gbuild *b, int root, int *rc);
+
+kvp_grammar *kvp_grammar_ref(kvp_grammar *g);
+void kvp_grammar_unref(kvp_grammar *g);   /* NULL is fine */
+int kvp_grammar_states(const kvp_grammar *g);
+
+/* A thread: a state with byte arcs, and its stack (a frame index, -1 at the root). */
+typedef struct kvp_gthread {
+    int32_t state, frame;
+} kvp_gthread;
+
+typedef struct kvp_gset {
+    int n;
+    int complete;        /* the bytes so far are a whole document */
+    kvp_gthread t[KVP_GRAMMAR_MAX_THREADS];
+} kvp_gset;
+
+typedef struct kvp_gmatch {
+    kvp_grammar *g;      /* a reference */
+    int32_t *ret, *parent;   /* frames: the return state, the frame below (-1: none) */
+    uint16_t *depth;
+    int n_frames, cap_frames;
+    kvp_gset cur;        /* where the bytes accepted so far lead */
+    kvp_gset *level;     /* the trie walk's sets, one per depth (max piece length + 1) */
+    int n_level;
+    void *scratch;       /* the closure's work list and visit marks (grammar.c) */
+    long cut_walks;      /* masks the budget cut short */
+} kvp_gmatch;
+
+/* At the document's start. 0 or -ENOMEM. */
+int kvp_gmatch_init(kvp_gmatch *m, kvp_grammar *g);
+void kvp_gmatch_free(kvp_gmatch *m);
+/* Accepts len bytes: 0, or -EINVAL when they cannot continue a document (nothing
+ * changes), -ENOMEM. */
+int kvp_gmatch_accept(kvp_gmatch *m, const char *bytes, size_t len);
+/* Whether the bytes so far are a whole document; whether nothing can follow them. */
+int kvp_gmatch_complete(const kvp_gmatch *m);
+int kvp_gmatch_closed(const kvp_gmatch *m);
+
+/* The vocabulary as a trie of byte strings in preorder: node i spells the path to it,
+ * its subtree is [i, skip[i]), tokens tok[off[i] .. off[i+1]) spell exactly it. Control,
+ * user-defined and unknown tokens are left out (text never holds them); byte tokens are
+ * their byte. */
+typedef struct kvp_vocab_trie {
+    int vocab_size;
+    int n_nodes;
+    uint8_t *byte;
+    uint16_t *depth;     /* 1 for a first byte */
+    int32_t *skip;
+    int32_t *off;        /* [n_nodes + 1] */
+    int32_t *tok;
+    int max_len;         /* the longest piece kept */
+    int n_end;           /* the tokens that end a reply (set by the caller) */
+    int end_tok[8];
+} kvp_vocab_trie;
+
+int kvp_vocab_trie_build(kvp_vocab_trie *tr, const kvp_tokenizer *t);
+void kvp_vocab_trie_free(kvp_vocab_trie *tr);
+
+/* The tokens that may come next into mask (vocab_size bits, all written): those whose
+ * bytes continue a document (all of them unless the walk passes
+ * KVP_GRAMMAR_MASK_BUDGET), and the trie's end tokens only when the document is whole.
+ * Returns how many are allowed (0: none; the caller ends the reply), or -ENOMEM. */
+int kvp_gmatch_mask(kvp_gmatch *m, const kvp_vocab_trie *tr, uint32_t *mask);
+/* Sets the logits of the tokens mask leaves out to -inf. */
+void kvp_grammar_apply_mask(float *logits, const uint32_t *mask, int vocab_size);
+
+#endif

@@ -1,0 +1,90 @@
+/* Constrained replies (sessions/session.h): the turn's grammar matcher masks the logits
+ * before the sampler draws, and takes the drawn token's bytes after. The mask is one walk
+ * of the vocabulary's byte trie (model/grammar.h); stop tokens are allowed only once the
+ * document is whole, and are then the only choice when nothing else can follow. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/grammar.h"
+#include "sessions/session.h"
+
+int kvp_session_turn_grammar(kvp_session *s, kvp_grammar *g)
+{
+    kvp_turn *t = &s->turn;
+    kvp_turn_grammar_free(t);
+    if (!g)
+        return 0;
+    t->gm = malloc(sizeof *t->gm);
+    if (!t->gm || kvp_gmatch_init(t->gm, g) < 0) {
+        free(t->gm);
+        t->gm = NULL;
+        kvp_turn_grammar_free(t);
+        return -ENOMEM;
+    }
+    return 0;
+}
+
+void kvp_turn_grammar_free(kvp_turn *t)
+{
+    if (t->gm) {
+        kvp_gmatch_free(t->gm);
+        free(t->gm);
+    }
+    free(t->gmask);
+    t->gm = NULL;
+    t->gmask = NULL;
+}
+
+static int allowed(const uint32_t *mask, int tok)
+{
+    return (mask[tok >> 5] >> (tok & 31)) & 1;
+}
+
+int kvp_turn_draw(kvp_session *s, const kvp_session_env *env, float *logits)
+{
+    kvp_turn *t = &s->turn;
+    if (!t->gm)   /* env->trie is read only by constrained turns: they start after it is made */
+        return kvp_sample(&s->sampler, logits);
+    const kvp_vocab_trie *tr = env->trie;
+    if (!tr)
+        return kvp_sample(&s->sampler, logits);
+    int vocab = s->sampler.vocab_size;
+    if (!t->gmask && !(t->gmask = calloc(((size_t)tr->vocab_size + 31) / 32, sizeof *t->gmask)))
+        return tr->n_end ? tr->end_tok[0] : kvp_sample(&s->sampler, logits);
+    int n = kvp_gmatch_mask(t->gm, tr, t->gmask);
+    if (n <= 0)   /* no token continues it (or no memory): the reply ends here */
+        return tr->n_end ? tr->end_tok[0] : kvp_sample(&s->sampler, logits);
+    kvp_grammar_apply_mask(logits, t->gmask, vocab < tr->vocab_size ? vocab : tr->vocab_size);
+    for (int i = tr->vocab_size; i < vocab; i++)
+        logits[i] = -__builtin_inff();
+    int tok = kvp_sample(&s->sampler, logits);
+    if (tok < 0 || tok >= tr->vocab_size || !allowed(t->gmask, tok)) {
+        /* the sampler fell back past the mask (every allowed logit NaN): take the first
+         * allowed token instead */
+        for (tok = 0; tok < tr->vocab_size && !allowed(t->gmask, tok); tok++)
+            ;
+    }
+    for (int k = 0; k < tr->n_end; k++)
+        if (tok == tr->end_tok[k])
+            return tok;
+    size_t len = 0;
+    const char *p = kvp_tokenizer_piece(&env->model->tok, -1, tok, &len);
+    if (p && len)
+        kvp_gmatch_accept(t->gm, p, len);   /* allowed: it is accepted */
+    return tok;
+}
+
+int kvp_session_trie_build(kvp_vocab_trie *tr, const kvp_session_env *env)
+{
+    int rc = kvp_vocab_trie_build(tr, &env->model->tok);
+    if (rc < 0)
+        return rc;
+    if (env->model->cfg.vocab_size > tr->vocab_size)
+        tr->vocab_size = env->model->cfg.vocab_size;   /* the mask covers every logit */
+    tr->n_end = 0;
+    for (int i = 0; i < env->model->cfg.vocab_size && tr->n_end < 8; i++)
+        if (kvp_template_is_stop(&env->tpl, i))
+            tr->end_tok[tr->n_end++] = i;
+    return 0;
+}

@@ -1,0 +1,415 @@
+/* model/schema.c: schemas compiled to grammars accept the documents that validate and
+ * refuse the others; hostile schemas get an error naming the keyword or the limit. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/schema.h"
+
+static kvp_grammar *compile(const char *schema)
+{
+    json_error_t je;
+    json_t *s = json_loads(schema, JSON_DECODE_ANY, &je);
+    cr_assert(s, "bad test schema: %s", je.text);
+    char err[256];
+    kvp_grammar *g = kvp_schema_compile(s, err, sizeof err);
+    json_decref(s);
+    cr_assert(g, "compile failed: %s", err);
+    return g;
+}
+
+/* The error compiling schema gives (the grammar must fail). */
+static const char *refuse(const char *schema)
+{
+    static char err[256];
+    json_error_t je;
+    json_t *s = json_loads(schema, JSON_DECODE_ANY, &je);
+    cr_assert(s, "bad test schema: %s", je.text);
+    kvp_grammar *g = kvp_schema_compile(s, err, sizeof err);
+    json_decref(s);
+    cr_assert_null(g, "schema %s compiled", schema);
+    cr_assert(err[0]);
+    return err;
+}
+
+/* Whether doc is a whole document of g. */
+static int whole(kvp_grammar *g, const char *doc)
+{
+    kvp_gmatch m;
+    cr_assert_eq(kvp_gmatch_init(&m, g), 0);
+    int ok = kvp_gmatch_accept(&m, doc, strlen(doc)) == 0 && kvp_gmatch_complete(&m);
+    kvp_gmatch_free(&m);
+    return ok;
+}
+
+static void check(const char *schema, const char *const *good, const char *const *bad)
+{
+    kvp_grammar *g = compile(schema);
+    for (; good && *good; good++)
+        cr_expect(whole(g, *good), "%s should accept %s", schema, *good);
+    for (; bad && *bad; bad++)
+        cr_expect(!whole(g, *bad), "%s should refuse %s", schema, *bad);
+    kvp_grammar_unref(g);
+}
+
+#define L(...) ((const char *const[]){__VA_ARGS__, NULL})
+
+Test(schema, object_properties_in_order_required_and_optional)
+{
+    check("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},"
+          "\"b\":{\"type\":\"string\"},\"c\":{\"type\":\"boolean\"}},\"required\":[\"b\"]}",
+          L("{\"b\":\"x\"}", "{\"a\":1,\"b\":\"\"}", "{\"a\": -3, \"b\": \"q\", \"c\": true}",
+            "{\n  \"b\":\"x\",\n  \"c\":false\n}", "{ \"b\" : \"x\" }"),
+          L("{}", "{\"a\":1}", "{\"b\":\"x\",\"a\":1}", "{\"b\":\"x\",\"d\":1}",
+            "{\"b\":1}", "{\"b\":\"x\",}", "{\"b\":\"x\"", "{\"b\":\"x\"} ", " {\"b\":\"x\"}",
+            "{\"b\":\"x\",\"c\":null}"));
+}
+
+Test(schema, additional_false_and_nested)
+{
+    check("{\"type\":\"object\",\"additionalProperties\":false,\"properties\":{\"p\":{\"type\":"
+          "\"object\",\"properties\":{\"q\":{\"type\":\"array\",\"items\":{\"type\":\"null\"}}},"
+          "\"required\":[\"q\"]}},\"required\":[\"p\"]}",
+          L("{\"p\":{\"q\":[]}}", "{\"p\":{\"q\":[null, null]}}"),
+          L("{\"p\":{}}", "{\"p\":{\"q\":[0]}}", "{\"p\":{\"q\":[null,]}}"));
+}
+
+Test(schema, map_and_any_object)
+{
+    check("{\"type\":\"object\",\"additionalProperties\":{\"type\":\"integer\"}}",
+          L("{}", "{\"x\":1,\"y\":-2}"), L("{\"x\":\"1\"}", "[]"));
+    char err[128];
+    kvp_grammar *g = kvp_schema_any_object(err, sizeof err);
+    cr_assert(g, "%s", err);
+    cr_expect(whole(g, "{\"a\":[1,{\"b\":null},\"s\\n\"],\"c\":{}}"));
+    cr_expect(whole(g, "{}"));
+    cr_expect(!whole(g, "[]"));
+    cr_expect(!whole(g, "\"s\""));
+    cr_expect(!whole(g, "{\"a\":}"));
+    cr_expect(!whole(g, "{\"a\":tru}"));
+    kvp_grammar_unref(g);
+}
+
+Test(schema, integer_ranges_exact)
+{
+    check("{\"type\":\"integer\",\"minimum\":-12,\"maximum\":345}",
+          L("-12", "-1", "0", "7", "99", "100", "299", "345", "-10"),
+          L("-13", "-0", "346", "350", "400", "1000", "01", "", "3.0", "+1", "-"));
+    check("{\"type\":\"integer\",\"exclusiveMinimum\":0,\"exclusiveMaximum\":10}",
+          L("1", "9"), L("0", "10", "-1"));
+    check("{\"type\":\"integer\",\"minimum\":1000}", L("1000", "123456789"), L("999", "-5"));
+    check("{\"type\":\"integer\",\"maximum\":-5}", L("-5", "-123"), L("-4", "0", "5"));
+    check("{\"type\":\"integer\"}", L("0", "-9999999999999999", "42"),
+          L("00", "12345678901234567", "1e3"));
+    /* every value of a small range, and its neighbours */
+    kvp_grammar *g = compile("{\"type\":\"integer\",\"minimum\":-37,\"maximum\":1203}");
+    for (int v = -60; v < 1300; v++) {
+        char s[16];
+        snprintf(s, sizeof s, "%d", v);
+        cr_expect_eq(whole(g, s), v >= -37 && v <= 1203, "%d", v);
+    }
+    kvp_grammar_unref(g);
+}
+
+Test(schema, number_bounds)
+{
+    check("{\"type\":\"number\",\"minimum\":0,\"maximum\":1}",
+          L("0", "0.5", "1", "1.0", "1.000", "0.999", "0.0"),
+          L("1.5", "1.01", "-0.1", "2", "-1", ".5"));
+    check("{\"type\":\"number\",\"minimum\":-2,\"exclusiveMaximum\":1}",
+          L("-2", "-1.5", "0.25", "0.999"), L("1", "1.0", "-2.5", "-2.1", "-3"));
+    check("{\"type\":\"number\",\"exclusiveMinimum\":0}", L("0.1", "3", "0.001"),
+          L("0", "0.0", "-1"));
+    check("{\"type\":\"number\"}", L("0", "-1.5", "2e10", "3.25E-7", "12"),
+          L("1.", "01", "e1", "--1", "1e"));
+    cr_expect(strstr(refuse("{\"type\":\"number\",\"minimum\":0.5}"), "minimum"));
+}
+
+Test(schema, strings_lengths_and_escapes)
+{
+    check("{\"type\":\"string\",\"minLength\":1,\"maxLength\":3}",
+          L("\"a\"", "\"abc\"", "\"\\u00e9b\"", "\"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80\"",
+            "\"\\\"\\\\\\n\""),
+          L("\"\"", "\"abcd\"", "\"a\nb\"", "\"\\x\"", "\"\\ud800\"", "\"\xc3\"", "\"\xed\xa0\x80\"",
+            "abc"));
+    check("{\"type\":\"string\"}", L("\"\"", "\"any \\\" text\""), L("\"\x01\""));
+}
+
+Test(schema, enum_const_types_anyof)
+{
+    check("{\"enum\":[\"red\",\"green\",3,null,{\"a\":1}]}",
+          L("\"red\"", "\"green\"", "3", "null", "{\"a\":1}"), L("\"blue\"", "4", "\"re\""));
+    check("{\"const\":\"x\"}", L("\"x\""), L("\"y\""));
+    check("{\"type\":[\"integer\",\"null\"],\"maximum\":3}", L("3", "null", "-1"), L("4", "\"3\""));
+    check("{\"anyOf\":[{\"type\":\"string\",\"maxLength\":1},{\"type\":\"boolean\"}]}",
+          L("\"a\"", "true"), L("\"ab\"", "1"));
+    check("{\"oneOf\":[{\"type\":\"integer\"},{\"type\":\"array\",\"items\":{\"type\":\"integer\"},"
+          "\"minItems\":1,\"maxItems\":2}]}",
+          L("5", "[1]", "[1, 2]"), L("[]", "[1,2,3]"));
+}
+
+Test(schema, arrays_counts)
+{
+    check("{\"type\":\"array\",\"items\":{\"enum\":[1,2]},\"minItems\":2}",
+          L("[1,2]", "[1,1,2,2,1]", "[ 1 , 2 ]"), L("[]", "[1]", "[1,3]", "[1,2,]"));
+    check("{\"type\":\"array\",\"maxItems\":0}", L("[]"), L("[1]"));
+    check("{\"type\":\"array\"}", L("[]", "[1,\"a\",[null]]"), L("[,]"));
+}
+
+Test(schema, refs_and_recursion)
+{
+    check("{\"$defs\":{\"n\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":9}},"
+          "\"type\":\"object\",\"properties\":{\"x\":{\"$ref\":\"#/$defs/n\"},"
+          "\"y\":{\"$ref\":\"#/$defs/n\"}},\"required\":[\"x\",\"y\"]}",
+          L("{\"x\":1,\"y\":9}"), L("{\"x\":10,\"y\":1}"));
+    const char *tree = "{\"definitions\":{\"t\":{\"type\":\"object\",\"properties\":{"
+                       "\"v\":{\"type\":\"integer\"},\"kids\":{\"type\":\"array\",\"items\":"
+                       "{\"$ref\":\"#/definitions/t\"}}},\"required\":[\"v\"]}},"
+                       "\"$ref\":\"#/definitions/t\"}";
+    check(tree, L("{\"v\":1}", "{\"v\":1,\"kids\":[{\"v\":2,\"kids\":[{\"v\":3}]},{\"v\":4}]}"),
+          L("{\"v\":1,\"kids\":[{}]}", "{\"kids\":[]}"));
+    cr_expect(strstr(refuse("{\"$defs\":{\"a\":{\"$ref\":\"#/$defs/a\"}},\"$ref\":\"#/$defs/a\"}"),
+                     "$ref"));
+    cr_expect(strstr(refuse("{\"anyOf\":[{\"$ref\":\"#\"},{\"type\":\"null\"}]}"), "$ref"));
+    cr_expect(strstr(refuse("{\"$ref\":\"#/$defs/missing\"}"), "$ref"));
+    /* a required property that must hold the object itself: no finite document */
+    cr_expect(strstr(refuse("{\"type\":\"object\",\"properties\":{\"x\":{\"$ref\":\"#\"}},"
+                            "\"required\":[\"x\"]}"), "no finite document"));
+    /* optional, it is fine, and the endless branch of an anyOf is dropped */
+    check("{\"type\":\"object\",\"properties\":{\"x\":{\"$ref\":\"#\"}}}",
+          L("{}", "{\"x\":{\"x\":{}}}"), L("{\"x\":1}"));
+    kvp_grammar *g = compile("{\"anyOf\":[{\"type\":\"null\"},{\"type\":\"array\",\"items\":"
+                             "{\"$ref\":\"#/anyOf/1\"},\"minItems\":1}]}");
+    cr_expect(whole(g, "null"));
+    kvp_gmatch m;
+    cr_assert_eq(kvp_gmatch_init(&m, g), 0);
+    cr_expect_eq(kvp_gmatch_accept(&m, "[", 1), -EINVAL, "the endless branch is not offered");
+    kvp_gmatch_free(&m);
+    kvp_grammar_unref(g);
+    cr_expect(strstr(refuse("{\"$ref\":\"http://example.com/s.json\"}"), "$ref"));
+}
+
+Test(schema, patterns)
+{
+    check("{\"type\":\"string\",\"pattern\":\"^[a-z]{2,3}-\\\\d+$\"}",
+          L("\"ab-1\"", "\"xyz-0123\""), L("\"a-1\"", "\"abcd-1\"", "\"ab-\"", "\"AB-1\""));
+    check("{\"type\":\"string\",\"pattern\":\"^(cat|dog)s?$\"}", L("\"cat\"", "\"dogs\""),
+          L("\"cow\"", "\"cats!\""));
+    check("{\"type\":\"string\",\"pattern\":\"x\\\\.y\"}", L("\"x.y\"", "\"aax.ybb\""),
+          L("\"xzy\"", "\"\""));
+    check("{\"type\":\"string\",\"pattern\":\"^(a*|b)$\"}", L("\"aaa\"", "\"b\"", "\"\""),
+          L("\"ab\"", "\"ba\""));
+    check("{\"type\":\"string\",\"pattern\":\"^[^\\\"]+$\"}", L("\"abc\""), L("\"a\\\"b\""));
+    cr_expect(strstr(refuse("{\"type\":\"string\",\"pattern\":\"(a)\\\\1\"}"), "pattern"));
+    cr_expect(strstr(refuse("{\"type\":\"string\",\"pattern\":\"(a*)*\"}"), "pattern"));
+    cr_expect(strstr(refuse("{\"type\":\"string\",\"pattern\":\"(?=a)\"}"), "pattern"));
+    cr_expect(strstr(refuse("{\"type\":\"string\",\"pattern\":\"[a\"}"), "pattern"));
+    cr_expect(strstr(refuse("{\"type\":\"string\",\"pattern\":\"a{5000}\"}"), "pattern"));
+}
+
+Test(schema, whitespace_is_bounded)
+{
+    kvp_grammar *g = compile("{\"type\":\"array\",\"items\":{\"type\":\"integer\"}}");
+    char doc[64];
+    snprintf(doc, sizeof doc, "[\n%*s1]", 20, "");
+    cr_expect(whole(g, doc));
+    snprintf(doc, sizeof doc, "[\n%*s1]", 21, "");
+    cr_expect(!whole(g, doc));
+    cr_expect(!whole(g, "[  1]"));
+    cr_expect(!whole(g, "[\n\n1]"));
+    kvp_grammar_unref(g);
+}
+
+Test(schema, refused_keywords_are_named)
+{
+    cr_expect(strstr(refuse("{\"type\":\"string\",\"format\":\"date-time\"}"), "format"));
+    cr_expect(strstr(refuse("{\"type\":\"integer\",\"multipleOf\":3}"), "multipleOf"));
+    cr_expect(strstr(refuse("{\"type\":\"object\",\"properties\":{\"a\":{\"not\":{}}}}"),
+                     "not is not supported at /properties/a"));
+    cr_expect(strstr(refuse("{\"type\":\"object\",\"required\":[\"z\"]}"), "required"));
+    cr_expect(strstr(refuse("{\"type\":\"strin\"}"), "strin"));
+    cr_expect(strstr(refuse("{\"type\":\"string\",\"maxLength\":1000000}"), "maxLength"));
+    cr_expect(strstr(refuse("{\"type\":\"string\",\"minLength\":3,\"maxLength\":2}"), "minLength"));
+    cr_expect(strstr(refuse("{\"type\":\"integer\",\"minimum\":5,\"maximum\":4}"), "minimum"));
+    cr_expect(strstr(refuse("{\"allOf\":[{},{}]}"), "allOf"));
+    cr_expect(strstr(refuse("{\"enum\":[]}"), "enum"));
+    cr_expect(strstr(refuse("false"), "false"));
+    cr_expect(strstr(refuse("[1]"), "schema"));
+    cr_expect(strstr(refuse("{\"type\":\"array\",\"prefixItems\":[{}]}"), "prefixItems"));
+}
+
+Test(schema, hostile_sizes_fail_fast)
+{
+    /* 100 KB of properties */
+    size_t cap = 120 * 1024, n = 0;
+    char *s = malloc(cap);
+    n += (size_t)snprintf(s + n, cap - n, "{\"type\":\"object\",\"properties\":{");
+    for (int i = 0; n < 100 * 1024; i++)
+        n += (size_t)snprintf(s + n, cap - n, "%s\"p%d\":{\"type\":\"string\"}", i ? "," : "", i);
+    snprintf(s + n, cap - n, "}}");
+    cr_expect(strstr(refuse(s), "bytes, over the limit"));
+    /* nesting 200 deep */
+    n = 0;
+    for (int i = 0; i < 200; i++)
+        n += (size_t)snprintf(s + n, cap - n, "{\"type\":\"array\",\"items\":");
+    n += (size_t)snprintf(s + n, cap - n, "{}");
+    for (int i = 0; i < 200; i++)
+        s[n++] = '}';
+    s[n] = '\0';
+    cr_expect(strstr(refuse(s), "deeper"));
+    /* a shared schema is one rule however often it is used: this stays small */
+    kvp_grammar *g = compile("{\"type\":\"array\",\"maxItems\":4096,\"items\":{\"type\":"
+                             "\"array\",\"maxItems\":4096,\"items\":{\"type\":\"string\","
+                             "\"maxLength\":4096}}}");
+    cr_expect_lt(kvp_grammar_states(g), 300000);
+    kvp_grammar_unref(g);
+    /* distinct long strings add up: refused past the state limit */
+    n = 0;
+    n += (size_t)snprintf(s + n, cap - n, "{\"type\":\"object\",\"properties\":{");
+    for (int i = 0; i < 40; i++)
+        n += (size_t)snprintf(s + n, cap - n, "%s\"p%d\":{\"type\":\"string\",\"maxLength\":4096}",
+                              i ? "," : "", i);
+    snprintf(s + n, cap - n, "}}");
+    cr_expect(strstr(refuse(s), "too large"));
+    free(s);
+}
+
+Test(schema, calls)
+{
+    json_t *p1 = json_loads("{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\","
+                            "\"maxLength\":8}},\"required\":[\"city\"]}", 0, NULL);
+    kvp_schema_fn fns[] = {{"weather", p1}, {"time", NULL}};
+    char err[256];
+    kvp_grammar *g = kvp_schema_compile_calls(fns, 2, "<tool_call>\n", "\n</tool_call>", err,
+                                              sizeof err);
+    cr_assert(g, "%s", err);
+    cr_expect(whole(g, "<tool_call>\n{\"name\": \"weather\", \"arguments\": {\"city\": \"Oslo\"}}"
+                       "\n</tool_call>"));
+    cr_expect(whole(g, "<tool_call>\n{\"name\":\"time\",\"arguments\":{\"tz\":[1]}}\n</tool_call>"));
+    cr_expect(!whole(g, "<tool_call>\n{\"name\":\"weather\",\"arguments\":{}}\n</tool_call>"));
+    cr_expect(!whole(g, "<tool_call>\n{\"name\":\"other\",\"arguments\":{}}\n</tool_call>"));
+    cr_expect(!whole(g, "{\"name\":\"time\",\"arguments\":{}}"));
+    kvp_grammar_unref(g);
+    /* parallel calls: one to three, a newline between */
+    g = kvp_schema_compile_call_list(fns, 2, "<tool_call>\n", "\n</tool_call>", "\n", 3, err,
+                                     sizeof err);
+    cr_assert(g, "%s", err);
+    const char *one = "<tool_call>\n{\"name\":\"time\",\"arguments\":{}}\n</tool_call>";
+    char doc[1024];
+    cr_expect(whole(g, one));
+    snprintf(doc, sizeof doc, "%s\n%s", one, one);
+    cr_expect(whole(g, doc));
+    snprintf(doc, sizeof doc, "%s\n%s\n%s", one, one, one);
+    cr_expect(whole(g, doc));
+    snprintf(doc, sizeof doc, "%s\n%s\n%s\n%s", one, one, one, one);
+    cr_expect(!whole(g, doc));
+    snprintf(doc, sizeof doc, "%s%s", one, one);
+    cr_expect(!whole(g, doc));
+    kvp_grammar_unref(g);
+    cr_expect_null(kvp_schema_compile_call_list(fns, 2, NULL, NULL, NULL, 0, err, sizeof err));
+    cr_expect_null(kvp_schema_compile_calls(fns, 0, NULL, NULL, err, sizeof err));
+    json_t *badp = json_loads("{\"type\":\"object\",\"properties\":{\"a\":{\"format\":\"x\"}}}",
+                              0, NULL);
+    kvp_schema_fn bad[] = {{"f", badp}};
+    cr_expect_null(kvp_schema_compile_calls(bad, 1, NULL, NULL, err, sizeof err));
+    cr_expect(strstr(err, "format is not supported at /f/properties/a"), "%s", err);
+    json_decref(badp);
+    json_decref(p1);
+}
+
+/* ---- random schemas: whatever compiles writes only JSON ---- */
+
+static uint64_t rng_state = 88172645463325252ull;
+
+static unsigned rnd(unsigned n)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (unsigned)(rng_state % n);
+}
+
+static json_t *random_schema(int depth)
+{
+    static const char *const types[] = {"string", "integer", "number", "boolean", "null",
+                                        "object", "array"};
+    int k = (int)rnd(depth > 3 ? 5 : 10);
+    switch (k) {
+    case 0: return json_pack("{s:s, s:i}", "type", "string", "maxLength", (int)rnd(6));
+    case 1: return json_pack("{s:s, s:i, s:i}", "type", "integer", "minimum", (int)rnd(30) - 15,
+                             "maximum", 15 + (int)rnd(300));
+    case 2: return json_pack("{s:[s, i, n]}", "enum", "a\"b", (int)rnd(9));
+    case 3: return json_pack("{s:s, s:s}", "type", "string", "pattern", rnd(2) ? "^[a-c]+x?$" : "d|e");
+    case 4: return json_pack("{s:s}", "type", types[rnd(7)]);
+    case 5: {
+        json_t *p = json_object();
+        int n = 1 + (int)rnd(3);
+        json_t *req = json_array();
+        for (int i = 0; i < n; i++) {
+            char key[8];
+            snprintf(key, sizeof key, "k%d", i);
+            json_object_set_new(p, key, random_schema(depth + 1));
+            if (rnd(2))
+                json_array_append_new(req, json_string(key));
+        }
+        return json_pack("{s:s, s:o, s:o, s:b}", "type", "object", "properties", p, "required",
+                         req, "additionalProperties", 0);
+    }
+    case 6: return json_pack("{s:s, s:o, s:i}", "type", "array", "items", random_schema(depth + 1),
+                             "maxItems", (int)rnd(4));
+    case 7: return json_pack("{s:[o, o]}", "anyOf", random_schema(depth + 1),
+                             random_schema(depth + 1));
+    case 8: return json_pack("{s:s, s:i, s:i}", "type", "number", "minimum", -(int)rnd(3),
+                             "exclusiveMaximum", 1 + (int)rnd(3));
+    default: return json_pack("{s:[s, s], s:i}", "type", "string", "null", "maxLength", 2);
+    }
+}
+
+Test(schema, random_schemas_write_only_json)
+{
+    static const char bytes[] = "{}[],:\" \n\tabcdexk0123456789-.eE+tfrunl\\/\x01\xc3\xa9";
+    int compiled = 0, documents = 0;
+    for (int round = 0; round < 300; round++) {
+        json_t *s = random_schema(0);
+        char err[256];
+        kvp_grammar *g = kvp_schema_compile(s, err, sizeof err);
+        json_decref(s);
+        if (!g)
+            continue;
+        compiled++;
+        kvp_gmatch m;
+        cr_assert_eq(kvp_gmatch_init(&m, g), 0);
+        char doc[512];
+        size_t len = 0;
+        while (len < sizeof doc - 1 && !kvp_gmatch_closed(&m)) {
+            if (kvp_gmatch_complete(&m) && rnd(4) == 0)
+                break;
+            int took = 0;
+            for (int tries = 0; tries < 64 && !took; tries++) {
+                char b = bytes[rnd(sizeof bytes - 1)];
+                int before = kvp_gmatch_complete(&m);
+                if (kvp_gmatch_accept(&m, &b, 1) == 0) {
+                    doc[len++] = b;
+                    took = 1;
+                } else
+                    cr_assert_eq(kvp_gmatch_complete(&m), before, "a refusal changed the state");
+            }
+            if (!took)
+                break;
+        }
+        doc[len] = '\0';
+        if (kvp_gmatch_complete(&m)) {
+            json_error_t je;
+            json_t *v = json_loadb(doc, len, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
+            cr_expect(v, "not JSON (%s): %s", je.text, doc);
+            json_decref(v);
+            documents++;
+        }
+        kvp_gmatch_free(&m);
+        kvp_grammar_unref(g);
+    }
+    cr_expect_gt(compiled, 200);
+    cr_expect_gt(documents, 100);
+}

@@ -1,0 +1,19 @@
+/* OpenAI's response_format (web/openai.c): {type: text}, {type: json_object} (any JSON
+ * object) and {type: json_schema, json_schema: {name, schema, strict, description}} (the
+ * documents valid against schema, model/schema.h) as a grammar for the turn. */
+#ifndef KVPD_FORMAT_H
+#define KVPD_FORMAT_H
+
+#include <stddef.h>
+
+#include <jansson.h>
+
+struct kvp_grammar;
+
+/* rf: the request's response_format (NULL or null: text). 0 with *out the grammar (NULL
+ * for text; the caller unrefs it), or -1 with *param the offending field and a message
+ * naming what was refused in msg. */
+int kvpd_response_format(const json_t *rf, struct kvp_grammar **out, const char **param,
+                         char *msg, size_t msglen);
+
+#endif
