@@ -1006,6 +1006,24 @@ static int retry_save(kvp_hub *h, kvp_session *s, double now)
     return 1;
 }
 
+/* The store keeps the snapshots of sessions in memory or attached, whatever their age
+ * (sessions/store.h): the set is given again at every sweep of the hub's. */
+static void mark_live(kvp_hub *h)
+{
+    int n = 0;
+    for (kvp_session *s = h->sessions.head; s; s = s->next)
+        n++;
+    const char **ids = n ? malloc((size_t)n * sizeof *ids) : NULL;
+    if (n && !ids)
+        return;   /* the previous set stays */
+    int k = 0;
+    for (kvp_session *s = h->sessions.head; s; s = s->next)
+        if (s->state != KVP_SESSION_PARKED || s->client)
+            ids[k++] = s->id;
+    kvp_store_set_live(h->env.store, ids, k);
+    free(ids);
+}
+
 void kvp_hub_expire(kvp_hub *h, double now)
 {
     double timeout = h->cfg->idle_timeout_s;
@@ -1035,6 +1053,8 @@ void kvp_hub_expire(kvp_hub *h, double now)
         }
         s = next;
     }
+    if (h->env.store)
+        mark_live(h);
 }
 
 int kvp_hub_drain(kvp_hub *h)

@@ -2,7 +2,8 @@
  * denies this node's user the snap:* keys, while the lease keys stay writable, so the
  * turn itself runs) retries the write with backoff once Redis takes writes again: the
  * API answer said `durable: false`, /healthz leaves 503 by itself, the snapshot lands in
- * Redis, and the conversation's next turn is durable. */
+ * Redis, and the conversation's next turn is durable. And the time to live of a session
+ * this node holds attached is renewed: its keys outlive snapshot_ttl. */
 #include <criterion/criterion.h>
 #include <hiredis/hiredis.h>
 #include <stdio.h>
@@ -134,5 +135,46 @@ Test(cluster_save_retry, a_redis_write_that_failed_is_retried_and_health_recover
     cr_assert(json_is_true(json_object_get(json_object_get(b, "kvpd"), "durable")), "%s", raw);
     json_decref(b);
     free(raw);
+    cr_assert_eq(kvpd_stop(&p, 10000), 0);
+}
+
+/* The keys of a session this node holds attached keep living past snapshot_ttl (the
+ * store's thread renews their time to live); a released session's keys expire. */
+Test(cluster_save_retry, the_keys_of_an_attached_session_outlive_snapshot_ttl)
+{
+    redis_do(NULL, "ACL SETUSER admin on >pw ~* &* +@all");
+    char extra[160];
+    snprintf(extra, sizeof extra, "--state-url redis://127.0.0.1:%d/0 --idle-timeout 2 "
+             "--snapshot-ttl 2", g_redis.port);
+    kvpd_proc p;
+    cr_assert_eq(kvpd_start(&p, extra), 0, "log %s", p.log);
+    ws_client c, d;
+    char id[80], gone[80], key[128];
+    ws_client *cs[] = {&c, &d};
+    char *ids[] = {id, gone};
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(h_connect(&p, cs[i]), 0);
+        cr_assert_eq(ws_send_text(cs[i], "{\"type\":\"hello\"}"), 0);
+        json_t *s = h_expect(cs[i], "session", 5000);
+        cr_assert(s);
+        snprintf(ids[i], 80, "%s", json_string_value(json_object_get(s, "id")));
+        json_decref(s);
+        json_t *done = h_turn(cs[i], "Once upon a time", 4, NULL);
+        cr_assert(done && json_is_true(json_object_get(done, "durable")));
+        json_decref(done);
+    }
+    ws_close(&d);
+    nanosleep(&(struct timespec){4, 500 * 1000 * 1000}, NULL);
+    snprintf(key, sizeof key, "snap:%s", gone);
+    cr_assert_eq(redis_exists(key), 0, "the released session's snapshot did not expire");
+    snprintf(key, sizeof key, "snap:%s", id);
+    cr_assert_eq(redis_exists(key), 1, "the attached session's snapshot expired (log %s)",
+                 p.log);
+    json_t *done = h_turn(&c, "and then", 4, NULL);
+    cr_assert(done);
+    cr_assert_str_eq(json_string_value(json_object_get(done, "type")), "done", "%s",
+                     json_string_value(json_object_get(done, "message")));
+    json_decref(done);
+    ws_close(&c);
     cr_assert_eq(kvpd_stop(&p, 10000), 0);
 }
