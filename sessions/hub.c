@@ -1010,14 +1010,16 @@ static void submit_save(kvp_hub *h, kvp_session *s)
     submit(h, s, KVP_SESSION_SAVE, 0);
 }
 
-/* A session whose snapshot write failed (a full or failing disk) is written again, 1 s
- * after the failure, then 2, 4 ... up to 60 s apart, until a write succeeds: the node
- * recovers (/healthz, parking) once the store takes writes again. Not with a shared
- * store: a write there must hold the session's lease, which only a turn or a load takes. */
+/* A session whose snapshot write failed (a full or failing disk, Redis away or refusing
+ * writes) is written again, 1 s after the failure, then 2, 4 ... up to 60 s apart, until
+ * a write succeeds: the node recovers (/healthz, parking) once the store takes writes
+ * again. With a shared store the write is fenced (store/store.h): it lands only under
+ * this node's newest lease or a free one, over the version this copy descends from; a
+ * copy another node has moved past comes back -ESTALE and is not retried again. */
 static int retry_save(kvp_hub *h, kvp_session *s, double now)
 {
     if (!s->save_failed || s->state != KVP_SESSION_IDLE || h->draining ||
-        kvp_store_has_leases(h->env.store) || now < s->save_retry_at)
+        now < s->save_retry_at)
         return 0;
     int shift = s->save_retries < 6 ? s->save_retries : 6;
     double wait = (double)(1 << shift);
@@ -1025,6 +1027,24 @@ static int retry_save(kvp_hub *h, kvp_session *s, double now)
     s->save_retries++;
     submit_save(h, s);
     return 1;
+}
+
+/* The store keeps the snapshots of sessions in memory or attached, whatever their age
+ * (store/store.h): the set is given again at every sweep of the hub's. */
+static void mark_live(kvp_hub *h)
+{
+    int n = 0;
+    for (kvp_session *s = h->sessions.head; s; s = s->next)
+        n++;
+    const char **ids = n ? malloc((size_t)n * sizeof *ids) : NULL;
+    if (n && !ids)
+        return;   /* the previous set stays */
+    int k = 0;
+    for (kvp_session *s = h->sessions.head; s; s = s->next)
+        if (s->state != KVP_SESSION_PARKED || s->client)
+            ids[k++] = s->id;
+    kvp_store_set_live(h->env.store, ids, k);
+    free(ids);
 }
 
 void kvp_hub_expire(kvp_hub *h, double now)
@@ -1056,6 +1076,8 @@ void kvp_hub_expire(kvp_hub *h, double now)
         }
         s = next;
     }
+    if (h->env.store)
+        mark_live(h);
 }
 
 int kvp_hub_drain(kvp_hub *h)

@@ -205,11 +205,16 @@ static void expire_one(kvp_store *st, const char *id, time_t mtime, void *ctx)
     char err[256];
     if (mtime >= x->before)
         return;
-    if (kvp_snapshot_remove(st->dir, id, err, sizeof err) == 0) {
+    /* checked and deleted under the live set's mutex: a session read meanwhile is live */
+    pthread_mutex_lock(&st->live_mu);
+    int live = kvp_store_live_has_locked(st, id);
+    int rc = live ? 1 : kvp_snapshot_remove(st->dir, id, err, sizeof err);
+    pthread_mutex_unlock(&st->live_mu);
+    if (rc == 0) {
         x->removed++;
         kvpd_log("info", "session %.8s: snapshot unused for over snapshot_ttl (%.0f s), deleted",
                  id, st->ttl_s);
-    } else {
+    } else if (rc < 0) {
         kvpd_log("warning", "snapshot_ttl: %s", err);
     }
 }
@@ -390,6 +395,7 @@ int kvp_store_open(kvp_store **out, const kvp_store_params *p, char *err, size_t
     st->expire_every_s = p->expire_every_s > 0 ? p->expire_every_s
                          : st->ttl_s / 4 < 1 ? 1 : st->ttl_s / 4 > 3600 ? 3600 : st->ttl_s / 4;
     pthread_mutex_init(&st->mu, NULL);
+    pthread_mutex_init(&st->live_mu, NULL);
     pthread_cond_init(&st->wake, NULL);
     if (p->node_id && p->node_id[0]) {
         snprintf(st->node, sizeof st->node, "%s", p->node_id);
@@ -455,7 +461,9 @@ void kvp_store_close(kvp_store *st)
         st->ops->close(st);
     free(st->held.v);
     free(st->releasing.v);
+    free(st->live);
     pthread_cond_destroy(&st->wake);
+    pthread_mutex_destroy(&st->live_mu);
     pthread_mutex_destroy(&st->mu);
     free(st);
 }
@@ -507,6 +515,7 @@ int kvp_store_put(kvp_store *st, const kvp_snapshot *snap, uint64_t *version, si
     *bytes = 0;
     int leases = st->ops->lease_take != NULL;
     kvp_store_fence f = {leases ? held_token(st, snap->id) : 0, *version};
+    kvp_store_live_add(st, snap->id);
     double t0 = mono_now();
     int rc = counted(st, st->ops->put(st, snap, &f, bytes, err, errlen));
     if (leases) {
@@ -549,6 +558,7 @@ int kvp_store_get(kvp_store *st, const char *id, kvp_snapshot *out, uint64_t *ve
     *journal_clean = 1;
     if (jerrlen)
         jerr[0] = '\0';
+    kvp_store_live_add(st, id);   /* before the read: the sweep now leaves it */
     return counted(st, st->ops->get(st, id, out, version, journal_bytes, journal_clean, jerr,
                                     jerrlen, err, errlen));
 }

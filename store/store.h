@@ -83,8 +83,15 @@ int kvp_store_remove(kvp_store *st, const char *id, char *err, size_t errlen);
 int kvp_store_list(kvp_store *st, void (*fn)(void *ctx, const char *id), void *ctx,
                    char *err, size_t errlen);
 /* Deletes snapshots unused for longer than the time to live (the directory; Redis lets
- * its keys expire by themselves). Returns how many, or a negative code. */
+ * its keys expire by themselves). Never those of live sessions (below). Returns how
+ * many, or a negative code. */
 int kvp_store_expire(kvp_store *st, char *err, size_t errlen);
+/* The sessions this node holds live: in memory or attached. Their snapshots never
+ * expire, however old: the directory's sweep skips them, and Redis has their keys' time
+ * to live renewed by the store's thread at every sweep. Replaces the set (the ids are
+ * copied); a snapshot read or written is live until the next call. No I/O: the loop may
+ * call it. 0, or -ENOMEM (the previous set stays). st may be NULL. */
+int kvp_store_set_live(kvp_store *st, const char *const *ids, int n);
 
 /* Leases (Redis; a directory has a single node, which always holds them). A session is
  * served by the node holding its lease: taken by the worker before a job (a load or a

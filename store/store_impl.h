@@ -75,11 +75,21 @@ struct kvp_store {
     int thread_on, stopping;
     kvp_lease_set held, releasing;  /* the leases held; those to release */
     kvp_store_stats stats;
+    pthread_mutex_t live_mu;       /* the live set (sessions/store_live.c) */
+    kvp_store_id *live;            /* sorted; n_live of cap_live */
+    int n_live, cap_live;
 };
 
 /* Redis (sessions/store_redis.c): fills st->ops, impl, where; connects once to check. */
 int kvp_store_redis_open(kvp_store *st, const char *url, char *err, size_t errlen);
 /* Counts a failed call (any thread). */
 void kvp_store_count_error(kvp_store *st);
+
+/* The live set (sessions/store_live.c). add: the id is live from now on (until the next
+ * kvp_store_set_live); has_locked: with live_mu held; copy: the ids (malloc'd, *out),
+ * their count. Any thread. */
+void kvp_store_live_add(kvp_store *st, const char *id);
+int kvp_store_live_has_locked(const kvp_store *st, const char *id);
+int kvp_store_live_copy(kvp_store *st, kvp_store_id **out);
 
 #endif

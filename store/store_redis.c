@@ -391,12 +391,75 @@ static int redis_list(kvp_store *st, void (*fn)(void *ctx, const char *id), void
     return count;
 }
 
+/* KEYS: snap, turns, ver, fence. ARGV: ttl ms, the counter's ttl ms. The time to live
+ * of a stored session starts again (keys that have expired stay gone). */
+static const char LIVE_SCRIPT[] =
+    "if redis.call('PEXPIRE', KEYS[1], ARGV[1]) == 1 then\n"
+    "  redis.call('PEXPIRE', KEYS[2], ARGV[1])\n"
+    "  redis.call('PEXPIRE', KEYS[3], ARGV[1])\n"
+    "  redis.call('PEXPIRE', KEYS[4], ARGV[2])\n"
+    "end\n"
+    "return 1\n";
+
+/* The keys carry their own time to live; a session this node holds live has it renewed
+ * here at every sweep (a quarter of the time to live apart, at most an hour), so it
+ * never expires while in memory or attached however long it stays idle. Pipelined, one
+ * script per session. Returns 0 (nothing deleted) or -EIO. */
 static int redis_expire(kvp_store *st, char *err, size_t errlen)
 {
-    (void)st;
-    (void)err;
-    (void)errlen;
-    return 0;   /* the keys carry their own time to live */
+    if (st->ttl_s <= 0)
+        return 0;
+    kvp_store_id *ids;
+    int n = kvp_store_live_copy(st, &ids);
+    if (n == 0)
+        return 0;
+    redis_impl *r = impl(st);
+    redisContext *c = conn_get(r, err, errlen);
+    if (!c) {
+        free(ids);
+        return -EIO;
+    }
+    char ttl[24], fttl[24];
+    snprintf(ttl, sizeof ttl, "%lld", (long long)(st->ttl_s * 1000));
+    snprintf(fttl, sizeof fttl, "%lld", fence_ttl_ms(st));
+    for (int i = 0; i < n; i++) {
+        char ks[96], kt[96], kv[96], kf[96];
+        key(ks, sizeof ks, "snap", ids[i]);
+        key(kt, sizeof kt, "turns", ids[i]);
+        key(kv, sizeof kv, "ver", ids[i]);
+        key(kf, sizeof kf, "fence", ids[i]);
+        const char *argv[] = {"EVAL", LIVE_SCRIPT, "4", ks, kt, kv, kf, ttl, fttl};
+        size_t lens[9];
+        for (int j = 0; j < 9; j++)
+            lens[j] = strlen(argv[j]);
+        redisAppendCommandArgv(c, 9, argv, lens);
+    }
+    int rc = 0;
+    for (int i = 0; i < n && rc == 0; i++) {
+        void *rep = NULL;
+        if (redisGetReply(c, &rep) != REDIS_OK) {
+            snprintf(err, errlen, "renewing the time to live of %d live session(s): %s", n,
+                     c->errstr);
+            rc = -EIO;
+        } else if (((redisReply *)rep)->type == REDIS_REPLY_ERROR) {
+            snprintf(err, errlen, "renewing the time to live of session %.8s: %s", ids[i],
+                     ((redisReply *)rep)->str);
+            rc = -EIO;
+            /* the rest of the pipeline is read so the connection stays usable */
+            for (int k = i + 1; k < n; k++) {
+                void *more = NULL;
+                if (redisGetReply(c, &more) != REDIS_OK)
+                    break;
+                freeReplyObject(more);
+            }
+        }
+        freeReplyObject(rep);
+    }
+    conn_put(r, c);
+    free(ids);
+    if (rc < 0)
+        kvp_store_count_error(st);
+    return rc;
 }
 
 static int redis_lease_take(kvp_store *st, const char *id, uint64_t *token, int *stored_turns,
