@@ -112,6 +112,7 @@ typedef struct kvp_hub_config {
     int max_history_tokens;       /* transcript tokens a session stores (0: all) */
     int max_prompt_tokens;        /* tokens one turn may prefill (0: the model's context
                                    * plus the budget); more: too_large, before any prefill */
+    double canary_rate;           /* share of turns the eviction canary checks (0: none) */
 } kvp_hub_config;
 
 typedef struct kvp_hub kvp_hub;
@@ -187,6 +188,7 @@ typedef struct kvp_hub_info {
     char weights[160];            /* weight bytes by type (kvp_model_weight_mix) */
     uint64_t weight_bytes;        /* resident weight bytes, all types */
     uint64_t policy_file_loads;   /* policy files read: once at start, once per reload */
+    const char *learn_dir;        /* "" when no transcripts are kept */
 } kvp_hub_info;
 
 typedef struct kvp_hub_session_info {
@@ -234,6 +236,11 @@ typedef struct kvp_hub_params {
     /* The conversations on disk by transcript (kvp_transcripts_load at start), moved into
      * the hub (*transcripts is left empty); NULL: none. */
     struct kvp_transcripts *transcripts;
+    /* Transcripts kept for learning (sessions/learnlog.h): NULL/"" for none. */
+    const char *learn_dir;
+    double learn_rate;            /* share of conversations kept */
+    uint64_t learn_max_bytes;     /* the directory's size cap (0: none) */
+    double learn_max_age_s;       /* files older than this are deleted (0: kept) */
 } kvp_hub_params;
 
 /* Starts the workers. On failure *out may be set: stop and free it as below. */

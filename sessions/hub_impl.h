@@ -28,6 +28,7 @@ struct kvp_hub {
     /* Set by a refused admission when nothing running will free room soon: the wait
      * until an idle session times out (ms); 0: about a turn (kvp_hub_retry_hint_ms). */
     int refused_retry_ms;
+    struct kvp_background *bg;       /* canary checks and learn_dir writes (background.h) */
 };
 
 /* An idle session leaves memory (hub.c; its snapshot, if any, stays on disk). */
