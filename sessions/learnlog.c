@@ -13,11 +13,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "base/bytes.h"
 #include "base/checksum.h"
 #include "base/fileio.h"
-
-static const char MAGIC[8] = {'K', 'V', 'P', 'T', 'X', '1', 0, 0};
+#include "base/tokfile.h"
 
 int kvp_learnlog_sampled(const kvp_learnlog_cfg *c, const char *session_id)
 {
@@ -28,11 +26,6 @@ int kvp_learnlog_sampled(const kvp_learnlog_cfg *c, const char *session_id)
     uint64_t h = kvp_fnv1a(KVP_FNV1A_INIT, session_id, strlen(session_id));
     h ^= h >> 29;   /* FNV's low bits mix best after a fold */
     return (double)(h >> 11) * (1.0 / 9007199254740992.0) < c->rate;
-}
-
-static uint64_t ids_hash(const unsigned char *p, size_t n)
-{
-    return kvp_fnv1a(KVP_FNV1A_INIT, p, n);
 }
 
 typedef struct entry {
@@ -100,7 +93,7 @@ static void apply_caps(const kvp_learnlog_cfg *c)
 int kvp_learnlog_write(const kvp_learnlog_cfg *c, const char *session_id, const int *tokens,
                        int n, char *err, size_t errlen)
 {
-    if (n < 0 || n > KVP_LEARNLOG_MAX_TOKENS) {
+    if (n < 0 || n > KVP_TOKFILE_MAX_TOKENS) {
         snprintf(err, errlen, "%d tokens: more than a transcript file holds", n);
         return -E2BIG;
     }
@@ -108,19 +101,12 @@ int kvp_learnlog_write(const kvp_learnlog_cfg *c, const char *session_id, const 
         snprintf(err, errlen, "learn_dir %s: %s", c->dir, strerror(errno));
         return -errno;
     }
-    size_t bytes = KVP_LEARNLOG_HEADER + 4 * (size_t)n;
-    unsigned char *buf = malloc(bytes);
+    size_t bytes;
+    unsigned char *buf = kvp_tokfile_encode(tokens, n, c->fingerprint, &bytes);
     if (!buf) {
         snprintf(err, errlen, "out of memory");
         return -ENOMEM;
     }
-    for (int i = 0; i < n; i++)
-        kvp_put_u32(buf + KVP_LEARNLOG_HEADER + 4 * (size_t)i, (uint32_t)tokens[i]);
-    memcpy(buf, MAGIC, 8);
-    kvp_put_u64(buf + 8, c->fingerprint);
-    kvp_put_u32(buf + 16, (uint32_t)n);
-    kvp_put_u32(buf + 20, 0);
-    kvp_put_u64(buf + 24, ids_hash(buf + KVP_LEARNLOG_HEADER, 4 * (size_t)n));
     uint64_t h = kvp_fnv1a(KVP_FNV1A_INIT, session_id, strlen(session_id));
     char path[1024], tmp[1100];
     snprintf(path, sizeof path, "%s/%016llx%s", c->dir, (unsigned long long)h, KVP_LEARNLOG_EXT);
@@ -143,68 +129,5 @@ int kvp_learnlog_write(const kvp_learnlog_cfg *c, const char *session_id, const 
         return rc;
     }
     apply_caps(c);
-    return 0;
-}
-
-int kvp_learnlog_read(const char *path, int vocab, int **tokens, int *n,
-                      uint64_t *fingerprint, char *err, size_t errlen)
-{
-    struct stat st;
-    int fd = kvp_open_input(path, &st);
-    if (fd < 0) {
-        snprintf(err, errlen, "%s: %s", path, kvp_fileio_strerror(fd));
-        return fd;
-    }
-    unsigned char head[KVP_LEARNLOG_HEADER];
-    long long got = kvp_read_full(fd, head, sizeof head);
-    if (got != (long long)sizeof head || memcmp(head, MAGIC, 8)) {
-        close(fd);
-        snprintf(err, errlen, "%s: not a transcript file (%s)", path,
-                 got == (long long)sizeof head ? "bad magic" : "truncated header");
-        return -EBADMSG;
-    }
-    uint32_t count = kvp_get_u32(head + 16);
-    if (count > KVP_LEARNLOG_MAX_TOKENS ||
-        (off_t)(KVP_LEARNLOG_HEADER + 4 * (uint64_t)count) != st.st_size) {
-        close(fd);
-        snprintf(err, errlen, "%s: damaged (%u tokens announced, %lld bytes on disk)", path,
-                 count, (long long)st.st_size);
-        return -EBADMSG;
-    }
-    unsigned char *raw = malloc(4 * (size_t)count + 1);
-    int *ids = malloc(sizeof *ids * ((size_t)count + 1));
-    if (!raw || !ids) {
-        close(fd);
-        free(raw);
-        free(ids);
-        snprintf(err, errlen, "out of memory");
-        return -ENOMEM;
-    }
-    got = kvp_read_full(fd, raw, 4 * (size_t)count);
-    close(fd);
-    int rc = 0;
-    if (got != (long long)(4 * (size_t)count)) {
-        snprintf(err, errlen, "%s: truncated", path);
-        rc = -EBADMSG;
-    } else if (ids_hash(raw, 4 * (size_t)count) != kvp_get_u64(head + 24)) {
-        snprintf(err, errlen, "%s: damaged (checksum mismatch)", path);
-        rc = -EBADMSG;
-    }
-    for (uint32_t i = 0; rc == 0 && i < count; i++) {
-        uint32_t v = kvp_get_u32(raw + 4 * (size_t)i);
-        if (v > 0x7fffffffu || (vocab > 0 && (int)v >= vocab)) {
-            snprintf(err, errlen, "%s: token %u at %u outside the vocabulary", path, v, i);
-            rc = -EBADMSG;
-        }
-        ids[i] = (int)v;
-    }
-    free(raw);
-    if (rc < 0) {
-        free(ids);
-        return rc;
-    }
-    *tokens = ids;
-    *n = (int)count;
-    *fingerprint = kvp_get_u64(head + 8);
     return 0;
 }

@@ -7,19 +7,17 @@
  * Retention: after each write, files older than max_age_s are deleted, then the oldest
  * until the directory's files total at most max_bytes.
  *
- * File (little endian): "KVPTX1\0\0", u64 model fingerprint, u32 token count n, u32 0,
- * u64 FNV-1a of the n u32 token ids as stored, then the n ids. Written to a temporary
- * name and renamed, so a reader sees an old file or a whole new one. */
+ * The file format is base/tokfile.h's (read with kvp_tokfile_read). Written to a
+ * temporary name and renamed, so a reader sees an old file or a whole new one. */
 #ifndef KVP_LEARNLOG_H
 #define KVP_LEARNLOG_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-#define KVP_LEARNLOG_EXT ".kvtx"
-#define KVP_LEARNLOG_HEADER 32
-/* The most tokens a file may hold (a reader refuses more). */
-#define KVP_LEARNLOG_MAX_TOKENS (1 << 24)
+#include "base/tokfile.h"
+
+#define KVP_LEARNLOG_EXT KVP_TOKFILE_EXT
 
 typedef struct kvp_learnlog_cfg {
     const char *dir;           /* "" or NULL: off */
@@ -36,10 +34,5 @@ int kvp_learnlog_sampled(const kvp_learnlog_cfg *c, const char *session_id);
  * errno with a message. */
 int kvp_learnlog_write(const kvp_learnlog_cfg *c, const char *session_id, const int *tokens,
                        int n, char *err, size_t errlen);
-/* Reads a file: the ids (malloc'd) and the model's fingerprint. -EBADMSG when it is
- * damaged (bad magic, short, wrong checksum, ids out of [0, vocab) when vocab > 0), other
- * negative errnos when it cannot be read; with a message. */
-int kvp_learnlog_read(const char *path, int vocab, int **tokens, int *n,
-                      uint64_t *fingerprint, char *err, size_t errlen);
 
 #endif

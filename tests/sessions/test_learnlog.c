@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "base/checksum.h"
+#include "base/tokfile.h"
 #include "sessions/learnlog.h"
 
 static char dir[64];
@@ -74,10 +75,10 @@ Test(learnlog, a_file_reads_back_as_written)
     struct stat st;
     cr_assert_eq(stat(path, &st), 0);
     cr_assert_eq(st.st_mode & 0777, 0600);
-    cr_assert_eq(st.st_size, KVP_LEARNLOG_HEADER + 4 * 300);
+    cr_assert_eq(st.st_size, KVP_TOKFILE_HEADER + 4 * 300);
     int *got = NULL, n = 0;
     uint64_t fp = 0;
-    cr_assert_eq(kvp_learnlog_read(path, 512, &got, &n, &fp, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(kvp_tokfile_read(path, 512, &got, &n, &fp, err, sizeof err), 0, "%s", err);
     cr_assert_eq(n, 300);
     cr_assert_eq(fp, 0x1234abcdULL);
     cr_assert_arr_eq(got, ids, sizeof ids);
@@ -85,7 +86,7 @@ Test(learnlog, a_file_reads_back_as_written)
     /* the next turn replaces it: one file per conversation */
     cr_assert_eq(kvp_learnlog_write(&c, "session-a", ids, 200, err, sizeof err), 0, "%s", err);
     cr_assert_eq(count_files(), 1);
-    cr_assert_eq(kvp_learnlog_read(path, 512, &got, &n, &fp, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(kvp_tokfile_read(path, 512, &got, &n, &fp, err, sizeof err), 0, "%s", err);
     cr_assert_eq(n, 200);
     free(got);
     /* the file never names the session */
@@ -102,7 +103,7 @@ static void expect_damaged(const char *path, int vocab, const char *what)
     int *got = NULL, n = 0;
     uint64_t fp;
     char err[256] = "";
-    cr_assert_eq(kvp_learnlog_read(path, vocab, &got, &n, &fp, err, sizeof err), -EBADMSG,
+    cr_assert_eq(kvp_tokfile_read(path, vocab, &got, &n, &fp, err, sizeof err), -EBADMSG,
                  "%s was not refused", what);
     cr_assert(strstr(err, path), "the message names the file: %s", err);
     cr_assert_null(got);
@@ -119,13 +120,13 @@ Test(learnlog, damaged_files_are_refused_with_a_message)
     cr_assert_eq(kvp_learnlog_write(&c, "s", ids, 64, err, sizeof err), 0, "%s", err);
     file_of("s", path, sizeof path);
     FILE *f = fopen(path, "rb");
-    unsigned char good[KVP_LEARNLOG_HEADER + 4 * 64];
+    unsigned char good[KVP_TOKFILE_HEADER + 4 * 64];
     cr_assert_eq(fread(good, 1, sizeof good, f), sizeof good);
     fclose(f);
     unsigned char bad[sizeof good];
     /* a flipped bit in a token */
     memcpy(bad, good, sizeof bad);
-    bad[KVP_LEARNLOG_HEADER + 4 * 10] ^= 0x01;
+    bad[KVP_TOKFILE_HEADER + 4 * 10] ^= 0x01;
     f = fopen(path, "wb");
     fwrite(bad, 1, sizeof bad, f);
     fclose(f);
@@ -165,7 +166,7 @@ Test(learnlog, damaged_files_are_refused_with_a_message)
     fclose(f);
     int *got = NULL, n;
     uint64_t fp;
-    cr_assert_eq(kvp_learnlog_read(path, 512, &got, &n, &fp, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(kvp_tokfile_read(path, 512, &got, &n, &fp, err, sizeof err), 0, "%s", err);
     free(got);
     remove_dir();
 }
@@ -194,7 +195,7 @@ Test(learnlog, the_caps_drop_old_files_then_the_oldest_past_the_size)
     kvp_learnlog_cfg c = cfg();
     int ids[100] = {0};
     char err[256], id[16];
-    size_t one = KVP_LEARNLOG_HEADER + 4 * 100;
+    size_t one = KVP_TOKFILE_HEADER + 4 * 100;
     for (int i = 0; i < 5; i++) {
         snprintf(id, sizeof id, "s%d", i);
         cr_assert_eq(kvp_learnlog_write(&c, id, ids, 100, err, sizeof err), 0, "%s", err);
