@@ -81,6 +81,11 @@ static const key_def keys[] = {
     {"chat_template", T_STR, F(chat_template), 0, 0, "", "chat template family: chatml, llama3, llama2, mistral, zephyr, phi3, gemma or plain (empty: detected from the model's tokenizer.chat_template)", FIXED},
     {"chat_template_file", T_STR, F(chat_template_file), 0, 0, "", "a Jinja chat template file rendered instead of the model's tokenizer.chat_template (as Hugging Face's apply_chat_template renders it; empty: the model's own)", FIXED},
     {"reuse_cache", T_BOOL, F(reuse_cache), 0, 1, "true", "keep each session's KV cache across turns (false: re-prefill, for benchmarks)", FIXED},
+    {"canary_rate", T_FLOAT, F(canary_rate), 0, 1, "0.02", "share of turns the eviction canary checks after the fact, on an idle worker: the reply's distributions under eviction against one full-cache prefill (KL and top-1 agreement in /metrics and /admin/stats; skipped while any turn is queued or a step or job runs; 0: off)", LIVE},
+    {"learn_dir", T_STR, F(learn_dir), 0, 0, "", "directory where the token ids (no text) of a sampled share of conversations are kept for kvp learn --transcripts, one checksummed file per conversation named by a hash of its session id, 0600 (empty: none kept)", FIXED},
+    {"learn_rate", T_FLOAT, F(learn_rate), 0, 1, "0.1", "with learn_dir: the share of conversations kept", FIXED},
+    {"learn_max_bytes", T_BYTES, F(learn_max_bytes), 0, 0, "256M", "with learn_dir: the oldest files are deleted while the directory's transcripts are over this (k/M/G suffixes; 0: no cap)", FIXED},
+    {"learn_max_age_days", T_INT, F(learn_max_age_days), 0, 36500, "30", "with learn_dir: transcripts older than this many days are deleted (0: kept)", FIXED},
 };
 
 #define N_KEYS (sizeof keys / sizeof keys[0])

@@ -64,6 +64,11 @@ typedef struct kvpd_config {
     float top_p;
     uint64_t seed;
     int reuse_cache;                  /* 0: re-prefill the whole transcript each turn */
+    float canary_rate;                /* share of turns the eviction canary checks; 0 off */
+    char learn_dir[KVPD_PATH_MAX];    /* transcripts kept for kvp learn; "" none */
+    float learn_rate;                 /* share of conversations kept there */
+    uint64_t learn_max_bytes;         /* the directory's size cap; 0 none */
+    int learn_max_age_days;           /* files older than this are deleted; 0 kept */
 } kvpd_config;
 
 enum kvpd_action { KVPD_RUN = 0, KVPD_CHECK, KVPD_VERSION, KVPD_HELP };

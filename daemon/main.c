@@ -186,7 +186,10 @@ static void load_done(uv_work_t *w, int status)
                          .step_tokens = d->cfg.step_tokens, .workers = d->cfg.workers, .reuse_cache = d->cfg.reuse_cache,
                          .top_p = d->cfg.top_p, .seed = d->cfg.seed,
                          .chat_template = d->cfg.chat_template,
-                         .chat_template_file = d->cfg.chat_template_file};
+                         .chat_template_file = d->cfg.chat_template_file,
+                         .learn_dir = d->cfg.learn_dir, .learn_rate = d->cfg.learn_rate,
+                         .learn_max_bytes = d->cfg.learn_max_bytes,
+                         .learn_max_age_s = d->cfg.learn_max_age_days * 86400.0};
     char where[512];
     kvp_hub_storage_describe(g_h.storage, where, sizeof where);
     g_h.storage = NULL;   /* the hub's now, also when it fails to start */
@@ -201,6 +204,15 @@ static void load_done(uv_work_t *w, int status)
     kvp_hub_info info;
     kvp_hub_info_get(d->hub, &info);
     kvpd_log("info", "%s", g_h.policy_note);
+    if (strcmp(kvp_hub_policy_name(d->pconf), "kvp") || !kvp_hub_policy_file(d->pconf)[0])
+        kvpd_log("info", "model %s runs without a learned eviction policy (policy %s); to get "
+                 "one: kvp learn --model %s%s%s, then reload (SIGHUP)", d->model.name,
+                 kvp_hub_policy_name(d->pconf), d->cfg.model, d->cfg.learn_dir[0] ? " --transcripts " : "",
+                 d->cfg.learn_dir);
+    if (d->cfg.learn_dir[0])
+        kvpd_log("info", "learn_dir %s: keeping the token ids of %.0f%% of conversations "
+                 "(at most %llu bytes, %d days)", d->cfg.learn_dir, 100.0 * d->cfg.learn_rate,
+                 (unsigned long long)d->cfg.learn_max_bytes, d->cfg.learn_max_age_days);
     kvpd_log("info", "model %s (%s, %s, %d layers, context %d), policy %s, budget %d, chunk %d, "
              "%d worker(s), state %s, cache cap %llu (%zu per turn)",
              d->model.name, d->model.arch, info.chat_format, d->model.cfg.n_layers,

@@ -18,6 +18,7 @@ void kvpd_hub_config_sync(kvpd *d)
         .max_cache_bytes = d->cfg.max_cache_bytes, .idle_timeout_s = d->cfg.idle_timeout_s,
         .max_sessions_per_client = d->cfg.max_sessions_per_connection,
         .max_history_tokens = d->cfg.max_history_tokens,
+        .canary_rate = d->cfg.canary_rate,
         .max_prompt_tokens = d->cfg.max_prompt_tokens};
 }
 

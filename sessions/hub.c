@@ -15,6 +15,7 @@
 #include "model/grammar.h"
 #include "policy/kvp_agent.h"
 #include "sessions/hub_impl.h"
+#include "sessions/background.h"
 #include "sessions/residency.h"
 #include "store/store.h"
 
@@ -440,6 +441,8 @@ static void start_turn(kvp_hub_client *c, const char *text, size_t len, const kv
     s->turn.max_history = h->cfg->max_history_tokens;
     s->turn.max_prompt = h->cfg->max_prompt_tokens > 0 ? h->cfg->max_prompt_tokens
                          : h->env.model->cfg.seq_len + h->cfg->budget;
+    if (kvp_background_sample(h->bg, h->cfg->canary_rate))
+        s->turn.canary = kvp_canary_rec_new(s->pconf->name, h->cfg->budget);
     s->last_active = now;
     s->owner = c;
     submit(h, s, KVP_SESSION_TURN, reserve);
@@ -845,6 +848,20 @@ static const char *error_code(int rc)
     return rc == -E2BIG ? KVPD_E_TOO_LARGE : KVPD_E_INTERNAL;
 }
 
+/* A turn is done: its canary record and (for a sampled conversation with learn_dir)
+ * its transcript go to the background queue, for a worker with nothing else to do. */
+static void background_after_turn(kvp_hub *h, kvp_session *s)
+{
+    if (!h->bg)
+        return;
+    kvp_background_canary(h->bg, s->turn.canary);
+    s->turn.canary = NULL;
+    if (s->hist_tokens == 0 && kvp_learnlog_sampled(kvp_background_learnlog(h->bg), s->id))
+        kvp_background_transcript(h->bg, s->id, s->tokens, s->n_tokens);
+    kvp_background_drain(h->bg, h->m);
+    kvpd_sched_kick(h->sched);
+}
+
 static void on_event(void *ctx, const kvpd_event *ev)
 {
     kvp_hub *h = ctx;
@@ -874,6 +891,7 @@ static void on_event(void *ctx, const kvpd_event *ev)
                      s->id, st->cache_bytes_max, s->reserve);
         }
         kvp_hub_client *to = job_ended(h, s);
+        background_after_turn(h, s);
         m->turns++;
         if (!strcmp(st->stop, "cancel"))
             m->turns_cancelled++;
@@ -994,8 +1012,19 @@ int kvp_hub_start(kvp_hub **out, const kvp_hub_params *p, char *err, size_t errl
         snprintf(err, errlen, "out of memory");
         return rc;
     }
-    return kvpd_sched_start(&h->sched, h->loop, p->workers, &h->env, kvp_turn_batch, on_event,
-                            h, err, errlen);
+    kvp_learnlog_cfg lc = {.dir = p->learn_dir, .rate = p->learn_rate,
+                           .max_bytes = p->learn_max_bytes, .max_age_s = p->learn_max_age_s,
+                           .fingerprint = p->model->cfg.fingerprint};
+    if (!(h->bg = kvp_background_new(p->model, p->kv_type, p->chunk, &lc, p->seed))) {
+        snprintf(err, errlen, "out of memory");
+        return -ENOMEM;
+    }
+    rc = kvpd_sched_start(&h->sched, h->loop, p->workers, &h->env, kvp_turn_batch, on_event,
+                          h, err, errlen);
+    if (rc == 0)
+        kvpd_sched_set_idle(h->sched, &(kvpd_idle_ops){kvp_background_pending,
+                                                        kvp_background_run, h->bg});
+    return rc;
 }
 
 void kvp_hub_set_policy(kvp_hub *h, kvp_policy_conf *pc)
@@ -1134,6 +1163,7 @@ void kvp_hub_free(kvp_hub *h)
             s->client->session = NULL;
     kvp_session_table_clear(&h->sessions);
     kvp_transcripts_free(&h->transcripts);
+    kvp_background_free(h->bg);
     kvp_policy_conf_unref(h->pconf);
     kvp_hub_storage_close(h->storage);
     kvp_template_free(&h->env.tpl);
@@ -1199,6 +1229,8 @@ void kvp_hub_info_get(kvp_hub *h, kvp_hub_info *o)
     o->turn_reserve_bytes = kvp_hub_turn_bytes(h);
     o->queue_depth = kvpd_sched_depth(h->sched);
     o->policy_file_loads = kvp_agent_set_loads();
+    kvp_background_drain(h->bg, h->m);
+    o->learn_dir = h->bg ? kvp_background_learnlog(h->bg)->dir : "";
 }
 
 int kvp_hub_list(kvp_hub *h, int offset, int limit,

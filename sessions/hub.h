@@ -112,6 +112,7 @@ typedef struct kvp_hub_config {
     int max_history_tokens;       /* transcript tokens a session stores (0: all) */
     int max_prompt_tokens;        /* tokens one turn may prefill (0: the model's context
                                    * plus the budget); more: too_large, before any prefill */
+    double canary_rate;           /* share of turns the eviction canary checks (0: none) */
 } kvp_hub_config;
 
 typedef struct kvp_hub kvp_hub;
@@ -195,6 +196,7 @@ typedef struct kvp_hub_info {
     char weights[160];            /* weight bytes by type (kvp_model_weight_mix) */
     uint64_t weight_bytes;        /* resident weight bytes, all types */
     uint64_t policy_file_loads;   /* policy files read: once at start, once per reload */
+    const char *learn_dir;        /* "" when no transcripts are kept */
 } kvp_hub_info;
 
 typedef struct kvp_hub_session_info {
@@ -255,6 +257,11 @@ typedef struct kvp_hub_params {
     const char *chat_template;    /* family name (config chat_template); NULL/"" = detect */
     const char *chat_template_file;   /* a Jinja template (config chat_template_file) rendered
                                          instead of the model's; NULL/"" = the model's */
+    /* Transcripts kept for learning (sessions/learnlog.h): NULL/"" for none. */
+    const char *learn_dir;
+    double learn_rate;            /* share of conversations kept */
+    uint64_t learn_max_bytes;     /* the directory's size cap (0: none) */
+    double learn_max_age_s;       /* files older than this are deleted (0: kept) */
 } kvp_hub_params;
 
 /* The policy of new sessions (kvp_hub_params.policy, kvp_hub_set_policy), made off the
@@ -276,6 +283,8 @@ int kvp_hub_policy_make(const kvp_hub_policy_params *p, const struct kvp_model *
                         size_t errlen);
 void kvp_hub_policy_unref(struct kvp_policy_conf *pc);
 const char *kvp_hub_policy_name(const struct kvp_policy_conf *pc);
+/* The file the policy was loaded from; "" when it has none. */
+const char *kvp_hub_policy_file(const struct kvp_policy_conf *pc);
 /* Every policy name, for --help. */
 const char *kvp_hub_policy_names(void);
 /* One turn's cache reservation under a budget and policy (the memory cap must hold it). */

@@ -34,6 +34,7 @@ struct kvp_hub {
      * until an idle session times out (ms); 0: about a turn (kvp_hub_retry_hint_ms). */
     int refused_retry_ms;
     struct kvp_vocab_trie *trie;     /* env.trie's memory: made for the first grammar */
+    struct kvp_background *bg;       /* canary checks and learn_dir writes (background.h) */
 };
 
 /* An idle session leaves memory (hub.c; its snapshot, if any, stays on disk). */

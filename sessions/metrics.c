@@ -29,6 +29,53 @@ static const double snapshot_bytes_bounds[KVPD_HIST_BUCKETS - 1] = {
 static const double step_bounds[KVPD_HIST_BUCKETS - 1] = {
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1};
 
+/* The canary: a turn's mean KL (nats) and top-1 agreement (a share). */
+static const double canary_kl_bounds[KVPD_HIST_BUCKETS - 1] = {
+    1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 0.01, 0.03, 0.1, 0.3, 1};
+static const double canary_top1_bounds[KVPD_HIST_BUCKETS - 1] = {
+    0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.97, 0.98, 0.99, 0.999};
+
+void kvpd_canary_observe(kvpd_metrics *m, const char *policy, int budget, double kl, double top1)
+{
+    kvpd_canary_metrics *c = &m->canary;
+    c->runs++;
+    c->recent_kl[c->recent_at] = kl;
+    c->recent_top1[c->recent_at] = top1;
+    c->recent_at = (c->recent_at + 1) % KVPD_CANARY_RECENT;
+    if (c->recent_n < KVPD_CANARY_RECENT)
+        c->recent_n++;
+    kvpd_canary_slot *sl = NULL;
+    for (int i = 0; i < c->n_slots && !sl; i++)
+        if (c->slot[i].budget == budget && !strcmp(c->slot[i].policy, policy))
+            sl = &c->slot[i];
+    if (!sl && c->n_slots < KVPD_CANARY_SLOTS) {
+        sl = &c->slot[c->n_slots++];
+        snprintf(sl->policy, sizeof sl->policy, "%s", policy);
+        sl->budget = budget;
+        sl->kl.bounds = canary_kl_bounds;
+        sl->top1.bounds = canary_top1_bounds;
+    }
+    if (!sl) {
+        c->unlabelled++;
+        return;
+    }
+    kvpd_hist_observe(&sl->kl, kl);
+    kvpd_hist_observe(&sl->top1, top1);
+}
+
+int kvpd_canary_recent(const kvpd_metrics *m, double *kl, double *top1)
+{
+    const kvpd_canary_metrics *c = &m->canary;
+    double a = 0.0, b = 0.0;
+    for (int i = 0; i < c->recent_n; i++) {
+        a += c->recent_kl[i];
+        b += c->recent_top1[i];
+    }
+    *kl = c->recent_n ? a / c->recent_n : 0.0;
+    *top1 = c->recent_n ? b / c->recent_n : 0.0;
+    return c->recent_n;
+}
+
 void kvpd_metrics_init(kvpd_metrics *m)
 {
     memset(m, 0, sizeof *m);
@@ -81,17 +128,62 @@ static void gauge(FILE *f, const char *name, const char *help, double v)
     fprintf(f, "%s %.17g\n", name, v);
 }
 
+/* The series of one histogram; labels: "" or `k="v",...` put before le. */
+static void hist_series(FILE *f, const char *name, const char *labels, const kvpd_hist *h)
+{
+    uint64_t cum = 0;
+    const char *sep = labels[0] ? "," : "";
+    for (int i = 0; i < KVPD_HIST_BUCKETS - 1; i++) {
+        cum += h->counts[i];
+        fprintf(f, "%s_bucket{%s%sle=\"%g\"} %llu\n", name, labels, sep, h->bounds[i],
+                (unsigned long long)cum);
+    }
+    fprintf(f, "%s_bucket{%s%sle=\"+Inf\"} %llu\n", name, labels, sep,
+            (unsigned long long)h->count);
+    fprintf(f, "%s_sum%s%s%s %.17g\n%s_count%s%s%s %llu\n", name, labels[0] ? "{" : "", labels,
+            labels[0] ? "}" : "", h->sum, name, labels[0] ? "{" : "", labels, labels[0] ? "}" : "",
+            (unsigned long long)h->count);
+}
+
 static void histogram(FILE *f, const char *name, const char *help, const kvpd_hist *h)
 {
     family(f, name, "histogram", help);
-    uint64_t cum = 0;
-    for (int i = 0; i < KVPD_HIST_BUCKETS - 1; i++) {
-        cum += h->counts[i];
-        fprintf(f, "%s_bucket{le=\"%g\"} %llu\n", name, h->bounds[i], (unsigned long long)cum);
+    hist_series(f, name, "", h);
+}
+
+/* The canary's histograms, one series per (policy, budget). */
+static void canary_render(FILE *f, const kvpd_canary_metrics *c)
+{
+    family(f, "kvpd_eviction_kl", "histogram",
+           "Eviction canary: a checked turn's mean KL(full cache || evicted) over its reply "
+           "positions, nats (top-k estimate, docs/evaluation.md)");
+    char labels[96];
+    for (int i = 0; i < c->n_slots; i++) {
+        snprintf(labels, sizeof labels, "policy=\"%s\",budget=\"%d\"", c->slot[i].policy,
+                 c->slot[i].budget);
+        hist_series(f, "kvpd_eviction_kl", labels, &c->slot[i].kl);
     }
-    fprintf(f, "%s_bucket{le=\"+Inf\"} %llu\n", name, (unsigned long long)h->count);
-    fprintf(f, "%s_sum %.17g\n%s_count %llu\n", name, h->sum, name,
-            (unsigned long long)h->count);
+    family(f, "kvpd_eviction_top1_agreement", "histogram",
+           "Eviction canary: a checked turn's share of reply positions whose most likely "
+           "token is the full cache's");
+    for (int i = 0; i < c->n_slots; i++) {
+        snprintf(labels, sizeof labels, "policy=\"%s\",budget=\"%d\"", c->slot[i].policy,
+                 c->slot[i].budget);
+        hist_series(f, "kvpd_eviction_top1_agreement", labels, &c->slot[i].top1);
+    }
+    counter(f, "kvpd_eviction_canary_runs_total", "Turns the eviction canary checked", c->runs);
+    counter(f, "kvpd_eviction_canary_skipped_total",
+            "Canary checks dropped because a turn was queued or a step or job running",
+            c->skipped_busy);
+    counter(f, "kvpd_eviction_canary_failed_total",
+            "Canary checks that could not run (longer than the context, out of memory)", c->failed);
+    counter(f, "kvpd_background_dropped_total",
+            "Canary checks and transcript writes dropped because the background queue was full",
+            c->dropped);
+    counter(f, "kvpd_learn_transcripts_written_total", "Transcript files written to learn_dir",
+            c->transcripts_written);
+    counter(f, "kvpd_learn_transcript_failures_total",
+            "Transcript files that could not be written to learn_dir", c->transcript_failures);
 }
 
 char *kvpd_metrics_render(const kvpd_metrics *m, const kvpd_gauges *g, size_t *len)
@@ -180,6 +272,7 @@ char *kvpd_metrics_render(const kvpd_metrics *m, const kvpd_gauges *g, size_t *l
     histogram(f, "kvpd_snapshot_bytes",
               "Bytes of each snapshot write (a journal record, or a whole snapshot)",
               &m->snapshot_bytes);
+    canary_render(f, &m->canary);
     counter(f, "kvpd_lease_conflicts_total",
             "Loads and turns refused because another node held the session's lease",
             g->lease_conflicts);

@@ -21,6 +21,27 @@ enum kvpd_err_kind {
     KVPD_ERR_KINDS
 };
 
+/* The eviction canary (sessions/canary.h): per (policy, budget) the histograms of each
+ * checked turn's mean KL and top-1 agreement (at most KVPD_CANARY_SLOTS pairs; more are
+ * counted in `unlabelled`), the last KVPD_CANARY_RECENT turns for the recent means, and
+ * what the background work (sessions/background.h) did. */
+#define KVPD_CANARY_SLOTS 8
+#define KVPD_CANARY_RECENT 64
+typedef struct kvpd_canary_slot {
+    char policy[32];
+    int budget;
+    kvpd_hist kl, top1;
+} kvpd_canary_slot;
+
+typedef struct kvpd_canary_metrics {
+    int n_slots;
+    kvpd_canary_slot slot[KVPD_CANARY_SLOTS];
+    uint64_t runs, unlabelled, skipped_busy, failed, dropped;
+    uint64_t transcripts_written, transcript_failures;
+    double recent_kl[KVPD_CANARY_RECENT], recent_top1[KVPD_CANARY_RECENT];
+    int recent_n, recent_at;
+} kvpd_canary_metrics;
+
 typedef struct kvpd_metrics {
     uint64_t sessions_created, sessions_expired;
     uint64_t sessions_forgotten;          /* parked, idle, let go from memory (file kept) */
@@ -43,6 +64,7 @@ typedef struct kvpd_metrics {
     kvpd_hist step_sessions, step_tokens, step_duration, queue_wait;
     /* per snapshot write (the end of a turn): its time and its bytes */
     kvpd_hist snapshot_write, snapshot_bytes;
+    kvpd_canary_metrics canary;
 } kvpd_metrics;
 
 /* Point-in-time values that are not counters. */
@@ -63,6 +85,11 @@ typedef struct kvpd_gauges {
 /* Zeroes the counters and sets the histogram buckets. */
 void kvpd_metrics_init(kvpd_metrics *m);
 void kvpd_hist_observe(kvpd_hist *h, double v);
+/* One checked turn's canary figures. */
+void kvpd_canary_observe(kvpd_metrics *m, const char *policy, int budget, double kl, double top1);
+/* The mean KL and top-1 agreement of the last KVPD_CANARY_RECENT checked turns; returns
+ * how many there are (0: none yet, the means 0). */
+int kvpd_canary_recent(const kvpd_metrics *m, double *kl, double *top1);
 /* Maps a protocol error code to its counter (unknown codes count as internal). */
 enum kvpd_err_kind kvpd_err_kind_of(const char *code);
 /* Renders the exposition text; malloc'd, NULL when out of memory. */

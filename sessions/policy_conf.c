@@ -91,6 +91,11 @@ const char *kvp_hub_policy_name(const kvp_policy_conf *pc)
     return pc ? pc->name : "";
 }
 
+const char *kvp_hub_policy_file(const kvp_policy_conf *pc)
+{
+    return pc ? pc->file : "";
+}
+
 const char *kvp_hub_policy_names(void)
 {
     return kvp_policy_names();

@@ -32,6 +32,9 @@ struct kvpd_sched {
     int rows;                  /* of each runstate: the step's token budget */
     int started;               /* threads actually running */
     kvp_turn_sink sink;
+    kvpd_idle_ops idle;
+    int idle_running;          /* a worker runs background work (no step may start) */
+    uint64_t idle_runs, idle_in_step;
 };
 
 typedef struct worker_arg {
@@ -167,6 +170,20 @@ static void post_step(kvpd_sched *s, int sessions, int rows, double duration)
     post(s, ev);
 }
 
+/* Whether background work should give way: a turn queued, a step or job running, or
+ * shutdown. Counts a step seen running under background work (never, by the rule in
+ * worker_main). */
+static int sched_busy(void *arg)
+{
+    kvpd_sched *s = arg;
+    pthread_mutex_lock(&s->rq_mu);
+    int busy = s->depth > 0 || s->stepping || s->jobs > 0 || s->stopping;
+    if (s->stepping && s->idle_running)
+        s->idle_in_step++;
+    pthread_mutex_unlock(&s->rq_mu);
+    return busy;
+}
+
 static void *worker_main(void *arg)
 {
     worker_arg *wa = arg;
@@ -178,7 +195,7 @@ static void *worker_main(void *arg)
     int *more = malloc((size_t)s->rows * sizeof *more);
     for (;;) {
         kvp_session *job = NULL;
-        int n = 0;
+        int n = 0, idle = 0;
         pthread_mutex_lock(&s->rq_mu);
         for (;;) {
             if (s->stopping)
@@ -190,13 +207,30 @@ static void *worker_main(void *arg)
                 s->jobs++;
                 break;
             }
-            if (batch && more && !s->stepping && (n = take_turns_locked(s, batch, s->rows))) {
+            if (batch && more && !s->stepping && !s->idle_running &&
+                (n = take_turns_locked(s, batch, s->rows))) {
                 s->stepping = 1;
+                break;
+            }
+            /* Background work only when there is nothing else at all. */
+            if (s->idle.run && !s->stepping && !s->idle_running && s->jobs == 0 &&
+                s->depth == 0 && s->idle.pending(s->idle.ctx)) {
+                s->idle_running = 1;
+                idle = 1;
                 break;
             }
             pthread_cond_wait(&s->rq_cv, &s->rq_mu);
         }
         pthread_mutex_unlock(&s->rq_mu);
+        if (idle) {
+            s->idle.run(s->idle.ctx, sched_busy, s);
+            pthread_mutex_lock(&s->rq_mu);
+            s->idle_running = 0;
+            s->idle_runs++;
+            pthread_cond_broadcast(&s->rq_cv);   /* a step may be waiting for it */
+            pthread_mutex_unlock(&s->rq_mu);
+            continue;
+        }
         if (!job && !n)
             break;   /* stopping */
         if (job) {
@@ -317,6 +351,28 @@ int kvpd_sched_start(kvpd_sched **out, uv_loop_t *loop, int workers,
         s->started++;
     }
     return 0;
+}
+
+void kvpd_sched_set_idle(kvpd_sched *s, const kvpd_idle_ops *ops)
+{
+    pthread_mutex_lock(&s->rq_mu);
+    s->idle = ops ? *ops : (kvpd_idle_ops){0};
+    pthread_mutex_unlock(&s->rq_mu);
+}
+
+void kvpd_sched_kick(kvpd_sched *s)
+{
+    pthread_mutex_lock(&s->rq_mu);
+    pthread_cond_broadcast(&s->rq_cv);
+    pthread_mutex_unlock(&s->rq_mu);
+}
+
+void kvpd_sched_idle_counts(kvpd_sched *s, uint64_t *runs, uint64_t *in_step)
+{
+    pthread_mutex_lock(&s->rq_mu);
+    *runs = s->idle_runs;
+    *in_step = s->idle_in_step;
+    pthread_mutex_unlock(&s->rq_mu);
 }
 
 void kvpd_sched_submit(kvpd_sched *s, kvp_session *session)

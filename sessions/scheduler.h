@@ -15,6 +15,7 @@
 #define KVPD_SCHED_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <uv.h>
 
 #include "sessions/session.h"
@@ -56,6 +57,24 @@ typedef int (*kvpd_step_fn)(kvp_session **ss, int n, const kvp_session_env *env,
 int kvpd_sched_start(kvpd_sched **out, uv_loop_t *loop, int workers,
                      const kvp_session_env *env, kvpd_step_fn step, kvpd_event_fn fn,
                      void *ctx, char *err, size_t errlen);
+/* Background work (sessions/background.h) the workers run when they have nothing else:
+ * run(ctx, busy, bctx) is called on a worker only while no turn is queued, no step runs
+ * and no job is in flight, one at a time, and no step starts until it returns (a turn
+ * queued meanwhile waits for it); busy(bctx) says whether anything else waits or runs
+ * now, for run to give way between its chunks. pending(ctx) is asked under the
+ * scheduler's lock (it must not call back). Set before the first submit; NULL: none. */
+typedef struct kvpd_idle_ops {
+    int (*pending)(void *ctx);
+    void (*run)(void *ctx, int (*busy)(void *), void *bctx);
+    void *ctx;
+} kvpd_idle_ops;
+void kvpd_sched_set_idle(kvpd_sched *s, const kvpd_idle_ops *ops);
+/* Wakes a worker for background work queued since (loop thread). */
+void kvpd_sched_kick(kvpd_sched *s);
+/* Background runs so far, and how many of them began or went on while a step ran (the
+ * rule above makes it 0; counted to show it). */
+void kvpd_sched_idle_counts(kvpd_sched *s, uint64_t *runs, uint64_t *in_step);
+
 /* Queues a session whose job was armed (its state names the job; loop thread). */
 void kvpd_sched_submit(kvpd_sched *s, kvp_session *session);
 /* Turns waiting for a worker (not counting those on a worker right now). */

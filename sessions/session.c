@@ -15,6 +15,7 @@
 #include "model/matmul.h"
 #include "model/tokenizer.h"
 #include "policy/policy.h"
+#include "sessions/canary.h"
 #include "sessions/persist.h"
 #include "store/store.h"
 
@@ -145,6 +146,7 @@ static void turn_clear(kvp_turn *t)
     free(t->tok_end);
     free((void *)t->sampling.bias);
     kvp_turn_grammar_free(t);
+    kvp_canary_rec_free(t->canary);
     memset(t, 0, sizeof *t);
 }
 
@@ -1087,6 +1089,28 @@ static int samples(const kvp_session *s, const kvp_batch_seq *q)
     return q->rc >= 0 && s->n_cached + q->n >= s->n_tokens;
 }
 
+/* Draws the session's next token from logits (which the sampler overwrites); a canary
+ * turn first records the distribution (on failure the record is dropped). */
+static int draw(kvp_session *s, const kvp_session_env *env, float *logits)
+{
+    kvp_turn *t = &s->turn;
+    if (t->canary) {
+        int vocab = s->sampler.vocab_size;
+        float *copy = malloc((size_t)vocab * sizeof *copy);
+        if (copy)
+            memcpy(copy, logits, (size_t)vocab * sizeof *copy);
+        int tok = kvp_turn_draw(s, env, logits);
+        if (!copy || kvp_canary_note(t->canary, s->tokens, s->n_tokens, s->hist_tokens, copy,
+                                     vocab, tok) < 0) {
+            kvp_canary_rec_free(t->canary);
+            t->canary = NULL;
+        }
+        free(copy);
+        return tok;
+    }
+    return kvp_turn_draw(s, env, logits);
+}
+
 typedef struct sample_job {
     kvp_session **ss;
     const int *order, *who;
@@ -1100,7 +1124,7 @@ static void sample_item(void *ctx, int j, int slot)
     sample_job *sj = ctx;
     kvp_session *s = sj->ss[sj->order[sj->who[j]]];
     (void)slot;
-    sj->tok[j] = samples(s, &sj->b[j]) ? kvp_turn_draw(s, sj->env, sj->b[j].logits) : -1;
+    sj->tok[j] = samples(s, &sj->b[j]) ? draw(s, sj->env, sj->b[j].logits) : -1;
 }
 
 /* The unit's result after the step: the block is in the cache; the prompt's last chunk
@@ -1119,7 +1143,7 @@ static int advance_unit(kvp_session *s, const kvp_session_env *env, const kvp_tu
     note_rows(s);
     if (s->n_cached < s->n_tokens)
         return 1;
-    return take_token(s, env, sink, tok >= 0 ? tok : kvp_turn_draw(s, env, q->logits));
+    return take_token(s, env, sink, tok >= 0 ? tok : draw(s, env, q->logits));
 }
 
 /* Whether a queued session is a turn that decodes next (one row). */

@@ -114,6 +114,9 @@ typedef struct kvp_turn {
     int end;
     int end_code;
     char end_msg[192];
+    /* The eviction canary's record of this turn's distributions (sessions/canary.h;
+     * NULL: not sampled); the hub takes it when the turn is done. */
+    struct kvp_canary_rec *canary;
 } kvp_turn;
 
 enum kvp_session_state {

@@ -77,7 +77,9 @@ static void usage(FILE *f)
         "  --budgets LIST       evaluated budgets, rows per KV head (default 16,32,64,128;\n"
         "                       32,128 when fewer than %d sequences of four would fit)\n"
         "  --threads N          (default: the online CPUs)\n"
-        "  --seed S             (default 1)\n",
+        "  --seed S             (default 1)\n"
+        "  --transcripts DIR    learn from kvpd's learn_dir instead (kvp learn --model M\n"
+        "                       --transcripts DIR --help)\n",
         KVP_SHARED_DIR, KVP_SHARED_DIR, KVP_DATA_DIR "/policy/weights",
         100.0 * TRACE_SHARE, 100.0 * EVAL_SHARE, EVAL_FOUR_BUDGETS_MIN);
 }
@@ -229,6 +231,9 @@ int kvp_cmd_learn(int argc, char **argv)
     learn_opts o = {.seq_len = 512, .max_seqs = 300, .trace_gb = 4.0, .steps = 3000, .seed = 1,
                     .eval_seqs = 64, .budget_hours = 1.5,
                     .threads = kvp_stage_threads()};
+    for (int i = 1; i < argc; i++)   /* learning from kvpd's learn_dir is its own run */
+        if (!strncmp(argv[i], "--transcripts", 13))
+            return kvp_cmd_learn_transcripts(argc, argv);
     int rc = parse(argc, argv, &o);
     if (rc >= 0)
         return rc;

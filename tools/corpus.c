@@ -81,9 +81,57 @@ static long render_conversations(const kvp_template *t, const char *path, const 
     return n;
 }
 
+/* Lines of decimal token ids (KVP_CORPUS_IDS). */
+static long read_ids(const kvp_model *m, const char *path, const char *text, size_t from,
+                     size_t to, int **out, char *err, size_t errlen)
+{
+    long n = 0, cap = 1024, line = 1;
+    int *ids = malloc((size_t)cap * sizeof *ids);
+    if (!ids) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    for (size_t i = 0; i < from; i++)
+        line += text[i] == '\n';
+    size_t i = from;
+    while (i < to) {
+        char c = text[i];
+        if (c == '\n' || c == ' ' || c == '\r' || c == '\t') {
+            line += c == '\n';
+            i++;
+            continue;
+        }
+        long v = 0;
+        size_t start = i;
+        while (i < to && text[i] >= '0' && text[i] <= '9' && v < (1L << 31))
+            v = v * 10 + (text[i++] - '0');
+        if (i == start || v >= m->cfg.vocab_size ||
+            (i < to && text[i] != ' ' && text[i] != '\n' && text[i] != '\r' && text[i] != '\t')) {
+            snprintf(err, errlen, "%s:%ld: not a token id of this model's vocabulary (0..%d)",
+                     path, line, m->cfg.vocab_size - 1);
+            free(ids);
+            return -1;
+        }
+        if (n == cap) {
+            int *v2 = realloc(ids, (size_t)(cap *= 2) * sizeof *ids);
+            if (!v2) {
+                free(ids);
+                snprintf(err, errlen, "out of memory");
+                return -1;
+            }
+            ids = v2;
+        }
+        ids[n++] = (int)v;
+    }
+    *out = ids;
+    return n;
+}
+
 long kvp_corpus_tokens(const kvp_model *m, const char *path, const char *text, size_t from,
                        size_t to, int conversations, int **out, char *err, size_t errlen)
 {
+    if (conversations == KVP_CORPUS_IDS)
+        return read_ids(m, path, text, from, to, out, err, errlen);
     if (!conversations) {
         long n = kvp_trace_tokenize(&m->tok, text + from, to - from, out);
         if (n < 0)

@@ -13,6 +13,10 @@
  * model's chat template, special tokens included, the conversations one after the
  * other. *out is malloc'd. Returns the count, or -1 with a message (the file's line for
  * a line that is not a conversation). */
+/* conversations = KVP_CORPUS_IDS: each line is a transcript's token ids in decimal,
+ * separated by spaces (what kvp learn --transcripts writes), the lines one after the
+ * other; an id outside the vocabulary is an error naming its line. */
+#define KVP_CORPUS_IDS 2
 long kvp_corpus_tokens(const kvp_model *m, const char *path, const char *text, size_t from,
                        size_t to, int conversations, int **out, char *err, size_t errlen);
 /* The chat format conversations are rendered with ("chatml", "llama3", ... "plain"). */

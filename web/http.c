@@ -211,6 +211,34 @@ static json_t *steps_json(const kvpd_metrics *m, int step_tokens)
                      "tokens_per_step", hist_json(&m->step_tokens));
 }
 
+/* The eviction canary's recent means and counts, whether the policy is a learned one
+ * (and how to get one when it is not), and learn_dir. */
+static json_t *eviction_json(kvpd_web *w, const kvpd_metrics *m, const kvp_hub_info *hi)
+{
+    double kl, top1;
+    int n = kvpd_canary_recent(m, &kl, &top1);
+    const kvpd_canary_metrics *c = &m->canary;
+    int learned = hi->policy && !strcmp(hi->policy, "kvp") && hi->policy_file &&
+                  hi->policy_file[0];
+    char hint[KVPD_PATH_MAX * 2 + 160] = "";
+    if (!learned)
+        snprintf(hint, sizeof hint, "no learned eviction policy for this model: run kvp learn "
+                 "--model %s%s%s, then reload kvpd (SIGHUP)", w->cfg->model,
+                 w->cfg->learn_dir[0] ? " --transcripts " : "", w->cfg->learn_dir);
+    json_t *canary = json_pack("{s:f, s:i, s:f, s:f, s:I, s:I, s:I, s:I}", "rate",
+                               (double)w->cfg->canary_rate, "recent_turns", n,
+                               "recent_kl_mean", kl, "recent_top1_agreement", top1,
+                               "checked", (json_int_t)c->runs,
+                               "skipped_busy", (json_int_t)c->skipped_busy,
+                               "failed", (json_int_t)c->failed,
+                               "dropped", (json_int_t)c->dropped);
+    json_t *learn = json_pack("{s:s, s:I, s:I}", "dir", hi->learn_dir ? hi->learn_dir : "",
+                              "transcripts_written", (json_int_t)c->transcripts_written,
+                              "failures", (json_int_t)c->transcript_failures);
+    return json_pack("{s:b, s:s, s:o, s:o}", "policy_learned", learned, "policy_hint", hint,
+                     "canary", canary, "learn", learn);
+}
+
 static int admin_stats(kvpd_conn *c)
 {
     kvpd_web *w = c->w;
@@ -271,7 +299,8 @@ static int admin_stats(kvpd_conn *c)
     if (o && (json_object_set_new(o, "connections", json_pack(
                   "{s:i, s:i, s:I}", "open", g.connections_open, "max", w->cfg->max_connections,
                   "refused", (json_int_t)m->connections_refused)) < 0 ||
-              json_object_set_new(o, "batching", steps_json(m, hi.step_tokens)) < 0)) {
+              json_object_set_new(o, "batching", steps_json(m, hi.step_tokens)) < 0 ||
+              json_object_set_new(o, "eviction", eviction_json(w, m, &hi)) < 0)) {
         json_decref(o);
         o = NULL;
     }

@@ -1,0 +1,235 @@
+/* Background work on an idle worker: canary reference runs and transcript writes
+ * (background.h). One mutex guards the queue and the results; the run itself holds it
+ * only to take its item and to leave its result. */
+#include "sessions/background.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/log.h"
+#include "base/rng.h"
+#include "model/forward.h"
+
+typedef struct item {
+    kvp_canary_rec *canary;          /* or a transcript: */
+    char id[64];
+    int *tokens;
+    int n;
+    struct item *next;
+} item;
+
+typedef struct result {
+    char policy[32];
+    int budget;
+    int rc;                          /* 0, KVP_CANARY_YIELDED, < 0 */
+    int transcript;                  /* a transcript write (rc its outcome) */
+    kvp_canary_result r;
+    char err[160];
+} result;
+
+#define RESULTS_MAX 64
+
+struct kvp_background {
+    const kvp_model *model;
+    kvp_kv_type kv_type;
+    int chunk;
+    kvp_learnlog_cfg log;
+    char log_dir[1024];
+    uint64_t rng;                    /* loop only */
+    pthread_mutex_t mu;
+    item *head, *tail;
+    int queued;
+    uint64_t dropped;                /* queued past KVP_BACKGROUND_MAX */
+    result results[RESULTS_MAX];
+    int n_results;
+    uint64_t results_lost;
+    kvp_runstate rs;                 /* the reference runs' (one runs at a time) */
+    int rs_ready;
+};
+
+kvp_background *kvp_background_new(const kvp_model *model, kvp_kv_type kv_type, int chunk,
+                                   const kvp_learnlog_cfg *log, uint64_t seed)
+{
+    kvp_background *b = calloc(1, sizeof *b);
+    if (!b)
+        return NULL;
+    b->model = model;
+    b->kv_type = kv_type;
+    b->chunk = chunk > 0 ? chunk : 32;
+    if (log)
+        b->log = *log;
+    snprintf(b->log_dir, sizeof b->log_dir, "%s", log && log->dir ? log->dir : "");
+    b->log.dir = b->log_dir;
+    b->rng = seed ^ 0x63616e617279ULL;
+    pthread_mutex_init(&b->mu, NULL);
+    return b;
+}
+
+static void item_free(item *it)
+{
+    kvp_canary_rec_free(it->canary);
+    free(it->tokens);
+    free(it);
+}
+
+void kvp_background_free(kvp_background *b)
+{
+    if (!b)
+        return;
+    while (b->head) {
+        item *it = b->head;
+        b->head = it->next;
+        item_free(it);
+    }
+    if (b->rs_ready)
+        kvp_runstate_free(&b->rs);
+    pthread_mutex_destroy(&b->mu);
+    free(b);
+}
+
+const kvp_learnlog_cfg *kvp_background_learnlog(const kvp_background *b)
+{
+    return &b->log;
+}
+
+int kvp_background_sample(kvp_background *b, double rate)
+{
+    if (!b || rate <= 0.0)
+        return 0;
+    double u = (double)(kvp_splitmix64(&b->rng) >> 11) * (1.0 / 9007199254740992.0);
+    return u < rate;
+}
+
+static void enqueue(kvp_background *b, item *it)
+{
+    pthread_mutex_lock(&b->mu);
+    if (b->queued >= KVP_BACKGROUND_MAX) {
+        b->dropped++;
+        pthread_mutex_unlock(&b->mu);
+        item_free(it);
+        return;
+    }
+    *(b->tail ? &b->tail->next : &b->head) = it;
+    b->tail = it;
+    b->queued++;
+    pthread_mutex_unlock(&b->mu);
+}
+
+void kvp_background_canary(kvp_background *b, kvp_canary_rec *r)
+{
+    if (!r)
+        return;
+    item *it = r->unusable || r->n_pos == 0 ? NULL : calloc(1, sizeof *it);
+    if (!it) {
+        kvp_canary_rec_free(r);
+        return;
+    }
+    it->canary = r;
+    enqueue(b, it);
+}
+
+void kvp_background_transcript(kvp_background *b, const char *session_id, const int *tokens,
+                               int n)
+{
+    item *it = n > 0 ? calloc(1, sizeof *it) : NULL;
+    if (!it || !(it->tokens = malloc((size_t)n * sizeof *it->tokens))) {
+        free(it);
+        return;
+    }
+    memcpy(it->tokens, tokens, (size_t)n * sizeof *tokens);
+    it->n = n;
+    snprintf(it->id, sizeof it->id, "%s", session_id);
+    enqueue(b, it);
+}
+
+int kvp_background_pending(void *arg)
+{
+    kvp_background *b = arg;
+    pthread_mutex_lock(&b->mu);
+    int n = b->queued;
+    pthread_mutex_unlock(&b->mu);
+    return n > 0;
+}
+
+static void put_result(kvp_background *b, const result *r)
+{
+    pthread_mutex_lock(&b->mu);
+    if (b->n_results < RESULTS_MAX)
+        b->results[b->n_results++] = *r;
+    else
+        b->results_lost++;
+    pthread_mutex_unlock(&b->mu);
+}
+
+void kvp_background_run(void *arg, int (*busy)(void *), void *ctx)
+{
+    kvp_background *b = arg;
+    pthread_mutex_lock(&b->mu);
+    item *it = b->head;
+    if (it) {
+        b->head = it->next;
+        if (!b->head)
+            b->tail = NULL;
+        b->queued--;
+    }
+    pthread_mutex_unlock(&b->mu);
+    if (!it)
+        return;
+    result res = {0};
+    if (!it->canary) {
+        res.transcript = 1;
+        res.rc = kvp_learnlog_write(&b->log, it->id, it->tokens, it->n, res.err, sizeof res.err);
+    } else {
+        snprintf(res.policy, sizeof res.policy, "%s", it->canary->policy);
+        res.budget = it->canary->budget;
+        if (!b->rs_ready) {
+            int rc = kvp_runstate_init(&b->rs, &b->model->cfg, b->chunk);
+            b->rs_ready = rc == 0;
+            if (rc < 0) {
+                res.rc = rc;
+                snprintf(res.err, sizeof res.err, "runstate: %s", strerror(-rc));
+            }
+        }
+        if (b->rs_ready)
+            res.rc = kvp_canary_run(b->model, &b->rs, b->kv_type, b->chunk, it->canary, busy,
+                                    ctx, &res.r, res.err, sizeof res.err);
+    }
+    item_free(it);
+    put_result(b, &res);
+}
+
+void kvp_background_drain(kvp_background *b, kvpd_metrics *m)
+{
+    if (!b)
+        return;
+    result got[RESULTS_MAX];
+    pthread_mutex_lock(&b->mu);
+    int n = b->n_results;
+    memcpy(got, b->results, (size_t)n * sizeof *got);
+    b->n_results = 0;
+    m->canary.dropped = b->dropped;
+    m->canary.dropped += b->results_lost;
+    pthread_mutex_unlock(&b->mu);
+    for (int i = 0; i < n; i++) {
+        const result *r = &got[i];
+        if (r->transcript) {
+            if (r->rc == 0) {
+                m->canary.transcripts_written++;
+            } else {
+                m->canary.transcript_failures++;
+                kvpd_log("warning", "learn_dir: %s", r->err);
+            }
+        } else if (r->rc == KVP_CANARY_YIELDED) {
+            m->canary.skipped_busy++;
+        } else if (r->rc < 0) {
+            m->canary.failed++;
+            if (r->rc != -E2BIG)
+                kvpd_log("warning", "eviction canary: %s", r->err);
+        } else {
+            kvpd_canary_observe(m, r->policy, r->budget, r->r.kl, r->r.top1);
+        }
+    }
+}

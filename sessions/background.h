@@ -1,0 +1,49 @@
+/* Background work: what the daemon does with spare compute, after a turn and never
+ * inside a step — the canary's full-cache reference (sessions/canary.h) and the
+ * transcripts kept for learning (sessions/learnlog.h).
+ *
+ * The loop queues items (kvp_background_canary, kvp_background_transcript; at most
+ * KVP_BACKGROUND_MAX waiting, a new one past that is dropped and counted). The scheduler
+ * runs them one at a time on a worker (kvpd_sched_set_idle) only when it has nothing
+ * else to do: no turn queued, no step running, no job in flight; and while one runs, no
+ * step starts (a turn queued meanwhile waits for at most one chunk of the canary).
+ * The skip rule: a canary asks before each chunk of its reference run whether any turn
+ * is queued or any step or job is running, and if so it is dropped (counted as skipped
+ * busy, never resumed): a busy daemon runs no canaries. A transcript write is not
+ * skipped; it waits in the queue for an idle moment.
+ * Results go to the metrics on the loop (kvp_background_drain). */
+#ifndef KVP_BACKGROUND_H
+#define KVP_BACKGROUND_H
+
+#include <stdint.h>
+
+#include "sessions/canary.h"
+#include "sessions/learnlog.h"
+#include "sessions/metrics.h"
+
+#define KVP_BACKGROUND_MAX 16
+
+typedef struct kvp_background kvp_background;
+
+/* model, kv_type and chunk: the reference runs' (the sessions'); log: the learn_dir
+ * settings (copied; dir "" for none). NULL when out of memory. */
+kvp_background *kvp_background_new(const kvp_model *model, kvp_kv_type kv_type, int chunk,
+                                   const kvp_learnlog_cfg *log, uint64_t seed);
+void kvp_background_free(kvp_background *b);
+/* Loop: whether this turn is one of the canary's sampled share (rate in [0, 1]). */
+int kvp_background_sample(kvp_background *b, double rate);
+/* Loop: a finished record (ownership taken; freed when it cannot be used). */
+void kvp_background_canary(kvp_background *b, kvp_canary_rec *r);
+/* Loop: the conversation's tokens, copied, to be written to learn_dir. */
+void kvp_background_transcript(kvp_background *b, const char *session_id, const int *tokens,
+                               int n);
+const kvp_learnlog_cfg *kvp_background_learnlog(const kvp_background *b);
+/* The scheduler's side (any thread): whether an item waits; run the oldest, asking
+ * busy(ctx) before each chunk. */
+int kvp_background_pending(void *b);
+void kvp_background_run(void *b, int (*busy)(void *), void *ctx);
+/* Loop: results since the last call into m (histograms per policy and budget, the
+ * recent means, counters). */
+void kvp_background_drain(kvp_background *b, kvpd_metrics *m);
+
+#endif
