@@ -48,9 +48,16 @@
  * retry_after_ms, through the balancer (docs/cluster.md). */
 #define KVPD_E_ELSEWHERE "elsewhere"
 
+/* A message's `user` for tool results (the client's side of a turn, as a user message's):
+ * its text is a JSON array of {"tool_call_id", "name", "content"} objects, which the
+ * model's Jinja template renders as tool messages (model/template.h: KVP_CHAT_TOOL). */
+#define KVP_MESSAGE_TOOL 2
+/* The tools of one request, at most (docs/openai.md). */
+#define KVP_HUB_MAX_TOOLS 128
+
 /* One message of a transcript. */
 typedef struct kvp_message {
-    int user;                /* 1 user, 0 assistant */
+    int user;                /* 1 user, 0 assistant, KVP_MESSAGE_TOOL tool results */
     char *text;              /* valid UTF-8, NUL-terminated, but may hold NULs: use len */
     size_t len;
 } kvp_message;
@@ -153,6 +160,21 @@ typedef struct kvp_turn_opts {
     const char *stop[KVP_HUB_MAX_STOPS];
     size_t stop_len[KVP_HUB_MAX_STOPS];
     int n_stop;
+    /* Tool calling (all borrowed for the call; zeros: none). role: the new message's (1
+     * user, KVP_MESSAGE_TOOL tool results; kvp_hub_chat takes its last message's).
+     * tools: a JSON array (OpenAI's shape) the model's Jinja template renders as `tools`.
+     * reply_prefix: text the reply begins with, prefilled rather than sampled (a forced
+     * call's opening), part of the reply and the transcript. end_after: the reply ends
+     * right after the first appearance of this text, which stays in the reply and the
+     * transcript (one call closes the turn). A later constrained decoder takes the
+     * functions a call must name from the same place: the prefix names the one. */
+    int role;
+    const char *tools;
+    size_t tools_len;
+    const char *reply_prefix;
+    size_t reply_prefix_len;
+    const char *end_after;
+    size_t end_after_len;
 } kvp_turn_opts;
 
 /* A stateless request (an OpenAI-style API): system (len 0: none) and msgs[0..n) are the

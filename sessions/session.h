@@ -92,9 +92,16 @@ typedef struct kvp_turn {
     char *reply;
     size_t reply_len, reply_cap;
     size_t sent;             /* bytes of reply given to the sink as tokens */
-    char *stop[KVP_HUB_MAX_STOPS];   /* stop strings (copies) */
-    size_t stop_len[KVP_HUB_MAX_STOPS];
+    char *stop[KVP_HUB_MAX_STOPS + 1];   /* stop strings (copies); the last may be an
+                                          * end_after string (kept in the reply) */
+    size_t stop_len[KVP_HUB_MAX_STOPS + 1];
+    int stop_keep[KVP_HUB_MAX_STOPS + 1];
     int n_stop;
+    int role;                /* of the message: 1 user, KVP_MESSAGE_TOOL tool results */
+    char *tools;             /* the request's tools (JSON array) for the template, or NULL */
+    size_t tools_len;
+    char *prefix;            /* the reply's opening, prefilled, not sampled (or NULL) */
+    size_t prefix_len;
     size_t stop_hold;        /* longest stop string - 1: reply bytes held back from the sink */
     int stopped;             /* a stop string was found at stop_at: the reply ends there */
     size_t stop_at;
@@ -273,6 +280,9 @@ int kvp_session_begin_turn(kvp_session *s, const char *text, size_t len, int max
 int kvp_session_turn_stops(kvp_session *s, const char *const *stop, const size_t *len, int n);
 /* The turn's sampling settings (o's biases copied); -EINVAL as kvp_sample_opts_check. */
 int kvp_session_turn_sampling(kvp_session *s, const kvp_sample_opts *o);
+/* Loop, after kvp_session_begin_turn: the turn's tool options (kvp_turn_opts: the
+ * message's role, tools, reply_prefix, end_after; copies). 0 or -ENOMEM. */
+int kvp_session_turn_tools(kvp_session *s, const kvp_turn_opts *o);
 /* Loop, on a new session that never ran a turn: takes copies of msgs as its transcript;
  * its first turn tokenizes and prefills them before its own message. 0 or -ENOMEM. */
 int kvp_session_seed(kvp_session *s, const kvp_message *msgs, int n);
