@@ -1123,6 +1123,7 @@ void kvp_hub_info_get(kvp_hub *h, kvp_hub_info *o)
     memset(o, 0, sizeof *o);
     o->model_name = md->name;
     o->chat_format = kvp_template_name(h->env.tpl.format);
+    o->tool_format = h->env.tpl.jinja ? (int)h->env.tpl.tool_format : 0;
     o->policy = h->pconf->name;
     o->policy_file = h->pconf->file;
     o->state_dir = h->env.state_dir;

@@ -197,6 +197,8 @@ void kvp_hub_close(kvp_hub_client *c);
 /* What /metrics and /admin/stats show. */
 typedef struct kvp_hub_info {
     const char *model_name, *chat_format, *policy, *policy_file, *state_dir;
+    int tool_format;              /* enum kvp_tool_format of the model's Jinja template (0:
+                                   * none: no Jinja template, or one without tool calls) */
     const char *kv_type, *budget_mode;   /* "f32" | "f16" | "q8_0"; "per_head" | "global" */
     const char *store, *store_where, *node;   /* "dir"/"redis"/"" and where; lease name */
     uint64_t lease_conflicts, lease_takeovers, snapshots_expired, store_errors;
