@@ -12,6 +12,7 @@
 
 #include <stddef.h>
 #include "model/model.h"
+#include "model/toolcall.h"
 
 enum kvp_chat_format {
     KVP_CHAT_PLAIN = 0, KVP_CHAT_CHATML, KVP_CHAT_LLAMA2, KVP_CHAT_LLAMA3, KVP_CHAT_MISTRAL,
@@ -32,11 +33,18 @@ typedef struct kvp_template {
     int *specials;                 /* the special tokens a rendering may hold, longest
                                       piece first (jinja only) */
     int n_specials;
+    enum kvp_tool_format tool_format;   /* how the Jinja template's model writes tool calls
+                                           (kvp_toolcall_detect); NONE without one */
 } kvp_template;
+
+/* A message's `user` for tool results: the client's side of a turn (as a user message),
+ * its text a JSON array of {"tool_call_id", "name", "content"}, rendered by the Jinja
+ * template as one tool message each (the families render the text as a user message). */
+#define KVP_CHAT_TOOL 2
 
 /* A message of a conversation, for kvp_template_render. */
 typedef struct kvp_chat_msg {
-    int user;                      /* 1: user, 0: assistant */
+    int user;                      /* 1: user, 0: assistant, KVP_CHAT_TOOL: tool results */
     const char *text;
     size_t len;
 } kvp_chat_msg;
@@ -74,6 +82,21 @@ int kvp_template_render_jinja(const kvp_template *t, const char *system, size_t 
 int kvp_template_jinja_turn(const kvp_template *t, const char *system, size_t system_len,
                             const kvp_chat_msg *msgs, int n, const int *have, int n_have,
                             int rendered, int *keep, int **out);
+/* As kvp_template_jinja_turn, with the request's tools (a JSON array, OpenAI's shape;
+ * NULL/0: none) given to the template as `tools`. */
+int kvp_template_jinja_turn_tools(const kvp_template *t, const char *system, size_t system_len,
+                                  const kvp_chat_msg *msgs, int n, const char *tools,
+                                  size_t tools_len, const int *have, int n_have, int rendered,
+                                  int *keep, int **out);
+/* As kvp_template_render_jinja, with tools as above. */
+int kvp_template_render_jinja_tools(const kvp_template *t, const char *system,
+                                    size_t system_len, const kvp_chat_msg *msgs, int n,
+                                    const char *tools, size_t tools_len, int **out, char *err,
+                                    size_t errlen);
+/* Text kvpd writes itself into a reply (a forced tool call's opening): tokenized with the
+ * vocabulary's special tokens matched anywhere, as the template's own text is (Jinja
+ * templates only; else as reply text). The count, or a negative code. */
+int kvp_template_encode_trusted(const kvp_template *t, const char *text, size_t len, int **out);
 void kvp_template_free(kvp_template *t);
 const char *kvp_template_name(enum kvp_chat_format f);
 /* The format of a name ("chatml", "llama3", ...), -1 if unknown. */

@@ -64,9 +64,10 @@ static kvp_jv *message(kvp_jarena *a, const char *role, const char *text, size_t
 }
 
 /* Renders to text and mask; the length or -1 with err. */
-static long render_text(const kvp_template *t, kvp_jinja *j, const char *system,
-                        size_t system_len, const kvp_chat_msg *msgs, int n, char **out,
-                        unsigned char **mask, char *err, size_t errlen)
+static long render_text_tools(const kvp_template *t, kvp_jinja *j, const char *system,
+                              size_t system_len, const kvp_chat_msg *msgs, int n,
+                              const char *tools, size_t tools_len, char **out,
+                              unsigned char **mask, char *err, size_t errlen)
 {
     kvp_jarena *a = kvp_jarena_new(0);
     if (!a) {
@@ -76,16 +77,30 @@ static long render_text(const kvp_template *t, kvp_jinja *j, const char *system,
     kvp_jv *vars = kvp_jv_dict(a), *list = kvp_jv_list(a);
     if (system_len)
         kvp_jv_append(a, list, message(a, "system", system, system_len));
-    for (int i = 0; i < n; i++)
-        kvp_jv_append(a, list, message(a, msgs[i].user ? "user" : "assistant", msgs[i].text,
-                                       msgs[i].len));
+    kvp_tpl_jinja_messages(a, list, t->tool_format, msgs, n);
     kvp_jv_set(a, vars, "messages", list);
+    if (tools_len) {
+        kvp_jv *tv = kvp_tpl_json(a, tools, tools_len);
+        if (!tv) {
+            snprintf(err, errlen, "the tools are not a JSON array");
+            kvp_jarena_free(a);
+            return -1;
+        }
+        kvp_jv_set(a, vars, "tools", tv);
+    }
     kvp_jv_set(a, vars, "add_generation_prompt", kvp_jv_bool(a, n > 0 && msgs[n - 1].user));
     kvp_jv_set(a, vars, "bos_token", piece_value(a, tk(t), t->bos));
     kvp_jv_set(a, vars, "eos_token", piece_value(a, tk(t), t->eos));
     long len = kvp_jinja_render(j, a, vars, NULL, out, mask, err, errlen);
     kvp_jarena_free(a);
     return len;
+}
+
+static long render_text(const kvp_template *t, kvp_jinja *j, const char *system,
+                        size_t system_len, const kvp_chat_msg *msgs, int n, char **out,
+                        unsigned char **mask, char *err, size_t errlen)
+{
+    return render_text_tools(t, j, system, system_len, msgs, n, NULL, 0, out, mask, err, errlen);
 }
 
 /* The special token whose piece starts at s[0..n), -1 if none. */
@@ -127,7 +142,7 @@ static int tokenize(const kvp_template *t, const char *text, const unsigned char
 static int alternates(const kvp_chat_msg *msgs, int n, char *err, size_t errlen)
 {
     for (int i = 0; i < n; i++)
-        if (msgs[i].user != !(i % 2)) {
+        if (!!msgs[i].user != !(i % 2)) {
             snprintf(err, errlen, "user and assistant messages must alternate");
             return 0;
         }
@@ -138,6 +153,15 @@ int kvp_template_render_jinja(const kvp_template *t, const char *system, size_t 
                               const kvp_chat_msg *msgs, int n, int **out, char *err,
                               size_t errlen)
 {
+    return kvp_template_render_jinja_tools(t, system, system_len, msgs, n, NULL, 0, out, err,
+                                           errlen);
+}
+
+int kvp_template_render_jinja_tools(const kvp_template *t, const char *system,
+                                    size_t system_len, const kvp_chat_msg *msgs, int n,
+                                    const char *tools, size_t tools_len, int **out, char *err,
+                                    size_t errlen)
+{
     char ebuf[256];
     if (!err || !errlen) {
         err = ebuf;
@@ -147,8 +171,8 @@ int kvp_template_render_jinja(const kvp_template *t, const char *system, size_t 
         return -EINVAL;
     char *text;
     unsigned char *mask;
-    long len = render_text(t, t->jinja, system, system_len, msgs, n, &text, &mask, err,
-                           errlen);
+    long len = render_text_tools(t, t->jinja, system, system_len, msgs, n, tools, tools_len,
+                                 &text, &mask, err, errlen);
     if (len < 0)
         return -EINVAL;
     int rc = tokenize(t, text, mask, 0, (size_t)len, 1, out);
@@ -162,13 +186,14 @@ int kvp_template_render_jinja(const kvp_template *t, const char *system, size_t 
  * vouches) with the reply's text, only what follows the reply (after its kept stop
  * token) is new. */
 static int extend(const kvp_template *t, const char *system, size_t system_len,
-                  const kvp_chat_msg *msgs, int n, const int *have, int n_have,
-                  const char *text, const unsigned char *mask, size_t len, int **out)
+                  const kvp_chat_msg *msgs, int n, const char *tools, size_t tools_len,
+                  const int *have, int n_have, const char *text, const unsigned char *mask,
+                  size_t len, int **out)
 {
     char err[64], *ptext;
     unsigned char *pmask;
-    long plen = render_text(t, t->jinja, system, system_len, msgs, n - 2, &ptext, &pmask,
-                            err, sizeof err);
+    long plen = render_text_tools(t, t->jinja, system, system_len, msgs, n - 2, tools,
+                                  tools_len, &ptext, &pmask, err, sizeof err);
     if (plen < 0)
         return -ENOENT;
     const kvp_chat_msg *reply = &msgs[n - 2];
@@ -196,18 +221,28 @@ int kvp_template_jinja_turn(const kvp_template *t, const char *system, size_t sy
                             const kvp_chat_msg *msgs, int n, const int *have, int n_have,
                             int rendered, int *keep, int **out)
 {
+    return kvp_template_jinja_turn_tools(t, system, system_len, msgs, n, NULL, 0, have, n_have,
+                                         rendered, keep, out);
+}
+
+int kvp_template_jinja_turn_tools(const kvp_template *t, const char *system, size_t system_len,
+                                  const kvp_chat_msg *msgs, int n, const char *tools,
+                                  size_t tools_len, const int *have, int n_have, int rendered,
+                                  int *keep, int **out)
+{
     char err[64];
     if (!t->jinja || n < 1 || !msgs[n - 1].user || !alternates(msgs, n, err, sizeof err))
         return -EINVAL;
     char *text;
     unsigned char *mask;
-    long len = render_text(t, t->jinja, system, system_len, msgs, n, &text, &mask, err,
-                           sizeof err);
+    long len = render_text_tools(t, t->jinja, system, system_len, msgs, n, tools, tools_len,
+                                 &text, &mask, err, sizeof err);
     if (len < 0)
         return -EINVAL;
     int rc = -ENOENT;
     if (rendered && n >= 3 && n_have > 0) {
-        rc = extend(t, system, system_len, msgs, n, have, n_have, text, mask, (size_t)len, out);
+        rc = extend(t, system, system_len, msgs, n, tools, tools_len, have, n_have, text, mask,
+                    (size_t)len, out);
         if (rc >= 0)
             *keep = n_have;
     }
@@ -269,7 +304,20 @@ int kvp_template_use_jinja(kvp_template *t, const char *src, size_t len, char *n
     }
     kvp_jinja_free(t->jinja);
     t->jinja = j;
+    t->tool_format = kvp_toolcall_detect(src, len, kvp_template_name(t->format));
     return 0;
+}
+
+int kvp_template_encode_trusted(const kvp_template *t, const char *text, size_t len, int **out)
+{
+    if (!t->jinja)
+        return kvp_template_reply(t, text, len, out);
+    unsigned char *mask = calloc(len + 1, 1);   /* all of it the template's */
+    if (!mask)
+        return -ENOMEM;
+    int rc = tokenize(t, text, mask, 0, len, 0, out);
+    free(mask);
+    return rc;
 }
 
 void kvp_template_free(kvp_template *t)

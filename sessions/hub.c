@@ -426,7 +426,7 @@ static void start_turn(kvp_hub_client *c, const char *text, size_t len, const kv
                    rc == -EINVAL ? err : "out of memory");
         return;
     }
-    if (kvp_session_turn_sampling(s, &o->sampling) < 0) {
+    if (kvp_session_turn_sampling(s, &o->sampling) < 0 || kvp_session_turn_tools(s, o) < 0) {
         emit_error(c, KVPD_E_INTERNAL, "out of memory");
         return;
     }
@@ -496,6 +496,7 @@ typedef struct kvp_hub_pending {
                                       * into bias */
     char *stops[KVP_HUB_MAX_STOPS];
     kvp_logit_bias *bias;
+    char *tools, *prefix, *end_after;   /* the copies o's tool options point to */
 } kvp_hub_pending;
 
 static void pending_free(kvp_hub_pending *p)
@@ -510,6 +511,9 @@ static void pending_free(kvp_hub_pending *p)
         free(p->stops[i]);
     free(p->bias);
     kvp_grammar_unref(p->o.grammar);
+    free(p->tools);
+    free(p->prefix);
+    free(p->end_after);
     free(p);
 }
 
@@ -551,6 +555,12 @@ static kvp_hub_pending *pending_new(uint64_t hash, const char *system, size_t sy
         memcpy(p->bias, o->sampling.bias, (size_t)o->sampling.n_bias * sizeof *p->bias);
         p->o.sampling.bias = p->bias;
     }
+    if ((o->tools_len && !(p->o.tools = p->tools = copy_bytes(o->tools, o->tools_len))) ||
+        (o->reply_prefix_len &&
+         !(p->o.reply_prefix = p->prefix = copy_bytes(o->reply_prefix, o->reply_prefix_len))) ||
+        (o->end_after_len &&
+         !(p->o.end_after = p->end_after = copy_bytes(o->end_after, o->end_after_len))))
+        goto oom;
     return p;
 oom:
     pending_free(p);
@@ -573,7 +583,9 @@ static void chat_go(kvp_hub_client *c, kvp_session *s, const char *system, size_
             return;
         }
     }
-    start_turn(c, msgs[n - 1].text, msgs[n - 1].len, o);
+    kvp_turn_opts with_role = *o;
+    with_role.role = msgs[n - 1].user;
+    start_turn(c, msgs[n - 1].text, msgs[n - 1].len, &with_role);
 }
 
 void kvp_hub_chat(kvp_hub_client *c, const char *id, const char *system, size_t system_len,
@@ -1190,6 +1202,7 @@ void kvp_hub_info_get(kvp_hub *h, kvp_hub_info *o)
     memset(o, 0, sizeof *o);
     o->model_name = md->name;
     o->chat_format = kvp_template_name(h->env.tpl.format);
+    o->tool_format = h->env.tpl.jinja ? (int)h->env.tpl.tool_format : 0;
     o->policy = h->pconf->name;
     o->policy_file = h->pconf->file;
     o->state_dir = h->env.state_dir;

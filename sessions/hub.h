@@ -48,9 +48,16 @@
  * retry_after_ms, through the balancer (docs/cluster.md). */
 #define KVPD_E_ELSEWHERE "elsewhere"
 
+/* A message's `user` for tool results (the client's side of a turn, as a user message's):
+ * its text is a JSON array of {"tool_call_id", "name", "content"} objects, which the
+ * model's Jinja template renders as tool messages (model/template.h: KVP_CHAT_TOOL). */
+#define KVP_MESSAGE_TOOL 2
+/* The tools of one request, at most (docs/openai.md). */
+#define KVP_HUB_MAX_TOOLS 128
+
 /* One message of a transcript. */
 typedef struct kvp_message {
-    int user;                /* 1 user, 0 assistant */
+    int user;                /* 1 user, 0 assistant, KVP_MESSAGE_TOOL tool results */
     char *text;              /* valid UTF-8, NUL-terminated, but may hold NULs: use len */
     size_t len;
 } kvp_message;
@@ -158,6 +165,21 @@ typedef struct kvp_turn_opts {
      * reference): the reply is one of the grammar's documents, ending with a stop token
      * once it is whole. NULL: unconstrained. */
     struct kvp_grammar *grammar;
+    /* Tool calling (all borrowed for the call; zeros: none). role: the new message's (1
+     * user, KVP_MESSAGE_TOOL tool results; kvp_hub_chat takes its last message's).
+     * tools: a JSON array (OpenAI's shape) the model's Jinja template renders as `tools`.
+     * reply_prefix: text the reply begins with, prefilled rather than sampled (a forced
+     * call's opening), part of the reply and the transcript. end_after: the reply ends
+     * right after the first appearance of this text, which stays in the reply and the
+     * transcript (one call closes the turn). A later constrained decoder takes the
+     * functions a call must name from the same place: the prefix names the one. */
+    int role;
+    const char *tools;
+    size_t tools_len;
+    const char *reply_prefix;
+    size_t reply_prefix_len;
+    const char *end_after;
+    size_t end_after_len;
 } kvp_turn_opts;
 
 /* kvp_hub_message with the turn's options (kvp_turn_opts, below). */
@@ -184,6 +206,8 @@ void kvp_hub_close(kvp_hub_client *c);
 /* What /metrics and /admin/stats show. */
 typedef struct kvp_hub_info {
     const char *model_name, *chat_format, *policy, *policy_file, *state_dir;
+    int tool_format;              /* enum kvp_tool_format of the model's Jinja template (0:
+                                   * none: no Jinja template, or one without tool calls) */
     const char *kv_type, *budget_mode;   /* "f32" | "f16" | "q8_0"; "per_head" | "global" */
     const char *store, *store_where, *node;   /* "dir"/"redis"/"" and where; lease name */
     uint64_t lease_conflicts, lease_takeovers, snapshots_expired, store_errors;

@@ -143,6 +143,8 @@ static void turn_clear(kvp_turn *t)
     free(t->reply);
     for (int i = 0; i < t->n_stop; i++)
         free(t->stop[i]);
+    free(t->tools);
+    free(t->prefix);
     free(t->tok_end);
     free((void *)t->sampling.bias);
     kvp_turn_grammar_free(t);
@@ -356,6 +358,39 @@ int kvp_session_turn_stops(kvp_session *s, const char *const *stop, const size_t
     return 0;
 }
 
+static char *dup_bytes(const char *p, size_t n)
+{
+    char *c = malloc(n + 1);
+    if (c) {
+        memcpy(c, p, n);
+        c[n] = '\0';
+    }
+    return c;
+}
+
+int kvp_session_turn_tools(kvp_session *s, const kvp_turn_opts *o)
+{
+    kvp_turn *t = &s->turn;
+    t->role = o->role == KVP_MESSAGE_TOOL ? KVP_MESSAGE_TOOL : 1;
+    if (o->tools_len && !(t->tools = dup_bytes(o->tools, o->tools_len)))
+        return -ENOMEM;
+    t->tools_len = o->tools_len;
+    if (o->reply_prefix_len && !(t->prefix = dup_bytes(o->reply_prefix, o->reply_prefix_len)))
+        return -ENOMEM;
+    t->prefix_len = o->reply_prefix_len;
+    if (o->end_after_len && t->n_stop <= KVP_HUB_MAX_STOPS) {
+        int i = t->n_stop;
+        if (!(t->stop[i] = dup_bytes(o->end_after, o->end_after_len)))
+            return -ENOMEM;
+        t->stop_len[i] = o->end_after_len;
+        t->stop_keep[i] = 1;
+        t->n_stop = i + 1;
+        if (o->end_after_len - 1 > t->stop_hold)
+            t->stop_hold = o->end_after_len - 1;
+    }
+    return 0;
+}
+
 int kvp_session_turn_sampling(kvp_session *s, const kvp_sample_opts *o)
 {
     kvp_turn *t = &s->turn;
@@ -406,10 +441,11 @@ static int jinja_turn(kvp_session *s, const kvp_session_env *env, kvp_turn *t, i
         return -ENOMEM;
     for (int i = 0; i < s->n_msgs; i++)
         cm[i] = (kvp_chat_msg){s->msgs[i].user, s->msgs[i].text, s->msgs[i].len};
-    cm[s->n_msgs] = (kvp_chat_msg){1, t->text, t->text_len};
+    cm[s->n_msgs] = (kvp_chat_msg){t->role ? t->role : 1, t->text, t->text_len};
     int common = 0;
-    int n = kvp_template_jinja_turn(&env->tpl, s->system, s->system_len, cm, s->n_msgs + 1,
-                                    s->tokens, s->n_tokens, s->jinja_rendered, &common, ids);
+    int n = kvp_template_jinja_turn_tools(&env->tpl, s->system, s->system_len, cm,
+                                          s->n_msgs + 1, t->tools, t->tools_len, s->tokens,
+                                          s->n_tokens, s->jinja_rendered, &common, ids);
     free(cm);
     if (n < 0)
         return n == -ENOMEM ? n : -ENOENT;
@@ -617,9 +653,10 @@ static int reply_text(kvp_session *s, const kvp_turn_sink *sink, const char *p, 
         for (int i = 0; i < t->n_stop; i++) {
             const char *hit = memmem(t->reply + start, t->reply_len - start, t->stop[i],
                                      t->stop_len[i]);
-            if (hit && (!t->stopped || (size_t)(hit - t->reply) < t->stop_at)) {
+            size_t end = hit ? (size_t)(hit - t->reply) + (t->stop_keep[i] ? t->stop_len[i] : 0) : 0;
+            if (hit && (!t->stopped || end < t->stop_at)) {
                 t->stopped = 1;
-                t->stop_at = (size_t)(hit - t->reply);
+                t->stop_at = end;
             }
         }
         upto = t->stopped ? t->stop_at : t->reply_len > t->stop_hold ? t->reply_len - t->stop_hold : 0;
@@ -629,6 +666,23 @@ static int reply_text(kvp_session *s, const kvp_turn_sink *sink, const char *p, 
     }
     emit(s, sink, upto);
     return 0;
+}
+
+/* The reply's opening kvpd writes itself (a forced tool call): its tokens go into the
+ * transcript to be prefilled with the prompt, its text starts the reply (and is looked
+ * through for the stop strings, so a whole forced call may end the turn at once). */
+static int reply_prefix(kvp_session *s, const kvp_session_env *env, const kvp_turn_sink *sink)
+{
+    kvp_turn *t = &s->turn;
+    int *ids = NULL;
+    int n = kvp_template_encode_trusted(&env->tpl, t->prefix, t->prefix_len, &ids);
+    if (n < 0)
+        return n;
+    int rc = 0;
+    for (int i = 0; i < n && !rc; i++)
+        rc = push_token(s, ids[i]);
+    free(ids);
+    return rc ? rc : reply_text(s, sink, t->prefix, t->prefix_len);
 }
 
 /* With stop strings: where the reply stood after its newest token. */
@@ -656,7 +710,7 @@ static int cut_at_stop(kvp_session *s, const kvp_session_env *env)
 {
     kvp_turn *t = &s->turn;
     int keep = 0;
-    size_t at = 0;
+    size_t at = t->prefix_len;   /* the prefix's tokens stand before gen_start */
     for (int i = t->stats.generated_tokens - 1; i >= 0; i--)
         if (t->tok_end[i] <= t->stop_at) {
             keep = i + 1;
@@ -818,6 +872,8 @@ static int take_token(kvp_session *s, const kvp_session_env *env, const kvp_turn
                       int tok)
 {
     kvp_turn *t = &s->turn;
+    if (t->stopped)   /* the reply's prefix ended it: the sampled token is not kept */
+        return finish(s, env, sink, "stop");
     if (kvp_template_is_stop(&env->tpl, tok)) {
         /* A chat format's end marker belongs to the transcript (fed next turn). */
         if (kvp_template_keeps_stop(&env->tpl) && push_token(s, tok) < 0)
@@ -975,9 +1031,12 @@ static int turn_start(kvp_session *s, const kvp_session_env *env, const kvp_turn
             return fail(s, env, sink, 1, -ENOMEM, "transcript", NULL);
         }
     free(ids);
-    if (push_message(s, 1, t->text, t->text_len, first) < 0)
+    if (push_message(s, t->role ? t->role : 1, t->text, t->text_len, first) < 0)
         return fail(s, env, sink, 1, -ENOMEM, "transcript", NULL);
     t->recorded = 1;
+    int reply_at = s->n_tokens;
+    if (t->prefix_len && reply_prefix(s, env, sink) < 0)
+        return fail(s, env, sink, 1, -ENOMEM, "transcript", NULL);
     t->gen_start = s->n_tokens;
     t->stats.prompt_tokens = s->n_tokens - s->n_cached;
     if (t->max_prompt > 0 && t->stats.prompt_tokens > t->max_prompt) {
@@ -999,7 +1058,7 @@ static int turn_start(kvp_session *s, const kvp_session_env *env, const kvp_turn
                 return fail(s, env, sink, 1, rc, "tokenize", NULL);
         }
     }
-    t->reply_from = s->n_tokens;
+    t->reply_from = reply_at;
     t->evicted_at_start = s->cache.evicted_rows;
     /* of the whole conversation: the cache holds the dropped history's tokens too */
     t->stats.context_tokens = (int)(s->hist_tokens + s->n_tokens);

@@ -94,9 +94,16 @@ typedef struct kvp_turn {
     char *reply;
     size_t reply_len, reply_cap;
     size_t sent;             /* bytes of reply given to the sink as tokens */
-    char *stop[KVP_HUB_MAX_STOPS];   /* stop strings (copies) */
-    size_t stop_len[KVP_HUB_MAX_STOPS];
+    char *stop[KVP_HUB_MAX_STOPS + 1];   /* stop strings (copies); the last may be an
+                                          * end_after string (kept in the reply) */
+    size_t stop_len[KVP_HUB_MAX_STOPS + 1];
+    int stop_keep[KVP_HUB_MAX_STOPS + 1];
     int n_stop;
+    int role;                /* of the message: 1 user, KVP_MESSAGE_TOOL tool results */
+    char *tools;             /* the request's tools (JSON array) for the template, or NULL */
+    size_t tools_len;
+    char *prefix;            /* the reply's opening, prefilled, not sampled (or NULL) */
+    size_t prefix_len;
     size_t stop_hold;        /* longest stop string - 1: reply bytes held back from the sink */
     int stopped;             /* a stop string was found at stop_at: the reply ends there */
     size_t stop_at;
@@ -290,6 +297,9 @@ void kvp_turn_grammar_free(kvp_turn *t);
 int kvp_turn_draw(kvp_session *s, const kvp_session_env *env, float *logits);
 /* The byte trie of env's vocabulary, its end tokens the template's stop tokens. */
 int kvp_session_trie_build(struct kvp_vocab_trie *tr, const kvp_session_env *env);
+/* Loop, after kvp_session_begin_turn: the turn's tool options (kvp_turn_opts: the
+ * message's role, tools, reply_prefix, end_after; copies). 0 or -ENOMEM. */
+int kvp_session_turn_tools(kvp_session *s, const kvp_turn_opts *o);
 /* Loop, on a new session that never ran a turn: takes copies of msgs as its transcript;
  * its first turn tokenizes and prefills them before its own message. 0 or -ENOMEM. */
 int kvp_session_seed(kvp_session *s, const kvp_message *msgs, int n);

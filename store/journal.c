@@ -75,7 +75,7 @@ int kvp_journal_append(const char *dir, const char *id, const kvp_journal_rec *r
     kvp_w_u32(&w, (uint32_t)rec->msgs_before);
     kvp_w_u32(&w, (uint32_t)rec->n_msgs);
     for (int i = 0; i < rec->n_msgs; i++) {
-        unsigned char role = rec->msgs[i].user ? 1 : 0;
+        unsigned char role = rec->msgs[i].user == 2 ? 2 : rec->msgs[i].user ? 1 : 0;
         kvp_w_bytes(&w, &role, 1);
         kvp_w_u32(&w, (uint32_t)rec->msgs[i].len);
         kvp_w_bytes(&w, rec->msgs[i].text, rec->msgs[i].len);
@@ -148,7 +148,7 @@ static int apply_record(kvp_rbuf *r, kvp_snapshot *s, uint32_t version)
     for (uint32_t i = 0; i < n_msgs; i++) {   /* a first pass checks the lengths */
         unsigned char role;
         uint32_t len;
-        if (kvp_r_bytes(r, &role, 1) || role > 1 || kvp_r_u32(r, &len) ||
+        if (kvp_r_bytes(r, &role, 1) || role > 2 || kvp_r_u32(r, &len) ||
             (uint64_t)len + (v2 ? 8 : 0) > r->n - r->off)
             return -1;
         r->off += len + (v2 ? 8 : 0);

@@ -242,7 +242,7 @@ int kvp_snap_encode_prefix(const kvp_snapshot *s, kvp_wbuf *w)
     kvp_w_bytes(w, s->system, s->system_len);
     kvp_w_u32(w, (uint32_t)s->n_msgs);
     for (int i = 0; i < s->n_msgs; i++) {
-        unsigned char role = s->msgs[i].user ? 1 : 0;
+        unsigned char role = s->msgs[i].user == 2 ? 2 : s->msgs[i].user ? 1 : 0;
         kvp_w_bytes(w, &role, 1);
         kvp_w_u32(w, (uint32_t)s->msgs[i].len);
         kvp_w_bytes(w, s->msgs[i].text, s->msgs[i].len);
@@ -394,7 +394,7 @@ static const char *parse_msgs(kvp_rbuf *r, kvp_snapshot *s, uint32_t version)
     for (uint32_t i = 0; i < n; i++) {
         unsigned char role;
         uint32_t len;
-        if (kvp_r_bytes(r, &role, 1) || role > 1 || kvp_r_u32(r, &len) || len > r->n - r->off)
+        if (kvp_r_bytes(r, &role, 1) || role > 2 || kvp_r_u32(r, &len) || len > r->n - r->off)
             return "message inconsistent with the section length";
         kvp_snapshot_msg *m = &s->msgs[i];
         s->n_msgs = (int)i + 1;

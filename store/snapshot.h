@@ -34,7 +34,7 @@ typedef struct kvp_snapshot_identity {
 } kvp_snapshot_identity;
 
 typedef struct kvp_snapshot_msg {
-    int user;                 /* 1 user, 0 assistant */
+    int user;                 /* 1 user, 0 assistant, 2 tool results (KVP_MESSAGE_TOOL) */
     char *text;               /* read: NUL-terminated copy (may hold NULs: use len) */
     size_t len;
     int64_t first_token;      /* its first token's index in the conversation's token stream

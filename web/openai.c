@@ -15,6 +15,7 @@
 #include "model/grammar.h"
 #include "web/conn.h"
 #include "web/format.h"
+#include "web/oai_tools.h"
 
 typedef struct kvpd_oai {
     char *body;                   /* the POST body, bounded by max_body_bytes */
@@ -41,6 +42,9 @@ typedef struct kvpd_oai {
     long created;
     char model[128];
     char origin[256];             /* CORS: Access-Control-Allow-Origin ("" none) */
+    int tool_format;              /* the model's (kvp_hub_info) */
+    kvpd_oai_tools tools;         /* tool calling (web/oai_tools.h) */
+    int tool_calls;               /* calls in the reply: finish_reason "tool_calls" */
 } kvpd_oai;
 
 /* ---- answers ---- */
@@ -120,9 +124,9 @@ static json_t *kvpd_stats(const kvpd_oai *o, const kvp_turn_stats *st)
                      "durable", o->durable < 0 ? json_null() : json_boolean(o->durable));
 }
 
-static const char *finish_reason(const kvp_turn_stats *st)
+static const char *finish_reason(const kvp_turn_stats *st, const kvpd_oai *o)
 {
-    return !strcmp(st->stop, "length") ? "length" : "stop";
+    return o->tool_calls > 0 ? "tool_calls" : !strcmp(st->stop, "length") ? "length" : "stop";
 }
 
 /* One SSE event. */
@@ -164,9 +168,26 @@ static void stream_start(kvpd_conn *c)
                               "assistant", "content", "", "finish_reason")));
 }
 
+/* Tool calling: the deltas the reply's text makes (content held while it may be a call). */
+static void stream_tools(kvpd_conn *c, const char *text, size_t len, int final)
+{
+    kvpd_oai *o = c->oai;
+    json_t *deltas = kvpd_oai_tools_feed(&o->tools, text, len, final);
+    size_t i;
+    json_t *d;
+    json_array_foreach(deltas, i, d)
+        sse(c, chunk(o, json_pack("[{s:i, s:O, s:n}]", "index", 0, "delta", d, "finish_reason")));
+    json_decref(deltas);
+    o->tool_calls = o->tools.calls_sent;
+}
+
 static void stream_text(kvpd_conn *c, const char *text, size_t len)
 {
     kvpd_oai *o = c->oai;
+    if (o->tools.parse) {
+        stream_tools(c, text, len, 0);
+        return;
+    }
     if (!len)
         return;
     json_t *delta = json_object();
@@ -181,8 +202,10 @@ static void finish_stream(kvpd_conn *c, const kvp_turn_stats *st)
 {
     kvpd_oai *o = c->oai;
     stream_start(c);
+    if (o->tools.parse)
+        stream_tools(c, "", 0, 1);
     sse(c, chunk(o, json_pack("[{s:i, s:{}, s:s}]", "index", 0, "delta", "finish_reason",
-                              finish_reason(st))));
+                              finish_reason(st, o))));
     if (o->include_usage) {
         json_t *j = chunk(o, json_array());
         json_object_set_new(j, "usage", usage(st));
@@ -227,11 +250,11 @@ static void done(kvpd_conn *c, const kvp_hub_event *ev)
         finish_stream(c, st);
         return;
     }
-    json_t *msg = json_pack("{s:s, s:s%}", "role", "assistant", "content", ev->text, ev->len);
+    json_t *msg = kvpd_oai_tools_reply(&o->tools, ev->text, ev->len, &o->tool_calls);
     json_t *j = json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:o, s:n, s:s}], s:o, s:s, s:o}",
                           "id", o->id, "object", "chat.completion", "created",
                           (json_int_t)o->created, "model", o->model, "choices", "index", 0,
-                          "message", msg, "logprobs", "finish_reason", finish_reason(st),
+                          "message", msg, "logprobs", "finish_reason", finish_reason(st, o),
                           "usage", usage(st), "session", o->session, "kvpd", kvpd_stats(o, st));
     answer(c, 200, j);
 }
@@ -364,9 +387,10 @@ static int messages(kvpd_conn *c, json_t *arr, kvp_message **out, char **system,
             role = NULL;   /* a NUL inside: no role */
         snprintf(param, sizeof param, "messages[%zu].role", i);
         int sys_role = role && (!strcmp(role, "system") || !strcmp(role, "developer"));
-        if (!role || (!sys_role && strcmp(role, "user") && strcmp(role, "assistant"))) {
-            fail(c, 400, param, NULL, "%s must be system, user or assistant (tool messages are "
-                 "not supported)", param);
+        if (!role || (!sys_role && strcmp(role, "user") && strcmp(role, "assistant") &&
+                      strcmp(role, "tool"))) {
+            fail(c, 400, param, NULL, "%s must be system, developer, user, assistant or tool",
+                 param);
             goto bad;
         }
         char *text;
@@ -398,8 +422,8 @@ static int messages(kvpd_conn *c, json_t *arr, kvp_message **out, char **system,
             free(text);
             continue;
         }
-        int user = !strcmp(role, "user");
-        if (user && pending) {
+        int user = !strcmp(role, "user") ? 1 : !strcmp(role, "tool") ? KVP_MESSAGE_TOOL : 0;
+        if (user == 1 && pending) {
             char *p = realloc(pending, pending_len + len + 1);
             if (!p) {
                 free(text);
@@ -417,7 +441,7 @@ static int messages(kvpd_conn *c, json_t *arr, kvp_message **out, char **system,
     if (!m)
         goto oom;
     if (k == 0 || !m[k - 1].user || pending) {
-        fail(c, 400, "messages", NULL, "the last message must be the user's");
+        fail(c, 400, "messages", NULL, "the last message must be the user's (or tool results)");
         goto bad;
     }
     *out = m;
@@ -446,8 +470,8 @@ static int is_session_id(const char *s)
 /* Fields whose meaning kvpd cannot honour: the first one present, or NULL. */
 static const char *unsupported(json_t *req)
 {
-    static const char *absent[] = {"tools", "functions", "tool_choice", "function_call",
-                                   "top_logprobs", "audio", "prediction"};
+    static const char *absent[] = {"functions", "function_call", "top_logprobs", "audio",
+                                   "prediction"};
     for (size_t i = 0; i < sizeof absent / sizeof absent[0]; i++) {
         json_t *v = json_object_get(req, absent[i]);
         if (v && !json_is_null(v) && !(json_is_array(v) && json_array_size(v) == 0))
@@ -547,6 +571,11 @@ static int options(kvpd_conn *c, json_t *req, kvp_turn_opts *t)
     const char *field = unsupported(req);
     if (field) {
         fail(c, 400, field, "unsupported_parameter", "%s is not supported by kvpd", field);
+        return -1;
+    }
+    kvpd_oai_tools_err te;
+    if (kvpd_oai_tools_request(&o->tools, req, o->tool_format, t, &te) < 0) {
+        fail(c, 400, te.param, NULL, "%s", te.msg);
         return -1;
     }
     int has;
@@ -669,8 +698,17 @@ static void chat_completions(kvpd_conn *c)
              o->model);
         goto out;
     }
-    if (options(c, req, &t) < 0 ||
-        (n = messages(c, json_object_get(req, "messages"), &msgs, &system, &system_len)) < 0)
+    if (options(c, req, &t) < 0)
+        goto out;
+    json_t *hist = NULL;
+    kvpd_oai_tools_err te;
+    if (kvpd_oai_tools_messages(&o->tools, json_object_get(req, "messages"), &hist, &te) < 0) {
+        fail(c, 400, te.param, NULL, "%s", te.msg);
+        goto out;
+    }
+    n = messages(c, hist, &msgs, &system, &system_len);
+    json_decref(hist);
+    if (n < 0)
         goto out;
     if (system_len > KVP_HUB_SYSTEM_MAX) {
         fail(c, 400, "messages[0].content", NULL, "the system message is limited to %d bytes",
@@ -740,6 +778,7 @@ static void route(kvpd_conn *c, const char *uri, int post)
     kvp_hub_info hi;
     kvp_hub_info_get(w->hub, &hi);
     snprintf(o->model, sizeof o->model, "%s", hi.model_name);
+    o->tool_format = hi.tool_format;
     if (list) {
         models(c);
         return;
@@ -906,6 +945,7 @@ void kvpd_openai_closed(kvpd_conn *c)
     free(o->bias);
     kvp_grammar_unref(o->grammar);
     free(o->body);
+    kvpd_oai_tools_free(&o->tools);
     free(o);
     c->oai = NULL;
 }
