@@ -537,8 +537,8 @@ void kvpd_oai_responses(kvpd_conn *c)
     r->echo = json_pack("{s:O?, s:O?, s:O?, s:O?}", "instructions", ins, "max_output_tokens",
                         mot, "temperature", json_object_get(req, "temperature"), "top_p",
                         json_object_get(req, "top_p"));
-    json_object_set(r->echo, "metadata", json_is_object(meta) ? meta : json_object());
-    json_decref(json_object_get(r->echo, "metadata"));   /* the fresh one's reference */
+    json_object_set_new(r->echo, "metadata", json_is_object(meta) ? json_deep_copy(meta)
+                                                                : json_object());
     /* previous_response_id: its conversation comes first, and its session serves it. */
     json_t *prev = json_object_get(req, "previous_response_id");
     const stored *p = NULL;
