@@ -59,6 +59,8 @@ static const key_def keys[] = {
     {"admin_token_file", T_STR, F(admin_token_file), 0, 0, "", "where the generated admin token is written, mode 0600 (empty: STATE_DIR/admin.token; with neither, /admin/* is closed)", FIXED},
     {"allowed_hosts", T_STR, F(allowed_hosts), 0, 0, "", "comma-separated Host names served, others get 421 (empty: localhost, 127.0.0.1, ::1 and the listen address; *: any)", LIVE},
     {"allowed_origins", T_STR, F(allowed_origins), 0, 0, "", "comma-separated Origins (scheme://host:port) whose pages may use /chat and HTTP, others get 403 (empty: http://<allowed host>:<port>; *: any)", LIVE},
+    {"model_alias", T_STR, F(model_alias), 0, 0, "", "comma-separated model ids GET /v1/models lists (empty: the model's own name); with one model loaded any request's model is served unless strict_model_name", LIVE},
+    {"strict_model_name", T_BOOL, F(strict_model_name), 0, 1, "false", "API requests must name the model (its own name or a model_alias id); others get 404 model_not_found (false: any name is served, the answer names the real model)", LIVE},
     {"static_dir", T_STR, F(static_dir), 0, 0, KVPD_DATA_DIR "/web/static", "directory of the chat page", FIXED},
     {"max_sessions", T_INT, F(max_sessions), 1, 1 << 20, "64", "sessions resident in memory at once (parked ones do not count)", LIVE},
     {"max_cache_bytes", T_BYTES, F(max_cache_bytes), 0, 0, "0", "KV cache bytes of all resident sessions (k/M/G suffixes; 0: no cap)", LIVE},

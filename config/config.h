@@ -46,6 +46,8 @@ typedef struct kvpd_config {
     int n_api_keys;
     char allowed_hosts[512];          /* Host names served; "" = loopback + listen address */
     char allowed_origins[1024];       /* Origins allowed; "" = this daemon's own */
+    char model_alias[512];            /* comma-separated ids /v1/models lists; "" = the name */
+    int strict_model_name;            /* 1: a request's model must be the name or an alias */
     char static_dir[KVPD_PATH_MAX];
     int max_sessions;                 /* resident sessions (parked ones do not count) */
     int max_sessions_per_connection;

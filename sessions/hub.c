@@ -909,6 +909,7 @@ static void on_event(void *ctx, const kvpd_event *ev)
             m->turns_cancelled++;
         m->prompt_tokens += (uint64_t)st->prompt_tokens;
         m->prefilled_tokens += (uint64_t)st->prefilled_tokens;
+        m->cached_tokens += (uint64_t)st->cached_tokens;
         m->generated_tokens += (uint64_t)st->generated_tokens;
         m->evicted_rows += st->evicted_rows;
         kvpd_hist_observe(&m->ttft, st->ttft_ms / 1e3);

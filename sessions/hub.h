@@ -197,6 +197,14 @@ void kvp_hub_message_opts(kvp_hub_client *c, const char *text, size_t len,
  * request: it leaves any session it had. */
 void kvp_hub_chat(kvp_hub_client *c, const char *id, const char *system, size_t system_len,
                   const kvp_message *msgs, int n, const kvp_turn_opts *o);
+/* A raw text completion (sessions/hub_complete.c; for the plain chat format, where a
+ * conversation's transcript is its texts end to end): prompt[0..len) is served as a
+ * conversation with no system text whose texts concatenate to it. The idle resident
+ * session of the client's tenant whose messages form the longest proper prefix of the
+ * prompt is continued with the rest as its next message (its cache is reused); without
+ * one, a new session takes the whole prompt. Events as for kvp_hub_chat. */
+void kvp_hub_complete(kvp_hub_client *c, const char *prompt, size_t len,
+                      const kvp_turn_opts *o);
 /* Asks the client's running turn to stop (it ends with done, stop "cancel"). */
 void kvp_hub_cancel(kvp_hub_client *c);
 /* The connection is gone: detaches it from its session (whose turn is cancelled), and

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "sessions/hub.h"
 
@@ -87,7 +88,33 @@ void kvpd_metrics_init(kvpd_metrics *m)
     m->queue_wait.bounds = ttft_bounds;
     m->snapshot_write.bounds = snapshot_write_bounds;
     m->snapshot_bytes.bounds = snapshot_bytes_bounds;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    m->start_time_s = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
+
+void kvpd_labelled_add(kvpd_labelled *t, const char *label, int status)
+{
+    for (int i = 0; i < t->n; i++)
+        if (t->e[i].status == status && !strcmp(t->e[i].label, label)) {
+            t->e[i].count++;
+            return;
+        }
+    if (t->n == KVPD_LABELLED_MAX - 1 && strcmp(label, "other"))
+        label = "other";   /* the last entry is the overflow's */
+    if (t->n < KVPD_LABELLED_MAX) {
+        t->e[t->n].label = label;
+        t->e[t->n].status = status;
+        t->e[t->n++].count = 1;
+        return;
+    }
+    for (int i = 0; i < t->n; i++)   /* full: the overflow entry of that status, if any */
+        if (!strcmp(t->e[i].label, "other")) {
+            t->e[i].count++;
+            return;
+        }
+}
+
 
 void kvpd_hist_observe(kvpd_hist *h, double v)
 {
@@ -186,6 +213,21 @@ static void canary_render(FILE *f, const kvpd_canary_metrics *c)
             "Transcript files that could not be written to learn_dir", c->transcript_failures);
 }
 
+/* A labelled family; label values are kvpd's own texts (paths, codes): no escaping. */
+static void labelled(FILE *f, const char *name, const char *help, const char *label_name,
+                     const kvpd_labelled *t, int status_first)
+{
+    family(f, name, "counter", help);
+    for (int i = 0; i < t->n; i++) {
+        if (status_first)
+            fprintf(f, "%s{status=\"%d\",%s=\"%s\"} %llu\n", name, t->e[i].status,
+                    label_name, t->e[i].label, (unsigned long long)t->e[i].count);
+        else
+            fprintf(f, "%s{%s=\"%s\",status=\"%d\"} %llu\n", name, label_name,
+                    t->e[i].label, t->e[i].status, (unsigned long long)t->e[i].count);
+    }
+}
+
 char *kvpd_metrics_render(const kvpd_metrics *m, const kvpd_gauges *g, size_t *len)
 {
     char *buf = NULL;
@@ -195,7 +237,10 @@ char *kvpd_metrics_render(const kvpd_metrics *m, const kvpd_gauges *g, size_t *l
         return NULL;
     gauge(f, "kvpd_up", "1 once the model is loaded and turns are served", g->ready);
     gauge(f, "kvpd_uptime_seconds", "Seconds since the daemon started", g->uptime_s);
-    gauge(f, "kvpd_sessions", "Sessions resident in memory", g->sessions_active);
+    family(f, "kvpd_build_info", "gauge", "The daemon's version (the value is always 1)");
+    fprintf(f, "kvpd_build_info{version=\"%s\"} 1\n", KVP_VERSION);
+    gauge(f, "process_start_time_seconds", "Start time of the process since the Unix epoch",
+          m->start_time_s);
     gauge(f, "kvpd_sessions_resident", "Sessions resident in memory (cache and transcript)",
           g->sessions_active);
     gauge(f, "kvpd_sessions_parked", "Sessions parked to the state directory, known in memory",
@@ -204,7 +249,7 @@ char *kvpd_metrics_render(const kvpd_metrics *m, const kvpd_gauges *g, size_t *l
     gauge(f, "kvpd_queue_depth", "Turns waiting for a worker", g->queue_depth);
     gauge(f, "kvpd_cache_bytes", "KV cache bytes held by all sessions (at turn ends)",
           (double)g->cache_bytes_total);
-    gauge(f, "kvpd_cache_bytes_max_session", "KV cache bytes of the largest session",
+    gauge(f, "kvpd_session_cache_bytes_max", "KV cache bytes of the largest resident session",
           (double)g->cache_bytes_max_session);
     gauge(f, "kvpd_cache_bytes_accounted",
           "KV cache bytes the memory cap counts (idle caches plus running turns' reservations)",
@@ -241,18 +286,23 @@ char *kvpd_metrics_render(const kvpd_metrics *m, const kvpd_gauges *g, size_t *l
             m->turns_cancelled);
     counter(f, "kvpd_turns_failed_total", "Turns that ended in an error", m->turns_failed);
     counter(f, "kvpd_prompt_tokens_total", "New tokens of user turns", m->prompt_tokens);
+    counter(f, "kvpd_cached_tokens_total",
+            "Prompt tokens the cache already held (reused, not recomputed)", m->cached_tokens);
     counter(f, "kvpd_prefilled_tokens_total", "Tokens run through the model in prefill",
             m->prefilled_tokens);
     counter(f, "kvpd_generated_tokens_total", "Tokens generated", m->generated_tokens);
     counter(f, "kvpd_evicted_rows_total", "KV rows evicted, all heads", m->evicted_rows);
     counter(f, "kvpd_connections_total", "Websocket connections accepted", m->connections);
-    counter(f, "kvpd_http_requests_total", "HTTP requests served", m->http_requests);
+    labelled(f, "kvpd_http_requests_total", "HTTP answers, by endpoint and status", "path",
+             &m->http_by_path, 0);
+    labelled(f, "kvpd_api_errors_total", "Error answers of the HTTP API, by status and error code",
+             "code", &m->api_errors, 1);
     counter(f, "kvpd_connections_refused_total",
             "Connections closed unserved (max_connections, or out of file descriptors)",
             m->connections_refused);
     gauge(f, "kvpd_connections_open", "HTTP and websocket connections open",
           (double)g->connections_open);
-    family(f, "kvpd_errors_total", "counter", "Error frames sent, by protocol code");
+    family(f, "kvpd_errors_total", "counter", "Websocket error frames sent, by protocol code");
     for (int i = 0; i < KVPD_ERR_KINDS; i++)
         fprintf(f, "kvpd_errors_total{code=\"%s\"} %llu\n", err_codes[i],
                 (unsigned long long)m->errors[i]);

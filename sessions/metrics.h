@@ -41,6 +41,14 @@ typedef struct kvpd_canary_metrics {
     double recent_kl[KVPD_CANARY_RECENT], recent_top1[KVPD_CANARY_RECENT];
     int recent_n, recent_at;
 } kvpd_canary_metrics;
+/* A counter by two labels (a static text and an HTTP status): kvpd_http_requests_total
+ * {path,status} and kvpd_api_errors_total{status,code}. The label texts are static (the
+ * table keeps the pointers); past KVPD_LABELLED_MAX pairs the rest count as "other". */
+#define KVPD_LABELLED_MAX 64
+typedef struct kvpd_labelled {
+    int n;
+    struct { const char *label; int status; uint64_t count; } e[KVPD_LABELLED_MAX];
+} kvpd_labelled;
 
 typedef struct kvpd_metrics {
     uint64_t sessions_created, sessions_expired;
@@ -57,7 +65,11 @@ typedef struct kvpd_metrics {
     uint64_t evicted_rows;
     uint64_t connections, http_requests;
     uint64_t connections_refused;         /* max_connections, or out of descriptors */
-    uint64_t errors[KVPD_ERR_KINDS];
+    uint64_t errors[KVPD_ERR_KINDS];      /* websocket error frames, by protocol code */
+    kvpd_labelled http_by_path;           /* HTTP answers by endpoint and status */
+    kvpd_labelled api_errors;             /* API error answers by status and error code */
+    uint64_t cached_tokens;               /* prompt tokens the cache already held */
+    double start_time_s;                  /* the process's start, Unix seconds */
     kvpd_hist ttft, turn_duration;        /* seconds */
     /* the step loop: per batched step, the turns in it, the tokens it ran and its time;
      * per turn, the wait from its message to its first step */
@@ -81,6 +93,9 @@ typedef struct kvpd_gauges {
     uint64_t lease_conflicts, lease_takeovers, snapshots_expired, store_errors;
     int leases_renewing;
 } kvpd_gauges;
+
+/* Counts one (label, status); label is static text. */
+void kvpd_labelled_add(kvpd_labelled *t, const char *label, int status);
 
 /* Zeroes the counters and sets the histogram buckets. */
 void kvpd_metrics_init(kvpd_metrics *m);

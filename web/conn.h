@@ -32,6 +32,7 @@ typedef struct kvpd_conn {
     enum kvpd_rx_skip rx_skip;
     struct kvpd_oai *oai;              /* an OpenAI API request (web/openai.c) */
     char tenant[KVP_TENANT_LEN + 1];   /* the API key's tenant (kvpd_api_tenant) */
+    const char *path_label;            /* HTTP: the endpoint, for kvpd_http_requests_total */
 } kvpd_conn;
 
 /* The listening socket (web/listen.c): accepts, bounds and hands connections to lws. */
@@ -122,6 +123,12 @@ int kvpd_http_writeable(kvpd_conn *c);
  * bodies, the streamed answer, and the connection's end (which cancels the turn). Each
  * returns as an lws callback. */
 int kvpd_openai_request(kvpd_conn *c, const char *uri);
+/* Which endpoint uri names (enum kvpd_oai_path, web/oai.h; 0: not the API): the API's
+ * paths with or without the /v1 prefix, and anything else under /v1. id: the {id} of
+ * /v1/responses/{id} (may be NULL). */
+int kvpd_openai_path(const char *uri, const char **id);
+/* The endpoint's label in kvpd_http_requests_total (NULL: not the API). */
+const char *kvpd_openai_path_label(const char *uri);
 int kvpd_openai_body(kvpd_conn *c, const void *in, size_t len);
 int kvpd_openai_body_done(kvpd_conn *c);
 int kvpd_openai_writeable(kvpd_conn *c);

@@ -20,6 +20,8 @@ int kvpd_http_headers(kvpd_conn *c, int status, const char *type, uint64_t len,
     unsigned char hdr[LWS_PRE + 1024], *start = hdr + LWS_PRE, *p = start,
                   *end = hdr + sizeof hdr - 1;
     c->w->metrics->http_requests++;
+    kvpd_labelled_add(&c->w->metrics->http_by_path, c->path_label ? c->path_label : "other",
+                      status);
     if (lws_add_http_common_headers(c->wsi, (unsigned)status, type,
                                     len == KVPD_HTTP_NO_LENGTH ? LWS_ILLEGAL_HTTP_CONTENT_LEN : len,
                                     &p, end))
@@ -348,6 +350,7 @@ static int static_file(kvpd_conn *c, const char *uri)
     if (!mime || stat(path, &st) < 0 || !S_ISREG(st.st_mode))
         return 1;
     c->w->metrics->http_requests++;
+    kvpd_labelled_add(&c->w->metrics->http_by_path, "/static", 200);
     int rc = lws_serve_http_file(c->wsi, path, mime, NULL, 0);
     return rc < 0 ? -1 : 0;
 }
@@ -375,10 +378,10 @@ static int preflight(kvpd_conn *c)
     const char *extra[2 * (KVPD_CORS_HEADERS + 4) + 1];
     int k = kvpd_cors_headers(kvpd_guard_cors(c->w, c->wsi, buf, sizeof buf), extra);
     extra[k++] = "allow:";
-    extra[k++] = "GET, POST, OPTIONS";
+    extra[k++] = "GET, POST, DELETE, OPTIONS";
     if (k > 2) {
         extra[k++] = "access-control-allow-methods:";
-        extra[k++] = "GET, POST, OPTIONS";
+        extra[k++] = "GET, POST, DELETE, OPTIONS";
         extra[k++] = "access-control-allow-headers:";
         extra[k++] = "authorization, content-type, x-session-id";
         extra[k++] = "access-control-max-age:";
@@ -459,8 +462,11 @@ int kvpd_http_request(kvpd_conn *c, const char *uri)
     kvpd_web *w = c->w;
     int status;
     int post = lws_hdr_total_length(c->wsi, WSI_TOKEN_POST_URI) > 0;
-    int api = !strncmp(uri, "/v1/", 4) || !strcmp(uri, "/v1");
+    int api = kvpd_openai_path(uri, NULL) != 0;   /* with or without /v1 */
     uint64_t body_len;
+    c->path_label = api ? kvpd_openai_path_label(uri)
+                  : !strcmp(uri, "/healthz") ? "/healthz" : !strcmp(uri, "/metrics") ? "/metrics"
+                  : !strcmp(uri, "/admin/stats") ? "/admin/stats" : "other";
     c->close_after = 0;
     const char *refused = framing(c, post, api, &body_len, &status);
     if (refused || (post && !api)) {

@@ -1,6 +1,7 @@
 /* The OpenAI-compatible API (docs/openai.md): GET /v1/models and POST
- * /v1/chat/completions, streamed as Server-Sent Events or answered whole. Transport only:
- * a request's messages go to kvp_hub_chat, which finds the conversation they extend. */
+ * /v1/chat/completions, streamed as Server-Sent Events or answered whole, and the routing
+ * of the other endpoints to their codecs (web/oai.h). Transport only: a request's
+ * messages go to kvp_hub_chat, which finds the conversation they extend. */
 #include <errno.h>
 #include <jansson.h>
 #include <stdarg.h>
@@ -15,37 +16,9 @@
 #include "model/grammar.h"
 #include "web/conn.h"
 #include "web/format.h"
+#include "web/oai.h"
 #include "web/oai_tools.h"
 
-typedef struct kvpd_oai {
-    char *body;                   /* the POST body, bounded by max_body_bytes */
-    size_t body_len, body_cap;
-    int body_too_large;
-    int body_done;                /* the body is in: the request was routed */
-    kvp_hub_client *client;       /* while the turn runs */
-    int stream, include_usage;
-    char *stops[KVP_HUB_MAX_STOPS];   /* the request's stop strings: the hub's turn ends
-                                       * the reply (and the transcript) before one */
-    int n_stops;
-    kvp_logit_bias *bias;         /* the request's logit_bias, lent to the hub's call */
-    kvp_grammar *grammar;         /* the request's response_format, lent likewise */
-    int ended;                    /* the answer is complete: nothing more gets queued */
-    int started;                  /* streaming: the 200 headers and the role chunk are queued */
-    int headers_sent;
-    int status;                   /* of the answer (200 or an error's) */
-    int retry_after_s;            /* > 0: a Retry-After header */
-    int close;                    /* close after the answer (streams, unread bodies) */
-    uint64_t queued_bytes;        /* the whole body when not streaming */
-    char session[KVP_SESSION_ID_LEN + 1];
-    int durable;                  /* the turn's (kvp_hub_event): 1 saved, 0 not, -1 no store */
-    char id[64];                  /* chatcmpl-... */
-    long created;
-    char model[128];
-    char origin[256];             /* CORS: Access-Control-Allow-Origin ("" none) */
-    int tool_format;              /* the model's (kvp_hub_info) */
-    kvpd_oai_tools tools;         /* tool calling (web/oai_tools.h) */
-    int tool_calls;               /* calls in the reply: finish_reason "tool_calls" */
-} kvpd_oai;
 
 /* ---- answers ---- */
 
@@ -97,10 +70,7 @@ static void fail(kvpd_conn *c, int status, const char *param, const char *code, 
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    c->w->metrics->errors[kvpd_err_kind_of(status == 413 ? KVPD_E_TOO_LARGE
-                                           : status == 429 || status == 503 ? KVPD_E_OVERLOADED
-                                           : status >= 500 ? KVPD_E_INTERNAL
-                                           : KVPD_E_BAD_REQUEST)]++;
+    c->oai->error_code = code ? code : error_type(status);
     answer(c, status, json_pack("{s:{s:s, s:s, s:s?, s:s?}}", "error", "message", msg,
                                 "type", error_type(status), "param", param, "code", code));
 }
@@ -224,7 +194,14 @@ static void cut(kvpd_conn *c)
     kvpd_oai *o = c->oai;
     static const char msg[] = "the server is shutting down: the reply was cut";
     o->retry_after_s = 1;
-    c->w->metrics->errors[kvpd_err_kind_of(KVPD_E_OVERLOADED)]++;
+    o->error_code = "server_shutting_down";
+    if (o->started)
+        kvpd_labelled_add(&c->w->metrics->api_errors, "server_shutting_down", 503);
+    if (o->started && o->codec && o->codec->stream_error) {
+        o->codec->stream_error(c, 503, "server_shutting_down", msg, sizeof msg - 1);
+        o->ended = 1;
+        return;
+    }
     if (o->started) {   /* the stream's 200 is out: the error goes in the stream */
         sse(c, json_pack("{s:{s:s, s:s, s:n, s:s}}", "error", "message", msg, "type",
                          error_type(503), "param", "code", "server_shutting_down"));
@@ -244,6 +221,10 @@ static void done(kvpd_conn *c, const kvp_hub_event *ev)
     o->durable = ev->durable;
     if (!strcmp(st->stop, "cancel")) {
         cut(c);
+        return;
+    }
+    if (o->codec && o->codec->done) {
+        o->codec->done(c, ev);
         return;
     }
     if (o->stream) {   /* the tokens carried the whole reply */
@@ -278,6 +259,13 @@ static void hub_error(kvpd_conn *c, const kvp_hub_event *ev)
     } else if (!strcmp(code, KVPD_E_BAD_REQUEST) || !strcmp(code, KVPD_E_UNKNOWN_SESSION)) {
         status = 400;
     }
+    if (o->started)
+        kvpd_labelled_add(&c->w->metrics->api_errors, code, status);
+    if (o->started && o->codec && o->codec->stream_error) {
+        o->codec->stream_error(c, status, code, ev->text, ev->len);
+        o->ended = 1;
+        return;
+    }
     if (o->started) {   /* the stream's 200 is out: the error goes in the stream */
         sse(c, json_pack("{s:{s:s%, s:s, s:n, s:s}}", "error", "message", ev->text, ev->len,
                          "type", error_type(status), "param", "code", code));
@@ -301,7 +289,9 @@ static void on_hub_event(void *ctx, const kvp_hub_event *ev)
         snprintf(o->session, sizeof o->session, "%s", ev->id);
         break;
     case KVP_HUB_TOKEN:
-        if (o->stream) {
+        if (o->codec && o->codec->token)
+            o->codec->token(c, ev);
+        else if (o->stream) {
             stream_start(c);
             stream_text(c, ev->text, ev->len);
         }
@@ -690,15 +680,7 @@ static void chat_completions(kvpd_conn *c)
         fail(c, 400, NULL, "invalid_json", "the body must be a JSON object");
         goto out;
     }
-    json_t *model = json_object_get(req, "model");
-    if (model && !json_is_null(model) && (!json_is_string(model) ||
-                                          strcmp(json_string_value(model), o->model))) {
-        fail(c, 404, "model", "model_not_found", "the model '%s' does not exist; this "
-             "server has '%s'", json_is_string(model) ? json_string_value(model) : "?",
-             o->model);
-        goto out;
-    }
-    if (options(c, req, &t) < 0)
+    if (kvpd_oai_model_ok(c, req) < 0 || options(c, req, &t) < 0)
         goto out;
     json_t *hist = NULL;
     kvpd_oai_tools_err te;
@@ -742,12 +724,23 @@ out:
     json_decref(req);
 }
 
+/* One entry per model_alias id (the model's own name without any). */
 static void models(kvpd_conn *c)
 {
     kvpd_oai *o = c->oai;
-    answer(c, 200, json_pack("{s:s, s:[{s:s, s:s, s:I, s:s}]}", "object", "list", "data",
-                             "id", o->model, "object", "model", "created",
-                             (json_int_t)o->created, "owned_by", "kvpd"));
+    json_t *data = json_array();
+    char ids[sizeof c->w->cfg->model_alias];
+    snprintf(ids, sizeof ids, "%s", c->w->cfg->model_alias);
+    char *save = NULL;
+    for (char *id = strtok_r(ids, ",", &save); data && id; id = strtok_r(NULL, ",", &save))
+        json_array_append_new(data, json_pack("{s:s, s:s, s:I, s:s}", "id", id, "object",
+                                              "model", "created", (json_int_t)o->created,
+                                              "owned_by", "kvpd"));
+    if (data && json_array_size(data) == 0)
+        json_array_append_new(data, json_pack("{s:s, s:s, s:I, s:s}", "id", o->model, "object",
+                                              "model", "created", (json_int_t)o->created,
+                                              "owned_by", "kvpd"));
+    answer(c, 200, json_pack("{s:s, s:o}", "object", "list", "data", data));
 }
 
 /* Routes the request once the whole of it (the body, for a POST) is in. */
@@ -760,13 +753,17 @@ static void route(kvpd_conn *c, const char *uri, int post)
              "(Authorization: Bearer <api_key>)");
         return;
     }
-    int chat = !strcmp(uri, "/v1/chat/completions"), list = !strcmp(uri, "/v1/models");
-    if (!chat && !list) {
+    const char *rid = NULL;
+    enum kvpd_oai_path path = kvpd_openai_path(uri, &rid);
+    int del = lws_hdr_total_length(c->wsi, WSI_TOKEN_DELETE_URI) > 0;
+    int list = path == KVPD_OAI_MODELS, one = path == KVPD_OAI_RESPONSE;
+    if (path == KVPD_OAI_UNKNOWN || path == KVPD_OAI_NONE) {
         fail(c, 404, NULL, "unknown_url", "no such endpoint: %s", uri);
         return;
     }
-    if (chat != post) {
-        fail(c, 405, NULL, "method_not_allowed", "%s takes %s", uri, chat ? "POST" : "GET");
+    if (one ? post : (list ? post || del : !post || del)) {
+        fail(c, 405, NULL, "method_not_allowed", "%s takes %s", uri,
+             one ? "GET or DELETE" : list ? "GET" : "POST");
         return;
     }
     if (w->draining || !w->hub) {
@@ -783,13 +780,22 @@ static void route(kvpd_conn *c, const char *uri, int post)
         models(c);
         return;
     }
+    if (one) {
+        kvpd_oai_response_get(c, rid, del);
+        return;
+    }
     if (o->body_too_large) {
         o->close = 1;
         fail(c, 413, NULL, "request_too_large", "request bodies are limited to %d bytes "
              "(max_body_bytes)", w->cfg->max_body_bytes);
         return;
     }
-    chat_completions(c);
+    if (path == KVPD_OAI_COMPLETIONS)
+        kvpd_oai_completions(c);
+    else if (path == KVPD_OAI_RESPONSES)
+        kvpd_oai_responses(c);
+    else
+        chat_completions(c);
 }
 
 int kvpd_openai_request(kvpd_conn *c, const char *uri)
@@ -809,6 +815,7 @@ int kvpd_openai_request(kvpd_conn *c, const char *uri)
     int k = snprintf(o->id, sizeof o->id, "chatcmpl-");
     for (size_t i = 0; i < sizeof raw; i++)
         k += snprintf(o->id + k, sizeof o->id - (size_t)k, "%02x", raw[i]);
+    o->path = kvpd_openai_path(uri, NULL);
     int post = lws_hdr_total_length(c->wsi, WSI_TOKEN_POST_URI) > 0;
     if (post)   /* the body comes first; route() runs on its completion */
         return 0;
@@ -889,6 +896,9 @@ static int write_headers(kvpd_conn *c)
     }
     extra[k] = NULL;
     o->headers_sent = 1;
+    if (o->status >= 400)
+        kvpd_labelled_add(&c->w->metrics->api_errors,
+                          o->error_code ? o->error_code : error_type(o->status), o->status);
     return kvpd_http_headers(c, o->status, stream ? "text/event-stream" : "application/json",
                              stream ? KVPD_HTTP_NO_LENGTH : o->queued_bytes, extra);
 }
@@ -946,6 +956,173 @@ void kvpd_openai_closed(kvpd_conn *c)
     kvp_grammar_unref(o->grammar);
     free(o->body);
     kvpd_oai_tools_free(&o->tools);
+    if (o->codec && o->codec->free)
+        o->codec->free(o->codec_state);
     free(o);
     c->oai = NULL;
+}
+
+/* ---- the path, and the helpers of the other codecs (web/oai.h) ---- */
+
+int kvpd_openai_path(const char *uri, const char **id)
+{
+    int v1 = !strncmp(uri, "/v1/", 4);
+    const char *p = v1 ? uri + 3 : uri;
+    if (id)
+        *id = NULL;
+    if (!strcmp(p, "/chat/completions"))
+        return KVPD_OAI_CHAT;
+    if (!strcmp(p, "/models"))
+        return KVPD_OAI_MODELS;
+    if (!strcmp(p, "/completions"))
+        return KVPD_OAI_COMPLETIONS;
+    if (!strcmp(p, "/responses"))
+        return KVPD_OAI_RESPONSES;
+    if (!strncmp(p, "/responses/", 11) && p[11] && !strchr(p + 11, '/')) {
+        if (id)
+            *id = p + 11;
+        return KVPD_OAI_RESPONSE;
+    }
+    return v1 || !strcmp(uri, "/v1") ? KVPD_OAI_UNKNOWN : KVPD_OAI_NONE;
+}
+
+const char *kvpd_openai_path_label(const char *uri)
+{
+    static const char *const label[] = {
+        [KVPD_OAI_CHAT] = "/v1/chat/completions", [KVPD_OAI_MODELS] = "/v1/models",
+        [KVPD_OAI_COMPLETIONS] = "/v1/completions", [KVPD_OAI_RESPONSES] = "/v1/responses",
+        [KVPD_OAI_RESPONSE] = "/v1/responses/{id}", [KVPD_OAI_UNKNOWN] = "/v1/other"};
+    enum kvpd_oai_path p = kvpd_openai_path(uri, NULL);
+    return p == KVPD_OAI_NONE ? NULL : label[p];
+}
+
+void kvpd_oai_answer(kvpd_conn *c, int status, json_t *j)
+{
+    answer(c, status, j);
+}
+
+void kvpd_oai_fail(kvpd_conn *c, int status, const char *param, const char *code,
+                   const char *msg)
+{
+    fail(c, status, param, code, "%s", msg);
+}
+
+void kvpd_oai_sse(kvpd_conn *c, const char *name, json_t *j)
+{
+    if (!name) {
+        sse(c, j);
+        return;
+    }
+    size_t n = strlen(name);
+    char *line = malloc(n + 8);
+    if (line) {
+        memcpy(line, "event: ", 7);
+        memcpy(line + 7, name, n);
+        line[7 + n] = '\n';
+        queue(c, line, n + 8);
+    }
+    free(line);
+    sse(c, j);
+}
+
+void kvpd_oai_queue(kvpd_conn *c, const char *text, size_t len)
+{
+    queue(c, text, len);
+}
+
+json_t *kvpd_oai_parse(kvpd_conn *c)
+{
+    kvpd_oai *o = c->oai;
+    json_error_t jerr;
+    json_t *req = json_loadb(o->body ? o->body : "", o->body_len,
+                             JSON_ALLOW_NUL | JSON_REJECT_DUPLICATES, &jerr);
+    if (!req) {
+        fail(c, 400, NULL, "invalid_json", "the body is not valid JSON: %s (at byte %d)",
+             jerr.text, jerr.position);
+        return NULL;
+    }
+    if (!json_is_object(req)) {
+        json_decref(req);
+        fail(c, 400, NULL, "invalid_json", "the body must be a JSON object");
+        return NULL;
+    }
+    return req;
+}
+
+/* 1 when name is one of the comma-separated ids in list. */
+static int listed(const char *list, const char *name, size_t len)
+{
+    for (const char *p = list; *p;) {
+        const char *e = strchr(p, ',');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        if (n == len && !memcmp(p, name, n))
+            return 1;
+        p += n + (e != NULL);
+    }
+    return 0;
+}
+
+int kvpd_oai_model_ok(kvpd_conn *c, json_t *req)
+{
+    kvpd_oai *o = c->oai;
+    json_t *model = json_object_get(req, "model");
+    if (!model || json_is_null(model))
+        return 0;
+    if (!json_is_string(model)) {
+        fail(c, 400, "model", NULL, "model must be a string");
+        return -1;
+    }
+    const char *m = json_string_value(model);
+    size_t len = json_string_length(model);
+    /* One model is loaded: any name is served, unless strict_model_name asks for its
+     * own (or an alias). The answer always names the real model. */
+    if (!c->w->cfg->strict_model_name || (len == strlen(o->model) && !strcmp(m, o->model)) ||
+        listed(c->w->cfg->model_alias, m, len))
+        return 0;
+    fail(c, 404, "model", "model_not_found", "the model '%.*s' does not exist; this server "
+         "has '%s'", len > 100 ? 100 : (int)len, m, o->model);
+    return -1;
+}
+
+int kvpd_oai_options(kvpd_conn *c, json_t *req, kvp_turn_opts *t)
+{
+    return options(c, req, t);
+}
+
+kvp_hub_client *kvpd_oai_client(kvpd_conn *c)
+{
+    kvpd_oai *o = c->oai;
+    if (!(o->client = kvp_hub_client_new(c->w->hub, on_hub_event, c))) {
+        fail(c, 500, NULL, NULL, "out of memory");
+        return NULL;
+    }
+    kvp_hub_client_set_tenant(o->client, c->tenant);
+    o->close = o->stream;   /* a stream's end is the connection's */
+    return o->client;
+}
+
+json_t *kvpd_oai_usage(const kvp_turn_stats *st)
+{
+    return usage(st);
+}
+
+json_t *kvpd_oai_kvpd_stats(const kvpd_oai *o, const kvp_turn_stats *st)
+{
+    return kvpd_stats(o, st);
+}
+
+const char *kvpd_oai_finish_reason(const kvp_turn_stats *st)
+{
+    return !strcmp(st->stop, "length") ? "length" : "stop";   /* completions and responses carry no tool calls */
+}
+
+int kvpd_oai_new_id(char *out, size_t len, const char *prefix)
+{
+    unsigned char raw[12];
+    if (getrandom(raw, sizeof raw, 0) != (ssize_t)sizeof raw)
+        return -1;
+    int k = snprintf(out, len, "%s", prefix);
+    for (size_t i = 0; i < sizeof raw && k > 0 && (size_t)k < len; i++)
+        k += snprintf(out + k, len - (size_t)k, "%02x", raw[i]);
+    return 0;
 }

@@ -12,6 +12,7 @@
 
 #include "base/log.h"
 #include "web/conn.h"
+#include "web/oai.h"
 
 int kvpd_conn_queue(kvpd_conn *c, const char *payload, size_t len)
 {
@@ -304,4 +305,5 @@ void kvpd_web_stop(kvpd_web *w)
     kvpd_listen_stop(w);
     if (w->lws)
         lws_context_destroy(w->lws);
+    kvpd_oai_responses_free(w);
 }

@@ -129,7 +129,7 @@ Test(chat, sixteen_concurrent_sessions_three_turns_stats_agree)
     cr_assert_eq(h_metric(body, "kvpd_prompt_tokens_total"), (double)prompt);
     cr_assert_eq(h_metric(body, "kvpd_prefilled_tokens_total"), (double)prefilled);
     cr_assert_eq(h_metric(body, "kvpd_turns_total"), N * TURNS);
-    cr_assert_eq(h_metric(body, "kvpd_sessions"), N);
+    cr_assert_eq(h_metric(body, "kvpd_sessions_resident"), N);
     cr_assert_eq(h_metric(body, "kvpd_ttft_seconds_count"), N * TURNS);
     free(body);
     for (int i = 0; i < N; i++)

@@ -60,7 +60,7 @@ Test(http, endpoints_and_metrics_pass_promtool, .timeout = 60)
                  "the prompt's chunk ran in a step too");
     cr_assert(strstr(body, "kvpd_ttft_seconds_bucket{le=\"+Inf\"} 1\n"));
     cr_assert_eq(h_metric(body, "kvpd_turns_total"), 1);
-    cr_assert_eq(h_metric(body, "kvpd_sessions"), 1);
+    cr_assert_eq(h_metric(body, "kvpd_sessions_resident"), 1);
     cr_assert_null(strstr(body, "session=\""), "no label per session");
     char path[] = "/tmp/kvpd-metrics-XXXXXX";
     int fd = mkstemp(path);
@@ -231,7 +231,7 @@ Test(http, idle_sessions_are_dropped, .timeout = 60)
     json_decref(e);
     char *body = NULL;
     cr_assert_eq(h_get(&d, "/metrics", NULL, &body), 200);
-    cr_assert_eq(h_metric(body, "kvpd_sessions"), 0);
+    cr_assert_eq(h_metric(body, "kvpd_sessions_resident"), 0);
     cr_assert_eq(h_metric(body, "kvpd_sessions_expired_total"), 2);
     free(body);
     ws_close(&c);

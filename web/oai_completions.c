@@ -1,0 +1,133 @@
+/* POST /v1/completions (docs/openai.md): OpenAI's legacy text completion. `prompt` (one
+ * string) in, `text` out, whole (`text_completion`) or streamed as Server-Sent Events
+ * (`text_completion` chunks, then `data: [DONE]`). The sampling fields, `max_tokens`,
+ * `stop`, `seed` and `stream_options` are the chat completion's (kvpd_oai_options). The
+ * prompt goes to kvp_hub_complete, which continues the session whose texts it extends,
+ * so a prompt that repeats an earlier prompt and its completion reuses that cache. Served
+ * for models without a chat template (plain continuation); others are refused. */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "web/oai.h"
+
+static json_t *chunk(const kvpd_oai *o, const char *text, size_t len, const char *finish)
+{
+    return json_pack("{s:s, s:s, s:I, s:s, s:[{s:s%, s:i, s:n, s:s?}]}", "id", o->id,
+                     "object", "text_completion", "created", (json_int_t)o->created, "model",
+                     o->model, "choices", "text", text, len, "index", 0, "logprobs",
+                     "finish_reason", finish);
+}
+
+static void start(kvpd_conn *c)
+{
+    kvpd_oai *o = c->oai;
+    o->started = 1;
+    o->status = 200;
+}
+
+static void token(kvpd_conn *c, const kvp_hub_event *ev)
+{
+    kvpd_oai *o = c->oai;
+    if (!o->stream || !ev->len)
+        return;
+    start(c);
+    kvpd_oai_sse(c, NULL, chunk(o, ev->text, ev->len, NULL));
+}
+
+static void done(kvpd_conn *c, const kvp_hub_event *ev)
+{
+    kvpd_oai *o = c->oai;
+    const kvp_turn_stats *st = ev->stats;
+    const char *finish = kvpd_oai_finish_reason(st);
+    if (!o->stream) {
+        json_t *j = chunk(o, ev->text, ev->len, finish);
+        json_object_set_new(j, "usage", kvpd_oai_usage(st));
+        json_object_set_new(j, "kvpd", kvpd_oai_kvpd_stats(o, st));
+        kvpd_oai_answer(c, 200, j);
+        return;
+    }
+    start(c);
+    kvpd_oai_sse(c, NULL, chunk(o, "", 0, finish));
+    if (o->include_usage) {
+        json_t *j = json_pack("{s:s, s:s, s:I, s:s, s:[]}", "id", o->id, "object",
+                              "text_completion", "created", (json_int_t)o->created, "model",
+                              o->model, "choices");
+        json_object_set_new(j, "usage", kvpd_oai_usage(st));
+        json_object_set_new(j, "kvpd", kvpd_oai_kvpd_stats(o, st));
+        kvpd_oai_sse(c, NULL, j);
+    }
+    kvpd_oai_queue(c, "data: [DONE]\n\n", 14);
+    o->ended = 1;
+}
+
+static const kvpd_oai_codec codec = {.token = token, .done = done};
+
+/* Fields of the completions API kvpd cannot honour: the first one present, or NULL. */
+static const char *refused(json_t *req)
+{
+    json_t *v = json_object_get(req, "echo");
+    if (v && !json_is_null(v) && !json_is_false(v))
+        return "echo";
+    v = json_object_get(req, "suffix");
+    if (v && !json_is_null(v) && !(json_is_string(v) && json_string_length(v) == 0))
+        return "suffix";
+    v = json_object_get(req, "best_of");
+    if (v && !json_is_null(v) && !(json_is_integer(v) && json_integer_value(v) == 1))
+        return "best_of";
+    v = json_object_get(req, "logprobs");
+    if (v && !json_is_null(v) && !(json_is_integer(v) && json_integer_value(v) == 0))
+        return "logprobs";
+    return NULL;
+}
+
+void kvpd_oai_completions(kvpd_conn *c)
+{
+    kvpd_oai *o = c->oai;
+    json_t *req = kvpd_oai_parse(c);
+    if (!req)
+        return;
+    kvpd_oai_new_id(o->id, sizeof o->id, "cmpl-");
+    o->codec = &codec;
+    kvp_turn_opts t;
+    char msg[256];
+    const char *field = refused(req);
+    if (field) {
+        snprintf(msg, sizeof msg, "%s is not supported by kvpd%s", field,
+                 !strcmp(field, "echo") ? " (only echo: false)" : "");
+        kvpd_oai_fail(c, 400, field, "unsupported_parameter", msg);
+        goto out;
+    }
+    if (kvpd_oai_model_ok(c, req) < 0 || kvpd_oai_options(c, req, &t) < 0)
+        goto out;
+    /* One prompt: a string, or an array holding one string. Token ids and several
+     * prompts (one choice each) are not served. */
+    json_t *p = json_object_get(req, "prompt");
+    if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0)))
+        p = json_array_get(p, 0);
+    if (!json_is_string(p)) {
+        kvpd_oai_fail(c, 400, "prompt", NULL, json_is_array(p)
+                      ? "prompt must be one string: arrays of token ids and several prompts "
+                        "are not supported by kvpd"
+                      : "prompt must be a string");
+        goto out;
+    }
+    if (json_string_length(p) == 0) {
+        kvpd_oai_fail(c, 400, "prompt", NULL, "prompt must not be empty");
+        goto out;
+    }
+    kvp_hub_info hi;
+    kvp_hub_info_get(c->w->hub, &hi);
+    if (hi.chat_format && strcmp(hi.chat_format, "plain")) {
+        snprintf(msg, sizeof msg, "text completions are served for models without a chat "
+                 "template; this model's is %s: use /v1/chat/completions", hi.chat_format);
+        kvpd_oai_fail(c, 400, NULL, "unsupported_model", msg);
+        goto out;
+    }
+    kvp_hub_client *hc = kvpd_oai_client(c);
+    if (hc)
+        kvp_hub_complete(hc, json_string_value(p), json_string_length(p), &t);
+out:
+    json_decref(req);
+}
