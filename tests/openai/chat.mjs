@@ -147,6 +147,14 @@ async function chatml() {
     const r = await client.chat.completions.create({ model: id, messages: other, max_tokens: 2 });
     check(r.session !== sid && r.usage.prompt_tokens_details.cached_tokens === 0,
           "chatml: the same history under another system message is another conversation");
+    // Text completions need plain continuation: a model with a chat template refuses them.
+    try {
+      await client.completions.create({ model: id, prompt: "Hello", max_tokens: 2 });
+      throw new Error("FAIL: a chat-template model served a text completion");
+    } catch (e) {
+      check(e instanceof OpenAI.BadRequestError && e.code === "unsupported_model",
+            `chatml: /v1/completions refused: ${e.message}`);
+    }
   } finally {
     await stopKvpd(k);
     rmSync(dir, { recursive: true, force: true });
@@ -195,9 +203,9 @@ async function main() {
       throw new Error(`FAIL: no ${klass.name} for ${JSON.stringify(body)}`);
     };
     // With one model loaded, another model's name is served by it (strict_model_name off).
-    const other = await client.chat.completions.create({ model: "gpt-4o", messages, max_tokens: 4 });
-    check(other.model === model && other.choices[0].message.content.length > 0,
-          `model "gpt-4o" is served by ${other.model}`);
+    const anyName = await client.chat.completions.create({ model: "gpt-4o", messages, max_tokens: 4 });
+    check(anyName.model === model && anyName.choices[0].message.content.length > 0,
+          `model "gpt-4o" is served by ${anyName.model}`);
     await expectError(OpenAI.BadRequestError, 400, { model, messages, n: 2 });
     await expectError(OpenAI.BadRequestError, 400, { model, messages, tools: [{ type: "function", function: { name: "f" } }] });
     const wrong = new OpenAI({ baseURL: `http://127.0.0.1:${k.port}/v1`, apiKey: "wrong", maxRetries: 0 });
