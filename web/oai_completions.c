@@ -79,6 +79,12 @@ static const char *refused(json_t *req)
     v = json_object_get(req, "logprobs");
     if (v && !json_is_null(v) && !(json_is_integer(v) && json_integer_value(v) == 0))
         return "logprobs";
+    /* chat completions' fields, which a text completion has no place for */
+    static const char *chat_only[] = {"tools", "tool_choice", "parallel_tool_calls",
+                                      "response_format"};
+    for (size_t i = 0; i < sizeof chat_only / sizeof chat_only[0]; i++)
+        if ((v = json_object_get(req, chat_only[i])) && !json_is_null(v))
+            return chat_only[i];
     return NULL;
 }
 
