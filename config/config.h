@@ -51,6 +51,7 @@ typedef struct kvpd_config {
     char static_dir[KVPD_PATH_MAX];
     int max_sessions;                 /* resident sessions (parked ones do not count) */
     int max_sessions_per_connection;
+    int max_sessions_per_tenant;      /* resident sessions of one API key; 0 = see the row */
     int max_history_tokens;           /* stored transcript per session; 0 = unbounded */
     int max_prompt_tokens;            /* tokens one turn may prefill; 0 = context + budget */
     uint64_t max_cache_bytes;         /* KV cache bytes of resident sessions; 0 = no cap */

@@ -30,5 +30,7 @@ typedef struct kvpd {
 
 /* Copies the keys the hub reads from cfg (at start and after a reload). */
 void kvpd_hub_config_sync(kvpd *d);
+/* max_sessions_per_tenant in force: the setting, or its default from the keys. */
+int kvpd_tenant_cap(const kvpd_config *c);
 
 #endif

@@ -19,7 +19,16 @@ void kvpd_hub_config_sync(kvpd *d)
         .max_sessions_per_client = d->cfg.max_sessions_per_connection,
         .max_history_tokens = d->cfg.max_history_tokens,
         .canary_rate = d->cfg.canary_rate,
-        .max_prompt_tokens = d->cfg.max_prompt_tokens};
+        .max_prompt_tokens = d->cfg.max_prompt_tokens,
+        .max_sessions_per_tenant = kvpd_tenant_cap(&d->cfg)};
+}
+
+int kvpd_tenant_cap(const kvpd_config *c)
+{
+    if (c->max_sessions_per_tenant > 0)
+        return c->max_sessions_per_tenant;
+    /* several tenants: none may take more than half the resident slots */
+    return c->n_api_keys > 1 ? (c->max_sessions / 2 > 0 ? c->max_sessions / 2 : 1) : 0;
 }
 
 void kvpd_announce_ready(kvpd *d)

@@ -87,6 +87,43 @@ static int idle_retry_ms(const kvp_hub *h)
     return left < 1 ? 1000 : left > 86400 ? 86400000 : (int)(left * 1e3);
 }
 
+int kvp_hub_admit_tenant(kvp_hub *h, const kvp_session *s, const char *tenant, char *why,
+                         size_t whylen)
+{
+    int cap = h->cfg->max_sessions_per_tenant;
+    if (cap <= 0 || (s && s->state != KVP_SESSION_PARKED))
+        return 0;
+    for (;;) {
+        int n = 0, busy = 0;
+        kvp_session *victim = NULL;
+        for (kvp_session *r = h->sessions.resident_head; r; r = r->rnext) {
+            if (strcmp(r->tenant, tenant))
+                continue;
+            n++;
+            busy |= kvp_session_busy(r);
+            if ((h->env.store ? kvp_session_parkable(r) : !kvp_session_busy(r) && !r->client) &&
+                (!victim || r->last_active < victim->last_active))
+                victim = r;
+        }
+        if (n < cap)
+            return 0;
+        if (!victim) {
+            /* a turn of its own ends in about a turn's time; else its oldest idle one
+             * is let go at its idle timeout */
+            h->refused_retry_ms = busy ? 0 : idle_retry_ms(h);
+            snprintf(why, whylen, "this API key has %d sessions in memory "
+                     "(max_sessions_per_tenant), none of them idle and free to park", n);
+            return -EBUSY;
+        }
+        if (h->env.store) {
+            kvp_hub_park(h, victim);
+        } else {
+            h->m->sessions_dropped++;
+            kvp_hub_drop(h, victim);
+        }
+    }
+}
+
 int kvp_hub_admit(kvp_hub *h, kvp_session *s, int job, size_t *reserve, char *why,
                   size_t whylen)
 {

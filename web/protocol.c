@@ -33,7 +33,9 @@ int kvpd_proto_parse(const char *buf, size_t len, int max_tokens_limit,
 {
     memset(out, 0, sizeof *out);
     json_error_t jerr;
-    json_t *root = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &jerr);
+    /* The API's rule: an escaped NUL is text like any other (texts go by their length);
+     * names and ids with one are refused below. */
+    json_t *root = json_loadb(buf, len, JSON_ALLOW_NUL | JSON_REJECT_DUPLICATES, &jerr);
     if (!root) {
         *code = KVPD_E_BAD_JSON;
         snprintf(msg, msglen, "invalid JSON at %d: %s", jerr.position, jerr.text);
@@ -41,8 +43,13 @@ int kvpd_proto_parse(const char *buf, size_t len, int max_tokens_limit,
     }
     int rc = 0;
     const char *type = json_string_value(json_object_get(root, "type"));
+    json_t *tj = json_object_get(root, "type"), *idj = json_object_get(root, "session");
     if (!json_is_object(root) || !type) {
         rc = reject(code, KVPD_E_BAD_REQUEST, msg, msglen, "expected an object with a \"type\"");
+    } else if (strlen(type) != json_string_length(tj) ||
+               (json_is_string(idj) &&
+                strlen(json_string_value(idj)) != json_string_length(idj))) {
+        rc = reject(code, KVPD_E_BAD_REQUEST, msg, msglen, "a NUL in type or session");
     } else if (!strcmp(type, "hello")) {
         out->type = KVPD_MSG_HELLO;
         json_t *id = json_object_get(root, "session");
