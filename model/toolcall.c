@@ -296,7 +296,7 @@ static int llama3(const char *s, size_t n, int final, kvp_toolcalls *o)
     }
     if (n - i >= tl && !memcmp(s + i, PYTHON_TAG, tl))
         i = skip_ws(s, n, i + tl);
-    else if (!final && !memcmp(s + i, PYTHON_TAG, n - i))
+    else if (!final && n - i < tl && !memcmp(s + i, PYTHON_TAG, n - i))
         return o->held = 0, 0;
     for (;;) {
         if (i >= n) {

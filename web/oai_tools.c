@@ -99,6 +99,10 @@ int kvpd_oai_tools_request(kvpd_oai_tools *t, json_t *req, int format, kvp_turn_
     if (!(t->names = json_object()))
         return bad(e, "tools", "out of memory");
     int declared = tools && !json_is_null(tools) && json_array_size(tools) > 0;
+    if (declared && t->format == KVP_TOOLS_NONE)
+        return bad(e, "tools", "this model's chat template has no tool-call format (kvpd "
+                   "renders tools with the model's own Jinja template: Hermes/Qwen, Llama 3.1+ "
+                   "or Mistral)");
     if (tools && !json_is_null(tools) && check_tools(t, tools, e) < 0)
         return -1;
     /* tool_choice: "none" | "auto" | "required" | {"type": "function", "function": {name}} */
