@@ -41,7 +41,7 @@ struct kvp_background {
     uint64_t rng;                    /* loop only */
     pthread_mutex_t mu;
     item *head, *tail;
-    int queued;
+    int queued, queued_canaries;
     uint64_t dropped;                /* queued past KVP_BACKGROUND_MAX */
     result results[RESULTS_MAX];
     int n_results;
@@ -103,10 +103,26 @@ int kvp_background_sample(kvp_background *b, double rate)
     return u < rate;
 }
 
+/* Queues an item. A conversation's transcript waiting already is replaced by its newer
+ * one (the file holds the whole conversation); canaries past KVP_BACKGROUND_MAX waiting,
+ * and transcripts past KVP_BACKGROUND_MAX_TRANSCRIPTS, are dropped. */
 static void enqueue(kvp_background *b, item *it)
 {
     pthread_mutex_lock(&b->mu);
-    if (b->queued >= KVP_BACKGROUND_MAX) {
+    if (!it->canary)
+        for (item *q = b->head; q; q = q->next)
+            if (!q->canary && !strcmp(q->id, it->id)) {
+                free(q->tokens);
+                q->tokens = it->tokens;
+                q->n = it->n;
+                it->tokens = NULL;
+                pthread_mutex_unlock(&b->mu);
+                item_free(it);
+                return;
+            }
+    int full = it->canary ? b->queued_canaries >= KVP_BACKGROUND_MAX
+                          : b->queued - b->queued_canaries >= KVP_BACKGROUND_MAX_TRANSCRIPTS;
+    if (full) {
         b->dropped++;
         pthread_mutex_unlock(&b->mu);
         item_free(it);
@@ -115,6 +131,7 @@ static void enqueue(kvp_background *b, item *it)
     *(b->tail ? &b->tail->next : &b->head) = it;
     b->tail = it;
     b->queued++;
+    b->queued_canaries += it->canary != NULL;
     pthread_mutex_unlock(&b->mu);
 }
 
@@ -174,6 +191,7 @@ void kvp_background_run(void *arg, int (*busy)(void *), void *ctx)
         if (!b->head)
             b->tail = NULL;
         b->queued--;
+        b->queued_canaries -= it->canary != NULL;
     }
     pthread_mutex_unlock(&b->mu);
     if (!it)

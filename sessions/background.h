@@ -2,8 +2,10 @@
  * inside a step — the canary's full-cache reference (sessions/canary.h) and the
  * transcripts kept for learning (sessions/learnlog.h).
  *
- * The loop queues items (kvp_background_canary, kvp_background_transcript; at most
- * KVP_BACKGROUND_MAX waiting, a new one past that is dropped and counted). The scheduler
+ * The loop queues items (kvp_background_canary, kvp_background_transcript): at most
+ * KVP_BACKGROUND_MAX canaries and KVP_BACKGROUND_MAX_TRANSCRIPTS conversations'
+ * transcripts wait (a new one past that is dropped and counted; a conversation's newer
+ * transcript replaces its waiting one). The scheduler
  * runs them one at a time on a worker (kvpd_sched_set_idle) only when it has nothing
  * else to do: no turn queued, no step running, no job in flight; and while one runs, no
  * step starts (a turn queued meanwhile waits for at most one chunk of the canary).
@@ -22,6 +24,7 @@
 #include "sessions/metrics.h"
 
 #define KVP_BACKGROUND_MAX 16
+#define KVP_BACKGROUND_MAX_TRANSCRIPTS 1024
 
 typedef struct kvp_background kvp_background;
 

@@ -357,6 +357,7 @@ void kvpd_sched_set_idle(kvpd_sched *s, const kvpd_idle_ops *ops)
 {
     pthread_mutex_lock(&s->rq_mu);
     s->idle = ops ? *ops : (kvpd_idle_ops){0};
+    pthread_cond_broadcast(&s->rq_cv);   /* work may be waiting already */
     pthread_mutex_unlock(&s->rq_mu);
 }
 

@@ -202,3 +202,64 @@ Test(service, the_cluster_node_unit_verifies, .timeout = 60)
     cr_expect_str_empty(out, "systemd-analyze verify said:\n%s", out);
     free(unit);
 }
+
+/* systemd/kvpd-learn.service and .timer: the nightly kvp learn --transcripts run at
+ * idle priority that reloads kvpd only when a policy was installed; systemd accepts
+ * both (the timer's unit beside it), and would report a spoiled directive. */
+static int verify_learn(const char *service, const char *timer, char *out, size_t cap)
+{
+    char dir[] = "/tmp/kvpd_learn_unit_XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    char sp[128], tp[128], cmd[512];
+    snprintf(sp, sizeof sp, "%s/kvpd-learn.service", dir);
+    snprintf(tp, sizeof tp, "%s/kvpd-learn.timer", dir);
+    FILE *f = fopen(sp, "w");
+    fputs(service, f);
+    fclose(f);
+    f = fopen(tp, "w");
+    fputs(timer, f);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "systemd-analyze verify --man=no %s %s 2>&1", tp, sp);
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p);
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = 0;
+    int status = pclose(p);
+    unlink(sp);
+    unlink(tp);
+    rmdir(dir);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+Test(service, the_learn_timer_and_service_verify, .timeout = 60)
+{
+    char *service = read_source("systemd/kvpd-learn.service");
+    char *timer = read_source("systemd/kvpd-learn.timer");
+    cr_expect(has_line(service, "Nice=19"));
+    cr_expect(has_line(service, "IOSchedulingClass=idle"));
+    cr_expect(has_line(service, "Type=oneshot"));
+    cr_expect_not_null(strstr(service, "--transcripts"));
+    cr_expect_not_null(strstr(service, "systemctl reload kvpd.service"),
+                       "kvpd is not reloaded after an install");
+    cr_expect_not_null(strstr(service, "\"$rc\" -ne 3"), "exit 3 (policy kept) must not fail");
+    cr_expect(has_line(timer, "Unit=kvpd-learn.service"));
+    cr_expect(has_line(timer, "OnCalendar=*-*-* 03:00:00"));
+    if (!have_systemd_analyze()) {
+        free(service);
+        free(timer);
+        cr_skip_test("systemd-analyze not installed (Debian package systemd)");
+    }
+    char out[8192];
+    int rc = verify_learn(service, timer, out, sizeof out);
+    cr_expect_eq(rc, 0, "exit %d: %s", rc, out);
+    cr_expect_str_empty(out, "systemd-analyze verify said:\n%s", out);
+    char *bad = strdup(timer);
+    char *at = strstr(bad, "OnCalendar=");
+    cr_assert_not_null(at);
+    memcpy(at, "OnCalendaX=", 11);
+    verify_learn(service, bad, out, sizeof out);
+    cr_expect_not_null(strstr(out, "OnCalendaX"), "a spoiled timer was not reported: %s", out);
+    free(bad);
+    free(service);
+    free(timer);
+}

@@ -281,6 +281,7 @@ Test(canary, rate_zero_records_nothing_and_rate_one_reaches_the_metrics, .timeou
     double kl, top1;
     cr_assert_gt(kvpd_canary_recent(&h.metrics, &kl, &top1), 0);
     cr_assert(kl >= 0.0 && top1 > 0.0 && top1 <= 1.0, "kl %g top1 %g", kl, top1);
+    kvp_hub_close(c.c);
     ht_client_free(&c);
     ht_stop(&h);
 }
