@@ -16,6 +16,7 @@
 #include "model/tokenizer.h"
 #include "policy/policy.h"
 #include "sessions/persist.h"
+#include "sessions/rewind.h"
 #include "sessions/store.h"
 
 /* n bytes from the kernel's CSPRNG: 0 or -errno. */
@@ -160,6 +161,7 @@ static void session_free(kvp_session *s)
     free(s->msgs);
     free(s->msg_tok);
     free(s->system);
+    kvp_session_rewind_clear(s);
     turn_clear(&s->turn);
     free(s);
 }
@@ -947,6 +949,15 @@ static int turn_start(kvp_session *s, const kvp_session_env *env, const kvp_turn
         }
     }
 
+    /* A request that continues this session from an earlier point (sessions/rewind.h):
+     * its history replaces the transcript, the cache is cut back below. */
+    int *rw_old = NULL, rw_n = 0;
+    {
+        int rc = kvp_session_rewind_apply(s, env, &rw_old, &rw_n);
+        t->undo_tokens = s->n_tokens;
+        if (rc < 0)
+            return fail(s, env, sink, 1, rc, "transcript", NULL);
+    }
     /* A session seeded with a conversation (kvp_session_seed): its messages first. */
     if (s->n_tokens == 0 && s->n_msgs > 0) {
         int rc = kvp_session_retokenize(s, env);
@@ -964,17 +975,23 @@ static int turn_start(kvp_session *s, const kvp_session_env *env, const kvp_turn
                               s->reply_open, t->text, t->text_len, &ids);
     }
     int first = s->n_tokens;
-    if (n < 0)
+    if (n < 0) {
+        free(rw_old);
         return fail(s, env, sink, 1, n, "tokenize", NULL);
+    }
     for (int i = 0; i < n; i++)
         if (push_token(s, ids[i]) < 0) {
             free(ids);
+            free(rw_old);
             return fail(s, env, sink, 1, -ENOMEM, "transcript", NULL);
         }
     free(ids);
-    if (push_message(s, 1, t->text, t->text_len, first) < 0)
+    if (push_message(s, 1, t->text, t->text_len, first) < 0) {
+        free(rw_old);
         return fail(s, env, sink, 1, -ENOMEM, "transcript", NULL);
+    }
     t->recorded = 1;
+    kvp_session_rewind_cut(s, rw_old, rw_n);
     t->gen_start = s->n_tokens;
     t->stats.prompt_tokens = s->n_tokens - s->n_cached;
     if (t->max_prompt > 0 && t->stats.prompt_tokens > t->max_prompt) {
@@ -1114,6 +1131,8 @@ static int advance_unit(kvp_session *s, const kvp_session_env *env, const kvp_tu
     s->n_cached += q->n;
     if (prefill)
         t->stats.prefilled_tokens += q->n;
+    if (prefill && s->n_cached >= s->n_tokens)
+        kvp_policy_mark(s->policy, &s->cache);   /* the reply begins: a rollback point */
     note_rows(s);
     if (s->n_cached < s->n_tokens)
         return 1;
