@@ -315,9 +315,105 @@ static int h2o_window(const kvp_policy *p, int budget)
     return budget / 2;
 }
 
+/* Rolling the accumulators back (truncate). A row's accumulator is the attention the
+ * queries of tokens seq_i .. seen-1 paid it. At a mark (a reply's start) every head's
+ * (seq, stat) pairs are copied. A cut starts from the mark's sums for the rows it holds
+ * (from the current sums for rows that came after it, or when there is no mark) and
+ * scales each row's sum by the share of its queries the cut leaves, (from - seq_i) /
+ * (then - seq_i): the attention of the queries removed (or, past the mark, kept) is
+ * estimated at the row's mean per query. A cut exactly at the mark restores its sums.
+ * The copy costs 12 bytes per cache row. */
+typedef struct h2o_state {
+    int64_t seen;        /* tokens whose queries are in the sums (the newest row's seq + 1) */
+    int64_t ck_seen;     /* the mark's n_seen; -1: no mark */
+    int *ck_first;       /* [heads + 1] where each head's pairs begin in ck_seq / ck_stat */
+    int64_t *ck_seq;
+    float *ck_stat;
+    size_t ck_cap;
+} h2o_state;
+
+static void h2o_attention_st(kvp_policy *p, int layer, int kvh, kvp_head *h, const float *q,
+                             int q_stride, const float *att, int att_stride, int n_q)
+{
+    h2o_attention(p, layer, kvh, h, q, q_stride, att, att_stride, n_q);
+    h2o_state *st = p->impl;
+    if (h->n > 0 && h->seq[h->n - 1] + 1 > st->seen)
+        st->seen = h->seq[h->n - 1] + 1;
+}
+
+static void h2o_mark(kvp_policy *p, const kvp_cache *c)
+{
+    h2o_state *st = p->impl;
+    size_t rows = kvp_cache_rows(c);
+    if (rows > st->ck_cap) {
+        int64_t *sq = realloc(st->ck_seq, rows * sizeof *sq);
+        if (sq)
+            st->ck_seq = sq;
+        float *sv = sq ? realloc(st->ck_stat, rows * sizeof *sv) : NULL;
+        if (!sv) {   /* no mark: a later cut scales the current sums */
+            st->ck_seen = -1;
+            return;
+        }
+        st->ck_stat = sv;
+        st->ck_cap = rows;
+    }
+    int heads = c->n_layers * c->n_kv_heads, k = 0;
+    for (int i = 0; i < heads; i++) {
+        const kvp_head *h = &c->heads[i];
+        st->ck_first[i] = k;
+        memcpy(st->ck_seq + k, h->seq, (size_t)h->n * sizeof *h->seq);
+        memcpy(st->ck_stat + k, h->stat, (size_t)h->n * sizeof *h->stat);
+        k += h->n;
+    }
+    st->ck_first[heads] = k;
+    st->ck_seen = c->n_seen;
+}
+
+static void h2o_truncate(kvp_policy *p, kvp_cache *c, int64_t from)
+{
+    h2o_state *st = p->impl;
+    int use_ck = st->ck_seen >= 0 && st->ck_seen <= st->seen;
+    int heads = c->n_layers * c->n_kv_heads;
+    for (int i = 0; i < heads; i++) {
+        kvp_head *h = &c->heads[i];
+        int j = use_ck ? st->ck_first[i] : 0, end = use_ck ? st->ck_first[i + 1] : 0;
+        for (int r = 0; r < h->n; r++) {
+            int64_t sq = h->seq[r], base = st->seen;
+            float v = h->stat[r];
+            if (use_ck) {   /* both in seq order: merge */
+                while (j < end && st->ck_seq[j] < sq)
+                    j++;
+                if (j < end && st->ck_seq[j] == sq) {
+                    v = st->ck_stat[j];
+                    base = st->ck_seen;
+                }
+            }
+            if (base > sq && from != base)
+                v *= (float)(from - sq) / (float)(base - sq);
+            h->stat[r] = v;
+            h->score[r] = v;
+        }
+    }
+    st->seen = from;
+    if (st->ck_seen > from)
+        st->ck_seen = -1;
+}
+
+static void h2o_destroy(kvp_policy *p)
+{
+    h2o_state *st = p->impl;
+    if (st) {
+        free(st->ck_first);
+        free(st->ck_seq);
+        free(st->ck_stat);
+    }
+    free_impl(p);
+}
+
 static const kvp_policy_ops h2o_ops = {
     .name = "h2o", .wants_attention = 1, .on_insert = h2o_insert,
-    .on_attention = h2o_attention, .recent_window = h2o_window,
+    .on_attention = h2o_attention_st, .recent_window = h2o_window, .truncate = h2o_truncate,
+    .mark = h2o_mark, .destroy = h2o_destroy,
 };
 
 int kvp_h2o_policy_create(kvp_policy *p, const char *policy_file, char *err, size_t errlen)
@@ -325,6 +421,16 @@ int kvp_h2o_policy_create(kvp_policy *p, const char *policy_file, char *err, siz
     (void)policy_file;
     if (need_shape(p, "h2o", err, errlen))
         return -EINVAL;
+    h2o_state *st = calloc(1, sizeof *st);
+    if (!st)
+        return no_memory("h2o", err, errlen);
+    p->impl = st;
+    st->ck_seen = -1;
+    st->ck_first = calloc((size_t)p->cfg.n_layers * p->cfg.n_kv_heads + 1, sizeof *st->ck_first);
+    if (!st->ck_first) {
+        h2o_destroy(p);
+        return no_memory("h2o", err, errlen);
+    }
     p->ops = &h2o_ops;
     return 0;
 }
@@ -475,9 +581,52 @@ static void snapkv_destroy(kvp_policy *p)
     free_impl(p);
 }
 
+/* The queries of tokens seq >= from leave every head's window; the others stay in age
+ * order (oldest first in slots 0.., the next write after them). */
+static void snapkv_truncate(kvp_policy *p, kvp_cache *c, int64_t from)
+{
+    (void)c;
+    snapkv_state *st = p->impl;
+    size_t qlen = (size_t)st->group * st->d;
+    int heads = p->cfg.n_layers * p->cfg.n_kv_heads;
+    for (int hd = 0; hd < heads; hd++) {
+        int n = st->count[hd], first = n == SNAPKV_WINDOW ? st->next[hd] : 0, k = 0;
+        int order[SNAPKV_WINDOW];
+        for (int j = 0; j < n; j++) {
+            int slot = (first + j) % SNAPKV_WINDOW;
+            if (st->seq[hd * SNAPKV_WINDOW + slot] < from)
+                order[k++] = slot;
+        }
+        if (k == n && first == 0)
+            continue;
+        /* the kept queries, oldest first, through a copy (slots may move either way) */
+        float *q = malloc((size_t)k * qlen * sizeof *q);
+        int64_t sq[SNAPKV_WINDOW];
+        int32_t ps[SNAPKV_WINDOW];
+        if (!q && k)   /* out of memory: the window is emptied rather than left stale */
+            k = 0;
+        for (int j = 0; j < k; j++) {
+            int s = hd * SNAPKV_WINDOW + order[j];
+            memcpy(q + (size_t)j * qlen, st->q + (size_t)s * qlen, qlen * sizeof *q);
+            sq[j] = st->seq[s];
+            ps[j] = st->pos[s];
+        }
+        for (int j = 0; j < k; j++) {
+            int s = hd * SNAPKV_WINDOW + j;
+            memcpy(st->q + (size_t)s * qlen, q + (size_t)j * qlen, qlen * sizeof *q);
+            st->seq[s] = sq[j];
+            st->pos[s] = ps[j];
+        }
+        free(q);
+        st->count[hd] = k;
+        st->next[hd] = k % SNAPKV_WINDOW;
+    }
+}
+
 static const kvp_policy_ops snapkv_ops = {
     .name = "snapkv", .wants_attention = 1, .on_attention = snapkv_attention,
     .before_evict = snapkv_evict, .recent_window = snapkv_window, .destroy = snapkv_destroy,
+    .truncate = snapkv_truncate,
 };
 
 int kvp_snapkv_policy_create(kvp_policy *p, const char *policy_file, char *err, size_t errlen)

@@ -173,6 +173,18 @@ void kvp_policy_destroy(kvp_policy *p)
     free(p);
 }
 
+void kvp_policy_truncate(kvp_policy *p, kvp_cache *c, int64_t from)
+{
+    if (p && p->ops->truncate)
+        p->ops->truncate(p, c, from);
+}
+
+void kvp_policy_mark(kvp_policy *p, const kvp_cache *c)
+{
+    if (p && p->ops->mark)
+        p->ops->mark(p, c);
+}
+
 int kvp_policy_is_none(const kvp_policy *p)
 {
     return !p || strcmp(p->ops->name, "none") == 0;

@@ -40,6 +40,13 @@ typedef struct kvp_policy_ops {
     void (*calibrate)(const kvp_policy *p, int layer, int kvh, const float *in, int n,
                       float *out);
     void (*destroy)(kvp_policy *p);
+    /* Optional: the cache's rows of tokens seq >= from were just taken back
+     * (kvp_cache_drop_newest): forget what those tokens contributed to the state the
+     * policy keeps beside the rows (SnapKV's query window, H2O's accumulators). */
+    void (*truncate)(kvp_policy *p, kvp_cache *c, int64_t from);
+    /* Optional: a rollback point at c->n_seen (the session marks the start of each
+     * reply, where a regenerate cuts back to). */
+    void (*mark)(kvp_policy *p, const kvp_cache *c);
 } kvp_policy_ops;
 
 struct kvp_policy {
@@ -79,6 +86,11 @@ int kvp_policy_make(kvp_policy **out,
 /* Points forward hooks (a runstate's, or one sequence's of a batch) at p: scoring of new
  * rows, attention when p wants it; NULL clears them. The tap is left alone. */
 void kvp_policy_attach(kvp_forward_hooks *hooks, kvp_policy *p);
+/* The cache was cut back to its tokens seq < from (kvp_cache_drop_newest): the policy's
+ * own state follows (a no-op for policies whose state is only the rows' scores). */
+void kvp_policy_truncate(kvp_policy *p, kvp_cache *c, int64_t from);
+/* A rollback point at the cache's current length (see kvp_policy_ops.mark). */
+void kvp_policy_mark(kvp_policy *p, const kvp_cache *c);
 /* Space-separated list of every policy name (for --help and errors). */
 const char *kvp_policy_names(void);
 /* 1 for "none" (and for NULL, generate.h's "no policy"): never evicts. */

@@ -17,6 +17,8 @@
 #include "sessions/hub_impl.h"
 #include "sessions/background.h"
 #include "sessions/residency.h"
+#include "sessions/reuse.h"
+#include "sessions/rewind.h"
 #include "store/store.h"
 
 /* ---- events to clients ---- */
@@ -641,6 +643,19 @@ void kvp_hub_chat(kvp_hub_client *c, const char *id, const char *system, size_t 
         else if (!t && !disk && h->env.store)
             disk = e->id;
     }
+    if (!s && !disk && (s = kvp_reuse_rewind_find(h, c, id, system, system_len, msgs, n))) {
+        /* continued from an earlier point: its history replaces the session's */
+        if (kvp_session_rewind(s, msgs, n - 1) < 0) {
+            emit_error(c, KVPD_E_INTERNAL, "out of memory");
+            return;
+        }
+        chat_go(c, s, system, system_len, msgs, n, o);
+        if (s->state != KVP_SESSION_TURN)
+            kvp_session_rewind_clear(s);   /* refused: the session stays as it was */
+        else
+            h->m->prefix_rewinds++;
+        return;
+    }
     if (s || !disk) {
         chat_go(c, s, system, system_len, msgs, n, o);
         return;
@@ -914,6 +929,7 @@ static void on_event(void *ctx, const kvpd_event *ev)
         m->prompt_tokens += (uint64_t)st->prompt_tokens;
         m->prefilled_tokens += (uint64_t)st->prefilled_tokens;
         m->cached_tokens += (uint64_t)st->cached_tokens;
+        kvp_reuse_count(m, st);
         m->generated_tokens += (uint64_t)st->generated_tokens;
         m->evicted_rows += st->evicted_rows;
         kvpd_hist_observe(&m->ttft, st->ttft_ms / 1e3);

@@ -62,6 +62,10 @@ typedef struct kvp_message {
     size_t len;
 } kvp_message;
 
+/* Where a turn's cached rows came from: its session's own cache, a copy of another
+ * conversation's (a fork), or a shared prefix's. */
+enum kvp_reuse_source { KVP_REUSE_OWN = 0, KVP_REUSE_OTHER, KVP_REUSE_SHARED };
+
 typedef struct kvp_turn_stats {
     int prompt_tokens;       /* new tokens of this turn (template + message + leftovers),
                               * the whole transcript after a rebuild */
@@ -70,6 +74,7 @@ typedef struct kvp_turn_stats {
     int transcript_tokens;   /* whole conversation so far */
     int context_tokens;      /* the transcript the reply follows (its prompt, whole) */
     int cached_tokens;       /* of those, already in the cache: not recomputed */
+    int cached_from;         /* where those rows came from (enum kvp_reuse_source) */
     int cache_rows_max;      /* largest head, peak over the turn's units */
     int cache_rows;          /* largest head after the turn-boundary eviction */
     size_t cache_bytes;

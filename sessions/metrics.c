@@ -336,6 +336,26 @@ char *kvpd_metrics_render(const kvpd_metrics *m, const kvpd_gauges *g, size_t *l
     counter(f, "kvpd_store_errors_total",
             "Snapshot store calls that failed (disk, or the Redis server unreachable)",
             g->store_errors);
+    counter(f, "kvpd_prefix_rewinds_total",
+            "Requests that continued a session from an earlier point (its cache cut back)",
+            m->prefix_rewinds);
+    counter(f, "kvpd_prefix_hits_total", "Prefix index lookups that found cached rows",
+            m->prefix_hits);
+    counter(f, "kvpd_prefix_misses_total", "Prefix index lookups that found none",
+            m->prefix_misses);
+    family(f, "kvpd_reused_tokens_total", "counter",
+           "Prompt tokens found in the cache, by where the rows came from");
+    fprintf(f, "kvpd_reused_tokens_total{source=\"own\"} %llu\n",
+            (unsigned long long)m->reused_own);
+    fprintf(f, "kvpd_reused_tokens_total{source=\"other\"} %llu\n",
+            (unsigned long long)m->reused_other);
+    fprintf(f, "kvpd_reused_tokens_total{source=\"shared\"} %llu\n",
+            (unsigned long long)m->reused_shared);
+    counter(f, "kvpd_prefix_bytes_copied_total",
+            "Cache bytes copied from one conversation into another (forks)",
+            m->prefix_bytes_copied);
+    gauge(f, "kvpd_prefix_index_bytes", "Memory of the prefix index",
+          (double)g->prefix_index_bytes);
     if (fclose(f) != 0) {
         free(buf);
         return NULL;

@@ -77,6 +77,12 @@ typedef struct kvpd_metrics {
     /* per snapshot write (the end of a turn): its time and its bytes */
     kvpd_hist snapshot_write, snapshot_bytes;
     kvpd_canary_metrics canary;
+    /* prefix reuse (sessions/prefix.h): requests continued from an earlier point of a
+     * session (rewinds); lookups of the prefix index that found rows / none; the
+     * tokens turns found in the cache by where they came from (the session's own, a
+     * copy of another session's, a shared prefix's) and the cache bytes copied */
+    uint64_t prefix_rewinds, prefix_hits, prefix_misses;
+    uint64_t reused_own, reused_other, reused_shared, prefix_bytes_copied;
 } kvpd_metrics;
 
 /* Point-in-time values that are not counters. */
@@ -92,6 +98,7 @@ typedef struct kvpd_gauges {
     /* the snapshot store's counters (store/store.h) */
     uint64_t lease_conflicts, lease_takeovers, snapshots_expired, store_errors;
     int leases_renewing;
+    size_t prefix_index_bytes;        /* the prefix index's memory (sessions/prefix.h) */
 } kvpd_gauges;
 
 /* Counts one (label, status); label is static text. */

@@ -17,6 +17,7 @@
 #include "policy/policy.h"
 #include "sessions/canary.h"
 #include "sessions/persist.h"
+#include "sessions/rewind.h"
 #include "store/store.h"
 
 /* n bytes from the kernel's CSPRNG: 0 or -errno. */
@@ -165,6 +166,7 @@ static void session_free(kvp_session *s)
     free(s->msgs);
     free(s->msg_tok);
     free(s->system);
+    kvp_session_rewind_clear(s);
     turn_clear(&s->turn);
     free(s);
 }
@@ -1006,6 +1008,15 @@ static int turn_start(kvp_session *s, const kvp_session_env *env, const kvp_turn
         }
     }
 
+    /* A request that continues this session from an earlier point (sessions/rewind.h):
+     * its history replaces the transcript, the cache is cut back below. */
+    int *rw_old = NULL, rw_n = 0;
+    {
+        int rc = kvp_session_rewind_apply(s, env, &rw_old, &rw_n);
+        t->undo_tokens = s->n_tokens;
+        if (rc < 0)
+            return fail(s, env, sink, 1, rc, "transcript", NULL);
+    }
     /* A session seeded with a conversation (kvp_session_seed): its messages first. */
     if (s->n_tokens == 0 && s->n_msgs > 0) {
         int rc = kvp_session_retokenize(s, env);
@@ -1023,17 +1034,23 @@ static int turn_start(kvp_session *s, const kvp_session_env *env, const kvp_turn
                               s->reply_open, t->text, t->text_len, &ids);
     }
     int first = s->n_tokens;
-    if (n < 0)
+    if (n < 0) {
+        free(rw_old);
         return fail(s, env, sink, 1, n, "tokenize", NULL);
+    }
     for (int i = 0; i < n; i++)
         if (push_token(s, ids[i]) < 0) {
             free(ids);
+            free(rw_old);
             return fail(s, env, sink, 1, -ENOMEM, "transcript", NULL);
         }
     free(ids);
-    if (push_message(s, t->role ? t->role : 1, t->text, t->text_len, first) < 0)
+    if (push_message(s, t->role ? t->role : 1, t->text, t->text_len, first) < 0) {
+        free(rw_old);
         return fail(s, env, sink, 1, -ENOMEM, "transcript", NULL);
+    }
     t->recorded = 1;
+    kvp_session_rewind_cut(s, rw_old, rw_n);
     int reply_at = s->n_tokens;
     if (t->prefix_len && reply_prefix(s, env, sink) < 0)
         return fail(s, env, sink, 1, -ENOMEM, "transcript", NULL);
@@ -1199,6 +1216,8 @@ static int advance_unit(kvp_session *s, const kvp_session_env *env, const kvp_tu
     s->n_cached += q->n;
     if (prefill)
         t->stats.prefilled_tokens += q->n;
+    if (prefill && s->n_cached >= s->n_tokens)
+        kvp_policy_mark(s->policy, &s->cache);   /* the reply begins: a rollback point */
     note_rows(s);
     if (s->n_cached < s->n_tokens)
         return 1;

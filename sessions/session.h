@@ -222,6 +222,10 @@ typedef struct kvp_session {
     int transcript_msgs;             /* of the whole conversation, dropped ones included */
     int transcript_dropped;          /* of those, dropped from the stored history */
     kvp_turn turn;
+    /* loop -> worker: the history the queued turn continues from instead of msgs
+     * (sessions/rewind.h); rewind_set: armed */
+    kvp_message *rewind_msgs;
+    int rewind_n, rewind_set;
     /* The TURN's next unit waits on I/O (its start: lease, snapshot, policy, transcript;
      * or its end: the snapshot write, then the final event), so it runs as a job on a
      * worker of its own, never inside a batched step (kvp_session_job_next). */

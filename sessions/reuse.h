@@ -1,0 +1,22 @@
+/* Which held conversation a request reuses when none holds its history exactly
+ * (kvp_hub_chat's fallback): the hub's choice of a session to continue from an earlier
+ * point (sessions/rewind.h). Loop thread; private to sessions/. */
+#ifndef KVP_REUSE_H
+#define KVP_REUSE_H
+
+#include "sessions/hub_impl.h"
+
+/* The resident idle session of c's tenant, with the request's system text and its whole
+ * history kept, that shares the most leading messages with msgs[0..n) and that the
+ * request continues from an earlier point: the session it names (id) at any point, or
+ * any other one from within its last turn (the shared messages reach at least its last
+ * user message: a regenerated reply, an edited last message, a reply sent back
+ * changed). NULL when none; a session another client is attached to is never taken. */
+kvp_session *kvp_reuse_rewind_find(kvp_hub *h, const kvp_hub_client *c, const char *id,
+                                   const char *system, size_t system_len,
+                                   const kvp_message *msgs, int n);
+
+/* A turn's cached tokens into the metrics' reuse counters, by their source. */
+void kvp_reuse_count(kvpd_metrics *m, const kvp_turn_stats *st);
+
+#endif

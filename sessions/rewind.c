@@ -1,0 +1,108 @@
+/* Continuing a session from an earlier point (sessions/rewind.h). */
+#include "sessions/rewind.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "policy/policy.h"
+#include "sessions/persist.h"
+
+static void free_msgs(kvp_message *m, int n)
+{
+    for (int i = 0; i < n; i++)
+        free(m[i].text);
+    free(m);
+}
+
+void kvp_session_rewind_clear(kvp_session *s)
+{
+    free_msgs(s->rewind_msgs, s->rewind_n);
+    s->rewind_msgs = NULL;
+    s->rewind_n = 0;
+    s->rewind_set = 0;
+}
+
+int kvp_session_rewind(kvp_session *s, const kvp_message *msgs, int n)
+{
+    kvp_session_rewind_clear(s);
+    kvp_message *m = n > 0 ? calloc((size_t)n, sizeof *m) : NULL;
+    if (n > 0 && !m)
+        return -ENOMEM;
+    for (int i = 0; i < n; i++) {
+        m[i].user = msgs[i].user;
+        m[i].len = msgs[i].len;
+        if (!(m[i].text = malloc(msgs[i].len + 1))) {
+            free_msgs(m, i);
+            return -ENOMEM;
+        }
+        memcpy(m[i].text, msgs[i].text, msgs[i].len);
+        m[i].text[msgs[i].len] = '\0';
+    }
+    s->rewind_msgs = m;
+    s->rewind_n = n;
+    s->rewind_set = 1;
+    return 0;
+}
+
+int kvp_token_lcp(const int *a, int na, const int *b, int nb)
+{
+    int n = na < nb ? na : nb, i = 0;
+    while (i < n && a[i] == b[i])
+        i++;
+    return i;
+}
+
+int kvp_session_rewind_apply(kvp_session *s, const kvp_session_env *env, int **old, int *n_old)
+{
+    *old = NULL;
+    *n_old = 0;
+    if (!s->rewind_set)
+        return 0;
+    /* the cache's tokens, when the cache starts the transcript (no dropped history) */
+    if (s->hist_tokens == 0 && s->cache.n_seen == s->n_cached && s->n_cached > 0) {
+        if (!(*old = malloc((size_t)s->n_cached * sizeof **old)))
+            return -ENOMEM;
+        memcpy(*old, s->tokens, (size_t)s->n_cached * sizeof **old);
+        *n_old = s->n_cached;
+    } else {
+        kvp_cache_reset(&s->cache);
+    }
+    kvp_session_clear_transcript(s);
+    s->msgs = s->rewind_msgs;
+    s->n_msgs = s->cap_msgs = s->rewind_n;
+    s->rewind_msgs = NULL;
+    s->rewind_n = 0;
+    s->rewind_set = 0;
+    s->hist_msgs = 0;
+    s->hist_tokens = 0;
+    s->n_cached = 0;
+    s->journal_ok = 0;   /* the transcript no longer extends the journal's */
+    s->reply_open = s->n_msgs > 0;
+    int rc = 0;
+    if (s->n_msgs > 0 && !(s->msg_tok = calloc((size_t)s->n_msgs, sizeof *s->msg_tok)))
+        rc = -ENOMEM;
+    if (!rc && s->n_msgs > 0)
+        rc = kvp_session_retokenize(s, env);
+    if (rc < 0) {
+        free(*old);
+        *old = NULL;
+        *n_old = 0;
+        kvp_cache_reset(&s->cache);
+    }
+    return rc;
+}
+
+int kvp_session_rewind_cut(kvp_session *s, int *old, int n_old)
+{
+    if (!old)
+        return 0;
+    int keep = kvp_token_lcp(old, n_old, s->tokens, s->n_tokens - 1);
+    free(old);
+    if (n_old > keep) {
+        kvp_cache_drop_newest(&s->cache, n_old - keep);
+        kvp_policy_truncate(s->policy, &s->cache, keep);
+    }
+    s->n_cached = keep;
+    return keep;
+}

@@ -1,0 +1,171 @@
+// Prefix reuse through the official `openai` SDK (pinned in package.json) on stories260K:
+// the client patterns that continue a conversation from an earlier point — regenerating
+// the last reply, editing the last user message, sending a reply back with its leading
+// space trimmed, branching a named session from its first turn — reuse the session's
+// cache up to where the new prompt diverges and prefill only the rest. Checks, per
+// request: cached_tokens is at least the part of the prompt shared with the earlier
+// transcript minus one chunk, and the daemon's prefilled_tokens is prompt minus cached.
+// Two API keys are two tenants: nothing of one is reused under the other. Exits non-zero
+// on any failure.
+//
+//   KVP_BUILD=build node tests/openai/reuse.mjs      (meson test --suite openai runs it)
+import { spawn } from "node:child_process";
+import { dirname, join, resolve } from "node:path";
+import { fileURLToPath } from "node:url";
+
+const here = dirname(fileURLToPath(import.meta.url));
+const source = resolve(process.env.KVP_SOURCE || join(here, "..", ".."));
+const build = resolve(process.env.KVP_BUILD || join(source, "build"));
+const shared = resolve(process.env.KVP_SHARED || join(source, "..", "shared"));
+const KEY_A = "tenant-a-key", KEY_B = "tenant-b-key";
+const CHUNK = 16;
+
+function check(cond, msg) {
+  if (!cond) throw new Error(`FAIL: ${msg}`);
+  console.log(`reuse: ok: ${msg}`);
+}
+
+let OpenAI;
+try {
+  ({ default: OpenAI } = await import("openai"));
+} catch (e) {
+  console.error(`reuse: the SDK is not installed in tests/openai (run scripts/setup.sh, or npm ci there): ${e.message}`);
+  process.exit(1);
+}
+
+async function startKvpd(extra) {
+  const args = [
+    "--listen", "127.0.0.1:0", "--model", join(shared, "models", "stories260K.bin"),
+    "--tokenizer", join(shared, "models", "tok512.bin"),
+    "--workers", "2", "--budget", "64", "--chunk", String(CHUNK),
+    "--temperature", "0", "--max-tokens", "24", "--api-key", `${KEY_A},${KEY_B}`, ...extra,
+  ];
+  const proc = spawn(join(build, "daemon", "kvpd"), args, { stdio: ["ignore", "ignore", "pipe"] });
+  let log = "";
+  const port = await new Promise((res, rej) => {
+    proc.stderr.on("data", (b) => {
+      log += b.toString();
+      const m = log.match(/listening on 127\.0\.0\.1:(\d+)/);
+      if (m) res(Number(m[1]));
+    });
+    proc.on("exit", (code) => rej(new Error(`kvpd exited (${code}) before listening:\n${log}`)));
+  });
+  for (let i = 0; i < 200; i++) {
+    try {
+      if ((await fetch(`http://127.0.0.1:${port}/healthz`)).status === 200) return { proc, port, log: () => log };
+    } catch {
+      // not up yet
+    }
+    await new Promise((r) => setTimeout(r, 25));
+  }
+  proc.kill("SIGKILL");
+  throw new Error(`kvpd did not become healthy:\n${log}`);
+}
+
+async function stopKvpd(k) {
+  const exited = new Promise((res) => k.proc.on("exit", (code) => res(code)));
+  k.proc.kill("SIGTERM");
+  const code = await exited;
+  check(code === 0, `kvpd exited 0 on SIGTERM (${code})`);
+}
+
+// r reused at least `shared` tokens (less one chunk) and prefilled exactly the rest.
+function reused(r, sharedTokens, what) {
+  const u = r.usage, cached = u.prompt_tokens_details.cached_tokens;
+  check(cached >= sharedTokens - CHUNK && cached < u.prompt_tokens,
+        `${what}: cached ${cached} of ${u.prompt_tokens} (shared at least ${sharedTokens}, less a chunk)`);
+  check(r.kvpd.prefilled_tokens === u.prompt_tokens - cached,
+        `${what}: prefilled ${r.kvpd.prefilled_tokens} = prompt ${u.prompt_tokens} - cached ${cached}`);
+}
+
+async function metric(port, name) {
+  const text = await (await fetch(`http://127.0.0.1:${port}/metrics`)).text();
+  const m = text.match(new RegExp(`^${name.replace(/[{}"]/g, "\\$&")} (\\d+)`, "m"));
+  return m ? Number(m[1]) : NaN;
+}
+
+async function main() {
+  const k = await startKvpd([]);
+  try {
+    const a = new OpenAI({ baseURL: `http://127.0.0.1:${k.port}/v1`, apiKey: KEY_A, maxRetries: 0 });
+    const b = new OpenAI({ baseURL: `http://127.0.0.1:${k.port}/v1`, apiKey: KEY_B, maxRetries: 0 });
+    const model = (await a.models.list()).data[0].id;
+    const ask = (client, messages, extra = {}) =>
+      client.chat.completions.create({ model, messages, max_tokens: 12, ...extra });
+
+    // Two turns of one conversation.
+    const m1 = [{ role: "user", content: "Once upon a time there was a little girl named Lily" }];
+    const r1 = await ask(a, m1);
+    const a1 = r1.choices[0].message.content;
+    const sid = r1.session;
+    const turn1 = r1.usage.prompt_tokens + r1.usage.completion_tokens;
+    const m2 = [...m1, { role: "assistant", content: a1 }, { role: "user", content: "She went to the park" }];
+    const r2 = await ask(a, m2);
+    check(r2.session === sid, "turn 2 continues turn 1's session");
+    const a2 = r2.choices[0].message.content;
+
+    // Regenerate: the same request again. Its whole prompt is in the cache (the last
+    // prompt token is run again for its logits).
+    const rewindsBefore = await metric(k.port, "kvpd_prefix_rewinds_total");
+    const rg = await ask(a, m2);
+    check(rg.session === sid, "regenerate: the same session, cut back in place");
+    reused(rg, r2.usage.prompt_tokens - 1, "regenerate");
+    check(rg.usage.prompt_tokens_details.cached_tokens === r2.usage.prompt_tokens - 1,
+          "regenerate: every prompt token but the last came from the cache");
+    check(rg.choices[0].message.content === a2, "regenerate: at temperature 0 the same reply again");
+    check(await metric(k.port, "kvpd_prefix_rewinds_total") === rewindsBefore + 1,
+          "regenerate: counted in kvpd_prefix_rewinds_total");
+
+    // Edit the last user message: turn 1 is shared.
+    const me = [...m1, { role: "assistant", content: a1 }, { role: "user", content: "She ate a red apple" }];
+    const re = await ask(a, me);
+    check(re.session === sid, "edit-last: the same session");
+    reused(re, turn1, "edit-last");
+    const ae = re.choices[0].message.content;
+
+    // The reply sent back with its leading space trimmed, then a new message: shared up
+    // to where the reply's first token differs.
+    // (the reply trimmed of the whitespace around it, or of its first character when it
+    // has none: either way it differs from the tokens the session generated)
+    const sent = ae.trim() !== ae ? ae.trim() : ae.slice(1);
+    check(sent !== ae, `trimmed-reply: ${JSON.stringify(ae)} sent back as ${JSON.stringify(sent)}`);
+    const mt = [...me, { role: "assistant", content: sent }, { role: "user", content: "The end" }];
+    const rt = await ask(a, mt);
+    check(rt.session === sid, "trimmed-reply: the same session");
+    reused(rt, re.usage.prompt_tokens, "trimmed-reply");
+
+    // Then it goes on as usual: the next turn extends it exactly.
+    const at = rt.choices[0].message.content;
+    const mn = [...mt, { role: "assistant", content: at }, { role: "user", content: "Lily smiled" }];
+    const rn = await ask(a, mn);
+    check(rn.session === sid && rn.usage.prompt_tokens_details.cached_tokens >=
+          rt.usage.prompt_tokens + rt.usage.completion_tokens - 1,
+          "after the cut the conversation goes on from its new transcript");
+
+    // Branch a named session from its first turn.
+    const mb = [...m1, { role: "assistant", content: a1 }, { role: "user", content: "A big dog came" }];
+    const rb = await ask(a, mb, { session: sid });
+    check(rb.session === sid, "branch-from-turn-1: the named session");
+    reused(rb, turn1, "branch-from-turn-1");
+
+    // Another tenant: the same prompt reuses nothing of tenant A's.
+    const rB = await ask(b, mb);
+    check(rB.session !== sid && rB.usage.prompt_tokens_details.cached_tokens === 0 &&
+          rB.kvpd.prefilled_tokens === rB.usage.prompt_tokens,
+          "key B: the same prompt as key A's gets cached_tokens 0, prefilled whole");
+    const rB2 = await ask(b, mb);
+    check(rB2.session === rB.session && rB2.usage.prompt_tokens_details.cached_tokens > 0,
+          "key B: its own regenerate reuses its own session");
+
+    // Counters: reuse from the session's own cache.
+    check(await metric(k.port, 'kvpd_reused_tokens_total{source="own"}') > 0,
+          "kvpd_reused_tokens_total{source=\"own\"} counts the reused tokens");
+  } finally {
+    await stopKvpd(k);
+  }
+}
+
+main().then(() => console.log("reuse: all passed"), (e) => {
+  console.error(`reuse: ${e.stack || e}`);
+  process.exit(1);
+});
