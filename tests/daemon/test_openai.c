@@ -298,11 +298,19 @@ Test(openai, streams_and_continues_a_conversation_prefilling_only_new_messages)
     json_decref(j);
     free(a.raw);
 
-    /* The same request again: the session has moved on (it holds turn 2), so this history
-     * is no longer its transcript and starts a new conversation. */
+    /* The same request again regenerates turn 2: the session is cut back to the end of
+     * this prompt (sessions/rewind.c) and continues, its prompt found in the cache but for
+     * the last token, whose logits are not kept. */
     a = request(&d, "POST", "/v1/chat/completions", NULL, body);
-    cr_assert_neq(strcmp(header(&a, "x-session-id:"), sid), 0,
-                  "a transcript that moved on was matched");
+    cr_assert_eq(a.status, 200, "%s", a.raw);
+    cr_assert_str_eq(header(&a, "x-session-id:"), sid, "a regenerate started a new session");
+    j = json_loads(a.body, 0, NULL);
+    u = json_object_get(j, "usage");
+    cached = (int)json_integer_value(json_object_get(json_object_get(u, "prompt_tokens_details"),
+                                                     "cached_tokens"));
+    cr_assert_geq(cached, p2 - 1, "the regenerated prompt was recomputed (cached %d of %d)",
+                  cached, p2);
+    json_decref(j);
     free(a.raw);
     free(body);
     json_decref(req);
