@@ -1,6 +1,7 @@
 #include "cache/kvcache.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,6 +66,7 @@ void kvp_cache_free(kvp_cache *c)
     free(c->heads);
     free((float *)c->rope.factors);
     free(c->window);
+    free(c->factors_swa);
     memset(c, 0, sizeof *c);
 }
 
@@ -91,6 +93,26 @@ int kvp_cache_set_windows(kvp_cache *c, const int *window, float rope_base_swa)
     free(c->window);
     c->window = w;
     c->rope_base_swa = rope_base_swa;
+    if (!w) {   /* no windowed layers: no factors of their own */
+        free(c->factors_swa);
+        c->factors_swa = NULL;
+    }
+    return 0;
+}
+
+int kvp_cache_set_swa_factors(kvp_cache *c, const float *factors)
+{
+    if (!c->window)
+        return -EINVAL;
+    float *f = NULL;
+    if (factors) {
+        size_t n = (size_t)c->rope.n_rot / 2 * sizeof *f;
+        if (!(f = malloc(n)))
+            return -ENOMEM;
+        memcpy(f, factors, n);
+    }
+    free(c->factors_swa);
+    c->factors_swa = f;
     return 0;
 }
 
@@ -99,6 +121,8 @@ kvp_rope kvp_cache_layer_rope(const kvp_cache *c, int layer)
     kvp_rope r = c->rope;
     if (kvp_cache_window(c, layer) && c->rope_base_swa > 0)
         r.base = c->rope_base_swa;
+    if (kvp_cache_window(c, layer) && c->factors_swa)
+        r.factors = c->factors_swa;
     return r;
 }
 
@@ -394,15 +418,17 @@ void kvp_cache_shift(kvp_cache *c, int n_sink, int ctx)
  *   "KVPCACHE" u32 version, i32 n_layers, n_kv_heads, head_dim, f32 rope base,
  *   i32 rope n_rot, i32 rope neox, i32 n_factors (0 or n_rot/2), f32 factors[n_factors],
  *   i32 next_pos, i64 n_seen, u64 evicted_rows, u64 shifts, u32 kv_type,
- *   (version 4 only:) f32 rope_base_swa, i32 window[n_layers],
+ *   (version 4 and 5:) f32 rope_base_swa, i32 window[n_layers],
+ *   (version 5 only:) f32 factors_swa[n_rot/2],
  *   per head: i32 n, then n k rows, n v rows (as stored: kvp_kv_row_bytes each),
  *   n pos, n seq, n score, n stat;
  *   u64 FNV-1a of everything before it.
- * A cache without sliding windows is written as version 3, which has no windows. Version 2 had no kv_type (its rows are f32). Version 1 had only the rope base: its
+ * A cache without sliding windows is written as version 3, which has no windows; one
+ * whose windowed layers have their own factors as version 5, others as version 4. Version 2 had no kv_type (its rows are f32). Version 1 had only the rope base: its
  * keys were rotated on consecutive pairs over the whole head without factors, and it
  * still reads as such. A reader wanting another kv_type converts (kvp_cache_convert). */
 #define CACHE_MAGIC "KVPCACHE"
-#define CACHE_VERSION 4u
+#define CACHE_VERSION 5u
 
 static uint64_t fnv1a(const void *p, size_t n) { return kvp_fnv1a(KVP_FNV1A_INIT, p, n); }
 
@@ -411,14 +437,15 @@ int kvp_cache_serialize(const kvp_cache *c, void **buf, size_t *len)
     size_t rb = kvp_kv_row_bytes(c->kv_type, c->head_dim);
     int n_factors = c->rope.factors ? c->rope.n_rot / 2 : 0;
     int n_windows = c->window ? c->n_layers : 0;
+    int n_swa = n_windows && c->factors_swa ? c->rope.n_rot / 2 : 0;
     size_t total = 8 + 4 + 4 * 4 + 3 * 4 + (size_t)n_factors * 4 + 4 + 8 + 8 + 8 + 4 + 8 +
-                   (n_windows ? 4 + (size_t)n_windows * 4 : 0);
+                   (n_windows ? 4 + (size_t)n_windows * 4 : 0) + (size_t)n_swa * 4;
     for (int i = 0; i < c->n_layers * c->n_kv_heads; i++)
         total += 4 + (size_t)c->heads[i].n * kvp_cache_row_cost(c->kv_type, c->head_dim);
     kvp_wbuf w = {malloc(total), 0};
     if (!w.p)
         return -ENOMEM;
-    uint32_t version = n_windows ? CACHE_VERSION : 3u;
+    uint32_t version = n_swa ? 5u : n_windows ? 4u : 3u;
     kvp_w_bytes(&w, CACHE_MAGIC, 8);
     kvp_w_bytes(&w, &version, 4);
     kvp_w_bytes(&w, &c->n_layers, 4);
@@ -440,6 +467,8 @@ int kvp_cache_serialize(const kvp_cache *c, void **buf, size_t *len)
         kvp_w_bytes(&w, &c->rope_base_swa, 4);
         kvp_w_bytes(&w, c->window, (size_t)n_windows * 4);
     }
+    if (n_swa)
+        kvp_w_bytes(&w, c->factors_swa, (size_t)n_swa * 4);
     for (int i = 0; i < c->n_layers * c->n_kv_heads; i++) {
         const kvp_head *h = &c->heads[i];
         size_t n = (size_t)h->n;
@@ -527,6 +556,16 @@ int kvp_cache_deserialize(kvp_cache *c, const void *buf, size_t len, char *err, 
             kvp_cache_set_windows(c, win, base_swa) || !c->window) {
             kvp_cache_free(c);
             snprintf(err, errlen, "cache snapshot: bad sliding windows");
+            return -EINVAL;
+        }
+    }
+    if (version >= 5) {
+        int ok = kvp_r_bytes(&r, factors, (size_t)rope.n_rot / 2 * sizeof *factors) == 0;
+        for (int i = 0; ok && i < rope.n_rot / 2; i++)
+            ok = factors[i] > 0 && isfinite(factors[i]);
+        if (!ok || kvp_cache_set_swa_factors(c, factors)) {
+            kvp_cache_free(c);
+            snprintf(err, errlen, "cache snapshot: bad sliding-window frequency factors");
             return -EINVAL;
         }
     }

@@ -36,6 +36,9 @@ typedef struct kvp_cache {
      * layers only. Windowed layers rotate with rope_base_swa instead of rope.base. */
     int32_t *window;         /* [n_layers], or NULL: every layer holds the whole context */
     float rope_base_swa;
+    float *factors_swa;      /* [rope.n_rot/2] the windowed layers' frequency factors when
+                                they differ from rope.factors (gemma3's local layers do not
+                                take the linear scaling of its global ones); NULL: the same */
     kvp_head *heads;         /* [n_layers * n_kv_heads] */
     kvp_kv_type kv_type;     /* every head's row type (f32 after init) */
     int next_pos;            /* RoPE position of the next token */
@@ -64,6 +67,9 @@ static inline kvp_head *kvp_cache_head(const kvp_cache *c, int layer, int kvh)
  * context; all 0 or NULL: none) and the RoPE base of the windowed layers. Only on an
  * empty cache (-EBUSY otherwise); 0, -EINVAL or -ENOMEM. */
 int kvp_cache_set_windows(kvp_cache *c, const int *window, float rope_base_swa);
+/* Sets the windowed layers' frequency factors (copied; NULL: rope.factors), on a cache
+ * with windows. 0, -EINVAL (no windows) or -ENOMEM (unchanged). */
+int kvp_cache_set_swa_factors(kvp_cache *c, const float *factors);
 /* Layer l's window (0: none). */
 static inline int kvp_cache_window(const kvp_cache *c, int layer)
 {

@@ -28,7 +28,7 @@ int kvp_runstate_init(kvp_runstate *s, const kvp_model_config *c, int max_tokens
     s->hb2 = malloc(T * c->hidden_dim * sizeof(float));
     s->logits = malloc((size_t)c->vocab_size * sizeof(float));
     s->rope = malloc(T * c->rope.n_rot * sizeof(float));
-    if (c->rope_base_swa > 0 && c->rope_base_swa != c->rope.base &&
+    if (((c->rope_base_swa > 0 && c->rope_base_swa != c->rope.base) || c->rope_factors_swa) &&
         !(s->rope_swa = malloc(T * c->rope.n_rot * sizeof(float)))) {
         kvp_runstate_free(s);
         return -ENOMEM;
@@ -257,8 +257,8 @@ static void attend_item(void *arg, int i, int slot)
 }
 
 /* A cache meets a model with sliding windows: an empty cache takes the model's windows
- * (and their RoPE base); one that holds rows must already have them (a snapshot of
- * another model is refused). */
+ * (and their RoPE base and factors); one that holds rows must already have them (a
+ * snapshot of another model is refused). */
 static int cache_windows(const kvp_model *m, kvp_cache *c)
 {
     const kvp_model_config *p = &m->cfg;
@@ -267,12 +267,21 @@ static int cache_windows(const kvp_model *m, kvp_cache *c)
     int same = c->rope_base_swa == (p->rope_base_swa > 0 ? p->rope_base_swa : p->rope.base);
     for (int l = 0; same && l < p->n_layers; l++)
         same = kvp_cache_window(c, l) == m->layers[l].window;
-    if (same)
+    const float *fs = c->window ? p->rope_factors_swa : NULL;
+    size_t fn = (size_t)p->rope.n_rot / 2 * sizeof(float);
+    if (same && !fs == !c->factors_swa && (!fs || !memcmp(fs, c->factors_swa, fn)))
         return 0;
     int win[p->n_layers];
     for (int l = 0; l < p->n_layers; l++)
         win[l] = m->layers[l].window;
-    return kvp_cache_set_windows(c, win, p->rope_base_swa > 0 ? p->rope_base_swa : p->rope.base);
+    int rc = same ? 0 : kvp_cache_set_windows(c, win, p->rope_base_swa > 0 ? p->rope_base_swa
+                                                                            : p->rope.base);
+    if (rc || !c->window)
+        return rc;
+    for (int i = 0; i < c->n_layers * c->n_kv_heads; i++)
+        if (c->heads[i].n)
+            return -EBUSY;
+    return kvp_cache_set_swa_factors(c, p->rope_factors_swa);
 }
 
 /* Checks a sequence before the step and makes room for its block in every head (and
@@ -342,6 +351,8 @@ static int forward_batch(const kvp_model *m, kvp_runstate *s, kvp_batch_seq *seq
     int rc;
     kvp_rope rope_swa = p->rope;   /* the sliding-window layers' RoPE */
     rope_swa.base = p->rope_base_swa > 0 ? p->rope_base_swa : p->rope.base;
+    if (p->rope_factors_swa)
+        rope_swa.factors = p->rope_factors_swa;
 
     /* the batch: its rows, one cache per sequence */
     long total = 0;

@@ -17,6 +17,7 @@
 
 #include "model/gguf.h"
 #include "model/quant.h"
+#include "model/rope_scaling.h"
 #include "base/errors.h"
 
 /* Sane upper bounds: far above any real llama, low enough that sizes cannot overflow. */
@@ -383,14 +384,6 @@ static int read_arch_extras(kvp_model *m, const kvp_gguf *g, const struct arch_d
         if ((rc = get_nonneg(g, n, "attn_logit_softcapping", &c->attn_softcap, err, errlen)) ||
             (rc = get_nonneg(g, n, "final_logit_softcapping", &c->final_softcap, err, errlen)))
             return rc;
-        /* Gemma 3 4B and larger scale the global layers' positions linearly, which the
-         * RoPE here does not model: refused rather than run with wrong positions */
-        float scaling = 1.0f;
-        if ((rc = get_nonneg(g, n, "rope.scaling.factor", &scaling, err, errlen)))
-            return rc;
-        if (scaling != 1.0f && scaling != 0.0f)
-            return KVP_ERR(-EINVAL, "%s.rope.scaling.factor = %g: linear RoPE scaling of the "
-                           "global layers is not supported", n, scaling);
     }
     /* gemma3's local layers rotate with a fixed base (llama.cpp has no key for it) */
     c->rope_base_swa = !strcmp(n, "gemma3") ? 10000.0f : c->rope.base;
@@ -484,6 +477,36 @@ static int read_rope_factors(kvp_model *m, const kvp_gguf *g, char *err, size_t 
             rc = KVP_ERR(-EINVAL, "%s[%d] = %g: frequency factors must be finite and positive",
                          name, i, r->factors[i]);
     return rc;
+}
+
+/* Linear RoPE scaling (model/rope_scaling.h) folded into the frequency factors: every
+ * layer's, except gemma3's sliding-window layers, which llama.cpp rotates unscaled. */
+static int read_rope_scaling(kvp_model *m, const kvp_gguf *g, const struct arch_desc *a,
+                             char *err, size_t errlen)
+{
+    kvp_rope *r = &m->cfg.rope;
+    float f;
+    int rc = kvp_rope_scaling_factor(g, a->name, a->fused, &f, err, errlen);
+    if (rc || f == 1.0f)
+        return rc;
+    float *scaled = kvp_rope_scaled_factors(r->factors, r->n_rot / 2, f);
+    float *local = !strcmp(a->name, "gemma3") ? kvp_rope_scaled_factors(r->factors, r->n_rot / 2, 1.0f)
+                                              : NULL;
+    float **owned = realloc(m->owned, (m->n_owned + 2) * sizeof *owned);
+    if (owned)
+        m->owned = owned;
+    if (!scaled || (!local && !strcmp(a->name, "gemma3")) || !owned) {
+        free(scaled);
+        free(local);
+        return KVP_ERR(-ENOMEM, "out of memory for the RoPE factors");
+    }
+    m->owned[m->n_owned++] = scaled;
+    if (local) {
+        m->owned[m->n_owned++] = local;
+        m->cfg.rope_factors_swa = local;
+    }
+    r->factors = scaled;
+    return 0;
 }
 
 /* A fused matrix of parts[0] + parts[1] + ... rows: each part a view of its rows. */
@@ -600,7 +623,8 @@ static int load_gguf(kvp_model *m, const char *path, char *err, size_t errlen)
         m->layers[l].window = c->swa_window > 0 && swa_layer(a, l) ? c->swa_window : 0;
     if ((rc = matrix(m, &g, "token_embd.weight", d, (uint64_t)c->vocab_size, &m->tok_embd, err, errlen)) ||
         (rc = tensor(m, &g, "output_norm.weight", d, 1, &m->out_norm, err, errlen)) ||
-        (rc = read_rope_factors(m, &g, err, errlen)))
+        (rc = read_rope_factors(m, &g, err, errlen)) ||
+        (rc = read_rope_scaling(m, &g, a, err, errlen)))
         goto out;
     /* no output.weight: the output projection is tied to the embeddings */
     m->tied_output = !kvp_gguf_find_tensor(&g, "output.weight");

@@ -31,6 +31,9 @@ typedef struct kvp_model_config {
                                attn_factor: ggml scales cos and sin); 0: 1 */
     float rope_base_swa;    /* RoPE base of the sliding-window layers (gemma3: 10000 while
                                the global layers use rope.base); 0: rope.base */
+    const float *rope_factors_swa; /* [rope.n_rot/2] the sliding-window layers' frequency
+                               factors where they differ from rope.factors (gemma3's local
+                               layers do not take its linear RoPE scaling); NULL: the same */
     int swa_window;         /* ARCH.attention.sliding_window when some layer has a window
                                (kvp_layer.window); 0: every layer sees the whole context */
     int gelu;               /* FFN: GeGLU with tanh GELU (gemma) instead of SwiGLU */

@@ -47,14 +47,19 @@ static int cmp_bytes(const char *a, size_t alen, const char *b, size_t blen)
     return (alen > blen) - (alen < blen);
 }
 
-typedef struct sort_entry { const char *piece; int len, id; } sort_entry;
+/* raw: a byte-level piece not spelled in GPT-2's alphabet (stored as it reads). */
+typedef struct sort_entry { const char *piece; int len, id, raw; } sort_entry;
 
 static int cmp_entries(const void *pa, const void *pb)
 {
     const sort_entry *a = pa, *b = pb;
     int c = cmp_bytes(a->piece, (size_t)a->len, b->piece, (size_t)b->len);
-    /* Duplicate pieces: the lowest id sorts first and is the one lookup returns. */
-    return c ? c : (a->id > b->id) - (a->id < b->id);
+    /* Duplicate pieces: one spelled in the byte alphabet before one stored raw (byte-level
+     * BPE only ever builds the former: Command-R's vocabulary has a raw "\u200d" besides
+     * the spelled one), then the lowest id; the first is the one lookup returns. */
+    if (c || a->raw != b->raw)
+        return c ? c : a->raw - b->raw;
+    return (a->id > b->id) - (a->id < b->id);
 }
 
 /* Lowest id with the exact piece among sorted[lo, hi), or -1. */
@@ -126,8 +131,10 @@ static int is_special(const kvp_tokenizer *t, const int32_t *types, int i)
 }
 
 /* Fills byte_token, max_piece_len and the lookup index once pieces, piece_len and
- * scores are set. types is the GGUF token_type array, or NULL. */
-static int finish(kvp_tokenizer *t, const int32_t *types, char *err, size_t errlen)
+ * scores are set. types is the GGUF token_type array, or NULL; raw (or NULL) flags the
+ * byte-level text pieces stored as they read. */
+static int finish(kvp_tokenizer *t, const int32_t *types, const unsigned char *raw, char *err,
+                  size_t errlen)
 {
     for (int b = 0; b < 256; b++)
         t->byte_token[b] = -1;
@@ -151,7 +158,7 @@ static int finish(kvp_tokenizer *t, const int32_t *types, char *err, size_t errl
         int start = n;
         for (int i = 0; i < t->vocab_size; i++)
             if (is_special(t, types, i) == special)
-                ents[n++] = (sort_entry){ t->pieces[i], t->piece_len[i], i };
+                ents[n++] = (sort_entry){ t->pieces[i], t->piece_len[i], i, raw ? raw[i] : 0 };
         qsort(ents + start, (size_t)(n - start), sizeof *ents, cmp_entries);
         if (!special)
             t->n_text = n;
@@ -300,7 +307,7 @@ int kvp_tokenizer_load_file(kvp_tokenizer *t, const char *path, int vocab_size,
         t->eos_id = 2;
         t->eot_id = -1;
         t->add_space_prefix = 1;
-        rc = finish(t, NULL, err, errlen);
+        rc = finish(t, NULL, NULL, err, errlen);
     }
 out:
     free(buf);
@@ -370,7 +377,7 @@ static int copy_piece(char *dst, const char *src, size_t len)
 }
 
 static int load_gguf(kvp_tokenizer *t, const kvp_gguf *g, kvp_gguf_str **strs,
-                     int32_t **types, char *err, size_t errlen)
+                     int32_t **types, unsigned char **raw, char *err, size_t errlen)
 {
     const kvp_gguf_kv *kv = kvp_gguf_find(g, "tokenizer.ggml.model");
     if (!kv)
@@ -405,9 +412,11 @@ static int load_gguf(kvp_tokenizer *t, const kvp_gguf *g, kvp_gguf_str **strs,
         /* llama.cpp's Llama 3 and tekken vocabularies, like HF's ignore_merges, take a
          * chunk that is a whole token as that token. */
         t->bpe->ignore_merges = t->bpe->pre == KVP_PRE_LLAMA3 || t->bpe->pre == KVP_PRE_TEKKEN;
-        /* Qwen's tokenizer.json normalizes to NFC before splitting (GGUF has no key for
-         * a normalizer; the pre-tokenizer name implies it). */
-        t->bpe->nfc = t->bpe->pre == KVP_PRE_QWEN2;
+        /* Qwen's and Command-R's tokenizer.json normalize to NFC before splitting (GGUF
+         * has no key for a normalizer; the pre-tokenizer name implies it). */
+        t->bpe->nfc = t->bpe->pre == KVP_PRE_QWEN2 ||
+                      (kv && kv->type == KVP_GGUF_STRING && kv->val.str.len == 9 &&
+                       !memcmp(kv->val.str.ptr, "command-r", 9));
         merges = kvp_gguf_find(g, "tokenizer.ggml.merges");
         if (!merges)
             return kvp_errorf(err, errlen, -ENOENT, "GGUF has no tokenizer.ggml.merges");
@@ -445,6 +454,8 @@ static int load_gguf(kvp_tokenizer *t, const kvp_gguf *g, kvp_gguf_str **strs,
         return rc;
     if ((rc = alloc_vocab(t, (int)n, blob, err, errlen)) < 0)
         return rc;
+    if (bpe && !(*raw = calloc(n, 1)))
+        return kvp_errorf(err, errlen, -ENOMEM, "out of memory for %llu tokens", (unsigned long long)n);
     /* Array data is unaligned little-endian inside the mapping: decode, do not cast. */
     if (scores)
         for (uint64_t i = 0; i < n; i++) {
@@ -471,6 +482,7 @@ static int load_gguf(kvp_tokenizer *t, const kvp_gguf *g, kvp_gguf_str **strs,
             dst[n_bytes] = 0;
             t->piece_len[i] = n_bytes;
         } else if (bpe) {
+            (*raw)[i] = !special;
             memcpy(dst, src, len);
             dst[len] = 0;
             t->piece_len[i] = (int)len;
@@ -500,7 +512,7 @@ static int load_gguf(kvp_tokenizer *t, const kvp_gguf *g, kvp_gguf_str **strs,
             return kvp_errorf(err, errlen, -EINVAL, "tokenizer.ggml.add_space_prefix is not a bool");
         t->add_space_prefix = kv->val.u64 != 0;
     }
-    if ((rc = finish(t, *types, err, errlen)) < 0)
+    if ((rc = finish(t, *types, *raw, err, errlen)) < 0)
         return rc;
     return bpe ? kvp_bpe_load_merges(t->bpe, t, merges, err, errlen) : 0;
 }
@@ -510,9 +522,11 @@ int kvp_tokenizer_load_gguf(kvp_tokenizer *t, const kvp_gguf *g, char *err, size
     memset(t, 0, sizeof *t);
     kvp_gguf_str *strs = NULL;
     int32_t *types = NULL;
-    int rc = load_gguf(t, g, &strs, &types, err, errlen);
+    unsigned char *raw = NULL;
+    int rc = load_gguf(t, g, &strs, &types, &raw, err, errlen);
     free(strs);
     free(types);
+    free(raw);
     if (rc < 0)
         kvp_tokenizer_free(t);
     return rc;

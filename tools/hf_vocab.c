@@ -30,6 +30,11 @@ static const char GPT4O_RE[] =
     "\\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}"
     "\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\\p{N}{1,3}|"
     " ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+/* Mistral's tekken: GPT-4o's without the contractions, one digit at a time. */
+static const char TEKKEN_RE[] =
+    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}"
+    "\\p{M}]+|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}"
+    "\\p{Lo}\\p{M}]*|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 /* DeepSeek V3's three splits (CR and LF stand as themselves in its third regex). */
 static const char DS3_RE1[] = "\\p{N}{1,3}";
 static const char DS3_RE2[] = "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+";
@@ -43,6 +48,7 @@ static const struct { const char *name; const char *re[3]; } split_pres[] = {
     {"llama-bpe", {LLAMA3_RE}},
     {"qwen2", {QWEN2_RE}},
     {"gpt-4o", {GPT4O_RE}},
+    {"tekken", {TEKKEN_RE}},
     {"deepseek-v3", {DS3_RE1, DS3_RE2, DS3_RE3}},
 };
 
@@ -52,8 +58,17 @@ static const char *type_of(json_t *o)
     return s ? s : "";
 }
 
-/* tokenizer.ggml.pre for a byte-level tokenizer.json's pre_tokenizer, or NULL. */
-static const char *pre_name(json_t *pre)
+/* Whether a normalizer is NFC (alone or as a Sequence's only member). */
+static int is_nfc(json_t *norm)
+{
+    if (!strcmp(type_of(norm), "Sequence") && json_array_size(json_object_get(norm, "normalizers")) == 1)
+        norm = json_array_get(json_object_get(norm, "normalizers"), 0);
+    return !strcmp(type_of(norm), "NFC");
+}
+
+/* tokenizer.ggml.pre for a byte-level tokenizer.json's pre_tokenizer (and normalizer),
+ * or NULL. */
+static const char *pre_name(json_t *pre, json_t *norm)
 {
     if (!strcmp(type_of(pre), "ByteLevel"))
         return json_is_false(json_object_get(pre, "use_regex")) ? NULL : "gpt2";
@@ -67,7 +82,7 @@ static const char *pre_name(json_t *pre)
     int bl_regex = !json_is_false(json_object_get(bl, "use_regex"));
     if (n == 2 && !strcmp(type_of(first), "Digits") &&
         json_is_true(json_object_get(first, "individual_digits")) && bl_regex)
-        return "smollm";
+        return is_nfc(norm) ? "command-r" : "smollm";
     if (bl_regex)
         return NULL;
     /* Each Split keeps its matches and the text between them: "Isolated", or "Removed"
@@ -185,10 +200,11 @@ int kvp_hf_vocab_add(kvp_gguf_writer *w, const char *tokenizer_path, const char 
     }
     int byte_level = !strcmp(type_of(json_object_get(tj, "decoder")), "ByteLevel");
     const char *pre = NULL;
-    if (byte_level && !(pre = pre_name(json_object_get(tj, "pre_tokenizer")))) {
+    if (byte_level && !(pre = pre_name(json_object_get(tj, "pre_tokenizer"),
+                                            json_object_get(tj, "normalizer")))) {
         kvp_errorf(err, errlen, rc, "%s: pre_tokenizer is none kvpd implements (the split "
-                   "regexes of Llama 3, Qwen 2, GPT-4o or DeepSeek V3, SmolLM's digits + "
-                   "ByteLevel, GPT-2's ByteLevel)",
+                   "regexes of Llama 3, Qwen 2, GPT-4o, tekken or DeepSeek V3, SmolLM's "
+                   "or Command-R's digits + ByteLevel, GPT-2's ByteLevel)",
                    tokenizer_path);
         goto out;
     }

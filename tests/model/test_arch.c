@@ -321,45 +321,6 @@ Test(arch, window_bounds_the_local_layers)
     kvp_model_free(&m);
 }
 
-static int fill_from(void *ctx, uint64_t i, void *buf, uint64_t n)
-{
-    const kvp_gguf *g = ctx;
-    cr_assert_eq(n, g->tensors[i].n_bytes);
-    memcpy(buf, g->tensors[i].data, n);
-    return 0;
-}
-
-/* A gemma3 file with linear RoPE scaling (Gemma 3 4B and larger) is refused naming the
- * key, not run with wrong global positions. */
-Test(arch, gemma3_linear_rope_scaling_is_refused_by_name)
-{
-    kvp_gguf g;
-    char err[512];
-    cr_assert_eq(kvp_gguf_open(&g, model_path("gemma3-swa"), err, sizeof err), 0, "%s", err);
-    kvp_gguf_writer *w = kvp_gguf_writer_new();
-    for (uint64_t i = 0; i < g.n_kv; i++)
-        cr_assert_eq(kvp_gguf_writer_copy_kv(w, &g.kv[i]), 0);
-    cr_assert_eq(kvp_gguf_writer_add_f32(w, "gemma3.rope.scaling.factor", 8.0f), 0);
-    for (uint64_t i = 0; i < g.n_tensors; i++) {
-        const kvp_gguf_tensor *t = &g.tensors[i];
-        char name[128];
-        snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
-        cr_assert_eq(kvp_gguf_writer_add_tensor(w, name, t->type, t->n_dims, t->ne), 0);
-    }
-    char path[] = "/tmp/kvp-gemma3-scaled-XXXXXX";
-    int fd = mkstemp(path);
-    cr_assert(fd >= 0);
-    FILE *f = fdopen(fd, "wb");
-    cr_assert_eq(kvp_gguf_writer_write(w, f, fill_from, &g, err, sizeof err), 0, "%s", err);
-    fclose(f);
-    kvp_gguf_writer_free(w);
-    kvp_gguf_close(&g);
-    kvp_model m;
-    cr_expect_lt(kvp_model_load(&m, path, NULL, err, sizeof err), 0);
-    cr_expect(strstr(err, "gemma3.rope.scaling.factor = 8"), "%s", err);
-    remove(path);
-}
-
 /* An architecture kvpd does not run is refused naming the key and its value. */
 Test(arch, unknown_architecture_is_refused_by_name)
 {

