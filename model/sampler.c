@@ -13,7 +13,7 @@
  * through the radix selection below, which stays O(size). */
 #define SORT_MAX 512
 
-typedef struct { float p; int i; } cand;
+typedef kvp_smp_cand cand;
 
 /* xorshift64*, the generator of llama2.c's run.c */
 static uint32_t rand_u32(uint64_t *s)
@@ -249,11 +249,22 @@ static uint32_t bits(float p)
     return u;   /* p >= 0: the order of the bits is the order of the values */
 }
 
-/* The key of p at radix level l: 11, 10 and 10 bits of the 31 below the sign. */
+/* The key of p at radix level l: 10 bits each, the bits below the sign from 30 down
+ * (level 0: exponent and 3 mantissa bits, clamped at 1023, which holds every p below
+ * 1.875: probabilities never reach it), then 10 and 10. */
 static unsigned key(float p, int l)
 {
     uint32_t u = bits(p);
-    return l == 0 ? u >> 20 : l == 1 ? (u >> 10) & 1023u : u & 1023u;
+    return l == 0 ? (u >> 20 < 1023u ? u >> 20 : 1023u) : l == 1 ? (u >> 10) & 1023u : u & 1023u;
+}
+
+/* The smallest p >= 0 whose level-0 key is above k (k < 1023): p >= it is key > k. */
+static float key0_above(int k)
+{
+    uint32_t u = (uint32_t)(k + 1) << 20;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
 }
 
 /* The bucket at radix level l of n probabilities p[0], p[stride], ... (a candidate
@@ -264,34 +275,49 @@ static unsigned key(float p, int l)
 static int crossing(const float *p, int n, int stride, int l, int k, int base, double target,
                     int *above, double *kept)
 {
-    /* two histograms, even and odd items: a flat distribution sends most of them to a
-     * few buckets, and one histogram would chain every update on the last */
-    static _Thread_local unsigned cnt[2][2048];
-    static _Thread_local double mass[2][2048];
-    int nb = l == 0 ? 2048 : 1024, j = 0;
+    /* four histograms, items j % 4: a flat distribution sends most of them to a few
+     * buckets, and one histogram would chain every update on the last */
+    enum { H = 4, NB = 1024 };
+    static _Thread_local unsigned cnt[H][NB];
+    static _Thread_local double mass[H][NB];
+    int j = 0;
     memset(cnt, 0, sizeof cnt);
     memset(mass, 0, sizeof mass);
-    for (; j + 1 < n; j += 2) {
-        float a = p[(size_t)j * stride], b = p[(size_t)(j + 1) * stride];
-        unsigned b0 = key(a, l), b1 = key(b, l);
-        cnt[0][b0]++;
-        mass[0][b0] += a;
-        cnt[1][b1]++;
-        mass[1][b1] += b;
-    }
-    if (j < n) {
+    for (; j + H <= n; j += H)
+        for (int h = 0; h < H; h++) {
+            float a = p[(size_t)(j + h) * stride];
+            unsigned b = key(a, l);
+            cnt[h][b]++;
+            mass[h][b] += a;
+        }
+    for (; j < n; j++) {
         cnt[0][key(p[(size_t)j * stride], l)]++;
         mass[0][key(p[(size_t)j * stride], l)] += p[(size_t)j * stride];
     }
-    for (int b = nb - 1; b >= 0; b--) {
-        int nc = (int)(cnt[0][b] + cnt[1][b]);
-        double mb = mass[0][b] + mass[1][b];
+    for (int b = NB - 1; b >= 0; b--) {
+        int nc = (int)(cnt[0][b] + cnt[1][b] + cnt[2][b] + cnt[3][b]);
+        double mb = (mass[0][b] + mass[1][b]) + (mass[2][b] + mass[3][b]);
         if (k ? base + *above + nc >= k : *kept + mb > target)
             return b;
         *above += nc;
         *kept += mb;
     }
     return -1;
+}
+
+/* The tokens of p[0..n) with lo <= p < hi into c, in token order; returns their count. */
+static int gather(const float *p, int n, float lo, float hi, cand *c)
+{
+    if (use_avx2)
+        return kvp_smp_gather_avx2(p, n, lo, hi, c);
+    int g = 0;
+    for (int i = 0; i < n; i++)
+        if (p[i] >= lo && p[i] < hi) {
+            c[g].p = p[i];
+            c[g].i = i;
+            g++;
+        }
+    return g;
 }
 
 /* Reorders c[0..m) so that c[0..return) are its k most likely (k > 0), or (k == 0) the
@@ -446,13 +472,7 @@ static int flat_nucleus(kvp_sampler *s, const float *p, int *above_key, double *
     if (cross < 0 || above <= SORT_MAX)
         return -1;
     cand *c = (cand *)s->scratch;
-    int g = 0;
-    for (int i = 0; i < n; i++)
-        if (key(p[i], 0) == (unsigned)cross) {
-            c[g].p = p[i];
-            c[g].i = i;
-            g++;
-        }
+    int g = gather(p, n, cross > 0 ? key0_above(cross - 1) : 0.0f, key0_above(cross), c);
     int at;
     double before;
     *above_key = cross;
@@ -485,6 +505,48 @@ static int prepare(kvp_sampler *s, float *logits, int *m, int *best, int *above,
     return -1;
 }
 
+/* ---- the draw's walk ------------------------------------------------------------- */
+
+/* Tokens per block of a walk: the walk sums a block's kept mass in one vector pass and
+ * goes token by token only in the block where the running sum passes the coin. */
+#define DRAW_BLOCK 512
+
+/* The sum of the x[i] >= thr of x[0..n) (thr 0: all of them, the x being >= 0). */
+static float sum_ge(const float *x, int n, float thr)
+{
+    if (use_avx2)
+        return kvp_smp_sum_ge_avx2(x, n, thr);
+    float lane[8] = {0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++)
+            lane[k] += x[i + k] >= thr ? x[i + k] : 0.0f;
+    float sum = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+    for (; i < n; i++)
+        sum += x[i] >= thr ? x[i] : 0.0f;
+    return sum;
+}
+
+/* The first i of x[0..n) with x[i] >= thr where *cdf plus the running sum of those
+ * passes r, *cdf advanced by what was walked; -1 (the whole sum added) when none. */
+static int draw_walk(const float *x, int n, float thr, double r, double *cdf)
+{
+    for (int b = 0; b < n; b += DRAW_BLOCK) {
+        int e = n - b < DRAW_BLOCK ? n : b + DRAW_BLOCK;
+        double sb = sum_ge(x + b, e - b, thr);
+        if (*cdf + sb <= r) {
+            *cdf += sb;
+            continue;
+        }
+        /* the block's float sum and this double one may disagree by rounding: then
+         * the walk goes on from the exact sum */
+        for (int i = b; i < e; i++)
+            if (x[i] >= thr && (*cdf += x[i]) > r)
+                return i;
+    }
+    return -1;
+}
+
 static int drawn(kvp_sampler *s, int tok)
 {
     if (penalized(s))
@@ -506,15 +568,20 @@ int kvp_sample(kvp_sampler *s, float *logits)
         for (int j = 0; j < m; j++)
             total += c[j].p;
         double r = (double)coin * total;
-        for (int i = 0; i < s->vocab_size; i++)
-            if (key(logits[i], 0) > (unsigned)above && (cdf += logits[i]) > r)
-                return drawn(s, i);
+        int tok = draw_walk(logits, s->vocab_size, key0_above(above), r, &cdf);
+        if (tok >= 0)
+            return drawn(s, tok);
         for (int j = 0; j < m; j++)
             if ((cdf += c[j].p) > r)
                 return drawn(s, c[j].i);
         return drawn(s, best);
     }
-    if (m == 0) {   /* no filter: the whole distribution in token order */
+    if (m == 0 && use_avx2) {   /* no filter: the whole distribution in token order */
+        double cdf = 0.0;
+        int tok = draw_walk(logits, s->vocab_size, 0.0f, (double)coin, &cdf);
+        return drawn(s, tok >= 0 ? tok : best);
+    }
+    if (m == 0) {   /* the same in float, as the sort-based sampler summed */
         float cdf = 0.0f;
         for (int i = 0; i < s->vocab_size; i++) {
             cdf += logits[i];

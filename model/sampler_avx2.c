@@ -78,6 +78,51 @@ float kvp_smp_exp_avx2(float *x, int n, float mx, float temperature)
     return sum;
 }
 
+float kvp_smp_sum_ge_avx2(const float *x, int n, float thr)
+{
+    __m256 vt = _mm256_set1_ps(thr), s0 = _mm256_setzero_ps(), s1 = s0;
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + i + 8);
+        s0 = _mm256_add_ps(s0, _mm256_and_ps(_mm256_cmp_ps(a, vt, _CMP_GE_OQ), a));
+        s1 = _mm256_add_ps(s1, _mm256_and_ps(_mm256_cmp_ps(b, vt, _CMP_GE_OQ), b));
+    }
+    float lane[8], sum = 0.0f;
+    _mm256_storeu_ps(lane, _mm256_add_ps(s0, s1));
+    for (int k = 0; k < 8; k++)
+        sum += lane[k];
+    for (; i < n; i++)
+        sum += x[i] >= thr ? x[i] : 0.0f;
+    return sum;
+}
+
+int kvp_smp_gather_avx2(const float *x, int n, float lo, float hi, kvp_smp_cand *out)
+{
+    __m256 vl = _mm256_set1_ps(lo), vh = _mm256_set1_ps(hi);
+    int g = 0, i = 0;
+    /* a mask of the 8 in range, then one store per token in it (typically a few in a
+     * hundred of a flat distribution's tokens) */
+    for (; i + 8 <= n; i += 8) {
+        __m256 a = _mm256_loadu_ps(x + i);
+        unsigned m = (unsigned)_mm256_movemask_ps(_mm256_and_ps(
+            _mm256_cmp_ps(a, vl, _CMP_GE_OQ), _mm256_cmp_ps(a, vh, _CMP_LT_OQ)));
+        while (m) {
+            int k = __builtin_ctz(m);
+            out[g].p = x[i + k];
+            out[g].i = i + k;
+            g++;
+            m &= m - 1;
+        }
+    }
+    for (; i < n; i++)
+        if (x[i] >= lo && x[i] < hi) {
+            out[g].p = x[i];
+            out[g].i = i;
+            g++;
+        }
+    return g;
+}
+
 void kvp_smp_div_avx2(float *x, int n, float sum)
 {
     __m256 vs = _mm256_set1_ps(sum);
@@ -94,5 +139,7 @@ void kvp_smp_div_avx2(float *x, int n, float sum)
 /* never called: kvp_sampler_simd() is "scalar" off x86-64 */
 float kvp_smp_max_avx2(const float *x, int n) { (void)x; (void)n; return 0; }
 float kvp_smp_exp_avx2(float *x, int n, float mx, float t) { (void)x; (void)n; (void)mx; (void)t; return 0; }
+float kvp_smp_sum_ge_avx2(const float *x, int n, float thr) { (void)x; (void)n; (void)thr; return 0; }
+int kvp_smp_gather_avx2(const float *x, int n, float lo, float hi, kvp_smp_cand *out) { (void)x; (void)n; (void)lo; (void)hi; (void)out; return 0; }
 void kvp_smp_div_avx2(float *x, int n, float sum) { (void)x; (void)n; (void)sum; }
 #endif

