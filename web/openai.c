@@ -94,9 +94,11 @@ static json_t *kvpd_stats(const kvpd_oai *o, const kvp_turn_stats *st)
                      "durable", o->durable < 0 ? json_null() : json_boolean(o->durable));
 }
 
+/* o NULL: an answer that carries no tool calls (completions, responses). */
 static const char *finish_reason(const kvp_turn_stats *st, const kvpd_oai *o)
 {
-    return o->tool_calls > 0 ? "tool_calls" : !strcmp(st->stop, "length") ? "length" : "stop";
+    return o && o->tool_calls > 0 ? "tool_calls" : !strcmp(st->stop, "length") ? "length"
+                                                                              : "stop";
 }
 
 /* One SSE event. */
@@ -1113,7 +1115,7 @@ json_t *kvpd_oai_kvpd_stats(const kvpd_oai *o, const kvp_turn_stats *st)
 
 const char *kvpd_oai_finish_reason(const kvp_turn_stats *st)
 {
-    return !strcmp(st->stop, "length") ? "length" : "stop";   /* completions and responses carry no tool calls */
+    return finish_reason(st, NULL);
 }
 
 int kvpd_oai_new_id(char *out, size_t len, const char *prefix)
