@@ -131,6 +131,7 @@ Test(toolcall, deep_nesting_is_refused_not_overflowed)
 {
     size_t n = 100000;
     char *s = malloc(n + 64);
+    cr_assert_not_null(s);
     int k = sprintf(s, "<tool_call>\n{\"name\": \"f\", \"arguments\": ");
     memset(s + k, '[', n);
     s[k + n] = '\0';
