@@ -205,6 +205,8 @@ kvp_grammar *kvp_grammar_finish(kvp_gbuild *b, int root, int *rc)
     g = calloc(1, sizeof *g);
     if (!g)
         goto out;
+    /* one reference from the start, so every error path below frees with unref */
+    atomic_init(&g->refs, 1);
     g->n_states = b->n_states;
     g->root = root;
     g->flags = malloc((size_t)b->n_states);
@@ -246,7 +248,6 @@ kvp_grammar *kvp_grammar_finish(kvp_gbuild *b, int root, int *rc)
         if (plain)
             g->flags[s] |= ST_PLAIN;
     }
-    atomic_init(&g->refs, 1);
 out:
     kvp_gbuild_free(b);
     return g;
