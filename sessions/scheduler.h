@@ -2,9 +2,9 @@
  *   - turns run in batched steps, one step in flight at a time: a worker takes every
  *     queued turn, the step fn advances each by one unit (a prefill chunk or one decoded
  *     token) in one forward pass while the step has rows left (its runstate's
- *     env->step_tokens; decodes first), those that took part go back to the tail and
- *     those left out stay at the head, so sessions join and leave between steps and a
- *     long prefill never stalls the others;
+ *     env->step_tokens; decodes first, then prefill chunks oldest request first), those
+ *     that took part go back to the tail and those left out stay at the head, so
+ *     sessions join and leave between steps and a long prefill never stalls the others;
  *   - jobs (snapshot LOAD and SAVE, a turn's start and its end-of-turn snapshot: the
  *     units that wait on I/O, kvp_session_job_next) run alone on the other workers
  *     meanwhile; with two workers or more, at most all but one are in a job at a time,

@@ -1240,7 +1240,9 @@ int kvp_turn_batch(kvp_session **ss, int n, const kvp_session_env *env, kvp_runs
     int *unit_more = malloc((size_t)n * sizeof *unit_more);
     char *took = calloc((size_t)n, 1);
     kvp_session **sorted = malloc((size_t)n * sizeof *sorted);
-    if (!b || !e || !who || !order || !unit_more || !took || !sorted) {
+    int *arrival = malloc((size_t)n * sizeof *arrival);
+    if (!b || !e || !who || !order || !unit_more || !took || !sorted || !arrival) {
+        free(arrival);
         free(b);
         free(e);
         free(who);
@@ -1251,13 +1253,25 @@ int kvp_turn_batch(kvp_session **ss, int n, const kvp_session_env *env, kvp_runs
         return 0;   /* nobody took part: they stay queued for the next step */
     }
     /* Who takes part: first every decoding turn (one row each), so a prompt never holds
-     * back the next token of a reply; then, in queue order, each other turn's unit (its
-     * next prefill chunk) wherever it fits the rows left. A chunk that does not fit is
-     * skipped, not split; the turns left out keep the head of the queue, so prefills take
-     * the rows decodes leave in round robin. */
+     * back the next token of a reply; then each other turn's unit (its next prefill
+     * chunk), oldest turn first (by the time its request arrived; queue order among
+     * equals), wherever it fits the rows left. A chunk that does not fit is skipped, not
+     * split. Under a burst of prompts the oldest ones fill the rows decodes leave, so
+     * first tokens come in arrival order and the mean wait is that of a queue served in
+     * order, not that of every prompt finishing together; a long prompt still takes one
+     * chunk per step, so it cannot hold back the prompts behind it for more than that. */
+    for (int i = 0; i < n; i++)
+        arrival[i] = i;
+    for (int i = 1; i < n; i++) {   /* stable insertion sort of the queue by arrival */
+        int v = arrival[i], k = i;
+        for (; k > 0 && ss[arrival[k - 1]]->turn.t_start > ss[v]->turn.t_start; k--)
+            arrival[k] = arrival[k - 1];
+        arrival[k] = v;
+    }
     int room = rs->max_tokens, taken = 0, nb = 0;
     for (int pass = 0; pass < 2; pass++)
-        for (int i = 0; i < n && room > 0; i++) {
+        for (int q = 0; q < n && room > 0; q++) {
+            int i = pass == 0 ? q : arrival[q];
             kvp_session *s = ss[i];
             if (took[i] || decoding(s) != (pass == 0))
                 continue;
@@ -1311,6 +1325,7 @@ int kvp_turn_batch(kvp_session **ss, int n, const kvp_session_env *env, kvp_runs
         if (!took[i])
             sorted[k++] = ss[i];
     memcpy(ss, sorted, (size_t)n * sizeof *ss);
+    free(arrival);
     free(b);
     free(e);
     free(who);

@@ -382,3 +382,72 @@ Test(steploop, samplers_on_the_pool_draw_what_a_serial_step_draws)
     world_close(&wp, &pooled);
     turn_temperature = turn_penalty = 0.0f;
 }
+
+/* A burst of prompts: every turn arrives at once, queued in the reverse of the order
+ * their requests arrived in, with a step that has room for two chunks. Prefills take the
+ * rows oldest first, so first tokens come in arrival order, and the first request's
+ * first token waits only for its own chunks, not for every prompt's. */
+static int burst_step;
+static int burst_first[N_SESS];
+
+static void on_first_token(void *ctx, kvp_session *s, const char *t, size_t n)
+{
+    record *r = ctx;
+    int i = index_of(r, s);
+    (void)t, (void)n;
+    if (burst_first[i] < 0)
+        burst_first[i] = burst_step;
+}
+
+Test(steploop, a_burst_of_prompts_gets_first_tokens_in_arrival_order, .timeout = 120)
+{
+    world w;
+    record r;
+    world_open(&w, tu_shared("models/stories260K.bin"), tu_shared("models/tok512.bin"), &r);
+    kvp_runstate rs;
+    cr_assert_eq(kvp_runstate_init(&rs, &w.model.cfg, 2 * w.env.chunk), 0);
+    kvp_turn_sink sink = {on_first_token, on_done, on_error, NULL, &r};
+    kvp_session *queue[N_SESS];
+    int more[N_SESS], rows, nq = N_SESS, chunks = 0;
+    char *text = ht_text(40);
+    for (int i = 0; i < N_SESS; i++) {
+        kvp_session *s = r.sess[i];
+        /* request i arrived at 100 + i s; the queue holds them newest first */
+        cr_assert_eq(kvp_session_begin_turn(s, text, strlen(text), 4, 0.0f, 0, 100.0 + i), 0);
+        s->state = KVP_SESSION_TURN;
+        queue[N_SESS - 1 - i] = s;
+        burst_first[i] = -1;
+    }
+    free(text);
+    for (burst_step = 0; nq; burst_step++) {
+        int taken = kvp_turn_batch(queue, nq, &w.env, &rs, &sink, more, &rows);
+        cr_assert_gt(taken, 0);
+        cr_assert_leq(rows, rs.max_tokens);
+        kvp_session *next[N_SESS];
+        int nn = 0;
+        for (int k = taken; k < nq; k++)
+            next[nn++] = queue[k];
+        for (int k = 0; k < taken; k++)
+            if (more[k])
+                next[nn++] = queue[k];
+        memcpy(queue, next, (size_t)nn * sizeof *queue);
+        nq = nn;
+    }
+    cr_assert_eq(r.errors, 0);
+    chunks = (r.sess[0]->turn.stats.prefilled_tokens + w.env.chunk - 1) / w.env.chunk;
+    cr_assert_gt(chunks, 2, "each prompt takes several steps' chunks");
+    for (int i = 0; i < N_SESS; i++) {
+        cr_assert_geq(burst_first[i], 0, "session %d answered", i);
+        if (i)
+            cr_expect_geq(burst_first[i], burst_first[i - 1],
+                          "request %d's first token (step %d) after request %d's (step %d)", i,
+                          burst_first[i], i - 1, burst_first[i - 1]);
+    }
+    /* two chunks a step: the two oldest prompts are done after their own chunks */
+    cr_expect_leq(burst_first[0], chunks, "the first request waited %d steps for %d chunks",
+                  burst_first[0], chunks);
+    cr_expect_gt(burst_first[N_SESS - 1], burst_first[0] + chunks / 2,
+                 "the last request waited behind the others");
+    kvp_runstate_free(&rs);
+    world_close(&w, &r);
+}
