@@ -73,9 +73,7 @@ static void handle(kvpd_conn *c, const char *buf, size_t len)
         kvp_hub_open(c->client, m.session[0] ? m.session : c->session_arg, m.system,
                      m.system_len);
     } else {
-        kvp_turn_opts o = {.max_tokens = m.max_tokens, .has_temperature = m.has_temperature,
-                           .temperature = m.temperature, .grammar = m.grammar};
-        kvp_hub_message_opts(c->client, m.text, m.text_len, &o);
+        kvp_hub_message_opts(c->client, m.text, m.text_len, &m.opts);
     }
     kvpd_proto_msg_free(&m);
 }

@@ -28,6 +28,40 @@ static int valid_id(const char *s)
     return 1;
 }
 
+/* The fields each client message may carry. */
+static const char *const hello_fields[] = {"type", "session", "system", NULL};
+static const char *const message_fields[] = {
+    "type", "text", "max_tokens", "response_format", "temperature", "top_p", "top_k",
+    "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty", "logit_bias",
+    "seed", "stop", NULL};
+static const char *const cancel_fields[] = {"type", NULL};
+
+/* -EINVAL naming the first field the message type does not have (an unknown type is
+ * left to the caller). */
+static int unknown_field(json_t *root, const char *type, const char **code, char *msg,
+                         size_t msglen)
+{
+    const char *const *known = !strcmp(type, "hello")     ? hello_fields
+                               : !strcmp(type, "message") ? message_fields
+                               : !strcmp(type, "cancel")  ? cancel_fields
+                                                          : NULL;
+    if (!known)
+        return 0;
+    const char *key;
+    json_t *v;
+    json_object_foreach(root, key, v) {
+        int ok = 0;
+        for (int i = 0; known[i] && !ok; i++)
+            ok = !strcmp(key, known[i]);
+        if (!ok) {
+            *code = KVPD_E_BAD_REQUEST;
+            snprintf(msg, msglen, "%s has no field \"%.64s\"", type, key);
+            return -EINVAL;
+        }
+    }
+    return 0;
+}
+
 int kvpd_proto_parse(const char *buf, size_t len, int max_tokens_limit,
                      kvpd_client_msg *out, const char **code, char *msg, size_t msglen)
 {
@@ -50,6 +84,8 @@ int kvpd_proto_parse(const char *buf, size_t len, int max_tokens_limit,
                (json_is_string(idj) &&
                 strlen(json_string_value(idj)) != json_string_length(idj))) {
         rc = reject(code, KVPD_E_BAD_REQUEST, msg, msglen, "a NUL in type or session");
+    } else if ((rc = unknown_field(root, type, code, msg, msglen)) < 0) {
+        /* refused */
     } else if (!strcmp(type, "hello")) {
         out->type = KVPD_MSG_HELLO;
         json_t *id = json_object_get(root, "session");
@@ -80,7 +116,6 @@ int kvpd_proto_parse(const char *buf, size_t len, int max_tokens_limit,
         out->type = KVPD_MSG_MESSAGE;
         json_t *text = json_object_get(root, "text");
         json_t *mt = json_object_get(root, "max_tokens");
-        json_t *temp = json_object_get(root, "temperature");
         if (!json_is_string(text) || json_string_length(text) == 0)
             rc = reject(code, KVPD_E_BAD_REQUEST, msg, msglen, "text must be a non-empty string");
         else if (mt && !json_is_null(mt) &&
@@ -90,26 +125,25 @@ int kvpd_proto_parse(const char *buf, size_t len, int max_tokens_limit,
             *code = KVPD_E_TOO_LARGE;
             snprintf(msg, msglen, "max_tokens is limited to %d", max_tokens_limit);
             rc = -EINVAL;
-        } else if (temp && !json_is_null(temp) &&
-                   (!json_is_number(temp) || json_number_value(temp) < 0 ||
-                    json_number_value(temp) > 10))
-            rc = reject(code, KVPD_E_BAD_REQUEST, msg, msglen, "temperature must be a number in [0, 10]");
-        else {
+        } else {
+            const char *param;
             out->text_len = json_string_length(text);
             out->text = malloc(out->text_len + 1);
             if (!out->text) {
                 rc = reject(code, KVPD_E_INTERNAL, msg, msglen, "out of memory");
+            } else if ((rc = kvpd_sampling_parse(root, 10, &out->own, &out->opts, &param, msg,
+                                                 msglen)) < 0) {
+                *code = rc == -ENOMEM ? KVPD_E_INTERNAL : KVPD_E_BAD_REQUEST;
             } else {
                 memcpy(out->text, json_string_value(text), out->text_len + 1);
                 out->max_tokens = json_is_integer(mt) ? (int)json_integer_value(mt) : 0;
-                out->has_temperature = temp && json_is_number(temp);
-                out->temperature = out->has_temperature ? (float)json_number_value(temp) : 0;
-                const char *param;
                 if (kvpd_response_format(json_object_get(root, "response_format"),
                                          &out->grammar, &param, msg, msglen) < 0) {
                     *code = KVPD_E_BAD_REQUEST;
                     rc = -EINVAL;
                 }
+                out->opts.max_tokens = out->max_tokens;
+                out->opts.grammar = out->grammar;
             }
         }
     } else if (!strcmp(type, "cancel")) {
@@ -125,6 +159,8 @@ int kvpd_proto_parse(const char *buf, size_t len, int max_tokens_limit,
 
 void kvpd_proto_msg_free(kvpd_client_msg *m)
 {
+    kvpd_sampling_free(&m->own);
+    memset(&m->opts, 0, sizeof m->opts);
     kvp_grammar_unref(m->grammar);
     m->grammar = NULL;
     free(m->text);

@@ -6,6 +6,7 @@
 #include <stddef.h>
 
 #include "sessions/hub.h"
+#include "web/sampling.h"
 
 enum kvpd_msg_type { KVPD_MSG_HELLO, KVPD_MSG_MESSAGE, KVPD_MSG_CANCEL };
 
@@ -17,15 +18,19 @@ typedef struct kvpd_client_msg {
     char *text;                             /* message: malloc'd, valid UTF-8 */
     size_t text_len;
     int max_tokens;                         /* 0 = not given */
-    float temperature;
-    int has_temperature;
+    /* message: its sampling fields (web/sampling.h) in opts, which points into own;
+     * max_tokens and grammar are set in opts too */
+    kvp_turn_opts opts;
+    kvpd_sampling own;
     struct kvp_grammar *grammar;            /* message: its response_format (web/format.h),
                                                NULL: none; freed with the message */
 } kvpd_client_msg;
 
 /* Error codes of the protocol: KVPD_E_* in sessions/hub.h. */
 
-/* Parses one text message. On failure returns a negative code and sets *code to one of
+/* Parses one text message. A field the message type does not have is refused naming it
+ * (bad_request), so a client never believes a setting took effect that did not. On
+ * failure returns a negative code and sets *code to one of
  * the codes above and msg to a human-readable reason. */
 int kvpd_proto_parse(const char *buf, size_t len, int max_tokens_limit,
                      kvpd_client_msg *out, const char **code, char *msg, size_t msglen);

@@ -153,6 +153,71 @@ Test(chat, first_message_without_hello_starts_a_session)
     ws_close(&c);
 }
 
+/* One message on a new connection; returns its done frame's reply (malloc'd). */
+static char *reply_of(const char *frame)
+{
+    ws_client c;
+    cr_assert_eq(h_connect(&d, &c), 0);
+    cr_assert_eq(ws_send_text(&c, frame), 0);
+    json_t *done = h_expect(&c, "done", 20000);
+    cr_assert(done, "no done for %s", frame);
+    char *r = strdup(json_string_value(json_object_get(done, "reply")));
+    json_decref(done);
+    ws_close(&c);
+    return r;
+}
+
+/* The message's sampling fields reach the sampler: a seed makes a sampled reply
+ * repeatable across sessions (another seed gives another), a stop string ends the reply
+ * before it, and a bad value is refused naming its field. */
+Test(chat, message_sampling_fields_take_effect)
+{
+    static const char *fmt = "{\"type\":\"message\",\"text\":\"The dog ran.\",\"max_tokens\":40,"
+                             "\"temperature\":1.5,\"top_k\":50,\"seed\":%d}";
+    char frame[256];
+    snprintf(frame, sizeof frame, fmt, 7);
+    char *a = reply_of(frame), *b = reply_of(frame);
+    cr_assert_gt(strlen(a), 0);
+    cr_expect_str_eq(a, b, "the same seed draws the same reply");
+    int differ = 0;
+    for (int seed = 8; seed < 12 && !differ; seed++) {
+        snprintf(frame, sizeof frame, fmt, seed);
+        char *c = reply_of(frame);
+        differ = strcmp(a, c) != 0;
+        free(c);
+    }
+    cr_expect(differ, "other seeds draw other replies");
+    /* stop at a word of the greedy reply: the reply ends before it */
+    char *g = reply_of("{\"type\":\"message\",\"text\":\"The dog ran.\",\"max_tokens\":40,"
+                       "\"temperature\":0}");
+    const char *sp = strchr(g + 1, ' ');
+    cr_assert(sp && strlen(sp) > 3, "greedy reply with two words: %s", g);
+    char word[16];
+    snprintf(word, sizeof word, "%.3s", sp + 1);
+    snprintf(frame, sizeof frame, "{\"type\":\"message\",\"text\":\"The dog ran.\","
+             "\"max_tokens\":40,\"temperature\":0,\"stop\":[\"%s\"]}", word);
+    char *cut = reply_of(frame);
+    cr_expect_null(strstr(cut, word), "stop %s still in %s", word, cut);
+    cr_expect_eq(strncmp(g, cut, strlen(cut)), 0, "cut reply %s is a prefix of %s", cut, g);
+    cr_expect_lt(strlen(cut), strlen(g));
+    free(a), free(b), free(g), free(cut);
+    ws_client c;
+    cr_assert_eq(h_connect(&d, &c), 0);
+    cr_assert_eq(ws_send_text(&c, "{\"type\":\"message\",\"text\":\"x\",\"logit_bias\":{\"999999\":1}}"), 0);
+    json_t *e = h_expect(&c, "error", 5000);
+    cr_assert(e);
+    cr_expect_str_eq(json_string_value(json_object_get(e, "code")), "bad_request");
+    cr_expect_not_null(strstr(json_string_value(json_object_get(e, "message")), "logit_bias"),
+                       "%s", json_string_value(json_object_get(e, "message")));
+    json_decref(e);
+    cr_assert_eq(ws_send_text(&c, "{\"type\":\"message\",\"text\":\"x\",\"n\":2}"), 0);
+    e = h_expect(&c, "error", 5000);
+    cr_assert(e);
+    cr_expect_not_null(strstr(json_string_value(json_object_get(e, "message")), "\"n\""));
+    json_decref(e);
+    ws_close(&c);
+}
+
 Test(chat, resume_keeps_transcript_and_cache)
 {
     ws_client c;

@@ -27,7 +27,10 @@ Test(protocol, valid_messages)
     cr_assert_str_eq(m.text, "h\xc3\xa9");
     cr_assert_eq(m.text_len, 3);
     cr_assert_eq(m.max_tokens, 5);
-    cr_assert(m.has_temperature);
+    cr_assert(m.opts.has_temperature);
+    cr_assert_float_eq(m.opts.temperature, 0.5f, 1e-6);
+    cr_assert_eq(m.opts.max_tokens, 5);
+    cr_assert(!m.opts.has_top_p && !m.opts.has_seed && m.opts.n_stop == 0);
     kvpd_proto_msg_free(&m);
     cr_assert_eq(parse("{\"type\":\"cancel\"}", &m, &code), 0);
     cr_assert_eq(m.type, KVPD_MSG_CANCEL);
@@ -119,4 +122,92 @@ Test(protocol, message_response_format)
     cr_expect_null(m.text);   /* a refused message keeps nothing */
     cr_assert_lt(parse("{\"type\":\"message\",\"text\":\"x\",\"response_format\":7}", &m, &code), 0);
     cr_expect_str_eq(code, "bad_request");
+}
+
+/* The sampling fields of a message: taken as the OpenAI API takes them. */
+Test(protocol, message_sampling_fields)
+{
+    kvpd_client_msg m;
+    const char *code;
+    cr_assert_eq(parse("{\"type\":\"message\",\"text\":\"x\",\"top_p\":0.25,\"top_k\":7,"
+                       "\"min_p\":0.1,\"frequency_penalty\":-1.5,\"presence_penalty\":2,"
+                       "\"repetition_penalty\":1.3,\"seed\":42,\"stop\":[\"ab\",\"\\n\"],"
+                       "\"logit_bias\":{\"3\":-100,\"17\":5.5}}", &m, &code), 0);
+    const kvp_turn_opts *o = &m.opts;
+    cr_assert(o->has_top_p);
+    cr_assert_float_eq(o->top_p, 0.25f, 1e-6);
+    cr_assert_eq(o->sampling.top_k, 7);
+    cr_assert_float_eq(o->sampling.min_p, 0.1f, 1e-6);
+    cr_assert_float_eq(o->sampling.frequency_penalty, -1.5f, 1e-6);
+    cr_assert_float_eq(o->sampling.presence_penalty, 2.0f, 1e-6);
+    cr_assert_float_eq(o->sampling.repetition_penalty, 1.3f, 1e-6);
+    cr_assert(o->has_seed);
+    cr_assert_eq(o->seed, 42);
+    cr_assert_eq(o->n_stop, 2);
+    cr_assert_eq(o->stop_len[0], 2);
+    cr_assert_eq(memcmp(o->stop[0], "ab", 2), 0);
+    cr_assert_eq(o->stop_len[1], 1);
+    cr_assert_eq(o->stop[1][0], '\n');
+    cr_assert_eq(o->sampling.n_bias, 2);
+    cr_assert_eq(o->sampling.bias[0].token, 3);
+    cr_assert_float_eq(o->sampling.bias[0].bias, -100.0f, 1e-6);
+    cr_assert_eq(o->sampling.bias[1].token, 17);
+    kvpd_proto_msg_free(&m);
+    cr_assert_eq(parse("{\"type\":\"message\",\"text\":\"x\",\"stop\":\"end\",\"top_k\":3.0}",
+                       &m, &code), 0);
+    cr_assert_eq(m.opts.n_stop, 1);
+    cr_assert_eq(m.opts.sampling.top_k, 3);
+    kvpd_proto_msg_free(&m);
+}
+
+/* Each bad value is refused naming its field; so is a field the message does not have. */
+Test(protocol, bad_sampling_fields_and_unknown_fields_are_refused_by_name)
+{
+    static const struct { const char *json, *field; } bad[] = {
+        {"\"top_p\":1.5", "top_p"},
+        {"\"top_p\":\"0.5\"", "top_p"},
+        {"\"top_k\":-1", "top_k"},
+        {"\"top_k\":2.5", "top_k"},
+        {"\"min_p\":2", "min_p"},
+        {"\"frequency_penalty\":3", "frequency_penalty"},
+        {"\"presence_penalty\":[1]", "presence_penalty"},
+        {"\"repetition_penalty\":0", "repetition_penalty"},
+        {"\"seed\":1.5", "seed"},
+        {"\"seed\":\"7\"", "seed"},
+        {"\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]", "stop"},
+        {"\"stop\":[\"\"]", "stop"},
+        {"\"stop\":[3]", "stop"},
+        {"\"stop\":{}", "stop"},
+        {"\"logit_bias\":{\"x\":1}", "logit_bias"},
+        {"\"logit_bias\":{\"5\":101}", "logit_bias"},
+        {"\"logit_bias\":[1]", "logit_bias"},
+        {"\"temperature\":11", "temperature"},
+        {"\"top_logprobs\":3", "top_logprobs"},
+        {"\"n\":2", "\"n\""},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char buf[256], msg[256];
+        snprintf(buf, sizeof buf, "{\"type\":\"message\",\"text\":\"x\",%s}", bad[i].json);
+        kvpd_client_msg m;
+        const char *code = NULL;
+        cr_assert_lt(kvpd_proto_parse(buf, strlen(buf), 100, &m, &code, msg, sizeof msg), 0,
+                     "%s", buf);
+        cr_assert_str_eq(code, "bad_request", "%s", buf);
+        cr_assert_not_null(strstr(msg, bad[i].field), "%s: %s", buf, msg);
+        cr_assert_null(m.text, "nothing of a refused message is kept");
+    }
+    /* a stop string past the bound */
+    char big[600], msg[256];
+    memset(big, 'a', sizeof big);
+    int n = snprintf(big, sizeof big, "{\"type\":\"message\",\"text\":\"x\",\"stop\":\"");
+    memset(big + n, 'a', 300);
+    snprintf(big + n + 300, sizeof big - n - 300, "\"}");
+    kvpd_client_msg m;
+    const char *code;
+    cr_assert_lt(kvpd_proto_parse(big, strlen(big), 100, &m, &code, msg, sizeof msg), 0);
+    cr_assert_not_null(strstr(msg, "stop"));
+    cr_assert_lt(parse("{\"type\":\"hello\",\"temperature\":1}", &m, &code), 0);
+    cr_assert_str_eq(code, "bad_request");
+    cr_assert_lt(parse("{\"type\":\"cancel\",\"session\":\"x\"}", &m, &code), 0);
+    cr_assert_str_eq(code, "bad_request");
 }
