@@ -30,7 +30,7 @@ static void start(kvpd_conn *c)
 static void token(kvpd_conn *c, const kvp_hub_event *ev)
 {
     kvpd_oai *o = c->oai;
-    if (!o->stream || !ev->len)
+    if (!o->req.stream || !ev->len)
         return;
     start(c);
     kvpd_oai_sse(c, NULL, chunk(o, ev->text, ev->len, NULL));
@@ -40,22 +40,22 @@ static void done(kvpd_conn *c, const kvp_hub_event *ev)
 {
     kvpd_oai *o = c->oai;
     const kvp_turn_stats *st = ev->stats;
-    const char *finish = kvpd_oai_finish_reason(st);
-    if (!o->stream) {
+    const char *finish = kvpd_oai_finish_reason(st, 0);
+    if (!o->req.stream) {
         json_t *j = chunk(o, ev->text, ev->len, finish);
         json_object_set_new(j, "usage", kvpd_oai_usage(st));
-        json_object_set_new(j, "kvpd", kvpd_oai_kvpd_stats(o, st));
+        json_object_set_new(j, "kvpd", kvpd_oai_kvpd_stats(o->session, o->durable, st));
         kvpd_oai_answer(c, 200, j);
         return;
     }
     start(c);
     kvpd_oai_sse(c, NULL, chunk(o, "", 0, finish));
-    if (o->include_usage) {
+    if (o->req.include_usage) {
         json_t *j = json_pack("{s:s, s:s, s:I, s:s, s:[]}", "id", o->id, "object",
                               "text_completion", "created", (json_int_t)o->created, "model",
                               o->model, "choices");
         json_object_set_new(j, "usage", kvpd_oai_usage(st));
-        json_object_set_new(j, "kvpd", kvpd_oai_kvpd_stats(o, st));
+        json_object_set_new(j, "kvpd", kvpd_oai_kvpd_stats(o->session, o->durable, st));
         kvpd_oai_sse(c, NULL, j);
     }
     kvpd_oai_queue(c, "data: [DONE]\n\n", 14);

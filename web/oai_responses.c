@@ -345,7 +345,7 @@ static json_t *response_object(kvpd_conn *c, const kvp_hub_event *ev)
             "input_tokens_details", "cached_tokens", st->cached_tokens, "output_tokens",
             st->generated_tokens, "output_tokens_details", "reasoning_tokens", 0,
             "total_tokens", st->context_tokens + st->generated_tokens));
-        json_object_set_new(j, "kvpd", kvpd_oai_kvpd_stats(o, st));
+        json_object_set_new(j, "kvpd", kvpd_oai_kvpd_stats(o->session, o->durable, st));
     } else {
         json_object_set_new(j, "usage", json_null());
     }
@@ -383,7 +383,7 @@ static void token(kvpd_conn *c, const kvp_hub_event *ev)
 {
     kvpd_oai *o = c->oai;
     resp_req *r = o->codec_state;
-    if (!o->stream || !ev->len)
+    if (!o->req.stream || !ev->len)
         return;
     begin(c);
     event(c, "response.output_text.delta", json_pack(
@@ -440,7 +440,7 @@ static void done(kvpd_conn *c, const kvp_hub_event *ev)
     resp_req *r = o->codec_state;
     json_t *object = response_object(c, ev);
     keep(c, ev, object);
-    if (!o->stream) {
+    if (!o->req.stream) {
         kvpd_oai_answer(c, 200, object);
         return;
     }
