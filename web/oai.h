@@ -26,8 +26,7 @@ typedef struct kvpd_oai_codec {
     void (*token)(kvpd_conn *c, const kvp_hub_event *ev);
     void (*done)(kvpd_conn *c, const kvp_hub_event *ev);   /* not a cut (cancel) turn */
     /* an error once the stream's 200 is out; the codec ends the stream */
-    void (*stream_error)(kvpd_conn *c, int status, const char *code, const char *msg,
-                         size_t len);
+    void (*stream_error)(kvpd_conn *c, enum kvpd_oai_code code, const char *msg, size_t len);
     void (*free)(void *state);
 } kvpd_oai_codec;
 
@@ -53,7 +52,7 @@ typedef struct kvpd_oai {
     char model[128];
     char origin[256];             /* CORS: Access-Control-Allow-Origin ("" none) */
     enum kvpd_oai_path path;
-    const char *error_code;       /* of an error answer, for the metrics (static text) */
+    enum kvpd_oai_code error;     /* of an error answer (web/oai_error.h), for the metrics */
     const kvpd_oai_codec *codec;  /* NULL: the chat completion */
     void *codec_state;            /* freed by codec->free */
     int tool_format;              /* the model's (kvp_hub_info) */
@@ -64,9 +63,9 @@ typedef struct kvpd_oai {
 
 /* The whole answer: a JSON body (taken) with a status. */
 void kvpd_oai_answer(kvpd_conn *c, int status, json_t *j);
-/* OpenAI's error shape (param and code may be NULL), counted by status and code. */
-void kvpd_oai_fail(kvpd_conn *c, int status, const char *param, const char *code,
-                   const char *msg);
+/* OpenAI's error shape with the code's status (param may be NULL), counted by status and
+ * code. */
+void kvpd_oai_fail(kvpd_conn *c, enum kvpd_oai_code code, const char *param, const char *msg);
 /* One Server-Sent Event: "event: NAME" first when name is not NULL, then the JSON (taken)
  * as its data. */
 void kvpd_oai_sse(kvpd_conn *c, const char *name, json_t *j);

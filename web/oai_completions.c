@@ -102,7 +102,7 @@ void kvpd_oai_completions(kvpd_conn *c)
     if (field) {
         snprintf(msg, sizeof msg, "%s is not supported by kvpd%s", field,
                  !strcmp(field, "echo") ? " (only echo: false)" : "");
-        kvpd_oai_fail(c, 400, field, "unsupported_parameter", msg);
+        kvpd_oai_fail(c, KVPD_OAI_E_UNSUPPORTED_PARAMETER, field, msg);
         goto out;
     }
     if (kvpd_oai_model_ok(c, req) < 0 || kvpd_oai_options(c, req, &t) < 0)
@@ -113,14 +113,14 @@ void kvpd_oai_completions(kvpd_conn *c)
     if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0)))
         p = json_array_get(p, 0);
     if (!json_is_string(p)) {
-        kvpd_oai_fail(c, 400, "prompt", NULL, json_is_array(p)
+        kvpd_oai_fail(c, KVPD_OAI_E_INVALID_REQUEST, "prompt", json_is_array(p)
                       ? "prompt must be one string: arrays of token ids and several prompts "
                         "are not supported by kvpd"
                       : "prompt must be a string");
         goto out;
     }
     if (json_string_length(p) == 0) {
-        kvpd_oai_fail(c, 400, "prompt", NULL, "prompt must not be empty");
+        kvpd_oai_fail(c, KVPD_OAI_E_INVALID_REQUEST, "prompt", "prompt must not be empty");
         goto out;
     }
     kvp_hub_info hi;
@@ -128,7 +128,7 @@ void kvpd_oai_completions(kvpd_conn *c)
     if (hi.chat_format && strcmp(hi.chat_format, "plain")) {
         snprintf(msg, sizeof msg, "text completions are served for models without a chat "
                  "template; this model's is %s: use /v1/chat/completions", hi.chat_format);
-        kvpd_oai_fail(c, 400, NULL, "unsupported_model", msg);
+        kvpd_oai_fail(c, KVPD_OAI_E_UNSUPPORTED_MODEL, NULL, msg);
         goto out;
     }
     kvp_hub_client *hc = kvpd_oai_client(c);

@@ -13,12 +13,12 @@
 #include "web/format.h"
 
 /* Sets e (param may be NULL) and returns -1. */
-static int bad(kvpd_oai_err *e, int status, const char *param, const char *code,
-               const char *fmt, ...) __attribute__((format(printf, 5, 6)));
-static int bad(kvpd_oai_err *e, int status, const char *param, const char *code,
-               const char *fmt, ...)
+static int bad(kvpd_oai_err *e, enum kvpd_oai_code code, const char *param, const char *fmt,
+               ...) __attribute__((format(printf, 4, 5)));
+static int bad(kvpd_oai_err *e, enum kvpd_oai_code code, const char *param, const char *fmt,
+               ...)
 {
-    e->status = status;
+    e->status = kvpd_oai_code_status(code);
     e->code = code;
     snprintf(e->param, sizeof e->param, "%s", param ? param : "");
     va_list ap;
@@ -37,13 +37,13 @@ json_t *kvpd_oai_parse_json(const char *body, size_t len, kvpd_oai_err *e)
     json_t *req = json_loadb(body ? body : "", body ? len : 0,
                              JSON_ALLOW_NUL | JSON_REJECT_DUPLICATES, &jerr);
     if (!req) {
-        bad(e, 400, NULL, "invalid_json", "the body is not valid JSON: %s (at byte %d)",
+        bad(e, KVPD_OAI_E_INVALID_JSON, NULL, "the body is not valid JSON: %s (at byte %d)",
             jerr.text, jerr.position);
         return NULL;
     }
     if (!json_is_object(req)) {
         json_decref(req);
-        bad(e, 400, NULL, "invalid_json", "the body must be a JSON object");
+        bad(e, KVPD_OAI_E_INVALID_JSON, NULL, "the body must be a JSON object");
         return NULL;
     }
     return req;
@@ -68,7 +68,7 @@ int kvpd_oai_parse_model(json_t *req, const kvpd_oai_limits *l, kvpd_oai_err *e)
     if (!model || json_is_null(model))
         return 0;
     if (!json_is_string(model))
-        return bad(e, 400, "model", NULL, "model must be a string");
+        return bad(e, KVPD_OAI_E_INVALID_REQUEST, "model", "model must be a string");
     const char *m = json_string_value(model);
     size_t len = json_string_length(model);
     /* One model is loaded: any name is served, unless strict_model_name asks for its
@@ -76,7 +76,7 @@ int kvpd_oai_parse_model(json_t *req, const kvpd_oai_limits *l, kvpd_oai_err *e)
     if (!l->strict_model_name || (len == strlen(l->model) && !strcmp(m, l->model)) ||
         listed(l->model_alias, m, len))
         return 0;
-    return bad(e, 404, "model", "model_not_found", "the model '%.*s' does not exist; this "
+    return bad(e, KVPD_OAI_E_MODEL_NOT_FOUND, "model", "the model '%.*s' does not exist; this "
                "server has '%s'", len > 100 ? 100 : (int)len, m, l->model);
 }
 
@@ -109,7 +109,8 @@ static int number(json_t *req, const char *name, double lo, double hi, int *has,
     if (!v || json_is_null(v))
         return 0;
     if (!json_is_number(v) || json_number_value(v) < lo || json_number_value(v) > hi)
-        return bad(e, 400, name, NULL, "%s must be a number from %g to %g", name, lo, hi);
+        return bad(e, KVPD_OAI_E_INVALID_REQUEST, name, "%s must be a number from %g to %g",
+                   name, lo, hi);
     *has = 1;
     *out = json_number_value(v);
     return 0;
@@ -131,8 +132,8 @@ static int sampling(json_t *req, kvpd_oai_req *r, kvp_sample_opts *so, kvpd_oai_
         if (number(req, name[i], lo[i], hi[i], &has, &v, e) < 0)
             return -1;
         if (has && ((i == 3 && v <= 0) || (i == 4 && v != (long)v)))
-            return bad(e, 400, name[i], NULL, "%s", i == 3 ? "repetition_penalty must be above 0"
-                                                          : "top_k must be an integer");
+            return bad(e, KVPD_OAI_E_INVALID_REQUEST, name[i], "%s",
+                       i == 3 ? "repetition_penalty must be above 0" : "top_k must be an integer");
         if (i < 4)
             *out[i] = has ? (float)v : 0.0f;
         else
@@ -142,13 +143,14 @@ static int sampling(json_t *req, kvpd_oai_req *r, kvp_sample_opts *so, kvpd_oai_
     if (!lb || json_is_null(lb))
         return 0;
     if (!json_is_object(lb) || json_object_size(lb) > KVP_SAMPLER_MAX_BIAS)
-        return bad(e, 400, "logit_bias", NULL, "logit_bias must be an object of at most %d "
+        return bad(e, KVPD_OAI_E_INVALID_REQUEST, "logit_bias",
+                   "logit_bias must be an object of at most %d "
                    "token ids, each mapped to a number from -100 to 100", KVP_SAMPLER_MAX_BIAS);
     free(r->bias);
     r->bias = NULL;
     size_t n = json_object_size(lb);
     if (n && !(r->bias = malloc(n * sizeof *r->bias)))
-        return bad(e, 500, NULL, NULL, "out of memory");
+        return bad(e, KVPD_OAI_E_SERVER, NULL, "out of memory");
     const char *key;
     json_t *v;
     int k = 0;
@@ -156,7 +158,8 @@ static int sampling(json_t *req, kvpd_oai_req *r, kvp_sample_opts *so, kvpd_oai_
         long id;
         if (!kvp_parse_long(key, 0, 1L << 30, &id) || !json_is_number(v) ||
             json_number_value(v) < -100 || json_number_value(v) > 100)
-            return bad(e, 400, "logit_bias", NULL, "logit_bias: \"%s\" must be a token id "
+            return bad(e, KVPD_OAI_E_INVALID_REQUEST, "logit_bias",
+                       "logit_bias: \"%s\" must be a token id "
                        "mapped to a number from -100 to 100", key);
         r->bias[k++] = (kvp_logit_bias){(int)id, (float)json_number_value(v)};
     }
@@ -183,7 +186,8 @@ static int stops(json_t *req, kvpd_oai_req *r, kvp_turn_opts *t, kvpd_oai_err *e
                  json_string_length(s) <= KVP_HUB_STOP_MAX;
         if (!ok) {
             json_decref(one);
-            return bad(e, 400, "stop", NULL, "stop must be a string or up to 4 non-empty strings");
+            return bad(e, KVPD_OAI_E_INVALID_REQUEST, "stop",
+                       "stop must be a string or up to 4 non-empty strings");
         }
         json_array_foreach(list, i, s) {
             if (r->n_stops >= KVP_HUB_MAX_STOPS)
@@ -197,7 +201,7 @@ static int stops(json_t *req, kvpd_oai_req *r, kvp_turn_opts *t, kvpd_oai_err *e
             t->n_stop = ++r->n_stops;
         }
         if (r->n_stops < (int)json_array_size(list))
-            rc = bad(e, 500, NULL, NULL, "out of memory");
+            rc = bad(e, KVPD_OAI_E_SERVER, NULL, "out of memory");
     }
     json_decref(one);
     return rc;
@@ -210,22 +214,23 @@ int kvpd_oai_parse_options(json_t *req, const kvpd_oai_limits *l, kvpd_oai_req *
     memset(t, 0, sizeof *t);
     const char *field = unsupported(req);
     if (field)
-        return bad(e, 400, field, "unsupported_parameter", "%s is not supported by kvpd", field);
+        return bad(e, KVPD_OAI_E_UNSUPPORTED_PARAMETER, field, "%s is not supported by kvpd",
+                   field);
     kvpd_oai_tools_err te;
     if (kvpd_oai_tools_request(&r->tools, req, l->tool_format, t, &te) < 0)
-        return bad(e, 400, te.param, NULL, "%s", te.msg);
+        return bad(e, KVPD_OAI_E_INVALID_REQUEST, te.param, "%s", te.msg);
     int has;
     double v = 0;
     json_t *n = json_object_get(req, "n");
     if (n && !json_is_null(n) && !(json_is_integer(n) && json_integer_value(n) == 1))
-        return bad(e, 400, "n", "unsupported_parameter",
+        return bad(e, KVPD_OAI_E_UNSUPPORTED_PARAMETER, "n",
                    "n must be 1: kvpd answers with one choice");
     const char *caps[] = {"max_completion_tokens", "max_tokens"};
     for (int i = 0; i < 2; i++) {
         if (number(req, caps[i], 1, 1e9, &has, &v, e) < 0)
             return -1;
         if (has && v != (long)v)
-            return bad(e, 400, caps[i], NULL, "%s must be an integer", caps[i]);
+            return bad(e, KVPD_OAI_E_INVALID_REQUEST, caps[i], "%s must be an integer", caps[i]);
         if (has && !t->max_tokens)   /* the newer name wins */
             t->max_tokens = v > l->max_tokens ? l->max_tokens : (int)v;
     }
@@ -243,12 +248,12 @@ int kvpd_oai_parse_options(json_t *req, const kvpd_oai_limits *l, kvpd_oai_req *
     r->grammar = NULL;
     if (kvpd_response_format(json_object_get(req, "response_format"), &r->grammar, &param, msg,
                              sizeof msg) < 0)
-        return bad(e, 400, param, "unsupported_parameter", "%s", msg);
+        return bad(e, KVPD_OAI_E_UNSUPPORTED_PARAMETER, param, "%s", msg);
     t->grammar = r->grammar;
     json_t *seed = json_object_get(req, "seed");
     if (seed && !json_is_null(seed)) {
         if (!json_is_integer(seed))
-            return bad(e, 400, "seed", NULL, "seed must be an integer");
+            return bad(e, KVPD_OAI_E_INVALID_REQUEST, "seed", "seed must be an integer");
         t->has_seed = 1;
         t->seed = (uint64_t)json_integer_value(seed);
     }
@@ -256,7 +261,7 @@ int kvpd_oai_parse_options(json_t *req, const kvpd_oai_limits *l, kvpd_oai_req *
         return -1;
     json_t *stream = json_object_get(req, "stream");
     if (stream && !json_is_null(stream) && !json_is_boolean(stream))
-        return bad(e, 400, "stream", NULL, "stream must be a boolean");
+        return bad(e, KVPD_OAI_E_INVALID_REQUEST, "stream", "stream must be a boolean");
     r->stream = json_is_true(stream);
     json_t *so = json_object_get(req, "stream_options");
     r->include_usage = json_is_true(json_object_get(so, "include_usage"));
@@ -314,7 +319,7 @@ static int messages(json_t *arr, kvpd_oai_req *r, kvpd_oai_err *e)
 {
     size_t n = json_array_size(arr);
     if (!json_is_array(arr) || n == 0)
-        return bad(e, 400, "messages", NULL, "messages must be a non-empty array");
+        return bad(e, KVPD_OAI_E_INVALID_REQUEST, "messages", "messages must be a non-empty array");
     kvp_message *m = calloc(n, sizeof *m);
     char *system = NULL;
     size_t system_len = 0;
@@ -332,8 +337,8 @@ static int messages(json_t *arr, kvpd_oai_req *r, kvpd_oai_err *e)
         int sys_role = role && (!strcmp(role, "system") || !strcmp(role, "developer"));
         if (!role || (!sys_role && strcmp(role, "user") && strcmp(role, "assistant") &&
                       strcmp(role, "tool"))) {
-            bad(e, 400, param, NULL, "%s must be system, developer, user, assistant or tool",
-                param);
+            bad(e, KVPD_OAI_E_INVALID_REQUEST, param,
+                "%s must be system, developer, user, assistant or tool", param);
             goto bad;
         }
         char *text;
@@ -343,7 +348,8 @@ static int messages(json_t *arr, kvpd_oai_req *r, kvpd_oai_err *e)
         if (rc == -ENOMEM)
             goto oom;
         if (rc < 0) {
-            bad(e, 400, param, NULL, "%s must be a string or an array of text parts", param);
+            bad(e, KVPD_OAI_E_INVALID_REQUEST, param,
+                "%s must be a string or an array of text parts", param);
             goto bad;
         }
         if (sys_role && i == 0) {
@@ -384,7 +390,8 @@ static int messages(json_t *arr, kvpd_oai_req *r, kvpd_oai_err *e)
     if (!m)
         goto oom;
     if (k == 0 || !m[k - 1].user || pending) {
-        bad(e, 400, "messages", NULL, "the last message must be the user's (or tool results)");
+        bad(e, KVPD_OAI_E_INVALID_REQUEST, "messages",
+            "the last message must be the user's (or tool results)");
         goto bad;
     }
     r->msgs = m;
@@ -393,7 +400,7 @@ static int messages(json_t *arr, kvpd_oai_req *r, kvpd_oai_err *e)
     r->system_len = system_len;
     return 0;
 oom:
-    bad(e, 500, NULL, NULL, "out of memory");
+    bad(e, KVPD_OAI_E_SERVER, NULL, "out of memory");
 bad:
     free(pending);
     free(system);
@@ -424,7 +431,7 @@ int kvpd_oai_parse_chat(const char *body, size_t len, const kvpd_oai_limits *l,
     json_t *hist = NULL;
     kvpd_oai_tools_err te;
     if (kvpd_oai_tools_messages(&r->tools, json_object_get(req, "messages"), &hist, &te) < 0) {
-        bad(e, 400, te.param, NULL, "%s", te.msg);
+        bad(e, KVPD_OAI_E_INVALID_REQUEST, te.param, "%s", te.msg);
         goto out;
     }
     kvpd_oai_release_messages(r);
@@ -433,8 +440,8 @@ int kvpd_oai_parse_chat(const char *body, size_t len, const kvpd_oai_limits *l,
     if (n < 0)
         goto out;
     if (r->system_len > KVP_HUB_SYSTEM_MAX) {
-        bad(e, 400, "messages[0].content", NULL, "the system message is limited to %d bytes",
-            KVP_HUB_SYSTEM_MAX);
+        bad(e, KVPD_OAI_E_INVALID_REQUEST, "messages[0].content",
+            "the system message is limited to %d bytes", KVP_HUB_SYSTEM_MAX);
         goto out;
     }
     json_t *named = json_object_get(req, "session");
@@ -442,14 +449,15 @@ int kvpd_oai_parse_chat(const char *body, size_t len, const kvpd_oai_limits *l,
         char sid[KVP_SESSION_ID_LEN + 8] = "";
         snprintf(sid, sizeof sid, "%s", json_string_value(named));
         if (sid[0] && !kvpd_oai_session_ok(sid)) {
-            bad(e, 400, "session", NULL, "a session id is 32 lowercase hex digits");
+            bad(e, KVPD_OAI_E_INVALID_REQUEST, "session",
+                "a session id is 32 lowercase hex digits");
             goto out;
         }
         r->has_session = 1;
         memcpy(r->session, sid, sizeof r->session - 1);
         r->session[sizeof r->session - 1] = '\0';
     } else if (named && !json_is_null(named)) {
-        bad(e, 400, "session", NULL, "session must be a string");
+        bad(e, KVPD_OAI_E_INVALID_REQUEST, "session", "session must be a string");
         goto out;
     }
     rc = 0;

@@ -9,13 +9,14 @@
 #include <stddef.h>
 
 #include "sessions/hub.h"
+#include "web/oai_error.h"
 #include "web/oai_tools.h"
 
-/* A request refused: the HTTP status, OpenAI's error code (static text, NULL for none),
+/* A request refused: the HTTP status (the code's), the error code (web/oai_error.h),
  * the field it names ("" for none) and the message. */
 typedef struct kvpd_oai_err {
     int status;
-    const char *code;
+    enum kvpd_oai_code code;
     char param[96];
     char message[512];
 } kvpd_oai_err;

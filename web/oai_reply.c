@@ -6,23 +6,11 @@
 #include <string.h>
 #include <sys/random.h>
 
-const char *kvpd_oai_error_type(int status)
-{
-    switch (status) {
-    case 401: return "authentication_error";
-    case 404: return "not_found_error";
-    case 413: return "invalid_request_error";
-    case 429: return "rate_limit_error";
-    case 503: return "service_unavailable";
-    default: return status >= 500 ? "server_error" : "invalid_request_error";
-    }
-}
-
-json_t *kvpd_oai_error_json(int status, const char *param, const char *code, const char *msg,
+json_t *kvpd_oai_error_json(enum kvpd_oai_code code, const char *param, const char *msg,
                             size_t len)
 {
     return json_pack("{s:{s:s%, s:s, s:s?, s:s?}}", "error", "message", msg, len, "type",
-                     kvpd_oai_error_type(status), "param", param, "code", code);
+                     kvpd_oai_code_type(code), "param", param, "code", kvpd_oai_code_name(code));
 }
 
 json_t *kvpd_oai_usage(const kvp_turn_stats *st)

@@ -9,12 +9,11 @@
 #include <stddef.h>
 
 #include "sessions/hub.h"
+#include "web/oai_error.h"
 
-/* OpenAI's error type for an HTTP status. */
-const char *kvpd_oai_error_type(int status);
-/* OpenAI's error shape {"error": {message, type, param, code}} (param and code may be
- * NULL: null). */
-json_t *kvpd_oai_error_json(int status, const char *param, const char *code, const char *msg,
+/* OpenAI's error shape {"error": {message, type, param, code}}, type and code from the
+ * code's row of the table (web/oai_error.h); param may be NULL (null). */
+json_t *kvpd_oai_error_json(enum kvpd_oai_code code, const char *param, const char *msg,
                             size_t len);
 /* usage as chat completions report it. */
 json_t *kvpd_oai_usage(const kvp_turn_stats *st);

@@ -43,24 +43,24 @@ static void answer(kvpd_conn *c, int status, json_t *j)
     free(s);
 }
 
-/* OpenAI's error shape. param and code may be NULL. */
-static void fail(kvpd_conn *c, int status, const char *param, const char *code, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-static void fail(kvpd_conn *c, int status, const char *param, const char *code, const char *fmt, ...)
+/* OpenAI's error shape, with the code's status. param may be NULL. */
+static void fail(kvpd_conn *c, enum kvpd_oai_code code, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void fail(kvpd_conn *c, enum kvpd_oai_code code, const char *param, const char *fmt, ...)
 {
     char msg[512];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    c->oai->error_code = code ? code : kvpd_oai_error_type(status);
-    answer(c, status, kvpd_oai_error_json(status, param, code, msg, strlen(msg)));
+    c->oai->error = code;
+    answer(c, kvpd_oai_code_status(code), kvpd_oai_error_json(code, param, msg, strlen(msg)));
 }
 
 /* A request the codec refused. */
 static void fail_err(kvpd_conn *c, const kvpd_oai_err *e)
 {
-    fail(c, e->status, e->param[0] ? e->param : NULL, e->code, "%s", e->message);
+    fail(c, e->code, e->param[0] ? e->param : NULL, "%s", e->message);
 }
 
 static kvpd_oai_meta meta(const kvpd_oai *o)
@@ -150,23 +150,24 @@ static void cut(kvpd_conn *c)
     kvpd_oai *o = c->oai;
     static const char msg[] = "the server is shutting down: the reply was cut";
     o->retry_after_s = 1;
-    o->error_code = "server_shutting_down";
+    enum kvpd_oai_code code = KVPD_OAI_E_SHUTTING_DOWN;
+    o->error = code;
     if (o->started)
-        kvpd_labelled_add(&c->w->metrics->api_errors, "server_shutting_down", 503);
+        kvpd_labelled_add(&c->w->metrics->api_errors, kvpd_oai_code_label(code),
+                          kvpd_oai_code_status(code));
     if (o->started && o->codec && o->codec->stream_error) {
-        o->codec->stream_error(c, 503, "server_shutting_down", msg, sizeof msg - 1);
+        o->codec->stream_error(c, code, msg, sizeof msg - 1);
         o->ended = 1;
         return;
     }
     if (o->started) {   /* the stream's 200 is out: the error goes in the stream */
-        sse(c, NULL, kvpd_oai_error_json(503, NULL, "server_shutting_down", msg,
-                                         sizeof msg - 1));
+        sse(c, NULL, kvpd_oai_error_json(code, NULL, msg, sizeof msg - 1));
         queue(c, KVPD_OAI_SSE_DONE, strlen(KVPD_OAI_SSE_DONE));
         o->ended = 1;
         return;
     }
     o->close = 1;
-    answer(c, 503, kvpd_oai_error_json(503, NULL, "server_shutting_down", msg, sizeof msg - 1));
+    answer(c, kvpd_oai_code_status(code), kvpd_oai_error_json(code, NULL, msg, sizeof msg - 1));
 }
 
 static void done(kvpd_conn *c, const kvp_hub_event *ev)
@@ -195,38 +196,39 @@ static void done(kvpd_conn *c, const kvp_hub_event *ev)
 static void hub_error(kvpd_conn *c, const kvp_hub_event *ev)
 {
     kvpd_oai *o = c->oai;
-    int status = 500;
-    const char *code = ev->code;
-    if (!strcmp(code, KVPD_E_OVERLOADED) || !strcmp(code, KVPD_E_BUSY)) {
-        status = c->w->draining ? 503 : 429;
-        int ms = ev->retry_after_ms > 0 ? ev->retry_after_ms : kvp_hub_retry_hint_ms(c->w->hub);
-        o->retry_after_s = (ms + 999) / 1000;
-    } else if (!strcmp(code, KVPD_E_ELSEWHERE)) {
+    enum kvpd_oai_code code = kvpd_oai_code_of_hub(ev->code, c->w->draining);
+    int ms = 0;
+    switch (code) {
+    case KVPD_OAI_E_OVERLOADED: case KVPD_OAI_E_BUSY:
+    case KVPD_OAI_E_OVERLOADED_DRAINING: case KVPD_OAI_E_BUSY_DRAINING:
+        ms = ev->retry_after_ms > 0 ? ev->retry_after_ms : kvp_hub_retry_hint_ms(c->w->hub);
+        break;
+    case KVPD_OAI_E_ELSEWHERE:
         /* another node serves the session now: the balancer may retry (docs/cluster.md) */
-        status = 503;
-        o->retry_after_s = (ev->retry_after_ms + 999) / 1000;
-    } else if (!strcmp(code, KVPD_E_TOO_LARGE)) {
-        status = 400;
-        code = "context_length_exceeded";
-    } else if (!strcmp(code, KVPD_E_BAD_REQUEST) || !strcmp(code, KVPD_E_UNKNOWN_SESSION)) {
-        status = 400;
+        ms = ev->retry_after_ms;
+        break;
+    default:
+        break;
     }
+    if (ms > 0)
+        o->retry_after_s = (ms + 999) / 1000;
     if (o->started)
-        kvpd_labelled_add(&c->w->metrics->api_errors, code, status);
+        kvpd_labelled_add(&c->w->metrics->api_errors, kvpd_oai_code_label(code),
+                          kvpd_oai_code_status(code));
     if (o->started && o->codec && o->codec->stream_error) {
-        o->codec->stream_error(c, status, code, ev->text, ev->len);
+        o->codec->stream_error(c, code, ev->text, ev->len);
         o->ended = 1;
         return;
     }
     if (o->started) {   /* the stream's 200 is out: the error goes in the stream */
-        sse(c, NULL, kvpd_oai_error_json(status, NULL, code, ev->text, ev->len));
+        sse(c, NULL, kvpd_oai_error_json(code, NULL, ev->text, ev->len));
         queue(c, KVPD_OAI_SSE_DONE, strlen(KVPD_OAI_SSE_DONE));
         o->ended = 1;
         return;
     }
     char msg[512];
     snprintf(msg, sizeof msg, "%.*s", (int)ev->len, ev->text);
-    fail(c, status, NULL, code, "%s", msg);
+    fail(c, code, NULL, "%s", msg);
 }
 
 static void on_hub_event(void *ctx, const kvp_hub_event *ev)
@@ -284,7 +286,7 @@ static void chat_completions(kvpd_conn *c)
     else if (lws_hdr_custom_copy(c->wsi, sid, sizeof sid, "x-session-id:", 13) < 0)
         sid[0] = '\0';
     if (sid[0] && !kvpd_oai_session_ok(sid)) {
-        fail(c, 400, "session", NULL, "a session id is 32 lowercase hex digits");
+        fail(c, KVPD_OAI_E_INVALID_REQUEST, "session", "a session id is 32 lowercase hex digits");
         goto out;
     }
     if (!kvpd_oai_client(c))
@@ -307,7 +309,7 @@ static void route(kvpd_conn *c, const char *uri, int post)
     kvpd_oai *o = c->oai;
     kvpd_web *w = c->w;
     if (!kvpd_api_tenant(w, c->wsi, c->tenant)) {
-        fail(c, 401, NULL, "invalid_api_key", "a valid API key is required "
+        fail(c, KVPD_OAI_E_INVALID_API_KEY, NULL, "a valid API key is required "
              "(Authorization: Bearer <api_key>)");
         return;
     }
@@ -316,17 +318,17 @@ static void route(kvpd_conn *c, const char *uri, int post)
     int del = lws_hdr_total_length(c->wsi, WSI_TOKEN_DELETE_URI) > 0;
     int list = path == KVPD_OAI_MODELS, one = path == KVPD_OAI_RESPONSE;
     if (path == KVPD_OAI_UNKNOWN || path == KVPD_OAI_NONE) {
-        fail(c, 404, NULL, "unknown_url", "no such endpoint: %s", uri);
+        fail(c, KVPD_OAI_E_UNKNOWN_URL, NULL, "no such endpoint: %s", uri);
         return;
     }
     if (one ? post : (list ? post || del : !post || del)) {
-        fail(c, 405, NULL, "method_not_allowed", "%s takes %s", uri,
+        fail(c, KVPD_OAI_E_METHOD_NOT_ALLOWED, NULL, "%s takes %s", uri,
              one ? "GET or DELETE" : list ? "GET" : "POST");
         return;
     }
     if (w->draining || !w->hub) {
         o->retry_after_s = 1;
-        fail(c, 503, NULL, NULL, w->draining ? "the server is shutting down"
+        fail(c, KVPD_OAI_E_UNAVAILABLE, NULL, w->draining ? "the server is shutting down"
                                             : "the model is loading");
         return;
     }
@@ -344,7 +346,7 @@ static void route(kvpd_conn *c, const char *uri, int post)
     }
     if (o->body_too_large) {
         o->close = 1;
-        fail(c, 413, NULL, "request_too_large", "request bodies are limited to %d bytes "
+        fail(c, KVPD_OAI_E_REQUEST_TOO_LARGE, NULL, "request bodies are limited to %d bytes "
              "(max_body_bytes)", w->cfg->max_body_bytes);
         return;
     }
@@ -362,6 +364,7 @@ int kvpd_openai_request(kvpd_conn *c, const char *uri)
     if (!o)
         return -1;
     c->oai = o;
+    o->error = KVPD_OAI_E_SERVER;   /* an answer that could not be built */
     o->created = (long)time(NULL);
     char origin[sizeof o->origin];
     const char *cors = kvpd_guard_cors(c->w, c->wsi, origin, sizeof origin);
@@ -452,8 +455,7 @@ static int write_headers(kvpd_conn *c)
     o->headers_sent = 1;
     if (o->status >= 400)
         kvpd_labelled_add(&c->w->metrics->api_errors,
-                          o->error_code ? o->error_code : kvpd_oai_error_type(o->status),
-                          o->status);
+                          kvpd_oai_code_label(o->error), o->status);
     return kvpd_http_headers(c, o->status, stream ? "text/event-stream" : "application/json",
                              stream ? KVPD_HTTP_NO_LENGTH : o->queued_bytes, extra);
 }
@@ -552,10 +554,9 @@ void kvpd_oai_answer(kvpd_conn *c, int status, json_t *j)
     answer(c, status, j);
 }
 
-void kvpd_oai_fail(kvpd_conn *c, int status, const char *param, const char *code,
-                   const char *msg)
+void kvpd_oai_fail(kvpd_conn *c, enum kvpd_oai_code code, const char *param, const char *msg)
 {
-    fail(c, status, param, code, "%s", msg);
+    fail(c, code, param, "%s", msg);
 }
 
 void kvpd_oai_sse(kvpd_conn *c, const char *name, json_t *j)
@@ -605,7 +606,7 @@ kvp_hub_client *kvpd_oai_client(kvpd_conn *c)
 {
     kvpd_oai *o = c->oai;
     if (!(o->client = kvp_hub_client_new(c->w->hub, on_hub_event, c))) {
-        fail(c, 500, NULL, NULL, "out of memory");
+        fail(c, KVPD_OAI_E_SERVER, NULL, "out of memory");
         return NULL;
     }
     kvp_hub_client_set_tenant(o->client, c->tenant);
