@@ -1,8 +1,9 @@
 /* The OpenAI-compatible API's request state and the helpers its codecs share (web/
  * internal): web/openai.c reads the request, routes it and owns the answer's transport
- * (headers, queued frames, Server-Sent Events); the codecs of the other endpoints
- * (web/oai_completions.c, web/oai_responses.c) parse their bodies and shape the hub's
- * events through these. Loop thread only. */
+ * (headers, queued frames, Server-Sent Events); web/oai_parse.c parses the bodies and
+ * web/oai_reply.c builds the answers' JSON, neither with any transport; the codecs of
+ * the other endpoints (web/oai_completions.c, web/oai_responses.c) parse their bodies
+ * and shape the hub's events through these. Loop thread only. */
 #ifndef KVPD_OAI_H
 #define KVPD_OAI_H
 
@@ -10,7 +11,8 @@
 #include <stddef.h>
 
 #include "web/conn.h"
-#include "web/oai_tools.h"
+#include "web/oai_parse.h"
+#include "web/oai_reply.h"
 
 /* The endpoint a request is for, its path without the /v1 prefix. */
 enum kvpd_oai_path {
@@ -24,8 +26,7 @@ typedef struct kvpd_oai_codec {
     void (*token)(kvpd_conn *c, const kvp_hub_event *ev);
     void (*done)(kvpd_conn *c, const kvp_hub_event *ev);   /* not a cut (cancel) turn */
     /* an error once the stream's 200 is out; the codec ends the stream */
-    void (*stream_error)(kvpd_conn *c, int status, const char *code, const char *msg,
-                         size_t len);
+    void (*stream_error)(kvpd_conn *c, enum kvpd_oai_code code, const char *msg, size_t len);
     void (*free)(void *state);
 } kvpd_oai_codec;
 
@@ -35,12 +36,8 @@ typedef struct kvpd_oai {
     int body_too_large;
     int body_done;                /* the body is in: the request was routed */
     kvp_hub_client *client;       /* while the turn runs */
-    int stream, include_usage;
-    char *stops[KVP_HUB_MAX_STOPS];   /* the request's stop strings: the hub's turn ends
-                                       * the reply (and the transcript) before one */
-    int n_stops;
-    kvp_logit_bias *bias;         /* the request's logit_bias, lent to the hub's call */
-    struct kvp_grammar *grammar;  /* the request's response_format, lent likewise */
+    kvpd_oai_req req;             /* the parsed request: its options are lent to the
+                                   * hub's call (web/oai_parse.h) */
     int ended;                    /* the answer is complete: nothing more gets queued */
     int started;                  /* streaming: the 200 headers and the role chunk are queued */
     int headers_sent;
@@ -55,11 +52,10 @@ typedef struct kvpd_oai {
     char model[128];
     char origin[256];             /* CORS: Access-Control-Allow-Origin ("" none) */
     enum kvpd_oai_path path;
-    const char *error_code;       /* of an error answer, for the metrics (static text) */
+    enum kvpd_oai_code error;     /* of an error answer (web/oai_error.h), for the metrics */
     const kvpd_oai_codec *codec;  /* NULL: the chat completion */
     void *codec_state;            /* freed by codec->free */
     int tool_format;              /* the model's (kvp_hub_info) */
-    kvpd_oai_tools tools;         /* tool calling (web/oai_tools.h) */
     int tool_calls;               /* calls in the reply: finish_reason "tool_calls" */
 } kvpd_oai;
 
@@ -67,9 +63,9 @@ typedef struct kvpd_oai {
 
 /* The whole answer: a JSON body (taken) with a status. */
 void kvpd_oai_answer(kvpd_conn *c, int status, json_t *j);
-/* OpenAI's error shape (param and code may be NULL), counted by status and code. */
-void kvpd_oai_fail(kvpd_conn *c, int status, const char *param, const char *code,
-                   const char *msg);
+/* OpenAI's error shape with the code's status (param may be NULL), counted by status and
+ * code. */
+void kvpd_oai_fail(kvpd_conn *c, enum kvpd_oai_code code, const char *param, const char *msg);
 /* One Server-Sent Event: "event: NAME" first when name is not NULL, then the JSON (taken)
  * as its data. */
 void kvpd_oai_sse(kvpd_conn *c, const char *name, json_t *j);
@@ -77,22 +73,14 @@ void kvpd_oai_sse(kvpd_conn *c, const char *name, json_t *j);
 void kvpd_oai_queue(kvpd_conn *c, const char *text, size_t len);
 /* The body as JSON: an object, or NULL after answering 400. */
 json_t *kvpd_oai_parse(kvpd_conn *c);
-/* The request's `model` checked (a string or absent; with strict_model_name, the
- * model's name or one of model_alias). 0, or -1 after answering. */
+/* The request's `model` checked (kvpd_oai_parse_model). 0, or -1 after answering. */
 int kvpd_oai_model_ok(kvpd_conn *c, json_t *req);
-/* The turn's options (sampling, max_tokens, stop, seed, stream) as for a chat
- * completion, plus the request's logprobs settings; -1 after answering. */
+/* The turn's options (kvpd_oai_parse_options, kept in o->req) copied into t; -1 after
+ * answering. */
 int kvpd_oai_options(kvpd_conn *c, json_t *req, kvp_turn_opts *t);
 /* A hub client for the request, with its tenant; NULL after answering 500. The stream's
  * end is the connection's. */
 kvp_hub_client *kvpd_oai_client(kvpd_conn *c);
-/* usage as chat completions report it, and kvpd's own figures of the turn. */
-json_t *kvpd_oai_usage(const kvp_turn_stats *st);
-json_t *kvpd_oai_kvpd_stats(const kvpd_oai *o, const kvp_turn_stats *st);
-/* "length" when the reply was cut by max_tokens, else "stop". */
-const char *kvpd_oai_finish_reason(const kvp_turn_stats *st);
-/* A fresh random id: prefix, then 24 hex digits (nothing of the session's). */
-int kvpd_oai_new_id(char *out, size_t len, const char *prefix);
 
 /* ---- the codecs ---- */
 

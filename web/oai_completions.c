@@ -30,7 +30,7 @@ static void start(kvpd_conn *c)
 static void token(kvpd_conn *c, const kvp_hub_event *ev)
 {
     kvpd_oai *o = c->oai;
-    if (!o->stream || !ev->len)
+    if (!o->req.stream || !ev->len)
         return;
     start(c);
     kvpd_oai_sse(c, NULL, chunk(o, ev->text, ev->len, NULL));
@@ -40,22 +40,22 @@ static void done(kvpd_conn *c, const kvp_hub_event *ev)
 {
     kvpd_oai *o = c->oai;
     const kvp_turn_stats *st = ev->stats;
-    const char *finish = kvpd_oai_finish_reason(st);
-    if (!o->stream) {
+    const char *finish = kvpd_oai_finish_reason(st, 0);
+    if (!o->req.stream) {
         json_t *j = chunk(o, ev->text, ev->len, finish);
         json_object_set_new(j, "usage", kvpd_oai_usage(st));
-        json_object_set_new(j, "kvpd", kvpd_oai_kvpd_stats(o, st));
+        json_object_set_new(j, "kvpd", kvpd_oai_kvpd_stats(o->session, o->durable, st));
         kvpd_oai_answer(c, 200, j);
         return;
     }
     start(c);
     kvpd_oai_sse(c, NULL, chunk(o, "", 0, finish));
-    if (o->include_usage) {
+    if (o->req.include_usage) {
         json_t *j = json_pack("{s:s, s:s, s:I, s:s, s:[]}", "id", o->id, "object",
                               "text_completion", "created", (json_int_t)o->created, "model",
                               o->model, "choices");
         json_object_set_new(j, "usage", kvpd_oai_usage(st));
-        json_object_set_new(j, "kvpd", kvpd_oai_kvpd_stats(o, st));
+        json_object_set_new(j, "kvpd", kvpd_oai_kvpd_stats(o->session, o->durable, st));
         kvpd_oai_sse(c, NULL, j);
     }
     kvpd_oai_queue(c, "data: [DONE]\n\n", 14);
@@ -102,7 +102,7 @@ void kvpd_oai_completions(kvpd_conn *c)
     if (field) {
         snprintf(msg, sizeof msg, "%s is not supported by kvpd%s", field,
                  !strcmp(field, "echo") ? " (only echo: false)" : "");
-        kvpd_oai_fail(c, 400, field, "unsupported_parameter", msg);
+        kvpd_oai_fail(c, KVPD_OAI_E_UNSUPPORTED_PARAMETER, field, msg);
         goto out;
     }
     if (kvpd_oai_model_ok(c, req) < 0 || kvpd_oai_options(c, req, &t) < 0)
@@ -113,14 +113,14 @@ void kvpd_oai_completions(kvpd_conn *c)
     if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0)))
         p = json_array_get(p, 0);
     if (!json_is_string(p)) {
-        kvpd_oai_fail(c, 400, "prompt", NULL, json_is_array(p)
+        kvpd_oai_fail(c, KVPD_OAI_E_INVALID_REQUEST, "prompt", json_is_array(p)
                       ? "prompt must be one string: arrays of token ids and several prompts "
                         "are not supported by kvpd"
                       : "prompt must be a string");
         goto out;
     }
     if (json_string_length(p) == 0) {
-        kvpd_oai_fail(c, 400, "prompt", NULL, "prompt must not be empty");
+        kvpd_oai_fail(c, KVPD_OAI_E_INVALID_REQUEST, "prompt", "prompt must not be empty");
         goto out;
     }
     kvp_hub_info hi;
@@ -128,7 +128,7 @@ void kvpd_oai_completions(kvpd_conn *c)
     if (hi.chat_format && strcmp(hi.chat_format, "plain")) {
         snprintf(msg, sizeof msg, "text completions are served for models without a chat "
                  "template; this model's is %s: use /v1/chat/completions", hi.chat_format);
-        kvpd_oai_fail(c, 400, NULL, "unsupported_model", msg);
+        kvpd_oai_fail(c, KVPD_OAI_E_UNSUPPORTED_MODEL, NULL, msg);
         goto out;
     }
     kvp_hub_client *hc = kvpd_oai_client(c);

@@ -191,8 +191,8 @@ static int input(kvpd_conn *c, resp_req *r, json_t *in, int fresh)
         return 0;
     }
     if (!json_is_array(in) || json_array_size(in) == 0) {
-        kvpd_oai_fail(c, 400, "input", NULL, "input must be a string or a non-empty array "
-                      "of message items");
+        kvpd_oai_fail(c, KVPD_OAI_E_INVALID_REQUEST, "input",
+                      "input must be a string or a non-empty array of message items");
         return -1;
     }
     json_t *item;
@@ -203,14 +203,14 @@ static int input(kvpd_conn *c, resp_req *r, json_t *in, int fresh)
             snprintf(param, sizeof param, "input[%zu].type", i);
             char msg[160];
             snprintf(msg, sizeof msg, "%s: only message items are supported by kvpd", param);
-            kvpd_oai_fail(c, 400, param, "unsupported_parameter", msg);
+            kvpd_oai_fail(c, KVPD_OAI_E_UNSUPPORTED_PARAMETER, param, msg);
             goto bad;
         }
         int sys = role && (!strcmp(role, "system") || !strcmp(role, "developer"));
         if (!role || (!sys && strcmp(role, "user") && strcmp(role, "assistant"))) {
             snprintf(param, sizeof param, "input[%zu].role", i);
-            kvpd_oai_fail(c, 400, param, NULL, "a message's role must be user, assistant, "
-                          "system or developer");
+            kvpd_oai_fail(c, KVPD_OAI_E_INVALID_REQUEST, param,
+                          "a message's role must be user, assistant, system or developer");
             goto bad;
         }
         size_t len;
@@ -220,7 +220,8 @@ static int input(kvpd_conn *c, resp_req *r, json_t *in, int fresh)
             if (oom)
                 goto oom;
             snprintf(param, sizeof param, "input[%zu].content", i);
-            kvpd_oai_fail(c, 400, param, NULL, "a message's content must be a string or an "
+            kvpd_oai_fail(c, KVPD_OAI_E_INVALID_REQUEST, param,
+                          "a message's content must be a string or an "
                           "array of input_text / output_text parts");
             goto bad;
         }
@@ -232,7 +233,8 @@ static int input(kvpd_conn *c, resp_req *r, json_t *in, int fresh)
         if (sys || (pending && strcmp(role, "user"))) {
             if (!sys) {   /* an assistant message after a system one: keep the order */
                 free(text);
-                kvpd_oai_fail(c, 400, "input", NULL, "a system or developer message must be "
+                kvpd_oai_fail(c, KVPD_OAI_E_INVALID_REQUEST, "input",
+                              "a system or developer message must be "
                               "followed by a user message");
                 goto bad;
             }
@@ -269,12 +271,13 @@ static int input(kvpd_conn *c, resp_req *r, json_t *in, int fresh)
             goto oom;
     }
     if (pending || r->n == 0 || !r->msgs[r->n - 1].user) {
-        kvpd_oai_fail(c, 400, "input", NULL, "the last input message must be the user's");
+        kvpd_oai_fail(c, KVPD_OAI_E_INVALID_REQUEST, "input",
+                      "the last input message must be the user's");
         goto bad;
     }
     return 0;
 oom:
-    kvpd_oai_fail(c, 500, NULL, NULL, "out of memory");
+    kvpd_oai_fail(c, KVPD_OAI_E_SERVER, NULL, "out of memory");
 bad:
     free(pending);
     return -1;
@@ -345,7 +348,7 @@ static json_t *response_object(kvpd_conn *c, const kvp_hub_event *ev)
             "input_tokens_details", "cached_tokens", st->cached_tokens, "output_tokens",
             st->generated_tokens, "output_tokens_details", "reasoning_tokens", 0,
             "total_tokens", st->context_tokens + st->generated_tokens));
-        json_object_set_new(j, "kvpd", kvpd_oai_kvpd_stats(o, st));
+        json_object_set_new(j, "kvpd", kvpd_oai_kvpd_stats(o->session, o->durable, st));
     } else {
         json_object_set_new(j, "usage", json_null());
     }
@@ -383,7 +386,7 @@ static void token(kvpd_conn *c, const kvp_hub_event *ev)
 {
     kvpd_oai *o = c->oai;
     resp_req *r = o->codec_state;
-    if (!o->stream || !ev->len)
+    if (!o->req.stream || !ev->len)
         return;
     begin(c);
     event(c, "response.output_text.delta", json_pack(
@@ -440,7 +443,7 @@ static void done(kvpd_conn *c, const kvp_hub_event *ev)
     resp_req *r = o->codec_state;
     json_t *object = response_object(c, ev);
     keep(c, ev, object);
-    if (!o->stream) {
+    if (!o->req.stream) {
         kvpd_oai_answer(c, 200, object);
         return;
     }
@@ -461,12 +464,10 @@ static void done(kvpd_conn *c, const kvp_hub_event *ev)
     o->ended = 1;
 }
 
-static void stream_error(kvpd_conn *c, int status, const char *code, const char *msg,
-                         size_t len)
+static void stream_error(kvpd_conn *c, enum kvpd_oai_code code, const char *msg, size_t len)
 {
-    (void)status;
-    event(c, "error", json_pack("{s:s, s:s%, s:n}", "code", code, "message", msg, len,
-                                "param"));
+    event(c, "error", json_pack("{s:s, s:s%, s:n}", "code", kvpd_oai_code_label(code), "message",
+                                msg, len, "param"));
 }
 
 static const kvpd_oai_codec codec = {.token = token, .done = done,
@@ -480,7 +481,7 @@ void kvpd_oai_responses(kvpd_conn *c)
         return;
     resp_req *r = calloc(1, sizeof *r);
     if (!r) {
-        kvpd_oai_fail(c, 500, NULL, NULL, "out of memory");
+        kvpd_oai_fail(c, KVPD_OAI_E_SERVER, NULL, "out of memory");
         json_decref(req);
         return;
     }
@@ -493,13 +494,13 @@ void kvpd_oai_responses(kvpd_conn *c)
     const char *field = refused(req);
     if (field) {
         snprintf(msg, sizeof msg, "%s is not supported by kvpd", field);
-        kvpd_oai_fail(c, 400, field, "unsupported_parameter", msg);
+        kvpd_oai_fail(c, KVPD_OAI_E_UNSUPPORTED_PARAMETER, field, msg);
         goto out;
     }
     /* Chat completions' names for the reply's length are not the Responses API's. */
     if (json_object_get(req, "max_tokens") || json_object_get(req, "max_completion_tokens")) {
-        kvpd_oai_fail(c, 400, json_object_get(req, "max_tokens") ? "max_tokens"
-                      : "max_completion_tokens", NULL, "the Responses API takes "
+        kvpd_oai_fail(c, KVPD_OAI_E_INVALID_REQUEST, json_object_get(req, "max_tokens")
+                      ? "max_tokens" : "max_completion_tokens", "the Responses API takes "
                       "max_output_tokens");
         goto out;
     }
@@ -508,7 +509,7 @@ void kvpd_oai_responses(kvpd_conn *c)
     json_t *mot = json_object_get(req, "max_output_tokens");
     if (mot && !json_is_null(mot)) {
         if (!json_is_integer(mot) || json_integer_value(mot) < 1) {
-            kvpd_oai_fail(c, 400, "max_output_tokens", NULL,
+            kvpd_oai_fail(c, KVPD_OAI_E_INVALID_REQUEST, "max_output_tokens",
                           "max_output_tokens must be a positive integer");
             goto out;
         }
@@ -517,23 +518,24 @@ void kvpd_oai_responses(kvpd_conn *c)
     }
     json_t *store = json_object_get(req, "store");
     if (store && !json_is_null(store) && !json_is_boolean(store)) {
-        kvpd_oai_fail(c, 400, "store", NULL, "store must be a boolean");
+        kvpd_oai_fail(c, KVPD_OAI_E_INVALID_REQUEST, "store", "store must be a boolean");
         goto out;
     }
     r->store = !json_is_false(store);
     json_t *ins = json_object_get(req, "instructions");
     if (ins && !json_is_null(ins) && !json_is_string(ins)) {
-        kvpd_oai_fail(c, 400, "instructions", NULL, "instructions must be a string");
+        kvpd_oai_fail(c, KVPD_OAI_E_INVALID_REQUEST, "instructions",
+                      "instructions must be a string");
         goto out;
     }
     if (json_is_string(ins) && json_string_length(ins) > KVP_HUB_SYSTEM_MAX) {
         snprintf(msg, sizeof msg, "instructions are limited to %d bytes", KVP_HUB_SYSTEM_MAX);
-        kvpd_oai_fail(c, 400, "instructions", NULL, msg);
+        kvpd_oai_fail(c, KVPD_OAI_E_INVALID_REQUEST, "instructions", msg);
         goto out;
     }
     json_t *meta = json_object_get(req, "metadata");
     if (meta && !json_is_null(meta) && !json_is_object(meta)) {
-        kvpd_oai_fail(c, 400, "metadata", NULL, "metadata must be an object");
+        kvpd_oai_fail(c, KVPD_OAI_E_INVALID_REQUEST, "metadata", "metadata must be an object");
         goto out;
     }
     r->echo = json_pack("{s:O?, s:O?, s:O?, s:O?}", "instructions", ins, "max_output_tokens",
@@ -549,21 +551,21 @@ void kvpd_oai_responses(kvpd_conn *c)
         if (!json_is_string(prev) || !(p = find(c, json_string_value(prev), NULL))) {
             snprintf(msg, sizeof msg, "no stored response '%.64s'",
                      json_is_string(prev) ? json_string_value(prev) : "?");
-            kvpd_oai_fail(c, 400, "previous_response_id", "previous_response_not_found", msg);
+            kvpd_oai_fail(c, KVPD_OAI_E_PREVIOUS_RESPONSE, "previous_response_id", msg);
             goto out;
         }
         json_decref(r->prev);
         r->prev = json_incref(prev);
         for (int i = 0; i < p->n; i++)
             if (add_msg(r, p->msgs[i].user, p->msgs[i].text, p->msgs[i].len) < 0) {
-                kvpd_oai_fail(c, 500, NULL, NULL, "out of memory");
+                kvpd_oai_fail(c, KVPD_OAI_E_SERVER, NULL, "out of memory");
                 goto out;
             }
     }
     if (json_is_string(ins)) {
         r->system_len = json_string_length(ins);
         if (!(r->system = malloc(r->system_len + 1))) {
-            kvpd_oai_fail(c, 500, NULL, NULL, "out of memory");
+            kvpd_oai_fail(c, KVPD_OAI_E_SERVER, NULL, "out of memory");
             goto out;
         }
         memcpy(r->system, json_string_value(ins), r->system_len + 1);
@@ -572,7 +574,7 @@ void kvpd_oai_responses(kvpd_conn *c)
         goto out;
     if (r->system_len > KVP_HUB_SYSTEM_MAX) {
         snprintf(msg, sizeof msg, "the system text is limited to %d bytes", KVP_HUB_SYSTEM_MAX);
-        kvpd_oai_fail(c, 400, "input", NULL, msg);
+        kvpd_oai_fail(c, KVPD_OAI_E_INVALID_REQUEST, "input", msg);
         goto out;
     }
     kvp_hub_client *hc = kvpd_oai_client(c);
@@ -589,7 +591,7 @@ void kvpd_oai_response_get(kvpd_conn *c, const char *id, int delete)
     if (!s) {
         char msg[128];
         snprintf(msg, sizeof msg, "no stored response '%.64s'", id);
-        kvpd_oai_fail(c, 404, NULL, "not_found", msg);
+        kvpd_oai_fail(c, KVPD_OAI_E_NOT_FOUND, NULL, msg);
         return;
     }
     if (!delete) {

@@ -1,0 +1,489 @@
+/* The OpenAI API's request codec (web/oai_parse.h): JSON in, the hub's turn options and
+ * messages or an error out. No I/O. */
+#include "web/oai_parse.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/parse.h"
+#include "model/grammar.h"
+#include "web/format.h"
+
+/* Sets e (param may be NULL) and returns -1. */
+static int bad(kvpd_oai_err *e, enum kvpd_oai_code code, const char *param, const char *fmt,
+               ...) __attribute__((format(printf, 4, 5)));
+static int bad(kvpd_oai_err *e, enum kvpd_oai_code code, const char *param, const char *fmt,
+               ...)
+{
+    e->status = kvpd_oai_code_status(code);
+    e->code = code;
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+json_t *kvpd_oai_parse_json(const char *body, size_t len, kvpd_oai_err *e)
+{
+    json_error_t jerr;
+    /* Texts may hold NUL (\u0000): kvpd's own replies can, and they come back in the
+     * history; every text is handled by its length. Duplicate keys are refused, as on
+     * the websocket (docs/protocol.md). */
+    json_t *req = json_loadb(body ? body : "", body ? len : 0,
+                             JSON_ALLOW_NUL | JSON_REJECT_DUPLICATES, &jerr);
+    if (!req) {
+        bad(e, KVPD_OAI_E_INVALID_JSON, NULL, "the body is not valid JSON: %s (at byte %d)",
+            jerr.text, jerr.position);
+        return NULL;
+    }
+    if (!json_is_object(req)) {
+        json_decref(req);
+        bad(e, KVPD_OAI_E_INVALID_JSON, NULL, "the body must be a JSON object");
+        return NULL;
+    }
+    return req;
+}
+
+/* 1 when name is one of the comma-separated ids in list. */
+static int listed(const char *list, const char *name, size_t len)
+{
+    for (const char *p = list; *p;) {
+        const char *e = strchr(p, ',');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        if (n == len && !memcmp(p, name, n))
+            return 1;
+        p += n + (e != NULL);
+    }
+    return 0;
+}
+
+int kvpd_oai_parse_model(json_t *req, const kvpd_oai_limits *l, kvpd_oai_err *e)
+{
+    json_t *model = json_object_get(req, "model");
+    if (!model || json_is_null(model))
+        return 0;
+    if (!json_is_string(model))
+        return bad(e, KVPD_OAI_E_INVALID_REQUEST, "model", "model must be a string");
+    const char *m = json_string_value(model);
+    size_t len = json_string_length(model);
+    /* One model is loaded: any name is served, unless strict_model_name asks for its
+     * own (or an alias). The answer always names the real model. */
+    if (!l->strict_model_name || (len == strlen(l->model) && !strcmp(m, l->model)) ||
+        listed(l->model_alias, m, len))
+        return 0;
+    return bad(e, KVPD_OAI_E_MODEL_NOT_FOUND, "model", "the model '%.*s' does not exist; this "
+               "server has '%s'", len > 100 ? 100 : (int)len, m, l->model);
+}
+
+/* Fields whose meaning kvpd cannot honour: the first one present, or NULL. */
+static const char *unsupported(json_t *req)
+{
+    static const char *absent[] = {"functions", "function_call", "top_logprobs", "audio",
+                                   "prediction"};
+    for (size_t i = 0; i < sizeof absent / sizeof absent[0]; i++) {
+        json_t *v = json_object_get(req, absent[i]);
+        if (v && !json_is_null(v) && !(json_is_array(v) && json_array_size(v) == 0))
+            return absent[i];
+    }
+    if (json_is_true(json_object_get(req, "logprobs")))
+        return "logprobs";
+    json_t *mod = json_object_get(req, "modalities");
+    if (mod && !json_is_null(mod) && (json_array_size(mod) != 1 ||
+                                      !json_is_string(json_array_get(mod, 0)) ||
+                                      strcmp(json_string_value(json_array_get(mod, 0)), "text")))
+        return "modalities";
+    return NULL;
+}
+
+/* A number field in [lo, hi] (absent or null: *has 0). -1 with e set. */
+static int number(json_t *req, const char *name, double lo, double hi, int *has, double *out,
+                  kvpd_oai_err *e)
+{
+    json_t *v = json_object_get(req, name);
+    *has = 0;
+    if (!v || json_is_null(v))
+        return 0;
+    if (!json_is_number(v) || json_number_value(v) < lo || json_number_value(v) > hi)
+        return bad(e, KVPD_OAI_E_INVALID_REQUEST, name, "%s must be a number from %g to %g",
+                   name, lo, hi);
+    *has = 1;
+    *out = json_number_value(v);
+    return 0;
+}
+
+/* The sampler's fields beyond temperature and top_p: OpenAI's frequency_penalty,
+ * presence_penalty and logit_bias, and top_k, min_p, repetition_penalty as llama.cpp's
+ * and vLLM's servers take them. -1 with e set. */
+static int sampling(json_t *req, kvpd_oai_req *r, kvp_sample_opts *so, kvpd_oai_err *e)
+{
+    static const char *const name[] = {"frequency_penalty", "presence_penalty", "min_p",
+                                       "repetition_penalty", "top_k"};
+    static const double lo[] = {-2, -2, 0, 0, 0}, hi[] = {2, 2, 1, 10, 1e9};
+    float *out[] = {&so->frequency_penalty, &so->presence_penalty, &so->min_p,
+                    &so->repetition_penalty};
+    for (int i = 0; i < 5; i++) {
+        int has;
+        double v = 0;
+        if (number(req, name[i], lo[i], hi[i], &has, &v, e) < 0)
+            return -1;
+        if (has && ((i == 3 && v <= 0) || (i == 4 && v != (long)v)))
+            return bad(e, KVPD_OAI_E_INVALID_REQUEST, name[i], "%s",
+                       i == 3 ? "repetition_penalty must be above 0" : "top_k must be an integer");
+        if (i < 4)
+            *out[i] = has ? (float)v : 0.0f;
+        else
+            so->top_k = has ? (int)v : 0;
+    }
+    json_t *lb = json_object_get(req, "logit_bias");
+    if (!lb || json_is_null(lb))
+        return 0;
+    if (!json_is_object(lb) || json_object_size(lb) > KVP_SAMPLER_MAX_BIAS)
+        return bad(e, KVPD_OAI_E_INVALID_REQUEST, "logit_bias",
+                   "logit_bias must be an object of at most %d "
+                   "token ids, each mapped to a number from -100 to 100", KVP_SAMPLER_MAX_BIAS);
+    free(r->bias);
+    r->bias = NULL;
+    size_t n = json_object_size(lb);
+    if (n && !(r->bias = malloc(n * sizeof *r->bias)))
+        return bad(e, KVPD_OAI_E_SERVER, NULL, "out of memory");
+    const char *key;
+    json_t *v;
+    int k = 0;
+    json_object_foreach(lb, key, v) {
+        long id;
+        if (!kvp_parse_long(key, 0, 1L << 30, &id) || !json_is_number(v) ||
+            json_number_value(v) < -100 || json_number_value(v) > 100)
+            return bad(e, KVPD_OAI_E_INVALID_REQUEST, "logit_bias",
+                       "logit_bias: \"%s\" must be a token id "
+                       "mapped to a number from -100 to 100", key);
+        r->bias[k++] = (kvp_logit_bias){(int)id, (float)json_number_value(v)};
+    }
+    so->bias = r->bias;
+    so->n_bias = k;
+    return 0;
+}
+
+/* stop: a string or up to KVP_HUB_MAX_STOPS non-empty strings, copied into r. */
+static int stops(json_t *req, kvpd_oai_req *r, kvp_turn_opts *t, kvpd_oai_err *e)
+{
+    json_t *stop = json_object_get(req, "stop");
+    json_t *one = json_is_string(stop) ? json_array() : NULL;
+    if (one)
+        json_array_append(one, stop);
+    json_t *list = one ? one : stop;
+    int rc = 0;
+    if (list && !json_is_null(list)) {
+        size_t i;
+        json_t *s;
+        int ok = json_is_array(list) && json_array_size(list) <= KVP_HUB_MAX_STOPS;
+        json_array_foreach(list, i, s)
+            ok = ok && json_is_string(s) && json_string_length(s) > 0 &&
+                 json_string_length(s) <= KVP_HUB_STOP_MAX;
+        if (!ok) {
+            json_decref(one);
+            return bad(e, KVPD_OAI_E_INVALID_REQUEST, "stop",
+                       "stop must be a string or up to 4 non-empty strings");
+        }
+        json_array_foreach(list, i, s) {
+            if (r->n_stops >= KVP_HUB_MAX_STOPS)
+                break;
+            size_t len = json_string_length(s);
+            if (!(r->stops[r->n_stops] = malloc(len)))
+                break;
+            memcpy(r->stops[r->n_stops], json_string_value(s), len);
+            t->stop[r->n_stops] = r->stops[r->n_stops];
+            t->stop_len[r->n_stops] = len;
+            t->n_stop = ++r->n_stops;
+        }
+        if (r->n_stops < (int)json_array_size(list))
+            rc = bad(e, KVPD_OAI_E_SERVER, NULL, "out of memory");
+    }
+    json_decref(one);
+    return rc;
+}
+
+int kvpd_oai_parse_options(json_t *req, const kvpd_oai_limits *l, kvpd_oai_req *r,
+                           kvpd_oai_err *e)
+{
+    kvp_turn_opts *t = &r->turn;
+    memset(t, 0, sizeof *t);
+    const char *field = unsupported(req);
+    if (field)
+        return bad(e, KVPD_OAI_E_UNSUPPORTED_PARAMETER, field, "%s is not supported by kvpd",
+                   field);
+    kvpd_oai_tools_err te;
+    if (kvpd_oai_tools_request(&r->tools, req, l->tool_format, t, &te) < 0)
+        return bad(e, KVPD_OAI_E_INVALID_REQUEST, te.param, "%s", te.msg);
+    int has;
+    double v = 0;
+    json_t *n = json_object_get(req, "n");
+    if (n && !json_is_null(n) && !(json_is_integer(n) && json_integer_value(n) == 1))
+        return bad(e, KVPD_OAI_E_UNSUPPORTED_PARAMETER, "n",
+                   "n must be 1: kvpd answers with one choice");
+    const char *caps[] = {"max_completion_tokens", "max_tokens"};
+    for (int i = 0; i < 2; i++) {
+        if (number(req, caps[i], 1, 1e9, &has, &v, e) < 0)
+            return -1;
+        if (has && v != (long)v)
+            return bad(e, KVPD_OAI_E_INVALID_REQUEST, caps[i], "%s must be an integer", caps[i]);
+        if (has && !t->max_tokens)   /* the newer name wins */
+            t->max_tokens = v > l->max_tokens ? l->max_tokens : (int)v;
+    }
+    if (number(req, "temperature", 0, 2, &t->has_temperature, &v, e) < 0)
+        return -1;
+    t->temperature = (float)v;
+    if (number(req, "top_p", 0, 1, &t->has_top_p, &v, e) < 0)
+        return -1;
+    t->top_p = (float)v;
+    if (sampling(req, r, &t->sampling, e) < 0)
+        return -1;
+    const char *param = NULL;
+    char msg[400];
+    kvp_grammar_unref(r->grammar);
+    r->grammar = NULL;
+    if (kvpd_response_format(json_object_get(req, "response_format"), &r->grammar, &param, msg,
+                             sizeof msg) < 0)
+        return bad(e, KVPD_OAI_E_UNSUPPORTED_PARAMETER, param, "%s", msg);
+    t->grammar = r->grammar;
+    json_t *seed = json_object_get(req, "seed");
+    if (seed && !json_is_null(seed)) {
+        if (!json_is_integer(seed))
+            return bad(e, KVPD_OAI_E_INVALID_REQUEST, "seed", "seed must be an integer");
+        t->has_seed = 1;
+        t->seed = (uint64_t)json_integer_value(seed);
+    }
+    if (stops(req, r, t, e) < 0)
+        return -1;
+    json_t *stream = json_object_get(req, "stream");
+    if (stream && !json_is_null(stream) && !json_is_boolean(stream))
+        return bad(e, KVPD_OAI_E_INVALID_REQUEST, "stream", "stream must be a boolean");
+    r->stream = json_is_true(stream);
+    json_t *so = json_object_get(req, "stream_options");
+    r->include_usage = json_is_true(json_object_get(so, "include_usage"));
+    return 0;
+}
+
+/* A message's text: a string, or an array of {"type":"text","text":...} parts. */
+static int content_text(json_t *content, char **out, size_t *len)
+{
+    if (json_is_string(content)) {
+        *len = json_string_length(content);
+        *out = malloc(*len + 1);
+        if (!*out)
+            return -ENOMEM;
+        memcpy(*out, json_string_value(content), *len + 1);
+        return 0;
+    }
+    if (!json_is_array(content))
+        return -EINVAL;
+    size_t total = 0, i;
+    json_t *part;
+    json_array_foreach(content, i, part) {
+        json_t *text = json_object_get(part, "text");
+        if (!json_is_string(json_object_get(part, "type")) ||
+            strcmp(json_string_value(json_object_get(part, "type")), "text") ||
+            !json_is_string(text))
+            return -EINVAL;
+        total += json_string_length(text);
+    }
+    *out = malloc(total + 1);
+    if (!*out)
+        return -ENOMEM;
+    *len = 0;
+    json_array_foreach(content, i, part) {
+        json_t *text = json_object_get(part, "text");
+        memcpy(*out + *len, json_string_value(text), json_string_length(text));
+        *len += json_string_length(text);
+    }
+    (*out)[*len] = '\0';
+    return 0;
+}
+
+static void free_messages(kvp_message *m, int n)
+{
+    for (int i = 0; i < n; i++)
+        free(m[i].text);
+    free(m);
+}
+
+/* The request's messages as the hub's: a system (or developer) message first is the
+ * conversation's system text (r->system, malloc'd; NULL for none), as the chat template
+ * renders it; later ones are folded into the user message that follows them. 0, or -1
+ * with e set. */
+static int messages(json_t *arr, kvpd_oai_req *r, kvpd_oai_err *e)
+{
+    size_t n = json_array_size(arr);
+    if (!json_is_array(arr) || n == 0)
+        return bad(e, KVPD_OAI_E_INVALID_REQUEST, "messages", "messages must be a non-empty array");
+    kvp_message *m = calloc(n, sizeof *m);
+    char *system = NULL;
+    size_t system_len = 0;
+    char *pending = NULL;   /* system text waiting for its user message */
+    size_t pending_len = 0;
+    int k = 0;
+    char param[48];
+    for (size_t i = 0; m && i < n; i++) {
+        json_t *msg = json_array_get(arr, i);
+        json_t *jrole = json_object_get(msg, "role");
+        const char *role = json_string_value(jrole);
+        if (role && strlen(role) != json_string_length(jrole))
+            role = NULL;   /* a NUL inside: no role */
+        snprintf(param, sizeof param, "messages[%zu].role", i);
+        int sys_role = role && (!strcmp(role, "system") || !strcmp(role, "developer"));
+        if (!role || (!sys_role && strcmp(role, "user") && strcmp(role, "assistant") &&
+                      strcmp(role, "tool"))) {
+            bad(e, KVPD_OAI_E_INVALID_REQUEST, param,
+                "%s must be system, developer, user, assistant or tool", param);
+            goto bad;
+        }
+        char *text;
+        size_t len;
+        int rc = content_text(json_object_get(msg, "content"), &text, &len);
+        snprintf(param, sizeof param, "messages[%zu].content", i);
+        if (rc == -ENOMEM)
+            goto oom;
+        if (rc < 0) {
+            bad(e, KVPD_OAI_E_INVALID_REQUEST, param,
+                "%s must be a string or an array of text parts", param);
+            goto bad;
+        }
+        if (sys_role && i == 0) {
+            system = text;
+            system_len = len;
+            continue;
+        }
+        if (sys_role) {
+            char *p = realloc(pending, pending_len + len + 3);
+            if (!p) {
+                free(text);
+                goto oom;
+            }
+            pending = p;
+            memcpy(pending + pending_len, text, len);
+            pending_len += len;
+            memcpy(pending + pending_len, "\n\n", 3);
+            pending_len += 2;
+            free(text);
+            continue;
+        }
+        int user = !strcmp(role, "user") ? 1 : !strcmp(role, "tool") ? KVP_MESSAGE_TOOL : 0;
+        if (user == 1 && pending) {
+            char *p = realloc(pending, pending_len + len + 1);
+            if (!p) {
+                free(text);
+                goto oom;
+            }
+            memcpy(p + pending_len, text, len + 1);
+            free(text);
+            text = p;
+            len += pending_len;
+            pending = NULL;
+            pending_len = 0;
+        }
+        m[k++] = (kvp_message){user, text, len};
+    }
+    if (!m)
+        goto oom;
+    if (k == 0 || !m[k - 1].user || pending) {
+        bad(e, KVPD_OAI_E_INVALID_REQUEST, "messages",
+            "the last message must be the user's (or tool results)");
+        goto bad;
+    }
+    r->msgs = m;
+    r->n_msgs = k;
+    r->system = system;
+    r->system_len = system_len;
+    return 0;
+oom:
+    bad(e, KVPD_OAI_E_SERVER, NULL, "out of memory");
+bad:
+    free(pending);
+    free(system);
+    if (m)
+        free_messages(m, k);
+    return -1;
+}
+
+int kvpd_oai_session_ok(const char *s)
+{
+    if (strlen(s) != KVP_SESSION_ID_LEN)
+        return 0;
+    for (; *s; s++)
+        if (!((*s >= '0' && *s <= '9') || (*s >= 'a' && *s <= 'f')))
+            return 0;
+    return 1;
+}
+
+int kvpd_oai_parse_chat(const char *body, size_t len, const kvpd_oai_limits *l,
+                        kvpd_oai_req *r, kvpd_oai_err *e)
+{
+    json_t *req = kvpd_oai_parse_json(body, len, e);
+    if (!req)
+        return -1;
+    int rc = -1;
+    if (kvpd_oai_parse_model(req, l, e) < 0 || kvpd_oai_parse_options(req, l, r, e) < 0)
+        goto out;
+    json_t *hist = NULL;
+    kvpd_oai_tools_err te;
+    if (kvpd_oai_tools_messages(&r->tools, json_object_get(req, "messages"), &hist, &te) < 0) {
+        bad(e, KVPD_OAI_E_INVALID_REQUEST, te.param, "%s", te.msg);
+        goto out;
+    }
+    kvpd_oai_release_messages(r);
+    int n = messages(hist, r, e);
+    json_decref(hist);
+    if (n < 0)
+        goto out;
+    if (r->system_len > KVP_HUB_SYSTEM_MAX) {
+        bad(e, KVPD_OAI_E_INVALID_REQUEST, "messages[0].content",
+            "the system message is limited to %d bytes", KVP_HUB_SYSTEM_MAX);
+        goto out;
+    }
+    json_t *named = json_object_get(req, "session");
+    if (json_is_string(named)) {
+        char sid[KVP_SESSION_ID_LEN + 8] = "";
+        snprintf(sid, sizeof sid, "%s", json_string_value(named));
+        if (sid[0] && !kvpd_oai_session_ok(sid)) {
+            bad(e, KVPD_OAI_E_INVALID_REQUEST, "session",
+                "a session id is 32 lowercase hex digits");
+            goto out;
+        }
+        r->has_session = 1;
+        memcpy(r->session, sid, sizeof r->session - 1);
+        r->session[sizeof r->session - 1] = '\0';
+    } else if (named && !json_is_null(named)) {
+        bad(e, KVPD_OAI_E_INVALID_REQUEST, "session", "session must be a string");
+        goto out;
+    }
+    rc = 0;
+out:
+    json_decref(req);
+    return rc;
+}
+
+void kvpd_oai_release_messages(kvpd_oai_req *r)
+{
+    if (r->msgs)
+        free_messages(r->msgs, r->n_msgs);
+    free(r->system);
+    r->msgs = NULL;
+    r->n_msgs = 0;
+    r->system = NULL;
+    r->system_len = 0;
+}
+
+void kvpd_oai_release(kvpd_oai_req *r)
+{
+    kvpd_oai_release_messages(r);
+    for (int i = 0; i < r->n_stops; i++)
+        free(r->stops[i]);
+    free(r->bias);
+    kvp_grammar_unref(r->grammar);
+    kvpd_oai_tools_free(&r->tools);
+    memset(r, 0, sizeof *r);
+}

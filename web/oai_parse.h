@@ -1,0 +1,74 @@
+/* The OpenAI API's request codec (docs/openai.md): a request body in, the hub's turn
+ * options and messages out, or the error to answer. No I/O and no transport: the
+ * connection's side (web/openai.c) passes the body and what the server serves, and
+ * answers the error it gets back. */
+#ifndef KVPD_OAI_PARSE_H
+#define KVPD_OAI_PARSE_H
+
+#include <jansson.h>
+#include <stddef.h>
+
+#include "sessions/hub.h"
+#include "web/oai_error.h"
+#include "web/oai_tools.h"
+
+/* A request refused: the HTTP status (the code's), the error code (web/oai_error.h),
+ * the field it names ("" for none) and the message. */
+typedef struct kvpd_oai_err {
+    int status;
+    enum kvpd_oai_code code;
+    char param[96];
+    char message[512];
+} kvpd_oai_err;
+
+/* What the server serves, as the parse checks a request against it. */
+typedef struct kvpd_oai_limits {
+    int max_tokens;               /* the cap of max_tokens (config max_tokens) */
+    int strict_model_name;        /* `model` must name the model or an alias */
+    const char *model_alias;      /* comma-separated ids ("" none) */
+    const char *model;            /* the loaded model's name */
+    int tool_format;              /* the model's (kvp_hub_info.tool_format) */
+} kvpd_oai_limits;
+
+/* A parsed request. Zeroed before the first parse; kvpd_oai_release frees it. */
+typedef struct kvpd_oai_req {
+    kvp_turn_opts turn;           /* borrows stops, bias, grammar and tools below */
+    int stream, include_usage;
+    char *stops[KVP_HUB_MAX_STOPS];   /* the stop strings: the hub's turn ends the reply
+                                       * (and the transcript) before one */
+    int n_stops;
+    kvp_logit_bias *bias;         /* logit_bias */
+    struct kvp_grammar *grammar;  /* response_format */
+    kvpd_oai_tools tools;         /* tool calling (web/oai_tools.h) */
+    /* chat completions (kvpd_oai_parse_chat) */
+    kvp_message *msgs;            /* the hub's messages; texts malloc'd */
+    int n_msgs;
+    char *system;                 /* the conversation's system text (NULL: none) */
+    size_t system_len;
+    int has_session;              /* the body named a session ... */
+    char session[KVP_SESSION_ID_LEN + 1];   /* ... this one (checked) */
+} kvpd_oai_req;
+
+/* The body as JSON (texts may hold NUL; duplicate keys are refused): an object (a new
+ * reference), or NULL with e set. */
+json_t *kvpd_oai_parse_json(const char *body, size_t len, kvpd_oai_err *e);
+/* The request's `model`: a string or absent; with strict_model_name, the model's name or
+ * one of model_alias. 0, or -1 with e set. */
+int kvpd_oai_parse_model(json_t *req, const kvpd_oai_limits *l, kvpd_oai_err *e);
+/* The turn's options (sampling, max_tokens, stop, seed, tools, response_format) and the
+ * answer's form (stream, stream_options) into r->turn and r. 0, or -1 with e set. */
+int kvpd_oai_parse_options(json_t *req, const kvpd_oai_limits *l, kvpd_oai_req *r,
+                           kvpd_oai_err *e);
+/* A whole POST /v1/chat/completions body: the JSON, model, options, messages (a system
+ * or developer message first is the system text, later ones fold into the user message
+ * that follows) and session. 0, or -1 with e set. */
+int kvpd_oai_parse_chat(const char *body, size_t len, const kvpd_oai_limits *l,
+                        kvpd_oai_req *r, kvpd_oai_err *e);
+/* 1 when s is a session id: 32 lowercase hex digits. */
+int kvpd_oai_session_ok(const char *s);
+/* Frees r's messages and system text (the hub copied them). */
+void kvpd_oai_release_messages(kvpd_oai_req *r);
+/* Frees everything r holds and zeroes it. */
+void kvpd_oai_release(kvpd_oai_req *r);
+
+#endif

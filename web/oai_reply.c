@@ -1,0 +1,123 @@
+/* The OpenAI API's answers (web/oai_reply.h): JSON and Server-Sent Event bytes. */
+#include "web/oai_reply.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+json_t *kvpd_oai_error_json(enum kvpd_oai_code code, const char *param, const char *msg,
+                            size_t len)
+{
+    return json_pack("{s:{s:s%, s:s, s:s?, s:s?}}", "error", "message", msg, len, "type",
+                     kvpd_oai_code_type(code), "param", param, "code", kvpd_oai_code_name(code));
+}
+
+json_t *kvpd_oai_usage(const kvp_turn_stats *st)
+{
+    return json_pack("{s:i, s:i, s:i, s:{s:i}}", "prompt_tokens", st->context_tokens,
+                     "completion_tokens", st->generated_tokens, "total_tokens",
+                     st->context_tokens + st->generated_tokens, "prompt_tokens_details",
+                     "cached_tokens", st->cached_tokens);
+}
+
+json_t *kvpd_oai_kvpd_stats(const char *session, int durable, const kvp_turn_stats *st)
+{
+    /* durable: the turn is in the state store (true), its write failed and is retried
+     * (false), or there is no store (null) */
+    return json_pack("{s:s, s:i, s:i, s:i, s:I, s:o}", "session", session, "prefilled_tokens",
+                     st->prefilled_tokens, "transcript_tokens", st->transcript_tokens,
+                     "cache_rows", st->cache_rows, "evicted_rows", (json_int_t)st->evicted_rows,
+                     "durable", durable < 0 ? json_null() : json_boolean(durable));
+}
+
+const char *kvpd_oai_finish_reason(const kvp_turn_stats *st, int tool_calls)
+{
+    return tool_calls > 0 ? "tool_calls" : !strcmp(st->stop, "length") ? "length" : "stop";
+}
+
+json_t *kvpd_oai_chunk(const kvpd_oai_meta *m, json_t *choices)
+{
+    return json_pack("{s:s, s:s, s:I, s:s, s:o}", "id", m->id, "object",
+                     "chat.completion.chunk", "created", (json_int_t)m->created, "model",
+                     m->model, "choices", choices);
+}
+
+json_t *kvpd_oai_chunk_role(void)
+{
+    return json_pack("[{s:i, s:{s:s, s:s}, s:n}]", "index", 0, "delta", "role", "assistant",
+                     "content", "", "finish_reason");
+}
+
+json_t *kvpd_oai_chunk_delta(json_t *delta)
+{
+    return json_pack("[{s:i, s:o, s:n}]", "index", 0, "delta", delta, "finish_reason");
+}
+
+json_t *kvpd_oai_chunk_finish(const char *finish_reason)
+{
+    return json_pack("[{s:i, s:{}, s:s}]", "index", 0, "delta", "finish_reason", finish_reason);
+}
+
+json_t *kvpd_oai_completion(const kvpd_oai_meta *m, json_t *message, const char *finish,
+                            const kvp_turn_stats *st, const char *session, int durable)
+{
+    return json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:o, s:n, s:s}], s:o, s:s, s:o}", "id",
+                     m->id, "object", "chat.completion", "created", (json_int_t)m->created,
+                     "model", m->model, "choices", "index", 0, "message", message, "logprobs",
+                     "finish_reason", finish, "usage", kvpd_oai_usage(st), "session", session,
+                     "kvpd", kvpd_oai_kvpd_stats(session, durable, st));
+}
+
+json_t *kvpd_oai_models(const char *aliases, const char *model, long created)
+{
+    json_t *data = json_array();
+    for (const char *p = aliases; data && *p;) {
+        const char *e = strchr(p, ',');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        if (n)   /* empty ids between commas are no entries */
+            json_array_append_new(data, json_pack("{s:s%, s:s, s:I, s:s}", "id", p, n,
+                                                  "object", "model", "created",
+                                                  (json_int_t)created, "owned_by", "kvpd"));
+        p += n + (e != NULL);
+    }
+    if (data && json_array_size(data) == 0)
+        json_array_append_new(data, json_pack("{s:s, s:s, s:I, s:s}", "id", model, "object",
+                                              "model", "created", (json_int_t)created,
+                                              "owned_by", "kvpd"));
+    return json_pack("{s:s, s:o}", "object", "list", "data", data);
+}
+
+char *kvpd_oai_sse_frame(const char *name, json_t *j, size_t *len)
+{
+    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    if (!s)
+        return NULL;
+    size_t head = name ? strlen(name) + 8 : 0, n = strlen(s);
+    char *frame = malloc(head + n + 9);
+    if (frame) {
+        if (name) {
+            memcpy(frame, "event: ", 7);
+            memcpy(frame + 7, name, head - 8);
+            frame[head - 1] = '\n';
+        }
+        memcpy(frame + head, "data: ", 6);
+        memcpy(frame + head + 6, s, n);
+        memcpy(frame + head + 6 + n, "\n\n", 3);
+        *len = head + n + 8;
+    }
+    free(s);
+    return frame;
+}
+
+int kvpd_oai_new_id(char *out, size_t len, const char *prefix)
+{
+    unsigned char raw[12];
+    if (getrandom(raw, sizeof raw, 0) != (ssize_t)sizeof raw)
+        return -1;
+    int k = snprintf(out, len, "%s", prefix);
+    for (size_t i = 0; i < sizeof raw && k > 0 && (size_t)k < len; i++)
+        k += snprintf(out + k, len - (size_t)k, "%02x", raw[i]);
+    return 0;
+}
