@@ -11,6 +11,7 @@
 #include "sessions/hub.h"
 #include "web/oai_error.h"
 #include "web/oai_tools.h"
+#include "web/sampling.h"
 
 /* A request refused: the HTTP status (the code's), the error code (web/oai_error.h),
  * the field it names ("" for none) and the message. */
@@ -32,12 +33,9 @@ typedef struct kvpd_oai_limits {
 
 /* A parsed request. Zeroed before the first parse; kvpd_oai_release frees it. */
 typedef struct kvpd_oai_req {
-    kvp_turn_opts turn;           /* borrows stops, bias, grammar and tools below */
+    kvp_turn_opts turn;           /* borrows own, grammar and tools below */
     int stream, include_usage;
-    char *stops[KVP_HUB_MAX_STOPS];   /* the stop strings: the hub's turn ends the reply
-                                       * (and the transcript) before one */
-    int n_stops;
-    kvp_logit_bias *bias;         /* logit_bias */
+    kvpd_sampling own;            /* logit_bias and the stop strings (web/sampling.h) */
     struct kvp_grammar *grammar;  /* response_format */
     kvpd_oai_tools tools;         /* tool calling (web/oai_tools.h) */
     /* chat completions (kvpd_oai_parse_chat) */
