@@ -23,7 +23,7 @@ static void on_hub_event(void *ctx, const kvp_hub_event *ev)
     case KVP_HUB_SESSION:
         kvpd_conn_send(c, kvpd_proto_session(ev->id, ev->resumed, ev->turns, ev->history,
                                              ev->n_history, ev->history_dropped, ev->system,
-                                             ev->system_len));
+                                             ev->system_len, c->w->cfg->max_tokens));
         break;
     case KVP_HUB_TOKEN:
         kvpd_conn_send(c, kvpd_proto_token(ev->text, ev->len));

@@ -180,7 +180,7 @@ static char *dump(json_t *o)
 
 char *kvpd_proto_session(const char *id, int resumed, int turns, const kvp_message *history,
                          int n_history, int history_dropped, const char *system,
-                         size_t system_len)
+                         size_t system_len, int max_tokens)
 {
     json_t *h = json_array();
     for (int i = 0; h && i < n_history; i++)
@@ -193,9 +193,9 @@ char *kvpd_proto_session(const char *id, int resumed, int turns, const kvp_messa
         }
     if (!h)
         return NULL;
-    json_t *o = json_pack("{s:s, s:s, s:b, s:i, s:o, s:i}", "type", "session", "id", id,
+    json_t *o = json_pack("{s:s, s:s, s:b, s:i, s:o, s:i, s:i}", "type", "session", "id", id,
                           "resumed", resumed, "turns", turns, "history", h,
-                          "history_dropped", history_dropped);
+                          "history_dropped", history_dropped, "max_tokens", max_tokens);
     if (o && system && json_object_set_new(o, "system", json_stringn(system, system_len)) < 0) {
         json_decref(o);
         o = NULL;

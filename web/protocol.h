@@ -39,10 +39,11 @@ void kvpd_proto_msg_free(kvpd_client_msg *m);
 /* Server frames, malloc'd NUL-terminated JSON (NULL when out of memory). */
 /* history: the transcript's stored messages (NULL/0 for none; only while no turn runs),
  * after history_dropped earlier ones that max_history_tokens dropped. system: the
- * session's system text (NULL: none, no field). */
+ * session's system text (NULL: none, no field). max_tokens: the daemon's cap of a
+ * message's max_tokens, so a client can check its own before sending. */
 char *kvpd_proto_session(const char *id, int resumed, int turns, const kvp_message *history,
                          int n_history, int history_dropped, const char *system,
-                         size_t system_len);
+                         size_t system_len, int max_tokens);
 char *kvpd_proto_token(const char *text, size_t len);
 /* durable: -1 without a state directory (no field), 1 when the turn's snapshot is on
  * disk, 0 when writing it failed (with the reason in "durable_error"). */
