@@ -462,6 +462,8 @@ int kvpd_oai_parse_chat(const char *body, size_t len, const kvpd_oai_limits *l,
     }
     rc = 0;
 out:
+    if (rc < 0)
+        kvpd_oai_release_messages(r);
     json_decref(req);
     return rc;
 }

@@ -61,7 +61,7 @@ int kvpd_oai_parse_options(json_t *req, const kvpd_oai_limits *l, kvpd_oai_req *
                            kvpd_oai_err *e);
 /* A whole POST /v1/chat/completions body: the JSON, model, options, messages (a system
  * or developer message first is the system text, later ones fold into the user message
- * that follows) and session. 0, or -1 with e set. */
+ * that follows) and session. 0, or -1 with e set and no messages held. */
 int kvpd_oai_parse_chat(const char *body, size_t len, const kvpd_oai_limits *l,
                         kvpd_oai_req *r, kvpd_oai_err *e);
 /* 1 when s is a session id: 32 lowercase hex digits. */
