@@ -12,6 +12,20 @@
 #include "web/oai_error.h"
 #include "web/oai_tools.h"
 
+/* The endpoint a request is for, its path without the /v1 prefix. */
+enum kvpd_oai_path {
+    KVPD_OAI_NONE = 0, KVPD_OAI_CHAT, KVPD_OAI_MODELS, KVPD_OAI_COMPLETIONS,
+    KVPD_OAI_RESPONSES, KVPD_OAI_RESPONSE,   /* /responses/{id} */
+    KVPD_OAI_UNKNOWN,                        /* under /v1, no such endpoint */
+};
+
+/* Which endpoint uri names (enum kvpd_oai_path; 0: not the API): the API's paths with or
+ * without the /v1 prefix, and anything else under /v1. id: the {id} of
+ * /v1/responses/{id} (may be NULL). */
+int kvpd_openai_path(const char *uri, const char **id);
+/* The endpoint's label in kvpd_http_requests_total (NULL: not the API). */
+const char *kvpd_openai_path_label(const char *uri);
+
 /* A request refused: the HTTP status (the code's), the error code (web/oai_error.h),
  * the field it names ("" for none) and the message. */
 typedef struct kvpd_oai_err {
