@@ -102,7 +102,6 @@ known_circles=(
     "model/matmul model/matmul_kernels"
     "policy/kvp_agent policy/kvp_agent_net policy/policy"
     "sessions/background sessions/hub sessions/metrics sessions/persist sessions/residency sessions/reuse sessions/rewind sessions/scheduler sessions/session"
-    "web/conn web/oai web/server"
 )
 # (the self-test's tree has none of these)
 [ -n "${CHECK_LAYERS_SELF_TEST:-}" ] && known_circles=()

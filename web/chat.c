@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "web/chat.h"
 #include "web/conn.h"
 #include "web/protocol.h"
 

@@ -212,3 +212,33 @@ int kvpd_admin_token_init(kvpd_web *w, char *err, size_t errlen)
     kvpd_log("info", "/admin/* needs the bearer token in %s (mode 0600)", path);
     return 0;
 }
+
+int kvpd_bearer_is(struct lws *wsi, const char *want)
+{
+    if (!want[0])
+        return 0;
+    char got[256];
+    int n = lws_hdr_copy(wsi, got, sizeof got, WSI_TOKEN_HTTP_AUTHORIZATION);
+    if (n <= 7 || strncmp(got, "Bearer ", 7))
+        return 0;
+    const char *tok = got + 7;
+    size_t wl = strlen(want), tl = strlen(tok);
+    unsigned diff = (unsigned)(wl ^ tl);
+    for (size_t i = 0; i < wl; i++)
+        diff |= (unsigned char)want[i] ^ (unsigned char)(i < tl ? tok[i] : 0);
+    return diff == 0;
+}
+
+int kvpd_cors_headers(const char *origin, const char **extra)
+{
+    if (!origin)
+        return 0;
+    int k = 0;
+    extra[k++] = "access-control-allow-origin:";
+    extra[k++] = origin;
+    extra[k++] = "vary:";
+    extra[k++] = "Origin";
+    extra[k++] = "access-control-expose-headers:";
+    extra[k++] = "x-session-id, retry-after";
+    return k;
+}

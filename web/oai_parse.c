@@ -357,6 +357,8 @@ int kvpd_oai_parse_chat(const char *body, size_t len, const kvpd_oai_limits *l,
     }
     rc = 0;
 out:
+    if (rc < 0)
+        kvpd_oai_release_messages(r);
     json_decref(req);
     return rc;
 }
@@ -379,4 +381,36 @@ void kvpd_oai_release(kvpd_oai_req *r)
     kvp_grammar_unref(r->grammar);
     kvpd_oai_tools_free(&r->tools);
     memset(r, 0, sizeof *r);
+}
+
+int kvpd_openai_path(const char *uri, const char **id)
+{
+    int v1 = !strncmp(uri, "/v1/", 4);
+    const char *p = v1 ? uri + 3 : uri;
+    if (id)
+        *id = NULL;
+    if (!strcmp(p, "/chat/completions"))
+        return KVPD_OAI_CHAT;
+    if (!strcmp(p, "/models"))
+        return KVPD_OAI_MODELS;
+    if (!strcmp(p, "/completions"))
+        return KVPD_OAI_COMPLETIONS;
+    if (!strcmp(p, "/responses"))
+        return KVPD_OAI_RESPONSES;
+    if (!strncmp(p, "/responses/", 11) && p[11] && !strchr(p + 11, '/')) {
+        if (id)
+            *id = p + 11;
+        return KVPD_OAI_RESPONSE;
+    }
+    return v1 || !strcmp(uri, "/v1") ? KVPD_OAI_UNKNOWN : KVPD_OAI_NONE;
+}
+
+const char *kvpd_openai_path_label(const char *uri)
+{
+    static const char *const label[] = {
+        [KVPD_OAI_CHAT] = "/v1/chat/completions", [KVPD_OAI_MODELS] = "/v1/models",
+        [KVPD_OAI_COMPLETIONS] = "/v1/completions", [KVPD_OAI_RESPONSES] = "/v1/responses",
+        [KVPD_OAI_RESPONSE] = "/v1/responses/{id}", [KVPD_OAI_UNKNOWN] = "/v1/other"};
+    enum kvpd_oai_path p = kvpd_openai_path(uri, NULL);
+    return p == KVPD_OAI_NONE ? NULL : label[p];
 }

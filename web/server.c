@@ -11,53 +11,10 @@
 #include <unistd.h>
 
 #include "base/log.h"
+#include "web/chat.h"
 #include "web/conn.h"
-#include "web/oai.h"
-
-int kvpd_conn_queue(kvpd_conn *c, const char *payload, size_t len)
-{
-    kvpd_frame *f = malloc(sizeof *f + LWS_PRE + len);
-    if (!f)
-        return -ENOMEM;
-    f->next = NULL;
-    f->len = len;
-    memcpy(f->buf + LWS_PRE, payload, len);
-    if (c->out_tail)
-        c->out_tail->next = f;
-    else
-        c->out_head = f;
-    c->out_tail = f;
-    c->w->frames_pending++;
-    lws_callback_on_writable(c->wsi);
-    return 0;
-}
-
-void kvpd_conn_send(kvpd_conn *c, char *json)
-{
-    /* A frame jansson could not build (memory, or text it refused) still gets an answer. */
-    static const char fallback[] = "{\"type\":\"error\",\"code\":\"" KVPD_E_INTERNAL
-                                   "\",\"message\":\"the server could not build its answer\"}";
-    const char *payload = json ? json : fallback;
-    if (!json)
-        kvpd_log("warning", "could not build a frame; sent an internal error instead");
-    if (kvpd_conn_queue(c, payload, strlen(payload)) < 0) {
-        /* Not even that fits in memory: close, so the client is not left waiting. */
-        kvpd_log("warning", "out of memory for a frame; closing the connection");
-        lws_set_timeout(c->wsi, PENDING_TIMEOUT_USER_OK, LWS_TO_KILL_ASYNC);
-    }
-    free(json);
-}
-
-void kvpd_conn_free_frames(kvpd_conn *c)
-{
-    while (c->out_head) {
-        kvpd_frame *f = c->out_head;
-        c->out_head = f->next;
-        free(f);
-        c->w->frames_pending--;
-    }
-    c->out_tail = NULL;
-}
+#include "web/http.h"
+#include "web/openai.h"
 
 /* One frame per writeable callback, as lws requires. */
 static int ws_writeable(kvpd_conn *c)
@@ -222,12 +179,15 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
     }
     case LWS_CALLBACK_RAW_RX:   /* bytes after the CONNECT: nothing to tunnel to */
         return 0;
-    case LWS_CALLBACK_HTTP:
+    case LWS_CALLBACK_HTTP: {
         kvpd_openai_closed(c);   /* a keep-alive connection's earlier request, if any */
         kvpd_conn_free_frames(c);
         c->wsi = wsi;
         c->w = w;
-        return kvpd_http_request(c, in);
+        int api = 0;   /* the API's requests are admitted by web/http.c, then served */
+        int rc = kvpd_http_request(c, in, &api);
+        return api ? kvpd_openai_request(c, in) : rc;
+    }
     case LWS_CALLBACK_HTTP_BODY:   /* only the API reads bodies; others were answered 405 */
         return c->oai ? kvpd_openai_body(c, in, len) : 0;
     case LWS_CALLBACK_HTTP_BODY_COMPLETION:
