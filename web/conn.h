@@ -45,15 +45,20 @@ int kvpd_listen_reserved(struct lws *wsi);
 void kvpd_listen_closed(struct lws *wsi);
 
 /* web/wsguard.c: client frames must be masked (RFC 6455 5.1), checked before lws reads
- * them. init at start (0 or < 0), check: 0 when lws's reads do go through the guard;
- * accept: a connection kvpd accepted, before lws adopts it (-EMFILE: a descriptor past the
- * table, not to be served); upgraded: the websocket handshake completed (< 0: the client
+ * them. init at start, on the loop thread (0 or < 0; only that thread's reads are
+ * guarded), check: 0 when lws's reads do go through the guard; accept: a connection kvpd
+ * accepted, before lws adopts it: *out is its state, which the connection owns and
+ * hands to close when it goes (-EMFILE: a descriptor past the index, not to be served;
+ * -ENOMEM); close: fd is no longer guarded as this connection's, and the state is freed
+ * (NULL: nothing); upgraded: the websocket handshake completed (< 0: the client
  * sent bytes before it, fail the connection); failed: 1 once an unmasked frame came (the
  * callbacks close with 1002). */
+typedef struct kvpd_wsguard kvpd_wsguard;
 int kvpd_wsguard_init(void);
 void kvpd_wsguard_free(void);
 int kvpd_wsguard_check(void);
-int kvpd_wsguard_accept(int fd);
+int kvpd_wsguard_accept(int fd, kvpd_wsguard **out);
+void kvpd_wsguard_close(kvpd_wsguard *g);
 int kvpd_wsguard_upgraded(int fd, struct lws *wsi);
 int kvpd_wsguard_failed(int fd);
 /* HTTP requests: after a request's header, body: len bytes of body go to lws, and what

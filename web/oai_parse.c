@@ -343,7 +343,9 @@ int kvpd_oai_parse_chat(const char *body, size_t len, const kvpd_oai_limits *l,
     if (json_is_string(named)) {
         char sid[KVP_SESSION_ID_LEN + 8] = "";
         snprintf(sid, sizeof sid, "%s", json_string_value(named));
-        if (sid[0] && !kvpd_oai_session_ok(sid)) {
+        /* a NUL inside ends the C string early: the id is the whole JSON string */
+        if ((sid[0] && !kvpd_oai_session_ok(sid)) ||
+            strlen(json_string_value(named)) != json_string_length(named)) {
             bad(e, KVPD_OAI_E_INVALID_REQUEST, "session",
                 "a session id is 32 lowercase hex digits");
             goto out;

@@ -130,6 +130,8 @@ Test(oai_parse, wrong_types)
         {"\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]", "stop"}, {"\"stream\":1", "stream"},
         {"\"session\":7", "session"}, {"\"session\":\"ABC\"", "session"},
         {"\"session\":\"00112233445566778899AABBCCDDEEFF\"", "session"},
+        {"\"session\":\"00112233445566778899aabbccddeeff\\u0000x\"", "session"},
+        {"\"session\":\"\\u000000112233445566778899aabbccddeeff\"", "session"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char body[512];
