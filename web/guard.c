@@ -144,6 +144,14 @@ const char *kvpd_guard_upgrade(kvpd_web *w, struct lws *wsi, int *status)
     return NULL;
 }
 
+/* The tenant of key i: 16 hex digits of its hash. */
+static void tenant_of(const kvpd_config *cfg, int i, char *tenant)
+{
+    const char *k = cfg->api_keys[i];
+    snprintf(tenant, KVP_TENANT_LEN + 1, "%016llx",
+             (unsigned long long)kvp_fnv1a(KVP_FNV1A_INIT, k, strlen(k)));
+}
+
 int kvpd_api_tenant(const kvpd_web *w, struct lws *wsi, char *tenant)
 {
     tenant[0] = '\0';
@@ -156,9 +164,23 @@ int kvpd_api_tenant(const kvpd_web *w, struct lws *wsi, char *tenant)
             found = i;
     if (found < 0)
         return 0;
-    const char *k = cfg->api_keys[found];
-    snprintf(tenant, KVP_TENANT_LEN + 1, "%016llx",
-             (unsigned long long)kvp_fnv1a(KVP_FNV1A_INIT, k, strlen(k)));
+    tenant_of(cfg, found, tenant);
+    return 1;
+}
+
+int kvpd_api_tenant_token(const kvpd_web *w, const char *tok, size_t len, char *tenant)
+{
+    tenant[0] = '\0';
+    const kvpd_config *cfg = w->cfg;
+    if (!cfg->n_api_keys)
+        return 1;
+    int found = -1;
+    for (int i = 0; i < cfg->n_api_keys; i++)   /* every key compared: no early exit */
+        if (kvpd_token_is(tok, len, cfg->api_keys[i]) && found < 0)
+            found = i;
+    if (found < 0)
+        return 0;
+    tenant_of(cfg, found, tenant);
     return 1;
 }
 

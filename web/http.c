@@ -109,6 +109,17 @@ int kvpd_http_bearer_ok(kvpd_conn *c, const char *want)
     return kvpd_bearer_is(c->wsi, want);
 }
 
+int kvpd_token_is(const char *tok, size_t tl, const char *want)
+{
+    if (!want[0])
+        return 0;
+    size_t wl = strlen(want);
+    unsigned diff = (unsigned)(wl ^ tl);
+    for (size_t i = 0; i < wl; i++)
+        diff |= (unsigned char)want[i] ^ (unsigned char)(i < tl ? tok[i] : 0);
+    return diff == 0;
+}
+
 int kvpd_bearer_is(struct lws *wsi, const char *want)
 {
     if (!want[0])
@@ -117,12 +128,7 @@ int kvpd_bearer_is(struct lws *wsi, const char *want)
     int n = lws_hdr_copy(wsi, got, sizeof got, WSI_TOKEN_HTTP_AUTHORIZATION);
     if (n <= 7 || strncmp(got, "Bearer ", 7))
         return 0;
-    const char *tok = got + 7;
-    size_t wl = strlen(want), tl = strlen(tok);
-    unsigned diff = (unsigned)(wl ^ tl);
-    for (size_t i = 0; i < wl; i++)
-        diff |= (unsigned char)want[i] ^ (unsigned char)(i < tl ? tok[i] : 0);
-    return diff == 0;
+    return kvpd_token_is(got + 7, strlen(got + 7), want);
 }
 
 /* Closed (no token configured and nowhere to write one) when the token is empty. */

@@ -1,5 +1,7 @@
 // kvpd chat page: one websocket to /chat, the session id kept in localStorage and
-// resumed on reload, replies streamed token by token, per-turn stats beside them.
+// resumed on reload, replies streamed token by token, per-turn stats beside them. With an
+// API key (the field, kept in localStorage) the first frame is {"type":"auth"}: a
+// browser's WebSocket cannot send an Authorization header.
 "use strict";
 const $ = (id) => document.getElementById(id);
 const log = $("log"), text = $("text"), form = $("form");
@@ -63,17 +65,28 @@ function showError(msg) {
   (current ? current.turn : log).append(e);
 }
 
+const keyField = $("key");
+keyField.value = localStorage.getItem("kvpd.key") || "";
+
+function hello() {
+  ws.send(JSON.stringify(sessionId ? { type: "hello", session: sessionId } : { type: "hello" }));
+}
+
 function connect() {
   const proto = location.protocol === "https:" ? "wss:" : "ws:";
   ws = new WebSocket(`${proto}//${location.host}/chat`);
   ws.onopen = () => {
     retry = 500;
     setStatus("connected");
-    ws.send(JSON.stringify(sessionId ? { type: "hello", session: sessionId } : { type: "hello" }));
+    const key = keyField.value;
+    if (key) ws.send(JSON.stringify({ type: "auth", token: key }));
+    else hello();
   };
   ws.onmessage = (ev) => {
     const m = JSON.parse(ev.data);
-    if (m.type === "session") {
+    if (m.type === "auth") {
+      if (m.ok) hello();
+    } else if (m.type === "session") {
       sessionId = m.id;
       localStorage.setItem("kvpd.session", m.id);
       $("session").textContent = `session ${m.id.slice(0, 8)}… ${m.resumed ? `resumed, ${m.turns} turns` : "new"}`;
@@ -111,8 +124,10 @@ function connect() {
       }
     }
   };
-  ws.onclose = () => {
-    setStatus("disconnected, retrying…");
+  ws.onclose = (ev) => {
+    // 1008: the daemon wants an API key (none given, or a wrong one).
+    setStatus(ev.code === 1008 ? `API key needed (${ev.reason}), retrying…`
+                               : "disconnected, retrying…");
     if (current) { current.bot.classList.remove("streaming"); current = null; }
     busy(false);
     setTimeout(connect, retry);
@@ -138,6 +153,13 @@ $("new").addEventListener("click", () => {
   localStorage.removeItem("kvpd.session");
   log.textContent = "";
   if (ws && ws.readyState === WebSocket.OPEN) ws.send(JSON.stringify({ type: "hello" }));
+});
+// A changed key is kept and used from a new connection (the old one keeps its key).
+keyField.addEventListener("change", () => {
+  if (keyField.value) localStorage.setItem("kvpd.key", keyField.value);
+  else localStorage.removeItem("kvpd.key");
+  retry = 500;
+  if (ws) ws.close();
 });
 busy(false);
 connect();
