@@ -12,6 +12,7 @@
 #include "daemon/kvpd.h"
 #include "daemon/notify.h"
 #include "daemon/reload.h"
+#include "daemon/statelock.h"
 
 typedef struct daemon_handles {
     uv_signal_t sigint, sigterm, sighup;
@@ -277,8 +278,15 @@ int main(int argc, char **argv)
         fprintf(stderr, "kvpd: %s\n", err);
         return 2;
     }
-    if (action == KVPD_CHECK)
+    if (action == KVPD_CHECK)   /* takes no lock: it may check a running daemon's config */
         return check_config(d);
+    /* One daemon per state directory: a second would write the same files. */
+    int state_lock = -1;
+    if (d->cfg.state_dir[0] && (state_lock = kvpd_statelock_take(d->cfg.state_dir, err,
+                                                                  sizeof err)) < 0) {
+        fprintf(stderr, "kvpd: %s\n", err);
+        return 1;
+    }
 
     if (d->cfg.workers == 0) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
@@ -350,6 +358,7 @@ int main(int argc, char **argv)
         uv_run(&d->loop, UV_RUN_DEFAULT);
         uv_loop_close(&d->loop);
     }
+    kvpd_statelock_release(state_lock);
     kvpd_log("info", "stopped");
     return d->exit_code;
 }

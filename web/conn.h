@@ -32,6 +32,11 @@ typedef struct kvpd_conn {
     enum kvpd_rx_skip rx_skip;
     struct kvpd_oai *oai;              /* an OpenAI API request (web/openai.c) */
     char tenant[KVP_TENANT_LEN + 1];   /* the API key's tenant (kvpd_api_tenant) */
+    int authed;                        /* websocket: a valid key came (on the upgrade or in
+                                        * the auth frame), or none is configured */
+    int close_code;                    /* websocket: close with this code and close_why
+                                        * on the next writeable callback (0: none) */
+    const char *close_why;
     const char *path_label;            /* HTTP: the endpoint, for kvpd_http_requests_total */
 } kvpd_conn;
 
@@ -85,11 +90,16 @@ const char *kvpd_guard_upgrade(kvpd_web *w, struct lws *wsi, int *status);
 /* 1 when the request of wsi carries "Authorization: Bearer <want>" (constant time); 0
  * when not, or when want is empty. */
 int kvpd_bearer_is(struct lws *wsi, const char *want);
+/* 1 when the tl bytes at tok are exactly want (constant time in want's length); 0 when
+ * not, or when want is empty. */
+int kvpd_token_is(const char *tok, size_t tl, const char *want);
 /* The model endpoints' key check: with API keys configured, 1 when the request carries
  * "Authorization: Bearer <one of them>" (constant time), its tenant (16 hex digits of
  * the key's hash) in tenant[KVP_TENANT_LEN + 1]; 0 without a valid key. Without keys,
  * 1 and tenant "". */
 int kvpd_api_tenant(const kvpd_web *w, struct lws *wsi, char *tenant);
+/* The same for a token of len bytes given outside a header (the /chat auth frame). */
+int kvpd_api_tenant_token(const kvpd_web *w, const char *tok, size_t len, char *tenant);
 /* The bearer token the admin endpoints require: admin_token, or the generated one. */
 const char *kvpd_admin_token(const kvpd_web *w);
 /* At start: without admin_token, generates one and writes it (mode 0600) to

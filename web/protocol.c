@@ -148,6 +148,17 @@ int kvpd_proto_parse(const char *buf, size_t len, int max_tokens_limit,
         }
     } else if (!strcmp(type, "cancel")) {
         out->type = KVPD_MSG_CANCEL;
+    } else if (!strcmp(type, "auth")) {
+        out->type = KVPD_MSG_AUTH;
+        json_t *tok = json_object_get(root, "token");
+        if (!json_is_string(tok))
+            rc = reject(code, KVPD_E_BAD_REQUEST, msg, msglen, "token must be a string");
+        else if (!(out->text = malloc(json_string_length(tok) + 1)))
+            rc = reject(code, KVPD_E_INTERNAL, msg, msglen, "out of memory");
+        else {
+            out->text_len = json_string_length(tok);
+            memcpy(out->text, json_string_value(tok), out->text_len + 1);
+        }
     } else {
         rc = reject(code, KVPD_E_BAD_REQUEST, msg, msglen, "unknown message type");
     }
@@ -233,6 +244,11 @@ char *kvpd_proto_done(const char *reply, size_t len, const kvp_turn_stats *st, i
         o = NULL;
     }
     return dump(o);
+}
+
+char *kvpd_proto_auth_ok(void)
+{
+    return dump(json_pack("{s:s, s:b}", "type", "auth", "ok", 1));
 }
 
 char *kvpd_proto_error(const char *code, const char *message)

@@ -1,5 +1,7 @@
 // kvpd chat page: one websocket to /chat, the session id kept in localStorage and
-// resumed on reload, replies streamed token by token, per-turn stats beside them.
+// resumed on reload, replies streamed token by token, per-turn stats beside them. With an
+// API key (the field, kept in localStorage) the first frame is {"type":"auth"}: a
+// browser's WebSocket cannot send an Authorization header.
 "use strict";
 const $ = (id) => document.getElementById(id);
 const log = $("log"), text = $("text"), form = $("form");
@@ -80,17 +82,28 @@ function showError(msg) {
   (current ? current.turn : log).append(e);
 }
 
+const keyField = $("key");
+keyField.value = localStorage.getItem("kvpd.key") || "";
+
+function hello() {
+  ws.send(JSON.stringify(sessionId ? { type: "hello", session: sessionId } : { type: "hello" }));
+}
+
 function connect() {
   const proto = location.protocol === "https:" ? "wss:" : "ws:";
   ws = new WebSocket(`${proto}//${location.host}/chat`);
   ws.onopen = () => {
     retry = 500;
     setStatus("connected");
-    ws.send(JSON.stringify(sessionId ? { type: "hello", session: sessionId } : { type: "hello" }));
+    const key = keyField.value;
+    if (key) ws.send(JSON.stringify({ type: "auth", token: key }));
+    else hello();
   };
   ws.onmessage = (ev) => {
     const m = JSON.parse(ev.data);
-    if (m.type === "session") {
+    if (m.type === "auth") {
+      if (m.ok) hello();
+    } else if (m.type === "session") {
       sessionId = m.id;
       localStorage.setItem("kvpd.session", m.id);
       origin = m.resumed ? "resumed" : "new";
@@ -136,8 +149,10 @@ function connect() {
       abandon();
     }
   };
-  ws.onclose = () => {
-    setStatus("disconnected, retrying…");
+  ws.onclose = (ev) => {
+    // 1008: the daemon wants an API key (none given, or a wrong one).
+    setStatus(ev.code === 1008 ? `API key needed (${ev.reason}), retrying…`
+                               : "disconnected, retrying…");
     abandon();
     setTimeout(connect, retry);
     retry = Math.min(retry * 2, 8000);
@@ -174,6 +189,13 @@ $("new").addEventListener("click", () => {
   log.textContent = "";
   sessionLine();
   if (ws && ws.readyState === WebSocket.OPEN) ws.send(JSON.stringify({ type: "hello" }));
+});
+// A changed key is kept and used from a new connection (the old one keeps its key).
+keyField.addEventListener("change", () => {
+  if (keyField.value) localStorage.setItem("kvpd.key", keyField.value);
+  else localStorage.removeItem("kvpd.key");
+  retry = 500;
+  if (ws) ws.close();
 });
 busy(false);
 connect();
