@@ -142,10 +142,7 @@ const char *kvpd_chat_session_arg(struct lws *wsi, char *out)
         const char *why = NULL;
         if (!strncmp(arg, "session=", 8)) {
             const char *v = arg + 8;
-            int ok = strlen(v) == KVP_SESSION_ID_LEN;
-            for (const char *p = v; ok && *p; p++)
-                ok = (*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f');
-            if (!ok)
+            if (!kvp_session_id_ok(v))
                 why = bad;
             else if (found++)
                 why = "?session= given twice";

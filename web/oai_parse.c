@@ -304,16 +304,6 @@ bad:
     return -1;
 }
 
-int kvpd_oai_session_ok(const char *s)
-{
-    if (strlen(s) != KVP_SESSION_ID_LEN)
-        return 0;
-    for (; *s; s++)
-        if (!((*s >= '0' && *s <= '9') || (*s >= 'a' && *s <= 'f')))
-            return 0;
-    return 1;
-}
-
 int kvpd_oai_parse_chat(const char *body, size_t len, const kvpd_oai_limits *l,
                         kvpd_oai_req *r, kvpd_oai_err *e)
 {
@@ -344,7 +334,7 @@ int kvpd_oai_parse_chat(const char *body, size_t len, const kvpd_oai_limits *l,
         char sid[KVP_SESSION_ID_LEN + 8] = "";
         snprintf(sid, sizeof sid, "%s", json_string_value(named));
         /* a NUL inside ends the C string early: the id is the whole JSON string */
-        if ((sid[0] && !kvpd_oai_session_ok(sid)) ||
+        if ((sid[0] && !kvp_session_id_ok(sid)) ||
             strlen(json_string_value(named)) != json_string_length(named)) {
             bad(e, KVPD_OAI_E_INVALID_REQUEST, "session",
                 "a session id is 32 lowercase hex digits");

@@ -76,8 +76,6 @@ int kvpd_oai_parse_options(json_t *req, const kvpd_oai_limits *l, kvpd_oai_req *
  * that follows) and session. 0, or -1 with e set and no messages held. */
 int kvpd_oai_parse_chat(const char *body, size_t len, const kvpd_oai_limits *l,
                         kvpd_oai_req *r, kvpd_oai_err *e);
-/* 1 when s is a session id: 32 lowercase hex digits. */
-int kvpd_oai_session_ok(const char *s);
 /* Frees r's messages and system text (the hub copied them). */
 void kvpd_oai_release_messages(kvpd_oai_req *r);
 /* Frees everything r holds and zeroes it. */

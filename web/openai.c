@@ -287,7 +287,7 @@ static void chat_completions(kvpd_conn *c)
         memcpy(sid, r->session, sizeof r->session);
     else if (lws_hdr_custom_copy(c->wsi, sid, sizeof sid, "x-session-id:", 13) < 0)
         sid[0] = '\0';
-    if (sid[0] && !kvpd_oai_session_ok(sid)) {
+    if (sid[0] && !kvp_session_id_ok(sid)) {
         fail(c, KVPD_OAI_E_INVALID_REQUEST, "session", "a session id is 32 lowercase hex digits");
         goto out;
     }

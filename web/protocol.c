@@ -18,16 +18,6 @@ static int reject(const char **code, const char *c, char *msg, size_t msglen,
     return -EINVAL;
 }
 
-static int valid_id(const char *s)
-{
-    if (strlen(s) != KVP_SESSION_ID_LEN)
-        return 0;
-    for (const char *p = s; *p; p++)
-        if (!((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f')))
-            return 0;
-    return 1;
-}
-
 /* The fields each client message may carry. */
 static const char *const hello_fields[] = {"type", "session", "system", NULL};
 static const char *const message_fields[] = {
@@ -92,7 +82,7 @@ int kvpd_proto_parse(const char *buf, size_t len, int max_tokens_limit,
         if (id && !json_is_null(id)) {
             if (!json_is_string(id))
                 rc = reject(code, KVPD_E_BAD_REQUEST, msg, msglen, "session must be a string");
-            else if (!valid_id(json_string_value(id)))
+            else if (!kvp_session_id_ok(json_string_value(id)))
                 rc = reject(code, KVPD_E_UNKNOWN_SESSION, msg, msglen, "no such session");
             else
                 snprintf(out->session, sizeof out->session, "%s", json_string_value(id));

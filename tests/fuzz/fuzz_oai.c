@@ -23,7 +23,7 @@ static void chat(const uint8_t *data, size_t size, const kvpd_oai_limits *l)
     memset(&r, 0, sizeof r);
     if (kvpd_oai_parse_chat((const char *)data, size, l, &r, &e) == 0) {
         if (r.n_msgs < 1 || !r.msgs[r.n_msgs - 1].user || r.system_len > KVP_HUB_SYSTEM_MAX ||
-            (r.has_session && r.session[0] && !kvpd_oai_session_ok(r.session)) ||
+            (r.has_session && r.session[0] && !kvp_session_id_ok(r.session)) ||
             r.turn.n_stop > KVP_HUB_MAX_STOPS || r.own.n_stops != r.turn.n_stop ||
             (l->max_tokens && r.turn.max_tokens > l->max_tokens))
             abort();

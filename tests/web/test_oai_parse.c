@@ -205,11 +205,12 @@ Test(oai_parse, strict_model_name)
 
 Test(oai_parse, session_ids)
 {
-    cr_assert(kvpd_oai_session_ok("00112233445566778899aabbccddeeff"));
-    cr_assert(!kvpd_oai_session_ok("00112233445566778899aabbccddeef"));
-    cr_assert(!kvpd_oai_session_ok("00112233445566778899aabbccddeefff"));
-    cr_assert(!kvpd_oai_session_ok("00112233445566778899aabbccddeefg"));
-    cr_assert(!kvpd_oai_session_ok(""));
+    cr_assert(kvp_session_id_ok("00112233445566778899aabbccddeeff"));
+    cr_assert(!kvp_session_id_ok("00112233445566778899aabbccddeef"));
+    cr_assert(!kvp_session_id_ok("00112233445566778899aabbccddeefff"));
+    cr_assert(!kvp_session_id_ok("00112233445566778899aabbccddeefg"));
+    cr_assert(!kvp_session_id_ok(""));
+    cr_assert(!kvp_session_id_ok("00112233445566778899AABBCCDDEEFF"));
     /* an empty session names none: a new conversation */
     kvpd_oai_req r;
     kvpd_oai_err e;
