@@ -164,6 +164,14 @@ static void load_done(uv_work_t *w, int status)
                  d->cfg.chunk);
         g_h.load_rc = -EINVAL;
         kvp_model_free(&d->model);
+    } else if (status == 0 && g_h.load_rc == 0 && d->cfg.max_cache_bytes_per_tenant &&
+               d->cfg.max_cache_bytes_per_tenant < kvpd_turn_bytes(d)) {
+        snprintf(g_h.load_err, sizeof g_h.load_err,
+                 "max_cache_bytes_per_tenant %llu is less than one turn needs (%zu at budget "
+                 "%d, chunk %d)", (unsigned long long)d->cfg.max_cache_bytes_per_tenant,
+                 kvpd_turn_bytes(d), d->cfg.budget, d->cfg.chunk);
+        g_h.load_rc = -EINVAL;
+        kvp_model_free(&d->model);
     }
     if (status < 0 || g_h.load_rc < 0) {
         kvp_hub_storage_close(g_h.storage);

@@ -132,6 +132,9 @@ typedef struct kvp_hub_config {
     int idle_timeout_s;
     int max_sessions_per_client;  /* started and not ended unused */
     int max_sessions_per_tenant;  /* resident sessions of one tenant (0: no bound) */
+    uint64_t max_cache_bytes_per_tenant;   /* KV cache bytes of one tenant's resident
+                                            * sessions, counted as max_cache_bytes counts
+                                            * them (0: no bound) */
     int max_history_tokens;       /* transcript tokens a session stores (0: all) */
     int max_prompt_tokens;        /* tokens one turn may prefill (0: the model's context
                                    * plus the budget); more: too_large, before any prefill */
