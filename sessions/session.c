@@ -1243,7 +1243,25 @@ static int samples(const kvp_session *s, const kvp_batch_seq *q)
 
 /* Draws the session's next token from logits (which the sampler overwrites); a canary
  * turn first records the distribution (on failure the record is dropped). */
-static int draw_sampled(kvp_session *s, const kvp_session_env *env, float *logits);
+static int draw_sampled(kvp_session *s, const kvp_session_env *env, float *logits)
+{
+    kvp_turn *t = &s->turn;
+    if (t->canary) {
+        int vocab = s->sampler.vocab_size;
+        float *copy = malloc((size_t)vocab * sizeof *copy);
+        if (copy)
+            memcpy(copy, logits, (size_t)vocab * sizeof *copy);
+        int tok = kvp_turn_draw(s, env, logits);
+        if (!copy || kvp_canary_note(t->canary, s->tokens, s->n_tokens, s->hist_tokens, copy,
+                                     vocab, tok) < 0) {
+            kvp_canary_rec_free(t->canary);
+            t->canary = NULL;
+        }
+        free(copy);
+        return tok;
+    }
+    return kvp_turn_draw(s, env, logits);
+}
 
 /* With logprobs: the raw row is kept before the sampler changes it, and the drawn
  * token's entry (with its alternatives) goes where take_token will count it. */
@@ -1268,26 +1286,6 @@ static int draw(kvp_session *s, const kvp_session_env *env, float *logits)
         e[j] = (kvp_hub_logprob){l.token, l.logprob, p ? p : "", (int)len};
     }
     return tok;
-}
-
-static int draw_sampled(kvp_session *s, const kvp_session_env *env, float *logits)
-{
-    kvp_turn *t = &s->turn;
-    if (t->canary) {
-        int vocab = s->sampler.vocab_size;
-        float *copy = malloc((size_t)vocab * sizeof *copy);
-        if (copy)
-            memcpy(copy, logits, (size_t)vocab * sizeof *copy);
-        int tok = kvp_turn_draw(s, env, logits);
-        if (!copy || kvp_canary_note(t->canary, s->tokens, s->n_tokens, s->hist_tokens, copy,
-                                     vocab, tok) < 0) {
-            kvp_canary_rec_free(t->canary);
-            t->canary = NULL;
-        }
-        free(copy);
-        return tok;
-    }
-    return kvp_turn_draw(s, env, logits);
 }
 
 typedef struct sample_job {
