@@ -395,6 +395,12 @@ static void start_turn(kvp_hub_client *c, const char *text, size_t len, const kv
         emit_error(c, KVPD_E_BAD_REQUEST, err);
         return;
     }
+    if (o->logprobs && (o->top_logprobs < 0 || o->top_logprobs > KVP_LOGPROBS_MAX_TOP)) {
+        char err[96];
+        snprintf(err, sizeof err, "top_logprobs is out of range: 0 to %d", KVP_LOGPROBS_MAX_TOP);
+        emit_error(c, KVPD_E_BAD_REQUEST, err);
+        return;
+    }
     if (!c->session && new_session(c, NULL, 0) < 0)
         return;
     kvp_session *s = c->session;
@@ -433,6 +439,11 @@ static void start_turn(kvp_hub_client *c, const char *text, size_t len, const kv
         return;
     }
     if (kvp_session_turn_sampling(s, &o->sampling) < 0 || kvp_session_turn_tools(s, o) < 0) {
+        emit_error(c, KVPD_E_INTERNAL, "out of memory");
+        return;
+    }
+    if (kvp_session_turn_logprobs(s, h->env.model->cfg.vocab_size,
+                                  o->logprobs ? o->top_logprobs : -1) < 0) {
         emit_error(c, KVPD_E_INTERNAL, "out of memory");
         return;
     }
@@ -907,6 +918,11 @@ static void on_event(void *ctx, const kvpd_event *ev)
     case KVPD_EV_TOKEN:
         if (s->owner) {
             kvp_hub_event e = {.type = KVP_HUB_TOKEN, .text = ev->text, .len = ev->len};
+            if (s->turn.lp_on) {
+                e.logprobs = s->turn.lp + (size_t)ev->lp_from * (size_t)(1 + s->turn.lp_k);
+                e.n_logprobs = ev->lp_to - ev->lp_from;
+                e.logprobs_top = s->turn.lp_k;
+            }
             s->owner->sink(s->owner->ctx, &e);
         }
         return;
@@ -940,6 +956,11 @@ static void on_event(void *ctx, const kvpd_event *ev)
                                .stats = st,
                                .durable = h->env.store ? !s->save_failed && !stale : -1,
                                .durable_error = s->save_err};
+            if (s->turn.lp_on) {
+                e.logprobs = s->turn.lp;
+                e.n_logprobs = s->turn.lp_n;
+                e.logprobs_top = s->turn.lp_k;
+            }
             to->sink(to->ctx, &e);
         }
         return;

@@ -24,6 +24,7 @@
 #include <stdint.h>
 
 #include "cache/kvrow.h"
+#include "model/logprobs.h"
 #include "model/sampler.h"
 #include "sessions/metrics.h"
 
@@ -96,6 +97,16 @@ typedef struct kvp_turn_stats {
     const char *stop;        /* "eos", "length", "cancel", "stop" (a stop string) */
 } kvp_turn_stats;
 
+/* One token of a reply with its log-probability (natural log, the model's distribution at
+ * temperature 1 before any penalty, bias or grammar: model/logprobs.h). */
+typedef struct kvp_hub_logprob {
+    int token;
+    float logprob;
+    const char *bytes;   /* the token's bytes (not NUL-terminated; may hold part of a
+                          * UTF-8 character) */
+    int len;
+} kvp_hub_logprob;
+
 enum kvp_hub_event_type { KVP_HUB_SESSION, KVP_HUB_TOKEN, KVP_HUB_DONE, KVP_HUB_ERROR };
 
 /* Valid during the sink call only. */
@@ -118,6 +129,14 @@ typedef struct kvp_hub_event {
     const char *durable_error;
     const char *code;             /* ERROR: one of KVPD_E_* */
     int retry_after_ms;           /* ERROR: > 0 when trying again later may work */
+    /* TOKEN, DONE of a turn with logprobs: n_logprobs reply tokens, the i-th at
+     * logprobs[i * (1 + logprobs_top)] followed by its logprobs_top most likely
+     * alternatives (most likely first). TOKEN: the tokens whose text is now whole in what
+     * was sent (each token once, in order; a stream's last ones may come only with DONE);
+     * DONE: every token of the reply whose text is returned (a token a stop string cut
+     * into is not). NULL: the turn has none. */
+    const kvp_hub_logprob *logprobs;
+    int n_logprobs, logprobs_top;
 } kvp_hub_event;
 
 typedef void (*kvp_hub_sink)(void *ctx, const kvp_hub_event *ev);
@@ -199,6 +218,10 @@ typedef struct kvp_turn_opts {
     size_t reply_prefix_len;
     const char *end_after;
     size_t end_after_len;
+    /* Log-probabilities of the reply's tokens (kvp_hub_event.logprobs) with top_logprobs
+     * alternatives each (0..KVP_LOGPROBS_MAX_TOP; out of range: bad_request). */
+    int logprobs;
+    int top_logprobs;
 } kvp_turn_opts;
 
 /* kvp_hub_message with the turn's options (kvp_turn_opts, below). */

@@ -81,8 +81,13 @@ static kvpd_event *new_event(enum kvpd_event_type type, kvp_session *session,
 static void sink_token(void *ctx, kvp_session *session, const char *text, size_t len)
 {
     kvpd_event *ev = new_event(KVPD_EV_TOKEN, session, text, len, 0);
-    if (ev)   /* a lost token frame is survivable; the done frame has the full reply */
+    if (ev) {   /* a lost token frame is survivable; the done frame has the full reply */
+        /* the entries themselves stay in the turn's buffer, written before this post
+         * and untouched after it while the turn runs */
+        ev->lp_from = session->turn.lp_from;
+        ev->lp_to = session->turn.lp_to;
         post(ctx, ev);
+    }
 }
 
 static void sink_done(void *ctx, kvp_session *session, const kvp_turn_stats *st,

@@ -37,6 +37,7 @@ typedef struct kvpd_event {
     int code;                  /* ERROR: negative errno; JOB: 0 or negative errno */
     kvp_turn_stats stats;      /* DONE */
     kvpd_step_info step;       /* STEP (session NULL) */
+    int lp_from, lp_to;        /* TOKEN: the reply tokens whose logprobs go with it */
     struct kvpd_event *next;
 } kvpd_event;
 

@@ -5,6 +5,7 @@
 #include "sessions/session.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -147,6 +148,8 @@ static void turn_clear(kvp_turn *t)
     free(t->tools);
     free(t->prefix);
     free(t->tok_end);
+    free(t->lp);
+    free(t->lp_row);
     free((void *)t->sampling.bias);
     kvp_turn_grammar_free(t);
     kvp_canary_rec_free(t->canary);
@@ -337,6 +340,36 @@ int kvp_session_begin_turn(kvp_session *s, const char *text, size_t len, int max
     t->state = KVP_TURN_START;
     s->io_next = 1;   /* turn_start, a job before the turn's first step */
     t->t_start = now;
+    return 0;
+}
+
+int kvp_session_turn_logprobs(kvp_session *s, int vocab, int top)
+{
+    kvp_turn *t = &s->turn;
+    if (top < 0)
+        return 0;
+    if (top > KVP_LOGPROBS_MAX_TOP || vocab <= 0 || t->max_tokens <= 0)
+        return -EINVAL;
+    int k = top < vocab ? top : vocab;
+    t->lp = malloc((size_t)t->max_tokens * (size_t)(1 + k) * sizeof *t->lp);
+    t->lp_row = malloc((size_t)vocab * sizeof *t->lp_row);
+    /* each token's end in the reply, so token events and a stop string's cut know which
+     * tokens' text is out (grown here, never in the step) */
+    size_t *te = realloc(t->tok_end, (size_t)t->max_tokens * sizeof *te);
+    if (te) {
+        t->tok_end = te;
+        t->tok_end_cap = t->max_tokens;
+    }
+    if (!t->lp || !t->lp_row || !te) {
+        free(t->lp);
+        free(t->lp_row);
+        t->lp = NULL;
+        t->lp_row = NULL;
+        return -ENOMEM;
+    }
+    t->lp_on = 1;
+    t->lp_k = k;
+    t->lp_cap = t->max_tokens;
     return 0;
 }
 
@@ -627,27 +660,50 @@ static int reply_append(kvp_turn *t, const char *p, size_t n)
     return 0;
 }
 
-/* Gives the sink the reply up to `upto` (what it has not had yet). */
+/* With logprobs: how many of the reply's tokens have all their text in reply[0..upto)
+ * (a token that ends inside a character is whole once a later token ends it). */
+static int lp_whole(const kvp_turn *t, size_t upto)
+{
+    int n = t->lp_sent;
+    for (int i = t->lp_sent; i < t->stats.generated_tokens; i++) {
+        if (t->tok_end[i] == SIZE_MAX)
+            continue;
+        if (t->tok_end[i] > upto)
+            break;
+        n = i + 1;
+    }
+    return n;
+}
+
+/* Gives the sink the reply up to `upto` (what it has not had yet), with the logprobs of
+ * the tokens that text completes (lp_from..lp_to, read by the sink). */
 static void emit(kvp_session *s, const kvp_turn_sink *sink, size_t upto)
 {
     kvp_turn *t = &s->turn;
     if (upto > t->sent) {
+        t->lp_from = t->lp_to = t->lp_sent;
+        if (t->lp_on)
+            t->lp_to = t->lp_sent = lp_whole(t, upto);
         sink->token(sink->ctx, s, t->reply + t->sent, upto - t->sent);
+        t->lp_from = t->lp_to = t->lp_sent;
         t->sent = upto;
     }
 }
 
-/* Reply text (valid UTF-8): kept, looked through for the turn's stop strings, and given
- * to the sink but for what could still begin one (held back until it cannot, or the
- * turn ends). After a stop string nothing more is kept. */
-static int reply_text(kvp_session *s, const kvp_turn_sink *sink, const char *p, size_t n)
+/* Reply text (valid UTF-8): kept and looked through for the turn's stop strings; returns
+ * how much of the reply may go to the sink: all but what could still begin one (held
+ * back until it cannot, or the turn ends). After a stop string nothing more is kept.
+ * *err: 0 or -ENOMEM. */
+static size_t reply_keep(kvp_turn *t, const char *p, size_t n, int *err)
 {
-    kvp_turn *t = &s->turn;
+    *err = 0;
     if (t->stopped)
-        return 0;
+        return t->sent;
     size_t from = t->reply_len;
-    if (reply_append(t, p, n) < 0)
-        return -ENOMEM;
+    if (reply_append(t, p, n) < 0) {
+        *err = -ENOMEM;
+        return t->sent;
+    }
     size_t upto = t->reply_len;
     if (t->n_stop) {
         /* only where a stop string could end in the new text */
@@ -666,6 +722,16 @@ static int reply_text(kvp_session *s, const kvp_turn_sink *sink, const char *p, 
                ((unsigned char)t->reply[upto] & 0xC0) == 0x80)
             upto--;   /* whole characters only */
     }
+    return upto;
+}
+
+/* reply_keep, then the sink gets what may go out. */
+static int reply_text(kvp_session *s, const kvp_turn_sink *sink, const char *p, size_t n)
+{
+    int err;
+    size_t upto = reply_keep(&s->turn, p, n, &err);
+    if (err)
+        return err;
     emit(s, sink, upto);
     return 0;
 }
@@ -803,7 +869,12 @@ static int finish(kvp_session *s, const kvp_session_env *env, const kvp_turn_sin
     kvp_turn *t = &s->turn;
     char tail[4];
     size_t n = kvp_utf8_flush(&t->utf8, tail);
+    if (t->lp_on && !t->stopped)   /* the reply's end ends its last tokens */
+        for (int i = t->stats.generated_tokens - 1; i >= 0 && t->tok_end[i] == SIZE_MAX; i--)
+            t->tok_end[i] = t->reply_len + n;
     int rc = n ? reply_text(s, sink, tail, n) : 0;
+    if (t->lp_on)   /* the tokens whose text is returned: up to a stop string's cut */
+        t->lp_n = lp_whole(t, t->stopped ? t->stop_at : SIZE_MAX - 1);
     if (!rc && t->stopped) {
         rc = cut_at_stop(s, env);
         stop = "stop";
@@ -895,7 +966,7 @@ static int take_token(kvp_session *s, const kvp_session_env *env, const kvp_turn
     t->stats.generated_tokens++;
     if (t->t_first == 0)
         t->t_first = kvp_now();
-    size_t plen = 0;
+    size_t plen = 0, upto = t->sent;
     const char *piece = kvp_tokenizer_piece(&env->model->tok, prev, tok, &plen);
     if (piece && plen) {
         char buf[3 * 64 + 4];
@@ -903,13 +974,18 @@ static int take_token(kvp_session *s, const kvp_session_env *env, const kvp_turn
         while (off < plen) {   /* pieces are short; chunk anyway to bound buf */
             size_t n = plen - off > 64 ? 64 : plen - off;
             size_t o = kvp_utf8_feed(&t->utf8, piece + off, n, buf);
-            if (o && reply_text(s, sink, buf, o) < 0)
+            int err = 0;
+            if (o)
+                upto = reply_keep(t, buf, o, &err);
+            if (err)
                 return fail(s, env, sink, 0, -ENOMEM, "reply", NULL);
             off += n;
         }
     }
-    if (t->n_stop && note_token_end(t) < 0)
+    /* the token's end first, so the text it sends carries its logprobs */
+    if ((t->n_stop || t->lp_on) && note_token_end(t) < 0)
         return fail(s, env, sink, 0, -ENOMEM, "reply", NULL);
+    emit(s, sink, upto);
     if (t->stopped)
         return finish(s, env, sink, "stop");
     if (t->stats.generated_tokens >= t->max_tokens)
@@ -1167,7 +1243,7 @@ static int samples(const kvp_session *s, const kvp_batch_seq *q)
 
 /* Draws the session's next token from logits (which the sampler overwrites); a canary
  * turn first records the distribution (on failure the record is dropped). */
-static int draw(kvp_session *s, const kvp_session_env *env, float *logits)
+static int draw_sampled(kvp_session *s, const kvp_session_env *env, float *logits)
 {
     kvp_turn *t = &s->turn;
     if (t->canary) {
@@ -1185,6 +1261,31 @@ static int draw(kvp_session *s, const kvp_session_env *env, float *logits)
         return tok;
     }
     return kvp_turn_draw(s, env, logits);
+}
+
+/* With logprobs: the raw row is kept before the sampler changes it, and the drawn
+ * token's entry (with its alternatives) goes where take_token will count it. */
+static int draw(kvp_session *s, const kvp_session_env *env, float *logits)
+{
+    kvp_turn *t = &s->turn;
+    int g = t->stats.generated_tokens;
+    if (!t->lp_on || g >= t->lp_cap)
+        return draw_sampled(s, env, logits);
+    int vocab = s->sampler.vocab_size;
+    memcpy(t->lp_row, logits, (size_t)vocab * sizeof *logits);
+    int tok = draw_sampled(s, env, logits);
+    kvp_hub_logprob *e = t->lp + (size_t)g * (size_t)(1 + t->lp_k);
+    kvp_logprob top[KVP_LOGPROBS_MAX_TOP], own;
+    int m = kvp_logprobs(t->lp_row, vocab, tok < 0 || tok >= vocab ? 0 : tok, t->lp_k, &own, top);
+    int prev = s->n_tokens ? s->tokens[s->n_tokens - 1] : -1;
+    for (int j = 0; j <= t->lp_k; j++) {
+        kvp_logprob l = j == 0 ? own : j - 1 < m ? top[j - 1] : (kvp_logprob){-1, -INFINITY};
+        size_t len = 0;
+        const char *p = l.token >= 0 ? kvp_tokenizer_piece(&env->model->tok, prev, l.token, &len)
+                                     : NULL;
+        e[j] = (kvp_hub_logprob){l.token, l.logprob, p ? p : "", (int)len};
+    }
+    return tok;
 }
 
 typedef struct sample_job {

@@ -124,6 +124,15 @@ typedef struct kvp_turn {
     /* The eviction canary's record of this turn's distributions (sessions/canary.h;
      * NULL: not sampled); the hub takes it when the turn is done. */
     struct kvp_canary_rec *canary;
+    /* Log-probabilities (kvp_turn_opts.logprobs; lp_on 0: none): per reply token, in
+     * lp[i * (1 + lp_k)], its own entry then its lp_k most likely alternatives, for
+     * lp_cap tokens (max_tokens); lp_row: the raw logits copied before the draw. Both
+     * made when the turn is armed, so the step allocates nothing. lp_sent: tokens whose
+     * entries went out with token events; lp_from..lp_to: those of the event being sent;
+     * lp_n: the reply's at its end (those whose text is returned). */
+    int lp_on, lp_k, lp_cap, lp_sent, lp_from, lp_to, lp_n;
+    kvp_hub_logprob *lp;
+    float *lp_row;
 } kvp_turn;
 
 enum kvp_session_state {
@@ -291,6 +300,10 @@ int kvp_session_begin_turn(kvp_session *s, const char *text, size_t len, int max
 int kvp_session_turn_stops(kvp_session *s, const char *const *stop, const size_t *len, int n);
 /* The turn's sampling settings (o's biases copied); -EINVAL as kvp_sample_opts_check. */
 int kvp_session_turn_sampling(kvp_session *s, const kvp_sample_opts *o);
+/* Loop, after kvp_session_begin_turn: the turn records log-probabilities for each reply
+ * token with top alternatives (0..KVP_LOGPROBS_MAX_TOP; more than the vocabulary: all of
+ * it); top < 0: none. 0, -EINVAL or -ENOMEM. */
+int kvp_session_turn_logprobs(kvp_session *s, int vocab, int top);
 /* The reply of the armed turn is one of g's documents (sessions/constrain.c): each token
  * is drawn from those that continue it, a stop token only once it is whole. 0 or -ENOMEM. */
 int kvp_session_turn_grammar(kvp_session *s, struct kvp_grammar *g);

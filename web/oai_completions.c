@@ -1,6 +1,9 @@
 /* POST /v1/completions (docs/openai.md): OpenAI's legacy text completion. `prompt` (one
  * string) in, `text` out, whole (`text_completion`) or streamed as Server-Sent Events
- * (`text_completion` chunks, then `data: [DONE]`). The sampling fields, `max_tokens`,
+ * (`text_completion` chunks, then `data: [DONE]`). `logprobs: N` (0..20) gives each
+ * token's log-probability and its N most likely alternatives in the legacy shape
+ * (tokens, token_logprobs, top_logprobs, text_offset in bytes from the prompt's start).
+ * The sampling fields, `max_tokens`,
  * `stop`, `seed` and `stream_options` are the chat completion's (kvpd_oai_options). The
  * prompt goes to kvp_hub_complete, which continues the session whose texts it extends,
  * so a prompt that repeats an earlier prompt and its completion reuses that cache. Served
@@ -27,13 +30,30 @@ static void start(kvpd_conn *c)
     o->status = 200;
 }
 
+/* With logprobs: the choice's logprobs in the legacy shape, of n tokens from lp. */
+static json_t *with_logprobs(kvpd_oai *o, json_t *j, const kvp_hub_event *ev, int from, int n)
+{
+    if (!o->req.turn.logprobs)
+        return j;
+    json_t *choice = json_array_get(json_object_get(j, "choices"), 0);
+    const kvp_hub_logprob *lp = ev->logprobs ? ev->logprobs + (size_t)from * (size_t)(1 + ev->logprobs_top)
+                                             : NULL;
+    if (choice)
+        json_object_set_new(choice, "logprobs",
+                            kvpd_oai_logprobs_legacy(lp, lp ? n : 0, ev->logprobs_top,
+                                                     &o->req.lp_offset));
+    return j;
+}
+
 static void token(kvpd_conn *c, const kvp_hub_event *ev)
 {
     kvpd_oai *o = c->oai;
     if (!o->req.stream || !ev->len)
         return;
     start(c);
-    kvpd_oai_sse(c, NULL, chunk(o, ev->text, ev->len, NULL));
+    json_t *j = with_logprobs(o, chunk(o, ev->text, ev->len, NULL), ev, 0, ev->n_logprobs);
+    o->req.lp_sent += ev->n_logprobs;
+    kvpd_oai_sse(c, NULL, j);
 }
 
 static void done(kvpd_conn *c, const kvp_hub_event *ev)
@@ -42,14 +62,16 @@ static void done(kvpd_conn *c, const kvp_hub_event *ev)
     const kvp_turn_stats *st = ev->stats;
     const char *finish = kvpd_oai_finish_reason(st, 0);
     if (!o->req.stream) {
-        json_t *j = chunk(o, ev->text, ev->len, finish);
+        json_t *j = with_logprobs(o, chunk(o, ev->text, ev->len, finish), ev, 0, ev->n_logprobs);
         json_object_set_new(j, "usage", kvpd_oai_usage(st));
         json_object_set_new(j, "kvpd", kvpd_oai_kvpd_stats(o->session, o->durable, st));
         kvpd_oai_answer(c, 200, j);
         return;
     }
     start(c);
-    kvpd_oai_sse(c, NULL, chunk(o, "", 0, finish));
+    int rest = ev->n_logprobs - o->req.lp_sent;   /* tokens whose text came before */
+    kvpd_oai_sse(c, NULL, with_logprobs(o, chunk(o, "", 0, finish), ev, o->req.lp_sent,
+                                        rest > 0 ? rest : 0));
     if (o->req.include_usage) {
         json_t *j = json_pack("{s:s, s:s, s:I, s:s, s:[]}", "id", o->id, "object",
                               "text_completion", "created", (json_int_t)o->created, "model",
@@ -76,9 +98,9 @@ static const char *refused(json_t *req)
     v = json_object_get(req, "best_of");
     if (v && !json_is_null(v) && !(json_is_integer(v) && json_integer_value(v) == 1))
         return "best_of";
-    v = json_object_get(req, "logprobs");
-    if (v && !json_is_null(v) && !(json_is_integer(v) && json_integer_value(v) == 0))
-        return "logprobs";
+    v = json_object_get(req, "top_logprobs");   /* chat's: here logprobs is the count */
+    if (v && !json_is_null(v))
+        return "top_logprobs";
     /* chat completions' fields, which a text completion has no place for */
     static const char *chat_only[] = {"tools", "tool_choice", "parallel_tool_calls",
                                       "response_format"};
@@ -107,6 +129,19 @@ void kvpd_oai_completions(kvpd_conn *c)
     }
     if (kvpd_oai_model_ok(c, req) < 0 || kvpd_oai_options(c, req, &t) < 0)
         goto out;
+    /* logprobs: N, the legacy form: each token's logprob and its N most likely */
+    json_t *lp = json_object_get(req, "logprobs");
+    if (lp && !json_is_null(lp)) {
+        if (!json_is_integer(lp) || json_integer_value(lp) < 0 ||
+            json_integer_value(lp) > KVP_LOGPROBS_MAX_TOP) {
+            snprintf(msg, sizeof msg, "logprobs must be an integer from 0 to %d",
+                     KVP_LOGPROBS_MAX_TOP);
+            kvpd_oai_fail(c, KVPD_OAI_E_INVALID_REQUEST, "logprobs", msg);
+            goto out;
+        }
+        t.logprobs = o->req.turn.logprobs = 1;
+        t.top_logprobs = o->req.turn.top_logprobs = (int)json_integer_value(lp);
+    }
     /* One prompt: a string, or an array holding one string. Token ids and several
      * prompts (one choice each) are not served. */
     json_t *p = json_object_get(req, "prompt");
@@ -131,6 +166,7 @@ void kvpd_oai_completions(kvpd_conn *c)
         kvpd_oai_fail(c, KVPD_OAI_E_UNSUPPORTED_MODEL, NULL, msg);
         goto out;
     }
+    o->req.lp_offset = json_string_length(p);   /* text_offset counts from the prompt's start */
     kvp_hub_client *hc = kvpd_oai_client(c);
     if (hc)
         kvp_hub_complete(hc, json_string_value(p), json_string_length(p), &t);

@@ -82,15 +82,12 @@ int kvpd_oai_parse_model(json_t *req, const kvpd_oai_limits *l, kvpd_oai_err *e)
 /* Fields whose meaning kvpd cannot honour: the first one present, or NULL. */
 static const char *unsupported(json_t *req)
 {
-    static const char *absent[] = {"functions", "function_call", "top_logprobs", "audio",
-                                   "prediction"};
+    static const char *absent[] = {"functions", "function_call", "audio", "prediction"};
     for (size_t i = 0; i < sizeof absent / sizeof absent[0]; i++) {
         json_t *v = json_object_get(req, absent[i]);
         if (v && !json_is_null(v) && !(json_is_array(v) && json_array_size(v) == 0))
             return absent[i];
     }
-    if (json_is_true(json_object_get(req, "logprobs")))
-        return "logprobs";
     json_t *mod = json_object_get(req, "modalities");
     if (mod && !json_is_null(mod) && (json_array_size(mod) != 1 ||
                                       !json_is_string(json_array_get(mod, 0)) ||
@@ -304,6 +301,29 @@ bad:
     return -1;
 }
 
+int kvpd_oai_parse_logprobs(json_t *req, kvpd_oai_req *r, kvpd_oai_err *e)
+{
+    json_t *lp = json_object_get(req, "logprobs"), *top = json_object_get(req, "top_logprobs");
+    if (lp && !json_is_null(lp) && !json_is_boolean(lp))
+        return bad(e, KVPD_OAI_E_INVALID_REQUEST, "logprobs", "logprobs must be a boolean");
+    int on = json_is_true(lp);
+    if (top && !json_is_null(top)) {
+        if (!json_is_integer(top) || json_integer_value(top) < 0 ||
+            json_integer_value(top) > KVP_LOGPROBS_MAX_TOP)
+            return bad(e, KVPD_OAI_E_INVALID_REQUEST, "top_logprobs",
+                       "top_logprobs must be an integer from 0 to %d", KVP_LOGPROBS_MAX_TOP);
+        if (!on)
+            return bad(e, KVPD_OAI_E_INVALID_REQUEST, "top_logprobs",
+                       "top_logprobs needs logprobs: true");
+        r->turn.top_logprobs = (int)json_integer_value(top);
+    }
+    if (on && r->tools.parse)
+        return bad(e, KVPD_OAI_E_UNSUPPORTED_PARAMETER, "logprobs",
+                   "logprobs with tools is not supported by kvpd");
+    r->turn.logprobs = on;
+    return 0;
+}
+
 int kvpd_oai_parse_chat(const char *body, size_t len, const kvpd_oai_limits *l,
                         kvpd_oai_req *r, kvpd_oai_err *e)
 {
@@ -311,7 +331,8 @@ int kvpd_oai_parse_chat(const char *body, size_t len, const kvpd_oai_limits *l,
     if (!req)
         return -1;
     int rc = -1;
-    if (kvpd_oai_parse_model(req, l, e) < 0 || kvpd_oai_parse_options(req, l, r, e) < 0)
+    if (kvpd_oai_parse_model(req, l, e) < 0 || kvpd_oai_parse_options(req, l, r, e) < 0 ||
+        kvpd_oai_parse_logprobs(req, r, e) < 0)
         goto out;
     json_t *hist = NULL;
     kvpd_oai_tools_err te;

@@ -57,6 +57,8 @@ typedef struct kvpd_oai_req {
     int n_msgs;
     char *system;                 /* the conversation's system text (NULL: none) */
     size_t system_len;
+    int lp_sent;                  /* logprobs: reply tokens streamed so far */
+    size_t lp_offset;             /* legacy logprobs: the next token's text_offset */
     int has_session;              /* the body named a session ... */
     char session[KVP_SESSION_ID_LEN + 1];   /* ... this one (checked) */
 } kvpd_oai_req;
@@ -71,6 +73,9 @@ int kvpd_oai_parse_model(json_t *req, const kvpd_oai_limits *l, kvpd_oai_err *e)
  * answer's form (stream, stream_options) into r->turn and r. 0, or -1 with e set. */
 int kvpd_oai_parse_options(json_t *req, const kvpd_oai_limits *l, kvpd_oai_req *r,
                            kvpd_oai_err *e);
+/* Chat completions' logprobs (a boolean) and top_logprobs (0..20, only with logprobs)
+ * into r->turn; with tools they are refused. 0, or -1 with e set. */
+int kvpd_oai_parse_logprobs(json_t *req, kvpd_oai_req *r, kvpd_oai_err *e);
 /* A whole POST /v1/chat/completions body: the JSON, model, options, messages (a system
  * or developer message first is the system text, later ones fold into the user message
  * that follows) and session. 0, or -1 with e set and no messages held. */

@@ -1,10 +1,13 @@
 /* The OpenAI API's answers (web/oai_reply.h): JSON and Server-Sent Event bytes. */
 #include "web/oai_reply.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+
+#include "base/utf8.h"
 
 json_t *kvpd_oai_error_json(enum kvpd_oai_code code, const char *param, const char *msg,
                             size_t len)
@@ -34,6 +37,82 @@ json_t *kvpd_oai_kvpd_stats(const char *session, int durable, const kvp_turn_sta
 const char *kvpd_oai_finish_reason(const kvp_turn_stats *st, int tool_calls)
 {
     return tool_calls > 0 ? "tool_calls" : !strcmp(st->stop, "length") ? "length" : "stop";
+}
+
+/* A token's bytes as a JSON string: valid UTF-8, what cannot be as U+FFFD. */
+static json_t *token_string(const kvp_hub_logprob *e)
+{
+    char buf[3 * 256 + 8];
+    kvp_utf8 u = {0};
+    size_t n = (size_t)e->len > 256 ? 256 : (size_t)e->len;
+    size_t k = kvp_utf8_feed(&u, e->bytes, n, buf);
+    k += kvp_utf8_flush(&u, buf + k);
+    return json_stringn(buf, k);
+}
+
+static double lp_value(float v)
+{
+    return isfinite(v) ? (double)v : -9999.0;
+}
+
+static json_t *token_entry(const kvp_hub_logprob *e, int with_top, int top)
+{
+    json_t *bytes = json_array();
+    for (int i = 0; bytes && i < e->len; i++)
+        json_array_append_new(bytes, json_integer((unsigned char)e->bytes[i]));
+    json_t *j = json_pack("{s:o, s:f, s:o}", "token", token_string(e), "logprob",
+                          lp_value(e->logprob), "bytes", bytes);
+    if (j && with_top) {
+        json_t *alts = json_array();
+        for (int i = 1; alts && i <= top; i++)
+            if (e[i].token >= 0)
+                json_array_append_new(alts, token_entry(&e[i], 0, 0));
+        json_object_set_new(j, "top_logprobs", alts);
+    }
+    return j;
+}
+
+json_t *kvpd_oai_logprobs_content(const kvp_hub_logprob *lp, int n, int top)
+{
+    json_t *a = json_array();
+    for (int i = 0; a && i < n; i++)
+        json_array_append_new(a, token_entry(lp + (size_t)i * (size_t)(1 + top), 1, top));
+    return a;
+}
+
+json_t *kvpd_oai_logprobs_legacy(const kvp_hub_logprob *lp, int n, int top, size_t *offset)
+{
+    json_t *tokens = json_array(), *values = json_array(), *tops = json_array(),
+           *offs = json_array();
+    for (int i = 0; i < n; i++) {
+        const kvp_hub_logprob *e = lp + (size_t)i * (size_t)(1 + top);
+        json_array_append_new(tokens, token_string(e));
+        json_array_append_new(values, json_real(lp_value(e->logprob)));
+        json_t *alts = json_object();
+        for (int j = 1; j <= top; j++) {
+            if (e[j].token < 0)
+                continue;
+            json_t *s = token_string(&e[j]);
+            /* two tokens with one spelling: the more likely (first) keeps the key */
+            if (s && !json_object_get(alts, json_string_value(s)))
+                json_object_set_new(alts, json_string_value(s), json_real(lp_value(e[j].logprob)));
+            json_decref(s);
+        }
+        json_array_append_new(tops, alts);
+        json_array_append_new(offs, json_integer((json_int_t)*offset));
+        *offset += (size_t)e->len;
+    }
+    return json_pack("{s:o, s:o, s:o, s:o}", "tokens", tokens, "token_logprobs", values,
+                     "top_logprobs", tops, "text_offset", offs);
+}
+
+json_t *kvpd_oai_with_logprobs(json_t *j, const kvp_hub_logprob *lp, int n, int top)
+{
+    json_t *choice = json_array_get(json_object_get(j, "choices"), 0);
+    if (choice)
+        json_object_set_new(choice, "logprobs",
+                            json_pack("{s:o}", "content", kvpd_oai_logprobs_content(lp, n, top)));
+    return j;
 }
 
 json_t *kvpd_oai_chunk(const kvpd_oai_meta *m, json_t *choices)

@@ -24,6 +24,20 @@ json_t *kvpd_oai_kvpd_stats(const char *session, int durable, const kvp_turn_sta
  * "stop". */
 const char *kvpd_oai_finish_reason(const kvp_turn_stats *st, int tool_calls);
 
+/* Log-probabilities of n reply tokens (kvp_hub_event.logprobs, top alternatives each) as
+ * chat completions give them: the `content` array of {token, logprob, bytes,
+ * top_logprobs: [{token, logprob, bytes}]}. A token's string is its bytes as UTF-8 (a
+ * partial character as U+FFFD; bytes are exact); a logprob of no mass is -9999. */
+json_t *kvpd_oai_logprobs_content(const kvp_hub_logprob *lp, int n, int top);
+/* The same in the legacy completions' shape {tokens, token_logprobs, top_logprobs (one
+ * object token -> logprob per token), text_offset}: the byte offset of each token, the
+ * first at *offset, which is moved past the last. */
+json_t *kvpd_oai_logprobs_legacy(const kvp_hub_logprob *lp, int n, int top, size_t *offset);
+
+/* Sets choices[0].logprobs of a chat completion or chunk j to {"content": [...]} of
+ * those tokens (kvpd_oai_logprobs_content); returns j. */
+json_t *kvpd_oai_with_logprobs(json_t *j, const kvp_hub_logprob *lp, int n, int top);
+
 /* The fields every chat completion object and chunk carries. */
 typedef struct kvpd_oai_meta {
     const char *id;

@@ -296,7 +296,7 @@ static const char *refused(json_t *req)
     /* function tools here have the Responses API's flat shape, not chat's: not yet */
     static const char *absent[] = {"reasoning", "include", "conversation", "prompt",
                                    "background", "tools", "tool_choice",
-                                   "parallel_tool_calls"};
+                                   "parallel_tool_calls", "top_logprobs", "logprobs"};
     for (size_t i = 0; i < sizeof absent / sizeof absent[0]; i++) {
         v = json_object_get(req, absent[i]);
         if (v && !json_is_null(v) && !json_is_false(v) &&

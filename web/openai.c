@@ -108,27 +108,38 @@ static void stream_tools(kvpd_conn *c, const char *text, size_t len, int final)
     o->tool_calls = o->req.tools.calls_sent;
 }
 
-static void stream_text(kvpd_conn *c, const char *text, size_t len)
+/* A content delta; with logprobs, those of the n tokens its text completes. */
+static void stream_text(kvpd_conn *c, const char *text, size_t len, const kvp_hub_logprob *lp,
+                        int n, int top)
 {
     kvpd_oai *o = c->oai;
     if (o->req.tools.parse) {
         stream_tools(c, text, len, 0);
         return;
     }
-    if (!len)
+    if (!len && !n)
         return;
     json_t *delta = json_object();
     json_object_set_new(delta, "content", json_stringn(text, len));
     kvpd_oai_meta m = meta(o);
-    sse(c, NULL, kvpd_oai_chunk(&m, kvpd_oai_chunk_delta(delta)));
+    json_t *j = kvpd_oai_chunk(&m, kvpd_oai_chunk_delta(delta));
+    if (o->req.turn.logprobs) {
+        kvpd_oai_with_logprobs(j, lp, n, top);
+        o->req.lp_sent += n;
+    }
+    sse(c, NULL, j);
 }
 
 /* ---- the hub's events ---- */
 
-static void finish_stream(kvpd_conn *c, const kvp_turn_stats *st)
+static void finish_stream(kvpd_conn *c, const kvp_hub_event *ev)
 {
     kvpd_oai *o = c->oai;
+    const kvp_turn_stats *st = ev->stats;
     stream_start(c);
+    if (o->req.turn.logprobs && ev->n_logprobs > o->req.lp_sent)   /* the last tokens' */
+        stream_text(c, "", 0, ev->logprobs + (size_t)o->req.lp_sent * (size_t)(1 + ev->logprobs_top),
+                    ev->n_logprobs - o->req.lp_sent, ev->logprobs_top);
     if (o->req.tools.parse)
         stream_tools(c, "", 0, 1);
     kvpd_oai_meta m = meta(o);
@@ -186,13 +197,16 @@ static void done(kvpd_conn *c, const kvp_hub_event *ev)
         return;
     }
     if (o->req.stream) {   /* the tokens carried the whole reply */
-        finish_stream(c, st);
+        finish_stream(c, ev);
         return;
     }
     json_t *msg = kvpd_oai_tools_reply(&o->req.tools, ev->text, ev->len, &o->tool_calls);
     kvpd_oai_meta m = meta(o);
-    answer(c, 200, kvpd_oai_completion(&m, msg, kvpd_oai_finish_reason(st, o->tool_calls), st,
-                                       o->session, o->durable));
+    json_t *j = kvpd_oai_completion(&m, msg, kvpd_oai_finish_reason(st, o->tool_calls), st,
+                                    o->session, o->durable);
+    if (o->req.turn.logprobs)
+        kvpd_oai_with_logprobs(j, ev->logprobs, ev->n_logprobs, ev->logprobs_top);
+    answer(c, 200, j);
 }
 
 static void hub_error(kvpd_conn *c, const kvp_hub_event *ev)
@@ -248,7 +262,7 @@ static void on_hub_event(void *ctx, const kvp_hub_event *ev)
             o->codec->token(c, ev);
         else if (o->req.stream) {
             stream_start(c);
-            stream_text(c, ev->text, ev->len);
+            stream_text(c, ev->text, ev->len, ev->logprobs, ev->n_logprobs, ev->logprobs_top);
         }
         break;
     case KVP_HUB_DONE:

@@ -117,7 +117,12 @@ Test(openai, every_bad_request_gets_its_status_and_the_daemon_keeps_serving)
     expect_error(&d, NULL, USER("x") ",\"n\":2}", 400, "n");
     /* tools need a model whose template has a tool-call format: stories260K has none */
     expect_error(&d, NULL, USER("x") ",\"tools\":[{\"type\":\"function\"}]}", 400, "tools");
-    expect_error(&d, NULL, USER("x") ",\"logprobs\":true}", 400, "logprobs");
+    /* logprobs are served now (tests/daemon/test_logprobs.c): what is refused is a
+     * malformed or out-of-range request for them */
+    expect_error(&d, NULL, USER("x") ",\"logprobs\":true,\"top_logprobs\":21}", 400,
+                 "top_logprobs");
+    expect_error(&d, NULL, USER("x") ",\"top_logprobs\":2}", 400, "top_logprobs");
+    expect_error(&d, NULL, USER("x") ",\"logprobs\":\"yes\"}", 400, "logprobs");
     /* json_object and json_schema are kept now (tests/openai/structured.mjs): an unknown
      * type and a schema kvpd cannot compile are what is refused */
     expect_error(&d, NULL, USER("x") ",\"response_format\":{\"type\":\"xml\"}}", 400,

@@ -78,6 +78,14 @@ static void sink(void *ctx, const kvp_hub_event *e)
     }
     if (e->stats)
         r->stats = *e->stats;
+    if (e->logprobs) {
+        size_t n = (size_t)e->n_logprobs * (size_t)(1 + e->logprobs_top);
+        r->lp = malloc(n * sizeof *r->lp + 1);
+        cr_assert(r->lp);
+        memcpy(r->lp, e->logprobs, n * sizeof *r->lp);
+        r->n_lp = e->n_logprobs;
+        r->lp_top = e->logprobs_top;
+    }
 }
 
 kvp_session *ht_session(ht_hub *h, const char *id)
@@ -94,8 +102,10 @@ void ht_client_new(ht_hub *h, ht_client *c)
 
 void ht_client_free(ht_client *c)
 {
-    for (int i = 0; i < c->n; i++)
+    for (int i = 0; i < c->n; i++) {
         free(c->ev[i].text);
+        free(c->ev[i].lp);
+    }
     c->n = 0;
 }
 

@@ -20,6 +20,9 @@ typedef struct ht_event {
     char system[128];
     char *text;              /* token text, reply, error message */
     kvp_turn_stats stats;
+    kvp_hub_logprob *lp;     /* TOKEN, DONE: a copy of the event's logprobs (bytes point
+                              * into the model's vocabulary) */
+    int n_lp, lp_top;
 } ht_event;
 
 typedef struct ht_client {

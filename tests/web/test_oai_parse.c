@@ -144,7 +144,9 @@ Test(oai_parse, fields_kvpd_cannot_honour)
 {
     const char *user = "\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]";
     static const struct { const char *field, *param; } bad[] = {
-        {"\"n\":2", "n"}, {"\"logprobs\":true", "logprobs"}, {"\"functions\":[{}]", "functions"},
+        {"\"n\":2", "n"}, {"\"functions\":[{}]", "functions"},
+        {"\"logprobs\":true,\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\","
+         "\"parameters\":{\"type\":\"object\"}}}]", "logprobs"},
         {"\"audio\":{}", "audio"}, {"\"modalities\":[\"audio\"]", "modalities"},
         {"\"response_format\":{\"type\":\"xml\"}", "response_format.type"},
     };
