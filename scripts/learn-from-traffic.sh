@@ -70,7 +70,9 @@ status=0
 "$kvp" learn --model "$model" --tokenizer "$tok" --transcripts "$out/learn" \
     --work "$out/work" --out "$out/learned.kvp" "${learn_opts[@]}" 2>&1 | tee "$out/learn.log" \
     || status=$?
-echo "learn-from-traffic: kvp learn in $(( $(date +%s) - start )) s" >&2
+echo "learn-from-traffic: kvp learn in $(( $(date +%s) - start )) s (exit $status)" >&2
+# 0: installed at --out; 3: kept the installed one (the candidate is still evaluated)
+[ $status = 0 ] || [ $status = 3 ] || exit 1
 learned=$out/learned.kvp
 if [ ! -f "$learned" ]; then
     # kept (exit 3): evaluate the candidate anyway

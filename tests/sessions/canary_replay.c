@@ -11,7 +11,6 @@
  * distribution is compared with the evicted one twice: the exact KL over the vocabulary,
  * and the canary's estimate (kvp_canary_note + kvp_canary_kl_pos, the top-16 partition
  * bound). Prints one line: the four means and the positions they are over. */
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -120,7 +119,11 @@ int main(int argc, char **argv)
     kvp_runstate s;
     float *q_all = malloc((size_t)ctx * V * sizeof *q_all);
     float *p_all = malloc((size_t)ctx * V * sizeof *p_all);
-    int *toks = malloc((size_t)ctx * sizeof *toks), *follow = malloc((size_t)ctx * sizeof *follow);
+    /* the text after a line: at most 16 contexts' worth of bytes, a token per byte at most
+     * (and the dummy prefix) */
+    size_t follow_max = (size_t)ctx * 16;
+    int *toks = malloc((size_t)ctx * sizeof *toks);
+    int *follow = malloc((follow_max + 16) * sizeof *follow);
     if (kvp_runstate_init(&s, &m.cfg, ctx) || !q_all || !p_all || !toks || !follow) {
         fprintf(stderr, "canary-replay: out of memory\n");
         return 1;
@@ -175,11 +178,9 @@ int main(int argc, char **argv)
             break;
         /* text: the line and what follows it, as many tokens, teacher forced */
         size_t rest = (size_t)(text + size - line);
-        if (rest > (size_t)ctx * 16)
-            rest = (size_t)ctx * 16;
-        int nt = kvp_tokenizer_encode(&m.tok, line, rest, 0, follow, ctx);
-        if (nt == -ENOSPC)
-            nt = ctx;
+        if (rest > follow_max)
+            rest = follow_max;
+        int nt = kvp_tokenizer_encode(&m.tok, line, rest, 0, follow, (int)follow_max + 16);
         if (nt >= n - 1) {
             toks[0] = m.tok.bos_id;
             memcpy(toks + 1, follow, (size_t)(n - 1) * sizeof *toks);
