@@ -10,7 +10,9 @@
  * At the reply positions of each (the ones the canary checks) the full cache's
  * distribution is compared with the evicted one twice: the exact KL over the vocabulary,
  * and the canary's estimate (kvp_canary_note + kvp_canary_kl_pos, the top-16 partition
- * bound). Prints one line: the four means and the positions they are over. */
+ * bound). A reply stops at EOS or BOS (the plain template's stops) or MAX_TOKENS. Prints
+ * one line: the four figures, each the mean over lines of a line's mean over its
+ * positions (the canary's weighting: every turn counts once), and the positions. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,9 +26,11 @@
 
 #define CHUNK 32
 
+/* Sums over lines of each line's mean (so every line weighs the same, as every turn does
+ * in the canary's mean), and the positions. */
 typedef struct sums {
     double exact, bound;
-    long n;
+    long lines, positions;
 } sums;
 
 static int fresh_cache(kvp_cache *c, const kvp_model *m)
@@ -44,6 +48,8 @@ static int compare(const kvp_model *m, kvp_runstate *s, const int *toks, int n, 
                    float *q_all, float *p_all, sums *out)
 {
     int V = m->cfg.vocab_size, rc;
+    double exact = 0.0, bound = 0.0;
+    long n_pos = 0;
     kvp_cache c;
     if ((rc = fresh_cache(&c, m)))
         return rc;
@@ -62,14 +68,20 @@ static int compare(const kvp_model *m, kvp_runstate *s, const int *toks, int n, 
             return -1;
         }
         int agree;
-        out->bound += kvp_canary_kl_pos(&r->pos[0], p, V, &agree);
+        bound += kvp_canary_kl_pos(&r->pos[0], p, V, &agree);
         kvp_canary_rec_free(r);
         kvp_canary_log_softmax(q, V);
         double kl = 0.0;
         for (int i = 0; i < V; i++)
             kl += exp((double)p[i]) * ((double)p[i] - (double)q[i]);
-        out->exact += kl;
-        out->n++;
+        exact += kl;
+        n_pos++;
+    }
+    if (rc == 0 && n_pos) {
+        out->exact += exact / (double)n_pos;
+        out->bound += bound / (double)n_pos;
+        out->lines++;
+        out->positions += n_pos;
     }
     return rc;
 }
@@ -167,7 +179,9 @@ int main(int argc, char **argv)
                 if (s.logits[i] > s.logits[best])
                     best = i;
             toks[n++] = best;
-            if (best == m.tok.eos_id || k == max_tokens - 1 || n == ctx)
+            /* the plain template's stops: EOS, and BOS (llama2.c stories end with it) */
+            if (best == m.tok.eos_id || best == m.tok.bos_id || k == max_tokens - 1 ||
+                n == ctx)
                 break;
             rc = kvp_gen_decode(&m, &s, &c, &e, best);
         }
@@ -200,13 +214,14 @@ int main(int argc, char **argv)
         done++;
         line = next;
     }
-    if (rc || !own.n || !txt.n) {
+    if (rc || !own.lines || !txt.lines) {
         fprintf(stderr, "canary-replay: failed (%d) after %d lines\n", rc, done);
         return 1;
     }
     printf("lines %d own_exact %.5f own_canary %.5f own_positions %ld text_exact %.5f "
-           "text_canary %.5f text_positions %ld\n", done, own.exact / own.n, own.bound / own.n,
-           own.n, txt.exact / txt.n, txt.bound / txt.n, txt.n);
+           "text_canary %.5f text_positions %ld\n", done, own.exact / own.lines,
+           own.bound / own.lines, own.positions, txt.exact / txt.lines, txt.bound / txt.lines,
+           txt.positions);
     free(text);
     free(q_all);
     free(p_all);
