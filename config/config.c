@@ -64,7 +64,7 @@ static const key_def keys[] = {
     {"static_dir", T_STR, F(static_dir), 0, 0, KVPD_DATA_DIR "/web/static", "directory of the chat page", FIXED},
     {"max_sessions", T_INT, F(max_sessions), 1, 1 << 20, "64", "sessions resident in memory at once (parked ones do not count)", LIVE},
     {"max_cache_bytes", T_BYTES, F(max_cache_bytes), 0, 0, "0", "KV cache bytes of all resident sessions (k/M/G suffixes; 0: no cap)", LIVE},
-    {"api_key", T_STR, F(api_key), 0, 0, "", "comma-separated bearer tokens, one per tenant, that every model endpoint (/v1/* and the /chat websocket) requires; a session belongs to the key that made it (empty, and no api_key_file: open, one tenant)", LIVE},
+    {"api_key", T_STR, F(api_key), 0, 0, "", "comma-separated bearer tokens, one per tenant, that every model endpoint (/v1/* and the /chat websocket: the header on its upgrade or its first frame {\"type\":\"auth\",\"token\":KEY}) requires; a session belongs to the key that made it (empty, and no api_key_file: open, one tenant)", LIVE},
     {"api_key_file", T_STR, F(api_key_file), 0, 0, "", "file of more API keys, one per line ('#' lines skipped), read at start and on SIGHUP", LIVE},
     {"max_body_bytes", T_INT, F(max_body_bytes), 1024, 1 << 26, "1048576", "largest HTTP request body accepted (/v1/chat/completions); larger ones are answered 413", LIVE},
     {"max_message_bytes", T_INT, F(max_message_bytes), 64, 1 << 24, "16384", "largest websocket message accepted", LIVE},

@@ -25,6 +25,7 @@ static const char *const message_fields[] = {
     "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty", "logit_bias",
     "seed", "stop", NULL};
 static const char *const cancel_fields[] = {"type", NULL};
+static const char *const auth_fields[] = {"type", "token", NULL};
 
 /* -EINVAL naming the first field the message type does not have (an unknown type is
  * left to the caller). */
@@ -34,6 +35,7 @@ static int unknown_field(json_t *root, const char *type, const char **code, char
     const char *const *known = !strcmp(type, "hello")     ? hello_fields
                                : !strcmp(type, "message") ? message_fields
                                : !strcmp(type, "cancel")  ? cancel_fields
+                               : !strcmp(type, "auth")    ? auth_fields
                                                           : NULL;
     if (!known)
         return 0;

@@ -48,7 +48,7 @@ async function loadPlaywright() {
 }
 
 // kvpd on `port` (0: any); resolves to { proc, port } once /healthz answers 200.
-async function startKvpd(stateDir, port) {
+async function startKvpd(stateDir, port, extra = []) {
   const args = [
     "--listen", `127.0.0.1:${port}`,
     "--model", join(shared, "models", "stories260K.bin"),
@@ -56,7 +56,7 @@ async function startKvpd(stateDir, port) {
     "--state-dir", stateDir,
     "--static-dir", join(source, "web", "static"),
     "--workers", "2", "--budget", "64", "--chunk", "16",
-    "--temperature", "0", "--max-tokens", "64",
+    "--temperature", "0", "--max-tokens", "64", ...extra,
   ];
   const proc = spawn(kvpdBin, args, { stdio: ["ignore", "ignore", "pipe"] });
   let log = "";
@@ -245,6 +245,32 @@ async function main() {
               `${shot("e2e-chat-reload.png")} (history after reload), ${shot("e2e-chat.png")} ` +
               "(after the restart)");
   await stopKvpd(kvpd);
+
+  // With an api_key the page's first frame is the auth frame, with the key from its
+  // field (kept in localStorage): without a key the daemon closes with 1008 and the page
+  // says a key is needed; with it, a session and a turn; after a reload, the key is kept.
+  const KEY = "e2e-page-key";
+  const keyed = await startKvpd("", 0, ["--api-key", KEY]);
+  cleanups.push(() => keyed.proc.exitCode === null && keyed.proc.kill("SIGKILL"));
+  const kpage = await context.newPage();
+  kpage.on("pageerror", (e) => console.error(`e2e: page error: ${e.message}`));
+  kpage.on("websocket", (ws) => ws.on("framereceived", (f) => {
+    if (typeof f.payload === "string" && f.payload.startsWith('{"type":"token"')) tokenFrames.count++;
+  }));
+  await kpage.goto(`http://127.0.0.1:${keyed.port}/`);
+  await kpage.locator("#status").filter({ hasText: "API key needed" }).waitFor({ timeout: 20000 });
+  check((await kpage.locator("#session").innerText()) === "", "without a key the keyed daemon gives the page no session");
+  await kpage.fill("#key", KEY);
+  await kpage.dispatchEvent("#key", "change");
+  await waitSession(kpage, "new", "with the key in its field the page gets a session");
+  check((await kpage.evaluate(() => localStorage.getItem("kvpd.key"))) === KEY, "the page keeps the key in localStorage");
+  await send(kpage, "A cat sat on the mat.", tokenFrames);
+  await kpage.reload();
+  check((await kpage.inputValue("#key")) === KEY, "the key field is filled again after a reload");
+  await waitSession(kpage, "resumed, 1 turn", "after a reload the keyed session is resumed");
+  await kpage.screenshot({ path: shot("e2e-chat-key.png"), fullPage: true });
+  await kpage.close();
+  await stopKvpd(keyed);
 }
 
 const watchdog = setTimeout(() => {

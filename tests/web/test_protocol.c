@@ -221,3 +221,25 @@ Test(protocol, bad_sampling_fields_and_unknown_fields_are_refused_by_name)
     cr_assert_lt(parse("{\"type\":\"cancel\",\"session\":\"x\"}", &m, &code), 0);
     cr_assert_str_eq(code, "bad_request");
 }
+
+Test(protocol, the_auth_frame)
+{
+    kvpd_client_msg m;
+    const char *code;
+    cr_assert_eq(parse("{\"type\":\"auth\",\"token\":\"k\\u0000ey\"}", &m, &code), 0);
+    cr_assert_eq(m.type, KVPD_MSG_AUTH);
+    cr_assert_eq(m.text_len, 4, "the token goes by its length, a NUL included");
+    cr_assert_eq(memcmp(m.text, "k\0ey", 4), 0);
+    kvpd_proto_msg_free(&m);
+    static const char *const bad[] = {"{\"type\":\"auth\"}", "{\"type\":\"auth\",\"token\":1}",
+                                      "{\"type\":\"auth\",\"token\":null}",
+                                      "{\"type\":\"auth\",\"token\":[\"k\"]}"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        cr_assert_lt(parse(bad[i], &m, &code), 0, "%s", bad[i]);
+        cr_assert_str_eq(code, "bad_request");
+        cr_assert_null(m.text);
+    }
+    char *ok = kvpd_proto_auth_ok();
+    cr_assert_str_eq(ok, "{\"type\":\"auth\",\"ok\":true}");
+    free(ok);
+}

@@ -89,10 +89,16 @@ function hello() {
   ws.send(JSON.stringify(sessionId ? { type: "hello", session: sessionId } : { type: "hello" }));
 }
 
+// One connection at a time: a socket that is no longer `ws` (replaced after a key
+// change) is ignored, so its late close cannot end the current one's turn.
+let reconnect = null;
 function connect() {
+  reconnect = null;
   const proto = location.protocol === "https:" ? "wss:" : "ws:";
-  ws = new WebSocket(`${proto}//${location.host}/chat`);
+  const sock = new WebSocket(`${proto}//${location.host}/chat`);
+  ws = sock;
   ws.onopen = () => {
+    if (sock !== ws) return;
     retry = 500;
     setStatus("connected");
     const key = keyField.value;
@@ -100,6 +106,7 @@ function connect() {
     else hello();
   };
   ws.onmessage = (ev) => {
+    if (sock !== ws) return;
     const m = JSON.parse(ev.data);
     if (m.type === "auth") {
       if (m.ok) hello();
@@ -150,11 +157,12 @@ function connect() {
     }
   };
   ws.onclose = (ev) => {
+    if (sock !== ws) return;
     // 1008: the daemon wants an API key (none given, or a wrong one).
     setStatus(ev.code === 1008 ? `API key needed (${ev.reason}), retrying…`
                                : "disconnected, retrying…");
     abandon();
-    setTimeout(connect, retry);
+    reconnect = setTimeout(connect, retry);
     retry = Math.min(retry * 2, 8000);
   };
 }
@@ -195,7 +203,13 @@ keyField.addEventListener("change", () => {
   if (keyField.value) localStorage.setItem("kvpd.key", keyField.value);
   else localStorage.removeItem("kvpd.key");
   retry = 500;
-  if (ws) ws.close();
+  if (reconnect) clearTimeout(reconnect);
+  const old = ws;
+  ws = null;
+  if (old) old.close();
+  if (current) { current.bot.classList.remove("streaming"); current = null; }
+  busy(false);
+  connect();
 });
 busy(false);
 connect();
