@@ -2,7 +2,7 @@
 // model against kvpd on a synthetic model with Qwen3's tokenizer and template (random
 // weights): an agent's chat turn, and an agent whose first turn must call its tool (the
 // SDK runs it and sends the result back, and the run then finishes with the model's
-// text).
+// text); outputType returning a parsed object; a handoff.
 //
 //   KVP_BUILD=build node tests/clients/agents.mjs   (meson test --suite clients runs it)
 import { checker, KEY, startKvpd, stopKvpd, synthQwen3 } from "../openai/lib.mjs";
@@ -48,6 +48,18 @@ try {
   check(items.includes("tool_call_item") && items.includes("tool_call_output_item"),
         `the run holds the call and its output (${items.join(", ")})`);
   check(typeof r.finalOutput === "string", `the run finishes after the tool's result: ${JSON.stringify(r.finalOutput)}`);
+  // outputType: the run's final output is the parsed object
+  const { z } = await import("zod");
+  const person = z.object({ name: z.string().max(8), n: z.number().int().min(0).max(9) });
+  const typed = await A.run(new A.Agent({ name: "typed", model: m, outputType: person, modelSettings: { maxTokens: 256 } }),
+                            "A person?");
+  check(person.safeParse(typed.finalOutput).success, `outputType returns a parsed object: ${JSON.stringify(typed.finalOutput)}`);
+  // a handoff: the forced transfer call moves the run to the other agent
+  const target = new A.Agent({ name: "target", instructions: "Be brief.", model: m, modelSettings: { maxTokens: 16 } });
+  const front = new A.Agent({ name: "front", model: m, handoffs: [target],
+                              modelSettings: { toolChoice: "required", maxTokens: 256 } });
+  const h = await A.run(front, "Pass me on.", { maxTurns: 4 });
+  check(h.lastAgent.name === "target", `the handoff moved the run to ${h.lastAgent.name}`);
 } finally {
   code = await stopKvpd(k, dir);
 }

@@ -2,7 +2,8 @@
 // kvpd on a synthetic model with Qwen3's tokenizer and template (random weights): a
 // generateText chat turn, a forced tool call the SDK parses and validates against the
 // tool's schema and then executes, and the tool result's step continuing the cached
-// conversation.
+// conversation; a named toolChoice; Output.object (with supportsStructuredOutputs) returning
+// a parsed object.
 //
 //   KVP_BUILD=build node tests/clients/aisdk.mjs   (meson test --suite clients runs it)
 import { checker, KEY, startKvpd, stopKvpd, synthQwen3 } from "../openai/lib.mjs";
@@ -49,6 +50,17 @@ try {
                                      messages: [{ role: "user", content: "Weather in Oslo?" }, ...r.response.messages] });
   const cached = r2.usage.inputTokenDetails?.cacheReadTokens ?? r2.usage.cachedInputTokens ?? 0;
   check(cached > 0, `the tool result's turn reuses the cache (${cached} of ${r2.usage.inputTokens} input tokens)`);
+  // a named tool is always the one called
+  const named = await ai.generateText({ model: provider(id), prompt: "Weather?", tools: { ...tools, other: tools.get_weather },
+                                        toolChoice: { type: "tool", toolName: "other" }, maxOutputTokens: 256, maxRetries: 0 });
+  check(named.toolCalls.length === 1 && named.toolCalls[0].toolName === "other", "toolChoice naming a tool calls it");
+  // Output.object: the provider sends the schema as json_schema when it is told kvpd takes it
+  const { z } = await import("zod");
+  const person = z.object({ name: z.string().max(8), n: z.number().int().min(0).max(9) });
+  const sp = createOpenAICompatible({ name: "kvpd", baseURL, apiKey: KEY, supportsStructuredOutputs: true });
+  const o = await ai.generateText({ model: sp(id), prompt: "A person?", output: ai.Output.object({ schema: person }),
+                                    maxOutputTokens: 256, maxRetries: 0 });
+  check(person.safeParse(o.output).success, `Output.object returns a parsed object: ${JSON.stringify(o.output)}`);
 } finally {
   code = await stopKvpd(k, dir);
 }

@@ -1,7 +1,8 @@
 // LangChain's ChatOpenAI (@langchain/openai, pinned in tests/clients) against kvpd on a
 // synthetic model with Qwen3's tokenizer and template (random weights): a chat turn,
 // bindTools with a forced call (LangChain parses it into tool_calls), and the tool
-// result (a ToolMessage) continuing the cached conversation.
+// result (a ToolMessage) continuing the cached conversation; withStructuredOutput
+// (json_schema, and functionCalling) returning parsed objects.
 //
 //   KVP_BUILD=build node tests/clients/langchain.mjs   (meson test --suite clients runs it)
 import { checker, KEY, startKvpd, stopKvpd, synthQwen3 } from "../openai/lib.mjs";
@@ -41,6 +42,14 @@ try {
   const r2 = await llm2.invoke([q, m, new ToolMessage({ tool_call_id: call.id, content: "sunny, 21 C" })]);
   const cached = r2.usage_metadata?.input_token_details?.cache_read ?? 0;
   check(cached > 0, `the ToolMessage turn reuses the cache (${cached} of ${r2.usage_metadata?.input_tokens} input tokens)`);
+  // withStructuredOutput: json_schema (the default) and a forced named call
+  const { z } = await import("zod");
+  const person = z.object({ name: z.string().max(8), n: z.number().int().min(0).max(9) });
+  const big = new ChatOpenAI({ model: id, apiKey: KEY, configuration: { baseURL }, maxTokens: 256, maxRetries: 0 });
+  for (const method of [undefined, "functionCalling"]) {
+    const o = await big.withStructuredOutput(person, method ? { method } : undefined).invoke("A person?");
+    check(person.safeParse(o).success, `withStructuredOutput (${method || "default"}) returns a parsed object: ${JSON.stringify(o)}`);
+  }
 } finally {
   code = await stopKvpd(k, dir);
 }
