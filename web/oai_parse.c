@@ -311,16 +311,6 @@ bad:
     return -1;
 }
 
-int kvpd_oai_session_ok(const char *s)
-{
-    if (strlen(s) != KVP_SESSION_ID_LEN)
-        return 0;
-    for (; *s; s++)
-        if (!((*s >= '0' && *s <= '9') || (*s >= 'a' && *s <= 'f')))
-            return 0;
-    return 1;
-}
-
 int kvpd_oai_parse_chat(const char *body, size_t len, const kvpd_oai_limits *l,
                         kvpd_oai_req *r, kvpd_oai_err *e)
 {
@@ -350,7 +340,9 @@ int kvpd_oai_parse_chat(const char *body, size_t len, const kvpd_oai_limits *l,
     if (json_is_string(named)) {
         char sid[KVP_SESSION_ID_LEN + 8] = "";
         snprintf(sid, sizeof sid, "%s", json_string_value(named));
-        if (sid[0] && !kvpd_oai_session_ok(sid)) {
+        /* a NUL inside ends the C string early: the id is the whole JSON string */
+        if ((sid[0] && !kvp_session_id_ok(sid)) ||
+            strlen(json_string_value(named)) != json_string_length(named)) {
             bad(e, KVPD_OAI_E_INVALID_REQUEST, "session",
                 "a session id is 32 lowercase hex digits");
             goto out;
@@ -364,6 +356,8 @@ int kvpd_oai_parse_chat(const char *body, size_t len, const kvpd_oai_limits *l,
     }
     rc = 0;
 out:
+    if (rc < 0)
+        kvpd_oai_release_messages(r);
     json_decref(req);
     return rc;
 }
@@ -386,4 +380,36 @@ void kvpd_oai_release(kvpd_oai_req *r)
     kvp_grammar_unref(r->grammar);
     kvpd_oai_tools_free(&r->tools);
     memset(r, 0, sizeof *r);
+}
+
+int kvpd_openai_path(const char *uri, const char **id)
+{
+    int v1 = !strncmp(uri, "/v1/", 4);
+    const char *p = v1 ? uri + 3 : uri;
+    if (id)
+        *id = NULL;
+    if (!strcmp(p, "/chat/completions"))
+        return KVPD_OAI_CHAT;
+    if (!strcmp(p, "/models"))
+        return KVPD_OAI_MODELS;
+    if (!strcmp(p, "/completions"))
+        return KVPD_OAI_COMPLETIONS;
+    if (!strcmp(p, "/responses"))
+        return KVPD_OAI_RESPONSES;
+    if (!strncmp(p, "/responses/", 11) && p[11] && !strchr(p + 11, '/')) {
+        if (id)
+            *id = p + 11;
+        return KVPD_OAI_RESPONSE;
+    }
+    return v1 || !strcmp(uri, "/v1") ? KVPD_OAI_UNKNOWN : KVPD_OAI_NONE;
+}
+
+const char *kvpd_openai_path_label(const char *uri)
+{
+    static const char *const label[] = {
+        [KVPD_OAI_CHAT] = "/v1/chat/completions", [KVPD_OAI_MODELS] = "/v1/models",
+        [KVPD_OAI_COMPLETIONS] = "/v1/completions", [KVPD_OAI_RESPONSES] = "/v1/responses",
+        [KVPD_OAI_RESPONSE] = "/v1/responses/{id}", [KVPD_OAI_UNKNOWN] = "/v1/other"};
+    enum kvpd_oai_path p = kvpd_openai_path(uri, NULL);
+    return p == KVPD_OAI_NONE ? NULL : label[p];
 }
