@@ -426,6 +426,13 @@ Test(schema, random_schemas_write_only_json)
     cr_expect_gt(documents, 100);
 }
 
+static const char *text_of(const char *open, const char *doc)
+{
+    static char buf[512];
+    snprintf(buf, sizeof buf, "%s%s", open, doc);
+    return buf;
+}
+
 /* A forced call in each format: the format's frame around the grammar's documents, with
  * the format's arguments key, and what it accepts parses back as that call. */
 Test(schema, calls_in_each_formats_frame)
@@ -451,6 +458,19 @@ Test(schema, calls_in_each_formats_frame)
         cr_assert(g, "%s", err);
         cr_expect(whole(g, cs[i].doc), "format %d: %s", cs[i].f, cs[i].doc);
         cr_expect(!whole(g, cs[i].wrong), "format %d: %s", cs[i].f, cs[i].wrong);
+        /* the frame is spaced as kvp_toolcall_write writes it; only the arguments vary */
+        char compact[256];
+        snprintf(compact, sizeof compact, "{\"name\":\"pick\",\"%s\":{\"n\": 3}}%s", sh.args_key,
+                 sh.close);
+        cr_expect(!whole(g, compact), "format %d: %s", cs[i].f, compact);
+        snprintf(compact, sizeof compact, "{\"name\": \"pick\", \"%s\": {\n  \"n\" : 3 }}%s",
+                 sh.args_key, sh.close);
+        cr_expect(whole(g, compact), "format %d: %s", cs[i].f, compact);
+        char *w = NULL;
+        size_t wl = 0;
+        cr_assert_eq(kvp_toolcall_write(cs[i].f, "pick", 4, "{\"n\": 3}", 8, 0, &w, &wl), 0);
+        cr_expect_str_eq(w, text_of(sh.open, cs[i].doc), "format %d", cs[i].f);
+        free(w);
         snprintf(text, sizeof text, "%s%s", sh.open, cs[i].doc);
         kvp_toolcalls tc;
         cr_expect_eq(kvp_toolcall_parse(cs[i].f, text, strlen(text), 1, &tc), 1, "%s", text);

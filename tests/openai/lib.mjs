@@ -82,7 +82,9 @@ export function synthQwen3(prefix = "kvp-test-") {
 // kvpd on a free port serving model, healthy: { proc, port, log() }.
 export async function startKvpd(model, extra = []) {
   const args = ["--listen", "127.0.0.1:0", "--model", model, "--workers", "2", "--budget", "0",
-                "--chunk", "64", "--temperature", "1", "--max-tokens", "1024", "--api-key", KEY, ...extra];
+                "--chunk", "64", "--temperature", "1", "--max-tokens", "1024", "--api-key", KEY,
+                // no state dir: the default one is shared by the suites' daemons, one at a time
+                "--state-dir", "", ...extra];
   const proc = spawn(join(build, "daemon", "kvpd"), args, { stdio: ["ignore", "ignore", "pipe"] });
   let log = "";
   const port = await new Promise((res, rej) => {
