@@ -627,9 +627,21 @@ kvp_grammar *kvp_schema_any_object(char *err, size_t errlen)
     return g;
 }
 
-/* The rule `prefix CALL suffix` for one of fns[0..n) into *out; 1 when made. */
+/* Between two tokens of a call's frame: bounded whitespace, or (fixed) exactly lit. */
+static void frame_gap(sc *c, int fixed, int from, int to, const char *lit)
+{
+    if (!fixed)
+        sc_ws(c, from, to);
+    else if (*lit)
+        sc_literal(c, from, to, lit, strlen(lit));
+    else
+        kvp_gbuild_eps(c->b, from, to);
+}
+
+/* The rule `prefix CALL suffix` for one of fns[0..n) into *out; 1 when made. fixed: the
+ * frame around the arguments is spaced as kvp_toolcall_write writes it. */
 static int calls_rule(sc *c, const kvp_schema_fn *fns, int n, const char *prefix,
-                      const char *suffix, int *out)
+                      const char *args_key, const char *suffix, int fixed, int *out)
 {
     char *err = c->err;
     size_t errlen = c->errlen;
@@ -638,6 +650,8 @@ static int calls_rule(sc *c, const kvp_schema_fn *fns, int n, const char *prefix
     int ok = end >= 0 && n > 0;
     if (n <= 0)
         snprintf(err, errlen, "no function to call");
+    json_t *key = json_string(args_key);
+    ok = ok && key;
     if (ok) {
         body_s = sc_state(c);
         after = sc_state(c);
@@ -657,24 +671,24 @@ static int calls_rule(sc *c, const kvp_schema_fn *fns, int n, const char *prefix
         json_t *name = json_string(fns[i].name ? fns[i].name : "");
         ok = ok && name && c->root && size_ok(c, c->root) == 0;
         if (ok) {
-            /* { "name" : NAME , "arguments" : ARGS } */
+            /* { "name" : NAME , ARGS_KEY : ARGS } */
             kvp_gbuild_range(c->b, body_s, '{', '{', s[0]);
-            sc_ws(c, s[0], s[1]);
+            frame_gap(c, fixed, s[0], s[1], "");
             ok = sc_literal(c, s[1], s[2], "\"name\"", 6) == 0;
-            sc_ws(c, s[2], s[3]);
+            frame_gap(c, fixed, s[2], s[3], "");
             kvp_gbuild_range(c->b, s[3], ':', ':', s[4]);
-            sc_ws(c, s[4], s[5]);
+            frame_gap(c, fixed, s[4], s[5], " ");
             ok = ok && value_literal(c, name, s[5], s[6]) == 0;
-            sc_ws(c, s[6], s[7]);
+            frame_gap(c, fixed, s[6], s[7], "");
             kvp_gbuild_range(c->b, s[7], ',', ',', s[8]);
-            sc_ws(c, s[8], s[9]);
-            ok = ok && sc_literal(c, s[9], s[10], "\"arguments\"", 11) == 0;
+            frame_gap(c, fixed, s[8], s[9], " ");
+            ok = ok && value_literal(c, key, s[9], s[10]) == 0;
             int s11 = sc_state(c), s12 = sc_state(c), s13 = sc_state(c), rs;
             ok = ok && s13 >= 0;
             if (ok) {
-                sc_ws(c, s[10], s[11]);
+                frame_gap(c, fixed, s[10], s[11], "");
                 kvp_gbuild_range(c->b, s[11], ':', ':', s11);
-                sc_ws(c, s11, s12);
+                frame_gap(c, fixed, s11, s12, " ");
                 ok = rule(c, c->root, &rs) == 0;
             }
             if (ok) {
@@ -682,7 +696,7 @@ static int calls_rule(sc *c, const kvp_schema_fn *fns, int n, const char *prefix
                 int s14 = sc_state(c);
                 ok = s14 >= 0;
                 if (ok) {
-                    sc_ws(c, s13, s14);
+                    frame_gap(c, fixed, s13, s14, "");
                     kvp_gbuild_range(c->b, s14, '}', '}', after);
                 }
             }
@@ -693,6 +707,7 @@ static int calls_rule(sc *c, const kvp_schema_fn *fns, int n, const char *prefix
             if (c->rules[r].node == any)
                 c->rules[r].node = NULL;
     }
+    json_decref(key);
     *out = start;
     return ok && !err[0];
 }
@@ -704,7 +719,7 @@ kvp_grammar *kvp_schema_compile_call_list(const kvp_schema_fn *fns, int n, const
     sc c;
     sc_init(&c, NULL, err, errlen);
     int call = -1, root = -1;
-    int ok = c.b && calls_rule(&c, fns, n, prefix, suffix, &call);
+    int ok = c.b && calls_rule(&c, fns, n, prefix, "arguments", suffix, 0, &call);
     if (ok && (max_calls < 1 || max_calls > 64)) {
         snprintf(err, errlen, "max_calls must be 1 to 64");
         ok = 0;
@@ -728,4 +743,19 @@ kvp_grammar *kvp_schema_compile_calls(const kvp_schema_fn *fns, int n, const cha
                                       const char *suffix, char *err, size_t errlen)
 {
     return kvp_schema_compile_call_list(fns, n, prefix, suffix, NULL, 1, err, errlen);
+}
+
+kvp_grammar *kvp_schema_compile_calls_as(const kvp_schema_fn *fns, int n, const char *prefix,
+                                         const char *args_key, const char *suffix, char *err,
+                                         size_t errlen)
+{
+    sc c;
+    sc_init(&c, NULL, err, errlen);
+    int call = -1;
+    if (!args_key || !*args_key) {
+        snprintf(err, errlen, "no key for the arguments");
+        return sc_done(&c, -1, 0);
+    }
+    int ok = c.b && calls_rule(&c, fns, n, prefix, args_key, suffix, 1, &call);
+    return sc_done(&c, call, ok && !err[0]);
 }

@@ -53,6 +53,14 @@ typedef struct kvp_schema_fn {
  * `tool_choice: required` the list of all. NULL with err as kvp_schema_compile. */
 kvp_grammar *kvp_schema_compile_calls(const kvp_schema_fn *fns, int n, const char *prefix,
                                       const char *suffix, char *err, size_t errlen);
+/* As kvp_schema_compile_calls with the arguments under args_key (a format's, e.g.
+ * "parameters" for Llama 3.1: model/toolcall.h kvp_toolcall_frame), and the frame around
+ * the arguments spaced exactly as kvp_toolcall_write writes it (`{"name": "N", "KEY": `
+ * ARGS `}`; whitespace is free only inside ARGS), so a call sent back in the history
+ * renders to the bytes the reply holds. */
+kvp_grammar *kvp_schema_compile_calls_as(const kvp_schema_fn *fns, int n, const char *prefix,
+                                         const char *args_key, const char *suffix, char *err,
+                                         size_t errlen);
 /* One to max_calls (at most 64) such calls, `between` (NULL: nothing) written between
  * two: parallel tool calls, e.g. between "\n". */
 kvp_grammar *kvp_schema_compile_call_list(const kvp_schema_fn *fns, int n, const char *prefix,

@@ -428,6 +428,24 @@ const char *kvp_toolcall_close(enum kvp_tool_format f)
     return f == KVP_TOOLS_HERMES ? HERMES_CLOSE : "";
 }
 
+int kvp_toolcall_frame(enum kvp_tool_format f, kvp_toolcall_shape *out)
+{
+    switch (f) {
+    case KVP_TOOLS_HERMES:
+        *out = (kvp_toolcall_shape){"<tool_call>\n", "arguments", "\n</tool_call>"};
+        return 0;
+    case KVP_TOOLS_LLAMA3:
+        *out = (kvp_toolcall_shape){"", "parameters", ""};
+        return 0;
+    case KVP_TOOLS_MISTRAL:
+        *out = (kvp_toolcall_shape){"[TOOL_CALLS][", "arguments", "]"};
+        return 0;
+    default:
+        *out = (kvp_toolcall_shape){"", "", ""};
+        return -1;
+    }
+}
+
 static int put(char **buf, size_t *len, const char *s, size_t n)
 {
     char *b = realloc(*buf, *len + n + 1);

@@ -71,6 +71,18 @@ int kvp_toolcall_opening(enum kvp_tool_format f, const char *name, int empty_arg
  * none. */
 const char *kvp_toolcall_close(enum kvp_tool_format f);
 
+/* The text around one call as kvpd writes a forced one: `open` the bytes before the call's
+ * JSON object, `args_key` the key its arguments go under, `close` the bytes after it.
+ * HERMES: "<tool_call>\n", "arguments", "\n</tool_call>"; LLAMA3: "", "parameters", "";
+ * MISTRAL: "[TOOL_CALLS][", "arguments", "]". The object itself is
+ * {"name": NAME, ARGS_KEY: {...}}. */
+typedef struct kvp_toolcall_shape {
+    const char *open, *args_key, *close;
+} kvp_toolcall_shape;
+
+/* f's shape into *out: 0, or -1 (KVP_TOOLS_NONE or unknown; *out is all ""). */
+int kvp_toolcall_frame(enum kvp_tool_format f, kvp_toolcall_shape *out);
+
 /* A call as the format writes it (as Qwen's template renders an assistant message's
  * tool_calls): HERMES `<tool_call>\n{"name": "N", "arguments": ARGS}\n</tool_call>`
  * (after a newline when sep), LLAMA3 `{"name": "N", "parameters": ARGS}` (after "; "

@@ -43,9 +43,11 @@ scripts/fetch-models.sh
 
 # The node packages of the tests, at the versions their package-lock.json pins:
 # playwright-core (tests/e2e), the official openai SDK (tests/openai), transformers.js
-# tokenizers and @huggingface/jinja (tests/tokref). `npm ls` fails when any pinned
-# package is missing, so a lock file that gained a package installs it on the next run.
-for d in tests/e2e tests/openai tests/tokref; do
+# tokenizers and @huggingface/jinja (tests/tokref), the agent client libraries
+# (tests/clients: openai, @langchain/openai, ai with @ai-sdk/openai-compatible,
+# @openai/agents). `npm ls` fails when any pinned package is missing, so a lock file that
+# gained a package installs it on the next run.
+for d in tests/e2e tests/openai tests/tokref tests/clients; do
     (cd $d && { npm ls --depth=0 >/dev/null 2>&1 || npm ci --no-audit --no-fund --loglevel=error; })
 done
 

@@ -3,11 +3,27 @@
  * of the vocabulary's byte trie (model/grammar.h); stop tokens are allowed only once the
  * document is whole, and are then the only choice when nothing else can follow. */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "model/grammar.h"
 #include "sessions/session.h"
+
+int kvp_session_grammar_usable(const kvp_vocab_trie *tr, char *err, size_t errlen)
+{
+    if (tr->n_nodes == 0) {
+        snprintf(err, errlen, "constrained decoding needs text tokens and this model's "
+                 "vocabulary has none");
+        return -EINVAL;
+    }
+    if (tr->n_end == 0) {
+        snprintf(err, errlen, "constrained decoding ends a reply with a stop token and this "
+                 "model's chat template has none");
+        return -EINVAL;
+    }
+    return 0;
+}
 
 int kvp_session_turn_grammar(kvp_session *s, kvp_grammar *g)
 {
@@ -16,11 +32,16 @@ int kvp_session_turn_grammar(kvp_session *s, kvp_grammar *g)
     if (!g)
         return 0;
     t->gm = malloc(sizeof *t->gm);
-    if (!t->gm || kvp_gmatch_init(t->gm, g) < 0) {
+    int rc = t->gm ? kvp_gmatch_init(t->gm, g) : -ENOMEM;
+    if (rc == 0 && t->gm->cur.n == 0 && !t->gm->cur.complete) {
+        kvp_gmatch_free(t->gm);   /* nothing can open a document: the turn could not start */
+        rc = -EINVAL;
+    }
+    if (rc < 0) {
         free(t->gm);
         t->gm = NULL;
         kvp_turn_grammar_free(t);
-        return -ENOMEM;
+        return rc;
     }
     return 0;
 }

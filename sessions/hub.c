@@ -363,19 +363,32 @@ void kvp_hub_open(kvp_hub_client *c, const char *id, const char *system, size_t 
     emit_session(c, 1);
 }
 
-/* The turn's reply follows g; the vocabulary's trie is made for the first such turn. */
-static int start_grammar(kvp_hub *h, kvp_session *s, kvp_grammar *g)
+/* The turn's reply follows g; the vocabulary's trie is made for the first such turn.
+ * 0, or the error to answer: -ENOMEM (internal) or -EINVAL (the request cannot be
+ * constrained here, a bad_request), the reason in err. */
+static int start_grammar(kvp_hub *h, kvp_session *s, kvp_grammar *g, char *err, size_t errlen)
 {
     if (!h->trie) {
         kvp_vocab_trie *tr = calloc(1, sizeof *tr);
         if (!tr || kvp_session_trie_build(tr, &h->env) < 0) {
             free(tr);
+            snprintf(err, errlen, "out of memory building the vocabulary's byte trie for "
+                     "constrained decoding (%d tokens)", h->env.model->cfg.vocab_size);
             return -ENOMEM;
         }
         h->trie = tr;
         h->env.trie = tr;
     }
-    return kvp_session_turn_grammar(s, g);
+    int rc = kvp_session_grammar_usable(h->trie, err, errlen);
+    if (rc < 0)
+        return rc;
+    rc = kvp_session_turn_grammar(s, g);
+    if (rc == -EINVAL)
+        snprintf(err, errlen, "the grammar has no document that can be started");
+    else if (rc < 0)
+        snprintf(err, errlen, "out of memory starting the grammar's matcher (%d states)",
+                 kvp_grammar_states(g));
+    return rc;
 }
 
 /* Arms and queues a turn on the client's session (made first when it has none). */
@@ -447,9 +460,13 @@ static void start_turn(kvp_hub_client *c, const char *text, size_t len, const kv
         emit_error(c, KVPD_E_INTERNAL, "out of memory");
         return;
     }
-    if (o->grammar && start_grammar(h, s, o->grammar) < 0) {
-        emit_error(c, KVPD_E_INTERNAL, "out of memory");
-        return;
+    if (o->grammar) {
+        char gerr[200];
+        int grc = start_grammar(h, s, o->grammar, gerr, sizeof gerr);
+        if (grc < 0) {
+            emit_error(c, grc == -EINVAL ? KVPD_E_BAD_REQUEST : KVPD_E_INTERNAL, gerr);
+            return;
+        }
     }
     if (o->has_top_p)
         s->turn.top_p = o->top_p;

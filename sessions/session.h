@@ -305,8 +305,12 @@ int kvp_session_turn_sampling(kvp_session *s, const kvp_sample_opts *o);
  * it); top < 0: none. 0, -EINVAL or -ENOMEM. */
 int kvp_session_turn_logprobs(kvp_session *s, int vocab, int top);
 /* The reply of the armed turn is one of g's documents (sessions/constrain.c): each token
- * is drawn from those that continue it, a stop token only once it is whole. 0 or -ENOMEM. */
+ * is drawn from those that continue it, a stop token only once it is whole. 0, -ENOMEM,
+ * or -EINVAL when no byte can open one of g's documents. */
 int kvp_session_turn_grammar(kvp_session *s, struct kvp_grammar *g);
+/* Whether a constrained reply can be written with the vocabulary trie tr (one with text
+ * tokens and at least one stop token): 0, or -EINVAL with the reason in err. */
+int kvp_session_grammar_usable(const struct kvp_vocab_trie *tr, char *err, size_t errlen);
 /* Frees the turn's matcher. */
 void kvp_turn_grammar_free(kvp_turn *t);
 /* The next token from logits (modified): the sampler's draw, under the turn's grammar

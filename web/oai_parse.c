@@ -151,6 +151,13 @@ int kvpd_oai_parse_options(json_t *req, const kvpd_oai_limits *l, kvpd_oai_req *
                              sizeof msg) < 0)
         return bad(e, KVPD_OAI_E_UNSUPPORTED_PARAMETER, param, "%s", msg);
     t->grammar = r->grammar;
+    if (r->tools.grammar) {   /* a forced call: its grammar is the reply's */
+        if (r->grammar)
+            return bad(e, KVPD_OAI_E_INVALID_REQUEST, "response_format", "response_format "
+                       "cannot be combined with a forced tool call (tool_choice \"required\" "
+                       "or a named function): the reply is the call");
+        t->grammar = r->tools.grammar;
+    }
     json_t *stream = json_object_get(req, "stream");
     if (stream && !json_is_null(stream) && !json_is_boolean(stream))
         return bad(e, KVPD_OAI_E_INVALID_REQUEST, "stream", "stream must be a boolean");

@@ -5,6 +5,8 @@
 #include <string.h>
 #include <sys/random.h>
 
+#include "model/grammar.h"
+#include "model/schema.h"
 #include "web/oai_tools.h"
 
 __attribute__((format(printf, 3, 4)))
@@ -76,16 +78,41 @@ static int check_tools(kvpd_oai_tools *t, json_t *tools, kvpd_oai_tools_err *e)
     return 0;
 }
 
-/* The opening of a call whose name the model writes (tool_choice required, several
- * functions): the format's opening up to the name's first byte. */
-static int name_opening(enum kvp_tool_format f, char *buf, size_t cap)
+/* The grammar of a forced call: the format's opening is prefilled (it may hold control
+ * tokens, which only the template encodes), the rest is sampled under the grammar of
+ * `{"name": NAME, KEY: ARGS}` and the format's close, for the named function or (NULL)
+ * any declared one. */
+static int forced_grammar(kvpd_oai_tools *t, json_t *tools, const char *named,
+                          kvpd_oai_tools_err *e)
 {
-    int n = kvp_toolcall_opening(f, "x", 0, buf, cap);
-    char *at = n > 0 ? strstr(buf, "\"x\"") : NULL;
-    if (!at)
-        return -1;
-    at[1] = '\0';
-    return (int)(at + 1 - buf);
+    kvp_toolcall_shape shape;
+    if (kvp_toolcall_frame(t->format, &shape) < 0)
+        return bad(e, "tools", "this model's chat template has no tool-call format");
+    kvp_schema_fn fns[KVP_HUB_MAX_TOOLS];
+    int n = 0;
+    size_t i;
+    json_t *tool;
+    json_array_foreach(tools, i, tool) {
+        json_t *fn = json_object_get(tool, "function");
+        const char *name = str(fn, "name");
+        if (named && strcmp(name, named))
+            continue;
+        json_t *p = json_object_get(fn, "parameters");
+        if (n < KVP_HUB_MAX_TOOLS)
+            fns[n++] = (kvp_schema_fn){name, p && !json_is_null(p) ? p : NULL};
+    }
+    char err[256];
+    t->grammar = kvp_schema_compile_calls_as(fns, n, NULL, shape.args_key, shape.close, err,
+                                             sizeof err);
+    if (!t->grammar)
+        return bad(e, "tools", "tool_choice forces a call, so the tools' parameters must "
+                   "compile to a grammar, and one does not: %s", err);
+    size_t len = strlen(shape.open);
+    if (len >= sizeof t->prefix)
+        return bad(e, "tool_choice", "the call's opening does not fit");
+    memcpy(t->prefix, shape.open, len + 1);
+    t->prefix_len = len;
+    return 0;
 }
 
 int kvpd_oai_tools_request(kvpd_oai_tools *t, json_t *req, int format, kvp_turn_opts *o,
@@ -142,17 +169,18 @@ int kvpd_oai_tools_request(kvpd_oai_tools *t, json_t *req, int format, kvp_turn_
     int single = json_is_false(par) || required || named;
     if (required && json_object_size(t->names) == 1)
         named = json_object_iter_key(json_object_iter(t->names));
-    if (named) {
-        int empty = json_is_true(json_object_get(json_object_get(t->names, named), "empty"));
-        int n = kvp_toolcall_opening(t->format, named, empty, t->prefix, sizeof t->prefix);
+    if (named && json_is_true(json_object_get(json_object_get(t->names, named), "empty"))) {
+        /* a call without arguments is written whole: nothing is left to sample */
+        int n = kvp_toolcall_opening(t->format, named, 1, t->prefix, sizeof t->prefix);
         if (n < 0)
             return bad(e, "tool_choice", "the call's opening does not fit");
         t->prefix_len = (size_t)n;
-        if (empty && t->format != KVP_TOOLS_HERMES)   /* the whole call, written: done */
+        if (t->format != KVP_TOOLS_HERMES)   /* the whole call, written: done */
             snprintf(t->end_after, sizeof t->end_after, "%s", t->prefix);
-    } else if (required) {
-        int n = name_opening(t->format, t->prefix, sizeof t->prefix);
-        t->prefix_len = n > 0 ? (size_t)n : 0;
+    } else if (named || required) {
+        if (forced_grammar(t, tools, named, e) < 0)
+            return -1;
+        o->grammar = t->grammar;
     }
     if (single && !t->end_after[0])
         snprintf(t->end_after, sizeof t->end_after, "%s", kvp_toolcall_close(t->format));
@@ -449,6 +477,7 @@ void kvpd_oai_tools_free(kvpd_oai_tools *t)
 {
     free(t->tools);
     free(t->text);
+    kvp_grammar_unref(t->grammar);
     json_decref(t->names);
     memset(t, 0, sizeof *t);
 }

@@ -21,6 +21,10 @@ typedef struct kvpd_oai_tools {
     size_t prefix_len;
     char end_after[160];          /* "" or what ends the reply after one call */
     json_t *names;                /* the declared functions (an object: name -> true) */
+    /* A forced call (tool_choice required or a named function): the grammar of the call
+     * in the model's own format, one of the allowed functions with arguments valid
+     * against its parameters (NULL: the reply is free, or the call is written whole) */
+    struct kvp_grammar *grammar;
     /* streaming */
     char *text;                   /* the reply so far */
     size_t len, cap;
@@ -36,7 +40,9 @@ typedef struct kvpd_oai_tools_err {
 } kvpd_oai_tools_err;
 
 /* tools, tool_choice and parallel_tool_calls of req into t and the turn's options (which
- * borrow t's texts). format: the model's tool format (kvp_hub_info.tool_format). 0, or
+ * borrow t's texts and grammar). A forced call's grammar is built from each allowed
+ * tool's parameters schema (model/schema.h): a schema kvpd cannot compile is refused
+ * naming `tools`. format: the model's tool format (kvp_hub_info.tool_format). 0, or
  * -1 with e set (a 400). */
 int kvpd_oai_tools_request(kvpd_oai_tools *t, json_t *req, int format, kvp_turn_opts *o,
                            kvpd_oai_tools_err *e);

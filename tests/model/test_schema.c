@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "model/schema.h"
+#include "model/toolcall.h"
 
 static kvp_grammar *compile(const char *schema)
 {
@@ -423,4 +424,65 @@ Test(schema, random_schemas_write_only_json)
     }
     cr_expect_gt(compiled, 200);
     cr_expect_gt(documents, 100);
+}
+
+static const char *text_of(const char *open, const char *doc)
+{
+    static char buf[512];
+    snprintf(buf, sizeof buf, "%s%s", open, doc);
+    return buf;
+}
+
+/* A forced call in each format: the format's frame around the grammar's documents, with
+ * the format's arguments key, and what it accepts parses back as that call. */
+Test(schema, calls_in_each_formats_frame)
+{
+    json_t *p = json_loads("{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"integer\","
+                           "\"minimum\":1,\"maximum\":9}},\"required\":[\"n\"],"
+                           "\"additionalProperties\":false}", 0, NULL);
+    kvp_schema_fn fns[] = {{"pick", p}, {"other", NULL}};
+    struct { enum kvp_tool_format f; const char *doc, *wrong; } cs[] = {
+        {KVP_TOOLS_HERMES, "{\"name\": \"pick\", \"arguments\": {\"n\": 3}}\n</tool_call>",
+         "{\"name\": \"pick\", \"parameters\": {\"n\": 3}}\n</tool_call>"},
+        {KVP_TOOLS_LLAMA3, "{\"name\": \"pick\", \"parameters\": {\"n\": 3}}",
+         "{\"name\": \"pick\", \"arguments\": {\"n\": 3}}"},
+        {KVP_TOOLS_MISTRAL, "{\"name\": \"pick\", \"arguments\": {\"n\": 3}}]",
+         "{\"name\": \"pick\", \"arguments\": {\"n\": 3}}"},
+    };
+    char err[256], text[512];
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+        kvp_toolcall_shape sh;
+        cr_assert_eq(kvp_toolcall_frame(cs[i].f, &sh), 0);
+        kvp_grammar *g = kvp_schema_compile_calls_as(fns, 2, NULL, sh.args_key, sh.close, err,
+                                                     sizeof err);
+        cr_assert(g, "%s", err);
+        cr_expect(whole(g, cs[i].doc), "format %d: %s", cs[i].f, cs[i].doc);
+        cr_expect(!whole(g, cs[i].wrong), "format %d: %s", cs[i].f, cs[i].wrong);
+        /* the frame is spaced as kvp_toolcall_write writes it; only the arguments vary */
+        char compact[256];
+        snprintf(compact, sizeof compact, "{\"name\":\"pick\",\"%s\":{\"n\": 3}}%s", sh.args_key,
+                 sh.close);
+        cr_expect(!whole(g, compact), "format %d: %s", cs[i].f, compact);
+        snprintf(compact, sizeof compact, "{\"name\": \"pick\", \"%s\": {\n  \"n\" : 3 }}%s",
+                 sh.args_key, sh.close);
+        cr_expect(whole(g, compact), "format %d: %s", cs[i].f, compact);
+        char *w = NULL;
+        size_t wl = 0;
+        cr_assert_eq(kvp_toolcall_write(cs[i].f, "pick", 4, "{\"n\": 3}", 8, 0, &w, &wl), 0);
+        cr_expect_str_eq(w, text_of(sh.open, cs[i].doc), "format %d", cs[i].f);
+        free(w);
+        snprintf(text, sizeof text, "%s%s", sh.open, cs[i].doc);
+        kvp_toolcalls tc;
+        cr_expect_eq(kvp_toolcall_parse(cs[i].f, text, strlen(text), 1, &tc), 1, "%s", text);
+        cr_expect_eq(tc.call[0].name.to - tc.call[0].name.from, 4);
+        cr_expect(!memcmp(text + tc.call[0].name.from, "pick", 4));
+        cr_expect(!tc.broken);
+        kvp_grammar_unref(g);
+    }
+    kvp_toolcall_shape sh;
+    cr_expect_eq(kvp_toolcall_frame(KVP_TOOLS_NONE, &sh), -1);
+    cr_expect_str_eq(sh.args_key, "");
+    cr_expect_null(kvp_schema_compile_calls_as(fns, 2, NULL, "", NULL, err, sizeof err));
+    cr_expect_null(kvp_schema_compile_calls_as(fns, 0, NULL, "arguments", NULL, err, sizeof err));
+    json_decref(p);
 }

@@ -1,0 +1,46 @@
+// The official `openai` SDK at the version tests/clients pins, against kvpd on a
+// synthetic model with Qwen3's tokenizer and template (random weights): a chat turn, a
+// forced tool call parsed by the SDK, and the tool result's turn continuing the cached
+// conversation.
+//
+//   KVP_BUILD=build node tests/clients/openai.mjs   (meson test --suite clients runs it)
+import { checker, KEY, startKvpd, stopKvpd, synthQwen3 } from "../openai/lib.mjs";
+
+const check = checker("clients/openai");
+let OpenAI;
+try {
+  ({ default: OpenAI } = await import("openai"));
+} catch (e) {
+  console.error(`clients/openai: openai is not installed in tests/clients (run scripts/setup.sh): ${e.message}`);
+  process.exit(1);
+}
+
+const tools = [{ type: "function", function: { name: "get_weather", description: "The weather in a city.",
+  parameters: { type: "object", properties: { city: { type: "string", maxLength: 12 } }, required: ["city"],
+                additionalProperties: false } } }];
+
+const { model, dir } = synthQwen3("kvp-clients-openai-");
+const k = await startKvpd(model);
+let code;
+try {
+  const client = new OpenAI({ baseURL: `http://127.0.0.1:${k.port}/v1`, apiKey: KEY, maxRetries: 0 });
+  const id = (await client.models.list()).data[0].id;
+  const chat = await client.chat.completions.create({ model: id, max_tokens: 16,
+    messages: [{ role: "user", content: "Hello" }] });
+  check(typeof chat.choices[0].message.content === "string" && chat.usage.completion_tokens > 0,
+        `a chat turn answers (${chat.usage.completion_tokens} tokens)`);
+  const messages = [{ role: "user", content: "Weather in Oslo?" }];
+  const r = await client.chat.completions.create({ model: id, max_tokens: 256, tools, tool_choice: "required", messages });
+  const call = r.choices[0].message.tool_calls?.[0];
+  check(r.choices[0].finish_reason === "tool_calls" && call?.function.name === "get_weather",
+        `a tool call: ${JSON.stringify(call?.function)}`);
+  const args = JSON.parse(call.function.arguments);
+  check(typeof args.city === "string" && [...args.city].length <= 12, `its arguments parse: ${call.function.arguments}`);
+  messages.push(r.choices[0].message, { role: "tool", tool_call_id: call.id, content: "sunny, 21 C" });
+  const r2 = await client.chat.completions.create({ model: id, max_tokens: 16, tools, messages });
+  const cached = r2.usage.prompt_tokens_details?.cached_tokens ?? 0;
+  check(cached > 0, `the tool result's turn reuses the cache (${cached} of ${r2.usage.prompt_tokens} prompt tokens)`);
+} finally {
+  code = await stopKvpd(k, dir);
+}
+check(code === 0, `kvpd exited 0 on SIGTERM (${code})`);

@@ -1,0 +1,45 @@
+/* sessions/constrain.c: a vocabulary trie a constrained reply cannot be written with is
+ * refused with its reason (not as a lack of memory), and a matcher starts on a grammar
+ * with documents. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <string.h>
+
+#include "model/grammar.h"
+#include "model/schema.h"
+#include "sessions/session.h"
+
+Test(constrain, an_unusable_trie_is_refused_with_its_reason)
+{
+    kvp_vocab_trie tr;
+    memset(&tr, 0, sizeof tr);
+    char err[200] = "";
+    tr.n_nodes = 0;
+    tr.n_end = 1;
+    cr_expect_eq(kvp_session_grammar_usable(&tr, err, sizeof err), -EINVAL);
+    cr_expect(strstr(err, "no") && strstr(err, "text tokens"), "%s", err);
+    cr_expect_null(strstr(err, "memory"), "%s", err);
+    tr.n_nodes = 10;
+    tr.n_end = 0;
+    err[0] = '\0';
+    cr_expect_eq(kvp_session_grammar_usable(&tr, err, sizeof err), -EINVAL);
+    cr_expect(strstr(err, "stop token"), "%s", err);
+    tr.n_end = 1;
+    err[0] = '\0';
+    cr_expect_eq(kvp_session_grammar_usable(&tr, err, sizeof err), 0);
+    cr_expect_str_eq(err, "");
+}
+
+Test(constrain, a_turn_grammar_starts_and_is_freed)
+{
+    char err[200];
+    kvp_grammar *g = kvp_schema_any_object(err, sizeof err);
+    cr_assert(g, "%s", err);
+    kvp_session s;
+    memset(&s, 0, sizeof s);
+    cr_expect_eq(kvp_session_turn_grammar(&s, g), 0);
+    cr_expect_not_null(s.turn.gm);
+    cr_expect_eq(kvp_session_turn_grammar(&s, NULL), 0);   /* frees the matcher */
+    cr_expect_null(s.turn.gm);
+    kvp_grammar_unref(g);
+}
