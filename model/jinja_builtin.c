@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "model/jinja_impl.h"
+#include "model/unicode.h"
 
 enum { F_NAMESPACE = 1, F_RANGE, F_RAISE, F_STRFTIME, F_DICT,
        M_STARTSWITH, M_ENDSWITH, M_STRIP, M_LSTRIP, M_RSTRIP, M_SPLIT, M_REPLACE, M_UPPER,
@@ -139,22 +140,92 @@ kvp_jv *jx_strip(jctx *c, kvp_jv *v, kvp_jv *chars, int left, int right)
     return jv_sub(c, v, from, to);
 }
 
-kvp_jv *jx_casemap(jctx *c, const kvp_jv *v, int mode)   /* 0 lower 1 upper 2 title 3 cap */
+/* Python's Final_Sigma rule for U+03A3 at cps[i] of the string cps[lo, hi): a cased
+ * letter before it (case-ignorable ones skipped) and none after it make it the final
+ * form. */
+static uint32_t sigma(const uint32_t *cps, size_t lo, size_t hi, size_t i)
 {
-    kvp_jv *r = jv_sub(c, v, 0, v->n);
-    char *s = (char *)r->s;
-    int word = 0;
-    for (size_t i = 0; i < r->n; i++) {
-        char ch = s[i];
-        int alpha = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z');
-        int up = mode == 1 || (mode == 2 && alpha && !word) || (mode == 3 && i == 0);
-        if (up && ch >= 'a' && ch <= 'z')
-            s[i] = (char)(ch - 32);
-        else if (!up && ch >= 'A' && ch <= 'Z')
-            s[i] = (char)(ch + 32);
-        word = alpha || ((unsigned char)ch >= 0x80);
+    size_t j = i;
+    while (j > lo && kvp_unicode_is_case_ignorable(cps[j - 1]))
+        j--;
+    if (j == lo || !kvp_unicode_is_cased(cps[j - 1]))
+        return 0x3C3;
+    for (j = i + 1; j < hi && kvp_unicode_is_case_ignorable(cps[j]); j++)
+        ;
+    return j < hi && kvp_unicode_is_cased(cps[j]) ? 0x3C3 : 0x3C2;
+}
+
+/* jinja2's title filter splits at runs of [-\s({\[<] (\s: Python's isspace). */
+static int title_separator(const kvp_jv *v, size_t at, uint32_t cp)
+{
+    size_t len;
+    return cp == '-' || cp == '(' || cp == '{' || cp == '[' || cp == '<' ||
+           jv_is_space_at(v->s, v->n, at, &len);
+}
+
+/* Case mapping with Unicode's full mappings, as Python does it: mode 0 str.lower, 1
+ * str.upper, 2 str.title, 3 str.capitalize, 4 jinja2's title filter (each word between
+ * separators is word[0].upper() + word[1:].lower()). Bytes that are not UTF-8 pass
+ * through unchanged; each output character keeps the taint of the one it comes from. */
+kvp_jv *jx_casemap(jctx *c, const kvp_jv *v, int mode)
+{
+    /* the code points and where each starts; an invalid byte is 0xFFFD of length 1 */
+    size_t *at = ja_alloc(c->a, (v->n + 1) * sizeof *at), n = 0;
+    uint32_t *cps = ja_alloc(c->a, (v->n + 1) * sizeof *cps);
+    if (!at || !cps)
+        jx_fail(c, 0, "out of memory");
+    const unsigned char *s = (const unsigned char *)v->s;
+    for (size_t i = 0; i < v->n; n++) {
+        at[n] = i;
+        i += kvp_utf8_decode(s + i, v->n - i, &cps[n]);
     }
-    return r;
+    at[n] = v->n;
+    jbuf b = {0};
+    int prev_cased = 0;
+    size_t word = 0, word_end = n;   /* mode 4: the word holding i */
+    for (size_t i = 0; i < n; i++) {
+        size_t len = at[i + 1] - at[i];
+        const unsigned char *taint = v->taint ? v->taint + at[i] : NULL;
+        uint32_t cp = cps[i], out[3];
+        if (cp == 0xFFFD && len == 1) {
+            jb_put(c, &b, (const char *)s + at[i], len, taint, 0);
+            prev_cased = 0;
+            continue;
+        }
+        size_t lo = 0, hi = n;       /* the string Final_Sigma looks at */
+        int lower;
+        if (mode == 4) {
+            if (title_separator(v, at[i], cp)) {
+                jb_put(c, &b, (const char *)s + at[i], len, taint, 0);
+                word = i + 1;
+                continue;
+            }
+            if (i == word)
+                for (word_end = i + 1; word_end < n && !title_separator(v, at[word_end],
+                                                                         cps[word_end]);
+                     word_end++)
+                    ;
+            lower = i > word;
+            lo = word + 1;
+            hi = word_end;
+        } else {
+            lower = mode == 0 || (mode == 2 && prev_cased) || (mode == 3 && i > 0);
+        }
+        int k;
+        if (lower && cp == 0x3A3)
+            out[0] = sigma(cps, lo, hi, i), k = 1;
+        else
+            k = kvp_unicode_case(cp, lower ? KVP_UCASE_LOWER
+                                     : mode == 1 || mode == 4 ? KVP_UCASE_UPPER
+                                                              : KVP_UCASE_TITLE, out);
+        int all = taint && *taint;
+        for (int j = 0; j < k; j++) {
+            char u[4];
+            jb_put(c, &b, u, kvp_utf8_encode(out[j], u), NULL, all);
+        }
+        prev_cased = kvp_unicode_is_cased(cp);
+    }
+    return jb_value(c, &b);
 }
 
 static kvp_jv *split(jctx *c, kvp_jv *v, kvp_jv *sep, long long max, int line)

@@ -265,7 +265,7 @@ kvp_jv *jx_filter(jctx *c, jscope *s, const char *name, kvp_jv *v, kvp_jv **args
     if (is(name, "lower"))
         return jx_casemap(c, v, 0);
     if (is(name, "title"))
-        return jx_casemap(c, v, 2);
+        return jx_casemap(c, v, 4);
     if (is(name, "capitalize"))
         return jx_casemap(c, v, 3);
     if (is(name, "indent")) {

@@ -149,7 +149,9 @@ kvp_jv *jx_arg(kvp_jv **args, int nargs, const char **kwn, kvp_jv **kwv, int nkw
 kvp_jv *jx_need_str(jctx *c, kvp_jv *v, const char *what, int line);
 kvp_jv *jx_list_of(jctx *c, kvp_jv *v, const char *what, int line);
 kvp_jv *jx_strip(jctx *c, kvp_jv *v, kvp_jv *chars, int left, int right);
-kvp_jv *jx_casemap(jctx *c, const kvp_jv *v, int mode);  /* 0 lower 1 upper 2 title 3 cap */
+/* Case mapping as Python does it (jinja_builtin.c): 0 lower, 1 upper, 2 str.title, 3
+ * capitalize, 4 the title filter. */
+kvp_jv *jx_casemap(jctx *c, const kvp_jv *v, int mode);
 kvp_jv *jx_replace(jctx *c, kvp_jv *v, kvp_jv *old, kvp_jv *new, long long count, int line);
 kvp_jv *jx_join(jctx *c, kvp_jv *seq, kvp_jv *sep, kvp_jv *attribute, int line);
 kvp_jv *jx_pairs(jctx *c, kvp_jv *d, int what);            /* 0 items, 1 keys, 2 values */

@@ -214,13 +214,28 @@ static jnode *primary(jparser *p)
     return n;
 }
 
+/* A node of kind k over operand a. */
+static jnode *wrap(jparser *p, enum jnode_kind k, int line, jnode *a)
+{
+    jnode *n = node(p, k, line);
+    n->a = a;
+    return n;
+}
+
+/* f(...) after its '(' */
+static jnode *call(jparser *p, jnode *f, int line)
+{
+    jnode *c = wrap(p, N_CALL, line, f);
+    args(p, c);
+    return c;
+}
+
 static jnode *postfix(jparser *p, jnode *n)
 {
     for (;;) {
         int line = cur(p)->line;
         if (accept_op(p, ".")) {
-            jnode *a = node(p, N_ATTR, line);
-            a->a = n;
+            jnode *a = wrap(p, N_ATTR, line, n);
             if (cur(p)->type == T_INT) {       /* x.0 is x[0] */
                 a->kind = N_ITEM;
                 a->b = lit(p, kvp_jv_int(p->a, cur(p)->i), line);
@@ -244,8 +259,7 @@ static jnode *postfix(jparser *p, jnode *n)
                 parts[k] = expr(p);
             }
             p->pos++;
-            jnode *s = node(p, colons ? N_SLICE : N_ITEM, line);
-            s->a = n;
+            jnode *s = wrap(p, colons ? N_SLICE : N_ITEM, line, n);
             if (!colons && !parts[0])
                 jp_fail(p, line, "empty subscript");
             s->b = parts[0];
@@ -254,10 +268,7 @@ static jnode *postfix(jparser *p, jnode *n)
                 s->kids2 = jp_alloc(p, sizeof(jnode *)), s->kids2[0] = parts[2], s->nkids2 = 1;
             n = s;
         } else if (accept_op(p, "(")) {
-            jnode *c = node(p, N_CALL, line);
-            c->a = n;
-            args(p, c);
-            n = c;
+            n = call(p, n, line);
         } else {
             return n;
         }
@@ -269,8 +280,7 @@ static jnode *filters(jparser *p, jnode *n)
     for (;;) {
         int line = cur(p)->line;
         if (accept_op(p, "|")) {
-            jnode *f = node(p, N_FILTER, line);
-            f->a = n;
+            jnode *f = wrap(p, N_FILTER, line, n);
             f->name = expect_name(p);
             while (accept_op(p, ".")) {           /* dotted filter names */
                 const char *more = expect_name(p);
@@ -283,8 +293,7 @@ static jnode *filters(jparser *p, jnode *n)
                 args(p, f);
             n = f;
         } else if (accept_name(p, "is")) {
-            jnode *t = node(p, N_TEST, line);
-            t->a = n;
+            jnode *t = wrap(p, N_TEST, line, n);
             t->op = accept_name(p, "not");
             t->name = expect_name(p);
             jtok *k = cur(p);
@@ -300,10 +309,7 @@ static jnode *filters(jparser *p, jnode *n)
             }
             n = t;
         } else if (accept_op(p, "(")) {
-            jnode *c = node(p, N_CALL, line);
-            c->a = n;
-            args(p, c);
-            n = c;
+            n = call(p, n, line);
         } else {
             return n;
         }
@@ -316,11 +322,9 @@ static jnode *unary(jparser *p, int with_filter)
     jnode *n;
     enter(p);
     if (accept_op(p, "-")) {
-        n = node(p, N_NEG, line);
-        n->a = unary(p, 0);
+        n = wrap(p, N_NEG, line, unary(p, 0));
     } else if (accept_op(p, "+")) {
-        n = node(p, N_POS, line);
-        n->a = unary(p, 0);
+        n = wrap(p, N_POS, line, unary(p, 0));
     } else {
         n = primary(p);
     }

@@ -262,3 +262,36 @@ int kvp_nfc(const char *in, size_t len, char **out, size_t *out_len)
     *out_len = ol;
     return 0;
 }
+
+int kvp_unicode_case(uint32_t cp, enum kvp_ucase which, uint32_t out[3])
+{
+    size_t lo = 0, hi = sizeof unicode_case / sizeof unicode_case[0];
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (cp > unicode_case[mid].cp) {
+            lo = mid + 1;
+        } else if (cp < unicode_case[mid].cp) {
+            hi = mid;
+        } else {
+            const unsigned *m = unicode_case[mid].m[which];
+            int n = 0;
+            while (n < 3 && m[n])
+                out[n] = m[n], n++;
+            return n;
+        }
+    }
+    out[0] = cp;
+    return 1;
+}
+
+int kvp_unicode_is_cased(uint32_t cp)
+{
+    return (int)(range_value(unicode_caseprop, sizeof unicode_caseprop / sizeof unicode_caseprop[0],
+                             cp) & 1);
+}
+
+int kvp_unicode_is_case_ignorable(uint32_t cp)
+{
+    return (int)(range_value(unicode_caseprop, sizeof unicode_caseprop / sizeof unicode_caseprop[0],
+                             cp) >> 1 & 1);
+}

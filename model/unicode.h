@@ -34,6 +34,13 @@ size_t kvp_utf8_decode(const unsigned char *s, size_t n, uint32_t *cp);
 enum kvp_ucls kvp_unicode_class(uint32_t cp);
 /* General category of a code point. */
 enum kvp_ugc kvp_unicode_gc(uint32_t cp);
+/* Full case mappings (Unicode's SpecialCasing without its conditions, else the simple
+ * mapping): writes the 1 to 3 code points cp maps to into out, returns the count. */
+enum kvp_ucase { KVP_UCASE_LOWER = 0, KVP_UCASE_UPPER = 1, KVP_UCASE_TITLE = 2 };
+int kvp_unicode_case(uint32_t cp, enum kvp_ucase which, uint32_t out[3]);
+/* Unicode's Cased and Case_Ignorable properties (which Final_Sigma and title casing use). */
+int kvp_unicode_is_cased(uint32_t cp);
+int kvp_unicode_is_case_ignorable(uint32_t cp);
 /* Writes cp (<= 0x10FFFF) as UTF-8 into out (4 bytes); returns the length. */
 size_t kvp_utf8_encode(uint32_t cp, char *out);
 /* Unicode Normalization Form C of len bytes into *out (malloc'd, at most 4 * len bytes,

@@ -48,6 +48,31 @@ static inline __m256i nibbles(const uint8_t *qs)
     return _mm256_and_si256(v, _mm256_set1_epi8(0xF));
 }
 
+/* The 256 codes of a Q4_K or Q5_K super-block as 8 vectors of 32, in element order:
+ * each 32 bytes of qs give the low nibbles, then the high ones; Q5_K's qh adds bit 4
+ * (two bits of each qh byte per 64 codes). qh is NULL for Q4_K; callers inline this with
+ * a constant, so each format gets its own code. */
+static inline __attribute__((always_inline)) void
+k4_codes(const uint8_t *qs, const uint8_t *qh, __m256i codes[8])
+{
+    const __m256i low4 = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1);
+    __m256i hbits = qh ? load256(qh) : _mm256_setzero_si256();
+    for (int k = 0; k < 4; k++) {
+        __m256i c = load256(qs + 32 * k);
+        __m256i lo = _mm256_and_si256(c, low4);
+        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(c, 4), low4);
+        if (qh) {
+            __m256i hlo = _mm256_slli_epi16(_mm256_and_si256(hbits, one), 4);
+            __m256i hhi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 1), one), 4);
+            hbits = _mm256_srli_epi16(hbits, 2);
+            lo = _mm256_or_si256(lo, hlo);
+            hi = _mm256_or_si256(hi, hhi);
+        }
+        codes[2 * k] = lo;
+        codes[2 * k + 1] = hi;
+    }
+}
+
 /* bit j of the 32-bit word -> 0x10 in byte j (the fifth bit of the Q5 codes) */
 static inline __m256i fifth_bits(const uint8_t *qh4)
 {

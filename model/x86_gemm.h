@@ -55,17 +55,20 @@ static inline void pack_k_scales(uint8_t *p, int n, int i, const uint8_t *scales
     }
 }
 
+static inline __attribute__((always_inline)) void
+natural_k4(const uint8_t *qs, const uint8_t *qh, uint8_t *codes)
+{
+    __m256i v[8];
+    k4_codes(qs, qh, v);
+    for (int k = 0; k < 8; k++)
+        store256(codes + 32 * k, v[k]);
+}
+
 static void natural_q4_K(const void *row, int n, uint8_t *p)
 {
     const blk_q4_K *b = row;
-    const __m256i low4 = _mm256_set1_epi8(0xF);
     for (int i = 0; i < n / KVP_QK_K; i++, b++) {
-        uint8_t *codes = p + i * KVP_QK_K;
-        for (int k = 0; k < 4; k++) {
-            __m256i c = load256(b->qs + 32 * k);
-            store256(codes + 64 * k, _mm256_and_si256(c, low4));
-            store256(codes + 64 * k + 32, _mm256_and_si256(_mm256_srli_epi16(c, 4), low4));
-        }
+        natural_k4(b->qs, NULL, p + i * KVP_QK_K);
         pack_k_scales(p, n, i, b->scales, b->d, b->dmin);
     }
 }
@@ -73,19 +76,8 @@ static void natural_q4_K(const void *row, int n, uint8_t *p)
 static void natural_q5_K(const void *row, int n, uint8_t *p)
 {
     const blk_q5_K *b = row;
-    const __m256i low4 = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1);
     for (int i = 0; i < n / KVP_QK_K; i++, b++) {
-        uint8_t *codes = p + i * KVP_QK_K;
-        __m256i qh = load256(b->qh);
-        for (int k = 0; k < 4; k++) {
-            __m256i c = load256(b->qs + 32 * k);
-            __m256i hlo = _mm256_slli_epi16(_mm256_and_si256(qh, one), 4);
-            __m256i hhi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 1), one), 4);
-            qh = _mm256_srli_epi16(qh, 2);
-            store256(codes + 64 * k, _mm256_or_si256(_mm256_and_si256(c, low4), hlo));
-            store256(codes + 64 * k + 32,
-                     _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), low4), hhi));
-        }
+        natural_k4(b->qs, b->qh, p + i * KVP_QK_K);
         pack_k_scales(p, n, i, b->scales, b->d, b->dmin);
     }
 }

@@ -158,6 +158,10 @@ SNIPPETS = [
     "{{ 'line1\nline2\n\nline4' | indent(2) }}|{{ 'a\nb' | indent(2, true) }}",
     "{% if messages[0].role == 'system' %}sys{% elif messages[0].role == 'user' %}usr{% else %}other{% endif %}",
     "{{ messages | map('upper') | list if false else messages | map(attribute='role') | map('upper') | join(',') }}",
+    # case mapping beyond ASCII: full mappings (ß, ŉ, ﬁ, İ, ΐ), titlecase digraphs, Final_Sigma,
+    # scripts without case, and the title filter's word rule against str.title's
+    "{% set t = 'straße ŉ ﬁne İstanbul ΐ ǆungla ǅ DŽ ÉCOLE élan ΟΔΟΣ ΣΑ Σ ΑΣ. aΣ\u0301b 日本語ab кириллица ԱԲԳ ǈ ǋ Ꭰꭰ 𐐀𐐨 ﬀ ﬃ ｆｕｌｌ' %}{{ t | upper }}|{{ t | lower }}|{{ t | title }}|{{ t | capitalize }}|{{ t.upper() }}|{{ t.lower() }}|{{ t.title() }}|{{ t.capitalize() }}",
+    "{{ \"it's o'neil x-ray (éa) [ǆb] {ßc} <ﬁd> e\u00a0ʼnf\u3000ǉg\" | title }}|{{ \"it's o'neil\".title() }}|{{ 'ßa' | capitalize }}|{{ 'ǆa' | capitalize }}|{{ 'ΣΣ' | lower }}|{{ 'Σ' | lower }}|{{ '-ΑΣ' | title }}|{{ 'aΣ-' | title }}|{{ messages[1].content | upper }}",
 ]
 
 

@@ -108,6 +108,11 @@ Test(jinja, filters_and_methods)
            "{{ 'ab'.endswith('a') }} {{ 'a-a'.replace('-', '+') }} {{ 'the cat'.title() }} "
            "{{ '\\n a'.lstrip() }}{{ 'b \\n'.rstrip() }}", "['a', 'b'] a True False a+a The Cat ab");
     expect("{{ {'k': 1} | items | list }}", "[['k', 1]]");
+    /* Unicode case mapping; bytes that are not UTF-8 pass through as they are */
+    expect("{{ 'straße ǆ' | upper }}|{{ 'ΟΔΟΣ Σ' | lower }}|{{ 'ǆa' | capitalize }}",
+           "STRASSE Ǆ|οδος σ|ǅa");
+    expect("{{ '\xff\xc3" "ß\x80" "a' | upper }}|{{ 'A\xe4" "B' | lower }}",
+           "\xff\xc3" "SS\x80" "A|a\xe4" "b");
 }
 
 Test(jinja, taint_marks_caller_data)
@@ -122,6 +127,20 @@ Test(jinja, taint_marks_caller_data)
         int data = (i >= 15 && i < 29) || i >= 30;   /* the content and the role */
         cr_assert_eq(mask[i], data, "byte %ld (%c): mask %d", i, out[i], mask[i]);
     }
+    free(out);
+    free(mask);
+}
+
+Test(jinja, case_mapping_keeps_taint)
+{
+    char *out;
+    unsigned char *mask;
+    long n = render_lim("{{ 'ß' | upper }}{{ messages[0].content | upper }}{{ 'ß' | title }}", NULL,
+                        &out, &mask);
+    cr_assert_eq(n, 2 + 14 + 2, "%s", err);
+    cr_assert_str_eq(out, "SS<|IM_START|>HISS");   /* the title filter upper-cases */
+    for (long i = 0; i < n; i++)
+        cr_assert_eq(mask[i], i >= 2 && i < 16, "byte %ld (%c): mask %d", i, out[i], mask[i]);
     free(out);
     free(mask);
 }
