@@ -55,6 +55,7 @@ typedef struct kvpd_config {
     int max_history_tokens;           /* stored transcript per session; 0 = unbounded */
     int max_prompt_tokens;            /* tokens one turn may prefill; 0 = context + budget */
     uint64_t max_cache_bytes;         /* KV cache bytes of resident sessions; 0 = no cap */
+    uint64_t max_cache_bytes_per_tenant;   /* of one API key's; 0 = see the row */
     int max_message_bytes;
     int max_body_bytes;               /* HTTP request bodies (/v1/chat/completions) */
     int max_tokens;                   /* per reply: the cap and the default */

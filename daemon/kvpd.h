@@ -32,5 +32,8 @@ typedef struct kvpd {
 void kvpd_hub_config_sync(kvpd *d);
 /* max_sessions_per_tenant in force: the setting, or its default from the keys. */
 int kvpd_tenant_cap(const kvpd_config *c);
+/* max_cache_bytes_per_tenant in force: the setting, or its default from the keys and
+ * max_cache_bytes. */
+uint64_t kvpd_tenant_bytes_cap(const kvpd_config *c);
 
 #endif

@@ -12,6 +12,7 @@
 #include "daemon/kvpd.h"
 #include "daemon/notify.h"
 #include "daemon/reload.h"
+#include "daemon/statelock.h"
 
 typedef struct daemon_handles {
     uv_signal_t sigint, sigterm, sighup;
@@ -163,6 +164,14 @@ static void load_done(uv_work_t *w, int status)
                  d->cfg.chunk);
         g_h.load_rc = -EINVAL;
         kvp_model_free(&d->model);
+    } else if (status == 0 && g_h.load_rc == 0 && d->cfg.max_cache_bytes_per_tenant &&
+               d->cfg.max_cache_bytes_per_tenant < kvpd_turn_bytes(d)) {
+        snprintf(g_h.load_err, sizeof g_h.load_err,
+                 "max_cache_bytes_per_tenant %llu is less than one turn needs (%zu at budget "
+                 "%d, chunk %d)", (unsigned long long)d->cfg.max_cache_bytes_per_tenant,
+                 kvpd_turn_bytes(d), d->cfg.budget, d->cfg.chunk);
+        g_h.load_rc = -EINVAL;
+        kvp_model_free(&d->model);
     }
     if (status < 0 || g_h.load_rc < 0) {
         kvp_hub_storage_close(g_h.storage);
@@ -277,8 +286,15 @@ int main(int argc, char **argv)
         fprintf(stderr, "kvpd: %s\n", err);
         return 2;
     }
-    if (action == KVPD_CHECK)
+    if (action == KVPD_CHECK)   /* takes no lock: it may check a running daemon's config */
         return check_config(d);
+    /* One daemon per state directory: a second would write the same files. */
+    int state_lock = -1;
+    if (d->cfg.state_dir[0] && (state_lock = kvpd_statelock_take(d->cfg.state_dir, err,
+                                                                  sizeof err)) < 0) {
+        fprintf(stderr, "kvpd: %s\n", err);
+        return 1;
+    }
 
     if (d->cfg.workers == 0) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
@@ -350,6 +366,7 @@ int main(int argc, char **argv)
         uv_run(&d->loop, UV_RUN_DEFAULT);
         uv_loop_close(&d->loop);
     }
+    kvpd_statelock_release(state_lock);
     kvpd_log("info", "stopped");
     return d->exit_code;
 }

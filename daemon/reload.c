@@ -20,7 +20,16 @@ void kvpd_hub_config_sync(kvpd *d)
         .max_history_tokens = d->cfg.max_history_tokens,
         .canary_rate = d->cfg.canary_rate,
         .max_prompt_tokens = d->cfg.max_prompt_tokens,
-        .max_sessions_per_tenant = kvpd_tenant_cap(&d->cfg)};
+        .max_sessions_per_tenant = kvpd_tenant_cap(&d->cfg),
+        .max_cache_bytes_per_tenant = kvpd_tenant_bytes_cap(&d->cfg)};
+}
+
+uint64_t kvpd_tenant_bytes_cap(const kvpd_config *c)
+{
+    if (c->max_cache_bytes_per_tenant > 0)
+        return c->max_cache_bytes_per_tenant;
+    /* several tenants and a cap: none may take more than half the cache */
+    return c->n_api_keys > 1 ? c->max_cache_bytes / 2 : 0;
 }
 
 int kvpd_tenant_cap(const kvpd_config *c)
@@ -118,6 +127,13 @@ static void reload_done(uv_work_t *w, int status)
         char why[256];
         snprintf(why, sizeof why, "max_cache_bytes %llu is less than one turn needs (%zu)",
                  (unsigned long long)j->cfg.max_cache_bytes, turn_bytes(d, &j->cfg, j->pc));
+        refuse(d, why);
+    } else if (j->cfg.max_cache_bytes_per_tenant &&
+               j->cfg.max_cache_bytes_per_tenant < turn_bytes(d, &j->cfg, j->pc)) {
+        char why[256];
+        snprintf(why, sizeof why, "max_cache_bytes_per_tenant %llu is less than one turn "
+                 "needs (%zu)", (unsigned long long)j->cfg.max_cache_bytes_per_tenant,
+                 turn_bytes(d, &j->cfg, j->pc));
         refuse(d, why);
     } else {
         char fixed[512];

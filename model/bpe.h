@@ -1,8 +1,8 @@
 /* Byte-level BPE (tokenizer.ggml.model "gpt2": Llama 3, Qwen 2.5/3, SmolLM2): the GPT-2
- * byte-to-unicode spelling of pieces, merge ranks from tokenizer.ggml.merges, and the
- * pre-tokenizers named by tokenizer.ggml.pre, each its model's split regex written out
- * by hand over the classes of model/unicode.h. Internal to model/: kvp_tokenizer_*
- * dispatches here. */
+ * byte-to-unicode spelling of pieces and merge ranks from tokenizer.ggml.merges
+ * (model/bpe.c), and the pre-tokenizers named by tokenizer.ggml.pre, one table row each
+ * naming its split regexes, written out by hand over the classes of model/unicode.h
+ * (model/bpe_pretok.c). Internal to model/: kvp_tokenizer_* dispatches here. */
 #ifndef KVP_BPE_H
 #define KVP_BPE_H
 

@@ -1,5 +1,5 @@
-/* GGUF v2/v3 reader (bounds-checked, mmap) and writer.
- * Spec: https://github.com/ggml-org/ggml/blob/master/docs/gguf.md
+/* GGUF v2/v3 reader (bounds-checked, mmap; model/gguf.c) and v3 writer
+ * (model/gguf_write.c). Spec: https://github.com/ggml-org/ggml/blob/master/docs/gguf.md
  * Every string and array the reader returns points into the mapping and has been
  * checked to lie inside it; strings are NOT NUL-terminated. */
 #ifndef KVP_GGUF_H
@@ -66,6 +66,8 @@ typedef struct kvp_gguf {
     uint64_t alignment;            /* general.alignment, default 32 */
 } kvp_gguf;
 
+/* ------------------------------------------------------------ reader (gguf.c) */
+
 /* mmap the file and parse it. Returns 0, or a negative errno-style code with a
  * message in err (always NUL-terminated). On error *g needs no close. */
 int kvp_gguf_open(kvp_gguf *g, const char *path, char *err, size_t errlen);
@@ -84,7 +86,9 @@ int kvp_gguf_get_str(const kvp_gguf *g, const char *key, char *buf, size_t cap);
 /* Fills out[0..n) with the elements of a STRING array (n must equal kv->val.arr.n). */
 int kvp_gguf_str_array(const kvp_gguf_kv *kv, kvp_gguf_str *out, uint64_t n);
 
-/* Writer: a small streaming GGUF v3 writer (used by `kvp synth` and by tests that
+/* ------------------------------------------------------ writer (gguf_write.c) */
+
+/* A small streaming GGUF v3 writer (used by `kvp synth` and by tests that
  * build malformed files). Add all kvs and tensor infos, then write the data of each
  * tensor in the order added. */
 typedef struct kvp_gguf_writer kvp_gguf_writer;

@@ -174,43 +174,35 @@ static void dequant_q3_K(const blk_q3_K *b, float *y, uint64_t nb)
     }
 }
 
+/* Q4_K and Q5_K: eight 32-weight groups with 6-bit scales and mins, taken in pairs of
+ * the low and high nibbles of 32 bytes; Q5_K adds a fifth bit from qh (NULL for Q4_K). */
+static void dequant_k_nibbles(float d, float dmin, const uint8_t *scales, const uint8_t *qs,
+                              const uint8_t *qh, float *y)
+{
+    uint8_t u1 = 1, u2 = 2;
+    for (int is = 0; is < 8; is += 2, qs += 32, u1 <<= 2, u2 <<= 2) {
+        uint8_t sc, m;
+        kvp_k4_scale_min(is, scales, &sc, &m);
+        float d1 = d * (float)sc, m1 = dmin * (float)m;
+        kvp_k4_scale_min(is + 1, scales, &sc, &m);
+        float d2 = d * (float)sc, m2 = dmin * (float)m;
+        for (int l = 0; l < 32; l++)
+            *y++ = d1 * (float)((qs[l] & 0xF) + (qh && (qh[l] & u1) ? 16 : 0)) - m1;
+        for (int l = 0; l < 32; l++)
+            *y++ = d2 * (float)((qs[l] >> 4) + (qh && (qh[l] & u2) ? 16 : 0)) - m2;
+    }
+}
+
 static void dequant_q4_K(const blk_q4_K *b, float *y, uint64_t nb)
 {
-    for (uint64_t i = 0; i < nb; i++, b++) {
-        float d = f16(b->d), dmin = f16(b->dmin);
-        const uint8_t *q = b->qs;
-        for (int is = 0; is < 8; is += 2, q += 32) {
-            uint8_t sc, m;
-            kvp_k4_scale_min(is, b->scales, &sc, &m);
-            float d1 = d * (float)sc, m1 = dmin * (float)m;
-            kvp_k4_scale_min(is + 1, b->scales, &sc, &m);
-            float d2 = d * (float)sc, m2 = dmin * (float)m;
-            for (int l = 0; l < 32; l++)
-                *y++ = d1 * (float)(q[l] & 0xF) - m1;
-            for (int l = 0; l < 32; l++)
-                *y++ = d2 * (float)(q[l] >> 4) - m2;
-        }
-    }
+    for (uint64_t i = 0; i < nb; i++, b++, y += KVP_QK_K)
+        dequant_k_nibbles(f16(b->d), f16(b->dmin), b->scales, b->qs, NULL, y);
 }
 
 static void dequant_q5_K(const blk_q5_K *b, float *y, uint64_t nb)
 {
-    for (uint64_t i = 0; i < nb; i++, b++) {
-        float d = f16(b->d), dmin = f16(b->dmin);
-        const uint8_t *ql = b->qs;
-        uint8_t u1 = 1, u2 = 2;
-        for (int is = 0; is < 8; is += 2, ql += 32, u1 <<= 2, u2 <<= 2) {
-            uint8_t sc, m;
-            kvp_k4_scale_min(is, b->scales, &sc, &m);
-            float d1 = d * (float)sc, m1 = dmin * (float)m;
-            kvp_k4_scale_min(is + 1, b->scales, &sc, &m);
-            float d2 = d * (float)sc, m2 = dmin * (float)m;
-            for (int l = 0; l < 32; l++)
-                *y++ = d1 * (float)((ql[l] & 0xF) + (b->qh[l] & u1 ? 16 : 0)) - m1;
-            for (int l = 0; l < 32; l++)
-                *y++ = d2 * (float)((ql[l] >> 4) + (b->qh[l] & u2 ? 16 : 0)) - m2;
-        }
-    }
+    for (uint64_t i = 0; i < nb; i++, b++, y += KVP_QK_K)
+        dequant_k_nibbles(f16(b->d), f16(b->dmin), b->scales, b->qs, b->qh, y);
 }
 
 static void dequant_q6_K(const blk_q6_K *b, float *y, uint64_t nb)

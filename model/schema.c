@@ -326,7 +326,7 @@ static int object(sc *c, const json_t *s, int from, int to)
     return rc;
 }
 
-static int count_of(sc *c, const json_t *s, const char *key, long dflt, long *out)
+int sc_count(sc *c, const json_t *s, const char *key, long dflt, long *out)
 {
     const json_t *v = json_object_get(s, key);
     *out = dflt;
@@ -343,7 +343,7 @@ static int count_of(sc *c, const json_t *s, const char *key, long dflt, long *ou
 static int array(sc *c, const json_t *s, int from, int to)
 {
     long lo, hi;
-    if (count_of(c, s, "minItems", 0, &lo) < 0 || count_of(c, s, "maxItems", -1, &hi) < 0)
+    if (sc_count(c, s, "minItems", 0, &lo) < 0 || sc_count(c, s, "maxItems", -1, &hi) < 0)
         return -1;
     if (hi >= 0 && lo > hi)
         return sc_fail(c, "minItems is above maxItems: no array fits");

@@ -34,6 +34,9 @@ int sc_fail(sc *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int sc_state(sc *c);                 /* a new state, or -1 with the error set */
 int sc_ws(sc *c, int from, int to);  /* bounded whitespace */
 int sc_literal(sc *c, int from, int to, const char *s, size_t len);
+/* A count keyword (minItems, maxLength, ...) of schema s into *out: dflt when absent, else
+ * an integer from 0 to KVP_SCHEMA_MAX_REPEAT. Returns 0, or -1 with the error set. */
+int sc_count(sc *c, const json_t *s, const char *key, long dflt, long *out);
 /* One character of a JSON string's text (an unescaped character, an escape, a UTF-8
  * sequence). */
 int sc_char(sc *c, int from, int to);

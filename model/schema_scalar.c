@@ -81,24 +81,10 @@ int sc_char(sc *c, int from, int to)
     return sc_utf8(c, from, to);
 }
 
-static int length_of(sc *c, const json_t *s, const char *key, long dflt, long *out)
-{
-    const json_t *v = json_object_get(s, key);
-    *out = dflt;
-    if (!v)
-        return 0;
-    if (!json_is_integer(v) || json_integer_value(v) < 0)
-        return sc_fail(c, "%s must be a non-negative integer", key);
-    if (json_integer_value(v) > KVP_SCHEMA_MAX_REPEAT)
-        return sc_fail(c, "%s above %d is not supported", key, KVP_SCHEMA_MAX_REPEAT);
-    *out = (long)json_integer_value(v);
-    return 0;
-}
-
 int sc_string(sc *c, const json_t *s, int from, int to)
 {
     long lo, hi;
-    if (length_of(c, s, "minLength", 0, &lo) < 0 || length_of(c, s, "maxLength", -1, &hi) < 0)
+    if (sc_count(c, s, "minLength", 0, &lo) < 0 || sc_count(c, s, "maxLength", -1, &hi) < 0)
         return -1;
     if (hi >= 0 && lo > hi)
         return sc_fail(c, "minLength is above maxLength: no string fits");

@@ -191,57 +191,55 @@ static inline __m256i scaled(__m256i codes, const int8_t *q, int scale)
     return _mm256_madd_epi16(_mm256_maddubs_epi16(codes, load256(q)), _mm256_set1_epi16((short)scale));
 }
 
+/* One Q4_K or Q5_K super-block i: adds d_w d_a sum(scale code q) to *acc and returns the
+ * mins' part, dmin_w d_a sum(m q). qh is Q5_K's fifth bits, NULL for Q4_K (inlined with a
+ * constant, so each format gets its own loop). */
+static inline __attribute__((always_inline)) float
+k4_block(uint16_t d, uint16_t dmin, const uint8_t *scales, const uint8_t *qs,
+         const uint8_t *qh, const kvp_act *a, int i, __m256 *acc)
+{
+    const __m256i low4 = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1);
+    uint8_t sc[8], m[8];
+    k4_scales(scales, sc, m);
+    const int8_t *q = a->q + i * KVP_QK_K;
+    __m256i hbits = qh ? load256(qh) : _mm256_setzero_si256();
+    __m256i sumi = _mm256_setzero_si256();
+    for (int k = 0; k < 4; k++) {
+        __m256i c = load256(qs + 32 * k);
+        __m256i lo = _mm256_and_si256(c, low4);
+        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(c, 4), low4);
+        if (qh) {
+            __m256i hlo = _mm256_slli_epi16(_mm256_and_si256(hbits, one), 4);
+            __m256i hhi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 1), one), 4);
+            hbits = _mm256_srli_epi16(hbits, 2);
+            lo = _mm256_or_si256(lo, hlo);
+            hi = _mm256_or_si256(hi, hhi);
+        }
+        sumi = _mm256_add_epi32(sumi, scaled(lo, q + 64 * k, sc[2 * k]));
+        sumi = _mm256_add_epi32(sumi, scaled(hi, q + 64 * k + 32, sc[2 * k + 1]));
+    }
+    float da = a->d[i];
+    *acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(d) * da), _mm256_cvtepi32_ps(sumi), *acc);
+    return h2f(dmin) * da * (float)k_mins(m, a->bsums + i * 16);
+}
+
 static float dot_q4_K(const void *row, const kvp_act *a)
 {
     const blk_q4_K *b = row;
-    const __m256i low4 = _mm256_set1_epi8(0xF);
     __m256 acc = _mm256_setzero_ps();
     float mins = 0.0f;
-    for (int i = 0; i < a->n / KVP_QK_K; i++, b++) {
-        uint8_t sc[8], m[8];
-        k4_scales(b->scales, sc, m);
-        const int8_t *q = a->q + i * KVP_QK_K;
-        __m256i sumi = _mm256_setzero_si256();
-        for (int k = 0; k < 4; k++) {
-            __m256i c = load256(b->qs + 32 * k);
-            __m256i lo = _mm256_and_si256(c, low4);
-            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(c, 4), low4);
-            sumi = _mm256_add_epi32(sumi, scaled(lo, q + 64 * k, sc[2 * k]));
-            sumi = _mm256_add_epi32(sumi, scaled(hi, q + 64 * k + 32, sc[2 * k + 1]));
-        }
-        float da = a->d[i];
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(b->d) * da), _mm256_cvtepi32_ps(sumi), acc);
-        mins += h2f(b->dmin) * da * (float)k_mins(m, a->bsums + i * 16);
-    }
+    for (int i = 0; i < a->n / KVP_QK_K; i++, b++)
+        mins += k4_block(b->d, b->dmin, b->scales, b->qs, NULL, a, i, &acc);
     return hsum(acc) - mins;
 }
 
 static float dot_q5_K(const void *row, const kvp_act *a)
 {
     const blk_q5_K *b = row;
-    const __m256i low4 = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1);
     __m256 acc = _mm256_setzero_ps();
     float mins = 0.0f;
-    for (int i = 0; i < a->n / KVP_QK_K; i++, b++) {
-        uint8_t sc[8], m[8];
-        k4_scales(b->scales, sc, m);
-        const int8_t *q = a->q + i * KVP_QK_K;
-        __m256i qh = load256(b->qh);
-        __m256i sumi = _mm256_setzero_si256();
-        for (int k = 0; k < 4; k++) {
-            __m256i c = load256(b->qs + 32 * k);
-            __m256i hlo = _mm256_slli_epi16(_mm256_and_si256(qh, one), 4);
-            __m256i hhi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 1), one), 4);
-            qh = _mm256_srli_epi16(qh, 2);
-            __m256i lo = _mm256_or_si256(_mm256_and_si256(c, low4), hlo);
-            __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), low4), hhi);
-            sumi = _mm256_add_epi32(sumi, scaled(lo, q + 64 * k, sc[2 * k]));
-            sumi = _mm256_add_epi32(sumi, scaled(hi, q + 64 * k + 32, sc[2 * k + 1]));
-        }
-        float da = a->d[i];
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(b->d) * da), _mm256_cvtepi32_ps(sumi), acc);
-        mins += h2f(b->dmin) * da * (float)k_mins(m, a->bsums + i * 16);
-    }
+    for (int i = 0; i < a->n / KVP_QK_K; i++, b++)
+        mins += k4_block(b->d, b->dmin, b->scales, b->qs, b->qh, a, i, &acc);
     return hsum(acc) - mins;
 }
 

@@ -210,7 +210,7 @@ static int new_session(kvp_hub_client *c, const char *system, size_t system_len)
         return -EBUSY;
     }
     size_t reserve;
-    int rc = kvp_hub_admit_tenant(h, NULL, c->tenant, err, sizeof err);
+    int rc = kvp_hub_admit_tenant(h, NULL, c->tenant, 0, err, sizeof err);
     if (rc == 0)
         rc = kvp_hub_admit(h, NULL, 0, &reserve, err, sizeof err);
     if (rc < 0) {
@@ -260,7 +260,7 @@ static void open_from_disk(kvp_hub_client *c, kvp_session *s, const char *id,
     kvp_hub *h = c->hub;
     char err[256];
     size_t reserve;
-    if (kvp_hub_admit_tenant(h, s, c->tenant, err, sizeof err) < 0 ||
+    if (kvp_hub_admit_tenant(h, s, c->tenant, 1, err, sizeof err) < 0 ||
         kvp_hub_admit(h, s, 1, &reserve, err, sizeof err) < 0) {
         overloaded(c, err);
         return;
@@ -412,7 +412,7 @@ static void start_turn(kvp_hub_client *c, const char *text, size_t len, const kv
     }
     char err[256];
     size_t reserve;
-    if (kvp_hub_admit_tenant(h, s, c->tenant, err, sizeof err) < 0 ||
+    if (kvp_hub_admit_tenant(h, s, c->tenant, 1, err, sizeof err) < 0 ||
         kvp_hub_admit(h, s, 1, &reserve, err, sizeof err) < 0) {
         overloaded(c, err);
         return;

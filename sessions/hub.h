@@ -28,7 +28,17 @@
 #include "model/sampler.h"
 #include "sessions/metrics.h"
 
+/* A session id: KVP_SESSION_ID_LEN lowercase hex digits (the hub makes them from a
+ * CSPRNG); kvp_session_id_ok is the one test of that form every front end applies. */
 #define KVP_SESSION_ID_LEN 32
+static inline int kvp_session_id_ok(const char *s)
+{
+    int n = 0;
+    for (; s[n]; n++)
+        if (n == KVP_SESSION_ID_LEN || !((s[n] >= '0' && s[n] <= '9') || (s[n] >= 'a' && s[n] <= 'f')))
+            return 0;
+    return n == KVP_SESSION_ID_LEN;
+}
 /* A tenant's name: 16 hex digits (of its API key's hash), "" when there are no keys. */
 #define KVP_TENANT_LEN 16
 /* Stop strings of a turn: at most this many, each 1..KVP_HUB_STOP_MAX bytes. */
@@ -141,6 +151,9 @@ typedef struct kvp_hub_config {
     int idle_timeout_s;
     int max_sessions_per_client;  /* started and not ended unused */
     int max_sessions_per_tenant;  /* resident sessions of one tenant (0: no bound) */
+    uint64_t max_cache_bytes_per_tenant;   /* KV cache bytes of one tenant's resident
+                                            * sessions, counted as max_cache_bytes counts
+                                            * them (0: no bound) */
     int max_history_tokens;       /* transcript tokens a session stores (0: all) */
     int max_prompt_tokens;        /* tokens one turn may prefill (0: the model's context
                                    * plus the budget); more: too_large, before any prefill */

@@ -87,27 +87,47 @@ static int idle_retry_ms(const kvp_hub *h)
     return left < 1 ? 1000 : left > 86400 ? 86400000 : (int)(left * 1e3);
 }
 
-int kvp_hub_admit_tenant(kvp_hub *h, const kvp_session *s, const char *tenant, char *why,
-                         size_t whylen)
+/* Makes room among the tenant's own sessions: its least recently used one that can go
+ * (other than keep) is parked, or dropped without a store. 0, or -1 when none can. */
+static int tenant_make_room(kvp_hub *h, const kvp_session *keep, const char *tenant,
+                            int *busy)
+{
+    kvp_session *victim = NULL;
+    *busy = 0;
+    for (kvp_session *r = h->sessions.resident_head; r; r = r->rnext) {
+        if (r == keep || strcmp(r->tenant, tenant))
+            continue;
+        *busy |= kvp_session_busy(r);
+        if ((h->env.store ? kvp_session_parkable(r) : !kvp_session_busy(r) && !r->client) &&
+            (!victim || r->last_active < victim->last_active))
+            victim = r;
+    }
+    if (!victim)
+        return -1;
+    if (h->env.store) {
+        kvp_hub_park(h, victim);
+    } else {
+        h->m->sessions_dropped++;
+        kvp_hub_drop(h, victim);
+    }
+    return 0;
+}
+
+/* At max_sessions_per_tenant resident sessions, a new or parked one of the tenant makes
+ * room among the tenant's own. */
+static int tenant_sessions(kvp_hub *h, const kvp_session *s, const char *tenant, char *why,
+                           size_t whylen)
 {
     int cap = h->cfg->max_sessions_per_tenant;
     if (cap <= 0 || (s && s->state != KVP_SESSION_PARKED))
         return 0;
     for (;;) {
-        int n = 0, busy = 0;
-        kvp_session *victim = NULL;
-        for (kvp_session *r = h->sessions.resident_head; r; r = r->rnext) {
-            if (strcmp(r->tenant, tenant))
-                continue;
-            n++;
-            busy |= kvp_session_busy(r);
-            if ((h->env.store ? kvp_session_parkable(r) : !kvp_session_busy(r) && !r->client) &&
-                (!victim || r->last_active < victim->last_active))
-                victim = r;
-        }
+        int n = 0, busy;
+        for (const kvp_session *r = h->sessions.resident_head; r; r = r->rnext)
+            n += !strcmp(r->tenant, tenant);
         if (n < cap)
             return 0;
-        if (!victim) {
+        if (tenant_make_room(h, s, tenant, &busy) < 0) {
             /* a turn of its own ends in about a turn's time; else its oldest idle one
              * is let go at its idle timeout */
             h->refused_retry_ms = busy ? 0 : idle_retry_ms(h);
@@ -115,13 +135,47 @@ int kvp_hub_admit_tenant(kvp_hub *h, const kvp_session *s, const char *tenant, c
                      "(max_sessions_per_tenant), none of them idle and free to park", n);
             return -EBUSY;
         }
-        if (h->env.store) {
-            kvp_hub_park(h, victim);
-        } else {
-            h->m->sessions_dropped++;
-            kvp_hub_drop(h, victim);
+    }
+}
+
+/* A job on s (NULL: a new session, which holds nothing until its first job) within
+ * max_cache_bytes_per_tenant: the tenant's other sessions, counted as the global cap
+ * counts them, plus the job's reservation. A tenant's only session is never refused by
+ * it: the bound shares the cache between tenants, it does not shrink a turn. */
+static int tenant_bytes(kvp_hub *h, const kvp_session *s, const char *tenant, int job,
+                        char *why, size_t whylen)
+{
+    uint64_t cap = h->cfg->max_cache_bytes_per_tenant;
+    if (!cap || !job)
+        return 0;
+    size_t need = kvp_hub_turn_bytes(h);
+    if (s && s->state != KVP_SESSION_PARKED && s->bytes > need)
+        need = s->bytes;
+    for (;;) {
+        size_t mine = 0;
+        int others = 0, busy;
+        for (const kvp_session *r = h->sessions.resident_head; r; r = r->rnext)
+            if (r != s && !strcmp(r->tenant, tenant)) {
+                mine += counted(r);
+                others++;
+            }
+        if (!others || mine + need <= cap)
+            return 0;
+        if (tenant_make_room(h, s, tenant, &busy) < 0) {
+            h->refused_retry_ms = busy ? 0 : idle_retry_ms(h);
+            snprintf(why, whylen, "this API key's sessions hold %zu bytes of KV cache "
+                     "(max_cache_bytes_per_tenant %llu), none of them idle and free to park",
+                     mine, (unsigned long long)cap);
+            return -EBUSY;
         }
     }
+}
+
+int kvp_hub_admit_tenant(kvp_hub *h, const kvp_session *s, const char *tenant, int job,
+                         char *why, size_t whylen)
+{
+    int rc = tenant_sessions(h, s, tenant, why, whylen);
+    return rc < 0 ? rc : tenant_bytes(h, s, tenant, job, why, whylen);
 }
 
 int kvp_hub_admit(kvp_hub *h, kvp_session *s, int job, size_t *reserve, char *why,

@@ -31,13 +31,14 @@ size_t kvp_hub_accounted_bytes(const kvp_hub *h, size_t *actual);
 int kvp_hub_admit(kvp_hub *h, kvp_session *s, int job, size_t *reserve, char *why,
                   size_t whylen);
 /* Before a session of `tenant` becomes resident (s: the parked one to load, or NULL for
- * a new one; a resident s needs nothing): at max_sessions_per_tenant resident sessions of
- * that tenant, its own least recently used idle one is parked (dropped without a store,
- * when no client is attached). 0, or -EBUSY with a message when every one of them is
- * busy or attached (the refusal's retry hint is set): a tenant never makes room by
- * parking another's. */
-int kvp_hub_admit_tenant(kvp_hub *h, const kvp_session *s, const char *tenant, char *why,
-                         size_t whylen);
+ * a new one; a resident s needs nothing) or, with `job` set, runs a job: at
+ * max_sessions_per_tenant resident sessions of that tenant, or when the job's
+ * reservation would take the tenant's sessions past max_cache_bytes_per_tenant, its own
+ * least recently used idle ones are parked (dropped without a store, when no client is
+ * attached). 0, or -EBUSY with a message when every one of them is busy or attached
+ * (the refusal's retry hint is set): a tenant never makes room by parking another's. */
+int kvp_hub_admit_tenant(kvp_hub *h, const kvp_session *s, const char *tenant, int job,
+                         char *why, size_t whylen);
 /* Parks an idle resident session (kvp_session_parkable) and counts it. */
 void kvp_hub_park(kvp_hub *h, kvp_session *s);
 

@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/log.h"
+#include "web/chat.h"
 #include "web/conn.h"
 #include "web/protocol.h"
 
@@ -23,7 +25,7 @@ static void on_hub_event(void *ctx, const kvp_hub_event *ev)
     case KVP_HUB_SESSION:
         kvpd_conn_send(c, kvpd_proto_session(ev->id, ev->resumed, ev->turns, ev->history,
                                              ev->n_history, ev->history_dropped, ev->system,
-                                             ev->system_len));
+                                             ev->system_len, c->w->cfg->max_tokens));
         break;
     case KVP_HUB_TOKEN:
         kvpd_conn_send(c, kvpd_proto_token(ev->text, ev->len));
@@ -38,7 +40,8 @@ static void on_hub_event(void *ctx, const kvp_hub_event *ev)
     }
 }
 
-/* The connection's hub client, of the tenant its API key (checked at the upgrade) names. */
+/* The connection's hub client, of the tenant its API key (on the upgrade or in the auth
+ * frame) names. */
 static kvp_hub_client *new_client(kvpd_conn *c)
 {
     kvp_hub_client *hc = kvp_hub_client_new(c->w->hub, on_hub_event, c);
@@ -47,17 +50,61 @@ static kvp_hub_client *new_client(kvpd_conn *c)
     return hc;
 }
 
+/* Closes the connection with code (1008: policy violation) and why: the frame goes out on
+ * the next writeable callback (web/server.c), and nothing more is read until then. */
+static void close_policy(kvpd_conn *c, const char *why)
+{
+    kvpd_log("info", "websocket closed: %s", why);
+    c->close_code = LWS_CLOSE_STATUS_POLICY_VIOLATION;
+    c->close_why = why;
+    lws_callback_on_writable(c->wsi);
+}
+
+/* With API keys and none on the upgrade, the first message must be the auth frame. */
+static void handle_unauthed(kvpd_conn *c, const char *buf, size_t len)
+{
+    kvpd_client_msg m;
+    const char *code;
+    char msg[256];
+    if (kvpd_proto_parse(buf, len, c->w->cfg->max_tokens, &m, &code, msg, sizeof msg) < 0 ||
+        m.type != KVPD_MSG_AUTH) {
+        kvpd_proto_msg_free(&m);   /* a refused parse left nothing to free: harmless */
+        close_policy(c, "an API key is required: the first frame must be "
+                        "{\"type\":\"auth\",\"token\":KEY}");
+        return;
+    }
+    int ok = kvpd_api_tenant_token(c->w, m.text, m.text_len, c->tenant);
+    kvpd_proto_msg_free(&m);
+    if (!ok) {
+        close_policy(c, "invalid API key");
+        return;
+    }
+    c->authed = 1;
+    lws_set_timer_usecs(c->wsi, LWS_SET_TIMER_USEC_CANCEL);
+    kvpd_conn_send(c, kvpd_proto_auth_ok());
+}
+
 static void handle(kvpd_conn *c, const char *buf, size_t len)
 {
     kvpd_web *w = c->w;
     kvpd_client_msg m;
     const char *code;
     char msg[256];
+    if (!c->authed) {
+        handle_unauthed(c, buf, len);
+        return;
+    }
     if (kvpd_proto_parse(buf, len, w->cfg->max_tokens, &m, &code, msg, sizeof msg) < 0) {
         send_error(c, code, msg, 0);
         return;
     }
-    if (m.type == KVPD_MSG_CANCEL) {
+    if (m.type == KVPD_MSG_AUTH) {
+        /* Without keys there is nothing to check; with one, the connection has its key. */
+        if (w->cfg->n_api_keys)
+            send_error(c, KVPD_E_BAD_REQUEST, "the connection is already authenticated", 0);
+        else
+            kvpd_conn_send(c, kvpd_proto_auth_ok());
+    } else if (m.type == KVPD_MSG_CANCEL) {
         if (c->client)
             kvp_hub_cancel(c->client);
     } else if (w->draining || !w->hub) {
@@ -95,10 +142,7 @@ const char *kvpd_chat_session_arg(struct lws *wsi, char *out)
         const char *why = NULL;
         if (!strncmp(arg, "session=", 8)) {
             const char *v = arg + 8;
-            int ok = strlen(v) == KVP_SESSION_ID_LEN;
-            for (const char *p = v; ok && *p; p++)
-                ok = (*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f');
-            if (!ok)
+            if (!kvp_session_id_ok(v))
                 why = bad;
             else if (found++)
                 why = "?session= given twice";
@@ -143,7 +187,12 @@ int kvpd_chat_receive(kvpd_conn *c, const void *in, size_t len)
     if (!lws_is_final_fragment(wsi) || lws_remaining_packet_payload(wsi))
         return 0;
     char msg[96];
-    switch (c->rx_skip) {
+    if (c->close_code) {
+        /* closing: nothing more is handled */
+    } else if (!c->authed && c->rx_skip != KVPD_RX_KEEP) {
+        close_policy(c, "an API key is required: the first frame must be "
+                        "{\"type\":\"auth\",\"token\":KEY}");
+    } else switch (c->rx_skip) {
     case KVPD_RX_BINARY:
         send_error(c, KVPD_E_BAD_REQUEST, "binary frames are not part of the protocol", 0);
         break;

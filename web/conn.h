@@ -6,7 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "web/server.h"
+#include "web/web.h"
 
 typedef struct kvpd_frame {
     struct kvpd_frame *next;
@@ -32,6 +32,11 @@ typedef struct kvpd_conn {
     enum kvpd_rx_skip rx_skip;
     struct kvpd_oai *oai;              /* an OpenAI API request (web/openai.c) */
     char tenant[KVP_TENANT_LEN + 1];   /* the API key's tenant (kvpd_api_tenant) */
+    int authed;                        /* websocket: a valid key came (on the upgrade or in
+                                        * the auth frame), or none is configured */
+    int close_code;                    /* websocket: close with this code and close_why
+                                        * on the next writeable callback (0: none) */
+    const char *close_why;
     const char *path_label;            /* HTTP: the endpoint, for kvpd_http_requests_total */
 } kvpd_conn;
 
@@ -45,15 +50,20 @@ int kvpd_listen_reserved(struct lws *wsi);
 void kvpd_listen_closed(struct lws *wsi);
 
 /* web/wsguard.c: client frames must be masked (RFC 6455 5.1), checked before lws reads
- * them. init at start (0 or < 0), check: 0 when lws's reads do go through the guard;
- * accept: a connection kvpd accepted, before lws adopts it (-EMFILE: a descriptor past the
- * table, not to be served); upgraded: the websocket handshake completed (< 0: the client
+ * them. init at start, on the loop thread (0 or < 0; only that thread's reads are
+ * guarded), check: 0 when lws's reads do go through the guard; accept: a connection kvpd
+ * accepted, before lws adopts it: *out is its state, which the connection owns and
+ * hands to close when it goes (-EMFILE: a descriptor past the index, not to be served;
+ * -ENOMEM); close: fd is no longer guarded as this connection's, and the state is freed
+ * (NULL: nothing); upgraded: the websocket handshake completed (< 0: the client
  * sent bytes before it, fail the connection); failed: 1 once an unmasked frame came (the
  * callbacks close with 1002). */
+typedef struct kvpd_wsguard kvpd_wsguard;
 int kvpd_wsguard_init(void);
 void kvpd_wsguard_free(void);
 int kvpd_wsguard_check(void);
-int kvpd_wsguard_accept(int fd);
+int kvpd_wsguard_accept(int fd, kvpd_wsguard **out);
+void kvpd_wsguard_close(kvpd_wsguard *g);
 int kvpd_wsguard_upgraded(int fd, struct lws *wsi);
 int kvpd_wsguard_failed(int fd);
 /* HTTP requests: after a request's header, body: len bytes of body go to lws, and what
@@ -77,11 +87,19 @@ const char *kvpd_guard_cors(kvpd_web *w, struct lws *wsi, char *buf, size_t len)
 int kvpd_cors_headers(const char *origin, const char **extra);
 /* The same for a websocket upgrade, plus Sec-WebSocket-Version 13 (400). */
 const char *kvpd_guard_upgrade(kvpd_web *w, struct lws *wsi, int *status);
+/* 1 when the request of wsi carries "Authorization: Bearer <want>" (constant time); 0
+ * when not, or when want is empty. */
+int kvpd_bearer_is(struct lws *wsi, const char *want);
+/* 1 when the tl bytes at tok are exactly want (constant time in want's length); 0 when
+ * not, or when want is empty. */
+int kvpd_token_is(const char *tok, size_t tl, const char *want);
 /* The model endpoints' key check: with API keys configured, 1 when the request carries
  * "Authorization: Bearer <one of them>" (constant time), its tenant (16 hex digits of
  * the key's hash) in tenant[KVP_TENANT_LEN + 1]; 0 without a valid key. Without keys,
  * 1 and tenant "". */
 int kvpd_api_tenant(const kvpd_web *w, struct lws *wsi, char *tenant);
+/* The same for a token of len bytes given outside a header (the /chat auth frame). */
+int kvpd_api_tenant_token(const kvpd_web *w, const char *tok, size_t len, char *tenant);
 /* The bearer token the admin endpoints require: admin_token, or the generated one. */
 const char *kvpd_admin_token(const kvpd_web *w);
 /* At start: without admin_token, generates one and writes it (mode 0600) to
@@ -95,48 +113,5 @@ int kvpd_conn_queue(kvpd_conn *c, const char *payload, size_t len);
  * is never dropped silently. */
 void kvpd_conn_send(kvpd_conn *c, char *json);
 void kvpd_conn_free_frames(kvpd_conn *c);
-
-/* HTTP: handles LWS_CALLBACK_HTTP for uri; returns as an lws callback. */
-int kvpd_http_request(kvpd_conn *c, const char *uri);
-/* The websocket upgrade's ?session=ID (a balancer's affinity key, docs/cluster.md) into
- * out (KVP_SESSION_ID_LEN + 1 bytes; "" when absent). NULL, or why it is refused: not
- * 32 lowercase hex digits, or given twice. */
-const char *kvpd_chat_session_arg(struct lws *wsi, char *out);
-/* HTTP: status line and headers now (len KVPD_HTTP_NO_LENGTH: none, the body ends when
- * the connection closes), no-store, and the `extra` "name:", "value" pairs up to a NULL.
- * 0, or 1 when they could not be written. */
-#define KVPD_HTTP_NO_LENGTH UINT64_MAX
-int kvpd_http_headers(kvpd_conn *c, int status, const char *type, uint64_t len,
-                      const char *const *extra);
-/* The headers, then the body (queued as one frame) on the writeable callback. */
-int kvpd_http_respond(kvpd_conn *c, int status, const char *type, const char *body,
-                      size_t len, const char *const *extra);
-/* 1 when the request carries "Authorization: Bearer <want>" (constant time); 0 when not,
- * or when want is empty. */
-int kvpd_http_bearer_ok(kvpd_conn *c, const char *want);
-/* The same on any request of wsi (an upgrade too). */
-int kvpd_bearer_is(struct lws *wsi, const char *want);
-/* HTTP: writes the queued body once writeable; returns as an lws callback. */
-int kvpd_http_writeable(kvpd_conn *c);
-
-/* The OpenAI-compatible API (web/openai.c, docs/openai.md): requests under /v1, their POST
- * bodies, the streamed answer, and the connection's end (which cancels the turn). Each
- * returns as an lws callback. */
-int kvpd_openai_request(kvpd_conn *c, const char *uri);
-/* Which endpoint uri names (enum kvpd_oai_path, web/oai.h; 0: not the API): the API's
- * paths with or without the /v1 prefix, and anything else under /v1. id: the {id} of
- * /v1/responses/{id} (may be NULL). */
-int kvpd_openai_path(const char *uri, const char **id);
-/* The endpoint's label in kvpd_http_requests_total (NULL: not the API). */
-const char *kvpd_openai_path_label(const char *uri);
-int kvpd_openai_body(kvpd_conn *c, const void *in, size_t len);
-int kvpd_openai_body_done(kvpd_conn *c);
-int kvpd_openai_writeable(kvpd_conn *c);
-void kvpd_openai_closed(kvpd_conn *c);
-
-/* Websocket: message bytes as they arrive; complete messages are handled. */
-int kvpd_chat_receive(kvpd_conn *c, const void *in, size_t len);
-/* Websocket: the connection closed; the hub lets go of it. */
-void kvpd_chat_closed(kvpd_conn *c);
 
 #endif

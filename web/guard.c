@@ -144,6 +144,14 @@ const char *kvpd_guard_upgrade(kvpd_web *w, struct lws *wsi, int *status)
     return NULL;
 }
 
+/* The tenant of key i: 16 hex digits of its hash. */
+static void tenant_of(const kvpd_config *cfg, int i, char *tenant)
+{
+    const char *k = cfg->api_keys[i];
+    snprintf(tenant, KVP_TENANT_LEN + 1, "%016llx",
+             (unsigned long long)kvp_fnv1a(KVP_FNV1A_INIT, k, strlen(k)));
+}
+
 int kvpd_api_tenant(const kvpd_web *w, struct lws *wsi, char *tenant)
 {
     tenant[0] = '\0';
@@ -156,9 +164,23 @@ int kvpd_api_tenant(const kvpd_web *w, struct lws *wsi, char *tenant)
             found = i;
     if (found < 0)
         return 0;
-    const char *k = cfg->api_keys[found];
-    snprintf(tenant, KVP_TENANT_LEN + 1, "%016llx",
-             (unsigned long long)kvp_fnv1a(KVP_FNV1A_INIT, k, strlen(k)));
+    tenant_of(cfg, found, tenant);
+    return 1;
+}
+
+int kvpd_api_tenant_token(const kvpd_web *w, const char *tok, size_t len, char *tenant)
+{
+    tenant[0] = '\0';
+    const kvpd_config *cfg = w->cfg;
+    if (!cfg->n_api_keys)
+        return 1;
+    int found = -1;
+    for (int i = 0; i < cfg->n_api_keys; i++)   /* every key compared: no early exit */
+        if (kvpd_token_is(tok, len, cfg->api_keys[i]) && found < 0)
+            found = i;
+    if (found < 0)
+        return 0;
+    tenant_of(cfg, found, tenant);
     return 1;
 }
 
@@ -211,4 +233,40 @@ int kvpd_admin_token_init(kvpd_web *w, char *err, size_t errlen)
     }
     kvpd_log("info", "/admin/* needs the bearer token in %s (mode 0600)", path);
     return 0;
+}
+
+int kvpd_token_is(const char *tok, size_t tl, const char *want)
+{
+    if (!want[0])
+        return 0;
+    size_t wl = strlen(want);
+    unsigned diff = (unsigned)(wl ^ tl);
+    for (size_t i = 0; i < wl; i++)
+        diff |= (unsigned char)want[i] ^ (unsigned char)(i < tl ? tok[i] : 0);
+    return diff == 0;
+}
+
+int kvpd_bearer_is(struct lws *wsi, const char *want)
+{
+    if (!want[0])
+        return 0;
+    char got[256];
+    int n = lws_hdr_copy(wsi, got, sizeof got, WSI_TOKEN_HTTP_AUTHORIZATION);
+    if (n <= 7 || strncmp(got, "Bearer ", 7))
+        return 0;
+    return kvpd_token_is(got + 7, strlen(got + 7), want);
+}
+
+int kvpd_cors_headers(const char *origin, const char **extra)
+{
+    if (!origin)
+        return 0;
+    int k = 0;
+    extra[k++] = "access-control-allow-origin:";
+    extra[k++] = origin;
+    extra[k++] = "vary:";
+    extra[k++] = "Origin";
+    extra[k++] = "access-control-expose-headers:";
+    extra[k++] = "x-session-id, retry-after";
+    return k;
 }

@@ -1,5 +1,6 @@
-/* HTTP endpoints: the chat page (web/static), /healthz, /metrics, /admin/stats; the API under /v1
- * goes to web/openai.c. */
+/* HTTP endpoints: the chat page (web/static), /healthz, /metrics, /admin/stats, and the
+ * HTTP answer every endpoint writes (web/http.h). A request under /v1 is checked here and
+ * handed back to the caller for web/openai.c. */
 #include <errno.h>
 #include <jansson.h>
 #include <limits.h>
@@ -13,6 +14,8 @@
 #include "base/clock.h"
 #include "base/parse.h"
 #include "web/conn.h"
+#include "web/http.h"
+#include "web/oai_parse.h"
 
 int kvpd_http_headers(kvpd_conn *c, int status, const char *type, uint64_t len,
                       const char *const *extra)
@@ -107,22 +110,6 @@ int kvpd_http_writeable(kvpd_conn *c)
 int kvpd_http_bearer_ok(kvpd_conn *c, const char *want)
 {
     return kvpd_bearer_is(c->wsi, want);
-}
-
-int kvpd_bearer_is(struct lws *wsi, const char *want)
-{
-    if (!want[0])
-        return 0;
-    char got[256];
-    int n = lws_hdr_copy(wsi, got, sizeof got, WSI_TOKEN_HTTP_AUTHORIZATION);
-    if (n <= 7 || strncmp(got, "Bearer ", 7))
-        return 0;
-    const char *tok = got + 7;
-    size_t wl = strlen(want), tl = strlen(tok);
-    unsigned diff = (unsigned)(wl ^ tl);
-    for (size_t i = 0; i < wl; i++)
-        diff |= (unsigned char)want[i] ^ (unsigned char)(i < tl ? tok[i] : 0);
-    return diff == 0;
 }
 
 /* Closed (no token configured and nowhere to write one) when the token is empty. */
@@ -355,20 +342,6 @@ static int static_file(kvpd_conn *c, const char *uri)
     return rc < 0 ? -1 : 0;
 }
 
-int kvpd_cors_headers(const char *origin, const char **extra)
-{
-    if (!origin)
-        return 0;
-    int k = 0;
-    extra[k++] = "access-control-allow-origin:";
-    extra[k++] = origin;
-    extra[k++] = "vary:";
-    extra[k++] = "Origin";
-    extra[k++] = "access-control-expose-headers:";
-    extra[k++] = "x-session-id, retry-after";
-    return k;
-}
-
 /* OPTIONS under /v1: a CORS preflight. 204; with the CORS headers for an origin
  * allowed_origins lists (none for others: the browser then refuses the request). No
  * API key: browsers send none on a preflight. */
@@ -457,7 +430,7 @@ static const char *framing(kvpd_conn *c, int post, int api, uint64_t *body_len, 
     return NULL;
 }
 
-int kvpd_http_request(kvpd_conn *c, const char *uri)
+int kvpd_http_request(kvpd_conn *c, const char *uri, int *api_request)
 {
     kvpd_web *w = c->w;
     int status;
@@ -489,8 +462,10 @@ int kvpd_http_request(kvpd_conn *c, const char *uri)
         return text_status(c, status, refused, NULL);
     if (api && lws_hdr_total_length(c->wsi, WSI_TOKEN_OPTIONS_URI) > 0)
         return preflight(c);
-    if (api)
-        return kvpd_openai_request(c, uri);
+    if (api) {   /* admitted: web/openai.c answers it */
+        *api_request = 1;
+        return 0;
+    }
     c->head = lws_hdr_total_length(c->wsi, WSI_TOKEN_HEAD_URI) > 0;
     if (!c->head && lws_hdr_total_length(c->wsi, WSI_TOKEN_GET_URI) <= 0)
         return text_status(c, 405, "only GET and HEAD are served\n", NULL);

@@ -40,6 +40,7 @@ typedef struct kvpd_peer {
 typedef struct kvpd_slot {
     kvpd_peer *peer;
     int reserve;                  /* accepted into HEALTH_RESERVE */
+    kvpd_wsguard *guard;          /* its frame guard's state (web/wsguard.c) */
 } kvpd_slot;
 
 static kvpd_peer *peers;
@@ -165,6 +166,7 @@ void kvpd_listen_closed(struct lws *wsi)
     if (!s)
         return;
     lws_set_opaque_user_data(wsi, NULL);
+    kvpd_wsguard_close(s->guard);
     peer_unref(s->peer);
     free(s);
 }
@@ -220,20 +222,22 @@ static void on_readable(uv_poll_t *h, int status, int events)
         if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) < 0 && errno != EOPNOTSUPP)
             listener_log(l, strerror(errno));
         kvpd_slot *slot = malloc(sizeof *slot);
-        if (!slot || kvpd_wsguard_accept(fd) < 0) {   /* its frames could not be checked */
+        kvpd_wsguard *guard = NULL;
+        if (!slot || kvpd_wsguard_accept(fd, &guard) < 0) {   /* its frames could not be checked */
             free(slot);
             if (!peer->count)
                 peer_unref(peer);
             refuse(l, fd, "too many connections");
             continue;
         }
-        *slot = (kvpd_slot){peer, max && w->connections_open >= max};
+        *slot = (kvpd_slot){peer, max && w->connections_open >= max, guard};
         peer->count++;
         struct lws_vhost *vh = lws_get_vhost_by_name(w->lws, "default");
         struct lws *wsi = vh ? lws_adopt_socket_vhost(vh, fd) : NULL;
         if (wsi) {
             lws_set_opaque_user_data(wsi, slot);
         } else {   /* lws closed fd on failure */
+            kvpd_wsguard_close(guard);
             peer_unref(peer);
             free(slot);
             listener_log(l, "lws could not adopt a connection");

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "web/oai.h"
+#include "web/openai_impl.h"
 
 static json_t *chunk(const kvpd_oai *o, const char *text, size_t len, const char *finish)
 {

@@ -8,7 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "base/parse.h"
 #include "model/grammar.h"
 #include "web/format.h"
 
@@ -113,97 +112,6 @@ static int number(json_t *req, const char *name, double lo, double hi, int *has,
     return 0;
 }
 
-/* The sampler's fields beyond temperature and top_p: OpenAI's frequency_penalty,
- * presence_penalty and logit_bias, and top_k, min_p, repetition_penalty as llama.cpp's
- * and vLLM's servers take them. -1 with e set. */
-static int sampling(json_t *req, kvpd_oai_req *r, kvp_sample_opts *so, kvpd_oai_err *e)
-{
-    static const char *const name[] = {"frequency_penalty", "presence_penalty", "min_p",
-                                       "repetition_penalty", "top_k"};
-    static const double lo[] = {-2, -2, 0, 0, 0}, hi[] = {2, 2, 1, 10, 1e9};
-    float *out[] = {&so->frequency_penalty, &so->presence_penalty, &so->min_p,
-                    &so->repetition_penalty};
-    for (int i = 0; i < 5; i++) {
-        int has;
-        double v = 0;
-        if (number(req, name[i], lo[i], hi[i], &has, &v, e) < 0)
-            return -1;
-        if (has && ((i == 3 && v <= 0) || (i == 4 && v != (long)v)))
-            return bad(e, KVPD_OAI_E_INVALID_REQUEST, name[i], "%s",
-                       i == 3 ? "repetition_penalty must be above 0" : "top_k must be an integer");
-        if (i < 4)
-            *out[i] = has ? (float)v : 0.0f;
-        else
-            so->top_k = has ? (int)v : 0;
-    }
-    json_t *lb = json_object_get(req, "logit_bias");
-    if (!lb || json_is_null(lb))
-        return 0;
-    if (!json_is_object(lb) || json_object_size(lb) > KVP_SAMPLER_MAX_BIAS)
-        return bad(e, KVPD_OAI_E_INVALID_REQUEST, "logit_bias",
-                   "logit_bias must be an object of at most %d "
-                   "token ids, each mapped to a number from -100 to 100", KVP_SAMPLER_MAX_BIAS);
-    free(r->bias);
-    r->bias = NULL;
-    size_t n = json_object_size(lb);
-    if (n && !(r->bias = malloc(n * sizeof *r->bias)))
-        return bad(e, KVPD_OAI_E_SERVER, NULL, "out of memory");
-    const char *key;
-    json_t *v;
-    int k = 0;
-    json_object_foreach(lb, key, v) {
-        long id;
-        if (!kvp_parse_long(key, 0, 1L << 30, &id) || !json_is_number(v) ||
-            json_number_value(v) < -100 || json_number_value(v) > 100)
-            return bad(e, KVPD_OAI_E_INVALID_REQUEST, "logit_bias",
-                       "logit_bias: \"%s\" must be a token id "
-                       "mapped to a number from -100 to 100", key);
-        r->bias[k++] = (kvp_logit_bias){(int)id, (float)json_number_value(v)};
-    }
-    so->bias = r->bias;
-    so->n_bias = k;
-    return 0;
-}
-
-/* stop: a string or up to KVP_HUB_MAX_STOPS non-empty strings, copied into r. */
-static int stops(json_t *req, kvpd_oai_req *r, kvp_turn_opts *t, kvpd_oai_err *e)
-{
-    json_t *stop = json_object_get(req, "stop");
-    json_t *one = json_is_string(stop) ? json_array() : NULL;
-    if (one)
-        json_array_append(one, stop);
-    json_t *list = one ? one : stop;
-    int rc = 0;
-    if (list && !json_is_null(list)) {
-        size_t i;
-        json_t *s;
-        int ok = json_is_array(list) && json_array_size(list) <= KVP_HUB_MAX_STOPS;
-        json_array_foreach(list, i, s)
-            ok = ok && json_is_string(s) && json_string_length(s) > 0 &&
-                 json_string_length(s) <= KVP_HUB_STOP_MAX;
-        if (!ok) {
-            json_decref(one);
-            return bad(e, KVPD_OAI_E_INVALID_REQUEST, "stop",
-                       "stop must be a string or up to 4 non-empty strings");
-        }
-        json_array_foreach(list, i, s) {
-            if (r->n_stops >= KVP_HUB_MAX_STOPS)
-                break;
-            size_t len = json_string_length(s);
-            if (!(r->stops[r->n_stops] = malloc(len)))
-                break;
-            memcpy(r->stops[r->n_stops], json_string_value(s), len);
-            t->stop[r->n_stops] = r->stops[r->n_stops];
-            t->stop_len[r->n_stops] = len;
-            t->n_stop = ++r->n_stops;
-        }
-        if (r->n_stops < (int)json_array_size(list))
-            rc = bad(e, KVPD_OAI_E_SERVER, NULL, "out of memory");
-    }
-    json_decref(one);
-    return rc;
-}
-
 int kvpd_oai_parse_options(json_t *req, const kvpd_oai_limits *l, kvpd_oai_req *r,
                            kvpd_oai_err *e)
 {
@@ -231,31 +139,18 @@ int kvpd_oai_parse_options(json_t *req, const kvpd_oai_limits *l, kvpd_oai_req *
         if (has && !t->max_tokens)   /* the newer name wins */
             t->max_tokens = v > l->max_tokens ? l->max_tokens : (int)v;
     }
-    if (number(req, "temperature", 0, 2, &t->has_temperature, &v, e) < 0)
-        return -1;
-    t->temperature = (float)v;
-    if (number(req, "top_p", 0, 1, &t->has_top_p, &v, e) < 0)
-        return -1;
-    t->top_p = (float)v;
-    if (sampling(req, r, &t->sampling, e) < 0)
-        return -1;
     const char *param = NULL;
     char msg[400];
+    int rc = kvpd_sampling_parse(req, 2, &r->own, t, &param, msg, sizeof msg);
+    if (rc < 0)
+        return bad(e, rc == -ENOMEM ? KVPD_OAI_E_SERVER : KVPD_OAI_E_INVALID_REQUEST, param,
+                   "%s", msg);
     kvp_grammar_unref(r->grammar);
     r->grammar = NULL;
     if (kvpd_response_format(json_object_get(req, "response_format"), &r->grammar, &param, msg,
                              sizeof msg) < 0)
         return bad(e, KVPD_OAI_E_UNSUPPORTED_PARAMETER, param, "%s", msg);
     t->grammar = r->grammar;
-    json_t *seed = json_object_get(req, "seed");
-    if (seed && !json_is_null(seed)) {
-        if (!json_is_integer(seed))
-            return bad(e, KVPD_OAI_E_INVALID_REQUEST, "seed", "seed must be an integer");
-        t->has_seed = 1;
-        t->seed = (uint64_t)json_integer_value(seed);
-    }
-    if (stops(req, r, t, e) < 0)
-        return -1;
     json_t *stream = json_object_get(req, "stream");
     if (stream && !json_is_null(stream) && !json_is_boolean(stream))
         return bad(e, KVPD_OAI_E_INVALID_REQUEST, "stream", "stream must be a boolean");
@@ -406,16 +301,6 @@ bad:
     return -1;
 }
 
-int kvpd_oai_session_ok(const char *s)
-{
-    if (strlen(s) != KVP_SESSION_ID_LEN)
-        return 0;
-    for (; *s; s++)
-        if (!((*s >= '0' && *s <= '9') || (*s >= 'a' && *s <= 'f')))
-            return 0;
-    return 1;
-}
-
 int kvpd_oai_parse_logprobs(json_t *req, kvpd_oai_req *r, kvpd_oai_err *e)
 {
     json_t *lp = json_object_get(req, "logprobs"), *top = json_object_get(req, "top_logprobs");
@@ -469,7 +354,9 @@ int kvpd_oai_parse_chat(const char *body, size_t len, const kvpd_oai_limits *l,
     if (json_is_string(named)) {
         char sid[KVP_SESSION_ID_LEN + 8] = "";
         snprintf(sid, sizeof sid, "%s", json_string_value(named));
-        if (sid[0] && !kvpd_oai_session_ok(sid)) {
+        /* a NUL inside ends the C string early: the id is the whole JSON string */
+        if ((sid[0] && !kvp_session_id_ok(sid)) ||
+            strlen(json_string_value(named)) != json_string_length(named)) {
             bad(e, KVPD_OAI_E_INVALID_REQUEST, "session",
                 "a session id is 32 lowercase hex digits");
             goto out;
@@ -483,6 +370,8 @@ int kvpd_oai_parse_chat(const char *body, size_t len, const kvpd_oai_limits *l,
     }
     rc = 0;
 out:
+    if (rc < 0)
+        kvpd_oai_release_messages(r);
     json_decref(req);
     return rc;
 }
@@ -501,10 +390,40 @@ void kvpd_oai_release_messages(kvpd_oai_req *r)
 void kvpd_oai_release(kvpd_oai_req *r)
 {
     kvpd_oai_release_messages(r);
-    for (int i = 0; i < r->n_stops; i++)
-        free(r->stops[i]);
-    free(r->bias);
+    kvpd_sampling_free(&r->own);
     kvp_grammar_unref(r->grammar);
     kvpd_oai_tools_free(&r->tools);
     memset(r, 0, sizeof *r);
+}
+
+int kvpd_openai_path(const char *uri, const char **id)
+{
+    int v1 = !strncmp(uri, "/v1/", 4);
+    const char *p = v1 ? uri + 3 : uri;
+    if (id)
+        *id = NULL;
+    if (!strcmp(p, "/chat/completions"))
+        return KVPD_OAI_CHAT;
+    if (!strcmp(p, "/models"))
+        return KVPD_OAI_MODELS;
+    if (!strcmp(p, "/completions"))
+        return KVPD_OAI_COMPLETIONS;
+    if (!strcmp(p, "/responses"))
+        return KVPD_OAI_RESPONSES;
+    if (!strncmp(p, "/responses/", 11) && p[11] && !strchr(p + 11, '/')) {
+        if (id)
+            *id = p + 11;
+        return KVPD_OAI_RESPONSE;
+    }
+    return v1 || !strcmp(uri, "/v1") ? KVPD_OAI_UNKNOWN : KVPD_OAI_NONE;
+}
+
+const char *kvpd_openai_path_label(const char *uri)
+{
+    static const char *const label[] = {
+        [KVPD_OAI_CHAT] = "/v1/chat/completions", [KVPD_OAI_MODELS] = "/v1/models",
+        [KVPD_OAI_COMPLETIONS] = "/v1/completions", [KVPD_OAI_RESPONSES] = "/v1/responses",
+        [KVPD_OAI_RESPONSE] = "/v1/responses/{id}", [KVPD_OAI_UNKNOWN] = "/v1/other"};
+    enum kvpd_oai_path p = kvpd_openai_path(uri, NULL);
+    return p == KVPD_OAI_NONE ? NULL : label[p];
 }

@@ -11,6 +11,21 @@
 #include "sessions/hub.h"
 #include "web/oai_error.h"
 #include "web/oai_tools.h"
+#include "web/sampling.h"
+
+/* The endpoint a request is for, its path without the /v1 prefix. */
+enum kvpd_oai_path {
+    KVPD_OAI_NONE = 0, KVPD_OAI_CHAT, KVPD_OAI_MODELS, KVPD_OAI_COMPLETIONS,
+    KVPD_OAI_RESPONSES, KVPD_OAI_RESPONSE,   /* /responses/{id} */
+    KVPD_OAI_UNKNOWN,                        /* under /v1, no such endpoint */
+};
+
+/* Which endpoint uri names (enum kvpd_oai_path; 0: not the API): the API's paths with or
+ * without the /v1 prefix, and anything else under /v1. id: the {id} of
+ * /v1/responses/{id} (may be NULL). */
+int kvpd_openai_path(const char *uri, const char **id);
+/* The endpoint's label in kvpd_http_requests_total (NULL: not the API). */
+const char *kvpd_openai_path_label(const char *uri);
 
 /* A request refused: the HTTP status (the code's), the error code (web/oai_error.h),
  * the field it names ("" for none) and the message. */
@@ -32,12 +47,9 @@ typedef struct kvpd_oai_limits {
 
 /* A parsed request. Zeroed before the first parse; kvpd_oai_release frees it. */
 typedef struct kvpd_oai_req {
-    kvp_turn_opts turn;           /* borrows stops, bias, grammar and tools below */
+    kvp_turn_opts turn;           /* borrows own, grammar and tools below */
     int stream, include_usage;
-    char *stops[KVP_HUB_MAX_STOPS];   /* the stop strings: the hub's turn ends the reply
-                                       * (and the transcript) before one */
-    int n_stops;
-    kvp_logit_bias *bias;         /* logit_bias */
+    kvpd_sampling own;            /* logit_bias and the stop strings (web/sampling.h) */
     struct kvp_grammar *grammar;  /* response_format */
     kvpd_oai_tools tools;         /* tool calling (web/oai_tools.h) */
     /* chat completions (kvpd_oai_parse_chat) */
@@ -66,11 +78,9 @@ int kvpd_oai_parse_options(json_t *req, const kvpd_oai_limits *l, kvpd_oai_req *
 int kvpd_oai_parse_logprobs(json_t *req, kvpd_oai_req *r, kvpd_oai_err *e);
 /* A whole POST /v1/chat/completions body: the JSON, model, options, messages (a system
  * or developer message first is the system text, later ones fold into the user message
- * that follows) and session. 0, or -1 with e set. */
+ * that follows) and session. 0, or -1 with e set and no messages held. */
 int kvpd_oai_parse_chat(const char *body, size_t len, const kvpd_oai_limits *l,
                         kvpd_oai_req *r, kvpd_oai_err *e);
-/* 1 when s is a session id: 32 lowercase hex digits. */
-int kvpd_oai_session_ok(const char *s);
 /* Frees r's messages and system text (the hub copied them). */
 void kvpd_oai_release_messages(kvpd_oai_req *r);
 /* Frees everything r holds and zeroes it. */

@@ -16,7 +16,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "web/oai.h"
+#include "web/openai_impl.h"
 
 #define KVPD_RESPONSES_MAX 1024
 #define KVPD_RESPONSES_BYTES (64u << 20)

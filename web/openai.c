@@ -13,7 +13,9 @@
 
 #include "base/log.h"
 #include "web/conn.h"
-#include "web/oai.h"
+#include "web/http.h"
+#include "web/openai_impl.h"
+#include "web/openai.h"
 
 /* ---- answers ---- */
 
@@ -299,7 +301,7 @@ static void chat_completions(kvpd_conn *c)
         memcpy(sid, r->session, sizeof r->session);
     else if (lws_hdr_custom_copy(c->wsi, sid, sizeof sid, "x-session-id:", 13) < 0)
         sid[0] = '\0';
-    if (sid[0] && !kvpd_oai_session_ok(sid)) {
+    if (sid[0] && !kvp_session_id_ok(sid)) {
         fail(c, KVPD_OAI_E_INVALID_REQUEST, "session", "a session id is 32 lowercase hex digits");
         goto out;
     }
@@ -529,39 +531,7 @@ void kvpd_openai_closed(kvpd_conn *c)
     c->oai = NULL;
 }
 
-/* ---- the path, and the helpers of the other codecs (web/oai.h) ---- */
-
-int kvpd_openai_path(const char *uri, const char **id)
-{
-    int v1 = !strncmp(uri, "/v1/", 4);
-    const char *p = v1 ? uri + 3 : uri;
-    if (id)
-        *id = NULL;
-    if (!strcmp(p, "/chat/completions"))
-        return KVPD_OAI_CHAT;
-    if (!strcmp(p, "/models"))
-        return KVPD_OAI_MODELS;
-    if (!strcmp(p, "/completions"))
-        return KVPD_OAI_COMPLETIONS;
-    if (!strcmp(p, "/responses"))
-        return KVPD_OAI_RESPONSES;
-    if (!strncmp(p, "/responses/", 11) && p[11] && !strchr(p + 11, '/')) {
-        if (id)
-            *id = p + 11;
-        return KVPD_OAI_RESPONSE;
-    }
-    return v1 || !strcmp(uri, "/v1") ? KVPD_OAI_UNKNOWN : KVPD_OAI_NONE;
-}
-
-const char *kvpd_openai_path_label(const char *uri)
-{
-    static const char *const label[] = {
-        [KVPD_OAI_CHAT] = "/v1/chat/completions", [KVPD_OAI_MODELS] = "/v1/models",
-        [KVPD_OAI_COMPLETIONS] = "/v1/completions", [KVPD_OAI_RESPONSES] = "/v1/responses",
-        [KVPD_OAI_RESPONSE] = "/v1/responses/{id}", [KVPD_OAI_UNKNOWN] = "/v1/other"};
-    enum kvpd_oai_path p = kvpd_openai_path(uri, NULL);
-    return p == KVPD_OAI_NONE ? NULL : label[p];
-}
+/* ---- the helpers of the other codecs (web/openai_impl.h) ---- */
 
 void kvpd_oai_answer(kvpd_conn *c, int status, json_t *j)
 {

@@ -18,16 +18,6 @@ static int reject(const char **code, const char *c, char *msg, size_t msglen,
     return -EINVAL;
 }
 
-static int valid_id(const char *s)
-{
-    if (strlen(s) != KVP_SESSION_ID_LEN)
-        return 0;
-    for (const char *p = s; *p; p++)
-        if (!((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f')))
-            return 0;
-    return 1;
-}
-
 /* The fields each client message may carry. */
 static const char *const hello_fields[] = {"type", "session", "system", NULL};
 static const char *const message_fields[] = {
@@ -92,7 +82,7 @@ int kvpd_proto_parse(const char *buf, size_t len, int max_tokens_limit,
         if (id && !json_is_null(id)) {
             if (!json_is_string(id))
                 rc = reject(code, KVPD_E_BAD_REQUEST, msg, msglen, "session must be a string");
-            else if (!valid_id(json_string_value(id)))
+            else if (!kvp_session_id_ok(json_string_value(id)))
                 rc = reject(code, KVPD_E_UNKNOWN_SESSION, msg, msglen, "no such session");
             else
                 snprintf(out->session, sizeof out->session, "%s", json_string_value(id));
@@ -148,6 +138,17 @@ int kvpd_proto_parse(const char *buf, size_t len, int max_tokens_limit,
         }
     } else if (!strcmp(type, "cancel")) {
         out->type = KVPD_MSG_CANCEL;
+    } else if (!strcmp(type, "auth")) {
+        out->type = KVPD_MSG_AUTH;
+        json_t *tok = json_object_get(root, "token");
+        if (!json_is_string(tok))
+            rc = reject(code, KVPD_E_BAD_REQUEST, msg, msglen, "token must be a string");
+        else if (!(out->text = malloc(json_string_length(tok) + 1)))
+            rc = reject(code, KVPD_E_INTERNAL, msg, msglen, "out of memory");
+        else {
+            out->text_len = json_string_length(tok);
+            memcpy(out->text, json_string_value(tok), out->text_len + 1);
+        }
     } else {
         rc = reject(code, KVPD_E_BAD_REQUEST, msg, msglen, "unknown message type");
     }
@@ -180,7 +181,7 @@ static char *dump(json_t *o)
 
 char *kvpd_proto_session(const char *id, int resumed, int turns, const kvp_message *history,
                          int n_history, int history_dropped, const char *system,
-                         size_t system_len)
+                         size_t system_len, int max_tokens)
 {
     json_t *h = json_array();
     for (int i = 0; h && i < n_history; i++)
@@ -193,9 +194,9 @@ char *kvpd_proto_session(const char *id, int resumed, int turns, const kvp_messa
         }
     if (!h)
         return NULL;
-    json_t *o = json_pack("{s:s, s:s, s:b, s:i, s:o, s:i}", "type", "session", "id", id,
+    json_t *o = json_pack("{s:s, s:s, s:b, s:i, s:o, s:i, s:i}", "type", "session", "id", id,
                           "resumed", resumed, "turns", turns, "history", h,
-                          "history_dropped", history_dropped);
+                          "history_dropped", history_dropped, "max_tokens", max_tokens);
     if (o && system && json_object_set_new(o, "system", json_stringn(system, system_len)) < 0) {
         json_decref(o);
         o = NULL;
@@ -233,6 +234,11 @@ char *kvpd_proto_done(const char *reply, size_t len, const kvp_turn_stats *st, i
         o = NULL;
     }
     return dump(o);
+}
+
+char *kvpd_proto_auth_ok(void)
+{
+    return dump(json_pack("{s:s, s:b}", "type", "auth", "ok", 1));
 }
 
 char *kvpd_proto_error(const char *code, const char *message)

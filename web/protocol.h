@@ -8,14 +8,15 @@
 #include "sessions/hub.h"
 #include "web/sampling.h"
 
-enum kvpd_msg_type { KVPD_MSG_HELLO, KVPD_MSG_MESSAGE, KVPD_MSG_CANCEL };
+enum kvpd_msg_type { KVPD_MSG_HELLO, KVPD_MSG_MESSAGE, KVPD_MSG_CANCEL, KVPD_MSG_AUTH };
 
 typedef struct kvpd_client_msg {
     enum kvpd_msg_type type;
     char session[KVP_SESSION_ID_LEN + 1];   /* hello: "" = new session */
     char *system;                           /* hello: malloc'd, valid UTF-8; NULL: none given */
     size_t system_len;
-    char *text;                             /* message: malloc'd, valid UTF-8 */
+    char *text;                             /* message: malloc'd, valid UTF-8; auth: the
+                                               token */
     size_t text_len;
     int max_tokens;                         /* 0 = not given */
     /* message: its sampling fields (web/sampling.h) in opts, which points into own;
@@ -39,16 +40,19 @@ void kvpd_proto_msg_free(kvpd_client_msg *m);
 /* Server frames, malloc'd NUL-terminated JSON (NULL when out of memory). */
 /* history: the transcript's stored messages (NULL/0 for none; only while no turn runs),
  * after history_dropped earlier ones that max_history_tokens dropped. system: the
- * session's system text (NULL: none, no field). */
+ * session's system text (NULL: none, no field). max_tokens: the daemon's cap of a
+ * message's max_tokens, so a client can check its own before sending. */
 char *kvpd_proto_session(const char *id, int resumed, int turns, const kvp_message *history,
                          int n_history, int history_dropped, const char *system,
-                         size_t system_len);
+                         size_t system_len, int max_tokens);
 char *kvpd_proto_token(const char *text, size_t len);
 /* durable: -1 without a state directory (no field), 1 when the turn's snapshot is on
  * disk, 0 when writing it failed (with the reason in "durable_error"). */
 char *kvpd_proto_done(const char *reply, size_t len, const kvp_turn_stats *st, int durable,
                       const char *not_durable_why);
 char *kvpd_proto_error(const char *code, const char *message);
+/* {"type":"auth","ok":true}: the auth frame's key was accepted. */
+char *kvpd_proto_auth_ok(void);
 /* An error with "retry_after_ms" (overloaded). */
 char *kvpd_proto_error_retry(const char *code, const char *message, int retry_after_ms);
 

@@ -11,53 +11,10 @@
 #include <unistd.h>
 
 #include "base/log.h"
+#include "web/chat.h"
 #include "web/conn.h"
-#include "web/oai.h"
-
-int kvpd_conn_queue(kvpd_conn *c, const char *payload, size_t len)
-{
-    kvpd_frame *f = malloc(sizeof *f + LWS_PRE + len);
-    if (!f)
-        return -ENOMEM;
-    f->next = NULL;
-    f->len = len;
-    memcpy(f->buf + LWS_PRE, payload, len);
-    if (c->out_tail)
-        c->out_tail->next = f;
-    else
-        c->out_head = f;
-    c->out_tail = f;
-    c->w->frames_pending++;
-    lws_callback_on_writable(c->wsi);
-    return 0;
-}
-
-void kvpd_conn_send(kvpd_conn *c, char *json)
-{
-    /* A frame jansson could not build (memory, or text it refused) still gets an answer. */
-    static const char fallback[] = "{\"type\":\"error\",\"code\":\"" KVPD_E_INTERNAL
-                                   "\",\"message\":\"the server could not build its answer\"}";
-    const char *payload = json ? json : fallback;
-    if (!json)
-        kvpd_log("warning", "could not build a frame; sent an internal error instead");
-    if (kvpd_conn_queue(c, payload, strlen(payload)) < 0) {
-        /* Not even that fits in memory: close, so the client is not left waiting. */
-        kvpd_log("warning", "out of memory for a frame; closing the connection");
-        lws_set_timeout(c->wsi, PENDING_TIMEOUT_USER_OK, LWS_TO_KILL_ASYNC);
-    }
-    free(json);
-}
-
-void kvpd_conn_free_frames(kvpd_conn *c)
-{
-    while (c->out_head) {
-        kvpd_frame *f = c->out_head;
-        c->out_head = f->next;
-        free(f);
-        c->w->frames_pending--;
-    }
-    c->out_tail = NULL;
-}
+#include "web/http.h"
+#include "web/openai.h"
 
 /* One frame per writeable callback, as lws requires. */
 static int ws_writeable(kvpd_conn *c)
@@ -86,19 +43,29 @@ static void keep_alive(kvpd_conn *c)
     lws_set_timeout(c->wsi, secs ? PENDING_TIMEOUT_USER_OK : NO_PENDING_TIMEOUT, secs);
 }
 
-/* Writes a close frame with code 1002 and why (under 100 bytes) itself: lws 4.1 has no
- * write of a close, and closes without the reason set from a writeable callback. */
-static void close_1002(struct lws *wsi, const char *why)
+/* Writes a close frame with code and why (cut to 100 bytes) itself: lws 4.1 has no write
+ * of a close, and closes without the reason set from a writeable callback. */
+static void close_frame(struct lws *wsi, int code, const char *why)
 {
     size_t n = strlen(why);
+    if (n > 100)
+        n = 100;
     unsigned char buf[LWS_PRE + 4 + 100], *f = buf + LWS_PRE;
     f[0] = 0x88;   /* FIN, close */
     f[1] = (unsigned char)(2 + n);
-    f[2] = LWS_CLOSE_STATUS_PROTOCOL_ERR >> 8;
-    f[3] = LWS_CLOSE_STATUS_PROTOCOL_ERR & 0xff;
+    f[2] = (unsigned char)(code >> 8);
+    f[3] = (unsigned char)(code & 0xff);
     memcpy(f + 4, why, n);
     lws_write(wsi, f, 4 + n, LWS_WRITE_RAW);
 }
+
+static void close_1002(struct lws *wsi, const char *why)
+{
+    close_frame(wsi, LWS_CLOSE_STATUS_PROTOCOL_ERR, why);
+}
+
+/* How long a websocket without a key on its upgrade has for its auth frame. */
+#define AUTH_FRAME_TIMEOUT_US (10 * 1000 * 1000)
 
 /* A client frame was unmasked (web/wsguard.c): fail the connection, code 1002. */
 static int unmasked(struct lws *wsi, int writeable)
@@ -157,11 +124,6 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
                                                : "websockets are served on /chat only\n";
         if (!why && (why = kvpd_chat_session_arg(wsi, sid)))
             status = 400;
-        char tenant[KVP_TENANT_LEN + 1];
-        if (!why && !kvpd_api_tenant(w, wsi, tenant)) {
-            why = "no valid API key (Authorization: Bearer <api_key> on the upgrade)\n";
-            status = 401;
-        }
         if (!why && kvpd_listen_reserved(wsi)) {
             why = "too many connections\n";
             status = 503;
@@ -185,9 +147,22 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
         c->w = w;
         c->is_ws = 1;
         kvpd_chat_session_arg(wsi, c->session_arg);   /* checked at the upgrade */
-        kvpd_api_tenant(w, wsi, c->tenant);           /* the key too */
+        /* A valid key on the upgrade, or none configured; else the first frame must be
+         * the auth frame (web/chat.c), within AUTH_FRAME_TIMEOUT_US. */
+        c->authed = kvpd_api_tenant(w, wsi, c->tenant);
+        if (!c->authed)
+            lws_set_timer_usecs(wsi, AUTH_FRAME_TIMEOUT_US);
         w->metrics->connections++;
         keep_alive(c);
+        return 0;
+    case LWS_CALLBACK_TIMER:
+        if (c && c->is_ws && !c->authed && !c->close_code) {
+            static const char why[] = "no auth frame within 10 s";
+            kvpd_log("info", "websocket closed: %s", why);
+            c->close_code = LWS_CLOSE_STATUS_POLICY_VIOLATION;
+            c->close_why = why;
+            lws_callback_on_writable(wsi);
+        }
         return 0;
     case LWS_CALLBACK_RECEIVE:
         if (unmasked(wsi, 0))
@@ -197,6 +172,10 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
     case LWS_CALLBACK_SERVER_WRITEABLE:
         if (unmasked(wsi, 1))
             return -1;
+        if (c->close_code) {
+            close_frame(wsi, c->close_code, c->close_why);
+            return -1;
+        }
         keep_alive(c);
         return ws_writeable(c);
     case LWS_CALLBACK_WS_PEER_INITIATED_CLOSE:
@@ -222,12 +201,15 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
     }
     case LWS_CALLBACK_RAW_RX:   /* bytes after the CONNECT: nothing to tunnel to */
         return 0;
-    case LWS_CALLBACK_HTTP:
+    case LWS_CALLBACK_HTTP: {
         kvpd_openai_closed(c);   /* a keep-alive connection's earlier request, if any */
         kvpd_conn_free_frames(c);
         c->wsi = wsi;
         c->w = w;
-        return kvpd_http_request(c, in);
+        int api = 0;   /* the API's requests are admitted by web/http.c, then served */
+        int rc = kvpd_http_request(c, in, &api);
+        return api ? kvpd_openai_request(c, in) : rc;
+    }
     case LWS_CALLBACK_HTTP_BODY:   /* only the API reads bodies; others were answered 405 */
         return c->oai ? kvpd_openai_body(c, in, len) : 0;
     case LWS_CALLBACK_HTTP_BODY_COMPLETION:

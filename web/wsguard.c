@@ -23,12 +23,18 @@
  *     everything after it never do, and the connection is failed: close code 1002 from
  *     lws (kvpd_wsguard_failed, checked by the callbacks), or a plain close when the
  *     client does not even read.
- * Loop thread only: lws is the only caller of recv() in kvpd, and only on the loop.
- * Other descriptors (and MSG_PEEK reads) go straight to the system call. */
+ * The state is the connection's: kvpd_wsguard_accept makes it, the connection's slot
+ * (web/listen.c) owns it, and kvpd_wsguard_close, when the connection goes, takes it out
+ * of the descriptor index recv() looks it up in, so a later descriptor of that number is
+ * never taken for it. Only the loop thread (the one that called kvpd_wsguard_init, where
+ * lws runs) is ever looked at: a recv() on any other thread, and on any descriptor
+ * without a connection's state (and a MSG_PEEK read), goes straight to the system call
+ * without reading the index, so other threads share nothing with the guard. */
 #undef _FORTIFY_SOURCE   /* its inline recv() wrapper would clash with the definition below */
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,7 +51,8 @@ enum guard_mode { GUARD_HTTP = 0, GUARD_BODY, GUARD_HOLD, GUARD_WS, GUARD_FAILED
  * only dropped no more: past this the connection is closed. */
 #define HOLD_MAX (64 * 1024)
 
-typedef struct guard {
+typedef struct kvpd_wsguard {
+    int fd;
     enum guard_mode mode;
     struct lws *wsi;             /* websocket: for the close */
     /* HTTP: how much of an empty line the bytes so far end with (0: none, 1: LF, 2: LF CR)
@@ -62,8 +69,11 @@ typedef struct guard {
     int held_request;
 } guard;
 
-static guard **table;            /* by descriptor */
+/* The open connections' states by descriptor (borrowed: each connection owns its own).
+ * Read and written on the loop thread only. */
+static guard **table;
 static int table_n;
+static pthread_t loop_thread;
 
 static ssize_t sys_recv(int fd, void *buf, size_t len, int flags)
 {
@@ -82,13 +92,13 @@ int kvpd_wsguard_init(void)
     if (!(table = calloc((size_t)n, sizeof *table)))
         return -ENOMEM;
     table_n = (int)n;
+    loop_thread = pthread_self();
     return 0;
 }
 
 void kvpd_wsguard_free(void)
 {
-    for (int i = 0; i < table_n; i++)
-        free(table[i]);
+    /* the states stay their connections' (freed by kvpd_wsguard_close) */
     free(table);
     table = NULL;
     table_n = 0;
@@ -100,16 +110,30 @@ int kvpd_wsguard_check(void)
     return dlsym(RTLD_DEFAULT, "recv") == (void *)recv ? 0 : -ENOSYS;
 }
 
-int kvpd_wsguard_accept(int fd)
+int kvpd_wsguard_accept(int fd, kvpd_wsguard **out)
 {
+    *out = NULL;
     if (fd < 0 || fd >= table_n)
         return -EMFILE;
-    guard *g = table[fd] ? table[fd] : malloc(sizeof *g);
+    /* A state still indexed under fd is of a connection whose descriptor is closed (accept
+     * just returned the number) and whose close is yet to come: it is no longer looked
+     * up, and its close leaves this one's entry alone. */
+    guard *g = calloc(1, sizeof *g);
     if (!g)
         return -ENOMEM;
-    memset(g, 0, sizeof *g);
+    g->fd = fd;
     table[fd] = g;
+    *out = g;
     return 0;
+}
+
+void kvpd_wsguard_close(kvpd_wsguard *g)
+{
+    if (!g)
+        return;
+    if (table && g->fd >= 0 && g->fd < table_n && table[g->fd] == g)
+        table[g->fd] = NULL;
+    free(g);
 }
 
 int kvpd_wsguard_upgraded(int fd, struct lws *wsi)
@@ -218,6 +242,8 @@ static size_t ws_scan(guard *g, const unsigned char *buf, size_t n)
 /* Every recv() in the process comes here (see the top of the file). */
 ssize_t recv(int fd, void *buf, size_t len, int flags)
 {
+    if (!table || !pthread_equal(pthread_self(), loop_thread))
+        return sys_recv(fd, buf, len, flags);
     guard *g = fd >= 0 && fd < table_n ? table[fd] : NULL;
     if (!g || (flags & MSG_PEEK))
         return sys_recv(fd, buf, len, flags);

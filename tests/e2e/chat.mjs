@@ -2,8 +2,9 @@
 // playwright-core. Starts $KVP_BUILD/daemon/kvpd on an ephemeral port with a temporary
 // state directory, sends two messages and waits for both replies to stream in with
 // their stats, reloads the page (same session, its history), restarts kvpd on the same
-// state directory (resumed again, and the next turn prefills only its new tokens), and
-// saves screenshots to $KVP_BUILD/e2e-chat*.png (e2e-chat-failure.png when it fails). Exits non-zero on any failure,
+// state directory (resumed again, and the next turn prefills only its new tokens), checks
+// the page's max-tokens check, the mark of a cut reply and that nothing overflows at 1280
+// and 390 pixels, and saves screenshots to $KVP_BUILD/e2e-chat*.png (e2e-chat-failure.png when it fails). Exits non-zero on any failure,
 // including a missing Chromium or playwright-core (scripts/setup.sh installs both).
 //
 //   KVP_BUILD=build node tests/e2e/chat.mjs      (meson test --suite e2e runs it)
@@ -197,6 +198,49 @@ async function main() {
   check(m && m[1] === m[2] && Number(m[1]) < 20,
         `after the restart only the new tokens are prefilled (${m && m[0]})`);
   await page.screenshot({ path: shot("e2e-chat.png"), fullPage: true });
+  await waitSession(page, "resumed, 3 turns", "the session line counts the turn just done");
+
+  // max tokens above the daemon's cap (64, from the session frame): refused in the page,
+  // nothing sent, the typed message kept.
+  check((await page.getAttribute("#max", "max")) === "64", "the page takes the cap from the session frame");
+  const turnsBefore = await page.locator(".turn").count();
+  await page.fill("#max", "100");
+  await page.fill("#text", "A message that must not be lost.");
+  await page.press("#text", "Enter");
+  await page.locator("#notice").filter({ hasText: "max tokens" }).waitFor({ timeout: 5000 });
+  check((await page.locator(".turn").count()) === turnsBefore, "a max above the cap sends nothing");
+  check((await page.inputValue("#text")) === "A message that must not be lost.", "the typed message is kept");
+
+  // A reply cut by the token limit is marked as cut.
+  await page.fill("#max", "3");
+  await page.press("#text", "Enter");
+  const cutTurn = page.locator(".turn").nth(turnsBefore);
+  await cutTurn.locator(".stats").filter({ hasText: "new tokens" }).waitFor({ timeout: 20000 });
+  check((await page.locator("#notice").innerText()) === "", "the notice clears once a message is sent");
+  check(await cutTurn.locator(".msg.bot.cut").count() === 1, "a reply cut at max tokens is marked");
+  check(/cut at the token limit/.test(await cutTurn.locator(".stats").innerText()), "its stats say it was cut");
+  await waitSession(page, "resumed, 4 turns", "the session line is current");
+
+  // Nothing overflows at a desktop width and at a 390-pixel phone width.
+  for (const width of [1280, 390]) {
+    await page.setViewportSize({ width, height: 844 });
+    await sleep(100);
+    const over = await page.evaluate(() => {
+      const bad = [];
+      const vw = document.documentElement.clientWidth;
+      if (document.documentElement.scrollWidth > vw + 1) bad.push(`page ${document.documentElement.scrollWidth} > ${vw}`);
+      for (const el of document.querySelectorAll("header, header *, form, form *, .turn, .msg, .stats")) {
+        const r = el.getBoundingClientRect();
+        if (r.width === 0) continue;
+        if (r.right > vw + 1) bad.push(`${el.tagName}.${el.className} ends at ${Math.round(r.right)} > ${vw}`);
+        if (el.scrollWidth > el.clientWidth + 1 && getComputedStyle(el).overflowX === "visible" && el.clientWidth > 0)
+          bad.push(`${el.tagName}.${el.className} content ${el.scrollWidth} > box ${el.clientWidth}`);
+      }
+      return bad;
+    });
+    await page.screenshot({ path: shot(`e2e-chat-${width}.png`), fullPage: true });
+    check(over.length === 0, `nothing overflows at ${width} px${over.length ? ": " + over.slice(0, 4).join("; ") : ""}`);
+  }
   console.log(`e2e: screenshots ${shot("e2e-chat-turns.png")} (two replies with stats), ` +
               `${shot("e2e-chat-reload.png")} (history after reload), ${shot("e2e-chat.png")} ` +
               "(after the restart)");

@@ -168,6 +168,23 @@ Test(bpe, pre_names)
         cr_assert(strstr(kvp_bpe_pre_names(), names[i].name), "%s", names[i].name);
     }
     cr_assert_eq(kvp_bpe_pre_from_name("bert", 4), -1);
+    /* a name is matched whole, never by a prefix either way */
+    cr_assert_eq(kvp_bpe_pre_from_name("gpt", 3), -1);
+    cr_assert_eq(kvp_bpe_pre_from_name("gpt2x", 5), -1);
+    cr_assert_eq(kvp_bpe_pre_from_name("", 0), -1);
+    /* every name the error message lists is one the loader takes */
+    const char *list = kvp_bpe_pre_names();
+    int listed = 0;
+    for (const char *p = list; *p;) {
+        size_t n = strcspn(p, ",");
+        cr_assert(n > 0 && n < 32, "list '%s'", list);
+        cr_assert_geq(kvp_bpe_pre_from_name(p, n), 0, "%.*s", (int)n, p);
+        listed++;
+        p += n;
+        if (*p)
+            p += 2;   /* ", " */
+    }
+    cr_assert_eq(listed, 22, "list '%s'", list);
 }
 
 Test(bpe, long_runs_split_linearly)

@@ -1,4 +1,5 @@
-/* Tests for model/gguf.c: the real model files, the writer, and hostile input.
+/* Tests for model/gguf.c: the real model files and hostile input (the writer, which
+ * builds the inputs, has tests/model/test_gguf_write.c).
  * Malformed files are built by patching bytes of valid buffers; every parse of bad
  * input runs on an exact-size heap copy so a read past the end is caught by ASan. */
 #include <criterion/criterion.h>
@@ -94,15 +95,6 @@ static uint8_t *load(const char *rel, size_t *len)
     return (uint8_t *)tu_slurp(tu_shared(rel), len);
 }
 
-static int fill_pattern(void *ctx, uint64_t i, void *buf, uint64_t n)
-{
-    (void)ctx;
-    uint8_t *b = buf;
-    for (uint64_t j = 0; j < n; j++)
-        b[j] = (uint8_t)(j * 7 + i * 31 + 1);
-    return 0;
-}
-
 
 /* A small valid file: a few kvs and three tensors (F32, F16, Q8_0). */
 static uint8_t *small_file(size_t *len)
@@ -120,7 +112,7 @@ static uint8_t *small_file(size_t *len)
     cr_assert_eq(kvp_gguf_writer_add_tensor(w, "t.f32", KVP_GGML_F32, 2, a), 0);
     cr_assert_eq(kvp_gguf_writer_add_tensor(w, "t.f16", KVP_GGML_F16, 1, b), 0);
     cr_assert_eq(kvp_gguf_writer_add_tensor(w, "t.q80", KVP_GGML_Q8_0, 2, c), 0);
-    uint8_t *buf = tu_gguf_to_mem(w, fill_pattern, len);
+    uint8_t *buf = tu_gguf_to_mem(w, tu_gguf_fill_pattern, len);
     kvp_gguf_writer_free(w);
     return buf;
 }
@@ -292,150 +284,6 @@ Test(gguf, open_errors)
     cr_expect_lt(rc, 0);
     cr_expect(strstr(err, p) && strstr(err, "version 1"), "%s", err);
     remove(p);
-}
-
-/* ------------------------------------------------------------------- writer */
-
-static int fill_fail(void *ctx, uint64_t i, void *buf, uint64_t n)
-{
-    (void)ctx, (void)buf, (void)n;
-    return i == 1 ? -EIO : 0;
-}
-
-Test(gguf, writer_round_trip)
-{
-    kvp_gguf_writer *w = kvp_gguf_writer_new();
-    cr_assert(w);
-    const char *strs[] = {"<unk>", "", "\xe2\x96\x81hello", "x"};
-    const float fv[] = {0.0f, -1.5f, 1e30f};
-    const int32_t iv[] = {INT32_MIN, -1, 0, 6, INT32_MAX};
-    cr_assert_eq(kvp_gguf_writer_add_str(w, "general.architecture", "llama"), 0);
-    cr_assert_eq(kvp_gguf_writer_add_u32(w, "a.u32", 4000000000u), 0);
-    cr_assert_eq(kvp_gguf_writer_add_f32(w, "a.f32", 0.125f), 0);
-    cr_assert_eq(kvp_gguf_writer_add_str(w, "a.empty", ""), 0);
-    cr_assert_eq(kvp_gguf_writer_add_str_array(w, "a.strs", strs, 4), 0);
-    cr_assert_eq(kvp_gguf_writer_add_f32_array(w, "a.floats", fv, 3), 0);
-    cr_assert_eq(kvp_gguf_writer_add_i32_array(w, "a.ints", iv, 5), 0);
-    cr_assert_eq(kvp_gguf_writer_add_i32_array(w, "a.none", NULL, 0), 0);
-    const uint64_t ne1[1] = {3}, ne2[2] = {5, 7}, ne3[3] = {64, 3, 2}, ne4[4] = {2, 3, 4, 5};
-    cr_assert_eq(kvp_gguf_writer_add_tensor(w, "t.a", KVP_GGML_F32, 1, ne1), 0);
-    cr_assert_eq(kvp_gguf_writer_add_tensor(w, "t.b", KVP_GGML_F16, 2, ne2), 0);
-    cr_assert_eq(kvp_gguf_writer_add_tensor(w, "t.c", KVP_GGML_Q8_0, 3, ne3), 0);
-    cr_assert_eq(kvp_gguf_writer_add_tensor(w, "t.d", KVP_GGML_F32, 4, ne4), 0);
-    size_t len;
-    uint8_t *buf = tu_gguf_to_mem(w, fill_pattern, &len);
-
-    kvp_gguf g;
-    char err[256];
-    cr_assert_eq(kvp_gguf_parse(&g, buf, len, err, sizeof err), 0, "%s", err);
-    cr_expect_eq(g.version, 3);
-    cr_expect_eq(g.n_kv, 8);
-    cr_expect_eq(g.n_tensors, 4);
-    char s[32];
-    uint32_t u;
-    float f;
-    cr_expect(!kvp_gguf_get_str(&g, "general.architecture", s, sizeof s) && !strcmp(s, "llama"));
-    cr_expect(!kvp_gguf_get_u32(&g, "a.u32", &u) && u == 4000000000u);
-    cr_expect(!kvp_gguf_get_f32(&g, "a.f32", &f) && f == 0.125f);
-    cr_expect(!kvp_gguf_get_str(&g, "a.empty", s, 1) && s[0] == 0);
-
-    const kvp_gguf_kv *kv = kvp_gguf_find(&g, "a.strs");
-    kvp_gguf_str out[4];
-    cr_assert(kv && kvp_gguf_str_array(kv, out, 4) == 0);
-    for (int i = 0; i < 4; i++)
-        cr_expect(out[i].len == strlen(strs[i]) && !memcmp(out[i].ptr, strs[i], out[i].len),
-                  "string %d", i);
-    kv = kvp_gguf_find(&g, "a.floats");
-    cr_assert(kv && kv->val.arr.type == KVP_GGUF_FLOAT32 && kv->val.arr.n == 3);
-    cr_expect(memcmp(kv->val.arr.data, fv, sizeof fv) == 0);
-    kv = kvp_gguf_find(&g, "a.ints");
-    cr_assert(kv && kv->val.arr.type == KVP_GGUF_INT32 && kv->val.arr.n == 5);
-    cr_expect(memcmp(kv->val.arr.data, iv, sizeof iv) == 0);
-    kv = kvp_gguf_find(&g, "a.none");
-    cr_assert(kv && kv->val.arr.n == 0);
-
-    static const char *names[] = {"t.a", "t.b", "t.c", "t.d"};
-    static const uint64_t bytes[] = {12, 70, 12 * 34, 480};
-    for (int i = 0; i < 4; i++) {
-        const kvp_gguf_tensor *t = kvp_gguf_find_tensor(&g, names[i]);
-        cr_assert(t, "%s", names[i]);
-        cr_expect_eq(t->n_dims, (uint32_t)i + 1);
-        cr_expect_eq(t->n_bytes, bytes[i]);
-        cr_expect_eq(t->offset % 32, 0);
-        cr_expect_eq(((const uint8_t *)t->data - buf) % 32, 0);
-        uint8_t *want = malloc(bytes[i]);
-        fill_pattern(NULL, (uint64_t)i, want, bytes[i]);
-        cr_expect(memcmp(t->data, want, bytes[i]) == 0, "%s data", names[i]);
-        free(want);
-    }
-    const kvp_gguf_tensor *d = kvp_gguf_find_tensor(&g, "t.d");
-    cr_expect(d->ne[0] == 2 && d->ne[1] == 3 && d->ne[2] == 4 && d->ne[3] == 5);
-    cr_expect_eq(d->n_elements, 120);
-    /* the file ends after the last tensor's padding, which is zeros */
-    cr_expect_eq(len % 32, 0);
-    for (size_t i = (size_t)((const uint8_t *)d->data - buf + 480); i < len; i++)
-        cr_expect_eq(buf[i], 0);
-    kvp_gguf_close(&g);
-    free(buf);
-
-    /* the same writer can write again, here with zeros for the data */
-    buf = tu_gguf_to_mem(w, NULL, &len);
-    cr_assert_eq(kvp_gguf_parse(&g, buf, len, err, sizeof err), 0, "%s", err);
-    const kvp_gguf_tensor *a = kvp_gguf_find_tensor(&g, "t.a");
-    cr_expect(a && !memcmp(a->data, "\0\0\0\0\0\0\0\0\0\0\0\0", 12));
-    kvp_gguf_close(&g);
-    free(buf);
-
-    /* a failing fill callback stops the write with a message */
-    FILE *nul = fopen("/dev/null", "wb");
-    cr_assert(nul);
-    int rc = kvp_gguf_writer_write(w, nul, fill_fail, NULL, err, sizeof err);
-    cr_expect_eq(rc, -EIO);
-    cr_expect(strstr(err, "t.b"), "%s", err);
-    fclose(nul);
-    kvp_gguf_writer_free(w);
-}
-
-Test(gguf, writer_rejects_bad_input)
-{
-    const uint64_t ok[2] = {32, 2}, zero[2] = {4, 0}, partial[1] = {33};
-    kvp_gguf_writer *w = kvp_gguf_writer_new();
-    cr_assert(w);
-    cr_expect_eq(kvp_gguf_writer_add_tensor(w, "t", KVP_GGML_F32, 0, ok), -EINVAL);
-    cr_expect_eq(kvp_gguf_writer_add_tensor(w, "t", KVP_GGML_F32, 5, ok), -EINVAL);
-    cr_expect_eq(kvp_gguf_writer_add_tensor(w, "t", KVP_GGML_F32, 2, zero), -EINVAL);
-    cr_expect_eq(kvp_gguf_writer_add_tensor(w, "t", KVP_GGML_Q8_0, 1, partial), -EINVAL);
-    cr_expect_eq(kvp_gguf_writer_add_tensor(w, "t", 20, 2, ok), -EINVAL);             /* IQ4_NL */
-    cr_expect_eq(kvp_gguf_writer_add_tensor(w, "t", KVP_GGML_Q4_K, 2, ok), -EINVAL);  /* 32 < 256 */
-    cr_expect_eq(kvp_gguf_writer_add_tensor(w, "t", KVP_GGML_F32, 2, ok), 0);
-    cr_expect_eq(kvp_gguf_writer_add_tensor(w, "t", KVP_GGML_F32, 2, ok), -EEXIST);
-    cr_expect_eq(kvp_gguf_writer_add_u32(w, "k", 1), 0);
-    cr_expect_eq(kvp_gguf_writer_add_str(w, "k", "v"), -EEXIST);
-    cr_expect_eq(kvp_gguf_writer_add_u32(w, "", 1), -EINVAL);
-    /* any failed add makes write refuse, so a half-described file is never written */
-    char err[256];
-    FILE *nul = fopen("/dev/null", "wb");
-    cr_assert(nul);
-    cr_expect_eq(kvp_gguf_writer_write(w, nul, NULL, NULL, err, sizeof err), -EINVAL);
-    cr_expect(strstr(err, "earlier add failed"), "%s", err);
-    fclose(nul);
-    kvp_gguf_writer_free(w);
-}
-
-Test(gguf, empty_file_round_trip)
-{
-    kvp_gguf_writer *w = kvp_gguf_writer_new();
-    size_t len;
-    uint8_t *buf = tu_gguf_to_mem(w, NULL, &len);
-    kvp_gguf_writer_free(w);
-    cr_expect_eq(len, 32); /* 24-byte header padded to the alignment */
-    kvp_gguf g;
-    char err[256];
-    cr_assert_eq(kvp_gguf_parse(&g, buf, 24, err, sizeof err), 0, "%s", err);
-    cr_expect(g.n_kv == 0 && g.n_tensors == 0);
-    cr_expect_null(kvp_gguf_find(&g, "x"));
-    kvp_gguf_close(&g);
-    free(buf);
 }
 
 /* ---------------------------------------------------------------- bad input */
@@ -683,7 +531,7 @@ Test(gguf, alignment_key)
     const uint64_t ne[1] = {3};
     cr_assert_eq(kvp_gguf_writer_add_tensor(w, "t", KVP_GGML_F32, 1, ne), 0);
     size_t len;
-    uint8_t *buf = tu_gguf_to_mem(w, fill_pattern, &len);
+    uint8_t *buf = tu_gguf_to_mem(w, tu_gguf_fill_pattern, &len);
     kvp_gguf_writer_free(w);
     kvp_gguf g;
     char err[256];

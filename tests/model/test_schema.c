@@ -238,6 +238,17 @@ Test(schema, refused_keywords_are_named)
     cr_expect(strstr(refuse("false"), "false"));
     cr_expect(strstr(refuse("[1]"), "schema"));
     cr_expect(strstr(refuse("{\"type\":\"array\",\"prefixItems\":[{}]}"), "prefixItems"));
+    /* the count keywords of strings and arrays: wrong type, negative, over the limit */
+    cr_expect(strstr(refuse("{\"type\":\"string\",\"minLength\":-1}"),
+                     "minLength must be a non-negative integer"));
+    cr_expect(strstr(refuse("{\"type\":\"string\",\"maxLength\":\"3\"}"),
+                     "maxLength must be a non-negative integer"));
+    cr_expect(strstr(refuse("{\"type\":\"array\",\"minItems\":1.5}"),
+                     "minItems must be a non-negative integer"));
+    cr_expect(strstr(refuse("{\"type\":\"array\",\"maxItems\":1000000}"),
+                     "maxItems above"));
+    cr_expect(strstr(refuse("{\"type\":\"array\",\"minItems\":3,\"maxItems\":2}"),
+                     "minItems is above maxItems"));
 }
 
 Test(schema, hostile_sizes_fail_fast)

@@ -121,3 +121,12 @@ uint8_t *tu_gguf_to_mem(kvp_gguf_writer *w, int (*fill)(void *, uint64_t, void *
     cr_assert_eq(rc, 0, "write: %s", err);
     return (uint8_t *)buf;
 }
+
+int tu_gguf_fill_pattern(void *ctx, uint64_t i, void *buf, uint64_t n)
+{
+    (void)ctx;
+    uint8_t *b = buf;
+    for (uint64_t j = 0; j < n; j++)
+        b[j] = (uint8_t)(j * 7 + i * 31 + 1);
+    return 0;
+}

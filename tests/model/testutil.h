@@ -25,5 +25,8 @@ int tu_run(const char *cmd, char **out);
 struct kvp_gguf_writer;
 uint8_t *tu_gguf_to_mem(struct kvp_gguf_writer *w,
                         int (*fill)(void *, uint64_t, void *, uint64_t), size_t *len);
+/* A tensor fill callback for tu_gguf_to_mem: byte j of tensor i is (j * 7 + i * 31 + 1)
+ * mod 256, so every tensor's data differs from its neighbours'. */
+int tu_gguf_fill_pattern(void *ctx, uint64_t i, void *buf, uint64_t n);
 
 #endif

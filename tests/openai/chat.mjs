@@ -40,6 +40,8 @@ async function startKvpd(modelArgs) {
     "--listen", "127.0.0.1:0", ...modelArgs,
     "--workers", "2", "--budget", "64", "--chunk", "16",
     "--temperature", "0", "--max-tokens", "64", "--api-key", KEY,
+    // no state dir: the default one is shared by the suite's daemons, one at a time
+    "--state-dir", "",
   ];
   const proc = spawn(join(build, "daemon", "kvpd"), args, { stdio: ["ignore", "ignore", "pipe"] });
   let log = "";

@@ -38,7 +38,9 @@ async function startKvpd(extra) {
     "--listen", "127.0.0.1:0", "--model", join(shared, "models", "stories260K.bin"),
     "--tokenizer", join(shared, "models", "tok512.bin"),
     "--workers", "2", "--budget", "64", "--chunk", String(CHUNK),
-    "--temperature", "0", "--max-tokens", "24", "--api-key", `${KEY_A},${KEY_B}`, ...extra,
+    "--temperature", "0", "--max-tokens", "24", "--api-key", `${KEY_A},${KEY_B}`,
+    // no state dir: the default one is shared by the suite's daemons, one at a time
+    "--state-dir", "", ...extra,
   ];
   const proc = spawn(join(build, "daemon", "kvpd"), args, { stdio: ["ignore", "ignore", "pipe"] });
   let log = "";

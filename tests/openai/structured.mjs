@@ -98,7 +98,9 @@ check(validate(schema, { name: "a", age: 121, mood: "x", home: { city: "", zip: 
 
 async function startKvpd(model) {
   const args = ["--listen", "127.0.0.1:0", "--model", model, "--workers", "2", "--budget", "0",
-                "--chunk", "64", "--temperature", "1", "--max-tokens", "1024", "--api-key", KEY];
+                "--chunk", "64", "--temperature", "1", "--max-tokens", "1024", "--api-key", KEY,
+                // no state dir: the default one is shared by the suite's daemons, one at a time
+                "--state-dir", ""];
   const proc = spawn(join(build, "daemon", "kvpd"), args, { stdio: ["ignore", "ignore", "pipe"] });
   let log = "";
   const port = await new Promise((res, rej) => {

@@ -79,15 +79,33 @@ static const char *hello_answer(ws_client *c, const char *id, char *buf, size_t 
     return buf;
 }
 
+/* Sends a hello: 1 when the answer is a close with 1008 and nothing else came. */
+static int closed_1008_on_hello(ws_client *c)
+{
+    cr_assert_eq(ws_send_text(c, "{\"type\":\"hello\"}"), 0);
+    char *payload = NULL;
+    size_t len = 0;
+    int op = ws_read(c, 5000, &payload, &len);
+    int code = op == WS_CLOSE && len >= 2
+                   ? ((unsigned char)payload[0] << 8 | (unsigned char)payload[1]) : 0;
+    free(payload);
+    return code == 1008;
+}
+
 Test(security_tenants, the_websocket_needs_a_key_and_sessions_stay_with_their_key)
 {
     kvpd_proc d;
     cr_assert_eq(kvpd_start(&d, "--api-key key-one,key-two"), 0, "log %s", d.log);
     ws_client c;
-    cr_assert_lt(h_connect(&d, &c), 0, "a keyless websocket was upgraded");
-    cr_assert_lt(ws_connect_headers(&c, "127.0.0.1", d.port, "/chat",
-                                    "Authorization: Bearer wrong\r\n", 5000), 0,
-                 "a websocket with a wrong key was upgraded");
+    /* Without a key (or with a wrong one) on the upgrade, a hello is not answered: the
+     * first frame must be the auth frame, and the connection closes with 1008. */
+    cr_assert_eq(h_connect(&d, &c), 0);
+    cr_assert_eq(closed_1008_on_hello(&c), 1, "a keyless websocket was served");
+    ws_close(&c);
+    cr_assert_eq(ws_connect_headers(&c, "127.0.0.1", d.port, "/chat",
+                                    "Authorization: Bearer wrong\r\n", 5000), 0);
+    cr_assert_eq(closed_1008_on_hello(&c), 1, "a websocket with a wrong key was served");
+    ws_close(&c);
     answer a = post(&d, NULL, FIRST);
     cr_assert_eq(a.status, 401, "%s", a.raw);
     answer_free(&a);

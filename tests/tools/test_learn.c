@@ -117,7 +117,7 @@ Test(learn, stories260K_end_to_end_installs_a_policy_kvpd_picks_up, .init = make
     char cmd[8192], *log;
     snprintf(cmd, sizeof cmd,
              "%s --listen 127.0.0.1:0 --model %s --tokenizer %s --policy-dir %s/policies "
-             "--admin-token-file %s/admin 2>%s/kvpd.log & pid=$!; "
+             "--admin-token-file %s/admin --state-dir '' 2>%s/kvpd.log & pid=$!; "
              "for i in $(seq 200); do grep -q weights: %s/kvpd.log && break; sleep 0.05; done; "
              "kill $pid; wait $pid; cat %s/kvpd.log",
              tu_build("daemon/kvpd"), model, tok, dir, dir, dir, dir, dir);

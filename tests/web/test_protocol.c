@@ -72,6 +72,16 @@ Test(protocol, frames_are_valid_json)
     cr_assert_str_eq(s, "{\"type\":\"token\",\"text\":\"\xe2\x82\xac\"}");
     free(s);
     cr_assert_null(kvpd_proto_token("\xe2\x82", 2));   /* jansson refuses broken UTF-8 */
+    kvp_message hist[] = {{.user = 1, .text = "Hi", .len = 2}, {.text = " Yo", .len = 3}};
+    s = kvpd_proto_session("00112233445566778899aabbccddeeff", 1, 1, hist, 2, 0, NULL, 0, 77);
+    j = json_loads(s, 0, NULL);
+    cr_assert(j, "%s", s);
+    cr_assert_eq(json_integer_value(json_object_get(j, "max_tokens")), 77);
+    cr_assert_eq(json_integer_value(json_object_get(j, "turns")), 1);
+    cr_assert_eq(json_array_size(json_object_get(j, "history")), 2);
+    cr_assert_null(json_object_get(j, "system"));
+    json_decref(j);
+    free(s);
     s = kvpd_proto_error("busy", "wait");
     cr_assert_str_eq(s, "{\"type\":\"error\",\"code\":\"busy\",\"message\":\"wait\"}");
     free(s);

@@ -4,8 +4,8 @@
  * web/oai_reply.c builds the answers' JSON, neither with any transport; the codecs of
  * the other endpoints (web/oai_completions.c, web/oai_responses.c) parse their bodies
  * and shape the hub's events through these. Loop thread only. */
-#ifndef KVPD_OAI_H
-#define KVPD_OAI_H
+#ifndef KVPD_OPENAI_IMPL_H
+#define KVPD_OPENAI_IMPL_H
 
 #include <jansson.h>
 #include <stddef.h>
@@ -13,13 +13,7 @@
 #include "web/conn.h"
 #include "web/oai_parse.h"
 #include "web/oai_reply.h"
-
-/* The endpoint a request is for, its path without the /v1 prefix. */
-enum kvpd_oai_path {
-    KVPD_OAI_NONE = 0, KVPD_OAI_CHAT, KVPD_OAI_MODELS, KVPD_OAI_COMPLETIONS,
-    KVPD_OAI_RESPONSES, KVPD_OAI_RESPONSE,   /* /responses/{id} */
-    KVPD_OAI_UNKNOWN,                        /* under /v1, no such endpoint */
-};
+#include "web/openai.h"
 
 /* How a codec shapes the hub's events (NULL members: the chat completion's own). */
 typedef struct kvpd_oai_codec {
@@ -89,7 +83,5 @@ void kvpd_oai_completions(kvpd_conn *c);
 /* POST /v1/responses, GET and DELETE /v1/responses/{id} (web/oai_responses.c). */
 void kvpd_oai_responses(kvpd_conn *c);
 void kvpd_oai_response_get(kvpd_conn *c, const char *id, int delete);
-/* The stored responses (web/oai_responses.c): freed at the front end's stop. */
-void kvpd_oai_responses_free(kvpd_web *w);
 
 #endif

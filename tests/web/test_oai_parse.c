@@ -1,0 +1,225 @@
+/* web/oai_parse.c: chat completion bodies into the hub's turn, and every refusal with its
+ * status, code and field. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "web/oai_parse.h"
+
+static const kvpd_oai_limits lim = {.max_tokens = 100, .model_alias = "", .model = "qwen",
+                                    .tool_format = KVP_TOOLS_HERMES};
+
+static int parse(const char *body, kvpd_oai_req *r, kvpd_oai_err *e, const kvpd_oai_limits *l)
+{
+    memset(r, 0, sizeof *r);
+    memset(e, 0, sizeof *e);
+    return kvpd_oai_parse_chat(body, strlen(body), l ? l : &lim, r, e);
+}
+
+/* The body is refused with status, code and param ("" none); nothing is held. */
+static void refused(const char *body, int status, enum kvpd_oai_code code, const char *param)
+{
+    kvpd_oai_req r;
+    kvpd_oai_err e;
+    cr_assert_eq(parse(body, &r, &e, NULL), -1, "accepted: %s", body);
+    cr_assert_eq(e.status, status, "%s: status %d", body, e.status);
+    cr_assert_eq(e.code, code, "%s: code %d", body, e.code);
+    cr_assert_str_eq(e.param, param, "%s: param %s", body, e.param);
+    cr_assert(e.message[0], "%s: no message", body);
+    cr_assert_null(r.msgs);
+    cr_assert_null(r.system);
+    kvpd_oai_release(&r);
+}
+
+Test(oai_parse, a_conversation)
+{
+    kvpd_oai_req r;
+    kvpd_oai_err e;
+    cr_assert_eq(parse("{\"model\":\"anything\",\"messages\":["
+                       "{\"role\":\"system\",\"content\":\"Be brief.\"},"
+                       "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"Hi \"},"
+                       "{\"type\":\"text\",\"text\":\"there\"}]},"
+                       "{\"role\":\"assistant\",\"content\":\"Hello.\"},"
+                       "{\"role\":\"developer\",\"content\":\"In French.\"},"
+                       "{\"role\":\"user\",\"content\":\"Why?\"}],"
+                       "\"session\":\"00112233445566778899aabbccddeeff\"}", &r, &e, NULL), 0,
+                 "%s", e.message);
+    cr_assert_eq(r.system_len, 9);
+    cr_assert_str_eq(r.system, "Be brief.");
+    cr_assert_eq(r.n_msgs, 3);
+    cr_assert_eq(r.msgs[0].user, 1);
+    cr_assert_str_eq(r.msgs[0].text, "Hi there");
+    cr_assert_eq(r.msgs[1].user, 0);
+    /* a later system message is folded into the user message after it */
+    cr_assert_str_eq(r.msgs[2].text, "In French.\n\nWhy?");
+    cr_assert_eq(r.msgs[2].len, strlen("In French.\n\nWhy?"));
+    cr_assert(r.has_session);
+    cr_assert_str_eq(r.session, "00112233445566778899aabbccddeeff");
+    cr_assert_eq(r.stream, 0);
+    kvpd_oai_release(&r);
+    cr_assert_null(r.msgs);
+}
+
+Test(oai_parse, options)
+{
+    kvpd_oai_req r;
+    kvpd_oai_err e;
+    cr_assert_eq(parse("{\"messages\":[{\"role\":\"user\",\"content\":\"a\\u0000b\"}],"
+                       "\"stream\":true,\"stream_options\":{\"include_usage\":true},"
+                       "\"max_tokens\":1000,\"temperature\":0.5,\"top_p\":0.9,\"seed\":7,"
+                       "\"stop\":[\"x\",\"yz\"],\"top_k\":40,\"logit_bias\":{\"13\":-100}}",
+                       &r, &e, NULL), 0, "%s", e.message);
+    cr_assert_eq(r.msgs[0].len, 3);   /* the NUL is part of the text */
+    cr_assert(r.stream && r.include_usage);
+    cr_assert_eq(r.turn.max_tokens, 100);   /* capped by the server's max_tokens */
+    cr_assert(r.turn.has_temperature && r.turn.temperature == 0.5f);
+    cr_assert(r.turn.has_seed && r.turn.seed == 7);
+    cr_assert_eq(r.turn.n_stop, 2);
+    cr_assert_eq(r.turn.stop_len[1], 2);
+    cr_assert_eq(memcmp(r.turn.stop[1], "yz", 2), 0);
+    cr_assert_eq(r.turn.sampling.top_k, 40);
+    cr_assert_eq(r.turn.sampling.n_bias, 1);
+    cr_assert_eq(r.turn.sampling.bias[0].token, 13);
+    kvpd_oai_release(&r);
+    /* the newer name wins over max_tokens; a single stop string */
+    cr_assert_eq(parse("{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
+                       "\"max_tokens\":50,\"max_completion_tokens\":5,\"stop\":\"END\"}",
+                       &r, &e, NULL), 0, "%s", e.message);
+    cr_assert_eq(r.turn.max_tokens, 5);
+    cr_assert_eq(r.turn.n_stop, 1);
+    kvpd_oai_release(&r);
+}
+
+Test(oai_parse, malformed_and_truncated)
+{
+    refused("", 400, KVPD_OAI_E_INVALID_JSON, "");
+    refused("{\"messages\":[{\"role\":\"user\",\"content\":\"tru", 400, KVPD_OAI_E_INVALID_JSON, "");
+    refused("[{\"role\":\"user\"}]", 400, KVPD_OAI_E_INVALID_JSON, "");
+    refused("{\"a\":1,\"a\":2}", 400, KVPD_OAI_E_INVALID_JSON, "");   /* a duplicate key */
+    refused("{}", 400, KVPD_OAI_E_INVALID_REQUEST, "messages");
+    kvpd_oai_err e;
+    cr_assert_null(kvpd_oai_parse_json(NULL, 0, &e));
+    cr_assert_eq(e.code, KVPD_OAI_E_INVALID_JSON);
+}
+
+Test(oai_parse, wrong_types)
+{
+    refused("{\"messages\":{\"role\":\"user\"}}", 400, KVPD_OAI_E_INVALID_REQUEST, "messages");
+    refused("{\"messages\":[]}", 400, KVPD_OAI_E_INVALID_REQUEST, "messages");
+    refused("{\"messages\":[{\"role\":\"robot\",\"content\":\"a\"}]}", 400,
+            KVPD_OAI_E_INVALID_REQUEST, "messages[0].role");
+    refused("{\"messages\":[{\"role\":\"us\\u0000er\",\"content\":\"a\"}]}", 400,
+            KVPD_OAI_E_INVALID_REQUEST, "messages[0].role");
+    refused("{\"messages\":[{\"role\":\"user\",\"content\":5}]}", 400,
+            KVPD_OAI_E_INVALID_REQUEST, "messages[0].content");
+    refused("{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}", 400,
+            KVPD_OAI_E_INVALID_REQUEST, "messages[0].content");
+    refused("{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},"
+            "{\"role\":\"assistant\",\"content\":\"b\"}]}", 400, KVPD_OAI_E_INVALID_REQUEST,
+            "messages");
+    const char *user = "\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]";
+    static const struct { const char *field, *param; } bad[] = {
+        {"\"model\":5", "model"}, {"\"temperature\":\"hot\"", "temperature"},
+        {"\"temperature\":2.5", "temperature"}, {"\"top_p\":-1", "top_p"},
+        {"\"max_tokens\":0", "max_tokens"}, {"\"max_tokens\":1.5", "max_tokens"},
+        {"\"top_k\":2.5", "top_k"}, {"\"repetition_penalty\":0", "repetition_penalty"},
+        {"\"logit_bias\":[1]", "logit_bias"}, {"\"logit_bias\":{\"x\":1}", "logit_bias"},
+        {"\"logit_bias\":{\"1\":101}", "logit_bias"}, {"\"seed\":1.5", "seed"},
+        {"\"stop\":[\"\"]", "stop"}, {"\"stop\":[1]", "stop"},
+        {"\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]", "stop"}, {"\"stream\":1", "stream"},
+        {"\"session\":7", "session"}, {"\"session\":\"ABC\"", "session"},
+        {"\"session\":\"00112233445566778899AABBCCDDEEFF\"", "session"},
+        {"\"session\":\"00112233445566778899aabbccddeeff\\u0000x\"", "session"},
+        {"\"session\":\"\\u000000112233445566778899aabbccddeeff\"", "session"},
+        {"\"logprobs\":\"yes\"", "logprobs"}, {"\"top_logprobs\":3", "top_logprobs"},
+        {"\"logprobs\":true,\"top_logprobs\":21", "top_logprobs"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char body[512];
+        snprintf(body, sizeof body, "{%s,%s}", user, bad[i].field);
+        refused(body, 400, KVPD_OAI_E_INVALID_REQUEST, bad[i].param);
+    }
+}
+
+Test(oai_parse, fields_kvpd_cannot_honour)
+{
+    const char *user = "\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]";
+    static const struct { const char *field, *param; } bad[] = {
+        /* logprobs are served now: their refusals are tests/web/oai_logprobs' */
+        {"\"n\":2", "n"}, {"\"functions\":[{}]", "functions"},
+        {"\"audio\":{}", "audio"}, {"\"modalities\":[\"audio\"]", "modalities"},
+        {"\"response_format\":{\"type\":\"xml\"}", "response_format.type"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char body[512];
+        snprintf(body, sizeof body, "{%s,%s}", user, bad[i].field);
+        refused(body, 400, KVPD_OAI_E_UNSUPPORTED_PARAMETER, bad[i].param);
+    }
+}
+
+Test(oai_parse, oversized)
+{
+    /* a system text over KVP_HUB_SYSTEM_MAX, refused after the messages were read */
+    size_t n = KVP_HUB_SYSTEM_MAX + 1;
+    char *body = malloc(n + 128);
+    cr_assert_not_null(body);
+    int k = sprintf(body, "{\"messages\":[{\"role\":\"system\",\"content\":\"");
+    memset(body + k, 's', n);
+    sprintf(body + k + n, "\"},{\"role\":\"user\",\"content\":\"a\"}]}");
+    refused(body, 400, KVPD_OAI_E_INVALID_REQUEST, "messages[0].content");
+    /* a stop string over KVP_HUB_STOP_MAX */
+    k = sprintf(body, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"stop\":\"");
+    memset(body + k, 'x', KVP_HUB_STOP_MAX + 1);
+    sprintf(body + k + KVP_HUB_STOP_MAX + 1, "\"}");
+    refused(body, 400, KVPD_OAI_E_INVALID_REQUEST, "stop");
+    free(body);
+    /* more logit_bias entries than the sampler takes */
+    char lb[16 * (KVP_SAMPLER_MAX_BIAS + 2) + 128];
+    k = sprintf(lb, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"logit_bias\":{");
+    for (int i = 0; i <= KVP_SAMPLER_MAX_BIAS; i++)
+        k += sprintf(lb + k, "%s\"%d\":1", i ? "," : "", i);
+    sprintf(lb + k, "}}");
+    refused(lb, 400, KVPD_OAI_E_INVALID_REQUEST, "logit_bias");
+}
+
+Test(oai_parse, strict_model_name)
+{
+    kvpd_oai_limits l = lim;
+    l.strict_model_name = 1;
+    l.model_alias = "gpt-4o,mini";
+    kvpd_oai_req r;
+    kvpd_oai_err e;
+    const char *ok[] = {"qwen", "mini", "gpt-4o"};
+    for (int i = 0; i < 3; i++) {
+        char body[256];
+        snprintf(body, sizeof body, "{\"model\":\"%s\",\"messages\":[{\"role\":\"user\","
+                 "\"content\":\"a\"}]}", ok[i]);
+        cr_assert_eq(parse(body, &r, &e, &l), 0, "%s: %s", ok[i], e.message);
+        kvpd_oai_release(&r);
+    }
+    cr_assert_eq(parse("{\"model\":\"gpt\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}",
+                       &r, &e, &l), -1);
+    cr_assert_eq(e.status, 404);
+    cr_assert_eq(e.code, KVPD_OAI_E_MODEL_NOT_FOUND);
+    cr_assert_str_eq(e.param, "model");
+    kvpd_oai_release(&r);
+}
+
+Test(oai_parse, session_ids)
+{
+    cr_assert(kvp_session_id_ok("00112233445566778899aabbccddeeff"));
+    cr_assert(!kvp_session_id_ok("00112233445566778899aabbccddeef"));
+    cr_assert(!kvp_session_id_ok("00112233445566778899aabbccddeefff"));
+    cr_assert(!kvp_session_id_ok("00112233445566778899aabbccddeefg"));
+    cr_assert(!kvp_session_id_ok(""));
+    cr_assert(!kvp_session_id_ok("00112233445566778899AABBCCDDEEFF"));
+    /* an empty session names none: a new conversation */
+    kvpd_oai_req r;
+    kvpd_oai_err e;
+    cr_assert_eq(parse("{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"session\":\"\"}",
+                       &r, &e, NULL), 0);
+    cr_assert(r.has_session);
+    cr_assert_str_eq(r.session, "");
+    kvpd_oai_release(&r);
+}
