@@ -132,6 +132,8 @@ Test(oai_parse, wrong_types)
         {"\"session\":\"00112233445566778899AABBCCDDEEFF\"", "session"},
         {"\"session\":\"00112233445566778899aabbccddeeff\\u0000x\"", "session"},
         {"\"session\":\"\\u000000112233445566778899aabbccddeeff\"", "session"},
+        {"\"logprobs\":\"yes\"", "logprobs"}, {"\"top_logprobs\":3", "top_logprobs"},
+        {"\"logprobs\":true,\"top_logprobs\":21", "top_logprobs"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char body[512];
