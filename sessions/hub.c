@@ -594,6 +594,44 @@ static void chat_go(kvp_hub_client *c, kvp_session *s, const char *system, size_
     start_turn(c, msgs[n - 1].text, msgs[n - 1].len, &with_role);
 }
 
+/* A new session for the request, forked from the held conversation that shares the most
+ * with it (kvp_reuse_fork_find): it starts with a copy of that one's cache and its turn
+ * prefills only what follows the common prefix; the source is not changed. 1 when the
+ * request went on this way (or was answered with an error), 0 when no source serves it. */
+static int fork_go(kvp_hub_client *c, const char *system, size_t system_len,
+                   const kvp_message *msgs, int n, const kvp_turn_opts *o)
+{
+    kvp_hub *h = c->hub;
+    int shared;
+    kvp_session *src = kvp_reuse_fork_find(h, c, system, system_len, msgs, n, &shared);
+    if (!src) {
+        h->m->prefix_misses++;
+        return 0;
+    }
+    if (new_session(c, system, system_len) < 0)
+        return 1;
+    kvp_session *s = c->session;
+    size_t bytes;
+    if (kvp_session_fork(s, src, &h->env, &bytes) < 0 || kvp_session_rewind(s, msgs, n - 1) < 0) {
+        /* no copy: the new session prefills its history whole */
+        if (kvp_session_seed(s, msgs, n - 1) < 0) {
+            emit_error(c, KVPD_E_INTERNAL, "out of memory");
+            return 1;
+        }
+        h->m->prefix_misses++;
+    } else {
+        s->reuse_from = shared > 0 ? KVP_REUSE_OTHER : KVP_REUSE_SHARED;
+        h->m->prefix_hits++;
+        h->m->prefix_bytes_copied += bytes;
+    }
+    kvp_turn_opts with_role = *o;
+    with_role.role = msgs[n - 1].user;
+    start_turn(c, msgs[n - 1].text, msgs[n - 1].len, &with_role);
+    if (s->state != KVP_SESSION_TURN)
+        kvp_session_rewind_clear(s);
+    return 1;
+}
+
 void kvp_hub_chat(kvp_hub_client *c, const char *id, const char *system, size_t system_len,
                   const kvp_message *msgs, int n, const kvp_turn_opts *o)
 {
@@ -656,6 +694,8 @@ void kvp_hub_chat(kvp_hub_client *c, const char *id, const char *system, size_t 
             h->m->prefix_rewinds++;
         return;
     }
+    if (!s && !disk && h->env.reuse_cache && fork_go(c, system, system_len, msgs, n, o))
+        return;
     if (s || !disk) {
         chat_go(c, s, system, system_len, msgs, n, o);
         return;

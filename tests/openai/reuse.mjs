@@ -1,8 +1,10 @@
 // Prefix reuse through the official `openai` SDK (pinned in package.json) on stories260K:
 // the client patterns that continue a conversation from an earlier point — regenerating
 // the last reply, editing the last user message, sending a reply back with its leading
-// space trimmed, branching a named session from its first turn — reuse the session's
-// cache up to where the new prompt diverges and prefill only the rest. Checks, per
+// space trimmed — cut the session back in place; branching a named session from its
+// first turn forks a new session from its cache (the source keeps going), and a new
+// conversation with another's system prompt forks that one's; each prefills only what
+// follows the common prefix. Checks, per
 // request: cached_tokens is at least the part of the prompt shared with the earlier
 // transcript minus one chunk, and the daemon's prefilled_tokens is prompt minus cached.
 // Two API keys are two tenants: nothing of one is reused under the other. Exits non-zero
@@ -142,11 +144,62 @@ async function main() {
           rt.usage.prompt_tokens + rt.usage.completion_tokens - 1,
           "after the cut the conversation goes on from its new transcript");
 
-    // Branch a named session from its first turn.
+    // Branch a named session from its first turn: further back than its last turn, so a
+    // new session forks the source's cache and the source keeps its own transcript.
+    const otherBefore = await metric(k.port, 'kvpd_reused_tokens_total{source="other"}');
+    const hitsBefore = await metric(k.port, "kvpd_prefix_hits_total");
     const mb = [...m1, { role: "assistant", content: a1 }, { role: "user", content: "A big dog came" }];
     const rb = await ask(a, mb, { session: sid });
-    check(rb.session === sid, "branch-from-turn-1: the named session");
+    check(rb.session !== sid, "branch-from-turn-1: a new session forked from the named one");
     reused(rb, turn1, "branch-from-turn-1");
+    check(await metric(k.port, 'kvpd_reused_tokens_total{source="other"}') ===
+          otherBefore + rb.usage.prompt_tokens_details.cached_tokens,
+          "branch-from-turn-1: its cached tokens count as reused from another session");
+    check(await metric(k.port, "kvpd_prefix_hits_total") === hitsBefore + 1,
+          "branch-from-turn-1: counted in kvpd_prefix_hits_total");
+    check(await metric(k.port, "kvpd_prefix_bytes_copied_total") > 0,
+          "branch-from-turn-1: the copied cache bytes are counted");
+
+    // The source goes on from its own transcript, untouched by the fork...
+    const an = rn.choices[0].message.content;
+    const ms = [...mn, { role: "assistant", content: an }, { role: "user", content: "They played all day" }];
+    const rs = await ask(a, ms);
+    check(rs.session === sid && rs.usage.prompt_tokens_details.cached_tokens >=
+          rn.usage.prompt_tokens + rn.usage.completion_tokens - 1,
+          "after the fork the source continues its own transcript from its cache");
+    // ... and so does the fork, from its own.
+    const ab = rb.choices[0].message.content;
+    const mf = [...mb, { role: "assistant", content: ab }, { role: "user", content: "The dog was happy" }];
+    const rf = await ask(a, mf);
+    check(rf.session === rb.session && rf.usage.prompt_tokens_details.cached_tokens >=
+          rb.usage.prompt_tokens + rb.usage.completion_tokens - 1,
+          "the fork continues its own transcript from its cache");
+
+    // An edit of the first message of a two-turn conversation forks too (the source
+    // keeps its turns): the common prefix is the template's start and the shared text.
+    const mx = [{ role: "user", content: "Once upon a time there was a little boy named Tom" }];
+    const rx = await ask(a, mx);
+    check(rx.session !== sid && rx.session !== rb.session, "edit-first: a new session");
+    check(rx.kvpd.prefilled_tokens === rx.usage.prompt_tokens - rx.usage.prompt_tokens_details.cached_tokens,
+          "edit-first: prefilled is prompt minus cached");
+
+    // Conversations that share a system prompt (stories260K's template does not render
+    // it, so what they share is the rendering of "Tell me about the"): the second forks
+    // the first's cache and prefills only the tokens after the common prefix.
+    const sys = { role: "system", content: "You are a storyteller who tells short happy stories about animals in the forest, with a dog, a cat, a bird and a fox who are all friends and play together every day." };
+    const rp1 = await ask(a, [sys, { role: "user", content: "Tell me about the dog" }]);
+    const rp2 = await ask(a, [sys, { role: "user", content: "Tell me about the cat" }]);
+    check(rp2.session !== rp1.session, "shared system prompt: two conversations");
+    const sharedBefore = await metric(k.port, 'kvpd_reused_tokens_total{source="shared"}');
+    // the two prompts differ only in their last word: at most its 3 tokens and the end
+    reused(rp2, rp1.usage.prompt_tokens - 4, "shared system prompt");
+    check(rp2.usage.prompt_tokens_details.cached_tokens >= rp1.usage.prompt_tokens - 4,
+          "shared system prompt: all but the last word's tokens came from the first's cache");
+    const rp3 = await ask(a, [sys, { role: "user", content: "Tell me about the bird" }]);
+    check(await metric(k.port, 'kvpd_reused_tokens_total{source="shared"}') ===
+          sharedBefore + rp3.usage.prompt_tokens_details.cached_tokens &&
+          rp3.usage.prompt_tokens_details.cached_tokens > 0,
+          "shared system prompt: counted as reused from a shared prefix");
 
     // Another tenant: the same prompt reuses nothing of tenant A's.
     const rB = await ask(b, mb);
