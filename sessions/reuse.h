@@ -28,6 +28,14 @@ kvp_session *kvp_reuse_fork_find(kvp_hub *h, const kvp_hub_client *c, const char
                                  size_t system_len, const kvp_message *msgs, int n,
                                  int *shared);
 
+/* The leading messages s shares with msgs[0..n) (0 when the system texts differ). */
+int kvp_reuse_shared_msgs(const kvp_session *s, const char *system, size_t system_len,
+                          const kvp_message *msgs, int n);
+/* Whether s may be forked from for a new session of c (loop): idle and resident with its
+ * policy made, of c's tenant and of the policy in force, its cache holding exactly its
+ * tokens from the conversation's start. */
+int kvp_reuse_fork_source_ok(const kvp_hub *h, const kvp_hub_client *c, const kvp_session *s);
+
 /* A turn's cached tokens into the metrics' reuse counters, by their source. */
 void kvp_reuse_count(kvpd_metrics *m, const kvp_turn_stats *st);
 

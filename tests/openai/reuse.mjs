@@ -183,6 +183,26 @@ async function main() {
     check(rx.kvpd.prefilled_tokens === rx.usage.prompt_tokens - rx.usage.prompt_tokens_details.cached_tokens,
           "edit-first: prefilled is prompt minus cached");
 
+    // A new conversation whose first message starts as another's did: found by the
+    // prefix index at token level (no message is shared), forked from that one's cache.
+    const opening = "Once upon a time, in a small village near a big green forest, there lived a little";
+    const rq1 = await ask(a, [{ role: "user", content: `${opening} girl named Lily who loved flowers` }]);
+    const hitsQ = await metric(k.port, "kvpd_prefix_hits_total");
+    const rq2 = await ask(a, [{ role: "user", content: `${opening} boy named Tom who loved trucks` }]);
+    check(rq2.session !== rq1.session, "same opening: a new conversation");
+    check(rq2.usage.prompt_tokens_details.cached_tokens >= CHUNK &&
+          rq2.usage.prompt_tokens_details.cached_tokens < rq2.usage.prompt_tokens,
+          `same opening: ${rq2.usage.prompt_tokens_details.cached_tokens} of ${rq2.usage.prompt_tokens} prompt tokens from the first's cache`);
+    check(rq2.kvpd.prefilled_tokens === rq2.usage.prompt_tokens - rq2.usage.prompt_tokens_details.cached_tokens,
+          "same opening: prefilled is prompt minus cached");
+    check(await metric(k.port, "kvpd_prefix_hits_total") === hitsQ + 1, "same opening: an index hit");
+    check(await metric(k.port, "kvpd_prefix_index_bytes") > 0, "the prefix index reports its memory");
+    // the source is unchanged: its regenerate still finds its whole prompt cached
+    const rq1b = await ask(a, [{ role: "user", content: `${opening} girl named Lily who loved flowers` }]);
+    check(rq1b.session === rq1.session &&
+          rq1b.usage.prompt_tokens_details.cached_tokens === rq1.usage.prompt_tokens - 1,
+          "same opening: the source's own regenerate still reuses its whole prompt");
+
     // Conversations that share a system prompt (stories260K's template does not render
     // it, so what they share is the rendering of "Tell me about the"): the second forks
     // the first's cache and prefills only the tokens after the common prefix.
