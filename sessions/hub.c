@@ -671,6 +671,7 @@ static void new_chat(kvp_hub_client *c, const char *system, size_t system_len,
     if (h->env.reuse_cache) {
         if (forked) {
             s->reuse_from = other ? KVP_REUSE_OTHER : KVP_REUSE_SHARED;
+            s->bytes = bytes;   /* its own copy counts against the memory cap */
             h->m->prefix_hits++;
             h->m->prefix_bytes_copied += bytes;
         } else {
