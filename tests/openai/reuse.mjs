@@ -203,6 +203,30 @@ async function main() {
           rq1b.usage.prompt_tokens_details.cached_tokens === rq1.usage.prompt_tokens - 1,
           "same opening: the source's own regenerate still reuses its whole prompt");
 
+    // Fifteen conversations that open with the same long text, started at once after a
+    // first one: each forks the first's cache (a source may serve many forks) and
+    // prefills only its own ending, not the opening again.
+    const story = "Once upon a time there was a little cat named Tim. Tim lived in a big house with a " +
+      "kind old woman. Every morning Tim sat by the window and looked at the birds in the tree. " +
+      "One day a small bird flew down to the garden and sang a happy song. Tim wanted to play " +
+      "with the bird, so he went outside and sat very still in the green grass.";
+    const r0 = await ask(a, [{ role: "user", content: story }]);
+    const P0 = r0.usage.prompt_tokens;
+    const endings = Array.from({ length: 15 }, (_, i) => ` Then friend number ${i + 1} came to play.`);
+    const rs15 = await Promise.all(endings.map((e) => ask(a, [{ role: "user", content: story + e }])));
+    let prefilled = 0, own = 0;
+    for (const r of rs15) {
+      check(r.session !== r0.session && r.usage.prompt_tokens_details.cached_tokens >= P0 - CHUNK,
+            `shared opening x15: cached ${r.usage.prompt_tokens_details.cached_tokens} of ${r.usage.prompt_tokens} (the opening is ${P0})`);
+      check(r.kvpd.prefilled_tokens === r.usage.prompt_tokens - r.usage.prompt_tokens_details.cached_tokens,
+            "shared opening x15: prefilled is prompt minus cached");
+      prefilled += r.kvpd.prefilled_tokens;
+      own += r.usage.prompt_tokens - P0;
+    }
+    check(new Set(rs15.map((r) => r.session)).size === 15, "shared opening x15: fifteen sessions");
+    check(prefilled <= own + 15 * CHUNK,
+          `shared opening x15: ${prefilled} tokens prefilled in all, at most their own ${own} + a chunk each`);
+
     // Conversations that share a system prompt (stories260K's template does not render
     // it, so what they share is the rendering of "Tell me about the"): the second forks
     // the first's cache and prefills only the tokens after the common prefix.
