@@ -642,14 +642,42 @@ static kvp_session *fork_source(kvp_hub *h, kvp_hub_client *c, kvp_session *s,
     return src;
 }
 
-/* The request starts a new session: forked from the held conversation that shares the
- * most with it when there is one (it starts with a copy of that one's cache and its
- * turn prefills only what follows the common prefix; the source is not changed), else
- * seeded with the request's history, prefilled whole. */
+/* A new session s, before its first turn (its history msgs[0..n-1) seeded or not, the
+ * turn's message msgs[n-1]): forked from the held conversation that shares the most with
+ * the request when there is one (it starts with a copy of that one's cache and its turn
+ * prefills only what follows the common prefix; the source is not changed). Leaves s
+ * seeded with the history either way (as a rewind to be applied when forked). */
+static void try_fork(kvp_hub_client *c, kvp_session *s, const kvp_message *msgs, int n)
+{
+    kvp_hub *h = c->hub;
+    if (!h->env.reuse_cache)
+        return;
+    int forked = 0, other = 0;
+    size_t bytes = 0;
+    kvp_session *src = fork_source(h, c, s, s->system, s->system_len, msgs, n, &other);
+    if (src && kvp_session_fork(s, src, &h->env, &bytes) == 0) {
+        if (kvp_session_rewind(s, msgs, n - 1) == 0)
+            forked = 1;
+        else   /* no room for the history: the copy goes, the history is prefilled */
+            kvp_session_forget(s);
+    }
+    if (forked) {
+        s->reuse_from = other ? KVP_REUSE_OTHER : KVP_REUSE_SHARED;
+        s->bytes = bytes;   /* its own copy counts against the memory cap */
+        h->m->prefix_hits++;
+        h->m->prefix_bytes_copied += bytes;
+    } else {
+        h->m->prefix_misses++;
+        if (!s->n_msgs && kvp_session_seed(s, msgs, n - 1) < 0)
+            kvp_session_forget(s);   /* out of memory: the turn fails on its own */
+    }
+}
+
+/* The request starts a new session, forked when it can be (try_fork), else seeded with
+ * the request's history, prefilled whole. */
 static void new_chat(kvp_hub_client *c, const char *system, size_t system_len,
                      const kvp_message *msgs, int n, const kvp_turn_opts *o)
 {
-    kvp_hub *h = c->hub;
     if (new_session(c, system, system_len) < 0)
         return;
     kvp_session *s = c->session;
@@ -657,35 +685,15 @@ static void new_chat(kvp_hub_client *c, const char *system, size_t system_len,
         emit_error(c, KVPD_E_INTERNAL, "out of memory");
         return;
     }
-    int forked = 0, other = 0;
-    size_t bytes = 0;
-    kvp_session *src = h->env.reuse_cache
-                           ? fork_source(h, c, s, system, system_len, msgs, n, &other) : NULL;
-    if (src && kvp_session_fork(s, src, &h->env, &bytes) == 0) {
-        if (kvp_session_rewind(s, msgs, n - 1) == 0) {
-            forked = 1;
-        } else {   /* no room for the history: the copy goes, the history is prefilled */
-            kvp_session_forget(s);
-        }
-    }
-    if (h->env.reuse_cache) {
-        if (forked) {
-            s->reuse_from = other ? KVP_REUSE_OTHER : KVP_REUSE_SHARED;
-            s->bytes = bytes;   /* its own copy counts against the memory cap */
-            h->m->prefix_hits++;
-            h->m->prefix_bytes_copied += bytes;
-        } else {
-            h->m->prefix_misses++;
-        }
-    }
-    if (!forked && !s->n_msgs && kvp_session_seed(s, msgs, n - 1) < 0) {
+    try_fork(c, s, msgs, n);
+    if (n > 1 && !s->n_msgs && !s->rewind_set) {
         emit_error(c, KVPD_E_INTERNAL, "out of memory");
         return;
     }
     kvp_turn_opts with_role = *o;
     with_role.role = msgs[n - 1].user;
     start_turn(c, msgs[n - 1].text, msgs[n - 1].len, &with_role);
-    if (forked && s->state != KVP_SESSION_TURN)
+    if (s->rewind_set && s->state != KVP_SESSION_TURN)
         kvp_session_rewind_clear(s);
 }
 
