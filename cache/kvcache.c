@@ -379,6 +379,72 @@ void kvp_cache_drop_newest(kvp_cache *c, int n)
         c->next_pos = last_pos + 1;
 }
 
+/* Rows of h with seq < from: a prefix, the rows being in insertion order. */
+static int head_prefix_rows(const kvp_head *h, int64_t from)
+{
+    int n = h->n;
+    while (n > 0 && h->seq[n - 1] >= from)
+        n--;
+    return n;
+}
+
+size_t kvp_cache_prefix_bytes(const kvp_cache *c, int64_t from)
+{
+    size_t rows = 0;
+    for (int i = 0; c->heads && i < c->n_layers * c->n_kv_heads; i++)
+        rows += (size_t)head_prefix_rows(&c->heads[i], from);
+    return rows * kvp_cache_row_cost(c->kv_type, c->head_dim);
+}
+
+int kvp_cache_fork(kvp_cache *dst, const kvp_cache *src, int64_t from)
+{
+    memset(dst, 0, sizeof *dst);
+    if (from < 0 || from > src->n_seen || !src->heads)
+        return -EINVAL;
+    int rc = kvp_cache_init(dst, src->n_layers, src->n_kv_heads, src->head_dim, &src->rope);
+    if (rc)
+        return rc;
+    if (src->window) {
+        if ((rc = kvp_cache_set_windows(dst, src->window, src->rope_base_swa)) ||
+            (src->factors_swa && (rc = kvp_cache_set_swa_factors(dst, src->factors_swa))))
+            goto fail;
+    } else {
+        dst->rope_base_swa = src->rope_base_swa;
+    }
+    if ((rc = kvp_cache_convert(dst, src->kv_type)))   /* empty: sets the type */
+        goto fail;
+    int hd = src->head_dim, last_pos = -1;
+    for (int i = 0; i < src->n_layers * src->n_kv_heads; i++) {
+        const kvp_head *s = &src->heads[i];
+        kvp_head *d = &dst->heads[i];
+        int n = head_prefix_rows(s, from);
+        if (!n)
+            continue;
+        if ((rc = kvp_head_reserve(d, hd, n)))
+            goto fail;
+        size_t rb = kvp_kv_row_bytes(s->type, hd), nn = (size_t)n;
+        memcpy(d->k, s->k, nn * rb);
+        memcpy(d->v, s->v, nn * rb);
+        memcpy(d->pos, s->pos, nn * sizeof *d->pos);
+        memcpy(d->seq, s->seq, nn * sizeof *d->seq);
+        memcpy(d->score, s->score, nn * sizeof *d->score);
+        memcpy(d->stat, s->stat, nn * sizeof *d->stat);
+        d->n = n;
+        if (d->pos[n - 1] > last_pos)
+            last_pos = d->pos[n - 1];
+    }
+    dst->n_seen = from;
+    dst->evicted_rows = src->evicted_rows;
+    dst->shifts = src->shifts;
+    /* as kvp_cache_drop_newest: the newest tokens held consecutive positions */
+    int64_t np = (int64_t)src->next_pos - (src->n_seen - from);
+    dst->next_pos = np <= last_pos ? last_pos + 1 : (int)np;
+    return 0;
+fail:
+    kvp_cache_free(dst);
+    return rc;
+}
+
 void kvp_cache_shift(kvp_cache *c, int n_sink, int ctx)
 {
     int target = ctx - ctx / 4, window = ctx / 4;

@@ -109,6 +109,20 @@ void kvp_cache_keep(kvp_cache *c, kvp_head *h, const int *keep, int n_keep);
  * cut back by a stop string. */
 void kvp_cache_drop_newest(kvp_cache *c, int n);
 
+/* Forking: *dst (uninitialised, as for kvp_cache_deserialize) becomes a copy of src cut
+ * at token `from`: the rows of tokens seq < from, with their positions, scores and
+ * counters, in src's shape, kv_type, RoPE and sliding windows; src is not changed. The
+ * copy is src's compressed cache cut at the divergence, not a fresh prefill: rows src had
+ * already evicted (and rows a windowed layer had slid out) stay out of dst. dst's n_seen
+ * is `from` and its next_pos steps back as kvp_cache_drop_newest's would, so dst equals
+ * src copied and then cut back by drop_newest(src->n_seen - from). evicted_rows and
+ * shifts are src's (the history that made the rows). 0, -EINVAL (from < 0 or past
+ * src->n_seen; dst is left zeroed) or -ENOMEM (dst zeroed). */
+int kvp_cache_fork(kvp_cache *dst, const kvp_cache *src, int64_t from);
+/* Bytes the rows of tokens seq < from cost across all heads (what a fork at `from`
+ * copies, at kvp_cache_row_cost each; allocation slack not counted). */
+size_t kvp_cache_prefix_bytes(const kvp_cache *c, int64_t from);
+
 /* Bytes one row costs in a head of `type`: its key and value rows, pos, seq, score, stat. */
 size_t kvp_cache_row_cost(kvp_kv_type type, int head_dim);
 /* Bytes allocated for rows across all heads (k, v, pos, seq, score, stat). */

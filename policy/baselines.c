@@ -410,10 +410,40 @@ static void h2o_destroy(kvp_policy *p)
     free_impl(p);
 }
 
+static int h2o_copy(kvp_policy *dst, const kvp_policy *src)
+{
+    h2o_state *d = dst->impl;
+    const h2o_state *s = src->impl;
+    int heads = src->cfg.n_layers * src->cfg.n_kv_heads;
+    size_t rows = s->ck_seen >= 0 ? (size_t)s->ck_first[heads] : 0;
+    if (rows > d->ck_cap) {
+        int64_t *sq = malloc(rows * sizeof *sq);
+        float *sv = malloc(rows * sizeof *sv);
+        if (!sq || !sv) {
+            free(sq);
+            free(sv);
+            return -ENOMEM;
+        }
+        free(d->ck_seq);
+        free(d->ck_stat);
+        d->ck_seq = sq;
+        d->ck_stat = sv;
+        d->ck_cap = rows;
+    }
+    d->seen = s->seen;
+    d->ck_seen = s->ck_seen;
+    memcpy(d->ck_first, s->ck_first, ((size_t)heads + 1) * sizeof *d->ck_first);
+    if (rows) {
+        memcpy(d->ck_seq, s->ck_seq, rows * sizeof *d->ck_seq);
+        memcpy(d->ck_stat, s->ck_stat, rows * sizeof *d->ck_stat);
+    }
+    return 0;
+}
+
 static const kvp_policy_ops h2o_ops = {
     .name = "h2o", .wants_attention = 1, .on_insert = h2o_insert,
     .on_attention = h2o_attention_st, .recent_window = h2o_window, .truncate = h2o_truncate,
-    .mark = h2o_mark, .destroy = h2o_destroy,
+    .mark = h2o_mark, .destroy = h2o_destroy, .copy = h2o_copy,
 };
 
 int kvp_h2o_policy_create(kvp_policy *p, const char *policy_file, char *err, size_t errlen)
@@ -623,10 +653,23 @@ static void snapkv_truncate(kvp_policy *p, kvp_cache *c, int64_t from)
     }
 }
 
+static int snapkv_copy(kvp_policy *dst, const kvp_policy *src)
+{
+    snapkv_state *d = dst->impl;
+    const snapkv_state *s = src->impl;
+    size_t heads = (size_t)src->cfg.n_layers * src->cfg.n_kv_heads;
+    memcpy(d->q, s->q, heads * SNAPKV_WINDOW * s->group * s->d * sizeof *d->q);
+    memcpy(d->seq, s->seq, heads * SNAPKV_WINDOW * sizeof *d->seq);
+    memcpy(d->pos, s->pos, heads * SNAPKV_WINDOW * sizeof *d->pos);
+    memcpy(d->next, s->next, heads * sizeof *d->next);
+    memcpy(d->count, s->count, heads * sizeof *d->count);
+    return 0;
+}
+
 static const kvp_policy_ops snapkv_ops = {
     .name = "snapkv", .wants_attention = 1, .on_attention = snapkv_attention,
     .before_evict = snapkv_evict, .recent_window = snapkv_window, .destroy = snapkv_destroy,
-    .truncate = snapkv_truncate,
+    .truncate = snapkv_truncate, .copy = snapkv_copy,
 };
 
 int kvp_snapkv_policy_create(kvp_policy *p, const char *policy_file, char *err, size_t errlen)

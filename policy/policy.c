@@ -179,6 +179,24 @@ void kvp_policy_truncate(kvp_policy *p, kvp_cache *c, int64_t from)
         p->ops->truncate(p, c, from);
 }
 
+int kvp_policy_fork(kvp_policy *dst, const kvp_policy *src, kvp_cache *cache, int64_t from)
+{
+    if (!dst || !src || dst == src || dst->ops != src->ops ||
+        dst->cfg.n_layers != src->cfg.n_layers || dst->cfg.n_heads != src->cfg.n_heads ||
+        dst->cfg.n_kv_heads != src->cfg.n_kv_heads || dst->cfg.head_dim != src->cfg.head_dim)
+        return -EINVAL;
+    if (src->ops->copy) {
+        int rc = src->ops->copy(dst, src);
+        if (rc)
+            return rc;
+    }
+    dst->rng = src->rng;
+    dst->n_sink = src->n_sink;
+    dst->n_recent = src->n_recent;
+    kvp_policy_truncate(dst, cache, from);
+    return 0;
+}
+
 void kvp_policy_mark(kvp_policy *p, const kvp_cache *c)
 {
     if (p && p->ops->mark)

@@ -47,6 +47,10 @@ typedef struct kvp_policy_ops {
     /* Optional: a rollback point at c->n_seen (the session marks the start of each
      * reply, where a regenerate cuts back to). */
     void (*mark)(kvp_policy *p, const kvp_cache *c);
+    /* Optional, for policies with per-session state beside the rows (H2O's accumulators
+     * and mark, SnapKV's query window): dst (the same policy, the same model shape)
+     * takes a copy of src's state. 0 or -ENOMEM (dst's state is then unchanged). */
+    int (*copy)(kvp_policy *dst, const kvp_policy *src);
 } kvp_policy_ops;
 
 struct kvp_policy {
@@ -89,6 +93,13 @@ void kvp_policy_attach(kvp_forward_hooks *hooks, kvp_policy *p);
 /* The cache was cut back to its tokens seq < from (kvp_cache_drop_newest): the policy's
  * own state follows (a no-op for policies whose state is only the rows' scores). */
 void kvp_policy_truncate(kvp_policy *p, kvp_cache *c, int64_t from);
+/* Forking: dst, a policy of src's kind made for the same model, takes src's state (the
+ * rng, n_sink / n_recent, and what ops->copy copies), then follows `cache` cut back to its
+ * tokens seq < from (kvp_policy_truncate): cache is dst's own, a kvp_cache_fork of src's
+ * cache at `from`. So dst decides as src would after its cache and state were cut back
+ * the same way; src is not changed. 0, -EINVAL (another policy kind or model shape) or
+ * -ENOMEM (dst unchanged). */
+int kvp_policy_fork(kvp_policy *dst, const kvp_policy *src, kvp_cache *cache, int64_t from);
 /* A rollback point at the cache's current length (see kvp_policy_ops.mark). */
 void kvp_policy_mark(kvp_policy *p, const kvp_cache *c);
 /* Space-separated list of every policy name (for --help and errors). */

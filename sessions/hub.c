@@ -17,6 +17,8 @@
 #include "sessions/hub_impl.h"
 #include "sessions/background.h"
 #include "sessions/residency.h"
+#include "sessions/persist.h"
+#include "sessions/prefix.h"
 #include "sessions/reuse.h"
 #include "sessions/rewind.h"
 #include "store/store.h"
@@ -73,6 +75,7 @@ static void drop(kvp_hub *h, kvp_session *s)
     if (!h->env.store || !s->has_snapshot || s->lost)
         kvp_transcripts_remove(&h->transcripts, s->id);
     kvp_store_lease_drop(h->env.store, s->id);
+    kvp_prefix_remove(h->prefix, s);
     kvp_session_remove(&h->sessions, s);
 }
 
@@ -622,6 +625,106 @@ static void chat_go(kvp_hub_client *c, kvp_session *s, const char *system, size_
     start_turn(c, msgs[n - 1].text, msgs[n - 1].len, &with_role);
 }
 
+typedef struct fork_filter {
+    kvp_hub *h;
+    const kvp_hub_client *c;
+} fork_filter;
+
+static int fork_filter_ok(void *ctx, const void *owner)
+{
+    const fork_filter *f = ctx;
+    return kvp_reuse_fork_source_ok(f->h, f->c, owner);
+}
+
+/* The held conversation the new session s best forks for the request msgs[0..n): the
+ * one of the prefix index with the longest token prefix of the request's rendering (at least a block, checked token by token), else the message-level choice
+ * (kvp_reuse_fork_find: shorter conversations, a shared system text). *other: it shares
+ * messages with the request, not only a prefix of its rendering. Renders the request on
+ * the loop (in s) and leaves s with no transcript (the caller seeds or forks it). */
+static kvp_session *fork_source(kvp_hub *h, kvp_hub_client *c, kvp_session *s,
+                                const char *system, size_t system_len,
+                                const kvp_message *msgs, int n, int *other)
+{
+    kvp_session *src = NULL;
+    int shared = 0;
+    /* the rendering of the whole request, its last message as its turn renders it */
+    kvp_session_clear_transcript(s);
+    if (h->prefix && kvp_session_seed(s, msgs, n) >= 0 &&
+        kvp_session_retokenize(s, &h->env) >= 0) {
+        fork_filter f = {h, c};
+        int len;
+        kvp_session *t = (kvp_session *)kvp_prefix_lookup(h->prefix, c->tenant, s->tokens,
+                                                          s->n_tokens, fork_filter_ok, &f, &len);
+        if (t && kvp_token_lcp(t->tokens, t->n_cached, s->tokens, s->n_tokens) >= KVP_PREFIX_BLOCK) {
+            src = t;
+            shared = kvp_reuse_shared_msgs(t, system, system_len, msgs, n);
+        }
+    }
+    kvp_session_clear_transcript(s);
+    s->n_cached = 0;
+    s->reply_open = 0;
+    s->jinja_rendered = 0;
+    if (!src)
+        src = kvp_reuse_fork_find(h, c, system, system_len, msgs, n, &shared);
+    *other = shared > 0;
+    return src;
+}
+
+/* A new session s, before its first turn (its history msgs[0..n-1) seeded or not, the
+ * turn's message msgs[n-1]): forked from the held conversation that shares the most with
+ * the request when there is one (it starts with a copy of that one's cache and its turn
+ * prefills only what follows the common prefix; the source is not changed). Leaves s
+ * seeded with the history either way (as a rewind to be applied when forked). */
+static void try_fork(kvp_hub_client *c, kvp_session *s, const kvp_message *msgs, int n)
+{
+    kvp_hub *h = c->hub;
+    if (!h->env.reuse_cache)
+        return;
+    int forked = 0, other = 0;
+    size_t bytes = 0;
+    kvp_session *src = fork_source(h, c, s, s->system, s->system_len, msgs, n, &other);
+    if (src && kvp_session_fork(s, src, &h->env, &bytes) == 0) {
+        if (kvp_session_rewind(s, msgs, n - 1) == 0)
+            forked = 1;
+        else   /* no room for the history: the copy goes, the history is prefilled */
+            kvp_session_forget(s);
+    }
+    if (forked) {
+        s->reuse_from = other ? KVP_REUSE_OTHER : KVP_REUSE_SHARED;
+        s->bytes = bytes;   /* its own copy counts against the memory cap */
+        h->m->prefix_hits++;
+        h->m->prefix_bytes_copied += bytes;
+    } else {
+        h->m->prefix_misses++;
+        if (!s->n_msgs && kvp_session_seed(s, msgs, n - 1) < 0)
+            kvp_session_forget(s);   /* out of memory: the turn fails on its own */
+    }
+}
+
+/* The request starts a new session, forked when it can be (try_fork), else seeded with
+ * the request's history, prefilled whole. */
+static void new_chat(kvp_hub_client *c, const char *system, size_t system_len,
+                     const kvp_message *msgs, int n, const kvp_turn_opts *o)
+{
+    if (new_session(c, system, system_len) < 0)
+        return;
+    kvp_session *s = c->session;
+    if (kvp_session_seed(s, msgs, n - 1) < 0) {
+        emit_error(c, KVPD_E_INTERNAL, "out of memory");
+        return;
+    }
+    try_fork(c, s, msgs, n);
+    if (n > 1 && !s->n_msgs && !s->rewind_set) {
+        emit_error(c, KVPD_E_INTERNAL, "out of memory");
+        return;
+    }
+    kvp_turn_opts with_role = *o;
+    with_role.role = msgs[n - 1].user;
+    start_turn(c, msgs[n - 1].text, msgs[n - 1].len, &with_role);
+    if (s->rewind_set && s->state != KVP_SESSION_TURN)
+        kvp_session_rewind_clear(s);
+}
+
 void kvp_hub_chat(kvp_hub_client *c, const char *id, const char *system, size_t system_len,
                   const kvp_message *msgs, int n, const kvp_turn_opts *o)
 {
@@ -684,7 +787,11 @@ void kvp_hub_chat(kvp_hub_client *c, const char *id, const char *system, size_t 
             h->m->prefix_rewinds++;
         return;
     }
-    if (s || !disk) {
+    if (!s && !disk) {
+        new_chat(c, system, system_len, msgs, n, o);
+        return;
+    }
+    if (s) {
         chat_go(c, s, system, system_len, msgs, n, o);
         return;
     }
@@ -737,6 +844,12 @@ static kvp_hub_client *job_ended(kvp_hub *h, kvp_session *s)
     kvp_hub_client *to = s->state == KVP_SESSION_TURN ? s->owner : s->client;
     h->jobs--;
     s->state = KVP_SESSION_IDLE;
+    /* its tokens into the prefix index while its cache holds them from the start (an
+     * entry that cannot be made only costs a later fork) */
+    if (s->policy && !s->hist_tokens && s->cache.n_seen == s->n_cached && s->n_cached > 0)
+        (void)kvp_prefix_put(h->prefix, s, s->tenant, s->tokens, s->n_cached);
+    else
+        kvp_prefix_remove(h->prefix, s);
     s->owner = NULL;
     s->reserve = 0;
     s->last_active = kvp_now();
@@ -1086,6 +1199,7 @@ int kvp_hub_start(kvp_hub **out, const kvp_hub_params *p, char *err, size_t errl
     kvp_learnlog_cfg lc = {.dir = p->learn_dir, .rate = p->learn_rate,
                            .max_bytes = p->learn_max_bytes, .max_age_s = p->learn_max_age_s,
                            .fingerprint = p->model->cfg.fingerprint};
+    h->prefix = kvp_prefix_create(0, 0);   /* NULL: forks only by messages */
     if (!(h->bg = kvp_background_new(p->model, p->kv_type, p->chunk, &lc, p->seed))) {
         snprintf(err, errlen, "out of memory");
         return -ENOMEM;
@@ -1235,6 +1349,7 @@ void kvp_hub_free(kvp_hub *h)
     kvp_session_table_clear(&h->sessions);
     kvp_transcripts_free(&h->transcripts);
     kvp_background_free(h->bg);
+    kvp_prefix_free(h->prefix);
     kvp_policy_conf_unref(h->pconf);
     kvp_hub_storage_close(h->storage);
     kvp_template_free(&h->env.tpl);
@@ -1299,6 +1414,7 @@ void kvp_hub_info_get(kvp_hub *h, kvp_hub_info *o)
     o->sessions_total = h->sessions.created_total;
     o->cache_bytes_accounted = kvp_hub_accounted_bytes(h, &o->cache_bytes_total);
     o->turn_reserve_bytes = kvp_hub_turn_bytes(h);
+    o->prefix_index_bytes = kvp_prefix_bytes(h->prefix);
     o->queue_depth = kvpd_sched_depth(h->sched);
     o->policy_file_loads = kvp_agent_set_loads();
     kvp_background_drain(h->bg, h->m);

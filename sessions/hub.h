@@ -267,6 +267,7 @@ typedef struct kvp_hub_info {
     uint64_t sessions_total;      /* ever created */
     size_t cache_bytes_total, cache_bytes_max_session, cache_bytes_accounted;
     size_t turn_reserve_bytes;
+    size_t prefix_index_bytes;    /* the prefix index's memory (sessions/prefix.h) */
     char weights[160];            /* weight bytes by type (kvp_model_weight_mix) */
     uint64_t weight_bytes;        /* resident weight bytes, all types */
     uint64_t policy_file_loads;   /* policy files read: once at start, once per reload */

@@ -35,6 +35,11 @@ struct kvp_hub {
     int refused_retry_ms;
     struct kvp_vocab_trie *trie;     /* env.trie's memory: made for the first grammar */
     struct kvp_background *bg;       /* canary checks and learn_dir writes (background.h) */
+    /* The token prefixes of the conversations held here, for forks (sessions/prefix.h):
+     * a session is put when a job ends with its cache matching its tokens, removed when
+     * it leaves the table; NULL when out of memory at start (no index, no token-level
+     * forks). */
+    struct kvp_prefix_index *prefix;
 };
 
 /* An idle session leaves memory (hub.c; its snapshot, if any, stays on disk). */

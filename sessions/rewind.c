@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "policy/policy.h"
+#include "model/model.h"
 #include "sessions/persist.h"
 
 static void free_msgs(kvp_message *m, int n)
@@ -105,4 +106,46 @@ int kvp_session_rewind_cut(kvp_session *s, int *old, int n_old)
     }
     s->n_cached = keep;
     return keep;
+}
+
+int kvp_session_fork(kvp_session *dst, const kvp_session *src, const kvp_session_env *env,
+                     size_t *bytes)
+{
+    *bytes = 0;
+    if (!src->policy || src->pconf != dst->pconf || !dst->pconf->weights ||
+        src->hist_tokens || src->hist_msgs || src->n_cached <= 0 ||
+        src->cache.n_seen != src->n_cached || src->n_cached > src->n_tokens ||
+        dst->n_tokens || dst->n_msgs || dst->cache.n_seen || dst->policy)
+        return -EINVAL;
+    int n = src->n_cached;
+    int *tok = malloc((size_t)n * sizeof *tok);
+    if (!tok)
+        return -ENOMEM;
+    memcpy(tok, src->tokens, (size_t)n * sizeof *tok);
+    kvp_cache c;
+    int rc = kvp_cache_fork(&c, &src->cache, n);
+    if (rc) {
+        free(tok);
+        return rc;
+    }
+    kvp_policy *p;
+    char err[160];
+    rc = kvp_policy_create_shared(&p, dst->pconf->weights, &env->model->cfg, dst->seed, err,
+                                  sizeof err);
+    if (!rc && (rc = kvp_policy_fork(p, src->policy, &c, n)))
+        kvp_policy_destroy(p);
+    if (rc) {
+        kvp_cache_free(&c);
+        free(tok);
+        return rc < 0 ? rc : -EINVAL;
+    }
+    *bytes = kvp_cache_bytes(&c);
+    kvp_cache_free(&dst->cache);
+    dst->cache = c;
+    dst->policy = p;
+    free(dst->tokens);
+    dst->tokens = tok;
+    dst->n_tokens = dst->cap_tokens = dst->n_cached = n;
+    dst->jinja_rendered = src->jinja_rendered;
+    return 0;
 }

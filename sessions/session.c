@@ -1156,6 +1156,9 @@ static int turn_start(kvp_session *s, const kvp_session_env *env, const kvp_turn
     /* of the whole conversation: the cache holds the dropped history's tokens too */
     t->stats.context_tokens = (int)(s->hist_tokens + s->n_tokens);
     t->stats.cached_tokens = (int)(s->hist_tokens + s->n_cached);
+    /* a fork's rows came from another session (until this turn, the only rows it has) */
+    t->stats.cached_from = s->n_cached > 0 ? s->reuse_from : KVP_REUSE_OWN;
+    s->reuse_from = KVP_REUSE_OWN;
     s->sampler.temperature = t->temperature;
     s->sampler.top_p = t->top_p >= 0 ? t->top_p : env->top_p;
     if (t->has_seed)

@@ -235,6 +235,9 @@ typedef struct kvp_session {
      * (sessions/rewind.h); rewind_set: armed */
     kvp_message *rewind_msgs;
     int rewind_n, rewind_set;
+    /* loop -> worker: where the cache of the queued turn came from (enum
+     * kvp_reuse_source; a fork from another session sets it, the turn's stats take it) */
+    int reuse_from;
     /* The TURN's next unit waits on I/O (its start: lease, snapshot, policy, transcript;
      * or its end: the snapshot write, then the final event), so it runs as a job on a
      * worker of its own, never inside a batched step (kvp_session_job_next). */

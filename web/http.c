@@ -133,6 +133,7 @@ static void gauges(kvpd_web *w, kvpd_gauges *g, kvp_hub_info *hi)
         g->cache_bytes_max_session = hi->cache_bytes_max_session;
         g->cache_bytes_accounted = hi->cache_bytes_accounted;
         g->turn_reserve_bytes = hi->turn_reserve_bytes;
+        g->prefix_index_bytes = hi->prefix_index_bytes;
         g->lease_conflicts = hi->lease_conflicts;
         g->lease_takeovers = hi->lease_takeovers;
         g->snapshots_expired = hi->snapshots_expired;

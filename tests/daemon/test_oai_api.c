@@ -277,11 +277,16 @@ Test(oai_api, responses_chain_through_previous_response_id_with_growing_cached_t
         json_decref(j);
     }
     cr_expect_eq(cached[0], 0);
-    /* Different instructions: the conversation is not that session's; served whole. */
+    /* Different instructions: the conversation (the chain's history, then "x") is not that
+     * session's, so it does not continue it; a new session forks the token prefix the two
+     * renderings share (stories260K's template does not render the instructions), never
+     * the whole prompt, and prefills the rest. */
     snprintf(body, sizeof body, "{\"instructions\":\"Other.\",\"input\":\"x\","
              "\"previous_response_id\":\"%s\",\"max_output_tokens\":2}", id[2]);
     json_t *j = respond(&d, NULL, body, NULL);
-    cr_expect_eq(num(j, "usage.input_tokens_details.cached_tokens"), 0);
+    long other_cached = num(j, "usage.input_tokens_details.cached_tokens");
+    cr_expect_lt(other_cached, num(j, "usage.input_tokens"));
+    cr_expect_eq(num(j, "kvpd.prefilled_tokens"), num(j, "usage.input_tokens") - other_cached);
     json_decref(j);
 
     /* GET gives the stored object; DELETE removes it; then 404 and continuing it is 400. */
