@@ -2,7 +2,9 @@
 # Reproduces policy/weights/stories260K.kvp (docs/training.md): traces stories260K over the
 # TinyStories dev text, trains its 20 KVP agents (half the episodes shaped as streaming
 # decisions, docs/training.md "Streaming decisions"), then fits their score calibration
-# (kvp calibrate). Same seed, same file.
+# (kvp calibrate); then fine-tunes them for 400 steps with half the streaming decisions at
+# budget 256 (docs/evaluation.md "Fine-tuning aimed at budget 256") and calibrates again.
+# Same seed, same file.
 #   scripts/train-stories260K.sh [OUT]      (default policy/weights/stories260K.kvp)
 # Environment: BUILD (build dir, default build), THREADS (default 2), TRACES (trace dir,
 # default /tmp/kvp-traces-stories260K-all: every 512-token sequence of the text, trace
@@ -33,12 +35,20 @@ if [ ! -f "$traces/trace.kvpt" ]; then
         --seq-len 512 --max-seqs 600 --split 0.8
 fi
 init=$(mktemp /tmp/kvp-init-XXXXXX.kvp)
-trap 'rm -f "$init"' EXIT
+base=$(mktemp /tmp/kvp-base-XXXXXX.kvp)
+trap 'rm -f "$init" "$base"' EXIT
 "$kvp" policy-init --model "$model" --tokenizer "$tok" --out "$init" --seed 1 \
     --width 32 --hidden 32 --pos-dim 4 --pos-max 512
 "$kvp" train --traces "$traces" --init "$init" --out "$out" --curve "$curve" \
     --seed 1 --threads "$threads" --steps 3000 --lr 3e-3 --episodes 16 --samples 8 \
     --stream-share 0.5
 # the per-head calibration global budgets rank by (docs/policy-format.md, version 3)
+"$kvp" calibrate --traces "$traces" --policy-file "$out" --out "$base" --threads "$threads"
+# fine-tuning from the calibrated agents: a lower learning rate, a new seed, and the
+# streaming decisions drawn at budget 256 half the time (the budget whose one-shot choice of
+# older rows the agents made worst)
+"$kvp" train --traces "$traces" --init "$base" --out "$out" --curve "$curve.finetune" \
+    --seed 2 --threads "$threads" --steps 400 --lr 1e-3 --warmup 20 --episodes 16 --samples 8 \
+    --stream-share 0.5 --stream-budgets 32,64,128,256,256,256
 "$kvp" calibrate --traces "$traces" --policy-file "$out" --out "$out" --threads "$threads"
 echo "train-stories260K: $out ($(stat -c %s "$out") bytes) in $(( $(date +%s) - start )) s" >&2
