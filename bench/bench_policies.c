@@ -171,7 +171,7 @@ int main(int argc, char **argv)
     result full;
     if (run(&m, "none", NULL, 0, prompt, n_prefill, n_decode_full, &full))
         return 1;
-    /* scoring + eviction: issue 14's bound for KVP is 5% of decode time */
+    /* scoring + eviction: the bound for KVP is 5% of decode time */
     printf("| policy | budget | decode tok/s | vs none | scoring %% | eviction %% | scoring + eviction %% "
            "| rows/head (max) | cache bytes |\n");
     printf("|---|---|---|---|---|---|---|---|---|\n");

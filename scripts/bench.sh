@@ -3,7 +3,7 @@
 # Writes the 110M synthetic model to /tmp on first use (~540 MB).
 # Usage: scripts/bench.sh [bench_engine options, e.g. --no-synth --reps 5]
 #        scripts/bench.sh --quant [bench_engine options]
-#   --quant: the whole table of issue 11 in one run (~10 min on a quiet machine, plus
+#   --quant: the whole quantization table in one run (~10 min on a quiet machine, plus
 #   writing the synthetics on first use): first the per-type matrix-vector throughput
 #   against ggml's kernels and both prefill paths (int8 GEMM, tiles + sgemm) per type
 #   (bench_matmul, one thread), then the engine with the Qwen2.5-0.5B-shaped synthetics
@@ -30,7 +30,7 @@
 #   with the shipped KVP policy (prefill 128 + decode 352), then the 134M synthetic
 #   (written to /tmp/kvp-synth-134M.gguf on first use) with prefill 768 + decode 384, which
 #   passes its 1024-token context, so KVP rescores the rows each context shift moves
-#   (issue 14's bound: KVP's scoring + eviction under 5% of decode time).
+#   (the bound: KVP's scoring + eviction under 5% of decode time).
 #        scripts/bench.sh --slow-store
 #   --slow-store: inter-token latency of decoding sessions while other sessions finish
 #   turns into a Redis that answers every command 200 ms late (scripts/delay-proxy.py in

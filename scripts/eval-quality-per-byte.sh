@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Quality per byte on stories260K (issue 15): one-shot and streaming KL against the bytes
+# Quality per byte on stories260K: one-shot and streaming KL against the bytes
 # a session's cache holds, for KVP with f32, f16 or q8_0 rows and per-head or global budgets,
 # and for the best baselines (TOVA, SnapKV, StreamingLLM) with f32 rows, per head.
 #   scripts/eval-quality-per-byte.sh [OUT]     (default docs/quality-per-byte)

@@ -549,7 +549,7 @@ Test(fencing, a_delayed_lease_release_never_removes_a_later_take_of_the_same_nod
     ws_close(&a2);
 }
 
-/* The second scenario exactly: equal turn counts on both sides after the heal. */
+/* A partition longer than the lease with equal turn counts on both sides after the heal. */
 Test(fencing, after_a_partition_longer_than_the_lease_the_cut_off_copy_never_overwrites)
 {
     ws_client a;

@@ -15,7 +15,7 @@
 #include "model/quant.h"
 #include "tests/model/testutil.h"
 
-/* Logits within this fraction of the row's largest |logit| (the bar). */
+/* Logits within this fraction of the row's largest |logit| (the bar each architecture must meet). */
 #define TOL 1e-4f
 
 typedef struct {

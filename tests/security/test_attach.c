@@ -1,4 +1,4 @@
-/* Security (issue 17 items 2, 3): a session wanted by two connections. The attachment
+/* Security: a session wanted by two connections. The attachment
  * rule (docs/protocol.md): while a session's turn runs, or its snapshot loads, another
  * connection's hello is answered `busy` and the connection that started the job gets
  * its answer; while it is idle the newest connection takes it and the previous one is
@@ -41,7 +41,7 @@ static void new_session(ws_client *c, char *id)
     json_decref(s);
 }
 
-/* Item 2: a second connection's hello during a turn does not take the turn away. */
+/* A second connection's hello during a turn does not take the turn away. */
 Test(attach, hello_from_another_connection_during_a_turn_is_busy)
 {
     kvpd_proc d;
@@ -91,7 +91,7 @@ Test(attach, hello_from_another_connection_during_a_turn_is_busy)
     cr_assert_eq(kvpd_stop(&d, 10000), 0);
 }
 
-/* Item 2, idle: the newest connection takes the session, and the previous one is told
+/* Idle: the newest connection takes the session, and the previous one is told
  * instead of silently starting a new session with its next message. */
 Test(attach, an_idle_session_moves_and_the_old_connection_is_told)
 {
@@ -120,7 +120,7 @@ Test(attach, an_idle_session_moves_and_the_old_connection_is_told)
     cr_assert_eq(kvpd_stop(&d, 10000), 0);
 }
 
-/* Item 3: two hellos for a session that is only on disk: both answered, the first with
+/* Two hellos for a session that is only on disk: both answered, the first with
  * the session and the second busy while the snapshot loads, or, when the load ended
  * first, the newest with it and the other told (the attachment rule); five times. */
 Test(attach, two_hellos_for_a_session_on_disk_are_both_answered)

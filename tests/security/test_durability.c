@@ -1,4 +1,4 @@
-/* Issue 17 item 6: a `done` the client saw must be on disk, or say it is not. With the
+/* A `done` the client saw must be on disk, or say it is not. With the
  * session's state unwritable (directories squat on <id>.snap.tmp and <id>.journal, as a
  * full disk or no descriptors would fail the write), the turn's done says durable: false with the
  * reason, /healthz answers 503 "degraded", and SIGTERM exits non-zero. Once a write
@@ -150,7 +150,7 @@ Test(security_durability, without_a_state_dir_done_makes_no_durability_claim)
     cr_expect_eq(kvpd_stop(&p, 10000), 0);
 }
 
-/* The other way the issue's disk failed: no file descriptor left for the snapshot. */
+/* The other way a write fails: no file descriptor left for the snapshot. */
 Test(security_durability, no_descriptor_for_the_snapshot_is_not_durable)
 {
     kvpd_proc p;

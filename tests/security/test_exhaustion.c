@@ -1,4 +1,4 @@
-/* Security (issue 17 item 7): session exhaustion. One connection cannot lock others out
+/* Security: session exhaustion. One connection cannot lock others out
  * by opening sessions, sessions that never ran a turn do not pile up, and /admin/stats
  * pages its session list. */
 #include <criterion/criterion.h>

@@ -1,4 +1,4 @@
-/* Issue 17 item 12 (websocket side): a client frame that is not masked fails the
+/* The websocket side of strict input: a client frame that is not masked fails the
  * connection (RFC 6455 5.1: a close frame with code 1002), wherever the
  * frame falls in the reads: alone, after good frames in the same write, split over
  * writes, or sent with the upgrade request. Masked frames keep working however they are

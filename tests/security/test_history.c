@@ -1,4 +1,4 @@
-/* Issue 17 item 10, second half: max_history_tokens bounds the transcript a session
+/* max_history_tokens bounds the transcript a session
  * stores (memory, snapshot and journal, the history a hello returns) while the KV cache
  * stays whole: a bounded conversation gives the same replies as an unbounded one, also
  * across a restart; the OpenAI API continues a session whose matched history was partly

@@ -1,4 +1,4 @@
-/* Issue 17 items 11 and 12 (HTTP side): a cross-site page (Origin) or a DNS-rebinding
+/* The HTTP side: a cross-site page (Origin) or a DNS-rebinding
  * page (Host) cannot drive the daemon, the admin endpoints are closed by default (a generated
  * token in a 0600 file), the websocket version is checked, HEAD is served. Requests
  * are written by hand so every header is the test's choice. */

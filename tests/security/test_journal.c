@@ -1,4 +1,4 @@
-/* Issue 17 item 10: a turn's write no longer grows with the conversation. After the
+/* A turn's write does not grow with the conversation. After the
  * first (full) snapshot, each turn appends one journal record (what it added and the
  * cache, which the budget bounds); the snapshot is rewritten only when the journal has
  * outgrown it. Restarts replay the journal; a torn tail costs only itself. */

@@ -1,6 +1,6 @@
-/* Issue 17 item 12: numbers are parsed strictly everywhere (config file, kvpd flags, kvp
+/* Numbers are parsed strictly everywhere (config file, kvpd flags, kvp
  * flags): no leading space or '+', no hex or octal, no "inf"/"nan". `--max-cache-bytes
- * " -1"` used to become 2^64-1 because the space got past the sign check. */
+ * " -1"` must not become 2^64-1 by a space getting past the sign check. */
 #include <criterion/criterion.h>
 #include <stdint.h>
 #include <stdio.h>

@@ -1,6 +1,6 @@
-/* Issue 17 item 1: the sampler never indexes outside its candidates, whatever the logits
- * and however small the temperature (1e-40 used to turn logits into +-inf, softmax into
- * NaN, leave top-p with no candidate and read scratch[-1]). */
+/* The sampler never indexes outside its candidates, whatever the logits
+ * and however small the temperature (at 1e-40 unguarded logits become +-inf, softmax
+ * NaN, top-p is left with no candidate and reads scratch[-1]). */
 #include <criterion/criterion.h>
 #include <math.h>
 

@@ -1,4 +1,4 @@
-/* Issue 17 items 9 and 5 at the snapshot module: a FIFO, a symbolic link or a directory
+/* At the snapshot module: a FIFO, a symbolic link or a directory
  * in place of a snapshot must neither block a worker in open() nor be followed; they are
  * refused (-EBADMSG, moved aside). Messages read back are valid UTF-8. */
 #include <criterion/criterion.h>
@@ -150,7 +150,7 @@ Test(security_snapshot_io, messages_read_back_are_utf8)
     kvp_snapshot_free(&snap);
 }
 
-/* Issue 17 item 10, the journal's file rules: records that a newer full snapshot already
+/* The journal's file rules: records that a newer full snapshot already
  * holds (a crash between its rename and the journal's removal) are skipped, records that
  * do not follow are not applied, and a FIFO in the journal's place blocks nothing. */
 static kvp_journal_rec record(int msgs_before, int tokens_before, const kvp_snapshot_msg *m,

@@ -1,6 +1,6 @@
-/* Issue 17 item 1 against the daemon: a temperature of 1e-40, in a message or in the
- * config, used to make the sampler read out of bounds (ASan aborted the daemon; the
- * release build answered <unk> forever). Tiny temperatures are greedy: the reply is the
+/* Against the daemon: a temperature of 1e-40, in a message or in the
+ * config, must not make the sampler read out of bounds (ASan would abort the daemon;
+ * a release build would answer <unk> forever). Tiny temperatures are greedy: the reply is the
  * temperature-0 reply. */
 #include <criterion/criterion.h>
 #include <stdio.h>

@@ -1,4 +1,4 @@
-/* Issue 17 items 4 and 5, against a live kvpd with a state directory:
+/* Against a live kvpd with a state directory:
  * 4. a NUL byte in a reply (the byte token <0x00>) cut the message in the history frame
  *    (jansson "s") and in the next snapshot (strlen): messages travel with their length;
  * 5. a valid snapshot whose message is not UTF-8 left every hello for it unanswered (the
@@ -182,7 +182,7 @@ Test(security_transcript, a_snapshot_with_text_that_is_not_utf8_is_loaded_repair
     cr_assert_eq(kvpd_stop(&p, 10000), 0);
 }
 
-/* Issue 17 item 12: a second hello while the first one's snapshot loads was answered
+/* A second hello while the first one's snapshot loads is told the load is running, not
  * "a turn is running". Both frames go in one write, so the second is handled before
  * the load (on a worker) can end. */
 Test(security_transcript, a_hello_during_a_load_is_told_so)
