@@ -180,7 +180,8 @@ int kvpd_chat_receive(kvpd_conn *c, const void *in, size_t len)
                 c->rx = r;
                 c->rx_cap = cap;
             }
-            memcpy(c->rx + c->rx_len, in, len);
+            if (len)   /* an empty frame has no buffer yet (and lws may pass in NULL) */
+                memcpy(c->rx + c->rx_len, in, len);
             c->rx_len += len;
         }
     }
