@@ -12,10 +12,8 @@
 #include "web/format.h"
 
 /* Sets e (param may be NULL) and returns -1. */
-static int bad(kvpd_oai_err *e, enum kvpd_oai_code code, const char *param, const char *fmt,
-               ...) __attribute__((format(printf, 4, 5)));
-static int bad(kvpd_oai_err *e, enum kvpd_oai_code code, const char *param, const char *fmt,
-               ...)
+int kvpd_oai_bad(kvpd_oai_err *e, enum kvpd_oai_code code, const char *param, const char *fmt,
+                 ...)
 {
     e->status = kvpd_oai_code_status(code);
     e->code = code;
@@ -36,13 +34,13 @@ json_t *kvpd_oai_parse_json(const char *body, size_t len, kvpd_oai_err *e)
     json_t *req = json_loadb(body ? body : "", body ? len : 0,
                              JSON_ALLOW_NUL | JSON_REJECT_DUPLICATES, &jerr);
     if (!req) {
-        bad(e, KVPD_OAI_E_INVALID_JSON, NULL, "the body is not valid JSON: %s (at byte %d)",
+        kvpd_oai_bad(e, KVPD_OAI_E_INVALID_JSON, NULL, "the body is not valid JSON: %s (at byte %d)",
             jerr.text, jerr.position);
         return NULL;
     }
     if (!json_is_object(req)) {
         json_decref(req);
-        bad(e, KVPD_OAI_E_INVALID_JSON, NULL, "the body must be a JSON object");
+        kvpd_oai_bad(e, KVPD_OAI_E_INVALID_JSON, NULL, "the body must be a JSON object");
         return NULL;
     }
     return req;
@@ -67,7 +65,7 @@ int kvpd_oai_parse_model(json_t *req, const kvpd_oai_limits *l, kvpd_oai_err *e)
     if (!model || json_is_null(model))
         return 0;
     if (!json_is_string(model))
-        return bad(e, KVPD_OAI_E_INVALID_REQUEST, "model", "model must be a string");
+        return kvpd_oai_bad(e, KVPD_OAI_E_INVALID_REQUEST, "model", "model must be a string");
     const char *m = json_string_value(model);
     size_t len = json_string_length(model);
     /* One model is loaded: any name is served, unless strict_model_name asks for its
@@ -75,7 +73,7 @@ int kvpd_oai_parse_model(json_t *req, const kvpd_oai_limits *l, kvpd_oai_err *e)
     if (!l->strict_model_name || (len == strlen(l->model) && !strcmp(m, l->model)) ||
         listed(l->model_alias, m, len))
         return 0;
-    return bad(e, KVPD_OAI_E_MODEL_NOT_FOUND, "model", "the model '%.*s' does not exist; this "
+    return kvpd_oai_bad(e, KVPD_OAI_E_MODEL_NOT_FOUND, "model", "the model '%.*s' does not exist; this "
                "server has '%s'", len > 100 ? 100 : (int)len, m, l->model);
 }
 
@@ -105,7 +103,7 @@ static int number(json_t *req, const char *name, double lo, double hi, int *has,
     if (!v || json_is_null(v))
         return 0;
     if (!json_is_number(v) || json_number_value(v) < lo || json_number_value(v) > hi)
-        return bad(e, KVPD_OAI_E_INVALID_REQUEST, name, "%s must be a number from %g to %g",
+        return kvpd_oai_bad(e, KVPD_OAI_E_INVALID_REQUEST, name, "%s must be a number from %g to %g",
                    name, lo, hi);
     *has = 1;
     *out = json_number_value(v);
@@ -119,23 +117,23 @@ int kvpd_oai_parse_options(json_t *req, const kvpd_oai_limits *l, kvpd_oai_req *
     memset(t, 0, sizeof *t);
     const char *field = unsupported(req);
     if (field)
-        return bad(e, KVPD_OAI_E_UNSUPPORTED_PARAMETER, field, "%s is not supported by kvpd",
+        return kvpd_oai_bad(e, KVPD_OAI_E_UNSUPPORTED_PARAMETER, field, "%s is not supported by kvpd",
                    field);
     kvpd_oai_tools_err te;
     if (kvpd_oai_tools_request(&r->tools, req, l->tool_format, t, &te) < 0)
-        return bad(e, KVPD_OAI_E_INVALID_REQUEST, te.param, "%s", te.msg);
+        return kvpd_oai_bad(e, KVPD_OAI_E_INVALID_REQUEST, te.param, "%s", te.msg);
     int has;
     double v = 0;
     json_t *n = json_object_get(req, "n");
     if (n && !json_is_null(n) && !(json_is_integer(n) && json_integer_value(n) == 1))
-        return bad(e, KVPD_OAI_E_UNSUPPORTED_PARAMETER, "n",
+        return kvpd_oai_bad(e, KVPD_OAI_E_UNSUPPORTED_PARAMETER, "n",
                    "n must be 1: kvpd answers with one choice");
     const char *caps[] = {"max_completion_tokens", "max_tokens"};
     for (int i = 0; i < 2; i++) {
         if (number(req, caps[i], 1, 1e9, &has, &v, e) < 0)
             return -1;
         if (has && v != (long)v)
-            return bad(e, KVPD_OAI_E_INVALID_REQUEST, caps[i], "%s must be an integer", caps[i]);
+            return kvpd_oai_bad(e, KVPD_OAI_E_INVALID_REQUEST, caps[i], "%s must be an integer", caps[i]);
         if (has && !t->max_tokens)   /* the newer name wins */
             t->max_tokens = v > l->max_tokens ? l->max_tokens : (int)v;
     }
@@ -143,24 +141,22 @@ int kvpd_oai_parse_options(json_t *req, const kvpd_oai_limits *l, kvpd_oai_req *
     char msg[400];
     int rc = kvpd_sampling_parse(req, 2, &r->own, t, &param, msg, sizeof msg);
     if (rc < 0)
-        return bad(e, rc == -ENOMEM ? KVPD_OAI_E_SERVER : KVPD_OAI_E_INVALID_REQUEST, param,
+        return kvpd_oai_bad(e, rc == -ENOMEM ? KVPD_OAI_E_SERVER : KVPD_OAI_E_INVALID_REQUEST, param,
                    "%s", msg);
     kvp_grammar_unref(r->grammar);
     r->grammar = NULL;
     if (kvpd_response_format(json_object_get(req, "response_format"), &r->grammar, &param, msg,
                              sizeof msg) < 0)
-        return bad(e, KVPD_OAI_E_UNSUPPORTED_PARAMETER, param, "%s", msg);
+        return kvpd_oai_bad(e, KVPD_OAI_E_UNSUPPORTED_PARAMETER, param, "%s", msg);
     t->grammar = r->grammar;
-    if (r->tools.grammar) {   /* a forced call: its grammar is the reply's */
-        if (r->grammar)
-            return bad(e, KVPD_OAI_E_INVALID_REQUEST, "response_format", "response_format "
-                       "cannot be combined with a forced tool call (tool_choice \"required\" "
-                       "or a named function): the reply is the call");
+    /* A forced call: its grammar is the reply's. response_format shapes text replies,
+     * which a forced call's turn has none of (OpenAI's API takes both together: an agent
+     * with a typed output that must first call a tool). */
+    if (r->tools.grammar)
         t->grammar = r->tools.grammar;
-    }
     json_t *stream = json_object_get(req, "stream");
     if (stream && !json_is_null(stream) && !json_is_boolean(stream))
-        return bad(e, KVPD_OAI_E_INVALID_REQUEST, "stream", "stream must be a boolean");
+        return kvpd_oai_bad(e, KVPD_OAI_E_INVALID_REQUEST, "stream", "stream must be a boolean");
     r->stream = json_is_true(stream);
     json_t *so = json_object_get(req, "stream_options");
     r->include_usage = json_is_true(json_object_get(so, "include_usage"));
@@ -218,7 +214,7 @@ static int messages(json_t *arr, kvpd_oai_req *r, kvpd_oai_err *e)
 {
     size_t n = json_array_size(arr);
     if (!json_is_array(arr) || n == 0)
-        return bad(e, KVPD_OAI_E_INVALID_REQUEST, "messages", "messages must be a non-empty array");
+        return kvpd_oai_bad(e, KVPD_OAI_E_INVALID_REQUEST, "messages", "messages must be a non-empty array");
     kvp_message *m = calloc(n, sizeof *m);
     char *system = NULL;
     size_t system_len = 0;
@@ -236,7 +232,7 @@ static int messages(json_t *arr, kvpd_oai_req *r, kvpd_oai_err *e)
         int sys_role = role && (!strcmp(role, "system") || !strcmp(role, "developer"));
         if (!role || (!sys_role && strcmp(role, "user") && strcmp(role, "assistant") &&
                       strcmp(role, "tool"))) {
-            bad(e, KVPD_OAI_E_INVALID_REQUEST, param,
+            kvpd_oai_bad(e, KVPD_OAI_E_INVALID_REQUEST, param,
                 "%s must be system, developer, user, assistant or tool", param);
             goto bad;
         }
@@ -247,7 +243,7 @@ static int messages(json_t *arr, kvpd_oai_req *r, kvpd_oai_err *e)
         if (rc == -ENOMEM)
             goto oom;
         if (rc < 0) {
-            bad(e, KVPD_OAI_E_INVALID_REQUEST, param,
+            kvpd_oai_bad(e, KVPD_OAI_E_INVALID_REQUEST, param,
                 "%s must be a string or an array of text parts", param);
             goto bad;
         }
@@ -289,7 +285,7 @@ static int messages(json_t *arr, kvpd_oai_req *r, kvpd_oai_err *e)
     if (!m)
         goto oom;
     if (k == 0 || !m[k - 1].user || pending) {
-        bad(e, KVPD_OAI_E_INVALID_REQUEST, "messages",
+        kvpd_oai_bad(e, KVPD_OAI_E_INVALID_REQUEST, "messages",
             "the last message must be the user's (or tool results)");
         goto bad;
     }
@@ -299,7 +295,7 @@ static int messages(json_t *arr, kvpd_oai_req *r, kvpd_oai_err *e)
     r->system_len = system_len;
     return 0;
 oom:
-    bad(e, KVPD_OAI_E_SERVER, NULL, "out of memory");
+    kvpd_oai_bad(e, KVPD_OAI_E_SERVER, NULL, "out of memory");
 bad:
     free(pending);
     free(system);
@@ -312,22 +308,42 @@ int kvpd_oai_parse_logprobs(json_t *req, kvpd_oai_req *r, kvpd_oai_err *e)
 {
     json_t *lp = json_object_get(req, "logprobs"), *top = json_object_get(req, "top_logprobs");
     if (lp && !json_is_null(lp) && !json_is_boolean(lp))
-        return bad(e, KVPD_OAI_E_INVALID_REQUEST, "logprobs", "logprobs must be a boolean");
+        return kvpd_oai_bad(e, KVPD_OAI_E_INVALID_REQUEST, "logprobs", "logprobs must be a boolean");
     int on = json_is_true(lp);
     if (top && !json_is_null(top)) {
         if (!json_is_integer(top) || json_integer_value(top) < 0 ||
             json_integer_value(top) > KVP_LOGPROBS_MAX_TOP)
-            return bad(e, KVPD_OAI_E_INVALID_REQUEST, "top_logprobs",
+            return kvpd_oai_bad(e, KVPD_OAI_E_INVALID_REQUEST, "top_logprobs",
                        "top_logprobs must be an integer from 0 to %d", KVP_LOGPROBS_MAX_TOP);
         if (!on)
-            return bad(e, KVPD_OAI_E_INVALID_REQUEST, "top_logprobs",
+            return kvpd_oai_bad(e, KVPD_OAI_E_INVALID_REQUEST, "top_logprobs",
                        "top_logprobs needs logprobs: true");
         r->turn.top_logprobs = (int)json_integer_value(top);
     }
     if (on && r->tools.parse)
-        return bad(e, KVPD_OAI_E_UNSUPPORTED_PARAMETER, "logprobs",
+        return kvpd_oai_bad(e, KVPD_OAI_E_UNSUPPORTED_PARAMETER, "logprobs",
                    "logprobs with tools is not supported by kvpd");
     r->turn.logprobs = on;
+    return 0;
+}
+
+int kvpd_oai_parse_messages(json_t *msgs, const char *system_param, kvpd_oai_req *r,
+                            kvpd_oai_err *e)
+{
+    json_t *hist = NULL;
+    kvpd_oai_tools_err te;
+    if (kvpd_oai_tools_messages(&r->tools, msgs, &hist, &te) < 0)
+        return kvpd_oai_bad(e, KVPD_OAI_E_INVALID_REQUEST, te.param, "%s", te.msg);
+    kvpd_oai_release_messages(r);
+    int n = messages(hist, r, e);
+    json_decref(hist);
+    if (n < 0)
+        return -1;
+    if (r->system_len > KVP_HUB_SYSTEM_MAX) {
+        kvpd_oai_release_messages(r);
+        return kvpd_oai_bad(e, KVPD_OAI_E_INVALID_REQUEST, system_param,
+                            "the system text is limited to %d bytes", KVP_HUB_SYSTEM_MAX);
+    }
     return 0;
 }
 
@@ -341,22 +357,9 @@ int kvpd_oai_parse_chat(const char *body, size_t len, const kvpd_oai_limits *l,
     if (kvpd_oai_parse_model(req, l, e) < 0 || kvpd_oai_parse_options(req, l, r, e) < 0 ||
         kvpd_oai_parse_logprobs(req, r, e) < 0)
         goto out;
-    json_t *hist = NULL;
-    kvpd_oai_tools_err te;
-    if (kvpd_oai_tools_messages(&r->tools, json_object_get(req, "messages"), &hist, &te) < 0) {
-        bad(e, KVPD_OAI_E_INVALID_REQUEST, te.param, "%s", te.msg);
+    if (kvpd_oai_parse_messages(json_object_get(req, "messages"), "messages[0].content", r,
+                                e) < 0)
         goto out;
-    }
-    kvpd_oai_release_messages(r);
-    int n = messages(hist, r, e);
-    json_decref(hist);
-    if (n < 0)
-        goto out;
-    if (r->system_len > KVP_HUB_SYSTEM_MAX) {
-        bad(e, KVPD_OAI_E_INVALID_REQUEST, "messages[0].content",
-            "the system message is limited to %d bytes", KVP_HUB_SYSTEM_MAX);
-        goto out;
-    }
     json_t *named = json_object_get(req, "session");
     if (json_is_string(named)) {
         char sid[KVP_SESSION_ID_LEN + 8] = "";
@@ -364,7 +367,7 @@ int kvpd_oai_parse_chat(const char *body, size_t len, const kvpd_oai_limits *l,
         /* a NUL inside ends the C string early: the id is the whole JSON string */
         if ((sid[0] && !kvp_session_id_ok(sid)) ||
             strlen(json_string_value(named)) != json_string_length(named)) {
-            bad(e, KVPD_OAI_E_INVALID_REQUEST, "session",
+            kvpd_oai_bad(e, KVPD_OAI_E_INVALID_REQUEST, "session",
                 "a session id is 32 lowercase hex digits");
             goto out;
         }
@@ -372,7 +375,7 @@ int kvpd_oai_parse_chat(const char *body, size_t len, const kvpd_oai_limits *l,
         memcpy(r->session, sid, sizeof r->session - 1);
         r->session[sizeof r->session - 1] = '\0';
     } else if (named && !json_is_null(named)) {
-        bad(e, KVPD_OAI_E_INVALID_REQUEST, "session", "session must be a string");
+        kvpd_oai_bad(e, KVPD_OAI_E_INVALID_REQUEST, "session", "session must be a string");
         goto out;
     }
     rc = 0;

@@ -36,6 +36,10 @@ typedef struct kvpd_oai_err {
     char message[512];
 } kvpd_oai_err;
 
+/* Sets e with the code's status (param may be NULL: none) and returns -1. */
+int kvpd_oai_bad(kvpd_oai_err *e, enum kvpd_oai_code code, const char *param, const char *fmt,
+                 ...) __attribute__((format(printf, 4, 5)));
+
 /* What the server serves, as the parse checks a request against it. */
 typedef struct kvpd_oai_limits {
     int max_tokens;               /* the cap of max_tokens (config max_tokens) */
@@ -81,6 +85,13 @@ int kvpd_oai_parse_logprobs(json_t *req, kvpd_oai_req *r, kvpd_oai_err *e);
  * that follows) and session. 0, or -1 with e set and no messages held. */
 int kvpd_oai_parse_chat(const char *body, size_t len, const kvpd_oai_limits *l,
                         kvpd_oai_req *r, kvpd_oai_err *e);
+/* Chat messages (JSON) as the hub's, into r's msgs and system text: tool parts rewritten
+ * by r->tools (kvpd_oai_tools_messages), a system or developer message first is the system
+ * text, later ones fold into the user message that follows, the last message is the
+ * user's or tool results. system_param: the field an oversized system text is named by.
+ * 0, or -1 with e set and no messages held. */
+int kvpd_oai_parse_messages(json_t *msgs, const char *system_param, kvpd_oai_req *r,
+                            kvpd_oai_err *e);
 /* Frees r's messages and system text (the hub copied them). */
 void kvpd_oai_release_messages(kvpd_oai_req *r);
 /* Frees everything r holds and zeroes it. */

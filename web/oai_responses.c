@@ -16,6 +16,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "web/oai_items.h"
 #include "web/openai_impl.h"
 
 #define KVPD_RESPONSES_MAX 1024
@@ -26,11 +27,8 @@ typedef struct stored {
     char id[64];                  /* resp_ + 24 hex digits */
     char tenant[KVP_TENANT_LEN + 1];
     char session[KVP_SESSION_ID_LEN + 1];
-    char *system;                 /* the instructions (NULL: none) */
-    size_t system_len;
-    kvp_message *msgs;            /* the whole conversation, the reply last */
-    int n;
-    size_t bytes;                 /* of the texts */
+    json_t *items;                /* the conversation: its inputs and outputs, in order */
+    size_t bytes;                 /* of the items as JSON */
     json_t *object;               /* the response as answered */
 } stored;
 
@@ -40,43 +38,38 @@ struct kvpd_oai_store {
     size_t bytes;
 };
 
-/* One request's conversation and what its answer echoes. */
+/* One request's conversation, what its answer echoes, and a stream's state. */
 typedef struct resp_req {
-    char *system;
-    size_t system_len;
-    kvp_message *msgs;
-    int n;
+    json_t *items;                /* the previous response's items, then this input */
     int store;
     int seq;                      /* the stream's sequence_number */
     int begun;                    /* the stream's first events are out */
-    char msg_id[64];
     json_t *prev;                 /* previous_response_id (string) or null */
     json_t *echo;                 /* request fields the response object repeats */
+    json_t *output;               /* streaming: the output items done, in order */
+    int msg_open;                 /* streaming: a message item is being written ... */
+    char msg_id[64];              /* ... with this id ... */
+    char *msg_text;               /* ... and this text so far */
+    size_t msg_len, msg_cap;
+    char call_id[32], call_name[128];   /* streaming: a call whose arguments are next */
 } resp_req;
-
-static void free_msgs(kvp_message *m, int n)
-{
-    for (int i = 0; i < n; i++)
-        free(m[i].text);
-    free(m);
-}
 
 static void req_free(void *p)
 {
     resp_req *r = p;
     if (!r)
         return;
-    free(r->system);
-    free_msgs(r->msgs, r->n);
+    json_decref(r->items);
     json_decref(r->prev);
     json_decref(r->echo);
+    json_decref(r->output);
+    free(r->msg_text);
     free(r);
 }
 
 static void stored_free(stored *s)
 {
-    free(s->system);
-    free_msgs(s->msgs, s->n);
+    json_decref(s->items);
     json_decref(s->object);
     free(s);
 }
@@ -119,186 +112,13 @@ static void unlink_stored(struct kvpd_oai_store *st, stored *s, stored *before)
     st->bytes -= s->bytes;
 }
 
-/* ---- the request's conversation ---- */
-
-static int add_msg(resp_req *r, int user, const char *text, size_t len)
-{
-    kvp_message *m = realloc(r->msgs, ((size_t)r->n + 1) * sizeof *m);
-    if (!m)
-        return -1;
-    r->msgs = m;
-    char *t = malloc(len + 1);
-    if (!t)
-        return -1;
-    memcpy(t, text, len);
-    t[len] = '\0';
-    m[r->n++] = (kvp_message){user, t, len};
-    return 0;
-}
-
-/* An item's text: a string, or parts of type input_text, output_text or text. malloc'd;
- * NULL when it is neither (or out of memory: *oom). */
-static char *item_text(json_t *content, size_t *len, int *oom)
-{
-    *oom = 0;
-    if (json_is_string(content)) {
-        *len = json_string_length(content);
-        char *t = malloc(*len + 1);
-        if (!t)
-            *oom = 1;
-        else
-            memcpy(t, json_string_value(content), *len + 1);
-        return t;
-    }
-    if (!json_is_array(content))
-        return NULL;
-    size_t total = 0, i;
-    json_t *part;
-    json_array_foreach(content, i, part) {
-        const char *type = json_string_value(json_object_get(part, "type"));
-        if (!type || (strcmp(type, "input_text") && strcmp(type, "output_text") &&
-                      strcmp(type, "text")) || !json_is_string(json_object_get(part, "text")))
-            return NULL;
-        total += json_string_length(json_object_get(part, "text"));
-    }
-    char *t = malloc(total + 1);
-    if (!t) {
-        *oom = 1;
-        return NULL;
-    }
-    *len = 0;
-    json_array_foreach(content, i, part) {
-        json_t *x = json_object_get(part, "text");
-        memcpy(t + *len, json_string_value(x), json_string_length(x));
-        *len += json_string_length(x);
-    }
-    t[*len] = '\0';
-    return t;
-}
-
-/* input: a string (one user message) or message items. System and developer items
- * before any other message of a new conversation (without instructions) are its system
- * text; later ones are folded into the user message that follows, as chat completions
- * do. 0, or -1 after answering. */
-static int input(kvpd_conn *c, resp_req *r, json_t *in, int fresh)
-{
-    char param[48];
-    char *pending = NULL;   /* system text waiting for its user message */
-    size_t pending_len = 0, i;
-    if (json_is_string(in)) {
-        if (add_msg(r, 1, json_string_value(in), json_string_length(in)) < 0)
-            goto oom;
-        return 0;
-    }
-    if (!json_is_array(in) || json_array_size(in) == 0) {
-        kvpd_oai_fail(c, KVPD_OAI_E_INVALID_REQUEST, "input",
-                      "input must be a string or a non-empty array of message items");
-        return -1;
-    }
-    json_t *item;
-    json_array_foreach(in, i, item) {
-        const char *type = json_string_value(json_object_get(item, "type"));
-        const char *role = json_string_value(json_object_get(item, "role"));
-        if (type && strcmp(type, "message")) {
-            snprintf(param, sizeof param, "input[%zu].type", i);
-            char msg[160];
-            snprintf(msg, sizeof msg, "%s: only message items are supported by kvpd", param);
-            kvpd_oai_fail(c, KVPD_OAI_E_UNSUPPORTED_PARAMETER, param, msg);
-            goto bad;
-        }
-        int sys = role && (!strcmp(role, "system") || !strcmp(role, "developer"));
-        if (!role || (!sys && strcmp(role, "user") && strcmp(role, "assistant"))) {
-            snprintf(param, sizeof param, "input[%zu].role", i);
-            kvpd_oai_fail(c, KVPD_OAI_E_INVALID_REQUEST, param,
-                          "a message's role must be user, assistant, system or developer");
-            goto bad;
-        }
-        size_t len;
-        int oom;
-        char *text = item_text(json_object_get(item, "content"), &len, &oom);
-        if (!text) {
-            if (oom)
-                goto oom;
-            snprintf(param, sizeof param, "input[%zu].content", i);
-            kvpd_oai_fail(c, KVPD_OAI_E_INVALID_REQUEST, param,
-                          "a message's content must be a string or an "
-                          "array of input_text / output_text parts");
-            goto bad;
-        }
-        if (sys && fresh && r->n == 0 && !pending && !r->system) {
-            r->system = text;
-            r->system_len = len;
-            continue;
-        }
-        if (sys || (pending && strcmp(role, "user"))) {
-            if (!sys) {   /* an assistant message after a system one: keep the order */
-                free(text);
-                kvpd_oai_fail(c, KVPD_OAI_E_INVALID_REQUEST, "input",
-                              "a system or developer message must be "
-                              "followed by a user message");
-                goto bad;
-            }
-            char *p = realloc(pending, pending_len + len + 3);
-            if (!p) {
-                free(text);
-                goto oom;
-            }
-            pending = p;
-            memcpy(pending + pending_len, text, len);
-            pending_len += len;
-            memcpy(pending + pending_len, "\n\n", 3);
-            pending_len += 2;
-            free(text);
-            continue;
-        }
-        int rc;
-        if (pending) {
-            char *p = realloc(pending, pending_len + len + 1);
-            if (!p) {
-                free(text);
-                goto oom;
-            }
-            memcpy(p + pending_len, text, len + 1);
-            rc = add_msg(r, 1, p, pending_len + len);
-            free(p);
-            pending = NULL;
-            pending_len = 0;
-        } else {
-            rc = add_msg(r, !strcmp(role, "user"), text, len);
-        }
-        free(text);
-        if (rc < 0)
-            goto oom;
-    }
-    if (pending || r->n == 0 || !r->msgs[r->n - 1].user) {
-        kvpd_oai_fail(c, KVPD_OAI_E_INVALID_REQUEST, "input",
-                      "the last input message must be the user's");
-        goto bad;
-    }
-    return 0;
-oom:
-    kvpd_oai_fail(c, KVPD_OAI_E_SERVER, NULL, "out of memory");
-bad:
-    free(pending);
-    return -1;
-}
-
 /* Fields of the Responses API kvpd cannot honour: the first one present, or NULL. */
 static const char *refused(json_t *req)
 {
-    json_t *v = json_object_get(req, "text");
-    json_t *format = json_object_get(v, "format");
-    if (format && !json_is_null(format)) {
-        const char *type = json_string_value(json_object_get(format, "type"));
-        if (!type || strcmp(type, "text"))
-            return "text.format";
-    }
-    /* function tools here have the Responses API's flat shape, not chat's: not yet */
     static const char *absent[] = {"reasoning", "include", "conversation", "prompt",
-                                   "background", "tools", "tool_choice",
-                                   "parallel_tool_calls", "top_logprobs", "logprobs"};
+                                   "background", "top_logprobs", "logprobs"};
     for (size_t i = 0; i < sizeof absent / sizeof absent[0]; i++) {
-        v = json_object_get(req, absent[i]);
+        json_t *v = json_object_get(req, absent[i]);
         if (v && !json_is_null(v) && !json_is_false(v) &&
             !(json_is_array(v) && json_array_size(v) == 0))
             return absent[i];
@@ -308,17 +128,9 @@ static const char *refused(json_t *req)
 
 /* ---- the answer ---- */
 
-static json_t *message_item(const resp_req *r, const char *text, size_t len, const char *status)
-{
-    json_t *content = text ? json_pack("[{s:s, s:s%, s:[], s:[]}]", "type", "output_text",
-                                       "text", text, len, "annotations", "logprobs")
-                           : json_array();
-    return json_pack("{s:s, s:s, s:s, s:s, s:o}", "type", "message", "id", r->msg_id,
-                     "status", status, "role", "assistant", "content", content);
-}
-
-/* The response object; st NULL: in progress (no output, no usage yet). */
-static json_t *response_object(kvpd_conn *c, const kvp_hub_event *ev)
+/* The response object with its output items (taken; NULL or ev NULL: in progress, no
+ * output and no usage yet). */
+static json_t *response_object(kvpd_conn *c, const kvp_hub_event *ev, json_t *output)
 {
     kvpd_oai *o = c->oai;
     resp_req *r = o->codec_state;
@@ -328,21 +140,17 @@ static json_t *response_object(kvpd_conn *c, const kvp_hub_event *ev)
     json_t *j = json_pack("{s:s, s:s, s:I, s:s, s:s, s:O, s:o, s:n, s:b}", "id", o->id,
                           "object", "response", "created_at", (json_int_t)o->created,
                           "status", status, "model", o->model, "previous_response_id",
-                          r->prev, "output", st ? json_pack("[o]", message_item(
-                              r, ev->text, ev->len, cut ? "incomplete" : "completed"))
-                                                 : json_array(),
+                          r->prev, "output", st && output ? output : json_array(),
                           "error", "store", r->store);
+    if (!st)
+        json_decref(output);
     json_object_update(j, r->echo);
     json_object_set_new(j, "incomplete_details", cut ? json_pack("{s:s}", "reason",
                                                                  "max_output_tokens")
                                                      : json_null());
-    json_object_set_new(j, "tools", json_array());
-    json_object_set_new(j, "tool_choice", json_string("auto"));
-    json_object_set_new(j, "parallel_tool_calls", json_false());
-    json_object_set_new(j, "text", json_pack("{s:{s:s}}", "format", "type", "text"));
     json_object_set_new(j, "truncation", json_string("disabled"));
     if (st) {
-        json_object_set_new(j, "output_text", json_stringn(ev->text, ev->len));
+        json_object_set_new(j, "output_text", kvpd_items_output_text(output));
         json_object_set_new(j, "usage", json_pack(
             "{s:i, s:{s:i}, s:i, s:{s:i}, s:i}", "input_tokens", st->context_tokens,
             "input_tokens_details", "cached_tokens", st->cached_tokens, "output_tokens",
@@ -373,29 +181,143 @@ static void begin(kvpd_conn *c)
     r->begun = 1;
     o->started = 1;
     o->status = 200;
-    event(c, "response.created", json_pack("{s:o}", "response", response_object(c, NULL)));
-    event(c, "response.in_progress", json_pack("{s:o}", "response", response_object(c, NULL)));
-    event(c, "response.output_item.added", json_pack("{s:i, s:o}", "output_index", 0, "item",
-                                                     message_item(r, NULL, 0, "in_progress")));
+    r->output = json_array();
+    event(c, "response.created",
+          json_pack("{s:o}", "response", response_object(c, NULL, NULL)));
+    event(c, "response.in_progress",
+          json_pack("{s:o}", "response", response_object(c, NULL, NULL)));
+}
+
+/* Streaming: the index the next output item gets. */
+static int next_index(const resp_req *r)
+{
+    return (int)json_array_size(r->output) + r->msg_open;
+}
+
+static void open_message(kvpd_conn *c)
+{
+    resp_req *r = c->oai->codec_state;
+    if (r->msg_open)
+        return;
+    kvpd_oai_new_id(r->msg_id, sizeof r->msg_id, "msg_");
+    int at = next_index(r);
+    r->msg_open = 1;
+    r->msg_len = 0;
+    event(c, "response.output_item.added", json_pack("{s:i, s:o}", "output_index", at, "item",
+                                                     kvpd_items_message(r->msg_id, NULL, 0,
+                                                                        "in_progress")));
     event(c, "response.content_part.added", json_pack(
-        "{s:s, s:i, s:i, s:{s:s, s:s, s:[]}}", "item_id", r->msg_id, "output_index", 0,
+        "{s:s, s:i, s:i, s:{s:s, s:s, s:[]}}", "item_id", r->msg_id, "output_index", at,
         "content_index", 0, "part", "type", "output_text", "text", "", "annotations"));
+}
+
+static void close_message(kvpd_conn *c, const char *status)
+{
+    resp_req *r = c->oai->codec_state;
+    if (!r->msg_open)
+        return;
+    int at = next_index(r) - 1;
+    const char *text = r->msg_text ? r->msg_text : "";
+    event(c, "response.output_text.done", json_pack(
+        "{s:s, s:i, s:i, s:s%, s:[]}", "item_id", r->msg_id, "output_index", at,
+        "content_index", 0, "text", text, r->msg_len, "logprobs"));
+    event(c, "response.content_part.done", json_pack(
+        "{s:s, s:i, s:i, s:{s:s, s:s%, s:[]}}", "item_id", r->msg_id, "output_index", at,
+        "content_index", 0, "part", "type", "output_text", "text", text, r->msg_len,
+        "annotations"));
+    json_t *item = kvpd_items_message(r->msg_id, text, r->msg_len, status);
+    event(c, "response.output_item.done", json_pack("{s:i, s:O}", "output_index", at,
+                                                    "item", item));
+    json_array_append_new(r->output, item);
+    r->msg_open = 0;
+}
+
+static void text_delta(kvpd_conn *c, const char *text, size_t len)
+{
+    resp_req *r = c->oai->codec_state;
+    if (!len)
+        return;
+    open_message(c);
+    if (r->msg_len + len + 1 > r->msg_cap) {
+        size_t cap = r->msg_cap ? r->msg_cap : 256;
+        while (cap < r->msg_len + len + 1)
+            cap *= 2;
+        char *b = realloc(r->msg_text, cap);
+        if (!b)
+            return;
+        r->msg_text = b;
+        r->msg_cap = cap;
+    }
+    memcpy(r->msg_text + r->msg_len, text, len);
+    r->msg_len += len;
+    r->msg_text[r->msg_len] = '\0';
+    event(c, "response.output_text.delta", json_pack(
+        "{s:s, s:i, s:i, s:s%, s:[]}", "item_id", r->msg_id, "output_index", next_index(r) - 1,
+        "content_index", 0, "delta", text, len, "logprobs"));
+}
+
+/* A whole function call: added, its arguments, done. */
+static void call_item(kvpd_conn *c, const char *arguments)
+{
+    resp_req *r = c->oai->codec_state;
+    close_message(c, "completed");
+    char id[64];
+    kvpd_oai_new_id(id, sizeof id, "fc_");
+    int at = next_index(r);
+    event(c, "response.output_item.added", json_pack(
+        "{s:i, s:o}", "output_index", at, "item",
+        kvpd_items_call(id, r->call_id, r->call_name, "", "in_progress")));
+    event(c, "response.function_call_arguments.delta", json_pack(
+        "{s:s, s:i, s:s}", "item_id", id, "output_index", at, "delta", arguments));
+    event(c, "response.function_call_arguments.done", json_pack(
+        "{s:s, s:i, s:s}", "item_id", id, "output_index", at, "arguments", arguments));
+    json_t *item = kvpd_items_call(id, r->call_id, r->call_name, arguments, "completed");
+    event(c, "response.output_item.done", json_pack("{s:i, s:O}", "output_index", at,
+                                                    "item", item));
+    json_array_append_new(r->output, item);
+}
+
+/* Streaming with tools: the chat deltas of kvpd_oai_tools_feed as items' events. */
+static void tool_deltas(kvpd_conn *c, const char *text, size_t len, int final)
+{
+    kvpd_oai *o = c->oai;
+    resp_req *r = o->codec_state;
+    json_t *deltas = kvpd_oai_tools_feed(&o->req.tools, text, len, final);
+    size_t i;
+    json_t *d;
+    json_array_foreach(deltas, i, d) {
+        json_t *content = json_object_get(d, "content");
+        if (json_is_string(content))
+            text_delta(c, json_string_value(content), json_string_length(content));
+        json_t *call = json_array_get(json_object_get(d, "tool_calls"), 0);
+        json_t *fn = json_object_get(call, "function");
+        const char *id = json_string_value(json_object_get(call, "id"));
+        if (id) {   /* a call's opening: its id and name; its arguments come next */
+            snprintf(r->call_id, sizeof r->call_id, "%s", id);
+            snprintf(r->call_name, sizeof r->call_name, "%s",
+                     json_string_value(json_object_get(fn, "name")));
+        } else if (call) {
+            call_item(c, json_string_value(json_object_get(fn, "arguments")));
+        }
+    }
+    json_decref(deltas);
+    o->tool_calls = o->req.tools.calls_sent;
 }
 
 static void token(kvpd_conn *c, const kvp_hub_event *ev)
 {
     kvpd_oai *o = c->oai;
-    resp_req *r = o->codec_state;
     if (!o->req.stream || !ev->len)
         return;
     begin(c);
-    event(c, "response.output_text.delta", json_pack(
-        "{s:s, s:i, s:i, s:s%, s:[]}", "item_id", r->msg_id, "output_index", 0,
-        "content_index", 0, "delta", ev->text, ev->len, "logprobs"));
+    if (o->req.tools.parse)
+        tool_deltas(c, ev->text, ev->len, 0);
+    else
+        text_delta(c, ev->text, ev->len);
 }
 
-/* Keeps the response (store) with its conversation and the reply. */
-static void keep(kvpd_conn *c, const kvp_hub_event *ev, json_t *object)
+/* Keeps the response (store) with its conversation: the items, then the output. */
+static void keep(kvpd_conn *c, json_t *object)
 {
     kvpd_oai *o = c->oai;
     resp_req *r = o->codec_state;
@@ -405,23 +327,15 @@ static void keep(kvpd_conn *c, const kvp_hub_event *ev, json_t *object)
         return;
     struct kvpd_oai_store *st = c->w->responses;
     stored *s = calloc(1, sizeof *s);
-    if (!s || add_msg(r, 0, ev->text, ev->len) < 0) {
-        free(s);
+    if (!s)
         return;
-    }
     snprintf(s->id, sizeof s->id, "%s", o->id);
     snprintf(s->tenant, sizeof s->tenant, "%s", c->tenant);
     snprintf(s->session, sizeof s->session, "%s", o->session);
-    s->system = r->system;
-    s->system_len = r->system_len;
-    s->msgs = r->msgs;
-    s->n = r->n;
-    r->system = NULL;
-    r->msgs = NULL;
-    r->n = 0;
-    s->bytes = s->system_len;
-    for (int i = 0; i < s->n; i++)
-        s->bytes += s->msgs[i].len + sizeof *s->msgs;
+    s->items = r->items;
+    r->items = NULL;
+    json_array_extend(s->items, json_object_get(object, "output"));
+    s->bytes = json_dumpb(s->items, NULL, 0, JSON_COMPACT) + sizeof *s;
     s->object = json_incref(object);
     if (st->tail)
         st->tail->next = s;
@@ -441,24 +355,26 @@ static void done(kvpd_conn *c, const kvp_hub_event *ev)
 {
     kvpd_oai *o = c->oai;
     resp_req *r = o->codec_state;
-    json_t *object = response_object(c, ev);
-    keep(c, ev, object);
+    int cut = !strcmp(ev->stats->stop, "length");
+    const char *status = cut ? "incomplete" : "completed";
     if (!o->req.stream) {
+        char msg_id[64];
+        kvpd_oai_new_id(msg_id, sizeof msg_id, "msg_");
+        json_t *msg = kvpd_oai_tools_reply(&o->req.tools, ev->text, ev->len, &o->tool_calls);
+        json_t *object = response_object(c, ev, kvpd_items_output(msg, msg_id, status));
+        json_decref(msg);
+        keep(c, object);
         kvpd_oai_answer(c, 200, object);
         return;
     }
     begin(c);
-    int cut = !strcmp(ev->stats->stop, "length");
-    event(c, "response.output_text.done", json_pack(
-        "{s:s, s:i, s:i, s:s%, s:[]}", "item_id", r->msg_id, "output_index", 0,
-        "content_index", 0, "text", ev->text, ev->len, "logprobs"));
-    event(c, "response.content_part.done", json_pack(
-        "{s:s, s:i, s:i, s:{s:s, s:s%, s:[]}}", "item_id", r->msg_id, "output_index", 0,
-        "content_index", 0, "part", "type", "output_text", "text", ev->text, ev->len,
-        "annotations"));
-    event(c, "response.output_item.done", json_pack(
-        "{s:i, s:o}", "output_index", 0, "item",
-        message_item(r, ev->text, ev->len, cut ? "incomplete" : "completed")));
+    if (o->req.tools.parse)
+        tool_deltas(c, "", 0, 1);
+    if (json_array_size(r->output) == 0)
+        open_message(c);   /* an empty reply is one empty message */
+    close_message(c, status);
+    json_t *object = response_object(c, ev, json_incref(r->output));
+    keep(c, object);
     event(c, cut ? "response.incomplete" : "response.completed",
           json_pack("{s:o}", "response", object));
     o->ended = 1;
@@ -473,10 +389,32 @@ static void stream_error(kvpd_conn *c, enum kvpd_oai_code code, const char *msg,
 static const kvpd_oai_codec codec = {.token = token, .done = done,
                                      .stream_error = stream_error, .free = req_free};
 
+/* The fields the response object repeats, as the request gave them or their defaults. */
+static json_t *echo(json_t *req, json_t *ins, json_t *mot, json_t *meta)
+{
+    json_t *j = json_pack("{s:O?, s:O?, s:O?, s:O?}", "instructions", ins, "max_output_tokens",
+                          mot, "temperature", json_object_get(req, "temperature"), "top_p",
+                          json_object_get(req, "top_p"));
+    json_object_set_new(j, "metadata", json_is_object(meta) ? json_deep_copy(meta)
+                                                          : json_object());
+    json_t *v = json_object_get(req, "tools");
+    json_object_set_new(j, "tools", json_is_array(v) ? json_deep_copy(v) : json_array());
+    v = json_object_get(req, "tool_choice");
+    json_object_set_new(j, "tool_choice", v && !json_is_null(v) ? json_deep_copy(v)
+                                                                : json_string("auto"));
+    v = json_object_get(req, "parallel_tool_calls");
+    json_object_set_new(j, "parallel_tool_calls", json_boolean(!json_is_false(v)));
+    v = json_object_get(json_object_get(req, "text"), "format");
+    json_object_set_new(j, "text", json_pack("{s:o}", "format", json_is_object(v)
+                                             ? json_deep_copy(v)
+                                             : json_pack("{s:s}", "type", "text")));
+    return j;
+}
+
 void kvpd_oai_responses(kvpd_conn *c)
 {
     kvpd_oai *o = c->oai;
-    json_t *req = kvpd_oai_parse(c);
+    json_t *req = kvpd_oai_parse(c), *chat_req = NULL, *chat = NULL;
     if (!req)
         return;
     resp_req *r = calloc(1, sizeof *r);
@@ -487,10 +425,11 @@ void kvpd_oai_responses(kvpd_conn *c)
     }
     o->codec = &codec;
     o->codec_state = r;
+    r->prev = json_null();
     kvpd_oai_new_id(o->id, sizeof o->id, "resp_");
-    kvpd_oai_new_id(r->msg_id, sizeof r->msg_id, "msg_");
     char msg[256];
     kvp_turn_opts t;
+    kvpd_oai_err e;
     const char *field = refused(req);
     if (field) {
         snprintf(msg, sizeof msg, "%s is not supported by kvpd", field);
@@ -504,7 +443,13 @@ void kvpd_oai_responses(kvpd_conn *c)
                       "max_output_tokens");
         goto out;
     }
-    if (kvpd_oai_model_ok(c, req) < 0 || kvpd_oai_options(c, req, &t) < 0)
+    /* Tools, tool_choice and text.format in chat's shapes: served as chat completions
+     * serve them (web/oai_tools.h, web/format.h). */
+    if (!(chat_req = kvpd_items_request(req, &e))) {
+        kvpd_oai_fail(c, e.code, e.param[0] ? e.param : NULL, e.message);
+        goto out;
+    }
+    if (kvpd_oai_model_ok(c, req) < 0 || kvpd_oai_options(c, chat_req, &t) < 0)
         goto out;
     json_t *mot = json_object_get(req, "max_output_tokens");
     if (mot && !json_is_null(mot)) {
@@ -538,15 +483,10 @@ void kvpd_oai_responses(kvpd_conn *c)
         kvpd_oai_fail(c, KVPD_OAI_E_INVALID_REQUEST, "metadata", "metadata must be an object");
         goto out;
     }
-    r->echo = json_pack("{s:O?, s:O?, s:O?, s:O?}", "instructions", ins, "max_output_tokens",
-                        mot, "temperature", json_object_get(req, "temperature"), "top_p",
-                        json_object_get(req, "top_p"));
-    json_object_set_new(r->echo, "metadata", json_is_object(meta) ? json_deep_copy(meta)
-                                                                : json_object());
+    r->echo = echo(req, ins, mot, meta);
     /* previous_response_id: its conversation comes first, and its session serves it. */
     json_t *prev = json_object_get(req, "previous_response_id");
     const stored *p = NULL;
-    r->prev = json_null();
     if (prev && !json_is_null(prev)) {
         if (!json_is_string(prev) || !(p = find(c, json_string_value(prev), NULL))) {
             snprintf(msg, sizeof msg, "no stored response '%.64s'",
@@ -556,31 +496,30 @@ void kvpd_oai_responses(kvpd_conn *c)
         }
         json_decref(r->prev);
         r->prev = json_incref(prev);
-        for (int i = 0; i < p->n; i++)
-            if (add_msg(r, p->msgs[i].user, p->msgs[i].text, p->msgs[i].len) < 0) {
-                kvpd_oai_fail(c, KVPD_OAI_E_SERVER, NULL, "out of memory");
-                goto out;
-            }
     }
-    if (json_is_string(ins)) {
-        r->system_len = json_string_length(ins);
-        if (!(r->system = malloc(r->system_len + 1))) {
-            kvpd_oai_fail(c, KVPD_OAI_E_SERVER, NULL, "out of memory");
-            goto out;
-        }
-        memcpy(r->system, json_string_value(ins), r->system_len + 1);
-    }
-    if (input(c, r, json_object_get(req, "input"), p == NULL) < 0)
+    json_t *in = kvpd_items_input(json_object_get(req, "input"), &e);
+    if (!in) {
+        kvpd_oai_fail(c, e.code, e.param, e.message);
         goto out;
-    if (r->system_len > KVP_HUB_SYSTEM_MAX) {
-        snprintf(msg, sizeof msg, "the system text is limited to %d bytes", KVP_HUB_SYSTEM_MAX);
-        kvpd_oai_fail(c, KVPD_OAI_E_INVALID_REQUEST, "input", msg);
+    }
+    r->items = p ? json_copy(p->items) : json_array();
+    size_t first_input = json_array_size(r->items);
+    json_array_extend(r->items, in);
+    json_decref(in);
+    chat = kvpd_items_chat(r->items, first_input, json_string_value(ins),
+                           json_string_length(ins), &e);
+    if (!chat || kvpd_oai_parse_messages(chat, "input", &o->req, &e) < 0) {
+        kvpd_oai_fail(c, e.code, e.param[0] ? e.param : NULL, e.message);
         goto out;
     }
     kvp_hub_client *hc = kvpd_oai_client(c);
     if (hc)
-        kvp_hub_chat(hc, p ? p->session : NULL, r->system, r->system_len, r->msgs, r->n, &t);
+        kvp_hub_chat(hc, p ? p->session : NULL, o->req.system, o->req.system_len, o->req.msgs,
+                     o->req.n_msgs, &t);
+    kvpd_oai_release_messages(&o->req);
 out:
+    json_decref(chat);
+    json_decref(chat_req);
     json_decref(req);
 }
 

@@ -14,6 +14,7 @@
 #include "base/log.h"
 #include "web/conn.h"
 #include "web/http.h"
+#include "web/oai_items.h"
 #include "web/openai_impl.h"
 #include "web/openai.h"
 
@@ -579,6 +580,8 @@ int kvpd_oai_options(kvpd_conn *c, json_t *req, kvp_turn_opts *t)
     kvpd_oai_limits l = limits(c);
     kvpd_oai_err e;
     if (kvpd_oai_parse_options(req, &l, &c->oai->req, &e) < 0) {
+        if (c->oai->path == KVPD_OAI_RESPONSES)
+            kvpd_items_error_names(&e);
         fail_err(c, &e);
         return -1;
     }

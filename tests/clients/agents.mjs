@@ -1,5 +1,5 @@
 // The OpenAI Agents SDK (@openai/agents, pinned in tests/clients) on its Chat Completions
-// model against kvpd on a synthetic model with Qwen3's tokenizer and template (random
+// model and on its default Responses model, each against kvpd on a synthetic model with Qwen3's tokenizer and template (random
 // weights): an agent's chat turn, and an agent whose first turn must call its tool (the
 // SDK runs it and sends the result back, and the run then finishes with the model's
 // text); outputType returning a parsed object; a handoff.
@@ -7,7 +7,8 @@
 //   KVP_BUILD=build node tests/clients/agents.mjs   (meson test --suite clients runs it)
 import { checker, KEY, startKvpd, stopKvpd, synthQwen3 } from "../openai/lib.mjs";
 
-const check = checker("clients/agents");
+const checkAll = checker("clients/agents");
+const check = checkAll;
 let A, OpenAI;
 try {
   A = await import("@openai/agents");
@@ -24,42 +25,54 @@ let code;
 try {
   const client = new OpenAI({ baseURL: `http://127.0.0.1:${k.port}/v1`, apiKey: KEY, maxRetries: 0 });
   const id = (await client.models.list()).data[0].id;
-  const m = new A.OpenAIChatCompletionsModel(client, id);
-  const chatAgent = new A.Agent({ name: "chat", instructions: "Be brief.", model: m, modelSettings: { maxTokens: 16 } });
-  const chat = await A.run(chatAgent, "Hello");
-  check(typeof chat.finalOutput === "string", `an agent's chat turn answers: ${JSON.stringify(chat.finalOutput)}`);
-  let executed = null;
-  const weather = A.tool({
-    name: "get_weather",
-    description: "The weather in a city.",
-    parameters: { type: "object", properties: { city: { type: "string", maxLength: 12 } }, required: ["city"],
-                  additionalProperties: false },
-    strict: true,
-    execute: async (input) => {
-      executed = input;
-      return "sunny, 21 C";
-    },
-  });
-  const agent = new A.Agent({ name: "weather", instructions: "Use the tool.", model: m, tools: [weather],
-                              modelSettings: { toolChoice: "required", maxTokens: 256 } });
-  const r = await A.run(agent, "Weather in Oslo?", { maxTurns: 4 });
-  check(executed && typeof executed.city === "string", `the SDK ran the tool: ${JSON.stringify(executed)}`);
-  const items = r.newItems.map((i) => i.type);
-  check(items.includes("tool_call_item") && items.includes("tool_call_output_item"),
-        `the run holds the call and its output (${items.join(", ")})`);
-  check(typeof r.finalOutput === "string", `the run finishes after the tool's result: ${JSON.stringify(r.finalOutput)}`);
-  // outputType: the run's final output is the parsed object
-  const { z } = await import("zod");
-  const person = z.object({ name: z.string().max(8), n: z.number().int().min(0).max(9) });
-  const typed = await A.run(new A.Agent({ name: "typed", model: m, outputType: person, modelSettings: { maxTokens: 256 } }),
-                            "A person?");
-  check(person.safeParse(typed.finalOutput).success, `outputType returns a parsed object: ${JSON.stringify(typed.finalOutput)}`);
-  // a handoff: the forced transfer call moves the run to the other agent
-  const target = new A.Agent({ name: "target", instructions: "Be brief.", model: m, modelSettings: { maxTokens: 16 } });
-  const front = new A.Agent({ name: "front", model: m, handoffs: [target],
-                              modelSettings: { toolChoice: "required", maxTokens: 256 } });
-  const h = await A.run(front, "Pass me on.", { maxTurns: 4 });
-  check(h.lastAgent.name === "target", `the handoff moved the run to ${h.lastAgent.name}`);
+  const models = [["chat completions", new A.OpenAIChatCompletionsModel(client, id)],
+                  ["responses", new A.OpenAIResponsesModel(client, id)]];
+  for (const [api, m] of models) {
+    const check = (ok, msg) => checkAll(ok, `${api}: ${msg}`);
+    // The SDK's Responses model treats a reply cut by max_output_tokens ("incomplete") as
+    // a failed run; random weights rarely end a reply, so its free-text turns end at a
+    // stop string (kvpd's `stop`, sent as provider data) and the tool agent's final turn
+    // is a typed output, which its grammar always closes.
+    const { z } = await import("zod");
+    const person = z.object({ name: z.string().max(8), n: z.number().int().min(0).max(9) });
+    const responses = api === "responses";
+    const free = responses ? { maxTokens: 64, providerData: { stop: [" "] } } : { maxTokens: 16 };
+    const chatAgent = new A.Agent({ name: "chat", instructions: "Be brief.", model: m, modelSettings: free });
+    const chat = await A.run(chatAgent, "Hello");
+    check(typeof chat.finalOutput === "string", `an agent's chat turn answers: ${JSON.stringify(chat.finalOutput)}`);
+    let executed = null;
+    const weather = A.tool({
+      name: "get_weather",
+      description: "The weather in a city.",
+      parameters: { type: "object", properties: { city: { type: "string", maxLength: 12 } }, required: ["city"],
+                    additionalProperties: false },
+      strict: true,
+      execute: async (input) => {
+        executed = input;
+        return "sunny, 21 C";
+      },
+    });
+    const agent = new A.Agent({ name: "weather", instructions: "Use the tool.", model: m, tools: [weather],
+                                ...(responses ? { outputType: person } : {}),
+                                modelSettings: { toolChoice: "required", maxTokens: 256 } });
+    const r = await A.run(agent, "Weather in Oslo?", { maxTurns: 4 });
+    check(executed && typeof executed.city === "string", `the SDK ran the tool: ${JSON.stringify(executed)}`);
+    const items = r.newItems.map((i) => i.type);
+    check(items.includes("tool_call_item") && items.includes("tool_call_output_item"),
+          `the run holds the call and its output (${items.join(", ")})`);
+    check(responses ? person.safeParse(r.finalOutput).success : typeof r.finalOutput === "string",
+          `the run finishes after the tool's result: ${JSON.stringify(r.finalOutput)}`);
+    // outputType: the run's final output is the parsed object
+    const typed = await A.run(new A.Agent({ name: "typed", model: m, outputType: person, modelSettings: { maxTokens: 256 } }),
+                              "A person?");
+    check(person.safeParse(typed.finalOutput).success, `outputType returns a parsed object: ${JSON.stringify(typed.finalOutput)}`);
+    // a handoff: the forced transfer call moves the run to the other agent
+    const target = new A.Agent({ name: "target", instructions: "Be brief.", model: m, modelSettings: free });
+    const front = new A.Agent({ name: "front", model: m, handoffs: [target],
+                                modelSettings: { toolChoice: "required", maxTokens: 256 } });
+    const h = await A.run(front, "Pass me on.", { maxTurns: 4 });
+    check(h.lastAgent.name === "target", `the handoff moved the run to ${h.lastAgent.name}`);
+  }
 } finally {
   code = await stopKvpd(k, dir);
 }

@@ -118,11 +118,30 @@ async function main() {
     } catch (e) {
       check(e instanceof OpenAI.NotFoundError, `a deleted response is gone: ${e.message}`);
     }
+    // text.format: json_object constrains the reply to one JSON object; other types are refused.
+    const jr = await client.responses.create({ model, input: "x", max_output_tokens: 48,
+                                               text: { format: { type: "json_object" } } });
+    if (jr.status === "completed") {
+      let parsed;
+      try { parsed = JSON.parse(jr.output_text); } catch (e) { parsed = undefined; }
+      check(parsed !== null && typeof parsed === "object" && !Array.isArray(parsed),
+            `text.format json_object gives a JSON object: ${JSON.stringify(jr.output_text)}`);
+    } else {
+      check(jr.status === "incomplete" && jr.output_text.trimStart().startsWith("{"),
+            `text.format json_object, cut by max_output_tokens, starts an object: ${JSON.stringify(jr.output_text)}`);
+    }
+    check(jr.text.format.type === "json_object", "the response echoes text.format");
     try {
-      await client.responses.create({ model, input: "x", text: { format: { type: "json_object" } } });
-      throw new Error("FAIL: text.format was accepted");
+      await client.responses.create({ model, input: "x", text: { format: { type: "xml" } } });
+      throw new Error("FAIL: text.format xml was accepted");
     } catch (e) {
-      check(e instanceof OpenAI.BadRequestError && e.param === "text.format", `text.format refused: ${e.message}`);
+      check(e instanceof OpenAI.BadRequestError && e.param === "text.format", `text.format xml refused: ${e.message}`);
+    }
+    try {
+      await client.responses.create({ model, input: "x", tools: [{ type: "web_search" }] });
+      throw new Error("FAIL: a hosted tool was accepted");
+    } catch (e) {
+      check(e instanceof OpenAI.BadRequestError && e.param === "tools[0].type", `a hosted tool refused: ${e.message}`);
     }
 
     // Text completions, whole and streamed; the second prompt extends the first.

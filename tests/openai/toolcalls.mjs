@@ -4,9 +4,9 @@
 // parseable call with valid arguments comes from the forced-call grammar alone: 20 plain
 // and 20 streamed "required" replies over three tools each hold one call naming a
 // declared tool with arguments that validate against its parameters; a named function is
-// always the one called. response_format with a forced call, and a forced tool whose
-// parameters schema kvpd cannot compile, get 400s naming the field. The other formats'
-// frames too: Llama 3.1's tokenizer and template (a bare JSON call with "parameters") and
+// always the one called, also with a response_format (which shapes text replies only). A
+// forced tool whose parameters schema kvpd cannot compile gets a 400 naming the field.
+// The other formats' frames too: Llama 3.1's tokenizer and template (a bare JSON call with "parameters") and
 // Mistral Nemo's ([TOOL_CALLS][...]), plain and streamed.
 //
 //   KVP_BUILD=build node tests/openai/toolcalls.mjs   (meson test --suite openai runs it)
@@ -173,10 +173,14 @@ async function main() {
       }
       throw new Error(`FAIL: ${what} was accepted`);
     };
+    // response_format shapes text replies: with a forced call the reply is still the call
     const rf = { type: "json_schema", json_schema: { name: "t", schema: { type: "object" } } };
-    await refused({ response_format: rf }, "response_format with tool_choice required", "response_format", /forced tool call/);
-    await refused({ response_format: { type: "json_object" }, tool_choice: { type: "function", function: { name: "add" } } },
-                  "response_format with a named function", "response_format", /forced tool call/);
+    const withRf = await ask(600, { response_format: rf });
+    check(withRf.choices[0].finish_reason === "tool_calls", "response_format with tool_choice required: a call");
+    oneCall(withRf.choices[0].message.tool_calls, "response_format with tool_choice required");
+    const named = await ask(601, { response_format: { type: "json_object" }, tool_choice: { type: "function", function: { name: "add" } } });
+    check(oneCall(named.choices[0].message.tool_calls, "response_format with a named function").function.name === "add",
+          "response_format with a named function: that function is called");
     const badTools = [...tools, { type: "function", function: { name: "when", parameters: {
       type: "object", properties: { at: { type: "string", format: "date-time" } } } } }];
     await refused({ tools: badTools }, "required over a tool with an unsupported keyword", "tools",

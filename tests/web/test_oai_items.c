@@ -1,0 +1,243 @@
+/* web/oai_items.c: the Responses API's tools, tool_choice, text.format and items in chat
+ * completions' shapes, the output items of a chat reply, and every refusal with its
+ * field. */
+#include <criterion/criterion.h>
+#include <string.h>
+
+#include "web/oai_items.h"
+
+static json_t *js(const char *text)
+{
+    json_error_t err;
+    json_t *j = json_loads(text, 0, &err);
+    cr_assert_not_null(j, "bad test JSON: %s: %s", text, err.text);
+    return j;
+}
+
+/* a and b (JSON texts) are equal. */
+static void same(json_t *got, const char *want)
+{
+    json_t *w = js(want);
+    char *g = json_dumps(got, JSON_COMPACT | JSON_SORT_KEYS);
+    cr_assert(json_equal(got, w), "got %s, want %s", g, want);
+    free(g);
+    json_decref(w);
+}
+
+Test(oai_items, function_tools_tool_choice_and_text_format_take_chats_shapes)
+{
+    kvpd_oai_err e;
+    json_t *req = js("{\"model\":\"m\",\"tools\":[{\"type\":\"function\",\"name\":\"add\","
+                     "\"description\":\"d\",\"parameters\":{\"type\":\"object\"},\"strict\":true}],"
+                     "\"tool_choice\":{\"type\":\"function\",\"name\":\"add\"},"
+                     "\"text\":{\"format\":{\"type\":\"json_schema\",\"name\":\"n\","
+                     "\"schema\":{\"type\":\"object\"},\"strict\":true}}}");
+    json_t *chat = kvpd_items_request(req, &e);
+    cr_assert_not_null(chat, "%s", e.message);
+    same(json_object_get(chat, "tools"),
+         "[{\"type\":\"function\",\"function\":{\"name\":\"add\",\"description\":\"d\","
+         "\"parameters\":{\"type\":\"object\"},\"strict\":true}}]");
+    same(json_object_get(chat, "tool_choice"),
+         "{\"type\":\"function\",\"function\":{\"name\":\"add\"}}");
+    same(json_object_get(chat, "response_format"),
+         "{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"n\",\"schema\":"
+         "{\"type\":\"object\"},\"strict\":true}}");
+    cr_assert_null(json_object_get(chat, "text"));
+    cr_assert_str_eq(json_string_value(json_object_get(chat, "model")), "m");
+    /* the request itself is unchanged */
+    cr_assert_eq(json_string_value(json_object_get(json_array_get(json_object_get(req, "tools"), 0),
+                                                   "name"))[0], 'a');
+    json_decref(chat);
+    json_decref(req);
+
+    req = js("{\"tool_choice\":\"required\",\"text\":{\"format\":{\"type\":\"text\"}}}");
+    chat = kvpd_items_request(req, &e);
+    cr_assert_not_null(chat);
+    cr_assert_str_eq(json_string_value(json_object_get(chat, "tool_choice")), "required");
+    cr_assert_null(json_object_get(chat, "response_format"), "text is plain text");
+    json_decref(chat);
+    json_decref(req);
+}
+
+static void request_refused(const char *body, const char *param)
+{
+    kvpd_oai_err e;
+    memset(&e, 0, sizeof e);
+    json_t *req = js(body);
+    cr_assert_null(kvpd_items_request(req, &e), "accepted: %s", body);
+    cr_assert_str_eq(e.param, param, "%s: param %s", body, e.param);
+    cr_assert_eq(e.status, 400, "%s", body);
+    cr_assert(e.message[0]);
+    json_decref(req);
+}
+
+Test(oai_items, hosted_tools_other_choices_and_formats_are_refused_naming_the_field)
+{
+    request_refused("{\"tools\":[{\"type\":\"web_search\"}]}", "tools[0].type");
+    request_refused("{\"tools\":[{\"type\":\"function\",\"name\":\"a\"},7]}", "tools[1].type");
+    request_refused("{\"tools\":{\"type\":\"function\"}}", "tools");
+    request_refused("{\"tool_choice\":{\"type\":\"file_search\"}}", "tool_choice");
+    request_refused("{\"tool_choice\":{\"type\":\"function\"}}", "tool_choice");
+    request_refused("{\"tool_choice\":3}", "tool_choice");
+    request_refused("{\"text\":{\"format\":{\"type\":\"xml\"}}}", "text.format");
+    request_refused("{\"text\":{\"format\":{}}}", "text.format");
+    request_refused("{\"text\":\"json\"}", "text");
+}
+
+Test(oai_items, a_conversation_of_items_becomes_chat_messages)
+{
+    kvpd_oai_err e;
+    json_t *items = js(
+        "[{\"role\":\"user\",\"content\":\"hi\"},"
+        "{\"type\":\"message\",\"role\":\"assistant\",\"content\":[{\"type\":\"output_text\","
+        "\"text\":\"let me \"},{\"type\":\"output_text\",\"text\":\"see\"}]},"
+        "{\"type\":\"function_call\",\"call_id\":\"c1\",\"name\":\"f\",\"arguments\":\"{}\"},"
+        "{\"type\":\"function_call\",\"call_id\":\"c2\",\"name\":\"g\",\"arguments\":\"{\\\"a\\\":1}\"},"
+        "{\"type\":\"function_call_output\",\"call_id\":\"c2\",\"output\":\"two\"},"
+        "{\"type\":\"function_call_output\",\"call_id\":\"c1\",\"output\":[{\"type\":\"input_text\","
+        "\"text\":\"one\"}]},"
+        "{\"type\":\"function_call\",\"call_id\":\"c3\",\"name\":\"f\",\"arguments\":\"{}\"},"
+        "{\"type\":\"function_call_output\",\"call_id\":\"c3\",\"output\":\"x\"}]");
+    json_t *chat = kvpd_items_chat(items, 0, "be brief", 8, &e);
+    cr_assert_not_null(chat, "%s: %s", e.param, e.message);
+    same(chat,
+         "[{\"role\":\"system\",\"content\":\"be brief\"},"
+         "{\"role\":\"user\",\"content\":\"hi\"},"
+         "{\"role\":\"assistant\",\"content\":\"let me see\",\"tool_calls\":["
+         "{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}},"
+         "{\"id\":\"c2\",\"type\":\"function\",\"function\":{\"name\":\"g\",\"arguments\":\"{\\\"a\\\":1}\"}}]},"
+         "{\"role\":\"tool\",\"tool_call_id\":\"c2\",\"content\":\"two\"},"
+         "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"one\"},"
+         "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":["
+         "{\"id\":\"c3\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]},"
+         "{\"role\":\"tool\",\"tool_call_id\":\"c3\",\"content\":\"x\"}]");
+    json_decref(chat);
+    /* without instructions, the conversation is the items alone */
+    chat = kvpd_items_chat(items, 0, NULL, 0, &e);
+    cr_assert_str_eq(json_string_value(json_object_get(json_array_get(chat, 0), "role")), "user");
+    json_decref(chat);
+    json_decref(items);
+}
+
+static void chat_refused(const char *items_text, size_t first_input, const char *param)
+{
+    kvpd_oai_err e;
+    memset(&e, 0, sizeof e);
+    json_t *items = js(items_text);
+    cr_assert_null(kvpd_items_chat(items, first_input, NULL, 0, &e), "accepted: %s", items_text);
+    cr_assert_str_eq(e.param, param, "%s: param %s", items_text, e.param);
+    cr_assert_eq(e.status, 400);
+    json_decref(items);
+}
+
+Test(oai_items, malformed_items_are_refused_naming_the_input_item)
+{
+    chat_refused("[7]", 0, "input[0]");
+    chat_refused("[{\"role\":\"robot\",\"content\":\"x\"}]", 0, "input[0].role");
+    chat_refused("[{\"role\":\"user\",\"content\":[{\"type\":\"input_image\"}]}]", 0,
+                 "input[0].content");
+    chat_refused("[{\"role\":\"user\",\"content\":5}]", 0, "input[0].content");
+    chat_refused("[{\"type\":\"function_call\",\"name\":\"f\",\"arguments\":\"{}\"}]", 0,
+                 "input[0].call_id");
+    chat_refused("[{\"type\":\"function_call\",\"call_id\":\"c\",\"arguments\":\"{}\"}]", 0,
+                 "input[0].name");
+    chat_refused("[{\"type\":\"function_call\",\"call_id\":\"c\",\"name\":\"f\",\"arguments\":{}}]",
+                 0, "input[0].arguments");
+    chat_refused("[{\"type\":\"function_call_output\",\"call_id\":\"c\",\"output\":\"x\"}]", 0,
+                 "input[0].call_id");
+    chat_refused("[{\"type\":\"function_call_output\",\"output\":\"x\"}]", 0, "input[0].call_id");
+    chat_refused("[{\"type\":\"function_call\",\"call_id\":\"c\",\"name\":\"f\",\"arguments\":\"{}\"},"
+                 "{\"type\":\"function_call_output\",\"call_id\":\"c\",\"output\":7}]", 0,
+                 "input[1].output");
+    chat_refused("[{\"type\":\"reasoning\",\"summary\":[]}]", 0, "input[0].type");
+    /* items of the previous response come first: the input's own are counted from 0 */
+    chat_refused("[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"assistant\",\"content\":\"b\"},"
+                 "{\"type\":\"item_reference\",\"id\":\"x\"}]", 2, "input[0].type");
+    /* a call made by the previous response may be answered */
+    kvpd_oai_err e;
+    json_t *items = js("[{\"role\":\"user\",\"content\":\"a\"},{\"type\":\"function_call\","
+                       "\"call_id\":\"c\",\"name\":\"f\",\"arguments\":\"{}\"},"
+                       "{\"type\":\"function_call_output\",\"call_id\":\"c\",\"output\":\"x\"}]");
+    json_t *chat = kvpd_items_chat(items, 2, NULL, 0, &e);
+    cr_assert_not_null(chat);
+    json_decref(chat);
+    json_decref(items);
+}
+
+Test(oai_items, input_strings_become_one_user_message_and_bad_input_is_refused)
+{
+    kvpd_oai_err e;
+    json_t *in = json_string("hello");
+    json_t *items = kvpd_items_input(in, &e);
+    same(items, "[{\"type\":\"message\",\"role\":\"user\",\"content\":\"hello\"}]");
+    json_decref(items);
+    json_decref(in);
+    json_t *bad[] = {json_array(), json_integer(3), json_object(), NULL};
+    for (int i = 0; i < 4; i++) {
+        memset(&e, 0, sizeof e);
+        cr_assert_null(kvpd_items_input(bad[i], &e), "input %d accepted", i);
+        cr_assert_str_eq(e.param, "input");
+        json_decref(bad[i]);
+    }
+}
+
+Test(oai_items, a_chat_reply_becomes_output_items)
+{
+    json_t *msg = js("{\"role\":\"assistant\",\"content\":\"ok\",\"tool_calls\":["
+                     "{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"f\","
+                     "\"arguments\":\"{}\"}},{\"id\":\"call_2\",\"type\":\"function\","
+                     "\"function\":{\"name\":\"g\",\"arguments\":\"{\\\"a\\\":1}\"}}]}");
+    json_t *out = kvpd_items_output(msg, "msg_1", "completed");
+    cr_assert_eq(json_array_size(out), 3);
+    json_t *m = json_array_get(out, 0), *c = json_array_get(out, 2);
+    cr_assert_str_eq(json_string_value(json_object_get(m, "type")), "message");
+    cr_assert_str_eq(json_string_value(json_object_get(m, "id")), "msg_1");
+    cr_assert_str_eq(json_string_value(json_object_get(c, "type")), "function_call");
+    cr_assert_str_eq(json_string_value(json_object_get(c, "call_id")), "call_2");
+    cr_assert_str_eq(json_string_value(json_object_get(c, "name")), "g");
+    cr_assert_str_eq(json_string_value(json_object_get(c, "arguments")), "{\"a\":1}");
+    cr_assert_eq(strncmp(json_string_value(json_object_get(c, "id")), "fc_", 3), 0);
+    cr_assert_str_neq(json_string_value(json_object_get(c, "id")),
+                      json_string_value(json_object_get(json_array_get(out, 1), "id")));
+    json_t *text = kvpd_items_output_text(out);
+    cr_assert_str_eq(json_string_value(text), "ok");
+    json_decref(text);
+    json_decref(out);
+    json_decref(msg);
+    /* calls without text: no message item */
+    msg = js("{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"c\",\"type\":"
+             "\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]}");
+    out = kvpd_items_output(msg, "msg_2", "completed");
+    cr_assert_eq(json_array_size(out), 1);
+    text = kvpd_items_output_text(out);
+    cr_assert_str_eq(json_string_value(text), "");
+    json_decref(text);
+    json_decref(out);
+    json_decref(msg);
+    /* neither: one empty message */
+    msg = js("{\"role\":\"assistant\",\"content\":\"\"}");
+    out = kvpd_items_output(msg, "msg_3", "incomplete");
+    cr_assert_eq(json_array_size(out), 1);
+    cr_assert_str_eq(json_string_value(json_object_get(json_array_get(out, 0), "status")),
+                     "incomplete");
+    json_decref(out);
+    json_decref(msg);
+}
+
+Test(oai_items, chat_errors_are_named_as_the_responses_api_names_its_fields)
+{
+    kvpd_oai_err e = {.status = 400};
+    snprintf(e.param, sizeof e.param, "tools[2].function.name");
+    snprintf(e.message, sizeof e.message, "tools[2].function.name must be 1 to 64 letters; "
+             "response_format cannot be combined");
+    kvpd_items_error_names(&e);
+    cr_assert_str_eq(e.param, "tools[2].name");
+    cr_assert_str_eq(e.message, "tools[2].name must be 1 to 64 letters; text.format cannot be "
+                     "combined");
+    snprintf(e.param, sizeof e.param, "response_format.json_schema.schema");
+    kvpd_items_error_names(&e);
+    cr_assert_str_eq(e.param, "text.format.schema");
+    snprintf(e.param, sizeof e.param, "tool_choice.function.name");
+    kvpd_items_error_names(&e);
+    cr_assert_str_eq(e.param, "tool_choice.name");
+}

@@ -1,0 +1,362 @@
+/* The Responses API's items and fields in chat completions' terms (web/oai_items.h). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "web/oai_items.h"
+#include "web/oai_reply.h"
+
+/* A string member without a NUL inside, or NULL. */
+static const char *str(const json_t *o, const char *key)
+{
+    json_t *v = json_object_get(o, key);
+    return json_is_string(v) && strlen(json_string_value(v)) == json_string_length(v)
+               ? json_string_value(v) : NULL;
+}
+
+static int present(const json_t *v)
+{
+    return v && !json_is_null(v);
+}
+
+/* ---- the request's fields ---- */
+
+static json_t *chat_tools(json_t *tools, kvpd_oai_err *e)
+{
+    if (!json_is_array(tools)) {
+        kvpd_oai_bad(e, KVPD_OAI_E_INVALID_REQUEST, "tools", "tools must be an array");
+        return NULL;
+    }
+    json_t *out = json_array();
+    size_t i;
+    json_t *t;
+    char param[48];
+    json_array_foreach(tools, i, t) {
+        const char *type = str(t, "type");
+        snprintf(param, sizeof param, "tools[%zu].type", i);
+        if (!json_is_object(t) || !type) {
+            kvpd_oai_bad(e, KVPD_OAI_E_INVALID_REQUEST, param, "%s is required", param);
+            goto bad;
+        }
+        if (strcmp(type, "function")) {
+            kvpd_oai_bad(e, KVPD_OAI_E_UNSUPPORTED_PARAMETER, param,
+                         "%s '%.40s': only function tools are supported by kvpd", param, type);
+            goto bad;
+        }
+        json_t *fn = json_object();
+        const char *keys[] = {"name", "description", "parameters", "strict"};
+        for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++)
+            if (json_object_get(t, keys[k]))
+                json_object_set(fn, keys[k], json_object_get(t, keys[k]));
+        json_array_append_new(out, json_pack("{s:s, s:o}", "type", "function", "function", fn));
+    }
+    return out;
+bad:
+    json_decref(out);
+    return NULL;
+}
+
+static json_t *chat_tool_choice(json_t *tc, kvpd_oai_err *e)
+{
+    if (json_is_string(tc))
+        return json_incref(tc);   /* auto, none, required: chat's names too */
+    const char *type = str(tc, "type"), *name = str(tc, "name");
+    if (json_is_object(tc) && type && !strcmp(type, "function") && name)
+        return json_pack("{s:s, s:{s:s}}", "type", "function", "function", "name", name);
+    kvpd_oai_bad(e, KVPD_OAI_E_UNSUPPORTED_PARAMETER, "tool_choice",
+                 "tool_choice must be \"auto\", \"none\", \"required\" or "
+                 "{\"type\": \"function\", \"name\": ...}");
+    return NULL;
+}
+
+/* text.format as response_format (NULL and e clear: plain text). */
+static json_t *chat_format(json_t *text, kvpd_oai_err *e)
+{
+    json_t *format = json_object_get(text, "format");
+    if (present(text) && !json_is_object(text)) {
+        kvpd_oai_bad(e, KVPD_OAI_E_INVALID_REQUEST, "text", "text must be an object");
+        return NULL;
+    }
+    if (!present(format))
+        return NULL;
+    const char *type = str(format, "type");
+    if (type && !strcmp(type, "text"))
+        return NULL;
+    if (type && !strcmp(type, "json_object"))
+        return json_pack("{s:s}", "type", "json_object");
+    if (type && !strcmp(type, "json_schema")) {
+        json_t *js = json_object();
+        const char *keys[] = {"name", "description", "schema", "strict"};
+        for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++)
+            if (json_object_get(format, keys[k]))
+                json_object_set(js, keys[k], json_object_get(format, keys[k]));
+        return json_pack("{s:s, s:o}", "type", "json_schema", "json_schema", js);
+    }
+    kvpd_oai_bad(e, KVPD_OAI_E_UNSUPPORTED_PARAMETER, "text.format",
+                 "text.format must be of type text, json_object or json_schema");
+    return NULL;
+}
+
+json_t *kvpd_items_request(json_t *req, kvpd_oai_err *e)
+{
+    json_t *out = json_copy(req);
+    if (!out) {
+        kvpd_oai_bad(e, KVPD_OAI_E_SERVER, NULL, "out of memory");
+        return NULL;
+    }
+    e->code = KVPD_OAI_E_INVALID_REQUEST;
+    e->message[0] = '\0';
+    json_object_del(out, "text");
+    json_t *v = json_object_get(req, "tools");
+    if (present(v)) {
+        json_t *t = chat_tools(v, e);
+        if (!t)
+            goto bad;
+        json_object_set_new(out, "tools", t);
+    }
+    v = json_object_get(req, "tool_choice");
+    if (present(v)) {
+        json_t *t = chat_tool_choice(v, e);
+        if (!t)
+            goto bad;
+        json_object_set_new(out, "tool_choice", t);
+    }
+    json_t *rf = chat_format(json_object_get(req, "text"), e);
+    if (!rf && e->message[0])
+        goto bad;
+    if (rf)
+        json_object_set_new(out, "response_format", rf);
+    return out;
+bad:
+    json_decref(out);
+    return NULL;
+}
+
+/* Replaces every `from` in s (a NUL-terminated buffer of cap bytes) with `to`, no
+ * longer than from. */
+static void rename_in(char *s, const char *from, const char *to)
+{
+    size_t fl = strlen(from), tl = strlen(to);
+    for (char *p = strstr(s, from); p; p = strstr(p + tl, from)) {
+        memmove(p + tl, p + fl, strlen(p + fl) + 1);
+        memcpy(p, to, tl);
+    }
+}
+
+void kvpd_items_error_names(kvpd_oai_err *e)
+{
+    const char *pairs[][2] = {{"].function.", "]."}, {"tool_choice.function.", "tool_choice."},
+                              {"response_format.json_schema.", "text.format."},
+                              {"response_format", "text.format"}};
+    for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
+        rename_in(e->param, pairs[i][0], pairs[i][1]);
+        rename_in(e->message, pairs[i][0], pairs[i][1]);
+    }
+}
+
+/* ---- the conversation ---- */
+
+json_t *kvpd_items_input(json_t *input, kvpd_oai_err *e)
+{
+    if (json_is_string(input))
+        return json_pack("[{s:s, s:s, s:O}]", "type", "message", "role", "user", "content", input);
+    if (!json_is_array(input) || json_array_size(input) == 0) {
+        kvpd_oai_bad(e, KVPD_OAI_E_INVALID_REQUEST, "input",
+                     "input must be a string or a non-empty array of items");
+        return NULL;
+    }
+    return json_copy(input);
+}
+
+/* A message item's text: a string, or parts of type input_text, output_text or text
+ * (a new string), or NULL. */
+static json_t *item_text(json_t *content)
+{
+    if (json_is_string(content))
+        return json_incref(content);
+    if (!json_is_array(content))
+        return NULL;
+    size_t total = 0, i;
+    json_t *part;
+    json_array_foreach(content, i, part) {
+        const char *type = str(part, "type");
+        if (!type || (strcmp(type, "input_text") && strcmp(type, "output_text") &&
+                      strcmp(type, "text")) || !json_is_string(json_object_get(part, "text")))
+            return NULL;
+        total += json_string_length(json_object_get(part, "text"));
+    }
+    char *t = malloc(total + 1);
+    if (!t)
+        return NULL;
+    size_t len = 0;
+    json_array_foreach(content, i, part) {
+        json_t *x = json_object_get(part, "text");
+        memcpy(t + len, json_string_value(x), json_string_length(x));
+        len += json_string_length(x);
+    }
+    json_t *s = json_stringn_nocheck(t, len);
+    free(t);
+    return s;
+}
+
+json_t *kvpd_items_chat(const json_t *items, size_t first_input, const char *instructions,
+                        size_t instructions_len, kvpd_oai_err *e)
+{
+    json_t *out = json_array(), *calls = json_object();   /* call_id -> 1 */
+    json_t *last_assistant = NULL;   /* the message a function_call run joins */
+    char param[64];
+    if (instructions)
+        json_array_append_new(out, json_pack("{s:s, s:s%}", "role", "system", "content",
+                                             instructions, instructions_len));
+    size_t i;
+    json_t *item;
+    json_array_foreach(items, i, item) {
+        size_t at = i >= first_input ? i - first_input : i;
+        const char *type = json_is_object(item) ? str(item, "type") : NULL;
+        if (json_is_object(item) && !json_object_get(item, "type"))
+            type = "message";   /* an easy input message: {role, content} */
+        if (!type) {
+            snprintf(param, sizeof param, "input[%zu]", at);
+            kvpd_oai_bad(e, KVPD_OAI_E_INVALID_REQUEST, param, "%s must be an item object", param);
+            goto bad;
+        }
+        if (!strcmp(type, "message")) {
+            const char *role = str(item, "role");
+            if (!role || (strcmp(role, "user") && strcmp(role, "assistant") &&
+                          strcmp(role, "system") && strcmp(role, "developer"))) {
+                snprintf(param, sizeof param, "input[%zu].role", at);
+                kvpd_oai_bad(e, KVPD_OAI_E_INVALID_REQUEST, param,
+                             "a message's role must be user, assistant, system or developer");
+                goto bad;
+            }
+            json_t *text = item_text(json_object_get(item, "content"));
+            if (!text) {
+                snprintf(param, sizeof param, "input[%zu].content", at);
+                kvpd_oai_bad(e, KVPD_OAI_E_INVALID_REQUEST, param,
+                             "a message's content must be a string or an array of "
+                             "input_text / output_text parts");
+                goto bad;
+            }
+            json_t *m = json_pack("{s:s, s:o}", "role", role, "content", text);
+            json_array_append_new(out, m);
+            last_assistant = !strcmp(role, "assistant") ? m : NULL;
+        } else if (!strcmp(type, "function_call")) {
+            const char *call_id = str(item, "call_id"), *name = str(item, "name");
+            json_t *args = json_object_get(item, "arguments");
+            const char *miss = !call_id ? "call_id" : !name ? "name"
+                               : !json_is_string(args) ? "arguments" : NULL;
+            if (miss) {
+                snprintf(param, sizeof param, "input[%zu].%s", at, miss);
+                kvpd_oai_bad(e, KVPD_OAI_E_INVALID_REQUEST, param,
+                             "%s is required and must be a string", param);
+                goto bad;
+            }
+            if (!last_assistant) {
+                last_assistant = json_pack("{s:s, s:n}", "role", "assistant", "content");
+                json_array_append_new(out, last_assistant);
+            }
+            json_t *tc = json_object_get(last_assistant, "tool_calls");
+            if (!tc) {
+                tc = json_array();
+                json_object_set_new(last_assistant, "tool_calls", tc);
+            }
+            json_array_append_new(tc, json_pack("{s:s, s:s, s:{s:s, s:O}}", "id", call_id,
+                                                 "type", "function", "function", "name", name,
+                                                 "arguments", args));
+            json_object_set_new(calls, call_id, json_true());
+        } else if (!strcmp(type, "function_call_output")) {
+            const char *call_id = str(item, "call_id");
+            snprintf(param, sizeof param, "input[%zu].call_id", at);
+            if (!call_id || !json_object_get(calls, call_id)) {
+                kvpd_oai_bad(e, KVPD_OAI_E_INVALID_REQUEST, param, call_id
+                             ? "%s '%.64s' names no function_call earlier in the conversation"
+                             : "%s is required%.0s", param, call_id ? call_id : "");
+                goto bad;
+            }
+            json_t *text = item_text(json_object_get(item, "output"));
+            if (!text) {
+                snprintf(param, sizeof param, "input[%zu].output", at);
+                kvpd_oai_bad(e, KVPD_OAI_E_INVALID_REQUEST, param,
+                             "%s must be a string or an array of input_text parts", param);
+                goto bad;
+            }
+            json_array_append_new(out, json_pack("{s:s, s:s, s:o}", "role", "tool",
+                                                 "tool_call_id", call_id, "content", text));
+            last_assistant = NULL;
+        } else {
+            snprintf(param, sizeof param, "input[%zu].type", at);
+            kvpd_oai_bad(e, KVPD_OAI_E_UNSUPPORTED_PARAMETER, param,
+                         "%s '%.40s': only message, function_call and function_call_output "
+                         "items are supported by kvpd", param, type);
+            goto bad;
+        }
+    }
+    json_decref(calls);
+    return out;
+bad:
+    json_decref(calls);
+    json_decref(out);
+    return NULL;
+}
+
+/* ---- the answer ---- */
+
+json_t *kvpd_items_message(const char *id, const char *text, size_t len, const char *status)
+{
+    json_t *content = text ? json_pack("[{s:s, s:s%, s:[], s:[]}]", "type", "output_text",
+                                       "text", text, len, "annotations", "logprobs")
+                           : json_array();
+    return json_pack("{s:s, s:s, s:s, s:s, s:o}", "type", "message", "id", id, "status", status,
+                     "role", "assistant", "content", content);
+}
+
+json_t *kvpd_items_call(const char *id, const char *call_id, const char *name,
+                        const char *arguments, const char *status)
+{
+    return json_pack("{s:s, s:s, s:s, s:s, s:s, s:s}", "type", "function_call", "id", id,
+                     "call_id", call_id, "name", name, "arguments", arguments, "status", status);
+}
+
+json_t *kvpd_items_output(const json_t *msg, const char *msg_id, const char *status)
+{
+    json_t *out = json_array(), *content = json_object_get(msg, "content");
+    json_t *calls = json_object_get(msg, "tool_calls");
+    if ((json_is_string(content) && json_string_length(content)) || !json_array_size(calls))
+        json_array_append_new(out, kvpd_items_message(msg_id, json_string_value(content),
+                                                      json_string_length(content), status));
+    size_t i;
+    json_t *c;
+    json_array_foreach(calls, i, c) {
+        char id[64];
+        if (kvpd_oai_new_id(id, sizeof id, "fc_") < 0)
+            continue;
+        json_t *fn = json_object_get(c, "function");
+        json_array_append_new(out, kvpd_items_call(id, json_string_value(json_object_get(c, "id")),
+                                                   json_string_value(json_object_get(fn, "name")),
+                                                   json_string_value(json_object_get(fn, "arguments")),
+                                                   "completed"));
+    }
+    return out;
+}
+
+json_t *kvpd_items_output_text(const json_t *output)
+{
+    size_t total = 0, i, k;
+    json_t *item, *part;
+    json_array_foreach(output, i, item)
+        json_array_foreach(json_object_get(item, "content"), k, part)
+            total += json_string_length(json_object_get(part, "text"));
+    char *t = malloc(total + 1);
+    if (!t)
+        return json_string("");
+    size_t len = 0;
+    json_array_foreach(output, i, item)
+        json_array_foreach(json_object_get(item, "content"), k, part) {
+            json_t *x = json_object_get(part, "text");
+            memcpy(t + len, json_string_value(x), json_string_length(x));
+            len += json_string_length(x);
+        }
+    json_t *s = json_stringn_nocheck(t, len);
+    free(t);
+    return s;
+}

@@ -1,0 +1,51 @@
+/* The Responses API's shapes in chat completions' terms (docs/openai.md, "Responses"):
+ * a conversation's items (messages, function calls and their outputs) as chat messages;
+ * function tools, tool_choice and text.format as chat's tools, tool_choice and
+ * response_format; a chat reply message back as output items. The Responses codec
+ * (web/oai_responses.c) then serves a response as a chat completion. No I/O: JSON in,
+ * JSON out. */
+#ifndef KVPD_OAI_ITEMS_H
+#define KVPD_OAI_ITEMS_H
+
+#include <jansson.h>
+#include <stddef.h>
+
+#include "web/oai_parse.h"
+
+/* req's chat-shaped twin (a new object sharing req's other members): function tools
+ * ({type, name, description, parameters, strict}) as chat's {type, function:{...}},
+ * tool_choice {type:"function", name} as {type:"function", function:{name}}, text.format
+ * json_object / json_schema as response_format. Hosted tools, other tool_choice forms
+ * and other formats are refused naming the field. NULL with e set. */
+json_t *kvpd_items_request(json_t *req, kvpd_oai_err *e);
+
+/* An error of chat's parse of the twin named as the Responses API names its fields:
+ * tools[i].function.x is tools[i].x, tool_choice.function.name is tool_choice.name,
+ * response_format is text.format (in the param and the message). */
+void kvpd_items_error_names(kvpd_oai_err *e);
+
+/* input (a string, or an array of items) as an array of items, a new reference: a string
+ * is one user message item. NULL with e set. */
+json_t *kvpd_items_input(json_t *input, kvpd_oai_err *e);
+
+/* The conversation as chat messages (a new reference): the instructions (NULL: none)
+ * first as the system message, then each item: a message item as its role's message
+ * (its text parts joined), a run of function_call items as one assistant message's
+ * tool_calls (after the assistant message just before them, if any), a
+ * function_call_output as a tool message. Items from first_input on are the request's
+ * input[0...]: an error names input[i - first_input]. NULL with e set. */
+json_t *kvpd_items_chat(const json_t *items, size_t first_input, const char *instructions,
+                        size_t instructions_len, kvpd_oai_err *e);
+
+/* Output items. */
+json_t *kvpd_items_message(const char *id, const char *text, size_t len, const char *status);
+json_t *kvpd_items_call(const char *id, const char *call_id, const char *name,
+                        const char *arguments, const char *status);
+/* A chat reply message ({role:"assistant", content, tool_calls}) as output items: a
+ * message item (msg_id) when it has content or no calls, then one function_call item per
+ * call (ids fc_...). A new reference. */
+json_t *kvpd_items_output(const json_t *msg, const char *msg_id, const char *status);
+/* The texts of the message items of output, joined (a new reference: a string). */
+json_t *kvpd_items_output_text(const json_t *output);
+
+#endif
