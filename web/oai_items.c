@@ -121,6 +121,25 @@ json_t *kvpd_items_request(json_t *req, kvpd_oai_err *e)
             goto bad;
         json_object_set_new(out, "tool_choice", t);
     }
+    v = json_object_get(req, "include");
+    if (present(v)) {
+        size_t i;
+        json_t *x;
+        if (!json_is_array(v)) {
+            kvpd_oai_bad(e, KVPD_OAI_E_INVALID_REQUEST, "include", "include must be an array");
+            goto bad;
+        }
+        json_array_foreach(v, i, x) {
+            const char *what = json_string_value(x);
+            if (!what || strcmp(what, "message.output_text.logprobs")) {
+                kvpd_oai_bad(e, KVPD_OAI_E_UNSUPPORTED_PARAMETER, "include",
+                             "include: only \"message.output_text.logprobs\" is supported by kvpd");
+                goto bad;
+            }
+            json_object_set_new(out, "logprobs", json_true());
+        }
+        json_object_del(out, "include");
+    }
     json_t *rf = chat_format(json_object_get(req, "text"), e);
     if (!rf && e->message[0])
         goto bad;
@@ -132,26 +151,41 @@ bad:
     return NULL;
 }
 
-/* Replaces every `from` in s (a NUL-terminated buffer of cap bytes) with `to`, no
- * longer than from. */
-static void rename_in(char *s, const char *from, const char *to)
+/* Replaces every `from` in s (a NUL-terminated buffer of cap bytes) with `to`; what
+ * would pass cap is cut. */
+static void rename_in(char *s, size_t cap, const char *from, const char *to)
 {
-    size_t fl = strlen(from), tl = strlen(to);
-    for (char *p = strstr(s, from); p; p = strstr(p + tl, from)) {
-        memmove(p + tl, p + fl, strlen(p + fl) + 1);
-        memcpy(p, to, tl);
+    char out[1024];
+    size_t fl = strlen(from), n = 0;
+    if (cap > sizeof out)
+        cap = sizeof out;
+    for (const char *p = s; *p && n + 1 < cap;) {
+        if (!strncmp(p, from, fl)) {
+            n += (size_t)snprintf(out + n, cap - n, "%s", to);
+            if (n >= cap)
+                n = cap - 1;
+            p += fl;
+        } else {
+            out[n++] = *p++;
+        }
     }
+    out[n] = '\0';
+    memcpy(s, out, n + 1);
 }
 
 void kvpd_items_error_names(kvpd_oai_err *e)
 {
     const char *pairs[][2] = {{"].function.", "]."}, {"tool_choice.function.", "tool_choice."},
                               {"response_format.json_schema.", "text.format."},
-                              {"response_format", "text.format"}};
+                              {"response_format", "text.format"},
+                              {"needs logprobs: true", "needs include [\"message.output_text.logprobs\"]"},
+                              {"logprobs with tools", "include message.output_text.logprobs with tools"}};
     for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
-        rename_in(e->param, pairs[i][0], pairs[i][1]);
-        rename_in(e->message, pairs[i][0], pairs[i][1]);
+        rename_in(e->param, sizeof e->param, pairs[i][0], pairs[i][1]);
+        rename_in(e->message, sizeof e->message, pairs[i][0], pairs[i][1]);
     }
+    if (!strcmp(e->param, "logprobs"))
+        snprintf(e->param, sizeof e->param, "include");
 }
 
 /* ---- the conversation ---- */
@@ -301,11 +335,15 @@ bad:
 
 /* ---- the answer ---- */
 
-json_t *kvpd_items_message(const char *id, const char *text, size_t len, const char *status)
+json_t *kvpd_items_message(const char *id, const char *text, size_t len, const char *status,
+                           json_t *logprobs)
 {
-    json_t *content = text ? json_pack("[{s:s, s:s%, s:[], s:[]}]", "type", "output_text",
-                                       "text", text, len, "annotations", "logprobs")
+    json_t *content = text ? json_pack("[{s:s, s:s%, s:[], s:o}]", "type", "output_text",
+                                       "text", text, len, "annotations", "logprobs",
+                                       logprobs ? logprobs : json_array())
                            : json_array();
+    if (!text)
+        json_decref(logprobs);
     return json_pack("{s:s, s:s, s:s, s:s, s:o}", "type", "message", "id", id, "status", status,
                      "role", "assistant", "content", content);
 }
@@ -322,8 +360,10 @@ json_t *kvpd_items_output(const json_t *msg, const char *msg_id, const char *sta
     json_t *out = json_array(), *content = json_object_get(msg, "content");
     json_t *calls = json_object_get(msg, "tool_calls");
     if ((json_is_string(content) && json_string_length(content)) || !json_array_size(calls))
-        json_array_append_new(out, kvpd_items_message(msg_id, json_string_value(content),
-                                                      json_string_length(content), status));
+        json_array_append_new(out, kvpd_items_message(msg_id, json_string_value(content) ?
+                                                      json_string_value(content) : "",
+                                                      json_string_length(content), status,
+                                                      NULL));
     size_t i;
     json_t *c;
     json_array_foreach(calls, i, c) {

@@ -15,13 +15,14 @@
 /* req's chat-shaped twin (a new object sharing req's other members): function tools
  * ({type, name, description, parameters, strict}) as chat's {type, function:{...}},
  * tool_choice {type:"function", name} as {type:"function", function:{name}}, text.format
- * json_object / json_schema as response_format. Hosted tools, other tool_choice forms
- * and other formats are refused naming the field. NULL with e set. */
+ * json_object / json_schema as response_format, include ["message.output_text.logprobs"]
+ * as logprobs: true (top_logprobs stays). Hosted tools, other tool_choice forms
+ * and other formats or include values are refused naming the field. NULL with e set. */
 json_t *kvpd_items_request(json_t *req, kvpd_oai_err *e);
 
 /* An error of chat's parse of the twin named as the Responses API names its fields:
  * tools[i].function.x is tools[i].x, tool_choice.function.name is tool_choice.name,
- * response_format is text.format (in the param and the message). */
+ * response_format is text.format, logprobs is include (in the param and the message). */
 void kvpd_items_error_names(kvpd_oai_err *e);
 
 /* input (a string, or an array of items) as an array of items, a new reference: a string
@@ -38,7 +39,10 @@ json_t *kvpd_items_chat(const json_t *items, size_t first_input, const char *ins
                         size_t instructions_len, kvpd_oai_err *e);
 
 /* Output items. */
-json_t *kvpd_items_message(const char *id, const char *text, size_t len, const char *status);
+/* A message item (text NULL: no content part yet) whose output_text part carries
+ * logprobs (taken; NULL: none, an empty array). */
+json_t *kvpd_items_message(const char *id, const char *text, size_t len, const char *status,
+                           json_t *logprobs);
 json_t *kvpd_items_call(const char *id, const char *call_id, const char *name,
                         const char *arguments, const char *status);
 /* A chat reply message ({role:"assistant", content, tool_calls}) as output items: a

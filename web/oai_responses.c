@@ -115,8 +115,8 @@ static void unlink_stored(struct kvpd_oai_store *st, stored *s, stored *before)
 /* Fields of the Responses API kvpd cannot honour: the first one present, or NULL. */
 static const char *refused(json_t *req)
 {
-    static const char *absent[] = {"reasoning", "include", "conversation", "prompt",
-                                   "background", "top_logprobs", "logprobs"};
+    static const char *absent[] = {"reasoning", "conversation", "prompt", "background",
+                                   "logprobs"};
     for (size_t i = 0; i < sizeof absent / sizeof absent[0]; i++) {
         json_t *v = json_object_get(req, absent[i]);
         if (v && !json_is_null(v) && !json_is_false(v) &&
@@ -205,46 +205,56 @@ static void open_message(kvpd_conn *c)
     r->msg_len = 0;
     event(c, "response.output_item.added", json_pack("{s:i, s:o}", "output_index", at, "item",
                                                      kvpd_items_message(r->msg_id, NULL, 0,
-                                                                        "in_progress")));
+                                                                        "in_progress", NULL)));
     event(c, "response.content_part.added", json_pack(
         "{s:s, s:i, s:i, s:{s:s, s:s, s:[]}}", "item_id", r->msg_id, "output_index", at,
         "content_index", 0, "part", "type", "output_text", "text", "", "annotations"));
 }
 
-static void close_message(kvpd_conn *c, const char *status)
+/* lp: the logprobs of the message's whole text (taken; NULL: none). */
+static void close_message(kvpd_conn *c, const char *status, json_t *lp)
 {
     resp_req *r = c->oai->codec_state;
-    if (!r->msg_open)
+    if (!r->msg_open) {
+        json_decref(lp);
         return;
+    }
     int at = next_index(r) - 1;
     const char *text = r->msg_text ? r->msg_text : "";
+    if (!lp)
+        lp = json_array();
     event(c, "response.output_text.done", json_pack(
-        "{s:s, s:i, s:i, s:s%, s:[]}", "item_id", r->msg_id, "output_index", at,
-        "content_index", 0, "text", text, r->msg_len, "logprobs"));
+        "{s:s, s:i, s:i, s:s%, s:O}", "item_id", r->msg_id, "output_index", at,
+        "content_index", 0, "text", text, r->msg_len, "logprobs", lp));
     event(c, "response.content_part.done", json_pack(
-        "{s:s, s:i, s:i, s:{s:s, s:s%, s:[]}}", "item_id", r->msg_id, "output_index", at,
+        "{s:s, s:i, s:i, s:{s:s, s:s%, s:[], s:O}}", "item_id", r->msg_id, "output_index", at,
         "content_index", 0, "part", "type", "output_text", "text", text, r->msg_len,
-        "annotations"));
-    json_t *item = kvpd_items_message(r->msg_id, text, r->msg_len, status);
+        "annotations", "logprobs", lp));
+    json_t *item = kvpd_items_message(r->msg_id, text, r->msg_len, status, lp);
     event(c, "response.output_item.done", json_pack("{s:i, s:O}", "output_index", at,
                                                     "item", item));
     json_array_append_new(r->output, item);
     r->msg_open = 0;
 }
 
-static void text_delta(kvpd_conn *c, const char *text, size_t len)
+/* lp: the logprobs of the tokens this text completes (taken; NULL: none). */
+static void text_delta(kvpd_conn *c, const char *text, size_t len, json_t *lp)
 {
     resp_req *r = c->oai->codec_state;
-    if (!len)
+    if (!len && !json_array_size(lp)) {
+        json_decref(lp);
         return;
+    }
     open_message(c);
     if (r->msg_len + len + 1 > r->msg_cap) {
         size_t cap = r->msg_cap ? r->msg_cap : 256;
         while (cap < r->msg_len + len + 1)
             cap *= 2;
         char *b = realloc(r->msg_text, cap);
-        if (!b)
+        if (!b) {
+            json_decref(lp);
             return;
+        }
         r->msg_text = b;
         r->msg_cap = cap;
     }
@@ -252,15 +262,15 @@ static void text_delta(kvpd_conn *c, const char *text, size_t len)
     r->msg_len += len;
     r->msg_text[r->msg_len] = '\0';
     event(c, "response.output_text.delta", json_pack(
-        "{s:s, s:i, s:i, s:s%, s:[]}", "item_id", r->msg_id, "output_index", next_index(r) - 1,
-        "content_index", 0, "delta", text, len, "logprobs"));
+        "{s:s, s:i, s:i, s:s%, s:o}", "item_id", r->msg_id, "output_index", next_index(r) - 1,
+        "content_index", 0, "delta", text, len, "logprobs", lp ? lp : json_array()));
 }
 
 /* A whole function call: added, its arguments, done. */
 static void call_item(kvpd_conn *c, const char *arguments)
 {
     resp_req *r = c->oai->codec_state;
-    close_message(c, "completed");
+    close_message(c, "completed", NULL);
     char id[64];
     kvpd_oai_new_id(id, sizeof id, "fc_");
     int at = next_index(r);
@@ -288,7 +298,7 @@ static void tool_deltas(kvpd_conn *c, const char *text, size_t len, int final)
     json_array_foreach(deltas, i, d) {
         json_t *content = json_object_get(d, "content");
         if (json_is_string(content))
-            text_delta(c, json_string_value(content), json_string_length(content));
+            text_delta(c, json_string_value(content), json_string_length(content), NULL);
         json_t *call = json_array_get(json_object_get(d, "tool_calls"), 0);
         json_t *fn = json_object_get(call, "function");
         const char *id = json_string_value(json_object_get(call, "id"));
@@ -307,13 +317,19 @@ static void tool_deltas(kvpd_conn *c, const char *text, size_t len, int final)
 static void token(kvpd_conn *c, const kvp_hub_event *ev)
 {
     kvpd_oai *o = c->oai;
-    if (!o->req.stream || !ev->len)
+    if (!o->req.stream || (!ev->len && !ev->n_logprobs))
         return;
     begin(c);
-    if (o->req.tools.parse)
+    if (o->req.tools.parse) {
         tool_deltas(c, ev->text, ev->len, 0);
-    else
-        text_delta(c, ev->text, ev->len);
+        return;
+    }
+    json_t *lp = NULL;
+    if (o->req.turn.logprobs) {
+        lp = kvpd_oai_logprobs_content(ev->logprobs, ev->n_logprobs, ev->logprobs_top);
+        o->req.lp_sent += ev->n_logprobs;
+    }
+    text_delta(c, ev->text, ev->len, lp);
 }
 
 /* Keeps the response (store) with its conversation: the items, then the output. */
@@ -351,6 +367,14 @@ static void keep(kvpd_conn *c, json_t *object)
     }
 }
 
+/* The logprobs of the whole reply (NULL: the turn has none). */
+static json_t *reply_logprobs(kvpd_conn *c, const kvp_hub_event *ev)
+{
+    return c->oai->req.turn.logprobs
+               ? kvpd_oai_logprobs_content(ev->logprobs, ev->n_logprobs, ev->logprobs_top)
+               : NULL;
+}
+
 static void done(kvpd_conn *c, const kvp_hub_event *ev)
 {
     kvpd_oai *o = c->oai;
@@ -361,8 +385,13 @@ static void done(kvpd_conn *c, const kvp_hub_event *ev)
         char msg_id[64];
         kvpd_oai_new_id(msg_id, sizeof msg_id, "msg_");
         json_t *msg = kvpd_oai_tools_reply(&o->req.tools, ev->text, ev->len, &o->tool_calls);
-        json_t *object = response_object(c, ev, kvpd_items_output(msg, msg_id, status));
+        json_t *output = kvpd_items_output(msg, msg_id, status);
         json_decref(msg);
+        json_t *lp = reply_logprobs(c, ev);
+        if (lp)   /* logprobs come without tools: the one item is the message */
+            json_object_set_new(json_array_get(json_object_get(json_array_get(output, 0),
+                                                               "content"), 0), "logprobs", lp);
+        json_t *object = response_object(c, ev, output);
         keep(c, object);
         kvpd_oai_answer(c, 200, object);
         return;
@@ -370,9 +399,13 @@ static void done(kvpd_conn *c, const kvp_hub_event *ev)
     begin(c);
     if (o->req.tools.parse)
         tool_deltas(c, "", 0, 1);
+    if (o->req.turn.logprobs && ev->n_logprobs > o->req.lp_sent)   /* the last tokens' */
+        text_delta(c, "", 0, kvpd_oai_logprobs_content(
+            ev->logprobs + (size_t)o->req.lp_sent * (size_t)(1 + ev->logprobs_top),
+            ev->n_logprobs - o->req.lp_sent, ev->logprobs_top));
     if (json_array_size(r->output) == 0)
         open_message(c);   /* an empty reply is one empty message */
-    close_message(c, status);
+    close_message(c, status, reply_logprobs(c, ev));
     json_t *object = response_object(c, ev, json_incref(r->output));
     keep(c, object);
     event(c, cut ? "response.incomplete" : "response.completed",
@@ -451,6 +484,13 @@ void kvpd_oai_responses(kvpd_conn *c)
     }
     if (kvpd_oai_model_ok(c, req) < 0 || kvpd_oai_options(c, chat_req, &t) < 0)
         goto out;
+    if (kvpd_oai_parse_logprobs(chat_req, &o->req, &e) < 0) {
+        kvpd_items_error_names(&e);
+        kvpd_oai_fail(c, e.code, e.param[0] ? e.param : NULL, e.message);
+        goto out;
+    }
+    t.logprobs = o->req.turn.logprobs;
+    t.top_logprobs = o->req.turn.top_logprobs;
     json_t *mot = json_object_get(req, "max_output_tokens");
     if (mot && !json_is_null(mot)) {
         if (!json_is_integer(mot) || json_integer_value(mot) < 1) {

@@ -1,5 +1,5 @@
 // The official `openai` SDK (pinned in package.json) against kvpd's Responses API and
-// text completions, with the SDK's own model names: client.responses.create whole and
+// text completions, with the SDK's own model names (logprobs too): client.responses.create whole and
 // streamed (the SDK's stream helper must see its event sequence and build the final
 // response), a three-turn chain through previous_response_id whose
 // usage.input_tokens_details.cached_tokens grows while only the new input is prefilled,
@@ -142,6 +142,45 @@ async function main() {
       throw new Error("FAIL: a hosted tool was accepted");
     } catch (e) {
       check(e instanceof OpenAI.BadRequestError && e.param === "tools[0].type", `a hosted tool refused: ${e.message}`);
+    }
+
+    // logprobs: include message.output_text.logprobs with top_logprobs gives the chat
+    // completion's values for the same conversation, whole and streamed.
+    const lpPrompt = "Tom and Sue went";
+    const chatLp = await client.chat.completions.create({ model, messages: [{ role: "user", content: lpPrompt }],
+                                                          max_tokens: 8, logprobs: true, top_logprobs: 3 });
+    const wantLp = chatLp.choices[0].logprobs.content;
+    const rl = await client.responses.create({ model, input: lpPrompt, max_output_tokens: 8, top_logprobs: 3,
+                                               include: ["message.output_text.logprobs"] });
+    const gotLp = rl.output[0].content[0].logprobs;
+    check(rl.output_text === chatLp.choices[0].message.content, `the same reply as chat completions (${JSON.stringify(rl.output_text)})`);
+    check(gotLp.length === wantLp.length && gotLp.length > 0 &&
+          gotLp.every((e, i) => e.token === wantLp[i].token && Math.abs(e.logprob - wantLp[i].logprob) < 1e-6 &&
+                    e.top_logprobs.length === 3 && e.top_logprobs[0].token === wantLp[i].top_logprobs[0].token),
+          `the response's logprobs are the chat completion's (${gotLp.length} tokens, first ${JSON.stringify(gotLp[0])})`);
+    check(gotLp.map((e) => e.token).join("") === rl.output_text, "the tokens spell the reply");
+    const ls = await client.responses.create({ model, input: lpPrompt, max_output_tokens: 8, top_logprobs: 3, stream: true,
+                                               include: ["message.output_text.logprobs"] });
+    let streamedLp = [], doneLp = null, finalLp = null;
+    for await (const ev of ls) {
+      if (ev.type === "response.output_text.delta") streamedLp = streamedLp.concat(ev.logprobs);
+      if (ev.type === "response.output_text.done") doneLp = ev.logprobs;
+      if (ev.type === "response.completed" || ev.type === "response.incomplete") finalLp = ev.response.output[0].content[0].logprobs;
+    }
+    check(streamedLp.length === wantLp.length && streamedLp.every((e, i) => e.token === wantLp[i].token &&
+                                                                Math.abs(e.logprob - wantLp[i].logprob) < 1e-6),
+          `the streamed deltas carry each token's logprobs once (${streamedLp.length})`);
+    check(doneLp.length === wantLp.length && finalLp.length === wantLp.length, "output_text.done and the final item carry them all");
+    const noLp = await client.responses.create({ model, input: lpPrompt, max_output_tokens: 4 });
+    check(noLp.output[0].content[0].logprobs.length === 0, "without include, no logprobs");
+    for (const [extra, param] of [[{ top_logprobs: 3 }, "top_logprobs"], [{ include: ["reasoning.encrypted_content"] }, "include"],
+                                  [{ include: ["message.output_text.logprobs"], top_logprobs: 21 }, "top_logprobs"]]) {
+      try {
+        await client.responses.create({ model, input: "x", max_output_tokens: 2, ...extra });
+        throw new Error(`FAIL: ${JSON.stringify(extra)} was accepted`);
+      } catch (e) {
+        check(e instanceof OpenAI.BadRequestError && e.param === param, `${JSON.stringify(extra)}: 400 naming ${param}: ${e.message}`);
+      }
     }
 
     // Text completions, whole and streamed; the second prompt extends the first.
