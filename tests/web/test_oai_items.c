@@ -50,9 +50,13 @@ Test(oai_items, function_tools_tool_choice_and_text_format_take_chats_shapes)
     json_decref(chat);
     json_decref(req);
 
-    req = js("{\"tool_choice\":\"required\",\"text\":{\"format\":{\"type\":\"text\"}}}");
+    req = js("{\"tool_choice\":\"required\",\"text\":{\"format\":{\"type\":\"text\"}},"
+             "\"include\":[\"message.output_text.logprobs\"],\"top_logprobs\":2}");
     chat = kvpd_items_request(req, &e);
     cr_assert_not_null(chat);
+    cr_assert(json_is_true(json_object_get(chat, "logprobs")), "include asks for logprobs");
+    cr_assert_null(json_object_get(chat, "include"));
+    cr_assert_eq(json_integer_value(json_object_get(chat, "top_logprobs")), 2);
     cr_assert_str_eq(json_string_value(json_object_get(chat, "tool_choice")), "required");
     cr_assert_null(json_object_get(chat, "response_format"), "text is plain text");
     json_decref(chat);
@@ -82,6 +86,8 @@ Test(oai_items, hosted_tools_other_choices_and_formats_are_refused_naming_the_fi
     request_refused("{\"text\":{\"format\":{\"type\":\"xml\"}}}", "text.format");
     request_refused("{\"text\":{\"format\":{}}}", "text.format");
     request_refused("{\"text\":\"json\"}", "text");
+    request_refused("{\"include\":[\"reasoning.encrypted_content\"]}", "include");
+    request_refused("{\"include\":\"message.output_text.logprobs\"}", "include");
 }
 
 Test(oai_items, a_conversation_of_items_becomes_chat_messages)
@@ -240,4 +246,16 @@ Test(oai_items, chat_errors_are_named_as_the_responses_api_names_its_fields)
     snprintf(e.param, sizeof e.param, "tool_choice.function.name");
     kvpd_items_error_names(&e);
     cr_assert_str_eq(e.param, "tool_choice.name");
+    snprintf(e.param, sizeof e.param, "logprobs");
+    snprintf(e.message, sizeof e.message, "top_logprobs needs logprobs: true");
+    kvpd_items_error_names(&e);
+    cr_assert_str_eq(e.param, "include");
+    cr_assert_str_eq(e.message, "top_logprobs needs include [\"message.output_text.logprobs\"]");
+    /* a message at the buffer's size that a rename lengthens is cut, still terminated */
+    memset(e.message, 'x', sizeof e.message - 1);
+    memcpy(e.message, "needs logprobs: true", 20);
+    e.message[sizeof e.message - 1] = '\0';
+    kvpd_items_error_names(&e);
+    cr_assert_eq(strlen(e.message), sizeof e.message - 1);
+    cr_assert_eq(strncmp(e.message, "needs include [", 15), 0);
 }
