@@ -7,6 +7,7 @@
 
 #include "base/log.h"
 #include "web/chat.h"
+#include "web/chat_tools.h"
 #include "web/conn.h"
 #include "web/protocol.h"
 
@@ -28,13 +29,16 @@ static void on_hub_event(void *ctx, const kvp_hub_event *ev)
                                              ev->system_len, c->w->cfg->max_tokens));
         break;
     case KVP_HUB_TOKEN:
-        kvpd_conn_send(c, kvpd_proto_token(ev->text, ev->len));
+        if (!kvpd_ws_tools_token(c, ev))
+            kvpd_conn_send(c, kvpd_proto_token(ev->text, ev->len));
         break;
     case KVP_HUB_DONE:
-        kvpd_conn_send(c, kvpd_proto_done(ev->text, ev->len, ev->stats, ev->durable,
-                                          ev->durable_error));
+        if (!kvpd_ws_tools_done(c, ev))
+            kvpd_conn_send(c, kvpd_proto_done(ev->text, ev->len, ev->stats, ev->durable,
+                                              ev->durable_error));
         break;
     case KVP_HUB_ERROR:
+        kvpd_ws_tools_error(c, ev);
         send_error(c, ev->code, ev->text, ev->retry_after_ms);
         break;
     }
@@ -84,6 +88,27 @@ static void handle_unauthed(kvpd_conn *c, const char *buf, size_t len)
     kvpd_conn_send(c, kvpd_proto_auth_ok());
 }
 
+/* A message or tool_result: its tools and tool_choice (web/chat_tools.h), then the hub. */
+static void turn(kvpd_conn *c, kvpd_client_msg *m)
+{
+    kvp_hub_info hi;
+    kvp_hub_info_get(c->w->hub, &hi);
+    char msg[400], *text = NULL;
+    size_t len = 0;
+    int rc = kvpd_ws_tools_turn(c, m, hi.tool_format, &text, &len, msg, sizeof msg);
+    if (rc < 0) {
+        send_error(c, rc == -2 ? KVPD_E_BUSY : KVPD_E_BAD_REQUEST, msg, 0);
+        return;
+    }
+    kvpd_ws_tools_submitting(c, 1);
+    if (text)
+        kvp_hub_message_opts(c->client, text, len, &m->opts);
+    else
+        kvp_hub_message_opts(c->client, m->text, m->text_len, &m->opts);
+    kvpd_ws_tools_submitting(c, 0);
+    free(text);
+}
+
 static void handle(kvpd_conn *c, const char *buf, size_t len)
 {
     kvpd_web *w = c->w;
@@ -117,10 +142,11 @@ static void handle(kvpd_conn *c, const char *buf, size_t len)
         send_error(c, KVPD_E_BAD_REQUEST, "hello names another session than the connection's "
                    "?session=", 0);
     } else if (m.type == KVPD_MSG_HELLO) {
+        kvpd_ws_tools_hello(c, m.tools);
         kvp_hub_open(c->client, m.session[0] ? m.session : c->session_arg, m.system,
                      m.system_len);
     } else {
-        kvp_hub_message_opts(c->client, m.text, m.text_len, &m.opts);
+        turn(c, &m);
     }
     kvpd_proto_msg_free(&m);
 }
@@ -221,6 +247,7 @@ void kvpd_chat_closed(kvpd_conn *c)
     if (c->client)
         kvp_hub_close(c->client);
     c->client = NULL;
+    kvpd_ws_tools_free(c);
     kvpd_conn_free_frames(c);
     free(c->rx);
     c->rx = NULL;

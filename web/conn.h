@@ -38,6 +38,7 @@ typedef struct kvpd_conn {
                                         * on the next writeable callback (0: none) */
     const char *close_why;
     const char *path_label;            /* HTTP: the endpoint, for kvpd_http_requests_total */
+    struct kvpd_ws_tools *tools;       /* websocket: tool calling state (web/chat.c) */
 } kvpd_conn;
 
 /* The listening socket (web/listen.c): accepts, bounds and hands connections to lws. */

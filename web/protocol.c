@@ -19,11 +19,15 @@ static int reject(const char **code, const char *c, char *msg, size_t msglen,
 }
 
 /* The fields each client message may carry. */
-static const char *const hello_fields[] = {"type", "session", "system", NULL};
+static const char *const hello_fields[] = {"type", "session", "system", "tools", NULL};
 static const char *const message_fields[] = {
     "type", "text", "max_tokens", "response_format", "temperature", "top_p", "top_k",
     "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty", "logit_bias",
-    "seed", "stop", NULL};
+    "seed", "stop", "tools", "tool_choice", "parallel_tool_calls", NULL};
+static const char *const tool_result_fields[] = {
+    "type", "results", "max_tokens", "response_format", "temperature", "top_p", "top_k",
+    "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty", "logit_bias",
+    "seed", "stop", "tools", "tool_choice", "parallel_tool_calls", NULL};
 static const char *const cancel_fields[] = {"type", NULL};
 static const char *const auth_fields[] = {"type", "token", NULL};
 
@@ -36,6 +40,7 @@ static int unknown_field(json_t *root, const char *type, const char **code, char
                                : !strcmp(type, "message") ? message_fields
                                : !strcmp(type, "cancel")  ? cancel_fields
                                : !strcmp(type, "auth")    ? auth_fields
+                               : !strcmp(type, "tool_result") ? tool_result_fields
                                                           : NULL;
     if (!known)
         return 0;
@@ -52,6 +57,106 @@ static int unknown_field(json_t *root, const char *type, const char **code, char
         }
     }
     return 0;
+}
+
+/* tools (an array when given), tool_choice and parallel_tool_calls, kept as given. */
+static int tool_fields(json_t *root, int with_choice, kvpd_client_msg *out, const char **code,
+                       char *msg, size_t msglen)
+{
+    json_t *tools = json_object_get(root, "tools");
+    if (tools && !json_is_null(tools)) {
+        if (!json_is_array(tools))
+            return reject(code, KVPD_E_BAD_REQUEST, msg, msglen, "tools must be an array");
+        out->tools = json_incref(tools);
+    }
+    if (!with_choice)
+        return 0;
+    json_t *tc = json_object_get(root, "tool_choice");
+    if (tc && !json_is_null(tc))
+        out->tool_choice = json_incref(tc);
+    json_t *ptc = json_object_get(root, "parallel_tool_calls");
+    if (ptc && !json_is_null(ptc))
+        out->parallel_tool_calls = json_incref(ptc);
+    return 0;
+}
+
+/* tool_result's results. */
+static int results(json_t *root, kvpd_client_msg *out, const char **code, char *msg,
+                   size_t msglen)
+{
+    json_t *r = json_object_get(root, "results");
+    size_t n = json_array_size(r), i;
+    if (!json_is_array(r) || n == 0 || n > KVPD_PROTO_MAX_RESULTS) {
+        *code = KVPD_E_BAD_REQUEST;
+        snprintf(msg, msglen, "results must be an array of 1 to %d {id, content} objects",
+                 KVPD_PROTO_MAX_RESULTS);
+        return -EINVAL;
+    }
+    json_t *e;
+    json_array_foreach(r, i, e) {
+        json_t *id = json_object_get(e, "id"), *content = json_object_get(e, "content");
+        json_t *name = json_object_get(e, "name");
+        const char *why = NULL;
+        if (!json_is_object(e))
+            why = "must be an object";
+        else if (!json_is_string(id) || !json_string_length(id) ||
+                 json_string_length(id) > KVPD_PROTO_CALL_ID_MAX ||
+                 strlen(json_string_value(id)) != json_string_length(id))
+            why = "id must be the call's id: a non-empty string without NUL";
+        else if (!json_is_string(content))
+            why = "content must be a string";
+        else if (name && !json_is_null(name) && (!json_is_string(name) ||
+                 strlen(json_string_value(name)) != json_string_length(name)))
+            why = "name must be a string without NUL";
+        else {
+            const char *k;
+            json_t *v;
+            json_object_foreach(e, k, v)
+                if (strcmp(k, "id") && strcmp(k, "content") && strcmp(k, "name")) {
+                    *code = KVPD_E_BAD_REQUEST;
+                    snprintf(msg, msglen, "results[%zu] has no field \"%.64s\"", i, k);
+                    return -EINVAL;
+                }
+        }
+        if (why) {
+            *code = KVPD_E_BAD_REQUEST;
+            snprintf(msg, msglen, "results[%zu]: %s", i, why);
+            return -EINVAL;
+        }
+    }
+    out->results = json_incref(r);
+    return 0;
+}
+
+/* A turn's fields (message and tool_result): max_tokens, sampling, response_format,
+ * tools. */
+static int turn_fields(json_t *root, int max_tokens_limit, kvpd_client_msg *out,
+                       const char **code, char *msg, size_t msglen)
+{
+    json_t *mt = json_object_get(root, "max_tokens");
+    const char *param;
+    int rc;
+    if (mt && !json_is_null(mt) && (!json_is_integer(mt) || json_integer_value(mt) < 1))
+        return reject(code, KVPD_E_BAD_REQUEST, msg, msglen,
+                      "max_tokens must be a positive integer");
+    if (mt && json_is_integer(mt) && json_integer_value(mt) > max_tokens_limit) {
+        *code = KVPD_E_TOO_LARGE;
+        snprintf(msg, msglen, "max_tokens is limited to %d", max_tokens_limit);
+        return -EINVAL;
+    }
+    if ((rc = kvpd_sampling_parse(root, 10, &out->own, &out->opts, &param, msg, msglen)) < 0) {
+        *code = rc == -ENOMEM ? KVPD_E_INTERNAL : KVPD_E_BAD_REQUEST;
+        return rc;
+    }
+    out->max_tokens = json_is_integer(mt) ? (int)json_integer_value(mt) : 0;
+    if (kvpd_response_format(json_object_get(root, "response_format"), &out->grammar, &param,
+                             msg, msglen) < 0) {
+        *code = KVPD_E_BAD_REQUEST;
+        return -EINVAL;
+    }
+    out->opts.max_tokens = out->max_tokens;
+    out->opts.grammar = out->grammar;
+    return tool_fields(root, 1, out, code, msg, msglen);
 }
 
 int kvpd_proto_parse(const char *buf, size_t len, int max_tokens_limit,
@@ -104,40 +209,25 @@ int kvpd_proto_parse(const char *buf, size_t len, int max_tokens_limit,
                 memcpy(out->system, json_string_value(sys), out->system_len + 1);
             }
         }
+        if (!rc)
+            rc = tool_fields(root, 0, out, code, msg, msglen);
     } else if (!strcmp(type, "message")) {
         out->type = KVPD_MSG_MESSAGE;
         json_t *text = json_object_get(root, "text");
-        json_t *mt = json_object_get(root, "max_tokens");
-        if (!json_is_string(text) || json_string_length(text) == 0)
+        if (!json_is_string(text) || json_string_length(text) == 0) {
             rc = reject(code, KVPD_E_BAD_REQUEST, msg, msglen, "text must be a non-empty string");
-        else if (mt && !json_is_null(mt) &&
-                 (!json_is_integer(mt) || json_integer_value(mt) < 1))
-            rc = reject(code, KVPD_E_BAD_REQUEST, msg, msglen, "max_tokens must be a positive integer");
-        else if (mt && json_is_integer(mt) && json_integer_value(mt) > max_tokens_limit) {
-            *code = KVPD_E_TOO_LARGE;
-            snprintf(msg, msglen, "max_tokens is limited to %d", max_tokens_limit);
-            rc = -EINVAL;
+        } else if ((rc = turn_fields(root, max_tokens_limit, out, code, msg, msglen)) < 0) {
+            /* refused */
+        } else if (!(out->text = malloc(json_string_length(text) + 1))) {
+            rc = reject(code, KVPD_E_INTERNAL, msg, msglen, "out of memory");
         } else {
-            const char *param;
             out->text_len = json_string_length(text);
-            out->text = malloc(out->text_len + 1);
-            if (!out->text) {
-                rc = reject(code, KVPD_E_INTERNAL, msg, msglen, "out of memory");
-            } else if ((rc = kvpd_sampling_parse(root, 10, &out->own, &out->opts, &param, msg,
-                                                 msglen)) < 0) {
-                *code = rc == -ENOMEM ? KVPD_E_INTERNAL : KVPD_E_BAD_REQUEST;
-            } else {
-                memcpy(out->text, json_string_value(text), out->text_len + 1);
-                out->max_tokens = json_is_integer(mt) ? (int)json_integer_value(mt) : 0;
-                if (kvpd_response_format(json_object_get(root, "response_format"),
-                                         &out->grammar, &param, msg, msglen) < 0) {
-                    *code = KVPD_E_BAD_REQUEST;
-                    rc = -EINVAL;
-                }
-                out->opts.max_tokens = out->max_tokens;
-                out->opts.grammar = out->grammar;
-            }
+            memcpy(out->text, json_string_value(text), out->text_len + 1);
         }
+    } else if (!strcmp(type, "tool_result")) {
+        out->type = KVPD_MSG_TOOL_RESULT;
+        if ((rc = results(root, out, code, msg, msglen)) == 0)
+            rc = turn_fields(root, max_tokens_limit, out, code, msg, msglen);
     } else if (!strcmp(type, "cancel")) {
         out->type = KVPD_MSG_CANCEL;
     } else if (!strcmp(type, "auth")) {
@@ -170,6 +260,11 @@ void kvpd_proto_msg_free(kvpd_client_msg *m)
     m->text = NULL;
     free(m->system);
     m->system = NULL;
+    json_decref(m->tools);
+    json_decref(m->tool_choice);
+    json_decref(m->parallel_tool_calls);
+    json_decref(m->results);
+    m->tools = m->tool_choice = m->parallel_tool_calls = m->results = NULL;
 }
 
 static char *dump(json_t *o)
@@ -188,7 +283,9 @@ char *kvpd_proto_session(const char *id, int resumed, int turns, const kvp_messa
     json_t *h = json_array();
     for (int i = 0; h && i < n_history; i++)
         if (json_array_append_new(h, json_pack("{s:s, s:s%}", "role",
-                                               history[i].user ? "user" : "assistant",
+                                               history[i].user == 1 ? "user"
+                                               : history[i].user == KVP_MESSAGE_TOOL ? "tool"
+                                                                                     : "assistant",
                                                "text", history[i].text,
                                                history[i].len)) < 0) {
             json_decref(h);
@@ -211,8 +308,20 @@ char *kvpd_proto_token(const char *text, size_t len)
     return dump(json_pack("{s:s, s:s%}", "type", "token", "text", text, len));
 }
 
+char *kvpd_proto_tool_call(const char *id, const char *name, const char *arguments)
+{
+    return dump(json_pack("{s:s, s:s, s:s, s:s}", "type", "tool_call", "id", id, "name", name,
+                          "arguments", arguments));
+}
+
 char *kvpd_proto_done(const char *reply, size_t len, const kvp_turn_stats *st, int durable,
                       const char *not_durable_why)
+{
+    return kvpd_proto_done_calls(reply, len, st, durable, not_durable_why, NULL);
+}
+
+char *kvpd_proto_done_calls(const char *reply, size_t len, const kvp_turn_stats *st,
+                            int durable, const char *not_durable_why, json_t *calls)
 {
     json_t *stats = json_pack(
         "{s:i, s:i, s:i, s:i, s:i, s:i, s:I, s:I, s:I, s:I, s:f, s:f, s:f, s:s}",
@@ -228,6 +337,10 @@ char *kvpd_proto_done(const char *reply, size_t len, const kvp_turn_stats *st, i
         return NULL;
     json_t *o = json_pack("{s:s, s:s%, s:o}", "type", "done", "reply", reply, len,
                           "stats", stats);
+    if (o && calls && json_object_set(o, "tool_calls", calls) < 0) {
+        json_decref(o);
+        o = NULL;
+    }
     if (o && durable >= 0 &&
         (json_object_set_new(o, "durable", json_boolean(durable)) < 0 ||
          (!durable && json_object_set_new(o, "durable_error",

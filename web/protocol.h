@@ -3,12 +3,19 @@
 #ifndef KVPD_PROTOCOL_H
 #define KVPD_PROTOCOL_H
 
+#include <jansson.h>
 #include <stddef.h>
 
 #include "sessions/hub.h"
 #include "web/sampling.h"
 
-enum kvpd_msg_type { KVPD_MSG_HELLO, KVPD_MSG_MESSAGE, KVPD_MSG_CANCEL, KVPD_MSG_AUTH };
+enum kvpd_msg_type {
+    KVPD_MSG_HELLO, KVPD_MSG_MESSAGE, KVPD_MSG_CANCEL, KVPD_MSG_AUTH, KVPD_MSG_TOOL_RESULT
+};
+
+/* The results a tool_result message may carry, and the bytes of a call id. */
+#define KVPD_PROTO_MAX_RESULTS 32
+#define KVPD_PROTO_CALL_ID_MAX 64
 
 typedef struct kvpd_client_msg {
     enum kvpd_msg_type type;
@@ -25,6 +32,13 @@ typedef struct kvpd_client_msg {
     kvpd_sampling own;
     struct kvp_grammar *grammar;            /* message: its response_format (web/format.h),
                                                NULL: none; freed with the message */
+    /* Tool calling (OpenAI's shapes, checked against the model by the caller; new
+     * references, NULL: not given). hello, message, tool_result: tools (an array);
+     * message, tool_result: tool_choice, parallel_tool_calls as given. */
+    json_t *tools, *tool_choice, *parallel_tool_calls;
+    /* tool_result: [{id, content, name?}], each id a non-empty string without NUL of at
+     * most KVPD_PROTO_CALL_ID_MAX bytes, content a string, name (optional) a string. */
+    json_t *results;
 } kvpd_client_msg;
 
 /* Error codes of the protocol: KVPD_E_* in sessions/hub.h. */
@@ -46,10 +60,16 @@ char *kvpd_proto_session(const char *id, int resumed, int turns, const kvp_messa
                          int n_history, int history_dropped, const char *system,
                          size_t system_len, int max_tokens);
 char *kvpd_proto_token(const char *text, size_t len);
+/* {"type":"tool_call","id","name","arguments"}: a call the reply holds, once it is whole. */
+char *kvpd_proto_tool_call(const char *id, const char *name, const char *arguments);
 /* durable: -1 without a state directory (no field), 1 when the turn's snapshot is on
  * disk, 0 when writing it failed (with the reason in "durable_error"). */
 char *kvpd_proto_done(const char *reply, size_t len, const kvp_turn_stats *st, int durable,
                       const char *not_durable_why);
+/* The same with "tool_calls": calls (an array of {id, name, arguments}, borrowed; NULL:
+ * the turn had no tools, no field). */
+char *kvpd_proto_done_calls(const char *reply, size_t len, const kvp_turn_stats *st,
+                            int durable, const char *not_durable_why, json_t *calls);
 char *kvpd_proto_error(const char *code, const char *message);
 /* {"type":"auth","ok":true}: the auth frame's key was accepted. */
 char *kvpd_proto_auth_ok(void);

@@ -243,3 +243,95 @@ Test(protocol, the_auth_frame)
     cr_assert_str_eq(ok, "{\"type\":\"auth\",\"ok\":true}");
     free(ok);
 }
+
+Test(protocol, tools_and_tool_results)
+{
+    kvpd_client_msg m;
+    const char *code;
+    cr_assert_eq(parse("{\"type\":\"hello\",\"tools\":[{\"type\":\"function\",\"function\":"
+                       "{\"name\":\"f\"}}]}", &m, &code), 0);
+    cr_assert_eq(json_array_size(m.tools), 1);
+    kvpd_proto_msg_free(&m);
+    cr_assert_null(m.tools);
+    cr_assert_eq(parse("{\"type\":\"message\",\"text\":\"x\",\"tools\":[],\"tool_choice\":"
+                       "\"required\",\"parallel_tool_calls\":false}", &m, &code), 0);
+    cr_assert_str_eq(json_string_value(m.tool_choice), "required");
+    cr_assert(json_is_false(m.parallel_tool_calls));
+    kvpd_proto_msg_free(&m);
+    cr_assert_eq(parse("{\"type\":\"tool_result\",\"results\":[{\"id\":\"call_1\",\"content\":"
+                       "\"sunny\"},{\"id\":\"call_2\",\"content\":\"\",\"name\":\"g\"}],"
+                       "\"max_tokens\":7,\"temperature\":0}", &m, &code), 0);
+    cr_assert_eq(m.type, KVPD_MSG_TOOL_RESULT);
+    cr_assert_eq(json_array_size(m.results), 2);
+    cr_assert_eq(m.opts.max_tokens, 7);
+    cr_assert(m.opts.has_temperature);
+    cr_assert_null(m.text);
+    kvpd_proto_msg_free(&m);
+
+    const char *bad[] = {
+        "{\"type\":\"hello\",\"tools\":{}}",
+        "{\"type\":\"hello\",\"tool_choice\":\"auto\"}",
+        "{\"type\":\"message\",\"text\":\"x\",\"tools\":\"f\"}",
+        "{\"type\":\"tool_result\"}",
+        "{\"type\":\"tool_result\",\"results\":[]}",
+        "{\"type\":\"tool_result\",\"results\":{\"id\":\"a\",\"content\":\"b\"}}",
+        "{\"type\":\"tool_result\",\"results\":[7]}",
+        "{\"type\":\"tool_result\",\"results\":[{\"content\":\"b\"}]}",
+        "{\"type\":\"tool_result\",\"results\":[{\"id\":\"\",\"content\":\"b\"}]}",
+        "{\"type\":\"tool_result\",\"results\":[{\"id\":\"a\\u0000b\",\"content\":\"b\"}]}",
+        "{\"type\":\"tool_result\",\"results\":[{\"id\":\"a\",\"content\":1}]}",
+        "{\"type\":\"tool_result\",\"results\":[{\"id\":\"a\",\"content\":\"b\",\"name\":3}]}",
+        "{\"type\":\"tool_result\",\"results\":[{\"id\":\"a\",\"content\":\"b\",\"x\":1}]}",
+        "{\"type\":\"tool_result\",\"results\":[{\"id\":\"a\",\"content\":\"b\"}],\"text\":\"t\"}",
+        "{\"type\":\"tool_result\",\"results\":[{\"id\":\"a\",\"content\":\"b\"}],\"max_tokens\":0}",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        cr_assert_lt(parse(bad[i], &m, &code), 0, "accepted: %s", bad[i]);
+        cr_assert_str_eq(code, KVPD_E_BAD_REQUEST, "%s: %s", bad[i], code);
+        cr_assert_null(m.tools);
+        cr_assert_null(m.results);
+    }
+    /* a long id, and more results than a reply can hold calls */
+    char buf[4096];
+    snprintf(buf, sizeof buf, "{\"type\":\"tool_result\",\"results\":[{\"id\":\"%0*d\","
+             "\"content\":\"b\"}]}", KVPD_PROTO_CALL_ID_MAX + 1, 1);
+    cr_assert_lt(parse(buf, &m, &code), 0);
+    size_t n = (size_t)snprintf(buf, sizeof buf, "{\"type\":\"tool_result\",\"results\":[");
+    for (int i = 0; i <= KVPD_PROTO_MAX_RESULTS; i++)
+        n += (size_t)snprintf(buf + n, sizeof buf - n, "%s{\"id\":\"c%d\",\"content\":\"\"}",
+                              i ? "," : "", i);
+    snprintf(buf + n, sizeof buf - n, "]}");
+    cr_assert_lt(parse(buf, &m, &code), 0, "%d results accepted", KVPD_PROTO_MAX_RESULTS + 1);
+}
+
+Test(protocol, tool_frames)
+{
+    char *s = kvpd_proto_tool_call("call_1", "f", "{\"a\":1}");
+    json_t *j = json_loads(s, 0, NULL);
+    cr_assert_str_eq(json_string_value(json_object_get(j, "type")), "tool_call");
+    cr_assert_str_eq(json_string_value(json_object_get(j, "arguments")), "{\"a\":1}");
+    json_decref(j);
+    free(s);
+    kvp_turn_stats st = {.stop = "eos"};
+    json_t *calls = json_pack("[{s:s, s:s, s:s}]", "id", "call_1", "name", "f", "arguments", "{}");
+    s = kvpd_proto_done_calls("hi", 2, &st, -1, NULL, calls);
+    j = json_loads(s, 0, NULL);
+    cr_assert(json_equal(json_object_get(j, "tool_calls"), calls));
+    json_decref(j);
+    free(s);
+    s = kvpd_proto_done("hi", 2, &st, -1, NULL);
+    j = json_loads(s, 0, NULL);
+    cr_assert_null(json_object_get(j, "tool_calls"));
+    json_decref(j);
+    free(s);
+    json_decref(calls);
+    /* a tool message in the history is shown as such */
+    kvp_message h[] = {{1, "q", 1}, {0, "a", 1}, {KVP_MESSAGE_TOOL, "[]", 2}};
+    s = kvpd_proto_session("00112233445566778899aabbccddeeff", 1, 1, h, 3, 0, NULL, 0, 9);
+    j = json_loads(s, 0, NULL);
+    json_t *hist = json_object_get(j, "history");
+    cr_assert_str_eq(json_string_value(json_object_get(json_array_get(hist, 2), "role")), "tool");
+    cr_assert_str_eq(json_string_value(json_object_get(json_array_get(hist, 1), "role")), "assistant");
+    json_decref(j);
+    free(s);
+}
