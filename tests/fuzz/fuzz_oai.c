@@ -1,12 +1,14 @@
 /* One OpenAI API request body from untrusted bytes (docs/openai.md): parsed as a chat
  * completion with and without tool calling and strict model names, and its options as
- * the other endpoints parse them. What the parse promises is checked: an answer is a
+ * the other endpoints parse them, and as a Responses request (web/oai_items.h: its
+ * chat-shaped twin, input items, conversation). What the parse promises is checked: an answer is a
  * user-ended conversation within the limits, a refusal an error with its status and a
  * message, and nothing is held after a refusal. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "tests/fuzz/fuzz.h"
+#include "web/oai_items.h"
 #include "web/oai_parse.h"
 
 static void check_refusal(const kvpd_oai_req *r, const kvpd_oai_err *e)
@@ -53,6 +55,49 @@ static void options(const uint8_t *data, size_t size, const kvpd_oai_limits *l)
     json_decref(req);
 }
 
+/* The Responses API's mapping: a refusal names a field with a 400, an answer is the shape
+ * it promises, and the conversation becomes messages that chat's parse takes or refuses. */
+static void responses(const uint8_t *data, size_t size, const kvpd_oai_limits *l)
+{
+    kvpd_oai_err e;
+    json_t *req = kvpd_oai_parse_json((const char *)data, size, &e);
+    if (!req)
+        return;
+    memset(&e, 0, sizeof e);
+    json_t *twin = kvpd_items_request(req, &e);
+    if (!twin && (e.status != 400 || !e.message[0]))
+        abort();
+    json_t *items = twin ? kvpd_items_input(json_object_get(req, "input"), &e) : NULL;
+    if (twin && !items && e.status != 400)
+        abort();
+    json_t *chat = items ? kvpd_items_chat(items, 0, "sys", 3, &e) : NULL;
+    if (items && !chat && e.status != 400)
+        abort();
+    if (chat) {
+        if (!json_is_array(chat) || json_array_size(chat) < 1)
+            abort();
+        kvpd_oai_req r;
+        memset(&r, 0, sizeof r);
+        if (kvpd_oai_parse_options(twin, l, &r, &e) == 0 &&
+            kvpd_oai_parse_messages(chat, "input", &r, &e) == 0) {
+            if (r.n_msgs < 1 || !r.msgs[r.n_msgs - 1].user || !r.system || r.system_len != 3)
+                abort();
+        }
+        kvpd_oai_release(&r);
+        kvpd_items_error_names(&e);
+    }
+    json_t *out = kvpd_items_output(req, "msg_x", "completed");
+    json_t *text = kvpd_items_output_text(out);
+    if (!json_is_array(out) || json_array_size(out) < 1 || !json_is_string(text))
+        abort();
+    json_decref(text);
+    json_decref(out);
+    json_decref(chat);
+    json_decref(items);
+    json_decref(twin);
+    json_decref(req);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     const kvpd_oai_limits plain = {.max_tokens = 256, .model_alias = "", .model = "m"};
@@ -62,5 +107,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     chat(data, size, &plain);
     chat(data, size, &tools);
     options(data, size, &tools);
+    responses(data, size, &tools);
     return 0;
 }
