@@ -1,8 +1,8 @@
 // The OpenAI Agents SDK (@openai/agents, pinned in tests/clients) on its Chat Completions
-// model and on its default Responses model, each against kvpd on a synthetic model with Qwen3's tokenizer and template (random
-// weights): an agent's chat turn, and an agent whose first turn must call its tool (the
-// SDK runs it and sends the result back, and the run then finishes with the model's
-// text); outputType returning a parsed object; a handoff.
+// model and on its default Responses model, each against kvpd on a synthetic model with
+// Qwen3's tokenizer and template (random weights): an agent's chat turn, and an agent whose first turn must call its tool (the
+// SDK runs it and sends the result back, the turn reusing the call's cache, and the run
+// then finishes with the model's text); outputType returning a parsed object; a handoff.
 //
 //   KVP_BUILD=build node tests/clients/agents.mjs   (meson test --suite clients runs it)
 import { checker, KEY, startKvpd, stopKvpd, synthQwen3 } from "../openai/lib.mjs";
@@ -60,6 +60,11 @@ try {
     const items = r.newItems.map((i) => i.type);
     check(items.includes("tool_call_item") && items.includes("tool_call_output_item"),
           `the run holds the call and its output (${items.join(", ")})`);
+    // the tool result's model call continues the session that made the call
+    const second = r.rawResponses[1]?.usage;
+    const cached = second?.inputTokensDetails?.[0]?.cached_tokens ?? 0;
+    check(r.rawResponses.length >= 2 && cached > 0,
+          `the tool result's turn reuses the cache (${cached} of ${second?.inputTokens} input tokens)`);
     check(responses ? person.safeParse(r.finalOutput).success : typeof r.finalOutput === "string",
           `the run finishes after the tool's result: ${JSON.stringify(r.finalOutput)}`);
     // outputType: the run's final output is the parsed object
