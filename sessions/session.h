@@ -23,7 +23,7 @@
 
 #include "base/clock.h"
 #include "cache/kvcache.h"
-#include "sessions/hub.h"
+#include "sessions/hub_types.h"
 #include "model/forward.h"
 #include "generate/generate.h"
 #include "model/sampler.h"
