@@ -1,5 +1,7 @@
-/* The session hub: the front ends' requests (open, message, cancel, close), the workers'
- * events back to the clients, and each session's lifecycle between them. */
+/* The session hub's client API and its attachment rule (sessions/hub.h): clients made
+ * and closed, hello (a new session, one resumed from memory or disk), messages armed as
+ * turns and queued, cancel; the error and session events sent to a client. Stateless
+ * requests are matched in hub_match.c, the workers' events taken in hub_events.c. */
 #include "sessions/hub.h"
 
 #include <errno.h>
@@ -158,7 +160,7 @@ int hub_same_system(const kvp_session *s, const char *system, size_t len)
 
 /* A hello's system text against the session it resumes: never re-templated. */
 int hub_system_matches(kvp_hub_client *c, const kvp_session *s, const char *system,
-                          size_t len)
+                       size_t len)
 {
     if (!system || hub_same_system(s, system, len))
         return 1;
@@ -236,7 +238,7 @@ static int unpark(kvp_hub *h, kvp_session *s)
  * since (the job takes the lease and reads the snapshot if it moved on). The snapshot
  * is read on a worker; the session event follows the job. */
 void hub_open_from_disk(kvp_hub_client *c, kvp_session *s, const char *id,
-                           const char *system, size_t system_len)
+                        const char *system, size_t system_len)
 {
     kvp_hub *h = c->hub;
     char err[256];

@@ -25,7 +25,7 @@
  * the request names it (`named`: its id is the key to the conversation); an anonymous
  * request whose history reaches into them starts a new session instead. */
 int hub_continues(const kvp_hub_client *c, const kvp_session *s, int named, uint64_t hash,
-                     const char *system, size_t system_len, const kvp_message *msgs, int n)
+                  const char *system, size_t system_len, const kvp_message *msgs, int n)
 {
     if (kvp_session_busy(s) || !hub_same_tenant(c, s) || s->transcript_hash != hash ||
         s->transcript_msgs != n ||
@@ -112,7 +112,7 @@ oom:
 /* The request goes on: on s (it continues s), or on a new session seeded with its
  * history. */
 void hub_chat_go(kvp_hub_client *c, kvp_session *s, const char *system, size_t system_len,
-                    const kvp_message *msgs, int n, const kvp_turn_opts *o)
+                 const kvp_message *msgs, int n, const kvp_turn_opts *o)
 {
     if (s) {
         hub_attach(c, s);
