@@ -8,21 +8,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
-#include "base/fileio.h"
 #include "base/log.h"
 #include "model/grammar.h"
-#include "policy/kvp_agent.h"
 #include "sessions/hub_impl.h"
 #include "sessions/background.h"
 #include "sessions/residency.h"
-#include "sessions/persist.h"
-#include "sessions/prefix.h"
-#include "sessions/reuse.h"
-#include "sessions/rewind.h"
 #include "store/store.h"
 
 /* ---- events to clients ---- */

@@ -6,16 +6,12 @@
 #include "sessions/session.h"
 
 #include <errno.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
-#include <time.h>
 
 #include "base/checksum.h"
-#include "model/matmul.h"
-#include "model/tokenizer.h"
 #include "policy/policy.h"
 #include "sessions/canary.h"
 #include "sessions/session_impl.h"
