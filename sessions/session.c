@@ -462,8 +462,6 @@ int kvp_session_push_token(kvp_session *s, int id)
     return 0;
 }
 
-int kvp_session_push_message(kvp_session *s, int user, const char *text, size_t len, int first);
-
 /* With the model's own Jinja template (kvp_template_jinja_turn): the whole conversation
  * with the new user message rendered, the transcript kept as far as the rendering agrees
  * with it. Where the template renders an earlier turn differently now (Qwen3 drops an
