@@ -101,7 +101,6 @@ known_circles=(
     "model/gguf model/quant model/quant_blocks"
     "model/matmul model/matmul_kernels"
     "policy/kvp_agent policy/kvp_agent_net policy/policy"
-    "sessions/background sessions/hub sessions/metrics sessions/persist sessions/residency sessions/reuse sessions/rewind sessions/scheduler sessions/session"
 )
 # (the self-test's tree has none of these)
 [ -n "${CHECK_LAYERS_SELF_TEST:-}" ] && known_circles=()

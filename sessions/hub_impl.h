@@ -1,64 +1,78 @@
-/* The hub's state, shared by the files of the hub (hub.c, residency.c); private to
- * sessions/. */
+/* What the files of the hub (hub.c: the client API and attachment; hub_match.c:
+ * matching stateless requests; hub_events.c: the workers' events; hub_life.c: start,
+ * expiry, shutdown; hub_stats.c: what the endpoints show) share beyond the hub's state
+ * (sessions/hub_state.h). Private to sessions/; loop thread. */
 #ifndef KVP_HUB_IMPL_H
 #define KVP_HUB_IMPL_H
 
-#include <uv.h>
-
 #include "sessions/hub.h"
-#include "sessions/scheduler.h"
-#include "sessions/session.h"
-#include "sessions/transcripts.h"
+#include "sessions/hub_state.h"
 
-struct kvp_hub_storage {
-    struct kvp_store *store;         /* NULL: no snapshots */
-    kvp_transcripts transcripts;     /* the directory's index, moved into the hub at start */
-};
+/* ---- events to clients (hub.c) ---- */
 
-struct kvp_hub {
-    uv_loop_t *loop;
-    const kvp_hub_config *cfg;
-    kvpd_metrics *m;
-    kvp_session_env env;             /* env.store: NULL without persistence */
-    kvp_hub_storage *storage;        /* its store and the index read at start; NULL: none */
-    kvp_policy_conf *pconf;          /* the policy of new sessions */
-    kvp_session_table sessions;
-    kvp_transcripts transcripts;     /* every session by transcript hash, on disk ones too */
-    kvpd_sched *sched;
-    size_t row_bytes;                /* cache bytes per row per head */
-    int workers;
-    int draining;
-    int jobs;                        /* sessions with a job in flight */
-    uint64_t clients_made;           /* serial numbers of clients */
-    /* Set by a refused admission when nothing running will free room soon: the wait
-     * until an idle session times out (ms); 0: about a turn (kvp_hub_retry_hint_ms). */
-    int refused_retry_ms;
-    struct kvp_vocab_trie *trie;     /* env.trie's memory: made for the first grammar */
-    struct kvp_background *bg;       /* canary checks and learn_dir writes (background.h) */
-    /* The token prefixes of the conversations held here, for forks (sessions/prefix.h):
-     * a session is put when a job ends with its cache matching its tokens, removed when
-     * it leaves the table; NULL when out of memory at start (no index, no token-level
-     * forks). */
-    struct kvp_prefix_index *prefix;
-};
+void hub_emit_error_retry(kvp_hub_client *c, const char *code, const char *msg, int retry);
+void hub_emit_error(kvp_hub_client *c, const char *code, const char *msg);
+/* overloaded, with a hint of when to try again. */
+void hub_overloaded(kvp_hub_client *c, const char *msg);
+/* The session event for c's session (its history when it is idle). */
+void hub_emit_session(kvp_hub_client *c, int resumed);
 
-/* An idle session leaves memory (hub.c; its snapshot, if any, stays on disk). */
-void kvp_hub_drop(kvp_hub *h, kvp_session *s);
+/* ---- attachment (hub.c) ---- */
 
-struct kvp_hub_client {
-    kvp_hub *hub;
-    kvp_hub_sink sink;
-    void *ctx;
-    kvp_session *session;            /* attached (s->client == this) */
-    uint64_t serial;                 /* the session it starts carry it (creator) */
-    char tenant[KVP_TENANT_LEN + 1]; /* whose sessions it may use (kvp_hub_client_set_tenant) */
-    int created;                     /* sessions it started that still hold a conversation */
-    /* A hello with a system text naming a session being read from disk: checked against
-     * the session's when the load ends. */
-    int check_system;
-    char *want_system;
-    size_t want_system_len;
-    struct kvp_hub_pending *pending; /* a request waiting for its session's snapshot */
-};
+/* Nothing to keep: no turn ever ran and nothing is on disk. */
+int hub_never_used(const kvp_session *s);
+/* The client lets go of its session (one never used ends). */
+void hub_leave(kvp_hub_client *c);
+/* An idle session follows the newest client that names it; the previous one is told. */
+void hub_attach(kvp_hub_client *c, kvp_session *s);
+/* Hands s to the scheduler for `job`, holding `reserve` bytes while it runs. */
+void hub_submit(kvp_hub *h, kvp_session *s, enum kvp_session_state job, size_t reserve);
+/* s belongs to c's tenant. */
+int hub_same_tenant(const kvp_hub_client *c, const kvp_session *s);
+/* A system text of len bytes is within KVP_HUB_SYSTEM_MAX (else c is told too_large). */
+int hub_system_ok(kvp_hub_client *c, size_t len);
+/* s's system text is system[0..len). */
+int hub_same_system(const kvp_session *s, const char *system, size_t len);
+/* A resume's system text (system NULL: not given) against s's; a mismatch is answered
+ * bad_request and leaves c without a session. */
+int hub_system_matches(kvp_hub_client *c, const kvp_session *s, const char *system,
+                       size_t len);
+/* A new session for c, attached (events are c's to send); 0 or answered with an error. */
+int hub_new_session(kvp_hub_client *c, const char *system, size_t system_len);
+/* c resumes session id from the store (s: its parked entry, or NULL). */
+void hub_open_from_disk(kvp_hub_client *c, kvp_session *s, const char *id,
+                        const char *system, size_t system_len);
+/* c's message as a turn on its session. */
+void hub_start_turn(kvp_hub_client *c, const char *text, size_t len, const kvp_turn_opts *o);
+
+/* ---- matching stateless requests (hub_match.c) ---- */
+
+/* A request waiting for the snapshot of the session it extends (kvp_hub_chat). */
+typedef struct kvp_hub_pending {
+    uint64_t hash;                   /* of system and msgs[0..n-1) */
+    char *system;
+    size_t system_len;
+    kvp_message *msgs;
+    int n;
+    int named;                       /* the session it waits for is the one it named */
+    kvp_turn_opts o;                 /* its stop strings point into stops, its biases
+                                      * into bias */
+    char *stops[KVP_HUB_MAX_STOPS];
+    kvp_logit_bias *bias;
+    char *tools, *prefix, *end_after;   /* the copies o's tool options point to */
+} kvp_hub_pending;
+
+/* s holds exactly msgs[0..n) (hash: theirs with system) and is free to take a turn. */
+int hub_continues(const kvp_hub_client *c, const kvp_session *s, int named, uint64_t hash,
+                  const char *system, size_t system_len, const kvp_message *msgs, int n);
+void hub_pending_free(kvp_hub_pending *p);
+/* The request's turn on s, which holds its history. */
+void hub_chat_go(kvp_hub_client *c, kvp_session *s, const char *system, size_t system_len,
+                 const kvp_message *msgs, int n, const kvp_turn_opts *o);
+
+/* ---- the workers' events (hub_events.c) ---- */
+
+/* The scheduler's callback for every event of a job (sessions/scheduler.h). */
+void hub_on_event(void *ctx, const kvpd_event *ev);
 
 #endif

@@ -7,7 +7,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "sessions/hub.h"
+#include "sessions/hub_types.h"
 
 /* Seconds. Time to first token is milliseconds on a small model and seconds on a big
  * one under load; a whole turn is longer. */

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "sessions/prefix.h"
 #include "store/store.h"
 
 size_t kvp_turn_bytes(const kvp_model_config *m, size_t row_bytes, int budget, int chunk,
@@ -213,4 +214,23 @@ int kvp_hub_admit(kvp_hub *h, kvp_session *s, int job, size_t *reserve, char *wh
     }
     *reserve = need;
     return 0;
+}
+
+/* ---- leaving memory ---- */
+
+/* A session leaves memory; it stays in the transcript index while it is on disk. */
+void kvp_hub_remove(kvp_hub *h, kvp_session *s)
+{
+    if (!h->env.store || !s->has_snapshot || s->lost)
+        kvp_transcripts_remove(&h->transcripts, s->id);
+    kvp_store_lease_drop(h->env.store, s->id);
+    kvp_prefix_remove(h->prefix, s);
+    kvp_session_remove(&h->sessions, s);
+}
+
+void kvp_hub_drop(kvp_hub *h, kvp_session *s)
+{
+    if (s->client)
+        s->client->session = NULL;
+    kvp_hub_remove(h, s);
 }

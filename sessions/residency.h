@@ -12,7 +12,7 @@
 
 #include <stddef.h>
 
-#include "sessions/hub_impl.h"
+#include "sessions/hub_state.h"
 
 /* The most one session's cache can take during a turn: every head's allocation for
  * min(budget + chunk, context) rows (the whole context when the policy never evicts).
@@ -41,5 +41,10 @@ int kvp_hub_admit_tenant(kvp_hub *h, const kvp_session *s, const char *tenant, i
                          char *why, size_t whylen);
 /* Parks an idle resident session (kvp_session_parkable) and counts it. */
 void kvp_hub_park(kvp_hub *h, kvp_session *s);
+/* An idle session leaves memory (its snapshot, if any, stays on disk, and its entry in
+ * the transcript index with it): kvp_hub_remove leaves the attached client's pointer to
+ * the caller, kvp_hub_drop detaches it too. */
+void kvp_hub_remove(kvp_hub *h, kvp_session *s);
+void kvp_hub_drop(kvp_hub *h, kvp_session *s);
 
 #endif

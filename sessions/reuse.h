@@ -4,7 +4,7 @@
 #ifndef KVP_REUSE_H
 #define KVP_REUSE_H
 
-#include "sessions/hub_impl.h"
+#include "sessions/hub_state.h"
 
 /* The resident idle session of c's tenant, with the request's system text and its whole
  * history kept, that shares the most leading messages with msgs[0..n) and that the

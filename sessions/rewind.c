@@ -16,14 +16,6 @@ static void free_msgs(kvp_message *m, int n)
     free(m);
 }
 
-void kvp_session_rewind_clear(kvp_session *s)
-{
-    free_msgs(s->rewind_msgs, s->rewind_n);
-    s->rewind_msgs = NULL;
-    s->rewind_n = 0;
-    s->rewind_set = 0;
-}
-
 int kvp_session_rewind(kvp_session *s, const kvp_message *msgs, int n)
 {
     kvp_session_rewind_clear(s);

@@ -17,8 +17,6 @@
 /* Loop: the turn about to be queued on s continues from msgs[0..n) (copied) instead of
  * s's transcript. 0 or -ENOMEM. */
 int kvp_session_rewind(kvp_session *s, const kvp_message *msgs, int n);
-/* Loop: an armed rewind whose turn did not start is forgotten. */
-void kvp_session_rewind_clear(kvp_session *s);
 
 /* Worker, at the turn's start: when a rewind is armed, the messages are replaced and
  * rendered again (tokens[] anew, n_cached 0; the cache untouched) and *old (malloc'd)

@@ -23,7 +23,7 @@
 
 #include "base/clock.h"
 #include "cache/kvcache.h"
-#include "sessions/hub.h"
+#include "sessions/hub_types.h"
 #include "model/forward.h"
 #include "generate/generate.h"
 #include "model/sampler.h"
@@ -279,6 +279,8 @@ int kvp_session_table_init(kvp_session_table *t);
 int kvp_session_create(kvp_session_table *t, const kvp_session_env *env, kvp_policy_conf *pc,
                        const char *id, double now, kvp_session **out, char *err, size_t errlen);
 kvp_session *kvp_session_find(const kvp_session_table *t, const char *id);
+/* Loop: an armed rewind (sessions/rewind.h) whose turn did not start is forgotten. */
+void kvp_session_rewind_clear(kvp_session *s);
 /* Unlinks and frees a session that is not busy. */
 void kvp_session_remove(kvp_session_table *t, kvp_session *s);
 void kvp_session_table_clear(kvp_session_table *t);

@@ -1,5 +1,5 @@
-/* sessions/hub.c driven by fake front ends (no sockets): the events a client gets for
- * open, message, cancel and close, and the attachment rule. */
+/* The session hub (sessions/hub*.c) driven by fake front ends (no sockets): the events a
+ * client gets for open, message, cancel and close, and the attachment rule. */
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>

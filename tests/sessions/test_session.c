@@ -1,4 +1,5 @@
-/* sessions/session.c: the turn state machine run unit by unit on this thread. */
+/* sessions/session.c, turn.c, turn_reply.c, step_plan.c: the session object and the turn
+ * state machine run unit by unit on this thread. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <math.h>

@@ -1,0 +1,317 @@
+/* Matching a stateless request (kvp_hub_chat) to the conversation it continues: the
+ * idle session holding its history exactly (by transcript hash, then compared), one on
+ * disk read first (the request waits for its snapshot), a session rewound or forked
+ * from a shared prefix, or a new one. Loop thread. */
+#include "sessions/hub.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/log.h"
+#include "model/grammar.h"
+#include "sessions/hub_impl.h"
+#include "sessions/persist.h"
+#include "sessions/prefix.h"
+#include "sessions/residency.h"
+#include "sessions/reuse.h"
+#include "sessions/rewind.h"
+#include "store/store.h"
+
+/* s holds exactly msgs[0..n) and is free to take a turn. A parked session's texts are on
+ * disk: its hash and count stand for them. Messages dropped from a bounded history
+ * (max_history_tokens) are known by the hash alone: such a session is continued only when
+ * the request names it (`named`: its id is the key to the conversation); an anonymous
+ * request whose history reaches into them starts a new session instead. */
+int hub_continues(const kvp_hub_client *c, const kvp_session *s, int named, uint64_t hash,
+                  const char *system, size_t system_len, const kvp_message *msgs, int n)
+{
+    if (kvp_session_busy(s) || !hub_same_tenant(c, s) || s->transcript_hash != hash ||
+        s->transcript_msgs != n ||
+        (s->transcript_dropped && !named) || !hub_same_system(s, system, system_len))
+        return 0;
+    if (s->state == KVP_SESSION_PARKED)
+        return 1;
+    const kvp_message *kept = msgs + s->hist_msgs;
+    for (int i = 0; i < s->n_msgs; i++)
+        if (s->msgs[i].user != kept[i].user || s->msgs[i].len != kept[i].len ||
+            memcmp(s->msgs[i].text, kept[i].text, kept[i].len))
+            return 0;
+    return 1;
+}
+
+void hub_pending_free(kvp_hub_pending *p)
+{
+    if (!p)
+        return;
+    free(p->system);
+    for (int i = 0; i < p->n; i++)
+        free(p->msgs[i].text);
+    free(p->msgs);
+    for (int i = 0; i < KVP_HUB_MAX_STOPS; i++)
+        free(p->stops[i]);
+    free(p->bias);
+    kvp_grammar_unref(p->o.grammar);
+    free(p->tools);
+    free(p->prefix);
+    free(p->end_after);
+    free(p);
+}
+
+static char *copy_bytes(const char *s, size_t n)
+{
+    char *c = malloc(n + 1);
+    if (c) {
+        memcpy(c, s, n);
+        c[n] = '\0';
+    }
+    return c;
+}
+
+static kvp_hub_pending *pending_new(uint64_t hash, const char *system, size_t system_len,
+                                   const kvp_message *msgs, int n, const kvp_turn_opts *o)
+{
+    kvp_hub_pending *p = calloc(1, sizeof *p);
+    if (!p || !(p->msgs = calloc((size_t)n, sizeof *p->msgs)))
+        goto oom;
+    p->hash = hash;
+    p->o = *o;
+    kvp_grammar_ref(p->o.grammar);
+    if (system_len && !(p->system = copy_bytes(system, system_len)))
+        goto oom;
+    p->system_len = system_len;
+    for (; p->n < n; p->n++) {
+        p->msgs[p->n] = msgs[p->n];
+        if (!(p->msgs[p->n].text = copy_bytes(msgs[p->n].text, msgs[p->n].len)))
+            goto oom;
+    }
+    for (int i = 0; i < o->n_stop && i < KVP_HUB_MAX_STOPS; i++) {
+        if (!(p->stops[i] = copy_bytes(o->stop[i], o->stop_len[i])))
+            goto oom;
+        p->o.stop[i] = p->stops[i];
+    }
+    if (o->sampling.n_bias > 0) {
+        if (!(p->bias = malloc((size_t)o->sampling.n_bias * sizeof *p->bias)))
+            goto oom;
+        memcpy(p->bias, o->sampling.bias, (size_t)o->sampling.n_bias * sizeof *p->bias);
+        p->o.sampling.bias = p->bias;
+    }
+    if ((o->tools_len && !(p->o.tools = p->tools = copy_bytes(o->tools, o->tools_len))) ||
+        (o->reply_prefix_len &&
+         !(p->o.reply_prefix = p->prefix = copy_bytes(o->reply_prefix, o->reply_prefix_len))) ||
+        (o->end_after_len &&
+         !(p->o.end_after = p->end_after = copy_bytes(o->end_after, o->end_after_len))))
+        goto oom;
+    return p;
+oom:
+    hub_pending_free(p);
+    return NULL;
+}
+
+/* The request goes on: on s (it continues s), or on a new session seeded with its
+ * history. */
+void hub_chat_go(kvp_hub_client *c, kvp_session *s, const char *system, size_t system_len,
+                 const kvp_message *msgs, int n, const kvp_turn_opts *o)
+{
+    if (s) {
+        hub_attach(c, s);
+        hub_emit_session(c, 1);
+    } else {
+        if (hub_new_session(c, system, system_len) < 0)
+            return;
+        if (kvp_session_seed(c->session, msgs, n - 1) < 0) {
+            hub_emit_error(c, KVPD_E_INTERNAL, "out of memory");
+            return;
+        }
+    }
+    kvp_turn_opts with_role = *o;
+    with_role.role = msgs[n - 1].user;
+    hub_start_turn(c, msgs[n - 1].text, msgs[n - 1].len, &with_role);
+}
+
+typedef struct fork_filter {
+    kvp_hub *h;
+    const kvp_hub_client *c;
+} fork_filter;
+
+static int fork_filter_ok(void *ctx, const void *owner)
+{
+    const fork_filter *f = ctx;
+    return kvp_reuse_fork_source_ok(f->h, f->c, owner);
+}
+
+/* The held conversation the new session s best forks for the request msgs[0..n): the
+ * one of the prefix index with the longest token prefix of the request's rendering (at least a block, checked token by token), else the message-level choice
+ * (kvp_reuse_fork_find: shorter conversations, a shared system text). *other: it shares
+ * messages with the request, not only a prefix of its rendering. Renders the request on
+ * the loop (in s) and leaves s with no transcript (the caller seeds or forks it). */
+static kvp_session *fork_source(kvp_hub *h, kvp_hub_client *c, kvp_session *s,
+                                const char *system, size_t system_len,
+                                const kvp_message *msgs, int n, int *other)
+{
+    kvp_session *src = NULL;
+    int shared = 0;
+    /* the rendering of the whole request, its last message as its turn renders it */
+    kvp_session_clear_transcript(s);
+    if (h->prefix && kvp_session_seed(s, msgs, n) >= 0 &&
+        kvp_session_retokenize(s, &h->env) >= 0) {
+        fork_filter f = {h, c};
+        int len;
+        kvp_session *t = (kvp_session *)kvp_prefix_lookup(h->prefix, c->tenant, s->tokens,
+                                                          s->n_tokens, fork_filter_ok, &f, &len);
+        if (t && kvp_token_lcp(t->tokens, t->n_cached, s->tokens, s->n_tokens) >= KVP_PREFIX_BLOCK) {
+            src = t;
+            shared = kvp_reuse_shared_msgs(t, system, system_len, msgs, n);
+        }
+    }
+    kvp_session_clear_transcript(s);
+    s->n_cached = 0;
+    s->reply_open = 0;
+    s->jinja_rendered = 0;
+    if (!src)
+        src = kvp_reuse_fork_find(h, c, system, system_len, msgs, n, &shared);
+    *other = shared > 0;
+    return src;
+}
+
+/* A new session s, before its first turn (its history msgs[0..n-1) seeded or not, the
+ * turn's message msgs[n-1]): forked from the held conversation that shares the most with
+ * the request when there is one (it starts with a copy of that one's cache and its turn
+ * prefills only what follows the common prefix; the source is not changed). Leaves s
+ * seeded with the history either way (as a rewind to be applied when forked). */
+static void try_fork(kvp_hub_client *c, kvp_session *s, const kvp_message *msgs, int n)
+{
+    kvp_hub *h = c->hub;
+    if (!h->env.reuse_cache)
+        return;
+    int forked = 0, other = 0;
+    size_t bytes = 0;
+    kvp_session *src = fork_source(h, c, s, s->system, s->system_len, msgs, n, &other);
+    if (src && kvp_session_fork(s, src, &h->env, &bytes) == 0) {
+        if (kvp_session_rewind(s, msgs, n - 1) == 0)
+            forked = 1;
+        else   /* no room for the history: the copy goes, the history is prefilled */
+            kvp_session_forget(s);
+    }
+    if (forked) {
+        s->reuse_from = other ? KVP_REUSE_OTHER : KVP_REUSE_SHARED;
+        s->bytes = bytes;   /* its own copy counts against the memory cap */
+        h->m->prefix_hits++;
+        h->m->prefix_bytes_copied += bytes;
+    } else {
+        h->m->prefix_misses++;
+        if (!s->n_msgs && kvp_session_seed(s, msgs, n - 1) < 0)
+            kvp_session_forget(s);   /* out of memory: the turn fails on its own */
+    }
+}
+
+/* The request starts a new session, forked when it can be (try_fork), else seeded with
+ * the request's history, prefilled whole. */
+static void new_chat(kvp_hub_client *c, const char *system, size_t system_len,
+                     const kvp_message *msgs, int n, const kvp_turn_opts *o)
+{
+    if (hub_new_session(c, system, system_len) < 0)
+        return;
+    kvp_session *s = c->session;
+    if (kvp_session_seed(s, msgs, n - 1) < 0) {
+        hub_emit_error(c, KVPD_E_INTERNAL, "out of memory");
+        return;
+    }
+    try_fork(c, s, msgs, n);
+    if (n > 1 && !s->n_msgs && !s->rewind_set) {
+        hub_emit_error(c, KVPD_E_INTERNAL, "out of memory");
+        return;
+    }
+    kvp_turn_opts with_role = *o;
+    with_role.role = msgs[n - 1].user;
+    hub_start_turn(c, msgs[n - 1].text, msgs[n - 1].len, &with_role);
+    if (s->rewind_set && s->state != KVP_SESSION_TURN)
+        kvp_session_rewind_clear(s);
+}
+
+void kvp_hub_chat(kvp_hub_client *c, const char *id, const char *system, size_t system_len,
+                  const kvp_message *msgs, int n, const kvp_turn_opts *o)
+{
+    kvp_hub *h = c->hub;
+    if (h->draining) {
+        hub_emit_error(c, KVPD_E_OVERLOADED, "the daemon is shutting down");
+        return;
+    }
+    if (n < 1) {
+        hub_emit_error(c, KVPD_E_BAD_REQUEST, "a conversation needs a message");
+        return;
+    }
+    if (!hub_system_ok(c, system_len))
+        return;
+    hub_leave(c);
+    int prefix = n - 1;
+    uint64_t hash = kvp_session_transcript_hash(system, system_len, msgs, prefix) ^
+                    kvp_tenant_mix(c->tenant);
+    kvp_session *s = NULL;
+    const char *disk = NULL;   /* a session it extends that is only on disk */
+    kvp_session *stale = NULL; /* ... or in memory here, but maybe moved on elsewhere */
+    int named = 0;
+    if (prefix > 0 && id && id[0]) {   /* the named session first */
+        kvp_session *t = kvp_session_find(&h->sessions, id);
+        const kvp_transcript_entry *e = t ? NULL : kvp_transcripts_get(&h->transcripts, id);
+        if (t && hub_continues(c, t, 1, hash, system, system_len, msgs, prefix))
+            s = t;
+        else if (e && e->hash == hash && e->n_msgs == prefix && h->env.store)
+            disk = e->id;
+        else if (h->env.store && !h->env.state_dir[0] && kvp_snapshot_id_valid(id) &&
+                 (!t || !kvp_session_busy(t))) {
+            /* A shared store (Redis) keeps no index here, and another node may have served
+             * turns since this copy: the load takes the lease, reads the snapshot when it
+             * moved on, and the answer compares. */
+            disk = id;
+            stale = t;
+        }
+        named = disk != NULL;
+    }
+    /* Then every session with this transcript hash: one in memory if any is free. */
+    for (const kvp_transcript_entry *e = prefix > 0 && !s && !disk
+             ? kvp_transcripts_next(&h->transcripts, hash, prefix, NULL) : NULL;
+         e && !s; e = kvp_transcripts_next(&h->transcripts, hash, prefix, e)) {
+        kvp_session *t = kvp_session_find(&h->sessions, e->id);
+        if (t && hub_continues(c, t, 0, hash, system, system_len, msgs, prefix))
+            s = t;
+        else if (!t && !disk && h->env.store)
+            disk = e->id;
+    }
+    if (!s && !disk && (s = kvp_reuse_rewind_find(h, c, id, system, system_len, msgs, n))) {
+        /* continued from an earlier point: its history replaces the session's */
+        if (kvp_session_rewind(s, msgs, n - 1) < 0) {
+            hub_emit_error(c, KVPD_E_INTERNAL, "out of memory");
+            return;
+        }
+        hub_chat_go(c, s, system, system_len, msgs, n, o);
+        if (s->state != KVP_SESSION_TURN)
+            kvp_session_rewind_clear(s);   /* refused: the session stays as it was */
+        else
+            h->m->prefix_rewinds++;
+        return;
+    }
+    if (!s && !disk) {
+        new_chat(c, system, system_len, msgs, n, o);
+        return;
+    }
+    if (s) {
+        hub_chat_go(c, s, system, system_len, msgs, n, o);
+        return;
+    }
+    /* Read it first (a load job); the request waits on the client (chat_loaded). */
+    kvp_hub_pending *p = pending_new(hash, system, system_len, msgs, n, o);
+    if (!p) {
+        hub_emit_error(c, KVPD_E_INTERNAL, "out of memory");
+        return;
+    }
+    p->named = named;
+    char sid[KVP_SNAPSHOT_ID_MAX + 1];
+    snprintf(sid, sizeof sid, "%s", disk);
+    hub_open_from_disk(c, stale, sid, NULL, 0);
+    if (c->session && c->session->state == KVP_SESSION_LOAD)
+        c->pending = p;
+    else
+        hub_pending_free(p);   /* refused (overloaded): answered */
+}

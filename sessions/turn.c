@@ -1,0 +1,422 @@
+/* The turn state machine on a worker: a turn's start as a unit of its own (the lease,
+ * the snapshot restored, the policy made, a rewind applied, the transcript rendered),
+ * each sampled token taken in (stop conditions, log-probabilities), and its end (the
+ * snapshot written, then done or error); snapshot loads and saves as jobs. The step
+ * planner (sessions/step_plan.c) runs the model for it. */
+#include "sessions/turn.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+
+#include "model/tokenizer.h"
+#include "policy/policy.h"
+#include "sessions/canary.h"
+#include "sessions/persist.h"
+#include "sessions/rewind.h"
+#include "sessions/session_impl.h"
+#include "sessions/turn_reply.h"
+#include "store/store.h"
+
+void turn_note_rows(kvp_session *s)
+{
+    int r = kvp_cache_max_rows(&s->cache);
+    if (r > s->turn.stats.cache_rows_max)
+        s->turn.stats.cache_rows_max = r;
+    size_t b = kvp_cache_bytes(&s->cache);
+    if (b > s->turn.stats.cache_bytes_max)
+        s->turn.stats.cache_bytes_max = b;
+}
+
+kvp_evict_cfg turn_evict_cfg(const kvp_session *s, const kvp_session_env *env)
+{
+    kvp_evict_cfg e = {s->policy, s->turn.budget, env->chunk, env->budget_mode};
+    return e;
+}
+
+/* The end of every turn, done or failed: the snapshot follows memory. */
+static void save(kvp_session *s, const kvp_session_env *env)
+{
+    if (!env->store)
+        return;
+    int rc = kvp_session_save(s, env, s->save_err, sizeof s->save_err);
+    s->save_rc = rc < 0 ? rc : 1;
+    s->saved = rc == 0;
+    s->has_snapshot |= rc == 0;
+}
+
+/* A turn's last unit: its snapshot written (with a store), then its final event, the
+ * worker's last touch of the session. Returns 0 (the turn ended). */
+static int turn_report(kvp_session *s, const kvp_session_env *env, const kvp_turn_sink *sink)
+{
+    kvp_turn *t = &s->turn;
+    s->io_next = 0;
+    t->end = 0;
+    save(s, env);
+    if (t->end_code < 0)
+        sink->error(sink->ctx, s, t->end_code, t->end_msg);
+    else
+        sink->done(sink->ctx, s, &t->stats, t->reply ? t->reply : "", t->reply_len);
+    return 0;
+}
+
+/* The end of every turn, done (code 0) or failed (code < 0, msg): the final event is
+ * sent only once the snapshot is written, and that write waits on the disk or the
+ * network, so with a store the turn leaves the batched step here and its end is a unit
+ * of its own (turn_report, run as a job: the step never waits on the store). Returns as
+ * kvp_turn_step. */
+static int end_turn(kvp_session *s, const kvp_session_env *env, const kvp_turn_sink *sink,
+                    int code, const char *msg)
+{
+    kvp_turn *t = &s->turn;
+    t->end = 1;
+    t->end_code = code;
+    snprintf(t->end_msg, sizeof t->end_msg, "%s", msg ? msg : "");
+    if (!env->store)
+        return turn_report(s, env, sink);
+    s->io_next = 1;
+    return 1;
+}
+
+/* Ends the turn: turn-boundary eviction, transcript, stats. */
+int turn_finish(kvp_session *s, const kvp_session_env *env, const kvp_turn_sink *sink,
+                const char *stop)
+{
+    kvp_turn *t = &s->turn;
+    char tail[4];
+    size_t n = kvp_utf8_flush(&t->utf8, tail);
+    if (t->lp_on && !t->stopped)   /* the reply's end ends its last tokens */
+        for (int i = t->stats.generated_tokens - 1; i >= 0 && t->tok_end[i] == SIZE_MAX; i--)
+            t->tok_end[i] = t->reply_len + n;
+    int rc = n ? turn_reply_text(s, sink, tail, n) : 0;
+    if (t->lp_on)   /* the tokens whose text is returned: up to a stop string's cut */
+        t->lp_n = turn_lp_whole(t, t->stopped ? t->stop_at : SIZE_MAX - 1);
+    if (!rc && t->stopped) {
+        rc = turn_cut_at_stop(s, env);
+        stop = "stop";
+        t->reply_len = t->stop_at;
+        if (t->reply)
+            t->reply[t->reply_len] = '\0';
+    }
+    turn_emit(s, sink, t->reply_len);   /* what was held back for the stop strings */
+    kvp_evict_cfg e = turn_evict_cfg(s, env);
+    int dropped = kvp_gen_compress(&s->cache, &e);
+    if (dropped < 0 && !rc)
+        rc = dropped;
+    if (!rc)
+        rc = kvp_session_push_message(s, 0, t->reply ? t->reply : "", t->reply_len, t->reply_from);
+    if (rc < 0) {
+        free(t->text);
+        t->text = NULL;
+        return end_turn(s, env, sink, rc, "could not finish the turn");
+    }
+    kvp_session_bound_history(s, t->max_history);
+    double end = kvp_now();
+    kvp_turn_stats *st = &t->stats;
+    st->transcript_tokens = (int)(s->hist_tokens + s->n_tokens);
+    st->cache_rows = kvp_cache_max_rows(&s->cache);
+    if (st->cache_rows > st->cache_rows_max)
+        st->cache_rows_max = st->cache_rows;
+    st->cache_bytes = kvp_cache_bytes(&s->cache);
+    st->evicted_total = s->cache.evicted_rows;
+    st->evicted_rows = s->cache.evicted_rows - t->evicted_at_start;
+    st->duration_ms = (end - t->t_start) * 1e3;
+    st->ttft_ms = t->t_first > 0 ? (t->t_first - t->t_start) * 1e3 : st->duration_ms;
+    st->tokens_per_s = end > t->t_start ? st->generated_tokens / (end - t->t_start) : 0;
+    st->stop = stop;
+    if (st->cache_bytes > st->cache_bytes_max)
+        st->cache_bytes_max = st->cache_bytes;
+    free(t->text);
+    t->text = NULL;
+    s->turns_done++;
+    return end_turn(s, env, sink, 0, NULL);
+}
+
+/* Ends a failed turn so the session stays usable: the cache may be half-updated, so it
+ * is dropped and the next turn re-prefills the transcript. With `undo` (the turn failed
+ * before its reply began) the transcript goes back to where this turn found it: its
+ * tokens, and its user message if it was recorded; never anything of earlier turns. */
+int turn_fail(kvp_session *s, const kvp_session_env *env, const kvp_turn_sink *sink,
+              int undo, int rc, const char *what, const char *detail)
+{
+    kvp_turn *t = &s->turn;
+    kvp_cache_reset(&s->cache);
+    s->n_cached = 0;
+    if (undo) {
+        s->n_tokens = t->undo_tokens;
+        if (t->recorded)
+            free(s->msgs[--s->n_msgs].text);
+    }
+    kvp_session_restart_tokens(s);
+    char msg[160];
+    snprintf(msg, sizeof msg, "%s: %s", what, detail ? detail :
+             rc == -E2BIG ? "the conversation outgrew the model's context" : strerror(-rc));
+    free(t->text);
+    t->text = NULL;
+    return end_turn(s, env, sink, rc, msg);
+}
+
+/* A sampled token: stop, or stream it and keep going. Returns as kvp_turn_step. */
+int turn_take_token(kvp_session *s, const kvp_session_env *env, const kvp_turn_sink *sink,
+                    int tok)
+{
+    kvp_turn *t = &s->turn;
+    if (t->stopped)   /* the reply's prefix ended it: the sampled token is not kept */
+        return turn_finish(s, env, sink, "stop");
+    if (kvp_template_is_stop(&env->tpl, tok)) {
+        /* A chat format's end marker belongs to the transcript (fed next turn). */
+        if (kvp_template_keeps_stop(&env->tpl) && kvp_session_push_token(s, tok) < 0)
+            return turn_fail(s, env, sink, 0, -ENOMEM, "transcript", NULL);
+        s->reply_open = 0;
+        return turn_finish(s, env, sink, "eos");
+    }
+    /* Past the lease this node surely holds, another node may serve the session: the
+     * turn stops here and is not kept (the client sends it again). */
+    if (env->store && kvp_store_lease_left_ms(env->store, s->id) == 0)
+        return turn_fail(s, env, sink, 1, -ENOLCK, "lease", "this node's lease ran out before "
+                    "the turn ended (the store did not answer in time); the turn is cut and "
+                    "not kept: send it again");
+    int prev = s->n_tokens ? s->tokens[s->n_tokens - 1] : -1;
+    if (kvp_session_push_token(s, tok) < 0)
+        return turn_fail(s, env, sink, 0, -ENOMEM, "transcript", NULL);
+    t->stats.generated_tokens++;
+    if (t->t_first == 0)
+        t->t_first = kvp_now();
+    size_t plen = 0, upto = t->sent;
+    const char *piece = kvp_tokenizer_piece(&env->model->tok, prev, tok, &plen);
+    if (piece && plen) {
+        char buf[3 * 64 + 4];
+        size_t off = 0;
+        while (off < plen) {   /* pieces are short; chunk anyway to bound buf */
+            size_t n = plen - off > 64 ? 64 : plen - off;
+            size_t o = kvp_utf8_feed(&t->utf8, piece + off, n, buf);
+            int err = 0;
+            if (o)
+                upto = turn_reply_keep(t, buf, o, &err);
+            if (err)
+                return turn_fail(s, env, sink, 0, -ENOMEM, "reply", NULL);
+            off += n;
+        }
+    }
+    /* the token's end first, so the text it sends carries its logprobs */
+    if ((t->n_stop || t->lp_on) && turn_note_token_end(t) < 0)
+        return turn_fail(s, env, sink, 0, -ENOMEM, "reply", NULL);
+    turn_emit(s, sink, upto);
+    if (t->stopped)
+        return turn_finish(s, env, sink, "stop");
+    if (t->stats.generated_tokens >= t->max_tokens)
+        return turn_finish(s, env, sink, "length");
+    t->next_token = tok;
+    t->state = KVP_TURN_DECODE;
+    return 1;
+}
+
+/* Before a load or a turn: this node takes the session's lease (store/store.h). 0 to
+ * go on; -EADDRINUSE when another node serves it (s->elsewhere_ms: for how long yet).
+ * When the store's snapshot is another version than the one memory descends from
+ * (another node served turns meanwhile), memory is dropped for the snapshot. When the
+ * store cannot be reached, a session in memory goes on only while this node's lease
+ * surely lasts (its snapshot write will fail and say so): past that another node may
+ * hold it. One that must be read first cannot. */
+static int take_lease(kvp_session *s, const kvp_session_env *env, char *err, size_t errlen)
+{
+    s->elsewhere_ms = 0;
+    if (!env->store)
+        return 0;
+    int stored, left;
+    uint64_t version;
+    char holder[KVP_STORE_NODE_MAX + 1];
+    int rc = kvp_store_lease_take(env->store, s->id, &stored, &version, &left, holder,
+                                  sizeof holder, err, errlen);
+    if (rc < 0) {   /* in memory and still ours: served from there */
+        if (s->need_restore || kvp_store_lease_left_ms(env->store, s->id) > 0)
+            return s->need_restore ? rc : 0;
+        size_t used = strlen(err);
+        snprintf(err + used, errlen - used, "; this node's lease on session %.8s has run out, "
+                 "so it is not served until the store answers (try again)", s->id);
+        return rc;
+    }
+    if (rc == KVP_LEASE_OTHER) {
+        s->elsewhere_ms = left > 0 ? left : 1;
+        snprintf(err, errlen, "session %s is being served by another node (%s); retry in %d ms",
+                 s->id, holder, s->elsewhere_ms);
+        return -EADDRINUSE;
+    }
+    if (!s->need_restore && kvp_store_has_leases(env->store) && version &&
+        version != s->store_version) {
+        kvp_session_forget(s);
+        s->need_restore = 1;
+        kvp_store_note_takeover(env->store);
+    }
+    return 0;
+}
+
+/* A turn's first unit, run as a job before the turn joins a batched step: everything
+ * here may wait on the disk or the network, or take a while without the model (the
+ * lease, the snapshot of an unparked session, its policy, a seeded transcript tokenized,
+ * the user message into the transcript), so none of it holds back the other turns.
+ * Returns as kvp_turn_step. */
+static int turn_start(kvp_session *s, const kvp_session_env *env, const kvp_turn_sink *sink)
+{
+    kvp_turn *t = &s->turn;
+    s->io_next = 0;
+    {
+        char err[256];
+        int rc = take_lease(s, env, err, sizeof err);
+        if (rc < 0) {
+            free(t->text);
+            t->text = NULL;
+            sink->error(sink->ctx, s, rc, err);
+            return 0;
+        }
+    }
+    if (s->need_restore) {
+        /* Unparking: the snapshot comes back before the turn's first unit. */
+        char err[256];
+        int rc = kvp_session_restore(s, env, s->reserve, err, sizeof err);
+        if (rc < 0) {
+            s->lost = rc == -ENOENT || rc == -EBADMSG;
+            free(t->text);
+            t->text = NULL;
+            sink->error(sink->ctx, s, rc, err);
+            return 0;
+        }
+        s->need_restore = 0;
+    }
+    t->undo_tokens = s->n_tokens;   /* where a failure before the reply goes back to */
+    if (!s->policy) {
+        /* On the conf's shared weights (no file read); a conf without them (made by
+         * hand) has its file read here, on this worker. */
+        char err[160];
+        int rc = s->pconf->weights
+                     ? kvp_policy_create_shared(&s->policy, s->pconf->weights,
+                                                &env->model->cfg, s->seed, err, sizeof err)
+                     : kvp_policy_create(&s->policy, s->pconf->name,
+                                         s->pconf->file[0] ? s->pconf->file : NULL,
+                                         &env->model->cfg, s->seed, err, sizeof err);
+        if (rc < 0) {
+            s->policy = NULL;
+            return turn_fail(s, env, sink, 1, rc, "policy", err);
+        }
+    }
+
+    /* A request that continues this session from an earlier point (sessions/rewind.h):
+     * its history replaces the transcript, the cache is cut back below. */
+    int *rw_old = NULL, rw_n = 0;
+    {
+        int rc = kvp_session_rewind_apply(s, env, &rw_old, &rw_n);
+        t->undo_tokens = s->n_tokens;
+        if (rc < 0)
+            return turn_fail(s, env, sink, 1, rc, "transcript", NULL);
+    }
+    /* A session seeded with a conversation (kvp_session_seed): its messages first. */
+    if (s->n_tokens == 0 && s->n_msgs > 0) {
+        int rc = kvp_session_retokenize(s, env);
+        if (rc < 0)
+            return turn_fail(s, env, sink, 1, rc, "tokenize", NULL);
+        s->reply_open = 1;
+    }
+    /* A cancel that came before any work still records the message: the next turn
+     * prefills it (prefill checks the flag first). */
+    int *ids = NULL;
+    int n = kvp_session_jinja_turn(s, env, t, &ids);
+    if (n == -ENOENT) {
+        s->jinja_rendered = 0;
+        n = kvp_template_turn(&env->tpl, s->system, s->system_len, s->n_tokens == 0,
+                              s->reply_open, t->text, t->text_len, &ids);
+    }
+    int first = s->n_tokens;
+    if (n < 0) {
+        free(rw_old);
+        return turn_fail(s, env, sink, 1, n, "tokenize", NULL);
+    }
+    for (int i = 0; i < n; i++)
+        if (kvp_session_push_token(s, ids[i]) < 0) {
+            free(ids);
+            free(rw_old);
+            return turn_fail(s, env, sink, 1, -ENOMEM, "transcript", NULL);
+        }
+    free(ids);
+    if (kvp_session_push_message(s, t->role ? t->role : 1, t->text, t->text_len, first) < 0) {
+        free(rw_old);
+        return turn_fail(s, env, sink, 1, -ENOMEM, "transcript", NULL);
+    }
+    t->recorded = 1;
+    kvp_session_rewind_cut(s, rw_old, rw_n);
+    int reply_at = s->n_tokens;
+    if (t->prefix_len && turn_reply_prefix(s, env, sink) < 0)
+        return turn_fail(s, env, sink, 1, -ENOMEM, "transcript", NULL);
+    t->gen_start = s->n_tokens;
+    t->stats.prompt_tokens = s->n_tokens - s->n_cached;
+    if (t->max_prompt > 0 && t->stats.prompt_tokens > t->max_prompt) {
+        /* refused before any prefill: its cost grows with the prompt */
+        char why[96];
+        snprintf(why, sizeof why, "%d tokens to prefill, over the %d of max_prompt_tokens",
+                 t->stats.prompt_tokens, t->max_prompt);
+        return turn_fail(s, env, sink, 1, -E2BIG, "prompt", why);
+    }
+    if (!env->reuse_cache) {
+        /* Benchmark baseline: forget the cache, run the whole (kept) transcript again. */
+        kvp_cache_reset(&s->cache);
+        s->n_cached = 0;
+        if (s->hist_tokens > 0) {
+            kvp_session_restart_tokens(s);
+            int rc = kvp_session_retokenize(s, env);
+            t->undo_tokens = s->msg_tok[s->n_msgs - 1];   /* in the new rendering */
+            if (rc < 0)
+                return turn_fail(s, env, sink, 1, rc, "tokenize", NULL);
+        }
+    }
+    t->reply_from = reply_at;
+    t->evicted_at_start = s->cache.evicted_rows;
+    /* of the whole conversation: the cache holds the dropped history's tokens too */
+    t->stats.context_tokens = (int)(s->hist_tokens + s->n_tokens);
+    t->stats.cached_tokens = (int)(s->hist_tokens + s->n_cached);
+    /* a fork's rows came from another session (until this turn, the only rows it has) */
+    t->stats.cached_from = s->n_cached > 0 ? s->reuse_from : KVP_REUSE_OWN;
+    s->reuse_from = KVP_REUSE_OWN;
+    s->sampler.temperature = t->temperature;
+    s->sampler.top_p = t->top_p >= 0 ? t->top_p : env->top_p;
+    if (t->has_seed)
+        kvp_sampler_seed(&s->sampler, t->seed);
+    if (kvp_sampler_set_opts(&s->sampler, &t->sampling) < 0)   /* checked by the hub */
+        return turn_fail(s, env, sink, 1, -ENOMEM, "sampler", NULL);
+    s->reply_open = 1;    /* the assistant's reply has begun */
+    t->state = KVP_TURN_PREFILL;
+    return 1;
+}
+
+/* A unit run alone, outside any forward pass: a snapshot load (for a hello) or save (at
+ * shutdown), then the job event; or a turn's start (turn_start) or end (turn_report).
+ * Returns as kvp_turn_step. */
+int turn_run_job(kvp_session *s, const kvp_session_env *env, const kvp_turn_sink *sink)
+{
+    if (s->state == KVP_SESSION_TURN) {
+        int more = 1;
+        if (s->turn.state == KVP_TURN_START)
+            more = turn_start(s, env, sink);
+        if (more && s->turn.end)   /* it failed there: its end follows in the same job */
+            more = turn_report(s, env, sink);
+        return more;
+    }
+    char err[256] = "";
+    int rc;
+    if (s->state == KVP_SESSION_LOAD) {
+        /* In memory already (a shared store): only the lease, and the snapshot when
+         * another node served the session meanwhile. */
+        rc = take_lease(s, env, err, sizeof err);
+        if (rc == 0 && s->need_restore)
+            rc = kvp_session_restore(s, env, s->reserve, err, sizeof err);
+        s->lost = rc == -ENOENT || rc == -EBADMSG;
+        if (rc == 0)
+            s->need_restore = 0;
+    } else {
+        rc = kvp_session_save(s, env, err, sizeof err);
+        s->saved = rc == 0;
+        s->has_snapshot |= rc == 0;
+    }
+    sink->job(sink->ctx, s, rc, err);
+    return 0;
+}
