@@ -87,6 +87,36 @@ function variant(name, preTokenizer) {
   writeFileSync(path, JSON.stringify(j));
   return { json: path, config: qwen.config };
 }
+// llama.cpp's split regexes for Falcon, DeepSeek LLM and DeepSeek Coder (no npm package
+// carries those vocabularies), as a Hugging Face Sequence of Splits then ByteLevel:
+// transformers.js runs that sequence over Qwen3's vocabulary.
+function splits(...res) {
+  return { type: "Sequence", pretokenizers: [
+    ...res.map((r) => ({ type: "Split", pattern: { Regex: r }, behavior: "Isolated", invert: false })),
+    { type: "ByteLevel", add_prefix_space: false, trim_offsets: true, use_regex: false }] };
+}
+const DS_NEWLINE = "[\\r\\n]";
+const DS_LETTERS =
+  "\\s?[A-Za-z\u{b5}\u{c0}-\u{d6}\u{d8}-\u{f6}\u{f8}-\u{1ba}\u{1bc}-\u{1bf}" +
+  "\u{1c4}-\u{293}\u{295}-\u{2af}\u{370}-\u{373}\u{376}-\u{377}\u{37b}-\u{37d}\u{37f}" +
+  "\u{386}\u{388}-\u{38a}\u{38c}\u{38e}-\u{3a1}\u{3a3}-\u{3f5}\u{3f7}-\u{481}" +
+  "\u{48a}-\u{52f}\u{531}-\u{556}\u{10a0}-\u{10c5}\u{13a0}-\u{13f5}\u{13f8}-\u{13fd}" +
+  "\u{1c90}-\u{1cba}\u{1cbd}-\u{1cbf}\u{1d00}-\u{1d2b}\u{1d6b}-\u{1d77}\u{1d79}-\u{1d9a}" +
+  "\u{1e00}-\u{1f15}\u{1f18}-\u{1f1d}\u{1f20}-\u{1f45}\u{1f48}-\u{1f4d}\u{1f50}-\u{1f57}" +
+  "\u{1f59}\u{1f5b}\u{1f5d}\u{1f5f}-\u{1f7d}\u{1f80}-\u{1fb4}\u{1fb6}-\u{1fbc}\u{1fbe}" +
+  "\u{1fc2}-\u{1fc4}\u{1fc6}-\u{1fcc}\u{1fd0}-\u{1fd3}\u{1fd6}-\u{1fdb}\u{1fe0}-\u{1fec}" +
+  "\u{1ff2}-\u{1ff4}\u{1ff6}-\u{1ffc}\u{2102}\u{2107}\u{210a}-\u{2113}\u{2115}" +
+  "\u{2119}-\u{211d}\u{2124}\u{2126}\u{2128}\u{212a}-\u{212d}\u{212f}-\u{2134}\u{2139}" +
+  "\u{213c}-\u{213f}\u{2145}-\u{2149}\u{214e}\u{2183}-\u{2184}\u{2c00}-\u{2c7b}" +
+  "\u{2c7e}-\u{2ce4}\u{2ceb}-\u{2cee}\u{2cf2}-\u{2cf3}\u{a640}-\u{a66d}\u{a680}-\u{a69b}" +
+  "\u{a722}-\u{a76f}\u{a771}-\u{a787}\u{a78b}-\u{a78e}\u{ab70}-\u{abbf}\u{fb00}-\u{fb06}" +
+  "\u{fb13}-\u{fb17}\u{ff21}-\u{ff3a}\u{ff41}-\u{ff5a}\u{10400}-\u{1044f}" +
+  "\u{104b0}-\u{104d3}\u{104d8}-\u{104fb}\u{10c80}-\u{10cb2}\u{10cc0}-\u{10cf2}" +
+  "\u{118a0}-\u{118df}\u{1e900}-\u{1e943}]+";
+const DS_PUNCT = "\\s?[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002]+";
+const DS_CJK = "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+";
+const FALCON = ["[\\p{P}\\$\\+<=>\\^~\\|`]+",
+  "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)", "[0-9][0-9][0-9]"];
 // The pre-tokenizer variants run on a smaller corpus (transformers.js takes most of
 // this test's time).
 const small = { oasst: oasst.slice(0, quick ? 50 : 300).join("\n\n"), torture };
@@ -102,6 +132,11 @@ const families = [
       { type: "ByteLevel", add_prefix_space: false, trim_offsets: true, use_regex: true }] }) },
   { name: "gpt2", byteLevel: true, corpus: small, variant: () => variant("gpt2",
       { type: "ByteLevel", add_prefix_space: false, trim_offsets: true, use_regex: true }) },
+  { name: "falcon", byteLevel: true, corpus: small, variant: () => variant("falcon", splits(...FALCON)) },
+  { name: "deepseek_llm", byteLevel: true, corpus: small, variant: () => variant("deepseek_llm",
+      splits(DS_NEWLINE, DS_LETTERS, DS_PUNCT, "\\s+$", DS_CJK, "\\p{N}+")) },
+  { name: "deepseek_coder", byteLevel: true, corpus: small, variant: () => variant("deepseek_coder",
+      splits(DS_NEWLINE, "\\s?\\p{L}+", "\\s?\\p{P}+", DS_CJK, "\\p{N}")) },
   { name: "llama3_1", ...pkg("llama3_1"), byteLevel: true, corpus: bounded },
   { name: "gpt4o", ...pkg("gpt4o"), byteLevel: true, corpus: bounded },
   { name: "gptoss", ...pkg("gptoss"), byteLevel: true, corpus: bounded },
