@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 # Reference test of model/jinja.c: the chat templates of the tokenizer packages in
-# tests/tokref (tokenizer_config.json's chat_template) and Phi-3's and Phi-3.5's (which no
-# package carries; HUB_TEMPLATES below) rendered by Debian's python3-jinja2
+# tests/tokref (tokenizer_config.json's chat_template) and Phi-3's, Phi-3.5's and Gemma 2's
+# (which no package carries; HUB_TEMPLATES below) rendered by Debian's python3-jinja2
 # with transformers' apply_chat_template settings (trim_blocks, lstrip_blocks, loop
 # controls, tojson with ensure_ascii=False, raise_exception, strftime_now) and by
 # `kvp render --chat-template-file`, over conversations with system prompts, tools, tool
@@ -181,6 +181,14 @@ HUB_TEMPLATES = [
      "{% elif message['role'] == 'assistant' %}{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}"
      "{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}",
      "<s>", "<|endoftext|>"),
+    ("gemma2-it",
+     "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
+     "{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+     "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+     "{% if (message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}{% endif %}"
+     "{{ '<start_of_turn>' + role + '\\n' + message['content'] | trim + '<end_of_turn>\\n' }}{% endfor %}"
+     "{% if add_generation_prompt %}{{'<start_of_turn>model\\n'}}{% endif %}",
+     "<bos>", "<eos>"),
 ]
 
 

