@@ -4,11 +4,11 @@
 // render_chat renders multi-turn OpenAssistant conversations (5 user turns without a
 // system prompt, 3 with one) from scratch and turn by turn. Checked:
 //  - the rendering's ids equal transformers.js's: apply_chat_template(...,
-//    {add_generation_prompt: true}) where the package's template is there and its Jinja
-//    engine parses it (Llama 3, and Phi-3's own template written out below); for the other families (no npm tokenizer, or Qwen3's
-//    template that the engine cannot parse) the exact text the family's template
-//    documents, written out below, encoded by transformers.js (which splits out the
-//    special tokens as HF does);
+//    {add_generation_prompt: true}) where the real template is there and its Jinja
+//    engine parses it (Llama 3's package, Phi-3's template written out below); for the
+//    other families (no npm tokenizer, or Qwen3's template that the engine cannot parse)
+//    the exact text the family's template documents, written out below, encoded by
+//    transformers.js (which splits out the special tokens as HF does);
 //  - the session's transcript built turn by turn equals the rendering from scratch
 //    (the replies being the tokens the template renders for them).
 // Families without their own npm vocabulary use Llama 2's (TinyLlama's is the same),
