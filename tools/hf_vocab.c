@@ -42,14 +42,46 @@ static const char DS3_RE3[] =
     "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?"
     "[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+";
 
+/* llama.cpp's split regexes for Falcon, DeepSeek LLM and DeepSeek Coder, as a Sequence
+ * of Splits spells them. */
+static const char FALCON_RE1[] = "[\\p{P}\\$\\+<=>\\^~\\|`]+";
+static const char FALCON_RE2[] =
+    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)";
+static const char FALCON_RE3[] = "[0-9][0-9][0-9]";
+static const char DS_NEWLINE_RE[] = "[\\r\\n]";
+static const char DS_LETTERS_RE[] =
+    "\\s?[A-Za-z\u00b5\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u01ba\u01bc-\u01bf\u01c4-\u0293"
+    "\u0295-\u02af\u0370-\u0373\u0376-\u0377\u037b-\u037d\u037f\u0386\u0388-\u038a"
+    "\u038c\u038e-\u03a1\u03a3-\u03f5\u03f7-\u0481\u048a-\u052f\u0531-\u0556"
+    "\u10a0-\u10c5\u13a0-\u13f5\u13f8-\u13fd\u1c90-\u1cba\u1cbd-\u1cbf\u1d00-\u1d2b"
+    "\u1d6b-\u1d77\u1d79-\u1d9a\u1e00-\u1f15\u1f18-\u1f1d\u1f20-\u1f45\u1f48-\u1f4d"
+    "\u1f50-\u1f57\u1f59\u1f5b\u1f5d\u1f5f-\u1f7d\u1f80-\u1fb4\u1fb6-\u1fbc\u1fbe"
+    "\u1fc2-\u1fc4\u1fc6-\u1fcc\u1fd0-\u1fd3\u1fd6-\u1fdb\u1fe0-\u1fec\u1ff2-\u1ff4"
+    "\u1ff6-\u1ffc\u2102\u2107\u210a-\u2113\u2115\u2119-\u211d\u2124\u2126\u2128"
+    "\u212a-\u212d\u212f-\u2134\u2139\u213c-\u213f\u2145-\u2149\u214e\u2183-\u2184"
+    "\u2c00-\u2c7b\u2c7e-\u2ce4\u2ceb-\u2cee\u2cf2-\u2cf3\ua640-\ua66d\ua680-\ua69b"
+    "\ua722-\ua76f\ua771-\ua787\ua78b-\ua78e\uab70-\uabbf\ufb00-\ufb06\ufb13-\ufb17"
+    "\uff21-\uff3a\uff41-\uff5a\U00010400-\U0001044f\U000104b0-\U000104d3"
+    "\U000104d8-\U000104fb\U00010c80-\U00010cb2\U00010cc0-\U00010cf2"
+    "\U000118a0-\U000118df\U0001e900-\U0001e943]+";
+static const char DS_PUNCT_RE[] = "\\s?[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002]+";
+static const char DS_TRAILING_RE[] = "\\s+$";
+static const char DS_CJK_RE[] = "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+";
+
+#define MAX_SPLITS 6
+
 /* The byte-level pre-tokenizers written as a Sequence of regex Splits, then ByteLevel
  * without its own regex. */
-static const struct { const char *name; const char *re[3]; } split_pres[] = {
+static const struct { const char *name; const char *re[MAX_SPLITS]; } split_pres[] = {
     {"llama-bpe", {LLAMA3_RE}},
     {"qwen2", {QWEN2_RE}},
     {"gpt-4o", {GPT4O_RE}},
     {"tekken", {TEKKEN_RE}},
     {"deepseek-v3", {DS3_RE1, DS3_RE2, DS3_RE3}},
+    {"falcon", {FALCON_RE1, FALCON_RE2, FALCON_RE3}},
+    {"deepseek-llm", {DS_NEWLINE_RE, DS_LETTERS_RE, DS_PUNCT_RE, DS_TRAILING_RE, DS_CJK_RE,
+                      "\\p{N}+"}},
+    {"deepseek-coder", {DS_NEWLINE_RE, "\\s?\\p{L}+", "\\s?\\p{P}+", DS_CJK_RE, "\\p{N}"}},
 };
 
 static const char *type_of(json_t *o)
@@ -96,11 +128,11 @@ static const char *pre_name(json_t *pre, json_t *norm)
                                                                "Regex"));
             int keeps = !strcmp(behavior, "Isolated") ? !json_is_true(json_object_get(sp, "invert"))
                       : !strcmp(behavior, "Removed") && json_is_true(json_object_get(sp, "invert"));
-            if (k >= 3 || strcmp(type_of(sp), "Split") || !keeps || !re || !split_pres[p].re[k] ||
+            if (k >= MAX_SPLITS || strcmp(type_of(sp), "Split") || !keeps || !re || !split_pres[p].re[k] ||
                 strcmp(re, split_pres[p].re[k]))
                 break;
         }
-        if (k + 1 == n && (k == 3 || !split_pres[p].re[k]))
+        if (k + 1 == n && (k == MAX_SPLITS || !split_pres[p].re[k]))
             return split_pres[p].name;
     }
     return NULL;
@@ -203,7 +235,8 @@ int kvp_hf_vocab_add(kvp_gguf_writer *w, const char *tokenizer_path, const char 
     if (byte_level && !(pre = pre_name(json_object_get(tj, "pre_tokenizer"),
                                             json_object_get(tj, "normalizer")))) {
         kvp_errorf(err, errlen, rc, "%s: pre_tokenizer is none kvpd implements (the split "
-                   "regexes of Llama 3, Qwen 2, GPT-4o, tekken or DeepSeek V3, SmolLM's "
+                   "regexes of Llama 3, Qwen 2, GPT-4o, tekken, DeepSeek V3, DeepSeek LLM or "
+                   "Coder, or Falcon, SmolLM's "
                    "or Command-R's digits + ByteLevel, GPT-2's ByteLevel)",
                    tokenizer_path);
         goto out;

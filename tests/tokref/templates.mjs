@@ -4,11 +4,11 @@
 // render_chat renders multi-turn OpenAssistant conversations (5 user turns without a
 // system prompt, 3 with one) from scratch and turn by turn. Checked:
 //  - the rendering's ids equal transformers.js's: apply_chat_template(...,
-//    {add_generation_prompt: true}) where the package's template is there and its Jinja
-//    engine parses it (Llama 3); for the other families (no npm tokenizer, or Qwen3's
-//    template that the engine cannot parse) the exact text the family's template
-//    documents, written out below, encoded by transformers.js (which splits out the
-//    special tokens as HF does);
+//    {add_generation_prompt: true}) where the real template is there and its Jinja
+//    engine parses it (Llama 3's package, Phi-3's template written out below); for the
+//    other families (no npm tokenizer, or Qwen3's template that the engine cannot parse)
+//    the exact text the family's template documents, written out below, encoded by
+//    transformers.js (which splits out the special tokens as HF does);
 //  - the session's transcript built turn by turn equals the rendering from scratch
 //    (the replies being the tokens the template renders for them).
 // Families without their own npm vocabulary use Llama 2's (TinyLlama's is the same),
@@ -89,6 +89,14 @@ function withSpecials(names) {
 // Templates: the text kvpd detects the family from (the real ones where a package has
 // them; otherwise the markers the family's template contains).
 const QWEN25 = "{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}{%- else %}{{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}{%- endif %}";
+// Phi-3-mini-4k-instruct's template as its tokenizer_config.json carries it (no package
+// here has it): kvpd renders it through its Jinja interpreter, transformers.js's
+// apply_chat_template is the reference.
+const PHI3 = "{% for message in messages %}{% if message['role'] == 'system' %}{{'<|system|>\\n' + message['content'] + '<|end|>\\n'}}" +
+  "{% elif message['role'] == 'user' %}{{'<|user|>\\n' + message['content'] + '<|end|>\\n'}}" +
+  "{% elif message['role'] == 'assistant' %}{{'<|assistant|>\\n' + message['content'] + '<|end|>\\n'}}" +
+  "{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% else %}{{ eos_token }}{% endif %}";
+const PHI3_SPECIALS = ["<|endoftext|>", "<|assistant|>", "<|end|>", "<|system|>", "<|user|>"];
 const families = [
   { name: "llama3", vocab: llama3.json, config: llama3.config, format: "", applyTemplate: true },
   { name: "llama3.1 (dated system block)", vocab: llama3.json,
@@ -100,8 +108,10 @@ const families = [
   { name: "llama2", vocab: llama2.json, config: { ...llama2.config, chat_template: "[INST] <<SYS>>" }, format: "", doc: doc.llama2 },
   { name: "mistral", vocab: llama2.json, config: { ...llama2.config, chat_template: "[INST]" }, format: "", doc: doc.mistral },
   { name: "zephyr (tinyllama)", vocab: llama2.json, config: { ...llama2.config, chat_template: "<|user|>" }, format: "", doc: doc.zephyr },
-  { name: "phi3", vocab: withSpecials(["<|endoftext|>", "<|assistant|>", "<|end|>", "<|system|>", "<|user|>"]),
+  { name: "phi3", vocab: withSpecials(PHI3_SPECIALS),
     config: { ...llama2.config, chat_template: "<|user|> <|end|>" }, format: "", doc: doc.phi3 },
+  { name: "phi3 (Hugging Face template)", vocab: withSpecials(PHI3_SPECIALS),
+    config: { ...llama2.config, chat_template: PHI3, eos_token: "<|endoftext|>" }, format: "", applyTemplate: true },
   { name: "gemma", vocab: withSpecials(["<start_of_turn>", "<end_of_turn>"]),
     config: { ...llama2.config, chat_template: "<start_of_turn>" }, format: "", doc: doc.gemma },
   { name: "chatml by config override", vocab: qwen.json, config: { ...qwen.config, chat_template: "[INST] (detected as mistral; the override wins)" },
