@@ -124,12 +124,17 @@ Test(security_disk_flood, a_flood_of_one_key_stays_within_its_bytes_and_the_othe
     cr_assert_str_eq(json_string_value(json_object_get(done, "type")), "done");
     json_decref(done);
 
+    char first_id[64] = "", first_reply[512] = "";
     for (int i = 0; i < FLOOD; i++) {
         char body[160];
         snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"Story %d: "
                  "a frog.\"}],\"max_tokens\":2}", i);
         answer a = post(&d, KA, body);
         cr_assert_eq(a.status, 200, "request %d of the flood: %s", i, a.raw);
+        if (i == 0) {
+            snprintf(first_id, sizeof first_id, "%s", a.session);
+            snprintf(first_reply, sizeof first_reply, "%s", a.reply);
+        }
         answer_free(&a);
     }
     /* A snapshot just written counts as live until the hub's next list of its sessions
@@ -151,6 +156,20 @@ Test(security_disk_flood, a_flood_of_one_key_stays_within_its_bytes_and_the_othe
     cr_assert(has_snapshot(dir, b.session), "the other key's conversation was deleted");
     cr_assert(has_snapshot(dir, attached), "the attached session's snapshot was deleted");
     cr_assert(kvpd_log_has(&d, "max_state_bytes_per_tenant"), "no log line names the bound");
+
+    /* A's first conversation lost its snapshot: extending it starts a new one. */
+    cr_assert(!has_snapshot(dir, first_id), "the key's oldest snapshot stayed");
+    json_t *req = json_pack("{s:[{s:s, s:s}, {s:s, s:s}, {s:s, s:s}], s:i}", "messages",
+                            "role", "user", "content", "Story 0: a frog.", "role",
+                            "assistant", "content", first_reply, "role", "user", "content",
+                            "Then?", "max_tokens", 2);
+    char *again = json_dumps(req, JSON_COMPACT);
+    json_decref(req);
+    answer a0 = post(&d, KA, again);
+    free(again);
+    cr_assert_eq(a0.status, 200, "%s", a0.raw);
+    cr_assert_str_neq(a0.session, first_id);
+    answer_free(&a0);
 
     /* The attached session takes another turn. */
     done = h_turn(&ws, "Then it jumped.", 2, NULL);
