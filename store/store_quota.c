@@ -333,14 +333,26 @@ int kvp_store_quota_enforce(kvp_store *st, const char *id)
     for (;;) {
         kvp_store_id victim;
         char err[256];
-        /* checked and deleted under the live set's mutex: a read that begins meanwhile
-         * finds the snapshot or nothing, never one deleted under a session in memory */
+        /* Checked and taken out of reach under the live set's mutex (a rename: a read
+         * that begins meanwhile finds the snapshot or nothing, never one deleted under a
+         * session in memory); the files go after it, so the loop, which replaces the
+         * set, never waits on the unlink and the directory's fsync. The temporary name is
+         * the one an interrupted write leaves: never read, cleaned at start. */
         pthread_mutex_lock(&st->live_mu);
         int go = pick_victim(st, tenant, id, victim);
-        int rc = go ? kvp_snapshot_remove(st->dir, victim, err, sizeof err) : 0;
+        char from[PATH_MAX], to[PATH_MAX];
+        if (go) {
+            snprintf(from, sizeof from, "%s/%s.snap", st->dir, victim);
+            snprintf(to, sizeof to, "%s/%s.snap.tmp", st->dir, victim);
+            if (rename(from, to) < 0 && errno != ENOENT)
+                go = -errno;
+        }
         pthread_mutex_unlock(&st->live_mu);
         if (!go)
             break;
+        int rc = go < 0 ? go : kvp_snapshot_remove(st->dir, victim, err, sizeof err);
+        if (go < 0)
+            snprintf(err, sizeof err, "rename %.64s.snap: %s", victim, strerror(-go));
         if (rc < 0) {
             kvpd_log("warning", "max_state_bytes_per_tenant: %s", err);
             break;
