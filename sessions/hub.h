@@ -261,6 +261,7 @@ typedef struct kvp_hub_info {
     const char *kv_type, *budget_mode;   /* "f32" | "f16" | "q8_0"; "per_head" | "global" */
     const char *store, *store_where, *node;   /* "dir"/"redis"/"" and where; lease name */
     uint64_t lease_conflicts, lease_takeovers, snapshots_expired, store_errors;
+    uint64_t snapshots_over_quota;   /* deleted by max_state_bytes_per_tenant */
     int leases_renewing;
     int layers, kv_heads, head_dim, context, chunk, workers, step_tokens;
     int sessions_resident, sessions_parked, turns_running, queue_depth;
