@@ -156,6 +156,11 @@ Test(security_disk_flood, a_flood_of_one_key_stays_within_its_bytes_and_the_othe
     cr_assert(has_snapshot(dir, b.session), "the other key's conversation was deleted");
     cr_assert(has_snapshot(dir, attached), "the attached session's snapshot was deleted");
     cr_assert(kvpd_log_has(&d, "max_state_bytes_per_tenant"), "no log line names the bound");
+    char *metrics = NULL;
+    cr_assert_eq(h_get(&d, "/metrics", NULL, &metrics), 200);
+    double deleted = h_metric(metrics, "kvpd_snapshots_over_quota_total");
+    free(metrics);
+    cr_assert_geq(deleted, FLOOD - snaps, "kvpd_snapshots_over_quota_total %.0f", deleted);
 
     /* A's first conversation lost its snapshot: extending it starts a new one. */
     cr_assert(!has_snapshot(dir, first_id), "the key's oldest snapshot stayed");
