@@ -307,6 +307,7 @@ typedef struct kvp_hub_storage_params {
     const char *state_url;        /* redis://HOST[:PORT][/DB]; NULL or "": none */
     double ttl_s;                 /* snapshots unused this long are deleted (s); 0: kept */
     uint64_t tenant_bytes_max;    /* directory: one tenant's snapshot bytes (0: no bound) */
+    int tenant_snaps_max;         /* directory: one tenant's snapshots (0: no bound) */
     int lease_ms;                 /* Redis: a session's lease lasts this long unrenewed */
     const char *node_id;          /* Redis: this node's name in leases; NULL or "": host-pid */
 } kvp_hub_storage_params;

@@ -415,6 +415,7 @@ int kvp_store_open(kvp_store **out, const kvp_store_params *p, char *err, size_t
     }
     st->ttl_s = p->ttl_s;
     st->tenant_bytes_max = redis ? 0 : p->tenant_bytes_max;
+    st->tenant_snaps_max = redis ? 0 : p->tenant_snaps_max;
     st->lease_ms = p->lease_ms > 0 ? p->lease_ms : KVP_STORE_DEFAULT_LEASE_MS;
     /* A quarter of the time to live, within a second and an hour. */
     st->expire_every_s = p->expire_every_s > 0 ? p->expire_every_s

@@ -35,6 +35,8 @@ typedef struct kvp_store_params {
                                    * tenant's snapshots; past it, after a write, that
                                    * tenant's least recently used snapshots that are not
                                    * live are deleted (0: no bound) */
+    int tenant_snaps_max;         /* directory: the same for the count of one tenant's
+                                   * snapshots (0: no bound) */
 } kvp_store_params;
 
 /* A parsed redis:// URL. */
@@ -130,9 +132,9 @@ void kvp_store_lease_idle(kvp_store *st, const char *id);
  * (compare-and-delete on the token: never another node's, nor a later take's). Loop-safe. */
 void kvp_store_lease_drop(kvp_store *st, const char *id);
 
-/* The bytes of a tenant's snapshots the directory counts (0 without tenant_bytes_max or
- * a directory). Any thread. */
-uint64_t kvp_store_quota_tenant_bytes(kvp_store *st, const char *tenant);
+/* The bytes of a tenant's snapshots the directory counts, and (snapshots, may be NULL)
+ * how many (0 without a bound or a directory). Any thread. */
+uint64_t kvp_store_quota_tenant_bytes(kvp_store *st, const char *tenant, int *snapshots);
 
 /* Counters since open (any thread). */
 typedef struct kvp_store_stats {

@@ -79,6 +79,7 @@ struct kvp_store {
     kvp_store_id *live;            /* sorted; n_live of cap_live */
     int n_live, cap_live;
     uint64_t tenant_bytes_max;     /* directory: a tenant's snapshot bytes (0: no bound) */
+    int tenant_snaps_max;          /* directory: a tenant's snapshots (0: no bound) */
     pthread_mutex_t quota_mu;      /* the usage table (store/store_quota.c) */
     struct kvp_store_quota *quota;
 };

@@ -1,4 +1,5 @@
-/* The state directory's bytes per tenant (store/store.h, tenant_bytes_max): every
+/* The state directory's bytes and snapshots per tenant (store/store.h, tenant_bytes_max
+ * and tenant_snaps_max): every
  * snapshot's tenant, bytes (.snap plus .journal) and last use, read from the files'
  * headers at open and kept up to date by each write, read and removal. After a write
  * takes its tenant past the bound, that tenant's least recently used snapshots are
@@ -33,6 +34,7 @@ typedef struct quota_ent {
 typedef struct quota_tenant {
     char name[KVP_SNAPSHOT_TENANT_MAX + 1];
     uint64_t bytes;
+    int n;                        /* snapshots */
 } quota_tenant;
 
 struct kvp_store_quota {
@@ -41,6 +43,11 @@ struct kvp_store_quota {
     quota_tenant *t;              /* one per tenant seen (as many as API keys, plus "") */
     int nt, capt;
 };
+
+static int quota_on(const kvp_store *st)
+{
+    return st->quota && (st->tenant_bytes_max || st->tenant_snaps_max);
+}
 
 static double wall_now(void)
 {
@@ -84,6 +91,7 @@ static quota_tenant *tenant_get(struct kvp_store_quota *q, const char *name)
     quota_tenant *t = &q->t[q->nt++];
     snprintf(t->name, sizeof t->name, "%s", name);
     t->bytes = 0;
+    t->n = 0;
     return t;
 }
 
@@ -121,6 +129,9 @@ static quota_ent *ent_get(struct kvp_store_quota *q, const char *id, const char 
     memset(e, 0, sizeof *e);
     snprintf(e->id, sizeof e->id, "%s", id);
     snprintf(e->tenant, sizeof e->tenant, "%s", tenant);
+    quota_tenant *t = tenant_get(q, tenant);
+    if (t)
+        t->n++;
     return e;
 }
 
@@ -130,6 +141,9 @@ static void ent_del(struct kvp_store_quota *q, const char *id)
     if (!find(q, id, &at))
         return;
     tenant_sub(q, q->v[at].tenant, q->v[at].bytes);
+    quota_tenant *t = tenant_get(q, q->v[at].tenant);
+    if (t && t->n > 0)
+        t->n--;
     memmove(q->v + at, q->v + at + 1, (size_t)(q->n - at - 1) * sizeof *q->v);
     q->n--;
 }
@@ -191,7 +205,7 @@ int kvp_store_quota_open(kvp_store *st, char *err, size_t errlen)
         snprintf(err, errlen, "out of memory");
         return -ENOMEM;
     }
-    if (!st->tenant_bytes_max)
+    if (!quota_on(st))
         return 0;
     DIR *d = opendir(st->dir);
     if (!d) {
@@ -237,12 +251,19 @@ void kvp_store_quota_close(kvp_store *st)
 
 void kvp_store_quota_put(kvp_store *st, const char *id, const char *tenant, uint64_t bytes)
 {
-    if (!st->quota || !st->tenant_bytes_max)
+    if (!quota_on(st))
         return;
     pthread_mutex_lock(&st->quota_mu);
     quota_ent *e = ent_get(st->quota, id, tenant);
     if (e) {
         tenant_sub(st->quota, e->tenant, e->bytes);
+        if (strcmp(e->tenant, tenant)) {   /* counted under its new tenant */
+            quota_tenant *was = tenant_get(st->quota, e->tenant), *now = tenant_get(st->quota, tenant);
+            if (was && was->n > 0)
+                was->n--;
+            if (now)
+                now->n++;
+        }
         snprintf(e->tenant, sizeof e->tenant, "%s", tenant);
         e->bytes = bytes;
         e->used = wall_now();
@@ -253,7 +274,7 @@ void kvp_store_quota_put(kvp_store *st, const char *id, const char *tenant, uint
 
 void kvp_store_quota_grow(kvp_store *st, const char *id, uint64_t bytes)
 {
-    if (!st->quota || !st->tenant_bytes_max)
+    if (!quota_on(st))
         return;
     pthread_mutex_lock(&st->quota_mu);
     int at;
@@ -274,7 +295,7 @@ void kvp_store_quota_grow(kvp_store *st, const char *id, uint64_t bytes)
 
 void kvp_store_quota_touch(kvp_store *st, const char *id)
 {
-    if (!st->quota || !st->tenant_bytes_max)
+    if (!quota_on(st))
         return;
     pthread_mutex_lock(&st->quota_mu);
     int at;
@@ -285,7 +306,7 @@ void kvp_store_quota_touch(kvp_store *st, const char *id)
 
 void kvp_store_quota_forget(kvp_store *st, const char *id)
 {
-    if (!st->quota || !st->tenant_bytes_max)
+    if (!quota_on(st))
         return;
     pthread_mutex_lock(&st->quota_mu);
     ent_del(st->quota, id);
@@ -300,7 +321,8 @@ static int pick_victim(kvp_store *st, const char *tenant, const char *keep,
     int found = 0;
     pthread_mutex_lock(&st->quota_mu);
     quota_tenant *t = tenant_get(st->quota, tenant);
-    if (t && t->bytes > st->tenant_bytes_max) {
+    if (t && ((st->tenant_bytes_max && t->bytes > st->tenant_bytes_max) ||
+              (st->tenant_snaps_max && t->n > st->tenant_snaps_max))) {
         double oldest = 0;
         for (int i = 0; i < st->quota->n; i++) {
             const quota_ent *e = &st->quota->v[i];
@@ -318,7 +340,7 @@ static int pick_victim(kvp_store *st, const char *tenant, const char *keep,
 
 int kvp_store_quota_enforce(kvp_store *st, const char *id)
 {
-    if (!st->quota || !st->tenant_bytes_max)
+    if (!quota_on(st))
         return 0;
     char tenant[KVP_SNAPSHOT_TENANT_MAX + 1];
     pthread_mutex_lock(&st->quota_mu);
@@ -360,21 +382,27 @@ int kvp_store_quota_enforce(kvp_store *st, const char *id)
         kvp_store_quota_forget(st, victim);
         removed++;
         kvpd_log("info", "session %.8s: snapshot deleted, its tenant's snapshots were over "
-                 "max_state_bytes_per_tenant (%llu bytes), least recently used first", victim,
-                 (unsigned long long)st->tenant_bytes_max);
+                 "max_state_bytes_per_tenant (%llu bytes) or max_state_snapshots_per_tenant "
+                 "(%d), least recently used first", victim,
+                 (unsigned long long)st->tenant_bytes_max, st->tenant_snaps_max);
     }
     return removed;
 }
 
-uint64_t kvp_store_quota_tenant_bytes(kvp_store *st, const char *tenant)
+uint64_t kvp_store_quota_tenant_bytes(kvp_store *st, const char *tenant, int *snapshots)
 {
+    if (snapshots)
+        *snapshots = 0;
     if (!st || !st->quota)
         return 0;
     pthread_mutex_lock(&st->quota_mu);
     uint64_t b = 0;
     for (int i = 0; i < st->quota->nt; i++)
-        if (!strcmp(st->quota->t[i].name, tenant))
+        if (!strcmp(st->quota->t[i].name, tenant)) {
             b = st->quota->t[i].bytes;
+            if (snapshots)
+                *snapshots = st->quota->t[i].n;
+        }
     pthread_mutex_unlock(&st->quota_mu);
     return b;
 }

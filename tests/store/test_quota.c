@@ -102,7 +102,7 @@ Test(store_quota, a_tenant_over_its_bytes_loses_its_own_least_recently_used_snap
     live(st, "a2");           /* a2 is attached */
     put(st, "a4", "a");       /* a: four snapshots, over: a1 (the oldest) goes */
     cr_assert(!has("a1") && has("a2") && has("a3") && has("a4") && has("b1"));
-    cr_assert_eq(kvp_store_quota_tenant_bytes(st, "a"), 3 * one);
+    cr_assert_eq(kvp_store_quota_tenant_bytes(st, "a", NULL), 3 * one);
 
     /* a read is a use: a3 read now, a4 is the oldest that may go */
     kvp_snapshot got;
@@ -131,18 +131,20 @@ Test(store_quota, a_tenant_over_its_bytes_loses_its_own_least_recently_used_snap
     cr_assert_gt(bytes, sizeof big);
     cr_assert(!has("a3") && has("a2") && has("a5") && has("b1"));
     long long a_bytes = file_size("a2.snap") + file_size("a5.snap") + file_size("a5.journal");
-    cr_assert_eq((long long)kvp_store_quota_tenant_bytes(st, "a"), a_bytes);
+    cr_assert_eq((long long)kvp_store_quota_tenant_bytes(st, "a", NULL), a_bytes);
     kvp_store_stats ss;
     kvp_store_stats_get(st, &ss);
     cr_assert_eq(ss.over_quota, 3);
-    cr_assert_eq(kvp_store_quota_tenant_bytes(st, "b"), one);
+    cr_assert_eq(kvp_store_quota_tenant_bytes(st, "b", NULL), one);
     kvp_store_close(st);
 
     /* counted from the files at open; a's writes past the bound take a2, no longer
      * live, first */
     cr_assert_eq(kvp_store_open(&st, &p, err, sizeof err), 0, "%s", err);
-    cr_assert_eq((long long)kvp_store_quota_tenant_bytes(st, "a"), a_bytes);
-    cr_assert_eq(kvp_store_quota_tenant_bytes(st, "b"), one);
+    int n_a;
+    cr_assert_eq((long long)kvp_store_quota_tenant_bytes(st, "a", &n_a), a_bytes);
+    cr_assert_eq(n_a, 2);
+    cr_assert_eq(kvp_store_quota_tenant_bytes(st, "b", NULL), one);
     live(st, NULL);
     put(st, "b2", "b");
     cr_assert(has("a2") && has("b1") && has("b2"), "b's write touched a's snapshots");
@@ -151,6 +153,24 @@ Test(store_quota, a_tenant_over_its_bytes_loses_its_own_least_recently_used_snap
     nap();
     put(st, "a7", "a");       /* four: a2, the oldest file, goes */
     cr_assert(!has("a2") && has("a5") && has("a6") && has("a7") && has("b1") && has("b2"));
+    kvp_store_close(st);
+
+    /* a bound on the count: the oldest go past three, whatever their bytes */
+    kvp_store_params pn = {.state_dir = g_dir, .tenant_snaps_max = 3};
+    cr_assert_eq(kvp_store_open(&st, &pn, err, sizeof err), 0, "%s", err);
+    live(st, NULL);
+    for (int i = 0; i < 5; i++) {
+        char id[16];
+        snprintf(id, sizeof id, "n%d", i);
+        put(st, id, "n");
+        nap();
+        live(st, NULL);
+    }
+    int n_n;
+    kvp_store_quota_tenant_bytes(st, "n", &n_n);
+    cr_assert_eq(n_n, 3);
+    cr_assert(!has("n0") && !has("n1") && has("n2") && has("n3") && has("n4"));
+    cr_assert(has("a5") && has("b1"), "another tenant's snapshots went");
     kvp_store_close(st);
 
     /* no bound: nothing is deleted */
