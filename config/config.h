@@ -34,6 +34,8 @@ typedef struct kvpd_config {
     char state_dir[KVPD_PATH_MAX];    /* "" none; "auto" until resolved */
     char state_url[KVPD_PATH_MAX];    /* redis://HOST:PORT/DB: snapshots in Redis (wins) */
     int snapshot_ttl_s;               /* snapshots kept this long after their last write */
+    uint64_t max_state_bytes_per_tenant;   /* a tenant's snapshot bytes on disk; 0 = none */
+    int max_state_snapshots_per_tenant;    /* a tenant's snapshots on disk; 0 = none */
     int lease_ms;                     /* Redis: a session lease's life without renewal */
     char node_id[65];                 /* Redis: this node's name in leases; "" = host-pid */
     char admin_token[128];            /* "" = one is generated at start (web/guard.c) */

@@ -128,7 +128,9 @@ static void load_work(uv_work_t *w)
     kvpd *d = w->data;
     kvp_hub_storage_params sp = {.state_dir = d->cfg.state_dir, .state_url = d->cfg.state_url,
                                  .ttl_s = d->cfg.snapshot_ttl_s, .lease_ms = d->cfg.lease_ms,
-                                 .node_id = d->cfg.node_id};
+                                 .node_id = d->cfg.node_id,
+                                 .tenant_bytes_max = d->cfg.max_state_bytes_per_tenant,
+                                 .tenant_snaps_max = d->cfg.max_state_snapshots_per_tenant};
     g_h.store_rc = kvp_hub_storage_open(&g_h.storage, &sp, g_h.store_err, sizeof g_h.store_err);
     if (g_h.store_rc < 0)
         return;

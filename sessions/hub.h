@@ -82,6 +82,7 @@ typedef struct kvp_hub_info {
     const char *kv_type, *budget_mode;   /* "f32" | "f16" | "q8_0"; "per_head" | "global" */
     const char *store, *store_where, *node;   /* "dir"/"redis"/"" and where; lease name */
     uint64_t lease_conflicts, lease_takeovers, snapshots_expired, store_errors;
+    uint64_t snapshots_over_quota;   /* deleted by max_state_bytes_per_tenant */
     int leases_renewing;
     int layers, kv_heads, head_dim, context, chunk, workers, step_tokens;
     int sessions_resident, sessions_parked, turns_running, queue_depth;
@@ -125,6 +126,8 @@ typedef struct kvp_hub_storage_params {
     const char *state_dir;        /* NULL or "": none */
     const char *state_url;        /* redis://HOST[:PORT][/DB]; NULL or "": none */
     double ttl_s;                 /* snapshots unused this long are deleted (s); 0: kept */
+    uint64_t tenant_bytes_max;    /* directory: one tenant's snapshot bytes (0: no bound) */
+    int tenant_snaps_max;         /* directory: one tenant's snapshots (0: no bound) */
     int lease_ms;                 /* Redis: a session's lease lasts this long unrenewed */
     const char *node_id;          /* Redis: this node's name in leases; NULL or "": host-pid */
 } kvp_hub_storage_params;

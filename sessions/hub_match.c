@@ -279,6 +279,14 @@ void kvp_hub_chat(kvp_hub_client *c, const char *id, const char *system, size_t 
         else if (!t && !disk && h->env.store)
             disk = e->id;
     }
+    /* A parked session is read before its turn, as one only on disk: when its snapshot
+     * is gone (snapshot_ttl, max_state_bytes_per_tenant) the request starts a new one. */
+    if (s && s->state == KVP_SESSION_PARKED && s->has_snapshot) {
+        named = id && !strcmp(id, s->id);
+        stale = s;
+        disk = s->id;
+        s = NULL;
+    }
     if (!s && !disk && (s = kvp_reuse_rewind_find(h, c, id, system, system_len, msgs, n))) {
         /* continued from an earlier point: its history replaces the session's */
         if (kvp_session_rewind(s, msgs, n - 1) < 0) {

@@ -46,6 +46,7 @@ void kvp_hub_info_get(kvp_hub *h, kvp_hub_info *o)
         o->lease_conflicts = ss.lease_conflicts;
         o->lease_takeovers = ss.lease_takeovers;
         o->snapshots_expired = ss.expired;
+        o->snapshots_over_quota = ss.over_quota;
         o->store_errors = ss.errors;
         o->leases_renewing = ss.leases_renewing;
     }

@@ -23,7 +23,9 @@ int kvp_hub_storage_open(kvp_hub_storage **out, const kvp_hub_storage_params *p,
         return -ENOMEM;
     }
     kvp_store_params sp = {.state_dir = p->state_dir, .state_url = p->state_url,
-                           .ttl_s = p->ttl_s, .lease_ms = p->lease_ms, .node_id = p->node_id};
+                           .ttl_s = p->ttl_s, .lease_ms = p->lease_ms, .node_id = p->node_id,
+                           .tenant_bytes_max = p->tenant_bytes_max,
+                           .tenant_snaps_max = p->tenant_snaps_max};
     int rc = kvp_store_open(&s->store, &sp, err, errlen);
     if (rc < 0) {
         kvp_hub_storage_close(s);

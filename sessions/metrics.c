@@ -333,6 +333,9 @@ char *kvpd_metrics_render(const kvpd_metrics *m, const kvpd_gauges *g, size_t *l
           g->leases_renewing);
     counter(f, "kvpd_snapshots_expired_total", "Snapshots deleted by snapshot_ttl (directory)",
             g->snapshots_expired);
+    counter(f, "kvpd_snapshots_over_quota_total",
+            "Snapshots deleted to keep their API key within max_state_bytes_per_tenant "
+            "(directory)", g->snapshots_over_quota);
     counter(f, "kvpd_store_errors_total",
             "Snapshot store calls that failed (disk, or the Redis server unreachable)",
             g->store_errors);

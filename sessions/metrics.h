@@ -97,6 +97,7 @@ typedef struct kvpd_gauges {
     int draining;                     /* shutting down: /healthz says so */
     /* the snapshot store's counters (store/store.h) */
     uint64_t lease_conflicts, lease_takeovers, snapshots_expired, store_errors;
+    uint64_t snapshots_over_quota;
     int leases_renewing;
     size_t prefix_index_bytes;        /* the prefix index's memory (sessions/prefix.h) */
 } kvpd_gauges;

@@ -98,6 +98,17 @@ static int dir_file_size(kvp_store *st, const char *id, const char *suffix, size
     return 0;
 }
 
+/* After a write of id: its tenant's oldest snapshots go while it is over the bound. */
+static void dir_over_quota(kvp_store *st, const char *id)
+{
+    int n = kvp_store_quota_enforce(st, id);
+    if (n > 0) {
+        pthread_mutex_lock(&st->mu);
+        st->stats.over_quota += (uint64_t)n;
+        pthread_mutex_unlock(&st->mu);
+    }
+}
+
 static int dir_put(kvp_store *st, const kvp_snapshot *snap, kvp_store_fence *f,
                    size_t *bytes, char *err, size_t errlen)
 {
@@ -105,6 +116,10 @@ static int dir_put(kvp_store *st, const kvp_snapshot *snap, kvp_store_fence *f,
     int rc = kvp_snapshot_write(st->dir, snap, err, errlen);
     if (rc == 0 && dir_file_size(st, snap->id, ".snap", bytes) < 0)
         *bytes = 0;
+    if (rc == 0) {
+        kvp_store_quota_put(st, snap->id, snap->tenant, *bytes);
+        dir_over_quota(st, snap->id);
+    }
     return rc;
 }
 
@@ -114,6 +129,10 @@ static int dir_append(kvp_store *st, const char *id, const kvp_journal_rec *rec,
     size_t before = *journal_bytes;
     int rc = kvp_journal_append(st->dir, id, rec, journal_bytes, err, errlen);
     *bytes = rc == 0 && *journal_bytes > before ? *journal_bytes - before : 0;
+    if (rc == 0) {
+        kvp_store_quota_grow(st, id, *bytes);
+        dir_over_quota(st, id);
+    }
     return rc;
 }
 
@@ -125,6 +144,7 @@ static int dir_get(kvp_store *st, const char *id, kvp_snapshot *out, uint64_t *v
     int rc = kvp_snapshot_read(st->dir, id, out, err, errlen);
     if (rc < 0)
         return rc;
+    kvp_store_quota_touch(st, id);
     *journal_clean = kvp_journal_replay(st->dir, id, out, journal_bytes, jerr, jerrlen) == 0;
     return 0;
 }
@@ -136,7 +156,10 @@ static int dir_exists(kvp_store *st, const char *id)
 
 static int dir_remove(kvp_store *st, const char *id, char *err, size_t errlen)
 {
-    return kvp_snapshot_remove(st->dir, id, err, errlen);
+    int rc = kvp_snapshot_remove(st->dir, id, err, errlen);
+    if (rc == 0)
+        kvp_store_quota_forget(st, id);
+    return rc;
 }
 
 /* Calls fn(id, newest mtime of its .snap and .journal) for every <id>.snap. */
@@ -211,6 +234,7 @@ static void expire_one(kvp_store *st, const char *id, time_t mtime, void *ctx)
     int rc = live ? 1 : kvp_snapshot_remove(st->dir, id, err, sizeof err);
     pthread_mutex_unlock(&st->live_mu);
     if (rc == 0) {
+        kvp_store_quota_forget(st, id);
         x->removed++;
         kvpd_log("info", "session %.8s: snapshot unused for over snapshot_ttl (%.0f s), deleted",
                  id, st->ttl_s);
@@ -390,6 +414,8 @@ int kvp_store_open(kvp_store **out, const kvp_store_params *p, char *err, size_t
         return -ENOMEM;
     }
     st->ttl_s = p->ttl_s;
+    st->tenant_bytes_max = redis ? 0 : p->tenant_bytes_max;
+    st->tenant_snaps_max = redis ? 0 : p->tenant_snaps_max;
     st->lease_ms = p->lease_ms > 0 ? p->lease_ms : KVP_STORE_DEFAULT_LEASE_MS;
     /* A quarter of the time to live, within a second and an hour. */
     st->expire_every_s = p->expire_every_s > 0 ? p->expire_every_s
@@ -417,6 +443,8 @@ int kvp_store_open(kvp_store **out, const kvp_store_params *p, char *err, size_t
         rc = kvp_snapshot_clean(st->dir, err, errlen);
         if (rc > 0)
             kvpd_log("info", "removed %d unfinished snapshot write(s) from %s", rc, st->dir);
+        if (rc >= 0)
+            rc = kvp_store_quota_open(st, err, errlen);
         if (rc >= 0 && (rc = dir_expire(st, err, errlen)) > 0)
             st->stats.expired += (uint64_t)rc;
     }
@@ -462,6 +490,7 @@ void kvp_store_close(kvp_store *st)
     free(st->held.v);
     free(st->releasing.v);
     free(st->live);
+    kvp_store_quota_close(st);
     pthread_cond_destroy(&st->wake);
     pthread_mutex_destroy(&st->live_mu);
     pthread_mutex_destroy(&st->mu);

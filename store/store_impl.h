@@ -75,21 +75,40 @@ struct kvp_store {
     int thread_on, stopping;
     kvp_lease_set held, releasing;  /* the leases held; those to release */
     kvp_store_stats stats;
-    pthread_mutex_t live_mu;       /* the live set (sessions/store_live.c) */
+    pthread_mutex_t live_mu;       /* the live set (store/store_live.c) */
     kvp_store_id *live;            /* sorted; n_live of cap_live */
     int n_live, cap_live;
+    uint64_t tenant_bytes_max;     /* directory: a tenant's snapshot bytes (0: no bound) */
+    int tenant_snaps_max;          /* directory: a tenant's snapshots (0: no bound) */
+    pthread_mutex_t quota_mu;      /* the usage table (store/store_quota.c) */
+    struct kvp_store_quota *quota;
 };
 
-/* Redis (sessions/store_redis.c): fills st->ops, impl, where; connects once to check. */
+/* Redis (store/store_redis.c): fills st->ops, impl, where; connects once to check. */
 int kvp_store_redis_open(kvp_store *st, const char *url, char *err, size_t errlen);
 /* Counts a failed call (any thread). */
 void kvp_store_count_error(kvp_store *st);
 
-/* The live set (sessions/store_live.c). add: the id is live from now on (until the next
+/* The live set (store/store_live.c). add: the id is live from now on (until the next
  * kvp_store_set_live); has_locked: with live_mu held; copy: the ids (malloc'd, *out),
  * their count. Any thread. */
 void kvp_store_live_add(kvp_store *st, const char *id);
 int kvp_store_live_has_locked(const kvp_store *st, const char *id);
 int kvp_store_live_copy(kvp_store *st, kvp_store_id **out);
+
+/* The directory's bytes per tenant (store/store_quota.c). open: the table, read from the
+ * files' headers when tenant_bytes_max is set; put: a whole snapshot of the tenant's
+ * was written (bytes: all it takes now); grow: a journal record of bytes appended;
+ * touch: read; forget: removed; enforce: after a write of id, its tenant's least
+ * recently used snapshots that are neither live nor id are deleted while the tenant is
+ * over the bound (returns how many). Workers and the store's thread; all but open and
+ * close take the table's mutex (enforce the live set's first). */
+int kvp_store_quota_open(kvp_store *st, char *err, size_t errlen);
+void kvp_store_quota_close(kvp_store *st);
+void kvp_store_quota_put(kvp_store *st, const char *id, const char *tenant, uint64_t bytes);
+void kvp_store_quota_grow(kvp_store *st, const char *id, uint64_t bytes);
+void kvp_store_quota_touch(kvp_store *st, const char *id);
+void kvp_store_quota_forget(kvp_store *st, const char *id);
+int kvp_store_quota_enforce(kvp_store *st, const char *id);
 
 #endif

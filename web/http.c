@@ -137,6 +137,7 @@ static void gauges(kvpd_web *w, kvpd_gauges *g, kvp_hub_info *hi)
         g->lease_conflicts = hi->lease_conflicts;
         g->lease_takeovers = hi->lease_takeovers;
         g->snapshots_expired = hi->snapshots_expired;
+        g->snapshots_over_quota = hi->snapshots_over_quota;
         g->store_errors = hi->store_errors;
         g->leases_renewing = hi->leases_renewing;
     }
