@@ -18,8 +18,7 @@
 #include <string.h>
 
 #include "cache/kvrow.h"
-#include "model/gguf.h"
-#include "model/matmul.h"
+#include "model/ggml_type.h"
 #include "model/quant.h"
 #include "model/quant_blocks.h"
 
