@@ -10,7 +10,7 @@
 #include <stdint.h>
 
 #include "model/gguf.h"
-#include "model/tokenizer.h"
+#include "model/vocab.h"
 
 /* Each pre-tokenizer is llama.cpp's list of split regexes for its tokenizer.ggml.pre
  * names (llama-vocab.cpp), applied as Hugging Face's Split(Isolated) sequence: every
@@ -83,8 +83,5 @@ int kvp_bpe_split(enum kvp_bpe_pre pre, const char *text, size_t len, int *ends)
 /* Encodes text as kvp_tokenizer_encode does (no BOS/EOS: the caller adds them).
  * Returns the count, -ENOSPC when more than max, -ENOMEM. */
 int kvp_bpe_encode(const kvp_tokenizer *t, const char *text, size_t len, int *out, int max);
-
-/* tokenizer.c: the id of a text (non-special) piece given as raw bytes, or -1. */
-int kvp_tokenizer_lookup_text(const kvp_tokenizer *t, const char *piece, size_t len);
 
 #endif

@@ -9,20 +9,13 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "model/ggml_type.h"
+
 enum kvp_gguf_type {
     KVP_GGUF_UINT8 = 0, KVP_GGUF_INT8 = 1, KVP_GGUF_UINT16 = 2, KVP_GGUF_INT16 = 3,
     KVP_GGUF_UINT32 = 4, KVP_GGUF_INT32 = 5, KVP_GGUF_FLOAT32 = 6, KVP_GGUF_BOOL = 7,
     KVP_GGUF_STRING = 8, KVP_GGUF_ARRAY = 9, KVP_GGUF_UINT64 = 10, KVP_GGUF_INT64 = 11,
     KVP_GGUF_FLOAT64 = 12,
-};
-
-/* ggml tensor types this project reads (others are rejected by name; model/quant.h
- * gives block sizes, decoders and quantizers). */
-enum kvp_ggml_type {
-    KVP_GGML_F32 = 0, KVP_GGML_F16 = 1, KVP_GGML_Q4_0 = 2, KVP_GGML_Q4_1 = 3,
-    KVP_GGML_Q5_0 = 6, KVP_GGML_Q5_1 = 7, KVP_GGML_Q8_0 = 8, KVP_GGML_Q2_K = 10,
-    KVP_GGML_Q3_K = 11, KVP_GGML_Q4_K = 12, KVP_GGML_Q5_K = 13, KVP_GGML_Q6_K = 14,
-    KVP_GGML_BF16 = 30,
 };
 
 typedef struct kvp_gguf_str { const char *ptr; uint64_t len; } kvp_gguf_str;

@@ -36,8 +36,6 @@ typedef struct kvp_weight {
     const void *data;     /* rows * row_bytes bytes */
 } kvp_weight;
 
-#define KVP_N_WEIGHT_TYPES 31  /* ggml type ids are below this */
-
 /* Blocks of at least this many activation rows take the tile + sgemm path. */
 #define KVP_MATMUL_TILE_MIN_T 4
 /* f32 weights: blocks of at most this many rows take the pool's kernel, longer ones

@@ -18,8 +18,8 @@
 #include <string.h>
 
 #include "cache/kvrow.h"
-#include "model/gguf.h"
-#include "model/matmul.h"
+#include "model/ggml_type.h"
+#include "model/quant.h"
 #include "model/quant_blocks.h"
 
 #define KVP_X4_GROUPS(n) (((n) / 32 + 3) / 4)   /* groups of four blocks of 32 */

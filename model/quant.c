@@ -7,7 +7,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "model/gguf.h"
+#include "model/ggml_type.h"
 #include "model/quant_blocks.h"
 
 static const struct type_info {

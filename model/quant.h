@@ -17,11 +17,9 @@
 #define KVP_QUANT_H
 
 #include "base/half.h"
+#include "model/ggml_type.h"
 #include <stddef.h>
 #include <stdint.h>
-
-#define KVP_QK 32     /* elements per block of the _0 / _1 formats */
-#define KVP_QK_K 256  /* elements per super-block of the K formats */
 
 /* Elements per block of `type`; 0 when the type is not supported. */
 int kvp_type_block(uint32_t type);

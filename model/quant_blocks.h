@@ -5,7 +5,7 @@
 
 #include <stdint.h>
 
-#include "model/quant.h"
+#include "model/ggml_type.h"
 
 typedef struct { uint16_t d; int8_t qs[KVP_QK]; } blk_q8_0;
 typedef struct { uint16_t d; uint8_t qs[KVP_QK / 2]; } blk_q4_0;

@@ -39,63 +39,19 @@ void kvp_tokenizer_free(kvp_tokenizer *t)
     memset(t, 0, sizeof *t);
 }
 
-static int cmp_bytes(const char *a, size_t alen, const char *b, size_t blen)
-{
-    int c = memcmp(a, b, alen < blen ? alen : blen);
-    if (c)
-        return c;
-    return (alen > blen) - (alen < blen);
-}
-
 /* raw: a byte-level piece not spelled in GPT-2's alphabet (stored as it reads). */
 typedef struct sort_entry { const char *piece; int len, id, raw; } sort_entry;
 
 static int cmp_entries(const void *pa, const void *pb)
 {
     const sort_entry *a = pa, *b = pb;
-    int c = cmp_bytes(a->piece, (size_t)a->len, b->piece, (size_t)b->len);
+    int c = kvp_vocab_cmp(a->piece, (size_t)a->len, b->piece, (size_t)b->len);
     /* Duplicate pieces: one spelled in the byte alphabet before one stored raw (byte-level
      * BPE only ever builds the former: Command-R's vocabulary has a raw "\u200d" besides
      * the spelled one), then the lowest id; the first is the one lookup returns. */
     if (c || a->raw != b->raw)
         return c ? c : a->raw - b->raw;
     return (a->id > b->id) - (a->id < b->id);
-}
-
-/* Lowest id with the exact piece among sorted[lo, hi), or -1. */
-static int search(const kvp_tokenizer *t, int lo, int hi, const char *piece, size_t len)
-{
-    int end = hi;
-    while (lo < hi) { /* lower bound */
-        int mid = lo + (hi - lo) / 2, id = t->sorted[mid];
-        if (cmp_bytes(t->pieces[id], (size_t)t->piece_len[id], piece, len) < 0)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    if (lo < end) {
-        int id = t->sorted[lo];
-        if (cmp_bytes(t->pieces[id], (size_t)t->piece_len[id], piece, len) == 0)
-            return id;
-    }
-    return -1;
-}
-
-/* The encoder only looks among text tokens. */
-int kvp_tokenizer_lookup_text(const kvp_tokenizer *t, const char *piece, size_t len)
-{
-    return search(t, 0, t->n_text, piece, len);
-}
-
-int kvp_tokenizer_special(const kvp_tokenizer *t, const char *piece, size_t len)
-{
-    return search(t, t->n_text, t->vocab_size, piece, len);
-}
-
-int kvp_tokenizer_lookup(const kvp_tokenizer *t, const char *piece, size_t len)
-{
-    int id = kvp_tokenizer_lookup_text(t, piece, len);
-    return id >= 0 ? id : search(t, t->n_text, t->vocab_size, piece, len);
 }
 
 static int hex_digit(char c)
@@ -597,7 +553,7 @@ static int user_token_at(const kvp_tokenizer *t, const char *text, size_t len, s
         int lo = 0, hi = t->n_user;
         while (lo < hi) {
             int mid = lo + (hi - lo) / 2, id = t->user_ids[mid];
-            int c = cmp_bytes(t->pieces[id], (size_t)t->piece_len[id], text, l);
+            int c = kvp_vocab_cmp(t->pieces[id], (size_t)t->piece_len[id], text, l);
             if (c == 0) {
                 *n = l;
                 return id;

@@ -4,45 +4,15 @@
  * Loaded from a llama2.c tokenizer.bin or from GGUF tokenizer.ggml.* metadata.
  * Encoding never produces a special token (control, unknown, unused; in byte-level BPE
  * also user-defined) from text: "<|im_start|>" in a user's message is plain text; only the chat template puts
- * special tokens in, by id (kvp_tokenizer_lookup). */
+ * special tokens in, by id (kvp_tokenizer_lookup). The vocabulary and its lookups are
+ * model/vocab.h. */
 #ifndef KVP_TOKENIZER_H
 #define KVP_TOKENIZER_H
 
 #include <stddef.h>
 #include "model/gguf.h"
+#include "model/vocab.h"
 
-struct kvp_bpe;
-
-typedef struct kvp_tokenizer {
-    int vocab_size;
-    char **pieces;          /* [vocab] NUL-terminated; the SentencePiece space marker
-                               U+2581 is stored as ' '; byte tokens stay "<0xNN>";
-                               byte-level BPE text pieces are stored as their bytes
-                               ("Ġthe" as " the"), special pieces as written */
-    int *piece_len;         /* [vocab] */
-    float *scores;          /* [vocab] merge priority (higher merges first) */
-    int byte_token[256];    /* token id of <0xNN> (byte-level BPE: of the one-byte piece),
-                               -1 if the vocabulary lacks it */
-    int bos_id, eos_id, unk_id;
-    int eot_id;             /* end of turn (tokenizer.ggml.eot_token_id), -1 if none */
-    int max_piece_len;
-    int add_space_prefix;   /* prepend " " to non-empty text (SentencePiece dummy prefix) */
-    int *sorted;            /* [vocab] token ids sorted by piece, for lookup: first the
-                               n_text text tokens, then (sorted apart) the byte tokens and
-                               GGUF unknown/control/unused tokens, which the encoder never
-                               produces from text */
-    int n_text;
-    struct kvp_bpe *bpe;    /* byte-level BPE merges and pre-tokenizer; NULL for
-                               SentencePiece */
-    /* SentencePiece user-defined tokens (GGUF token type 4, e.g. Gemma's "\n\n" and
-     * "<table>"): the encoder takes each where the text spells it, longest first, before
-     * merging the text around it. Sorted by piece; pieces holding a space (U+2581 in
-     * the file) are left out, as the references match those only against a literal
-     * U+2581. */
-    int *user_ids;
-    int n_user;
-    unsigned char user_max_len[256];   /* longest such piece by first byte, 0 if none */
-} kvp_tokenizer;
 
 /* llama2.c format: int max_token_length, then vocab_size x {float score, int len, bytes}. */
 int kvp_tokenizer_load_file(kvp_tokenizer *t, const char *path, int vocab_size,
@@ -73,11 +43,5 @@ int kvp_tokenizer_encode(const kvp_tokenizer *t, const char *text, size_t len,
  * SentencePiece's leading space after BOS is dropped, special tokens give their text. Returns a pointer valid while t lives and
  * sets *len; NULL/0 for an id out of range. */
 const char *kvp_tokenizer_piece(const kvp_tokenizer *t, int prev, int tok, size_t *len);
-/* Token id of a special (control, user-defined, unknown, unused or byte) token with
- * exactly this piece, -1 if there is none: the chat template's markers. */
-int kvp_tokenizer_special(const kvp_tokenizer *t, const char *piece, size_t len);
-/* Token id of an exact piece (spaces as ' '), -1 if absent. Finds special pieces such
- * as "<|im_start|>" too; a text token wins over a special one with the same piece. */
-int kvp_tokenizer_lookup(const kvp_tokenizer *t, const char *piece, size_t len);
 
 #endif

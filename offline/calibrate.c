@@ -10,6 +10,7 @@
 #include "base/errors.h"
 #include "base/half.h"
 #include "offline/pool.h"
+#include "policy/policy.h"
 
 typedef struct pair {
     float score, target;

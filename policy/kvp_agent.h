@@ -1,60 +1,15 @@
-/* KVP agents: one small scoring network per (layer, KV head) that ranks cached rows by
- * predicted future attention from the row's key, value and position alone
- * (docs/policy-format.md has the file layout, docs/training.md the method).
- *
- *   kh = LN(Wk k + bk)   vh = LN(Wv v + bv)   ph = LN(Emb[clamp(p, 0, pmax-1)])
- *   h1 = SiLU(LN(W1 [kh;vh;ph] + b1))   h2 = SiLU(LN(W2 h1 + b2))   s = w3.h2 + b3
- *
- * Every LayerNorm has a learned gain and bias. An agent's parameters are one flat float
- * vector (layout in kvp_agent_layout), so an optimizer can treat it as a single array
- * and a gradient has the same shape. Training (init, the backward pass) is offline, in
- * offline/agent_train.h. */
+/* Sets of KVP agents (policy/kvp_agent_net.h has one agent's network): all the agents
+ * of a model with their calibration, the policy file that holds them
+ * (policy/kvp_agent_file.c) and the "kvp" policy's recent window
+ * (policy/kvp_agent_policy.c, created through policy/policy.h). */
 #ifndef KVP_AGENT_H
 #define KVP_AGENT_H
 
 #include <stddef.h>
 #include <stdint.h>
-#include "policy/policy.h"
 
-typedef struct kvp_agent_arch {
-    int d;      /* input width = the model's head_dim */
-    int P;      /* key / value projection width */
-    int E;      /* position embedding width */
-    int H;      /* hidden width */
-    int pmax;   /* position table rows; positions >= pmax share the last row */
-} kvp_agent_arch;
-
-/* Defaults: the sizes of the shipped stories260K agents, which kvp learn builds too. */
-#define KVP_AGENT_DEFAULT_P 32
-#define KVP_AGENT_DEFAULT_E 4
-#define KVP_AGENT_DEFAULT_H 32
-#define KVP_AGENT_DEFAULT_PMAX 512
-
-/* Offsets (in floats) of each parameter group inside one agent's vector, in file order.
- * Matrices are row-major [out][in]; ln*_g / ln*_b are LayerNorm gain / bias. */
-typedef struct kvp_agent_layout {
-    size_t wk, bk, lnk_g, lnk_b;        /* [P][d], [P], [P], [P] */
-    size_t wv, bv, lnv_g, lnv_b;        /* [P][d], [P], [P], [P] */
-    size_t emb, lne_g, lne_b;           /* [pmax][E], [E], [E] */
-    size_t w1, b1, ln1_g, ln1_b;        /* [H][2P+E], [H], [H], [H] */
-    size_t w2, b2, ln2_g, ln2_b;        /* [H][H], [H], [H], [H] */
-    size_t w3, b3;                      /* [H], [1] */
-    size_t n;                           /* total floats per agent */
-} kvp_agent_layout;
-
-/* 0, or -EINVAL with a message when a size is outside what a policy file may hold
- * (each at least 1; d <= 4096, P, E, H <= 65536, pmax <= 2^24). */
-int kvp_agent_arch_check(const kvp_agent_arch *a, char *err, size_t errlen);
-/* Layout for a checked arch. */
-void kvp_agent_layout_of(const kvp_agent_arch *a, kvp_agent_layout *l);
-size_t kvp_agent_n_params(const kvp_agent_arch *a);
-
-/* Inference: scores of n rows (k, v: [n][d]; pos: [n]) into scores[n]. Batched with
- * sgemm for n > 1, a gemv path for n == 1; the two agree to float rounding. work holds
- * kvp_agent_score_work(a, n) floats. */
-size_t kvp_agent_score_work(const kvp_agent_arch *a, int n);
-void kvp_agent_score(const kvp_agent_arch *a, const float *params, const float *k,
-                     const float *v, const int32_t *pos, int n, float *scores, float *work);
+#include "model/model.h"
+#include "policy/kvp_agent_net.h"
 
 /* All agents of a model, layer-major: agent (layer, kvh) is at index
  * layer * n_kv_heads + kvh. */
@@ -127,16 +82,14 @@ unsigned long long kvp_agent_set_loads(void);
  * decisions with it (offline/train.h). */
 int kvp_agent_recent_window(int budget, int seq_len, int n_recent);
 
-/* The "kvp" policy: loads policy_file for p->cfg (filled by the caller) and sets p->ops
- * and p->impl. Each row is scored once from its k, v and pos, but lazily: on_insert marks
- * new rows unscored (NaN) and before_evict scores the unscored rows in sgemm batches
- * before the shared rank-and-keep. ops->destroy frees p->impl only.
- * An instance is used by one thread at a time; its scoring scratch is the thread's. */
-int kvp_agent_policy_create(kvp_policy *p, const char *policy_file, char *err, size_t errlen);
-/* The same policy on weights loaded once and shared read-only: the instance holds only
- * a pointer to set, which must outlive it (and match p->cfg's
- * shape and model: -EINVAL otherwise). */
-int kvp_agent_policy_create_shared(kvp_policy *p, const kvp_agent_set *set, char *err,
-                                   size_t errlen);
+/* 0, or -EINVAL with a message naming agent (layer, kvh) when a knot is not finite, the
+ * scores x[n_knots] are not strictly ascending or the values y[n_knots] decrease. */
+int kvp_agent_check_knots(int n_knots, const float *x, const float *y, int layer, int kvh,
+                          char *err, size_t errlen);
+
+/* 0, or -EINVAL with a message starting with what: the set's shape (layers, KV heads,
+ * head_dim) must be cfg's, and a set bound to a model must be bound to cfg's weights. */
+int kvp_agent_set_check_model(const kvp_agent_set *s, const kvp_model_config *cfg,
+                              const char *what, char *err, size_t errlen);
 
 #endif

@@ -1,6 +1,6 @@
 /* The policy file: writing, and reading with every size validated against the file's
  * length before anything is allocated (docs/policy-format.md has the layout). */
-#include "policy/kvp_agent_net.h"
+#include "policy/kvp_agent.h"
 
 #include "base/bytes.h"
 #include "base/checksum.h"

@@ -1,14 +1,63 @@
-/* The agents' network as the scorer and the offline trainer share it: the forward pass
- * with its activation buffers (policy/kvp_agent.c), and the limits a policy file's sizes
- * are checked against. Training (the backward pass, init) is in offline/agent_train.c. */
+/* The agents' network: one small scoring network per (layer, KV head) that ranks cached
+ * rows by predicted future attention from the row's key, value and position alone
+ * (docs/policy-format.md has the file layout, docs/training.md the method).
+ *
+ *   kh = LN(Wk k + bk)   vh = LN(Wv v + bv)   ph = LN(Emb[clamp(p, 0, pmax-1)])
+ *   h1 = SiLU(LN(W1 [kh;vh;ph] + b1))   h2 = SiLU(LN(W2 h1 + b2))   s = w3.h2 + b3
+ *
+ * Every LayerNorm has a learned gain and bias. An agent's parameters are one flat float
+ * vector (layout in kvp_agent_layout), so an optimizer can treat it as a single array
+ * and a gradient has the same shape. This header is what the scorer (policy/kvp_agent_net.c)
+ * and the offline trainer share: the shape, the forward pass with its activation
+ * buffers, and the limits a policy file's sizes are checked against. Training (init,
+ * the backward pass) is in offline/agent_train.c; sets of agents, their file and the
+ * "kvp" policy are policy/kvp_agent.h. */
 #ifndef KVP_AGENT_NET_H
 #define KVP_AGENT_NET_H
-
-#include "policy/kvp_agent.h"
 
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+
+typedef struct kvp_agent_arch {
+    int d;      /* input width = the model's head_dim */
+    int P;      /* key / value projection width */
+    int E;      /* position embedding width */
+    int H;      /* hidden width */
+    int pmax;   /* position table rows; positions >= pmax share the last row */
+} kvp_agent_arch;
+
+/* Defaults: the sizes of the shipped stories260K agents, which kvp learn builds too. */
+#define KVP_AGENT_DEFAULT_P 32
+#define KVP_AGENT_DEFAULT_E 4
+#define KVP_AGENT_DEFAULT_H 32
+#define KVP_AGENT_DEFAULT_PMAX 512
+
+/* Offsets (in floats) of each parameter group inside one agent's vector, in file order.
+ * Matrices are row-major [out][in]; ln*_g / ln*_b are LayerNorm gain / bias. */
+typedef struct kvp_agent_layout {
+    size_t wk, bk, lnk_g, lnk_b;        /* [P][d], [P], [P], [P] */
+    size_t wv, bv, lnv_g, lnv_b;        /* [P][d], [P], [P], [P] */
+    size_t emb, lne_g, lne_b;           /* [pmax][E], [E], [E] */
+    size_t w1, b1, ln1_g, ln1_b;        /* [H][2P+E], [H], [H], [H] */
+    size_t w2, b2, ln2_g, ln2_b;        /* [H][H], [H], [H], [H] */
+    size_t w3, b3;                      /* [H], [1] */
+    size_t n;                           /* total floats per agent */
+} kvp_agent_layout;
+
+/* 0, or -EINVAL with a message when a size is outside what a policy file may hold
+ * (each at least 1; d <= 4096, P, E, H <= 65536, pmax <= 2^24). */
+int kvp_agent_arch_check(const kvp_agent_arch *a, char *err, size_t errlen);
+/* Layout for a checked arch. */
+void kvp_agent_layout_of(const kvp_agent_arch *a, kvp_agent_layout *l);
+size_t kvp_agent_n_params(const kvp_agent_arch *a);
+
+/* Inference: scores of n rows (k, v: [n][d]; pos: [n]) into scores[n]. Batched with
+ * sgemm for n > 1, a gemv path for n == 1; the two agree to float rounding. work holds
+ * kvp_agent_score_work(a, n) floats. */
+size_t kvp_agent_score_work(const kvp_agent_arch *a, int n);
+void kvp_agent_score(const kvp_agent_arch *a, const float *params, const float *k,
+                     const float *v, const int32_t *pos, int n, float *scores, float *work);
 
 #define KVP_AGENT_MAX_D 4096
 #define KVP_AGENT_MAX_WIDTH 65536
@@ -44,15 +93,5 @@ static inline float kvp_agent_sigmoid(float x)
 
 /* 0, or -EINVAL with a message "<what> = v is outside [1, max]". */
 int kvp_agent_check_range(const char *what, int64_t v, int64_t max, char *err, size_t errlen);
-
-/* 0, or -EINVAL with a message naming agent (layer, kvh) when a knot is not finite, the
- * scores x[n_knots] are not strictly ascending or the values y[n_knots] decrease. */
-int kvp_agent_check_knots(int n_knots, const float *x, const float *y, int layer, int kvh,
-                          char *err, size_t errlen);
-
-/* 0, or -EINVAL with a message starting with what: the set's shape (layers, KV heads,
- * head_dim) must be cfg's, and a set bound to a model must be bound to cfg's weights. */
-int kvp_agent_set_check_model(const kvp_agent_set *s, const kvp_model_config *cfg,
-                              const char *what, char *err, size_t errlen);
 
 #endif

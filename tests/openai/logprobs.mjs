@@ -7,49 +7,24 @@
 // mass of at most 1, and at temperature 0 the most likely alternative is the token drawn.
 //
 //   KVP_BUILD=build node tests/openai/logprobs.mjs      (meson test openai/logprobs)
-import { execFileSync, spawn } from "node:child_process";
+import { execFileSync } from "node:child_process";
 import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
-import { dirname, join, resolve } from "node:path";
-import { fileURLToPath } from "node:url";
+import { join } from "node:path";
+import { build, checker, importOpenAI, shared, spawnKvpd } from "./lib.mjs";
 
-const here = dirname(fileURLToPath(import.meta.url));
-const source = resolve(process.env.KVP_SOURCE || join(here, "..", ".."));
-const build = resolve(process.env.KVP_BUILD || join(source, "build"));
-const shared = resolve(process.env.KVP_SHARED || join(source, "..", "shared"));
 const model = join(shared, "models", "stories260K.bin");
 const tokenizer = join(shared, "models", "tok512.bin");
 const PROMPT = "Once upon a time";
+const check = checker("logprobs");
+const OpenAI = await importOpenAI("logprobs");
 
-function check(cond, msg) {
-  if (!cond) throw new Error(`FAIL: ${msg}`);
-  console.log(`logprobs: ok: ${msg}`);
-}
-
-let OpenAI;
-try {
-  ({ default: OpenAI } = await import("openai"));
-} catch (e) {
-  console.error(`logprobs: the SDK is not installed in tests/openai (run scripts/setup.sh): ${e.message}`);
-  process.exit(1);
-}
-
-async function startKvpd() {
-  const args = ["--listen", "127.0.0.1:0", "--model", model, "--tokenizer", tokenizer,
-                "--workers", "2", "--budget", "64", "--chunk", "16", "--kv-type", "f32",
-                "--temperature", "0", "--max-tokens", "64", "--state-dir", ""];
-  const proc = spawn(join(build, "daemon", "kvpd"), args, { stdio: ["ignore", "ignore", "pipe"] });
-  let log = "";
-  const port = await new Promise((res, rej) => {
-    proc.stderr.on("data", (b) => {
-      log += b.toString();
-      const m = log.match(/listening on 127\.0\.0\.1:(\d+)/);
-      if (m) res(Number(m[1]));
-    });
-    proc.on("exit", (code) => rej(new Error(`kvpd exited (${code}) before listening:\n${log}`)));
-  });
-  return { proc, port };
-}
+// kvpd on stories260K, greedy, f32 KV rows (the logprobs compare with `kvp logits`).
+const startKvpd = () => spawnKvpd([
+  "--listen", "127.0.0.1:0", "--model", model, "--tokenizer", tokenizer,
+  "--workers", "2", "--budget", "64", "--chunk", "16", "--kv-type", "f32",
+  "--temperature", "0", "--max-tokens", "64", "--state-dir", "",
+]);
 
 // The log-softmax of the logits after the prompt, from `kvp logits` (BOS, then the
 // prompt's ids, as the plain format's first turn has them), most likely first.

@@ -7,57 +7,20 @@
 // extends an earlier one reusing its cache. Exits non-zero on any failure.
 //
 //   KVP_BUILD=build node tests/openai/responses.mjs      (meson test --suite openai runs it)
-import { spawn } from "node:child_process";
-import { dirname, join, resolve } from "node:path";
-import { fileURLToPath } from "node:url";
+import { join } from "node:path";
+import { checker, importOpenAI, shared, spawnKvpd } from "./lib.mjs";
 
-const here = dirname(fileURLToPath(import.meta.url));
-const source = resolve(process.env.KVP_SOURCE || join(here, "..", ".."));
-const build = resolve(process.env.KVP_BUILD || join(source, "build"));
-const shared = resolve(process.env.KVP_SHARED || join(source, "..", "shared"));
 const KEY = "sdk-responses-key";
+const check = checker("responses");
+const OpenAI = await importOpenAI("responses");
 
-function check(cond, msg) {
-  if (!cond) throw new Error(`FAIL: ${msg}`);
-  console.log(`responses: ok: ${msg}`);
-}
-
-let OpenAI;
-try {
-  ({ default: OpenAI } = await import("openai"));
-} catch (e) {
-  console.error(`responses: the SDK is not installed in tests/openai (run scripts/setup.sh, or npm ci there): ${e.message}`);
-  process.exit(1);
-}
-
-async function startKvpd() {
-  const args = [
-    "--listen", "127.0.0.1:0", "--model", join(shared, "models", "stories260K.bin"),
-    "--tokenizer", join(shared, "models", "tok512.bin"), "--state-dir", "",
-    "--workers", "2", "--budget", "64", "--chunk", "16",
-    "--temperature", "0", "--max-tokens", "64", "--api-key", KEY,
-  ];
-  const proc = spawn(join(build, "daemon", "kvpd"), args, { stdio: ["ignore", "ignore", "pipe"] });
-  let log = "";
-  const port = await new Promise((res, rej) => {
-    proc.stderr.on("data", (b) => {
-      log += b.toString();
-      const m = log.match(/listening on 127\.0\.0\.1:(\d+)/);
-      if (m) res(Number(m[1]));
-    });
-    proc.on("exit", (code) => rej(new Error(`kvpd exited (${code}) before listening:\n${log}`)));
-  });
-  for (let i = 0; i < 200; i++) {
-    try {
-      if ((await fetch(`http://127.0.0.1:${port}/healthz`)).status === 200) return { proc, port };
-    } catch {
-      // not up yet
-    }
-    await new Promise((r) => setTimeout(r, 25));
-  }
-  proc.kill("SIGKILL");
-  throw new Error(`kvpd did not become healthy:\n${log}`);
-}
+// kvpd on stories260K with its own API key; greedy.
+const startKvpd = () => spawnKvpd([
+  "--listen", "127.0.0.1:0", "--model", join(shared, "models", "stories260K.bin"),
+  "--tokenizer", join(shared, "models", "tok512.bin"), "--state-dir", "",
+  "--workers", "2", "--budget", "64", "--chunk", "16",
+  "--temperature", "0", "--max-tokens", "64", "--api-key", KEY,
+]);
 
 async function main() {
   const k = await startKvpd();

@@ -11,65 +11,26 @@
 // on any failure.
 //
 //   KVP_BUILD=build node tests/openai/reuse.mjs      (meson test --suite openai runs it)
-import { spawn } from "node:child_process";
-import { dirname, join, resolve } from "node:path";
-import { fileURLToPath } from "node:url";
+import { join } from "node:path";
+import { checker, importOpenAI, shared, spawnKvpd, stopKvpd as stop } from "./lib.mjs";
 
-const here = dirname(fileURLToPath(import.meta.url));
-const source = resolve(process.env.KVP_SOURCE || join(here, "..", ".."));
-const build = resolve(process.env.KVP_BUILD || join(source, "build"));
-const shared = resolve(process.env.KVP_SHARED || join(source, "..", "shared"));
 const KEY_A = "tenant-a-key", KEY_B = "tenant-b-key";
 const CHUNK = 16;
+const check = checker("reuse");
+const OpenAI = await importOpenAI("reuse");
 
-function check(cond, msg) {
-  if (!cond) throw new Error(`FAIL: ${msg}`);
-  console.log(`reuse: ok: ${msg}`);
-}
-
-let OpenAI;
-try {
-  ({ default: OpenAI } = await import("openai"));
-} catch (e) {
-  console.error(`reuse: the SDK is not installed in tests/openai (run scripts/setup.sh, or npm ci there): ${e.message}`);
-  process.exit(1);
-}
-
-async function startKvpd(extra) {
-  const args = [
-    "--listen", "127.0.0.1:0", "--model", join(shared, "models", "stories260K.bin"),
-    "--tokenizer", join(shared, "models", "tok512.bin"),
-    "--workers", "2", "--budget", "64", "--chunk", String(CHUNK),
-    "--temperature", "0", "--max-tokens", "24", "--api-key", `${KEY_A},${KEY_B}`,
-    // no state dir: the default one is shared by the suite's daemons, one at a time
-    "--state-dir", "", ...extra,
-  ];
-  const proc = spawn(join(build, "daemon", "kvpd"), args, { stdio: ["ignore", "ignore", "pipe"] });
-  let log = "";
-  const port = await new Promise((res, rej) => {
-    proc.stderr.on("data", (b) => {
-      log += b.toString();
-      const m = log.match(/listening on 127\.0\.0\.1:(\d+)/);
-      if (m) res(Number(m[1]));
-    });
-    proc.on("exit", (code) => rej(new Error(`kvpd exited (${code}) before listening:\n${log}`)));
-  });
-  for (let i = 0; i < 200; i++) {
-    try {
-      if ((await fetch(`http://127.0.0.1:${port}/healthz`)).status === 200) return { proc, port, log: () => log };
-    } catch {
-      // not up yet
-    }
-    await new Promise((r) => setTimeout(r, 25));
-  }
-  proc.kill("SIGKILL");
-  throw new Error(`kvpd did not become healthy:\n${log}`);
-}
+// kvpd on stories260K with two API keys (two tenants); greedy, short replies.
+const startKvpd = (extra) => spawnKvpd([
+  "--listen", "127.0.0.1:0", "--model", join(shared, "models", "stories260K.bin"),
+  "--tokenizer", join(shared, "models", "tok512.bin"),
+  "--workers", "2", "--budget", "64", "--chunk", String(CHUNK),
+  "--temperature", "0", "--max-tokens", "24", "--api-key", `${KEY_A},${KEY_B}`,
+  // no state dir: the default one is shared by the suite's daemons, one at a time
+  "--state-dir", "", ...extra,
+]);
 
 async function stopKvpd(k) {
-  const exited = new Promise((res) => k.proc.on("exit", (code) => res(code)));
-  k.proc.kill("SIGTERM");
-  const code = await exited;
+  const code = await stop(k);
   check(code === 0, `kvpd exited 0 on SIGTERM (${code})`);
 }
 

