@@ -7,8 +7,10 @@
  *                       [--sessions 16] [--turns 10] [--max-tokens 32] [--workers 0]
  *                       [--budget 256] [--reps 5] [--port P --pid PID]
  *                       [--concurrency 1,4,8,16,32 [--svg PATH] [--label NAME]]
- *                       [--stagger-ms S]
- * With --port it drives a daemon that is already running (RSS needs --pid) and skips
+ *                       [--stagger-ms S] [--temperature T] [--top-p P]
+ * --temperature and --top-p are the spawned daemon's sampling defaults (default greedy:
+ * temperature 0), which every message of the load uses. With --port it drives a daemon
+ * that is already running (RSS needs --pid) and skips
  * the reuse comparison. With --concurrency it sweeps the load instead, on one daemon
  * (the step loop batches the sessions): each level's aggregate tokens/s (reply tokens,
  * and processed: prompt tokens prefilled plus reply tokens) and TTFT p50 / p99 with
@@ -35,6 +37,7 @@
 
 typedef struct opts {
     const char *kvpd, *model, *tokenizer, *svg, *label;
+    const char *temperature, *top_p;    /* the daemon's sampling defaults (NULL top_p: its own) */
     int sessions, turns, max_tokens, workers, budget, reps, port, pid;
     int stagger_ms;                     /* session i starts at i x stagger_ms */
     int levels[MAX_LEVELS], n_levels;   /* --concurrency */
@@ -190,7 +193,11 @@ static int spawn(const opts *o, int reuse, daemon_proc *d)
     argv[n++] = "--max-tokens";
     argv[n++] = max_tokens;
     argv[n++] = "--temperature";
-    argv[n++] = "0";
+    argv[n++] = (char *)o->temperature;
+    if (o->top_p) {
+        argv[n++] = "--top-p";
+        argv[n++] = (char *)o->top_p;
+    }
     argv[n++] = "--max-sessions";
     argv[n++] = "1024";
     if (o->model) {
@@ -426,7 +433,7 @@ static int arg_int(const char *v, int *out)
 int main(int argc, char **argv)
 {
     opts o = {.kvpd = "build/daemon/kvpd", .sessions = 16, .turns = 10, .max_tokens = 32,
-              .workers = 0, .budget = 256, .reps = 5};
+              .workers = 0, .budget = 256, .reps = 5, .temperature = "0"};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = !v;
@@ -435,7 +442,7 @@ int main(int argc, char **argv)
                    "               [--turns M] [--max-tokens K] [--workers W] [--budget B]\n"
                    "               [--reps R] [--port P [--pid PID]]\n"
                    "               [--concurrency 1,4,8,16,32 [--svg PATH] [--label NAME]]\n"
-                   "               [--stagger-ms S]\n");
+                   "               [--stagger-ms S] [--temperature T] [--top-p P]\n");
             return 0;
         } else if (bad) {
         } else if (!strcmp(a, "--kvpd")) {
@@ -464,6 +471,16 @@ int main(int argc, char **argv)
             bad = arg_levels(v, &o);
         } else if (!strcmp(a, "--stagger-ms")) {
             bad = arg_int(v, &o.stagger_ms) || o.stagger_ms > 60000;
+        } else if (!strcmp(a, "--temperature")) {
+            char *end;
+            double t = strtod(v, &end);
+            bad = *end || end == v || !(t >= 0 && t <= 100);
+            o.temperature = v;
+        } else if (!strcmp(a, "--top-p")) {
+            char *end;
+            double t = strtod(v, &end);
+            bad = *end || end == v || !(t > 0 && t <= 1);
+            o.top_p = v;
         } else if (!strcmp(a, "--svg")) {
             o.svg = v;
         } else if (!strcmp(a, "--label")) {

@@ -4,6 +4,7 @@
     bench/vs_llamacpp.py --kvpd build/daemon/kvpd --llama-server PATH --model FILE.gguf
                          [--conversations 1,16] [--replies 32,128] [--reps 3]
                          [--turns 2] [--threads 2] [--kvpd-arg=--budget=0 ...]
+                         [--quick]
 
 Starts both servers on free loopback ports (both stay up; an idle server uses no CPU),
 then for every case (conversations x greedy / temperature 0.8 top-p 0.9 x reply length)
@@ -21,7 +22,11 @@ is better for kvpd; TTFT: lower is). Sampling sends temperature 0.8 and top_p 0.
 leaves the rest to each server's defaults: llama.cpp's add top_k 40 and min_p 0.05
 (its sampler then sorts at most 40 candidates), kvpd's none (top-p over the whole
 vocabulary). `--sampled-extra '{"top_k": 40, "min_p": 0.05}'` sends the same filters
-to both. Python 3 standard library only.
+to both. After the table, each server's aggregate at the most conversations over its
+aggregate at the fewest (16 / 1 by default), per sampling mode and reply length.
+`--quick` (one repetition, one turn per conversation, 32-token replies) checks the whole
+run works in a few minutes; its figures are not the benchmark. Python 3 standard
+library only.
 """
 import argparse
 import http.client
@@ -202,7 +207,11 @@ def main():
     ap.add_argument("--sampled-extra", default="{}",
                     help="JSON object of more request fields for the sampled loads")
     ap.add_argument("--logdir", default="/tmp")
+    ap.add_argument("--quick", action="store_true",
+                    help="validation run: --reps 1 --turns 1 --replies 32")
     a = ap.parse_args()
+    if a.quick:
+        a.reps, a.turns, a.replies = 1, 1, "32"
     convs = [int(x) for x in a.conversations.split(",")]
     replies = [int(x) for x in a.replies.split(",")]
     modes = a.modes.split(",")
@@ -273,6 +282,28 @@ def main():
             print(f"| {n} | {samp} | {reply} | {l[0]:.1f} | {k[0]:.1f} | "
                   f"**{k[0] / l[0]:.2f}x** | {l[1] * 1e3:.0f} / {l[2] * 1e3:.0f} | "
                   f"{k[1] * 1e3:.0f} / {k[2] * 1e3:.0f} | {k[2] / l[2]:.2f}x |")
+        by = {(n, mode, reply): med for n, mode, reply, med in rows}
+        if len(convs) > 1:
+            lo, hi = min(convs), max(convs)
+            print(f"\n| aggregate tok/s, {hi} conversations / {lo} | sampling | reply tokens "
+                  f"| llama | kvpd |")
+            print("|---|---|---:|---:|---:|")
+            for mode in modes:
+                for reply in replies:
+                    a_lo, a_hi = by[(lo, mode, reply)], by[(hi, mode, reply)]
+                    samp = "greedy" if mode == "greedy" else "T 0.8, top-p 0.9"
+                    print(f"| {hi} / {lo} | {samp} | {reply} | "
+                          f"{a_hi['llama'][0] / a_lo['llama'][0]:.2f}x | "
+                          f"{a_hi['kvpd'][0] / a_lo['kvpd'][0]:.2f}x |")
+        if "greedy" in modes and "sampled" in modes:
+            print("\n| kvpd aggregate tok/s, sampled / greedy | conversations | reply tokens "
+                  "| ratio |")
+            print("|---|---:|---:|---:|")
+            for n in convs:
+                for reply in replies:
+                    g, t = by[(n, "greedy", reply)], by[(n, "sampled", reply)]
+                    print(f"| T 0.8 top-p 0.9 / greedy | {n} | {reply} | "
+                          f"{t['kvpd'][0] / g['kvpd'][0]:.2f}x |")
         short = [(n, mode, reply, med) for n, mode, reply, med in rows
                  if min(med["llama"][3], med["kvpd"][3]) < 0.9 * reply]
         for n, mode, reply, med in short:

