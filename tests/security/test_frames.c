@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "tests/daemon/harness.h"
+#include "tests/security/seclib.h"
 
 TestSuite(security_frames, .timeout = 90);
 
@@ -40,26 +41,16 @@ static size_t unmasked_frame(unsigned char *out, const char *text)
  * without a close frame. Text frames before it are skipped. */
 static int failed_with_1002(ws_client *c, int timeout_ms)
 {
-    double end = ws_now_ms() + timeout_ms;
-    while (ws_now_ms() < end) {
-        char *payload = NULL;
-        size_t len = 0;
-        int op = ws_read(c, (int)(end - ws_now_ms()) + 1, &payload, &len);
-        if (op == WS_CLOSE) {
-            int code = len >= 2 ? ((unsigned char)payload[0] << 8 | (unsigned char)payload[1]) : 0;
-            free(payload);
-            cr_expect_eq(code, 1002, "close code %d", code);
-            return 1;
-        }
-        free(payload);
-        if (op == -ETIMEDOUT)
-            return 0;
-        if (op < 0) {
-            cr_expect_fail("the connection closed without a close frame (%d)", op);
-            return 0;
-        }
+    char why[128];
+    int code = sec_close_code(c, timeout_ms, why, sizeof why, NULL, 0);
+    if (code == -1)
+        return 0;
+    if (code == 0) {
+        cr_expect_fail("the connection closed without a close frame");
+        return 0;
     }
-    return 0;
+    cr_expect_eq(code, 1002, "close code %d", code);
+    return 1;
 }
 
 /* Another client is served as usual. */
@@ -229,18 +220,8 @@ static int close_answer(const kvpd_proc *p, const void *payload, size_t len)
     ws_client c;
     cr_assert_eq(h_connect(p, &c), 0);
     cr_assert_eq(ws_send_frame(&c, WS_CLOSE, 1, payload, len), 0);
-    double end = ws_now_ms() + 5000;
-    int code = -1;
-    while (ws_now_ms() < end) {
-        char *got = NULL;
-        size_t n = 0;
-        int op = ws_read(&c, (int)(end - ws_now_ms()) + 1, &got, &n);
-        if (op == WS_CLOSE)
-            code = n >= 2 ? ((unsigned char)got[0] << 8 | (unsigned char)got[1]) : 0;
-        free(got);
-        if (op == WS_CLOSE || op < 0)
-            break;
-    }
+    char why[128];
+    int code = sec_close_code(&c, 5000, why, sizeof why, NULL, 0);
     ws_close(&c);
     return code;
 }

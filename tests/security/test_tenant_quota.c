@@ -10,39 +10,12 @@
 #include <unistd.h>
 
 #include "tests/daemon/harness.h"
+#include "tests/security/seclib.h"
 
 TestSuite(security_tenant_quota, .timeout = 180);
 
 #define KA "Authorization: Bearer key-a\r\n"
 #define KB "Authorization: Bearer key-b\r\n"
-
-typedef struct answer {
-    int status;
-    char *raw;
-    json_t *j;
-    char session[64];
-    char reply[512];
-} answer;
-
-static answer post(const kvpd_proc *p, const char *headers, const char *body)
-{
-    answer a = {0};
-    const char *b = NULL;
-    a.status = h_request(p->port, "POST", "/v1/chat/completions", headers, body, &a.raw, &b);
-    cr_assert(a.raw, "no answer");
-    a.j = b ? json_loads(b, 0, NULL) : NULL;
-    snprintf(a.session, sizeof a.session, "%s", h_header(a.raw, "x-session-id:"));
-    const char *r = json_string_value(json_object_get(json_object_get(
-        json_array_get(json_object_get(a.j, "choices"), 0), "message"), "content"));
-    snprintf(a.reply, sizeof a.reply, "%s", r ? r : "");
-    return a;
-}
-
-static void answer_free(answer *a)
-{
-    json_decref(a->j);
-    free(a->raw);
-}
 
 static const char FIRST[] =
     "{\"messages\":[{\"role\":\"user\",\"content\":\"Once upon a time\"}],\"max_tokens\":4}";
@@ -64,9 +37,9 @@ static void flood(const kvpd_proc *d, int n)
         char body[160];
         snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"Story %d: "
                  "a frog.\"}],\"max_tokens\":2}", i);
-        answer a = post(d, KA, body);
+        sec_answer a = sec_post(d, KA, body);
         cr_assert_eq(a.status, 200, "request %d of the flood: %s", i, a.raw);
-        answer_free(&a);
+        sec_answer_free(&a);
     }
 }
 
@@ -76,19 +49,19 @@ static void b_survives(const char *args)
 {
     kvpd_proc d;
     cr_assert_eq(kvpd_start(&d, args), 0, "log %s", d.log);
-    answer b = post(&d, KB, FIRST);
+    sec_answer b = sec_post(&d, KB, FIRST);
     cr_assert_eq(b.status, 200, "%s", b.raw);
     flood(&d, 20);
     char *body = second_turn(b.reply);
-    answer b2 = post(&d, KB, body);
+    sec_answer b2 = sec_post(&d, KB, body);
     free(body);
     cr_assert_eq(b2.status, 200, "%s", b2.raw);
     cr_assert_str_eq(b2.session, b.session, "B's conversation was pushed out by A's flood");
     json_t *cached = json_object_get(json_object_get(json_object_get(b2.j, "usage"),
                                                      "prompt_tokens_details"), "cached_tokens");
     cr_assert_gt(json_integer_value(cached), 0, "%s", b2.raw);
-    answer_free(&b);
-    answer_free(&b2);
+    sec_answer_free(&b);
+    sec_answer_free(&b2);
     cr_assert_eq(kvpd_stop(&d, 10000), 0);
 }
 
@@ -116,14 +89,14 @@ Test(security_tenant_quota, a_tenant_whose_sessions_cannot_go_gets_429_and_the_o
         cr_assert_str_eq(json_string_value(json_object_get(done, "type")), "done");
         json_decref(done);
     }
-    answer a = post(&d, KA, FIRST);
+    sec_answer a = sec_post(&d, KA, FIRST);
     cr_assert_eq(a.status, 429, "%s", a.raw);
     cr_assert(strstr(a.raw, "max_sessions_per_tenant"), "%s", a.raw);
     cr_assert_geq(atoi(h_header(a.raw, "retry-after:")), 1, "%s", a.raw);
-    answer_free(&a);
-    answer b = post(&d, KB, FIRST);
+    sec_answer_free(&a);
+    sec_answer b = sec_post(&d, KB, FIRST);
     cr_assert_eq(b.status, 200, "the other tenant was refused: %s", b.raw);
-    answer_free(&b);
+    sec_answer_free(&b);
     /* A's own sessions are untouched: each takes another turn. */
     for (int i = 0; i < 2; i++) {
         json_t *done = h_turn(&c[i], "Then it jumped.", 2, NULL);
@@ -211,9 +184,9 @@ Test(security_tenant_quota, by_default_a_key_attached_sessions_leave_room_for_an
         served += a_session(&d, &c[i], why, sizeof why);
     cr_assert_lt(served, 4, "all of A's sessions were served: no bound per key");
     cr_assert(strstr(why, "max_cache_bytes_per_tenant"), "%s", why);
-    answer b = post(&d, KB, FIRST);
+    sec_answer b = sec_post(&d, KB, FIRST);
     cr_assert_eq(b.status, 200, "B's new conversation was refused after A's: %s", b.raw);
-    answer_free(&b);
+    sec_answer_free(&b);
     for (int i = 0; i < 4; i++)
         ws_close(&c[i]);
     cr_assert_eq(kvpd_stop(&d, 10000), 0);
@@ -238,14 +211,14 @@ Test(security_tenant_quota, a_key_over_its_bytes_is_refused_and_the_other_key_is
         cr_assert(a_session(&d, &c[i], why, sizeof why), "A's session %d: %s", i, why);
     cr_assert(!a_session(&d, &c[3], why, sizeof why), "A's fourth session passed its bound");
     cr_assert(strstr(why, "max_cache_bytes_per_tenant"), "%s", why);
-    answer b = post(&d, KB, FIRST);
+    sec_answer b = sec_post(&d, KB, FIRST);
     cr_assert_eq(b.status, 200, "%s", b.raw);
-    answer_free(&b);
+    sec_answer_free(&b);
     /* the refusal over the API: 429, naming the setting */
-    answer a = post(&d, KA, FIRST);
+    sec_answer a = sec_post(&d, KA, FIRST);
     cr_assert_eq(a.status, 429, "%s", a.raw);
     cr_assert(strstr(a.raw, "max_cache_bytes_per_tenant"), "%s", a.raw);
-    answer_free(&a);
+    sec_answer_free(&a);
     for (int i = 0; i < 3; i++) {
         json_t *done = h_turn(&c[i], "Then?", 1, NULL);
         cr_assert(done);
@@ -287,7 +260,7 @@ Test(security_tenant_quota, with_a_state_dir_a_key_over_its_bytes_parks_its_own)
              "--max-cache-bytes-per-tenant %lld --state-dir %s", cap, per, dir);
     kvpd_proc d;
     cr_assert_eq(kvpd_start(&d, args), 0, "log %s", d.log);
-    answer b = post(&d, KB, FIRST);
+    sec_answer b = sec_post(&d, KB, FIRST);
     cr_assert_eq(b.status, 200, "%s", b.raw);
     ws_client c[5];
     char why[256] = "";
@@ -297,12 +270,12 @@ Test(security_tenant_quota, with_a_state_dir_a_key_over_its_bytes_parks_its_own)
     }
     cr_assert(resident_id(&d, b.session), "B's session was parked to make room for A's");
     char *body = second_turn(b.reply);
-    answer b2 = post(&d, KB, body);
+    sec_answer b2 = sec_post(&d, KB, body);
     free(body);
     cr_assert_eq(b2.status, 200, "%s", b2.raw);
     cr_assert_str_eq(b2.session, b.session);
-    answer_free(&b);
-    answer_free(&b2);
+    sec_answer_free(&b);
+    sec_answer_free(&b2);
     cr_assert_eq(kvpd_stop(&d, 10000), 0);
     h_rmdir(dir);
 }

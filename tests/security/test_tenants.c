@@ -8,40 +8,13 @@
 #include <unistd.h>
 
 #include "tests/daemon/harness.h"
+#include "tests/security/seclib.h"
 
 TestSuite(security_tenants, .timeout = 120);
 
 #define K1 "Authorization: Bearer key-one\r\n"
 #define K2 "Authorization: Bearer key-two\r\n"
 #define K3 "Authorization: Bearer key-from-file\r\n"
-
-typedef struct answer {
-    int status;
-    char *raw;
-    json_t *j;
-    char session[64];
-    char reply[512];
-} answer;
-
-static answer post(const kvpd_proc *p, const char *headers, const char *body)
-{
-    answer a = {0};
-    const char *b = NULL;
-    a.status = h_request(p->port, "POST", "/v1/chat/completions", headers, body, &a.raw, &b);
-    cr_assert(a.raw, "no answer");
-    a.j = b ? json_loads(b, 0, NULL) : NULL;
-    snprintf(a.session, sizeof a.session, "%s", h_header(a.raw, "x-session-id:"));
-    const char *r = json_string_value(json_object_get(json_object_get(
-        json_array_get(json_object_get(a.j, "choices"), 0), "message"), "content"));
-    snprintf(a.reply, sizeof a.reply, "%s", r ? r : "");
-    return a;
-}
-
-static void answer_free(answer *a)
-{
-    json_decref(a->j);
-    free(a->raw);
-}
 
 /* The conversation "Once upon a time" -> reply -> "Then?", naming id when given. */
 static char *second_turn(const char *reply, const char *id)
@@ -63,20 +36,6 @@ static const char FIRST[] =
 static int ws_keyed(const kvpd_proc *p, ws_client *c, const char *headers)
 {
     return ws_connect_headers(c, "127.0.0.1", p->port, "/chat", headers, 5000);
-}
-
-static const char *hello_answer(ws_client *c, const char *id, char *buf, size_t n)
-{
-    char msg[128];
-    snprintf(msg, sizeof msg, "{\"type\":\"hello\",\"session\":\"%s\"}", id);
-    cr_assert_eq(ws_send_text(c, msg), 0);
-    json_t *j = h_read_json(c, 5000);
-    cr_assert(j, "hello was not answered");
-    const char *t = json_string_value(json_object_get(j, "type"));
-    const char *code = json_string_value(json_object_get(j, "code"));
-    snprintf(buf, n, "%s", !strcmp(t, "error") && code ? code : t);
-    json_decref(j);
-    return buf;
 }
 
 /* Sends a hello: 1 when the answer is a close with 1008 and nothing else came. */
@@ -106,27 +65,27 @@ Test(security_tenants, the_websocket_needs_a_key_and_sessions_stay_with_their_ke
                                     "Authorization: Bearer wrong\r\n", 5000), 0);
     cr_assert_eq(closed_1008_on_hello(&c), 1, "a websocket with a wrong key was served");
     ws_close(&c);
-    answer a = post(&d, NULL, FIRST);
+    sec_answer a = sec_post(&d, NULL, FIRST);
     cr_assert_eq(a.status, 401, "%s", a.raw);
-    answer_free(&a);
+    sec_answer_free(&a);
 
-    a = post(&d, K1, FIRST);
+    a = sec_post(&d, K1, FIRST);
     cr_assert_eq(a.status, 200, "%s", a.raw);
     cr_assert(a.session[0]);
     char buf[64];
     /* Key two names key one's session over /chat: it does not exist for it. */
     cr_assert_eq(ws_keyed(&d, &c, K2), 0);
-    cr_assert_str_eq(hello_answer(&c, a.session, buf, sizeof buf), "unknown_session");
+    cr_assert_str_eq(sec_hello_answer(&c, a.session, buf, sizeof buf), "unknown_session");
     ws_close(&c);
     /* Key one gets it back, with its history. */
     cr_assert_eq(ws_keyed(&d, &c, K1), 0);
-    cr_assert_str_eq(hello_answer(&c, a.session, buf, sizeof buf), "session");
+    cr_assert_str_eq(sec_hello_answer(&c, a.session, buf, sizeof buf), "session");
     json_t *done = h_turn(&c, "The end.", 2, NULL);
     cr_assert(done);
     cr_assert_str_eq(json_string_value(json_object_get(done, "type")), "done");
     json_decref(done);
     ws_close(&c);
-    answer_free(&a);
+    sec_answer_free(&a);
     cr_assert_eq(kvpd_stop(&d, 10000), 0);
 }
 
@@ -134,11 +93,11 @@ Test(security_tenants, a_transcript_or_an_id_does_not_cross_tenants)
 {
     kvpd_proc d;
     cr_assert_eq(kvpd_start(&d, "--api-key key-one,key-two"), 0, "log %s", d.log);
-    answer a = post(&d, K1, FIRST);
+    sec_answer a = sec_post(&d, K1, FIRST);
     cr_assert_eq(a.status, 200, "%s", a.raw);
     char *next = second_turn(a.reply, NULL);
     /* Key two sends key one's exact transcript: a new session, nothing cached. */
-    answer b = post(&d, K2, next);
+    sec_answer b = sec_post(&d, K2, next);
     cr_assert_eq(b.status, 200, "%s", b.raw);
     cr_assert_str_neq(b.session, a.session, "another tenant's session id was handed out");
     json_t *u = json_object_get(json_object_get(b.j, "usage"), "prompt_tokens_details");
@@ -146,17 +105,17 @@ Test(security_tenants, a_transcript_or_an_id_does_not_cross_tenants)
                  "another tenant's prompt cache was used: %s", b.raw);
     /* ... and naming key one's session id does not help. */
     char *named = second_turn(a.reply, a.session);
-    answer n = post(&d, K2, named);
+    sec_answer n = sec_post(&d, K2, named);
     cr_assert_eq(n.status, 200, "%s", n.raw);
     cr_assert_str_neq(n.session, a.session, "a named session of another tenant was continued");
     /* Key one continues its own. */
-    answer c = post(&d, K1, next);
+    sec_answer c = sec_post(&d, K1, next);
     cr_assert_eq(c.status, 200, "%s", c.raw);
     cr_assert_str_eq(c.session, a.session, "the owner's conversation was not continued");
-    answer_free(&a);
-    answer_free(&b);
-    answer_free(&n);
-    answer_free(&c);
+    sec_answer_free(&a);
+    sec_answer_free(&b);
+    sec_answer_free(&n);
+    sec_answer_free(&c);
     free(next);
     free(named);
     cr_assert_eq(kvpd_stop(&d, 10000), 0);
@@ -174,25 +133,25 @@ Test(security_tenants, keys_from_a_file_and_the_tenant_survives_a_restart)
     snprintf(args, sizeof args, "--api-key key-two --api-key-file %s --state-dir %s", keys, dir);
     kvpd_proc d;
     cr_assert_eq(kvpd_start(&d, args), 0, "log %s", d.log);
-    answer a = post(&d, K3, FIRST);
+    sec_answer a = sec_post(&d, K3, FIRST);
     cr_assert_eq(a.status, 200, "%s", a.raw);
     cr_assert_eq(kvpd_stop(&d, 10000), 0);
     cr_assert_eq(kvpd_start(&d, args), 0, "log %s", d.log);
     char *named = second_turn(a.reply, a.session);
-    answer n = post(&d, K2, named);
+    sec_answer n = sec_post(&d, K2, named);
     cr_assert_eq(n.status, 200, "%s", n.raw);
     cr_assert_str_neq(n.session, a.session, "after a restart another tenant took the session");
     ws_client c;
     char buf[64];
     cr_assert_eq(ws_keyed(&d, &c, K2), 0);
-    cr_assert_str_eq(hello_answer(&c, a.session, buf, sizeof buf), "unknown_session");
+    cr_assert_str_eq(sec_hello_answer(&c, a.session, buf, sizeof buf), "unknown_session");
     ws_close(&c);
-    answer o = post(&d, K3, named);
+    sec_answer o = sec_post(&d, K3, named);
     cr_assert_eq(o.status, 200, "%s", o.raw);
     cr_assert_str_eq(o.session, a.session, "the owner lost its session in the restart");
-    answer_free(&a);
-    answer_free(&n);
-    answer_free(&o);
+    sec_answer_free(&a);
+    sec_answer_free(&n);
+    sec_answer_free(&o);
     free(named);
     cr_assert_eq(kvpd_stop(&d, 10000), 0);
     h_rmdir(dir);

@@ -9,51 +9,16 @@
 #include <string.h>
 
 #include "tests/daemon/harness.h"
+#include "tests/security/seclib.h"
 
 TestSuite(security_ws_auth, .timeout = 120);
 
 #define KEYS "--api-key key-one,key-two"
 
-/* The close code that ends the connection within timeout_ms (text frames before it are
- * skipped, their types noted in seen); -1 when it stayed open, 0 when it closed
- * without a close frame. The reason goes to why. */
-static int close_code(ws_client *c, int timeout_ms, char *why, size_t n, char *seen,
-                      size_t seen_n)
-{
-    double end = ws_now_ms() + timeout_ms;
-    why[0] = '\0';
-    if (seen)
-        seen[0] = '\0';
-    while (ws_now_ms() < end) {
-        char *payload = NULL;
-        size_t len = 0;
-        int op = ws_read(c, (int)(end - ws_now_ms()) + 1, &payload, &len);
-        if (op == WS_CLOSE) {
-            int code = len >= 2 ? ((unsigned char)payload[0] << 8 | (unsigned char)payload[1]) : 0;
-            snprintf(why, n, "%.*s", len > 2 ? (int)(len - 2) : 0, len > 2 ? payload + 2 : "");
-            free(payload);
-            return code;
-        }
-        if (op == WS_TEXT && seen) {
-            json_t *j = json_loadb(payload, len, 0, NULL);
-            const char *t = json_string_value(json_object_get(j, "type"));
-            size_t have = strlen(seen);
-            snprintf(seen + have, seen_n - have, "%s ", t ? t : "?");
-            json_decref(j);
-        }
-        free(payload);
-        if (op == -ETIMEDOUT)
-            return -1;
-        if (op < 0)
-            return 0;
-    }
-    return -1;
-}
-
 static void expect_1008(ws_client *c, int timeout_ms, const char *what)
 {
     char why[128], seen[256];
-    int code = close_code(c, timeout_ms, why, sizeof why, seen, sizeof seen);
+    int code = sec_close_code(c, timeout_ms, why, sizeof why, seen, sizeof seen);
     cr_expect_eq(code, 1008, "%s: close code %d (frames before: %s)", what, code, seen);
     cr_expect(why[0], "%s: the close has no reason", what);
     cr_expect(!strstr(seen, "session") && !strstr(seen, "token") && !strstr(seen, "done"),
@@ -84,20 +49,6 @@ static void new_session(ws_client *c, char *id)
     cr_assert(done);
     cr_assert_str_eq(json_string_value(json_object_get(done, "type")), "done");
     json_decref(done);
-}
-
-static const char *hello_answer(ws_client *c, const char *id, char *buf, size_t n)
-{
-    char msg[128];
-    snprintf(msg, sizeof msg, "{\"type\":\"hello\",\"session\":\"%s\"}", id);
-    cr_assert_eq(ws_send_text(c, msg), 0);
-    json_t *j = h_read_json(c, 5000);
-    cr_assert(j, "hello was not answered");
-    const char *t = json_string_value(json_object_get(j, "type"));
-    const char *code = json_string_value(json_object_get(j, "code"));
-    snprintf(buf, n, "%s", !strcmp(t, "error") && code ? code : t);
-    json_decref(j);
-    return buf;
 }
 
 Test(security_ws_auth, a_keyless_client_is_closed_unless_it_authenticates_first)
@@ -191,7 +142,7 @@ Test(security_ws_auth, silence_closes_after_10_seconds)
     cr_assert_eq(h_connect(&d, &c), 0);
     double t0 = ws_now_ms();
     char why[128];
-    int code = close_code(&c, 20000, why, sizeof why, NULL, 0);
+    int code = sec_close_code(&c, 20000, why, sizeof why, NULL, 0);
     double took = ws_now_ms() - t0;
     cr_expect_eq(code, 1008, "close code %d after %.0f ms", code, took);
     cr_expect(why[0], "no reason");
@@ -200,7 +151,7 @@ Test(security_ws_auth, silence_closes_after_10_seconds)
     /* a key on the upgrade needs no auth frame: no close for the silence */
     cr_assert_eq(ws_connect_headers(&c, "127.0.0.1", d.port, "/chat",
                                     "Authorization: Bearer key-one\r\n", 5000), 0);
-    cr_expect_eq(close_code(&c, 12000, why, sizeof why, NULL, 0), -1,
+    cr_expect_eq(sec_close_code(&c, 12000, why, sizeof why, NULL, 0), -1,
                  "a keyed upgrade was closed: %s", why);
     ws_close(&c);
     cr_assert_eq(kvpd_stop(&d, 10000), 0);
@@ -219,11 +170,11 @@ Test(security_ws_auth, sessions_stay_with_the_key_of_the_auth_frame)
     /* the other key, by frame or header: unknown */
     cr_assert_eq(h_connect(&d, &c), 0);
     cr_assert(auth(&c, "key-two"));
-    cr_assert_str_eq(hello_answer(&c, id, buf, sizeof buf), "unknown_session");
+    cr_assert_str_eq(sec_hello_answer(&c, id, buf, sizeof buf), "unknown_session");
     ws_close(&c);
     cr_assert_eq(ws_connect_headers(&c, "127.0.0.1", d.port, "/chat",
                                     "Authorization: Bearer key-two\r\n", 5000), 0);
-    cr_assert_str_eq(hello_answer(&c, id, buf, sizeof buf), "unknown_session");
+    cr_assert_str_eq(sec_hello_answer(&c, id, buf, sizeof buf), "unknown_session");
     ws_close(&c);
     /* the same session named in ?session= without a key: closed, never opened */
     char path[96];
@@ -235,7 +186,7 @@ Test(security_ws_auth, sessions_stay_with_the_key_of_the_auth_frame)
     /* the owner's key in the header gets it back */
     cr_assert_eq(ws_connect_headers(&c, "127.0.0.1", d.port, "/chat",
                                     "Authorization: Bearer key-one\r\n", 5000), 0);
-    cr_assert_str_eq(hello_answer(&c, id, buf, sizeof buf), "session");
+    cr_assert_str_eq(sec_hello_answer(&c, id, buf, sizeof buf), "session");
     ws_close(&c);
     cr_assert_eq(kvpd_stop(&d, 10000), 0);
 }

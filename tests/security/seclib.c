@@ -1,0 +1,74 @@
+#include "tests/security/seclib.h"
+
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int sec_close_code(ws_client *c, int timeout_ms, char *why, size_t n, char *seen,
+                   size_t seen_n)
+{
+    double end = ws_now_ms() + timeout_ms;
+    why[0] = '\0';
+    if (seen)
+        seen[0] = '\0';
+    while (ws_now_ms() < end) {
+        char *payload = NULL;
+        size_t len = 0;
+        int op = ws_read(c, (int)(end - ws_now_ms()) + 1, &payload, &len);
+        if (op == WS_CLOSE) {
+            int code = len >= 2 ? ((unsigned char)payload[0] << 8 | (unsigned char)payload[1]) : 0;
+            snprintf(why, n, "%.*s", len > 2 ? (int)(len - 2) : 0, len > 2 ? payload + 2 : "");
+            free(payload);
+            return code;
+        }
+        if (op == WS_TEXT && seen) {
+            json_t *j = json_loadb(payload, len, 0, NULL);
+            const char *t = json_string_value(json_object_get(j, "type"));
+            size_t have = strlen(seen);
+            snprintf(seen + have, seen_n - have, "%s ", t ? t : "?");
+            json_decref(j);
+        }
+        free(payload);
+        if (op == -ETIMEDOUT)
+            return -1;
+        if (op < 0)
+            return 0;
+    }
+    return -1;
+}
+
+const char *sec_hello_answer(ws_client *c, const char *id, char *buf, size_t n)
+{
+    char msg[128];
+    snprintf(msg, sizeof msg, "{\"type\":\"hello\",\"session\":\"%s\"}", id);
+    cr_assert_eq(ws_send_text(c, msg), 0);
+    json_t *j = h_read_json(c, 5000);
+    cr_assert(j, "hello was not answered");
+    const char *t = json_string_value(json_object_get(j, "type"));
+    const char *code = json_string_value(json_object_get(j, "code"));
+    snprintf(buf, n, "%s", !strcmp(t, "error") && code ? code : t);
+    json_decref(j);
+    return buf;
+}
+
+sec_answer sec_post(const kvpd_proc *p, const char *headers, const char *body)
+{
+    sec_answer a = {0};
+    const char *b = NULL;
+    a.status = h_request(p->port, "POST", "/v1/chat/completions", headers, body, &a.raw, &b);
+    cr_assert(a.raw, "no answer");
+    a.j = b ? json_loads(b, 0, NULL) : NULL;
+    snprintf(a.session, sizeof a.session, "%s", h_header(a.raw, "x-session-id:"));
+    const char *r = json_string_value(json_object_get(json_object_get(
+        json_array_get(json_object_get(a.j, "choices"), 0), "message"), "content"));
+    snprintf(a.reply, sizeof a.reply, "%s", r ? r : "");
+    return a;
+}
+
+void sec_answer_free(sec_answer *a)
+{
+    json_decref(a->j);
+    free(a->raw);
+}

@@ -1,0 +1,35 @@
+/* Helpers the daemon security tests share (tests/daemon/harness.h starts the daemon and
+ * speaks websocket and HTTP): how a websocket connection ends, a hello's answer, and a
+ * chat completion's status, session and reply. */
+#ifndef KVP_TESTS_SECLIB_H
+#define KVP_TESTS_SECLIB_H
+
+#include <stddef.h>
+
+#include "tests/daemon/harness.h"
+
+/* The close code that ends the connection within timeout_ms (text frames before it are
+ * skipped, their types noted in seen when it is not NULL); -1 when it stayed open, 0
+ * when it closed without a close frame (or with an empty close payload). The reason
+ * goes to why. */
+int sec_close_code(ws_client *c, int timeout_ms, char *why, size_t n, char *seen,
+                   size_t seen_n);
+
+/* Sends {"type":"hello","session":id} and returns the answer's type, or the error's
+ * code when it is an error, in buf. */
+const char *sec_hello_answer(ws_client *c, const char *id, char *buf, size_t n);
+
+/* A POST /v1/chat/completions answer: the status, the raw response, the body as JSON
+ * (NULL when it is none), the x-session-id header and the first choice's content. */
+typedef struct sec_answer {
+    int status;
+    char *raw;
+    json_t *j;
+    char session[64];
+    char reply[512];
+} sec_answer;
+
+sec_answer sec_post(const kvpd_proc *p, const char *headers, const char *body);
+void sec_answer_free(sec_answer *a);
+
+#endif
