@@ -184,9 +184,9 @@ int hub_new_session(kvp_hub_client *c, const char *system, size_t system_len)
         return -EBUSY;
     }
     size_t reserve;
-    int rc = kvp_hub_admit_tenant(h, NULL, c->tenant, 0, err, sizeof err);
+    int rc = kvp_hub_admit_tenant(h, NULL, c->tenant, 0, 0, err, sizeof err);
     if (rc == 0)
-        rc = kvp_hub_admit(h, NULL, 0, &reserve, err, sizeof err);
+        rc = kvp_hub_admit(h, NULL, 0, 0, &reserve, err, sizeof err);
     if (rc < 0) {
         hub_overloaded(c, err);
         return rc;
@@ -234,8 +234,8 @@ void hub_open_from_disk(kvp_hub_client *c, kvp_session *s, const char *id,
     kvp_hub *h = c->hub;
     char err[256];
     size_t reserve;
-    if (kvp_hub_admit_tenant(h, s, c->tenant, 1, err, sizeof err) < 0 ||
-        kvp_hub_admit(h, s, 1, &reserve, err, sizeof err) < 0) {
+    if (kvp_hub_admit_tenant(h, s, c->tenant, 1, 0, err, sizeof err) < 0 ||
+        kvp_hub_admit(h, s, 1, 0, &reserve, err, sizeof err) < 0) {
         hub_overloaded(c, err);
         return;
     }
@@ -399,8 +399,12 @@ void hub_start_turn(kvp_hub_client *c, const char *text, size_t len, const kvp_t
     }
     char err[256];
     size_t reserve;
-    if (kvp_hub_admit_tenant(h, s, c->tenant, 1, err, sizeof err) < 0 ||
-        kvp_hub_admit(h, s, 1, &reserve, err, sizeof err) < 0) {
+    int max_tokens = o->max_tokens ? o->max_tokens : h->cfg->max_tokens;
+    /* the logprob buffers are made when the turn is armed and live while it runs */
+    size_t lp_bytes = kvp_session_logprobs_bytes(max_tokens, h->env.model->cfg.vocab_size,
+                                                 o->logprobs ? o->top_logprobs : -1);
+    if (kvp_hub_admit_tenant(h, s, c->tenant, 1, lp_bytes, err, sizeof err) < 0 ||
+        kvp_hub_admit(h, s, 1, lp_bytes, &reserve, err, sizeof err) < 0) {
         hub_overloaded(c, err);
         return;
     }
@@ -410,7 +414,7 @@ void hub_start_turn(kvp_hub_client *c, const char *text, size_t len, const kvp_t
         return;
     }
     double now = kvp_now();
-    if (kvp_session_begin_turn(s, text, len, o->max_tokens ? o->max_tokens : h->cfg->max_tokens,
+    if (kvp_session_begin_turn(s, text, len, max_tokens,
                                o->has_temperature ? o->temperature : h->cfg->temperature,
                                h->cfg->budget, now) < 0) {
         hub_emit_error(c, KVPD_E_INTERNAL, "out of memory");
@@ -453,6 +457,7 @@ void hub_start_turn(kvp_hub_client *c, const char *text, size_t len, const kvp_t
         s->turn.canary = kvp_canary_rec_new(s->pconf->name, h->cfg->budget);
     s->last_active = now;
     s->owner = c;
+    s->reserve_lp = lp_bytes;
     hub_submit(h, s, KVP_SESSION_TURN, reserve);
 }
 

@@ -35,6 +35,7 @@ static kvp_hub_client *job_ended(kvp_hub *h, kvp_session *s)
         kvp_prefix_remove(h->prefix, s);
     s->owner = NULL;
     s->reserve = 0;
+    s->reserve_lp = 0;
     s->last_active = kvp_now();
     /* The lease runs out lease_ms after this job, or goes now when nobody is attached. */
     if (s->client)

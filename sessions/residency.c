@@ -33,7 +33,7 @@ static size_t counted(const kvp_session *s)
 {
     if (s->state == KVP_SESSION_PARKED)
         return 0;
-    return kvp_session_busy(s) ? s->reserve : s->bytes;
+    return kvp_session_busy(s) ? s->reserve + s->reserve_lp : s->bytes;
 }
 
 size_t kvp_hub_accounted_bytes(const kvp_hub *h, size_t *actual)
@@ -144,7 +144,7 @@ static int tenant_sessions(kvp_hub *h, const kvp_session *s, const char *tenant,
  * counts them, plus the job's reservation. A tenant's only session is never refused by
  * it: the bound shares the cache between tenants, it does not shrink a turn. */
 static int tenant_bytes(kvp_hub *h, const kvp_session *s, const char *tenant, int job,
-                        char *why, size_t whylen)
+                        size_t extra, char *why, size_t whylen)
 {
     uint64_t cap = h->cfg->max_cache_bytes_per_tenant;
     if (!cap || !job)
@@ -152,6 +152,7 @@ static int tenant_bytes(kvp_hub *h, const kvp_session *s, const char *tenant, in
     size_t need = kvp_hub_turn_bytes(h);
     if (s && s->state != KVP_SESSION_PARKED && s->bytes > need)
         need = s->bytes;
+    need += extra;
     for (;;) {
         size_t mine = 0;
         int others = 0, busy;
@@ -173,14 +174,14 @@ static int tenant_bytes(kvp_hub *h, const kvp_session *s, const char *tenant, in
 }
 
 int kvp_hub_admit_tenant(kvp_hub *h, const kvp_session *s, const char *tenant, int job,
-                         char *why, size_t whylen)
+                         size_t extra, char *why, size_t whylen)
 {
     int rc = tenant_sessions(h, s, tenant, why, whylen);
-    return rc < 0 ? rc : tenant_bytes(h, s, tenant, job, why, whylen);
+    return rc < 0 ? rc : tenant_bytes(h, s, tenant, job, extra, why, whylen);
 }
 
-int kvp_hub_admit(kvp_hub *h, kvp_session *s, int job, size_t *reserve, char *why,
-                  size_t whylen)
+int kvp_hub_admit(kvp_hub *h, kvp_session *s, int job, size_t extra, size_t *reserve,
+                  char *why, size_t whylen)
 {
     size_t need = 0;
     int parked = s && s->state == KVP_SESSION_PARKED;
@@ -192,7 +193,7 @@ int kvp_hub_admit(kvp_hub *h, kvp_session *s, int job, size_t *reserve, char *wh
     int slots = h->sessions.resident + (!s || parked);
     size_t others = kvp_hub_accounted_bytes(h, NULL) - (s ? counted(s) : 0);
     uint64_t cap = h->cfg->max_cache_bytes;
-    while (slots > h->cfg->max_sessions || (cap && others + need > cap)) {
+    while (slots > h->cfg->max_sessions || (cap && others + need + extra > cap)) {
         kvp_session *victim = lru_victim(h, s);
         if (!victim) {
             h->refused_retry_ms = idle_retry_ms(h);
@@ -200,7 +201,8 @@ int kvp_hub_admit(kvp_hub *h, kvp_session *s, int job, size_t *reserve, char *wh
                 snprintf(why, whylen, "too many sessions (%d)", h->cfg->max_sessions);
             else
                 snprintf(why, whylen, "the KV cache memory cap (%llu bytes) is taken by "
-                         "running turns", (unsigned long long)cap);
+                         "running turns%s", (unsigned long long)cap,
+                         extra ? " (this turn's logprobs buffers count in it)" : "");
             return -EBUSY;
         }
         others -= victim->bytes;

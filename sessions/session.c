@@ -348,6 +348,28 @@ int kvp_session_begin_turn(kvp_session *s, const char *text, size_t len, int max
     return 0;
 }
 
+/* The logprob buffers' sizes for a turn of max_tokens tokens with `top` alternatives
+ * (top < 0: none): entries (lp), the logits row (lp_row), the tokens' ends (tok_end);
+ * returns their sum. */
+static size_t lp_sizes(int max_tokens, int vocab, int top, size_t *lp, size_t *row,
+                       size_t *ends)
+{
+    *lp = *row = *ends = 0;
+    if (top < 0 || vocab <= 0 || max_tokens <= 0)
+        return 0;
+    int k = top < vocab ? top : vocab;
+    *lp = (size_t)max_tokens * (size_t)(1 + k) * sizeof(kvp_hub_logprob);
+    *row = (size_t)vocab * sizeof(float);
+    *ends = (size_t)max_tokens * sizeof(size_t);
+    return *lp + *row + *ends;
+}
+
+size_t kvp_session_logprobs_bytes(int max_tokens, int vocab, int top)
+{
+    size_t lp, row, ends;
+    return lp_sizes(max_tokens, vocab, top, &lp, &row, &ends);
+}
+
 int kvp_session_turn_logprobs(kvp_session *s, int vocab, int top)
 {
     kvp_turn *t = &s->turn;
@@ -356,11 +378,13 @@ int kvp_session_turn_logprobs(kvp_session *s, int vocab, int top)
     if (top > KVP_LOGPROBS_MAX_TOP || vocab <= 0 || t->max_tokens <= 0)
         return -EINVAL;
     int k = top < vocab ? top : vocab;
-    t->lp = malloc((size_t)t->max_tokens * (size_t)(1 + k) * sizeof *t->lp);
-    t->lp_row = malloc((size_t)vocab * sizeof *t->lp_row);
+    size_t lp_bytes, row_bytes, end_bytes;
+    lp_sizes(t->max_tokens, vocab, top, &lp_bytes, &row_bytes, &end_bytes);
+    t->lp = malloc(lp_bytes);
+    t->lp_row = malloc(row_bytes);
     /* each token's end in the reply, so token events and a stop string's cut know which
      * tokens' text is out (grown here, never in the step) */
-    size_t *te = realloc(t->tok_end, (size_t)t->max_tokens * sizeof *te);
+    size_t *te = realloc(t->tok_end, end_bytes);
     if (te) {
         t->tok_end = te;
         t->tok_end_cap = t->max_tokens;

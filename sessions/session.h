@@ -164,7 +164,8 @@ typedef struct kvp_session {
     char tenant[KVP_TENANT_LEN + 1];
     int rows_max;
     size_t bytes;                    /* cache bytes while idle (0 when parked) */
-    size_t reserve;                  /* bytes held for the job in flight (memory cap) */
+    size_t reserve;                  /* cache bytes held for the job in flight (memory cap) */
+    size_t reserve_lp;               /* and its turn's logprob buffers' bytes */
     uint64_t evicted_rows;
     kvp_policy_conf *pconf;          /* its policy (a reference; workers only read it) */
     struct kvp_session *next, *prev; /* the table's list, oldest first */
@@ -309,6 +310,9 @@ int kvp_session_turn_sampling(kvp_session *s, const kvp_sample_opts *o);
  * token with top alternatives (0..KVP_LOGPROBS_MAX_TOP; more than the vocabulary: all of
  * it); top < 0: none. 0, -EINVAL or -ENOMEM. */
 int kvp_session_turn_logprobs(kvp_session *s, int vocab, int top);
+/* The bytes kvp_session_turn_logprobs allocates for a turn of max_tokens tokens with
+ * `top` alternatives (top < 0: 0), which the memory cap reserves with the turn. */
+size_t kvp_session_logprobs_bytes(int max_tokens, int vocab, int top);
 /* The reply of the armed turn is one of g's documents (sessions/constrain.c): each token
  * is drawn from those that continue it, a stop token only once it is whole. 0, -ENOMEM,
  * or -EINVAL when no byte can open one of g's documents. */

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "model/forward.h"
+#include "sessions/residency.h"
 #include "tests/sessions/hubtest.h"
 
 static ht_hub g;
@@ -241,5 +242,68 @@ Test(logprobs, none_unless_asked_and_top_bounded)
     ht_client_free(&a);
     ht_client_free(&b);
     ht_client_free(&c);
+    ht_stop(&g);
+}
+
+/* The memory cap reserves a logprob turn's buffers (max_tokens x (1 + top) entries, a
+ * vocabulary-sized row) with its cache: with room for a turn's cache and half of those
+ * buffers, a turn asking for 20 alternatives of 256 tokens is refused, a plain one is
+ * admitted. */
+Test(logprobs, buffers_count_in_the_memory_cap)
+{
+    ht_start(&g, NULL, "streaming");
+    const int vocab = g.model.cfg.vocab_size;
+    size_t lp = kvp_session_logprobs_bytes(256, vocab, 20);
+    cr_assert_geq(lp, (size_t)256 * 21 * sizeof(kvp_hub_logprob) + (size_t)vocab * sizeof(float));
+    size_t turn = kvp_hub_turn_bytes(g.hub);
+    g.cfg.max_cache_bytes = turn + lp / 2;
+    ht_client a, b;
+    kvp_turn_opts o = {.max_tokens = 256, .has_temperature = 1, .temperature = 0.0f,
+                       .logprobs = 1, .top_logprobs = 20};
+    ht_client_new(&g, &a);
+    kvp_hub_message_opts(a.c, PROMPT, strlen(PROMPT), &o);
+    int e = ht_wait(&g, &a, 0, KVP_HUB_ERROR, 10);
+    cr_assert_str_eq(a.ev[e].code, KVPD_E_OVERLOADED);
+    cr_assert(strstr(a.ev[e].text, "memory cap"), "%s", a.ev[e].text);
+    cr_assert_eq(ht_find(&a, 0, KVP_HUB_DONE), -1);
+    kvp_turn_opts p = o;
+    p.logprobs = 0;
+    p.top_logprobs = 0;
+    ht_client_new(&g, &b);
+    kvp_hub_message_opts(b.c, PROMPT, strlen(PROMPT), &p);
+    int d = ht_wait(&g, &b, 0, KVP_HUB_DONE, 60);
+    cr_assert_eq(ht_find(&b, 0, KVP_HUB_ERROR), -1, "the plain turn is admitted");
+    cr_assert_null(b.ev[d].lp);
+    kvp_hub_close(a.c);
+    kvp_hub_close(b.c);
+    ht_client_free(&a);
+    ht_client_free(&b);
+    ht_stop(&g);
+}
+
+/* While a logprob turn runs, the bytes the cap counts are its cache's reservation plus
+ * its buffers; when it ends, only its cache. */
+Test(logprobs, accounted_bytes_hold_the_buffers)
+{
+    ht_start(&g, NULL, "streaming");
+    const int vocab = g.model.cfg.vocab_size;
+    size_t turn = kvp_hub_turn_bytes(g.hub);
+    ht_client a;
+    kvp_turn_opts o = {.max_tokens = 64, .has_temperature = 1, .temperature = 0.0f,
+                       .logprobs = 1, .top_logprobs = 20};
+    ht_client_new(&g, &a);
+    kvp_hub_message_opts(a.c, PROMPT, strlen(PROMPT), &o);
+    /* admitted and queued now; the worker has not ended it before the loop runs */
+    size_t lp = kvp_session_logprobs_bytes(64, vocab, 20);
+    cr_assert_geq(lp, (size_t)64 * 21 * sizeof(kvp_hub_logprob) + (size_t)vocab * sizeof(float));
+    cr_assert_eq(kvp_hub_accounted_bytes(g.hub, NULL), turn + lp, "%zu counted, %zu + %zu",
+                 kvp_hub_accounted_bytes(g.hub, NULL), turn, lp);
+    int d = ht_wait(&g, &a, 0, KVP_HUB_DONE, 60);
+    cr_assert_gt(a.ev[d].n_lp, 0);
+    ht_settle(&g);
+    size_t actual;
+    cr_assert_eq(kvp_hub_accounted_bytes(g.hub, &actual), actual, "idle: its cache alone");
+    kvp_hub_close(a.c);
+    ht_client_free(&a);
     ht_stop(&g);
 }
