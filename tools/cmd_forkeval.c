@@ -97,8 +97,11 @@ int kvp_cmd_forkeval(int argc, char **argv)
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
-        if (!ok)
-            return usage_error("bad value for --", opts[idx].name);
+        if (!ok) {
+            fprintf(stderr, "kvp forkeval: bad value '%s' for --%s\n(kvp forkeval --help for "
+                    "usage)\n", optarg, opts[idx].name);
+            return 2;
+        }
     }
     if (!model_path || !text_path || optind < argc)
         return usage_error("--model and --text are required", NULL);

@@ -7,6 +7,7 @@
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -167,4 +168,34 @@ Test(forkeval, bad_case)
                                   NULL), -EINVAL);
     for (int k = 0; k < 3; k++)
         kvp_policy_destroy(p[k]);
+}
+
+static int run_cli(const char *args, char **out)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s forkeval --model %s --text %s %s 2>&1", tu_build("tools/kvp"),
+             tu_shared("models/stories260K.bin"),
+             tu_shared("datasets/tinystories/tinystories-dev.txt"), args);
+    return tu_run(cmd, out);
+}
+
+Test(forkeval, cli_table_and_errors)
+{
+    char *out = NULL;
+    cr_assert_eq(run_cli("--seqs 2 --policies none,streaming --budgets 64", &out), 0, "%s", out);
+    cr_assert(strstr(out, "| none | 64 | 0.00000 | 0.00000 | - |"), "%s", out);
+    cr_assert(strstr(out, "| streaming | 64 | "), "%s", out);
+    free(out);
+    static const struct { const char *args, *msg; } bad[] = {
+        {"--policies oracle", "the oracle cannot fork"},
+        {"--policies kvp", "policy kvp needs --policy-file"},
+        {"--prefix 500", "exceeds the model's context"},
+        {"--budgets 0", "bad budget"},
+        {"--seqs x", "bad value 'x' for --seqs"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        cr_assert_eq(run_cli(bad[i].args, &out), 2, "%s: %s", bad[i].args, out);
+        cr_assert(strstr(out, bad[i].msg), "%s: %s", bad[i].args, out);
+        free(out);
+    }
 }
