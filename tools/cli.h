@@ -9,6 +9,7 @@ int kvp_cmd_quantize(int argc, char **argv);
 int kvp_cmd_policy_init(int argc, char **argv);
 int kvp_cmd_trace(int argc, char **argv);
 int kvp_cmd_eval(int argc, char **argv);
+int kvp_cmd_forkeval(int argc, char **argv);
 int kvp_cmd_plot(int argc, char **argv);
 int kvp_cmd_train(int argc, char **argv);
 int kvp_cmd_calibrate(int argc, char **argv);

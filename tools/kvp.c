@@ -17,6 +17,7 @@ static const struct {
     {"policy-init", kvp_cmd_policy_init, "write a randomly initialised KVP policy file"},
     {"trace", kvp_cmd_trace, "record q/k/v traces of a model over text, for training"},
     {"eval", kvp_cmd_eval, "evaluate eviction policies on held-out text (ranking, one-shot, streaming)"},
+    {"forkeval", kvp_cmd_forkeval, "measure forked caches (the source cut at the divergence) against fresh prefills"},
     {"plot", kvp_cmd_plot, "an SVG line plot of measured points from a CSV (series at their own x)"},
     {"train", kvp_cmd_train, "train KVP agents on traces (policy file + curve CSV)"},
     {"calibrate", kvp_cmd_calibrate, "fit a KVP policy's per-head score calibration on traces (global budgets)"},
