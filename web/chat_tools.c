@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/textbuf.h"
 #include "web/chat_tools.h"
 #include "web/oai_tools.h"
 
@@ -145,19 +146,7 @@ void kvpd_ws_tools_submitting(kvpd_conn *c, int on)
 
 static void add_content(struct kvpd_ws_tools *t, const char *s, size_t n)
 {
-    if (t->content_len + n + 1 > t->content_cap) {
-        size_t cap = t->content_cap ? t->content_cap : 256;
-        while (cap < t->content_len + n + 1)
-            cap *= 2;
-        char *b = realloc(t->content, cap);
-        if (!b)
-            return;
-        t->content = b;
-        t->content_cap = cap;
-    }
-    memcpy(t->content + t->content_len, s, n);
-    t->content_len += n;
-    t->content[t->content_len] = '\0';
+    kvp_text_append(&t->content, &t->content_len, &t->content_cap, s, n);
 }
 
 /* The frames the reply's next text makes. */

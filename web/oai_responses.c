@@ -16,6 +16,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/textbuf.h"
 #include "web/oai_items.h"
 #include "web/openai_impl.h"
 
@@ -246,21 +247,10 @@ static void text_delta(kvpd_conn *c, const char *text, size_t len, json_t *lp)
         return;
     }
     open_message(c);
-    if (r->msg_len + len + 1 > r->msg_cap) {
-        size_t cap = r->msg_cap ? r->msg_cap : 256;
-        while (cap < r->msg_len + len + 1)
-            cap *= 2;
-        char *b = realloc(r->msg_text, cap);
-        if (!b) {
-            json_decref(lp);
-            return;
-        }
-        r->msg_text = b;
-        r->msg_cap = cap;
+    if (kvp_text_append(&r->msg_text, &r->msg_len, &r->msg_cap, text, len)) {
+        json_decref(lp);
+        return;
     }
-    memcpy(r->msg_text + r->msg_len, text, len);
-    r->msg_len += len;
-    r->msg_text[r->msg_len] = '\0';
     event(c, "response.output_text.delta", json_pack(
         "{s:s, s:i, s:i, s:s%, s:o}", "item_id", r->msg_id, "output_index", next_index(r) - 1,
         "content_index", 0, "delta", text, len, "logprobs", lp ? lp : json_array()));

@@ -5,6 +5,7 @@
 #include <string.h>
 #include <sys/random.h>
 
+#include "base/textbuf.h"
 #include "model/grammar.h"
 #include "model/schema.h"
 #include "web/oai_tools.h"
@@ -435,18 +436,8 @@ json_t *kvpd_oai_tools_feed(kvpd_oai_tools *t, const char *text, size_t len, int
 {
     json_t *out = json_array();
     if (len) {
-        if (t->len + len + 1 > t->cap) {
-            size_t cap = t->cap ? t->cap : 512;
-            while (cap < t->len + len + 1)
-                cap *= 2;
-            char *b = realloc(t->text, cap);
-            if (!b)
-                return out;
-            t->text = b;
-            t->cap = cap;
-        }
-        memcpy(t->text + t->len, text, len);
-        t->len += len;
+        if (kvp_text_append(&t->text, &t->len, &t->cap, text, len))
+            return out;
     }
     kvp_toolcalls tc;
     kvp_toolcall_parse(t->format, t->text ? t->text : "", t->len, final, &tc);
