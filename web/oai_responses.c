@@ -286,18 +286,15 @@ static void tool_deltas(kvpd_conn *c, const char *text, size_t len, int final)
     size_t i;
     json_t *d;
     json_array_foreach(deltas, i, d) {
-        json_t *content = json_object_get(d, "content");
-        if (json_is_string(content))
-            text_delta(c, json_string_value(content), json_string_length(content), NULL);
-        json_t *call = json_array_get(json_object_get(d, "tool_calls"), 0);
-        json_t *fn = json_object_get(call, "function");
-        const char *id = json_string_value(json_object_get(call, "id"));
-        if (id) {   /* a call's opening: its id and name; its arguments come next */
-            snprintf(r->call_id, sizeof r->call_id, "%s", id);
-            snprintf(r->call_name, sizeof r->call_name, "%s",
-                     json_string_value(json_object_get(fn, "name")));
-        } else if (call) {
-            call_item(c, json_string_value(json_object_get(fn, "arguments")));
+        kvpd_oai_delta dl;
+        kvpd_oai_tools_delta(d, &dl);
+        if (dl.content)
+            text_delta(c, dl.content, dl.content_len, NULL);
+        if (dl.call_id) {
+            snprintf(r->call_id, sizeof r->call_id, "%s", dl.call_id);
+            snprintf(r->call_name, sizeof r->call_name, "%s", dl.call_name);
+        } else if (dl.arguments) {
+            call_item(c, dl.arguments);
         }
     }
     json_decref(deltas);

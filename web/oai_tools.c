@@ -472,3 +472,24 @@ void kvpd_oai_tools_free(kvpd_oai_tools *t)
     json_decref(t->names);
     memset(t, 0, sizeof *t);
 }
+
+void kvpd_oai_tools_delta(json_t *d, kvpd_oai_delta *out)
+{
+    memset(out, 0, sizeof *out);
+    json_t *content = json_object_get(d, "content");
+    if (json_is_string(content) && json_string_length(content)) {
+        out->content = json_string_value(content);
+        out->content_len = json_string_length(content);
+    }
+    json_t *call = json_array_get(json_object_get(d, "tool_calls"), 0);
+    json_t *fn = json_object_get(call, "function");
+    const char *id = json_string_value(json_object_get(call, "id"));
+    if (id) {   /* a call's opening: its id and name; its arguments come next */
+        const char *name = json_string_value(json_object_get(fn, "name"));
+        out->call_id = id;
+        out->call_name = name ? name : "";
+    } else if (call) {
+        const char *args = json_string_value(json_object_get(fn, "arguments"));
+        out->arguments = args ? args : "";
+    }
+}
