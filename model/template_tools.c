@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "model/jinja.h"
+#include "model/jinja_json.h"
 #include "model/template_impl.h"
 #include "model/toolcall.h"
 
@@ -43,6 +44,11 @@ static kvp_jv *from_json(kvp_jarena *a, json_t *j, int depth)
     }
     }
     return NULL;
+}
+
+kvp_jv *kvp_jv_from_json(kvp_jarena *a, json_t *j)
+{
+    return from_json(a, j, 0);
 }
 
 kvp_jv *kvp_tpl_json(kvp_jarena *a, const char *text, size_t len)

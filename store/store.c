@@ -162,25 +162,38 @@ static int dir_remove(kvp_store *st, const char *id, char *err, size_t errlen)
     return rc;
 }
 
+int kvp_store_opendir(const kvp_store *st, DIR **d, char *err, size_t errlen)
+{
+    if ((*d = opendir(st->dir)))
+        return 0;
+    int rc = -errno;
+    snprintf(err, errlen, "open state directory %s: %s", st->dir, strerror(-rc));
+    return rc;
+}
+
+int kvp_store_snap_id(const char *name, kvp_store_id id)
+{
+    size_t n = strlen(name);
+    if (n <= 5 || n - 5 > KVP_SNAPSHOT_ID_MAX || strcmp(name + n - 5, ".snap"))
+        return 0;
+    memcpy(id, name, n - 5);
+    id[n - 5] = '\0';
+    return kvp_snapshot_id_valid(id);
+}
+
 /* Calls fn(id, newest mtime of its .snap and .journal) for every <id>.snap. */
 static int dir_walk(kvp_store *st, void (*fn)(kvp_store *st, const char *id, time_t mtime,
                                               void *ctx), void *ctx, char *err, size_t errlen)
 {
-    DIR *d = opendir(st->dir);
-    if (!d) {
-        snprintf(err, errlen, "open state directory %s: %s", st->dir, strerror(errno));
-        return -errno;
-    }
+    DIR *d;
+    int rc = kvp_store_opendir(st, &d, err, errlen);
+    if (rc < 0)
+        return rc;
     int count = 0;
     struct dirent *e;
     while ((e = readdir(d))) {
-        size_t n = strlen(e->d_name);
-        if (n <= 5 || n - 5 > KVP_SNAPSHOT_ID_MAX || strcmp(e->d_name + n - 5, ".snap"))
-            continue;
         kvp_store_id id;
-        memcpy(id, e->d_name, n - 5);
-        id[n - 5] = '\0';
-        if (!kvp_snapshot_id_valid(id))
+        if (!kvp_store_snap_id(e->d_name, id))
             continue;
         struct stat sb;
         time_t mtime = 0;

@@ -2,6 +2,7 @@
 #ifndef KVP_STORE_IMPL_H
 #define KVP_STORE_IMPL_H
 
+#include <dirent.h>
 #include <pthread.h>
 
 #include "store/store.h"
@@ -88,6 +89,12 @@ struct kvp_store {
 int kvp_store_redis_open(kvp_store *st, const char *url, char *err, size_t errlen);
 /* Counts a failed call (any thread). */
 void kvp_store_count_error(kvp_store *st);
+
+/* The directory store's files (store/store.c). opendir: st->dir opened into *d, or a
+ * negative errno with a message; snap_id: whether a directory entry's name is
+ * <id>.snap with a valid id, the id copied into id when it is. */
+int kvp_store_opendir(const kvp_store *st, DIR **d, char *err, size_t errlen);
+int kvp_store_snap_id(const char *name, kvp_store_id id);
 
 /* The live set (store/store_live.c). add: the id is live from now on (until the next
  * kvp_store_set_live); has_locked: with live_mu held; copy: the ids (malloc'd, *out),

@@ -207,21 +207,15 @@ int kvp_store_quota_open(kvp_store *st, char *err, size_t errlen)
     }
     if (!quota_on(st))
         return 0;
-    DIR *d = opendir(st->dir);
-    if (!d) {
-        snprintf(err, errlen, "open state directory %s: %s", st->dir, strerror(errno));
-        return -errno;
-    }
+    DIR *d;
+    int rc = kvp_store_opendir(st, &d, err, errlen);
+    if (rc < 0)
+        return rc;
     struct dirent *e;
     while ((e = readdir(d))) {
-        size_t n = strlen(e->d_name);
-        if (n <= 5 || n - 5 > KVP_SNAPSHOT_ID_MAX || strcmp(e->d_name + n - 5, ".snap"))
-            continue;
         kvp_store_id id;
-        memcpy(id, e->d_name, n - 5);
-        id[n - 5] = '\0';
         char tenant[KVP_SNAPSHOT_TENANT_MAX + 1], journal[KVP_SNAPSHOT_ID_MAX + 16];
-        if (!kvp_snapshot_id_valid(id) || read_tenant(st->dir, id, tenant, sizeof tenant) < 0)
+        if (!kvp_store_snap_id(e->d_name, id) || read_tenant(st->dir, id, tenant, sizeof tenant) < 0)
             continue;
         double mtime = 0;
         snprintf(journal, sizeof journal, "%s.journal", id);

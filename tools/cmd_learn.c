@@ -22,6 +22,7 @@
 #include "policy/kvp_agent.h"
 #include "policy/policy.h"
 #include "tools/cli.h"
+#include "tools/learn_common.h"
 #include "tools/stages.h"
 
 
@@ -82,16 +83,6 @@ static void usage(FILE *f)
         "                       --transcripts DIR --help)\n",
         KVP_SHARED_DIR, KVP_SHARED_DIR, KVP_DATA_DIR "/policy/weights",
         100.0 * TRACE_SHARE, 100.0 * EVAL_SHARE, EVAL_FOUR_BUDGETS_MIN);
-}
-
-/* The model file's name without its directory and last extension (kvpd's rule). */
-static void model_stem(const char *path, char *out, size_t len)
-{
-    const char *base = strrchr(path, '/');
-    base = base ? base + 1 : path;
-    const char *dot = strrchr(base, '.');
-    int n = dot && dot != base ? (int)(dot - base) : (int)strlen(base);
-    snprintf(out, len, "%.*s", n, base);
 }
 
 static double peak_rss_mb(void)
@@ -241,7 +232,7 @@ int kvp_cmd_learn(int argc, char **argv)
         o.threads = 1;
 
     /* The model: its shape, identity and template decide the defaults. */
-    char err[512], stem[256];
+    char err[512];
     kvp_model m;
     if (kvp_model_load(&m, o.model, o.tokenizer, err, sizeof err)) {
         fprintf(stderr, "kvp learn: %s\n", err);
@@ -251,7 +242,6 @@ int kvp_cmd_learn(int argc, char **argv)
     int has_template = m.chat_template != NULL;
     double model_mb = (double)m.weight_bytes / 1e6;
     kvp_model_free(&m);
-    model_stem(o.model, stem, sizeof stem);
     if (o.seq_len > cfg.seq_len)
         o.seq_len = cfg.seq_len;
     const char *shared = getenv("KVP_SHARED") ? getenv("KVP_SHARED") : KVP_SHARED_DIR;
@@ -268,17 +258,9 @@ int kvp_cmd_learn(int argc, char **argv)
                 data, strerror(errno), conversations ? "conversations" : "text");
         return 1;
     }
-    if (o.out)
-        snprintf(out, sizeof out, "%s", o.out);
-    else
-        snprintf(out, sizeof out, "%s/policy/weights/%s.kvp", KVP_DATA_DIR, stem);
-    snprintf(work, sizeof work, "%s", o.work ? o.work : "");
-    if (!o.work)
-        snprintf(work, sizeof work, "/tmp/kvp-learn-%s", stem);
-    if (mkdir(work, 0777) && errno != EEXIST) {
-        fprintf(stderr, "kvp learn: cannot create %s: %s\n", work, strerror(errno));
+    if (kvp_learn_dirs(o.model, o.out, o.work, "kvp-learn", 0777, out, sizeof out, work,
+                       sizeof work))
         return 1;
-    }
 
     /* What the run needs: the trace on disk (per agent and position f16 k and v, and the
      * f32 importance of the rows at every cut of the grid), and in memory the model, one
@@ -338,15 +320,11 @@ int kvp_cmd_learn(int argc, char **argv)
     double start = kvp_now();
 
     /* the trace: as many of the sequences as fit in its share of the budget */
+    kvp_learn_run run = {.model = o.model, .tokenizer = o.tokenizer, .work = work,
+                         .seq_len = o.seq_len, .max_seqs = o.max_seqs, .steps = o.steps,
+                         .threads = o.threads, .seed = o.seed};
     kvp_trace_opts to;
-    kvp_trace_defaults(&to);
-    to.model = o.model;
-    to.tokenizer = o.tokenizer;
-    to.text = data;
-    to.conversations = conversations;
-    to.out = work;
-    to.seq_len = o.seq_len;
-    to.max_seqs = o.max_seqs;
+    kvp_learn_trace_opts(&run, data, conversations, &to);
     to.max_seconds = budget > 0 ? at_least_one(budget * TRACE_SHARE) : 0.0;
     stage_begin(&cost[0], 1, N_STAGES);
     if (stage_end(&cost[0], kvp_trace_run(&to), trace_file))
@@ -359,20 +337,11 @@ int kvp_cmd_learn(int argc, char **argv)
     /* The default agent sizes (those of the shipped policy, docs/training.md), positions
      * up to the traced length. */
     kvp_policy_init_opts po;
-    kvp_policy_init_defaults(&po);
-    po.model = o.model;
-    po.tokenizer = o.tokenizer;
-    po.out = init;
-    po.seed = (uint64_t)o.seed;
-    po.arch.pmax = (int)o.seq_len;
+    kvp_learn_policy_init_opts(&run, init, &po);
     stage_begin(&cost[1], 2, N_STAGES);
     if (stage_end(&cost[1], kvp_policy_init_run(&po), init))
         return 1;
-    /* Validation and evaluation rank the first 3/4 of a sequence (384 of 512), down to a
-     * cut of the trace's grid. */
-    long val_cut = o.seq_len * 3 / 4;
-    if (val_cut > KVP_TRACE_CUT_MIN)
-        val_cut -= (val_cut - KVP_TRACE_CUT_MIN) % KVP_TRACE_CUT_STRIDE;
+    long val_cut = kvp_learn_val_cut(o.seq_len);
 
     /* The evaluation's size from the trace's measured cost: a traced sequence is one
      * forward pass over seq_len tokens; an evaluated one is the reference (seq_len
@@ -408,29 +377,14 @@ int kvp_cmd_learn(int argc, char **argv)
         train_seconds = at_least_one(budget - (kvp_now() - start) - eval_seq_s * (double)o.eval_seqs);
     }
     kvp_train_opts tr;
-    kvp_train_opts_defaults(&tr);
-    tr.traces = work;
-    tr.init = init;
-    tr.out = trained;
-    tr.cfg.seed = (uint64_t)o.seed;
-    tr.cfg.threads = (int)o.threads;
-    tr.cfg.steps = o.steps;
-    tr.cfg.lr = 3e-3f;
-    tr.cfg.episodes = 16;
-    tr.cfg.samples = 8;
-    tr.cfg.val_cut = (int)val_cut;
-    tr.cfg.max_seconds = train_seconds;
+    kvp_learn_train_opts(&run, init, trained, val_cut, train_seconds, &tr);
     stage_begin(&cost[2], 3, N_STAGES);
     if (stage_end(&cost[2], kvp_train_run(&tr), trained))
         return 1;
     /* Calibration fits on the training sequences the agents saw; what is evaluated and
      * installed is the calibrated file. */
     kvp_calibrate_opts co;
-    kvp_calibrate_defaults(&co);
-    co.traces = work;
-    co.in = trained;
-    co.out = calibrated;
-    co.threads = (int)o.threads;
+    kvp_learn_calibrate_opts(&run, trained, calibrated, &co);
     stage_begin(&cost[3], 4, N_STAGES);
     if (stage_end(&cost[3], kvp_calibrate_run(&co), calibrated))
         return 1;
@@ -453,16 +407,8 @@ int kvp_cmd_learn(int argc, char **argv)
     if (stage_end(&cost[4], kvp_eval_run(&eo), NULL))
         return 1;
 
-    /* Install: loading checks the file against the model again, saving writes it
-     * atomically (temporary file, fsync, rename) where kvpd looks. */
-    kvp_agent_set set;
-    if (kvp_agent_set_load(&set, calibrated, &cfg, err, sizeof err) ||
-        kvp_agent_set_save(&set, out, err, sizeof err)) {
-        fprintf(stderr, "kvp learn: cannot install the policy: %s\n", err);
-        kvp_agent_set_free(&set);
+    if (kvp_learn_install(calibrated, out, &cfg))
         return 1;
-    }
-    kvp_agent_set_free(&set);
 
     char report[1100], results[1200];
     snprintf(report, sizeof report, "%s/report.md", work);

@@ -25,6 +25,7 @@
 #include "base/tokfile.h"
 #include "tools/cli.h"
 #include "tools/corpus.h"
+#include "tools/learn_common.h"
 #include "tools/stages.h"
 
 #define KEPT 3
@@ -232,15 +233,6 @@ static int figures(const char *eval_dir, const char *policy, double *cc, double 
     return have_cc && n_kl ? 0 : -1;
 }
 
-static void model_stem(const char *path, char *out, size_t len)
-{
-    const char *base = strrchr(path, '/');
-    base = base ? base + 1 : path;
-    const char *dot = strrchr(base, '.');
-    int n = dot && dot != base ? (int)(dot - base) : (int)strlen(base);
-    snprintf(out, len, "%.*s", n, base);
-}
-
 static int evaluate(const opts *o, const char *held, const char *dir, const char *policies,
                     const char *file, long cut)
 {
@@ -273,7 +265,7 @@ int kvp_cmd_learn_transcripts(int argc, char **argv)
     int rc = parse(argc, argv, &o);
     if (rc >= 0)
         return rc;
-    char err[512], stem[256];
+    char err[512];
     kvp_model m;
     if (kvp_model_load(&m, o.model, o.tokenizer, err, sizeof err)) {
         fprintf(stderr, "kvp learn: %s\n", err);
@@ -283,18 +275,10 @@ int kvp_cmd_learn_transcripts(int argc, char **argv)
     kvp_model_free(&m);
     if (o.seq_len > cfg.seq_len)
         o.seq_len = cfg.seq_len;
-    model_stem(o.model, stem, sizeof stem);
     char out[1024], work[1024];
-    snprintf(out, sizeof out, "%s", o.out ? o.out : "");
-    if (!o.out)
-        snprintf(out, sizeof out, "%s/policy/weights/%s.kvp", KVP_DATA_DIR, stem);
-    snprintf(work, sizeof work, "%s", o.work ? o.work : "");
-    if (!o.work)
-        snprintf(work, sizeof work, "/tmp/kvp-learn-transcripts-%s", stem);
-    if (mkdir(work, 0700) && errno != EEXIST) {
-        fprintf(stderr, "kvp learn: cannot create %s: %s\n", work, strerror(errno));
+    if (kvp_learn_dirs(o.model, o.out, o.work, "kvp-learn-transcripts", 0700, out, sizeof out,
+                       work, sizeof work))
         return 1;
-    }
     char train_ids[1100], held_ids[1100], init[1100], trained[1100], calibrated[1100];
     char eval_new[1100], eval_cur[1100];
     snprintf(train_ids, sizeof train_ids, "%s/train.ids", work);
@@ -316,53 +300,27 @@ int kvp_cmd_learn_transcripts(int argc, char **argv)
         return KEPT;
     }
 
+    kvp_learn_run run = {.model = o.model, .tokenizer = o.tokenizer, .work = work,
+                         .seq_len = o.seq_len, .max_seqs = o.max_seqs, .steps = o.steps,
+                         .threads = o.threads, .seed = o.seed};
     kvp_trace_opts to;
-    kvp_trace_defaults(&to);
-    to.model = o.model;
-    to.tokenizer = o.tokenizer;
-    to.text = train_ids;
-    to.conversations = KVP_CORPUS_IDS;
-    to.out = work;
-    to.seq_len = o.seq_len;
-    to.max_seqs = o.max_seqs;
+    kvp_learn_trace_opts(&run, train_ids, KVP_CORPUS_IDS, &to);
     fprintf(stderr, "kvp learn: [1/6] trace\n");
     if (kvp_trace_run(&to))
         return 1;
     kvp_policy_init_opts po;
-    kvp_policy_init_defaults(&po);
-    po.model = o.model;
-    po.tokenizer = o.tokenizer;
-    po.out = init;
-    po.seed = (uint64_t)o.seed;
-    po.arch.pmax = (int)o.seq_len;
+    kvp_learn_policy_init_opts(&run, init, &po);
     fprintf(stderr, "kvp learn: [2/6] policy-init\n");
     if (kvp_policy_init_run(&po))
         return 1;
-    long cut = o.seq_len * 3 / 4;
-    if (cut > KVP_TRACE_CUT_MIN)
-        cut -= (cut - KVP_TRACE_CUT_MIN) % KVP_TRACE_CUT_STRIDE;
+    long cut = kvp_learn_val_cut(o.seq_len);
     kvp_train_opts tr;
-    kvp_train_opts_defaults(&tr);
-    tr.traces = work;
-    tr.init = init;
-    tr.out = trained;
-    tr.cfg.seed = (uint64_t)o.seed;
-    tr.cfg.threads = (int)o.threads;
-    tr.cfg.steps = o.steps;
-    tr.cfg.lr = 3e-3f;
-    tr.cfg.episodes = 16;
-    tr.cfg.samples = 8;
-    tr.cfg.val_cut = (int)cut;
-    tr.cfg.max_seconds = o.max_seconds;
+    kvp_learn_train_opts(&run, init, trained, cut, o.max_seconds, &tr);
     fprintf(stderr, "kvp learn: [3/6] train\n");
     if (kvp_train_run(&tr))
         return 1;
     kvp_calibrate_opts co;
-    kvp_calibrate_defaults(&co);
-    co.traces = work;
-    co.in = trained;
-    co.out = calibrated;
-    co.threads = (int)o.threads;
+    kvp_learn_calibrate_opts(&run, trained, calibrated, &co);
     fprintf(stderr, "kvp learn: [4/6] calibrate\n");
     if (kvp_calibrate_run(&co))
         return 1;
@@ -411,14 +369,8 @@ int kvp_cmd_learn_transcripts(int argc, char **argv)
                 cur_name, cc_new, cc_cur, kl_new, kl_cur, calibrated);
         return KEPT;
     }
-    kvp_agent_set set;
-    if (kvp_agent_set_load(&set, calibrated, &cfg, err, sizeof err) ||
-        kvp_agent_set_save(&set, out, err, sizeof err)) {
-        fprintf(stderr, "kvp learn: cannot install the policy: %s\n", err);
-        kvp_agent_set_free(&set);
+    if (kvp_learn_install(calibrated, out, &cfg))
         return 1;
-    }
-    kvp_agent_set_free(&set);
     fprintf(stderr, "kvp learn: installed %s (C/C* %.4f, streaming KL %.6f on held-out "
             "transcripts); reload kvpd (SIGHUP) to use it\n", out, cc_new, kl_new);
     return 0;

@@ -16,6 +16,7 @@
 #include "base/fileio.h"
 #include "model/gguf.h"
 #include "model/jinja.h"
+#include "model/jinja_json.h"
 #include "model/tokenizer.h"
 #include "tools/cli.h"
 
@@ -63,40 +64,6 @@ static char *slurp(const char *path, size_t *len)
     b[n] = 0;
     *len = (size_t)n;
     return b;
-}
-
-/* A JSON value as a template value; strings are the caller's data. */
-static kvp_jv *from_json(kvp_jarena *a, json_t *j, int depth)
-{
-    if (depth > 64)
-        return NULL;
-    switch (json_typeof(j)) {
-    case JSON_NULL: return kvp_jv_none(a);
-    case JSON_TRUE: return kvp_jv_bool(a, 1);
-    case JSON_FALSE: return kvp_jv_bool(a, 0);
-    case JSON_INTEGER: return kvp_jv_int(a, json_integer_value(j));
-    case JSON_REAL: return kvp_jv_float(a, json_real_value(j));
-    case JSON_STRING: return kvp_jv_str(a, json_string_value(j), json_string_length(j));
-    case JSON_ARRAY: {
-        kvp_jv *l = kvp_jv_list(a);
-        size_t i;
-        json_t *x;
-        json_array_foreach(j, i, x)
-            if (kvp_jv_append(a, l, from_json(a, x, depth + 1)))
-                return NULL;
-        return l;
-    }
-    case JSON_OBJECT: {
-        kvp_jv *d = kvp_jv_dict(a);
-        const char *k;
-        json_t *x;
-        json_object_foreach(j, k, x)
-            if (kvp_jv_set(a, d, k, from_json(a, x, depth + 1)))
-                return NULL;
-        return d;
-    }
-    }
-    return NULL;
 }
 
 static json_t *load_json(const char *path)
@@ -207,9 +174,9 @@ int kvp_cmd_render(int argc, char **argv)
     a = kvp_jarena_new(0);
     kvp_jv *vars = a ? kvp_jv_dict(a) : NULL;
     const char *b = bos_o ? bos_o : bos ? bos : "", *e = eos_o ? eos_o : eos ? eos : "";
-    kvp_jv_set(a, vars, "messages", from_json(a, list, 0));
+    kvp_jv_set(a, vars, "messages", kvp_jv_from_json(a, list));
     if (tools)
-        kvp_jv_set(a, vars, "tools", from_json(a, tools, 0));
+        kvp_jv_set(a, vars, "tools", kvp_jv_from_json(a, tools));
     kvp_jv_set(a, vars, "add_generation_prompt", kvp_jv_bool(a, gen));
     kvp_jv_set(a, vars, "bos_token", kvp_jv_str_trusted(a, b, strlen(b)));
     kvp_jv_set(a, vars, "eos_token", kvp_jv_str_trusted(a, e, strlen(e)));

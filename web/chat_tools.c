@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/textbuf.h"
 #include "web/chat_tools.h"
 #include "web/oai_tools.h"
 
@@ -145,19 +146,7 @@ void kvpd_ws_tools_submitting(kvpd_conn *c, int on)
 
 static void add_content(struct kvpd_ws_tools *t, const char *s, size_t n)
 {
-    if (t->content_len + n + 1 > t->content_cap) {
-        size_t cap = t->content_cap ? t->content_cap : 256;
-        while (cap < t->content_len + n + 1)
-            cap *= 2;
-        char *b = realloc(t->content, cap);
-        if (!b)
-            return;
-        t->content = b;
-        t->content_cap = cap;
-    }
-    memcpy(t->content + t->content_len, s, n);
-    t->content_len += n;
-    t->content[t->content_len] = '\0';
+    kvp_text_append(&t->content, &t->content_len, &t->content_cap, s, n);
 }
 
 /* The frames the reply's next text makes. */
@@ -168,26 +157,21 @@ static void feed(kvpd_conn *c, const char *text, size_t len, int final)
     size_t i;
     json_t *d;
     json_array_foreach(deltas, i, d) {
-        json_t *content = json_object_get(d, "content");
-        if (json_is_string(content) && json_string_length(content)) {
-            add_content(t, json_string_value(content), json_string_length(content));
-            kvpd_conn_send(c, kvpd_proto_token(json_string_value(content),
-                                               json_string_length(content)));
+        kvpd_oai_delta dl;
+        kvpd_oai_tools_delta(d, &dl);
+        if (dl.content) {
+            add_content(t, dl.content, dl.content_len);
+            kvpd_conn_send(c, kvpd_proto_token(dl.content, dl.content_len));
         }
-        json_t *call = json_array_get(json_object_get(d, "tool_calls"), 0);
-        json_t *fn = json_object_get(call, "function");
-        const char *id = json_string_value(json_object_get(call, "id"));
-        if (id) {   /* a call's opening: its id and name; its arguments come next */
-            snprintf(t->pending_id, sizeof t->pending_id, "%s", id);
-            snprintf(t->pending_name, sizeof t->pending_name, "%s",
-                     json_string_value(json_object_get(fn, "name")));
-        } else if (call && t->pending_id[0]) {
-            const char *args = json_string_value(json_object_get(fn, "arguments"));
+        if (dl.call_id) {
+            snprintf(t->pending_id, sizeof t->pending_id, "%s", dl.call_id);
+            snprintf(t->pending_name, sizeof t->pending_name, "%s", dl.call_name);
+        } else if (dl.arguments && t->pending_id[0]) {
             json_array_append_new(t->calls, json_pack("{s:s, s:s, s:s}", "id", t->pending_id,
                                                       "name", t->pending_name, "arguments",
-                                                      args ? args : ""));
+                                                      dl.arguments));
             kvpd_conn_send(c, kvpd_proto_tool_call(t->pending_id, t->pending_name,
-                                                   args ? args : ""));
+                                                   dl.arguments));
             t->pending_id[0] = '\0';
         }
     }

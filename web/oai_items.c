@@ -21,6 +21,18 @@ static int present(const json_t *v)
 
 /* ---- the request's fields ---- */
 
+/* A function tool's or a JSON schema's fields as chat has them: name, description, body
+ * ("parameters" or "schema") and strict, those of from that are there. */
+static json_t *named_fields(json_t *from, const char *body)
+{
+    json_t *to = json_object();
+    const char *keys[] = {"name", "description", body, "strict"};
+    for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++)
+        if (json_object_get(from, keys[k]))
+            json_object_set(to, keys[k], json_object_get(from, keys[k]));
+    return to;
+}
+
 static json_t *chat_tools(json_t *tools, kvpd_oai_err *e)
 {
     if (!json_is_array(tools)) {
@@ -43,12 +55,8 @@ static json_t *chat_tools(json_t *tools, kvpd_oai_err *e)
                          "%s '%.40s': only function tools are supported by kvpd", param, type);
             goto bad;
         }
-        json_t *fn = json_object();
-        const char *keys[] = {"name", "description", "parameters", "strict"};
-        for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++)
-            if (json_object_get(t, keys[k]))
-                json_object_set(fn, keys[k], json_object_get(t, keys[k]));
-        json_array_append_new(out, json_pack("{s:s, s:o}", "type", "function", "function", fn));
+        json_array_append_new(out, json_pack("{s:s, s:o}", "type", "function", "function",
+                                             named_fields(t, "parameters")));
     }
     return out;
 bad:
@@ -84,17 +92,27 @@ static json_t *chat_format(json_t *text, kvpd_oai_err *e)
         return NULL;
     if (type && !strcmp(type, "json_object"))
         return json_pack("{s:s}", "type", "json_object");
-    if (type && !strcmp(type, "json_schema")) {
-        json_t *js = json_object();
-        const char *keys[] = {"name", "description", "schema", "strict"};
-        for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++)
-            if (json_object_get(format, keys[k]))
-                json_object_set(js, keys[k], json_object_get(format, keys[k]));
-        return json_pack("{s:s, s:o}", "type", "json_schema", "json_schema", js);
-    }
+    if (type && !strcmp(type, "json_schema"))
+        return json_pack("{s:s, s:o}", "type", "json_schema", "json_schema",
+                         named_fields(format, "schema"));
     kvpd_oai_bad(e, KVPD_OAI_E_UNSUPPORTED_PARAMETER, "text.format",
                  "text.format must be of type text, json_object or json_schema");
     return NULL;
+}
+
+/* The request's field key, when present, converted by fn into out's field of that name.
+ * 0, or -1 with e set. */
+static int convert_field(json_t *req, json_t *out, const char *key,
+                         json_t *(*fn)(json_t *, kvpd_oai_err *), kvpd_oai_err *e)
+{
+    json_t *v = json_object_get(req, key);
+    if (!present(v))
+        return 0;
+    json_t *t = fn(v, e);
+    if (!t)
+        return -1;
+    json_object_set_new(out, key, t);
+    return 0;
 }
 
 json_t *kvpd_items_request(json_t *req, kvpd_oai_err *e)
@@ -107,21 +125,10 @@ json_t *kvpd_items_request(json_t *req, kvpd_oai_err *e)
     e->code = KVPD_OAI_E_INVALID_REQUEST;
     e->message[0] = '\0';
     json_object_del(out, "text");
-    json_t *v = json_object_get(req, "tools");
-    if (present(v)) {
-        json_t *t = chat_tools(v, e);
-        if (!t)
-            goto bad;
-        json_object_set_new(out, "tools", t);
-    }
-    v = json_object_get(req, "tool_choice");
-    if (present(v)) {
-        json_t *t = chat_tool_choice(v, e);
-        if (!t)
-            goto bad;
-        json_object_set_new(out, "tool_choice", t);
-    }
-    v = json_object_get(req, "include");
+    if (convert_field(req, out, "tools", chat_tools, e) ||
+        convert_field(req, out, "tool_choice", chat_tool_choice, e))
+        goto bad;
+    json_t *v = json_object_get(req, "include");
     if (present(v)) {
         size_t i;
         json_t *x;

@@ -16,6 +16,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/textbuf.h"
 #include "web/oai_items.h"
 #include "web/openai_impl.h"
 
@@ -246,21 +247,10 @@ static void text_delta(kvpd_conn *c, const char *text, size_t len, json_t *lp)
         return;
     }
     open_message(c);
-    if (r->msg_len + len + 1 > r->msg_cap) {
-        size_t cap = r->msg_cap ? r->msg_cap : 256;
-        while (cap < r->msg_len + len + 1)
-            cap *= 2;
-        char *b = realloc(r->msg_text, cap);
-        if (!b) {
-            json_decref(lp);
-            return;
-        }
-        r->msg_text = b;
-        r->msg_cap = cap;
+    if (kvp_text_append(&r->msg_text, &r->msg_len, &r->msg_cap, text, len)) {
+        json_decref(lp);
+        return;
     }
-    memcpy(r->msg_text + r->msg_len, text, len);
-    r->msg_len += len;
-    r->msg_text[r->msg_len] = '\0';
     event(c, "response.output_text.delta", json_pack(
         "{s:s, s:i, s:i, s:s%, s:o}", "item_id", r->msg_id, "output_index", next_index(r) - 1,
         "content_index", 0, "delta", text, len, "logprobs", lp ? lp : json_array()));
@@ -296,18 +286,15 @@ static void tool_deltas(kvpd_conn *c, const char *text, size_t len, int final)
     size_t i;
     json_t *d;
     json_array_foreach(deltas, i, d) {
-        json_t *content = json_object_get(d, "content");
-        if (json_is_string(content))
-            text_delta(c, json_string_value(content), json_string_length(content), NULL);
-        json_t *call = json_array_get(json_object_get(d, "tool_calls"), 0);
-        json_t *fn = json_object_get(call, "function");
-        const char *id = json_string_value(json_object_get(call, "id"));
-        if (id) {   /* a call's opening: its id and name; its arguments come next */
-            snprintf(r->call_id, sizeof r->call_id, "%s", id);
-            snprintf(r->call_name, sizeof r->call_name, "%s",
-                     json_string_value(json_object_get(fn, "name")));
-        } else if (call) {
-            call_item(c, json_string_value(json_object_get(fn, "arguments")));
+        kvpd_oai_delta dl;
+        kvpd_oai_tools_delta(d, &dl);
+        if (dl.content)
+            text_delta(c, dl.content, dl.content_len, NULL);
+        if (dl.call_id) {
+            snprintf(r->call_id, sizeof r->call_id, "%s", dl.call_id);
+            snprintf(r->call_name, sizeof r->call_name, "%s", dl.call_name);
+        } else if (dl.arguments) {
+            call_item(c, dl.arguments);
         }
     }
     json_decref(deltas);

@@ -5,6 +5,7 @@
 #include <string.h>
 #include <sys/random.h>
 
+#include "base/textbuf.h"
 #include "model/grammar.h"
 #include "model/schema.h"
 #include "web/oai_tools.h"
@@ -435,18 +436,8 @@ json_t *kvpd_oai_tools_feed(kvpd_oai_tools *t, const char *text, size_t len, int
 {
     json_t *out = json_array();
     if (len) {
-        if (t->len + len + 1 > t->cap) {
-            size_t cap = t->cap ? t->cap : 512;
-            while (cap < t->len + len + 1)
-                cap *= 2;
-            char *b = realloc(t->text, cap);
-            if (!b)
-                return out;
-            t->text = b;
-            t->cap = cap;
-        }
-        memcpy(t->text + t->len, text, len);
-        t->len += len;
+        if (kvp_text_append(&t->text, &t->len, &t->cap, text, len))
+            return out;
     }
     kvp_toolcalls tc;
     kvp_toolcall_parse(t->format, t->text ? t->text : "", t->len, final, &tc);
@@ -480,4 +471,25 @@ void kvpd_oai_tools_free(kvpd_oai_tools *t)
     kvp_grammar_unref(t->grammar);
     json_decref(t->names);
     memset(t, 0, sizeof *t);
+}
+
+void kvpd_oai_tools_delta(json_t *d, kvpd_oai_delta *out)
+{
+    memset(out, 0, sizeof *out);
+    json_t *content = json_object_get(d, "content");
+    if (json_is_string(content) && json_string_length(content)) {
+        out->content = json_string_value(content);
+        out->content_len = json_string_length(content);
+    }
+    json_t *call = json_array_get(json_object_get(d, "tool_calls"), 0);
+    json_t *fn = json_object_get(call, "function");
+    const char *id = json_string_value(json_object_get(call, "id"));
+    if (id) {   /* a call's opening: its id and name; its arguments come next */
+        const char *name = json_string_value(json_object_get(fn, "name"));
+        out->call_id = id;
+        out->call_name = name ? name : "";
+    } else if (call) {
+        const char *args = json_string_value(json_object_get(fn, "arguments"));
+        out->arguments = args ? args : "";
+    }
 }

@@ -64,6 +64,18 @@ json_t *kvpd_oai_tools_reply(kvpd_oai_tools *t, const char *text, size_t len, in
  * be a call. final: the reply is whole (sends what was held). */
 json_t *kvpd_oai_tools_feed(kvpd_oai_tools *t, const char *text, size_t len, int final);
 
+/* One of those deltas read back, for a protocol other than chat's: its text (content NULL
+ * when it has none, or an empty one) and, for a tool call, either the call's opening
+ * (call_id and call_name) or its arguments (arguments not NULL; "" when it sent none).
+ * The strings are the delta's. */
+typedef struct {
+    const char *content;
+    size_t content_len;
+    const char *call_id, *call_name;
+    const char *arguments;
+} kvpd_oai_delta;
+void kvpd_oai_tools_delta(json_t *d, kvpd_oai_delta *out);
+
 void kvpd_oai_tools_free(kvpd_oai_tools *t);
 
 #endif

@@ -1,0 +1,113 @@
+/* What both runs of `kvp learn` share (tools/learn_common.h). */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "offline/trace.h"
+#include "policy/kvp_agent.h"
+#include "tools/learn_common.h"
+
+/* The model file's name without its directory and last extension (kvpd's rule). */
+static void model_stem(const char *path, char *out, size_t len)
+{
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    const char *dot = strrchr(base, '.');
+    int n = dot && dot != base ? (int)(dot - base) : (int)strlen(base);
+    snprintf(out, len, "%.*s", n, base);
+}
+
+int kvp_learn_dirs(const char *model, const char *out_opt, const char *work_opt,
+                   const char *prefix, unsigned mode, char *out, size_t out_len, char *work,
+                   size_t work_len)
+{
+    char stem[256];
+    model_stem(model, stem, sizeof stem);
+    if (out_opt)
+        snprintf(out, out_len, "%s", out_opt);
+    else
+        snprintf(out, out_len, "%s/policy/weights/%s.kvp", KVP_DATA_DIR, stem);
+    if (work_opt)
+        snprintf(work, work_len, "%s", work_opt);
+    else
+        snprintf(work, work_len, "/tmp/%s-%s", prefix, stem);
+    if (mkdir(work, (mode_t)mode) && errno != EEXIST) {
+        fprintf(stderr, "kvp learn: cannot create %s: %s\n", work, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+long kvp_learn_val_cut(long seq_len)
+{
+    long cut = seq_len * 3 / 4;
+    if (cut > KVP_TRACE_CUT_MIN)
+        cut -= (cut - KVP_TRACE_CUT_MIN) % KVP_TRACE_CUT_STRIDE;
+    return cut;
+}
+
+void kvp_learn_trace_opts(const kvp_learn_run *r, const char *text, int conversations,
+                          kvp_trace_opts *to)
+{
+    kvp_trace_defaults(to);
+    to->model = r->model;
+    to->tokenizer = r->tokenizer;
+    to->text = text;
+    to->conversations = conversations;
+    to->out = r->work;
+    to->seq_len = r->seq_len;
+    to->max_seqs = r->max_seqs;
+}
+
+void kvp_learn_policy_init_opts(const kvp_learn_run *r, const char *init,
+                                kvp_policy_init_opts *po)
+{
+    kvp_policy_init_defaults(po);
+    po->model = r->model;
+    po->tokenizer = r->tokenizer;
+    po->out = init;
+    po->seed = (uint64_t)r->seed;
+    po->arch.pmax = (int)r->seq_len;
+}
+
+void kvp_learn_train_opts(const kvp_learn_run *r, const char *init, const char *trained,
+                          long val_cut, double max_seconds, kvp_train_opts *tr)
+{
+    kvp_train_opts_defaults(tr);
+    tr->traces = r->work;
+    tr->init = init;
+    tr->out = trained;
+    tr->cfg.seed = (uint64_t)r->seed;
+    tr->cfg.threads = (int)r->threads;
+    tr->cfg.steps = r->steps;
+    tr->cfg.lr = 3e-3f;
+    tr->cfg.episodes = 16;
+    tr->cfg.samples = 8;
+    tr->cfg.val_cut = (int)val_cut;
+    tr->cfg.max_seconds = max_seconds;
+}
+
+void kvp_learn_calibrate_opts(const kvp_learn_run *r, const char *trained,
+                              const char *calibrated, kvp_calibrate_opts *co)
+{
+    kvp_calibrate_defaults(co);
+    co->traces = r->work;
+    co->in = trained;
+    co->out = calibrated;
+    co->threads = (int)r->threads;
+}
+
+int kvp_learn_install(const char *calibrated, const char *out, const kvp_model_config *cfg)
+{
+    char err[512];
+    kvp_agent_set set;
+    if (kvp_agent_set_load(&set, calibrated, cfg, err, sizeof err) ||
+        kvp_agent_set_save(&set, out, err, sizeof err)) {
+        fprintf(stderr, "kvp learn: cannot install the policy: %s\n", err);
+        kvp_agent_set_free(&set);
+        return -1;
+    }
+    kvp_agent_set_free(&set);
+    return 0;
+}

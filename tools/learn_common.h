@@ -1,0 +1,50 @@
+/* What the two runs of `kvp learn` (from a model's data, tools/cmd_learn.c, and from
+ * kvpd's transcripts, tools/cmd_learn_transcripts.c) share: where their files go, the
+ * settings they give the policy-init, train and calibrate stages, the cut validation
+ * ranks at, and installing the calibrated policy. */
+#ifndef KVP_TOOLS_LEARN_COMMON_H
+#define KVP_TOOLS_LEARN_COMMON_H
+
+#include <stddef.h>
+
+#include "model/model.h"
+#include "tools/stages.h"
+
+/* The settings both runs give every stage. */
+typedef struct {
+    const char *model, *tokenizer;
+    const char *work;          /* the directory the trace and the policy files go to */
+    long seq_len, max_seqs, steps, threads, seed;
+} kvp_learn_run;
+
+/* out: the given --out, else kvpd's default for the model (KVP_DATA_DIR/policy/weights/
+ * <model file stem>.kvp); work: the given --work, else /tmp/<prefix>-<model file stem>,
+ * created with mode. 0, or -1 with a message when work cannot be created. */
+int kvp_learn_dirs(const char *model, const char *out_opt, const char *work_opt,
+                   const char *prefix, unsigned mode, char *out, size_t out_len, char *work,
+                   size_t work_len);
+
+/* The cut validation and evaluation rank at: the first 3/4 of a sequence, down to a cut
+ * of the trace's grid. */
+long kvp_learn_val_cut(long seq_len);
+
+/* The stages' options: the trace of text (conversations: as kvp_trace_opts has it) into
+ * work, max_seqs sequences of seq_len tokens; the model's agents at the default sizes with positions up to
+ * seq_len (init written to init); training on work's trace from init to trained at
+ * lr 3e-3, 16 episodes of 8 samples, stopping after max_seconds (0: no limit);
+ * calibration of trained into calibrated. */
+void kvp_learn_trace_opts(const kvp_learn_run *r, const char *text, int conversations,
+                          kvp_trace_opts *to);
+void kvp_learn_policy_init_opts(const kvp_learn_run *r, const char *init,
+                                kvp_policy_init_opts *po);
+void kvp_learn_train_opts(const kvp_learn_run *r, const char *init, const char *trained,
+                          long val_cut, double max_seconds, kvp_train_opts *tr);
+void kvp_learn_calibrate_opts(const kvp_learn_run *r, const char *trained,
+                              const char *calibrated, kvp_calibrate_opts *co);
+
+/* Installs the policy file calibrated at out: loading checks it against the model's cfg
+ * again, saving writes it atomically (temporary file, fsync, rename). 0, or -1 with a
+ * message. */
+int kvp_learn_install(const char *calibrated, const char *out, const kvp_model_config *cfg);
+
+#endif
