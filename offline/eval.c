@@ -75,7 +75,7 @@ static int argmax(const float *x, int n)
 }
 
 /* KL(softmax(p) || softmax(q)) in nats; exactly 0 when the logits are equal */
-static double kl_of(const float *p, const float *q, int vocab)
+double kvp_eval_kl(const float *p, const float *q, int vocab)
 {
     double lp = log_sum_exp(p, vocab), lq = log_sum_exp(q, vocab), kl = 0.0;
     for (int i = 0; i < vocab; i++) {
@@ -347,7 +347,7 @@ int kvp_eval_sequence(const kvp_model *m, kvp_runstate *s, kvp_policy *p, const 
             goto out;
         for (int t = 0; t + 1 < cont; t++) {
             acc->nll[bi] += nll_of(logits + (size_t)t * V, V, tokens[cut + t + 1]);
-            acc->kl[bi] += kl_of(r->logits + (size_t)t * V, logits + (size_t)t * V, V);
+            acc->kl[bi] += kvp_eval_kl(r->logits + (size_t)t * V, logits + (size_t)t * V, V);
         }
     }
     acc->tokens += cont - 1;
@@ -492,7 +492,7 @@ int kvp_eval_stream(const kvp_model *m, kvp_runstate *s, kvp_policy *p, const in
         /* the sampled positions in this chunk: pos = (i + 1) every - 1 */
         for (int i = ref ? off / ref->every : 0; ref && i < ref->n_pos && ref->pos[i] < off + n; i++) {
             const float *want = ref->logits + (size_t)i * V, *got = logits + (size_t)(ref->pos[i] - off) * V;
-            acc->stream_kl[bi] += kl_of(want, got, V);
+            acc->stream_kl[bi] += kvp_eval_kl(want, got, V);
             acc->stream_top1[bi] += argmax(want, V) == argmax(got, V);
             acc->stream_samples[bi]++;
         }

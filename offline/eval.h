@@ -109,6 +109,9 @@ int kvp_eval_stream(const kvp_model *m, kvp_runstate *s, kvp_policy *p, const in
                     kvp_eval_acc *acc);
 
 /* Position of a policy name in kvp_policy_names(), -1 if it is not one. */
+/* KL(softmax(p) || softmax(q)) over `vocab` logits, in nats; exactly 0 when they are equal. */
+double kvp_eval_kl(const float *p, const float *q, int vocab);
+
 int kvp_eval_policy_index(const char *name);
 
 /* dst += src, field by field (sums from separate runs, e.g. one per thread). */

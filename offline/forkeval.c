@@ -1,31 +1,10 @@
 #include "offline/forkeval.h"
+#include "offline/eval.h"
 
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-static double log_sum_exp(const float *x, int n)
-{
-    float mx = x[0];
-    for (int i = 1; i < n; i++)
-        mx = x[i] > mx ? x[i] : mx;
-    double s = 0.0;
-    for (int i = 0; i < n; i++)
-        s += exp((double)x[i] - mx);
-    return mx + log(s);
-}
-
-/* KL(softmax(p) || softmax(q)) in nats; exactly 0 when the logits are equal */
-static double kl_of(const float *p, const float *q, int vocab)
-{
-    double lp = log_sum_exp(p, vocab), lq = log_sum_exp(q, vocab), kl = 0.0;
-    for (int i = 0; i < vocab; i++) {
-        double a = p[i] - lp, b = q[i] - lq;
-        kl += exp(a) * (a - b);
-    }
-    return kl;
-}
 
 static int empty_cache(kvp_cache *c, const kvp_model_config *cfg)
 {
@@ -101,7 +80,7 @@ int kvp_forkeval_run(const kvp_model *m, kvp_runstate *s, const kvp_forkeval_cas
     if ((rc = kvp_policy_fork(fork, src, &f, fc->n_prefix)) ||
         (rc = feed(m, s, &f, &ef, fc->branch, fc->n_branch, logits)))
         goto out;
-    *kl_fork = kl_of(full_logits, logits, V);
+    *kl_fork = kvp_eval_kl(full_logits, logits, V);
 
     /* from scratch: P + B from an empty cache */
     if ((rc = empty_cache(&b, &m->cfg)))
@@ -110,7 +89,7 @@ int kvp_forkeval_run(const kvp_model *m, kvp_runstate *s, const kvp_forkeval_cas
     if ((rc = feed(m, s, &b, &eb, fc->prefix, fc->n_prefix, NULL)) ||
         (rc = feed(m, s, &b, &eb, fc->branch, fc->n_branch, logits)))
         goto out;
-    *kl_scratch = kl_of(full_logits, logits, V);
+    *kl_scratch = kvp_eval_kl(full_logits, logits, V);
 
     if (fork_cache) {
         *fork_cache = f;
