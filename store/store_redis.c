@@ -366,6 +366,24 @@ static void move_aside(kvp_store *st, const char *id, char *err, size_t errlen)
     (void)remove_keys(st, id, derr, sizeof derr);
 }
 
+/* A read counts as a use for the tenant's bounds: its entry's score becomes now (only
+ * when it has one; a failure costs only the order). */
+static void touch(kvp_store *st, const char *tenant, const char *id)
+{
+    if (!st->tenant_bytes_max && !st->tenant_snaps_max)
+        return;
+    char kz[96], now[24], err[128];
+    struct timespec wall;
+    clock_gettime(CLOCK_REALTIME, &wall);
+    key(kz, sizeof kz, "tsnaps", tenant);
+    snprintf(now, sizeof now, "%lld", (long long)wall.tv_sec * 1000 + wall.tv_nsec / 1000000);
+    const char *argv[] = {"ZADD", kz, "XX", now, id};
+    size_t lens[5];
+    for (int i = 0; i < 5; i++)
+        lens[i] = strlen(argv[i]);
+    freeReplyObject(kvp_redis_command(st, 5, argv, lens, err, sizeof err));
+}
+
 static int redis_get(kvp_store *st, const char *id, kvp_snapshot *out, uint64_t *version,
                      size_t *journal_bytes, int *journal_clean, char *jerr, size_t jerrlen,
                      char *err, size_t errlen)
@@ -415,6 +433,8 @@ static int redis_get(kvp_store *st, const char *id, kvp_snapshot *out, uint64_t 
     int rc = kvp_snapshot_decode(buf, len, id, out, err, errlen);
     if (rc == -EBADMSG)
         move_aside(st, id, err, errlen);
+    if (rc == 0)
+        touch(st, out->tenant, id);
     return rc;
 }
 

@@ -154,10 +154,20 @@ Test(store_redis_quota, a_flooding_tenant_stays_within_its_snapshot_count_across
         kvp_store_quota_tenant_bytes(n1, "a", &counted);
         cr_assert_eq(counted, n, "Redis counts %d of a's snapshots, %d are stored", counted, n);
     }
-    /* least recently written first: the five newest are the ones left */
+    /* least recently used first: the five newest are the ones left */
     for (int i = 19; i < 24; i++)
         cr_assert(stored(a[i]), "a's newest snapshot %d was deleted", i);
-    cr_assert_eq(over_quota(n1) + over_quota(n2), 19, "deleted: %llu + %llu",
+    /* a read is a use: the oldest of them, read, outlives the next four */
+    loads(n2, a[19], "a");
+    char more[4][40];
+    for (int i = 0; i < 4; i++) {
+        snprintf(more[i], sizeof more[i], "aaaz%028d", i);
+        put_parked(n1, more[i], "a");
+    }
+    cr_assert(stored(a[19]), "the snapshot just read was deleted before older ones");
+    cr_assert(!stored(a[20]), "the least recently used one stayed");
+    cr_assert_eq(kvp_store_set_live(n2, NULL, 0), 0);
+    cr_assert_eq(over_quota(n1) + over_quota(n2), 23, "deleted: %llu + %llu",
                  (unsigned long long)over_quota(n1), (unsigned long long)over_quota(n2));
     for (int i = 0; i < 3; i++)
         loads(n1, b[i], "b");
