@@ -335,7 +335,7 @@ char *kvpd_metrics_render(const kvpd_metrics *m, const kvpd_gauges *g, size_t *l
             g->snapshots_expired);
     counter(f, "kvpd_snapshots_over_quota_total",
             "Snapshots deleted to keep their API key within max_state_bytes_per_tenant "
-            "(directory)", g->snapshots_over_quota);
+            "or max_state_snapshots_per_tenant", g->snapshots_over_quota);
     counter(f, "kvpd_store_errors_total",
             "Snapshot store calls that failed (disk, or the Redis server unreachable)",
             g->store_errors);

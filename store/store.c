@@ -98,15 +98,19 @@ static int dir_file_size(kvp_store *st, const char *id, const char *suffix, size
     return 0;
 }
 
-/* After a write of id: its tenant's oldest snapshots go while it is over the bound. */
-static void dir_over_quota(kvp_store *st, const char *id)
+void kvp_store_count_over_quota(kvp_store *st, int n)
 {
-    int n = kvp_store_quota_enforce(st, id);
     if (n > 0) {
         pthread_mutex_lock(&st->mu);
         st->stats.over_quota += (uint64_t)n;
         pthread_mutex_unlock(&st->mu);
     }
+}
+
+/* After a write of id: its tenant's oldest snapshots go while it is over the bound. */
+static void dir_over_quota(kvp_store *st, const char *id)
+{
+    kvp_store_count_over_quota(st, kvp_store_quota_enforce(st, id));
 }
 
 static int dir_put(kvp_store *st, const kvp_snapshot *snap, kvp_store_fence *f,
@@ -427,8 +431,8 @@ int kvp_store_open(kvp_store **out, const kvp_store_params *p, char *err, size_t
         return -ENOMEM;
     }
     st->ttl_s = p->ttl_s;
-    st->tenant_bytes_max = redis ? 0 : p->tenant_bytes_max;
-    st->tenant_snaps_max = redis ? 0 : p->tenant_snaps_max;
+    st->tenant_bytes_max = p->tenant_bytes_max;
+    st->tenant_snaps_max = p->tenant_snaps_max;
     st->lease_ms = p->lease_ms > 0 ? p->lease_ms : KVP_STORE_DEFAULT_LEASE_MS;
     /* A quarter of the time to live, within a second and an hour. */
     st->expire_every_s = p->expire_every_s > 0 ? p->expire_every_s

@@ -31,12 +31,13 @@ typedef struct kvp_store_params {
     int lease_ms;                 /* Redis: a session's lease lasts this long unrenewed (0: KVP_STORE_DEFAULT_LEASE_MS) */
     const char *node_id;          /* Redis: this node's name in leases ("" : host-pid) */
     double expire_every_s;        /* directory: how often expired files are looked for */
-    uint64_t tenant_bytes_max;    /* directory: the bytes (.snap and .journal) of one
-                                   * tenant's snapshots; past it, after a write, that
-                                   * tenant's least recently used snapshots that are not
-                                   * live are deleted (0: no bound) */
-    int tenant_snaps_max;         /* directory: the same for the count of one tenant's
-                                   * snapshots (0: no bound) */
+    uint64_t tenant_bytes_max;    /* the bytes of one tenant's snapshots (directory: .snap
+                                   * and .journal; Redis: the snap: values); past it,
+                                   * after a write, that tenant's least recently used
+                                   * snapshots that are not live (Redis: nor leased by any
+                                   * node) are deleted (0: no bound) */
+    int tenant_snaps_max;         /* the same for the count of one tenant's snapshots
+                                   * (0: no bound) */
 } kvp_store_params;
 
 /* A parsed redis:// URL. */
@@ -132,8 +133,9 @@ void kvp_store_lease_idle(kvp_store *st, const char *id);
  * (compare-and-delete on the token: never another node's, nor a later take's). Loop-safe. */
 void kvp_store_lease_drop(kvp_store *st, const char *id);
 
-/* The bytes of a tenant's snapshots the directory counts, and (snapshots, may be NULL)
- * how many (0 without a bound or a directory). Any thread. */
+/* The bytes of a tenant's snapshots the store counts, and (snapshots, may be NULL)
+ * how many: the directory's (0 without a bound), or Redis's totals (read from Redis:
+ * blocks; 0 when it does not answer). Any thread. */
 uint64_t kvp_store_quota_tenant_bytes(kvp_store *st, const char *tenant, int *snapshots);
 
 /* Counters since open (any thread). */
@@ -142,7 +144,7 @@ typedef struct kvp_store_stats {
     uint64_t lease_takeovers;     /* takes of a free lease for a session in memory whose
                                    * stored snapshot had moved on (reloaded) */
     uint64_t expired;             /* snapshots deleted by the time to live (directory) */
-    uint64_t over_quota;          /* snapshots deleted by tenant_bytes_max (directory) */
+    uint64_t over_quota;          /* snapshots deleted by tenant_bytes_max or _snaps_max */
     uint64_t errors;              /* store calls that failed (network, disk) */
     int leases_renewing;
 } kvp_store_stats;

@@ -79,8 +79,8 @@ struct kvp_store {
     pthread_mutex_t live_mu;       /* the live set (store/store_live.c) */
     kvp_store_id *live;            /* sorted; n_live of cap_live */
     int n_live, cap_live;
-    uint64_t tenant_bytes_max;     /* directory: a tenant's snapshot bytes (0: no bound) */
-    int tenant_snaps_max;          /* directory: a tenant's snapshots (0: no bound) */
+    uint64_t tenant_bytes_max;     /* a tenant's snapshot bytes (0: no bound) */
+    int tenant_snaps_max;          /* a tenant's snapshots (0: no bound) */
     pthread_mutex_t quota_mu;      /* the usage table (store/store_quota.c) */
     struct kvp_store_quota *quota;
 };
@@ -89,6 +89,38 @@ struct kvp_store {
 int kvp_store_redis_open(kvp_store *st, const char *url, char *err, size_t errlen);
 /* Counts a failed call (any thread). */
 void kvp_store_count_error(kvp_store *st);
+/* Counts snapshots deleted to keep their tenant within its bounds (any thread). */
+void kvp_store_count_over_quota(kvp_store *st, int n);
+
+/* The Redis store's calls shared with store/store_redis_quota.c (store/store_redis.c).
+ * command: one command in argv form (binary-safe), retried once on a fresh connection;
+ * NULL with a message when Redis did not answer (an error reply is returned as it is).
+ * key: "<prefix>:<id>" into buf. */
+struct redisReply;
+struct redisReply *kvp_redis_command(kvp_store *st, int argc, const char **argv,
+                                     const size_t *lens, char *err, size_t errlen);
+void kvp_redis_key(char *buf, size_t n, const char *prefix, const char *id);
+
+/* Redis's bytes and snapshots per tenant (store/store_redis_quota.c; docs/cluster.md,
+ * "Tenants' bounds"). Kept in Redis itself, so every node sharing it sees the same
+ * totals: tsnaps:<tenant>, a sorted set of the tenant's session ids scored by the wall
+ * clock (ms) of their last write, and tbytes:<tenant>, a hash of their bytes with the
+ * total under "*"; each write and removal updates them in the script that writes or
+ * removes the snapshot. The tenant of a stored session is tenant:<id>.
+ * enforce: after a write of keep took its tenant past a bound, the tenant's least
+ * recently written snapshots go until it fits, each in one script that deletes it only
+ * while the tenant is still over, no node holds the session's lease and it was not
+ * written since; never keep nor one this node holds live. Entries whose snapshot has
+ * expired are dropped first (not counted). Returns how many were deleted.
+ * usage: the tenant's bytes and (snapshots) count; 0 when Redis does not answer. */
+#define KVP_REDIS_UNCOUNT_LUA                                                    \
+    "local function uncount(z, b, id)\n"                                        \
+    "  local was = tonumber(redis.call('HGET', b, id) or '0')\n"                \
+    "  redis.call('ZREM', z, id)\n"                                             \
+    "  if redis.call('HDEL', b, id) == 1 then redis.call('HINCRBY', b, '*', -was) end\n" \
+    "end\n"
+int kvp_store_redis_quota_enforce(kvp_store *st, const char *tenant, const char *keep);
+uint64_t kvp_store_redis_quota_usage(kvp_store *st, const char *tenant, int *snapshots);
 
 /* The directory store's files (store/store.c). opendir: st->dir opened into *d, or a
  * negative errno with a message; snap_id: whether a directory entry's name is

@@ -387,6 +387,8 @@ uint64_t kvp_store_quota_tenant_bytes(kvp_store *st, const char *tenant, int *sn
 {
     if (snapshots)
         *snapshots = 0;
+    if (st && !st->dir[0])
+        return kvp_store_redis_quota_usage(st, tenant, snapshots);
     if (!st || !st->quota)
         return 0;
     pthread_mutex_lock(&st->quota_mu);

@@ -6,6 +6,9 @@
  *   fence:<id>             the session's fencing token counter (INCR at every take), kept
  *                          at least as long as the snapshot
  *   damaged:<id>:<time>    a snapshot that failed validation, moved aside, never loaded
+ *   tenant:<id>            the tenant (API key) the session belongs to, with the snapshot
+ *   tsnaps:<tenant>        the tenant's stored session ids, scored by last write (ms)
+ *   tbytes:<tenant>        their bytes, and the total under "*" (store/store_redis_quota.c)
  * Blocking hiredis calls on the calling thread (a worker, or the store's thread), one
  * connection per thread at a time from a small pool: the loop never waits on Redis.
  * A snapshot is written whole at every turn (no journal), by a script that writes only
@@ -32,18 +35,23 @@ typedef struct redis_impl {
     int n_idle;
 } redis_impl;
 
-/* KEYS: snap, turns, lease, fence, ver. ARGV: bytes, turns, ttl ms (0: none), node,
- * lease ms, token held (0: none), base version (0: none). Writes only when the lease is
- * this node's under that token, or free, and the stored version is the base (or there is
- * none); a free lease is taken (a new token unless the counter is still at this one).
- * {1, token} written (the version is the token); {0, holder} the lease is another's (or
- * an older one of this node's name); {-1, version} the stored copy moved on. */
+/* KEYS: snap, turns, lease, fence, ver, tenant, tsnaps, tbytes. ARGV: bytes, turns, ttl
+ * ms (0: none), node, lease ms, token held (0: none), base version (0: none), tenant, id,
+ * wall clock ms, the tenant's bytes bound, its snapshots bound (0: none). Writes only when
+ * the lease is this node's under that token, or free, and the stored version is the base
+ * (or there is none); a free lease is taken (a new token unless the counter is still at
+ * this one). The tenant's totals change in the same script as the snapshot.
+ * {1, token, over} written (the version is the token; over: 1 when the tenant is now past
+ * a bound); {0, holder} the lease is another's (or an older one of this node's name);
+ * {-1, version} the stored copy moved on; {-2, tenant} it belongs to another tenant. */
 static const char PUT_SCRIPT[] =
     "local h = redis.call('GET', KEYS[3])\n"
     "local f = redis.call('GET', KEYS[4])\n"
     "if h and not (h == ARGV[4] and f == ARGV[6]) then return {0, h} end\n"
     "local v = redis.call('GET', KEYS[5])\n"
     "if v and v ~= ARGV[7] then return {-1, v} end\n"
+    "local o = redis.call('GET', KEYS[6])\n"
+    "if o and o ~= ARGV[8] then return {-2, o} end\n"
     "local t = ARGV[6]\n"
     "if f ~= t then t = tostring(redis.call('INCR', KEYS[4])) end\n"
     "local ttl, lease = tonumber(ARGV[3]), tonumber(ARGV[5])\n"
@@ -51,15 +59,26 @@ static const char PUT_SCRIPT[] =
     "  redis.call('SET', KEYS[1], ARGV[1], 'PX', ttl)\n"
     "  redis.call('SET', KEYS[2], ARGV[2], 'PX', ttl)\n"
     "  redis.call('SET', KEYS[5], t, 'PX', ttl)\n"
+    "  redis.call('SET', KEYS[6], ARGV[8], 'PX', ttl)\n"
     "  redis.call('PEXPIRE', KEYS[4], math.max(ttl, lease))\n"
     "else\n"
     "  redis.call('SET', KEYS[1], ARGV[1])\n"
     "  redis.call('SET', KEYS[2], ARGV[2])\n"
     "  redis.call('SET', KEYS[5], t)\n"
+    "  redis.call('SET', KEYS[6], ARGV[8])\n"
     "  redis.call('PERSIST', KEYS[4])\n"
     "end\n"
     "redis.call('SET', KEYS[3], ARGV[4], 'PX', lease)\n"
-    "return {1, t}\n";
+    "local was = tonumber(redis.call('HGET', KEYS[8], ARGV[9]) or '0')\n"
+    "redis.call('HSET', KEYS[8], ARGV[9], #ARGV[1])\n"
+    "local total = redis.call('HINCRBY', KEYS[8], '*', #ARGV[1] - was)\n"
+    "redis.call('ZADD', KEYS[7], ARGV[10], ARGV[9])\n"
+    "local bm, sm = tonumber(ARGV[11]), tonumber(ARGV[12])\n"
+    "local over = 0\n"
+    "if (bm > 0 and total > bm) or (sm > 0 and redis.call('ZCARD', KEYS[7]) > sm) then\n"
+    "  over = 1\n"
+    "end\n"
+    "return {1, t, over}\n";
 
 /* KEYS: lease, fence, turns, ver. ARGV: node, lease ms, token held (0: none), counter ttl
  * ms (0: none). Another node's lease: {0, holder, ms left}. Else a new token (INCR) and
@@ -155,8 +174,8 @@ static void drop_idle(redis_impl *r)
 /* One command (argv form, binary-safe), retried once on a fresh connection when the
  * pooled one had gone stale. NULL with a message on failure; an error reply is returned
  * as it is. */
-static redisReply *command(kvp_store *st, int argc, const char **argv, const size_t *lens,
-                           char *err, size_t errlen)
+redisReply *kvp_redis_command(kvp_store *st, int argc, const char **argv, const size_t *lens,
+                              char *err, size_t errlen)
 {
     redis_impl *r = impl(st);
     for (int attempt = 0; attempt < 2; attempt++) {
@@ -178,6 +197,11 @@ static redisReply *command(kvp_store *st, int argc, const char **argv, const siz
 static void key(char *buf, size_t n, const char *prefix, const char *id)
 {
     snprintf(buf, n, "%s:%s", prefix, id);
+}
+
+void kvp_redis_key(char *buf, size_t n, const char *prefix, const char *id)
+{
+    key(buf, n, prefix, id);
 }
 
 static int reply_error(redisReply *rep, const char *what, char *err, size_t errlen)
@@ -203,43 +227,59 @@ static int redis_put(kvp_store *st, const kvp_snapshot *snap, kvp_store_fence *f
     int rc = kvp_snapshot_encode(snap, &buf, &len, err, errlen);
     if (rc < 0)
         return rc;
-    char ks[96], kt[96], kl[96], kf[96], kv[96], turns[16], ttl[24], lease[16], tok[24],
-        base[24];
+    char ks[96], kt[96], kl[96], kf[96], kv[96], ko[96], kz[96], kb[96], turns[16], ttl[24],
+        lease[16], tok[24], base[24], now[24], bmax[24], smax[16];
     key(ks, sizeof ks, "snap", snap->id);
     key(kt, sizeof kt, "turns", snap->id);
     key(kl, sizeof kl, "lease", snap->id);
     key(kf, sizeof kf, "fence", snap->id);
     key(kv, sizeof kv, "ver", snap->id);
+    key(ko, sizeof ko, "tenant", snap->id);
+    key(kz, sizeof kz, "tsnaps", snap->tenant);
+    key(kb, sizeof kb, "tbytes", snap->tenant);
+    struct timespec wall;
+    clock_gettime(CLOCK_REALTIME, &wall);
     snprintf(turns, sizeof turns, "%d", snap->turns);
     snprintf(ttl, sizeof ttl, "%lld", (long long)(st->ttl_s * 1000));
     snprintf(lease, sizeof lease, "%d", st->lease_ms);
     snprintf(tok, sizeof tok, "%llu", (unsigned long long)f->token);
     snprintf(base, sizeof base, "%llu", (unsigned long long)f->version);
-    const char *argv[] = {"EVAL", PUT_SCRIPT, "5", ks, kt, kl, kf, kv, (const char *)buf,
-                          turns, ttl, st->node, lease, tok, base};
+    snprintf(now, sizeof now, "%lld", (long long)wall.tv_sec * 1000 + wall.tv_nsec / 1000000);
+    snprintf(bmax, sizeof bmax, "%llu", (unsigned long long)st->tenant_bytes_max);
+    snprintf(smax, sizeof smax, "%d", st->tenant_snaps_max);
+    const char *argv[] = {"EVAL", PUT_SCRIPT, "8", ks, kt, kl, kf, kv, ko, kz, kb,
+                          (const char *)buf, turns, ttl, st->node, lease, tok, base,
+                          snap->tenant, snap->id, now, bmax, smax};
     enum { ARGC = sizeof argv / sizeof argv[0] };
     size_t lens[ARGC];
     for (int i = 0; i < ARGC; i++)
         lens[i] = strlen(argv[i]);
-    lens[8] = len;
-    redisReply *rep = command(st, ARGC, argv, lens, err, errlen);
+    lens[11] = len;
+    redisReply *rep = kvp_redis_command(st, ARGC, argv, lens, err, errlen);
     free(buf);
     if (!rep)
         return -EIO;
-    if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2 ||
+    if (rep->type != REDIS_REPLY_ARRAY || rep->elements < 2 ||
         rep->element[0]->type != REDIS_REPLY_INTEGER ||
         rep->element[1]->type != REDIS_REPLY_STRING)
         return reply_error(rep, "snapshot write", err, errlen);
     long long what = rep->element[0]->integer;
     const char *s = rep->element[1]->str;
+    int over = 0;
     if (what == 1) {
         f->token = f->version = strtoull(s, NULL, 10);
         *bytes = len;
+        over = rep->elements > 2 && rep->element[2]->type == REDIS_REPLY_INTEGER &&
+               rep->element[2]->integer == 1;
         rc = 0;
     } else if (what == 0) {
         snprintf(err, errlen, "snapshot %s: not written: the session's lease is held by %s%s",
                  snap->id, s, strcmp(s, st->node) ? "" : " under a newer token");
         rc = -ESTALE;
+    } else if (what == -2) {
+        snprintf(err, errlen, "snapshot %s: not written: the stored session belongs to another "
+                 "tenant", snap->id);
+        rc = -EPERM;
     } else {
         snprintf(err, errlen, "snapshot %s: not written: the stored session moved on "
                  "(version %s; this copy descends from %llu): this copy is stale",
@@ -247,20 +287,75 @@ static int redis_put(kvp_store *st, const kvp_snapshot *snap, kvp_store_fence *f
         rc = -ESTALE;
     }
     freeReplyObject(rep);
+    if (over)
+        kvp_store_count_over_quota(st, kvp_store_redis_quota_enforce(st, snap->tenant, snap->id));
     return rc;
 }
 
-/* RENAME snap:<id> to damaged:<id>:<unix time> (it keeps its time to live). */
-static void move_aside(kvp_store *st, const char *id, char *err, size_t errlen)
+/* KEYS: snap, turns, ver, tenant, tsnaps, tbytes. ARGV: id, the tenant its totals are
+ * kept under. Deletes the stored session and takes it out of its tenant's totals:
+ * {1, ''}; {0, tenant} when it belongs to another tenant than the one named (nothing
+ * deleted). */
+static const char REMOVE_SCRIPT[] =
+    KVP_REDIS_UNCOUNT_LUA
+    "local o = redis.call('GET', KEYS[4])\n"
+    "if o and o ~= ARGV[2] then return {0, o} end\n"
+    "redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4])\n"
+    "uncount(KEYS[5], KEYS[6], ARGV[1])\n"
+    "return {1, ''}\n";
+
+/* Deletes snap, turns, ver and tenant of id and takes it out of its tenant's totals
+ * (the tenant read first, checked again by the script). */
+static int remove_keys(kvp_store *st, const char *id, char *err, size_t errlen)
 {
-    char ks[96], kd[128], kt[96], kv[96], derr[128];
+    char ks[96], kt[96], kv[96], ko[96], kz[96], kb[96], tenant[KVP_SNAPSHOT_TENANT_MAX + 1] = "";
     key(ks, sizeof ks, "snap", id);
     key(kt, sizeof kt, "turns", id);
     key(kv, sizeof kv, "ver", id);
+    key(ko, sizeof ko, "tenant", id);
+    const char *get[] = {"GET", ko};
+    size_t glens[] = {3, strlen(ko)};
+    redisReply *rep = kvp_redis_command(st, 2, get, glens, err, errlen);
+    if (!rep)
+        return -EIO;
+    if (rep->type == REDIS_REPLY_STRING)
+        snprintf(tenant, sizeof tenant, "%s", rep->str);
+    freeReplyObject(rep);
+    for (int attempt = 0; attempt < 2; attempt++) {
+        key(kz, sizeof kz, "tsnaps", tenant);
+        key(kb, sizeof kb, "tbytes", tenant);
+        const char *argv[] = {"EVAL", REMOVE_SCRIPT, "6", ks, kt, kv, ko, kz, kb, id, tenant};
+        enum { ARGC = sizeof argv / sizeof argv[0] };
+        size_t lens[ARGC];
+        for (int i = 0; i < ARGC; i++)
+            lens[i] = strlen(argv[i]);
+        rep = kvp_redis_command(st, ARGC, argv, lens, err, errlen);
+        if (!rep)
+            return -EIO;
+        if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2 ||
+            rep->element[0]->type != REDIS_REPLY_INTEGER ||
+            rep->element[1]->type != REDIS_REPLY_STRING)
+            return reply_error(rep, "remove", err, errlen);
+        int done = rep->element[0]->integer == 1;
+        snprintf(tenant, sizeof tenant, "%s", rep->element[1]->str);
+        freeReplyObject(rep);
+        if (done)
+            return 0;
+    }
+    snprintf(err, errlen, "remove %s: its tenant kept changing", id);
+    return -EAGAIN;
+}
+
+/* RENAME snap:<id> to damaged:<id>:<unix time> (it keeps its time to live); the rest of
+ * the session's keys go, and it leaves its tenant's totals. */
+static void move_aside(kvp_store *st, const char *id, char *err, size_t errlen)
+{
+    char ks[96], kd[128], derr[128];
+    key(ks, sizeof ks, "snap", id);
     snprintf(kd, sizeof kd, "damaged:%s:%lld", id, (long long)time(NULL));
     const char *argv[] = {"RENAME", ks, kd};
     size_t lens[] = {6, strlen(ks), strlen(kd)};
-    redisReply *rep = command(st, 3, argv, lens, derr, sizeof derr);
+    redisReply *rep = kvp_redis_command(st, 3, argv, lens, derr, sizeof derr);
     size_t used = strlen(err);
     if (rep && rep->type == REDIS_REPLY_STATUS)
         snprintf(err + used, errlen - used, "; moved aside to %s", kd);
@@ -268,9 +363,25 @@ static void move_aside(kvp_store *st, const char *id, char *err, size_t errlen)
         snprintf(err + used, errlen - used, "; could not move it aside: %s",
                  rep && rep->type == REDIS_REPLY_ERROR ? rep->str : derr);
     freeReplyObject(rep);
-    const char *del[] = {"DEL", kt, kv};
-    size_t dlens[] = {3, strlen(kt), strlen(kv)};
-    freeReplyObject(command(st, 3, del, dlens, derr, sizeof derr));
+    (void)remove_keys(st, id, derr, sizeof derr);
+}
+
+/* A read counts as a use for the tenant's bounds: its entry's score becomes now (only
+ * when it has one; a failure costs only the order). */
+static void touch(kvp_store *st, const char *tenant, const char *id)
+{
+    if (!st->tenant_bytes_max && !st->tenant_snaps_max)
+        return;
+    char kz[96], now[24], err[128];
+    struct timespec wall;
+    clock_gettime(CLOCK_REALTIME, &wall);
+    key(kz, sizeof kz, "tsnaps", tenant);
+    snprintf(now, sizeof now, "%lld", (long long)wall.tv_sec * 1000 + wall.tv_nsec / 1000000);
+    const char *argv[] = {"ZADD", kz, "XX", now, id};
+    size_t lens[5];
+    for (int i = 0; i < 5; i++)
+        lens[i] = strlen(argv[i]);
+    freeReplyObject(kvp_redis_command(st, 5, argv, lens, err, sizeof err));
 }
 
 static int redis_get(kvp_store *st, const char *id, kvp_snapshot *out, uint64_t *version,
@@ -292,7 +403,7 @@ static int redis_get(kvp_store *st, const char *id, kvp_snapshot *out, uint64_t 
     key(kv, sizeof kv, "ver", id);
     const char *argv[] = {"MGET", ks, kv};
     size_t lens[] = {4, strlen(ks), strlen(kv)};
-    redisReply *all = command(st, 3, argv, lens, err, errlen);
+    redisReply *all = kvp_redis_command(st, 3, argv, lens, err, errlen);
     if (!all)
         return -EIO;
     if (all->type != REDIS_REPLY_ARRAY || all->elements != 2)
@@ -322,6 +433,8 @@ static int redis_get(kvp_store *st, const char *id, kvp_snapshot *out, uint64_t 
     int rc = kvp_snapshot_decode(buf, len, id, out, err, errlen);
     if (rc == -EBADMSG)
         move_aside(st, id, err, errlen);
+    if (rc == 0)
+        touch(st, out->tenant, id);
     return rc;
 }
 
@@ -333,7 +446,7 @@ static int redis_exists(kvp_store *st, const char *id)
     key(ks, sizeof ks, "snap", id);
     const char *argv[] = {"EXISTS", ks};
     size_t lens[] = {6, strlen(ks)};
-    redisReply *rep = command(st, 2, argv, lens, err, sizeof err);
+    redisReply *rep = kvp_redis_command(st, 2, argv, lens, err, sizeof err);
     int yes = rep && rep->type == REDIS_REPLY_INTEGER && rep->integer == 1;
     freeReplyObject(rep);
     return yes;
@@ -345,19 +458,7 @@ static int redis_remove(kvp_store *st, const char *id, char *err, size_t errlen)
         snprintf(err, errlen, "invalid session id");
         return -EINVAL;
     }
-    char ks[96], kt[96], kv[96];
-    key(ks, sizeof ks, "snap", id);
-    key(kt, sizeof kt, "turns", id);
-    key(kv, sizeof kv, "ver", id);
-    const char *argv[] = {"DEL", ks, kt, kv};
-    size_t lens[] = {3, strlen(ks), strlen(kt), strlen(kv)};
-    redisReply *rep = command(st, 4, argv, lens, err, errlen);
-    if (!rep)
-        return -EIO;
-    if (rep->type != REDIS_REPLY_INTEGER)
-        return reply_error(rep, "remove", err, errlen);
-    freeReplyObject(rep);
-    return 0;
+    return remove_keys(st, id, err, errlen);
 }
 
 static int redis_list(kvp_store *st, void (*fn)(void *ctx, const char *id), void *ctx,
@@ -370,7 +471,7 @@ static int redis_list(kvp_store *st, void (*fn)(void *ctx, const char *id), void
         size_t lens[6];
         for (int i = 0; i < 6; i++)
             lens[i] = strlen(argv[i]);
-        redisReply *rep = command(st, 6, argv, lens, err, errlen);
+        redisReply *rep = kvp_redis_command(st, 6, argv, lens, err, errlen);
         if (!rep)
             return -EIO;
         if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2 ||
@@ -391,13 +492,14 @@ static int redis_list(kvp_store *st, void (*fn)(void *ctx, const char *id), void
     return count;
 }
 
-/* KEYS: snap, turns, ver, fence. ARGV: ttl ms, the counter's ttl ms. The time to live
- * of a stored session starts again (keys that have expired stay gone). */
+/* KEYS: snap, turns, ver, fence, tenant. ARGV: ttl ms, the counter's ttl ms. The time
+ * to live of a stored session starts again (keys that have expired stay gone). */
 static const char LIVE_SCRIPT[] =
     "if redis.call('PEXPIRE', KEYS[1], ARGV[1]) == 1 then\n"
     "  redis.call('PEXPIRE', KEYS[2], ARGV[1])\n"
     "  redis.call('PEXPIRE', KEYS[3], ARGV[1])\n"
     "  redis.call('PEXPIRE', KEYS[4], ARGV[2])\n"
+    "  redis.call('PEXPIRE', KEYS[5], ARGV[1])\n"
     "end\n"
     "return 1\n";
 
@@ -423,16 +525,17 @@ static int redis_expire(kvp_store *st, char *err, size_t errlen)
     snprintf(ttl, sizeof ttl, "%lld", (long long)(st->ttl_s * 1000));
     snprintf(fttl, sizeof fttl, "%lld", fence_ttl_ms(st));
     for (int i = 0; i < n; i++) {
-        char ks[96], kt[96], kv[96], kf[96];
+        char ks[96], kt[96], kv[96], kf[96], ko[96];
         key(ks, sizeof ks, "snap", ids[i]);
         key(kt, sizeof kt, "turns", ids[i]);
         key(kv, sizeof kv, "ver", ids[i]);
         key(kf, sizeof kf, "fence", ids[i]);
-        const char *argv[] = {"EVAL", LIVE_SCRIPT, "4", ks, kt, kv, kf, ttl, fttl};
-        size_t lens[9];
-        for (int j = 0; j < 9; j++)
+        key(ko, sizeof ko, "tenant", ids[i]);
+        const char *argv[] = {"EVAL", LIVE_SCRIPT, "5", ks, kt, kv, kf, ko, ttl, fttl};
+        size_t lens[10];
+        for (int j = 0; j < 10; j++)
             lens[j] = strlen(argv[j]);
-        redisAppendCommandArgv(c, 9, argv, lens);
+        redisAppendCommandArgv(c, 10, argv, lens);
     }
     int rc = 0;
     for (int i = 0; i < n && rc == 0; i++) {
@@ -483,7 +586,7 @@ static int redis_lease_take(kvp_store *st, const char *id, uint64_t *token, int 
     size_t lens[ARGC];
     for (int i = 0; i < ARGC; i++)
         lens[i] = strlen(argv[i]);
-    redisReply *rep = command(st, ARGC, argv, lens, err, errlen);
+    redisReply *rep = kvp_redis_command(st, ARGC, argv, lens, err, errlen);
     if (!rep)
         return -EIO;
     if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 5)
@@ -590,7 +693,7 @@ int kvp_store_redis_open(kvp_store *st, const char *url, char *err, size_t errle
     const char *argv[] = {"PING"};
     size_t lens[] = {4};
     char cerr[200];
-    redisReply *rep = command(st, 1, argv, lens, cerr, sizeof cerr);
+    redisReply *rep = kvp_redis_command(st, 1, argv, lens, cerr, sizeof cerr);
     if (!rep || rep->type != REDIS_REPLY_STATUS) {
         snprintf(err, errlen, "state_url %s: %s", st->where,
                  !rep ? cerr : rep->type == REDIS_REPLY_ERROR ? rep->str : "no PONG");
