@@ -1,8 +1,6 @@
-/* kvp_hub_chat_choices (sessions/hub_choices.c): the first choice runs as kvp_hub_chat;
- * the others fork its cache once it is done, prefill only the prompt's last token, sample
- * with seed + i, and their sessions are gone after their turn; temperature 0 gives the
- * same reply n times; a choice that does not fit is overloaded; n out of range is
- * bad_request. */
+/* kvp_hub_chat_choices (sessions/hub_choices.c): temperature 0 gives the same reply n
+ * times; a choice that does not fit is overloaded; n out of range is bad_request. (One
+ * prefill and the seeded forks are checked through the API: tests/openai/choices.mjs.) */
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,52 +37,6 @@ static void three(const kvp_turn_opts *o, int done[3])
     done[0] = ht_wait(&g, &a, 0, KVP_HUB_DONE, 60);
     done[1] = ht_wait(&g, &b, 0, KVP_HUB_DONE, 60);
     done[2] = ht_wait(&g, &c, 0, KVP_HUB_DONE, 60);
-}
-
-Test(choices, one_prefill_then_seeded_forks_that_do_not_stay, .fini = finish)
-{
-    ht_start(&g, NULL, "streaming");
-    kvp_turn_opts o = {.max_tokens = 24, .has_temperature = 1, .temperature = 1.0f,
-                       .has_seed = 1, .seed = 7};
-    int k[3];
-    three(&o, k);
-    const kvp_turn_stats *s0 = &a.ev[k[0]].stats, *s1 = &b.ev[k[1]].stats,
-                         *s2 = &c.ev[k[2]].stats;
-    cr_assert_eq(s0->prefilled_tokens, s0->context_tokens, "the first choice prefills the prompt");
-    cr_assert_gt(s0->context_tokens, 8);
-    for (int i = 0; i < 2; i++) {
-        const kvp_turn_stats *s = i ? s2 : s1;
-        cr_assert_eq(s->context_tokens, s0->context_tokens, "choice %d: another prompt", i + 1);
-        cr_assert_eq(s->prefilled_tokens, 1, "choice %d prefilled %d tokens, not its last one",
-                     i + 1, s->prefilled_tokens);
-        cr_assert_eq(s->cached_tokens, s0->context_tokens - 1);
-    }
-    /* each its own session; at temperature 1 the three seeds give at least two replies */
-    cr_assert_eq(b.ev[0].type, KVP_HUB_SESSION);
-    cr_assert_str_neq(b.ev[0].id, a.ev[0].id);
-    cr_assert_str_neq(c.ev[0].id, b.ev[0].id);
-    int distinct = 1 + (strcmp(b.ev[k[1]].text, a.ev[k[0]].text) != 0) +
-                   (strcmp(c.ev[k[2]].text, a.ev[k[0]].text) != 0 &&
-                    strcmp(c.ev[k[2]].text, b.ev[k[1]].text) != 0);
-    cr_assert_geq(distinct, 2, "three seeds, one reply: %s", a.ev[k[0]].text);
-    ht_settle(&g);
-    cr_assert_not_null(ht_session(&g, a.ev[0].id), "the first choice's conversation stays");
-    cr_assert_null(ht_session(&g, b.ev[0].id), "the other choices' sessions stay");
-    cr_assert_null(ht_session(&g, c.ev[0].id));
-    char *reply1 = strdup(b.ev[k[1]].text);
-    cr_assert_not_null(reply1);
-    kvp_hub_close(a.c);
-    a.c = NULL;
-
-    /* choice 1 sampled with seed + 1: a one-choice request with that seed gives its reply */
-    ht_client_new(&g, &d);
-    kvp_message m = {1, (char *)PROMPT, strlen(PROMPT)};
-    kvp_turn_opts o1 = o;
-    o1.seed = 8;
-    kvp_hub_chat(d.c, NULL, NULL, 0, &m, 1, &o1);
-    int j = ht_wait(&g, &d, 0, KVP_HUB_DONE, 60);
-    cr_assert_str_eq(d.ev[j].text, reply1, "seed 8 alone: %s", d.ev[j].text);
-    free(reply1);
 }
 
 Test(choices, greedy_choices_are_one_reply, .fini = finish)
