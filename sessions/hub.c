@@ -494,5 +494,7 @@ void kvp_hub_close(kvp_hub_client *c)
     hub_leave(c);
     forget_system_check(c);
     hub_pending_free(c->pending);
+    hub_choices_free(c);
+    hub_choices_leave(c);
     free(c);
 }

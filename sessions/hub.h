@@ -60,6 +60,21 @@ void kvp_hub_message_opts(kvp_hub_client *c, const char *text, size_t len,
  * request: it leaves any session it had. */
 void kvp_hub_chat(kvp_hub_client *c, const char *id, const char *system, size_t system_len,
                   const kvp_message *msgs, int n, const kvp_turn_opts *o);
+/* kvp_hub_chat with more choices (sessions/hub_choices.c): c's choice runs as kvp_hub_chat
+ * runs it (its session is the conversation a later request continues); once its turn is
+ * done, each of more[0..n_more) (clients made for this request, of c's tenant; n_more <
+ * KVP_HUB_MAX_CHOICES, else bad_request) gets a new session forked from c's cache cut
+ * back to the prompt (only the prompt's last token is run again, for its own logits),
+ * whose turn samples with seed o->seed + 1 + i (when o->has_seed); those turns decode in
+ * the same batched steps. Each client gets its own events (session, tokens, done or
+ * error), more[i]'s only after c's done. A choice that cannot be admitted then gets
+ * overloaded; more choices than max_sessions (or max_sessions_per_tenant) ever holds are
+ * refused overloaded on c before anything runs. The forked sessions are dropped when
+ * their turn ends (never saved, never continued). Closing c forgets the choices not
+ * started yet; a more client closed before its choice starts is skipped. */
+void kvp_hub_chat_choices(kvp_hub_client *c, kvp_hub_client *const *more, int n_more,
+                          const char *id, const char *system, size_t system_len,
+                          const kvp_message *msgs, int n, const kvp_turn_opts *o);
 /* A raw text completion (sessions/hub_complete.c; for the plain chat format, where a
  * conversation's transcript is its texts end to end): prompt[0..len) is served as a
  * conversation with no system text whose texts concatenate to it. The idle resident

@@ -265,6 +265,11 @@ void hub_on_event(void *ctx, const kvpd_event *ev)
         kvpd_hist_observe(&m->ttft, st->ttft_ms / 1e3);
         kvpd_hist_observe(&m->turn_duration, st->duration_ms / 1e3);
         kvpd_hist_observe(&m->queue_wait, st->queue_ms / 1e3);
+        /* the request's other choices fork this cache once its done is sent (taken now:
+         * the sink may close the client) */
+        struct kvp_hub_choices *more = to ? to->choices : NULL;
+        if (to)
+            to->choices = NULL;
         if (to) {
             kvp_hub_event e = {.type = KVP_HUB_DONE, .text = ev->text, .len = ev->len,
                                .stats = st,
@@ -277,10 +282,15 @@ void hub_on_event(void *ctx, const kvpd_event *ev)
             }
             to->sink(to->ctx, &e);
         }
+        if (more)
+            hub_choices_run(h, s, more, strcmp(st->stop, "cancel") != 0);
+        if (s->ephemeral)   /* another choice of a request: never continued */
+            kvp_hub_drop(h, s);
         return;
     }
     case KVPD_EV_ERROR: {
         kvp_hub_client *to = job_ended(h, s);
+        hub_choices_free(to);   /* the request failed: its other choices do not start */
         if (ev->code == -EADDRINUSE) {
             elsewhere(h, s, to, ev->text);
             return;
@@ -295,6 +305,8 @@ void hub_on_event(void *ctx, const kvpd_event *ev)
         m->turns_failed++;
         kvpd_log("warning", "session %.8s: %s", s->id, ev->text);
         hub_emit_error(to, error_code(ev->code), ev->text);
+        if (s->ephemeral)
+            kvp_hub_drop(h, s);
         return;
     }
     }

@@ -66,9 +66,24 @@ typedef struct kvp_hub_pending {
 int hub_continues(const kvp_hub_client *c, const kvp_session *s, int named, uint64_t hash,
                   const char *system, size_t system_len, const kvp_message *msgs, int n);
 void hub_pending_free(kvp_hub_pending *p);
+/* A copy of the request (its options' borrowed bytes copied, the grammar referenced);
+ * NULL when out of memory. */
+kvp_hub_pending *hub_pending_new(uint64_t hash, const char *system, size_t system_len,
+                                 const kvp_message *msgs, int n, const kvp_turn_opts *o);
 /* The request's turn on s, which holds its history. */
 void hub_chat_go(kvp_hub_client *c, kvp_session *s, const char *system, size_t system_len,
                  const kvp_message *msgs, int n, const kvp_turn_opts *o);
+
+/* ---- a request's other choices (hub_choices.c) ---- */
+
+/* The turn on src of the request whose other choices ch are (taken from its client) is
+ * done: with go, they start (forked from src); ch is freed either way. */
+struct kvp_hub_choices;
+void hub_choices_run(kvp_hub *h, kvp_session *src, struct kvp_hub_choices *ch, int go);
+/* c's request's other choices are forgotten (its turn failed, or c is closed). */
+void hub_choices_free(kvp_hub_client *c);
+/* c, one of a request's other choices, is closed: that request will not start it. */
+void hub_choices_leave(kvp_hub_client *c);
 
 /* ---- the workers' events (hub_events.c) ---- */
 

@@ -69,8 +69,8 @@ static char *copy_bytes(const char *s, size_t n)
     return c;
 }
 
-static kvp_hub_pending *pending_new(uint64_t hash, const char *system, size_t system_len,
-                                   const kvp_message *msgs, int n, const kvp_turn_opts *o)
+kvp_hub_pending *hub_pending_new(uint64_t hash, const char *system, size_t system_len,
+                                 const kvp_message *msgs, int n, const kvp_turn_opts *o)
 {
     kvp_hub_pending *p = calloc(1, sizeof *p);
     if (!p || !(p->msgs = calloc((size_t)n, sizeof *p->msgs)))
@@ -309,7 +309,7 @@ void kvp_hub_chat(kvp_hub_client *c, const char *id, const char *system, size_t 
         return;
     }
     /* Read it first (a load job); the request waits on the client (chat_loaded). */
-    kvp_hub_pending *p = pending_new(hash, system, system_len, msgs, n, o);
+    kvp_hub_pending *p = hub_pending_new(hash, system, system_len, msgs, n, o);
     if (!p) {
         hub_emit_error(c, KVPD_E_INTERNAL, "out of memory");
         return;

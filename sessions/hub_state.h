@@ -59,6 +59,9 @@ struct kvp_hub_client {
     char *want_system;
     size_t want_system_len;
     struct kvp_hub_pending *pending; /* a request waiting for its session's snapshot */
+    /* The other choices of its request, started when its turn is done (hub_choices.c);
+     * waiting_in: the choices this client is one of, not started yet. */
+    struct kvp_hub_choices *choices, *waiting_in;
 };
 
 #endif

@@ -28,6 +28,8 @@ static inline int kvp_session_id_ok(const char *s)
 /* Stop strings of a turn: at most this many, each 1..KVP_HUB_STOP_MAX bytes. */
 #define KVP_HUB_MAX_STOPS 4
 #define KVP_HUB_STOP_MAX 256
+/* Choices of one stateless request (kvp_hub_chat_choices), at most. */
+#define KVP_HUB_MAX_CHOICES 8
 /* Bytes of a session's system text, at most. */
 #define KVP_HUB_SYSTEM_MAX 32768
 

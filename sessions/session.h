@@ -239,6 +239,9 @@ typedef struct kvp_session {
     /* loop -> worker: where the cache of the queued turn came from (enum
      * kvp_reuse_source; a fork from another session sets it, the turn's stats take it) */
     int reuse_from;
+    /* loop -> worker: one of a request's other choices (sessions/hub_choices.c): never
+     * saved, dropped at its turn's end */
+    int ephemeral;
     /* The TURN's next unit waits on I/O (its start: lease, snapshot, policy, transcript;
      * or its end: the snapshot write, then the final event), so it runs as a job on a
      * worker of its own, never inside a batched step (kvp_session_job_next). */

@@ -39,7 +39,7 @@ kvp_evict_cfg turn_evict_cfg(const kvp_session *s, const kvp_session_env *env)
 /* The end of every turn, done or failed: the snapshot follows memory. */
 static void save(kvp_session *s, const kvp_session_env *env)
 {
-    if (!env->store)
+    if (!env->store || s->ephemeral)   /* another choice of a request: never continued */
         return;
     int rc = kvp_session_save(s, env, s->save_err, sizeof s->save_err);
     s->save_rc = rc < 0 ? rc : 1;

@@ -124,10 +124,20 @@ int kvpd_oai_parse_options(json_t *req, const kvpd_oai_limits *l, kvpd_oai_req *
         return kvpd_oai_bad(e, KVPD_OAI_E_INVALID_REQUEST, te.param, "%s", te.msg);
     int has;
     double v = 0;
+    /* n choices: one prefill, the others forked from it (kvp_hub_chat_choices) */
     json_t *n = json_object_get(req, "n");
-    if (n && !json_is_null(n) && !(json_is_integer(n) && json_integer_value(n) == 1))
+    r->n_choices = 1;
+    if (n && !json_is_null(n)) {
+        if (!json_is_integer(n) || json_integer_value(n) < 1 ||
+            json_integer_value(n) > KVP_HUB_MAX_CHOICES)
+            return kvpd_oai_bad(e, KVPD_OAI_E_INVALID_REQUEST, "n",
+                       "n must be an integer from 1 to %d", KVP_HUB_MAX_CHOICES);
+        r->n_choices = (int)json_integer_value(n);
+    }
+    /* the tool-call parser follows one reply */
+    if (r->n_choices > 1 && (t->tools_len || r->tools.parse))
         return kvpd_oai_bad(e, KVPD_OAI_E_UNSUPPORTED_PARAMETER, "n",
-                   "n must be 1: kvpd answers with one choice");
+                   "n above 1 is not supported with tools");
     const char *caps[] = {"max_completion_tokens", "max_tokens"};
     for (int i = 0; i < 2; i++) {
         if (number(req, caps[i], 1, 1e9, &has, &v, e) < 0)

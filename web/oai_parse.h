@@ -53,6 +53,7 @@ typedef struct kvpd_oai_limits {
 typedef struct kvpd_oai_req {
     kvp_turn_opts turn;           /* borrows own, grammar and tools below */
     int stream, include_usage;
+    int n_choices;                /* n: 1..KVP_HUB_MAX_CHOICES */
     kvpd_sampling own;            /* logit_bias and the stop strings (web/sampling.h) */
     struct kvp_grammar *grammar;  /* response_format */
     kvpd_oai_tools tools;         /* tool calling (web/oai_tools.h) */

@@ -138,6 +138,14 @@ json_t *kvpd_oai_chunk_finish(const char *finish_reason)
     return json_pack("[{s:i, s:{}, s:s}]", "index", 0, "delta", "finish_reason", finish_reason);
 }
 
+json_t *kvpd_oai_chunk_at(json_t *choices, int index)
+{
+    json_t *choice = json_array_get(choices, 0);
+    if (choice && index)
+        json_object_set_new(choice, "index", json_integer(index));
+    return choices;
+}
+
 json_t *kvpd_oai_completion(const kvpd_oai_meta *m, json_t *message, const char *finish,
                             const kvp_turn_stats *st, const char *session, int durable)
 {

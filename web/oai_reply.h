@@ -51,6 +51,8 @@ json_t *kvpd_oai_chunk(const kvpd_oai_meta *m, json_t *choices);
 json_t *kvpd_oai_chunk_role(void);
 json_t *kvpd_oai_chunk_delta(json_t *delta);
 json_t *kvpd_oai_chunk_finish(const char *finish_reason);
+/* Those choices (one) as choice index's; returns them. */
+json_t *kvpd_oai_chunk_at(json_t *choices, int index);
 /* A whole chat.completion: the reply's message (taken), its finish and figures. */
 json_t *kvpd_oai_completion(const kvpd_oai_meta *m, json_t *message, const char *finish,
                             const kvp_turn_stats *st, const char *session, int durable);

@@ -109,7 +109,26 @@ static void stream_tools(kvpd_conn *c, const char *text, size_t len, int final)
     o->tool_calls = o->req.tools.calls_sent;
 }
 
-/* A content delta; with logprobs, those of the n tokens its text completes. */
+/* Choice index's content delta; with logprobs, those of the n tokens its text completes
+ * (counted in *lp_sent). */
+static void stream_choice_text(kvpd_conn *c, int index, const char *text, size_t len,
+                               const kvp_hub_logprob *lp, int n, int top, int *lp_sent)
+{
+    kvpd_oai *o = c->oai;
+    if (!len && !n)
+        return;
+    json_t *delta = json_object();
+    json_object_set_new(delta, "content", json_stringn(text, len));
+    kvpd_oai_meta m = meta(o);
+    json_t *j = kvpd_oai_chunk(&m, kvpd_oai_chunk_at(kvpd_oai_chunk_delta(delta), index));
+    if (o->req.turn.logprobs) {
+        kvpd_oai_with_logprobs(j, lp, n, top);
+        *lp_sent += n;
+    }
+    sse(c, NULL, j);
+}
+
+/* The first choice's delta (through the tool-call parser when it looks for calls). */
 static void stream_text(kvpd_conn *c, const char *text, size_t len, const kvp_hub_logprob *lp,
                         int n, int top)
 {
@@ -118,17 +137,7 @@ static void stream_text(kvpd_conn *c, const char *text, size_t len, const kvp_hu
         stream_tools(c, text, len, 0);
         return;
     }
-    if (!len && !n)
-        return;
-    json_t *delta = json_object();
-    json_object_set_new(delta, "content", json_stringn(text, len));
-    kvpd_oai_meta m = meta(o);
-    json_t *j = kvpd_oai_chunk(&m, kvpd_oai_chunk_delta(delta));
-    if (o->req.turn.logprobs) {
-        kvpd_oai_with_logprobs(j, lp, n, top);
-        o->req.lp_sent += n;
-    }
-    sse(c, NULL, j);
+    stream_choice_text(c, 0, text, len, lp, n, top, &o->req.lp_sent);
 }
 
 /* ---- the hub's events ---- */
@@ -146,6 +155,10 @@ static void finish_stream(kvpd_conn *c, const kvp_hub_event *ev)
     kvpd_oai_meta m = meta(o);
     const char *finish = kvpd_oai_finish_reason(st, o->tool_calls);
     sse(c, NULL, kvpd_oai_chunk(&m, kvpd_oai_chunk_finish(finish)));
+    if (o->n_choices > 1) {   /* the usage and the end follow the last choice */
+        kvpd_oai_choices_first_done(c, NULL, st);
+        return;
+    }
     if (o->req.include_usage) {
         json_t *j = kvpd_oai_chunk(&m, json_array());
         json_object_set_new(j, "usage", kvpd_oai_usage(st));
@@ -207,6 +220,10 @@ static void done(kvpd_conn *c, const kvp_hub_event *ev)
                                     o->session, o->durable);
     if (o->req.turn.logprobs)
         kvpd_oai_with_logprobs(j, ev->logprobs, ev->n_logprobs, ev->logprobs_top);
+    if (o->n_choices > 1) {   /* answered with the last choice */
+        kvpd_oai_choices_first_done(c, j, st);
+        return;
+    }
     answer(c, 200, j);
 }
 
@@ -308,7 +325,15 @@ static void chat_completions(kvpd_conn *c)
     }
     if (!kvpd_oai_client(c))
         goto out;
-    kvp_hub_chat(o->client, sid, r->system, r->system_len, r->msgs, r->n_msgs, &r->turn);
+    if (r->n_choices > 1) {
+        kvp_hub_client *more[KVP_HUB_MAX_CHOICES - 1];
+        if (kvpd_oai_choices_open(c, r->n_choices, more) < 0)
+            goto out;
+        kvp_hub_chat_choices(o->client, more, r->n_choices - 1, sid, r->system, r->system_len,
+                             r->msgs, r->n_msgs, &r->turn);
+    } else {
+        kvp_hub_chat(o->client, sid, r->system, r->system_len, r->msgs, r->n_msgs, &r->turn);
+    }
 out:
     kvpd_oai_release_messages(r);
 }
@@ -524,6 +549,7 @@ void kvpd_openai_closed(kvpd_conn *c)
         return;
     if (o->client)   /* a turn still running is cancelled; its partial reply stays */
         kvp_hub_close(o->client);
+    kvpd_oai_choices_close(o);   /* after the first: its choices not started are forgotten */
     kvpd_oai_release(&o->req);
     free(o->body);
     if (o->codec && o->codec->free)
@@ -552,6 +578,27 @@ void kvpd_oai_sse(kvpd_conn *c, const char *name, json_t *j)
 void kvpd_oai_queue(kvpd_conn *c, const char *text, size_t len)
 {
     queue(c, text, len);
+}
+
+void kvpd_oai_stream_start(kvpd_conn *c)
+{
+    stream_start(c);
+}
+
+void kvpd_oai_stream_text(kvpd_conn *c, int index, const char *text, size_t len,
+                          const kvp_hub_logprob *lp, int n, int top, int *lp_sent)
+{
+    stream_choice_text(c, index, text, len, lp, n, top, lp_sent);
+}
+
+void kvpd_oai_cut(kvpd_conn *c)
+{
+    cut(c);
+}
+
+void kvpd_oai_hub_error(kvpd_conn *c, const kvp_hub_event *ev)
+{
+    hub_error(c, ev);
 }
 
 json_t *kvpd_oai_parse(kvpd_conn *c)
@@ -583,6 +630,11 @@ int kvpd_oai_options(kvpd_conn *c, json_t *req, kvp_turn_opts *t)
         if (c->oai->path == KVPD_OAI_RESPONSES)
             kvpd_items_error_names(&e);
         fail_err(c, &e);
+        return -1;
+    }
+    if (c->oai->req.n_choices > 1) {   /* one completion per request on these endpoints */
+        fail(c, KVPD_OAI_E_UNSUPPORTED_PARAMETER, "n", "n above 1 is served by "
+             "/v1/chat/completions only");
         return -1;
     }
     *t = c->oai->req.turn;

@@ -24,6 +24,18 @@ typedef struct kvpd_oai_codec {
     void (*free)(void *state);
 } kvpd_oai_codec;
 
+/* One of a request's other choices (n > 1; web/oai_choices.c): index 1.. */
+typedef struct kvpd_oai_choice {
+    kvpd_conn *c;
+    int index;
+    kvp_hub_client *client;
+    int started;                  /* streaming: its role chunk is queued */
+    int done;
+    int lp_sent;                  /* logprobs: its reply tokens streamed so far */
+    int generated, prefilled;     /* its completion and prefilled tokens */
+    json_t *choice;               /* not streaming: its entry of `choices` once done */
+} kvpd_oai_choice;
+
 typedef struct kvpd_oai {
     char *body;                   /* the POST body, bounded by max_body_bytes */
     size_t body_len, body_cap;
@@ -51,6 +63,14 @@ typedef struct kvpd_oai {
     void *codec_state;            /* freed by codec->free */
     int tool_format;              /* the model's (kvp_hub_info) */
     int tool_calls;               /* calls in the reply: finish_reason "tool_calls" */
+    /* n > 1 (web/oai_choices.c): the first choice is the one above (client, req.lp_sent,
+     * tool_calls); the others are more[0..n_choices - 1). The answer is complete once
+     * every choice is done. */
+    int n_choices;
+    kvpd_oai_choice *more;
+    int first_done;
+    kvp_turn_stats first;         /* the first choice's figures (usage, kvpd) */
+    json_t *whole;                /* not streaming: the completion, the first choice in it */
 } kvpd_oai;
 
 /* ---- web/openai.c, for the codecs ---- */
@@ -75,6 +95,29 @@ int kvpd_oai_options(kvpd_conn *c, json_t *req, kvp_turn_opts *t);
 /* A hub client for the request, with its tenant; NULL after answering 500. The stream's
  * end is the connection's. */
 kvp_hub_client *kvpd_oai_client(kvpd_conn *c);
+
+/* Streaming: the 200 and the first choice's role chunk queued (once). */
+void kvpd_oai_stream_start(kvpd_conn *c);
+/* Streaming: choice index's content delta with the logprobs of the n tokens it completes
+ * (added to *lp_sent). */
+void kvpd_oai_stream_text(kvpd_conn *c, int index, const char *text, size_t len,
+                          const kvp_hub_logprob *lp, int n, int top, int *lp_sent);
+/* A choice's turn cut by the shutdown: the request's answer is an error. */
+void kvpd_oai_cut(kvpd_conn *c);
+/* A choice's hub error: the request's answer (or the stream's end). */
+void kvpd_oai_hub_error(kvpd_conn *c, const kvp_hub_event *ev);
+
+/* ---- a request's other choices (web/oai_choices.c) ---- */
+
+/* n (2..KVP_HUB_MAX_CHOICES) choices: a hub client for each after the first into
+ * more[0..n-1), of the request's tenant; -1 after answering 500. */
+int kvpd_oai_choices_open(kvpd_conn *c, int n, kvp_hub_client **more);
+/* The first choice is done: whole is the completion holding it (taken; NULL when
+ * streaming, its finish chunk queued) and st its figures. The answer goes out with the
+ * last choice. */
+void kvpd_oai_choices_first_done(kvpd_conn *c, json_t *whole, const kvp_turn_stats *st);
+/* The request is over: the other choices' clients closed (after the first's), all freed. */
+void kvpd_oai_choices_close(kvpd_oai *o);
 
 /* ---- the codecs ---- */
 

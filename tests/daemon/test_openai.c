@@ -114,7 +114,10 @@ Test(openai, every_bad_request_gets_its_status_and_the_daemon_keeps_serving)
                  "messages[0].content");
     expect_error(&d, NULL, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},"
                  "{\"role\":\"assistant\",\"content\":\"b\"}]}", 400, "messages");
-    expect_error(&d, NULL, USER("x") ",\"n\":2}", 400, "n");
+    expect_error(&d, NULL, USER("x") ",\"n\":0}", 400, "n");
+    expect_error(&d, NULL, USER("x") ",\"n\":9}", 400, "n");
+    expect_error(&d, NULL, USER("x") ",\"n\":2.5}", 400, "n");
+    expect_error(&d, NULL, USER("x") ",\"n\":\"3\"}", 400, "n");
     /* tools need a model whose template has a tool-call format: stories260K has none */
     expect_error(&d, NULL, USER("x") ",\"tools\":[{\"type\":\"function\"}]}", 400, "tools");
     /* logprobs are served now (tests/daemon/test_logprobs.c): what is refused is a

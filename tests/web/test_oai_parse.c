@@ -134,6 +134,8 @@ Test(oai_parse, wrong_types)
         {"\"session\":\"\\u000000112233445566778899aabbccddeeff\"", "session"},
         {"\"logprobs\":\"yes\"", "logprobs"}, {"\"top_logprobs\":3", "top_logprobs"},
         {"\"logprobs\":true,\"top_logprobs\":21", "top_logprobs"},
+        {"\"n\":0", "n"}, {"\"n\":9", "n"}, {"\"n\":1.5", "n"}, {"\"n\":\"2\"", "n"},
+        {"\"n\":-1", "n"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char body[512];
@@ -146,7 +148,9 @@ Test(oai_parse, fields_kvpd_cannot_honour)
 {
     const char *user = "\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]";
     static const struct { const char *field, *param; } bad[] = {
-        {"\"n\":2", "n"}, {"\"functions\":[{}]", "functions"},
+        {"\"n\":2,\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\","
+         "\"parameters\":{\"type\":\"object\"}}}]", "n"},
+        {"\"functions\":[{}]", "functions"},
         {"\"logprobs\":true,\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\","
          "\"parameters\":{\"type\":\"object\"}}}]", "logprobs"},
         {"\"audio\":{}", "audio"}, {"\"modalities\":[\"audio\"]", "modalities"},
@@ -222,5 +226,30 @@ Test(oai_parse, session_ids)
                        &r, &e, NULL), 0);
     cr_assert(r.has_session);
     cr_assert_str_eq(r.session, "");
+    kvpd_oai_release(&r);
+}
+
+Test(oai_parse, n_choices)
+{
+    kvpd_oai_req r;
+    kvpd_oai_err e;
+    cr_assert_eq(parse("{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}", &r, &e, NULL), 0);
+    cr_assert_eq(r.n_choices, 1, "n absent: one choice");
+    kvpd_oai_release(&r);
+    cr_assert_eq(parse("{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"n\":null}", &r, &e,
+                       NULL), 0);
+    cr_assert_eq(r.n_choices, 1, "n null: one choice");
+    kvpd_oai_release(&r);
+    cr_assert_eq(parse("{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"n\":8,"
+                       "\"seed\":5,\"temperature\":0}", &r, &e, NULL), 0, "%s", e.message);
+    cr_assert_eq(r.n_choices, 8);
+    kvpd_oai_release(&r);
+    /* a JSON schema's grammar is shared by every choice */
+    cr_assert_eq(parse("{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"n\":3,"
+                       "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
+                       "{\"name\":\"x\",\"schema\":{\"type\":\"integer\"}}}}", &r, &e, NULL), 0,
+                 "%s", e.message);
+    cr_assert_eq(r.n_choices, 3);
+    cr_assert_not_null(r.turn.grammar);
     kvpd_oai_release(&r);
 }
