@@ -163,7 +163,8 @@ async function main() {
     const anyName = await client.chat.completions.create({ model: "gpt-4o", messages, max_tokens: 4 });
     check(anyName.model === model && anyName.choices[0].message.content.length > 0,
           `model "gpt-4o" is served by ${anyName.model}`);
-    await expectError(OpenAI.BadRequestError, 400, { model, messages, n: 2 });
+    // n is served from 1 to 8; more is refused naming the field.
+    await expectError(OpenAI.BadRequestError, 400, { model, messages, n: 9 });
     await expectError(OpenAI.BadRequestError, 400, { model, messages, tools: [{ type: "function", function: { name: "f" } }] });
     const wrong = new OpenAI({ baseURL: `http://127.0.0.1:${k.port}/v1`, apiKey: "wrong", maxRetries: 0 });
     await expectError(OpenAI.AuthenticationError, 401, { model, messages }, wrong);
