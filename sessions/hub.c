@@ -492,6 +492,7 @@ void kvp_hub_close(kvp_hub_client *c)
         atomic_store(&s->turn.cancel, 1);
     }
     hub_leave(c);
+    hub_wait_leave(c);
     forget_system_check(c);
     hub_pending_free(c->pending);
     hub_choices_free(c);
