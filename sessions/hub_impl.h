@@ -76,10 +76,12 @@ void hub_chat_go(kvp_hub_client *c, kvp_session *s, const char *system, size_t s
                  const kvp_message *msgs, int n, const kvp_turn_opts *o);
 
 /* A new session for the request (kvp_hub_chat found none to continue or cut back), forked
- * when it can be; with may_wait, it may instead wait for a conversation whose turn
- * prefills a longer shared prefix (hub_wait.c), which calls this again without. */
+ * when it can be. waited_since 0: a new request, which may instead wait for a
+ * conversation whose turn prefills a longer shared prefix (hub_wait.c); else the time
+ * (kvp_now) a request that waited arrived: it goes on now without waiting again, and its
+ * turn counts its queue time and time to first token from then. */
 void hub_chat_new(kvp_hub_client *c, const char *system, size_t system_len,
-                  const kvp_message *msgs, int n, const kvp_turn_opts *o, int may_wait);
+                  const kvp_message *msgs, int n, const kvp_turn_opts *o, double waited_since);
 
 /* ---- requests waiting for a shared prefix (hub_wait.c) ---- */
 

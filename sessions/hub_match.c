@@ -232,7 +232,7 @@ static int try_fork(kvp_hub_client *c, kvp_session *s, const kvp_message *msgs, 
 }
 
 void hub_chat_new(kvp_hub_client *c, const char *system, size_t system_len,
-                  const kvp_message *msgs, int n, const kvp_turn_opts *o, int may_wait)
+                  const kvp_message *msgs, int n, const kvp_turn_opts *o, double waited_since)
 {
     if (hub_new_session(c, system, system_len) < 0)
         return;
@@ -241,7 +241,7 @@ void hub_chat_new(kvp_hub_client *c, const char *system, size_t system_len,
         hub_emit_error(c, KVPD_E_INTERNAL, "out of memory");
         return;
     }
-    if (try_fork(c, s, msgs, n, o, may_wait))
+    if (try_fork(c, s, msgs, n, o, waited_since == 0))
         return;   /* it waits (hub_wait.c) */
     if (n > 1 && !s->n_msgs && !s->rewind_set) {
         hub_wait_unmark(c->hub, s);
@@ -250,6 +250,7 @@ void hub_chat_new(kvp_hub_client *c, const char *system, size_t system_len,
     }
     kvp_turn_opts with_role = *o;
     with_role.role = msgs[n - 1].user;
+    c->turn_since = waited_since;
     hub_start_turn(c, msgs[n - 1].text, msgs[n - 1].len, &with_role);
     if (s->state != KVP_SESSION_TURN)
         hub_wait_unmark(c->hub, s);   /* refused: no turn prefills its prompt */
@@ -329,7 +330,7 @@ void kvp_hub_chat(kvp_hub_client *c, const char *id, const char *system, size_t 
         return;
     }
     if (!s && !disk) {
-        hub_chat_new(c, system, system_len, msgs, n, o, 1);
+        hub_chat_new(c, system, system_len, msgs, n, o, 0);
         return;
     }
     if (s) {

@@ -66,8 +66,11 @@ struct kvp_hub_client {
     /* The other choices of its request, started when its turn is done (hub_choices.c);
      * waiting_in: the choices this client is one of, not started yet. */
     struct kvp_hub_choices *choices, *waiting_in;
-    /* Its request, waiting for another conversation's turn (sessions/hub_wait.c). */
+    /* Its request, waiting for another conversation's turn (sessions/hub_wait.c), and
+     * when such a request arrived, for the turn it starts when it goes on (its start
+     * time; 0: now; taken by that turn). */
     struct hub_wait *wait;
+    double turn_since;
 };
 
 #endif

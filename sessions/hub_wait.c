@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/clock.h"
 #include "sessions/hub_impl.h"
 #include "sessions/prefix.h"
 
@@ -25,6 +26,7 @@ struct hub_wait {
     kvp_hub_client *c;
     const kvp_session *src;          /* NULL once its job ended (released) */
     kvp_hub_pending *req;
+    double since;                    /* when the request arrived (kvp_now) */
 };
 
 void hub_wait_mark(kvp_hub *h, kvp_session *s)
@@ -80,6 +82,7 @@ int hub_wait_park(kvp_hub_client *c, const kvp_session *src, const char *system,
     }
     w->c = c;
     w->src = src;
+    w->since = kvp_now();
     w->next = h->waits;
     w->pprev = &h->waits;
     if (h->waits)
@@ -137,12 +140,13 @@ void hub_wait_resume(kvp_hub *h)
     while ((w = released(h))) {
         kvp_hub_client *c = w->c;
         kvp_hub_pending *p = w->req;
+        double w_since = w->since;
         w->req = NULL;
         wait_free(h, w);
         if (h->draining)
             hub_emit_error(c, KVPD_E_OVERLOADED, "the daemon is shutting down");
         else
-            hub_chat_new(c, p->system, p->system_len, p->msgs, p->n, &p->o, 0);
+            hub_chat_new(c, p->system, p->system_len, p->msgs, p->n, &p->o, w_since);
         hub_pending_free(p);
     }
 }
