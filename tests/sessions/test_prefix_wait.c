@@ -1,8 +1,8 @@
 /* New conversations that share a long prefix with one whose first turn is prefilling it
  * wait for that turn and fork it (sessions/hub_wait.c): the waiter forks once the source
  * is done; a source that fails or is cancelled lets its waiters prefill themselves; a
- * waiter whose client closes is freed; drain answers waiters overloaded; another
- * tenant's request never waits. Every case runs both requests from one loop callback,
+ * waiter whose client closes is freed; admission applies when a waiter goes on; drain
+ * answers waiters overloaded; another tenant's request never waits. Every case runs both requests from one loop callback,
  * so the first one's turn is running (from the loop's side) when the second arrives. */
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -122,6 +122,25 @@ Test(prefix_wait, a_failed_source_lets_its_waiters_prefill_themselves, .fini = f
     const kvp_turn_stats *sb = &b.ev[j].stats;
     cr_assert_eq(sb->cached_tokens, 0);
     cr_assert_eq(sb->prefilled_tokens, sb->context_tokens);
+    cr_assert_eq(g.hub->n_waits, 0);
+    cr_assert_eq(g.metrics.prefix_waits, 1, "a released waiter waited again");
+}
+
+Test(prefix_wait, admission_applies_when_a_waiter_goes_on, .fini = finish)
+{
+    start();
+    g.cfg.max_sessions = 2;
+    texts(3);
+    request(&a, NULL, a_text, 8);
+    request(&b, NULL, b_text, 8);   /* admitted to render, then holds no session */
+    cr_assert_eq(g.hub->n_waits, 1);
+    ht_client_new(&g, &c);          /* takes the second slot while b waits */
+    kvp_hub_open(c.c, NULL, NULL, 0);
+    cr_assert_eq(c.ev[0].type, KVP_HUB_SESSION);
+    ht_wait(&g, &a, 0, KVP_HUB_DONE, 60);
+    /* a (attached) and c hold both slots: b is refused as any new session would be */
+    int j = ht_wait(&g, &b, 0, KVP_HUB_ERROR, 60);
+    cr_assert_str_eq(b.ev[j].code, KVPD_E_OVERLOADED);
     cr_assert_eq(g.hub->n_waits, 0);
 }
 
