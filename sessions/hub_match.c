@@ -262,6 +262,7 @@ void kvp_hub_chat(kvp_hub_client *c, const char *id, const char *system, size_t 
                   const kvp_message *msgs, int n, const kvp_turn_opts *o)
 {
     kvp_hub *h = c->hub;
+    hub_wait_leave(c);   /* a request it sent before waits no more */
     if (h->draining) {
         hub_emit_error(c, KVPD_E_OVERLOADED, "the daemon is shutting down");
         return;
@@ -270,7 +271,6 @@ void kvp_hub_chat(kvp_hub_client *c, const char *id, const char *system, size_t 
         hub_emit_error(c, KVPD_E_BAD_REQUEST, "a conversation needs a message");
         return;
     }
-    hub_wait_leave(c);   /* a request it sent before waits no more */
     if (!hub_system_ok(c, system_len))
         return;
     hub_leave(c);
