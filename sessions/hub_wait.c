@@ -10,8 +10,8 @@
  * its waiters are matched again on the loop without waiting: the source is idle then and
  * a fork source like any other, or, when its cache does not hold the prefix (cancelled
  * early, failed), they find another or prefill themselves. A waiter holds no session, so
- * no session ever waits on a waiting one; admission applies when it goes on. Loop
- * thread. */
+ * no session ever waits on a waiting one; admission applies when it goes on, and its
+ * turn's queue time and time to first token count from its arrival. Loop thread. */
 #include "sessions/hub.h"
 
 #include <stdlib.h>
