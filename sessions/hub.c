@@ -369,6 +369,8 @@ static int start_grammar(kvp_hub *h, kvp_session *s, kvp_grammar *g, char *err, 
 void hub_start_turn(kvp_hub_client *c, const char *text, size_t len, const kvp_turn_opts *o)
 {
     kvp_hub *h = c->hub;
+    double since = c->turn_since;
+    c->turn_since = 0;
     if (h->draining) {
         hub_emit_error(c, KVPD_E_OVERLOADED, "the daemon is shutting down");
         return;
@@ -416,7 +418,7 @@ void hub_start_turn(kvp_hub_client *c, const char *text, size_t len, const kvp_t
     double now = kvp_now();
     if (kvp_session_begin_turn(s, text, len, max_tokens,
                                o->has_temperature ? o->temperature : h->cfg->temperature,
-                               h->cfg->budget, now) < 0) {
+                               h->cfg->budget, since > 0 && since < now ? since : now) < 0) {
         hub_emit_error(c, KVPD_E_INTERNAL, "out of memory");
         return;
     }
@@ -492,6 +494,7 @@ void kvp_hub_close(kvp_hub_client *c)
         atomic_store(&s->turn.cancel, 1);
     }
     hub_leave(c);
+    hub_wait_leave(c);
     forget_system_check(c);
     hub_pending_free(c->pending);
     hub_choices_free(c);

@@ -27,6 +27,7 @@ static kvp_hub_client *job_ended(kvp_hub *h, kvp_session *s)
     kvp_hub_client *to = s->state == KVP_SESSION_TURN ? s->owner : s->client;
     h->jobs--;
     s->state = KVP_SESSION_IDLE;
+    s->prefix_inflight = 0;   /* its entry is replaced or removed now */
     /* its tokens into the prefix index while its cache holds them from the start (an
      * entry that cannot be made only costs a later fork) */
     if (s->policy && !s->hist_tokens && s->cache.n_seen == s->n_cached && s->n_cached > 0)
@@ -218,9 +219,8 @@ static void background_after_turn(kvp_hub *h, kvp_session *s)
     kvpd_sched_kick(h->sched);
 }
 
-void hub_on_event(void *ctx, const kvpd_event *ev)
+static void on_event(kvp_hub *h, const kvpd_event *ev)
 {
-    kvp_hub *h = ctx;
     kvp_session *s = ev->session;
     kvpd_metrics *m = h->m;
     switch (ev->type) {
@@ -310,4 +310,18 @@ void hub_on_event(void *ctx, const kvpd_event *ev)
         return;
     }
     }
+}
+
+void hub_on_event(void *ctx, const kvpd_event *ev)
+{
+    kvp_hub *h = ctx;
+    /* A job's end: the requests waiting for this session's turn go on once its own
+     * client is answered and whatever the event does to the session is done (they are
+     * marked first: the session may leave memory meanwhile). */
+    int ends = ev->type == KVPD_EV_JOB || ev->type == KVPD_EV_DONE ||
+               ev->type == KVPD_EV_ERROR;
+    int waited = ends && hub_wait_take(h, ev->session) > 0;
+    on_event(h, ev);
+    if (waited)
+        hub_wait_resume(h);
 }

@@ -1,12 +1,14 @@
 /* What the files of the hub (hub.c: the client API and attachment; hub_match.c:
- * matching stateless requests; hub_events.c: the workers' events; hub_life.c: start,
- * expiry, shutdown; hub_stats.c: what the endpoints show) share beyond the hub's state
+ * matching stateless requests; hub_wait.c: new requests waiting for a running turn's
+ * shared prefix; hub_events.c: the workers' events; hub_life.c: start, expiry, shutdown;
+ * hub_stats.c: what the endpoints show) share beyond the hub's state
  * (sessions/hub_state.h). Private to sessions/; loop thread. */
 #ifndef KVP_HUB_IMPL_H
 #define KVP_HUB_IMPL_H
 
 #include "sessions/hub.h"
 #include "sessions/hub_state.h"
+#include "sessions/prefix.h"
 
 /* ---- events to clients (hub.c) ---- */
 
@@ -73,6 +75,47 @@ kvp_hub_pending *hub_pending_new(uint64_t hash, const char *system, size_t syste
 /* The request's turn on s, which holds its history. */
 void hub_chat_go(kvp_hub_client *c, kvp_session *s, const char *system, size_t system_len,
                  const kvp_message *msgs, int n, const kvp_turn_opts *o);
+
+/* A new session for the request (kvp_hub_chat found none to continue or cut back), forked
+ * when it can be. waited_since 0: a new request, which may instead wait for a
+ * conversation whose turn prefills a longer shared prefix (hub_wait.c); else the time
+ * (kvp_now) a request that waited arrived: it goes on now without waiting again, and its
+ * turn counts its queue time and time to first token from then. */
+void hub_chat_new(kvp_hub_client *c, const char *system, size_t system_len,
+                  const kvp_message *msgs, int n, const kvp_turn_opts *o, double waited_since);
+
+/* ---- requests waiting for a shared prefix (hub_wait.c) ---- */
+
+/* Requests that wait at once, at most (beyond: they prefill their prefix themselves). */
+#define KVP_HUB_MAX_WAITS 256
+/* What waiting must gain over the best idle source, in tokens, at least. */
+#define KVP_HUB_WAIT_GAIN (2 * KVP_PREFIX_BLOCK)
+
+/* s, a new session, renders its request in s->tokens: they go into the prefix index,
+ * marked in flight, for requests that arrive while its first turn runs. */
+void hub_wait_mark(kvp_hub *h, kvp_session *s);
+/* s's turn did not start: the mark goes. */
+void hub_wait_unmark(kvp_hub *h, kvp_session *s);
+/* The session of c's tenant and policy whose turn is prefilling the longest prefix of
+ * tokens[0..n), when it is at least KVP_HUB_WAIT_GAIN longer than `have` (what an idle
+ * source gives); NULL: none. Compared by the index's hashes only: a turn's tokens are
+ * its worker's (the fork that follows compares them). */
+const kvp_session *hub_wait_source(kvp_hub *h, const kvp_hub_client *c, const int *tokens,
+                                   int n, int have);
+/* c's request (copied) waits for src's job to end; 0, or -1 when it cannot (the bound,
+ * memory, c waits already): it goes on now. */
+int hub_wait_park(kvp_hub_client *c, const kvp_session *src, const char *system,
+                  size_t system_len, const kvp_message *msgs, int n, const kvp_turn_opts *o);
+/* c's waiting request is forgotten (c is closed, or sends another). */
+void hub_wait_leave(kvp_hub_client *c);
+/* src's job ended: its waiters are marked to go on; how many. */
+int hub_wait_take(kvp_hub *h, const kvp_session *src);
+/* The marked waiters go on: each matched again, without waiting (hub_chat_new). */
+void hub_wait_resume(kvp_hub *h);
+/* Drain: every waiter is answered overloaded. */
+void hub_wait_drain(kvp_hub *h);
+/* The hub goes: waiting requests are freed unanswered, their clients' links cut. */
+void hub_wait_free(kvp_hub *h);
 
 /* ---- a request's other choices (hub_choices.c) ---- */
 

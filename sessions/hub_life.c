@@ -201,6 +201,7 @@ void kvp_hub_expire(kvp_hub *h, double now)
 int kvp_hub_drain(kvp_hub *h)
 {
     h->draining = 1;
+    hub_wait_drain(h);
     for (kvp_session *s = h->sessions.resident_head; s; s = s->rnext)
         if (s->state == KVP_SESSION_TURN)
             atomic_store(&s->turn.cancel, 1);
@@ -250,6 +251,7 @@ void kvp_hub_free(kvp_hub *h)
     for (kvp_session *s = h->sessions.head; s; s = s->next)
         if (s->client)
             s->client->session = NULL;
+    hub_wait_free(h);
     kvp_session_table_clear(&h->sessions);
     kvp_transcripts_free(&h->transcripts);
     kvp_background_free(h->bg);

@@ -142,20 +142,27 @@ static int fork_filter_ok(void *ctx, const void *owner)
 }
 
 /* The held conversation the new session s best forks for the request msgs[0..n): the
- * one of the prefix index with the longest token prefix of the request's rendering (at least a block, checked token by token), else the message-level choice
+ * one of the prefix index with the longest token prefix of the request's rendering (at
+ * least a block, checked token by token), else the message-level choice
  * (kvp_reuse_fork_find: shorter conversations, a shared system text). *other: it shares
  * messages with the request, not only a prefix of its rendering. Renders the request on
- * the loop (in s) and leaves s with no transcript (the caller seeds or forks it). */
+ * the loop (in s), puts that rendering into the index marked in flight (hub_wait_mark)
+ * and leaves s with no transcript (the caller seeds or forks it). With may_wait,
+ * *wait_on: a session whose running turn prefills a longer prefix of the rendering
+ * (hub_wait_source), NULL when none. */
 static kvp_session *fork_source(kvp_hub *h, kvp_hub_client *c, kvp_session *s,
                                 const char *system, size_t system_len,
-                                const kvp_message *msgs, int n, int *other)
+                                const kvp_message *msgs, int n, int *other, int may_wait,
+                                const kvp_session **wait_on)
 {
     kvp_session *src = NULL;
     int shared = 0;
+    *wait_on = NULL;
     /* the rendering of the whole request, its last message as its turn renders it */
     kvp_session_clear_transcript(s);
-    if (h->prefix && kvp_session_seed(s, msgs, n) >= 0 &&
-        kvp_session_retokenize(s, &h->env) >= 0) {
+    int rendered = h->prefix && kvp_session_seed(s, msgs, n) >= 0 &&
+                   kvp_session_retokenize(s, &h->env) >= 0;
+    if (rendered) {
         fork_filter f = {h, c};
         int len;
         kvp_session *t = (kvp_session *)kvp_prefix_lookup(h->prefix, c->tenant, s->tokens,
@@ -165,12 +172,18 @@ static kvp_session *fork_source(kvp_hub *h, kvp_hub_client *c, kvp_session *s,
             shared = kvp_reuse_shared_msgs(t, system, system_len, msgs, n);
         }
     }
+    if (!src)
+        src = kvp_reuse_fork_find(h, c, system, system_len, msgs, n, &shared);
+    if (rendered) {
+        int have = src ? kvp_token_lcp(src->tokens, src->n_cached, s->tokens, s->n_tokens) : 0;
+        if (may_wait)
+            *wait_on = hub_wait_source(h, c, s->tokens, s->n_tokens, have);
+        hub_wait_mark(h, s);
+    }
     kvp_session_clear_transcript(s);
     s->n_cached = 0;
     s->reply_open = 0;
     s->jinja_rendered = 0;
-    if (!src)
-        src = kvp_reuse_fork_find(h, c, system, system_len, msgs, n, &shared);
     *other = shared > 0;
     return src;
 }
@@ -179,15 +192,26 @@ static kvp_session *fork_source(kvp_hub *h, kvp_hub_client *c, kvp_session *s,
  * turn's message msgs[n-1]): forked from the held conversation that shares the most with
  * the request when there is one (it starts with a copy of that one's cache and its turn
  * prefills only what follows the common prefix; the source is not changed). Leaves s
- * seeded with the history either way (as a rewind to be applied when forked). */
-static void try_fork(kvp_hub_client *c, kvp_session *s, const kvp_message *msgs, int n)
+ * seeded with the history either way (as a rewind to be applied when forked). Returns 1
+ * when the request waits instead (may_wait, hub_wait.c): s is gone, c has no session. */
+static int try_fork(kvp_hub_client *c, kvp_session *s, const kvp_message *msgs, int n,
+                    const kvp_turn_opts *o, int may_wait)
 {
     kvp_hub *h = c->hub;
     if (!h->env.reuse_cache)
-        return;
+        return 0;
     int forked = 0, other = 0;
     size_t bytes = 0;
-    kvp_session *src = fork_source(h, c, s, s->system, s->system_len, msgs, n, &other);
+    const kvp_session *wait_on;
+    kvp_session *src = fork_source(h, c, s, s->system, s->system_len, msgs, n, &other,
+                                   may_wait, &wait_on);
+    if (wait_on && hub_wait_park(c, wait_on, s->system, s->system_len, msgs, n, o) == 0) {
+        /* the session made to render the request goes unused (its index entry with it);
+         * the request makes another when it goes on */
+        h->m->sessions_created--;
+        hub_leave(c);
+        return 1;
+    }
     if (src && kvp_session_fork(s, src, &h->env, &bytes) == 0) {
         if (kvp_session_rewind(s, msgs, n - 1) == 0)
             forked = 1;
@@ -204,12 +228,11 @@ static void try_fork(kvp_hub_client *c, kvp_session *s, const kvp_message *msgs,
         if (!s->n_msgs && kvp_session_seed(s, msgs, n - 1) < 0)
             kvp_session_forget(s);   /* out of memory: the turn fails on its own */
     }
+    return 0;
 }
 
-/* The request starts a new session, forked when it can be (try_fork), else seeded with
- * the request's history, prefilled whole. */
-static void new_chat(kvp_hub_client *c, const char *system, size_t system_len,
-                     const kvp_message *msgs, int n, const kvp_turn_opts *o)
+void hub_chat_new(kvp_hub_client *c, const char *system, size_t system_len,
+                  const kvp_message *msgs, int n, const kvp_turn_opts *o, double waited_since)
 {
     if (hub_new_session(c, system, system_len) < 0)
         return;
@@ -218,14 +241,19 @@ static void new_chat(kvp_hub_client *c, const char *system, size_t system_len,
         hub_emit_error(c, KVPD_E_INTERNAL, "out of memory");
         return;
     }
-    try_fork(c, s, msgs, n);
+    if (try_fork(c, s, msgs, n, o, waited_since == 0))
+        return;   /* it waits (hub_wait.c) */
     if (n > 1 && !s->n_msgs && !s->rewind_set) {
+        hub_wait_unmark(c->hub, s);
         hub_emit_error(c, KVPD_E_INTERNAL, "out of memory");
         return;
     }
     kvp_turn_opts with_role = *o;
     with_role.role = msgs[n - 1].user;
+    c->turn_since = waited_since;
     hub_start_turn(c, msgs[n - 1].text, msgs[n - 1].len, &with_role);
+    if (s->state != KVP_SESSION_TURN)
+        hub_wait_unmark(c->hub, s);   /* refused: no turn prefills its prompt */
     if (s->rewind_set && s->state != KVP_SESSION_TURN)
         kvp_session_rewind_clear(s);
 }
@@ -234,6 +262,7 @@ void kvp_hub_chat(kvp_hub_client *c, const char *id, const char *system, size_t 
                   const kvp_message *msgs, int n, const kvp_turn_opts *o)
 {
     kvp_hub *h = c->hub;
+    hub_wait_leave(c);   /* a request it sent before waits no more */
     if (h->draining) {
         hub_emit_error(c, KVPD_E_OVERLOADED, "the daemon is shutting down");
         return;
@@ -301,7 +330,7 @@ void kvp_hub_chat(kvp_hub_client *c, const char *id, const char *system, size_t 
         return;
     }
     if (!s && !disk) {
-        new_chat(c, system, system_len, msgs, n, o);
+        hub_chat_new(c, system, system_len, msgs, n, o, 0);
         return;
     }
     if (s) {

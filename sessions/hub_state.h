@@ -43,6 +43,10 @@ struct kvp_hub {
      * it leaves the table; NULL when out of memory at start (no index, no token-level
      * forks). */
     struct kvp_prefix_index *prefix;
+    /* Requests waiting for a conversation whose turn prefills the prefix they share
+     * (sessions/hub_wait.c), and how many. */
+    struct hub_wait *waits;
+    int n_waits;
 };
 
 struct kvp_hub_client {
@@ -62,6 +66,11 @@ struct kvp_hub_client {
     /* The other choices of its request, started when its turn is done (hub_choices.c);
      * waiting_in: the choices this client is one of, not started yet. */
     struct kvp_hub_choices *choices, *waiting_in;
+    /* Its request, waiting for another conversation's turn (sessions/hub_wait.c), and
+     * when such a request arrived, for the turn it starts when it goes on (its start
+     * time; 0: now; taken by that turn). */
+    struct hub_wait *wait;
+    double turn_since;
 };
 
 #endif

@@ -346,6 +346,10 @@ char *kvpd_metrics_render(const kvpd_metrics *m, const kvpd_gauges *g, size_t *l
             m->prefix_hits);
     counter(f, "kvpd_prefix_misses_total", "Prefix index lookups that found none",
             m->prefix_misses);
+    counter(f, "kvpd_prefix_waits_total",
+            "New requests that waited for another conversation's turn prefilling the prefix "
+            "they share (to fork it once that turn ended)",
+            m->prefix_waits);
     family(f, "kvpd_reused_tokens_total", "counter",
            "Prompt tokens found in the cache, by where the rows came from");
     fprintf(f, "kvpd_reused_tokens_total{source=\"own\"} %llu\n",

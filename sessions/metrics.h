@@ -82,6 +82,9 @@ typedef struct kvpd_metrics {
      * tokens turns found in the cache by where they came from (the session's own, a
      * copy of another session's, a shared prefix's) and the cache bytes copied */
     uint64_t prefix_rewinds, prefix_hits, prefix_misses;
+    /* new requests that waited for another conversation's turn prefilling their prefix
+     * (sessions/hub_wait.c) */
+    uint64_t prefix_waits;
     uint64_t reused_own, reused_other, reused_shared, prefix_bytes_copied;
 } kvpd_metrics;
 

@@ -242,6 +242,10 @@ typedef struct kvp_session {
     /* loop -> worker: one of a request's other choices (sessions/hub_choices.c): never
      * saved, dropped at its turn's end */
     int ephemeral;
+    /* loop: its first turn's rendered prompt is in the prefix index while the turn runs,
+     * so a new conversation sharing a long prefix waits for it (sessions/hub_wait.c);
+     * cleared at the job's end */
+    int prefix_inflight;
     /* The TURN's next unit waits on I/O (its start: lease, snapshot, policy, transcript;
      * or its end: the snapshot write, then the final event), so it runs as a job on a
      * worker of its own, never inside a batched step (kvp_session_job_next). */
