@@ -242,6 +242,9 @@ typedef struct kvp_session {
     /* loop -> worker: one of a request's other choices (sessions/hub_choices.c): never
      * saved, dropped at its turn's end */
     int ephemeral;
+    /* loop: made by a hello's fork (sessions/hub_fork.c) and no turn of its own queued
+     * yet: like a session that never ran a turn, it ends when its client leaves it */
+    int fork_unrun;
     /* The TURN's next unit waits on I/O (its start: lease, snapshot, policy, transcript;
      * or its end: the snapshot write, then the final event), so it runs as a job on a
      * worker of its own, never inside a batched step (kvp_session_job_next). */
