@@ -312,6 +312,7 @@ void kvpd_proto_msg_free(kvpd_client_msg *m)
     json_decref(m->parallel_tool_calls);
     json_decref(m->results);
     m->tools = m->tool_choice = m->parallel_tool_calls = m->results = NULL;
+    m->has_fork = 0;
 }
 
 static char *dump(json_t *o)
