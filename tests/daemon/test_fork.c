@@ -686,3 +686,47 @@ Test(fork, after_a_restart_the_source_is_read_from_disk_a_damaged_one_is_unknown
     ws_close(&c);
     stop(&d);
 }
+
+Test(fork, a_connection_closed_while_its_source_is_read_leaves_the_daemon_serving)
+{
+    kvpd_proc d;
+    start(&d, 1, NULL);
+    ws_client c;
+    cr_assert_eq(h_connect(&d, &c), 0);
+    convo a, b;
+    new_session(&c, &a);
+    for (int i = 0; i < 2; i++)
+        json_decref(turn_ok(&c, &a, lines[i], 8));
+    ws_close(&c);
+    stop(&d);
+    start(&d, 1, NULL);
+    /* the fork's read starts, and its connection goes before (or after) it ends */
+    ws_client cx;
+    cr_assert_eq(h_connect(&d, &cx), 0);
+    char msg[160];
+    snprintf(msg, sizeof msg, "{\"type\":\"hello\",\"fork\":{\"session\":\"%s\",\"turn\":1}}",
+             a.id);
+    cr_assert_eq(ws_send_text(&cx, msg), 0);
+    ws_close(&cx);
+    /* another connection forks it once the read is over (busy until then) */
+    cr_assert_eq(h_connect(&d, &c), 0);
+    json_t *s = NULL;
+    for (int i = 0; i < 5000; i++) {
+        s = fork_hello(&c, a.id, 1);
+        if (strcmp(str_of(s, "code"), "busy"))
+            break;
+        json_decref(s);
+        s = NULL;
+    }
+    cr_assert(s, "the source stayed busy");
+    cr_assert_str_eq(str_of(s, "type"), "session", "%s", str_of(s, "message"));
+    convo_branch(&b, &a, 2, str_of(s, "id"));
+    json_decref(s);
+    json_decref(turn_ok(&c, &b, lines[2], 8));
+    expect_history(&d, &b);
+    expect_history(&d, &a);
+    convo_free(&a);
+    convo_free(&b);
+    ws_close(&c);
+    stop(&d);
+}
