@@ -3,6 +3,7 @@
  * the source left as it was (in memory and on disk), forks of forks, parked and
  * restarted sources, the refusals, tenants. */
 #include <criterion/criterion.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -727,6 +728,66 @@ Test(fork, a_connection_closed_while_its_source_is_read_leaves_the_daemon_servin
     expect_history(&d, &a);
     convo_free(&a);
     convo_free(&b);
+    ws_close(&c);
+    stop(&d);
+}
+
+/* The policy /admin/stats reports in force. */
+static int policy_is(const kvpd_proc *d, const char *name)
+{
+    json_t *st = h_stats(d);
+    cr_assert(st);
+    int is = !strcmp(str_of(st, "policy"), name);
+    json_decref(st);
+    return is;
+}
+
+Test(fork, a_source_of_another_policy_is_branched_without_its_cache)
+{
+    char conf[256], args[320];
+    snprintf(conf, sizeof conf, "%s/kvpd.conf", g_dir);
+    FILE *f = fopen(conf, "w");
+    cr_assert(f);
+    fputs("policy = streaming\n", f);
+    cr_assert_eq(fclose(f), 0);
+    snprintf(args, sizeof args, "--config %s", conf);
+    kvpd_proc d;
+    start(&d, 0, args);
+    ws_client ca, c;
+    cr_assert_eq(h_connect(&d, &ca), 0);
+    convo a, b;
+    new_session(&ca, &a);
+    json_int_t history = 0;
+    for (int i = 0; i < 2; i++) {
+        json_t *done = turn_ok(&ca, &a, lines[i], 8);
+        if (i == 0)
+            history = stat_of(done, "transcript_tokens");
+        json_decref(done);
+    }
+    /* new sessions take h2o from the reload on; the source keeps streaming */
+    f = fopen(conf, "w");
+    cr_assert(f);
+    fputs("policy = h2o\n", f);
+    cr_assert_eq(fclose(f), 0);
+    kill(d.pid, SIGHUP);
+    for (int i = 0; i < 500 && !policy_is(&d, "h2o"); i++)
+        nanosleep(&(struct timespec){0, 20 * 1000 * 1000}, NULL);
+    cr_assert(policy_is(&d, "h2o"), "the reload was not applied");
+    cr_assert_eq(h_connect(&d, &c), 0);
+    fork_ok(&c, &a, 1, &b);
+    json_t *done = turn_ok(&c, &b, lines[3], 8);
+    /* the whole history is prefilled with the new message */
+    cr_assert_eq(cached_of(done), 0);
+    cr_assert_eq(stat_of(done, "prefilled_tokens"), stat_of(done, "prompt_tokens"));
+    cr_assert_gt(stat_of(done, "prompt_tokens"), history);
+    json_decref(done);
+    cr_assert_eq(metric(&d, "kvpd_prefix_hits_total"), 0);
+    cr_assert_eq(metric(&d, "kvpd_prefix_misses_total"), 1);
+    expect_history(&d, &b);
+    expect_history(&d, &a);
+    convo_free(&a);
+    convo_free(&b);
+    ws_close(&ca);
     ws_close(&c);
     stop(&d);
 }
