@@ -56,7 +56,8 @@ void hub_emit_session(kvp_hub_client *c, int resumed)
 
 /* ---- attachment ---- */
 
-/* Nothing to keep: no turn ever ran and nothing is on disk. */
+/* Nothing to keep: no turn ever ran and nothing is on disk (a hello's fork holds only
+ * its source's history until its own first turn). */
 int hub_never_used(const kvp_session *s)
 {
     return !kvp_session_busy(s) && !s->has_snapshot &&
@@ -232,10 +233,7 @@ int hub_unpark(kvp_hub *h, kvp_session *s)
     return kvp_session_unpark(&h->sessions, s, &h->env);
 }
 
-/* open naming a session whose state is on disk: parked here, or from before a restart
- * (s NULL), or, with a shared store, in memory here but maybe served by another node
- * since (the job takes the lease and reads the snapshot if it moved on). The snapshot
- * is read on a worker; the session event follows the job. */
+/* A load's admission, and the session made resident for it (sessions/hub_impl.h). */
 kvp_session *hub_load_prepare(kvp_hub_client *c, kvp_session *s, const char *id,
                               size_t *reserve)
 {
@@ -261,6 +259,10 @@ kvp_session *hub_load_prepare(kvp_hub_client *c, kvp_session *s, const char *id,
     return s;
 }
 
+/* open naming a session whose state is on disk: parked here, or from before a restart
+ * (s NULL), or, with a shared store, in memory here but maybe served by another node
+ * since (the job takes the lease and reads the snapshot if it moved on). The snapshot
+ * is read on a worker; the session event follows the job. */
 void hub_open_from_disk(kvp_hub_client *c, kvp_session *s, const char *id,
                         const char *system, size_t system_len)
 {

@@ -1,7 +1,8 @@
 /* What the files of the hub (hub.c: the client API and attachment; hub_match.c:
- * matching stateless requests; hub_events.c: the workers' events; hub_life.c: start,
- * expiry, shutdown; hub_stats.c: what the endpoints show) share beyond the hub's state
- * (sessions/hub_state.h). Private to sessions/; loop thread. */
+ * matching stateless requests; hub_fork.c: a hello's fork; hub_events.c: the workers'
+ * events; hub_life.c: start, expiry, shutdown; hub_stats.c: what the endpoints show)
+ * share beyond the hub's state (sessions/hub_state.h). Private to sessions/; loop
+ * thread. */
 #ifndef KVP_HUB_IMPL_H
 #define KVP_HUB_IMPL_H
 
