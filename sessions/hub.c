@@ -339,7 +339,7 @@ void kvp_hub_open(kvp_hub_client *c, const char *id, const char *system, size_t 
         return;
     }
     if (s && s->state == KVP_SESSION_LOAD) {   /* its loader left: the answer comes here */
-        if (s->owner) {   /* read for a fork (hub_fork.c): its answer goes there */
+        if (s->fork_read) {   /* read for a fork (hub_fork.c): its answer goes there */
             hub_emit_error(c, KVPD_E_BUSY, "the session is being loaded from disk for a "
                        "fork; try again");
             return;

@@ -24,8 +24,8 @@
 static kvp_hub_client *job_ended(kvp_hub *h, kvp_session *s)
 {
     kvpd_metrics *m = h->m;
-    /* (a load a fork waits for has the forking client as its owner) */
-    kvp_hub_client *to = s->state == KVP_SESSION_TURN || s->owner ? s->owner : s->client;
+    kvp_hub_client *to = s->state == KVP_SESSION_TURN || s->fork_read ? s->owner : s->client;
+    s->fork_read = 0;
     h->jobs--;
     s->state = KVP_SESSION_IDLE;
     /* its tokens into the prefix index while its cache holds them from the start (an

@@ -174,6 +174,7 @@ void kvp_hub_open_fork(kvp_hub_client *c, const char *src_id, int turn)
         return;
     }
     s->owner = c;
+    s->fork_read = 1;
     c->fork_src = s;
     c->fork_turn = turn;
     hub_submit(h, s, KVP_SESSION_LOAD, reserve);
