@@ -14,6 +14,7 @@
 #include "sessions/hub.h"
 
 #include <stdio.h>
+#include <string.h>
 
 #include "base/log.h"
 #include "sessions/hub_impl.h"
@@ -85,6 +86,12 @@ static void fork_from(kvp_hub_client *c, kvp_session *src, int turn)
                    "(max_history_tokens): a fork needs its conversation from the start");
         return;
     }
+    /* (such a session ends when its client leaves it: the new one's would free it) */
+    if (hub_never_used(src)) {
+        hub_emit_error(c, KVPD_E_BAD_REQUEST, "this session has not run a turn of its own "
+                   "yet: fork the session it was forked from, or start a new one");
+        return;
+    }
     int held = turns_held(src, turn, &end);
     if (end < 0) {
         snprintf(err, sizeof err, "fork.turn %d is past the session's end: it holds %d "
@@ -92,10 +99,26 @@ static void fork_from(kvp_hub_client *c, kvp_session *src, int turn)
         hub_emit_error(c, KVPD_E_BAD_REQUEST, err);
         return;
     }
-    if (hub_new_session_quiet(c, src->system, src->system_len) < 0)
+    char id[KVP_SESSION_ID_LEN + 1];
+    memcpy(id, src->id, sizeof id);
+    if (hub_new_session_quiet(c, NULL, 0) < 0)
         return;   /* answered */
     kvp_session *s = c->session;
     s->fork_unrun = 1;
+    /* The new session's admission may have parked the source (or, without a store,
+     * dropped it) to make room: it is looked up again. */
+    src = kvp_session_find(&h->sessions, id);
+    if (!src || src->state != KVP_SESSION_IDLE) {
+        hub_overloaded(c, "no room for the new session beside the one to fork (max_sessions "
+                          "or the memory cap)");
+        hub_leave(c);
+        return;
+    }
+    if (kvp_session_set_system(s, src->system, src->system_len) < 0) {
+        hub_emit_error(c, KVPD_E_INTERNAL, "out of memory");
+        hub_leave(c);
+        return;
+    }
     size_t bytes = 0;
     int forked = 0;
     if (h->env.reuse_cache && kvp_session_fork(s, src, &h->env, &bytes) == 0) {

@@ -9,7 +9,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "tests/daemon/harness.h"
 
@@ -222,21 +221,15 @@ static char *slurp(const char *path, size_t *len)
     *len = 0;
     if (!f)
         return NULL;
-    char *buf = NULL;
-    size_t cap = 0;
-    for (;;) {
-        if (*len == cap) {
-            cap = cap ? 2 * cap : 65536;
-            buf = realloc(buf, cap);
-            cr_assert(buf);
-        }
-        size_t got = fread(buf + *len, 1, cap - *len, f);
-        if (!got)
-            break;
-        *len += got;
-    }
+    cr_assert_eq(fseek(f, 0, SEEK_END), 0);
+    long n = ftell(f);
+    cr_assert_geq(n, 0);
+    rewind(f);
+    char *buf = malloc((size_t)n + 1);
+    cr_assert(buf);
+    *len = fread(buf, 1, (size_t)n, f);
     fclose(f);
-    return buf ? buf : strdup("");
+    return buf;
 }
 
 /* What the state directory holds of session id: its snapshot and journal. */
@@ -493,10 +486,23 @@ Test(fork, hostile_forks_are_refused_and_the_connection_goes_on)
     cr_assert_eq(metric(&d, "kvpd_prefix_hits_total"), made);
     cr_assert_eq(metric(&d, "kvpd_prefix_misses_total"), 0);
     cr_assert_eq(metric(&d, "kvpd_sessions_resident"), 2 + made);
-    /* and the source, idle again, forks */
+    /* and the source, idle again, forks; the fresh branch is no source before its own
+     * turn (its connection's new session would end it), nor is a session that never ran
+     * one */
     convo b;
     fork_ok(&c, &a, a.n / 2, &b);
+    json_t *e = fork_hello(&c, b.id, 1);
+    cr_assert_str_eq(str_of(e, "code"), "bad_request", "%s", str_of(e, "message"));
+    json_decref(e);
     json_decref(turn_ok(&c, &b, lines[3], 4));
+    ws_client cn;
+    cr_assert_eq(h_connect(&d, &cn), 0);
+    convo n;
+    new_session(&cn, &n);
+    snprintf(f, sizeof f, "{\"type\":\"hello\",\"fork\":{\"session\":\"%s\",\"turn\":0}}",
+             n.id);
+    refused(&cn, f, "bad_request");
+    ws_close(&cn);
     expect_history(&d, &b);
     convo_free(&a);
     convo_free(&b);
