@@ -49,7 +49,8 @@ void kvp_hub_open(kvp_hub_client *c, const char *id, const char *system, size_t 
  * it). Answers: the session event (resumed 0, turns and history as for a resumed
  * session); unknown_session (no such session, another tenant's, a damaged snapshot),
  * busy (a job runs on src, or c's own session or fork is busy), bad_request (turn past
- * the end, history dropped by max_history_tokens), overloaded. */
+ * the end, history dropped by max_history_tokens, a src that never ran a turn of its
+ * own), overloaded. */
 void kvp_hub_open_fork(kvp_hub_client *c, const char *src_id, int turn);
 /* A user message: starts a session first when the client has none. max_tokens 0 and
  * !has_temperature take the configured defaults. */
