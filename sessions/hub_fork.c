@@ -175,9 +175,11 @@ void kvp_hub_open_fork(kvp_hub_client *c, const char *src_id, int turn)
         return;
     }
     if (s && kvp_session_busy(s)) {
-        hub_emit_error(c, KVPD_E_BUSY, s->state == KVP_SESSION_LOAD
+        hub_emit_error(c, KVPD_E_BUSY, s->state == KVP_SESSION_TURN
+                   ? "the session to fork has a turn running; try again after it ends"
+                   : s->state == KVP_SESSION_LOAD
                    ? "the session to fork is being loaded from disk; try again"
-                   : "the session to fork has a turn running; try again after it ends");
+                   : "the session to fork is being written to disk; try again");
         return;
     }
     if (!s && !h->env.store) {
