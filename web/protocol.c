@@ -115,8 +115,8 @@ static int fork_field(json_t *root, kvpd_client_msg *out, const char **code, cha
     if (!json_is_integer(turn) || json_integer_value(turn) < 0 ||
         json_integer_value(turn) > KVPD_PROTO_FORK_TURN_MAX) {
         *code = KVPD_E_BAD_REQUEST;
-        snprintf(msg, msglen, "fork.turn must be an integer from 0 to %d (turns of the "
-                 "source kept)", KVPD_PROTO_FORK_TURN_MAX);
+        snprintf(msg, msglen, "fork.turn must be an integer from 0 to %d: the source's turn "
+                 "to branch at", KVPD_PROTO_FORK_TURN_MAX);
         return -EINVAL;
     }
     snprintf(out->fork_session, sizeof out->fork_session, "%s", json_string_value(id));
