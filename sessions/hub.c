@@ -56,10 +56,12 @@ void hub_emit_session(kvp_hub_client *c, int resumed)
 
 /* ---- attachment ---- */
 
-/* Nothing to keep: no turn ever ran and nothing is on disk. */
+/* Nothing to keep: no turn ever ran and nothing is on disk (a hello's fork holds only
+ * its source's history until its own first turn). */
 int hub_never_used(const kvp_session *s)
 {
-    return !kvp_session_busy(s) && s->n_msgs == 0 && !s->has_snapshot && s->turns_done == 0;
+    return !kvp_session_busy(s) && !s->has_snapshot &&
+           ((s->n_msgs == 0 && s->turns_done == 0) || s->fork_unrun);
 }
 
 /* The client lets go of its session; one that was never used ends here (and no longer
@@ -171,7 +173,7 @@ static void forget_system_check(kvp_hub_client *c)
     c->check_system = 0;
 }
 
-int hub_new_session(kvp_hub_client *c, const char *system, size_t system_len)
+int hub_new_session_quiet(kvp_hub_client *c, const char *system, size_t system_len)
 {
     kvp_hub *h = c->hub;
     char err[256];
@@ -209,19 +211,52 @@ int hub_new_session(kvp_hub_client *c, const char *system, size_t system_len)
     snprintf(s->tenant, sizeof s->tenant, "%s", c->tenant);
     h->m->sessions_created++;
     hub_attach(c, s);
-    hub_emit_session(c, 0);
     return 0;
+}
+
+int hub_new_session(kvp_hub_client *c, const char *system, size_t system_len)
+{
+    int rc = hub_new_session_quiet(c, system, system_len);
+    if (rc == 0)
+        hub_emit_session(c, 0);
+    return rc;
 }
 
 /* A parked session comes back under the policy in force (rebuilt from its transcript if
  * its snapshot was made under another). */
-static int unpark(kvp_hub *h, kvp_session *s)
+int hub_unpark(kvp_hub *h, kvp_session *s)
 {
     if (s->pconf != h->pconf) {
         kvp_policy_conf_unref(s->pconf);
         s->pconf = kvp_policy_conf_ref(h->pconf);
     }
     return kvp_session_unpark(&h->sessions, s, &h->env);
+}
+
+/* A load's admission, and the session made resident for it (sessions/hub_impl.h). */
+kvp_session *hub_load_prepare(kvp_hub_client *c, kvp_session *s, const char *id,
+                              size_t *reserve)
+{
+    kvp_hub *h = c->hub;
+    char err[256];
+    if (kvp_hub_admit_tenant(h, s, c->tenant, 1, 0, err, sizeof err) < 0 ||
+        kvp_hub_admit(h, s, 1, 0, reserve, err, sizeof err) < 0) {
+        hub_overloaded(c, err);
+        return NULL;
+    }
+    if (!s) {
+        if (kvp_session_create(&h->sessions, &h->env, h->pconf, id, kvp_now(), &s, err,
+                               sizeof err) < 0) {
+            kvpd_log("error", "session: %s", err);
+            hub_emit_error(c, KVPD_E_INTERNAL, err);
+            return NULL;
+        }
+        s->need_restore = 1;   /* has_snapshot stays 0 until the load finds one */
+    } else if (s->state == KVP_SESSION_PARKED && hub_unpark(h, s) < 0) {
+        hub_emit_error(c, KVPD_E_INTERNAL, "out of memory");
+        return NULL;
+    }
+    return s;
 }
 
 /* open naming a session whose state is on disk: parked here, or from before a restart
@@ -232,25 +267,9 @@ void hub_open_from_disk(kvp_hub_client *c, kvp_session *s, const char *id,
                         const char *system, size_t system_len)
 {
     kvp_hub *h = c->hub;
-    char err[256];
     size_t reserve;
-    if (kvp_hub_admit_tenant(h, s, c->tenant, 1, 0, err, sizeof err) < 0 ||
-        kvp_hub_admit(h, s, 1, 0, &reserve, err, sizeof err) < 0) {
-        hub_overloaded(c, err);
+    if (!(s = hub_load_prepare(c, s, id, &reserve)))
         return;
-    }
-    if (!s) {
-        if (kvp_session_create(&h->sessions, &h->env, h->pconf, id, kvp_now(), &s, err,
-                               sizeof err) < 0) {
-            kvpd_log("error", "session: %s", err);
-            hub_emit_error(c, KVPD_E_INTERNAL, err);
-            return;
-        }
-        s->need_restore = 1;   /* has_snapshot stays 0 until the load finds one */
-    } else if (s->state == KVP_SESSION_PARKED && unpark(h, s) < 0) {
-        hub_emit_error(c, KVPD_E_INTERNAL, "out of memory");
-        return;
-    }
     int shared = kvp_store_has_leases(h->env.store);
     if (!s->need_restore && !shared) {   /* parked with nothing to keep: nothing to read */
         if (hub_system_matches(c, s, system, system_len)) {
@@ -278,22 +297,29 @@ void hub_open_from_disk(kvp_hub_client *c, kvp_session *s, const char *id,
     hub_submit(h, s, KVP_SESSION_LOAD, reserve);
 }
 
-void kvp_hub_open(kvp_hub_client *c, const char *id, const char *system, size_t system_len)
+int hub_open_ready(kvp_hub_client *c)
 {
-    kvp_hub *h = c->hub;
     kvp_session *cur = c->session;
-    if (h->draining) {
+    if (c->hub->draining) {
         hub_emit_error(c, KVPD_E_OVERLOADED, "the daemon is shutting down");
-        return;
+        return 0;
     }
-    if (!hub_system_ok(c, system_len))
-        return;
+    if (!hub_fork_idle(c))
+        return 0;
     if (cur && kvp_session_busy(cur)) {
         hub_emit_error(c, KVPD_E_BUSY, cur->state == KVP_SESSION_LOAD
                    ? "this connection's session is being loaded from disk; its session frame follows"
                    : "a turn is running on this connection's session");
-        return;
+        return 0;
     }
+    return 1;
+}
+
+void kvp_hub_open(kvp_hub_client *c, const char *id, const char *system, size_t system_len)
+{
+    kvp_hub *h = c->hub;
+    if (!hub_open_ready(c) || !hub_system_ok(c, system_len))
+        return;
     if (!id || !id[0]) {
         hub_new_session(c, system, system_len);
         return;
@@ -313,6 +339,11 @@ void kvp_hub_open(kvp_hub_client *c, const char *id, const char *system, size_t 
         return;
     }
     if (s && s->state == KVP_SESSION_LOAD) {   /* its loader left: the answer comes here */
+        if (s->fork_read) {   /* read for a fork (hub_fork.c): its answer goes there */
+            hub_emit_error(c, KVPD_E_BUSY, "the session is being loaded from disk for a "
+                       "fork; try again");
+            return;
+        }
         if (system) {
             hub_emit_error(c, KVPD_E_BUSY, "the session is being loaded from disk; send hello "
                        "again once it is in (its system text is not known yet)");
@@ -390,7 +421,7 @@ void hub_start_turn(kvp_hub_client *c, const char *text, size_t len, const kvp_t
         hub_emit_error(c, KVPD_E_BAD_REQUEST, err);
         return;
     }
-    if (!c->session && hub_new_session(c, NULL, 0) < 0)
+    if (!hub_fork_idle(c) || (!c->session && hub_new_session(c, NULL, 0) < 0))
         return;
     kvp_session *s = c->session;
     if (kvp_session_busy(s)) {
@@ -411,7 +442,7 @@ void hub_start_turn(kvp_hub_client *c, const char *text, size_t len, const kvp_t
         return;
     }
     /* Parked: it comes back transparently, its snapshot read by the turn's worker. */
-    if (s->state == KVP_SESSION_PARKED && unpark(h, s) < 0) {
+    if (s->state == KVP_SESSION_PARKED && hub_unpark(h, s) < 0) {
         hub_emit_error(c, KVPD_E_INTERNAL, "out of memory");
         return;
     }
@@ -460,6 +491,7 @@ void hub_start_turn(kvp_hub_client *c, const char *text, size_t len, const kvp_t
     s->last_active = now;
     s->owner = c;
     s->reserve_lp = lp_bytes;
+    s->fork_unrun = 0;   /* a fork's own turn: it holds a conversation of its own now */
     hub_submit(h, s, KVP_SESSION_TURN, reserve);
 }
 
@@ -495,6 +527,7 @@ void kvp_hub_close(kvp_hub_client *c)
     }
     hub_leave(c);
     hub_wait_leave(c);
+    hub_fork_forget(c);
     forget_system_check(c);
     hub_pending_free(c->pending);
     hub_choices_free(c);

@@ -40,6 +40,18 @@ void kvp_hub_client_set_tenant(kvp_hub_client *c, const char *tenant);
  * the client is left without a session. A system text over KVP_HUB_SYSTEM_MAX bytes is
  * too_large. */
 void kvp_hub_open(kvp_hub_client *c, const char *id, const char *system, size_t system_len);
+/* hello with fork (docs/protocol.md, "Forking a conversation"): a new session of c's
+ * tenant holding session src_id's system text and its messages up to the end of its
+ * turn-th turn (0: the system text only; the source's turn count: all of it), with a copy
+ * of src's cache cut back to the longest token prefix that rendering shares with src's
+ * tokens, so its first turn prefills only what follows. src is not changed. A source
+ * that is parked or only on disk is read first (a load job; the session event follows
+ * it). Answers: the session event (resumed 0, turns and history as for a resumed
+ * session); unknown_session (no such session, another tenant's, a damaged snapshot),
+ * busy (a job runs on src, or c's own session or fork is busy), bad_request (turn past
+ * the end, history dropped by max_history_tokens, a src that never ran a turn of its
+ * own), overloaded. */
+void kvp_hub_open_fork(kvp_hub_client *c, const char *src_id, int turn);
 /* A user message: starts a session first when the client has none. max_tokens 0 and
  * !has_temperature take the configured defaults. */
 void kvp_hub_message(kvp_hub_client *c, const char *text, size_t len, int max_tokens,

@@ -24,7 +24,8 @@
 static kvp_hub_client *job_ended(kvp_hub *h, kvp_session *s)
 {
     kvpd_metrics *m = h->m;
-    kvp_hub_client *to = s->state == KVP_SESSION_TURN ? s->owner : s->client;
+    kvp_hub_client *to = s->state == KVP_SESSION_TURN || s->fork_read ? s->owner : s->client;
+    s->fork_read = 0;
     h->jobs--;
     s->state = KVP_SESSION_IDLE;
     s->prefix_inflight = 0;   /* its entry is replaced or removed now */
@@ -157,6 +158,7 @@ static void on_job(kvp_hub *h, kvp_session *s, const kvpd_event *ev)
 {
     int was_load = s->state == KVP_SESSION_LOAD, read = s->restored.pending;
     kvp_hub_client *to = job_ended(h, s);
+    int fork = was_load && to && hub_fork_waited(to, s);
     if (was_load && to && to->pending) {
         chat_loaded(h, s, to, ev);
         return;
@@ -174,6 +176,8 @@ static void on_job(kvp_hub *h, kvp_session *s, const kvpd_event *ev)
         lose(h, s, to, ev->code, ev->text);
     } else if (was_load && ev->code < 0) {
         restore_failed(h, s, to, ev->text);
+    } else if (fork) {
+        hub_fork_loaded(to, s);
     } else if (was_load) {
         if (read)   /* (a shared store's session in memory and current is not read) */
             kvpd_log("info", "session %.8s: loaded from its snapshot (%d turns)", s->id,

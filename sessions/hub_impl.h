@@ -1,8 +1,8 @@
 /* What the files of the hub (hub.c: the client API and attachment; hub_match.c:
  * matching stateless requests; hub_wait.c: new requests waiting for a running turn's
- * shared prefix; hub_events.c: the workers' events; hub_life.c: start, expiry, shutdown;
- * hub_stats.c: what the endpoints show) share beyond the hub's state
- * (sessions/hub_state.h). Private to sessions/; loop thread. */
+ * shared prefix; hub_fork.c: a hello's fork; hub_events.c: the workers' events;
+ * hub_life.c: start, expiry, shutdown; hub_stats.c: what the endpoints show) share beyond
+ * the hub's state (sessions/hub_state.h). Private to sessions/; loop thread. */
 #ifndef KVP_HUB_IMPL_H
 #define KVP_HUB_IMPL_H
 
@@ -41,6 +41,18 @@ int hub_system_matches(kvp_hub_client *c, const kvp_session *s, const char *syst
                        size_t len);
 /* A new session for c, attached (events are c's to send); 0 or answered with an error. */
 int hub_new_session(kvp_hub_client *c, const char *system, size_t system_len);
+/* The same without the session event (the caller sends it once the session is ready). */
+int hub_new_session_quiet(kvp_hub_client *c, const char *system, size_t system_len);
+/* c may open a session now: the daemon is not draining and c has no job in flight
+ * (else c is told overloaded or busy: 0). */
+int hub_open_ready(kvp_hub_client *c);
+/* A parked session back in memory under the policy in force (its job reads it). */
+int hub_unpark(kvp_hub *h, kvp_session *s);
+/* Before a load job for c of session id (s: its parked entry, or NULL): admission, then
+ * the session resident (unparked, or made to be read: need_restore). The session, or
+ * NULL when c was answered (overloaded, out of memory). *reserve: the job's bytes. */
+kvp_session *hub_load_prepare(kvp_hub_client *c, kvp_session *s, const char *id,
+                              size_t *reserve);
 /* c resumes session id from the store (s: its parked entry, or NULL). */
 void hub_open_from_disk(kvp_hub_client *c, kvp_session *s, const char *id,
                         const char *system, size_t system_len);
@@ -127,6 +139,18 @@ void hub_choices_run(kvp_hub *h, kvp_session *src, struct kvp_hub_choices *ch, i
 void hub_choices_free(kvp_hub_client *c);
 /* c, one of a request's other choices, is closed: that request will not start it. */
 void hub_choices_leave(kvp_hub_client *c);
+
+/* ---- a hello's fork (hub_fork.c) ---- */
+
+/* c has no fork waiting for its source's snapshot; else c is told busy (0). */
+int hub_fork_idle(kvp_hub_client *c);
+/* s's load job ended for c's fork (c->fork_src was s): whether c waited for it. Clears
+ * the wait either way. */
+int hub_fork_waited(kvp_hub_client *c, const kvp_session *s);
+/* The load c's fork waited for succeeded: the fork is made from s now. */
+void hub_fork_loaded(kvp_hub_client *c, kvp_session *s);
+/* c is closed: a load its fork waits for answers nobody. */
+void hub_fork_forget(kvp_hub_client *c);
 
 /* ---- the workers' events (hub_events.c) ---- */
 

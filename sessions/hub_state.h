@@ -63,6 +63,10 @@ struct kvp_hub_client {
     char *want_system;
     size_t want_system_len;
     struct kvp_hub_pending *pending; /* a request waiting for its session's snapshot */
+    /* A hello's fork waiting for its source's snapshot (hub_fork.c): the source being
+     * read (its owner is this client) and the turn to branch at; NULL: none. */
+    struct kvp_session *fork_src;
+    int fork_turn;
     /* The other choices of its request, started when its turn is done (hub_choices.c);
      * waiting_in: the choices this client is one of, not started yet. */
     struct kvp_hub_choices *choices, *waiting_in;

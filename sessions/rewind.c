@@ -104,7 +104,7 @@ int kvp_session_fork(kvp_session *dst, const kvp_session *src, const kvp_session
                      size_t *bytes)
 {
     *bytes = 0;
-    if (!src->policy || src->pconf != dst->pconf || !dst->pconf->weights ||
+    if (src->pconf != dst->pconf || !dst->pconf->weights ||
         src->hist_tokens || src->hist_msgs || src->n_cached <= 0 ||
         src->cache.n_seen != src->n_cached || src->n_cached > src->n_tokens ||
         dst->n_tokens || dst->n_msgs || dst->cache.n_seen || dst->policy)
@@ -124,7 +124,9 @@ int kvp_session_fork(kvp_session *dst, const kvp_session *src, const kvp_session
     char err[160];
     rc = kvp_policy_create_shared(&p, dst->pconf->weights, &env->model->cfg, dst->seed, err,
                                   sizeof err);
-    if (!rc && (rc = kvp_policy_fork(p, src->policy, &c, n)))
+    /* src without a policy (read from its snapshot, no turn since): dst's starts fresh
+     * on the copy, as src's own next turn's would on its cache */
+    if (!rc && src->policy && (rc = kvp_policy_fork(p, src->policy, &c, n)))
         kvp_policy_destroy(p);
     if (rc) {
         kvp_cache_free(&c);

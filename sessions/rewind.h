@@ -34,9 +34,11 @@ int kvp_session_rewind_cut(kvp_session *s, int *old, int n_old);
  * src's cache, policy state and tokens (kvp_cache_fork, kvp_policy_fork), src is not
  * changed. Arm a rewind on dst next (kvp_session_rewind): its turn's start cuts the copy
  * back to where the request and src's tokens diverge, as for src itself. Rows src had
- * evicted stay evicted in the copy. *bytes gets the cache bytes copied. 0, -EINVAL (src
- * cannot serve: no policy yet, another conf, dropped history, nothing cached; the conf
- * has no shared weights), -ENOMEM; dst is unchanged on failure. */
+ * evicted stay evicted in the copy. A src without a policy (read from its snapshot, no
+ * turn since) gives dst a fresh one, as src's next turn would make for itself. *bytes
+ * gets the cache bytes copied. 0, -EINVAL (src cannot serve: another conf, dropped
+ * history, nothing cached; the conf has no shared weights), -ENOMEM; dst is unchanged on
+ * failure. */
 int kvp_session_fork(kvp_session *dst, const kvp_session *src, const kvp_session_env *env,
                      size_t *bytes);
 

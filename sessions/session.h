@@ -246,6 +246,12 @@ typedef struct kvp_session {
      * so a new conversation sharing a long prefix waits for it (sessions/hub_wait.c);
      * cleared at the job's end */
     int prefix_inflight;
+    /* loop: made by a hello's fork (sessions/hub_fork.c) and no turn of its own queued
+     * yet: like a session that never ran a turn, it ends when its client leaves it */
+    int fork_unrun;
+    /* loop: its load job reads it for a hello's fork: the job's end goes to its owner
+     * (the forking client; NULL once that one closed), never to its attached client */
+    int fork_read;
     /* The TURN's next unit waits on I/O (its start: lease, snapshot, policy, transcript;
      * or its end: the snapshot write, then the final event), so it runs as a job on a
      * worker of its own, never inside a batched step (kvp_session_job_next). */

@@ -141,6 +141,13 @@ static void handle(kvpd_conn *c, const char *buf, size_t len)
                strcmp(m.session, c->session_arg)) {
         send_error(c, KVPD_E_BAD_REQUEST, "hello names another session than the connection's "
                    "?session=", 0);
+    } else if (m.type == KVPD_MSG_HELLO && m.has_fork && c->session_arg[0] &&
+               strcmp(m.fork_session, c->session_arg)) {
+        send_error(c, KVPD_E_BAD_REQUEST, "hello forks another session than the connection's "
+                   "?session=", 0);
+    } else if (m.type == KVPD_MSG_HELLO && m.has_fork) {
+        kvpd_ws_tools_hello(c, m.tools);
+        kvp_hub_open_fork(c->client, m.fork_session, m.fork_turn);
     } else if (m.type == KVPD_MSG_HELLO) {
         kvpd_ws_tools_hello(c, m.tools);
         kvp_hub_open(c->client, m.session[0] ? m.session : c->session_arg, m.system,

@@ -19,7 +19,7 @@ static int reject(const char **code, const char *c, char *msg, size_t msglen,
 }
 
 /* The fields each client message may carry. */
-static const char *const hello_fields[] = {"type", "session", "system", "tools", NULL};
+static const char *const hello_fields[] = {"type", "session", "system", "tools", "fork", NULL};
 static const char *const message_fields[] = {
     "type", "text", "max_tokens", "response_format", "temperature", "top_p", "top_k",
     "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty", "logit_bias",
@@ -77,6 +77,51 @@ static int tool_fields(json_t *root, int with_choice, kvpd_client_msg *out, cons
     json_t *ptc = json_object_get(root, "parallel_tool_calls");
     if (ptc && !json_is_null(ptc))
         out->parallel_tool_calls = json_incref(ptc);
+    return 0;
+}
+
+/* hello's fork: {"session": ID, "turn": N}, alone (no session, no system: the new
+ * session takes the source's system text). */
+static int fork_field(json_t *root, kvpd_client_msg *out, const char **code, char *msg,
+                      size_t msglen)
+{
+    json_t *f = json_object_get(root, "fork");
+    if (!f || json_is_null(f))
+        return 0;
+    if (!json_is_object(f))
+        return reject(code, KVPD_E_BAD_REQUEST, msg, msglen,
+                      "fork must be an object {\"session\": ID, \"turn\": N}");
+    const char *key;
+    json_t *v;
+    json_object_foreach(f, key, v)
+        if (strcmp(key, "session") && strcmp(key, "turn")) {
+            *code = KVPD_E_BAD_REQUEST;
+            snprintf(msg, msglen, "fork has no field \"%.64s\"", key);
+            return -EINVAL;
+        }
+    json_t *id = json_object_get(f, "session"), *turn = json_object_get(f, "turn");
+    json_t *sys = json_object_get(root, "system"), *own = json_object_get(root, "session");
+    if (own && !json_is_null(own))
+        return reject(code, KVPD_E_BAD_REQUEST, msg, msglen,
+                      "hello takes session (resume) or fork (branch), not both");
+    if (sys && !json_is_null(sys))
+        return reject(code, KVPD_E_BAD_REQUEST, msg, msglen,
+                      "a fork keeps its source's system text: hello with fork takes no system");
+    if (!json_is_string(id) || strlen(json_string_value(id)) != json_string_length(id))
+        return reject(code, KVPD_E_BAD_REQUEST, msg, msglen,
+                      "fork.session must be the id of the session to fork (a string)");
+    if (!kvp_session_id_ok(json_string_value(id)))
+        return reject(code, KVPD_E_UNKNOWN_SESSION, msg, msglen, "no such session");
+    if (!json_is_integer(turn) || json_integer_value(turn) < 0 ||
+        json_integer_value(turn) > KVPD_PROTO_FORK_TURN_MAX) {
+        *code = KVPD_E_BAD_REQUEST;
+        snprintf(msg, msglen, "fork.turn must be an integer from 0 to %d: the source's turn "
+                 "to branch at", KVPD_PROTO_FORK_TURN_MAX);
+        return -EINVAL;
+    }
+    snprintf(out->fork_session, sizeof out->fork_session, "%s", json_string_value(id));
+    out->fork_turn = (int)json_integer_value(turn);
+    out->has_fork = 1;
     return 0;
 }
 
@@ -210,6 +255,8 @@ int kvpd_proto_parse(const char *buf, size_t len, int max_tokens_limit,
             }
         }
         if (!rc)
+            rc = fork_field(root, out, code, msg, msglen);
+        if (!rc)
             rc = tool_fields(root, 0, out, code, msg, msglen);
     } else if (!strcmp(type, "message")) {
         out->type = KVPD_MSG_MESSAGE;
@@ -265,6 +312,7 @@ void kvpd_proto_msg_free(kvpd_client_msg *m)
     json_decref(m->parallel_tool_calls);
     json_decref(m->results);
     m->tools = m->tool_choice = m->parallel_tool_calls = m->results = NULL;
+    m->has_fork = 0;
 }
 
 static char *dump(json_t *o)

@@ -16,11 +16,18 @@ enum kvpd_msg_type {
 /* The results a tool_result message may carry, and the bytes of a call id. */
 #define KVPD_PROTO_MAX_RESULTS 32
 #define KVPD_PROTO_CALL_ID_MAX 64
+/* The largest fork.turn a hello may name (a larger one is bad_request, as is a turn past
+ * the source's end). */
+#define KVPD_PROTO_FORK_TURN_MAX 1000000
 
 typedef struct kvpd_client_msg {
     enum kvpd_msg_type type;
     char session[KVP_SESSION_ID_LEN + 1];   /* hello: "" = new session */
     char *system;                           /* hello: malloc'd, valid UTF-8; NULL: none given */
+    /* hello: fork {session, turn} given (then session and system are not): branch a new
+     * session from turn fork_turn of session fork_session (kvp_hub_open_fork) */
+    int has_fork, fork_turn;
+    char fork_session[KVP_SESSION_ID_LEN + 1];
     size_t system_len;
     char *text;                             /* message: malloc'd, valid UTF-8; auth: the
                                                token */

@@ -54,6 +54,73 @@ Test(protocol, errors_carry_their_code)
     cr_assert_str_eq(code, "unknown_session");
 }
 
+Test(protocol, hello_fork)
+{
+    kvpd_client_msg m;
+    const char *code;
+    cr_assert_eq(parse("{\"type\":\"hello\"}", &m, &code), 0);
+    cr_assert(!m.has_fork);
+    cr_assert_eq(parse("{\"type\":\"hello\",\"fork\":{\"session\":"
+                       "\"00112233445566778899aabbccddeeff\",\"turn\":3},\"session\":null,"
+                       "\"tools\":[]}", &m, &code), 0);
+    cr_assert(m.has_fork);
+    cr_assert_eq(m.fork_turn, 3);
+    cr_assert_str_eq(m.fork_session, "00112233445566778899aabbccddeeff");
+    cr_assert_eq(m.session[0], '\0');
+    cr_assert_null(m.system);
+    kvpd_proto_msg_free(&m);
+    cr_assert_eq(parse("{\"type\":\"hello\",\"fork\":{\"turn\":0,\"session\":"
+                       "\"00112233445566778899aabbccddeeff\"}}", &m, &code), 0);
+    cr_assert(m.has_fork);
+    cr_assert_eq(m.fork_turn, 0);
+    cr_assert_eq(parse("{\"type\":\"hello\",\"fork\":{\"turn\":1000000,\"session\":"
+                       "\"00112233445566778899aabbccddeeff\"}}", &m, &code), 0);
+    cr_assert_eq(m.fork_turn, 1000000);
+    cr_assert_eq(parse("{\"type\":\"hello\",\"fork\":null}", &m, &code), 0);
+    cr_assert(!m.has_fork);
+    /* hostile values: each refused with its code, nothing kept */
+    static const struct {
+        const char *frame, *code;
+    } bad[] = {
+#define ID "\"00112233445566778899aabbccddeeff\""
+        {"{\"type\":\"hello\",\"fork\":{\"session\":" ID ",\"turn\":-1}}", "bad_request"},
+        {"{\"type\":\"hello\",\"fork\":{\"session\":" ID ",\"turn\":1000001}}", "bad_request"},
+        {"{\"type\":\"hello\",\"fork\":{\"session\":" ID ",\"turn\":4294967297}}", "bad_request"},
+        {"{\"type\":\"hello\",\"fork\":{\"session\":" ID ",\"turn\":-9223372036854775808}}",
+         "bad_request"},
+        {"{\"type\":\"hello\",\"fork\":{\"session\":" ID ",\"turn\":1.0}}", "bad_request"},
+        {"{\"type\":\"hello\",\"fork\":{\"session\":" ID ",\"turn\":1e400}}", "bad_json"},
+        {"{\"type\":\"hello\",\"fork\":{\"session\":" ID ",\"turn\":\"1\"}}", "bad_request"},
+        {"{\"type\":\"hello\",\"fork\":{\"session\":" ID ",\"turn\":true}}", "bad_request"},
+        {"{\"type\":\"hello\",\"fork\":{\"session\":" ID ",\"turn\":[1]}}", "bad_request"},
+        {"{\"type\":\"hello\",\"fork\":{\"session\":" ID "}}", "bad_request"},
+        {"{\"type\":\"hello\",\"fork\":{\"turn\":1}}", "bad_request"},
+        {"{\"type\":\"hello\",\"fork\":{\"session\":7,\"turn\":1}}", "bad_request"},
+        {"{\"type\":\"hello\",\"fork\":{\"session\":\"00112233445566778899aabbccddee\\u0000f\","
+         "\"turn\":1}}", "bad_request"},
+        {"{\"type\":\"hello\",\"fork\":{\"session\":\"ABC\",\"turn\":1}}", "unknown_session"},
+        {"{\"type\":\"hello\",\"fork\":{\"session\":" ID ",\"turn\":1,\"x\":1}}", "bad_request"},
+        {"{\"type\":\"hello\",\"fork\":{\"session\":" ID ",\"turn\":1,\"turn\":2}}", "bad_json"},
+        {"{\"type\":\"hello\",\"fork\":[" ID ",1]}", "bad_request"},
+        {"{\"type\":\"hello\",\"fork\":" ID "}", "bad_request"},
+        {"{\"type\":\"hello\",\"fork\":1}", "bad_request"},
+        {"{\"type\":\"hello\",\"session\":" ID ",\"fork\":{\"session\":" ID ",\"turn\":1}}",
+         "bad_request"},
+        {"{\"type\":\"hello\",\"system\":\"\",\"fork\":{\"session\":" ID ",\"turn\":1}}",
+         "bad_request"},
+        {"{\"type\":\"message\",\"text\":\"x\",\"fork\":{\"session\":" ID ",\"turn\":1}}",
+         "bad_request"},
+        {"{\"type\":\"hello\",\"fork\":{\"session\":" ID ",\"turn\":1},\"tools\":{}}",
+         "bad_request"},
+#undef ID
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        cr_assert_lt(parse(bad[i].frame, &m, &code), 0, "%s was accepted", bad[i].frame);
+        cr_assert_str_eq(code, bad[i].code, "%s: %s", bad[i].frame, code);
+        cr_assert(!m.has_fork && !m.system && !m.tools, "%s kept a field", bad[i].frame);
+    }
+}
+
 Test(protocol, frames_are_valid_json)
 {
     kvp_turn_stats st = {.prompt_tokens = 3, .prefilled_tokens = 3, .generated_tokens = 2,
