@@ -55,6 +55,8 @@ typedef struct kvp_hub_pending {
     kvp_message *msgs;
     int n;
     int named;                       /* the session it waits for is the one it named */
+    int fork;                        /* ... or a source to fork (sessions/prefix_load.h):
+                                      * a new session follows (hub_new_chat) */
     kvp_turn_opts o;                 /* its stop strings point into stops, its biases
                                       * into bias */
     char *stops[KVP_HUB_MAX_STOPS];
@@ -70,6 +72,10 @@ void hub_pending_free(kvp_hub_pending *p);
  * NULL when out of memory. */
 kvp_hub_pending *hub_pending_new(uint64_t hash, const char *system, size_t system_len,
                                  const kvp_message *msgs, int n, const kvp_turn_opts *o);
+/* The request starts a new session, forked from a held conversation when one shares a
+ * prefix with it, else prefilled whole. */
+void hub_new_chat(kvp_hub_client *c, const char *system, size_t system_len,
+                  const kvp_message *msgs, int n, const kvp_turn_opts *o);
 /* The request's turn on s, which holds its history. */
 void hub_chat_go(kvp_hub_client *c, kvp_session *s, const char *system, size_t system_len,
                  const kvp_message *msgs, int n, const kvp_turn_opts *o);

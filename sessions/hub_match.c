@@ -14,6 +14,7 @@
 #include "sessions/hub_impl.h"
 #include "sessions/persist.h"
 #include "sessions/prefix.h"
+#include "sessions/prefix_load.h"
 #include "sessions/residency.h"
 #include "sessions/reuse.h"
 #include "sessions/rewind.h"
@@ -301,7 +302,8 @@ void kvp_hub_chat(kvp_hub_client *c, const char *id, const char *system, size_t 
         return;
     }
     if (!s && !disk) {
-        new_chat(c, system, system_len, msgs, n, o);
+        if (!hub_prefix_load(c, hash, system, system_len, msgs, n, o))
+            new_chat(c, system, system_len, msgs, n, o);
         return;
     }
     if (s) {
@@ -322,4 +324,10 @@ void kvp_hub_chat(kvp_hub_client *c, const char *id, const char *system, size_t 
         c->pending = p;
     else
         hub_pending_free(p);   /* refused (overloaded): answered */
+}
+
+void hub_new_chat(kvp_hub_client *c, const char *system, size_t system_len,
+                  const kvp_message *msgs, int n, const kvp_turn_opts *o)
+{
+    new_chat(c, system, system_len, msgs, n, o);
 }

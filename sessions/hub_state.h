@@ -11,11 +11,13 @@
 #include "sessions/metrics.h"
 #include "sessions/scheduler.h"
 #include "sessions/session.h"
+#include "sessions/prefix_file.h"
 #include "sessions/transcripts.h"
 
 struct kvp_hub_storage {
     struct kvp_store *store;         /* NULL: no snapshots */
     kvp_transcripts transcripts;     /* the directory's index, moved into the hub at start */
+    kvp_prefix_recs prefix_recs;     /* the directory's prefix file, moved likewise */
 };
 
 struct kvp_hub {
@@ -43,6 +45,9 @@ struct kvp_hub {
      * it leaves the table; NULL when out of memory at start (no index, no token-level
      * forks). */
     struct kvp_prefix_index *prefix;
+    /* Conversations known only from the state directory's prefix file, fork sources
+     * once read (sessions/prefix_load.h); NULL: none. */
+    struct kvp_prefix_disk *prefix_disk;
 };
 
 struct kvp_hub_client {

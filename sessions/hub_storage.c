@@ -38,6 +38,11 @@ int kvp_hub_storage_open(kvp_hub_storage **out, const kvp_hub_storage_params *p,
             kvpd_log("warning", "state directory: %s", why);
         if (n > 0)
             kvpd_log("info", "state directory: %d conversation(s) in the transcript index", n);
+        n = kvp_prefix_file_load(&s->prefix_recs, kvp_store_dir(s->store), why, sizeof why);
+        if (n < 0 || why[0])
+            kvpd_log("warning", "state directory: %s", why);
+        if (n > 0)
+            kvpd_log("info", "state directory: %d conversation(s) in the prefix index", n);
     }
     *out = s;
     return 0;
@@ -48,6 +53,7 @@ void kvp_hub_storage_close(kvp_hub_storage *s)
     if (!s)
         return;
     kvp_transcripts_free(&s->transcripts);
+    kvp_prefix_recs_free(&s->prefix_recs);
     kvp_store_close(s->store);   /* releases the leases still held */
     free(s);
 }
