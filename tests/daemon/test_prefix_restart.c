@@ -1,0 +1,230 @@
+/* Integration: the prefix index over conversations that are not resident
+ * (sessions/prefix_load.h, sessions/prefix_file.h). After a restart on the same state
+ * directory, a new conversation sharing a saved one's opening, and a branch of a saved
+ * conversation, fork it from its snapshot (read first) and prefill only the rest; a
+ * damaged prefix.index is skipped line by line with a log message; a parked conversation
+ * is a fork source too. Over the OpenAI API (chat completions, not streamed). */
+#include <criterion/criterion.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "tests/daemon/harness.h"
+
+static char g_dir[128];
+
+static void setup(void)
+{
+    cr_assert_eq(h_mkdtemp(g_dir, sizeof g_dir), 0);
+}
+
+static void teardown(void)
+{
+    h_rmdir(g_dir);
+}
+
+TestSuite(prefix_restart, .init = setup, .fini = teardown, .timeout = 120);
+
+/* A long opening of a first user message: well over several blocks of 16 tokens. */
+#define OPENING "You are a storyteller. Every story has a little girl named Lily, a big " \
+                "red ball, a happy dog, a tall tree in the park and a kind old man who " \
+                "sells ice cream. The stories are short and end well, and everybody is " \
+                "friends at the end of the day."
+
+static void start(kvpd_proc *p, const char *extra)
+{
+    char args[512];
+    snprintf(args, sizeof args, "--state-dir %s %s", g_dir, extra ? extra : "");
+    cr_assert_eq(kvpd_start(p, args), 0, "kvpd did not start (log %s)", p->log);
+}
+
+static void stop(kvpd_proc *p)
+{
+    cr_assert_eq(kvpd_stop(p, 10000), 0, "kvpd did not exit 0 on SIGTERM (log %s)", p->log);
+}
+
+typedef struct usage {
+    int prompt, completion, cached, prefilled;
+    char reply[2048];
+} usage;
+
+static long num(json_t *j, const char *a, const char *b)
+{
+    json_t *v = json_object_get(j, a);
+    if (b)
+        v = json_object_get(v, b);
+    cr_assert(json_is_integer(v), "%s.%s missing", a, b ? b : "");
+    return (long)json_integer_value(v);
+}
+
+/* One request: system text and messages alternating user, assistant, ... */
+static usage chat(const kvpd_proc *d, const char *system, const char *const *msgs, int n,
+                  int max_tokens)
+{
+    json_t *m = json_array();
+    if (system)
+        json_array_append_new(m, json_pack("{s:s, s:s}", "role", "system", "content", system));
+    for (int i = 0; i < n; i++)
+        json_array_append_new(m, json_pack("{s:s, s:s}", "role", i % 2 ? "assistant" : "user",
+                                           "content", msgs[i]));
+    json_t *req = json_pack("{s:o, s:i}", "messages", m, "max_tokens", max_tokens);
+    char *body = json_dumps(req, 0);
+    json_decref(req);
+    char *raw = NULL;
+    const char *rb = NULL;
+    int status = h_request(d->port, "POST", "/v1/chat/completions", NULL, body, &raw, &rb);
+    free(body);
+    cr_assert_eq(status, 200, "%s", raw ? raw : "(no answer)");
+    json_t *j = json_loads(rb, 0, NULL);
+    cr_assert(j, "not JSON: %s", rb);
+    json_t *u = json_object_get(j, "usage");
+    usage r = {.prompt = (int)num(u, "prompt_tokens", NULL),
+               .completion = (int)num(u, "completion_tokens", NULL),
+               .cached = (int)num(u, "prompt_tokens_details", "cached_tokens"),
+               .prefilled = (int)num(j, "kvpd", "prefilled_tokens")};
+    const char *text = json_string_value(json_object_get(
+        json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message"), "content"));
+    snprintf(r.reply, sizeof r.reply, "%s", text ? text : "");
+    json_decref(j);
+    free(raw);
+    return r;
+}
+
+static double metric(const kvpd_proc *d, const char *name)
+{
+    char *body = NULL;
+    cr_assert_eq(h_get(d, "/metrics", NULL, &body), 200);
+    double v = h_metric(body, name);
+    free(body);
+    return v;
+}
+
+/* The first daemon's conversation: the opening and a question, one turn. */
+static usage first_conversation(const kvpd_proc *d)
+{
+    const char *q[] = {OPENING " Tell me a story about the dog."};
+    usage a = chat(d, NULL, q, 1, 8);
+    cr_assert_geq(a.prompt, 64, "the opening is not several blocks long (%d tokens)", a.prompt);
+    return a;
+}
+
+/* A new conversation with the opening and another question: forked from the saved one,
+ * only the question prefilled. */
+static void expect_opening_forked(const kvpd_proc *d, int opening_prompt)
+{
+    const char *q[] = {OPENING " Once upon a time, Lily saw a cat."};
+    usage b = chat(d, NULL, q, 1, 4);
+    /* the shared prefix is the opening's rendering: the first prompt but its question */
+    cr_assert_geq(b.cached, opening_prompt - 16 - 16,
+                  "the opening was not found (cached %d of %d, the first prompt %d; log %s)",
+                  b.cached, b.prompt, opening_prompt, d->log);
+    cr_assert_lt(b.cached, b.prompt);
+    cr_assert_eq(b.prefilled, b.prompt - b.cached, "prefilled %d, prompt %d, cached %d",
+                 b.prefilled, b.prompt, b.cached);
+}
+
+Test(prefix_restart, a_new_conversation_after_a_restart_forks_the_saved_opening)
+{
+    kvpd_proc d;
+    start(&d, NULL);
+    usage a = first_conversation(&d);
+    stop(&d);
+    struct stat st;
+    char path[256];
+    snprintf(path, sizeof path, "%s/prefix.index", g_dir);
+    cr_assert_eq(stat(path, &st), 0, "no prefix.index in the state directory");
+    start(&d, NULL);
+    cr_assert(kvpd_log_has(&d, "conversation(s) in the prefix index"), "log %s", d.log);
+    double hits = metric(&d, "kvpd_prefix_hits_total");
+    expect_opening_forked(&d, a.prompt);
+    cr_assert_eq(metric(&d, "kvpd_prefix_hits_total"), hits + 1);
+    cr_assert(kvpd_log_has(&d, "read from its snapshot to be forked"), "log %s", d.log);
+    stop(&d);
+}
+
+Test(prefix_restart, a_branch_of_a_saved_conversation_after_a_restart_forks_it)
+{
+    kvpd_proc d;
+    start(&d, NULL);
+    const char *t1[] = {OPENING " Tell me a story about the dog."};
+    usage a = chat(&d, NULL, t1, 1, 12);
+    char reply1[2048];
+    snprintf(reply1, sizeof reply1, "%s", a.reply);
+    const char *t2[] = {t1[0], reply1, "What did the dog eat?"};
+    usage a2 = chat(&d, NULL, t2, 3, 8);
+    cr_assert_geq(a2.cached, a.prompt + a.completion - 1, "turn 2 did not continue turn 1");
+    stop(&d);
+
+    start(&d, NULL);
+    /* turn 2 asked again differently: its history is turn 1, not the saved conversation's
+     * whole transcript, so no exact match; the saved one is read and forked */
+    const char *edit[] = {t1[0], reply1, "Where did the dog sleep?"};
+    usage b = chat(&d, NULL, edit, 3, 4);
+    cr_assert_geq(b.cached, a.prompt + a.completion - 16,
+                  "turn 1 was not reused after the restart (cached %d, turn 1 held %d; log %s)",
+                  b.cached, a.prompt + a.completion, d.log);
+    cr_assert_eq(b.prefilled, b.prompt - b.cached);
+    stop(&d);
+}
+
+/* Appends bytes to the state directory's prefix.index. */
+static void append_raw(const char *bytes, size_t n)
+{
+    char path[256];
+    snprintf(path, sizeof path, "%s/prefix.index", g_dir);
+    int fd = open(path, O_WRONLY | O_APPEND);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(write(fd, bytes, n), (ssize_t)n);
+    close(fd);
+}
+
+Test(prefix_restart, a_damaged_prefix_file_is_skipped_line_by_line)
+{
+    kvpd_proc d;
+    start(&d, NULL);
+    usage a = first_conversation(&d);
+    stop(&d);
+    /* garbage, a line cut short, bytes with a NUL, one line far over the bound, and a
+     * torn last line */
+    static const char garbage[] = "not a line of ours\n"
+                                  "0123456789abcdef0123456789abcdef - 3 0000\n"
+                                  "zz\0zz 1 2 3\n";
+    append_raw(garbage, sizeof garbage - 1);
+    size_t huge = 300 * 1024;
+    char *big = malloc(huge + 1);
+    cr_assert(big);
+    memset(big, 'a', huge);
+    big[huge] = '\n';
+    append_raw(big, huge + 1);
+    free(big);
+    append_raw("0123456789abcdef0123456789abcdef - 2 00", 39);
+
+    start(&d, NULL);
+    cr_assert(kvpd_log_has(&d, "damaged or oversized line(s) skipped"), "log %s", d.log);
+    expect_opening_forked(&d, a.prompt);
+    stop(&d);
+    /* compacted at start: the file holds valid lines only */
+    char path[256];
+    snprintf(path, sizeof path, "%s/prefix.index", g_dir);
+    struct stat st;
+    cr_assert_eq(stat(path, &st), 0);
+    cr_assert_lt(st.st_size, 64 * 1024, "not compacted: %lld bytes", (long long)st.st_size);
+}
+
+Test(prefix_restart, a_parked_conversation_is_a_fork_source)
+{
+    kvpd_proc d;
+    start(&d, "--max-sessions 2");
+    usage a = first_conversation(&d);
+    /* two unrelated conversations take the two resident slots: the first is parked */
+    const char *x[] = {"A frog sat on a log."};
+    const char *y[] = {"The sun was hot."};
+    chat(&d, NULL, x, 1, 4);
+    chat(&d, NULL, y, 1, 4);
+    cr_assert_geq(metric(&d, "kvpd_sessions_parked"), 1);
+    expect_opening_forked(&d, a.prompt);
+    stop(&d);
+}
