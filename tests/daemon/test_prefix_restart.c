@@ -60,9 +60,10 @@ static long num(json_t *j, const char *a, const char *b)
     return (long)json_integer_value(v);
 }
 
-/* One request: system text and messages alternating user, assistant, ... */
-static usage chat(const kvpd_proc *d, const char *system, const char *const *msgs, int n,
-                  int max_tokens)
+/* One request (headers: whole header lines, or NULL): system text and messages
+ * alternating user, assistant, ... */
+static usage chat_as(const kvpd_proc *d, const char *headers, const char *system,
+                     const char *const *msgs, int n, int max_tokens)
 {
     json_t *m = json_array();
     if (system)
@@ -75,7 +76,7 @@ static usage chat(const kvpd_proc *d, const char *system, const char *const *msg
     json_decref(req);
     char *raw = NULL;
     const char *rb = NULL;
-    int status = h_request(d->port, "POST", "/v1/chat/completions", NULL, body, &raw, &rb);
+    int status = h_request(d->port, "POST", "/v1/chat/completions", headers, body, &raw, &rb);
     free(body);
     cr_assert_eq(status, 200, "%s", raw ? raw : "(no answer)");
     json_t *j = json_loads(rb, 0, NULL);
@@ -91,6 +92,12 @@ static usage chat(const kvpd_proc *d, const char *system, const char *const *msg
     json_decref(j);
     free(raw);
     return r;
+}
+
+static usage chat(const kvpd_proc *d, const char *system, const char *const *msgs, int n,
+                  int max_tokens)
+{
+    return chat_as(d, NULL, system, msgs, n, max_tokens);
 }
 
 static double metric(const kvpd_proc *d, const char *name)
@@ -226,5 +233,26 @@ Test(prefix_restart, a_parked_conversation_is_a_fork_source)
     chat(&d, NULL, y, 1, 4);
     cr_assert_geq(metric(&d, "kvpd_sessions_parked"), 1);
     expect_opening_forked(&d, a.prompt);
+    stop(&d);
+}
+
+Test(prefix_restart, another_tenant_never_reads_or_forks_a_saved_conversation)
+{
+    const char *A = "Authorization: Bearer key-a-1234\r\n", *B = "Authorization: Bearer key-b-1234\r\n";
+    kvpd_proc d;
+    start(&d, "--api-key key-a-1234,key-b-1234");
+    const char *q[] = {OPENING " Tell me a story about the dog."};
+    usage a = chat_as(&d, A, NULL, q, 1, 8);
+    stop(&d);
+    start(&d, "--api-key key-a-1234,key-b-1234");
+    const char *other[] = {OPENING " Once upon a time, Lily saw a cat."};
+    usage b = chat_as(&d, B, NULL, other, 1, 4);
+    cr_assert_eq(b.cached, 0, "another tenant's opening was reused");
+    cr_assert_eq(b.prefilled, b.prompt);
+    cr_assert(!kvpd_log_has(&d, "read from its snapshot to be forked"),
+              "another tenant's conversation was read (log %s)", d.log);
+    /* its own tenant's request still finds it */
+    usage c = chat_as(&d, A, NULL, other, 1, 4);
+    cr_assert_geq(c.cached, a.prompt - 32, "cached %d (log %s)", c.cached, d.log);
     stop(&d);
 }
