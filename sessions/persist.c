@@ -105,10 +105,11 @@ static int save_increment(kvp_session *s, void *cache, size_t cache_len,
     return rc;
 }
 
-/* The conversation's token blocks for the prefix index of a restart (prefix_file.h): its
- * chain hashes while its cache holds its tokens from the start (as the hub indexes it),
- * else a line of no blocks that retires the earlier ones. */
-static void save_prefix(const kvp_session *s, const char *dir)
+/* The conversation's token blocks for the prefix index of a restart (prefix_file.h), in
+ * the state directory's file or beside its snapshot in Redis: its chain hashes while its
+ * cache holds its tokens from the start (as the hub indexes it), else a line of no blocks
+ * that retires the earlier ones. */
+static void save_prefix(const kvp_session *s, const kvp_session_env *env)
 {
     int whole = s->policy && !s->hist_tokens && s->cache.n_seen == s->n_cached &&
                 s->n_cached > 0 && s->n_cached <= s->n_tokens;
@@ -118,7 +119,11 @@ static void save_prefix(const kvp_session *s, const char *dir)
     uint64_t *chain = max ? malloc((size_t)max * sizeof *chain) : NULL;
     int n = chain ? kvp_prefix_chain(s->tenant, s->tokens, s->n_cached, chain, max) : 0;
     char err[256];
-    if (kvp_prefix_file_append(dir, s->id, s->tenant, chain, n, err, sizeof err) < 0)
+    int rc = env->state_dir && env->state_dir[0]
+                 ? kvp_prefix_file_append(env->state_dir, s->id, s->tenant, chain, n, err,
+                                          sizeof err)
+                 : kvp_prefix_store_put(env->store, s->id, s->tenant, chain, n, err, sizeof err);
+    if (rc < 0)
         kvpd_log("warning", "session %.8s: %s (after a restart, this conversation is no "
                  "source of forks until it is read again)", s->id, err);
     free(chain);
@@ -155,8 +160,9 @@ int kvp_session_save(kvp_session *s, const kvp_session_env *env, char *err, size
                                    s->hist_msgs + s->n_msgs, ierr, sizeof ierr) < 0)
             kvpd_log("warning", "session %.8s: %s (after a restart, a request extending this "
                      "conversation would start a new one)", s->id, ierr);
-        save_prefix(s, env->state_dir);
     }
+    if (rc == 0)
+        save_prefix(s, env);
     free(cache);
     return rc;
 }

@@ -15,6 +15,7 @@
 #include "base/checksum.h"
 #include "base/fileio.h"
 #include "base/log.h"
+#include "store/store.h"
 
 void kvp_prefix_recs_free(kvp_prefix_recs *x)
 {
@@ -363,4 +364,72 @@ int kvp_prefix_file_append(const char *dir, const char *id, const char *tenant,
     pthread_mutex_unlock(&g_lock);
     free(line);
     return rc;
+}
+
+/* ---- in a shared store ---- */
+
+int kvp_prefix_store_put(struct kvp_store *st, const char *id, const char *tenant,
+                         const uint64_t *chain, int n, char *err, size_t errlen)
+{
+    char *line = malloc(KVP_PREFIX_FILE_LINE_MAX + 1);
+    int len = line ? kvp_prefix_line_format(line, KVP_PREFIX_FILE_LINE_MAX + 1, id, tenant,
+                                            chain, n) : -1;
+    int rc = len < 0 ? (line ? -EINVAL : -ENOMEM)
+                     : kvp_store_hint_put(st, id, line, (size_t)len, err, errlen);
+    if (len < 0)
+        snprintf(err, errlen, "prefix index: %s", line ? "invalid line" : "out of memory");
+    free(line);
+    return rc;
+}
+
+typedef struct store_read {
+    kvp_prefix_recs *x;
+    int damaged, oom;
+} store_read;
+
+static void store_line(void *ctx, const char *id, const void *val, size_t len)
+{
+    store_read *r = ctx;
+    const char *line = val;
+    kvp_prefix_rec rec;
+    if (len < 1 || line[len - 1] != '\n' || kvp_prefix_line_parse(line, len - 1, &rec) < 0) {
+        r->damaged++;
+        return;
+    }
+    if (strcmp(rec.id, id) || rec.n == 0) {   /* another's line, or retired */
+        r->damaged += rec.n > 0;
+        free(rec.chain);
+        return;
+    }
+    if (push(r->x, &rec) < 0) {
+        free(rec.chain);
+        r->oom = 1;
+    }
+}
+
+int kvp_prefix_store_load(kvp_prefix_recs *x, struct kvp_store *st, char *err, size_t errlen)
+{
+    store_read r = {.x = x};
+    int skipped = 0;
+    err[0] = '\0';
+    int rc = kvp_store_hint_each(st, KVP_PREFIX_FILE_LINE_MAX + 1, store_line, &r, &skipped,
+                                 err, errlen);
+    if (rc < 0)
+        return rc;
+    if (r.oom) {
+        snprintf(err, errlen, "prefix index: out of memory reading the store's lines");
+        return -ENOMEM;
+    }
+    int out = 0;
+    for (int i = 0; i < x->n; i++) {
+        if (kvp_store_exists(st, x->v[i].id) == 1)
+            x->v[out++] = x->v[i];
+        else
+            free(x->v[i].chain);
+    }
+    x->n = out;
+    if (r.damaged + skipped)
+        snprintf(err, errlen, "prefix index: %d damaged or oversized hint(s) skipped",
+                 r.damaged + skipped);
+    return x->n;
 }

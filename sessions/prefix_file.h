@@ -15,6 +15,9 @@
  * prefill), never a wrong one (the hub compares the tokens once the snapshot is read).
  * Reads are bounded: a line longer than KVP_PREFIX_FILE_LINE_MAX is skipped unread.
  *
+ * With Redis instead of a state directory, the same line is kept under the session's
+ * hint:<id> key (kvp_prefix_store_put, _load).
+ *
  * Bytes per conversation on disk: about 100 plus 17 per block, at most about 70 KB (4096
  * blocks, 65536 tokens), twice that between compactions. */
 #ifndef KVP_PREFIX_FILE_H
@@ -67,5 +70,16 @@ int kvp_prefix_file_load(kvp_prefix_recs *x, const char *dir, char *err, size_t 
  * message. */
 int kvp_prefix_file_append(const char *dir, const char *id, const char *tenant,
                            const uint64_t *chain, int n, char *err, size_t errlen);
+
+/* The same lines in a shared store (Redis: store/store.h, kvp_store_hint_put), one per
+ * session under its id: put replaces it (a worker, after the snapshot's write); load
+ * reads every one into x (at most KVP_PREFIX_FILE_LINE_MAX + 1 bytes of each; longer and
+ * damaged ones skipped and counted in err's message, as those whose line names another id,
+ * has no blocks, or whose snapshot is gone). Load returns the records kept or a negative
+ * code with a message; before the hub starts. */
+struct kvp_store;
+int kvp_prefix_store_put(struct kvp_store *st, const char *id, const char *tenant,
+                         const uint64_t *chain, int n, char *err, size_t errlen);
+int kvp_prefix_store_load(kvp_prefix_recs *x, struct kvp_store *st, char *err, size_t errlen);
 
 #endif

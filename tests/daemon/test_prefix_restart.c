@@ -256,3 +256,24 @@ Test(prefix_restart, another_tenant_never_reads_or_forks_a_saved_conversation)
     cr_assert_geq(c.cached, a.prompt - 32, "cached %d (log %s)", c.cached, d.log);
     stop(&d);
 }
+
+/* With Redis instead of a state directory: the lines are kept beside the snapshots
+ * (hint:<id>), and a restarted node rebuilds its index from them. */
+Test(prefix_restart, with_redis_a_restarted_node_forks_the_stored_opening)
+{
+    if (!h_have("redis-server"))
+        cr_skip_test("redis-server is not installed (scripts/setup.sh installs it)");
+    h_proc r;
+    cr_assert_eq(h_redis_start(&r, g_dir, 0, 0), 0, "redis-server did not start (log %s)", r.log);
+    char args[256];
+    snprintf(args, sizeof args, "--state-url redis://127.0.0.1:%d/0", r.port);
+    kvpd_proc d;
+    cr_assert_eq(kvpd_start(&d, args), 0, "kvpd did not start (log %s)", d.log);
+    usage a = first_conversation(&d);
+    stop(&d);
+    cr_assert_eq(kvpd_start(&d, args), 0, "kvpd did not start (log %s)", d.log);
+    cr_assert(kvpd_log_has(&d, "1 conversation(s) in the prefix index"), "log %s", d.log);
+    expect_opening_forked(&d, a.prompt);
+    stop(&d);
+    h_proc_stop(&r, 5000);
+}

@@ -1,0 +1,107 @@
+/* Hints beside the Redis store's snapshots (store/store.h, kvp_store_hint_put): the key
+ *   hint:<id>   a small value of the session's, PX snapshot_ttl
+ * written after the snapshot, read back by a scan at start. Not part of the write
+ * protocol: a hint may outlive its snapshot or expire before it (the reader checks). */
+#include <errno.h>
+#include <hiredis/hiredis.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "store/store_impl.h"
+
+static int is_redis(const kvp_store *st)
+{
+    return st && !strcmp(st->kind, "redis");
+}
+
+static int bad_reply(redisReply *rep, const char *what, char *err, size_t errlen)
+{
+    snprintf(err, errlen, "redis %s: %s", what,
+             rep->type == REDIS_REPLY_ERROR ? rep->str : "unexpected reply");
+    freeReplyObject(rep);
+    return -EIO;
+}
+
+int kvp_store_hint_put(kvp_store *st, const char *id, const void *val, size_t len,
+                       char *err, size_t errlen)
+{
+    if (!is_redis(st))
+        return -ENOTSUP;
+    if (!kvp_snapshot_id_valid(id)) {
+        snprintf(err, errlen, "hint: invalid session id");
+        return -EINVAL;
+    }
+    char k[96], ttl[24];
+    kvp_redis_key(k, sizeof k, "hint", id);
+    snprintf(ttl, sizeof ttl, "%lld", (long long)(st->ttl_s * 1000));
+    int argc = st->ttl_s > 0 ? 5 : 3;
+    const char *argv[] = {"SET", k, val, "PX", ttl};
+    size_t lens[] = {3, strlen(k), len, 2, strlen(ttl)};
+    redisReply *rep = kvp_redis_command(st, argc, argv, lens, err, errlen);
+    if (!rep) {
+        kvp_store_count_error(st);
+        return -EIO;
+    }
+    if (rep->type != REDIS_REPLY_STATUS)
+        return bad_reply(rep, "SET hint", err, errlen);
+    freeReplyObject(rep);
+    return 0;
+}
+
+/* The hint under key k, at most max bytes of it read (GETRANGE): fn's, or counted in
+ * *skipped when longer or not a string. */
+static int one(kvp_store *st, const char *k, const char *id, size_t max,
+               void (*fn)(void *ctx, const char *id, const void *val, size_t len), void *ctx,
+               int *skipped, char *err, size_t errlen)
+{
+    char end[24];
+    snprintf(end, sizeof end, "%zu", max);   /* bytes 0..max: one more than may be used */
+    const char *argv[] = {"GETRANGE", k, "0", end};
+    size_t lens[] = {8, strlen(k), 1, strlen(end)};
+    redisReply *rep = kvp_redis_command(st, 4, argv, lens, err, errlen);
+    if (!rep)
+        return -EIO;
+    if (rep->type == REDIS_REPLY_STRING && rep->len > 0 && (size_t)rep->len <= max)
+        fn(ctx, id, rep->str, (size_t)rep->len);
+    else if (!(rep->type == REDIS_REPLY_STRING && rep->len == 0))   /* gone meanwhile */
+        (*skipped)++;
+    freeReplyObject(rep);
+    return 0;
+}
+
+int kvp_store_hint_each(kvp_store *st, size_t max,
+                        void (*fn)(void *ctx, const char *id, const void *val, size_t len),
+                        void *ctx, int *skipped, char *err, size_t errlen)
+{
+    *skipped = 0;
+    if (!is_redis(st))
+        return -ENOTSUP;
+    char cursor[32] = "0";
+    int rc = 0;
+    do {
+        const char *argv[] = {"SCAN", cursor, "MATCH", "hint:*", "COUNT", "256"};
+        size_t lens[6];
+        for (int i = 0; i < 6; i++)
+            lens[i] = strlen(argv[i]);
+        redisReply *rep = kvp_redis_command(st, 6, argv, lens, err, errlen);
+        if (!rep)
+            return -EIO;
+        if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2 ||
+            rep->element[0]->type != REDIS_REPLY_STRING ||
+            rep->element[1]->type != REDIS_REPLY_ARRAY)
+            return bad_reply(rep, "SCAN", err, errlen);
+        snprintf(cursor, sizeof cursor, "%s", rep->element[0]->str);
+        redisReply *keys = rep->element[1];
+        for (size_t i = 0; i < keys->elements && rc == 0; i++) {
+            const redisReply *k = keys->element[i];
+            if (k->type == REDIS_REPLY_STRING && k->len > 5 && strlen(k->str) == k->len &&
+                kvp_snapshot_id_valid(k->str + 5))
+                rc = one(st, k->str, k->str + 5, max, fn, ctx, skipped, err, errlen);
+            else
+                (*skipped)++;
+        }
+        freeReplyObject(rep);
+    } while (rc == 0 && strcmp(cursor, "0") != 0);
+    return rc;
+}
