@@ -9,6 +9,7 @@
  *   tenant:<id>            the tenant (API key) the session belongs to, with the snapshot
  *   tsnaps:<tenant>        the tenant's stored session ids, scored by last write (ms)
  *   tbytes:<tenant>        their bytes, and the total under "*" (store/store_redis_quota.c)
+ *   hint:<id>              a hint beside the snapshot (store/store_redis_hint.c)
  * Blocking hiredis calls on the calling thread (a worker, or the store's thread), one
  * connection per thread at a time from a small pool: the loop never waits on Redis.
  * A snapshot is written whole at every turn (no journal), by a script that writes only
