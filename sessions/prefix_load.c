@@ -60,6 +60,12 @@ void hub_prefix_disk_free(kvp_hub *h)
     h->prefix_disk = NULL;
 }
 
+size_t hub_prefix_disk_bytes(const kvp_hub *h)
+{
+    const struct kvp_prefix_disk *d = h->prefix_disk;
+    return d ? sizeof *d + (size_t)d->n * sizeof *d->v + kvp_prefix_bytes(d->ix) : 0;
+}
+
 int hub_prefix_disk_count(const kvp_hub *h)
 {
     return h->prefix_disk ? h->prefix_disk->live : 0;

@@ -6,9 +6,9 @@
  * waiting as for an exact match), then forks it; a load that fails leaves the request to
  * a fresh prefill. Private to sessions/; loop thread.
  *
- * Memory: 88 bytes per conversation known only on disk, plus its index entries (at most
- * KVP_PREFIX_ENTRY_BYTES per block, within the defaults of sessions/prefix.h: at most
- * 4096 blocks of a conversation and 512Ki in all). */
+ * Memory: per conversation known only on disk, its record (82 bytes) and its owner entry
+ * in the index (40), plus at most KVP_PREFIX_ENTRY_BYTES per block, within the defaults
+ * of sessions/prefix.h (at most 4096 blocks of a conversation and 512Ki in all). */
 #ifndef KVP_PREFIX_LOAD_H
 #define KVP_PREFIX_LOAD_H
 
@@ -21,6 +21,8 @@ int hub_prefix_adopt(kvp_hub *h, kvp_prefix_recs *x);
 void hub_prefix_disk_free(kvp_hub *h);
 /* Conversations known only on disk, still sources (not read since the start). */
 int hub_prefix_disk_count(const kvp_hub *h);
+/* The bytes their records and index hold (part of kvpd_prefix_index_bytes). */
+size_t hub_prefix_disk_bytes(const kvp_hub *h);
 
 /* kvp_hub_chat, for a request that starts a new conversation: when a parked or on-disk
  * conversation of c's tenant has a longer indexed prefix of the request's rendering than
