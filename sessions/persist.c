@@ -169,6 +169,8 @@ int kvp_session_save(kvp_session *s, const kvp_session_env *env, char *err, size
 
 static int append(kvp_session *s, const int *ids, int n)
 {
+    if (n <= 0)   /* a message of no tokens: ids may be NULL, as tokens may be */
+        return 0;
     if (s->n_tokens + n > s->cap_tokens) {
         int cap = s->cap_tokens ? s->cap_tokens : 256;
         while (cap < s->n_tokens + n)

@@ -241,6 +241,8 @@ static int read_all(kvp_prefix_recs *x, const char *path, int *damaged, char *er
 /* Keeps the last record of each id, when it has blocks and its snapshot is in dir. */
 static void keep_current(kvp_prefix_recs *x, const char *dir)
 {
+    if (x->n == 0)   /* (qsort of no array: x->v may be NULL) */
+        return;
     qsort(x->v, (size_t)x->n, sizeof *x->v, by_id_then_seq);
     int out = 0;
     for (int i = 0; i < x->n; i++) {
