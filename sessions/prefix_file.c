@@ -238,8 +238,9 @@ static int read_all(kvp_prefix_recs *x, const char *path, int *damaged, char *er
     return rc;
 }
 
-/* Keeps the last record of each id, when it has blocks and its snapshot is in dir. */
-static void keep_current(kvp_prefix_recs *x, const char *dir)
+/* Keeps the last record of each id, when it has blocks and its snapshot exists. */
+static void keep_current(kvp_prefix_recs *x, int (*exists)(void *ctx, const char *id),
+                         void *ctx)
 {
     if (x->n == 0)   /* (qsort of no array: x->v may be NULL) */
         return;
@@ -248,12 +249,22 @@ static void keep_current(kvp_prefix_recs *x, const char *dir)
     for (int i = 0; i < x->n; i++) {
         kvp_prefix_rec *r = &x->v[i];
         int last = i + 1 == x->n || strcmp(r->id, x->v[i + 1].id);
-        if (last && r->n > 0 && kvp_snapshot_exists(dir, r->id))
+        if (last && r->n > 0 && exists(ctx, r->id))
             x->v[out++] = *r;
         else
             free(r->chain);
     }
     x->n = out;
+}
+
+static int in_dir(void *dir, const char *id)
+{
+    return kvp_snapshot_exists(dir, id);
+}
+
+static int in_store(void *st, const char *id)
+{
+    return kvp_store_exists(st, id) == 1;
 }
 
 static int rewrite(const kvp_prefix_recs *x, const char *dir, char *err, size_t errlen)
@@ -297,7 +308,7 @@ int kvp_prefix_file_load(kvp_prefix_recs *x, const char *dir, char *err, size_t 
     err[0] = '\0';
     if (rc < 0 || (rc = read_all(x, path, &damaged, err, errlen)) < 0)
         return rc;
-    keep_current(x, dir);
+    keep_current(x, in_dir, (void *)dir);
     if ((rc = rewrite(x, dir, err, errlen)) < 0)
         return rc;
     if (damaged)
@@ -387,6 +398,7 @@ int kvp_prefix_store_put(struct kvp_store *st, const char *id, const char *tenan
 typedef struct store_read {
     kvp_prefix_recs *x;
     int damaged, oom;
+    long seq;
 } store_read;
 
 static void store_line(void *ctx, const char *id, const void *val, size_t len)
@@ -403,6 +415,7 @@ static void store_line(void *ctx, const char *id, const void *val, size_t len)
         free(rec.chain);
         return;
     }
+    rec.seq = r->seq++;
     if (push(r->x, &rec) < 0) {
         free(rec.chain);
         r->oom = 1;
@@ -422,14 +435,7 @@ int kvp_prefix_store_load(kvp_prefix_recs *x, struct kvp_store *st, char *err, s
         snprintf(err, errlen, "prefix index: out of memory reading the store's lines");
         return -ENOMEM;
     }
-    int out = 0;
-    for (int i = 0; i < x->n; i++) {
-        if (kvp_store_exists(st, x->v[i].id) == 1)
-            x->v[out++] = x->v[i];
-        else
-            free(x->v[i].chain);
-    }
-    x->n = out;
+    keep_current(x, in_store, st);   /* (a scan may return a key twice) */
     if (r.damaged + skipped)
         snprintf(err, errlen, "prefix index: %d damaged or oversized hint(s) skipped",
                  r.damaged + skipped);

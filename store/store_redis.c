@@ -462,13 +462,15 @@ static int redis_remove(kvp_store *st, const char *id, char *err, size_t errlen)
     return remove_keys(st, id, err, errlen);
 }
 
-static int redis_list(kvp_store *st, void (*fn)(void *ctx, const char *id), void *ctx,
-                      char *err, size_t errlen)
+int kvp_redis_scan(kvp_store *st, const char *prefix, int (*fn)(void *ctx, const char *id),
+                   void *ctx, char *err, size_t errlen)
 {
-    char cursor[32] = "0";
-    int count = 0;
+    char cursor[32] = "0", match[64];
+    size_t skip = strlen(prefix) + 1;
+    snprintf(match, sizeof match, "%s:*", prefix);
+    int count = 0, rc = 0;
     do {
-        const char *argv[] = {"SCAN", cursor, "MATCH", "snap:*", "COUNT", "256"};
+        const char *argv[] = {"SCAN", cursor, "MATCH", match, "COUNT", "256"};
         size_t lens[6];
         for (int i = 0; i < 6; i++)
             lens[i] = strlen(argv[i]);
@@ -481,16 +483,36 @@ static int redis_list(kvp_store *st, void (*fn)(void *ctx, const char *id), void
             return reply_error(rep, "SCAN", err, errlen);
         snprintf(cursor, sizeof cursor, "%s", rep->element[0]->str);
         redisReply *keys = rep->element[1];
-        for (size_t i = 0; i < keys->elements; i++) {
+        for (size_t i = 0; i < keys->elements && rc == 0; i++) {
             const redisReply *k = keys->element[i];
-            if (k->type == REDIS_REPLY_STRING && k->len > 5 && kvp_snapshot_id_valid(k->str + 5)) {
-                fn(ctx, k->str + 5);
+            if (k->type == REDIS_REPLY_STRING && k->len > skip && strlen(k->str) == k->len &&
+                kvp_snapshot_id_valid(k->str + skip)) {
+                rc = fn(ctx, k->str + skip);
                 count++;
             }
         }
         freeReplyObject(rep);
-    } while (strcmp(cursor, "0") != 0);
-    return count;
+    } while (rc == 0 && strcmp(cursor, "0") != 0);
+    return rc < 0 ? rc : count;
+}
+
+typedef struct list_ctx {
+    void (*fn)(void *ctx, const char *id);
+    void *ctx;
+} list_ctx;
+
+static int list_one(void *ctx, const char *id)
+{
+    const list_ctx *l = ctx;
+    l->fn(l->ctx, id);
+    return 0;
+}
+
+static int redis_list(kvp_store *st, void (*fn)(void *ctx, const char *id), void *ctx,
+                      char *err, size_t errlen)
+{
+    list_ctx l = {fn, ctx};
+    return kvp_redis_scan(st, "snap", list_one, &l, err, errlen);
 }
 
 /* KEYS: snap, turns, ver, fence, tenant. ARGV: ttl ms, the counter's ttl ms. The time

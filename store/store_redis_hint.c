@@ -49,23 +49,33 @@ int kvp_store_hint_put(kvp_store *st, const char *id, const void *val, size_t le
     return 0;
 }
 
-/* The hint under key k, at most max bytes of it read (GETRANGE): fn's, or counted in
- * *skipped when longer or not a string. */
-static int one(kvp_store *st, const char *k, const char *id, size_t max,
-               void (*fn)(void *ctx, const char *id, const void *val, size_t len), void *ctx,
-               int *skipped, char *err, size_t errlen)
+typedef struct hint_scan {
+    kvp_store *st;
+    size_t max;
+    void (*fn)(void *ctx, const char *id, const void *val, size_t len);
+    void *ctx;
+    int *skipped;
+    char *err;
+    size_t errlen;
+} hint_scan;
+
+/* id's hint, at most max + 1 bytes of it read (GETRANGE): fn's, or counted in skipped
+ * when longer or not a string. */
+static int one(void *ctx, const char *id)
 {
-    char end[24];
-    snprintf(end, sizeof end, "%zu", max);   /* bytes 0..max: one more than may be used */
+    const hint_scan *h = ctx;
+    char k[96], end[24];
+    kvp_redis_key(k, sizeof k, "hint", id);
+    snprintf(end, sizeof end, "%zu", h->max);   /* bytes 0..max: one more than may be used */
     const char *argv[] = {"GETRANGE", k, "0", end};
     size_t lens[] = {8, strlen(k), 1, strlen(end)};
-    redisReply *rep = kvp_redis_command(st, 4, argv, lens, err, errlen);
+    redisReply *rep = kvp_redis_command(h->st, 4, argv, lens, h->err, h->errlen);
     if (!rep)
         return -EIO;
-    if (rep->type == REDIS_REPLY_STRING && rep->len > 0 && (size_t)rep->len <= max)
-        fn(ctx, id, rep->str, (size_t)rep->len);
-    else if (!(rep->type == REDIS_REPLY_STRING && rep->len == 0))   /* gone meanwhile */
-        (*skipped)++;
+    if (rep->type == REDIS_REPLY_STRING && rep->len > 0 && (size_t)rep->len <= h->max)
+        h->fn(h->ctx, id, rep->str, (size_t)rep->len);
+    else if (!(rep->type == REDIS_REPLY_STRING && rep->len == 0))   /* "": gone meanwhile */
+        (*h->skipped)++;
     freeReplyObject(rep);
     return 0;
 }
@@ -77,31 +87,7 @@ int kvp_store_hint_each(kvp_store *st, size_t max,
     *skipped = 0;
     if (!is_redis(st))
         return -ENOTSUP;
-    char cursor[32] = "0";
-    int rc = 0;
-    do {
-        const char *argv[] = {"SCAN", cursor, "MATCH", "hint:*", "COUNT", "256"};
-        size_t lens[6];
-        for (int i = 0; i < 6; i++)
-            lens[i] = strlen(argv[i]);
-        redisReply *rep = kvp_redis_command(st, 6, argv, lens, err, errlen);
-        if (!rep)
-            return -EIO;
-        if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2 ||
-            rep->element[0]->type != REDIS_REPLY_STRING ||
-            rep->element[1]->type != REDIS_REPLY_ARRAY)
-            return bad_reply(rep, "SCAN", err, errlen);
-        snprintf(cursor, sizeof cursor, "%s", rep->element[0]->str);
-        redisReply *keys = rep->element[1];
-        for (size_t i = 0; i < keys->elements && rc == 0; i++) {
-            const redisReply *k = keys->element[i];
-            if (k->type == REDIS_REPLY_STRING && k->len > 5 && strlen(k->str) == k->len &&
-                kvp_snapshot_id_valid(k->str + 5))
-                rc = one(st, k->str, k->str + 5, max, fn, ctx, skipped, err, errlen);
-            else
-                (*skipped)++;
-        }
-        freeReplyObject(rep);
-    } while (rc == 0 && strcmp(cursor, "0") != 0);
-    return rc;
+    hint_scan h = {st, max, fn, ctx, skipped, err, errlen};
+    int rc = kvp_redis_scan(st, "hint", one, &h, err, errlen);
+    return rc < 0 ? rc : 0;
 }
