@@ -233,6 +233,7 @@ Test(prefix_restart, a_parked_conversation_is_a_fork_source)
     chat(&d, NULL, y, 1, 4);
     cr_assert_geq(metric(&d, "kvpd_sessions_parked"), 1);
     expect_opening_forked(&d, a.prompt);
+    cr_assert(kvpd_log_has(&d, "read from its snapshot to be forked"), "log %s", d.log);
     stop(&d);
 }
 
