@@ -4,8 +4,11 @@
  * conversation, fork it from its snapshot (read first) and prefill only the rest; a
  * damaged prefix.index is skipped line by line with a log message; a parked conversation
  * is a fork source too. Over the OpenAI API (chat completions, not streamed). */
+#include <arpa/inet.h>
 #include <criterion/criterion.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -258,6 +261,29 @@ Test(prefix_restart, another_tenant_never_reads_or_forks_a_saved_conversation)
     stop(&d);
 }
 
+/* SET key to val[0..len) in Redis (RESP, binary-safe), waiting for the answer. */
+static void redis_set(int port, const char *key, const char *val, size_t len)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    cr_assert(fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0);
+    char head[128];
+    int n = snprintf(head, sizeof head, "*3\r\n$3\r\nSET\r\n$%zu\r\n%s\r\n$%zu\r\n",
+                     strlen(key), key, len);
+    cr_assert_eq(write(fd, head, (size_t)n), n);
+    for (size_t at = 0; at < len;) {
+        ssize_t w = write(fd, val + at, len - at);
+        cr_assert_gt(w, 0);
+        at += (size_t)w;
+    }
+    cr_assert_eq(write(fd, "\r\n", 2), 2);
+    char ok[8] = "";
+    cr_assert_gt(read(fd, ok, sizeof ok - 1), 0);
+    cr_assert(!strncmp(ok, "+OK", 3), "redis answered %s", ok);
+    close(fd);
+}
+
 /* With Redis instead of a state directory: the lines are kept beside the snapshots
  * (hint:<id>), and a restarted node rebuilds its index from them. */
 Test(prefix_restart, with_redis_a_restarted_node_forks_the_stored_opening)
@@ -272,8 +298,17 @@ Test(prefix_restart, with_redis_a_restarted_node_forks_the_stored_opening)
     cr_assert_eq(kvpd_start(&d, args), 0, "kvpd did not start (log %s)", d.log);
     usage a = first_conversation(&d);
     stop(&d);
+    /* hostile hints beside it: garbage with a NUL, and one far over the line bound */
+    redis_set(r.port, "hint:garbage", "zz 1 2\0 3\n", 10);
+    size_t huge = 200 * 1024;
+    char *big = malloc(huge);
+    cr_assert(big);
+    memset(big, '7', huge);
+    redis_set(r.port, "hint:huge", big, huge);
+    free(big);
     cr_assert_eq(kvpd_start(&d, args), 0, "kvpd did not start (log %s)", d.log);
     cr_assert(kvpd_log_has(&d, "1 conversation(s) in the prefix index"), "log %s", d.log);
+    cr_assert(kvpd_log_has(&d, "2 damaged or oversized hint(s) skipped"), "log %s", d.log);
     expect_opening_forked(&d, a.prompt);
     stop(&d);
     h_proc_stop(&r, 5000);
