@@ -9,9 +9,9 @@
 
 #include "sessions/hub_types.h"
 #include "sessions/metrics.h"
+#include "sessions/prefix_file.h"
 #include "sessions/scheduler.h"
 #include "sessions/session.h"
-#include "sessions/prefix_file.h"
 #include "sessions/transcripts.h"
 
 struct kvp_hub_storage {

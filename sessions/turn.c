@@ -253,11 +253,6 @@ static int take_lease(kvp_session *s, const kvp_session_env *env, char *err, siz
     return 0;
 }
 
-/* A turn's first unit, run as a job before the turn joins a batched step: everything
- * here may wait on the disk or the network, or take a while without the model (the
- * lease, the snapshot of an unparked session, its policy, a seeded transcript tokenized,
- * the user message into the transcript), so none of it holds back the other turns.
- * Returns as kvp_turn_step. */
 /* The session's policy, on the conf's shared weights (no file read); a conf without them
  * (made by hand) has its file read here, on this worker. 0 or a negative code with a
  * message (s->policy then NULL). */
@@ -274,6 +269,11 @@ static int make_policy(kvp_session *s, const kvp_session_env *env, char *err, si
     return rc;
 }
 
+/* A turn's first unit, run as a job before the turn joins a batched step: everything
+ * here may wait on the disk or the network, or take a while without the model (the
+ * lease, the snapshot of an unparked session, its policy, a seeded transcript tokenized,
+ * the user message into the transcript), so none of it holds back the other turns.
+ * Returns as kvp_turn_step. */
 static int turn_start(kvp_session *s, const kvp_session_env *env, const kvp_turn_sink *sink)
 {
     kvp_turn *t = &s->turn;
