@@ -70,7 +70,9 @@ static int hex16(const char *f, size_t len, uint64_t *out)
     if (len != 16)
         return -1;
     for (size_t i = 0; i < 16; i++) {
-        int v = f[i] >= '0' && f[i] <= '9' ? f[i] - '0' : f[i] >= 'a' && f[i] <= 'f' ? f[i] - 'a' + 10 : -1;
+        int v = f[i] >= '0' && f[i] <= '9'   ? f[i] - '0'
+                : f[i] >= 'a' && f[i] <= 'f' ? f[i] - 'a' + 10
+                                             : -1;
         if (v < 0)
             return -1;
         h = h << 4 | (uint64_t)v;
@@ -212,7 +214,8 @@ static int read_all(kvp_prefix_recs *x, const char *path, int *damaged, char *er
     FILE *f = fd >= 0 ? fdopen(fd, "r") : NULL;
     char *line = f ? malloc(KVP_PREFIX_FILE_LINE_MAX) : NULL;
     if (!line) {
-        snprintf(err, errlen, "open %s: %s", path, fd < 0 ? kvp_fileio_strerror(fd) : "out of memory");
+        snprintf(err, errlen, "open %s: %s", path,
+                 fd < 0 ? kvp_fileio_strerror(fd) : "out of memory");
         if (f)
             fclose(f);
         else if (fd >= 0)
@@ -221,7 +224,8 @@ static int read_all(kvp_prefix_recs *x, const char *path, int *damaged, char *er
     }
     int rc = 0, got;
     size_t len;
-    for (long seq = 0; rc == 0 && (got = read_line(f, line, KVP_PREFIX_FILE_LINE_MAX, &len)); seq++) {
+    for (long seq = 0;
+         rc == 0 && (got = read_line(f, line, KVP_PREFIX_FILE_LINE_MAX, &len)) != 0; seq++) {
         kvp_prefix_rec r;
         if (got < 0 || kvp_prefix_line_parse(line, len, &r) < 0) {
             (*damaged)++;

@@ -121,7 +121,8 @@ static int disk_ok(void *ctx, const void *owner)
 {
     const source_filter *f = ctx;
     const disk_source *d = owner;
-    return d->id[0] && !strcmp(d->tenant, f->c->tenant) && !kvp_session_find(&f->h->sessions, d->id);
+    return d->id[0] && !strcmp(d->tenant, f->c->tenant) &&
+           !kvp_session_find(&f->h->sessions, d->id);
 }
 
 int hub_prefix_load(kvp_hub_client *c, uint64_t hash, const char *system, size_t system_len,
@@ -144,7 +145,8 @@ int hub_prefix_load(kvp_hub_client *c, uint64_t hash, const char *system, size_t
     kvp_session *ps = parked ? (kvp_session *)kvp_prefix_lookup(h->prefix, c->tenant, tok, nt,
                                                                  parked_ok, &f, &lp) : NULL;
     disk_source *ds = hub_prefix_disk_count(h)
-        ? (disk_source *)kvp_prefix_lookup(h->prefix_disk->ix, c->tenant, tok, nt, disk_ok, &f, &ld)
+        ? (disk_source *)kvp_prefix_lookup(h->prefix_disk->ix, c->tenant, tok, nt, disk_ok, &f,
+                                           &ld)
         : NULL;
     free(tok);
     if (ds && ps && lp >= ld)
