@@ -123,10 +123,11 @@ static usage first_conversation(const kvpd_proc *d)
 
 /* A new conversation with the opening and another question: forked from the saved one,
  * only the question prefilled. */
-static void expect_opening_forked(const kvpd_proc *d, int opening_prompt)
+static const char *const SECOND[] = {OPENING " Once upon a time, Lily saw a cat."};
+
+static usage expect_opening_forked(const kvpd_proc *d, int opening_prompt)
 {
-    const char *q[] = {OPENING " Once upon a time, Lily saw a cat."};
-    usage b = chat(d, NULL, q, 1, 4);
+    usage b = chat(d, NULL, SECOND, 1, 4);
     /* the shared prefix is the opening's rendering: the first prompt but its question */
     cr_assert_geq(b.cached, opening_prompt - 16 - 16,
                   "the opening was not found (cached %d of %d, the first prompt %d; log %s)",
@@ -134,6 +135,26 @@ static void expect_opening_forked(const kvpd_proc *d, int opening_prompt)
     cr_assert_lt(b.cached, b.prompt);
     cr_assert_eq(b.prefilled, b.prompt - b.cached, "prefilled %d, prompt %d, cached %d",
                  b.prefilled, b.prompt, b.cached);
+    return b;
+}
+
+/* The tokens the second conversation shares with the first, as a daemon holding the
+ * first in memory finds them (forked from the resident session: the common prefix of
+ * their renderings, token by token), in a state directory of its own. */
+static int shared_prefix(void)
+{
+    char dir[128], args[256];
+    cr_assert_eq(h_mkdtemp(dir, sizeof dir), 0);
+    snprintf(args, sizeof args, "--state-dir %s", dir);
+    kvpd_proc d;
+    cr_assert_eq(kvpd_start(&d, args), 0, "kvpd did not start (log %s)", d.log);
+    const char *q[] = {OPENING " Tell me a story about the dog."};
+    chat(&d, NULL, q, 1, 8);
+    usage b = chat(&d, NULL, SECOND, 1, 4);
+    stop(&d);
+    h_rmdir(dir);
+    cr_assert_geq(b.cached, 64, "no reference: the resident fork cached %d", b.cached);
+    return b.cached;
 }
 
 Test(prefix_restart, a_new_conversation_after_a_restart_forks_the_saved_opening)
@@ -149,10 +170,15 @@ Test(prefix_restart, a_new_conversation_after_a_restart_forks_the_saved_opening)
     start(&d, NULL);
     cr_assert(kvpd_log_has(&d, "conversation(s) in the prefix index"), "log %s", d.log);
     double hits = metric(&d, "kvpd_prefix_hits_total");
-    expect_opening_forked(&d, a.prompt);
+    usage b = expect_opening_forked(&d, a.prompt);
     cr_assert_eq(metric(&d, "kvpd_prefix_hits_total"), hits + 1);
     cr_assert(kvpd_log_has(&d, "read from its snapshot to be forked"), "log %s", d.log);
     stop(&d);
+    /* as much as if the first conversation had stayed in memory */
+    int shared = shared_prefix();
+    cr_assert_geq(b.cached, shared - 16, "cached %d after the restart, %d shared", b.cached,
+                  shared);
+    cr_assert_eq(b.cached, shared);
 }
 
 Test(prefix_restart, a_branch_of_a_saved_conversation_after_a_restart_forks_it)
