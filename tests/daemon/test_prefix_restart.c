@@ -6,6 +6,7 @@
  * is a fork source too. Over the OpenAI API (chat completions, not streamed). */
 #include <arpa/inet.h>
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -203,6 +204,67 @@ Test(prefix_restart, a_branch_of_a_saved_conversation_after_a_restart_forks_it)
                   "turn 1 was not reused after the restart (cached %d, turn 1 held %d; log %s)",
                   b.cached, a.prompt + a.completion, d.log);
     cr_assert_eq(b.prefilled, b.prompt - b.cached);
+    stop(&d);
+}
+
+/* The path of the state directory's snapshot whose bytes hold text (the messages are
+ * stored as they are), into path. */
+static void snapshot_with(const char *text, char *path, size_t n)
+{
+    DIR *dir = opendir(g_dir);
+    cr_assert(dir);
+    int found = 0;
+    for (struct dirent *e; (e = readdir(dir));) {
+        size_t len = strlen(e->d_name);
+        if (len <= 5 || strcmp(e->d_name + len - 5, ".snap"))
+            continue;
+        char p[256];
+        snprintf(p, sizeof p, "%s/%s", g_dir, e->d_name);
+        static char bytes[1 << 20];
+        FILE *f = fopen(p, "rb");
+        size_t got = f ? fread(bytes, 1, sizeof bytes, f) : 0;
+        if (f)
+            fclose(f);
+        if (memmem(bytes, got, text, strlen(text))) {
+            snprintf(path, n, "%s", p);
+            found++;
+        }
+    }
+    closedir(dir);
+    cr_assert_eq(found, 1, "%d snapshots hold \"%s\"", found, text);
+}
+
+#define OPENING2 "The little robot rolled across the kitchen floor every morning, looking " \
+                 "for crumbs, lost buttons and the cat's favourite toy mouse, and it " \
+                 "sang a short song each time it found one."
+
+Test(prefix_restart, a_source_that_cannot_be_read_costs_only_the_fork)
+{
+    kvpd_proc d;
+    start(&d, NULL);
+    first_conversation(&d);
+    const char *q2[] = {OPENING2 " What did it find today?"};
+    chat(&d, NULL, q2, 1, 8);
+    stop(&d);
+    char damaged[256], gone[256];
+    snapshot_with("storyteller", damaged, sizeof damaged);
+    snapshot_with("little robot", gone, sizeof gone);
+    start(&d, NULL);
+    cr_assert(kvpd_log_has(&d, "2 conversation(s) in the prefix index"), "log %s", d.log);
+    /* after the index was read: one snapshot damaged, the other gone */
+    FILE *f = fopen(damaged, "r+");
+    cr_assert(f);
+    fputs("not a snapshot", f);
+    fclose(f);
+    cr_assert_eq(unlink(gone), 0);
+    usage b = chat(&d, NULL, SECOND, 1, 4);
+    cr_assert_eq(b.cached, 0);
+    cr_assert_eq(b.prefilled, b.prompt);
+    const char *other[] = {OPENING2 " Did it sing?"};
+    usage c = chat(&d, NULL, other, 1, 4);
+    cr_assert_eq(c.cached, 0);
+    cr_assert_eq(c.prefilled, c.prompt);
+    cr_assert(kvpd_log_has(&d, "read from its snapshot to be forked"), "log %s", d.log);
     stop(&d);
 }
 
