@@ -1,9 +1,12 @@
 /* Integration: the prefix index over conversations that are not resident
  * (sessions/prefix_load.h, sessions/prefix_file.h). After a restart on the same state
- * directory, a new conversation sharing a saved one's opening, and a branch of a saved
- * conversation, fork it from its snapshot (read first) and prefill only the rest; a
- * damaged prefix.index is skipped line by line with a log message; a parked conversation
- * is a fork source too. Over the OpenAI API (chat completions, not streamed). */
+ * directory, a new conversation sharing a saved one's opening (as much as if it had
+ * stayed in memory), and a branch of a saved conversation, fork it from its snapshot
+ * (read first) and prefill only the rest; a damaged prefix.index is skipped line by line
+ * with a log message; a parked conversation is a fork source too; another tenant never
+ * reads one; a snapshot damaged or gone costs only the fork; with Redis, a restarted node
+ * rebuilds the index from the hints beside the snapshots (hostile ones skipped). Over
+ * the OpenAI API (chat completions, not streamed). */
 #include <arpa/inet.h>
 #include <criterion/criterion.h>
 #include <dirent.h>
