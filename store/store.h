@@ -139,8 +139,8 @@ void kvp_store_lease_drop(kvp_store *st, const char *id);
 uint64_t kvp_store_quota_tenant_bytes(kvp_store *st, const char *tenant, int *snapshots);
 
 /* Hints (Redis only; -ENOTSUP otherwise): a small value kept beside a session's snapshot
- * under hint:<id>, with the snapshot's time to live but outside its write protocol (no
- * lease, no version), so a reader checks it against the snapshot it names. put: replaces
+ * under hint:<id>, deleted and renewed with the snapshot but outside its write protocol
+ * (no lease, no version), so a reader checks it against the snapshot it names. put: replaces
  * id's (a worker, after the snapshot's write). each: fn for every stored hint whose value
  * is 1..max bytes, reading at most max + 1 bytes of any (*skipped counts the others); 0
  * or a negative code with a message. Both block on Redis. */

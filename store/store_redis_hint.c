@@ -1,7 +1,10 @@
 /* Hints beside the Redis store's snapshots (store/store.h, kvp_store_hint_put): the key
  *   hint:<id>   a small value of the session's, PX snapshot_ttl
- * written after the snapshot, read back by a scan at start. Not part of the write
- * protocol: a hint may outlive its snapshot or expire before it (the reader checks). */
+ * written after the snapshot, read back by a scan at start; deleted with the snapshot
+ * (removal, a tenant's bounds) and its time to live renewed with it while the session is
+ * live (store/store_redis.c, store_redis_quota.c). Not part of the write protocol: a
+ * hint written by a node whose copy went stale, or one of a snapshot moved aside, may
+ * outlive its snapshot for a while (the reader checks). */
 #include <errno.h>
 #include <hiredis/hiredis.h>
 #include <stdio.h>
