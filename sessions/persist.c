@@ -161,7 +161,7 @@ int kvp_session_save(kvp_session *s, const kvp_session_env *env, char *err, size
             kvpd_log("warning", "session %.8s: %s (after a restart, a request extending this "
                      "conversation would start a new one)", s->id, ierr);
     }
-    if (rc == 0)
+    if (rc == 0 && env->store)
         save_prefix(s, env);
     free(cache);
     return rc;
