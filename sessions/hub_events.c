@@ -12,6 +12,7 @@
 #include "sessions/background.h"
 #include "sessions/hub_impl.h"
 #include "sessions/prefix.h"
+#include "sessions/prefix_load.h"
 #include "sessions/residency.h"
 #include "sessions/reuse.h"
 #include "store/store.h"
@@ -150,7 +151,10 @@ static void chat_loaded(kvp_hub *h, kvp_session *s, kvp_hub_client *c, const kvp
     } else {
         hub_leave(c);   /* it stays in memory, idle, under its real transcript */
     }
-    hub_chat_go(c, use, p->system, p->system_len, p->msgs, p->n, &p->o);
+    if (!use && p->fork)   /* the source is in memory now (or not): a fork, or a prefill */
+        hub_chat_new(c, p->system, p->system_len, p->msgs, p->n, &p->o, 0);
+    else
+        hub_chat_go(c, use, p->system, p->system_len, p->msgs, p->n, &p->o);
     hub_pending_free(p);
 }
 

@@ -69,6 +69,8 @@ typedef struct kvp_hub_pending {
     kvp_message *msgs;
     int n;
     int named;                       /* the session it waits for is the one it named */
+    int fork;                        /* ... or a source to fork (sessions/prefix_load.h):
+                                      * a new session follows (hub_chat_new) */
     kvp_turn_opts o;                 /* its stop strings point into stops, its biases
                                       * into bias */
     char *stops[KVP_HUB_MAX_STOPS];

@@ -17,6 +17,7 @@
 #include "sessions/background.h"
 #include "sessions/hub_impl.h"
 #include "sessions/prefix.h"
+#include "sessions/prefix_load.h"
 #include "sessions/residency.h"
 #include "store/store.h"
 
@@ -104,6 +105,9 @@ int kvp_hub_start(kvp_hub **out, const kvp_hub_params *p, char *err, size_t errl
                            .max_bytes = p->learn_max_bytes, .max_age_s = p->learn_max_age_s,
                            .fingerprint = p->model->cfg.fingerprint};
     h->prefix = kvp_prefix_create(0, 0);   /* NULL: forks only by messages */
+    if (h->storage && hub_prefix_adopt(h, &h->storage->prefix_recs) < 0)
+        kvpd_log("warning", "prefix index: out of memory for the state directory's "
+                 "conversations (they are fork sources once read again)");
     if (!(h->bg = kvp_background_new(p->model, p->kv_type, p->chunk, &lc, p->seed))) {
         snprintf(err, errlen, "out of memory");
         return -ENOMEM;
@@ -256,6 +260,7 @@ void kvp_hub_free(kvp_hub *h)
     kvp_transcripts_free(&h->transcripts);
     kvp_background_free(h->bg);
     kvp_prefix_free(h->prefix);
+    hub_prefix_disk_free(h);
     kvp_policy_conf_unref(h->pconf);
     kvp_hub_storage_close(h->storage);
     kvp_template_free(&h->env.tpl);

@@ -14,6 +14,7 @@
 #include "sessions/hub_impl.h"
 #include "sessions/persist.h"
 #include "sessions/prefix.h"
+#include "sessions/prefix_load.h"
 #include "sessions/residency.h"
 #include "sessions/reuse.h"
 #include "sessions/rewind.h"
@@ -330,7 +331,8 @@ void kvp_hub_chat(kvp_hub_client *c, const char *id, const char *system, size_t 
         return;
     }
     if (!s && !disk) {
-        hub_chat_new(c, system, system_len, msgs, n, o, 0);
+        if (!hub_prefix_load(c, hash, system, system_len, msgs, n, o))
+            hub_chat_new(c, system, system_len, msgs, n, o, 0);
         return;
     }
     if (s) {

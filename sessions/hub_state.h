@@ -9,6 +9,7 @@
 
 #include "sessions/hub_types.h"
 #include "sessions/metrics.h"
+#include "sessions/prefix_file.h"
 #include "sessions/scheduler.h"
 #include "sessions/session.h"
 #include "sessions/transcripts.h"
@@ -16,6 +17,7 @@
 struct kvp_hub_storage {
     struct kvp_store *store;         /* NULL: no snapshots */
     kvp_transcripts transcripts;     /* the directory's index, moved into the hub at start */
+    kvp_prefix_recs prefix_recs;     /* the directory's prefix file, moved likewise */
 };
 
 struct kvp_hub {
@@ -47,6 +49,9 @@ struct kvp_hub {
      * (sessions/hub_wait.c), and how many. */
     struct hub_wait *waits;
     int n_waits;
+    /* Conversations known only from the state directory's prefix file, fork sources
+     * once read (sessions/prefix_load.h); NULL: none. */
+    struct kvp_prefix_disk *prefix_disk;
 };
 
 struct kvp_hub_client {

@@ -12,6 +12,7 @@
 #include "sessions/background.h"
 #include "sessions/hub_impl.h"
 #include "sessions/prefix.h"
+#include "sessions/prefix_load.h"
 #include "sessions/residency.h"
 #include "store/store.h"
 
@@ -70,7 +71,7 @@ void kvp_hub_info_get(kvp_hub *h, kvp_hub_info *o)
     o->sessions_total = h->sessions.created_total;
     o->cache_bytes_accounted = kvp_hub_accounted_bytes(h, &o->cache_bytes_total);
     o->turn_reserve_bytes = kvp_hub_turn_bytes(h);
-    o->prefix_index_bytes = kvp_prefix_bytes(h->prefix);
+    o->prefix_index_bytes = kvp_prefix_bytes(h->prefix) + hub_prefix_disk_bytes(h);
     o->queue_depth = kvpd_sched_depth(h->sched);
     o->policy_file_loads = kvp_agent_set_loads();
     kvp_background_drain(h->bg, h->m);

@@ -1,6 +1,7 @@
 /* Where the hub keeps snapshots: opened off the loop before the hub starts (the state
  * directory is swept of interrupted writes and expired snapshots, and its transcript
- * index read; a Redis server must answer), then moved into the hub, which closes it. */
+ * index read; a Redis server must answer; the prefix index's lines are read from either),
+ * then moved into the hub, which closes it. */
 #include "sessions/hub.h"
 
 #include <errno.h>
@@ -38,6 +39,19 @@ int kvp_hub_storage_open(kvp_hub_storage **out, const kvp_hub_storage_params *p,
             kvpd_log("warning", "state directory: %s", why);
         if (n > 0)
             kvpd_log("info", "state directory: %d conversation(s) in the transcript index", n);
+        n = kvp_prefix_file_load(&s->prefix_recs, kvp_store_dir(s->store), why, sizeof why);
+        if (n < 0 || why[0])
+            kvpd_log("warning", "state directory: %s", why);
+        if (n > 0)
+            kvpd_log("info", "state directory: %d conversation(s) in the prefix index", n);
+    } else if (s->store) {   /* a shared store: the same lines beside the snapshots */
+        char why[512] = "";
+        int n = kvp_prefix_store_load(&s->prefix_recs, s->store, why, sizeof why);
+        if (n < 0 || why[0])
+            kvpd_log("warning", "%s: %s", kvp_store_where(s->store), why);
+        if (n > 0)
+            kvpd_log("info", "%s: %d conversation(s) in the prefix index",
+                     kvp_store_where(s->store), n);
     }
     *out = s;
     return 0;
@@ -48,6 +62,7 @@ void kvp_hub_storage_close(kvp_hub_storage *s)
     if (!s)
         return;
     kvp_transcripts_free(&s->transcripts);
+    kvp_prefix_recs_free(&s->prefix_recs);
     kvp_store_close(s->store);   /* releases the leases still held */
     free(s);
 }

@@ -12,6 +12,7 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "store/store.h"
+#include "sessions/prefix_file.h"
 #include "sessions/transcripts.h"
 
 /* The snapshot's messages borrow the session's (the write only reads them). */
@@ -104,6 +105,30 @@ static int save_increment(kvp_session *s, void *cache, size_t cache_len,
     return rc;
 }
 
+/* The conversation's token blocks for the prefix index of a restart (prefix_file.h), in
+ * the state directory's file or beside its snapshot in Redis: its chain hashes while its
+ * cache holds its tokens from the start (as the hub indexes it), else a line of no blocks
+ * that retires the earlier ones. */
+static void save_prefix(const kvp_session *s, const kvp_session_env *env)
+{
+    int whole = s->policy && !s->hist_tokens && s->cache.n_seen == s->n_cached &&
+                s->n_cached > 0 && s->n_cached <= s->n_tokens;
+    int max = whole ? s->n_cached / KVP_PREFIX_BLOCK : 0;
+    if (max > KVP_PREFIX_MAX_PER)
+        max = KVP_PREFIX_MAX_PER;
+    uint64_t *chain = max ? malloc((size_t)max * sizeof *chain) : NULL;
+    int n = chain ? kvp_prefix_chain(s->tenant, s->tokens, s->n_cached, chain, max) : 0;
+    char err[256];
+    int rc = env->state_dir && env->state_dir[0]
+                 ? kvp_prefix_file_append(env->state_dir, s->id, s->tenant, chain, n, err,
+                                          sizeof err)
+                 : kvp_prefix_store_put(env->store, s->id, s->tenant, chain, n, err, sizeof err);
+    if (rc < 0)
+        kvpd_log("warning", "session %.8s: %s (after a restart, this conversation is no "
+                 "source of forks until it is read again)", s->id, err);
+    free(chain);
+}
+
 int kvp_session_save(kvp_session *s, const kvp_session_env *env, char *err, size_t errlen)
 {
     double t0 = kvp_now();
@@ -136,12 +161,16 @@ int kvp_session_save(kvp_session *s, const kvp_session_env *env, char *err, size
             kvpd_log("warning", "session %.8s: %s (after a restart, a request extending this "
                      "conversation would start a new one)", s->id, ierr);
     }
+    if (rc == 0 && env->store)
+        save_prefix(s, env);
     free(cache);
     return rc;
 }
 
 static int append(kvp_session *s, const int *ids, int n)
 {
+    if (n <= 0)   /* a message of no tokens: ids may be NULL, as tokens may be */
+        return 0;
     if (s->n_tokens + n > s->cap_tokens) {
         int cap = s->cap_tokens ? s->cap_tokens : 256;
         while (cap < s->n_tokens + n)

@@ -175,16 +175,49 @@ static int make_room(kvp_prefix_index *ix, int need, int keep)
     return grow_buckets(ix, ix->live + need);
 }
 
+int kvp_prefix_chain(const char *tenant, const int *tokens, int n, uint64_t *out, int max)
+{
+    int blocks = n > 0 && tokens ? n / KVP_PREFIX_BLOCK : 0;
+    if (blocks > max)
+        blocks = max;
+    uint64_t h = tenant_seed(tenant);
+    for (int b = 0; b < blocks; b++)
+        out[b] = h = block_hash(h, tokens + (size_t)b * KVP_PREFIX_BLOCK);
+    return blocks > 0 ? blocks : 0;
+}
+
 int kvp_prefix_put(kvp_prefix_index *ix, const void *owner, const char *tenant,
                    const int *tokens, int n)
 {
     if (!ix || !owner)
         return -EINVAL;
-    kvp_prefix_remove(ix, owner);
     int blocks = n > 0 && tokens ? n / KVP_PREFIX_BLOCK : 0;
     if (blocks > ix->max_per)
         blocks = ix->max_per;
-    if (!blocks)
+    if (!blocks) {
+        kvp_prefix_remove(ix, owner);
+        return 0;
+    }
+    uint64_t *hs = malloc((size_t)blocks * sizeof *hs);
+    if (!hs) {
+        kvp_prefix_remove(ix, owner);
+        return -ENOMEM;
+    }
+    kvp_prefix_chain(tenant, tokens, n, hs, blocks);
+    int rc = kvp_prefix_put_chain(ix, owner, tenant, hs, blocks);
+    free(hs);
+    return rc;
+}
+
+int kvp_prefix_put_chain(kvp_prefix_index *ix, const void *owner, const char *tenant,
+                         const uint64_t *chain, int blocks)
+{
+    if (!ix || !owner)
+        return -EINVAL;
+    kvp_prefix_remove(ix, owner);
+    if (blocks > ix->max_per)
+        blocks = ix->max_per;
+    if (blocks <= 0 || !chain)
         return 0;
     int o = find_owner(ix, NULL);   /* a free slot */
     if (o < 0) {
@@ -210,9 +243,8 @@ int kvp_prefix_put(kvp_prefix_index *ix, const void *owner, const char *tenant,
     r->seed = tenant_seed(tenant);
     r->used = ++ix->clock;
     r->ids = ids;
-    uint64_t h = r->seed;
     for (int b = 0; b < blocks; b++) {
-        h = block_hash(h, tokens + (size_t)b * KVP_PREFIX_BLOCK);
+        uint64_t h = chain[b];
         int32_t id;
         if (ix->free_e >= 0) {
             id = ix->free_e;
@@ -245,9 +277,7 @@ const void *kvp_prefix_lookup(kvp_prefix_index *ix, const char *tenant, const in
     uint64_t *hs = malloc((size_t)blocks * sizeof *hs);
     if (!hs)
         return NULL;
-    uint64_t h = seed;
-    for (int b = 0; b < blocks; b++)
-        hs[b] = h = block_hash(h, tokens + (size_t)b * KVP_PREFIX_BLOCK);
+    kvp_prefix_chain(tenant, tokens, n, hs, blocks);
     /* deepest first: a hit at block b covers every block before it */
     int best = -1;
     for (int b = blocks - 1; b >= 0 && best < 0; b--) {

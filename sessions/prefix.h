@@ -40,6 +40,13 @@ void kvp_prefix_free(kvp_prefix_index *ix);
  * (owner is then not indexed). */
 int kvp_prefix_put(kvp_prefix_index *ix, const void *owner, const char *tenant,
                    const int *tokens, int n);
+/* The chain hashes of tenant's tokens[0..n): out[b] is block b's (the hash put and looked
+ * up under), for at most max blocks. Returns the blocks written. Any thread. */
+int kvp_prefix_chain(const char *tenant, const int *tokens, int n, uint64_t *out, int max);
+/* As kvp_prefix_put, from chain[0..blocks) as kvp_prefix_chain made them (a conversation
+ * known by its hashes only, read back from disk). */
+int kvp_prefix_put_chain(kvp_prefix_index *ix, const void *owner, const char *tenant,
+                         const uint64_t *chain, int blocks);
 /* Forgets owner (nothing when it is not indexed). */
 void kvp_prefix_remove(kvp_prefix_index *ix, const void *owner);
 

@@ -253,6 +253,22 @@ static int take_lease(kvp_session *s, const kvp_session_env *env, char *err, siz
     return 0;
 }
 
+/* The session's policy, on the conf's shared weights (no file read); a conf without them
+ * (made by hand) has its file read here, on this worker. 0 or a negative code with a
+ * message (s->policy then NULL). */
+static int make_policy(kvp_session *s, const kvp_session_env *env, char *err, size_t errlen)
+{
+    int rc = s->pconf->weights
+                 ? kvp_policy_create_shared(&s->policy, s->pconf->weights, &env->model->cfg,
+                                            s->seed, err, errlen)
+                 : kvp_policy_create(&s->policy, s->pconf->name,
+                                     s->pconf->file[0] ? s->pconf->file : NULL,
+                                     &env->model->cfg, s->seed, err, errlen);
+    if (rc < 0)
+        s->policy = NULL;
+    return rc;
+}
+
 /* A turn's first unit, run as a job before the turn joins a batched step: everything
  * here may wait on the disk or the network, or take a while without the model (the
  * lease, the snapshot of an unparked session, its policy, a seeded transcript tokenized,
@@ -287,19 +303,10 @@ static int turn_start(kvp_session *s, const kvp_session_env *env, const kvp_turn
     }
     t->undo_tokens = s->n_tokens;   /* where a failure before the reply goes back to */
     if (!s->policy) {
-        /* On the conf's shared weights (no file read); a conf without them (made by
-         * hand) has its file read here, on this worker. */
         char err[160];
-        int rc = s->pconf->weights
-                     ? kvp_policy_create_shared(&s->policy, s->pconf->weights,
-                                                &env->model->cfg, s->seed, err, sizeof err)
-                     : kvp_policy_create(&s->policy, s->pconf->name,
-                                         s->pconf->file[0] ? s->pconf->file : NULL,
-                                         &env->model->cfg, s->seed, err, sizeof err);
-        if (rc < 0) {
-            s->policy = NULL;
+        int rc = make_policy(s, env, err, sizeof err);
+        if (rc < 0)
             return turn_fail(s, env, sink, 1, rc, "policy", err);
-        }
     }
 
     /* A request that continues this session from an earlier point (sessions/rewind.h):
@@ -412,6 +419,11 @@ int turn_run_job(kvp_session *s, const kvp_session_env *env, const kvp_turn_sink
         s->lost = rc == -ENOENT || rc == -EBADMSG;
         if (rc == 0)
             s->need_restore = 0;
+        /* its policy too, so that a loaded session can be forked before it takes a turn
+         * (one that cannot be made now is tried again by the turn) */
+        char perr[160];
+        if (rc == 0 && !s->policy && s->n_cached > 0)
+            (void)make_policy(s, env, perr, sizeof perr);
     } else {
         rc = kvp_session_save(s, env, err, sizeof err);
         s->saved = rc == 0;

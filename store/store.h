@@ -138,6 +138,18 @@ void kvp_store_lease_drop(kvp_store *st, const char *id);
  * blocks; 0 when it does not answer). Any thread. */
 uint64_t kvp_store_quota_tenant_bytes(kvp_store *st, const char *tenant, int *snapshots);
 
+/* Hints (Redis only; -ENOTSUP otherwise): a small value kept beside a session's snapshot
+ * under hint:<id>, deleted and renewed with the snapshot but outside its write protocol
+ * (no lease, no version), so a reader checks it against the snapshot it names. put: replaces
+ * id's (a worker, after the snapshot's write). each: fn for every stored hint whose value
+ * is 1..max bytes, reading at most max + 1 bytes of any (*skipped counts the others); 0
+ * or a negative code with a message. Both block on Redis. */
+int kvp_store_hint_put(kvp_store *st, const char *id, const void *val, size_t len,
+                       char *err, size_t errlen);
+int kvp_store_hint_each(kvp_store *st, size_t max,
+                        void (*fn)(void *ctx, const char *id, const void *val, size_t len),
+                        void *ctx, int *skipped, char *err, size_t errlen);
+
 /* Counters since open (any thread). */
 typedef struct kvp_store_stats {
     uint64_t lease_conflicts;     /* takes refused: another node held the lease */

@@ -100,6 +100,11 @@ struct redisReply;
 struct redisReply *kvp_redis_command(kvp_store *st, int argc, const char **argv,
                                      const size_t *lens, char *err, size_t errlen);
 void kvp_redis_key(char *buf, size_t n, const char *prefix, const char *id);
+/* scan: fn(ctx, id) for each key "<prefix>:<id>" with a valid id (SCAN MATCH, any order,
+ * a key may come twice); fn's nonzero stops it and is returned when negative. The count
+ * of keys seen, or a negative code with a message. */
+int kvp_redis_scan(kvp_store *st, const char *prefix, int (*fn)(void *ctx, const char *id),
+                   void *ctx, char *err, size_t errlen);
 
 /* Redis's bytes and snapshots per tenant (store/store_redis_quota.c; docs/cluster.md,
  * "Tenants' bounds"). Kept in Redis itself, so every node sharing it sees the same

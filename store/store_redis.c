@@ -9,6 +9,8 @@
  *   tenant:<id>            the tenant (API key) the session belongs to, with the snapshot
  *   tsnaps:<tenant>        the tenant's stored session ids, scored by last write (ms)
  *   tbytes:<tenant>        their bytes, and the total under "*" (store/store_redis_quota.c)
+ *   hint:<id>              a hint beside the snapshot (store/store_redis_hint.c), deleted
+ *                          and renewed with it, written after it
  * Blocking hiredis calls on the calling thread (a worker, or the store's thread), one
  * connection per thread at a time from a small pool: the loop never waits on Redis.
  * A snapshot is written whole at every turn (no journal), by a script that writes only
@@ -292,23 +294,25 @@ static int redis_put(kvp_store *st, const kvp_snapshot *snap, kvp_store_fence *f
     return rc;
 }
 
-/* KEYS: snap, turns, ver, tenant, tsnaps, tbytes. ARGV: id, the tenant its totals are
- * kept under. Deletes the stored session and takes it out of its tenant's totals:
+/* KEYS: snap, turns, ver, tenant, tsnaps, tbytes, hint. ARGV: id, the tenant its totals
+ * are kept under. Deletes the stored session and takes it out of its tenant's totals:
  * {1, ''}; {0, tenant} when it belongs to another tenant than the one named (nothing
  * deleted). */
 static const char REMOVE_SCRIPT[] =
     KVP_REDIS_UNCOUNT_LUA
     "local o = redis.call('GET', KEYS[4])\n"
     "if o and o ~= ARGV[2] then return {0, o} end\n"
-    "redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4])\n"
+    "redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[7])\n"
     "uncount(KEYS[5], KEYS[6], ARGV[1])\n"
     "return {1, ''}\n";
 
-/* Deletes snap, turns, ver and tenant of id and takes it out of its tenant's totals
- * (the tenant read first, checked again by the script). */
+/* Deletes snap, turns, ver, tenant and hint of id and takes it out of its tenant's
+ * totals (the tenant read first, checked again by the script). */
 static int remove_keys(kvp_store *st, const char *id, char *err, size_t errlen)
 {
-    char ks[96], kt[96], kv[96], ko[96], kz[96], kb[96], tenant[KVP_SNAPSHOT_TENANT_MAX + 1] = "";
+    char ks[96], kt[96], kv[96], ko[96], kz[96], kb[96], kh[96];
+    char tenant[KVP_SNAPSHOT_TENANT_MAX + 1] = "";
+    key(kh, sizeof kh, "hint", id);
     key(ks, sizeof ks, "snap", id);
     key(kt, sizeof kt, "turns", id);
     key(kv, sizeof kv, "ver", id);
@@ -324,7 +328,8 @@ static int remove_keys(kvp_store *st, const char *id, char *err, size_t errlen)
     for (int attempt = 0; attempt < 2; attempt++) {
         key(kz, sizeof kz, "tsnaps", tenant);
         key(kb, sizeof kb, "tbytes", tenant);
-        const char *argv[] = {"EVAL", REMOVE_SCRIPT, "6", ks, kt, kv, ko, kz, kb, id, tenant};
+        const char *argv[] = {"EVAL", REMOVE_SCRIPT, "7", ks, kt, kv, ko, kz, kb, kh, id,
+                              tenant};
         enum { ARGC = sizeof argv / sizeof argv[0] };
         size_t lens[ARGC];
         for (int i = 0; i < ARGC; i++)
@@ -461,13 +466,15 @@ static int redis_remove(kvp_store *st, const char *id, char *err, size_t errlen)
     return remove_keys(st, id, err, errlen);
 }
 
-static int redis_list(kvp_store *st, void (*fn)(void *ctx, const char *id), void *ctx,
-                      char *err, size_t errlen)
+int kvp_redis_scan(kvp_store *st, const char *prefix, int (*fn)(void *ctx, const char *id),
+                   void *ctx, char *err, size_t errlen)
 {
-    char cursor[32] = "0";
-    int count = 0;
+    char cursor[32] = "0", match[64];
+    size_t skip = strlen(prefix) + 1;
+    snprintf(match, sizeof match, "%s:*", prefix);
+    int count = 0, rc = 0;
     do {
-        const char *argv[] = {"SCAN", cursor, "MATCH", "snap:*", "COUNT", "256"};
+        const char *argv[] = {"SCAN", cursor, "MATCH", match, "COUNT", "256"};
         size_t lens[6];
         for (int i = 0; i < 6; i++)
             lens[i] = strlen(argv[i]);
@@ -480,26 +487,47 @@ static int redis_list(kvp_store *st, void (*fn)(void *ctx, const char *id), void
             return reply_error(rep, "SCAN", err, errlen);
         snprintf(cursor, sizeof cursor, "%s", rep->element[0]->str);
         redisReply *keys = rep->element[1];
-        for (size_t i = 0; i < keys->elements; i++) {
+        for (size_t i = 0; i < keys->elements && rc == 0; i++) {
             const redisReply *k = keys->element[i];
-            if (k->type == REDIS_REPLY_STRING && k->len > 5 && kvp_snapshot_id_valid(k->str + 5)) {
-                fn(ctx, k->str + 5);
+            if (k->type == REDIS_REPLY_STRING && k->len > skip && strlen(k->str) == k->len &&
+                kvp_snapshot_id_valid(k->str + skip)) {
+                rc = fn(ctx, k->str + skip);
                 count++;
             }
         }
         freeReplyObject(rep);
-    } while (strcmp(cursor, "0") != 0);
-    return count;
+    } while (rc == 0 && strcmp(cursor, "0") != 0);
+    return rc < 0 ? rc : count;
 }
 
-/* KEYS: snap, turns, ver, fence, tenant. ARGV: ttl ms, the counter's ttl ms. The time
- * to live of a stored session starts again (keys that have expired stay gone). */
+typedef struct list_ctx {
+    void (*fn)(void *ctx, const char *id);
+    void *ctx;
+} list_ctx;
+
+static int list_one(void *ctx, const char *id)
+{
+    const list_ctx *l = ctx;
+    l->fn(l->ctx, id);
+    return 0;
+}
+
+static int redis_list(kvp_store *st, void (*fn)(void *ctx, const char *id), void *ctx,
+                      char *err, size_t errlen)
+{
+    list_ctx l = {fn, ctx};
+    return kvp_redis_scan(st, "snap", list_one, &l, err, errlen);
+}
+
+/* KEYS: snap, turns, ver, fence, tenant, hint. ARGV: ttl ms, the counter's ttl ms. The
+ * time to live of a stored session starts again (keys that have expired stay gone). */
 static const char LIVE_SCRIPT[] =
     "if redis.call('PEXPIRE', KEYS[1], ARGV[1]) == 1 then\n"
     "  redis.call('PEXPIRE', KEYS[2], ARGV[1])\n"
     "  redis.call('PEXPIRE', KEYS[3], ARGV[1])\n"
     "  redis.call('PEXPIRE', KEYS[4], ARGV[2])\n"
     "  redis.call('PEXPIRE', KEYS[5], ARGV[1])\n"
+    "  redis.call('PEXPIRE', KEYS[6], ARGV[1])\n"
     "end\n"
     "return 1\n";
 
@@ -525,17 +553,18 @@ static int redis_expire(kvp_store *st, char *err, size_t errlen)
     snprintf(ttl, sizeof ttl, "%lld", (long long)(st->ttl_s * 1000));
     snprintf(fttl, sizeof fttl, "%lld", fence_ttl_ms(st));
     for (int i = 0; i < n; i++) {
-        char ks[96], kt[96], kv[96], kf[96], ko[96];
+        char ks[96], kt[96], kv[96], kf[96], ko[96], kh[96];
+        key(kh, sizeof kh, "hint", ids[i]);
         key(ks, sizeof ks, "snap", ids[i]);
         key(kt, sizeof kt, "turns", ids[i]);
         key(kv, sizeof kv, "ver", ids[i]);
         key(kf, sizeof kf, "fence", ids[i]);
         key(ko, sizeof ko, "tenant", ids[i]);
-        const char *argv[] = {"EVAL", LIVE_SCRIPT, "5", ks, kt, kv, kf, ko, ttl, fttl};
-        size_t lens[10];
-        for (int j = 0; j < 10; j++)
+        const char *argv[] = {"EVAL", LIVE_SCRIPT, "6", ks, kt, kv, kf, ko, kh, ttl, fttl};
+        size_t lens[11];
+        for (int j = 0; j < 11; j++)
             lens[j] = strlen(argv[j]);
-        redisAppendCommandArgv(c, 10, argv, lens);
+        redisAppendCommandArgv(c, 11, argv, lens);
     }
     int rc = 0;
     for (int i = 0; i < n && rc == 0; i++) {

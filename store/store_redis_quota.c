@@ -21,7 +21,7 @@
 #define BATCH 64
 #define ROUNDS 32
 
-/* KEYS: snap, turns, ver, tenant, lease, tsnaps, tbytes (of the candidate and the
+/* KEYS: snap, turns, ver, tenant, lease, tsnaps, tbytes, hint (of the candidate and the
  * tenant). ARGV: id, bytes bound, snapshots bound (0: none), the score it was picked
  * at, '1' to only drop an entry whose snapshot has expired, the tenant. 2: the snapshot had expired,
  * its entry dropped; 1: deleted; 0: it may not go (served by a node, written since,
@@ -42,7 +42,7 @@ static const char EVICT_SCRIPT[] =
     "if redis.call('ZSCORE', KEYS[6], ARGV[1]) ~= ARGV[4] then return 0 end\n"
     "local o = redis.call('GET', KEYS[4])\n"
     "if o and o ~= ARGV[6] then return 0 end\n"
-    "redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4])\n"
+    "redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[8])\n"
     "uncount(KEYS[6], KEYS[7], ARGV[1])\n"
     "return 1\n";
 
@@ -87,15 +87,16 @@ static int oldest(kvp_store *st, const char *kz, int offset, cand *out)
 static int evict(kvp_store *st, const char *tenant, const char *kz, const char *kb,
                  const cand *c, int stale_only)
 {
-    char ks[96], kt[96], kv[96], ko[96], kl[96], bmax[24], smax[16], err[200];
+    char ks[96], kt[96], kv[96], ko[96], kl[96], kh[96], bmax[24], smax[16], err[200];
     kvp_redis_key(ks, sizeof ks, "snap", c->id);
     kvp_redis_key(kt, sizeof kt, "turns", c->id);
     kvp_redis_key(kv, sizeof kv, "ver", c->id);
     kvp_redis_key(ko, sizeof ko, "tenant", c->id);
     kvp_redis_key(kl, sizeof kl, "lease", c->id);
+    kvp_redis_key(kh, sizeof kh, "hint", c->id);
     snprintf(bmax, sizeof bmax, "%llu", (unsigned long long)st->tenant_bytes_max);
     snprintf(smax, sizeof smax, "%d", st->tenant_snaps_max);
-    const char *argv[] = {"EVAL", EVICT_SCRIPT, "7", ks, kt, kv, ko, kl, kz, kb,
+    const char *argv[] = {"EVAL", EVICT_SCRIPT, "8", ks, kt, kv, ko, kl, kz, kb, kh,
                           c->id, bmax, smax, c->score, stale_only ? "1" : "0", tenant};
     enum { ARGC = sizeof argv / sizeof argv[0] };
     size_t lens[ARGC];

@@ -222,9 +222,11 @@ Test(persist, kill_9_during_generation_loses_at_most_the_turn_in_flight)
     cr_assert_eq(count_files(mine), 1, "the session's snapshot is missing or has a .tmp");
     /* and the transcript index (docs/openai.md), without its temporary file */
     cr_assert_eq(count_files("transcripts.index"), 1, "no transcript index, or its .tmp is left");
+    /* and the prefix index (docs/architecture.md), without its temporary file */
+    cr_assert_eq(count_files("prefix.index"), 1, "no prefix index, or its .tmp is left");
     /* and the state dir's lock, kept (with the last holder's pid) after the daemon */
     cr_assert_eq(count_files("kvpd.lock"), 1, "no state dir lock");
-    cr_assert_eq(count_files("") - 4, count_files(id), "files not of the session are left");
+    cr_assert_eq(count_files("") - 5, count_files(id), "files not of the session are left");
     cr_assert_leq(count_files(id), 2);
 }
 

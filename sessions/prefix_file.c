@@ -1,0 +1,447 @@
+/* The prefix index's file (sessions/prefix_file.h): lines parsed and formatted, the file
+ * read with bounded lines and compacted, appends serialised in this process. */
+#include "sessions/prefix_file.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/checksum.h"
+#include "base/fileio.h"
+#include "base/log.h"
+#include "store/store.h"
+
+void kvp_prefix_recs_free(kvp_prefix_recs *x)
+{
+    for (int i = 0; i < x->n; i++)
+        free(x->v[i].chain);
+    free(x->v);
+    memset(x, 0, sizeof *x);
+}
+
+/* ---- one line ---- */
+
+static int tenant_ok(const char *t)
+{
+    size_t n = strlen(t);
+    if (n > KVP_PREFIX_FILE_TENANT_MAX)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!((t[i] >= '0' && t[i] <= '9') || (t[i] >= 'a' && t[i] <= 'f')))
+            return 0;
+    return 1;
+}
+
+/* What the check field covers: the id, the tenant (NUL-ended, so fields cannot slide into
+ * each other), the count and the hashes. */
+static uint64_t line_check(const char *id, const char *tenant, const uint64_t *chain, int n)
+{
+    uint64_t h = kvp_fnv1a(KVP_FNV1A_INIT, "kvp-prefix-file\0", 16);
+    h = kvp_fnv1a(h, id, strlen(id) + 1);
+    h = kvp_fnv1a(h, tenant, strlen(tenant) + 1);
+    uint32_t n32 = (uint32_t)n;
+    h = kvp_fnv1a(h, &n32, sizeof n32);
+    return n > 0 ? kvp_fnv1a(h, chain, (size_t)n * sizeof *chain) : h;
+}
+
+/* The next space-separated field of [*p, end): its start and length; *p past it and one
+ * space. 0 when there is none. */
+static int field(const char **p, const char *end, const char **f, size_t *len)
+{
+    const char *s = *p, *sp = s < end ? memchr(s, ' ', (size_t)(end - s)) : NULL;
+    const char *e = sp ? sp : end;
+    if (e == s)
+        return 0;
+    *f = s;
+    *len = (size_t)(e - s);
+    *p = sp ? sp + 1 : end;
+    return 1;
+}
+
+static int hex16(const char *f, size_t len, uint64_t *out)
+{
+    uint64_t h = 0;
+    if (len != 16)
+        return -1;
+    for (size_t i = 0; i < 16; i++) {
+        int v = f[i] >= '0' && f[i] <= '9'   ? f[i] - '0'
+                : f[i] >= 'a' && f[i] <= 'f' ? f[i] - 'a' + 10
+                                             : -1;
+        if (v < 0)
+            return -1;
+        h = h << 4 | (uint64_t)v;
+    }
+    *out = h;
+    return 0;
+}
+
+int kvp_prefix_line_parse(const char *line, size_t len, kvp_prefix_rec *r)
+{
+    memset(r, 0, sizeof *r);
+    const char *p = line, *end = line + len, *f;
+    size_t fl;
+    if (!field(&p, end, &f, &fl) || fl > KVP_SNAPSHOT_ID_MAX)
+        return -1;
+    memcpy(r->id, f, fl);
+    r->id[fl] = '\0';
+    if (strlen(r->id) != fl || !kvp_snapshot_id_valid(r->id) || !field(&p, end, &f, &fl) ||
+        fl > KVP_PREFIX_FILE_TENANT_MAX)
+        return -1;
+    if (!(fl == 1 && f[0] == '-')) {
+        memcpy(r->tenant, f, fl);
+        r->tenant[fl] = '\0';
+        if (strlen(r->tenant) != fl || !tenant_ok(r->tenant))
+            return -1;
+    }
+    long n = 0;
+    if (!field(&p, end, &f, &fl) || fl > 4)
+        return -1;
+    for (size_t i = 0; i < fl; i++) {
+        if (f[i] < '0' || f[i] > '9')
+            return -1;
+        n = n * 10 + (f[i] - '0');
+    }
+    uint64_t check;
+    if (n > KVP_PREFIX_MAX_PER || !field(&p, end, &f, &fl) || hex16(f, fl, &check) < 0)
+        return -1;
+    if (n > 0 && !(r->chain = malloc((size_t)n * sizeof *r->chain)))
+        return -1;
+    for (long b = 0; b < n; b++)
+        if (!field(&p, end, &f, &fl) || hex16(f, fl, &r->chain[b]) < 0)
+            goto bad;
+    r->n = (int)n;
+    if (p != end || check != line_check(r->id, r->tenant, r->chain, r->n))
+        goto bad;
+    return 0;
+bad:
+    free(r->chain);
+    r->chain = NULL;
+    r->n = 0;
+    return -1;
+}
+
+int kvp_prefix_line_format(char *buf, size_t cap, const char *id, const char *tenant,
+                           const uint64_t *chain, int n)
+{
+    const char *t = tenant && tenant[0] ? tenant : "";
+    if (!kvp_snapshot_id_valid(id) || !tenant_ok(t) || n < 0 || n > KVP_PREFIX_MAX_PER ||
+        (n > 0 && !chain))
+        return -1;
+    int w = snprintf(buf, cap, "%s %s %d %016llx", id, t[0] ? t : "-", n,
+                     (unsigned long long)line_check(id, t, chain, n));
+    if (w < 0 || (size_t)w >= cap)
+        return -1;
+    size_t at = (size_t)w;
+    for (int b = 0; b < n; b++) {
+        if (cap - at < 18)
+            return -1;
+        at += (size_t)snprintf(buf + at, cap - at, " %016llx", (unsigned long long)chain[b]);
+    }
+    if (cap - at < 2)
+        return -1;
+    buf[at++] = '\n';
+    buf[at] = '\0';
+    return (int)at;
+}
+
+/* ---- the file ---- */
+
+static int path_of(char *buf, size_t n, const char *dir, const char *suffix, char *err,
+                   size_t errlen)
+{
+    int w = snprintf(buf, n, "%s/" KVP_PREFIX_FILE "%s", dir, suffix);
+    if (w < 0 || (size_t)w >= n) {
+        snprintf(err, errlen, "prefix index path too long in %s", dir);
+        return -ENAMETOOLONG;
+    }
+    return 0;
+}
+
+/* The next line of f into buf[0..cap) (its newline dropped): 1 and *len, 0 at the end,
+ * -1 for a line skipped (longer than cap, or the file's torn last line). Never reads more
+ * than cap bytes into memory. */
+static int read_line(FILE *f, char *buf, size_t cap, size_t *len)
+{
+    size_t n = 0;
+    int ch;
+    while ((ch = getc(f)) != EOF && ch != '\n') {
+        if (n < cap)
+            buf[n] = (char)ch;
+        n++;
+    }
+    if (ch == EOF && n == 0)
+        return 0;
+    *len = n;
+    return ch == EOF || n > cap ? -1 : 1;
+}
+
+static int by_id_then_seq(const void *a, const void *b)
+{
+    const kvp_prefix_rec *x = a, *y = b;
+    int c = strcmp(x->id, y->id);
+    return c ? c : (x->seq > y->seq) - (x->seq < y->seq);
+}
+
+static int push(kvp_prefix_recs *x, const kvp_prefix_rec *r)
+{
+    if (x->n == x->cap) {
+        int cap = x->cap ? x->cap * 2 : 64;
+        kvp_prefix_rec *v = realloc(x->v, (size_t)cap * sizeof *v);
+        if (!v)
+            return -ENOMEM;
+        x->v = v;
+        x->cap = cap;
+    }
+    x->v[x->n++] = *r;
+    return 0;
+}
+
+/* Every line of path into x (in file order); *damaged counts those skipped. A missing
+ * file is none. */
+static int read_all(kvp_prefix_recs *x, const char *path, int *damaged, char *err,
+                    size_t errlen)
+{
+    struct stat st;
+    int fd = kvp_open_regular(path, O_RDONLY, &st);
+    if (fd == -ENOENT)
+        return 0;
+    FILE *f = fd >= 0 ? fdopen(fd, "r") : NULL;
+    char *line = f ? malloc(KVP_PREFIX_FILE_LINE_MAX) : NULL;
+    if (!line) {
+        snprintf(err, errlen, "open %s: %s", path,
+                 fd < 0 ? kvp_fileio_strerror(fd) : "out of memory");
+        if (f)
+            fclose(f);
+        else if (fd >= 0)
+            close(fd);
+        return fd < 0 ? fd : -ENOMEM;
+    }
+    int rc = 0, got;
+    size_t len;
+    for (long seq = 0;
+         rc == 0 && (got = read_line(f, line, KVP_PREFIX_FILE_LINE_MAX, &len)) != 0; seq++) {
+        kvp_prefix_rec r;
+        if (got < 0 || kvp_prefix_line_parse(line, len, &r) < 0) {
+            (*damaged)++;
+            continue;
+        }
+        r.seq = seq;
+        if ((rc = push(x, &r)) < 0) {
+            free(r.chain);
+            snprintf(err, errlen, "reading %s: out of memory", path);
+        }
+    }
+    free(line);
+    fclose(f);
+    return rc;
+}
+
+/* Keeps the last record of each id, when it has blocks and its snapshot exists. */
+static void keep_current(kvp_prefix_recs *x, int (*exists)(void *ctx, const char *id),
+                         void *ctx)
+{
+    if (x->n == 0)   /* (qsort of no array: x->v may be NULL) */
+        return;
+    qsort(x->v, (size_t)x->n, sizeof *x->v, by_id_then_seq);
+    int out = 0;
+    for (int i = 0; i < x->n; i++) {
+        kvp_prefix_rec *r = &x->v[i];
+        int last = i + 1 == x->n || strcmp(r->id, x->v[i + 1].id);
+        if (last && r->n > 0 && exists(ctx, r->id))
+            x->v[out++] = *r;
+        else
+            free(r->chain);
+    }
+    x->n = out;
+}
+
+static int in_dir(void *dir, const char *id)
+{
+    return kvp_snapshot_exists(dir, id);
+}
+
+static int in_store(void *st, const char *id)
+{
+    return kvp_store_exists(st, id) == 1;
+}
+
+static int rewrite(const kvp_prefix_recs *x, const char *dir, char *err, size_t errlen)
+{
+    char path[PATH_MAX], tmp[PATH_MAX];
+    int rc;
+    if ((rc = path_of(path, sizeof path, dir, "", err, errlen)) < 0 ||
+        (rc = path_of(tmp, sizeof tmp, dir, ".tmp", err, errlen)) < 0)
+        return rc;
+    struct stat st;
+    char *line = malloc(KVP_PREFIX_FILE_LINE_MAX + 1);
+    int fd = line ? kvp_open_regular(tmp, O_WRONLY | O_CREAT | O_TRUNC, &st) : -ENOMEM;
+    if (fd < 0) {
+        free(line);
+        snprintf(err, errlen, "open %s: %s", tmp, kvp_fileio_strerror(fd));
+        return fd;
+    }
+    for (int i = 0; i < x->n && rc == 0; i++) {
+        const kvp_prefix_rec *r = &x->v[i];
+        int n = kvp_prefix_line_format(line, KVP_PREFIX_FILE_LINE_MAX + 1, r->id, r->tenant,
+                                       r->chain, r->n);
+        if (n > 0)
+            rc = kvp_write_all(fd, line, (size_t)n);
+    }
+    free(line);
+    if (close(fd) < 0 && rc == 0)
+        rc = -errno;
+    if (rc == 0 && rename(tmp, path) < 0)
+        rc = -errno;
+    if (rc < 0) {
+        snprintf(err, errlen, "rewriting %s: %s", path, strerror(-rc));
+        unlink(tmp);
+    }
+    return rc;
+}
+
+int kvp_prefix_file_load(kvp_prefix_recs *x, const char *dir, char *err, size_t errlen)
+{
+    char path[PATH_MAX];
+    int damaged = 0, rc = path_of(path, sizeof path, dir, "", err, errlen);
+    err[0] = '\0';
+    if (rc < 0 || (rc = read_all(x, path, &damaged, err, errlen)) < 0)
+        return rc;
+    keep_current(x, in_dir, (void *)dir);
+    if ((rc = rewrite(x, dir, err, errlen)) < 0)
+        return rc;
+    if (damaged)
+        snprintf(err, errlen, "%s: %d damaged or oversized line(s) skipped", path, damaged);
+    return x->n;
+}
+
+/* Appends and compactions of this process, one at a time (a compaction renames a new
+ * file over the one an append writes to); `compacted`: the file's size after the last
+ * compaction (or as first seen) in g_dir. */
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static char g_dir[PATH_MAX];
+static off_t g_compacted;
+
+/* Once the file is past KVP_PREFIX_FILE_COMPACT_MIN and twice its compacted size, it is
+ * read and rewritten with a line per conversation. Called with g_lock held. */
+static void maybe_compact(const char *dir, const char *path, off_t size)
+{
+    if (strcmp(g_dir, dir)) {
+        snprintf(g_dir, sizeof g_dir, "%s", dir);
+        g_compacted = size;
+    }
+    if (size < KVP_PREFIX_FILE_COMPACT_MIN || size < 2 * g_compacted)
+        return;
+    kvp_prefix_recs x = {0};
+    char err[256];
+    struct stat st;
+    if (kvp_prefix_file_load(&x, dir, err, sizeof err) >= 0) {
+        g_compacted = stat(path, &st) == 0 ? st.st_size : 0;
+    } else {
+        g_compacted = size;   /* tried again once it doubled */
+        kvpd_log("warning", "prefix index: compaction failed: %s", err);
+    }
+    kvp_prefix_recs_free(&x);
+}
+
+int kvp_prefix_file_append(const char *dir, const char *id, const char *tenant,
+                           const uint64_t *chain, int n, char *err, size_t errlen)
+{
+    char path[PATH_MAX];
+    int rc = path_of(path, sizeof path, dir, "", err, errlen);
+    if (rc < 0)
+        return rc;
+    char *line = malloc(KVP_PREFIX_FILE_LINE_MAX + 1);
+    int len = line ? kvp_prefix_line_format(line, KVP_PREFIX_FILE_LINE_MAX + 1, id, tenant,
+                                            chain, n) : -1;
+    if (len < 0) {
+        int oom = !line;
+        free(line);
+        snprintf(err, errlen, "prefix index: %s", oom ? "out of memory" : "invalid line");
+        return oom ? -ENOMEM : -EINVAL;
+    }
+    pthread_mutex_lock(&g_lock);
+    struct stat st;
+    int fd = kvp_open_regular(path, O_WRONLY | O_CREAT | O_APPEND, &st);
+    if (fd < 0) {
+        snprintf(err, errlen, "open %s: %s", path, kvp_fileio_strerror(fd));
+        rc = fd;
+    } else {
+        if ((rc = kvp_write_all(fd, line, (size_t)len)) < 0)
+            snprintf(err, errlen, "append to %s: %s", path, strerror(-rc));
+        close(fd);
+        if (rc == 0)
+            maybe_compact(dir, path, st.st_size + len);
+    }
+    pthread_mutex_unlock(&g_lock);
+    free(line);
+    return rc;
+}
+
+/* ---- in a shared store ---- */
+
+int kvp_prefix_store_put(struct kvp_store *st, const char *id, const char *tenant,
+                         const uint64_t *chain, int n, char *err, size_t errlen)
+{
+    char *line = malloc(KVP_PREFIX_FILE_LINE_MAX + 1);
+    int len = line ? kvp_prefix_line_format(line, KVP_PREFIX_FILE_LINE_MAX + 1, id, tenant,
+                                            chain, n) : -1;
+    int rc = len < 0 ? (line ? -EINVAL : -ENOMEM)
+                     : kvp_store_hint_put(st, id, line, (size_t)len, err, errlen);
+    if (len < 0)
+        snprintf(err, errlen, "prefix index: %s", line ? "invalid line" : "out of memory");
+    free(line);
+    return rc;
+}
+
+typedef struct store_read {
+    kvp_prefix_recs *x;
+    int damaged, oom;
+    long seq;
+} store_read;
+
+static void store_line(void *ctx, const char *id, const void *val, size_t len)
+{
+    store_read *r = ctx;
+    const char *line = val;
+    kvp_prefix_rec rec;
+    if (len < 1 || line[len - 1] != '\n' || kvp_prefix_line_parse(line, len - 1, &rec) < 0) {
+        r->damaged++;
+        return;
+    }
+    if (strcmp(rec.id, id) || rec.n == 0) {   /* another's line, or retired */
+        r->damaged += rec.n > 0;
+        free(rec.chain);
+        return;
+    }
+    rec.seq = r->seq++;
+    if (push(r->x, &rec) < 0) {
+        free(rec.chain);
+        r->oom = 1;
+    }
+}
+
+int kvp_prefix_store_load(kvp_prefix_recs *x, struct kvp_store *st, char *err, size_t errlen)
+{
+    store_read r = {.x = x};
+    int skipped = 0;
+    err[0] = '\0';
+    int rc = kvp_store_hint_each(st, KVP_PREFIX_FILE_LINE_MAX + 1, store_line, &r, &skipped,
+                                 err, errlen);
+    if (rc < 0)
+        return rc;
+    if (r.oom) {
+        snprintf(err, errlen, "prefix index: out of memory reading the store's lines");
+        return -ENOMEM;
+    }
+    keep_current(x, in_store, st);   /* (a scan may return a key twice) */
+    if (r.damaged + skipped)
+        snprintf(err, errlen, "prefix index: %d damaged or oversized hint(s) skipped",
+                 r.damaged + skipped);
+    return x->n;
+}

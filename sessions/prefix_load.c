@@ -1,0 +1,175 @@
+/* Loading a fork source that is not resident (sessions/prefix_load.h). */
+#include "sessions/prefix_load.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/log.h"
+#include "sessions/persist.h"
+#include "sessions/prefix.h"
+#include "sessions/reuse.h"
+
+/* A conversation known only from the prefix file: the index's owner. id "" once read. */
+typedef struct disk_source {
+    char id[KVP_SNAPSHOT_ID_MAX + 1];
+    char tenant[KVP_PREFIX_FILE_TENANT_MAX + 1];
+} disk_source;
+
+struct kvp_prefix_disk {
+    kvp_prefix_index *ix;
+    disk_source *v;   /* [n], never moved: the index holds pointers into it */
+    int n, live;
+};
+
+int hub_prefix_adopt(kvp_hub *h, kvp_prefix_recs *x)
+{
+    int rc = 0;
+    if (x->n > 0) {
+        struct kvp_prefix_disk *d = calloc(1, sizeof *d);
+        if (!d || !(d->v = calloc((size_t)x->n, sizeof *d->v)) ||
+            !(d->ix = kvp_prefix_create(0, 0))) {
+            if (d)
+                free(d->v);
+            free(d);
+            rc = -ENOMEM;
+        } else {
+            for (int i = 0; i < x->n; i++) {
+                disk_source *s = &d->v[d->n];
+                snprintf(s->id, sizeof s->id, "%s", x->v[i].id);
+                snprintf(s->tenant, sizeof s->tenant, "%s", x->v[i].tenant);
+                if (kvp_prefix_put_chain(d->ix, s, s->tenant, x->v[i].chain, x->v[i].n) == 0)
+                    d->n++;
+            }
+            d->live = d->n;
+            h->prefix_disk = d;
+        }
+    }
+    kvp_prefix_recs_free(x);
+    return rc;
+}
+
+void hub_prefix_disk_free(kvp_hub *h)
+{
+    if (!h->prefix_disk)
+        return;
+    kvp_prefix_free(h->prefix_disk->ix);
+    free(h->prefix_disk->v);
+    free(h->prefix_disk);
+    h->prefix_disk = NULL;
+}
+
+size_t hub_prefix_disk_bytes(const kvp_hub *h)
+{
+    const struct kvp_prefix_disk *d = h->prefix_disk;
+    return d ? sizeof *d + (size_t)d->n * sizeof *d->v + kvp_prefix_bytes(d->ix) : 0;
+}
+
+int hub_prefix_disk_count(const kvp_hub *h)
+{
+    return h->prefix_disk ? h->prefix_disk->live : 0;
+}
+
+/* The request's rendering as a new session's first turn renders it (fork_source's), in a
+ * session of its own that never enters the table. Its length, or -1. */
+static int render(kvp_hub *h, const char *system, size_t system_len, const kvp_message *msgs,
+                  int n, int **tokens)
+{
+    kvp_session *s = calloc(1, sizeof *s);
+    int rc = s ? 0 : -1;
+    *tokens = NULL;
+    if (rc == 0 && kvp_session_set_system(s, system, system_len) == 0 &&
+        kvp_session_seed(s, msgs, n) == 0 && kvp_session_retokenize(s, &h->env) == 0) {
+        *tokens = s->tokens;
+        rc = s->n_tokens;
+        s->tokens = NULL;
+    } else {
+        rc = -1;
+    }
+    if (s) {
+        kvp_session_clear_transcript(s);
+        free(s->tokens);
+        free(s->system);
+        free(s);
+    }
+    return rc;
+}
+
+typedef struct source_filter {
+    kvp_hub *h;
+    const kvp_hub_client *c;
+} source_filter;
+
+static int resident_ok(void *ctx, const void *owner)
+{
+    const source_filter *f = ctx;
+    return kvp_reuse_fork_source_ok(f->h, f->c, owner);
+}
+
+/* A parked conversation of the tenant with a snapshot to read, nobody attached to it. */
+static int parked_ok(void *ctx, const void *owner)
+{
+    const source_filter *f = ctx;
+    const kvp_session *s = owner;
+    return s->state == KVP_SESSION_PARKED && s->has_snapshot && !s->client &&
+           !strcmp(s->tenant, f->c->tenant);
+}
+
+/* One of the tenant's, not in the table (a session of that id speaks for itself). */
+static int disk_ok(void *ctx, const void *owner)
+{
+    const source_filter *f = ctx;
+    const disk_source *d = owner;
+    return d->id[0] && !strcmp(d->tenant, f->c->tenant) &&
+           !kvp_session_find(&f->h->sessions, d->id);
+}
+
+int hub_prefix_load(kvp_hub_client *c, uint64_t hash, const char *system, size_t system_len,
+                    const kvp_message *msgs, int n, const kvp_turn_opts *o)
+{
+    kvp_hub *h = c->hub;
+    int parked = h->sessions.count > h->sessions.resident;
+    if (!h->env.reuse_cache || !h->prefix || !h->env.store ||
+        (!parked && !hub_prefix_disk_count(h)))
+        return 0;
+    int *tok;
+    int nt = render(h, system, system_len, msgs, n, &tok);
+    if (nt < KVP_PREFIX_BLOCK) {
+        free(tok);
+        return 0;
+    }
+    source_filter f = {h, c};
+    int here = 0, lp = 0, ld = 0;
+    (void)kvp_prefix_lookup(h->prefix, c->tenant, tok, nt, resident_ok, &f, &here);
+    kvp_session *ps = parked ? (kvp_session *)kvp_prefix_lookup(h->prefix, c->tenant, tok, nt,
+                                                                 parked_ok, &f, &lp) : NULL;
+    disk_source *ds = hub_prefix_disk_count(h)
+        ? (disk_source *)kvp_prefix_lookup(h->prefix_disk->ix, c->tenant, tok, nt, disk_ok, &f,
+                                           &ld)
+        : NULL;
+    free(tok);
+    if (ds && ps && lp >= ld)
+        ds = NULL;   /* the parked one: in memory already, as long a prefix */
+    if ((ds ? ld : lp) <= here || (!ds && !ps))
+        return 0;
+    kvp_hub_pending *p = hub_pending_new(hash, system, system_len, msgs, n, o);
+    if (!p)
+        return 0;   /* the request goes on without the source */
+    p->fork = 1;
+    char id[KVP_SNAPSHOT_ID_MAX + 1];
+    snprintf(id, sizeof id, "%s", ds ? ds->id : ps->id);
+    if (ds) {   /* read once: in memory from now on, or gone */
+        kvp_prefix_remove(h->prefix_disk->ix, ds);
+        ds->id[0] = '\0';
+        h->prefix_disk->live--;
+    }
+    kvpd_log("info", "session %.8s: read from its snapshot to be forked (%d tokens in common "
+             "with a new conversation)", id, ds ? ld : lp);
+    hub_open_from_disk(c, ds ? NULL : ps, id, NULL, 0);
+    if (c->session && c->session->state == KVP_SESSION_LOAD)
+        c->pending = p;
+    else
+        hub_pending_free(p);   /* refused (overloaded): answered */
+    return 1;
+}

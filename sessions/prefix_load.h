@@ -1,0 +1,35 @@
+/* Fork sources that are not resident: parked conversations (in the hub's prefix index,
+ * which keeps them) and conversations known only from the state directory's prefix file
+ * (sessions/prefix_file.h), read at start into an index of their own whose owners are
+ * records of an id and a tenant. A new conversation whose rendering such a source shares
+ * more of than any resident idle one has its source read first (a load job, the request
+ * waiting as for an exact match), then forks it; a load that fails leaves the request to
+ * a fresh prefill. Private to sessions/; loop thread.
+ *
+ * Memory: per conversation known only on disk, its record (82 bytes) and its owner entry
+ * in the index (40), plus at most KVP_PREFIX_ENTRY_BYTES per block, within the defaults
+ * of sessions/prefix.h (at most 4096 blocks of a conversation and 512Ki in all). */
+#ifndef KVP_PREFIX_LOAD_H
+#define KVP_PREFIX_LOAD_H
+
+#include "sessions/hub_impl.h"
+#include "sessions/prefix_file.h"
+
+/* At the hub's start: the records read from the state directory become the on-disk
+ * sources (x is emptied). 0, or -ENOMEM (then there are none). */
+int hub_prefix_adopt(kvp_hub *h, kvp_prefix_recs *x);
+void hub_prefix_disk_free(kvp_hub *h);
+/* Conversations known only on disk, still sources (not read since the start). */
+int hub_prefix_disk_count(const kvp_hub *h);
+/* The bytes their records and index hold (part of kvpd_prefix_index_bytes). */
+size_t hub_prefix_disk_bytes(const kvp_hub *h);
+
+/* kvp_hub_chat, for a request that starts a new conversation: when a parked or on-disk
+ * conversation of c's tenant has a longer indexed prefix of the request's rendering than
+ * any resident source, its snapshot is read first and the request waits (c->pending,
+ * then hub_chat_new, which forks it). 1 when the request waits (or was answered: the
+ * load was refused), 0 when it goes on now. */
+int hub_prefix_load(kvp_hub_client *c, uint64_t hash, const char *system, size_t system_len,
+                    const kvp_message *msgs, int n, const kvp_turn_opts *o);
+
+#endif
