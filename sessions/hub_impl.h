@@ -7,6 +7,7 @@
 
 #include "sessions/hub.h"
 #include "sessions/hub_state.h"
+#include "sessions/step_plan.h"   /* kvp_turn_batch, the workers' step (hub_life.c) */
 
 /* ---- events to clients (hub.c) ---- */
 

@@ -2,7 +2,7 @@
  * decoding turn, then prefill chunks in queue order while they fit the step's rows),
  * the pass itself (kvp_gen_step), then each unit's logits sampled and taken in. No I/O:
  * units that wait on the store run alone as jobs (sessions/turn.h). */
-#include "sessions/session.h"
+#include "sessions/step_plan.h"
 
 #include <errno.h>
 #include <stdio.h>
