@@ -4,6 +4,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "base/parse.h"
 #include "offline/trace.h"
 #include "policy/kvp_agent.h"
 #include "tools/learn_common.h"
@@ -110,4 +111,22 @@ int kvp_learn_install(const char *calibrated, const char *out, const kvp_model_c
     }
     kvp_agent_set_free(&set);
     return 0;
+}
+
+int kvp_learn_option(int c, const char *arg, kvp_learn_args *a)
+{
+    switch (c) {
+    case 'm': a->model = arg; return 1;
+    case 'z': a->tokenizer = arg; return 1;
+    case 'o': a->out = arg; return 1;
+    case 'w': a->work = arg; return 1;
+    case 'b': a->budgets = arg; return 1;
+    case 'n': return kvp_parse_long(arg, 64, 1 << 20, &a->seq_len);
+    case 'N': a->max_seqs_given = 1; return kvp_parse_long(arg, 2, 1 << 24, &a->max_seqs);
+    case 's': return kvp_parse_long(arg, 1, 100000000, &a->steps);
+    case 'e': a->eval_seqs_given = 1; return kvp_parse_long(arg, 1, 1 << 20, &a->eval_seqs);
+    case 't': return kvp_parse_long(arg, 1, 64, &a->threads);
+    case 'r': return kvp_parse_long(arg, 0, 0x7fffffffL, &a->seed);
+    default: return -1;
+    }
 }

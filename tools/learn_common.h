@@ -10,6 +10,24 @@
 #include "model/model.h"
 #include "tools/stages.h"
 
+/* The options both runs take, and their values. */
+typedef struct {
+    const char *model, *tokenizer, *out, *work, *budgets;
+    long seq_len, max_seqs, steps, eval_seqs, threads, seed;
+    int max_seqs_given, eval_seqs_given;   /* --max-seqs, --eval-seqs were given */
+} kvp_learn_args;
+
+/* Their getopt_long entries (--help is 'h', for the caller's own usage text). */
+#define KVP_LEARN_OPTIONS                                                                   \
+    {"model", 1, 0, 'm'}, {"tokenizer", 1, 0, 'z'}, {"out", 1, 0, 'o'},                     \
+    {"work", 1, 0, 'w'}, {"budgets", 1, 0, 'b'}, {"seq-len", 1, 0, 'n'},                     \
+    {"max-seqs", 1, 0, 'N'}, {"steps", 1, 0, 's'}, {"eval-seqs", 1, 0, 'e'},                 \
+    {"threads", 1, 0, 't'}, {"seed", 1, 0, 'r'}, {"help", 0, 0, 'h'}
+
+/* The value arg of option c (one of KVP_LEARN_OPTIONS but 'h') into a: 1, or 0 when arg
+ * is out of its range; -1 when c is none of them. */
+int kvp_learn_option(int c, const char *arg, kvp_learn_args *a);
+
 /* The settings both runs give every stage. */
 typedef struct {
     const char *model, *tokenizer;
