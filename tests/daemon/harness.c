@@ -449,7 +449,7 @@ static int redis_pongs(int port)
     return ok;
 }
 
-int h_redis_start(h_proc *r, const char *dir, int port, int aof)
+int h_redis_start(h_proc *r, const char *dir, int port, int flags)
 {
     /* a free port can be taken by another test's server before redis binds it: then
      * this redis-server exits and another port is tried */
@@ -458,8 +458,10 @@ int h_redis_start(h_proc *r, const char *dir, int port, int aof)
         char portbuf[16];
         snprintf(portbuf, sizeof portbuf, "%d", p);
         char *argv[] = {"redis-server", "--port", portbuf, "--bind", "127.0.0.1", "--dir",
-                        (char *)dir, "--save", "", "--appendonly", aof ? "yes" : "no",
-                        "--appendfsync", "always", "--daemonize", "no", "--logfile", "", NULL};
+                        (char *)dir, "--save", "", "--appendonly",
+                        flags & H_REDIS_AOF ? "yes" : "no", "--appendfsync", "always",
+                        "--enable-debug-command", flags & H_REDIS_DEBUG ? "local" : "no",
+                        "--daemonize", "no", "--logfile", "", NULL};
         if (h_proc_start(r, argv, p, 10000) == 0 && redis_pongs(p) &&
             waitpid(r->pid, NULL, WNOHANG) == 0)
             return 0;

@@ -86,8 +86,11 @@ int h_proc_start(h_proc *p, char *const argv[], int port, int timeout_ms);
 /* SIGTERM and wait up to timeout_ms (then SIGKILL); SIGKILL at once. */
 int h_proc_stop(h_proc *p, int timeout_ms);
 void h_proc_kill(h_proc *p);
-/* redis-server on `port` (0: a free one) with its files in dir; aof: appendonly with
- * appendfsync always (every write on disk before the reply). */
-int h_redis_start(h_proc *r, const char *dir, int port, int aof);
+/* redis-server on `port` (0: a free one) with its files in dir. flags: H_REDIS_AOF,
+ * appendonly with appendfsync always (every write on disk before the reply);
+ * H_REDIS_DEBUG, the DEBUG command allowed from loopback (DEBUG SLEEP stalls it). */
+#define H_REDIS_AOF 1
+#define H_REDIS_DEBUG 2
+int h_redis_start(h_proc *r, const char *dir, int port, int flags);
 
 #endif
