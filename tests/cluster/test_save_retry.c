@@ -63,23 +63,6 @@ static int redis_exists(const char *key)
     return n;
 }
 
-static json_t *complete(const kvpd_proc *p, const char *body, char **raw)
-{
-    const char *b;
-    int st = h_request(p->port, "POST", "/v1/chat/completions", NULL, body, raw, &b);
-    cr_assert_eq(st, 200, "%s", *raw ? *raw : "(no answer)");
-    json_t *j = json_loads(b, 0, NULL);
-    cr_assert(j, "%s", b);
-    return j;
-}
-
-static const char *reply_of(json_t *j)
-{
-    return json_string_value(json_object_get(
-        json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message"),
-        "content"));
-}
-
 static int health(const kvpd_proc *p)
 {
     char *b = NULL;
@@ -100,7 +83,7 @@ Test(cluster_save_retry, a_redis_write_that_failed_is_retried_and_health_recover
     char *raw = NULL;
     const char *first = "{\"messages\":[{\"role\":\"user\",\"content\":\"Once upon a time\"}],"
                         "\"max_tokens\":4}";
-    json_t *a = complete(&p, first, &raw);
+    json_t *a = h_complete(&p, first, &raw);
     cr_assert(json_is_false(json_object_get(json_object_get(a, "kvpd"), "durable")), "%s", raw);
     cr_assert_str_eq(h_header(raw, "x-kvpd-durable:"), "false", "%s", raw);
     char id[64], key[96];
@@ -120,16 +103,9 @@ Test(cluster_save_retry, a_redis_write_that_failed_is_retried_and_health_recover
     cr_assert(kvpd_log_has(&p, "written on retry"), "log %s", p.log);
     cr_assert_eq(redis_exists(key), 1, "the retry did not write the snapshot");
     /* The conversation goes on from that copy, durable again. */
-    json_t *reply = json_string(reply_of(a));
-    json_t *req = json_pack("{s:[{s:s, s:s}, {s:s, s:O}, {s:s, s:s}], s:i}", "messages",
-                            "role", "user", "content", "Once upon a time", "role",
-                            "assistant", "content", reply, "role", "user", "content",
-                            "The dog ran.", "max_tokens", 4);
-    char *body = json_dumps(req, JSON_COMPACT);
-    json_decref(req);
-    json_decref(reply);
+    char *body = h_second_turn("Once upon a time", h_reply_of(a), "The dog ran.", 4, NULL);
     json_decref(a);
-    json_t *b = complete(&p, body, &raw);
+    json_t *b = h_complete(&p, body, &raw);
     free(body);
     cr_assert_str_eq(h_header(raw, "x-session-id:"), id, "the conversation was not continued");
     cr_assert(json_is_true(json_object_get(json_object_get(b, "kvpd"), "durable")), "%s", raw);

@@ -2,6 +2,7 @@
 #include "tests/daemon/harness.h"
 
 #include <arpa/inet.h>
+#include <criterion/criterion.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -541,4 +542,35 @@ const char *h_header(const char *raw, const char *name)
     if (h && (!end || h < end))
         sscanf(h + strlen(name), " %255[^\r\n]", v);
     return v;
+}
+
+json_t *h_complete(const kvpd_proc *p, const char *body, char **raw)
+{
+    const char *b;
+    int st = h_request(p->port, "POST", "/v1/chat/completions", NULL, body, raw, &b);
+    cr_assert_eq(st, 200, "%s", *raw ? *raw : "(no answer)");
+    json_t *j = json_loads(b, 0, NULL);
+    cr_assert(j, "%s", b);
+    return j;
+}
+
+const char *h_reply_of(const json_t *j)
+{
+    return json_string_value(json_object_get(
+        json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message"),
+        "content"));
+}
+
+char *h_second_turn(const char *first, const char *reply, const char *next, int max_tokens,
+                    const char *id)
+{
+    json_t *req = json_pack("{s:[{s:s, s:s}, {s:s, s:s}, {s:s, s:s}], s:i}", "messages",
+                            "role", "user", "content", first, "role", "assistant", "content",
+                            reply, "role", "user", "content", next, "max_tokens", max_tokens);
+    cr_assert(req, "a message is not UTF-8");
+    if (id)
+        json_object_set_new(req, "session", json_string(id));
+    char *s = json_dumps(req, JSON_COMPACT);
+    json_decref(req);
+    return s;
 }

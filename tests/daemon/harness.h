@@ -56,6 +56,16 @@ json_t *h_expect(ws_client *c, const char *type, int timeout_ms);
 json_t *h_turn(ws_client *c, const char *text, int max_tokens, char **tokens);
 /* GET with an optional bearer token; returns the status, body malloc'd. */
 int h_get(const kvpd_proc *p, const char *path, const char *token, char **body);
+/* POST /v1/chat/completions with body, asserting 200: the answer's JSON (the caller frees
+ * it) and the raw answer, headers included, in *raw (malloc'd). */
+json_t *h_complete(const kvpd_proc *p, const char *body, char **raw);
+/* A chat completion's first choice's message content (borrowed from j), or NULL. */
+const char *h_reply_of(const json_t *j);
+/* A conversation's second turn as a chat completion body (compact JSON, malloc'd): the
+ * user's first message, the assistant's reply, the user's next message, max_tokens, and
+ * the session id when id is not NULL. */
+char *h_second_turn(const char *first, const char *reply, const char *next, int max_tokens,
+                    const char *id);
 /* Reads from fd until the peer closes or timeout_ms pass with nothing; the bytes,
  * NUL-terminated (malloc'd), their count in *len (may be NULL). */
 char *h_read_all(int fd, int timeout_ms, size_t *len);

@@ -72,3 +72,8 @@ void sec_answer_free(sec_answer *a)
     json_decref(a->j);
     free(a->raw);
 }
+
+char *sec_second_turn(const char *reply, const char *id)
+{
+    return h_second_turn("Once upon a time", reply, "Then?", 4, id);
+}
