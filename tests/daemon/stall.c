@@ -106,8 +106,16 @@ double h_stream_gap(h_stream *s, int from, int to, double t0, double t1, int tai
     return gap;
 }
 
-void h_stream_join(h_stream *s)
+void h_stream_assert_steady(int frames, double gap, double stall_s)
 {
+    cr_assert_gt(frames, 50, "the stream kept decoding through the stall (%d tokens)", frames);
+    cr_assert_lt(gap, stall_s * 1e3 / 4, "the stream's longest gap %.0f ms in a %.1f s stall",
+                 gap, stall_s);
+}
+
+void h_stream_cancel(h_stream *s)
+{
+    cr_assert_eq(ws_send_text(s->c, "{\"type\":\"cancel\"}"), 0);
     pthread_join(s->th, NULL);
     pthread_mutex_destroy(&s->mu);
 }

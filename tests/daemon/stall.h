@@ -42,6 +42,10 @@ int h_stream_frames(h_stream *s);
  * there: between two of them, from t0 to the first (all of t1 - t0 when none came) and,
  * with tail, from the last frame before t1 to t1. *ended: whether the stream had ended. */
 double h_stream_gap(h_stream *s, int from, int to, double t0, double t1, int tail, int *ended);
-void h_stream_join(h_stream *s);
+/* The stream kept its rhythm through a stall of stall_s seconds: more than 50 token
+ * frames came during it, and no wait for one (gap, as h_stream_gap) took a quarter of it. */
+void h_stream_assert_steady(int frames, double gap, double stall_s);
+/* Cancels the stream's turn on its connection and waits for the reader's end. */
+void h_stream_cancel(h_stream *s);
 
 #endif

@@ -167,12 +167,8 @@ Test(stepio, a_stalled_snapshot_write_does_not_stop_another_stream, .init = stal
     cr_assert_not(ended, "A was still decoding when B's done came");
     cr_log_info("during a %.1f s stall: %d of A's tokens, longest gap %.0f ms", STALL_S,
                 to - from, gap);
-    cr_assert_gt(to - from, 50, "A kept decoding while B's snapshot waited (%d tokens)",
-                 to - from);
-    cr_assert_lt(gap, STALL_S * 1e3 / 4, "A's longest gap %.0f ms", gap);
-
-    cr_assert_eq(ws_send_text(&a, "{\"type\":\"cancel\"}"), 0);
-    h_stream_join(&sa);
+    h_stream_assert_steady(to - from, gap, STALL_S);
+    h_stream_cancel(&sa);
     ws_close(&a);
     ws_close(&b);
     cr_assert_eq(kvpd_stop(&d, 10000), 0);

@@ -38,5 +38,10 @@ void sec_answer_free(sec_answer *a);
 #define SEC_FIRST \
     "{\"messages\":[{\"role\":\"user\",\"content\":\"Once upon a time\"}],\"max_tokens\":4}"
 char *sec_second_turn(const char *reply, const char *id);
+/* The conversation whose first answer is first (under headers) goes on: its second turn,
+ * naming the session when named, is answered 200 in the same session with cached prompt
+ * tokens; `what` says what it shows. */
+void sec_assert_resumes(const kvpd_proc *d, const char *headers, const sec_answer *first,
+                        int named, const char *what);
 
 #endif
