@@ -285,10 +285,7 @@ static void nap_ms(int ms)
 
 static void setup(void)
 {
-    if (!h_have("redis-server"))
-        cr_skip_test("redis-server is not installed (scripts/setup.sh installs it)");
-    cr_assert_eq(h_mkdtemp(g_dir, sizeof g_dir), 0);
-    cr_assert_eq(h_redis_start(&g_redis, g_dir, 0, H_REDIS_AOF), 0, "redis-server did not start");
+    h_redis_up(&g_redis, g_dir, sizeof g_dir, H_REDIS_AOF);
     px_start(&g_px, g_redis.port);
 }
 

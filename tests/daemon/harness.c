@@ -471,6 +471,21 @@ int h_redis_start(h_proc *r, const char *dir, int port, int flags)
     return -1;
 }
 
+void h_redis_up(h_proc *r, char *dir, size_t dir_len, int flags)
+{
+    if (!h_have("redis-server"))
+        cr_skip_test("redis-server is not installed (scripts/setup.sh installs it)");
+    cr_assert_eq(h_mkdtemp(dir, dir_len), 0);
+    cr_assert_eq(h_redis_start(r, dir, 0, flags), 0, "redis-server did not start");
+}
+
+void h_redis_down(h_proc *r, const char *dir)
+{
+    h_proc_kill(r);
+    if (dir[0])
+        h_rmdir(dir);
+}
+
 char *h_read_all(int fd, int timeout_ms, size_t *len)
 {
     size_t cap = 1 << 16, got = 0;

@@ -102,5 +102,10 @@ void h_proc_kill(h_proc *p);
 #define H_REDIS_AOF 1
 #define H_REDIS_DEBUG 2
 int h_redis_start(h_proc *r, const char *dir, int port, int flags);
+/* A test's redis-server (flags as above, a free port) with its files in a new temporary
+ * directory, written to dir (dir_len bytes); skips the test when redis-server is not
+ * installed. h_redis_down kills it and removes the directory (dir "": none was made). */
+void h_redis_up(h_proc *r, char *dir, size_t dir_len, int flags);
+void h_redis_down(h_proc *r, const char *dir);
 
 #endif

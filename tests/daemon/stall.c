@@ -11,11 +11,7 @@
 void h_stall_up(h_stall *s)
 {
     memset(s, 0, sizeof *s);
-    if (!h_have("redis-server"))
-        cr_skip_test("redis-server is not installed (scripts/setup.sh installs it)");
-    cr_assert_eq(h_mkdtemp(s->dir, sizeof s->dir), 0);
-    cr_assert_eq(h_redis_start(&s->redis, s->dir, 0, H_REDIS_DEBUG), 0,
-                 "redis-server did not start");
+    h_redis_up(&s->redis, s->dir, sizeof s->dir, H_REDIS_DEBUG);
     snprintf(s->model, sizeof s->model, "%s/synth.gguf", s->dir);
     char cmd[512];
     snprintf(cmd, sizeof cmd, "%s synth --out %s --dim 256 --hidden 512 --layers 8 --heads 4 "
@@ -25,9 +21,7 @@ void h_stall_up(h_stall *s)
 
 void h_stall_down(h_stall *s)
 {
-    h_proc_kill(&s->redis);
-    if (s->dir[0])
-        h_rmdir(s->dir);
+    h_redis_down(&s->redis, s->dir);
 }
 
 int h_stall_sleep(const h_stall *s, double seconds)

@@ -41,12 +41,9 @@ static int stored(redisContext *rc, const char *id)
 
 Test(security_redis_flood, a_flood_of_one_key_stays_within_its_bound_and_the_other_key_resumes)
 {
-    if (!h_have("redis-server"))
-        cr_skip_test("redis-server is not installed (scripts/setup.sh installs it)");
     char dir[64], args[320];
     h_proc redis;
-    cr_assert_eq(h_mkdtemp(dir, sizeof dir), 0);
-    cr_assert_eq(h_redis_start(&redis, dir, 0, 0), 0, "redis-server did not start");
+    h_redis_up(&redis, dir, sizeof dir, 0);
     redisContext *rc = redisConnect("127.0.0.1", redis.port);
     cr_assert(rc && !rc->err);
     snprintf(args, sizeof args, "--api-key key-a,key-b --max-sessions %d "
@@ -114,6 +111,5 @@ Test(security_redis_flood, a_flood_of_one_key_stays_within_its_bound_and_the_oth
     }
     cr_assert_eq(kvpd_stop(&d, 10000), 0);
     redisFree(rc);
-    h_proc_kill(&redis);
-    h_rmdir(dir);
+    h_redis_down(&redis, dir);
 }
