@@ -6,6 +6,7 @@
 
 #include "model/grammar.h"
 #include "web/format.h"
+#include "tests/model/testutil.h"
 
 static kvp_grammar *parsed(const char *rf_text)
 {
@@ -35,16 +36,6 @@ static void refused(const char *rf_text, const char *param_want, const char *wan
     cr_assert(strstr(msg, want), "%s: wanted \"%s\" in \"%s\"", rf_text, want, msg);
 }
 
-/* Whether the grammar's documents include doc, whole. */
-static int whole(kvp_grammar *g, const char *doc)
-{
-    kvp_gmatch m;
-    cr_assert_eq(kvp_gmatch_init(&m, g), 0);
-    int ok = kvp_gmatch_accept(&m, doc, strlen(doc)) == 0 && kvp_gmatch_complete(&m);
-    kvp_gmatch_free(&m);
-    return ok;
-}
-
 Test(format, text_and_absent_need_no_grammar)
 {
     cr_assert_null(parsed("{\"type\":\"text\"}"));
@@ -60,11 +51,11 @@ Test(format, json_object_takes_any_object_only)
 {
     kvp_grammar *g = parsed("{\"type\":\"json_object\"}");
     cr_assert_not_null(g);
-    cr_assert(whole(g, "{}"));
-    cr_assert(whole(g, "{\"a\": [1, \"x\", {\"b\": null}]}"));
-    cr_assert_not(whole(g, "[1]"));
-    cr_assert_not(whole(g, "\"text\""));
-    cr_assert_not(whole(g, "{\"a\": }"));
+    cr_assert(tu_grammar_whole(g, "{}"));
+    cr_assert(tu_grammar_whole(g, "{\"a\": [1, \"x\", {\"b\": null}]}"));
+    cr_assert_not(tu_grammar_whole(g, "[1]"));
+    cr_assert_not(tu_grammar_whole(g, "\"text\""));
+    cr_assert_not(tu_grammar_whole(g, "{\"a\": }"));
     kvp_grammar_unref(g);
 }
 
@@ -75,16 +66,16 @@ Test(format, json_schema_takes_its_documents)
         "\"description\":\"d\",\"schema\":{\"type\":\"object\",\"properties\":{\"age\":"
         "{\"type\":\"integer\"}},\"required\":[\"age\"],\"additionalProperties\":false}}}");
     cr_assert_not_null(g);
-    cr_assert(whole(g, "{\"age\": 7}") || whole(g, "{\"age\":7}"));
-    cr_assert_not(whole(g, "{}"), "age is required");
-    cr_assert_not(whole(g, "{\"age\": \"7\"}"));
-    cr_assert_not(whole(g, "{\"name\": \"x\"}"));
+    cr_assert(tu_grammar_whole(g, "{\"age\": 7}") || tu_grammar_whole(g, "{\"age\":7}"));
+    cr_assert_not(tu_grammar_whole(g, "{}"), "age is required");
+    cr_assert_not(tu_grammar_whole(g, "{\"age\": \"7\"}"));
+    cr_assert_not(tu_grammar_whole(g, "{\"name\": \"x\"}"));
     kvp_grammar_unref(g);
     /* strict null is allowed */
     g = parsed("{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"n\",\"strict\":null,"
                "\"schema\":{\"type\":\"boolean\"}}}");
-    cr_assert(whole(g, "true"));
-    cr_assert_not(whole(g, "1"));
+    cr_assert(tu_grammar_whole(g, "true"));
+    cr_assert_not(tu_grammar_whole(g, "1"));
     kvp_grammar_unref(g);
 }
 
