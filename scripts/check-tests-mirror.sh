@@ -30,42 +30,31 @@ if [ "${1:-}" = "--self-test" ]; then
     printf '%s\n' '# comment' '' 'base/b.c tests/daemon/test_x.c' \
         'web/main.c -- main(): covered by tests/daemon/*' >"$t/tests/mirror-exceptions.txt"
     fail=0
-    out=$("$t/scripts/check-tests-mirror.sh" 2>&1); rc=$?
-    [ $rc = 1 ] || { echo "self-test: exit $rc on a source with no test, not 1"; fail=1; }
-    grep -q '^web/orphan.c: no tests/web/test_orphan.c' <<<"$out" ||
-        { echo "self-test: the untested web/orphan.c was not reported: $out"; fail=1; }
-    [ "$(grep -c ': no tests/' <<<"$out")" = 1 ] ||
-        { echo "self-test: a mirrored or excepted source was reported: $out"; fail=1; }
+    # fails_with WHAT PATTERN: the check on $t must exit 1 and print PATTERN.
+    fails_with() {
+        local out rc
+        out=$("$t/scripts/check-tests-mirror.sh" 2>&1); rc=$?
+        [ $rc = 1 ] || { echo "self-test: $1: exit $rc, not 1"; fail=1; }
+        grep -q -- "$2" <<<"$out" || { echo "self-test: $1: no '$2' in: $out"; fail=1; }
+    }
+    fails_with "a source with no test" '^web/orphan.c: no tests/web/test_orphan.c'
+    [ "$("$t/scripts/check-tests-mirror.sh" 2>&1 | grep -c ': no tests/')" = 1 ] ||
+        { echo "self-test: a mirrored or excepted source was reported"; fail=1; }
     rm "$t/web/orphan.c"
     out=$("$t/scripts/check-tests-mirror.sh" 2>&1) ||
         { echo "self-test: a clean tree fails: $out"; fail=1; }
-    # an exception naming a test that is gone
     rm "$t/tests/daemon/test_x.c"
-    out=$("$t/scripts/check-tests-mirror.sh" 2>&1) &&
-        { echo "self-test: an exception naming a missing test passes"; fail=1; }
-    grep -q 'tests/daemon/test_x.c matches no file' <<<"$out" ||
-        { echo "self-test: the missing test was not reported: $out"; fail=1; }
+    fails_with "an exception naming a missing test" 'tests/daemon/test_x.c matches no file'
     : >"$t/tests/daemon/test_x.c"
-    # an exception naming a source that is gone
     rm "$t/base/b.c"
-    out=$("$t/scripts/check-tests-mirror.sh" 2>&1) &&
-        { echo "self-test: an exception for a missing source passes"; fail=1; }
-    grep -q 'base/b.c is not a source file' <<<"$out" ||
-        { echo "self-test: the missing source was not reported: $out"; fail=1; }
+    fails_with "an exception for a missing source" 'base/b.c is not a source file'
     : >"$t/base/b.c"
-    # an exception for a source that has its own test now
     : >"$t/tests/base/test_b.c"
-    out=$("$t/scripts/check-tests-mirror.sh" 2>&1) &&
-        { echo "self-test: an exception for a mirrored source passes"; fail=1; }
-    grep -q 'base/b.c has tests/base/test_b.c' <<<"$out" ||
-        { echo "self-test: the needless exception was not reported: $out"; fail=1; }
+    fails_with "an exception for a mirrored source" 'base/b.c has tests/base/test_b.c'
     rm "$t/tests/base/test_b.c"
-    # a line with neither a test nor a reason
     printf '%s\n' 'base/b.c' 'web/main.c --' >"$t/tests/mirror-exceptions.txt"
-    out=$("$t/scripts/check-tests-mirror.sh" 2>&1) &&
-        { echo "self-test: an exception with no test and no reason passes"; fail=1; }
-    [ "$(grep -c 'names no test and gives no reason' <<<"$out")" = 2 ] ||
-        { echo "self-test: the empty exceptions were not both reported: $out"; fail=1; }
+    fails_with "an exception with no test and no reason" 'web/main.c names no test and gives no reason'
+    fails_with "an exception with no test and no reason" 'base/b.c names no test and gives no reason'
     [ $fail = 0 ] && echo "check-tests-mirror self-test: an untested source and a rotten exception fail, a clean tree passes"
     exit $fail
 fi
