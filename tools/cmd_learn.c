@@ -167,32 +167,27 @@ static double at_least_one(double seconds)
     return seconds > 1.0 ? seconds : 1.0;
 }
 
+/* kvp learn's own options (kvp_learn_getopt). */
+static int own_option(int c, const char *arg, void *ctx)
+{
+    learn_opts *o = ctx;
+    switch (c) {
+    case 'x': o->text = arg; return 1;
+    case 'C': o->conversations = arg; return 1;
+    case 'H': return kvp_parse_double(arg, 0.0, 1e4, &o->budget_hours);
+    case 'G': return kvp_parse_double(arg, 0.001, 1e6, &o->trace_gb);
+    default: return -1;
+    }
+}
+
 static int parse(int argc, char **argv, learn_opts *o)
 {
     static const struct option opts[] = {
         KVP_LEARN_OPTIONS, {"text", 1, 0, 'x'}, {"conversations", 1, 0, 'C'},
         {"budget-hours", 1, 0, 'H'}, {"trace-gb", 1, 0, 'G'}, {0, 0, 0, 0}};
-    int c, idx = 0;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "", opts, &idx)) != -1) {
-        int ok = 1;
-        switch (c) {
-        case 'x': o->text = optarg; break;
-        case 'C': o->conversations = optarg; break;
-        case 'H': ok = kvp_parse_double(optarg, 0.0, 1e4, &o->budget_hours); break;
-        case 'G': ok = kvp_parse_double(optarg, 0.001, 1e6, &o->trace_gb); break;
-        case 'h': usage(stdout); return 0;
-        default:
-            if ((ok = kvp_learn_option(c, optarg, &o->a)) < 0) {
-                usage(stderr);
-                return 2;
-            }
-        }
-        if (!ok) {
-            fprintf(stderr, "kvp learn: bad value '%s' for --%s\n", optarg, opts[idx].name);
-            return 2;
-        }
-    }
+    int rc = kvp_learn_getopt(argc, argv, opts, &o->a, own_option, o, usage);
+    if (rc >= 0)
+        return rc;
     if (!o->a.model || optind < argc) {
         fprintf(stderr, "kvp learn: --model is required\n");
         usage(stderr);

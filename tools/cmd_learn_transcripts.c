@@ -62,35 +62,30 @@ static void usage(FILE *f)
         "  --seed S             (default 1)\n", KVP_DATA_DIR "/policy/weights");
 }
 
+/* kvp learn --transcripts' own options (kvp_learn_getopt). */
+static int own_option(int c, const char *arg, void *ctx)
+{
+    opts *o = ctx;
+    switch (c) {
+    case 'T': o->dir = arg; return 1;
+    case 'H': return kvp_parse_double(arg, 0.01, 0.9, &o->holdout);
+    case 'M': return kvp_parse_long(arg, 2, 1 << 24, &o->min_files);
+    case 'S': return kvp_parse_double(arg, 0.0, 1e7, &o->max_seconds);
+    case 'R': return kvp_parse_long(arg, 1, 1 << 20, &o->streams);
+    case 'L': return kvp_parse_long(arg, 0, 1 << 24, &o->stream_len);
+    default: return -1;
+    }
+}
+
 static int parse(int argc, char **argv, opts *o)
 {
     static const struct option lo[] = {
         KVP_LEARN_OPTIONS, {"transcripts", 1, 0, 'T'}, {"holdout", 1, 0, 'H'},
         {"min-transcripts", 1, 0, 'M'}, {"max-seconds", 1, 0, 'S'}, {"streams", 1, 0, 'R'},
         {"stream-len", 1, 0, 'L'}, {0, 0, 0, 0}};
-    int c, idx = 0;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "", lo, &idx)) != -1) {
-        int ok = 1;
-        switch (c) {
-        case 'T': o->dir = optarg; break;
-        case 'H': ok = kvp_parse_double(optarg, 0.01, 0.9, &o->holdout); break;
-        case 'M': ok = kvp_parse_long(optarg, 2, 1 << 24, &o->min_files); break;
-        case 'S': ok = kvp_parse_double(optarg, 0.0, 1e7, &o->max_seconds); break;
-        case 'R': ok = kvp_parse_long(optarg, 1, 1 << 20, &o->streams); break;
-        case 'L': ok = kvp_parse_long(optarg, 0, 1 << 24, &o->stream_len); break;
-        case 'h': usage(stdout); return 0;
-        default:
-            if ((ok = kvp_learn_option(c, optarg, &o->a)) < 0) {
-                usage(stderr);
-                return 2;
-            }
-        }
-        if (!ok) {
-            fprintf(stderr, "kvp learn: bad value '%s' for --%s\n", optarg, lo[idx].name);
-            return 2;
-        }
-    }
+    int rc = kvp_learn_getopt(argc, argv, lo, &o->a, own_option, o, usage);
+    if (rc >= 0)
+        return rc;
     if (!o->a.model || !o->dir || optind < argc) {
         fprintf(stderr, "kvp learn: --model and --transcripts are required\n");
         usage(stderr);

@@ -130,3 +130,29 @@ int kvp_learn_option(int c, const char *arg, kvp_learn_args *a)
     default: return -1;
     }
 }
+
+int kvp_learn_getopt(int argc, char **argv, const struct option *opts, kvp_learn_args *a,
+                     int (*own)(int c, const char *arg, void *ctx), void *ctx,
+                     void (*usage)(FILE *f))
+{
+    int c, idx = 0;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "", opts, &idx)) != -1) {
+        if (c == 'h') {
+            usage(stdout);
+            return 0;
+        }
+        int ok = c == '?' ? -1 : own(c, optarg, ctx);
+        if (ok < 0 && c != '?')
+            ok = kvp_learn_option(c, optarg, a);
+        if (ok < 0) {
+            usage(stderr);
+            return 2;
+        }
+        if (!ok) {
+            fprintf(stderr, "kvp learn: bad value '%s' for --%s\n", optarg, opts[idx].name);
+            return 2;
+        }
+    }
+    return -1;
+}

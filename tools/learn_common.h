@@ -5,7 +5,9 @@
 #ifndef KVP_TOOLS_LEARN_COMMON_H
 #define KVP_TOOLS_LEARN_COMMON_H
 
+#include <getopt.h>
 #include <stddef.h>
+#include <stdio.h>
 
 #include "model/model.h"
 #include "tools/stages.h"
@@ -27,6 +29,15 @@ typedef struct {
 /* The value arg of option c (one of KVP_LEARN_OPTIONS but 'h') into a: 1, or 0 when arg
  * is out of its range; -1 when c is none of them. */
 int kvp_learn_option(int c, const char *arg, kvp_learn_args *a);
+
+/* Parses argv with getopt_long over opts (KVP_LEARN_OPTIONS and the run's own): each
+ * option goes to own(c, optarg, ctx) (1 taken, 0 a bad value, -1 not its), else to
+ * kvp_learn_option into a. --help prints usage to stdout and returns 0; an unknown option
+ * prints it to stderr, a bad value names itself, and both return 2; -1 when every option
+ * was taken (the caller checks what is required). */
+int kvp_learn_getopt(int argc, char **argv, const struct option *opts, kvp_learn_args *a,
+                     int (*own)(int c, const char *arg, void *ctx), void *ctx,
+                     void (*usage)(FILE *f));
 
 /* The settings both runs give every stage. */
 typedef struct {
