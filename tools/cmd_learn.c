@@ -215,16 +215,11 @@ int kvp_cmd_learn(int argc, char **argv)
         o.a.threads = 1;
 
     /* The model: its shape, identity and template decide the defaults. */
-    char err[512];
-    kvp_model m;
-    if (kvp_model_load(&m, o.a.model, o.a.tokenizer, err, sizeof err)) {
-        fprintf(stderr, "kvp learn: %s\n", err);
+    kvp_model_config cfg;
+    int has_template;
+    double model_mb;
+    if (kvp_learn_model_shape(&o.a, &cfg, &has_template, &model_mb))
         return 1;
-    }
-    kvp_model_config cfg = m.cfg;
-    int has_template = m.chat_template != NULL;
-    double model_mb = (double)m.weight_bytes / 1e6;
-    kvp_model_free(&m);
     if (o.a.seq_len > cfg.seq_len)
         o.a.seq_len = cfg.seq_len;
     const char *shared = getenv("KVP_SHARED") ? getenv("KVP_SHARED") : KVP_SHARED_DIR;

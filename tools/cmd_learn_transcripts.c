@@ -251,14 +251,9 @@ int kvp_cmd_learn_transcripts(int argc, char **argv)
     int rc = parse(argc, argv, &o);
     if (rc >= 0)
         return rc;
-    char err[512];
-    kvp_model m;
-    if (kvp_model_load(&m, o.a.model, o.a.tokenizer, err, sizeof err)) {
-        fprintf(stderr, "kvp learn: %s\n", err);
+    kvp_model_config cfg;
+    if (kvp_learn_model_shape(&o.a, &cfg, NULL, NULL))
         return 1;
-    }
-    kvp_model_config cfg = m.cfg;
-    kvp_model_free(&m);
     if (o.a.seq_len > cfg.seq_len)
         o.a.seq_len = cfg.seq_len;
     char out[1024], work[1024];
@@ -324,6 +319,7 @@ int kvp_cmd_learn_transcripts(int argc, char **argv)
         return 1;
     }
     kvp_agent_set cur;
+    char err[512] = "";
     int have_cur = access(out, F_OK) == 0 &&
                    kvp_agent_set_load(&cur, out, &cfg, err, sizeof err) == 0;
     if (have_cur)

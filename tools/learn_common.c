@@ -40,6 +40,24 @@ int kvp_learn_dirs(const char *model, const char *out_opt, const char *work_opt,
     return 0;
 }
 
+int kvp_learn_model_shape(const kvp_learn_args *a, kvp_model_config *cfg, int *has_template,
+                          double *weights_mb)
+{
+    char err[512];
+    kvp_model m;
+    if (kvp_model_load(&m, a->model, a->tokenizer, err, sizeof err)) {
+        fprintf(stderr, "kvp learn: %s\n", err);
+        return 1;
+    }
+    *cfg = m.cfg;
+    if (has_template)
+        *has_template = m.chat_template != NULL;
+    if (weights_mb)
+        *weights_mb = (double)m.weight_bytes / 1e6;
+    kvp_model_free(&m);
+    return 0;
+}
+
 long kvp_learn_val_cut(long seq_len)
 {
     long cut = seq_len * 3 / 4;

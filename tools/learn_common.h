@@ -53,6 +53,11 @@ int kvp_learn_dirs(const char *model, const char *out_opt, const char *work_opt,
                    const char *prefix, unsigned mode, char *out, size_t out_len, char *work,
                    size_t work_len);
 
+/* The model's shape (and, when not NULL, whether it has a chat template and its weights'
+ * megabytes), loaded and let go again. 0, or 1 with a message (kvp learn's exit status). */
+int kvp_learn_model_shape(const kvp_learn_args *a, kvp_model_config *cfg, int *has_template,
+                          double *weights_mb);
+
 /* The cut validation and evaluation rank at: the first 3/4 of a sequence, down to a cut
  * of the trace's grid. */
 long kvp_learn_val_cut(long seq_len);
