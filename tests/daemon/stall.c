@@ -24,6 +24,14 @@ void h_stall_down(h_stall *s)
     h_redis_down(&s->redis, s->dir);
 }
 
+void h_stall_kvpd(const h_stall *s, kvpd_proc *d)
+{
+    char extra[512];
+    snprintf(extra, sizeof extra, "--model %s --policy streaming --state-url "
+             "redis://127.0.0.1:%d/0 --workers 2 --max-tokens 4096", s->model, s->redis.port);
+    cr_assert_eq(kvpd_start(d, extra), 0, "log %s", d->log);
+}
+
 int h_stall_sleep(const h_stall *s, double seconds)
 {
     char cmd[64];

@@ -18,6 +18,9 @@ typedef struct h_stall {
 /* Criterion .init/.fini helpers: up skips the test when redis-server is not installed. */
 void h_stall_up(h_stall *s);
 void h_stall_down(h_stall *s);
+/* Starts kvpd on the stall's model and Redis: streaming policy, 2 workers, replies of up
+ * to 4096 tokens. */
+void h_stall_kvpd(const h_stall *s, kvpd_proc *d);
 /* Redis sleeps `seconds` from now: DEBUG SLEEP on a connection of its own, left open (it
  * answers when the sleep ends). The connection's socket, for the caller to close. */
 int h_stall_sleep(const h_stall *s, double seconds);

@@ -112,12 +112,8 @@ static void stall_down(void)
 Test(stepio, a_stalled_snapshot_write_does_not_stop_another_stream, .init = stall_up,
      .fini = stall_down)
 {
-    char extra[512];
-    snprintf(extra, sizeof extra, "--model %s --policy streaming --state-url "
-             "redis://127.0.0.1:%d/0 --workers 2 --max-tokens 4096", g_stall.model,
-             g_stall.redis.port);
     kvpd_proc d;
-    cr_assert_eq(kvpd_start(&d, extra), 0, "log %s", d.log);
+    h_stall_kvpd(&g_stall, &d);
     ws_client a, b;
     cr_assert_eq(h_connect(&d, &a), 0);
     cr_assert_eq(h_connect(&d, &b), 0);

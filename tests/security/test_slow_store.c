@@ -33,12 +33,8 @@ static void down(void)
 Test(security_slow_store, api_requests_waiting_on_a_stalled_store_do_not_freeze_a_stream,
      .init = up, .fini = down)
 {
-    char extra[512];
-    snprintf(extra, sizeof extra, "--model %s --policy streaming --state-url "
-             "redis://127.0.0.1:%d/0 --workers 2 --max-tokens 4096", g_stall.model,
-             g_stall.redis.port);
     kvpd_proc d;
-    cr_assert_eq(kvpd_start(&d, extra), 0, "log %s", d.log);
+    h_stall_kvpd(&g_stall, &d);
     ws_client a;
     cr_assert_eq(h_connect(&d, &a), 0);
     cr_assert_eq(ws_send_text(&a, "{\"type\":\"hello\"}"), 0);
