@@ -589,3 +589,14 @@ char *h_second_turn(const char *first, const char *reply, const char *next, int 
     json_decref(req);
     return s;
 }
+
+void h_turn_ok(ws_client *c, const char *text, int max_tokens)
+{
+    json_t *done = h_turn(c, text, max_tokens, NULL);
+    cr_assert(done, "no answer to '%s'", text);
+    const char *type = json_string_value(json_object_get(done, "type"));
+    cr_assert(type && !strcmp(type, "done"), "'%s': %s %s: %s", text, type ? type : "?",
+              json_string_value(json_object_get(done, "code")) ?: "",
+              json_string_value(json_object_get(done, "message")) ?: "");
+    json_decref(done);
+}

@@ -54,6 +54,8 @@ json_t *h_expect(ws_client *c, const char *type, int timeout_ms);
 /* Sends a message and reads token frames until done (or error). Returns the final
  * frame; *tokens (malloc'd, may be NULL) is the concatenated token text. */
 json_t *h_turn(ws_client *c, const char *text, int max_tokens, char **tokens);
+/* h_turn that must end in done (the error's code and message otherwise). */
+void h_turn_ok(ws_client *c, const char *text, int max_tokens);
 /* GET with an optional bearer token; returns the status, body malloc'd. */
 int h_get(const kvpd_proc *p, const char *path, const char *token, char **body);
 /* POST /v1/chat/completions with body, asserting 200: the answer's JSON (the caller frees

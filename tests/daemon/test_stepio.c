@@ -36,14 +36,6 @@ static char *hello(ws_client *c)
     return id;
 }
 
-static void turn_ok(ws_client *c, const char *text, int max_tokens)
-{
-    json_t *done = h_turn(c, text, max_tokens, NULL);
-    cr_assert(done, "no answer to the turn");
-    cr_assert_str_eq(json_string_value(json_object_get(done, "type")), "done");
-    json_decref(done);
-}
-
 #define N_SESS 8
 
 /* Eight sessions under the kvp policy (stories260K's default, policy/weights/) read the
@@ -62,10 +54,10 @@ Test(stepio, the_policy_weights_are_loaded_once_for_n_sessions)
     for (int i = 0; i < N_SESS; i++) {
         cr_assert_eq(h_connect(&d, &c[i]), 0);
         free(hello(&c[i]));
-        turn_ok(&c[i], "Once upon a time", 24);
+        h_turn_ok(&c[i], "Once upon a time", 24);
     }
     for (int i = 0; i < N_SESS; i++)   /* a second turn each: evictions ran on the weights */
-        turn_ok(&c[i], "The little dog", 24);
+        h_turn_ok(&c[i], "The little dog", 24);
     cr_assert_eq(stat_at(&d, "memory", "policy_file_loads"), 1,
                  "%d sessions share the one copy", N_SESS);
     /* a reload reads the file again, once, and new sessions get the new copy */
@@ -78,9 +70,9 @@ Test(stepio, the_policy_weights_are_loaded_once_for_n_sessions)
     ws_client n;
     cr_assert_eq(h_connect(&d, &n), 0);
     free(hello(&n));
-    turn_ok(&n, "A new session", 24);
+    h_turn_ok(&n, "A new session", 24);
     for (int i = 0; i < N_SESS; i++)   /* the old sessions keep theirs */
-        turn_ok(&c[i], "and then", 8);
+        h_turn_ok(&c[i], "and then", 8);
     cr_assert_eq(stat_at(&d, "memory", "policy_file_loads"), 2);
     ws_close(&n);
     for (int i = 0; i < N_SESS; i++)
@@ -119,7 +111,7 @@ Test(stepio, a_stalled_snapshot_write_does_not_stop_another_stream, .init = stal
     cr_assert_eq(h_connect(&d, &b), 0);
     free(hello(&a));
     free(hello(&b));
-    turn_ok(&b, "one", 4);   /* B's lease and first snapshot, before the stall */
+    h_turn_ok(&b, "one", 4);   /* B's lease and first snapshot, before the stall */
 
     h_stream sa;
     json_t *m = json_pack("{s:s, s:s, s:i}", "type", "message", "text", "a long story",
