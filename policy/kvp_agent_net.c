@@ -34,30 +34,31 @@ int kvp_agent_arch_check(const kvp_agent_arch *a, char *err, size_t errlen)
     return 0;
 }
 
+/* A dense layer of `out` units over `in` inputs, then its layer norm, from offset o:
+ * the weights [out][in], the bias, the norm's gain and shift. The offset after them. */
+static size_t dense_norm(size_t o, size_t in, size_t out, size_t *w, size_t *b, size_t *g,
+                         size_t *shift)
+{
+    *w = o;
+    o += out * in;
+    *b = o;
+    *g = o + out;
+    *shift = o + 2 * out;
+    return o + 3 * out;
+}
+
 /* With the limits above every count stays below 2^42. */
 void kvp_agent_layout_of(const kvp_agent_arch *a, kvp_agent_layout *l)
 {
     size_t d = (size_t)a->d, P = (size_t)a->P, E = (size_t)a->E, H = (size_t)a->H;
     size_t C = 2 * P + E, o = 0;
-    l->wk = o;    o += P * d;
-    l->bk = o;    o += P;
-    l->lnk_g = o; o += P;
-    l->lnk_b = o; o += P;
-    l->wv = o;    o += P * d;
-    l->bv = o;    o += P;
-    l->lnv_g = o; o += P;
-    l->lnv_b = o; o += P;
+    o = dense_norm(o, d, P, &l->wk, &l->bk, &l->lnk_g, &l->lnk_b);
+    o = dense_norm(o, d, P, &l->wv, &l->bv, &l->lnv_g, &l->lnv_b);
     l->emb = o;   o += (size_t)a->pmax * E;
     l->lne_g = o; o += E;
     l->lne_b = o; o += E;
-    l->w1 = o;    o += H * C;
-    l->b1 = o;    o += H;
-    l->ln1_g = o; o += H;
-    l->ln1_b = o; o += H;
-    l->w2 = o;    o += H * H;
-    l->b2 = o;    o += H;
-    l->ln2_g = o; o += H;
-    l->ln2_b = o; o += H;
+    o = dense_norm(o, C, H, &l->w1, &l->b1, &l->ln1_g, &l->ln1_b);
+    o = dense_norm(o, H, H, &l->w2, &l->b2, &l->ln2_g, &l->ln2_b);
     l->w3 = o;    o += H;
     l->b3 = o;    o += 1;
     l->n = o;

@@ -13,6 +13,7 @@ if [ "${1:-}" = "--sanitize" ]; then
     export KVP_TOKREF_QUICK=1
 fi
 scripts/check-layers.sh
+scripts/check-tests-mirror.sh
 [ -f $dir/build.ninja ] || meson setup $dir
 ninja -C $dir
 meson test -C $dir --print-errorlogs --num-processes 2

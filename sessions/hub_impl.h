@@ -9,6 +9,7 @@
 #include "sessions/hub.h"
 #include "sessions/hub_state.h"
 #include "sessions/prefix.h"
+#include "sessions/step_plan.h"   /* kvp_turn_batch, the workers' step (hub_life.c) */
 
 /* ---- events to clients (hub.c) ---- */
 

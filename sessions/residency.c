@@ -55,6 +55,17 @@ void kvp_hub_park(kvp_hub *h, kvp_session *s)
     h->m->parks++;
 }
 
+/* victim leaves memory to make room: parked with a store, dropped without one. */
+static void make_room(kvp_hub *h, kvp_session *victim)
+{
+    if (h->env.store) {
+        kvp_hub_park(h, victim);
+    } else {
+        h->m->sessions_dropped++;
+        kvp_hub_drop(h, victim);
+    }
+}
+
 /* The least recently used idle session that can make room, other than keep: with a
  * store one that can be parked; without one, one no client is attached to (a finished
  * API request's, a left websocket's), which is dropped: finished one-shot sessions must
@@ -105,12 +116,7 @@ static int tenant_make_room(kvp_hub *h, const kvp_session *keep, const char *ten
     }
     if (!victim)
         return -1;
-    if (h->env.store) {
-        kvp_hub_park(h, victim);
-    } else {
-        h->m->sessions_dropped++;
-        kvp_hub_drop(h, victim);
-    }
+    make_room(h, victim);
     return 0;
 }
 
@@ -207,12 +213,7 @@ int kvp_hub_admit(kvp_hub *h, kvp_session *s, int job, size_t extra, size_t *res
         }
         others -= victim->bytes;
         slots--;
-        if (h->env.store) {
-            kvp_hub_park(h, victim);
-        } else {
-            h->m->sessions_dropped++;
-            kvp_hub_drop(h, victim);
-        }
+        make_room(h, victim);
     }
     *reserve = need;
     return 0;

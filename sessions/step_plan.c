@@ -2,7 +2,7 @@
  * decoding turn, then prefill chunks in queue order while they fit the step's rows),
  * the pass itself (kvp_gen_step), then each unit's logits sampled and taken in. No I/O:
  * units that wait on the store run alone as jobs (sessions/turn.h). */
-#include "sessions/session.h"
+#include "sessions/step_plan.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -146,28 +146,57 @@ static int decoding(const kvp_session *s)
     return !kvp_session_job_next(s) && s->turn.state == KVP_TURN_DECODE;
 }
 
+/* A step's bookkeeping over its n queued sessions. b, e: the blocks of the forward pass
+ * and their eviction bounds; who[j]: block j's index in order; order[k]: the queue index
+ * of the k-th to take part, unit_more[k] its result; took[i]: queue entry i took part;
+ * arrival: the queue by arrival; sorted: the queue reordered. */
+typedef struct step_work {
+    kvp_batch_seq *b;
+    const kvp_evict_cfg **e;
+    int *who, *order, *unit_more, *arrival;
+    char *took;
+    kvp_session **sorted;
+} step_work;
+
+static void work_free(step_work *w)
+{
+    free(w->b);
+    free(w->e);
+    free(w->who);
+    free(w->order);
+    free(w->unit_more);
+    free(w->arrival);
+    free(w->took);
+    free(w->sorted);
+}
+
+/* 0, or -1 when out of memory (nothing left allocated). */
+static int work_alloc(step_work *w, int n)
+{
+    size_t m = (size_t)n;
+    *w = (step_work){malloc(m * sizeof *w->b), malloc(m * sizeof *w->e),
+                     malloc(m * sizeof *w->who), malloc(m * sizeof *w->order),
+                     malloc(m * sizeof *w->unit_more), malloc(m * sizeof *w->arrival),
+                     calloc(m, 1), malloc(m * sizeof *w->sorted)};
+    if (w->b && w->e && w->who && w->order && w->unit_more && w->arrival && w->took &&
+        w->sorted)
+        return 0;
+    work_free(w);
+    return -1;
+}
+
 int kvp_turn_batch(kvp_session **ss, int n, const kvp_session_env *env, kvp_runstate *rs,
                    const kvp_turn_sink *sink, int *more, int *rows)
 {
     *rows = 0;
-    kvp_batch_seq *b = malloc((size_t)n * sizeof *b);
-    const kvp_evict_cfg **e = malloc((size_t)n * sizeof *e);
-    int *who = malloc((size_t)n * sizeof *who), *order = malloc((size_t)n * sizeof *order);
-    int *unit_more = malloc((size_t)n * sizeof *unit_more);
-    char *took = calloc((size_t)n, 1);
-    kvp_session **sorted = malloc((size_t)n * sizeof *sorted);
-    int *arrival = malloc((size_t)n * sizeof *arrival);
-    if (!b || !e || !who || !order || !unit_more || !took || !sorted || !arrival) {
-        free(arrival);
-        free(b);
-        free(e);
-        free(who);
-        free(order);
-        free(unit_more);
-        free(took);
-        free(sorted);
+    step_work w;
+    if (work_alloc(&w, n) < 0)
         return 0;   /* nobody took part: they stay queued for the next step */
-    }
+    kvp_batch_seq *b = w.b;
+    const kvp_evict_cfg **e = w.e;
+    int *who = w.who, *order = w.order, *unit_more = w.unit_more, *arrival = w.arrival;
+    char *took = w.took;
+    kvp_session **sorted = w.sorted;
     /* Who takes part: first every decoding turn (one row each), so a prompt never holds
      * back the next token of a reply; then each other turn's unit (its next prefill
      * chunk), oldest turn first (by the time its request arrived; queue order among
@@ -241,14 +270,7 @@ int kvp_turn_batch(kvp_session **ss, int n, const kvp_session_env *env, kvp_runs
         if (!took[i])
             sorted[k++] = ss[i];
     memcpy(ss, sorted, (size_t)n * sizeof *ss);
-    free(arrival);
-    free(b);
-    free(e);
-    free(who);
-    free(order);
-    free(unit_more);
-    free(took);
-    free(sorted);
+    work_free(&w);
     return taken;
 }
 

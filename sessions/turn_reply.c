@@ -106,6 +106,17 @@ int turn_reply_text(kvp_session *s, const kvp_turn_sink *sink, const char *p, si
     return 0;
 }
 
+/* Appends ids[0..n) (an encoder's result: n < 0 is its error) to the session's tokens
+ * and frees ids. 0 or a negative errno. */
+static int push_tokens(kvp_session *s, int *ids, int n)
+{
+    int rc = n < 0 ? n : 0;
+    for (int i = 0; i < n && !rc; i++)
+        rc = kvp_session_push_token(s, ids[i]);
+    free(ids);
+    return rc;
+}
+
 /* The reply's opening kvpd writes itself (a forced tool call): its tokens go into the
  * transcript to be prefilled with the prompt, its text starts the reply (and is looked
  * through for the stop strings, so a whole forced call may end the turn at once). */
@@ -114,12 +125,7 @@ int turn_reply_prefix(kvp_session *s, const kvp_session_env *env, const kvp_turn
     kvp_turn *t = &s->turn;
     int *ids = NULL;
     int n = kvp_template_encode_trusted(&env->tpl, t->prefix, t->prefix_len, &ids);
-    if (n < 0)
-        return n;
-    int rc = 0;
-    for (int i = 0; i < n && !rc; i++)
-        rc = kvp_session_push_token(s, ids[i]);
-    free(ids);
+    int rc = push_tokens(s, ids, n);
     return rc ? rc : turn_reply_text(s, sink, t->prefix, t->prefix_len);
 }
 
@@ -163,11 +169,5 @@ int turn_cut_at_stop(kvp_session *s, const kvp_session_env *env)
     s->n_tokens = end;
     int *ids = NULL;
     int n = kvp_template_reply(&env->tpl, t->reply + at, t->stop_at - at, &ids);
-    if (n < 0)
-        return n;
-    int rc = 0;
-    for (int i = 0; i < n && !rc; i++)
-        rc = kvp_session_push_token(s, ids[i]);
-    free(ids);
-    return rc;
+    return push_tokens(s, ids, n);
 }

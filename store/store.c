@@ -175,6 +175,27 @@ int kvp_store_opendir(const kvp_store *st, DIR **d, char *err, size_t errlen)
     return rc;
 }
 
+int kvp_store_id_search(const void *base, int n, size_t stride, size_t off, const char *id,
+                        int *at)
+{
+    const char *b = base;
+    int lo = 0, hi = n;
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        int c = strcmp(b + (size_t)mid * stride + off, id);
+        if (c == 0) {
+            *at = mid;
+            return 1;
+        }
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    *at = lo;
+    return 0;
+}
+
 int kvp_store_snap_id(const char *name, kvp_store_id id)
 {
     size_t n = strlen(name);

@@ -132,6 +132,11 @@ uint64_t kvp_store_redis_quota_usage(kvp_store *st, const char *tenant, int *sna
  * <id>.snap with a valid id, the id copied into id when it is. */
 int kvp_store_opendir(const kvp_store *st, DIR **d, char *err, size_t errlen);
 int kvp_store_snap_id(const char *name, kvp_store_id id);
+/* Binary search of n records sorted by an id (strcmp), each stride bytes from the last,
+ * whose kvp_store_id lies at byte offset `off` of its record (store/store.c). Returns 1
+ * with *at the record's index when id is there, else 0 with *at where it would go. */
+int kvp_store_id_search(const void *base, int n, size_t stride, size_t off, const char *id,
+                        int *at);
 
 /* The live set (store/store_live.c). add: the id is live from now on (until the next
  * kvp_store_set_live); has_locked: with live_mu held; copy: the ids (malloc'd, *out),

@@ -18,21 +18,7 @@ static int cmp_id(const void *a, const void *b)
 
 static int find(const kvp_store *st, const char *id, int *at)
 {
-    int lo = 0, hi = st->n_live;
-    while (lo < hi) {
-        int mid = lo + (hi - lo) / 2;
-        int c = strcmp(st->live[mid], id);
-        if (c == 0) {
-            *at = mid;
-            return 1;
-        }
-        if (c < 0)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    *at = lo;
-    return 0;
+    return kvp_store_id_search(st->live, st->n_live, sizeof *st->live, 0, id, at);
 }
 
 int kvp_store_set_live(kvp_store *st, const char *const *ids, int n)

@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,21 +59,7 @@ static double wall_now(void)
 
 static int find(const struct kvp_store_quota *q, const char *id, int *at)
 {
-    int lo = 0, hi = q->n;
-    while (lo < hi) {
-        int mid = lo + (hi - lo) / 2;
-        int c = strcmp(q->v[mid].id, id);
-        if (c == 0) {
-            *at = mid;
-            return 1;
-        }
-        if (c < 0)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    *at = lo;
-    return 0;
+    return kvp_store_id_search(q->v, q->n, sizeof *q->v, offsetof(quota_ent, id), id, at);
 }
 
 static quota_tenant *tenant_get(struct kvp_store_quota *q, const char *name)

@@ -72,24 +72,6 @@ __attribute__((format(printf, 1, 2))) static int usage_error(const char *fmt, ..
     return 2;
 }
 
-static char *read_file(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    char *buf = NULL;
-    long n;
-    if (!f)
-        return NULL;
-    if (!fseek(f, 0, SEEK_END) && (n = ftell(f)) >= 0 && !fseek(f, 0, SEEK_SET) &&
-        (buf = malloc((size_t)n + 1)) && fread(buf, 1, (size_t)n, f) == (size_t)n) {
-        *len = (size_t)n;
-    } else {
-        free(buf);
-        buf = NULL;
-    }
-    fclose(f);
-    return buf;
-}
-
 /* The work, shared by the worker threads: phase 0 computes every sequence's reference,
  * phase 1 runs (sequence, policy) and (stream, policy, budget) tasks. Each task has its
  * own accumulator, summed in a fixed order afterwards, so results do not depend on the
@@ -382,7 +364,7 @@ int kvp_eval_run(const kvp_eval_cli_opts *e)
     }
 
     size_t text_len;
-    if (!(text = read_file(text_path, &text_len))) {
+    if (!(text = kvp_corpus_read(text_path, &text_len))) {
         fprintf(stderr, "kvp eval: cannot read %s: %s\n", text_path, strerror(errno));
         goto out;
     }

@@ -46,24 +46,6 @@ static int usage_error(const char *what, const char *val)
     return 2;
 }
 
-static char *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    char *buf = NULL;
-    long n;
-    if (!f)
-        return NULL;
-    if (!fseek(f, 0, SEEK_END) && (n = ftell(f)) >= 0 && !fseek(f, 0, SEEK_SET) &&
-        (buf = malloc((size_t)n + 1)) && fread(buf, 1, (size_t)n, f) == (size_t)n) {
-        *len = (size_t)n;
-    } else {
-        free(buf);
-        buf = NULL;
-    }
-    fclose(f);
-    return buf;
-}
-
 int kvp_cmd_forkeval(int argc, char **argv)
 {
     const char *model_path = NULL, *tok_path = NULL, *text_path = NULL, *policy_file = NULL;
@@ -148,7 +130,7 @@ int kvp_cmd_forkeval(int argc, char **argv)
         goto out;
     }
     size_t text_len;
-    if (!(text = slurp(text_path, &text_len))) {
+    if (!(text = kvp_corpus_read(text_path, &text_len))) {
         fprintf(stderr, "kvp forkeval: cannot read %s: %s\n", text_path, strerror(errno));
         goto out;
     }

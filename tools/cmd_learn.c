@@ -39,10 +39,9 @@
 #define EVAL_SEQS_MIN 4
 
 typedef struct {
-    const char *model, *tokenizer, *text, *conversations, *out, *work, *budgets;
-    long seq_len, max_seqs, steps, threads, seed, eval_seqs;
+    kvp_learn_args a;
+    const char *text, *conversations;
     double budget_hours, trace_gb;
-    int max_seqs_given, eval_seqs_given;
 } learn_opts;
 
 static void usage(FILE *f)
@@ -168,44 +167,28 @@ static double at_least_one(double seconds)
     return seconds > 1.0 ? seconds : 1.0;
 }
 
+/* kvp learn's own options (kvp_learn_getopt). */
+static int own_option(int c, const char *arg, void *ctx)
+{
+    learn_opts *o = ctx;
+    switch (c) {
+    case 'x': o->text = arg; return 1;
+    case 'C': o->conversations = arg; return 1;
+    case 'H': return kvp_parse_double(arg, 0.0, 1e4, &o->budget_hours);
+    case 'G': return kvp_parse_double(arg, 0.001, 1e6, &o->trace_gb);
+    default: return -1;
+    }
+}
+
 static int parse(int argc, char **argv, learn_opts *o)
 {
     static const struct option opts[] = {
-        {"model", 1, 0, 'm'}, {"tokenizer", 1, 0, 'z'}, {"text", 1, 0, 'x'},
-        {"conversations", 1, 0, 'C'}, {"out", 1, 0, 'o'}, {"work", 1, 0, 'w'},
-        {"budget-hours", 1, 0, 'H'}, {"seq-len", 1, 0, 'n'}, {"max-seqs", 1, 0, 'N'},
-        {"trace-gb", 1, 0, 'G'},
-        {"steps", 1, 0, 's'}, {"eval-seqs", 1, 0, 'e'}, {"budgets", 1, 0, 'b'},
-        {"threads", 1, 0, 't'}, {"seed", 1, 0, 'r'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
-    int c, idx = 0;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "", opts, &idx)) != -1) {
-        int ok = 1;
-        switch (c) {
-        case 'm': o->model = optarg; break;
-        case 'z': o->tokenizer = optarg; break;
-        case 'x': o->text = optarg; break;
-        case 'C': o->conversations = optarg; break;
-        case 'o': o->out = optarg; break;
-        case 'w': o->work = optarg; break;
-        case 'b': o->budgets = optarg; break;
-        case 'H': ok = kvp_parse_double(optarg, 0.0, 1e4, &o->budget_hours); break;
-        case 'n': ok = kvp_parse_long(optarg, 64, 1 << 20, &o->seq_len); break;
-        case 'N': ok = kvp_parse_long(optarg, 2, 1 << 24, &o->max_seqs); o->max_seqs_given = 1; break;
-        case 'G': ok = kvp_parse_double(optarg, 0.001, 1e6, &o->trace_gb); break;
-        case 's': ok = kvp_parse_long(optarg, 1, 100000000, &o->steps); break;
-        case 'e': ok = kvp_parse_long(optarg, 1, 1 << 20, &o->eval_seqs); o->eval_seqs_given = 1; break;
-        case 't': ok = kvp_parse_long(optarg, 1, 64, &o->threads); break;
-        case 'r': ok = kvp_parse_long(optarg, 0, 0x7fffffffL, &o->seed); break;
-        case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
-        }
-        if (!ok) {
-            fprintf(stderr, "kvp learn: bad value '%s' for --%s\n", optarg, opts[idx].name);
-            return 2;
-        }
-    }
-    if (!o->model || optind < argc) {
+        KVP_LEARN_OPTIONS, {"text", 1, 0, 'x'}, {"conversations", 1, 0, 'C'},
+        {"budget-hours", 1, 0, 'H'}, {"trace-gb", 1, 0, 'G'}, {0, 0, 0, 0}};
+    int rc = kvp_learn_getopt(argc, argv, opts, &o->a, own_option, o, usage);
+    if (rc >= 0)
+        return rc;
+    if (!o->a.model || optind < argc) {
         fprintf(stderr, "kvp learn: --model is required\n");
         usage(stderr);
         return 2;
@@ -219,31 +202,26 @@ static int parse(int argc, char **argv, learn_opts *o)
 
 int kvp_cmd_learn(int argc, char **argv)
 {
-    learn_opts o = {.seq_len = 512, .max_seqs = 300, .trace_gb = 4.0, .steps = 3000, .seed = 1,
-                    .eval_seqs = 64, .budget_hours = 1.5,
-                    .threads = kvp_stage_threads()};
+    learn_opts o = {.a = {.seq_len = 512, .max_seqs = 300, .steps = 3000, .seed = 1,
+                          .eval_seqs = 64, .threads = kvp_stage_threads()},
+                    .trace_gb = 4.0, .budget_hours = 1.5};
     for (int i = 1; i < argc; i++)   /* learning from kvpd's learn_dir is its own run */
         if (!strncmp(argv[i], "--transcripts", 13))
             return kvp_cmd_learn_transcripts(argc, argv);
     int rc = parse(argc, argv, &o);
     if (rc >= 0)
         return rc;
-    if (o.threads < 1)
-        o.threads = 1;
+    if (o.a.threads < 1)
+        o.a.threads = 1;
 
     /* The model: its shape, identity and template decide the defaults. */
-    char err[512];
-    kvp_model m;
-    if (kvp_model_load(&m, o.model, o.tokenizer, err, sizeof err)) {
-        fprintf(stderr, "kvp learn: %s\n", err);
+    kvp_model_config cfg;
+    int has_template;
+    double model_mb;
+    if (kvp_learn_model_shape(&o.a, &cfg, &has_template, &model_mb))
         return 1;
-    }
-    kvp_model_config cfg = m.cfg;
-    int has_template = m.chat_template != NULL;
-    double model_mb = (double)m.weight_bytes / 1e6;
-    kvp_model_free(&m);
-    if (o.seq_len > cfg.seq_len)
-        o.seq_len = cfg.seq_len;
+    if (o.a.seq_len > cfg.seq_len)
+        o.a.seq_len = cfg.seq_len;
     const char *shared = getenv("KVP_SHARED") ? getenv("KVP_SHARED") : KVP_SHARED_DIR;
     char data[1024], out[1024], work[1024];
     int conversations = o.conversations || (!o.text && has_template);
@@ -258,7 +236,7 @@ int kvp_cmd_learn(int argc, char **argv)
                 data, strerror(errno), conversations ? "conversations" : "text");
         return 1;
     }
-    if (kvp_learn_dirs(o.model, o.out, o.work, "kvp-learn", 0777, out, sizeof out, work,
+    if (kvp_learn_dirs(o.a.model, o.a.out, o.a.work, "kvp-learn", 0777, out, sizeof out, work,
                        sizeof work))
         return 1;
 
@@ -268,23 +246,23 @@ int kvp_cmd_learn(int argc, char **argv)
      * training). */
     kvp_trace_header grid = {.cut_min = KVP_TRACE_CUT_MIN, .cut_stride = KVP_TRACE_CUT_STRIDE,
                              .cut_tail = KVP_TRACE_CUT_TAIL};
-    long cuts = kvp_trace_n_cuts(&grid, (int)o.seq_len);
+    long cuts = kvp_trace_n_cuts(&grid, (int)o.a.seq_len);
     double imp_floats = (double)cuts * KVP_TRACE_CUT_MIN +
                         (double)KVP_TRACE_CUT_STRIDE * (double)cuts * (double)(cuts - 1) / 2.0;
     double agents = (double)cfg.n_layers * cfg.n_kv_heads;
-    double per_seq = 4.0 + 4.0 * (double)o.seq_len +
-                     agents * (4.0 * (double)o.seq_len * cfg.head_dim + 4.0 * imp_floats);
-    if (!o.max_seqs_given) {
+    double per_seq = 4.0 + 4.0 * (double)o.a.seq_len +
+                     agents * (4.0 * (double)o.a.seq_len * cfg.head_dim + 4.0 * imp_floats);
+    if (!o.a.max_seqs_given) {
         /* a larger model gets fewer sequences, so the trace stays within its budget */
         double fit = (o.trace_gb * 1e9 - (double)sizeof(kvp_trace_header) - 8.0) / per_seq;
-        if (fit < (double)o.max_seqs) {
-            o.max_seqs = fit < 10.0 ? 10 : (long)fit;
+        if (fit < (double)o.a.max_seqs) {
+            o.a.max_seqs = fit < 10.0 ? 10 : (long)fit;
             fprintf(stderr, "kvp learn: %ld sequences fit in the trace's %g GB budget "
-                    "(--trace-gb); tracing those\n", o.max_seqs, o.trace_gb);
+                    "(--trace-gb); tracing those\n", o.a.max_seqs, o.trace_gb);
         }
     }
-    double trace_bytes = (double)sizeof(kvp_trace_header) + 8.0 + per_seq * (double)o.max_seqs;
-    double capture_bytes = 4.0 * (double)o.seq_len * cfg.n_layers *
+    double trace_bytes = (double)sizeof(kvp_trace_header) + 8.0 + per_seq * (double)o.a.max_seqs;
+    double capture_bytes = 4.0 * (double)o.a.seq_len * cfg.n_layers *
                            (double)(cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim;
     double need_mem = model_mb * 1e6 + capture_bytes + trace_bytes;
     struct statvfs vfs;
@@ -292,10 +270,10 @@ int kvp_cmd_learn(int argc, char **argv)
     double avail_mem = mem_available_bytes();
     fprintf(stderr, "kvp learn: model %s (%d layers x %d KV heads x head_dim %d, weights %016llx); "
             "data %s (%s); %ld sequences of %ld tokens\n",
-            o.model, cfg.n_layers, cfg.n_kv_heads, cfg.head_dim,
+            o.a.model, cfg.n_layers, cfg.n_kv_heads, cfg.head_dim,
             (unsigned long long)cfg.fingerprint, data,
-            conversations ? "conversations, the model's chat template" : "text", o.max_seqs,
-            o.seq_len);
+            conversations ? "conversations, the model's chat template" : "text", o.a.max_seqs,
+            o.a.seq_len);
     fprintf(stderr, "kvp learn: needs %.1f MB of disk in %s (%.2f GB free) and about %.2f GB of "
             "memory (%.2f GB available)\n", trace_bytes / 1e6, work, free_disk / 1e9,
             need_mem / 1e9, avail_mem / 1e9);
@@ -320,9 +298,9 @@ int kvp_cmd_learn(int argc, char **argv)
     double start = kvp_now();
 
     /* the trace: as many of the sequences as fit in its share of the budget */
-    kvp_learn_run run = {.model = o.model, .tokenizer = o.tokenizer, .work = work,
-                         .seq_len = o.seq_len, .max_seqs = o.max_seqs, .steps = o.steps,
-                         .threads = o.threads, .seed = o.seed};
+    kvp_learn_run run = {.model = o.a.model, .tokenizer = o.a.tokenizer, .work = work,
+                         .seq_len = o.a.seq_len, .max_seqs = o.a.max_seqs, .steps = o.a.steps,
+                         .threads = o.a.threads, .seed = o.a.seed};
     kvp_trace_opts to;
     kvp_learn_trace_opts(&run, data, conversations, &to);
     to.max_seconds = budget > 0 ? at_least_one(budget * TRACE_SHARE) : 0.0;
@@ -341,29 +319,29 @@ int kvp_cmd_learn(int argc, char **argv)
     stage_begin(&cost[1], 2, N_STAGES);
     if (stage_end(&cost[1], kvp_policy_init_run(&po), init))
         return 1;
-    long val_cut = kvp_learn_val_cut(o.seq_len);
+    long val_cut = kvp_learn_val_cut(o.a.seq_len);
 
     /* The evaluation's size from the trace's measured cost: a traced sequence is one
      * forward pass over seq_len tokens; an evaluated one is the reference (seq_len
      * tokens) and, per policy, the prefix (val_cut tokens) and per budget the rest with
      * every row's logits (CONT_COST each). */
-    double per_trace_seq = cost[0].seconds / (double)traced, cont = (double)(o.seq_len - val_cut);
-    const char *budgets = o.budgets ? o.budgets : "16,32,64,128";
+    double per_trace_seq = cost[0].seconds / (double)traced, cont = (double)(o.a.seq_len - val_cut);
+    const char *budgets = o.a.budgets ? o.a.budgets : "16,32,64,128";
     int n_budgets = 4;
     double eval_seq_s = 0.0, train_seconds = 0.0;
     if (budget > 0) {
         double ref_tokens = (double)val_cut + CONT_COST * cont;
         for (;;) {
             double tokens = ref_tokens + N_POLICIES * ((double)val_cut + n_budgets * CONT_COST * cont);
-            eval_seq_s = per_trace_seq * tokens / (double)o.seq_len;
+            eval_seq_s = per_trace_seq * tokens / (double)o.a.seq_len;
             long fit = (long)(budget * EVAL_SHARE / eval_seq_s);
-            if (!o.budgets && n_budgets == 4 && fit < EVAL_FOUR_BUDGETS_MIN) {
+            if (!o.a.budgets && n_budgets == 4 && fit < EVAL_FOUR_BUDGETS_MIN) {
                 budgets = "32,128";
                 n_budgets = 2;
                 continue;
             }
-            if (!o.eval_seqs_given && fit < o.eval_seqs)
-                o.eval_seqs = fit < EVAL_SEQS_MIN ? EVAL_SEQS_MIN : fit;
+            if (!o.a.eval_seqs_given && fit < o.a.eval_seqs)
+                o.a.eval_seqs = fit < EVAL_SEQS_MIN ? EVAL_SEQS_MIN : fit;
             break;
         }
         snprintf(plan, sizeof plan, "Plan for the %.2f h budget: the trace kept to %.0f s "
@@ -371,10 +349,10 @@ int kvp_cmd_learn(int argc, char **argv)
                  "estimated at %.0f s (%d policies, %d budgets) gives %ld evaluation "
                  "sequences (about %.0f s); training gets what is left.",
                  o.budget_hours, budget * TRACE_SHARE, cost[0].seconds, traced, per_trace_seq,
-                 eval_seq_s, (int)N_POLICIES, n_budgets, o.eval_seqs,
-                 eval_seq_s * (double)o.eval_seqs);
+                 eval_seq_s, (int)N_POLICIES, n_budgets, o.a.eval_seqs,
+                 eval_seq_s * (double)o.a.eval_seqs);
         fprintf(stderr, "kvp learn: %s\n", plan);
-        train_seconds = at_least_one(budget - (kvp_now() - start) - eval_seq_s * (double)o.eval_seqs);
+        train_seconds = at_least_one(budget - (kvp_now() - start) - eval_seq_s * (double)o.a.eval_seqs);
     }
     kvp_train_opts tr;
     kvp_learn_train_opts(&run, init, trained, val_cut, train_seconds, &tr);
@@ -390,18 +368,18 @@ int kvp_cmd_learn(int argc, char **argv)
         return 1;
     kvp_eval_cli_opts eo;
     kvp_eval_defaults(&eo);
-    eo.model = o.model;
-    eo.tokenizer = o.tokenizer;
+    eo.model = o.a.model;
+    eo.tokenizer = o.a.tokenizer;
     eo.text = data;
     eo.conversations = conversations;
     eo.out = eval_dir;
     eo.policies = LEARN_POLICIES;
     eo.policy_file = calibrated;
     eo.budgets = budgets;
-    eo.seqs = o.eval_seqs;
-    eo.seq_len = o.seq_len;
+    eo.seqs = o.a.eval_seqs;
+    eo.seq_len = o.a.seq_len;
     eo.cut = val_cut;
-    eo.threads = o.threads;
+    eo.threads = o.a.threads;
     eo.streams = 0;
     stage_begin(&cost[4], 5, N_STAGES);
     if (stage_end(&cost[4], kvp_eval_run(&eo), NULL))
@@ -423,9 +401,9 @@ int kvp_cmd_learn(int argc, char **argv)
             "%ld training steps, seed %ld, %ld threads; the evaluation: %ld held-out "
             "sequences, budgets %s.\n\n%s%s| stage | wall time (s) | CPU time (s) | peak "
             "memory (MB) | output (MB) |\n|---|---:|---:|---:|---:|\n",
-            o.model, out, (unsigned long long)cfg.fingerprint, data,
+            o.a.model, out, (unsigned long long)cfg.fingerprint, data,
             conversations ? "conversations rendered with the model's chat template" : "text",
-            traced, o.seq_len, o.steps, o.seed, o.threads, o.eval_seqs, budgets, plan,
+            traced, o.a.seq_len, o.a.steps, o.a.seed, o.a.threads, o.a.eval_seqs, budgets, plan,
             plan[0] ? "\n\n" : "");
     for (int i = 0; i < N_STAGES; i++)
         fprintf(r, "| %s | %.1f | %.1f | %.0f | %.1f |\n", cost[i].name, cost[i].seconds,
@@ -443,7 +421,7 @@ int kvp_cmd_learn(int argc, char **argv)
     int werr = ferror(r) | fclose(r);
     fprintf(stderr, "kvp learn: installed %s; report %s (%.0f s in all)%s\n", out, report,
             kvp_now() - start, werr ? " — the report could not be written whole" : "");
-    fprintf(stderr, "kvp learn: kvpd --model %s picks it up as its default policy%s\n", o.model,
-            o.out ? " when policy_dir is its directory" : "");
+    fprintf(stderr, "kvp learn: kvpd --model %s picks it up as its default policy%s\n", o.a.model,
+            o.a.out ? " when policy_dir is its directory" : "");
     return werr ? 1 : 0;
 }

@@ -31,9 +31,10 @@
 #define KEPT 3
 
 typedef struct {
-    const char *model, *tokenizer, *dir, *out, *work, *budgets;
+    kvp_learn_args a;
+    const char *dir;
     double holdout, max_seconds;
-    long seq_len, max_seqs, steps, eval_seqs, streams, stream_len, threads, seed, min_files;
+    long streams, stream_len, min_files;
 } opts;
 
 static void usage(FILE *f)
@@ -61,46 +62,31 @@ static void usage(FILE *f)
         "  --seed S             (default 1)\n", KVP_DATA_DIR "/policy/weights");
 }
 
+/* kvp learn --transcripts' own options (kvp_learn_getopt). */
+static int own_option(int c, const char *arg, void *ctx)
+{
+    opts *o = ctx;
+    switch (c) {
+    case 'T': o->dir = arg; return 1;
+    case 'H': return kvp_parse_double(arg, 0.01, 0.9, &o->holdout);
+    case 'M': return kvp_parse_long(arg, 2, 1 << 24, &o->min_files);
+    case 'S': return kvp_parse_double(arg, 0.0, 1e7, &o->max_seconds);
+    case 'R': return kvp_parse_long(arg, 1, 1 << 20, &o->streams);
+    case 'L': return kvp_parse_long(arg, 0, 1 << 24, &o->stream_len);
+    default: return -1;
+    }
+}
+
 static int parse(int argc, char **argv, opts *o)
 {
     static const struct option lo[] = {
-        {"model", 1, 0, 'm'}, {"tokenizer", 1, 0, 'z'}, {"transcripts", 1, 0, 'T'},
-        {"out", 1, 0, 'o'}, {"work", 1, 0, 'w'}, {"holdout", 1, 0, 'H'},
-        {"min-transcripts", 1, 0, 'M'}, {"seq-len", 1, 0, 'n'}, {"max-seqs", 1, 0, 'N'},
-        {"steps", 1, 0, 's'}, {"max-seconds", 1, 0, 'S'}, {"eval-seqs", 1, 0, 'e'},
-        {"streams", 1, 0, 'R'}, {"stream-len", 1, 0, 'L'}, {"budgets", 1, 0, 'b'},
-        {"threads", 1, 0, 't'}, {"seed", 1, 0, 'r'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
-    int c, idx = 0;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "", lo, &idx)) != -1) {
-        int ok = 1;
-        switch (c) {
-        case 'm': o->model = optarg; break;
-        case 'z': o->tokenizer = optarg; break;
-        case 'T': o->dir = optarg; break;
-        case 'o': o->out = optarg; break;
-        case 'w': o->work = optarg; break;
-        case 'b': o->budgets = optarg; break;
-        case 'H': ok = kvp_parse_double(optarg, 0.01, 0.9, &o->holdout); break;
-        case 'M': ok = kvp_parse_long(optarg, 2, 1 << 24, &o->min_files); break;
-        case 'n': ok = kvp_parse_long(optarg, 64, 1 << 20, &o->seq_len); break;
-        case 'N': ok = kvp_parse_long(optarg, 2, 1 << 24, &o->max_seqs); break;
-        case 's': ok = kvp_parse_long(optarg, 1, 100000000, &o->steps); break;
-        case 'S': ok = kvp_parse_double(optarg, 0.0, 1e7, &o->max_seconds); break;
-        case 'e': ok = kvp_parse_long(optarg, 1, 1 << 20, &o->eval_seqs); break;
-        case 'R': ok = kvp_parse_long(optarg, 1, 1 << 20, &o->streams); break;
-        case 'L': ok = kvp_parse_long(optarg, 0, 1 << 24, &o->stream_len); break;
-        case 't': ok = kvp_parse_long(optarg, 1, 64, &o->threads); break;
-        case 'r': ok = kvp_parse_long(optarg, 0, 0x7fffffffL, &o->seed); break;
-        case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
-        }
-        if (!ok) {
-            fprintf(stderr, "kvp learn: bad value '%s' for --%s\n", optarg, lo[idx].name);
-            return 2;
-        }
-    }
-    if (!o->model || !o->dir || optind < argc) {
+        KVP_LEARN_OPTIONS, {"transcripts", 1, 0, 'T'}, {"holdout", 1, 0, 'H'},
+        {"min-transcripts", 1, 0, 'M'}, {"max-seconds", 1, 0, 'S'}, {"streams", 1, 0, 'R'},
+        {"stream-len", 1, 0, 'L'}, {0, 0, 0, 0}};
+    int rc = kvp_learn_getopt(argc, argv, lo, &o->a, own_option, o, usage);
+    if (rc >= 0)
+        return rc;
+    if (!o->a.model || !o->dir || optind < argc) {
         fprintf(stderr, "kvp learn: --model and --transcripts are required\n");
         usage(stderr);
         return 2;
@@ -238,45 +224,40 @@ static int evaluate(const opts *o, const char *held, const char *dir, const char
 {
     kvp_eval_cli_opts eo;
     kvp_eval_defaults(&eo);
-    eo.model = o->model;
-    eo.tokenizer = o->tokenizer;
+    eo.model = o->a.model;
+    eo.tokenizer = o->a.tokenizer;
     eo.text = held;
     eo.conversations = KVP_CORPUS_IDS;
     eo.out = dir;
     eo.policies = policies;
     eo.policy_file = file;
-    eo.budgets = o->budgets;
+    eo.budgets = o->a.budgets;
     eo.split = 0.0;
-    eo.seqs = o->eval_seqs;
-    eo.seq_len = o->seq_len;
+    eo.seqs = o->a.eval_seqs;
+    eo.seq_len = o->a.seq_len;
     eo.cut = cut;
     eo.streams = o->streams;
     eo.stream_len = o->stream_len;
-    eo.threads = o->threads;
-    eo.seed = o->seed;
+    eo.threads = o->a.threads;
+    eo.seed = o->a.seed;
     return kvp_eval_run(&eo);
 }
 
 int kvp_cmd_learn_transcripts(int argc, char **argv)
 {
-    opts o = {.holdout = 0.2, .max_seconds = 3600, .seq_len = 512, .max_seqs = 300,
-              .steps = 3000, .eval_seqs = 32, .streams = 8, .threads = kvp_stage_threads(),
-              .seed = 1, .min_files = 4, .budgets = "16,32,64,128"};
+    opts o = {.a = {.seq_len = 512, .max_seqs = 300, .steps = 3000, .eval_seqs = 32,
+                    .threads = kvp_stage_threads(), .seed = 1, .budgets = "16,32,64,128"},
+              .holdout = 0.2, .max_seconds = 3600, .streams = 8, .min_files = 4};
     int rc = parse(argc, argv, &o);
     if (rc >= 0)
         return rc;
-    char err[512];
-    kvp_model m;
-    if (kvp_model_load(&m, o.model, o.tokenizer, err, sizeof err)) {
-        fprintf(stderr, "kvp learn: %s\n", err);
+    kvp_model_config cfg;
+    if (kvp_learn_model_shape(&o.a, &cfg, NULL, NULL))
         return 1;
-    }
-    kvp_model_config cfg = m.cfg;
-    kvp_model_free(&m);
-    if (o.seq_len > cfg.seq_len)
-        o.seq_len = cfg.seq_len;
+    if (o.a.seq_len > cfg.seq_len)
+        o.a.seq_len = cfg.seq_len;
     char out[1024], work[1024];
-    if (kvp_learn_dirs(o.model, o.out, o.work, "kvp-learn-transcripts", 0700, out, sizeof out,
+    if (kvp_learn_dirs(o.a.model, o.a.out, o.a.work, "kvp-learn-transcripts", 0700, out, sizeof out,
                        work, sizeof work))
         return 1;
     char train_ids[1100], held_ids[1100], init[1100], trained[1100], calibrated[1100];
@@ -300,9 +281,9 @@ int kvp_cmd_learn_transcripts(int argc, char **argv)
         return KEPT;
     }
 
-    kvp_learn_run run = {.model = o.model, .tokenizer = o.tokenizer, .work = work,
-                         .seq_len = o.seq_len, .max_seqs = o.max_seqs, .steps = o.steps,
-                         .threads = o.threads, .seed = o.seed};
+    kvp_learn_run run = {.model = o.a.model, .tokenizer = o.a.tokenizer, .work = work,
+                         .seq_len = o.a.seq_len, .max_seqs = o.a.max_seqs, .steps = o.a.steps,
+                         .threads = o.a.threads, .seed = o.a.seed};
     kvp_trace_opts to;
     kvp_learn_trace_opts(&run, train_ids, KVP_CORPUS_IDS, &to);
     fprintf(stderr, "kvp learn: [1/6] trace\n");
@@ -313,7 +294,7 @@ int kvp_cmd_learn_transcripts(int argc, char **argv)
     fprintf(stderr, "kvp learn: [2/6] policy-init\n");
     if (kvp_policy_init_run(&po))
         return 1;
-    long cut = kvp_learn_val_cut(o.seq_len);
+    long cut = kvp_learn_val_cut(o.a.seq_len);
     kvp_train_opts tr;
     kvp_learn_train_opts(&run, init, trained, cut, o.max_seconds, &tr);
     fprintf(stderr, "kvp learn: [3/6] train\n");
@@ -334,10 +315,11 @@ int kvp_cmd_learn_transcripts(int argc, char **argv)
     if (figures(eval_new, "kvp", &cc_new, &kl_new)) {
         fprintf(stderr, "kvp learn: the evaluation in %s has no ranking or streaming figures "
                 "for the new policy (too few held-out tokens for --seq-len %ld / --stream-len "
-                "%ld?)\n", eval_new, o.seq_len, o.stream_len);
+                "%ld?)\n", eval_new, o.a.seq_len, o.stream_len);
         return 1;
     }
     kvp_agent_set cur;
+    char err[512] = "";
     int have_cur = access(out, F_OK) == 0 &&
                    kvp_agent_set_load(&cur, out, &cfg, err, sizeof err) == 0;
     if (have_cur)
@@ -358,7 +340,7 @@ int kvp_cmd_learn_transcripts(int argc, char **argv)
         return 1;
     }
     int better = cc_new < cc_cur && kl_new < kl_cur;
-    printf("held-out transcripts: %d (%ld tokens), budgets %s\n", n_held, tok_held, o.budgets);
+    printf("held-out transcripts: %d (%ld tokens), budgets %s\n", n_held, tok_held, o.a.budgets);
     printf("%-44s %8s %14s\n", "policy", "C/C*", "streaming KL");
     printf("%-44s %8.4f %14.6f\n", "new (learned from the transcripts)", cc_new, kl_new);
     printf("%-44.44s %8.4f %14.6f\n", cur_name, cc_cur, kl_cur);

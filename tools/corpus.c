@@ -9,6 +9,25 @@
 #include "model/template.h"
 #include "offline/trace.h"
 
+char *kvp_corpus_read(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    char *buf = NULL;
+    long n;
+    if (!f)
+        return NULL;
+    if (!fseek(f, 0, SEEK_END) && (n = ftell(f)) >= 0 && !fseek(f, 0, SEEK_SET) &&
+        (buf = malloc((size_t)n + 1)) && fread(buf, 1, (size_t)n, f) == (size_t)n) {
+        buf[n] = '\0';
+        *len = (size_t)n;
+    } else {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    return buf;
+}
+
 /* The conversations of JSON lines text[0..len) rendered one after the other with the
  * model's chat template, as the daemon would have them in its cache. *out is malloc'd;
  * returns the token count, or -1 with a message naming the line. */

@@ -6,6 +6,10 @@
 #include <stddef.h>
 #include "model/model.h"
 
+/* A text file's bytes (malloc'd, NUL after them; *len: how many), or NULL with errno set
+ * when it cannot be read. */
+char *kvp_corpus_read(const char *path, size_t *len);
+
 /* Tokens of text[from..to) (a part of the file `path`, for messages). Plain text is
  * tokenized line by line (kvp_trace_tokenize). With conversations, each line is a JSON
  * object {"messages": [{"role": "system"|"user"|"assistant", "content": TEXT}, ...]}

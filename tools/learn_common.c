@@ -4,6 +4,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "base/parse.h"
 #include "offline/trace.h"
 #include "policy/kvp_agent.h"
 #include "tools/learn_common.h"
@@ -36,6 +37,24 @@ int kvp_learn_dirs(const char *model, const char *out_opt, const char *work_opt,
         fprintf(stderr, "kvp learn: cannot create %s: %s\n", work, strerror(errno));
         return -1;
     }
+    return 0;
+}
+
+int kvp_learn_model_shape(const kvp_learn_args *a, kvp_model_config *cfg, int *has_template,
+                          double *weights_mb)
+{
+    char err[512];
+    kvp_model m;
+    if (kvp_model_load(&m, a->model, a->tokenizer, err, sizeof err)) {
+        fprintf(stderr, "kvp learn: %s\n", err);
+        return 1;
+    }
+    *cfg = m.cfg;
+    if (has_template)
+        *has_template = m.chat_template != NULL;
+    if (weights_mb)
+        *weights_mb = (double)m.weight_bytes / 1e6;
+    kvp_model_free(&m);
     return 0;
 }
 
@@ -110,4 +129,48 @@ int kvp_learn_install(const char *calibrated, const char *out, const kvp_model_c
     }
     kvp_agent_set_free(&set);
     return 0;
+}
+
+int kvp_learn_option(int c, const char *arg, kvp_learn_args *a)
+{
+    switch (c) {
+    case 'm': a->model = arg; return 1;
+    case 'z': a->tokenizer = arg; return 1;
+    case 'o': a->out = arg; return 1;
+    case 'w': a->work = arg; return 1;
+    case 'b': a->budgets = arg; return 1;
+    case 'n': return kvp_parse_long(arg, 64, 1 << 20, &a->seq_len);
+    case 'N': a->max_seqs_given = 1; return kvp_parse_long(arg, 2, 1 << 24, &a->max_seqs);
+    case 's': return kvp_parse_long(arg, 1, 100000000, &a->steps);
+    case 'e': a->eval_seqs_given = 1; return kvp_parse_long(arg, 1, 1 << 20, &a->eval_seqs);
+    case 't': return kvp_parse_long(arg, 1, 64, &a->threads);
+    case 'r': return kvp_parse_long(arg, 0, 0x7fffffffL, &a->seed);
+    default: return -1;
+    }
+}
+
+int kvp_learn_getopt(int argc, char **argv, const struct option *opts, kvp_learn_args *a,
+                     int (*own)(int c, const char *arg, void *ctx), void *ctx,
+                     void (*usage)(FILE *f))
+{
+    int c, idx = 0;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "", opts, &idx)) != -1) {
+        if (c == 'h') {
+            usage(stdout);
+            return 0;
+        }
+        int ok = c == '?' ? -1 : own(c, optarg, ctx);
+        if (ok < 0 && c != '?')
+            ok = kvp_learn_option(c, optarg, a);
+        if (ok < 0) {
+            usage(stderr);
+            return 2;
+        }
+        if (!ok) {
+            fprintf(stderr, "kvp learn: bad value '%s' for --%s\n", optarg, opts[idx].name);
+            return 2;
+        }
+    }
+    return -1;
 }

@@ -5,10 +5,39 @@
 #ifndef KVP_TOOLS_LEARN_COMMON_H
 #define KVP_TOOLS_LEARN_COMMON_H
 
+#include <getopt.h>
 #include <stddef.h>
+#include <stdio.h>
 
 #include "model/model.h"
 #include "tools/stages.h"
+
+/* The options both runs take, and their values. */
+typedef struct {
+    const char *model, *tokenizer, *out, *work, *budgets;
+    long seq_len, max_seqs, steps, eval_seqs, threads, seed;
+    int max_seqs_given, eval_seqs_given;   /* --max-seqs, --eval-seqs were given */
+} kvp_learn_args;
+
+/* Their getopt_long entries (--help is 'h', for the caller's own usage text). */
+#define KVP_LEARN_OPTIONS                                                                   \
+    {"model", 1, 0, 'm'}, {"tokenizer", 1, 0, 'z'}, {"out", 1, 0, 'o'},                     \
+    {"work", 1, 0, 'w'}, {"budgets", 1, 0, 'b'}, {"seq-len", 1, 0, 'n'},                     \
+    {"max-seqs", 1, 0, 'N'}, {"steps", 1, 0, 's'}, {"eval-seqs", 1, 0, 'e'},                 \
+    {"threads", 1, 0, 't'}, {"seed", 1, 0, 'r'}, {"help", 0, 0, 'h'}
+
+/* The value arg of option c (one of KVP_LEARN_OPTIONS but 'h') into a: 1, or 0 when arg
+ * is out of its range; -1 when c is none of them. */
+int kvp_learn_option(int c, const char *arg, kvp_learn_args *a);
+
+/* Parses argv with getopt_long over opts (KVP_LEARN_OPTIONS and the run's own): each
+ * option goes to own(c, optarg, ctx) (1 taken, 0 a bad value, -1 not its), else to
+ * kvp_learn_option into a. --help prints usage to stdout and returns 0; an unknown option
+ * prints it to stderr, a bad value names itself, and both return 2; -1 when every option
+ * was taken (the caller checks what is required). */
+int kvp_learn_getopt(int argc, char **argv, const struct option *opts, kvp_learn_args *a,
+                     int (*own)(int c, const char *arg, void *ctx), void *ctx,
+                     void (*usage)(FILE *f));
 
 /* The settings both runs give every stage. */
 typedef struct {
@@ -23,6 +52,11 @@ typedef struct {
 int kvp_learn_dirs(const char *model, const char *out_opt, const char *work_opt,
                    const char *prefix, unsigned mode, char *out, size_t out_len, char *work,
                    size_t work_len);
+
+/* The model's shape (and, when not NULL, whether it has a chat template and its weights'
+ * megabytes), loaded and let go again. 0, or 1 with a message (kvp learn's exit status). */
+int kvp_learn_model_shape(const kvp_learn_args *a, kvp_model_config *cfg, int *has_template,
+                          double *weights_mb);
 
 /* The cut validation and evaluation rank at: the first 3/4 of a sequence, down to a cut
  * of the trace's grid. */

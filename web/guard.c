@@ -152,20 +152,19 @@ static void tenant_of(const kvpd_config *cfg, int i, char *tenant)
              (unsigned long long)kvp_fnv1a(KVP_FNV1A_INIT, k, strlen(k)));
 }
 
+/* The token of the request's "Authorization: Bearer" header in got (cap bytes), "" when
+ * it has none (or one too long for got). */
+static const char *bearer_token(struct lws *wsi, char *got, int cap)
+{
+    int n = lws_hdr_copy(wsi, got, cap, WSI_TOKEN_HTTP_AUTHORIZATION);
+    return n > 7 && !strncmp(got, "Bearer ", 7) ? got + 7 : "";
+}
+
 int kvpd_api_tenant(const kvpd_web *w, struct lws *wsi, char *tenant)
 {
-    tenant[0] = '\0';
-    const kvpd_config *cfg = w->cfg;
-    if (!cfg->n_api_keys)
-        return 1;
-    int found = -1;
-    for (int i = 0; i < cfg->n_api_keys; i++)   /* every key compared: no early exit */
-        if (kvpd_bearer_is(wsi, cfg->api_keys[i]) && found < 0)
-            found = i;
-    if (found < 0)
-        return 0;
-    tenant_of(cfg, found, tenant);
-    return 1;
+    char got[256];
+    const char *tok = bearer_token(wsi, got, sizeof got);
+    return kvpd_api_tenant_token(w, tok, strlen(tok), tenant);
 }
 
 int kvpd_api_tenant_token(const kvpd_web *w, const char *tok, size_t len, char *tenant)
@@ -251,10 +250,8 @@ int kvpd_bearer_is(struct lws *wsi, const char *want)
     if (!want[0])
         return 0;
     char got[256];
-    int n = lws_hdr_copy(wsi, got, sizeof got, WSI_TOKEN_HTTP_AUTHORIZATION);
-    if (n <= 7 || strncmp(got, "Bearer ", 7))
-        return 0;
-    return kvpd_token_is(got + 7, strlen(got + 7), want);
+    const char *tok = bearer_token(wsi, got, sizeof got);
+    return tok[0] && kvpd_token_is(tok, strlen(tok), want);
 }
 
 int kvpd_cors_headers(const char *origin, const char **extra)

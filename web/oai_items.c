@@ -209,6 +209,39 @@ json_t *kvpd_items_input(json_t *input, kvpd_oai_err *e)
     return json_copy(input);
 }
 
+/* Copies the "text" strings of the parts in arr (with nested: of the parts in each of
+ * arr's items' "content") to t + *len, end to end, advancing *len; t NULL: only counts. */
+static void part_texts(const json_t *arr, int nested, char *t, size_t *len)
+{
+    size_t i;
+    json_t *part;
+    json_array_foreach(arr, i, part) {
+        if (nested) {
+            part_texts(json_object_get(part, "content"), 0, t, len);
+            continue;
+        }
+        json_t *x = json_object_get(part, "text");
+        size_t n = json_string_length(x);
+        if (t && n)
+            memcpy(t + *len, json_string_value(x), n);
+        *len += n;
+    }
+}
+
+/* Those texts joined as a new JSON string, or NULL when out of memory. */
+static json_t *join_texts(const json_t *arr, int nested)
+{
+    size_t total = 0, len = 0;
+    part_texts(arr, nested, NULL, &total);
+    char *t = malloc(total + 1);
+    if (!t)
+        return NULL;
+    part_texts(arr, nested, t, &len);
+    json_t *s = json_stringn_nocheck(t, len);
+    free(t);
+    return s;
+}
+
 /* A message item's text: a string, or parts of type input_text, output_text or text
  * (a new string), or NULL. */
 static json_t *item_text(json_t *content)
@@ -217,27 +250,15 @@ static json_t *item_text(json_t *content)
         return json_incref(content);
     if (!json_is_array(content))
         return NULL;
-    size_t total = 0, i;
+    size_t i;
     json_t *part;
     json_array_foreach(content, i, part) {
         const char *type = str(part, "type");
         if (!type || (strcmp(type, "input_text") && strcmp(type, "output_text") &&
                       strcmp(type, "text")) || !json_is_string(json_object_get(part, "text")))
             return NULL;
-        total += json_string_length(json_object_get(part, "text"));
     }
-    char *t = malloc(total + 1);
-    if (!t)
-        return NULL;
-    size_t len = 0;
-    json_array_foreach(content, i, part) {
-        json_t *x = json_object_get(part, "text");
-        memcpy(t + len, json_string_value(x), json_string_length(x));
-        len += json_string_length(x);
-    }
-    json_t *s = json_stringn_nocheck(t, len);
-    free(t);
-    return s;
+    return join_texts(content, 0);
 }
 
 json_t *kvpd_items_chat(const json_t *items, size_t first_input, const char *instructions,
@@ -388,22 +409,6 @@ json_t *kvpd_items_output(const json_t *msg, const char *msg_id, const char *sta
 
 json_t *kvpd_items_output_text(const json_t *output)
 {
-    size_t total = 0, i, k;
-    json_t *item, *part;
-    json_array_foreach(output, i, item)
-        json_array_foreach(json_object_get(item, "content"), k, part)
-            total += json_string_length(json_object_get(part, "text"));
-    char *t = malloc(total + 1);
-    if (!t)
-        return json_string("");
-    size_t len = 0;
-    json_array_foreach(output, i, item)
-        json_array_foreach(json_object_get(item, "content"), k, part) {
-            json_t *x = json_object_get(part, "text");
-            memcpy(t + len, json_string_value(x), json_string_length(x));
-            len += json_string_length(x);
-        }
-    json_t *s = json_stringn_nocheck(t, len);
-    free(t);
-    return s;
+    json_t *s = join_texts(output, 1);
+    return s ? s : json_string("");
 }

@@ -19,17 +19,12 @@ static char g_dir[64];
 
 static void redis_up(void)
 {
-    if (!h_have("redis-server"))
-        cr_skip_test("redis-server is not installed (scripts/setup.sh installs it)");
-    cr_assert_eq(h_mkdtemp(g_dir, sizeof g_dir), 0);
-    cr_assert_eq(h_redis_start(&g_redis, g_dir, 0, 0), 0, "redis-server did not start");
+    h_redis_up(&g_redis, g_dir, sizeof g_dir, 0);
 }
 
 static void redis_down(void)
 {
-    h_proc_kill(&g_redis);
-    if (g_dir[0])
-        h_rmdir(g_dir);
+    h_redis_down(&g_redis, g_dir);
 }
 
 TestSuite(boundaries, .timeout = 90);

@@ -104,7 +104,7 @@ static void setup(void)
         cr_skip_test("redis-server or haproxy is not installed (scripts/setup.sh installs both)");
     cr_assert_eq(h_mkdtemp(g_dir, sizeof g_dir), 0);
     g_rport = h_free_port();
-    cr_assert_eq(h_redis_start(&g_redis, g_dir, g_rport, 1), 0, "redis-server did not start");
+    cr_assert_eq(h_redis_start(&g_redis, g_dir, g_rport, H_REDIS_AOF), 0, "redis-server did not start");
     for (int k = 0; k < NODES; k++)
         g_port[k] = h_free_port();
     for (int k = 0; k < NODES; k++)
@@ -631,7 +631,7 @@ Test(cluster, conversations_survive_a_killed_node_a_redis_restart_and_a_rolling_
     node_start(victim);
     /* Redis restarts (AOF, fsync always): no completed turn is lost */
     h_proc_kill(&g_redis);
-    cr_assert_eq(h_redis_start(&g_redis, g_dir, g_rport, 1), 0);
+    cr_assert_eq(h_redis_start(&g_redis, g_dir, g_rport, H_REDIS_AOF), 0);
     all_turn(4);
     /* every node restarts in turn (SIGTERM: drain, release leases); turn 5 meanwhile */
     for (int k = 0; k < NODES; k++) {

@@ -285,10 +285,7 @@ static void nap_ms(int ms)
 
 static void setup(void)
 {
-    if (!h_have("redis-server"))
-        cr_skip_test("redis-server is not installed (scripts/setup.sh installs it)");
-    cr_assert_eq(h_mkdtemp(g_dir, sizeof g_dir), 0);
-    cr_assert_eq(h_redis_start(&g_redis, g_dir, 0, 1), 0, "redis-server did not start");
+    h_redis_up(&g_redis, g_dir, sizeof g_dir, H_REDIS_AOF);
     px_start(&g_px, g_redis.port);
 }
 
@@ -420,7 +417,7 @@ Test(fencing, a_stale_node_s_shutdown_save_never_rolls_back_another_node_s_durab
     int port = g_redis.port;
     h_proc_kill(&g_redis);
     turn_ok(&a, "The cat sat", 0);
-    cr_assert_eq(h_redis_start(&g_redis, g_dir, port, 1), 0);
+    cr_assert_eq(h_redis_start(&g_redis, g_dir, port, H_REDIS_AOF), 0);
     ws_close(&a);
     /* the client moves to B: four durable turns on the stored copy */
     ws_client b;

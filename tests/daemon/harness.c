@@ -2,6 +2,7 @@
 #include "tests/daemon/harness.h"
 
 #include <arpa/inet.h>
+#include <criterion/criterion.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -449,7 +450,7 @@ static int redis_pongs(int port)
     return ok;
 }
 
-int h_redis_start(h_proc *r, const char *dir, int port, int aof)
+int h_redis_start(h_proc *r, const char *dir, int port, int flags)
 {
     /* a free port can be taken by another test's server before redis binds it: then
      * this redis-server exits and another port is tried */
@@ -458,14 +459,31 @@ int h_redis_start(h_proc *r, const char *dir, int port, int aof)
         char portbuf[16];
         snprintf(portbuf, sizeof portbuf, "%d", p);
         char *argv[] = {"redis-server", "--port", portbuf, "--bind", "127.0.0.1", "--dir",
-                        (char *)dir, "--save", "", "--appendonly", aof ? "yes" : "no",
-                        "--appendfsync", "always", "--daemonize", "no", "--logfile", "", NULL};
+                        (char *)dir, "--save", "", "--appendonly",
+                        flags & H_REDIS_AOF ? "yes" : "no", "--appendfsync", "always",
+                        "--enable-debug-command", flags & H_REDIS_DEBUG ? "local" : "no",
+                        "--daemonize", "no", "--logfile", "", NULL};
         if (h_proc_start(r, argv, p, 10000) == 0 && redis_pongs(p) &&
             waitpid(r->pid, NULL, WNOHANG) == 0)
             return 0;
         h_proc_kill(r);
     }
     return -1;
+}
+
+void h_redis_up(h_proc *r, char *dir, size_t dir_len, int flags)
+{
+    if (!h_have("redis-server"))
+        cr_skip_test("redis-server is not installed (scripts/setup.sh installs it)");
+    cr_assert_eq(h_mkdtemp(dir, dir_len), 0);
+    cr_assert_eq(h_redis_start(r, dir, 0, flags), 0, "redis-server did not start");
+}
+
+void h_redis_down(h_proc *r, const char *dir)
+{
+    h_proc_kill(r);
+    if (dir[0])
+        h_rmdir(dir);
 }
 
 char *h_read_all(int fd, int timeout_ms, size_t *len)
@@ -539,4 +557,46 @@ const char *h_header(const char *raw, const char *name)
     if (h && (!end || h < end))
         sscanf(h + strlen(name), " %255[^\r\n]", v);
     return v;
+}
+
+json_t *h_complete(const kvpd_proc *p, const char *body, char **raw)
+{
+    const char *b;
+    int st = h_request(p->port, "POST", "/v1/chat/completions", NULL, body, raw, &b);
+    cr_assert_eq(st, 200, "%s", *raw ? *raw : "(no answer)");
+    json_t *j = json_loads(b, 0, NULL);
+    cr_assert(j, "%s", b);
+    return j;
+}
+
+const char *h_reply_of(const json_t *j)
+{
+    return json_string_value(json_object_get(
+        json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message"),
+        "content"));
+}
+
+char *h_second_turn(const char *first, const char *reply, const char *next, int max_tokens,
+                    const char *id)
+{
+    json_t *req = json_pack("{s:[{s:s, s:s}, {s:s, s:s}, {s:s, s:s}], s:i}", "messages",
+                            "role", "user", "content", first, "role", "assistant", "content",
+                            reply, "role", "user", "content", next, "max_tokens", max_tokens);
+    cr_assert(req, "a message is not UTF-8");
+    if (id)
+        json_object_set_new(req, "session", json_string(id));
+    char *s = json_dumps(req, JSON_COMPACT);
+    json_decref(req);
+    return s;
+}
+
+void h_turn_ok(ws_client *c, const char *text, int max_tokens)
+{
+    json_t *done = h_turn(c, text, max_tokens, NULL);
+    cr_assert(done, "no answer to '%s'", text);
+    const char *type = json_string_value(json_object_get(done, "type"));
+    cr_assert(type && !strcmp(type, "done"), "'%s': %s %s: %s", text, type ? type : "?",
+              json_string_value(json_object_get(done, "code")) ?: "",
+              json_string_value(json_object_get(done, "message")) ?: "");
+    json_decref(done);
 }

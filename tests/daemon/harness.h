@@ -54,8 +54,20 @@ json_t *h_expect(ws_client *c, const char *type, int timeout_ms);
 /* Sends a message and reads token frames until done (or error). Returns the final
  * frame; *tokens (malloc'd, may be NULL) is the concatenated token text. */
 json_t *h_turn(ws_client *c, const char *text, int max_tokens, char **tokens);
+/* h_turn that must end in done (the error's code and message otherwise). */
+void h_turn_ok(ws_client *c, const char *text, int max_tokens);
 /* GET with an optional bearer token; returns the status, body malloc'd. */
 int h_get(const kvpd_proc *p, const char *path, const char *token, char **body);
+/* POST /v1/chat/completions with body, asserting 200: the answer's JSON (the caller frees
+ * it) and the raw answer, headers included, in *raw (malloc'd). */
+json_t *h_complete(const kvpd_proc *p, const char *body, char **raw);
+/* A chat completion's first choice's message content (borrowed from j), or NULL. */
+const char *h_reply_of(const json_t *j);
+/* A conversation's second turn as a chat completion body (compact JSON, malloc'd): the
+ * user's first message, the assistant's reply, the user's next message, max_tokens, and
+ * the session id when id is not NULL. */
+char *h_second_turn(const char *first, const char *reply, const char *next, int max_tokens,
+                    const char *id);
 /* Reads from fd until the peer closes or timeout_ms pass with nothing; the bytes,
  * NUL-terminated (malloc'd), their count in *len (may be NULL). */
 char *h_read_all(int fd, int timeout_ms, size_t *len);
@@ -86,8 +98,16 @@ int h_proc_start(h_proc *p, char *const argv[], int port, int timeout_ms);
 /* SIGTERM and wait up to timeout_ms (then SIGKILL); SIGKILL at once. */
 int h_proc_stop(h_proc *p, int timeout_ms);
 void h_proc_kill(h_proc *p);
-/* redis-server on `port` (0: a free one) with its files in dir; aof: appendonly with
- * appendfsync always (every write on disk before the reply). */
-int h_redis_start(h_proc *r, const char *dir, int port, int aof);
+/* redis-server on `port` (0: a free one) with its files in dir. flags: H_REDIS_AOF,
+ * appendonly with appendfsync always (every write on disk before the reply);
+ * H_REDIS_DEBUG, the DEBUG command allowed from loopback (DEBUG SLEEP stalls it). */
+#define H_REDIS_AOF 1
+#define H_REDIS_DEBUG 2
+int h_redis_start(h_proc *r, const char *dir, int port, int flags);
+/* A test's redis-server (flags as above, a free port) with its files in a new temporary
+ * directory, written to dir (dir_len bytes); skips the test when redis-server is not
+ * installed. h_redis_down kills it and removes the directory (dir "": none was made). */
+void h_redis_up(h_proc *r, char *dir, size_t dir_len, int flags);
+void h_redis_down(h_proc *r, const char *dir);
 
 #endif

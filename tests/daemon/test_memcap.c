@@ -200,10 +200,7 @@ Test(memcap, max_sessions_counts_resident_sessions_only)
     ws_client c[5];
     for (int i = 0; i < 5; i++) {
         cr_assert_eq(h_connect(&d, &c[i]), 0);
-        json_t *done = h_turn(&c[i], "A frog sat on a log.", 4, NULL);
-        cr_assert(done);
-        cr_assert_str_eq(str_of(done, "type"), "done", "%s", str_of(done, "message"));
-        json_decref(done);
+        h_turn_ok(&c[i], "A frog sat on a log.", 4);
     }
     cr_assert_eq(metric(&d, "kvpd_sessions_resident"), 2);
     cr_assert_eq(metric(&d, "kvpd_sessions_parked"), 3);

@@ -85,14 +85,6 @@ static const char *policy_in_force(const kvpd_proc *d, char *buf, size_t n)
     return buf;
 }
 
-static void turn_ok(ws_client *c)
-{
-    json_t *done = h_turn(c, "A frog sat on a log.", 8, NULL);
-    cr_assert(done);
-    cr_assert_str_eq(str_of(done, "type"), "done", "%s", str_of(done, "message"));
-    json_decref(done);
-}
-
 Test(reload, a_broken_policy_file_is_refused_and_the_old_policy_keeps_serving)
 {
     write_conf("policy = streaming\n");
@@ -103,7 +95,7 @@ Test(reload, a_broken_policy_file_is_refused_and_the_old_policy_keeps_serving)
     cr_assert_str_eq(policy_in_force(&d, pol, sizeof pol), "streaming");
     ws_client c;
     cr_assert_eq(h_connect(&d, &c), 0);
-    turn_ok(&c);
+    h_turn_ok(&c, "A frog sat on a log.", 8);
 
     /* A policy file that is not one. */
     write_file(g_kvp, "this is not a KVP policy file\n", 30);
@@ -113,24 +105,24 @@ Test(reload, a_broken_policy_file_is_refused_and_the_old_policy_keeps_serving)
     sighup(&d, "reloads_refused", 1);
     cr_assert(kvpd_log_has(&d, "reload refused"), "no log line for the refused reload");
     cr_assert_str_eq(policy_in_force(&d, pol, sizeof pol), "streaming");
-    turn_ok(&c);
+    h_turn_ok(&c, "A frog sat on a log.", 8);
     ws_client n;
     cr_assert_eq(h_connect(&d, &n), 0);
-    turn_ok(&n);   /* new sessions too */
+    h_turn_ok(&n, "A frog sat on a log.", 8);   /* new sessions too */
     ws_close(&n);
 
     /* A config file with a syntax error: refused the same way. */
     write_conf("policy = kvp\nthis line is wrong\n");
     sighup(&d, "reloads_refused", 2);
     cr_assert_str_eq(policy_in_force(&d, pol, sizeof pol), "streaming");
-    turn_ok(&c);
+    h_turn_ok(&c, "A frog sat on a log.", 8);
 
     /* The evaluation-only oracle: refused, naming the policies kvpd serves. */
     write_conf("policy = oracle\n");
     sighup(&d, "reloads_refused", 3);
     cr_assert(kvpd_log_has(&d, "policy oracle is for evaluation only"), "%s", d.log);
     cr_assert_str_eq(policy_in_force(&d, pol, sizeof pol), "streaming");
-    turn_ok(&c);
+    h_turn_ok(&c, "A frog sat on a log.", 8);
 
     /* A good file: new sessions get it, the resident one keeps its own. */
     write_good_policy();
@@ -138,8 +130,8 @@ Test(reload, a_broken_policy_file_is_refused_and_the_old_policy_keeps_serving)
     sighup(&d, "reloads", 1);
     cr_assert_str_eq(policy_in_force(&d, pol, sizeof pol), "kvp");
     cr_assert_eq(h_connect(&d, &n), 0);
-    turn_ok(&n);
-    turn_ok(&c);
+    h_turn_ok(&n, "A frog sat on a log.", 8);
+    h_turn_ok(&c, "A frog sat on a log.", 8);
     json_t *st = h_stats(&d);
     json_t *list = json_object_get(st, "session_list");
     int kvp = 0, streaming = 0;

@@ -26,8 +26,6 @@ static kvp_grammar *parens(void)
     return g;
 }
 
-static int whole(kvp_grammar *g, const char *doc);
-
 Test(grammar, paths_that_never_end_are_dropped)
 {
     /* S = "a" S | "b" | "c" T, T = "d" T (T never ends) */
@@ -43,7 +41,7 @@ Test(grammar, paths_that_never_end_are_dropped)
     int rc;
     kvp_grammar *g = kvp_grammar_finish(b, s, &rc);
     cr_assert(g);
-    cr_expect(whole(g, "aab"));
+    cr_expect(tu_grammar_whole(g, "aab"));
     kvp_gmatch m;
     cr_assert_eq(kvp_gmatch_init(&m, g), 0);
     cr_expect_eq(kvp_gmatch_accept(&m, "c", 1), -EINVAL);
@@ -57,25 +55,16 @@ Test(grammar, paths_that_never_end_are_dropped)
     cr_expect_eq(rc, -ENOENT);
 }
 
-static int whole(kvp_grammar *g, const char *doc)
-{
-    kvp_gmatch m;
-    cr_assert_eq(kvp_gmatch_init(&m, g), 0);
-    int ok = kvp_gmatch_accept(&m, doc, strlen(doc)) == 0 && kvp_gmatch_complete(&m);
-    kvp_gmatch_free(&m);
-    return ok;
-}
-
 Test(grammar, recursion_through_calls)
 {
     kvp_grammar *g = parens();
-    cr_expect(whole(g, "x"));
-    cr_expect(whole(g, "()"));
-    cr_expect(whole(g, "(x(xx)())"));
-    cr_expect(!whole(g, "(x"));
-    cr_expect(!whole(g, "x)"));
-    cr_expect(!whole(g, "(y)"));
-    cr_expect(!whole(g, ""));
+    cr_expect(tu_grammar_whole(g, "x"));
+    cr_expect(tu_grammar_whole(g, "()"));
+    cr_expect(tu_grammar_whole(g, "(x(xx)())"));
+    cr_expect(!tu_grammar_whole(g, "(x"));
+    cr_expect(!tu_grammar_whole(g, "x)"));
+    cr_expect(!tu_grammar_whole(g, "(y)"));
+    cr_expect(!tu_grammar_whole(g, ""));
     kvp_grammar_unref(g);
 }
 
@@ -87,7 +76,7 @@ Test(grammar, depth_is_bounded)
     memset(doc, '(', (size_t)d);
     memset(doc + d, ')', (size_t)d);
     doc[2 * d] = '\0';
-    cr_expect(whole(g, doc));
+    cr_expect(tu_grammar_whole(g, doc));
     kvp_gmatch m;
     cr_assert_eq(kvp_gmatch_init(&m, g), 0);
     memset(doc, '(', (size_t)d + 2);

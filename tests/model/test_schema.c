@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "model/schema.h"
+#include "tests/model/testutil.h"
 #include "model/toolcall.h"
 
 static kvp_grammar *compile(const char *schema)
@@ -35,23 +36,13 @@ static const char *refuse(const char *schema)
     return err;
 }
 
-/* Whether doc is a whole document of g. */
-static int whole(kvp_grammar *g, const char *doc)
-{
-    kvp_gmatch m;
-    cr_assert_eq(kvp_gmatch_init(&m, g), 0);
-    int ok = kvp_gmatch_accept(&m, doc, strlen(doc)) == 0 && kvp_gmatch_complete(&m);
-    kvp_gmatch_free(&m);
-    return ok;
-}
-
 static void check(const char *schema, const char *const *good, const char *const *bad)
 {
     kvp_grammar *g = compile(schema);
     for (; good && *good; good++)
-        cr_expect(whole(g, *good), "%s should accept %s", schema, *good);
+        cr_expect(tu_grammar_whole(g, *good), "%s should accept %s", schema, *good);
     for (; bad && *bad; bad++)
-        cr_expect(!whole(g, *bad), "%s should refuse %s", schema, *bad);
+        cr_expect(!tu_grammar_whole(g, *bad), "%s should refuse %s", schema, *bad);
     kvp_grammar_unref(g);
 }
 
@@ -84,12 +75,12 @@ Test(schema, map_and_any_object)
     char err[128];
     kvp_grammar *g = kvp_schema_any_object(err, sizeof err);
     cr_assert(g, "%s", err);
-    cr_expect(whole(g, "{\"a\":[1,{\"b\":null},\"s\\n\"],\"c\":{}}"));
-    cr_expect(whole(g, "{}"));
-    cr_expect(!whole(g, "[]"));
-    cr_expect(!whole(g, "\"s\""));
-    cr_expect(!whole(g, "{\"a\":}"));
-    cr_expect(!whole(g, "{\"a\":tru}"));
+    cr_expect(tu_grammar_whole(g, "{\"a\":[1,{\"b\":null},\"s\\n\"],\"c\":{}}"));
+    cr_expect(tu_grammar_whole(g, "{}"));
+    cr_expect(!tu_grammar_whole(g, "[]"));
+    cr_expect(!tu_grammar_whole(g, "\"s\""));
+    cr_expect(!tu_grammar_whole(g, "{\"a\":}"));
+    cr_expect(!tu_grammar_whole(g, "{\"a\":tru}"));
     kvp_grammar_unref(g);
 }
 
@@ -109,7 +100,7 @@ Test(schema, integer_ranges_exact)
     for (int v = -60; v < 1300; v++) {
         char s[16];
         snprintf(s, sizeof s, "%d", v);
-        cr_expect_eq(whole(g, s), v >= -37 && v <= 1203, "%d", v);
+        cr_expect_eq(tu_grammar_whole(g, s), v >= -37 && v <= 1203, "%d", v);
     }
     kvp_grammar_unref(g);
 }
@@ -183,7 +174,7 @@ Test(schema, refs_and_recursion)
           L("{}", "{\"x\":{\"x\":{}}}"), L("{\"x\":1}"));
     kvp_grammar *g = compile("{\"anyOf\":[{\"type\":\"null\"},{\"type\":\"array\",\"items\":"
                              "{\"$ref\":\"#/anyOf/1\"},\"minItems\":1}]}");
-    cr_expect(whole(g, "null"));
+    cr_expect(tu_grammar_whole(g, "null"));
     kvp_gmatch m;
     cr_assert_eq(kvp_gmatch_init(&m, g), 0);
     cr_expect_eq(kvp_gmatch_accept(&m, "[", 1), -EINVAL, "the endless branch is not offered");
@@ -215,11 +206,11 @@ Test(schema, whitespace_is_bounded)
     kvp_grammar *g = compile("{\"type\":\"array\",\"items\":{\"type\":\"integer\"}}");
     char doc[64];
     snprintf(doc, sizeof doc, "[\n%*s1]", 20, "");
-    cr_expect(whole(g, doc));
+    cr_expect(tu_grammar_whole(g, doc));
     snprintf(doc, sizeof doc, "[\n%*s1]", 21, "");
-    cr_expect(!whole(g, doc));
-    cr_expect(!whole(g, "[  1]"));
-    cr_expect(!whole(g, "[\n\n1]"));
+    cr_expect(!tu_grammar_whole(g, doc));
+    cr_expect(!tu_grammar_whole(g, "[  1]"));
+    cr_expect(!tu_grammar_whole(g, "[\n\n1]"));
     kvp_grammar_unref(g);
 }
 
@@ -297,12 +288,12 @@ Test(schema, calls)
     kvp_grammar *g = kvp_schema_compile_calls(fns, 2, "<tool_call>\n", "\n</tool_call>", err,
                                               sizeof err);
     cr_assert(g, "%s", err);
-    cr_expect(whole(g, "<tool_call>\n{\"name\": \"weather\", \"arguments\": {\"city\": \"Oslo\"}}"
+    cr_expect(tu_grammar_whole(g, "<tool_call>\n{\"name\": \"weather\", \"arguments\": {\"city\": \"Oslo\"}}"
                        "\n</tool_call>"));
-    cr_expect(whole(g, "<tool_call>\n{\"name\":\"time\",\"arguments\":{\"tz\":[1]}}\n</tool_call>"));
-    cr_expect(!whole(g, "<tool_call>\n{\"name\":\"weather\",\"arguments\":{}}\n</tool_call>"));
-    cr_expect(!whole(g, "<tool_call>\n{\"name\":\"other\",\"arguments\":{}}\n</tool_call>"));
-    cr_expect(!whole(g, "{\"name\":\"time\",\"arguments\":{}}"));
+    cr_expect(tu_grammar_whole(g, "<tool_call>\n{\"name\":\"time\",\"arguments\":{\"tz\":[1]}}\n</tool_call>"));
+    cr_expect(!tu_grammar_whole(g, "<tool_call>\n{\"name\":\"weather\",\"arguments\":{}}\n</tool_call>"));
+    cr_expect(!tu_grammar_whole(g, "<tool_call>\n{\"name\":\"other\",\"arguments\":{}}\n</tool_call>"));
+    cr_expect(!tu_grammar_whole(g, "{\"name\":\"time\",\"arguments\":{}}"));
     kvp_grammar_unref(g);
     /* parallel calls: one to three, a newline between */
     g = kvp_schema_compile_call_list(fns, 2, "<tool_call>\n", "\n</tool_call>", "\n", 3, err,
@@ -310,15 +301,15 @@ Test(schema, calls)
     cr_assert(g, "%s", err);
     const char *one = "<tool_call>\n{\"name\":\"time\",\"arguments\":{}}\n</tool_call>";
     char doc[1024];
-    cr_expect(whole(g, one));
+    cr_expect(tu_grammar_whole(g, one));
     snprintf(doc, sizeof doc, "%s\n%s", one, one);
-    cr_expect(whole(g, doc));
+    cr_expect(tu_grammar_whole(g, doc));
     snprintf(doc, sizeof doc, "%s\n%s\n%s", one, one, one);
-    cr_expect(whole(g, doc));
+    cr_expect(tu_grammar_whole(g, doc));
     snprintf(doc, sizeof doc, "%s\n%s\n%s\n%s", one, one, one, one);
-    cr_expect(!whole(g, doc));
+    cr_expect(!tu_grammar_whole(g, doc));
     snprintf(doc, sizeof doc, "%s%s", one, one);
-    cr_expect(!whole(g, doc));
+    cr_expect(!tu_grammar_whole(g, doc));
     kvp_grammar_unref(g);
     cr_expect_null(kvp_schema_compile_call_list(fns, 2, NULL, NULL, NULL, 0, err, sizeof err));
     cr_expect_null(kvp_schema_compile_calls(fns, 0, NULL, NULL, err, sizeof err));
@@ -456,16 +447,16 @@ Test(schema, calls_in_each_formats_frame)
         kvp_grammar *g = kvp_schema_compile_calls_as(fns, 2, NULL, sh.args_key, sh.close, err,
                                                      sizeof err);
         cr_assert(g, "%s", err);
-        cr_expect(whole(g, cs[i].doc), "format %d: %s", cs[i].f, cs[i].doc);
-        cr_expect(!whole(g, cs[i].wrong), "format %d: %s", cs[i].f, cs[i].wrong);
+        cr_expect(tu_grammar_whole(g, cs[i].doc), "format %d: %s", cs[i].f, cs[i].doc);
+        cr_expect(!tu_grammar_whole(g, cs[i].wrong), "format %d: %s", cs[i].f, cs[i].wrong);
         /* the frame is spaced as kvp_toolcall_write writes it; only the arguments vary */
         char compact[256];
         snprintf(compact, sizeof compact, "{\"name\":\"pick\",\"%s\":{\"n\": 3}}%s", sh.args_key,
                  sh.close);
-        cr_expect(!whole(g, compact), "format %d: %s", cs[i].f, compact);
+        cr_expect(!tu_grammar_whole(g, compact), "format %d: %s", cs[i].f, compact);
         snprintf(compact, sizeof compact, "{\"name\": \"pick\", \"%s\": {\n  \"n\" : 3 }}%s",
                  sh.args_key, sh.close);
-        cr_expect(whole(g, compact), "format %d: %s", cs[i].f, compact);
+        cr_expect(tu_grammar_whole(g, compact), "format %d: %s", cs[i].f, compact);
         char *w = NULL;
         size_t wl = 0;
         cr_assert_eq(kvp_toolcall_write(cs[i].f, "pick", 4, "{\"n\": 3}", 8, 0, &w, &wl), 0);

@@ -1,6 +1,7 @@
 #include "tests/model/testutil.h"
 
 #include "model/gguf.h"
+#include "model/grammar.h"
 
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -129,4 +130,13 @@ int tu_gguf_fill_pattern(void *ctx, uint64_t i, void *buf, uint64_t n)
     for (uint64_t j = 0; j < n; j++)
         b[j] = (uint8_t)(j * 7 + i * 31 + 1);
     return 0;
+}
+
+int tu_grammar_whole(struct kvp_grammar *g, const char *doc)
+{
+    kvp_gmatch m;
+    cr_assert_eq(kvp_gmatch_init(&m, g), 0);
+    int ok = kvp_gmatch_accept(&m, doc, strlen(doc)) == 0 && kvp_gmatch_complete(&m);
+    kvp_gmatch_free(&m);
+    return ok;
 }

@@ -9,6 +9,9 @@
 const char *tu_shared(const char *rel);
 /* "$KVP_BUILD/<rel>" */
 const char *tu_build(const char *rel);
+/* 1 when doc is a whole document of the grammar g (model/grammar.h), else 0. */
+struct kvp_grammar;
+int tu_grammar_whole(struct kvp_grammar *g, const char *doc);
 /* Reads a whole file (malloc'd, NUL-terminated); aborts the test on failure. */
 char *tu_slurp(const char *path, size_t *len);
 /* Writes len bytes to a fresh temp file; returns its path (static buffer rotation of 4).

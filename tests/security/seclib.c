@@ -72,3 +72,22 @@ void sec_answer_free(sec_answer *a)
     json_decref(a->j);
     free(a->raw);
 }
+
+char *sec_second_turn(const char *reply, const char *id)
+{
+    return h_second_turn("Once upon a time", reply, "Then?", 4, id);
+}
+
+void sec_assert_resumes(const kvpd_proc *d, const char *headers, const sec_answer *first,
+                        int named, const char *what)
+{
+    char *body = sec_second_turn(first->reply, named ? first->session : NULL);
+    sec_answer next = sec_post(d, headers, body);
+    free(body);
+    cr_assert_eq(next.status, 200, "%s", next.raw);
+    cr_assert_str_eq(next.session, first->session, "%s: another session answered", what);
+    json_t *cached = json_object_get(json_object_get(json_object_get(next.j, "usage"),
+                                                     "prompt_tokens_details"), "cached_tokens");
+    cr_assert_gt(json_integer_value(cached), 0, "%s: nothing cached: %s", what, next.raw);
+    sec_answer_free(&next);
+}

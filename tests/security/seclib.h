@@ -32,4 +32,16 @@ typedef struct sec_answer {
 sec_answer sec_post(const kvpd_proc *p, const char *headers, const char *body);
 void sec_answer_free(sec_answer *a);
 
+/* The conversation the tenant tests continue: its first turn's body, and its second
+ * turn's ("Once upon a time", reply, "Then?"; max_tokens 4), naming the session id when
+ * id is not NULL (malloc'd). */
+#define SEC_FIRST \
+    "{\"messages\":[{\"role\":\"user\",\"content\":\"Once upon a time\"}],\"max_tokens\":4}"
+char *sec_second_turn(const char *reply, const char *id);
+/* The conversation whose first answer is first (under headers) goes on: its second turn,
+ * naming the session when named, is answered 200 in the same session with cached prompt
+ * tokens; `what` says what it shows. */
+void sec_assert_resumes(const kvpd_proc *d, const char *headers, const sec_answer *first,
+                        int named, const char *what);
+
 #endif

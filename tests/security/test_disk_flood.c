@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "tests/daemon/harness.h"
+#include "tests/security/seclib.h"
 
 TestSuite(security_disk_flood, .timeout = 300);
 
@@ -19,48 +20,6 @@ TestSuite(security_disk_flood, .timeout = 300);
 #define FLOOD 100
 #define BOUND (64 * 1024)
 #define MAX_SESSIONS 8
-
-typedef struct answer {
-    int status;
-    char *raw;
-    json_t *j;
-    char session[64];
-    char reply[512];
-} answer;
-
-static answer post(const kvpd_proc *p, const char *headers, const char *body)
-{
-    answer a = {0};
-    const char *b = NULL;
-    a.status = h_request(p->port, "POST", "/v1/chat/completions", headers, body, &a.raw, &b);
-    cr_assert(a.raw, "no answer");
-    a.j = b ? json_loads(b, 0, NULL) : NULL;
-    snprintf(a.session, sizeof a.session, "%s", h_header(a.raw, "x-session-id:"));
-    const char *r = json_string_value(json_object_get(json_object_get(
-        json_array_get(json_object_get(a.j, "choices"), 0), "message"), "content"));
-    snprintf(a.reply, sizeof a.reply, "%s", r ? r : "");
-    return a;
-}
-
-static void answer_free(answer *a)
-{
-    json_decref(a->j);
-    free(a->raw);
-}
-
-static const char FIRST[] =
-    "{\"messages\":[{\"role\":\"user\",\"content\":\"Once upon a time\"}],\"max_tokens\":4}";
-
-static char *second_turn(const char *reply, const char *id)
-{
-    json_t *req = json_pack("{s:[{s:s, s:s}, {s:s, s:s}, {s:s, s:s}], s:i, s:s}", "messages",
-                            "role", "user", "content", "Once upon a time", "role",
-                            "assistant", "content", reply, "role", "user", "content", "Then?",
-                            "max_tokens", 4, "session", id);
-    char *s = json_dumps(req, JSON_COMPACT);
-    json_decref(req);
-    return s;
-}
 
 /* The bytes of the snapshots and journals in dir, their count and the largest file. */
 static long long state_bytes(const char *dir, int *snaps, long long *largest)
@@ -109,7 +68,7 @@ Test(security_disk_flood, a_flood_of_one_key_stays_within_its_bytes_and_the_othe
     cr_assert_eq(kvpd_start(&d, args), 0, "log %s", d.log);
 
     /* B's named conversation, then A's websocket session that stays attached. */
-    answer b = post(&d, KB, FIRST);
+    sec_answer b = sec_post(&d, KB, SEC_FIRST);
     cr_assert_eq(b.status, 200, "%s", b.raw);
     ws_client ws;
     cr_assert_eq(ws_connect_headers(&ws, "127.0.0.1", d.port, "/chat", KA, 5000), 0);
@@ -129,20 +88,20 @@ Test(security_disk_flood, a_flood_of_one_key_stays_within_its_bytes_and_the_othe
         char body[160];
         snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"Story %d: "
                  "a frog.\"}],\"max_tokens\":2}", i);
-        answer a = post(&d, KA, body);
+        sec_answer a = sec_post(&d, KA, body);
         cr_assert_eq(a.status, 200, "request %d of the flood: %s", i, a.raw);
         if (i == 0) {
             snprintf(first_id, sizeof first_id, "%s", a.session);
             snprintf(first_reply, sizeof first_reply, "%s", a.reply);
         }
-        answer_free(&a);
+        sec_answer_free(&a);
     }
     /* A snapshot just written counts as live until the hub's next list of its sessions
      * (once a second): the next write after it brings the key within its bound. */
     usleep(1500 * 1000);
-    answer last = post(&d, KA, FIRST);
+    sec_answer last = sec_post(&d, KA, SEC_FIRST);
     cr_assert_eq(last.status, 200, "%s", last.raw);
-    answer_free(&last);
+    sec_answer_free(&last);
     int snaps;
     long long largest, total = state_bytes(dir, &snaps, &largest);
     /* A's bytes within the bound, plus what may not go: its sessions still in memory
@@ -170,33 +129,21 @@ Test(security_disk_flood, a_flood_of_one_key_stays_within_its_bytes_and_the_othe
                             "Then?", "max_tokens", 2);
     char *again = json_dumps(req, JSON_COMPACT);
     json_decref(req);
-    answer a0 = post(&d, KA, again);
+    sec_answer a0 = sec_post(&d, KA, again);
     free(again);
     cr_assert_eq(a0.status, 200, "%s", a0.raw);
     cr_assert_str_neq(a0.session, first_id);
-    answer_free(&a0);
+    sec_answer_free(&a0);
 
     /* The attached session takes another turn. */
-    done = h_turn(&ws, "Then it jumped.", 2, NULL);
-    cr_assert(done);
-    cr_assert_str_eq(json_string_value(json_object_get(done, "type")), "done", "%s",
-                     json_string_value(json_object_get(done, "message")));
-    json_decref(done);
+    h_turn_ok(&ws, "Then it jumped.", 2);
     ws_close(&ws);
     cr_assert_eq(kvpd_stop(&d, 10000), 0);
 
     /* After a restart B's conversation resumes from its snapshot, cache included. */
     cr_assert_eq(kvpd_start(&d, args), 0, "log %s", d.log);
-    char *body = second_turn(b.reply, b.session);
-    answer b2 = post(&d, KB, body);
-    free(body);
-    cr_assert_eq(b2.status, 200, "%s", b2.raw);
-    cr_assert_str_eq(b2.session, b.session, "B's conversation did not resume");
-    json_t *cached = json_object_get(json_object_get(json_object_get(b2.j, "usage"),
-                                                     "prompt_tokens_details"), "cached_tokens");
-    cr_assert_gt(json_integer_value(cached), 0, "%s", b2.raw);
-    answer_free(&b);
-    answer_free(&b2);
+    sec_assert_resumes(&d, KB, &b, 1, "B's conversation after the restart");
+    sec_answer_free(&b);
     cr_assert_eq(kvpd_stop(&d, 10000), 0);
     h_rmdir(dir);
 }
@@ -211,15 +158,15 @@ Test(security_disk_flood, the_bound_counts_the_snapshots_already_on_disk)
              "--max-state-bytes-per-tenant 0 --state-dir %s", MAX_SESSIONS, dir);
     kvpd_proc d;
     cr_assert_eq(kvpd_start(&d, args), 0, "log %s", d.log);
-    answer b = post(&d, KB, FIRST);
+    sec_answer b = sec_post(&d, KB, SEC_FIRST);
     cr_assert_eq(b.status, 200, "%s", b.raw);
     for (int i = 0; i < 40; i++) {
         char body[160];
         snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"Tale %d: "
                  "a cat.\"}],\"max_tokens\":2}", i);
-        answer a = post(&d, KA, body);
+        sec_answer a = sec_post(&d, KA, body);
         cr_assert_eq(a.status, 200, "%s", a.raw);
-        answer_free(&a);
+        sec_answer_free(&a);
     }
     cr_assert_eq(kvpd_stop(&d, 10000), 0);
     int before, after;
@@ -231,13 +178,13 @@ Test(security_disk_flood, the_bound_counts_the_snapshots_already_on_disk)
              "--max-state-bytes-per-tenant %d --state-dir %s", MAX_SESSIONS, BOUND, dir);
     cr_assert_eq(kvpd_start(&d, bounded), 0, "log %s", d.log);
     usleep(1500 * 1000);   /* the hub's first list of its sessions */
-    answer a = post(&d, KA, FIRST);
+    sec_answer a = sec_post(&d, KA, SEC_FIRST);
     cr_assert_eq(a.status, 200, "%s", a.raw);
-    answer_free(&a);
+    sec_answer_free(&a);
     long long total = state_bytes(dir, &after, &largest);
     cr_assert_leq(total, BOUND + 2 * largest, "%lld bytes in %d snapshots", total, after);
     cr_assert(has_snapshot(dir, b.session), "the other key's conversation was deleted");
-    answer_free(&b);
+    sec_answer_free(&b);
     cr_assert_eq(kvpd_stop(&d, 10000), 0);
     h_rmdir(dir);
 }

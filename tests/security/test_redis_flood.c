@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "tests/daemon/harness.h"
+#include "tests/security/seclib.h"
 
 TestSuite(security_redis_flood, .timeout = 300);
 
@@ -19,34 +20,6 @@ TestSuite(security_redis_flood, .timeout = 300);
 #define BOUND 10
 #define MAX_SESSIONS 8
 #define NB 3
-
-typedef struct answer {
-    int status;
-    char *raw;
-    json_t *j;
-    char session[64];
-    char reply[512];
-} answer;
-
-static answer post(const kvpd_proc *p, const char *headers, const char *body)
-{
-    answer a = {0};
-    const char *b = NULL;
-    a.status = h_request(p->port, "POST", "/v1/chat/completions", headers, body, &a.raw, &b);
-    cr_assert(a.raw, "no answer");
-    a.j = b ? json_loads(b, 0, NULL) : NULL;
-    snprintf(a.session, sizeof a.session, "%s", h_header(a.raw, "x-session-id:"));
-    const char *r = json_string_value(json_object_get(json_object_get(
-        json_array_get(json_object_get(a.j, "choices"), 0), "message"), "content"));
-    snprintf(a.reply, sizeof a.reply, "%s", r ? r : "");
-    return a;
-}
-
-static void answer_free(answer *a)
-{
-    json_decref(a->j);
-    free(a->raw);
-}
 
 /* The snap:* keys in database 0. */
 static int stored_snaps(redisContext *rc)
@@ -68,12 +41,9 @@ static int stored(redisContext *rc, const char *id)
 
 Test(security_redis_flood, a_flood_of_one_key_stays_within_its_bound_and_the_other_key_resumes)
 {
-    if (!h_have("redis-server"))
-        cr_skip_test("redis-server is not installed (scripts/setup.sh installs it)");
     char dir[64], args[320];
     h_proc redis;
-    cr_assert_eq(h_mkdtemp(dir, sizeof dir), 0);
-    cr_assert_eq(h_redis_start(&redis, dir, 0, 0), 0, "redis-server did not start");
+    h_redis_up(&redis, dir, sizeof dir, 0);
     redisContext *rc = redisConnect("127.0.0.1", redis.port);
     cr_assert(rc && !rc->err);
     snprintf(args, sizeof args, "--api-key key-a,key-b --max-sessions %d "
@@ -82,29 +52,29 @@ Test(security_redis_flood, a_flood_of_one_key_stays_within_its_bound_and_the_oth
     kvpd_proc d;
     cr_assert_eq(kvpd_start(&d, args), 0, "log %s", d.log);
 
-    answer b[NB];
+    sec_answer b[NB];
     for (int i = 0; i < NB; i++) {
         char body[160];
         snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"B tale %d: "
                  "a dog.\"}],\"max_tokens\":3}", i);
-        b[i] = post(&d, KB, body);
+        b[i] = sec_post(&d, KB, body);
         cr_assert_eq(b[i].status, 200, "%s", b[i].raw);
     }
     for (int i = 0; i < FLOOD; i++) {
         char body[160];
         snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"Story %d: "
                  "a frog.\"}],\"max_tokens\":2}", i);
-        answer a = post(&d, KA, body);
+        sec_answer a = sec_post(&d, KA, body);
         cr_assert_eq(a.status, 200, "request %d of the flood: %s", i, a.raw);
-        answer_free(&a);
+        sec_answer_free(&a);
     }
     /* A snapshot just written counts as live until the hub's next list of its sessions
      * (once a second): the next write after it brings the key within its bound. */
     usleep(1500 * 1000);
-    answer last = post(&d, KA, "{\"messages\":[{\"role\":\"user\",\"content\":\"Last.\"}],"
+    sec_answer last = sec_post(&d, KA, "{\"messages\":[{\"role\":\"user\",\"content\":\"Last.\"}],"
                                 "\"max_tokens\":2}");
     cr_assert_eq(last.status, 200, "%s", last.raw);
-    answer_free(&last);
+    sec_answer_free(&last);
     /* A's within the bound, plus its sessions still in memory, which may not go. */
     int n = stored_snaps(rc);
     cr_assert_leq(n, NB + BOUND + MAX_SESSIONS, "%d snapshots in Redis after %d one-shot "
@@ -129,18 +99,17 @@ Test(security_redis_flood, a_flood_of_one_key_stays_within_its_bound_and_the_oth
                                 "max_tokens", 2, "session", b[i].session);
         char *body = json_dumps(req, JSON_COMPACT);
         json_decref(req);
-        answer b2 = post(&d, KB, body);
+        sec_answer b2 = sec_post(&d, KB, body);
         free(body);
         cr_assert_eq(b2.status, 200, "%s", b2.raw);
         cr_assert_str_eq(b2.session, b[i].session, "B's conversation %d did not resume", i);
         json_t *cached = json_object_get(json_object_get(json_object_get(b2.j, "usage"),
                                                          "prompt_tokens_details"), "cached_tokens");
         cr_assert_gt(json_integer_value(cached), 0, "%s", b2.raw);
-        answer_free(&b2);
-        answer_free(&b[i]);
+        sec_answer_free(&b2);
+        sec_answer_free(&b[i]);
     }
     cr_assert_eq(kvpd_stop(&d, 10000), 0);
     redisFree(rc);
-    h_proc_kill(&redis);
-    h_rmdir(dir);
+    h_redis_down(&redis, dir);
 }

@@ -25,24 +25,6 @@ static void teardown(void)
 
 TestSuite(security_save_retry, .init = setup, .fini = teardown, .timeout = 90);
 
-/* One completion; its JSON (the caller frees it) and the raw answer in *raw. */
-static json_t *complete(const kvpd_proc *p, const char *body, char **raw)
-{
-    const char *b;
-    int st = h_request(p->port, "POST", "/v1/chat/completions", NULL, body, raw, &b);
-    cr_assert_eq(st, 200, "%s", *raw ? *raw : "(no answer)");
-    json_t *j = json_loads(b, 0, NULL);
-    cr_assert(j, "%s", b);
-    return j;
-}
-
-static const char *reply_of(json_t *j)
-{
-    return json_string_value(json_object_get(
-        json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message"),
-        "content"));
-}
-
 Test(security_save_retry, a_failed_api_save_is_retried_and_health_recovers)
 {
     kvpd_proc p;
@@ -50,7 +32,7 @@ Test(security_save_retry, a_failed_api_save_is_retried_and_health_recovers)
     snprintf(args, sizeof args, "--state-dir %s", g_dir);
     cr_assert_eq(kvpd_start(&p, args), 0, "log %s", p.log);
     char *raw = NULL;
-    json_t *a = complete(&p, "{\"messages\":[{\"role\":\"user\",\"content\":\"Once upon a "
+    json_t *a = h_complete(&p, "{\"messages\":[{\"role\":\"user\",\"content\":\"Once upon a "
                              "time\"}],\"max_tokens\":4}", &raw);
     cr_assert(json_is_true(json_object_get(json_object_get(a, "kvpd"), "durable")), "%s", raw);
     cr_assert_str_eq(h_header(raw, "x-kvpd-durable:"), "true", "%s", raw);
@@ -66,16 +48,9 @@ Test(security_save_retry, a_failed_api_save_is_retried_and_health_recovers)
     snprintf(path, sizeof path, "%s.journal", squat);
     unlink(path);
     cr_assert_eq(mkdir(path, 0700), 0);
-    json_t *reply = json_string(reply_of(a));
-    json_t *req = json_pack("{s:[{s:s, s:s}, {s:s, s:O}, {s:s, s:s}], s:i}", "messages",
-                            "role", "user", "content", "Once upon a time", "role",
-                            "assistant", "content", reply, "role", "user", "content",
-                            "The dog ran.", "max_tokens", 4);
-    char *body = json_dumps(req, JSON_COMPACT);
-    json_decref(req);
-    json_decref(reply);
+    char *body = h_second_turn("Once upon a time", h_reply_of(a), "The dog ran.", 4, NULL);
     json_decref(a);
-    json_t *b = complete(&p, body, &raw);
+    json_t *b = h_complete(&p, body, &raw);
     free(body);
     cr_assert_str_eq(h_header(raw, "x-session-id:"), id, "the conversation was not continued");
     cr_assert(json_is_false(json_object_get(json_object_get(b, "kvpd"), "durable")), "%s", raw);
@@ -109,7 +84,7 @@ Test(security_save_retry, without_a_state_dir_the_answer_makes_no_durability_cla
     kvpd_proc p;
     cr_assert_eq(kvpd_start(&p, ""), 0, "log %s", p.log);
     char *raw = NULL;
-    json_t *a = complete(&p, "{\"messages\":[{\"role\":\"user\",\"content\":\"Once\"}],"
+    json_t *a = h_complete(&p, "{\"messages\":[{\"role\":\"user\",\"content\":\"Once\"}],"
                              "\"max_tokens\":2}", &raw);
     json_t *k = json_object_get(a, "kvpd");
     cr_assert(json_object_get(k, "durable") && json_is_null(json_object_get(k, "durable")),

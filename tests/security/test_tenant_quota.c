@@ -17,20 +17,6 @@ TestSuite(security_tenant_quota, .timeout = 180);
 #define KA "Authorization: Bearer key-a\r\n"
 #define KB "Authorization: Bearer key-b\r\n"
 
-static const char FIRST[] =
-    "{\"messages\":[{\"role\":\"user\",\"content\":\"Once upon a time\"}],\"max_tokens\":4}";
-
-static char *second_turn(const char *reply)
-{
-    json_t *req = json_pack("{s:[{s:s, s:s}, {s:s, s:s}, {s:s, s:s}], s:i}", "messages",
-                            "role", "user", "content", "Once upon a time", "role",
-                            "assistant", "content", reply, "role", "user", "content", "Then?",
-                            "max_tokens", 4);
-    char *s = json_dumps(req, JSON_COMPACT);
-    json_decref(req);
-    return s;
-}
-
 static void flood(const kvpd_proc *d, int n)
 {
     for (int i = 0; i < n; i++) {
@@ -49,19 +35,11 @@ static void b_survives(const char *args)
 {
     kvpd_proc d;
     cr_assert_eq(kvpd_start(&d, args), 0, "log %s", d.log);
-    sec_answer b = sec_post(&d, KB, FIRST);
+    sec_answer b = sec_post(&d, KB, SEC_FIRST);
     cr_assert_eq(b.status, 200, "%s", b.raw);
     flood(&d, 20);
-    char *body = second_turn(b.reply);
-    sec_answer b2 = sec_post(&d, KB, body);
-    free(body);
-    cr_assert_eq(b2.status, 200, "%s", b2.raw);
-    cr_assert_str_eq(b2.session, b.session, "B's conversation was pushed out by A's flood");
-    json_t *cached = json_object_get(json_object_get(json_object_get(b2.j, "usage"),
-                                                     "prompt_tokens_details"), "cached_tokens");
-    cr_assert_gt(json_integer_value(cached), 0, "%s", b2.raw);
+    sec_assert_resumes(&d, KB, &b, 0, "B's conversation after A's flood");
     sec_answer_free(&b);
-    sec_answer_free(&b2);
     cr_assert_eq(kvpd_stop(&d, 10000), 0);
 }
 
@@ -89,12 +67,12 @@ Test(security_tenant_quota, a_tenant_whose_sessions_cannot_go_gets_429_and_the_o
         cr_assert_str_eq(json_string_value(json_object_get(done, "type")), "done");
         json_decref(done);
     }
-    sec_answer a = sec_post(&d, KA, FIRST);
+    sec_answer a = sec_post(&d, KA, SEC_FIRST);
     cr_assert_eq(a.status, 429, "%s", a.raw);
     cr_assert(strstr(a.raw, "max_sessions_per_tenant"), "%s", a.raw);
     cr_assert_geq(atoi(h_header(a.raw, "retry-after:")), 1, "%s", a.raw);
     sec_answer_free(&a);
-    sec_answer b = sec_post(&d, KB, FIRST);
+    sec_answer b = sec_post(&d, KB, SEC_FIRST);
     cr_assert_eq(b.status, 200, "the other tenant was refused: %s", b.raw);
     sec_answer_free(&b);
     /* A's own sessions are untouched: each takes another turn. */
@@ -184,7 +162,7 @@ Test(security_tenant_quota, by_default_a_key_attached_sessions_leave_room_for_an
         served += a_session(&d, &c[i], why, sizeof why);
     cr_assert_lt(served, 4, "all of A's sessions were served: no bound per key");
     cr_assert(strstr(why, "max_cache_bytes_per_tenant"), "%s", why);
-    sec_answer b = sec_post(&d, KB, FIRST);
+    sec_answer b = sec_post(&d, KB, SEC_FIRST);
     cr_assert_eq(b.status, 200, "B's new conversation was refused after A's: %s", b.raw);
     sec_answer_free(&b);
     for (int i = 0; i < 4; i++)
@@ -211,11 +189,11 @@ Test(security_tenant_quota, a_key_over_its_bytes_is_refused_and_the_other_key_is
         cr_assert(a_session(&d, &c[i], why, sizeof why), "A's session %d: %s", i, why);
     cr_assert(!a_session(&d, &c[3], why, sizeof why), "A's fourth session passed its bound");
     cr_assert(strstr(why, "max_cache_bytes_per_tenant"), "%s", why);
-    sec_answer b = sec_post(&d, KB, FIRST);
+    sec_answer b = sec_post(&d, KB, SEC_FIRST);
     cr_assert_eq(b.status, 200, "%s", b.raw);
     sec_answer_free(&b);
     /* the refusal over the API: 429, naming the setting */
-    sec_answer a = sec_post(&d, KA, FIRST);
+    sec_answer a = sec_post(&d, KA, SEC_FIRST);
     cr_assert_eq(a.status, 429, "%s", a.raw);
     cr_assert(strstr(a.raw, "max_cache_bytes_per_tenant"), "%s", a.raw);
     sec_answer_free(&a);
@@ -260,7 +238,7 @@ Test(security_tenant_quota, with_a_state_dir_a_key_over_its_bytes_parks_its_own)
              "--max-cache-bytes-per-tenant %lld --state-dir %s", cap, per, dir);
     kvpd_proc d;
     cr_assert_eq(kvpd_start(&d, args), 0, "log %s", d.log);
-    sec_answer b = sec_post(&d, KB, FIRST);
+    sec_answer b = sec_post(&d, KB, SEC_FIRST);
     cr_assert_eq(b.status, 200, "%s", b.raw);
     ws_client c[5];
     char why[256] = "";
@@ -269,7 +247,7 @@ Test(security_tenant_quota, with_a_state_dir_a_key_over_its_bytes_parks_its_own)
         ws_close(&c[i]);   /* left: parkable */
     }
     cr_assert(resident_id(&d, b.session), "B's session was parked to make room for A's");
-    char *body = second_turn(b.reply);
+    char *body = sec_second_turn(b.reply, NULL);
     sec_answer b2 = sec_post(&d, KB, body);
     free(body);
     cr_assert_eq(b2.status, 200, "%s", b2.raw);

@@ -16,23 +16,6 @@ TestSuite(security_tenants, .timeout = 120);
 #define K2 "Authorization: Bearer key-two\r\n"
 #define K3 "Authorization: Bearer key-from-file\r\n"
 
-/* The conversation "Once upon a time" -> reply -> "Then?", naming id when given. */
-static char *second_turn(const char *reply, const char *id)
-{
-    json_t *req = json_pack("{s:[{s:s, s:s}, {s:s, s:s}, {s:s, s:s}], s:i}", "messages",
-                            "role", "user", "content", "Once upon a time", "role",
-                            "assistant", "content", reply, "role", "user", "content", "Then?",
-                            "max_tokens", 4);
-    if (id)
-        json_object_set_new(req, "session", json_string(id));
-    char *s = json_dumps(req, JSON_COMPACT);
-    json_decref(req);
-    return s;
-}
-
-static const char FIRST[] =
-    "{\"messages\":[{\"role\":\"user\",\"content\":\"Once upon a time\"}],\"max_tokens\":4}";
-
 static int ws_keyed(const kvpd_proc *p, ws_client *c, const char *headers)
 {
     return ws_connect_headers(c, "127.0.0.1", p->port, "/chat", headers, 5000);
@@ -65,11 +48,11 @@ Test(security_tenants, the_websocket_needs_a_key_and_sessions_stay_with_their_ke
                                     "Authorization: Bearer wrong\r\n", 5000), 0);
     cr_assert_eq(closed_1008_on_hello(&c), 1, "a websocket with a wrong key was served");
     ws_close(&c);
-    sec_answer a = sec_post(&d, NULL, FIRST);
+    sec_answer a = sec_post(&d, NULL, SEC_FIRST);
     cr_assert_eq(a.status, 401, "%s", a.raw);
     sec_answer_free(&a);
 
-    a = sec_post(&d, K1, FIRST);
+    a = sec_post(&d, K1, SEC_FIRST);
     cr_assert_eq(a.status, 200, "%s", a.raw);
     cr_assert(a.session[0]);
     char buf[64];
@@ -93,9 +76,9 @@ Test(security_tenants, a_transcript_or_an_id_does_not_cross_tenants)
 {
     kvpd_proc d;
     cr_assert_eq(kvpd_start(&d, "--api-key key-one,key-two"), 0, "log %s", d.log);
-    sec_answer a = sec_post(&d, K1, FIRST);
+    sec_answer a = sec_post(&d, K1, SEC_FIRST);
     cr_assert_eq(a.status, 200, "%s", a.raw);
-    char *next = second_turn(a.reply, NULL);
+    char *next = sec_second_turn(a.reply, NULL);
     /* Key two sends key one's exact transcript: a new session, nothing cached. */
     sec_answer b = sec_post(&d, K2, next);
     cr_assert_eq(b.status, 200, "%s", b.raw);
@@ -104,7 +87,7 @@ Test(security_tenants, a_transcript_or_an_id_does_not_cross_tenants)
     cr_assert_eq(json_integer_value(json_object_get(u, "cached_tokens")), 0,
                  "another tenant's prompt cache was used: %s", b.raw);
     /* ... and naming key one's session id does not help. */
-    char *named = second_turn(a.reply, a.session);
+    char *named = sec_second_turn(a.reply, a.session);
     sec_answer n = sec_post(&d, K2, named);
     cr_assert_eq(n.status, 200, "%s", n.raw);
     cr_assert_str_neq(n.session, a.session, "a named session of another tenant was continued");
@@ -133,11 +116,11 @@ Test(security_tenants, keys_from_a_file_and_the_tenant_survives_a_restart)
     snprintf(args, sizeof args, "--api-key key-two --api-key-file %s --state-dir %s", keys, dir);
     kvpd_proc d;
     cr_assert_eq(kvpd_start(&d, args), 0, "log %s", d.log);
-    sec_answer a = sec_post(&d, K3, FIRST);
+    sec_answer a = sec_post(&d, K3, SEC_FIRST);
     cr_assert_eq(a.status, 200, "%s", a.raw);
     cr_assert_eq(kvpd_stop(&d, 10000), 0);
     cr_assert_eq(kvpd_start(&d, args), 0, "log %s", d.log);
-    char *named = second_turn(a.reply, a.session);
+    char *named = sec_second_turn(a.reply, a.session);
     sec_answer n = sec_post(&d, K2, named);
     cr_assert_eq(n.status, 200, "%s", n.raw);
     cr_assert_str_neq(n.session, a.session, "after a restart another tenant took the session");

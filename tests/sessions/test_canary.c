@@ -13,6 +13,7 @@
 #include "sessions/canary.h"
 #include "sessions/hub_impl.h"
 #include "sessions/session.h"
+#include "sessions/step_plan.h"
 #include "tests/model/testutil.h"
 #include "tests/sessions/hubtest.h"
 

@@ -10,6 +10,7 @@
 #include "policy/policy.h"
 #include "sessions/persist.h"
 #include "sessions/session.h"
+#include "sessions/step_plan.h"
 #include "store/store.h"
 #include "tests/model/testutil.h"
 #include "tests/sessions/hubtest.h"

@@ -12,6 +12,7 @@
 
 #include "policy/policy.h"
 #include "sessions/session.h"
+#include "sessions/step_plan.h"
 #include "tests/model/testutil.h"
 #include "tests/sessions/hubtest.h"
 

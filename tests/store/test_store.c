@@ -155,10 +155,7 @@ static redisContext *g_rc;
 
 static void redis_up(void)
 {
-    if (!h_have("redis-server"))
-        cr_skip_test("redis-server is not installed (scripts/setup.sh installs it)");
-    cr_assert_eq(h_mkdtemp(g_rdir, sizeof g_rdir), 0);
-    cr_assert_eq(h_redis_start(&g_redis, g_rdir, 0, 0), 0, "redis-server did not start");
+    h_redis_up(&g_redis, g_rdir, sizeof g_rdir, 0);
     g_rc = redisConnect("127.0.0.1", g_redis.port);
     cr_assert(g_rc && !g_rc->err);
 }
@@ -168,9 +165,7 @@ static void redis_down(void)
     if (g_rc)
         redisFree(g_rc);
     g_rc = NULL;
-    h_proc_kill(&g_redis);
-    if (g_rdir[0])
-        h_rmdir(g_rdir);
+    h_redis_down(&g_redis, g_rdir);
 }
 
 static kvp_store *open_node(const char *node, int lease_ms)

@@ -15,7 +15,7 @@
 
 static ht_hub g;
 
-TestSuite(prefix_wait, .timeout = 120);
+TestSuite(hub_wait, .timeout = 120);
 
 /* Clients are large (their event logs): static, freed at the end of each test. */
 static ht_client a, b, c;
@@ -76,7 +76,7 @@ static void request(ht_client *cl, const char *tenant, const char *text, int max
     kvp_hub_chat(cl->c, NULL, NULL, 0, &m, 1, &o);
 }
 
-Test(prefix_wait, a_waiter_forks_the_source_once_its_turn_is_done, .fini = finish)
+Test(hub_wait, a_waiter_forks_the_source_once_its_turn_is_done, .fini = finish)
 {
     start();
     texts(3);
@@ -107,7 +107,7 @@ Test(prefix_wait, a_waiter_forks_the_source_once_its_turn_is_done, .fini = finis
     cr_assert_str_neq(b.ev[k].id, a.ev[0].id);
 }
 
-Test(prefix_wait, a_failed_source_lets_its_waiters_prefill_themselves, .fini = finish)
+Test(hub_wait, a_failed_source_lets_its_waiters_prefill_themselves, .fini = finish)
 {
     start();
     /* a's prompt is over max_prompt_tokens: its turn fails before any prefill */
@@ -126,7 +126,7 @@ Test(prefix_wait, a_failed_source_lets_its_waiters_prefill_themselves, .fini = f
     cr_assert_eq(g.metrics.prefix_waits, 1, "a released waiter waited again");
 }
 
-Test(prefix_wait, admission_applies_when_a_waiter_goes_on, .fini = finish)
+Test(hub_wait, admission_applies_when_a_waiter_goes_on, .fini = finish)
 {
     start();
     g.cfg.max_sessions = 2;
@@ -144,7 +144,7 @@ Test(prefix_wait, admission_applies_when_a_waiter_goes_on, .fini = finish)
     cr_assert_eq(g.hub->n_waits, 0);
 }
 
-Test(prefix_wait, a_cancelled_source_releases_its_waiters, .fini = finish)
+Test(hub_wait, a_cancelled_source_releases_its_waiters, .fini = finish)
 {
     start();
     texts(3);
@@ -160,7 +160,7 @@ Test(prefix_wait, a_cancelled_source_releases_its_waiters, .fini = finish)
     cr_assert_eq(g.hub->n_waits, 0);
 }
 
-Test(prefix_wait, a_waiter_whose_client_closes_is_freed, .fini = finish)
+Test(hub_wait, a_waiter_whose_client_closes_is_freed, .fini = finish)
 {
     start();
     texts(3);
@@ -180,7 +180,7 @@ Test(prefix_wait, a_waiter_whose_client_closes_is_freed, .fini = finish)
     cr_assert_eq(g.hub->n_waits, 0);
 }
 
-Test(prefix_wait, drain_answers_waiters_overloaded, .fini = finish)
+Test(hub_wait, drain_answers_waiters_overloaded, .fini = finish)
 {
     start();
     texts(3);
@@ -195,7 +195,7 @@ Test(prefix_wait, drain_answers_waiters_overloaded, .fini = finish)
     ht_settle(&g);
 }
 
-Test(prefix_wait, another_tenant_never_waits, .fini = finish)
+Test(hub_wait, another_tenant_never_waits, .fini = finish)
 {
     start();
     texts(40);

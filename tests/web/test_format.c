@@ -1,0 +1,108 @@
+/* web/format.c: response_format as a grammar: none for text, any JSON object for
+ * json_object, the schema's documents for json_schema; every malformed field named. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <string.h>
+
+#include "model/grammar.h"
+#include "web/format.h"
+#include "tests/model/testutil.h"
+
+static kvp_grammar *parsed(const char *rf_text)
+{
+    json_t *rf = json_loads(rf_text, JSON_DECODE_ANY, NULL);
+    cr_assert(rf, "%s", rf_text);
+    kvp_grammar *g = (kvp_grammar *)1;
+    const char *param = NULL;
+    char msg[512] = "";
+    int rc = kvpd_response_format(rf, &g, &param, msg, sizeof msg);
+    json_decref(rf);
+    cr_assert_eq(rc, 0, "%s refused: %s: %s", rf_text, param ? param : "-", msg);
+    return g;
+}
+
+static void refused(const char *rf_text, const char *param_want, const char *want)
+{
+    json_t *rf = json_loads(rf_text, JSON_DECODE_ANY, NULL);
+    cr_assert(rf, "%s", rf_text);
+    kvp_grammar *g = (kvp_grammar *)1;
+    const char *param = NULL;
+    char msg[512] = "";
+    cr_assert_eq(kvpd_response_format(rf, &g, &param, msg, sizeof msg), -1, "%s accepted",
+                 rf_text);
+    json_decref(rf);
+    cr_assert_null(g, "no grammar is left on a refusal");
+    cr_assert_str_eq(param, param_want, "%s: %s", rf_text, msg);
+    cr_assert(strstr(msg, want), "%s: wanted \"%s\" in \"%s\"", rf_text, want, msg);
+}
+
+Test(format, text_and_absent_need_no_grammar)
+{
+    cr_assert_null(parsed("{\"type\":\"text\"}"));
+    cr_assert_null(parsed("null"));
+    kvp_grammar *g = (kvp_grammar *)1;
+    const char *param = NULL;
+    char msg[64];
+    cr_assert_eq(kvpd_response_format(NULL, &g, &param, msg, sizeof msg), 0);
+    cr_assert_null(g);
+}
+
+Test(format, json_object_takes_any_object_only)
+{
+    kvp_grammar *g = parsed("{\"type\":\"json_object\"}");
+    cr_assert_not_null(g);
+    cr_assert(tu_grammar_whole(g, "{}"));
+    cr_assert(tu_grammar_whole(g, "{\"a\": [1, \"x\", {\"b\": null}]}"));
+    cr_assert_not(tu_grammar_whole(g, "[1]"));
+    cr_assert_not(tu_grammar_whole(g, "\"text\""));
+    cr_assert_not(tu_grammar_whole(g, "{\"a\": }"));
+    kvp_grammar_unref(g);
+}
+
+Test(format, json_schema_takes_its_documents)
+{
+    kvp_grammar *g = parsed(
+        "{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"person\",\"strict\":true,"
+        "\"description\":\"d\",\"schema\":{\"type\":\"object\",\"properties\":{\"age\":"
+        "{\"type\":\"integer\"}},\"required\":[\"age\"],\"additionalProperties\":false}}}");
+    cr_assert_not_null(g);
+    cr_assert(tu_grammar_whole(g, "{\"age\": 7}") || tu_grammar_whole(g, "{\"age\":7}"));
+    cr_assert_not(tu_grammar_whole(g, "{}"), "age is required");
+    cr_assert_not(tu_grammar_whole(g, "{\"age\": \"7\"}"));
+    cr_assert_not(tu_grammar_whole(g, "{\"name\": \"x\"}"));
+    kvp_grammar_unref(g);
+    /* strict null is allowed */
+    g = parsed("{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"n\",\"strict\":null,"
+               "\"schema\":{\"type\":\"boolean\"}}}");
+    cr_assert(tu_grammar_whole(g, "true"));
+    cr_assert_not(tu_grammar_whole(g, "1"));
+    kvp_grammar_unref(g);
+}
+
+Test(format, malformed_formats_are_named)
+{
+    refused("[]", "response_format", "must be an object");
+    refused("{}", "response_format.type", "text, json_object or json_schema");
+    refused("{\"type\":\"yaml\"}", "response_format.type", "text, json_object or json_schema");
+    refused("{\"type\":\"text\",\"extra\":1}", "response_format", "response_format.extra");
+    refused("{\"type\":\"json_object\",\"json_schema\":{}}", "response_format",
+            "response_format.json_schema is not supported");
+    refused("{\"type\":\"json_schema\"}", "response_format.json_schema", "must be an object");
+    refused("{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"n\",\"schema\":{},"
+            "\"x\":1}}", "response_format.json_schema", "json_schema.x is not supported");
+    refused("{\"type\":\"json_schema\",\"json_schema\":{\"schema\":{}}}",
+            "response_format.json_schema.name", "1 to 64 characters");
+    refused("{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"\",\"schema\":{}}}",
+            "response_format.json_schema.name", "1 to 64 characters");
+    char longname[256];
+    snprintf(longname, sizeof longname, "{\"type\":\"json_schema\",\"json_schema\":{\"name\":"
+             "\"%065d\",\"schema\":{}}}", 0);
+    refused(longname, "response_format.json_schema.name", "1 to 64 characters");
+    refused("{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"n\",\"strict\":\"yes\","
+            "\"schema\":{}}}", "response_format.json_schema.strict", "must be a boolean");
+    refused("{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"n\"}}",
+            "response_format.json_schema.schema", "is required");
+    refused("{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"n\",\"schema\":"
+            "{\"type\":\"integer\",\"minimum\":\"x\"}}}", "response_format.json_schema.schema",
+            "response_format.json_schema.schema: ");
+}
