@@ -91,3 +91,21 @@ void sec_assert_resumes(const kvpd_proc *d, const char *headers, const sec_answe
     cr_assert_gt(json_integer_value(cached), 0, "%s: nothing cached: %s", what, next.raw);
     sec_answer_free(&next);
 }
+
+sec_answer sec_flood_post(const kvpd_proc *d, const char *headers, int i)
+{
+    char body[160];
+    snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"Story %d: "
+             "a frog.\"}],\"max_tokens\":2}", i);
+    sec_answer a = sec_post(d, headers, body);
+    cr_assert_eq(a.status, 200, "request %d of the flood: %s", i, a.raw);
+    return a;
+}
+
+void sec_flood(const kvpd_proc *d, const char *headers, int from, int to)
+{
+    for (int i = from; i < to; i++) {
+        sec_answer a = sec_flood_post(d, headers, i);
+        sec_answer_free(&a);
+    }
+}

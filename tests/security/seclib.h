@@ -38,6 +38,12 @@ void sec_answer_free(sec_answer *a);
 #define SEC_FIRST \
     "{\"messages\":[{\"role\":\"user\",\"content\":\"Once upon a time\"}],\"max_tokens\":4}"
 char *sec_second_turn(const char *reply, const char *id);
+
+/* Request i of a flood of one-shot conversations under headers ("Story i: a frog.", two
+ * tokens), answered 200 (asserted). */
+sec_answer sec_flood_post(const kvpd_proc *d, const char *headers, int i);
+/* Requests from..to-1 of that flood. */
+void sec_flood(const kvpd_proc *d, const char *headers, int from, int to);
 /* The conversation whose first answer is first (under headers) goes on: its second turn,
  * naming the session when named, is answered 200 in the same session with cached prompt
  * tokens; `what` says what it shows. */

@@ -17,18 +17,6 @@ TestSuite(security_tenant_quota, .timeout = 180);
 #define KA "Authorization: Bearer key-a\r\n"
 #define KB "Authorization: Bearer key-b\r\n"
 
-static void flood(const kvpd_proc *d, int n)
-{
-    for (int i = 0; i < n; i++) {
-        char body[160];
-        snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"Story %d: "
-                 "a frog.\"}],\"max_tokens\":2}", i);
-        sec_answer a = sec_post(d, KA, body);
-        cr_assert_eq(a.status, 200, "request %d of the flood: %s", i, a.raw);
-        sec_answer_free(&a);
-    }
-}
-
 /* B's idle conversation is the least recently used session of all when A floods: only
  * A's own sessions may make room for A's. */
 static void b_survives(const char *args)
@@ -37,7 +25,7 @@ static void b_survives(const char *args)
     cr_assert_eq(kvpd_start(&d, args), 0, "log %s", d.log);
     sec_answer b = sec_post(&d, KB, SEC_FIRST);
     cr_assert_eq(b.status, 200, "%s", b.raw);
-    flood(&d, 20);
+    sec_flood(&d, KA, 0, 20);
     sec_assert_resumes(&d, KB, &b, 0, "B's conversation after A's flood");
     sec_answer_free(&b);
     cr_assert_eq(kvpd_stop(&d, 10000), 0);
