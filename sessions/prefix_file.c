@@ -266,19 +266,31 @@ static int compact(const char *dir, char *err, size_t errlen)
     return rc;
 }
 
+/* id's line (with its newline) in a malloc'd buffer, *line: its length, or a negative
+ * code with a message (*line then NULL). */
+static int line_alloc(char **line, const char *id, const char *tenant, const uint64_t *chain,
+                      int n, char *err, size_t errlen)
+{
+    *line = malloc(KVP_PREFIX_FILE_LINE_MAX + 1);
+    int len = *line ? kvp_prefix_line_format(*line, KVP_PREFIX_FILE_LINE_MAX + 1, id, tenant,
+                                             chain, n) : -1;
+    if (len < 0) {
+        snprintf(err, errlen, "prefix index: %s", *line ? "invalid line" : "out of memory");
+        len = *line ? -EINVAL : -ENOMEM;
+        free(*line);
+        *line = NULL;
+    }
+    return len;
+}
+
 int kvp_prefix_file_append(const char *dir, const char *id, const char *tenant,
                            const uint64_t *chain, int n, char *err, size_t errlen)
 {
-    char *line = malloc(KVP_PREFIX_FILE_LINE_MAX + 1);
-    int len = line ? kvp_prefix_line_format(line, KVP_PREFIX_FILE_LINE_MAX + 1, id, tenant,
-                                            chain, n) : -1;
-    int rc;
-    if (len < 0) {
-        snprintf(err, errlen, "prefix index: %s", line ? "invalid line" : "out of memory");
-        rc = line ? -EINVAL : -ENOMEM;
-    } else {
-        rc = kvp_hintfile_append(&g_file, dir, line, (size_t)len, err, errlen);
-    }
+    char *line;
+    int len = line_alloc(&line, id, tenant, chain, n, err, errlen);
+    if (len < 0)
+        return len;
+    int rc = kvp_hintfile_append(&g_file, dir, line, (size_t)len, err, errlen);
     free(line);
     return rc;
 }
@@ -288,13 +300,11 @@ int kvp_prefix_file_append(const char *dir, const char *id, const char *tenant,
 int kvp_prefix_store_put(struct kvp_store *st, const char *id, const char *tenant,
                          const uint64_t *chain, int n, char *err, size_t errlen)
 {
-    char *line = malloc(KVP_PREFIX_FILE_LINE_MAX + 1);
-    int len = line ? kvp_prefix_line_format(line, KVP_PREFIX_FILE_LINE_MAX + 1, id, tenant,
-                                            chain, n) : -1;
-    int rc = len < 0 ? (line ? -EINVAL : -ENOMEM)
-                     : kvp_store_hint_put(st, id, line, (size_t)len, err, errlen);
+    char *line;
+    int len = line_alloc(&line, id, tenant, chain, n, err, errlen);
     if (len < 0)
-        snprintf(err, errlen, "prefix index: %s", line ? "invalid line" : "out of memory");
+        return len;
+    int rc = kvp_store_hint_put(st, id, line, (size_t)len, err, errlen);
     free(line);
     return rc;
 }
