@@ -1,20 +1,15 @@
-/* The prefix index's file (sessions/prefix_file.h): lines parsed and formatted, the file
- * read with bounded lines and compacted, appends serialised in this process. */
+/* The prefix index's file (sessions/prefix_file.h): lines parsed and formatted, what a
+ * load keeps; the file itself (bounded reads, rewrite, appends and their compaction) is a
+ * hint file (store/hintfile.h). The same lines in a shared store. */
 #include "sessions/prefix_file.h"
 
 #include <errno.h>
-#include <fcntl.h>
-#include <limits.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "base/checksum.h"
-#include "base/fileio.h"
-#include "base/log.h"
+#include "store/hintfile.h"
 #include "store/store.h"
 
 void kvp_prefix_recs_free(kvp_prefix_recs *x)
@@ -152,34 +147,11 @@ int kvp_prefix_line_format(char *buf, size_t cap, const char *id, const char *te
 
 /* ---- the file ---- */
 
-static int path_of(char *buf, size_t n, const char *dir, const char *suffix, char *err,
-                   size_t errlen)
-{
-    int w = snprintf(buf, n, "%s/" KVP_PREFIX_FILE "%s", dir, suffix);
-    if (w < 0 || (size_t)w >= n) {
-        snprintf(err, errlen, "prefix index path too long in %s", dir);
-        return -ENAMETOOLONG;
-    }
-    return 0;
-}
+static int compact(const char *dir, char *err, size_t errlen);
 
-/* The next line of f into buf[0..cap) (its newline dropped): 1 and *len, 0 at the end,
- * -1 for a line skipped (longer than cap, or the file's torn last line). Never reads more
- * than cap bytes into memory. */
-static int read_line(FILE *f, char *buf, size_t cap, size_t *len)
-{
-    size_t n = 0;
-    int ch;
-    while ((ch = getc(f)) != EOF && ch != '\n') {
-        if (n < cap)
-            buf[n] = (char)ch;
-        n++;
-    }
-    if (ch == EOF && n == 0)
-        return 0;
-    *len = n;
-    return ch == EOF || n > cap ? -1 : 1;
-}
+static kvp_hintfile g_file = KVP_HINTFILE_INIT(KVP_PREFIX_FILE, "prefix index",
+                                               KVP_PREFIX_FILE_LINE_MAX,
+                                               KVP_PREFIX_FILE_COMPACT_MIN, compact);
 
 static int by_id_then_seq(const void *a, const void *b)
 {
@@ -202,44 +174,24 @@ static int push(kvp_prefix_recs *x, const kvp_prefix_rec *r)
     return 0;
 }
 
-/* Every line of path into x (in file order); *damaged counts those skipped. A missing
- * file is none. */
-static int read_all(kvp_prefix_recs *x, const char *path, int *damaged, char *err,
-                    size_t errlen)
+typedef struct file_read {
+    kvp_prefix_recs *x;
+    long seq;
+} file_read;
+
+/* A line of the file into the records, in file order. */
+static int take_line(void *ctx, const char *line, size_t len)
 {
-    struct stat st;
-    int fd = kvp_open_regular(path, O_RDONLY, &st);
-    if (fd == -ENOENT)
-        return 0;
-    FILE *f = fd >= 0 ? fdopen(fd, "r") : NULL;
-    char *line = f ? malloc(KVP_PREFIX_FILE_LINE_MAX) : NULL;
-    if (!line) {
-        snprintf(err, errlen, "open %s: %s", path,
-                 fd < 0 ? kvp_fileio_strerror(fd) : "out of memory");
-        if (f)
-            fclose(f);
-        else if (fd >= 0)
-            close(fd);
-        return fd < 0 ? fd : -ENOMEM;
+    file_read *r = ctx;
+    kvp_prefix_rec rec;
+    if (kvp_prefix_line_parse(line, len, &rec) < 0)
+        return KVP_HINTFILE_DAMAGED;
+    rec.seq = r->seq++;
+    if (push(r->x, &rec) < 0) {
+        free(rec.chain);
+        return -ENOMEM;
     }
-    int rc = 0, got;
-    size_t len;
-    for (long seq = 0;
-         rc == 0 && (got = read_line(f, line, KVP_PREFIX_FILE_LINE_MAX, &len)) != 0; seq++) {
-        kvp_prefix_rec r;
-        if (got < 0 || kvp_prefix_line_parse(line, len, &r) < 0) {
-            (*damaged)++;
-            continue;
-        }
-        r.seq = seq;
-        if ((rc = push(x, &r)) < 0) {
-            free(r.chain);
-            snprintf(err, errlen, "reading %s: out of memory", path);
-        }
-    }
-    free(line);
-    fclose(f);
-    return rc;
+    return 0;
 }
 
 /* Keeps the last record of each id, when it has blocks and its snapshot exists. */
@@ -271,114 +223,74 @@ static int in_store(void *st, const char *id)
     return kvp_store_exists(st, id) == 1;
 }
 
-static int rewrite(const kvp_prefix_recs *x, const char *dir, char *err, size_t errlen)
+/* The compacted file: a line per record. */
+static int put_lines(void *ctx, kvp_hintfile_out *out)
 {
-    char path[PATH_MAX], tmp[PATH_MAX];
-    int rc;
-    if ((rc = path_of(path, sizeof path, dir, "", err, errlen)) < 0 ||
-        (rc = path_of(tmp, sizeof tmp, dir, ".tmp", err, errlen)) < 0)
-        return rc;
-    struct stat st;
+    const kvp_prefix_recs *x = ctx;
     char *line = malloc(KVP_PREFIX_FILE_LINE_MAX + 1);
-    int fd = line ? kvp_open_regular(tmp, O_WRONLY | O_CREAT | O_TRUNC, &st) : -ENOMEM;
-    if (fd < 0) {
-        free(line);
-        snprintf(err, errlen, "open %s: %s", tmp, kvp_fileio_strerror(fd));
-        return fd;
-    }
-    for (int i = 0; i < x->n && rc == 0; i++) {
+    if (!line)
+        return -ENOMEM;
+    for (int i = 0; i < x->n && out->rc == 0; i++) {
         const kvp_prefix_rec *r = &x->v[i];
         int n = kvp_prefix_line_format(line, KVP_PREFIX_FILE_LINE_MAX + 1, r->id, r->tenant,
                                        r->chain, r->n);
         if (n > 0)
-            rc = kvp_write_all(fd, line, (size_t)n);
+            kvp_hintfile_put(out, line, (size_t)n);
     }
     free(line);
-    if (close(fd) < 0 && rc == 0)
-        rc = -errno;
-    if (rc == 0 && rename(tmp, path) < 0)
-        rc = -errno;
-    if (rc < 0) {
-        snprintf(err, errlen, "rewriting %s: %s", path, strerror(-rc));
-        unlink(tmp);
-    }
-    return rc;
+    return out->rc;
 }
 
 int kvp_prefix_file_load(kvp_prefix_recs *x, const char *dir, char *err, size_t errlen)
 {
-    char path[PATH_MAX];
-    int damaged = 0, rc = path_of(path, sizeof path, dir, "", err, errlen);
+    file_read r = {.x = x};
+    int damaged = 0, rc;
     err[0] = '\0';
-    if (rc < 0 || (rc = read_all(x, path, &damaged, err, errlen)) < 0)
+    if ((rc = kvp_hintfile_read(&g_file, dir, take_line, &r, &damaged, err, errlen)) < 0)
         return rc;
     keep_current(x, in_dir, (void *)dir);
-    if ((rc = rewrite(x, dir, err, errlen)) < 0)
+    if ((rc = kvp_hintfile_rewrite(&g_file, dir, put_lines, x, err, errlen)) < 0)
         return rc;
     if (damaged)
-        snprintf(err, errlen, "%s: %d damaged or oversized line(s) skipped", path, damaged);
+        snprintf(err, errlen, "%s/%s: %d damaged or oversized line(s) skipped", dir,
+                 KVP_PREFIX_FILE, damaged);
     return x->n;
 }
 
-/* Appends and compactions of this process, one at a time (a compaction renames a new
- * file over the one an append writes to); `compacted`: the file's size after the last
- * compaction (or as first seen) in g_dir. */
-static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
-static char g_dir[PATH_MAX];
-static off_t g_compacted;
-
-/* Once the file is past KVP_PREFIX_FILE_COMPACT_MIN and twice its compacted size, it is
- * read and rewritten with a line per conversation. Called with g_lock held. */
-static void maybe_compact(const char *dir, const char *path, off_t size)
+/* An append's compaction: the file read and rewritten with a line per conversation. */
+static int compact(const char *dir, char *err, size_t errlen)
 {
-    if (strcmp(g_dir, dir)) {
-        snprintf(g_dir, sizeof g_dir, "%s", dir);
-        g_compacted = size;
-    }
-    if (size < KVP_PREFIX_FILE_COMPACT_MIN || size < 2 * g_compacted)
-        return;
     kvp_prefix_recs x = {0};
-    char err[256];
-    struct stat st;
-    if (kvp_prefix_file_load(&x, dir, err, sizeof err) >= 0) {
-        g_compacted = stat(path, &st) == 0 ? st.st_size : 0;
-    } else {
-        g_compacted = size;   /* tried again once it doubled */
-        kvpd_log("warning", "prefix index: compaction failed: %s", err);
-    }
+    int rc = kvp_prefix_file_load(&x, dir, err, errlen);
     kvp_prefix_recs_free(&x);
+    return rc;
+}
+
+/* id's line (with its newline) in a malloc'd buffer, *line: its length, or a negative
+ * code with a message (*line then NULL). */
+static int line_alloc(char **line, const char *id, const char *tenant, const uint64_t *chain,
+                      int n, char *err, size_t errlen)
+{
+    *line = malloc(KVP_PREFIX_FILE_LINE_MAX + 1);
+    int len = *line ? kvp_prefix_line_format(*line, KVP_PREFIX_FILE_LINE_MAX + 1, id, tenant,
+                                             chain, n) : -1;
+    if (len < 0) {
+        snprintf(err, errlen, "prefix index: %s", *line ? "invalid line" : "out of memory");
+        len = *line ? -EINVAL : -ENOMEM;
+        free(*line);
+        *line = NULL;
+    }
+    return len;
 }
 
 int kvp_prefix_file_append(const char *dir, const char *id, const char *tenant,
                            const uint64_t *chain, int n, char *err, size_t errlen)
 {
-    char path[PATH_MAX];
-    int rc = path_of(path, sizeof path, dir, "", err, errlen);
-    if (rc < 0)
-        return rc;
-    char *line = malloc(KVP_PREFIX_FILE_LINE_MAX + 1);
-    int len = line ? kvp_prefix_line_format(line, KVP_PREFIX_FILE_LINE_MAX + 1, id, tenant,
-                                            chain, n) : -1;
-    if (len < 0) {
-        int oom = !line;
-        free(line);
-        snprintf(err, errlen, "prefix index: %s", oom ? "out of memory" : "invalid line");
-        return oom ? -ENOMEM : -EINVAL;
-    }
-    pthread_mutex_lock(&g_lock);
-    struct stat st;
-    int fd = kvp_open_regular(path, O_WRONLY | O_CREAT | O_APPEND, &st);
-    if (fd < 0) {
-        snprintf(err, errlen, "open %s: %s", path, kvp_fileio_strerror(fd));
-        rc = fd;
-    } else {
-        if ((rc = kvp_write_all(fd, line, (size_t)len)) < 0)
-            snprintf(err, errlen, "append to %s: %s", path, strerror(-rc));
-        close(fd);
-        if (rc == 0)
-            maybe_compact(dir, path, st.st_size + len);
-    }
-    pthread_mutex_unlock(&g_lock);
+    char *line;
+    int len = line_alloc(&line, id, tenant, chain, n, err, errlen);
+    if (len < 0)
+        return len;
+    int rc = kvp_hintfile_append(&g_file, dir, line, (size_t)len, err, errlen);
     free(line);
     return rc;
 }
@@ -388,13 +300,11 @@ int kvp_prefix_file_append(const char *dir, const char *id, const char *tenant,
 int kvp_prefix_store_put(struct kvp_store *st, const char *id, const char *tenant,
                          const uint64_t *chain, int n, char *err, size_t errlen)
 {
-    char *line = malloc(KVP_PREFIX_FILE_LINE_MAX + 1);
-    int len = line ? kvp_prefix_line_format(line, KVP_PREFIX_FILE_LINE_MAX + 1, id, tenant,
-                                            chain, n) : -1;
-    int rc = len < 0 ? (line ? -EINVAL : -ENOMEM)
-                     : kvp_store_hint_put(st, id, line, (size_t)len, err, errlen);
+    char *line;
+    int len = line_alloc(&line, id, tenant, chain, n, err, errlen);
     if (len < 0)
-        snprintf(err, errlen, "prefix index: %s", line ? "invalid line" : "out of memory");
+        return len;
+    int rc = kvp_store_hint_put(st, id, line, (size_t)len, err, errlen);
     free(line);
     return rc;
 }

@@ -13,7 +13,9 @@
  * by an append once the file is past KVP_PREFIX_FILE_COMPACT_MIN bytes and twice its
  * compacted size. A hint, never fsynced: a lost or damaged line costs a fork (a fresh
  * prefill), never a wrong one (the hub compares the tokens once the snapshot is read).
- * Reads are bounded: a line longer than KVP_PREFIX_FILE_LINE_MAX is skipped unread.
+ * Reads are bounded: a line longer than KVP_PREFIX_FILE_LINE_MAX is skipped unread. The
+ * file is a hint file (store/hintfile.h: bounded reads, the rewrite, appends and their
+ * compaction); this room parses and formats its lines and decides what a load keeps.
  *
  * With Redis instead of a state directory, the same line is kept under the session's
  * hint:<id> key (kvp_prefix_store_put, _load).

@@ -1,20 +1,15 @@
-/* The transcript index (sessions/transcripts.h): two chained hash tables in memory, an
- * append-only text file on disk. */
+/* The transcript index (sessions/transcripts.h): two chained hash tables in memory, and
+ * on disk a hint file (store/hintfile.h) whose lines this room parses and formats. */
 #include "sessions/transcripts.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "base/checksum.h"
-#include "base/fileio.h"
-#include "base/log.h"
+#include "store/hintfile.h"
 
 /* ---- in memory ---- */
 
@@ -149,16 +144,14 @@ const kvp_transcript_entry *kvp_transcripts_next(const kvp_transcripts *x, uint6
 
 /* ---- on disk ---- */
 
-static int path_of(char *buf, size_t n, const char *dir, const char *suffix, char *err,
-                   size_t errlen)
-{
-    int w = snprintf(buf, n, "%s/" KVP_TRANSCRIPTS_FILE "%s", dir, suffix);
-    if (w < 0 || (size_t)w >= n) {
-        snprintf(err, errlen, "transcript index path too long in %s", dir);
-        return -ENAMETOOLONG;
-    }
-    return 0;
-}
+static int compact(const char *dir, char *err, size_t errlen);
+
+/* The longest line of ours is about KVP_SNAPSHOT_ID_MAX + 30 bytes. */
+#define LINE_MAX_BYTES (KVP_SNAPSHOT_ID_MAX + 48)
+
+static kvp_hintfile g_file = KVP_HINTFILE_INIT(KVP_TRANSCRIPTS_FILE, "transcript index",
+                                               LINE_MAX_BYTES, KVP_TRANSCRIPTS_COMPACT_MIN,
+                                               compact);
 
 /* "<id> <16 hex> <n>": 0 and the fields, or -1 for a damaged line. */
 static int parse_line(const char *line, size_t len, char *id, uint64_t *hash, int *n)
@@ -200,171 +193,82 @@ static int format_line(char *buf, size_t n, const char *id, uint64_t hash, int n
     return snprintf(buf, n, "%s %016llx %d\n", id, (unsigned long long)hash, n_msgs);
 }
 
-/* Opens like the snapshots: no links, no blocking on a FIFO, regular files only. */
-static int open_regular(const char *path, int flags, struct stat *st, char *err,
-                        size_t errlen)
+/* A line of the file into x, the last line of an id replacing the ones before it. */
+static int take_line(void *ctx, const char *line, size_t len)
 {
-    int fd = kvp_open_regular(path, flags, st);
-    if (fd == KVP_E_NOT_REGULAR)
-        snprintf(err, errlen, "%s: not a regular file", path);
-    else if (fd < 0)
-        snprintf(err, errlen, "open %s: %s", path, strerror(-fd));
-    return fd;
+    char id[KVP_SNAPSHOT_ID_MAX + 1];
+    uint64_t hash;
+    int msgs;
+    if (parse_line(line, len, id, &hash, &msgs))
+        return KVP_HINTFILE_DAMAGED;
+    return kvp_transcripts_put(ctx, id, hash, msgs);
 }
 
-/* The compacted file: one line per entry, written to .tmp and renamed over the index. */
-static int rewrite(const kvp_transcripts *x, const char *dir, char *err, size_t errlen)
+/* The compacted file: one line per entry. */
+static int put_lines(void *ctx, kvp_hintfile_out *out)
 {
-    char path[PATH_MAX], tmp[PATH_MAX];
-    int rc;
-    if ((rc = path_of(path, sizeof path, dir, "", err, errlen)) < 0 ||
-        (rc = path_of(tmp, sizeof tmp, dir, ".tmp", err, errlen)) < 0)
-        return rc;
-    struct stat st;
-    int fd = open_regular(tmp, O_WRONLY | O_CREAT | O_TRUNC, &st, err, errlen);
-    if (fd < 0)
-        return fd;
-    char line[KVP_SNAPSHOT_ID_MAX + 48];
-    for (size_t i = 0; i < x->n_buckets && rc == 0; i++)
-        for (const kvp_transcript_entry *e = x->by_id[i]; e && rc == 0; e = e->inext) {
+    const kvp_transcripts *x = ctx;
+    char line[LINE_MAX_BYTES + 1];
+    for (size_t i = 0; i < x->n_buckets; i++)
+        for (const kvp_transcript_entry *e = x->by_id[i]; e; e = e->inext) {
             int n = format_line(line, sizeof line, e->id, e->hash, e->n_msgs);
-            rc = kvp_write_all(fd, line, (size_t)n);
+            if (kvp_hintfile_put(out, line, (size_t)n) < 0)
+                return out->rc;
         }
-    if (close(fd) < 0 && rc == 0)
-        rc = -errno;
-    if (rc == 0 && rename(tmp, path) < 0)
-        rc = -errno;
-    if (rc < 0) {
-        snprintf(err, errlen, "rewriting %s: %s", path, strerror(-rc));
-        unlink(tmp);
-    }
-    return rc;
+    return 0;
 }
 
-/* Reads the index file at path into x, the last line of an id winning; *damaged counts
- * the lines skipped. A missing file is an empty index (no message). 0 or a negative code
- * with a message. */
-static int read_index(kvp_transcripts *x, const char *path, int *damaged, char *err,
-                      size_t errlen)
+/* Reads the file into x; sessions whose snapshot is gone (removed, lost, moved aside)
+ * leave the index; the file is rewritten with the others. *damaged counts the lines
+ * skipped. */
+static int read_and_rewrite(kvp_transcripts *x, const char *dir, int *damaged, char *err,
+                            size_t errlen)
 {
-    FILE *f = NULL;
-    struct stat st;
-    int rc = 0, fd = open_regular(path, O_RDONLY, &st, err, errlen);
-    if (fd == -ENOENT) {   /* a fresh state directory */
-        err[0] = '\0';
-        return 0;
-    }
-    if (fd < 0 || !(f = fdopen(fd, "r"))) {
-        if (fd >= 0)
-            close(fd);
-        return fd < 0 ? fd : -ENOMEM;
-    }
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t n;
-    while ((n = getline(&line, &cap, f)) >= 0) {
-        char id[KVP_SNAPSHOT_ID_MAX + 1];
-        uint64_t hash;
-        int msgs;
-        if (n == 0 || line[n - 1] != '\n' || parse_line(line, (size_t)n - 1, id, &hash, &msgs)) {
-            (*damaged)++;   /* a torn last line, or bytes that are no line of ours */
-            continue;
-        }
-        if ((rc = kvp_transcripts_put(x, id, hash, msgs)) < 0)
-            break;
-    }
-    free(line);
-    fclose(f);
+    int rc = kvp_hintfile_read(&g_file, dir, take_line, x, damaged, err, errlen);
     if (rc < 0)
-        snprintf(err, errlen, "reading %s: out of memory", path);
-    return rc;
-}
-
-/* Sessions whose snapshot is gone (removed, lost, moved aside) leave the index; the file
- * is rewritten with the others. */
-static int prune_and_rewrite(kvp_transcripts *x, const char *dir, char *err, size_t errlen)
-{
+        return rc;
     for (size_t i = 0; i < x->n_buckets; i++)
         for (kvp_transcript_entry *e = x->by_id[i], *next; e; e = next) {
             next = e->inext;
             if (!kvp_snapshot_exists(dir, e->id))
                 kvp_transcripts_remove(x, e->id);
         }
-    return rewrite(x, dir, err, errlen);
+    return kvp_hintfile_rewrite(&g_file, dir, put_lines, x, err, errlen);
 }
 
 int kvp_transcripts_load(kvp_transcripts *x, const char *dir, char *err, size_t errlen)
 {
-    char path[PATH_MAX];
-    int damaged = 0, rc = path_of(path, sizeof path, dir, "", err, errlen);
-    if (rc < 0 || (rc = read_index(x, path, &damaged, err, errlen)) < 0 ||
-        (rc = prune_and_rewrite(x, dir, err, errlen)) < 0)
+    int damaged = 0, rc = read_and_rewrite(x, dir, &damaged, err, errlen);
+    if (rc < 0)
         return rc;
     if (damaged)
-        snprintf(err, errlen, "%s: %d damaged line(s) skipped", path, damaged);
+        snprintf(err, errlen, "%s/%s: %d damaged line(s) skipped", dir, KVP_TRANSCRIPTS_FILE,
+                 damaged);
     return x->count;
 }
 
-/* Appends and compactions of this process, one at a time: a compaction renames a new
- * file over the one an append would otherwise write to. `compacted` is the file's size
- * after the last compaction (or as first seen) in `dir`. */
-static pthread_mutex_t g_index_lock = PTHREAD_MUTEX_INITIALIZER;
-static char g_index_dir[PATH_MAX];
-static off_t g_index_compacted;
-
-/* The file holds a line per saved turn: once it is both past KVP_TRANSCRIPTS_COMPACT_MIN
- * bytes and twice its compacted size, it is read and rewritten with one line per
- * session (so the cost per append stays constant, and the file within about twice its
- * entries). Called with g_index_lock held. */
-static void maybe_compact(const char *dir, const char *path, off_t size)
+/* An append's compaction: the file read and rewritten with one line per session. */
+static int compact(const char *dir, char *err, size_t errlen)
 {
-    if (strcmp(g_index_dir, dir)) {
-        snprintf(g_index_dir, sizeof g_index_dir, "%s", dir);
-        g_index_compacted = size;
-    }
-    if (size < KVP_TRANSCRIPTS_COMPACT_MIN || size < 2 * g_index_compacted)
-        return;
     kvp_transcripts x;
-    char err[256] = "";
-    int damaged = 0;
-    if (kvp_transcripts_init(&x) < 0)
-        return;
-    if (read_index(&x, path, &damaged, err, sizeof err) == 0 &&
-        prune_and_rewrite(&x, dir, err, sizeof err) == 0) {
-        struct stat st;
-        g_index_compacted = stat(path, &st) == 0 ? st.st_size : 0;
-    } else {
-        g_index_compacted = size;   /* tried again once it doubled */
-        kvpd_log("warning", "transcript index: compaction failed: %s", err);
+    int damaged = 0, rc = kvp_transcripts_init(&x);
+    if (rc < 0) {
+        snprintf(err, errlen, "out of memory");
+        return rc;
     }
+    rc = read_and_rewrite(&x, dir, &damaged, err, errlen);
     kvp_transcripts_free(&x);
+    return rc;
 }
 
 int kvp_transcripts_append(const char *dir, const char *id, uint64_t hash, int n_msgs,
                            char *err, size_t errlen)
 {
-    char path[PATH_MAX], line[KVP_SNAPSHOT_ID_MAX + 48];
-    int rc = path_of(path, sizeof path, dir, "", err, errlen);
-    if (rc < 0)
-        return rc;
+    char line[LINE_MAX_BYTES + 1];
     if (!kvp_snapshot_id_valid(id)) {
         snprintf(err, errlen, "transcript index: invalid session id");
         return -EINVAL;
     }
-    pthread_mutex_lock(&g_index_lock);
-    struct stat st;
-    int fd = open_regular(path, O_WRONLY | O_CREAT | O_APPEND, &st, err, errlen);
-    if (fd < 0) {
-        pthread_mutex_unlock(&g_index_lock);
-        return fd;
-    }
     int len = format_line(line, sizeof line, id, hash, n_msgs);
-    if ((rc = kvp_write_all(fd, line, (size_t)len)) < 0) {
-        snprintf(err, errlen, "append to %s: %s", path, strerror(-rc));
-    }
-    close(fd);
-    if (rc == 0)
-        maybe_compact(dir, path, st.st_size + len);
-    pthread_mutex_unlock(&g_index_lock);
-    return rc;
+    return kvp_hintfile_append(&g_file, dir, line, (size_t)len, err, errlen);
 }

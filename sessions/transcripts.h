@@ -9,8 +9,10 @@
  * once the file is past KVP_TRANSCRIPTS_COMPACT_MIN bytes and twice its compacted size. The file is a hint,
  * never fsynced: a line lost in a crash costs a match (the request starts a new
  * conversation), never a wrong one (a candidate's transcript is compared once its
- * snapshot is read). Loop thread only, but for kvp_transcripts_append (workers) and
- * kvp_transcripts_load (before the hub starts). */
+ * snapshot is read). The file is a hint file (store/hintfile.h: bounded reads, the
+ * rewrite, appends and their compaction); this room parses and formats its lines. Loop
+ * thread only, but for kvp_transcripts_append (workers) and kvp_transcripts_load (before
+ * the hub starts). */
 #ifndef KVP_TRANSCRIPTS_H
 #define KVP_TRANSCRIPTS_H
 

@@ -8,23 +8,9 @@
 #include <unistd.h>
 
 #include "base/tokfile.h"
+#include "tests/testdir.h"
 
-static char g_dir[64];
-
-static void make_dir(void)
-{
-    snprintf(g_dir, sizeof g_dir, "/tmp/kvp-tokfile-XXXXXX");
-    cr_assert(mkdtemp(g_dir));
-}
-
-static void remove_dir(void)
-{
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
-    cr_assert_eq(system(cmd), 0);
-}
-
-TestSuite(tokfile, .init = make_dir, .fini = remove_dir);
+KVP_TEST_DIR_SUITE(tokfile, g_dir, "tokfile");
 
 static void put(const char *path, const unsigned char *p, size_t n)
 {

@@ -6,6 +6,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <hiredis/hiredis.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -599,4 +600,21 @@ void h_turn_ok(ws_client *c, const char *text, int max_tokens)
               json_string_value(json_object_get(done, "code")) ?: "",
               json_string_value(json_object_get(done, "message")) ?: "");
     json_decref(done);
+}
+
+void h_redis_db_up(h_proc *r, char *dir, size_t dir_len, int flags, int db,
+                   struct redisContext **rc)
+{
+    h_redis_up(r, dir, dir_len, flags);
+    *rc = redisConnect("127.0.0.1", r->port);
+    cr_assert(*rc && !(*rc)->err, "no connection to redis-server on port %d", r->port);
+    freeReplyObject(redisCommand(*rc, "SELECT %d", db));
+}
+
+void h_redis_db_down(h_proc *r, const char *dir, struct redisContext **rc)
+{
+    if (*rc)
+        redisFree(*rc);
+    *rc = NULL;
+    h_redis_down(r, dir);
 }

@@ -110,4 +110,43 @@ int h_redis_start(h_proc *r, const char *dir, int port, int flags);
 void h_redis_up(h_proc *r, char *dir, size_t dir_len, int flags);
 void h_redis_down(h_proc *r, const char *dir);
 
+/* A daemon test suite with a state directory per test: declares `static char g_dir[128]`,
+ * made by h_mkdtemp before each test and removed by h_rmdir after it, and the Criterion
+ * suite `name` doing both, with the suite's other options after the name
+ * (H_STATE_DIR_SUITE(persist, .timeout = 90)). */
+#define H_STATE_DIR_SUITE(name, ...)                                                       \
+    static char g_dir[128];                                                                \
+    static void name##_setup(void)                                                         \
+    {                                                                                      \
+        cr_assert_eq(h_mkdtemp(g_dir, sizeof g_dir), 0);                                   \
+    }                                                                                      \
+    static void name##_teardown(void)                                                      \
+    {                                                                                      \
+        h_rmdir(g_dir);                                                                    \
+    }                                                                                      \
+    TestSuite(name, .init = name##_setup, .fini = name##_teardown, __VA_ARGS__)
+
+/* h_redis_up, then a connection to its database `db` (SELECT db) in *rc. h_redis_db_down
+ * closes the connection (when there is one, *rc then NULL) and does h_redis_down. */
+struct redisContext;
+void h_redis_db_up(h_proc *r, char *dir, size_t dir_len, int flags, int db,
+                   struct redisContext **rc);
+void h_redis_db_down(h_proc *r, const char *dir, struct redisContext **rc);
+
+/* A test file's redis-server fixture on database `db`: declares g_redis, g_rdir (its
+ * files' directory) and g_rc (the connection), and redis_up / redis_down for a suite's or
+ * a test's .init and .fini (h_redis_db_up and h_redis_db_down, flags 0). */
+#define H_REDIS_DB_FIXTURE(db)                                                             \
+    static h_proc g_redis;                                                                 \
+    static char g_rdir[64];                                                                \
+    static struct redisContext *g_rc;                                                      \
+    static void redis_up(void)                                                             \
+    {                                                                                      \
+        h_redis_db_up(&g_redis, g_rdir, sizeof g_rdir, 0, (db), &g_rc);                    \
+    }                                                                                      \
+    static void redis_down(void)                                                           \
+    {                                                                                      \
+        h_redis_db_down(&g_redis, g_rdir, &g_rc);                                          \
+    }
+
 #endif

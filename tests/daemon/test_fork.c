@@ -14,19 +14,7 @@
 
 #define CHUNK 16
 
-static char g_dir[128];
-
-static void setup(void)
-{
-    cr_assert_eq(h_mkdtemp(g_dir, sizeof g_dir), 0);
-}
-
-static void teardown(void)
-{
-    h_rmdir(g_dir);
-}
-
-TestSuite(fork, .init = setup, .fini = teardown, .timeout = 120);
+H_STATE_DIR_SUITE(fork, .timeout = 120);
 
 /* kvpd with the state directory (state 1) or without one, and `extra`. */
 static void start(kvpd_proc *p, int state, const char *extra)
@@ -271,6 +259,25 @@ static const char *lines[] = {"Once upon a time, there was a little dog.",
                               "The sun was warm and bright.",
                               "Lily wanted to go home."};
 
+/* kvpd (as start) with a source conversation a on a new connection c: the first `turns`
+ * of lines, each answered in at most max_tokens. Returns the transcript's tokens at the
+ * end of turn index `at` (a fork's history there), or 0 for at < 0. */
+static json_int_t start_with_source(kvpd_proc *d, int state, const char *extra, ws_client *c,
+                                    convo *a, int turns, int max_tokens, int at)
+{
+    json_int_t history = 0;
+    start(d, state, extra);
+    cr_assert_eq(h_connect(d, c), 0);
+    new_session(c, a);
+    for (int i = 0; i < turns; i++) {
+        json_t *done = turn_ok(c, a, lines[i], max_tokens);
+        if (i == at)
+            history = stat_of(done, "transcript_tokens");
+        json_decref(done);
+    }
+    return history;
+}
+
 /* The first turn of a fork of src at `turn` (src's transcript_tokens at the end of that
  * turn: history): the cache held the history's tokens (less what the new rendering
  * differs in, at most a chunk), so only the new message and its glue are prefilled. */
@@ -291,18 +298,9 @@ static void expect_prefix_reused(json_t *done, json_int_t history)
 Test(fork, a_branch_at_turn_one_prefills_only_its_message_and_both_go_on)
 {
     kvpd_proc d;
-    start(&d, 1, NULL);
     ws_client ca, cb;
-    cr_assert_eq(h_connect(&d, &ca), 0);
     convo a, b, c2;
-    new_session(&ca, &a);
-    json_int_t history = 0;
-    for (int i = 0; i < 3; i++) {
-        json_t *done = turn_ok(&ca, &a, lines[i], 8);
-        if (i == 0)
-            history = stat_of(done, "transcript_tokens");
-        json_decref(done);
-    }
+    json_int_t history = start_with_source(&d, 1, NULL, &ca, &a, 3, 8, 0);
     on_disk before, after;
     read_disk(a.id, &before);
     cr_assert_eq(metric(&d, "kvpd_prefix_hits_total"), 0);
@@ -410,13 +408,9 @@ static void refused(ws_client *c, const char *frame, const char *code)
 Test(fork, hostile_forks_are_refused_and_the_connection_goes_on)
 {
     kvpd_proc d;
-    start(&d, 0, "--max-tokens 100000");
     ws_client ca, c;
-    cr_assert_eq(h_connect(&d, &ca), 0);
     convo a;
-    new_session(&ca, &a);
-    for (int i = 0; i < 2; i++)
-        json_decref(turn_ok(&ca, &a, lines[i], 6));
+    start_with_source(&d, 0, "--max-tokens 100000", &ca, &a, 2, 6, -1);
     cr_assert_eq(h_connect(&d, &c), 0);
     char f[512];
     static const struct {
@@ -514,13 +508,9 @@ Test(fork, hostile_forks_are_refused_and_the_connection_goes_on)
 Test(fork, a_source_whose_oldest_turns_were_dropped_is_refused)
 {
     kvpd_proc d;
-    start(&d, 0, "--max-history-tokens 48");
     ws_client ca, c;
-    cr_assert_eq(h_connect(&d, &ca), 0);
     convo a;
-    new_session(&ca, &a);
-    for (int i = 0; i < 4; i++)
-        json_decref(turn_ok(&ca, &a, lines[i], 8));
+    start_with_source(&d, 0, "--max-history-tokens 48", &ca, &a, 4, 8, -1);
     char msg[128];
     snprintf(msg, sizeof msg, "{\"type\":\"hello\",\"session\":\"%s\"}", a.id);
     json_t *s = send_hello(&ca, msg);
@@ -588,18 +578,9 @@ Test(fork, another_tenants_session_is_unknown)
 Test(fork, a_parked_source_is_read_then_forked)
 {
     kvpd_proc d;
-    start(&d, 1, "--idle-timeout 1");
     ws_client ca, c;
-    cr_assert_eq(h_connect(&d, &ca), 0);
     convo a, b;
-    new_session(&ca, &a);
-    json_int_t history = 0;
-    for (int i = 0; i < 2; i++) {
-        json_t *done = turn_ok(&ca, &a, lines[i], 8);
-        if (i == 0)
-            history = stat_of(done, "transcript_tokens");
-        json_decref(done);
-    }
+    json_int_t history = start_with_source(&d, 1, "--idle-timeout 1", &ca, &a, 2, 8, 0);
     int parked = 0;
     for (int i = 0; i < 100 && !parked; i++) {
         parked = metric(&d, "kvpd_sessions_parked") == 1;
@@ -635,18 +616,9 @@ Test(fork, a_parked_source_is_read_then_forked)
 Test(fork, after_a_restart_the_source_is_read_from_disk_a_damaged_one_is_unknown)
 {
     kvpd_proc d;
-    start(&d, 1, NULL);
     ws_client c;
-    cr_assert_eq(h_connect(&d, &c), 0);
     convo a, v, b;
-    new_session(&c, &a);
-    json_int_t history = 0;
-    for (int i = 0; i < 3; i++) {
-        json_t *done = turn_ok(&c, &a, lines[i], 8);
-        if (i == 1)
-            history = stat_of(done, "transcript_tokens");
-        json_decref(done);
-    }
+    json_int_t history = start_with_source(&d, 1, NULL, &c, &a, 3, 8, 1);
     new_session(&c, &v);   /* a second one, whose snapshot gets damaged */
     json_decref(turn_ok(&c, &v, lines[4], 8));
     ws_close(&c);
@@ -697,13 +669,9 @@ Test(fork, after_a_restart_the_source_is_read_from_disk_a_damaged_one_is_unknown
 Test(fork, a_connection_closed_while_its_source_is_read_leaves_the_daemon_serving)
 {
     kvpd_proc d;
-    start(&d, 1, NULL);
     ws_client c;
-    cr_assert_eq(h_connect(&d, &c), 0);
     convo a, b;
-    new_session(&c, &a);
-    for (int i = 0; i < 2; i++)
-        json_decref(turn_ok(&c, &a, lines[i], 8));
+    start_with_source(&d, 1, NULL, &c, &a, 2, 8, -1);
     ws_close(&c);
     stop(&d);
     start(&d, 1, NULL);
@@ -758,18 +726,9 @@ Test(fork, a_source_of_another_policy_is_branched_without_its_cache)
     cr_assert_eq(fclose(f), 0);
     snprintf(args, sizeof args, "--config %s", conf);
     kvpd_proc d;
-    start(&d, 0, args);
     ws_client ca, c;
-    cr_assert_eq(h_connect(&d, &ca), 0);
     convo a, b;
-    new_session(&ca, &a);
-    json_int_t history = 0;
-    for (int i = 0; i < 2; i++) {
-        json_t *done = turn_ok(&ca, &a, lines[i], 8);
-        if (i == 0)
-            history = stat_of(done, "transcript_tokens");
-        json_decref(done);
-    }
+    json_int_t history = start_with_source(&d, 0, args, &ca, &a, 2, 8, 0);
     /* new sessions take h2o from the reload on; the source keeps streaming */
     f = fopen(conf, "w");
     cr_assert(f);

@@ -12,19 +12,7 @@
 #define SESSIONS 50
 #define ROUNDS 3
 
-static char g_dir[128];
-
-static void setup(void)
-{
-    cr_assert_eq(h_mkdtemp(g_dir, sizeof g_dir), 0);
-}
-
-static void teardown(void)
-{
-    h_rmdir(g_dir);
-}
-
-TestSuite(memcap, .init = setup, .fini = teardown, .timeout = 120);
+H_STATE_DIR_SUITE(memcap, .timeout = 120);
 
 static const char *str_of(json_t *j, const char *key)
 {

@@ -12,19 +12,7 @@
 
 #include "tests/daemon/harness.h"
 
-static char g_dir[128];
-
-static void setup(void)
-{
-    cr_assert_eq(h_mkdtemp(g_dir, sizeof g_dir), 0);
-}
-
-static void teardown(void)
-{
-    h_rmdir(g_dir);
-}
-
-TestSuite(persist, .init = setup, .fini = teardown, .timeout = 90);
+H_STATE_DIR_SUITE(persist, .timeout = 90);
 
 static void start(kvpd_proc *p, const char *extra)
 {

@@ -21,19 +21,7 @@
 
 #include "tests/daemon/harness.h"
 
-static char g_dir[128];
-
-static void setup(void)
-{
-    cr_assert_eq(h_mkdtemp(g_dir, sizeof g_dir), 0);
-}
-
-static void teardown(void)
-{
-    h_rmdir(g_dir);
-}
-
-TestSuite(prefix_restart, .init = setup, .fini = teardown, .timeout = 120);
+H_STATE_DIR_SUITE(prefix_restart, .timeout = 120);
 
 /* A long opening of a first user message: well over several blocks of 16 tokens. */
 #define OPENING "You are a storyteller. Every story has a little girl named Lily, a big " \

@@ -13,23 +13,9 @@
 #include <unistd.h>
 
 #include "sessions/prefix_file.h"
+#include "tests/testdir.h"
 
-static char dir[64];
-
-static void make_dir(void)
-{
-    snprintf(dir, sizeof dir, "/tmp/kvp-pfx-XXXXXX");
-    cr_assert(mkdtemp(dir));
-}
-
-static void remove_dir(void)
-{
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    cr_assert_eq(system(cmd), 0);
-}
-
-TestSuite(prefix_file, .init = make_dir, .fini = remove_dir);
+KVP_TEST_DIR_SUITE(prefix_file, dir, "pfx");
 
 static void touch(const char *name)
 {

@@ -11,23 +11,9 @@
 #include <unistd.h>
 
 #include "sessions/transcripts.h"
+#include "tests/testdir.h"
 
-static char dir[64];
-
-static void make_dir(void)
-{
-    snprintf(dir, sizeof dir, "/tmp/kvp-tix-XXXXXX");
-    cr_assert(mkdtemp(dir));
-}
-
-static void remove_dir(void)
-{
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    cr_assert_eq(system(cmd), 0);
-}
-
-TestSuite(transcripts, .init = make_dir, .fini = remove_dir);
+KVP_TEST_DIR_SUITE(transcripts, dir, "tix");
 
 static int candidates(const kvp_transcripts *x, uint64_t hash, int n, const char **ids, int max)
 {

@@ -19,25 +19,7 @@ static char cache[2048];
 static kvp_snapshot_msg msgs[2] = {{1, "hello", 5, 0}, {0, "hi there", 8, 3}};
 static int tokens[6] = {1, 2, 3, 4, 5, 6};
 
-static h_proc g_redis;
-static char g_rdir[64];
-static redisContext *g_rc;
-
-static void redis_up(void)
-{
-    h_redis_up(&g_redis, g_rdir, sizeof g_rdir, 0);
-    g_rc = redisConnect("127.0.0.1", g_redis.port);
-    cr_assert(g_rc && !g_rc->err);
-    freeReplyObject(redisCommand(g_rc, "SELECT 3"));
-}
-
-static void redis_down(void)
-{
-    if (g_rc)
-        redisFree(g_rc);
-    g_rc = NULL;
-    h_redis_down(&g_redis, g_rdir);
-}
+H_REDIS_DB_FIXTURE(3)
 
 static kvp_store *open_node(const char *node, uint64_t bytes_max, int snaps_max)
 {

@@ -18,30 +18,7 @@ static char cache[512];
 static kvp_snapshot_msg msgs[1] = {{1, "hello", 5, 0}};
 static int tokens[4] = {1, 2, 3, 4};
 
-static h_proc g_redis;
-static char g_rdir[64];
-static redisContext *g_rc;
-
-static void redis_up(void)
-{
-    if (!h_have("redis-server"))
-        cr_skip_test("redis-server is not installed (scripts/setup.sh installs it)");
-    cr_assert_eq(h_mkdtemp(g_rdir, sizeof g_rdir), 0);
-    cr_assert_eq(h_redis_start(&g_redis, g_rdir, 0, 0), 0, "redis-server did not start");
-    g_rc = redisConnect("127.0.0.1", g_redis.port);
-    cr_assert(g_rc && !g_rc->err);
-    freeReplyObject(redisCommand(g_rc, "SELECT 2"));
-}
-
-static void redis_down(void)
-{
-    if (g_rc)
-        redisFree(g_rc);
-    g_rc = NULL;
-    h_proc_kill(&g_redis);
-    if (g_rdir[0])
-        h_rmdir(g_rdir);
-}
+H_REDIS_DB_FIXTURE(2)
 
 TestSuite(store_redis_hint, .init = redis_up, .fini = redis_down, .timeout = 60);
 
