@@ -96,8 +96,9 @@ class Server:
         self.log.close()
 
 
-def stream_turn(port, body):
-    """POSTs one streamed chat completion: (reply text, completion tokens, ttft s)."""
+def stream_turn(port, body, meta=None):
+    """POSTs one streamed chat completion: (reply text, completion tokens, ttft s).
+    meta (a dict): gets the usage chunk's "usage" and, from kvpd, its "kvpd" figures."""
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     t0 = time.monotonic()
     ttft, text, chunks, usage = None, [], 0, None
@@ -120,6 +121,8 @@ def stream_turn(port, body):
             ev = json.loads(data)
             if ev.get("usage"):
                 usage = ev["usage"]
+                if meta is not None:
+                    meta["usage"], meta["kvpd"] = usage, ev.get("kvpd")
             for ch in ev.get("choices") or []:
                 piece = (ch.get("delta") or {}).get("content")
                 if piece:

