@@ -34,7 +34,8 @@ import time
 import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from vs_llamacpp import Server, free_port, load_avg, pct, stream_turn  # noqa: E402
+from vs_llamacpp import (Server, free_port, load_avg, pct, run_at_once,  # noqa: E402
+                         stream_turn)
 
 WORDS = ("the old lighthouse keeper kept a careful log of every ship that passed the "
          "rocky point at night and wrote down the weather the sea and the names of the "
@@ -74,13 +75,7 @@ def shared_system(server, n, words, reply):
             with lock:
                 errors.append(f"conversation {i}: {e}")
 
-    th = [threading.Thread(target=one, args=(i,)) for i in range(n)]
-    t0 = time.monotonic()
-    for t in th:
-        t.start()
-    for t in th:
-        t.join()
-    wall = time.monotonic() - t0
+    wall = run_at_once(one, n)
     if errors:
         raise RuntimeError(f"{server.name}: " + "; ".join(errors[:3]))
     return wall, [r[1] for r in out], sum(r[2] for r in out)

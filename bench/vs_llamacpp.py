@@ -136,6 +136,18 @@ def stream_turn(port, body, meta=None):
     return "".join(text), n, (ttft if ttft is not None else time.monotonic() - t0)
 
 
+def run_at_once(fn, n):
+    """fn(0) .. fn(n - 1), each on its own thread, all started at once: the wall time (s)
+    until the last returns."""
+    th = [threading.Thread(target=fn, args=(i,)) for i in range(n)]
+    t0 = time.monotonic()
+    for t in th:
+        t.start()
+    for t in th:
+        t.join()
+    return time.monotonic() - t0
+
+
 def run_load(server, conversations, reply, sampled, turns, sampled_extra=None):
     """One load on one server: (aggregate tok/s, [ttft s], mean tokens per reply)."""
     nonce = uuid.uuid4().hex[:12]
@@ -165,13 +177,7 @@ def run_load(server, conversations, reply, sampled, turns, sampled_extra=None):
             with lock:
                 errors.append(f"conversation {i}: {e}")
 
-    th = [threading.Thread(target=conversation, args=(i,)) for i in range(conversations)]
-    t0 = time.monotonic()
-    for t in th:
-        t.start()
-    for t in th:
-        t.join()
-    wall = time.monotonic() - t0
+    wall = run_at_once(conversation, conversations)
     if errors:
         raise RuntimeError(f"{server.name}: " + "; ".join(errors[:3]))
     return sum(tokens) / wall, ttfts, sum(tokens) / max(1, len(tokens))

