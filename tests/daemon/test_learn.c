@@ -220,7 +220,9 @@ Test(learn, traffic_to_an_installed_policy_that_beats_the_fallback, .timeout = 6
     size_t len0 = 0, len1 = 0;
     char *before = read_file(installed, &len0);
     cr_assert_not_null(before);
-    snprintf(args, sizeof args, "%s learn --model %s --tokenizer %s --transcripts %s --work %s "
+    /* exec: the shell becomes kvp, so the kill below reaches the run itself (a shell
+     * left to fork it would leave it running, orphaned, for its --max-seconds) */
+    snprintf(args, sizeof args, "exec %s learn --model %s --tokenizer %s --transcripts %s --work %s "
              "--out %s %s", h_build("tools/kvp"), h_shared("models/stories260K.bin"),
              h_shared("models/tok512.bin"), learn, work, installed,
              "--seq-len 128 --max-seqs 40 --steps 100000 --max-seconds 600 --threads 2 "
@@ -229,6 +231,7 @@ Test(learn, traffic_to_an_installed_policy_that_beats_the_fallback, .timeout = 6
     snprintf(logp, sizeof logp, "%s/killed.log", work);
     pid_t pid = fork();
     if (pid == 0) {
+        setpgid(0, 0);
         int lf = open(logp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
         dup2(lf, 1);
         dup2(lf, 2);
@@ -247,7 +250,7 @@ Test(learn, traffic_to_an_installed_policy_that_beats_the_fallback, .timeout = 6
         usleep(50 * 1000);
     }
     usleep(500 * 1000);
-    kill(pid, SIGKILL);
+    kill(-pid, SIGKILL);   /* its process group: kvp and anything it started */
     waitpid(pid, NULL, 0);
     char *after = read_file(installed, &len1);
     cr_assert_eq(len0, len1);
