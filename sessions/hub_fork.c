@@ -19,6 +19,7 @@
 #include "base/log.h"
 #include "sessions/hub_impl.h"
 #include "sessions/persist.h"
+#include "sessions/residency.h"
 #include "sessions/rewind.h"
 #include "store/store.h"
 
@@ -129,19 +130,30 @@ static void fork_from(kvp_hub_client *c, kvp_session *src, int turn)
             kvp_session_forget(s);
         }
     }
+    if (!forked && kvp_session_seed(s, src->msgs, end) < 0) {
+        hub_emit_error(c, KVPD_E_INTERNAL, "out of memory");
+        hub_leave(c);
+        return;
+    }
+    /* Its own copy counts against the memory cap from now on: it must fit beside what is
+     * held, other idle sessions parked (or dropped) to make room as for a turn's
+     * reservation; else the fork is refused and its session goes. (The source is not
+     * touched again.) */
+    s->bytes = kvp_cache_bytes(&s->cache);
+    size_t unused;
+    if (kvp_hub_admit(h, s, 0, s->bytes, &unused, err, sizeof err) < 0) {
+        hub_overloaded(c, "no room for the fork's copy of the cache beside the sessions "
+                          "held (max_cache_bytes)");
+        hub_leave(c);
+        return;
+    }
     if (forked) {
         s->reuse_from = KVP_REUSE_OTHER;
         h->m->prefix_hits++;
         h->m->prefix_bytes_copied += bytes;
     } else {
         h->m->prefix_misses++;
-        if (kvp_session_seed(s, src->msgs, end) < 0) {
-            hub_emit_error(c, KVPD_E_INTERNAL, "out of memory");
-            hub_leave(c);
-            return;
-        }
     }
-    s->bytes = kvp_cache_bytes(&s->cache);   /* its own copy counts against the memory cap */
     s->turns = s->turns_done = turn;
     s->last_active = kvp_now();
     hub_emit_session(c, 0);

@@ -1,0 +1,82 @@
+/* A hello's fork in process (sessions/hub_fork.c): the new session's copy of the source's
+ * cache counts against the memory cap when it is made, as a turn's reservation does: a
+ * fork that cannot fit beside what is held is refused overloaded (with nothing left
+ * behind) instead of holding the cache past max_cache_bytes. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sessions/hub_impl.h"
+#include "sessions/residency.h"
+#include "tests/model/testutil.h"
+#include "tests/sessions/hubtest.h"
+
+static ht_hub g;
+
+TestSuite(hub_fork, .timeout = 120);
+
+/* Clients are large (their event logs): static, freed at the end of each test. */
+static ht_client a, f;
+
+static void finish(void)
+{
+    ht_client *all[] = {&a, &f};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        if (all[i]->c)
+            kvp_hub_close(all[i]->c);
+        all[i]->c = NULL;
+        ht_client_free(all[i]);
+    }
+    ht_stop(&g);
+}
+
+/* The hub on streaming without a store, its policy made as the daemon makes it (forks
+ * need the conf's shared weights). */
+static void start(void)
+{
+    ht_start(&g, NULL, "streaming");
+    kvp_hub_policy_params pp = {.policy = "streaming",
+                                .model_path = tu_shared("models/stories260K.bin")};
+    kvp_policy_conf *pc;
+    char note[256], err[256];
+    cr_assert_eq(kvp_hub_policy_make(&pp, &g.model, &pc, note, sizeof note, err, sizeof err), 0,
+                 "%s", err);
+    kvp_hub_set_policy(g.hub, pc);
+    kvp_hub_policy_unref(pc);
+}
+
+Test(hub_fork, a_fork_whose_copy_does_not_fit_the_memory_cap_is_refused, .fini = finish)
+{
+    start();
+    ht_client_new(&g, &a);
+    kvp_hub_open(a.c, NULL, NULL, 0);
+    char id[KVP_SESSION_ID_LEN + 1];
+    snprintf(id, sizeof id, "%s", a.ev[0].id);
+    char *t = ht_text(60);
+    kvp_hub_message(a.c, t, strlen(t), 8, 0, 0);
+    free(t);
+    ht_wait(&g, &a, 1, KVP_HUB_DONE, 60);
+    ht_settle(&g);
+    size_t held = ht_session(&g, id)->bytes;
+    cr_assert_gt(held, 0);
+    /* room for a's cache and a quarter of it more: a (attached) cannot be let go */
+    g.cfg.max_cache_bytes = held + held / 4;
+    ht_client_new(&g, &f);
+    int sessions = g.hub->sessions.count;
+    kvp_hub_open_fork(f.c, id, 1);
+    cr_assert_eq(f.n, 1);
+    cr_assert_eq(f.ev[0].type, KVP_HUB_ERROR, "the fork was made past the memory cap "
+                 "(%zu bytes counted, cap %llu)", kvp_hub_accounted_bytes(g.hub, NULL),
+                 (unsigned long long)g.cfg.max_cache_bytes);
+    cr_assert_str_eq(f.ev[0].code, KVPD_E_OVERLOADED);
+    cr_assert_eq(g.hub->sessions.count, sessions, "the refused fork's session stayed");
+    cr_assert_leq(kvp_hub_accounted_bytes(g.hub, NULL), g.cfg.max_cache_bytes);
+
+    /* with room for both, the fork is made */
+    g.cfg.max_cache_bytes = 3 * held;
+    kvp_hub_open_fork(f.c, id, 1);
+    int k = ht_find(&f, 1, KVP_HUB_SESSION);
+    cr_assert_geq(k, 0, "the fork was refused with room for it");
+    cr_assert_eq(f.ev[k].turns, 1);
+}
