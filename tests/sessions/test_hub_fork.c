@@ -1,7 +1,8 @@
 /* A hello's fork in process (sessions/hub_fork.c): the new session's copy of the source's
  * cache counts against the memory cap when it is made, as a turn's reservation does: a
  * fork that cannot fit beside what is held is refused overloaded (with nothing left
- * behind) instead of holding the cache past max_cache_bytes. */
+ * behind) instead of holding the cache past max_cache_bytes; a fork that has not run a
+ * turn of its own is not written by the shutdown's save. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,6 +10,7 @@
 
 #include "sessions/hub_impl.h"
 #include "sessions/residency.h"
+#include "store/snapshot.h"
 #include "tests/model/testutil.h"
 #include "tests/sessions/hubtest.h"
 
@@ -79,4 +81,41 @@ Test(hub_fork, a_fork_whose_copy_does_not_fit_the_memory_cap_is_refused, .fini =
     int k = ht_find(&f, 1, KVP_HUB_SESSION);
     cr_assert_geq(k, 0, "the fork was refused with room for it");
     cr_assert_eq(f.ev[k].turns, 1);
+}
+
+/* A fork that has not run a turn of its own holds only its source's history: nothing of
+ * its own to keep. The shutdown's save of unsaved sessions leaves it unwritten (a snapshot
+ * of it would count against its tenant's stored bytes and outlive its connection). */
+Test(hub_fork, a_fork_that_never_ran_is_not_saved_at_shutdown, .fini = finish)
+{
+    char dir[] = "/tmp/kvp-hfork-XXXXXX";
+    cr_assert(mkdtemp(dir));
+    ht_start(&g, dir, "streaming");
+    kvp_hub_policy_params pp = {.policy = "streaming",
+                                .model_path = tu_shared("models/stories260K.bin")};
+    kvp_policy_conf *pc;
+    char note[256], err[256];
+    cr_assert_eq(kvp_hub_policy_make(&pp, &g.model, &pc, note, sizeof note, err, sizeof err), 0,
+                 "%s", err);
+    kvp_hub_set_policy(g.hub, pc);
+    kvp_hub_policy_unref(pc);
+    ht_client_new(&g, &a);
+    kvp_hub_open(a.c, NULL, NULL, 0);
+    char id[KVP_SESSION_ID_LEN + 1];
+    snprintf(id, sizeof id, "%s", a.ev[0].id);
+    kvp_hub_message(a.c, "A frog sat on a log.", 20, 8, 0, 0);
+    ht_wait(&g, &a, 1, KVP_HUB_DONE, 60);
+    ht_settle(&g);
+    ht_client_new(&g, &f);
+    kvp_hub_open_fork(f.c, id, 1);
+    int k = ht_find(&f, 0, KVP_HUB_SESSION);
+    cr_assert_geq(k, 0);
+    char fid[KVP_SESSION_ID_LEN + 1];
+    snprintf(fid, sizeof fid, "%s", f.ev[k].id);
+    cr_assert_eq(kvp_hub_save_unsaved(g.hub), 0, "the unrun fork was written");
+    ht_settle(&g);
+    cr_assert_not(kvp_snapshot_exists(dir, fid));
+    char cmd[64];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    cr_assert_eq(system(cmd), 0);
 }
