@@ -3,7 +3,8 @@
  * sessions/prefix_load.c; a hello's fork, sessions/hub_fork.c): a request whose source
  * load ends while another conversation prefills more of its prefix waits for that one; a
  * request whose client closes while its source is read leaves the hub serving; drain
- * answers a request whose source is being read. Each case saves a conversation, restarts
+ * answers a request whose source is being read; a read refused for want of room keeps
+ * the on-disk source known for the next request. Each case saves a conversation, restarts
  * the hub on the same state directory and sends the requests from one loop callback. */
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -185,5 +186,30 @@ Test(prefix_load, a_request_during_a_hello_forks_read_and_a_closed_forker, .fini
     request(&c, bt, 4);
     k = ht_wait(&g, &c, 0, KVP_HUB_DONE, 60);
     cr_assert_gt(c.ev[k].stats.cached_tokens, 0);
+    free(bt);
+}
+
+Test(prefix_load, a_refused_read_keeps_the_source_known, .fini = finish)
+{
+    char id[KVP_SESSION_ID_LEN + 1];
+    saved_then_restart(60, id);
+    /* the one slot taken by a running turn: the source's read is refused */
+    g.cfg.max_sessions = 1;
+    char *other = ht_text(30);
+    ht_client_new(&g, &f);
+    kvp_hub_message(f.c, other, strlen(other), 32, 0, 0);
+    free(other);
+    char *bt = text(60, "The bird sang a song.");
+    request(&b, bt, 4);
+    int k = ht_find(&b, 0, KVP_HUB_ERROR);
+    cr_assert_geq(k, 0, "b's read was not refused");
+    cr_assert_str_eq(b.ev[k].code, KVPD_E_OVERLOADED);
+    cr_assert_eq(hub_prefix_disk_count(g.hub), 1, "a refused read forgot the source");
+    ht_wait(&g, &f, 0, KVP_HUB_DONE, 60);
+    ht_settle(&g);
+    g.cfg.max_sessions = 2;   /* room for the source and the fork beside it */
+    request(&c, bt, 4);
+    k = ht_wait(&g, &c, 0, KVP_HUB_DONE, 60);
+    cr_assert_gt(c.ev[k].stats.cached_tokens, 0, "the source was not read and forked");
     free(bt);
 }
