@@ -74,6 +74,18 @@ static int cut_now(kvp_hub *h, kvp_session *s)
     return rc;
 }
 
+/* A fork refused once its new session was made: the new session goes and c gets back
+ * the session it held before the hello (old_id; "" for none), when that one is still
+ * here, idle and free, so that a refusal leaves the connection as it was. */
+static void refuse_after_new(kvp_hub_client *c, const char *old_id)
+{
+    kvp_hub *h = c->hub;
+    hub_leave(c);
+    kvp_session *old = old_id[0] ? kvp_session_find(&h->sessions, old_id) : NULL;
+    if (old && !old->client && !kvp_session_busy(old))
+        hub_attach(c, old);
+}
+
 /* c's new session from src (resident, idle, of c's tenant) at the end of its turn-th
  * turn: forked when src's cache can be copied, else seeded with the history (its first
  * turn then prefills it whole: a source made under another policy, reuse_cache off). */
@@ -100,8 +112,10 @@ static void fork_from(kvp_hub_client *c, kvp_session *src, int turn)
         hub_emit_error(c, KVPD_E_BAD_REQUEST, err);
         return;
     }
-    char id[KVP_SESSION_ID_LEN + 1];
+    char id[KVP_SESSION_ID_LEN + 1], old_id[KVP_SESSION_ID_LEN + 1] = "";
     memcpy(id, src->id, sizeof id);
+    if (c->session)
+        memcpy(old_id, c->session->id, sizeof old_id);
     if (hub_new_session_quiet(c, NULL, 0) < 0)
         return;   /* answered */
     kvp_session *s = c->session;
@@ -112,12 +126,12 @@ static void fork_from(kvp_hub_client *c, kvp_session *src, int turn)
     if (!src || src->state != KVP_SESSION_IDLE) {
         hub_overloaded(c, "no room for the new session beside the one to fork (max_sessions "
                           "or the memory cap)");
-        hub_leave(c);
+        refuse_after_new(c, old_id);
         return;
     }
     if (kvp_session_set_system(s, src->system, src->system_len) < 0) {
         hub_emit_error(c, KVPD_E_INTERNAL, "out of memory");
-        hub_leave(c);
+        refuse_after_new(c, old_id);
         return;
     }
     size_t bytes = 0;
@@ -132,7 +146,7 @@ static void fork_from(kvp_hub_client *c, kvp_session *src, int turn)
     }
     if (!forked && kvp_session_seed(s, src->msgs, end) < 0) {
         hub_emit_error(c, KVPD_E_INTERNAL, "out of memory");
-        hub_leave(c);
+        refuse_after_new(c, old_id);
         return;
     }
     /* Its own copy counts against the memory cap from now on: it must fit beside what is
@@ -144,7 +158,7 @@ static void fork_from(kvp_hub_client *c, kvp_session *src, int turn)
     if (kvp_hub_admit(h, s, 0, s->bytes, &unused, err, sizeof err) < 0) {
         hub_overloaded(c, "no room for the fork's copy of the cache beside the sessions "
                           "held (max_cache_bytes)");
-        hub_leave(c);
+        refuse_after_new(c, old_id);
         return;
     }
     if (forked) {
