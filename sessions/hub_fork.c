@@ -19,6 +19,7 @@
 #include "base/log.h"
 #include "sessions/hub_impl.h"
 #include "sessions/persist.h"
+#include "sessions/residency.h"
 #include "sessions/rewind.h"
 #include "store/store.h"
 
@@ -73,6 +74,18 @@ static int cut_now(kvp_hub *h, kvp_session *s)
     return rc;
 }
 
+/* A fork refused once its new session was made: the new session goes and c gets back
+ * the session it held before the hello (old_id; "" for none), when that one is still
+ * here, idle and free, so that a refusal leaves the connection as it was. */
+static void refuse_after_new(kvp_hub_client *c, const char *old_id)
+{
+    kvp_hub *h = c->hub;
+    hub_leave(c);
+    kvp_session *old = old_id[0] ? kvp_session_find(&h->sessions, old_id) : NULL;
+    if (old && !old->client && !kvp_session_busy(old))
+        hub_attach(c, old);
+}
+
 /* c's new session from src (resident, idle, of c's tenant) at the end of its turn-th
  * turn: forked when src's cache can be copied, else seeded with the history (its first
  * turn then prefills it whole: a source made under another policy, reuse_cache off). */
@@ -99,8 +112,10 @@ static void fork_from(kvp_hub_client *c, kvp_session *src, int turn)
         hub_emit_error(c, KVPD_E_BAD_REQUEST, err);
         return;
     }
-    char id[KVP_SESSION_ID_LEN + 1];
+    char id[KVP_SESSION_ID_LEN + 1], old_id[KVP_SESSION_ID_LEN + 1] = "";
     memcpy(id, src->id, sizeof id);
+    if (c->session)
+        memcpy(old_id, c->session->id, sizeof old_id);
     if (hub_new_session_quiet(c, NULL, 0) < 0)
         return;   /* answered */
     kvp_session *s = c->session;
@@ -111,12 +126,12 @@ static void fork_from(kvp_hub_client *c, kvp_session *src, int turn)
     if (!src || src->state != KVP_SESSION_IDLE) {
         hub_overloaded(c, "no room for the new session beside the one to fork (max_sessions "
                           "or the memory cap)");
-        hub_leave(c);
+        refuse_after_new(c, old_id);
         return;
     }
     if (kvp_session_set_system(s, src->system, src->system_len) < 0) {
         hub_emit_error(c, KVPD_E_INTERNAL, "out of memory");
-        hub_leave(c);
+        refuse_after_new(c, old_id);
         return;
     }
     size_t bytes = 0;
@@ -129,19 +144,30 @@ static void fork_from(kvp_hub_client *c, kvp_session *src, int turn)
             kvp_session_forget(s);
         }
     }
+    if (!forked && kvp_session_seed(s, src->msgs, end) < 0) {
+        hub_emit_error(c, KVPD_E_INTERNAL, "out of memory");
+        refuse_after_new(c, old_id);
+        return;
+    }
+    /* Its own copy counts against the memory cap from now on: it must fit beside what is
+     * held, other idle sessions parked (or dropped) to make room as for a turn's
+     * reservation; else the fork is refused and its session goes. (The source is not
+     * touched again.) */
+    s->bytes = kvp_cache_bytes(&s->cache);
+    size_t unused;
+    if (kvp_hub_admit(h, s, 0, s->bytes, &unused, err, sizeof err) < 0) {
+        hub_overloaded(c, "no room for the fork's copy of the cache beside the sessions "
+                          "held (max_cache_bytes)");
+        refuse_after_new(c, old_id);
+        return;
+    }
     if (forked) {
         s->reuse_from = KVP_REUSE_OTHER;
         h->m->prefix_hits++;
         h->m->prefix_bytes_copied += bytes;
     } else {
         h->m->prefix_misses++;
-        if (kvp_session_seed(s, src->msgs, end) < 0) {
-            hub_emit_error(c, KVPD_E_INTERNAL, "out of memory");
-            hub_leave(c);
-            return;
-        }
     }
-    s->bytes = kvp_cache_bytes(&s->cache);   /* its own copy counts against the memory cap */
     s->turns = s->turns_done = turn;
     s->last_active = kvp_now();
     hub_emit_session(c, 0);

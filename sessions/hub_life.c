@@ -231,8 +231,11 @@ int kvp_hub_save_unsaved(kvp_hub *h)
     int n = 0;
     if (!h->env.store)
         return 0;
+    /* (a hello's fork that has not run a turn holds only its source's history: nothing
+     * of its own to keep, hub_never_used) */
     for (kvp_session *s = h->sessions.resident_head; s; s = s->rnext)
-        if (s->state == KVP_SESSION_IDLE && !s->saved && (s->n_msgs > 0 || s->has_snapshot)) {
+        if (s->state == KVP_SESSION_IDLE && !s->saved && (s->n_msgs > 0 || s->has_snapshot) &&
+            !hub_never_used(s)) {
             submit_save(h, s);
             n++;
         }

@@ -159,17 +159,18 @@ int hub_prefix_load(kvp_hub_client *c, uint64_t hash, const char *system, size_t
     p->fork = 1;
     char id[KVP_SNAPSHOT_ID_MAX + 1];
     snprintf(id, sizeof id, "%s", ds ? ds->id : ps->id);
+    kvpd_log("info", "session %.8s: read from its snapshot to be forked (%d tokens in common "
+             "with a new conversation)", id, ds ? ld : lp);
+    hub_open_from_disk(c, ds ? NULL : ps, id, NULL, 0);
+    if (!c->session || c->session->state != KVP_SESSION_LOAD) {
+        hub_pending_free(p);   /* refused (overloaded): answered; the source stays known */
+        return 1;
+    }
+    c->pending = p;
     if (ds) {   /* read once: in memory from now on, or gone */
         kvp_prefix_remove(h->prefix_disk->ix, ds);
         ds->id[0] = '\0';
         h->prefix_disk->live--;
     }
-    kvpd_log("info", "session %.8s: read from its snapshot to be forked (%d tokens in common "
-             "with a new conversation)", id, ds ? ld : lp);
-    hub_open_from_disk(c, ds ? NULL : ps, id, NULL, 0);
-    if (c->session && c->session->state == KVP_SESSION_LOAD)
-        c->pending = p;
-    else
-        hub_pending_free(p);   /* refused (overloaded): answered */
     return 1;
 }

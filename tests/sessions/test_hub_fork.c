@@ -1,0 +1,171 @@
+/* A hello's fork in process (sessions/hub_fork.c): the new session's copy of the source's
+ * cache counts against the memory cap when it is made, as a turn's reservation does: a
+ * fork that cannot fit beside what is held is refused overloaded (with nothing left
+ * behind) instead of holding the cache past max_cache_bytes, and the connection keeps
+ * the session it had; a fork that has not run a turn of its own is not written by the
+ * shutdown's save. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sessions/hub_impl.h"
+#include "sessions/residency.h"
+#include "store/snapshot.h"
+#include "tests/model/testutil.h"
+#include "tests/sessions/hubtest.h"
+
+static ht_hub g;
+
+TestSuite(hub_fork, .timeout = 120);
+
+/* Clients are large (their event logs): static, freed at the end of each test. */
+static ht_client a, f;
+
+static void finish(void)
+{
+    ht_client *all[] = {&a, &f};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        if (all[i]->c)
+            kvp_hub_close(all[i]->c);
+        all[i]->c = NULL;
+        ht_client_free(all[i]);
+    }
+    ht_stop(&g);
+}
+
+/* The hub on streaming without a store, its policy made as the daemon makes it (forks
+ * need the conf's shared weights). */
+static void start(void)
+{
+    ht_start(&g, NULL, "streaming");
+    kvp_hub_policy_params pp = {.policy = "streaming",
+                                .model_path = tu_shared("models/stories260K.bin")};
+    kvp_policy_conf *pc;
+    char note[256], err[256];
+    cr_assert_eq(kvp_hub_policy_make(&pp, &g.model, &pc, note, sizeof note, err, sizeof err), 0,
+                 "%s", err);
+    kvp_hub_set_policy(g.hub, pc);
+    kvp_hub_policy_unref(pc);
+}
+
+Test(hub_fork, a_fork_whose_copy_does_not_fit_the_memory_cap_is_refused, .fini = finish)
+{
+    start();
+    ht_client_new(&g, &a);
+    kvp_hub_open(a.c, NULL, NULL, 0);
+    char id[KVP_SESSION_ID_LEN + 1];
+    snprintf(id, sizeof id, "%s", a.ev[0].id);
+    char *t = ht_text(60);
+    kvp_hub_message(a.c, t, strlen(t), 8, 0, 0);
+    free(t);
+    ht_wait(&g, &a, 1, KVP_HUB_DONE, 60);
+    ht_settle(&g);
+    size_t held = ht_session(&g, id)->bytes;
+    cr_assert_gt(held, 0);
+    /* room for a's cache and a quarter of it more: a (attached) cannot be let go */
+    g.cfg.max_cache_bytes = held + held / 4;
+    ht_client_new(&g, &f);
+    int sessions = g.hub->sessions.count;
+    kvp_hub_open_fork(f.c, id, 1);
+    cr_assert_eq(f.n, 1);
+    cr_assert_eq(f.ev[0].type, KVP_HUB_ERROR, "the fork was made past the memory cap "
+                 "(%zu bytes counted, cap %llu)", kvp_hub_accounted_bytes(g.hub, NULL),
+                 (unsigned long long)g.cfg.max_cache_bytes);
+    cr_assert_str_eq(f.ev[0].code, KVPD_E_OVERLOADED);
+    cr_assert_eq(g.hub->sessions.count, sessions, "the refused fork's session stayed");
+    cr_assert_leq(kvp_hub_accounted_bytes(g.hub, NULL), g.cfg.max_cache_bytes);
+
+    /* with room for both, the fork is made */
+    g.cfg.max_cache_bytes = 3 * held;
+    kvp_hub_open_fork(f.c, id, 1);
+    int k = ht_find(&f, 1, KVP_HUB_SESSION);
+    cr_assert_geq(k, 0, "the fork was refused with room for it");
+    cr_assert_eq(f.ev[k].turns, 1);
+}
+
+/* A fork that has not run a turn of its own holds only its source's history: nothing of
+ * its own to keep. The shutdown's save of unsaved sessions leaves it unwritten (a snapshot
+ * of it would count against its tenant's stored bytes and outlive its connection). */
+Test(hub_fork, a_fork_that_never_ran_is_not_saved_at_shutdown, .fini = finish)
+{
+    char dir[] = "/tmp/kvp-hfork-XXXXXX";
+    cr_assert(mkdtemp(dir));
+    ht_start(&g, dir, "streaming");
+    kvp_hub_policy_params pp = {.policy = "streaming",
+                                .model_path = tu_shared("models/stories260K.bin")};
+    kvp_policy_conf *pc;
+    char note[256], err[256];
+    cr_assert_eq(kvp_hub_policy_make(&pp, &g.model, &pc, note, sizeof note, err, sizeof err), 0,
+                 "%s", err);
+    kvp_hub_set_policy(g.hub, pc);
+    kvp_hub_policy_unref(pc);
+    ht_client_new(&g, &a);
+    kvp_hub_open(a.c, NULL, NULL, 0);
+    char id[KVP_SESSION_ID_LEN + 1];
+    snprintf(id, sizeof id, "%s", a.ev[0].id);
+    kvp_hub_message(a.c, "A frog sat on a log.", 20, 8, 0, 0);
+    ht_wait(&g, &a, 1, KVP_HUB_DONE, 60);
+    ht_settle(&g);
+    ht_client_new(&g, &f);
+    kvp_hub_open_fork(f.c, id, 1);
+    int k = ht_find(&f, 0, KVP_HUB_SESSION);
+    cr_assert_geq(k, 0);
+    char fid[KVP_SESSION_ID_LEN + 1];
+    snprintf(fid, sizeof fid, "%s", f.ev[k].id);
+    cr_assert_eq(kvp_hub_save_unsaved(g.hub), 0, "the unrun fork was written");
+    ht_settle(&g);
+    cr_assert_not(kvp_snapshot_exists(dir, fid));
+    char cmd[64];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    cr_assert_eq(system(cmd), 0);
+}
+
+/* A refused fork leaves the connection as it was: its own session stays its session (the
+ * next message continues it), even when making room for the copy parked it. */
+Test(hub_fork, a_refused_fork_leaves_the_connection_its_session, .fini = finish)
+{
+    char dir[] = "/tmp/kvp-hfork-XXXXXX";
+    cr_assert(mkdtemp(dir));
+    ht_start(&g, dir, "streaming");
+    kvp_hub_policy_params pp = {.policy = "streaming",
+                                .model_path = tu_shared("models/stories260K.bin")};
+    kvp_policy_conf *pc;
+    char note[256], err[256];
+    cr_assert_eq(kvp_hub_policy_make(&pp, &g.model, &pc, note, sizeof note, err, sizeof err), 0,
+                 "%s", err);
+    kvp_hub_set_policy(g.hub, pc);
+    kvp_hub_policy_unref(pc);
+    ht_client_new(&g, &a);
+    kvp_hub_open(a.c, NULL, NULL, 0);
+    char id[KVP_SESSION_ID_LEN + 1];
+    snprintf(id, sizeof id, "%s", a.ev[0].id);
+    char *t = ht_text(60);
+    kvp_hub_message(a.c, t, strlen(t), 8, 0, 0);
+    free(t);
+    ht_wait(&g, &a, 1, KVP_HUB_DONE, 60);
+    ht_client_new(&g, &f);
+    kvp_hub_open(f.c, NULL, NULL, 0);
+    char own[KVP_SESSION_ID_LEN + 1];
+    snprintf(own, sizeof own, "%s", f.ev[0].id);
+    kvp_hub_message(f.c, "A frog sat on a log.", 20, 4, 0, 0);
+    ht_wait(&g, &f, 1, KVP_HUB_DONE, 60);
+    ht_settle(&g);
+    /* a cap below the copy: refused even with every idle session parked */
+    g.cfg.max_cache_bytes = ht_session(&g, id)->bytes / 8;
+    int from = f.n;
+    kvp_hub_open_fork(f.c, id, 1);
+    cr_assert_eq(f.n, from + 1);
+    cr_assert_str_eq(f.ev[from].code, KVPD_E_OVERLOADED);
+    cr_assert(f.c->session, "the refused fork left the connection without its session");
+    cr_assert_str_eq(f.c->session->id, own);
+    cr_assert_eq(ht_session(&g, own)->client, f.c);
+    g.cfg.max_cache_bytes = 0;
+    kvp_hub_message(f.c, "The end.", 8, 4, 0, 0);   /* its session, read back */
+    int k = ht_wait(&g, &f, from + 1, KVP_HUB_DONE, 60);
+    cr_assert_gt(f.ev[k].stats.context_tokens, 20);
+    ht_settle(&g);
+    char cmd[64];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    cr_assert_eq(system(cmd), 0);
+}
