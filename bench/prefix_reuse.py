@@ -2,7 +2,7 @@
 """Prefix reuse: kvpd with its cache reuse against the same kvpd re-prefilling.
 
     bench/prefix_reuse.py --model FILE.gguf [--kvpd build/daemon/kvpd]
-                          [--conversations 16] [--system-words 420] [--reply 16]
+                          [--conversations 16] [--system-words 540] [--reply 16]
                           [--reps 3] [--kvpd-arg=--budget=0 ...]
 
 Starts two kvpd on free loopback ports with the same flags, one of them with
@@ -12,7 +12,7 @@ load's texts carry a fresh nonce at their start, so no load reuses another's cac
 
 Loads (one streaming OpenAI client each, Python's standard library only):
   shared-system  N new conversations sent at once, each with the same long system
-                 prompt (--system-words words, about 1.4 tokens a word on Qwen's
+                 prompt (--system-words words, about 1.1 tokens a word on Qwen's
                  tokenizer) and a short message of its own: the reusing kvpd prefills
                  the system prompt once (the later ones wait for the first's turn and
                  fork it).
@@ -102,7 +102,7 @@ def main():
     ap.add_argument("--kvpd", default="build/daemon/kvpd")
     ap.add_argument("--model", required=True)
     ap.add_argument("--conversations", type=int, default=16)
-    ap.add_argument("--system-words", type=int, default=420)
+    ap.add_argument("--system-words", type=int, default=540)
     ap.add_argument("--reply", type=int, default=16)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--kvpd-arg", action="append", default=[],
