@@ -188,6 +188,7 @@ void kvp_hub_expire(kvp_hub *h, double now)
                 kvp_hub_park(h, s);
             } else if (s->state == KVP_SESSION_PARKED && !s->client && idle > 2 * timeout) {
                 h->m->sessions_forgotten++;
+                hub_prefix_disk_keep(h, s);   /* still a fork source, read first */
                 kvp_hub_remove(h, s);   /* its snapshot stays, and its index entry */
             }
         } else if (idle > timeout) {

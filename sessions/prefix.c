@@ -323,6 +323,16 @@ int kvp_prefix_owner_blocks(const kvp_prefix_index *ix, const void *owner)
     return o >= 0 ? ix->owners[o].n : 0;
 }
 
+int kvp_prefix_owner_chain(const kvp_prefix_index *ix, const void *owner, uint64_t *out,
+                           int max)
+{
+    int o = ix && owner ? find_owner(ix, owner) : -1;
+    int n = 0;
+    for (; o >= 0 && n < ix->owners[o].n && n < max; n++)
+        out[n] = ix->e[ix->owners[o].ids[n]].hash;
+    return n;
+}
+
 uint64_t kvp_prefix_evictions(const kvp_prefix_index *ix)
 {
     return ix ? ix->evictions : 0;

@@ -47,6 +47,11 @@ int kvp_prefix_chain(const char *tenant, const int *tokens, int n, uint64_t *out
  * known by its hashes only, read back from disk). */
 int kvp_prefix_put_chain(kvp_prefix_index *ix, const void *owner, const char *tenant,
                          const uint64_t *chain, int blocks);
+/* owner's chain hashes as put (out[b] is block b's), at most max; the blocks written (0
+ * when owner is not indexed). With kvp_prefix_put_chain, moves a conversation from one
+ * index to another without its tokens. */
+int kvp_prefix_owner_chain(const kvp_prefix_index *ix, const void *owner, uint64_t *out,
+                           int max);
 /* Forgets owner (nothing when it is not indexed). */
 void kvp_prefix_remove(kvp_prefix_index *ix, const void *owner);
 

@@ -11,28 +11,40 @@
 #include "sessions/prefix.h"
 #include "sessions/reuse.h"
 
-/* A conversation known only from the prefix file: the index's owner. id "" once read. */
+_Static_assert(KVP_PREFIX_FILE_TENANT_MAX >= KVP_TENANT_LEN, "a record holds a whole tenant");
+
+/* A conversation known only on disk: the index's owner. id "" once read. */
 typedef struct disk_source {
     char id[KVP_SNAPSHOT_ID_MAX + 1];
     char tenant[KVP_PREFIX_FILE_TENANT_MAX + 1];
+    struct disk_source *next;   /* the list of those added since the start */
 } disk_source;
 
 struct kvp_prefix_disk {
     kvp_prefix_index *ix;
-    disk_source *v;   /* [n], never moved: the index holds pointers into it */
-    int n, live;
+    disk_source *v;       /* [n] read at start, never moved: the index points into it */
+    disk_source *added;   /* let go from memory since the start (hub_prefix_disk_keep) */
+    int n, n_added, live;
 };
+
+static struct kvp_prefix_disk *disk_new(int n)
+{
+    struct kvp_prefix_disk *d = calloc(1, sizeof *d);
+    if (d && (!(d->ix = kvp_prefix_create(0, 0)) ||
+              (n > 0 && !(d->v = calloc((size_t)n, sizeof *d->v))))) {
+        kvp_prefix_free(d->ix);
+        free(d);
+        d = NULL;
+    }
+    return d;
+}
 
 int hub_prefix_adopt(kvp_hub *h, kvp_prefix_recs *x)
 {
     int rc = 0;
     if (x->n > 0) {
-        struct kvp_prefix_disk *d = calloc(1, sizeof *d);
-        if (!d || !(d->v = calloc((size_t)x->n, sizeof *d->v)) ||
-            !(d->ix = kvp_prefix_create(0, 0))) {
-            if (d)
-                free(d->v);
-            free(d);
+        struct kvp_prefix_disk *d = disk_new(x->n);
+        if (!d) {
             rc = -ENOMEM;
         } else {
             for (int i = 0; i < x->n; i++) {
@@ -54,16 +66,73 @@ void hub_prefix_disk_free(kvp_hub *h)
 {
     if (!h->prefix_disk)
         return;
-    kvp_prefix_free(h->prefix_disk->ix);
-    free(h->prefix_disk->v);
-    free(h->prefix_disk);
+    struct kvp_prefix_disk *d = h->prefix_disk;
+    while (d->added) {
+        disk_source *next = d->added->next;
+        free(d->added);
+        d->added = next;
+    }
+    kvp_prefix_free(d->ix);
+    free(d->v);
+    free(d);
     h->prefix_disk = NULL;
 }
 
 size_t hub_prefix_disk_bytes(const kvp_hub *h)
 {
     const struct kvp_prefix_disk *d = h->prefix_disk;
-    return d ? sizeof *d + (size_t)d->n * sizeof *d->v + kvp_prefix_bytes(d->ix) : 0;
+    return d ? sizeof *d + (size_t)(d->n + d->n_added) * sizeof *d->v + kvp_prefix_bytes(d->ix)
+             : 0;
+}
+
+/* Frees the added records that no longer name a source: read since (id ""), or dropped
+ * from the index by its bound. */
+static void sweep_added(struct kvp_prefix_disk *d)
+{
+    for (disk_source **p = &d->added; *p;) {
+        disk_source *r = *p;
+        if (r->id[0] && kvp_prefix_owner_blocks(d->ix, r) > 0) {
+            p = &r->next;
+            continue;
+        }
+        if (r->id[0])
+            d->live--;
+        kvp_prefix_remove(d->ix, r);
+        *p = r->next;
+        free(r);
+        d->n_added--;
+    }
+}
+
+void hub_prefix_disk_keep(kvp_hub *h, const kvp_session *s)
+{
+    if (!h->prefix || !h->env.store || !s->has_snapshot || s->lost || !s->id[0])
+        return;
+    int blocks = kvp_prefix_owner_blocks(h->prefix, s);
+    uint64_t *chain = blocks > 0 ? malloc((size_t)blocks * sizeof *chain) : NULL;
+    if (!chain)
+        return;
+    blocks = kvp_prefix_owner_chain(h->prefix, s, chain, blocks);
+    if (!h->prefix_disk)
+        h->prefix_disk = disk_new(0);
+    struct kvp_prefix_disk *d = h->prefix_disk;
+    disk_source *r = d ? calloc(1, sizeof *r) : NULL;
+    if (r) {
+        snprintf(r->id, sizeof r->id, "%s", s->id);
+        snprintf(r->tenant, sizeof r->tenant, "%s", s->tenant);
+        if (kvp_prefix_put_chain(d->ix, r, r->tenant, chain, blocks) == 0) {
+            r->next = d->added;
+            d->added = r;
+            d->n_added++;
+            d->live++;
+            /* the list stays within twice what the index can still answer for */
+            if (d->n_added > 64 && d->n_added > 2 * (d->live - d->n_added + 64))
+                sweep_added(d);
+        } else {
+            free(r);
+        }
+    }
+    free(chain);
 }
 
 int hub_prefix_disk_count(const kvp_hub *h)

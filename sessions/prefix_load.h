@@ -6,8 +6,10 @@
  * waiting as for an exact match), then forks it; a load that fails leaves the request to
  * a fresh prefill. Private to sessions/; loop thread.
  *
- * Memory: per conversation known only on disk, its record (82 bytes) and its owner entry
- * in the index (40), plus at most KVP_PREFIX_ENTRY_BYTES per block, within the defaults
+ * Memory: per conversation known only on disk, its record (96 bytes) and its owner entry
+ * in the index (40), plus at most KVP_PREFIX_ENTRY_BYTES per block; records added after
+ * the start are freed once read or dropped by the index's bound (kept within twice the
+ * conversations the index still holds), within the defaults
  * of sessions/prefix.h (at most 4096 blocks of a conversation and 512Ki in all). */
 #ifndef KVP_PREFIX_LOAD_H
 #define KVP_PREFIX_LOAD_H
@@ -23,6 +25,11 @@ void hub_prefix_disk_free(kvp_hub *h);
 int hub_prefix_disk_count(const kvp_hub *h);
 /* The bytes their records and index hold (part of kvpd_prefix_index_bytes). */
 size_t hub_prefix_disk_bytes(const kvp_hub *h);
+
+/* s, parked, is let go from memory: when its snapshot stays in the store and the hub's
+ * index has its blocks, they move to the on-disk sources, so it stays a fork source
+ * (read first, as those read at start). */
+void hub_prefix_disk_keep(kvp_hub *h, const kvp_session *s);
 
 /* kvp_hub_chat, for a request that starts a new conversation: when a parked or on-disk
  * conversation of c's tenant has a longer indexed prefix of the request's rendering than

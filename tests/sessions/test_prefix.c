@@ -220,3 +220,26 @@ Test(prefix, hostile_inputs)
     kvp_prefix_free(NULL);
     free(huge);
 }
+
+Test(prefix, an_owners_chain_moves_to_another_index)
+{
+    kvp_prefix_index *a = kvp_prefix_create(0, 0), *b = kvp_prefix_create(0, 0);
+    cr_assert(a && b);
+    int *t = seq(100, 7);   /* 6 whole blocks */
+    cr_assert_eq(kvp_prefix_put(a, &A_, "k1", t, 100), 0);
+    uint64_t got[8], want[8];
+    cr_assert_eq(kvp_prefix_owner_chain(a, &A_, got, 8), 6);
+    cr_assert_eq(kvp_prefix_chain("k1", t, 100, want, 8), 6);
+    cr_assert_eq(memcmp(got, want, sizeof got[0] * 6), 0, "the chain is not the one put");
+    cr_assert_eq(kvp_prefix_owner_chain(a, &A_, got, 2), 2, "max is not kept");
+    cr_assert_eq(kvp_prefix_owner_chain(a, &B_, got, 8), 0, "an unknown owner has a chain");
+    /* put under another owner in b, it answers the same lookups, for its tenant only */
+    cr_assert_eq(kvp_prefix_put_chain(b, &B_, "k1", want, 6), 0);
+    int len = 0;
+    cr_assert_eq(kvp_prefix_lookup(b, "k1", t, 100, NULL, NULL, &len), &B_);
+    cr_assert_eq(len, 96);
+    cr_assert_null(kvp_prefix_lookup(b, "k2", t, 100, NULL, NULL, &len));
+    kvp_prefix_free(a);
+    kvp_prefix_free(b);
+    free(t);
+}

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "sessions/hub_impl.h"
 #include "sessions/prefix_load.h"
 #include "tests/model/testutil.h"
@@ -211,5 +212,34 @@ Test(prefix_load, a_refused_read_keeps_the_source_known, .fini = finish)
     request(&c, bt, 4);
     k = ht_wait(&g, &c, 0, KVP_HUB_DONE, 60);
     cr_assert_gt(c.ev[k].stats.cached_tokens, 0, "the source was not read and forked");
+    free(bt);
+}
+
+Test(prefix_load, a_conversation_let_go_from_memory_stays_a_fork_source, .fini = finish)
+{
+    snprintf(dir, sizeof dir, "/tmp/kvp-pload-XXXXXX");
+    cr_assert(mkdtemp(dir));
+    start();
+    char *t = text(60, "The end.");
+    request(&a, t, 4);
+    free(t);
+    ht_wait(&g, &a, 0, KVP_HUB_DONE, 60);
+    ht_settle(&g);
+    kvp_hub_close(a.c);
+    a.c = NULL;
+    cr_assert_eq(hub_prefix_disk_count(g.hub), 0);
+    /* idle past the timeout: parked; parked past twice the timeout: let go */
+    double later = kvp_now() + 3 * g.cfg.idle_timeout_s;
+    kvp_hub_expire(g.hub, later);
+    kvp_hub_expire(g.hub, later + 3 * g.cfg.idle_timeout_s);
+    cr_assert_eq(g.hub->sessions.count, 0, "the conversation is still in memory");
+    cr_assert_eq(hub_prefix_disk_count(g.hub), 1, "the let-go conversation is no source");
+    char *bt = text(60, "The bird sang a song.");
+    request(&b, bt, 4);
+    cr_assert(b.c->pending, "b did not read the let-go conversation first");
+    int k = ht_wait(&g, &b, 0, KVP_HUB_DONE, 60);
+    cr_assert_gt(b.ev[k].stats.cached_tokens, 32, "b did not fork it (cached %d)",
+                 b.ev[k].stats.cached_tokens);
+    cr_assert_eq(hub_prefix_disk_count(g.hub), 0, "a read source is still counted");
     free(bt);
 }
