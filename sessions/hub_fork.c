@@ -161,6 +161,13 @@ static void fork_from(kvp_hub_client *c, kvp_session *src, int turn)
         refuse_after_new(c, old_id);
         return;
     }
+    /* and within the tenant's bytes, as its first turn's reservation (at least the copy)
+     * will be: the tenant's own idle sessions are parked to make room, never another's */
+    if (kvp_hub_admit_tenant(h, s, s->tenant, 1, 0, err, sizeof err) < 0) {
+        hub_overloaded(c, err);
+        refuse_after_new(c, old_id);
+        return;
+    }
     if (forked) {
         s->reuse_from = KVP_REUSE_OTHER;
         h->m->prefix_hits++;

@@ -84,6 +84,38 @@ Test(hub_fork, a_fork_whose_copy_does_not_fit_the_memory_cap_is_refused, .fini =
     cr_assert_eq(f.ev[k].turns, 1);
 }
 
+Test(hub_fork, a_fork_whose_copy_does_not_fit_the_tenants_bytes_is_refused, .fini = finish)
+{
+    start();
+    ht_client_new(&g, &a);
+    kvp_hub_open(a.c, NULL, NULL, 0);
+    char id[KVP_SESSION_ID_LEN + 1];
+    snprintf(id, sizeof id, "%s", a.ev[0].id);
+    char *t = ht_text(60);
+    kvp_hub_message(a.c, t, strlen(t), 8, 0, 0);
+    free(t);
+    ht_wait(&g, &a, 1, KVP_HUB_DONE, 60);
+    ht_settle(&g);
+    size_t held = ht_session(&g, id)->bytes, turn = kvp_hub_turn_bytes(g.hub);
+    size_t need = turn > held ? turn : held;
+    /* the tenant's source (attached: it cannot be parked) and less than the fork needs */
+    g.cfg.max_cache_bytes_per_tenant = held + need / 2;
+    ht_client_new(&g, &f);
+    int sessions = g.hub->sessions.count;
+    kvp_hub_open_fork(f.c, id, 1);
+    cr_assert_eq(f.n, 1);
+    cr_assert_eq(f.ev[0].type, KVP_HUB_ERROR, "the fork was made past the tenant's bytes");
+    cr_assert_str_eq(f.ev[0].code, KVPD_E_OVERLOADED);
+    cr_assert(strstr(f.ev[0].text, "max_cache_bytes_per_tenant"), "%s", f.ev[0].text);
+    cr_assert_eq(g.hub->sessions.count, sessions, "the refused fork's session stayed");
+
+    /* with room for both, the fork is made */
+    g.cfg.max_cache_bytes_per_tenant = held + need + held;
+    kvp_hub_open_fork(f.c, id, 1);
+    int k = ht_find(&f, 1, KVP_HUB_SESSION);
+    cr_assert_geq(k, 0, "the fork was refused with room for it");
+}
+
 /* A fork that has not run a turn of its own holds only its source's history: nothing of
  * its own to keep. The shutdown's save of unsaved sessions leaves it unwritten (a snapshot
  * of it would count against its tenant's stored bytes and outlive its connection). */
