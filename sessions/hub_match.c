@@ -235,15 +235,19 @@ static int try_fork(kvp_hub_client *c, kvp_session *s, const kvp_message *msgs, 
 void hub_chat_new(kvp_hub_client *c, const char *system, size_t system_len,
                   const kvp_message *msgs, int n, const kvp_turn_opts *o, double waited_since)
 {
-    if (hub_new_session(c, system, system_len) < 0)
+    /* the session event only once the request does not wait: a waiting request holds no
+     * session, and the one made to render it is never named */
+    if (hub_new_session_quiet(c, system, system_len) < 0)
         return;
     kvp_session *s = c->session;
     if (kvp_session_seed(s, msgs, n - 1) < 0) {
+        hub_emit_session(c, 0);
         hub_emit_error(c, KVPD_E_INTERNAL, "out of memory");
         return;
     }
     if (try_fork(c, s, msgs, n, o, waited_since == 0))
         return;   /* it waits (hub_wait.c) */
+    hub_emit_session(c, 0);
     if (n > 1 && !s->n_msgs && !s->rewind_set) {
         hub_wait_unmark(c->hub, s);
         hub_emit_error(c, KVPD_E_INTERNAL, "out of memory");

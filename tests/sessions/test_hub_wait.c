@@ -85,6 +85,7 @@ Test(hub_wait, a_waiter_forks_the_source_once_its_turn_is_done, .fini = finish)
     cr_assert_eq(g.metrics.prefix_waits, 1, "b did not wait for a's turn");
     cr_assert_eq(g.hub->n_waits, 1);
     cr_assert_eq(ht_find(&b, 0, KVP_HUB_DONE), -1);
+    cr_assert_eq(ht_find(&b, 0, KVP_HUB_SESSION), -1, "a waiting request was named a session");
     int i = ht_wait(&g, &a, 0, KVP_HUB_DONE, 60);
     int j = ht_wait(&g, &b, 0, KVP_HUB_DONE, 60);
     const kvp_turn_stats *sa = &a.ev[i].stats, *sb = &b.ev[j].stats;
@@ -97,12 +98,10 @@ Test(hub_wait, a_waiter_forks_the_source_once_its_turn_is_done, .fini = finish)
                  "b prefilled the shared opening again (%d of %d)", sb->prefilled_tokens,
                  sa->prefilled_tokens);
     cr_assert_eq(g.metrics.prefix_hits, 1);
-    /* the waiter's answer names the session it got (the last session event) */
-    int k = -1;
-    for (int e = 0; e < b.n; e++)
-        if (b.ev[e].type == KVP_HUB_SESSION)
-            k = e;
+    /* the waiter's answer names the session it got, its one session event */
+    int k = ht_find(&b, 0, KVP_HUB_SESSION);
     cr_assert_geq(k, 0);
+    cr_assert_eq(ht_find(&b, k + 1, KVP_HUB_SESSION), -1, "the waiter was named two sessions");
     cr_assert(ht_session(&g, b.ev[k].id), "the waiter's session is not held");
     cr_assert_str_neq(b.ev[k].id, a.ev[0].id);
 }
