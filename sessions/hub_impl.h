@@ -103,6 +103,8 @@ void hub_chat_new(kvp_hub_client *c, const char *system, size_t system_len,
 
 /* Requests that wait at once, at most (beyond: they prefill their prefix themselves). */
 #define KVP_HUB_MAX_WAITS 256
+/* ... and of one tenant, so that one key's burst leaves room for the others' waits. */
+#define KVP_HUB_MAX_WAITS_PER_TENANT (KVP_HUB_MAX_WAITS / 4)
 /* What waiting must gain over the best idle source, in tokens, at least. */
 #define KVP_HUB_WAIT_GAIN (2 * KVP_PREFIX_BLOCK)
 

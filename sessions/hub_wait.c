@@ -75,6 +75,11 @@ int hub_wait_park(kvp_hub_client *c, const kvp_session *src, const char *system,
     kvp_hub *h = c->hub;
     if (c->wait || h->n_waits >= KVP_HUB_MAX_WAITS)
         return -1;
+    int mine = 0;
+    for (const struct hub_wait *w = h->waits; w; w = w->next)
+        mine += !strcmp(w->c->tenant, c->tenant);
+    if (mine >= KVP_HUB_MAX_WAITS_PER_TENANT)
+        return -1;
     struct hub_wait *w = calloc(1, sizeof *w);
     if (!w || !(w->req = hub_pending_new(0, system, system_len, msgs, n, o))) {
         free(w);

@@ -214,3 +214,30 @@ Test(hub_wait, another_tenant_never_waits, .fini = finish)
                  "c reused more than it shares with its own tenant's b (%d of %d)",
                  sc->cached_tokens, sc->context_tokens);
 }
+
+Test(hub_wait, one_tenant_holds_at_most_its_share_of_the_waits, .fini = finish)
+{
+    start();
+    texts(3);
+    request(&a, "00000000000000aa", a_text, 8);
+    enum { N = KVP_HUB_MAX_WAITS_PER_TENANT + 1 };
+    ht_client *w = calloc(N, sizeof *w);
+    cr_assert_not_null(w);
+    for (int i = 0; i < N; i++)
+        request(&w[i], "00000000000000aa", b_text, 8);
+    cr_assert_eq(g.hub->n_waits, KVP_HUB_MAX_WAITS_PER_TENANT, "%d wait", g.hub->n_waits);
+    cr_assert_geq(ht_find(&w[N - 1], 0, KVP_HUB_SESSION), 0,
+                  "the request past the tenant's share does not go on by itself");
+    /* another tenant still waits on its own running turn */
+    request(&b, "00000000000000bb", a_text, 8);
+    request(&c, "00000000000000bb", b_text, 8);
+    cr_assert_eq(g.hub->n_waits, KVP_HUB_MAX_WAITS_PER_TENANT + 1,
+                 "another tenant's request could not wait");
+    for (int i = 0; i < N; i++) {
+        kvp_hub_close(w[i].c);
+        w[i].c = NULL;
+        ht_client_free(&w[i]);
+    }
+    free(w);
+    cr_assert_eq(g.hub->n_waits, 1);
+}
