@@ -35,6 +35,19 @@ void ht_start(ht_hub *h, const char *state_dir, const char *policy)
     cr_assert_eq(kvp_hub_start(&h->hub, &p, err, sizeof err), 0, "%s", err);
 }
 
+void ht_start_forkable(ht_hub *h, const char *state_dir)
+{
+    ht_start(h, state_dir, "streaming");
+    kvp_hub_policy_params pp = {.policy = "streaming",
+                                .model_path = tu_shared("models/stories260K.bin")};
+    kvp_policy_conf *pc;
+    char note[256], err[256];
+    cr_assert_eq(kvp_hub_policy_make(&pp, &h->model, &pc, note, sizeof note, err, sizeof err),
+                 0, "%s", err);
+    kvp_hub_set_policy(h->hub, pc);
+    kvp_hub_policy_unref(pc);
+}
+
 static void walk_close(uv_handle_t *hd, void *arg)
 {
     (void)arg;

@@ -43,6 +43,9 @@ typedef struct ht_hub {
 
 /* Starts a hub (state_dir NULL: none) with the given policy at budget 64, 1 worker. */
 void ht_start(ht_hub *h, const char *state_dir, const char *policy);
+/* ht_start on streaming with the policy conf made as the daemon makes it
+ * (kvp_hub_policy_make): forks need the conf's shared weights, which ht_start's lacks. */
+void ht_start_forkable(ht_hub *h, const char *state_dir);
 void ht_stop(ht_hub *h);
 void ht_client_new(ht_hub *h, ht_client *c);
 void ht_client_free(ht_client *c);

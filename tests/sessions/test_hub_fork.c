@@ -34,33 +34,24 @@ static void finish(void)
     ht_stop(&g);
 }
 
-/* The hub on streaming without a store, its policy made as the daemon makes it (forks
- * need the conf's shared weights). */
-static void start(void)
+/* a's new session, one turn of `text` done and settled: the fork source. Its id in id. */
+static void source(const char *text, char *id)
 {
-    ht_start(&g, NULL, "streaming");
-    kvp_hub_policy_params pp = {.policy = "streaming",
-                                .model_path = tu_shared("models/stories260K.bin")};
-    kvp_policy_conf *pc;
-    char note[256], err[256];
-    cr_assert_eq(kvp_hub_policy_make(&pp, &g.model, &pc, note, sizeof note, err, sizeof err), 0,
-                 "%s", err);
-    kvp_hub_set_policy(g.hub, pc);
-    kvp_hub_policy_unref(pc);
+    ht_client_new(&g, &a);
+    kvp_hub_open(a.c, NULL, NULL, 0);
+    snprintf(id, KVP_SESSION_ID_LEN + 1, "%s", a.ev[0].id);
+    kvp_hub_message(a.c, text, strlen(text), 8, 0, 0);
+    ht_wait(&g, &a, 1, KVP_HUB_DONE, 60);
+    ht_settle(&g);
 }
 
 Test(hub_fork, a_fork_whose_copy_does_not_fit_the_memory_cap_is_refused, .fini = finish)
 {
-    start();
-    ht_client_new(&g, &a);
-    kvp_hub_open(a.c, NULL, NULL, 0);
+    ht_start_forkable(&g, NULL);
     char id[KVP_SESSION_ID_LEN + 1];
-    snprintf(id, sizeof id, "%s", a.ev[0].id);
     char *t = ht_text(60);
-    kvp_hub_message(a.c, t, strlen(t), 8, 0, 0);
+    source(t, id);
     free(t);
-    ht_wait(&g, &a, 1, KVP_HUB_DONE, 60);
-    ht_settle(&g);
     size_t held = ht_session(&g, id)->bytes;
     cr_assert_gt(held, 0);
     /* room for a's cache and a quarter of it more: a (attached) cannot be let go */
@@ -86,16 +77,11 @@ Test(hub_fork, a_fork_whose_copy_does_not_fit_the_memory_cap_is_refused, .fini =
 
 Test(hub_fork, a_fork_whose_copy_does_not_fit_the_tenants_bytes_is_refused, .fini = finish)
 {
-    start();
-    ht_client_new(&g, &a);
-    kvp_hub_open(a.c, NULL, NULL, 0);
+    ht_start_forkable(&g, NULL);
     char id[KVP_SESSION_ID_LEN + 1];
-    snprintf(id, sizeof id, "%s", a.ev[0].id);
     char *t = ht_text(60);
-    kvp_hub_message(a.c, t, strlen(t), 8, 0, 0);
+    source(t, id);
     free(t);
-    ht_wait(&g, &a, 1, KVP_HUB_DONE, 60);
-    ht_settle(&g);
     size_t held = ht_session(&g, id)->bytes, turn = kvp_hub_turn_bytes(g.hub);
     size_t need = turn > held ? turn : held;
     /* the tenant's source (attached: it cannot be parked) and less than the fork needs */
@@ -123,22 +109,9 @@ Test(hub_fork, a_fork_that_never_ran_is_not_saved_at_shutdown, .fini = finish)
 {
     char dir[] = "/tmp/kvp-hfork-XXXXXX";
     cr_assert(mkdtemp(dir));
-    ht_start(&g, dir, "streaming");
-    kvp_hub_policy_params pp = {.policy = "streaming",
-                                .model_path = tu_shared("models/stories260K.bin")};
-    kvp_policy_conf *pc;
-    char note[256], err[256];
-    cr_assert_eq(kvp_hub_policy_make(&pp, &g.model, &pc, note, sizeof note, err, sizeof err), 0,
-                 "%s", err);
-    kvp_hub_set_policy(g.hub, pc);
-    kvp_hub_policy_unref(pc);
-    ht_client_new(&g, &a);
-    kvp_hub_open(a.c, NULL, NULL, 0);
+    ht_start_forkable(&g, dir);
     char id[KVP_SESSION_ID_LEN + 1];
-    snprintf(id, sizeof id, "%s", a.ev[0].id);
-    kvp_hub_message(a.c, "A frog sat on a log.", 20, 8, 0, 0);
-    ht_wait(&g, &a, 1, KVP_HUB_DONE, 60);
-    ht_settle(&g);
+    source("A frog sat on a log.", id);
     ht_client_new(&g, &f);
     kvp_hub_open_fork(f.c, id, 1);
     int k = ht_find(&f, 0, KVP_HUB_SESSION);
@@ -159,23 +132,11 @@ Test(hub_fork, a_refused_fork_leaves_the_connection_its_session, .fini = finish)
 {
     char dir[] = "/tmp/kvp-hfork-XXXXXX";
     cr_assert(mkdtemp(dir));
-    ht_start(&g, dir, "streaming");
-    kvp_hub_policy_params pp = {.policy = "streaming",
-                                .model_path = tu_shared("models/stories260K.bin")};
-    kvp_policy_conf *pc;
-    char note[256], err[256];
-    cr_assert_eq(kvp_hub_policy_make(&pp, &g.model, &pc, note, sizeof note, err, sizeof err), 0,
-                 "%s", err);
-    kvp_hub_set_policy(g.hub, pc);
-    kvp_hub_policy_unref(pc);
-    ht_client_new(&g, &a);
-    kvp_hub_open(a.c, NULL, NULL, 0);
+    ht_start_forkable(&g, dir);
     char id[KVP_SESSION_ID_LEN + 1];
-    snprintf(id, sizeof id, "%s", a.ev[0].id);
     char *t = ht_text(60);
-    kvp_hub_message(a.c, t, strlen(t), 8, 0, 0);
+    source(t, id);
     free(t);
-    ht_wait(&g, &a, 1, KVP_HUB_DONE, 60);
     ht_client_new(&g, &f);
     kvp_hub_open(f.c, NULL, NULL, 0);
     char own[KVP_SESSION_ID_LEN + 1];

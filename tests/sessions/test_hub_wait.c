@@ -37,21 +37,6 @@ static void finish(void)
     shared_text = a_text = b_text = NULL;
 }
 
-/* The hub on streaming, its policy made as the daemon makes it (forks need the conf's
- * shared weights). */
-static void start(void)
-{
-    ht_start(&g, NULL, "streaming");
-    kvp_hub_policy_params pp = {.policy = "streaming",
-                                .model_path = tu_shared("models/stories260K.bin")};
-    kvp_policy_conf *pc;
-    char note[256], err[256];
-    cr_assert_eq(kvp_hub_policy_make(&pp, &g.model, &pc, note, sizeof note, err, sizeof err), 0,
-                 "%s", err);
-    kvp_hub_set_policy(g.hub, pc);
-    kvp_hub_policy_unref(pc);
-}
-
 /* a's and b's messages: the same long opening (about 200 tokens), then a_tail words of
  * their own for a and a short ending for b. */
 static void texts(int a_tail)
@@ -78,7 +63,7 @@ static void request(ht_client *cl, const char *tenant, const char *text, int max
 
 Test(hub_wait, a_waiter_forks_the_source_once_its_turn_is_done, .fini = finish)
 {
-    start();
+    ht_start_forkable(&g, NULL);
     texts(3);
     request(&a, NULL, a_text, 8);
     request(&b, NULL, b_text, 8);
@@ -108,7 +93,7 @@ Test(hub_wait, a_waiter_forks_the_source_once_its_turn_is_done, .fini = finish)
 
 Test(hub_wait, a_failed_source_lets_its_waiters_prefill_themselves, .fini = finish)
 {
-    start();
+    ht_start_forkable(&g, NULL);
     /* a's prompt is over max_prompt_tokens: its turn fails before any prefill */
     texts(400);
     g.cfg.max_prompt_tokens = 400;
@@ -127,7 +112,7 @@ Test(hub_wait, a_failed_source_lets_its_waiters_prefill_themselves, .fini = fini
 
 Test(hub_wait, admission_applies_when_a_waiter_goes_on, .fini = finish)
 {
-    start();
+    ht_start_forkable(&g, NULL);
     g.cfg.max_sessions = 2;
     texts(3);
     request(&a, NULL, a_text, 8);
@@ -145,7 +130,7 @@ Test(hub_wait, admission_applies_when_a_waiter_goes_on, .fini = finish)
 
 Test(hub_wait, a_cancelled_source_releases_its_waiters, .fini = finish)
 {
-    start();
+    ht_start_forkable(&g, NULL);
     texts(3);
     request(&a, NULL, a_text, 64);
     request(&b, NULL, b_text, 8);
@@ -161,7 +146,7 @@ Test(hub_wait, a_cancelled_source_releases_its_waiters, .fini = finish)
 
 Test(hub_wait, a_waiter_whose_client_closes_is_freed, .fini = finish)
 {
-    start();
+    ht_start_forkable(&g, NULL);
     texts(3);
     request(&a, NULL, a_text, 8);
     request(&b, NULL, b_text, 8);
@@ -181,7 +166,7 @@ Test(hub_wait, a_waiter_whose_client_closes_is_freed, .fini = finish)
 
 Test(hub_wait, drain_answers_waiters_overloaded, .fini = finish)
 {
-    start();
+    ht_start_forkable(&g, NULL);
     texts(3);
     request(&a, NULL, a_text, 8);
     request(&b, NULL, b_text, 8);
@@ -196,7 +181,7 @@ Test(hub_wait, drain_answers_waiters_overloaded, .fini = finish)
 
 Test(hub_wait, another_tenant_never_waits, .fini = finish)
 {
-    start();
+    ht_start_forkable(&g, NULL);
     texts(40);
     request(&a, "00000000000000aa", a_text, 8);
     request(&b, "00000000000000bb", b_text, 8);
@@ -217,7 +202,7 @@ Test(hub_wait, another_tenant_never_waits, .fini = finish)
 
 Test(hub_wait, one_tenant_holds_at_most_its_share_of_the_waits, .fini = finish)
 {
-    start();
+    ht_start_forkable(&g, NULL);
     texts(3);
     request(&a, "00000000000000aa", a_text, 8);
     enum { N = KVP_HUB_MAX_WAITS_PER_TENANT + 1 };

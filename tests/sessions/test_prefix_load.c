@@ -41,21 +41,6 @@ static void finish(void)
     cr_assert_eq(system(cmd), 0);
 }
 
-/* The hub on streaming in the state directory, its policy made as the daemon makes it
- * (forks need the conf's shared weights). */
-static void start(void)
-{
-    ht_start(&g, dir, "streaming");
-    kvp_hub_policy_params pp = {.policy = "streaming",
-                                .model_path = tu_shared("models/stories260K.bin")};
-    kvp_policy_conf *pc;
-    char note[256], err[256];
-    cr_assert_eq(kvp_hub_policy_make(&pp, &g.model, &pc, note, sizeof note, err, sizeof err), 0,
-                 "%s", err);
-    kvp_hub_set_policy(g.hub, pc);
-    kvp_hub_policy_unref(pc);
-}
-
 static void request(ht_client *cl, const char *text, int max_tokens)
 {
     ht_client_new(&g, cl);
@@ -81,7 +66,7 @@ static void saved_then_restart(int words, char *id)
 {
     snprintf(dir, sizeof dir, "/tmp/kvp-pload-XXXXXX");
     cr_assert(mkdtemp(dir));
-    start();
+    ht_start_forkable(&g, dir);
     char *t = text(words, "The end.");
     request(&a, t, 4);
     free(t);
@@ -92,7 +77,7 @@ static void saved_then_restart(int words, char *id)
     a.c = NULL;
     ht_client_free(&a);
     ht_stop(&g);
-    start();
+    ht_start_forkable(&g, dir);
     cr_assert_eq(hub_prefix_disk_count(g.hub), 1, "the saved conversation is no source");
 }
 
@@ -219,7 +204,7 @@ Test(prefix_load, a_conversation_let_go_from_memory_stays_a_fork_source, .fini =
 {
     snprintf(dir, sizeof dir, "/tmp/kvp-pload-XXXXXX");
     cr_assert(mkdtemp(dir));
-    start();
+    ht_start_forkable(&g, dir);
     char *t = text(60, "The end.");
     request(&a, t, 4);
     free(t);
