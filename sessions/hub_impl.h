@@ -99,6 +99,16 @@ void hub_chat_go(kvp_hub_client *c, kvp_session *s, const char *system, size_t s
 void hub_chat_new(kvp_hub_client *c, const char *system, size_t system_len,
                   const kvp_message *msgs, int n, const kvp_turn_opts *o, double waited_since);
 
+/* What a prefix index filter (kvp_prefix_filter) of the hub is given: the hub and the
+ * client whose request looks a source up. */
+typedef struct hub_source_filter {
+    kvp_hub *h;
+    const kvp_hub_client *c;
+} hub_source_filter;
+/* The filter for resident fork sources (kvp_reuse_fork_source_ok); ctx a
+ * hub_source_filter. */
+int hub_resident_source_ok(void *ctx, const void *owner);
+
 /* ---- requests waiting for a shared prefix (hub_wait.c) ---- */
 
 /* Requests that wait at once, at most (beyond: they prefill their prefix themselves). */

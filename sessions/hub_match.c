@@ -131,14 +131,9 @@ void hub_chat_go(kvp_hub_client *c, kvp_session *s, const char *system, size_t s
     hub_start_turn(c, msgs[n - 1].text, msgs[n - 1].len, &with_role);
 }
 
-typedef struct fork_filter {
-    kvp_hub *h;
-    const kvp_hub_client *c;
-} fork_filter;
-
-static int fork_filter_ok(void *ctx, const void *owner)
+int hub_resident_source_ok(void *ctx, const void *owner)
 {
-    const fork_filter *f = ctx;
+    const hub_source_filter *f = ctx;
     return kvp_reuse_fork_source_ok(f->h, f->c, owner);
 }
 
@@ -164,10 +159,10 @@ static kvp_session *fork_source(kvp_hub *h, kvp_hub_client *c, kvp_session *s,
     int rendered = h->prefix && kvp_session_seed(s, msgs, n) >= 0 &&
                    kvp_session_retokenize(s, &h->env) >= 0;
     if (rendered) {
-        fork_filter f = {h, c};
+        hub_source_filter f = {h, c};
         int len;
         kvp_session *t = (kvp_session *)kvp_prefix_lookup(h->prefix, c->tenant, s->tokens,
-                                                          s->n_tokens, fork_filter_ok, &f, &len);
+                                                          s->n_tokens, hub_resident_source_ok, &f, &len);
         if (t && kvp_token_lcp(t->tokens, t->n_cached, s->tokens, s->n_tokens) >= KVP_PREFIX_BLOCK) {
             src = t;
             shared = kvp_reuse_shared_msgs(t, system, system_len, msgs, n);

@@ -42,16 +42,11 @@ void hub_wait_unmark(kvp_hub *h, kvp_session *s)
     s->prefix_inflight = 0;
 }
 
-typedef struct inflight_filter {
-    const kvp_hub *h;
-    const kvp_hub_client *c;
-} inflight_filter;
-
 /* Only what the loop owns while a turn runs is read: the state, the mark, the tenant and
  * the policy conf (the turn's tokens and cache are its worker's). */
 static int inflight_ok(void *ctx, const void *owner)
 {
-    const inflight_filter *f = ctx;
+    const hub_source_filter *f = ctx;
     const kvp_session *t = owner;
     return t->state == KVP_SESSION_TURN && t->prefix_inflight &&
            !strcmp(t->tenant, f->c->tenant) && t->pconf == f->h->pconf;
@@ -62,7 +57,7 @@ const kvp_session *hub_wait_source(kvp_hub *h, const kvp_hub_client *c, const in
 {
     if (!h->prefix)
         return NULL;
-    inflight_filter f = {h, c};
+    hub_source_filter f = {h, c};
     int len;
     const kvp_session *t = kvp_prefix_lookup(h->prefix, c->tenant, tokens, n, inflight_ok, &f,
                                              &len);

@@ -165,21 +165,11 @@ static int render(kvp_hub *h, const char *system, size_t system_len, const kvp_m
     return rc;
 }
 
-typedef struct source_filter {
-    kvp_hub *h;
-    const kvp_hub_client *c;
-} source_filter;
-
-static int resident_ok(void *ctx, const void *owner)
-{
-    const source_filter *f = ctx;
-    return kvp_reuse_fork_source_ok(f->h, f->c, owner);
-}
 
 /* A parked conversation of the tenant with a snapshot to read, nobody attached to it. */
 static int parked_ok(void *ctx, const void *owner)
 {
-    const source_filter *f = ctx;
+    const hub_source_filter *f = ctx;
     const kvp_session *s = owner;
     return s->state == KVP_SESSION_PARKED && s->has_snapshot && !s->client &&
            !strcmp(s->tenant, f->c->tenant);
@@ -188,7 +178,7 @@ static int parked_ok(void *ctx, const void *owner)
 /* One of the tenant's, not in the table (a session of that id speaks for itself). */
 static int disk_ok(void *ctx, const void *owner)
 {
-    const source_filter *f = ctx;
+    const hub_source_filter *f = ctx;
     const disk_source *d = owner;
     return d->id[0] && !strcmp(d->tenant, f->c->tenant) &&
            !kvp_session_find(&f->h->sessions, d->id);
@@ -208,9 +198,9 @@ int hub_prefix_load(kvp_hub_client *c, uint64_t hash, const char *system, size_t
         free(tok);
         return 0;
     }
-    source_filter f = {h, c};
+    hub_source_filter f = {h, c};
     int here = 0, lp = 0, ld = 0;
-    (void)kvp_prefix_lookup(h->prefix, c->tenant, tok, nt, resident_ok, &f, &here);
+    (void)kvp_prefix_lookup(h->prefix, c->tenant, tok, nt, hub_resident_source_ok, &f, &here);
     kvp_session *ps = parked ? (kvp_session *)kvp_prefix_lookup(h->prefix, c->tenant, tok, nt,
                                                                  parked_ok, &f, &lp) : NULL;
     disk_source *ds = hub_prefix_disk_count(h)
