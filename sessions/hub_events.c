@@ -152,7 +152,7 @@ static void chat_loaded(kvp_hub *h, kvp_session *s, kvp_hub_client *c, const kvp
         hub_leave(c);   /* it stays in memory, idle, under its real transcript */
     }
     if (!use && p->fork)   /* the source is in memory now (or not): a fork, or a prefill */
-        hub_chat_new(c, p->system, p->system_len, p->msgs, p->n, &p->o, 0);
+        hub_chat_new(c, p->system, p->system_len, p->msgs, p->n, &p->o, 0, 0);
     else
         hub_chat_go(c, use, p->system, p->system_len, p->msgs, p->n, &p->o);
     hub_pending_free(p);

@@ -95,9 +95,12 @@ void hub_chat_go(kvp_hub_client *c, kvp_session *s, const char *system, size_t s
  * when it can be. waited_since 0: a new request, which may instead wait for a
  * conversation whose turn prefills a longer shared prefix (hub_wait.c); else the time
  * (kvp_now) a request that waited arrived: it goes on now without waiting again, and its
- * turn counts its queue time and time to first token from then. */
+ * turn counts its queue time and time to first token from then. may_load: a parked or
+ * on-disk conversation that gives a longer prefix than any resident one is read first
+ * (prefix_load.c; the request goes on here once it is in, without reading again). */
 void hub_chat_new(kvp_hub_client *c, const char *system, size_t system_len,
-                  const kvp_message *msgs, int n, const kvp_turn_opts *o, double waited_since);
+                  const kvp_message *msgs, int n, const kvp_turn_opts *o, double waited_since,
+                  int may_load);
 
 /* What a prefix index filter (kvp_prefix_filter) of the hub is given: the hub and the
  * client whose request looks a source up. */

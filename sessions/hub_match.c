@@ -149,11 +149,13 @@ int hub_resident_source_ok(void *ctx, const void *owner)
 static kvp_session *fork_source(kvp_hub *h, kvp_hub_client *c, kvp_session *s,
                                 const char *system, size_t system_len,
                                 const kvp_message *msgs, int n, int *other, int may_wait,
-                                const kvp_session **wait_on)
+                                const kvp_session **wait_on, hub_far_source *far)
 {
     kvp_session *src = NULL;
-    int shared = 0;
+    int shared = 0, have = 0;
     *wait_on = NULL;
+    if (far)
+        far->len = 0;
     /* the rendering of the whole request, its last message as its turn renders it */
     kvp_session_clear_transcript(s);
     int rendered = h->prefix && kvp_session_seed(s, msgs, n) >= 0 &&
@@ -163,17 +165,21 @@ static kvp_session *fork_source(kvp_hub *h, kvp_hub_client *c, kvp_session *s,
         int len;
         kvp_session *t = (kvp_session *)kvp_prefix_lookup(h->prefix, c->tenant, s->tokens,
                                                           s->n_tokens, hub_resident_source_ok, &f, &len);
-        if (t && kvp_token_lcp(t->tokens, t->n_cached, s->tokens, s->n_tokens) >= KVP_PREFIX_BLOCK) {
+        int lcp = t ? kvp_token_lcp(t->tokens, t->n_cached, s->tokens, s->n_tokens) : 0;
+        if (lcp >= KVP_PREFIX_BLOCK) {
             src = t;
+            have = lcp;
             shared = kvp_reuse_shared_msgs(t, system, system_len, msgs, n);
         }
     }
-    if (!src)
-        src = kvp_reuse_fork_find(h, c, system, system_len, msgs, n, &shared);
+    if (!src && (src = kvp_reuse_fork_find(h, c, system, system_len, msgs, n, &shared)) &&
+        rendered)
+        have = kvp_token_lcp(src->tokens, src->n_cached, s->tokens, s->n_tokens);
     if (rendered) {
-        int have = src ? kvp_token_lcp(src->tokens, src->n_cached, s->tokens, s->n_tokens) : 0;
         if (may_wait)
             *wait_on = hub_wait_source(h, c, s->tokens, s->n_tokens, have);
+        if (far)
+            hub_prefix_far_source(h, c, s->tokens, s->n_tokens, have, far);
         hub_wait_mark(h, s);
     }
     kvp_session_clear_transcript(s);
@@ -189,9 +195,10 @@ static kvp_session *fork_source(kvp_hub *h, kvp_hub_client *c, kvp_session *s,
  * the request when there is one (it starts with a copy of that one's cache and its turn
  * prefills only what follows the common prefix; the source is not changed). Leaves s
  * seeded with the history either way (as a rewind to be applied when forked). Returns 1
- * when the request waits instead (may_wait, hub_wait.c): s is gone, c has no session. */
+ * when the request waits instead (may_wait, hub_wait.c) or has a parked or on-disk
+ * source read first (may_load, prefix_load.c): s is gone, c has no session. */
 static int try_fork(kvp_hub_client *c, kvp_session *s, const kvp_message *msgs, int n,
-                    const kvp_turn_opts *o, int may_wait)
+                    const kvp_turn_opts *o, int may_wait, int may_load)
 {
     kvp_hub *h = c->hub;
     if (!h->env.reuse_cache)
@@ -199,13 +206,23 @@ static int try_fork(kvp_hub_client *c, kvp_session *s, const kvp_message *msgs, 
     int forked = 0, other = 0;
     size_t bytes = 0;
     const kvp_session *wait_on;
+    hub_far_source far;
     kvp_session *src = fork_source(h, c, s, s->system, s->system_len, msgs, n, &other,
-                                   may_wait, &wait_on);
-    if (wait_on && hub_wait_park(c, wait_on, s->system, s->system_len, msgs, n, o) == 0) {
+                                   may_wait, &wait_on, may_load ? &far : NULL);
+    int waits = wait_on && hub_wait_park(c, wait_on, s->system, s->system_len, msgs, n, o) == 0;
+    /* a read's request, copied while s holds the system text; hash 0: its history extends
+     * no held conversation exactly (kvp_hub_chat looked first), so what follows the read
+     * is a fork, never a continuation (out of memory: it goes on without the source) */
+    kvp_hub_pending *p = NULL;
+    int reads = !waits && may_load && far.len > 0 &&
+                (p = hub_pending_new(0, s->system, s->system_len, msgs, n, o)) != NULL;
+    if (waits || reads) {
         /* the session made to render the request goes unused (its index entry with it);
          * the request makes another when it goes on */
         h->m->sessions_created--;
         hub_leave(c);
+        if (reads)
+            hub_prefix_load(c, &far, p);
         return 1;
     }
     if (src && kvp_session_fork(s, src, &h->env, &bytes) == 0) {
@@ -228,7 +245,8 @@ static int try_fork(kvp_hub_client *c, kvp_session *s, const kvp_message *msgs, 
 }
 
 void hub_chat_new(kvp_hub_client *c, const char *system, size_t system_len,
-                  const kvp_message *msgs, int n, const kvp_turn_opts *o, double waited_since)
+                  const kvp_message *msgs, int n, const kvp_turn_opts *o, double waited_since,
+                  int may_load)
 {
     /* the session event only once the request does not wait: a waiting request holds no
      * session, and the one made to render it is never named */
@@ -240,8 +258,8 @@ void hub_chat_new(kvp_hub_client *c, const char *system, size_t system_len,
         hub_emit_error(c, KVPD_E_INTERNAL, "out of memory");
         return;
     }
-    if (try_fork(c, s, msgs, n, o, waited_since == 0))
-        return;   /* it waits (hub_wait.c) */
+    if (try_fork(c, s, msgs, n, o, waited_since == 0, may_load))
+        return;   /* it waits (hub_wait.c), or its source is read first (prefix_load.c) */
     hub_emit_session(c, 0);
     if (n > 1 && !s->n_msgs && !s->rewind_set) {
         hub_wait_unmark(c->hub, s);
@@ -330,8 +348,7 @@ void kvp_hub_chat(kvp_hub_client *c, const char *id, const char *system, size_t 
         return;
     }
     if (!s && !disk) {
-        if (!hub_prefix_load(c, hash, system, system_len, msgs, n, o))
-            hub_chat_new(c, system, system_len, msgs, n, o, 0);
+        hub_chat_new(c, system, system_len, msgs, n, o, 0, 1);
         return;
     }
     if (s) {

@@ -146,7 +146,7 @@ void hub_wait_resume(kvp_hub *h)
         if (h->draining)
             hub_emit_error(c, KVPD_E_OVERLOADED, "the daemon is shutting down");
         else
-            hub_chat_new(c, p->system, p->system_len, p->msgs, p->n, &p->o, w_since);
+            hub_chat_new(c, p->system, p->system_len, p->msgs, p->n, &p->o, w_since, 0);
         hub_pending_free(p);
     }
 }

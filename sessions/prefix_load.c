@@ -140,32 +140,6 @@ int hub_prefix_disk_count(const kvp_hub *h)
     return h->prefix_disk ? h->prefix_disk->live : 0;
 }
 
-/* The request's rendering as a new session's first turn renders it (fork_source's), in a
- * session of its own that never enters the table. Its length, or -1. */
-static int render(kvp_hub *h, const char *system, size_t system_len, const kvp_message *msgs,
-                  int n, int **tokens)
-{
-    kvp_session *s = calloc(1, sizeof *s);
-    int rc = s ? 0 : -1;
-    *tokens = NULL;
-    if (rc == 0 && kvp_session_set_system(s, system, system_len) == 0 &&
-        kvp_session_seed(s, msgs, n) == 0 && kvp_session_retokenize(s, &h->env) == 0) {
-        *tokens = s->tokens;
-        rc = s->n_tokens;
-        s->tokens = NULL;
-    } else {
-        rc = -1;
-    }
-    if (s) {
-        kvp_session_clear_transcript(s);
-        free(s->tokens);
-        free(s->system);
-        free(s);
-    }
-    return rc;
-}
-
-
 /* A parked conversation of the tenant with a snapshot to read, nobody attached to it. */
 static int parked_ok(void *ctx, const void *owner)
 {
@@ -184,52 +158,47 @@ static int disk_ok(void *ctx, const void *owner)
            !kvp_session_find(&f->h->sessions, d->id);
 }
 
-int hub_prefix_load(kvp_hub_client *c, uint64_t hash, const char *system, size_t system_len,
-                    const kvp_message *msgs, int n, const kvp_turn_opts *o)
+void hub_prefix_far_source(kvp_hub *h, const kvp_hub_client *c, const int *tok, int nt,
+                           int have, hub_far_source *far)
 {
-    kvp_hub *h = c->hub;
+    memset(far, 0, sizeof *far);
     int parked = h->sessions.count > h->sessions.resident;
-    if (!h->env.reuse_cache || !h->prefix || !h->env.store ||
-        (!parked && !hub_prefix_disk_count(h)))
-        return 0;
-    int *tok;
-    int nt = render(h, system, system_len, msgs, n, &tok);
-    if (nt < KVP_PREFIX_BLOCK) {
-        free(tok);
-        return 0;
-    }
+    if (!h->prefix || !h->env.store || (!parked && !hub_prefix_disk_count(h)))
+        return;
     hub_source_filter f = {h, c};
-    int here = 0, lp = 0, ld = 0;
-    (void)kvp_prefix_lookup(h->prefix, c->tenant, tok, nt, hub_resident_source_ok, &f, &here);
+    int lp = 0, ld = 0;
     kvp_session *ps = parked ? (kvp_session *)kvp_prefix_lookup(h->prefix, c->tenant, tok, nt,
                                                                  parked_ok, &f, &lp) : NULL;
     disk_source *ds = hub_prefix_disk_count(h)
         ? (disk_source *)kvp_prefix_lookup(h->prefix_disk->ix, c->tenant, tok, nt, disk_ok, &f,
                                            &ld)
         : NULL;
-    free(tok);
     if (ds && ps && lp >= ld)
         ds = NULL;   /* the parked one: in memory already, as long a prefix */
-    if ((ds ? ld : lp) <= here || (!ds && !ps))
-        return 0;
-    kvp_hub_pending *p = hub_pending_new(hash, system, system_len, msgs, n, o);
-    if (!p)
-        return 0;   /* the request goes on without the source */
+    if ((!ds && !ps) || (ds ? ld : lp) <= have)
+        return;
+    far->parked = ds ? NULL : ps;
+    far->record = ds;
+    far->len = ds ? ld : lp;
+    snprintf(far->id, sizeof far->id, "%s", ds ? ds->id : ps->id);
+}
+
+void hub_prefix_load(kvp_hub_client *c, const hub_far_source *far, kvp_hub_pending *p)
+{
+    kvp_hub *h = c->hub;
     p->fork = 1;
-    char id[KVP_SNAPSHOT_ID_MAX + 1];
-    snprintf(id, sizeof id, "%s", ds ? ds->id : ps->id);
     kvpd_log("info", "session %.8s: read from its snapshot to be forked (%d tokens in common "
-             "with a new conversation)", id, ds ? ld : lp);
-    hub_open_from_disk(c, ds ? NULL : ps, id, NULL, 0);
+             "with a new conversation)", far->id, far->len);
+    hub_open_from_disk(c, far->parked, far->id, NULL, 0);
     if (!c->session || c->session->state != KVP_SESSION_LOAD) {
         hub_pending_free(p);   /* refused (overloaded): answered; the source stays known */
-        return 1;
+        return;
     }
     c->pending = p;
+    disk_source *ds = far->record;
     if (ds) {   /* read once: in memory from now on, or gone */
         kvp_prefix_remove(h->prefix_disk->ix, ds);
         ds->id[0] = '\0';
         h->prefix_disk->live--;
     }
-    return 1;
 }

@@ -31,12 +31,23 @@ size_t hub_prefix_disk_bytes(const kvp_hub *h);
  * (read first, as those read at start). */
 void hub_prefix_disk_keep(kvp_hub *h, const kvp_session *s);
 
-/* kvp_hub_chat, for a request that starts a new conversation: when a parked or on-disk
- * conversation of c's tenant has a longer indexed prefix of the request's rendering than
- * any resident source, its snapshot is read first and the request waits (c->pending,
- * then hub_chat_new, which forks it). 1 when the request waits (or was answered: the
- * load was refused), 0 when it goes on now. */
-int hub_prefix_load(kvp_hub_client *c, uint64_t hash, const char *system, size_t system_len,
-                    const kvp_message *msgs, int n, const kvp_turn_opts *o);
+/* A parked or on-disk conversation to read before a new conversation forks it. */
+typedef struct hub_far_source {
+    kvp_session *parked;   /* the parked session; NULL: `record` of the on-disk sources */
+    void *record;
+    char id[KVP_SNAPSHOT_ID_MAX + 1];
+    int len;               /* its indexed prefix of the request's rendering; 0: none */
+} hub_far_source;
+
+/* The parked or on-disk conversation of c's tenant with the longest indexed prefix of
+ * the rendering tok[0..nt), when it is longer than `have` (what the best resident source
+ * gives): far->len > 0; else far->len 0. Costs nothing while there is no parked session
+ * and no on-disk record. */
+void hub_prefix_far_source(kvp_hub *h, const kvp_hub_client *c, const int *tok, int nt,
+                           int have, hub_far_source *far);
+/* Reads far's snapshot for the request p (taken; c holds no session): a load job, the
+ * request waiting on c->pending, then hub_chat_new, which forks it. A read refused is
+ * answered (overloaded) and leaves the source known. */
+void hub_prefix_load(kvp_hub_client *c, const hub_far_source *far, kvp_hub_pending *p);
 
 #endif
