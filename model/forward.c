@@ -343,6 +343,13 @@ static void residual_add(kvp_runstate *s, const float *post_norm, const float *i
     }
 }
 
+static void output_logits(const kvp_model *m, const float *x, int n, float *logits)
+{
+    kvp_matmul(logits, x, &m->output, n, 0);
+    if (m->cfg.final_softcap > 0)
+        softcap(logits, (size_t)n * m->cfg.vocab_size, m->cfg.final_softcap);
+}
+
 static int forward_batch(const kvp_model *m, kvp_runstate *s, kvp_batch_seq *seqs, int n_seqs)
 {
     const kvp_model_config *p = &m->cfg;
@@ -469,23 +476,23 @@ static int forward_batch(const kvp_model *m, kvp_runstate *s, kvp_batch_seq *seq
         if (q->all_logits) {
             for (int t = q->row0; t < q->row0 + q->n; t++)
                 rmsnorm(s->xb + (size_t)t * dim, s->x + (size_t)t * dim, m->out_norm, dim, p->rms_eps);
-            kvp_matmul(q->all_logits, s->xb + (size_t)q->row0 * dim, &m->output, q->n, 0);
-            if (p->final_softcap > 0)
-                softcap(q->all_logits, (size_t)q->n * V, p->final_softcap);
+            output_logits(m, s->xb + (size_t)q->row0 * dim, q->n, q->all_logits);
+            if (q->hidden)
+                memcpy(q->hidden, s->xb + (size_t)(q->row0 + q->n - 1) * dim, dim * sizeof(float));
             float *last = q->all_logits + (size_t)(q->n - 1) * V;
             if (q->logits)
                 memcpy(q->logits, last, V * sizeof(float));
             else
                 q->logits = last;
         } else {
-            rmsnorm(s->xb2 + (size_t)n_last++ * dim, s->x + (size_t)(q->row0 + q->n - 1) * dim,
-                    m->out_norm, dim, p->rms_eps);
+            float *row = s->xb2 + (size_t)n_last++ * dim;
+            rmsnorm(row, s->x + (size_t)(q->row0 + q->n - 1) * dim, m->out_norm, dim, p->rms_eps);
+            if (q->hidden)
+                memcpy(q->hidden, row, dim * sizeof(float));
         }
     }
     if (n_last)
-        kvp_matmul(s->batch_logits, s->xb2, &m->output, n_last, 0);
-    if (n_last && p->final_softcap > 0)
-        softcap(s->batch_logits, (size_t)n_last * V, p->final_softcap);
+        output_logits(m, s->xb2, n_last, s->batch_logits);
     for (int i = 0, j = 0; i < n_seqs; i++) {
         kvp_batch_seq *q = &seqs[i];
         if (q->rc)
@@ -509,6 +516,13 @@ int kvp_forward_batch(const kvp_model *m, kvp_runstate *s, kvp_batch_seq *seqs, 
     int rc = forward_batch(m, s, seqs, n_seqs);
     kvp_matmul_leave();
     return rc;
+}
+
+void kvp_forward_logits(const kvp_model *m, const float *x, int n, float *logits)
+{
+    kvp_matmul_enter();
+    output_logits(m, x, n, logits);
+    kvp_matmul_leave();
 }
 
 int kvp_forward(const kvp_model *m, kvp_runstate *s, kvp_cache *c,

@@ -64,6 +64,9 @@ typedef struct kvp_batch_seq {
                                   pass points it at them in the runstate (valid until its
                                   next pass) */
     float *all_logits;         /* NULL or [n][vocab] */
+    float *hidden;             /* NULL or [dim]: the block's last row after the final norm,
+                                  the input of the output projection (kvp_forward_logits
+                                  turns it into its logits) */
     kvp_forward_hooks hooks;   /* this sequence's policy and tap */
     int rc;                    /* in: nonzero leaves the sequence out (rc kept);
                                   out: 0, or why it did not run (its cache is unchanged) */
@@ -77,6 +80,10 @@ typedef struct kvp_batch_seq {
  * and is left out; the others run. Returns 0, or negative when the batch itself is
  * malformed (no sequence then runs). s->hooks are not used: each sequence has its own. */
 int kvp_forward_batch(const kvp_model *m, kvp_runstate *s, kvp_batch_seq *seqs, int n_seqs);
+
+/* logits[n][vocab] from n final-normed hidden rows x[n][dim] (kvp_batch_seq.hidden): the
+ * output projection and the model's logit soft cap, as the forward pass computes them. */
+void kvp_forward_logits(const kvp_model *m, const float *x, int n, float *logits);
 
 /* A batch of one: tokens[0..n) at positions cache->next_pos.. with s->hooks (n <=
  * s->max_tokens; the caller keeps next_pos + n <= seq_len, see generate/generate.h).

@@ -1,5 +1,5 @@
-/* The eviction-quality canary: top-k records of a turn's distributions, and the
- * full-cache reference they are compared with (the estimator is in canary.h). */
+/* The eviction-quality canary: the hidden rows a turn's tokens were drawn from, and the
+ * full-cache reference they are compared with (canary.h). */
 #include "sessions/canary.h"
 
 #include <errno.h>
@@ -11,13 +11,16 @@
 #include "cache/kvcache.h"
 #include "model/forward.h"
 
-kvp_canary_rec *kvp_canary_rec_new(const char *policy, int budget)
+kvp_canary_rec *kvp_canary_rec_new(const char *policy, int budget, int dim)
 {
+    if (dim <= 0)
+        return NULL;
     kvp_canary_rec *r = calloc(1, sizeof *r);
     if (!r)
         return NULL;
     snprintf(r->policy, sizeof r->policy, "%s", policy);
     r->budget = budget;
+    r->dim = dim;
     return r;
 }
 
@@ -26,7 +29,7 @@ void kvp_canary_rec_free(kvp_canary_rec *r)
     if (!r)
         return;
     free(r->tokens);
-    free(r->pos);
+    free(r->hidden);
     free(r);
 }
 
@@ -44,11 +47,29 @@ static int push(kvp_canary_rec *r, int id)
     return 0;
 }
 
-int kvp_canary_note(kvp_canary_rec *r, const int *stream, int n, int64_t hist,
-                    const float *logits, int vocab, int tok)
+float *kvp_canary_row(kvp_canary_rec *r)
+{
+    if (r->unusable || r->n_pos >= KVP_CANARY_MAX_POS)
+        return NULL;
+    if (r->n_pos == r->cap_pos) {   /* grown with the reply: short replies stay small */
+        int cap = r->cap_pos ? 2 * r->cap_pos : 16;
+        if (cap > KVP_CANARY_MAX_POS)
+            cap = KVP_CANARY_MAX_POS;
+        float *h = realloc(r->hidden, (size_t)cap * (size_t)r->dim * sizeof *h);
+        if (!h)
+            return NULL;
+        r->hidden = h;
+        r->cap_pos = cap;
+    }
+    return r->hidden + (size_t)r->n_pos * (size_t)r->dim;
+}
+
+int kvp_canary_note(kvp_canary_rec *r, const int *stream, int n, int64_t hist, int tok)
 {
     if (r->unusable || r->n_pos >= KVP_CANARY_MAX_POS)
         return 0;
+    if (r->n_pos >= r->cap_pos)   /* kvp_canary_row had no room for this position */
+        return -ENOMEM;
     if (r->n_pos == 0) {   /* the prompt the reply follows, as the cache saw it */
         if (hist != 0 || n <= 0) {
             r->unusable = 1;
@@ -59,42 +80,9 @@ int kvp_canary_note(kvp_canary_rec *r, const int *stream, int n, int64_t hist,
             if (push(r, stream[i]) < 0)
                 return -ENOMEM;
         r->reply_from = n;
-        if (!(r->pos = malloc(KVP_CANARY_MAX_POS * sizeof *r->pos)))
-            return -ENOMEM;
     }
     if (push(r, tok) < 0)
         return -ENOMEM;
-    /* log-softmax at the top K: the largest K kept sorted by insertion (K is small) */
-    kvp_canary_pos *p = &r->pos[r->n_pos];
-    int k = 0;
-    float mx = -INFINITY;
-    for (int i = 0; i < vocab; i++)
-        if (logits[i] > mx)
-            mx = logits[i];
-    double sum = 0.0;
-    for (int i = 0; i < vocab; i++) {
-        float v = logits[i];
-        sum += exp((double)(v - mx));
-        if (k == KVP_CANARY_TOPK && v <= p->lp[k - 1])
-            continue;
-        int j = k < KVP_CANARY_TOPK ? k++ : k - 1;
-        while (j > 0 && p->lp[j - 1] < v) {
-            p->lp[j] = p->lp[j - 1];
-            p->id[j] = p->id[j - 1];
-            j--;
-        }
-        p->lp[j] = v;
-        p->id[j] = i;
-    }
-    float lse = mx + (float)log(sum);
-    for (int j = 0; j < k; j++)
-        p->lp[j] -= lse;
-    for (int j = k; j < KVP_CANARY_TOPK; j++) {   /* a vocabulary smaller than K */
-        p->id[j] = -1;
-        p->lp[j] = -INFINITY;
-    }
-    p->tok = tok;
-    p->tok_lp = tok >= 0 && tok < vocab ? logits[tok] - lse : -INFINITY;
     r->n_pos++;
     return 0;
 }
@@ -115,37 +103,18 @@ int kvp_canary_log_softmax(float *x, int vocab)
     return best;
 }
 
-static double plogpq(double p, double q)
+double kvp_canary_kl_pos(const float *full_lp, const float *evicted_lp, int vocab, int *agree)
 {
-    if (p <= 0.0)
-        return 0.0;
-    return p * (log(p) - log(q < 1e-12 ? 1e-12 : q));
-}
-
-double kvp_canary_kl_pos(const kvp_canary_pos *q, const float *full_lp, int vocab, int *agree)
-{
-    double kl = 0.0, ps = 0.0, qs = 0.0;
-    int tok_in = 0;
-    for (int j = 0; j < KVP_CANARY_TOPK && q->id[j] >= 0; j++) {
-        double p = exp((double)full_lp[q->id[j]]), qq = exp((double)q->lp[j]);
-        kl += plogpq(p, qq);
-        ps += p;
-        qs += qq;
-        tok_in |= q->id[j] == q->tok;
+    double kl = 0.0;
+    int bp = 0, bq = 0;
+    for (int i = 0; i < vocab; i++) {
+        double p = full_lp[i];
+        if (p > -INFINITY)
+            kl += exp(p) * (p - (double)evicted_lp[i]);
+        bp = full_lp[i] > full_lp[bp] ? i : bp;
+        bq = evicted_lp[i] > evicted_lp[bq] ? i : bq;
     }
-    if (!tok_in && q->tok >= 0 && q->tok < vocab) {   /* the drawn token joins the set */
-        double p = exp((double)full_lp[q->tok]), qq = exp((double)q->tok_lp);
-        kl += plogpq(p, qq);
-        ps += p;
-        qs += qq;
-    }
-    double pr = 1.0 - ps, qr = 1.0 - qs;
-    kl += plogpq(pr > 0.0 ? pr : 0.0, qr);
-    int best = 0;
-    for (int i = 1; i < vocab; i++)
-        if (full_lp[i] > full_lp[best])
-            best = i;
-    *agree = best == q->id[0];
+    *agree = bp == bq;
     return kl > 0.0 ? kl : 0.0;
 }
 
@@ -157,6 +126,10 @@ int kvp_canary_run(const kvp_model *m, kvp_runstate *rs, kvp_kv_type kv_type, in
     memset(out, 0, sizeof *out);
     if (r->n_pos <= 0 || r->reply_from < 1) {
         snprintf(err, errlen, "nothing recorded");
+        return -EINVAL;
+    }
+    if (r->dim != cfg->dim) {
+        snprintf(err, errlen, "a record of rows %d wide for a model %d wide", r->dim, cfg->dim);
         return -EINVAL;
     }
     /* Logits at index i predict token i + 1: the last drawn token is never fed. */
@@ -171,7 +144,8 @@ int kvp_canary_run(const kvp_model *m, kvp_runstate *rs, kvp_kv_type kv_type, in
     int rc = kvp_cache_init(&c, cfg->n_layers, cfg->n_kv_heads, cfg->head_dim, &cfg->rope);
     if (rc == 0 && (rc = kvp_cache_convert(&c, kv_type)) < 0)
         kvp_cache_free(&c);
-    float *lg = rc == 0 ? malloc((size_t)chunk * (size_t)cfg->vocab_size * sizeof *lg) : NULL;
+    size_t rows = (size_t)chunk * (size_t)cfg->vocab_size;
+    float *lg = rc == 0 ? malloc(2 * rows * sizeof *lg) : NULL;
     if (rc < 0 || !lg) {
         if (rc == 0)
             kvp_cache_free(&c);
@@ -192,14 +166,20 @@ int kvp_canary_run(const kvp_model *m, kvp_runstate *rs, kvp_kv_type kv_type, in
             snprintf(err, errlen, "forward: %s", strerror(-rc));
             break;
         }
-        for (int i = 0; want && i < len; i++) {
-            int k = at + i - (r->reply_from - 1);   /* the reply position it predicts */
-            if (k < 0)
-                continue;
+        if (!want)
+            continue;
+        /* the evicted run's logits of this chunk's reply positions, from their rows */
+        int i0 = r->reply_from - 1 - at > 0 ? r->reply_from - 1 - at : 0;
+        int k0 = at + i0 - (r->reply_from - 1);   /* the reply position row i0 predicts */
+        float *ev = lg + rows;
+        kvp_forward_logits(m, r->hidden + (size_t)k0 * (size_t)r->dim, len - i0, ev);
+        for (int i = i0; i < len; i++) {
             float *lp = lg + (size_t)i * cfg->vocab_size;
+            float *lq = ev + (size_t)(i - i0) * cfg->vocab_size;
             kvp_canary_log_softmax(lp, cfg->vocab_size);
+            kvp_canary_log_softmax(lq, cfg->vocab_size);
             int a;
-            kl += kvp_canary_kl_pos(&r->pos[k], lp, cfg->vocab_size, &a);
+            kl += kvp_canary_kl_pos(lp, lq, cfg->vocab_size, &a);
             agree += a;
             done++;
         }

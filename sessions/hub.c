@@ -487,7 +487,7 @@ void hub_start_turn(kvp_hub_client *c, const char *text, size_t len, const kvp_t
     s->turn.max_prompt = h->cfg->max_prompt_tokens > 0 ? h->cfg->max_prompt_tokens
                          : h->env.model->cfg.seq_len + h->cfg->budget;
     if (kvp_background_sample(h->bg, h->cfg->canary_rate))
-        s->turn.canary = kvp_canary_rec_new(s->pconf->name, h->cfg->budget);
+        s->turn.canary = kvp_canary_rec_new(s->pconf->name, h->cfg->budget, h->env.model->cfg.dim);
     s->last_active = now;
     s->owner = c;
     s->reserve_lp = lp_bytes;

@@ -35,7 +35,8 @@ static int plan_unit(kvp_session *s, const kvp_session_env *env, const kvp_turn_
     if (atomic_load(&t->cancel))
         return turn_finish(s, env, sink, "cancel") ? ENDED : 0;
     if (t->state == KVP_TURN_DECODE) {
-        *q = (kvp_batch_seq){.cache = &s->cache, .tokens = &t->next_token, .n = 1};
+        *q = (kvp_batch_seq){.cache = &s->cache, .tokens = &t->next_token, .n = 1,
+                             .hidden = t->canary ? kvp_canary_row(t->canary) : NULL};
         return 1;
     }
     /* KVP_TURN_PREFILL: the next chunk of the transcript not yet run */
@@ -45,7 +46,8 @@ static int plan_unit(kvp_session *s, const kvp_session_env *env, const kvp_turn_
         return turn_finish(s, env, sink, "eos") ? ENDED : 0;
     if (n > room)
         return NO_ROOM;
-    *q = (kvp_batch_seq){.cache = &s->cache, .tokens = s->tokens + s->n_cached, .n = n};
+    *q = (kvp_batch_seq){.cache = &s->cache, .tokens = s->tokens + s->n_cached, .n = n,
+                         .hidden = t->canary ? kvp_canary_row(t->canary) : NULL};
     return 1;
 }
 
@@ -57,25 +59,17 @@ static int samples(const kvp_session *s, const kvp_batch_seq *q)
 }
 
 /* Draws the session's next token from logits (which the sampler overwrites); a canary
- * turn first records the distribution (on failure the record is dropped). */
+ * turn keeps the hidden row the pass wrote for it (on failure the record is dropped). */
 static int draw_sampled(kvp_session *s, const kvp_session_env *env, float *logits)
 {
     kvp_turn *t = &s->turn;
-    if (t->canary) {
-        int vocab = s->sampler.vocab_size;
-        float *copy = malloc((size_t)vocab * sizeof *copy);
-        if (copy)
-            memcpy(copy, logits, (size_t)vocab * sizeof *copy);
-        int tok = kvp_turn_draw(s, env, logits);
-        if (!copy || kvp_canary_note(t->canary, s->tokens, s->n_tokens, s->hist_tokens, copy,
-                                     vocab, tok) < 0) {
-            kvp_canary_rec_free(t->canary);
-            t->canary = NULL;
-        }
-        free(copy);
-        return tok;
+    int tok = kvp_turn_draw(s, env, logits);
+    if (t->canary &&
+        kvp_canary_note(t->canary, s->tokens, s->n_tokens, s->hist_tokens, tok) < 0) {
+        kvp_canary_rec_free(t->canary);
+        t->canary = NULL;
     }
-    return kvp_turn_draw(s, env, logits);
+    return tok;
 }
 
 /* With logprobs: the raw row is kept before the sampler changes it, and the drawn

@@ -436,3 +436,35 @@ Test(batch, attention_split_across_threads_equals_serial)
     free(split.logits);
     kvp_model_free(&m);
 }
+
+/* kvp_batch_seq.hidden: the block's last row after the final norm, which
+ * kvp_forward_logits turns back into the block's logits; in a batch where one sequence
+ * asks for every row's logits and one for its last only, each row is its own. */
+Test(batch, hidden_rows_give_back_the_logits)
+{
+    kvp_model m;
+    char err[256];
+    cr_assert_eq(kvp_model_load(&m, tu_shared("models/stories260K.bin"),
+                                tu_shared("models/tok512.bin"), err, sizeof err), 0, "%s", err);
+    int V = m.cfg.vocab_size, D = m.cfg.dim;
+    kvp_runstate s;
+    cr_assert_eq(kvp_runstate_init(&s, &m.cfg, 8), 0);
+    kvp_cache a = new_cache(&m), b = new_cache(&m);
+    int ta[3] = {1, 50, 60}, tb[2] = {1, 70};
+    float la[512], all[2 * 512], ha[512], hb[512], back[2 * 512];
+    kvp_batch_seq q[2] = {
+        {.cache = &a, .tokens = ta, .n = 3, .logits = la, .hidden = ha},
+        {.cache = &b, .tokens = tb, .n = 2, .all_logits = all, .hidden = hb},
+    };
+    cr_assert_eq(kvp_forward_batch(&m, &s, q, 2), 0);
+    cr_assert(D <= 512 && V <= 512);
+    kvp_forward_logits(&m, ha, 1, back);
+    kvp_forward_logits(&m, hb, 1, back + V);
+    cr_assert_leq(rel_diff(back, la, V), 1e-5f);
+    cr_assert_leq(rel_diff(back + V, all + V, V), 1e-5f);
+    cr_assert_gt(rel_diff(back, back + V, V), 1e-2f, "the two rows are the same");
+    kvp_cache_free(&a);
+    kvp_cache_free(&b);
+    kvp_runstate_free(&s);
+    kvp_model_free(&m);
+}
