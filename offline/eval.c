@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "generate/generate.h"
+#include "model/sampler.h"
 #include "offline/oracle.h"
 #include "offline/svgplot.h"
 
@@ -508,6 +509,95 @@ out:
     return rc;
 }
 
+/* ---- replies ----------------------------------------------------------------------------- */
+
+int kvp_eval_replies(const kvp_model *m, kvp_runstate *s, kvp_policy *p, const kvp_template *t,
+                     const int *prompt, int n_prompt, int bi, const kvp_eval_opts *o,
+                     kvp_eval_reply *out, kvp_eval_acc *acc)
+{
+    int V = m->cfg.vocab_size, ctx = m->cfg.seq_len;
+    kvp_eval_reply r = {.tokens = out ? out->tokens : NULL, .kl = out ? out->kl : NULL};
+    if (!p || kvp_policy_is_oracle(p) || n_prompt < 1 || o->reply_len < 1 || bi < 0 ||
+        bi >= o->n_budgets)
+        return -EINVAL;
+    if (n_prompt > ctx) {   /* not even the prompt fits */
+        r.skipped = 1;
+        acc->reply_skipped[bi]++;
+        if (out)
+            *out = r;
+        return 0;
+    }
+    kvp_evict_cfg e = {p, o->budgets[bi], o->chunk, o->budget_mode};
+    /* the blocks the policy's prefill runs in (generate.c): chunks while it evicts */
+    int evicts = e.budget > 0 && !kvp_policy_is_none(p);
+    int step = evicts ? (o->chunk > 0 ? o->chunk : KVP_DEFAULT_CHUNK) : s->max_tokens;
+    if (step > s->max_tokens)
+        step = s->max_tokens;
+    kvp_cache ev = {0}, full = {0};
+    kvp_sampler smp = {0};
+    float *q = malloc((size_t)V * sizeof *q);
+    int rc = -ENOMEM, have_smp = 0;
+    if (!q || (rc = cache_like(&ev, &m->cfg, o->kv_type)) ||
+        (rc = cache_like(&full, &m->cfg, KVP_KV_F32)) ||
+        (rc = kvp_sampler_init(&smp, V, 0.0f, 1.0f, 0)))
+        goto out;
+    have_smp = 1;
+    kvp_policy_attach(&s->hooks, NULL);   /* the drivers attach e.policy to its own run */
+    if ((rc = kvp_gen_prefill(m, s, &ev, &e, prompt, n_prompt, NULL)))
+        goto out;
+    memcpy(q, s->logits, (size_t)V * sizeof *q);
+    for (int off = 0; off < n_prompt; off += step) {
+        int n = n_prompt - off < step ? n_prompt - off : step;
+        if ((rc = kvp_gen_prefill(m, s, &full, NULL, prompt + off, n, NULL)))
+            goto out;
+    }
+    double kl_sum = 0.0;
+    for (;;) {
+        const float *pl = s->logits;   /* the full run's, at the position q is for */
+        double kl = kvp_eval_kl(pl, q, V);
+        kl_sum += kl;
+        r.agree += argmax(pl, V) == argmax(q, V);
+        if (r.kl)
+            r.kl[r.draws] = kl;
+        int tok = kvp_sample(&smp, q);   /* greedy: the daemon's tie rule */
+        if (r.tokens)
+            r.tokens[r.draws] = tok;
+        r.draws++;
+        if (kvp_template_is_stop(t, tok) || r.draws >= o->reply_len)
+            break;
+        /* another draw makes the record prompt + draws tokens: past the context, the
+         * canary refuses it */
+        if (n_prompt + r.draws > ctx) {
+            r.skipped = 1;
+            break;
+        }
+        if ((rc = kvp_gen_decode(m, s, &ev, &e, tok)))
+            goto out;
+        memcpy(q, s->logits, (size_t)V * sizeof *q);
+        if ((rc = kvp_gen_decode(m, s, &full, NULL, tok)))
+            goto out;
+    }
+    if (r.skipped) {
+        acc->reply_skipped[bi]++;
+    } else {
+        r.kl_mean = kl_sum / r.draws;
+        r.top1 = (double)r.agree / r.draws;
+        acc->reply_convs[bi]++;
+        acc->reply_draws[bi] += r.draws;
+        acc->reply_kl[bi] += r.kl_mean;
+        acc->reply_top1[bi] += r.top1;
+    }
+    if (out)
+        *out = r;
+out:
+    kvp_cache_free(&ev);
+    kvp_cache_free(&full);
+    if (have_smp)
+        kvp_sampler_free(&smp);
+    free(q);
+    return rc;
+}
+
 void kvp_eval_acc_add(kvp_eval_acc *dst, const kvp_eval_acc *src)
 {
     dst->cases += src->cases;
@@ -524,6 +614,11 @@ void kvp_eval_acc_add(kvp_eval_acc *dst, const kvp_eval_acc *src)
         dst->stream_samples[bi] += src->stream_samples[bi];
         dst->stream_kl[bi] += src->stream_kl[bi];
         dst->stream_top1[bi] += src->stream_top1[bi];
+        dst->reply_convs[bi] += src->reply_convs[bi];
+        dst->reply_skipped[bi] += src->reply_skipped[bi];
+        dst->reply_draws[bi] += src->reply_draws[bi];
+        dst->reply_kl[bi] += src->reply_kl[bi];
+        dst->reply_top1[bi] += src->reply_top1[bi];
     }
 }
 
@@ -565,6 +660,18 @@ int kvp_eval_rows(const char *policy, const kvp_eval_acc *a, const kvp_eval_opts
         if (a->stream_samples[bi])
             rows[n++] = (kvp_eval_row){"streaming", policy, "top1", o->budgets[bi],
                                        (double)a->stream_top1[bi] / a->stream_samples[bi]};
+    for (int bi = 0; bi < o->n_budgets; bi++)
+        if (a->reply_convs[bi])
+            rows[n++] = (kvp_eval_row){"replies", policy, "kl", o->budgets[bi],
+                                       a->reply_kl[bi] / a->reply_convs[bi]};
+    for (int bi = 0; bi < o->n_budgets; bi++)
+        if (a->reply_convs[bi])
+            rows[n++] = (kvp_eval_row){"replies", policy, "top1", o->budgets[bi],
+                                       a->reply_top1[bi] / a->reply_convs[bi]};
+    for (int bi = 0; bi < o->n_budgets; bi++)
+        if (a->reply_convs[bi])
+            rows[n++] = (kvp_eval_row){"replies", policy, "reply_len", o->budgets[bi],
+                                       (double)a->reply_draws[bi] / a->reply_convs[bi]};
     return n;
 }
 
@@ -588,6 +695,12 @@ static const struct metric_info {
      "(nats; fidelity to the model itself)", "KL (nats)", "%.4f", 1},
     {"streaming", "top1", "Streaming: top-1 agreement with the full window (higher is better)",
      "top-1 agreement", "%.3f", 0},
+    {"replies", "kl", "Replies: mean KL(full || evicted) at the model's own greedy replies "
+     "(nats; what the live canary estimates)", "KL (nats)", "%.4f", 1},
+    {"replies", "top1", "Replies: top-1 agreement with the full cache at the reply positions "
+     "(higher is better)", "top-1 agreement", "%.3f", 0},
+    {"replies", "reply_len", "Replies: mean reply length (tokens drawn, the stop token "
+     "included)", "tokens", "%.1f", 0},
 };
 
 static const kvp_eval_row *find_row(const kvp_eval_row *rows, int n, const struct metric_info *mi,

@@ -1,5 +1,5 @@
-/* Evaluation of eviction policies on held-out text (`kvp eval`, docs/evaluation.md).
- * Three protocols, each comparing a policy with the unmodified model:
+/* Evaluation of eviction policies (`kvp eval`, docs/evaluation.md). Four protocols, each
+ * comparing a policy with the unmodified model, three on held-out text:
  *   ranking    the first `cut` tokens of a sequence run with the policy attached (so
  *              attention-based policies observe them); per (layer, KV head) the policy's
  *              order of the rows is scored against their future importance I_i(cut)
@@ -12,21 +12,29 @@
  *              eviction and the context shift (the daemon's protocol): perplexity, and
  *              fidelity to the model itself: at every `every`-th position, KL(reference
  *              || policy) of the next-token distributions and top-1 agreement, the
- *              reference being the model with a full window (kvp_eval_stream_ref).
+ *              reference being the model with a full window (kvp_eval_stream_ref);
+ * and one on chat prompts:
+ *   replies    the model's own greedy reply to a prompt, decoded under eviction as the
+ *              daemon decodes it, against a full cache fed the same tokens: at every
+ *              reply position, KL(full || evicted) of the next-token distributions over
+ *              the whole vocabulary and top-1 agreement (what the daemon's eviction
+ *              canary estimates, sessions/canary.h, computed exactly).
  * The oracle's scores are true future importance: I_i(cut) in the first two; in streaming,
  * before every chunk, the attention the next `lookahead` tokens pay each row, measured on
- * a copy of the cache (shifted first when the lookahead would pass the context). */
+ * a copy of the cache (shifted first when the lookahead would pass the context); it has
+ * no replies (its scores need the future of a reply not yet drawn). */
 #ifndef KVP_EVAL_H
 #define KVP_EVAL_H
 
 #include <stddef.h>
 
 #include "model/forward.h"
+#include "model/template.h"
 #include "policy/policy.h"
 
 #define KVP_EVAL_MAX_BUDGETS 16
 /* rows kvp_eval_rows adds for one policy at most */
-#define KVP_EVAL_ROWS_PER_POLICY (1 + 7 * KVP_EVAL_MAX_BUDGETS)
+#define KVP_EVAL_ROWS_PER_POLICY (1 + 10 * KVP_EVAL_MAX_BUDGETS)
 
 typedef struct kvp_eval_opts {
     int cut;          /* tokens in the cache when it is ranked / compressed (384) */
@@ -36,6 +44,7 @@ typedef struct kvp_eval_opts {
     int budgets[KVP_EVAL_MAX_BUDGETS];   /* rows per KV head */
     kvp_kv_type kv_type;                 /* the policies' cache rows (the references: f32) */
     int budget_mode;                     /* enum kvp_budget_mode: per head or global */
+    int reply_len;                       /* replies: tokens drawn at most (256) */
 } kvp_eval_opts;
 
 /* The unmodified model on one sequence of len tokens: what every policy is compared with.
@@ -65,6 +74,11 @@ typedef struct kvp_eval_acc {
     long stream_samples[KVP_EVAL_MAX_BUDGETS];    /* streaming: positions compared with */
     double stream_kl[KVP_EVAL_MAX_BUDGETS];       /* the reference, their KL and */
     long stream_top1[KVP_EVAL_MAX_BUDGETS];       /* top-1 agreements */
+    long reply_convs[KVP_EVAL_MAX_BUDGETS];       /* replies: conversations used, */
+    long reply_skipped[KVP_EVAL_MAX_BUDGETS];     /* left out (past the context), */
+    long reply_draws[KVP_EVAL_MAX_BUDGETS];       /* tokens drawn in the used ones; */
+    double reply_kl[KVP_EVAL_MAX_BUDGETS];        /* sums over the used conversations of */
+    double reply_top1[KVP_EVAL_MAX_BUDGETS];      /* each one's mean KL and top-1 share */
 } kvp_eval_acc;
 
 /* What the model itself predicts with a full window, at the sampled positions of one
@@ -108,19 +122,56 @@ int kvp_eval_stream(const kvp_model *m, kvp_runstate *s, kvp_policy *p, const in
                     int len, int bi, const kvp_eval_opts *o, const kvp_eval_stream_ref *ref,
                     kvp_eval_acc *acc);
 
-/* Position of a policy name in kvp_policy_names(), -1 if it is not one. */
+/* One conversation of the replies protocol (kvp_eval_replies). tokens and kl are the
+ * caller's (NULL, or room for opts->reply_len values), the rest is filled in. */
+typedef struct kvp_eval_reply {
+    int *tokens;          /* the tokens drawn, in order */
+    double *kl;           /* each draw's KL(full || evicted), nats */
+    int draws;            /* tokens drawn, a stop token included: the reply positions */
+    int agree;            /* draws whose most likely token is the same in both runs */
+    int skipped;          /* the conversation would pass the context: not in acc */
+    double kl_mean;       /* mean KL over the draws (0 when skipped) */
+    double top1;          /* agree / draws (0 when skipped) */
+} kvp_eval_reply;
+
+/* Replies protocol for policy p (fresh: it keeps per-conversation state; not the oracle:
+ * -EINVAL) at budgets[bi] on one rendered prompt prompt[0..n_prompt) (the tokens of a
+ * conversation's first turn, up to the start of the reply). Two caches: the policy's
+ * (rows of o->kv_type; kvp_gen_prefill / kvp_gen_decode with {p, budget, o->chunk,
+ * o->budget_mode}, the daemon's eviction config) and a full one (f32, no policy, no
+ * eviction; prefilled in the blocks the policy's run uses, so that without eviction the
+ * two runs are the same computation). At every step, p = the full run's logits and q
+ * the evicted run's for the same position: KL(p || q) over the whole vocabulary
+ * (kvp_eval_kl) and top-1 agreement (first index of the largest logit in each); the
+ * token drawn is the daemon's greedy choice from q (model/sampler.h at temperature 0).
+ * The reply ends at a stop token of t (kvp_template_is_stop) or after o->reply_len
+ * draws, the last draw counted; otherwise the token is fed to both. A conversation whose
+ * prompt + draws - 1 tokens would pass the model's context (the canary's refusal rule),
+ * or whose prompt alone does, is skipped: acc->reply_skipped[bi] counts it. A used one
+ * adds its mean KL and top-1 share (every conversation weighs the same) and its draws to
+ * acc. s: any run state of the model (its hooks are cleared). out may be NULL. 0 or a
+ * negative code. */
+int kvp_eval_replies(const kvp_model *m, kvp_runstate *s, kvp_policy *p, const kvp_template *t,
+                     const int *prompt, int n_prompt, int bi, const kvp_eval_opts *o,
+                     kvp_eval_reply *out, kvp_eval_acc *acc);
+
 /* KL(softmax(p) || softmax(q)) over `vocab` logits, in nats; exactly 0 when they are equal. */
 double kvp_eval_kl(const float *p, const float *q, int vocab);
 
+/* Position of a policy name in kvp_policy_names(), -1 if it is not one. */
 int kvp_eval_policy_index(const char *name);
 
 /* dst += src, field by field (sums from separate runs, e.g. one per thread). */
 void kvp_eval_acc_add(kvp_eval_acc *dst, const kvp_eval_acc *src);
 
-/* One result: protocol "ranking" | "oneshot" | "streaming"; metric "cc_ratio" (C/C*,
- * budget 0 = all budgets), "cost" (evicted importance / the oracle's), "recall" (share of
- * the importance kept), "ppl", "kl", "top1" (streaming: share of the sampled positions
- * whose most likely next token is the reference's). Strings are static or the caller's policy name. */
+/* One result: protocol "ranking" | "oneshot" | "streaming" | "replies"; metric "cc_ratio"
+ * (C/C*, budget 0 = all budgets), "cost" (evicted importance / the oracle's), "recall"
+ * (share of the importance kept), "ppl", "kl", "top1" (streaming: share of the sampled
+ * positions whose most likely next token is the reference's; replies: the mean over
+ * conversations of each one's share of reply positions whose most likely token is the
+ * full cache's), "reply_len" (replies: mean tokens drawn per conversation). Replies' kl
+ * is the mean over conversations of each one's mean over its reply positions. Strings
+ * are static or the caller's policy name. */
 typedef struct kvp_eval_row {
     const char *protocol, *policy, *metric;
     int budget;

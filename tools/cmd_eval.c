@@ -1,5 +1,5 @@
-/* kvp eval: every policy at every budget on held-out text, three protocols (offline/eval.h,
- * docs/evaluation.md). */
+/* kvp eval: every policy at every budget, on held-out text (three protocols) or on chat
+ * prompts (the replies protocol) (offline/eval.h, docs/evaluation.md). */
 #include <cblas.h>
 #include <errno.h>
 #include <getopt.h>
@@ -24,7 +24,9 @@
 #include "tools/corpus.h"
 #include "base/parse.h"
 #include "base/clock.h"
+#include "base/utf8.h"
 #include "generate/generate.h"
+#include "model/template.h"
 
 #define MAX_POLICIES 16
 #define DEFAULT_BUDGETS "16,32,64,128,256"
@@ -32,9 +34,14 @@
 static void usage(FILE *f)
 {
     fprintf(f,
-        "usage: kvp eval --model M (--text FILE | --conversations FILE) --out DIR [options]\n"
+        "usage: kvp eval --model M (--text FILE | --conversations FILE | --prompts FILE)\n"
+        "                --out DIR [options]\n"
         "  --conversations F  JSON-lines conversations rendered with the model's chat\n"
         "                     template, as kvp trace reads them\n"
+        "  --prompts F        one user message a line (empty lines skipped), each a\n"
+        "                     conversation's first turn: the replies protocol alone\n"
+        "  --max-prompts N    replies: the first N prompts only (default: all)\n"
+        "  --reply-len N      replies: tokens a reply draws at most (default 256)\n"
         "  --tokenizer PATH   tokenizer for llama2.c checkpoints\n"
         "  --policies LIST    comma-separated, from: %s\n"
         "                     (default: all of them; kvp only with --policy-file)\n"
@@ -93,6 +100,13 @@ typedef struct job {
     int n_str, bos;
     kvp_eval_acc *seq_acc;             /* [n_seq][n_pol] */
     kvp_eval_acc *stream_acc;          /* [streams][n_spol][n_budgets] */
+    /* replies (phase 2; policies are the ones it runs): prompts rendered as a
+     * conversation's first turn */
+    int *const *prompt_tok;            /* [n_prompts][prompt_len[i]] */
+    const int *prompt_len;
+    int n_prompts;
+    const kvp_template *tpl;
+    kvp_eval_acc *reply_acc;           /* [n_prompts][n_pol][n_budgets] */
     int phase, n_tasks, tty;
     int n_workers;                     /* pool threads; one run state each */
     kvp_runstate *states;              /* [n_workers] */
@@ -102,11 +116,31 @@ typedef struct job {
     char err[600];
 } job;
 
-/* Task t of the current phase. The random policy's draws depend on the sequence or
- * stream only, not on the thread that runs it. */
+/* Replies task t: (prompt, policy, budget), its own accumulator reply_acc[t]. */
+static int run_reply_task(job *j, kvp_runstate *s, int t, char *err, size_t errlen)
+{
+    int nb = j->o->n_budgets, pr = t / (j->n_pol * nb), pi = t / nb % j->n_pol, bi = t % nb;
+    kvp_policy *p;
+    int rc = kvp_offline_policy_create(&p, j->policies[pi], j->policy_file, &j->m->cfg,
+                                       j->seed + (uint64_t)pr, err, errlen);
+    if (rc)
+        return rc;
+    rc = kvp_eval_replies(j->m, s, p, j->tpl, j->prompt_tok[pr], j->prompt_len[pr], bi, j->o,
+                          NULL, &j->reply_acc[t]);
+    if (rc)
+        snprintf(err, errlen, "policy %s at budget %d on prompt %d: %s", j->policies[pi],
+                 j->o->budgets[bi], pr + 1, strerror(-rc));
+    kvp_policy_destroy(p);
+    return rc;
+}
+
+/* Task t of the current phase. The random policy's draws depend on the sequence, stream
+ * or prompt only, not on the thread that runs it. */
 static int run_task(job *j, kvp_runstate *s, int t, char *err, size_t errlen)
 {
     const kvp_eval_opts *o = j->o;
+    if (j->phase == 2)
+        return run_reply_task(j, s, t, err, errlen);
     if (j->phase == 0) {
         int rc = t < j->n_seq
                      ? kvp_eval_ref_compute(&j->refs[t], j->m, s, j->seq_tokens + (size_t)t * j->seq_len)
@@ -171,8 +205,9 @@ static int eval_job(void *arg, int w, int t)
     int done = atomic_fetch_add(&j->done, 1) + 1;
     if (j->tty && done * 20 / j->n_tasks != (done - 1) * 20 / j->n_tasks) {
         pthread_mutex_lock(&j->lock);
-        fprintf(stderr, "\rkvp eval: %s %d/%d", j->phase ? "policy runs" : "references",
-                done, j->n_tasks);
+        fprintf(stderr, "\rkvp eval: %s %d/%d",
+                j->phase == 2 ? "replies" : j->phase ? "policy runs" : "references", done,
+                j->n_tasks);
         pthread_mutex_unlock(&j->lock);
     }
     return 0;
@@ -196,7 +231,8 @@ void kvp_eval_defaults(kvp_eval_cli_opts *o)
     *o = (kvp_eval_cli_opts){.split = 0.8, .seqs = 64, .seq_len = 512, .cut = 384,
                              .streams = 8, .chunk = KVP_DEFAULT_CHUNK, .lookahead = 128,
                              .kl_every = 32, .seed = 1, .threads = kvp_stage_threads(),
-                             .kv_type = KVP_KV_F32, .budget_mode = KVP_BUDGET_PER_HEAD};
+                             .kv_type = KVP_KV_F32, .budget_mode = KVP_BUDGET_PER_HEAD,
+                             .reply_len = 256};
 }
 
 /* The command that reruns this evaluation, every setting spelled out (the report's
@@ -206,6 +242,21 @@ static void print_command(FILE *f, const kvp_eval_cli_opts *e)
     fprintf(f, "kvp eval --model %s", e->model);
     if (e->tokenizer)
         fprintf(f, " --tokenizer %s", e->tokenizer);
+    if (e->prompts) {
+        fprintf(f, " --prompts %s", e->prompts);
+        if (e->max_prompts)
+            fprintf(f, " --max-prompts %ld", e->max_prompts);
+        fprintf(f, " --out %s", e->out);
+        if (e->policies)
+            fprintf(f, " --policies %s", e->policies);
+        if (e->policy_file)
+            fprintf(f, " --policy-file %s", e->policy_file);
+        fprintf(f, " --budgets %s --reply-len %ld --chunk %ld --seed %ld --threads %ld"
+                " --kv-type %s --budget-mode %s", e->budgets ? e->budgets : DEFAULT_BUDGETS,
+                e->reply_len, e->chunk, e->seed, e->threads,
+                kvp_kv_type_name((kvp_kv_type)e->kv_type), kvp_budget_mode_name(e->budget_mode));
+        return;
+    }
     fprintf(f, " %s %s --out %s", e->conversations ? "--conversations" : "--text", e->text, e->out);
     if (e->policies)
         fprintf(f, " --policies %s", e->policies);
@@ -232,8 +283,9 @@ int kvp_cmd_eval(int argc, char **argv)
         {"split", 1, 0, 's'}, {"seqs", 1, 0, 'N'}, {"seq-len", 1, 0, 'n'}, {"cut", 1, 0, 'c'},
         {"streams", 1, 0, 'S'}, {"stream-len", 1, 0, 'L'}, {"chunk", 1, 0, 'k'},
         {"lookahead", 1, 0, 'l'}, {"kl-every", 1, 0, 'K'}, {"seed", 1, 0, 'r'}, {"threads", 1, 0, 't'},
-        {"kv-type", 1, 0, 'T'}, {"budget-mode", 1, 0, 'B'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
-    int o, idx = 0;
+        {"kv-type", 1, 0, 'T'}, {"budget-mode", 1, 0, 'B'}, {"prompts", 1, 0, 'p'},
+        {"max-prompts", 1, 0, 'M'}, {"reply-len", 1, 0, 'R'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+    int o, idx = 0, reply_opts = 0;
     optind = 1;
     while ((o = getopt_long(argc, argv, "", opts, &idx)) != -1) {
         int ok = 1;
@@ -259,15 +311,292 @@ int kvp_cmd_eval(int argc, char **argv)
         case 't': ok = kvp_parse_long(optarg, 1, 64, &e.threads); break;
         case 'T': ok = (e.kv_type = kvp_kv_type_parse(optarg)) >= 0; break;
         case 'B': ok = (e.budget_mode = kvp_budget_mode_parse(optarg)) >= 0; break;
+        case 'p': e.prompts = optarg; break;
+        case 'M': ok = kvp_parse_long(optarg, 1, 1 << 24, &e.max_prompts); reply_opts = 1; break;
+        case 'R': ok = kvp_parse_long(optarg, 1, 1 << 20, &e.reply_len); reply_opts = 1; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
         if (!ok)
             return usage_error("bad value '%s' for --%s", optarg, opts[idx].name);
     }
-    if (!e.model || !e.text || !e.out || optind < argc)
-        return usage_error("--model, --text or --conversations, and --out are required");
+    if (e.prompts && e.text)
+        return usage_error("--prompts cannot be combined with --text or --conversations "
+                           "(with --prompts only the replies protocol runs)");
+    if (reply_opts && !e.prompts)
+        return usage_error("--reply-len and --max-prompts go with --prompts");
+    if (!e.model || !(e.text || e.prompts) || !e.out || optind < argc)
+        return usage_error("--model, --text, --conversations or --prompts, and --out are "
+                           "required");
     return kvp_eval_run(&e);
+}
+
+/* ---- replies ----------------------------------------------------------------------------- */
+
+/* One user message rendered as kvpd renders a conversation's first turn with no system
+ * prompt (sessions/turn.c): the model's own Jinja template when it has one the
+ * interpreter takes (kvp_session_jinja_turn), else, as there, the family's
+ * kvp_template_turn, which adds the template's default system prompt (Qwen 2.5, SmolLM2)
+ * itself. The count of *ids (malloc'd), or a negative code. */
+static int render_prompt(const kvp_template *t, const char *text, size_t len, int **ids)
+{
+    if (t->jinja) {
+        kvp_chat_msg msg = {1, text, len};
+        int keep = 0;
+        int n = kvp_template_jinja_turn_tools(t, "", 0, &msg, 1, NULL, 0, NULL, 0, 0, &keep, ids);
+        if (n >= 0 || n == -ENOMEM)
+            return n;
+    }
+    return kvp_template_turn(t, "", 0, 1, 0, text, len, ids);
+}
+
+typedef struct prompts {
+    int **tok;
+    int *len;
+    int n, lines;          /* prompts kept; lines of the file */
+} prompts;
+
+static void prompts_free(prompts *p)
+{
+    for (int i = 0; i < p->n; i++)
+        free(p->tok[i]);
+    free(p->tok);
+    free(p->len);
+    memset(p, 0, sizeof *p);
+}
+
+/* The non-empty lines of path (the first max of them; 0: all), each as it is, rendered.
+ * 0, or 1 with a message (an unreadable file, a line that is not UTF-8, none left). */
+static int prompts_read(prompts *p, const char *path, long max, const kvp_template *t)
+{
+    memset(p, 0, sizeof *p);
+    size_t size;
+    char *text = kvp_corpus_read(path, &size);
+    if (!text) {
+        fprintf(stderr, "kvp eval: cannot read %s: %s\n", path, strerror(errno));
+        return 1;
+    }
+    int cap = 0, status = 1;
+    for (size_t at = 0; at < size && (!max || p->n < max);) {
+        const char *line = text + at, *nl = memchr(line, '\n', size - at);
+        size_t len = nl ? (size_t)(nl - line) : size - at;
+        at += len + 1;
+        p->lines++;
+        if (!len)
+            continue;
+        if (!kvp_utf8_valid(line, len)) {
+            fprintf(stderr, "kvp eval: %s:%d: not valid UTF-8\n", path, p->lines);
+            goto out;
+        }
+        if (p->n == cap) {
+            cap = cap ? 2 * cap : 64;
+            int **tok = realloc(p->tok, (size_t)cap * sizeof *tok);
+            if (tok)
+                p->tok = tok;
+            int *l = tok ? realloc(p->len, (size_t)cap * sizeof *l) : NULL;
+            if (!tok || !l)
+                goto oom;
+            p->len = l;
+        }
+        int n = render_prompt(t, line, len, &p->tok[p->n]);
+        if (n < 0) {
+            fprintf(stderr, "kvp eval: %s:%d: cannot render the message: %s\n", path, p->lines,
+                    strerror(-n));
+            goto out;
+        }
+        p->len[p->n++] = n;
+    }
+    if (!p->n) {
+        fprintf(stderr, "kvp eval: %s has no prompt (every line is empty)\n", path);
+        goto out;
+    }
+    status = 0;
+    goto out;
+oom:
+    fprintf(stderr, "kvp eval: out of memory\n");
+out:
+    free(text);
+    if (status)
+        prompts_free(p);
+    return status;
+}
+
+/* kvp eval --prompts: the replies protocol for every policy that can decode (all but the
+ * oracle) at every budget. The exit status. */
+static int replies_run(const kvp_eval_cli_opts *e, const kvp_model *m, char *const *names,
+                       int n_pol, kvp_eval_opts *eo)
+{
+    const char *rpol[MAX_POLICIES];
+    int n_rpol = 0, oracle = 0, status = 1, nb = eo->n_budgets;
+    for (int i = 0; i < n_pol; i++) {
+        if (!strcmp(names[i], "oracle"))
+            oracle = 1;
+        else
+            rpol[n_rpol++] = names[i];
+    }
+    if (oracle)
+        fprintf(stderr, "kvp eval: oracle is left out of the replies: its scores need the "
+                "future of a reply not yet drawn\n");
+    if (!n_rpol) {
+        fprintf(stderr, "kvp eval: no policy to run (the oracle has no replies protocol)\n"
+                "(kvp eval --help for usage)\n");
+        return 2;
+    }
+    eo->reply_len = (int)e->reply_len;
+    kvp_template t;
+    char note[512], err[600];
+    if (kvp_template_init(&t, m, NULL, note, sizeof note) < 0) {
+        fprintf(stderr, "kvp eval: chat template: %s\n", note);
+        return 1;
+    }
+    if (note[0])
+        fprintf(stderr, "kvp eval: chat template: %s\n", note);
+    prompts pr = {0};
+    kvp_eval_acc *task_acc = NULL, *acc = NULL;
+    kvp_eval_row *rows = NULL;
+    char *intro = NULL;
+    size_t intro_len = 0;
+    if ((status = prompts_read(&pr, e->prompts, e->max_prompts, &t)))
+        goto out;
+    status = 1;
+    for (int i = 0; i < n_rpol; i++) {
+        kvp_policy *p;
+        if (kvp_offline_policy_create(&p, rpol[i], e->policy_file, &m->cfg, 0, err, sizeof err)) {
+            fprintf(stderr, "kvp eval: %s\n", err);
+            goto out;
+        }
+        kvp_policy_destroy(p);
+    }
+    if (mkdir(e->out, 0777) && errno != EEXIST) {
+        fprintf(stderr, "kvp eval: cannot create %s: %s\n", e->out, strerror(errno));
+        goto out;
+    }
+    long tokens = 0;
+    int shortest = pr.len[0], longest = pr.len[0], too_long = 0;
+    for (int i = 0; i < pr.n; i++) {
+        tokens += pr.len[i];
+        shortest = pr.len[i] < shortest ? pr.len[i] : shortest;
+        longest = pr.len[i] > longest ? pr.len[i] : longest;
+        too_long += pr.len[i] > m->cfg.seq_len;
+    }
+    fprintf(stderr, "kvp eval: %d prompts from %s (%d lines), %d to %d tokens (%s template); "
+            "replies of up to %d tokens; %d policies x %d budgets; %ld threads\n", pr.n,
+            e->prompts, pr.lines, shortest, longest, kvp_template_name(t.format), eo->reply_len,
+            n_rpol, nb, e->threads);
+
+    int n_tasks = pr.n * n_rpol * nb;
+    task_acc = calloc((size_t)n_tasks, sizeof *task_acc);
+    acc = calloc((size_t)n_rpol, sizeof *acc);
+    rows = malloc((size_t)n_rpol * KVP_EVAL_ROWS_PER_POLICY * sizeof *rows);
+    if (!task_acc || !acc || !rows)
+        goto oom;
+    openblas_set_num_threads(1);   /* small matrices: the parallelism is over tasks */
+    job j = {.m = m, .o = eo, .policies = rpol, .n_pol = n_rpol,
+             .policy_file = e->policy_file, .seed = (uint64_t)e->seed,
+             .max_tokens = (int)e->chunk, .prompt_tok = pr.tok, .prompt_len = pr.len,
+             .n_prompts = pr.n, .tpl = &t, .reply_acc = task_acc, .tty = isatty(2),
+             .lock = PTHREAD_MUTEX_INITIALIZER, .n_workers = (int)e->threads};
+    j.states = calloc((size_t)j.n_workers, sizeof *j.states);
+    j.state_ready = calloc((size_t)j.n_workers, 1);
+    double t0 = kvp_now();
+    int phase_rc = !j.states || !j.state_ready ? -1 : run_phase(&j, 2, n_tasks);
+    for (int w = 0; j.state_ready && w < j.n_workers; w++)
+        if (j.state_ready[w])
+            kvp_runstate_free(&j.states[w]);
+    free(j.states);
+    free(j.state_ready);
+    if (phase_rc) {
+        fprintf(stderr, "kvp eval: %s\n", j.err[0] ? j.err : "out of memory");
+        goto out;
+    }
+    /* the tasks' sums in a fixed order: the same whatever the thread count */
+    for (int i = 0; i < n_tasks; i++)
+        kvp_eval_acc_add(&acc[i / nb % n_rpol], &task_acc[i]);
+    int n_rows = 0;
+    for (int p = 0; p < n_rpol; p++)
+        n_rows += kvp_eval_rows(rpol[p], &acc[p], eo, rows + n_rows);
+
+    FILE *mf = open_memstream(&intro, &intro_len);
+    if (!mf)
+        goto oom;
+    fprintf(mf, "# kvp eval: %s\n\nCommand:\n\n```\n", m->name);
+    print_command(mf, e);
+    fprintf(mf, "\n```\n\nPrompts: %d, the non-empty lines of `%s` (%d lines read%s), each "
+            "as it is a one-turn conversation, rendered as kvpd renders a conversation's "
+            "first turn with no system prompt (%s template): %.1f tokens on average, %d to "
+            "%d; %d longer than the context of %d.\n\n"
+            "- replies: for every (prompt, policy, budget) a greedy reply of up to %d tokens, "
+            "decoded with the policy evicting (chunk %d) as kvpd decodes it at temperature "
+            "0, and a full cache (f32, no eviction) fed the same tokens. At every reply "
+            "position (the stop token's included): KL(full || evicted) of the next-token "
+            "distributions over the whole vocabulary, and whether their most likely tokens "
+            "agree. `kl` and `top1` are means over conversations of each one's mean over "
+            "its positions (the live canary's weighting), `reply_len` the mean tokens drawn. "
+            "A conversation whose prompt and reply would pass the context is left out "
+            "(the canary refuses those) and counted as skipped.\n"
+            "- `none` never evicts: its cache differs from the full one only by its rows' "
+            "type (KL 0 with f32 rows).%s\n",
+            pr.n, e->prompts, pr.lines, e->max_prompts ? ", stopped at --max-prompts" : "",
+            kvp_template_name(t.format), (double)tokens / pr.n, shortest, longest, too_long,
+            m->cfg.seq_len, eo->reply_len, eo->chunk,
+            oracle ? " The oracle is left out: its scores need the future of a reply not yet "
+                     "drawn." : "");
+    size_t row_cost = kvp_cache_row_cost(eo->kv_type, m->cfg.head_dim);
+    fprintf(mf, "- cache rows stored as %s: %zu bytes per row per head; %d heads. Budgets: %s.\n",
+            kvp_kv_type_name(eo->kv_type), row_cost, m->cfg.n_layers * m->cfg.n_kv_heads,
+            eo->budget_mode == KVP_BUDGET_GLOBAL
+                ? "global (the heads share B x heads rows by calibrated score, each between "
+                  "its floor and its cap)"
+                : "per head (every head keeps B rows)");
+    fprintf(mf, "\nConversations used / skipped:\n\n| policy |");
+    for (int bi = 0; bi < nb; bi++)
+        fprintf(mf, " b=%d |", eo->budgets[bi]);
+    fprintf(mf, "\n|---|");
+    for (int bi = 0; bi < nb; bi++)
+        fprintf(mf, "---|");
+    fprintf(mf, "\n");
+    for (int p = 0; p < n_rpol; p++) {
+        fprintf(mf, "| %s |", rpol[p]);
+        for (int bi = 0; bi < nb; bi++)
+            fprintf(mf, " %ld / %ld |", acc[p].reply_convs[bi], acc[p].reply_skipped[bi]);
+        fprintf(mf, "\n");
+    }
+    if (fclose(mf))
+        goto oom;
+    if (kvp_eval_write(e->out, rows, n_rows, intro, err, sizeof err)) {
+        fprintf(stderr, "kvp eval: %s\n", err);
+        goto out;
+    }
+
+    printf("%-10s %6s", "policy", "budget");
+    printf(" %10s %8s %9s %6s %7s\n", "kl", "top1", "reply_len", "used", "skipped");
+    for (int p = 0; p < n_rpol; p++)
+        for (int bi = 0; bi < nb; bi++) {
+            const kvp_eval_acc *a = &acc[p];
+            long c = a->reply_convs[bi];
+            printf("%-10s %6d", rpol[p], eo->budgets[bi]);
+            if (c)
+                printf(" %10.4f %8.3f %9.1f", a->reply_kl[bi] / c, a->reply_top1[bi] / c,
+                       (double)a->reply_draws[bi] / c);
+            else
+                printf(" %10s %8s %9s", "-", "-", "-");
+            printf(" %6ld %7ld\n", c, a->reply_skipped[bi]);
+        }
+    fprintf(stderr, "kvp eval: wrote %s/results.csv, results.md and plots in %.1f s\n", e->out,
+            kvp_now() - t0);
+    status = 0;
+    goto out;
+oom:
+    fprintf(stderr, "kvp eval: out of memory\n");
+    status = 1;
+out:
+    prompts_free(&pr);
+    kvp_template_free(&t);
+    free(task_acc);
+    free(acc);
+    free(rows);
+    free(intro);
+    return status;
 }
 
 int kvp_eval_run(const kvp_eval_cli_opts *e)
@@ -340,6 +669,11 @@ int kvp_eval_run(const kvp_eval_cli_opts *e)
         return 1;
     }
     int status = 1, ctx = m.cfg.seq_len;
+    if (e->prompts) {
+        status = replies_run(e, &m, names, n_pol, &eo);
+        kvp_model_free(&m);
+        return status;
+    }
     char *text = NULL, *intro = NULL;
     int *ids = NULL, *seq_tokens = NULL, *stream_tokens = NULL;
     kvp_eval_ref *refs = NULL;

@@ -64,6 +64,10 @@ typedef struct {
     long streams, stream_len, chunk; /* streaming: streams, length (0: 4 x context), chunk */
     long lookahead, kl_every, seed, threads;
     int kv_type, budget_mode;        /* kvp_kv_type, KVP_BUDGET_* */
+    const char *prompts;             /* one user message a line: the replies protocol alone
+                                        (text NULL) */
+    long max_prompts;                /* 0: every non-empty line */
+    long reply_len;                  /* replies: tokens drawn at most */
 } kvp_eval_cli_opts;
 void kvp_eval_defaults(kvp_eval_cli_opts *o);
 int kvp_eval_run(const kvp_eval_cli_opts *o);
