@@ -1,13 +1,14 @@
 /* sessions/canary.c and its place in a turn: the canary's KL and top-1 agreement for a
  * turn run under eviction equal the same figures computed here from an independent replay
- * of the evicted run and the model's own full-cache logits (a separate pass, other
- * chunks); with no eviction it finds nothing;
+ * of the evicted run and the full cache's logits from `kvp logits` (another program,
+ * other chunks); with no eviction it finds nothing;
  * in the hub, canary_rate 0 records and runs nothing, and rate 1 puts each checked turn
  * in /metrics per policy and budget. stories260K. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/clock.h"
 #include "generate/generate.h"
@@ -102,21 +103,45 @@ static kvp_canary_rec *canary_turn(fixture *f, int budget, int words, int max_to
     return r;
 }
 
+/* The full cache's logits of tokens[0..n) from `kvp logits` (one causal block, another
+ * program and other chunks than the canary's reference run): [n][vocab], malloc'd. */
+static float *kvp_logits(const int *tokens, int n, int vocab)
+{
+    char out[] = "/tmp/kvp-canary-logits-XXXXXX";
+    int fd = mkstemp(out);
+    cr_assert_geq(fd, 0);
+    close(fd);
+    size_t cap = 256 + (size_t)n * 12;
+    char *cmd = malloc(cap);
+    int at = snprintf(cmd, cap, "'%s' logits --model '%s' --tokenizer '%s' --out '%s' --tokens ",
+                      tu_build("tools/kvp"), tu_shared("models/stories260K.bin"),
+                      tu_shared("models/tok512.bin"), out);
+    for (int i = 0; i < n; i++)
+        at += snprintf(cmd + at, cap - (size_t)at, "%s%d", i ? "," : "", tokens[i]);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+    free(cmd);
+    float *lg = malloc((size_t)n * (size_t)vocab * sizeof *lg);
+    FILE *f = fopen(out, "rb");
+    cr_assert_not_null(f);
+    cr_assert_eq(fread(lg, sizeof *lg, (size_t)n * (size_t)vocab, f), (size_t)n * (size_t)vocab);
+    cr_assert_eq(fgetc(f), EOF, "kvp logits wrote more than [n][vocab]");
+    fclose(f);
+    unlink(out);
+    return lg;
+}
+
 /* The canary's figures computed again without the record's hidden rows: the evicted run
  * replayed here (a fresh instance of the policy at the same budget and chunk, the prompt
  * prefilled, then the reply's tokens decoded one at a time under eviction, as the turn
- * ran them), the full cache one token at a time (other chunks than the canary's), and
- * the KL over the whole vocabulary in double precision. */
+ * ran them), the full cache's logits from `kvp logits`, and the KL over the whole
+ * vocabulary in double precision. */
 static void offline(const kvp_model *m, const char *policy, int budget,
                     const kvp_canary_rec *r, double *kl, double *top1)
 {
     const int V = m->cfg.vocab_size;
-    kvp_runstate rs, ev_rs;
-    cr_assert_eq(kvp_runstate_init(&rs, &m->cfg, 8), 0);
+    kvp_runstate ev_rs;
     cr_assert_eq(kvp_runstate_init(&ev_rs, &m->cfg, 32), 0);
-    kvp_cache c, ev;
-    cr_assert_eq(kvp_cache_init(&c, m->cfg.n_layers, m->cfg.n_kv_heads, m->cfg.head_dim,
-                                &m->cfg.rope), 0);
+    kvp_cache ev;
     cr_assert_eq(kvp_cache_init(&ev, m->cfg.n_layers, m->cfg.n_kv_heads, m->cfg.head_dim,
                                 &m->cfg.rope), 0);
     kvp_policy *pol;
@@ -128,22 +153,20 @@ static void offline(const kvp_model *m, const char *policy, int budget,
     double *lp = malloc((size_t)V * sizeof *lp), *lq = malloc((size_t)V * sizeof *lq);
     float *q = malloc((size_t)V * sizeof *q);
     int n = r->reply_from + r->n_pos - 1;
+    float *full = kvp_logits(r->tokens, n, V);
     cr_assert_eq(kvp_gen_prefill(m, &ev_rs, &ev, &e, r->tokens, r->reply_from, NULL), 0);
     memcpy(q, ev_rs.logits, (size_t)V * sizeof *q);
-    for (int i = 0; i < n; i++) {
-        cr_assert_eq(kvp_forward(m, &rs, &c, &r->tokens[i], 1, NULL), 0);
-        int k = i - (r->reply_from - 1);
-        if (k < 0)
-            continue;
+    for (int k = 0; k < r->n_pos; k++) {
         if (k > 0) {   /* the evicted run's logits after the reply's token k - 1 */
-            cr_assert_eq(kvp_gen_decode(m, &ev_rs, &ev, &e, r->tokens[i]), 0);
+            cr_assert_eq(kvp_gen_decode(m, &ev_rs, &ev, &e, r->tokens[r->reply_from + k - 1]), 0);
             memcpy(q, ev_rs.logits, (size_t)V * sizeof *q);
         }
+        const float *p = full + (size_t)(r->reply_from - 1 + k) * V;
         double mp = -INFINITY, mq = -INFINITY, zp = 0.0, zq = 0.0;
         int bp = 0, bq = 0;
         for (int v = 0; v < V; v++) {
-            if (rs.logits[v] > mp) {
-                mp = rs.logits[v];
+            if (p[v] > mp) {
+                mp = p[v];
                 bp = v;
             }
             if (q[v] > mq) {
@@ -152,12 +175,12 @@ static void offline(const kvp_model *m, const char *policy, int budget,
             }
         }
         for (int v = 0; v < V; v++) {
-            zp += exp(rs.logits[v] - mp);
+            zp += exp(p[v] - mp);
             zq += exp(q[v] - mq);
         }
         double d = 0.0;
         for (int v = 0; v < V; v++) {
-            lp[v] = rs.logits[v] - mp - log(zp);
+            lp[v] = p[v] - mp - log(zp);
             lq[v] = q[v] - mq - log(zq);
             d += exp(lp[v]) * (lp[v] - lq[v]);
         }
@@ -166,13 +189,12 @@ static void offline(const kvp_model *m, const char *policy, int budget,
     }
     *kl = sum / r->n_pos;
     *top1 = (double)agree / r->n_pos;
+    free(full);
     free(lp);
     free(lq);
     free(q);
     kvp_policy_destroy(pol);
-    kvp_cache_free(&c);
     kvp_cache_free(&ev);
-    kvp_runstate_free(&rs);
     kvp_runstate_free(&ev_rs);
 }
 
