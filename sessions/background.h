@@ -5,7 +5,9 @@
  * The loop queues items (kvp_background_canary, kvp_background_transcript): at most
  * KVP_BACKGROUND_MAX canaries and KVP_BACKGROUND_MAX_TRANSCRIPTS conversations'
  * transcripts wait (a new one past that is dropped and counted; a conversation's newer
- * transcript replaces its waiting one). The scheduler
+ * transcript replaces its waiting one). A canary record holds at most 256 x dim floats
+ * beyond its tokens, so the waiting canaries hold at most 16 MB per 1024 of the
+ * model's width (about 14 MB for a 896-wide model, 64 MB for a 4096-wide one). The scheduler
  * runs them one at a time on a worker (kvpd_sched_set_idle) only when it has nothing
  * else to do: no turn queued, no step running, no job in flight; and while one runs, no
  * step starts (a turn queued meanwhile waits for at most one chunk of the canary).
