@@ -24,6 +24,7 @@
 # default "--seqs 1": only their streaming figures are read).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/kvpd-port.sh
 build=${BUILD:-build}
 shared=${KVP_SHARED:-../shared}
 out=${1:-/tmp/kvp-canary-vs-eval}
@@ -69,13 +70,7 @@ for p in $policies; do
             --temperature 0 --max-tokens "$max_tokens" --state-dir "$run/state" \
             --admin-token-file "$run/admin.token" 2>"$run/kvpd.log" &
         kvpd=$!
-        port=
-        for _ in $(seq 100); do
-            port=$(sed -n 's/.*listening on [0-9.]*:\([0-9]*\).*/\1/p' "$run/kvpd.log")
-            [ -n "$port" ] && break
-            sleep 0.1
-        done
-        [ -n "$port" ] || { cat "$run/kvpd.log" >&2; exit 1; }
+        port=$(kvpd_port "$run/kvpd.log")
         python3 scripts/chat-lines.py --port "$port" --turns 1 --min-words 20 \
             --max-chars 600 --max-tokens "$max_tokens" --limit "$turns" \
             --wait-canary "$run/admin.token" --record "$run/replies.jsonl" \

@@ -13,6 +13,7 @@
 # SHIPPED (the policy compared with, default policy/weights/stories260K.kvp).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/kvpd-port.sh
 build=${BUILD:-build}
 shared=${KVP_SHARED:-../shared}
 out=${1:-/tmp/kvp-learn-from-traffic}
@@ -43,13 +44,7 @@ PY
     2>"$out/kvpd.log" &
 kvpd=$!
 trap 'kill $kvpd 2>/dev/null || true' EXIT
-port=
-for _ in $(seq 100); do
-    port=$(sed -n 's/.*listening on [0-9.]*:\([0-9]*\).*/\1/p' "$out/kvpd.log")
-    [ -n "$port" ] && break
-    sleep 0.1
-done
-[ -n "$port" ] || { cat "$out/kvpd.log" >&2; exit 1; }
+port=$(kvpd_port "$out/kvpd.log")
 grep -q "runs without a learned eviction policy" "$out/kvpd.log"
 start=$(date +%s)
 python3 scripts/chat-lines.py --port "$port" --turns 2 --min-words 40 --max-chars 600 \

@@ -697,6 +697,20 @@ Test(eval, cli_runs_the_full_cache_alone)
     cr_assert_eq(system(cmd), 0);
 }
 
+/* The results.csv of two runs (1 and 2 threads), which must be the same; the first's,
+ * malloc'd. */
+static char *same_csv(char dir[2][64])
+{
+    char path[128];
+    snprintf(path, sizeof path, "%s/results.csv", dir[0]);
+    char *csv = tu_slurp(path, NULL);
+    snprintf(path, sizeof path, "%s/results.csv", dir[1]);
+    char *csv1 = tu_slurp(path, NULL);
+    cr_assert_str_eq(csv, csv1, "results depend on the thread count");
+    free(csv1);
+    return csv;
+}
+
 Test(eval, cli_writes_one_csv_row_per_protocol_policy_budget_metric)
 {
     char dir[2][64], args[512], *out;
@@ -707,13 +721,7 @@ Test(eval, cli_writes_one_csv_row_per_protocol_policy_budget_metric)
         cr_assert(strstr(out, "2 sequences of 128 tokens"), "%s", out);
         free(out);
     }
-    char path[128];
-    snprintf(path, sizeof path, "%s/results.csv", dir[0]);
-    char *csv = tu_slurp(path, NULL);
-    snprintf(path, sizeof path, "%s/results.csv", dir[1]);
-    char *csv1 = tu_slurp(path, NULL);
-    cr_assert_str_eq(csv, csv1, "results depend on the thread count");
-    free(csv1);
+    char *csv = same_csv(dir);
 
     const char *header = "protocol,policy,budget,metric,value\n";
     cr_assert_eq(strncmp(csv, header, strlen(header)), 0, "%s", csv);
@@ -756,6 +764,7 @@ Test(eval, cli_writes_one_csv_row_per_protocol_policy_budget_metric)
     cr_assert_eq(rows, n_exp);
     free(csv);
 
+    char path[128];
     snprintf(path, sizeof path, "%s/results.md", dir[0]);
     char *md = tu_slurp(path, NULL);
     cr_assert(strstr(md, "| policy | b=32 | b=64 |"), "%s", md);
@@ -896,13 +905,7 @@ Test(eval, cli_replies_rows_threads_and_the_library)
         cr_assert(strstr(out, "oracle is left out"), "%s", out);
         free(out);
     }
-    char path[128];
-    snprintf(path, sizeof path, "%s/results.csv", dir[0]);
-    char *csv = tu_slurp(path, NULL);
-    snprintf(path, sizeof path, "%s/results.csv", dir[1]);
-    char *csv1 = tu_slurp(path, NULL);
-    cr_assert_str_eq(csv, csv1, "results depend on the thread count");
-    free(csv1);
+    char *csv = same_csv(dir);
 
     /* exactly the replies rows of the policies that decode */
     const char *header = "protocol,policy,budget,metric,value\n";
@@ -982,6 +985,7 @@ Test(eval, cli_replies_rows_threads_and_the_library)
     kvp_template_free(&t);
     free(csv);
 
+    char path[128];
     snprintf(path, sizeof path, "%s/results.md", dir[0]);
     char *md = tu_slurp(path, NULL);
     cr_assert(strstr(md, "--prompts"), "the command is recorded");
