@@ -144,7 +144,7 @@ int main(int argc, char **argv)
     if (!kvp_file) {
         kvp_agent_set set;
         kvp_agent_arch a = {m.cfg.head_dim, KVP_AGENT_DEFAULT_P, KVP_AGENT_DEFAULT_E,
-                            KVP_AGENT_DEFAULT_H, KVP_AGENT_DEFAULT_PMAX};
+                            KVP_AGENT_DEFAULT_H, KVP_AGENT_DEFAULT_PMAX, 1};
         snprintf(tmp_policy, sizeof tmp_policy, "/tmp/bench-policies-%d.kvp", (int)getpid());
         if (kvp_agent_set_alloc(&set, m.cfg.n_layers, m.cfg.n_kv_heads, &a, err, sizeof err)) {
             fprintf(stderr, "bench_policies: %s\n", err);

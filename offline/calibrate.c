@@ -31,6 +31,11 @@ typedef struct fit_job {
     atomic_long rows;          /* pairs of an agent fitted (for the log) */
 } fit_job;
 
+/* Agents with centred keys score a sequence's rows again at every cut (the mean key is
+ * the cut's), so they are calibrated on every CENTRED_CUT_STRIDE-th cut of the grid: a
+ * few hundred thousand pairs per agent still, at an eighth of the scoring. */
+#define CENTRED_CUT_STRIDE 8
+
 /* The pairs of agent a over the training sequences; *out malloc'd. -ENOMEM or the count. */
 static long agent_pairs(const fit_job *j, int a, pair **out)
 {
@@ -41,7 +46,7 @@ static long agent_pairs(const fit_job *j, int a, pair **out)
     for (int q = 0; q < t->h.n_train; q++) {
         int len = kvp_trace_len(t, q), cuts = kvp_trace_n_cuts(&t->h, len);
         len_max = len > len_max ? len : len_max;
-        for (int g = 0; g < cuts; g++) {
+        for (int g = 0; g < cuts; g += ar->centered ? CENTRED_CUT_STRIDE : 1) {
             int n = t->h.cut_min + g * t->h.cut_stride;
             total += n - KVP_DEFAULT_RECENT - KVP_DEFAULT_SINKS > 0
                          ? n - KVP_DEFAULT_RECENT - KVP_DEFAULT_SINKS : 0;
@@ -52,8 +57,10 @@ static long agent_pairs(const fit_job *j, int a, pair **out)
     float *score = malloc(((size_t)len_max + 1) * sizeof *score);
     float *work = malloc(kvp_agent_score_work(ar, len_max > 0 ? len_max : 1) * sizeof *work);
     int32_t *pos = malloc(((size_t)len_max + 1) * sizeof *pos);
+    /* centred keys: the mean, then the cut's keys centred */
+    float *kc = ar->centered ? malloc(((size_t)len_max + 2) * d * sizeof *kc) : NULL;
     long m = 0;
-    if (p && k && v && score && work && pos) {
+    if (p && k && v && score && work && pos && (kc || !ar->centered)) {
         const float *w = kvp_agent_set_params(j->s, layer, kvh);
         for (int q = 0; q < t->h.n_train; q++) {
             int len = kvp_trace_len(t, q), cuts = kvp_trace_n_cuts(&t->h, len);
@@ -66,11 +73,18 @@ static long agent_pairs(const fit_job *j, int a, pair **out)
             }
             for (int i = 0; i < len; i++)
                 pos[i] = i;
-            kvp_agent_score(ar, w, k, v, pos, len, score, work);
-            for (int g = 0; g < cuts; g++) {
+            if (!ar->centered)
+                kvp_agent_score(ar, w, k, v, pos, len, score, work);
+            for (int g = 0; g < cuts; g += ar->centered ? CENTRED_CUT_STRIDE : 1) {
                 int n = t->h.cut_min + g * t->h.cut_stride;
                 const float *imp = kvp_trace_importance(t, q, layer, kvh, g);
                 float per_query = 1.0f / (float)(len - n);
+                if (ar->centered) {   /* keys centred on the cache at this cut: rows [0, n) */
+                    kvp_agent_key_mean(d, k, n, kc);
+                    memcpy(kc + d, k, (size_t)n * d * sizeof *kc);
+                    kvp_agent_center_keys(d, kc + d, n, kc);
+                    kvp_agent_score(ar, w, kc + d, v, pos, n, score, work);
+                }
                 for (int i = KVP_DEFAULT_SINKS; i < n - KVP_DEFAULT_RECENT; i++)
                     p[m++] = (pair){score[i], imp[i] * per_query};
             }
@@ -81,6 +95,7 @@ static long agent_pairs(const fit_job *j, int a, pair **out)
     free(score);
     free(work);
     free(pos);
+    free(kc);
     if (!p || m < 0 || (m == 0 && total > 0)) {
         free(p);
         return -ENOMEM;

@@ -217,6 +217,29 @@ static void gather_list(const kvp_trace *t, int seq, int layer, int kvh, const i
     }
 }
 
+/* Centred keys (kvp_agent_net.h): k[m][d] minus the mean key of the sequence's rows
+ * [0, n), the cache at the cut before any eviction. A streaming decision is centred on
+ * that too, not on its survivors: the agents learn one frame of reference, and the
+ * ranking and one-shot figures are better for it (docs/evaluation.md, "Centred keys").
+ * Nothing happens for agents without centred keys. */
+static void center_episode(const kvp_trace *t, const kvp_agent_arch *a, int seq, int layer,
+                           int kvh, int n, float *k, int m)
+{
+    if (!a->centered)
+        return;
+    int d = t->h.head_dim;
+    double acc[KVP_AGENT_MAX_D] = {0};
+    float kr[KVP_AGENT_MAX_D], vr[KVP_AGENT_MAX_D], mean[KVP_AGENT_MAX_D];
+    for (int r = 0; r < n; r++) {
+        decode_row(t, seq, layer, kvh, r, kr, vr);
+        for (int j = 0; j < d; j++)
+            acc[j] += kr[j];
+    }
+    for (int j = 0; j < d; j++)
+        mean[j] = n ? (float)(acc[j] / n) : 0.0f;
+    kvp_agent_center_keys(d, k, m, mean);
+}
+
 /* ---- validation --------------------------------------------------------------------- */
 
 typedef struct val_ctx {
@@ -250,6 +273,7 @@ static int val_job(void *arg, int worker, int a)
             continue;
         const float *imp = kvp_trace_importance(t, seq, layer, kvh, g);
         gather_rows(t, seq, layer, kvh, c->n_sink, m, k, v, pos);
+        center_episode(t, &s->arch, seq, layer, kvh, c->cut, k, m);
         kvp_agent_score(&s->arch, w, k, v, pos, m, scores, swork);
         kvp_argsort_desc(scores, m, order, rk);
         double cost = kvp_rank_cost(imp + c->n_sink, order, m);
@@ -440,6 +464,9 @@ static int stream_episode_rows(const kvp_trace *t, const kvp_agent_arch *arch, c
     int scored = n - win - c->stream_chunk;   /* rows 0..scored-1 compete for the kept places */
     if (scored > c->n_sink) {
         gather_rows(t, seq, layer, kvh, 0, scored, scratch_k, scratch_v, scratch_pos);
+        /* the cache before this decision's evictions: an approximation of the one the
+         * survivors were chosen from */
+        center_episode(t, arch, seq, layer, kvh, n, scratch_k, scored);
         kvp_agent_score(arch, w, scratch_k, scratch_v, scratch_pos, scored, wk->behave,
                         wk->behave_work);
     }
@@ -470,15 +497,18 @@ static int train_step(train_ctx *x, worker *wk, int a, long step)
             int budget = c->stream_budgets[rand_below(&st->rng, c->n_stream_budgets)];
             m = stream_episode_rows(t, &x->s->arch, st->w, c, wk, seq, layer, kvh, cut, budget,
                                     k, v, wk->pos + rows);
-            if (m)
+            if (m) {
                 gather_list(t, seq, layer, kvh, wk->kept, m, imp, k, v, wk->pos + rows,
                             wk->imp + rows);
+                center_episode(t, &x->s->arch, seq, layer, kvh, cut, k, m);
+            }
             ep[e] = (episode){rows, m, wk->imp + rows};
         }
         if (!m) {
             m = cut - c->n_sink - c->n_recent;
             ep[e] = (episode){rows, m, imp + c->n_sink};
             gather_rows(t, seq, layer, kvh, c->n_sink, m, k, v, wk->pos + rows);
+            center_episode(t, &x->s->arch, seq, layer, kvh, cut, k, m);
         }
         rows += m;
     }

@@ -25,14 +25,19 @@ _Static_assert(sizeof(size_t) >= 8, "parameter counts up to 2^42 need a 64-bit s
 /* ---------------------------------------------------------------- file format */
 
 static const uint8_t MAGIC[8] = {'K', 'V', 'P', 'P', 'O', 'L', 0, 1};
-#define FORMAT_VERSION 3u
+#define FORMAT_VERSION 4u
 /* Version 1: the 48 bytes of shape. Version 2 adds the model the agents were trained for:
  * u64 weights fingerprint (kvp_model_config.fingerprint) and its name, 64 bytes NUL-padded.
  * Version 3 adds the calibration after the parameters: u32 n_knots (2..256), then per agent
  * n_knots f32 scores and n_knots f32 values. A set without a calibration is written as
- * version 2, so an uncalibrated policy's file is unchanged. */
+ * version 2, so an uncalibrated policy's file is unchanged. Version 4 adds to the header
+ * a u32 of input flags (bit 0: centred keys, kvp_agent_arch.centered; the others 0), and
+ * its calibration section is always there, with 0 knots when there is none. Only a set
+ * with centred keys is written as version 4. */
 #define HEADER_V1_BYTES 48
 #define HEADER_BYTES (HEADER_V1_BYTES + 8 + KVP_POLICY_MODEL_NAME)
+#define HEADER_V4_BYTES (HEADER_BYTES + 4)
+#define INPUT_CENTERED 1u
 #define CHECKSUM_BYTES 8
 
 int kvp_agent_set_save(const kvp_agent_set *s, const char *path, char *err, size_t errlen)
@@ -57,9 +62,12 @@ int kvp_agent_set_save(const kvp_agent_set *s, const char *path, char *err, size
         return rc;
     }
 
-    uint8_t hdr[HEADER_BYTES];
+    uint8_t hdr[HEADER_V4_BYTES];
+    size_t hdr_bytes = s->arch.centered ? HEADER_V4_BYTES : HEADER_BYTES;
+    int cal_section = s->n_knots || s->arch.centered;
     memcpy(hdr, MAGIC, 8);
-    kvp_put_u32(hdr + 8, s->n_knots ? 3u : 2u);
+    kvp_put_u32(hdr + 8, s->arch.centered ? 4u : s->n_knots ? 3u : 2u);
+    kvp_put_u32(hdr + HEADER_BYTES, s->arch.centered ? INPUT_CENTERED : 0u);
     kvp_put_u32(hdr + 12, (uint32_t)s->n_layers);
     kvp_put_u32(hdr + 16, (uint32_t)s->n_kv_heads);
     kvp_put_u32(hdr + 20, (uint32_t)s->arch.d);
@@ -76,19 +84,21 @@ int kvp_agent_set_save(const kvp_agent_set *s, const char *path, char *err, size
     size_t nk = (size_t)s->n_layers * (size_t)s->n_kv_heads * 2u * (size_t)s->n_knots;
     uint8_t cal[4], tail[CHECKSUM_BYTES];
     kvp_put_u32(cal, (uint32_t)s->n_knots);
-    uint64_t sum = kvp_fnv1a(kvp_fnv1a(KVP_FNV1A_INIT, hdr, sizeof hdr), s->params,
+    uint64_t sum = kvp_fnv1a(kvp_fnv1a(KVP_FNV1A_INIT, hdr, hdr_bytes), s->params,
                              nf * sizeof(float));
+    if (cal_section)
+        sum = kvp_fnv1a(sum, cal, sizeof cal);
     if (s->n_knots)
-        sum = kvp_fnv1a(kvp_fnv1a(sum, cal, sizeof cal), s->knots, nk * sizeof(float));
+        sum = kvp_fnv1a(sum, s->knots, nk * sizeof(float));
     kvp_put_u64(tail, sum);
 
     /* The daemon may run as another user: make the file world-readable like a normal
      * create would (mkstemp uses 0600). */
     errno = 0;
-    int ok = fchmod(fd, 0644) == 0 && fwrite(hdr, 1, sizeof hdr, f) == sizeof hdr &&
+    int ok = fchmod(fd, 0644) == 0 && fwrite(hdr, 1, hdr_bytes, f) == hdr_bytes &&
              fwrite(s->params, sizeof(float), nf, f) == nf &&
-             (!s->n_knots || (fwrite(cal, 1, sizeof cal, f) == sizeof cal &&
-                              fwrite(s->knots, sizeof(float), nk, f) == nk)) &&
+             (!cal_section || fwrite(cal, 1, sizeof cal, f) == sizeof cal) &&
+             (!s->n_knots || fwrite(s->knots, sizeof(float), nk, f) == nk) &&
              fwrite(tail, 1, sizeof tail, f) == sizeof tail && fflush(f) == 0 &&
              fsync(fd) == 0;
     int saved = errno ? errno : EIO;   /* a short fwrite need not set errno */
@@ -123,8 +133,8 @@ static int parse_header(const uint8_t *hdr, uint64_t file_size, const char *path
                path, version, FORMAT_VERSION);
         return -EINVAL;
     }
-    *header_bytes = version == 1 ? HEADER_V1_BYTES : HEADER_BYTES;
-    *calibrated = version == 3;
+    *header_bytes = version == 1 ? HEADER_V1_BYTES : version == 4 ? HEADER_V4_BYTES : HEADER_BYTES;
+    *calibrated = version >= 3;   /* the calibration section is there (version 4: maybe empty) */
     static const struct { const char *name; int off; int64_t max; } fields[] = {
         {"n_layers", 12, KVP_AGENT_MAX_LAYERS}, {"n_kv_heads", 16, KVP_AGENT_MAX_KV_HEADS},
         {"head_dim", 20, KVP_AGENT_MAX_D},      {"width P", 24, KVP_AGENT_MAX_WIDTH},
@@ -159,8 +169,8 @@ static int parse_header(const uint8_t *hdr, uint64_t file_size, const char *path
     uint64_t want = np > file_size / 4u / agents
                         ? UINT64_MAX
                         : (uint64_t)*header_bytes + agents * np * 4u + CHECKSUM_BYTES;
-    /* version 3: the knot count and at least its u32; read_calibration checks that the
-     * count matches the bytes left before it allocates the knots */
+    /* versions 3 and 4: the knot count and at least its u32; read_calibration checks
+     * that the count matches the bytes left before it allocates the knots */
     if (*calibrated && want != UINT64_MAX) {
         want += 4;
         if (file_size > want)
@@ -181,8 +191,9 @@ static int parse_header(const uint8_t *hdr, uint64_t file_size, const char *path
     return 0;
 }
 
-/* Version 3's calibration, after the parameters: the knot count must match the bytes left
- * (parse_header checked they hold a whole number of knots per agent). */
+/* The calibration section of versions 3 and 4, after the parameters: the knot count must
+ * match the bytes left (parse_header checked they hold a whole number of knots per agent);
+ * version 4 may have none (0 knots, no bytes). */
 static int read_calibration(kvp_agent_set *s, FILE *f, uint64_t file_size, int header_bytes,
                             uint64_t *sum, const char *path, char *err, size_t errlen)
 {
@@ -194,6 +205,10 @@ static int read_calibration(kvp_agent_set *s, FILE *f, uint64_t file_size, int h
     uint64_t agents = (uint64_t)s->n_layers * (uint64_t)s->n_kv_heads;
     uint64_t left = file_size - (uint64_t)header_bytes - agents * s->n_params * 4u - 4u - CHECKSUM_BYTES;
     uint32_t k = kvp_get_u32(cal);
+    if (k == 0 && header_bytes == HEADER_V4_BYTES && left == 0) {
+        *sum = kvp_fnv1a(*sum, cal, sizeof cal);
+        return 0;
+    }
     if (k < 2 || k > KVP_CALIBRATION_MAX_KNOTS || left != agents * 8u * k) {
         kvp_errorf(err, errlen, 0, "%s: calibration of %u knots does not match the %llu bytes "
                    "it has (2..%d knots per agent)", path, k, (unsigned long long)left,
@@ -304,7 +319,7 @@ int kvp_agent_set_load(kvp_agent_set *s, const char *path, const kvp_model_confi
     }
     int rc;
     struct stat st;
-    uint8_t hdr[HEADER_BYTES], tail[CHECKSUM_BYTES];
+    uint8_t hdr[HEADER_V4_BYTES], tail[CHECKSUM_BYTES];
     int n_layers, n_kv_heads;
     kvp_agent_arch a;
     if (fstat(fileno(f), &st) != 0) {
@@ -338,6 +353,16 @@ int kvp_agent_set_load(kvp_agent_set *s, const char *path, const kvp_model_confi
         rc = -EIO;
         goto fail;
     }
+    if (header_bytes == HEADER_V4_BYTES) {
+        uint32_t flags = kvp_get_u32(hdr + HEADER_BYTES);
+        if (flags & ~INPUT_CENTERED) {
+            kvp_errorf(err, errlen, 0, "%s: unknown input flags %#x (this build knows %#x)",
+                       path, flags, INPUT_CENTERED);
+            rc = -EINVAL;
+            goto fail;
+        }
+        a.centered = (flags & INPUT_CENTERED) != 0;
+    }
     if ((rc = kvp_agent_set_alloc(s, n_layers, n_kv_heads, &a, err, errlen)))
         goto fail;
 
@@ -363,7 +388,7 @@ int kvp_agent_set_load(kvp_agent_set *s, const char *path, const kvp_model_confi
         rc = -EBADMSG;
         goto fail;
     }
-    if (header_bytes == HEADER_BYTES) {
+    if (header_bytes >= HEADER_BYTES) {
         s->model_fingerprint = kvp_get_u64(hdr + 48);
         memcpy(s->model_name, hdr + 56, KVP_POLICY_MODEL_NAME);
         s->model_name[KVP_POLICY_MODEL_NAME - 1] = 0;

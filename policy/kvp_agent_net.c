@@ -31,7 +31,31 @@ int kvp_agent_arch_check(const kvp_agent_arch *a, char *err, size_t errlen)
         (rc = kvp_agent_check_range("hidden H", a->H, KVP_AGENT_MAX_WIDTH, err, errlen)) ||
         (rc = kvp_agent_check_range("position table size pmax", a->pmax, KVP_AGENT_MAX_PMAX, err, errlen)))
         return rc;
+    if (a->centered != 0 && a->centered != 1)
+        return kvp_agent_check_range("centered + 1", (int64_t)a->centered + 1, 2, err, errlen);
     return 0;
+}
+
+void kvp_agent_key_mean(int d, const float *k, int n, float *mean)
+{
+    for (int j = 0; j < d; j++)
+        mean[j] = 0.0f;
+    if (n <= 0)
+        return;
+    /* summed in double: a head may hold many thousand rows */
+    for (int j = 0; j < d; j++) {
+        double s = 0.0;
+        for (int i = 0; i < n; i++)
+            s += k[(size_t)i * d + j];
+        mean[j] = (float)(s / n);
+    }
+}
+
+void kvp_agent_center_keys(int d, float *k, int n, const float *mean)
+{
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < d; j++)
+            k[(size_t)i * d + j] -= mean[j];
 }
 
 /* A dense layer of `out` units over `in` inputs, then its layer norm, from offset o:

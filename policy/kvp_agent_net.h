@@ -4,6 +4,8 @@
  *
  *   kh = LN(Wk k + bk)   vh = LN(Wv v + bv)   ph = LN(Emb[clamp(p, 0, pmax-1)])
  *   h1 = SiLU(LN(W1 [kh;vh;ph] + b1))   h2 = SiLU(LN(W2 h1 + b2))   s = w3.h2 + b3
+ * where k is the key minus the mean key of the head's cached rows for agents with centred
+ * keys (arch.centered, below), the key itself for the others.
  *
  * Every LayerNorm has a learned gain and bias. An agent's parameters are one flat float
  * vector (layout in kvp_agent_layout), so an optimizer can treat it as a single array
@@ -25,6 +27,8 @@ typedef struct kvp_agent_arch {
     int E;      /* position embedding width */
     int H;      /* hidden width */
     int pmax;   /* position table rows; positions >= pmax share the last row */
+    int centered;   /* 1: an agent sees a key minus the mean key of the head's rows at the
+                       decision (kvp_agent_key_mean, kvp_agent_center_keys); 0: the key */
 } kvp_agent_arch;
 
 /* Defaults: the sizes of the shipped stories260K agents, which kvp learn builds too. */
@@ -45,8 +49,17 @@ typedef struct kvp_agent_layout {
     size_t n;                           /* total floats per agent */
 } kvp_agent_layout;
 
+/* Centred keys. Softmax attention does not change when one vector is added to every key
+ * a query sees, so what decides a row's share of a head's attention is its key's offset
+ * from the keys around it, not the key itself: with arch.centered the agents score
+ * k - mean(keys of the head's cached rows) (the rows of the cache when it is ranked, all
+ * of them, sinks and recent window included). mean[d] of keys k[n][d] (zeros for n 0): */
+void kvp_agent_key_mean(int d, const float *k, int n, float *mean);
+/* k[n][d] -= mean[d] */
+void kvp_agent_center_keys(int d, float *k, int n, const float *mean);
+
 /* 0, or -EINVAL with a message when a size is outside what a policy file may hold
- * (each at least 1; d <= 4096, P, E, H <= 65536, pmax <= 2^24). */
+ * (each at least 1; d <= 4096, P, E, H <= 65536, pmax <= 2^24; centered 0 or 1). */
 int kvp_agent_arch_check(const kvp_agent_arch *a, char *err, size_t errlen);
 /* Layout for a checked arch. */
 void kvp_agent_layout_of(const kvp_agent_arch *a, kvp_agent_layout *l);

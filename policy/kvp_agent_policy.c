@@ -12,16 +12,20 @@
 
 /* ---------------------------------------------------------------- policy glue */
 
-/* Rows scored per sgemm batch; bounds the scratch buffer for any insert size. */
-#define SCORE_BLOCK 256
+/* Rows scored per sgemm batch; bounds the scratch buffer for any insert size. Small
+ * enough that OpenBLAS runs each of the agent's products on the calling thread (it
+ * threads an sgemm from m x n x k = 2^18 on; the default agents' largest product is
+ * 64 x 32 x 68): the policy scores inside a step, beside the model's own threads, and a
+ * threaded product of a few hundred rows there waits on busy cores. */
+#define SCORE_BLOCK 64
 
 typedef struct kvp_agent_policy {
     kvp_agent_set own;          /* the weights it loaded itself (kvp_agent_policy_create) */
     const kvp_agent_set *set;   /* &own, or a set shared read-only with other instances */
 } kvp_agent_policy;
 
-/* Scoring scratch: kvp_agent_score_work(SCORE_BLOCK) floats, then [2][SCORE_BLOCK][d] for
- * a block's keys and values decoded (f16 / q8_0 rows). One buffer per thread, not per
+/* Scoring scratch: d doubles, kvp_agent_score_work(SCORE_BLOCK) floats, then
+ * [2][SCORE_BLOCK][d] for a block's keys and values decoded (f16 / q8_0 rows), then d floats. One buffer per thread, not per
  * instance: an instance is used by one thread at a time and scoring does not nest, so
  * the sessions of a daemon, which share their policy's weights, add nothing per session
  * but the instance itself. Freed when the thread ends. */
@@ -98,6 +102,37 @@ static int stale(const kvp_head *h, int i)
     return isnan(h->score[i]) || h->stat[i] != (float)h->pos[i];
 }
 
+/* Centred keys (kvp_agent_net.h): the mean key of every row the head holds, then every
+ * row scored again on its key minus that mean, since the mean moves with each chunk and
+ * each eviction. kt, vt hold SCORE_BLOCK rows, mean d floats, acc d doubles. */
+static void score_centered(const kvp_agent_arch *a, const float *w, kvp_head *h, float *work,
+                           float *kt, float *vt, float *mean, double *acc)
+{
+    int d = a->d;
+    for (int j = 0; j < d; j++)
+        acc[j] = 0.0;
+    for (int i = 0; i < h->n; i += SCORE_BLOCK) {
+        int m = h->n - i < SCORE_BLOCK ? h->n - i : SCORE_BLOCK;
+        const float *k = kvp_head_keys(h, d, i, m, kt);
+        for (int r = 0; r < m; r++)
+            for (int j = 0; j < d; j++)
+                acc[j] += k[(size_t)r * d + j];
+    }
+    for (int j = 0; j < d; j++)
+        mean[j] = h->n ? (float)(acc[j] / h->n) : 0.0f;
+    for (int i = 0; i < h->n; i += SCORE_BLOCK) {
+        int m = h->n - i < SCORE_BLOCK ? h->n - i : SCORE_BLOCK;
+        const float *k = kvp_head_keys(h, d, i, m, kt);
+        if (k != kt)
+            memcpy(kt, k, (size_t)m * d * sizeof *kt);
+        kvp_agent_center_keys(d, kt, m, mean);
+        kvp_agent_score(a, w, kt, kvp_head_values(h, d, i, m, vt), h->pos + i, m, h->score + i,
+                        work);
+        for (int j = i; j < i + m; j++)
+            h->stat[j] = (float)h->pos[j];
+    }
+}
+
 static void kvp_before_evict(kvp_policy *p, int layer, int kvh, kvp_head *h)
 {
     kvp_agent_policy *ap = p->impl;
@@ -105,8 +140,15 @@ static void kvp_before_evict(kvp_policy *p, int layer, int kvh, kvp_head *h)
     const float *w = kvp_agent_set_params(ap->set, layer, kvh);
     size_t nwork = kvp_agent_score_work(a, SCORE_BLOCK);
     /* without scratch (out of memory) the stale rows stay unscored: NaN ranks last */
-    float *work = thread_scratch(nwork + 2 * (size_t)SCORE_BLOCK * a->d);
-    for (int i = 0; work && i < h->n;) {
+    /* the scratch: d doubles (centred keys' sums; first, so aligned), then the scoring
+     * work, a block of keys, a block of values, the mean key */
+    float *base = thread_scratch(2 * (size_t)a->d + nwork + 2 * (size_t)SCORE_BLOCK * a->d + a->d);
+    float *work = base ? base + 2 * (size_t)a->d : NULL;
+    if (work && a->centered) {
+        float *kt = work + nwork, *vt = kt + (size_t)SCORE_BLOCK * a->d;
+        score_centered(a, w, h, work, kt, vt, vt + (size_t)SCORE_BLOCK * a->d, (double *)(void *)base);
+    }
+    for (int i = 0; work && !a->centered && i < h->n;) {
         if (!stale(h, i)) {
             i++;
             continue;

@@ -28,7 +28,9 @@ static void usage(FILE *f)
             "  --hidden H      hidden width (default %d)\n"
             "  --pos-dim E     position embedding width (default %d)\n"
             "  --pos-max N     position table size; later positions share its last row "
-            "(default %d)\n",
+            "(default %d)\n"
+            "  --keys K        centred: the agents see each key minus the mean key of the\n"
+            "                  head's cached rows (default); raw: the key itself\n",
             KVP_AGENT_DEFAULT_P, KVP_AGENT_DEFAULT_H, KVP_AGENT_DEFAULT_E,
             KVP_AGENT_DEFAULT_PMAX);
 }
@@ -49,7 +51,7 @@ void kvp_policy_init_defaults(kvp_policy_init_opts *o)
     *o = (kvp_policy_init_opts){
         .seed = 1,
         .arch = {.d = 1, .P = KVP_AGENT_DEFAULT_P, .E = KVP_AGENT_DEFAULT_E,
-                 .H = KVP_AGENT_DEFAULT_H, .pmax = KVP_AGENT_DEFAULT_PMAX}};
+                 .H = KVP_AGENT_DEFAULT_H, .pmax = KVP_AGENT_DEFAULT_PMAX, .centered = 1}};
 }
 
 int kvp_cmd_policy_init(int argc, char **argv)
@@ -88,6 +90,10 @@ int kvp_cmd_policy_init(int argc, char **argv)
             po.tokenizer = val;
         } else if (!strcmp(o, "--out")) {
             po.out = val;
+        } else if (!strcmp(o, "--keys")) {
+            if (strcmp(val, "centred") && strcmp(val, "raw"))
+                return usage_error("--keys is centred or raw, got '%s'", val);
+            a->centered = !strcmp(val, "centred");
         } else if (!strcmp(o, "--seed")) {
             long v;
             if (!kvp_parse_long(val, 0, LONG_MAX, &v))
@@ -138,8 +144,9 @@ int kvp_policy_init_run(const kvp_policy_init_opts *po)
         fprintf(stderr, "kvp policy-init: %s\n", err);
     } else {
         printf("wrote %s: %d layers x %d KV heads x head_dim %d, P %d E %d H %d pmax %d, "
-               "%zu parameters per agent, seed %llu, for model '%s' (weights %016llx)\n",
+               "%s keys, %zu parameters per agent, seed %llu, for model '%s' (weights %016llx)\n",
                out, s.n_layers, s.n_kv_heads, arch.d, arch.P, arch.E, arch.H, arch.pmax,
+               arch.centered ? "centred" : "raw",
                s.n_params, (unsigned long long)seed, s.model_name,
                (unsigned long long)s.model_fingerprint);
         if (cfg.seq_len > arch.pmax)

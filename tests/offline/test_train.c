@@ -683,3 +683,71 @@ Test(train, cli_rejects_bad_input)
     cr_assert_neq(access(never, F_OK), 0);
     remove_trace();
 }
+
+/* Agents with centred keys are validated on each key minus the mean key of the sequence's
+ * rows before the cut: the figure equals one computed here from the trace's rows, and it
+ * is not the raw-key figure of the same weights. */
+Test(train, centred_agents_rank_keys_centred_on_the_cache_at_the_cut)
+{
+    kvp_trace t;
+    open_trace(&t);
+    kvp_agent_arch ca = tiny_arch;
+    ca.centered = 1;
+    kvp_agent_set s, raw;
+    char err[256];
+    cr_assert_eq(kvp_agent_set_alloc(&s, T_LAYERS, T_KVH, &ca, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(kvp_agent_set_alloc(&raw, T_LAYERS, T_KVH, &tiny_arch, err, sizeof err), 0, "%s", err);
+    kvp_agent_set_init(&s, 5);
+    kvp_agent_set_init(&raw, 5);
+    kvp_train_cfg c = tiny_cfg(1, 1);
+    double mc, mr, pc[T_LAYERS * T_KVH], pr[T_LAYERS * T_KVH];
+    cr_assert_eq(kvp_train_validate(&t, &s, c.val_cut, c.n_sink, c.n_recent, 1, &mc, pc, err,
+                                    sizeof err), 0, "%s", err);
+    cr_assert_eq(kvp_train_validate(&t, &raw, c.val_cut, c.n_sink, c.n_recent, 1, &mr, pr, err,
+                                    sizeof err), 0, "%s", err);
+    cr_assert(fabs(mc - mr) > 1e-6, "centred and raw keys validate alike (%g)", mc);
+
+    /* agent (1, 1) by hand */
+    int layer = 1, kvh = 1, cut = c.val_cut, g = kvp_trace_cut_index(&t.h, cut);
+    int m = cut - c.n_sink - c.n_recent, d = T_D;
+    float k[T_LEN * T_D], v[T_LEN * T_D], mean[T_D], score[T_LEN];
+    int32_t pos[T_LEN], order[T_LEN];
+    kvp_rank_key rk[T_LEN];
+    float *work = malloc(kvp_agent_score_work(&ca, T_LEN) * sizeof *work);
+    double sum = 0.0;
+    int count = 0;
+    for (int seq = t.h.n_train; seq < t.h.n_seqs; seq++) {
+        if (g >= kvp_trace_n_cuts(&t.h, kvp_trace_len(&t, seq)))
+            continue;
+        const uint16_t *tk = kvp_trace_k(&t, seq, layer, kvh), *tv = kvp_trace_v(&t, seq, layer, kvh);
+        for (int i = 0; i < cut * d; i++) {
+            k[i] = kvp_f16_to_f32(tk[i]);
+            v[i] = kvp_f16_to_f32(tv[i]);
+        }
+        for (int j = 0; j < d; j++) {
+            double a = 0.0;
+            for (int i = 0; i < cut; i++)
+                a += k[i * d + j];
+            mean[j] = (float)(a / cut);
+        }
+        for (int i = 0; i < cut; i++) {
+            pos[i] = i;
+            for (int j = 0; j < d; j++)
+                k[i * d + j] -= mean[j];
+        }
+        kvp_agent_score(&ca, kvp_agent_set_params(&s, layer, kvh), k + c.n_sink * d,
+                        v + c.n_sink * d, pos + c.n_sink, m, score, work);
+        kvp_argsort_desc(score, m, order, rk);
+        const float *imp = kvp_trace_importance(&t, seq, layer, kvh, g) + c.n_sink;
+        double cost = kvp_rank_cost(imp, order, m), best = kvp_oracle_cost(imp, m, order, rk);
+        sum -= kvp_rank_reward(cost, best);
+        count++;
+    }
+    cr_assert_gt(count, 0);
+    cr_assert_float_eq(pc[layer * T_KVH + kvh], sum / count, 1e-9);
+    free(work);
+    kvp_agent_set_free(&s);
+    kvp_agent_set_free(&raw);
+    kvp_trace_close(&t);
+    remove_trace();
+}

@@ -187,6 +187,65 @@ Test(kvp_agent_file, a_calibrated_file_is_version_3_and_round_trips)
     kvp_agent_set_free(&u);
 }
 
+/* Centred keys: version 4, with the input flags after the version-2 header and the
+ * calibration section always there (0 knots when none); both round trip, and damaged
+ * version-4 files are refused. */
+Test(kvp_agent_file, a_centred_file_is_version_4_and_round_trips)
+{
+    char err[512];
+    kvp_agent_arch ca = tiny_arch;
+    ca.centered = 1;
+    size_t np = kvp_agent_n_params(&ca);
+    kvp_agent_set u, r;
+    cr_assert_eq(kvp_agent_set_alloc(&u, 2, 3, &ca, err, sizeof err), 0, "%s", err);
+    kvp_agent_set_init(&u, 3);
+    const char *path = tmp_path();
+    cr_assert_eq(kvp_agent_set_save(&u, path, err, sizeof err), 0, "%s", err);
+    size_t len;
+    uint8_t *b = (uint8_t *)tu_slurp(path, &len);
+    cr_assert_eq(rd32(b + 8), 4);
+    cr_assert_eq(rd32(b + 120), 1, "input flags: centred keys");
+    cr_assert_eq(len, 124 + 6 * np * 4 + 4 + 8);
+    cr_assert_eq(rd32(b + 124 + 6 * np * 4), 0, "no calibration: 0 knots");
+    cr_assert_eq(rd64(b + len - 8), fnv1a_ref(b, len - 8));
+    cr_assert_eq(kvp_agent_set_load(&r, path, NULL, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(r.arch.centered, 1);
+    cr_assert_eq(r.n_knots, 0);
+    cr_assert_eq(memcmp(r.params, u.params, 6 * np * sizeof(float)), 0);
+    kvp_agent_set_free(&r);
+
+    uint8_t *m = malloc(len + 16);
+    memcpy(m, b, len);
+    wr32(m + 120, 3);
+    reseal(m, len);
+    expect_bad(m, len, "unknown input flags", -EINVAL);
+    memcpy(m, b, len);
+    wr32(m + 124 + 6 * np * 4, 2);   /* 2 knots the file does not hold */
+    reseal(m, len);
+    expect_bad(m, len, "calibration of 2 knots", -EINVAL);
+    expect_bad(b, len - 12, "truncated", -EINVAL);   /* no room for the knot count */
+    free(m);
+    free(b);
+
+    /* calibrated and centred: the knots after the count, and both kept */
+    kvp_agent_set s;
+    calibrate_tiny(&s, 4);
+    s.arch.centered = 1;
+    cr_assert_eq(kvp_agent_set_save(&s, path, err, sizeof err), 0, "%s", err);
+    b = (uint8_t *)tu_slurp(path, &len);
+    cr_assert_eq(rd32(b + 8), 4);
+    cr_assert_eq(len, 124 + 6 * np * 4 + 4 + 6 * 2 * 4 * 4 + 8);
+    cr_assert_eq(kvp_agent_set_load(&r, path, NULL, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(r.arch.centered, 1);
+    cr_assert_eq(r.n_knots, 4);
+    cr_assert_eq(memcmp(r.knots, s.knots, 6 * 2 * 4 * sizeof(float)), 0);
+    free(b);
+    unlink(path);
+    kvp_agent_set_free(&r);
+    kvp_agent_set_free(&s);
+    kvp_agent_set_free(&u);
+}
+
 Test(kvp_agent_file, bad_files_are_rejected_with_a_message)
 {
     const char *good = write_policy(&tiny_arch, 2, 2, 1);
@@ -206,8 +265,8 @@ Test(kvp_agent_file, bad_files_are_rejected_with_a_message)
     expect_bad(m, len, "bad magic", -EINVAL);
 
     memcpy(m, b, len);
-    wr32(m + 8, 4);
-    expect_bad(m, len, "unsupported policy file version 4", -EINVAL);
+    wr32(m + 8, 5);
+    expect_bad(m, len, "unsupported policy file version 5", -EINVAL);
 
     memcpy(m, b, len);
     m[100] ^= 0x10;

@@ -293,3 +293,82 @@ Test(kvp_agent_policy, instances_on_shared_weights_score_as_one_that_loaded_the_
     cr_assert_null(w);
     cr_assert(strstr(err, "unknown policy"), "%s", err);
 }
+
+/* Centred keys: the agents score each row's key minus the mean key of the head's rows, so
+ * adding one vector to every key of the head (which leaves softmax attention unchanged)
+ * leaves the scores as they are, and the mean moving with the rows the head holds changes
+ * every row's score. An agent on raw keys sees the shift. */
+Test(kvp_agent_policy, centred_keys_score_the_offset_from_the_heads_mean_key)
+{
+    enum { N = 300, D = 8 };
+    kvp_agent_arch ca = default_arch;
+    ca.centered = 1;
+    const char *paths[2] = {write_policy(&ca, 2, 2, 5), write_policy(&default_arch, 2, 2, 5)};
+    float *k = malloc(N * D * sizeof(float)), *v = malloc(N * D * sizeof(float));
+    float *k0 = malloc(N * D * sizeof(float));
+    float *score = calloc(N, sizeof(float)), *stat = calloc(N, sizeof(float));
+    float first[N], want[N], mean[D];
+    int32_t *pos = malloc(N * sizeof(int32_t));
+    int64_t *seq = malloc(N * sizeof(int64_t));
+    fill(k0, N * D, 2.0f);
+    fill(v, N * D, 1.0f);
+    for (int i = 0; i < N; i++)
+        pos[i] = i, seq[i] = i;
+    for (int c = 0; c < 2; c++) {
+        kvp_policy p = {.cfg = {.n_layers = 2, .n_kv_heads = 2, .head_dim = D, .n_heads = 4}};
+        char err[256];
+        cr_assert_eq(kvp_agent_policy_create(&p, paths[c], err, sizeof err), 0, "%s", err);
+        memcpy(k, k0, N * D * sizeof(float));
+        kvp_head h = {.n = N, .cap = N, .k = k, .v = v, .pos = pos, .seq = seq, .score = score,
+                      .stat = stat};
+        p.ops->on_insert(&p, 1, 0, &h, 0, N);
+        p.ops->before_evict(&p, 1, 0, &h);
+        memcpy(first, score, sizeof first);
+        if (c == 0) {   /* the scores are the agent's on the centred keys */
+            kvp_agent_set s;
+            cr_assert_eq(kvp_agent_set_load(&s, paths[c], NULL, err, sizeof err), 0, "%s", err);
+            float *kc = malloc(N * D * sizeof(float));
+            float *work = malloc(kvp_agent_score_work(&s.arch, N) * sizeof(float));
+            memcpy(kc, k0, N * D * sizeof(float));
+            kvp_agent_key_mean(D, kc, N, mean);
+            kvp_agent_center_keys(D, kc, N, mean);
+            kvp_agent_score(&s.arch, kvp_agent_set_params(&s, 1, 0), kc, v, pos, N, want, work);
+            for (int i = 0; i < N; i++)
+                cr_assert_float_eq(score[i], want[i], 1e-4f * (1.0f + fabsf(want[i])), "row %d", i);
+            free(kc);
+            free(work);
+            kvp_agent_set_free(&s);
+        }
+        for (int i = 0; i < N; i++)   /* one vector added to every key */
+            for (int j = 0; j < D; j++)
+                k[i * D + j] += 3.0f - 0.5f * (float)j;
+        p.ops->before_evict(&p, 1, 0, &h);
+        float diff = 0.0f;
+        for (int i = 0; i < N; i++)
+            diff = fmaxf(diff, fabsf(score[i] - first[i]) / (1.0f + fabsf(first[i])));
+        if (c == 0) {
+            cr_assert_leq(diff, 1e-4f, "centred scores moved by %g with the shift", diff);
+            /* the rows the head holds set the mean: dropping half of them moves it */
+            h.n = N / 2;
+            p.ops->before_evict(&p, 1, 0, &h);
+            diff = 0.0f;
+            for (int i = 0; i < N / 2; i++)
+                diff = fmaxf(diff, fabsf(score[i] - first[i]));
+            cr_assert_gt(diff, 1e-3f, "the mean of the rows held did not count");
+        } else {
+            /* raw keys: the rows were scored already, so the shift is seen once they are
+             * scored again */
+            for (int i = 0; i < N; i++)
+                score[i] = NAN;
+            p.ops->before_evict(&p, 1, 0, &h);
+            diff = 0.0f;
+            for (int i = 0; i < N; i++)
+                diff = fmaxf(diff, fabsf(score[i] - first[i]));
+            cr_assert_gt(diff, 1e-3f, "raw-key scores ignored the shift");
+        }
+        p.ops->destroy(&p);
+    }
+    unlink(paths[0]);
+    unlink(paths[1]);
+    free(k), free(k0), free(v), free(score), free(stat), free(pos), free(seq);
+}

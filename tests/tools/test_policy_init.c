@@ -35,7 +35,7 @@ Test(policy_init, policy_init_writes_a_loadable_deterministic_file)
     cr_assert_eq(run_init(args, &out), 0, "%s", out);
     free(out);
     snprintf(args, sizeof args, "--model %s --out %s --seed 10 --width 16 --hidden 24 "
-             "--pos-dim 8 --pos-max 128", model, p3);
+             "--pos-dim 8 --pos-max 128 --keys raw", model, p3);
     cr_assert_eq(run_init(args, &out), 0, "%s", out);
     free(out);
 
@@ -50,7 +50,9 @@ Test(policy_init, policy_init_writes_a_loadable_deterministic_file)
     kvp_agent_set s;
     char err[512];
     cr_assert_eq(kvp_agent_set_load(&s, p1, &cfg, err, sizeof err), 0, "%s", err);
-    cr_assert_eq(memcmp(&s.arch, &default_arch, sizeof s.arch), 0);
+    kvp_agent_arch centred = default_arch;   /* the default: centred keys, version 4 */
+    centred.centered = 1;
+    cr_assert_eq(memcmp(&s.arch, &centred, sizeof s.arch), 0);
     kvp_agent_set_free(&s);
     cr_assert_eq(kvp_agent_set_load(&s, p3, &cfg, err, sizeof err), 0, "%s", err);
     kvp_agent_arch want = {.d = 8, .P = 16, .E = 8, .H = 24, .pmax = 128};
@@ -73,6 +75,7 @@ Test(policy_init, policy_init_usage_and_runtime_errors)
         "--model m.gguf --out /tmp/x.kvp --width 0",
         "--model m.gguf --out /tmp/x.kvp --hidden 12abc",
         "--model m.gguf --out /tmp/x.kvp --pos-max 99999999999",
+        "--model m.gguf --out /tmp/x.kvp --keys sideways",
         "--model m.gguf --out /tmp/x.kvp --seed -1",
         "--model m.gguf --out /tmp/x.kvp --bogus",
         "--model m.gguf --out",
