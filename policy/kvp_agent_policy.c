@@ -139,9 +139,9 @@ static void kvp_before_evict(kvp_policy *p, int layer, int kvh, kvp_head *h)
     const kvp_agent_arch *a = &ap->set->arch;
     const float *w = kvp_agent_set_params(ap->set, layer, kvh);
     size_t nwork = kvp_agent_score_work(a, SCORE_BLOCK);
-    /* without scratch (out of memory) the stale rows stay unscored: NaN ranks last */
     /* the scratch: d doubles (centred keys' sums; first, so aligned), then the scoring
-     * work, a block of keys, a block of values, the mean key */
+     * work, a block of keys, a block of values, the mean key. Without it (out of memory)
+     * the stale rows stay unscored: NaN ranks last */
     float *base = thread_scratch(2 * (size_t)a->d + nwork + 2 * (size_t)SCORE_BLOCK * a->d + a->d);
     float *work = base ? base + 2 * (size_t)a->d : NULL;
     if (work && a->centered) {
