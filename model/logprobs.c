@@ -79,3 +79,24 @@ int kvp_logprobs(const float *logits, int vocab, int chosen, int k, kvp_logprob 
                           : mx == -INFINITY ? (float)-lse : (float)((double)x - lse);
     return m;
 }
+
+static double log_sum_exp(const float *x, int n)
+{
+    float mx = x[0];
+    for (int i = 1; i < n; i++)
+        mx = x[i] > mx ? x[i] : mx;
+    double s = 0.0;
+    for (int i = 0; i < n; i++)
+        s += exp((double)x[i] - mx);
+    return mx + log(s);
+}
+
+double kvp_logits_kl(const float *p, const float *q, int vocab)
+{
+    double lp = log_sum_exp(p, vocab), lq = log_sum_exp(q, vocab), kl = 0.0;
+    for (int i = 0; i < vocab; i++) {
+        double a = p[i] - lp, b = q[i] - lq;
+        kl += exp(a) * (a - b);
+    }
+    return kl;
+}

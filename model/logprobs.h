@@ -22,4 +22,8 @@ typedef struct kvp_logprob {
 int kvp_logprobs(const float *logits, int vocab, int chosen, int k, kvp_logprob *chosen_out,
                  kvp_logprob *top);
 
+/* KL(softmax(p) || softmax(q)) of two raw logit rows [vocab], in nats; exactly 0 when
+ * they are equal. What eviction costs a prediction (kvp eval, the live canary). */
+double kvp_logits_kl(const float *p, const float *q, int vocab);
+
 #endif

@@ -1,4 +1,6 @@
 #include "offline/eval.h"
+
+#include "model/logprobs.h"
 #include "base/errors.h"
 
 #include <errno.h>
@@ -76,16 +78,6 @@ static int argmax(const float *x, int n)
 }
 
 /* KL(softmax(p) || softmax(q)) in nats; exactly 0 when the logits are equal */
-double kvp_eval_kl(const float *p, const float *q, int vocab)
-{
-    double lp = log_sum_exp(p, vocab), lq = log_sum_exp(q, vocab), kl = 0.0;
-    for (int i = 0; i < vocab; i++) {
-        double a = p[i] - lp, b = q[i] - lq;
-        kl += exp(a) * (a - b);
-    }
-    return kl;
-}
-
 /* Importance of the rows a head holds after an eviction: rows are identified by seq,
  * which is the token index in a sequence that started from an empty cache. */
 static double kept_importance(const kvp_head *h, const float *imp, int cut)
@@ -348,7 +340,7 @@ int kvp_eval_sequence(const kvp_model *m, kvp_runstate *s, kvp_policy *p, const 
             goto out;
         for (int t = 0; t + 1 < cont; t++) {
             acc->nll[bi] += nll_of(logits + (size_t)t * V, V, tokens[cut + t + 1]);
-            acc->kl[bi] += kvp_eval_kl(r->logits + (size_t)t * V, logits + (size_t)t * V, V);
+            acc->kl[bi] += kvp_logits_kl(r->logits + (size_t)t * V, logits + (size_t)t * V, V);
         }
     }
     acc->tokens += cont - 1;
@@ -493,7 +485,7 @@ int kvp_eval_stream(const kvp_model *m, kvp_runstate *s, kvp_policy *p, const in
         /* the sampled positions in this chunk: pos = (i + 1) every - 1 */
         for (int i = ref ? off / ref->every : 0; ref && i < ref->n_pos && ref->pos[i] < off + n; i++) {
             const float *want = ref->logits + (size_t)i * V, *got = logits + (size_t)(ref->pos[i] - off) * V;
-            acc->stream_kl[bi] += kvp_eval_kl(want, got, V);
+            acc->stream_kl[bi] += kvp_logits_kl(want, got, V);
             acc->stream_top1[bi] += argmax(want, V) == argmax(got, V);
             acc->stream_samples[bi]++;
         }
@@ -554,7 +546,7 @@ int kvp_eval_replies(const kvp_model *m, kvp_runstate *s, kvp_policy *p, const k
     double kl_sum = 0.0;
     for (;;) {
         const float *pl = s->logits;   /* the full run's, at the position q is for */
-        double kl = kvp_eval_kl(pl, q, V);
+        double kl = kvp_logits_kl(pl, q, V);
         kl_sum += kl;
         r.agree += argmax(pl, V) == argmax(q, V);
         if (r.kl)

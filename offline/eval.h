@@ -142,7 +142,7 @@ typedef struct kvp_eval_reply {
  * eviction; prefilled in the blocks the policy's run uses, so that without eviction the
  * two runs are the same computation). At every step, p = the full run's logits and q
  * the evicted run's for the same position: KL(p || q) over the whole vocabulary
- * (kvp_eval_kl) and top-1 agreement (first index of the largest logit in each); the
+ * (kvp_logits_kl, model/logprobs.h) and top-1 agreement (first index of the largest logit in each); the
  * token drawn is the daemon's greedy choice from q (model/sampler.h at temperature 0).
  * The reply ends at a stop token of t (kvp_template_is_stop) or after o->reply_len
  * draws, the last draw counted; otherwise the token is fed to both. A conversation whose
@@ -154,9 +154,6 @@ typedef struct kvp_eval_reply {
 int kvp_eval_replies(const kvp_model *m, kvp_runstate *s, kvp_policy *p, const kvp_template *t,
                      const int *prompt, int n_prompt, int bi, const kvp_eval_opts *o,
                      kvp_eval_reply *out, kvp_eval_acc *acc);
-
-/* KL(softmax(p) || softmax(q)) over `vocab` logits, in nats; exactly 0 when they are equal. */
-double kvp_eval_kl(const float *p, const float *q, int vocab);
 
 /* Position of a policy name in kvp_policy_names(), -1 if it is not one. */
 int kvp_eval_policy_index(const char *name);

@@ -1,4 +1,6 @@
 #include "offline/forkeval.h"
+
+#include "model/logprobs.h"
 #include "offline/eval.h"
 
 #include <errno.h>
@@ -80,7 +82,7 @@ int kvp_forkeval_run(const kvp_model *m, kvp_runstate *s, const kvp_forkeval_cas
     if ((rc = kvp_policy_fork(fork, src, &f, fc->n_prefix)) ||
         (rc = feed(m, s, &f, &ef, fc->branch, fc->n_branch, logits)))
         goto out;
-    *kl_fork = kvp_eval_kl(full_logits, logits, V);
+    *kl_fork = kvp_logits_kl(full_logits, logits, V);
 
     /* from scratch: P + B from an empty cache */
     if ((rc = empty_cache(&b, &m->cfg)))
@@ -89,7 +91,7 @@ int kvp_forkeval_run(const kvp_model *m, kvp_runstate *s, const kvp_forkeval_cas
     if ((rc = feed(m, s, &b, &eb, fc->prefix, fc->n_prefix, NULL)) ||
         (rc = feed(m, s, &b, &eb, fc->branch, fc->n_branch, logits)))
         goto out;
-    *kl_scratch = kvp_eval_kl(full_logits, logits, V);
+    *kl_scratch = kvp_logits_kl(full_logits, logits, V);
 
     if (fork_cache) {
         *fork_cache = f;

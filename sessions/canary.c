@@ -10,6 +10,7 @@
 
 #include "cache/kvcache.h"
 #include "model/forward.h"
+#include "model/logprobs.h"
 
 kvp_canary_rec *kvp_canary_rec_new(const char *policy, int budget, int dim)
 {
@@ -87,35 +88,14 @@ int kvp_canary_note(kvp_canary_rec *r, const int *stream, int n, int64_t hist, i
     return 0;
 }
 
-int kvp_canary_log_softmax(float *x, int vocab)
+/* The index of the largest of x[n], the first on ties. */
+static int argmax(const float *x, int n)
 {
     int best = 0;
-    for (int i = 1; i < vocab; i++)
+    for (int i = 1; i < n; i++)
         if (x[i] > x[best])
             best = i;
-    float mx = x[best];
-    double sum = 0.0;
-    for (int i = 0; i < vocab; i++)
-        sum += exp((double)(x[i] - mx));
-    float lse = mx + (float)log(sum);
-    for (int i = 0; i < vocab; i++)
-        x[i] -= lse;
     return best;
-}
-
-double kvp_canary_kl_pos(const float *full_lp, const float *evicted_lp, int vocab, int *agree)
-{
-    double kl = 0.0;
-    int bp = 0, bq = 0;
-    for (int i = 0; i < vocab; i++) {
-        double p = full_lp[i];
-        if (p > -INFINITY)
-            kl += exp(p) * (p - (double)evicted_lp[i]);
-        bp = full_lp[i] > full_lp[bp] ? i : bp;
-        bq = evicted_lp[i] > evicted_lp[bq] ? i : bq;
-    }
-    *agree = bp == bq;
-    return kl > 0.0 ? kl : 0.0;
 }
 
 int kvp_canary_run(const kvp_model *m, kvp_runstate *rs, kvp_kv_type kv_type, int chunk,
@@ -176,11 +156,9 @@ int kvp_canary_run(const kvp_model *m, kvp_runstate *rs, kvp_kv_type kv_type, in
         for (int i = i0; i < len; i++) {
             float *lp = lg + (size_t)i * cfg->vocab_size;
             float *lq = ev + (size_t)(i - i0) * cfg->vocab_size;
-            kvp_canary_log_softmax(lp, cfg->vocab_size);
-            kvp_canary_log_softmax(lq, cfg->vocab_size);
-            int a;
-            kl += kvp_canary_kl_pos(lp, lq, cfg->vocab_size, &a);
-            agree += a;
+            double d = kvp_logits_kl(lp, lq, cfg->vocab_size);
+            kl += d > 0.0 ? d : 0.0;   /* rounding may leave -1e-9 where they agree */
+            agree += argmax(lp, cfg->vocab_size) == argmax(lq, cfg->vocab_size);
             done++;
         }
     }

@@ -54,11 +54,6 @@ float *kvp_canary_row(kvp_canary_rec *r);
  * drawn. Positions past KVP_CANARY_MAX_POS are not recorded. 0 or -ENOMEM. */
 int kvp_canary_note(kvp_canary_rec *r, const int *stream, int n, int64_t hist, int tok);
 
-/* KL(full || evicted) of two log-probability rows [vocab] (normalised), in nats;
- * *agree: whether their most likely tokens are the same. */
-double kvp_canary_kl_pos(const float *full_lp, const float *evicted_lp, int vocab, int *agree);
-/* logits[vocab] into log-probabilities in place; returns the index of the largest. */
-int kvp_canary_log_softmax(float *logits, int vocab);
 
 typedef struct kvp_canary_result {
     double kl;                     /* mean over the positions, nats */

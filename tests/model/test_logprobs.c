@@ -180,3 +180,25 @@ Test(logprobs, bad_arguments)
     cr_expect_eq(kvp_logprobs(l, 2, 2, 1, &c, top), -1);
     cr_expect_eq(kvp_logprobs(l, 2, -1, 1, &c, top), -1);
 }
+
+/* kvp_logits_kl: KL(softmax(p) || softmax(q)) in nats, 0 exactly for equal rows, the
+ * same when a constant is added to a row, and the definition's value otherwise. */
+Test(logprobs, logits_kl_is_the_kl_of_the_two_softmaxes)
+{
+    float p[5] = {1.0f, -2.0f, 0.5f, 3.0f, 0.0f}, q[5] = {0.0f, 1.0f, -1.0f, 2.0f, 0.25f};
+    float q2[5];
+    cr_assert_eq(kvp_logits_kl(p, p, 5), 0.0);
+    double zp = 0.0, zq = 0.0, want = 0.0;
+    for (int i = 0; i < 5; i++) {
+        zp += exp((double)p[i]);
+        zq += exp((double)q[i]);
+        q2[i] = q[i] + 7.5f;
+    }
+    for (int i = 0; i < 5; i++) {
+        double a = exp((double)p[i]) / zp, b = exp((double)q[i]) / zq;
+        want += a * log(a / b);
+    }
+    cr_assert_float_eq(kvp_logits_kl(p, q, 5), want, 1e-9);
+    cr_assert_float_eq(kvp_logits_kl(p, q2, 5), want, 1e-6);
+    cr_assert_gt(kvp_logits_kl(q, p, 5), 0.0);
+}

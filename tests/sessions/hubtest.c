@@ -122,6 +122,17 @@ void ht_client_free(ht_client *c)
     c->n = 0;
 }
 
+void ht_finish(ht_hub *h, ht_client *const *clients, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (clients[i]->c)
+            kvp_hub_close(clients[i]->c);
+        clients[i]->c = NULL;
+        ht_client_free(clients[i]);
+    }
+    ht_stop(h);
+}
+
 int ht_find(const ht_client *c, int from, enum kvp_hub_event_type type)
 {
     for (int i = from; i < c->n; i++)

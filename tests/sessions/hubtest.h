@@ -49,6 +49,9 @@ void ht_start_forkable(ht_hub *h, const char *state_dir);
 void ht_stop(ht_hub *h);
 void ht_client_new(ht_hub *h, ht_client *c);
 void ht_client_free(ht_client *c);
+/* The end of a test: each client's connection closed (if open) and its events freed,
+ * then the hub stopped. */
+void ht_finish(ht_hub *h, ht_client *const *clients, size_t n);
 /* Runs the loop until c has an event of this type at or after index `from` (or fails
  * the test after timeout_s); returns its index. */
 int ht_wait(ht_hub *h, ht_client *c, int from, enum kvp_hub_event_type type, double timeout_s);

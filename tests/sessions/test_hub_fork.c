@@ -25,13 +25,7 @@ static ht_client a, f;
 static void finish(void)
 {
     ht_client *all[] = {&a, &f};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
-        if (all[i]->c)
-            kvp_hub_close(all[i]->c);
-        all[i]->c = NULL;
-        ht_client_free(all[i]);
-    }
-    ht_stop(&g);
+    ht_finish(&g, all, sizeof all / sizeof all[0]);
 }
 
 /* a's new session, one turn of `text` done and settled: the fork source. Its id in id. */

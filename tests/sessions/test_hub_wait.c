@@ -24,13 +24,7 @@ static char *shared_text, *a_text, *b_text;
 static void finish(void)
 {
     ht_client *all[] = {&a, &b, &c};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
-        if (all[i]->c)
-            kvp_hub_close(all[i]->c);
-        all[i]->c = NULL;
-        ht_client_free(all[i]);
-    }
-    ht_stop(&g);
+    ht_finish(&g, all, sizeof all / sizeof all[0]);
     free(shared_text);
     free(a_text);
     free(b_text);

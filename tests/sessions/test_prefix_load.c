@@ -29,13 +29,7 @@ static ht_client a, b, c, f;
 static void finish(void)
 {
     ht_client *all[] = {&a, &b, &c, &f};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
-        if (all[i]->c)
-            kvp_hub_close(all[i]->c);
-        all[i]->c = NULL;
-        ht_client_free(all[i]);
-    }
-    ht_stop(&g);
+    ht_finish(&g, all, sizeof all / sizeof all[0]);
     char cmd[96];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     cr_assert_eq(system(cmd), 0);
@@ -104,14 +98,22 @@ Test(prefix_load, a_request_whose_source_is_read_then_waits_for_a_longer_running
     free(ct);
 }
 
-Test(prefix_load, a_request_closed_while_its_source_is_read_leaves_the_hub_serving,
-     .fini = finish)
+/* A saved conversation after a restart (its id in id), and b's request, sharing its
+ * prefix, waiting while the source is read: b's message (the caller frees it). */
+static char *source_being_read(char *id)
 {
-    char id[KVP_SESSION_ID_LEN + 1];
     saved_then_restart(60, id);
     char *bt = text(60, "The bird sang a song.");
     request(&b, bt, 4);
     cr_assert(b.c->pending);
+    return bt;
+}
+
+Test(prefix_load, a_request_closed_while_its_source_is_read_leaves_the_hub_serving,
+     .fini = finish)
+{
+    char id[KVP_SESSION_ID_LEN + 1];
+    char *bt = source_being_read(id);
     kvp_hub_close(b.c);
     b.c = NULL;
     ht_settle(&g);
@@ -124,10 +126,7 @@ Test(prefix_load, a_request_closed_while_its_source_is_read_leaves_the_hub_servi
 Test(prefix_load, drain_answers_a_request_whose_source_is_being_read, .fini = finish)
 {
     char id[KVP_SESSION_ID_LEN + 1];
-    saved_then_restart(60, id);
-    char *bt = text(60, "The bird sang a song.");
-    request(&b, bt, 4);
-    cr_assert(b.c->pending);
+    char *bt = source_being_read(id);
     kvp_hub_drain(g.hub);
     int k = ht_wait(&g, &b, 0, KVP_HUB_ERROR, 60);
     cr_assert_str_eq(b.ev[k].code, KVPD_E_OVERLOADED);
@@ -140,10 +139,7 @@ Test(prefix_load, a_hello_fork_of_a_source_read_for_a_request_is_busy_then_forks
      .fini = finish)
 {
     char id[KVP_SESSION_ID_LEN + 1];
-    saved_then_restart(60, id);
-    char *bt = text(60, "The bird sang a song.");
-    request(&b, bt, 4);
-    cr_assert(b.c->pending);
+    char *bt = source_being_read(id);
     ht_client_new(&g, &f);
     kvp_hub_open_fork(f.c, id, 1);
     cr_assert_eq(f.n, 1);
