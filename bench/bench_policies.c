@@ -144,9 +144,10 @@ int main(int argc, char **argv)
     if (!kvp_file) {
         kvp_agent_set set;
         kvp_agent_arch a = {m.cfg.head_dim, KVP_AGENT_DEFAULT_P, KVP_AGENT_DEFAULT_E,
-                            KVP_AGENT_DEFAULT_H, KVP_AGENT_DEFAULT_PMAX, 1};
+                            KVP_AGENT_DEFAULT_H, KVP_AGENT_DEFAULT_PMAX, 1, 1};
         snprintf(tmp_policy, sizeof tmp_policy, "/tmp/bench-policies-%d.kvp", (int)getpid());
-        if (kvp_agent_set_alloc(&set, m.cfg.n_layers, m.cfg.n_kv_heads, &a, err, sizeof err)) {
+        if (kvp_agent_set_alloc(&set, m.cfg.n_layers, m.cfg.n_kv_heads, &a, err, sizeof err) ||
+            kvp_agent_set_rope(&set, &m.cfg.rope, err, sizeof err)) {
             fprintf(stderr, "bench_policies: %s\n", err);
             return 1;
         }

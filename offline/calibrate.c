@@ -31,8 +31,8 @@ typedef struct fit_job {
     atomic_long rows;          /* pairs of an agent fitted (for the log) */
 } fit_job;
 
-/* Agents with centred keys score a sequence's rows again at every cut (the mean key is
- * the cut's), so they are calibrated on every CENTRED_CUT_STRIDE-th cut of the grid: a
+/* Agents with centred or relative keys score a sequence's rows again at every cut (the mean
+ * key and the frame are the cut's), so they are calibrated on every CENTRED_CUT_STRIDE-th cut of the grid: a
  * few hundred thousand pairs per agent still, at an eighth of the scoring. */
 #define CENTRED_CUT_STRIDE 8
 
@@ -42,11 +42,12 @@ static long agent_pairs(const fit_job *j, int a, pair **out)
     const kvp_trace *t = j->t;
     const kvp_agent_arch *ar = &j->s->arch;
     int layer = a / t->h.n_kv_heads, kvh = a % t->h.n_kv_heads, d = ar->d, len_max = 0;
+    int rescored = ar->centered || ar->relative;   /* scores that depend on the cut */
     long total = 0;
     for (int q = 0; q < t->h.n_train; q++) {
         int len = kvp_trace_len(t, q), cuts = kvp_trace_n_cuts(&t->h, len);
         len_max = len > len_max ? len : len_max;
-        for (int g = 0; g < cuts; g += ar->centered ? CENTRED_CUT_STRIDE : 1) {
+        for (int g = 0; g < cuts; g += rescored ? CENTRED_CUT_STRIDE : 1) {
             int n = t->h.cut_min + g * t->h.cut_stride;
             total += n - KVP_DEFAULT_RECENT - KVP_DEFAULT_SINKS > 0
                          ? n - KVP_DEFAULT_RECENT - KVP_DEFAULT_SINKS : 0;
@@ -58,9 +59,9 @@ static long agent_pairs(const fit_job *j, int a, pair **out)
     float *work = malloc(kvp_agent_score_work(ar, len_max > 0 ? len_max : 1) * sizeof *work);
     int32_t *pos = malloc(((size_t)len_max + 1) * sizeof *pos);
     /* centred keys: the mean, then the cut's keys centred */
-    float *kc = ar->centered ? malloc(((size_t)len_max + 2) * d * sizeof *kc) : NULL;
+    float *kc = rescored ? malloc(((size_t)len_max + 2) * d * sizeof *kc) : NULL;
     long m = 0;
-    if (p && k && v && score && work && pos && (kc || !ar->centered)) {
+    if (p && k && v && score && work && pos && (kc || !rescored)) {
         const float *w = kvp_agent_set_params(j->s, layer, kvh);
         for (int q = 0; q < t->h.n_train; q++) {
             int len = kvp_trace_len(t, q), cuts = kvp_trace_n_cuts(&t->h, len);
@@ -73,16 +74,19 @@ static long agent_pairs(const fit_job *j, int a, pair **out)
             }
             for (int i = 0; i < len; i++)
                 pos[i] = i;
-            if (!ar->centered)
+            if (!rescored)
                 kvp_agent_score(ar, w, k, v, pos, len, score, work);
-            for (int g = 0; g < cuts; g += ar->centered ? CENTRED_CUT_STRIDE : 1) {
+            for (int g = 0; g < cuts; g += rescored ? CENTRED_CUT_STRIDE : 1) {
                 int n = t->h.cut_min + g * t->h.cut_stride;
                 const float *imp = kvp_trace_importance(t, q, layer, kvh, g);
                 float per_query = 1.0f / (float)(len - n);
-                if (ar->centered) {   /* keys centred on the cache at this cut: rows [0, n) */
-                    kvp_agent_key_mean(d, k, n, kc);
+                if (rescored) {   /* keys centred on the cache at this cut: rows [0, n); relative
+                                     keys then turned back by n */
+                    kvp_agent_key_mean(d, k, ar->centered ? n : 0, kc);
                     memcpy(kc + d, k, (size_t)n * d * sizeof *kc);
                     kvp_agent_center_keys(d, kc + d, n, kc);
+                    if (ar->relative)
+                        kvp_agent_relative_keys(&j->s->rope, d, kc + d, n, n);
                     kvp_agent_score(ar, w, kc + d, v, pos, n, score, work);
                 }
                 for (int i = KVP_DEFAULT_SINKS; i < n - KVP_DEFAULT_RECENT; i++)

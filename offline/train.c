@@ -221,23 +221,26 @@ static void gather_list(const kvp_trace *t, int seq, int layer, int kvh, const i
  * [0, n), the cache at the cut before any eviction. A streaming decision is centred on
  * that too, not on its survivors: the agents learn one frame of reference, and the
  * ranking and one-shot figures are better for it (docs/evaluation.md, "Centred keys").
- * Nothing happens for agents without centred keys. */
-static void center_episode(const kvp_trace *t, const kvp_agent_arch *a, int seq, int layer,
-                           int kvh, int n, float *k, int m)
+ * Relative keys are then turned back by n, the position the first query after the cut
+ * takes. Nothing happens for agents with raw keys. */
+static void frame_episode(const kvp_trace *t, const kvp_agent_set *s, int seq, int layer,
+                          int kvh, int n, float *k, int m)
 {
-    if (!a->centered)
-        return;
     int d = t->h.head_dim;
-    double acc[KVP_AGENT_MAX_D] = {0};
-    float kr[KVP_AGENT_MAX_D], vr[KVP_AGENT_MAX_D], mean[KVP_AGENT_MAX_D];
-    for (int r = 0; r < n; r++) {
-        decode_row(t, seq, layer, kvh, r, kr, vr);
+    if (s->arch.centered) {
+        double acc[KVP_AGENT_MAX_D] = {0};
+        float kr[KVP_AGENT_MAX_D], vr[KVP_AGENT_MAX_D], mean[KVP_AGENT_MAX_D];
+        for (int r = 0; r < n; r++) {
+            decode_row(t, seq, layer, kvh, r, kr, vr);
+            for (int j = 0; j < d; j++)
+                acc[j] += kr[j];
+        }
         for (int j = 0; j < d; j++)
-            acc[j] += kr[j];
+            mean[j] = n ? (float)(acc[j] / n) : 0.0f;
+        kvp_agent_center_keys(d, k, m, mean);
     }
-    for (int j = 0; j < d; j++)
-        mean[j] = n ? (float)(acc[j] / n) : 0.0f;
-    kvp_agent_center_keys(d, k, m, mean);
+    if (s->arch.relative)
+        kvp_agent_relative_keys(&s->rope, d, k, m, n);
 }
 
 /* ---- validation --------------------------------------------------------------------- */
@@ -273,7 +276,7 @@ static int val_job(void *arg, int worker, int a)
             continue;
         const float *imp = kvp_trace_importance(t, seq, layer, kvh, g);
         gather_rows(t, seq, layer, kvh, c->n_sink, m, k, v, pos);
-        center_episode(t, &s->arch, seq, layer, kvh, c->cut, k, m);
+        frame_episode(t, s, seq, layer, kvh, c->cut, k, m);
         kvp_agent_score(&s->arch, w, k, v, pos, m, scores, swork);
         kvp_argsort_desc(scores, m, order, rk);
         double cost = kvp_rank_cost(imp + c->n_sink, order, m);
@@ -455,7 +458,7 @@ int kvp_train_stream_rows(const float *score, int n, int budget, int seq_len, in
 /* The rows of a streaming episode at cut n and budget b into wk->kept, scored with the
  * agent's current weights w (on-policy: the survivors are the ones this agent would have
  * kept); their count, 0 when b evicts nothing at n. scratch_k/v/pos hold n rows. */
-static int stream_episode_rows(const kvp_trace *t, const kvp_agent_arch *arch, const float *w,
+static int stream_episode_rows(const kvp_trace *t, const kvp_agent_set *set, const float *w,
                                const kvp_train_cfg *c, worker *wk, int seq, int layer, int kvh,
                                int n, int budget, float *scratch_k, float *scratch_v,
                                int32_t *scratch_pos)
@@ -466,8 +469,8 @@ static int stream_episode_rows(const kvp_trace *t, const kvp_agent_arch *arch, c
         gather_rows(t, seq, layer, kvh, 0, scored, scratch_k, scratch_v, scratch_pos);
         /* the cache before this decision's evictions: an approximation of the one the
          * survivors were chosen from */
-        center_episode(t, arch, seq, layer, kvh, n, scratch_k, scored);
-        kvp_agent_score(arch, w, scratch_k, scratch_v, scratch_pos, scored, wk->behave,
+        frame_episode(t, set, seq, layer, kvh, n, scratch_k, scored);
+        kvp_agent_score(&set->arch, w, scratch_k, scratch_v, scratch_pos, scored, wk->behave,
                         wk->behave_work);
     }
     return kvp_train_stream_rows(wk->behave, n, budget, t->h.seq_len, c->n_sink, c->n_recent,
@@ -495,12 +498,12 @@ static int train_step(train_ctx *x, worker *wk, int a, long step)
          * its random stream (and its file) */
         if (c->stream_share > 0.0f && kvp_rand_f32(&st->rng) < c->stream_share) {
             int budget = c->stream_budgets[rand_below(&st->rng, c->n_stream_budgets)];
-            m = stream_episode_rows(t, &x->s->arch, st->w, c, wk, seq, layer, kvh, cut, budget,
+            m = stream_episode_rows(t, x->s, st->w, c, wk, seq, layer, kvh, cut, budget,
                                     k, v, wk->pos + rows);
             if (m) {
                 gather_list(t, seq, layer, kvh, wk->kept, m, imp, k, v, wk->pos + rows,
                             wk->imp + rows);
-                center_episode(t, &x->s->arch, seq, layer, kvh, cut, k, m);
+                frame_episode(t, x->s, seq, layer, kvh, cut, k, m);
             }
             ep[e] = (episode){rows, m, wk->imp + rows};
         }
@@ -508,7 +511,7 @@ static int train_step(train_ctx *x, worker *wk, int a, long step)
             m = cut - c->n_sink - c->n_recent;
             ep[e] = (episode){rows, m, imp + c->n_sink};
             gather_rows(t, seq, layer, kvh, c->n_sink, m, k, v, wk->pos + rows);
-            center_episode(t, &x->s->arch, seq, layer, kvh, cut, k, m);
+            frame_episode(t, x->s, seq, layer, kvh, cut, k, m);
         }
         rows += m;
     }

@@ -41,7 +41,37 @@ void kvp_agent_set_free(kvp_agent_set *s)
 {
     free(s->params);
     free(s->knots);
+    free((float *)s->rope.factors);
     memset(s, 0, sizeof *s);
+}
+
+int kvp_agent_set_rope(kvp_agent_set *s, const kvp_rope *r, char *err, size_t errlen)
+{
+    if (r->n_rot < 2 || r->n_rot > s->arch.d || r->n_rot % 2 || !isfinite(r->base) ||
+        !(r->base > 0.0f) || (r->neox != 0 && r->neox != 1)) {
+        kvp_errorf(err, errlen, 0, "RoPE of %d rotated dims (layout %d, base %g) is not one of "
+                   "head_dim %d: the dims must be even and 2..head_dim, the base above 0",
+                   r->n_rot, r->neox, (double)r->base, s->arch.d);
+        return -EINVAL;
+    }
+    for (int i = 0; r->factors && i < r->n_rot / 2; i++)
+        if (!isfinite(r->factors[i]) || !(r->factors[i] > 0.0f)) {
+            kvp_errorf(err, errlen, 0, "RoPE frequency factor %d is %g (must be finite and > 0)",
+                       i, (double)r->factors[i]);
+            return -EINVAL;
+        }
+    float *f = NULL;
+    if (r->factors) {
+        if (!(f = malloc((size_t)(r->n_rot / 2) * sizeof *f))) {
+            kvp_errorf(err, errlen, 0, "out of memory");
+            return -ENOMEM;
+        }
+        memcpy(f, r->factors, (size_t)(r->n_rot / 2) * sizeof *f);
+    }
+    free((float *)s->rope.factors);
+    s->rope = *r;
+    s->rope.factors = f;
+    return 0;
 }
 
 /* ---------------------------------------------------------------- calibration */

@@ -29,6 +29,9 @@ typedef struct kvp_agent_set {
      * of the row, so scores compare across heads (global budgets). n_knots 0: none. */
     int n_knots;
     float *knots;             /* [agents][2][n_knots]: scores ascending, then the values */
+    /* Agents with relative keys (arch.relative): the rotation they turn keys back with,
+     * the model's RoPE (kvp_agent_set_rope; factors is the set's own copy). */
+    kvp_rope rope;
 } kvp_agent_set;
 
 #define KVP_CALIBRATION_MAX_KNOTS 256
@@ -38,6 +41,10 @@ typedef struct kvp_agent_set {
 int kvp_agent_set_alloc(kvp_agent_set *s, int n_layers, int n_kv_heads,
                         const kvp_agent_arch *a, char *err, size_t errlen);
 void kvp_agent_set_free(kvp_agent_set *s);
+/* Sets the rotation of agents with relative keys (a copy of r, factors included). -EINVAL
+ * with a message when r is not a rotation of the set's head_dim (n_rot even, 2..head_dim,
+ * base finite and > 0, factors finite and > 0), -ENOMEM. */
+int kvp_agent_set_rope(kvp_agent_set *s, const kvp_rope *r, char *err, size_t errlen);
 
 static inline float *kvp_agent_set_params(const kvp_agent_set *s, int layer, int kvh)
 {
@@ -88,7 +95,9 @@ int kvp_agent_check_knots(int n_knots, const float *x, const float *y, int layer
                           char *err, size_t errlen);
 
 /* 0, or -EINVAL with a message starting with what: the set's shape (layers, KV heads,
- * head_dim) must be cfg's, and a set bound to a model must be bound to cfg's weights. */
+ * head_dim) must be cfg's, a set bound to a model must be bound to cfg's weights, and
+ * agents with relative keys need cfg's RoPE (checked when cfg is a loaded model, i.e.
+ * has a fingerprint). */
 int kvp_agent_set_check_model(const kvp_agent_set *s, const kvp_model_config *cfg,
                               const char *what, char *err, size_t errlen);
 

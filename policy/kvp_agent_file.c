@@ -33,11 +33,16 @@ static const uint8_t MAGIC[8] = {'K', 'V', 'P', 'P', 'O', 'L', 0, 1};
  * version 2, so an uncalibrated policy's file is unchanged. Version 4 adds to the header
  * a u32 of input flags (bit 0: centred keys, kvp_agent_arch.centered; the others 0), and
  * its calibration section is always there, with 0 knots when there is none. Only a set
- * with centred keys is written as version 4. */
+ * with centred or relative keys is written as version 4. Flag bit 1 (relative keys,
+ * kvp_agent_arch.relative) adds the rotation right after the flags: u32 n_rot, u32 layout
+ * (1: NeoX halves), f32 base, u32 n_factors (0 or n_rot / 2), f32 factors[n_factors]. */
 #define HEADER_V1_BYTES 48
 #define HEADER_BYTES (HEADER_V1_BYTES + 8 + KVP_POLICY_MODEL_NAME)
 #define HEADER_V4_BYTES (HEADER_BYTES + 4)
 #define INPUT_CENTERED 1u
+#define INPUT_RELATIVE 2u
+#define INPUT_KNOWN (INPUT_CENTERED | INPUT_RELATIVE)
+#define ROPE_BYTES 16
 #define CHECKSUM_BYTES 8
 
 int kvp_agent_set_save(const kvp_agent_set *s, const char *path, char *err, size_t errlen)
@@ -62,12 +67,24 @@ int kvp_agent_set_save(const kvp_agent_set *s, const char *path, char *err, size
         return rc;
     }
 
-    uint8_t hdr[HEADER_V4_BYTES];
-    size_t hdr_bytes = s->arch.centered ? HEADER_V4_BYTES : HEADER_BYTES;
-    int cal_section = s->n_knots || s->arch.centered;
+    int v4 = s->arch.centered || s->arch.relative;
+    uint8_t hdr[HEADER_V4_BYTES + ROPE_BYTES + 4 * KVP_AGENT_MAX_D / 2];
+    size_t hdr_bytes = v4 ? HEADER_V4_BYTES : HEADER_BYTES;
+    int cal_section = s->n_knots || v4;
     memcpy(hdr, MAGIC, 8);
-    kvp_put_u32(hdr + 8, s->arch.centered ? 4u : s->n_knots ? 3u : 2u);
-    kvp_put_u32(hdr + HEADER_BYTES, s->arch.centered ? INPUT_CENTERED : 0u);
+    kvp_put_u32(hdr + 8, v4 ? 4u : s->n_knots ? 3u : 2u);
+    kvp_put_u32(hdr + HEADER_BYTES, (s->arch.centered ? INPUT_CENTERED : 0u) |
+                                        (s->arch.relative ? INPUT_RELATIVE : 0u));
+    if (s->arch.relative) {   /* the rotation block (kvp_agent_set_rope checked it) */
+        int nf = s->rope.factors ? s->rope.n_rot / 2 : 0;
+        kvp_put_u32(hdr + hdr_bytes, (uint32_t)s->rope.n_rot);
+        kvp_put_u32(hdr + hdr_bytes + 4, (uint32_t)s->rope.neox);
+        memcpy(hdr + hdr_bytes + 8, &s->rope.base, 4);
+        kvp_put_u32(hdr + hdr_bytes + 12, (uint32_t)nf);
+        if (nf)
+            memcpy(hdr + hdr_bytes + ROPE_BYTES, s->rope.factors, (size_t)nf * 4u);
+        hdr_bytes += ROPE_BYTES + (size_t)nf * 4u;
+    }
     kvp_put_u32(hdr + 12, (uint32_t)s->n_layers);
     kvp_put_u32(hdr + 16, (uint32_t)s->n_kv_heads);
     kvp_put_u32(hdr + 20, (uint32_t)s->arch.d);
@@ -118,7 +135,8 @@ int kvp_agent_set_save(const kvp_agent_set *s, const char *path, char *err, size
     return 0;
 }
 
-/* Validates the header, and the file size against it, before anything is allocated. */
+/* Validates the header's sizes before anything is allocated (check_size then checks the
+ * file's length against them). */
 static int parse_header(const uint8_t *hdr, uint64_t file_size, const char *path,
                         int *n_layers, int *n_kv_heads, kvp_agent_arch *a, int *header_bytes,
                         int *calibrated, char *err, size_t errlen)
@@ -164,14 +182,30 @@ static int parse_header(const uint8_t *hdr, uint64_t file_size, const char *path
                (unsigned long long)np);
         return -EINVAL;
     }
+    if (file_size < (uint64_t)*header_bytes + CHECKSUM_BYTES) {
+        kvp_errorf(err, errlen, 0, "%s: truncated: %llu bytes, %llu agents x %llu parameters "
+                   "do not fit", path, (unsigned long long)file_size,
+                   (unsigned long long)v[0] * (unsigned long long)v[1], (unsigned long long)np);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+/* The file size against the header (header_bytes with the rotation block) and the sizes. */
+static int check_size(uint64_t file_size, int n_layers, int n_kv_heads, const kvp_agent_arch *a,
+                      uint64_t header_bytes, int calibrated, const char *path, char *err,
+                      size_t errlen)
+{
+    uint64_t np = kvp_agent_n_params(a);
+    uint64_t v[2] = {(uint64_t)n_layers, (uint64_t)n_kv_heads};
     /* Compare by division first: absurd sizes would overflow the byte count. */
-    uint64_t agents = (uint64_t)v[0] * (uint64_t)v[1];
+    uint64_t agents = v[0] * v[1];
     uint64_t want = np > file_size / 4u / agents
                         ? UINT64_MAX
-                        : (uint64_t)*header_bytes + agents * np * 4u + CHECKSUM_BYTES;
+                        : header_bytes + agents * np * 4u + CHECKSUM_BYTES;
     /* versions 3 and 4: the knot count and at least its u32; read_calibration checks
      * that the count matches the bytes left before it allocates the knots */
-    if (*calibrated && want != UINT64_MAX) {
+    if (calibrated && want != UINT64_MAX) {
         want += 4;
         if (file_size > want)
             want = file_size;
@@ -195,7 +229,7 @@ static int parse_header(const uint8_t *hdr, uint64_t file_size, const char *path
  * match the bytes left (parse_header checked they hold a whole number of knots per agent);
  * version 4 may have none (0 knots, no bytes). */
 static int read_calibration(kvp_agent_set *s, FILE *f, uint64_t file_size, int header_bytes,
-                            uint64_t *sum, const char *path, char *err, size_t errlen)
+                            int v4, uint64_t *sum, const char *path, char *err, size_t errlen)
 {
     uint8_t cal[4];
     if (fread(cal, 1, sizeof cal, f) != sizeof cal) {
@@ -205,7 +239,7 @@ static int read_calibration(kvp_agent_set *s, FILE *f, uint64_t file_size, int h
     uint64_t agents = (uint64_t)s->n_layers * (uint64_t)s->n_kv_heads;
     uint64_t left = file_size - (uint64_t)header_bytes - agents * s->n_params * 4u - 4u - CHECKSUM_BYTES;
     uint32_t k = kvp_get_u32(cal);
-    if (k == 0 && header_bytes == HEADER_V4_BYTES && left == 0) {
+    if (k == 0 && v4 && left == 0) {
         *sum = kvp_fnv1a(*sum, cal, sizeof cal);
         return 0;
     }
@@ -291,11 +325,33 @@ static int check_model(const kvp_agent_set *s, const kvp_model_config *cfg,
     return -EINVAL;
 }
 
+/* Relative keys are turned back with the rotation the agents were trained with: a model
+ * that rotates its keys another way (another base, layout or factors in its metadata)
+ * would show them keys in another frame. Checked against a loaded model only (a shape
+ * made for a trace has no rotation). */
+static int check_rope(const kvp_agent_set *s, const kvp_model_config *cfg, const char *path,
+                      char *err, size_t errlen)
+{
+    if (!s->arch.relative || !cfg->fingerprint || kvp_rope_same(&s->rope, &cfg->rope))
+        return 0;
+    kvp_errorf(err, errlen, 0,
+               "%s: policy file's agents turn keys back with RoPE of %d dims (%s, base %g%s), "
+               "the model rotates %d dims (%s, base %g%s); make one for this model with "
+               "`kvp learn --model MODEL`",
+               path, s->rope.n_rot, s->rope.neox ? "NeoX" : "pairs", (double)s->rope.base,
+               s->rope.factors ? ", with factors" : "", cfg->rope.n_rot,
+               cfg->rope.neox ? "NeoX" : "pairs", (double)cfg->rope.base,
+               cfg->rope.factors ? ", with factors" : "");
+    return -EINVAL;
+}
+
 int kvp_agent_set_check_model(const kvp_agent_set *s, const kvp_model_config *cfg,
                               const char *what, char *err, size_t errlen)
 {
     int rc = check_shape(s, cfg, what, err, errlen);
-    return rc ? rc : check_model(s, cfg, what, err, errlen);
+    if (!rc)
+        rc = check_model(s, cfg, what, err, errlen);
+    return rc ? rc : check_rope(s, cfg, what, err, errlen);
 }
 
 /* Policy files read by this process (kvp_agent_set_loads). */
@@ -353,18 +409,62 @@ int kvp_agent_set_load(kvp_agent_set *s, const char *path, const kvp_model_confi
         rc = -EIO;
         goto fail;
     }
-    if (header_bytes == HEADER_V4_BYTES) {
+    int v4 = header_bytes == HEADER_V4_BYTES;
+    uint8_t rope_block[ROPE_BYTES + 4 * KVP_AGENT_MAX_D / 2];
+    size_t rope_bytes = 0;
+    if (v4) {
         uint32_t flags = kvp_get_u32(hdr + HEADER_BYTES);
-        if (flags & ~INPUT_CENTERED) {
+        if (flags & ~INPUT_KNOWN) {
             kvp_errorf(err, errlen, 0, "%s: unknown input flags %#x (this build knows %#x)",
-                       path, flags, INPUT_CENTERED);
+                       path, flags, INPUT_KNOWN);
             rc = -EINVAL;
             goto fail;
         }
         a.centered = (flags & INPUT_CENTERED) != 0;
+        a.relative = (flags & INPUT_RELATIVE) != 0;
     }
+    if (a.relative) {   /* the rotation block: its fixed part, then the factors it counts */
+        if ((uint64_t)st.st_size < (uint64_t)header_bytes + ROPE_BYTES + CHECKSUM_BYTES ||
+            fread(rope_block, 1, ROPE_BYTES, f) != ROPE_BYTES) {
+            kvp_errorf(err, errlen, 0, "%s: truncated: the RoPE block of relative keys is missing",
+                       path);
+            rc = -EINVAL;
+            goto fail;
+        }
+        uint32_t n_rot = kvp_get_u32(rope_block), nf = kvp_get_u32(rope_block + 12);
+        if (n_rot > (uint32_t)a.d || (nf != 0 && nf != n_rot / 2)) {
+            kvp_errorf(err, errlen, 0, "%s: RoPE block of %u rotated dims and %u factors does "
+                       "not fit head_dim %d (n_rot <= head_dim, factors 0 or n_rot / 2)",
+                       path, n_rot, nf, a.d);
+            rc = -EINVAL;
+            goto fail;
+        }
+        rope_bytes = ROPE_BYTES + (size_t)nf * 4u;
+        if ((uint64_t)st.st_size < (uint64_t)header_bytes + rope_bytes + CHECKSUM_BYTES ||
+            fread(rope_block + ROPE_BYTES, 4, nf, f) != nf) {
+            kvp_errorf(err, errlen, 0, "%s: truncated in the RoPE block", path);
+            rc = -EINVAL;
+            goto fail;
+        }
+    }
+    if ((rc = check_size((uint64_t)st.st_size, n_layers, n_kv_heads, &a,
+                         (uint64_t)header_bytes + rope_bytes, calibrated, path, err, errlen)))
+        goto fail;
     if ((rc = kvp_agent_set_alloc(s, n_layers, n_kv_heads, &a, err, errlen)))
         goto fail;
+    if (a.relative) {
+        float base, factors[KVP_AGENT_MAX_D / 2];
+        uint32_t nf = kvp_get_u32(rope_block + 12);
+        memcpy(&base, rope_block + 8, 4);
+        memcpy(factors, rope_block + ROPE_BYTES, (size_t)nf * 4u);
+        kvp_rope r = {.n_rot = (int)kvp_get_u32(rope_block), .neox = (int)kvp_get_u32(rope_block + 4),
+                      .base = base, .factors = nf ? factors : NULL};
+        char msg[256];
+        if ((rc = kvp_agent_set_rope(s, &r, msg, sizeof msg))) {
+            kvp_errorf(err, errlen, 0, "%s: %s", path, msg);
+            goto fail;
+        }
+    }
 
     size_t nf = (size_t)n_layers * (size_t)n_kv_heads * s->n_params;
     if (fread(s->params, sizeof(float), nf, f) != nf) {
@@ -372,10 +472,12 @@ int kvp_agent_set_load(kvp_agent_set *s, const char *path, const kvp_model_confi
         rc = -EIO;
         goto fail;
     }
-    uint64_t sum = kvp_fnv1a(kvp_fnv1a(KVP_FNV1A_INIT, hdr, (size_t)header_bytes), s->params,
-                             nf * sizeof(float));
+    uint64_t sum = kvp_fnv1a(kvp_fnv1a(kvp_fnv1a(KVP_FNV1A_INIT, hdr, (size_t)header_bytes),
+                                       rope_block, rope_bytes),
+                             s->params, nf * sizeof(float));
     if (calibrated &&
-        (rc = read_calibration(s, f, (uint64_t)st.st_size, header_bytes, &sum, path, err, errlen)))
+        (rc = read_calibration(s, f, (uint64_t)st.st_size, header_bytes + (int)rope_bytes, v4,
+                               &sum, path, err, errlen)))
         goto fail;
     if (fread(tail, 1, sizeof tail, f) != sizeof tail) {
         kvp_errorf(err, errlen, 0, "%s: read error (file changed while reading?)", path);

@@ -33,6 +33,8 @@ int kvp_agent_arch_check(const kvp_agent_arch *a, char *err, size_t errlen)
         return rc;
     if (a->centered != 0 && a->centered != 1)
         return kvp_agent_check_range("centered + 1", (int64_t)a->centered + 1, 2, err, errlen);
+    if (a->relative != 0 && a->relative != 1)
+        return kvp_agent_check_range("relative + 1", (int64_t)a->relative + 1, 2, err, errlen);
     return 0;
 }
 
@@ -56,6 +58,16 @@ void kvp_agent_center_keys(int d, float *k, int n, const float *mean)
     for (int i = 0; i < n; i++)
         for (int j = 0; j < d; j++)
             k[(size_t)i * d + j] -= mean[j];
+}
+
+void kvp_agent_relative_keys(const kvp_rope *r, int d, float *k, int m, int64_t n)
+{
+    if (r->n_rot <= 0 || r->n_rot > d)
+        return;
+    float cs[KVP_AGENT_MAX_D];
+    kvp_rope_table(r, cs, -(double)n);
+    for (int i = 0; i < m; i++)
+        kvp_rope_apply(r, k + (size_t)i * d, cs);
 }
 
 /* A dense layer of `out` units over `in` inputs, then its layer norm, from offset o:

@@ -5,7 +5,8 @@
  *   kh = LN(Wk k + bk)   vh = LN(Wv v + bv)   ph = LN(Emb[clamp(p, 0, pmax-1)])
  *   h1 = SiLU(LN(W1 [kh;vh;ph] + b1))   h2 = SiLU(LN(W2 h1 + b2))   s = w3.h2 + b3
  * where k is the key minus the mean key of the head's cached rows for agents with centred
- * keys (arch.centered, below), the key itself for the others.
+ * keys (arch.centered, below), the key itself for the others, and for agents with relative
+ * keys (arch.relative) that key turned back by the decision's position.
  *
  * Every LayerNorm has a learned gain and bias. An agent's parameters are one flat float
  * vector (layout in kvp_agent_layout), so an optimizer can treat it as a single array
@@ -21,6 +22,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cache/rope.h"
+
 typedef struct kvp_agent_arch {
     int d;      /* input width = the model's head_dim */
     int P;      /* key / value projection width */
@@ -29,6 +32,8 @@ typedef struct kvp_agent_arch {
     int pmax;   /* position table rows; positions >= pmax share the last row */
     int centered;   /* 1: an agent sees a key minus the mean key of the head's rows at the
                        decision (kvp_agent_key_mean, kvp_agent_center_keys); 0: the key */
+    int relative;   /* 1: ... and that key turned back by the decision's position n with the
+                       model's RoPE (kvp_agent_relative_keys); 0: as cached */
 } kvp_agent_arch;
 
 /* Defaults: the sizes of the shipped stories260K agents, which kvp learn builds too. */
@@ -57,6 +62,17 @@ typedef struct kvp_agent_layout {
 void kvp_agent_key_mean(int d, const float *k, int n, float *mean);
 /* k[n][d] -= mean[d] */
 void kvp_agent_center_keys(int d, float *k, int n, const float *mean);
+
+/* Relative keys. A cached key is rotated by its own position p, and the query at position t
+ * sees it through R(t - p): the same key content means something else to the queries that
+ * follow depending on how far back it sits, which the key alone does not say. With
+ * arch.relative an agent scores R(-n) k, the key as a query at the decision's position n
+ * (the position the next token takes: a cut's length in training, the newest row's
+ * position + 1 in the daemon) sees it, so the queries after the decision see it through
+ * R(n - t) whatever n is: one frame for every decision. The rotation is the model's own
+ * (kvp_agent_set.rope, checked against the model at load); rotating by -n is linear, so
+ * it commutes with the centring. Turns k[m][d] back by n positions. */
+void kvp_agent_relative_keys(const kvp_rope *r, int d, float *k, int m, int64_t n);
 
 /* 0, or -EINVAL with a message when a size is outside what a policy file may hold
  * (each at least 1; d <= 4096, P, E, H <= 65536, pmax <= 2^24; centered 0 or 1). */

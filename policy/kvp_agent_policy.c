@@ -102,16 +102,18 @@ static int stale(const kvp_head *h, int i)
     return isnan(h->score[i]) || h->stat[i] != (float)h->pos[i];
 }
 
-/* Centred keys (kvp_agent_net.h): the mean key of every row the head holds, then every
- * row scored again on its key minus that mean, since the mean moves with each chunk and
- * each eviction. kt, vt hold SCORE_BLOCK rows, mean d floats, acc d doubles. */
-static void score_centered(const kvp_agent_arch *a, const float *w, kvp_head *h, float *work,
-                           float *kt, float *vt, float *mean, double *acc)
+/* Centred and relative keys (kvp_agent_net.h): the mean key of every row the head holds,
+ * then every row scored again on its key minus that mean, turned back by the position the
+ * next token takes for relative keys, since the mean and that position move with each
+ * chunk and each eviction. kt, vt hold SCORE_BLOCK rows, mean d floats, acc d doubles. */
+static void score_all(const kvp_agent_set *set, const float *w, kvp_head *h, float *work,
+                      float *kt, float *vt, float *mean, double *acc)
 {
+    const kvp_agent_arch *a = &set->arch;
     int d = a->d;
     for (int j = 0; j < d; j++)
         acc[j] = 0.0;
-    for (int i = 0; i < h->n; i += SCORE_BLOCK) {
+    for (int i = 0; a->centered && i < h->n; i += SCORE_BLOCK) {
         int m = h->n - i < SCORE_BLOCK ? h->n - i : SCORE_BLOCK;
         const float *k = kvp_head_keys(h, d, i, m, kt);
         for (int r = 0; r < m; r++)
@@ -120,12 +122,15 @@ static void score_centered(const kvp_agent_arch *a, const float *w, kvp_head *h,
     }
     for (int j = 0; j < d; j++)
         mean[j] = h->n ? (float)(acc[j] / h->n) : 0.0f;
+    int64_t next = h->n ? (int64_t)h->pos[h->n - 1] + 1 : 0;
     for (int i = 0; i < h->n; i += SCORE_BLOCK) {
         int m = h->n - i < SCORE_BLOCK ? h->n - i : SCORE_BLOCK;
         const float *k = kvp_head_keys(h, d, i, m, kt);
         if (k != kt)
             memcpy(kt, k, (size_t)m * d * sizeof *kt);
         kvp_agent_center_keys(d, kt, m, mean);
+        if (a->relative)
+            kvp_agent_relative_keys(&set->rope, d, kt, m, next);
         kvp_agent_score(a, w, kt, kvp_head_values(h, d, i, m, vt), h->pos + i, m, h->score + i,
                         work);
         for (int j = i; j < i + m; j++)
@@ -144,11 +149,12 @@ static void kvp_before_evict(kvp_policy *p, int layer, int kvh, kvp_head *h)
      * the stale rows stay unscored: NaN ranks last */
     float *base = thread_scratch(2 * (size_t)a->d + nwork + 2 * (size_t)SCORE_BLOCK * a->d + a->d);
     float *work = base ? base + 2 * (size_t)a->d : NULL;
-    if (work && a->centered) {
+    int all = a->centered || a->relative;
+    if (work && all) {
         float *kt = work + nwork, *vt = kt + (size_t)SCORE_BLOCK * a->d;
-        score_centered(a, w, h, work, kt, vt, vt + (size_t)SCORE_BLOCK * a->d, (double *)(void *)base);
+        score_all(ap->set, w, h, work, kt, vt, vt + (size_t)SCORE_BLOCK * a->d, (double *)(void *)base);
     }
-    for (int i = 0; work && !a->centered && i < h->n;) {
+    for (int i = 0; work && !all && i < h->n;) {
         if (!stale(h, i)) {
             i++;
             continue;

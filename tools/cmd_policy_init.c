@@ -29,8 +29,10 @@ static void usage(FILE *f)
             "  --pos-dim E     position embedding width (default %d)\n"
             "  --pos-max N     position table size; later positions share its last row "
             "(default %d)\n"
-            "  --keys K        centred: the agents see each key minus the mean key of the\n"
-            "                  head's cached rows (default); raw: the key itself\n",
+            "  --keys K        relative: the agents see each key minus the mean key of the\n"
+            "                  head's cached rows, turned back by the decision's position\n"
+            "                  with the model's RoPE (default); centred: not turned back;\n"
+            "                  raw: the key itself\n",
             KVP_AGENT_DEFAULT_P, KVP_AGENT_DEFAULT_H, KVP_AGENT_DEFAULT_E,
             KVP_AGENT_DEFAULT_PMAX);
 }
@@ -51,7 +53,8 @@ void kvp_policy_init_defaults(kvp_policy_init_opts *o)
     *o = (kvp_policy_init_opts){
         .seed = 1,
         .arch = {.d = 1, .P = KVP_AGENT_DEFAULT_P, .E = KVP_AGENT_DEFAULT_E,
-                 .H = KVP_AGENT_DEFAULT_H, .pmax = KVP_AGENT_DEFAULT_PMAX, .centered = 1}};
+                 .H = KVP_AGENT_DEFAULT_H, .pmax = KVP_AGENT_DEFAULT_PMAX, .centered = 1,
+                 .relative = 1}};
 }
 
 int kvp_cmd_policy_init(int argc, char **argv)
@@ -91,9 +94,10 @@ int kvp_cmd_policy_init(int argc, char **argv)
         } else if (!strcmp(o, "--out")) {
             po.out = val;
         } else if (!strcmp(o, "--keys")) {
-            if (strcmp(val, "centred") && strcmp(val, "raw"))
-                return usage_error("--keys is centred or raw, got '%s'", val);
-            a->centered = !strcmp(val, "centred");
+            if (strcmp(val, "relative") && strcmp(val, "centred") && strcmp(val, "raw"))
+                return usage_error("--keys is relative, centred or raw, got '%s'", val);
+            a->centered = strcmp(val, "raw") != 0;
+            a->relative = !strcmp(val, "relative");
         } else if (!strcmp(o, "--seed")) {
             long v;
             if (!kvp_parse_long(val, 0, LONG_MAX, &v))
@@ -128,12 +132,20 @@ int kvp_policy_init_run(const kvp_policy_init_opts *po)
     kvp_model_config cfg = m.cfg;
     char name[KVP_POLICY_MODEL_NAME];
     snprintf(name, sizeof name, "%.63s", m.name);
-    kvp_model_free(&m);
 
     arch.d = cfg.head_dim;
     kvp_agent_set s;
     if (kvp_agent_set_alloc(&s, cfg.n_layers, cfg.n_kv_heads, &arch, err, sizeof err)) {
         fprintf(stderr, "kvp policy-init: %s\n", err);
+        kvp_model_free(&m);
+        return 1;
+    }
+    /* the set keeps its own copy of the model's rotation (and its factors) */
+    int bad_rope = arch.relative && kvp_agent_set_rope(&s, &cfg.rope, err, sizeof err);
+    kvp_model_free(&m);
+    if (bad_rope) {
+        fprintf(stderr, "kvp policy-init: --keys relative: %s\n", err);
+        kvp_agent_set_free(&s);
         return 1;
     }
     kvp_agent_set_init(&s, seed);
@@ -146,7 +158,7 @@ int kvp_policy_init_run(const kvp_policy_init_opts *po)
         printf("wrote %s: %d layers x %d KV heads x head_dim %d, P %d E %d H %d pmax %d, "
                "%s keys, %zu parameters per agent, seed %llu, for model '%s' (weights %016llx)\n",
                out, s.n_layers, s.n_kv_heads, arch.d, arch.P, arch.E, arch.H, arch.pmax,
-               arch.centered ? "centred" : "raw",
+               arch.relative ? "relative" : arch.centered ? "centred" : "raw",
                s.n_params, (unsigned long long)seed, s.model_name,
                (unsigned long long)s.model_fingerprint);
         if (cfg.seq_len > arch.pmax)

@@ -25,9 +25,10 @@ static void setup(void)
                                 tu_shared("models/tok512.bin"), err, sizeof err), 0, "%s", err);
     /* a randomly initialised KVP file: the engine must not care whether it is trained */
     kvp_agent_set set;
-    kvp_agent_arch arch = {model.cfg.head_dim, 16, 8, 16, 512, 1};
+    kvp_agent_arch arch = {model.cfg.head_dim, 16, 8, 16, 512, 1, 1};
     cr_assert_eq(kvp_agent_set_alloc(&set, model.cfg.n_layers, model.cfg.n_kv_heads, &arch,
                                      err, sizeof err), 0, "%s", err);
+    cr_assert_eq(kvp_agent_set_rope(&set, &model.cfg.rope, err, sizeof err), 0, "%s", err);
     kvp_agent_set_init(&set, 7);
     snprintf(policy_path, sizeof policy_path, "/tmp/kvp-test-gen-%d.kvp", (int)getpid());
     cr_assert_eq(kvp_agent_set_save(&set, policy_path, err, sizeof err), 0, "%s", err);

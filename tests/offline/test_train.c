@@ -15,6 +15,7 @@
 #include "base/half.h"
 #include "offline/calibrate.h"
 #include "offline/train.h"
+#include "cache/rope.h"
 #include "offline/agent_train.h"
 #include "tests/model/testutil.h"
 #include "tests/offline/traceutil.h"
@@ -684,42 +685,23 @@ Test(train, cli_rejects_bad_input)
     remove_trace();
 }
 
-/* Agents with centred keys are validated on each key minus the mean key of the sequence's
- * rows before the cut: the figure equals one computed here from the trace's rows, and it
- * is not the raw-key figure of the same weights. */
-Test(train, centred_agents_rank_keys_centred_on_the_cache_at_the_cut)
+/* The validation figure of agent (layer, kvh) of s computed here from the trace's rows:
+ * keys centred on the rows before the cut, and for relative keys turned back by the cut. */
+static double validate_by_hand(const kvp_trace *t, const kvp_agent_set *s, const kvp_train_cfg *c,
+                               int layer, int kvh)
 {
-    kvp_trace t;
-    open_trace(&t);
-    kvp_agent_arch ca = tiny_arch;
-    ca.centered = 1;
-    kvp_agent_set s, raw;
-    char err[256];
-    cr_assert_eq(kvp_agent_set_alloc(&s, T_LAYERS, T_KVH, &ca, err, sizeof err), 0, "%s", err);
-    cr_assert_eq(kvp_agent_set_alloc(&raw, T_LAYERS, T_KVH, &tiny_arch, err, sizeof err), 0, "%s", err);
-    kvp_agent_set_init(&s, 5);
-    kvp_agent_set_init(&raw, 5);
-    kvp_train_cfg c = tiny_cfg(1, 1);
-    double mc, mr, pc[T_LAYERS * T_KVH], pr[T_LAYERS * T_KVH];
-    cr_assert_eq(kvp_train_validate(&t, &s, c.val_cut, c.n_sink, c.n_recent, 1, &mc, pc, err,
-                                    sizeof err), 0, "%s", err);
-    cr_assert_eq(kvp_train_validate(&t, &raw, c.val_cut, c.n_sink, c.n_recent, 1, &mr, pr, err,
-                                    sizeof err), 0, "%s", err);
-    cr_assert(fabs(mc - mr) > 1e-6, "centred and raw keys validate alike (%g)", mc);
-
-    /* agent (1, 1) by hand */
-    int layer = 1, kvh = 1, cut = c.val_cut, g = kvp_trace_cut_index(&t.h, cut);
-    int m = cut - c.n_sink - c.n_recent, d = T_D;
+    int cut = c->val_cut, g = kvp_trace_cut_index(&t->h, cut);
+    int m = cut - c->n_sink - c->n_recent, d = T_D;
     float k[T_LEN * T_D], v[T_LEN * T_D], mean[T_D], score[T_LEN];
     int32_t pos[T_LEN], order[T_LEN];
     kvp_rank_key rk[T_LEN];
-    float *work = malloc(kvp_agent_score_work(&ca, T_LEN) * sizeof *work);
+    float *work = malloc(kvp_agent_score_work(&s->arch, T_LEN) * sizeof *work);
     double sum = 0.0;
     int count = 0;
-    for (int seq = t.h.n_train; seq < t.h.n_seqs; seq++) {
-        if (g >= kvp_trace_n_cuts(&t.h, kvp_trace_len(&t, seq)))
+    for (int seq = t->h.n_train; seq < t->h.n_seqs; seq++) {
+        if (g >= kvp_trace_n_cuts(&t->h, kvp_trace_len(t, seq)))
             continue;
-        const uint16_t *tk = kvp_trace_k(&t, seq, layer, kvh), *tv = kvp_trace_v(&t, seq, layer, kvh);
+        const uint16_t *tk = kvp_trace_k(t, seq, layer, kvh), *tv = kvp_trace_v(t, seq, layer, kvh);
         for (int i = 0; i < cut * d; i++) {
             k[i] = kvp_f16_to_f32(tk[i]);
             v[i] = kvp_f16_to_f32(tv[i]);
@@ -734,19 +716,60 @@ Test(train, centred_agents_rank_keys_centred_on_the_cache_at_the_cut)
             pos[i] = i;
             for (int j = 0; j < d; j++)
                 k[i * d + j] -= mean[j];
+            if (s->arch.relative)
+                kvp_rope_rotate(&s->rope, k + i * d, -(double)cut);
         }
-        kvp_agent_score(&ca, kvp_agent_set_params(&s, layer, kvh), k + c.n_sink * d,
-                        v + c.n_sink * d, pos + c.n_sink, m, score, work);
+        kvp_agent_score(&s->arch, kvp_agent_set_params(s, layer, kvh), k + c->n_sink * d,
+                        v + c->n_sink * d, pos + c->n_sink, m, score, work);
         kvp_argsort_desc(score, m, order, rk);
-        const float *imp = kvp_trace_importance(&t, seq, layer, kvh, g) + c.n_sink;
+        const float *imp = kvp_trace_importance(t, seq, layer, kvh, g) + c->n_sink;
         double cost = kvp_rank_cost(imp, order, m), best = kvp_oracle_cost(imp, m, order, rk);
         sum -= kvp_rank_reward(cost, best);
         count++;
     }
     cr_assert_gt(count, 0);
-    cr_assert_float_eq(pc[layer * T_KVH + kvh], sum / count, 1e-9);
     free(work);
+    return sum / count;
+}
+
+/* Agents with centred keys are validated on each key minus the mean key of the sequence's
+ * rows before the cut, and agents with relative keys on that key turned back by the cut:
+ * each figure equals one computed here from the trace's rows, and the three kinds of keys
+ * validate differently with the same weights. */
+Test(train, centred_and_relative_agents_rank_keys_framed_at_the_cut)
+{
+    kvp_trace t;
+    open_trace(&t);
+    kvp_agent_arch ca = tiny_arch, ra = tiny_arch;
+    ca.centered = 1;
+    ra.centered = 1;
+    ra.relative = 1;
+    kvp_agent_set s, rel, raw;
+    char err[256];
+    kvp_rope rope = {.n_rot = T_D, .neox = 1, .base = 10000.0f};
+    cr_assert_eq(kvp_agent_set_alloc(&s, T_LAYERS, T_KVH, &ca, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(kvp_agent_set_alloc(&rel, T_LAYERS, T_KVH, &ra, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(kvp_agent_set_rope(&rel, &rope, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(kvp_agent_set_alloc(&raw, T_LAYERS, T_KVH, &tiny_arch, err, sizeof err), 0, "%s", err);
+    kvp_agent_set_init(&s, 5);
+    kvp_agent_set_init(&rel, 5);
+    kvp_agent_set_init(&raw, 5);
+    kvp_train_cfg c = tiny_cfg(1, 1);
+    double mc, mr, ml, pc[T_LAYERS * T_KVH], pr[T_LAYERS * T_KVH], pl[T_LAYERS * T_KVH];
+    cr_assert_eq(kvp_train_validate(&t, &s, c.val_cut, c.n_sink, c.n_recent, 1, &mc, pc, err,
+                                    sizeof err), 0, "%s", err);
+    cr_assert_eq(kvp_train_validate(&t, &raw, c.val_cut, c.n_sink, c.n_recent, 1, &mr, pr, err,
+                                    sizeof err), 0, "%s", err);
+    cr_assert_eq(kvp_train_validate(&t, &rel, c.val_cut, c.n_sink, c.n_recent, 1, &ml, pl, err,
+                                    sizeof err), 0, "%s", err);
+    cr_assert(fabs(mc - mr) > 1e-6, "centred and raw keys validate alike (%g)", mc);
+    cr_assert(fabs(ml - mc) > 1e-6, "relative and centred keys validate alike (%g)", ml);
+
+    /* agent (1, 1) by hand */
+    cr_assert_float_eq(pc[1 * T_KVH + 1], validate_by_hand(&t, &s, &c, 1, 1), 1e-9);
+    cr_assert_float_eq(pl[1 * T_KVH + 1], validate_by_hand(&t, &rel, &c, 1, 1), 1e-9);
     kvp_agent_set_free(&s);
+    kvp_agent_set_free(&rel);
     kvp_agent_set_free(&raw);
     kvp_trace_close(&t);
     remove_trace();

@@ -216,7 +216,7 @@ Test(kvp_agent_file, a_centred_file_is_version_4_and_round_trips)
 
     uint8_t *m = malloc(len + 16);
     memcpy(m, b, len);
-    wr32(m + 120, 3);
+    wr32(m + 120, 5);   /* bit 2: no such input */
     reseal(m, len);
     expect_bad(m, len, "unknown input flags", -EINVAL);
     memcpy(m, b, len);
@@ -243,6 +243,113 @@ Test(kvp_agent_file, a_centred_file_is_version_4_and_round_trips)
     unlink(path);
     kvp_agent_set_free(&r);
     kvp_agent_set_free(&s);
+    kvp_agent_set_free(&u);
+}
+
+/* Relative keys: flag bit 1 and the rotation block after the flags, the factors a copy of
+ * the set's; a damaged block is refused, and a loaded model must rotate the same way. */
+Test(kvp_agent_file, a_relative_file_carries_its_rotation)
+{
+    char err[512];
+    kvp_agent_arch ra = tiny_arch;
+    ra.centered = 1;
+    ra.relative = 1;
+    size_t np = kvp_agent_n_params(&ra);
+    kvp_agent_set u, r;
+    cr_assert_eq(kvp_agent_set_alloc(&u, 2, 3, &ra, err, sizeof err), 0, "%s", err);
+    kvp_agent_set_init(&u, 5);
+    float factors[4] = {1.0f, 2.0f, 4.0f, 8.0f}, ff[4];
+    memcpy(ff, factors, sizeof ff);
+    kvp_rope rope = {.n_rot = 8, .neox = 1, .base = 500000.0f, .factors = ff};
+    cr_assert_eq(kvp_agent_set_rope(&u, &rope, err, sizeof err), 0, "%s", err);
+    ff[0] = 99.0f;   /* the set holds its own copy */
+    u.model_fingerprint = 0x77;
+    const char *path = tmp_path();
+    cr_assert_eq(kvp_agent_set_save(&u, path, err, sizeof err), 0, "%s", err);
+    size_t len;
+    uint8_t *b = (uint8_t *)tu_slurp(path, &len);
+    cr_assert_eq(rd32(b + 8), 4);
+    cr_assert_eq(rd32(b + 120), 3, "input flags: centred and relative keys");
+    cr_assert_eq(rd32(b + 124), 8);
+    cr_assert_eq(rd32(b + 128), 1);
+    float base;
+    memcpy(&base, b + 132, 4);
+    cr_assert_eq(base, 500000.0f);
+    cr_assert_eq(rd32(b + 136), 4);
+    cr_assert_eq(memcmp(b + 140, factors, sizeof factors), 0);
+    size_t params_at = 140 + sizeof factors;
+    cr_assert_eq(len, params_at + 6 * np * 4 + 4 + 8);
+    cr_assert_eq(rd64(b + len - 8), fnv1a_ref(b, len - 8));
+
+    kvp_model_config cfg = {.n_layers = 2, .n_kv_heads = 3, .head_dim = 8, .fingerprint = 0x77,
+                            .rope = {.n_rot = 8, .neox = 1, .base = 500000.0f, .factors = factors}};
+    cr_assert_eq(kvp_agent_set_load(&r, path, &cfg, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(r.arch.relative, 1);
+    cr_assert_eq(r.arch.centered, 1);
+    cr_assert(kvp_rope_same(&r.rope, &cfg.rope));
+    cr_assert_eq(memcmp(r.params, u.params, 6 * np * sizeof(float)), 0);
+    kvp_agent_set_free(&r);
+    /* another rotation in the model's metadata: refused, both named */
+    cfg.rope.base = 10000.0f;
+    cr_assert_eq(kvp_agent_set_load(&r, path, &cfg, err, sizeof err), -EINVAL);
+    cr_assert(strstr(err, "500000") && strstr(err, "10000") && strstr(err, "kvp learn"), "%s", err);
+    cfg.rope.base = 500000.0f;
+    cfg.rope.factors = NULL;
+    cr_assert_eq(kvp_agent_set_load(&r, path, &cfg, err, sizeof err), -EINVAL);
+    cr_assert(strstr(err, "with factors"), "%s", err);
+    cfg.fingerprint = 0;   /* a shape without a model (a trace's): no rotation to compare */
+    cr_assert_eq(kvp_agent_set_load(&r, path, &cfg, err, sizeof err), 0, "%s", err);
+    kvp_agent_set_free(&r);
+
+    uint8_t *m = malloc(len);
+    memcpy(m, b, len);
+    wr32(m + 124, 7);   /* odd rotated dims */
+    reseal(m, len);
+    expect_bad(m, len, "RoPE", -EINVAL);
+    memcpy(m, b, len);
+    wr32(m + 124, 16);   /* more than head_dim */
+    reseal(m, len);
+    expect_bad(m, len, "does not fit head_dim", -EINVAL);
+    memcpy(m, b, len);
+    wr32(m + 136, 3);   /* neither 0 nor n_rot / 2 factors */
+    reseal(m, len);
+    expect_bad(m, len, "does not fit head_dim", -EINVAL);
+    memcpy(m, b, len);
+    float bad = -1.0f;
+    memcpy(m + 132, &bad, 4);   /* a negative base */
+    reseal(m, len);
+    expect_bad(m, len, "base", -EINVAL);
+    memcpy(m, b, len);
+    bad = NAN;
+    memcpy(m + 144, &bad, 4);   /* a factor that is not a number */
+    reseal(m, len);
+    expect_bad(m, len, "factor 1", -EINVAL);
+    memcpy(m, b, len);
+    m[133] ^= 0x40;   /* the block is under the checksum */
+    expect_bad(m, len, "checksum", -EBADMSG);
+    expect_bad(b, 130, "truncated", -EINVAL);
+    expect_bad(b, 142, "truncated", -EINVAL);
+    expect_bad(b, params_at + 4, "truncated", -EINVAL);
+    free(m);
+    free(b);
+    unlink(path);
+
+    /* without factors: an empty factor list, and the round trip keeps it empty */
+    kvp_rope plain = {.n_rot = 4, .neox = 0, .base = 10000.0f, .factors = NULL};
+    cr_assert_eq(kvp_agent_set_rope(&u, &plain, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(kvp_agent_set_save(&u, path, err, sizeof err), 0, "%s", err);
+    b = (uint8_t *)tu_slurp(path, &len);
+    cr_assert_eq(rd32(b + 136), 0);
+    cr_assert_eq(len, 140 + 6 * np * 4 + 4 + 8);
+    cr_assert_eq(kvp_agent_set_load(&r, path, NULL, err, sizeof err), 0, "%s", err);
+    cr_assert(kvp_rope_same(&r.rope, &plain));
+    kvp_agent_set_free(&r);
+    free(b);
+    unlink(path);
+    /* a rotation that is not one of the set's head_dim is refused before it is stored */
+    kvp_rope wide = {.n_rot = 10, .neox = 0, .base = 10000.0f};
+    cr_assert_eq(kvp_agent_set_rope(&u, &wide, err, sizeof err), -EINVAL);
+    cr_assert(kvp_rope_same(&u.rope, &plain), "a refused rotation leaves the set's");
     kvp_agent_set_free(&u);
 }
 

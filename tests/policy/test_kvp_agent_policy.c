@@ -372,3 +372,71 @@ Test(kvp_agent_policy, centred_keys_score_the_offset_from_the_heads_mean_key)
     unlink(paths[1]);
     free(k), free(k0), free(v), free(score), free(stat), free(pos), free(seq);
 }
+
+/* Relative keys: the agents score each key centred, then turned back by the position the
+ * next token takes (the newest row's + 1), with the set's rotation: what a query at that
+ * position sees. The turn is R(-n): a key rotated by p becomes the key rotated by p - n. */
+Test(kvp_agent_policy, relative_keys_are_seen_from_the_next_position)
+{
+    enum { N = 200, D = 8 };
+    char err[256];
+    kvp_rope rope = {.n_rot = D, .neox = 0, .base = 10000.0f};
+    float x[D], y[D];
+    fill(x, D, 1.0f);
+    memcpy(y, x, sizeof x);
+    kvp_rope_rotate(&rope, x, 37.0);
+    kvp_agent_relative_keys(&rope, D, x, 1, 50);
+    kvp_rope_rotate(&rope, y, 37.0 - 50.0);
+    for (int j = 0; j < D; j++)
+        cr_assert_float_eq(x[j], y[j], 1e-5f, "dim %d", j);
+
+    kvp_agent_arch ra = default_arch;
+    ra.centered = 1;
+    ra.relative = 1;
+    kvp_agent_set s;
+    cr_assert_eq(kvp_agent_set_alloc(&s, 2, 2, &ra, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(kvp_agent_set_rope(&s, &rope, err, sizeof err), 0, "%s", err);
+    kvp_agent_set_init(&s, 11);
+    const char *path = tmp_path();
+    cr_assert_eq(kvp_agent_set_save(&s, path, err, sizeof err), 0, "%s", err);
+
+    float *k = malloc(N * D * sizeof(float)), *v = malloc(N * D * sizeof(float));
+    float *kc = malloc(N * D * sizeof(float)), *score = calloc(N, sizeof(float));
+    float *stat = calloc(N, sizeof(float)), *want = malloc(N * sizeof(float)), mean[D];
+    float *work = malloc(kvp_agent_score_work(&ra, N) * sizeof(float));
+    int32_t *pos = malloc(N * sizeof(int32_t));
+    int64_t *seq = malloc(N * sizeof(int64_t));
+    fill(k, N * D, 2.0f);
+    fill(v, N * D, 1.0f);
+    for (int i = 0; i < N; i++)   /* a cache with gaps, as after evictions */
+        pos[i] = 3 * i, seq[i] = 3 * i;
+    kvp_policy p = {.cfg = {.n_layers = 2, .n_kv_heads = 2, .head_dim = D, .n_heads = 4}};
+    cr_assert_eq(kvp_agent_policy_create(&p, path, err, sizeof err), 0, "%s", err);
+    kvp_head h = {.n = N, .cap = N, .k = k, .v = v, .pos = pos, .seq = seq, .score = score,
+                  .stat = stat};
+    p.ops->on_insert(&p, 1, 1, &h, 0, N);
+    p.ops->before_evict(&p, 1, 1, &h);
+    memcpy(kc, k, N * D * sizeof(float));
+    kvp_agent_key_mean(D, kc, N, mean);
+    kvp_agent_center_keys(D, kc, N, mean);
+    for (int i = 0; i < N; i++)
+        kvp_rope_rotate(&rope, kc + i * D, -(double)(pos[N - 1] + 1));
+    kvp_agent_score(&ra, kvp_agent_set_params(&s, 1, 1), kc, v, pos, N, want, work);
+    for (int i = 0; i < N; i++)
+        cr_assert_float_eq(score[i], want[i], 1e-4f * (1.0f + fabsf(want[i])), "row %d", i);
+
+    /* the same keys seen centred only: other scores, so the turn is applied */
+    ra.relative = 0;
+    memcpy(kc, k, N * D * sizeof(float));
+    kvp_agent_center_keys(D, kc, N, mean);
+    kvp_agent_score(&ra, kvp_agent_set_params(&s, 1, 1), kc, v, pos, N, want, work);
+    float diff = 0.0f;
+    for (int i = 0; i < N; i++)
+        diff = fmaxf(diff, fabsf(score[i] - want[i]));
+    cr_assert_gt(diff, 1e-3f, "relative scores equal the centred ones");
+    p.ops->destroy(&p);
+    kvp_agent_set_free(&s);
+    unlink(path);
+    free(k), free(v), free(kc), free(score), free(stat), free(want), free(work), free(pos),
+        free(seq);
+}

@@ -50,9 +50,16 @@ Test(policy_init, policy_init_writes_a_loadable_deterministic_file)
     kvp_agent_set s;
     char err[512];
     cr_assert_eq(kvp_agent_set_load(&s, p1, &cfg, err, sizeof err), 0, "%s", err);
-    kvp_agent_arch centred = default_arch;   /* the default: centred keys, version 4 */
-    centred.centered = 1;
-    cr_assert_eq(memcmp(&s.arch, &centred, sizeof s.arch), 0);
+    kvp_agent_arch relative = default_arch;   /* the default: relative keys, version 4 */
+    relative.centered = 1;
+    relative.relative = 1;
+    cr_assert_eq(memcmp(&s.arch, &relative, sizeof s.arch), 0);
+    /* with the model's own rotation: stories260K is a llama2.c model, consecutive pairs */
+    kvp_model m;
+    cr_assert_eq(kvp_model_load(&m, model, NULL, err, sizeof err), 0, "%s", err);
+    cr_assert(kvp_rope_same(&s.rope, &m.cfg.rope));
+    cr_assert_eq(s.rope.n_rot, 8);
+    kvp_model_free(&m);
     kvp_agent_set_free(&s);
     cr_assert_eq(kvp_agent_set_load(&s, p3, &cfg, err, sizeof err), 0, "%s", err);
     kvp_agent_arch want = {.d = 8, .P = 16, .E = 8, .H = 24, .pmax = 128};
