@@ -139,3 +139,71 @@ Test(calibrate, cli_writes_a_calibrated_policy_and_refuses_bad_input)
     kvp_agent_set_free(&s);
     remove_trace();
 }
+
+static int float_cmp(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+/* Agents with relative keys are calibrated on their scores of each cut's keys centred on
+ * the rows before the cut and turned back by it, at every 8th cut of the grid (here the
+ * first): each knot's score is the mean score of its equal-count bin of those scores,
+ * computed here by hand. */
+Test(calibrate, relative_agents_are_calibrated_on_keys_framed_at_the_cut)
+{
+    kvp_trace t;
+    open_trace(&t);
+    char err[256];
+    kvp_agent_arch ra = tiny_arch;
+    ra.centered = 1;
+    ra.relative = 1;
+    kvp_agent_set s;
+    kvp_rope rope = {.n_rot = T_D, .neox = 0, .base = 100.0f};
+    cr_assert_eq(kvp_agent_set_alloc(&s, T_LAYERS, T_KVH, &ra, err, sizeof err), 0);
+    cr_assert_eq(kvp_agent_set_rope(&s, &rope, err, sizeof err), 0, "%s", err);
+    kvp_agent_set_init(&s, 5);
+    const int K = 8;
+    cr_assert_eq(kvp_calibrate_fit(&s, &t, K, 1, NULL, err, sizeof err), 0, "%s", err);
+    float k[T_LEN * T_D], v[T_LEN * T_D], score[T_LEN], mean[T_D];
+    float pairs[T_TRAIN * T_LEN];
+    int32_t pos[T_LEN];
+    float *work = malloc(kvp_agent_score_work(&ra, T_LEN) * sizeof *work);
+    for (int i = 0; i < T_LEN; i++)
+        pos[i] = i;
+    int l = 1, h = 0, n = t.h.cut_min, m = 0;
+    for (int q = 0; q < T_TRAIN; q++) {
+        const uint16_t *tk = kvp_trace_k(&t, q, l, h), *tv = kvp_trace_v(&t, q, l, h);
+        for (int i = 0; i < n * T_D; i++) {
+            k[i] = kvp_f16_to_f32(tk[i]);
+            v[i] = kvp_f16_to_f32(tv[i]);
+        }
+        for (int j = 0; j < T_D; j++) {
+            double a = 0.0;
+            for (int i = 0; i < n; i++)
+                a += k[i * T_D + j];
+            mean[j] = (float)(a / n);
+        }
+        for (int i = 0; i < n; i++) {
+            for (int j = 0; j < T_D; j++)
+                k[i * T_D + j] -= mean[j];
+            kvp_rope_rotate(&rope, k + i * T_D, -(double)n);
+        }
+        kvp_agent_score(&ra, kvp_agent_set_params(&s, l, h), k, v, pos, n, score, work);
+        for (int i = 4; i < n - 16; i++)
+            pairs[m++] = score[i];
+    }
+    cr_assert_eq(m % K, 0, "%d pairs", m);
+    qsort(pairs, (size_t)m, sizeof *pairs, float_cmp);
+    const float *x = kvp_agent_set_knots(&s, l, h);
+    for (int b = 0; b < K; b++) {
+        double a = 0.0;
+        for (int i = b * (m / K); i < (b + 1) * (m / K); i++)
+            a += pairs[i];
+        cr_assert_float_eq(x[b], a / (m / K), 1e-5 * (1.0 + fabs(a / (m / K))), "knot %d", b);
+    }
+    free(work);
+    kvp_agent_set_free(&s);
+    kvp_trace_close(&t);
+    remove_trace();
+}
