@@ -16,7 +16,8 @@
 # and canary / replies, canary / eval.
 #   scripts/canary-vs-eval.sh [OUT]     (default /tmp/kvp-canary-vs-eval)
 # A run whose files are in OUT already is not repeated (rerun with the same OUT to finish
-# an interrupted one; remove OUT for a fresh one).
+# an interrupted one; remove OUT for a fresh one). OUT/stamp records the policy file's
+# sha256 and the settings: when they differ, OUT's old results are removed first.
 # Environment: BUILD (default build), POLICIES (default "kvp streaming"), BUDGETS
 # (default "32 64"), TURNS (conversations per run, default 200), MAX_TOKENS (reply
 # length, default 256), THREADS (2), POLICY_FILE (the kvp policy, default
@@ -45,7 +46,13 @@ blist=$(echo $budgets | tr ' ' ,)
 pf=()
 case " $policies " in *" kvp "*) pf=(--policy-file "$policy_file") ;; esac
 
+stamp="$(sha256sum <"$policy_file" | cut -d' ' -f1) $policies / $budgets / $turns / $max_tokens / $eval_args"
+if [ -d "$out" ] && [ "$(cat "$out/stamp" 2>/dev/null)" != "$stamp" ]; then
+    echo "canary-vs-eval: $out holds results of another policy file or settings: starting afresh" >&2
+    rm -rf "$out"
+fi
 mkdir -p "$out"
+echo "$stamp" >"$out/stamp"
 # the held-out part: after the first 80% by bytes, moved to a line start (kvp eval --split)
 python3 - "$text" "$out/heldout.txt" <<'PY'
 import sys
