@@ -165,7 +165,7 @@ Test(calibrate, relative_agents_are_calibrated_on_keys_framed_at_the_cut)
     kvp_agent_set_init(&s, 5);
     const int K = 8;
     cr_assert_eq(kvp_calibrate_fit(&s, &t, K, 1, NULL, err, sizeof err), 0, "%s", err);
-    float k[T_LEN * T_D], v[T_LEN * T_D], score[T_LEN], mean[T_D];
+    float k[T_LEN * T_D], v[T_LEN * T_D], score[T_LEN];
     float pairs[T_TRAIN * T_LEN];
     int32_t pos[T_LEN];
     float *work = malloc(kvp_agent_score_work(&ra, T_LEN) * sizeof *work);
@@ -173,22 +173,7 @@ Test(calibrate, relative_agents_are_calibrated_on_keys_framed_at_the_cut)
         pos[i] = i;
     int l = 1, h = 0, n = t.h.cut_min, m = 0;
     for (int q = 0; q < T_TRAIN; q++) {
-        const uint16_t *tk = kvp_trace_k(&t, q, l, h), *tv = kvp_trace_v(&t, q, l, h);
-        for (int i = 0; i < n * T_D; i++) {
-            k[i] = kvp_f16_to_f32(tk[i]);
-            v[i] = kvp_f16_to_f32(tv[i]);
-        }
-        for (int j = 0; j < T_D; j++) {
-            double a = 0.0;
-            for (int i = 0; i < n; i++)
-                a += k[i * T_D + j];
-            mean[j] = (float)(a / n);
-        }
-        for (int i = 0; i < n; i++) {
-            for (int j = 0; j < T_D; j++)
-                k[i * T_D + j] -= mean[j];
-            kvp_rope_rotate(&rope, k + i * T_D, -(double)n);
-        }
+        framed_rows(&t, q, l, h, n, &rope, k, v);
         kvp_agent_score(&ra, kvp_agent_set_params(&s, l, h), k, v, pos, n, score, work);
         for (int i = 4; i < n - 16; i++)
             pairs[m++] = score[i];

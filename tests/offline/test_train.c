@@ -692,7 +692,7 @@ static double validate_by_hand(const kvp_trace *t, const kvp_agent_set *s, const
 {
     int cut = c->val_cut, g = kvp_trace_cut_index(&t->h, cut);
     int m = cut - c->n_sink - c->n_recent, d = T_D;
-    float k[T_LEN * T_D], v[T_LEN * T_D], mean[T_D], score[T_LEN];
+    float k[T_LEN * T_D], v[T_LEN * T_D], score[T_LEN];
     int32_t pos[T_LEN], order[T_LEN];
     kvp_rank_key rk[T_LEN];
     float *work = malloc(kvp_agent_score_work(&s->arch, T_LEN) * sizeof *work);
@@ -701,24 +701,9 @@ static double validate_by_hand(const kvp_trace *t, const kvp_agent_set *s, const
     for (int seq = t->h.n_train; seq < t->h.n_seqs; seq++) {
         if (g >= kvp_trace_n_cuts(&t->h, kvp_trace_len(t, seq)))
             continue;
-        const uint16_t *tk = kvp_trace_k(t, seq, layer, kvh), *tv = kvp_trace_v(t, seq, layer, kvh);
-        for (int i = 0; i < cut * d; i++) {
-            k[i] = kvp_f16_to_f32(tk[i]);
-            v[i] = kvp_f16_to_f32(tv[i]);
-        }
-        for (int j = 0; j < d; j++) {
-            double a = 0.0;
-            for (int i = 0; i < cut; i++)
-                a += k[i * d + j];
-            mean[j] = (float)(a / cut);
-        }
-        for (int i = 0; i < cut; i++) {
+        framed_rows(t, seq, layer, kvh, cut, s->arch.relative ? &s->rope : NULL, k, v);
+        for (int i = 0; i < cut; i++)
             pos[i] = i;
-            for (int j = 0; j < d; j++)
-                k[i * d + j] -= mean[j];
-            if (s->arch.relative)
-                kvp_rope_rotate(&s->rope, k + i * d, -(double)cut);
-        }
         kvp_agent_score(&s->arch, kvp_agent_set_params(s, layer, kvh), k + c->n_sink * d,
                         v + c->n_sink * d, pos + c->n_sink, m, score, work);
         kvp_argsort_desc(score, m, order, rk);

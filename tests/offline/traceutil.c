@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/half.h"
 #include "model/sampler.h"
 #include "tests/model/testutil.h"
 #include "tests/offline/traceutil.h"
@@ -94,4 +95,24 @@ int run_kvp(const char *sub, const char *args, char **out)
     char cmd[4096];
     snprintf(cmd, sizeof cmd, "%s %s %s 2>&1", tu_build("tools/kvp"), sub, args);
     return tu_run(cmd, out);
+}
+
+void framed_rows(const kvp_trace *t, int seq, int layer, int kvh, int n, const kvp_rope *rope,
+                 float *k, float *v)
+{
+    const uint16_t *tk = kvp_trace_k(t, seq, layer, kvh), *tv = kvp_trace_v(t, seq, layer, kvh);
+    for (int i = 0; i < n * T_D; i++) {
+        k[i] = kvp_f16_to_f32(tk[i]);
+        v[i] = kvp_f16_to_f32(tv[i]);
+    }
+    for (int j = 0; j < T_D; j++) {   /* the mean key, in double, by hand */
+        double a = 0.0;
+        for (int i = 0; i < n; i++)
+            a += k[i * T_D + j];
+        float mean = (float)(a / n);
+        for (int i = 0; i < n; i++)
+            k[i * T_D + j] -= mean;
+    }
+    for (int i = 0; rope && i < n; i++)
+        kvp_rope_rotate(rope, k + i * T_D, -(double)n);
 }

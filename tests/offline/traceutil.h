@@ -2,6 +2,7 @@
 #ifndef KVP_TESTS_TRACEUTIL_H
 #define KVP_TESTS_TRACEUTIL_H
 
+#include "cache/rope.h"
 #include "offline/trace.h"
 #include "policy/kvp_agent.h"
 
@@ -25,6 +26,11 @@ const char *trace_dir(void);               /* this process's trace, made on firs
 void open_trace(kvp_trace *t);
 void remove_trace(void);
 extern const kvp_agent_arch tiny_arch;     /* agents for the trace's head_dim */
+/* The first n rows of agent (layer, kvh) of a sequence decoded to f32, the keys centred on
+ * them and, with a rope, turned back by n: what agents with centred (relative) keys see
+ * at cut n, computed here without the library's helpers. k, v: [n][T_D]. */
+void framed_rows(const kvp_trace *t, int seq, int layer, int kvh, int n, const kvp_rope *rope,
+                 float *k, float *v);
 /* `kvp SUB ARGS` with stderr in *out; its exit status. */
 int run_kvp(const char *sub, const char *args, char **out);
 
