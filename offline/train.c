@@ -47,6 +47,28 @@ double kvp_pl_logprob(const float *s, const int32_t *sigma, int n, float *grad,
     return lp;
 }
 
+double kvp_listwise_loss(const float *s, const float *imp, int n, float w, float *grad)
+{
+    double total = 0.0, mx = -INFINITY;
+    for (int i = 0; i < n; i++) {
+        total += imp[i];
+        mx = s[i] > mx ? s[i] : mx;
+    }
+    if (n <= 0 || !(total > 0.0) || !isfinite(total) || !isfinite(mx))
+        return 0.0;
+    double z = 0.0;
+    for (int i = 0; i < n; i++)
+        z += exp(s[i] - mx);
+    double lz = mx + log(z), loss = 0.0;
+    for (int i = 0; i < n; i++) {
+        double p = imp[i] / total, lq = s[i] - lz;
+        loss -= p * lq;
+        if (grad)
+            grad[i] += (float)(w * (exp(lq) - p));
+    }
+    return loss;
+}
+
 static int key_cmp(const void *pa, const void *pb)
 {
     const kvp_rank_key *a = pa, *b = pb;
@@ -164,7 +186,7 @@ void kvp_train_defaults(kvp_train_cfg *c)
         .steps = 3000, .seed = 1, .threads = 1, .episodes = 16, .samples = 8,
         .lr = 3e-3f, .lr_min = 1e-6f, .warmup = 100, .warmup_start = 0.01f,
         .adamw = {.beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 1e-3f},
-        .clip = 5.0f, .ema = 0.99f, .adv_clamp = 2.0f, .n_sink = KVP_DEFAULT_SINKS, .n_recent = KVP_DEFAULT_RECENT,
+        .clip = 5.0f, .ema = 0.99f, .adv_clamp = 2.0f, .listwise = 100.0f, .n_sink = KVP_DEFAULT_SINKS, .n_recent = KVP_DEFAULT_RECENT,
         .val_cut = 384, .eval_every = 100,
         .stream_share = 0.0f, .stream_chunk = KVP_DEFAULT_CHUNK, .n_stream_budgets = 4,
         .stream_budgets = {32, 64, 128, 256},
@@ -542,6 +564,11 @@ static int train_step(train_ctx *x, worker *wk, int a, long step)
                            ep[e].m, wk->pl_grad, wk->pl_work);
             cblas_saxpy(ep[e].m, scale * adv, wk->pl_grad, 1, wk->dscores + ep[e].off, 1);
         }
+    /* the listwise term, a mean over episodes (the policy-gradient loss is one over
+     * samples): every row's score toward its share of the episode's importance */
+    for (int e = 0; c->listwise > 0.0f && e < B; e++)
+        kvp_listwise_loss(wk->scores + ep[e].off, ep[e].imp, ep[e].m, c->listwise / (float)B,
+                          wk->dscores + ep[e].off);
     size_t np = x->s->n_params;
     memset(st->grad, 0, np * sizeof(float));
     kvp_agent_backward(wk->acts, st->w, wk->dscores, st->grad);
@@ -588,9 +615,10 @@ static int check_cfg(const kvp_train_cfg *c, char *err, size_t errlen)
                        "and %d recent rows", c->stream_budgets[i], c->n_sink, c->n_recent);
     if (!(c->lr > 0.0f) || !(c->lr_min >= 0.0f) || !(c->clip > 0.0f) ||
         !(c->ema >= 0.0f && c->ema < 1.0f) || !(c->adv_clamp > 0.0f) ||
+        !(c->listwise >= 0.0f && c->listwise <= 1e6f) ||
         !(c->warmup_start >= 0.0f && c->warmup_start <= 1.0f))
         return KVP_ERR(-EINVAL, "bad optimiser settings (lr > 0, lr_min >= 0, clip > 0, "
-                   "0 <= ema < 1, clamp > 0, 0 <= warm-up start <= 1)");
+                   "0 <= ema < 1, clamp > 0, 0 <= listwise <= 1e6, 0 <= warm-up start <= 1)");
     return 0;
 }
 

@@ -7,7 +7,12 @@
  * is sampled from the Plackett-Luce distribution of the agent's scores by Gumbel-sort,
  * costs C(sigma) = sum over r of r * I_{sigma_r} against the future importance I(n),
  * and earns reward -C(sigma)/C*. K rankings per episode give a leave-one-out baseline;
- * advantages are normalised over the batch and clamped; AdamW with warm-up and cosine
+ * advantages are normalised over the batch and clamped. A listwise term, the cross-entropy
+ * between the rows' importance shares and the softmax of their scores, is added to the
+ * loss with weight listwise (kvp_listwise_loss): it moves every row's score toward its
+ * share of the future attention, including rows the sampled rankings almost never put
+ * near the top (the policy gradient only learns from what the samples try). AdamW with
+ * warm-up and cosine
  * decay, gradient-norm clipping and an EMA of the weights, which is what is saved.
  * Agents are independent: each has its own RNG stream and optimiser state, and a pool
  * of threads trains them side by side, so results do not depend on the thread count. */
@@ -51,6 +56,13 @@ double kvp_rank_cost(const float *imp, const int32_t *sigma, int n);
 double kvp_oracle_cost(const float *imp, int n, int32_t *order, kvp_rank_key *work);
 /* -C / max(C*, 1e-8) */
 double kvp_rank_reward(double cost, double oracle_cost);
+
+/* The listwise term: the cross-entropy between the importance shares p_i = imp_i / sum imp
+ * and the scores' softmax q = softmax(s) over an episode's n rows,
+ *   L = -sum_i p_i log q_i,   dL/ds_i = q_i - p_i.
+ * Returns L and adds w * dL/ds_i to grad[i] (grad may be NULL). An episode whose
+ * importance sums to 0 (or is not finite) has no target: 0, nothing added. */
+double kvp_listwise_loss(const float *s, const float *imp, int n, float w, float *grad);
 
 /* Leave-one-out advantages of n_ep episodes x k samples (reward[e*k + j]): each reward
  * minus the mean of its episode's other samples, then normalised by the mean and
@@ -102,6 +114,8 @@ typedef struct kvp_train_cfg {
     float clip;          /* gradient-norm clip, per agent */
     float ema;           /* EMA decay of the saved weights */
     float adv_clamp;
+    float listwise;      /* weight of the listwise term per episode (0: policy gradient
+                            only); the policy-gradient loss is a mean over samples */
     int n_sink, n_recent;   /* rows always kept, as rank-and-keep (4, 16) */
     /* Streaming-shaped episodes (docs/training.md, "Streaming decisions"): this share of
      * the episodes (0: none, the plain cuts only) is the decision chunked eviction makes

@@ -31,6 +31,9 @@ static void usage(FILE *f, const kvp_train_cfg *d)
         "  --weight-decay F   AdamW decoupled weight decay (default %g)\n"
         "  --clip F           gradient-norm clip (default %g)\n"
         "  --ema F            EMA decay of the saved weights (default %g)\n"
+        "  --listwise W       weight of the listwise term: cross-entropy between the rows'\n"
+        "                     importance shares and the softmax of their scores, per\n"
+        "                     episode (default %g; 0: the policy gradient alone)\n"
         "  --val-cut N        validation ranks the first N rows, a cut of the trace's grid\n"
         "                     (default %d); episodes use every cut of the grid (kvp trace\n"
         "                     --cut-min, --cut-stride, --cut-tail)\n"
@@ -45,7 +48,7 @@ static void usage(FILE *f, const kvp_train_cfg *d)
         "  --stream-chunk N   their eviction chunk (default %d)\n",
         d->steps, (unsigned long long)d->seed, d->episodes, d->samples, (double)d->lr,
         (double)d->lr_min, d->warmup, (double)d->adamw.weight_decay, (double)d->clip,
-        (double)d->ema, d->val_cut, d->eval_every, (double)d->stream_share, d->stream_chunk);
+        (double)d->ema, (double)d->listwise, d->val_cut, d->eval_every, (double)d->stream_share, d->stream_chunk);
 }
 
 /* "32,64,..." into c->stream_budgets; 0 when it is not 1..KVP_TRAIN_MAX_STREAM_BUDGETS
@@ -86,7 +89,7 @@ int kvp_cmd_train(int argc, char **argv)
         {"weight-decay", 1, 0, 'W'}, {"clip", 1, 0, 'c'}, {"ema", 1, 0, 'e'},
         {"val-cut", 1, 0, 'v'}, {"eval-every", 1, 0, 'E'}, {"curve", 1, 0, 'C'},
         {"max-seconds", 1, 0, 'X'}, {"stream-share", 1, 0, 'S'}, {"stream-budgets", 1, 0, 'B'},
-        {"stream-chunk", 1, 0, 'K'},
+        {"stream-chunk", 1, 0, 'K'}, {"listwise", 1, 0, 'P'},
         {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     int o, idx = 0;
     optind = 1;
@@ -116,6 +119,7 @@ int kvp_cmd_train(int argc, char **argv)
         case 'S': ok = kvp_parse_double(optarg, 0.0, 1.0, &f); cp->stream_share = (float)f; break;
         case 'B': ok = parse_budgets(optarg, cp); break;
         case 'K': ok = kvp_parse_long(optarg, 1, 1 << 20, &l); cp->stream_chunk = (int)l; break;
+        case 'P': ok = kvp_parse_double(optarg, 0.0, 1e6, &f); cp->listwise = (float)f; break;
         case 'h': usage(stdout, cp); return 0;
         default: usage(stderr, cp); return 2;
         }

@@ -93,6 +93,68 @@ Test(train, pl_logprob_and_gradient_match_definition_and_finite_differences)
     }
 }
 
+/* -sum p_i log softmax(s)_i with p the importance shares, summed naively in double */
+static double listwise_naive(const float *s, const float *imp, int n)
+{
+    double z = 0.0, total = 0.0, loss = 0.0;
+    for (int i = 0; i < n; i++) {
+        z += exp((double)s[i]);
+        total += imp[i];
+    }
+    for (int i = 0; i < n; i++)
+        loss -= imp[i] / total * ((double)s[i] - log(z));
+    return loss;
+}
+
+/* The listwise term: its value is the cross-entropy of the importance shares against the
+ * scores' softmax, its gradient (added, times the weight) matches finite differences and
+ * sums to zero, a shift of every score changes nothing, and an episode without
+ * importance adds nothing. */
+Test(train, listwise_loss_and_gradient_match_definition_and_finite_differences)
+{
+    enum { N = 9 };
+    float s[N], imp[N], grad[N];
+    for (int trial = 0; trial < 20; trial++) {
+        float spread = trial < 10 ? 2.0f : 20.0f;
+        for (int i = 0; i < N; i++) {
+            s[i] = spread * frand();
+            imp[i] = trial % 3 == 0 && i % 2 ? 0.0f : 3.0f * fabsf(frand());
+            grad[i] = 0.5f;   /* the term adds to what is there */
+        }
+        const float w = 2.5f;
+        double loss = kvp_listwise_loss(s, imp, N, w, grad);
+        cr_assert_float_eq(loss, listwise_naive(s, imp, N), 1e-9 * (1.0 + fabs(loss)));
+        double gsum = 0.0;
+        for (int i = 0; i < N; i++) {
+            const float h = 1.0f / 64;
+            float s0 = s[i];
+            double f[4];
+            const float steps[4] = {-2 * h, -h, h, 2 * h};
+            for (int j = 0; j < 4; j++) {
+                s[i] = s0 + steps[j];
+                f[j] = listwise_naive(s, imp, N);
+            }
+            s[i] = s0;
+            double num = w * (f[0] - 8 * f[1] + 8 * f[2] - f[3]) / (12.0 * h);
+            cr_assert_float_eq(grad[i] - 0.5f, num, 1e-4 + 1e-4 * fabs(num),
+                               "trial %d item %d: analytic %.7g, finite differences %.7g",
+                               trial, i, grad[i] - 0.5f, num);
+            gsum += grad[i] - 0.5f;
+        }
+        cr_assert_float_eq(gsum, 0.0, 1e-4);
+        float shifted[N];
+        for (int i = 0; i < N; i++)
+            shifted[i] = s[i] + 7.0f;
+        cr_assert_float_eq(kvp_listwise_loss(shifted, imp, N, w, NULL), loss, 1e-5 * (1.0 + fabs(loss)));
+    }
+    float zero[N] = {0};
+    for (int i = 0; i < N; i++)
+        grad[i] = 1.0f;
+    cr_assert_eq(kvp_listwise_loss(s, zero, N, 1.0f, grad), 0.0);
+    for (int i = 0; i < N; i++)
+        cr_assert_eq(grad[i], 1.0f, "an episode without importance moved score %d", i);
+}
+
 Test(train, gumbel_sort_samples_plackett_luce)
 {
     const float s[3] = {1.0f, 0.0f, -0.5f};
@@ -525,13 +587,30 @@ Test(train, training_learns_a_ranking_the_keys_predict)
 {
     kvp_trace t;
     open_trace(&t);
-    char p[128];
-    snprintf(p, sizeof p, "%s/learn.kvp", trace_dir());
-    double before, after;
-    train_tiny(&t, 150, 2, 1, p, &before, &after);
-    cr_log_info("synthetic trace: validation C/C* %.3f before, %.3f after", before, after);
-    cr_assert_lt(after, 1.0 + 0.5 * (before - 1.0), "C/C* %.3f before, %.3f after", before,
-                 after);
+    char p[2][128];
+    /* with the default listwise term, and with the policy gradient alone */
+    for (int lw = 0; lw < 2; lw++) {
+        snprintf(p[lw], sizeof p[lw], "%s/learn%d.kvp", trace_dir(), lw);
+        kvp_agent_set s;
+        char err[256];
+        cr_assert_eq(kvp_agent_set_alloc(&s, T_LAYERS, T_KVH, &tiny_arch, err, sizeof err), 0);
+        kvp_agent_set_init(&s, 5);
+        kvp_train_cfg c = tiny_cfg(150, 2);
+        c.seed = 1;
+        if (lw)
+            c.listwise = 0.0f;
+        double before, after;
+        cr_assert_eq(kvp_train_validate(&t, &s, c.val_cut, c.n_sink, c.n_recent, 1, &before,
+                                        NULL, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(kvp_train(&t, &s, &c, &after, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(kvp_agent_set_save(&s, p[lw], err, sizeof err), 0, "%s", err);
+        kvp_agent_set_free(&s);
+        cr_log_info("synthetic trace, listwise %g: validation C/C* %.3f before, %.3f after",
+                    (double)c.listwise, before, after);
+        cr_assert_lt(after, 1.0 + 0.5 * (before - 1.0), "listwise %g: C/C* %.3f before, %.3f after",
+                     (double)c.listwise, before, after);
+    }
+    cr_assert(!same_file(p[0], p[1]), "the listwise term changed nothing");
     kvp_trace_close(&t);
     remove_trace();
 }
@@ -580,6 +659,12 @@ Test(train, bad_settings_and_shapes_are_errors)
     c.stream_budgets[1] = 20;   /* 4 sinks + 16 recent: nothing to choose */
     cr_assert_eq(kvp_train(&t, &s, &c, NULL, err, sizeof err), -EINVAL);
     cr_assert(strstr(err, "streaming budget 20 leaves no row"), "%s", err);
+    c = tiny_cfg(2, 1);
+    c.listwise = -1.0f;
+    cr_assert_eq(kvp_train(&t, &s, &c, NULL, err, sizeof err), -EINVAL);
+    cr_assert(strstr(err, "listwise"), "%s", err);
+    c.listwise = NAN;
+    cr_assert_eq(kvp_train(&t, &s, &c, NULL, err, sizeof err), -EINVAL);
     c = tiny_cfg(2, 1);
     c.val_cut = 75;   /* between cuts 72 and 80 */
     cr_assert_eq(kvp_train(&t, &s, &c, NULL, err, sizeof err), -EINVAL);
@@ -652,6 +737,8 @@ Test(train, cli_rejects_bad_input)
         "--traces /tmp --out /tmp/x.kvp --stream-budgets 0",
         "--traces /tmp --out /tmp/x.kvp --stream-budgets 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17",
         "--traces /tmp --out /tmp/x.kvp --stream-chunk 0",
+        "--traces /tmp --out /tmp/x.kvp --listwise -1",
+        "--traces /tmp --out /tmp/x.kvp --listwise lots",
         "--traces /tmp --out /tmp/x.kvp extra",
     };
     for (size_t i = 0; i < sizeof usage / sizeof usage[0]; i++) {
