@@ -80,7 +80,7 @@ int kvp_logprobs(const float *logits, int vocab, int chosen, int k, kvp_logprob 
     return m;
 }
 
-static double log_sum_exp(const float *x, int n)
+double kvp_log_sum_exp(const float *x, int n)
 {
     float mx = x[0];
     for (int i = 1; i < n; i++)
@@ -93,7 +93,7 @@ static double log_sum_exp(const float *x, int n)
 
 double kvp_logits_kl(const float *p, const float *q, int vocab)
 {
-    double lp = log_sum_exp(p, vocab), lq = log_sum_exp(q, vocab), kl = 0.0;
+    double lp = kvp_log_sum_exp(p, vocab), lq = kvp_log_sum_exp(q, vocab), kl = 0.0;
     for (int i = 0; i < vocab; i++) {
         double a = p[i] - lp, b = q[i] - lq;
         kl += exp(a) * (a - b);

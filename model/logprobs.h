@@ -25,5 +25,7 @@ int kvp_logprobs(const float *logits, int vocab, int chosen, int k, kvp_logprob 
 /* KL(softmax(p) || softmax(q)) of two raw logit rows [vocab], in nats; exactly 0 when
  * they are equal. What eviction costs a prediction (kvp eval, the live canary). */
 double kvp_logits_kl(const float *p, const float *q, int vocab);
+/* log sum exp x[i] over n >= 1 values, summed in double from the largest. */
+double kvp_log_sum_exp(const float *x, int n);
 
 #endif

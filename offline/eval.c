@@ -53,20 +53,9 @@ static int cache_like(kvp_cache *c, const kvp_model_config *cfg, kvp_kv_type typ
     return rc;
 }
 
-static double log_sum_exp(const float *x, int n)
-{
-    float mx = x[0];
-    for (int i = 1; i < n; i++)
-        mx = x[i] > mx ? x[i] : mx;
-    double s = 0.0;
-    for (int i = 0; i < n; i++)
-        s += exp((double)x[i] - mx);
-    return mx + log(s);
-}
-
 static double nll_of(const float *logits, int vocab, int target)
 {
-    return log_sum_exp(logits, vocab) - logits[target];
+    return kvp_log_sum_exp(logits, vocab) - logits[target];
 }
 
 static int argmax(const float *x, int n)

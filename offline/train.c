@@ -1,5 +1,6 @@
 #include "offline/pool.h"
 #include "offline/train.h"
+#include "model/logprobs.h"
 #include "offline/agent_train.h"
 
 #include <cblas.h>
@@ -49,17 +50,14 @@ double kvp_pl_logprob(const float *s, const int32_t *sigma, int n, float *grad,
 
 double kvp_listwise_loss(const float *s, const float *imp, int n, float w, float *grad)
 {
-    double total = 0.0, mx = -INFINITY;
-    for (int i = 0; i < n; i++) {
-        total += imp[i];
-        mx = s[i] > mx ? s[i] : mx;
-    }
-    if (n <= 0 || !(total > 0.0) || !isfinite(total) || !isfinite(mx))
-        return 0.0;
-    double z = 0.0;
+    double total = 0.0;
     for (int i = 0; i < n; i++)
-        z += exp(s[i] - mx);
-    double lz = mx + log(z), loss = 0.0;
+        total += imp[i];
+    if (n <= 0 || !(total > 0.0) || !isfinite(total))
+        return 0.0;
+    double lz = kvp_log_sum_exp(s, n), loss = 0.0;
+    if (!isfinite(lz))
+        return 0.0;
     for (int i = 0; i < n; i++) {
         double p = imp[i] / total, lq = s[i] - lz;
         loss -= p * lq;
