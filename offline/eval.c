@@ -259,13 +259,13 @@ static int by_value_desc(const void *a, const void *b)
  * C = sum over r of r * I_sigma_r, C* the same for I sorted descending). Rows a policy
  * protects beyond the n_recent newest at the smallest budget where it chooses anything
  * (SnapKV's observation window, LagKV's last partition) rank first. */
-static double ranking_ratio(const kvp_policy *p, const kvp_head *h, const float *imp,
-                            ranked *rk, float *sorted)
+static double ranking_ratio(const kvp_policy *p, int layer, const kvp_head *h,
+                            const float *imp, ranked *rk, float *sorted)
 {
     int n = h->n;
     int ns = p->n_sink < 0 ? 0 : p->n_sink < n ? p->n_sink : n;
     int nr = p->n_recent < 0 ? 0 : p->n_recent < n - ns ? p->n_recent : n - ns;
-    int win = p->ops->recent_window ? p->ops->recent_window(p, ns + nr + 1) : nr;
+    int win = p->ops->recent_window ? p->ops->recent_window(p, layer, ns + nr + 1) : nr;
     int m = 0;
     for (int i = ns; i < n - nr; i++, m++) {
         float sc = h->score[i];
@@ -309,7 +309,7 @@ int kvp_eval_sequence(const kvp_model *m, kvp_runstate *s, kvp_policy *p, const 
         kvp_head *h = &a.heads[hi];
         if (p->ops->before_evict)
             p->ops->before_evict(p, hi / n_kv, hi % n_kv, h);
-        acc->cc_ratio += ranking_ratio(p, h, r->imp + (size_t)hi * cut, rk, sorted);
+        acc->cc_ratio += ranking_ratio(p, hi / n_kv, h, r->imp + (size_t)hi * cut, rk, sorted);
         acc->cases++;
     }
 

@@ -452,11 +452,11 @@ static int int_cmp(const void *pa, const void *pb)
     return (a > b) - (a < b);
 }
 
-int kvp_train_stream_rows(const float *score, int n, int budget, int seq_len, int n_sink,
+int kvp_train_stream_rows(const float *score, int n, int budget, int cap, int n_sink,
                           int n_recent, int chunk, int32_t *rows, int32_t *order,
                           kvp_rank_key *work)
 {
-    int win = kvp_agent_recent_window(budget, seq_len, n_recent);
+    int win = kvp_agent_recent_window(budget, cap, n_recent);
     int keep = budget - n_sink - win, older = n - win - chunk - n_sink, m = 0;
     if (keep < 1 || n - win - n_sink <= keep)
         return 0;
@@ -483,7 +483,8 @@ static int stream_episode_rows(const kvp_trace *t, const kvp_agent_set *set, con
                                int n, int budget, float *scratch_k, float *scratch_v,
                                int32_t *scratch_pos)
 {
-    int win = kvp_agent_recent_window(budget, t->h.seq_len, c->n_recent);
+    int cap = kvp_agent_set_cap(set, layer, t->h.seq_len);
+    int win = kvp_agent_recent_window(budget, cap, c->n_recent);
     int scored = n - win - c->stream_chunk;   /* rows 0..scored-1 compete for the kept places */
     if (scored > c->n_sink) {
         gather_rows(t, seq, layer, kvh, 0, scored, scratch_k, scratch_v, scratch_pos);
@@ -493,7 +494,7 @@ static int stream_episode_rows(const kvp_trace *t, const kvp_agent_set *set, con
         kvp_agent_score(&set->arch, w, scratch_k, scratch_v, scratch_pos, scored, wk->behave,
                         wk->behave_work);
     }
-    return kvp_train_stream_rows(wk->behave, n, budget, t->h.seq_len, c->n_sink, c->n_recent,
+    return kvp_train_stream_rows(wk->behave, n, budget, cap, c->n_sink, c->n_recent,
                                  c->stream_chunk, wk->kept, wk->order, wk->rank_work);
 }
 

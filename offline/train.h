@@ -85,14 +85,14 @@ float kvp_clip_grad_norm(float *g, size_t n, float max_norm);
 void kvp_ema_update(float *ema, const float *w, size_t n, float decay);
 
 /* The rows chunked eviction ranks at cut n (the cache holds rows 0..n-1) at budget b
- * under the "kvp" policy's recent window w = kvp_agent_recent_window(b, seq_len,
- * n_recent), when every row keeps a fixed score: the chunk of rows n-w-chunk..n-w-1 that
- * has just left the window, and the k = b - n_sink - w older rows still cached, which are
+ * under the "kvp" policy's recent window w = kvp_agent_recent_window(b, cap, n_recent)
+ * (cap: the layer's, kvp_agent_set_cap), when every row keeps a fixed score: the chunk
+ * of rows n-w-chunk..n-w-1 that has just left the window, and the k = b - n_sink - w older rows still cached, which are
  * the top k by score of rows n_sink..n-w-chunk-1 (a row once outranked by k others stays
  * outranked; ties to the older row). score[i] is row i's score for i < n - w - chunk.
  * Writes the rows ascending into rows and returns their count; 0 when b evicts nothing
  * at n. order and work hold n entries. */
-int kvp_train_stream_rows(const float *score, int n, int budget, int seq_len, int n_sink,
+int kvp_train_stream_rows(const float *score, int n, int budget, int cap, int n_sink,
                           int n_recent, int chunk, int32_t *rows, int32_t *order,
                           kvp_rank_key *work);
 

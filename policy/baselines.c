@@ -88,8 +88,9 @@ static void streaming_insert(kvp_policy *p, int layer, int kvh, kvp_head *h, int
 
 /* Ranking by seq is "keep the newest": protecting the whole budget as recent gives the
  * same rows and stays exact past float's 2^24 integers. */
-static int streaming_window(const kvp_policy *p, int budget)
+static int streaming_window(const kvp_policy *p, int layer, int budget)
 {
+    (void)layer;
     (void)p;
     return budget;
 }
@@ -236,8 +237,9 @@ static void lagkv_evict(kvp_policy *p, int layer, int kvh, kvp_head *h)
     }
 }
 
-static int lagkv_window(const kvp_policy *p, int budget)
+static int lagkv_window(const kvp_policy *p, int layer, int budget)
 {
+    (void)layer;
     (void)budget;
     const lagkv_state *st = p->impl;
     return st->last_part > p->n_recent ? st->last_part : p->n_recent;
@@ -309,8 +311,9 @@ static void h2o_attention(kvp_policy *p, int layer, int kvh, kvp_head *h, const 
 }
 
 /* heavy hitters fill one half of the budget, the recent window the other */
-static int h2o_window(const kvp_policy *p, int budget)
+static int h2o_window(const kvp_policy *p, int layer, int budget)
 {
+    (void)layer;
     (void)p;
     return budget / 2;
 }
@@ -593,8 +596,9 @@ static void snapkv_evict(kvp_policy *p, int layer, int kvh, kvp_head *h)
     }
 }
 
-static int snapkv_window(const kvp_policy *p, int budget)
+static int snapkv_window(const kvp_policy *p, int layer, int budget)
 {
+    (void)layer;
     (void)budget;
     return p->n_recent > SNAPKV_WINDOW ? p->n_recent : SNAPKV_WINDOW;
 }

@@ -42,7 +42,36 @@ void kvp_agent_set_free(kvp_agent_set *s)
     free(s->params);
     free(s->knots);
     free((float *)s->rope.factors);
+    free(s->caps);
     memset(s, 0, sizeof *s);
+}
+
+int kvp_agent_set_caps(kvp_agent_set *s, const int *caps, char *err, size_t errlen)
+{
+    int *c = NULL;
+    if (caps) {
+        for (int l = 0; l < s->n_layers; l++)
+            if (caps[l] < 1 || caps[l] > KVP_AGENT_MAX_CAP) {
+                kvp_errorf(err, errlen, 0, "layer %d's cap of %d rows is out of range (1..%d)",
+                           l, caps[l], KVP_AGENT_MAX_CAP);
+                return -EINVAL;
+            }
+        if (!(c = malloc((size_t)s->n_layers * sizeof *c))) {
+            kvp_errorf(err, errlen, 0, "out of memory");
+            return -ENOMEM;
+        }
+        memcpy(c, caps, (size_t)s->n_layers * sizeof *c);
+    }
+    free(s->caps);
+    s->caps = c;
+    return 0;
+}
+
+int kvp_agent_set_cap(const kvp_agent_set *s, int layer, int seq_len)
+{
+    if (s->caps && layer >= 0 && layer < s->n_layers)
+        return s->caps[layer];
+    return KVP_AGENT_CAP_DEFAULT(seq_len);
 }
 
 int kvp_agent_set_rope(kvp_agent_set *s, const kvp_rope *r, char *err, size_t errlen)

@@ -32,7 +32,15 @@ typedef struct kvp_agent_set {
     /* Agents with relative keys (arch.relative): the rotation they turn keys back with,
      * the model's RoPE (kvp_agent_set_rope; factors is the set's own copy). */
     kvp_rope rope;
+    /* Per layer, the most older rows the agents choose at a large budget (the "kvp"
+     * policy's recent window, kvp_agent_recent_window), fitted by `kvp fit-window`
+     * (offline/windowfit.h); NULL: KVP_AGENT_CAP_DEFAULT(seq_len) for every layer. */
+    int *caps;                /* [n_layers] */
 } kvp_agent_set;
+
+/* The agents' share of a large budget without fitted caps: an eighth of the context. */
+#define KVP_AGENT_CAP_DEFAULT(seq_len) ((seq_len) / 8)
+#define KVP_AGENT_MAX_CAP (1 << 24)
 
 #define KVP_CALIBRATION_MAX_KNOTS 256
 
@@ -84,10 +92,17 @@ int kvp_agent_set_load(kvp_agent_set *s, const char *path, const kvp_model_confi
  * any thread): what shows that a daemon loads its policy's weights once, not per session. */
 unsigned long long kvp_agent_set_loads(void);
 
-/* The newest rows the "kvp" policy always keeps at a budget (its recent_window op):
- * max(budget / 2, budget - seq_len / 8, n_recent). Training mirrors the streaming
- * decisions with it (offline/train.h). */
-int kvp_agent_recent_window(int budget, int seq_len, int n_recent);
+/* Sets (caps[n_layers] copied, each 1..KVP_AGENT_MAX_CAP) or clears (caps NULL) the
+ * per-layer caps. -EINVAL with a message naming the layer, -ENOMEM. */
+int kvp_agent_set_caps(kvp_agent_set *s, const int *caps, char *err, size_t errlen);
+/* Layer's cap: its fitted one, else KVP_AGENT_CAP_DEFAULT(seq_len) (seq_len: the
+ * context the agents run in). */
+int kvp_agent_set_cap(const kvp_agent_set *s, int layer, int seq_len);
+
+/* The newest rows the "kvp" policy always keeps at a budget (its recent_window op) when
+ * the agents choose at most cap older rows: max(budget / 2, budget - cap, n_recent)
+ * (cap <= 0: no cap). Training mirrors the streaming decisions with it (offline/train.h). */
+int kvp_agent_recent_window(int budget, int cap, int n_recent);
 
 /* 0, or -EINVAL with a message naming agent (layer, kvh) when a knot is not finite, the
  * scores x[n_knots] are not strictly ascending or the values y[n_knots] decrease. */

@@ -35,13 +35,16 @@ static const uint8_t MAGIC[8] = {'K', 'V', 'P', 'P', 'O', 'L', 0, 1};
  * its calibration section is always there, with 0 knots when there is none. Only a set
  * with centred or relative keys is written as version 4. Flag bit 1 (relative keys,
  * kvp_agent_arch.relative) adds the rotation right after the flags: u32 n_rot, u32 layout
- * (1: NeoX halves), f32 base, u32 n_factors (0 or n_rot / 2), f32 factors[n_factors]. */
+ * (1: NeoX halves), f32 base, u32 n_factors (0 or n_rot / 2), f32 factors[n_factors].
+ * Flag bit 2 (fitted caps, kvp_agent_set.caps) adds after that u32 caps[n_layers]; a set
+ * with caps is written as version 4 whatever its keys. */
 #define HEADER_V1_BYTES 48
 #define HEADER_BYTES (HEADER_V1_BYTES + 8 + KVP_POLICY_MODEL_NAME)
 #define HEADER_V4_BYTES (HEADER_BYTES + 4)
 #define INPUT_CENTERED 1u
 #define INPUT_RELATIVE 2u
-#define INPUT_KNOWN (INPUT_CENTERED | INPUT_RELATIVE)
+#define INPUT_CAPS 4u
+#define INPUT_KNOWN (INPUT_CENTERED | INPUT_RELATIVE | INPUT_CAPS)
 #define ROPE_BYTES 16
 #define CHECKSUM_BYTES 8
 
@@ -67,14 +70,15 @@ int kvp_agent_set_save(const kvp_agent_set *s, const char *path, char *err, size
         return rc;
     }
 
-    int v4 = s->arch.centered || s->arch.relative;
-    uint8_t hdr[HEADER_V4_BYTES + ROPE_BYTES + 4 * KVP_AGENT_MAX_D / 2];
+    int v4 = s->arch.centered || s->arch.relative || s->caps;
+    uint8_t hdr[HEADER_V4_BYTES + ROPE_BYTES + 4 * KVP_AGENT_MAX_D / 2 + 4 * KVP_AGENT_MAX_LAYERS];
     size_t hdr_bytes = v4 ? HEADER_V4_BYTES : HEADER_BYTES;
     int cal_section = s->n_knots || v4;
     memcpy(hdr, MAGIC, 8);
     kvp_put_u32(hdr + 8, v4 ? 4u : s->n_knots ? 3u : 2u);
     kvp_put_u32(hdr + HEADER_BYTES, (s->arch.centered ? INPUT_CENTERED : 0u) |
-                                        (s->arch.relative ? INPUT_RELATIVE : 0u));
+                                        (s->arch.relative ? INPUT_RELATIVE : 0u) |
+                                        (s->caps ? INPUT_CAPS : 0u));
     if (s->arch.relative) {   /* the rotation block (kvp_agent_set_rope checked it) */
         int nf = s->rope.factors ? s->rope.n_rot / 2 : 0;
         kvp_put_u32(hdr + hdr_bytes, (uint32_t)s->rope.n_rot);
@@ -85,6 +89,8 @@ int kvp_agent_set_save(const kvp_agent_set *s, const char *path, char *err, size
             memcpy(hdr + hdr_bytes + ROPE_BYTES, s->rope.factors, (size_t)nf * 4u);
         hdr_bytes += ROPE_BYTES + (size_t)nf * 4u;
     }
+    for (int l = 0; s->caps && l < s->n_layers; l++, hdr_bytes += 4)
+        kvp_put_u32(hdr + hdr_bytes, (uint32_t)s->caps[l]);
     kvp_put_u32(hdr + 12, (uint32_t)s->n_layers);
     kvp_put_u32(hdr + 16, (uint32_t)s->n_kv_heads);
     kvp_put_u32(hdr + 20, (uint32_t)s->arch.d);
@@ -376,6 +382,7 @@ int kvp_agent_set_load(kvp_agent_set *s, const char *path, const kvp_model_confi
     int rc;
     struct stat st;
     uint8_t hdr[HEADER_V4_BYTES], tail[CHECKSUM_BYTES];
+    uint8_t *caps_block = NULL;   /* the per-layer caps as read (flag bit 2) */
     int n_layers, n_kv_heads;
     kvp_agent_arch a;
     if (fstat(fileno(f), &st) != 0) {
@@ -411,7 +418,8 @@ int kvp_agent_set_load(kvp_agent_set *s, const char *path, const kvp_model_confi
     }
     int v4 = header_bytes == HEADER_V4_BYTES;
     uint8_t rope_block[ROPE_BYTES + 4 * KVP_AGENT_MAX_D / 2];
-    size_t rope_bytes = 0;
+    size_t rope_bytes = 0, caps_bytes = 0;
+    int has_caps = 0;
     if (v4) {
         uint32_t flags = kvp_get_u32(hdr + HEADER_BYTES);
         if (flags & ~INPUT_KNOWN) {
@@ -422,6 +430,7 @@ int kvp_agent_set_load(kvp_agent_set *s, const char *path, const kvp_model_confi
         }
         a.centered = (flags & INPUT_CENTERED) != 0;
         a.relative = (flags & INPUT_RELATIVE) != 0;
+        has_caps = (flags & INPUT_CAPS) != 0;
     }
     if (a.relative) {   /* the rotation block: its fixed part, then the factors it counts */
         if ((uint64_t)st.st_size < (uint64_t)header_bytes + ROPE_BYTES + CHECKSUM_BYTES ||
@@ -447,8 +456,27 @@ int kvp_agent_set_load(kvp_agent_set *s, const char *path, const kvp_model_confi
             goto fail;
         }
     }
+    if (has_caps) {   /* u32 caps[n_layers] */
+        caps_bytes = 4u * (size_t)n_layers;
+        if ((uint64_t)st.st_size < (uint64_t)header_bytes + rope_bytes + caps_bytes + CHECKSUM_BYTES) {
+            kvp_errorf(err, errlen, 0, "%s: truncated in the per-layer caps", path);
+            rc = -EINVAL;
+            goto fail;
+        }
+        if (!(caps_block = malloc(caps_bytes))) {
+            kvp_errorf(err, errlen, 0, "%s: out of memory", path);
+            rc = -ENOMEM;
+            goto fail;
+        }
+        if (fread(caps_block, 1, caps_bytes, f) != caps_bytes) {
+            kvp_errorf(err, errlen, 0, "%s: read error", path);
+            rc = -EIO;
+            goto fail;
+        }
+    }
     if ((rc = check_size((uint64_t)st.st_size, n_layers, n_kv_heads, &a,
-                         (uint64_t)header_bytes + rope_bytes, calibrated, path, err, errlen)))
+                         (uint64_t)header_bytes + rope_bytes + caps_bytes, calibrated, path,
+                         err, errlen)))
         goto fail;
     if ((rc = kvp_agent_set_alloc(s, n_layers, n_kv_heads, &a, err, errlen)))
         goto fail;
@@ -465,6 +493,18 @@ int kvp_agent_set_load(kvp_agent_set *s, const char *path, const kvp_model_confi
             goto fail;
         }
     }
+    if (has_caps) {
+        int caps[KVP_AGENT_MAX_LAYERS];
+        for (int l = 0; l < n_layers; l++) {
+            uint32_t c = kvp_get_u32(caps_block + 4 * (size_t)l);
+            caps[l] = c > (uint32_t)KVP_AGENT_MAX_CAP ? -1 : (int)c;
+        }
+        char msg[256];
+        if ((rc = kvp_agent_set_caps(s, caps, msg, sizeof msg))) {
+            kvp_errorf(err, errlen, 0, "%s: %s", path, msg);
+            goto fail;
+        }
+    }
 
     size_t nf = (size_t)n_layers * (size_t)n_kv_heads * s->n_params;
     if (fread(s->params, sizeof(float), nf, f) != nf) {
@@ -472,11 +512,14 @@ int kvp_agent_set_load(kvp_agent_set *s, const char *path, const kvp_model_confi
         rc = -EIO;
         goto fail;
     }
-    uint64_t sum = kvp_fnv1a(kvp_fnv1a(kvp_fnv1a(KVP_FNV1A_INIT, hdr, (size_t)header_bytes),
-                                       rope_block, rope_bytes),
-                             s->params, nf * sizeof(float));
+    uint64_t sum = kvp_fnv1a(kvp_fnv1a(KVP_FNV1A_INIT, hdr, (size_t)header_bytes),
+                             rope_block, rope_bytes);
+    if (caps_bytes)
+        sum = kvp_fnv1a(sum, caps_block, caps_bytes);
+    sum = kvp_fnv1a(sum, s->params, nf * sizeof(float));
     if (calibrated &&
-        (rc = read_calibration(s, f, (uint64_t)st.st_size, header_bytes + (int)rope_bytes, v4,
+        (rc = read_calibration(s, f, (uint64_t)st.st_size,
+                               header_bytes + (int)rope_bytes + (int)caps_bytes, v4,
                                &sum, path, err, errlen)))
         goto fail;
     if (fread(tail, 1, sizeof tail, f) != sizeof tail) {
@@ -499,10 +542,12 @@ int kvp_agent_set_load(kvp_agent_set *s, const char *path, const kvp_model_confi
         (rc = check_calibration(s, path, err, errlen)) ||
         (cfg && (rc = kvp_agent_set_check_model(s, cfg, path, err, errlen))))
         goto fail;
+    free(caps_block);
     fclose(f);
     return 0;
 fail:
     kvp_agent_set_free(s);
+    free(caps_block);
     fclose(f);
     return rc;
 }

@@ -195,28 +195,27 @@ static void kvp_destroy(kvp_policy *p)
     p->impl = NULL;
 }
 
-/* The recent window: the newest max(budget / 2, budget - seq_len / 8) rows are always
- * kept, the agents choose among the older ones. Half the budget (as H2O keeps): the
- * next-token distribution depends on the recent rows more than their share of future
- * attention says. Past that, the old rows worth keeping are few and do not grow with
- * the budget (heavy hitters), so the agents' share is capped at an eighth of the context
- * and the rest of a large budget goes to recency. Measured on held-out TinyStories and
- * zero-shot OpenAssistant text, one-shot and streaming (docs/evaluation.md, "Recent
- * window"): at budget 256 of a 512 context (window 192 instead of 128) one-shot KL
- * 0.0083 -> 0.0073 and streaming KL 0.0433 -> 0.0383 on 64 held-out TinyStories
- * sequences / 8 streams, equal or better zero-shot on a smaller sample; at budgets up to
- * 128 the window stays the half. */
-int kvp_agent_recent_window(int budget, int seq_len, int n_recent)
+/* The recent window: the newest max(budget / 2, budget - cap) rows are always kept, the
+ * agents choose among the older ones. Half the budget (as H2O keeps): the next-token
+ * distribution depends on the recent rows more than their share of future attention
+ * says. Past that, the old rows worth keeping are few and do not grow with the budget
+ * (heavy hitters), so the agents' share is capped, by default at an eighth of the
+ * context, and the rest of a large budget goes to recency. docs/evaluation.md ("Recent
+ * window") has the measurements; `kvp fit-window` fits the cap per layer
+ * (offline/windowfit.h). */
+int kvp_agent_recent_window(int budget, int cap, int n_recent)
 {
-    int w = budget / 2, agents_max = seq_len / 8;
-    if (agents_max > 0 && budget - agents_max > w)
-        w = budget - agents_max;
+    int w = budget / 2;
+    if (cap > 0 && budget - cap > w)
+        w = budget - cap;
     return w > n_recent ? w : n_recent;
 }
 
-static int kvp_recent_window(const kvp_policy *p, int budget)
+static int kvp_recent_window(const kvp_policy *p, int layer, int budget)
 {
-    return kvp_agent_recent_window(budget, p->cfg.seq_len, p->n_recent);
+    const kvp_agent_policy *ap = p->impl;
+    return kvp_agent_recent_window(budget, kvp_agent_set_cap(ap->set, layer, p->cfg.seq_len),
+                                   p->n_recent);
 }
 
 static const kvp_policy_ops kvp_ops = {

@@ -230,10 +230,11 @@ static int by_row(const void *a, const void *b)
 
 /* The rows of h rank-and-keep protects at `budget`: sinks [0, *ns) and the recent window
  * [n - *nr, n), disjoint. */
-static void protected_rows(const kvp_policy *p, const kvp_head *h, int budget, int *ns, int *nr)
+static void protected_rows(const kvp_policy *p, const kvp_head *h, int layer, int budget,
+                           int *ns, int *nr)
 {
     int n = h->n;
-    int recent = p->ops->recent_window ? p->ops->recent_window(p, budget) : p->n_recent;
+    int recent = p->ops->recent_window ? p->ops->recent_window(p, layer, budget) : p->n_recent;
     *ns = p->n_sink < 0 ? 0 : p->n_sink < n ? p->n_sink : n;
     *nr = recent < 0 ? 0 : recent < n - *ns ? recent : n - *ns;
 }
@@ -246,7 +247,7 @@ int kvp_policy_evict_head(kvp_policy *p, kvp_cache *c, int layer, int kvh, int b
     if (p->ops->before_evict)
         p->ops->before_evict(p, layer, kvh, h);
     int n = h->n, ns, nr;
-    protected_rows(p, h, budget, &ns, &nr);
+    protected_rows(p, h, layer, budget, &ns, &nr);
     int *keep = malloc((size_t)budget * sizeof *keep);
     if (!keep)
         return -ENOMEM;
@@ -317,9 +318,9 @@ int kvp_policy_head_cap(int budget)
     return KVP_GLOBAL_CAP_FACTOR * budget;
 }
 
-int kvp_policy_head_floor(const kvp_policy *p, int budget)
+int kvp_policy_head_floor(const kvp_policy *p, int layer, int budget)
 {
-    int recent = p->ops->recent_window ? p->ops->recent_window(p, budget) : p->n_recent;
+    int recent = p->ops->recent_window ? p->ops->recent_window(p, layer, budget) : p->n_recent;
     int protect = (p->n_sink > 0 ? p->n_sink : 0) + (recent > 0 ? recent : 0);
     if (budget <= protect)
         return protect;
@@ -370,7 +371,11 @@ int kvp_policy_evict_global(kvp_policy *p, kvp_cache *c, int budget)
     int H = c->n_layers * c->n_kv_heads;
     if (kvp_policy_is_none(p) || budget <= 0)
         return 0;
-    int floor = kvp_policy_head_floor(p, budget), cap = kvp_policy_head_cap(budget);
+    int floor = 0, cap = kvp_policy_head_cap(budget);
+    for (int l = 0; l < c->n_layers; l++) {
+        int f = kvp_policy_head_floor(p, l, budget);
+        floor = f > floor ? f : floor;
+    }
     if (budget < floor)   /* no room to share: every head keeps its budget */
         return kvp_policy_evict(p, c, budget);
     /* the heads of sliding-window layers are bounded by their windows: they neither
@@ -402,7 +407,8 @@ int kvp_policy_evict_global(kvp_policy *p, kvp_cache *c, int budget)
         if (p->ops->before_evict && h->n)
             p->ops->before_evict(p, hi / c->n_kv_heads, hi % c->n_kv_heads, h);
         int ns, nr;
-        protected_rows(p, h, budget, &ns, &nr);
+        int layer = hi / c->n_kv_heads, floor_l = kvp_policy_head_floor(p, layer, budget);
+        protected_rows(p, h, layer, budget, &ns, &nr);
         if (ns + nr > budget)   /* a policy's own window: never past the budget (exact total) */
             nr = budget - ns;
         /* the sinks and the recent window, then the head's best rows up to its floor */
@@ -410,7 +416,7 @@ int kvp_policy_evict_global(kvp_policy *p, kvp_cache *c, int budget)
             kh[i] = 1;
         for (int i = h->n - nr; i < h->n; i++)
             kh[i] = 1;
-        int n_mid = h->n - ns - nr, want = (floor < h->n ? floor : h->n) - ns - nr;
+        int n_mid = h->n - ns - nr, want = (floor_l < h->n ? floor_l : h->n) - ns - nr;
         for (int i = 0; i < n_mid; i++) {
             float s = h->score[ns + i];
             mid[i] = (ranked){isnan(s) ? -INFINITY : s, ns + i};

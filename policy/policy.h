@@ -33,8 +33,9 @@ typedef struct kvp_policy_ops {
                          int n_q);
     /* Optional: final scores right before rank-and-keep. */
     void (*before_evict)(kvp_policy *p, int layer, int kvh, kvp_head *h);
-    /* Optional: newest rows always kept at this budget (default p->n_recent). */
-    int (*recent_window)(const kvp_policy *p, int budget);
+    /* Optional: newest rows of a head of `layer` always kept at this budget (default
+     * p->n_recent). */
+    int (*recent_window)(const kvp_policy *p, int layer, int budget);
     /* Optional: scores of head (layer, kvh) made comparable across heads, for global
      * budgets (in[n] raw, out[n]; NaN stays NaN). Default: the raw scores. */
     void (*calibrate)(const kvp_policy *p, int layer, int kvh, const float *in, int n,
@@ -135,7 +136,8 @@ const char *kvp_budget_mode_name(int mode);
 #define KVP_GLOBAL_FLOOR_DIV 8    /* a head's floor: its protected rows + 1/8 of the rest (at least 1) */
 int kvp_policy_evict_global(kvp_policy *p, kvp_cache *c, int budget);
 int kvp_policy_head_cap(int budget);
-int kvp_policy_head_floor(const kvp_policy *p, int budget);
+/* The floor of the heads of `layer` (their protected rows depend on it). */
+int kvp_policy_head_floor(const kvp_policy *p, int layer, int budget);
 
 /* Constructors kvp_policy_create dispatches to by name (policy/baselines.c; "kvp" is
  * kvp_agent_policy_create below). Each installs p->ops (and p->impl) on a

@@ -504,7 +504,7 @@ Test(train, stream_rows_are_the_rows_chunked_eviction_ranks)
     score[100] = score[101] = score[102];   /* ties go to the older row */
     static const int budgets[] = {32, 64, 128, 256};
     for (size_t bi = 0; bi < sizeof budgets / sizeof budgets[0]; bi++) {
-        int b = budgets[bi], win = kvp_agent_recent_window(b, N, RECENT), keep = b - SINK - win;
+        int b = budgets[bi], win = kvp_agent_recent_window(b, KVP_AGENT_CAP_DEFAULT(N), RECENT), keep = b - SINK - win;
         int32_t cache[N + 1], rows[N], order[N], want[N];
         kvp_rank_key work[N];
         int size = 0, decisions = 0;
@@ -516,7 +516,7 @@ Test(train, stream_rows_are_the_rows_chunked_eviction_ranks)
             int m = 0;
             for (int i = SINK; i < size - win; i++)
                 want[m++] = cache[i];
-            int got = kvp_train_stream_rows(score, n, b, N, SINK, RECENT, CHUNK, rows, order, work);
+            int got = kvp_train_stream_rows(score, n, b, KVP_AGENT_CAP_DEFAULT(N), SINK, RECENT, CHUNK, rows, order, work);
             cr_assert_eq(got, m, "budget %d, cut %d: %d rows, eviction ranks %d", b, n, got, m);
             for (int i = 0; i < m; i++)
                 cr_assert_eq(rows[i], want[i], "budget %d, cut %d, row %d", b, n, i);
@@ -543,7 +543,7 @@ Test(train, stream_rows_are_the_rows_chunked_eviction_ranks)
         }
         cr_assert_gt(decisions, 5, "budget %d: %d evictions", b, decisions);
         /* a budget that evicts nothing yet */
-        cr_assert_eq(kvp_train_stream_rows(score, b, b, N, SINK, RECENT, CHUNK, rows, order, work), 0);
+        cr_assert_eq(kvp_train_stream_rows(score, b, b, KVP_AGENT_CAP_DEFAULT(N), SINK, RECENT, CHUNK, rows, order, work), 0);
     }
 }
 

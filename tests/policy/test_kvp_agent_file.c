@@ -216,7 +216,7 @@ Test(kvp_agent_file, a_centred_file_is_version_4_and_round_trips)
 
     uint8_t *m = malloc(len + 16);
     memcpy(m, b, len);
-    wr32(m + 120, 5);   /* bit 2: no such input */
+    wr32(m + 120, 9);   /* bit 3: no such input */
     reseal(m, len);
     expect_bad(m, len, "unknown input flags", -EINVAL);
     memcpy(m, b, len);
@@ -243,6 +243,102 @@ Test(kvp_agent_file, a_centred_file_is_version_4_and_round_trips)
     unlink(path);
     kvp_agent_set_free(&r);
     kvp_agent_set_free(&s);
+    kvp_agent_set_free(&u);
+}
+
+/* Fitted caps: flag bit 2 and u32 caps[n_layers] after the flags (and after the rotation
+ * block when there is one), under the checksum; a set with caps is version 4 whatever
+ * its keys; a cap of 0 or past the limit, or a file cut in the caps, is refused. */
+Test(kvp_agent_file, fitted_caps_round_trip_and_are_checked)
+{
+    char err[512];
+    size_t np = kvp_agent_n_params(&tiny_arch);
+    kvp_agent_set u, r;
+    cr_assert_eq(kvp_agent_set_alloc(&u, 2, 3, &tiny_arch, err, sizeof err), 0, "%s", err);
+    kvp_agent_set_init(&u, 9);
+    cr_assert_eq(kvp_agent_set_cap(&u, 1, 512), 64, "no caps: an eighth of the context");
+    int bad[2] = {12, 0};
+    cr_assert_eq(kvp_agent_set_caps(&u, bad, err, sizeof err), -EINVAL);
+    cr_assert(strstr(err, "layer 1"), "%s", err);
+    cr_assert_null(u.caps, "a refused set of caps leaves none");
+    int caps[2] = {12, 48};
+    cr_assert_eq(kvp_agent_set_caps(&u, caps, err, sizeof err), 0, "%s", err);
+    caps[0] = 99;   /* the set holds its own copy */
+    cr_assert_eq(kvp_agent_set_cap(&u, 0, 512), 12);
+    cr_assert_eq(kvp_agent_set_cap(&u, 1, 4096), 48, "a fitted cap does not follow the context");
+    const char *path = tmp_path();
+    cr_assert_eq(kvp_agent_set_save(&u, path, err, sizeof err), 0, "%s", err);
+    size_t len;
+    uint8_t *b = (uint8_t *)tu_slurp(path, &len);
+    cr_assert_eq(rd32(b + 8), 4, "caps need version 4");
+    cr_assert_eq(rd32(b + 120), 4, "flags: caps only");
+    cr_assert_eq(rd32(b + 124), 12);
+    cr_assert_eq(rd32(b + 128), 48);
+    cr_assert_eq(len, 132 + 6 * np * 4 + 4 + 8);
+    cr_assert_eq(rd64(b + len - 8), fnv1a_ref(b, len - 8));
+    cr_assert_eq(kvp_agent_set_load(&r, path, NULL, err, sizeof err), 0, "%s", err);
+    cr_assert_not_null(r.caps);
+    cr_assert_eq(r.caps[0], 12);
+    cr_assert_eq(r.caps[1], 48);
+    cr_assert_eq(r.arch.centered, 0);
+    cr_assert_eq(memcmp(r.params, u.params, 6 * np * sizeof(float)), 0);
+    /* the "kvp" policy's window follows the layer's cap */
+    kvp_policy p = {.cfg = {.n_layers = 2, .n_kv_heads = 3, .head_dim = 8, .n_heads = 3,
+                            .seq_len = 512},
+                    .n_recent = KVP_DEFAULT_RECENT};
+    cr_assert_eq(kvp_agent_policy_create_shared(&p, &r, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(p.ops->recent_window(&p, 0, 256), 244);
+    cr_assert_eq(p.ops->recent_window(&p, 1, 256), 208);
+    cr_assert_eq(p.ops->recent_window(&p, 0, 64), 52);
+    cr_assert_eq(p.ops->recent_window(&p, 1, 64), 32, "half the budget at least");
+    p.ops->destroy(&p);
+    kvp_agent_set_free(&r);
+
+    uint8_t *m = malloc(len);
+    memcpy(m, b, len);
+    wr32(m + 128, 0);   /* a layer whose agents choose nothing */
+    reseal(m, len);
+    expect_bad(m, len, "layer 1's cap of 0", -EINVAL);
+    memcpy(m, b, len);
+    wr32(m + 124, 0x80000000u);   /* past the limit (and negative as an int) */
+    reseal(m, len);
+    expect_bad(m, len, "out of range", -EINVAL);
+    memcpy(m, b, len);
+    m[125] ^= 1;   /* the caps are under the checksum */
+    expect_bad(m, len, "checksum", -EBADMSG);
+    expect_bad(b, 126, "truncated", -EINVAL);
+    free(m);
+    free(b);
+    unlink(path);
+
+    /* with relative keys the caps follow the rotation block */
+    kvp_agent_arch ra = tiny_arch;
+    ra.relative = 1;
+    kvp_agent_set w;
+    cr_assert_eq(kvp_agent_set_alloc(&w, 2, 3, &ra, err, sizeof err), 0, "%s", err);
+    kvp_agent_set_init(&w, 4);
+    kvp_rope plain = {.n_rot = 8, .neox = 0, .base = 10000.0f};
+    cr_assert_eq(kvp_agent_set_rope(&w, &plain, err, sizeof err), 0, "%s", err);
+    caps[0] = 7;
+    cr_assert_eq(kvp_agent_set_caps(&w, caps, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(kvp_agent_set_save(&w, path, err, sizeof err), 0, "%s", err);
+    b = (uint8_t *)tu_slurp(path, &len);
+    cr_assert_eq(rd32(b + 120), 6, "flags: relative keys and caps");
+    cr_assert_eq(rd32(b + 140), 7);
+    cr_assert_eq(rd32(b + 144), 48);
+    cr_assert_eq(kvp_agent_set_load(&r, path, NULL, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(r.caps[0], 7);
+    cr_assert(kvp_rope_same(&r.rope, &plain));
+    /* clearing them writes the file without the block */
+    cr_assert_eq(kvp_agent_set_caps(&r, NULL, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(kvp_agent_set_save(&r, path, err, sizeof err), 0, "%s", err);
+    kvp_agent_set_free(&r);
+    cr_assert_eq(kvp_agent_set_load(&r, path, NULL, err, sizeof err), 0, "%s", err);
+    cr_assert_null(r.caps);
+    free(b);
+    unlink(path);
+    kvp_agent_set_free(&r);
+    kvp_agent_set_free(&w);
     kvp_agent_set_free(&u);
 }
 

@@ -31,15 +31,15 @@ Test(kvp_agent_policy, policy_scores_inserted_rows)
      * with a known context the agents choose at most an eighth of it (the rest of a
      * large budget is the newest rows) */
     p.n_recent = KVP_DEFAULT_RECENT;
-    cr_assert_eq(p.ops->recent_window(&p, 256), 128);
-    cr_assert_eq(p.ops->recent_window(&p, 33), KVP_DEFAULT_RECENT);
-    cr_assert_eq(p.ops->recent_window(&p, 40), 20);
+    cr_assert_eq(p.ops->recent_window(&p, 0, 256), 128);
+    cr_assert_eq(p.ops->recent_window(&p, 0, 33), KVP_DEFAULT_RECENT);
+    cr_assert_eq(p.ops->recent_window(&p, 0, 40), 20);
     p.cfg.seq_len = 512;
-    cr_assert_eq(p.ops->recent_window(&p, 32), KVP_DEFAULT_RECENT);
-    cr_assert_eq(p.ops->recent_window(&p, 128), 64);
-    cr_assert_eq(p.ops->recent_window(&p, 200), 136);
-    cr_assert_eq(p.ops->recent_window(&p, 256), 192);
-    cr_assert_eq(p.ops->recent_window(&p, 448), 384);
+    cr_assert_eq(p.ops->recent_window(&p, 0, 32), KVP_DEFAULT_RECENT);
+    cr_assert_eq(p.ops->recent_window(&p, 0, 128), 64);
+    cr_assert_eq(p.ops->recent_window(&p, 0, 200), 136);
+    cr_assert_eq(p.ops->recent_window(&p, 0, 256), 192);
+    cr_assert_eq(p.ops->recent_window(&p, 0, 448), 384);
     p.cfg.seq_len = 0;
 
     /* A head with more rows than one scoring block, inserted as 1 row, then 599. */

@@ -67,6 +67,7 @@ static void check_rows_intact(const kvp_cache *c, const kvp_head *h)
 typedef struct probe {
     int before_calls;
     int window;  /* < 0: no recent_window op behaviour (n_recent) */
+    int per_layer;   /* the window grows by this many rows per layer */
 } probe;
 
 static void probe_before(kvp_policy *p, int layer, int kvh, kvp_head *h)
@@ -77,11 +78,11 @@ static void probe_before(kvp_policy *p, int layer, int kvh, kvp_head *h)
     ((probe *)p->impl)->before_calls++;
 }
 
-static int probe_window(const kvp_policy *p, int budget)
+static int probe_window(const kvp_policy *p, int layer, int budget)
 {
     (void)budget;
     const probe *pr = p->impl;
-    return pr->window >= 0 ? pr->window : p->n_recent;
+    return (pr->window >= 0 ? pr->window : p->n_recent) + layer * pr->per_layer;
 }
 
 static const kvp_policy_ops probe_ops = {
@@ -158,7 +159,7 @@ Test(rank_and_keep, matches_reference_on_random_heads)
         int levels = rng_int(&s, 1, 6);  /* few levels: many ties */
         for (int i = 0; i < n; i++)
             h->score[i] = rng_int(&s, 0, 20) == 0 ? NAN : (float)rng_int(&s, 0, levels);
-        probe pr = { 0, rng_int(&s, 0, 3) == 0 ? rng_int(&s, 0, 60) : -1 };
+        probe pr = { 0, rng_int(&s, 0, 3) == 0 ? rng_int(&s, 0, 60) : -1, 0 };
         kvp_policy p = { .ops = &probe_ops, .n_sink = rng_int(&s, 0, 8),
                          .n_recent = rng_int(&s, 0, 40), .impl = &pr };
         int budget = rng_int(&s, 1, n + 5);
@@ -198,7 +199,7 @@ Test(rank_and_keep, ties_keep_the_older_row)
     add_rows(&c, h, 10);
     for (int i = 0; i < 10; i++)
         h->score[i] = 1.0f;
-    probe pr = { 0, -1 };
+    probe pr = { 0, -1, 0 };
     kvp_policy p = { .ops = &probe_ops, .n_sink = 1, .n_recent = 1, .impl = &pr };
     cr_assert_eq(kvp_policy_evict_head(&p, &c, 0, 0, 5), 5);
     int64_t want[] = { 0, 1, 2, 3, 9 };
@@ -215,7 +216,7 @@ Test(rank_and_keep, small_budget_keeps_sinks_then_newest)
     add_rows(&c, h, 40);
     for (int i = 0; i < 40; i++)
         h->score[i] = 100.0f - (float)i;  /* the middle would win on score */
-    probe pr = { 0, -1 };
+    probe pr = { 0, -1, 0 };
     kvp_policy p = { .ops = &probe_ops, .n_sink = 4, .n_recent = 16, .impl = &pr };
     cr_assert_eq(kvp_policy_evict_head(&p, &c, 0, 0, 7), 33);
     int64_t want[] = { 0, 1, 2, 3, 37, 38, 39 };
@@ -235,7 +236,7 @@ Test(rank_and_keep, nan_scores_rank_last)
     add_rows(&c, h, 6);
     float sc[] = { 0, NAN, -5.0f, NAN, -1.0f, 0 };
     memcpy(h->score, sc, sizeof sc);
-    probe pr = { 0, -1 };
+    probe pr = { 0, -1, 0 };
     kvp_policy p = { .ops = &probe_ops, .n_sink = 0, .n_recent = 0, .impl = &pr };
     cr_assert_eq(kvp_policy_evict_head(&p, &c, 0, 0, 4), 2);
     int64_t want[] = { 0, 2, 4, 5 };
@@ -250,7 +251,7 @@ Test(rank_and_keep, nonpositive_budget_is_unbounded)
     cr_assert_eq(kvp_cache_init(&c, 1, 1, D, &ROPE), 0);
     kvp_head *h = kvp_cache_head(&c, 0, 0);
     add_rows(&c, h, 30);
-    probe pr = { 0, -1 };
+    probe pr = { 0, -1, 0 };
     kvp_policy p = { .ops = &probe_ops, .n_sink = 4, .n_recent = 16, .impl = &pr };
     cr_assert_eq(kvp_policy_evict_head(&p, &c, 0, 0, 0), 0);
     cr_assert_eq(kvp_policy_evict(&p, &c, -3), 0);
@@ -271,7 +272,7 @@ Test(rank_and_keep, evict_covers_every_head)
             h->score[r] = (float)((r * 7919) % 13);
         total += h->n > 25 ? h->n - 25 : 0;
     }
-    probe pr = { 0, -1 };
+    probe pr = { 0, -1, 0 };
     kvp_policy p = { .ops = &probe_ops, .n_sink = 4, .n_recent = 16, .impl = &pr };
     cr_assert_eq(kvp_policy_evict(&p, &c, 25), total);
     cr_assert_eq(c.evicted_rows, (uint64_t)total);
@@ -281,6 +282,44 @@ Test(rank_and_keep, evict_covers_every_head)
     }
     cr_assert_eq(pr.before_calls, 3);  /* heads of 10, 17 and 24 rows need nothing */
     kvp_cache_free(&c);
+}
+
+/* A policy whose recent window depends on the layer: per-head and global eviction both
+ * keep each head's own layer's newest rows, and global eviction each layer's floor. */
+Test(rank_and_keep, each_layer_keeps_its_own_window)
+{
+    for (int global = 0; global < 2; global++) {
+        kvp_cache c;
+        cr_assert_eq(kvp_cache_init(&c, 3, 2, D, &ROPE), 0);
+        for (int i = 0; i < 6; i++) {
+            kvp_head *h = &c.heads[i];
+            add_rows(&c, h, 120);
+            /* the oldest rows score highest: only the window keeps the newest */
+            for (int r = 0; r < h->n; r++)
+                h->score[r] = (float)(h->n - r);
+        }
+        probe pr = { 0, 8, 10 };
+        kvp_policy p = { .ops = &probe_ops, .n_sink = 2, .n_recent = 8, .impl = &pr };
+        int budget = 48;
+        int rc = global ? kvp_policy_evict_global(&p, &c, budget) : kvp_policy_evict(&p, &c, budget);
+        cr_assert_eq(rc, 6 * (120 - budget));
+        for (int i = 0; i < 6; i++) {
+            const kvp_head *h = &c.heads[i];
+            int layer = i / 2, win = 8 + 10 * layer;
+            if (global)
+                cr_assert_geq(h->n, kvp_policy_head_floor(&p, layer, budget), "head %d", i);
+            else
+                cr_assert_eq(h->n, budget);
+            /* the window's rows are there, and the row just before it is not (its score is
+             * the lowest of the rows the agents ranked) */
+            for (int r = 0; r < win; r++)
+                cr_assert_eq(h->seq[h->n - 1 - r], c.n_seen + 119 - r, "%s head %d row %d",
+                             global ? "global" : "per head", i, r);
+            cr_assert_neq(h->seq[h->n - 1 - win], c.n_seen + 119 - win, "%s head %d",
+                          global ? "global" : "per head", i);
+        }
+        kvp_cache_free(&c);
+    }
 }
 
 /* ---- registry ------------------------------------------------------------------------ */
@@ -427,9 +466,9 @@ Test(global_budget, the_total_is_exact_and_every_head_within_floor_and_cap)
             for (int r = 0; r < h->n; r++)
                 h->score[r] = rng_int(&s, 0, 40) == 0 ? NAN : (float)rng_int(&s, 0, 8 << spread) / 4.0f;
         }
-        probe pr = { 0, -1 };
+        probe pr = { 0, -1, 0 };
         kvp_policy p = { .ops = &probe_ops, .n_sink = 4, .n_recent = 16, .impl = &pr };
-        int floor = kvp_policy_head_floor(&p, budget), cap = kvp_policy_head_cap(budget);
+        int floor = kvp_policy_head_floor(&p, 0, budget), cap = kvp_policy_head_cap(budget);
         /* the protected rows, then 1/8 of the rest, at least one (when there is a rest) */
         cr_assert_eq(floor, budget <= 20 ? 20 : 20 + ((budget - 20) / 8 > 1 ? (budget - 20) / 8 : 1),
                      "budget %d", budget);
@@ -479,11 +518,11 @@ Test(global_budget, a_peaked_head_gives_rows_to_a_flat_one)
         peaked->score[r] = r % 50 == 7 ? 20.0f : 0.0f;   /* 6 rows stand out */
         flat->score[r] = 0.01f * (float)(r % 3);
     }
-    probe pr = { 0, -1 };
+    probe pr = { 0, -1, 0 };
     kvp_policy p = { .ops = &probe_ops, .n_sink = 4, .n_recent = 16, .impl = &pr };
     cr_assert_eq(kvp_policy_evict_global(&p, &c, 64), 600 - 128);
     cr_assert_eq(peaked->n + flat->n, 128);
-    cr_assert_eq(peaked->n, kvp_policy_head_floor(&p, 64) > 20 + 6 ? kvp_policy_head_floor(&p, 64) : 20 + 6,
+    cr_assert_eq(peaked->n, kvp_policy_head_floor(&p, 0, 64) > 20 + 6 ? kvp_policy_head_floor(&p, 0, 64) : 20 + 6,
                  "peaked head kept %d", peaked->n);
     cr_assert_gt(flat->n, 64, "flat head kept %d", flat->n);
     /* the peaked head's standouts all stay */
@@ -523,11 +562,11 @@ Test(global_budget, the_ranking_uses_the_policys_calibration)
         add_rows(&c, &c.heads[1], 200);
         for (int r = 0; r < 200; r++)   /* distinct, shuffled */
             c.heads[0].score[r] = c.heads[1].score[r] = 1.0f + (float)((r * 37) % 200) / 10.0f;
-        probe pr = { 0, -1 };
+        probe pr = { 0, -1, 0 };
         kvp_policy_ops ops = probe_ops;
         ops.calibrate = calibrated ? probe_calibrate : NULL;
         kvp_policy p = { .ops = &ops, .n_sink = 4, .n_recent = 16, .impl = &pr };
-        int budget = 40, floor = kvp_policy_head_floor(&p, budget);
+        int budget = 40, floor = kvp_policy_head_floor(&p, 0, budget);
         cr_assert_eq(kvp_policy_evict_global(&p, &c, budget), 400 - 2 * budget);
         if (!calibrated) {
             /* equal raw scores: ties go to the lower head, at most one row apart */
@@ -573,11 +612,11 @@ Test(global_budget, calibration_ties_keep_each_heads_best_rows)
     add_rows(&c, &c.heads[1], 120);
     for (int r = 0; r < 120; r++)   /* distinct, shuffled; the best rows are late */
         c.heads[0].score[r] = c.heads[1].score[r] = (float)((r * 53) % 120);
-    probe pr = { 0, -1 };
+    probe pr = { 0, -1, 0 };
     kvp_policy_ops ops = probe_ops;
     ops.calibrate = flat_calibrate;
     kvp_policy p = { .ops = &ops, .n_sink = 4, .n_recent = 16, .impl = &pr };
-    int budget = 32, floor = kvp_policy_head_floor(&p, budget);
+    int budget = 32, floor = kvp_policy_head_floor(&p, 0, budget);
     cr_assert_eq(floor, 4 + 16 + 1);
     cr_assert_eq(kvp_policy_evict_global(&p, &c, budget), 240 - 2 * budget);
     cr_assert_eq(c.heads[0].n, floor);
