@@ -282,6 +282,69 @@ static double ranking_ratio(const kvp_policy *p, int layer, const kvp_head *h,
     return c / fmax(cstar, 1e-8);
 }
 
+int kvp_eval_prefix(const kvp_model *m, kvp_runstate *s, kvp_policy *p, const int *tokens,
+                    const kvp_eval_ref *r, kvp_cache *prefix)
+{
+    int rc = cache_like(prefix, &m->cfg, r->kv_type);
+    if (rc)
+        return rc;
+    /* the policy watches the prefix run, as it would in the daemon */
+    kvp_policy_attach(&s->hooks, p);
+    rc = kvp_gen_prefill(m, s, prefix, NULL, tokens, r->cut, NULL);
+    kvp_policy_attach(&s->hooks, NULL);
+    if (rc) {
+        kvp_cache_free(prefix);
+        return rc;
+    }
+    if (kvp_policy_is_oracle(p))
+        for (int hi = 0; hi < r->n_heads; hi++)
+            memcpy(prefix->heads[hi].score, r->imp + (size_t)hi * r->cut,
+                   (size_t)r->cut * sizeof(float));
+    return 0;
+}
+
+/* b (shaped like prefix) := prefix compressed once to `budget` rows by p. */
+static int compress_copy(kvp_cache *b, const kvp_cache *prefix, kvp_policy *p, int budget,
+                         int budget_mode)
+{
+    kvp_evict_cfg e = {p, budget, 0, budget_mode};
+    int rc = cache_copy(b, prefix);
+    if (!rc && (rc = kvp_gen_compress(b, &e)) > 0)   /* rows dropped */
+        rc = 0;
+    return rc;
+}
+
+/* The rest of the sequence teacher-forced on the compressed cache b (no more eviction:
+ * no policy is attached); adds the NLL and KL(full || evicted) of its cont - 1
+ * predictions. logits holds [cont][vocab]. */
+static int continue_on(const kvp_model *m, kvp_runstate *s, kvp_cache *b, const int *tokens,
+                       const kvp_eval_ref *r, float *logits, double *nll, double *kl)
+{
+    int cut = r->cut, cont = r->len - cut, V = r->vocab;
+    int rc = kvp_gen_prefill(m, s, b, NULL, tokens + cut, cont, logits);
+    if (rc)
+        return rc;
+    for (int t = 0; t + 1 < cont; t++) {
+        *nll += nll_of(logits + (size_t)t * V, V, tokens[cut + t + 1]);
+        *kl += kvp_logits_kl(r->logits + (size_t)t * V, logits + (size_t)t * V, V);
+    }
+    return 0;
+}
+
+int kvp_eval_oneshot(const kvp_model *m, kvp_runstate *s, kvp_policy *p, const int *tokens,
+                     const kvp_eval_ref *r, const kvp_cache *prefix, int budget, double *kl)
+{
+    kvp_cache b = {0};
+    float *logits = malloc((size_t)(r->len - r->cut) * r->vocab * sizeof *logits);
+    double nll = 0.0;
+    int rc = logits ? cache_like(&b, &m->cfg, r->kv_type) : -ENOMEM;
+    if (!rc && !(rc = compress_copy(&b, prefix, p, budget, r->budget_mode)))
+        rc = continue_on(m, s, &b, tokens, r, logits, &nll, kl);
+    kvp_cache_free(&b);
+    free(logits);
+    return rc;
+}
+
 int kvp_eval_sequence(const kvp_model *m, kvp_runstate *s, kvp_policy *p, const int *tokens,
                       const kvp_eval_ref *r, kvp_eval_acc *acc)
 {
@@ -292,18 +355,9 @@ int kvp_eval_sequence(const kvp_model *m, kvp_runstate *s, kvp_policy *p, const 
     ranked *rk = malloc((size_t)cut * sizeof *rk);
     float *sorted = malloc((size_t)cut * sizeof *sorted);
     int rc = -ENOMEM;
-    if (!logits || !rk || !sorted || (rc = cache_like(&a, &m->cfg, r->kv_type)) ||
-        (rc = cache_like(&b, &m->cfg, r->kv_type)))
+    if (!logits || !rk || !sorted || (rc = cache_like(&b, &m->cfg, r->kv_type)) ||
+        (rc = kvp_eval_prefix(m, s, p, tokens, r, &a)))
         goto out;
-    /* the policy watches the prefix run, as it would in the daemon */
-    kvp_policy_attach(&s->hooks, p);
-    rc = kvp_gen_prefill(m, s, &a, NULL, tokens, cut, NULL);
-    kvp_policy_attach(&s->hooks, NULL);
-    if (rc)
-        goto out;
-    if (kvp_policy_is_oracle(p))
-        for (int hi = 0; hi < nh; hi++)
-            memcpy(a.heads[hi].score, r->imp + (size_t)hi * cut, (size_t)cut * sizeof(float));
     /* "none" keeps every row: it has no ranking */
     for (int hi = 0; hi < nh && !kvp_policy_is_none(p); hi++) {
         kvp_head *h = &a.heads[hi];
@@ -314,8 +368,7 @@ int kvp_eval_sequence(const kvp_model *m, kvp_runstate *s, kvp_policy *p, const 
     }
 
     for (int bi = 0; bi < r->n_budgets; bi++) {
-        kvp_evict_cfg e = {p, r->budgets[bi], 0, r->budget_mode};
-        if ((rc = cache_copy(&b, &a)) || (rc = kvp_gen_compress(&b, &e)) < 0)
+        if ((rc = compress_copy(&b, &a, p, r->budgets[bi], r->budget_mode)))
             goto out;
         for (int hi = 0; hi < nh && !kvp_policy_is_none(p); hi++) {
             const float *imp = r->imp + (size_t)hi * cut;
@@ -324,13 +377,8 @@ int kvp_eval_sequence(const kvp_model *m, kvp_runstate *s, kvp_policy *p, const 
             acc->min_evicted[bi] += r->min_evicted[(size_t)bi * nh + hi];
             acc->recall[bi] += total > 0.0 ? kept / total : 1.0;
         }
-        /* one compression, then no more eviction: the policy is detached */
-        if ((rc = kvp_gen_prefill(m, s, &b, NULL, tokens + cut, cont, logits)))
+        if ((rc = continue_on(m, s, &b, tokens, r, logits, &acc->nll[bi], &acc->kl[bi])))
             goto out;
-        for (int t = 0; t + 1 < cont; t++) {
-            acc->nll[bi] += nll_of(logits + (size_t)t * V, V, tokens[cut + t + 1]);
-            acc->kl[bi] += kvp_logits_kl(r->logits + (size_t)t * V, logits + (size_t)t * V, V);
-        }
     }
     acc->tokens += cont - 1;
     rc = 0;

@@ -107,6 +107,18 @@ int kvp_eval_ref_compute(kvp_eval_ref *r, const kvp_model *m, kvp_runstate *s,
  * only gets the oneshot protocol (the full-cache numbers). 0 or a negative code. */
 int kvp_eval_sequence(const kvp_model *m, kvp_runstate *s, kvp_policy *p, const int *tokens,
                       const kvp_eval_ref *r, kvp_eval_acc *acc);
+/* The oneshot protocol in two parts, for callers that compress one prefix many ways
+ * (offline/windowfit.h). kvp_eval_prefix: tokens[0..r->cut) run into *prefix (a new cache
+ * of r->kv_type rows; kvp_cache_free it) with p attached (the oracle's scores are
+ * r->imp). kvp_eval_oneshot: a copy of that prefix compressed once to `budget` rows by p
+ * (r->budget_mode), then tokens[r->cut..r->len) teacher-forced on it; adds the summed
+ * KL(full || evicted) of its r->len - r->cut - 1 predictions to *kl. 0 or a negative
+ * code. */
+int kvp_eval_prefix(const kvp_model *m, kvp_runstate *s, kvp_policy *p, const int *tokens,
+                    const kvp_eval_ref *r, kvp_cache *prefix);
+int kvp_eval_oneshot(const kvp_model *m, kvp_runstate *s, kvp_policy *p, const int *tokens,
+                     const kvp_eval_ref *r, const kvp_cache *prefix, int budget, double *kl);
+
 int kvp_eval_stream_ref_init(kvp_eval_stream_ref *r, const kvp_model_config *cfg, int len,
                              int every);
 void kvp_eval_stream_ref_free(kvp_eval_stream_ref *r);
