@@ -13,6 +13,7 @@ int kvp_cmd_forkeval(int argc, char **argv);
 int kvp_cmd_plot(int argc, char **argv);
 int kvp_cmd_train(int argc, char **argv);
 int kvp_cmd_calibrate(int argc, char **argv);
+int kvp_cmd_fit_window(int argc, char **argv);
 int kvp_cmd_learn(int argc, char **argv);
 /* kvp learn --transcripts DIR (tools/cmd_learn_transcripts.c): 3 when nothing was installed. */
 int kvp_cmd_learn_transcripts(int argc, char **argv);

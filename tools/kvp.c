@@ -21,6 +21,7 @@ static const struct {
     {"plot", kvp_cmd_plot, "an SVG line plot of measured points from a CSV (series at their own x)"},
     {"train", kvp_cmd_train, "train KVP agents on traces (policy file + curve CSV)"},
     {"calibrate", kvp_cmd_calibrate, "fit a KVP policy's per-head score calibration on traces (global budgets)"},
+    {"fit-window", kvp_cmd_fit_window, "fit how many older rows each layer's KVP agents choose, by one-shot KL"},
     {"learn", kvp_cmd_learn, "trace, train, evaluate and install a KVP policy for a model, in one go"},
     {"logits", kvp_cmd_logits, "write the logits of every position of a token sequence (f32)"},
     {"tokenize", kvp_cmd_tokenize, "print the token ids of a text (as the daemon encodes a message)"},

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "offline/train.h"
+#include "offline/windowfit.h"
 #include "policy/kvp_agent.h"
 
 /* kvp trace */
@@ -51,6 +52,14 @@ typedef struct {
 } kvp_calibrate_opts;
 void kvp_calibrate_defaults(kvp_calibrate_opts *o);
 int kvp_calibrate_run(const kvp_calibrate_opts *o);
+
+/* kvp fit-window */
+typedef struct {
+    const char *model, *tokenizer, *traces, *in, *out;
+    kvp_windowfit_opts fit;
+} kvp_fit_window_opts;
+void kvp_fit_window_defaults(kvp_fit_window_opts *o);
+int kvp_fit_window_run(const kvp_fit_window_opts *o);
 
 /* kvp eval */
 typedef struct {

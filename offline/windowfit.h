@@ -1,0 +1,58 @@
+/* Fitting the "kvp" policy's per-layer caps (kvp_agent_set.caps, `kvp fit-window`): how
+ * many older rows the agents of each layer choose at a large budget, the rest of the
+ * budget going to the newest rows (kvp_agent_recent_window).
+ *
+ * The measure is the one-shot protocol of `kvp eval` (offline/eval.h) on a trace's
+ * training sequences, spread evenly over them so the whole training text is sampled:
+ * the first 3/4 of a sequence is run with the policy attached, compressed once to a
+ * budget, the rest teacher-forced; J = the mean over the budgets of ln(mean KL(full ||
+ * evicted)), i.e. the geometric mean of the KL across budgets, so that a change which
+ * halves the KL at one budget and raises it 2% at another counts as what it is.
+ *
+ * Layers are fitted one after the other (coordinate descent, layer 0 first, each on top
+ * of the caps already chosen). A layer's candidates are its current cap and D, 3D/4,
+ * D/2, 3D/8, D/4, 3D/16 and D/8 with D = KVP_AGENT_CAP_DEFAULT(trace seq_len); only the
+ * budgets where a candidate's window differs from the current one's are re-run. A layer
+ * takes the candidate with the lowest J when it lowers J by at least min_gain (relative);
+ * otherwise it keeps its cap. */
+#ifndef KVP_WINDOWFIT_H
+#define KVP_WINDOWFIT_H
+
+#include <stdio.h>
+
+#include "model/model.h"
+#include "offline/eval.h"
+#include "offline/trace.h"
+#include "policy/kvp_agent.h"
+
+#define KVP_WINDOWFIT_CANDIDATES 8   /* the current cap and the seven of the grid */
+
+typedef struct kvp_windowfit_opts {
+    int seqs;             /* training sequences used, spread evenly (64) */
+    int n_budgets;        /* 0: seq_len / 16, / 8, / 4, / 2 */
+    int budgets[KVP_EVAL_MAX_BUDGETS];
+    double min_gain;      /* 0.01: a cap must lower J by 1% */
+    double max_seconds;   /* 0: no limit; else no layer starts after it has passed */
+    int threads;
+} kvp_windowfit_opts;
+
+void kvp_windowfit_defaults(kvp_windowfit_opts *o);
+
+typedef struct kvp_windowfit_result {
+    int n_budgets, budgets[KVP_EVAL_MAX_BUDGETS];
+    int seqs;                                 /* sequences measured */
+    int layers_fitted;                        /* layers decided before the time limit */
+    double kl_before[KVP_EVAL_MAX_BUDGETS];   /* mean one-shot KL with the caps given */
+    double kl_after[KVP_EVAL_MAX_BUDGETS];    /* and with the fitted ones */
+} kvp_windowfit_result;
+
+/* Fits set's caps for model m (the weights the set is bound to) on t's training
+ * sequences and installs them (kvp_agent_set_caps; the set's other fields are left
+ * alone). Progress on log (may be NULL). 0, or -EINVAL (no training sequence of the
+ * trace's length, a budget that is not below 3/4 of it) / -ENOMEM / a forward pass's
+ * error, with a message; on error the set's caps are unchanged. */
+int kvp_windowfit(kvp_agent_set *set, const kvp_model *m, const kvp_trace *t,
+                  const kvp_windowfit_opts *o, kvp_windowfit_result *res, FILE *log,
+                  char *err, size_t errlen);
+
+#endif
