@@ -15,7 +15,7 @@
 
 void kvp_windowfit_defaults(kvp_windowfit_opts *o)
 {
-    *o = (kvp_windowfit_opts){.seqs = 64, .min_gain = 0.01, .threads = 1};
+    *o = (kvp_windowfit_opts){.seqs = KVP_WINDOWFIT_SEQS, .min_gain = 0.01, .threads = 1};
 }
 
 /* One worker's model state and policy: the policy runs on a view of the set (its

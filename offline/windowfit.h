@@ -26,9 +26,10 @@
 #include "policy/kvp_agent.h"
 
 #define KVP_WINDOWFIT_CANDIDATES 8   /* the current cap and the seven of the grid */
+#define KVP_WINDOWFIT_SEQS 64        /* sequences measured by default */
 
 typedef struct kvp_windowfit_opts {
-    int seqs;             /* training sequences used, spread evenly (64) */
+    int seqs;             /* training sequences used, spread evenly (KVP_WINDOWFIT_SEQS) */
     int n_budgets;        /* 0: seq_len / 16, / 8, / 4, / 2 */
     int budgets[KVP_EVAL_MAX_BUDGETS];
     double min_gain;      /* 0.01: a cap must lower J by 1% */

@@ -1,8 +1,9 @@
 /* kvp learn: one command from a model to its installed KVP policy. It checks that the
- * disk and memory the run needs are there, then runs the five stages in this process —
+ * disk and memory the run needs are there, then runs the six stages in this process —
  * trace (chat conversations rendered with the model's template, or text), policy-init
  * (bound to the model's weights), train, calibrate (scores comparable across heads, for
- * budget_mode = global), eval against the baselines on the held-out part
+ * budget_mode = global), fit-window (each layer's cap on the older rows its agents
+ * choose), eval against the baselines on the held-out part
  * — installs the policy where kvpd looks for its model's default, and writes a report
  * of each stage's time, memory and disk beside the evaluation tables. */
 #include <errno.h>
@@ -37,6 +38,12 @@
 #define CONT_COST 1.4
 #define EVAL_FOUR_BUDGETS_MIN 32
 #define EVAL_SEQS_MIN 4
+/* fit-window's share of the budget, the continuations it runs per sequence and layer
+ * (about: the current cap's four budgets and the candidates' differing ones), and the
+ * fewest sequences it is run on (fewer would choose caps from noise: it is skipped) */
+#define FIT_SHARE 0.10
+#define FIT_RUNS 22.0
+#define FIT_SEQS_MIN 16
 
 typedef struct {
     kvp_learn_args a;
@@ -72,6 +79,9 @@ static void usage(FILE *f)
         "  --trace-gb G         the trace's disk budget when --max-seqs is not given\n"
         "                       (default 4): bounds disk and memory whatever the model\n"
         "  --steps N            training steps (default 3000)\n"
+        "  --fit-seqs N         sequences fit-window measures (default %d; fewer when\n"
+        "                       --budget-hours gives it too little of its %.0f%%, none below\n"
+        "                       %d; 0: no fit, every layer keeps the default cap)\n"
         "  --eval-seqs N        evaluation sequences (default 64, fewer when --budget-hours\n"
         "                       does not fit them)\n"
         "  --budgets LIST       evaluated budgets, rows per KV head (default 16,32,64,128;\n"
@@ -81,7 +91,8 @@ static void usage(FILE *f)
         "  --transcripts DIR    learn from kvpd's learn_dir instead (kvp learn --model M\n"
         "                       --transcripts DIR --help)\n",
         KVP_SHARED_DIR, KVP_SHARED_DIR, KVP_DATA_DIR "/policy/weights",
-        100.0 * TRACE_SHARE, 100.0 * EVAL_SHARE, EVAL_FOUR_BUDGETS_MIN);
+        100.0 * TRACE_SHARE, 100.0 * EVAL_SHARE, KVP_WINDOWFIT_SEQS, 100.0 * FIT_SHARE,
+        FIT_SEQS_MIN, EVAL_FOUR_BUDGETS_MIN);
 }
 
 static double peak_rss_mb(void)
@@ -203,7 +214,8 @@ static int parse(int argc, char **argv, learn_opts *o)
 int kvp_cmd_learn(int argc, char **argv)
 {
     learn_opts o = {.a = {.seq_len = 512, .max_seqs = 300, .steps = 3000, .seed = 1,
-                          .eval_seqs = 64, .threads = kvp_stage_threads()},
+                          .eval_seqs = 64, .threads = kvp_stage_threads(),
+                          .fit_seqs = KVP_WINDOWFIT_SEQS},
                     .trace_gb = 4.0, .budget_hours = 1.5};
     for (int i = 1; i < argc; i++)   /* learning from kvpd's learn_dir is its own run */
         if (!strncmp(argv[i], "--transcripts", 13))
@@ -292,9 +304,9 @@ int kvp_cmd_learn(int argc, char **argv)
     snprintf(trained, sizeof trained, "%s/trained.kvp", work);
     snprintf(calibrated, sizeof calibrated, "%s/policy.kvp", work);
     snprintf(eval_dir, sizeof eval_dir, "%s/eval", work);
-    enum { N_STAGES = 5 };
+    enum { N_STAGES = 6 };
     stage_cost cost[N_STAGES] = {{.name = "trace"}, {.name = "policy-init"}, {.name = "train"},
-                                 {.name = "calibrate"}, {.name = "eval"}};
+                                 {.name = "calibrate"}, {.name = "fit-window"}, {.name = "eval"}};
     double start = kvp_now();
 
     /* the trace: as many of the sequences as fit in its share of the budget */
@@ -328,9 +340,25 @@ int kvp_cmd_learn(int argc, char **argv)
     double per_trace_seq = cost[0].seconds / (double)traced, cont = (double)(o.a.seq_len - val_cut);
     const char *budgets = o.a.budgets ? o.a.budgets : "16,32,64,128";
     int n_budgets = 4;
-    double eval_seq_s = 0.0, train_seconds = 0.0;
+    double eval_seq_s = 0.0, train_seconds = 0.0, fit_seconds = 0.0;
+    char fit_note[256] = "";
     if (budget > 0) {
         double ref_tokens = (double)val_cut + CONT_COST * cont;
+        /* fit-window: per sequence and layer the reference, the prefix and the runs */
+        double fit_seq_s = per_trace_seq * (ref_tokens + (double)val_cut + FIT_RUNS * CONT_COST * cont) /
+                           (double)o.a.seq_len * cfg.n_layers;
+        long fit_fits = (long)(budget * FIT_SHARE / fit_seq_s);
+        if (fit_fits < o.a.fit_seqs)
+            o.a.fit_seqs = fit_fits < FIT_SEQS_MIN ? 0 : fit_fits;
+        fit_seconds = fit_seq_s * (double)o.a.fit_seqs;
+        if (!o.a.fit_seqs)
+            snprintf(fit_note, sizeof fit_note, " fit-window skipped: %d sequences over %d layers "
+                     "(%.0f s each) do not fit in its %.0f s (every layer keeps the default cap; "
+                     "`kvp fit-window` fits them later).", FIT_SEQS_MIN, cfg.n_layers, fit_seq_s,
+                     budget * FIT_SHARE);
+        else
+            snprintf(fit_note, sizeof fit_note, " fit-window: %ld sequences (about %.0f s).",
+                     o.a.fit_seqs, fit_seconds);
         for (;;) {
             double tokens = ref_tokens + N_POLICIES * ((double)val_cut + n_budgets * CONT_COST * cont);
             eval_seq_s = per_trace_seq * tokens / (double)o.a.seq_len;
@@ -347,12 +375,13 @@ int kvp_cmd_learn(int argc, char **argv)
         snprintf(plan, sizeof plan, "Plan for the %.2f h budget: the trace kept to %.0f s "
                  "and took %.0f s for %ld sequences (%.1f s each); an evaluated sequence "
                  "estimated at %.0f s (%d policies, %d budgets) gives %ld evaluation "
-                 "sequences (about %.0f s); training gets what is left.",
+                 "sequences (about %.0f s);%s training gets what is left.",
                  o.budget_hours, budget * TRACE_SHARE, cost[0].seconds, traced, per_trace_seq,
                  eval_seq_s, (int)N_POLICIES, n_budgets, o.a.eval_seqs,
-                 eval_seq_s * (double)o.a.eval_seqs);
+                 eval_seq_s * (double)o.a.eval_seqs, fit_note);
         fprintf(stderr, "kvp learn: %s\n", plan);
-        train_seconds = at_least_one(budget - (kvp_now() - start) - eval_seq_s * (double)o.a.eval_seqs);
+        train_seconds = at_least_one(budget - (kvp_now() - start) - eval_seq_s * (double)o.a.eval_seqs -
+                                     fit_seconds);
     }
     kvp_train_opts tr;
     kvp_learn_train_opts(&run, init, trained, val_cut, train_seconds, &tr);
@@ -366,6 +395,20 @@ int kvp_cmd_learn(int argc, char **argv)
     stage_begin(&cost[3], 4, N_STAGES);
     if (stage_end(&cost[3], kvp_calibrate_run(&co), calibrated))
         return 1;
+    /* The caps are fitted on the calibrated file, in place: what is evaluated and
+     * installed has them. */
+    stage_begin(&cost[4], 5, N_STAGES);
+    if (o.a.fit_seqs > 0) {
+        kvp_fit_window_opts fo;
+        kvp_learn_fit_window_opts(&run, calibrated, o.a.fit_seqs,
+                                  budget > 0 ? at_least_one(budget * FIT_SHARE) : 0.0, &fo);
+        if (stage_end(&cost[4], kvp_fit_window_run(&fo), calibrated))
+            return 1;
+    } else {
+        fprintf(stderr, "kvp learn: fit-window skipped (--fit-seqs 0, or too little time): "
+                "every layer keeps the default cap\n");
+        stage_end(&cost[4], 0, NULL);
+    }
     kvp_eval_cli_opts eo;
     kvp_eval_defaults(&eo);
     eo.model = o.a.model;
@@ -381,8 +424,8 @@ int kvp_cmd_learn(int argc, char **argv)
     eo.cut = val_cut;
     eo.threads = o.a.threads;
     eo.streams = 0;
-    stage_begin(&cost[4], 5, N_STAGES);
-    if (stage_end(&cost[4], kvp_eval_run(&eo), NULL))
+    stage_begin(&cost[5], 6, N_STAGES);
+    if (stage_end(&cost[5], kvp_eval_run(&eo), NULL))
         return 1;
 
     if (kvp_learn_install(calibrated, out, &cfg))

@@ -58,8 +58,9 @@ static void usage(FILE *f)
         "  --streams N          streaming sequences of the comparison (default 8)\n"
         "  --stream-len N       their length (default 0: 4 x the context)\n"
         "  --budgets LIST       the comparison's budgets (default 16,32,64,128)\n"
+        "  --fit-seqs N         sequences fit-window measures (default %d; 0: no fit)\n"
         "  --threads N          (default: the online CPUs)\n"
-        "  --seed S             (default 1)\n", KVP_DATA_DIR "/policy/weights");
+        "  --seed S             (default 1)\n", KVP_DATA_DIR "/policy/weights", KVP_WINDOWFIT_SEQS);
 }
 
 /* kvp learn --transcripts' own options (kvp_learn_getopt). */
@@ -246,7 +247,8 @@ static int evaluate(const opts *o, const char *held, const char *dir, const char
 int kvp_cmd_learn_transcripts(int argc, char **argv)
 {
     opts o = {.a = {.seq_len = 512, .max_seqs = 300, .steps = 3000, .eval_seqs = 32,
-                    .threads = kvp_stage_threads(), .seed = 1, .budgets = "16,32,64,128"},
+                    .threads = kvp_stage_threads(), .seed = 1, .budgets = "16,32,64,128",
+                    .fit_seqs = KVP_WINDOWFIT_SEQS},
               .holdout = 0.2, .max_seconds = 3600, .streams = 8, .min_files = 4};
     int rc = parse(argc, argv, &o);
     if (rc >= 0)
@@ -286,29 +288,38 @@ int kvp_cmd_learn_transcripts(int argc, char **argv)
                          .threads = o.a.threads, .seed = o.a.seed};
     kvp_trace_opts to;
     kvp_learn_trace_opts(&run, train_ids, KVP_CORPUS_IDS, &to);
-    fprintf(stderr, "kvp learn: [1/6] trace\n");
+    fprintf(stderr, "kvp learn: [1/7] trace\n");
     if (kvp_trace_run(&to))
         return 1;
     kvp_policy_init_opts po;
     kvp_learn_policy_init_opts(&run, init, &po);
-    fprintf(stderr, "kvp learn: [2/6] policy-init\n");
+    fprintf(stderr, "kvp learn: [2/7] policy-init\n");
     if (kvp_policy_init_run(&po))
         return 1;
     long cut = kvp_learn_val_cut(o.a.seq_len);
     kvp_train_opts tr;
     kvp_learn_train_opts(&run, init, trained, cut, o.max_seconds, &tr);
-    fprintf(stderr, "kvp learn: [3/6] train\n");
+    fprintf(stderr, "kvp learn: [3/7] train\n");
     if (kvp_train_run(&tr))
         return 1;
     kvp_calibrate_opts co;
     kvp_learn_calibrate_opts(&run, trained, calibrated, &co);
-    fprintf(stderr, "kvp learn: [4/6] calibrate\n");
+    fprintf(stderr, "kvp learn: [4/7] calibrate\n");
     if (kvp_calibrate_run(&co))
         return 1;
+    if (o.a.fit_seqs > 0) {
+        kvp_fit_window_opts fo;
+        kvp_learn_fit_window_opts(&run, calibrated, o.a.fit_seqs, 0.0, &fo);
+        fprintf(stderr, "kvp learn: [5/7] fit-window\n");
+        if (kvp_fit_window_run(&fo))
+            return 1;
+    } else {
+        fprintf(stderr, "kvp learn: [5/7] fit-window skipped (--fit-seqs 0)\n");
+    }
 
     /* The comparison on the held-out transcripts: the new policy and streaming in one
      * evaluation; the installed file, if any, in another with the same settings. */
-    fprintf(stderr, "kvp learn: [5/6] eval (new policy and the streaming fallback)\n");
+    fprintf(stderr, "kvp learn: [6/7] eval (new policy and the streaming fallback)\n");
     if (evaluate(&o, held_ids, eval_new, "kvp,streaming", calibrated, cut))
         return 1;
     double cc_new, kl_new, cc_cur, kl_cur;
@@ -328,7 +339,7 @@ int kvp_cmd_learn_transcripts(int argc, char **argv)
         fprintf(stderr, "kvp learn: the installed %s does not load (%s): compared with the "
                 "streaming fallback kvpd uses then\n", out, err);
     const char *cur_name = have_cur ? out : "streaming (no learned policy installed)";
-    fprintf(stderr, "kvp learn: [6/6] eval (%s)\n", cur_name);
+    fprintf(stderr, "kvp learn: [7/7] eval (%s)\n", cur_name);
     if (have_cur) {
         if (evaluate(&o, held_ids, eval_cur, "kvp", out, cut) ||
             figures(eval_cur, "kvp", &cc_cur, &kl_cur)) {

@@ -117,6 +117,19 @@ void kvp_learn_calibrate_opts(const kvp_learn_run *r, const char *trained,
     co->threads = (int)r->threads;
 }
 
+void kvp_learn_fit_window_opts(const kvp_learn_run *r, const char *calibrated, long seqs,
+                               double max_seconds, kvp_fit_window_opts *fo)
+{
+    kvp_fit_window_defaults(fo);
+    fo->model = r->model;
+    fo->tokenizer = r->tokenizer;
+    fo->traces = r->work;
+    fo->in = fo->out = calibrated;
+    fo->fit.seqs = (int)seqs;
+    fo->fit.threads = (int)r->threads;
+    fo->fit.max_seconds = max_seconds;
+}
+
 int kvp_learn_install(const char *calibrated, const char *out, const kvp_model_config *cfg)
 {
     char err[512];
@@ -145,6 +158,7 @@ int kvp_learn_option(int c, const char *arg, kvp_learn_args *a)
     case 'e': a->eval_seqs_given = 1; return kvp_parse_long(arg, 1, 1 << 20, &a->eval_seqs);
     case 't': return kvp_parse_long(arg, 1, 64, &a->threads);
     case 'r': return kvp_parse_long(arg, 0, 0x7fffffffL, &a->seed);
+    case 'f': return kvp_parse_long(arg, 0, 1 << 20, &a->fit_seqs);
     default: return -1;
     }
 }

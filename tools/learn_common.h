@@ -16,6 +16,7 @@
 typedef struct {
     const char *model, *tokenizer, *out, *work, *budgets;
     long seq_len, max_seqs, steps, eval_seqs, threads, seed;
+    long fit_seqs;                         /* fit-window's sequences; 0: no fit */
     int max_seqs_given, eval_seqs_given;   /* --max-seqs, --eval-seqs were given */
 } kvp_learn_args;
 
@@ -24,7 +25,8 @@ typedef struct {
     {"model", 1, 0, 'm'}, {"tokenizer", 1, 0, 'z'}, {"out", 1, 0, 'o'},                     \
     {"work", 1, 0, 'w'}, {"budgets", 1, 0, 'b'}, {"seq-len", 1, 0, 'n'},                     \
     {"max-seqs", 1, 0, 'N'}, {"steps", 1, 0, 's'}, {"eval-seqs", 1, 0, 'e'},                 \
-    {"threads", 1, 0, 't'}, {"seed", 1, 0, 'r'}, {"help", 0, 0, 'h'}
+    {"threads", 1, 0, 't'}, {"seed", 1, 0, 'r'}, {"fit-seqs", 1, 0, 'f'},                   \
+    {"help", 0, 0, 'h'}
 
 /* The value arg of option c (one of KVP_LEARN_OPTIONS but 'h') into a: 1, or 0 when arg
  * is out of its range; -1 when c is none of them. */
@@ -75,6 +77,10 @@ void kvp_learn_train_opts(const kvp_learn_run *r, const char *init, const char *
                           long val_cut, double max_seconds, kvp_train_opts *tr);
 void kvp_learn_calibrate_opts(const kvp_learn_run *r, const char *trained,
                               const char *calibrated, kvp_calibrate_opts *co);
+/* The per-layer caps fitted into the calibrated file in place, on seqs of work's training
+ * sequences, no layer started past max_seconds (0: no limit). */
+void kvp_learn_fit_window_opts(const kvp_learn_run *r, const char *calibrated, long seqs,
+                               double max_seconds, kvp_fit_window_opts *fo);
 
 /* Installs the policy file calibrated at out: loading checks it against the model's cfg
  * again, saving writes it atomically (temporary file, fsync, rename). 0, or -1 with a

@@ -242,7 +242,7 @@ Test(learn, traffic_to_an_installed_policy_that_beats_the_fallback, .timeout = 6
     for (;;) {
         size_t n;
         char *log = read_file(logp, &n);
-        int training = log && memmem(log, n, "[3/6] train", 11);
+        int training = log && memmem(log, n, "[3/7] train", 11);
         free(log);
         if (training)
             break;

@@ -64,8 +64,10 @@ Test(learn, stories260K_end_to_end_installs_a_policy_kvpd_picks_up, .init = make
     char *out;
     int st = kvp(args, &out);
     cr_assert_eq(st, 0, "kvp %s:\n%s", args, out);
-    cr_expect(strstr(out, "[1/5] trace") && strstr(out, "[4/5] calibrate") &&
-              strstr(out, "[5/5] eval"), "%s", out);
+    cr_expect(strstr(out, "[1/6] trace") && strstr(out, "[4/6] calibrate") &&
+              strstr(out, "[5/6] fit-window") && strstr(out, "[6/6] eval"), "%s", out);
+    /* every layer fitted, on the 16 training sequences (fewer than the default) */
+    cr_expect(strstr(out, "5 of 5 layers fitted on 16 sequences"), "%s", out);
     /* The disk estimate it started on is the trace it wrote. */
     const char *need = strstr(out, "needs ");
     double need_mb = 0.0;
@@ -97,7 +99,8 @@ Test(learn, stories260K_end_to_end_installs_a_policy_kvpd_picks_up, .init = make
     char *report = tu_slurp(path, NULL);
     cr_assert_not_null(report, "no %s", path);
     cr_expect(strstr(report, "| trace |") && strstr(report, "| train |") &&
-              strstr(report, "| calibrate |") && strstr(report, "| eval |") && strstr(report, "Ranking"), "%s", report);
+              strstr(report, "| calibrate |") && strstr(report, "| fit-window |") &&
+              strstr(report, "| eval |") && strstr(report, "Ranking"), "%s", report);
     free(report);
 
     /* The installed file loads for this model and is bound to its weights. */
@@ -110,6 +113,13 @@ Test(learn, stories260K_end_to_end_installs_a_policy_kvpd_picks_up, .init = make
     cr_expect_neq(s.model_fingerprint, 0);
     /* ... and carries the calibration budget_mode = global needs. */
     cr_expect_gt(s.n_knots, 1, "the installed policy is not calibrated");
+    /* ... and the fitted caps, each one of fit-window's candidates for 128-token sequences */
+    cr_assert_not_null(s.caps, "the installed policy has no fitted caps");
+    for (int l = 0; l < s.n_layers; l++)
+        cr_expect(s.caps[l] == 16 || s.caps[l] == 12 || s.caps[l] == 8 || s.caps[l] == 6 ||
+                  s.caps[l] == 4 || s.caps[l] == 3 || s.caps[l] == 2 ||
+                  s.caps[l] == KVP_AGENT_CAP_DEFAULT(m.cfg.seq_len),
+                  "layer %d: cap %d", l, s.caps[l]);
     kvp_agent_set_free(&s);
     kvp_model_free(&m);
 
