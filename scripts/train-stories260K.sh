@@ -51,4 +51,9 @@ trap 'rm -f "$init" "$base"' EXIT
     --seed 2 --threads "$threads" --steps 400 --lr 1e-3 --warmup 20 --episodes 16 --samples 8 \
     --stream-share 0.5 --stream-budgets 32,64,128,256,256,256
 "$kvp" calibrate --traces "$traces" --policy-file "$out" --out "$out" --threads "$threads"
+# per-layer caps by one-shot KL (docs/training.md "Per-layer caps"): 128 of the 415
+# training sequences, spread over the whole training text (with 64 the choice for layer 0
+# is the same, by a smaller margin)
+"$kvp" fit-window --model "$model" --tokenizer "$tok" --traces "$traces" --policy-file "$out" \
+    --out "$out" --seqs 128 --threads "$threads"
 echo "train-stories260K: $out ($(stat -c %s "$out") bytes) in $(( $(date +%s) - start )) s" >&2
