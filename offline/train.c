@@ -483,7 +483,7 @@ static int stream_episode_rows(const kvp_trace *t, const kvp_agent_set *set, con
                                int n, int budget, float *scratch_k, float *scratch_v,
                                int32_t *scratch_pos)
 {
-    int cap = kvp_agent_set_cap(set, layer, t->h.seq_len);
+    int cap = kvp_agent_set_cap(set, layer, budget, t->h.seq_len);
     int win = kvp_agent_recent_window(budget, cap, c->n_recent);
     int scored = n - win - c->stream_chunk;   /* rows 0..scored-1 compete for the kept places */
     if (scored > c->n_sink) {

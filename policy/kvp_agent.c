@@ -46,32 +46,54 @@ void kvp_agent_set_free(kvp_agent_set *s)
     memset(s, 0, sizeof *s);
 }
 
-int kvp_agent_set_caps(kvp_agent_set *s, const int *caps, char *err, size_t errlen)
+int kvp_agent_set_caps(kvp_agent_set *s, int n_budgets, const int *budgets, const int *caps,
+                       char *err, size_t errlen)
 {
     int *c = NULL;
     if (caps) {
-        for (int l = 0; l < s->n_layers; l++)
-            if (caps[l] < 1 || caps[l] > KVP_AGENT_MAX_CAP) {
-                kvp_errorf(err, errlen, 0, "layer %d's cap of %d rows is out of range (1..%d)",
-                           l, caps[l], KVP_AGENT_MAX_CAP);
+        if (n_budgets < 1 || n_budgets > KVP_AGENT_MAX_CAP_BUDGETS) {
+            kvp_errorf(err, errlen, 0, "caps at %d budgets: 1..%d are allowed", n_budgets,
+                       KVP_AGENT_MAX_CAP_BUDGETS);
+            return -EINVAL;
+        }
+        for (int b = 0; b < n_budgets; b++)
+            if (budgets[b] < 1 || budgets[b] > KVP_AGENT_MAX_CAP ||
+                (b && budgets[b] <= budgets[b - 1])) {
+                kvp_errorf(err, errlen, 0, "cap budget %d (the %d-th) is out of range (1..%d) or "
+                           "not above the one before", budgets[b], b + 1, KVP_AGENT_MAX_CAP);
                 return -EINVAL;
             }
-        if (!(c = malloc((size_t)s->n_layers * sizeof *c))) {
+        for (int l = 0; l < s->n_layers; l++)
+            for (int b = 0; b < n_budgets; b++) {
+                int v = caps[(size_t)l * n_budgets + b];
+                if (v < 0 || v > KVP_AGENT_MAX_CAP) {
+                    kvp_errorf(err, errlen, 0, "layer %d's cap of %d rows at budget %d is out of "
+                               "range (0..%d)", l, v, budgets[b], KVP_AGENT_MAX_CAP);
+                    return -EINVAL;
+                }
+            }
+        if (!(c = malloc((size_t)s->n_layers * n_budgets * sizeof *c))) {
             kvp_errorf(err, errlen, 0, "out of memory");
             return -ENOMEM;
         }
-        memcpy(c, caps, (size_t)s->n_layers * sizeof *c);
+        memcpy(c, caps, (size_t)s->n_layers * n_budgets * sizeof *c);
     }
     free(s->caps);
     s->caps = c;
+    s->n_cap_budgets = c ? n_budgets : 0;
+    memset(s->cap_budgets, 0, sizeof s->cap_budgets);
+    if (c)
+        memcpy(s->cap_budgets, budgets, (size_t)n_budgets * sizeof *budgets);
     return 0;
 }
 
-int kvp_agent_set_cap(const kvp_agent_set *s, int layer, int seq_len)
+int kvp_agent_set_cap(const kvp_agent_set *s, int layer, int budget, int seq_len)
 {
-    if (s->caps && layer >= 0 && layer < s->n_layers)
-        return s->caps[layer];
-    return KVP_AGENT_CAP_DEFAULT(seq_len);
+    int j = -1;
+    for (int b = 0; s->caps && b < s->n_cap_budgets && s->cap_budgets[b] <= budget; b++)
+        j = b;
+    int v = j >= 0 && layer >= 0 && layer < s->n_layers ? s->caps[(size_t)layer * s->n_cap_budgets + j] : 0;
+    return v > 0 ? v : KVP_AGENT_CAP_DEFAULT(seq_len);
 }
 
 int kvp_agent_set_rope(kvp_agent_set *s, const kvp_rope *r, char *err, size_t errlen)

@@ -15,6 +15,8 @@
  * layer * n_kv_heads + kvh. */
 #define KVP_POLICY_MODEL_NAME 64
 
+#define KVP_AGENT_MAX_CAP_BUDGETS 16
+
 typedef struct kvp_agent_set {
     int n_layers, n_kv_heads;
     kvp_agent_arch arch;      /* arch.d is the model's head_dim */
@@ -32,10 +34,14 @@ typedef struct kvp_agent_set {
     /* Agents with relative keys (arch.relative): the rotation they turn keys back with,
      * the model's RoPE (kvp_agent_set_rope; factors is the set's own copy). */
     kvp_rope rope;
-    /* Per layer, the most older rows the agents choose at a large budget (the "kvp"
-     * policy's recent window, kvp_agent_recent_window), fitted by `kvp fit-window`
-     * (offline/windowfit.h); NULL: KVP_AGENT_CAP_DEFAULT(seq_len) for every layer. */
-    int *caps;                /* [n_layers] */
+    /* The most older rows the agents of a layer choose (the "kvp" policy's recent window,
+     * kvp_agent_recent_window), fitted by `kvp fit-window` (offline/windowfit.h) at
+     * n_cap_budgets budgets (ascending): at budget b a layer uses the cap of the largest
+     * fitted budget <= b, and KVP_AGENT_CAP_DEFAULT(seq_len) below the smallest one or
+     * where the table holds 0. caps NULL: the default everywhere. */
+    int n_cap_budgets;
+    int cap_budgets[KVP_AGENT_MAX_CAP_BUDGETS];
+    int *caps;                /* [n_layers][n_cap_budgets] */
 } kvp_agent_set;
 
 /* The agents' share of a large budget without fitted caps: an eighth of the context. */
@@ -92,12 +98,15 @@ int kvp_agent_set_load(kvp_agent_set *s, const char *path, const kvp_model_confi
  * any thread): what shows that a daemon loads its policy's weights once, not per session. */
 unsigned long long kvp_agent_set_loads(void);
 
-/* Sets (caps[n_layers] copied, each 1..KVP_AGENT_MAX_CAP) or clears (caps NULL) the
- * per-layer caps. -EINVAL with a message naming the layer, -ENOMEM. */
-int kvp_agent_set_caps(kvp_agent_set *s, const int *caps, char *err, size_t errlen);
-/* Layer's cap: its fitted one, else KVP_AGENT_CAP_DEFAULT(seq_len) (seq_len: the
+/* Sets (caps[n_layers][n_budgets] copied, each 0..KVP_AGENT_MAX_CAP, 0 the default; the
+ * budgets 1..KVP_AGENT_MAX_CAP, strictly ascending, 1..KVP_AGENT_MAX_CAP_BUDGETS of them)
+ * or clears (caps NULL) the fitted caps. -EINVAL with a message naming what is wrong,
+ * -ENOMEM; the set is unchanged on error. */
+int kvp_agent_set_caps(kvp_agent_set *s, int n_budgets, const int *budgets, const int *caps,
+                       char *err, size_t errlen);
+/* Layer's cap at budget: the fitted one, else KVP_AGENT_CAP_DEFAULT(seq_len) (seq_len: the
  * context the agents run in). */
-int kvp_agent_set_cap(const kvp_agent_set *s, int layer, int seq_len);
+int kvp_agent_set_cap(const kvp_agent_set *s, int layer, int budget, int seq_len);
 
 /* The newest rows the "kvp" policy always keeps at a budget (its recent_window op) when
  * the agents choose at most cap older rows: max(budget / 2, budget - cap, n_recent)

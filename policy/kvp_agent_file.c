@@ -36,8 +36,9 @@ static const uint8_t MAGIC[8] = {'K', 'V', 'P', 'P', 'O', 'L', 0, 1};
  * with centred or relative keys is written as version 4. Flag bit 1 (relative keys,
  * kvp_agent_arch.relative) adds the rotation right after the flags: u32 n_rot, u32 layout
  * (1: NeoX halves), f32 base, u32 n_factors (0 or n_rot / 2), f32 factors[n_factors].
- * Flag bit 2 (fitted caps, kvp_agent_set.caps) adds after that u32 caps[n_layers]; a set
- * with caps is written as version 4 whatever its keys. */
+ * Flag bit 2 (fitted caps, kvp_agent_set.caps) adds after that the caps block: u32
+ * n_budgets (1..16), u32 budgets[n_budgets] (ascending), u32 caps[n_layers][n_budgets]
+ * (0: the default); a set with caps is written as version 4 whatever its keys. */
 #define HEADER_V1_BYTES 48
 #define HEADER_BYTES (HEADER_V1_BYTES + 8 + KVP_POLICY_MODEL_NAME)
 #define HEADER_V4_BYTES (HEADER_BYTES + 4)
@@ -71,7 +72,7 @@ int kvp_agent_set_save(const kvp_agent_set *s, const char *path, char *err, size
     }
 
     int v4 = s->arch.centered || s->arch.relative || s->caps;
-    uint8_t hdr[HEADER_V4_BYTES + ROPE_BYTES + 4 * KVP_AGENT_MAX_D / 2 + 4 * KVP_AGENT_MAX_LAYERS];
+    uint8_t hdr[HEADER_V4_BYTES + ROPE_BYTES + 4 * KVP_AGENT_MAX_D / 2];
     size_t hdr_bytes = v4 ? HEADER_V4_BYTES : HEADER_BYTES;
     int cal_section = s->n_knots || v4;
     memcpy(hdr, MAGIC, 8);
@@ -89,8 +90,23 @@ int kvp_agent_set_save(const kvp_agent_set *s, const char *path, char *err, size
             memcpy(hdr + hdr_bytes + ROPE_BYTES, s->rope.factors, (size_t)nf * 4u);
         hdr_bytes += ROPE_BYTES + (size_t)nf * 4u;
     }
-    for (int l = 0; s->caps && l < s->n_layers; l++, hdr_bytes += 4)
-        kvp_put_u32(hdr + hdr_bytes, (uint32_t)s->caps[l]);
+    /* the caps block: n_budgets, budgets, then the table */
+    int nb = s->caps ? s->n_cap_budgets : 0;
+    size_t caps_bytes = s->caps ? 4u * (1u + (size_t)nb + (size_t)s->n_layers * nb) : 0;
+    uint8_t *caps = caps_bytes ? malloc(caps_bytes) : NULL;
+    if (caps_bytes && !caps) {
+        kvp_errorf(err, errlen, 0, "%s: out of memory", path);
+        fclose(f);
+        unlink(tmp);
+        return -ENOMEM;
+    }
+    if (caps) {
+        kvp_put_u32(caps, (uint32_t)nb);
+        for (int b = 0; b < nb; b++)
+            kvp_put_u32(caps + 4 + 4 * (size_t)b, (uint32_t)s->cap_budgets[b]);
+        for (size_t i = 0; i < (size_t)s->n_layers * nb; i++)
+            kvp_put_u32(caps + 4 * (1 + (size_t)nb + i), (uint32_t)s->caps[i]);
+    }
     kvp_put_u32(hdr + 12, (uint32_t)s->n_layers);
     kvp_put_u32(hdr + 16, (uint32_t)s->n_kv_heads);
     kvp_put_u32(hdr + 20, (uint32_t)s->arch.d);
@@ -107,8 +123,10 @@ int kvp_agent_set_save(const kvp_agent_set *s, const char *path, char *err, size
     size_t nk = (size_t)s->n_layers * (size_t)s->n_kv_heads * 2u * (size_t)s->n_knots;
     uint8_t cal[4], tail[CHECKSUM_BYTES];
     kvp_put_u32(cal, (uint32_t)s->n_knots);
-    uint64_t sum = kvp_fnv1a(kvp_fnv1a(KVP_FNV1A_INIT, hdr, hdr_bytes), s->params,
-                             nf * sizeof(float));
+    uint64_t sum = kvp_fnv1a(KVP_FNV1A_INIT, hdr, hdr_bytes);
+    if (caps)
+        sum = kvp_fnv1a(sum, caps, caps_bytes);
+    sum = kvp_fnv1a(sum, s->params, nf * sizeof(float));
     if (cal_section)
         sum = kvp_fnv1a(sum, cal, sizeof cal);
     if (s->n_knots)
@@ -119,12 +137,14 @@ int kvp_agent_set_save(const kvp_agent_set *s, const char *path, char *err, size
      * create would (mkstemp uses 0600). */
     errno = 0;
     int ok = fchmod(fd, 0644) == 0 && fwrite(hdr, 1, hdr_bytes, f) == hdr_bytes &&
+             (!caps || fwrite(caps, 1, caps_bytes, f) == caps_bytes) &&
              fwrite(s->params, sizeof(float), nf, f) == nf &&
              (!cal_section || fwrite(cal, 1, sizeof cal, f) == sizeof cal) &&
              (!s->n_knots || fwrite(s->knots, sizeof(float), nk, f) == nk) &&
              fwrite(tail, 1, sizeof tail, f) == sizeof tail && fflush(f) == 0 &&
              fsync(fd) == 0;
     int saved = errno ? errno : EIO;   /* a short fwrite need not set errno */
+    free(caps);
     if (fclose(f) != 0 && ok) {
         ok = 0;
         saved = errno;
@@ -456,10 +476,24 @@ int kvp_agent_set_load(kvp_agent_set *s, const char *path, const kvp_model_confi
             goto fail;
         }
     }
-    if (has_caps) {   /* u32 caps[n_layers] */
-        caps_bytes = 4u * (size_t)n_layers;
-        if ((uint64_t)st.st_size < (uint64_t)header_bytes + rope_bytes + caps_bytes + CHECKSUM_BYTES) {
-            kvp_errorf(err, errlen, 0, "%s: truncated in the per-layer caps", path);
+    if (has_caps) {   /* u32 n_budgets, u32 budgets[n_budgets], u32 caps[n_layers][n_budgets] */
+        uint8_t nb4[4];
+        uint64_t at = (uint64_t)header_bytes + rope_bytes;
+        if ((uint64_t)st.st_size < at + 4 + CHECKSUM_BYTES || fread(nb4, 1, 4, f) != 4) {
+            kvp_errorf(err, errlen, 0, "%s: truncated: the caps block is missing", path);
+            rc = -EINVAL;
+            goto fail;
+        }
+        uint32_t nb = kvp_get_u32(nb4);
+        if (nb < 1 || nb > KVP_AGENT_MAX_CAP_BUDGETS) {
+            kvp_errorf(err, errlen, 0, "%s: caps at %u budgets (1..%d are allowed)", path, nb,
+                       KVP_AGENT_MAX_CAP_BUDGETS);
+            rc = -EINVAL;
+            goto fail;
+        }
+        caps_bytes = 4u * (1u + nb + (size_t)n_layers * nb);
+        if ((uint64_t)st.st_size < at + caps_bytes + CHECKSUM_BYTES) {
+            kvp_errorf(err, errlen, 0, "%s: truncated in the caps block", path);
             rc = -EINVAL;
             goto fail;
         }
@@ -468,7 +502,8 @@ int kvp_agent_set_load(kvp_agent_set *s, const char *path, const kvp_model_confi
             rc = -ENOMEM;
             goto fail;
         }
-        if (fread(caps_block, 1, caps_bytes, f) != caps_bytes) {
+        memcpy(caps_block, nb4, 4);
+        if (fread(caps_block + 4, 1, caps_bytes - 4, f) != caps_bytes - 4) {
             kvp_errorf(err, errlen, 0, "%s: read error", path);
             rc = -EIO;
             goto fail;
@@ -494,13 +529,26 @@ int kvp_agent_set_load(kvp_agent_set *s, const char *path, const kvp_model_confi
         }
     }
     if (has_caps) {
-        int caps[KVP_AGENT_MAX_LAYERS];
-        for (int l = 0; l < n_layers; l++) {
-            uint32_t c = kvp_get_u32(caps_block + 4 * (size_t)l);
-            caps[l] = c > (uint32_t)KVP_AGENT_MAX_CAP ? -1 : (int)c;
+        int nb = (int)kvp_get_u32(caps_block), budgets[KVP_AGENT_MAX_CAP_BUDGETS];
+        int *caps = malloc((size_t)n_layers * nb * sizeof *caps);
+        if (!caps) {
+            kvp_errorf(err, errlen, 0, "%s: out of memory", path);
+            rc = -ENOMEM;
+            goto fail;
+        }
+        /* values past the int range read as -1, which kvp_agent_set_caps refuses */
+        for (int b = 0; b < nb; b++) {
+            uint32_t v = kvp_get_u32(caps_block + 4 + 4 * (size_t)b);
+            budgets[b] = v > (uint32_t)KVP_AGENT_MAX_CAP ? -1 : (int)v;
+        }
+        for (size_t i = 0; i < (size_t)n_layers * nb; i++) {
+            uint32_t v = kvp_get_u32(caps_block + 4 * (1 + (size_t)nb + i));
+            caps[i] = v > (uint32_t)KVP_AGENT_MAX_CAP ? -1 : (int)v;
         }
         char msg[256];
-        if ((rc = kvp_agent_set_caps(s, caps, msg, sizeof msg))) {
+        rc = kvp_agent_set_caps(s, nb, budgets, caps, msg, sizeof msg);
+        free(caps);
+        if (rc) {
             kvp_errorf(err, errlen, 0, "%s: %s", path, msg);
             goto fail;
         }

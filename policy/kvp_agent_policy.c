@@ -214,7 +214,7 @@ int kvp_agent_recent_window(int budget, int cap, int n_recent)
 static int kvp_recent_window(const kvp_policy *p, int layer, int budget)
 {
     const kvp_agent_policy *ap = p->impl;
-    return kvp_agent_recent_window(budget, kvp_agent_set_cap(ap->set, layer, p->cfg.seq_len),
+    return kvp_agent_recent_window(budget, kvp_agent_set_cap(ap->set, layer, budget, p->cfg.seq_len),
                                    p->n_recent);
 }
 

@@ -131,10 +131,14 @@ int kvp_fit_window_run(const kvp_fit_window_opts *c)
     if (rc) {
         fprintf(stderr, "kvp fit-window: %s\n", err);
     } else {
-        fprintf(stderr, "kvp fit-window: %d of %d layers fitted on %d sequences; caps", res.layers_fitted,
-                s.n_layers, res.seqs);
+        fprintf(stderr, "kvp fit-window: %d of %d layers fitted on %d sequences; caps per layer "
+                "at budgets", res.layers_fitted, s.n_layers, res.seqs);
+        for (int b = 0; b < s.n_cap_budgets; b++)
+            fprintf(stderr, " %d", s.cap_budgets[b]);
+        fprintf(stderr, " (0: the default)");
         for (int l = 0; l < s.n_layers; l++)
-            fprintf(stderr, " %d", s.caps[l]);
+            for (int b = 0; b < s.n_cap_budgets; b++)
+                fprintf(stderr, "%s%d", b ? "/" : " ", s.caps[l * s.n_cap_budgets + b]);
         fprintf(stderr, "; one-shot KL at budgets");
         for (int b = 0; b < res.n_budgets; b++)
             fprintf(stderr, " %d: %.5f -> %.5f", res.budgets[b], res.kl_before[b], res.kl_after[b]);

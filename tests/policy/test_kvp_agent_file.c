@@ -246,9 +246,11 @@ Test(kvp_agent_file, a_centred_file_is_version_4_and_round_trips)
     kvp_agent_set_free(&u);
 }
 
-/* Fitted caps: flag bit 2 and u32 caps[n_layers] after the flags (and after the rotation
- * block when there is one), under the checksum; a set with caps is version 4 whatever
- * its keys; a cap of 0 or past the limit, or a file cut in the caps, is refused. */
+/* Fitted caps: flag bit 2 and the caps block after the flags (and after the rotation
+ * block when there is one): u32 n_budgets, u32 budgets[n], u32 caps[n_layers][n], under
+ * the checksum; a set with caps is version 4 whatever its keys. A layer's cap at a budget
+ * is the table's entry of the largest fitted budget at or below it (0 and budgets below
+ * the table: an eighth of the context). Bad tables and files cut in the block are refused. */
 Test(kvp_agent_file, fitted_caps_round_trip_and_are_checked)
 {
     char err[512];
@@ -256,62 +258,88 @@ Test(kvp_agent_file, fitted_caps_round_trip_and_are_checked)
     kvp_agent_set u, r;
     cr_assert_eq(kvp_agent_set_alloc(&u, 2, 3, &tiny_arch, err, sizeof err), 0, "%s", err);
     kvp_agent_set_init(&u, 9);
-    cr_assert_eq(kvp_agent_set_cap(&u, 1, 512), 64, "no caps: an eighth of the context");
-    int bad[2] = {12, 0};
-    cr_assert_eq(kvp_agent_set_caps(&u, bad, err, sizeof err), -EINVAL);
-    cr_assert(strstr(err, "layer 1"), "%s", err);
-    cr_assert_null(u.caps, "a refused set of caps leaves none");
-    int caps[2] = {12, 48};
-    cr_assert_eq(kvp_agent_set_caps(&u, caps, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(kvp_agent_set_cap(&u, 1, 256, 512), 64, "no caps: an eighth of the context");
+    int budgets[2] = {64, 256};
+    int bad[4] = {12, 0, 5, -1};
+    cr_assert_eq(kvp_agent_set_caps(&u, 2, budgets, bad, err, sizeof err), -EINVAL);
+    cr_assert(strstr(err, "layer 1") && strstr(err, "budget 256"), "%s", err);
+    int desc[2] = {256, 64}, caps[4] = {12, 0, 0, 48};
+    cr_assert_eq(kvp_agent_set_caps(&u, 2, desc, caps, err, sizeof err), -EINVAL);
+    cr_assert(strstr(err, "not above"), "%s", err);
+    cr_assert_eq(kvp_agent_set_caps(&u, 0, budgets, caps, err, sizeof err), -EINVAL);
+    cr_assert_null(u.caps, "a refused table leaves none");
+    cr_assert_eq(kvp_agent_set_caps(&u, 2, budgets, caps, err, sizeof err), 0, "%s", err);
     caps[0] = 99;   /* the set holds its own copy */
-    cr_assert_eq(kvp_agent_set_cap(&u, 0, 512), 12);
-    cr_assert_eq(kvp_agent_set_cap(&u, 1, 4096), 48, "a fitted cap does not follow the context");
+    budgets[0] = 65;
+    /* layer 0: 12 from budget 64 up, the default from 256; layer 1: the default up to 255,
+     * 48 from 256 */
+    cr_assert_eq(kvp_agent_set_cap(&u, 0, 32, 512), 64, "below the table: the default");
+    cr_assert_eq(kvp_agent_set_cap(&u, 0, 64, 512), 12);
+    cr_assert_eq(kvp_agent_set_cap(&u, 0, 200, 512), 12);
+    cr_assert_eq(kvp_agent_set_cap(&u, 0, 256, 4096), 512, "0: the default of the context");
+    cr_assert_eq(kvp_agent_set_cap(&u, 1, 128, 512), 64);
+    cr_assert_eq(kvp_agent_set_cap(&u, 1, 1000, 512), 48, "past the table: its last budget's");
     const char *path = tmp_path();
     cr_assert_eq(kvp_agent_set_save(&u, path, err, sizeof err), 0, "%s", err);
     size_t len;
     uint8_t *b = (uint8_t *)tu_slurp(path, &len);
     cr_assert_eq(rd32(b + 8), 4, "caps need version 4");
     cr_assert_eq(rd32(b + 120), 4, "flags: caps only");
-    cr_assert_eq(rd32(b + 124), 12);
-    cr_assert_eq(rd32(b + 128), 48);
-    cr_assert_eq(len, 132 + 6 * np * 4 + 4 + 8);
+    cr_assert_eq(rd32(b + 124), 2);
+    cr_assert_eq(rd32(b + 128), 64);
+    cr_assert_eq(rd32(b + 132), 256);
+    cr_assert_eq(rd32(b + 136), 12);
+    cr_assert_eq(rd32(b + 140), 0);
+    cr_assert_eq(rd32(b + 144), 0);
+    cr_assert_eq(rd32(b + 148), 48);
+    cr_assert_eq(len, 152 + 6 * np * 4 + 4 + 8);
     cr_assert_eq(rd64(b + len - 8), fnv1a_ref(b, len - 8));
     cr_assert_eq(kvp_agent_set_load(&r, path, NULL, err, sizeof err), 0, "%s", err);
-    cr_assert_not_null(r.caps);
-    cr_assert_eq(r.caps[0], 12);
-    cr_assert_eq(r.caps[1], 48);
+    cr_assert_eq(r.n_cap_budgets, 2);
+    cr_assert_eq(r.cap_budgets[1], 256);
+    cr_assert_eq(memcmp(r.caps, (int[]){12, 0, 0, 48}, sizeof caps), 0);
     cr_assert_eq(r.arch.centered, 0);
     cr_assert_eq(memcmp(r.params, u.params, 6 * np * sizeof(float)), 0);
-    /* the "kvp" policy's window follows the layer's cap */
+    /* the "kvp" policy's window follows the layer's cap at the budget */
     kvp_policy p = {.cfg = {.n_layers = 2, .n_kv_heads = 3, .head_dim = 8, .n_heads = 3,
                             .seq_len = 512},
                     .n_recent = KVP_DEFAULT_RECENT};
     cr_assert_eq(kvp_agent_policy_create_shared(&p, &r, err, sizeof err), 0, "%s", err);
-    cr_assert_eq(p.ops->recent_window(&p, 0, 256), 244);
+    cr_assert_eq(p.ops->recent_window(&p, 0, 128), 116);
+    cr_assert_eq(p.ops->recent_window(&p, 0, 256), 192, "the default again at 256");
+    cr_assert_eq(p.ops->recent_window(&p, 1, 128), 64);
     cr_assert_eq(p.ops->recent_window(&p, 1, 256), 208);
-    cr_assert_eq(p.ops->recent_window(&p, 0, 64), 52);
-    cr_assert_eq(p.ops->recent_window(&p, 1, 64), 32, "half the budget at least");
+    cr_assert_eq(p.ops->recent_window(&p, 0, 32), 16, "below the table");
     p.ops->destroy(&p);
     kvp_agent_set_free(&r);
 
     uint8_t *m = malloc(len);
     memcpy(m, b, len);
-    wr32(m + 128, 0);   /* a layer whose agents choose nothing */
+    wr32(m + 148, 1u << 25);   /* a cap past the limit */
     reseal(m, len);
-    expect_bad(m, len, "layer 1's cap of 0", -EINVAL);
+    expect_bad(m, len, "layer 1's cap", -EINVAL);
     memcpy(m, b, len);
-    wr32(m + 124, 0x80000000u);   /* past the limit (and negative as an int) */
+    wr32(m + 132, 64);   /* budgets not ascending */
     reseal(m, len);
-    expect_bad(m, len, "out of range", -EINVAL);
+    expect_bad(m, len, "not above", -EINVAL);
     memcpy(m, b, len);
-    m[125] ^= 1;   /* the caps are under the checksum */
+    wr32(m + 124, 17);   /* more budgets than a table holds */
+    reseal(m, len);
+    expect_bad(m, len, "17 budgets", -EINVAL);
+    memcpy(m, b, len);
+    wr32(m + 124, 0x40000000u);   /* a count whose block would pass the file */
+    reseal(m, len);
+    expect_bad(m, len, "budgets", -EINVAL);
+    memcpy(m, b, len);
+    m[137] ^= 1;   /* the caps are under the checksum */
     expect_bad(m, len, "checksum", -EBADMSG);
     expect_bad(b, 126, "truncated", -EINVAL);
+    expect_bad(b, 140, "truncated", -EINVAL);
     free(m);
     free(b);
     unlink(path);
 
-    /* with relative keys the caps follow the rotation block */
+    /* with relative keys the block follows the rotation block */
     kvp_agent_arch ra = tiny_arch;
     ra.relative = 1;
     kvp_agent_set w;
@@ -319,22 +347,25 @@ Test(kvp_agent_file, fitted_caps_round_trip_and_are_checked)
     kvp_agent_set_init(&w, 4);
     kvp_rope plain = {.n_rot = 8, .neox = 0, .base = 10000.0f};
     cr_assert_eq(kvp_agent_set_rope(&w, &plain, err, sizeof err), 0, "%s", err);
-    caps[0] = 7;
-    cr_assert_eq(kvp_agent_set_caps(&w, caps, err, sizeof err), 0, "%s", err);
+    int one[2] = {7, 9};
+    cr_assert_eq(kvp_agent_set_caps(&w, 1, (int[]){128}, one, err, sizeof err), 0, "%s", err);
     cr_assert_eq(kvp_agent_set_save(&w, path, err, sizeof err), 0, "%s", err);
     b = (uint8_t *)tu_slurp(path, &len);
     cr_assert_eq(rd32(b + 120), 6, "flags: relative keys and caps");
-    cr_assert_eq(rd32(b + 140), 7);
-    cr_assert_eq(rd32(b + 144), 48);
+    cr_assert_eq(rd32(b + 140), 1);
+    cr_assert_eq(rd32(b + 144), 128);
+    cr_assert_eq(rd32(b + 148), 7);
+    cr_assert_eq(rd32(b + 152), 9);
     cr_assert_eq(kvp_agent_set_load(&r, path, NULL, err, sizeof err), 0, "%s", err);
-    cr_assert_eq(r.caps[0], 7);
+    cr_assert_eq(kvp_agent_set_cap(&r, 1, 128, 512), 9);
     cr_assert(kvp_rope_same(&r.rope, &plain));
     /* clearing them writes the file without the block */
-    cr_assert_eq(kvp_agent_set_caps(&r, NULL, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(kvp_agent_set_caps(&r, 0, NULL, NULL, err, sizeof err), 0, "%s", err);
     cr_assert_eq(kvp_agent_set_save(&r, path, err, sizeof err), 0, "%s", err);
     kvp_agent_set_free(&r);
     cr_assert_eq(kvp_agent_set_load(&r, path, NULL, err, sizeof err), 0, "%s", err);
     cr_assert_null(r.caps);
+    cr_assert_eq(r.n_cap_budgets, 0);
     free(b);
     unlink(path);
     kvp_agent_set_free(&r);

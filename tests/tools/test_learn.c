@@ -113,13 +113,16 @@ Test(learn, stories260K_end_to_end_installs_a_policy_kvpd_picks_up, .init = make
     cr_expect_neq(s.model_fingerprint, 0);
     /* ... and carries the calibration budget_mode = global needs. */
     cr_expect_gt(s.n_knots, 1, "the installed policy is not calibrated");
-    /* ... and the fitted caps, each one of fit-window's candidates for 128-token sequences */
+    /* ... and the fitted caps at the budgets fit-window measures (8..64 for 128-token
+     * sequences), each the default (0) or one of its candidates */
     cr_assert_not_null(s.caps, "the installed policy has no fitted caps");
-    for (int l = 0; l < s.n_layers; l++)
-        cr_expect(s.caps[l] == 16 || s.caps[l] == 12 || s.caps[l] == 8 || s.caps[l] == 6 ||
-                  s.caps[l] == 4 || s.caps[l] == 3 || s.caps[l] == 2 ||
-                  s.caps[l] == KVP_AGENT_CAP_DEFAULT(m.cfg.seq_len),
-                  "layer %d: cap %d", l, s.caps[l]);
+    cr_expect_eq(s.n_cap_budgets, 4);
+    cr_expect_eq(s.cap_budgets[0], 8);
+    cr_expect_eq(s.cap_budgets[3], 64);
+    for (int i = 0; i < s.n_layers * s.n_cap_budgets; i++)
+        cr_expect(s.caps[i] == 0 || s.caps[i] == 16 || s.caps[i] == 12 || s.caps[i] == 8 ||
+                  s.caps[i] == 6 || s.caps[i] == 4 || s.caps[i] == 3 || s.caps[i] == 2,
+                  "entry %d: cap %d", i, s.caps[i]);
     kvp_agent_set_free(&s);
     kvp_model_free(&m);
 
