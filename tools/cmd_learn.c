@@ -352,10 +352,10 @@ int kvp_cmd_learn(int argc, char **argv)
             o.a.fit_seqs = fit_fits < FIT_SEQS_MIN ? 0 : fit_fits;
         fit_seconds = fit_seq_s * (double)o.a.fit_seqs;
         if (!o.a.fit_seqs)
-            snprintf(fit_note, sizeof fit_note, " fit-window skipped: %d sequences over %d layers "
-                     "(%.0f s each) do not fit in its %.0f s (every layer keeps the default cap; "
-                     "`kvp fit-window` fits them later).", FIT_SEQS_MIN, cfg.n_layers, fit_seq_s,
-                     budget * FIT_SHARE);
+            snprintf(fit_note, sizeof fit_note, " fit-window skipped: a sequence takes about "
+                     "%.0f s over the %d layers, so fewer than %d fit in its %.0f s (every layer "
+                     "keeps the default cap; `kvp fit-window` fits them later).", fit_seq_s,
+                     cfg.n_layers, FIT_SEQS_MIN, budget * FIT_SHARE);
         else
             snprintf(fit_note, sizeof fit_note, " fit-window: %ld sequences (about %.0f s).",
                      o.a.fit_seqs, fit_seconds);
