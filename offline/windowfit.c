@@ -13,6 +13,11 @@
 #include "offline/pool.h"
 #include "policy/policy.h"
 
+/* The grid of candidate caps (D, 3D/4, ... D/8 below) and the most candidates a layer
+ * can have: a current cap per budget, the context's default and the grid. */
+#define GRID 7
+#define MAX_CAND (KVP_EVAL_MAX_BUDGETS + 1 + GRID)
+
 void kvp_windowfit_defaults(kvp_windowfit_opts *o)
 {
     *o = (kvp_windowfit_opts){.seqs = KVP_WINDOWFIT_SEQS, .min_gain = 0.01, .threads = 1};
@@ -39,7 +44,7 @@ typedef struct fit {
     kvp_eval_opts eo;
     worker *w;
     /* the layer being fitted and its candidate caps */
-    int layer, n_cand, cand[2 * KVP_WINDOWFIT_CANDIDATES + KVP_EVAL_MAX_BUDGETS];
+    int layer, n_cand, cand[MAX_CAND];
     const int *cur;     /* [n_layers][n_budgets] the caps chosen so far */
     double *kl;         /* [n_seqs][n_cand][n_budgets] summed KL of one sequence */
 } fit;
@@ -181,7 +186,7 @@ int kvp_windowfit(kvp_agent_set *set, const kvp_model *m, const kvp_trace *t,
     }
     int *seqs = malloc((size_t)n * sizeof *seqs), *cur = malloc((size_t)L * nb * sizeof *cur);
     f.w = calloc((size_t)o->threads, sizeof *f.w);
-    f.kl = malloc((size_t)n * (sizeof f.cand / sizeof f.cand[0]) * nb * sizeof *f.kl);
+    f.kl = malloc((size_t)n * MAX_CAND * nb * sizeof *f.kl);
     int rc = seqs && cur && f.w && f.kl ? 0 : -ENOMEM;
     for (int i = 0, k = 0, full = 0; !rc && i < t->h.n_train && k < n; i++) {
         if (kvp_trace_len(t, i) != len)
@@ -204,7 +209,7 @@ int kvp_windowfit(kvp_agent_set *set, const kvp_model *m, const kvp_trace *t,
     res->seqs = n;
 
     int D = KVP_AGENT_CAP_DEFAULT(len);
-    const int grid[KVP_WINDOWFIT_CANDIDATES - 1] = {D, 3 * D / 4, D / 2, 3 * D / 8, D / 4,
+    const int grid[GRID] = {D, 3 * D / 4, D / 2, 3 * D / 8, D / 4,
                                                     3 * D / 16, D / 8};
     double t0 = kvp_now(), last = 0.0;
     openblas_set_num_threads(1);   /* the parallelism is over sequences */
@@ -222,7 +227,7 @@ int kvp_windowfit(kvp_agent_set *set, const kvp_model *m, const kvp_trace *t,
         for (int b = 0; b < nb; b++)
             add_cand(&f, row[b]);
         add_cand(&f, ctx_cap);
-        for (int g = 0; g < KVP_WINDOWFIT_CANDIDATES - 1; g++)
+        for (int g = 0; g < GRID; g++)
             add_cand(&f, grid[g]);
         if ((rc = kvp_pool_run(o->threads, n, fit_job, &f))) {
             kvp_errorf(err, errlen, rc, "fit-window: layer %d", l);

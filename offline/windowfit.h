@@ -29,7 +29,6 @@
 #include "offline/trace.h"
 #include "policy/kvp_agent.h"
 
-#define KVP_WINDOWFIT_CANDIDATES 8   /* the current cap and the seven of the grid */
 #define KVP_WINDOWFIT_SEQS 64        /* sequences measured by default */
 
 typedef struct kvp_windowfit_opts {

@@ -341,6 +341,7 @@ int kvp_cmd_learn(int argc, char **argv)
     const char *budgets = o.a.budgets ? o.a.budgets : "16,32,64,128";
     int n_budgets = 4;
     double eval_seq_s = 0.0, train_seconds = 0.0, fit_seconds = 0.0;
+    int fit_asked = o.a.fit_seqs > 0;   /* the plan may still leave it out */
     char fit_note[256] = "";
     if (budget > 0) {
         double ref_tokens = (double)val_cut + CONT_COST * cont;
@@ -351,7 +352,9 @@ int kvp_cmd_learn(int argc, char **argv)
         if (fit_fits < o.a.fit_seqs)
             o.a.fit_seqs = fit_fits < FIT_SEQS_MIN ? 0 : fit_fits;
         fit_seconds = fit_seq_s * (double)o.a.fit_seqs;
-        if (!o.a.fit_seqs)
+        if (!fit_asked)
+            snprintf(fit_note, sizeof fit_note, " fit-window off (--fit-seqs 0).");
+        else if (!o.a.fit_seqs)
             snprintf(fit_note, sizeof fit_note, " fit-window skipped: a sequence takes about "
                      "%.0f s over the %d layers, so fewer than %d fit in its %.0f s (every layer "
                      "keeps the default cap; `kvp fit-window` fits them later).", fit_seq_s,
@@ -405,8 +408,8 @@ int kvp_cmd_learn(int argc, char **argv)
         if (stage_end(&cost[4], kvp_fit_window_run(&fo), calibrated))
             return 1;
     } else {
-        fprintf(stderr, "kvp learn: fit-window skipped (--fit-seqs 0, or too little time): "
-                "every layer keeps the default cap\n");
+        fprintf(stderr, "kvp learn: fit-window skipped (%s): every layer keeps the default cap\n",
+                fit_asked ? "too little of the time budget, the plan above" : "--fit-seqs 0");
         stage_end(&cost[4], 0, NULL);
     }
     kvp_eval_cli_opts eo;

@@ -56,6 +56,27 @@ static void shuffle(int32_t *p, int n)
     }
 }
 
+/* d f / d s[i] by the five-point central difference; s is restored. The step is a
+ * power of two, so s + h is exact in float. */
+static double slope(double (*f)(const float *s, const void *ctx, int n), const void *ctx,
+                    float *s, int n, int i)
+{
+    const float h = 1.0f / 64, steps[4] = {-2 * h, -h, h, 2 * h};
+    float s0 = s[i];
+    double v[4];
+    for (int j = 0; j < 4; j++) {
+        s[i] = s0 + steps[j];
+        v[j] = f(s, ctx, n);
+    }
+    s[i] = s0;
+    return (v[0] - 8 * v[1] + 8 * v[2] - v[3]) / (12.0 * h);
+}
+
+static double pl_of(const float *s, const void *sigma, int n)
+{
+    return pl_naive(s, sigma, n);
+}
+
 Test(train, pl_logprob_and_gradient_match_definition_and_finite_differences)
 {
     enum { N = 9 };
@@ -73,16 +94,7 @@ Test(train, pl_logprob_and_gradient_match_definition_and_finite_differences)
         cr_assert_float_eq(kvp_pl_logprob(s, sigma, N, NULL, work), lp, 0.0);
         double gsum = 0.0;
         for (int i = 0; i < N; i++) {
-            const float h = 1.0f / 64;   /* a power of two: s + h is exact in float */
-            float s0 = s[i];
-            double f[4];
-            const float steps[4] = {-2 * h, -h, h, 2 * h};
-            for (int j = 0; j < 4; j++) {
-                s[i] = s0 + steps[j];
-                f[j] = pl_naive(s, sigma, N);
-            }
-            s[i] = s0;
-            double num = (f[0] - 8 * f[1] + 8 * f[2] - f[3]) / (12.0 * h);
+            double num = slope(pl_of, sigma, s, N, i);
             cr_assert_float_eq(grad[i], num, 1e-4 + 1e-4 * fabs(num),
                                "trial %d item %d: analytic %.7g, finite differences %.7g",
                                trial, i, grad[i], num);
@@ -106,6 +118,11 @@ static double listwise_naive(const float *s, const float *imp, int n)
     return loss;
 }
 
+static double listwise_of(const float *s, const void *imp, int n)
+{
+    return listwise_naive(s, imp, n);
+}
+
 /* The listwise term: its value is the cross-entropy of the importance shares against the
  * scores' softmax, its gradient (added, times the weight) matches finite differences and
  * sums to zero, a shift of every score changes nothing, and an episode without
@@ -126,16 +143,7 @@ Test(train, listwise_loss_and_gradient_match_definition_and_finite_differences)
         cr_assert_float_eq(loss, listwise_naive(s, imp, N), 1e-9 * (1.0 + fabs(loss)));
         double gsum = 0.0;
         for (int i = 0; i < N; i++) {
-            const float h = 1.0f / 64;
-            float s0 = s[i];
-            double f[4];
-            const float steps[4] = {-2 * h, -h, h, 2 * h};
-            for (int j = 0; j < 4; j++) {
-                s[i] = s0 + steps[j];
-                f[j] = listwise_naive(s, imp, N);
-            }
-            s[i] = s0;
-            double num = w * (f[0] - 8 * f[1] + 8 * f[2] - f[3]) / (12.0 * h);
+            double num = w * slope(listwise_of, imp, s, N, i);
             cr_assert_float_eq(grad[i] - 0.5f, num, 1e-4 + 1e-4 * fabs(num),
                                "trial %d item %d: analytic %.7g, finite differences %.7g",
                                trial, i, grad[i] - 0.5f, num);

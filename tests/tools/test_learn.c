@@ -141,6 +141,31 @@ Test(learn, stories260K_end_to_end_installs_a_policy_kvpd_picks_up, .init = make
     free(log);
 }
 
+/* --fit-seqs 0: the plan says the stage is off, the stage says why it was skipped, and the
+ * installed policy has no caps (the default window at every budget). */
+Test(learn, fit_seqs_0_installs_a_policy_without_caps, .init = make_dir, .fini = remove_dir,
+     .timeout = 300)
+{
+    char model[1024], tok[1024], args[4096], path[256], err[512];
+    snprintf(model, sizeof model, "%s", tu_shared("models/stories260K.bin"));
+    snprintf(tok, sizeof tok, "%s", tu_shared("models/tok512.bin"));
+    snprintf(path, sizeof path, "%s/p.kvp", dir);
+    snprintf(args, sizeof args,
+             "learn --model %s --tokenizer %s --work %s/work --out %s --seq-len 128 "
+             "--max-seqs 12 --steps 5 --eval-seqs 2 --budgets 16,32 --threads 2 --fit-seqs 0",
+             model, tok, dir, path);
+    char *out;
+    cr_assert_eq(kvp(args, &out), 0, "kvp %s:\n%s", args, out);
+    cr_expect(strstr(out, "fit-window off (--fit-seqs 0)"), "%s", out);
+    cr_expect(strstr(out, "fit-window skipped (--fit-seqs 0)"), "%s", out);
+    cr_expect(!strstr(out, "layers fitted"), "%s", out);
+    free(out);
+    kvp_agent_set s;
+    cr_assert_eq(kvp_agent_set_load(&s, path, NULL, err, sizeof err), 0, "%s", err);
+    cr_expect_null(s.caps);
+    kvp_agent_set_free(&s);
+}
+
 Test(learn, bad_arguments_and_runs_that_cannot_fit_are_refused_before_any_work,
      .init = make_dir, .fini = remove_dir)
 {
@@ -152,6 +177,10 @@ Test(learn, bad_arguments_and_runs_that_cannot_fit_are_refused_before_any_work,
     snprintf(args, sizeof args, "learn --model %s --steps 0", model);
     cr_expect_eq(kvp(args, &out), 2);
     cr_expect(strstr(out, "bad value '0' for --steps"), "%s", out);
+    free(out);
+    snprintf(args, sizeof args, "learn --model %s --fit-seqs -1", model);
+    cr_expect_eq(kvp(args, &out), 2);
+    cr_expect(strstr(out, "bad value '-1' for --fit-seqs"), "%s", out);
     free(out);
     snprintf(args, sizeof args, "learn --model %s --text a --conversations b", model);
     cr_expect_eq(kvp(args, &out), 2);
