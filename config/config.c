@@ -75,6 +75,8 @@ static const key_def keys[] = {
     {"max_history_tokens", T_INT, F(max_history_tokens), 0, 1 << 30, "32768", "transcript tokens a session stores (memory, snapshot, history): past it the oldest whole turns are dropped at the end of a turn, the newest kept; the KV cache is not affected (0: keep everything)", LIVE},
     {"max_cache_bytes_per_tenant", T_BYTES, F(max_cache_bytes_per_tenant), 0, 0, "0", "KV cache bytes of one API key's (tenant's) resident sessions, counted as max_cache_bytes counts them (k/M/G suffixes): a turn that would pass it first parks (dropped without state_dir) that tenant's least recently used idle sessions, and is refused overloaded when all of them are busy; a tenant's only session is never refused by it; at least one turn's bytes when set (0: half of max_cache_bytes with two or more keys and a max_cache_bytes, else no bound beyond max_cache_bytes)", LIVE},
     {"max_sessions_per_tenant", T_INT, F(max_sessions_per_tenant), 0, 1 << 20, "0", "sessions of one API key (tenant) resident at once: a new one parks (dropped without state_dir) that tenant's least recently used idle session, or is refused overloaded when all of them are busy (0: half of max_sessions with two or more keys, else no bound beyond max_sessions)", LIVE},
+    {"max_stored_responses_per_tenant", T_INT, F(max_stored_responses_per_tenant), 1, 1 << 20, "1024", "Responses API (store true): stored responses one API key (tenant) keeps in memory; storing one more drops that tenant's own oldest, never another tenant's (without keys every client is one tenant)", LIVE},
+    {"max_stored_response_bytes_per_tenant", T_BYTES, F(max_stored_response_bytes_per_tenant), 0, 0, "64M", "Responses API: bytes of one API key's (tenant's) stored responses, their conversations as JSON (k/M/G suffixes, at least 64k): storing past it drops that tenant's own oldest until it fits (the newest is always kept), never another tenant's", LIVE},
     {"max_sessions_per_connection", T_INT, F(max_sessions_per_connection), 1, 1 << 20, "8", "conversations one connection may start (sessions it left without a turn do not count)", LIVE},
     {"idle_timeout", T_INT, F(idle_timeout_s), 1, 1 << 30, "1800", "seconds without activity before a session is parked (dropped without state_dir)", LIVE},
     {"max_connections_per_address", T_INT, F(max_connections_per_address), 0, 1 << 20, "64", "connections from one client address at once; more are answered 503 and closed (0: no cap)", LIVE},
@@ -522,6 +524,12 @@ int kvpd_config_validate(const kvpd_config *c, char *err, size_t errlen)
         snprintf(err, errlen, "snapshot_ttl (%d s) is below idle_timeout (%d s): snapshots of "
                  "sessions still in memory would expire; raise snapshot_ttl or set it to 0",
                  c->snapshot_ttl_s, c->idle_timeout_s);
+        return -EINVAL;
+    }
+    /* A bound below one small conversation's JSON would keep only the newest response. */
+    if (c->max_stored_response_bytes_per_tenant < KVPD_STORED_RESPONSE_BYTES_MIN) {
+        snprintf(err, errlen, "max_stored_response_bytes_per_tenant: %llu bytes is below the "
+                 "least it may be, 64k", (unsigned long long)c->max_stored_response_bytes_per_tenant);
         return -EINVAL;
     }
     if (c->state_url[0]) {

@@ -15,6 +15,9 @@
 #define KVPD_API_KEYS_MAX 64
 #define KVPD_API_KEY_MAX 200
 
+/* The least max_stored_response_bytes_per_tenant may be. */
+#define KVPD_STORED_RESPONSE_BYTES_MIN (64u << 10)
+
 typedef struct kvpd_config {
     char listen_host[64];
     int listen_port;                  /* 0: an ephemeral port, logged at start */
@@ -58,6 +61,8 @@ typedef struct kvpd_config {
     int max_prompt_tokens;            /* tokens one turn may prefill; 0 = context + budget */
     uint64_t max_cache_bytes;         /* KV cache bytes of resident sessions; 0 = no cap */
     uint64_t max_cache_bytes_per_tenant;   /* of one API key's; 0 = see the row */
+    int max_stored_responses_per_tenant;   /* Responses API: stored per API key */
+    uint64_t max_stored_response_bytes_per_tenant;   /* and their bytes per API key */
     int max_message_bytes;
     int max_body_bytes;               /* HTTP request bodies (/v1/chat/completions) */
     int max_tokens;                   /* per reply: the cap and the default */

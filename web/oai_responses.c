@@ -3,9 +3,11 @@
  * the conversation of its `previous_response_id` and its `input` items, then its reply;
  * a stored response keeps that conversation and the kvpd session that holds it, so a
  * request continuing it goes to kvp_hub_chat naming that session and prefills only its
- * new input. Stored responses live in memory (at most KVPD_RESPONSES_MAX of them and
- * KVPD_RESPONSES_BYTES of texts, the oldest dropped first), each visible to its tenant
- * only. Streamed answers are Server-Sent Events (`event:` and `data:` lines) in OpenAI's
+ * new input. Stored responses live in memory in one pool per tenant (API key), each
+ * visible to its tenant only: a pool holds at most max_stored_responses_per_tenant of
+ * them and max_stored_response_bytes_per_tenant of their conversations as JSON, and a
+ * response stored past either drops that pool's own oldest first, so one tenant's
+ * responses never push out another's. Streamed answers are Server-Sent Events (`event:` and `data:` lines) in OpenAI's
  * sequence: response.created, response.in_progress, response.output_item.added,
  * response.content_part.added, response.output_text.delta..., response.output_text.done,
  * response.content_part.done, response.output_item.done, then response.completed (or
@@ -20,23 +22,26 @@
 #include "web/oai_items.h"
 #include "web/openai_impl.h"
 
-#define KVPD_RESPONSES_MAX 1024
-#define KVPD_RESPONSES_BYTES (64u << 20)
-
 typedef struct stored {
     struct stored *next;          /* oldest first */
     char id[64];                  /* resp_ + 24 hex digits */
-    char tenant[KVP_TENANT_LEN + 1];
     char session[KVP_SESSION_ID_LEN + 1];
     json_t *items;                /* the conversation: its inputs and outputs, in order */
     size_t bytes;                 /* of the items as JSON */
     json_t *object;               /* the response as answered */
 } stored;
 
-struct kvpd_oai_store {
+/* One tenant's stored responses, oldest first. */
+typedef struct pool {
+    struct pool *next;
+    char tenant[KVP_TENANT_LEN + 1];
     stored *head, *tail;
     int count;
     size_t bytes;
+} pool;
+
+struct kvpd_oai_store {
+    pool *pools;                  /* one per tenant with a stored response */
 };
 
 /* One request's conversation, what its answer echoes, and a stream's state. */
@@ -80,20 +85,59 @@ void kvpd_oai_responses_free(kvpd_web *w)
     struct kvpd_oai_store *st = w->responses;
     if (!st)
         return;
-    for (stored *s = st->head, *next; s; s = next) {
-        next = s->next;
-        stored_free(s);
+    for (pool *p = st->pools, *pn; p; p = pn) {
+        pn = p->next;
+        for (stored *s = p->head, *next; s; s = next) {
+            next = s->next;
+            stored_free(s);
+        }
+        free(p);
     }
     free(st);
     w->responses = NULL;
 }
 
-static stored *find(kvpd_conn *c, const char *id, stored **before)
+/* The tenant's pool (NULL: it has none; create: made when missing, NULL when out of
+ * memory). */
+static pool *pool_of(kvpd_web *w, const char *tenant, int create)
 {
-    struct kvpd_oai_store *st = c->w->responses;
+    if (!w->responses && (!create || !(w->responses = calloc(1, sizeof *w->responses))))
+        return NULL;
+    for (pool *p = w->responses->pools; p; p = p->next)
+        if (!strcmp(p->tenant, tenant))
+            return p;
+    pool *p = create ? calloc(1, sizeof *p) : NULL;
+    if (!p)
+        return NULL;
+    snprintf(p->tenant, sizeof p->tenant, "%s", tenant);
+    p->next = w->responses->pools;
+    w->responses->pools = p;
+    return p;
+}
+
+/* Frees an empty pool, so tenants whose keys are gone leave nothing behind. */
+static void pool_drop_if_empty(kvpd_web *w, pool *p)
+{
+    if (p->head)
+        return;
+    for (pool **at = &w->responses->pools; *at; at = &(*at)->next)
+        if (*at == p) {
+            *at = p->next;
+            free(p);
+            return;
+        }
+}
+
+/* The caller's tenant's stored response id (the pool into *in, the one before it into
+ * *before, when not NULL). */
+static stored *find(kvpd_conn *c, const char *id, pool **in, stored **before)
+{
+    pool *p = pool_of(c->w, c->tenant, 0);
     stored *prev = NULL;
-    for (stored *s = st ? st->head : NULL; s; prev = s, s = s->next)
-        if (!strcmp(s->id, id) && !strcmp(s->tenant, c->tenant)) {
+    for (stored *s = p ? p->head : NULL; s; prev = s, s = s->next)
+        if (!strcmp(s->id, id)) {
+            if (in)
+                *in = p;
             if (before)
                 *before = prev;
             return s;
@@ -101,16 +145,16 @@ static stored *find(kvpd_conn *c, const char *id, stored **before)
     return NULL;
 }
 
-static void unlink_stored(struct kvpd_oai_store *st, stored *s, stored *before)
+static void unlink_stored(pool *p, stored *s, stored *before)
 {
     if (before)
         before->next = s->next;
     else
-        st->head = s->next;
-    if (st->tail == s)
-        st->tail = before;
-    st->count--;
-    st->bytes -= s->bytes;
+        p->head = s->next;
+    if (p->tail == s)
+        p->tail = before;
+    p->count--;
+    p->bytes -= s->bytes;
 }
 
 /* Fields of the Responses API kvpd cannot honour: the first one present, or NULL. */
@@ -326,14 +370,11 @@ static void keep(kvpd_conn *c, json_t *object)
     resp_req *r = o->codec_state;
     if (!r->store)
         return;
-    if (!c->w->responses && !(c->w->responses = calloc(1, sizeof *c->w->responses)))
-        return;
-    struct kvpd_oai_store *st = c->w->responses;
-    stored *s = calloc(1, sizeof *s);
+    pool *st = pool_of(c->w, c->tenant, 1);
+    stored *s = st ? calloc(1, sizeof *s) : NULL;
     if (!s)
         return;
     snprintf(s->id, sizeof s->id, "%s", o->id);
-    snprintf(s->tenant, sizeof s->tenant, "%s", c->tenant);
     snprintf(s->session, sizeof s->session, "%s", o->session);
     s->items = r->items;
     r->items = NULL;
@@ -347,7 +388,10 @@ static void keep(kvpd_conn *c, json_t *object)
     st->tail = s;
     st->count++;
     st->bytes += s->bytes;
-    while (st->head != s && (st->count > KVPD_RESPONSES_MAX || st->bytes > KVPD_RESPONSES_BYTES)) {
+    /* Only this tenant's own oldest go; the one just stored always stays. */
+    const kvpd_config *cfg = c->w->cfg;
+    while (st->head != s && (st->count > cfg->max_stored_responses_per_tenant ||
+                             st->bytes > cfg->max_stored_response_bytes_per_tenant)) {
         stored *old = st->head;
         unlink_stored(st, old, NULL);
         stored_free(old);
@@ -515,7 +559,7 @@ void kvpd_oai_responses(kvpd_conn *c)
     json_t *prev = json_object_get(req, "previous_response_id");
     const stored *p = NULL;
     if (prev && !json_is_null(prev)) {
-        if (!json_is_string(prev) || !(p = find(c, json_string_value(prev), NULL))) {
+        if (!json_is_string(prev) || !(p = find(c, json_string_value(prev), NULL, NULL))) {
             snprintf(msg, sizeof msg, "no stored response '%.64s'",
                      json_is_string(prev) ? json_string_value(prev) : "?");
             kvpd_oai_fail(c, KVPD_OAI_E_PREVIOUS_RESPONSE, "previous_response_id", msg);
@@ -556,7 +600,8 @@ out:
 void kvpd_oai_response_get(kvpd_conn *c, const char *id, int delete)
 {
     stored *before = NULL;
-    stored *s = find(c, id, &before);
+    pool *in = NULL;
+    stored *s = find(c, id, &in, &before);
     if (!s) {
         char msg[128];
         snprintf(msg, sizeof msg, "no stored response '%.64s'", id);
@@ -569,6 +614,7 @@ void kvpd_oai_response_get(kvpd_conn *c, const char *id, int delete)
     }
     kvpd_oai_answer(c, 200, json_pack("{s:s, s:s, s:b}", "id", s->id, "object", "response",
                                       "deleted", 1));
-    unlink_stored(c->w->responses, s, before);
+    unlink_stored(in, s, before);
     stored_free(s);
+    pool_drop_if_empty(c->w, in);
 }
