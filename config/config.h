@@ -80,6 +80,7 @@ typedef struct kvpd_config {
     float learn_rate;                 /* share of conversations kept there */
     uint64_t learn_max_bytes;         /* the directory's size cap; 0 none */
     int learn_max_age_days;           /* files older than this are deleted; 0 kept */
+    int learn_exclude_system;         /* system prompts are left out of the transcripts */
 } kvpd_config;
 
 enum kvpd_action { KVPD_RUN = 0, KVPD_CHECK, KVPD_VERSION, KVPD_HELP };

@@ -200,7 +200,8 @@ static void load_done(uv_work_t *w, int status)
                          .chat_template_file = d->cfg.chat_template_file,
                          .learn_dir = d->cfg.learn_dir, .learn_rate = d->cfg.learn_rate,
                          .learn_max_bytes = d->cfg.learn_max_bytes,
-                         .learn_max_age_s = d->cfg.learn_max_age_days * 86400.0};
+                         .learn_max_age_s = d->cfg.learn_max_age_days * 86400.0,
+                         .learn_exclude_system = d->cfg.learn_exclude_system};
     char where[512];
     kvp_hub_storage_describe(g_h.storage, where, sizeof where);
     g_h.storage = NULL;   /* the hub's now, also when it fails to start */
@@ -221,8 +222,10 @@ static void load_done(uv_work_t *w, int status)
                  kvp_hub_policy_name(d->pconf), d->cfg.model, d->cfg.learn_dir[0] ? " --transcripts " : "",
                  d->cfg.learn_dir);
     if (d->cfg.learn_dir[0])
-        kvpd_log("info", "learn_dir %s: keeping the token ids of %.0f%% of conversations "
-                 "(at most %llu bytes, %d days)", d->cfg.learn_dir, 100.0 * d->cfg.learn_rate,
+        kvpd_log("info", "learn_dir %s: keeping the token ids (with the public vocabulary, "
+                 "the text) of %.0f%% of conversations, %s (at most %llu bytes, %d days)",
+                 d->cfg.learn_dir, 100.0 * d->cfg.learn_rate, d->cfg.learn_exclude_system
+                 ? "without their system prompts" : "system prompts included",
                  (unsigned long long)d->cfg.learn_max_bytes, d->cfg.learn_max_age_days);
     kvpd_log("info", "model %s (%s, %s, %d layers, context %d), policy %s, budget %d, chunk %d, "
              "%d worker(s), state %s, cache cap %llu (%zu per turn)",

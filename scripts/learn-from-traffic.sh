@@ -50,12 +50,12 @@ start=$(date +%s)
 python3 scripts/chat-lines.py --port "$port" --turns 2 --min-words 40 --max-chars 600 \
     --max-tokens 96 --limit "$convs" "$out/train.txt"
 for _ in $(seq 600); do
-    [ "$(ls "$out/learn" | grep -c '\.kvtx$')" -ge "$convs" ] && break
+    [ "$(find "$out/learn" -name '*.kvtx' | wc -l)" -ge "$convs" ] && break
     sleep 0.1
 done
 kill -TERM $kvpd; wait $kvpd || true
 trap - EXIT
-echo "learn-from-traffic: $(ls "$out/learn" | grep -c '\.kvtx$') transcripts in $(( $(date +%s) - start )) s" >&2
+echo "learn-from-traffic: $(find "$out/learn" -name '*.kvtx' | wc -l) transcripts in $(( $(date +%s) - start )) s" >&2
 
 learn_opts=(--threads "$threads")
 [ -n "${MAX_SECONDS:-}" ] && learn_opts+=(--max-seconds "$MAX_SECONDS")

@@ -1,6 +1,7 @@
 /* Background work on an idle worker: canary reference runs and transcript writes
  * (background.h). One mutex guards the queue and the results; the run itself holds it
- * only to take its item and to leave its result. */
+ * only to take its item and to leave its result. A second one serializes the files of
+ * learn_dir: a transcript's write, and a tenant's transcripts deleted from the loop. */
 #include "sessions/background.h"
 
 #include <errno.h>
@@ -12,12 +13,19 @@
 #include "base/log.h"
 #include "base/rng.h"
 #include "model/forward.h"
+#include "model/template.h"
 
 typedef struct item {
     kvp_canary_rec *canary;          /* or a transcript: */
     char id[64];
+    char tenant[72];
     int *tokens;
     int n;
+    char *system;                    /* with exclude_system: the system prompt (NULL: none) */
+    size_t system_len;
+    char *first;                     /* ... and the conversation's first message */
+    size_t first_len;
+    int first_user;
     struct item *next;
 } item;
 
@@ -38,8 +46,13 @@ struct kvp_background {
     int chunk;
     kvp_learnlog_cfg log;
     char log_dir[1024];
+    const kvp_template *tpl;         /* renders the first message for exclude_system */
     uint64_t rng;                    /* loop only */
     pthread_mutex_t mu;
+    pthread_mutex_t files_mu;        /* learn_dir's files: one write or one deletion */
+    char writing[72];                /* mu: the tenant of the transcript being written */
+    int writing_cancelled;           /* mu: its tenant's transcripts were deleted meanwhile */
+    int writing_on;
     item *head, *tail;
     int queued, queued_canaries;
     uint64_t dropped;                /* queued past KVP_BACKGROUND_MAX */
@@ -65,13 +78,21 @@ kvp_background *kvp_background_new(const kvp_model *model, kvp_kv_type kv_type, 
     b->log.dir = b->log_dir;
     b->rng = seed ^ 0x63616e617279ULL;
     pthread_mutex_init(&b->mu, NULL);
+    pthread_mutex_init(&b->files_mu, NULL);
     return b;
+}
+
+void kvp_background_set_template(kvp_background *b, const kvp_template *tpl)
+{
+    b->tpl = tpl;
 }
 
 static void item_free(item *it)
 {
     kvp_canary_rec_free(it->canary);
     free(it->tokens);
+    free(it->system);
+    free(it->first);
     free(it);
 }
 
@@ -87,6 +108,7 @@ void kvp_background_free(kvp_background *b)
     if (b->rs_ready)
         kvp_runstate_free(&b->rs);
     pthread_mutex_destroy(&b->mu);
+    pthread_mutex_destroy(&b->files_mu);
     free(b);
 }
 
@@ -116,6 +138,7 @@ static void enqueue(kvp_background *b, item *it)
                 q->tokens = it->tokens;
                 q->n = it->n;
                 it->tokens = NULL;
+                /* the same conversation: the same system prompt and first message */
                 pthread_mutex_unlock(&b->mu);
                 item_free(it);
                 return;
@@ -148,18 +171,116 @@ void kvp_background_canary(kvp_background *b, kvp_canary_rec *r)
     enqueue(b, it);
 }
 
-void kvp_background_transcript(kvp_background *b, const char *session_id, const int *tokens,
-                               int n)
+static char *copy_text(const char *text, size_t len)
 {
+    char *c = malloc(len + 1);
+    if (c) {
+        memcpy(c, text, len);
+        c[len] = '\0';
+    }
+    return c;
+}
+
+void kvp_background_transcript(kvp_background *b, const kvp_background_conv *conv)
+{
+    int n = conv->n;
     item *it = n > 0 ? calloc(1, sizeof *it) : NULL;
     if (!it || !(it->tokens = malloc((size_t)n * sizeof *it->tokens))) {
         free(it);
         return;
     }
-    memcpy(it->tokens, tokens, (size_t)n * sizeof *tokens);
+    memcpy(it->tokens, conv->tokens, (size_t)n * sizeof *conv->tokens);
     it->n = n;
-    snprintf(it->id, sizeof it->id, "%s", session_id);
+    snprintf(it->id, sizeof it->id, "%s", conv->session_id);
+    snprintf(it->tenant, sizeof it->tenant, "%s", conv->tenant ? conv->tenant : "");
+    if (b->log.exclude_system && conv->system_len > 0) {
+        /* the span is found on the worker, from the system prompt and the first message */
+        it->system = copy_text(conv->system, conv->system_len);
+        it->system_len = conv->system_len;
+        it->first = copy_text(conv->first ? conv->first : "", conv->first_len);
+        it->first_len = conv->first_len;
+        it->first_user = conv->first_user;
+        if (!it->system || !it->first) {
+            item_free(it);
+            return;
+        }
+    }
     enqueue(b, it);
+}
+
+/* exclude_system: the item's tokens without the system prompt's. 0, or -ENOENT (the
+ * span was not found: nothing may be written) with why in err. */
+static int strip_system(const kvp_background *b, item *it, char *err, size_t errlen)
+{
+    if (!it->system)
+        return 0;
+    int *with = NULL, *without = NULL, nw = -EINVAL, no = -EINVAL, rc = -ENOENT;
+    kvp_chat_msg m = {.user = it->first_user, .text = it->first, .len = it->first_len};
+    if (b->tpl) {
+        nw = kvp_template_render(b->tpl, it->system, it->system_len, &m, 1, &with);
+        no = kvp_template_render(b->tpl, NULL, 0, &m, 1, &without);
+    }
+    if (nw > 0 && no >= 0) {
+        int n = kvp_learnlog_strip_system(it->tokens, it->n, with, nw, without, no);
+        if (n >= 0) {
+            it->n = n;
+            rc = 0;
+        }
+    }
+    free(with);
+    free(without);
+    if (rc < 0)
+        snprintf(err, errlen, "learn_exclude_system: the system prompt's tokens were not found "
+                 "in a conversation's transcript, which is not kept");
+    return rc;
+}
+
+/* The transcript's file: not written when its tenant's transcripts were deleted since
+ * the item left the queue (the deletion waits for a write under way, then removes it). */
+static int write_transcript(kvp_background *b, item *it, char *err, size_t errlen)
+{
+    int rc = strip_system(b, it, err, errlen);
+    if (rc < 0)
+        return rc;
+    pthread_mutex_lock(&b->files_mu);
+    pthread_mutex_lock(&b->mu);
+    int cancelled = b->writing_cancelled;
+    pthread_mutex_unlock(&b->mu);
+    if (!cancelled)
+        rc = kvp_learnlog_write(&b->log, it->tenant, it->id, it->tokens, it->n, err, errlen);
+    pthread_mutex_unlock(&b->files_mu);
+    return rc;
+}
+
+int kvp_background_forget(kvp_background *b, const char *tenant, int *deleted, char *err,
+                          size_t errlen)
+{
+    *deleted = 0;
+    if (!b->log.dir[0]) {
+        snprintf(err, errlen, "learn_dir is not set: no transcripts are kept");
+        return -EOPNOTSUPP;
+    }
+    pthread_mutex_lock(&b->mu);
+    for (item **at = &b->head; *at;) {
+        item *q = *at;
+        if (q->canary || strcmp(q->tenant, tenant)) {
+            at = &q->next;
+            continue;
+        }
+        *at = q->next;
+        b->queued--;
+        item_free(q);
+    }
+    b->tail = NULL;
+    for (item *q = b->head; q; q = q->next)
+        b->tail = q;
+    if (b->writing_on && !strcmp(b->writing, tenant))
+        b->writing_cancelled = 1;
+    pthread_mutex_unlock(&b->mu);
+    pthread_mutex_lock(&b->files_mu);
+    int rc = kvp_learnlog_forget(&b->log, tenant, deleted, err, errlen);
+    pthread_mutex_unlock(&b->files_mu);
+    return rc;
 }
 
 int kvp_background_pending(void *arg)
@@ -192,6 +313,11 @@ void kvp_background_run(void *arg, int (*busy)(void *), void *ctx)
             b->tail = NULL;
         b->queued--;
         b->queued_canaries -= it->canary != NULL;
+        if (!it->canary) {
+            snprintf(b->writing, sizeof b->writing, "%s", it->tenant);
+            b->writing_on = 1;
+            b->writing_cancelled = 0;
+        }
     }
     pthread_mutex_unlock(&b->mu);
     if (!it)
@@ -199,7 +325,10 @@ void kvp_background_run(void *arg, int (*busy)(void *), void *ctx)
     result res = {0};
     if (!it->canary) {
         res.transcript = 1;
-        res.rc = kvp_learnlog_write(&b->log, it->id, it->tokens, it->n, res.err, sizeof res.err);
+        res.rc = write_transcript(b, it, res.err, sizeof res.err);
+        pthread_mutex_lock(&b->mu);
+        b->writing_on = 0;
+        pthread_mutex_unlock(&b->mu);
     } else {
         snprintf(res.policy, sizeof res.policy, "%s", it->canary->policy);
         res.budget = it->canary->budget;

@@ -23,6 +23,8 @@
 
 #include "sessions/canary.h"
 #include "sessions/learnlog.h"
+
+struct kvp_template;
 #include "sessions/metrics.h"
 
 #define KVP_BACKGROUND_MAX 16
@@ -39,9 +41,30 @@ void kvp_background_free(kvp_background *b);
 int kvp_background_sample(kvp_background *b, double rate);
 /* Loop: a finished record (ownership taken; freed when it cannot be used). */
 void kvp_background_canary(kvp_background *b, kvp_canary_rec *r);
-/* Loop: the conversation's tokens, copied, to be written to learn_dir. */
-void kvp_background_transcript(kvp_background *b, const char *session_id, const int *tokens,
-                               int n);
+/* A conversation to keep in learn_dir (everything is copied). */
+typedef struct kvp_background_conv {
+    const char *tenant;              /* "" or NULL: the tenant of a daemon without keys */
+    const char *session_id;
+    const int *tokens;
+    int n;
+    const char *system;              /* the system prompt (len 0: none) */
+    size_t system_len;
+    const char *first;               /* the conversation's first message, as rendered */
+    size_t first_len;
+    int first_user;                  /* its role (kvp_chat_msg.user) */
+} kvp_background_conv;
+
+/* Loop: the conversation's tokens, to be written to its tenant's folder of learn_dir;
+ * with exclude_system, without its system prompt's tokens (found on the worker by
+ * rendering the first message with and without it, tpl's rendering; a conversation
+ * whose span is not found is not written). */
+void kvp_background_transcript(kvp_background *b, const kvp_background_conv *conv);
+/* The template the sessions render with (kept; NULL: exclude_system keeps nothing). */
+void kvp_background_set_template(kvp_background *b, const struct kvp_template *tpl);
+/* Loop: deletes the tenant's transcripts, those kept and those waiting, and one being
+ * written now once it is (kvp_learnlog_forget's returns; -EOPNOTSUPP without learn_dir). */
+int kvp_background_forget(kvp_background *b, const char *tenant, int *deleted, char *err,
+                          size_t errlen);
 const kvp_learnlog_cfg *kvp_background_learnlog(const kvp_background *b);
 /* The scheduler's side (any thread): whether an item waits; run the oldest, asking
  * busy(ctx) before each chunk. */

@@ -187,6 +187,7 @@ typedef struct kvp_hub_params {
     double learn_rate;            /* share of conversations kept */
     uint64_t learn_max_bytes;     /* the directory's size cap (0: none) */
     double learn_max_age_s;       /* files older than this are deleted (0: kept) */
+    int learn_exclude_system;     /* the system prompt's tokens are not kept */
 } kvp_hub_params;
 
 /* The policy of new sessions (kvp_hub_params.policy, kvp_hub_set_policy), made off the
@@ -232,6 +233,13 @@ int kvp_hub_drain(kvp_hub *h);
 int kvp_hub_unsaved(const kvp_hub *h);
 /* Jobs (turns, snapshot loads and saves) in flight. */
 int kvp_hub_jobs(const kvp_hub *h);
+/* Deletes the tenant's transcripts in learn_dir ("": a daemon without keys), those
+ * waiting to be written too; how many files went in *deleted. 0; -EOPNOTSUPP without
+ * learn_dir; -ENOENT when the tenant has none kept (no folder); -EINVAL for a name that
+ * is no tenant's; another negative errno with a message. A conversation that goes on is
+ * kept again on its next turn when it is one of the sampled share. */
+int kvp_hub_learn_forget(kvp_hub *h, const char *tenant, int *deleted, char *err,
+                         size_t errlen);
 /* Queues one more snapshot write for every session whose last one failed; returns how
  * many. */
 int kvp_hub_save_unsaved(kvp_hub *h);

@@ -221,8 +221,18 @@ static void background_after_turn(kvp_hub *h, kvp_session *s)
         return;
     kvp_background_canary(h->bg, s->turn.canary);
     s->turn.canary = NULL;
-    if (s->hist_tokens == 0 && kvp_learnlog_sampled(kvp_background_learnlog(h->bg), s->id))
-        kvp_background_transcript(h->bg, s->id, s->tokens, s->n_tokens);
+    if (s->hist_tokens == 0 && kvp_learnlog_sampled(kvp_background_learnlog(h->bg), s->id)) {
+        /* tokens[0] is the conversation's start: the system prompt, then msgs[0] */
+        kvp_background_conv conv = {.tenant = s->tenant, .session_id = s->id,
+                                    .tokens = s->tokens, .n = s->n_tokens,
+                                    .system = s->system, .system_len = s->system_len};
+        if (s->n_msgs > 0) {
+            conv.first = s->msgs[0].text;
+            conv.first_len = s->msgs[0].len;
+            conv.first_user = s->msgs[0].user;
+        }
+        kvp_background_transcript(h->bg, &conv);
+    }
     kvp_background_drain(h->bg, h->m);
     kvpd_sched_kick(h->sched);
 }

@@ -103,7 +103,8 @@ int kvp_hub_start(kvp_hub **out, const kvp_hub_params *p, char *err, size_t errl
     }
     kvp_learnlog_cfg lc = {.dir = p->learn_dir, .rate = p->learn_rate,
                            .max_bytes = p->learn_max_bytes, .max_age_s = p->learn_max_age_s,
-                           .fingerprint = p->model->cfg.fingerprint};
+                           .fingerprint = p->model->cfg.fingerprint,
+                           .exclude_system = p->learn_exclude_system};
     h->prefix = kvp_prefix_create(0, 0);   /* NULL: forks only by messages */
     if (h->storage && hub_prefix_adopt(h, &h->storage->prefix_recs) < 0)
         kvpd_log("warning", "prefix index: out of memory for the state directory's "
@@ -112,6 +113,7 @@ int kvp_hub_start(kvp_hub **out, const kvp_hub_params *p, char *err, size_t errl
         snprintf(err, errlen, "out of memory");
         return -ENOMEM;
     }
+    kvp_background_set_template(h->bg, &h->env.tpl);
     rc = kvpd_sched_start(&h->sched, h->loop, p->workers, &h->env, kvp_turn_batch, hub_on_event,
                           h, err, errlen);
     if (rc == 0)
@@ -225,6 +227,17 @@ int kvp_hub_unsaved(const kvp_hub *h)
 int kvp_hub_jobs(const kvp_hub *h)
 {
     return h->jobs;
+}
+
+int kvp_hub_learn_forget(kvp_hub *h, const char *tenant, int *deleted, char *err,
+                         size_t errlen)
+{
+    *deleted = 0;
+    if (!h->bg) {
+        snprintf(err, errlen, "learn_dir is not set: no transcripts are kept");
+        return -EOPNOTSUPP;
+    }
+    return kvp_background_forget(h->bg, tenant, deleted, err, errlen);
 }
 
 int kvp_hub_save_unsaved(kvp_hub *h)

@@ -1,6 +1,8 @@
 /* kvp learn --transcripts DIR: a KVP policy learned from the daemon's own traffic (the
- * files kvpd keeps in learn_dir, sessions/learnlog.h). It reads every transcript file
- * (a damaged one, or one of another model, is skipped with a message), holds out a share
+ * files kvpd keeps in learn_dir, sessions/learnlog.h). It reads every transcript file of
+ * DIR and of its tenant folders one level down (so DIR may be the whole learn_dir or one
+ * tenant's folder; a damaged file, or one of another model, is skipped with a message),
+ * holds out a share
  * of them by a hash of their names, and runs the stages on the token ids (trace,
  * policy-init, train, calibrate on the rest), then evaluates the new policy and the one
  * installed now (the kvp file at --out, or the streaming fallback when there is none) on
@@ -116,34 +118,65 @@ static int write_ids(FILE *f, const int *ids, int n)
     return fputc('\n', f) == EOF ? -1 : 0;
 }
 
-/* Reads DIR's transcript files into train and held-out id files; returns the usable
+typedef struct names {
+    char **v;
+    size_t n, cap;
+} names_t;
+
+/* The transcript files of DIR/sub (sub "": DIR itself, and then each folder in it, one
+ * level down: the tenants' folders), as paths relative to DIR. -1 when DIR cannot be
+ * read. */
+static int list_transcripts(const char *dir, const char *sub, names_t *out)
+{
+    char folder[2048];
+    snprintf(folder, sizeof folder, sub[0] ? "%s/%s" : "%s%s", dir, sub);
+    DIR *d = opendir(folder);
+    if (!d) {
+        if (!sub[0])
+            fprintf(stderr, "kvp learn: cannot read %s: %s\n", dir, strerror(errno));
+        return -1;
+    }
+    size_t ext = strlen(KVP_TOKFILE_EXT);
+    for (struct dirent *e; (e = readdir(d));) {
+        if (e->d_name[0] == '.')
+            continue;
+        char rel[1024], path[3100];
+        snprintf(rel, sizeof rel, sub[0] ? "%s/%.256s" : "%s%.256s", sub, e->d_name);
+        size_t len = strlen(e->d_name);
+        if (len <= ext || strcmp(e->d_name + len - ext, KVP_TOKFILE_EXT)) {
+            struct stat st;
+            snprintf(path, sizeof path, "%s/%s", dir, rel);
+            if (!sub[0] && lstat(path, &st) == 0 && S_ISDIR(st.st_mode))
+                list_transcripts(dir, e->d_name, out);
+            continue;
+        }
+        if (out->n == out->cap) {
+            size_t cap = out->cap ? 2 * out->cap : 64;
+            char **v = realloc(out->v, cap * sizeof *v);
+            if (!v)
+                break;
+            out->v = v;
+            out->cap = cap;
+        }
+        if (!(out->v[out->n] = strdup(rel)))
+            break;
+        out->n++;
+    }
+    closedir(d);
+    return 0;
+}
+
+/* Reads the transcript files into train and held-out id files; returns the usable
  * files (counts in n_train, n_held), or -1. */
 static int gather(const opts *o, const kvp_model_config *cfg, const char *train_path,
                   const char *held_path, int *n_train, int *n_held, long *tok_train,
                   long *tok_held)
 {
-    DIR *d = opendir(o->dir);
-    if (!d) {
-        fprintf(stderr, "kvp learn: cannot read %s: %s\n", o->dir, strerror(errno));
+    names_t list = {0};
+    if (list_transcripts(o->dir, "", &list) < 0)
         return -1;
-    }
-    char **names = NULL;
-    size_t n = 0, cap = 0, ext = strlen(KVP_TOKFILE_EXT);
-    for (struct dirent *e; (e = readdir(d));) {
-        size_t len = strlen(e->d_name);
-        if (len <= ext || strcmp(e->d_name + len - ext, KVP_TOKFILE_EXT))
-            continue;
-        if (n == cap) {
-            char **v = realloc(names, (cap = cap ? 2 * cap : 64) * sizeof *v);
-            if (!v)
-                break;
-            names = v;
-        }
-        if (!(names[n] = strdup(e->d_name)))
-            break;
-        n++;
-    }
-    closedir(d);
+    char **names = list.v;
+    size_t n = list.n;
     qsort(names, n, sizeof *names, by_name);
     FILE *ft = fopen(train_path, "w"), *fh = fopen(held_path, "w");
     int rc = ft && fh ? 0 : -1;
@@ -154,7 +187,7 @@ static int gather(const opts *o, const kvp_model_config *cfg, const char *train_
     *tok_train = *tok_held = 0;
     int skipped = 0;
     for (size_t i = 0; i < n && rc == 0; i++) {
-        char path[2048], err[2400];
+        char path[3100], err[3500];
         snprintf(path, sizeof path, "%s/%s", o->dir, names[i]);
         int *ids = NULL, count = 0;
         uint64_t fp = 0;

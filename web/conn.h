@@ -101,6 +101,8 @@ int kvpd_token_is(const char *tok, size_t tl, const char *want);
 int kvpd_api_tenant(const kvpd_web *w, struct lws *wsi, char *tenant);
 /* The same for a token of len bytes given outside a header (the /chat auth frame). */
 int kvpd_api_tenant_token(const kvpd_web *w, const char *tok, size_t len, char *tenant);
+/* 1 when tenant is one of the configured keys' tenants (or "" without keys). */
+int kvpd_api_tenant_known(const kvpd_web *w, const char *tenant);
 /* The bearer token the admin endpoints require: admin_token, or the generated one. */
 const char *kvpd_admin_token(const kvpd_web *w);
 /* At start: without admin_token, generates one and writes it (mode 0600) to

@@ -183,6 +183,20 @@ int kvpd_api_tenant_token(const kvpd_web *w, const char *tok, size_t len, char *
     return 1;
 }
 
+int kvpd_api_tenant_known(const kvpd_web *w, const char *tenant)
+{
+    const kvpd_config *cfg = w->cfg;
+    if (!cfg->n_api_keys)
+        return !tenant[0];
+    char t[KVP_TENANT_LEN + 1];
+    for (int i = 0; i < cfg->n_api_keys; i++) {
+        tenant_of(cfg, i, t);
+        if (!strcmp(t, tenant))
+            return 1;
+    }
+    return 0;
+}
+
 const char *kvpd_admin_token(const kvpd_web *w)
 {
     return w->cfg->admin_token[0] ? w->cfg->admin_token : w->admin_token_generated;

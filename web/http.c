@@ -112,6 +112,103 @@ int kvpd_http_bearer_ok(kvpd_conn *c, const char *want)
     return kvpd_bearer_is(c->wsi, want);
 }
 
+int kvpd_learn_forget(kvpd_web *w, const char *tenant, struct json_t **answer, const char **code,
+                      char *msg, size_t msglen)
+{
+    *answer = NULL;
+    if (!w->hub) {
+        *code = "unavailable";
+        snprintf(msg, msglen, "the model is loading");
+        return 503;
+    }
+    int deleted = 0;
+    char err[256] = "";
+    int rc = kvp_hub_learn_forget(w->hub, tenant, &deleted, err, sizeof err);
+    const char *name = tenant[0] ? tenant : "default";
+    if (rc == -ENOENT && !kvpd_api_tenant_known(w, tenant)) {
+        *code = "unknown_tenant";
+        snprintf(msg, msglen, "unknown tenant '%s': no API key has this id and no transcripts "
+                 "of it are kept", name);
+        return 404;
+    }
+    if (rc == -EOPNOTSUPP) {
+        *code = "not_found";
+        snprintf(msg, msglen, "%s", err);
+        return 404;
+    }
+    if (rc < 0 && rc != -ENOENT) {
+        *code = rc == -EINVAL ? "invalid_tenant" : "server_error";
+        snprintf(msg, msglen, "%s", err);
+        return rc == -EINVAL ? 400 : 500;
+    }
+    *answer = json_pack("{s:s, s:s, s:i}", "object", "learn.transcripts.deleted", "tenant", name,
+                        "deleted", deleted);
+    return 0;
+}
+
+/* An error of the admin endpoints: JSON in the API's error shape. */
+static int admin_error(kvpd_conn *c, int status, const char *code, const char *msg,
+                       const char *allow)
+{
+    char *s = NULL;
+    json_t *j = json_pack("{s:{s:s, s:s, s:n, s:s}}", "error", "message", msg, "type",
+                          status == 404 ? "not_found_error" : status == 405
+                          ? "invalid_request_error" : status >= 500 ? "server_error"
+                          : "invalid_request_error", "param", "code", code);
+    if (j)
+        s = json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    if (!s)
+        return respond(c, 500, "text/plain", "out of memory\n", 14, NULL);
+    const char *extra[5];
+    int k = 0;
+    if (allow) {
+        extra[k++] = "allow:";
+        extra[k++] = allow;
+    }
+    if (c->close_after) {
+        extra[k++] = "connection:";
+        extra[k++] = "close";
+    }
+    extra[k] = NULL;
+    int rc = kvpd_http_respond(c, status, "application/json", s, strlen(s), extra);
+    free(s);
+    return rc;
+}
+
+/* DELETE /admin/learn/transcripts/TENANT: a tenant's learn_dir transcripts, by the admin.
+ * TENANT is a key's id (16 lowercase hex digits, the folder's name) or "default" (the
+ * folder of a daemon without keys). */
+static int admin_learn(kvpd_conn *c, const char *uri)
+{
+    static const char base[] = "/admin/learn/transcripts";
+    const char *name = uri + sizeof base - 1;
+    if (!lws_hdr_total_length(c->wsi, WSI_TOKEN_DELETE_URI))
+        return admin_error(c, 405, "method_not_allowed", "/admin/learn/transcripts/TENANT takes "
+                           "DELETE", "DELETE");
+    if (*name != '/' || !name[1])
+        return admin_error(c, 400, "invalid_tenant", "name the tenant: DELETE "
+                           "/admin/learn/transcripts/TENANT (its 16 hex digit id, or default)", NULL);
+    name++;
+    size_t len = strlen(name);
+    int ok = !strcmp(name, "default") || len == KVP_TENANT_LEN;
+    for (size_t i = 0; ok && strcmp(name, "default") && i < len; i++)
+        ok = (name[i] >= '0' && name[i] <= '9') || (name[i] >= 'a' && name[i] <= 'f');
+    char msg[256];
+    if (!ok) {
+        snprintf(msg, sizeof msg, "'%.64s' is not a tenant id: 16 lowercase hex digits (the "
+                 "folder's name in learn_dir), or default", name);
+        return admin_error(c, 400, "invalid_tenant", msg, NULL);
+    }
+    json_t *answer;
+    const char *code = "";
+    int status = kvpd_learn_forget(c->w, strcmp(name, "default") ? name : "", &answer, &code,
+                                   msg, sizeof msg);
+    if (status)
+        return admin_error(c, status, code, msg, NULL);
+    return respond_json(c, 200, answer);
+}
+
 /* Closed (no token configured and nowhere to write one) when the token is empty. */
 static int token_ok(kvpd_conn *c)
 {
@@ -441,7 +538,9 @@ int kvpd_http_request(kvpd_conn *c, const char *uri, int *api_request)
     uint64_t body_len;
     c->path_label = api ? kvpd_openai_path_label(uri)
                   : !strcmp(uri, "/healthz") ? "/healthz" : !strcmp(uri, "/metrics") ? "/metrics"
-                  : !strcmp(uri, "/admin/stats") ? "/admin/stats" : "other";
+                  : !strcmp(uri, "/admin/stats") ? "/admin/stats"
+                  : !strncmp(uri, "/admin/learn/transcripts", 24) ? "/admin/learn/transcripts"
+                  : "other";
     c->close_after = 0;
     const char *refused = framing(c, post, api, &body_len, &status);
     if (refused || (post && !api)) {
@@ -469,6 +568,12 @@ int kvpd_http_request(kvpd_conn *c, const char *uri, int *api_request)
         return 0;
     }
     c->head = lws_hdr_total_length(c->wsi, WSI_TOKEN_HEAD_URI) > 0;
+    if (!strncmp(uri, "/admin/learn/transcripts", 24) && (!uri[24] || uri[24] == '/')) {
+        /* the one admin endpoint that takes DELETE; the token first, as for /admin/stats */
+        if (!token_ok(c))
+            return text_status(c, 401, "admin token required\n", "Bearer realm=\"kvpd\"");
+        return admin_learn(c, uri);
+    }
     if (!c->head && lws_hdr_total_length(c->wsi, WSI_TOKEN_GET_URI) <= 0)
         return text_status(c, 405, "only GET and HEAD are served\n", NULL);
     if (!strcmp(uri, "/healthz")) {

@@ -28,4 +28,13 @@ int kvpd_http_bearer_ok(kvpd_conn *c, const char *want);
 /* Writes the queued body once writeable; returns as an lws callback. */
 int kvpd_http_writeable(kvpd_conn *c);
 
+struct json_t;
+/* Deletes tenant's learn_dir transcripts (kvp_hub_learn_forget; "" the tenant of a
+ * daemon without keys): 0 with *answer the JSON {"object": "learn.transcripts.deleted",
+ * "tenant", "deleted"}, or the error's HTTP status with its code and message (404
+ * unknown_tenant: no key has that id and it has no transcripts; 404 not_found: no
+ * learn_dir; 503 while the model loads). */
+int kvpd_learn_forget(kvpd_web *w, const char *tenant, struct json_t **answer,
+                      const char **code, char *msg, size_t msglen);
+
 #endif

@@ -430,6 +430,8 @@ int kvpd_openai_path(const char *uri, const char **id)
         return KVPD_OAI_COMPLETIONS;
     if (!strcmp(p, "/responses"))
         return KVPD_OAI_RESPONSES;
+    if (!strcmp(p, "/learn/transcripts"))
+        return KVPD_OAI_LEARN;
     if (!strncmp(p, "/responses/", 11) && p[11] && !strchr(p + 11, '/')) {
         if (id)
             *id = p + 11;
@@ -443,7 +445,8 @@ const char *kvpd_openai_path_label(const char *uri)
     static const char *const label[] = {
         [KVPD_OAI_CHAT] = "/v1/chat/completions", [KVPD_OAI_MODELS] = "/v1/models",
         [KVPD_OAI_COMPLETIONS] = "/v1/completions", [KVPD_OAI_RESPONSES] = "/v1/responses",
-        [KVPD_OAI_RESPONSE] = "/v1/responses/{id}", [KVPD_OAI_UNKNOWN] = "/v1/other"};
+        [KVPD_OAI_RESPONSE] = "/v1/responses/{id}", [KVPD_OAI_LEARN] = "/v1/learn/transcripts",
+        [KVPD_OAI_UNKNOWN] = "/v1/other"};
     enum kvpd_oai_path p = kvpd_openai_path(uri, NULL);
     return p == KVPD_OAI_NONE ? NULL : label[p];
 }

@@ -17,6 +17,7 @@
 enum kvpd_oai_path {
     KVPD_OAI_NONE = 0, KVPD_OAI_CHAT, KVPD_OAI_MODELS, KVPD_OAI_COMPLETIONS,
     KVPD_OAI_RESPONSES, KVPD_OAI_RESPONSE,   /* /responses/{id} */
+    KVPD_OAI_LEARN,                          /* /learn/transcripts (kvpd's own) */
     KVPD_OAI_UNKNOWN,                        /* under /v1, no such endpoint */
 };
 

@@ -345,6 +345,24 @@ static void models(kvpd_conn *c)
     answer(c, 200, kvpd_oai_models(c->w->cfg->model_alias, o->model, o->created));
 }
 
+/* DELETE /v1/learn/transcripts: the caller's tenant's learn_dir transcripts. */
+static void learn_transcripts(kvpd_conn *c, const char *uri, int del)
+{
+    if (!del) {
+        fail(c, KVPD_OAI_E_METHOD_NOT_ALLOWED, NULL, "%s takes DELETE", uri);
+        return;
+    }
+    json_t *done;
+    const char *code = "";
+    char msg[256];
+    int status = kvpd_learn_forget(c->w, c->tenant, &done, &code, msg, sizeof msg);
+    if (!status)
+        answer(c, 200, done);
+    else
+        fail(c, status == 404 ? KVPD_OAI_E_NOT_FOUND : status == 503 ? KVPD_OAI_E_UNAVAILABLE
+                                                     : KVPD_OAI_E_SERVER, NULL, "%s", msg);
+}
+
 /* Routes the request once the whole of it (the body, for a POST) is in. */
 static void route(kvpd_conn *c, const char *uri, int post)
 {
@@ -361,6 +379,10 @@ static void route(kvpd_conn *c, const char *uri, int post)
     int list = path == KVPD_OAI_MODELS, one = path == KVPD_OAI_RESPONSE;
     if (path == KVPD_OAI_UNKNOWN || path == KVPD_OAI_NONE) {
         fail(c, KVPD_OAI_E_UNKNOWN_URL, NULL, "no such endpoint: %s", uri);
+        return;
+    }
+    if (path == KVPD_OAI_LEARN) {
+        learn_transcripts(c, uri, del);
         return;
     }
     if (one ? post : (list ? post || del : !post || del)) {

@@ -1,8 +1,10 @@
 /* Learning from traffic, scaled down to run in CI: kvpd with learn_dir and the streaming
  * fallback (no learned policy) serves conversations of TinyStories text through the
  * websocket, says in its log and /admin/stats that it runs without a learned policy,
- * checks turns with the eviction canary and keeps the transcripts; then
- * `kvp learn --transcripts` skips a damaged file with a message, learns from the rest
+ * checks turns with the eviction canary and keeps the transcripts (in the folder of the
+ * tenant of a daemon without keys, learn_dir/default); then `kvp learn --transcripts`
+ * pointed at learn_dir reads the tenants' folders, skips a damaged file with a message,
+ * learns from the rest
  * on a tiny budget and installs a policy that beats the streaming fallback on the
  * held-out transcripts, which a restarted kvpd loads. A learn run killed halfway
  * leaves the installed policy's bytes as they were. (The full-size run, 200
@@ -118,9 +120,11 @@ Test(learn, traffic_to_an_installed_policy_that_beats_the_fallback, .timeout = 6
         ws_close(&c);
     }
     fclose(f);
+    char tenant_dir[128];
+    snprintf(tenant_dir, sizeof tenant_dir, "%s/default", learn);
     double end = kvp_now() + 60;
-    while (count_transcripts(learn) < CONVERSATIONS) {
-        cr_assert_lt(kvp_now(), end, "%d transcripts of %d", count_transcripts(learn),
+    while (count_transcripts(tenant_dir) < CONVERSATIONS) {
+        cr_assert_lt(kvp_now(), end, "%d transcripts of %d", count_transcripts(tenant_dir),
                      CONVERSATIONS);
         usleep(50 * 1000);
     }
@@ -150,11 +154,11 @@ Test(learn, traffic_to_an_installed_policy_that_beats_the_fallback, .timeout = 6
     cr_assert_eq(kvpd_stop(&d, 20000), 0);
 
     /* a damaged transcript and a stray file */
-    DIR *dd = opendir(learn);
+    DIR *dd = opendir(tenant_dir);
     char victim[512] = "";
     for (struct dirent *e; dd && (e = readdir(dd));)
         if (strstr(e->d_name, ".kvtx") && !victim[0])
-            snprintf(victim, sizeof victim, "%s/%s", learn, e->d_name);
+            snprintf(victim, sizeof victim, "%s/%s", tenant_dir, e->d_name);
     closedir(dd);
     int fd = open(victim, O_RDWR);
     cr_assert_geq(fd, 0);
@@ -257,6 +261,7 @@ Test(learn, traffic_to_an_installed_policy_that_beats_the_fallback, .timeout = 6
     cr_assert_eq(memcmp(before, after, len0), 0, "the installed policy changed");
     free(before);
     free(after);
+    h_rmdir(tenant_dir);
     h_rmdir(learn);
     h_rmdir(pol);
     char cmd[128];
