@@ -2,13 +2,15 @@
  * (learn_dir/<tenant id>, learn_dir/default without keys); DELETE /v1/learn/transcripts
  * deletes the caller's own and nobody else's, DELETE /admin/learn/transcripts/TENANT
  * (admin_token) a named tenant's; bad requests get clear errors; learn_exclude_system
- * leaves the system prompt's tokens out of the files. */
+ * leaves the system prompt's tokens out of the files; kvp learn --transcripts reads the
+ * whole learn_dir or one tenant's folder. */
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "base/checksum.h"
@@ -342,4 +344,52 @@ Test(learn_tenants, learn_exclude_system_leaves_the_system_prompts_tokens_out)
     free(t1);
     free(t3);
     rm_tree(learn);
+}
+
+/* kvp learn --transcripts DIR's count of usable transcripts (it stops there: fewer than
+ * --min-transcripts), with its exit status. */
+static int learn_count(const char *dir, const char *work, int *status)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s learn --model %s --tokenizer %s --transcripts %s --work %s "
+             "--out %s/none.kvp --min-transcripts 1000 2>&1", h_build("tools/kvp"),
+             h_shared("models/stories260K.bin"), h_shared("models/tok512.bin"), dir, work, work);
+    FILE *p = popen(cmd, "r");
+    cr_assert(p);
+    static char out[1 << 16];
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = '\0';
+    int st = pclose(p);
+    *status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    const char *at = strstr(out, " usable transcripts");
+    cr_assert(at, "%s", out);
+    while (at > out && at[-1] >= '0' && at[-1] <= '9')
+        at--;
+    return atoi(at);
+}
+
+Test(learn_tenants, kvp_learn_reads_the_whole_learn_dir_or_one_tenants_folder)
+{
+    char learn[64], work[64], ta[17], tb[17], fa[128], fb[128];
+    cr_assert_eq(h_mkdtemp(learn, sizeof learn), 0);
+    cr_assert_eq(h_mkdtemp(work, sizeof work), 0);
+    tenant_of("key-a", ta);
+    tenant_of("key-b", tb);
+    folder(learn, ta, fa, sizeof fa);
+    folder(learn, tb, fb, sizeof fb);
+    kvpd_proc d;
+    start(&d, learn, "--api-key key-a,key-b");
+    converse(&d, KA, ONE_TURN("Once upon a time"), NULL);
+    converse(&d, KA, ONE_TURN("A frog sat on a log."), NULL);
+    converse(&d, KB, ONE_TURN("The sun was hot."), NULL);
+    wait_files(fa, 2);
+    wait_files(fb, 1);
+    cr_assert_eq(kvpd_stop(&d, 10000), 0);
+    int status;
+    cr_assert_eq(learn_count(learn, work, &status), 3, "the whole learn_dir");
+    cr_assert_eq(status, 3);
+    cr_assert_eq(learn_count(fa, work, &status), 2, "A's folder");
+    cr_assert_eq(learn_count(fb, work, &status), 1, "B's folder");
+    rm_tree(learn);
+    rm_tree(work);
 }
