@@ -1,6 +1,7 @@
-/* HTTP endpoints: the chat page (web/static), /healthz, /metrics, /admin/stats, and the
- * HTTP answer every endpoint writes (web/http.h). A request under /v1 is checked here and
- * handed back to the caller for web/openai.c. */
+/* HTTP endpoints: the chat page (web/static), /healthz, /metrics, /admin/stats,
+ * DELETE /admin/learn/transcripts/TENANT, and the HTTP answer every endpoint writes
+ * (web/http.h). A request under /v1 is checked here and handed back to the caller for
+ * web/openai.c. */
 #include <errno.h>
 #include <jansson.h>
 #include <limits.h>
