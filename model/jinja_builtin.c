@@ -10,7 +10,7 @@
 #include "model/jinja_impl.h"
 #include "model/unicode.h"
 
-enum { F_NAMESPACE = 1, F_RANGE, F_RAISE, F_STRFTIME, F_DICT,
+enum { F_NAMESPACE = 1, F_RANGE, F_RAISE, F_STRFTIME, F_DICT, F_CYCLE,
        M_STARTSWITH, M_ENDSWITH, M_STRIP, M_LSTRIP, M_RSTRIP, M_SPLIT, M_REPLACE, M_UPPER,
        M_LOWER, M_TITLE, M_CAPITALIZE, M_FIND, M_JOIN, M_ITEMS, M_KEYS, M_VALUES, M_GET };
 
@@ -48,6 +48,11 @@ kvp_jv *jx_method(jctx *c, kvp_jv *self, const char *name, int line)
     return NULL;
 }
 
+kvp_jv *jx_loop_method(jctx *c, kvp_jv *loop, const char *name)
+{
+    return !strcmp(name, "cycle") ? func(c, F_CYCLE, loop) : NULL;
+}
+
 kvp_jv *jx_global(jctx *c, const char *name)
 {
     for (size_t i = 0; i < sizeof globals / sizeof *globals; i++)
@@ -66,6 +71,14 @@ kvp_jv *jx_arg(kvp_jv **args, int nargs, const char **kwn, kvp_jv **kwv, int nkw
         if (!strcmp(kwn[k], name))
             return kwv[k];
     return NULL;
+}
+
+static void *must_alloc(jctx *c, size_t n)
+{
+    void *p = ja_alloc(c->a, n);
+    if (!p)
+        jx_fail(c, 0, "the template needs more than %zu bytes of memory", c->a->max);
+    return p;
 }
 
 kvp_jv *jx_need_str(jctx *c, kvp_jv *v, const char *what, int line)
@@ -371,16 +384,23 @@ kvp_jv *jx_call_builtin(jctx *c, kvp_jv *f, kvp_jv **args, int nargs, const char
         if (!v[2])
             jx_fail(c, line, "range() step cannot be zero");
         /* its length first: a huge range fails before it is built */
-        long double span = v[2] > 0 ? (long double)v[1] - v[0] : (long double)v[0] - v[1];
-        long double count = span <= 0 ? 0 : (span + (v[2] > 0 ? v[2] : -v[2]) - 1) /
-                                             (v[2] > 0 ? v[2] : -(long double)v[2]);
-        if (count > (long double)(c->lim.max_steps - c->steps))
-            jx_fail(c, line, "range() of %.0Lf items: more than the %ld loop iterations "
+        unsigned long long span, step = v[2] > 0 ? (unsigned long long)v[2]
+                                                 : 0ULL - (unsigned long long)v[2];
+        if (v[2] > 0 ? v[1] <= v[0] : v[1] >= v[0])
+            span = 0;
+        else
+            span = v[2] > 0 ? (unsigned long long)v[1] - (unsigned long long)v[0]
+                            : (unsigned long long)v[0] - (unsigned long long)v[1];
+        unsigned long long count = span / step + (span % step != 0);
+        if (count > (unsigned long long)(c->lim.max_steps - c->steps))
+            jx_fail(c, line, "range() of %llu items: more than the %ld loop iterations "
                     "a template may run", count, c->lim.max_steps);
         c->steps += (long)count;            /* building it is work of its length */
         kvp_jv *l = jv_new(c, JV_LIST);
-        for (long long i = v[0]; v[2] > 0 ? i < v[1] : i > v[1]; i += v[2])
-            jv_push(c, l, jv_int(c, i));
+        /* start + k * step is in range for each k < count; unsigned arithmetic wraps to it */
+        for (unsigned long long k = 0; k < count; k++)
+            jv_push(c, l, jv_int(c, (long long)((unsigned long long)v[0] +
+                                                 k * (unsigned long long)v[2])));
         return l;
     }
     case F_RAISE: {
@@ -392,13 +412,28 @@ kvp_jv *jx_call_builtin(jctx *c, kvp_jv *f, kvp_jv **args, int nargs, const char
     }
     case F_STRFTIME: {
         kvp_jv *fmt = jx_need_str(c, A(0, NULL), "strftime_now", line);
+        if (memchr(fmt->s, 0, fmt->n))
+            jx_fail(c, line, "strftime_now: the format has a NUL character");
         time_t now = time(NULL);
         struct tm tm;
-        char out[256];
         localtime_r(&now, &tm);
-        size_t n = strftime(out, sizeof out, fmt->s, &tm);
+        /* strftime's 0 means "empty" or "did not fit": a buffer far larger than any
+         * conversion needs, up to the output bound, tells them apart */
+        size_t cap = fmt->n <= c->lim.max_output / 64 ? fmt->n * 64 + 256 : 0;
+        if (!cap || cap > c->lim.max_output)
+            cap = c->lim.max_output + 1;
+        char *out = must_alloc(c, cap);
+        size_t n = fmt->n ? strftime(out, cap, fmt->s, &tm) : 0;
+        if (n == 0 && fmt->n && cap > c->lim.max_output)
+            jx_fail(c, line, "strftime_now: the output exceeds %zu bytes", c->lim.max_output);
+        if (n > c->lim.max_output)
+            jx_fail(c, line, "strftime_now: the output exceeds %zu bytes", c->lim.max_output);
         return jv_strn(c, out, n, NULL, 0);
     }
+    case F_CYCLE:
+        if (!nargs)
+            jx_fail(c, line, "loop.cycle: no items for cycling given");
+        return args[self->i % nargs];
     case M_STARTSWITH: case M_ENDSWITH:
         return jv_bool(c, affix(c, self, A(0, NULL), f->fn == M_ENDSWITH, line));
     case M_STRIP: case M_LSTRIP: case M_RSTRIP:
@@ -495,15 +530,15 @@ int jx_test(jctx *c, const char *name, kvp_jv *v, kvp_jv **args, int nargs, int 
         return !memcmp(m->s, v->s, v->n);
     }
     if (!strcmp(name, "odd") || !strcmp(name, "even")) {
-        if (t != JV_INT)
+        if (t != JV_INT && t != JV_BOOL)
             jx_fail(c, line, "test '%s' needs an integer", name);
         return (v->i % 2 == 0) == (name[0] == 'e');
     }
     if (!x)
         jx_fail(c, line, "test '%s' needs an argument", name);
     if (!strcmp(name, "equalto") || !strcmp(name, "eq") || !strcmp(name, "=="))
-        return jv_equal(v, x);
-    if (!strcmp(name, "ne") || !strcmp(name, "!=")) return !jv_equal(v, x);
+        return jv_equal(c, v, x);
+    if (!strcmp(name, "ne") || !strcmp(name, "!=")) return !jv_equal(c, v, x);
     if (!strcmp(name, "sameas"))
         return v == x || (t == (int)x->type && (t == JV_NONE || t == JV_BOOL) && v->i == x->i);
     if (!strcmp(name, "in")) {
@@ -512,9 +547,11 @@ int jx_test(jctx *c, const char *name, kvp_jv *v, kvp_jv **args, int nargs, int 
         return jv_truthy(jx_eval(c, NULL, &e));
     }
     if (!strcmp(name, "divisibleby")) {
-        if (t != JV_INT || x->type != JV_INT || !x->i)
+        if ((t != JV_INT && t != JV_BOOL) || (x->type != JV_INT && x->type != JV_BOOL))
             jx_fail(c, line, "test 'divisibleby' needs integers");
-        return v->i % x->i == 0;
+        if (!x->i)
+            jx_fail(c, line, "test 'divisibleby': division by zero");
+        return x->i == -1 || v->i % x->i == 0;     /* INT64_MIN % -1 traps in C */
     }
     int r = cmp_test(c, name, v, x, line);
     if (r >= 0)

@@ -95,11 +95,14 @@ void jv_push(jctx *c, kvp_jv *list, kvp_jv *v);
 void jv_dset(jctx *c, kvp_jv *dict, kvp_jv *key, kvp_jv *v);
 kvp_jv *jv_dget(const kvp_jv *dict, const char *key, size_t n);
 int jv_truthy(const kvp_jv *v);
-int jv_equal(const kvp_jv *a, const kvp_jv *b);
+int jv_equal(jctx *c, const kvp_jv *a, const kvp_jv *b);   /* Python's == */
+int jv_num_cmp(const kvp_jv *a, const kvp_jv *b);   /* exact: -1, 0, 1; 2 with a NaN */
+/* How deep values may nest when printed or compared (Python's recursion limit's role). */
+#define JV_MAX_NEST(c) ((c)->lim.max_depth * 8)
 const char *jv_type_name(const kvp_jv *v);
 void jb_put(jctx *c, jbuf *b, const char *s, size_t n, const unsigned char *taint, int all);
 void jb_str(jctx *c, jbuf *b, const kvp_jv *v);    /* str(v) as Python prints it */
-void jb_json(jctx *c, jbuf *b, const kvp_jv *v, int indent, int level);
+void jb_json(jctx *c, jbuf *b, const kvp_jv *v, long long indent, int level);
 kvp_jv *jb_value(jctx *c, jbuf *b);                /* the buffer as a string value */
 kvp_jv *jv_to_str(jctx *c, const kvp_jv *v);
 /* A string's code points: offsets of each start, and n+1 entries (the last = v->n). */
@@ -140,6 +143,7 @@ kvp_jv *jx_filter(jctx *c, jscope *s, const char *name, kvp_jv *v, kvp_jv **args
 int jx_test(jctx *c, const char *name, kvp_jv *v, kvp_jv **args, int nargs, int line);
 kvp_jv *jx_method(jctx *c, kvp_jv *self, const char *name, int line);   /* NULL: none */
 kvp_jv *jx_global(jctx *c, const char *name);                           /* NULL: none */
+kvp_jv *jx_loop_method(jctx *c, kvp_jv *loop, const char *name);        /* NULL: none */
 kvp_jv *jx_call_builtin(jctx *c, kvp_jv *f, kvp_jv **args, int nargs, const char **kwn,
                         kvp_jv **kwv, int nkw, int line);
 int jx_is_test(const char *name);
