@@ -23,7 +23,7 @@ typedef struct kvp_jinja kvp_jinja;     /* a parsed template */
 /* Limits of a rendering; zero fields take the defaults below. */
 typedef struct kvp_jinja_limits {
     size_t max_output;      /* bytes of output (default 8 MiB) */
-    size_t max_memory;      /* bytes of values the rendering may allocate (default 256 MiB) */
+    size_t max_memory;      /* bytes of values the rendering may allocate (default 64 MiB) */
     long max_steps;         /* loop iterations plus macro calls (default 1,000,000) */
     int max_depth;          /* nested macro calls and expressions (default 64) */
 } kvp_jinja_limits;
