@@ -37,6 +37,14 @@ static kvp_jv *func(jctx *c, int fn, kvp_jv *self)
     return f;
 }
 
+static void *must_alloc(jctx *c, size_t n)
+{
+    void *p = ja_alloc(c->a, n);
+    if (!p)
+        jx_fail(c, 0, "the template needs more than %zu bytes of memory", c->a->max);
+    return p;
+}
+
 kvp_jv *jx_method(jctx *c, kvp_jv *self, const char *name, int line)
 {
     (void)line;
@@ -73,14 +81,6 @@ kvp_jv *jx_arg(kvp_jv **args, int nargs, const char **kwn, kvp_jv **kwv, int nkw
     return NULL;
 }
 
-static void *must_alloc(jctx *c, size_t n)
-{
-    void *p = ja_alloc(c->a, n);
-    if (!p)
-        jx_fail(c, 0, "the template needs more than %zu bytes of memory", c->a->max);
-    return p;
-}
-
 kvp_jv *jx_need_str(jctx *c, kvp_jv *v, const char *what, int line)
 {
     if (!v || v->type != JV_STR)
@@ -111,14 +111,6 @@ kvp_jv *jx_list_of(jctx *c, kvp_jv *v, const char *what, int line)
 
 /* ---- strings ---- */
 
-static int in_chars(const kvp_jv *chars, const char *s, size_t len)
-{
-    for (size_t i = 0; i + len <= chars->n; i++)
-        if (!memcmp(chars->s + i, s, len) && ((unsigned char)chars->s[i] & 0xc0) != 0x80)
-            return 1;
-    return 0;
-}
-
 static size_t cp_len(const char *s, size_t n, size_t at)
 {
     size_t k = 1;
@@ -127,26 +119,55 @@ static size_t cp_len(const char *s, size_t n, size_t at)
     return k;
 }
 
-static int strippable(const kvp_jv *v, size_t at, const kvp_jv *chars, size_t *len)
+/* The character at s[at] and its length: a code point, or 0x110000 + the byte for a byte
+ * that does not start UTF-8. */
+static uint32_t char_at(const char *s, size_t n, size_t at, size_t *len)
 {
-    if (!chars)
+    uint32_t cp;
+    *len = kvp_utf8_decode((const unsigned char *)s + at, n - at, &cp);
+    return cp == 0xFFFD && *len == 1 ? 0x110000u + (unsigned char)s[at] : cp;
+}
+
+static int cmp_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* A strip's `chars` as a sorted set: each test is a binary search, so a long `chars`
+ * costs its length once, not once per character stripped. */
+typedef struct charset {
+    uint32_t *v;
+    size_t n;
+} charset;
+
+static int strippable(const kvp_jv *v, size_t at, const charset *set, size_t *len)
+{
+    if (!set)
         return jv_is_space_at(v->s, v->n, at, len);
-    *len = cp_len(v->s, v->n, at);
-    return in_chars(chars, v->s + at, *len);
+    uint32_t ch = char_at(v->s, v->n, at, len);
+    return bsearch(&ch, set->v, set->n, sizeof ch, cmp_u32) != NULL;
 }
 
 kvp_jv *jx_strip(jctx *c, kvp_jv *v, kvp_jv *chars, int left, int right)
 {
-    if (chars && chars->type == JV_NONE)
-        chars = NULL;
+    charset set = {0}, *cs = NULL;
+    if (chars && chars->type != JV_NONE) {
+        jx_need_str(c, chars, "strip", 0);
+        set.v = must_alloc(c, (chars->n + 1) * sizeof *set.v);
+        for (size_t i = 0, len; i < chars->n; i += len)
+            set.v[set.n++] = char_at(chars->s, chars->n, i, &len);
+        qsort(set.v, set.n, sizeof *set.v, cmp_u32);
+        cs = &set;
+    }
     size_t from = 0, to = v->n, len;
-    while (left && from < to && strippable(v, from, chars, &len))
+    while (left && from < to && strippable(v, from, cs, &len))
         from += len;
     while (right && to > from) {
         size_t at = to - 1;
         while (at > from && ((unsigned char)v->s[at] & 0xc0) == 0x80)
             at--;
-        if (!strippable(v, at, chars, &len) || at + len != to)
+        if (!strippable(v, at, cs, &len) || at + len != to)
             break;
         to = at;
     }
@@ -333,6 +354,7 @@ static int affix(jctx *c, kvp_jv *v, kvp_jv *a, int end, int line)
         return 0;
     }
     jx_need_str(c, a, end ? "endswith" : "startswith", line);
+    jx_scan(c, a->n);
     return a->n <= v->n && !memcmp(v->s + (end ? v->n - a->n : 0), a->s, a->n);
 }
 
@@ -452,6 +474,7 @@ kvp_jv *jx_call_builtin(jctx *c, kvp_jv *f, kvp_jv **args, int nargs, const char
     case M_CAPITALIZE: return jx_casemap(c, self, 3);
     case M_FIND: {
         kvp_jv *x = jx_need_str(c, A(0, NULL), "find", line);
+        jx_scan(c, self->n);
         const char *hit = memmem(self->s, self->n, x->s, x->n);
         if (!hit)
             return jv_int(c, -1);

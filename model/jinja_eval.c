@@ -33,8 +33,24 @@ void jx_fail(jctx *c, int line, const char *fmt, ...)
 void jx_step(jctx *c, int line)
 {
     if (++c->steps > c->lim.max_steps)
-        jx_fail(c, line, "the template runs more than %ld loop iterations and calls",
-                c->lim.max_steps);
+        jx_fail(c, line, "the template runs more than %ld steps (loop iterations, calls, "
+                "comparisons, scans)", c->lim.max_steps);
+}
+
+/* A scan inside one step costs steps too: one per 4 KiB of text, or per 64 items
+ * (units: a byte is 1, an item 64). */
+void jx_scan(jctx *c, size_t units)
+{
+    c->scan += units;
+    if (c->scan < 4096)
+        return;
+    size_t k = c->scan / 4096;
+    c->scan %= 4096;
+    if (k > (size_t)(c->lim.max_steps - c->steps))
+        c->steps = c->lim.max_steps;
+    else
+        c->steps += (long)k;
+    jx_step(c, 0);
 }
 
 static jscope *scope_new(jctx *c, jscope *parent)
@@ -218,8 +234,10 @@ static int contains(jctx *c, const kvp_jv *hay, const kvp_jv *x, int line)
         if (x->type != JV_STR)
             jx_fail(c, line, "'in <string>' needs a string on the left, not a %s",
                     jv_type_name(x));
+        jx_scan(c, hay->n);
         return x->n == 0 || memmem(hay->s, hay->n, x->s, x->n) != NULL;
     case JV_LIST:
+        jx_scan(c, hay->len * 64);
         for (size_t i = 0; i < hay->len; i++)
             if (jv_equal(c, hay->v[i], x))
                 return 1;

@@ -124,6 +124,7 @@ struct jctx {
     kvp_jarena *a;
     kvp_jinja_limits lim;
     long steps;
+    size_t scan;                   /* units of scanning not yet charged as a step */
     int depth;                     /* nested expression evaluations */
     int mdepth;                    /* nested macro calls */
     jscope *globals;
@@ -133,6 +134,7 @@ struct jctx {
 };
 
 void jx_step(jctx *c, int line);
+void jx_scan(jctx *c, size_t units);      /* bytes scanned, 64 per item compared */
 kvp_jv *jx_eval(jctx *c, jscope *s, const jnode *e);
 kvp_jv *jx_call_value(jctx *c, jscope *s, kvp_jv *f, kvp_jv **args, int nargs,
                       const char **kwn, kvp_jv **kwv, int nkw, int line);

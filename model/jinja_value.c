@@ -275,10 +275,15 @@ static int equal(jctx *c, const kvp_jv *a, const kvp_jv *b, int depth)
         if (depth >= JV_MAX_NEST(c))
             jx_fail(c, 0, "a value nested deeper than %d", JV_MAX_NEST(c));
         jx_step(c, 0);
+        jx_scan(c, a->len * 64);
     }
     switch (a->type) {
     case JV_UNDEF: case JV_NONE: return 1;
-    case JV_STR: return a->n == b->n && !memcmp(a->s, b->s, a->n);
+    case JV_STR:
+        if (a->n != b->n)
+            return 0;
+        jx_scan(c, a->n);
+        return !memcmp(a->s, b->s, a->n);
     case JV_LIST:
         for (size_t i = 0; i < a->len; i++)
             if (!equal(c, a->v[i], b->v[i], depth + 1))

@@ -362,3 +362,19 @@ Test(jinja, cycles_print_as_python, .timeout = 20)
     snprintf(src, sizeof src, "%s{{ ns.a in [ns.b] }}", wide);
     expect_error(src, -1, "loop iterations");
 }
+
+/* Work that scales with the data inside one step (a scan of a long string or list, a
+ * strip by a long set of characters) is bounded too. */
+Test(jinja, scans_of_long_values_are_bounded, .timeout = 20)
+{
+    expect("{% set s = 'a' * 1000000 %}{{ s.strip('b' * 1000000 ~ 'a') | length }}|"
+           "{{ 'xyzzy'.strip('zyx') }}|{{ 'héé'.rstrip('é') }}|{{ 'aé'.lstrip('éa') }}", "0||h|");
+    expect_error("{% set l = [0] * 200000 %}{% for i in [0] * 700000 %}"
+                 "{% if -1 in l %}{% endif %}{% endfor %}", -1, "loop iterations");
+    expect_error("{% set s = 'a' * 4000000 %}{% for i in [0] * 100000 %}"
+                 "{% if 'b' in s or s.find('b') > 0 %}{% endif %}{% endfor %}",
+                 -1, "loop iterations");
+    expect_error("{% set s = 'a' * 4000000 %}{% set t = 'a' * 4000000 %}{% for i in [0] * 100000 %}"
+                 "{% if s == t and s.startswith(t) and s.endswith(t) %}{% endif %}{% endfor %}",
+                 -1, "loop iterations");
+}
