@@ -356,9 +356,8 @@ static kvp_jv *item(jctx *c, kvp_jv *o, kvp_jv *k, int line)
             long long i = norm_index(k->i, o->len);
             return i < 0 ? jv_undef(c, NULL) : o->v[i];
         }
-        size_t n, *cp = jv_cps(c, o, &n);
-        long long i = norm_index(k->i, n);
-        return i < 0 ? jv_undef(c, NULL) : jv_sub(c, o, cp[i], cp[i + 1]);
+        kvp_jv *ch = jv_cp_at(c, o, k->i);
+        return ch ? ch : jv_undef(c, NULL);
     }
     case JV_UNDEF:
         undefined_error(c, o, line);

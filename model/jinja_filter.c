@@ -267,11 +267,8 @@ kvp_jv *jx_filter(jctx *c, jscope *s, const char *name, kvp_jv *v, kvp_jv **args
         return jb_value(c, &o);
     }
     if (is(name, "length") || is(name, "count")) {
-        if (v->type == JV_STR) {
-            size_t n;
-            jv_cps(c, v, &n);
-            return jv_int(c, (long long)n);
-        }
+        if (v->type == JV_STR)
+            return jv_int(c, (long long)jv_cp_count(c, v));
         if (v->type == JV_LIST || v->type == JV_DICT)
             return jv_int(c, (long long)v->len);
         if (v->type == JV_UNDEF)

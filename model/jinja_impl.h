@@ -107,6 +107,10 @@ kvp_jv *jb_value(jctx *c, jbuf *b);                /* the buffer as a string val
 kvp_jv *jv_to_str(jctx *c, const kvp_jv *v);
 /* A string's code points: offsets of each start, and n+1 entries (the last = v->n). */
 size_t *jv_cps(jctx *c, const kvp_jv *v, size_t *count);
+/* The number of code points of a string, and its code point i (negative: from the end)
+ * or NULL when out of range, without memory of the string's size. */
+size_t jv_cp_count(jctx *c, const kvp_jv *v);
+kvp_jv *jv_cp_at(jctx *c, const kvp_jv *v, long long i);
 /* The bytes [from, to) of a string as a new string with their taint. */
 kvp_jv *jv_sub(jctx *c, const kvp_jv *v, size_t from, size_t to);
 int jv_is_space_at(const char *s, size_t n, size_t at, size_t *len);   /* Python isspace */

@@ -642,6 +642,37 @@ size_t *jv_cps(jctx *c, const kvp_jv *v, size_t *count)
     return o;
 }
 
+size_t jv_cp_count(jctx *c, const kvp_jv *v)
+{
+    size_t k = 0;
+    jx_scan(c, v->n);
+    for (size_t i = 0; i < v->n; i++)
+        k += ((unsigned char)v->s[i] & 0xc0) != 0x80;
+    return k;
+}
+
+kvp_jv *jv_cp_at(jctx *c, const kvp_jv *v, long long i)
+{
+    if (i < 0) {
+        long long n = (long long)jv_cp_count(c, v);
+        if (i < -n)
+            return NULL;
+        i += n;
+    }
+    jx_scan(c, v->n);
+    size_t at = 0;
+    for (long long k = 0;; at++) {         /* at: the start of code point k */
+        if (at >= v->n)
+            return NULL;
+        if (((unsigned char)v->s[at] & 0xc0) != 0x80 && k++ == i)
+            break;
+    }
+    size_t to = at + 1;
+    while (to < v->n && ((unsigned char)v->s[to] & 0xc0) == 0x80)
+        to++;
+    return jv_sub(c, v, at, to);
+}
+
 kvp_jv *jv_sub(jctx *c, const kvp_jv *v, size_t from, size_t to)
 {
     return jv_strn(c, v->s + from, to - from, v->taint ? v->taint + from : NULL, 0);

@@ -378,3 +378,11 @@ Test(jinja, scans_of_long_values_are_bounded, .timeout = 20)
                  "{% if s == t and s.startswith(t) and s.endswith(t) %}{% endif %}{% endfor %}",
                  -1, "loop iterations");
 }
+
+/* Indexing a string and its length need no memory of its size. */
+Test(jinja, string_index_and_length_allocate_nothing_of_their_size)
+{
+    expect("{% set s = 'é' * 100000 ~ 'x' %}{% for i in range(3000) %}"
+           "{% if s[i] != 'é' or s | length != 100001 %}bad{% endif %}{% endfor %}"
+           "{{ s[-1] }}{{ s[100000] }}{{ s[-100001] }}{{ s[100001] is defined }}", "xxéFalse");
+}
