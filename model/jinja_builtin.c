@@ -339,7 +339,7 @@ kvp_jv *jx_join(jctx *c, kvp_jv *seq, kvp_jv *sep, kvp_jv *attribute, int line)
             jb_put(c, &o, sep->s, sep->n, sep->taint, 0);
         kvp_jv *x = seq->v[i];
         if (attribute && x->type == JV_DICT)
-            x = jv_dget(x, attribute->s, attribute->n) ?: jv_undef(c, NULL);
+            x = jx_dget(c, x, attribute->s, attribute->n) ?: jv_undef(c, NULL);
         jb_str(c, &o, x);
     }
     return jb_value(c, &o);
@@ -489,7 +489,7 @@ kvp_jv *jx_call_builtin(jctx *c, kvp_jv *f, kvp_jv **args, int nargs, const char
     case M_VALUES: return jx_pairs(c, self, 2);
     case M_GET: {
         kvp_jv *k = A(0, NULL), *d = A(1, "default");
-        kvp_jv *v = k && k->type == JV_STR ? jv_dget(self, k->s, k->n) : NULL;
+        kvp_jv *v = k && k->type == JV_STR ? jx_dget(c, self, k->s, k->n) : NULL;
         return v ? v : d ? d : jv_new(c, JV_NONE);
     }
     default: jx_fail(c, line, "unknown function");

@@ -67,7 +67,7 @@ static kvp_jv *lookup(jctx *c, jscope *s, const char *name)
 {
     size_t n = strlen(name);
     for (; s; s = s->parent) {
-        kvp_jv *v = jv_dget(s->vars, name, n);
+        kvp_jv *v = jx_dget(c, s->vars, name, n);
         if (v)
             return v;
     }
@@ -79,6 +79,7 @@ static void assign(jctx *c, jscope *s, const char *name, kvp_jv *v)
 {
     kvp_jv *d = s->vars;
     size_t n = strlen(name);
+    jx_scan(c, d->len * 16);
     for (size_t i = 0; i < d->len; i++)     /* rebinding allocates nothing */
         if (d->k[i]->n == n && !memcmp(d->k[i]->s, name, n)) {
             d->v[i] = v;
@@ -243,7 +244,7 @@ static int contains(jctx *c, const kvp_jv *hay, const kvp_jv *x, int line)
                 return 1;
         return 0;
     case JV_DICT:
-        return x->type == JV_STR && jv_dget(hay, x->s, x->n) != NULL;
+        return x->type == JV_STR && jx_dget(c, hay, x->s, x->n) != NULL;
     case JV_UNDEF:
         return 0;
     default:
@@ -344,7 +345,7 @@ static kvp_jv *item(jctx *c, kvp_jv *o, kvp_jv *k, int line)
     case JV_DICT: {
         if (k->type != JV_STR)
             return jv_undef(c, NULL);
-        kvp_jv *v = jv_dget(o, k->s, k->n);
+        kvp_jv *v = jx_dget(c, o, k->s, k->n);
         return v ? v : jv_undef(c, NULL);
     }
     case JV_LIST: case JV_STR: {
@@ -480,7 +481,7 @@ static kvp_jv *attr(jctx *c, kvp_jv *o, const char *name, int line)
     if (m)
         return m;
     if (o->type == JV_DICT) {
-        kvp_jv *v = jv_dget(o, name, strlen(name));
+        kvp_jv *v = jx_dget(c, o, name, strlen(name));
         if (v)
             return v;
     }

@@ -17,7 +17,7 @@ static kvp_jv *path(jctx *c, kvp_jv *x, const kvp_jv *attr)
         const char *dot = memchr(s, '.', (size_t)(end - s));
         size_t n = dot ? (size_t)(dot - s) : (size_t)(end - s);
         if (x->type == JV_DICT) {
-            x = jv_dget(x, s, n);
+            x = jx_dget(c, x, s, n);
         } else if (x->type == JV_LIST && n && n < 20 && strspn(s, "0123456789") >= n) {
             char num[24];
             memcpy(num, s, n);

@@ -94,6 +94,8 @@ kvp_jv *jv_int(jctx *c, long long i);
 void jv_push(jctx *c, kvp_jv *list, kvp_jv *v);
 void jv_dset(jctx *c, kvp_jv *dict, kvp_jv *key, kvp_jv *v);
 kvp_jv *jv_dget(const kvp_jv *dict, const char *key, size_t n);
+/* jv_dget in a rendering: a lookup costs steps by the dict's size (jx_scan: 16 a key) */
+kvp_jv *jx_dget(jctx *c, const kvp_jv *dict, const char *key, size_t n);
 int jv_truthy(const kvp_jv *v);
 int jv_equal(jctx *c, const kvp_jv *a, const kvp_jv *b);   /* Python's == */
 int jv_num_cmp(const kvp_jv *a, const kvp_jv *b);   /* exact: -1, 0, 1; 2 with a NaN */

@@ -230,8 +230,15 @@ void jv_push(jctx *c, kvp_jv *list, kvp_jv *v)
         must(c, NULL);
 }
 
+kvp_jv *jx_dget(jctx *c, const kvp_jv *d, const char *key, size_t n)
+{
+    jx_scan(c, d->len * 16);
+    return jv_dget(d, key, n);
+}
+
 void jv_dset(jctx *c, kvp_jv *d, kvp_jv *key, kvp_jv *v)
 {
+    jx_scan(c, d->len * 16);
     if (dset(c->a, d, key, v))
         must(c, NULL);
 }
@@ -291,7 +298,7 @@ static int equal(jctx *c, const kvp_jv *a, const kvp_jv *b, int depth)
         return 1;
     case JV_DICT:
         for (size_t i = 0; i < a->len; i++) {
-            kvp_jv *o = jv_dget(b, a->k[i]->s, a->k[i]->n);
+            kvp_jv *o = jx_dget(c, b, a->k[i]->s, a->k[i]->n);
             if (!o || !equal(c, a->v[i], o, depth + 1))
                 return 0;
         }

@@ -386,3 +386,17 @@ Test(jinja, string_index_and_length_allocate_nothing_of_their_size)
            "{% if s[i] != 'é' or s | length != 100001 %}bad{% endif %}{% endfor %}"
            "{{ s[-1] }}{{ s[100000] }}{{ s[-100001] }}{{ s[100001] is defined }}", "xxéFalse");
 }
+
+/* A lookup in a dict (or a scope) of many keys costs steps by its size. */
+Test(jinja, lookups_in_big_dicts_are_bounded, .timeout = 20)
+{
+    size_t cap = 2000 * 24 + 512, k = 0;
+    char *src = malloc(cap);
+    k += (size_t)snprintf(src + k, cap - k, "{%% set d = {");
+    for (int i = 0; i < 2000; i++)
+        k += (size_t)snprintf(src + k, cap - k, "%s'k%d': %d", i ? ", " : "", i, i);
+    snprintf(src + k, cap - k, "} %%}{{ d.k1999 }}{{ d['k0'] }}{{ 'k5' in d }}{%% for i in [0] * 700000 %%}"
+             "{%% if d.k1999 != 1999 %%}bad{%% endif %%}{%% endfor %%}");
+    expect_error(src, -1, "steps");
+    free(src);
+}
