@@ -6,8 +6,9 @@
  * (namespace attributes, block set), macro and call. Expressions: literals, lists, dicts,
  * attribute and item access, slices, calls, filters, tests, `in`, `~`, arithmetic,
  * comparisons, `x if c else y`. Values: none, bool, int, float, string, list, dict.
- * Rendering is bounded (nesting depth, output size, loop iterations, memory): a hostile
- * template gets an error, never a hang or a crash.
+ * Rendering is bounded (nesting depth, output size, steps, memory; integers are 64-bit and
+ * an operation leaving that range is an error): a hostile template gets an error, never a
+ * hang, a crash or a wrong number (docs/chat-templates.md, "Bounds").
  * Every string byte carries whether it came from the caller's data (kvp_jv_str) or from
  * the template's own text (literals, and kvp_jv_str_trusted values such as bos_token):
  * the output's mask lets the tokenizer take control tokens only from the template. */
@@ -23,8 +24,9 @@ typedef struct kvp_jinja kvp_jinja;     /* a parsed template */
 /* Limits of a rendering; zero fields take the defaults below. */
 typedef struct kvp_jinja_limits {
     size_t max_output;      /* bytes of output (default 8 MiB) */
-    size_t max_memory;      /* bytes of values the rendering may allocate (default 256 MiB) */
-    long max_steps;         /* loop iterations plus macro calls (default 1,000,000) */
+    size_t max_memory;      /* bytes of values the rendering may allocate (default 64 MiB) */
+    long max_steps;         /* loop iterations, macro calls, comparisons and scans
+                               (default 1,000,000) */
     int max_depth;          /* nested macro calls and expressions (default 64) */
 } kvp_jinja_limits;
 

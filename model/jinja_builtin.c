@@ -10,7 +10,7 @@
 #include "model/jinja_impl.h"
 #include "model/unicode.h"
 
-enum { F_NAMESPACE = 1, F_RANGE, F_RAISE, F_STRFTIME, F_DICT,
+enum { F_NAMESPACE = 1, F_RANGE, F_RAISE, F_STRFTIME, F_DICT, F_CYCLE,
        M_STARTSWITH, M_ENDSWITH, M_STRIP, M_LSTRIP, M_RSTRIP, M_SPLIT, M_REPLACE, M_UPPER,
        M_LOWER, M_TITLE, M_CAPITALIZE, M_FIND, M_JOIN, M_ITEMS, M_KEYS, M_VALUES, M_GET };
 
@@ -37,6 +37,14 @@ static kvp_jv *func(jctx *c, int fn, kvp_jv *self)
     return f;
 }
 
+static void *must_alloc(jctx *c, size_t n)
+{
+    void *p = ja_alloc(c->a, n);
+    if (!p)
+        jx_fail(c, 0, "the template needs more than %zu bytes of memory", c->a->max);
+    return p;
+}
+
 kvp_jv *jx_method(jctx *c, kvp_jv *self, const char *name, int line)
 {
     (void)line;
@@ -46,6 +54,11 @@ kvp_jv *jx_method(jctx *c, kvp_jv *self, const char *name, int line)
         if ((int)self->type == methods[i].on && !strcmp(methods[i].name, name))
             return func(c, methods[i].fn, self);
     return NULL;
+}
+
+kvp_jv *jx_loop_method(jctx *c, kvp_jv *loop, const char *name)
+{
+    return !strcmp(name, "cycle") ? func(c, F_CYCLE, loop) : NULL;
 }
 
 kvp_jv *jx_global(jctx *c, const char *name)
@@ -98,14 +111,6 @@ kvp_jv *jx_list_of(jctx *c, kvp_jv *v, const char *what, int line)
 
 /* ---- strings ---- */
 
-static int in_chars(const kvp_jv *chars, const char *s, size_t len)
-{
-    for (size_t i = 0; i + len <= chars->n; i++)
-        if (!memcmp(chars->s + i, s, len) && ((unsigned char)chars->s[i] & 0xc0) != 0x80)
-            return 1;
-    return 0;
-}
-
 static size_t cp_len(const char *s, size_t n, size_t at)
 {
     size_t k = 1;
@@ -114,26 +119,55 @@ static size_t cp_len(const char *s, size_t n, size_t at)
     return k;
 }
 
-static int strippable(const kvp_jv *v, size_t at, const kvp_jv *chars, size_t *len)
+/* The character at s[at] and its length: a code point, or 0x110000 + the byte for a byte
+ * that does not start UTF-8. */
+static uint32_t char_at(const char *s, size_t n, size_t at, size_t *len)
 {
-    if (!chars)
+    uint32_t cp;
+    *len = kvp_utf8_decode((const unsigned char *)s + at, n - at, &cp);
+    return cp == 0xFFFD && *len == 1 ? 0x110000u + (unsigned char)s[at] : cp;
+}
+
+static int cmp_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* A strip's `chars` as a sorted set: each test is a binary search, so a long `chars`
+ * costs its length once, not once per character stripped. */
+typedef struct charset {
+    uint32_t *v;
+    size_t n;
+} charset;
+
+static int strippable(const kvp_jv *v, size_t at, const charset *set, size_t *len)
+{
+    if (!set)
         return jv_is_space_at(v->s, v->n, at, len);
-    *len = cp_len(v->s, v->n, at);
-    return in_chars(chars, v->s + at, *len);
+    uint32_t ch = char_at(v->s, v->n, at, len);
+    return bsearch(&ch, set->v, set->n, sizeof ch, cmp_u32) != NULL;
 }
 
 kvp_jv *jx_strip(jctx *c, kvp_jv *v, kvp_jv *chars, int left, int right)
 {
-    if (chars && chars->type == JV_NONE)
-        chars = NULL;
+    charset set = {0}, *cs = NULL;
+    if (chars && chars->type != JV_NONE) {
+        jx_need_str(c, chars, "strip", 0);
+        set.v = must_alloc(c, (chars->n + 1) * sizeof *set.v);
+        for (size_t i = 0, len; i < chars->n; i += len)
+            set.v[set.n++] = char_at(chars->s, chars->n, i, &len);
+        qsort(set.v, set.n, sizeof *set.v, cmp_u32);
+        cs = &set;
+    }
     size_t from = 0, to = v->n, len;
-    while (left && from < to && strippable(v, from, chars, &len))
+    while (left && from < to && strippable(v, from, cs, &len))
         from += len;
     while (right && to > from) {
         size_t at = to - 1;
         while (at > from && ((unsigned char)v->s[at] & 0xc0) == 0x80)
             at--;
-        if (!strippable(v, at, chars, &len) || at + len != to)
+        if (!strippable(v, at, cs, &len) || at + len != to)
             break;
         to = at;
     }
@@ -305,7 +339,7 @@ kvp_jv *jx_join(jctx *c, kvp_jv *seq, kvp_jv *sep, kvp_jv *attribute, int line)
             jb_put(c, &o, sep->s, sep->n, sep->taint, 0);
         kvp_jv *x = seq->v[i];
         if (attribute && x->type == JV_DICT)
-            x = jv_dget(x, attribute->s, attribute->n) ?: jv_undef(c, NULL);
+            x = jx_dget(c, x, attribute->s, attribute->n) ?: jv_undef(c, NULL);
         jb_str(c, &o, x);
     }
     return jb_value(c, &o);
@@ -320,6 +354,7 @@ static int affix(jctx *c, kvp_jv *v, kvp_jv *a, int end, int line)
         return 0;
     }
     jx_need_str(c, a, end ? "endswith" : "startswith", line);
+    jx_scan(c, a->n);
     return a->n <= v->n && !memcmp(v->s + (end ? v->n - a->n : 0), a->s, a->n);
 }
 
@@ -371,16 +406,23 @@ kvp_jv *jx_call_builtin(jctx *c, kvp_jv *f, kvp_jv **args, int nargs, const char
         if (!v[2])
             jx_fail(c, line, "range() step cannot be zero");
         /* its length first: a huge range fails before it is built */
-        long double span = v[2] > 0 ? (long double)v[1] - v[0] : (long double)v[0] - v[1];
-        long double count = span <= 0 ? 0 : (span + (v[2] > 0 ? v[2] : -v[2]) - 1) /
-                                             (v[2] > 0 ? v[2] : -(long double)v[2]);
-        if (count > (long double)(c->lim.max_steps - c->steps))
-            jx_fail(c, line, "range() of %.0Lf items: more than the %ld loop iterations "
+        unsigned long long span, step = v[2] > 0 ? (unsigned long long)v[2]
+                                                 : 0ULL - (unsigned long long)v[2];
+        if (v[2] > 0 ? v[1] <= v[0] : v[1] >= v[0])
+            span = 0;
+        else
+            span = v[2] > 0 ? (unsigned long long)v[1] - (unsigned long long)v[0]
+                            : (unsigned long long)v[0] - (unsigned long long)v[1];
+        unsigned long long count = span / step + (span % step != 0);
+        if (count > (unsigned long long)(c->lim.max_steps - c->steps))
+            jx_fail(c, line, "range() of %llu items: more than the %ld loop iterations "
                     "a template may run", count, c->lim.max_steps);
         c->steps += (long)count;            /* building it is work of its length */
         kvp_jv *l = jv_new(c, JV_LIST);
-        for (long long i = v[0]; v[2] > 0 ? i < v[1] : i > v[1]; i += v[2])
-            jv_push(c, l, jv_int(c, i));
+        /* start + k * step is in range for each k < count; unsigned arithmetic wraps to it */
+        for (unsigned long long k = 0; k < count; k++)
+            jv_push(c, l, jv_int(c, (long long)((unsigned long long)v[0] +
+                                                 k * (unsigned long long)v[2])));
         return l;
     }
     case F_RAISE: {
@@ -392,13 +434,28 @@ kvp_jv *jx_call_builtin(jctx *c, kvp_jv *f, kvp_jv **args, int nargs, const char
     }
     case F_STRFTIME: {
         kvp_jv *fmt = jx_need_str(c, A(0, NULL), "strftime_now", line);
+        if (memchr(fmt->s, 0, fmt->n))
+            jx_fail(c, line, "strftime_now: the format has a NUL character");
         time_t now = time(NULL);
         struct tm tm;
-        char out[256];
         localtime_r(&now, &tm);
-        size_t n = strftime(out, sizeof out, fmt->s, &tm);
+        /* strftime's 0 means "empty" or "did not fit": a buffer far larger than any
+         * conversion needs, up to the output bound, tells them apart */
+        size_t cap = fmt->n <= c->lim.max_output / 64 ? fmt->n * 64 + 256 : 0;
+        if (!cap || cap > c->lim.max_output)
+            cap = c->lim.max_output + 1;
+        char *out = must_alloc(c, cap);
+        size_t n = fmt->n ? strftime(out, cap, fmt->s, &tm) : 0;
+        if (n == 0 && fmt->n && cap > c->lim.max_output)
+            jx_fail(c, line, "strftime_now: the output exceeds %zu bytes", c->lim.max_output);
+        if (n > c->lim.max_output)
+            jx_fail(c, line, "strftime_now: the output exceeds %zu bytes", c->lim.max_output);
         return jv_strn(c, out, n, NULL, 0);
     }
+    case F_CYCLE:
+        if (!nargs)
+            jx_fail(c, line, "loop.cycle: no items for cycling given");
+        return args[self->i % nargs];
     case M_STARTSWITH: case M_ENDSWITH:
         return jv_bool(c, affix(c, self, A(0, NULL), f->fn == M_ENDSWITH, line));
     case M_STRIP: case M_LSTRIP: case M_RSTRIP:
@@ -417,6 +474,7 @@ kvp_jv *jx_call_builtin(jctx *c, kvp_jv *f, kvp_jv **args, int nargs, const char
     case M_CAPITALIZE: return jx_casemap(c, self, 3);
     case M_FIND: {
         kvp_jv *x = jx_need_str(c, A(0, NULL), "find", line);
+        jx_scan(c, self->n);
         const char *hit = memmem(self->s, self->n, x->s, x->n);
         if (!hit)
             return jv_int(c, -1);
@@ -431,7 +489,7 @@ kvp_jv *jx_call_builtin(jctx *c, kvp_jv *f, kvp_jv **args, int nargs, const char
     case M_VALUES: return jx_pairs(c, self, 2);
     case M_GET: {
         kvp_jv *k = A(0, NULL), *d = A(1, "default");
-        kvp_jv *v = k && k->type == JV_STR ? jv_dget(self, k->s, k->n) : NULL;
+        kvp_jv *v = k && k->type == JV_STR ? jx_dget(c, self, k->s, k->n) : NULL;
         return v ? v : d ? d : jv_new(c, JV_NONE);
     }
     default: jx_fail(c, line, "unknown function");
@@ -495,15 +553,15 @@ int jx_test(jctx *c, const char *name, kvp_jv *v, kvp_jv **args, int nargs, int 
         return !memcmp(m->s, v->s, v->n);
     }
     if (!strcmp(name, "odd") || !strcmp(name, "even")) {
-        if (t != JV_INT)
+        if (t != JV_INT && t != JV_BOOL)
             jx_fail(c, line, "test '%s' needs an integer", name);
         return (v->i % 2 == 0) == (name[0] == 'e');
     }
     if (!x)
         jx_fail(c, line, "test '%s' needs an argument", name);
     if (!strcmp(name, "equalto") || !strcmp(name, "eq") || !strcmp(name, "=="))
-        return jv_equal(v, x);
-    if (!strcmp(name, "ne") || !strcmp(name, "!=")) return !jv_equal(v, x);
+        return jv_equal(c, v, x);
+    if (!strcmp(name, "ne") || !strcmp(name, "!=")) return !jv_equal(c, v, x);
     if (!strcmp(name, "sameas"))
         return v == x || (t == (int)x->type && (t == JV_NONE || t == JV_BOOL) && v->i == x->i);
     if (!strcmp(name, "in")) {
@@ -512,9 +570,11 @@ int jx_test(jctx *c, const char *name, kvp_jv *v, kvp_jv **args, int nargs, int 
         return jv_truthy(jx_eval(c, NULL, &e));
     }
     if (!strcmp(name, "divisibleby")) {
-        if (t != JV_INT || x->type != JV_INT || !x->i)
+        if ((t != JV_INT && t != JV_BOOL) || (x->type != JV_INT && x->type != JV_BOOL))
             jx_fail(c, line, "test 'divisibleby' needs integers");
-        return v->i % x->i == 0;
+        if (!x->i)
+            jx_fail(c, line, "test 'divisibleby': division by zero");
+        return x->i == -1 || v->i % x->i == 0;     /* INT64_MIN % -1 traps in C */
     }
     int r = cmp_test(c, name, v, x, line);
     if (r >= 0)

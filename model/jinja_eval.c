@@ -3,6 +3,7 @@
  * and attribute access). A for loop's body has its own scope (a `set` inside it does not
  * leak out: namespace() objects carry state across); if blocks do not. */
 #include <math.h>
+#include <stdint.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,8 +33,24 @@ void jx_fail(jctx *c, int line, const char *fmt, ...)
 void jx_step(jctx *c, int line)
 {
     if (++c->steps > c->lim.max_steps)
-        jx_fail(c, line, "the template runs more than %ld loop iterations and calls",
-                c->lim.max_steps);
+        jx_fail(c, line, "the template runs more than %ld steps (loop iterations, calls, "
+                "comparisons, scans)", c->lim.max_steps);
+}
+
+/* A scan inside one step costs steps too: one per 4 KiB of text, or per 64 items
+ * (units: a byte is 1, an item 64). */
+void jx_scan(jctx *c, size_t units)
+{
+    c->scan += units;
+    if (c->scan < 4096)
+        return;
+    size_t k = c->scan / 4096;
+    c->scan %= 4096;
+    if (k > (size_t)(c->lim.max_steps - c->steps))
+        c->steps = c->lim.max_steps;
+    else
+        c->steps += (long)k;
+    jx_step(c, 0);
 }
 
 static jscope *scope_new(jctx *c, jscope *parent)
@@ -50,7 +67,7 @@ static kvp_jv *lookup(jctx *c, jscope *s, const char *name)
 {
     size_t n = strlen(name);
     for (; s; s = s->parent) {
-        kvp_jv *v = jv_dget(s->vars, name, n);
+        kvp_jv *v = jx_dget(c, s->vars, name, n);
         if (v)
             return v;
     }
@@ -62,6 +79,7 @@ static void assign(jctx *c, jscope *s, const char *name, kvp_jv *v)
 {
     kvp_jv *d = s->vars;
     size_t n = strlen(name);
+    jx_scan(c, d->len * 16);
     for (size_t i = 0; i < d->len; i++)     /* rebinding allocates nothing */
         if (d->k[i]->n == n && !memcmp(d->k[i]->s, name, n)) {
             d->v[i] = v;
@@ -85,10 +103,78 @@ static int is_num(const kvp_jv *v)
 
 static double num(const kvp_jv *v) { return v->type == JV_FLOAT ? v->f : (double)v->i; }
 
-static long long pymod(long long a, long long b)
+/* Integers are 64-bit: an operation whose exact result does not fit is an error (Python
+ * would give a bigger integer; the template gets no silently wrong number). */
+__attribute__((noreturn))
+static void int_overflow(jctx *c, const char *op, int line)
 {
-    long long m = a % b;
-    return (m != 0 && ((m < 0) != (b < 0))) ? m + b : m;
+    jx_fail(c, line, "integer overflow in %s: the result leaves the 64-bit range", op);
+}
+
+/* Python's floor division and modulo of integers (y != 0). */
+static long long int_fdiv(jctx *c, long long x, long long y, int mod, int line)
+{
+    if (y == -1) {
+        if (!mod && x == INT64_MIN)
+            int_overflow(c, "//", line);
+        return mod ? 0 : -x;
+    }
+    long long q = x / y, r = x % y;
+    if (r && ((r < 0) != (y < 0))) {
+        q--;
+        r += y;
+    }
+    return mod ? r : q;
+}
+
+/* x ** y for y >= 0, exactly. */
+static long long int_pow(jctx *c, long long x, long long y, int line)
+{
+    if (x == 0 || x == 1)
+        return y == 0 ? 1 : x;
+    if (x == -1)
+        return y % 2 ? -1 : 1;
+    if (y >= 64)                    /* |x| >= 2: at least 2**64 */
+        int_overflow(c, "**", line);
+    long long r = 1;
+    for (long long i = 0; i < y; i++)
+        if (__builtin_mul_overflow(r, x, &r))
+            int_overflow(c, "**", line);
+    return r;
+}
+
+/* Python's float floor division and modulo (float_divmod): the remainder takes the
+ * divisor's sign, the quotient is exact for large operands. */
+static double float_fdiv(double a, double b, int mod)
+{
+    double m = fmod(a, b), q = (a - m) / b;
+    if (m != 0) {
+        if ((b < 0) != (m < 0)) {
+            m += b;
+            q -= 1;
+        }
+    } else {
+        m = copysign(0, b);
+    }
+    if (mod)
+        return m;
+    if (q != 0) {
+        double f = floor(q);
+        return q - f > 0.5 ? f + 1 : f;
+    }
+    return copysign(0, a / b);
+}
+
+static double float_pow(jctx *c, double a, double b, int line)
+{
+    if (a == 0 && b < 0)
+        jx_fail(c, line, "division by zero: 0.0 cannot be raised to a negative power");
+    if (a < 0 && isfinite(b) && b != floor(b))
+        jx_fail(c, line, "a negative number to a fractional power is a complex number");
+    double r = pow(a, b);
+    if (isinf(r) && isfinite(a) && isfinite(b))
+        jx_fail(c, line, "float overflow in **: the result is out of range");
+    return r;
 }
 
 static kvp_jv *jfloat(jctx *c, double f)
@@ -108,10 +194,10 @@ static kvp_jv *concat2(jctx *c, const kvp_jv *a, const kvp_jv *b)
 
 static kvp_jv *repeat(jctx *c, const kvp_jv *seq, long long k, int line)
 {
-    if (k < 0)
-        k = 0;
     size_t unit = seq->type == JV_STR ? seq->n : seq->len;
-    if (unit && (unsigned long long)k > c->lim.max_output / unit)
+    if (k <= 0 || unit == 0)        /* nothing to repeat: done at once, whatever k is */
+        return seq->type == JV_STR ? jv_cstr(c, "") : jv_new(c, JV_LIST);
+    if ((unsigned long long)k > c->lim.max_output / unit)
         jx_fail(c, line, "a repetition longer than %zu", c->lim.max_output);
     if (seq->type == JV_STR) {
         jbuf o = {0};
@@ -128,11 +214,8 @@ static kvp_jv *repeat(jctx *c, const kvp_jv *seq, long long k, int line)
 
 static int compare(jctx *c, const kvp_jv *a, const kvp_jv *b, int line)
 {
-    if (is_num(a) && is_num(b)) {
-        if (a->type != JV_FLOAT && b->type != JV_FLOAT)
-            return (a->i > b->i) - (a->i < b->i);
-        return (num(a) > num(b)) - (num(a) < num(b));
-    }
+    if (is_num(a) && is_num(b))
+        return jv_num_cmp(a, b);
     if (a->type == JV_STR && b->type == JV_STR) {
         size_t n = a->n < b->n ? a->n : b->n;
         int r = memcmp(a->s, b->s, n);
@@ -152,14 +235,16 @@ static int contains(jctx *c, const kvp_jv *hay, const kvp_jv *x, int line)
         if (x->type != JV_STR)
             jx_fail(c, line, "'in <string>' needs a string on the left, not a %s",
                     jv_type_name(x));
+        jx_scan(c, hay->n);
         return x->n == 0 || memmem(hay->s, hay->n, x->s, x->n) != NULL;
     case JV_LIST:
+        jx_scan(c, hay->len * 64);
         for (size_t i = 0; i < hay->len; i++)
-            if (jv_equal(hay->v[i], x))
+            if (jv_equal(c, hay->v[i], x))
                 return 1;
         return 0;
     case JV_DICT:
-        return x->type == JV_STR && jv_dget(hay, x->s, x->n) != NULL;
+        return x->type == JV_STR && jx_dget(c, hay, x->s, x->n) != NULL;
     case JV_UNDEF:
         return 0;
     default:
@@ -170,12 +255,13 @@ static int contains(jctx *c, const kvp_jv *hay, const kvp_jv *x, int line)
 static kvp_jv *binop(jctx *c, int op, kvp_jv *a, kvp_jv *b, int line)
 {
     switch (op) {
-    case B_EQ: return jv_bool(c, jv_equal(a, b));
-    case B_NE: return jv_bool(c, !jv_equal(a, b));
-    case B_LT: return jv_bool(c, compare(c, a, b, line) < 0);
-    case B_LE: return jv_bool(c, compare(c, a, b, line) <= 0);
-    case B_GT: return jv_bool(c, compare(c, a, b, line) > 0);
-    case B_GE: return jv_bool(c, compare(c, a, b, line) >= 0);
+    case B_EQ: return jv_bool(c, jv_equal(c, a, b));
+    case B_NE: return jv_bool(c, !jv_equal(c, a, b));
+    case B_LT: case B_LE: case B_GT: case B_GE: {
+        int r = compare(c, a, b, line);     /* 2: a NaN, and every order is false */
+        return jv_bool(c, r != 2 && (op == B_LT ? r < 0 : op == B_LE ? r <= 0
+                                     : op == B_GT ? r > 0 : r >= 0));
+    }
     case B_IN: return jv_bool(c, contains(c, b, a, line));
     case B_NOTIN: return jv_bool(c, !contains(c, b, a, line));
     case B_CAT: return concat2(c, jv_to_str(c, a), jv_to_str(c, b));
@@ -187,11 +273,26 @@ static kvp_jv *binop(jctx *c, int op, kvp_jv *a, kvp_jv *b, int line)
         undefined_error(c, b, line);
     if (is_num(a) && is_num(b)) {
         int flt = a->type == JV_FLOAT || b->type == JV_FLOAT;
-        long long x = a->i, y = b->i;
+        long long x = a->i, y = b->i, r;
         switch (op) {
-        case B_ADD: return flt ? jfloat(c, num(a) + num(b)) : jv_int(c, (long long)((unsigned long long)x + (unsigned long long)y));
-        case B_SUB: return flt ? jfloat(c, num(a) - num(b)) : jv_int(c, (long long)((unsigned long long)x - (unsigned long long)y));
-        case B_MUL: return flt ? jfloat(c, num(a) * num(b)) : jv_int(c, (long long)((unsigned long long)x * (unsigned long long)y));
+        case B_ADD:
+            if (flt)
+                return jfloat(c, num(a) + num(b));
+            if (__builtin_add_overflow(x, y, &r))
+                int_overflow(c, "+", line);
+            return jv_int(c, r);
+        case B_SUB:
+            if (flt)
+                return jfloat(c, num(a) - num(b));
+            if (__builtin_sub_overflow(x, y, &r))
+                int_overflow(c, "-", line);
+            return jv_int(c, r);
+        case B_MUL:
+            if (flt)
+                return jfloat(c, num(a) * num(b));
+            if (__builtin_mul_overflow(x, y, &r))
+                int_overflow(c, "*", line);
+            return jv_int(c, r);
         case B_DIV:
             if (num(b) == 0)
                 jx_fail(c, line, "division by zero");
@@ -199,21 +300,13 @@ static kvp_jv *binop(jctx *c, int op, kvp_jv *a, kvp_jv *b, int line)
         case B_FDIV: case B_MOD:
             if (num(b) == 0)
                 jx_fail(c, line, "division by zero");
-            if (flt) {
-                double q = floor(num(a) / num(b));
-                return jfloat(c, op == B_FDIV ? q : num(a) - q * num(b));
-            }
-            if (y == -1)
-                return jv_int(c, op == B_FDIV ? (long long)(0ULL - (unsigned long long)x) : 0);
-            return jv_int(c, op == B_MOD ? pymod(x, y) : (x - pymod(x, y)) / y);
+            if (flt)
+                return jfloat(c, float_fdiv(num(a), num(b), op == B_MOD));
+            return jv_int(c, int_fdiv(c, x, y, op == B_MOD, line));
         case B_POW:
-            if (!flt && y >= 0) {
-                long long r = 1;
-                for (long long i = 0; i < y && i < 64; i++)
-                    r = (long long)((unsigned long long)r * (unsigned long long)x);
-                return jv_int(c, r);
-            }
-            return jfloat(c, pow(num(a), num(b)));
+            if (!flt && y >= 0)
+                return jv_int(c, int_pow(c, x, y, line));
+            return jfloat(c, float_pow(c, num(a), num(b), line));
         default: break;
         }
     }
@@ -227,9 +320,11 @@ static kvp_jv *binop(jctx *c, int op, kvp_jv *a, kvp_jv *b, int line)
             jv_push(c, l, b->v[i]);
         return l;
     }
-    if (op == B_MUL && (a->type == JV_STR || a->type == JV_LIST) && b->type == JV_INT)
+    if (op == B_MUL && (a->type == JV_STR || a->type == JV_LIST) &&
+        (b->type == JV_INT || b->type == JV_BOOL))
         return repeat(c, a, b->i, line);
-    if (op == B_MUL && (b->type == JV_STR || b->type == JV_LIST) && a->type == JV_INT)
+    if (op == B_MUL && (b->type == JV_STR || b->type == JV_LIST) &&
+        (a->type == JV_INT || a->type == JV_BOOL))
         return repeat(c, b, a->i, line);
     static const char *names[] = {"+", "-", "*", "/", "//", "%", "**"};
     jx_fail(c, line, "unsupported operand types for %s: %s and %s", names[op],
@@ -250,7 +345,7 @@ static kvp_jv *item(jctx *c, kvp_jv *o, kvp_jv *k, int line)
     case JV_DICT: {
         if (k->type != JV_STR)
             return jv_undef(c, NULL);
-        kvp_jv *v = jv_dget(o, k->s, k->n);
+        kvp_jv *v = jx_dget(c, o, k->s, k->n);
         return v ? v : jv_undef(c, NULL);
     }
     case JV_LIST: case JV_STR: {
@@ -262,9 +357,8 @@ static kvp_jv *item(jctx *c, kvp_jv *o, kvp_jv *k, int line)
             long long i = norm_index(k->i, o->len);
             return i < 0 ? jv_undef(c, NULL) : o->v[i];
         }
-        size_t n, *cp = jv_cps(c, o, &n);
-        long long i = norm_index(k->i, n);
-        return i < 0 ? jv_undef(c, NULL) : jv_sub(c, o, cp[i], cp[i + 1]);
+        kvp_jv *ch = jv_cp_at(c, o, k->i);
+        return ch ? ch : jv_undef(c, NULL);
     }
     case JV_UNDEF:
         undefined_error(c, o, line);
@@ -316,11 +410,16 @@ static kvp_jv *slice(jctx *c, jscope *s, const jnode *e)
         return from < to ? jv_sub(c, o, cp[from], cp[to]) : jv_cstr(c, "");
     kvp_jv *l = jv_new(c, JV_LIST);
     jbuf b = {0};
-    for (long long i = from; step > 0 ? i < to : i > to; i += step) {
+    for (long long i = from; step > 0 ? i < to : i > to;) {
         if (o->type == JV_LIST)
             jv_push(c, l, o->v[i]);
         else
             jb_put(c, &b, o->s + cp[i], cp[i + 1] - cp[i], o->taint ? o->taint + cp[i] : NULL, 0);
+        /* the next index would be past `to` (adding a huge step would overflow) */
+        if (step > 0 ? to - i <= step
+                     : (unsigned long long)(i - to) <= 0ULL - (unsigned long long)step)
+            break;
+        i += step;
     }
     return o->type == JV_LIST ? l : jb_value(c, &b);
 }
@@ -377,12 +476,12 @@ static kvp_jv *attr(jctx *c, kvp_jv *o, const char *name, int line)
     if (o->type == JV_UNDEF)
         undefined_error(c, o, line);
     if (o->type == JV_LOOP)
-        return loop_attr(c, o, name);
+        return jx_loop_method(c, o, name) ?: loop_attr(c, o, name);
     kvp_jv *m = jx_method(c, o, name, line);
     if (m)
         return m;
     if (o->type == JV_DICT) {
-        kvp_jv *v = jv_dget(o, name, strlen(name));
+        kvp_jv *v = jx_dget(c, o, name, strlen(name));
         if (v)
             return v;
     }
@@ -451,8 +550,12 @@ kvp_jv *jx_eval(jctx *c, jscope *s, const jnode *e)
                     jv_type_name(v));
         if (e->kind == N_POS)
             r = v->type == JV_BOOL ? jv_int(c, v->i) : v;
+        else if (v->type == JV_FLOAT)
+            r = jfloat(c, -v->f);
+        else if (v->i == INT64_MIN)
+            int_overflow(c, "unary -", e->line);
         else
-            r = v->type == JV_FLOAT ? jfloat(c, -v->f) : jv_int(c, (long long)(0ULL - (unsigned long long)v->i));
+            r = jv_int(c, -v->i);
         break;
     }
     case N_BIN: {

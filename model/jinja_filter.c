@@ -1,6 +1,8 @@
 /* The Jinja interpreter's filters, as Jinja 3 defines them, with transformers' tojson
  * (json.dumps with ensure_ascii=False, no key sorting, indent). An unknown filter is an
  * error naming it. */
+#include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,7 +17,7 @@ static kvp_jv *path(jctx *c, kvp_jv *x, const kvp_jv *attr)
         const char *dot = memchr(s, '.', (size_t)(end - s));
         size_t n = dot ? (size_t)(dot - s) : (size_t)(end - s);
         if (x->type == JV_DICT) {
-            x = jv_dget(x, s, n);
+            x = jx_dget(c, x, s, n);
         } else if (x->type == JV_LIST && n && n < 20 && strspn(s, "0123456789") >= n) {
             char num[24];
             memcpy(num, s, n);
@@ -66,26 +68,102 @@ static kvp_jv *select_items(jctx *c, kvp_jv *seq, kvp_jv **args, int nargs, int 
     return l;
 }
 
-static kvp_jv *to_int(jctx *c, kvp_jv *v, kvp_jv *def)
+/* The text of a string without Python's leading and trailing white space, in a new
+ * NUL-terminated buffer. */
+static char *stripped(jctx *c, const kvp_jv *v)
+{
+    kvp_jv *t = jx_strip(c, (kvp_jv *)v, NULL, 1, 1);
+    return (char *)t->s;
+}
+
+/* Python's int(s): optional sign, decimal digits with single underscores between them.
+ * 1 with *out set; 0 when s is not such a number; fails when it does not fit. */
+static int parse_int(jctx *c, const char *s, long long *out, int line)
+{
+    int neg = *s == '-';
+    if (*s == '-' || *s == '+')
+        s++;
+    if (!(*s >= '0' && *s <= '9'))
+        return 0;
+    unsigned long long m = 0, lim = neg ? 9223372036854775808ULL : 9223372036854775807ULL;
+    int big = 0;
+    for (; *s; s++) {
+        if (*s == '_') {
+            if (!(s[1] >= '0' && s[1] <= '9'))
+                return 0;
+            continue;
+        }
+        if (!(*s >= '0' && *s <= '9'))
+            return 0;
+        unsigned d = (unsigned)(*s - '0');
+        if (m > (lim - d) / 10)
+            big = 1;
+        else
+            m = m * 10 + d;
+    }
+    if (big)
+        jx_fail(c, line, "integer overflow in int: the value leaves the 64-bit range");
+    *out = neg ? (long long)(0ULL - m) : (long long)m;
+    return 1;
+}
+
+/* Python's float(s): what strtod reads, without C's hexadecimal forms, with single
+ * underscores between digits. */
+static int parse_float(jctx *c, const char *s, double *out)
+{
+    size_t n = strlen(s);
+    char *buf = ja_alloc(c->a, n + 1), *end;
+    if (!buf)
+        jx_fail(c, 0, "the template needs more than %zu bytes of memory", c->a->max);
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] == 'x' || s[i] == 'X' || s[i] == 'p' || s[i] == 'P')
+            return 0;
+        if (s[i] == '_') {
+            int dl = i > 0 && s[i - 1] >= '0' && s[i - 1] <= '9';
+            int dr = s[i + 1] >= '0' && s[i + 1] <= '9';
+            if (!dl || !dr)
+                return 0;
+            continue;
+        }
+        buf[k++] = s[i];
+    }
+    buf[k] = 0;
+    if (!k)
+        return 0;
+    *out = strtod(buf, &end);
+    return *end == 0;
+}
+
+/* A float (not NaN) as an int, truncated; infinity cannot be, a value beyond int64 is
+ * an overflow. */
+static long long float_to_int(jctx *c, double f, int line)
+{
+    if (isinf(f))
+        jx_fail(c, line, "int: cannot convert float infinity to integer");
+    if (f >= 9223372036854775808.0 || f < -9223372036854775808.0)
+        jx_fail(c, line, "integer overflow in int: the value leaves the 64-bit range");
+    return (long long)f;
+}
+
+/* Jinja's int filter: int(s) for a string, else int(float(s)); a string that is neither
+ * (or a NaN or an infinity), or a NaN float, gives the default. */
+static kvp_jv *to_int(jctx *c, kvp_jv *v, kvp_jv *def, int line)
 {
     if (v->type == JV_INT)
         return v;
     if (v->type == JV_BOOL)
         return jv_int(c, v->i);
-    if (v->type == JV_FLOAT && v->f > -9.2e18 && v->f < 9.2e18)
-        return jv_int(c, (long long)v->f);
-    if (v->type == JV_STR && v->n && v->n < 64) {
-        char buf[64], *end;
-        memcpy(buf, v->s, v->n);
-        buf[v->n] = 0;
-        long long i = strtoll(buf, &end, 10);
-        while (*end == ' ' || *end == '\t' || *end == '\n')
-            end++;
-        if (!*end && end != buf)
+    if (v->type == JV_FLOAT && !isnan(v->f))
+        return jv_int(c, float_to_int(c, v->f, line));
+    if (v->type == JV_STR && !memchr(v->s, 0, v->n)) {
+        const char *s = stripped(c, v);
+        long long i;
+        double f;
+        if (parse_int(c, s, &i, line))
             return jv_int(c, i);
-        double f = strtod(buf, &end);
-        if (!*end && end != buf && f > -9.2e18 && f < 9.2e18)
-            return jv_int(c, (long long)f);
+        if (parse_float(c, s, &f) && isfinite(f))
+            return jv_int(c, float_to_int(c, f, line));
     }
     return def ? def : jv_int(c, 0);
 }
@@ -99,14 +177,8 @@ static kvp_jv *to_float(jctx *c, kvp_jv *v, kvp_jv *def)
         r->f = (double)v->i;
         return r;
     }
-    if (v->type == JV_STR && v->n && v->n < 64) {
-        char buf[64], *end;
-        memcpy(buf, v->s, v->n);
-        buf[v->n] = 0;
-        r->f = strtod(buf, &end);
-        if (!*end && end != buf)
-            return r;
-    }
+    if (v->type == JV_STR && !memchr(v->s, 0, v->n) && parse_float(c, stripped(c, v), &r->f))
+        return r;
     if (def)
         return def;
     r->f = 0;
@@ -120,7 +192,7 @@ static kvp_jv *indent(jctx *c, kvp_jv *v, kvp_jv *w, int first, int blank, int l
     jbuf ind = {0};
     if (!w || w->type == JV_INT) {
         long long n = w ? w->i : 4;
-        for (long long i = 0; i < n && i < 256; i++)
+        for (long long i = 0; i < n; i++)     /* the output bound stops a huge width */
             jb_put(c, &ind, " ", 1, NULL, 0);
     } else {
         jx_need_str(c, w, "indent", line);
@@ -187,15 +259,16 @@ kvp_jv *jx_filter(jctx *c, jscope *s, const char *name, kvp_jv *v, kvp_jv **args
         if (ind && ind->type != JV_INT && ind->type != JV_NONE)
             jx_fail(c, line, "tojson: indent must be an integer");
         jbuf o = {0};
-        jb_json(c, &o, v, ind && ind->type == JV_INT ? (int)(ind->i < 0 ? 0 : ind->i > 64 ? 64 : ind->i) : -1, 0);
+        /* an indent past the output bound fails at the first newline, as any wider one */
+        long long w = !ind || ind->type != JV_INT ? -1 : ind->i < 0 ? 0
+                      : (unsigned long long)ind->i > c->lim.max_output ? (long long)c->lim.max_output + 1
+                                                                        : ind->i;
+        jb_json(c, &o, v, w, 0);
         return jb_value(c, &o);
     }
     if (is(name, "length") || is(name, "count")) {
-        if (v->type == JV_STR) {
-            size_t n;
-            jv_cps(c, v, &n);
-            return jv_int(c, (long long)n);
-        }
+        if (v->type == JV_STR)
+            return jv_int(c, (long long)jv_cp_count(c, v));
         if (v->type == JV_LIST || v->type == JV_DICT)
             return jv_int(c, (long long)v->len);
         if (v->type == JV_UNDEF)
@@ -236,12 +309,14 @@ kvp_jv *jx_filter(jctx *c, jscope *s, const char *name, kvp_jv *v, kvp_jv **args
     if (is(name, "map"))
         return map(c, s, v, args, nargs, kwn, kwv, nkw, line);
     if (is(name, "int"))
-        return to_int(c, v, A(0, "default"));
+        return to_int(c, v, A(0, "default"), line);
     if (is(name, "float"))
         return to_float(c, v, A(0, "default"));
     if (is(name, "abs")) {
-        if (v->type == JV_INT)
-            return v->i < 0 ? jv_int(c, (long long)(0ULL - (unsigned long long)v->i)) : v;
+        if (v->type == JV_INT && v->i == INT64_MIN)
+            jx_fail(c, line, "integer overflow in abs: the result leaves the 64-bit range");
+        if (v->type == JV_INT || v->type == JV_BOOL)
+            return v->i < 0 ? jv_int(c, -v->i) : v->type == JV_BOOL ? jv_int(c, v->i) : v;
         if (v->type == JV_FLOAT) {
             kvp_jv *r = jv_new(c, JV_FLOAT);
             r->f = v->f < 0 ? -v->f : v->f;

@@ -94,16 +94,25 @@ kvp_jv *jv_int(jctx *c, long long i);
 void jv_push(jctx *c, kvp_jv *list, kvp_jv *v);
 void jv_dset(jctx *c, kvp_jv *dict, kvp_jv *key, kvp_jv *v);
 kvp_jv *jv_dget(const kvp_jv *dict, const char *key, size_t n);
+/* jv_dget in a rendering: a lookup costs steps by the dict's size (jx_scan: 16 a key) */
+kvp_jv *jx_dget(jctx *c, const kvp_jv *dict, const char *key, size_t n);
 int jv_truthy(const kvp_jv *v);
-int jv_equal(const kvp_jv *a, const kvp_jv *b);
+int jv_equal(jctx *c, const kvp_jv *a, const kvp_jv *b);   /* Python's == */
+int jv_num_cmp(const kvp_jv *a, const kvp_jv *b);   /* exact: -1, 0, 1; 2 with a NaN */
+/* How deep values may nest when printed or compared (Python's recursion limit's role). */
+#define JV_MAX_NEST(c) ((c)->lim.max_depth * 8)
 const char *jv_type_name(const kvp_jv *v);
 void jb_put(jctx *c, jbuf *b, const char *s, size_t n, const unsigned char *taint, int all);
 void jb_str(jctx *c, jbuf *b, const kvp_jv *v);    /* str(v) as Python prints it */
-void jb_json(jctx *c, jbuf *b, const kvp_jv *v, int indent, int level);
+void jb_json(jctx *c, jbuf *b, const kvp_jv *v, long long indent, int level);
 kvp_jv *jb_value(jctx *c, jbuf *b);                /* the buffer as a string value */
 kvp_jv *jv_to_str(jctx *c, const kvp_jv *v);
 /* A string's code points: offsets of each start, and n+1 entries (the last = v->n). */
 size_t *jv_cps(jctx *c, const kvp_jv *v, size_t *count);
+/* The number of code points of a string, and its code point i (negative: from the end)
+ * or NULL when out of range, without memory of the string's size. */
+size_t jv_cp_count(jctx *c, const kvp_jv *v);
+kvp_jv *jv_cp_at(jctx *c, const kvp_jv *v, long long i);
 /* The bytes [from, to) of a string as a new string with their taint. */
 kvp_jv *jv_sub(jctx *c, const kvp_jv *v, size_t from, size_t to);
 int jv_is_space_at(const char *s, size_t n, size_t at, size_t *len);   /* Python isspace */
@@ -121,6 +130,7 @@ struct jctx {
     kvp_jarena *a;
     kvp_jinja_limits lim;
     long steps;
+    size_t scan;                   /* units of scanning not yet charged as a step */
     int depth;                     /* nested expression evaluations */
     int mdepth;                    /* nested macro calls */
     jscope *globals;
@@ -130,6 +140,7 @@ struct jctx {
 };
 
 void jx_step(jctx *c, int line);
+void jx_scan(jctx *c, size_t units);      /* bytes scanned, 64 per item compared */
 kvp_jv *jx_eval(jctx *c, jscope *s, const jnode *e);
 kvp_jv *jx_call_value(jctx *c, jscope *s, kvp_jv *f, kvp_jv **args, int nargs,
                       const char **kwn, kvp_jv **kwv, int nkw, int line);
@@ -140,6 +151,7 @@ kvp_jv *jx_filter(jctx *c, jscope *s, const char *name, kvp_jv *v, kvp_jv **args
 int jx_test(jctx *c, const char *name, kvp_jv *v, kvp_jv **args, int nargs, int line);
 kvp_jv *jx_method(jctx *c, kvp_jv *self, const char *name, int line);   /* NULL: none */
 kvp_jv *jx_global(jctx *c, const char *name);                           /* NULL: none */
+kvp_jv *jx_loop_method(jctx *c, kvp_jv *loop, const char *name);        /* NULL: none */
 kvp_jv *jx_call_builtin(jctx *c, kvp_jv *f, kvp_jv **args, int nargs, const char **kwn,
                         kvp_jv **kwv, int nkw, int line);
 int jx_is_test(const char *name);

@@ -2,6 +2,7 @@
  * Whitespace as transformers sets it: trim_blocks (a block or comment tag eats the newline
  * after it), lstrip_blocks (spaces and tabs from a line's start up to a block or comment
  * tag go), "-" on a tag strips all white space on its side, "+" keeps it. */
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -202,8 +203,12 @@ static size_t lex_tag(jparser *p, size_t i, int var, int *strip_after)
             jtok *t = push(p, flt ? T_FLOAT : T_INT, line);
             if (flt)
                 t->f = strtod(buf, &end);
-            else
+            else {
+                errno = 0;
                 t->i = strtoll(buf, &end, 10);
+                if (errno == ERANGE)
+                    jp_fail(p, line, "integer literal %s does not fit in 64 bits", buf);
+            }
             i += k;
         } else if (s[0] == '\'' || s[0] == '"') {
             lex_string(p, &i, line);

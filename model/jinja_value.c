@@ -230,8 +230,15 @@ void jv_push(jctx *c, kvp_jv *list, kvp_jv *v)
         must(c, NULL);
 }
 
+kvp_jv *jx_dget(jctx *c, const kvp_jv *d, const char *key, size_t n)
+{
+    jx_scan(c, d->len * 16);
+    return jv_dget(d, key, n);
+}
+
 void jv_dset(jctx *c, kvp_jv *d, kvp_jv *key, kvp_jv *v)
 {
+    jx_scan(c, d->len * 16);
     if (dset(c->a, d, key, v))
         must(c, NULL);
 }
@@ -253,35 +260,80 @@ static int is_num(const kvp_jv *v)
     return v->type == JV_INT || v->type == JV_BOOL || v->type == JV_FLOAT;
 }
 
-static double num(const kvp_jv *v) { return v->type == JV_FLOAT ? v->f : (double)v->i; }
 
-int jv_equal(const kvp_jv *a, const kvp_jv *b)
+/* Python's ==, where a namespace() is equal only to itself (it has no __eq__) and a
+ * container is equal to itself without a look inside (Python compares items by identity
+ * first). Each pair of containers compared is a step: values that share parts can have
+ * exponentially many paths; nesting deeper than the value bound is an error. */
+static int equal(jctx *c, const kvp_jv *a, const kvp_jv *b, int depth)
 {
-    if (is_num(a) && is_num(b))
-        return (a->type == JV_FLOAT || b->type == JV_FLOAT) ? num(a) == num(b) : a->i == b->i;
+    if (is_num(a) && is_num(b)) {
+        if (a->type != JV_FLOAT && b->type != JV_FLOAT)
+            return a->i == b->i;
+        return jv_num_cmp(a, b) == 0;
+    }
     if (a->type != b->type)
         return 0;
-    switch (a->type) {
-    case JV_UNDEF: case JV_NONE: return 1;
-    case JV_STR: return a->n == b->n && !memcmp(a->s, b->s, a->n);
-    case JV_LIST:
+    if ((a->type == JV_LIST || a->type == JV_DICT) && (a == b || a->ns || b->ns))
+        return a == b;
+    if (a->type == JV_LIST || a->type == JV_DICT) {
         if (a->len != b->len)
             return 0;
+        if (depth >= JV_MAX_NEST(c))
+            jx_fail(c, 0, "a value nested deeper than %d", JV_MAX_NEST(c));
+        jx_step(c, 0);
+        jx_scan(c, a->len * 64);
+    }
+    switch (a->type) {
+    case JV_UNDEF: case JV_NONE: return 1;
+    case JV_STR:
+        if (a->n != b->n)
+            return 0;
+        jx_scan(c, a->n);
+        return !memcmp(a->s, b->s, a->n);
+    case JV_LIST:
         for (size_t i = 0; i < a->len; i++)
-            if (!jv_equal(a->v[i], b->v[i]))
+            if (!equal(c, a->v[i], b->v[i], depth + 1))
                 return 0;
         return 1;
     case JV_DICT:
-        if (a->len != b->len)
-            return 0;
         for (size_t i = 0; i < a->len; i++) {
-            kvp_jv *o = jv_dget(b, a->k[i]->s, a->k[i]->n);
-            if (!o || !jv_equal(a->v[i], o))
+            kvp_jv *o = jx_dget(c, b, a->k[i]->s, a->k[i]->n);
+            if (!o || !equal(c, a->v[i], o, depth + 1))
                 return 0;
         }
         return 1;
     default: return a == b;
     }
+}
+
+int jv_equal(jctx *c, const kvp_jv *a, const kvp_jv *b) { return equal(c, a, b, 0); }
+
+/* Compares two numbers exactly, as Python does (an int is not rounded to a double):
+ * -1, 0, 1, or 2 when one is NaN. */
+int jv_num_cmp(const kvp_jv *a, const kvp_jv *b)
+{
+    if (a->type != JV_FLOAT && b->type != JV_FLOAT)
+        return (a->i > b->i) - (a->i < b->i);
+    if (a->type == JV_FLOAT && b->type == JV_FLOAT)
+        return isnan(a->f) || isnan(b->f) ? 2 : (a->f > b->f) - (a->f < b->f);
+    int flip = a->type == JV_FLOAT;
+    long long i = flip ? b->i : a->i;
+    double f = flip ? a->f : b->f;
+    int r;
+    if (isnan(f))
+        return 2;
+    if (f >= 9223372036854775808.0)
+        r = -1;
+    else if (f < -9223372036854775808.0)
+        r = 1;
+    else {
+        /* f is in int64's range: compare its integer part, then its fraction */
+        double t = trunc(f);
+        long long fi = (long long)t;
+        r = i < fi ? -1 : i > fi ? 1 : f > t ? -1 : f < t ? 1 : 0;
+    }
+    return flip ? -r : r;
 }
 
 const char *jv_type_name(const kvp_jv *v)
@@ -410,9 +462,32 @@ static void put_repr_str(jctx *c, jbuf *b, const kvp_jv *v)
     put(c, b, dq ? "\"" : "'");
 }
 
-/* Python's str() (repr inside containers). */
-static void put_py(jctx *c, jbuf *b, const kvp_jv *v, int repr)
+/* The containers being printed, outermost first: one met again inside itself prints
+ * as Python's recursion guard prints it ([...], {...}). */
+typedef struct pystack {
+    const kvp_jv *v;
+    const struct pystack *up;
+    int depth;
+} pystack;
+
+static int on_stack(const pystack *st, const kvp_jv *v)
 {
+    for (; st; st = st->up)
+        if (st->v == v)
+            return 1;
+    return 0;
+}
+
+/* Python's str() (repr inside containers). */
+static void put_py(jctx *c, jbuf *b, const kvp_jv *v, int repr, const pystack *up)
+{
+    if ((v->type == JV_LIST || v->type == JV_DICT) && on_stack(up, v)) {
+        put(c, b, v->type == JV_LIST ? "[...]" : v->ns ? "<Namespace {...}>" : "{...}");
+        return;
+    }
+    pystack st = {v, up, up ? up->depth + 1 : 0};
+    if ((v->type == JV_LIST || v->type == JV_DICT) && st.depth >= JV_MAX_NEST(c))
+        jx_fail(c, 0, "a value nested deeper than %d", JV_MAX_NEST(c));
     switch (v->type) {
     case JV_UNDEF: break;
     case JV_NONE: put(c, b, "None"); break;
@@ -435,7 +510,7 @@ static void put_py(jctx *c, jbuf *b, const kvp_jv *v, int repr)
         for (size_t i = 0; i < v->len; i++) {
             if (i)
                 put(c, b, ", ");
-            put_py(c, b, v->v[i], 1);
+            put_py(c, b, v->v[i], 1, &st);
         }
         put(c, b, "]");
         break;
@@ -444,9 +519,9 @@ static void put_py(jctx *c, jbuf *b, const kvp_jv *v, int repr)
         for (size_t i = 0; i < v->len; i++) {
             if (i)
                 put(c, b, ", ");
-            put_py(c, b, v->k[i], 1);
+            put_py(c, b, v->k[i], 1, &st);
             put(c, b, ": ");
-            put_py(c, b, v->v[i], 1);
+            put_py(c, b, v->v[i], 1, &st);
         }
         put(c, b, v->ns ? "}>" : "}");
         break;
@@ -454,7 +529,7 @@ static void put_py(jctx *c, jbuf *b, const kvp_jv *v, int repr)
     }
 }
 
-void jb_str(jctx *c, jbuf *b, const kvp_jv *v) { put_py(c, b, v, 0); }
+void jb_str(jctx *c, jbuf *b, const kvp_jv *v) { put_py(c, b, v, 0, NULL); }
 
 kvp_jv *jv_to_str(jctx *c, const kvp_jv *v)
 {
@@ -492,16 +567,16 @@ static void json_str(jctx *c, jbuf *b, const kvp_jv *v, int all)
     jb_put(c, b, "\"", 1, NULL, all);
 }
 
-static void newline(jctx *c, jbuf *b, int indent, int level, int all)
+static void newline(jctx *c, jbuf *b, long long indent, int level, int all)
 {
     jb_put(c, b, "\n", 1, NULL, all);
-    for (int i = 0; i < indent * level; i++)
+    for (long long i = 0; i < indent * level; i++)
         jb_put(c, b, " ", 1, NULL, all);
 }
 
 /* json.dumps(v, ensure_ascii=False, indent=indent or None). The JSON text of a value
  * that holds caller data is marked as the caller's: punctuation and keys alike. */
-static void json_rec(jctx *c, jbuf *b, const kvp_jv *v, int indent, int level, int all)
+static void json_rec(jctx *c, jbuf *b, const kvp_jv *v, long long indent, int level, int all)
 {
     if (level > c->lim.max_depth)
         jx_fail(c, 0, "tojson: a value nested deeper than %d", c->lim.max_depth);
@@ -520,13 +595,15 @@ static void json_rec(jctx *c, jbuf *b, const kvp_jv *v, int indent, int level, i
             break;
         }
         jbuf t = {0};
-        put_py(c, &t, v, 1);
+        put_py(c, &t, v, 1, NULL);
         jb_put(c, b, t.s, t.n, NULL, all);
         break;
     }
     case JV_STR: json_str(c, b, v, all); break;
     case JV_LIST: case JV_DICT: {
         int dict = v->type == JV_DICT;
+        if (v->ns)
+            jx_fail(c, 0, "tojson: a namespace is not JSON serializable");
         jb_put(c, b, dict ? "{" : "[", 1, NULL, all);
         for (size_t i = 0; i < v->len; i++) {
             if (i)
@@ -548,21 +625,17 @@ static void json_rec(jctx *c, jbuf *b, const kvp_jv *v, int indent, int level, i
     }
 }
 
-static int has_data(const kvp_jv *v, int depth)
+/* The JSON text is rendered with each byte's own mark first; when some byte of it came
+ * from the caller's data, all of it is marked as the caller's. */
+void jb_json(jctx *c, jbuf *b, const kvp_jv *v, long long indent, int level)
 {
-    if (depth > 256)
-        return 1;
-    if (v->type == JV_STR)
-        return v->taint != NULL;
-    for (size_t i = 0; (v->type == JV_LIST || v->type == JV_DICT) && i < v->len; i++)
-        if (has_data(v->v[i], depth + 1) || (v->type == JV_DICT && has_data(v->k[i], depth + 1)))
-            return 1;
-    return 0;
-}
-
-void jb_json(jctx *c, jbuf *b, const kvp_jv *v, int indent, int level)
-{
-    json_rec(c, b, v, indent, level, has_data(v, 0));
+    size_t start = b->n;
+    int tainted = b->tainted;
+    b->tainted = 0;
+    json_rec(c, b, v, indent, level, 0);
+    if (b->tainted)
+        memset(b->t + start, 1, b->n - start);
+    b->tainted |= tainted;
 }
 
 size_t *jv_cps(jctx *c, const kvp_jv *v, size_t *count)
@@ -574,6 +647,37 @@ size_t *jv_cps(jctx *c, const kvp_jv *v, size_t *count)
     o[k] = v->n;
     *count = k;
     return o;
+}
+
+size_t jv_cp_count(jctx *c, const kvp_jv *v)
+{
+    size_t k = 0;
+    jx_scan(c, v->n);
+    for (size_t i = 0; i < v->n; i++)
+        k += ((unsigned char)v->s[i] & 0xc0) != 0x80;
+    return k;
+}
+
+kvp_jv *jv_cp_at(jctx *c, const kvp_jv *v, long long i)
+{
+    if (i < 0) {
+        long long n = (long long)jv_cp_count(c, v);
+        if (i < -n)
+            return NULL;
+        i += n;
+    }
+    jx_scan(c, v->n);
+    size_t at = 0;
+    for (long long k = 0;; at++) {         /* at: the start of code point k */
+        if (at >= v->n)
+            return NULL;
+        if (((unsigned char)v->s[at] & 0xc0) != 0x80 && k++ == i)
+            break;
+    }
+    size_t to = at + 1;
+    while (to < v->n && ((unsigned char)v->s[to] & 0xc0) == 0x80)
+        to++;
+    return jv_sub(c, v, at, to);
 }
 
 kvp_jv *jv_sub(jctx *c, const kvp_jv *v, size_t from, size_t to)

@@ -203,3 +203,200 @@ Test(jinja, hostile_templates_stop)
     cr_assert_eq(render_lim(deep, NULL, &out, NULL), -2);
     cr_assert(strstr(err, "nests deeper than"), "%s", err);
 }
+
+/* The template's output with its length checked against strlen (no embedded NUL). */
+static char *render_ok(const char *src)
+{
+    char *out = NULL;
+    long n = render_lim(src, NULL, &out, NULL);
+    cr_assert_geq(n, 0, "%s: %s", src, err);
+    cr_assert_eq((size_t)n, strlen(out));
+    return out;
+}
+
+Test(jinja, empty_repetition_is_immediate, .timeout = 10)
+{
+    expect("{{ '' * 10**12 }}|{{ ([] * 10**12) | length }}|{{ 10**12 * '' }}", "|0|");
+    expect("{{ 'ab' * -1 }}{{ [1] * -3 }}{{ 'a' * true }}", "[]a");
+    expect_error("{{ [1, 2] * 10**12 }}", -1, "a repetition longer than");
+}
+
+Test(jinja, integer_ops_never_trap)
+{
+    const char *min = "{% set x = -9223372036854775807 - 1 %}";
+    char src[256];
+    static const struct { const char *expr, *want; } ok[] = {
+        {"x is divisibleby(-1)", "True"}, {"x % -1", "0"}, {"x // 2", "-4611686018427387904"},
+        {"x is even", "True"}, {"9223372036854775807 // -2", "-4611686018427387904"},
+        {"9223372036854775807 % -2", "-1"}, {"x + 9223372036854775807", "-1"},
+        {"(-2) ** 63", "-9223372036854775808"}, {"2 ** 62", "4611686018427387904"},
+        {"2 ** -2", "0.25"}, {"x / -1", "9.223372036854776e+18"},
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof *ok; i++) {
+        snprintf(src, sizeof src, "%s{{ %s }}", min, ok[i].expr);
+        expect(src, ok[i].want);
+    }
+    static const struct { const char *expr, *op; } bad[] = {
+        {"x // -1", "//"}, {"x | abs", "abs"}, {"-x", "unary -"}, {"x - 1", "-"},
+        {"x * -1", "*"}, {"9223372036854775807 + 1", "+"}, {"2 ** 1000000", "**"},
+        {"10 ** 10 ** 10", "**"}, {"4294967296 * 4294967296", "*"}, {"2 ** 63", "**"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        snprintf(src, sizeof src, "%s{{ %s }}", min, bad[i].expr);
+        char want[64];
+        snprintf(want, sizeof want, "integer overflow in %s", bad[i].op);
+        expect_error(src, -1, want);
+    }
+    expect_error("{{ 0 ** -1 }}", -1, "division by zero");
+    expect_error("{{ 10.0 ** 400 }}", -1, "float overflow in **");
+    expect_error("{{ (-8) ** 0.5 }}", -1, "complex");
+}
+
+Test(jinja, integer_literals_and_conversions)
+{
+    expect("{{ 9223372036854775807 }}", "9223372036854775807");
+    expect_error("{{ 12345678901234567890123 }}", -2, "integer literal 12345678901234567890123 "
+                 "does not fit in 64 bits");
+    expect_error("{{ '99999999999999999999999' | int }}", -1, "integer overflow in int");
+    expect_error("{{ ('9' * 100) | int }}", -1, "integer overflow in int");
+    expect_error("{{ 1e30 | int }}", -1, "integer overflow in int");
+    expect_error("{% set x = 'inf' %}{{ x | float | int }}", -1, "cannot convert float infinity");
+    /* Python's int filter: int(s), else int(float(s)), else the default */
+    expect("{{ ' +1_000 ' | int }}|{{ '1e3' | int }}|{{ '12.7' | int }}|{{ -12.7 | int }}|"
+           "{{ '1e999' | int }}|{{ 'nan' | int }}|{{ '1__0' | int }}|{{ '0x10' | int }}|"
+           "{{ ('1' ~ ' ' * 70) | int }}", "1000|1000|12|-12|0|0|0|0|1");
+    expect("{{ '0x10' | float }}|{{ '1_0.5' | float }}|{{ ('2.5' ~ ' ' * 70) | float }}|"
+           "{{ '1e999' | float }}", "0.0|10.5|2.5|inf");
+}
+
+Test(jinja, float_division_as_python)
+{
+    expect("{{ 1e308 % 3.0 }}|{{ -7.5 % 2 }}|{{ 7.5 // -2 }}|{{ -0.0 // 1 }}|{{ 5 % -0.5 }}",
+           "2.0|0.5|-4.0|-0.0|-0.0");
+    expect_error("{{ 5.5 // 0 }}", -1, "division by zero");
+    expect("{{ 9007199254740993 == 9007199254740992.0 }}|{{ 9007199254740993 > 9007199254740992.0 }}|"
+           "{{ 9007199254740992.0 < 9007199254740993 }}", "False|True|True");
+}
+
+Test(jinja, range_near_the_int64_bounds)
+{
+    expect("{{ range(-9223372036854775807, 9223372036854775807, 4611686018427387904) | list }}",
+           "[-9223372036854775807, -4611686018427387903, 1, 4611686018427387905]");
+    expect("{{ range(9223372036854775805, 9223372036854775807) | list }}|"
+           "{{ range(-9223372036854775806, -9223372036854775807 - 1, -1) | list }}",
+           "[9223372036854775805, 9223372036854775806]|[-9223372036854775806, -9223372036854775807]");
+}
+
+Test(jinja, slices_with_huge_steps)
+{
+    expect("{{ [1, 2, 3][2::9223372036854775807] }}|{{ 'abc'[2::9223372036854775807] }}|"
+           "{{ [1, 2, 3][::-9223372036854775807] }}|{{ 'abc'[0::-9223372036854775807 - 1] }}",
+           "[3]|c|[3]|a");
+}
+
+Test(jinja, widths_are_not_capped)
+{
+    expect("{{ ('a\\nb' | indent(300)) | length }}|{{ ([1] | tojson(indent=100)) | length }}",
+           "303|105");
+}
+
+Test(jinja, strftime_now_of_a_long_format)
+{
+    char *out = render_ok("{{ strftime_now('%Y' * 100000) }}");
+    cr_assert_eq(strlen(out), 400000);
+    cr_assert(!strncmp(out, out + 4, 4 * 99999));
+    free(out);
+    expect_error("{{ strftime_now('%Y' * 3000000) }}", -1, "strftime_now: the output exceeds");
+}
+
+Test(jinja, loop_cycle)
+{
+    expect("{% for x in [1, 2, 3] %}{{ loop.cycle('a', 'b') }}{% endfor %}", "aba");
+    expect_error("{% for x in [1] %}{{ loop.cycle() }}{% endfor %}", -1, "no items for cycling");
+}
+
+Test(jinja, cycles_print_as_python, .timeout = 20)
+{
+    const char *ns = "{% set ns = namespace() %}{% set ns.me = ns %}";
+    char src[512];
+    static const struct { const char *expr, *want; } ok[] = {
+        {"ns", "<Namespace {'me': <Namespace {...}>}>"},
+        {"ns | string | length", "37"},
+        {"ns == ns", "True"}, {"ns in [ns]", "True"}, {"ns.me.me.me is defined", "True"},
+        {"[ns] == [ns.me]", "True"}, {"ns == namespace()", "False"},
+        {"namespace(a=1) == namespace(a=1)", "False"},
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof *ok; i++) {
+        snprintf(src, sizeof src, "%s{{ %s }}", ns, ok[i].expr);
+        expect(src, ok[i].want);
+    }
+    expect("{% set ns = namespace(a=[1]) %}{% set ns.a = [ns] %}{{ ns.a }}",
+           "[<Namespace {'a': [...]}>]");
+    expect("{% set ns = namespace() %}{% set ns.me = {'x': ns} %}{{ ns.me }}",
+           "{'x': <Namespace {'me': {...}}>}");
+    snprintf(src, sizeof src, "%s{{ ns | tojson }}", ns);
+    expect_error(src, -1, "tojson: a namespace is not JSON serializable");
+    snprintf(src, sizeof src, "%s{{ [ns.me] | tojson }}", ns);
+    expect_error(src, -1, "not JSON serializable");
+    /* nesting without a cycle: deep, and shared (a value made of 2^60 paths) */
+    const char *deep = "{% set ns = namespace(x=[], y=[]) %}{% for i in range(10000) %}"
+                       "{% set ns.x = [ns.x] %}{% set ns.y = [ns.y] %}{% endfor %}";
+    snprintf(src, sizeof src, "%s{{ ns.x }}", deep);
+    expect_error(src, -1, "a value nested deeper than");
+    snprintf(src, sizeof src, "%s{{ ns.x == ns.y }}", deep);
+    expect_error(src, -1, "a value nested deeper than");
+    snprintf(src, sizeof src, "%s{{ ns.x | tojson }}", deep);
+    expect_error(src, -1, "nested deeper than");
+    const char *wide = "{% set ns = namespace(a=[], b=[]) %}{% for i in range(60) %}"
+                       "{% set ns.a = [ns.a, ns.a] %}{% set ns.b = [ns.b, ns.b] %}{% endfor %}";
+    snprintf(src, sizeof src, "%s{{ ns.a == ns.b }}", wide);
+    expect_error(src, -1, "loop iterations");
+    kvp_jinja_limits lim = {.max_output = 1 << 20};
+    char *out = NULL;
+    snprintf(src, sizeof src, "%s{{ ns.a | tojson }}", wide);
+    cr_assert_eq(render_lim(src, &lim, &out, NULL), -1);
+    cr_assert(strstr(err, "the output exceeds"), "%s", err);
+    snprintf(src, sizeof src, "%s{{ ns.a }}", wide);
+    cr_assert_eq(render_lim(src, &lim, &out, NULL), -1);
+    cr_assert(strstr(err, "the output exceeds"), "%s", err);
+    snprintf(src, sizeof src, "%s{{ ns.a in [ns.b] }}", wide);
+    expect_error(src, -1, "loop iterations");
+}
+
+/* Work that scales with the data inside one step (a scan of a long string or list, a
+ * strip by a long set of characters) is bounded too. */
+Test(jinja, scans_of_long_values_are_bounded, .timeout = 20)
+{
+    expect("{% set s = 'a' * 1000000 %}{{ s.strip('b' * 1000000 ~ 'a') | length }}|"
+           "{{ 'xyzzy'.strip('zyx') }}|{{ 'héé'.rstrip('é') }}|{{ 'aé'.lstrip('éa') }}", "0||h|");
+    expect_error("{% set l = [0] * 200000 %}{% for i in [0] * 700000 %}"
+                 "{% if -1 in l %}{% endif %}{% endfor %}", -1, "loop iterations");
+    expect_error("{% set s = 'a' * 4000000 %}{% for i in [0] * 100000 %}"
+                 "{% if 'b' in s or s.find('b') > 0 %}{% endif %}{% endfor %}",
+                 -1, "loop iterations");
+    expect_error("{% set s = 'a' * 4000000 %}{% set t = 'a' * 4000000 %}{% for i in [0] * 100000 %}"
+                 "{% if s == t and s.startswith(t) and s.endswith(t) %}{% endif %}{% endfor %}",
+                 -1, "loop iterations");
+}
+
+/* Indexing a string and its length need no memory of its size. */
+Test(jinja, string_index_and_length_allocate_nothing_of_their_size)
+{
+    expect("{% set s = 'é' * 100000 ~ 'x' %}{% for i in range(3000) %}"
+           "{% if s[i] != 'é' or s | length != 100001 %}bad{% endif %}{% endfor %}"
+           "{{ s[-1] }}{{ s[100000] }}{{ s[-100001] }}{{ s[100001] is defined }}", "xxéFalse");
+}
+
+/* A lookup in a dict (or a scope) of many keys costs steps by its size. */
+Test(jinja, lookups_in_big_dicts_are_bounded, .timeout = 20)
+{
+    size_t cap = 2000 * 24 + 512, k = 0;
+    char *src = malloc(cap);
+    k += (size_t)snprintf(src + k, cap - k, "{%% set d = {");
+    for (int i = 0; i < 2000; i++)
+        k += (size_t)snprintf(src + k, cap - k, "%s'k%d': %d", i ? ", " : "", i, i);
+    snprintf(src + k, cap - k, "} %%}{{ d.k1999 }}{{ d['k0'] }}{{ 'k5' in d }}{%% for i in [0] * 700000 %%}"
+             "{%% if d.k1999 != 1999 %%}bad{%% endif %%}{%% endfor %%}");
+    expect_error(src, -1, "steps");
+    free(src);
+}
