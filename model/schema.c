@@ -23,13 +23,26 @@ int sc_fail(sc *c, const char *fmt, ...)
     return -1;
 }
 
+/* The message of a builder's failure (model/grammar.h), naming the bound passed. */
+static void size_fail(sc *c, int rc)
+{
+    if (rc == -E2BIG)
+        sc_fail(c, "the schema is too large: its grammar is over %d states",
+                KVP_GRAMMAR_MAX_STATES);
+    else if (rc == -EFBIG)
+        sc_fail(c, "the schema is too large: its grammar is over %d arcs", KVP_GRAMMAR_MAX_ARCS);
+    else if (rc == -EMLINK)
+        sc_fail(c, "the schema is too large: a state of its grammar has over %d arcs",
+                KVP_GRAMMAR_MAX_FANOUT);
+    else
+        sc_fail(c, "out of memory");
+}
+
 int sc_state(sc *c)
 {
     int s = kvp_gbuild_state(c->b);
     if (s < 0)
-        sc_fail(c, kvp_gbuild_failed(c->b) == -E2BIG
-                   ? "the schema is too large: its grammar is over %d states"
-                   : "out of memory (%d states)", KVP_GRAMMAR_MAX_STATES);
+        size_fail(c, kvp_gbuild_failed(c->b));
     return s;
 }
 
@@ -197,6 +210,65 @@ static int value_literal(sc *c, const json_t *v, int from, int to)
         return sc_fail(c, "out of memory");
     int rc = sc_literal(c, from, to, s, strlen(s));
     free(s);
+    return rc;
+}
+
+typedef struct lit {
+    char *s;
+    size_t len;
+} lit;
+
+static int cmp_lit(const void *a, const void *b)
+{
+    const lit *x = a, *y = b;
+    int c = memcmp(x->s, y->s, x->len < y->len ? x->len : y->len);
+    return c ? c : (x->len > y->len) - (x->len < y->len);
+}
+
+/* An enum's values as one trie of their compact literals: values that share a prefix
+ * share its states, so the matcher follows one thread through them however many values
+ * start alike (apart, more than KVP_GRAMMAR_MAX_THREADS of them would crowd some out). */
+static int enum_trie(sc *c, const json_t *values, int from, int to)
+{
+    size_t n = json_array_size(values), maxlen = 0;
+    lit *l = calloc(n, sizeof *l);
+    int rc = l ? 0 : sc_fail(c, "out of memory");
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        l[i].s = json_dumps(json_array_get(values, i), JSON_COMPACT | JSON_ENCODE_ANY);
+        if (!l[i].s)
+            rc = sc_fail(c, "out of memory");
+        else if ((l[i].len = strlen(l[i].s)) > maxlen)
+            maxlen = l[i].len;
+    }
+    int *path = rc == 0 ? malloc((maxlen + 1) * sizeof *path) : NULL;
+    if (rc == 0 && !path)
+        rc = sc_fail(c, "out of memory");
+    if (rc == 0) {
+        qsort(l, n, sizeof *l, cmp_lit);
+        /* path[k]: the state after the first k bytes of the previous value */
+        path[0] = from;
+        for (size_t i = 0; i < n && rc == 0; i++) {
+            size_t k = 0;
+            if (i > 0)
+                while (k < l[i].len && k < l[i - 1].len && l[i].s[k] == l[i - 1].s[k])
+                    k++;
+            for (; k < l[i].len; k++) {
+                int st = sc_state(c);
+                if (st < 0) {
+                    rc = -1;
+                    break;
+                }
+                kvp_gbuild_range(c->b, path[k], (uint8_t)l[i].s[k], (uint8_t)l[i].s[k], st);
+                path[k + 1] = st;
+            }
+            if (rc == 0 && (i + 1 == n || cmp_lit(&l[i], &l[i + 1])))   /* once per value */
+                kvp_gbuild_eps(c->b, path[l[i].len], to);
+        }
+    }
+    for (size_t i = 0; l && i < n; i++)
+        free(l[i].s);
+    free(l);
+    free(path);
     return rc;
 }
 
@@ -483,6 +555,9 @@ static int body(sc *c, const json_t *s, int from, int to)
             return sc_fail(c, "%s must be a non-empty array of schemas", alts[a]);
         if (a == 2 && json_array_size(v) != 1)
             return sc_fail(c, "allOf of more than one schema is not supported");
+        if (json_array_size(v) > KVP_SCHEMA_MAX_ALTERNATIVES)
+            return sc_fail(c, "%s has %zu schemas, over the limit of %d", alts[a],
+                           json_array_size(v), KVP_SCHEMA_MAX_ALTERNATIVES);
         size_t i;
         const json_t *alt;
         size_t mark = path_push(c, alts[a]);
@@ -500,12 +575,10 @@ static int body(sc *c, const json_t *s, int from, int to)
     if ((v = json_object_get(s, "enum"))) {
         if (!json_is_array(v) || json_array_size(v) == 0)
             return sc_fail(c, "enum must be a non-empty array");
-        size_t i;
-        const json_t *e;
-        json_array_foreach(v, i, e)
-            if (value_literal(c, e, from, to) < 0)
-                return -1;
-        return 0;
+        if (json_array_size(v) > KVP_SCHEMA_MAX_ALTERNATIVES)
+            return sc_fail(c, "enum has %zu values, over the limit of %d", json_array_size(v),
+                           KVP_SCHEMA_MAX_ALTERNATIVES);
+        return enum_trie(c, v, from, to);
     }
     const json_t *type = json_object_get(s, "type");
     if (!type) {
@@ -591,9 +664,11 @@ static kvp_grammar *sc_done(sc *c, int start, int ok)
     }
     int rc;
     kvp_grammar *g = kvp_grammar_finish(c->b, start, &rc);
-    if (!g)
-        snprintf(c->err, c->errlen, rc == -ENOENT ? "the schema has no finite document (a "
-                 "required property that must hold itself, at any depth)" : "out of memory");
+    if (!g && rc == -ENOENT)
+        snprintf(c->err, c->errlen, "the schema has no finite document (a required property "
+                 "that must hold itself, at any depth)");
+    else if (!g)
+        size_fail(c, rc);
     return g;
 }
 

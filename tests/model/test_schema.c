@@ -279,6 +279,55 @@ Test(schema, hostile_sizes_fail_fast)
     free(s);
 }
 
+/* Each bound on the grammar's size is named with its value when a schema passes it. */
+Test(schema, grammar_size_bounds_are_named)
+{
+    char *s = malloc(70 * 1024), want[96];
+    size_t n = 0;
+    /* states: eight strings of 4096 characters */
+    n += (size_t)sprintf(s + n, "{\"type\":\"object\",\"properties\":{");
+    for (int i = 0; i < 8; i++)
+        n += (size_t)sprintf(s + n, "%s\"p%d\":{\"type\":\"string\",\"maxLength\":4096}",
+                             i ? "," : "", i);
+    sprintf(s + n, "}}");
+    snprintf(want, sizeof want, "its grammar is over %d states", KVP_GRAMMAR_MAX_STATES);
+    cr_expect(strstr(refuse(s), want), "%s", refuse(s));
+    /* arcs: classes of many single characters, 4000 times each */
+    n = (size_t)sprintf(s, "{\"anyOf\":[");
+    for (int i = 0; i < 6; i++)
+        n += (size_t)sprintf(s + n, "%s{\"type\":\"string\",\"pattern\":"
+                             "\"^[!#%%')+/13579;=?ACEGIKMOQSUWY_acegikmoqsuwy{}]{4000}$\"}",
+                             i ? "," : "");
+    sprintf(s + n, "]}");
+    snprintf(want, sizeof want, "its grammar is over %d arcs", KVP_GRAMMAR_MAX_ARCS);
+    cr_expect(strstr(refuse(s), want), "%s", refuse(s));
+    /* alternatives: an enum or an anyOf of more than KVP_SCHEMA_MAX_ALTERNATIVES */
+    n = (size_t)sprintf(s, "{\"enum\":[");
+    for (int i = 0; i <= KVP_SCHEMA_MAX_ALTERNATIVES; i++)
+        n += (size_t)sprintf(s + n, "%s%d", i ? "," : "", i);
+    sprintf(s + n, "]}");
+    snprintf(want, sizeof want, "enum has %d values, over the limit of %d",
+             KVP_SCHEMA_MAX_ALTERNATIVES + 1, KVP_SCHEMA_MAX_ALTERNATIVES);
+    cr_expect(strstr(refuse(s), want), "%s", refuse(s));
+    n = (size_t)sprintf(s, "{\"type\":\"object\",\"properties\":{\"x\":{\"anyOf\":[");
+    for (int i = 0; i <= KVP_SCHEMA_MAX_ALTERNATIVES; i++)
+        n += (size_t)sprintf(s + n, "%s{\"const\":%d}", i ? "," : "", i);
+    sprintf(s + n, "]}}}");
+    snprintf(want, sizeof want, "anyOf has %d schemas, over the limit of %d at /properties/x",
+             KVP_SCHEMA_MAX_ALTERNATIVES + 1, KVP_SCHEMA_MAX_ALTERNATIVES);
+    cr_expect(strstr(refuse(s), want), "%s", refuse(s));
+    /* at the limit it compiles */
+    n = (size_t)sprintf(s, "{\"enum\":[");
+    for (int i = 0; i < KVP_SCHEMA_MAX_ALTERNATIVES; i++)
+        n += (size_t)sprintf(s + n, "%s%d", i ? "," : "", i);
+    sprintf(s + n, "]}");
+    kvp_grammar *g = compile(s);
+    cr_expect(tu_grammar_whole(g, "1023"));
+    cr_expect(!tu_grammar_whole(g, "1024"));
+    kvp_grammar_unref(g);
+    free(s);
+}
+
 Test(schema, calls)
 {
     json_t *p1 = json_loads("{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\","
