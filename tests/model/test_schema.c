@@ -119,6 +119,66 @@ Test(schema, number_bounds)
     cr_expect(strstr(refuse("{\"type\":\"number\",\"minimum\":0.5}"), "minimum"));
 }
 
+/* Bounds are exact past 2^53 (jansson keeps integers as written), float bounds round to
+ * the integers inside them, and under bounds a number has at most 15 significant digits,
+ * so a reader that parses it to a double sees it inside the bounds too. */
+Test(schema, bounds_are_exact_beyond_2_53)
+{
+    check("{\"type\":\"integer\",\"minimum\":1152921504606846977,"
+          "\"maximum\":1152921504606846977}",
+          L("1152921504606846977"), L("1152921504606846976", "1152921504606846978", "0"));
+    check("{\"type\":\"number\",\"minimum\":1152921504606846977,"
+          "\"maximum\":1152921504606846977}",
+          L("1152921504606846977"),
+          L("1152921504606846976", "1152921504606846978", "1152921504606846977.0"));
+    check("{\"type\":\"integer\",\"exclusiveMinimum\":9007199254740993,"
+          "\"exclusiveMaximum\":9007199254740996}",
+          L("9007199254740994", "9007199254740995"), L("9007199254740993", "9007199254740996"));
+    check("{\"type\":\"integer\",\"maximum\":-9007199254740993}",
+          L("-9007199254740993", "-9007199254740999"), L("-9007199254740992", "0"));
+    check("{\"type\":\"number\",\"exclusiveMinimum\":9007199254740993,"
+          "\"maximum\":9007199254740995}",
+          L("9007199254740994", "9007199254740995"),
+          L("9007199254740993", "9007199254740993.5", "9007199254740994.5"));
+    /* float bounds: the integers inside them; a whole float is an integer bound */
+    check("{\"type\":\"integer\",\"minimum\":2.5,\"maximum\":5.5}", L("3", "5"),
+          L("2", "6"));
+    check("{\"type\":\"integer\",\"exclusiveMinimum\":2.5,\"exclusiveMaximum\":5.0}",
+          L("3", "4"), L("2", "5"));
+    check("{\"type\":\"integer\",\"minimum\":1.0e18}", L("1000000000000000000"),
+          L("999999999999999999"));
+    check("{\"type\":\"number\",\"minimum\":-2.0,\"exclusiveMaximum\":1.0}",
+          L("-2", "0.5"), L("1", "-2.5"));
+    /* negative zero is zero */
+    check("{\"type\":\"integer\",\"minimum\":-0.0,\"maximum\":0}", L("0"), L("-0", "1", "-1"));
+    check("{\"type\":\"number\",\"minimum\":-0.0,\"maximum\":1}", L("0", "0.5", "1"),
+          L("-1", "-0.5"));
+    /* draft 4: a boolean beside the bound */
+    check("{\"type\":\"integer\",\"minimum\":5,\"exclusiveMinimum\":true,\"maximum\":7,"
+          "\"exclusiveMaximum\":false}", L("6", "7"), L("5", "8"));
+    /* the tighter of the two keywords */
+    check("{\"type\":\"integer\",\"minimum\":3,\"exclusiveMinimum\":3,\"maximum\":9,"
+          "\"exclusiveMaximum\":20}", L("4", "9"), L("3", "10"));
+    /* 15 significant digits: a fraction that a double would round onto the bound is out */
+    check("{\"type\":\"number\",\"minimum\":0,\"exclusiveMaximum\":10}",
+          L("9.99999999999999", "0.00000000000001"),
+          L("9.99999999999999999", "9.999999999999999", "10"));
+    /* refusals name the keywords */
+    cr_expect(strstr(refuse("{\"type\":\"integer\",\"exclusiveMinimum\":5,"
+                            "\"exclusiveMaximum\":6}"),
+                     "exclusiveMinimum is above exclusiveMaximum"), "%s",
+              refuse("{\"type\":\"integer\",\"exclusiveMinimum\":5,\"exclusiveMaximum\":6}"));
+    cr_expect(strstr(refuse("{\"type\":\"number\",\"minimum\":7,\"maximum\":6}"),
+                     "minimum is above maximum"));
+    cr_expect(strstr(refuse("{\"type\":\"integer\",\"minimum\":9200000000000000000}"),
+                     "minimum beyond 9e18"));
+    cr_expect(strstr(refuse("{\"type\":\"integer\",\"maximum\":-1.5e19}"),
+                     "maximum beyond 9e18"));
+    cr_expect(strstr(refuse("{\"type\":\"number\",\"maximum\":2.5}"), "maximum"));
+    cr_expect(strstr(refuse("{\"type\":\"number\",\"exclusiveMinimum\":\"1\"}"),
+                     "exclusiveMinimum must be a number"));
+}
+
 Test(schema, strings_lengths_and_escapes)
 {
     check("{\"type\":\"string\",\"minLength\":1,\"maxLength\":3}",
