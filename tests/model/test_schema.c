@@ -202,6 +202,37 @@ Test(schema, enum_const_types_anyof)
           L("5", "[1]", "[1, 2]"), L("[]", "[1,2,3]"));
 }
 
+/* oneOf holds when exactly one alternative does: taken only when no document can hold
+ * under two alternatives, else refused naming them. */
+Test(schema, one_of_only_with_alternatives_apart)
+{
+    /* apart by type, by values, by a required tag */
+    check("{\"oneOf\":[{\"type\":\"string\"},{\"type\":[\"integer\",\"null\"]}]}",
+          L("\"a\"", "3", "null"), L("true"));
+    check("{\"oneOf\":[{\"enum\":[1,\"a\"]},{\"const\":2},{\"enum\":[\"b\",null]}]}",
+          L("1", "2", "\"b\"", "null"), L("3"));
+    check("{\"$defs\":{\"cat\":{\"type\":\"object\",\"properties\":{\"kind\":{\"const\":"
+          "\"cat\"},\"lives\":{\"type\":\"integer\"}},\"required\":[\"kind\"]},"
+          "\"dog\":{\"type\":\"object\",\"properties\":{\"kind\":{\"enum\":[\"dog\"]},"
+          "\"good\":{\"type\":\"boolean\"}},\"required\":[\"kind\",\"good\"]}},"
+          "\"oneOf\":[{\"$ref\":\"#/$defs/cat\"},{\"$ref\":\"#/$defs/dog\"}]}",
+          L("{\"kind\":\"cat\"}", "{\"kind\":\"dog\",\"good\":true}"),
+          L("{\"kind\":\"dog\"}", "{}"));
+    /* alternatives that may both hold */
+    cr_expect(strstr(refuse("{\"oneOf\":[{\"type\":\"integer\",\"minimum\":44},"
+                            "{\"type\":\"integer\"}]}"),
+                     "oneOf: alternatives 0 and 1 may both hold"));
+    cr_expect(strstr(refuse("{\"oneOf\":[{\"type\":\"number\"},{\"const\":1}]}"),
+                     "alternatives 0 and 1"));
+    cr_expect(strstr(refuse("{\"oneOf\":[{\"enum\":[1,2]},{\"enum\":[3,2.0]}]}"),
+                     "alternatives 0 and 1"));
+    cr_expect(strstr(refuse("{\"oneOf\":[{\"type\":\"string\"},{}]}"), "alternatives 0 and 1"));
+    cr_expect(strstr(refuse("{\"type\":\"object\",\"properties\":{\"p\":{\"oneOf\":["
+                            "{\"type\":\"null\"},{\"type\":\"object\"},{\"type\":\"object\","
+                            "\"properties\":{\"a\":{\"const\":1}}}]}}}"),
+                     "alternatives 1 and 2 may both hold for one document"));
+}
+
 Test(schema, arrays_counts)
 {
     check("{\"type\":\"array\",\"items\":{\"enum\":[1,2]},\"minItems\":2}",
