@@ -397,9 +397,11 @@ static int magnitudes(sc *c, int from, int to, long long a, long long b, int a_e
         return -1;
     /* between them, by the number of digits (which sets the fraction's) */
     for (long long lo = a + 1; lo <= b - 1;) {
-        long long top = 9;
-        for (int k = 1; k < int_digits(lo); k++)
+        long long top = 9;   /* the largest number of lo's digits (19 digits: any) */
+        for (int k = 1; k < int_digits(lo) && top < LLONG_MAX / 10; k++)
             top = top * 10 + 9;
+        if (int_digits(lo) >= 19)
+            top = LLONG_MAX;
         long long hi = b - 1 < top ? b - 1 : top;
         int s2 = sc_state(c);
         if (s2 < 0 || naturals(c, from, s2, lo, hi) < 0 ||
@@ -420,10 +422,11 @@ int sc_number(sc *c, const json_t *s, int from, int to)
     if (bounds(c, s, 0, &has_lo, &a, &ex_lo, &has_hi, &b, &ex_hi) < 0)
         return -1;
     if (!has_lo && !has_hi) {
-        /* -? (0 | [1-9] [0-9]{0,15}) ("." [0-9]{1,16})? ([eE] [-+]? [0-9]{1,3})? */
+        /* -? (0 | [1-9] [0-9]{0,15}) ("." [0-9]{1,16})? ([eE] [-+]? [0-9]{1,2})?: two
+         * exponent digits keep every value finite and above the least double */
         int sign = sc_state(c), in = sc_state(c), e = sc_state(c), es = sc_state(c),
-            d1 = sc_state(c), d2 = sc_state(c), d3 = sc_state(c);
-        if (d3 < 0)
+            d1 = sc_state(c), d2 = sc_state(c);
+        if (d2 < 0)
             return -1;
         kvp_gbuild_eps(c->b, from, sign);
         kvp_gbuild_range(c->b, from, '-', '-', sign);
@@ -441,10 +444,8 @@ int sc_number(sc *c, const json_t *s, int from, int to)
         kvp_gbuild_range(c->b, es, '+', '+', es2);
         kvp_gbuild_range(c->b, es2, '0', '9', d1);
         kvp_gbuild_range(c->b, d1, '0', '9', d2);
-        kvp_gbuild_range(c->b, d2, '0', '9', d3);
         kvp_gbuild_eps(c->b, d1, to);
         kvp_gbuild_eps(c->b, d2, to);
-        kvp_gbuild_eps(c->b, d3, to);
         return 0;
     }
     if (!has_lo)

@@ -114,8 +114,10 @@ Test(schema, number_bounds)
           L("-2", "-1.5", "0.25", "0.999"), L("1", "1.0", "-2.5", "-2.1", "-3"));
     check("{\"type\":\"number\",\"exclusiveMinimum\":0}", L("0.1", "3", "0.001"),
           L("0", "0.0", "-1"));
-    check("{\"type\":\"number\"}", L("0", "-1.5", "2e10", "3.25E-7", "12"),
+    check("{\"type\":\"number\"}", L("0", "-1.5", "2e10", "3.25E-7", "12", "9e99", "1e-99"),
           L("1.", "01", "e1", "--1", "1e"));
+    /* an exponent of two digits at most: every value is finite as a double */
+    check("{\"type\":\"number\"}", L("20.0129e+60"), L("20.0129e+607", "1e999", "1e-400"));
     cr_expect(strstr(refuse("{\"type\":\"number\",\"minimum\":0.5}"), "minimum"));
 }
 
