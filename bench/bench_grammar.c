@@ -123,7 +123,8 @@ int main(int argc, char **argv)
     double *tm = malloc((size_t)reps * mask_n * sizeof *tm);
     double *td = malloc((size_t)reps * decode_n * sizeof *td);
     double *ts = malloc((size_t)reps * mask_n * sizeof *ts);
-    if (!logits || !mask || !tm || !td || !ts)
+    double *tw = malloc((size_t)reps * mask_n * sizeof *tw);
+    if (!logits || !mask || !tm || !td || !ts || !tw)
         return 1;
     uint64_t rng = 11;
     kvp_gmatch gm;
@@ -148,7 +149,8 @@ int main(int argc, char **argv)
             const char *p = kvp_tokenizer_piece(&m.tok, -1, tok, &len);
             if (!end)
                 kvp_gmatch_accept(&gm, p, len);
-            tm[n_m++] = (kvp_now() - a) * 1e6;
+            tm[n_m] = (kvp_now() - a) * 1e6;
+            tw[n_m++] = (double)gm.mask_work;
             allowed_sum += n;
             if (end || n <= 0) {   /* the document is done: the next one */
                 cut += gm.cut_walks;
@@ -183,6 +185,7 @@ int main(int argc, char **argv)
         mean += tm[i] / n_m;
     double m50 = pct(tm, n_m, 0.5), m90 = pct(tm, n_m, 0.9);
     double d50 = pct(td, n_d, 0.5), s50 = pct(ts, n_s, 0.5);
+    double w50 = pct(tw, n_m, 0.5), w_max = pct(tw, n_m, 1.0);
     double la[3] = {0};
     if (getloadavg(la, 3) < 0)
         la[0] = -1;
@@ -190,6 +193,8 @@ int main(int argc, char **argv)
            "over %d steps (%d documents finished, %.0f tokens allowed per step on average, "
            "%ld walks cut by the budget)\n", m50, m90, mean, n_m, docs,
            (double)allowed_sum / n_m, cut);
+    printf("mask work: median %.0f units, max %.0f (budget %ld for this vocabulary)\n", w50,
+           w_max, kvp_grammar_mask_budget(&tr));
     printf("decode step of %s: median %.1f us over %d steps\n", path, d50, n_d);
     printf("plain sampler (kvp_sample, T 1): median %.1f us over %d draws\n", s50, n_s);
     printf("mask / decode step: median %.3f, mean %.3f; mask / sampler: median %.2f\n",
@@ -207,5 +212,6 @@ int main(int argc, char **argv)
     free(tm);
     free(td);
     free(ts);
+    free(tw);
     return 0;
 }

@@ -6,6 +6,7 @@
 #include "model/grammar.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +27,7 @@ typedef struct barc {
 struct kvp_gbuild {
     int n_states, cap_states;
     uint8_t *flags;
+    uint16_t *fanout;          /* arcs out of each state, up to KVP_GRAMMAR_MAX_FANOUT */
     barc *arcs;
     size_t n_arcs, cap_arcs;
     int failed;
@@ -50,6 +52,7 @@ void kvp_gbuild_free(kvp_gbuild *b)
     if (!b)
         return;
     free(b->flags);
+    free(b->fanout);
     free(b->arcs);
     free(b);
 }
@@ -75,14 +78,19 @@ int kvp_gbuild_state(kvp_gbuild *b)
     if (b->n_states == b->cap_states) {
         int cap = b->cap_states ? b->cap_states * 2 : 256;
         uint8_t *f = realloc(b->flags, (size_t)cap);
-        if (!f) {
+        if (f)
+            b->flags = f;
+        uint16_t *fo = realloc(b->fanout, (size_t)cap * sizeof *fo);
+        if (fo)
+            b->fanout = fo;
+        if (!f || !fo) {
             b->failed = -ENOMEM;
             return -1;
         }
-        b->flags = f;
         b->cap_states = cap;
     }
     b->flags[b->n_states] = 0;
+    b->fanout[b->n_states] = 0;
     return b->n_states++;
 }
 
@@ -92,6 +100,10 @@ static void add_arc(kvp_gbuild *b, int from, garc a)
         (a.kind == ARC_CALL && (a.call < 0 || a.call >= b->n_states))) {
         if (!b->failed)
             b->failed = -EINVAL;
+        return;
+    }
+    if (b->n_arcs >= KVP_GRAMMAR_MAX_ARCS || b->fanout[from] >= KVP_GRAMMAR_MAX_FANOUT) {
+        b->failed = b->n_arcs >= KVP_GRAMMAR_MAX_ARCS ? -EFBIG : -EMLINK;
         return;
     }
     if (b->n_arcs == b->cap_arcs) {
@@ -105,6 +117,7 @@ static void add_arc(kvp_gbuild *b, int from, garc a)
         b->cap_arcs = cap;
     }
     b->arcs[b->n_arcs++] = (barc){from, a};
+    b->fanout[from]++;
     if (a.kind == ARC_RANGE)
         b->flags[from] |= ST_BYTES;
 }
@@ -277,8 +290,11 @@ int kvp_grammar_states(const kvp_grammar *g)
 
 /* ---- the matcher ---- */
 
-/* Expansions one step may make: a backstop against grammars whose closure explodes. */
-#define CLOSURE_WORK (1 << 16)
+/* STEP_WORK (model/grammar.h KVP_GRAMMAR_STEP_WORK): the units one step (one byte from
+ * a set of threads, with its closure) may take, a backstop against grammars whose closure
+ * explodes. The same cap holds in a mask and in an accept, so both compute the same sets
+ * from the same threads. */
+#define STEP_WORK KVP_GRAMMAR_STEP_WORK
 
 /* The matcher's closure scratch: a work list and the states visited in this step. */
 typedef struct gwork {
@@ -289,11 +305,61 @@ typedef struct gwork {
     uint32_t now;
 } gwork;
 
+static uint32_t frame_hash(int32_t ret, int32_t parent)
+{
+    uint32_t h = (uint32_t)ret * 0x9E3779B1u ^ ((uint32_t)parent + 0x7F4A7C15u) * 0x85EBCA77u;
+    return h ^ (h >> 15);
+}
+
+/* Rebuilds the frame table from the frames in use (dropping entries of frames gone),
+ * twice as large as needed. -1 when out of memory. */
+static int frames_rehash(kvp_gmatch *m)
+{
+    int cap = 1024;
+    while (cap < 4 * (m->n_frames + 1))
+        cap *= 2;
+    int32_t *t = malloc((size_t)cap * sizeof *t);
+    if (!t)
+        return -1;
+    for (int i = 0; i < cap; i++)
+        t[i] = -1;
+    for (int f = 0; f < m->n_frames; f++) {
+        uint32_t h = frame_hash(m->ret[f], m->parent[f]) & (uint32_t)(cap - 1);
+        while (t[h] >= 0)
+            h = (h + 1) & (uint32_t)(cap - 1);
+        t[h] = f;
+    }
+    free(m->htab);
+    m->htab = t;
+    m->hcap = cap;
+    m->hused = m->n_frames;
+    return 0;
+}
+
+/* The frame (ret on top of parent), made once: frames are hash-consed, so two threads have
+ * the same stack exactly when they have the same frame index. An entry of the table may
+ * name a frame past n_frames (dropped since, or made again with other contents): lookups
+ * compare contents and take such a slot for a new entry. -1 out of memory, -2 too deep. */
 static int frame_new(kvp_gmatch *m, int32_t ret, int32_t parent)
 {
     int d = parent < 0 ? 1 : m->depth[parent] + 1;
     if (d > KVP_GRAMMAR_MAX_DEPTH)
         return -2;
+    if (2 * (m->hused + 1) > m->hcap && frames_rehash(m) < 0)
+        return -1;
+    uint32_t hm = (uint32_t)(m->hcap - 1), h = frame_hash(ret, parent) & hm;
+    int32_t slot = -1;
+    for (;; h = (h + 1) & hm) {
+        int32_t f = m->htab[h];
+        m->work++;
+        if (f < 0)
+            break;
+        if (f < m->n_frames) {
+            if (m->ret[f] == ret && m->parent[f] == parent)
+                return f;
+        } else if (slot < 0)
+            slot = (int32_t)h;
+    }
     if (m->n_frames == m->cap_frames) {
         int cap = m->cap_frames * 2;
         int32_t *r = realloc(m->ret, (size_t)cap * sizeof *r);
@@ -309,21 +375,15 @@ static int frame_new(kvp_gmatch *m, int32_t ret, int32_t parent)
             return -1;
         m->cap_frames = cap;
     }
+    if (slot < 0) {
+        slot = (int32_t)h;
+        m->hused++;
+    }
+    m->htab[slot] = m->n_frames;
     m->ret[m->n_frames] = ret;
     m->parent[m->n_frames] = parent;
     m->depth[m->n_frames] = (uint16_t)d;
     return m->n_frames++;
-}
-
-static int same_stack(const kvp_gmatch *m, int32_t a, int32_t b)
-{
-    while (a != b) {
-        if (a < 0 || b < 0 || m->ret[a] != m->ret[b])
-            return 0;
-        a = m->parent[a];
-        b = m->parent[b];
-    }
-    return 1;
 }
 
 static gwork *work_of(kvp_gmatch *m);
@@ -342,19 +402,34 @@ static int push(gwork *w, int32_t st, int32_t fr)
     return 0;
 }
 
-/* Adds (st, fr) and everything it reaches without a byte to out. -ENOMEM or 0. */
-static int closure(kvp_gmatch *m, kvp_gset *out, int32_t st, int32_t fr, int *work)
+/* Adds th to out unless a thread of the same state and stack is there (each one compared
+ * is a unit) or out is full. */
+static void add_thread(kvp_gmatch *m, kvp_gset *out, kvp_gthread th)
+{
+    if (out->n == KVP_GRAMMAR_MAX_THREADS)   /* full: dropped either way */
+        return;
+    m->work += out->n;
+    for (int i = 0; i < out->n; i++)
+        if (out->t[i].state == th.state && out->t[i].frame == th.frame)
+            return;
+    if (out->n < KVP_GRAMMAR_MAX_THREADS)
+        out->t[out->n++] = th;
+}
+
+/* Adds (st, fr) and everything it reaches without a byte to out, until the work counter
+ * reaches stop (what is added by then is a part of the whole: still only real threads).
+ * -ENOMEM or 0. */
+static int closure(kvp_gmatch *m, kvp_gset *out, int32_t st, int32_t fr, long stop)
 {
     const kvp_grammar *g = m->g;
     gwork *w = work_of(m);
     w->n = 0;
     if (push(w, st, fr) < 0)
         return -ENOMEM;
-    while (w->n > 0) {
+    while (w->n > 0 && m->work < stop) {
         kvp_gthread th = w->todo[--w->n];
-        if (++*work > CLOSURE_WORK)
-            return 0;
-        if (w->stamp[th.state] == w->now && same_stack(m, w->vframe[th.state], th.frame))
+        m->work++;
+        if (w->stamp[th.state] == w->now && w->vframe[th.state] == th.frame)
             continue;
         w->stamp[th.state] = w->now;
         w->vframe[th.state] = th.frame;
@@ -365,19 +440,17 @@ static int closure(kvp_gmatch *m, kvp_gset *out, int32_t st, int32_t fr, int *wo
             else if (push(w, m->ret[th.frame], m->parent[th.frame]) < 0)
                 return -ENOMEM;
         }
-        if (f & ST_BYTES) {
-            int dup = 0;
-            for (int i = 0; i < out->n && !dup; i++)
-                dup = out->t[i].state == th.state && same_stack(m, out->t[i].frame, th.frame);
-            if (!dup && out->n < KVP_GRAMMAR_MAX_THREADS)
-                out->t[out->n++] = th;
-        }
+        if (f & ST_BYTES)
+            add_thread(m, out, th);
+        m->work += g->arc_off[th.state + 1] - g->arc_off[th.state];
         for (int32_t a = g->arc_off[th.state]; a < g->arc_off[th.state + 1]; a++) {
             const garc *arc = &g->arcs[a];
             if (arc->kind == ARC_EPS) {
                 if (push(w, arc->to, th.frame) < 0)
                     return -ENOMEM;
             } else if (arc->kind == ARC_CALL) {
+                if (m->work >= stop)
+                    break;
                 int nf = frame_new(m, arc->to, th.frame);
                 if (nf == -1)
                     return -ENOMEM;
@@ -389,7 +462,8 @@ static int closure(kvp_gmatch *m, kvp_gset *out, int32_t st, int32_t fr, int *wo
     return 0;
 }
 
-/* out = where byte leads from in. -ENOMEM or 0. */
+/* out = where byte leads from in, within STEP_WORK units and the mask's limit (a step
+ * stopped by either keeps what it found). -ENOMEM or 0. */
 static int step(kvp_gmatch *m, const kvp_gset *in, uint8_t byte, kvp_gset *out)
 {
     const kvp_grammar *g = m->g;
@@ -400,24 +474,37 @@ static int step(kvp_gmatch *m, const kvp_gset *in, uint8_t byte, kvp_gset *out)
         memset(w->stamp, 0, (size_t)g->n_states * sizeof *w->stamp);
         w->now = 1;
     }
-    int work = 0;
-    for (int i = 0; i < in->n; i++) {
-        int32_t s = in->t[i].state;
-        for (int32_t a = g->arc_off[s]; a < g->arc_off[s + 1]; a++) {
+    long stop = m->work + STEP_WORK;
+    if (stop > m->limit)
+        stop = m->limit;
+    /* the plain path counts in a local, added to m->work before a closure and at the end */
+    long work = 0;
+    for (int i = 0; i < in->n && m->work + work < stop; i++) {
+        int32_t s = in->t[i].state, fr = in->t[i].frame;
+        int32_t a0 = g->arc_off[s], a1 = g->arc_off[s + 1];
+        work += a1 - a0;
+        for (int32_t a = a0; a < a1; a++) {
             const garc *arc = &g->arcs[a];
             if (arc->kind != ARC_RANGE || byte < arc->lo || byte > arc->hi)
                 continue;
-            if (g->flags[arc->to] & ST_PLAIN) {
-                /* nothing to close over (most bytes inside strings and numbers) */
-                int dup = 0;
-                for (int k = 0; k < out->n && !dup; k++)
-                    dup = out->t[k].state == arc->to && same_stack(m, out->t[k].frame, in->t[i].frame);
-                if (!dup && out->n < KVP_GRAMMAR_MAX_THREADS)
-                    out->t[out->n++] = (kvp_gthread){arc->to, in->t[i].frame};
-            } else if (closure(m, out, arc->to, in->t[i].frame, &work) < 0)
+            if (g->flags[arc->to] & ST_PLAIN) {   /* nothing to close over (most bytes) */
+                int k = 0, n = out->n;
+                if (n == KVP_GRAMMAR_MAX_THREADS)   /* full: dropped either way */
+                    continue;
+                while (k < n && (out->t[k].state != arc->to || out->t[k].frame != fr))
+                    k++;
+                work += n;
+                if (k == n && n < KVP_GRAMMAR_MAX_THREADS)
+                    out->t[out->n++] = (kvp_gthread){arc->to, fr};
+                continue;
+            }
+            m->work += work;
+            work = 0;
+            if (closure(m, out, arc->to, fr, stop) < 0)
                 return -ENOMEM;
         }
     }
+    m->work += work;
     return 0;
 }
 
@@ -429,6 +516,7 @@ static gwork *work_of(kvp_gmatch *m)
 int kvp_gmatch_init(kvp_gmatch *m, kvp_grammar *g)
 {
     memset(m, 0, sizeof *m);
+    m->limit = LONG_MAX;
     gwork *w = calloc(1, sizeof *w);
     m->cap_frames = 256;
     m->ret = malloc((size_t)m->cap_frames * sizeof *m->ret);
@@ -443,14 +531,14 @@ int kvp_gmatch_init(kvp_gmatch *m, kvp_grammar *g)
         w->now = 1;
     }
     m->g = kvp_grammar_ref(g);
-    if (!w || !w->todo || !w->stamp || !w->vframe || !m->ret || !m->parent || !m->depth) {
+    if (!w || !w->todo || !w->stamp || !w->vframe || !m->ret || !m->parent || !m->depth ||
+        frames_rehash(m) < 0) {
         kvp_gmatch_free(m);
         return -ENOMEM;
     }
-    int work = 0;
     m->cur.n = 0;
     m->cur.complete = 0;
-    if (closure(m, &m->cur, g->root, -1, &work) < 0) {
+    if (closure(m, &m->cur, g->root, -1, m->work + STEP_WORK) < 0) {
         kvp_gmatch_free(m);
         return -ENOMEM;
     }
@@ -469,6 +557,7 @@ void kvp_gmatch_free(kvp_gmatch *m)
     free(m->ret);
     free(m->parent);
     free(m->depth);
+    free(m->htab);
     free(m->level);
     kvp_grammar_unref(m->g);
     memset(m, 0, sizeof *m);
@@ -508,6 +597,14 @@ static void compact(kvp_gmatch *m)
     memcpy(m->parent, p, (size_t)n * sizeof *p);
     memcpy(m->depth, d, (size_t)n * sizeof *d);
     m->n_frames = n;
+    /* the table's entries name the old indices; with no memory for a new one, every
+     * entry is dropped (a frame made again is then a second copy: threads with it are
+     * kept apart, which costs room, never a document) */
+    if (frames_rehash(m) < 0) {
+        for (int i = 0; i < m->hcap; i++)
+            m->htab[i] = -1;
+        m->hused = 0;
+    }
 out:
     free(map);
     free(r);
@@ -552,13 +649,28 @@ int kvp_gmatch_closed(const kvp_gmatch *m)
     return m->cur.n == 0;
 }
 
-/* Marks the tokens of node i. */
-static void mark(const kvp_vocab_trie *tr, int i, uint32_t *mask)
+/* Marks the tokens of node i; 1 when it has any. */
+static int mark(const kvp_vocab_trie *tr, int i, uint32_t *mask)
 {
     for (int32_t k = tr->off[i]; k < tr->off[i + 1]; k++)
         mask[tr->tok[k] >> 5] |= 1u << (tr->tok[k] & 31);
+    return tr->off[i + 1] > tr->off[i];
 }
 
+long kvp_grammar_mask_budget(const kvp_vocab_trie *tr)
+{
+    return KVP_GRAMMAR_WORK_PER_NODE * tr->n_nodes + KVP_GRAMMAR_WORK_BASE;
+}
+
+/* The mask's walk, bounded: the work counter's limit is the budget of kvp_grammar.h
+ * (KVP_GRAMMAR_WORK_PER_NODE per trie node plus KVP_GRAMMAR_WORK_BASE), so a hostile
+ * grammar costs a request at most a few times what a whole walk of the same trie costs
+ * a plain one, whatever the schema. Every step and closure stops at the limit with what
+ * it found (real threads only), so the tokens marked are valid either way; the one-byte
+ * tokens go first, so a cut walk still offers as many of the bytes that may come next as
+ * the budget reached. When the budget ran out before any token was found, one more step
+ * (within STEP_WORK) tries the first byte that may come next, so a document that can go
+ * on has a token to go on with. */
 int kvp_gmatch_mask(kvp_gmatch *m, const kvp_vocab_trie *tr, uint32_t *mask)
 {
     size_t words = ((size_t)tr->vocab_size + 31) / 32;
@@ -570,32 +682,68 @@ int kvp_gmatch_mask(kvp_gmatch *m, const kvp_vocab_trie *tr, uint32_t *mask)
         m->level = l;
         m->n_level = tr->max_len + 1;
     }
-    int mark_frames = m->n_frames;
+    const kvp_grammar *g = m->g;
+    int mark_frames = m->n_frames, found = 0, cut = 0, rc = 0;
+    long work0 = m->work;
+    m->limit = work0 + kvp_grammar_mask_budget(tr);
     m->level[0] = m->cur;
-    /* First the one-byte tokens (the root's children), so a walk cut short by the
-     * budget still offers every byte that may come next. */
+    /* the first bytes some thread has an arc for: no other one can start a token */
+    uint32_t first[8] = {0};
+    for (int i = 0; i < m->cur.n; i++) {
+        int32_t s = m->cur.t[i].state;
+        m->work += g->arc_off[s + 1] - g->arc_off[s];
+        for (int32_t a = g->arc_off[s]; a < g->arc_off[s + 1]; a++)
+            if (g->arcs[a].kind == ARC_RANGE)
+                for (unsigned b = g->arcs[a].lo; b <= g->arcs[a].hi; b++)
+                    first[b >> 5] |= 1u << (b & 31);
+    }
+#define FIRST(b) ((first[(b) >> 5] >> ((b) & 31)) & 1)
+    /* First the one-byte tokens (the root's children). */
     for (int i = 0; i < tr->n_nodes; i = tr->skip[i]) {
+        if (!FIRST(tr->byte[i]))
+            continue;
+        if (m->work >= m->limit) {
+            cut = 1;
+            break;
+        }
         if (step(m, &m->level[0], tr->byte[i], &m->level[1]) < 0) {
-            m->n_frames = mark_frames;
-            return -ENOMEM;
+            rc = -ENOMEM;
+            goto out;
         }
         if (m->level[1].n || m->level[1].complete)
-            mark(tr, i, mask);
+            found += mark(tr, i, mask);
+    }
+    m->n_frames = mark_frames;
+    /* Cut before any token was found: one more step, past the limit (within STEP_WORK),
+     * for the first byte that may come next and is a token. */
+    for (int i = 0; cut && !found && i < tr->n_nodes; i = tr->skip[i]) {
+        if (!FIRST(tr->byte[i]) || tr->off[i + 1] == tr->off[i])
+            continue;
+        m->limit = LONG_MAX;
+        if (step(m, &m->level[0], tr->byte[i], &m->level[1]) < 0) {
+            rc = -ENOMEM;
+            goto out;
+        }
+        if (m->level[1].n || m->level[1].complete)
+            found += mark(tr, i, mask);
+        break;
     }
     m->n_frames = mark_frames;
     /* Then the whole trie, each subtree left at the first byte the grammar refuses. */
-    long work = 0;
-    for (int i = 0; i < tr->n_nodes;) {
+    for (int i = 0; i < tr->n_nodes && !cut;) {
         int d = tr->depth[i];
-        kvp_gset *out = &m->level[d];
-        work += m->level[d - 1].n;
-        if (work > KVP_GRAMMAR_MASK_BUDGET) {
-            m->cut_walks++;
+        if (d == 1 && !FIRST(tr->byte[i])) {
+            i = tr->skip[i];
+            continue;
+        }
+        if (m->work >= m->limit) {
+            cut = 1;
             break;
         }
+        kvp_gset *out = &m->level[d];
         if (step(m, &m->level[d - 1], tr->byte[i], out) < 0) {
-            m->n_frames = mark_frames;
-            return -ENOMEM;
+            rc = -ENOMEM;
+            goto out;
         }
         if (out->n == 0 && !out->complete) {
             i = tr->skip[i];
@@ -604,17 +752,22 @@ int kvp_gmatch_mask(kvp_gmatch *m, const kvp_vocab_trie *tr, uint32_t *mask)
         mark(tr, i, mask);
         i = out->n ? i + 1 : tr->skip[i];
     }
-    m->n_frames = mark_frames;   /* the walk's frames are garbage now */
+#undef FIRST
+    if (cut)
+        m->cut_walks++;
     if (m->cur.complete)
         for (int k = 0; k < tr->n_end; k++) {
             int id = tr->end_tok[k];
             if (id >= 0 && id < tr->vocab_size)
                 mask[id >> 5] |= 1u << (id & 31);
         }
-    int allowed = 0;
     for (size_t w = 0; w < words; w++)
-        allowed += __builtin_popcount(mask[w]);
-    return allowed;
+        rc += __builtin_popcount(mask[w]);
+out:
+    m->n_frames = mark_frames;   /* the walk's frames are garbage now */
+    m->limit = LONG_MAX;
+    m->mask_work = m->work - work0;
+    return rc;
 }
 
 void kvp_grammar_apply_mask(float *logits, const uint32_t *mask, int vocab_size)

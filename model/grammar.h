@@ -16,19 +16,21 @@
 
 #include "model/tokenizer.h"
 
-#define KVP_GRAMMAR_MAX_STATES (1 << 20)   /* a grammar larger than this is refused */
+/* A grammar larger than these is refused: states, arcs, arcs out of one state. */
+#define KVP_GRAMMAR_MAX_STATES (1 << 18)
+#define KVP_GRAMMAR_MAX_ARCS (1 << 20)
+#define KVP_GRAMMAR_MAX_FANOUT 2048
 #define KVP_GRAMMAR_MAX_DEPTH 256          /* return states on one thread's stack */
 #define KVP_GRAMMAR_MAX_THREADS 128        /* threads the matcher follows at once */
-/* Thread steps one mask may take (a plain walk of Qwen's trie takes about 0.3 M): a
- * grammar so ambiguous that many threads live at once has its walk cut there, offering
- * the tokens found so far (all valid) and every one-byte token that is. */
-#define KVP_GRAMMAR_MASK_BUDGET 600000L
+
 
 typedef struct kvp_grammar kvp_grammar;
 
 /* Building: states are made, joined, and one rule (a start state whose end states are
  * marked) is the root. Every call fails only for lack of memory or room: the builder then
- * remembers the failure and kvp_grammar_finish returns NULL. */
+ * remembers the failure (-ENOMEM; -E2BIG past KVP_GRAMMAR_MAX_STATES, -EFBIG past
+ * KVP_GRAMMAR_MAX_ARCS, -EMLINK past KVP_GRAMMAR_MAX_FANOUT arcs out of one state) and
+ * kvp_grammar_finish returns NULL. */
 typedef struct kvp_gbuild kvp_gbuild;
 
 kvp_gbuild *kvp_gbuild_new(void);
@@ -41,7 +43,7 @@ void kvp_gbuild_call(kvp_gbuild *b, int from, int start, int ret);
 void kvp_gbuild_end(kvp_gbuild *b, int state);                 /* the rule may end here */
 /* The literal bytes from `from`; returns the state after them (-1 on failure). */
 int kvp_gbuild_literal(kvp_gbuild *b, int from, const char *s, size_t len);
-int kvp_gbuild_failed(const kvp_gbuild *b);   /* -ENOMEM, -E2BIG (too many states) or 0 */
+int kvp_gbuild_failed(const kvp_gbuild *b);   /* a failure above, or 0 */
 int kvp_gbuild_count(const kvp_gbuild *b);    /* states made */
 /* The grammar whose documents are the root rule's (root: a start state); frees b. Paths
  * that can never end are dropped. NULL with *rc: the builder's failure, -ENOMEM, or
@@ -68,11 +70,17 @@ typedef struct kvp_gmatch {
     int32_t *ret, *parent;   /* frames: the return state, the frame below (-1: none) */
     uint16_t *depth;
     int n_frames, cap_frames;
+    int32_t *htab;       /* the frames by (ret, parent): each stack is made once */
+    int hcap, hused;
     kvp_gset cur;        /* where the bytes accepted so far lead */
     kvp_gset *level;     /* the trie walk's sets, one per depth (max piece length + 1) */
     int n_level;
     void *scratch;       /* the closure's work list and visit marks (grammar.c) */
     long cut_walks;      /* masks the budget cut short */
+    /* Work units: one per arc tested, closure expansion, and pair of threads or stack
+     * frames compared. work counts them all (masks and accepts); limit is where the mask
+     * in progress stops (LONG_MAX outside one); mask_work is what the last mask took. */
+    long work, limit, mask_work;
 } kvp_gmatch;
 
 /* At the document's start. 0 or -ENOMEM. */
@@ -106,10 +114,27 @@ int kvp_vocab_trie_build(kvp_vocab_trie *tr, const kvp_tokenizer *t);
 void kvp_vocab_trie_free(kvp_vocab_trie *tr);
 
 /* The tokens that may come next into mask (vocab_size bits, all written): those whose
- * bytes continue a document (all of them unless the walk passes
- * KVP_GRAMMAR_MASK_BUDGET), and the trie's end tokens only when the document is whole.
- * Returns how many are allowed (0: none; the caller ends the reply), or -ENOMEM. */
+ * bytes continue a document (all of them unless the walk reaches the budget below), and
+ * the trie's end tokens only when the document is whole. Returns how many are allowed
+ * (0: none; the caller ends the reply), or -ENOMEM. */
 int kvp_gmatch_mask(kvp_gmatch *m, const kvp_vocab_trie *tr, uint32_t *mask);
+/* The work units (kvp_gmatch's counter) one mask may take on trie tr: PER_NODE per node
+ * of the trie plus BASE, about twice what one thread's whole walk of the trie takes (a
+ * plain schema's masks are never cut: inside a string, where nearly every token may
+ * follow, a walk takes about 10 units per node). A mask that reaches it stops there and
+ * offers the tokens found so far (all valid; the one-byte tokens first); when none was
+ * found by then, one more step (at most KVP_GRAMMAR_STEP_WORK) offers the first byte
+ * that may come next, so a document that can go on always has a token. A mask runs over
+ * the budget by at most KVP_GRAMMAR_MASK_OVERRUN (that step; and past the limit one
+ * thread's arcs, one closure expansion and the threads one step compares), and an accept of a token it offered repeats at
+ * most the steps of that token's path. */
+#define KVP_GRAMMAR_WORK_PER_NODE 16L
+#define KVP_GRAMMAR_WORK_BASE 65536L
+#define KVP_GRAMMAR_STEP_WORK (1L << 17)
+#define KVP_GRAMMAR_MASK_OVERRUN \
+    (KVP_GRAMMAR_STEP_WORK +                                                       \
+     2L * (2L * KVP_GRAMMAR_MAX_FANOUT + KVP_GRAMMAR_MAX_THREADS * KVP_GRAMMAR_MAX_THREADS))
+long kvp_grammar_mask_budget(const kvp_vocab_trie *tr);
 /* Sets the logits of the tokens mask leaves out to -inf. */
 void kvp_grammar_apply_mask(float *logits, const uint32_t *mask, int vocab_size);
 

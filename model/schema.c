@@ -23,13 +23,26 @@ int sc_fail(sc *c, const char *fmt, ...)
     return -1;
 }
 
+/* The message of a builder's failure (model/grammar.h), naming the bound passed. */
+static void size_fail(sc *c, int rc)
+{
+    if (rc == -E2BIG)
+        sc_fail(c, "the schema is too large: its grammar is over %d states",
+                KVP_GRAMMAR_MAX_STATES);
+    else if (rc == -EFBIG)
+        sc_fail(c, "the schema is too large: its grammar is over %d arcs", KVP_GRAMMAR_MAX_ARCS);
+    else if (rc == -EMLINK)
+        sc_fail(c, "the schema is too large: a state of its grammar has over %d arcs",
+                KVP_GRAMMAR_MAX_FANOUT);
+    else
+        sc_fail(c, "out of memory");
+}
+
 int sc_state(sc *c)
 {
     int s = kvp_gbuild_state(c->b);
     if (s < 0)
-        sc_fail(c, kvp_gbuild_failed(c->b) == -E2BIG
-                   ? "the schema is too large: its grammar is over %d states"
-                   : "out of memory (%d states)", KVP_GRAMMAR_MAX_STATES);
+        size_fail(c, kvp_gbuild_failed(c->b));
     return s;
 }
 
@@ -200,6 +213,65 @@ static int value_literal(sc *c, const json_t *v, int from, int to)
     return rc;
 }
 
+typedef struct lit {
+    char *s;
+    size_t len;
+} lit;
+
+static int cmp_lit(const void *a, const void *b)
+{
+    const lit *x = a, *y = b;
+    int c = memcmp(x->s, y->s, x->len < y->len ? x->len : y->len);
+    return c ? c : (x->len > y->len) - (x->len < y->len);
+}
+
+/* An enum's values as one trie of their compact literals: values that share a prefix
+ * share its states, so the matcher follows one thread through them however many values
+ * start alike (apart, more than KVP_GRAMMAR_MAX_THREADS of them would crowd some out). */
+static int enum_trie(sc *c, const json_t *values, int from, int to)
+{
+    size_t n = json_array_size(values), maxlen = 0;
+    lit *l = calloc(n, sizeof *l);
+    int rc = l ? 0 : sc_fail(c, "out of memory");
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        l[i].s = json_dumps(json_array_get(values, i), JSON_COMPACT | JSON_ENCODE_ANY);
+        if (!l[i].s)
+            rc = sc_fail(c, "out of memory");
+        else if ((l[i].len = strlen(l[i].s)) > maxlen)
+            maxlen = l[i].len;
+    }
+    int *path = rc == 0 ? malloc((maxlen + 1) * sizeof *path) : NULL;
+    if (rc == 0 && !path)
+        rc = sc_fail(c, "out of memory");
+    if (rc == 0) {
+        qsort(l, n, sizeof *l, cmp_lit);
+        /* path[k]: the state after the first k bytes of the previous value */
+        path[0] = from;
+        for (size_t i = 0; i < n && rc == 0; i++) {
+            size_t k = 0;
+            if (i > 0)
+                while (k < l[i].len && k < l[i - 1].len && l[i].s[k] == l[i - 1].s[k])
+                    k++;
+            for (; k < l[i].len; k++) {
+                int st = sc_state(c);
+                if (st < 0) {
+                    rc = -1;
+                    break;
+                }
+                kvp_gbuild_range(c->b, path[k], (uint8_t)l[i].s[k], (uint8_t)l[i].s[k], st);
+                path[k + 1] = st;
+            }
+            if (rc == 0 && (i + 1 == n || cmp_lit(&l[i], &l[i + 1])))   /* once per value */
+                kvp_gbuild_eps(c->b, path[l[i].len], to);
+        }
+    }
+    for (size_t i = 0; l && i < n; i++)
+        free(l[i].s);
+    free(l);
+    free(path);
+    return rc;
+}
+
 /* The schema "#/a/b" (or "#") points to, as a JSON pointer into c->root. */
 static const json_t *resolve(sc *c, const char *ref)
 {
@@ -232,6 +304,189 @@ static const json_t *resolve(sc *c, const char *ref)
             at = NULL;
     }
     return *p ? NULL : at;
+}
+
+/* ---- oneOf: written only when its alternatives cannot both hold ---- */
+
+enum { K_NULL = 1, K_BOOL = 2, K_NUM = 4, K_STR = 8, K_ARR = 16, K_OBJ = 32, K_ALL = 63 };
+
+/* The schema s refers to through $ref (s itself without one; NULL when it points out). */
+static const json_t *deref(sc *c, const json_t *s)
+{
+    for (int i = 0; i < KVP_SCHEMA_MAX_DEPTH && json_is_object(s); i++) {
+        const json_t *r = json_object_get(s, "$ref");
+        if (!r)
+            return s;
+        s = json_is_string(r) ? resolve(c, json_string_value(r)) : NULL;
+    }
+    return json_is_object(s) && !json_object_get(s, "$ref") ? s : NULL;
+}
+
+static unsigned value_kind(const json_t *v)
+{
+    return json_is_null(v) ? K_NULL : json_is_boolean(v) ? K_BOOL : json_is_number(v) ? K_NUM
+           : json_is_string(v) ? K_STR : json_is_array(v) ? K_ARR : K_OBJ;
+}
+
+static unsigned type_kind(const char *t)
+{
+    static const char *const n[] = {"null", "boolean", "integer", "number", "string", "array",
+                                    "object"};
+    static const unsigned k[] = {K_NULL, K_BOOL, K_NUM, K_NUM, K_STR, K_ARR, K_OBJ};
+    for (int i = 0; i < 7; i++)
+        if (!strcmp(t, n[i]))
+            return k[i];
+    return K_ALL;
+}
+
+static const char *implied_type(const json_t *s);
+
+/* The kinds of JSON value s may hold (more, never fewer); *budget bounds the schemas
+ * looked at (past it: any kind). */
+static unsigned kinds(sc *c, const json_t *s, int depth, int *budget)
+{
+    if (json_is_false(s))
+        return 0;
+    s = deref(c, s);
+    if (!s || depth > KVP_SCHEMA_MAX_DEPTH || --*budget < 0)
+        return K_ALL;
+    const json_t *v;
+    size_t i;
+    const json_t *e;
+    unsigned k = 0;
+    static const char *const alts[] = {"anyOf", "oneOf", "allOf"};
+    for (int a = 0; a < 3; a++)
+        if ((v = json_object_get(s, alts[a])) && json_is_array(v)) {
+            json_array_foreach(v, i, e)
+                k |= kinds(c, e, depth + 1, budget);
+            return k;
+        }
+    if ((v = json_object_get(s, "const")))
+        return value_kind(v);
+    if ((v = json_object_get(s, "enum")) && json_is_array(v)) {
+        json_array_foreach(v, i, e)
+            k |= value_kind(e);
+        return k;
+    }
+    v = json_object_get(s, "type");
+    if (json_is_string(v))
+        return type_kind(json_string_value(v));
+    if (json_is_array(v)) {
+        json_array_foreach(v, i, e)
+            k |= json_is_string(e) ? type_kind(json_string_value(e)) : K_ALL;
+        return k;
+    }
+    const char *t = implied_type(s);
+    return t ? type_kind(t) : K_ALL;
+}
+
+/* The values s allows when it is a const or an enum (an array, or a const alone), else
+ * NULL; *one holds the const. */
+static const json_t *values_of(const json_t *s, const json_t **one, size_t *n)
+{
+    const json_t *v;
+    if (!json_is_object(s))
+        return NULL;
+    if ((v = json_object_get(s, "const"))) {
+        *one = v;
+        *n = 1;
+        return v;
+    }
+    if ((v = json_object_get(s, "enum")) && json_is_array(v)) {
+        *n = json_array_size(v);
+        return v;
+    }
+    return NULL;
+}
+
+static const json_t *value_at(const json_t *set, const json_t *one, size_t i)
+{
+    return one ? one : json_array_get(set, i);
+}
+
+/* Whether no value is in both sets: scalars compared as a validator does (1 and 1.0 are
+ * one number); an array or object is taken as possibly equal to any of its kind. */
+static int values_apart(const json_t *a, const json_t *a1, size_t na, const json_t *b,
+                        const json_t *b1, size_t nb)
+{
+    if (na * nb > 65536)
+        return 0;
+    for (size_t i = 0; i < na; i++)
+        for (size_t j = 0; j < nb; j++) {
+            const json_t *x = value_at(a, a1, i), *y = value_at(b, b1, j);
+            unsigned kx = value_kind(x), ky = value_kind(y);
+            if (kx != ky)
+                continue;
+            if (kx == K_NUM) {
+                if (json_is_integer(x) && json_is_integer(y)
+                        ? json_integer_value(x) == json_integer_value(y)
+                        : json_number_value(x) == json_number_value(y))
+                    return 0;
+            } else if (kx == K_ARR || kx == K_OBJ || json_equal((json_t *)x, (json_t *)y))
+                return 0;
+        }
+    return 1;
+}
+
+/* Whether one document can never hold under both a and b: their kinds are apart, or
+ * their const/enum values, or both are objects requiring a property whose const/enum
+ * values are apart (a tag). */
+static int apart(sc *c, const json_t *a, const json_t *b, unsigned ka, unsigned kb)
+{
+    if (!(ka & kb))
+        return 1;
+    a = deref(c, a);
+    b = deref(c, b);
+    if (!a || !b)
+        return 0;
+    const json_t *a1 = NULL, *b1 = NULL;
+    size_t na = 0, nb = 0;
+    const json_t *va = values_of(a, &a1, &na), *vb = values_of(b, &b1, &nb);
+    if (va && vb)
+        return values_apart(va, a1, na, vb, b1, nb);
+    if (ka != K_OBJ || kb != K_OBJ)
+        return 0;
+    const json_t *pa = json_object_get(a, "properties"), *pb = json_object_get(b, "properties");
+    const json_t *ra = json_object_get(a, "required"), *rb = json_object_get(b, "required");
+    size_t i, j;
+    const json_t *x, *y;
+    json_array_foreach(ra, i, x)
+        json_array_foreach(rb, j, y) {
+            if (!json_is_string(x) || !json_is_string(y) ||
+                strcmp(json_string_value(x), json_string_value(y)))
+                continue;
+            const json_t *sa = deref(c, json_object_get(pa, json_string_value(x)));
+            const json_t *sb = deref(c, json_object_get(pb, json_string_value(x)));
+            const json_t *ta = NULL, *tb = NULL;
+            size_t ma = 0, mb = 0;
+            const json_t *wa = values_of(sa, &ta, &ma), *wb = values_of(sb, &tb, &mb);
+            if (wa && wb && values_apart(wa, ta, ma, wb, tb, mb))
+                return 1;
+        }
+    return 0;
+}
+
+/* oneOf holds when exactly one alternative does; the grammar writes any alternative's
+ * documents, so it takes a oneOf only when no two alternatives can hold at once. */
+static int one_of_apart(sc *c, const json_t *alts)
+{
+    size_t n = json_array_size(alts);
+    unsigned *k = malloc((n ? n : 1) * sizeof *k);
+    if (!k)
+        return sc_fail(c, "out of memory");
+    int budget = 100000;
+    for (size_t i = 0; i < n; i++)
+        k[i] = kinds(c, json_array_get(alts, i), 0, &budget);
+    int rc = 0;
+    for (size_t i = 0; i < n && rc == 0; i++)
+        for (size_t j = i + 1; j < n && rc == 0; j++)
+            if (!apart(c, json_array_get(alts, i), json_array_get(alts, j), k[i], k[j]))
+                rc = sc_fail(c, "oneOf: alternatives %zu and %zu may both hold for one "
+                             "document (kvpd takes a oneOf whose alternatives differ in type, "
+                             "in const/enum values, or in a required property's const/enum; "
+                             "else use anyOf)", i, j);
+    free(k);
+    return rc;
 }
 
 static int object(sc *c, const json_t *s, int from, int to)
@@ -483,6 +738,16 @@ static int body(sc *c, const json_t *s, int from, int to)
             return sc_fail(c, "%s must be a non-empty array of schemas", alts[a]);
         if (a == 2 && json_array_size(v) != 1)
             return sc_fail(c, "allOf of more than one schema is not supported");
+        if (json_array_size(v) > KVP_SCHEMA_MAX_ALTERNATIVES)
+            return sc_fail(c, "%s has %zu schemas, over the limit of %d", alts[a],
+                           json_array_size(v), KVP_SCHEMA_MAX_ALTERNATIVES);
+        if (a == 1) {
+            size_t mark = path_push(c, "oneOf");
+            int rc = one_of_apart(c, v);
+            c->path[mark] = '\0';
+            if (rc < 0)
+                return -1;
+        }
         size_t i;
         const json_t *alt;
         size_t mark = path_push(c, alts[a]);
@@ -500,12 +765,10 @@ static int body(sc *c, const json_t *s, int from, int to)
     if ((v = json_object_get(s, "enum"))) {
         if (!json_is_array(v) || json_array_size(v) == 0)
             return sc_fail(c, "enum must be a non-empty array");
-        size_t i;
-        const json_t *e;
-        json_array_foreach(v, i, e)
-            if (value_literal(c, e, from, to) < 0)
-                return -1;
-        return 0;
+        if (json_array_size(v) > KVP_SCHEMA_MAX_ALTERNATIVES)
+            return sc_fail(c, "enum has %zu values, over the limit of %d", json_array_size(v),
+                           KVP_SCHEMA_MAX_ALTERNATIVES);
+        return enum_trie(c, v, from, to);
     }
     const json_t *type = json_object_get(s, "type");
     if (!type) {
@@ -591,9 +854,11 @@ static kvp_grammar *sc_done(sc *c, int start, int ok)
     }
     int rc;
     kvp_grammar *g = kvp_grammar_finish(c->b, start, &rc);
-    if (!g)
-        snprintf(c->err, c->errlen, rc == -ENOENT ? "the schema has no finite document (a "
-                 "required property that must hold itself, at any depth)" : "out of memory");
+    if (!g && rc == -ENOENT)
+        snprintf(c->err, c->errlen, "the schema has no finite document (a required property "
+                 "that must hold itself, at any depth)");
+    else if (!g)
+        size_fail(c, rc);
     return g;
 }
 

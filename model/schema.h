@@ -17,8 +17,10 @@
  * and after the point; no whitespace before or after the document.
  *
  * Costs are bounded: a schema over KVP_SCHEMA_MAX_BYTES serialized, nesting deeper than
- * KVP_SCHEMA_MAX_DEPTH, counts above KVP_SCHEMA_MAX_REPEAT or a grammar over
- * KVP_GRAMMAR_MAX_STATES states is refused. */
+ * KVP_SCHEMA_MAX_DEPTH, counts above KVP_SCHEMA_MAX_REPEAT, an enum or anyOf of more than
+ * KVP_SCHEMA_MAX_ALTERNATIVES, or a grammar over KVP_GRAMMAR_MAX_STATES states,
+ * KVP_GRAMMAR_MAX_ARCS arcs or KVP_GRAMMAR_MAX_FANOUT arcs out of one state is refused,
+ * the message naming the bound. */
 #ifndef KVP_SCHEMA_H
 #define KVP_SCHEMA_H
 
@@ -31,6 +33,7 @@
 #define KVP_SCHEMA_MAX_BYTES (64 * 1024)
 #define KVP_SCHEMA_MAX_DEPTH 32
 #define KVP_SCHEMA_MAX_REPEAT 4096   /* maxLength, maxItems, {n,m} in a pattern */
+#define KVP_SCHEMA_MAX_ALTERNATIVES 1024   /* values of an enum, schemas of an anyOf */
 
 /* The grammar of the documents valid against schema (an object or a boolean), or NULL
  * with a message in err naming the keyword and where it is ("format is not supported at

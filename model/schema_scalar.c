@@ -4,13 +4,14 @@
  * number's bounds must be integers, its fraction and exponent are bounded in digits. */
 #include "model/schema_impl.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
 #define DIGITS_MAX 16              /* digits of an unbounded integer or fraction */
 #define UNBOUNDED 9999999999999999LL   /* DIGITS_MAX nines */
-#define BOUND_MAX 1000000000000000000LL
+#define BOUND_MAX 9000000000000000000LL   /* the largest |bound|: 19 digits, with room */
 
 /* Bytes 0x80-0xBF after a lead byte, `left` of them still to come, then `to`. */
 static int cont(sc *c, int left, int to)
@@ -188,7 +189,7 @@ static int naturals(sc *c, int from, int to, long long a, long long b)
 {
     long long p = 1;
     for (int len = 1; len <= 19 && a <= b; len++) {
-        long long top = len == 19 ? BOUND_MAX * 9 : p * 10 - 1;   /* largest of len digits */
+        long long top = len == 19 ? LLONG_MAX : p * 10 - 1;   /* largest of len digits */
         long long lo = a, hi = b < top ? b : top;
         if (lo <= hi) {
             char x[24], y[24];
@@ -219,69 +220,123 @@ static int int_range(sc *c, int from, int to, long long lo, long long hi)
     return 0;
 }
 
-/* A bound of s: *has 0 when absent; *excl for an exclusive one. */
-static int bound(sc *c, const json_t *s, int upper, int *has, double *v, int *excl)
+/* A bound keyword's value exactly: *fl its floor, *frac 1 when it has a fraction. An
+ * integer is jansson's json_int_t as written (exact past 2^53); a real is a double, whole
+ * past 2^53, so its floor is exact too. 0 when absent, 1 when read, -1 refused. */
+static int bound_value(sc *c, const json_t *s, const char *key, long long *fl, int *frac)
 {
-    const char *inc = upper ? "maximum" : "minimum";
-    const char *exc = upper ? "exclusiveMaximum" : "exclusiveMinimum";
-    const json_t *i = json_object_get(s, inc), *e = json_object_get(s, exc);
-    *has = *excl = 0;
-    if (i && !json_is_number(i))
-        return sc_fail(c, "%s must be a number", inc);
-    if (e && !json_is_number(e) && !json_is_boolean(e))
-        return sc_fail(c, "%s must be a number", exc);
-    if (i) {
-        *has = 1;
-        *v = json_number_value(i);
-        *excl = json_is_true(e);   /* draft 4: a boolean beside the bound */
+    const json_t *j = json_object_get(s, key);
+    if (!j)
+        return 0;
+    if (json_is_integer(j)) {
+        json_int_t v = json_integer_value(j);
+        if (v > BOUND_MAX || v < -BOUND_MAX)
+            return sc_fail(c, "%s beyond 9e18 is not supported", key);
+        *fl = (long long)v;
+        *frac = 0;
+        return 1;
     }
-    if (e && json_is_number(e)) {
-        double ev = json_number_value(e);
-        if (!*has || (upper ? ev <= *v : ev >= *v)) {
-            *has = *excl = 1;
-            *v = ev;
+    double v = json_real_value(j);
+    if (!(fabs(v) <= (double)BOUND_MAX))
+        return sc_fail(c, "%s beyond 9e18 is not supported", key);
+    double f = floor(v);
+    *fl = (long long)f;
+    *frac = v != f;
+    return 1;
+}
+
+/* The bounds of s, each the tighter of the inclusive and exclusive keyword (draft 4: a
+ * boolean exclusiveMinimum/Maximum makes minimum/maximum exclusive). integer: *a and *b
+ * are the least and greatest integers allowed; else (number) they are the bounds, *ax
+ * and *bx 1 when exclusive, and a bound with a fraction is refused. -1 refused. */
+static int bounds(sc *c, const json_t *s, int integer, int *has_a, long long *a, int *ax,
+                  int *has_b, long long *b, int *bx)
+{
+    static const char *const key[4] = {"minimum", "exclusiveMinimum", "maximum",
+                                       "exclusiveMaximum"};
+    for (int k = 0; k < 4; k++) {
+        const json_t *j = json_object_get(s, key[k]);
+        if (j && !json_is_number(j) && !((k & 1) && json_is_boolean(j)))
+            return sc_fail(c, "%s must be a number", key[k]);
+    }
+    *has_a = *has_b = *ax = *bx = 0;
+    for (int k = 0; k < 4; k++) {
+        long long fl = 0;
+        int frac = 0, upper = k >= 2;
+        /* exclusive: the exclusive keyword's number, or a minimum/maximum beside a true */
+        int excl = (k & 1) || json_is_true(json_object_get(s, key[k + 1]));
+        if ((k & 1) && json_is_boolean(json_object_get(s, key[k])))
+            continue;
+        int r = bound_value(c, s, key[k], &fl, &frac);
+        if (r < 0)
+            return -1;
+        if (r == 0)
+            continue;
+        if (!integer && frac)
+            return sc_fail(c, "%s: a number's bounds must be integers in kvpd", key[k]);
+        long long v;
+        if (integer)   /* the integers allowed: v inclusive */
+            v = upper ? (excl && !frac ? fl - 1 : fl) : (excl || frac ? fl + 1 : fl);
+        else
+            v = fl;
+        if (!upper && (!*has_a || v > *a || (v == *a && !integer && excl))) {
+            *a = v;
+            *ax = !integer && excl;
         }
+        if (upper && (!*has_b || v < *b || (v == *b && !integer && excl))) {
+            *b = v;
+            *bx = !integer && excl;
+        }
+        *(upper ? has_b : has_a) = 1;
     }
-    if (*has && fabs(*v) > (double)BOUND_MAX)
-        return sc_fail(c, "%s beyond 1e18 is not supported", *excl ? exc : inc);
     return 0;
+}
+
+/* The names of the keywords that set the lower and the upper bound, for a message. */
+static void bound_names(const json_t *s, int ax, int bx, const char **lo, const char **hi)
+{
+    *lo = ax || (json_is_number(json_object_get(s, "exclusiveMinimum")) &&
+                 !json_object_get(s, "minimum")) ? "exclusiveMinimum" : "minimum";
+    *hi = bx || (json_is_number(json_object_get(s, "exclusiveMaximum")) &&
+                 !json_object_get(s, "maximum")) ? "exclusiveMaximum" : "maximum";
 }
 
 int sc_integer(sc *c, const json_t *s, int from, int to)
 {
-    int has_lo, has_hi, ex_lo, ex_hi;
-    double lo = 0, hi = 0;
-    if (bound(c, s, 0, &has_lo, &lo, &ex_lo) < 0 || bound(c, s, 1, &has_hi, &hi, &ex_hi) < 0)
-        return -1;
+    int has_lo, has_hi, ax, bx;
     long long a = -UNBOUNDED, b = UNBOUNDED;
-    if (has_lo)
-        a = ex_lo ? (long long)floor(lo) + 1 : (long long)ceil(lo);
-    if (has_hi)
-        b = ex_hi ? (long long)ceil(hi) - 1 : (long long)floor(hi);
-    if (has_lo && !has_hi && a > b)
-        b = a + UNBOUNDED;
-    if (has_hi && !has_lo && a > b)
-        a = b - UNBOUNDED;
-    if (a > b)
-        return sc_fail(c, "minimum is above maximum: no integer fits");
+    if (bounds(c, s, 1, &has_lo, &a, &ax, &has_hi, &b, &bx) < 0)
+        return -1;
+    if (!has_lo)
+        a = has_hi && b < -UNBOUNDED ? b - UNBOUNDED : -UNBOUNDED;
+    if (!has_hi)
+        b = has_lo && a > UNBOUNDED ? a + UNBOUNDED : UNBOUNDED;
+    if (a > b) {
+        const char *lo, *hi;
+        bound_names(s, 0, 0, &lo, &hi);
+        return sc_fail(c, "%s is above %s: no integer fits", lo, hi);
+    }
     return int_range(c, from, to, a, b);
 }
 
 enum { FRAC_ANY, FRAC_NONZERO, FRAC_ZEROS };
 
-/* What may follow an integer part: FRAC_ANY an optional fraction of any digits,
- * FRAC_NONZERO a fraction that is not all zeros, FRAC_ZEROS an optional one of zeros. */
-static int fraction(sc *c, int from, int to, int kind)
+/* What may follow an integer part: FRAC_ANY an optional fraction of 1 to ndig digits,
+ * FRAC_NONZERO such a fraction that is not all zeros, FRAC_ZEROS an optional one of
+ * zeros (ndig 0: no fraction). */
+static int fraction(sc *c, int from, int to, int kind, int ndig)
 {
     if (kind != FRAC_NONZERO)
         kvp_gbuild_eps(c->b, from, to);
+    if (ndig == 0)
+        return 0;
     int dot = sc_state(c);
     if (dot < 0)
         return -1;
     kvp_gbuild_range(c->b, from, '.', '.', dot);
     /* z[k]: k digits, all zeros so far; n[k]: k digits, one not zero */
     int z = dot, n = -1;
-    for (int k = 1; k <= DIGITS_MAX; k++) {
+    for (int k = 1; k <= ndig; k++) {
         int z2 = sc_state(c), n2 = kind == FRAC_ZEROS ? -2 : sc_state(c);
         if (z2 < 0 || n2 == -1)
             return -1;
@@ -300,6 +355,27 @@ static int fraction(sc *c, int from, int to, int kind)
     return 0;
 }
 
+/* Under bounds a number has at most SIG_DIGITS significant digits in all (its integer
+ * part's digits, then a fraction of the rest), so its value is as far from a bound when
+ * a reader parses it to a double: decimals of 15 digits each have a double of their own,
+ * in the same order, and one with a fraction is below 10^14, where every integer bound
+ * is exact. */
+#define SIG_DIGITS 15
+
+static int int_digits(long long v)
+{
+    int n = 1;
+    for (; v >= 10; v /= 10)
+        n++;
+    return n;
+}
+
+static int frac_digits(long long v)
+{
+    int n = int_digits(v);
+    return n >= SIG_DIGITS ? 0 : SIG_DIGITS - n;
+}
+
 /* Numbers x with |x| in [a, b] spelled after from (a sign, if any, already written):
  * a_ex / b_ex make that end exclusive. */
 static int magnitudes(sc *c, int from, int to, long long a, long long b, int a_ex, int b_ex)
@@ -308,18 +384,33 @@ static int magnitudes(sc *c, int from, int to, long long a, long long b, int a_e
         if (a_ex || b_ex)
             return 0;
         int s = sc_state(c);
-        return s < 0 || naturals(c, from, s, a, a) < 0 ? -1 : fraction(c, s, to, FRAC_ZEROS);
+        return s < 0 || naturals(c, from, s, a, a) < 0
+                   ? -1 : fraction(c, s, to, FRAC_ZEROS, frac_digits(a));
     }
-    int s1 = sc_state(c), s2 = sc_state(c), s3 = sc_state(c);
+    int s1 = sc_state(c), s3 = sc_state(c);
     if (s3 < 0)
         return -1;
     /* a with a fraction (any, or not zero when a is excluded) */
-    if (naturals(c, from, s1, a, a) < 0 || fraction(c, s1, to, a_ex ? FRAC_NONZERO : FRAC_ANY) < 0)
+    if (!(a_ex && frac_digits(a) == 0) &&
+        (naturals(c, from, s1, a, a) < 0 ||
+         fraction(c, s1, to, a_ex ? FRAC_NONZERO : FRAC_ANY, frac_digits(a)) < 0))
         return -1;
-    if (a + 1 <= b - 1 &&
-        (naturals(c, from, s2, a + 1, b - 1) < 0 || fraction(c, s2, to, FRAC_ANY) < 0))
-        return -1;
-    if (!b_ex && (naturals(c, from, s3, b, b) < 0 || fraction(c, s3, to, FRAC_ZEROS) < 0))
+    /* between them, by the number of digits (which sets the fraction's) */
+    for (long long lo = a + 1; lo <= b - 1;) {
+        long long top = 9;   /* the largest number of lo's digits (19 digits: any) */
+        for (int k = 1; k < int_digits(lo) && top < LLONG_MAX / 10; k++)
+            top = top * 10 + 9;
+        if (int_digits(lo) >= 19)
+            top = LLONG_MAX;
+        long long hi = b - 1 < top ? b - 1 : top;
+        int s2 = sc_state(c);
+        if (s2 < 0 || naturals(c, from, s2, lo, hi) < 0 ||
+            fraction(c, s2, to, FRAC_ANY, frac_digits(lo)) < 0)
+            return -1;
+        lo = hi + 1;
+    }
+    if (!b_ex && (naturals(c, from, s3, b, b) < 0 ||
+                  fraction(c, s3, to, FRAC_ZEROS, frac_digits(b)) < 0))
         return -1;
     return 0;
 }
@@ -327,18 +418,20 @@ static int magnitudes(sc *c, int from, int to, long long a, long long b, int a_e
 int sc_number(sc *c, const json_t *s, int from, int to)
 {
     int has_lo, has_hi, ex_lo, ex_hi;
-    double lo = 0, hi = 0;
-    if (bound(c, s, 0, &has_lo, &lo, &ex_lo) < 0 || bound(c, s, 1, &has_hi, &hi, &ex_hi) < 0)
+    long long a = 0, b = 0;
+    if (bounds(c, s, 0, &has_lo, &a, &ex_lo, &has_hi, &b, &ex_hi) < 0)
         return -1;
     if (!has_lo && !has_hi) {
-        /* -? (0 | [1-9] [0-9]{0,15}) ("." [0-9]{1,16})? ([eE] [-+]? [0-9]{1,3})? */
+        /* -? (0 | [1-9] [0-9]{0,15}) ("." [0-9]{1,16})? ([eE] [-+]? [0-9]{1,2})?: two
+         * exponent digits keep every value finite and above the least double */
         int sign = sc_state(c), in = sc_state(c), e = sc_state(c), es = sc_state(c),
-            d1 = sc_state(c), d2 = sc_state(c), d3 = sc_state(c);
-        if (d3 < 0)
+            d1 = sc_state(c), d2 = sc_state(c);
+        if (d2 < 0)
             return -1;
         kvp_gbuild_eps(c->b, from, sign);
         kvp_gbuild_range(c->b, from, '-', '-', sign);
-        if (int_range(c, sign, in, 0, UNBOUNDED) < 0 || fraction(c, in, e, FRAC_ANY) < 0)
+        if (int_range(c, sign, in, 0, UNBOUNDED) < 0 ||
+            fraction(c, in, e, FRAC_ANY, DIGITS_MAX) < 0)
             return -1;
         kvp_gbuild_eps(c->b, e, to);
         kvp_gbuild_range(c->b, e, 'e', 'e', es);
@@ -351,23 +444,19 @@ int sc_number(sc *c, const json_t *s, int from, int to)
         kvp_gbuild_range(c->b, es, '+', '+', es2);
         kvp_gbuild_range(c->b, es2, '0', '9', d1);
         kvp_gbuild_range(c->b, d1, '0', '9', d2);
-        kvp_gbuild_range(c->b, d2, '0', '9', d3);
         kvp_gbuild_eps(c->b, d1, to);
         kvp_gbuild_eps(c->b, d2, to);
-        kvp_gbuild_eps(c->b, d3, to);
         return 0;
     }
-    if ((has_lo && lo != floor(lo)) || (has_hi && hi != floor(hi)))
-        return sc_fail(c, "%s: a number's bounds must be integers in kvpd",
-                       has_lo && lo != floor(lo) ? (ex_lo ? "exclusiveMinimum" : "minimum")
-                                                 : (ex_hi ? "exclusiveMaximum" : "maximum"));
-    long long a = has_lo ? (long long)lo : -UNBOUNDED, b = has_hi ? (long long)hi : UNBOUNDED;
-    if (!has_hi && a > b)
-        b = a + UNBOUNDED;
-    if (!has_lo && a > b)
-        a = b - UNBOUNDED;
-    if (a > b || (a == b && (ex_lo || ex_hi)))
-        return sc_fail(c, "minimum is above maximum: no number fits");
+    if (!has_lo)
+        a = b < -UNBOUNDED ? b - UNBOUNDED : -UNBOUNDED;
+    if (!has_hi)
+        b = a > UNBOUNDED ? a + UNBOUNDED : UNBOUNDED;
+    if (a > b || (a == b && (ex_lo || ex_hi))) {
+        const char *lo, *hi;
+        bound_names(s, ex_lo, ex_hi, &lo, &hi);
+        return sc_fail(c, "%s is above %s: no number fits", lo, hi);
+    }
     if (b >= 0 && magnitudes(c, from, to, a > 0 ? a : 0, b, a >= 0 && ex_lo, ex_hi) < 0)
         return -1;
     if (a < 0) {

@@ -4,9 +4,12 @@
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/sampler.h"
 #include "model/schema.h"
 #include "testutil.h"
 
@@ -53,6 +56,19 @@ Test(grammar, paths_that_never_end_are_dropped)
     kvp_gbuild_range(b, s, 'd', 'd', s);
     cr_expect_null(kvp_grammar_finish(b, s, &rc));
     cr_expect_eq(rc, -ENOENT);
+}
+
+Test(grammar, a_state_with_too_many_arcs_is_refused)
+{
+    kvp_gbuild *b = kvp_gbuild_new();
+    int s = kvp_gbuild_state(b), end = kvp_gbuild_state(b);
+    kvp_gbuild_end(b, end);
+    for (int i = 0; i <= KVP_GRAMMAR_MAX_FANOUT; i++)
+        kvp_gbuild_eps(b, s, end);
+    cr_expect_eq(kvp_gbuild_failed(b), -EMLINK);
+    int rc;
+    cr_expect_null(kvp_grammar_finish(b, s, &rc));
+    cr_expect_eq(rc, -EMLINK);
 }
 
 Test(grammar, recursion_through_calls)
@@ -273,4 +289,149 @@ Test(grammar, an_ambiguous_grammar_has_its_walk_cut_with_valid_tokens, .init = l
     kvp_gmatch_free(&m);
     free(mask);
     kvp_grammar_unref(g);
+}
+
+/* ---- hostile schemas: the mask's work is bounded by the budget ---- */
+
+typedef struct hostile {
+    char *schema;     /* malloc'd */
+    char prefix[512]; /* accepted first, to reach the costly place */
+} hostile;
+
+/* Appends to a growing buffer. */
+static void cat(char **s, size_t *n, size_t *cap, const char *fmt, ...)
+{
+    va_list ap;
+    for (;;) {
+        va_start(ap, fmt);
+        int k = vsnprintf(*s + *n, *cap - *n, fmt, ap);
+        va_end(ap);
+        if ((size_t)k < *cap - *n) {
+            *n += (size_t)k;
+            return;
+        }
+        *cap = *cap * 2 + (size_t)k;
+        *s = realloc(*s, *cap);
+        cr_assert(*s);
+    }
+}
+
+/* Schemas built to make the closure and the walk do the most work per token that the
+ * compiler's limits allow. */
+static int hostile_schemas(hostile *h)
+{
+    int n = 0;
+    size_t len, cap;
+#define BEGIN() (len = 0, cap = 256, h[n].schema = malloc(cap), h[n].prefix[0] = '\0')
+#define CAT(...) cat(&h[n].schema, &len, &cap, __VA_ARGS__)
+    /* 1. many strings alive at once, each a distinct path of states */
+    BEGIN();
+    CAT("{\"anyOf\":[");
+    for (int i = 0; i < 130; i++)
+        CAT("%s{\"type\":\"string\",\"maxLength\":%d}", i ? "," : "", 20 + i);
+    CAT("]}");
+    snprintf(h[n++].prefix, 512, "\"ab");
+    /* 2. a huge enum whose values share a long prefix */
+    BEGIN();
+    CAT("{\"enum\":[");
+    for (int i = 0; i < 1024; i++)
+        CAT("%s\"common-prefix-of-every-value-%04d\"", i ? "," : "", i);
+    CAT("]}");
+    snprintf(h[n++].prefix, 512, "\"common");
+    /* 3. many optional properties (any of them may come next, keys sharing a prefix) */
+    BEGIN();
+    CAT("{\"type\":\"object\",\"properties\":{");
+    for (int i = 0; i < 600; i++)
+        CAT("%s\"property_%03d\":{\"type\":\"integer\"}", i ? "," : "", i);
+    CAT("}}");
+    snprintf(h[n++].prefix, 512, "{\"property_");
+    /* 4. deep recursion through several alternatives: long, different stacks */
+    BEGIN();
+    CAT("{\"$defs\":{\"n\":{\"anyOf\":[");
+    for (int i = 0; i < 16; i++)
+        CAT("%s{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/n\"},\"maxItems\":%d}",
+            i ? "," : "", 2 + i);
+    CAT(",{\"type\":\"string\"}]}},\"$ref\":\"#/$defs/n\"}");
+    memset(h[n].prefix, '[', 80);
+    h[n].prefix[80] = '\0';
+    n++;
+    /* 5. any value, 256 alternatives deep inside nested arrays and objects */
+    BEGIN();
+    CAT("{\"anyOf\":[");
+    for (int i = 0; i < 256; i++)
+        CAT("%s{\"type\":\"array\",\"maxItems\":%d}", i ? "," : "", 3 + i % 5);
+    CAT("]}");
+    snprintf(h[n++].prefix, 512, "[[{\"a\":[[\"x");
+    /* 6. integers: many overlapping ranges alive at once */
+    BEGIN();
+    CAT("{\"anyOf\":[");
+    for (int i = 0; i < 300; i++)
+        CAT("%s{\"type\":\"integer\",\"minimum\":%d,\"maximum\":%d}", i ? "," : "", -i * 7,
+            1000000 + i * 13);
+    CAT("]}");
+    snprintf(h[n++].prefix, 512, "1");
+    /* 7. an ambiguous pattern, alternatives of it */
+    BEGIN();
+    CAT("{\"anyOf\":[");
+    for (int i = 0; i < 100; i++)
+        CAT("%s{\"type\":\"string\",\"pattern\":\"^(a|ab|b|ba|[ab]{1,3})+%c?$\"}", i ? "," : "",
+            'c' + i % 20);
+    CAT("]}");
+    snprintf(h[n++].prefix, 512, "\"abab");
+    /* 8. objects nested through anyOf, each level with optional properties */
+    BEGIN();
+    CAT("{\"$defs\":{\"o\":{\"anyOf\":[");
+    for (int i = 0; i < 40; i++)
+        CAT("%s{\"type\":\"object\",\"properties\":{\"k%d\":{\"$ref\":\"#/$defs/o\"},"
+            "\"k\":{\"$ref\":\"#/$defs/o\"}}}", i ? "," : "", i);
+    CAT("]}},\"$ref\":\"#/$defs/o\"}");
+    snprintf(h[n++].prefix, 512, "{\"k\":{\"k\":{\"k\":{\"k\":{\"k\":{");
+#undef BEGIN
+#undef CAT
+    return n;
+}
+
+Test(grammar, hostile_schemas_mask_within_the_budget, .init = load, .fini = unload)
+{
+    hostile h[16];
+    int n = hostile_schemas(h);
+    long budget = kvp_grammar_mask_budget(&trie), worst = 0;
+    uint32_t *mask = calloc((32000 + 31) / 32, sizeof *mask);
+    uint64_t rng = 5;
+    int cut = 0;
+    for (int i = 0; i < n; i++) {
+        json_t *js = json_loads(h[i].schema, 0, NULL);
+        cr_assert(js, "schema %d", i);
+        char err[256];
+        kvp_grammar *g = kvp_schema_compile(js, err, sizeof err);
+        json_decref(js);
+        cr_assert(g, "schema %d: %s", i, err);
+        kvp_gmatch m;
+        cr_assert_eq(kvp_gmatch_init(&m, g), 0);
+        cr_assert_eq(kvp_gmatch_accept(&m, h[i].prefix, strlen(h[i].prefix)), 0, "schema %d", i);
+        for (int t = 0; t < 6; t++) {
+            int allowed = kvp_gmatch_mask(&m, &trie, mask);
+            cr_expect_leq(m.mask_work, budget + KVP_GRAMMAR_MASK_OVERRUN,
+                          "schema %d, step %d: %ld units, budget %ld", i, t, m.mask_work, budget);
+            worst = m.mask_work > worst ? m.mask_work : worst;
+            if (allowed <= 0 || ((mask[0] >> 2) & 1))
+                break;
+            /* a random allowed token, accepted as the session would */
+            int pick = (int)(kvp_rand_f32(&rng) * (float)allowed), id = -1;
+            for (int k = 0; k < 32000 && id < 0; k++)
+                if (((mask[k >> 5] >> (k & 31)) & 1) && pick-- == 0)
+                    id = k;
+            size_t pl;
+            const char *p = kvp_tokenizer_piece(&tok, -1, id, &pl);
+            long before = m.work;
+            cr_assert_eq(kvp_gmatch_accept(&m, p, pl), 0, "schema %d: token %d", i, id);
+            cr_expect_leq(m.work - before, budget + KVP_GRAMMAR_MASK_OVERRUN);
+        }
+        cut += m.cut_walks > 0;
+        kvp_gmatch_free(&m);
+        kvp_grammar_unref(g);
+        free(h[i].schema);
+    }
+    cr_expect_gt(cut, 0, "no hostile schema reached the budget (worst %ld of %ld)", worst, budget);
+    free(mask);
 }

@@ -114,9 +114,71 @@ Test(schema, number_bounds)
           L("-2", "-1.5", "0.25", "0.999"), L("1", "1.0", "-2.5", "-2.1", "-3"));
     check("{\"type\":\"number\",\"exclusiveMinimum\":0}", L("0.1", "3", "0.001"),
           L("0", "0.0", "-1"));
-    check("{\"type\":\"number\"}", L("0", "-1.5", "2e10", "3.25E-7", "12"),
+    check("{\"type\":\"number\"}", L("0", "-1.5", "2e10", "3.25E-7", "12", "9e99", "1e-99"),
           L("1.", "01", "e1", "--1", "1e"));
+    /* an exponent of two digits at most: every value is finite as a double */
+    check("{\"type\":\"number\"}", L("20.0129e+60"), L("20.0129e+607", "1e999", "1e-400"));
     cr_expect(strstr(refuse("{\"type\":\"number\",\"minimum\":0.5}"), "minimum"));
+}
+
+/* Bounds are exact past 2^53 (jansson keeps integers as written), float bounds round to
+ * the integers inside them, and under bounds a number has at most 15 significant digits,
+ * so a reader that parses it to a double sees it inside the bounds too. */
+Test(schema, bounds_are_exact_beyond_2_53)
+{
+    check("{\"type\":\"integer\",\"minimum\":1152921504606846977,"
+          "\"maximum\":1152921504606846977}",
+          L("1152921504606846977"), L("1152921504606846976", "1152921504606846978", "0"));
+    check("{\"type\":\"number\",\"minimum\":1152921504606846977,"
+          "\"maximum\":1152921504606846977}",
+          L("1152921504606846977"),
+          L("1152921504606846976", "1152921504606846978", "1152921504606846977.0"));
+    check("{\"type\":\"integer\",\"exclusiveMinimum\":9007199254740993,"
+          "\"exclusiveMaximum\":9007199254740996}",
+          L("9007199254740994", "9007199254740995"), L("9007199254740993", "9007199254740996"));
+    check("{\"type\":\"integer\",\"maximum\":-9007199254740993}",
+          L("-9007199254740993", "-9007199254740999"), L("-9007199254740992", "0"));
+    check("{\"type\":\"number\",\"exclusiveMinimum\":9007199254740993,"
+          "\"maximum\":9007199254740995}",
+          L("9007199254740994", "9007199254740995"),
+          L("9007199254740993", "9007199254740993.5", "9007199254740994.5"));
+    /* float bounds: the integers inside them; a whole float is an integer bound */
+    check("{\"type\":\"integer\",\"minimum\":2.5,\"maximum\":5.5}", L("3", "5"),
+          L("2", "6"));
+    check("{\"type\":\"integer\",\"exclusiveMinimum\":2.5,\"exclusiveMaximum\":5.0}",
+          L("3", "4"), L("2", "5"));
+    check("{\"type\":\"integer\",\"minimum\":1.0e18}", L("1000000000000000000"),
+          L("999999999999999999"));
+    check("{\"type\":\"number\",\"minimum\":-2.0,\"exclusiveMaximum\":1.0}",
+          L("-2", "0.5"), L("1", "-2.5"));
+    /* negative zero is zero */
+    check("{\"type\":\"integer\",\"minimum\":-0.0,\"maximum\":0}", L("0"), L("-0", "1", "-1"));
+    check("{\"type\":\"number\",\"minimum\":-0.0,\"maximum\":1}", L("0", "0.5", "1"),
+          L("-1", "-0.5"));
+    /* draft 4: a boolean beside the bound */
+    check("{\"type\":\"integer\",\"minimum\":5,\"exclusiveMinimum\":true,\"maximum\":7,"
+          "\"exclusiveMaximum\":false}", L("6", "7"), L("5", "8"));
+    /* the tighter of the two keywords */
+    check("{\"type\":\"integer\",\"minimum\":3,\"exclusiveMinimum\":3,\"maximum\":9,"
+          "\"exclusiveMaximum\":20}", L("4", "9"), L("3", "10"));
+    /* 15 significant digits: a fraction that a double would round onto the bound is out */
+    check("{\"type\":\"number\",\"minimum\":0,\"exclusiveMaximum\":10}",
+          L("9.99999999999999", "0.00000000000001"),
+          L("9.99999999999999999", "9.999999999999999", "10"));
+    /* refusals name the keywords */
+    cr_expect(strstr(refuse("{\"type\":\"integer\",\"exclusiveMinimum\":5,"
+                            "\"exclusiveMaximum\":6}"),
+                     "exclusiveMinimum is above exclusiveMaximum"), "%s",
+              refuse("{\"type\":\"integer\",\"exclusiveMinimum\":5,\"exclusiveMaximum\":6}"));
+    cr_expect(strstr(refuse("{\"type\":\"number\",\"minimum\":7,\"maximum\":6}"),
+                     "minimum is above maximum"));
+    cr_expect(strstr(refuse("{\"type\":\"integer\",\"minimum\":9200000000000000000}"),
+                     "minimum beyond 9e18"));
+    cr_expect(strstr(refuse("{\"type\":\"integer\",\"maximum\":-1.5e19}"),
+                     "maximum beyond 9e18"));
+    cr_expect(strstr(refuse("{\"type\":\"number\",\"maximum\":2.5}"), "maximum"));
+    cr_expect(strstr(refuse("{\"type\":\"number\",\"exclusiveMinimum\":\"1\"}"),
+                     "exclusiveMinimum must be a number"));
 }
 
 Test(schema, strings_lengths_and_escapes)
@@ -140,6 +202,37 @@ Test(schema, enum_const_types_anyof)
     check("{\"oneOf\":[{\"type\":\"integer\"},{\"type\":\"array\",\"items\":{\"type\":\"integer\"},"
           "\"minItems\":1,\"maxItems\":2}]}",
           L("5", "[1]", "[1, 2]"), L("[]", "[1,2,3]"));
+}
+
+/* oneOf holds when exactly one alternative does: taken only when no document can hold
+ * under two alternatives, else refused naming them. */
+Test(schema, one_of_only_with_alternatives_apart)
+{
+    /* apart by type, by values, by a required tag */
+    check("{\"oneOf\":[{\"type\":\"string\"},{\"type\":[\"integer\",\"null\"]}]}",
+          L("\"a\"", "3", "null"), L("true"));
+    check("{\"oneOf\":[{\"enum\":[1,\"a\"]},{\"const\":2},{\"enum\":[\"b\",null]}]}",
+          L("1", "2", "\"b\"", "null"), L("3"));
+    check("{\"$defs\":{\"cat\":{\"type\":\"object\",\"properties\":{\"kind\":{\"const\":"
+          "\"cat\"},\"lives\":{\"type\":\"integer\"}},\"required\":[\"kind\"]},"
+          "\"dog\":{\"type\":\"object\",\"properties\":{\"kind\":{\"enum\":[\"dog\"]},"
+          "\"good\":{\"type\":\"boolean\"}},\"required\":[\"kind\",\"good\"]}},"
+          "\"oneOf\":[{\"$ref\":\"#/$defs/cat\"},{\"$ref\":\"#/$defs/dog\"}]}",
+          L("{\"kind\":\"cat\"}", "{\"kind\":\"dog\",\"good\":true}"),
+          L("{\"kind\":\"dog\"}", "{}"));
+    /* alternatives that may both hold */
+    cr_expect(strstr(refuse("{\"oneOf\":[{\"type\":\"integer\",\"minimum\":44},"
+                            "{\"type\":\"integer\"}]}"),
+                     "oneOf: alternatives 0 and 1 may both hold"));
+    cr_expect(strstr(refuse("{\"oneOf\":[{\"type\":\"number\"},{\"const\":1}]}"),
+                     "alternatives 0 and 1"));
+    cr_expect(strstr(refuse("{\"oneOf\":[{\"enum\":[1,2]},{\"enum\":[3,2.0]}]}"),
+                     "alternatives 0 and 1"));
+    cr_expect(strstr(refuse("{\"oneOf\":[{\"type\":\"string\"},{}]}"), "alternatives 0 and 1"));
+    cr_expect(strstr(refuse("{\"type\":\"object\",\"properties\":{\"p\":{\"oneOf\":["
+                            "{\"type\":\"null\"},{\"type\":\"object\"},{\"type\":\"object\","
+                            "\"properties\":{\"a\":{\"const\":1}}}]}}}"),
+                     "alternatives 1 and 2 may both hold for one document"));
 }
 
 Test(schema, arrays_counts)
@@ -276,6 +369,55 @@ Test(schema, hostile_sizes_fail_fast)
                               i ? "," : "", i);
     snprintf(s + n, cap - n, "}}");
     cr_expect(strstr(refuse(s), "too large"));
+    free(s);
+}
+
+/* Each bound on the grammar's size is named with its value when a schema passes it. */
+Test(schema, grammar_size_bounds_are_named)
+{
+    char *s = malloc(70 * 1024), want[96];
+    size_t n = 0;
+    /* states: eight strings of 4096 characters */
+    n += (size_t)sprintf(s + n, "{\"type\":\"object\",\"properties\":{");
+    for (int i = 0; i < 8; i++)
+        n += (size_t)sprintf(s + n, "%s\"p%d\":{\"type\":\"string\",\"maxLength\":4096}",
+                             i ? "," : "", i);
+    sprintf(s + n, "}}");
+    snprintf(want, sizeof want, "its grammar is over %d states", KVP_GRAMMAR_MAX_STATES);
+    cr_expect(strstr(refuse(s), want), "%s", refuse(s));
+    /* arcs: classes of many single characters, 4000 times each */
+    n = (size_t)sprintf(s, "{\"anyOf\":[");
+    for (int i = 0; i < 6; i++)
+        n += (size_t)sprintf(s + n, "%s{\"type\":\"string\",\"pattern\":"
+                             "\"^[!#%%')+/13579;=?ACEGIKMOQSUWY_acegikmoqsuwy{}]{4000}$\"}",
+                             i ? "," : "");
+    sprintf(s + n, "]}");
+    snprintf(want, sizeof want, "its grammar is over %d arcs", KVP_GRAMMAR_MAX_ARCS);
+    cr_expect(strstr(refuse(s), want), "%s", refuse(s));
+    /* alternatives: an enum or an anyOf of more than KVP_SCHEMA_MAX_ALTERNATIVES */
+    n = (size_t)sprintf(s, "{\"enum\":[");
+    for (int i = 0; i <= KVP_SCHEMA_MAX_ALTERNATIVES; i++)
+        n += (size_t)sprintf(s + n, "%s%d", i ? "," : "", i);
+    sprintf(s + n, "]}");
+    snprintf(want, sizeof want, "enum has %d values, over the limit of %d",
+             KVP_SCHEMA_MAX_ALTERNATIVES + 1, KVP_SCHEMA_MAX_ALTERNATIVES);
+    cr_expect(strstr(refuse(s), want), "%s", refuse(s));
+    n = (size_t)sprintf(s, "{\"type\":\"object\",\"properties\":{\"x\":{\"anyOf\":[");
+    for (int i = 0; i <= KVP_SCHEMA_MAX_ALTERNATIVES; i++)
+        n += (size_t)sprintf(s + n, "%s{\"const\":%d}", i ? "," : "", i);
+    sprintf(s + n, "]}}}");
+    snprintf(want, sizeof want, "anyOf has %d schemas, over the limit of %d at /properties/x",
+             KVP_SCHEMA_MAX_ALTERNATIVES + 1, KVP_SCHEMA_MAX_ALTERNATIVES);
+    cr_expect(strstr(refuse(s), want), "%s", refuse(s));
+    /* at the limit it compiles */
+    n = (size_t)sprintf(s, "{\"enum\":[");
+    for (int i = 0; i < KVP_SCHEMA_MAX_ALTERNATIVES; i++)
+        n += (size_t)sprintf(s + n, "%s%d", i ? "," : "", i);
+    sprintf(s + n, "]}");
+    kvp_grammar *g = compile(s);
+    cr_expect(tu_grammar_whole(g, "1023"));
+    cr_expect(!tu_grammar_whole(g, "1024"));
+    kvp_grammar_unref(g);
     free(s);
 }
 

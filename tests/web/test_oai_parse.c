@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/grammar.h"
 #include "web/oai_parse.h"
 
 static const kvpd_oai_limits lim = {.max_tokens = 100, .model_alias = "", .model = "qwen",
@@ -161,6 +162,32 @@ Test(oai_parse, fields_kvpd_cannot_honour)
         snprintf(body, sizeof body, "{%s,%s}", user, bad[i].field);
         refused(body, 400, KVPD_OAI_E_UNSUPPORTED_PARAMETER, bad[i].param);
     }
+}
+
+/* A schema whose grammar is over a size bound: a 400 naming the schema and the bound. */
+Test(oai_parse, a_schema_over_the_grammar_size_is_refused_naming_the_bound)
+{
+    size_t cap = 64 * 1024, n = 0;
+    char *body = malloc(cap);
+    cr_assert_not_null(body);
+    n += (size_t)snprintf(body + n, cap - n, "{\"messages\":[{\"role\":\"user\",\"content\":"
+                          "\"a\"}],\"response_format\":{\"type\":\"json_schema\","
+                          "\"json_schema\":{\"name\":\"big\",\"schema\":{\"type\":\"object\","
+                          "\"properties\":{");
+    for (int i = 0; i < 8; i++)
+        n += (size_t)snprintf(body + n, cap - n, "%s\"p%d\":{\"type\":\"string\","
+                              "\"maxLength\":4096}", i ? "," : "", i);
+    snprintf(body + n, cap - n, "}}}}}");
+    kvpd_oai_req r;
+    kvpd_oai_err e;
+    cr_assert_eq(parse(body, &r, &e, NULL), -1);
+    cr_expect_eq(e.status, 400);
+    cr_expect_str_eq(e.param, "response_format.json_schema.schema");
+    char want[64];
+    snprintf(want, sizeof want, "over %d states", KVP_GRAMMAR_MAX_STATES);
+    cr_expect(strstr(e.message, want), "%s", e.message);
+    kvpd_oai_release(&r);
+    free(body);
 }
 
 Test(oai_parse, oversized)
