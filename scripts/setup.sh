@@ -8,7 +8,8 @@ PACKAGES=(build-essential meson ninja-build pkg-config
           libopenblas-dev libuv1-dev libwebsockets-dev libwebsockets-evlib-uv
           libjansson-dev libcriterion-dev curl ca-certificates
           prometheus systemd chromium
-          redis-server haproxy libhiredis-dev python3-jinja2 python3-jsonschema)
+          redis-server haproxy libhiredis-dev python3-jinja2 python3-jsonschema
+          clang)
 # The browser test's node and npm: Debian's, unless the machine already has them (a
 # Node.js from elsewhere ships its own npm, which Debian's npm package would conflict with).
 command -v node >/dev/null || PACKAGES+=(nodejs)
