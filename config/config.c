@@ -297,8 +297,7 @@ int kvpd_config_load_file(kvpd_config *c, const char *path, char *err, size_t er
         while (isspace((unsigned char)*val))
             val++;
         /* A quoted value is taken whole up to its closing quote ('#' and spaces
-         * included); only blanks or a comment may follow it. Unquoted, '#' starts a
-         * comment. */
+         * included); only blanks or a comment may follow it. */
         if (*val == '"') {
             char *close = strchr(val + 1, '"');
             char *rest = close ? close + 1 : NULL;
@@ -314,8 +313,19 @@ int kvpd_config_load_file(kvpd_config *c, const char *path, char *err, size_t er
             *close = '\0';
             val++;
         } else {
-            if ((hash = strchr(val, '#')))
+            /* Unquoted, '#' starts a comment only after a blank (or as the whole value):
+             * "k3y#rest" is more likely a secret with a '#' in it than a key "k3y" and a
+             * comment, so it is refused rather than cut. */
+            if ((hash = strchr(val, '#'))) {
+                if (hash > val && !isspace((unsigned char)hash[-1])) {
+                    snprintf(err, errlen, "%s:%d: %s: '#' right after text in an unquoted "
+                             "value: quote the value (\"...\") if '#' is part of it, or "
+                             "put a blank before the comment", path, lineno, key);
+                    rc = -EINVAL;
+                    break;
+                }
                 *hash = '\0';
+            }
             val = trim(val);
         }
         if ((rc = kvpd_config_set(c, key, val, msg, sizeof msg)) < 0) {

@@ -321,6 +321,44 @@ Test(config, a_hash_inside_a_quoted_value_is_part_of_it)
     unlink(path);
 }
 
+/* An unquoted '#' right after other text is more likely part of a secret than a comment:
+ * the line is refused naming the key and the line, for every key, not only api_key. */
+Test(config, an_unquoted_hash_after_text_is_refused_naming_the_key)
+{
+    const char *bad[][2] = {
+        {"api_key = k3y#with-a-hash-in-it\n", "api_key"},
+        {"budget = 10\nadmin_token = ab#cd  # and a comment\n", "admin_token"},
+        {"node_id = n1#\n", "node_id"},
+        {"budget=64#\n", "budget"},
+    };
+    kvpd_config c;
+    char err[256];
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        const char *path = write_tmp(bad[i][0]);
+        kvpd_config_defaults(&c);
+        cr_assert_lt(kvpd_config_load_file(&c, path, err, sizeof err), 0, "%s", bad[i][0]);
+        cr_assert(strstr(err, bad[i][1]) && strstr(err, "#") && strstr(err, "quote"),
+                  "%s: %s", bad[i][0], err);
+        cr_assert(strstr(err, i == 1 ? ":2:" : ":1:"), "%s", err);
+        unlink(path);
+    }
+    /* a key made of what came before the '#' is never installed */
+    const char *path = write_tmp("api_key = k3y#with-a-hash-in-it\n");
+    kvpd_config_defaults(&c);
+    kvpd_config_load_file(&c, path, err, sizeof err);
+    unlink(path);
+    cr_assert_neq(strcmp(c.api_key, "k3y"), 0);
+    /* the forms that stay valid: quoted, a blank before the comment, a tab before it */
+    path = write_tmp("api_key = \"k3y#with-a-hash-in-it\"\nnode_id = n1 # c\n"
+                     "admin_token = Zq9xV2LmP7rT4kW\t# c\nbudget = 10\n");
+    kvpd_config_defaults(&c);
+    cr_assert_eq(kvpd_config_load_file(&c, path, err, sizeof err), 0, "%s", err);
+    unlink(path);
+    cr_assert_str_eq(c.api_key, "k3y#with-a-hash-in-it");
+    cr_assert_str_eq(c.node_id, "n1");
+    cr_assert_str_eq(c.admin_token, "Zq9xV2LmP7rT4kW");
+}
+
 Test(config, snapshot_ttl_below_idle_timeout_is_refused)
 {
     kvpd_config c;
