@@ -295,6 +295,9 @@ int kvp_grammar_states(const kvp_grammar *g)
  * explodes. The same cap holds in a mask and in an accept, so both compute the same sets
  * from the same threads. */
 #define STEP_WORK KVP_GRAMMAR_STEP_WORK
+/* The units a closure costs before its first expansion (the call, its work list, the
+ * visit marks): about what testing that many arcs takes. */
+#define CLOSURE_CALL 8
 
 /* The matcher's closure scratch: a work list and the states visited in this step. */
 typedef struct gwork {
@@ -424,6 +427,7 @@ static int closure(kvp_gmatch *m, kvp_gset *out, int32_t st, int32_t fr, long st
     const kvp_grammar *g = m->g;
     gwork *w = work_of(m);
     w->n = 0;
+    m->work += CLOSURE_CALL;
     if (push(w, st, fr) < 0)
         return -ENOMEM;
     while (w->n > 0 && m->work < stop) {
