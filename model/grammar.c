@@ -295,6 +295,9 @@ int kvp_grammar_states(const kvp_grammar *g)
  * explodes. The same cap holds in a mask and in an accept, so both compute the same sets
  * from the same threads. */
 #define STEP_WORK KVP_GRAMMAR_STEP_WORK
+/* The units a closure costs before its first expansion (the call, its work list, the
+ * visit marks): about what testing that many arcs takes. */
+#define CLOSURE_CALL 8
 
 /* The matcher's closure scratch: a work list and the states visited in this step. */
 typedef struct gwork {
@@ -424,6 +427,7 @@ static int closure(kvp_gmatch *m, kvp_gset *out, int32_t st, int32_t fr, long st
     const kvp_grammar *g = m->g;
     gwork *w = work_of(m);
     w->n = 0;
+    m->work += CLOSURE_CALL;
     if (push(w, st, fr) < 0)
         return -ENOMEM;
     while (w->n > 0 && m->work < stop) {
@@ -505,6 +509,39 @@ static int step(kvp_gmatch *m, const kvp_gset *in, uint8_t byte, kvp_gset *out)
         }
     }
     m->work += work;
+    return 0;
+}
+
+/* step() for the walk: one thread whose byte arcs lead only to plain states (most of a
+ * walk, inside strings and numbers) is stepped here, without a closure's setup; the same
+ * set and the same units as step(). */
+static int walk_step(kvp_gmatch *m, const kvp_gset *in, uint8_t byte, kvp_gset *out)
+{
+    if (in->n != 1)
+        return step(m, in, byte, out);
+    const kvp_grammar *g = m->g;
+    int32_t s = in->t[0].state, fr = in->t[0].frame;
+    int32_t a0 = g->arc_off[s], a1 = g->arc_off[s + 1];
+    int n = 0;
+    kvp_gthread t[4];
+    for (int32_t a = a0; a < a1; a++) {
+        const garc *arc = &g->arcs[a];
+        if (arc->kind != ARC_RANGE || byte < arc->lo || byte > arc->hi)
+            continue;
+        if (!(g->flags[arc->to] & ST_PLAIN) || n == 4)
+            return step(m, in, byte, out);
+        int k = 0;
+        while (k < n && t[k].state != arc->to)
+            k++;
+        m->work += n;
+        if (k == n)
+            t[n++] = (kvp_gthread){arc->to, fr};
+    }
+    m->work += a1 - a0;
+    out->complete = 0;
+    out->n = n;
+    for (int k = 0; k < n; k++)
+        out->t[k] = t[k];
     return 0;
 }
 
@@ -741,7 +778,7 @@ int kvp_gmatch_mask(kvp_gmatch *m, const kvp_vocab_trie *tr, uint32_t *mask)
             break;
         }
         kvp_gset *out = &m->level[d];
-        if (step(m, &m->level[d - 1], tr->byte[i], out) < 0) {
+        if (walk_step(m, &m->level[d - 1], tr->byte[i], out) < 0) {
             rc = -ENOMEM;
             goto out;
         }

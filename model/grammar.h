@@ -126,8 +126,8 @@ int kvp_gmatch_mask(kvp_gmatch *m, const kvp_vocab_trie *tr, uint32_t *mask);
  * found by then, one more step (at most KVP_GRAMMAR_STEP_WORK) offers the first byte
  * that may come next, so a document that can go on always has a token. A mask runs over
  * the budget by at most KVP_GRAMMAR_MASK_OVERRUN (that step; and past the limit one
- * thread's arcs, one closure expansion and the threads one step compares), and an accept of a token it offered repeats at
- * most the steps of that token's path. */
+ * thread's arcs, one closure expansion and the threads one step compares); an accept of
+ * a token it offered repeats at most the steps of that token's path. */
 #define KVP_GRAMMAR_WORK_PER_NODE 16L
 #define KVP_GRAMMAR_WORK_BASE 65536L
 #define KVP_GRAMMAR_STEP_WORK (1L << 17)
