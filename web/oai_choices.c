@@ -42,7 +42,7 @@ static void finish(kvpd_conn *c)
         }
         kvp_turn_stats st = summed(o);
         json_object_set_new(j, "usage", kvpd_oai_usage(&st));
-        json_object_set_new(j, "kvpd", kvpd_oai_kvpd_stats(o->session, o->durable, &st));
+        json_object_set_new(j, "kvpd", kvpd_oai_kvpd_stats(kvpd_oai_shown_session(o), o->durable, &st));
         kvpd_oai_answer(c, 200, j);
         return;
     }
@@ -52,7 +52,7 @@ static void finish(kvpd_conn *c)
                               "model", o->model, "choices");
         kvp_turn_stats st = summed(o);
         json_object_set_new(j, "usage", kvpd_oai_usage(&st));
-        json_object_set_new(j, "kvpd", kvpd_oai_kvpd_stats(o->session, o->durable, &st));
+        json_object_set_new(j, "kvpd", kvpd_oai_kvpd_stats(kvpd_oai_shown_session(o), o->durable, &st));
         kvpd_oai_sse(c, NULL, j);
     }
     kvpd_oai_queue(c, KVPD_OAI_SSE_DONE, strlen(KVPD_OAI_SSE_DONE));

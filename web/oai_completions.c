@@ -64,7 +64,7 @@ static void done(kvpd_conn *c, const kvp_hub_event *ev)
     if (!o->req.stream) {
         json_t *j = with_logprobs(o, chunk(o, ev->text, ev->len, finish), ev, 0, ev->n_logprobs);
         json_object_set_new(j, "usage", kvpd_oai_usage(st));
-        json_object_set_new(j, "kvpd", kvpd_oai_kvpd_stats(o->session, o->durable, st));
+        json_object_set_new(j, "kvpd", kvpd_oai_kvpd_stats(kvpd_oai_shown_session(o), o->durable, st));
         kvpd_oai_answer(c, 200, j);
         return;
     }
@@ -77,7 +77,7 @@ static void done(kvpd_conn *c, const kvp_hub_event *ev)
                               "text_completion", "created", (json_int_t)o->created, "model",
                               o->model, "choices");
         json_object_set_new(j, "usage", kvpd_oai_usage(st));
-        json_object_set_new(j, "kvpd", kvpd_oai_kvpd_stats(o->session, o->durable, st));
+        json_object_set_new(j, "kvpd", kvpd_oai_kvpd_stats(kvpd_oai_shown_session(o), o->durable, st));
         kvpd_oai_sse(c, NULL, j);
     }
     kvpd_oai_queue(c, "data: [DONE]\n\n", 14);

@@ -28,7 +28,7 @@ json_t *kvpd_oai_kvpd_stats(const char *session, int durable, const kvp_turn_sta
 {
     /* durable: the turn is in the state store (true), its write failed and is retried
      * (false), or there is no store (null) */
-    return json_pack("{s:s, s:i, s:i, s:i, s:I, s:o}", "session", session, "prefilled_tokens",
+    return json_pack("{s:s?, s:i, s:i, s:i, s:I, s:o}", "session", session, "prefilled_tokens",
                      st->prefilled_tokens, "transcript_tokens", st->transcript_tokens,
                      "cache_rows", st->cache_rows, "evicted_rows", (json_int_t)st->evicted_rows,
                      "durable", durable < 0 ? json_null() : json_boolean(durable));
@@ -149,7 +149,7 @@ json_t *kvpd_oai_chunk_at(json_t *choices, int index)
 json_t *kvpd_oai_completion(const kvpd_oai_meta *m, json_t *message, const char *finish,
                             const kvp_turn_stats *st, const char *session, int durable)
 {
-    return json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:o, s:n, s:s}], s:o, s:s, s:o}", "id",
+    return json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:o, s:n, s:s}], s:o, s:s?, s:o}", "id",
                      m->id, "object", "chat.completion", "created", (json_int_t)m->created,
                      "model", m->model, "choices", "index", 0, "message", message, "logprobs",
                      "finish_reason", finish, "usage", kvpd_oai_usage(st), "session", session,

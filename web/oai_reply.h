@@ -17,8 +17,8 @@ json_t *kvpd_oai_error_json(enum kvpd_oai_code code, const char *param, const ch
                             size_t len);
 /* usage as chat completions report it. */
 json_t *kvpd_oai_usage(const kvp_turn_stats *st);
-/* kvpd's own figures of the turn beside OpenAI's: session, cache and durable (1 saved,
- * 0 not yet, -1 no store: null). */
+/* kvpd's own figures of the turn beside OpenAI's: session (NULL: null), cache and durable
+ * (1 saved, 0 not yet, -1 no store: null). */
 json_t *kvpd_oai_kvpd_stats(const char *session, int durable, const kvp_turn_stats *st);
 /* "tool_calls" when tool_calls > 0, "length" when the reply was cut by max_tokens, else
  * "stop". */
@@ -53,7 +53,8 @@ json_t *kvpd_oai_chunk_delta(json_t *delta);
 json_t *kvpd_oai_chunk_finish(const char *finish_reason);
 /* Those choices (one) as choice index's; returns them. */
 json_t *kvpd_oai_chunk_at(json_t *choices, int index);
-/* A whole chat.completion: the reply's message (taken), its finish and figures. */
+/* A whole chat.completion: the reply's message (taken), its finish and figures (session
+ * NULL: null). */
 json_t *kvpd_oai_completion(const kvpd_oai_meta *m, json_t *message, const char *finish,
                             const kvp_turn_stats *st, const char *session, int durable);
 /* GET /v1/models: one entry per comma-separated alias id, the model's own name when

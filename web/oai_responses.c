@@ -201,7 +201,7 @@ static json_t *response_object(kvpd_conn *c, const kvp_hub_event *ev, json_t *ou
             "input_tokens_details", "cached_tokens", st->cached_tokens, "output_tokens",
             st->generated_tokens, "output_tokens_details", "reasoning_tokens", 0,
             "total_tokens", st->context_tokens + st->generated_tokens));
-        json_object_set_new(j, "kvpd", kvpd_oai_kvpd_stats(o->session, o->durable, st));
+        json_object_set_new(j, "kvpd", kvpd_oai_kvpd_stats(kvpd_oai_shown_session(o), o->durable, st));
     } else {
         json_object_set_new(j, "usage", json_null());
     }
@@ -586,6 +586,8 @@ void kvpd_oai_responses(kvpd_conn *c)
         kvpd_oai_fail(c, e.code, e.param[0] ? e.param : NULL, e.message);
         goto out;
     }
+    if (p)
+        snprintf(o->named, sizeof o->named, "%s", p->session);
     kvp_hub_client *hc = kvpd_oai_client(c);
     if (hc)
         kvp_hub_chat(hc, p ? p->session : NULL, o->req.system, o->req.system_len, o->req.msgs,

@@ -162,7 +162,7 @@ static void finish_stream(kvpd_conn *c, const kvp_hub_event *ev)
     if (o->req.include_usage) {
         json_t *j = kvpd_oai_chunk(&m, json_array());
         json_object_set_new(j, "usage", kvpd_oai_usage(st));
-        json_object_set_new(j, "kvpd", kvpd_oai_kvpd_stats(o->session, o->durable, st));
+        json_object_set_new(j, "kvpd", kvpd_oai_kvpd_stats(kvpd_oai_shown_session(o), o->durable, st));
         sse(c, NULL, j);
     }
     queue(c, KVPD_OAI_SSE_DONE, strlen(KVPD_OAI_SSE_DONE));
@@ -217,7 +217,7 @@ static void done(kvpd_conn *c, const kvp_hub_event *ev)
     json_t *msg = kvpd_oai_tools_reply(&o->req.tools, ev->text, ev->len, &o->tool_calls);
     kvpd_oai_meta m = meta(o);
     json_t *j = kvpd_oai_completion(&m, msg, kvpd_oai_finish_reason(st, o->tool_calls), st,
-                                    o->session, o->durable);
+                                    kvpd_oai_shown_session(o), o->durable);
     if (o->req.turn.logprobs)
         kvpd_oai_with_logprobs(j, ev->logprobs, ev->n_logprobs, ev->logprobs_top);
     if (o->n_choices > 1) {   /* answered with the last choice */
@@ -265,6 +265,17 @@ static void hub_error(kvpd_conn *c, const kvp_hub_event *ev)
     fail(c, code, NULL, "%s", msg);
 }
 
+const char *kvpd_oai_shown_session(const kvpd_oai *o)
+{
+    return o->session[0] && !o->session_hidden ? o->session : NULL;
+}
+
+void kvpd_oai_took_session(kvpd_oai *o, const kvp_hub_event *ev)
+{
+    snprintf(o->session, sizeof o->session, "%s", ev->id);
+    o->session_hidden = ev->resumed && strcmp(o->named, ev->id) != 0;
+}
+
 static void on_hub_event(void *ctx, const kvp_hub_event *ev)
 {
     kvpd_conn *c = ctx;
@@ -273,7 +284,7 @@ static void on_hub_event(void *ctx, const kvp_hub_event *ev)
         return;
     switch (ev->type) {
     case KVP_HUB_SESSION:
-        snprintf(o->session, sizeof o->session, "%s", ev->id);
+        kvpd_oai_took_session(o, ev);
         break;
     case KVP_HUB_TOKEN:
         if (o->codec && o->codec->token)
@@ -323,6 +334,7 @@ static void chat_completions(kvpd_conn *c)
         fail(c, KVPD_OAI_E_INVALID_REQUEST, "session", "a session id is 32 lowercase hex digits");
         goto out;
     }
+    snprintf(o->named, sizeof o->named, "%s", sid);
     if (!kvpd_oai_client(c))
         goto out;
     if (r->n_choices > 1) {
@@ -493,7 +505,7 @@ static int write_headers(kvpd_conn *c)
     const char *extra[11 + 2 * KVPD_CORS_HEADERS];
     int k = kvpd_cors_headers(o->origin[0] ? o->origin : NULL, extra);
     char retry[16];
-    if (o->session[0]) {
+    if (kvpd_oai_shown_session(o)) {
         extra[k++] = "x-session-id:";
         extra[k++] = o->session;
     }

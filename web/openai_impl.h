@@ -51,7 +51,11 @@ typedef struct kvpd_oai {
     int retry_after_s;            /* > 0: a Retry-After header */
     int close;                    /* close after the answer (streams, unread bodies) */
     uint64_t queued_bytes;        /* the whole body when not streaming */
-    char session[KVP_SESSION_ID_LEN + 1];
+    char session[KVP_SESSION_ID_LEN + 1];   /* the session the turn runs in ("" none yet) */
+    char named[KVP_SESSION_ID_LEN + 1];     /* the session the request named ("" none) */
+    int session_hidden;           /* the request continues a session it neither made nor
+                                   * named (matched by its transcript): the id is kept
+                                   * for kvpd's own use and never answered */
     int durable;                  /* the turn's (kvp_hub_event): 1 saved, 0 not, -1 no store */
     char id[64];                  /* chatcmpl-... */
     long created;
@@ -74,6 +78,14 @@ typedef struct kvpd_oai {
 } kvpd_oai;
 
 /* ---- web/openai.c, for the codecs ---- */
+
+/* The session id an answer may carry (X-Session-Id, `session`, `kvpd.session`): the one
+ * the request made or named; NULL when it has none yet or continues a session found by
+ * its transcript, whose id would let a stranger who sent the same transcript attach to
+ * that conversation. */
+const char *kvpd_oai_shown_session(const kvpd_oai *o);
+/* The hub named the session the turn runs in (KVP_HUB_SESSION). */
+void kvpd_oai_took_session(kvpd_oai *o, const kvp_hub_event *ev);
 
 /* The whole answer: a JSON body (taken) with a status. */
 void kvpd_oai_answer(kvpd_conn *c, int status, json_t *j);

@@ -289,7 +289,9 @@ Test(openai, streams_and_continues_a_conversation_prefilling_only_new_messages)
     char *body = json_dumps(req, 0);
     a = request(&d, "POST", "/v1/chat/completions", NULL, body);
     cr_assert_eq(a.status, 200, "%s", a.raw);
-    cr_assert_str_eq(header(&a, "x-session-id:"), sid);
+    /* found by its transcript: not named, so no id is answered (a new session would
+     * name its own) */
+    cr_assert(sid[0] && !header(&a, "x-session-id:")[0], "%s", a.raw);
     json_t *j = json_loads(a.body, 0, NULL);
     cr_assert_str_eq(json_string_value(json_object_get(j, "object")), "chat.completion");
     u = json_object_get(j, "usage");
@@ -311,7 +313,7 @@ Test(openai, streams_and_continues_a_conversation_prefilling_only_new_messages)
      * the last token, whose logits are not kept. */
     a = request(&d, "POST", "/v1/chat/completions", NULL, body);
     cr_assert_eq(a.status, 200, "%s", a.raw);
-    cr_assert_str_eq(header(&a, "x-session-id:"), sid, "a regenerate started a new session");
+    cr_assert(!header(&a, "x-session-id:")[0], "a regenerate started a new session: %s", a.raw);
     j = json_loads(a.body, 0, NULL);
     u = json_object_get(j, "usage");
     cached = (int)json_integer_value(json_object_get(json_object_get(u, "prompt_tokens_details"),
@@ -349,7 +351,8 @@ Test(openai, a_stop_string_ends_the_reply_before_it)
                 "{\"role\":\"assistant\",\"content\":\", there was a little girl named \"},"
                 "{\"role\":\"user\",\"content\":\"Sue\"}],\"max_tokens\":4}");
     cr_assert_eq(a.status, 200, "%s", a.raw);
-    cr_assert_str_eq(header(&a, "x-session-id:"), sid, "the cut reply was not matched");
+    cr_assert(sid[0] && !header(&a, "x-session-id:")[0], "the cut reply was not matched: %s",
+              a.raw);
     j = json_loads(a.body, 0, NULL);
     json_t *u = json_object_get(j, "usage");
     int cached = (int)json_integer_value(json_object_get(json_object_get(u, "prompt_tokens_details"),
@@ -735,7 +738,7 @@ Test(openai, a_conversation_only_on_disk_after_a_restart_is_continued)
             snprintf(sid, sizeof sid, "%s", header(&a, "x-session-id:"));
             cr_assert_eq(cached, 0);
         } else {
-            cr_assert_str_eq(header(&a, "x-session-id:"), sid, "turn %d: another session", turn);
+            cr_assert(sid[0] && !header(&a, "x-session-id:")[0], "turn %d: another session", turn);
             cr_assert_geq(cached, total - 1, "turn %d: the history was recomputed (cached %d of %d)",
                           turn, cached, total);
             cr_assert_leq(prefilled, 8, "turn %d: %d tokens prefilled", turn, prefilled);

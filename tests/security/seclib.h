@@ -46,7 +46,8 @@ sec_answer sec_flood_post(const kvpd_proc *d, const char *headers, int i);
 void sec_flood(const kvpd_proc *d, const char *headers, int from, int to);
 /* The conversation whose first answer is first (under headers) goes on: its second turn,
  * naming the session when named, is answered 200 in the same session with cached prompt
- * tokens; `what` says what it shows. */
+ * tokens (named: the answer carries that id; not named: no id, which a new session, even
+ * one forked from the cache, would have); `what` says what it shows. */
 void sec_assert_resumes(const kvpd_proc *d, const char *headers, const sec_answer *first,
                         int named, const char *what);
 

@@ -91,10 +91,14 @@ Test(security_tenants, a_transcript_or_an_id_does_not_cross_tenants)
     sec_answer n = sec_post(&d, K2, named);
     cr_assert_eq(n.status, 200, "%s", n.raw);
     cr_assert_str_neq(n.session, a.session, "a named session of another tenant was continued");
-    /* Key one continues its own. */
+    /* Key one continues its own (found by its transcript: cached, and, not named, the id
+     * is not answered again). */
     sec_answer c = sec_post(&d, K1, next);
     cr_assert_eq(c.status, 200, "%s", c.raw);
-    cr_assert_str_eq(c.session, a.session, "the owner's conversation was not continued");
+    u = json_object_get(json_object_get(c.j, "usage"), "prompt_tokens_details");
+    cr_assert_gt(json_integer_value(json_object_get(u, "cached_tokens")), 0,
+                 "the owner's conversation was not continued: %s", c.raw);
+    cr_assert_eq(c.session[0], '\0', "%s", c.raw);
     sec_answer_free(&a);
     sec_answer_free(&b);
     sec_answer_free(&n);
@@ -138,4 +142,52 @@ Test(security_tenants, keys_from_a_file_and_the_tenant_survives_a_restart)
     free(named);
     cr_assert_eq(kvpd_stop(&d, 10000), 0);
     h_rmdir(dir);
+}
+
+/* Without keys every client is one tenant: a stranger who sends another client's exact
+ * transcript continues that conversation (its rows are reused), but is never handed its
+ * session id, in a header or in the body, so it cannot attach to it over /chat; the
+ * client that names the id it was given keeps it. */
+Test(security_tenants, open_mode_never_hands_a_matched_sessions_id_out)
+{
+    kvpd_proc d;
+    cr_assert_eq(kvpd_start(&d, ""), 0, "log %s", d.log);
+    sec_answer a = sec_post(&d, "", SEC_FIRST);
+    cr_assert_eq(a.status, 200, "%s", a.raw);
+    cr_assert_eq(strlen(a.session), 32, "the creator is given its session id: %s", a.raw);
+    char *next = sec_second_turn(a.reply, NULL);
+    sec_answer b = sec_post(&d, "", next);
+    cr_assert_eq(b.status, 200, "%s", b.raw);
+    json_t *u = json_object_get(json_object_get(b.j, "usage"), "prompt_tokens_details");
+    cr_assert_gt(json_integer_value(json_object_get(u, "cached_tokens")), 0,
+                 "the matched conversation was not continued: %s", b.raw);
+    cr_assert_null(strstr(b.raw, a.session), "the stranger was handed the session id: %s",
+                   b.raw);
+    cr_assert_eq(b.session[0], '\0', "%s", b.raw);
+    cr_assert(json_is_null(json_object_get(b.j, "session")), "%s", b.raw);
+    cr_assert(json_is_null(json_object_get(json_object_get(b.j, "kvpd"), "session")), "%s",
+              b.raw);
+    /* streamed too: no chunk carries it */
+    char *streamed = strdup(next);
+    char *brace = strrchr(streamed, '}');
+    *brace = '\0';
+    char sbody[2048];
+    snprintf(sbody, sizeof sbody, "%s,\"stream\":true,\"stream_options\":"
+             "{\"include_usage\":true}}", streamed);
+    free(streamed);
+    sec_answer s = sec_post(&d, "", sbody);
+    cr_assert_eq(s.status, 200, "%s", s.raw);
+    cr_assert_null(strstr(s.raw, a.session), "a stream handed the session id out: %s", s.raw);
+    /* the creator names its id: it is answered with it */
+    char *named = sec_second_turn(a.reply, a.session);
+    sec_answer n = sec_post(&d, "", named);
+    cr_assert_eq(n.status, 200, "%s", n.raw);
+    cr_assert_str_eq(n.session, a.session, "%s", n.raw);
+    sec_answer_free(&a);
+    sec_answer_free(&b);
+    sec_answer_free(&s);
+    sec_answer_free(&n);
+    free(next);
+    free(named);
+    cr_assert_eq(kvpd_stop(&d, 10000), 0);
 }
