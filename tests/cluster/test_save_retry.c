@@ -97,8 +97,8 @@ Test(cluster_save_retry, a_redis_write_that_failed_is_retried_and_health_recover
                  p.log);
     cr_assert(kvpd_log_has(&p, "written on retry"), "log %s", p.log);
     cr_assert_eq(redis_exists(key), 1, "the retry did not write the snapshot");
-    /* The conversation goes on from that copy, durable again. */
-    char *body = h_second_turn("Once upon a time", h_reply_of(a), "The dog ran.", 4, NULL);
+    /* The conversation goes on from that copy, durable again (named: the answer names it). */
+    char *body = h_second_turn("Once upon a time", h_reply_of(a), "The dog ran.", 4, id);
     json_decref(a);
     json_t *b = h_complete(&p, body, &raw);
     free(body);

@@ -66,7 +66,9 @@ async function conversation(client, model, label, first, more) {
   const c2 = u2.prompt_tokens_details.cached_tokens;
   const turn1 = r1.usage.prompt_tokens + r1.usage.completion_tokens;
   check(c2 >= turn1 - 1, `${label}: turn 2: turn 1 was not recomputed (cached ${c2} of ${turn1})`);
-  check(k2 && k2.session === sid, `${label}: turn 2 continued turn 1's session`);
+  // found by its transcript, the session is continued without its id being answered
+  // (only the request that made or named it is given it; a new session names its own)
+  check(k2 && k2.session === null, `${label}: turn 2 continued turn 1's session`);
   const new2 = u2.prompt_tokens - turn1;
   check(k2.prefilled_tokens === u2.prompt_tokens - c2 && k2.prefilled_tokens <= new2 + 1,
         `${label}: turn 2: the daemon prefilled only the new tokens (${k2.prefilled_tokens}; new ${new2}, plus turn 1's last sampled token)`);
@@ -76,7 +78,7 @@ async function conversation(client, model, label, first, more) {
   checkUsage(r3.usage, `${label}: turn 3`);
   const c3 = r3.usage.prompt_tokens_details.cached_tokens;
   check(c3 > c2, `${label}: turn 3: cached_tokens grew (${c2} -> ${c3})`);
-  check(r3.session === sid && r3.kvpd.prefilled_tokens === r3.usage.prompt_tokens - c3 &&
+  check(r3.session === null && r3.kvpd.prefilled_tokens === r3.usage.prompt_tokens - c3 &&
         r3.kvpd.prefilled_tokens <= r3.usage.prompt_tokens - (u2.prompt_tokens + u2.completion_tokens) + 1,
         `${label}: turn 3: the same session, only the new tokens prefilled (${r3.kvpd.prefilled_tokens})`);
   return { messages, sid, r1, finish2 };
@@ -102,7 +104,7 @@ async function chatml() {
                                                  ["Tell me about dogs.", "And cats?"]);
     const other = [{ role: "system", content: "You are someone else." }, ...messages.slice(1)];
     const r = await client.chat.completions.create({ model: id, messages: other, max_tokens: 2 });
-    check(r.session !== sid && r.usage.prompt_tokens_details.cached_tokens === 0,
+    check(/^[0-9a-f]{32}$/.test(r.session) && r.session !== sid && r.usage.prompt_tokens_details.cached_tokens === 0,
           "chatml: the same history under another system message is another conversation");
     // Text completions need plain continuation: a model with a chat template refuses them.
     try {
@@ -144,7 +146,7 @@ async function main() {
                                                { role: "user", content: "Why?" }]);
     const r4 = await client.chat.completions.create({ model, messages: other, max_tokens: 4 });
     const cached4 = r4.usage.prompt_tokens_details.cached_tokens;
-    check(r4.session !== sid && cached4 > 0 && cached4 < r4.usage.prompt_tokens &&
+    check(/^[0-9a-f]{32}$/.test(r4.session) && r4.session !== sid && cached4 > 0 && cached4 < r4.usage.prompt_tokens &&
           r4.kvpd.prefilled_tokens === r4.usage.prompt_tokens - cached4,
           `a history that parts from a held one is a new conversation that reuses the shared ` +
           `prefix (${cached4} of ${r4.usage.prompt_tokens} cached)`);

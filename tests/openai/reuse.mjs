@@ -66,14 +66,17 @@ async function main() {
     const turn1 = r1.usage.prompt_tokens + r1.usage.completion_tokens;
     const m2 = [...m1, { role: "assistant", content: a1 }, { role: "user", content: "She went to the park" }];
     const r2 = await ask(a, m2);
-    check(r2.session === sid, "turn 2 continues turn 1's session");
+    // A request that continues a conversation found by its transcript is not handed the
+    // session's id (only the request that made or named it is): null there, where a new
+    // session (a fork too) would name its own.
+    check(sid && r2.session === null, "turn 2 continues turn 1's session");
     const a2 = r2.choices[0].message.content;
 
     // Regenerate: the same request again. Its whole prompt is in the cache (the last
     // prompt token is run again for its logits).
     const rewindsBefore = await metric(k.port, "kvpd_prefix_rewinds_total");
     const rg = await ask(a, m2);
-    check(rg.session === sid, "regenerate: the same session, cut back in place");
+    check(rg.session === null, "regenerate: the same session, cut back in place");
     reused(rg, r2.usage.prompt_tokens - 1, "regenerate");
     check(rg.usage.prompt_tokens_details.cached_tokens === r2.usage.prompt_tokens - 1,
           "regenerate: every prompt token but the last came from the cache");
@@ -84,7 +87,7 @@ async function main() {
     // Edit the last user message: turn 1 is shared.
     const me = [...m1, { role: "assistant", content: a1 }, { role: "user", content: "She ate a red apple" }];
     const re = await ask(a, me);
-    check(re.session === sid, "edit-last: the same session");
+    check(re.session === null, "edit-last: the same session");
     reused(re, turn1, "edit-last");
     const ae = re.choices[0].message.content;
 
@@ -96,14 +99,14 @@ async function main() {
     check(sent !== ae, `trimmed-reply: ${JSON.stringify(ae)} sent back as ${JSON.stringify(sent)}`);
     const mt = [...me, { role: "assistant", content: sent }, { role: "user", content: "The end" }];
     const rt = await ask(a, mt);
-    check(rt.session === sid, "trimmed-reply: the same session");
+    check(rt.session === null, "trimmed-reply: the same session");
     reused(rt, re.usage.prompt_tokens, "trimmed-reply");
 
     // Then it goes on as usual: the next turn extends it exactly.
     const at = rt.choices[0].message.content;
     const mn = [...mt, { role: "assistant", content: at }, { role: "user", content: "Lily smiled" }];
     const rn = await ask(a, mn);
-    check(rn.session === sid && rn.usage.prompt_tokens_details.cached_tokens >=
+    check(rn.session === null && rn.usage.prompt_tokens_details.cached_tokens >=
           rt.usage.prompt_tokens + rt.usage.completion_tokens - 1,
           "after the cut the conversation goes on from its new transcript");
 
@@ -113,7 +116,8 @@ async function main() {
     const hitsBefore = await metric(k.port, "kvpd_prefix_hits_total");
     const mb = [...m1, { role: "assistant", content: a1 }, { role: "user", content: "A big dog came" }];
     const rb = await ask(a, mb, { session: sid });
-    check(rb.session !== sid, "branch-from-turn-1: a new session forked from the named one");
+    check(/^[0-9a-f]{32}$/.test(rb.session) && rb.session !== sid,
+          "branch-from-turn-1: a new session forked from the named one");
     reused(rb, turn1, "branch-from-turn-1");
     check(await metric(k.port, 'kvpd_reused_tokens_total{source="other"}') ===
           otherBefore + rb.usage.prompt_tokens_details.cached_tokens,
@@ -127,14 +131,14 @@ async function main() {
     const an = rn.choices[0].message.content;
     const ms = [...mn, { role: "assistant", content: an }, { role: "user", content: "They played all day" }];
     const rs = await ask(a, ms);
-    check(rs.session === sid && rs.usage.prompt_tokens_details.cached_tokens >=
+    check(rs.session === null && rs.usage.prompt_tokens_details.cached_tokens >=
           rn.usage.prompt_tokens + rn.usage.completion_tokens - 1,
           "after the fork the source continues its own transcript from its cache");
     // ... and so does the fork, from its own.
     const ab = rb.choices[0].message.content;
     const mf = [...mb, { role: "assistant", content: ab }, { role: "user", content: "The dog was happy" }];
     const rf = await ask(a, mf);
-    check(rf.session === rb.session && rf.usage.prompt_tokens_details.cached_tokens >=
+    check(rf.session === null && rf.usage.prompt_tokens_details.cached_tokens >=
           rb.usage.prompt_tokens + rb.usage.completion_tokens - 1,
           "the fork continues its own transcript from its cache");
 
@@ -142,7 +146,8 @@ async function main() {
     // keeps its turns): the common prefix is the template's start and the shared text.
     const mx = [{ role: "user", content: "Once upon a time there was a little boy named Tom" }];
     const rx = await ask(a, mx);
-    check(rx.session !== sid && rx.session !== rb.session, "edit-first: a new session");
+    check(/^[0-9a-f]{32}$/.test(rx.session) && rx.session !== sid && rx.session !== rb.session,
+          "edit-first: a new session");
     check(rx.kvpd.prefilled_tokens === rx.usage.prompt_tokens - rx.usage.prompt_tokens_details.cached_tokens,
           "edit-first: prefilled is prompt minus cached");
 
@@ -152,7 +157,8 @@ async function main() {
     const rq1 = await ask(a, [{ role: "user", content: `${opening} girl named Lily who loved flowers` }]);
     const hitsQ = await metric(k.port, "kvpd_prefix_hits_total");
     const rq2 = await ask(a, [{ role: "user", content: `${opening} boy named Tom who loved trucks` }]);
-    check(rq2.session !== rq1.session, "same opening: a new conversation");
+    check(/^[0-9a-f]{32}$/.test(rq2.session) && rq2.session !== rq1.session,
+          "same opening: a new conversation");
     check(rq2.usage.prompt_tokens_details.cached_tokens >= CHUNK &&
           rq2.usage.prompt_tokens_details.cached_tokens < rq2.usage.prompt_tokens,
           `same opening: ${rq2.usage.prompt_tokens_details.cached_tokens} of ${rq2.usage.prompt_tokens} prompt tokens from the first's cache`);
@@ -162,7 +168,7 @@ async function main() {
     check(await metric(k.port, "kvpd_prefix_index_bytes") > 0, "the prefix index reports its memory");
     // the source is unchanged: its regenerate still finds its whole prompt cached
     const rq1b = await ask(a, [{ role: "user", content: `${opening} girl named Lily who loved flowers` }]);
-    check(rq1b.session === rq1.session &&
+    check(rq1b.session === null &&
           rq1b.usage.prompt_tokens_details.cached_tokens === rq1.usage.prompt_tokens - 1,
           "same opening: the source's own regenerate still reuses its whole prompt");
 
@@ -179,7 +185,7 @@ async function main() {
     const rs15 = await Promise.all(endings.map((e) => ask(a, [{ role: "user", content: story + e }])));
     let prefilled = 0, own = 0;
     for (const r of rs15) {
-      check(r.session !== r0.session && r.usage.prompt_tokens_details.cached_tokens >= P0 - CHUNK,
+      check(/^[0-9a-f]{32}$/.test(r.session) && r.session !== r0.session && r.usage.prompt_tokens_details.cached_tokens >= P0 - CHUNK,
             `shared opening x15: cached ${r.usage.prompt_tokens_details.cached_tokens} of ${r.usage.prompt_tokens} (the opening is ${P0})`);
       check(r.kvpd.prefilled_tokens === r.usage.prompt_tokens - r.usage.prompt_tokens_details.cached_tokens,
             "shared opening x15: prefilled is prompt minus cached");
@@ -196,7 +202,8 @@ async function main() {
     const sys = { role: "system", content: "You are a storyteller who tells short happy stories about animals in the forest, with a dog, a cat, a bird and a fox who are all friends and play together every day." };
     const rp1 = await ask(a, [sys, { role: "user", content: "Tell me about the dog" }]);
     const rp2 = await ask(a, [sys, { role: "user", content: "Tell me about the cat" }]);
-    check(rp2.session !== rp1.session, "shared system prompt: two conversations");
+    check(/^[0-9a-f]{32}$/.test(rp2.session) && rp2.session !== rp1.session,
+          "shared system prompt: two conversations");
     const sharedBefore = await metric(k.port, 'kvpd_reused_tokens_total{source="shared"}');
     // the two prompts differ only in their last word: at most its 3 tokens and the end
     reused(rp2, rp1.usage.prompt_tokens - 4, "shared system prompt");
@@ -210,11 +217,11 @@ async function main() {
 
     // Another tenant: the same prompt reuses nothing of tenant A's.
     const rB = await ask(b, mb);
-    check(rB.session !== sid && rB.usage.prompt_tokens_details.cached_tokens === 0 &&
+    check(/^[0-9a-f]{32}$/.test(rB.session) && rB.session !== sid && rB.usage.prompt_tokens_details.cached_tokens === 0 &&
           rB.kvpd.prefilled_tokens === rB.usage.prompt_tokens,
           "key B: the same prompt as key A's gets cached_tokens 0, prefilled whole");
     const rB2 = await ask(b, mb);
-    check(rB2.session === rB.session && rB2.usage.prompt_tokens_details.cached_tokens > 0,
+    check(rB2.session === null && rB2.usage.prompt_tokens_details.cached_tokens > 0,
           "key B: its own regenerate reuses its own session");
 
     // Counters: reuse from the session's own cache.
