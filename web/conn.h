@@ -73,6 +73,10 @@ int kvpd_wsguard_failed(int fd);
  * connection must close), or the body was not all read. */
 void kvpd_wsguard_body(int fd, uint64_t len);
 int kvpd_wsguard_release(int fd);
+/* Between body and release: 1 when bytes other than blank lines came after the body
+ * (dropped already, or still unread in the socket: looked at without reading), so the
+ * answer says `Connection: close` and the client sends that request again. */
+int kvpd_wsguard_pipelined(int fd);
 
 /* web/guard.c. The Host and Origin rules for a request: NULL when allowed, else the
  * reason and the HTTP status to answer (400, 421, 403). */

@@ -62,6 +62,8 @@ static int respond(kvpd_conn *c, int status, const char *type, const char *body,
         extra[k++] = "www-authenticate:";
         extra[k++] = www_auth;
     }
+    if (kvpd_wsguard_pipelined(lws_get_socket_fd(c->wsi)))
+        c->close_after = 1;   /* a request pipelined behind this one: sent again elsewhere */
     if (c->close_after) {
         extra[k++] = "connection:";
         extra[k++] = "close";
@@ -167,6 +169,8 @@ static int admin_error(kvpd_conn *c, int status, const char *code, const char *m
         extra[k++] = "allow:";
         extra[k++] = allow;
     }
+    if (kvpd_wsguard_pipelined(lws_get_socket_fd(c->wsi)))
+        c->close_after = 1;   /* a request pipelined behind this one: sent again elsewhere */
     if (c->close_after) {
         extra[k++] = "connection:";
         extra[k++] = "close";

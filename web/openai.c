@@ -519,6 +519,10 @@ static int write_headers(kvpd_conn *c)
         extra[k++] = retry;
     }
     int stream = o->req.stream && o->status == 200;
+    /* A request pipelined behind this one is not served on this connection: the answer
+     * says so, so the client sends it again on another (web/wsguard.c). */
+    if (kvpd_wsguard_pipelined(lws_get_socket_fd(c->wsi)))
+        o->close = 1;
     if (o->close && !stream) {   /* lws says so itself for a body without a length */
         extra[k++] = "connection:";
         extra[k++] = "close";

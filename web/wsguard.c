@@ -179,6 +179,23 @@ int kvpd_wsguard_release(int fd)
     return unclean;
 }
 
+int kvpd_wsguard_pipelined(int fd)
+{
+    guard *g = guard_of(fd);
+    if (!g || (g->mode != GUARD_BODY && g->mode != GUARD_HOLD))
+        return 0;
+    if (g->held_request)
+        return 1;
+    if (g->mode == GUARD_BODY)   /* the body is still coming: nothing after it yet */
+        return 0;
+    unsigned char buf[512];
+    ssize_t n = sys_recv(fd, buf, sizeof buf, MSG_PEEK | MSG_DONTWAIT);
+    for (ssize_t i = 0; i < n; i++)
+        if (buf[i] != '\r' && buf[i] != '\n')
+            return g->held_request = 1;   /* so release closes, as the answer said */
+    return 0;
+}
+
 int kvpd_wsguard_failed(int fd)
 {
     return fd >= 0 && fd < table_n && table[fd] && table[fd]->mode == GUARD_FAILED;

@@ -59,7 +59,9 @@ Test(wsguard, the_loop_thread_is_guarded_a_worker_is_not)
     pthread_join(t, NULL);
     cr_assert_eq(r.n, (ssize_t)strlen("from a worker\r\n\r\nmore"));
     cr_assert_eq(memcmp(r.buf, "from a worker\r\n\r\nmore", (size_t)r.n), 0);
-    cr_assert_eq(kvpd_wsguard_release(sv[0]), 1);   /* "next" was a pipelined request */
+    /* "next" was a pipelined request: known before the answer's headers go out */
+    cr_assert_eq(kvpd_wsguard_pipelined(sv[0]), 1);
+    cr_assert_eq(kvpd_wsguard_release(sv[0]), 1);
     kvpd_wsguard_close(g);
     close(sv[0]);
     close(sv[1]);
@@ -107,6 +109,33 @@ Test(wsguard, a_stale_state_does_not_clear_a_new_one)
     kvpd_wsguard_close(cur);
     cr_assert_eq(recv(sv[0], buf, sizeof buf, 0), 4);
     kvpd_wsguard_close(NULL);
+    close(sv[0]);
+    close(sv[1]);
+    kvpd_wsguard_free();
+}
+
+/* Whether a request came pipelined behind the one being answered is known before the
+ * answer's headers go out, read by the loop or still unread in the socket, so the answer
+ * can say `Connection: close`; blank lines after a body are not a request. */
+Test(wsguard, a_pipelined_request_is_seen_before_the_answer)
+{
+    cr_assert_eq(kvpd_wsguard_init(), 0);
+    int sv[2];
+    pair(sv);
+    kvpd_wsguard *g;
+    cr_assert_eq(kvpd_wsguard_accept(sv[0], &g), 0);
+    put(sv[1], "POST / HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}\r\n");
+    char buf[128];
+    cr_assert_eq(recv(sv[0], buf, sizeof buf, 0), 38);
+    kvpd_wsguard_body(sv[0], 2);
+    cr_assert_eq(recv(sv[0], buf, sizeof buf, 0), 2);
+    cr_assert_eq(kvpd_wsguard_pipelined(sv[0]), 0, "a blank line is no request");
+    put(sv[1], "\r\nPOST / HTTP/1.1\r\n");   /* unread by the loop: still in the socket */
+    cr_assert_eq(kvpd_wsguard_pipelined(sv[0]), 1);
+    cr_assert_eq(kvpd_wsguard_release(sv[0]), 1);
+    cr_assert_eq(kvpd_wsguard_pipelined(sv[0]), 0, "not held: nothing is pipelined");
+    cr_assert_eq(kvpd_wsguard_pipelined(-1), 0);
+    kvpd_wsguard_close(g);
     close(sv[0]);
     close(sv[1]);
     kvpd_wsguard_free();
