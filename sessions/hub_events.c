@@ -108,6 +108,22 @@ static void elsewhere(kvp_hub *h, kvp_session *s, kvp_hub_client *to, const char
     kvp_hub_drop(h, s);
 }
 
+/* The turn was cut because this node's lease ran out (sessions/turn.c): the worker has
+ * dropped what memory held of the session, so it is parked, to be read from the store at
+ * its next job: its last stored turn, as any node reads it. Nothing of the cut turn is
+ * left to write again. */
+static void lease_cut(kvp_hub *h, kvp_session *s, kvp_hub_client *to, const char *why)
+{
+    h->m->turns_failed++;
+    kvpd_log("warning", "session %.8s: %s", s->id, why);
+    hub_emit_error(to, KVPD_E_INTERNAL, why);
+    s->save_failed = 0;
+    s->save_retries = 0;
+    s->turns = s->turns_done;
+    kvp_store_lease_drop(h->env.store, s->id);
+    kvp_session_park(&h->sessions, s);
+}
+
 /* A restore that failed for a reason that may pass (I/O, memory): parked again (or let
  * go, when the session was never in memory). */
 static void restore_failed(kvp_hub *h, kvp_session *s, kvp_hub_client *to, const char *why)
@@ -311,6 +327,10 @@ static void on_event(kvp_hub *h, const kvpd_event *ev)
         hub_choices_free(to);   /* the request failed: its other choices do not start */
         if (ev->code == -EADDRINUSE) {
             elsewhere(h, s, to, ev->text);
+            return;
+        }
+        if (ev->code == -ENOLCK && kvp_store_has_leases(h->env.store)) {
+            lease_cut(h, s, to, ev->text);
             return;
         }
         if (s->need_restore) {   /* the turn could not get the session back from disk */

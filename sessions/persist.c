@@ -61,7 +61,8 @@ static int save_full(kvp_session *s, const kvp_session_env *env, void *cache, si
     }
     snap.n_msgs = rc;
     uint64_t version = s->store_version;
-    rc = kvp_store_put(env->store, &snap, &version, bytes, err, errlen);
+    rc = s->save_leased ? kvp_store_put_leased(env->store, &snap, &version, bytes, err, errlen)
+                        : kvp_store_put(env->store, &snap, &version, bytes, err, errlen);
     if (rc == 0) {
         s->store_version = version;
         s->journal_ok = 1;

@@ -85,6 +85,8 @@ typedef struct kvp_turn {
     atomic_int cancel;       /* set by the loop, read by the worker each unit */
     enum kvp_turn_state state;
     int undo_tokens;         /* transcript length before this turn's message */
+    int turns_before;        /* the session's completed turns when this one began */
+    int cut;                 /* this node's lease ran out: not saved, memory dropped */
     int recorded;            /* this turn's user message is in the transcript */
     int planned;             /* it has been planned into a batched step */
     int reply_from;          /* where the reply's tokens begin in tokens[] */
@@ -179,6 +181,8 @@ typedef struct kvp_session {
     double save_retry_at;            /* loop: when the next retry may start (kvp_now) */
     int saved;                       /* the snapshot matches memory */
     int save_rc;                     /* last job: 1 written, 0 none, < 0 failed (save_err) */
+    int save_leased;                 /* the save being made is a turn's own: it needs the
+                                      * turn's lease still live (kvp_store_put_leased) */
     int lost;                        /* the snapshot is gone or was bad: session lost */
     char save_err[256];
     double save_ms;                  /* last job's snapshot write: its time and bytes */

@@ -19,6 +19,7 @@
 #include "sessions/session_impl.h"
 #include "sessions/turn_reply.h"
 #include "store/store.h"
+#include "base/log.h"
 
 void turn_note_rows(kvp_session *s)
 {
@@ -36,25 +37,74 @@ kvp_evict_cfg turn_evict_cfg(const kvp_session *s, const kvp_session_env *env)
     return e;
 }
 
-/* The end of every turn, done or failed: the snapshot follows memory. */
+/* The end of every turn, done or failed: the snapshot follows memory. With leases, the
+ * write needs the turn's lease still live in the store (kvp_store_put_leased). */
 static void save(kvp_session *s, const kvp_session_env *env)
 {
     if (!env->store || s->ephemeral)   /* another choice of a request: never continued */
         return;
+    s->save_leased = 1;
     int rc = kvp_session_save(s, env, s->save_err, sizeof s->save_err);
+    s->save_leased = 0;
     s->save_rc = rc < 0 ? rc : 1;
     s->saved = rc == 0;
     s->has_snapshot |= rc == 0;
 }
 
+/* Whether this node's lease on the session surely lasts beyond the margin a turn leaves
+ * unused (always, without leases). */
+static int lease_lasts(const kvp_session *s, const kvp_session_env *env)
+{
+    return !env->store ||
+           kvp_store_lease_left_ms(env->store, s->id) > kvp_store_lease_margin_ms(env->store);
+}
+
+#define CUT_MSG "this node's lease ran out before the turn ended (the store did not " \
+                "answer in time); the turn is cut, not kept: the session is at its last " \
+                "stored turn, send it again"
+
+/* The turn ran past this node's lease: another node may serve the session now, so the
+ * turn produces nothing more and is not written. What memory holds is dropped (the
+ * turn's tokens, its cache rows, its message, or all of the turn when it had finished):
+ * the session goes back to its last stored turn, read from the store at its next job,
+ * as every other node would read it (the hub parks it). A session never stored goes back
+ * to empty. */
+static void cut_memory(kvp_session *s)
+{
+    kvp_turn *t = &s->turn;
+    t->cut = 1;
+    t->end_code = -ENOLCK;
+    snprintf(t->end_msg, sizeof t->end_msg, "lease: %s", CUT_MSG);
+    free(t->text);
+    t->text = NULL;
+    kvp_session_forget(s);
+    s->jinja_rendered = 0;
+    s->turns_done = s->has_snapshot ? t->turns_before : 0;
+    s->saved = s->has_snapshot;
+}
+
 /* A turn's last unit: its snapshot written (with a store), then its final event, the
- * worker's last touch of the session. Returns 0 (the turn ended). */
+ * worker's last touch of the session. A turn whose lease runs out before its write, or
+ * whose write finds the lease gone, is cut instead (cut_memory): its done never goes
+ * out. A write that lands is the turn's commit under its lease: done follows it.
+ * Returns 0 (the turn ended). */
 static int turn_report(kvp_session *s, const kvp_session_env *env, const kvp_turn_sink *sink)
 {
     kvp_turn *t = &s->turn;
     s->io_next = 0;
     t->end = 0;
-    save(s, env);
+    int leases = kvp_store_has_leases(env->store) && !s->ephemeral;
+    if (leases && !t->cut && t->end_code == 0 && !lease_lasts(s, env))
+        cut_memory(s);
+    if (!t->cut) {
+        save(s, env);
+        if (leases && t->end_code == 0 && s->save_rc < 0 &&
+            (s->save_rc == -ESTALE || !lease_lasts(s, env))) {
+            kvpd_log("warning", "session %.8s: %s", s->id, s->save_err);
+            s->save_rc = 0;
+            cut_memory(s);
+        }
+    }
     if (t->end_code < 0)
         sink->error(sink->ctx, s, t->end_code, t->end_msg);
     else
@@ -163,6 +213,16 @@ int turn_take_token(kvp_session *s, const kvp_session_env *env, const kvp_turn_s
                     int tok)
 {
     kvp_turn *t = &s->turn;
+    /* Past the lease this node surely holds (less the margin its output needs to reach
+     * the client), another node may serve the session: the turn stops here, before any
+     * more of its text goes out, and is not kept (the client sends it again). */
+    if (!lease_lasts(s, env)) {   /* (so with a store: the end is a job of its own) */
+        (void)sink;
+        cut_memory(s);
+        t->end = 1;
+        s->io_next = 1;
+        return 1;
+    }
     if (t->stopped)   /* the reply's prefix ended it: the sampled token is not kept */
         return turn_finish(s, env, sink, "stop");
     if (kvp_template_is_stop(&env->tpl, tok)) {
@@ -172,12 +232,6 @@ int turn_take_token(kvp_session *s, const kvp_session_env *env, const kvp_turn_s
         s->reply_open = 0;
         return turn_finish(s, env, sink, "eos");
     }
-    /* Past the lease this node surely holds, another node may serve the session: the
-     * turn stops here and is not kept (the client sends it again). */
-    if (env->store && kvp_store_lease_left_ms(env->store, s->id) == 0)
-        return turn_fail(s, env, sink, 1, -ENOLCK, "lease", "this node's lease ran out before "
-                    "the turn ended (the store did not answer in time); the turn is cut and "
-                    "not kept: send it again");
     int prev = s->n_tokens ? s->tokens[s->n_tokens - 1] : -1;
     if (kvp_session_push_token(s, tok) < 0)
         return turn_fail(s, env, sink, 0, -ENOMEM, "transcript", NULL);
@@ -231,7 +285,7 @@ static int take_lease(kvp_session *s, const kvp_session_env *env, char *err, siz
     int rc = kvp_store_lease_take(env->store, s->id, &stored, &version, &left, holder,
                                   sizeof holder, err, errlen);
     if (rc < 0) {   /* in memory and still ours: served from there */
-        if (s->need_restore || kvp_store_lease_left_ms(env->store, s->id) > 0)
+        if (s->need_restore || lease_lasts(s, env))
             return s->need_restore ? rc : 0;
         size_t used = strlen(err);
         snprintf(err + used, errlen - used, "; this node's lease on session %.8s has run out, "
@@ -302,6 +356,7 @@ static int turn_start(kvp_session *s, const kvp_session_env *env, const kvp_turn
         s->need_restore = 0;
     }
     t->undo_tokens = s->n_tokens;   /* where a failure before the reply goes back to */
+    t->turns_before = s->turns_done;
     if (!s->policy) {
         char err[160];
         int rc = make_policy(s, env, err, sizeof err);

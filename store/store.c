@@ -369,9 +369,13 @@ static void note_renewals(kvp_store *st, const kvp_lease_ent *ents, int n,
         if (res[i] == 1) {
             st->held.v[k].until = t0 + st->lease_ms / 1000.0;
         } else {
+            /* Kept with its token, run out: a write still under way carries that token
+             * and is refused by the store, where a write with no token could take a
+             * free lease anew. */
             kvpd_log("warning", "session %.8s: this node's lease was taken over or lost; "
                      "it is not renewed", ents[i].id);
-            set_del(&st->held, ents[i].id);
+            st->held.v[k].until = 0;
+            st->held.v[k].renew = 0;
         }
     }
     pthread_mutex_unlock(&st->mu);
@@ -576,12 +580,12 @@ static void note_held(kvp_store *st, const char *id, uint64_t token, double t0)
     e->until = t0 + st->lease_ms / 1000.0;
 }
 
-int kvp_store_put(kvp_store *st, const kvp_snapshot *snap, uint64_t *version, size_t *bytes,
-                  char *err, size_t errlen)
+static int put_fenced(kvp_store *st, const kvp_snapshot *snap, uint64_t *version,
+                      size_t *bytes, int live, char *err, size_t errlen)
 {
     *bytes = 0;
     int leases = st->ops->lease_take != NULL;
-    kvp_store_fence f = {leases ? held_token(st, snap->id) : 0, *version};
+    kvp_store_fence f = {leases ? held_token(st, snap->id) : 0, *version, live};
     kvp_store_live_add(st, snap->id);
     double t0 = mono_now();
     int rc = counted(st, st->ops->put(st, snap, &f, bytes, err, errlen));
@@ -598,6 +602,18 @@ int kvp_store_put(kvp_store *st, const kvp_snapshot *snap, uint64_t *version, si
     if (rc == 0)
         *version = f.version;
     return rc;
+}
+
+int kvp_store_put(kvp_store *st, const kvp_snapshot *snap, uint64_t *version, size_t *bytes,
+                  char *err, size_t errlen)
+{
+    return put_fenced(st, snap, version, bytes, 0, err, errlen);
+}
+
+int kvp_store_put_leased(kvp_store *st, const kvp_snapshot *snap, uint64_t *version,
+                         size_t *bytes, char *err, size_t errlen)
+{
+    return put_fenced(st, snap, version, bytes, 1, err, errlen);
 }
 
 int kvp_store_has_journal(const kvp_store *st)
@@ -703,6 +719,14 @@ int kvp_store_lease_left_ms(kvp_store *st, const char *id)
     double left = i >= 0 ? st->held.v[i].until - mono_now() : 0;
     pthread_mutex_unlock(&st->mu);
     return left <= 0 ? 0 : left * 1000 >= INT_MAX ? INT_MAX : (int)(left * 1000);
+}
+
+int kvp_store_lease_margin_ms(const kvp_store *st)
+{
+    if (!st || !st->ops->lease_take)
+        return 0;
+    int m = st->lease_ms / 5;
+    return m > 0 ? m : 1;
 }
 
 void kvp_store_lease_idle(kvp_store *st, const char *id)

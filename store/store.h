@@ -73,6 +73,11 @@ const char *kvp_store_node(const kvp_store *st);
  * moved past *version (another node wrote it since): this copy is stale. */
 int kvp_store_put(kvp_store *st, const kvp_snapshot *snap, uint64_t *version, size_t *bytes,
                   char *err, size_t errlen);
+/* The same, for a turn's own write: with leases, the write also needs this node's lease
+ * still live in the store under its newest token (not run out, even when nobody has
+ * taken it since); otherwise -ESTALE and nothing is written. */
+int kvp_store_put_leased(kvp_store *st, const kvp_snapshot *snap, uint64_t *version,
+                         size_t *bytes, char *err, size_t errlen);
 /* 1 when the store keeps journals (kvp_store_append may be called), else 0. */
 int kvp_store_has_journal(const kvp_store *st);
 int kvp_store_append(kvp_store *st, const char *id, const kvp_journal_rec *rec,
@@ -127,6 +132,10 @@ int kvp_store_lease_take(kvp_store *st, const char *id, int *stored_turns,
  * While the store cannot be reached, a session is served from memory only so long. Any
  * thread. */
 int kvp_store_lease_left_ms(kvp_store *st, const char *id);
+/* How much of the lease a turn leaves unused (ms; 0 without leases): a turn emits its
+ * output only while kvp_store_lease_left_ms exceeds it, so the output reaches its client
+ * before the lease can run out in the store. A fifth of lease_ms. Any thread. */
+int kvp_store_lease_margin_ms(const kvp_store *st);
 /* The job ended: no more renewals (the lease runs out lease_ms after the last). Loop-safe. */
 void kvp_store_lease_idle(kvp_store *st, const char *id);
 /* The node lets go of the session (parked, removed): released in the background

@@ -12,9 +12,11 @@ typedef char kvp_store_id[KVP_SNAPSHOT_ID_MAX + 1];
 /* What a Redis write is conditional on (docs/cluster.md, "The write protocol"). token:
  * in, the fencing token of the lease this node holds (0: none known); out, the lease's
  * after the write. version: in, the stored version this copy descends from; out, the
- * version written. The directory ignores both. */
+ * version written. The directory ignores them. */
 typedef struct kvp_store_fence {
     uint64_t token, version;
+    int live;                      /* the lease must still be live in the store (not run
+                                    * out, even with nobody having taken it since) */
 } kvp_store_fence;
 
 /* A lease this node holds (or releases): its fencing token; until: the monotonic time

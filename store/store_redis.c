@@ -39,23 +39,30 @@ typedef struct redis_impl {
 
 /* KEYS: snap, turns, lease, fence, ver, tenant, tsnaps, tbytes. ARGV: bytes, turns, ttl
  * ms (0: none), node, lease ms, token held (0: none), base version (0: none), tenant, id,
- * wall clock ms, the tenant's bytes bound, its snapshots bound (0: none). Writes only when
- * the lease is this node's under that token, or free, and the stored version is the base
- * (or there is none); a free lease is taken (a new token unless the counter is still at
- * this one). The tenant's totals change in the same script as the snapshot.
+ * wall clock ms, the tenant's bytes bound, its snapshots bound (0: none), '1' when the
+ * lease must still be live (a turn's own write). Writes only when the token held is still
+ * the session's newest (nobody took the lease since; with no token, the lease is free)
+ * and the lease is this node's under it, or free when it need not be live; and the stored
+ * version is the base (or there is none). A free lease is taken (a new token when none
+ * was held). The tenant's totals change in the same script as the snapshot.
  * {1, token, over} written (the version is the token; over: 1 when the tenant is now past
  * a bound); {0, holder} the lease is another's (or an older one of this node's name);
- * {-1, version} the stored copy moved on; {-2, tenant} it belongs to another tenant. */
+ * {-3, newest} the lease was taken since this node's (the counter is at newest), or ran
+ * out when it had to be live ('' then); {-1, version} the stored copy moved on;
+ * {-2, tenant} it belongs to another tenant. */
 static const char PUT_SCRIPT[] =
     "local h = redis.call('GET', KEYS[3])\n"
     "local f = redis.call('GET', KEYS[4])\n"
-    "if h and not (h == ARGV[4] and f == ARGV[6]) then return {0, h} end\n"
+    "if h and h ~= ARGV[4] then return {0, h} end\n"
+    "if ARGV[6] ~= '0' and f ~= ARGV[6] then return {-3, f or ''} end\n"
+    "if h and ARGV[6] == '0' then return {0, h} end\n"
+    "if not h and ARGV[13] == '1' then return {-3, ''} end\n"
     "local v = redis.call('GET', KEYS[5])\n"
     "if v and v ~= ARGV[7] then return {-1, v} end\n"
     "local o = redis.call('GET', KEYS[6])\n"
     "if o and o ~= ARGV[8] then return {-2, o} end\n"
     "local t = ARGV[6]\n"
-    "if f ~= t then t = tostring(redis.call('INCR', KEYS[4])) end\n"
+    "if t == '0' then t = tostring(redis.call('INCR', KEYS[4])) end\n"
     "local ttl, lease = tonumber(ARGV[3]), tonumber(ARGV[5])\n"
     "if ttl > 0 then\n"
     "  redis.call('SET', KEYS[1], ARGV[1], 'PX', ttl)\n"
@@ -251,7 +258,7 @@ static int redis_put(kvp_store *st, const kvp_snapshot *snap, kvp_store_fence *f
     snprintf(smax, sizeof smax, "%d", st->tenant_snaps_max);
     const char *argv[] = {"EVAL", PUT_SCRIPT, "8", ks, kt, kl, kf, kv, ko, kz, kb,
                           (const char *)buf, turns, ttl, st->node, lease, tok, base,
-                          snap->tenant, snap->id, now, bmax, smax};
+                          snap->tenant, snap->id, now, bmax, smax, f->live ? "1" : "0"};
     enum { ARGC = sizeof argv / sizeof argv[0] };
     size_t lens[ARGC];
     for (int i = 0; i < ARGC; i++)
@@ -277,6 +284,15 @@ static int redis_put(kvp_store *st, const kvp_snapshot *snap, kvp_store_fence *f
     } else if (what == 0) {
         snprintf(err, errlen, "snapshot %s: not written: the session's lease is held by %s%s",
                  snap->id, s, strcmp(s, st->node) ? "" : " under a newer token");
+        rc = -ESTALE;
+    } else if (what == -3) {
+        if (s[0])
+            snprintf(err, errlen, "snapshot %s: not written: the session's lease was taken "
+                     "since this node's (token %s; this node's is %llu)", snap->id, s,
+                     (unsigned long long)f->token);
+        else
+            snprintf(err, errlen, "snapshot %s: not written: this node's lease ran out "
+                     "before the write reached the store", snap->id);
         rc = -ESTALE;
     } else if (what == -2) {
         snprintf(err, errlen, "snapshot %s: not written: the stored session belongs to another "

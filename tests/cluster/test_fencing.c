@@ -306,13 +306,17 @@ static void teardown(void)
 
 TestSuite(fencing, .init = setup, .fini = teardown, .timeout = 120);
 
-/* Node A reaches Redis through the proxy when `proxied`; B always directly. */
+/* Node A reaches Redis through the proxy when `proxied`; B always directly. more: other
+ * flags for both ("" none). */
+static const char *g_more = "";
+
 static void node_start(kvpd_proc *p, const char *name, int proxied, int lease_ms)
 {
-    char extra[512];
+    char extra[640];
     snprintf(extra, sizeof extra,
              "--state-url redis://127.0.0.1:%d/0 --lease-ms %d --node-id %s --workers 1 "
-             "--idle-timeout 600", proxied ? g_px.port : g_redis.port, lease_ms, name);
+             "--idle-timeout 600 %s", proxied ? g_px.port : g_redis.port, lease_ms, name,
+             g_more);
     cr_assert_eq(kvpd_start(p, extra), 0, "node %s did not start (log %s)", name, p->log);
 }
 
@@ -608,4 +612,63 @@ Test(fencing, a_lease_running_out_mid_turn_costs_that_turn_s_durability_only)
     char users[512];
     cr_assert_eq(stored_on_b(id, users, sizeof users), 2);
     cr_assert_str_eq(users, "Once upon a time\nB meanwhile\n", "B's durable turn survives");
+}
+
+/* A long conversation on A whose next turn runs past A's lease (Redis gets A's commands
+ * late, longer than the lease): the turn is cut with a lease error and leaves nothing
+ * behind, neither on A nor in the store. The next message prefills only its own tokens
+ * (a whole re-prefill is over max_prompt_tokens), and every node sees the conversation
+ * as it was after its last completed turn, then with the new one. */
+Test(fencing, a_turn_cut_by_its_lease_leaves_the_session_at_its_last_completed_turn)
+{
+    const int lease = 1000, delay = 1500;
+    g_more = "--max-prompt-tokens 48";
+    ws_client a;
+    char id[33];
+    first_turn_on_a(lease, &a, id);
+    const char *more[] = {"The dog ran", "A bird sang", "The sun rose", "Tom was happy",
+                          "She went home"};
+    char want[512];
+    snprintf(want, sizeof want, "Once upon a time\n");
+    for (int i = 0; i < 5; i++) {
+        turn_ok(&a, more[i], 1);
+        snprintf(want + strlen(want), sizeof want - strlen(want), "%s\n", more[i]);
+    }
+    px_delay(&g_px, delay);
+    json_t *j = h_turn(&a, "The cut turn", 8, NULL);
+    cr_assert(j, "no answer to the turn past the lease");
+    cr_assert_str_eq(str_of(j, "type"), "error", "a turn ran past its lease: %s",
+                     str_of(j, "durable_error"));
+    cr_assert(strstr(str_of(j, "message"), "lease ran out") &&
+              strstr(str_of(j, "message"), "send it again"), "%s", str_of(j, "message"));
+    json_decref(j);
+    px_heal(&g_px);
+    /* A late write of the cut turn would land by now */
+    nap_ms(delay + 300);
+    redisReply *t = redis_cmd("GET turns:%s", id);
+    cr_assert_eq(t->type, REDIS_REPLY_STRING);
+    cr_assert_str_eq(t->str, "6", "the cut turn was written");
+    freeReplyObject(t);
+    /* A shows the session at its last completed turn */
+    char hello[128], users[512];
+    snprintf(hello, sizeof hello, "{\"type\":\"hello\",\"session\":\"%s\"}", id);
+    cr_assert_eq(ws_send_text(&a, hello), 0);
+    json_t *sf = h_expect(&a, "session", 10000);
+    cr_assert(sf, "A did not resume the session");
+    cr_assert_eq(json_integer_value(json_object_get(sf, "turns")), 6);
+    user_messages(sf, users, sizeof users);
+    cr_assert_str_eq(users, want, "A kept some of the cut turn");
+    json_decref(sf);
+    /* the next message succeeds: its prefill is its own tokens, not the whole transcript */
+    json_t *done = h_turn(&a, "Then it rained", 8, NULL);
+    cr_assert(done);
+    cr_assert_str_eq(str_of(done, "type"), "done", "the turn after the cut: %s %s",
+                     str_of(done, "code"), str_of(done, "message"));
+    cr_assert(json_is_true(json_object_get(done, "durable")), "%s", str_of(done, "durable_error"));
+    json_decref(done);
+    ws_close(&a);
+    nap_ms(300);   /* A's release */
+    snprintf(want + strlen(want), sizeof want - strlen(want), "Then it rained\n");
+    cr_assert_eq(stored_on_b(id, users, sizeof users), 7);
+    cr_assert_str_eq(users, want, "B sees the cut turn");
 }

@@ -447,3 +447,79 @@ Test(store, every_redis_write_is_fenced_by_the_lease_token_and_the_stored_versio
     kvp_store_close(a);
     kvp_store_close(b);
 }
+
+/* a's lease runs out in Redis while a still knows its token (no renewals: idle). */
+static void lease_runs_out(kvp_store *a, const char *id, int lease_ms)
+{
+    kvp_store_lease_idle(a, id);
+    nap_ms(lease_ms + 200);
+    redisReply *r = cmd("EXISTS lease:%s", id);
+    cr_assert_eq(r->integer, 0, "the lease ran out");
+    freeReplyObject(r);
+}
+
+Test(store, a_write_under_a_token_another_node_took_since_is_refused_on_a_free_lease_too,
+     .init = redis_up, .fini = redis_down)
+{
+    kvp_store *a = open_node("node-a", 500), *b = open_node("node-b", 500);
+    const char *id = "00000000000000000000000000000005";
+    kvp_snapshot s;
+    char err[256];
+    size_t bytes;
+    int turns;
+    cr_assert_eq(take(a, id, &turns, NULL), KVP_LEASE_NEW);
+    uint64_t va = 0;
+    fake_snapshot(&s, id, 1);
+    cr_assert_eq(kvp_store_put(a, &s, &va, &bytes, err, sizeof err), 0, "%s", err);
+    /* a's lease runs out; b takes the session (a newer token), writes nothing, lets go */
+    lease_runs_out(a, id, 500);
+    cr_assert_eq(take(b, id, &turns, NULL), KVP_LEASE_NEW);
+    kvp_store_lease_drop(b, id);
+    lease_gone(id);
+    /* the lease is free and the stored version is still a's, but a's token is not the
+     * newest: b held the session in between, so a's write must not land */
+    fake_snapshot(&s, id, 2);
+    uint64_t v = va;
+    cr_assert_eq(kvp_store_put(a, &s, &v, &bytes, err, sizeof err), -ESTALE,
+                 "a wrote under a lease b had taken since");
+    cr_assert(strstr(err, "taken since"), "%s", err);
+    redisReply *r = cmd("GET turns:%s", id);
+    cr_assert_str_eq(r->str, "1");
+    freeReplyObject(r);
+    r = cmd("EXISTS lease:%s", id);
+    cr_assert_eq(r->integer, 0, "a refused write takes no lease");
+    freeReplyObject(r);
+    kvp_store_close(a);
+    kvp_store_close(b);
+}
+
+Test(store, a_turn_s_own_write_needs_its_lease_still_live, .init = redis_up, .fini = redis_down)
+{
+    kvp_store *a = open_node("node-a", 500);
+    const char *id = "00000000000000000000000000000006";
+    kvp_snapshot s;
+    char err[256];
+    size_t bytes;
+    int turns;
+    cr_assert_eq(take(a, id, &turns, NULL), KVP_LEASE_NEW);
+    uint64_t v = 0;
+    fake_snapshot(&s, id, 1);
+    cr_assert_eq(kvp_store_put_leased(a, &s, &v, &bytes, err, sizeof err), 0, "%s", err);
+    cr_assert_gt(kvp_store_lease_margin_ms(a), 0);
+    cr_assert_lt(kvp_store_lease_margin_ms(a), 500);
+    /* run out with nobody taking it since: a turn's write is refused ... */
+    lease_runs_out(a, id, 500);
+    fake_snapshot(&s, id, 2);
+    uint64_t w = v;
+    cr_assert_eq(kvp_store_put_leased(a, &s, &w, &bytes, err, sizeof err), -ESTALE);
+    cr_assert(strstr(err, "ran out"), "%s", err);
+    redisReply *r = cmd("GET turns:%s", id);
+    cr_assert_str_eq(r->str, "1");
+    freeReplyObject(r);
+    /* ... where a write of a copy already answered (a retry) takes the free lease again */
+    cr_assert_eq(kvp_store_put(a, &s, &w, &bytes, err, sizeof err), 0, "%s", err);
+    r = cmd("GET turns:%s", id);
+    cr_assert_str_eq(r->str, "2");
+    freeReplyObject(r);
+    kvp_store_close(a);
+}
