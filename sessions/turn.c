@@ -208,6 +208,11 @@ int turn_take_token(kvp_session *s, const kvp_session_env *env, const kvp_turn_s
         return turn_finish(s, env, sink, "stop");
     if (t->stats.generated_tokens >= t->max_tokens)
         return turn_finish(s, env, sink, "length");
+    /* Without eviction the reply also ends once it and the prompt fill the context: the
+     * token just sampled takes its last position, so no further one could be fed. */
+    kvp_evict_cfg e = turn_evict_cfg(s, env);
+    if (kvp_gen_room(env->model, &s->cache, &e) <= 1)
+        return turn_finish(s, env, sink, "length");
     t->next_token = tok;
     t->state = KVP_TURN_DECODE;
     return 1;
