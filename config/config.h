@@ -65,7 +65,7 @@ typedef struct kvpd_config {
     uint64_t max_stored_response_bytes_per_tenant;   /* and their bytes per API key */
     int max_message_bytes;
     int max_body_bytes;               /* HTTP request bodies (/v1/chat/completions) */
-    int max_tokens;                   /* per reply: the cap and the default */
+    int max_tokens;                   /* per reply: the ceiling (0: the model's context) */
     int idle_timeout_s;
     int max_connections;              /* HTTP and websocket connections at once; 0 = no cap */
     int max_connections_per_address;  /* of them from one client address; 0 = no cap */

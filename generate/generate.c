@@ -1,6 +1,7 @@
 #include "generate/generate.h"
 
 #include <errno.h>
+#include <limits.h>
 
 static int chunk_of(const kvp_evict_cfg *e) { return e && e->chunk > 0 ? e->chunk : KVP_DEFAULT_CHUNK; }
 
@@ -13,6 +14,13 @@ static int evict(kvp_cache *c, const kvp_evict_cfg *e)
 {
     return e->mode == KVP_BUDGET_GLOBAL ? kvp_policy_evict_global(e->policy, c, e->budget)
                                         : kvp_policy_evict(e->policy, c, e->budget);
+}
+
+int kvp_gen_room(const kvp_model *m, const kvp_cache *c, const kvp_evict_cfg *e)
+{
+    if (evicting(e))
+        return INT_MAX;
+    return c->next_pos < m->cfg.seq_len ? m->cfg.seq_len - c->next_pos : 0;
 }
 
 int kvp_gen_compress(kvp_cache *c, const kvp_evict_cfg *e)

@@ -43,6 +43,10 @@ int kvp_gen_decode(const kvp_model *m, kvp_runstate *s, kvp_cache *c,
  * batch is malformed (then nothing ran). */
 int kvp_gen_step(const kvp_model *m, kvp_runstate *s, kvp_batch_seq *seqs,
                  const kvp_evict_cfg *const *evict, int n_seqs);
+/* Positions the context has left for more tokens: without eviction seq_len minus the
+ * cache's next position (a block past them fails, -E2BIG); with it INT_MAX (the context
+ * shifts). */
+int kvp_gen_room(const kvp_model *m, const kvp_cache *c, const kvp_evict_cfg *e);
 /* Evicts every head down to the budget. Returns rows dropped. */
 int kvp_gen_compress(kvp_cache *c, const kvp_evict_cfg *e);
 

@@ -397,6 +397,11 @@ static int start_grammar(kvp_hub *h, kvp_session *s, kvp_grammar *g, char *err, 
 }
 
 /* Arms and queues a turn on the client's session (made first when it has none). */
+int kvp_hub_reply_cap(const kvp_hub *h)
+{
+    return h->cfg->max_tokens > 0 ? h->cfg->max_tokens : h->env.model->cfg.seq_len;
+}
+
 void hub_start_turn(kvp_hub_client *c, const char *text, size_t len, const kvp_turn_opts *o)
 {
     kvp_hub *h = c->hub;
@@ -432,7 +437,8 @@ void hub_start_turn(kvp_hub_client *c, const char *text, size_t len, const kvp_t
     }
     char err[256];
     size_t reserve;
-    int max_tokens = o->max_tokens ? o->max_tokens : h->cfg->max_tokens;
+    int cap = kvp_hub_reply_cap(h);
+    int max_tokens = o->max_tokens > 0 && o->max_tokens < cap ? o->max_tokens : cap;
     /* the logprob buffers are made when the turn is armed and live while it runs */
     size_t lp_bytes = kvp_session_logprobs_bytes(max_tokens, h->env.model->cfg.vocab_size,
                                                  o->logprobs ? o->top_logprobs : -1);

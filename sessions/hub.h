@@ -132,6 +132,10 @@ typedef struct kvp_hub_session_info {
 } kvp_hub_session_info;
 
 void kvp_hub_info_get(kvp_hub *h, kvp_hub_info *out);
+/* The longest reply in tokens: the max_tokens setting, or with 0 the model's context
+ * (past which, without eviction, the turn's tokens do not fit anyway). A turn without a
+ * limit of its own runs to it; a larger limit is cut to it. */
+int kvp_hub_reply_cap(const kvp_hub *h);
 /* Calls fn for at most `limit` sessions from the offset-th (in creation order); returns
  * the number of sessions in all. */
 int kvp_hub_list(kvp_hub *h, int offset, int limit,

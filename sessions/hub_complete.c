@@ -3,7 +3,11 @@
  * P: the idle resident session of the client's tenant whose messages (without a system
  * text or dropped history) concatenate to the longest prefix of P is continued with the
  * rest of P as its next message; without one, P alone is a new session's first message.
- * kvp_hub_chat then finds that session by its transcript, as for any stateless request. */
+ * kvp_hub_chat then finds that session by its transcript, as for any stateless request.
+ * On a model with a chat template the conversations are rendered by it, which a raw
+ * prompt must not be: the prompt is then the first message of a session of its own,
+ * tokenized by the plain format (BOS when the vocabulary has one, then the text), never
+ * saved and dropped at its turn's end, so no chat request continues it. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -45,8 +49,12 @@ void kvp_hub_complete(kvp_hub_client *c, const char *prompt, size_t len,
 {
     kvp_hub *h = c->hub;
     if (h->env.tpl.format != KVP_CHAT_PLAIN || h->env.tpl.jinja) {
-        refuse(c, KVPD_E_BAD_REQUEST, "text completions need a model without a chat "
-               "template (this one renders messages with its chat template)");
+        /* quiet: no session event, so the answer names none (it does not last) */
+        if (hub_new_session_quiet(c, NULL, 0) < 0)
+            return;   /* answered (overloaded, or out of memory) */
+        c->session->raw = 1;
+        c->session->ephemeral = 1;
+        hub_start_turn(c, prompt, len, o);
         return;
     }
     const kvp_session *best = NULL;

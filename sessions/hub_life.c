@@ -90,6 +90,11 @@ int kvp_hub_start(kvp_hub **out, const kvp_hub_params *p, char *err, size_t errl
     if (p->chat_template_file && p->chat_template_file[0] &&
         (rc = use_template_file(&h->env.tpl, p->chat_template_file, err, errlen)) < 0)
         return rc;
+    /* raw text completions: the model's tokenizer, BOS first when it has one, no template */
+    if ((rc = kvp_template_init(&h->env.tpl_raw, p->model, "plain", note, sizeof note)) < 0) {
+        snprintf(err, errlen, "%s", note);
+        return rc;
+    }
     rc = kvp_session_table_init(&h->sessions);
     if (rc == 0 && h->storage) {
         h->transcripts = h->storage->transcripts;
@@ -281,6 +286,7 @@ void kvp_hub_free(kvp_hub *h)
     kvp_policy_conf_unref(h->pconf);
     kvp_hub_storage_close(h->storage);
     kvp_template_free(&h->env.tpl);
+    kvp_template_free(&h->env.tpl_raw);
     if (h->trie) {
         kvp_vocab_trie_free(h->trie);
         free(h->trie);

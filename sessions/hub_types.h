@@ -130,7 +130,9 @@ typedef void (*kvp_hub_sink)(void *ctx, const kvp_hub_event *ev);
 /* Limits and defaults the hub reads on every call (the daemon changes them on SIGHUP). */
 typedef struct kvp_hub_config {
     int budget;                   /* KV rows per head (0: unbounded) */
-    int max_tokens;               /* per reply: the default and the cap */
+    int max_tokens;               /* per reply: the ceiling, also the limit of a request
+                                   * that gives none (0: the model's context;
+                                   * kvp_hub_reply_cap) */
     float temperature;            /* when a message gives none */
     int max_sessions;             /* resident sessions */
     uint64_t max_cache_bytes;     /* KV cache bytes of resident sessions (0: no cap) */
@@ -154,7 +156,8 @@ typedef struct kvp_hub_storage kvp_hub_storage;
 
 /* A turn's options beyond its text; zeros take the configured defaults. */
 typedef struct kvp_turn_opts {
-    int max_tokens;               /* 0: the configured default (which is also the cap) */
+    int max_tokens;               /* 0: none, the ceiling (kvp_hub_reply_cap); above it:
+                                   * cut to it */
     int has_temperature;
     float temperature;
     int has_top_p;

@@ -200,9 +200,10 @@ static int render(kvp_session *s, const kvp_session_env *env, int keep)
         int *ids = NULL;
         /* A chat format's end marker goes before each later user message (reply_open),
          * whether the reply ended with it or was cut: the same tokens either way. */
-        int n = m->user ? kvp_template_turn(&env->tpl, s->system, s->system_len, count == 0,
+        const kvp_template *tpl = kvp_session_tpl(s, env);
+        int n = m->user ? kvp_template_turn(tpl, s->system, s->system_len, count == 0,
                                             i > 0, m->text, m->len, &ids)
-                        : kvp_template_reply(&env->tpl, m->text, m->len, &ids);
+                        : kvp_template_reply(tpl, m->text, m->len, &ids);
         if (n < 0)
             return n;
         s->msg_tok[i] = keep || count <= s->n_tokens ? count : s->n_tokens;

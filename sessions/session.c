@@ -496,7 +496,7 @@ int kvp_session_push_token(kvp_session *s, int id)
  * start at the conversation's beginning), or a conversation the template refuses. */
 int kvp_session_jinja_turn(kvp_session *s, const kvp_session_env *env, kvp_turn *t, int **ids)
 {
-    if (!env->tpl.jinja || s->hist_tokens != 0)
+    if (!env->tpl.jinja || s->hist_tokens != 0 || s->raw)
         return -ENOENT;
     kvp_chat_msg *cm = malloc(sizeof *cm * ((size_t)s->n_msgs + 1));
     if (!cm)

@@ -37,6 +37,8 @@
 typedef struct kvp_session_env {
     const kvp_model *model;
     kvp_template tpl;
+    kvp_template tpl_raw;            /* the plain format on the same vocabulary: raw text
+                                      * completions on a model with a chat template */
     int chunk;
     kvp_kv_type kv_type;             /* how every session's cache rows are stored */
     int budget_mode;                 /* enum kvp_budget_mode: the budget per head or shared */
@@ -246,6 +248,10 @@ typedef struct kvp_session {
     /* loop -> worker: one of a request's other choices (sessions/hub_choices.c): never
      * saved, dropped at its turn's end */
     int ephemeral;
+    /* loop -> worker: a raw text completion on a model with a chat template: its text is
+     * tokenized by env->tpl_raw (no template), never by the chat template (kvp_session_tpl);
+     * ephemeral too, so no chat request ever continues it */
+    int raw;
     /* loop: its first turn's rendered prompt is in the prefix index while the turn runs,
      * so a new conversation sharing a long prefix waits for it (sessions/hub_wait.c);
      * cleared at the job's end */
@@ -262,6 +268,14 @@ typedef struct kvp_session {
     int io_next;
     struct kvp_session *rq_next;     /* scheduler run queue */
 } kvp_session;
+
+/* The template s's turns are tokenized by: env->tpl_raw for a raw completion, else the
+ * model's chat template. */
+static inline const kvp_template *kvp_session_tpl(const kvp_session *s,
+                                                  const kvp_session_env *env)
+{
+    return s->raw ? &env->tpl_raw : &env->tpl;
+}
 
 /* Every session (by id in O(1)), and the resident ones apart: admission and parking
  * visit only those, however many are parked. */

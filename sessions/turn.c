@@ -225,9 +225,9 @@ int turn_take_token(kvp_session *s, const kvp_session_env *env, const kvp_turn_s
     }
     if (t->stopped)   /* the reply's prefix ended it: the sampled token is not kept */
         return turn_finish(s, env, sink, "stop");
-    if (kvp_template_is_stop(&env->tpl, tok)) {
+    if (kvp_template_is_stop(kvp_session_tpl(s, env), tok)) {
         /* A chat format's end marker belongs to the transcript (fed next turn). */
-        if (kvp_template_keeps_stop(&env->tpl) && kvp_session_push_token(s, tok) < 0)
+        if (kvp_template_keeps_stop(kvp_session_tpl(s, env)) && kvp_session_push_token(s, tok) < 0)
             return turn_fail(s, env, sink, 0, -ENOMEM, "transcript", NULL);
         s->reply_open = 0;
         return turn_finish(s, env, sink, "eos");
@@ -261,6 +261,11 @@ int turn_take_token(kvp_session *s, const kvp_session_env *env, const kvp_turn_s
     if (t->stopped)
         return turn_finish(s, env, sink, "stop");
     if (t->stats.generated_tokens >= t->max_tokens)
+        return turn_finish(s, env, sink, "length");
+    /* Without eviction the reply also ends once it and the prompt fill the context: the
+     * token just sampled takes its last position, so no further one could be fed. */
+    kvp_evict_cfg e = turn_evict_cfg(s, env);
+    if (kvp_gen_room(env->model, &s->cache, &e) <= 1)
         return turn_finish(s, env, sink, "length");
     t->next_token = tok;
     t->state = KVP_TURN_DECODE;
@@ -386,7 +391,7 @@ static int turn_start(kvp_session *s, const kvp_session_env *env, const kvp_turn
     int n = kvp_session_jinja_turn(s, env, t, &ids);
     if (n == -ENOENT) {
         s->jinja_rendered = 0;
-        n = kvp_template_turn(&env->tpl, s->system, s->system_len, s->n_tokens == 0,
+        n = kvp_template_turn(kvp_session_tpl(s, env), s->system, s->system_len, s->n_tokens == 0,
                               s->reply_open, t->text, t->text_len, &ids);
     }
     int first = s->n_tokens;

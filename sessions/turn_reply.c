@@ -124,7 +124,7 @@ int turn_reply_prefix(kvp_session *s, const kvp_session_env *env, const kvp_turn
 {
     kvp_turn *t = &s->turn;
     int *ids = NULL;
-    int n = kvp_template_encode_trusted(&env->tpl, t->prefix, t->prefix_len, &ids);
+    int n = kvp_template_encode_trusted(kvp_session_tpl(s, env), t->prefix, t->prefix_len, &ids);
     int rc = push_tokens(s, ids, n);
     return rc ? rc : turn_reply_text(s, sink, t->prefix, t->prefix_len);
 }
@@ -168,6 +168,6 @@ int turn_cut_at_stop(kvp_session *s, const kvp_session_env *env)
     }
     s->n_tokens = end;
     int *ids = NULL;
-    int n = kvp_template_reply(&env->tpl, t->reply + at, t->stop_at - at, &ids);
+    int n = kvp_template_reply(kvp_session_tpl(s, env), t->reply + at, t->stop_at - at, &ids);
     return push_tokens(s, ids, n);
 }

@@ -1,6 +1,7 @@
 /* The /chat websocket: message assembly from fragments, limits, and the protocol's
  * hello / message / cancel handed to the session hub; the hub's events become frames. */
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,7 +27,7 @@ static void on_hub_event(void *ctx, const kvp_hub_event *ev)
     case KVP_HUB_SESSION:
         kvpd_conn_send(c, kvpd_proto_session(ev->id, ev->resumed, ev->turns, ev->history,
                                              ev->n_history, ev->history_dropped, ev->system,
-                                             ev->system_len, c->w->cfg->max_tokens));
+                                             ev->system_len, kvp_hub_reply_cap(c->w->hub)));
         break;
     case KVP_HUB_TOKEN:
         if (!kvpd_ws_tools_token(c, ev))
@@ -70,7 +71,8 @@ static void handle_unauthed(kvpd_conn *c, const char *buf, size_t len)
     kvpd_client_msg m;
     const char *code;
     char msg[256];
-    if (kvpd_proto_parse(buf, len, c->w->cfg->max_tokens, &m, &code, msg, sizeof msg) < 0 ||
+    /* only the auth frame is taken here, which has no max_tokens */
+    if (kvpd_proto_parse(buf, len, INT_MAX, &m, &code, msg, sizeof msg) < 0 ||
         m.type != KVPD_MSG_AUTH) {
         kvpd_proto_msg_free(&m);   /* a refused parse left nothing to free: harmless */
         close_policy(c, "an API key is required: the first frame must be "
@@ -119,7 +121,9 @@ static void handle(kvpd_conn *c, const char *buf, size_t len)
         handle_unauthed(c, buf, len);
         return;
     }
-    if (kvpd_proto_parse(buf, len, w->cfg->max_tokens, &m, &code, msg, sizeof msg) < 0) {
+    /* while the model loads (no hub) the message is refused below */
+    if (kvpd_proto_parse(buf, len, w->hub ? kvp_hub_reply_cap(w->hub) : INT_MAX, &m, &code, msg,
+                         sizeof msg) < 0) {
         send_error(c, code, msg, 0);
         return;
     }

@@ -6,8 +6,9 @@
  * The sampling fields, `max_tokens`,
  * `stop`, `seed` and `stream_options` are the chat completion's (kvpd_oai_options). The
  * prompt goes to kvp_hub_complete, which continues the session whose texts it extends,
- * so a prompt that repeats an earlier prompt and its completion reuses that cache. Served
- * for models without a chat template (plain continuation); others are refused. */
+ * so a prompt that repeats an earlier prompt and its completion reuses that cache (on a
+ * model without a chat template; with one, the prompt runs in a session of its own,
+ * tokenized without the template, and is prefilled whole). */
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -156,14 +157,6 @@ void kvpd_oai_completions(kvpd_conn *c)
     }
     if (json_string_length(p) == 0) {
         kvpd_oai_fail(c, KVPD_OAI_E_INVALID_REQUEST, "prompt", "prompt must not be empty");
-        goto out;
-    }
-    kvp_hub_info hi;
-    kvp_hub_info_get(c->w->hub, &hi);
-    if (hi.chat_format && strcmp(hi.chat_format, "plain")) {
-        snprintf(msg, sizeof msg, "text completions are served for models without a chat "
-                 "template; this model's is %s: use /v1/chat/completions", hi.chat_format);
-        kvpd_oai_fail(c, KVPD_OAI_E_UNSUPPORTED_MODEL, NULL, msg);
         goto out;
     }
     o->req.lp_offset = json_string_length(p);   /* text_offset counts from the prompt's start */

@@ -43,7 +43,7 @@ int kvpd_oai_bad(kvpd_oai_err *e, enum kvpd_oai_code code, const char *param, co
 
 /* What the server serves, as the parse checks a request against it. */
 typedef struct kvpd_oai_limits {
-    int max_tokens;               /* the cap of max_tokens (config max_tokens) */
+    int max_tokens;               /* the ceiling of max_tokens (kvp_hub_reply_cap) */
     int strict_model_name;        /* `model` must name the model or an alias */
     const char *model_alias;      /* comma-separated ids ("" none) */
     const char *model;            /* the loaded model's name */

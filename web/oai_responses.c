@@ -529,7 +529,7 @@ void kvpd_oai_responses(kvpd_conn *c)
                           "max_output_tokens must be a positive integer");
             goto out;
         }
-        json_int_t cap = c->w->cfg->max_tokens;
+        json_int_t cap = kvp_hub_reply_cap(c->w->hub);
         t.max_tokens = (int)(json_integer_value(mot) > cap ? cap : json_integer_value(mot));
     }
     json_t *store = json_object_get(req, "store");

@@ -5,6 +5,7 @@
  * JSON built by web/oai_reply.c; a request's messages go to kvp_hub_chat, which finds
  * the conversation they extend. */
 #include <jansson.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -308,7 +309,7 @@ static void on_hub_event(void *ctx, const kvp_hub_event *ev)
 /* What the server serves, for the parse. */
 static kvpd_oai_limits limits(const kvpd_conn *c)
 {
-    return (kvpd_oai_limits){.max_tokens = c->w->cfg->max_tokens,
+    return (kvpd_oai_limits){.max_tokens = c->w->hub ? kvp_hub_reply_cap(c->w->hub) : INT_MAX,
                              .strict_model_name = c->w->cfg->strict_model_name,
                              .model_alias = c->w->cfg->model_alias,
                              .model = c->oai->model,

@@ -271,8 +271,9 @@ json_t *h_expect(ws_client *c, const char *type, int timeout_ms)
 
 json_t *h_turn(ws_client *c, const char *text, int max_tokens, char **tokens)
 {
-    json_t *m = json_pack("{s:s, s:s, s:i}", "type", "message", "text", text,
-                          "max_tokens", max_tokens);
+    json_t *m = json_pack("{s:s, s:s}", "type", "message", "text", text);
+    if (max_tokens > 0)   /* 0: none, the daemon's own limit */
+        json_object_set_new(m, "max_tokens", json_integer(max_tokens));
     char *s = json_dumps(m, JSON_COMPACT);
     json_decref(m);
     int rc = ws_send_text(c, s);

@@ -52,7 +52,8 @@ json_t *h_read_json(ws_client *c, int timeout_ms);
 /* Reads frames until one of the given type (others are returned in skipped count). */
 json_t *h_expect(ws_client *c, const char *type, int timeout_ms);
 /* Sends a message and reads token frames until done (or error). Returns the final
- * frame; *tokens (malloc'd, may be NULL) is the concatenated token text. */
+ * frame; *tokens (malloc'd, may be NULL) is the concatenated token text. max_tokens 0:
+ * the message has no max_tokens field. */
 json_t *h_turn(ws_client *c, const char *text, int max_tokens, char **tokens);
 /* h_turn that must end in done (the error's code and message otherwise). */
 void h_turn_ok(ws_client *c, const char *text, int max_tokens);

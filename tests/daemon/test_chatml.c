@@ -402,3 +402,83 @@ Test(chatml, chat_template_file_replaces_the_models_template)
     json_decref(done);
     ws_close(&c);
 }
+
+/* POST body to path, answered 200: the answer's JSON, or its raw text in *raw (not NULL). */
+static json_t *post_ok(const char *path, const char *body, char **raw)
+{
+    char *all = NULL;
+    const char *rb = NULL;
+    int status = h_request(d.port, "POST", path, NULL, body, &all, &rb);
+    cr_assert_eq(status, 200, "%s %s: %d %s", path, body, status, rb ? rb : "");
+    json_t *j = raw ? NULL : json_loads(rb, JSON_DISABLE_EOF_CHECK, NULL);
+    if (raw)
+        *raw = all;
+    else
+        free(all);
+    return j;
+}
+
+static json_int_t int_at(json_t *j, const char *obj, const char *key)
+{
+    json_t *o = obj ? json_object_get(j, obj) : j;
+    return json_integer_value(json_object_get(o, key));
+}
+
+/* /v1/completions on a model with a chat template: the prompt is the model's tokenizer's
+ * encoding of the text (BOS first when the vocabulary has one), not the template's
+ * rendering; answered whole and streamed, with logprobs; and a chat request with the same
+ * text as its message is a conversation of its own (it does not continue the raw one). */
+Test(chatml, raw_completions_are_served_without_the_chat_template)
+{
+    static const char prompt[] = "Once upon a time, <|im_start|>";
+    kvp_model m;
+    char err[256];
+    cr_assert_eq(kvp_model_load(&m, model, NULL, err, sizeof err), 0, "%s", err);
+    int ids[64];
+    int n = kvp_tokenizer_encode(&m.tok, prompt, strlen(prompt), 0, ids, 64);
+    cr_assert_gt(n, 0);
+    int want = n + (m.tok.bos_id >= 0);
+    kvp_model_free(&m);
+
+    json_t *j = post_ok("/v1/completions", "{\"prompt\":\"Once upon a time, <|im_start|>\","
+                        "\"max_tokens\":4,\"logprobs\":2}", NULL);
+    cr_assert(j);
+    json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
+    cr_expect_str_eq(json_string_value(json_object_get(j, "object")), "text_completion");
+    cr_expect_eq(int_at(j, "usage", "prompt_tokens"), want, "prompt %lld tokens, want %d",
+                 (long long)int_at(j, "usage", "prompt_tokens"), want);
+    cr_expect_eq(int_at(j, "usage", "completion_tokens"), 4);
+    cr_expect_str_eq(json_string_value(json_object_get(ch, "finish_reason")), "length");
+    cr_expect(json_is_string(json_object_get(ch, "text")));
+    cr_expect_eq(json_array_size(json_object_get(json_object_get(ch, "logprobs"), "tokens")), 4);
+    cr_expect(json_is_null(json_object_get(json_object_get(j, "kvpd"), "session")),
+              "a raw completion names no session");
+    json_decref(j);
+
+    /* streamed: text chunks, the finish, the usage, [DONE] */
+    char *raw = NULL;
+    post_ok("/v1/completions", "{\"prompt\":\"Once upon a time\",\"max_tokens\":3,"
+            "\"stream\":true,\"stream_options\":{\"include_usage\":true}}", &raw);
+    cr_expect(strstr(raw, "\"object\":\"text_completion\""), "%s", raw);
+    cr_expect(strstr(raw, "\"finish_reason\":\"length\""), "%s", raw);
+    cr_expect(strstr(raw, "\"completion_tokens\":3"), "%s", raw);
+    cr_expect(strstr(raw, "data: [DONE]\n\n"), "%s", raw);
+    free(raw);
+
+    /* The chat request with that text renders the template around it: more tokens, and
+     * no session to continue (the raw prompt's is gone). */
+    j = post_ok("/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":"
+                "\"Once upon a time\"}],\"max_tokens\":2}", NULL);
+    cr_assert(j);
+    cr_expect_gt(int_at(j, "usage", "prompt_tokens"), want - 3);
+    cr_expect_eq(int_at(json_object_get(j, "usage"), "prompt_tokens_details", "cached_tokens"), 0);
+    json_decref(j);
+
+    /* what completions refuse they still refuse, naming the field */
+    char *all = NULL;
+    const char *rb = NULL;
+    cr_expect_eq(h_request(d.port, "POST", "/v1/completions", NULL,
+                           "{\"prompt\":\"a\",\"echo\":true}", &all, &rb), 400);
+    cr_expect(rb && strstr(rb, "\"param\":\"echo\""), "%s", rb ? rb : "");
+    free(all);
+}

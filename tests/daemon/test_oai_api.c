@@ -232,6 +232,125 @@ Test(oai_api, completions_answer_text_stream_and_reuse_the_cache_of_a_prompt_the
     cr_assert_eq(kvpd_stop(&d, 10000), 0);
 }
 
+/* A synthetic model of a 320-token context (random weights, greedy: its replies do not
+ * end by themselves), written into a new directory dir. */
+static void synth_ctx320(char *dir, size_t dir_len, char *model, size_t model_len)
+{
+    char cmd[1024];
+    cr_assert_eq(h_mkdtemp(dir, dir_len), 0);
+    snprintf(model, model_len, "%s/ctx320.gguf", dir);
+    snprintf(cmd, sizeof cmd, "%s synth --out %s --dim 64 --hidden 128 --layers 2 --heads 4 "
+             "--kv-heads 2 --vocab 512 --ctx 320 --seed 7 >/dev/null 2>&1",
+             h_build("tools/kvp"), model);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+}
+
+/* The /chat websocket: the session frame's max_tokens, and one message's done frame. */
+static json_t *ws_reply(const kvpd_proc *d, int max_tokens, json_int_t *cap)
+{
+    ws_client c;
+    cr_assert_eq(h_connect(d, &c), 0);
+    cr_assert_eq(ws_send_text(&c, "{\"type\":\"hello\"}"), 0);
+    json_t *s = h_expect(&c, "session", 5000);
+    cr_assert(s);
+    *cap = json_integer_value(json_object_get(s, "max_tokens"));
+    json_decref(s);
+    json_t *done = h_turn(&c, "Once upon a time", max_tokens, NULL);
+    cr_assert(done);
+    ws_close(&c);
+    return done;
+}
+
+static long stat_of(json_t *done, const char *key)
+{
+    return num(json_object_get(done, "stats"), key);
+}
+
+/* A request without a limit (max_tokens, max_completion_tokens, max_output_tokens, a /chat
+ * message's max_tokens) runs to the end of its turn or the context; the max_tokens setting
+ * is only a ceiling (0, the default: none but the context), which a larger request's
+ * limit is cut to on the API and refused over on /chat. */
+Test(oai_api, without_a_limit_a_reply_runs_to_the_context_and_the_setting_is_a_ceiling)
+{
+    char dir[64], model[128], extra[256];
+    synth_ctx320(dir, sizeof dir, model, sizeof model);
+    /* no eviction: the reply stops when the prompt and it fill the context */
+    snprintf(extra, sizeof extra, "--model %s --max-tokens 0 --budget 0", model);
+    kvpd_proc d;
+    cr_assert_eq(kvpd_start(&d, extra), 0, "kvpd did not start (log %s)", d.log);
+    json_t *j;
+    cr_assert_eq(call(&d, "POST", "/v1/chat/completions", NULL, "{\"messages\":[{\"role\":"
+                      "\"user\",\"content\":\"Once upon a time\"}]}", &j, NULL), 200);
+    cr_expect_str_eq(str(j, "choices.0.finish_reason"), "length");
+    cr_expect_gt(num(j, "usage.completion_tokens"), 256);
+    cr_expect_eq(num(j, "usage.prompt_tokens") + num(j, "usage.completion_tokens"), 320,
+                 "prompt %ld + reply %ld", num(j, "usage.prompt_tokens"),
+                 num(j, "usage.completion_tokens"));
+    json_decref(j);
+    cr_assert_eq(call(&d, "POST", "/v1/responses", NULL, "{\"input\":\"Once upon a time\"}", &j,
+                      NULL), 200);
+    cr_expect_gt(num(j, "usage.output_tokens"), 256);
+    cr_expect_eq(num(j, "usage.input_tokens") + num(j, "usage.output_tokens"), 320);
+    cr_expect_str_eq(str(j, "status"), "incomplete");
+    json_decref(j);
+    /* a limit in the request still holds */
+    cr_assert_eq(call(&d, "POST", "/v1/chat/completions", NULL, "{\"messages\":[{\"role\":"
+                      "\"user\",\"content\":\"Once\"}],\"max_completion_tokens\":5}", &j, NULL),
+                 200);
+    cr_expect_eq(num(j, "usage.completion_tokens"), 5);
+    json_decref(j);
+    json_int_t cap;
+    json_t *done = ws_reply(&d, 0, &cap);
+    cr_expect_eq(cap, 320, "the session frame names the context as the ceiling");
+    cr_expect_str_eq(str(done, "type"), "done", "%s", str(done, "message"));
+    cr_expect_str_eq(str(done, "stats.stop"), "length");
+    cr_expect_gt(stat_of(done, "generated_tokens"), 256);
+    json_decref(done);
+    cr_assert_eq(kvpd_stop(&d, 10000), 0);
+
+    /* With eviction the context shifts: a reply without a limit is at most the context's
+     * length in tokens. */
+    snprintf(extra, sizeof extra, "--model %s --max-tokens 0", model);
+    cr_assert_eq(kvpd_start(&d, extra), 0, "kvpd did not start (log %s)", d.log);
+    cr_assert_eq(call(&d, "POST", "/v1/completions", NULL, "{\"prompt\":\"Once\"}", &j, NULL),
+                 200);
+    cr_expect_eq(num(j, "usage.completion_tokens"), 320);
+    cr_expect_str_eq(str(j, "choices.0.finish_reason"), "length");
+    json_decref(j);
+    cr_assert_eq(kvpd_stop(&d, 10000), 0);
+
+    /* The operator's ceiling: a request without a limit, or over it, stops there. */
+    snprintf(extra, sizeof extra, "--model %s --max-tokens 100 --budget 0", model);
+    cr_assert_eq(kvpd_start(&d, extra), 0, "kvpd did not start (log %s)", d.log);
+    static const char *const over[] = {
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"Once\"}]}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"Twice\"}],\"max_tokens\":200}",
+    };
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(call(&d, "POST", "/v1/chat/completions", NULL, over[i], &j, NULL), 200);
+        cr_expect_eq(num(j, "usage.completion_tokens"), 100, "%s", over[i]);
+        cr_expect_str_eq(str(j, "choices.0.finish_reason"), "length");
+        json_decref(j);
+    }
+    cr_assert_eq(call(&d, "POST", "/v1/responses", NULL, "{\"input\":\"Thrice\","
+                      "\"max_output_tokens\":200}", &j, NULL), 200);
+    cr_expect_eq(num(j, "usage.output_tokens"), 100);
+    cr_expect_str_eq(str(j, "incomplete_details.reason"), "max_output_tokens");
+    json_decref(j);
+    done = ws_reply(&d, 0, &cap);
+    cr_expect_eq(cap, 100);
+    cr_expect_eq(stat_of(done, "generated_tokens"), 100);
+    json_decref(done);
+    /* on /chat a message over the ceiling is refused, naming it */
+    done = ws_reply(&d, 101, &cap);
+    cr_expect_str_eq(str(done, "type"), "error");
+    cr_expect(str(done, "message") && strstr(str(done, "message"), "max_tokens is limited to 100"),
+              "%s", str(done, "message"));
+    json_decref(done);
+    cr_assert_eq(kvpd_stop(&d, 10000), 0);
+    h_rmdir(dir);
+}
+
 /* POST /v1/responses; the answer's id into id (when not NULL). */
 static json_t *respond(const kvpd_proc *d, const char *headers, const char *body, char *id)
 {

@@ -106,14 +106,14 @@ async function chatml() {
     const r = await client.chat.completions.create({ model: id, messages: other, max_tokens: 2 });
     check(/^[0-9a-f]{32}$/.test(r.session) && r.session !== sid && r.usage.prompt_tokens_details.cached_tokens === 0,
           "chatml: the same history under another system message is another conversation");
-    // Text completions need plain continuation: a model with a chat template refuses them.
-    try {
-      await client.completions.create({ model: id, prompt: "Hello", max_tokens: 2 });
-      throw new Error("FAIL: a chat-template model served a text completion");
-    } catch (e) {
-      check(e instanceof OpenAI.BadRequestError && e.code === "unsupported_model",
-            `chatml: /v1/completions refused: ${e.message}`);
-    }
+    // Text completions on a chat-template model: the raw prompt, no template around it.
+    const tc = await client.completions.create({ model: id, prompt: "Hello", max_tokens: 2 });
+    const chat = await client.chat.completions.create({ model: id, max_tokens: 2,
+      messages: [{ role: "user", content: "Hello" }] });
+    check(tc.object === "text_completion" && tc.usage.completion_tokens === 2 &&
+          tc.usage.prompt_tokens < chat.usage.prompt_tokens,
+          `chatml: /v1/completions serves the raw prompt (${tc.usage.prompt_tokens} tokens, ` +
+          `${chat.usage.prompt_tokens} as a chat message)`);
   } finally {
     await stopKvpd(k, dir);
   }

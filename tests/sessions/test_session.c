@@ -71,6 +71,28 @@ static outcome run_turn(kvp_session *s, const kvp_session_env *env, kvp_runstate
     return run_turn_budget(s, env, rs, text, max_tokens, 0);
 }
 
+/* As run_turn, but once the reply is under way the cache's next position is set to the
+ * context's end, so the next decode fails there (-E2BIG, as a block past the context does;
+ * a reply by itself ends at the context with "length" instead). */
+static outcome run_turn_failing_in_decode(kvp_session *s, const kvp_session_env *env,
+                                          kvp_runstate *rs, const char *text, int max_tokens)
+{
+    outcome o = {0};
+    kvp_turn_sink sink = {on_token, on_done, on_error, NULL, &o};
+    cr_assert_eq(kvp_session_begin_turn(s, text, strlen(text), max_tokens, 0.0f, 0, 0.0), 0);
+    s->state = KVP_SESSION_TURN;
+    int filled = 0;
+    while (kvp_turn_step(s, env, rs, &sink)) {
+        if (!filled && s->turn.state == KVP_TURN_DECODE) {
+            s->cache.next_pos = env->model->cfg.seq_len;
+            filled = 1;
+        }
+    }
+    s->state = KVP_SESSION_IDLE;
+    cr_assert(filled, "the reply never got under way");
+    return o;
+}
+
 /* A turn that failed in decode keeps its user message (the reply was under way); a later
  * turn that fails before it records anything (its policy cannot be made) must not take
  * that earlier message away: text and token ids of the transcript stay in step. */
@@ -91,7 +113,7 @@ Test(session, a_turn_failing_before_it_starts_undoes_nothing_of_earlier_turns, .
     kvp_session *s;
     cr_assert_eq(kvp_session_create(&t, &env, none, NULL, 0.0, &s, err, sizeof err), 0, "%s", err);
 
-    /* Turn 1: a message that nearly fills the context, so decode passes it (no eviction). */
+    /* Turn 1: a message that nearly fills the context, whose decode fails (no eviction). */
     int words = 40;
     char *text = ht_text(words);
     int *ids = NULL;
@@ -101,7 +123,7 @@ Test(session, a_turn_failing_before_it_starts_undoes_nothing_of_earlier_turns, .
         text = ht_text(words += 20);
     }
     free(ids);
-    outcome o = run_turn(s, &env, &rs, text, 64);
+    outcome o = run_turn_failing_in_decode(s, &env, &rs, text, 64);
     cr_assert_eq(o.error, 1, "turn 1 should fail in decode");
     cr_assert_eq(o.code, -E2BIG);
     cr_assert_eq(s->n_msgs, 1);
