@@ -1,6 +1,6 @@
 /* A growing text buffer: appends bytes to *buf (malloc'd, *len bytes used of *cap), keeping
  * it NUL-terminated so it can be read as a C string as it grows; the capacity doubles from
- * 256 bytes. */
+ * 256 bytes. And a copy of n bytes as a NUL-terminated string. */
 #ifndef KVP_TEXTBUF_H
 #define KVP_TEXTBUF_H
 
@@ -24,6 +24,17 @@ static inline int kvp_text_append(char **buf, size_t *len, size_t *cap, const ch
     *len += n;
     (*buf)[*len] = '\0';
     return 0;
+}
+
+/* n bytes of s and a NUL after them (malloc'd); NULL when out of memory. */
+static inline char *kvp_text_dup(const char *s, size_t n)
+{
+    char *c = malloc(n + 1);
+    if (c) {
+        memcpy(c, s, n);
+        c[n] = '\0';
+    }
+    return c;
 }
 
 #endif

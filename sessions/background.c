@@ -12,6 +12,7 @@
 
 #include "base/log.h"
 #include "base/rng.h"
+#include "base/textbuf.h"
 #include "model/forward.h"
 #include "model/template.h"
 
@@ -171,16 +172,6 @@ void kvp_background_canary(kvp_background *b, kvp_canary_rec *r)
     enqueue(b, it);
 }
 
-static char *copy_text(const char *text, size_t len)
-{
-    char *c = malloc(len + 1);
-    if (c) {
-        memcpy(c, text, len);
-        c[len] = '\0';
-    }
-    return c;
-}
-
 void kvp_background_transcript(kvp_background *b, const kvp_background_conv *conv)
 {
     int n = conv->n;
@@ -195,9 +186,9 @@ void kvp_background_transcript(kvp_background *b, const kvp_background_conv *con
     snprintf(it->tenant, sizeof it->tenant, "%s", conv->tenant ? conv->tenant : "");
     if (b->log.exclude_system && conv->system_len > 0) {
         /* the span is found on the worker, from the system prompt and the first message */
-        it->system = copy_text(conv->system, conv->system_len);
+        it->system = kvp_text_dup(conv->system, conv->system_len);
         it->system_len = conv->system_len;
-        it->first = copy_text(conv->first ? conv->first : "", conv->first_len);
+        it->first = kvp_text_dup(conv->first ? conv->first : "", conv->first_len);
         it->first_len = conv->first_len;
         it->first_user = conv->first_user;
         if (!it->system || !it->first) {

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "base/log.h"
+#include "base/textbuf.h"
 #include "model/grammar.h"
 #include "sessions/hub_impl.h"
 #include "sessions/persist.h"
@@ -60,16 +61,6 @@ void hub_pending_free(kvp_hub_pending *p)
     free(p);
 }
 
-static char *copy_bytes(const char *s, size_t n)
-{
-    char *c = malloc(n + 1);
-    if (c) {
-        memcpy(c, s, n);
-        c[n] = '\0';
-    }
-    return c;
-}
-
 kvp_hub_pending *hub_pending_new(uint64_t hash, const char *system, size_t system_len,
                                  const kvp_message *msgs, int n, const kvp_turn_opts *o)
 {
@@ -79,16 +70,16 @@ kvp_hub_pending *hub_pending_new(uint64_t hash, const char *system, size_t syste
     p->hash = hash;
     p->o = *o;
     kvp_grammar_ref(p->o.grammar);
-    if (system_len && !(p->system = copy_bytes(system, system_len)))
+    if (system_len && !(p->system = kvp_text_dup(system, system_len)))
         goto oom;
     p->system_len = system_len;
     for (; p->n < n; p->n++) {
         p->msgs[p->n] = msgs[p->n];
-        if (!(p->msgs[p->n].text = copy_bytes(msgs[p->n].text, msgs[p->n].len)))
+        if (!(p->msgs[p->n].text = kvp_text_dup(msgs[p->n].text, msgs[p->n].len)))
             goto oom;
     }
     for (int i = 0; i < o->n_stop && i < KVP_HUB_MAX_STOPS; i++) {
-        if (!(p->stops[i] = copy_bytes(o->stop[i], o->stop_len[i])))
+        if (!(p->stops[i] = kvp_text_dup(o->stop[i], o->stop_len[i])))
             goto oom;
         p->o.stop[i] = p->stops[i];
     }
@@ -98,11 +89,11 @@ kvp_hub_pending *hub_pending_new(uint64_t hash, const char *system, size_t syste
         memcpy(p->bias, o->sampling.bias, (size_t)o->sampling.n_bias * sizeof *p->bias);
         p->o.sampling.bias = p->bias;
     }
-    if ((o->tools_len && !(p->o.tools = p->tools = copy_bytes(o->tools, o->tools_len))) ||
+    if ((o->tools_len && !(p->o.tools = p->tools = kvp_text_dup(o->tools, o->tools_len))) ||
         (o->reply_prefix_len &&
-         !(p->o.reply_prefix = p->prefix = copy_bytes(o->reply_prefix, o->reply_prefix_len))) ||
+         !(p->o.reply_prefix = p->prefix = kvp_text_dup(o->reply_prefix, o->reply_prefix_len))) ||
         (o->end_after_len &&
-         !(p->o.end_after = p->end_after = copy_bytes(o->end_after, o->end_after_len))))
+         !(p->o.end_after = p->end_after = kvp_text_dup(o->end_after, o->end_after_len))))
         goto oom;
     return p;
 oom:

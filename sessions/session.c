@@ -12,6 +12,7 @@
 #include <sys/random.h>
 
 #include "base/checksum.h"
+#include "base/textbuf.h"
 #include "policy/policy.h"
 #include "sessions/canary.h"
 #include "sessions/session_impl.h"
@@ -422,29 +423,19 @@ int kvp_session_turn_stops(kvp_session *s, const char *const *stop, const size_t
     return 0;
 }
 
-static char *dup_bytes(const char *p, size_t n)
-{
-    char *c = malloc(n + 1);
-    if (c) {
-        memcpy(c, p, n);
-        c[n] = '\0';
-    }
-    return c;
-}
-
 int kvp_session_turn_tools(kvp_session *s, const kvp_turn_opts *o)
 {
     kvp_turn *t = &s->turn;
     t->role = o->role == KVP_MESSAGE_TOOL ? KVP_MESSAGE_TOOL : 1;
-    if (o->tools_len && !(t->tools = dup_bytes(o->tools, o->tools_len)))
+    if (o->tools_len && !(t->tools = kvp_text_dup(o->tools, o->tools_len)))
         return -ENOMEM;
     t->tools_len = o->tools_len;
-    if (o->reply_prefix_len && !(t->prefix = dup_bytes(o->reply_prefix, o->reply_prefix_len)))
+    if (o->reply_prefix_len && !(t->prefix = kvp_text_dup(o->reply_prefix, o->reply_prefix_len)))
         return -ENOMEM;
     t->prefix_len = o->reply_prefix_len;
     if (o->end_after_len && t->n_stop <= KVP_HUB_MAX_STOPS) {
         int i = t->n_stop;
-        if (!(t->stop[i] = dup_bytes(o->end_after, o->end_after_len)))
+        if (!(t->stop[i] = kvp_text_dup(o->end_after, o->end_after_len)))
             return -ENOMEM;
         t->stop_len[i] = o->end_after_len;
         t->stop_keep[i] = 1;

@@ -53,6 +53,21 @@ int kvpd_http_respond(kvpd_conn *c, int status, const char *type, const char *bo
     return 0;
 }
 
+/* The answer's extra headers end with `Connection: close` when it closes the connection:
+ * asked before (c->close_after), or a request pipelined behind this one, which the client
+ * then sends again on another connection (web/wsguard.c). extra has room for two more and
+ * the NULL. */
+static void end_headers(kvpd_conn *c, const char **extra, int k)
+{
+    if (kvpd_wsguard_pipelined(lws_get_socket_fd(c->wsi)))
+        c->close_after = 1;
+    if (c->close_after) {
+        extra[k++] = "connection:";
+        extra[k++] = "close";
+    }
+    extra[k] = NULL;
+}
+
 static int respond(kvpd_conn *c, int status, const char *type, const char *body, size_t len,
                    const char *www_auth)
 {
@@ -62,13 +77,7 @@ static int respond(kvpd_conn *c, int status, const char *type, const char *body,
         extra[k++] = "www-authenticate:";
         extra[k++] = www_auth;
     }
-    if (kvpd_wsguard_pipelined(lws_get_socket_fd(c->wsi)))
-        c->close_after = 1;   /* a request pipelined behind this one: sent again elsewhere */
-    if (c->close_after) {
-        extra[k++] = "connection:";
-        extra[k++] = "close";
-    }
-    extra[k] = NULL;
+    end_headers(c, extra, k);
     return kvpd_http_respond(c, status, type, body, len, extra);
 }
 
@@ -169,13 +178,7 @@ static int admin_error(kvpd_conn *c, int status, const char *code, const char *m
         extra[k++] = "allow:";
         extra[k++] = allow;
     }
-    if (kvpd_wsguard_pipelined(lws_get_socket_fd(c->wsi)))
-        c->close_after = 1;   /* a request pipelined behind this one: sent again elsewhere */
-    if (c->close_after) {
-        extra[k++] = "connection:";
-        extra[k++] = "close";
-    }
-    extra[k] = NULL;
+    end_headers(c, extra, k);
     int rc = kvpd_http_respond(c, status, "application/json", s, strlen(s), extra);
     free(s);
     return rc;

@@ -619,3 +619,17 @@ void h_redis_db_down(h_proc *r, const char *dir, struct redisContext **rc)
     *rc = NULL;
     h_redis_down(r, dir);
 }
+
+int h_count_files(const char *dir, const char *ext)
+{
+    DIR *d = opendir(dir);
+    size_t el = strlen(ext);
+    int n = 0;
+    for (struct dirent *e; d && (e = readdir(d));) {
+        size_t l = strlen(e->d_name);
+        n += l > el && !strcmp(e->d_name + l - el, ext);
+    }
+    if (d)
+        closedir(d);
+    return n;
+}

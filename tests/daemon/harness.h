@@ -69,6 +69,8 @@ const char *h_reply_of(const json_t *j);
  * the session id when id is not NULL. */
 char *h_second_turn(const char *first, const char *reply, const char *next, int max_tokens,
                     const char *id);
+/* The files in dir whose names end in ext (0 when dir cannot be read). */
+int h_count_files(const char *dir, const char *ext);
 /* Reads from fd until the peer closes or timeout_ms pass with nothing; the bytes,
  * NUL-terminated (malloc'd), their count in *len (may be NULL). */
 char *h_read_all(int fd, int timeout_ms, size_t *len);

@@ -26,19 +26,6 @@
 
 #define CONVERSATIONS 24
 
-static int count_transcripts(const char *dir)
-{
-    DIR *d = opendir(dir);
-    int n = 0;
-    for (struct dirent *e; d && (e = readdir(d));) {
-        size_t l = strlen(e->d_name);
-        n += l > 5 && !strcmp(e->d_name + l - 5, ".kvtx");
-    }
-    if (d)
-        closedir(d);
-    return n;
-}
-
 /* Lines of the TinyStories dev text with at least `words` words, from the k-th on. */
 static char *story(FILE *f, int words)
 {
@@ -123,8 +110,8 @@ Test(learn, traffic_to_an_installed_policy_that_beats_the_fallback, .timeout = 6
     char tenant_dir[128];
     snprintf(tenant_dir, sizeof tenant_dir, "%s/default", learn);
     double end = kvp_now() + 60;
-    while (count_transcripts(tenant_dir) < CONVERSATIONS) {
-        cr_assert_lt(kvp_now(), end, "%d transcripts of %d", count_transcripts(tenant_dir),
+    while (h_count_files(tenant_dir, ".kvtx") < CONVERSATIONS) {
+        cr_assert_lt(kvp_now(), end, "%d transcripts of %d", h_count_files(tenant_dir, ".kvtx"),
                      CONVERSATIONS);
         usleep(50 * 1000);
     }

@@ -30,19 +30,6 @@ static void tenant_of(const char *key, char out[17])
              (unsigned long long)kvp_fnv1a(KVP_FNV1A_INIT, key, strlen(key)));
 }
 
-static int count_kvtx(const char *dir)
-{
-    DIR *d = opendir(dir);
-    int n = 0;
-    for (struct dirent *e; d && (e = readdir(d));) {
-        size_t l = strlen(e->d_name);
-        n += l > 5 && !strcmp(e->d_name + l - 5, ".kvtx");
-    }
-    if (d)
-        closedir(d);
-    return n;
-}
-
 /* Removes dir with its tenant folders. */
 static void rm_tree(const char *dir)
 {
@@ -68,12 +55,12 @@ static void folder(const char *learn, const char *tenant, char *out, size_t n)
 static void wait_files(const char *dir, int want)
 {
     double end = kvp_now() + 30;
-    while (count_kvtx(dir) < want) {
-        cr_assert_lt(kvp_now(), end, "%s holds %d transcripts, not %d", dir, count_kvtx(dir),
+    while (h_count_files(dir, ".kvtx") < want) {
+        cr_assert_lt(kvp_now(), end, "%s holds %d transcripts, not %d", dir, h_count_files(dir, ".kvtx"),
                      want);
         usleep(20 * 1000);
     }
-    cr_assert_eq(count_kvtx(dir), want, "%s", dir);
+    cr_assert_eq(h_count_files(dir, ".kvtx"), want, "%s", dir);
 }
 
 /* One conversation of one turn; its session id into sid when not NULL. */
@@ -126,22 +113,32 @@ static void start(kvpd_proc *d, const char *learn, const char *more)
     cr_assert_eq(kvpd_start(d, args), 0, "log %s", d->log);
 }
 
+/* A daemon with keys A and B keeping transcripts in a new learn (made here): A holds
+ * a_convs conversations (1 or 2), B one, all written; ta/tb are the keys' tenant ids and
+ * fa/fb their folders. */
+static void start_two_keys(kvpd_proc *d, char learn[64], char ta[17], char tb[17],
+                           char fa[128], char fb[128], int a_convs)
+{
+    cr_assert_eq(h_mkdtemp(learn, 64), 0);
+    tenant_of("key-a", ta);
+    tenant_of("key-b", tb);
+    folder(learn, ta, fa, 128);
+    folder(learn, tb, fb, 128);
+    start(d, learn, "--api-key key-a,key-b");
+    converse(d, KA, ONE_TURN("Once upon a time"), NULL);
+    if (a_convs > 1)
+        converse(d, KA, ONE_TURN("A frog sat on a log."), NULL);
+    converse(d, KB, ONE_TURN("The sun was hot."), NULL);
+    wait_files(fa, a_convs);
+    wait_files(fb, 1);
+}
+
 Test(learn_tenants, each_key_has_its_folder_and_deletes_only_its_own)
 {
     char learn[64], ta[17], tb[17], fa[128], fb[128];
-    cr_assert_eq(h_mkdtemp(learn, sizeof learn), 0);
-    tenant_of("key-a", ta);
-    tenant_of("key-b", tb);
-    folder(learn, ta, fa, sizeof fa);
-    folder(learn, tb, fb, sizeof fb);
     kvpd_proc d;
-    start(&d, learn, "--api-key key-a,key-b");
-    converse(&d, KA, ONE_TURN("Once upon a time"), NULL);
-    converse(&d, KA, ONE_TURN("A frog sat on a log."), NULL);
-    converse(&d, KB, ONE_TURN("The sun was hot."), NULL);
-    wait_files(fa, 2);
-    wait_files(fb, 1);
-    cr_assert_eq(count_kvtx(learn), 0, "a transcript outside the tenants' folders");
+    start_two_keys(&d, learn, ta, tb, fa, fb, 2);
+    cr_assert_eq(h_count_files(learn, ".kvtx"), 0, "a transcript outside the tenants' folders");
     struct stat st;
     cr_assert_eq(stat(fa, &st), 0);
     cr_assert_eq(st.st_mode & 0777, 0700);
@@ -153,17 +150,17 @@ Test(learn_tenants, each_key_has_its_folder_and_deletes_only_its_own)
     cr_assert_eq(json_integer_value(json_object_get(j, "deleted")), 1);
     cr_assert_str_eq(json_string_value(json_object_get(j, "object")), "learn.transcripts.deleted");
     json_decref(j);
-    cr_assert_eq(count_kvtx(fb), 0);
-    cr_assert_eq(count_kvtx(fa), 2, "B's deletion took A's transcripts");
+    cr_assert_eq(h_count_files(fb, ".kvtx"), 0);
+    cr_assert_eq(h_count_files(fa, ".kvtx"), 2, "B's deletion took A's transcripts");
     /* B's key is no admin token: the admin form naming A is refused */
     char path[128];
     snprintf(path, sizeof path, "/admin/learn/transcripts/%s", ta);
     cr_assert_eq(call(&d, "DELETE", path, KB, NULL, NULL), 401);
-    cr_assert_eq(count_kvtx(fa), 2, "a key deleted another tenant's transcripts");
+    cr_assert_eq(h_count_files(fa, ".kvtx"), 2, "a key deleted another tenant's transcripts");
     /* nor does a path without the admin token */
     cr_assert_eq(call(&d, "DELETE", "/v1/learn/transcripts", NULL, &j, NULL), 401);
     json_decref(j);
-    cr_assert_eq(count_kvtx(fa), 2);
+    cr_assert_eq(h_count_files(fa, ".kvtx"), 2);
 
     /* A deletes its own */
     cr_assert_eq(call(&d, "DELETE", "/v1/learn/transcripts", KA, &j, NULL), 200);
@@ -184,17 +181,8 @@ Test(learn_tenants, each_key_has_its_folder_and_deletes_only_its_own)
 Test(learn_tenants, the_admin_deletes_a_named_tenants_and_bad_requests_are_told_why)
 {
     char learn[64], ta[17], tb[17], fa[128], fb[128], path[160];
-    cr_assert_eq(h_mkdtemp(learn, sizeof learn), 0);
-    tenant_of("key-a", ta);
-    tenant_of("key-b", tb);
-    folder(learn, ta, fa, sizeof fa);
-    folder(learn, tb, fb, sizeof fb);
     kvpd_proc d;
-    start(&d, learn, "--api-key key-a,key-b");
-    converse(&d, KA, ONE_TURN("Once upon a time"), NULL);
-    converse(&d, KB, ONE_TURN("The sun was hot."), NULL);
-    wait_files(fa, 1);
-    wait_files(fb, 1);
+    start_two_keys(&d, learn, ta, tb, fa, fb, 1);
     char admin[256];
     snprintf(admin, sizeof admin, "Authorization: Bearer %s\r\n", h_admin_token(&d));
     json_t *j;
@@ -207,14 +195,14 @@ Test(learn_tenants, the_admin_deletes_a_named_tenants_and_bad_requests_are_told_
     cr_assert(strstr(err_msg(j), "DELETE"), "%s", raw);
     free(raw);
     json_decref(j);
-    cr_assert_eq(count_kvtx(fa), 1);
+    cr_assert_eq(h_count_files(fa, ".kvtx"), 1);
 
     cr_assert_eq(call(&d, "DELETE", path, admin, &j, NULL), 200);
     cr_assert_eq(json_integer_value(json_object_get(j, "deleted")), 1);
     cr_assert_str_eq(json_string_value(json_object_get(j, "tenant")), ta);
     json_decref(j);
-    cr_assert_eq(count_kvtx(fa), 0);
-    cr_assert_eq(count_kvtx(fb), 1, "the admin's deletion of A took B's");
+    cr_assert_eq(h_count_files(fa, ".kvtx"), 0);
+    cr_assert_eq(h_count_files(fb, ".kvtx"), 1, "the admin's deletion of A took B's");
     /* a known tenant with nothing kept: 0 deleted */
     cr_assert_eq(call(&d, "DELETE", path, admin, &j, NULL), 200);
     cr_assert_eq(json_integer_value(json_object_get(j, "deleted")), 0);
@@ -237,7 +225,7 @@ Test(learn_tenants, the_admin_deletes_a_named_tenants_and_bad_requests_are_told_
         cr_assert(strstr(err_msg(j), "tenant"), "%s: %s", bad[i], err_msg(j));
         json_decref(j);
     }
-    cr_assert_eq(count_kvtx(fb), 1);
+    cr_assert_eq(h_count_files(fb, ".kvtx"), 1);
     /* the tenant's own form takes DELETE only */
     cr_assert_eq(call(&d, "GET", "/v1/learn/transcripts", KB, &j, NULL), 405);
     cr_assert(strstr(err_msg(j), "DELETE"), "%s", err_msg(j));
@@ -246,7 +234,7 @@ Test(learn_tenants, the_admin_deletes_a_named_tenants_and_bad_requests_are_told_
     const char *body = NULL;
     cr_assert_eq(h_request(d.port, "POST", "/v1/learn/transcripts", KB, "{}", &ans, &body), 405);
     free(ans);
-    cr_assert_eq(count_kvtx(fb), 1);
+    cr_assert_eq(h_count_files(fb, ".kvtx"), 1);
     cr_assert_eq(kvpd_stop(&d, 10000), 0);
     rm_tree(learn);
 }
@@ -266,7 +254,7 @@ Test(learn_tenants, without_keys_the_folder_is_default_and_without_learn_dir_del
     cr_assert_eq(call(&d, "DELETE", "/admin/learn/transcripts/default", admin, &j, NULL), 200);
     cr_assert_eq(json_integer_value(json_object_get(j, "deleted")), 1);
     json_decref(j);
-    cr_assert_eq(count_kvtx(fd), 0);
+    cr_assert_eq(h_count_files(fd, ".kvtx"), 0);
     cr_assert_eq(kvpd_stop(&d, 10000), 0);
     rm_tree(learn);
 
@@ -371,19 +359,9 @@ static int learn_count(const char *dir, const char *work, int *status)
 Test(learn_tenants, kvp_learn_reads_the_whole_learn_dir_or_one_tenants_folder)
 {
     char learn[64], work[64], ta[17], tb[17], fa[128], fb[128];
-    cr_assert_eq(h_mkdtemp(learn, sizeof learn), 0);
     cr_assert_eq(h_mkdtemp(work, sizeof work), 0);
-    tenant_of("key-a", ta);
-    tenant_of("key-b", tb);
-    folder(learn, ta, fa, sizeof fa);
-    folder(learn, tb, fb, sizeof fb);
     kvpd_proc d;
-    start(&d, learn, "--api-key key-a,key-b");
-    converse(&d, KA, ONE_TURN("Once upon a time"), NULL);
-    converse(&d, KA, ONE_TURN("A frog sat on a log."), NULL);
-    converse(&d, KB, ONE_TURN("The sun was hot."), NULL);
-    wait_files(fa, 2);
-    wait_files(fb, 1);
+    start_two_keys(&d, learn, ta, tb, fa, fb, 2);
     cr_assert_eq(kvpd_stop(&d, 10000), 0);
     int status;
     cr_assert_eq(learn_count(learn, work, &status), 3, "the whole learn_dir");
