@@ -88,6 +88,19 @@ int kvp_template_jinja_turn_tools(const kvp_template *t, const char *system, siz
                                   const kvp_chat_msg *msgs, int n, const char *tools,
                                   size_t tools_len, const int *have, int n_have, int rendered,
                                   int *keep, int **out);
+/* An assistant prefill: msgs is the whole conversation with the assistant's unfinished
+ * message last (non-empty), rendered without the generation prompt and cut where that
+ * message's content ends, so the reply continues it; the cut is checked: the content
+ * must be the last of the conversation's text the template renders, whole and verbatim.
+ * have[0..n_have): the transcript so far. Sets *keep (how many of those tokens stand: the
+ * longest prefix they share with the rendering), *out (the tokens that follow them) and
+ * *content_at (the rendering's tokens before the content's first). The count of *out, or
+ * -EINVAL with why in err (the template refuses the conversation, or does not render the
+ * content verbatim), -ENOMEM. */
+int kvp_template_jinja_prefill(const kvp_template *t, const char *system, size_t system_len,
+                               const kvp_chat_msg *msgs, int n, const char *tools,
+                               size_t tools_len, const int *have, int n_have, int *keep,
+                               int *content_at, int **out, char *err, size_t errlen);
 /* As kvp_template_render_jinja, with tools as above. */
 int kvp_template_render_jinja_tools(const kvp_template *t, const char *system,
                                     size_t system_len, const kvp_chat_msg *msgs, int n,

@@ -72,6 +72,14 @@ void kvp_hub_message_opts(kvp_hub_client *c, const char *text, size_t len,
  * request: it leaves any session it had. */
 void kvp_hub_chat(kvp_hub_client *c, const char *id, const char *system, size_t system_len,
                   const kvp_message *msgs, int n, const kvp_turn_opts *o);
+/* An assistant prefill (kvp_turn_opts.prefill) checked before kvp_hub_chat: the
+ * conversation system, msgs[0..n) (the user's last) and the assistant's unfinished message
+ * prefill[0..prefill_len), with the request's tools (NULL/0: none), as the model's Jinja
+ * template renders them, must show that message's content verbatim at the end (the
+ * families always do). 0, or -EINVAL (-ENOMEM) with why in err. */
+int kvp_hub_prefill_check(const kvp_hub *h, const char *system, size_t system_len,
+                          const kvp_message *msgs, int n, const char *tools, size_t tools_len,
+                          const char *prefill, size_t prefill_len, char *err, size_t errlen);
 /* kvp_hub_chat with more choices (sessions/hub_choices.c): c's choice runs as kvp_hub_chat
  * runs it (its session is the conversation a later request continues); once its turn is
  * done, each of more[0..n_more) (clients made for this request, of c's tenant; n_more <

@@ -220,7 +220,7 @@ static void free_messages(kvp_message *m, int n)
  * conversation's system text (r->system, malloc'd; NULL for none), as the chat template
  * renders it; later ones are folded into the user message that follows them. 0, or -1
  * with e set. */
-static int messages(json_t *arr, kvpd_oai_req *r, kvpd_oai_err *e)
+static int messages(json_t *arr, const char *prefill_param, kvpd_oai_req *r, kvpd_oai_err *e)
 {
     size_t n = json_array_size(arr);
     if (!json_is_array(arr) || n == 0)
@@ -294,6 +294,18 @@ static int messages(json_t *arr, kvpd_oai_req *r, kvpd_oai_err *e)
     }
     if (!m)
         goto oom;
+    if (prefill_param && k > 1 && !m[k - 1].user && !pending) {
+        /* an assistant prefill: the reply continues the last message */
+        if (!m[k - 1].len) {
+            kvpd_oai_bad(e, KVPD_OAI_E_INVALID_REQUEST, prefill_param,
+                "%s is empty: an assistant message last is continued (assistant prefill), "
+                "so it needs text", prefill_param);
+            goto bad;
+        }
+        k--;
+        r->prefill = m[k].text;
+        r->prefill_len = m[k].len;
+    }
     if (k == 0 || !m[k - 1].user || pending) {
         kvpd_oai_bad(e, KVPD_OAI_E_INVALID_REQUEST, "messages",
             "the last message must be the user's (or tool results)");
@@ -337,15 +349,29 @@ int kvpd_oai_parse_logprobs(json_t *req, kvpd_oai_req *r, kvpd_oai_err *e)
     return 0;
 }
 
-int kvpd_oai_parse_messages(json_t *msgs, const char *system_param, kvpd_oai_req *r,
-                            kvpd_oai_err *e)
+int kvpd_oai_parse_messages(json_t *msgs, const char *system_param, int prefill,
+                            kvpd_oai_req *r, kvpd_oai_err *e)
 {
     json_t *hist = NULL;
     kvpd_oai_tools_err te;
+    char pparam[48] = "";
+    size_t last = json_array_size(msgs);
+    json_t *lm = last ? json_array_get(msgs, last - 1) : NULL;
+    const char *lrole = json_string_value(json_object_get(lm, "role"));
+    if (prefill && lrole && !strcmp(lrole, "assistant")) {
+        json_t *calls = json_object_get(lm, "tool_calls");
+        if (calls && !json_is_null(calls) && !(json_is_array(calls) && !json_array_size(calls))) {
+            snprintf(pparam, sizeof pparam, "messages[%zu].tool_calls", last - 1);
+            return kvpd_oai_bad(e, KVPD_OAI_E_UNSUPPORTED_PARAMETER, pparam,
+                "%s: an assistant message last is continued (assistant prefill), which "
+                "kvpd does only for text, not for tool calls", pparam);
+        }
+        snprintf(pparam, sizeof pparam, "messages[%zu].content", last - 1);
+    }
     if (kvpd_oai_tools_messages(&r->tools, msgs, &hist, &te) < 0)
         return kvpd_oai_bad(e, KVPD_OAI_E_INVALID_REQUEST, te.param, "%s", te.msg);
     kvpd_oai_release_messages(r);
-    int n = messages(hist, r, e);
+    int n = messages(hist, pparam[0] ? pparam : NULL, r, e);
     json_decref(hist);
     if (n < 0)
         return -1;
@@ -367,9 +393,27 @@ int kvpd_oai_parse_chat(const char *body, size_t len, const kvpd_oai_limits *l,
     if (kvpd_oai_parse_model(req, l, e) < 0 || kvpd_oai_parse_options(req, l, r, e) < 0 ||
         kvpd_oai_parse_logprobs(req, r, e) < 0)
         goto out;
-    if (kvpd_oai_parse_messages(json_object_get(req, "messages"), "messages[0].content", r,
+    if (kvpd_oai_parse_messages(json_object_get(req, "messages"), "messages[0].content", 1, r,
                                 e) < 0)
         goto out;
+    if (r->prefill) {
+        /* what cannot continue the assistant's own text */
+        if (r->tools.grammar || r->turn.reply_prefix) {
+            kvpd_oai_bad(e, KVPD_OAI_E_UNSUPPORTED_PARAMETER, "tool_choice",
+                "tool_choice forcing a call cannot continue an assistant message (assistant "
+                "prefill): the call would start a reply of its own");
+            goto out;
+        }
+        if (r->grammar) {
+            kvpd_oai_bad(e, KVPD_OAI_E_UNSUPPORTED_PARAMETER, "response_format",
+                "response_format cannot continue an assistant message (assistant prefill): "
+                "the document would have to begin in text the grammar did not write");
+            goto out;
+        }
+        r->turn.reply_prefix = r->prefill;
+        r->turn.reply_prefix_len = r->prefill_len;
+        r->turn.prefill = 1;
+    }
     json_t *named = json_object_get(req, "session");
     if (json_is_string(named)) {
         char sid[KVP_SESSION_ID_LEN + 8] = "";
@@ -400,6 +444,14 @@ void kvpd_oai_release_messages(kvpd_oai_req *r)
 {
     if (r->msgs)
         free_messages(r->msgs, r->n_msgs);
+    if (r->prefill && r->turn.reply_prefix == r->prefill) {
+        r->turn.reply_prefix = NULL;
+        r->turn.reply_prefix_len = 0;
+        r->turn.prefill = 0;
+    }
+    free(r->prefill);
+    r->prefill = NULL;
+    r->prefill_len = 0;
     free(r->system);
     r->msgs = NULL;
     r->n_msgs = 0;

@@ -579,7 +579,7 @@ void kvpd_oai_responses(kvpd_conn *c)
     json_decref(in);
     chat = kvpd_items_chat(r->items, first_input, json_string_value(ins),
                            json_string_length(ins), &e);
-    if (!chat || kvpd_oai_parse_messages(chat, "input", &o->req, &e) < 0) {
+    if (!chat || kvpd_oai_parse_messages(chat, "input", 0, &o->req, &e) < 0) {
         /* the chat shape's messages are not the items one for one: name the input */
         if (!strncmp(e.param, "messages", 8))
             snprintf(e.param, sizeof e.param, "input");

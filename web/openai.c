@@ -4,6 +4,7 @@
  * their codecs (web/oai.h). The bodies are parsed by web/oai_parse.c and the answers'
  * JSON built by web/oai_reply.c; a request's messages go to kvp_hub_chat, which finds
  * the conversation they extend. */
+#include <errno.h>
 #include <jansson.h>
 #include <limits.h>
 #include <stdarg.h>
@@ -336,6 +337,17 @@ static void chat_completions(kvpd_conn *c)
         goto out;
     }
     snprintf(o->named, sizeof o->named, "%s", sid);
+    if (r->prefill) {
+        char why[256];
+        int rc = kvp_hub_prefill_check(c->w->hub, r->system, r->system_len, r->msgs, r->n_msgs,
+                                       r->turn.tools, r->turn.tools_len, r->prefill,
+                                       r->prefill_len, why, sizeof why);
+        if (rc < 0) {
+            fail(c, rc == -ENOMEM ? KVPD_OAI_E_SERVER : KVPD_OAI_E_INVALID_REQUEST, "messages",
+                 "messages: %s", why);
+            goto out;
+        }
+    }
     if (!kvpd_oai_client(c))
         goto out;
     if (r->n_choices > 1) {

@@ -79,7 +79,7 @@ static void responses(const uint8_t *data, size_t size, const kvpd_oai_limits *l
         kvpd_oai_req r;
         memset(&r, 0, sizeof r);
         if (kvpd_oai_parse_options(twin, l, &r, &e) == 0 &&
-            kvpd_oai_parse_messages(chat, "input", &r, &e) == 0) {
+            kvpd_oai_parse_messages(chat, "input", 0, &r, &e) == 0) {
             if (r.n_msgs < 1 || !r.msgs[r.n_msgs - 1].user || !r.system || r.system_len != 3)
                 abort();
         }
