@@ -35,6 +35,11 @@ typedef struct kvp_template {
     int n_specials;
     enum kvp_tool_format tool_format;   /* how the Jinja template's model writes tool calls
                                            (kvp_toolcall_detect); NONE without one */
+    int think;                     /* the vocabulary has both reasoning markers as tokens
+                                      (model/reasoning.h): a reply may open with a block */
+    int reasoning_var;             /* the Jinja template reads a message's
+                                      reasoning_content: an assistant message's block is
+                                      given to it there, the answer as its content */
 } kvp_template;
 
 /* A message's `user` for tool results: the client's side of a turn (as a user message),

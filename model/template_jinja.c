@@ -77,7 +77,7 @@ static long render_text_tools(const kvp_template *t, kvp_jinja *j, const char *s
     kvp_jv *vars = kvp_jv_dict(a), *list = kvp_jv_list(a);
     if (system_len)
         kvp_jv_append(a, list, message(a, "system", system, system_len));
-    kvp_tpl_jinja_messages(a, list, t->tool_format, msgs, n);
+    kvp_tpl_jinja_messages(a, list, t->tool_format, t->think && t->reasoning_var, msgs, n);
     kvp_jv_set(a, vars, "messages", list);
     if (tools_len) {
         kvp_jv *tv = kvp_tpl_json(a, tools, tools_len);
@@ -387,6 +387,7 @@ int kvp_template_use_jinja(kvp_template *t, const char *src, size_t len, char *n
     kvp_jinja_free(t->jinja);
     t->jinja = j;
     t->tool_format = kvp_toolcall_detect(src, len, kvp_template_name(t->format));
+    t->reasoning_var = memmem(src, len, "reasoning_content", 17) != NULL;
     return 0;
 }
 

@@ -114,6 +114,8 @@ typedef struct kvp_hub_info {
     const char *model_name, *chat_format, *policy, *policy_file, *state_dir;
     int tool_format;              /* enum kvp_tool_format of the model's Jinja template (0:
                                    * none: no Jinja template, or one without tool calls) */
+    int reasoning;                /* the model's replies may open with a reasoning block
+                                   * (model/reasoning.h; kvp_template.think) */
     const char *kv_type, *budget_mode;   /* "f32" | "f16" | "q8_0"; "per_head" | "global" */
     const char *store, *store_where, *node;   /* "dir"/"redis"/"" and where; lease name */
     uint64_t lease_conflicts, lease_takeovers, snapshots_expired, store_errors;

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "model/grammar.h"
+#include "model/reasoning.h"
 #include "web/format.h"
 
 /* Sets e (param may be NULL) and returns -1. */
@@ -115,6 +116,7 @@ int kvpd_oai_parse_options(json_t *req, const kvpd_oai_limits *l, kvpd_oai_req *
 {
     kvp_turn_opts *t = &r->turn;
     memset(t, 0, sizeof *t);
+    r->reasoning = l->reasoning;
     const char *field = unsupported(req);
     if (field)
         return kvpd_oai_bad(e, KVPD_OAI_E_UNSUPPORTED_PARAMETER, field, "%s is not supported by kvpd",
@@ -209,6 +211,29 @@ static int content_text(json_t *content, char **out, size_t *len)
     return 0;
 }
 
+/* A reply's text with its reasoning block first, as the model writes it (model/reasoning.h):
+ * the open marker, a newline, the reasoning, a newline, the close marker, a blank line,
+ * the answer. *text is replaced (freed). 0 or -ENOMEM (*text freed). */
+static int with_reasoning(char **text, size_t *len, json_t *reasoning)
+{
+    static const char open[] = KVP_THINK_OPEN "\n", close[] = "\n" KVP_THINK_CLOSE "\n\n";
+    size_t rl = json_string_length(reasoning), ol = sizeof open - 1, cl = sizeof close - 1;
+    char *t = malloc(ol + rl + cl + *len + 1);
+    if (!t) {
+        free(*text);
+        *text = NULL;
+        return -ENOMEM;
+    }
+    memcpy(t, open, ol);
+    memcpy(t + ol, json_string_value(reasoning), rl);
+    memcpy(t + ol + rl, close, cl);
+    memcpy(t + ol + rl + cl, *text, *len + 1);
+    free(*text);
+    *text = t;
+    *len += ol + rl + cl;
+    return 0;
+}
+
 static void free_messages(kvp_message *m, int n)
 {
     for (int i = 0; i < n; i++)
@@ -231,7 +256,7 @@ static int messages(json_t *arr, const char *prefill_param, kvpd_oai_req *r, kvp
     char *pending = NULL;   /* system text waiting for its user message */
     size_t pending_len = 0;
     int k = 0;
-    char param[48];
+    char param[64];
     for (size_t i = 0; m && i < n; i++) {
         json_t *msg = json_array_get(arr, i);
         json_t *jrole = json_object_get(msg, "role");
@@ -256,6 +281,19 @@ static int messages(json_t *arr, const char *prefill_param, kvpd_oai_req *r, kvp
             kvpd_oai_bad(e, KVPD_OAI_E_INVALID_REQUEST, param,
                 "%s must be a string or an array of text parts", param);
             goto bad;
+        }
+        json_t *reasoning = json_object_get(msg, "reasoning_content");
+        if (!strcmp(role, "assistant") && reasoning && !json_is_null(reasoning)) {
+            /* the reasoning of a reply sent back goes back into its text as the model
+             * wrote it, where the template finds it (and Qwen3's drops it) */
+            snprintf(param, sizeof param, "messages[%zu].reasoning_content", i);
+            if (!json_is_string(reasoning)) {
+                free(text);
+                kvpd_oai_bad(e, KVPD_OAI_E_INVALID_REQUEST, param, "%s must be a string", param);
+                goto bad;
+            }
+            if (r->reasoning && (rc = with_reasoning(&text, &len, reasoning)) < 0)
+                goto oom;
         }
         if (sys_role && i == 0) {
             system = text;
@@ -365,6 +403,13 @@ int kvpd_oai_parse_messages(json_t *msgs, const char *system_param, int prefill,
             return kvpd_oai_bad(e, KVPD_OAI_E_UNSUPPORTED_PARAMETER, pparam,
                 "%s: an assistant message last is continued (assistant prefill), which "
                 "kvpd does only for text, not for tool calls", pparam);
+        }
+        json_t *reasoning = json_object_get(lm, "reasoning_content");
+        if (reasoning && !json_is_null(reasoning)) {
+            snprintf(pparam, sizeof pparam, "messages[%zu].reasoning_content", last - 1);
+            return kvpd_oai_bad(e, KVPD_OAI_E_UNSUPPORTED_PARAMETER, pparam,
+                "%s: an assistant message last is continued (assistant prefill), which kvpd "
+                "does for its content only", pparam);
         }
         snprintf(pparam, sizeof pparam, "messages[%zu].content", last - 1);
     }

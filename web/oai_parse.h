@@ -48,12 +48,16 @@ typedef struct kvpd_oai_limits {
     const char *model_alias;      /* comma-separated ids ("" none) */
     const char *model;            /* the loaded model's name */
     int tool_format;              /* the model's (kvp_hub_info.tool_format) */
+    int reasoning;                /* the model's replies may open with a reasoning block
+                                   * (kvp_hub_info.reasoning) */
 } kvpd_oai_limits;
 
 /* A parsed request. Zeroed before the first parse; kvpd_oai_release frees it. */
 typedef struct kvpd_oai_req {
     kvp_turn_opts turn;           /* borrows own, grammar and tools below */
     int stream, include_usage;
+    int reasoning;                /* the model's replies may hold a reasoning block: its
+                                   * reasoning_content is split off, and sent back into it */
     int n_choices;                /* n: 1..KVP_HUB_MAX_CHOICES */
     kvpd_sampling own;            /* logit_bias and the stop strings (web/sampling.h) */
     struct kvp_grammar *grammar;  /* response_format */
