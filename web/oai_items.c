@@ -347,6 +347,7 @@ json_t *kvpd_items_chat(const json_t *items, size_t first_input, const char *ins
             }
             json_decref(reasoning);
             reasoning = text;
+            last_assistant = NULL;   /* it opens a reply of its own */
         } else if (!strcmp(type, "function_call")) {
             const char *call_id = str(item, "call_id"), *name = str(item, "name");
             json_t *args = json_object_get(item, "arguments");
