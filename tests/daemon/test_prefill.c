@@ -34,23 +34,21 @@ static void synth_qwen3(void)
     cr_assert_eq(system(cmd), 0, "%s (npm ci in tests/tokref: scripts/setup.sh does it)", cmd);
 }
 
+/* POST req (taken): the answer's JSON (NULL for a stream); with raw_out, the raw answer
+ * (malloc'd) too. */
 static json_t *post(const kvpd_proc *d, json_t *req, int *status, char **raw_out)
 {
     char *s = json_dumps(req, JSON_COMPACT), *raw;
     const char *resp;
+    json_decref(req);
     *status = h_request(d->port, "POST", "/v1/chat/completions",
                         "Content-Type: application/json\r\n", s, &raw, &resp);
     free(s);
-    json_t *j = resp && *status != 200 ? json_loads(resp, 0, NULL) : NULL;
-    if (*status == 200 && resp) {
-        if (raw_out) {
-            *raw_out = raw;
-            return json_loads(resp, 0, NULL);
-        }
-        j = json_loads(resp, 0, NULL);
-    }
-    free(raw);
-    json_decref(req);
+    json_t *j = resp ? json_loads(resp, 0, NULL) : NULL;
+    if (raw_out)
+        *raw_out = raw;
+    else
+        free(raw);
     return j;
 }
 

@@ -27,9 +27,11 @@ static void whole(const char *text, int found, const char *reasoning, const char
             int final = at + k >= n;
             kvp_reasoning_delta d;
             cr_assert_eq(kvp_reasoning_feed(&s, text + (at < n ? at : n), k, final, &d), 0);
-            memcpy(r + rn, d.reasoning, d.reasoning_len);
+            if (d.reasoning_len)
+                memcpy(r + rn, d.reasoning, d.reasoning_len);
             rn += d.reasoning_len;
-            memcpy(c + cn, d.content, d.content_len);
+            if (d.content_len)
+                memcpy(c + cn, d.content, d.content_len);
             cn += d.content_len;
             if (final)
                 break;
