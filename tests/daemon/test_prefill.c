@@ -180,6 +180,8 @@ Test(prefill, qwen3_continues_the_message_and_refuses_what_cannot_continue)
     continues(&d, "Hello, I", 9);
 
     refused(&d, prefill_req("Hi", "", 4, 0, NULL), "messages[1].content", "empty");
+    /* Qwen3's template renders a think block itself, not as the message's text */
+    refused(&d, prefill_req("Hi", "<think>\nhmm", 4, 0, NULL), "messages", "verbatim");
     json_t *calls = json_pack("{s:[{s:s, s:s}, {s:s, s:s, s:[{s:s, s:s, s:{s:s, s:s}}]}]}",
                               "messages", "role", "user", "content", "Hi", "role", "assistant",
                               "content", "x", "tool_calls", "id", "call_1", "type", "function",
