@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/reasoning.h"
 #include "model/template_impl.h"
 #include "model/tokenizer.h"
 
@@ -210,6 +211,11 @@ int kvp_template_init(kvp_template *t, const kvp_model *m, const char *name, cha
         t->format = KVP_CHAT_PLAIN;
         fell_back = 1;
     }
+    /* a chat model whose vocabulary holds both markers may open a reply with its
+     * reasoning (Qwen3, QwQ, DeepSeek-R1) */
+    t->think = t->format != KVP_CHAT_PLAIN &&
+               kvp_tokenizer_lookup(t->tok, KVP_THINK_OPEN, strlen(KVP_THINK_OPEN)) >= 0 &&
+               kvp_tokenizer_lookup(t->tok, KVP_THINK_CLOSE, strlen(KVP_THINK_CLOSE)) >= 0;
     if (t->format == KVP_CHAT_PLAIN) {
         /* Base models end a text with EOS, llama2.c stories with BOS. */
         t->stop[0] = t->eos;

@@ -35,6 +35,11 @@ typedef struct kvp_template {
     int n_specials;
     enum kvp_tool_format tool_format;   /* how the Jinja template's model writes tool calls
                                            (kvp_toolcall_detect); NONE without one */
+    int think;                     /* the vocabulary has both reasoning markers as tokens
+                                      (model/reasoning.h): a reply may open with a block */
+    int reasoning_var;             /* the Jinja template reads a message's
+                                      reasoning_content: an assistant message's block is
+                                      given to it there, the answer as its content */
 } kvp_template;
 
 /* A message's `user` for tool results: the client's side of a turn (as a user message),
@@ -88,6 +93,19 @@ int kvp_template_jinja_turn_tools(const kvp_template *t, const char *system, siz
                                   const kvp_chat_msg *msgs, int n, const char *tools,
                                   size_t tools_len, const int *have, int n_have, int rendered,
                                   int *keep, int **out);
+/* An assistant prefill: msgs is the whole conversation with the assistant's unfinished
+ * message last (non-empty), rendered without the generation prompt and cut where that
+ * message's content ends, so the reply continues it; the cut is checked: the content
+ * must be the last of the conversation's text the template renders, whole and verbatim.
+ * have[0..n_have): the transcript so far. Sets *keep (how many of those tokens stand: the
+ * longest prefix they share with the rendering), *out (the tokens that follow them) and
+ * *content_at (the rendering's tokens before the content's first). The count of *out, or
+ * -EINVAL with why in err (the template refuses the conversation, or does not render the
+ * content verbatim), -ENOMEM. */
+int kvp_template_jinja_prefill(const kvp_template *t, const char *system, size_t system_len,
+                               const kvp_chat_msg *msgs, int n, const char *tools,
+                               size_t tools_len, const int *have, int n_have, int *keep,
+                               int *content_at, int **out, char *err, size_t errlen);
 /* As kvp_template_render_jinja, with tools as above. */
 int kvp_template_render_jinja_tools(const kvp_template *t, const char *system,
                                     size_t system_len, const kvp_chat_msg *msgs, int n,

@@ -30,11 +30,12 @@ void kvp_tpl_tok(render *r, int id);                      /* a token by id */
 int kvp_tpl_finish(render *r, int **out);                 /* the count, or a negative code */
 
 /* template_tools.c: a JSON text as a template value (NULL if not JSON or out of memory),
- * and a conversation's messages appended to list as the template's dicts. */
+ * and a conversation's messages appended to list as the template's dicts (with reasoning,
+ * a reply's reasoning block as its reasoning_content, model/reasoning.h). */
 struct kvp_jarena;
 struct kvp_jv;
 struct kvp_jv *kvp_tpl_json(struct kvp_jarena *a, const char *text, size_t len);
 int kvp_tpl_jinja_messages(struct kvp_jarena *a, struct kvp_jv *list, enum kvp_tool_format f,
-                           const kvp_chat_msg *msgs, int n);
+                           int reasoning, const kvp_chat_msg *msgs, int n);
 
 #endif

@@ -77,7 +77,7 @@ static long render_text_tools(const kvp_template *t, kvp_jinja *j, const char *s
     kvp_jv *vars = kvp_jv_dict(a), *list = kvp_jv_list(a);
     if (system_len)
         kvp_jv_append(a, list, message(a, "system", system, system_len));
-    kvp_tpl_jinja_messages(a, list, t->tool_format, msgs, n);
+    kvp_tpl_jinja_messages(a, list, t->tool_format, t->think && t->reasoning_var, msgs, n);
     kvp_jv_set(a, vars, "messages", list);
     if (tools_len) {
         kvp_jv *tv = kvp_tpl_json(a, tools, tools_len);
@@ -267,6 +267,88 @@ int kvp_template_jinja_turn_tools(const kvp_template *t, const char *system, siz
     return rc;
 }
 
+/* Where the last message's content ends in the rendering: the last run of the caller's
+ * bytes must end with the content, whole and verbatim, and nothing of the caller's may
+ * follow it (so the cut is that message's end, not an earlier copy of the same text).
+ * Sets *start and returns the cut, or -1. */
+static long content_end(const char *text, const unsigned char *mask, size_t len,
+                        const kvp_chat_msg *last, size_t *start)
+{
+    size_t end = len;
+    while (end > 0 && !mask[end - 1])
+        end--;
+    if (end < last->len || memcmp(text + end - last->len, last->text, last->len))
+        return -1;
+    for (size_t i = end - last->len; i < end; i++)
+        if (!mask[i])
+            return -1;
+    *start = end - last->len;
+    return (long)end;
+}
+
+int kvp_template_jinja_prefill(const kvp_template *t, const char *system, size_t system_len,
+                               const kvp_chat_msg *msgs, int n, const char *tools,
+                               size_t tools_len, const int *have, int n_have, int *keep,
+                               int *content_at, int **out, char *err, size_t errlen)
+{
+    char ebuf[160];
+    if (!err || !errlen) {
+        err = ebuf;
+        errlen = sizeof ebuf;
+    }
+    if (!t->jinja || n < 2 || msgs[n - 1].user || !msgs[n - 1].len) {
+        snprintf(err, errlen, "the last message must be a non-empty assistant message");
+        return -EINVAL;
+    }
+    if (!alternates(msgs, n, err, errlen))
+        return -EINVAL;
+    char *text;
+    unsigned char *mask;
+    long len = render_text_tools(t, t->jinja, system, system_len, msgs, n, tools, tools_len,
+                                 &text, &mask, err, errlen);
+    if (len < 0)
+        return -EINVAL;
+    size_t start = 0;
+    long cut = content_end(text, mask, (size_t)len, &msgs[n - 1], &start);
+    int rc = -EINVAL;
+    int *full = NULL, *before = NULL;
+    if (cut < 0) {
+        snprintf(err, errlen, "the chat template does not render the last assistant message's "
+                 "content verbatim at the end of the conversation, so it cannot be continued");
+        goto out;
+    }
+    int nf = tokenize(t, text, mask, 0, (size_t)cut, 1, &full);
+    int nb = nf < 0 ? nf : tokenize(t, text, mask, 0, start, 1, &before);
+    if (nf < 0 || nb < 0) {
+        rc = nf < 0 ? nf : nb;
+        snprintf(err, errlen, "out of memory");
+        goto out;
+    }
+    /* the content's tokens begin after those the rendering before it shares */
+    int at = 0;
+    while (at < nb && at < nf && before[at] == full[at])
+        at++;
+    int common = 0;
+    while (common < nf && common < n_have && full[common] == have[common])
+        common++;
+    *out = malloc(sizeof **out * (size_t)(nf - common + 1));
+    if (!*out) {
+        rc = -ENOMEM;
+        snprintf(err, errlen, "out of memory");
+        goto out;
+    }
+    memcpy(*out, full + common, sizeof **out * (size_t)(nf - common));
+    *keep = common;
+    *content_at = at;
+    rc = nf - common;
+out:
+    free(full);
+    free(before);
+    free(text);
+    free(mask);
+    return rc;
+}
+
 int kvp_template_use_jinja(kvp_template *t, const char *src, size_t len, char *note,
                            size_t notelen)
 {
@@ -305,6 +387,7 @@ int kvp_template_use_jinja(kvp_template *t, const char *src, size_t len, char *n
     kvp_jinja_free(t->jinja);
     t->jinja = j;
     t->tool_format = kvp_toolcall_detect(src, len, kvp_template_name(t->format));
+    t->reasoning_var = memmem(src, len, "reasoning_content", 17) != NULL;
     return 0;
 }
 

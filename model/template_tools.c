@@ -10,6 +10,7 @@
 
 #include "model/jinja.h"
 #include "model/jinja_json.h"
+#include "model/reasoning.h"
 #include "model/template_impl.h"
 #include "model/toolcall.h"
 
@@ -129,7 +130,21 @@ static kvp_jv *reply(kvp_jarena *a, enum kvp_tool_format f, const char *text, si
     return m;
 }
 
-int kvp_tpl_jinja_messages(kvp_jarena *a, kvp_jv *list, enum kvp_tool_format f,
+/* A reply that opens with a reasoning block, for a template that reads
+ * reasoning_content: the block there, the answer as the message (its content, its calls). */
+static kvp_jv *reply_reasoning(kvp_jarena *a, enum kvp_tool_format f, const char *text,
+                               size_t len)
+{
+    kvp_reasoning_parts p = kvp_reasoning_split(text, len);
+    if (!p.found)
+        return reply(a, f, text, len);
+    kvp_jv *m = reply(a, f, text + p.c_from, p.c_to - p.c_from);
+    if (m)
+        kvp_jv_set(a, m, "reasoning_content", kvp_jv_str(a, text + p.r_from, p.r_to - p.r_from));
+    return m;
+}
+
+int kvp_tpl_jinja_messages(kvp_jarena *a, kvp_jv *list, enum kvp_tool_format f, int reasoning,
                            const kvp_chat_msg *msgs, int n)
 {
     int rc = 0;
@@ -139,7 +154,8 @@ int kvp_tpl_jinja_messages(kvp_jarena *a, kvp_jv *list, enum kvp_tool_format f,
         else if (msgs[i].user)
             rc |= kvp_jv_append(a, list, plain(a, "user", msgs[i].text, msgs[i].len));
         else
-            rc |= kvp_jv_append(a, list, reply(a, f, msgs[i].text, msgs[i].len));
+            rc |= kvp_jv_append(a, list, reasoning ? reply_reasoning(a, f, msgs[i].text, msgs[i].len)
+                                                   : reply(a, f, msgs[i].text, msgs[i].len));
     }
     return rc;
 }

@@ -69,9 +69,19 @@ void kvp_hub_message_opts(kvp_hub_client *c, const char *text, size_t len,
  * new session starts holding system and msgs[0..n-1), and its first turn prefills all of
  * them. Either way a session event (resumed 1 for a continued session) comes first, then
  * the turn's events as for kvp_hub_message. The client should be one made for this
- * request: it leaves any session it had. */
+ * request: it leaves any session it had. With o->prefill the reply continues the
+ * assistant's unfinished message o->reply_prefix after msgs[n-1] (kvp_turn_opts; checked
+ * first with kvp_hub_prefill_check). */
 void kvp_hub_chat(kvp_hub_client *c, const char *id, const char *system, size_t system_len,
                   const kvp_message *msgs, int n, const kvp_turn_opts *o);
+/* An assistant prefill (kvp_turn_opts.prefill) checked before kvp_hub_chat: the
+ * conversation system, msgs[0..n) (the user's last) and the assistant's unfinished message
+ * prefill[0..prefill_len), with the request's tools (NULL/0: none), as the model's Jinja
+ * template renders them, must show that message's content verbatim at the end (the
+ * families always do). 0, or -EINVAL (-ENOMEM) with why in err. */
+int kvp_hub_prefill_check(const kvp_hub *h, const char *system, size_t system_len,
+                          const kvp_message *msgs, int n, const char *tools, size_t tools_len,
+                          const char *prefill, size_t prefill_len, char *err, size_t errlen);
 /* kvp_hub_chat with more choices (sessions/hub_choices.c): c's choice runs as kvp_hub_chat
  * runs it (its session is the conversation a later request continues); once its turn is
  * done, each of more[0..n_more) (clients made for this request, of c's tenant; n_more <
@@ -106,6 +116,8 @@ typedef struct kvp_hub_info {
     const char *model_name, *chat_format, *policy, *policy_file, *state_dir;
     int tool_format;              /* enum kvp_tool_format of the model's Jinja template (0:
                                    * none: no Jinja template, or one without tool calls) */
+    int reasoning;                /* the model's replies may open with a reasoning block
+                                   * (model/reasoning.h; kvp_template.think) */
     const char *kv_type, *budget_mode;   /* "f32" | "f16" | "q8_0"; "per_head" | "global" */
     const char *store, *store_where, *node;   /* "dir"/"redis"/"" and where; lease name */
     uint64_t lease_conflicts, lease_takeovers, snapshots_expired, store_errors;

@@ -267,6 +267,28 @@ void hub_chat_new(kvp_hub_client *c, const char *system, size_t system_len,
         kvp_session_rewind_clear(s);
 }
 
+int kvp_hub_prefill_check(const kvp_hub *h, const char *system, size_t system_len,
+                          const kvp_message *msgs, int n, const char *tools, size_t tools_len,
+                          const char *prefill, size_t prefill_len, char *err, size_t errlen)
+{
+    if (!h->env.tpl.jinja)   /* a family renders a reply's text as it is */
+        return 0;
+    kvp_chat_msg *cm = malloc(sizeof *cm * ((size_t)n + 1));
+    if (!cm) {
+        snprintf(err, errlen, "out of memory");
+        return -ENOMEM;
+    }
+    for (int i = 0; i < n; i++)
+        cm[i] = (kvp_chat_msg){msgs[i].user, msgs[i].text, msgs[i].len};
+    cm[n] = (kvp_chat_msg){0, prefill, prefill_len};
+    int *ids = NULL, keep = 0, at = 0;
+    int rc = kvp_template_jinja_prefill(&h->env.tpl, system, system_len, cm, n + 1, tools,
+                                        tools_len, NULL, 0, &keep, &at, &ids, err, errlen);
+    free(cm);
+    free(ids);
+    return rc < 0 ? rc : 0;
+}
+
 void kvp_hub_chat(kvp_hub_client *c, const char *id, const char *system, size_t system_len,
                   const kvp_message *msgs, int n, const kvp_turn_opts *o)
 {
@@ -282,6 +304,11 @@ void kvp_hub_chat(kvp_hub_client *c, const char *id, const char *system, size_t 
     }
     if (!hub_system_ok(c, system_len))
         return;
+    if (o && o->prefill && (!o->reply_prefix_len || !msgs[n - 1].user)) {
+        hub_emit_error(c, KVPD_E_BAD_REQUEST,
+                       "an assistant prefill continues a non-empty message after the user's");
+        return;
+    }
     hub_leave(c);
     int prefix = n - 1;
     uint64_t hash = kvp_session_transcript_hash(system, system_len, msgs, prefix) ^

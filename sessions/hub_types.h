@@ -193,6 +193,13 @@ typedef struct kvp_turn_opts {
     size_t reply_prefix_len;
     const char *end_after;
     size_t end_after_len;
+    /* Assistant prefill (docs/openai.md): reply_prefix is the client's own unfinished
+     * assistant message, which the reply continues. The prompt is the template's
+     * rendering of the conversation with that message, cut where its content ends (the
+     * families: the reply's opening, then the text as reply text); a template that does
+     * not render it verbatim there is bad_request (kvp_hub_prefill_check). The transcript's
+     * reply holds it and the new text; tokens and done carry only the new text. */
+    int prefill;
     /* Log-probabilities of the reply's tokens (kvp_hub_event.logprobs) with top_logprobs
      * alternatives each (0..KVP_LOGPROBS_MAX_TOP; out of range: bad_request). */
     int logprobs;

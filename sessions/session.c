@@ -433,6 +433,7 @@ int kvp_session_turn_tools(kvp_session *s, const kvp_turn_opts *o)
     if (o->reply_prefix_len && !(t->prefix = kvp_text_dup(o->reply_prefix, o->reply_prefix_len)))
         return -ENOMEM;
     t->prefix_len = o->reply_prefix_len;
+    t->prefill = o->prefill && o->reply_prefix_len;
     if (o->end_after_len && t->n_stop <= KVP_HUB_MAX_STOPS) {
         int i = t->n_stop;
         if (!(t->stop[i] = kvp_text_dup(o->end_after, o->end_after_len)))
@@ -489,16 +490,26 @@ int kvp_session_jinja_turn(kvp_session *s, const kvp_session_env *env, kvp_turn 
 {
     if (!env->tpl.jinja || s->hist_tokens != 0 || s->raw)
         return -ENOENT;
-    kvp_chat_msg *cm = malloc(sizeof *cm * ((size_t)s->n_msgs + 1));
+    kvp_chat_msg *cm = malloc(sizeof *cm * ((size_t)s->n_msgs + 2));
     if (!cm)
         return -ENOMEM;
     for (int i = 0; i < s->n_msgs; i++)
         cm[i] = (kvp_chat_msg){s->msgs[i].user, s->msgs[i].text, s->msgs[i].len};
     cm[s->n_msgs] = (kvp_chat_msg){t->role ? t->role : 1, t->text, t->text_len};
-    int common = 0;
-    int n = kvp_template_jinja_turn_tools(&env->tpl, s->system, s->system_len, cm,
+    int common = 0, n;
+    if (t->prefill) {
+        /* the assistant's unfinished message too: the rendering is cut where it ends */
+        cm[s->n_msgs + 1] = (kvp_chat_msg){0, t->prefix, t->prefix_len};
+        int at = 0;
+        n = kvp_template_jinja_prefill(&env->tpl, s->system, s->system_len, cm, s->n_msgs + 2,
+                                       t->tools, t->tools_len, s->tokens, s->n_tokens, &common,
+                                       &at, ids, NULL, 0);
+        t->prefill_at = at;
+    } else {
+        n = kvp_template_jinja_turn_tools(&env->tpl, s->system, s->system_len, cm,
                                           s->n_msgs + 1, t->tools, t->tools_len, s->tokens,
                                           s->n_tokens, s->jinja_rendered, &common, ids);
+    }
     free(cm);
     if (n < 0)
         return n == -ENOMEM ? n : -ENOENT;
@@ -514,7 +525,10 @@ int kvp_session_jinja_turn(kvp_session *s, const kvp_session_env *env, kvp_turn 
         s->journal_ok = 0;
         t->undo_tokens = common;
     }
-    s->jinja_rendered = 1;
+    /* A prefill's tokens are the assistant message as the template renders it last (Qwen3
+     * with an empty think block), which need not be how it renders that message once a
+     * user message follows: the next turn compares from scratch. */
+    s->jinja_rendered = !t->prefill;
     return n;
 }
 

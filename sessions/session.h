@@ -108,6 +108,10 @@ typedef struct kvp_turn {
     size_t tools_len;
     char *prefix;            /* the reply's opening, prefilled, not sampled (or NULL) */
     size_t prefix_len;
+    int prefill;             /* the prefix is the client's unfinished assistant message
+                              * (kvp_turn_opts.prefill): rendered by the template, never
+                              * sent back, not looked through for stop strings */
+    int prefill_at;          /* with the Jinja template: where its tokens begin */
     size_t stop_hold;        /* longest stop string - 1: reply bytes held back from the sink */
     int stopped;             /* a stop string was found at stop_at: the reply ends there */
     size_t stop_at;

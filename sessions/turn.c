@@ -107,6 +107,8 @@ static int turn_report(kvp_session *s, const kvp_session_env *env, const kvp_tur
     }
     if (t->end_code < 0)
         sink->error(sink->ctx, s, t->end_code, t->end_msg);
+    else if (t->prefill && t->reply_len >= t->prefix_len)   /* the new text only */
+        sink->done(sink->ctx, s, &t->stats, t->reply + t->prefix_len, t->reply_len - t->prefix_len);
     else
         sink->done(sink->ctx, s, &t->stats, t->reply ? t->reply : "", t->reply_len);
     return 0;
@@ -389,6 +391,7 @@ static int turn_start(kvp_session *s, const kvp_session_env *env, const kvp_turn
      * prefills it (prefill checks the flag first). */
     int *ids = NULL;
     int n = kvp_session_jinja_turn(s, env, t, &ids);
+    int rendered = t->prefill && n >= 0;   /* the template wrote the prefill's tokens */
     if (n == -ENOENT) {
         s->jinja_rendered = 0;
         n = kvp_template_turn(kvp_session_tpl(s, env), s->system, s->system_len, s->n_tokens == 0,
@@ -413,7 +416,9 @@ static int turn_start(kvp_session *s, const kvp_session_env *env, const kvp_turn
     t->recorded = 1;
     kvp_session_rewind_cut(s, rw_old, rw_n);
     int reply_at = s->n_tokens;
-    if (t->prefix_len && turn_reply_prefix(s, env, sink) < 0)
+    if (rendered && t->prefill_at >= first && t->prefill_at <= s->n_tokens)
+        reply_at = t->prefill_at;
+    if (t->prefix_len && turn_reply_prefix(s, env, sink, rendered) < 0)
         return turn_fail(s, env, sink, 1, -ENOMEM, "transcript", NULL);
     t->gen_start = s->n_tokens;
     t->stats.prompt_tokens = s->n_tokens - s->n_cached;

@@ -78,6 +78,8 @@ size_t turn_reply_keep(kvp_turn *t, const char *p, size_t n, int *err)
     if (t->n_stop) {
         /* only where a stop string could end in the new text */
         size_t start = from > t->stop_hold ? from - t->stop_hold : 0;
+        if (t->prefill && start < t->prefix_len)
+            start = t->prefix_len;   /* the client's prefill is not the reply's text */
         for (int i = 0; i < t->n_stop; i++) {
             const char *hit = memmem(t->reply + start, t->reply_len - start, t->stop[i],
                                      t->stop_len[i]);
@@ -117,16 +119,31 @@ static int push_tokens(kvp_session *s, int *ids, int n)
     return rc;
 }
 
-/* The reply's opening kvpd writes itself (a forced tool call): its tokens go into the
- * transcript to be prefilled with the prompt, its text starts the reply (and is looked
- * through for the stop strings, so a whole forced call may end the turn at once). */
-int turn_reply_prefix(kvp_session *s, const kvp_session_env *env, const kvp_turn_sink *sink)
+/* The reply's opening: its tokens go into the transcript to be prefilled with the prompt
+ * (unless the template rendered them: rendered), its text starts the reply. kvpd's own
+ * (a forced tool call) is encoded as the template's text and looked through for the stop
+ * strings, so a whole forced call may end the turn at once; the client's (an assistant
+ * prefill) is reply text, and neither sent back nor looked through: the stop strings
+ * apply to the new text. */
+int turn_reply_prefix(kvp_session *s, const kvp_session_env *env, const kvp_turn_sink *sink,
+                      int rendered)
 {
     kvp_turn *t = &s->turn;
-    int *ids = NULL;
-    int n = kvp_template_encode_trusted(kvp_session_tpl(s, env), t->prefix, t->prefix_len, &ids);
-    int rc = push_tokens(s, ids, n);
-    return rc ? rc : turn_reply_text(s, sink, t->prefix, t->prefix_len);
+    const kvp_template *tpl = kvp_session_tpl(s, env);
+    if (!rendered) {
+        int *ids = NULL;
+        int n = t->prefill ? kvp_template_reply(tpl, t->prefix, t->prefix_len, &ids)
+                           : kvp_template_encode_trusted(tpl, t->prefix, t->prefix_len, &ids);
+        int rc = push_tokens(s, ids, n);
+        if (rc)
+            return rc;
+    }
+    if (!t->prefill)
+        return turn_reply_text(s, sink, t->prefix, t->prefix_len);
+    if (reply_append(t, t->prefix, t->prefix_len) < 0)
+        return -ENOMEM;
+    t->sent = t->prefix_len;
+    return 0;
 }
 
 /* With stop strings: where the reply stood after its newest token. */

@@ -20,10 +20,12 @@ void turn_emit(kvp_session *s, const kvp_turn_sink *sink, size_t upto);
 size_t turn_reply_keep(kvp_turn *t, const char *p, size_t n, int *err);
 /* turn_reply_keep, then the sink gets what may go out. */
 int turn_reply_text(kvp_session *s, const kvp_turn_sink *sink, const char *p, size_t n);
-/* The reply's opening kvpd writes itself (a forced tool call): its tokens go into the
- * transcript to be prefilled with the prompt, its text starts the reply (and is looked
- * through for the stop strings, so a whole forced call may end the turn at once). */
-int turn_reply_prefix(kvp_session *s, const kvp_session_env *env, const kvp_turn_sink *sink);
+/* The reply's opening (kvpd's forced tool call, or the client's assistant prefill): its
+ * tokens go into the transcript unless the template rendered them (rendered), its text
+ * starts the reply; kvpd's is looked through for the stop strings and sent, the client's
+ * is neither. */
+int turn_reply_prefix(kvp_session *s, const kvp_session_env *env, const kvp_turn_sink *sink,
+                      int rendered);
 /* With stop strings: where the reply stood after its newest token. */
 int turn_note_token_end(kvp_turn *t);
 /* A stop string ended the reply at stop_at: the transcript ends there too (the stop text

@@ -42,6 +42,10 @@ typedef struct synth_opts {
     long head_dim;          /* attention.key_length; 0: dim / heads */
     double rope_base;       /* 0: the family's usual (llama 10000, qwen 1000000) */
     int tied;               /* no output.weight: the output reuses token_embd */
+    /* --chain: token ids, each all but certain to follow the one before it (a test's
+     * known reply): the blocks add nothing, so the logits are the current token's */
+    long chain[64];
+    int n_chain;
 } synth_opts;
 
 typedef struct synth_tensor {
@@ -49,6 +53,8 @@ typedef struct synth_tensor {
     uint32_t n_dims, type;
     uint64_t ne[2];
     int bias;               /* a vector of random values rather than a norm of ones */
+    int chain;              /* with --chain: 1 zero (a block's output), 2 the token
+                             * embedding, 3 the output */
 } synth_tensor;
 
 typedef struct synth_ctx {
@@ -56,6 +62,8 @@ typedef struct synth_ctx {
     uint64_t n;
     uint64_t seed;
     float *row;         /* one row of f32 values before conversion */
+    const long *chain;  /* --chain's ids (n_chain of them) */
+    int n_chain;
 } synth_ctx;
 
 static void usage(FILE *f)
@@ -65,7 +73,7 @@ static void usage(FILE *f)
             "                 [--kv-heads HEADS] [--vocab 32000] [--ctx 2048]\n"
             "                 [--type TYPE] [--seed 0]\n"
             "                 [--arch llama|qwen2|qwen3|gemma2|gemma3|phi3] [--head-dim N]\n"
-            "                 [--rope-base F] [--window N] [--tied]\n"
+            "                 [--rope-base F] [--window N] [--tied] [--chain ID,ID,...]\n"
             "Writes a GGUF with random weights (deterministic per seed). --arch qwen2 adds\n"
             "Q/K/V biases, qwen3 per-head q/k norms (both NeoX RoPE); gemma2 Gemma's block\n"
             "with softcaps (50, 30) and a window on even layers, gemma3 q/k norms and a\n"
@@ -73,6 +81,9 @@ static void usage(FILE *f)
             "window on every layer; --window sets attention.sliding_window (gemma2 4096,\n"
             "gemma3 512, phi3 0 = none by default); --head-dim sets attention.key_length\n"
             "(default dim / heads); --tied leaves out output.weight.\n"
+            "--chain makes each listed token id (distinct, at most --dim and 64 of them) all\n"
+            "but certain to follow the one before it, for tests that need a known reply: the\n"
+            "blocks' outputs are zero, so a token's logits are its own embedding's.\n"
             "                 [--tokenizer-json tokenizer.json [--tokenizer-config tokenizer_config.json]]\n"
             "With --tokenizer-json it carries that Hugging Face tokenizer (tokens, types,\n"
             "merges, pre-tokenizer; from the config BOS/EOS/EOT and chat_template) and its\n"
@@ -104,6 +115,17 @@ static int fill(void *vctx, uint64_t i, void *buf, uint64_t n_bytes)
             /* 24 random bits -> uniform in [-scale, scale) */
             float u = (float)(kvp_splitmix64(&s) >> 40) * 0x1p-23f - 1.0f;
             c->row[j] = t->n_dims == 1 && !t->bias ? 1.0f : u * scale;
+        }
+        /* --chain: the k-th token's embedding is the k-th unit vector, which the output row
+         * of the token after it reads with a weight that outweighs every other logit */
+        if (t->chain == 1)
+            memset(c->row, 0, sizeof *c->row * ne0);
+        for (int k = 0; t->chain > 1 && k < c->n_chain; k++) {
+            int at = t->chain == 2 ? k : k - 1;
+            if ((uint64_t)c->chain[k] != r || at < 0)
+                continue;
+            memset(c->row, 0, sizeof *c->row * ne0);
+            c->row[at] = t->chain == 2 ? 1.0f : 8.0f;
         }
         kvp_quantize(t->type, c->row, out, ne0);
     }
@@ -222,6 +244,28 @@ static int parse_args(synth_opts *o, int argc, char **argv)
         } else if (!strcmp(a, "--rope-base")) {
             if (!kvp_parse_double(v, 1.0, 1e12, &o->rope_base))
                 return bad("--rope-base '%s' is not a number in [1, 1e12]", v);
+        } else if (!strcmp(a, "--chain")) {
+            o->n_chain = 0;
+            for (const char *p = v; *p;) {
+                char num[24];
+                size_t n = strcspn(p, ",");
+                long id;
+                if (n == 0 || n >= sizeof num)
+                    return bad("--chain '%s' is not a list of token ids", v);
+                memcpy(num, p, n);
+                num[n] = '\0';
+                if (o->n_chain == 64 || !kvp_parse_long(num, 0, (1L << 22) - 1, &id))
+                    return bad("--chain '%s' is not a list of at most 64 token ids", v);
+                for (int k = 0; k < o->n_chain; k++)
+                    if (o->chain[k] == id)
+                        return bad("--chain '%s' repeats a token", v);
+                o->chain[o->n_chain++] = id;
+                p += n + (p[n] == ',');
+                if (p[-1] == ',' && !*p)
+                    return bad("--chain '%s' is not a list of token ids", v);
+            }
+            if (o->n_chain < 2)
+                return bad("--chain '%s' needs two token ids or more", v);
         } else if (!strcmp(a, "--type")) {
             if (kvp_quant_mix_parse(v, &o->mix))
                 return bad("unknown --type '%s' (" KVP_QUANT_MIX_NAMES ")", v);
@@ -282,6 +326,13 @@ int kvp_cmd_synth(int argc, char **argv)
         }
     }
 
+    for (int k = 0; k < o.n_chain; k++)
+        if (o.chain[k] >= o.vocab || o.n_chain > o.dim || o.tied) {
+            fprintf(stderr, "kvp synth: --chain needs ids below the vocabulary's %ld, at most "
+                    "--dim of them, and an output.weight (no --tied)\n", o.vocab);
+            kvp_gguf_writer_free(w);
+            return 2;
+        }
     uint64_t d = (uint64_t)o.dim, hid = (uint64_t)o.hidden, v = (uint64_t)o.vocab;
     uint64_t hd = (uint64_t)o.head_dim;
     uint64_t qd = hd * (uint64_t)o.heads, kvd = hd * (uint64_t)o.kv_heads;
@@ -299,7 +350,7 @@ int kvp_cmd_synth(int argc, char **argv)
         return 2;
     }
 
-    synth_ctx c = {.seed = (uint64_t)o.seed};
+    synth_ctx c = {.seed = (uint64_t)o.seed, .chain = o.chain, .n_chain = o.n_chain};
     uint64_t n_tensors = (o.tied ? 2 : 3) +
                          (9 + 3 * qwen2 + 2 * (qwen3 || gemma3) + 2 * gemma - 3 * phi3) *
                          (uint64_t)o.layers;
@@ -357,10 +408,11 @@ int kvp_cmd_synth(int argc, char **argv)
         kvp_gguf_writer_add_u32(w, "tokenizer.ggml.eos_token_id", 2);
     }
 
-    add_tensor(&c, w, "token_embd.weight", &o, d, v);
+    int chain = o.n_chain > 0;
+    add_tensor(&c, w, "token_embd.weight", &o, d, v)->chain = 2 * chain;
     add_tensor(&c, w, "output_norm.weight", &o, d, 0);
     if (!o.tied)
-        add_tensor(&c, w, "output.weight", &o, d, v);
+        add_tensor(&c, w, "output.weight", &o, d, v)->chain = 3 * chain;
     for (long l = 0; l < o.layers; l++) {
         static const struct { const char *name; int in, out, bias, only; } blk[] = {
             /* in/out: 0 = none (a vector), 1 = dim, 2 = kv dim, 3 = hidden, 4 = q dim,
@@ -386,6 +438,8 @@ int kvp_cmd_synth(int argc, char **argv)
             snprintf(tn, sizeof tn, "blk.%ld.%s", l, blk[k].name);
             synth_tensor *t = add_tensor(&c, w, tn, &o, size[blk[k].in], size[blk[k].out]);
             t->bias = blk[k].bias == 1;
+            t->chain = chain && (!strcmp(blk[k].name, "attn_output.weight") ||
+                                 !strcmp(blk[k].name, "ffn_down.weight"));
         }
     }
 

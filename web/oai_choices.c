@@ -88,10 +88,13 @@ static void choice_done(kvpd_oai_choice *ch, const kvp_hub_event *ev)
     if (o->req.stream) {
         choice_start(ch);
         int top = ev->logprobs_top;
+        kvp_reasoning_stream *rs = o->reasoning ? &ch->rs : NULL;
         if (o->req.turn.logprobs && ev->n_logprobs > ch->lp_sent)   /* the last tokens' */
-            kvpd_oai_stream_text(c, ch->index, "", 0,
+            kvpd_oai_stream_text(c, ch->index, rs, "", 0, 1,
                                  ev->logprobs + (size_t)ch->lp_sent * (size_t)(1 + top),
                                  ev->n_logprobs - ch->lp_sent, top, &ch->lp_sent);
+        else if (rs)   /* what the split held back */
+            kvpd_oai_stream_text(c, ch->index, rs, "", 0, 1, NULL, 0, top, &ch->lp_sent);
         kvpd_oai_sse(c, NULL, chunk(o, kvpd_oai_chunk_at(kvpd_oai_chunk_finish(finish_reason),
                                                          ch->index)));
     } else {
@@ -100,9 +103,10 @@ static void choice_done(kvpd_oai_choice *ch, const kvp_hub_event *ev)
                                  kvpd_oai_logprobs_content(ev->logprobs, ev->n_logprobs,
                                                            ev->logprobs_top))
                      : json_null();
-        ch->choice = json_pack("{s:i, s:{s:s, s:s%}, s:o, s:s}", "index", ch->index,
-                               "message", "role", "assistant", "content", ev->text, ev->len,
-                               "logprobs", lp, "finish_reason", finish_reason);
+        int calls;
+        ch->choice = json_pack("{s:i, s:o, s:o, s:s}", "index", ch->index, "message",
+                               kvpd_oai_message(o, NULL, ev->text, ev->len, &calls), "logprobs",
+                               lp, "finish_reason", finish_reason);
     }
     finish(c);
 }
@@ -120,8 +124,8 @@ static void on_choice_event(void *ctx, const kvp_hub_event *ev)
     case KVP_HUB_TOKEN:
         if (o->req.stream) {
             choice_start(ch);
-            kvpd_oai_stream_text(c, ch->index, ev->text, ev->len, ev->logprobs, ev->n_logprobs,
-                                 ev->logprobs_top, &ch->lp_sent);
+            kvpd_oai_stream_text(c, ch->index, o->reasoning ? &ch->rs : NULL, ev->text, ev->len, 0,
+                                 ev->logprobs, ev->n_logprobs, ev->logprobs_top, &ch->lp_sent);
         }
         break;
     case KVP_HUB_DONE:
@@ -174,6 +178,7 @@ void kvpd_oai_choices_close(kvpd_oai *o)
         if (o->more[i].client)
             kvp_hub_close(o->more[i].client);
         json_decref(o->more[i].choice);
+        kvp_reasoning_free(&o->more[i].rs);
     }
     free(o->more);
     o->more = NULL;

@@ -266,6 +266,7 @@ json_t *kvpd_items_chat(const json_t *items, size_t first_input, const char *ins
 {
     json_t *out = json_array(), *calls = json_object();   /* call_id -> 1 */
     json_t *last_assistant = NULL;   /* the message a function_call run joins */
+    json_t *reasoning = NULL;        /* a reasoning item's text, for the reply after it */
     char param[64];
     if (instructions)
         json_array_append_new(out, json_pack("{s:s, s:s%}", "role", "system", "content",
@@ -302,6 +303,51 @@ json_t *kvpd_items_chat(const json_t *items, size_t first_input, const char *ins
             json_t *m = json_pack("{s:s, s:o}", "role", role, "content", text);
             json_array_append_new(out, m);
             last_assistant = !strcmp(role, "assistant") ? m : NULL;
+            if (last_assistant && reasoning)
+                json_object_set(m, "reasoning_content", reasoning);
+            json_decref(reasoning);
+            reasoning = NULL;
+        } else if (!strcmp(type, "reasoning")) {
+            /* the reasoning of the reply that follows: its reasoning_text parts */
+            json_t *parts = json_object_get(item, "content"), *enc = json_object_get(item,
+                                                                           "encrypted_content");
+            if (enc && !json_is_null(enc)) {
+                snprintf(param, sizeof param, "input[%zu].encrypted_content", at);
+                kvpd_oai_bad(e, KVPD_OAI_E_UNSUPPORTED_PARAMETER, param,
+                             "%s: kvpd keeps no encrypted reasoning", param);
+                goto bad;
+            }
+            json_t *text = json_string("");
+            size_t k;
+            json_t *part;
+            int ok = !parts || json_is_null(parts) || json_is_array(parts);
+            json_array_foreach(parts, k, part) {
+                const char *pt = str(part, "type");
+                json_t *pv = json_object_get(part, "text");
+                if (!pt || strcmp(pt, "reasoning_text") || !json_is_string(pv)) {
+                    ok = 0;
+                    break;
+                }
+                size_t a = json_string_length(text), b = json_string_length(pv);
+                char *joined = malloc(a + b + 1);
+                if (!joined)
+                    break;
+                memcpy(joined, json_string_value(text), a);
+                memcpy(joined + a, json_string_value(pv), b);
+                json_decref(text);
+                text = json_stringn_nocheck(joined, a + b);
+                free(joined);
+            }
+            if (!ok) {
+                json_decref(text);
+                snprintf(param, sizeof param, "input[%zu].content", at);
+                kvpd_oai_bad(e, KVPD_OAI_E_INVALID_REQUEST, param,
+                             "%s must be an array of reasoning_text parts", param);
+                goto bad;
+            }
+            json_decref(reasoning);
+            reasoning = text;
+            last_assistant = NULL;   /* it opens a reply of its own */
         } else if (!strcmp(type, "function_call")) {
             const char *call_id = str(item, "call_id"), *name = str(item, "name");
             json_t *args = json_object_get(item, "arguments");
@@ -316,6 +362,10 @@ json_t *kvpd_items_chat(const json_t *items, size_t first_input, const char *ins
             if (!last_assistant) {
                 last_assistant = json_pack("{s:s, s:n}", "role", "assistant", "content");
                 json_array_append_new(out, last_assistant);
+                if (reasoning)
+                    json_object_set(last_assistant, "reasoning_content", reasoning);
+                json_decref(reasoning);
+                reasoning = NULL;
             }
             json_t *tc = json_object_get(last_assistant, "tool_calls");
             if (!tc) {
@@ -348,14 +398,16 @@ json_t *kvpd_items_chat(const json_t *items, size_t first_input, const char *ins
         } else {
             snprintf(param, sizeof param, "input[%zu].type", at);
             kvpd_oai_bad(e, KVPD_OAI_E_UNSUPPORTED_PARAMETER, param,
-                         "%s '%.40s': only message, function_call and function_call_output "
-                         "items are supported by kvpd", param, type);
+                         "%s '%.40s': only message, reasoning, function_call and "
+                         "function_call_output items are supported by kvpd", param, type);
             goto bad;
         }
     }
     json_decref(calls);
+    json_decref(reasoning);
     return out;
 bad:
+    json_decref(reasoning);
     json_decref(calls);
     json_decref(out);
     return NULL;
@@ -383,10 +435,25 @@ json_t *kvpd_items_call(const char *id, const char *call_id, const char *name,
                      "call_id", call_id, "name", name, "arguments", arguments, "status", status);
 }
 
+json_t *kvpd_items_reasoning(const char *id, const char *text, size_t len, const char *status)
+{
+    json_t *content = text ? json_pack("[{s:s, s:s%}]", "type", "reasoning_text", "text", text,
+                                       len)
+                           : json_array();
+    return json_pack("{s:s, s:s, s:s, s:[], s:o}", "type", "reasoning", "id", id, "status",
+                     status, "summary", "content", content);
+}
+
 json_t *kvpd_items_output(const json_t *msg, const char *msg_id, const char *status)
 {
     json_t *out = json_array(), *content = json_object_get(msg, "content");
     json_t *calls = json_object_get(msg, "tool_calls");
+    json_t *reasoning = json_object_get(msg, "reasoning_content");
+    char rs_id[64];
+    if (json_is_string(reasoning) && kvpd_oai_new_id(rs_id, sizeof rs_id, "rs_") == 0)
+        json_array_append_new(out, kvpd_items_reasoning(rs_id, json_string_value(reasoning),
+                                                        json_string_length(reasoning),
+                                                        "completed"));
     if ((json_is_string(content) && json_string_length(content)) || !json_array_size(calls))
         json_array_append_new(out, kvpd_items_message(msg_id, json_string_value(content) ?
                                                       json_string_value(content) : "",

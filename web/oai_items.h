@@ -33,7 +33,8 @@ json_t *kvpd_items_input(json_t *input, kvpd_oai_err *e);
  * first as the system message, then each item: a message item as its role's message
  * (its text parts joined), a run of function_call items as one assistant message's
  * tool_calls (after the assistant message just before them, if any), a
- * function_call_output as a tool message. Items from first_input on are the request's
+ * function_call_output as a tool message, a reasoning item's reasoning_text parts as the
+ * next assistant message's reasoning_content. Items from first_input on are the request's
  * input[0...]: an error names input[i - first_input]. NULL with e set. */
 json_t *kvpd_items_chat(const json_t *items, size_t first_input, const char *instructions,
                         size_t instructions_len, kvpd_oai_err *e);
@@ -45,9 +46,12 @@ json_t *kvpd_items_message(const char *id, const char *text, size_t len, const c
                            json_t *logprobs);
 json_t *kvpd_items_call(const char *id, const char *call_id, const char *name,
                         const char *arguments, const char *status);
-/* A chat reply message ({role:"assistant", content, tool_calls}) as output items: a
- * message item (msg_id) when it has content or no calls, then one function_call item per
- * call (ids fc_...). A new reference. */
+/* A reasoning item (text NULL: no content part yet). */
+json_t *kvpd_items_reasoning(const char *id, const char *text, size_t len, const char *status);
+/* A chat reply message ({role:"assistant", content, tool_calls, reasoning_content}) as
+ * output items: a reasoning item (rs_...) with reasoning_content, a message item (msg_id)
+ * when it has content or no calls, then one function_call item per call (ids fc_...). A
+ * new reference. */
 json_t *kvpd_items_output(const json_t *msg, const char *msg_id, const char *status);
 /* The texts of the message items of output, joined (a new reference: a string). */
 json_t *kvpd_items_output_text(const json_t *output);

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "model/grammar.h"
+#include "model/reasoning.h"
 #include "web/format.h"
 
 /* Sets e (param may be NULL) and returns -1. */
@@ -115,6 +116,7 @@ int kvpd_oai_parse_options(json_t *req, const kvpd_oai_limits *l, kvpd_oai_req *
 {
     kvp_turn_opts *t = &r->turn;
     memset(t, 0, sizeof *t);
+    r->reasoning = l->reasoning;
     const char *field = unsupported(req);
     if (field)
         return kvpd_oai_bad(e, KVPD_OAI_E_UNSUPPORTED_PARAMETER, field, "%s is not supported by kvpd",
@@ -209,6 +211,29 @@ static int content_text(json_t *content, char **out, size_t *len)
     return 0;
 }
 
+/* A reply's text with its reasoning block first, as the model writes it (model/reasoning.h):
+ * the open marker, a newline, the reasoning, a newline, the close marker, a blank line,
+ * the answer. *text is replaced (freed). 0 or -ENOMEM (*text freed). */
+static int with_reasoning(char **text, size_t *len, json_t *reasoning)
+{
+    static const char open[] = KVP_THINK_OPEN "\n", close[] = "\n" KVP_THINK_CLOSE "\n\n";
+    size_t rl = json_string_length(reasoning), ol = sizeof open - 1, cl = sizeof close - 1;
+    char *t = malloc(ol + rl + cl + *len + 1);
+    if (!t) {
+        free(*text);
+        *text = NULL;
+        return -ENOMEM;
+    }
+    memcpy(t, open, ol);
+    memcpy(t + ol, json_string_value(reasoning), rl);
+    memcpy(t + ol + rl, close, cl);
+    memcpy(t + ol + rl + cl, *text, *len + 1);
+    free(*text);
+    *text = t;
+    *len += ol + rl + cl;
+    return 0;
+}
+
 static void free_messages(kvp_message *m, int n)
 {
     for (int i = 0; i < n; i++)
@@ -220,7 +245,7 @@ static void free_messages(kvp_message *m, int n)
  * conversation's system text (r->system, malloc'd; NULL for none), as the chat template
  * renders it; later ones are folded into the user message that follows them. 0, or -1
  * with e set. */
-static int messages(json_t *arr, kvpd_oai_req *r, kvpd_oai_err *e)
+static int messages(json_t *arr, const char *prefill_param, kvpd_oai_req *r, kvpd_oai_err *e)
 {
     size_t n = json_array_size(arr);
     if (!json_is_array(arr) || n == 0)
@@ -231,7 +256,7 @@ static int messages(json_t *arr, kvpd_oai_req *r, kvpd_oai_err *e)
     char *pending = NULL;   /* system text waiting for its user message */
     size_t pending_len = 0;
     int k = 0;
-    char param[48];
+    char param[64];
     for (size_t i = 0; m && i < n; i++) {
         json_t *msg = json_array_get(arr, i);
         json_t *jrole = json_object_get(msg, "role");
@@ -256,6 +281,19 @@ static int messages(json_t *arr, kvpd_oai_req *r, kvpd_oai_err *e)
             kvpd_oai_bad(e, KVPD_OAI_E_INVALID_REQUEST, param,
                 "%s must be a string or an array of text parts", param);
             goto bad;
+        }
+        json_t *reasoning = json_object_get(msg, "reasoning_content");
+        if (!strcmp(role, "assistant") && reasoning && !json_is_null(reasoning)) {
+            /* the reasoning of a reply sent back goes back into its text as the model
+             * wrote it, where the template finds it (and Qwen3's drops it) */
+            snprintf(param, sizeof param, "messages[%zu].reasoning_content", i);
+            if (!json_is_string(reasoning)) {
+                free(text);
+                kvpd_oai_bad(e, KVPD_OAI_E_INVALID_REQUEST, param, "%s must be a string", param);
+                goto bad;
+            }
+            if (r->reasoning && (rc = with_reasoning(&text, &len, reasoning)) < 0)
+                goto oom;
         }
         if (sys_role && i == 0) {
             system = text;
@@ -294,6 +332,18 @@ static int messages(json_t *arr, kvpd_oai_req *r, kvpd_oai_err *e)
     }
     if (!m)
         goto oom;
+    if (prefill_param && k > 1 && !m[k - 1].user && !pending) {
+        /* an assistant prefill: the reply continues the last message */
+        if (!m[k - 1].len) {
+            kvpd_oai_bad(e, KVPD_OAI_E_INVALID_REQUEST, prefill_param,
+                "%s is empty: an assistant message last is continued (assistant prefill), "
+                "so it needs text", prefill_param);
+            goto bad;
+        }
+        k--;
+        r->prefill = m[k].text;
+        r->prefill_len = m[k].len;
+    }
     if (k == 0 || !m[k - 1].user || pending) {
         kvpd_oai_bad(e, KVPD_OAI_E_INVALID_REQUEST, "messages",
             "the last message must be the user's (or tool results)");
@@ -337,15 +387,36 @@ int kvpd_oai_parse_logprobs(json_t *req, kvpd_oai_req *r, kvpd_oai_err *e)
     return 0;
 }
 
-int kvpd_oai_parse_messages(json_t *msgs, const char *system_param, kvpd_oai_req *r,
-                            kvpd_oai_err *e)
+int kvpd_oai_parse_messages(json_t *msgs, const char *system_param, int prefill,
+                            kvpd_oai_req *r, kvpd_oai_err *e)
 {
     json_t *hist = NULL;
     kvpd_oai_tools_err te;
+    char pparam[48] = "";
+    size_t last = json_array_size(msgs);
+    json_t *lm = last ? json_array_get(msgs, last - 1) : NULL;
+    const char *lrole = json_string_value(json_object_get(lm, "role"));
+    if (prefill && lrole && !strcmp(lrole, "assistant")) {
+        json_t *calls = json_object_get(lm, "tool_calls");
+        if (calls && !json_is_null(calls) && !(json_is_array(calls) && !json_array_size(calls))) {
+            snprintf(pparam, sizeof pparam, "messages[%zu].tool_calls", last - 1);
+            return kvpd_oai_bad(e, KVPD_OAI_E_UNSUPPORTED_PARAMETER, pparam,
+                "%s: an assistant message last is continued (assistant prefill), which "
+                "kvpd does only for text, not for tool calls", pparam);
+        }
+        json_t *reasoning = json_object_get(lm, "reasoning_content");
+        if (reasoning && !json_is_null(reasoning)) {
+            snprintf(pparam, sizeof pparam, "messages[%zu].reasoning_content", last - 1);
+            return kvpd_oai_bad(e, KVPD_OAI_E_UNSUPPORTED_PARAMETER, pparam,
+                "%s: an assistant message last is continued (assistant prefill), which kvpd "
+                "does for its content only", pparam);
+        }
+        snprintf(pparam, sizeof pparam, "messages[%zu].content", last - 1);
+    }
     if (kvpd_oai_tools_messages(&r->tools, msgs, &hist, &te) < 0)
         return kvpd_oai_bad(e, KVPD_OAI_E_INVALID_REQUEST, te.param, "%s", te.msg);
     kvpd_oai_release_messages(r);
-    int n = messages(hist, r, e);
+    int n = messages(hist, pparam[0] ? pparam : NULL, r, e);
     json_decref(hist);
     if (n < 0)
         return -1;
@@ -367,9 +438,27 @@ int kvpd_oai_parse_chat(const char *body, size_t len, const kvpd_oai_limits *l,
     if (kvpd_oai_parse_model(req, l, e) < 0 || kvpd_oai_parse_options(req, l, r, e) < 0 ||
         kvpd_oai_parse_logprobs(req, r, e) < 0)
         goto out;
-    if (kvpd_oai_parse_messages(json_object_get(req, "messages"), "messages[0].content", r,
+    if (kvpd_oai_parse_messages(json_object_get(req, "messages"), "messages[0].content", 1, r,
                                 e) < 0)
         goto out;
+    if (r->prefill) {
+        /* what cannot continue the assistant's own text */
+        if (r->tools.grammar || r->turn.reply_prefix) {
+            kvpd_oai_bad(e, KVPD_OAI_E_UNSUPPORTED_PARAMETER, "tool_choice",
+                "tool_choice forcing a call cannot continue an assistant message (assistant "
+                "prefill): the call would start a reply of its own");
+            goto out;
+        }
+        if (r->grammar) {
+            kvpd_oai_bad(e, KVPD_OAI_E_UNSUPPORTED_PARAMETER, "response_format",
+                "response_format cannot continue an assistant message (assistant prefill): "
+                "the document would have to begin in text the grammar did not write");
+            goto out;
+        }
+        r->turn.reply_prefix = r->prefill;
+        r->turn.reply_prefix_len = r->prefill_len;
+        r->turn.prefill = 1;
+    }
     json_t *named = json_object_get(req, "session");
     if (json_is_string(named)) {
         char sid[KVP_SESSION_ID_LEN + 8] = "";
@@ -400,6 +489,14 @@ void kvpd_oai_release_messages(kvpd_oai_req *r)
 {
     if (r->msgs)
         free_messages(r->msgs, r->n_msgs);
+    if (r->prefill && r->turn.reply_prefix == r->prefill) {
+        r->turn.reply_prefix = NULL;
+        r->turn.reply_prefix_len = 0;
+        r->turn.prefill = 0;
+    }
+    free(r->prefill);
+    r->prefill = NULL;
+    r->prefill_len = 0;
     free(r->system);
     r->msgs = NULL;
     r->n_msgs = 0;

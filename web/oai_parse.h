@@ -48,12 +48,16 @@ typedef struct kvpd_oai_limits {
     const char *model_alias;      /* comma-separated ids ("" none) */
     const char *model;            /* the loaded model's name */
     int tool_format;              /* the model's (kvp_hub_info.tool_format) */
+    int reasoning;                /* the model's replies may open with a reasoning block
+                                   * (kvp_hub_info.reasoning) */
 } kvpd_oai_limits;
 
 /* A parsed request. Zeroed before the first parse; kvpd_oai_release frees it. */
 typedef struct kvpd_oai_req {
     kvp_turn_opts turn;           /* borrows own, grammar and tools below */
     int stream, include_usage;
+    int reasoning;                /* the model's replies may hold a reasoning block: its
+                                   * reasoning_content is split off, and sent back into it */
     int n_choices;                /* n: 1..KVP_HUB_MAX_CHOICES */
     kvpd_sampling own;            /* logit_bias and the stop strings (web/sampling.h) */
     struct kvp_grammar *grammar;  /* response_format */
@@ -63,6 +67,9 @@ typedef struct kvpd_oai_req {
     int n_msgs;
     char *system;                 /* the conversation's system text (NULL: none) */
     size_t system_len;
+    char *prefill;                /* chat completions: the assistant's unfinished message
+                                   * last, which the reply continues (NULL: none) */
+    size_t prefill_len;
     int lp_sent;                  /* logprobs: reply tokens streamed so far */
     size_t lp_offset;             /* legacy logprobs: the next token's text_offset */
     int has_session;              /* the body named a session ... */
@@ -90,10 +97,11 @@ int kvpd_oai_parse_chat(const char *body, size_t len, const kvpd_oai_limits *l,
 /* Chat messages (JSON) as the hub's, into r's msgs and system text: tool parts rewritten
  * by r->tools (kvpd_oai_tools_messages), a system or developer message first is the system
  * text, later ones fold into the user message that follows, the last message is the
- * user's or tool results. system_param: the field an oversized system text is named by.
- * 0, or -1 with e set and no messages held. */
-int kvpd_oai_parse_messages(json_t *msgs, const char *system_param, kvpd_oai_req *r,
-                            kvpd_oai_err *e);
+ * user's or tool results, or with prefill an assistant's text after them (r->prefill:
+ * non-empty, without tool_calls). system_param: the field an oversized system text is
+ * named by. 0, or -1 with e set and no messages held. */
+int kvpd_oai_parse_messages(json_t *msgs, const char *system_param, int prefill,
+                            kvpd_oai_req *r, kvpd_oai_err *e);
 /* Frees r's messages and system text (the hub copied them). */
 void kvpd_oai_release_messages(kvpd_oai_req *r);
 /* Frees everything r holds and zeroes it. */

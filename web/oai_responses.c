@@ -58,6 +58,10 @@ typedef struct resp_req {
     char *msg_text;               /* ... and this text so far */
     size_t msg_len, msg_cap;
     char call_id[32], call_name[128];   /* streaming: a call whose arguments are next */
+    int rs_open;                  /* streaming: a reasoning item is being written ... */
+    char rs_id[64];               /* ... with this id ... */
+    char *rs_text;                /* ... and this text so far */
+    size_t rs_len, rs_cap;
 } resp_req;
 
 static void req_free(void *p)
@@ -70,6 +74,7 @@ static void req_free(void *p)
     json_decref(r->echo);
     json_decref(r->output);
     free(r->msg_text);
+    free(r->rs_text);
     free(r);
 }
 
@@ -236,7 +241,61 @@ static void begin(kvpd_conn *c)
 /* Streaming: the index the next output item gets. */
 static int next_index(const resp_req *r)
 {
-    return (int)json_array_size(r->output) + r->msg_open;
+    return (int)json_array_size(r->output) + r->msg_open + r->rs_open;
+}
+
+/* Streaming: the reply's reasoning as a reasoning item before its message. */
+static void reasoning_delta(kvpd_conn *c, const char *text, size_t len)
+{
+    resp_req *r = c->oai->codec_state;
+    if (!r->rs_open) {
+        kvpd_oai_new_id(r->rs_id, sizeof r->rs_id, "rs_");
+        int at = next_index(r);
+        r->rs_open = 1;
+        r->rs_len = 0;
+        event(c, "response.output_item.added", json_pack(
+            "{s:i, s:o}", "output_index", at, "item",
+            kvpd_items_reasoning(r->rs_id, NULL, 0, "in_progress")));
+    }
+    if (!len || kvp_text_append(&r->rs_text, &r->rs_len, &r->rs_cap, text, len))
+        return;
+    event(c, "response.reasoning_text.delta", json_pack(
+        "{s:s, s:i, s:i, s:s%}", "item_id", r->rs_id, "output_index", next_index(r) - 1,
+        "content_index", 0, "delta", text, len));
+}
+
+static void close_reasoning(kvpd_conn *c)
+{
+    resp_req *r = c->oai->codec_state;
+    if (!r->rs_open)
+        return;
+    int at = next_index(r) - 1;
+    const char *text = r->rs_text ? r->rs_text : "";
+    event(c, "response.reasoning_text.done", json_pack(
+        "{s:s, s:i, s:i, s:s%}", "item_id", r->rs_id, "output_index", at, "content_index", 0,
+        "text", text, r->rs_len));
+    json_t *item = kvpd_items_reasoning(r->rs_id, text, r->rs_len, "completed");
+    event(c, "response.output_item.done", json_pack("{s:i, s:O}", "output_index", at,
+                                                    "item", item));
+    json_array_append_new(r->output, item);
+    r->rs_open = 0;
+}
+
+/* With reasoning blocks: what text settles of the reasoning goes out as the reasoning
+ * item's deltas; *text and *len become what it settles of the answer (the reasoning item
+ * is closed before it). */
+static void split_reasoning(kvpd_conn *c, const char **text, size_t *len, int final)
+{
+    kvpd_oai *o = c->oai;
+    kvp_reasoning_delta d;
+    if (!o->reasoning || kvp_reasoning_feed(&o->rs, *text, *len, final, &d) < 0)
+        return;
+    if (d.reasoning_len || (o->rs.found && !o->rs.c_sent && !final))
+        reasoning_delta(c, d.reasoning, d.reasoning_len);
+    if (d.content_len || final)
+        close_reasoning(c);
+    *text = d.content_len ? d.content : "";
+    *len = d.content_len;
 }
 
 static void open_message(kvpd_conn *c)
@@ -351,8 +410,11 @@ static void token(kvpd_conn *c, const kvp_hub_event *ev)
     if (!o->req.stream || (!ev->len && !ev->n_logprobs))
         return;
     begin(c);
+    const char *text = ev->text;
+    size_t len = ev->len;
+    split_reasoning(c, &text, &len, 0);
     if (o->req.tools.parse) {
-        tool_deltas(c, ev->text, ev->len, 0);
+        tool_deltas(c, text, len, 0);
         return;
     }
     json_t *lp = NULL;
@@ -360,7 +422,18 @@ static void token(kvpd_conn *c, const kvp_hub_event *ev)
         lp = kvpd_oai_logprobs_content(ev->logprobs, ev->n_logprobs, ev->logprobs_top);
         o->req.lp_sent += ev->n_logprobs;
     }
-    text_delta(c, ev->text, ev->len, lp);
+    text_delta(c, text, len, lp);
+}
+
+/* 1 when the streamed output has a message or a call (not only reasoning). */
+static int answered(const resp_req *r)
+{
+    size_t i;
+    json_t *item;
+    json_array_foreach(r->output, i, item)
+        if (strcmp(json_string_value(json_object_get(item, "type")), "reasoning"))
+            return 1;
+    return 0;
 }
 
 /* Keeps the response (store) with its conversation: the items, then the output. */
@@ -415,27 +488,33 @@ static void done(kvpd_conn *c, const kvp_hub_event *ev)
     if (!o->req.stream) {
         char msg_id[64];
         kvpd_oai_new_id(msg_id, sizeof msg_id, "msg_");
-        json_t *msg = kvpd_oai_tools_reply(&o->req.tools, ev->text, ev->len, &o->tool_calls);
+        json_t *msg = kvpd_oai_message(o, &o->req.tools, ev->text, ev->len, &o->tool_calls);
         json_t *output = kvpd_items_output(msg, msg_id, status);
         json_decref(msg);
         json_t *lp = reply_logprobs(c, ev);
-        if (lp)   /* logprobs come without tools: the one item is the message */
-            json_object_set_new(json_array_get(json_object_get(json_array_get(output, 0),
-                                                               "content"), 0), "logprobs", lp);
+        /* logprobs come without tools: the last item is the message (after any reasoning) */
+        json_t *mi = json_array_get(output, json_array_size(output) - 1);
+        if (lp)
+            json_object_set_new(json_array_get(json_object_get(mi, "content"), 0), "logprobs", lp);
         json_t *object = response_object(c, ev, output);
         keep(c, object);
         kvpd_oai_answer(c, 200, object);
         return;
     }
     begin(c);
+    const char *text = "";
+    size_t len = 0;
+    split_reasoning(c, &text, &len, 1);   /* what the split held back */
     if (o->req.tools.parse)
-        tool_deltas(c, "", 0, 1);
+        tool_deltas(c, text, len, 1);
+    else if (len)
+        text_delta(c, text, len, NULL);
     if (o->req.turn.logprobs && ev->n_logprobs > o->req.lp_sent)   /* the last tokens' */
         text_delta(c, "", 0, kvpd_oai_logprobs_content(
             ev->logprobs + (size_t)o->req.lp_sent * (size_t)(1 + ev->logprobs_top),
             ev->n_logprobs - o->req.lp_sent, ev->logprobs_top));
-    if (json_array_size(r->output) == 0)
-        open_message(c);   /* an empty reply is one empty message */
+    if (!answered(r) && !r->msg_open)
+        open_message(c);   /* an empty answer is one empty message */
     close_message(c, status, reply_logprobs(c, ev));
     json_t *object = response_object(c, ev, json_incref(r->output));
     keep(c, object);
@@ -579,7 +658,7 @@ void kvpd_oai_responses(kvpd_conn *c)
     json_decref(in);
     chat = kvpd_items_chat(r->items, first_input, json_string_value(ins),
                            json_string_length(ins), &e);
-    if (!chat || kvpd_oai_parse_messages(chat, "input", &o->req, &e) < 0) {
+    if (!chat || kvpd_oai_parse_messages(chat, "input", 0, &o->req, &e) < 0) {
         /* the chat shape's messages are not the items one for one: name the input */
         if (!strncmp(e.param, "messages", 8))
             snprintf(e.param, sizeof e.param, "input");

@@ -296,6 +296,9 @@ static json_t *assistant(const kvpd_oai_tools *t, json_t *msg, size_t i, json_t 
     }
     json_t *out = json_pack("{s:s, s:s%}", "role", "assistant", "content", text, len);
     free(text);
+    json_t *reasoning = json_object_get(msg, "reasoning_content");   /* checked by the parse */
+    if (out && reasoning)
+        json_object_set(out, "reasoning_content", reasoning);
     return out;
 }
 

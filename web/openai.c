@@ -4,6 +4,7 @@
  * their codecs (web/oai.h). The bodies are parsed by web/oai_parse.c and the answers'
  * JSON built by web/oai_reply.c; a request's messages go to kvp_hub_chat, which finds
  * the conversation they extend. */
+#include <errno.h>
 #include <jansson.h>
 #include <limits.h>
 #include <stdarg.h>
@@ -129,16 +130,57 @@ static void stream_choice_text(kvpd_conn *c, int index, const char *text, size_t
     sse(c, NULL, j);
 }
 
-/* The first choice's delta (through the tool-call parser when it looks for calls). */
-static void stream_text(kvpd_conn *c, const char *text, size_t len, const kvp_hub_logprob *lp,
-                        int n, int top)
+/* With reasoning blocks: what text settles of the reply's reasoning goes out as a
+ * delta.reasoning_content chunk; *text and *len become what it settles of the answer
+ * (valid until rs is fed again). Out of memory, the text goes on unsplit. */
+static void split_reasoning(kvpd_conn *c, int index, kvp_reasoning_stream *rs,
+                            const char **text, size_t *len, int final)
+{
+    kvp_reasoning_delta d;
+    if (kvp_reasoning_feed(rs, *text, *len, final, &d) < 0)
+        return;
+    if (d.reasoning_len) {
+        kvpd_oai_meta m = meta(c->oai);
+        json_t *delta = json_pack("{s:s%}", "reasoning_content", d.reasoning, d.reasoning_len);
+        sse(c, NULL, kvpd_oai_chunk(&m, kvpd_oai_chunk_at(kvpd_oai_chunk_delta(delta), index)));
+    }
+    *text = d.content_len ? d.content : "";
+    *len = d.content_len;
+}
+
+/* The first choice's delta (its reasoning split off with the model's blocks, the rest
+ * through the tool-call parser when it looks for calls). */
+static void stream_text(kvpd_conn *c, const char *text, size_t len, int final,
+                        const kvp_hub_logprob *lp, int n, int top)
 {
     kvpd_oai *o = c->oai;
+    if (o->reasoning)
+        split_reasoning(c, 0, &o->rs, &text, &len, final);
     if (o->req.tools.parse) {
-        stream_tools(c, text, len, 0);
+        stream_tools(c, text, len, final);
         return;
     }
     stream_choice_text(c, 0, text, len, lp, n, top, &o->req.lp_sent);
+}
+
+json_t *kvpd_oai_message(const kvpd_oai *o, kvpd_oai_tools *tools, const char *text, size_t len,
+                         int *calls)
+{
+    kvp_reasoning_parts p = {0, 0, 0, 0, len};
+    if (o->reasoning)
+        p = kvp_reasoning_split(text, len);
+    json_t *msg;
+    if (tools) {
+        msg = kvpd_oai_tools_reply(tools, text + p.c_from, p.c_to - p.c_from, calls);
+    } else {
+        *calls = 0;
+        msg = json_pack("{s:s, s:s%}", "role", "assistant", "content", text + p.c_from,
+                        p.c_to - p.c_from);
+    }
+    if (msg && p.found)
+        json_object_set_new(msg, "reasoning_content",
+                            json_stringn(text + p.r_from, p.r_to - p.r_from));
+    return msg;
 }
 
 /* ---- the hub's events ---- */
@@ -148,11 +190,13 @@ static void finish_stream(kvpd_conn *c, const kvp_hub_event *ev)
     kvpd_oai *o = c->oai;
     const kvp_turn_stats *st = ev->stats;
     stream_start(c);
-    if (o->req.turn.logprobs && ev->n_logprobs > o->req.lp_sent)   /* the last tokens' */
-        stream_text(c, "", 0, ev->logprobs + (size_t)o->req.lp_sent * (size_t)(1 + ev->logprobs_top),
+    /* what was held back (a marker's start, the tool parser's undecided text), with the
+     * last tokens' logprobs */
+    if (o->req.turn.logprobs && ev->n_logprobs > o->req.lp_sent)
+        stream_text(c, "", 0, 1, ev->logprobs + (size_t)o->req.lp_sent * (size_t)(1 + ev->logprobs_top),
                     ev->n_logprobs - o->req.lp_sent, ev->logprobs_top);
-    if (o->req.tools.parse)
-        stream_tools(c, "", 0, 1);
+    else if (o->reasoning || o->req.tools.parse)
+        stream_text(c, "", 0, 1, NULL, 0, 0);
     kvpd_oai_meta m = meta(o);
     const char *finish = kvpd_oai_finish_reason(st, o->tool_calls);
     sse(c, NULL, kvpd_oai_chunk(&m, kvpd_oai_chunk_finish(finish)));
@@ -215,7 +259,7 @@ static void done(kvpd_conn *c, const kvp_hub_event *ev)
         finish_stream(c, ev);
         return;
     }
-    json_t *msg = kvpd_oai_tools_reply(&o->req.tools, ev->text, ev->len, &o->tool_calls);
+    json_t *msg = kvpd_oai_message(o, &o->req.tools, ev->text, ev->len, &o->tool_calls);
     kvpd_oai_meta m = meta(o);
     json_t *j = kvpd_oai_completion(&m, msg, kvpd_oai_finish_reason(st, o->tool_calls), st,
                                     kvpd_oai_shown_session(o), o->durable);
@@ -292,7 +336,7 @@ static void on_hub_event(void *ctx, const kvp_hub_event *ev)
             o->codec->token(c, ev);
         else if (o->req.stream) {
             stream_start(c);
-            stream_text(c, ev->text, ev->len, ev->logprobs, ev->n_logprobs, ev->logprobs_top);
+            stream_text(c, ev->text, ev->len, 0, ev->logprobs, ev->n_logprobs, ev->logprobs_top);
         }
         break;
     case KVP_HUB_DONE:
@@ -313,7 +357,8 @@ static kvpd_oai_limits limits(const kvpd_conn *c)
                              .strict_model_name = c->w->cfg->strict_model_name,
                              .model_alias = c->w->cfg->model_alias,
                              .model = c->oai->model,
-                             .tool_format = c->oai->tool_format};
+                             .tool_format = c->oai->tool_format,
+                             .reasoning = c->oai->reasoning};
 }
 
 static void chat_completions(kvpd_conn *c)
@@ -336,6 +381,17 @@ static void chat_completions(kvpd_conn *c)
         goto out;
     }
     snprintf(o->named, sizeof o->named, "%s", sid);
+    if (r->prefill) {
+        char why[256];
+        int rc = kvp_hub_prefill_check(c->w->hub, r->system, r->system_len, r->msgs, r->n_msgs,
+                                       r->turn.tools, r->turn.tools_len, r->prefill,
+                                       r->prefill_len, why, sizeof why);
+        if (rc < 0) {
+            fail(c, rc == -ENOMEM ? KVPD_OAI_E_SERVER : KVPD_OAI_E_INVALID_REQUEST, "messages",
+                 "messages: %s", why);
+            goto out;
+        }
+    }
     if (!kvpd_oai_client(c))
         goto out;
     if (r->n_choices > 1) {
@@ -413,6 +469,7 @@ static void route(kvpd_conn *c, const char *uri, int post)
     kvp_hub_info_get(w->hub, &hi);
     snprintf(o->model, sizeof o->model, "%s", hi.model_name);
     o->tool_format = hi.tool_format;
+    o->reasoning = hi.reasoning;
     if (list) {
         models(c);
         return;
@@ -590,6 +647,7 @@ void kvpd_openai_closed(kvpd_conn *c)
         kvp_hub_close(o->client);
     kvpd_oai_choices_close(o);   /* after the first: its choices not started are forgotten */
     kvpd_oai_release(&o->req);
+    kvp_reasoning_free(&o->rs);
     free(o->body);
     if (o->codec && o->codec->free)
         o->codec->free(o->codec_state);
@@ -624,9 +682,12 @@ void kvpd_oai_stream_start(kvpd_conn *c)
     stream_start(c);
 }
 
-void kvpd_oai_stream_text(kvpd_conn *c, int index, const char *text, size_t len,
-                          const kvp_hub_logprob *lp, int n, int top, int *lp_sent)
+void kvpd_oai_stream_text(kvpd_conn *c, int index, kvp_reasoning_stream *rs, const char *text,
+                          size_t len, int final, const kvp_hub_logprob *lp, int n, int top,
+                          int *lp_sent)
 {
+    if (rs)
+        split_reasoning(c, index, rs, &text, &len, final);
     stream_choice_text(c, index, text, len, lp, n, top, lp_sent);
 }
 

@@ -10,6 +10,7 @@
 #include <jansson.h>
 #include <stddef.h>
 
+#include "model/reasoning.h"
 #include "web/conn.h"
 #include "web/oai_parse.h"
 #include "web/oai_reply.h"
@@ -33,6 +34,7 @@ typedef struct kvpd_oai_choice {
     int done;
     int lp_sent;                  /* logprobs: its reply tokens streamed so far */
     int generated, prefilled;     /* its completion and prefilled tokens */
+    kvp_reasoning_stream rs;      /* streaming with reasoning: its split */
     json_t *choice;               /* not streaming: its entry of `choices` once done */
 } kvpd_oai_choice;
 
@@ -66,6 +68,8 @@ typedef struct kvpd_oai {
     const kvpd_oai_codec *codec;  /* NULL: the chat completion */
     void *codec_state;            /* freed by codec->free */
     int tool_format;              /* the model's (kvp_hub_info) */
+    int reasoning;                /* its replies may open with a reasoning block */
+    kvp_reasoning_stream rs;      /* streaming with reasoning: the first choice's split */
     int tool_calls;               /* calls in the reply: finish_reason "tool_calls" */
     /* n > 1 (web/oai_choices.c): the first choice is the one above (client, req.lp_sent,
      * tool_calls); the others are more[0..n_choices - 1). The answer is complete once
@@ -110,10 +114,18 @@ kvp_hub_client *kvpd_oai_client(kvpd_conn *c);
 
 /* Streaming: the 200 and the first choice's role chunk queued (once). */
 void kvpd_oai_stream_start(kvpd_conn *c);
-/* Streaming: choice index's content delta with the logprobs of the n tokens it completes
- * (added to *lp_sent). */
-void kvpd_oai_stream_text(kvpd_conn *c, int index, const char *text, size_t len,
-                          const kvp_hub_logprob *lp, int n, int top, int *lp_sent);
+/* Streaming: choice index's delta with the logprobs of the n tokens it completes (added
+ * to *lp_sent); with rs (the model's reasoning blocks), the reply's text is split: its
+ * reasoning goes out as delta.reasoning_content, its answer as delta.content (final: the
+ * reply's end, what was held goes out). */
+void kvpd_oai_stream_text(kvpd_conn *c, int index, kvp_reasoning_stream *rs, const char *text,
+                          size_t len, int final, const kvp_hub_logprob *lp, int n, int top,
+                          int *lp_sent);
+/* The assistant message of a whole reply (not streamed): its content, with the model's
+ * reasoning blocks its reasoning_content, with tools (may be NULL) its calls (their count
+ * in *calls). */
+json_t *kvpd_oai_message(const kvpd_oai *o, kvpd_oai_tools *tools, const char *text, size_t len,
+                         int *calls);
 /* A choice's turn cut by the shutdown: the request's answer is an error. */
 void kvpd_oai_cut(kvpd_conn *c);
 /* A choice's hub error: the request's answer (or the stream's end). */

@@ -112,8 +112,10 @@ Test(openai, every_bad_request_gets_its_status_and_the_daemon_keeps_serving)
                  "messages[0].role");
     expect_error(&d, NULL, "{\"messages\":[{\"role\":\"user\",\"content\":7}]}", 400,
                  "messages[0].content");
+    expect_error(&d, NULL, "{\"messages\":[{\"role\":\"assistant\",\"content\":\"b\"}]}", 400,
+                 "messages");
     expect_error(&d, NULL, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},"
-                 "{\"role\":\"assistant\",\"content\":\"b\"}]}", 400, "messages");
+                 "{\"role\":\"assistant\",\"content\":\"\"}]}", 400, "messages[1].content");
     expect_error(&d, NULL, USER("x") ",\"n\":0}", 400, "n");
     expect_error(&d, NULL, USER("x") ",\"n\":9}", 400, "n");
     expect_error(&d, NULL, USER("x") ",\"n\":2.5}", 400, "n");

@@ -14,7 +14,7 @@
 static void check_refusal(const kvpd_oai_req *r, const kvpd_oai_err *e)
 {
     if (e->status < 400 || e->status > 599 || e->status != kvpd_oai_code_status(e->code) ||
-        !e->message[0] || r->msgs || r->system)
+        !e->message[0] || r->msgs || r->system || r->prefill)
         abort();
 }
 
@@ -32,6 +32,12 @@ static void chat(const uint8_t *data, size_t size, const kvpd_oai_limits *l)
         for (int i = 0; i < r.n_msgs; i++)   /* every text is whole and readable */
             if (r.msgs[i].len && (!r.msgs[i].text || r.msgs[i].text[r.msgs[i].len] != '\0'))
                 abort();
+        /* an assistant prefill: non-empty, the turn's, and nothing that cannot continue it */
+        if (r.prefill && (!r.prefill_len || r.prefill[r.prefill_len] != '\0' || !r.turn.prefill ||
+                          r.turn.reply_prefix != r.prefill || r.grammar || r.tools.grammar))
+            abort();
+        if (!r.prefill && r.turn.prefill)
+            abort();
     } else {
         check_refusal(&r, &e);
     }
@@ -79,7 +85,7 @@ static void responses(const uint8_t *data, size_t size, const kvpd_oai_limits *l
         kvpd_oai_req r;
         memset(&r, 0, sizeof r);
         if (kvpd_oai_parse_options(twin, l, &r, &e) == 0 &&
-            kvpd_oai_parse_messages(chat, "input", &r, &e) == 0) {
+            kvpd_oai_parse_messages(chat, "input", 0, &r, &e) == 0) {
             if (r.n_msgs < 1 || !r.msgs[r.n_msgs - 1].user || !r.system || r.system_len != 3)
                 abort();
         }
@@ -103,7 +109,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const kvpd_oai_limits plain = {.max_tokens = 256, .model_alias = "", .model = "m"};
     const kvpd_oai_limits tools = {.max_tokens = 64, .strict_model_name = 1,
                                    .model_alias = "gpt-4o,,mini", .model = "m",
-                                   .tool_format = KVP_TOOLS_HERMES};
+                                   .tool_format = KVP_TOOLS_HERMES, .reasoning = 1};
     chat(data, size, &plain);
     chat(data, size, &tools);
     options(data, size, &tools);

@@ -467,3 +467,68 @@ Test(template, jinja_turn_keeps_replies_or_goes_back_to_the_shared_prefix)
     m.chat_template = NULL;
     kvp_template_free(&t);
 }
+
+/* An assistant prefill with a Jinja template: the rendering with the unfinished message
+ * last, cut where its content ends (the end marker after it gone), checked: a template
+ * that changes the content (trim) or renders more of the conversation's text after it is
+ * refused; the transcript's shared prefix is kept. */
+Test(template, jinja_prefill_cuts_the_rendering_where_the_content_ends)
+{
+    m.chat_template = "{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content + "
+                      "'<|im_end|>\\n' }}{% endfor %}"
+                      "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+    kvp_template t;
+    kvp_template_init(&t, &m, NULL, NULL, 0);
+    cr_assert_not_null(t.jinja);
+    kvp_chat_msg msgs[2] = {{1, "Hi", 2}, {0, "Hello, I", 8}};
+    int *out, keep = -1, at = -1;
+    char err[256] = "";
+    int n = kvp_template_jinja_prefill(&t, NULL, 0, msgs, 2, NULL, 0, NULL, 0, &keep, &at, &out,
+                                       err, sizeof err);
+    cr_assert_gt(n, 0, "%s", err);
+    cr_assert_eq(keep, 0);
+    int *gen;
+    int ng = kvp_template_render(&t, NULL, 0, msgs, 1, &gen);   /* up to the reply */
+    cr_assert_eq(at, ng, "the content's tokens begin after the generation prompt's");
+    cr_assert_arr_eq(out, gen, sizeof *out * (size_t)ng);
+    char *s = render(&t, out + ng, n - ng, -1);
+    cr_assert(strstr(s, "Hello, I") && !strstr(s, "im_end"), "%s", s);
+    free(s);
+    /* a transcript holding the first user turn: kept, the rest follows */
+    int keep2 = -1, at2 = -1, *out2;
+    int n2 = kvp_template_jinja_prefill(&t, NULL, 0, msgs, 2, NULL, 0, gen, ng, &keep2, &at2,
+                                        &out2, err, sizeof err);
+    cr_assert_eq(keep2, ng);
+    cr_assert_eq(n2, n - ng);
+    cr_assert_arr_eq(out2, out + ng, sizeof *out2 * (size_t)n2);
+    free(out2);
+    free(gen);
+    free(out);
+    /* empty, or not the assistant's: refused */
+    kvp_chat_msg empty[2] = {{1, "Hi", 2}, {0, "", 0}};
+    cr_assert_eq(kvp_template_jinja_prefill(&t, NULL, 0, empty, 2, NULL, 0, NULL, 0, &keep, &at,
+                                            &out, err, sizeof err), -EINVAL);
+    cr_assert_eq(kvp_template_jinja_prefill(&t, NULL, 0, msgs, 1, NULL, 0, NULL, 0, &keep, &at,
+                                            &out, err, sizeof err), -EINVAL);
+    kvp_template_free(&t);
+    /* a template that trims the reply: "Hello, " is not rendered verbatim */
+    m.chat_template = "{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content | trim "
+                      "+ '<|im_end|>\\n' }}{% endfor %}";
+    kvp_template_init(&t, &m, NULL, NULL, 0);
+    cr_assert_not_null(t.jinja);
+    kvp_chat_msg spaced[2] = {{1, "Hi", 2}, {0, "Hello, ", 7}};
+    cr_assert_eq(kvp_template_jinja_prefill(&t, NULL, 0, spaced, 2, NULL, 0, NULL, 0, &keep, &at,
+                                            &out, err, sizeof err), -EINVAL);
+    cr_assert(strstr(err, "verbatim"), "%s", err);
+    kvp_template_free(&t);
+    /* one that renders the user's text again after the reply: the cut would not be the end */
+    m.chat_template = "{% for m in messages %}{{ m.role + ':' + m.content + '\\n' }}{% endfor %}"
+                      "{{ messages[0].content }}";
+    kvp_template_init(&t, &m, NULL, NULL, 0);
+    cr_assert_not_null(t.jinja);
+    cr_assert_eq(kvp_template_jinja_prefill(&t, NULL, 0, msgs, 2, NULL, 0, NULL, 0, &keep, &at,
+                                            &out, err, sizeof err), -EINVAL);
+    kvp_template_free(&t);
+    m.chat_template = NULL;
+    kvp_template_free(&t);
+}

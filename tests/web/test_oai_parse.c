@@ -116,9 +116,31 @@ Test(oai_parse, wrong_types)
             KVPD_OAI_E_INVALID_REQUEST, "messages[0].content");
     refused("{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}", 400,
             KVPD_OAI_E_INVALID_REQUEST, "messages[0].content");
-    refused("{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},"
+    /* an assistant message last is a prefill: it needs a user message before it, text,
+     * and no tool calls; a forced call or response_format cannot continue it */
+    refused("{\"messages\":[{\"role\":\"assistant\",\"content\":\"b\"}]}", 400,
+            KVPD_OAI_E_INVALID_REQUEST, "messages");
+    refused("{\"messages\":[{\"role\":\"system\",\"content\":\"s\"},"
             "{\"role\":\"assistant\",\"content\":\"b\"}]}", 400, KVPD_OAI_E_INVALID_REQUEST,
             "messages");
+    refused("{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},"
+            "{\"role\":\"assistant\",\"content\":\"\"}]}", 400, KVPD_OAI_E_INVALID_REQUEST,
+            "messages[1].content");
+    refused("{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},"
+            "{\"role\":\"assistant\",\"content\":null}]}", 400, KVPD_OAI_E_INVALID_REQUEST,
+            "messages[1].content");
+    refused("{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},"
+            "{\"role\":\"assistant\",\"content\":\"b\",\"tool_calls\":[{\"id\":\"c\","
+            "\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]}]}",
+            400, KVPD_OAI_E_UNSUPPORTED_PARAMETER, "messages[1].tool_calls");
+    refused("{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},"
+            "{\"role\":\"assistant\",\"content\":\"b\"}],\"tools\":[{\"type\":\"function\","
+            "\"function\":{\"name\":\"f\"}}],\"tool_choice\":\"required\"}", 400,
+            KVPD_OAI_E_UNSUPPORTED_PARAMETER, "tool_choice");
+    refused("{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},"
+            "{\"role\":\"assistant\",\"content\":\"{\"}],\"response_format\":"
+            "{\"type\":\"json_object\"}}", 400, KVPD_OAI_E_UNSUPPORTED_PARAMETER,
+            "response_format");
     const char *user = "\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]";
     static const struct { const char *field, *param; } bad[] = {
         {"\"model\":5", "model"}, {"\"temperature\":\"hot\"", "temperature"},
@@ -278,5 +300,39 @@ Test(oai_parse, n_choices)
                  "%s", e.message);
     cr_assert_eq(r.n_choices, 3);
     cr_assert_not_null(r.turn.grammar);
+    kvpd_oai_release(&r);
+}
+
+/* An assistant message last (after the user's) is continued: it leaves the messages and
+ * becomes the turn's prefill; text parts count as its content. */
+Test(oai_parse, an_assistant_message_last_is_a_prefill)
+{
+    kvpd_oai_req r;
+    kvpd_oai_err e;
+    cr_assert_eq(parse("{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"},"
+                       "{\"role\":\"assistant\",\"content\":[{\"type\":\"text\",\"text\":\"Hel\"},"
+                       "{\"type\":\"text\",\"text\":\"lo, I\"}]}],\"n\":2}", &r, &e, NULL), 0,
+                 "%s", e.message);
+    cr_assert_eq(r.n_msgs, 1);
+    cr_assert_eq(r.msgs[0].user, 1);
+    cr_assert_eq(r.prefill_len, 8);
+    cr_assert_eq(memcmp(r.prefill, "Hello, I", 8), 0);
+    cr_assert(r.turn.prefill);
+    cr_assert_eq(r.turn.reply_prefix, r.prefill);
+    cr_assert_eq(r.turn.reply_prefix_len, 8);
+    kvpd_oai_release_messages(&r);
+    cr_assert_null(r.prefill);
+    cr_assert_null(r.turn.reply_prefix);
+    cr_assert_eq(r.turn.prefill, 0);
+    kvpd_oai_release(&r);
+    /* after tool results too */
+    cr_assert_eq(parse("{\"messages\":[{\"role\":\"user\",\"content\":\"t\"},"
+                       "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"c1\","
+                       "\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]},"
+                       "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"9\"},"
+                       "{\"role\":\"assistant\",\"content\":\"It is\"}]}", &r, &e, NULL), 0,
+                 "%s", e.message);
+    cr_assert_eq(r.msgs[r.n_msgs - 1].user, KVP_MESSAGE_TOOL);
+    cr_assert_eq(r.prefill_len, 5);
     kvpd_oai_release(&r);
 }
