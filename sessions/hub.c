@@ -534,6 +534,7 @@ void kvp_hub_close(kvp_hub_client *c)
     hub_leave(c);
     hub_wait_leave(c);
     hub_fork_forget(c);
+    hub_resp_leave(c);
     forget_system_check(c);
     hub_pending_free(c->pending);
     hub_choices_free(c);

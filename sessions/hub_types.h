@@ -93,7 +93,8 @@ typedef struct kvp_hub_logprob {
     int len;
 } kvp_hub_logprob;
 
-enum kvp_hub_event_type { KVP_HUB_SESSION, KVP_HUB_TOKEN, KVP_HUB_DONE, KVP_HUB_ERROR };
+enum kvp_hub_event_type { KVP_HUB_SESSION, KVP_HUB_TOKEN, KVP_HUB_DONE, KVP_HUB_ERROR,
+                          KVP_HUB_RESPONSE };
 
 /* Valid during the sink call only. */
 typedef struct kvp_hub_event {
@@ -123,6 +124,11 @@ typedef struct kvp_hub_event {
      * into is not). NULL: the turn has none. */
     const kvp_hub_logprob *logprobs;
     int n_logprobs, logprobs_top;
+    /* RESPONSE (kvp_hub_response_*): id, and resp_rc 0 (GET: the payload in text, len),
+     * -ENOENT (none of the client's tenant's, or a damaged one, refused and logged),
+     * -EINVAL (not a response id), another negative errno (the store failed); when not
+     * 0, text is a message. */
+    int resp_rc;
 } kvp_hub_event;
 
 typedef void (*kvp_hub_sink)(void *ctx, const kvp_hub_event *ev);
@@ -146,6 +152,8 @@ typedef struct kvp_hub_config {
     int max_prompt_tokens;        /* tokens one turn may prefill (0: the model's context
                                    * plus the budget); more: too_large, before any prefill */
     double canary_rate;           /* share of turns the eviction canary checks (0: none) */
+    int max_stored_responses_per_tenant;        /* stored responses of one tenant (>= 1) */
+    uint64_t max_stored_response_bytes_per_tenant;   /* their record bytes (0: no bound) */
 } kvp_hub_config;
 
 /* The hub, a front end's connection to it, and where its snapshots are kept (their
