@@ -107,8 +107,6 @@ void kvp_hub_complete(kvp_hub_client *c, const char *prompt, size_t len,
 void kvp_hub_response_put(kvp_hub_client *c, const char *id, const char *payload, size_t len);
 void kvp_hub_response_get(kvp_hub_client *c, const char *id);
 void kvp_hub_response_delete(kvp_hub_client *c, const char *id);
-/* "memory", "dir" or "redis": where stored responses are kept. */
-const char *kvp_hub_response_kind(const kvp_hub *h);
 /* Asks the client's running turn to stop (it ends with done, stop "cancel"). */
 void kvp_hub_cancel(kvp_hub_client *c);
 /* The connection is gone: detaches it from its session (whose turn is cancelled), and

@@ -288,8 +288,3 @@ void kvp_hub_response_delete(kvp_hub_client *c, const char *id)
 {
     submit(c, OP_DELETE, id, NULL, 0);
 }
-
-const char *kvp_hub_response_kind(const kvp_hub *h)
-{
-    return h->resp && h->resp->rs ? kvp_resp_kind(h->resp->rs) : "memory";
-}
