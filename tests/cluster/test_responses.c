@@ -231,3 +231,26 @@ Test(cluster_responses, a_damaged_record_in_redis_is_refused_with_a_log_line_and
     cr_expect_eq(get(0, KA, id[2], NULL), 200);
     json_decref(turn(0, KA, " Then", id[2], NULL));
 }
+
+/* A store that does not answer is an error of the server's (500 naming it), never "no
+ * such response", and the node goes on answering. */
+Test(cluster_responses, with_redis_gone_a_read_is_a_500_and_the_node_serves_on)
+{
+    node_start(0, NULL);
+    json_t *j = turn(0, KA, "Once upon a time", NULL, NULL);
+    char id[64];
+    snprintf(id, sizeof id, "%s", id_of(j));
+    json_decref(j);
+    redisFree(g_rc);
+    g_rc = NULL;
+    cr_assert_eq(h_proc_stop(&g_redis, 5000), 0);
+    json_t *e;
+    cr_expect_eq(get(0, KA, id, &e), 500, "a store that does not answer is no 404");
+    const char *msg = json_string_value(json_object_get(json_object_get(e, "error"), "message"));
+    cr_expect(msg && strstr(msg, "could not be read"), "%s", msg);
+    json_decref(e);
+    char body[256];
+    snprintf(body, sizeof body, "{\"input\":\"x\",\"previous_response_id\":\"%s\"}", id);
+    cr_expect_eq(call(&g_node[0], "POST", "/v1/responses", KA, body, NULL), 500);
+    cr_expect_eq(call(&g_node[0], "GET", "/v1/models", KA, "", NULL), 200, "the node stopped serving");
+}
