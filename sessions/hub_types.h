@@ -205,6 +205,14 @@ typedef struct kvp_turn_opts {
      * alternatives each (0..KVP_LOGPROBS_MAX_TOP; out of range: bad_request). */
     int logprobs;
     int top_logprobs;
+    /* The turn keeps nothing after its answer (a Responses request with store: false):
+     * kvp_hub_chat runs it in a session of its own, forked from a held conversation that
+     * shares its prefix or seeded with its history, never one it continues or cuts back,
+     * and that session is never saved, indexed, leased, logged to learn_dir nor named
+     * (no session event), and is dropped at the turn's end. Held sessions stay exactly
+     * as they were. kvp_hub_message_opts refuses it (bad_request): a websocket session
+     * lasts by design. */
+    int ephemeral;
 } kvp_turn_opts;
 
 #endif

@@ -580,6 +580,7 @@ void kvpd_oai_responses(kvpd_conn *c)
         goto out;
     }
     r->store = !json_is_false(store);
+    t->ephemeral = !r->store;   /* keeps nothing: no record, no session kept (hub_types.h) */
     json_t *ins = json_object_get(req, "instructions");
     if (ins && !json_is_null(ins) && !json_is_string(ins)) {
         kvpd_oai_fail(c, KVPD_OAI_E_INVALID_REQUEST, "instructions",

@@ -1,14 +1,20 @@
 /* Stored responses in the state directory (docs/openai.md, "Responses"): a chain through
  * previous_response_id goes on after a SIGTERM restart and after kill -9 (from the last
  * completed turn), each stored response stays retrievable by its own tenant only, DELETE
- * removes it for good, store:false writes nothing, the per-tenant bounds hold across a
- * restart, and damaged records and hostile ids are refused while the daemon keeps
- * serving. */
+ * removes it for good, store:false keeps nothing (no record, no snapshot or index entry,
+ * no learn_dir transcript, the stored chain it continues unchanged), the per-tenant
+ * bounds hold across a restart, and damaged records and hostile ids are refused while
+ * the daemon keeps serving. */
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
+
+#include "base/clock.h"
 
 #include "store/responses.h"
 #include "tests/daemon/harness.h"
@@ -202,6 +208,156 @@ Test(responses, store_false_keeps_no_record)
     json_decref(turn(&d, NULL, "Once upon a time", NULL, NULL));
     cr_expect_eq(n_records(), 1);
     cr_assert_eq(kvpd_stop(&d, 10000), 0);
+}
+
+/* Every file under dir with its size and modification time, one a line, sorted, into
+ * out (a listing to compare: a file written, added or removed changes it). */
+static int line_cmp(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static void list_dir(const char *dir, const char *rel, char **lines, int *n, int max)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s%s", dir, rel);
+    DIR *d = opendir(path);
+    cr_assert(d, "%s", path);
+    for (struct dirent *e; (e = readdir(d));) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        char sub[512], full[1024];
+        snprintf(sub, sizeof sub, "%s/%s", rel, e->d_name);
+        snprintf(full, sizeof full, "%s%s", dir, sub);
+        struct stat st;
+        cr_assert_eq(lstat(full, &st), 0, "%s", full);
+        if (S_ISDIR(st.st_mode)) {
+            list_dir(dir, sub, lines, n, max);
+            continue;
+        }
+        cr_assert_lt(*n, max);
+        char line[700];
+        snprintf(line, sizeof line, "%s %lld %lld.%09ld", sub, (long long)st.st_size,
+                 (long long)st.st_mtim.tv_sec, st.st_mtim.tv_nsec);
+        lines[(*n)++] = strdup(line);
+    }
+    closedir(d);
+}
+
+static void listing(const char *dir, char *out, size_t n)
+{
+    char *lines[256];
+    int k = 0;
+    list_dir(dir, "", lines, &k, 256);
+    qsort(lines, (size_t)k, sizeof *lines, line_cmp);
+    size_t at = 0;
+    out[0] = '\0';
+    for (int i = 0; i < k; i++) {
+        at += (size_t)snprintf(out + at, at < n ? n - at : 0, "%s\n", lines[i]);
+        free(lines[i]);
+    }
+    cr_assert_lt(at, n, "the listing of %s is too long", dir);
+}
+
+/* The sessions /admin/stats lists, as "id turns" lines. */
+static void sessions_listed(const kvpd_proc *d, char *out, size_t n)
+{
+    json_t *st = h_stats(d);
+    cr_assert(st);
+    json_t *list = json_object_get(st, "session_list"), *e;
+    size_t i, at = 0;
+    out[0] = '\0';
+    json_array_foreach(list, i, e)
+        at += (size_t)snprintf(out + at, at < n ? n - at : 0, "%s %lld\n", str(e, "id"),
+                               (long long)json_integer_value(json_object_get(e, "turns")));
+    cr_assert_lt(at, n);
+    json_decref(st);
+}
+
+static const char *kvpd_session(json_t *j)
+{
+    return str(json_object_get(j, "kvpd"), "session");
+}
+
+/* Waits (at most 30 s) until dir holds want transcripts. */
+static void await_transcripts(const char *dir, int want)
+{
+    double end = kvp_now() + 30;
+    while (h_count_files(dir, ".kvtx") < want) {
+        cr_assert_lt(kvp_now(), end, "%s holds %d transcripts, not %d", dir,
+                     h_count_files(dir, ".kvtx"), want);
+        usleep(20000);
+    }
+}
+
+Test(responses, store_false_keeps_nothing_and_leaves_the_chain_as_it_was)
+{
+    char learn[64], args[160], tdir[128];
+    cr_assert_eq(h_mkdtemp(learn, sizeof learn), 0);
+    snprintf(tdir, sizeof tdir, "%s/default", learn);
+    snprintf(args, sizeof args, "--learn-dir %s --learn-rate 1", learn);
+    kvpd_proc d;
+    start(&d, args);
+    const char *greedy = ",\"temperature\":0";
+    json_t *a = turn(&d, NULL, "Once upon a time", NULL, greedy);
+    char ida[64], sa[64];
+    snprintf(ida, sizeof ida, "%s", str(a, "id"));
+    cr_assert(kvpd_session(a));
+    snprintf(sa, sizeof sa, "%s", kvpd_session(a));
+    json_int_t a_input = usage(a, "input_tokens");
+    json_decref(a);
+    /* the reference: the chain's next turn as it is before any store:false turn */
+    json_t *x1 = turn(&d, NULL, " Then the sun", ida, greedy);
+    await_transcripts(tdir, 1);
+    char state0[16384], state1[16384], list0[4096], list1[4096];
+    listing(g_dir, state0, sizeof state0);
+    sessions_listed(&d, list0, sizeof list0);
+    cr_assert(strstr(list0, sa), "%s", list0);
+
+    /* a new conversation, and one continuing the stored chain, neither kept */
+    json_t *f1 = turn(&d, NULL, "A purple elephant", NULL, ",\"store\":false");
+    json_t *f2 = turn(&d, NULL, " A purple elephant sang", ida, ",\"store\":false");
+    json_t *f[2] = {f1, f2};
+    for (int i = 0; i < 2; i++) {
+        cr_expect(json_is_false(json_object_get(f[i], "store")));
+        cr_expect(!kvpd_session(f[i]), "store:false response %d names session %s", i + 1,
+                  kvpd_session(f[i]));
+        cr_expect(json_is_null(json_object_get(json_object_get(f[i], "kvpd"), "durable")),
+                  "store:false response %d says it is durable", i + 1);
+        cr_expect_eq(get(&d, NULL, str(f[i], "id"), NULL), 404);
+    }
+    /* f2's prompt is the chain's conversation and its input; what the chain's session
+     * cached served it (a fork, not a prefill of the whole conversation) */
+    cr_expect_gt(usage(f2, "input_tokens"), a_input);
+    cr_expect_gt(json_integer_value(json_object_get(json_object_get(json_object_get(
+                     f2, "usage"), "input_tokens_details"), "cached_tokens")),
+                 0, "the store:false continuation prefilled the whole chain");
+    listing(g_dir, state1, sizeof state1);
+    cr_expect_str_eq(state1, state0, "store:false changed the state directory");
+    sessions_listed(&d, list1, sizeof list1);
+    cr_expect_str_eq(list1, list0, "store:false left a session or changed one");
+    cr_expect_eq(n_records(), 2);
+
+    /* the chain goes on as if the store:false turn had never been: the same prompt, the
+     * same (greedy) reply, in the chain's own session */
+    json_t *x2 = turn(&d, NULL, " Then the sun", ida, greedy);
+    cr_expect_eq(usage(x2, "input_tokens"), usage(x1, "input_tokens"),
+                 "the chain's prompt changed after a store:false turn");
+    cr_expect_str_eq(str(x2, "output_text"), str(x1, "output_text"));
+    cr_expect_str_eq(kvpd_session(x2) ? kvpd_session(x2) : "", sa);
+
+    /* learn_dir: a stored conversation after them is kept, they are not (the queue
+     * writes in order: theirs would be there first) */
+    json_decref(turn(&d, NULL, "A cat sat", NULL, NULL));
+    await_transcripts(tdir, 2);
+    usleep(300000);
+    cr_expect_eq(h_count_files(tdir, ".kvtx"), 2, "a store:false turn reached learn_dir");
+    json_decref(x1);
+    json_decref(x2);
+    json_decref(f1);
+    json_decref(f2);
+    cr_assert_eq(kvpd_stop(&d, 10000), 0);
+    h_rmdir(learn);
 }
 
 Test(responses, the_bounds_hold_across_a_restart)
