@@ -1,11 +1,13 @@
 /* Stored responses in Redis (docs/cluster.md, "What Redis keeps"): two nodes sharing one
  * Redis serve one chain through previous_response_id turn by turn, across a kill -9 of
  * one node; a stored response is retrievable and deletable on either node, by its own
- * tenant only; store:false writes no key; the per-tenant bound counts the responses of
- * both nodes; a damaged or truncated record in Redis is refused with a log line and a
+ * tenant only; store:false writes no key (a new conversation's or one continuing a
+ * chain, on either node: every key and value is as it was); the per-tenant bound counts
+ * the responses of both nodes; a damaged or truncated record in Redis is refused with a log line and a
  * 404 while the node keeps serving. */
 #include <criterion/criterion.h>
 #include <hiredis/hiredis.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -117,6 +119,76 @@ static long long keys(const char *pattern)
     long long n = (long long)r->elements;
     freeReplyObject(r);
     return n;
+}
+
+/* Every key but the leases (which come and go with each job) with a hash of its value,
+ * sorted, one a line, into out: a key written, added or removed changes it. */
+static void keyspace(char *out, size_t n)
+{
+    redisReply *r = redisCommand(g_rc, "KEYS *");
+    cr_assert(r && r->type == REDIS_REPLY_ARRAY);
+    char **lines = calloc(r->elements + 1, sizeof *lines);
+    size_t k = 0;
+    for (size_t i = 0; i < r->elements; i++) {
+        const char *key = r->element[i]->str;
+        if (!strncmp(key, "lease:", 6))
+            continue;
+        redisReply *v = redisCommand(g_rc, "DUMP %s", key);
+        cr_assert(v && v->type == REDIS_REPLY_STRING, "DUMP %s", key);
+        uint64_t h = 1469598103934665603ull;   /* FNV-1a of the value */
+        for (size_t j = 0; j < v->len; j++)
+            h = (h ^ (unsigned char)v->str[j]) * 1099511628211ull;
+        char line[256];
+        snprintf(line, sizeof line, "%s %016llx\n", key, (unsigned long long)h);
+        lines[k++] = strdup(line);
+        freeReplyObject(v);
+    }
+    freeReplyObject(r);
+    for (size_t i = 1; i < k; i++)   /* sorted (few keys) */
+        for (size_t j = i; j > 0 && strcmp(lines[j - 1], lines[j]) > 0; j--) {
+            char *t = lines[j];
+            lines[j] = lines[j - 1];
+            lines[j - 1] = t;
+        }
+    size_t at = 0;
+    out[0] = '\0';
+    for (size_t i = 0; i < k; i++) {
+        at += (size_t)snprintf(out + at, at < n ? n - at : 0, "%s", lines[i]);
+        free(lines[i]);
+    }
+    free(lines);
+    cr_assert_lt(at, n);
+}
+
+Test(cluster_responses, store_false_on_either_node_leaves_every_key_as_it_was)
+{
+    node_start(0, NULL);
+    node_start(1, NULL);
+    json_t *a = turn(0, KA, "Once upon a time", NULL, NULL);
+    char ida[64];
+    snprintf(ida, sizeof ida, "%s", id_of(a));
+    json_decref(a);
+    nap_ms(LEASE_MS + 300);   /* the turn's lease is gone */
+    char before[8192], after[8192];
+    keyspace(before, sizeof before);
+    cr_assert(strstr(before, "snap:"), "%s", before);
+    /* a new conversation on node 1; the chain continued on node 0 (which holds its
+     * session) and on node 1 (which does not) */
+    json_t *f[3] = {turn(1, KA, "A purple elephant", NULL, ",\"store\":false"),
+                    turn(0, KA, " A purple elephant sang", ida, ",\"store\":false"),
+                    turn(1, KA, " A purple elephant danced", ida, ",\"store\":false")};
+    nap_ms(LEASE_MS + 300);
+    keyspace(after, sizeof after);
+    cr_expect_str_eq(after, before, "store:false changed what Redis keeps");
+    for (int i = 0; i < 3; i++) {
+        cr_expect_eq(get(i & 1, KA, id_of(f[i]), NULL), 404, "store:false response %d", i + 1);
+        cr_expect(!json_string_value(json_object_get(json_object_get(f[i], "kvpd"), "session")),
+                  "store:false response %d names a session", i + 1);
+        json_decref(f[i]);
+    }
+    /* the chain goes on, on either node */
+    json_decref(turn(1, KA, " Then the sun", ida, NULL));
+    cr_expect_eq(keys("resp:*"), 2);
 }
 
 Test(cluster_responses, a_chain_of_five_goes_from_node_to_node_and_through_a_kill9)
