@@ -3,8 +3,8 @@
  * one node; a stored response is retrievable and deletable on either node, by its own
  * tenant only; store:false writes no key (a new conversation's or one continuing a
  * chain, on either node: every key and value is as it was); the per-tenant bound counts
- * the responses of both nodes; a damaged or truncated record in Redis is refused with a log line and a
- * 404 while the node keeps serving. */
+ * the responses of both nodes; a damaged or truncated record in Redis is refused with a
+ * log line and a 404 while the node keeps serving. */
 #include <criterion/criterion.h>
 #include <hiredis/hiredis.h>
 #include <stdint.h>
