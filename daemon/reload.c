@@ -19,6 +19,8 @@ void kvpd_hub_config_sync(kvpd *d)
         .max_sessions_per_client = d->cfg.max_sessions_per_connection,
         .max_history_tokens = d->cfg.max_history_tokens,
         .canary_rate = d->cfg.canary_rate,
+        .max_stored_responses_per_tenant = d->cfg.max_stored_responses_per_tenant,
+        .max_stored_response_bytes_per_tenant = d->cfg.max_stored_response_bytes_per_tenant,
         .max_prompt_tokens = d->cfg.max_prompt_tokens,
         .max_sessions_per_tenant = kvpd_tenant_cap(&d->cfg),
         .max_cache_bytes_per_tenant = kvpd_tenant_bytes_cap(&d->cfg)};

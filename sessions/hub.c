@@ -57,11 +57,12 @@ void hub_emit_session(kvp_hub_client *c, int resumed)
 /* ---- attachment ---- */
 
 /* Nothing to keep: no turn ever ran and nothing is on disk (a hello's fork holds only
- * its source's history until its own first turn). */
+ * its source's history until its own first turn), or an ephemeral session, which keeps
+ * nothing by design (session.h). */
 int hub_never_used(const kvp_session *s)
 {
     return !kvp_session_busy(s) && !s->has_snapshot &&
-           ((s->n_msgs == 0 && s->turns_done == 0) || s->fork_unrun);
+           ((s->n_msgs == 0 && s->turns_done == 0) || s->fork_unrun || s->ephemeral);
 }
 
 /* The client lets go of its session; one that was never used ends here (and no longer
@@ -512,6 +513,11 @@ void kvp_hub_message(kvp_hub_client *c, const char *text, size_t len, int max_to
 void kvp_hub_message_opts(kvp_hub_client *c, const char *text, size_t len,
                           const kvp_turn_opts *o)
 {
+    if (o->ephemeral) {   /* a websocket session is kept by design */
+        hub_emit_error(c, KVPD_E_BAD_REQUEST, "an ephemeral turn is for a stateless request "
+                       "(kvp_hub_chat), not a session's next message");
+        return;
+    }
     hub_start_turn(c, text, len, o);
 }
 
@@ -534,6 +540,7 @@ void kvp_hub_close(kvp_hub_client *c)
     hub_leave(c);
     hub_wait_leave(c);
     hub_fork_forget(c);
+    hub_resp_leave(c);
     forget_system_check(c);
     hub_pending_free(c->pending);
     hub_choices_free(c);

@@ -105,6 +105,18 @@ void kvp_hub_chat_choices(kvp_hub_client *c, kvp_hub_client *const *more, int n_
  * one, a new session takes the whole prompt. Events as for kvp_hub_chat. */
 void kvp_hub_complete(kvp_hub_client *c, const char *prompt, size_t len,
                       const kvp_turn_opts *o);
+/* Stored responses (the Responses API; sessions/hub_resp.c): records of the client's
+ * tenant named by a response id ("resp_" and 24 hex digits), kept in the store that
+ * keeps the sessions (the state directory, Redis shared by the nodes of a cluster, or
+ * memory without either), within max_stored_responses_per_tenant and
+ * max_stored_response_bytes_per_tenant (a put past them deletes the tenant's own
+ * oldest). The store's I/O runs off the loop; each call is answered by one
+ * KVP_HUB_RESPONSE event (sessions/hub_types.h): put once the record is written
+ * (durable before the answer), get with its bytes, delete once it is gone. Another
+ * tenant's id, like a damaged record, is answered -ENOENT. */
+void kvp_hub_response_put(kvp_hub_client *c, const char *id, const char *payload, size_t len);
+void kvp_hub_response_get(kvp_hub_client *c, const char *id);
+void kvp_hub_response_delete(kvp_hub_client *c, const char *id);
 /* Asks the client's running turn to stop (it ends with done, stop "cancel"). */
 void kvp_hub_cancel(kvp_hub_client *c);
 /* The connection is gone: detaches it from its session (whose turn is cancelled), and

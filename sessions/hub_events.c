@@ -31,8 +31,10 @@ static kvp_hub_client *job_ended(kvp_hub *h, kvp_session *s)
     s->state = KVP_SESSION_IDLE;
     s->prefix_inflight = 0;   /* its entry is replaced or removed now */
     /* its tokens into the prefix index while its cache holds them from the start (an
-     * entry that cannot be made only costs a later fork) */
-    if (s->policy && !s->hist_tokens && s->cache.n_seen == s->n_cached && s->n_cached > 0)
+     * entry that cannot be made only costs a later fork); an ephemeral session's never:
+     * nothing forks it */
+    if (!s->ephemeral && s->policy && !s->hist_tokens && s->cache.n_seen == s->n_cached &&
+        s->n_cached > 0)
         (void)kvp_prefix_put(h->prefix, s, s->tenant, s->tokens, s->n_cached);
     else
         kvp_prefix_remove(h->prefix, s);
@@ -75,8 +77,8 @@ static kvp_hub_client *job_ended(kvp_hub *h, kvp_session *s)
     s->transcript_hash = kvp_session_index_hash(s);
     s->transcript_msgs = s->hist_msgs + s->n_msgs;
     s->transcript_dropped = s->hist_msgs;
-    if (s->transcript_msgs > 0 && kvp_transcripts_put(&h->transcripts, s->id, s->transcript_hash,
-                                                      s->transcript_msgs) < 0)
+    if (s->transcript_msgs > 0 && !s->ephemeral &&
+        kvp_transcripts_put(&h->transcripts, s->id, s->transcript_hash, s->transcript_msgs) < 0)
         kvpd_log("warning", "session %.8s: out of memory for the transcript index", s->id);
     s->evicted_rows = s->cache.evicted_rows;
     s->rows_max = kvp_cache_max_rows(&s->cache);
@@ -237,7 +239,9 @@ static void background_after_turn(kvp_hub *h, kvp_session *s)
         return;
     kvp_background_canary(h->bg, s->turn.canary);
     s->turn.canary = NULL;
-    if (s->hist_tokens == 0 && kvp_learnlog_sampled(kvp_background_learnlog(h->bg), s->id)) {
+    /* an ephemeral session keeps nothing, in learn_dir neither */
+    if (!s->ephemeral && s->hist_tokens == 0 &&
+        kvp_learnlog_sampled(kvp_background_learnlog(h->bg), s->id)) {
         /* tokens[0] is the conversation's start: the system prompt, then msgs[0] */
         kvp_background_conv conv = {.tenant = s->tenant, .session_id = s->id,
                                     .tokens = s->tokens, .n = s->n_tokens,
@@ -307,7 +311,9 @@ static void on_event(kvp_hub *h, const kvpd_event *ev)
         if (to) {
             kvp_hub_event e = {.type = KVP_HUB_DONE, .text = ev->text, .len = ev->len,
                                .stats = st,
-                               .durable = h->env.store ? !s->save_failed && !stale : -1,
+                               /* null for a turn no store keeps (ephemeral) */
+                               .durable = h->env.store && !s->ephemeral
+                                              ? !s->save_failed && !stale : -1,
                                .durable_error = s->save_err};
             if (s->turn.lp_on) {
                 e.logprobs = s->turn.lp;
@@ -318,7 +324,7 @@ static void on_event(kvp_hub *h, const kvpd_event *ev)
         }
         if (more)
             hub_choices_run(h, s, more, strcmp(st->stop, "cancel") != 0);
-        if (s->ephemeral)   /* another choice of a request: never continued */
+        if (s->ephemeral)   /* keeps nothing: never continued */
             kvp_hub_drop(h, s);
         return;
     }

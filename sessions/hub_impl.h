@@ -170,6 +170,15 @@ void hub_fork_loaded(kvp_hub_client *c, kvp_session *s);
 /* c is closed: a load its fork waits for answers nobody. */
 void hub_fork_forget(kvp_hub_client *c);
 
+/* Stored responses (sessions/hub_resp.c): start (the thread, on the storage's store or
+ * in memory), stop (joins it; the loop then closes its handle), free, the ops not
+ * answered yet (jobs for the drain), and a closing client's ops (answered to nobody). */
+int hub_resp_start(kvp_hub *h, char *err, size_t errlen);
+void hub_resp_stop(kvp_hub *h);
+void hub_resp_free(kvp_hub *h);
+int hub_resp_pending(const kvp_hub *h);
+void hub_resp_leave(kvp_hub_client *c);
+
 /* ---- the workers' events (hub_events.c) ---- */
 
 /* The scheduler's callback for every event of a job (sessions/scheduler.h). */

@@ -119,6 +119,8 @@ int kvp_hub_start(kvp_hub **out, const kvp_hub_params *p, char *err, size_t errl
         return -ENOMEM;
     }
     kvp_background_set_template(h->bg, &h->env.tpl);
+    if ((rc = hub_resp_start(h, err, errlen)) < 0)
+        return rc;
     rc = kvpd_sched_start(&h->sched, h->loop, p->workers, &h->env, kvp_turn_batch, hub_on_event,
                           h, err, errlen);
     if (rc == 0)
@@ -231,7 +233,7 @@ int kvp_hub_unsaved(const kvp_hub *h)
 
 int kvp_hub_jobs(const kvp_hub *h)
 {
-    return h->jobs;
+    return h->jobs + hub_resp_pending(h);
 }
 
 int kvp_hub_learn_forget(kvp_hub *h, const char *tenant, int *deleted, char *err,
@@ -265,6 +267,8 @@ void kvp_hub_stop(kvp_hub *h)
 {
     if (h && h->sched)
         kvpd_sched_stop(h->sched);
+    if (h)
+        hub_resp_stop(h);
 }
 
 void kvp_hub_free(kvp_hub *h)
@@ -278,6 +282,7 @@ void kvp_hub_free(kvp_hub *h)
         if (s->client)
             s->client->session = NULL;
     hub_wait_free(h);
+    hub_resp_free(h);
     kvp_session_table_clear(&h->sessions);
     kvp_transcripts_free(&h->transcripts);
     kvp_background_free(h->bg);

@@ -29,7 +29,8 @@
 int hub_continues(const kvp_hub_client *c, const kvp_session *s, int named, uint64_t hash,
                   const char *system, size_t system_len, const kvp_message *msgs, int n)
 {
-    if (kvp_session_busy(s) || !hub_same_tenant(c, s) || s->transcript_hash != hash ||
+    if (kvp_session_busy(s) || s->ephemeral || !hub_same_tenant(c, s) ||
+        s->transcript_hash != hash ||
         s->transcript_msgs != n ||
         (s->transcript_dropped && !named) || !hub_same_system(s, system, system_len))
         return 0;
@@ -244,14 +245,18 @@ void hub_chat_new(kvp_hub_client *c, const char *system, size_t system_len,
     if (hub_new_session_quiet(c, system, system_len) < 0)
         return;
     kvp_session *s = c->session;
+    /* an ephemeral turn's session is never named: it does not last */
+    s->ephemeral = o->ephemeral;
     if (kvp_session_seed(s, msgs, n - 1) < 0) {
-        hub_emit_session(c, 0);
+        if (!s->ephemeral)
+            hub_emit_session(c, 0);
         hub_emit_error(c, KVPD_E_INTERNAL, "out of memory");
         return;
     }
     if (try_fork(c, s, msgs, n, o, waited_since == 0, may_load))
         return;   /* it waits (hub_wait.c), or its source is read first (prefix_load.c) */
-    hub_emit_session(c, 0);
+    if (!s->ephemeral)
+        hub_emit_session(c, 0);
     if (n > 1 && !s->n_msgs && !s->rewind_set) {
         hub_wait_unmark(c->hub, s);
         hub_emit_error(c, KVPD_E_INTERNAL, "out of memory");
@@ -310,6 +315,13 @@ void kvp_hub_chat(kvp_hub_client *c, const char *id, const char *system, size_t 
         return;
     }
     hub_leave(c);
+    if (o->ephemeral) {
+        /* keeps nothing: a session of its own, forked from a held conversation sharing
+         * its prefix (read first when that one is parked or on disk) or seeded with its
+         * history; never a held session continued or cut back in place */
+        hub_chat_new(c, system, system_len, msgs, n, o, 0, 1);
+        return;
+    }
     int prefix = n - 1;
     uint64_t hash = kvp_session_transcript_hash(system, system_len, msgs, prefix) ^
                     kvp_tenant_mix(c->tenant);

@@ -18,6 +18,7 @@ struct kvp_hub_storage {
     struct kvp_store *store;         /* NULL: no snapshots */
     kvp_transcripts transcripts;     /* the directory's index, moved into the hub at start */
     kvp_prefix_recs prefix_recs;     /* the directory's prefix file, moved likewise */
+    struct kvp_resp_store *resp;     /* stored responses, beside the snapshots (NULL: none) */
 };
 
 struct kvp_hub {
@@ -52,6 +53,8 @@ struct kvp_hub {
     /* Conversations known only from the state directory's prefix file, fork sources
      * once read (sessions/prefix_load.h); NULL: none. */
     struct kvp_prefix_disk *prefix_disk;
+    /* Stored responses' thread and the ops in flight (sessions/hub_resp.c). */
+    struct hub_resp *resp;
 };
 
 struct kvp_hub_client {

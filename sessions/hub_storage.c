@@ -11,6 +11,7 @@
 
 #include "base/log.h"
 #include "sessions/hub_impl.h"
+#include "store/responses.h"
 #include "store/store.h"
 
 int kvp_hub_storage_open(kvp_hub_storage **out, const kvp_hub_storage_params *p, char *err,
@@ -29,6 +30,10 @@ int kvp_hub_storage_open(kvp_hub_storage **out, const kvp_hub_storage_params *p,
                            .tenant_snaps_max = p->tenant_snaps_max};
     int rc = kvp_store_open(&s->store, &sp, err, errlen);
     if (rc < 0) {
+        kvp_hub_storage_close(s);
+        return rc;
+    }
+    if ((rc = kvp_resp_open(&s->resp, s->store, err, errlen)) < 0) {
         kvp_hub_storage_close(s);
         return rc;
     }
@@ -63,6 +68,7 @@ void kvp_hub_storage_close(kvp_hub_storage *s)
         return;
     kvp_transcripts_free(&s->transcripts);
     kvp_prefix_recs_free(&s->prefix_recs);
+    kvp_resp_close(s->resp);
     kvp_store_close(s->store);   /* releases the leases still held */
     free(s);
 }

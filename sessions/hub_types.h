@@ -93,7 +93,8 @@ typedef struct kvp_hub_logprob {
     int len;
 } kvp_hub_logprob;
 
-enum kvp_hub_event_type { KVP_HUB_SESSION, KVP_HUB_TOKEN, KVP_HUB_DONE, KVP_HUB_ERROR };
+enum kvp_hub_event_type { KVP_HUB_SESSION, KVP_HUB_TOKEN, KVP_HUB_DONE, KVP_HUB_ERROR,
+                          KVP_HUB_RESPONSE };
 
 /* Valid during the sink call only. */
 typedef struct kvp_hub_event {
@@ -123,6 +124,11 @@ typedef struct kvp_hub_event {
      * into is not). NULL: the turn has none. */
     const kvp_hub_logprob *logprobs;
     int n_logprobs, logprobs_top;
+    /* RESPONSE (kvp_hub_response_*): id, and resp_rc 0 (GET: the payload in text, len),
+     * -ENOENT (none of the client's tenant's, or a damaged one, refused and logged),
+     * -EINVAL (not a response id), another negative errno (the store failed); when not
+     * 0, text is a message. */
+    int resp_rc;
 } kvp_hub_event;
 
 typedef void (*kvp_hub_sink)(void *ctx, const kvp_hub_event *ev);
@@ -146,6 +152,8 @@ typedef struct kvp_hub_config {
     int max_prompt_tokens;        /* tokens one turn may prefill (0: the model's context
                                    * plus the budget); more: too_large, before any prefill */
     double canary_rate;           /* share of turns the eviction canary checks (0: none) */
+    int max_stored_responses_per_tenant;        /* stored responses of one tenant (>= 1) */
+    uint64_t max_stored_response_bytes_per_tenant;   /* their record bytes (0: no bound) */
 } kvp_hub_config;
 
 /* The hub, a front end's connection to it, and where its snapshots are kept (their
@@ -204,6 +212,14 @@ typedef struct kvp_turn_opts {
      * alternatives each (0..KVP_LOGPROBS_MAX_TOP; out of range: bad_request). */
     int logprobs;
     int top_logprobs;
+    /* The turn keeps nothing after its answer (a Responses request with store: false):
+     * kvp_hub_chat runs it in a session of its own, forked from a held conversation that
+     * shares its prefix or seeded with its history, never one it continues or cuts back,
+     * and that session is never saved, indexed, leased, logged to learn_dir nor named
+     * (no session event), and is dropped at the turn's end. Held sessions stay exactly
+     * as they were. kvp_hub_message_opts refuses it (bad_request): a websocket session
+     * lasts by design. */
+    int ephemeral;
 } kvp_turn_opts;
 
 #endif

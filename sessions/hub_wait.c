@@ -31,7 +31,8 @@ struct hub_wait {
 
 void hub_wait_mark(kvp_hub *h, kvp_session *s)
 {
-    if (h->prefix && kvp_prefix_put(h->prefix, s, s->tenant, s->tokens, s->n_tokens) == 0)
+    /* an ephemeral turn is no source: a request waiting on it would fork nothing */
+    if (h->prefix && !s->ephemeral && kvp_prefix_put(h->prefix, s, s->tenant, s->tokens, s->n_tokens) == 0)
         s->prefix_inflight = 1;
 }
 

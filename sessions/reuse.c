@@ -17,7 +17,7 @@ kvp_session *kvp_reuse_rewind_find(kvp_hub *h, const kvp_hub_client *c, const ch
     kvp_session *best = NULL;
     int best_k = -1;
     for (kvp_session *s = h->sessions.resident_head; s; s = s->rnext) {
-        if (s->state != KVP_SESSION_IDLE || strcmp(s->tenant, c->tenant) ||
+        if (s->state != KVP_SESSION_IDLE || s->ephemeral || strcmp(s->tenant, c->tenant) ||
             (s->client && s->client != c) || s->hist_msgs || s->transcript_dropped ||
             s->n_msgs == 0 || s->system_len != system_len ||
             (system_len && memcmp(s->system, system, system_len)))
@@ -54,7 +54,7 @@ int kvp_reuse_shared_msgs(const kvp_session *s, const char *system, size_t syste
 
 int kvp_reuse_fork_source_ok(const kvp_hub *h, const kvp_hub_client *c, const kvp_session *s)
 {
-    return s->state == KVP_SESSION_IDLE && !strcmp(s->tenant, c->tenant) &&
+    return s->state == KVP_SESSION_IDLE && !s->ephemeral && !strcmp(s->tenant, c->tenant) &&
            s->pconf == h->pconf && s->policy && !s->hist_msgs && !s->hist_tokens &&
            !s->transcript_dropped && s->n_cached > 0 && s->cache.n_seen == s->n_cached &&
            s->n_cached <= s->n_tokens;

@@ -13,7 +13,7 @@
  * changed), the one it names (id) first. Cutting it back in place loses only the reply
  * the request replaces; a request that continues from further back forks instead
  * (kvp_reuse_fork_find), so the branch it leaves stays usable. NULL when none; a session
- * another client is attached to is never taken. */
+ * another client is attached to, or an ephemeral one, is never taken. */
 kvp_session *kvp_reuse_rewind_find(kvp_hub *h, const kvp_hub_client *c, const char *id,
                                    const char *system, size_t system_len,
                                    const kvp_message *msgs, int n);
@@ -32,8 +32,8 @@ kvp_session *kvp_reuse_fork_find(kvp_hub *h, const kvp_hub_client *c, const char
 int kvp_reuse_shared_msgs(const kvp_session *s, const char *system, size_t system_len,
                           const kvp_message *msgs, int n);
 /* Whether s may be forked from for a new session of c (loop): idle and resident with its
- * policy made, of c's tenant and of the policy in force, its cache holding exactly its
- * tokens from the conversation's start. */
+ * policy made, not ephemeral, of c's tenant and of the policy in force, its cache holding
+ * exactly its tokens from the conversation's start. */
 int kvp_reuse_fork_source_ok(const kvp_hub *h, const kvp_hub_client *c, const kvp_session *s);
 
 /* A turn's cached tokens into the metrics' reuse counters, by their source. */

@@ -249,8 +249,11 @@ typedef struct kvp_session {
     /* loop -> worker: where the cache of the queued turn came from (enum
      * kvp_reuse_source; a fork from another session sets it, the turn's stats take it) */
     int reuse_from;
-    /* loop -> worker: one of a request's other choices (sessions/hub_choices.c): never
-     * saved, dropped at its turn's end */
+    /* loop -> worker: a session that keeps nothing (one of a request's other choices,
+     * sessions/hub_choices.c; a raw completion, hub_complete.c; a turn with
+     * kvp_turn_opts.ephemeral, hub_match.c): no lease, never saved, never in the
+     * transcript or prefix index, never a source to continue, cut back or fork, not
+     * logged to learn_dir; it ends when its turn ends or its client leaves it */
     int ephemeral;
     /* loop -> worker: a raw text completion on a model with a chat template: its text is
      * tokenized by env->tpl_raw (no template), never by the chat template (kvp_session_tpl);

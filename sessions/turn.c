@@ -41,7 +41,7 @@ kvp_evict_cfg turn_evict_cfg(const kvp_session *s, const kvp_session_env *env)
  * write needs the turn's lease still live in the store (kvp_store_put_leased). */
 static void save(kvp_session *s, const kvp_session_env *env)
 {
-    if (!env->store || s->ephemeral)   /* another choice of a request: never continued */
+    if (!env->store || s->ephemeral)   /* keeps nothing (session.h) */
         return;
     s->save_leased = 1;
     int rc = kvp_session_save(s, env, s->save_err, sizeof s->save_err);
@@ -52,10 +52,10 @@ static void save(kvp_session *s, const kvp_session_env *env)
 }
 
 /* Whether this node's lease on the session surely lasts beyond the margin a turn leaves
- * unused (always, without leases). */
+ * unused (always, without leases, and for an ephemeral session, which has none). */
 static int lease_lasts(const kvp_session *s, const kvp_session_env *env)
 {
-    return !env->store ||
+    return !env->store || s->ephemeral ||
            kvp_store_lease_left_ms(env->store, s->id) > kvp_store_lease_margin_ms(env->store);
 }
 
@@ -284,7 +284,9 @@ int turn_take_token(kvp_session *s, const kvp_session_env *env, const kvp_turn_s
 static int take_lease(kvp_session *s, const kvp_session_env *env, char *err, size_t errlen)
 {
     s->elsewhere_ms = 0;
-    if (!env->store)
+    /* an ephemeral session is served here only and never stored: no other node can
+     * take it, so it needs no lease (and leaves no key in the store) */
+    if (!env->store || s->ephemeral)
         return 0;
     int stored, left;
     uint64_t version;

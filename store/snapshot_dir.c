@@ -27,6 +27,33 @@ int kvp_snap_open_dir(const char *dir, char *err, size_t errlen)
     return fd;
 }
 
+int kvp_snap_write_file(const char *tmp, const char *final, const void *const *parts,
+                        const size_t *lens, int n, char *err, size_t errlen)
+{
+    /* O_TRUNC: a .tmp left by a crash is simply overwritten. A FIFO in its place fails
+     * (ENXIO: the open does not block) instead of blocking; it is no regular file anyway. */
+    struct stat st;
+    int rc = 0, fd = kvp_open_regular(tmp, O_WRONLY | O_CREAT | O_TRUNC, &st);
+    if (fd == KVP_E_NOT_REGULAR) {
+        snprintf(err, errlen, "%s: not a regular file", tmp);
+        return -EINVAL;
+    }
+    if (fd < 0)
+        return kvp_snap_sys_fail(fd, "create", tmp, err, errlen);
+    for (int i = 0; i < n && rc == 0; i++)
+        if ((rc = kvp_write_all(fd, parts[i], lens[i])) < 0)
+            rc = kvp_snap_sys_fail(rc, "write", tmp, err, errlen);
+    if (rc == 0 && fsync(fd) < 0)
+        rc = kvp_snap_sys_err("fsync", tmp, err, errlen);
+    if (close(fd) < 0 && rc == 0)
+        rc = kvp_snap_sys_err("close", tmp, err, errlen);
+    if (rc == 0 && rename(tmp, final) < 0)
+        rc = kvp_snap_sys_err("rename to", final, err, errlen);
+    if (rc < 0)
+        unlink(tmp);
+    return rc;
+}
+
 int kvp_snapshot_write(const char *dir, const kvp_snapshot *snap, char *err, size_t errlen)
 {
     int rc = kvp_snap_check(snap, err, errlen);
@@ -50,34 +77,10 @@ int kvp_snapshot_write(const char *dir, const kvp_snapshot *snap, char *err, siz
         free(w.p);
         return dfd;
     }
-    /* O_TRUNC: a .tmp left by a crash is simply overwritten. A FIFO in its place fails
-     * (ENXIO: the open does not block) instead of blocking; it is no regular file anyway. */
-    struct stat st;
-    int fd = kvp_open_regular(tmp, O_WRONLY | O_CREAT | O_TRUNC, &st);
-    if (fd == KVP_E_NOT_REGULAR) {
-        snprintf(err, errlen, "snapshot %s: not a regular file", tmp);
-        rc = -EINVAL;
+    const void *parts[] = {w.p, snap->cache, trailer};
+    const size_t lens[] = {w.n, snap->cache_len, sizeof trailer};
+    if ((rc = kvp_snap_write_file(tmp, final, parts, lens, 3, err, errlen)) < 0)
         goto out;
-    }
-    if (fd < 0) {
-        rc = kvp_snap_sys_fail(fd, "create", tmp, err, errlen);
-        goto out;
-    }
-    if ((rc = kvp_write_all(fd, w.p, w.n)) < 0 ||
-        (rc = kvp_write_all(fd, snap->cache, snap->cache_len)) < 0 ||
-        (rc = kvp_write_all(fd, trailer, sizeof trailer)) < 0) {
-        rc = kvp_snap_sys_fail(rc, "write", tmp, err, errlen);
-    } else if (fsync(fd) < 0) {
-        rc = kvp_snap_sys_err("fsync", tmp, err, errlen);
-    }
-    if (close(fd) < 0 && rc == 0)
-        rc = kvp_snap_sys_err("close", tmp, err, errlen);
-    if (rc == 0 && rename(tmp, final) < 0)
-        rc = kvp_snap_sys_err("rename to", final, err, errlen);
-    if (rc < 0) {
-        unlink(tmp);
-        goto out;
-    }
     /* The journal's records are all in the new snapshot now (a crash before this unlink
      * leaves them for replay to skip). The rename is durable once the directory is. */
     char journal[PATH_MAX];
@@ -92,8 +95,7 @@ out:
     return rc;
 }
 
-/* Renames <id>.snap to <id>.snap.bad-<unix time>[-N] and appends the outcome to err. */
-static void move_aside(const char *path, char *err, size_t errlen)
+void kvp_snap_move_aside(const char *path, char *err, size_t errlen)
 {
     char bad[PATH_MAX + 64];
     long long now = (long long)time(NULL);
@@ -127,7 +129,7 @@ int kvp_snapshot_read(const char *dir, const char *id, kvp_snapshot *out,
     if (fd == -ELOOP || fd == KVP_E_NOT_REGULAR) {
         snprintf(err, errlen, "snapshot %s: %s", path,
                  fd == -ELOOP ? "a symbolic link, not a snapshot" : "not a regular file");
-        move_aside(path, err, errlen);
+        kvp_snap_move_aside(path, err, errlen);
         return -EBADMSG;
     }
     if (fd < 0)
@@ -157,7 +159,7 @@ int kvp_snapshot_read(const char *dir, const char *id, kvp_snapshot *out,
         return -ENOMEM;
     }
     snprintf(err, errlen, "snapshot %s: %s", path, bad);
-    move_aside(path, err, errlen);
+    kvp_snap_move_aside(path, err, errlen);
     return -EBADMSG;
 }
 

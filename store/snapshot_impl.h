@@ -24,6 +24,15 @@ int kvp_snap_sys_fail(int rc, const char *what, const char *path, char *err, siz
 int kvp_snap_sys_err(const char *what, const char *path, char *err, size_t errlen);
 /* O_DIRECTORY descriptor of the state directory, or -errno with a message. */
 int kvp_snap_open_dir(const char *dir, char *err, size_t errlen);
+/* Writes parts[0..n) to tmp (created or truncated, never through a link or FIFO),
+ * fsyncs it and renames it to final: a crash leaves the old file or the whole new one,
+ * never a torn one (the rename is durable once the caller fsyncs the directory). 0, or
+ * a negative errno with a message (tmp removed). */
+int kvp_snap_write_file(const char *tmp, const char *final, const void *const *parts,
+                        const size_t *lens, int n, char *err, size_t errlen);
+/* Renames a damaged file to <path>.bad-<unix time>[-N], never to be read again, and
+ * appends the outcome to err. */
+void kvp_snap_move_aside(const char *path, char *err, size_t errlen);
 /* 0, or -EINVAL with a message when a snapshot's fields cannot be encoded. */
 int kvp_snap_check(const kvp_snapshot *s, char *err, size_t errlen);
 /* Everything before the cache bytes (header, sections); 0 or -1 (out of memory). */

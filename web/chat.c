@@ -42,6 +42,8 @@ static void on_hub_event(void *ctx, const kvp_hub_event *ev)
         kvpd_ws_tools_error(c, ev);
         send_error(c, ev->code, ev->text, ev->retry_after_ms);
         break;
+    case KVP_HUB_RESPONSE:   /* the websocket stores no responses */
+        break;
     }
 }
 

@@ -137,6 +137,8 @@ static void on_choice_event(void *ctx, const kvp_hub_event *ev)
     case KVP_HUB_ERROR:
         kvpd_oai_hub_error(c, ev);
         break;
+    case KVP_HUB_RESPONSE:   /* choices store no responses */
+        break;
     }
 }
 

@@ -3,51 +3,42 @@
  * the conversation of its `previous_response_id` and its `input` items, then its reply;
  * a stored response keeps that conversation and the kvpd session that holds it, so a
  * request continuing it goes to kvp_hub_chat naming that session and prefills only its
- * new input. Stored responses live in memory in one pool per tenant (API key), each
- * visible to its tenant only: a pool holds at most max_stored_responses_per_tenant of
- * them and max_stored_response_bytes_per_tenant of their conversations as JSON, and a
- * response stored past either drops that pool's own oldest first, so one tenant's
- * responses never push out another's. Streamed answers are Server-Sent Events (`event:` and `data:` lines) in OpenAI's
+ * new input. Stored responses are kept by the session hub (kvp_hub_response_*, in the
+ * store that keeps the sessions: the state directory, Redis, or memory) as one record
+ * each: {"session", "items", "object"} as JSON, the conversation's items, then the
+ * response as answered. The answer goes out once its record is written; a continuation
+ * reads its previous response's record first. This file keeps only the request's own
+ * state. Streamed answers are Server-Sent Events (`event:` and `data:` lines) in OpenAI's
  * sequence: response.created, response.in_progress, response.output_item.added,
  * response.content_part.added, response.output_text.delta..., response.output_text.done,
  * response.content_part.done, response.output_item.done, then response.completed (or
  * response.incomplete for a reply cut by max_output_tokens). */
+#include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "base/log.h"
 #include "base/textbuf.h"
 #include "web/oai_items.h"
 #include "web/openai_impl.h"
 
-typedef struct stored {
-    struct stored *next;          /* oldest first */
-    char id[64];                  /* resp_ + 24 hex digits */
-    char session[KVP_SESSION_ID_LEN + 1];
-    json_t *items;                /* the conversation: its inputs and outputs, in order */
-    size_t bytes;                 /* of the items as JSON */
-    json_t *object;               /* the response as answered */
-} stored;
-
-/* One tenant's stored responses, oldest first. */
-typedef struct pool {
-    struct pool *next;
-    char tenant[KVP_TENANT_LEN + 1];
-    stored *head, *tail;
-    int count;
-    size_t bytes;
-} pool;
-
-struct kvpd_oai_store {
-    pool *pools;                  /* one per tenant with a stored response */
-};
-
 /* One request's conversation, what its answer echoes, and a stream's state. */
+/* What a request waits for from the hub (KVP_HUB_RESPONSE). */
+enum { WAIT_NONE, WAIT_PREV, WAIT_PUT, WAIT_GET, WAIT_DELETE };
+
 typedef struct resp_req {
     json_t *items;                /* the previous response's items, then this input */
     int store;
+    int wait;                     /* WAIT_* */
+    json_t *input;                /* WAIT_PREV: this request's input items */
+    json_t *ins;                  /* WAIT_PREV: its instructions (or NULL) */
+    kvp_turn_opts t;              /* WAIT_PREV: its turn's options */
+    json_t *object;               /* WAIT_PUT: the response to answer once stored */
+    int cut;                      /* WAIT_PUT, streaming: response.incomplete */
+    char own_id[64];              /* WAIT_PREV: the answer's id (o->id names the previous) */
     int seq;                      /* the stream's sequence_number */
     int begun;                    /* the stream's first events are out */
     json_t *prev;                 /* previous_response_id (string) or null */
@@ -73,93 +64,12 @@ static void req_free(void *p)
     json_decref(r->prev);
     json_decref(r->echo);
     json_decref(r->output);
+    json_decref(r->input);
+    json_decref(r->ins);
+    json_decref(r->object);
     free(r->msg_text);
     free(r->rs_text);
     free(r);
-}
-
-static void stored_free(stored *s)
-{
-    json_decref(s->items);
-    json_decref(s->object);
-    free(s);
-}
-
-void kvpd_oai_responses_free(kvpd_web *w)
-{
-    struct kvpd_oai_store *st = w->responses;
-    if (!st)
-        return;
-    for (pool *p = st->pools, *pn; p; p = pn) {
-        pn = p->next;
-        for (stored *s = p->head, *next; s; s = next) {
-            next = s->next;
-            stored_free(s);
-        }
-        free(p);
-    }
-    free(st);
-    w->responses = NULL;
-}
-
-/* The tenant's pool (NULL: it has none; create: made when missing, NULL when out of
- * memory). */
-static pool *pool_of(kvpd_web *w, const char *tenant, int create)
-{
-    if (!w->responses && (!create || !(w->responses = calloc(1, sizeof *w->responses))))
-        return NULL;
-    for (pool *p = w->responses->pools; p; p = p->next)
-        if (!strcmp(p->tenant, tenant))
-            return p;
-    pool *p = create ? calloc(1, sizeof *p) : NULL;
-    if (!p)
-        return NULL;
-    snprintf(p->tenant, sizeof p->tenant, "%s", tenant);
-    p->next = w->responses->pools;
-    w->responses->pools = p;
-    return p;
-}
-
-/* Frees an empty pool, so tenants whose keys are gone leave nothing behind. */
-static void pool_drop_if_empty(kvpd_web *w, pool *p)
-{
-    if (p->head)
-        return;
-    for (pool **at = &w->responses->pools; *at; at = &(*at)->next)
-        if (*at == p) {
-            *at = p->next;
-            free(p);
-            return;
-        }
-}
-
-/* The caller's tenant's stored response id (the pool into *in, the one before it into
- * *before, when not NULL). */
-static stored *find(kvpd_conn *c, const char *id, pool **in, stored **before)
-{
-    pool *p = pool_of(c->w, c->tenant, 0);
-    stored *prev = NULL;
-    for (stored *s = p ? p->head : NULL; s; prev = s, s = s->next)
-        if (!strcmp(s->id, id)) {
-            if (in)
-                *in = p;
-            if (before)
-                *before = prev;
-            return s;
-        }
-    return NULL;
-}
-
-static void unlink_stored(pool *p, stored *s, stored *before)
-{
-    if (before)
-        before->next = s->next;
-    else
-        p->head = s->next;
-    if (p->tail == s)
-        p->tail = before;
-    p->count--;
-    p->bytes -= s->bytes;
 }
 
 /* Fields of the Responses API kvpd cannot honour: the first one present, or NULL. */
@@ -436,39 +346,49 @@ static int answered(const resp_req *r)
     return 0;
 }
 
-/* Keeps the response (store) with its conversation: the items, then the output. */
-static void keep(kvpd_conn *c, json_t *object)
+/* The answer of a turn whose response is stored (or not): the whole object, or the
+ * stream's last event, then the request is over. */
+static void finish(kvpd_conn *c)
 {
     kvpd_oai *o = c->oai;
     resp_req *r = o->codec_state;
-    if (!r->store)
+    json_t *object = r->object;
+    r->object = NULL;
+    r->wait = WAIT_NONE;
+    if (!o->req.stream) {
+        kvpd_oai_answer(c, 200, object);
         return;
-    pool *st = pool_of(c->w, c->tenant, 1);
-    stored *s = st ? calloc(1, sizeof *s) : NULL;
-    if (!s)
-        return;
-    snprintf(s->id, sizeof s->id, "%s", o->id);
-    snprintf(s->session, sizeof s->session, "%s", o->session);
-    s->items = r->items;
-    r->items = NULL;
-    json_array_extend(s->items, json_object_get(object, "output"));
-    s->bytes = json_dumpb(s->items, NULL, 0, JSON_COMPACT) + sizeof *s;
-    s->object = json_incref(object);
-    if (st->tail)
-        st->tail->next = s;
-    else
-        st->head = s;
-    st->tail = s;
-    st->count++;
-    st->bytes += s->bytes;
-    /* Only this tenant's own oldest go; the one just stored always stays. */
-    const kvpd_config *cfg = c->w->cfg;
-    while (st->head != s && (st->count > cfg->max_stored_responses_per_tenant ||
-                             st->bytes > cfg->max_stored_response_bytes_per_tenant)) {
-        stored *old = st->head;
-        unlink_stored(st, old, NULL);
-        stored_free(old);
     }
+    event(c, r->cut ? "response.incomplete" : "response.completed",
+          json_pack("{s:o}", "response", object));
+    o->ended = 1;
+}
+
+/* Stores the response (store) with its conversation, the items then the output, and
+ * answers once the hub has written it; without store, answers now. */
+static void keep(kvpd_conn *c, json_t *object, int cut)
+{
+    kvpd_oai *o = c->oai;
+    resp_req *r = o->codec_state;
+    r->object = object;
+    r->cut = cut;
+    if (!r->store) {
+        finish(c);
+        return;
+    }
+    json_array_extend(r->items, json_object_get(object, "output"));
+    json_t *rec = json_pack("{s:s, s:O, s:O}", "session", o->session, "items", r->items,
+                            "object", object);
+    char *text = rec ? json_dumps(rec, JSON_COMPACT) : NULL;
+    json_decref(rec);
+    if (!text) {
+        json_object_set_new(json_object_get(object, "kvpd"), "stored", json_false());
+        finish(c);
+        return;
+    }
+    r->wait = WAIT_PUT;
+    kvp_hub_response_put(o->client, o->id, text, strlen(text));
+    free(text);
 }
 
 /* The logprobs of the whole reply (NULL: the turn has none). */
@@ -496,9 +416,7 @@ static void done(kvpd_conn *c, const kvp_hub_event *ev)
         json_t *mi = json_array_get(output, json_array_size(output) - 1);
         if (lp)
             json_object_set_new(json_array_get(json_object_get(mi, "content"), 0), "logprobs", lp);
-        json_t *object = response_object(c, ev, output);
-        keep(c, object);
-        kvpd_oai_answer(c, 200, object);
+        keep(c, response_object(c, ev, output), cut);
         return;
     }
     begin(c);
@@ -516,11 +434,7 @@ static void done(kvpd_conn *c, const kvp_hub_event *ev)
     if (!answered(r) && !r->msg_open)
         open_message(c);   /* an empty answer is one empty message */
     close_message(c, status, reply_logprobs(c, ev));
-    json_t *object = response_object(c, ev, json_incref(r->output));
-    keep(c, object);
-    event(c, cut ? "response.incomplete" : "response.completed",
-          json_pack("{s:o}", "response", object));
-    o->ended = 1;
+    keep(c, response_object(c, ev, json_incref(r->output)), cut);
 }
 
 static void stream_error(kvpd_conn *c, enum kvpd_oai_code code, const char *msg, size_t len)
@@ -529,7 +443,9 @@ static void stream_error(kvpd_conn *c, enum kvpd_oai_code code, const char *msg,
                                 msg, len, "param"));
 }
 
-static const kvpd_oai_codec codec = {.token = token, .done = done,
+static void stored(kvpd_conn *c, const kvp_hub_event *ev);
+
+static const kvpd_oai_codec codec = {.token = token, .done = done, .stored = stored,
                                      .stream_error = stream_error, .free = req_free};
 
 /* The fields the response object repeats, as the request gave them or their defaults. */
@@ -554,10 +470,136 @@ static json_t *echo(json_t *req, json_t *ins, json_t *mot, json_t *meta)
     return j;
 }
 
+
+/* A stored record's JSON, checked: {"session": a session id or "", "items": [...],
+ * "object": {"id": id, ...}}. NULL (logged) when it is not one: refused as damaged. */
+static json_t *record(const kvp_hub_event *ev)
+{
+    json_error_t je;
+    json_t *j = json_loadb(ev->text, ev->len, 0, &je);
+    const char *why = !j ? je.text : NULL;
+    json_t *s = json_object_get(j, "session");
+    if (!why && (!json_is_string(s) || (json_string_length(s) &&
+                                        !kvp_session_id_ok(json_string_value(s)))))
+        why = "no session";
+    if (!why && !json_is_array(json_object_get(j, "items")))
+        why = "no items";
+    json_t *obj = json_object_get(j, "object");
+    if (!why && (!json_is_object(obj) ||
+                 strcmp(json_string_value(json_object_get(obj, "id")) ?: "", ev->id)))
+        why = "no response object of its id";
+    if (!why)
+        return j;
+    kvpd_log("warning", "stored response %s: damaged record refused (%s)", ev->id, why);
+    json_decref(j);
+    return NULL;
+}
+
+/* The turn, once the previous response's record is in (prev; NULL: none). */
+static void start_turn(kvpd_conn *c, json_t *prev)
+{
+    kvpd_oai *o = c->oai;
+    resp_req *r = o->codec_state;
+    const char *session = json_string_value(json_object_get(prev, "session"));
+    if (session && !session[0])
+        session = NULL;
+    r->wait = WAIT_NONE;
+    r->items = prev ? json_deep_copy(json_object_get(prev, "items")) : json_array();
+    size_t first_input = json_array_size(r->items);
+    json_array_extend(r->items, r->input);
+    kvpd_oai_err e;
+    json_t *chat = kvpd_items_chat(r->items, first_input, json_string_value(r->ins),
+                                   json_string_length(r->ins), &e);
+    if (!chat || kvpd_oai_parse_messages(chat, "input", 0, &o->req, &e) < 0) {
+        /* the chat shape's messages are not the items one for one: name the input */
+        if (!strncmp(e.param, "messages", 8))
+            snprintf(e.param, sizeof e.param, "input");
+        kvpd_oai_fail(c, e.code, e.param[0] ? e.param : NULL, e.message);
+        json_decref(chat);
+        return;
+    }
+    if (session)
+        snprintf(o->named, sizeof o->named, "%s", session);
+    kvp_hub_chat(o->client, session, o->req.system, o->req.system_len, o->req.msgs,
+                 o->req.n_msgs, &r->t);
+    kvpd_oai_release_messages(&o->req);
+    json_decref(chat);
+}
+
+/* What an id the hub could not give back is answered with (404 for GET and DELETE, 400
+ * naming previous_response_id for a continuation). */
+static void not_stored(kvpd_conn *c, const kvp_hub_event *ev, int prev)
+{
+    char msg[256];
+    const char *id = c->oai->id;   /* the id asked for, kept there (below) */
+    if (ev->resp_rc == -EINVAL)
+        snprintf(msg, sizeof msg, "'%.64s' is %.*s", id, (int)ev->len, ev->text);
+    else if (ev->resp_rc == -ENOENT)
+        snprintf(msg, sizeof msg, "no stored response '%.64s'", id);
+    if (ev->resp_rc != -EINVAL && ev->resp_rc != -ENOENT) {
+        snprintf(msg, sizeof msg, "the stored response could not be read: %.*s",
+                 (int)ev->len, ev->text);
+        kvpd_oai_fail(c, KVPD_OAI_E_SERVER, NULL, msg);
+    } else if (prev) {
+        kvpd_oai_fail(c, KVPD_OAI_E_PREVIOUS_RESPONSE, "previous_response_id", msg);
+    } else {
+        kvpd_oai_fail(c, KVPD_OAI_E_NOT_FOUND, NULL, msg);
+    }
+}
+
+/* The hub's answer to the stored response asked for. */
+static void stored(kvpd_conn *c, const kvp_hub_event *ev)
+{
+    kvpd_oai *o = c->oai;
+    resp_req *r = o->codec_state;
+    json_t *j = NULL;
+    switch (r->wait) {
+    case WAIT_PUT:
+        if (ev->resp_rc < 0) {   /* answered, but not kept: say so */
+            json_t *k = json_object_get(r->object, "kvpd");
+            json_object_set_new(k, "stored", json_false());
+            json_object_set_new(k, "store_error", json_stringn(ev->text, ev->len));
+        }
+        finish(c);
+        break;
+    case WAIT_PREV:
+        if (ev->resp_rc == 0 && !(j = record(ev)))
+            ((kvp_hub_event *)ev)->resp_rc = -ENOENT;
+        if (ev->resp_rc < 0) {
+            not_stored(c, ev, 1);
+            break;
+        }
+        /* the answer's own id again (o->id held the previous one meanwhile) */
+        snprintf(o->id, sizeof o->id, "%s", r->own_id);
+        start_turn(c, j);
+        break;
+    case WAIT_GET:
+        if (ev->resp_rc == 0 && !(j = record(ev)))
+            ((kvp_hub_event *)ev)->resp_rc = -ENOENT;
+        if (ev->resp_rc < 0) {
+            not_stored(c, ev, 0);
+            break;
+        }
+        kvpd_oai_answer(c, 200, json_incref(json_object_get(j, "object")));
+        break;
+    case WAIT_DELETE:
+        if (ev->resp_rc < 0) {
+            not_stored(c, ev, 0);
+            break;
+        }
+        kvpd_oai_answer(c, 200, json_pack("{s:s, s:s, s:b}", "id", ev->id, "object",
+                                          "response", "deleted", 1));
+        break;
+    default:
+        break;
+    }
+    json_decref(j);
+}
+
 void kvpd_oai_responses(kvpd_conn *c)
 {
     kvpd_oai *o = c->oai;
-    json_t *req = kvpd_oai_parse(c), *chat_req = NULL, *chat = NULL;
+    json_t *req = kvpd_oai_parse(c), *chat_req = NULL;
     if (!req)
         return;
     resp_req *r = calloc(1, sizeof *r);
@@ -571,7 +613,7 @@ void kvpd_oai_responses(kvpd_conn *c)
     r->prev = json_null();
     kvpd_oai_new_id(o->id, sizeof o->id, "resp_");
     char msg[256];
-    kvp_turn_opts t;
+    kvp_turn_opts *t = &r->t;
     kvpd_oai_err e;
     const char *field = refused(req);
     if (field) {
@@ -592,15 +634,15 @@ void kvpd_oai_responses(kvpd_conn *c)
         kvpd_oai_fail(c, e.code, e.param[0] ? e.param : NULL, e.message);
         goto out;
     }
-    if (kvpd_oai_model_ok(c, req) < 0 || kvpd_oai_options(c, chat_req, &t) < 0)
+    if (kvpd_oai_model_ok(c, req) < 0 || kvpd_oai_options(c, chat_req, t) < 0)
         goto out;
     if (kvpd_oai_parse_logprobs(chat_req, &o->req, &e) < 0) {
         kvpd_items_error_names(&e);
         kvpd_oai_fail(c, e.code, e.param[0] ? e.param : NULL, e.message);
         goto out;
     }
-    t.logprobs = o->req.turn.logprobs;
-    t.top_logprobs = o->req.turn.top_logprobs;
+    t->logprobs = o->req.turn.logprobs;
+    t->top_logprobs = o->req.turn.top_logprobs;
     json_t *mot = json_object_get(req, "max_output_tokens");
     if (mot && !json_is_null(mot)) {
         if (!json_is_integer(mot) || json_integer_value(mot) < 1) {
@@ -609,7 +651,7 @@ void kvpd_oai_responses(kvpd_conn *c)
             goto out;
         }
         json_int_t cap = kvp_hub_reply_cap(c->w->hub);
-        t.max_tokens = (int)(json_integer_value(mot) > cap ? cap : json_integer_value(mot));
+        t->max_tokens = (int)(json_integer_value(mot) > cap ? cap : json_integer_value(mot));
     }
     json_t *store = json_object_get(req, "store");
     if (store && !json_is_null(store) && !json_is_boolean(store)) {
@@ -617,6 +659,7 @@ void kvpd_oai_responses(kvpd_conn *c)
         goto out;
     }
     r->store = !json_is_false(store);
+    t->ephemeral = !r->store;   /* keeps nothing: no record, no session kept (hub_types.h) */
     json_t *ins = json_object_get(req, "instructions");
     if (ins && !json_is_null(ins) && !json_is_string(ins)) {
         kvpd_oai_fail(c, KVPD_OAI_E_INVALID_REQUEST, "instructions",
@@ -634,68 +677,56 @@ void kvpd_oai_responses(kvpd_conn *c)
         goto out;
     }
     r->echo = echo(req, ins, mot, meta);
-    /* previous_response_id: its conversation comes first, and its session serves it. */
     json_t *prev = json_object_get(req, "previous_response_id");
-    const stored *p = NULL;
-    if (prev && !json_is_null(prev)) {
-        if (!json_is_string(prev) || !(p = find(c, json_string_value(prev), NULL, NULL))) {
-            snprintf(msg, sizeof msg, "no stored response '%.64s'",
-                     json_is_string(prev) ? json_string_value(prev) : "?");
-            kvpd_oai_fail(c, KVPD_OAI_E_PREVIOUS_RESPONSE, "previous_response_id", msg);
-            goto out;
-        }
-        json_decref(r->prev);
-        r->prev = json_incref(prev);
+    if (prev && !json_is_null(prev) && !json_is_string(prev)) {
+        kvpd_oai_fail(c, KVPD_OAI_E_INVALID_REQUEST, "previous_response_id",
+                      "previous_response_id must be a string");
+        goto out;
     }
-    json_t *in = kvpd_items_input(json_object_get(req, "input"), &e);
-    if (!in) {
+    if (!(r->input = kvpd_items_input(json_object_get(req, "input"), &e))) {
         kvpd_oai_fail(c, e.code, e.param, e.message);
         goto out;
     }
-    r->items = p ? json_copy(p->items) : json_array();
-    size_t first_input = json_array_size(r->items);
-    json_array_extend(r->items, in);
-    json_decref(in);
-    chat = kvpd_items_chat(r->items, first_input, json_string_value(ins),
-                           json_string_length(ins), &e);
-    if (!chat || kvpd_oai_parse_messages(chat, "input", 0, &o->req, &e) < 0) {
-        /* the chat shape's messages are not the items one for one: name the input */
-        if (!strncmp(e.param, "messages", 8))
-            snprintf(e.param, sizeof e.param, "input");
-        kvpd_oai_fail(c, e.code, e.param[0] ? e.param : NULL, e.message);
+    r->ins = json_is_string(ins) ? json_incref(ins) : NULL;
+    kvp_hub_client *hc = kvpd_oai_client(c);
+    if (!hc)
+        goto out;
+    if (json_is_string(prev)) {
+        /* its conversation comes first, and its session serves it: read it first (the
+         * hub answers with stored(); o->id names it for the errors until then) */
+        json_decref(r->prev);
+        r->prev = json_incref(prev);
+        r->wait = WAIT_PREV;
+        snprintf(r->own_id, sizeof r->own_id, "%s", o->id);
+        snprintf(o->id, sizeof o->id, "%s", json_string_value(prev));
+        kvp_hub_response_get(hc, json_string_value(prev));
         goto out;
     }
-    if (p)
-        snprintf(o->named, sizeof o->named, "%s", p->session);
-    kvp_hub_client *hc = kvpd_oai_client(c);
-    if (hc)
-        kvp_hub_chat(hc, p ? p->session : NULL, o->req.system, o->req.system_len, o->req.msgs,
-                     o->req.n_msgs, &t);
-    kvpd_oai_release_messages(&o->req);
+    start_turn(c, NULL);
 out:
-    json_decref(chat);
     json_decref(chat_req);
     json_decref(req);
 }
 
 void kvpd_oai_response_get(kvpd_conn *c, const char *id, int delete)
 {
-    stored *before = NULL;
-    pool *in = NULL;
-    stored *s = find(c, id, &in, &before);
-    if (!s) {
-        char msg[128];
-        snprintf(msg, sizeof msg, "no stored response '%.64s'", id);
-        kvpd_oai_fail(c, KVPD_OAI_E_NOT_FOUND, NULL, msg);
+    kvpd_oai *o = c->oai;
+    resp_req *r = calloc(1, sizeof *r);
+    if (!r) {
+        kvpd_oai_fail(c, KVPD_OAI_E_SERVER, NULL, "out of memory");
         return;
     }
-    if (!delete) {
-        kvpd_oai_answer(c, 200, json_incref(s->object));
+    o->codec = &codec;
+    o->codec_state = r;
+    r->prev = json_null();
+    r->wait = delete ? WAIT_DELETE : WAIT_GET;
+    /* o->id names the id asked for in the errors */
+    snprintf(o->id, sizeof o->id, "%s", id);
+    kvp_hub_client *hc = kvpd_oai_client(c);
+    if (!hc)
         return;
-    }
-    kvpd_oai_answer(c, 200, json_pack("{s:s, s:s, s:b}", "id", s->id, "object", "response",
-                                      "deleted", 1));
-    unlink_stored(in, s, before);
-    stored_free(s);
-    pool_drop_if_empty(c->w, in);
+    if (delete)
+        kvp_hub_response_delete(hc, id);
+    else
+        kvp_hub_response_get(hc, id);
 }

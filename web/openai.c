@@ -345,6 +345,10 @@ static void on_hub_event(void *ctx, const kvp_hub_event *ev)
     case KVP_HUB_ERROR:
         hub_error(c, ev);
         break;
+    case KVP_HUB_RESPONSE:
+        if (o->codec && o->codec->stored)
+            o->codec->stored(c, ev);
+        break;
     }
 }
 

@@ -14,7 +14,5 @@ int kvpd_openai_body(kvpd_conn *c, const void *in, size_t len);
 int kvpd_openai_body_done(kvpd_conn *c);
 int kvpd_openai_writeable(kvpd_conn *c);
 void kvpd_openai_closed(kvpd_conn *c);
-/* The stored responses (web/oai_responses.c): freed at the front end's stop. */
-void kvpd_oai_responses_free(kvpd_web *w);
 
 #endif

@@ -23,6 +23,8 @@ typedef struct kvpd_oai_codec {
     /* an error once the stream's 200 is out; the codec ends the stream */
     void (*stream_error)(kvpd_conn *c, enum kvpd_oai_code code, const char *msg, size_t len);
     void (*free)(void *state);
+    /* the hub's answer about a stored response (KVP_HUB_RESPONSE) */
+    void (*stored)(kvpd_conn *c, const kvp_hub_event *ev);
 } kvpd_oai_codec;
 
 /* One of a request's other choices (n > 1; web/oai_choices.c): index 1.. */

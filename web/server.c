@@ -287,5 +287,4 @@ void kvpd_web_stop(kvpd_web *w)
     kvpd_listen_stop(w);
     if (w->lws)
         lws_context_destroy(w->lws);
-    kvpd_oai_responses_free(w);
 }

@@ -26,7 +26,6 @@ typedef struct kvpd_web {
     char admin_token_generated[33];   /* without admin_token: made at start ("" = closed) */
     int frames_pending;           /* frames queued, not yet written */
     double started;               /* kvp_now() at start */
-    struct kvpd_oai_store *responses;   /* stored /v1/responses (web/oai_responses.c) */
 } kvpd_web;
 
 #endif

@@ -6,6 +6,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <hiredis/hiredis.h>
 #include <signal.h>
 #include <stdio.h>
@@ -208,8 +209,12 @@ void h_rmdir(const char *dir)
         return;
     struct dirent *e;
     while ((e = readdir(d)))
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
-            unlinkat(dirfd(d), e->d_name, 0);
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..") &&
+            unlinkat(dirfd(d), e->d_name, 0) < 0 && errno == EISDIR) {
+            char sub[PATH_MAX];   /* one level down: the state directory's responses/ */
+            if (snprintf(sub, sizeof sub, "%s/%s", dir, e->d_name) < (int)sizeof sub)
+                h_rmdir(sub);
+        }
     closedir(d);
     rmdir(dir);
 }

@@ -33,7 +33,7 @@ void kvpd_kill(kvpd_proc *p);
 int kvpd_log_has(const kvpd_proc *p, const char *text);
 /* A fresh directory under /tmp (static buffer per call site is the caller's). */
 int h_mkdtemp(char *out, size_t len);
-/* Removes a directory and the files in it (no subdirectories). */
+/* Removes a directory, the files in it and its subdirectories'. */
 void h_rmdir(const char *dir);
 /* The admin token kvpd generated into p->admin_file ("" when none was written). */
 const char *h_admin_token(const kvpd_proc *p);

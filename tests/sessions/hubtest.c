@@ -79,6 +79,7 @@ static void sink(void *ctx, const kvp_hub_event *e)
     r->resumed = e->resumed;
     r->turns = e->turns;
     r->n_history = e->n_history;
+    r->resp_rc = e->resp_rc;
     r->has_system = e->system != NULL;
     if (e->system)
         snprintf(r->system, sizeof r->system, "%.*s", (int)e->system_len, e->system);

@@ -23,6 +23,7 @@ typedef struct ht_event {
     kvp_hub_logprob *lp;     /* TOKEN, DONE: a copy of the event's logprobs (bytes point
                               * into the model's vocabulary) */
     int n_lp, lp_top;
+    int resp_rc;             /* RESPONSE */
 } ht_event;
 
 typedef struct ht_client {
