@@ -69,7 +69,9 @@ void kvp_hub_message_opts(kvp_hub_client *c, const char *text, size_t len,
  * new session starts holding system and msgs[0..n-1), and its first turn prefills all of
  * them. Either way a session event (resumed 1 for a continued session) comes first, then
  * the turn's events as for kvp_hub_message. The client should be one made for this
- * request: it leaves any session it had. */
+ * request: it leaves any session it had. With o->ephemeral (hub_types.h) no session is
+ * continued or cut back: the turn runs in a new session forked from (or seeded like)
+ * the held conversation it extends, with no session event, and nothing of it is kept. */
 void kvp_hub_chat(kvp_hub_client *c, const char *id, const char *system, size_t system_len,
                   const kvp_message *msgs, int n, const kvp_turn_opts *o);
 /* kvp_hub_chat with more choices (sessions/hub_choices.c): c's choice runs as kvp_hub_chat
