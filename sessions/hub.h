@@ -71,7 +71,9 @@ void kvp_hub_message_opts(kvp_hub_client *c, const char *text, size_t len,
  * the turn's events as for kvp_hub_message. The client should be one made for this
  * request: it leaves any session it had. With o->prefill the reply continues the
  * assistant's unfinished message o->reply_prefix after msgs[n-1] (kvp_turn_opts; checked
- * first with kvp_hub_prefill_check). */
+ * first with kvp_hub_prefill_check). With o->ephemeral (hub_types.h) no session is
+ * continued or cut back: the turn runs in a new session forked from (or seeded like)
+ * the held conversation it extends, with no session event, and nothing of it is kept. */
 void kvp_hub_chat(kvp_hub_client *c, const char *id, const char *system, size_t system_len,
                   const kvp_message *msgs, int n, const kvp_turn_opts *o);
 /* An assistant prefill (kvp_turn_opts.prefill) checked before kvp_hub_chat: the

@@ -1,7 +1,10 @@
 /* kvp_hub_chat: stateless requests that carry the whole conversation find the session
  * whose transcript they extend (only the new message is prefilled), or start one seeded
- * with their history; busy sessions are not matched; per-turn top_p and seed. */
+ * with their history; busy sessions are not matched; per-turn top_p and seed; an
+ * ephemeral request keeps nothing. */
 #include <criterion/criterion.h>
+#include <dirent.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -235,4 +238,89 @@ Test(chat, a_stop_string_cuts_the_transcript_and_the_cache)
     cr_assert_lt(c.ev[k].stats.prefilled_tokens, 10);
     end(&c);
     finish();
+}
+
+/* The .snap files in dir. */
+static int snapshots(const char *dir)
+{
+    DIR *d = opendir(dir);
+    cr_assert(d, "%s", dir);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        size_t l = strlen(e->d_name);
+        n += l > 5 && !strcmp(e->d_name + l - 5, ".snap");
+    }
+    closedir(d);
+    return n;
+}
+
+/* An ephemeral request (kvp_turn_opts.ephemeral: a Responses turn with store false) keeps
+ * nothing: it names no session, forks the held conversation it extends instead of
+ * continuing it, leaves that one exactly as it was (a later request continues it as if
+ * the ephemeral turn had never run) and leaves no snapshot and no session behind; a
+ * websocket message cannot be ephemeral. */
+Test(chat, an_ephemeral_request_keeps_nothing_and_leaves_the_held_conversation_as_it_was)
+{
+    char dir[] = "/tmp/kvp-chat-XXXXXX";
+    cr_assert(mkdtemp(dir));
+    ht_start_forkable(&g, dir);
+    kvp_turn_opts o = {.max_tokens = 12}, eo = o;
+    eo.ephemeral = 1;
+    kvp_message m[3] = {msg(1, "Once upon a time")};
+    int i = chat(&a, NULL, m, 1, &o);
+    const kvp_turn_stats *s1 = &a.ev[i].stats;
+    end(&a);
+    ht_settle(&g);
+    char id[KVP_SESSION_ID_LEN + 1];
+    snprintf(id, sizeof id, "%s", a.ev[0].id);
+    kvp_session *held = ht_session(&g, id);
+    cr_assert(held);
+    int turns = held->turns_done, n_msgs = held->n_msgs, n_tokens = held->n_tokens;
+    uint64_t hash = held->transcript_hash;
+    kvp_hub_info info;
+    kvp_hub_info_get(g.hub, &info);
+    int resident = info.sessions_resident, parked = info.sessions_parked;
+    cr_assert_eq(snapshots(dir), 1);
+
+    m[1] = msg(0, a.ev[i].text);
+    m[2] = msg(1, "The cat sat");
+    ht_client_new(&g, &b);
+    kvp_hub_chat(b.c, id, NULL, 0, m, 3, &eo);
+    int j = ht_wait(&g, &b, 0, KVP_HUB_DONE, 60);
+    cr_assert_eq(ht_find(&b, 0, KVP_HUB_SESSION), -1, "an ephemeral turn named its session");
+    const kvp_turn_stats *s2 = &b.ev[j].stats;
+    cr_assert_geq(s2->cached_tokens, s1->transcript_tokens - 1,
+                  "the held conversation's cache was not forked (%d cached of %d, %d held)",
+                  s2->cached_tokens, s2->context_tokens, s1->transcript_tokens);
+    cr_assert_lt(s2->prefilled_tokens, 10, "more than the new message was prefilled");
+    end(&b);
+    ht_settle(&g);
+    cr_assert_eq(ht_session(&g, id), held);
+    cr_assert_eq(held->state, KVP_SESSION_IDLE);
+    cr_assert_eq(held->turns_done, turns, "the ephemeral turn was the held session's");
+    cr_assert_eq(held->n_msgs, n_msgs);
+    cr_assert_eq(held->n_tokens, n_tokens);
+    cr_assert_eq(held->transcript_hash, hash);
+    kvp_hub_info_get(g.hub, &info);
+    cr_assert_eq(info.sessions_resident, resident, "the ephemeral session stayed");
+    cr_assert_eq(info.sessions_parked, parked);
+    cr_assert_eq(snapshots(dir), 1, "the ephemeral turn wrote a snapshot");
+
+    /* the held conversation is continued as before */
+    int k = chat(&c, NULL, m, 3, &o);
+    cr_assert_eq(c.ev[0].resumed, 1);
+    cr_assert_str_eq(c.ev[0].id, id);
+    cr_assert_geq(c.ev[k].stats.cached_tokens, s1->transcript_tokens - 1);
+    end(&c);
+
+    ht_client_new(&g, &x);
+    kvp_hub_message_opts(x.c, "Hi", 2, &eo);
+    cr_assert_eq(x.n, 1);
+    cr_assert_eq(x.ev[0].type, KVP_HUB_ERROR);
+    cr_assert_str_eq(x.ev[0].code, KVPD_E_BAD_REQUEST, "%s", x.ev[0].text);
+    end(&x);
+    finish();
+    char cmd[64];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    cr_assert_eq(system(cmd), 0);
 }
