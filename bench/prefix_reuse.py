@@ -34,8 +34,8 @@ import time
 import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from vs_llamacpp import (Server, free_port, load_avg, pct, run_at_once,  # noqa: E402
-                         stream_turn)
+from oai_bench import (Server, free_port, kvpd_argv, load_avg, pct,  # noqa: E402
+                       run_at_once, stream_turn)
 
 WORDS = ("the old lighthouse keeper kept a careful log of every ship that passed the "
          "rocky point at night and wrote down the weather the sea and the names of the "
@@ -116,11 +116,8 @@ def main():
     try:
         for name, extra in (("reuse", []), ("re-prefill", ["--no-reuse-cache"])):
             port = free_port()
-            argv = [a.kvpd, "--model", a.model, "--listen", f"127.0.0.1:{port}",
-                    "--state-dir", "", "--max-sessions", str(max(64, 2 * a.conversations))]
-            for x in a.kvpd_arg:
-                argv += x.split("=", 1) if x.startswith("--") and "=" in x else [x]
-            argv += extra
+            argv = kvpd_argv(a.kvpd, a.model, port, 2 * a.conversations,
+                             a.kvpd_arg + extra)
             servers[name] = Server(f"kvpd ({name})", argv, port, "/healthz",
                                    os.path.join(a.logdir, f"prefix-reuse-{name}.log"))
             print(f"{name}: {' '.join(argv)}")

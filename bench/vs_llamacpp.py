@@ -29,123 +29,16 @@ run works in a few minutes; its figures are not the benchmark. Python 3 standard
 library only.
 """
 import argparse
-import http.client
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import threading
-import time
 import uuid
 
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-def get_json(port, path, timeout=5):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        c.request("GET", path)
-        r = c.getresponse()
-        body = r.read()
-        return r.status, (json.loads(body) if body else None)
-    finally:
-        c.close()
-
-
-class Server:
-    def __init__(self, name, argv, port, health, log):
-        self.name, self.port, self.health = name, port, health
-        self.log = open(log, "wb")
-        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT)
-        self.model = None
-
-    def wait_up(self, timeout=300):
-        end = time.time() + timeout
-        while time.time() < end:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.proc.returncode} "
-                                   f"(log: {self.log.name})")
-            try:
-                st, _ = get_json(self.port, self.health)
-                if st == 200:
-                    st, models = get_json(self.port, "/v1/models")
-                    if st == 200 and models and models.get("data"):
-                        self.model = models["data"][0]["id"]
-                        return
-            except (OSError, http.client.HTTPException, ValueError):
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(f"{self.name} did not answer {self.health} in {timeout} s")
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-
-
-def stream_turn(port, body, meta=None):
-    """POSTs one streamed chat completion: (reply text, completion tokens, ttft s).
-    meta (a dict): gets the usage chunk's "usage" and, from kvpd, its "kvpd" figures."""
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-    t0 = time.monotonic()
-    ttft, text, chunks, usage = None, [], 0, None
-    try:
-        c.request("POST", "/v1/chat/completions", body=json.dumps(body),
-                  headers={"Content-Type": "application/json"})
-        r = c.getresponse()
-        if r.status != 200:
-            raise RuntimeError(f"HTTP {r.status}: {r.read()[:300]!r}")
-        while True:
-            line = r.readline()
-            if not line:
-                break
-            line = line.strip()
-            if not line.startswith(b"data:"):
-                continue
-            data = line[5:].strip()
-            if data == b"[DONE]":
-                break
-            ev = json.loads(data)
-            if ev.get("usage"):
-                usage = ev["usage"]
-                if meta is not None:
-                    meta["usage"], meta["kvpd"] = usage, ev.get("kvpd")
-            for ch in ev.get("choices") or []:
-                piece = (ch.get("delta") or {}).get("content")
-                if piece:
-                    if ttft is None:
-                        ttft = time.monotonic() - t0
-                    text.append(piece)
-                    chunks += 1
-    finally:
-        c.close()
-    n = usage.get("completion_tokens", chunks) if usage else chunks
-    return "".join(text), n, (ttft if ttft is not None else time.monotonic() - t0)
-
-
-def run_at_once(fn, n):
-    """fn(0) .. fn(n - 1), each on its own thread, all started at once: the wall time (s)
-    until the last returns."""
-    th = [threading.Thread(target=fn, args=(i,)) for i in range(n)]
-    t0 = time.monotonic()
-    for t in th:
-        t.start()
-    for t in th:
-        t.join()
-    return time.monotonic() - t0
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from oai_bench import (Server, free_port, kvpd_argv, llama_argv, load_avg,  # noqa: E402
+                       pct, run_at_once, stream_turn)
 
 
 def run_load(server, conversations, reply, sampled, turns, sampled_extra=None):
@@ -181,21 +74,6 @@ def run_load(server, conversations, reply, sampled, turns, sampled_extra=None):
     if errors:
         raise RuntimeError(f"{server.name}: " + "; ".join(errors[:3]))
     return sum(tokens) / wall, ttfts, sum(tokens) / max(1, len(tokens))
-
-
-def pct(v, p):
-    v = sorted(v)
-    if not v:
-        return float("nan")
-    k = (len(v) - 1) * p / 100
-    lo = int(k)
-    hi = min(lo + 1, len(v) - 1)
-    return v[lo] + (v[hi] - v[lo]) * (k - lo)
-
-
-def load_avg():
-    with open("/proc/loadavg") as f:
-        return " ".join(f.read().split()[:3])
 
 
 def main():
@@ -236,14 +114,9 @@ def main():
         ap.error(f"--sampled-extra: {e}")
 
     lport, kport = free_port(), free_port()
-    largv = [a.llama_server, "-m", a.model, "-np", str(slots), "-c",
-             str(slots * a.ctx_per_slot), "-t", str(a.threads), "--port", str(lport),
-             "--host", "127.0.0.1", "-cb"]
-    kargv = [a.kvpd, "--model", a.model, "--listen", f"127.0.0.1:{kport}",
-             "--state-dir", "", "--max-sessions", str(max(64, slots)),
-             "--max-sessions-per-connection", str(max(8, slots))]
-    for x in a.kvpd_arg:
-        kargv += x.split("=", 1) if x.startswith("--") and "=" in x else [x]
+    largv = llama_argv(a.llama_server, a.model, lport, slots, slots * a.ctx_per_slot,
+                       a.threads)
+    kargv = kvpd_argv(a.kvpd, a.model, kport, slots, a.kvpd_arg)
     tag = uuid.uuid4().hex[:6]
     servers = {}
     try:

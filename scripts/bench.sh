@@ -86,6 +86,17 @@
 #   llama-quantize makes (as --vs-llamacpp; written on first use): REPS (default 3) runs
 #   per case, the modes alternating, medians of the aggregate tok/s at 1 and 16, their
 #   ratio, and the TTFT p99 of the 16 simultaneous arrivals against one session's.
+#        scripts/bench.sh --multiturn [bench/multiturn.py options, e.g. --users 8 --reps 2]
+#   --multiturn: a multi-turn replay against kvpd and llama.cpp's server (LLAMA_SERVER, as
+#   --vs-llamacpp) on the same Qwen2.5-0.5B-shaped Q8_0 file (as --vs-llamacpp): 32 users x
+#   6 rounds, 24 of them starting from one of 3 shared system prompts of ~500 tokens,
+#   user messages of 40 TinyStories words ($KVP_SHARED/datasets/tinystories), streamed
+#   64-token greedy replies, the whole transcript resent each round, exponential think
+#   times of mean 1 s (bench/multiturn.py). kvpd runs with --budget 0, llama-server with
+#   -np 32 (one slot per user), 2048 tokens a slot and --cache-reuse 256. 3 repetitions
+#   alternating the servers: requests/s, output tok/s (usage and streamed chunks), TTFT
+#   p50 / p99, inter-token p50 / p99, the prompt-cache hit ratio, medians and kvpd /
+#   llama.cpp ratios, and how each server chunks its stream.
 # KVP_BUILD_DIR selects the build directory (default build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -232,6 +243,17 @@ if [ "${1:-}" = --vs-llamacpp ]; then
     make_llama_q8
     echo "load: $(uptime)"
     python3 bench/vs_llamacpp.py --kvpd $dir/daemon/kvpd --llama-server "$server" --model $q8 \
+        --kvpd-arg=--budget=0 "$@"
+    echo "load: $(uptime)"
+    exit 0
+fi
+if [ "${1:-}" = --multiturn ]; then
+    shift
+    server=${LLAMA_SERVER:-$anchors/$isa/llama-server}
+    [ -x "$server" ] || { echo "bench.sh: no llama-server at $server (set LLAMA_SERVER)" >&2; exit 1; }
+    make_llama_q8
+    echo "load: $(uptime)"
+    python3 bench/multiturn.py --kvpd $dir/daemon/kvpd --llama-server "$server" --model $q8 \
         --kvpd-arg=--budget=0 "$@"
     echo "load: $(uptime)"
     exit 0
