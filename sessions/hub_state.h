@@ -52,6 +52,7 @@ struct kvp_hub {
     /* Conversations known only from the state directory's prefix file, fork sources
      * once read (sessions/prefix_load.h); NULL: none. */
     struct kvp_prefix_disk *prefix_disk;
+    char *template_src;              /* the chat_template_file's text (NULL: none) */
 };
 
 struct kvp_hub_client {

@@ -545,7 +545,8 @@ int kvpd_http_request(kvpd_conn *c, const char *uri, int *api_request)
     int api = kvpd_openai_path(uri, NULL) != 0;   /* with or without /v1 */
     uint64_t body_len;
     c->path_label = api ? kvpd_openai_path_label(uri)
-                  : !strcmp(uri, "/healthz") ? "/healthz" : !strcmp(uri, "/metrics") ? "/metrics"
+                  : !strcmp(uri, "/healthz") ? "/healthz" : !strcmp(uri, "/health") ? "/health"
+                  : !strcmp(uri, "/metrics") ? "/metrics"
                   : !strcmp(uri, "/admin/stats") ? "/admin/stats"
                   : !strncmp(uri, "/admin/learn/transcripts", 24) ? "/admin/learn/transcripts"
                   : "other";
@@ -584,7 +585,7 @@ int kvpd_http_request(kvpd_conn *c, const char *uri, int *api_request)
     }
     if (!c->head && lws_hdr_total_length(c->wsi, WSI_TOKEN_GET_URI) <= 0)
         return text_status(c, 405, "only GET and HEAD are served\n", NULL);
-    if (!strcmp(uri, "/healthz")) {
+    if (!strcmp(uri, "/healthz") || !strcmp(uri, "/health")) {   /* /health: llama.cpp's name */
         int ok = w->hub && !w->draining, unsaved = w->hub ? kvp_hub_unsaved(w->hub) : 0;
         if (ok && unsaved)
             return respond_json(c, 503, json_pack("{s:s, s:i}", "status", "degraded",
