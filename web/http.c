@@ -92,17 +92,56 @@ static int respond_json(kvpd_conn *c, int status, json_t *o)
     return rc;
 }
 
-static int text_status(kvpd_conn *c, int status, const char *msg, const char *www_auth)
+/* Every error of these endpoints: JSON in the API's error shape (docs/openai.md), with
+ * an Allow header (a 405's) and a WWW-Authenticate header when given (NULL: none). */
+static int http_error(kvpd_conn *c, int status, const char *code, const char *msg,
+                      const char *allow, const char *www_auth)
 {
-    return respond(c, status, "text/plain; charset=utf-8", msg, strlen(msg), www_auth);
+    char *s = NULL;
+    size_t len = strlen(msg);
+    while (len && msg[len - 1] == '\n')
+        len--;
+    json_t *j = json_pack("{s:{s:s%, s:s, s:n, s:s}}", "error", "message", msg, len, "type",
+                          status == 404 ? "not_found_error" : status == 401
+                          ? "authentication_error" : status == 503 ? "service_unavailable"
+                          : status >= 500 ? "server_error" : "invalid_request_error",
+                          "param", "code", code);
+    if (j)
+        s = json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    if (!s)
+        return respond(c, 500, "text/plain", "out of memory\n", 14, NULL);
+    const char *extra[7];
+    int k = 0;
+    if (allow) {
+        extra[k++] = "allow:";
+        extra[k++] = allow;
+    }
+    if (www_auth) {
+        extra[k++] = "www-authenticate:";
+        extra[k++] = www_auth;
+    }
+    end_headers(c, extra, k);
+    int rc = kvpd_http_respond(c, status, "application/json", s, strlen(s), extra);
+    free(s);
+    return rc;
 }
 
-/* An unknown path: JSON, in the API's error shape (docs/openai.md). */
+/* An error whose code is its status's. */
+static int status_error(kvpd_conn *c, int status, const char *msg, const char *www_auth)
+{
+    const char *code = status == 400 ? "invalid_request" : status == 401 ? "invalid_admin_token"
+                     : status == 403 ? "origin_not_allowed" : status == 411 ? "length_required"
+                     : status == 413 ? "request_too_large" : status == 417 ? "expectation_failed"
+                     : status == 421 ? "misdirected_request" : status == 426 ? "upgrade_required"
+                     : status == 503 ? "too_many_connections" : "server_error";
+    return http_error(c, status, code, msg, NULL, www_auth);
+}
+
+/* An unknown path. */
 static int not_found(kvpd_conn *c)
 {
-    return respond_json(c, 404, json_pack("{s:{s:s, s:s, s:n, s:s}}", "error", "message",
-                                          "no such path", "type", "not_found_error",
-                                          "param", "code", "unknown_url"));
+    return http_error(c, 404, "unknown_url", "no such path", NULL, NULL);
 }
 
 int kvpd_http_writeable(kvpd_conn *c)
@@ -158,32 +197,6 @@ int kvpd_learn_forget(kvpd_web *w, const char *tenant, struct json_t **answer, c
     return 0;
 }
 
-/* An error of the admin endpoints: JSON in the API's error shape. */
-static int admin_error(kvpd_conn *c, int status, const char *code, const char *msg,
-                       const char *allow)
-{
-    char *s = NULL;
-    json_t *j = json_pack("{s:{s:s, s:s, s:n, s:s}}", "error", "message", msg, "type",
-                          status == 404 ? "not_found_error" : status == 405
-                          ? "invalid_request_error" : status >= 500 ? "server_error"
-                          : "invalid_request_error", "param", "code", code);
-    if (j)
-        s = json_dumps(j, JSON_COMPACT);
-    json_decref(j);
-    if (!s)
-        return respond(c, 500, "text/plain", "out of memory\n", 14, NULL);
-    const char *extra[5];
-    int k = 0;
-    if (allow) {
-        extra[k++] = "allow:";
-        extra[k++] = allow;
-    }
-    end_headers(c, extra, k);
-    int rc = kvpd_http_respond(c, status, "application/json", s, strlen(s), extra);
-    free(s);
-    return rc;
-}
-
 /* DELETE /admin/learn/transcripts/TENANT: a tenant's learn_dir transcripts, by the admin.
  * TENANT is a key's id (16 lowercase hex digits, the folder's name) or "default" (the
  * folder of a daemon without keys). */
@@ -192,11 +205,11 @@ static int admin_learn(kvpd_conn *c, const char *uri)
     static const char base[] = "/admin/learn/transcripts";
     const char *name = uri + sizeof base - 1;
     if (!lws_hdr_total_length(c->wsi, WSI_TOKEN_DELETE_URI))
-        return admin_error(c, 405, "method_not_allowed", "/admin/learn/transcripts/TENANT takes "
-                           "DELETE", "DELETE");
+        return http_error(c, 405, "method_not_allowed", "/admin/learn/transcripts/TENANT takes "
+                           "DELETE", "DELETE", NULL);
     if (*name != '/' || !name[1])
-        return admin_error(c, 400, "invalid_tenant", "name the tenant: DELETE "
-                           "/admin/learn/transcripts/TENANT (its 16 hex digit id, or default)", NULL);
+        return http_error(c, 400, "invalid_tenant", "name the tenant: DELETE "
+                           "/admin/learn/transcripts/TENANT (its 16 hex digit id, or default)", NULL, NULL);
     name++;
     size_t len = strlen(name);
     int ok = !strcmp(name, "default") || len == KVP_TENANT_LEN;
@@ -206,14 +219,14 @@ static int admin_learn(kvpd_conn *c, const char *uri)
     if (!ok) {
         snprintf(msg, sizeof msg, "'%.64s' is not a tenant id: 16 lowercase hex digits (the "
                  "folder's name in learn_dir), or default", name);
-        return admin_error(c, 400, "invalid_tenant", msg, NULL);
+        return http_error(c, 400, "invalid_tenant", msg, NULL, NULL);
     }
     json_t *answer;
     const char *code = "";
     int status = kvpd_learn_forget(c->w, strcmp(name, "default") ? name : "", &answer, &code,
                                    msg, sizeof msg);
     if (status)
-        return admin_error(c, status, code, msg, NULL);
+        return http_error(c, status, code, msg, NULL, NULL);
     return respond_json(c, 200, answer);
 }
 
@@ -345,7 +358,7 @@ static int admin_stats(kvpd_conn *c)
     long offset = query_long(c, "offset=", 0, 1L << 30);
     long limit = query_long(c, "limit=", STATS_PAGE_DEFAULT, STATS_PAGE_MAX);
     if (offset < 0 || limit < 0)
-        return text_status(c, 400, "offset and limit must be integers (limit at most 1000)\n",
+        return status_error(c, 400, "offset and limit must be integers (limit at most 1000)\n",
                            NULL);
     json_t *list = json_array();
     int total = w->hub && list ? kvp_hub_list(w->hub, (int)offset, (int)limit, list_session,
@@ -417,19 +430,19 @@ static int metrics(kvpd_conn *c)
     return rc;
 }
 
-/* Only plain file names from static_dir: no directories, no dot files.
- * Returns 0 when lws streams the file, 1 when there is no such file, -1 on failure. */
-static int static_file(kvpd_conn *c, const char *uri)
+/* Only plain file names from static_dir: no directories, no dot files. The file's path
+ * (path[KVPD_PATH_MAX + 80]) and type; NULL when there is no such file. */
+static const char *static_path(kvpd_conn *c, const char *uri, char *path)
 {
     const char *name = !strcmp(uri, "/") ? "index.html" : uri + 1;
     const char *dot = strrchr(name, '.');
     size_t n = strlen(name);
     if (n == 0 || n > 64 || name[0] == '.' || !dot || strchr(name, '/'))
-        return 1;
+        return NULL;
     for (const char *p = name; *p; p++)
         if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') ||
               (*p >= '0' && *p <= '9') || *p == '.' || *p == '-' || *p == '_'))
-            return 1;
+            return NULL;
     static const struct { const char *ext, *mime; } types[] = {
         {".html", "text/html; charset=utf-8"}, {".css", "text/css; charset=utf-8"},
         {".js", "application/javascript; charset=utf-8"}, {".svg", "image/svg+xml"},
@@ -438,15 +451,36 @@ static int static_file(kvpd_conn *c, const char *uri)
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
         if (!strcmp(dot, types[i].ext))
             mime = types[i].mime;
-    char path[KVPD_PATH_MAX + 80];
-    snprintf(path, sizeof path, "%s/%s", c->w->cfg->static_dir, name);
+    snprintf(path, KVPD_PATH_MAX + 80, "%s/%s", c->w->cfg->static_dir, name);
     struct stat st;
     if (!mime || stat(path, &st) < 0 || !S_ISREG(st.st_mode))
+        return NULL;
+    return mime;
+}
+
+/* Returns 0 when lws streams the file, 1 when there is no such file, -1 on failure. */
+static int static_file(kvpd_conn *c, const char *uri)
+{
+    char path[KVPD_PATH_MAX + 80];
+    const char *mime = static_path(c, uri, path);
+    if (!mime)
         return 1;
     c->w->metrics->http_requests++;
     kvpd_labelled_add(&c->w->metrics->http_by_path, "/static", 200);
     int rc = lws_serve_http_file(c->wsi, path, mime, NULL, 0);
     return rc < 0 ? -1 : 0;
+}
+
+/* 1 when uri is one of the GET endpoints of this file (a static file that exists too). */
+static int get_endpoint(kvpd_conn *c, const char *uri)
+{
+    static const char *const paths[] = {"/healthz", "/health", "/metrics", "/admin/stats",
+                                        "/chat"};
+    for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++)
+        if (!strcmp(uri, paths[i]))
+            return 1;
+    char path[KVPD_PATH_MAX + 80];
+    return static_path(c, uri, path) != NULL;
 }
 
 /* OPTIONS under /v1: a CORS preflight. 204; with the CORS headers for an origin
@@ -560,16 +594,16 @@ int kvpd_http_request(kvpd_conn *c, const char *uri, int *api_request)
     if (refused || post)
         kvpd_wsguard_body(lws_get_socket_fd(c->wsi), body_len);
     if (refused)
-        return text_status(c, status, refused, NULL);
+        return status_error(c, status, refused, NULL);
     if (kvpd_listen_reserved(c->wsi)) {
         /* past max_connections: only health checks, one per connection */
         c->close_after = 1;
         if (strcmp(uri, "/healthz") && strcmp(uri, "/metrics"))
-            return text_status(c, 503, "too many connections\n", NULL);
+            return status_error(c, 503, "too many connections\n", NULL);
     }
     refused = kvpd_guard_check(w, c->wsi, &status);
     if (refused)
-        return text_status(c, status, refused, NULL);
+        return status_error(c, status, refused, NULL);
     if (api && lws_hdr_total_length(c->wsi, WSI_TOKEN_OPTIONS_URI) > 0)
         return preflight(c);
     if (api) {   /* admitted: web/openai.c answers it */
@@ -580,11 +614,17 @@ int kvpd_http_request(kvpd_conn *c, const char *uri, int *api_request)
     if (!strncmp(uri, "/admin/learn/transcripts", 24) && (!uri[24] || uri[24] == '/')) {
         /* the one admin endpoint that takes DELETE; the token first, as for /admin/stats */
         if (!token_ok(c))
-            return text_status(c, 401, "admin token required\n", "Bearer realm=\"kvpd\"");
+            return status_error(c, 401, "admin token required\n", "Bearer realm=\"kvpd\"");
         return admin_learn(c, uri);
     }
-    if (!c->head && lws_hdr_total_length(c->wsi, WSI_TOKEN_GET_URI) <= 0)
-        return text_status(c, 405, "only GET and HEAD are served\n", NULL);
+    if (!c->head && lws_hdr_total_length(c->wsi, WSI_TOKEN_GET_URI) <= 0) {
+        /* another method: 405 naming the ones taken, or 404 for no such path */
+        if (!get_endpoint(c, uri))
+            return not_found(c);
+        char msg[160];
+        snprintf(msg, sizeof msg, "%.96s takes GET or HEAD", uri);
+        return http_error(c, 405, "method_not_allowed", msg, "GET, HEAD", NULL);
+    }
     if (!strcmp(uri, "/healthz") || !strcmp(uri, "/health")) {   /* /health: llama.cpp's name */
         int ok = w->hub && !w->draining, unsaved = w->hub ? kvp_hub_unsaved(w->hub) : 0;
         if (ok && unsaved)
@@ -597,13 +637,13 @@ int kvpd_http_request(kvpd_conn *c, const char *uri, int *api_request)
         return metrics(c);
     if (!strncmp(uri, "/admin/", 7)) {
         if (!token_ok(c))
-            return text_status(c, 401, "admin token required\n", "Bearer realm=\"kvpd\"");
+            return status_error(c, 401, "admin token required\n", "Bearer realm=\"kvpd\"");
         if (!strcmp(uri, "/admin/stats"))
             return admin_stats(c);
         return not_found(c);
     }
     if (!strcmp(uri, "/chat"))
-        return text_status(c, 426, "/chat is a websocket endpoint\n", NULL);
+        return status_error(c, 426, "/chat is a websocket endpoint\n", NULL);
     int rc = static_file(c, uri);
     if (rc <= 0)
         return rc;
