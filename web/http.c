@@ -147,12 +147,18 @@ static int not_found(kvpd_conn *c)
 int kvpd_http_writeable(kvpd_conn *c)
 {
     kvpd_frame *f = c->out_head;
-    if (!f)
-        return 0;
+    int fd = lws_get_socket_fd(c->wsi);
+    if (!f)   /* the answer is out: it closes once the body it refused is read */
+        return c->drain_close && !kvpd_wsguard_draining(fd) ? -1 : 0;
     c->out_head = c->out_tail = NULL;
     int n = lws_write(c->wsi, f->buf + LWS_PRE, f->len, LWS_WRITE_HTTP_FINAL);
     free(f);
     c->w->frames_pending--;
+    if (n >= 0 && c->close_after && kvpd_wsguard_draining(fd)) {
+        c->drain_close = 1;   /* the guard asks for this callback again when it is read */
+        lws_set_timeout(c->wsi, PENDING_TIMEOUT_HTTP_CONTENT, KVPD_DRAIN_S);
+        return 0;
+    }
     if (n < 0 || c->close_after)
         return -1;
     return lws_http_transaction_completed(c->wsi) ? -1 : 0;
@@ -520,11 +526,12 @@ static int has_header(struct lws *wsi, enum lws_token_indexes tok, char *buf, si
  * anything else is answered at once (refused: the connection closes after the answer,
  * and the bytes after the header are never read, as a body or as a request). Returns
  * NULL when the request goes on (*body_len: its body's bytes); else why, and *status. */
-static const char *framing(kvpd_conn *c, int post, int api, uint64_t *body_len, int *status)
+static const char *framing(kvpd_conn *c, int post, int api, uint64_t *body_len,
+                           uint64_t *sent_len, int *status)
 {
     struct lws *wsi = c->wsi;
     char buf[128];
-    *body_len = 0;
+    *body_len = *sent_len = 0;
     if (has_header(wsi, WSI_TOKEN_HTTP_TRANSFER_ENCODING, buf, sizeof buf)) {
         *status = post ? 411 : 400;
         return post ? "Transfer-Encoding is not supported: send the body with Content-Length\n"
@@ -540,6 +547,9 @@ static const char *framing(kvpd_conn *c, int post, int api, uint64_t *body_len, 
         *status = 400;
         return "Content-Length must be a non-negative integer\n";
     }
+    int expect = has_header(wsi, WSI_TOKEN_HTTP_EXPECT, buf, sizeof buf);
+    /* the body the client sends now (one waiting for 100 Continue sends none yet) */
+    *sent_len = expect ? 0 : (uint64_t)cl;
     if (!post && cl > 0) {
         *status = 400;
         return "only POST requests may carry a body\n";
@@ -548,7 +558,6 @@ static const char *framing(kvpd_conn *c, int post, int api, uint64_t *body_len, 
         *status = 411;
         return "a POST body needs Content-Length\n";
     }
-    int expect = has_header(wsi, WSI_TOKEN_HTTP_EXPECT, buf, sizeof buf);
     if (expect && (!post || strcasecmp(buf, "100-continue"))) {
         *status = 417;
         return "the only expectation served is 100-continue, on POST\n";
@@ -577,22 +586,31 @@ int kvpd_http_request(kvpd_conn *c, const char *uri, int *api_request)
     int status;
     int post = lws_hdr_total_length(c->wsi, WSI_TOKEN_POST_URI) > 0;
     int api = kvpd_openai_path(uri, NULL) != 0;   /* with or without /v1 */
-    uint64_t body_len;
+    uint64_t body_len, sent_len;
     c->path_label = api ? kvpd_openai_path_label(uri)
                   : !strcmp(uri, "/healthz") ? "/healthz" : !strcmp(uri, "/health") ? "/health"
                   : !strcmp(uri, "/metrics") ? "/metrics"
                   : !strcmp(uri, "/admin/stats") ? "/admin/stats"
                   : !strncmp(uri, "/admin/learn/transcripts", 24) ? "/admin/learn/transcripts"
                   : "other";
-    c->close_after = 0;
-    const char *refused = framing(c, post, api, &body_len, &status);
+    c->close_after = c->drain_close = 0;
+    const char *refused = framing(c, post, api, &body_len, &sent_len, &status);
+    int fd = lws_get_socket_fd(c->wsi);
     if (refused || (post && !api)) {
-        /* its body (if any) is not read: held back, dropped, and the connection closed */
+        /* its body is not read as one: the connection closes after the answer. A body of
+         * a known length up to KVPD_DRAIN_MAX is read and dropped first, so the client,
+         * which may still be sending it, gets the answer rather than a reset (a socket
+         * closed with bytes unread resets the connection); a slow one is cut at
+         * KVPD_DRAIN_S. */
         c->close_after = 1;
         body_len = 0;
+        if (sent_len > 0 && sent_len <= KVPD_DRAIN_MAX) {
+            kvpd_wsguard_drain(fd, c->wsi, sent_len);
+            lws_set_timeout(c->wsi, PENDING_TIMEOUT_HTTP_CONTENT, KVPD_DRAIN_S);
+        }
     }
     if (refused || post)
-        kvpd_wsguard_body(lws_get_socket_fd(c->wsi), body_len);
+        kvpd_wsguard_body(fd, body_len);
     if (refused)
         return status_error(c, status, refused, NULL);
     if (kvpd_listen_reserved(c->wsi)) {
