@@ -40,6 +40,8 @@ typedef struct kvpd_conn {
                                         * on the next writeable callback (0: none) */
     const char *close_why;
     const char *path_label;            /* HTTP: the endpoint, for kvpd_http_requests_total */
+    char cors[256];                    /* HTTP: the answer's Access-Control-Allow-Origin
+                                        * (kvpd_guard_cors; "" none) */
     struct kvpd_ws_tools *tools;       /* websocket: tool calling state (web/chat.c) */
 } kvpd_conn;
 

@@ -53,12 +53,14 @@ int kvpd_http_respond(kvpd_conn *c, int status, const char *type, const char *bo
     return 0;
 }
 
-/* The answer's extra headers end with `Connection: close` when it closes the connection:
- * asked before (c->close_after), or a request pipelined behind this one, which the client
- * then sends again on another connection (web/wsguard.c). extra has room for two more and
- * the NULL. */
+/* The answer's extra headers end with the CORS grant of an allowed origin (as the API's
+ * answers carry it) and `Connection: close` when it closes the connection: asked before
+ * (c->close_after), or a request pipelined behind this one, which the client then sends
+ * again on another connection (web/wsguard.c). extra has room for END_HEADERS more. */
+#define END_HEADERS (2 * KVPD_CORS_HEADERS + 3)
 static void end_headers(kvpd_conn *c, const char **extra, int k)
 {
+    k += kvpd_cors_headers(c->cors[0] ? c->cors : NULL, extra + k);
     if (kvpd_wsguard_pipelined(lws_get_socket_fd(c->wsi)))
         c->close_after = 1;
     if (c->close_after) {
@@ -71,7 +73,7 @@ static void end_headers(kvpd_conn *c, const char **extra, int k)
 static int respond(kvpd_conn *c, int status, const char *type, const char *body, size_t len,
                    const char *www_auth)
 {
-    const char *extra[5];
+    const char *extra[2 + END_HEADERS];
     int k = 0;
     if (www_auth) {
         extra[k++] = "www-authenticate:";
@@ -111,7 +113,7 @@ static int http_error(kvpd_conn *c, int status, const char *code, const char *ms
     json_decref(j);
     if (!s)
         return respond(c, 500, "text/plain", "out of memory\n", 14, NULL);
-    const char *extra[7];
+    const char *extra[4 + END_HEADERS];
     int k = 0;
     if (allow) {
         extra[k++] = "allow:";
@@ -489,21 +491,35 @@ static int get_endpoint(kvpd_conn *c, const char *uri)
     return static_path(c, uri, path) != NULL;
 }
 
-/* OPTIONS under /v1: a CORS preflight. 204; with the CORS headers for an origin
- * allowed_origins lists (none for others: the browser then refuses the request). No
+/* OPTIONS on an endpoint (allow: the methods it takes): a CORS preflight. 204 with
+ * Allow; for an origin allowed_origins lists, the CORS grant too: those methods, the
+ * request headers the preflight asks for (when they are a plain list of header names;
+ * else the ones the API reads) and a max age. Another origin was refused 403 before. No
  * API key: browsers send none on a preflight. */
-static int preflight(kvpd_conn *c)
+static int preflight(kvpd_conn *c, const char *allow)
 {
-    char buf[256];
-    const char *extra[2 * (KVPD_CORS_HEADERS + 4) + 1];
+    char buf[256], methods[64], asked[256];
+    const char *extra[2 * (KVPD_CORS_HEADERS + 5) + 1];
     int k = kvpd_cors_headers(kvpd_guard_cors(c->w, c->wsi, buf, sizeof buf), extra);
+    snprintf(methods, sizeof methods, "%s, OPTIONS", allow);
+    int cors = k > 0;
     extra[k++] = "allow:";
-    extra[k++] = "GET, POST, DELETE, OPTIONS";
-    if (k > 2) {
+    extra[k++] = methods;
+    if (cors) {
+        const char *headers = "authorization, content-type, x-session-id";
+        int n = lws_hdr_custom_copy(c->wsi, asked, sizeof asked,
+                                    "access-control-request-headers:", 31);
+        int plain = n > 0;
+        for (int i = 0; plain && i < n; i++)
+            plain = (asked[i] >= 'a' && asked[i] <= 'z') || (asked[i] >= 'A' && asked[i] <= 'Z') ||
+                    (asked[i] >= '0' && asked[i] <= '9') || asked[i] == '-' || asked[i] == '_' ||
+                    asked[i] == ',' || asked[i] == ' ';
+        if (plain)
+            headers = asked;
         extra[k++] = "access-control-allow-methods:";
-        extra[k++] = "GET, POST, DELETE, OPTIONS";
+        extra[k++] = methods;
         extra[k++] = "access-control-allow-headers:";
-        extra[k++] = "authorization, content-type, x-session-id";
+        extra[k++] = headers;
         extra[k++] = "access-control-max-age:";
         extra[k++] = "600";
     }
@@ -547,7 +563,8 @@ static const char *framing(kvpd_conn *c, int post, int api, uint64_t *body_len,
         *status = 400;
         return "Content-Length must be a non-negative integer\n";
     }
-    int expect = has_header(wsi, WSI_TOKEN_HTTP_EXPECT, buf, sizeof buf);
+    char expectation[64];
+    int expect = has_header(wsi, WSI_TOKEN_HTTP_EXPECT, expectation, sizeof expectation);
     /* the body the client sends now (one waiting for 100 Continue sends none yet) */
     *sent_len = expect ? 0 : (uint64_t)cl;
     if (!post && cl > 0) {
@@ -558,7 +575,7 @@ static const char *framing(kvpd_conn *c, int post, int api, uint64_t *body_len,
         *status = 411;
         return "a POST body needs Content-Length\n";
     }
-    if (expect && (!post || strcasecmp(buf, "100-continue"))) {
+    if (expect && (!post || strcasecmp(expectation, "100-continue"))) {
         *status = 417;
         return "the only expectation served is 100-continue, on POST\n";
     }
@@ -594,6 +611,7 @@ int kvpd_http_request(kvpd_conn *c, const char *uri, int *api_request)
                   : !strncmp(uri, "/admin/learn/transcripts", 24) ? "/admin/learn/transcripts"
                   : "other";
     c->close_after = c->drain_close = 0;
+    c->cors[0] = '\0';
     const char *refused = framing(c, post, api, &body_len, &sent_len, &status);
     int fd = lws_get_socket_fd(c->wsi);
     if (refused || (post && !api)) {
@@ -622,8 +640,15 @@ int kvpd_http_request(kvpd_conn *c, const char *uri, int *api_request)
     refused = kvpd_guard_check(w, c->wsi, &status);
     if (refused)
         return status_error(c, status, refused, NULL);
-    if (api && lws_hdr_total_length(c->wsi, WSI_TOKEN_OPTIONS_URI) > 0)
-        return preflight(c);
+    const char *cors = kvpd_guard_cors(w, c->wsi, c->cors, sizeof c->cors);
+    if (cors != c->cors)   /* "*" or none */
+        snprintf(c->cors, sizeof c->cors, "%s", cors ? cors : "");
+    if (lws_hdr_total_length(c->wsi, WSI_TOKEN_OPTIONS_URI) > 0) {
+        enum kvpd_oai_path path = kvpd_openai_path(uri, NULL);
+        if (path != KVPD_OAI_UNKNOWN && (api || get_endpoint(c, uri)))
+            return preflight(c, api ? kvpd_openai_path_allow(path) : "GET, HEAD");
+        return not_found(c);
+    }
     if (api) {   /* admitted: web/openai.c answers it */
         *api_request = 1;
         return 0;
