@@ -79,6 +79,11 @@ static json_t *piece_json(const char *p, size_t len)
     return a;
 }
 
+/* The text /tokenize takes at most: it is tokenized on the loop thread, which serves
+ * every connection, so its time is bounded (a prompt that long is tokenized by its
+ * turn's worker instead). */
+#define TOKENIZE_MAX (128 * 1024)
+
 void kvpd_oai_tokenize(kvpd_conn *c)
 {
     json_t *req = kvpd_oai_parse(c);
@@ -102,6 +107,12 @@ void kvpd_oai_tokenize(kvpd_conn *c)
     json_t *content = json_object_get(req, "content");
     if (!json_is_string(content)) {
         kvpd_oai_fail(c, KVPD_OAI_E_INVALID_REQUEST, "content", "content must be a string");
+        goto out;
+    }
+    if (json_string_length(content) > TOKENIZE_MAX) {
+        char msg[96];
+        snprintf(msg, sizeof msg, "content is limited to %d bytes on /tokenize", TOKENIZE_MAX);
+        kvpd_oai_fail(c, KVPD_OAI_E_INVALID_REQUEST, "content", msg);
         goto out;
     }
     int n = kvp_hub_tokenize(c->w->hub, json_string_value(content), json_string_length(content),

@@ -260,6 +260,14 @@ Test(llama, tokenize_and_detokenize)
     expect_refused(&d, "/tokenize", "{\"content\":\"a\",\"parse_special\":true}", 400,
                    "parse_special");
     expect_refused(&d, "/tokenize", "{\"content\":\"a\",\"extra\":true}", 400, "extra");
+    /* over the bound of a text tokenized on the loop */
+    size_t big = 200 * 1024;
+    char *long_body = malloc(big + 64);
+    int n = snprintf(long_body, 64, "{\"content\":\"");
+    memset(long_body + n, 'a', big);
+    strcpy(long_body + n + big, "\"}");
+    expect_refused(&d, "/tokenize", long_body, 400, "content");
+    free(long_body);
     expect_refused(&d, "/detokenize", "{\"tokens\":\"1 2\"}", 400, "tokens");
     expect_refused(&d, "/detokenize", "{}", 400, "tokens");
     expect_refused(&d, "/detokenize", "{\"tokens\":[1,99999]}", 400, "tokens[1]");
