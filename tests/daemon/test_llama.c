@@ -95,6 +95,43 @@ Test(llama, completion_of_text_and_of_its_tokens_agree)
     cr_expect_eq(kvpd_stop(&d, 10000), 0);
 }
 
+/* timings.prompt_n (the tokens prefilled) of a completion of body. */
+static long prefilled(const kvpd_proc *d, const char *body, long *evaluated)
+{
+    json_t *j;
+    cr_assert_eq(call(d, "POST", "/completion", body, &j, NULL), 200, "%s", body);
+    long n = (long)json_integer_value(json_object_get(json_object_get(j, "timings"), "prompt_n"));
+    *evaluated = (long)json_integer_value(json_object_get(j, "tokens_evaluated"));
+    json_decref(j);
+    return n;
+}
+
+Test(llama, cache_prompt_reuses_an_earlier_prompt_unless_false)
+{
+    kvpd_proc d;
+    cr_assert_eq(kvpd_start(&d, ""), 0, "log %s", d.log);
+    json_t *a;
+    cr_assert_eq(call(&d, "POST", "/completion", "{\"prompt\":\"Once upon a time\","
+                      "\"n_predict\":8,\"temperature\":0}", &a, NULL), 200);
+    char *more = json_dumps(json_pack("{s:s++, s:i, s:i, s:b}", "prompt", "Once upon a time",
+                                      json_string_value(json_object_get(a, "content")), " and",
+                                      "n_predict", 2, "temperature", 0, "cache_prompt", 0),
+                            JSON_COMPACT);
+    cr_assert(more);
+    long evaluated;
+    /* cache_prompt false: the whole prompt is prefilled */
+    cr_expect_eq(prefilled(&d, more, &evaluated), evaluated, "%s", more);
+    /* the default (true): the prompt that extends the first one reuses its cache */
+    char *p = strstr(more, "\"cache_prompt\":false");
+    cr_assert(p);
+    memcpy(p, "\"cache_prompt\":true ", 20);
+    long n = prefilled(&d, more, &evaluated);
+    cr_expect_lt(n, evaluated / 2, "prefilled %ld of %ld: %s", n, evaluated, more);
+    free(more);
+    json_decref(a);
+    cr_expect_eq(kvpd_stop(&d, 10000), 0);
+}
+
 Test(llama, completion_stream_ends_with_the_stop_chunk)
 {
     kvpd_proc d;
@@ -309,7 +346,7 @@ Test(llama, props_slots_and_health)
 Test(llama, the_endpoints_take_the_api_key)
 {
     kvpd_proc d;
-    cr_assert_eq(kvpd_start(&d, "--api-key s3cret"), 0, "log %s", d.log);
+    cr_assert_eq(kvpd_start(&d, "--api-key s3cret,other"), 0, "log %s", d.log);
     cr_expect_eq(call(&d, "POST", "/tokenize", "{\"content\":\"a\"}", NULL, NULL), 401);
     cr_expect_eq(call(&d, "GET", "/props", "", NULL, NULL), 401);
     cr_expect_eq(call(&d, "POST", "/completion", "{\"prompt\":\"a\"}", NULL, NULL), 401);
@@ -317,6 +354,27 @@ Test(llama, the_endpoints_take_the_api_key)
     const char *rb;
     cr_expect_eq(h_request(d.port, "POST", "/tokenize", "Authorization: Bearer s3cret\r\n",
                            "{\"content\":\"a\"}", &raw, &rb), 200, "%s", raw);
+    free(raw);
+    /* /slots: a key's own conversations, never another's, never their ids */
+    cr_expect_eq(h_request(d.port, "POST", "/v1/chat/completions", "Authorization: Bearer s3cret\r\n",
+                           "{\"messages\":[{\"role\":\"user\",\"content\":\"Once\"}],"
+                           "\"max_tokens\":2}", &raw, &rb), 200, "%s", raw);
+    free(raw);
+    cr_expect_eq(h_request(d.port, "GET", "/slots", "Authorization: Bearer s3cret\r\n", "",
+                           &raw, &rb), 200, "%s", raw);
+    json_t *mine = json_loads(rb, 0, NULL);
+    cr_expect_eq(json_array_size(mine), 1, "%s", rb);
+    json_t *slot = json_array_get(mine, 0);
+    cr_expect(json_is_false(json_object_get(slot, "is_processing")), "%s", rb);
+    cr_expect_eq(json_integer_value(json_object_get(slot, "n_turns")), 1, "%s", rb);
+    cr_expect(!strstr(rb, "\"session\"") && !json_object_get(slot, "session_id"), "%s", rb);
+    json_decref(mine);
+    free(raw);
+    cr_expect_eq(h_request(d.port, "GET", "/slots", "Authorization: Bearer other\r\n", "",
+                           &raw, &rb), 200, "%s", raw);
+    json_t *theirs = json_loads(rb, 0, NULL);
+    cr_expect_eq(json_array_size(theirs), 0, "%s", rb);
+    json_decref(theirs);
     free(raw);
     cr_expect_eq(call(&d, "GET", "/health", "", NULL, NULL), 200);
     cr_expect_eq(kvpd_stop(&d, 10000), 0);
