@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/utf8.h"
 #include "model/template.h"
 #include "model/tokenizer.h"
 #include "sessions/hub_impl.h"
@@ -161,8 +162,9 @@ void kvp_hub_complete_tokens(kvp_hub_client *c, const int *ids, int n, const kvp
         kvp_tokenizer_piece(h->env.tpl_raw.tok, i ? ids[i - 1] : -1, ids[i], &piece);
         len += piece;
     }
-    /* the message's text: the tokens' pieces end to end */
-    char *text = malloc(len + 1);
+    /* the message's text: the tokens' pieces end to end, as valid UTF-8 (a byte that
+     * forms no character as U+FFFD), as every message's text is */
+    char *text = malloc(3 * len + 8);
     int *copy = malloc((size_t)n * sizeof *copy);
     if (!text || !copy) {
         free(text);
@@ -170,12 +172,13 @@ void kvp_hub_complete_tokens(kvp_hub_client *c, const int *ids, int n, const kvp
         oom(c);
         return;
     }
+    kvp_utf8 u = {0};
     len = 0;
     for (int i = 0; i < n; i++) {
         const char *p = kvp_tokenizer_piece(h->env.tpl_raw.tok, i ? ids[i - 1] : -1, ids[i], &piece);
-        memcpy(text + len, p, piece);
-        len += piece;
+        len += kvp_utf8_feed(&u, p, piece, text + len);
     }
+    len += kvp_utf8_flush(&u, text + len);
     text[len] = '\0';
     memcpy(copy, ids, (size_t)n * sizeof *copy);
     kvp_session *s = own_session(c);

@@ -384,8 +384,11 @@ static const char *llama_translate(json_t *req, json_t *oai, enum kvpd_oai_code 
         } else if (!strcmp(key, "repeat_last_n")) {
             /* kvpd's repetition penalty counts the reply's tokens, not the last n */
             json_t *rp = json_object_get(req, "repeat_penalty");
-            if (!json_is_integer(v) || (rp && !json_is_null(rp) &&
-                                        !(json_is_number(rp) && json_number_value(rp) == 1))) {
+            if (!json_is_integer(v)) {
+                snprintf(msg, msglen, "repeat_last_n must be an integer");
+                return key;
+            }
+            if (rp && !json_is_null(rp) && !(json_is_number(rp) && json_number_value(rp) == 1)) {
                 *code = KVPD_OAI_E_UNSUPPORTED_PARAMETER;
                 snprintf(msg, msglen, "repeat_last_n is not supported by kvpd with a "
                          "repeat_penalty (it penalizes the reply's own tokens)");

@@ -242,6 +242,23 @@ Test(llama, completion_refuses_bad_and_unknown_fields)
                       "\"logit_bias\":[[5,false]],\"repeat_penalty\":1.1}", &j, NULL), 200);
     cr_expect_eq(json_integer_value(json_object_get(j, "tokens_predicted")), 2);
     json_decref(j);
+    /* a prompt of one token that is part of a character: run, echoed as valid text */
+    json_t *t = tokenize(&d, "{\"content\":\"\u5abd\",\"with_pieces\":true}");
+    json_t *first = NULL, *e;
+    size_t k;
+    json_array_foreach(json_object_get(t, "tokens"), k, e)
+        if (!first && json_is_array(json_object_get(e, "piece")))   /* a byte token */
+            first = e;
+    cr_assert(first, "no byte token for a CJK character");
+    {
+        char body[128];
+        snprintf(body, sizeof body, "{\"prompt\":[%lld],\"n_predict\":2}",
+                 (long long)json_integer_value(json_object_get(first, "id")));
+        cr_expect_eq(call(&d, "POST", P, body, &j, NULL), 200, "%s", body);
+        cr_expect(json_is_string(json_object_get(j, "prompt")));
+        json_decref(j);
+    }
+    json_decref(t);
     /* a body over max_body_bytes */
     size_t big = 2 << 20;
     char *body = malloc(big + 64);
