@@ -113,10 +113,11 @@ Test(llama, cache_prompt_reuses_an_earlier_prompt_unless_false)
     json_t *a;
     cr_assert_eq(call(&d, "POST", "/completion", "{\"prompt\":\"Once upon a time\","
                       "\"n_predict\":8,\"temperature\":0}", &a, NULL), 200);
-    char *more = json_dumps(json_pack("{s:s++, s:i, s:i, s:b}", "prompt", "Once upon a time",
-                                      json_string_value(json_object_get(a, "content")), " and",
-                                      "n_predict", 2, "temperature", 0, "cache_prompt", 0),
-                            JSON_COMPACT);
+    json_t *req = json_pack("{s:s++, s:i, s:i, s:b}", "prompt", "Once upon a time",
+                            json_string_value(json_object_get(a, "content")), " and",
+                            "n_predict", 2, "temperature", 0, "cache_prompt", 0);
+    char *more = json_dumps(req, JSON_COMPACT);
+    json_decref(req);
     cr_assert(more);
     long evaluated;
     /* cache_prompt false: the whole prompt is prefilled */
