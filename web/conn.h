@@ -48,8 +48,8 @@ typedef struct kvpd_conn {
 /* The listening socket (web/listen.c): accepts, bounds and hands connections to lws. */
 int kvpd_listen_start(kvpd_web *w, const char *host, char *err, size_t errlen);
 void kvpd_listen_stop(kvpd_web *w);
-/* 1 for a connection accepted past max_connections, into the few kept for /healthz and
- * /metrics: anything else is refused, and it closes after its answer. */
+/* 1 for a connection accepted past max_connections, into the few kept for /healthz,
+ * /health and /metrics: anything else is refused, and it closes after its answer. */
 int kvpd_listen_reserved(struct lws *wsi);
 /* The connection's wsi is going: its client address counts one connection less. */
 void kvpd_listen_closed(struct lws *wsi);

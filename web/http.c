@@ -634,7 +634,7 @@ int kvpd_http_request(kvpd_conn *c, const char *uri, int *api_request)
     if (kvpd_listen_reserved(c->wsi)) {
         /* past max_connections: only health checks, one per connection */
         c->close_after = 1;
-        if (strcmp(uri, "/healthz") && strcmp(uri, "/metrics"))
+        if (strcmp(uri, "/healthz") && strcmp(uri, "/health") && strcmp(uri, "/metrics"))
             return status_error(c, 503, "too many connections\n", NULL);
     }
     refused = kvpd_guard_check(w, c->wsi, &status);
