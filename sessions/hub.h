@@ -119,6 +119,22 @@ void kvp_hub_complete(kvp_hub_client *c, const char *prompt, size_t len,
 void kvp_hub_response_put(kvp_hub_client *c, const char *id, const char *payload, size_t len);
 void kvp_hub_response_get(kvp_hub_client *c, const char *id);
 void kvp_hub_response_delete(kvp_hub_client *c, const char *id);
+/* A raw completion of a prompt given as token ids (ids[0..n), each below the vocabulary
+ * size, else bad_request; n at least 1): a session of its own, as a raw prompt on a model
+ * with a chat template is served (never saved, never continued), whose first message is
+ * exactly those tokens (nothing added, BOS neither) and whose text is their pieces.
+ * Events as for kvp_hub_complete. */
+void kvp_hub_complete_tokens(kvp_hub_client *c, const int *ids, int n, const kvp_turn_opts *o);
+/* The tokens a raw prompt of text[0..len) is run as (kvp_hub_complete's tokenizer: the
+ * vocabulary's, no chat template; a special token's text stays text), BOS first when
+ * add_special and the vocabulary has one. The count with *ids malloc'd (NULL when 0), or
+ * a negative errno. */
+int kvp_hub_tokenize(const kvp_hub *h, const char *text, size_t len, int add_special,
+                     int **ids);
+/* The bytes token id adds after token prev (-1: none; SentencePiece's leading space after
+ * BOS is dropped; a special token gives its text), valid while the hub lives; NULL for an
+ * id out of range. */
+const char *kvp_hub_token_piece(const kvp_hub *h, int prev, int id, size_t *len);
 /* Asks the client's running turn to stop (it ends with done, stop "cancel"). */
 void kvp_hub_cancel(kvp_hub_client *c);
 /* The connection is gone: detaches it from its session (whose turn is cancelled), and
@@ -147,10 +163,14 @@ typedef struct kvp_hub_info {
     uint64_t weight_bytes;        /* resident weight bytes, all types */
     uint64_t policy_file_loads;   /* policy files read: once at start, once per reload */
     const char *learn_dir;        /* "" when no transcripts are kept */
+    int vocab_size;
+    int bos, eos;                 /* the vocabulary's BOS and EOS ids (-1: none) */
+    const char *chat_template;    /* the Jinja source chats are rendered by (the
+                                   * chat_template_file's, else the model's); "" for none */
 } kvp_hub_info;
 
 typedef struct kvp_hub_session_info {
-    const char *id, *policy;
+    const char *id, *policy, *tenant;
     int turns, rows, busy, parked, connected;
     size_t bytes;
     uint64_t evicted_rows;

@@ -7,11 +7,17 @@
  * On a model with a chat template the conversations are rendered by it, which a raw
  * prompt must not be: the prompt is then the first message of a session of its own,
  * tokenized by the plain format (BOS when the vocabulary has one, then the text), never
- * saved and dropped at its turn's end, so no chat request continues it. */
+ * saved and dropped at its turn's end, so no chat request continues it (and so is a
+ * prompt asked to be prefilled fresh, and one given as token ids). The tokenizer of raw
+ * prompts is offered too (kvp_hub_tokenize, kvp_hub_token_piece). */
+#include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/utf8.h"
 #include "model/template.h"
+#include "model/tokenizer.h"
 #include "sessions/hub_impl.h"
 
 /* The bytes of s's messages when they concatenate to a proper prefix of prompt (some of
@@ -44,17 +50,25 @@ static void oom(kvp_hub_client *c)
     refuse(c, KVPD_E_INTERNAL, "out of memory");
 }
 
+/* A session of the client's own for one raw prompt: tokenized by the plain format,
+ * never saved or continued. Quiet: no session event, so the answer names none (it does
+ * not last). NULL when answered (overloaded, or out of memory). */
+static kvp_session *own_session(kvp_hub_client *c)
+{
+    if (hub_new_session_quiet(c, NULL, 0) < 0)
+        return NULL;
+    c->session->raw = 1;
+    c->session->ephemeral = 1;
+    return c->session;
+}
+
 void kvp_hub_complete(kvp_hub_client *c, const char *prompt, size_t len,
                       const kvp_turn_opts *o)
 {
     kvp_hub *h = c->hub;
-    if (h->env.tpl.format != KVP_CHAT_PLAIN || h->env.tpl.jinja) {
-        /* quiet: no session event, so the answer names none (it does not last) */
-        if (hub_new_session_quiet(c, NULL, 0) < 0)
-            return;   /* answered (overloaded, or out of memory) */
-        c->session->raw = 1;
-        c->session->ephemeral = 1;
-        hub_start_turn(c, prompt, len, o);
+    if (h->env.tpl.format != KVP_CHAT_PLAIN || h->env.tpl.jinja || o->fresh) {
+        if (own_session(c))
+            hub_start_turn(c, prompt, len, o);
         return;
     }
     const kvp_session *best = NULL;
@@ -90,4 +104,90 @@ void kvp_hub_complete(kvp_hub_client *c, const char *prompt, size_t len,
     kvp_hub_chat(c, id, NULL, 0, msgs, n, o);
     free(text);
     free(msgs);
+}
+
+const char *kvp_hub_token_piece(const kvp_hub *h, int prev, int id, size_t *len)
+{
+    *len = 0;
+    if (id < 0 || id >= h->env.tpl_raw.tok->vocab_size)
+        return NULL;
+    return kvp_tokenizer_piece(h->env.tpl_raw.tok, prev, id, len);
+}
+
+int kvp_hub_tokenize(const kvp_hub *h, const char *text, size_t len, int add_special, int **ids)
+{
+    const kvp_template *t = &h->env.tpl_raw;
+    *ids = NULL;
+    if (len > (size_t)1 << 28)
+        return -E2BIG;
+    /* at most a token a byte, the dummy prefix's and BOS */
+    int max = (int)len + 2;
+    int *out = malloc((size_t)max * sizeof *out);
+    if (!out)
+        return -ENOMEM;
+    int n = 0;
+    if (add_special && t->bos >= 0)
+        out[n++] = t->bos;
+    int k = len ? kvp_tokenizer_encode(t->tok, text, len, 0, out + n, max - n) : 0;
+    if (k < 0) {
+        free(out);
+        return k;
+    }
+    n += k;
+    if (!n) {
+        free(out);
+        return 0;
+    }
+    *ids = out;
+    return n;
+}
+
+void kvp_hub_complete_tokens(kvp_hub_client *c, const int *ids, int n, const kvp_turn_opts *o)
+{
+    kvp_hub *h = c->hub;
+    int vocab = h->env.tpl_raw.tok->vocab_size;
+    if (n < 1) {
+        refuse(c, KVPD_E_BAD_REQUEST, "the prompt has no tokens");
+        return;
+    }
+    size_t len = 0, piece;
+    for (int i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= vocab) {
+            char msg[96];
+            snprintf(msg, sizeof msg, "prompt token %d (%d) is not below the vocabulary size %d",
+                     i, ids[i], vocab);
+            refuse(c, KVPD_E_BAD_REQUEST, msg);
+            return;
+        }
+        kvp_tokenizer_piece(h->env.tpl_raw.tok, i ? ids[i - 1] : -1, ids[i], &piece);
+        len += piece;
+    }
+    /* the message's text: the tokens' pieces end to end, as valid UTF-8 (a byte that
+     * forms no character as U+FFFD), as every message's text is */
+    char *text = malloc(3 * len + 8);
+    int *copy = malloc((size_t)n * sizeof *copy);
+    if (!text || !copy) {
+        free(text);
+        free(copy);
+        oom(c);
+        return;
+    }
+    kvp_utf8 u = {0};
+    len = 0;
+    for (int i = 0; i < n; i++) {
+        const char *p = kvp_tokenizer_piece(h->env.tpl_raw.tok, i ? ids[i - 1] : -1, ids[i], &piece);
+        len += kvp_utf8_feed(&u, p, piece, text + len);
+    }
+    len += kvp_utf8_flush(&u, text + len);
+    text[len] = '\0';
+    memcpy(copy, ids, (size_t)n * sizeof *copy);
+    kvp_session *s = own_session(c);
+    if (s) {
+        s->raw_ids = copy;
+        s->n_raw_ids = n;
+        copy = NULL;
+        hub_start_turn(c, text, len, o);
+    }
+    free(copy);
+    free(text);
 }

@@ -25,7 +25,8 @@
 
 /* chat_template_file: the Jinja template read and tried now, so a bad file stops the
  * start with the reason (where and which construct) instead of each turn. */
-static int use_template_file(kvp_template *t, const char *path, char *err, size_t errlen)
+static int use_template_file(kvp_template *t, const char *path, char **kept, char *err,
+                             size_t errlen)
 {
     struct stat st;
     int fd = kvp_open_regular(path, O_RDONLY, &st);
@@ -45,7 +46,12 @@ static int use_template_file(kvp_template *t, const char *path, char *err, size_
     }
     char note[256];
     int rc = kvp_template_use_jinja(t, src, (size_t)n, note, sizeof note);
-    free(src);
+    if (rc >= 0 && !memchr(src, '\0', (size_t)n)) {   /* its text, for GET /props */
+        src[n] = '\0';
+        *kept = src;
+    } else {
+        free(src);
+    }
     if (rc < 0)
         snprintf(err, errlen, "chat_template_file %s: %s", path, note);
     else
@@ -88,7 +94,7 @@ int kvp_hub_start(kvp_hub **out, const kvp_hub_params *p, char *err, size_t errl
     if (rc > 0 && !(p->chat_template_file && p->chat_template_file[0]))
         kvpd_log("warning", "chat template: %s", note);
     if (p->chat_template_file && p->chat_template_file[0] &&
-        (rc = use_template_file(&h->env.tpl, p->chat_template_file, err, errlen)) < 0)
+        (rc = use_template_file(&h->env.tpl, p->chat_template_file, &h->template_src, err, errlen)) < 0)
         return rc;
     /* raw text completions: the model's tokenizer, BOS first when it has one, no template */
     if ((rc = kvp_template_init(&h->env.tpl_raw, p->model, "plain", note, sizeof note)) < 0) {
@@ -292,6 +298,7 @@ void kvp_hub_free(kvp_hub *h)
     kvp_hub_storage_close(h->storage);
     kvp_template_free(&h->env.tpl);
     kvp_template_free(&h->env.tpl_raw);
+    free(h->template_src);
     if (h->trie) {
         kvp_vocab_trie_free(h->trie);
         free(h->trie);

@@ -55,6 +55,7 @@ struct kvp_hub {
     struct kvp_prefix_disk *prefix_disk;
     /* Stored responses' thread and the ops in flight (sessions/hub_resp.c). */
     struct hub_resp *resp;
+    char *template_src;              /* the chat_template_file's text (NULL: none) */
 };
 
 struct kvp_hub_client {

@@ -77,6 +77,11 @@ void kvp_hub_info_get(kvp_hub *h, kvp_hub_info *o)
     o->policy_file_loads = kvp_agent_set_loads();
     kvp_background_drain(h->bg, h->m);
     o->learn_dir = h->bg ? kvp_background_learnlog(h->bg)->dir : "";
+    o->vocab_size = md->cfg.vocab_size;
+    o->bos = h->env.tpl_raw.bos;
+    o->eos = h->env.tpl_raw.eos;
+    o->chat_template = h->template_src ? h->template_src
+                       : h->env.tpl.jinja && md->chat_template ? md->chat_template : "";
 }
 
 int kvp_hub_list(kvp_hub *h, int offset, int limit,
@@ -88,7 +93,7 @@ int kvp_hub_list(kvp_hub *h, int offset, int limit,
         if (i < offset)
             continue;
         kvp_hub_session_info si = {
-            .id = s->id, .policy = s->pconf->name, .turns = s->turns, .rows = s->rows_max,
+            .id = s->id, .policy = s->pconf->name, .tenant = s->tenant, .turns = s->turns, .rows = s->rows_max,
             .busy = kvp_session_busy(s), .parked = s->state == KVP_SESSION_PARKED,
             .connected = s->client != NULL, .bytes = s->bytes, .evicted_rows = s->evicted_rows,
             .last_active_s_ago = now - s->last_active, .age_s = now - s->created};

@@ -81,6 +81,8 @@ typedef struct kvp_turn_stats {
     double ttft_ms, duration_ms, tokens_per_s;
     double queue_ms;         /* from the message to the turn's first step */
     const char *stop;        /* "eos", "length", "cancel", "stop" (a stop string) */
+    int stop_word;           /* stop "stop": the index of the turn's stop string that ended
+                              * the reply (kvp_turn_opts.stop); -1 otherwise */
 } kvp_turn_stats;
 
 /* One token of a reply with its log-probability (natural log, the model's distribution at
@@ -220,6 +222,9 @@ typedef struct kvp_turn_opts {
      * as they were. kvp_hub_message_opts refuses it (bad_request): a websocket session
      * lasts by design. */
     int ephemeral;
+    /* Raw completions (kvp_hub_complete, kvp_hub_complete_tokens): fresh: the prompt is
+     * prefilled whole in a session of its own, no cached conversation continued. */
+    int fresh;
 } kvp_turn_opts;
 
 #endif

@@ -170,6 +170,7 @@ static void session_free(kvp_session *s)
     kvp_policy_conf_unref(s->pconf);
     kvp_sampler_free(&s->sampler);
     free(s->tokens);
+    free(s->raw_ids);
     for (int i = 0; i < s->n_msgs; i++)
         free(s->msgs[i].text);
     free(s->msgs);

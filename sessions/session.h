@@ -115,6 +115,7 @@ typedef struct kvp_turn {
     size_t stop_hold;        /* longest stop string - 1: reply bytes held back from the sink */
     int stopped;             /* a stop string was found at stop_at: the reply ends there */
     size_t stop_at;
+    int stop_word;           /* which of stop[] that was */
     int gen_start;           /* transcript index of the reply's first token */
     size_t *tok_end;         /* with stop strings, per reply token: the reply's length after
                               * it, SIZE_MAX while a character was incomplete */
@@ -259,6 +260,10 @@ typedef struct kvp_session {
      * tokenized by env->tpl_raw (no template), never by the chat template (kvp_session_tpl);
      * ephemeral too, so no chat request ever continues it */
     int raw;
+    /* loop -> worker: a raw completion given as token ids: its message's tokens, taken
+     * as they are instead of its text tokenized (malloc'd; NULL: none) */
+    int *raw_ids;
+    int n_raw_ids;
     /* loop: its first turn's rendered prompt is in the prefix index while the turn runs,
      * so a new conversation sharing a long prefix waits for it (sessions/hub_wait.c);
      * cleared at the job's end */

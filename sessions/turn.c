@@ -178,6 +178,7 @@ int turn_finish(kvp_session *s, const kvp_session_env *env, const kvp_turn_sink 
     st->ttft_ms = t->t_first > 0 ? (t->t_first - t->t_start) * 1e3 : st->duration_ms;
     st->tokens_per_s = end > t->t_start ? st->generated_tokens / (end - t->t_start) : 0;
     st->stop = stop;
+    st->stop_word = t->stopped ? t->stop_word : -1;
     if (st->cache_bytes > st->cache_bytes_max)
         st->cache_bytes_max = st->cache_bytes;
     free(t->text);
@@ -392,9 +393,16 @@ static int turn_start(kvp_session *s, const kvp_session_env *env, const kvp_turn
     /* A cancel that came before any work still records the message: the next turn
      * prefills it (prefill checks the flag first). */
     int *ids = NULL;
-    int n = kvp_session_jinja_turn(s, env, t, &ids);
-    int rendered = t->prefill && n >= 0;   /* the template wrote the prefill's tokens */
-    if (n == -ENOENT) {
+    int n = s->raw_ids ? 0 : kvp_session_jinja_turn(s, env, t, &ids);
+    int rendered = t->prefill && n >= 0 && !s->raw_ids;   /* the template wrote the prefill's tokens */
+    if (s->raw_ids) {   /* the prompt's own tokens, taken as they are */
+        n = s->n_raw_ids;
+        ids = malloc((size_t)n * sizeof *ids);
+        if (ids)
+            memcpy(ids, s->raw_ids, (size_t)n * sizeof *ids);
+        else
+            n = -ENOMEM;
+    } else if (n == -ENOENT) {
         s->jinja_rendered = 0;
         n = kvp_template_turn(kvp_session_tpl(s, env), s->system, s->system_len, s->n_tokens == 0,
                               s->reply_open, t->text, t->text_len, &ids);

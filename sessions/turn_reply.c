@@ -87,6 +87,7 @@ size_t turn_reply_keep(kvp_turn *t, const char *p, size_t n, int *err)
             if (hit && (!t->stopped || end < t->stop_at)) {
                 t->stopped = 1;
                 t->stop_at = end;
+                t->stop_word = i;
             }
         }
         upto = t->stopped ? t->stop_at : t->reply_len > t->stop_hold ? t->reply_len - t->stop_hold : 0;

@@ -23,6 +23,8 @@ typedef struct kvpd_conn {
     int head;                          /* HTTP: a HEAD request (headers only) */
     int close_after;                   /* HTTP: close once this answer is out (its body,
                                         * if any, was never read) */
+    int drain_close;                   /* HTTP: the answer is out, the close waits for the
+                                        * refused body to be read (kvpd_wsguard_drain) */
     kvp_hub_client *client;            /* made on the first hello or message */
     char session_arg[KVP_SESSION_ID_LEN + 1];   /* /chat?session=ID ("" none): what a
                                                  * hello without an id resumes */
@@ -38,14 +40,16 @@ typedef struct kvpd_conn {
                                         * on the next writeable callback (0: none) */
     const char *close_why;
     const char *path_label;            /* HTTP: the endpoint, for kvpd_http_requests_total */
+    char cors[256];                    /* HTTP: the answer's Access-Control-Allow-Origin
+                                        * (kvpd_guard_cors; "" none) */
     struct kvpd_ws_tools *tools;       /* websocket: tool calling state (web/chat.c) */
 } kvpd_conn;
 
 /* The listening socket (web/listen.c): accepts, bounds and hands connections to lws. */
 int kvpd_listen_start(kvpd_web *w, const char *host, char *err, size_t errlen);
 void kvpd_listen_stop(kvpd_web *w);
-/* 1 for a connection accepted past max_connections, into the few kept for /healthz and
- * /metrics: anything else is refused, and it closes after its answer. */
+/* 1 for a connection accepted past max_connections, into the few kept for /healthz,
+ * /health and /metrics: anything else is refused, and it closes after its answer. */
 int kvpd_listen_reserved(struct lws *wsi);
 /* The connection's wsi is going: its client address counts one connection less. */
 void kvpd_listen_closed(struct lws *wsi);
@@ -73,6 +77,15 @@ int kvpd_wsguard_failed(int fd);
  * connection must close), or the body was not all read. */
 void kvpd_wsguard_body(int fd, uint64_t len);
 int kvpd_wsguard_release(int fd);
+/* A refused request's body: its len bytes are read and dropped (lws never sees them);
+ * once they all came, lws is asked for a writeable callback on wsi, where the answer's
+ * connection may close without resetting the client's sending. draining: 1 until then. */
+void kvpd_wsguard_drain(int fd, struct lws *wsi, uint64_t len);
+int kvpd_wsguard_draining(int fd);
+/* The largest refused body read that way, and the seconds it may take (a client slower
+ * than that is cut off). */
+#define KVPD_DRAIN_MAX ((uint64_t)64 << 20)
+#define KVPD_DRAIN_S 10
 /* Between body and release: 1 when bytes other than blank lines came after the body
  * (dropped already, or still unread in the socket: looked at without reading), so the
  * answer says `Connection: close` and the client sends that request again. */

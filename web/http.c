@@ -53,12 +53,14 @@ int kvpd_http_respond(kvpd_conn *c, int status, const char *type, const char *bo
     return 0;
 }
 
-/* The answer's extra headers end with `Connection: close` when it closes the connection:
- * asked before (c->close_after), or a request pipelined behind this one, which the client
- * then sends again on another connection (web/wsguard.c). extra has room for two more and
- * the NULL. */
+/* The answer's extra headers end with the CORS grant of an allowed origin (as the API's
+ * answers carry it) and `Connection: close` when it closes the connection: asked before
+ * (c->close_after), or a request pipelined behind this one, which the client then sends
+ * again on another connection (web/wsguard.c). extra has room for END_HEADERS more. */
+#define END_HEADERS (2 * KVPD_CORS_HEADERS + 3)
 static void end_headers(kvpd_conn *c, const char **extra, int k)
 {
+    k += kvpd_cors_headers(c->cors[0] ? c->cors : NULL, extra + k);
     if (kvpd_wsguard_pipelined(lws_get_socket_fd(c->wsi)))
         c->close_after = 1;
     if (c->close_after) {
@@ -71,7 +73,7 @@ static void end_headers(kvpd_conn *c, const char **extra, int k)
 static int respond(kvpd_conn *c, int status, const char *type, const char *body, size_t len,
                    const char *www_auth)
 {
-    const char *extra[5];
+    const char *extra[2 + END_HEADERS];
     int k = 0;
     if (www_auth) {
         extra[k++] = "www-authenticate:";
@@ -92,28 +94,73 @@ static int respond_json(kvpd_conn *c, int status, json_t *o)
     return rc;
 }
 
-static int text_status(kvpd_conn *c, int status, const char *msg, const char *www_auth)
+/* Every error of these endpoints: JSON in the API's error shape (docs/openai.md), with
+ * an Allow header (a 405's) and a WWW-Authenticate header when given (NULL: none). */
+static int http_error(kvpd_conn *c, int status, const char *code, const char *msg,
+                      const char *allow, const char *www_auth)
 {
-    return respond(c, status, "text/plain; charset=utf-8", msg, strlen(msg), www_auth);
+    char *s = NULL;
+    size_t len = strlen(msg);
+    while (len && msg[len - 1] == '\n')
+        len--;
+    json_t *j = json_pack("{s:{s:s%, s:s, s:n, s:s}}", "error", "message", msg, len, "type",
+                          status == 404 ? "not_found_error" : status == 401
+                          ? "authentication_error" : status == 503 ? "service_unavailable"
+                          : status >= 500 ? "server_error" : "invalid_request_error",
+                          "param", "code", code);
+    if (j)
+        s = json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    if (!s)
+        return respond(c, 500, "text/plain", "out of memory\n", 14, NULL);
+    const char *extra[4 + END_HEADERS];
+    int k = 0;
+    if (allow) {
+        extra[k++] = "allow:";
+        extra[k++] = allow;
+    }
+    if (www_auth) {
+        extra[k++] = "www-authenticate:";
+        extra[k++] = www_auth;
+    }
+    end_headers(c, extra, k);
+    int rc = kvpd_http_respond(c, status, "application/json", s, strlen(s), extra);
+    free(s);
+    return rc;
 }
 
-/* An unknown path: JSON, in the API's error shape (docs/openai.md). */
+/* An error whose code is its status's. */
+static int status_error(kvpd_conn *c, int status, const char *msg, const char *www_auth)
+{
+    const char *code = status == 400 ? "invalid_request" : status == 401 ? "invalid_admin_token"
+                     : status == 403 ? "origin_not_allowed" : status == 411 ? "length_required"
+                     : status == 413 ? "request_too_large" : status == 417 ? "expectation_failed"
+                     : status == 421 ? "misdirected_request" : status == 426 ? "upgrade_required"
+                     : status == 503 ? "too_many_connections" : "server_error";
+    return http_error(c, status, code, msg, NULL, www_auth);
+}
+
+/* An unknown path. */
 static int not_found(kvpd_conn *c)
 {
-    return respond_json(c, 404, json_pack("{s:{s:s, s:s, s:n, s:s}}", "error", "message",
-                                          "no such path", "type", "not_found_error",
-                                          "param", "code", "unknown_url"));
+    return http_error(c, 404, "unknown_url", "no such path", NULL, NULL);
 }
 
 int kvpd_http_writeable(kvpd_conn *c)
 {
     kvpd_frame *f = c->out_head;
-    if (!f)
-        return 0;
+    int fd = lws_get_socket_fd(c->wsi);
+    if (!f)   /* the answer is out: it closes once the body it refused is read */
+        return c->drain_close && !kvpd_wsguard_draining(fd) ? -1 : 0;
     c->out_head = c->out_tail = NULL;
     int n = lws_write(c->wsi, f->buf + LWS_PRE, f->len, LWS_WRITE_HTTP_FINAL);
     free(f);
     c->w->frames_pending--;
+    if (n >= 0 && c->close_after && kvpd_wsguard_draining(fd)) {
+        c->drain_close = 1;   /* the guard asks for this callback again when it is read */
+        lws_set_timeout(c->wsi, PENDING_TIMEOUT_HTTP_CONTENT, KVPD_DRAIN_S);
+        return 0;
+    }
     if (n < 0 || c->close_after)
         return -1;
     return lws_http_transaction_completed(c->wsi) ? -1 : 0;
@@ -158,32 +205,6 @@ int kvpd_learn_forget(kvpd_web *w, const char *tenant, struct json_t **answer, c
     return 0;
 }
 
-/* An error of the admin endpoints: JSON in the API's error shape. */
-static int admin_error(kvpd_conn *c, int status, const char *code, const char *msg,
-                       const char *allow)
-{
-    char *s = NULL;
-    json_t *j = json_pack("{s:{s:s, s:s, s:n, s:s}}", "error", "message", msg, "type",
-                          status == 404 ? "not_found_error" : status == 405
-                          ? "invalid_request_error" : status >= 500 ? "server_error"
-                          : "invalid_request_error", "param", "code", code);
-    if (j)
-        s = json_dumps(j, JSON_COMPACT);
-    json_decref(j);
-    if (!s)
-        return respond(c, 500, "text/plain", "out of memory\n", 14, NULL);
-    const char *extra[5];
-    int k = 0;
-    if (allow) {
-        extra[k++] = "allow:";
-        extra[k++] = allow;
-    }
-    end_headers(c, extra, k);
-    int rc = kvpd_http_respond(c, status, "application/json", s, strlen(s), extra);
-    free(s);
-    return rc;
-}
-
 /* DELETE /admin/learn/transcripts/TENANT: a tenant's learn_dir transcripts, by the admin.
  * TENANT is a key's id (16 lowercase hex digits, the folder's name) or "default" (the
  * folder of a daemon without keys). */
@@ -192,11 +213,11 @@ static int admin_learn(kvpd_conn *c, const char *uri)
     static const char base[] = "/admin/learn/transcripts";
     const char *name = uri + sizeof base - 1;
     if (!lws_hdr_total_length(c->wsi, WSI_TOKEN_DELETE_URI))
-        return admin_error(c, 405, "method_not_allowed", "/admin/learn/transcripts/TENANT takes "
-                           "DELETE", "DELETE");
+        return http_error(c, 405, "method_not_allowed", "/admin/learn/transcripts/TENANT takes "
+                           "DELETE", "DELETE", NULL);
     if (*name != '/' || !name[1])
-        return admin_error(c, 400, "invalid_tenant", "name the tenant: DELETE "
-                           "/admin/learn/transcripts/TENANT (its 16 hex digit id, or default)", NULL);
+        return http_error(c, 400, "invalid_tenant", "name the tenant: DELETE "
+                           "/admin/learn/transcripts/TENANT (its 16 hex digit id, or default)", NULL, NULL);
     name++;
     size_t len = strlen(name);
     int ok = !strcmp(name, "default") || len == KVP_TENANT_LEN;
@@ -206,14 +227,14 @@ static int admin_learn(kvpd_conn *c, const char *uri)
     if (!ok) {
         snprintf(msg, sizeof msg, "'%.64s' is not a tenant id: 16 lowercase hex digits (the "
                  "folder's name in learn_dir), or default", name);
-        return admin_error(c, 400, "invalid_tenant", msg, NULL);
+        return http_error(c, 400, "invalid_tenant", msg, NULL, NULL);
     }
     json_t *answer;
     const char *code = "";
     int status = kvpd_learn_forget(c->w, strcmp(name, "default") ? name : "", &answer, &code,
                                    msg, sizeof msg);
     if (status)
-        return admin_error(c, status, code, msg, NULL);
+        return http_error(c, status, code, msg, NULL, NULL);
     return respond_json(c, 200, answer);
 }
 
@@ -345,7 +366,7 @@ static int admin_stats(kvpd_conn *c)
     long offset = query_long(c, "offset=", 0, 1L << 30);
     long limit = query_long(c, "limit=", STATS_PAGE_DEFAULT, STATS_PAGE_MAX);
     if (offset < 0 || limit < 0)
-        return text_status(c, 400, "offset and limit must be integers (limit at most 1000)\n",
+        return status_error(c, 400, "offset and limit must be integers (limit at most 1000)\n",
                            NULL);
     json_t *list = json_array();
     int total = w->hub && list ? kvp_hub_list(w->hub, (int)offset, (int)limit, list_session,
@@ -417,19 +438,19 @@ static int metrics(kvpd_conn *c)
     return rc;
 }
 
-/* Only plain file names from static_dir: no directories, no dot files.
- * Returns 0 when lws streams the file, 1 when there is no such file, -1 on failure. */
-static int static_file(kvpd_conn *c, const char *uri)
+/* Only plain file names from static_dir: no directories, no dot files. The file's path
+ * (path[KVPD_PATH_MAX + 80]) and type; NULL when there is no such file. */
+static const char *static_path(kvpd_conn *c, const char *uri, char *path)
 {
     const char *name = !strcmp(uri, "/") ? "index.html" : uri + 1;
     const char *dot = strrchr(name, '.');
     size_t n = strlen(name);
     if (n == 0 || n > 64 || name[0] == '.' || !dot || strchr(name, '/'))
-        return 1;
+        return NULL;
     for (const char *p = name; *p; p++)
         if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') ||
               (*p >= '0' && *p <= '9') || *p == '.' || *p == '-' || *p == '_'))
-            return 1;
+            return NULL;
     static const struct { const char *ext, *mime; } types[] = {
         {".html", "text/html; charset=utf-8"}, {".css", "text/css; charset=utf-8"},
         {".js", "application/javascript; charset=utf-8"}, {".svg", "image/svg+xml"},
@@ -438,10 +459,19 @@ static int static_file(kvpd_conn *c, const char *uri)
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
         if (!strcmp(dot, types[i].ext))
             mime = types[i].mime;
-    char path[KVPD_PATH_MAX + 80];
-    snprintf(path, sizeof path, "%s/%s", c->w->cfg->static_dir, name);
+    snprintf(path, KVPD_PATH_MAX + 80, "%s/%s", c->w->cfg->static_dir, name);
     struct stat st;
     if (!mime || stat(path, &st) < 0 || !S_ISREG(st.st_mode))
+        return NULL;
+    return mime;
+}
+
+/* Returns 0 when lws streams the file, 1 when there is no such file, -1 on failure. */
+static int static_file(kvpd_conn *c, const char *uri)
+{
+    char path[KVPD_PATH_MAX + 80];
+    const char *mime = static_path(c, uri, path);
+    if (!mime)
         return 1;
     c->w->metrics->http_requests++;
     kvpd_labelled_add(&c->w->metrics->http_by_path, "/static", 200);
@@ -449,21 +479,47 @@ static int static_file(kvpd_conn *c, const char *uri)
     return rc < 0 ? -1 : 0;
 }
 
-/* OPTIONS under /v1: a CORS preflight. 204; with the CORS headers for an origin
- * allowed_origins lists (none for others: the browser then refuses the request). No
- * API key: browsers send none on a preflight. */
-static int preflight(kvpd_conn *c)
+/* 1 when uri is one of the GET endpoints of this file (a static file that exists too). */
+static int get_endpoint(kvpd_conn *c, const char *uri)
 {
-    char buf[256];
-    const char *extra[2 * (KVPD_CORS_HEADERS + 4) + 1];
+    static const char *const paths[] = {"/healthz", "/health", "/metrics", "/admin/stats",
+                                        "/chat"};
+    for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++)
+        if (!strcmp(uri, paths[i]))
+            return 1;
+    char path[KVPD_PATH_MAX + 80];
+    return static_path(c, uri, path) != NULL;
+}
+
+/* OPTIONS on an endpoint (allow: the methods it takes): a CORS preflight. 204 with
+ * Allow; for an origin allowed_origins lists, the CORS grant too: those methods, the
+ * request headers the preflight asks for (when they are a plain list of header names;
+ * else the ones the API reads) and a max age. Another origin was refused 403 before. No
+ * API key: browsers send none on a preflight. */
+static int preflight(kvpd_conn *c, const char *allow)
+{
+    char buf[256], methods[64], asked[256];
+    const char *extra[2 * (KVPD_CORS_HEADERS + 5) + 1];
     int k = kvpd_cors_headers(kvpd_guard_cors(c->w, c->wsi, buf, sizeof buf), extra);
+    snprintf(methods, sizeof methods, "%s, OPTIONS", allow);
+    int cors = k > 0;
     extra[k++] = "allow:";
-    extra[k++] = "GET, POST, DELETE, OPTIONS";
-    if (k > 2) {
+    extra[k++] = methods;
+    if (cors) {
+        const char *headers = "authorization, content-type, x-session-id";
+        int n = lws_hdr_custom_copy(c->wsi, asked, sizeof asked,
+                                    "access-control-request-headers:", 31);
+        int plain = n > 0;
+        for (int i = 0; plain && i < n; i++)
+            plain = (asked[i] >= 'a' && asked[i] <= 'z') || (asked[i] >= 'A' && asked[i] <= 'Z') ||
+                    (asked[i] >= '0' && asked[i] <= '9') || asked[i] == '-' || asked[i] == '_' ||
+                    asked[i] == ',' || asked[i] == ' ';
+        if (plain)
+            headers = asked;
         extra[k++] = "access-control-allow-methods:";
-        extra[k++] = "GET, POST, DELETE, OPTIONS";
+        extra[k++] = methods;
         extra[k++] = "access-control-allow-headers:";
-        extra[k++] = "authorization, content-type, x-session-id";
+        extra[k++] = headers;
         extra[k++] = "access-control-max-age:";
         extra[k++] = "600";
     }
@@ -486,11 +542,12 @@ static int has_header(struct lws *wsi, enum lws_token_indexes tok, char *buf, si
  * anything else is answered at once (refused: the connection closes after the answer,
  * and the bytes after the header are never read, as a body or as a request). Returns
  * NULL when the request goes on (*body_len: its body's bytes); else why, and *status. */
-static const char *framing(kvpd_conn *c, int post, int api, uint64_t *body_len, int *status)
+static const char *framing(kvpd_conn *c, int post, int api, uint64_t *body_len,
+                           uint64_t *sent_len, int *status)
 {
     struct lws *wsi = c->wsi;
     char buf[128];
-    *body_len = 0;
+    *body_len = *sent_len = 0;
     if (has_header(wsi, WSI_TOKEN_HTTP_TRANSFER_ENCODING, buf, sizeof buf)) {
         *status = post ? 411 : 400;
         return post ? "Transfer-Encoding is not supported: send the body with Content-Length\n"
@@ -506,6 +563,10 @@ static const char *framing(kvpd_conn *c, int post, int api, uint64_t *body_len, 
         *status = 400;
         return "Content-Length must be a non-negative integer\n";
     }
+    char expectation[64];
+    int expect = has_header(wsi, WSI_TOKEN_HTTP_EXPECT, expectation, sizeof expectation);
+    /* the body the client sends now (one waiting for 100 Continue sends none yet) */
+    *sent_len = expect ? 0 : (uint64_t)cl;
     if (!post && cl > 0) {
         *status = 400;
         return "only POST requests may carry a body\n";
@@ -514,8 +575,7 @@ static const char *framing(kvpd_conn *c, int post, int api, uint64_t *body_len, 
         *status = 411;
         return "a POST body needs Content-Length\n";
     }
-    int expect = has_header(wsi, WSI_TOKEN_HTTP_EXPECT, buf, sizeof buf);
-    if (expect && (!post || strcasecmp(buf, "100-continue"))) {
+    if (expect && (!post || strcasecmp(expectation, "100-continue"))) {
         *status = 417;
         return "the only expectation served is 100-continue, on POST\n";
     }
@@ -543,34 +603,52 @@ int kvpd_http_request(kvpd_conn *c, const char *uri, int *api_request)
     int status;
     int post = lws_hdr_total_length(c->wsi, WSI_TOKEN_POST_URI) > 0;
     int api = kvpd_openai_path(uri, NULL) != 0;   /* with or without /v1 */
-    uint64_t body_len;
+    uint64_t body_len, sent_len;
     c->path_label = api ? kvpd_openai_path_label(uri)
-                  : !strcmp(uri, "/healthz") ? "/healthz" : !strcmp(uri, "/metrics") ? "/metrics"
+                  : !strcmp(uri, "/healthz") ? "/healthz" : !strcmp(uri, "/health") ? "/health"
+                  : !strcmp(uri, "/metrics") ? "/metrics"
                   : !strcmp(uri, "/admin/stats") ? "/admin/stats"
                   : !strncmp(uri, "/admin/learn/transcripts", 24) ? "/admin/learn/transcripts"
                   : "other";
-    c->close_after = 0;
-    const char *refused = framing(c, post, api, &body_len, &status);
+    c->close_after = c->drain_close = 0;
+    c->cors[0] = '\0';
+    const char *refused = framing(c, post, api, &body_len, &sent_len, &status);
+    int fd = lws_get_socket_fd(c->wsi);
     if (refused || (post && !api)) {
-        /* its body (if any) is not read: held back, dropped, and the connection closed */
+        /* its body is not read as one: the connection closes after the answer. A body of
+         * a known length up to KVPD_DRAIN_MAX is read and dropped first, so the client,
+         * which may still be sending it, gets the answer rather than a reset (a socket
+         * closed with bytes unread resets the connection); a slow one is cut at
+         * KVPD_DRAIN_S. */
         c->close_after = 1;
         body_len = 0;
+        if (sent_len > 0 && sent_len <= KVPD_DRAIN_MAX) {
+            kvpd_wsguard_drain(fd, c->wsi, sent_len);
+            lws_set_timeout(c->wsi, PENDING_TIMEOUT_HTTP_CONTENT, KVPD_DRAIN_S);
+        }
     }
     if (refused || post)
-        kvpd_wsguard_body(lws_get_socket_fd(c->wsi), body_len);
+        kvpd_wsguard_body(fd, body_len);
     if (refused)
-        return text_status(c, status, refused, NULL);
+        return status_error(c, status, refused, NULL);
     if (kvpd_listen_reserved(c->wsi)) {
         /* past max_connections: only health checks, one per connection */
         c->close_after = 1;
-        if (strcmp(uri, "/healthz") && strcmp(uri, "/metrics"))
-            return text_status(c, 503, "too many connections\n", NULL);
+        if (strcmp(uri, "/healthz") && strcmp(uri, "/health") && strcmp(uri, "/metrics"))
+            return status_error(c, 503, "too many connections\n", NULL);
     }
     refused = kvpd_guard_check(w, c->wsi, &status);
     if (refused)
-        return text_status(c, status, refused, NULL);
-    if (api && lws_hdr_total_length(c->wsi, WSI_TOKEN_OPTIONS_URI) > 0)
-        return preflight(c);
+        return status_error(c, status, refused, NULL);
+    const char *cors = kvpd_guard_cors(w, c->wsi, c->cors, sizeof c->cors);
+    if (cors != c->cors)   /* "*" or none */
+        snprintf(c->cors, sizeof c->cors, "%s", cors ? cors : "");
+    if (lws_hdr_total_length(c->wsi, WSI_TOKEN_OPTIONS_URI) > 0) {
+        enum kvpd_oai_path path = kvpd_openai_path(uri, NULL);
+        if (path != KVPD_OAI_UNKNOWN && (api || get_endpoint(c, uri)))
+            return preflight(c, api ? kvpd_openai_path_allow(path) : "GET, HEAD");
+        return not_found(c);
+    }
     if (api) {   /* admitted: web/openai.c answers it */
         *api_request = 1;
         return 0;
@@ -579,12 +657,18 @@ int kvpd_http_request(kvpd_conn *c, const char *uri, int *api_request)
     if (!strncmp(uri, "/admin/learn/transcripts", 24) && (!uri[24] || uri[24] == '/')) {
         /* the one admin endpoint that takes DELETE; the token first, as for /admin/stats */
         if (!token_ok(c))
-            return text_status(c, 401, "admin token required\n", "Bearer realm=\"kvpd\"");
+            return status_error(c, 401, "admin token required\n", "Bearer realm=\"kvpd\"");
         return admin_learn(c, uri);
     }
-    if (!c->head && lws_hdr_total_length(c->wsi, WSI_TOKEN_GET_URI) <= 0)
-        return text_status(c, 405, "only GET and HEAD are served\n", NULL);
-    if (!strcmp(uri, "/healthz")) {
+    if (!c->head && lws_hdr_total_length(c->wsi, WSI_TOKEN_GET_URI) <= 0) {
+        /* another method: 405 naming the ones taken, or 404 for no such path */
+        if (!get_endpoint(c, uri))
+            return not_found(c);
+        char msg[160];
+        snprintf(msg, sizeof msg, "%.96s takes GET or HEAD", uri);
+        return http_error(c, 405, "method_not_allowed", msg, "GET, HEAD", NULL);
+    }
+    if (!strcmp(uri, "/healthz") || !strcmp(uri, "/health")) {   /* /health: llama.cpp's name */
         int ok = w->hub && !w->draining, unsaved = w->hub ? kvp_hub_unsaved(w->hub) : 0;
         if (ok && unsaved)
             return respond_json(c, 503, json_pack("{s:s, s:i}", "status", "degraded",
@@ -596,13 +680,13 @@ int kvpd_http_request(kvpd_conn *c, const char *uri, int *api_request)
         return metrics(c);
     if (!strncmp(uri, "/admin/", 7)) {
         if (!token_ok(c))
-            return text_status(c, 401, "admin token required\n", "Bearer realm=\"kvpd\"");
+            return status_error(c, 401, "admin token required\n", "Bearer realm=\"kvpd\"");
         if (!strcmp(uri, "/admin/stats"))
             return admin_stats(c);
         return not_found(c);
     }
     if (!strcmp(uri, "/chat"))
-        return text_status(c, 426, "/chat is a websocket endpoint\n", NULL);
+        return status_error(c, 426, "/chat is a websocket endpoint\n", NULL);
     int rc = static_file(c, uri);
     if (rc <= 0)
         return rc;

@@ -23,8 +23,9 @@
 #define BACKOFF_MAX_MS 2000
 #define LOG_EVERY_S 10.0
 #define ACCEPTS_PER_WAKEUP 64     /* then the loop serves others */
-/* Connections accepted past max_connections, for /healthz and /metrics only (each is
- * answered and closed): health checks get through while clients hold every slot. */
+/* Connections accepted past max_connections, for /healthz, /health and /metrics only
+ * (each is answered and closed): health checks get through while clients hold every
+ * slot. */
 #define HEALTH_RESERVE 4
 
 /* A client address with connections open (max_connections_per_address). Loop thread

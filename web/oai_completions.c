@@ -8,12 +8,16 @@
  * prompt goes to kvp_hub_complete, which continues the session whose texts it extends,
  * so a prompt that repeats an earlier prompt and its completion reuses that cache (on a
  * model without a chat template; with one, the prompt runs in a session of its own,
- * tokenized without the template, and is prefilled whole). */
+ * tokenized without the template, and is prefilled whole).
+ * POST /completion is llama.cpp's server's own form of the same request (below): its
+ * fields are read into the same options and it starts the same raw prompt. */
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/textbuf.h"
+#include "base/utf8.h"
 #include "web/openai_impl.h"
 
 static json_t *chunk(const kvpd_oai *o, const char *text, size_t len, const char *finish)
@@ -86,6 +90,18 @@ static void done(kvpd_conn *c, const kvp_hub_event *ev)
 }
 
 static const kvpd_oai_codec codec = {.token = token, .done = done};
+
+/* The one way both endpoints start a raw prompt: text[0..len), or ids[0..n) when ids is
+ * not NULL, in the hub's raw completion. */
+static void run(kvpd_conn *c, const char *text, size_t len, const int *ids, int n,
+                const kvp_turn_opts *t)
+{
+    kvp_hub_client *hc = kvpd_oai_client(c);
+    if (hc && ids)
+        kvp_hub_complete_tokens(hc, ids, n, t);
+    else if (hc)
+        kvp_hub_complete(hc, text, len, t);
+}
 
 /* Fields of the completions API kvpd cannot honour: the first one present, or NULL. */
 static const char *refused(json_t *req)
@@ -160,9 +176,368 @@ void kvpd_oai_completions(kvpd_conn *c)
         goto out;
     }
     o->req.lp_offset = json_string_length(p);   /* text_offset counts from the prompt's start */
-    kvp_hub_client *hc = kvpd_oai_client(c);
-    if (hc)
-        kvp_hub_complete(hc, json_string_value(p), json_string_length(p), &t);
+    run(c, json_string_value(p), json_string_length(p), NULL, 0, &t);
 out:
+    json_decref(req);
+}
+
+/* ---- POST /completion (llama.cpp's server; docs/openai.md) ---- */
+
+typedef struct llama_state {
+    json_t *settings;          /* generation_settings of the answer */
+    char *prompt;              /* the prompt's text, as the answer echoes it */
+    size_t prompt_len;
+    char *stops[KVP_HUB_MAX_STOPS];
+    int n_stops;
+} llama_state;
+
+static void llama_free(void *p)
+{
+    llama_state *ls = p;
+    if (!ls)
+        return;
+    json_decref(ls->settings);
+    free(ls->prompt);
+    for (int i = 0; i < ls->n_stops; i++)
+        free(ls->stops[i]);
+    free(ls);
+}
+
+json_t *kvpd_oai_llama_params(const kvpd_config *cfg, const kvp_turn_opts *t, int n_predict,
+                              int stream)
+{
+    kvp_turn_opts none = {0};
+    if (!t)
+        t = &none;
+    json_t *stop = json_array();
+    for (int i = 0; stop && i < t->n_stop; i++)
+        json_array_append_new(stop, json_stringn(t->stop[i], t->stop_len[i]));
+    const kvp_sample_opts *so = &t->sampling;
+    return json_pack("{s:i, s:I, s:f, s:i, s:f, s:f, s:f, s:f, s:f, s:o, s:b}",
+                     "n_predict", n_predict, "seed",
+                     t->has_seed ? (json_int_t)t->seed : (json_int_t)-1,
+                     "temperature", (double)(t->has_temperature ? t->temperature : cfg->temperature),
+                     "top_k", so->top_k,
+                     "top_p", (double)(t->has_top_p ? t->top_p : cfg->top_p),
+                     "min_p", (double)so->min_p,
+                     "repeat_penalty", so->repetition_penalty > 0 ? (double)so->repetition_penalty : 1.0,
+                     "presence_penalty", (double)so->presence_penalty,
+                     "frequency_penalty", (double)so->frequency_penalty, "stop", stop,
+                     "stream", stream);
+}
+
+/* llama.cpp's stop_type for kvpd's stop. */
+static const char *stop_type(const char *stop)
+{
+    return !strcmp(stop, "eos") ? "eos" : !strcmp(stop, "length") ? "limit"
+         : !strcmp(stop, "stop") ? "word" : "none";
+}
+
+/* The final object: content (the whole reply; "" at a stream's end) and the figures. */
+static json_t *llama_final(kvpd_conn *c, const char *text, size_t len, const kvp_turn_stats *st)
+{
+    kvpd_oai *o = c->oai;
+    llama_state *ls = o->codec_state;
+    const char *word = st->stop_word >= 0 && st->stop_word < ls->n_stops && !strcmp(st->stop, "stop")
+                       ? ls->stops[st->stop_word] : "";
+    double prompt_ms = st->ttft_ms, gen_ms = st->duration_ms - st->ttft_ms;
+    if (gen_ms < 0)
+        gen_ms = 0;
+    json_t *timings = json_pack(
+        "{s:i, s:f, s:f, s:f, s:i, s:f, s:f, s:f}", "prompt_n", st->prefilled_tokens,
+        "prompt_ms", prompt_ms, "prompt_per_token_ms",
+        st->prefilled_tokens ? prompt_ms / st->prefilled_tokens : 0.0, "prompt_per_second",
+        prompt_ms > 0 ? st->prefilled_tokens * 1e3 / prompt_ms : 0.0,
+        "predicted_n", st->generated_tokens, "predicted_ms", gen_ms, "predicted_per_token_ms",
+        st->generated_tokens ? gen_ms / st->generated_tokens : 0.0, "predicted_per_second",
+        gen_ms > 0 ? st->generated_tokens * 1e3 / gen_ms : 0.0);
+    json_t *settings = json_deep_copy(ls->settings);
+    json_t *j = json_pack(
+        "{s:i, s:s%, s:b, s:s, s:i, s:i, s:i, s:o, s:s%, s:b, s:b, s:s, s:s, s:i, s:o}",
+        "index", 0, "content", text, len, "stop", 1, "model", o->model, "id_slot", -1,
+        "tokens_predicted", st->generated_tokens, "tokens_evaluated", st->context_tokens,
+        "generation_settings", settings ? settings : json_object(), "prompt", ls->prompt,
+        ls->prompt_len, "has_new_line", memchr(text, '\n', len) != NULL, "truncated", 0,
+        "stop_type", stop_type(st->stop), "stopping_word", word, "tokens_cached",
+        st->context_tokens + st->generated_tokens, "timings", timings);
+    if (j)
+        json_object_set_new(j, "kvpd", kvpd_oai_kvpd_stats(NULL, o->durable, st));
+    return j;
+}
+
+static void llama_token(kvpd_conn *c, const kvp_hub_event *ev)
+{
+    kvpd_oai *o = c->oai;
+    if (!o->req.stream || !ev->len)
+        return;
+    start(c);
+    kvpd_oai_sse(c, NULL, json_pack("{s:i, s:s%, s:b, s:i}", "index", 0, "content", ev->text,
+                                    ev->len, "stop", 0, "id_slot", -1));
+}
+
+static void llama_done(kvpd_conn *c, const kvp_hub_event *ev)
+{
+    kvpd_oai *o = c->oai;
+    if (!o->req.stream) {
+        kvpd_oai_answer(c, 200, llama_final(c, ev->text, ev->len, ev->stats));
+        return;
+    }
+    start(c);   /* llama.cpp's stream ends with the stop chunk: no [DONE] */
+    kvpd_oai_sse(c, NULL, llama_final(c, "", 0, ev->stats));
+    o->ended = 1;
+}
+
+static void llama_stream_error(kvpd_conn *c, enum kvpd_oai_code code, const char *msg,
+                               size_t len)
+{
+    kvpd_oai_sse(c, NULL, kvpd_oai_error_json(code, NULL, msg, len));
+}
+
+static const kvpd_oai_codec llama_codec = {.token = llama_token, .done = llama_done,
+                                           .stream_error = llama_stream_error,
+                                           .free = llama_free};
+
+/* Fields of llama.cpp's /completion kvpd takes only at the value that changes nothing
+ * (llama.cpp's neutral value): another value is refused naming the field. */
+static const struct {
+    const char *name;
+    double neutral;            /* a number, or for booleans 0 (false) */
+    int boolean;
+} neutral[] = {
+    {"id_slot", -1, 0}, {"n_probs", 0, 0}, {"typical_p", 1, 0}, {"mirostat", 0, 0},
+    {"dynatemp_range", 0, 0}, {"xtc_probability", 0, 0}, {"dry_multiplier", 0, 0},
+    {"n_keep", 0, 0}, {"ignore_eos", 0, 1}, {"return_tokens", 0, 1},
+    {"timings_per_token", 0, 1}, {"post_sampling_probs", 0, 1},
+};
+
+/* Fields read as the OpenAI completion's, under the same name. */
+static const char *const same[] = {"temperature", "top_k", "top_p", "min_p",
+                                   "presence_penalty", "frequency_penalty", "stop", "stream"};
+
+/* Copies and checks llama.cpp's request into the OpenAI completion's options (oai, a new
+ * object). NULL, or the field refused with its code and message. */
+static const char *llama_translate(json_t *req, json_t *oai, enum kvpd_oai_code *code,
+                                   char *msg, size_t msglen)
+{
+    const char *key;
+    json_t *v;
+    *code = KVPD_OAI_E_INVALID_REQUEST;
+    json_object_foreach(req, key, v) {
+        int known = !strcmp(key, "prompt") || !strcmp(key, "model") ||
+                    !strcmp(key, "cache_prompt");
+        for (size_t i = 0; !known && i < sizeof same / sizeof same[0]; i++)
+            if (!strcmp(key, same[i])) {
+                known = 1;
+                json_object_set(oai, key, v);
+            }
+        for (size_t i = 0; !known && i < sizeof neutral / sizeof neutral[0]; i++) {
+            if (strcmp(key, neutral[i].name))
+                continue;
+            known = 1;
+            int ok = json_is_null(v) ||
+                     (neutral[i].boolean ? json_is_false(v)
+                                         : json_is_number(v) && json_number_value(v) == neutral[i].neutral);
+            if (!ok) {
+                *code = KVPD_OAI_E_UNSUPPORTED_PARAMETER;
+                if (neutral[i].boolean)
+                    snprintf(msg, msglen, "%s is not supported by kvpd (only false)", key);
+                else
+                    snprintf(msg, msglen, "%s is not supported by kvpd (only %g)", key,
+                             neutral[i].neutral);
+                return key;
+            }
+        }
+        if (known)
+            continue;
+        if (!strcmp(key, "n_predict") || !strcmp(key, "max_tokens")) {
+            /* -1: no limit of its own (the ceiling) */
+            if (!json_is_integer(v) || json_integer_value(v) < -1 || json_integer_value(v) > 1 << 30) {
+                snprintf(msg, msglen, "%s must be an integer: -1 (no limit) or a count of "
+                         "tokens", key);
+                return key;
+            }
+            if (json_integer_value(v) == 0) {
+                *code = KVPD_OAI_E_UNSUPPORTED_PARAMETER;
+                snprintf(msg, msglen, "%s 0 is not supported by kvpd: a completion has at "
+                         "least one token", key);
+                return key;
+            }
+            if (json_integer_value(v) > 0 &&
+                (!strcmp(key, "n_predict") || !json_object_get(req, "n_predict")))
+                json_object_set(oai, "max_tokens", v);
+        } else if (!strcmp(key, "seed")) {
+            /* -1 (and llama.cpp's 0xFFFFFFFF): a random seed, as without one */
+            if (!json_is_null(v) && (!json_is_integer(v) || json_integer_value(v) < -1)) {
+                snprintf(msg, msglen, "seed must be an integer (-1: random)");
+                return key;
+            }
+            if (json_is_integer(v) && json_integer_value(v) != -1 &&
+                json_integer_value(v) != 0xFFFFFFFF)
+                json_object_set(oai, "seed", v);
+        } else if (!strcmp(key, "repeat_penalty")) {
+            if (!json_is_null(v) && (!json_is_number(v) || !(json_number_value(v) > 0) ||
+                                     json_number_value(v) > 10)) {
+                snprintf(msg, msglen, "repeat_penalty must be a number above 0, at most 10");
+                return key;
+            }
+            json_object_set(oai, "repetition_penalty", v);
+        } else if (!strcmp(key, "repeat_last_n")) {
+            /* kvpd's repetition penalty counts the reply's tokens, not the last n */
+            json_t *rp = json_object_get(req, "repeat_penalty");
+            if (!json_is_integer(v)) {
+                snprintf(msg, msglen, "repeat_last_n must be an integer");
+                return key;
+            }
+            if (rp && !json_is_null(rp) && !(json_is_number(rp) && json_number_value(rp) == 1)) {
+                *code = KVPD_OAI_E_UNSUPPORTED_PARAMETER;
+                snprintf(msg, msglen, "repeat_last_n is not supported by kvpd with a "
+                         "repeat_penalty (it penalizes the reply's own tokens)");
+                return key;
+            }
+        } else if (!strcmp(key, "logit_bias")) {
+            /* [[id, bias], ...] (bias false: never) or {"id": bias} */
+            json_t *lb = json_object();
+            size_t i;
+            json_t *e;
+            int ok = json_is_object(v) || json_is_null(v);
+            if (json_is_object(v))
+                json_object_update(lb, v);
+            json_array_foreach(v, i, e) {
+                json_t *id = json_array_get(e, 0), *b = json_array_get(e, 1);
+                ok = json_is_array(e) && json_array_size(e) == 2 && json_is_integer(id) &&
+                     json_integer_value(id) >= 0 && (json_is_number(b) || json_is_false(b));
+                if (!ok)
+                    break;
+                char idbuf[24];
+                snprintf(idbuf, sizeof idbuf, "%lld", (long long)json_integer_value(id));
+                json_object_set_new(lb, idbuf, json_is_false(b) ? json_real(-100)
+                                                                : json_real(json_number_value(b)));
+            }
+            ok = ok || json_is_array(v);
+            if (!ok || (json_is_array(v) && i < json_array_size(v))) {
+                json_decref(lb);
+                snprintf(msg, msglen, "logit_bias must be [[token id, bias or false], ...] or "
+                         "an object of token ids");
+                return key;
+            }
+            json_object_set_new(oai, "logit_bias", lb);
+        } else {
+            *code = KVPD_OAI_E_UNSUPPORTED_PARAMETER;
+            snprintf(msg, msglen, "%.64s is not a field kvpd serves on /completion", key);
+            return key;
+        }
+    }
+    return NULL;
+}
+
+void kvpd_oai_llama_completion(kvpd_conn *c)
+{
+    kvpd_oai *o = c->oai;
+    json_t *req = kvpd_oai_parse(c);
+    if (!req)
+        return;
+    llama_state *ls = calloc(1, sizeof *ls);
+    json_t *oai = json_object();
+    int *ids = NULL;
+    if (!ls || !oai) {
+        free(ls);
+        kvpd_oai_fail(c, KVPD_OAI_E_SERVER, NULL, "out of memory");
+        goto out;
+    }
+    o->codec = &llama_codec;
+    o->codec_state = ls;
+    char msg[256];
+    enum kvpd_oai_code code;
+    const char *field = llama_translate(req, oai, &code, msg, sizeof msg);
+    if (field) {
+        kvpd_oai_fail(c, code, field, msg);
+        goto out;
+    }
+    json_t *cp = json_object_get(req, "cache_prompt");
+    if (cp && !json_is_null(cp) && !json_is_boolean(cp)) {
+        kvpd_oai_fail(c, KVPD_OAI_E_INVALID_REQUEST, "cache_prompt", "cache_prompt must be a boolean");
+        goto out;
+    }
+    kvp_turn_opts t;
+    if (kvpd_oai_model_ok(c, req) < 0 || kvpd_oai_options(c, oai, &t) < 0)
+        goto out;
+    t.fresh = json_is_false(cp);   /* cache_prompt false: prefilled whole, nothing reused */
+    /* The prompt: a string (or an array holding one), or an array of token ids. */
+    json_t *p = json_object_get(req, "prompt");
+    if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0)))
+        p = json_array_get(p, 0);
+    int n = 0;
+    kvp_hub_info hi;
+    kvp_hub_info_get(c->w->hub, &hi);
+    if (json_is_array(p)) {
+        n = (int)json_array_size(p);
+        if (n == 0 || n > (1 << 20) || !(ids = malloc((size_t)n * sizeof *ids))) {
+            kvpd_oai_fail(c, n ? KVPD_OAI_E_SERVER : KVPD_OAI_E_INVALID_REQUEST, "prompt",
+                          n ? "out of memory" : "prompt must not be empty");
+            goto out;
+        }
+        for (int i = 0; i < n; i++) {
+            json_t *e = json_array_get(p, (size_t)i);
+            char param[32];
+            snprintf(param, sizeof param, "prompt[%d]", i);
+            if (!json_is_integer(e)) {
+                snprintf(msg, sizeof msg, "%s: a prompt array holds token ids only (one prompt "
+                         "of text, or of tokens; mixed and several prompts are not supported "
+                         "by kvpd)", param);
+                kvpd_oai_fail(c, KVPD_OAI_E_INVALID_REQUEST, param, msg);
+                goto out;
+            }
+            if (json_integer_value(e) < 0 || json_integer_value(e) >= hi.vocab_size) {
+                snprintf(msg, sizeof msg, "%s: token id %lld is out of range: 0 to %d", param,
+                         (long long)json_integer_value(e), hi.vocab_size - 1);
+                kvpd_oai_fail(c, KVPD_OAI_E_INVALID_REQUEST, param, msg);
+                goto out;
+            }
+            ids[i] = (int)json_integer_value(e);
+        }
+    } else if (!json_is_string(p) || json_string_length(p) == 0) {
+        kvpd_oai_fail(c, KVPD_OAI_E_INVALID_REQUEST, "prompt",
+                      "prompt must be a non-empty string or an array of token ids");
+        goto out;
+    }
+    /* what the answer echoes: the text, or the tokens' pieces */
+    if (ids) {
+        size_t len = 0, pl;
+        for (int i = 0; i < n; i++) {
+            kvp_hub_token_piece(c->w->hub, i ? ids[i - 1] : -1, ids[i], &pl);
+            len += pl;
+        }
+        if ((ls->prompt = malloc(len + 1))) {
+            len = 0;
+            for (int i = 0; i < n; i++) {
+                const char *pc = kvp_hub_token_piece(c->w->hub, i ? ids[i - 1] : -1, ids[i], &pl);
+                memcpy(ls->prompt + len, pc, pl);
+                len += pl;
+            }
+            ls->prompt[len] = '\0';
+            ls->prompt_len = len;
+        }
+        if (ls->prompt && !kvp_utf8_valid(ls->prompt, len)) {   /* a partial character */
+            free(ls->prompt);
+            ls->prompt = NULL;
+        }
+    } else {
+        ls->prompt = kvp_text_dup(json_string_value(p), json_string_length(p));
+        ls->prompt_len = json_string_length(p);
+    }
+    if (!ls->prompt) {
+        ls->prompt = strdup("");
+        ls->prompt_len = 0;
+    }
+    for (int i = 0; i < t.n_stop; i++)
+        if ((ls->stops[i] = kvp_text_dup(t.stop[i], t.stop_len[i])))
+            ls->n_stops = i + 1;
+    json_t *np = json_object_get(oai, "max_tokens");
+    ls->settings = kvpd_oai_llama_params(c->w->cfg, &t, np ? (int)json_integer_value(np) : -1,
+                                         o->req.stream);
+    run(c, json_string_value(p), json_string_length(p), ids, n, &t);
+out:
+    free(ids);
+    json_decref(oai);
     json_decref(req);
 }

@@ -529,6 +529,13 @@ int kvpd_openai_path(const char *uri, const char **id)
         return KVPD_OAI_RESPONSES;
     if (!strcmp(p, "/learn/transcripts"))
         return KVPD_OAI_LEARN;
+    static const struct { const char *path; enum kvpd_oai_path id; } llama[] = {
+        {"/completion", KVPD_OAI_LLAMA_COMPLETION}, {"/tokenize", KVPD_OAI_TOKENIZE},
+        {"/detokenize", KVPD_OAI_DETOKENIZE}, {"/props", KVPD_OAI_PROPS},
+        {"/slots", KVPD_OAI_SLOTS}};
+    for (size_t i = 0; !v1 && i < sizeof llama / sizeof llama[0]; i++)
+        if (!strcmp(uri, llama[i].path))
+            return llama[i].id;
     if (!strncmp(p, "/responses/", 11) && p[11] && !strchr(p + 11, '/')) {
         if (id)
             *id = p + 11;
@@ -543,7 +550,23 @@ const char *kvpd_openai_path_label(const char *uri)
         [KVPD_OAI_CHAT] = "/v1/chat/completions", [KVPD_OAI_MODELS] = "/v1/models",
         [KVPD_OAI_COMPLETIONS] = "/v1/completions", [KVPD_OAI_RESPONSES] = "/v1/responses",
         [KVPD_OAI_RESPONSE] = "/v1/responses/{id}", [KVPD_OAI_LEARN] = "/v1/learn/transcripts",
-        [KVPD_OAI_UNKNOWN] = "/v1/other"};
+        [KVPD_OAI_LLAMA_COMPLETION] = "/completion", [KVPD_OAI_TOKENIZE] = "/tokenize",
+        [KVPD_OAI_DETOKENIZE] = "/detokenize", [KVPD_OAI_PROPS] = "/props",
+        [KVPD_OAI_SLOTS] = "/slots", [KVPD_OAI_UNKNOWN] = "/v1/other"};
     enum kvpd_oai_path p = kvpd_openai_path(uri, NULL);
     return p == KVPD_OAI_NONE ? NULL : label[p];
+}
+
+const char *kvpd_openai_path_allow(enum kvpd_oai_path path)
+{
+    switch (path) {
+    case KVPD_OAI_MODELS: case KVPD_OAI_PROPS: case KVPD_OAI_SLOTS:
+        return "GET";
+    case KVPD_OAI_RESPONSE:
+        return "GET, DELETE";
+    case KVPD_OAI_LEARN:
+        return "DELETE";
+    default:
+        return "POST";
+    }
 }

@@ -18,15 +18,21 @@ enum kvpd_oai_path {
     KVPD_OAI_NONE = 0, KVPD_OAI_CHAT, KVPD_OAI_MODELS, KVPD_OAI_COMPLETIONS,
     KVPD_OAI_RESPONSES, KVPD_OAI_RESPONSE,   /* /responses/{id} */
     KVPD_OAI_LEARN,                          /* /learn/transcripts (kvpd's own) */
+    /* llama.cpp's server's own, without /v1 only */
+    KVPD_OAI_LLAMA_COMPLETION,               /* /completion */
+    KVPD_OAI_TOKENIZE, KVPD_OAI_DETOKENIZE, KVPD_OAI_PROPS, KVPD_OAI_SLOTS,
     KVPD_OAI_UNKNOWN,                        /* under /v1, no such endpoint */
 };
 
 /* Which endpoint uri names (enum kvpd_oai_path; 0: not the API): the API's paths with or
- * without the /v1 prefix, and anything else under /v1. id: the {id} of
+ * without the /v1 prefix, llama.cpp's (/completion, /tokenize, /detokenize, /props,
+ * /slots) without it, and anything else under /v1. id: the {id} of
  * /v1/responses/{id} (may be NULL). */
 int kvpd_openai_path(const char *uri, const char **id);
 /* The endpoint's label in kvpd_http_requests_total (NULL: not the API). */
 const char *kvpd_openai_path_label(const char *uri);
+/* The methods the endpoint takes, as an Allow header lists them. */
+const char *kvpd_openai_path_allow(enum kvpd_oai_path path);
 
 /* A request refused: the HTTP status (the code's), the error code (web/oai_error.h),
  * the field it names ("" for none) and the message. */

@@ -418,13 +418,10 @@ static void models(kvpd_conn *c)
     answer(c, 200, kvpd_oai_models(c->w->cfg->model_alias, o->model, o->created));
 }
 
-/* DELETE /v1/learn/transcripts: the caller's tenant's learn_dir transcripts. */
-static void learn_transcripts(kvpd_conn *c, const char *uri, int del)
+/* DELETE /v1/learn/transcripts: the caller's tenant's learn_dir transcripts (the route
+ * checked the method). */
+static void learn_transcripts(kvpd_conn *c)
 {
-    if (!del) {
-        fail(c, KVPD_OAI_E_METHOD_NOT_ALLOWED, NULL, "%s takes DELETE", uri);
-        return;
-    }
     json_t *done;
     const char *code = "";
     char msg[256];
@@ -449,18 +446,23 @@ static void route(kvpd_conn *c, const char *uri, int post)
     const char *rid = NULL;
     enum kvpd_oai_path path = kvpd_openai_path(uri, &rid);
     int del = lws_hdr_total_length(c->wsi, WSI_TOKEN_DELETE_URI) > 0;
-    int list = path == KVPD_OAI_MODELS, one = path == KVPD_OAI_RESPONSE;
+    int get = !post && !del && (lws_hdr_total_length(c->wsi, WSI_TOKEN_GET_URI) > 0 ||
+                                lws_hdr_total_length(c->wsi, WSI_TOKEN_HEAD_URI) > 0);
+    int one = path == KVPD_OAI_RESPONSE;
     if (path == KVPD_OAI_UNKNOWN || path == KVPD_OAI_NONE) {
         fail(c, KVPD_OAI_E_UNKNOWN_URL, NULL, "no such endpoint: %s", uri);
         return;
     }
-    if (path == KVPD_OAI_LEARN) {
-        learn_transcripts(c, uri, del);
+    /* the method against the endpoint's: a 405 says which it takes */
+    const char *allow = kvpd_openai_path_allow(path);
+    if (!(post ? strstr(allow, "POST") != NULL : del ? strstr(allow, "DELETE") != NULL
+                                              : get && strstr(allow, "GET") != NULL)) {
+        o->allow = allow;
+        fail(c, KVPD_OAI_E_METHOD_NOT_ALLOWED, NULL, "%s takes %s", uri, allow);
         return;
     }
-    if (one ? post : (list ? post || del : !post || del)) {
-        fail(c, KVPD_OAI_E_METHOD_NOT_ALLOWED, NULL, "%s takes %s", uri,
-             one ? "GET or DELETE" : list ? "GET" : "POST");
+    if (path == KVPD_OAI_LEARN) {
+        learn_transcripts(c);
         return;
     }
     if (w->draining || !w->hub) {
@@ -474,8 +476,12 @@ static void route(kvpd_conn *c, const char *uri, int post)
     snprintf(o->model, sizeof o->model, "%s", hi.model_name);
     o->tool_format = hi.tool_format;
     o->reasoning = hi.reasoning;
-    if (list) {
+    if (path == KVPD_OAI_MODELS) {
         models(c);
+        return;
+    }
+    if (path == KVPD_OAI_PROPS || path == KVPD_OAI_SLOTS) {
+        (path == KVPD_OAI_PROPS ? kvpd_oai_props : kvpd_oai_slots)(c);
         return;
     }
     if (one) {
@@ -490,6 +496,12 @@ static void route(kvpd_conn *c, const char *uri, int post)
     }
     if (path == KVPD_OAI_COMPLETIONS)
         kvpd_oai_completions(c);
+    else if (path == KVPD_OAI_LLAMA_COMPLETION)
+        kvpd_oai_llama_completion(c);
+    else if (path == KVPD_OAI_TOKENIZE)
+        kvpd_oai_tokenize(c);
+    else if (path == KVPD_OAI_DETOKENIZE)
+        kvpd_oai_detokenize(c);
     else if (path == KVPD_OAI_RESPONSES)
         kvpd_oai_responses(c);
     else
@@ -564,7 +576,7 @@ int kvpd_openai_body_done(kvpd_conn *c)
 static int write_headers(kvpd_conn *c)
 {
     kvpd_oai *o = c->oai;
-    const char *extra[11 + 2 * KVPD_CORS_HEADERS];
+    const char *extra[13 + 2 * KVPD_CORS_HEADERS];
     int k = kvpd_cors_headers(o->origin[0] ? o->origin : NULL, extra);
     char retry[16];
     if (kvpd_oai_shown_session(o)) {
@@ -588,6 +600,10 @@ static int write_headers(kvpd_conn *c)
     if (o->close && !stream) {   /* lws says so itself for a body without a length */
         extra[k++] = "connection:";
         extra[k++] = "close";
+    }
+    if (o->allow) {
+        extra[k++] = "allow:";
+        extra[k++] = o->allow;
     }
     if (o->status == 401) {
         extra[k++] = "www-authenticate:";

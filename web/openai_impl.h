@@ -66,6 +66,7 @@ typedef struct kvpd_oai {
     char model[128];
     char origin[256];             /* CORS: Access-Control-Allow-Origin ("" none) */
     enum kvpd_oai_path path;
+    const char *allow;            /* a 405's Allow header (NULL: none) */
     enum kvpd_oai_code error;     /* of an error answer (web/oai_error.h), for the metrics */
     const kvpd_oai_codec *codec;  /* NULL: the chat completion */
     void *codec_state;            /* freed by codec->free */
@@ -149,6 +150,17 @@ void kvpd_oai_choices_close(kvpd_oai *o);
 
 /* POST /v1/completions (web/oai_completions.c). */
 void kvpd_oai_completions(kvpd_conn *c);
+/* POST /completion, llama.cpp's server's (web/oai_completions.c), and the parameters its
+ * answers and GET /props show: t's (NULL: the defaults) with cfg's defaults. */
+void kvpd_oai_llama_completion(kvpd_conn *c);
+json_t *kvpd_oai_llama_params(const kvpd_config *cfg, const kvp_turn_opts *t, int n_predict,
+                              int stream);
+/* POST /tokenize, POST /detokenize, GET /props, GET /slots: llama.cpp's server's
+ * (web/oai_llama.c). */
+void kvpd_oai_tokenize(kvpd_conn *c);
+void kvpd_oai_detokenize(kvpd_conn *c);
+void kvpd_oai_props(kvpd_conn *c);
+void kvpd_oai_slots(kvpd_conn *c);
 /* POST /v1/responses, GET and DELETE /v1/responses/{id} (web/oai_responses.c). */
 void kvpd_oai_responses(kvpd_conn *c);
 void kvpd_oai_response_get(kvpd_conn *c, const char *id, int delete);

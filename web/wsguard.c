@@ -16,6 +16,9 @@
  *     Content-Length bytes of the body and nothing past them; what follows is read and
  *     dropped until the answer is out (kvpd_wsguard_release), so one request is routed
  *     once and a pipelined one is never parsed while this one runs.
+ *   - HTTP refused body (kvpd_wsguard_drain): its Content-Length bytes are read and
+ *     dropped, lws sees none of them; then as past a body (held), and lws is asked for a
+ *     writeable callback, where the answer's connection closes with nothing unread.
  *   - websocket: each read's bytes go to lws as they are; a small state machine walks the
  *     frame headers in them (at most 14 bytes each; payloads are skipped by length, so the
  *     cost is per frame, not per byte, and nothing is copied) across any split of frames
@@ -45,7 +48,7 @@
 
 #include "web/conn.h"
 
-enum guard_mode { GUARD_HTTP = 0, GUARD_BODY, GUARD_HOLD, GUARD_WS, GUARD_FAILED };
+enum guard_mode { GUARD_HTTP = 0, GUARD_BODY, GUARD_DRAIN, GUARD_HOLD, GUARD_WS, GUARD_FAILED };
 
 /* Bytes a client may send after a request it must wait the answer of before they are
  * only dropped no more: past this the connection is closed. */
@@ -54,7 +57,7 @@ enum guard_mode { GUARD_HTTP = 0, GUARD_BODY, GUARD_HOLD, GUARD_WS, GUARD_FAILED
 typedef struct kvpd_wsguard {
     int fd;
     enum guard_mode mode;
-    struct lws *wsi;             /* websocket: for the close */
+    struct lws *wsi;             /* websocket: for the close; a drained body: its end */
     /* HTTP: how much of an empty line the bytes so far end with (0: none, 1: LF, 2: LF CR)
      * and whether the last byte read ended one. */
     int eol, at_end;
@@ -168,6 +171,24 @@ void kvpd_wsguard_body(int fd, uint64_t len)
     g->mode = len ? GUARD_BODY : GUARD_HOLD;
 }
 
+void kvpd_wsguard_drain(int fd, struct lws *wsi, uint64_t len)
+{
+    guard *g = guard_of(fd);
+    if (!g || g->mode != GUARD_HTTP || !len)
+        return;
+    g->wsi = wsi;
+    g->body_left = len;
+    g->held = 0;
+    g->held_request = 0;
+    g->mode = GUARD_DRAIN;
+}
+
+int kvpd_wsguard_draining(int fd)
+{
+    guard *g = guard_of(fd);
+    return g && g->mode == GUARD_DRAIN;
+}
+
 int kvpd_wsguard_release(int fd)
 {
     guard *g = guard_of(fd);
@@ -277,6 +298,16 @@ ssize_t recv(int fd, void *buf, size_t len, int flags)
         if (!g->body_left)
             g->mode = GUARD_HOLD;
         return n;
+    case GUARD_DRAIN:
+        if ((n = sys_recv(fd, buf, len < g->body_left ? len : (size_t)g->body_left, flags)) <= 0)
+            return n;
+        g->body_left -= (uint64_t)n;
+        if (!g->body_left) {
+            g->mode = GUARD_HOLD;
+            lws_callback_on_writable(g->wsi);
+        }
+        errno = EAGAIN;
+        return -1;
     case GUARD_HOLD:
         /* Past the body, before the answer: lws must not see these bytes (lws 4.1 reports
          * the body complete again for each read, and would parse them as a request

@@ -261,3 +261,53 @@ Test(http, healthz_is_503_until_the_model_is_loaded, .timeout = 60)
     cr_expect_eq(kvpd_stop(&p, 10000), 0);
     h_rmdir(dir);
 }
+
+/* An error answer: status, JSON in the API's error shape with this code, and the Allow
+ * header when allow is not NULL (absent when it is). */
+static void expect_json_error(const kvpd_proc *d, const char *method, const char *path,
+                              int status, const char *code, const char *allow)
+{
+    char *raw = NULL;
+    const char *body;
+    int got = h_request(d->port, method, path, NULL, "", &raw, &body);
+    cr_expect_eq(got, status, "%s %s: %s", method, path, raw);
+    cr_expect(strcasestr(raw, "content-type: application/json"), "%s %s: %s", method, path, raw);
+    json_t *j = json_loads(body, 0, NULL);
+    json_t *e = json_object_get(j, "error");
+    cr_expect(json_is_string(json_object_get(e, "message")), "%s %s: %s", method, path, body);
+    cr_expect(json_is_string(json_object_get(e, "type")), "%s %s: %s", method, path, body);
+    cr_expect_str_eq(json_string_value(json_object_get(e, "code")), code, "%s %s", method, path);
+    const char *a = h_header(raw, "allow:");
+    if (allow)
+        cr_expect_str_eq(a, allow, "%s %s: allow %s", method, path, a);
+    else
+        cr_expect(!*a, "%s %s: an Allow header %s", method, path, a);
+    json_decref(j);
+    free(raw);
+}
+
+Test(http, unknown_paths_and_wrong_methods_answer_json, .timeout = 60)
+{
+    kvpd_proc d;
+    cr_assert_eq(kvpd_start(&d, NULL), 0);
+    expect_json_error(&d, "POST", "/nosuch", 404, "unknown_url", NULL);
+    expect_json_error(&d, "GET", "/nosuch", 404, "unknown_url", NULL);
+    expect_json_error(&d, "DELETE", "/nosuch.html", 404, "unknown_url", NULL);
+    expect_json_error(&d, "GET", "/v1/nosuch", 404, "unknown_url", NULL);
+    expect_json_error(&d, "POST", "/healthz", 405, "method_not_allowed", "GET, HEAD");
+    expect_json_error(&d, "POST", "/health", 405, "method_not_allowed", "GET, HEAD");
+    expect_json_error(&d, "DELETE", "/metrics", 405, "method_not_allowed", "GET, HEAD");
+    expect_json_error(&d, "POST", "/", 405, "method_not_allowed", "GET, HEAD");
+    expect_json_error(&d, "PUT", "/v1/models", 405, "method_not_allowed", "GET");
+    expect_json_error(&d, "GET", "/v1/chat/completions", 405, "method_not_allowed", "POST");
+    expect_json_error(&d, "GET", "/completion", 405, "method_not_allowed", "POST");
+    expect_json_error(&d, "DELETE", "/props", 405, "method_not_allowed", "GET");
+    expect_json_error(&d, "POST", "/v1/responses/resp_x", 405, "method_not_allowed",
+                      "GET, DELETE");
+    expect_json_error(&d, "GET", "/v1/learn/transcripts", 405, "method_not_allowed", "DELETE");
+    /* the daemon still serves */
+    char *body = NULL;
+    cr_expect_eq(h_get(&d, "/healthz", NULL, &body), 200);
+    free(body);
+    cr_expect_eq(kvpd_stop(&d, 10000), 0);
+}

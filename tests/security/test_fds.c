@@ -58,6 +58,9 @@ Test(security_fds, max_connections_is_enforced)
     cr_expect_eq(h_get(&p, "/metrics", NULL, &body), 200);
     free(body);
     body = NULL;
+    cr_expect_eq(h_get(&p, "/health", NULL, &body), 200, "/health over the cap: %s", body);
+    free(body);
+    body = NULL;
     status = h_get(&p, "/v1/models", NULL, &body);
     cr_expect_eq(status, 503, "/v1/models over the cap answered %d", status);
     cr_expect(body && strstr(body, "too many connections"), "%s", body);

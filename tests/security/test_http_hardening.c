@@ -494,6 +494,60 @@ Test(security_http, cors_preflight_and_headers_for_allowed_origins)
     cr_expect_eq(kvpd_stop(&p, 10000), 0);
 }
 
+Test(security_http, cors_preflight_on_every_endpoint)
+{
+    kvpd_proc p;
+    cr_assert_eq(kvpd_start(&p, "--allowed-origins https://app.example --api-key k3y"), 0,
+                 "log %s", p.log);
+    const char *host = self(&p, "127.0.0.1");
+    char v[256];
+    static const struct { const char *path, *method; } eps[] = {
+        {"/completion", "POST"}, {"/tokenize", "POST"}, {"/detokenize", "POST"},
+        {"/props", "GET"}, {"/slots", "GET"}, {"/health", "GET"}, {"/healthz", "GET"},
+        {"/v1/models", "GET"}, {"/v1/responses/resp_x", "DELETE"}};
+    for (size_t i = 0; i < sizeof eps / sizeof eps[0]; i++) {
+        char hdrs[256];
+        snprintf(hdrs, sizeof hdrs, "Origin: https://app.example\r\nAccess-Control-Request-"
+                 "Method: %s\r\nAccess-Control-Request-Headers: Authorization\r\n", eps[i].method);
+        reply r = get(&p, "OPTIONS", eps[i].path, host, hdrs);
+        cr_expect_eq(r.status, 204, "%s: %s", eps[i].path, r.head);
+        cr_expect_str_eq(hdr_value(&r, "access-control-allow-origin:", v, sizeof v),
+                         "https://app.example", "%s: %s", eps[i].path, r.head);
+        cr_expect(strstr(hdr_value(&r, "access-control-allow-methods:", v, sizeof v),
+                         eps[i].method), "%s: %s", eps[i].path, r.head);
+        cr_expect(strcasestr(hdr_value(&r, "access-control-allow-headers:", v, sizeof v),
+                             "authorization"), "%s: %s", eps[i].path, r.head);
+        cr_expect(strstr(hdr_value(&r, "allow:", v, sizeof v), eps[i].method), "%s: %s",
+                  eps[i].path, r.head);
+        cr_expect(!strcasestr(r.head, "access-control-allow-credentials"), "%s", r.head);
+        /* another origin: refused, no grant */
+        r = get(&p, "OPTIONS", eps[i].path, host, "Origin: https://evil.example\r\n"
+                "Access-Control-Request-Method: POST\r\n");
+        cr_expect_eq(r.status, 403, "%s: %s", eps[i].path, r.head);
+        cr_expect(!strcasestr(r.head, "access-control-allow"), "%s: %s", eps[i].path, r.head);
+    }
+    /* asked headers that are not a plain list get the API's own */
+    reply r = get(&p, "OPTIONS", "/completion", host, "Origin: https://app.example\r\n"
+                  "Access-Control-Request-Method: POST\r\n"
+                  "Access-Control-Request-Headers: x;evil=1\r\n");
+    cr_expect_eq(r.status, 204, "%s", r.head);
+    cr_expect_str_eq(hdr_value(&r, "access-control-allow-headers:", v, sizeof v),
+                     "authorization, content-type, x-session-id", "%s", r.head);
+    /* no such path: 404, no grant of methods */
+    r = get(&p, "OPTIONS", "/nosuch", host, "Origin: https://app.example\r\n"
+            "Access-Control-Request-Method: POST\r\n");
+    cr_expect_eq(r.status, 404, "%s", r.head);
+    cr_expect(!strcasestr(r.head, "access-control-allow-methods"), "%s", r.head);
+    /* the answers outside the API carry the origin too */
+    r = get(&p, "GET", "/health", host, "Origin: https://app.example\r\n");
+    cr_expect_eq(r.status, 200, "%s", r.head);
+    cr_expect_str_eq(hdr_value(&r, "access-control-allow-origin:", v, sizeof v),
+                     "https://app.example", "%s", r.head);
+    r = get(&p, "GET", "/health", host, NULL);
+    cr_expect(!strcasestr(r.head, "access-control-allow-origin"), "%s", r.head);
+    cr_expect_eq(kvpd_stop(&p, 10000), 0);
+}
+
 Test(security_http, a_refused_upgrade_gets_its_http_status)
 {
     kvpd_proc p;

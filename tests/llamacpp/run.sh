@@ -1,0 +1,46 @@
+#!/bin/sh
+# Runs llama.cpp's server tests (tools/server/tests/unit/test_*.py of a llama.cpp
+# checkout, or examples/server/tests/unit in older ones) against kvpd, through
+# tests/llamacpp/utils.py, which starts a kvpd wherever they start a llama-server.
+#   tests/llamacpp/run.sh [LLAMACPP_DIR] [pytest arguments, e.g. -k tokenize unit/test_tokenize.py]
+# LLAMACPP_DIR (or $LLAMACPP_DIR): the checkout. KVPD_BIN (default build/daemon/kvpd)
+# and KVP_SHARED (default ../shared: its models/ has stories260K.gguf) as for the other
+# suites. Needs python3 ($PYTHON, else the first with them) with pytest and requests (Debian: python3-pytest python3-requests;
+# the tests that use the openai package need it too). Without the checkout or pytest it
+# exits 77: skipped, so the suite passes where the files are absent. Nothing of
+# llama.cpp's is copied into this tree: pytest runs in a temporary folder holding copies
+# of its test files beside this adapter's utils.py (copies, not links, so that the
+# folders pytest puts on the path are that one's and `from utils import *` finds ours).
+set -eu
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+dir=${1:-${LLAMACPP_DIR:-}}
+[ $# -gt 0 ] && shift
+tests=
+for t in "$dir/tools/server/tests" "$dir/examples/server/tests"; do
+    if [ -n "$dir" ] && [ -f "$t/utils.py" ] && [ -d "$t/unit" ]; then tests=$t; break; fi
+done
+if [ -z "$tests" ]; then
+    echo "llamacpp: no llama.cpp server tests (give a llama.cpp checkout: $0 DIR): skipped"
+    exit 77
+fi
+py=
+for p in ${PYTHON:-} python3 /usr/bin/python3; do
+    if "$p" -c 'import pytest, requests' 2>/dev/null; then py=$p; break; fi
+done
+if [ -z "$py" ]; then
+    echo "llamacpp: no python3 with pytest and requests (\$PYTHON, python3, /usr/bin/python3): skipped"
+    exit 77
+fi
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+mkdir "$work/unit"
+cp "$tests"/unit/test_*.py "$work/unit/"
+[ -f "$tests/conftest.py" ] && cp "$tests/conftest.py" "$work/"
+cp "$here/utils.py" "$work/"
+export LLAMACPP_TESTS="$tests"
+export KVPD_BIN="${KVPD_BIN:-$root/build/daemon/kvpd}"
+export KVP_SHARED="${KVP_SHARED:-$root/../shared}"
+cd "$work"
+[ $# -gt 0 ] || set -- unit
+exec "$py" -m pytest -p no:cacheprovider "$@"
