@@ -27,7 +27,7 @@ import time
 import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from vs_llamacpp import Server, free_port, load_avg, stream_turn  # noqa: E402
+from oai_bench import Server, free_port, load_avg, stream_turn  # noqa: E402
 
 
 def hostile_schemas():
