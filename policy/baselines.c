@@ -779,8 +779,9 @@ int kvp_snapkv_policy_create(kvp_policy *p, const char *policy_file, char *err, 
  *
  * Sigma is the full covariance of the window (divided by the count, as kvpress), never
  * formed as a d x d matrix: with u_j = Rbar (q_j - mu), k^T Rbar Sigma Rbar^T k is the mean
- * of (u_j . k)^2, exact and costing EXPATT_WINDOW dot products per row and query head (as
- * SnapKV's window does), so the only state is the ring of queries. The ring holds the
+ * of (u_j . k)^2, exact and costing EXPATT_WINDOW + 1 dot products per row and query head
+ * (SnapKV's two passes over its window take as many), so the only state is the ring of
+ * queries. The ring holds the
  * queries before RoPE (each un-rotated by its own position when it arrives), so a context
  * shift, which moves positions and re-rotates the keys, leaves it valid: the scores then
  * follow from the keys' new positions and the new p0. Queries of the first n_sink tokens
