@@ -88,7 +88,7 @@ static int run(const kvp_model *m, const char *policy_name, const char *kvp_file
 int main(int argc, char **argv)
 {
     const char *model_path = "models/stories260K.bin", *tok_path = NULL, *kvp_file = NULL;
-    const char *list = "random,streaming,knorm,keydiff,lagkv,h2o,tova,snapkv,kvp";
+    const char *list = "random,streaming,knorm,keydiff,lagkv,h2o,tova,snapkv,expected_attention,kvp";
     int n_prefill = 128, n_decode = 352, pos = 0;
     long v;
     for (int i = 1; i < argc; i++) {

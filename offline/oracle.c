@@ -15,7 +15,7 @@ static int oracle_create(kvp_policy *p, const char *policy_file, char *err, size
 
 const char *kvp_offline_policy_names(void)
 {
-    return "none random streaming knorm keydiff lagkv h2o tova snapkv kvp oracle";
+    return "none random streaming knorm keydiff lagkv h2o tova snapkv expected_attention kvp oracle";
 }
 
 int kvp_offline_policy_create(kvp_policy **out, const char *name, const char *policy_file,

@@ -501,16 +501,130 @@ int kvp_tova_policy_create(kvp_policy *p, const char *policy_file, char *err, si
     return 0;
 }
 
+/* ---- the query ring (SnapKV, Expected Attention) --------------------------------------- */
+
+/* The newest `window` queries of each (layer, KV head), the group's query heads each,
+ * with the token each belongs to and the position it is rotated at. Slots 0..count-1 of
+ * a head hold its queries (when full, the oldest is at `next`); truncate keeps the
+ * survivors oldest first from slot 0. */
+typedef struct qring {
+    int heads, window;
+    size_t qlen;     /* floats per query: group * head_dim */
+    float *q;        /* [heads][window][qlen] */
+    int64_t *seq;    /* [heads][window] the query's own token */
+    int32_t *pos;    /* [heads][window] the position the query is rotated at */
+    int *next;       /* [heads] slot to write */
+    int *count;      /* [heads] queries held (<= window) */
+} qring;
+
+static void qring_free(qring *r)
+{
+    free(r->q);
+    free(r->seq);
+    free(r->pos);
+    free(r->next);
+    free(r->count);
+    memset(r, 0, sizeof *r);
+}
+
+static int qring_init(qring *r, int heads, int window, size_t qlen)
+{
+    r->heads = heads;
+    r->window = window;
+    r->qlen = qlen;
+    size_t slots = (size_t)heads * window;
+    r->q = malloc(slots * qlen * sizeof *r->q);
+    r->seq = malloc(slots * sizeof *r->seq);
+    r->pos = malloc(slots * sizeof *r->pos);
+    r->next = calloc((size_t)heads, sizeof *r->next);
+    r->count = calloc((size_t)heads, sizeof *r->count);
+    if (r->q && r->seq && r->pos && r->next && r->count)
+        return 0;
+    qring_free(r);
+    return -ENOMEM;
+}
+
+/* The query of the slot (head, j). */
+static float *qring_q(const qring *r, int head, int j)
+{
+    return r->q + ((size_t)head * r->window + j) * r->qlen;
+}
+
+/* Takes the head's next slot for the query of token seq at position pos (the oldest is
+ * overwritten when full); returns where its qlen floats go. */
+static float *qring_push(qring *r, int head, int64_t seq, int32_t pos)
+{
+    int j = r->next[head];
+    r->seq[head * r->window + j] = seq;
+    r->pos[head * r->window + j] = pos;
+    r->next[head] = (j + 1) % r->window;
+    if (r->count[head] < r->window)
+        r->count[head]++;
+    return qring_q(r, head, j);
+}
+
+/* The queries of tokens seq >= from leave every head's window; the others stay in age
+ * order (oldest first in slots 0.., the next write after them). */
+static void qring_truncate(qring *r, int64_t from)
+{
+    int W = r->window;
+    size_t qlen = r->qlen;
+    int *order = malloc((size_t)W * sizeof *order);
+    int64_t *sq = malloc((size_t)W * sizeof *sq);
+    int32_t *ps = malloc((size_t)W * sizeof *ps);
+    for (int hd = 0; hd < r->heads; hd++) {
+        int n = r->count[hd], first = n == W ? r->next[hd] : 0, k = 0;
+        if (!order || !sq || !ps) {   /* out of memory: the window is emptied rather than left stale */
+            r->count[hd] = r->next[hd] = 0;
+            continue;
+        }
+        for (int j = 0; j < n; j++) {
+            int slot = (first + j) % W;
+            if (r->seq[hd * W + slot] < from)
+                order[k++] = slot;
+        }
+        if (k == n && first == 0)
+            continue;
+        /* the kept queries, oldest first, through a copy (slots may move either way) */
+        float *q = k ? malloc((size_t)k * qlen * sizeof *q) : NULL;
+        if (!q)
+            k = 0;
+        for (int j = 0; j < k; j++) {
+            memcpy(q + (size_t)j * qlen, qring_q(r, hd, order[j]), qlen * sizeof *q);
+            sq[j] = r->seq[hd * W + order[j]];
+            ps[j] = r->pos[hd * W + order[j]];
+        }
+        for (int j = 0; j < k; j++) {
+            memcpy(qring_q(r, hd, j), q + (size_t)j * qlen, qlen * sizeof *q);
+            r->seq[hd * W + j] = sq[j];
+            r->pos[hd * W + j] = ps[j];
+        }
+        free(q);
+        r->count[hd] = k;
+        r->next[hd] = k % W;
+    }
+    free(order);
+    free(sq);
+    free(ps);
+}
+
+/* dst (of src's shape) takes src's queries. */
+static void qring_copy(qring *dst, const qring *src)
+{
+    size_t slots = (size_t)src->heads * src->window;
+    memcpy(dst->q, src->q, slots * src->qlen * sizeof *dst->q);
+    memcpy(dst->seq, src->seq, slots * sizeof *dst->seq);
+    memcpy(dst->pos, src->pos, slots * sizeof *dst->pos);
+    memcpy(dst->next, src->next, (size_t)src->heads * sizeof *dst->next);
+    memcpy(dst->count, src->count, (size_t)src->heads * sizeof *dst->count);
+}
+
 /* ---- snapkv ------------------------------------------------------------------------ */
 
-/* A ring of the last SNAPKV_WINDOW queries of each (layer, KV head), group heads each. */
+/* The last SNAPKV_WINDOW queries of each (layer, KV head), as the model rotated them. */
 typedef struct snapkv_state {
     int group, d;
-    float *q;        /* [heads][SNAPKV_WINDOW][group * d] */
-    int64_t *seq;    /* [heads][SNAPKV_WINDOW] the query's own token */
-    int32_t *pos;    /* [heads][SNAPKV_WINDOW] the position the query is rotated at */
-    int *next;       /* [heads] ring slot to write */
-    int *count;      /* [heads] queries held (<= SNAPKV_WINDOW) */
+    qring ring;
     float *row;      /* [d]: one key decoded (f16 / q8_0 rows) */
 } snapkv_state;
 
@@ -524,40 +638,38 @@ static void snapkv_attention(kvp_policy *p, int layer, int kvh, kvp_head *h, con
     size_t qlen = (size_t)st->group * st->d;
     /* the block's own rows are h's newest n_q rows, query t is row h->n - n_q + t */
     for (int t = n_q > SNAPKV_WINDOW ? n_q - SNAPKV_WINDOW : 0; t < n_q; t++) {
-        int slot = head * SNAPKV_WINDOW + st->next[head];
-        memcpy(st->q + (size_t)slot * qlen, q + (size_t)t * q_stride, qlen * sizeof(float));
-        st->seq[slot] = h->seq[h->n - n_q + t];
-        st->pos[slot] = h->pos[h->n - n_q + t];
-        st->next[head] = (st->next[head] + 1) % SNAPKV_WINDOW;
-        if (st->count[head] < SNAPKV_WINDOW)
-            st->count[head]++;
+        int r = h->n - n_q + t;
+        memcpy(qring_push(&st->ring, head, h->seq[r], h->pos[r]), q + (size_t)t * q_stride,
+               qlen * sizeof(float));
     }
 }
 
 static void snapkv_evict(kvp_policy *p, int layer, int kvh, kvp_head *h)
 {
     snapkv_state *st = p->impl;
+    qring *ring = &st->ring;
     int head = layer * p->cfg.n_kv_heads + kvh, d = st->d, n = h->n;
     float scale = 1.0f / sqrtf((float)d);
     memset(h->score, 0, (size_t)n * sizeof *h->score);
-    if (!st->count[head])
+    if (!ring->count[head])
         return;
-    float w = 1.0f / (float)(st->count[head] * st->group);
-    for (int j = 0; j < st->count[head]; j++) {
+    float w = 1.0f / (float)(ring->count[head] * st->group);
+    for (int j = 0; j < ring->count[head]; j++) {
         int slot = head * SNAPKV_WINDOW + j;
+        float *qs = qring_q(ring, head, j);
         /* causal: the query sees the rows up to its own token (a prefix of h) */
         int seen = 0;
-        while (seen < n && h->seq[seen] <= st->seq[slot])
+        while (seen < n && h->seq[seen] <= ring->seq[slot])
             seen++;
         /* a context shift re-rotated the keys: follow the query's own (protected) row */
-        if (seen && h->seq[seen - 1] == st->seq[slot] && h->pos[seen - 1] != st->pos[slot]) {
+        if (seen && h->seq[seen - 1] == ring->seq[slot] && h->pos[seen - 1] != ring->pos[slot]) {
             for (int g = 0; g < st->group; g++)
-                kvp_rope_rotate(&p->cfg.rope, st->q + ((size_t)slot * st->group + g) * d,
-                                h->pos[seen - 1] - st->pos[slot]);
-            st->pos[slot] = h->pos[seen - 1];
+                kvp_rope_rotate(&p->cfg.rope, qs + (size_t)g * d,
+                                h->pos[seen - 1] - ring->pos[slot]);
+            ring->pos[slot] = h->pos[seen - 1];
         }
         for (int g = 0; g < st->group; g++) {
-            const float *qg = st->q + ((size_t)slot * st->group + g) * d;
+            const float *qg = qs + (size_t)g * d;
             /* online log-sum-exp, then a second pass for the probabilities */
             float mx = -INFINITY, sum = 0.0f;
             for (int i = 0; i < seen; i++) {
@@ -606,67 +718,23 @@ static int snapkv_window(const kvp_policy *p, int layer, int budget)
 static void snapkv_destroy(kvp_policy *p)
 {
     snapkv_state *st = p->impl;
-    free(st->q);
-    free(st->seq);
-    free(st->pos);
-    free(st->next);
-    free(st->count);
+    qring_free(&st->ring);
     free(st->row);
     free_impl(p);
 }
 
-/* The queries of tokens seq >= from leave every head's window; the others stay in age
- * order (oldest first in slots 0.., the next write after them). */
 static void snapkv_truncate(kvp_policy *p, kvp_cache *c, int64_t from)
 {
     (void)c;
     snapkv_state *st = p->impl;
-    size_t qlen = (size_t)st->group * st->d;
-    int heads = p->cfg.n_layers * p->cfg.n_kv_heads;
-    for (int hd = 0; hd < heads; hd++) {
-        int n = st->count[hd], first = n == SNAPKV_WINDOW ? st->next[hd] : 0, k = 0;
-        int order[SNAPKV_WINDOW];
-        for (int j = 0; j < n; j++) {
-            int slot = (first + j) % SNAPKV_WINDOW;
-            if (st->seq[hd * SNAPKV_WINDOW + slot] < from)
-                order[k++] = slot;
-        }
-        if (k == n && first == 0)
-            continue;
-        /* the kept queries, oldest first, through a copy (slots may move either way) */
-        float *q = malloc((size_t)k * qlen * sizeof *q);
-        int64_t sq[SNAPKV_WINDOW];
-        int32_t ps[SNAPKV_WINDOW];
-        if (!q && k)   /* out of memory: the window is emptied rather than left stale */
-            k = 0;
-        for (int j = 0; j < k; j++) {
-            int s = hd * SNAPKV_WINDOW + order[j];
-            memcpy(q + (size_t)j * qlen, st->q + (size_t)s * qlen, qlen * sizeof *q);
-            sq[j] = st->seq[s];
-            ps[j] = st->pos[s];
-        }
-        for (int j = 0; j < k; j++) {
-            int s = hd * SNAPKV_WINDOW + j;
-            memcpy(st->q + (size_t)s * qlen, q + (size_t)j * qlen, qlen * sizeof *q);
-            st->seq[s] = sq[j];
-            st->pos[s] = ps[j];
-        }
-        free(q);
-        st->count[hd] = k;
-        st->next[hd] = k % SNAPKV_WINDOW;
-    }
+    qring_truncate(&st->ring, from);
 }
 
 static int snapkv_copy(kvp_policy *dst, const kvp_policy *src)
 {
     snapkv_state *d = dst->impl;
     const snapkv_state *s = src->impl;
-    size_t heads = (size_t)src->cfg.n_layers * src->cfg.n_kv_heads;
-    memcpy(d->q, s->q, heads * SNAPKV_WINDOW * s->group * s->d * sizeof *d->q);
-    memcpy(d->seq, s->seq, heads * SNAPKV_WINDOW * sizeof *d->seq);
-    memcpy(d->pos, s->pos, heads * SNAPKV_WINDOW * sizeof *d->pos);
-    memcpy(d->next, s->next, heads * sizeof *d->next);
-    memcpy(d->count, s->count, heads * sizeof *d->count);
+    qring_copy(&d->ring, &s->ring);
     return 0;
 }
 
@@ -685,19 +753,219 @@ int kvp_snapkv_policy_create(kvp_policy *p, const char *policy_file, char *err, 
     if (!st)
         return no_memory("snapkv", err, errlen);
     p->impl = st;
-    size_t heads = (size_t)p->cfg.n_layers * p->cfg.n_kv_heads;
     st->group = p->cfg.n_heads / p->cfg.n_kv_heads;
     st->d = p->cfg.head_dim;
-    st->q = malloc(heads * SNAPKV_WINDOW * st->group * st->d * sizeof *st->q);
-    st->seq = malloc(heads * SNAPKV_WINDOW * sizeof *st->seq);
-    st->pos = malloc(heads * SNAPKV_WINDOW * sizeof *st->pos);
-    st->next = calloc(heads, sizeof *st->next);
-    st->count = calloc(heads, sizeof *st->count);
     st->row = malloc((size_t)st->d * sizeof *st->row);
-    if (!st->q || !st->seq || !st->pos || !st->next || !st->count || !st->row) {
+    if (!st->row || qring_init(&st->ring, p->cfg.n_layers * p->cfg.n_kv_heads, SNAPKV_WINDOW,
+                               (size_t)st->group * st->d)) {
         snapkv_destroy(p);
         return no_memory("snapkv", err, errlen);
     }
     p->ops = &snapkv_ops;
+    return 0;
+}
+
+/* ---- expected_attention (kvpress's ExpectedAttentionPress) -------------------------- */
+
+/* Each query head's queries are modelled as a Gaussian q ~ N(mu, Sigma), estimated from
+ * the head's EXPATT_WINDOW newest queries before RoPE. The queries to come sit at the next
+ * EXPATT_FUTURE positions p0.. (p0: one past the head's newest row); rotated by the mean
+ * of their RoPE rotations, Rbar, a future query is taken as N(Rbar mu, Rbar Sigma Rbar^T).
+ * Then E[exp(s q.k)] = exp(s (Rbar mu).k + s^2 k^T Rbar Sigma Rbar^T k / 2) for a cached
+ * (rotated) key k, s the model's score scale (1/sqrt(head_dim) unless the model sets its
+ * own); normalised over the head's rows but the sinks (a softmax), averaged over the KV
+ * group's query heads, times the value's norm. The sinks take the head's best score (they
+ * are protected anyway).
+ *
+ * Sigma is the full covariance of the window (divided by the count, as kvpress), never
+ * formed as a d x d matrix: with u_j = Rbar (q_j - mu), k^T Rbar Sigma Rbar^T k is the mean
+ * of (u_j . k)^2, exact and costing EXPATT_WINDOW + 1 dot products per row and query head
+ * (SnapKV's two passes over its window take as many), so the only state is the ring of
+ * queries. The ring holds the
+ * queries before RoPE (each un-rotated by its own position when it arrives), so a context
+ * shift, which moves positions and re-rotates the keys, leaves it valid: the scores then
+ * follow from the keys' new positions and the new p0. Queries of the first n_sink tokens
+ * are not recorded (kvpress leaves the sinks' hidden states out of the statistics). */
+#define EXPATT_WINDOW 64
+#define EXPATT_FUTURE 512
+
+typedef struct expatt_state {
+    int group, d;
+    qring ring;       /* pre-RoPE queries */
+    float *cs;        /* [n_rot] one position's (cos, sin) per pair */
+    float *avg;       /* [n_rot] the mean (cos, sin) of positions rot_from.. +EXPATT_FUTURE */
+    int64_t rot_from; /* the p0 avg holds; -1: none yet */
+    float *mu;        /* [d] one query head's mean, then rotated */
+    float *u;         /* [EXPATT_WINDOW][d] its centred queries, rotated */
+    float *row;       /* [d] one key or value decoded (f16 / q8_0 rows) */
+} expatt_state;
+
+static void expatt_attention(kvp_policy *p, int layer, int kvh, kvp_head *h, const float *q,
+                             int q_stride, const float *att, int att_stride, int n_q)
+{
+    (void)att;
+    (void)att_stride;
+    expatt_state *st = p->impl;
+    int head = layer * p->cfg.n_kv_heads + kvh, d = st->d;
+    for (int t = n_q > EXPATT_WINDOW ? n_q - EXPATT_WINDOW : 0; t < n_q; t++) {
+        int r = h->n - n_q + t;
+        if (h->seq[r] < p->n_sink)
+            continue;
+        float *dst = qring_push(&st->ring, head, h->seq[r], h->pos[r]);
+        memcpy(dst, q + (size_t)t * q_stride, st->ring.qlen * sizeof *dst);
+        /* one (cos, sin) table for the group: every query head un-rotates by -pos */
+        kvp_rope_table(&p->cfg.rope, st->cs, -(double)h->pos[r]);
+        for (int g = 0; g < st->group; g++)
+            kvp_rope_apply(&p->cfg.rope, dst + (size_t)g * d, st->cs);
+    }
+}
+
+/* avg = the mean over positions p0 .. p0 + EXPATT_FUTURE - 1 of each pair's (cos, sin):
+ * kvp_rope_apply with it multiplies a vector by the mean rotation Rbar (the pass-through
+ * dims of a partial rotary stay as they are, as Rbar's identity block). */
+static void expatt_rotation(kvp_policy *p, expatt_state *st, int64_t p0)
+{
+    if (st->rot_from == p0)
+        return;
+    int n_rot = p->cfg.rope.n_rot;
+    double acc[n_rot > 0 ? n_rot : 1];
+    memset(acc, 0, sizeof acc);
+    for (int f = 0; f < EXPATT_FUTURE; f++) {
+        kvp_rope_table(&p->cfg.rope, st->cs, (double)(p0 + f));
+        for (int i = 0; i < n_rot; i++)
+            acc[i] += st->cs[i];
+    }
+    for (int i = 0; i < n_rot; i++)
+        st->avg[i] = (float)(acc[i] / EXPATT_FUTURE);
+    st->rot_from = p0;
+}
+
+static void expatt_evict(kvp_policy *p, int layer, int kvh, kvp_head *h)
+{
+    expatt_state *st = p->impl;
+    const qring *ring = &st->ring;
+    int head = layer * p->cfg.n_kv_heads + kvh, d = st->d, n = h->n;
+    int m = ring->count[head], ns = p->n_sink < 0 ? 0 : p->n_sink < n ? p->n_sink : n;
+    float s = p->cfg.query_scale > 0 ? p->cfg.query_scale : 1.0f / sqrtf((float)d);
+    if (!n)
+        return;
+    memset(h->score, 0, (size_t)n * sizeof *h->score);
+    expatt_rotation(p, st, (int64_t)h->pos[n - 1] + 1);
+    for (int g = 0; g < st->group && ns < n; g++) {
+        memset(st->mu, 0, (size_t)d * sizeof *st->mu);
+        for (int j = 0; j < m; j++) {
+            const float *qj = qring_q(ring, head, j) + (size_t)g * d;
+            for (int c = 0; c < d; c++)
+                st->mu[c] += qj[c];
+        }
+        for (int c = 0; m && c < d; c++)
+            st->mu[c] /= (float)m;
+        for (int j = 0; j < m; j++) {
+            const float *qj = qring_q(ring, head, j) + (size_t)g * d;
+            float *uj = st->u + (size_t)j * d;
+            for (int c = 0; c < d; c++)
+                uj[c] = qj[c] - st->mu[c];
+            kvp_rope_apply(&p->cfg.rope, uj, st->avg);
+        }
+        kvp_rope_apply(&p->cfg.rope, st->mu, st->avg);
+        /* this query head's expected logits in h->stat (the policy's scratch row), then
+         * its softmax over the rows past the sinks, added into h->score */
+        float mx = -INFINITY, var_w = m ? 0.5f * s * s / (float)m : 0.0f;
+        for (int i = ns; i < n; i++) {
+            const float *k = kvp_head_keys(h, d, i, 1, st->row);
+            float dot = 0.0f, var = 0.0f;
+            for (int c = 0; c < d; c++)
+                dot += st->mu[c] * k[c];
+            for (int j = 0; j < m; j++) {
+                const float *uj = st->u + (size_t)j * d;
+                float x = 0.0f;
+                for (int c = 0; c < d; c++)
+                    x += uj[c] * k[c];
+                var += x * x;
+            }
+            h->stat[i] = s * dot + var_w * var;
+            mx = fmaxf(mx, h->stat[i]);
+        }
+        float sum = 0.0f;
+        for (int i = ns; i < n; i++)
+            sum += h->stat[i] = expf(h->stat[i] - mx);
+        for (int i = ns; i < n; i++)
+            h->score[i] += h->stat[i] / sum / (float)st->group;
+    }
+    float best = -INFINITY;
+    for (int i = ns; i < n; i++) {
+        h->score[i] *= head_norm(kvp_head_values(h, d, i, 1, st->row), d);
+        best = fmaxf(best, h->score[i]);
+    }
+    for (int i = 0; i < ns; i++)
+        h->score[i] = ns < n ? best : 0.0f;
+}
+
+static void expatt_destroy(kvp_policy *p)
+{
+    expatt_state *st = p->impl;
+    qring_free(&st->ring);
+    free(st->cs);
+    free(st->avg);
+    free(st->mu);
+    free(st->u);
+    free(st->row);
+    free_impl(p);
+}
+
+static void expatt_truncate(kvp_policy *p, kvp_cache *c, int64_t from)
+{
+    (void)c;
+    expatt_state *st = p->impl;
+    qring_truncate(&st->ring, from);
+}
+
+static int expatt_copy(kvp_policy *dst, const kvp_policy *src)
+{
+    expatt_state *d = dst->impl;
+    const expatt_state *s = src->impl;
+    qring_copy(&d->ring, &s->ring);
+    return 0;
+}
+
+static const kvp_policy_ops expatt_ops = {
+    .name = "expected_attention", .wants_attention = 1, .on_attention = expatt_attention,
+    .before_evict = expatt_evict, .destroy = expatt_destroy, .truncate = expatt_truncate,
+    .copy = expatt_copy,
+};
+
+int kvp_expected_attention_policy_create(kvp_policy *p, const char *policy_file, char *err,
+                                         size_t errlen)
+{
+    (void)policy_file;
+    const char *name = "expected_attention";
+    if (need_shape(p, name, err, errlen))
+        return -EINVAL;
+    const kvp_rope *r = &p->cfg.rope;
+    if (r->n_rot < 0 || r->n_rot % 2 || r->n_rot > p->cfg.head_dim) {
+        snprintf(err, errlen, "policy %s: RoPE rotates %d of the head's %d floats (want an "
+                 "even count up to head_dim)", name, r->n_rot, p->cfg.head_dim);
+        return -EINVAL;
+    }
+    expatt_state *st = calloc(1, sizeof *st);
+    if (!st)
+        return no_memory(name, err, errlen);
+    p->impl = st;
+    st->group = p->cfg.n_heads / p->cfg.n_kv_heads;
+    st->d = p->cfg.head_dim;
+    st->rot_from = -1;
+    size_t n_rot = r->n_rot > 0 ? (size_t)r->n_rot : 1;
+    st->cs = malloc(n_rot * sizeof *st->cs);
+    st->avg = malloc(n_rot * sizeof *st->avg);
+    st->mu = malloc((size_t)st->d * sizeof *st->mu);
+    st->u = malloc((size_t)EXPATT_WINDOW * st->d * sizeof *st->u);
+    st->row = malloc((size_t)st->d * sizeof *st->row);
+    if (!st->cs || !st->avg || !st->mu || !st->u || !st->row ||
+        qring_init(&st->ring, p->cfg.n_layers * p->cfg.n_kv_heads, EXPATT_WINDOW,
+                   (size_t)st->group * st->d)) {
+        expatt_destroy(p);
+        return no_memory(name, err, errlen);
+    }
+    p->ops = &expatt_ops;
     return 0;
 }

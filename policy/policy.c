@@ -23,12 +23,13 @@ static const struct {
     { "h2o", kvp_h2o_policy_create },
     { "tova", kvp_tova_policy_create },
     { "snapkv", kvp_snapkv_policy_create },
+    { "expected_attention", kvp_expected_attention_policy_create },
     { "kvp", kvp_agent_policy_create },
 };
 
 const char *kvp_policy_names(void)
 {
-    return "none random streaming knorm keydiff lagkv h2o tova snapkv kvp";
+    return "none random streaming knorm keydiff lagkv h2o tova snapkv expected_attention kvp";
 }
 
 /* A policy with its defaults, before its constructor installs the ops; NULL with a

@@ -1,6 +1,7 @@
 /* Eviction policies behind one interface. A policy scores rows when they enter a head's
- * store (KVP, K-Norm, Random, StreamingLLM), may observe attention (H2O, TOVA, SnapKV),
- * may rescore just before eviction (KeyDiff, LagKV), and then the shared rank-and-keep
+ * store (KVP, K-Norm, Random, StreamingLLM), may observe attention or queries (H2O, TOVA,
+ * SnapKV, Expected Attention), may rescore just before eviction (KeyDiff, LagKV, SnapKV,
+ * Expected Attention), and then the shared rank-and-keep
  * step decides: protect the n_sink oldest rows and the newest window, keep the highest
  * scores of the rest up to the budget. */
 #ifndef KVP_POLICY_H
@@ -63,8 +64,8 @@ struct kvp_policy {
     void *impl;
 };
 
-/* Names: none random streaming knorm keydiff lagkv h2o tova snapkv kvp (the runtime
- * policies; the evaluation-only oracle is offline/oracle.h). policy_file is required for
+/* Names: none random streaming knorm keydiff lagkv h2o tova snapkv expected_attention kvp
+ * (the runtime policies; the evaluation-only oracle is offline/oracle.h). policy_file is required for
  * kvp and ignored otherwise. */
 int kvp_policy_create(kvp_policy **out, const char *name, const char *policy_file,
                       const kvp_model_config *cfg, uint64_t seed, char *err, size_t errlen);
@@ -153,6 +154,8 @@ int kvp_lagkv_policy_create(kvp_policy *p, const char *policy_file, char *err, s
 int kvp_h2o_policy_create(kvp_policy *p, const char *policy_file, char *err, size_t errlen);
 int kvp_tova_policy_create(kvp_policy *p, const char *policy_file, char *err, size_t errlen);
 int kvp_snapkv_policy_create(kvp_policy *p, const char *policy_file, char *err, size_t errlen);
+int kvp_expected_attention_policy_create(kvp_policy *p, const char *policy_file, char *err,
+                                         size_t errlen);
 /* The "kvp" policy (policy/kvp_agent_policy.c, agents of policy/kvp_agent.h): loads
  * policy_file for p->cfg and sets p->ops and p->impl. Each row is scored once from its
  * k, v and pos, but lazily: on_insert marks new rows unscored (NaN) and before_evict

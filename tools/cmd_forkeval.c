@@ -23,7 +23,8 @@ static void usage(FILE *f)
         "usage: kvp forkeval --model M --text FILE [options]\n"
         "  --tokenizer PATH   tokenizer for llama2.c checkpoints\n"
         "  --policies LIST    comma-separated, from: %s\n"
-        "                     (default streaming,tova,h2o,snapkv,kvp; kvp only with --policy-file)\n"
+        "                     (default streaming,tova,h2o,snapkv,expected_attention,kvp;\n"
+        "                     kvp only with --policy-file)\n"
         "  --policy-file F    KVP policy file (for kvp)\n"
         "  --budgets LIST     rows per KV head, comma-separated (default 64,128)\n"
         "  --split F          evaluate on the text after the first F of it (default 0.8)\n"
@@ -89,7 +90,8 @@ int kvp_cmd_forkeval(int argc, char **argv)
         return usage_error("--model and --text are required", NULL);
     if (!pol_given)
         snprintf(pol_buf, sizeof pol_buf, "%s",
-                 policy_file ? "streaming,tova,h2o,snapkv,kvp" : "streaming,tova,h2o,snapkv");
+                 policy_file ? "streaming,tova,h2o,snapkv,expected_attention,kvp"
+                             : "streaming,tova,h2o,snapkv,expected_attention");
     char *names[MAX_ITEMS], *fields[MAX_ITEMS];
     int n_pol, n_bud, budgets[MAX_ITEMS];
     if (!kvp_split_list(pol_buf, names, MAX_ITEMS, &n_pol))

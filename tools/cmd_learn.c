@@ -33,8 +33,8 @@
  * the evaluation drops to two budgets; and its fewest sequences. */
 #define TRACE_SHARE 0.40
 #define EVAL_SHARE 0.25
-#define LEARN_POLICIES "kvp,streaming,h2o,tova,snapkv,keydiff,knorm,random"
-#define N_POLICIES 8.0   /* the names in LEARN_POLICIES */
+#define LEARN_POLICIES "kvp,streaming,h2o,tova,snapkv,expected_attention,keydiff,knorm,random"
+#define N_POLICIES 9.0   /* the names in LEARN_POLICIES */
 #define CONT_COST 1.4
 #define EVAL_FOUR_BUDGETS_MIN 32
 #define EVAL_SEQS_MIN 4

@@ -182,7 +182,7 @@ Test(http, flags_check_config_version_help)
     free(out);
     /* The evaluation-only oracle is refused before anything starts. */
     cr_assert_eq(run("--policy oracle", &out), 2, "%s", out);
-    cr_assert(strstr(out, "policy oracle is for evaluation only") && strstr(out, "snapkv kvp"),
+    cr_assert(strstr(out, "policy oracle is for evaluation only") && strstr(out, "snapkv expected_attention kvp"),
               "%s", out);
     free(out);
     cr_assert_eq(run("--version", &out), 0);

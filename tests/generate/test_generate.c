@@ -44,7 +44,8 @@ static void teardown(void)
 TestSuite(generate, .init = setup, .fini = teardown);
 
 static const char *policies[] = {"none", "random", "streaming", "knorm", "keydiff", "lagkv",
-                                 "h2o", "tova", "snapkv", "kvp", "oracle"};
+                                 "h2o", "tova", "snapkv", "expected_attention", "kvp",
+                                 "oracle"};
 #define N_POLICIES (sizeof policies / sizeof policies[0])
 
 typedef struct {

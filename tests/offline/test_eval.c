@@ -24,7 +24,8 @@
 #define NSEQ 3
 
 static const char *const all_policies[] = {
-    "none", "random", "streaming", "knorm", "keydiff", "lagkv", "h2o", "tova", "snapkv", "oracle",
+    "none", "random", "streaming", "knorm", "keydiff", "lagkv", "h2o", "tova", "snapkv",
+    "expected_attention", "oracle",
 };
 #define NPOL (int)(sizeof all_policies / sizeof all_policies[0])
 
@@ -436,7 +437,7 @@ Test(eval, replies_kl_is_zero_without_eviction)
 {
     enum { RLEN = 96 };
     static const char *const pols[] = {"none", "random", "streaming", "knorm", "keydiff",
-                                       "lagkv", "h2o", "tova", "snapkv"};
+                                       "lagkv", "h2o", "tova", "snapkv", "expected_attention"};
     kvp_template t;
     plain_template(&t);
     kvp_eval_opts o = opts;

@@ -14,6 +14,7 @@
 #define LAYERS 2
 #define KVH 2
 #define GROUP 2
+#define FEED_ROWS 160   /* rows a head may hold while fed (its attention rows' stride) */
 
 static const kvp_rope ROPE = {.n_rot = D, .base = 10000.0f};
 
@@ -48,19 +49,19 @@ static void feed(kvp_policy *p, kvp_cache *c)
             h->score[r] = h->stat[r] = 0.0f;
             if (p->ops->on_insert)
                 p->ops->on_insert(p, l, k, h, r, 1);
-            float q[GROUP * D], att[GROUP * 64];
-            cr_assert(h->n <= 64);
+            float q[GROUP * D], att[GROUP * FEED_ROWS];
+            cr_assert(h->n <= FEED_ROWS);
             for (int g = 0; g < GROUP; g++) {
                 float sum = 0.0f;
                 for (int j = 0; j < D; j++)
                     q[g * D + j] = val(s, 20 + g * D + j + l + k);
                 for (int i = 0; i < h->n; i++)
-                    sum += att[g * 64 + i] = 1.0f + val(s + i, g + l * 3 + k);
+                    sum += att[g * FEED_ROWS + i] = 1.0f + val(s + i, g + l * 3 + k);
                 for (int i = 0; i < h->n; i++)
-                    att[g * 64 + i] /= sum;
+                    att[g * FEED_ROWS + i] /= sum;
             }
             if (p->ops->on_attention)
-                p->ops->on_attention(p, l, k, h, q, GROUP * D, att, 64, 1);
+                p->ops->on_attention(p, l, k, h, q, GROUP * D, att, FEED_ROWS, 1);
         }
     c->n_seen++;
     c->next_pos++;

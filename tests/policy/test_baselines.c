@@ -25,6 +25,8 @@
 #define TOKENS 520
 #define LAG 128
 #define SNAP_W 32
+#define EA_W 64        /* Expected Attention's query window */
+#define EA_FUTURE 512  /* and the future positions it averages RoPE over */
 
 static const int budgets[] = { 3, 12, 20, 36, 64, 150, 300, 100000 };
 static const uint64_t seeds[] = { 1, 2, 3 };
@@ -66,6 +68,7 @@ static kvp_model_config test_cfg(void)
 
 typedef struct mrow {
     int64_t seq;
+    int32_t pos;
     float k[D], v[D];
     float rnd;        /* random: the draw it got at insertion */
     double h2o;       /* attention received, summed over queries, mean over the group */
@@ -75,6 +78,7 @@ typedef struct mrow {
 
 typedef struct mquery {
     int64_t seq;
+    int32_t pos;      /* the position the query was rotated at */
     float q[GROUP * D];
 } mquery;
 
@@ -143,6 +147,7 @@ static void sim_block(sim *s, int n)
                 mrow *mr = &mh->rows[mh->n + t];
                 memset(mr, 0, sizeof *mr);
                 mr->seq = s->c.n_seen + t;
+                mr->pos = (int32_t)(s->c.next_pos + t);
                 float scale = (float)(0.3 + 1.7 * rng_unit(&s->in));
                 for (int j = 0; j < D; j++) {
                     mr->k[j] = s->offset[hi][j] + scale * (float)rng_normal(&s->in);
@@ -200,6 +205,7 @@ static void sim_block(sim *s, int n)
             for (int t = 0; t < n; t++) {
                 mquery *mq = &mh->qs[mh->nq++];
                 mq->seq = mh->rows[mh->n - n + t].seq;
+                mq->pos = mh->rows[mh->n - n + t].pos;
                 for (int g = 0; g < GROUP; g++)
                     memcpy(mq->q + g * D, q + (size_t)t * NH * D + (size_t)(kvh * GROUP + g) * D,
                            D * sizeof(float));
@@ -293,6 +299,156 @@ static void ref_snapkv(const mhead *mh, double *sc)
     free(acc);
 }
 
+/* ---- Expected Attention, written out with d x d matrices in double precision ---------- */
+
+/* RoPE's rotation at `pos` as a matrix m[d][d]: pair i turns by pos * base^(-2i/n_rot) /
+ * factors[i], its floats consecutive or the two halves of the rotated part. */
+static void ref_rope_matrix(const kvp_rope *r, int d, double pos, double *m)
+{
+    memset(m, 0, (size_t)d * d * sizeof *m);
+    for (int c = 0; c < d; c++)
+        m[c * d + c] = 1.0;
+    for (int i = 0; i < r->n_rot / 2; i++) {
+        double th = pos * pow((double)r->base, -2.0 * i / r->n_rot);
+        if (r->factors)
+            th /= r->factors[i];
+        int a = r->neox ? i : 2 * i, b = r->neox ? i + r->n_rot / 2 : 2 * i + 1;
+        m[a * d + a] = cos(th);
+        m[a * d + b] = -sin(th);
+        m[b * d + a] = sin(th);
+        m[b * d + b] = cos(th);
+    }
+}
+
+/* What the reference leaves out, to show the comparisons can tell. */
+enum { EA_EXACT, EA_NO_VARIANCE, EA_ROTATE_AT_NEXT, EA_NO_ROTATION };
+
+/* Scores of n rows (keys k, values v, [n][d]) from m queries qs[m][group * d] as the model
+ * rotated them (query j at position qpos[j]); the future starts one past newest_pos. */
+static void ref_expatt(const kvp_rope *rope, double scale, int d, int group, const float *k,
+                       const float *v, int n, int32_t newest_pos, const float *qs,
+                       const int32_t *qpos, int m, int variant, double *sc)
+{
+    double *R = malloc((size_t)d * d * sizeof *R), *Rb = calloc((size_t)d * d, sizeof *Rb);
+    double *S = malloc((size_t)d * d * sizeof *S), *T = malloc((size_t)d * d * sizeof *T);
+    double *q0 = malloc((size_t)m * d * sizeof *q0), *mu = malloc((size_t)d * sizeof *mu);
+    double *mur = malloc((size_t)d * sizeof *mur), *lg = malloc((size_t)n * sizeof *lg);
+    int ns = n < SINKS ? n : SINKS;
+    int futures = variant == EA_ROTATE_AT_NEXT ? 1 : EA_FUTURE;
+    for (int f = 0; f < futures; f++) {
+        ref_rope_matrix(rope, d, (double)newest_pos + 1 + f, R);
+        for (int i = 0; i < d * d; i++)
+            Rb[i] += R[i] / futures;
+    }
+    if (variant == EA_NO_ROTATION)
+        ref_rope_matrix(rope, d, 0.0, Rb);
+    for (int i = 0; i < n; i++)
+        sc[i] = 0.0;
+    for (int g = 0; g < group; g++) {
+        /* the queries before RoPE: R(pos)^T q */
+        for (int j = 0; j < m; j++) {
+            ref_rope_matrix(rope, d, qpos[j], R);
+            const float *q = qs + ((size_t)j * group + g) * d;
+            for (int a = 0; a < d; a++) {
+                q0[j * d + a] = 0.0;
+                for (int b = 0; b < d; b++)
+                    q0[j * d + a] += R[b * d + a] * q[b];
+            }
+        }
+        for (int a = 0; a < d; a++) {
+            mu[a] = 0.0;
+            for (int j = 0; j < m; j++)
+                mu[a] += q0[j * d + a] / m;
+        }
+        for (int a = 0; a < d; a++)
+            for (int b = 0; b < d; b++) {
+                S[a * d + b] = 0.0;
+                for (int j = 0; j < m; j++)
+                    S[a * d + b] += (q0[j * d + a] - mu[a]) * (q0[j * d + b] - mu[b]) / m;
+            }
+        /* mean and covariance of the future query: Rbar mu, Rbar S Rbar^T */
+        for (int a = 0; a < d; a++) {
+            mur[a] = 0.0;
+            for (int b = 0; b < d; b++)
+                mur[a] += Rb[a * d + b] * mu[b];
+        }
+        for (int a = 0; a < d; a++)
+            for (int b = 0; b < d; b++) {
+                T[a * d + b] = 0.0;
+                for (int c = 0; c < d; c++)
+                    T[a * d + b] += S[a * d + c] * Rb[b * d + c];   /* S Rbar^T */
+            }
+        for (int a = 0; a < d; a++)
+            for (int b = 0; b < d; b++) {
+                S[a * d + b] = 0.0;
+                for (int c = 0; c < d; c++)
+                    S[a * d + b] += Rb[a * d + c] * T[c * d + b];
+            }
+        double top = -INFINITY, z = 0.0;
+        for (int i = ns; i < n; i++) {
+            const float *ki = k + (size_t)i * d;
+            double dot = 0.0, quad = 0.0;
+            for (int a = 0; a < d; a++) {
+                dot += mur[a] * ki[a];
+                for (int b = 0; b < d; b++)
+                    quad += ki[a] * S[a * d + b] * ki[b];
+            }
+            lg[i] = scale * dot + (variant == EA_NO_VARIANCE ? 0.0 : scale * scale * quad / 2.0);
+            top = lg[i] > top ? lg[i] : top;
+        }
+        for (int i = ns; i < n; i++)
+            z += exp(lg[i] - top);
+        for (int i = ns; i < n; i++)
+            sc[i] += exp(lg[i] - top) / z / group;
+    }
+    double best = -INFINITY;
+    for (int i = ns; i < n; i++) {
+        double vn = 0.0;
+        for (int a = 0; a < d; a++)
+            vn += (double)v[(size_t)i * d + a] * v[(size_t)i * d + a];
+        sc[i] *= sqrt(vn);
+        best = sc[i] > best ? sc[i] : best;
+    }
+    for (int i = 0; i < ns; i++)
+        sc[i] = ns < n ? best : 0.0;
+    free(R);
+    free(Rb);
+    free(S);
+    free(T);
+    free(q0);
+    free(mu);
+    free(mur);
+    free(lg);
+}
+
+/* The simulation's head: its last EA_W queries of tokens past the sinks. */
+static void ref_expatt_sim(const mhead *mh, double *sc)
+{
+    int idx[TOKENS], m = 0;
+    for (int j = 0; j < mh->nq; j++)
+        if (mh->qs[j].seq >= SINKS)
+            idx[m++] = j;
+    int first = m > EA_W ? m - EA_W : 0;
+    m -= first;
+    float *k = malloc((size_t)mh->n * D * sizeof *k), *v = malloc((size_t)mh->n * D * sizeof *v);
+    float *qs = malloc(((size_t)m + 1) * GROUP * D * sizeof *qs);
+    int32_t qpos[EA_W];
+    for (int i = 0; i < mh->n; i++) {
+        memcpy(k + (size_t)i * D, mh->rows[i].k, sizeof mh->rows[i].k);
+        memcpy(v + (size_t)i * D, mh->rows[i].v, sizeof mh->rows[i].v);
+    }
+    for (int j = 0; j < m; j++) {
+        memcpy(qs + (size_t)j * GROUP * D, mh->qs[idx[first + j]].q, sizeof mh->qs[0].q);
+        qpos[j] = mh->qs[idx[first + j]].pos;
+    }
+    kvp_model_config cfg = test_cfg();
+    ref_expatt(&cfg.rope, 1.0 / sqrt((double)D), D, GROUP, k, v, mh->n,
+               mh->rows[mh->n - 1].pos, qs, qpos, m, EA_EXACT, sc);
+    free(k);
+    free(v);
+    free(qs);
+}
+
 /* Scores (higher = keep) of mh's rows under the policy's rule and its recent window. */
 static void ref_scores(const sim *s, const mhead *mh, double *sc, int *window)
 {
@@ -336,6 +492,8 @@ static void ref_scores(const sim *s, const mhead *mh, double *sc, int *window)
     } else if (!strcmp(nm, "snapkv")) {
         ref_snapkv(mh, sc);
         *window = SNAP_W > RECENT ? SNAP_W : RECENT;
+    } else if (!strcmp(nm, "expected_attention")) {
+        ref_expatt_sim(mh, sc);
     } else if (!strcmp(nm, "oracle")) {
         for (int i = 0; i < mh->n; i++)
             sc[i] = mh->rows[i].oracle;
@@ -504,6 +662,7 @@ Test(baselines, lagkv_matches_reference) { check_policy("lagkv"); }
 Test(baselines, h2o_matches_reference) { check_policy("h2o"); }
 Test(baselines, tova_matches_reference) { check_policy("tova"); }
 Test(baselines, snapkv_matches_reference) { check_policy("snapkv"); }
+Test(baselines, expected_attention_matches_reference) { check_policy("expected_attention"); }
 Test(baselines, oracle_matches_reference) { check_policy("oracle"); }
 
 /* ---- properties beyond the reference ------------------------------------------------ */
@@ -540,14 +699,14 @@ Test(baselines, random_is_reproducible_by_seed)
 Test(baselines, only_attention_policies_want_attention)
 {
     const char *names[] = { "none", "random", "streaming", "knorm", "keydiff", "lagkv",
-                            "h2o", "tova", "snapkv" };
+                            "h2o", "tova", "snapkv", "expected_attention" };
     kvp_model_config cfg = test_cfg();
     char err[256];
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         kvp_policy *p;
         cr_assert_eq(kvp_offline_policy_create(&p, names[i], NULL, &cfg, 1, err, sizeof err), 0);
         int want = !strcmp(names[i], "h2o") || !strcmp(names[i], "tova") ||
-                   !strcmp(names[i], "snapkv");
+                   !strcmp(names[i], "snapkv") || !strcmp(names[i], "expected_attention");
         cr_assert_eq(p->ops->wants_attention, want, "%s", names[i]);
         cr_assert_eq(p->ops->on_attention != NULL, want, "%s", names[i]);
         kvp_policy_destroy(p);
@@ -555,16 +714,17 @@ Test(baselines, only_attention_policies_want_attention)
 }
 
 /* A context shift that moves every row by the same offset keeps all relative positions,
- * so SnapKV's scores must not change: its stored window queries follow their rows, in
- * the model's RoPE variant. */
-static void snapkv_shift(kvp_rope rope)
+ * so the scores of SnapKV and Expected Attention must not change: SnapKV's stored window
+ * queries follow their rows, Expected Attention's future positions follow the newest row,
+ * in the model's RoPE variant. */
+static void shift_case(const char *name, kvp_rope rope)
 {
     kvp_model_config cfg = {.dim = 32, .hidden_dim = 64, .n_layers = 1, .n_heads = 2,
                             .n_kv_heads = 1, .head_dim = 16, .vocab_size = 10,
                             .seq_len = 512, .rope = rope, .rms_eps = 1e-5f};
     char err[128];
     kvp_policy *p;
-    cr_assert_eq(kvp_offline_policy_create(&p, "snapkv", NULL, &cfg, 1, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(kvp_offline_policy_create(&p, name, NULL, &cfg, 1, err, sizeof err), 0, "%s", err);
     kvp_cache c;
     cr_assert_eq(kvp_cache_init(&c, 1, 1, 16, &cfg.rope), 0);
     kvp_head *h = kvp_cache_head(&c, 0, 0);
@@ -596,19 +756,170 @@ static void snapkv_shift(kvp_rope rope)
     cr_assert_eq(h->pos[0], P0 - (P0 + N - 384), "a uniform shift");
     p->ops->before_evict(p, 0, 0, h);
     for (int r = 0; r < N; r++)
-        cr_assert_float_eq(h->score[r], before[r], 1e-5f, "row %d: %g vs %g", r, h->score[r], before[r]);
+        cr_assert_float_eq(h->score[r], before[r], 1e-5f, "%s row %d: %g vs %g", name, r,
+                           h->score[r], before[r]);
     kvp_cache_free(&c);
     kvp_policy_destroy(p);
 }
 
 static const float snap_factors[8] = {1, 1, 2, 4, 8, 16, 32, 64};
+/* consecutive pairs; then NeoX, partial rotary and frequency factors */
+static const kvp_rope shift_ropes[] = {
+    {.n_rot = 16, .base = 10000.0f},
+    {.n_rot = 16, .neox = 1, .base = 1000000.0f},
+    {.n_rot = 8, .neox = 1, .base = 10000.0f},
+    {.n_rot = 16, .base = 500000.0f, .factors = snap_factors},
+};
+#define N_SHIFT_ROPES (int)(sizeof shift_ropes / sizeof shift_ropes[0])
 Test(baselines, snapkv_scores_survive_a_context_shift)
 {
-    snapkv_shift((kvp_rope){.n_rot = 16, .base = 10000.0f});
+    shift_case("snapkv", shift_ropes[0]);
 }
 Test(baselines, snapkv_scores_survive_a_context_shift_neox_partial_factors)
 {
-    snapkv_shift((kvp_rope){.n_rot = 16, .neox = 1, .base = 1000000.0f});
-    snapkv_shift((kvp_rope){.n_rot = 8, .neox = 1, .base = 10000.0f});
-    snapkv_shift((kvp_rope){.n_rot = 16, .base = 500000.0f, .factors = snap_factors});
+    for (int i = 1; i < N_SHIFT_ROPES; i++)
+        shift_case("snapkv", shift_ropes[i]);
+}
+Test(baselines, expected_attention_scores_survive_a_context_shift)
+{
+    for (int i = 0; i < N_SHIFT_ROPES; i++)
+        shift_case("expected_attention", shift_ropes[i]);
+}
+
+/* ---- Expected Attention at model shapes --------------------------------------------- */
+
+/* One KV head pair (two KV heads of one layer) of head_dim 16 and `group` query heads
+ * each, fed 150 tokens in blocks at positions 300.. as the forward pass does: keys and
+ * queries rotated at their positions, the queries drawn around a per-head mean with
+ * per-channel spreads (so the mean, the variance term and the RoPE averaging all weigh).
+ * Every head's scores must match the double-precision reference, and differ from it
+ * clearly when the reference drops the variance term, rotates the statistics to the next
+ * position only, or not at all. */
+static void ea_shape(kvp_rope rope, int group, float query_scale)
+{
+    enum { ED = 16, EKV = 2, N = 150, P0 = 300 };
+    int nh = EKV * group;
+    kvp_model_config cfg = {.dim = nh * ED, .hidden_dim = 64, .n_layers = 1, .n_heads = nh,
+                            .n_kv_heads = EKV, .head_dim = ED, .vocab_size = 10, .seq_len = 4096,
+                            .rope = rope, .rms_eps = 1e-5f, .query_scale = query_scale};
+    char err[160];
+    kvp_policy *p;
+    cr_assert_eq(kvp_policy_create(&p, "expected_attention", NULL, &cfg, 1, err, sizeof err), 0,
+                 "%s", err);
+    kvp_cache c;
+    cr_assert_eq(kvp_cache_init(&c, 1, EKV, ED, &cfg.rope), 0);
+    uint64_t in = 0x5EEDull + (uint64_t)group * 131 + (uint64_t)rope.n_rot + (uint64_t)rope.neox;
+    float *qmean = malloc((size_t)nh * ED * sizeof *qmean), *qsd = malloc((size_t)nh * ED * sizeof *qsd);
+    for (int i = 0; i < nh * ED; i++) {
+        qmean[i] = (float)(1.5 * rng_normal(&in));
+        qsd[i] = (float)(0.2 + 1.3 * rng_unit(&in));
+    }
+    float *keys[EKV], *vals[EKV], *qs[EKV];
+    int32_t qpos[EKV][N];
+    int nq[EKV] = {0};
+    for (int kvh = 0; kvh < EKV; kvh++) {
+        keys[kvh] = malloc((size_t)N * ED * sizeof(float));
+        vals[kvh] = malloc((size_t)N * ED * sizeof(float));
+        qs[kvh] = malloc((size_t)N * group * ED * sizeof(float));
+        cr_assert_eq(kvp_head_reserve(kvp_cache_head(&c, 0, kvh), ED, N), 0);
+    }
+    float *q = malloc((size_t)N * nh * ED * sizeof *q);
+    for (int fed = 0; fed < N;) {
+        int n = rng_int(&in, 1, 40);
+        n = n < N - fed ? n : N - fed;
+        for (int t = 0; t < n; t++)
+            for (int i = 0; i < nh * ED; i++)
+                q[(size_t)t * nh * ED + i] = qmean[i] + qsd[i] * (float)rng_normal(&in);
+        for (int t = 0; t < n; t++)
+            for (int hq = 0; hq < nh; hq++)
+                kvp_rope_rotate(&cfg.rope, q + ((size_t)t * nh + hq) * ED, P0 + fed + t);
+        for (int kvh = 0; kvh < EKV; kvh++) {
+            kvp_head *h = kvp_cache_head(&c, 0, kvh);
+            for (int t = 0; t < n; t++) {
+                int r = fed + t;
+                float *k = keys[kvh] + (size_t)r * ED, *v = vals[kvh] + (size_t)r * ED;
+                for (int j = 0; j < ED; j++) {
+                    k[j] = (float)(0.5 + rng_normal(&in));
+                    v[j] = (float)rng_normal(&in);
+                }
+                kvp_rope_rotate(&cfg.rope, k, P0 + r);
+                memcpy((float *)h->k + (size_t)r * ED, k, ED * sizeof *k);
+                memcpy((float *)h->v + (size_t)r * ED, v, ED * sizeof *v);
+                h->pos[r] = P0 + r;
+                h->seq[r] = r;
+                h->score[r] = h->stat[r] = 0.0f;
+                if (r >= SINKS) {
+                    memcpy(qs[kvh] + (size_t)nq[kvh] * group * ED,
+                           q + (size_t)t * nh * ED + (size_t)kvh * group * ED,
+                           (size_t)group * ED * sizeof(float));
+                    qpos[kvh][nq[kvh]++] = P0 + r;
+                }
+            }
+            h->n = fed + n;
+            p->ops->on_attention(p, 0, kvh, h, q + (size_t)kvh * group * ED, nh * ED, NULL, 0, n);
+        }
+        fed += n;
+    }
+    double scale = query_scale > 0 ? query_scale : 1.0 / sqrt((double)ED);
+    double ref[N], other[N];
+    for (int kvh = 0; kvh < EKV; kvh++) {
+        kvp_head *h = kvp_cache_head(&c, 0, kvh);
+        p->ops->before_evict(p, 0, kvh, h);
+        int m = nq[kvh] < EA_W ? nq[kvh] : EA_W, first = nq[kvh] - m;
+        const float *window = qs[kvh] + (size_t)first * group * ED;
+        ref_expatt(&cfg.rope, scale, ED, group, keys[kvh], vals[kvh], N, P0 + N - 1, window,
+                   qpos[kvh] + first, m, EA_EXACT, ref);
+        double top = 0.0;
+        for (int i = 0; i < N; i++)
+            top = ref[i] > top ? ref[i] : top;
+        for (int i = 0; i < N; i++)
+            cr_assert(fabs(h->score[i] - ref[i]) <= 1e-3 * fabs(ref[i]) + 1e-6 * top,
+                      "n_rot %d neox %d group %d head %d row %d: %.8g, want %.8g", rope.n_rot,
+                      rope.neox, group, kvh, i, h->score[i], ref[i]);
+        for (int variant = EA_NO_VARIANCE; variant <= EA_NO_ROTATION; variant++) {
+            ref_expatt(&cfg.rope, scale, ED, group, keys[kvh], vals[kvh], N, P0 + N - 1, window,
+                       qpos[kvh] + first, m, variant, other);
+            double worst = 0.0;
+            for (int i = SINKS; i < N; i++) {
+                double rel = fabs(other[i] - ref[i]) / ref[i];
+                worst = rel > worst ? rel : worst;
+            }
+            cr_assert_gt(worst, 0.05, "variant %d hardly changes the scores (%g)", variant, worst);
+        }
+    }
+    for (int kvh = 0; kvh < EKV; kvh++) {
+        free(keys[kvh]);
+        free(vals[kvh]);
+        free(qs[kvh]);
+    }
+    free(q);
+    free(qmean);
+    free(qsd);
+    kvp_cache_free(&c);
+    kvp_policy_destroy(p);
+}
+
+static const float ea_factors[8] = {1, 1, 2, 4, 8, 16, 32, 64};
+
+Test(baselines, expected_attention_matches_reference_consecutive_pairs)
+{
+    ea_shape((kvp_rope){.n_rot = 16, .base = 10000.0f}, 1, 0.0f);
+    ea_shape((kvp_rope){.n_rot = 16, .base = 10000.0f}, 2, 0.0f);
+}
+
+Test(baselines, expected_attention_matches_reference_neox_gqa)
+{
+    ea_shape((kvp_rope){.n_rot = 16, .neox = 1, .base = 1000000.0f}, 4, 0.0f);
+}
+
+Test(baselines, expected_attention_matches_reference_partial_rotary)
+{
+    ea_shape((kvp_rope){.n_rot = 8, .neox = 1, .base = 10000.0f}, 3, 0.0f);
+    ea_shape((kvp_rope){.n_rot = 8, .base = 10000.0f}, 2, 0.0f);
+}
+
+Test(baselines, expected_attention_matches_reference_frequency_factors_and_scale)
+{
+    ea_shape((kvp_rope){.n_rot = 16, .base = 500000.0f, .factors = ea_factors}, 2, 0.0f);
+    ea_shape((kvp_rope){.n_rot = 16, .neox = 1, .base = 10000.0f}, 2, 0.2f);
 }

@@ -104,6 +104,8 @@ Test(policy_fork, h2o_before_its_mark) { fork_case("h2o", 40, 30, 17, 24); }
 Test(policy_fork, h2o_without_a_mark) { fork_case("h2o", 40, -1, 25, 24); }
 Test(policy_fork, snapkv_window_full) { fork_case("snapkv", 60, -1, 50, 40); }
 Test(policy_fork, snapkv_window_cut_below_full) { fork_case("snapkv", 60, -1, 20, 40); }
+Test(policy_fork, expected_attention_window_wrapped) { fork_case("expected_attention", 100, -1, 90, 40); }
+Test(policy_fork, expected_attention_window_not_full) { fork_case("expected_attention", 60, -1, 50, 30); }
 Test(policy_fork, random_carries_its_rng) { fork_case("random", 40, -1, 33, 20); }
 Test(policy_fork, stateless_policies)
 {

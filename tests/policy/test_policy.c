@@ -344,7 +344,7 @@ Test(registry, every_listed_baseline_creates_with_defaults)
         cr_assert_eq(kvp_policy_is_none(p), strcmp(name, "none") == 0);
         kvp_policy_destroy(p);
     }
-    cr_assert_eq(count, 10);
+    cr_assert_eq(count, 11);
 }
 
 /* The oracle only makes sense inside the evaluator (it needs the future): the runtime
@@ -388,7 +388,8 @@ Test(registry, kvp_needs_a_policy_file)
 
 Test(registry, shape_needing_policies_reject_a_missing_config)
 {
-    const char *need[] = { "knorm", "keydiff", "lagkv", "h2o", "tova", "snapkv" };
+    const char *need[] = { "knorm", "keydiff", "lagkv", "h2o", "tova", "snapkv",
+                           "expected_attention" };
     const char *free_[] = { "none", "random", "streaming" };
     char err[256];
     for (size_t i = 0; i < sizeof need / sizeof need[0]; i++) {
@@ -403,6 +404,36 @@ Test(registry, shape_needing_policies_reject_a_missing_config)
         kvp_policy *p = NULL;
         cr_assert_eq(kvp_policy_create(&p, free_[i], NULL, NULL, 1, err, sizeof err), 0);
         kvp_policy_destroy(p);
+    }
+}
+
+/* Shapes the query-window policies cannot use are refused, naming the policy and what is
+ * wrong: query heads not a multiple of the KV heads; Expected Attention also refuses a
+ * RoPE whose rotated floats are odd or more than a head holds. */
+Test(registry, query_window_policies_refuse_bad_shapes)
+{
+    const char *names[] = { "h2o", "tova", "snapkv", "expected_attention" };
+    char err[256];
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        kvp_model_config cfg = test_cfg();
+        cfg.n_heads = cfg.n_kv_heads + 1;
+        kvp_policy *p = NULL;
+        err[0] = '\0';
+        cr_assert_eq(kvp_policy_create(&p, names[i], NULL, &cfg, 1, err, sizeof err), -EINVAL,
+                     "%s", names[i]);
+        cr_assert_null(p);
+        cr_assert(strstr(err, names[i]) && strstr(err, "KV heads"), "%s", err);
+    }
+    int bad_rot[] = { 3, -2, D + 2 };
+    for (size_t i = 0; i < sizeof bad_rot / sizeof bad_rot[0]; i++) {
+        kvp_model_config cfg = test_cfg();
+        cfg.rope.n_rot = bad_rot[i];
+        kvp_policy *p = NULL;
+        err[0] = '\0';
+        cr_assert_eq(kvp_policy_create(&p, "expected_attention", NULL, &cfg, 1, err, sizeof err),
+                     -EINVAL, "n_rot %d", bad_rot[i]);
+        cr_assert_null(p);
+        cr_assert(strstr(err, "expected_attention") && strstr(err, "RoPE"), "%s", err);
     }
 }
 

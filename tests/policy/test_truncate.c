@@ -1,6 +1,6 @@
 /* kvp_policy_truncate / kvp_policy_mark: after the cache is cut back, a policy's own
- * state holds nothing of the tokens removed. SnapKV's query window equals that of a
- * policy that never saw them; H2O's accumulators come back to the mark's exactly when
+ * state holds nothing of the tokens removed. The query windows of SnapKV and Expected
+ * Attention equal those of a policy that never saw them; H2O's accumulators come back to the mark's exactly when
  * cut there, and are scaled by the share of each row's queries that stay otherwise. */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -24,11 +24,11 @@ static void fresh_cache(kvp_cache *c)
     cr_assert_eq(kvp_cache_init(c, LAYERS, KVH, D, &ROPE), 0);
 }
 
-/* SnapKV cut at `from` after `total` tokens scores every head as a policy that saw
- * only the queries its window still holds (first .. from-1). */
-static void snapkv_case(int total, int from, int first)
+/* A query-window policy cut at `from` after `total` tokens scores every head as a policy
+ * that saw only the queries its window still holds (first .. from-1). */
+static void window_case(const char *name, int total, int from, int first)
 {
-    kvp_policy *a = make("snapkv"), *b = make("snapkv");
+    kvp_policy *a = make(name), *b = make(name);
     kvp_cache ca, cb;
     fresh_cache(&ca);
     fresh_cache(&cb);
@@ -66,8 +66,8 @@ static void snapkv_case(int total, int from, int first)
             a->ops->before_evict(a, l, k, ha);
             b->ops->before_evict(b, l, k, hb);
             for (int i = 0; i < ha->n; i++)
-                cr_assert_float_eq(ha->score[i], hb->score[i], 1e-6f,
-                                   "head %d/%d row %d: %g vs %g", l, k, i, ha->score[i], hb->score[i]);
+                cr_assert_float_eq(ha->score[i], hb->score[i], 1e-6f, "%s head %d/%d row %d: %g vs %g",
+                                   name, l, k, i, ha->score[i], hb->score[i]);
         }
     kvp_cache_free(&ca);
     kvp_cache_free(&cb);
@@ -77,12 +77,50 @@ static void snapkv_case(int total, int from, int first)
 
 Test(truncate, snapkv_window_forgets_the_removed_queries)
 {
-    snapkv_case(20, 12, 0);   /* a window not yet full */
+    window_case("snapkv", 20, 12, 0);   /* a window not yet full */
 }
 
 Test(truncate, snapkv_window_after_wrapping)
 {
-    snapkv_case(40, 36, 8);   /* the ring wrapped: queries 8..39 were held, 8..35 stay */
+    window_case("snapkv", 40, 36, 8);   /* the ring wrapped: queries 8..39 were held, 8..35 stay */
+}
+
+/* Expected Attention holds the queries of the newest 64 tokens past the 4 sinks. */
+Test(truncate, expected_attention_window_forgets_the_removed_queries)
+{
+    window_case("expected_attention", 40, 25, 0);
+}
+
+Test(truncate, expected_attention_window_after_wrapping)
+{
+    window_case("expected_attention", 100, 90, 36);   /* 36..99 were held, 36..89 stay */
+}
+
+/* The removed queries weigh: without the cut the scores differ. */
+Test(truncate, expected_attention_scores_depend_on_the_window)
+{
+    kvp_policy *a = make("expected_attention"), *b = make("expected_attention");
+    kvp_cache ca, cb;
+    fresh_cache(&ca);
+    fresh_cache(&cb);
+    for (int i = 0; i < 40; i++) {
+        feed(a, &ca);
+        feed(b, &cb);
+    }
+    kvp_cache_drop_newest(&ca, 10);
+    kvp_cache_drop_newest(&cb, 10);
+    kvp_policy_truncate(a, &ca, 30);   /* b keeps the queries of tokens 30..39 */
+    kvp_head *ha = kvp_cache_head(&ca, 0, 0), *hb = kvp_cache_head(&cb, 0, 0);
+    a->ops->before_evict(a, 0, 0, ha);
+    b->ops->before_evict(b, 0, 0, hb);
+    float worst = 0.0f;
+    for (int i = 0; i < ha->n; i++)
+        worst = fmaxf(worst, fabsf(ha->score[i] - hb->score[i]));
+    cr_assert_gt(worst, 1e-4f, "the removed queries changed nothing");
+    kvp_cache_free(&ca);
+    kvp_cache_free(&cb);
+    kvp_policy_destroy(a);
+    kvp_policy_destroy(b);
 }
 
 Test(truncate, h2o_restores_the_mark_and_scales_past_it)

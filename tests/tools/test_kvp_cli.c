@@ -398,7 +398,8 @@ Test(kvp_cli, policies_on_a_qwen3_shape_through_context_shifts, .timeout = 240)
     snprintf(a, sizeof a, "policy-init --model %s --out %s", model, pol);
     expect(a, 0, "head_dim 24");
     static const char *const policies[] = {"random", "streaming", "knorm", "keydiff", "lagkv",
-                                           "h2o", "tova", "snapkv", "kvp"};
+                                           "h2o", "tova", "snapkv", "expected_attention",
+                                           "kvp"};
     for (size_t i = 0; i < sizeof policies / sizeof policies[0]; i++) {
         snprintf(a, sizeof a, "generate --model %s --policy %s --policy-file %s --budget 32 "
                  "--chunk 8 --steps 300 --ignore-eos --temperature 0", model, policies[i], pol);
