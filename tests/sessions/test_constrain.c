@@ -37,9 +37,9 @@ Test(constrain, a_turn_grammar_starts_and_is_freed)
     cr_assert(g, "%s", err);
     kvp_session s;
     memset(&s, 0, sizeof s);
-    cr_expect_eq(kvp_session_turn_grammar(&s, g), 0);
+    cr_expect_eq(kvp_session_turn_grammar(&s, g, NULL, NULL), 0);
     cr_expect_not_null(s.turn.gm);
-    cr_expect_eq(kvp_session_turn_grammar(&s, NULL), 0);   /* frees the matcher */
+    cr_expect_eq(kvp_session_turn_grammar(&s, NULL, NULL, NULL), 0);   /* frees the matcher */
     cr_expect_null(s.turn.gm);
     kvp_grammar_unref(g);
 }
