@@ -272,11 +272,17 @@ static int32_t arc_value(const kvp_grammar *g, const garc *a, const int32_t *d,
     return dist_add(d[a->to], 1);
 }
 
-/* Each state's fewest bytes to its rule's end: Knuth's generalization of Dijkstra's
+/* Each state's fewest steps to its rule's end: Knuth's generalization of Dijkstra's
  * shortest paths (a call's value is the sum of two distances, both at least the arc's
  * source's lower bound), states settled in order of distance, an arc relaxed once all the
- * states it names are settled. NULL when out of memory. */
-static int32_t *distances(const kvp_grammar *g, const uint32_t *lone)
+ * states it names are settled. A step is a byte; with run (see run_costs) a state that
+ * starts a run of forced bytes goes to the run's end in run->cost[s] steps instead (the
+ * fewest tokens spelling those bytes). NULL when out of memory. */
+typedef struct runs {
+    int32_t *cost, *end;   /* [n_states]; cost -1: not in a run */
+} runs;
+
+static int32_t *distances(const kvp_grammar *g, const uint32_t *lone, const runs *run)
 {
     int n = g->n_states;
     int32_t na = g->arc_off[n];
@@ -290,11 +296,14 @@ static int32_t *distances(const kvp_grammar *g, const uint32_t *lone)
     int hn = 0;
     if (!d || !fin || !roff || !rarc || !rfrom || !h)
         goto fail;
-    for (int32_t a = 0; a < na; a++) {
-        roff[g->arcs[a].to + 1]++;
-        if (g->arcs[a].kind == ARC_CALL && g->arcs[a].call != g->arcs[a].to)
-            roff[g->arcs[a].call + 1]++;
-    }
+    /* a run's state is named by its run's end (through its one arc, see below) */
+#define TARGET(s, arc) (run && run->cost[s] >= 0 ? run->end[s] : (arc)->to)
+    for (int s = 0; s < n; s++)
+        for (int32_t a = g->arc_off[s]; a < g->arc_off[s + 1]; a++) {
+            roff[TARGET(s, &g->arcs[a]) + 1]++;
+            if (g->arcs[a].kind == ARC_CALL && g->arcs[a].call != g->arcs[a].to)
+                roff[g->arcs[a].call + 1]++;
+        }
     for (int s = 0; s < n; s++)
         roff[s + 1] += roff[s];
     int32_t *fill = malloc(((size_t)n + 1) * sizeof *fill);
@@ -304,8 +313,9 @@ static int32_t *distances(const kvp_grammar *g, const uint32_t *lone)
     for (int s = 0; s < n; s++)
         for (int32_t a = g->arc_off[s]; a < g->arc_off[s + 1]; a++) {
             const garc *arc = &g->arcs[a];
-            rarc[fill[arc->to]] = a;
-            rfrom[fill[arc->to]++] = s;
+            int32_t to = TARGET(s, arc);
+            rarc[fill[to]] = a;
+            rfrom[fill[to]++] = s;
             if (arc->kind == ARC_CALL && arc->call != arc->to) {
                 rarc[fill[arc->call]] = a;
                 rfrom[fill[arc->call]++] = s;
@@ -328,13 +338,16 @@ static int32_t *distances(const kvp_grammar *g, const uint32_t *lone)
             int32_t p = rfrom[k];
             if (fin[p])
                 continue;
-            int32_t v = arc_value(g, &g->arcs[rarc[k]], d, fin, lone);
+            int32_t v = run && run->cost[p] >= 0
+                        ? dist_add(run->cost[p], d[run->end[p]])
+                        : arc_value(g, &g->arcs[rarc[k]], d, fin, lone);
             if (v < d[p]) {
                 d[p] = v;
                 heap_push(h, &hn, (hent){v, p});
             }
         }
     }
+#undef TARGET
     free(fin);
     free(roff);
     free(rarc);
@@ -409,7 +422,7 @@ kvp_grammar *kvp_grammar_finish(kvp_gbuild *b, int root, int *rc)
         if (plain)
             g->flags[s] |= ST_PLAIN;
     }
-    if (!(g->dist = distances(g, NULL))) {
+    if (!(g->dist = distances(g, NULL, NULL))) {
         *rc = -ENOMEM;
         kvp_grammar_unref(g);
         g = NULL;
@@ -1057,14 +1070,115 @@ int kvp_gmatch_mask(kvp_gmatch *m, const kvp_vocab_trie *tr, uint32_t *mask)
 
 /* ---- the length budget ---- */
 
+/* A state of a run: no end and one arc, either of one byte (1: the bytes of a literal,
+ * a key, the frame of a call, a const) or an epsilon or a call of a rule that may be
+ * empty (2: the optional whitespace between a JSON document's tokens, which a run takes
+ * empty). */
+static int forced(const kvp_grammar *g, int s)
+{
+    const garc *a = &g->arcs[g->arc_off[s]];
+    if ((g->flags[s] & ST_END) || g->arc_off[s + 1] - g->arc_off[s] != 1)
+        return 0;
+    if (a->kind == ARC_RANGE && a->lo == a->hi)
+        return 1;
+    return a->kind == ARC_EPS || (a->kind == ARC_CALL && g->dist[a->call] == 0) ? 2 : 0;
+}
+
+/* The child of trie node i (-1: the root) with byte b, or -1. */
+static int trie_child(const kvp_vocab_trie *tr, int i, uint8_t b)
+{
+    int c = i < 0 ? 0 : i + 1, end = i < 0 ? tr->n_nodes : tr->skip[i];
+    for (; c < end; c = tr->skip[c])
+        if (tr->byte[c] == b)
+            return c;
+    return -1;
+}
+
+/* For every forced state, the run of forced states from it to the first other one (its
+ * end) and the fewest tokens of tr that spell the run's bytes exactly (each token within
+ * the run, empty calls taken empty; KVP_GRAMMAR_FAR when none do): computed from each
+ * run's end back, a state's cost the least of 1 + the cost after each token that spells
+ * a prefix of its run. A
+ * distance counting a run at that cost is still one the matcher can follow token by
+ * token, and a long key or a call's frame counts as the few tokens it takes. */
+static int run_costs(const kvp_grammar *g, const kvp_vocab_trie *tr, runs *r)
+{
+    int n = g->n_states;
+    r->cost = malloc((size_t)n * sizeof *r->cost);
+    r->end = malloc((size_t)n * sizeof *r->end);
+    int32_t *list = malloc((size_t)n * sizeof *list);
+    uint8_t *is = malloc((size_t)n);
+    if (!r->cost || !r->end || !list || !is) {
+        free(list);
+        free(is);
+        return -ENOMEM;
+    }
+    for (int s = 0; s < n; s++) {
+        is[s] = (uint8_t)forced(g, s);
+        r->cost[s] = -1;
+        r->end[s] = s;
+    }
+#define NEXT(s) (g->arcs[g->arc_off[s]].to)
+#define BYTE(s) (g->arcs[g->arc_off[s]].lo)
+    for (int s0 = 0; s0 < n; s0++) {
+        if (!is[s0] || r->cost[s0] >= 0)
+            continue;
+        int len = 0, u = s0;
+        /* forced states never form a cycle (it could not end: prune dropped it), so the
+         * walk stops; the bound is a backstop */
+        while (is[u] && r->cost[u] < 0 && len < n) {
+            list[len++] = u;
+            r->cost[u] = KVP_GRAMMAR_FAR;   /* on the list */
+            u = NEXT(u);
+        }
+        int32_t end = is[u] ? r->end[u] : u;
+        for (int k = len - 1; k >= 0; k--) {
+            int32_t s = list[k], best = KVP_GRAMMAR_FAR, v = s;
+            int node = -1;
+            while (is[v] == 2)   /* a run starting with an empty call: the cost after it */
+                v = NEXT(v);
+            if (v != s) {
+                r->cost[s] = is[v] ? r->cost[v] : 0;
+                r->end[s] = end;
+                continue;
+            }
+            while (is[v]) {
+                if (is[v] == 2) {
+                    v = NEXT(v);
+                    continue;
+                }
+                node = trie_child(tr, node, BYTE(v));
+                if (node < 0)
+                    break;
+                v = NEXT(v);
+                if (tr->off[node + 1] > tr->off[node]) {
+                    int32_t rest = is[v] ? r->cost[v] : 0;
+                    int32_t c = dist_add(rest, 1);
+                    best = c < best ? c : best;
+                }
+            }
+            r->cost[s] = best;
+            r->end[s] = end;
+        }
+    }
+#undef NEXT
+#undef BYTE
+    free(list);
+    free(is);
+    return 0;
+}
+
 int kvp_gmatch_bind(kvp_gmatch *m, const kvp_vocab_trie *tr)
 {
+    if (m->own_dist)
+        return 0;
+    runs r = {NULL, NULL};
     int all = 1;
     for (int w = 0; w < 8; w++)
         all &= tr->lone[w] == 0xFFFFFFFFu;
-    if (all || m->own_dist)
-        return 0;
-    int32_t *d = distances(m->g, tr->lone);
+    int32_t *d = run_costs(m->g, tr, &r) < 0 ? NULL : distances(m->g, all ? NULL : tr->lone, &r);
+    free(r.cost);
+    free(r.end);
     if (!d)
         return -ENOMEM;
     m->own_dist = d;

@@ -154,9 +154,11 @@ int kvp_gmatch_mask(kvp_gmatch *m, const kvp_vocab_trie *tr, uint32_t *mask);
      2L * (2L * KVP_GRAMMAR_MAX_FANOUT + KVP_GRAMMAR_MAX_THREADS * KVP_GRAMMAR_MAX_THREADS))
 long kvp_grammar_mask_budget(const kvp_vocab_trie *tr);
 
-/* The length budget. kvp_gmatch_bind fits the distances to trie tr: when some byte has
- * no one-byte token, arcs of bytes without one are left out of the distances (so a
- * distance of D bytes can always be spelled in at most D tokens); 0 or -ENOMEM.
+/* The length budget. kvp_gmatch_bind turns the matcher's distances into tokens of trie
+ * tr: a byte counts as one token (arcs of bytes without a one-byte token are left out),
+ * and a run of forced bytes (a literal: a key, a call's frame) as the fewest tokens of
+ * tr that spell it, so a document D away can always be finished in at most D tokens;
+ * 0 or -ENOMEM. Unbound, distances are bytes.
  * kvp_gmatch_mask_left is kvp_gmatch_mask for a reply with `left` tokens to go (this one
  * included; < 0: no limit): it offers only tokens after which the document can still be
  * finished in left - 1 tokens, and the end tokens once it is whole, so a reply that

@@ -494,10 +494,12 @@ Test(grammar, distances_leave_out_bytes_without_a_token, .init = load, .fini = u
     cr_assert_eq(kvp_gmatch_init(&m, g), 0);
     cr_expect_eq(kvp_gmatch_distance(&m), 2);
     cr_assert_eq(kvp_gmatch_bind(&m, &tr), 0);
-    cr_expect_eq(kvp_gmatch_distance(&m), 4);
+    /* the z's then: as many tokens as the fewest spelling "zzzz" (at least 2 here) */
+    int d = kvp_gmatch_distance(&m);
+    cr_expect(d > 1 && d <= 4, "%d", d);
     kvp_gmatch_free(&m);
     cr_assert_eq(kvp_gmatch_init(&m, g), 0);
-    cr_assert_eq(kvp_gmatch_bind(&m, &trie), 0);   /* every byte has one: unchanged */
+    cr_assert_eq(kvp_gmatch_bind(&m, &trie), 0);   /* every byte has one: x then y */
     cr_expect_eq(kvp_gmatch_distance(&m), 2);
     kvp_gmatch_free(&m);
     kvp_grammar_unref(g);
@@ -577,8 +579,16 @@ Test(grammar, the_length_budget_ends_every_reply_whole, .init = load, .fini = un
     char err[256];
     kvp_grammar *g = kvp_schema_compile(s, err, sizeof err);
     cr_assert(g, "%s", err);
-    int need = kvp_grammar_min_len(g);
-    cr_expect_gt(need, 5 * 40);
+    int bytes = kvp_grammar_min_len(g);
+    cr_expect_gt(bytes, 5 * 40);
+    /* in tokens: the long keys count as the few tokens that spell them */
+    kvp_gmatch m;
+    cr_assert_eq(kvp_gmatch_init(&m, g), 0);
+    cr_assert_eq(kvp_gmatch_bind(&m, &trie), 0);
+    int need = kvp_gmatch_distance(&m);
+    kvp_gmatch_free(&m);
+    cr_expect_lt(need, bytes * 3 / 4, "%d tokens for %d bytes", need, bytes);
+    cr_expect_gt(need, 5 * 4);
     uint32_t *mask = calloc((32000 + 31) / 32, sizeof *mask);
     float *logits = malloc(32000 * sizeof *logits);
     char *doc = malloc(1 << 16);
@@ -599,11 +609,6 @@ Test(grammar, the_length_budget_ends_every_reply_whole, .init = load, .fini = un
         }
     /* random logits wander: at budgets this tight the rule always has work to do */
     cr_expect_eq(shaped_n, runs);
-    /* a budget one token short of the distance is below what the rule can keep */
-    kvp_gmatch m;
-    cr_assert_eq(kvp_gmatch_init(&m, g), 0);
-    cr_expect_gt(kvp_gmatch_distance(&m), need - 1);
-    kvp_gmatch_free(&m);
     free(doc);
     free(logits);
     free(mask);
