@@ -562,6 +562,7 @@ static int frame_new(kvp_gmatch *m, int32_t ret, int32_t parent)
 
 static gwork *work_of(kvp_gmatch *m);
 static void cache_clear(kvp_gmatch *m);
+static void cache_free(kvp_gmatch *m);
 
 static int push(gwork *w, int32_t st, int32_t fr)
 {
@@ -770,7 +771,7 @@ void kvp_gmatch_free(kvp_gmatch *m)
     free(m->depth);
     free(m->fdist);
     free(m->own_dist);
-    free(m->cache);
+    cache_free(m);
     free(m->htab);
     free(m->level);
     kvp_grammar_unref(m->g);
@@ -906,17 +907,32 @@ typedef struct wbudget {
     int left;
     int32_t maxd;
     int marked;
+    /* the tokens the grammar allows that lead farther than the set's own distance base,
+     * with their distances (n of cap; full: some did not fit) */
+    int32_t base;
+    int32_t (*far)[2];
+    int n_far, cap_far, full;
 } wbudget;
 
 /* Marks node i's tokens when the document can be finished after them in the tokens left
- * (out: the set they lead to); 1 when it marked any. */
+ * (out: the set they lead to); 1 when it marked any. record: note the ones leading
+ * farther than wb->base. */
 static int take(kvp_gmatch *m, const kvp_vocab_trie *tr, int i, const kvp_gset *out,
-                uint32_t *mask, wbudget *wb)
+                uint32_t *mask, wbudget *wb, int record)
 {
     if (tr->off[i + 1] == tr->off[i])
         return 0;
     int32_t d = set_dist(m, out);
     wb->maxd = d > wb->maxd ? d : wb->maxd;
+    if (record && d > wb->base)
+        for (int32_t k = tr->off[i]; k < tr->off[i + 1]; k++) {
+            if (wb->n_far == wb->cap_far) {
+                wb->full = 1;
+                break;
+            }
+            wb->far[wb->n_far][0] = tr->tok[k];
+            wb->far[wb->n_far++][1] = d;
+        }
     if (wb->left >= 0 && d > wb->left - 1) {
         m->shaped = 1;
         return 0;
@@ -977,7 +993,7 @@ static int walk(kvp_gmatch *m, const kvp_vocab_trie *tr, uint32_t *mask, wbudget
             goto out;
         }
         if (m->level[1].n || m->level[1].complete)
-            found += take(m, tr, i, &m->level[1], mask, wb);
+            found += take(m, tr, i, &m->level[1], mask, wb, 0);
     }
     m->n_frames = mark_frames;
     /* Cut before any token was found: one more step, past the limit (within STEP_WORK),
@@ -991,7 +1007,7 @@ static int walk(kvp_gmatch *m, const kvp_vocab_trie *tr, uint32_t *mask, wbudget
             goto out;
         }
         if (m->level[1].n || m->level[1].complete)
-            found += take(m, tr, i, &m->level[1], mask, wb);
+            found += take(m, tr, i, &m->level[1], mask, wb, 0);
         break;
     }
     m->n_frames = mark_frames;
@@ -1015,7 +1031,7 @@ static int walk(kvp_gmatch *m, const kvp_vocab_trie *tr, uint32_t *mask, wbudget
             i = tr->skip[i];
             continue;
         }
-        take(m, tr, i, out, mask, wb);
+        take(m, tr, i, out, mask, wb, 1);
         i = out->n ? i + 1 : tr->skip[i];
     }
     m->n_frames = mark_frames;
@@ -1044,8 +1060,10 @@ static int walk(kvp_gmatch *m, const kvp_vocab_trie *tr, uint32_t *mask, wbudget
             mark(tr, best, mask);
     }
 #undef FIRST
-    if (cut)
+    if (cut) {
         m->cut_walks++;
+        wb->full = 1;   /* the farther tokens were not all seen */
+    }
     if (m->cur.complete)
         for (int k = 0; k < tr->n_end; k++) {
             int id = tr->end_tok[k];
@@ -1063,7 +1081,7 @@ out:
 
 int kvp_gmatch_mask(kvp_gmatch *m, const kvp_vocab_trie *tr, uint32_t *mask)
 {
-    wbudget wb = {-1, 0, 0};
+    wbudget wb = {.left = -1, .base = KVP_GRAMMAR_FAR};
     m->shaped = 0;
     return walk(m, tr, mask, &wb);
 }
@@ -1190,20 +1208,26 @@ int kvp_gmatch_bind(kvp_gmatch *m, const kvp_vocab_trie *tr)
     return 0;
 }
 
-/* The mask cache: CACHE_N masks made without the length budget removing anything, each
- * with its thread set and the largest distance after a token it offers; it is given
- * again for the same set while that distance fits in the tokens left. */
+/* The mask cache: CACHE_N masks of what the grammar allows, each with its thread set,
+ * the largest distance after a token it offers, and (n_far >= 0) the tokens leading
+ * farther than the set's own distance base with their distances. It is given again for
+ * the same set while the largest distance fits in the tokens left; nearer the limit,
+ * while base does, less the far tokens that do not fit. */
 #define CACHE_N 4
+#define CACHE_FAR 8192
 typedef struct centry {
     kvp_gset key;
     int valid, count;
-    int32_t maxd;
+    int32_t maxd, base;
+    int n_far;
+    int32_t (*far)[2];    /* [CACHE_FAR] */
     unsigned long used;
 } centry;
 
 typedef struct gcache {
     size_t words;
     unsigned long clock;
+    int32_t (*far)[2];    /* [CACHE_FAR] the walk's far tokens */
     centry e[CACHE_N];
     uint32_t bits[];      /* CACHE_N masks of words words */
 } gcache;
@@ -1214,6 +1238,18 @@ static void cache_clear(kvp_gmatch *m)
     if (c)
         for (int k = 0; k < CACHE_N; k++)
             c->e[k].valid = 0;
+}
+
+static void cache_free(kvp_gmatch *m)
+{
+    gcache *c = m->cache;
+    if (c) {
+        for (int k = 0; k < CACHE_N; k++)
+            free(c->e[k].far);
+        free(c->far);
+    }
+    free(c);
+    m->cache = NULL;
 }
 
 static int same_set(const kvp_gset *a, const kvp_gset *b)
@@ -1227,37 +1263,68 @@ int kvp_gmatch_mask_left(kvp_gmatch *m, const kvp_vocab_trie *tr, uint32_t *mask
     size_t words = ((size_t)tr->vocab_size + 31) / 32;
     gcache *c = m->cache;
     if (c && c->words != words) {
-        free(c);
-        c = m->cache = NULL;
+        cache_free(m);
+        c = NULL;
     }
-    if (!c && (c = m->cache = calloc(1, sizeof *c + CACHE_N * words * sizeof(uint32_t))))
+    if (!c && (c = m->cache = calloc(1, sizeof *c + CACHE_N * words * sizeof(uint32_t)))) {
         c->words = words;
+        c->far = malloc(CACHE_FAR * sizeof *c->far);
+    }
     m->shaped = 0;
-    if (c)
-        for (int k = 0; k < CACHE_N; k++) {
-            centry *e = &c->e[k];
-            if (e->valid && (left < 0 || e->maxd <= left - 1) && same_set(&e->key, &m->cur)) {
-                memcpy(mask, c->bits + (size_t)k * words, words * sizeof *mask);
-                e->used = ++c->clock;
-                m->cache_hits++;
-                m->mask_work = 0;
-                return e->count;
+    for (int k = 0; c && k < CACHE_N; k++) {
+        centry *e = &c->e[k];
+        if (!e->valid || !same_set(&e->key, &m->cur))
+            continue;
+        int whole = left < 0 || e->maxd <= left - 1;
+        if (!whole && (e->n_far < 0 || e->base > left - 1))
+            break;   /* too near the limit for this entry: walked */
+        memcpy(mask, c->bits + (size_t)k * words, words * sizeof *mask);
+        int count = e->count;
+        for (int j = 0; !whole && j < e->n_far; j++)
+            if (e->far[j][1] > left - 1) {
+                int32_t t = e->far[j][0];
+                mask[t >> 5] &= ~(1u << (t & 31));
+                count--;
+                m->shaped = 1;
             }
-        }
-    wbudget wb = {left, 0, 0};
+        e->used = ++c->clock;
+        m->cache_hits++;
+        m->mask_work = 0;
+        return count;
+    }
+    int32_t (*far)[2] = c ? c->far : NULL;
+    wbudget wb = {.left = left, .base = kvp_gmatch_distance(m), .far = far,
+                  .cap_far = far ? CACHE_FAR : 0};
     int rc = walk(m, tr, mask, &wb);
-    if (rc > 0 && !m->shaped && c) {
+    /* kept when it is (or, from its far tokens, can be made) the grammar's whole mask */
+    int keep = rc > 0 && c && (!m->shaped || (!wb.full && left - 1 >= wb.base));
+    if (keep) {
         int k = 0;   /* a free entry, else the least recently used */
         for (int j = 1; j < CACHE_N && c->e[k].valid; j++)
             if (!c->e[j].valid || c->e[j].used < c->e[k].used)
                 k = j;
         centry *e = &c->e[k];
+        if (!e->far)
+            e->far = malloc(CACHE_FAR * sizeof *e->far);
+        uint32_t *bits = c->bits + (size_t)k * words;
+        memcpy(bits, mask, words * sizeof *mask);
+        int count = rc;
+        for (int j = 0; j < wb.n_far; j++) {
+            int32_t t = far[j][0];
+            if (!((bits[t >> 5] >> (t & 31)) & 1)) {
+                bits[t >> 5] |= 1u << (t & 31);
+                count++;
+            }
+        }
         e->key = m->cur;
         e->valid = 1;
-        e->count = rc;
+        e->count = count;
         e->maxd = wb.maxd;
+        e->base = wb.base;
+        e->n_far = e->far && !wb.full ? wb.n_far : -1;
+        if (e->far && e->n_far > 0)
+            memcpy(e->far, far, (size_t)wb.n_far * sizeof *far);
         e->used = ++c->clock;
-        memcpy(c->bits + (size_t)k * words, mask, words * sizeof *mask);
     }
     return rc;
 }

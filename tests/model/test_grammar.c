@@ -642,6 +642,26 @@ Test(grammar, far_from_the_limit_masks_are_the_plain_ones_and_cached, .init = lo
     cr_expect_eq(m.cache_hits, hits + 1);
     cr_expect_eq(k, n);
     cr_expect_arr_eq(plain, budget, words * sizeof *plain);
+    /* near the limit, yet the string's own distance fits: the cached mask less its far
+     * tokens that do not, the same as a fresh walk gives */
+    for (int left = 3; left <= 12; left++) {
+        long h0 = m.cache_hits;
+        int kc = kvp_gmatch_mask_left(&m, &trie, budget, left), sc = m.shaped;
+        cr_expect_eq(m.cache_hits, h0 + 1, "left %d: from the cache", left);
+        kvp_gmatch f;
+        cr_assert_eq(kvp_gmatch_init(&f, g), 0);
+        cr_assert_eq(kvp_gmatch_accept(&f, pre, strlen(pre)), 0);
+        int kf = kvp_gmatch_mask_left(&f, &trie, plain, left);
+        cr_expect_eq(f.cache_hits, 0);
+        cr_expect_eq(kc, kf, "left %d", left);
+        cr_expect_eq(sc, f.shaped, "left %d", left);
+        cr_expect_arr_eq(plain, budget, words * sizeof *plain, "left %d", left);
+        if (left == 3)
+            cr_expect(sc, "three tokens left: the tokens opening more are left out");
+        kvp_gmatch_free(&f);
+    }
+    kvp_gmatch_mask(&m, &trie, plain);
+    hits = m.cache_hits - 1;
     /* two tokens left with "}" and the quote to go: only the tokens that end the string
      * there or spell the whole rest; the cached mask is not given */
     cr_expect_eq(kvp_gmatch_distance(&m), 2);
