@@ -1102,10 +1102,13 @@ static int forced(const kvp_grammar *g, int s)
     return a->kind == ARC_EPS || (a->kind == ARC_CALL && g->dist[a->call] == 0) ? 2 : 0;
 }
 
-/* The child of trie node i (-1: the root) with byte b, or -1. */
-static int trie_child(const kvp_vocab_trie *tr, int i, uint8_t b)
+/* The child of trie node i (-1: the root, through top: its children by byte) with byte
+ * b, or -1. */
+static int trie_child(const kvp_vocab_trie *tr, const int32_t *top, int i, uint8_t b)
 {
-    int c = i < 0 ? 0 : i + 1, end = i < 0 ? tr->n_nodes : tr->skip[i];
+    if (i < 0)
+        return top[b];
+    int c = i + 1, end = tr->skip[i];
     for (; c < end; c = tr->skip[c])
         if (tr->byte[c] == b)
             return c;
@@ -1136,6 +1139,11 @@ static int run_costs(const kvp_grammar *g, const kvp_vocab_trie *tr, runs *r)
         r->cost[s] = -1;
         r->end[s] = s;
     }
+    int32_t top[256];
+    for (int b = 0; b < 256; b++)
+        top[b] = -1;
+    for (int i = 0; i < tr->n_nodes; i = tr->skip[i])
+        top[tr->byte[i]] = i;
 #define NEXT(s) (g->arcs[g->arc_off[s]].to)
 #define BYTE(s) (g->arcs[g->arc_off[s]].lo)
     for (int s0 = 0; s0 < n; s0++) {
@@ -1165,7 +1173,7 @@ static int run_costs(const kvp_grammar *g, const kvp_vocab_trie *tr, runs *r)
                     v = NEXT(v);
                     continue;
                 }
-                node = trie_child(tr, node, BYTE(v));
+                node = trie_child(tr, top, node, BYTE(v));
                 if (node < 0)
                     break;
                 v = NEXT(v);
