@@ -70,7 +70,7 @@ async function main() {
     const ask = (seed, max_tokens, extra) => client.chat.completions.create({
       model: id, seed, temperature: 1, max_tokens,
       messages: [{ role: "user", content: `Reply number ${seed}.` }], ...extra });
-    const counts = { json_object: 0, small: 0, person: 0, deep: 0, required: 0, named: 0, length: 0 };
+    const counts = { json_object: 0, small: 0, person: 0, deep: 0, required: 0, named: 0, length: 0, shaped: 0 };
 
     const formats = [
       ["json_object", { type: "json_object" }, null, budgets],
@@ -101,6 +101,7 @@ async function main() {
             }
             counts[what]++;
             counts.length += c.finish_reason === "length";
+            counts.shaped += c.finish_reason === "length" && r.usage.completion_tokens < mt;
           }
         }
 
@@ -131,6 +132,8 @@ async function main() {
           }
         }
     check(counts.length > 0, `some replies were shaped by their limit (${counts.length})`);
+    // finish_reason "length" also for a reply the budget closed before its last token
+    check(counts.shaped > 0, `some replies the budget closed early say "length" (${counts.shaped})`);
 
     // Too small for the shortest document: refused naming max_tokens, not cut; the count
     // it names is enough, one less is not.
