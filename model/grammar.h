@@ -89,7 +89,7 @@ typedef struct kvp_gmatch {
     int32_t *fdist;      /* frames: the distances of the return states on the stack */
     void *cache;         /* recent masks by thread set (grammar.c) */
     int shaped;          /* the last mask's length budget left out a token it allowed */
-    long cache_hits;
+    long cache_hits;     /* masks the cache gave (kvp_gmatch_mask_left) */
     long cut_walks;      /* masks the budget cut short */
     /* Work units: one per arc tested, closure expansion, and pair of threads or stack
      * frames compared. work counts them all (masks and accepts); limit is where the mask
@@ -106,7 +106,8 @@ int kvp_gmatch_accept(kvp_gmatch *m, const char *bytes, size_t len);
 /* Whether the bytes so far are a whole document; whether nothing can follow them. */
 int kvp_gmatch_complete(const kvp_gmatch *m);
 int kvp_gmatch_closed(const kvp_gmatch *m);
-/* The fewest bytes that finish the document from the bytes so far (0 when whole). */
+/* The fewest bytes (once bound to a trie, tokens: kvp_gmatch_bind) that finish the
+ * document from the bytes so far (0 when whole). */
 int kvp_gmatch_distance(const kvp_gmatch *m);
 
 /* The vocabulary as a trie of byte strings in preorder: node i spells the path to it,
@@ -163,8 +164,9 @@ long kvp_grammar_mask_budget(const kvp_vocab_trie *tr);
  * included; < 0: no limit): it offers only tokens after which the document can still be
  * finished in left - 1 tokens, and the end tokens once it is whole, so a reply that
  * starts within its distance (kvp_gmatch_distance <= left) always ends whole. m->shaped
- * says whether it left out a token the grammar allowed. Masks far from the limit are
- * kept, a few of them, by thread set and given again when that set comes back. */
+ * says whether it left out a token the grammar allowed. Its last few masks are kept by
+ * thread set, with the tokens leading farther than the set's own distance: when that
+ * set comes back they are given again, less the far tokens that no longer fit. */
 int kvp_gmatch_bind(kvp_gmatch *m, const kvp_vocab_trie *tr);
 int kvp_gmatch_mask_left(kvp_gmatch *m, const kvp_vocab_trie *tr, uint32_t *mask, int left);
 /* Sets the logits of the tokens mask leaves out to -inf. */
