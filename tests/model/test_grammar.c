@@ -529,19 +529,23 @@ static char *deep_schema(int depth, int keylen)
     return s;
 }
 
-/* Draws a reply of at most `left` tokens under g with random logits, as a session does;
- * returns whether the document came out whole; *shaped: the budget left a token out. */
-static int budget_reply(kvp_grammar *g, int left, uint64_t seed, uint32_t *mask, float *logits,
-                        int *shaped, char *doc, size_t cap)
+/* Draws a reply of at most `left` tokens under g after prefix with random logits, as a
+ * session does; returns whether the document (prefix and reply, in doc) came out whole;
+ * *shaped: the budget left a token out. */
+static int budget_reply(kvp_grammar *g, const char *prefix, int left, uint64_t seed,
+                        uint32_t *mask, float *logits, int *shaped, char *doc, size_t cap)
 {
     kvp_gmatch m;
     cr_assert_eq(kvp_gmatch_init(&m, g), 0);
     cr_assert_eq(kvp_gmatch_bind(&m, &trie), 0);
+    size_t len = strlen(prefix);
+    cr_assert_eq(kvp_gmatch_accept(&m, prefix, len), 0);
+    cr_assert_lt(len, cap);
+    memcpy(doc, prefix, len);
     cr_assert_leq(kvp_gmatch_distance(&m), left);
     kvp_sampler sp;
     cr_assert_eq(kvp_sampler_init(&sp, 32000, 1.0f, 1.0f, seed), 0);
     uint64_t rng = seed * 0x9E3779B97F4A7C15ull + 1;
-    size_t len = 0;
     *shaped = 0;
     int whole = 0;
     for (int t = 0; t < left; t++) {
@@ -596,7 +600,7 @@ Test(grammar, the_length_budget_ends_every_reply_whole, .init = load, .fini = un
     for (int extra = 0; extra <= 24; extra += 6)
         for (uint64_t seed = 1; seed <= 6; seed++) {
             int shaped;
-            int whole = budget_reply(g, need + extra, seed * 7919 + (uint64_t)extra, mask,
+            int whole = budget_reply(g, "", need + extra, seed * 7919 + (uint64_t)extra, mask,
                                      logits, &shaped, doc, 1 << 16);
             cr_expect(whole, "budget %d seed %llu: '%s'", need + extra,
                       (unsigned long long)seed, doc);
@@ -694,4 +698,41 @@ Test(grammar, far_from_the_limit_masks_are_the_plain_ones_and_cached, .init = lo
     free(plain);
     free(budget);
     kvp_grammar_unref(g);
+}
+
+/* The schemas built for the most work per mask, from the costly place their prefix
+ * reaches, under a tight length budget: even where walks are cut short, every reply
+ * ends whole. */
+Test(grammar, the_length_budget_finishes_the_hostile_schemas, .init = load, .fini = unload)
+{
+    hostile h[16];
+    int n = hostile_schemas(h);
+    uint32_t *mask = calloc((32000 + 31) / 32, sizeof *mask);
+    float *logits = malloc(32000 * sizeof *logits);
+    char *doc = malloc(1 << 16);
+    for (int i = 0; i < n; i++) {
+        json_t *js = json_loads(h[i].schema, 0, NULL);
+        char err[256];
+        kvp_grammar *g = kvp_schema_compile(js, err, sizeof err);
+        json_decref(js);
+        cr_assert(g, "schema %d: %s", i, err);
+        kvp_gmatch m;
+        cr_assert_eq(kvp_gmatch_init(&m, g), 0);
+        cr_assert_eq(kvp_gmatch_bind(&m, &trie), 0);
+        cr_assert_eq(kvp_gmatch_accept(&m, h[i].prefix, strlen(h[i].prefix)), 0);
+        int need = kvp_gmatch_distance(&m);
+        kvp_gmatch_free(&m);
+        for (uint64_t seed = 1; seed <= 2; seed++) {
+            int shaped;
+            int whole = budget_reply(g, h[i].prefix, need + 4 * (int)seed, seed + 31 * (uint64_t)i,
+                                     mask, logits, &shaped, doc, 1 << 16);
+            cr_expect(whole, "schema %d seed %llu: '%s'", i, (unsigned long long)seed, doc);
+            cr_expect(tu_grammar_whole(g, doc), "schema %d: '%s'", i, doc);
+        }
+        kvp_grammar_unref(g);
+        free(h[i].schema);
+    }
+    free(doc);
+    free(logits);
+    free(mask);
 }
