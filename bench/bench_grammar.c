@@ -6,8 +6,14 @@
  * Documents are drawn from the grammar with random logits, so the mask is measured over
  * every kind of state (structure, strings, numbers, whitespace), document after document.
  * Prints medians (and the 90th percentile) in microseconds, the ratios, and the load.
+ * --max-tokens N: with the length budget on (kvp_gmatch_mask_left, as a session runs
+ * it): every document is a reply of at most N tokens, each mask offering only tokens
+ * after which it can still be finished; also prints how many masks the cache gave and
+ * how many the budget shaped. --any-object: response_format json_object's grammar (any
+ * JSON object: long free strings) instead of the schema.
  *
- *   bench_grammar MODEL.gguf [--reps N] [--decode N] [--schema FILE]
+ *   bench_grammar MODEL.gguf [--reps N] [--decode N] [--schema FILE | --any-object]
+ *                 [--max-tokens N]
  *   (scripts/bench.sh --grammar; --schema: another schema than the built-in one) */
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,7 +59,7 @@ static void random_logits(float *l, int n, uint64_t *rng)
 int main(int argc, char **argv)
 {
     const char *path = NULL, *schema_file = NULL;
-    int reps = 8, decode_n = 16, mask_n = 64;
+    int reps = 8, decode_n = 16, mask_n = 64, max_tokens = -1, any_object = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--reps") && i + 1 < argc)
             reps = atoi(argv[++i]);
@@ -61,14 +67,19 @@ int main(int argc, char **argv)
             decode_n = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--schema") && i + 1 < argc)
             schema_file = argv[++i];
+        else if (!strcmp(argv[i], "--max-tokens") && i + 1 < argc)
+            max_tokens = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--any-object"))
+            any_object = 1;
         else if (argv[i][0] != '-')
             path = argv[i];
         else {
-            fprintf(stderr, "usage: bench_grammar MODEL.gguf [--reps N] [--decode N]\n");
+            fprintf(stderr, "usage: bench_grammar MODEL.gguf [--reps N] [--decode N] "
+                    "[--schema FILE | --any-object] [--max-tokens N]\n");
             return 2;
         }
     }
-    if (!path || reps < 1 || decode_n < 1) {
+    if (!path || reps < 1 || decode_n < 1 || max_tokens == 0 || max_tokens < -1) {
         fprintf(stderr, "usage: bench_grammar MODEL.gguf [--reps N] [--decode N]\n");
         return 2;
     }
@@ -98,7 +109,8 @@ int main(int argc, char **argv)
         return 1;
     }
     t0 = kvp_now();
-    kvp_grammar *g = kvp_schema_compile(sj, err, sizeof err);
+    kvp_grammar *g = any_object ? kvp_schema_any_object(err, sizeof err)
+                                : kvp_schema_compile(sj, err, sizeof err);
     double compile_ms = (kvp_now() - t0) * 1e3;
     json_decref(sj);
     if (!g) {
@@ -124,13 +136,26 @@ int main(int argc, char **argv)
     double *td = malloc((size_t)reps * decode_n * sizeof *td);
     double *ts = malloc((size_t)reps * mask_n * sizeof *ts);
     double *tw = malloc((size_t)reps * mask_n * sizeof *tw);
-    if (!logits || !mask || !tm || !td || !ts || !tw)
+    double *to = malloc((size_t)reps * mask_n * sizeof *to);   /* the mask alone */
+    if (!logits || !mask || !tm || !td || !ts || !tw || !to)
         return 1;
     uint64_t rng = 11;
     kvp_gmatch gm;
     kvp_gmatch_init(&gm, g);
-    int docs = 0, n_m = 0, n_d = 0, n_s = 0, pos = 0;
-    long cut = 0;
+    t0 = kvp_now();
+    if (max_tokens > 0 && kvp_gmatch_bind(&gm, &tr) < 0)
+        return 1;
+    if (max_tokens > 0)
+        printf("distances in tokens (kvp_gmatch_bind, once per reply): %.2f ms; the shortest "
+               "document %d tokens (%d bytes)\n", (kvp_now() - t0) * 1e3,
+               kvp_gmatch_distance(&gm), kvp_grammar_min_len(g));
+    if (max_tokens > 0 && kvp_gmatch_distance(&gm) > max_tokens) {
+        fprintf(stderr, "bench_grammar: the schema's shortest document takes %d tokens, more "
+                "than --max-tokens %d\n", kvp_gmatch_distance(&gm), max_tokens);
+        return 2;
+    }
+    int docs = 0, n_m = 0, n_d = 0, n_s = 0, pos = 0, gen = 0;
+    long cut = 0, hits = 0, shaped = 0;
     long allowed_sum = 0;
     for (int i = 0; i < 4; i++) {   /* warm-up: weights faulted in */
         int tok = 3 + i;
@@ -141,7 +166,10 @@ int main(int argc, char **argv)
         for (int i = 0; i < mask_n; i++) {
             random_logits(logits, vocab, &rng);
             double a = kvp_now();
-            int n = kvp_gmatch_mask(&gm, &tr, mask);
+            int n = max_tokens > 0 ? kvp_gmatch_mask_left(&gm, &tr, mask, max_tokens - gen)
+                                   : kvp_gmatch_mask(&gm, &tr, mask);
+            to[n_m] = (kvp_now() - a) * 1e6;
+            shaped += gm.shaped;
             kvp_grammar_apply_mask(logits, mask, vocab);
             int tok = kvp_sample(&smp, logits);
             int end = tok == tr.end_tok[0];
@@ -149,14 +177,24 @@ int main(int argc, char **argv)
             const char *p = kvp_tokenizer_piece(&m.tok, -1, tok, &len);
             if (!end)
                 kvp_gmatch_accept(&gm, p, len);
+            gen += !end;
+            end |= max_tokens > 0 && gen >= max_tokens;
             tm[n_m] = (kvp_now() - a) * 1e6;
             tw[n_m++] = (double)gm.mask_work;
             allowed_sum += n;
             if (end || n <= 0) {   /* the document is done: the next one */
+                if (max_tokens > 0 && !kvp_gmatch_complete(&gm)) {
+                    fprintf(stderr, "bench_grammar: a reply ended unfinished\n");
+                    return 1;
+                }
                 cut += gm.cut_walks;
+                hits += gm.cache_hits;
                 kvp_gmatch_free(&gm);
                 kvp_gmatch_init(&gm, g);
+                if (max_tokens > 0 && kvp_gmatch_bind(&gm, &tr) < 0)
+                    return 1;
                 docs++;
+                gen = 0;
             }
         }
         /* B: decode steps */
@@ -180,12 +218,14 @@ int main(int argc, char **argv)
         }
     }
     cut += gm.cut_walks;
+    hits += gm.cache_hits;
     double mean = 0;
     for (int i = 0; i < n_m; i++)
         mean += tm[i] / n_m;
     double m50 = pct(tm, n_m, 0.5), m90 = pct(tm, n_m, 0.9);
     double d50 = pct(td, n_d, 0.5), s50 = pct(ts, n_s, 0.5);
     double w50 = pct(tw, n_m, 0.5), w_max = pct(tw, n_m, 1.0);
+    double o50 = pct(to, n_m, 0.5), o90 = pct(to, n_m, 0.9);
     double la[3] = {0};
     if (getloadavg(la, 3) < 0)
         la[0] = -1;
@@ -193,12 +233,19 @@ int main(int argc, char **argv)
            "over %d steps (%d documents finished, %.0f tokens allowed per step on average, "
            "%ld walks cut by the budget)\n", m50, m90, mean, n_m, docs,
            (double)allowed_sum / n_m, cut);
+    if (max_tokens > 0)
+        printf("length budget on (replies of at most %d tokens, every one finished whole): "
+               "%ld of %d masks from the cache, %ld shaped by the budget\n", max_tokens, hits,
+               n_m, shaped);
     printf("mask work: median %.0f units, max %.0f (budget %ld for this vocabulary)\n", w50,
            w_max, kvp_grammar_mask_budget(&tr));
     printf("decode step of %s: median %.1f us over %d steps\n", path, d50, n_d);
     printf("plain sampler (kvp_sample, T 1): median %.1f us over %d draws\n", s50, n_s);
     printf("mask / decode step: median %.3f, mean %.3f; mask / sampler: median %.2f\n",
            m50 / d50, mean / d50, m50 / s50);
+    printf("the mask alone (%s): median %.1f us, p90 %.1f us; / decode step: median %.4f, "
+           "p90 %.4f\n", max_tokens > 0 ? "kvp_gmatch_mask_left" : "kvp_gmatch_mask", o50, o90,
+           o50 / d50, o90 / d50);
     printf("load average: %.2f %.2f %.2f\n", la[0], la[1], la[2]);
     kvp_gmatch_free(&gm);
     kvp_grammar_unref(g);
@@ -213,5 +260,6 @@ int main(int argc, char **argv)
     free(td);
     free(ts);
     free(tw);
+    free(to);
     return 0;
 }

@@ -40,6 +40,7 @@ struct kvp_grammar {
     uint8_t *flags;
     int32_t *arc_off;          /* [n_states + 1] */
     garc *arcs;
+    int32_t *dist;             /* [n_states] bytes to finish the state's rule */
 };
 
 kvp_gbuild *kvp_gbuild_new(void)
@@ -208,6 +209,166 @@ static int prune(kvp_grammar *g)
     return ok ? 0 : -ENOENT;
 }
 
+/* ---- distances ---- */
+
+static int32_t dist_add(int32_t a, int32_t b)
+{
+    return a >= KVP_GRAMMAR_FAR - b ? KVP_GRAMMAR_FAR : a + b;
+}
+
+typedef struct hent {
+    int32_t d, s;
+} hent;
+
+static void heap_push(hent *h, int *n, hent e)
+{
+    int i = (*n)++;
+    while (i > 0 && h[(i - 1) / 2].d > e.d) {
+        h[i] = h[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    h[i] = e;
+}
+
+static hent heap_pop(hent *h, int *n)
+{
+    hent top = h[0], last = h[--*n];
+    int i = 0;
+    for (;;) {
+        int c = 2 * i + 1;
+        if (c >= *n)
+            break;
+        if (c + 1 < *n && h[c + 1].d < h[c].d)
+            c++;
+        if (h[c].d >= last.d)
+            break;
+        h[i] = h[c];
+        i = c;
+    }
+    if (*n > 0)
+        h[i] = last;
+    return top;
+}
+
+/* The value of arc a for its source state when its targets' distances are final (else
+ * FAR); a byte arc counts only when one of its bytes is in lone (NULL: every byte). */
+static int32_t arc_value(const kvp_grammar *g, const garc *a, const int32_t *d,
+                         const uint8_t *fin, const uint32_t *lone)
+{
+    if (!fin[a->to])
+        return KVP_GRAMMAR_FAR;
+    if (a->kind == ARC_EPS)
+        return d[a->to];
+    if (a->kind == ARC_CALL)
+        return fin[a->call] ? dist_add(d[a->call], d[a->to]) : KVP_GRAMMAR_FAR;
+    if (lone) {
+        unsigned b = a->lo;
+        while (b <= a->hi && !((lone[b >> 5] >> (b & 31)) & 1))
+            b++;
+        if (b > a->hi)
+            return KVP_GRAMMAR_FAR;
+    }
+    (void)g;
+    return dist_add(d[a->to], 1);
+}
+
+/* Each state's fewest steps to its rule's end: Knuth's generalization of Dijkstra's
+ * shortest paths (a call's value is the sum of two distances, both at least the arc's
+ * source's lower bound), states settled in order of distance, an arc relaxed once all the
+ * states it names are settled. A step is a byte; with run (see run_costs) a state that
+ * starts a run of forced bytes goes to the run's end in run->cost[s] steps instead (the
+ * fewest tokens spelling those bytes). NULL when out of memory. */
+typedef struct runs {
+    int32_t *cost, *end;   /* [n_states]; cost -1: not in a run */
+} runs;
+
+static int32_t *distances(const kvp_grammar *g, const uint32_t *lone, const runs *run)
+{
+    int n = g->n_states;
+    int32_t na = g->arc_off[n];
+    int32_t *d = malloc((size_t)n * sizeof *d);
+    uint8_t *fin = calloc((size_t)n, 1);
+    int32_t *roff = calloc((size_t)n + 1, sizeof *roff);
+    /* reverse arcs: for every state, the arcs naming it (as target or as called rule) */
+    int32_t *rarc = malloc(((size_t)2 * (size_t)na + 1) * sizeof *rarc);
+    int32_t *rfrom = malloc(((size_t)2 * (size_t)na + 1) * sizeof *rfrom);
+    hent *h = malloc(((size_t)2 * (size_t)na + (size_t)n + 1) * sizeof *h);
+    int hn = 0;
+    if (!d || !fin || !roff || !rarc || !rfrom || !h)
+        goto fail;
+    /* a run's state is named by its run's end (through its one arc, see below) */
+#define TARGET(s, arc) (run && run->cost[s] >= 0 ? run->end[s] : (arc)->to)
+    for (int s = 0; s < n; s++)
+        for (int32_t a = g->arc_off[s]; a < g->arc_off[s + 1]; a++) {
+            roff[TARGET(s, &g->arcs[a]) + 1]++;
+            if (g->arcs[a].kind == ARC_CALL && g->arcs[a].call != g->arcs[a].to)
+                roff[g->arcs[a].call + 1]++;
+        }
+    for (int s = 0; s < n; s++)
+        roff[s + 1] += roff[s];
+    int32_t *fill = malloc(((size_t)n + 1) * sizeof *fill);
+    if (!fill)
+        goto fail;
+    memcpy(fill, roff, ((size_t)n + 1) * sizeof *fill);
+    for (int s = 0; s < n; s++)
+        for (int32_t a = g->arc_off[s]; a < g->arc_off[s + 1]; a++) {
+            const garc *arc = &g->arcs[a];
+            int32_t to = TARGET(s, arc);
+            rarc[fill[to]] = a;
+            rfrom[fill[to]++] = s;
+            if (arc->kind == ARC_CALL && arc->call != arc->to) {
+                rarc[fill[arc->call]] = a;
+                rfrom[fill[arc->call]++] = s;
+            }
+        }
+    free(fill);
+    for (int s = 0; s < n; s++) {
+        d[s] = KVP_GRAMMAR_FAR;
+        if (g->flags[s] & ST_END) {
+            d[s] = 0;
+            heap_push(h, &hn, (hent){0, s});
+        }
+    }
+    while (hn > 0) {
+        hent e = heap_pop(h, &hn);
+        if (fin[e.s] || e.d != d[e.s])
+            continue;
+        fin[e.s] = 1;
+        for (int32_t k = roff[e.s]; k < roff[e.s + 1]; k++) {
+            int32_t p = rfrom[k];
+            if (fin[p])
+                continue;
+            int32_t v = run && run->cost[p] >= 0
+                        ? dist_add(run->cost[p], d[run->end[p]])
+                        : arc_value(g, &g->arcs[rarc[k]], d, fin, lone);
+            if (v < d[p]) {
+                d[p] = v;
+                heap_push(h, &hn, (hent){v, p});
+            }
+        }
+    }
+#undef TARGET
+    free(fin);
+    free(roff);
+    free(rarc);
+    free(rfrom);
+    free(h);
+    return d;
+fail:
+    free(d);
+    free(fin);
+    free(roff);
+    free(rarc);
+    free(rfrom);
+    free(h);
+    return NULL;
+}
+
+int kvp_grammar_min_len(const kvp_grammar *g)
+{
+    return g->dist[g->root];
+}
+
 kvp_grammar *kvp_grammar_finish(kvp_gbuild *b, int root, int *rc)
 {
     kvp_grammar *g = NULL;
@@ -261,6 +422,11 @@ kvp_grammar *kvp_grammar_finish(kvp_gbuild *b, int root, int *rc)
         if (plain)
             g->flags[s] |= ST_PLAIN;
     }
+    if (!(g->dist = distances(g, NULL, NULL))) {
+        *rc = -ENOMEM;
+        kvp_grammar_unref(g);
+        g = NULL;
+    }
 out:
     kvp_gbuild_free(b);
     return g;
@@ -280,6 +446,7 @@ void kvp_grammar_unref(kvp_grammar *g)
     free(g->flags);
     free(g->arc_off);
     free(g->arcs);
+    free(g->dist);
     free(g);
 }
 
@@ -374,7 +541,10 @@ static int frame_new(kvp_gmatch *m, int32_t ret, int32_t parent)
         uint16_t *dp = realloc(m->depth, (size_t)cap * sizeof *dp);
         if (dp)
             m->depth = dp;
-        if (!r || !p || !dp)
+        int32_t *fd = realloc(m->fdist, (size_t)cap * sizeof *fd);
+        if (fd)
+            m->fdist = fd;
+        if (!r || !p || !dp || !fd)
             return -1;
         m->cap_frames = cap;
     }
@@ -386,10 +556,13 @@ static int frame_new(kvp_gmatch *m, int32_t ret, int32_t parent)
     m->ret[m->n_frames] = ret;
     m->parent[m->n_frames] = parent;
     m->depth[m->n_frames] = (uint16_t)d;
+    m->fdist[m->n_frames] = dist_add(m->dist[ret], parent < 0 ? 0 : m->fdist[parent]);
     return m->n_frames++;
 }
 
 static gwork *work_of(kvp_gmatch *m);
+static void cache_clear(kvp_gmatch *m);
+static void cache_free(kvp_gmatch *m);
 
 static int push(gwork *w, int32_t st, int32_t fr)
 {
@@ -559,6 +732,8 @@ int kvp_gmatch_init(kvp_gmatch *m, kvp_grammar *g)
     m->ret = malloc((size_t)m->cap_frames * sizeof *m->ret);
     m->parent = malloc((size_t)m->cap_frames * sizeof *m->parent);
     m->depth = malloc((size_t)m->cap_frames * sizeof *m->depth);
+    m->fdist = malloc((size_t)m->cap_frames * sizeof *m->fdist);
+    m->dist = g->dist;
     m->scratch = w;
     if (w) {
         w->cap = 64;
@@ -568,7 +743,7 @@ int kvp_gmatch_init(kvp_gmatch *m, kvp_grammar *g)
         w->now = 1;
     }
     m->g = kvp_grammar_ref(g);
-    if (!w || !w->todo || !w->stamp || !w->vframe || !m->ret || !m->parent || !m->depth ||
+    if (!w || !w->todo || !w->stamp || !w->vframe || !m->ret || !m->parent || !m->depth || !m->fdist ||
         frames_rehash(m) < 0) {
         kvp_gmatch_free(m);
         return -ENOMEM;
@@ -594,6 +769,9 @@ void kvp_gmatch_free(kvp_gmatch *m)
     free(m->ret);
     free(m->parent);
     free(m->depth);
+    free(m->fdist);
+    free(m->own_dist);
+    cache_free(m);
     free(m->htab);
     free(m->level);
     kvp_grammar_unref(m->g);
@@ -606,7 +784,8 @@ static void compact(kvp_gmatch *m)
     int32_t *map = malloc((size_t)m->n_frames * sizeof *map);
     int32_t *r = malloc((size_t)m->n_frames * sizeof *r), *p = malloc((size_t)m->n_frames * sizeof *p);
     uint16_t *d = malloc((size_t)m->n_frames * sizeof *d);
-    if (!map || !r || !p || !d)
+    int32_t *fd = malloc((size_t)m->n_frames * sizeof *fd);
+    if (!map || !r || !p || !d || !fd)
         goto out;
     for (int i = 0; i < m->n_frames; i++)
         map[i] = -1;
@@ -624,6 +803,7 @@ static void compact(kvp_gmatch *m)
             r[n] = m->ret[i];
             p[n] = m->parent[i] < 0 ? -1 : map[m->parent[i]];
             d[n] = m->depth[i];
+            fd[n] = m->fdist[i];
             n++;
         }
     free(live);
@@ -633,7 +813,9 @@ static void compact(kvp_gmatch *m)
     memcpy(m->ret, r, (size_t)n * sizeof *r);
     memcpy(m->parent, p, (size_t)n * sizeof *p);
     memcpy(m->depth, d, (size_t)n * sizeof *d);
+    memcpy(m->fdist, fd, (size_t)n * sizeof *fd);
     m->n_frames = n;
+    cache_clear(m);   /* its keys name the old frame indices */
     /* the table's entries name the old indices; with no memory for a new one, every
      * entry is dropped (a frame made again is then a second copy: threads with it are
      * kept apart, which costs room, never a document) */
@@ -647,6 +829,7 @@ out:
     free(r);
     free(p);
     free(d);
+    free(fd);
 }
 
 int kvp_gmatch_accept(kvp_gmatch *m, const char *bytes, size_t len)
@@ -699,6 +882,65 @@ long kvp_grammar_mask_budget(const kvp_vocab_trie *tr)
     return KVP_GRAMMAR_WORK_PER_NODE * tr->n_nodes + KVP_GRAMMAR_WORK_BASE;
 }
 
+/* A set's distance: 0 when whole, else its nearest thread's (state and stack). */
+static int32_t set_dist(const kvp_gmatch *m, const kvp_gset *st)
+{
+    if (st->complete)
+        return 0;
+    int32_t best = KVP_GRAMMAR_FAR;
+    for (int i = 0; i < st->n; i++) {
+        int32_t fr = st->t[i].frame;
+        int32_t v = dist_add(m->dist[st->t[i].state], fr < 0 ? 0 : m->fdist[fr]);
+        best = v < best ? v : best;
+    }
+    return best;
+}
+
+int kvp_gmatch_distance(const kvp_gmatch *m)
+{
+    return set_dist(m, &m->cur);
+}
+
+/* The walk's budget: left tokens to go (< 0: none), the largest distance after a token
+ * the grammar allowed, and whether a token was marked. */
+typedef struct wbudget {
+    int left;
+    int32_t maxd;
+    int marked;
+    /* the tokens the grammar allows that lead farther than the set's own distance base,
+     * with their distances (n of cap; full: some did not fit) */
+    int32_t base;
+    int32_t (*far)[2];
+    int n_far, cap_far, full;
+} wbudget;
+
+/* Marks node i's tokens when the document can be finished after them in the tokens left
+ * (out: the set they lead to); 1 when it marked any. record: note the ones leading
+ * farther than wb->base. */
+static int take(kvp_gmatch *m, const kvp_vocab_trie *tr, int i, const kvp_gset *out,
+                uint32_t *mask, wbudget *wb, int record)
+{
+    if (tr->off[i + 1] == tr->off[i])
+        return 0;
+    int32_t d = set_dist(m, out);
+    wb->maxd = d > wb->maxd ? d : wb->maxd;
+    if (record && d > wb->base)
+        for (int32_t k = tr->off[i]; k < tr->off[i + 1]; k++) {
+            if (wb->n_far == wb->cap_far) {
+                wb->full = 1;
+                break;
+            }
+            wb->far[wb->n_far][0] = tr->tok[k];
+            wb->far[wb->n_far++][1] = d;
+        }
+    if (wb->left >= 0 && d > wb->left - 1) {
+        m->shaped = 1;
+        return 0;
+    }
+    wb->marked = 1;
+    return mark(tr, i, mask);
+}
+
 /* The mask's walk, bounded: the work counter's limit is the budget of kvp_grammar.h
  * (KVP_GRAMMAR_WORK_PER_NODE per trie node plus KVP_GRAMMAR_WORK_BASE), so a hostile
  * grammar costs a request at most a few times what a whole walk of the same trie costs
@@ -707,8 +949,11 @@ long kvp_grammar_mask_budget(const kvp_vocab_trie *tr)
  * tokens go first, so a cut walk still offers as many of the bytes that may come next as
  * the budget reached. When the budget ran out before any token was found, one more step
  * (within STEP_WORK) tries the first byte that may come next, so a document that can go
- * on has a token to go on with. */
-int kvp_gmatch_mask(kvp_gmatch *m, const kvp_vocab_trie *tr, uint32_t *mask)
+ * on has a token to go on with. With a length budget, when no token fitting it was found
+ * (a cut walk), the one-byte tokens are stepped once more without the work limit until
+ * one fits (the shortest way on starts with a byte that has one), else the nearest one
+ * is offered. */
+static int walk(kvp_gmatch *m, const kvp_vocab_trie *tr, uint32_t *mask, wbudget *wb)
 {
     size_t words = ((size_t)tr->vocab_size + 31) / 32;
     memset(mask, 0, words * sizeof *mask);
@@ -748,7 +993,7 @@ int kvp_gmatch_mask(kvp_gmatch *m, const kvp_vocab_trie *tr, uint32_t *mask)
             goto out;
         }
         if (m->level[1].n || m->level[1].complete)
-            found += mark(tr, i, mask);
+            found += take(m, tr, i, &m->level[1], mask, wb, 0);
     }
     m->n_frames = mark_frames;
     /* Cut before any token was found: one more step, past the limit (within STEP_WORK),
@@ -762,7 +1007,7 @@ int kvp_gmatch_mask(kvp_gmatch *m, const kvp_vocab_trie *tr, uint32_t *mask)
             goto out;
         }
         if (m->level[1].n || m->level[1].complete)
-            found += mark(tr, i, mask);
+            found += take(m, tr, i, &m->level[1], mask, wb, 0);
         break;
     }
     m->n_frames = mark_frames;
@@ -786,12 +1031,39 @@ int kvp_gmatch_mask(kvp_gmatch *m, const kvp_vocab_trie *tr, uint32_t *mask)
             i = tr->skip[i];
             continue;
         }
-        mark(tr, i, mask);
+        take(m, tr, i, out, mask, wb, 1);
         i = out->n ? i + 1 : tr->skip[i];
     }
+    m->n_frames = mark_frames;
+    if (wb->left >= 0 && !wb->marked && !m->cur.complete) {
+        int best = -1;
+        int32_t bestd = KVP_GRAMMAR_FAR;
+        m->limit = LONG_MAX;
+        for (int i = 0; i < tr->n_nodes; i = tr->skip[i]) {
+            if (!FIRST(tr->byte[i]) || tr->off[i + 1] == tr->off[i])
+                continue;
+            if (step(m, &m->level[0], tr->byte[i], &m->level[1]) < 0) {
+                rc = -ENOMEM;
+                goto out;
+            }
+            int32_t dd = m->level[1].n || m->level[1].complete ? set_dist(m, &m->level[1])
+                                                                : KVP_GRAMMAR_FAR;
+            m->n_frames = mark_frames;
+            if (dd < bestd) {
+                bestd = dd;
+                best = i;
+            }
+            if (dd <= wb->left - 1)
+                break;
+        }
+        if (best >= 0)
+            mark(tr, best, mask);
+    }
 #undef FIRST
-    if (cut)
+    if (cut) {
         m->cut_walks++;
+        wb->full = 1;   /* the farther tokens were not all seen */
+    }
     if (m->cur.complete)
         for (int k = 0; k < tr->n_end; k++) {
             int id = tr->end_tok[k];
@@ -804,6 +1076,264 @@ out:
     m->n_frames = mark_frames;   /* the walk's frames are garbage now */
     m->limit = LONG_MAX;
     m->mask_work = m->work - work0;
+    return rc;
+}
+
+int kvp_gmatch_mask(kvp_gmatch *m, const kvp_vocab_trie *tr, uint32_t *mask)
+{
+    wbudget wb = {.left = -1, .base = KVP_GRAMMAR_FAR};
+    m->shaped = 0;
+    return walk(m, tr, mask, &wb);
+}
+
+/* ---- the length budget ---- */
+
+/* A state of a run: no end and one arc, either of one byte (1: the bytes of a literal,
+ * a key, the frame of a call, a const) or an epsilon or a call of a rule that may be
+ * empty (2: the optional whitespace between a JSON document's tokens, which a run takes
+ * empty). */
+static int forced(const kvp_grammar *g, int s)
+{
+    const garc *a = &g->arcs[g->arc_off[s]];
+    if ((g->flags[s] & ST_END) || g->arc_off[s + 1] - g->arc_off[s] != 1)
+        return 0;
+    if (a->kind == ARC_RANGE && a->lo == a->hi)
+        return 1;
+    return a->kind == ARC_EPS || (a->kind == ARC_CALL && g->dist[a->call] == 0) ? 2 : 0;
+}
+
+/* The child of trie node i (-1: the root, through top: its children by byte) with byte
+ * b, or -1. */
+static int trie_child(const kvp_vocab_trie *tr, const int32_t *top, int i, uint8_t b)
+{
+    if (i < 0)
+        return top[b];
+    int c = i + 1, end = tr->skip[i];
+    for (; c < end; c = tr->skip[c])
+        if (tr->byte[c] == b)
+            return c;
+    return -1;
+}
+
+/* For every forced state, the run of forced states from it to the first other one (its
+ * end) and the fewest tokens of tr that spell the run's bytes exactly (each token within
+ * the run, empty calls taken empty; KVP_GRAMMAR_FAR when none do): computed from each
+ * run's end back, a state's cost the least of 1 + the cost after each token that spells
+ * a prefix of its run. A
+ * distance counting a run at that cost is still one the matcher can follow token by
+ * token, and a long key or a call's frame counts as the few tokens it takes. */
+static int run_costs(const kvp_grammar *g, const kvp_vocab_trie *tr, runs *r)
+{
+    int n = g->n_states;
+    r->cost = malloc((size_t)n * sizeof *r->cost);
+    r->end = malloc((size_t)n * sizeof *r->end);
+    int32_t *list = malloc((size_t)n * sizeof *list);
+    uint8_t *is = malloc((size_t)n);
+    if (!r->cost || !r->end || !list || !is) {
+        free(list);
+        free(is);
+        return -ENOMEM;
+    }
+    for (int s = 0; s < n; s++) {
+        is[s] = (uint8_t)forced(g, s);
+        r->cost[s] = -1;
+        r->end[s] = s;
+    }
+    int32_t top[256];
+    for (int b = 0; b < 256; b++)
+        top[b] = -1;
+    for (int i = 0; i < tr->n_nodes; i = tr->skip[i])
+        top[tr->byte[i]] = i;
+#define NEXT(s) (g->arcs[g->arc_off[s]].to)
+#define BYTE(s) (g->arcs[g->arc_off[s]].lo)
+    for (int s0 = 0; s0 < n; s0++) {
+        if (!is[s0] || r->cost[s0] >= 0)
+            continue;
+        int len = 0, u = s0;
+        /* forced states never form a cycle (it could not end: prune dropped it), so the
+         * walk stops; the bound is a backstop */
+        while (is[u] && r->cost[u] < 0 && len < n) {
+            list[len++] = u;
+            r->cost[u] = KVP_GRAMMAR_FAR;   /* on the list */
+            u = NEXT(u);
+        }
+        int32_t end = is[u] ? r->end[u] : u;
+        for (int k = len - 1; k >= 0; k--) {
+            int32_t s = list[k], best = KVP_GRAMMAR_FAR, v = s;
+            int node = -1;
+            while (is[v] == 2)   /* a run starting with an empty call: the cost after it */
+                v = NEXT(v);
+            if (v != s) {
+                r->cost[s] = is[v] ? r->cost[v] : 0;
+                r->end[s] = end;
+                continue;
+            }
+            while (is[v]) {
+                if (is[v] == 2) {
+                    v = NEXT(v);
+                    continue;
+                }
+                node = trie_child(tr, top, node, BYTE(v));
+                if (node < 0)
+                    break;
+                v = NEXT(v);
+                if (tr->off[node + 1] > tr->off[node]) {
+                    int32_t rest = is[v] ? r->cost[v] : 0;
+                    int32_t c = dist_add(rest, 1);
+                    best = c < best ? c : best;
+                }
+            }
+            r->cost[s] = best;
+            r->end[s] = end;
+        }
+    }
+#undef NEXT
+#undef BYTE
+    free(list);
+    free(is);
+    return 0;
+}
+
+int kvp_gmatch_bind(kvp_gmatch *m, const kvp_vocab_trie *tr)
+{
+    if (m->own_dist)
+        return 0;
+    runs r = {NULL, NULL};
+    int all = 1;
+    for (int w = 0; w < 8; w++)
+        all &= tr->lone[w] == 0xFFFFFFFFu;
+    int32_t *d = run_costs(m->g, tr, &r) < 0 ? NULL : distances(m->g, all ? NULL : tr->lone, &r);
+    free(r.cost);
+    free(r.end);
+    if (!d)
+        return -ENOMEM;
+    m->own_dist = d;
+    m->dist = d;
+    /* the frames made so far hold the grammar's distances: made again with these */
+    for (int f = 0; f < m->n_frames; f++)
+        m->fdist[f] = dist_add(d[m->ret[f]], m->parent[f] < 0 ? 0 : m->fdist[m->parent[f]]);
+    cache_clear(m);
+    return 0;
+}
+
+/* The mask cache: CACHE_N masks of what the grammar allows, each with its thread set,
+ * the largest distance after a token it offers, and (n_far >= 0) the tokens leading
+ * farther than the set's own distance base with their distances. It is given again for
+ * the same set while the largest distance fits in the tokens left; nearer the limit,
+ * while base does, less the far tokens that do not fit. */
+#define CACHE_N 4
+#define CACHE_FAR 8192
+typedef struct centry {
+    kvp_gset key;
+    int valid, count;
+    int32_t maxd, base;
+    int n_far;
+    int32_t (*far)[2];    /* [CACHE_FAR] */
+    unsigned long used;
+} centry;
+
+typedef struct gcache {
+    size_t words;
+    unsigned long clock;
+    int32_t (*far)[2];    /* [CACHE_FAR] the walk's far tokens */
+    centry e[CACHE_N];
+    uint32_t bits[];      /* CACHE_N masks of words words */
+} gcache;
+
+static void cache_clear(kvp_gmatch *m)
+{
+    gcache *c = m->cache;
+    if (c)
+        for (int k = 0; k < CACHE_N; k++)
+            c->e[k].valid = 0;
+}
+
+static void cache_free(kvp_gmatch *m)
+{
+    gcache *c = m->cache;
+    if (c) {
+        for (int k = 0; k < CACHE_N; k++)
+            free(c->e[k].far);
+        free(c->far);
+    }
+    free(c);
+    m->cache = NULL;
+}
+
+static int same_set(const kvp_gset *a, const kvp_gset *b)
+{
+    return a->n == b->n && a->complete == b->complete &&
+           !memcmp(a->t, b->t, (size_t)a->n * sizeof a->t[0]);
+}
+
+int kvp_gmatch_mask_left(kvp_gmatch *m, const kvp_vocab_trie *tr, uint32_t *mask, int left)
+{
+    size_t words = ((size_t)tr->vocab_size + 31) / 32;
+    gcache *c = m->cache;
+    if (c && c->words != words) {
+        cache_free(m);
+        c = NULL;
+    }
+    if (!c && (c = m->cache = calloc(1, sizeof *c + CACHE_N * words * sizeof(uint32_t)))) {
+        c->words = words;
+        c->far = malloc(CACHE_FAR * sizeof *c->far);
+    }
+    m->shaped = 0;
+    for (int k = 0; c && k < CACHE_N; k++) {
+        centry *e = &c->e[k];
+        if (!e->valid || !same_set(&e->key, &m->cur))
+            continue;
+        int whole = left < 0 || e->maxd <= left - 1;
+        if (!whole && (e->n_far < 0 || e->base > left - 1))
+            break;   /* too near the limit for this entry: walked */
+        memcpy(mask, c->bits + (size_t)k * words, words * sizeof *mask);
+        int count = e->count;
+        for (int j = 0; !whole && j < e->n_far; j++)
+            if (e->far[j][1] > left - 1) {
+                int32_t t = e->far[j][0];
+                mask[t >> 5] &= ~(1u << (t & 31));
+                count--;
+                m->shaped = 1;
+            }
+        e->used = ++c->clock;
+        m->cache_hits++;
+        m->mask_work = 0;
+        return count;
+    }
+    int32_t (*far)[2] = c ? c->far : NULL;
+    wbudget wb = {.left = left, .base = kvp_gmatch_distance(m), .far = far,
+                  .cap_far = far ? CACHE_FAR : 0};
+    int rc = walk(m, tr, mask, &wb);
+    /* kept when it is (or, from its far tokens, can be made) the grammar's whole mask */
+    int keep = rc > 0 && c && (!m->shaped || (!wb.full && left - 1 >= wb.base));
+    if (keep) {
+        int k = 0;   /* a free entry, else the least recently used */
+        for (int j = 1; j < CACHE_N && c->e[k].valid; j++)
+            if (!c->e[j].valid || c->e[j].used < c->e[k].used)
+                k = j;
+        centry *e = &c->e[k];
+        if (!e->far)
+            e->far = malloc(CACHE_FAR * sizeof *e->far);
+        uint32_t *bits = c->bits + (size_t)k * words;
+        memcpy(bits, mask, words * sizeof *mask);
+        int count = rc;
+        for (int j = 0; j < wb.n_far; j++) {
+            int32_t t = far[j][0];
+            if (!((bits[t >> 5] >> (t & 31)) & 1)) {
+                bits[t >> 5] |= 1u << (t & 31);
+                count++;
+            }
+        }
+        e->key = m->cur;
+        e->valid = 1;
+        e->count = count;
+        e->maxd = wb.maxd;
+        e->base = wb.base;
+        e->n_far = e->far && !wb.full ? wb.n_far : -1;
+        if (e->far && e->n_far > 0)
+            memcpy(e->far, far, (size_t)wb.n_far * sizeof *far);
+        e->used = ++c->clock;
+    }
     return rc;
 }
 

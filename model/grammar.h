@@ -50,6 +50,14 @@ int kvp_gbuild_count(const kvp_gbuild *b);    /* states made */
  * -ENOENT when no document is finite. */
 kvp_grammar *kvp_grammar_finish(kvp_gbuild *b, int root, int *rc);
 
+/* Distances: for each state, the fewest bytes that finish its rule from there (calls
+ * counted with their own rule's fewest bytes), made when the grammar is finished; a
+ * thread's distance adds those of the return states on its stack. KVP_GRAMMAR_FAR: no
+ * way to finish (or more bytes than any reply). kvp_grammar_min_len: the shortest
+ * document's bytes. */
+#define KVP_GRAMMAR_FAR (1 << 30)
+int kvp_grammar_min_len(const kvp_grammar *g);
+
 kvp_grammar *kvp_grammar_ref(kvp_grammar *g);
 void kvp_grammar_unref(kvp_grammar *g);   /* NULL is fine */
 int kvp_grammar_states(const kvp_grammar *g);
@@ -76,6 +84,12 @@ typedef struct kvp_gmatch {
     kvp_gset *level;     /* the trie walk's sets, one per depth (max piece length + 1) */
     int n_level;
     void *scratch;       /* the closure's work list and visit marks (grammar.c) */
+    const int32_t *dist; /* the states' distances: the grammar's, or own (kvp_gmatch_bind) */
+    int32_t *own_dist;
+    int32_t *fdist;      /* frames: the distances of the return states on the stack */
+    void *cache;         /* recent masks by thread set (grammar.c) */
+    int shaped;          /* the last mask's length budget left out a token it allowed */
+    long cache_hits;     /* masks the cache gave (kvp_gmatch_mask_left) */
     long cut_walks;      /* masks the budget cut short */
     /* Work units: one per arc tested, closure expansion, and pair of threads or stack
      * frames compared. work counts them all (masks and accepts); limit is where the mask
@@ -92,6 +106,9 @@ int kvp_gmatch_accept(kvp_gmatch *m, const char *bytes, size_t len);
 /* Whether the bytes so far are a whole document; whether nothing can follow them. */
 int kvp_gmatch_complete(const kvp_gmatch *m);
 int kvp_gmatch_closed(const kvp_gmatch *m);
+/* The fewest bytes (once bound to a trie, tokens: kvp_gmatch_bind) that finish the
+ * document from the bytes so far (0 when whole). */
+int kvp_gmatch_distance(const kvp_gmatch *m);
 
 /* The vocabulary as a trie of byte strings in preorder: node i spells the path to it,
  * its subtree is [i, skip[i]), tokens tok[off[i] .. off[i+1]) spell exactly it. Control,
@@ -107,6 +124,8 @@ typedef struct kvp_vocab_trie {
     int32_t *tok;
     int max_len;         /* the longest piece kept */
     int n_end;           /* the tokens that end a reply (set by the caller) */
+    int n_lone;          /* bytes with a one-byte token */
+    uint32_t lone[8];    /* those bytes as a bitset */
     int end_tok[8];
 } kvp_vocab_trie;
 
@@ -135,6 +154,21 @@ int kvp_gmatch_mask(kvp_gmatch *m, const kvp_vocab_trie *tr, uint32_t *mask);
     (KVP_GRAMMAR_STEP_WORK +                                                       \
      2L * (2L * KVP_GRAMMAR_MAX_FANOUT + KVP_GRAMMAR_MAX_THREADS * KVP_GRAMMAR_MAX_THREADS))
 long kvp_grammar_mask_budget(const kvp_vocab_trie *tr);
+
+/* The length budget. kvp_gmatch_bind turns the matcher's distances into tokens of trie
+ * tr: a byte counts as one token (arcs of bytes without a one-byte token are left out),
+ * and a run of forced bytes (a literal: a key, a call's frame) as the fewest tokens of
+ * tr that spell it, so a document D away can always be finished in at most D tokens;
+ * 0 or -ENOMEM. Unbound, distances are bytes.
+ * kvp_gmatch_mask_left is kvp_gmatch_mask for a reply with `left` tokens to go (this one
+ * included; < 0: no limit): it offers only tokens after which the document can still be
+ * finished in left - 1 tokens, and the end tokens once it is whole, so a reply that
+ * starts within its distance (kvp_gmatch_distance <= left) always ends whole. m->shaped
+ * says whether it left out a token the grammar allowed. Its last few masks are kept by
+ * thread set, with the tokens leading farther than the set's own distance: when that
+ * set comes back they are given again, less the far tokens that no longer fit. */
+int kvp_gmatch_bind(kvp_gmatch *m, const kvp_vocab_trie *tr);
+int kvp_gmatch_mask_left(kvp_gmatch *m, const kvp_vocab_trie *tr, uint32_t *mask, int left);
 /* Sets the logits of the tokens mask leaves out to -inf. */
 void kvp_grammar_apply_mask(float *logits, const uint32_t *mask, int vocab_size);
 

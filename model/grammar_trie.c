@@ -101,6 +101,11 @@ int kvp_vocab_trie_build(kvp_vocab_trie *tr, const kvp_tokenizer *t)
     tr->off[nn] = nt;
     tr->n_nodes = nn;
     tr->max_len = max_len;
+    for (int i = 0; i < nn; i = tr->skip[i])
+        if (tr->off[i + 1] > tr->off[i] && !((tr->lone[tr->byte[i] >> 5] >> (tr->byte[i] & 31)) & 1)) {
+            tr->lone[tr->byte[i] >> 5] |= 1u << (tr->byte[i] & 31);
+            tr->n_lone++;
+        }
     free(path);
     free(e);
     return 0;

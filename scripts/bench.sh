@@ -65,7 +65,8 @@
 #   (the walk of the vocabulary's byte trie, -inf on the rest, the token accepted) on the
 #   Qwen2.5-0.5B-shaped q8_0 synthetic carrying the Qwen3 tokenizer (as --sampler), over
 #   documents of a nested schema drawn with random logits, against a decode step of that
-#   model and the plain sampler in alternating blocks: medians, p90, mean, ratios.
+#   model and the plain sampler in alternating blocks: medians, p90, mean, ratios; then
+#   with the length budget on (64-token replies), for the schema and for json_object.
 #        scripts/bench.sh --vs-llamacpp [bench/vs_llamacpp.py options, e.g. --reps 3]
 #   --vs-llamacpp: kvpd against llama.cpp's server (LLAMA_SERVER, default the static
 #   build in ../shared/anchors/llama.cpp/, avx512/ where the CPU has AVX-512 VNNI, else
@@ -318,6 +319,9 @@ if [ "${1:-}" = --grammar ]; then
     qwen_synth
     echo "load: $(uptime)"
     $dir/bench/bench_grammar $qwen --reps "${2:-8}"
+    # the length budget on: the schema, then json_object's free strings, at 64 tokens
+    $dir/bench/bench_grammar $qwen --reps "${2:-8}" --max-tokens 64
+    $dir/bench/bench_grammar $qwen --reps "${2:-8}" --any-object --max-tokens 64
     echo "load: $(uptime)"
     exit 0
 fi

@@ -25,7 +25,8 @@ int kvp_session_grammar_usable(const kvp_vocab_trie *tr, char *err, size_t errle
     return 0;
 }
 
-int kvp_session_turn_grammar(kvp_session *s, kvp_grammar *g)
+int kvp_session_turn_grammar(kvp_session *s, kvp_grammar *g, const kvp_vocab_trie *tr,
+                             int *need)
 {
     kvp_turn *t = &s->turn;
     kvp_turn_grammar_free(t);
@@ -36,6 +37,13 @@ int kvp_session_turn_grammar(kvp_session *s, kvp_grammar *g)
     if (rc == 0 && t->gm->cur.n == 0 && !t->gm->cur.complete) {
         kvp_gmatch_free(t->gm);   /* nothing can open a document: the turn could not start */
         rc = -EINVAL;
+    } else if (rc == 0 && tr && (rc = kvp_gmatch_bind(t->gm, tr)) < 0) {
+        kvp_gmatch_free(t->gm);
+    } else if (rc == 0 && t->max_tokens > 0 && kvp_gmatch_distance(t->gm) > t->max_tokens) {
+        if (need)
+            *need = kvp_gmatch_distance(t->gm);
+        kvp_gmatch_free(t->gm);   /* a whole document could not fit: refused, not cut */
+        rc = -E2BIG;
     }
     if (rc < 0) {
         free(t->gm);
@@ -73,7 +81,10 @@ int kvp_turn_draw(kvp_session *s, const kvp_session_env *env, float *logits)
     int vocab = s->sampler.vocab_size;
     if (!t->gmask && !(t->gmask = calloc(((size_t)tr->vocab_size + 31) / 32, sizeof *t->gmask)))
         return tr->n_end ? tr->end_tok[0] : kvp_sample(&s->sampler, logits);
-    int n = kvp_gmatch_mask(t->gm, tr, t->gmask);
+    /* the length budget: only tokens after which the document still fits in the tokens
+     * the reply has left, so it always ends whole */
+    int n = kvp_gmatch_mask_left(t->gm, tr, t->gmask, t->max_tokens - t->stats.generated_tokens);
+    t->gshaped |= t->gm->shaped;
     if (n <= 0)   /* no token continues it (or no memory): the reply ends here */
         return tr->n_end ? tr->end_tok[0] : kvp_sample(&s->sampler, logits);
     kvp_grammar_apply_mask(logits, t->gmask, vocab < tr->vocab_size ? vocab : tr->vocab_size);

@@ -125,6 +125,8 @@ typedef struct kvp_turn {
     kvp_turn_stats stats;
     struct kvp_gmatch *gm;   /* the reply's grammar matcher (NULL: unconstrained) */
     uint32_t *gmask;         /* its mask for the next token (vocab bits) */
+    int gshaped;             /* the length budget left out a token the grammar allowed:
+                              * the reply ends "length" however it ends */
     /* Ended with its final event still to send after the snapshot write (end_turn):
      * done (end_code 0) or an error (end_code < 0, end_msg). */
     int end;
@@ -357,9 +359,14 @@ int kvp_session_turn_logprobs(kvp_session *s, int vocab, int top);
  * `top` alternatives (top < 0: 0), which the memory cap reserves with the turn. */
 size_t kvp_session_logprobs_bytes(int max_tokens, int vocab, int top);
 /* The reply of the armed turn is one of g's documents (sessions/constrain.c): each token
- * is drawn from those that continue it, a stop token only once it is whole. 0, -ENOMEM,
- * or -EINVAL when no byte can open one of g's documents. */
-int kvp_session_turn_grammar(kvp_session *s, struct kvp_grammar *g);
+ * is drawn from those that continue it, a stop token only once it is whole, and only
+ * while the document can still be finished in the tokens the turn has left (its
+ * max_tokens), so the reply always ends whole; tr (or NULL): the vocabulary's trie, whose
+ * one-byte tokens the distances are fitted to. 0, -ENOMEM, -EINVAL when no byte can open
+ * one of g's documents, or -E2BIG when its shortest document may take more tokens than
+ * max_tokens (*need: how many, at most one per byte). */
+int kvp_session_turn_grammar(kvp_session *s, struct kvp_grammar *g,
+                             const struct kvp_vocab_trie *tr, int *need);
 /* Whether a constrained reply can be written with the vocabulary trie tr (one with text
  * tokens and at least one stop token): 0, or -EINVAL with the reason in err. */
 int kvp_session_grammar_usable(const struct kvp_vocab_trie *tr, char *err, size_t errlen);

@@ -233,7 +233,8 @@ int turn_take_token(kvp_session *s, const kvp_session_env *env, const kvp_turn_s
         if (kvp_template_keeps_stop(kvp_session_tpl(s, env)) && kvp_session_push_token(s, tok) < 0)
             return turn_fail(s, env, sink, 0, -ENOMEM, "transcript", NULL);
         s->reply_open = 0;
-        return turn_finish(s, env, sink, "eos");
+        /* a constrained reply the length budget shaped was ended by its limit */
+        return turn_finish(s, env, sink, t->gshaped ? "length" : "eos");
     }
     int prev = s->n_tokens ? s->tokens[s->n_tokens - 1] : -1;
     if (kvp_session_push_token(s, tok) < 0)

@@ -2,7 +2,8 @@
 // model and on its default Responses model, each against kvpd on a synthetic model with
 // Qwen3's tokenizer and template (random weights): an agent's chat turn, and an agent whose first turn must call its tool (the
 // SDK runs it and sends the result back, the turn reusing the call's cache, and the run
-// then finishes with the model's text); outputType returning a parsed object; a handoff.
+// then finishes with the model's text); outputType returning a parsed object, also 20
+// times at maxTokens 32 and at 64 with temperature 1 (the length budget); a handoff.
 //
 //   KVP_BUILD=build node tests/clients/agents.mjs   (meson test --suite clients runs it)
 import { checker, KEY, startKvpd, stopKvpd, synthQwen3 } from "../openai/lib.mjs";
@@ -77,6 +78,37 @@ try {
                                 modelSettings: { toolChoice: "required", maxTokens: 256 } });
     const h = await A.run(front, "Pass me on.", { maxTurns: 4 });
     check(h.lastAgent.name === "target", `the handoff moved the run to ${h.lastAgent.name}`);
+    // outputType 20 times at maxTokens 32 and at 64, temperature 1: every final output
+    // whole and valid (the length budget).
+    const loose = z.object({ name: z.string(), tags: z.array(z.string()), n: z.number().int().min(0).max(9) });
+    const counts = { ok: 0, incomplete: 0 };
+    for (const mt of [32, 64])
+      for (let i = 0; i < 20; i += 4)
+        await Promise.all([0, 1, 2, 3].map(async (j) => {
+          const seed = 100 * mt + i + j;
+          const a = new A.Agent({ name: "typed", model: m, outputType: loose,
+                                  modelSettings: { maxTokens: mt, temperature: 1, providerData: { seed } } });
+          let out;
+          try {
+            out = (await A.run(a, `Person ${i + j}?`)).finalOutput;
+          } catch (e) {
+            // The Responses model fails a run whose reply is "incomplete" (finish_reason
+            // "length": the budget shaped it) whatever its content: the same request sent
+            // plainly must still be whole and valid.
+            if (!responses || !/incomplete/.test(e.message))
+              throw new Error(`FAIL: ${api}: outputType at ${mt}: the run failed: ${e.message}`);
+            const r = await client.responses.create({ model: id, input: `Person ${i + j}?`, max_output_tokens: mt,
+              temperature: 1, seed, text: { format: { type: "json_schema", name: "typed", schema: z.toJSONSchema(loose) } } });
+            check(r.status === "incomplete" && loose.safeParse(JSON.parse(r.output_text)).success,
+                  `outputType at ${mt}, shaped by its limit: whole and valid: ${r.output_text}`);
+            counts.incomplete++;
+            return;
+          }
+          check(loose.safeParse(out).success, `outputType at ${mt}: ${JSON.stringify(out)}`);
+          counts.ok++;
+        }));
+    console.log(`clients/agents: ${api}: outputType at maxTokens 32 and 64, 40 runs: ${counts.ok} parsed and valid, ` +
+                `${counts.incomplete} refused by the SDK as incomplete (whole and valid)`);
   }
 } finally {
   code = await stopKvpd(k, dir);

@@ -3,7 +3,8 @@
 // generateText chat turn, a forced tool call the SDK parses and validates against the
 // tool's schema and then executes, and the tool result's step continuing the cached
 // conversation; a named toolChoice; Output.object (with supportsStructuredOutputs) returning
-// a parsed object.
+// a parsed object; generateObject, Output.object and a forced tool 20 times each at
+// maxOutputTokens 32 and at 64 with temperature 1 (the length budget; the counts printed).
 //
 //   KVP_BUILD=build node tests/clients/aisdk.mjs   (meson test --suite clients runs it)
 import { checker, KEY, startKvpd, stopKvpd, synthQwen3 } from "../openai/lib.mjs";
@@ -61,6 +62,38 @@ try {
   const o = await ai.generateText({ model: sp(id), prompt: "A person?", output: ai.Output.object({ schema: person }),
                                     maxOutputTokens: 256, maxRetries: 0 });
   check(person.safeParse(o.output).success, `Output.object returns a parsed object: ${JSON.stringify(o.output)}`);
+  // generateObject, Output.object and a forced tool, 20 times each at maxOutputTokens 32
+  // and at 64, temperature 1: every object and every call's input whole and valid (the
+  // length budget).
+  const loose = z.object({ name: z.string(), tags: z.array(z.string()), n: z.number().int().min(0).max(9) });
+  const note = { note: ai.tool({ description: "A note.", inputSchema: loose, execute: async () => "ok" }) };
+  const counts = { generateObject: 0, "Output.object": 0, tool: 0, length: 0 };
+  const helpers = {
+    generateObject: async (mt, seed) => (await ai.generateObject({ model: sp(id), schema: loose, prompt: `Person ${seed}?`,
+                                                                  maxOutputTokens: mt, temperature: 1, seed, maxRetries: 0 })),
+    "Output.object": async (mt, seed) => {
+      const r = await ai.generateText({ model: sp(id), prompt: `Person ${seed}?`, output: ai.Output.object({ schema: loose }),
+                                        maxOutputTokens: mt, temperature: 1, seed, maxRetries: 0 });
+      return { object: r.output, finishReason: r.finishReason };
+    },
+    tool: async (mt, seed) => {
+      const r = await ai.generateText({ model: provider(id), prompt: `Note ${seed}?`, tools: note, toolChoice: "required",
+                                        maxOutputTokens: mt, temperature: 1, seed, maxRetries: 0 });
+      check(r.toolCalls.length === 1 && !r.toolCalls[0].invalid, `a forced call at ${mt}: ${JSON.stringify(r.toolCalls)}`);
+      return { object: r.toolCalls[0].input, finishReason: r.finishReason };
+    },
+  };
+  for (const [name, run] of Object.entries(helpers))
+    for (const mt of [32, 64])
+      for (let i = 0; i < 20; i += 4)
+        await Promise.all([0, 1, 2, 3].map(async (j) => {
+          const r = await run(mt, 100 * mt + i + j);
+          check(loose.safeParse(r.object).success, `${name} at ${mt} (${r.finishReason}): ${JSON.stringify(r.object)}`);
+          counts[name]++;
+          counts.length += r.finishReason === "length";
+        }));
+  console.log(`clients/aisdk: at maxOutputTokens 32 and 64, 40 each: ${JSON.stringify(counts)} parsed and valid ` +
+              "(length: of those, finished \"length\", shaped by the limit)");
 } finally {
   code = await stopKvpd(k, dir);
 }

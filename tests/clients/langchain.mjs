@@ -2,7 +2,8 @@
 // synthetic model with Qwen3's tokenizer and template (random weights): a chat turn,
 // bindTools with a forced call (LangChain parses it into tool_calls), and the tool
 // result (a ToolMessage) continuing the cached conversation; withStructuredOutput
-// (json_schema, and functionCalling) returning parsed objects.
+// (json_schema, and functionCalling) returning parsed objects, each also 20 times at
+// maxTokens 32 and at 64 with temperature 1 (the length budget; the counts printed).
 //
 //   KVP_BUILD=build node tests/clients/langchain.mjs   (meson test --suite clients runs it)
 import { checker, KEY, startKvpd, stopKvpd, synthQwen3 } from "../openai/lib.mjs";
@@ -50,6 +51,43 @@ try {
     const o = await big.withStructuredOutput(person, method ? { method } : undefined).invoke("A person?");
     check(person.safeParse(o).success, `withStructuredOutput (${method || "default"}) returns a parsed object: ${JSON.stringify(o)}`);
   }
+  // withStructuredOutput (json_schema and functionCalling) 20 times at maxTokens 32 and at
+  // 64, temperature 1: every reply whole and valid (the length budget). Its json_schema
+  // method parses with the openai SDK, which raises LengthFinishReasonError on
+  // finish_reason "length" whatever the content: a reply the budget shaped is checked from
+  // the same request sent plainly.
+  const loose = z.object({ name: z.string(), tags: z.array(z.string()), n: z.number().int().min(0).max(9) });
+  const plain = async (mt, seed, content) => {
+    const res = await fetch(`${baseURL}/chat/completions`, {
+      method: "POST", headers: { authorization: `Bearer ${KEY}`, "content-type": "application/json" },
+      body: JSON.stringify({ model: id, seed, temperature: 1, max_tokens: mt, messages: [{ role: "user", content }],
+                             response_format: { type: "json_schema", json_schema: { name: "extract", schema: z.toJSONSchema(loose) } } }) });
+    const r = await res.json();
+    return { finish: r.choices[0].finish_reason, text: r.choices[0].message.content };
+  };
+  const counts = { length: 0 };
+  for (const method of ["jsonSchema", "functionCalling"])
+    for (const mt of [32, 64])
+      for (let i = 0; i < 20; i += 4)
+        await Promise.all([0, 1, 2, 3].map(async (j) => {
+          const llm = new ChatOpenAI({ model: id, apiKey: KEY, configuration: { baseURL }, maxTokens: mt,
+                                       temperature: 1, maxRetries: 0, modelKwargs: { seed: 100 * mt + i + j } });
+          let o;
+          try {
+            o = await llm.withStructuredOutput(loose, { method }).invoke(`Person ${i + j}?`);
+          } catch (e) {
+            if (method !== "jsonSchema" || e?.constructor?.name !== "LengthFinishReasonError") throw e;
+            const r = await plain(mt, 100 * mt + i + j, `Person ${i + j}?`);
+            check(r.finish === "length" && loose.safeParse(JSON.parse(r.text)).success,
+                  `withStructuredOutput (${method}) at ${mt}, shaped by its limit: whole and valid: ${r.text}`);
+            counts.length++;
+            return;
+          }
+          check(loose.safeParse(o).success, `withStructuredOutput (${method}) at ${mt}: ${JSON.stringify(o)}`);
+          counts[method] = (counts[method] || 0) + 1;
+        }));
+  console.log(`clients/langchain: withStructuredOutput at maxTokens 32 and 64, 40 each: ${JSON.stringify(counts)} ` +
+              "(parsed and valid; length: json_schema replies the SDK refused for finish_reason length, whole and valid)");
 } finally {
   code = await stopKvpd(k, dir);
 }

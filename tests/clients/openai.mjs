@@ -1,7 +1,8 @@
 // The official `openai` SDK at the version tests/clients pins, against kvpd on a
 // synthetic model with Qwen3's tokenizer and template (random weights): a chat turn, a
 // forced tool call parsed by the SDK, and the tool result's turn continuing the cached
-// conversation.
+// conversation; .parse() with a zod schema 20 times at max_tokens 32 and at 64 (the
+// length budget: every reply whole and valid; the count printed).
 //
 //   KVP_BUILD=build node tests/clients/openai.mjs   (meson test --suite clients runs it)
 import { checker, KEY, startKvpd, stopKvpd, synthQwen3 } from "../openai/lib.mjs";
@@ -40,6 +41,34 @@ try {
   const r2 = await client.chat.completions.create({ model: id, max_tokens: 16, tools, messages });
   const cached = r2.usage.prompt_tokens_details?.cached_tokens ?? 0;
   check(cached > 0, `the tool result's turn reuses the cache (${cached} of ${r2.usage.prompt_tokens} prompt tokens)`);
+  // The SDK's .parse() with a zod schema, 20 times at max_tokens 32 and at 64, temperature
+  // 1: every reply whole and valid (the length budget). .parse() raises
+  // LengthFinishReasonError on finish_reason "length" whatever the content, so a reply
+  // the budget shaped is checked from the same request sent plainly.
+  const { zodResponseFormat } = await import("openai/helpers/zod");
+  const { z } = await import("zod");
+  const person = z.object({ name: z.string(), tags: z.array(z.string()), n: z.number().int().min(0).max(9) });
+  const rf = zodResponseFormat(person, "person");
+  const counts = { parsed: 0, length: 0 };
+  for (const mt of [32, 64])
+    for (let i = 0; i < 20; i += 4)
+      await Promise.all([0, 1, 2, 3].map(async (j) => {
+        const req = { model: id, seed: 100 * mt + i + j, temperature: 1, max_tokens: mt, response_format: rf,
+                      messages: [{ role: "user", content: `Person ${i + j}?` }] };
+        try {
+          const p = await client.chat.completions.parse(req);
+          check(person.safeParse(p.choices[0].message.parsed).success, `.parse at ${mt}: ${p.choices[0].message.content}`);
+          counts.parsed++;
+        } catch (e) {
+          if (e?.constructor?.name !== "LengthFinishReasonError") throw e;
+          const r = await client.chat.completions.create(req);
+          check(r.choices[0].finish_reason === "length" && person.safeParse(JSON.parse(r.choices[0].message.content)).success,
+                `.parse at ${mt}, shaped by its limit: still whole and valid: ${r.choices[0].message.content}`);
+          counts.length++;
+        }
+      }));
+  console.log(`clients/openai: .parse at max_tokens 32 and 64: ${counts.parsed} parsed, ${counts.length} ` +
+              `finished "length" (whole and valid, which .parse refuses) of 40`);
 } finally {
   code = await stopKvpd(k, dir);
 }

@@ -7,7 +7,13 @@
  * then). Prints one JSON line per document: {"schema": S, "doc": TEXT}; a schema the
  * compiler refuses is skipped (counted on stderr).
  *
- *   schema_docs TOKENIZER.bin [--seed N] [--schemas N] [--docs N] */
+ * --budget: every reply has a length limit between the schema's shortest document and
+ * 20 tokens more, kept by the length budget (kvp_gmatch_mask_left); every other schema
+ * is a hostile one (objects nested deep, long required keys, required arrays with a
+ * minimum of long strings), and every reply is printed however it ended, so one the
+ * budget failed to finish fails the checker.
+ *
+ *   schema_docs TOKENIZER.bin [--seed N] [--schemas N] [--docs N] [--budget] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -140,10 +146,34 @@ static json_t *schema(int depth, json_t *defs)
     }
 }
 
+/* Objects nested 1 to 6 deep, each with a required key of up to 40 bytes holding the
+ * next, a required array of at least 1 to 3 strings of at least 1 to 6 characters, and
+ * an optional number. */
+static json_t *hostile(void)
+{
+    json_t *s = json_pack("{s:s, s:i}", "type", "string", "minLength", 1 + (int)rnd(4));
+    for (int d = 0, depth = 1 + (int)rnd(6); d < depth; d++) {
+        char key[48], list[16];
+        int n = 1 + (int)rnd(40);
+        for (int i = 0; i < n; i++)
+            key[i] = (char)('a' + rnd(26));
+        key[n] = 0;
+        snprintf(list, sizeof list, "l%d", d);
+        json_t *arr = json_pack("{s:s, s:{s:s, s:i}, s:i}", "type", "array", "items", "type",
+                                "string", "minLength", 1 + (int)rnd(6), "minItems",
+                                1 + (int)rnd(3));
+        json_t *props = json_pack("{s:o, s:o, s:{s:s}}", key, s, list, arr, "opt", "type",
+                                  "number");
+        s = json_pack("{s:s, s:o, s:[s,s]}", "type", "object", "properties", props, "required",
+                      key, list);
+    }
+    return s;
+}
+
 int main(int argc, char **argv)
 {
     const char *tok_path = NULL;
-    int n_schemas = 120, n_docs = 2;
+    int n_schemas = 120, n_docs = 2, budget = 0;
     rng = 0x9E3779B97F4A7C15ull;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--seed") && i + 1 < argc)
@@ -152,6 +182,8 @@ int main(int argc, char **argv)
             n_schemas = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--docs") && i + 1 < argc)
             n_docs = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--budget"))
+            budget = 1;
         else
             tok_path = argv[i];
     }
@@ -174,7 +206,7 @@ int main(int argc, char **argv)
     int refused = 0, written = 0, unfinished = 0;
     for (int k = 0; k < n_schemas; k++) {
         json_t *defs = json_object();
-        json_t *s = schema(0, defs);
+        json_t *s = budget && k % 2 ? hostile() : schema(0, defs);
         if (json_object_size(defs))
             json_object_set(s, "$defs", defs);
         json_decref(defs);
@@ -189,9 +221,16 @@ int main(int argc, char **argv)
             if (kvp_gmatch_init(&m, g) < 0)
                 return 1;
             size_t len = 0;
-            int done = 0;
-            for (int t = 0; t < 60 && !done; t++) {
-                int n = kvp_gmatch_mask(&m, &tr, mask);
+            int done = 0, limit = 60;
+            if (budget) {
+                limit = kvp_gmatch_distance(&m) + (int)rnd(21);
+                done = 1;   /* printed however it ends */
+                if (kvp_gmatch_bind(&m, &tr) < 0)
+                    return 1;
+            }
+            for (int t = 0; t < limit; t++) {
+                int n = budget ? kvp_gmatch_mask_left(&m, &tr, mask, limit - t)
+                               : kvp_gmatch_mask(&m, &tr, mask);
                 if (n <= 0)
                     break;
                 int end_ok = (mask[0] >> 2) & 1;

@@ -4,7 +4,10 @@ validator: Debian's python3-jsonschema (Draft 2020-12). tests/model/schema_docs.
 the schemas (seeded) and decodes the documents; this reads its JSON lines, parses each
 document with Python's json module and validates it. Fails listing the first bad ones.
 
-    schema_ref.py SCHEMA_DOCS TOKENIZER.bin [SEED...]"""
+    schema_ref.py SCHEMA_DOCS TOKENIZER.bin [--budget] [SEED...]
+
+--budget: the documents are decoded under a length limit (schema_docs --budget): every
+one must still be whole and valid."""
 import json
 import subprocess
 import sys
@@ -14,10 +17,11 @@ import jsonschema
 
 def main():
     exe, tok = sys.argv[1], sys.argv[2]
-    seeds = sys.argv[3:] or ["2", "3"]
+    flags = [a for a in sys.argv[3:] if a.startswith("--")]
+    seeds = [a for a in sys.argv[3:] if not a.startswith("--")] or ["2", "3"]
     bad, total = [], 0
     for seed in seeds:
-        out = subprocess.run([exe, tok, "--seed", seed], check=True, capture_output=True,
+        out = subprocess.run([exe, tok, "--seed", seed] + flags, check=True, capture_output=True,
                              text=True)
         sys.stderr.write(out.stderr)
         for line in filter(None, out.stdout.split("\n")):

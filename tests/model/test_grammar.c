@@ -435,3 +435,304 @@ Test(grammar, hostile_schemas_mask_within_the_budget, .init = load, .fini = unlo
     cr_expect_gt(cut, 0, "no hostile schema reached the budget (worst %ld of %ld)", worst, budget);
     free(mask);
 }
+
+/* ---- distances and the length budget ---- */
+
+/* The matcher's distance after prefix (which it must accept). */
+static int dist_after(kvp_grammar *g, const char *prefix)
+{
+    kvp_gmatch m;
+    cr_assert_eq(kvp_gmatch_init(&m, g), 0);
+    cr_assert_eq(kvp_gmatch_accept(&m, prefix, strlen(prefix)), 0, "%s", prefix);
+    int d = kvp_gmatch_distance(&m);
+    kvp_gmatch_free(&m);
+    return d;
+}
+
+Test(grammar, distances_count_the_bytes_left_through_calls)
+{
+    kvp_grammar *g = parens();
+    cr_expect_eq(kvp_grammar_min_len(g), 1);                 /* x */
+    cr_expect_eq(dist_after(g, "("), 1);                     /* ) */
+    cr_expect_eq(dist_after(g, "((("), 3);                   /* ))) */
+    cr_expect_eq(dist_after(g, "((x)"), 1);
+    cr_expect_eq(dist_after(g, "(x)"), 0);                   /* whole */
+    kvp_grammar_unref(g);
+    char err[256];
+    json_t *s = json_loads("{\"type\":\"object\",\"properties\":{\"kk\":{\"type\":\"string\","
+                           "\"minLength\":3},\"n\":{\"type\":\"array\",\"items\":{\"type\":"
+                           "\"integer\"},\"minItems\":2}},\"required\":[\"kk\",\"n\"]}", 0, NULL);
+    g = kvp_schema_compile(s, err, sizeof err);
+    json_decref(s);
+    cr_assert(g, "%s", err);
+    /* {"kk":"aaa","n":[0,0]} */
+    cr_expect_eq(kvp_grammar_min_len(g), (int)strlen("{\"kk\":\"aaa\",\"n\":[0,0]}"));
+    cr_expect_eq(dist_after(g, "{\"kk\": \"a"), (int)strlen("aa\",\"n\":[0,0]}"));
+    cr_expect_eq(dist_after(g, "{\"kk\":\"abcdef\",\"n\":[1"), (int)strlen(",0]}"));
+    cr_expect_eq(dist_after(g, "{\"kk\":\"abcdef\",\"n\":[1,2]}"), 0);
+    kvp_grammar_unref(g);
+}
+
+/* S = "x" "y" | "zzzz": without a one-byte token for x, the short way cannot be relied on. */
+Test(grammar, distances_leave_out_bytes_without_a_token, .init = load, .fini = unload)
+{
+    kvp_gbuild *b = kvp_gbuild_new();
+    int s = kvp_gbuild_state(b), end = kvp_gbuild_state(b), x = kvp_gbuild_state(b);
+    kvp_gbuild_end(b, end);
+    kvp_gbuild_range(b, s, 'x', 'x', x);
+    kvp_gbuild_range(b, x, 'y', 'y', end);
+    int z = kvp_gbuild_literal(b, s, "zzz", 3);
+    kvp_gbuild_range(b, z, 'z', 'z', end);
+    int rc;
+    kvp_grammar *g = kvp_grammar_finish(b, s, &rc);
+    cr_assert(g);
+    cr_expect_eq(kvp_grammar_min_len(g), 2);
+    kvp_vocab_trie tr = trie;   /* a shallow copy with x's one-byte token taken away */
+    cr_assert((tr.lone['x' >> 5] >> ('x' & 31)) & 1, "the llama2 vocabulary has a token x");
+    tr.lone['x' >> 5] &= ~(1u << ('x' & 31));
+    kvp_gmatch m;
+    cr_assert_eq(kvp_gmatch_init(&m, g), 0);
+    cr_expect_eq(kvp_gmatch_distance(&m), 2);
+    cr_assert_eq(kvp_gmatch_bind(&m, &tr), 0);
+    /* the z's then: as many tokens as the fewest spelling "zzzz" (at least 2 here) */
+    int d = kvp_gmatch_distance(&m);
+    cr_expect(d > 1 && d <= 4, "%d", d);
+    kvp_gmatch_free(&m);
+    cr_assert_eq(kvp_gmatch_init(&m, g), 0);
+    cr_assert_eq(kvp_gmatch_bind(&m, &trie), 0);   /* every byte has one: x then y */
+    cr_expect_eq(kvp_gmatch_distance(&m), 2);
+    kvp_gmatch_free(&m);
+    kvp_grammar_unref(g);
+}
+
+/* A schema built to need many bytes: objects nested `depth` deep, each with a long
+ * required key, a required array of at least two strings of at least 3 characters and
+ * an optional number. */
+static char *deep_schema(int depth, int keylen)
+{
+    char key[128];
+    cr_assert_lt(keylen, (int)sizeof key);
+    char *s = strdup("{\"type\":\"string\",\"minLength\":2}");
+    for (int d = 0; d < depth; d++) {
+        for (int i = 0; i < keylen; i++)
+            key[i] = (char)('a' + (d + i) % 26);
+        key[keylen] = 0;
+        size_t n = strlen(s) + 2 * strlen(key) + 512;
+        char *t = malloc(n);
+        snprintf(t, n, "{\"type\":\"object\",\"properties\":{\"%s\":%s,\"list%d\":{\"type\":"
+                 "\"array\",\"items\":{\"type\":\"string\",\"minLength\":3},\"minItems\":2},"
+                 "\"opt\":{\"type\":\"number\"}},\"required\":[\"%s\",\"list%d\"]}",
+                 key, s, d, key, d);
+        free(s);
+        s = t;
+    }
+    return s;
+}
+
+/* Draws a reply of at most `left` tokens under g after prefix with random logits, as a
+ * session does; returns whether the document (prefix and reply, in doc) came out whole;
+ * *shaped: the budget left a token out. */
+static int budget_reply(kvp_grammar *g, const char *prefix, int left, uint64_t seed,
+                        uint32_t *mask, float *logits, int *shaped, char *doc, size_t cap)
+{
+    kvp_gmatch m;
+    cr_assert_eq(kvp_gmatch_init(&m, g), 0);
+    cr_assert_eq(kvp_gmatch_bind(&m, &trie), 0);
+    size_t len = strlen(prefix);
+    cr_assert_eq(kvp_gmatch_accept(&m, prefix, len), 0);
+    cr_assert_lt(len, cap);
+    memcpy(doc, prefix, len);
+    cr_assert_leq(kvp_gmatch_distance(&m), left);
+    kvp_sampler sp;
+    cr_assert_eq(kvp_sampler_init(&sp, 32000, 1.0f, 1.0f, seed), 0);
+    uint64_t rng = seed * 0x9E3779B97F4A7C15ull + 1;
+    *shaped = 0;
+    int whole = 0;
+    for (int t = 0; t < left; t++) {
+        int n = kvp_gmatch_mask_left(&m, &trie, mask, left - t);
+        *shaped |= m.shaped;
+        cr_assert_gt(n, 0);
+        for (int i = 0; i < 32000; i++)
+            logits[i] = 8.0f * kvp_rand_f32(&rng);
+        kvp_grammar_apply_mask(logits, mask, 32000);
+        int id = kvp_sample(&sp, logits);
+        cr_assert((mask[id >> 5] >> (id & 31)) & 1);
+        if (id == 2)
+            break;
+        size_t pl = 0;
+        const char *p = kvp_tokenizer_piece(&tok, -1, id, &pl);
+        cr_assert_eq(kvp_gmatch_accept(&m, p, pl), 0);
+        cr_assert_lt(len + pl, cap);
+        memcpy(doc + len, p, pl);
+        len += pl;
+        /* the invariant the rule keeps: the rest still fits */
+        cr_assert_leq(kvp_gmatch_distance(&m), left - t - 1);
+    }
+    doc[len] = 0;
+    whole = kvp_gmatch_complete(&m);
+    kvp_gmatch_free(&m);
+    kvp_sampler_free(&sp);
+    return whole;
+}
+
+Test(grammar, the_length_budget_ends_every_reply_whole, .init = load, .fini = unload)
+{
+    char *text = deep_schema(5, 40);
+    json_t *s = json_loads(text, 0, NULL);
+    cr_assert(s);
+    char err[256];
+    kvp_grammar *g = kvp_schema_compile(s, err, sizeof err);
+    cr_assert(g, "%s", err);
+    int bytes = kvp_grammar_min_len(g);
+    cr_expect_gt(bytes, 5 * 40);
+    /* in tokens: the long keys count as the few tokens that spell them */
+    kvp_gmatch m;
+    cr_assert_eq(kvp_gmatch_init(&m, g), 0);
+    cr_assert_eq(kvp_gmatch_bind(&m, &trie), 0);
+    int need = kvp_gmatch_distance(&m);
+    kvp_gmatch_free(&m);
+    cr_expect_lt(need, bytes * 3 / 4, "%d tokens for %d bytes", need, bytes);
+    cr_expect_gt(need, 5 * 4);
+    uint32_t *mask = calloc((32000 + 31) / 32, sizeof *mask);
+    float *logits = malloc(32000 * sizeof *logits);
+    char *doc = malloc(1 << 16);
+    int shaped_n = 0, runs = 0;
+    for (int extra = 0; extra <= 24; extra += 6)
+        for (uint64_t seed = 1; seed <= 6; seed++) {
+            int shaped;
+            int whole = budget_reply(g, "", need + extra, seed * 7919 + (uint64_t)extra, mask,
+                                     logits, &shaped, doc, 1 << 16);
+            cr_expect(whole, "budget %d seed %llu: '%s'", need + extra,
+                      (unsigned long long)seed, doc);
+            cr_expect(tu_grammar_whole(g, doc));
+            json_t *v = json_loads(doc, JSON_DECODE_ANY, NULL);
+            cr_expect(v, "not JSON: '%s'", doc);
+            json_decref(v);
+            shaped_n += shaped;
+            runs++;
+        }
+    /* random logits wander: at budgets this tight the rule always has work to do */
+    cr_expect_eq(shaped_n, runs);
+    free(doc);
+    free(logits);
+    free(mask);
+    json_decref(s);
+    free(text);
+    kvp_grammar_unref(g);
+}
+
+Test(grammar, far_from_the_limit_masks_are_the_plain_ones_and_cached, .init = load,
+     .fini = unload)
+{
+    json_t *s = json_loads("{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"}},"
+                           "\"required\":[\"name\"]}", 0, NULL);
+    char err[256];
+    kvp_grammar *g = kvp_schema_compile(s, err, sizeof err);
+    json_decref(s);
+    cr_assert(g, "%s", err);
+    size_t words = (32000 + 31) / 32;
+    uint32_t *plain = calloc(words, sizeof *plain), *budget = calloc(words, sizeof *budget);
+    kvp_gmatch m;
+    cr_assert_eq(kvp_gmatch_init(&m, g), 0);
+    const char *pre = "{\"name\": \"ab";
+    cr_assert_eq(kvp_gmatch_accept(&m, pre, strlen(pre)), 0);
+    int n = kvp_gmatch_mask(&m, &trie, plain);
+    int k = kvp_gmatch_mask_left(&m, &trie, budget, 1000);
+    cr_expect_eq(k, n);
+    cr_expect_eq(m.shaped, 0);
+    cr_expect_arr_eq(plain, budget, words * sizeof *plain);
+    long hits = m.cache_hits;
+    k = kvp_gmatch_mask_left(&m, &trie, budget, 1000);
+    cr_expect_eq(m.cache_hits, hits + 1);
+    cr_expect_eq(k, n);
+    cr_expect_arr_eq(plain, budget, words * sizeof *plain);
+    /* near the limit, yet the string's own distance fits: the cached mask less its far
+     * tokens that do not, the same as a fresh walk gives */
+    for (int left = 3; left <= 12; left++) {
+        long h0 = m.cache_hits;
+        int kc = kvp_gmatch_mask_left(&m, &trie, budget, left), sc = m.shaped;
+        cr_expect_eq(m.cache_hits, h0 + 1, "left %d: from the cache", left);
+        kvp_gmatch f;
+        cr_assert_eq(kvp_gmatch_init(&f, g), 0);
+        cr_assert_eq(kvp_gmatch_accept(&f, pre, strlen(pre)), 0);
+        int kf = kvp_gmatch_mask_left(&f, &trie, plain, left);
+        cr_expect_eq(f.cache_hits, 0);
+        cr_expect_eq(kc, kf, "left %d", left);
+        cr_expect_eq(sc, f.shaped, "left %d", left);
+        cr_expect_arr_eq(plain, budget, words * sizeof *plain, "left %d", left);
+        if (left == 3)
+            cr_expect(sc, "three tokens left: the tokens opening more are left out");
+        kvp_gmatch_free(&f);
+    }
+    kvp_gmatch_mask(&m, &trie, plain);
+    hits = m.cache_hits - 1;
+    /* two tokens left with "}" and the quote to go: only the tokens that end the string
+     * there or spell the whole rest; the cached mask is not given */
+    cr_expect_eq(kvp_gmatch_distance(&m), 2);
+    k = kvp_gmatch_mask_left(&m, &trie, budget, 2);
+    cr_expect_eq(m.cache_hits, hits + 1);
+    cr_expect(m.shaped);
+    cr_expect_gt(k, 0);
+    cr_expect_lt(k, n);
+    for (int id = 0; id < 32000; id++) {
+        if (!((budget[id >> 5] >> (id & 31)) & 1))
+            continue;
+        cr_expect((plain[id >> 5] >> (id & 31)) & 1);
+        size_t pl = 0;
+        const char *p = kvp_tokenizer_piece(&tok, -1, id, &pl);
+        char buf[256];
+        snprintf(buf, sizeof buf, "%s%.*s", pre, (int)pl, p);
+        cr_expect_leq(dist_after(g, buf), 1, "token '%.*s'", (int)pl, p);
+    }
+    /* one token left: only those that finish it */
+    k = kvp_gmatch_mask_left(&m, &trie, budget, 1);
+    cr_expect_gt(k, 0);
+    for (int id = 0; id < 32000; id++)
+        if ((budget[id >> 5] >> (id & 31)) & 1) {
+            size_t pl = 0;
+            const char *p = kvp_tokenizer_piece(&tok, -1, id, &pl);
+            cr_expect_eq(pl, 2);
+            cr_expect(!memcmp(p, "\"}", 2));
+        }
+    kvp_gmatch_free(&m);
+    free(plain);
+    free(budget);
+    kvp_grammar_unref(g);
+}
+
+/* The schemas built for the most work per mask, from the costly place their prefix
+ * reaches, under a tight length budget: even where walks are cut short, every reply
+ * ends whole. */
+Test(grammar, the_length_budget_finishes_the_hostile_schemas, .init = load, .fini = unload)
+{
+    hostile h[16];
+    int n = hostile_schemas(h);
+    uint32_t *mask = calloc((32000 + 31) / 32, sizeof *mask);
+    float *logits = malloc(32000 * sizeof *logits);
+    char *doc = malloc(1 << 16);
+    for (int i = 0; i < n; i++) {
+        json_t *js = json_loads(h[i].schema, 0, NULL);
+        char err[256];
+        kvp_grammar *g = kvp_schema_compile(js, err, sizeof err);
+        json_decref(js);
+        cr_assert(g, "schema %d: %s", i, err);
+        kvp_gmatch m;
+        cr_assert_eq(kvp_gmatch_init(&m, g), 0);
+        cr_assert_eq(kvp_gmatch_bind(&m, &trie), 0);
+        cr_assert_eq(kvp_gmatch_accept(&m, h[i].prefix, strlen(h[i].prefix)), 0);
+        int need = kvp_gmatch_distance(&m);
+        kvp_gmatch_free(&m);
+        for (uint64_t seed = 1; seed <= 2; seed++) {
+            int shaped;
+            int whole = budget_reply(g, h[i].prefix, need + 4 * (int)seed, seed + 31 * (uint64_t)i,
+                                     mask, logits, &shaped, doc, 1 << 16);
+            cr_expect(whole, "schema %d seed %llu: '%s'", i, (unsigned long long)seed, doc);
+            cr_expect(tu_grammar_whole(g, doc), "schema %d: '%s'", i, doc);
+        }
+        kvp_grammar_unref(g);
+        free(h[i].schema);
+    }
+    free(doc);
+    free(logits);
+    free(mask);
+}

@@ -1,6 +1,6 @@
 /* sessions/constrain.c: a vocabulary trie a constrained reply cannot be written with is
  * refused with its reason (not as a lack of memory), and a matcher starts on a grammar
- * with documents. */
+ * with documents, and only when the turn's limit can hold one. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <string.h>
@@ -37,9 +37,36 @@ Test(constrain, a_turn_grammar_starts_and_is_freed)
     cr_assert(g, "%s", err);
     kvp_session s;
     memset(&s, 0, sizeof s);
-    cr_expect_eq(kvp_session_turn_grammar(&s, g), 0);
+    cr_expect_eq(kvp_session_turn_grammar(&s, g, NULL, NULL), 0);
     cr_expect_not_null(s.turn.gm);
-    cr_expect_eq(kvp_session_turn_grammar(&s, NULL), 0);   /* frees the matcher */
+    cr_expect_eq(kvp_session_turn_grammar(&s, NULL, NULL, NULL), 0);   /* frees the matcher */
     cr_expect_null(s.turn.gm);
+    kvp_grammar_unref(g);
+}
+
+/* A turn whose max_tokens cannot hold the grammar's shortest document is refused before
+ * it starts (-E2BIG, with the count that would), never begun to be cut; one that can,
+ * starts. */
+Test(constrain, a_limit_below_the_shortest_document_is_refused)
+{
+    char err[200];
+    json_t *sc = json_loads("{\"type\":\"object\",\"properties\":{\"abc\":{\"type\":\"integer\"}},"
+                            "\"required\":[\"abc\"]}", 0, NULL);
+    kvp_grammar *g = kvp_schema_compile(sc, err, sizeof err);
+    json_decref(sc);
+    cr_assert(g, "%s", err);
+    int bytes = kvp_grammar_min_len(g);   /* {"abc":0} */
+    cr_expect_eq(bytes, 9);
+    kvp_session s;
+    memset(&s, 0, sizeof s);
+    s.turn.max_tokens = bytes - 1;
+    int need = -1;
+    cr_expect_eq(kvp_session_turn_grammar(&s, g, NULL, &need), -E2BIG);
+    cr_expect_eq(need, bytes);
+    cr_expect_null(s.turn.gm);
+    s.turn.max_tokens = bytes;
+    cr_expect_eq(kvp_session_turn_grammar(&s, g, NULL, &need), 0);
+    cr_expect_not_null(s.turn.gm);
+    cr_expect_eq(kvp_session_turn_grammar(&s, NULL, NULL, NULL), 0);
     kvp_grammar_unref(g);
 }
