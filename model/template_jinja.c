@@ -149,6 +149,19 @@ static int alternates(const kvp_chat_msg *msgs, int n, char *err, size_t errlen)
     return 1;
 }
 
+/* msgs[0..n) checked to alternate, then rendered with the request's tools: the text's
+ * length with text and mask malloc'd, or -1 with why in err. */
+static long render_conversation(const kvp_template *t, const char *system, size_t system_len,
+                                const kvp_chat_msg *msgs, int n, const char *tools,
+                                size_t tools_len, char **text, unsigned char **mask, char *err,
+                                size_t errlen)
+{
+    if (!alternates(msgs, n, err, errlen))
+        return -1;
+    return render_text_tools(t, t->jinja, system, system_len, msgs, n, tools, tools_len, text,
+                             mask, err, errlen);
+}
+
 int kvp_template_render_jinja(const kvp_template *t, const char *system, size_t system_len,
                               const kvp_chat_msg *msgs, int n, int **out, char *err,
                               size_t errlen)
@@ -167,12 +180,10 @@ int kvp_template_render_jinja_tools(const kvp_template *t, const char *system,
         err = ebuf;
         errlen = sizeof ebuf;
     }
-    if (!alternates(msgs, n, err, errlen))
-        return -EINVAL;
     char *text;
     unsigned char *mask;
-    long len = render_text_tools(t, t->jinja, system, system_len, msgs, n, tools, tools_len,
-                                 &text, &mask, err, errlen);
+    long len = render_conversation(t, system, system_len, msgs, n, tools, tools_len, &text,
+                                   &mask, err, errlen);
     if (len < 0)
         return -EINVAL;
     int rc = tokenize(t, text, mask, 0, (size_t)len, 1, out);
@@ -231,12 +242,12 @@ int kvp_template_jinja_turn_tools(const kvp_template *t, const char *system, siz
                                   int *keep, int **out)
 {
     char err[64];
-    if (!t->jinja || n < 1 || !msgs[n - 1].user || !alternates(msgs, n, err, sizeof err))
+    if (!t->jinja || n < 1 || !msgs[n - 1].user)
         return -EINVAL;
     char *text;
     unsigned char *mask;
-    long len = render_text_tools(t, t->jinja, system, system_len, msgs, n, tools, tools_len,
-                                 &text, &mask, err, sizeof err);
+    long len = render_conversation(t, system, system_len, msgs, n, tools, tools_len, &text,
+                                   &mask, err, sizeof err);
     if (len < 0)
         return -EINVAL;
     int rc = -ENOENT;
@@ -300,12 +311,10 @@ int kvp_template_jinja_prefill(const kvp_template *t, const char *system, size_t
         snprintf(err, errlen, "the last message must be a non-empty assistant message");
         return -EINVAL;
     }
-    if (!alternates(msgs, n, err, errlen))
-        return -EINVAL;
     char *text;
     unsigned char *mask;
-    long len = render_text_tools(t, t->jinja, system, system_len, msgs, n, tools, tools_len,
-                                 &text, &mask, err, errlen);
+    long len = render_conversation(t, system, system_len, msgs, n, tools, tools_len, &text,
+                                   &mask, err, errlen);
     if (len < 0)
         return -EINVAL;
     size_t start = 0;

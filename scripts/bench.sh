@@ -237,24 +237,14 @@ PY
     echo "load: $(uptime)"
     exit 0
 fi
-if [ "${1:-}" = --vs-llamacpp ]; then
+if [ "${1:-}" = --vs-llamacpp ] || [ "${1:-}" = --multiturn ]; then
+    script=bench/vs_llamacpp.py; [ "$1" = --vs-llamacpp ] || script=bench/multiturn.py
     shift
     server=${LLAMA_SERVER:-$anchors/$isa/llama-server}
     [ -x "$server" ] || { echo "bench.sh: no llama-server at $server (set LLAMA_SERVER)" >&2; exit 1; }
     make_llama_q8
     echo "load: $(uptime)"
-    python3 bench/vs_llamacpp.py --kvpd $dir/daemon/kvpd --llama-server "$server" --model $q8 \
-        --kvpd-arg=--budget=0 "$@"
-    echo "load: $(uptime)"
-    exit 0
-fi
-if [ "${1:-}" = --multiturn ]; then
-    shift
-    server=${LLAMA_SERVER:-$anchors/$isa/llama-server}
-    [ -x "$server" ] || { echo "bench.sh: no llama-server at $server (set LLAMA_SERVER)" >&2; exit 1; }
-    make_llama_q8
-    echo "load: $(uptime)"
-    python3 bench/multiturn.py --kvpd $dir/daemon/kvpd --llama-server "$server" --model $q8 \
+    python3 $script --kvpd $dir/daemon/kvpd --llama-server "$server" --model $q8 \
         --kvpd-arg=--budget=0 "$@"
     echo "load: $(uptime)"
     exit 0
