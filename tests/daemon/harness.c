@@ -359,6 +359,21 @@ int h_free_port(void)
     return port;
 }
 
+int h_closed_port(int *held)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
+        getsockname(fd, (struct sockaddr *)&a, &len) != 0) {
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    *held = fd;
+    return ntohs(a.sin_port);
+}
+
 static int port_open(int port)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);

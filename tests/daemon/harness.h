@@ -95,6 +95,9 @@ typedef struct h_proc {
 int h_have(const char *prog);
 /* A free loopback TCP port (bound, then released). */
 int h_free_port(void);
+/* A loopback port bound to *held but never listened on, so a connection to it is
+ * refused for as long as *held stays open and no other process can take it. */
+int h_closed_port(int *held);
 /* Runs argv (argv[0] looked up in PATH); with port > 0, waits up to timeout_ms until it
  * accepts connections there. 0 or -1 (then its log says why). */
 int h_proc_start(h_proc *p, char *const argv[], int port, int timeout_ms);
