@@ -71,7 +71,7 @@ Test(boundaries, an_unreachable_redis_at_start_is_a_clear_error_and_a_non_zero_e
     int held = -1, port = h_closed_port(&held);
     cr_assert_gt(port, 0);
     snprintf(cmd, sizeof cmd, "'%s' --listen 127.0.0.1:0 --model '%s' --tokenizer '%s' "
-             "--state-url redis://127.0.0.1:%d/0 2>'%s'", h_build("daemon/kvpd"),
+             "--state-url redis://127.0.0.1:%d/0 2>'%s'", h_kvpd(),
              h_shared("models/stories260K.bin"), h_shared("models/tok512.bin"), port, log);
     int st = system(cmd);
     close(held);

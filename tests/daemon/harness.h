@@ -1,5 +1,6 @@
-/* Integration-test harness: starts build/daemon/kvpd on an ephemeral loopback port with
- * stories260K, talks to it with wsclient, stops it with SIGTERM. */
+/* Integration-test harness: starts kvpd (build/daemon/kvpd, or $KVP_KVPD) on an
+ * ephemeral loopback port with stories260K, talks to it with wsclient, stops it with
+ * SIGTERM. */
 #ifndef KVP_HARNESS_H
 #define KVP_HARNESS_H
 
@@ -23,7 +24,9 @@ typedef struct kvpd_proc {
 int kvpd_start(kvpd_proc *p, const char *extra);
 /* As kvpd_start, but returns as soon as the port is bound (the model may be loading). */
 int kvpd_spawn(kvpd_proc *p, const char *extra);
-/* SIGTERM, then waits up to timeout_ms; returns the exit status, or -1 (killed). */
+/* SIGTERM, then waits up to timeout_ms; returns the exit status, or -1 (killed). This,
+ * kvpd_wait and kvpd_kill fail the test when the daemon's log has a ThreadSanitizer
+ * report (scripts/test.sh --tsan). */
 int kvpd_stop(kvpd_proc *p, int timeout_ms);
 /* Waits up to timeout_ms for it to exit (a signal was sent); as kvpd_stop. */
 int kvpd_wait(kvpd_proc *p, int timeout_ms);
@@ -42,6 +45,9 @@ json_t *h_stats(const kvpd_proc *p);
 /* "$KVP_BUILD/<rel>", "$KVP_SHARED/<rel>" */
 const char *h_build(const char *rel);
 const char *h_shared(const char *rel);
+/* The kvpd the tests start: $KVP_KVPD when set (scripts/test.sh --tsan: the
+ * ThreadSanitizer build's), else "$KVP_BUILD/daemon/kvpd". */
+const char *h_kvpd(void);
 /* Descriptors process pid has open (its /proc/PID/fd), -1 if it cannot be read. */
 int h_open_fds(pid_t pid);
 

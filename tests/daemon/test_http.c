@@ -12,7 +12,7 @@
 static int run(const char *args, char **out)
 {
     char cmd[2048];
-    snprintf(cmd, sizeof cmd, "%s --model %s --tokenizer %s %s 2>&1", h_build("daemon/kvpd"),
+    snprintf(cmd, sizeof cmd, "%s --model %s --tokenizer %s %s 2>&1", h_kvpd(),
              h_shared("models/stories260K.bin"), h_shared("models/tok512.bin"), args);
     FILE *f = popen(cmd, "r");
     cr_assert(f);

@@ -131,7 +131,7 @@ Test(security_settings, a_read_only_state_dir_is_refused_at_start)
     cr_assert_eq(h_mkdtemp(dir, sizeof dir), 0);
     cr_assert_eq(chmod(dir, 0555), 0);
     char exe[512], model[512], tok[512];
-    snprintf(exe, sizeof exe, "%s", h_build("daemon/kvpd"));
+    snprintf(exe, sizeof exe, "%s", h_kvpd());
     snprintf(model, sizeof model, "%s", h_shared("models/stories260K.bin"));
     snprintf(tok, sizeof tok, "%s", h_shared("models/tok512.bin"));
     int out[2];

@@ -23,7 +23,7 @@ static int run(const char *dir, const char *args, char **log)
     cr_assert_geq(fd, 0);
     close(fd);
     snprintf(cmd, sizeof cmd, "timeout 20 '%s' --listen 127.0.0.1:0 --model '%s' "
-             "--tokenizer '%s' --state-dir '%s' %s >/dev/null 2>'%s'", h_build("daemon/kvpd"),
+             "--tokenizer '%s' --state-dir '%s' %s >/dev/null 2>'%s'", h_kvpd(),
              h_shared("models/stories260K.bin"), h_shared("models/tok512.bin"), dir, args, out);
     int st = system(cmd);
     FILE *f = fopen(out, "r");
