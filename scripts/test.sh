@@ -32,15 +32,18 @@ case "${1:-}" in
     # The first report ends kvpd with exit code 66 and is in its log, where the harness
     # looks for it. tests/tsan.supp: third-party code only.
     export TSAN_OPTIONS="halt_on_error=1:exitcode=66:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp"
+    # It runs kvpd several times slower: the harness waits longer for it to start, and
+    # meson's timeouts grow as much.
+    export KVP_TEST_SLOW=4
     ;;
 esac
 scripts/check-layers.sh
 scripts/check-tests-mirror.sh
 [ -f $dir/build.ninja ] || meson setup $dir
 if [ ${#tests[@]} -gt 0 ]; then
-    # meson test builds the selected tests and what they depend on; ThreadSanitizer
-    # slows kvpd down several times, hence the longer timeouts.
-    meson test -C $dir --print-errorlogs --num-processes 2 --timeout-multiplier 3 "${tests[@]}"
+    # meson test builds the selected tests and what they depend on
+    meson test -C $dir --print-errorlogs --num-processes 2 \
+        --timeout-multiplier "${KVP_TEST_SLOW:-1}" "${tests[@]}"
     exit
 fi
 ninja -C $dir

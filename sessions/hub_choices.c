@@ -76,7 +76,8 @@ static void start_one(kvp_hub *h, kvp_session *src, kvp_hub_client *c,
     if (o.has_seed)
         o.seed += (uint64_t)k;
     hub_start_turn(c, p->msgs[p->n - 1].text, p->msgs[p->n - 1].len, &o);
-    if (s->rewind_set && s->state != KVP_SESSION_TURN)
+    /* the state first: a queued turn's rewind_set is its worker's (the start clears it) */
+    if (s->state != KVP_SESSION_TURN && s->rewind_set)
         kvp_session_rewind_clear(s);   /* refused: answered */
 }
 

@@ -266,10 +266,13 @@ void hub_chat_new(kvp_hub_client *c, const char *system, size_t system_len,
     with_role.role = msgs[n - 1].user;
     c->turn_since = waited_since;
     hub_start_turn(c, msgs[n - 1].text, msgs[n - 1].len, &with_role);
-    if (s->state != KVP_SESSION_TURN)
+    /* A queued turn's session is its worker's now (rewind_set included: the turn's start
+     * clears it), so the loop looks no further than the state it set itself. */
+    if (s->state != KVP_SESSION_TURN) {
         hub_wait_unmark(c->hub, s);   /* refused: no turn prefills its prompt */
-    if (s->rewind_set && s->state != KVP_SESSION_TURN)
-        kvp_session_rewind_clear(s);
+        if (s->rewind_set)
+            kvp_session_rewind_clear(s);
+    }
 }
 
 int kvp_hub_prefill_check(const kvp_hub *h, const char *system, size_t system_len,

@@ -10,10 +10,15 @@
  * The persistence facts beside it (has_snapshot, saved, need_restore, lost) say what is
  * on disk, not what the session is doing.
  *
- * Ownership: the loop thread owns every session. While a job runs, the worker that
- * holds it in the scheduler owns the model-side fields (cache, policy, sampler, tokens,
- * transcript, turn); the loop reads only the fields marked "loop". The hand-off both
- * ways goes through the scheduler's mutex-protected queues. */
+ * Ownership: the loop thread owns every session. From kvpd_sched_submit until the loop
+ * has taken the job's final event (busy: TURN, LOAD, SAVE), the worker that holds it
+ * owns everything but the fields marked "loop": the model side (cache, policy, sampler,
+ * tokens, transcript, turn, the persistence facts) and the "loop -> worker" fields, which
+ * the job reads and clears (a rewind) — so after a submit the loop looks at the state it
+ * set itself before anything else, and at no other field while the session is busy.
+ * The one exception is turn.cancel, an atomic the loop sets. The hand-off both ways goes
+ * through the scheduler's mutex-protected run queue and event queue, which order each
+ * side's writes before the other's reads; scripts/test.sh --tsan checks it. */
 #ifndef KVP_SESSION_H
 #define KVP_SESSION_H
 
@@ -33,7 +38,8 @@
 
 #define KVP_SESSION_PATH_MAX 512
 
-/* Shared, read-only while workers run. */
+/* Shared: written on the loop before the workers start (trie: once, on the loop, before
+ * the first constrained turn is queued), read-only while they run. */
 typedef struct kvp_session_env {
     const kvp_model *model;
     kvp_template tpl;
@@ -72,6 +78,9 @@ void kvp_policy_conf_unref(kvp_policy_conf *pc);
 
 enum kvp_turn_state { KVP_TURN_START = 0, KVP_TURN_PREFILL, KVP_TURN_DECODE };
 
+/* A turn: armed on the loop (kvp_session_begin_turn and the kvp_session_turn_*
+ * setters) while the session is not busy, then its worker's until the job's end (the
+ * loop only sets cancel); the loop reads the outcome after the final event. */
 typedef struct kvp_turn {
     char *text;              /* the user message */
     size_t text_len;
@@ -154,7 +163,8 @@ enum kvp_session_state {
     KVP_SESSION_PARKED,
 };
 
-/* What a restore found, for the loop to apply and log once the job has ended. */
+/* What a restore found, written by the job's worker, for the loop to apply and log once
+ * the job has ended. */
 typedef struct kvp_restored {
     int pending;                     /* set by the worker, cleared by the loop */
     int rebuilt;                     /* the cache was not usable: rebuilt from the transcript */

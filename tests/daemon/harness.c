@@ -33,6 +33,13 @@ static const char *env_path(const char *var, const char *fallback, const char *r
 const char *h_build(const char *rel) { return env_path("KVP_BUILD", "build", rel); }
 const char *h_shared(const char *rel) { return env_path("KVP_SHARED", "../shared", rel); }
 
+int h_slow(void)
+{
+    const char *v = getenv("KVP_TEST_SLOW");
+    int n = v ? atoi(v) : 1;
+    return n < 1 ? 1 : n > 20 ? 20 : n;
+}
+
 const char *h_kvpd(void)
 {
     const char *bin = getenv("KVP_KVPD");
@@ -181,7 +188,7 @@ int kvpd_spawn(kvpd_proc *p, const char *extra)
     if (p->pid < 0)
         return -1;
     live_add(p->log);
-    for (int i = 0; i < 400 && !p->port; i++) {
+    for (int i = 0; i < 400 * h_slow() && !p->port; i++) {
         p->port = read_port(p->log);
         if (!p->port)
             sleep_ms(25);
@@ -197,7 +204,7 @@ int kvpd_start(kvpd_proc *p, const char *extra)
 {
     if (kvpd_spawn(p, extra) < 0)
         return -1;
-    for (int i = 0; i < 400 && p->port; i++) {
+    for (int i = 0; i < 400 * h_slow() && p->port; i++) {
         char *body = NULL;
         int st = http_get("127.0.0.1", p->port, "/healthz", NULL, &body, 2000);
         free(body);
@@ -221,6 +228,7 @@ int kvpd_wait(kvpd_proc *p, int timeout_ms)
 {
     if (p->pid <= 0)
         return -1;
+    timeout_ms *= h_slow();
     int status = 0;
     for (int waited = 0; waited < timeout_ms; waited += 10) {
         pid_t r = waitpid(p->pid, &status, WNOHANG);

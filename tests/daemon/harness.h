@@ -45,6 +45,9 @@ json_t *h_stats(const kvpd_proc *p);
 /* "$KVP_BUILD/<rel>", "$KVP_SHARED/<rel>" */
 const char *h_build(const char *rel);
 const char *h_shared(const char *rel);
+/* How many times slower than the plain build kvpd runs ($KVP_TEST_SLOW, 1 to 20; 1 when
+ * unset): kvpd_spawn, kvpd_start, kvpd_stop and kvpd_wait wait that many times longer. */
+int h_slow(void);
 /* The kvpd the tests start: $KVP_KVPD when set (scripts/test.sh --tsan: the
  * ThreadSanitizer build's), else "$KVP_BUILD/daemon/kvpd". */
 const char *h_kvpd(void);
