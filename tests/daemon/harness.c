@@ -3,6 +3,7 @@
 
 #include <arpa/inet.h>
 #include <criterion/criterion.h>
+#include <criterion/hooks.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -38,6 +39,22 @@ int h_slow(void)
     const char *v = getenv("KVP_TEST_SLOW");
     int n = v ? atoi(v) : 1;
     return n < 1 ? 1 : n > 20 ? 20 : n;
+}
+
+/* Criterion's own time limits (a suite's or a test's .timeout) grow with h_slow() too: in
+ * the runner, before it starts the first test. */
+ReportHook(PRE_ALL)(struct criterion_test_set *set)
+{
+    int k = h_slow();
+    if (k == 1)
+        return;
+    FOREACH_SET(struct criterion_suite_set *ss, set->suites) {
+        if (ss->suite.data && ss->suite.data->timeout > 0)
+            ss->suite.data->timeout *= k;
+        FOREACH_SET(struct criterion_test *t, ss->tests)
+            if (t->data && t->data->timeout > 0)
+                t->data->timeout *= k;
+    }
 }
 
 const char *h_kvpd(void)

@@ -46,7 +46,8 @@ json_t *h_stats(const kvpd_proc *p);
 const char *h_build(const char *rel);
 const char *h_shared(const char *rel);
 /* How many times slower than the plain build kvpd runs ($KVP_TEST_SLOW, 1 to 20; 1 when
- * unset): kvpd_spawn, kvpd_start, kvpd_stop and kvpd_wait wait that many times longer. */
+ * unset): kvpd_spawn, kvpd_start, kvpd_stop and kvpd_wait wait that many times longer,
+ * and the Criterion time limits of a test linked with the harness grow as much. */
 int h_slow(void);
 /* The kvpd the tests start: $KVP_KVPD when set (scripts/test.sh --tsan: the
  * ThreadSanitizer build's), else "$KVP_BUILD/daemon/kvpd". */
