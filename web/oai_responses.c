@@ -117,6 +117,7 @@ static json_t *response_object(kvpd_conn *c, const kvp_hub_event *ev, json_t *ou
             st->generated_tokens, "output_tokens_details", "reasoning_tokens", 0,
             "total_tokens", st->context_tokens + st->generated_tokens));
         json_object_set_new(j, "kvpd", kvpd_oai_kvpd_stats(kvpd_oai_shown_session(o), o->durable, st));
+        kvpd_oai_with_shaped(j, st, "max_output_tokens");
     } else {
         json_object_set_new(j, "usage", json_null());
     }

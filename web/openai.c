@@ -199,7 +199,7 @@ static void finish_stream(kvpd_conn *c, const kvp_hub_event *ev)
         stream_text(c, "", 0, 1, NULL, 0, 0);
     kvpd_oai_meta m = meta(o);
     const char *finish = kvpd_oai_finish_reason(st, o->tool_calls);
-    sse(c, NULL, kvpd_oai_chunk(&m, kvpd_oai_chunk_finish(finish)));
+    sse(c, NULL, kvpd_oai_chunk(&m, kvpd_oai_chunk_finish(finish, st)));
     if (o->n_choices > 1) {   /* the usage and the end follow the last choice */
         kvpd_oai_choices_first_done(c, NULL, st);
         return;
