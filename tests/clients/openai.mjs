@@ -2,7 +2,8 @@
 // synthetic model with Qwen3's tokenizer and template (random weights): a chat turn, a
 // forced tool call parsed by the SDK, and the tool result's turn continuing the cached
 // conversation; .parse() with a zod schema 20 times at max_tokens 32 and at 64 (the
-// length budget: every reply whole and valid; the count printed).
+// length budget: every reply whole and valid, so .parse takes all 40, those the limit
+// shaped included).
 //
 //   KVP_BUILD=build node tests/clients/openai.mjs   (meson test --suite clients runs it)
 import { checker, KEY, startKvpd, stopKvpd, synthQwen3 } from "../openai/lib.mjs";
@@ -43,32 +44,35 @@ try {
   check(cached > 0, `the tool result's turn reuses the cache (${cached} of ${r2.usage.prompt_tokens} prompt tokens)`);
   // The SDK's .parse() with a zod schema, 20 times at max_tokens 32 and at 64, temperature
   // 1: every reply whole and valid (the length budget). .parse() raises
-  // LengthFinishReasonError on finish_reason "length" whatever the content, so a reply
-  // the budget shaped is checked from the same request sent plainly.
+  // LengthFinishReasonError on finish_reason "length" whatever the content; a reply the
+  // budget shaped finishes "stop" (kvpd_shaped_by says the limit shaped it), so every one
+  // must parse, and some of them must have been shaped for the test to mean anything.
   const { zodResponseFormat } = await import("openai/helpers/zod");
   const { z } = await import("zod");
   const person = z.object({ name: z.string(), tags: z.array(z.string()), n: z.number().int().min(0).max(9) });
   const rf = zodResponseFormat(person, "person");
-  const counts = { parsed: 0, length: 0 };
+  const counts = { parsed: 0, shaped: 0 };
   for (const mt of [32, 64])
     for (let i = 0; i < 20; i += 4)
       await Promise.all([0, 1, 2, 3].map(async (j) => {
         const req = { model: id, seed: 100 * mt + i + j, temperature: 1, max_tokens: mt, response_format: rf,
                       messages: [{ role: "user", content: `Person ${i + j}?` }] };
+        let p;
         try {
-          const p = await client.chat.completions.parse(req);
-          check(person.safeParse(p.choices[0].message.parsed).success, `.parse at ${mt}: ${p.choices[0].message.content}`);
-          counts.parsed++;
+          p = await client.chat.completions.parse(req);
         } catch (e) {
-          if (e?.constructor?.name !== "LengthFinishReasonError") throw e;
-          const r = await client.chat.completions.create(req);
-          check(r.choices[0].finish_reason === "length" && person.safeParse(JSON.parse(r.choices[0].message.content)).success,
-                `.parse at ${mt}, shaped by its limit: still whole and valid: ${r.choices[0].message.content}`);
-          counts.length++;
+          throw new Error(`FAIL: clients/openai: .parse at ${mt} (seed ${req.seed}) raised ${e?.constructor?.name}: ${e.message}`);
         }
+        const c = p.choices[0];
+        check(c.finish_reason === "stop" && person.safeParse(c.message.parsed).success,
+              `.parse at ${mt}: ${c.finish_reason}: ${c.message.content}`);
+        counts.parsed++;
+        counts.shaped += c.kvpd_shaped_by === "max_tokens";
       }));
-  console.log(`clients/openai: .parse at max_tokens 32 and 64: ${counts.parsed} parsed, ${counts.length} ` +
-              `finished "length" (whole and valid, which .parse refuses) of 40`);
+  check(counts.parsed === 40, `.parse took every reply (${counts.parsed} of 40)`);
+  check(counts.shaped > 0, `some of them were shaped by their limit (${counts.shaped})`);
+  console.log(`clients/openai: .parse at max_tokens 32 and 64: ${counts.parsed} of 40 parsed and valid, ` +
+              `${counts.shaped} of them shaped by the limit`);
 } finally {
   code = await stopKvpd(k, dir);
 }

@@ -84,15 +84,22 @@ async function main() {
     // text.format: json_object constrains the reply to one JSON object; other types are refused.
     const jr = await client.responses.create({ model, input: "x", max_output_tokens: 48,
                                                text: { format: { type: "json_object" } } });
-    if (jr.status === "completed") {
-      let parsed;
-      try { parsed = JSON.parse(jr.output_text); } catch (e) { parsed = undefined; }
-      check(parsed !== null && typeof parsed === "object" && !Array.isArray(parsed),
-            `text.format json_object gives a JSON object: ${JSON.stringify(jr.output_text)}`);
-    } else {
-      check(jr.status === "incomplete" && jr.output_text.trimStart().startsWith("{"),
-            `text.format json_object, cut by max_output_tokens, starts an object: ${JSON.stringify(jr.output_text)}`);
-    }
+    // the length budget closes the object in time, so the response is always completed
+    // (kvpd_shaped_by names the limit when it shaped the reply)
+    let parsed;
+    try { parsed = JSON.parse(jr.output_text); } catch (e) { parsed = undefined; }
+    check(jr.status === "completed" && jr.incomplete_details === null && parsed !== null &&
+          typeof parsed === "object" && !Array.isArray(parsed),
+          `text.format json_object gives a whole JSON object (${jr.status}): ${JSON.stringify(jr.output_text)}`);
+    check(jr.kvpd_shaped_by === undefined || jr.kvpd_shaped_by === "max_output_tokens",
+          `kvpd_shaped_by names the limit (${jr.kvpd_shaped_by})`);
+    // one the limit surely shapes: json_object at 8 tokens
+    const js = await client.responses.create({ model, input: "x", max_output_tokens: 8,
+                                               text: { format: { type: "json_object" } } });
+    check(js.status === "completed" && typeof JSON.parse(js.output_text) === "object" &&
+          (js.usage.output_tokens < 8 || js.kvpd_shaped_by === "max_output_tokens"),
+          `json_object at 8 tokens: completed, whole (${js.status}, ${js.usage.output_tokens} tokens, ` +
+          `${js.kvpd_shaped_by}): ${js.output_text}`);
     check(jr.text.format.type === "json_object", "the response echoes text.format");
     try {
       await client.responses.create({ model, input: "x", text: { format: { type: "xml" } } });
