@@ -2,8 +2,10 @@
 // model and on its default Responses model, each against kvpd on a synthetic model with
 // Qwen3's tokenizer and template (random weights): an agent's chat turn, and an agent whose first turn must call its tool (the
 // SDK runs it and sends the result back, the turn reusing the call's cache, and the run
-// then finishes with the model's text); outputType returning a parsed object, also 20
-// times at maxTokens 32 and at 64 with temperature 1 (the length budget); a handoff.
+// then finishes with the model's text); on the Responses model three turns of a
+// conversation with that agent (history sent back, then previousResponseId); outputType
+// returning a parsed object, also 20 times at maxTokens 32 and at 64 with temperature 1
+// (the length budget); a handoff.
 //
 //   KVP_BUILD=build node tests/clients/agents.mjs   (meson test --suite clients runs it)
 import { checker, KEY, startKvpd, stopKvpd, synthQwen3 } from "../openai/lib.mjs";
@@ -68,6 +70,33 @@ try {
           `the tool result's turn reuses the cache (${cached} of ${second?.inputTokens} input tokens)`);
     check(responses ? person.safeParse(r.finalOutput).success : typeof r.finalOutput === "string",
           `the run finishes after the tool's result: ${JSON.stringify(r.finalOutput)}`);
+    // Three turns of a conversation with that agent (the Responses model: the API the SDK
+    // uses by default), each a run that calls the tool and then finishes with its typed
+    // output: the second run sends the first's whole history back with the next user
+    // message; over the Responses API the third continues the second's stored response
+    // (previousResponseId), over chat completions it sends the history too.
+    if (responses) {
+      let convo = r, calls = 0;
+      for (const [turn, city] of [[2, "Bergen"], [3, "Tromso"]]) {
+        executed = null;
+        const input = turn === 3 ? `And ${city}?` : [...convo.history, { role: "user", content: `And ${city}?` }];
+        const opts = { maxTurns: 4, ...(turn === 3 ? { previousResponseId: convo.lastResponseId } : {}) };
+        let next;
+        try {
+          next = await A.run(agent, input, opts);
+        } catch (e) {
+          throw new Error(`FAIL: ${api}: turn ${turn} of the conversation failed: ${e.message}`);
+        }
+        calls += executed !== null;
+        const used = next.rawResponses[0]?.usage;
+        const hit = used?.inputTokensDetails?.[0]?.cached_tokens ?? 0;
+        check(executed && person.safeParse(next.finalOutput).success && hit > 0,
+              `turn ${turn}: the tool ran, the run finished typed, the cache reused (${hit} of ` +
+              `${used?.inputTokens}): ${JSON.stringify(next.finalOutput)}`);
+        convo = next;
+      }
+      check(calls === 2, `three turns, each with its tool call (${calls + 1} calls run)`);
+    }
     // outputType: the run's final output is the parsed object
     const typed = await A.run(new A.Agent({ name: "typed", model: m, outputType: person, modelSettings: { maxTokens: 256 } }),
                               "A person?");
