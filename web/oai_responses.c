@@ -622,6 +622,10 @@ void kvpd_oai_responses(kvpd_conn *c)
         kvpd_oai_fail(c, KVPD_OAI_E_UNSUPPORTED_PARAMETER, field, msg);
         goto out;
     }
+    if (kvpd_oai_check_fields(req, KVPD_OAI_API_RESPONSES, &e) < 0) {
+        kvpd_oai_fail(c, e.code, e.param, e.message);
+        goto out;
+    }
     /* Chat completions' names for the reply's length are not the Responses API's. */
     if (json_object_get(req, "max_tokens") || json_object_get(req, "max_completion_tokens")) {
         kvpd_oai_fail(c, KVPD_OAI_E_INVALID_REQUEST, json_object_get(req, "max_tokens")
