@@ -43,6 +43,7 @@ typedef struct resp_req {
     int begun;                    /* the stream's first events are out */
     json_t *prev;                 /* previous_response_id (string) or null */
     json_t *echo;                 /* request fields the response object repeats */
+    json_t *skipped;              /* the types of the tools left out (an array) */
     json_t *output;               /* streaming: the output items done, in order */
     int msg_open;                 /* streaming: a message item is being written ... */
     char msg_id[64];              /* ... with this id ... */
@@ -63,6 +64,7 @@ static void req_free(void *p)
     json_decref(r->items);
     json_decref(r->prev);
     json_decref(r->echo);
+    json_decref(r->skipped);
     json_decref(r->output);
     json_decref(r->input);
     json_decref(r->ins);
@@ -117,6 +119,8 @@ static json_t *response_object(kvpd_conn *c, const kvp_hub_event *ev, json_t *ou
             st->generated_tokens, "output_tokens_details", "reasoning_tokens", 0,
             "total_tokens", st->context_tokens + st->generated_tokens));
         json_object_set_new(j, "kvpd", kvpd_oai_kvpd_stats(kvpd_oai_shown_session(o), o->durable, st));
+        if (json_array_size(r->skipped))
+            json_object_set(json_object_get(j, "kvpd"), "skipped_tools", r->skipped);
         kvpd_oai_with_shaped(j, st, "max_output_tokens");
     } else {
         json_object_set_new(j, "usage", json_null());
@@ -638,6 +642,13 @@ void kvpd_oai_responses(kvpd_conn *c)
     if (!(chat_req = kvpd_items_request(req, &e))) {
         kvpd_oai_fail(c, e.code, e.param[0] ? e.param : NULL, e.message);
         goto out;
+    }
+    r->skipped = kvpd_items_skipped_tools(req);
+    if (json_array_size(r->skipped)) {   /* said in the log and in the answer's kvpd */
+        size_t n = json_array_size(r->skipped);
+        kvpd_log("info", "responses %s: %zu tool%s of a type kvpd does not serve left out "
+                 "(the first: %.40s)", o->id, n, n > 1 ? "s" : "",
+                 json_string_value(json_array_get(r->skipped, 0)));
     }
     if (kvpd_oai_model_ok(c, req) < 0 || kvpd_oai_options(c, chat_req, t) < 0)
         goto out;

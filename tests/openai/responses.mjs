@@ -107,11 +107,27 @@ async function main() {
     } catch (e) {
       check(e instanceof OpenAI.BadRequestError && e.param === "text.format", `text.format xml refused: ${e.message}`);
     }
+    // A hosted tool (as Codex and the Agents SDK may declare) is left out, and the answer
+    // says so in kvpd.skipped_tools; forcing one is refused.
+    const hosted = await client.responses.create({ model, input: "x", max_output_tokens: 4,
+                                                   tools: [{ type: "web_search" }, { type: "local_shell" }] });
+    check(["completed", "incomplete"].includes(hosted.status) &&
+          JSON.stringify(hosted.kvpd.skipped_tools) === JSON.stringify(["web_search", "local_shell"]),
+          `hosted tools are left out and named (${hosted.status}, ${JSON.stringify(hosted.kvpd.skipped_tools)})`);
+    check(hosted.output.every((it) => it.type === "message"), "the reply holds no call of a left-out tool");
     try {
-      await client.responses.create({ model, input: "x", tools: [{ type: "web_search" }] });
-      throw new Error("FAIL: a hosted tool was accepted");
+      await client.responses.create({ model, input: "x", tools: [{ type: "web_search" }],
+                                      tool_choice: { type: "web_search" } });
+      throw new Error("FAIL: a hosted tool_choice was accepted");
     } catch (e) {
-      check(e instanceof OpenAI.BadRequestError && e.param === "tools[0].type", `a hosted tool refused: ${e.message}`);
+      check(e instanceof OpenAI.BadRequestError && e.param === "tool_choice", `a hosted tool forced is refused: ${e.message}`);
+    }
+    try {
+      await client.responses.create({ model, input: "x", frobnicate: 1 });
+      throw new Error("FAIL: an unknown field was accepted");
+    } catch (e) {
+      check(e instanceof OpenAI.BadRequestError && e.param === "frobnicate" && e.code === "unknown_parameter",
+            `an unknown field is a 400 naming it: ${e.message}`);
     }
 
     // logprobs: include message.output_text.logprobs with top_logprobs gives the chat
