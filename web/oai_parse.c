@@ -93,7 +93,7 @@ static const char *const completions_fields[] = {
 static const char *const responses_fields[] = {
     "input", "instructions", "previous_response_id", "store", "max_output_tokens", "model",
     "stream", "tools", "tool_choice", "parallel_tool_calls", "text", "include", "top_logprobs",
-    "metadata", "truncation", "n", "reasoning", "conversation", "prompt",
+    "metadata", "truncation", "n", "generate", "reasoning", "conversation", "prompt",
     "background", "logprobs", "max_tokens", "max_completion_tokens", NULL};
 
 /* Benign fields: sent by real clients (the openai SDK's types, LangChain, the AI SDK, the

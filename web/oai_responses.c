@@ -601,6 +601,25 @@ static void stored(kvpd_conn *c, const kvp_hub_event *ev)
     json_decref(j);
 }
 
+/* generate: false (Codex's warm-up before a turn): the request is checked as any other,
+ * and answered at once with a completed response that has no output, generating and
+ * keeping nothing (store: false in the answer). Warming the cache is an optimization,
+ * so answering without it is honest: the next request prefills what it needs. */
+static void warm_up(kvpd_conn *c)
+{
+    kvpd_oai *o = c->oai;
+    resp_req *r = o->codec_state;
+    kvp_turn_stats st = {.stop = "eos", .stop_word = -1};
+    kvp_hub_event ev = {.type = KVP_HUB_DONE, .stats = &st, .durable = -1};
+    r->store = 0;
+    o->durable = -1;
+    if (o->req.stream)
+        begin(c);
+    r->object = response_object(c, &ev, json_array());
+    r->cut = 0;
+    finish(c);
+}
+
 void kvpd_oai_responses(kvpd_conn *c)
 {
     kvpd_oai *o = c->oai;
@@ -697,6 +716,26 @@ void kvpd_oai_responses(kvpd_conn *c)
     if (prev && !json_is_null(prev) && !json_is_string(prev)) {
         kvpd_oai_fail(c, KVPD_OAI_E_INVALID_REQUEST, "previous_response_id",
                       "previous_response_id must be a string");
+        goto out;
+    }
+    json_t *gen = json_object_get(req, "generate");
+    if (gen && !json_is_null(gen) && !json_is_boolean(gen)) {
+        kvpd_oai_fail(c, KVPD_OAI_E_INVALID_REQUEST, "generate", "generate must be a boolean");
+        goto out;
+    }
+    if (json_is_false(gen)) {   /* a warm-up: its input may be empty, else it is checked */
+        json_t *in = json_object_get(req, "input");
+        if (in && !(json_is_array(in) && json_array_size(in) == 0)) {
+            json_t *items = kvpd_items_input(in, &e);
+            json_t *msgs = items ? kvpd_items_chat(items, 0, NULL, 0, &e) : NULL;
+            json_decref(items);
+            if (!msgs) {
+                kvpd_oai_fail(c, e.code, e.param, e.message);
+                goto out;
+            }
+            json_decref(msgs);
+        }
+        warm_up(c);
         goto out;
     }
     if (!(r->input = kvpd_items_input(json_object_get(req, "input"), &e))) {

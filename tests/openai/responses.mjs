@@ -122,6 +122,32 @@ async function main() {
     } catch (e) {
       check(e instanceof OpenAI.BadRequestError && e.param === "tool_choice", `a hosted tool forced is refused: ${e.message}`);
     }
+    // generate: false (Codex's warm-up, input empty or not): completed at once, no output,
+    // nothing generated or kept; streamed, the lifecycle events alone.
+    const warm = await client.responses.create({ model, input: [], instructions: "Be brief.", generate: false,
+                                                 store: true, max_output_tokens: 8 });
+    check(warm.status === "completed" && warm.output.length === 0 && warm.usage.output_tokens === 0 &&
+          warm.store === false, `generate false: an empty completed response (${JSON.stringify(warm)})`);
+    try {
+      await client.responses.retrieve(warm.id);
+      throw new Error("FAIL: a warm-up was stored");
+    } catch (e) {
+      check(e instanceof OpenAI.NotFoundError, "a warm-up keeps nothing");
+    }
+    const warmTypes = [];
+    for await (const ev of await client.responses.create({ model, input: "Hi", generate: false, stream: true }))
+      warmTypes.push(`${ev.type}:${ev.sequence_number}`);
+    check(warmTypes.join(" ") === "response.created:0 response.in_progress:1 response.completed:2",
+          `generate false, streamed: the lifecycle alone (${warmTypes.join(" ")})`);
+    for (const [extra, param] of [[{ generate: "no" }, "generate"],
+                                  [{ generate: false, input: [{ type: "item_reference", id: "x" }] }, "input[0].type"]]) {
+      try {
+        await client.responses.create({ model, input: "x", ...extra });
+        throw new Error(`FAIL: ${JSON.stringify(extra)} was accepted`);
+      } catch (e) {
+        check(e instanceof OpenAI.BadRequestError && e.param === param, `${JSON.stringify(extra)}: 400 naming ${param} (${e.param})`);
+      }
+    }
     try {
       await client.responses.create({ model, input: "x", frobnicate: 1 });
       throw new Error("FAIL: an unknown field was accepted");
