@@ -155,6 +155,7 @@ int kvpd_oai_choices_open(kvpd_conn *c, int n, kvp_hub_client **more)
         kvpd_oai_choice *ch = &o->more[i];
         ch->c = c;
         ch->index = i + 1;
+        ch->rs.opened = o->rs.opened;   /* each choice's reply starts as the first's */
         if (!(ch->client = kvp_hub_client_new(c->w->hub, on_choice_event, ch))) {
             kvpd_oai_fail(c, KVPD_OAI_E_SERVER, NULL, "out of memory");
             return -1;

@@ -487,6 +487,14 @@ json_t *kvpd_items_output(const json_t *msg, const char *msg_id, const char *sta
 
 json_t *kvpd_items_output_text(const json_t *output)
 {
-    json_t *s = join_texts(output, 1);
+    /* the messages' output_text parts only: a reasoning item's text is not the answer */
+    json_t *msgs = json_array();
+    size_t i;
+    json_t *item;
+    json_array_foreach(output, i, item)
+        if (!strcmp(str(item, "type") ? str(item, "type") : "", "message"))
+            json_array_append(msgs, item);
+    json_t *s = msgs ? join_texts(msgs, 1) : NULL;
+    json_decref(msgs);
     return s ? s : json_string("");
 }

@@ -330,3 +330,17 @@ Test(oai_items, a_reasoning_item_goes_to_the_reply_after_it)
     json_decref(chat);
     json_decref(items);
 }
+
+/* output_text is the message items' text only: a reasoning item before the message is not
+ * part of the answer. */
+Test(oai_items, output_text_leaves_the_reasoning_out)
+{
+    json_t *out = js("[{\"type\":\"reasoning\",\"content\":[{\"type\":\"reasoning_text\",\"text\":\"hmm \"}]},"
+                     "{\"type\":\"message\",\"content\":[{\"type\":\"output_text\",\"text\":\"Hel\"},"
+                     "{\"type\":\"output_text\",\"text\":\"lo\"}]},"
+                     "{\"type\":\"function_call\",\"name\":\"f\",\"arguments\":\"{}\"}]");
+    json_t *t = kvpd_items_output_text(out);
+    cr_assert_str_eq(json_string_value(t), "Hello");
+    json_decref(t);
+    json_decref(out);
+}
