@@ -30,14 +30,30 @@ static size_t trim_end(const char *t, size_t from, size_t to)
     return to;
 }
 
+/* Where the reasoning of a reply starting at t[0..len) begins when the block is open
+ * there (opened) or opens there, else SIZE_MAX: after the opening marker (which a reply
+ * inside an opened block may still write) and the whitespace around it. */
+static size_t reasoning_start(const char *t, size_t len, int opened)
+{
+    size_t at = skip_space(t, 0, len);
+    if (len - at >= OPEN_LEN && !memcmp(t + at, KVP_THINK_OPEN, OPEN_LEN))
+        return skip_space(t, at + OPEN_LEN, len);
+    return opened ? at : SIZE_MAX;
+}
+
 kvp_reasoning_parts kvp_reasoning_split(const char *text, size_t len)
 {
+    return kvp_reasoning_split_in(text, len, 0);
+}
+
+kvp_reasoning_parts kvp_reasoning_split_in(const char *text, size_t len, int opened)
+{
     kvp_reasoning_parts p = {0, 0, 0, 0, len};
-    size_t at = skip_space(text, 0, len);
-    if (len - at < OPEN_LEN || memcmp(text + at, KVP_THINK_OPEN, OPEN_LEN))
+    size_t from = reasoning_start(text, len, opened);
+    if (from == SIZE_MAX)
         return p;
     p.found = 1;
-    p.r_from = skip_space(text, at + OPEN_LEN, len);
+    p.r_from = from;
     const char *close = memmem(text + p.r_from, len - p.r_from, KVP_THINK_CLOSE, CLOSE_LEN);
     if (!close) {   /* never closed: all reasoning */
         p.r_to = trim_end(text, p.r_from, len);
@@ -82,7 +98,15 @@ int kvp_reasoning_feed(kvp_reasoning_stream *s, const char *text, size_t len, in
     if (s->phase == 0) {
         size_t at = skip_space(b, 0, n);
         size_t rest = n - at;
-        if (rest >= OPEN_LEN && !memcmp(b + at, KVP_THINK_OPEN, OPEN_LEN)) {
+        /* inside an opened block: decided once the text cannot be the opening marker
+         * written again (which is then skipped, as a block's opening is) */
+        if (s->opened && !(rest >= OPEN_LEN && !memcmp(b + at, KVP_THINK_OPEN, OPEN_LEN)) &&
+            (final || (rest && (rest >= OPEN_LEN || memcmp(b + at, KVP_THINK_OPEN, rest))))) {
+            s->phase = 1;
+            s->found = 1;
+            s->r_from = s->r_sent = SIZE_MAX;
+            s->scan = at;
+        } else if (rest >= OPEN_LEN && !memcmp(b + at, KVP_THINK_OPEN, OPEN_LEN)) {
             s->phase = 1;
             s->found = 1;
             s->r_from = s->r_sent = SIZE_MAX;   /* after the whitespace that follows */

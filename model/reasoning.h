@@ -4,8 +4,9 @@
  * text streams in (kvp_reasoning_feed), the same either way: the reasoning without the
  * markers and trimmed of whitespace, the answer after `</think>` without its leading
  * whitespace; a block never closed is all reasoning; a reply that does not open with the
- * marker is all answer, unchanged. Whether a model writes them is its vocabulary's
- * (both markers are tokens of it: kvp_template.think). No I/O. */
+ * marker is all answer, unchanged; a reply whose prompt opened the block starts inside it.
+ * Whether a model writes them is its vocabulary's (both markers are tokens of it:
+ * kvp_template.think; kvp_template.think_open: its generation prompt opens one). No I/O. */
 #ifndef KVP_REASONING_H
 #define KVP_REASONING_H
 
@@ -21,6 +22,12 @@ typedef struct kvp_reasoning_parts {
     size_t r_from, r_to, c_from, c_to;
 } kvp_reasoning_parts;
 kvp_reasoning_parts kvp_reasoning_split(const char *text, size_t len);
+/* As kvp_reasoning_split, for a reply whose prompt opened the block (opened: the
+ * template's generation prompt ends with `<think>`, as Qwen3's thinking templates and
+ * DeepSeek-R1's do): the reply starts inside it, so its text up to `</think>` is the
+ * reasoning (an opening marker the model writes again is skipped), and a reply that
+ * never closes it is all reasoning. opened 0: kvp_reasoning_split. */
+kvp_reasoning_parts kvp_reasoning_split_in(const char *text, size_t len, int opened);
 
 /* A streamed reply: feed its text piece by piece; each call gives the reasoning and the
  * answer settled since the last one (pointers into the stream's buffer, valid until the
@@ -29,6 +36,8 @@ kvp_reasoning_parts kvp_reasoning_split(const char *text, size_t len);
 typedef struct kvp_reasoning_stream {
     char *buf;
     size_t len, cap;
+    int opened;                /* set before the first feed: the prompt opened the block,
+                                * so the reply starts inside it (kvp_reasoning_split_in) */
     int phase;                 /* 0 undecided, 1 reasoning, 2 answer */
     int found;                 /* the reply opened a block */
     size_t r_from, r_sent;     /* the reasoning's start and how far it was given */

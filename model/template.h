@@ -37,6 +37,10 @@ typedef struct kvp_template {
                                            (kvp_toolcall_detect); NONE without one */
     int think;                     /* the vocabulary has both reasoning markers as tokens
                                       (model/reasoning.h): a reply may open with a block */
+    int think_open;                /* think, and the Jinja template's generation prompt
+                                      ends with an open `<think>` (Qwen3's thinking
+                                      templates, DeepSeek-R1): a reply starts inside the
+                                      block (kvp_reasoning_split_in) */
     int reasoning_var;             /* the Jinja template reads a message's
                                       reasoning_content: an assistant message's block is
                                       given to it there, the answer as its content */

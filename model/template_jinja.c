@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "model/jinja.h"
+#include "model/reasoning.h"
 #include "model/template_impl.h"
 #include "model/tokenizer.h"
 
@@ -380,6 +381,15 @@ int kvp_template_use_jinja(kvp_template *t, const char *src, size_t len, char *n
     long data = 0;
     for (long i = 0; i < n; i++)
         data += mask[i];
+    /* the generation prompt leaves a reasoning block open: the rendering ends with the
+     * opening marker (and whitespace), the template's own text, not the message's */
+    long end = n;
+    while (end > 0 && (text[end - 1] == '\n' || text[end - 1] == ' ' || text[end - 1] == '\r' ||
+                       text[end - 1] == '\t'))
+        end--;
+    long olen = (long)strlen(KVP_THINK_OPEN);
+    int opens = end >= olen && !memcmp(text + end - olen, KVP_THINK_OPEN, (size_t)olen) &&
+                !mask[end - olen];
     free(text);
     free(mask);
     if (!data) {
@@ -397,6 +407,7 @@ int kvp_template_use_jinja(kvp_template *t, const char *src, size_t len, char *n
     t->jinja = j;
     t->tool_format = kvp_toolcall_detect(src, len, kvp_template_name(t->format));
     t->reasoning_var = memmem(src, len, "reasoning_content", 17) != NULL;
+    t->think_open = t->think && opens;
     return 0;
 }
 

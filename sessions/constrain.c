@@ -65,6 +65,11 @@ void kvp_turn_grammar_free(kvp_turn *t)
     t->gmask = NULL;
 }
 
+int kvp_turn_doc_whole(const kvp_turn *t)
+{
+    return t->gm && kvp_gmatch_complete(t->gm);
+}
+
 static int allowed(const uint32_t *mask, int tok)
 {
     return (mask[tok >> 5] >> (tok & 31)) & 1;

@@ -148,6 +148,8 @@ typedef struct kvp_hub_info {
                                    * none: no Jinja template, or one without tool calls) */
     int reasoning;                /* the model's replies may open with a reasoning block
                                    * (model/reasoning.h; kvp_template.think) */
+    int reasoning_open;           /* reasoning, and a free reply starts inside a block the
+                                   * generation prompt opened (kvp_template.think_open) */
     const char *kv_type, *budget_mode;   /* "f32" | "f16" | "q8_0"; "per_head" | "global" */
     const char *store, *store_where, *node;   /* "dir"/"redis"/"" and where; lease name */
     uint64_t lease_conflicts, lease_takeovers, snapshots_expired, store_errors;

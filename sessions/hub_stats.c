@@ -34,6 +34,7 @@ void kvp_hub_info_get(kvp_hub *h, kvp_hub_info *o)
     o->chat_format = kvp_template_name(h->env.tpl.format);
     o->tool_format = h->env.tpl.jinja ? (int)h->env.tpl.tool_format : 0;
     o->reasoning = h->env.tpl.think;
+    o->reasoning_open = h->env.tpl.think && h->env.tpl.think_open;
     o->policy = h->pconf->name;
     o->policy_file = h->pconf->file;
     o->state_dir = h->env.state_dir;

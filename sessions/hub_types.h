@@ -83,6 +83,9 @@ typedef struct kvp_turn_stats {
     const char *stop;        /* "eos", "length", "cancel", "stop" (a stop string) */
     int stop_word;           /* stop "stop": the index of the turn's stop string that ended
                               * the reply (kvp_turn_opts.stop); -1 otherwise */
+    int shaped;              /* a constrained reply whose length budget left out a token the
+                              * grammar allowed, or that used all of max_tokens: its document
+                              * is whole (stop "eos" or "stop"), but the limit shaped it */
 } kvp_turn_stats;
 
 /* One token of a reply with its log-probability (natural log, the model's distribution at

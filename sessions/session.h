@@ -134,8 +134,8 @@ typedef struct kvp_turn {
     kvp_turn_stats stats;
     struct kvp_gmatch *gm;   /* the reply's grammar matcher (NULL: unconstrained) */
     uint32_t *gmask;         /* its mask for the next token (vocab bits) */
-    int gshaped;             /* the length budget left out a token the grammar allowed:
-                              * the reply ends "length" however it ends */
+    int gshaped;             /* the length budget left out a token the grammar allowed: the
+                              * reply's stats say shaped however it ends */
     /* Ended with its final event still to send after the snapshot write (end_turn):
      * done (end_code 0) or an error (end_code < 0, end_msg). */
     int end;
@@ -380,6 +380,8 @@ int kvp_session_turn_grammar(kvp_session *s, struct kvp_grammar *g,
 /* Whether a constrained reply can be written with the vocabulary trie tr (one with text
  * tokens and at least one stop token): 0, or -EINVAL with the reason in err. */
 int kvp_session_grammar_usable(const struct kvp_vocab_trie *tr, char *err, size_t errlen);
+/* Whether the armed turn's reply is a whole document of its grammar (0 unconstrained). */
+int kvp_turn_doc_whole(const kvp_turn *t);
 /* Frees the turn's matcher. */
 void kvp_turn_grammar_free(kvp_turn *t);
 /* The next token from logits (modified): the sampler's draw, under the turn's grammar

@@ -233,8 +233,10 @@ int turn_take_token(kvp_session *s, const kvp_session_env *env, const kvp_turn_s
         if (kvp_template_keeps_stop(kvp_session_tpl(s, env)) && kvp_session_push_token(s, tok) < 0)
             return turn_fail(s, env, sink, 0, -ENOMEM, "transcript", NULL);
         s->reply_open = 0;
-        /* a constrained reply the length budget shaped was ended by its limit */
-        return turn_finish(s, env, sink, t->gshaped ? "length" : "eos");
+        /* a constrained reply the length budget shaped is still whole: it ends as any
+         * reply the model ended, its stats saying the limit shaped it */
+        t->stats.shaped = t->gshaped;
+        return turn_finish(s, env, sink, "eos");
     }
     int prev = s->n_tokens ? s->tokens[s->n_tokens - 1] : -1;
     if (kvp_session_push_token(s, tok) < 0)
@@ -262,10 +264,18 @@ int turn_take_token(kvp_session *s, const kvp_session_env *env, const kvp_turn_s
     if ((t->n_stop || t->lp_on) && turn_note_token_end(t) < 0)
         return turn_fail(s, env, sink, 0, -ENOMEM, "reply", NULL);
     turn_emit(s, sink, upto);
+    t->stats.shaped = t->gshaped;   /* a forced call's end string may follow a shaped call */
     if (t->stopped)
         return turn_finish(s, env, sink, "stop");
-    if (t->stats.generated_tokens >= t->max_tokens)
+    if (t->stats.generated_tokens >= t->max_tokens) {
+        /* the length budget closes a constrained reply by its last token: a whole
+         * document the limit shaped ends as one the model ended; anything else was cut */
+        if (kvp_turn_doc_whole(t)) {
+            t->stats.shaped = 1;
+            return turn_finish(s, env, sink, "eos");
+        }
         return turn_finish(s, env, sink, "length");
+    }
     /* Without eviction the reply also ends once it and the prompt fill the context: the
      * token just sampled takes its last position, so no further one could be fed. */
     kvp_evict_cfg e = turn_evict_cfg(s, env);

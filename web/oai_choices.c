@@ -95,7 +95,7 @@ static void choice_done(kvpd_oai_choice *ch, const kvp_hub_event *ev)
                                  ev->n_logprobs - ch->lp_sent, top, &ch->lp_sent);
         else if (rs)   /* what the split held back */
             kvpd_oai_stream_text(c, ch->index, rs, "", 0, 1, NULL, 0, top, &ch->lp_sent);
-        kvpd_oai_sse(c, NULL, chunk(o, kvpd_oai_chunk_at(kvpd_oai_chunk_finish(finish_reason),
+        kvpd_oai_sse(c, NULL, chunk(o, kvpd_oai_chunk_at(kvpd_oai_chunk_finish(finish_reason, st),
                                                          ch->index)));
     } else {
         json_t *lp = o->req.turn.logprobs
@@ -104,9 +104,10 @@ static void choice_done(kvpd_oai_choice *ch, const kvp_hub_event *ev)
                                                            ev->logprobs_top))
                      : json_null();
         int calls;
-        ch->choice = json_pack("{s:i, s:o, s:o, s:s}", "index", ch->index, "message",
-                               kvpd_oai_message(o, NULL, ev->text, ev->len, &calls), "logprobs",
-                               lp, "finish_reason", finish_reason);
+        ch->choice = kvpd_oai_with_shaped(
+            json_pack("{s:i, s:o, s:o, s:s}", "index", ch->index, "message",
+                      kvpd_oai_message(o, NULL, ev->text, ev->len, &calls), "logprobs", lp,
+                      "finish_reason", finish_reason), st, "max_tokens");
     }
     finish(c);
 }
@@ -154,6 +155,7 @@ int kvpd_oai_choices_open(kvpd_conn *c, int n, kvp_hub_client **more)
         kvpd_oai_choice *ch = &o->more[i];
         ch->c = c;
         ch->index = i + 1;
+        ch->rs.opened = o->rs.opened;   /* each choice's reply starts as the first's */
         if (!(ch->client = kvp_hub_client_new(c->w->hub, on_choice_event, ch))) {
             kvpd_oai_fail(c, KVPD_OAI_E_SERVER, NULL, "out of memory");
             return -1;

@@ -144,6 +144,11 @@ void kvpd_oai_completions(kvpd_conn *c)
         kvpd_oai_fail(c, KVPD_OAI_E_UNSUPPORTED_PARAMETER, field, msg);
         goto out;
     }
+    kvpd_oai_err fe;
+    if (kvpd_oai_check_fields(req, KVPD_OAI_API_COMPLETIONS, &fe) < 0) {
+        kvpd_oai_fail(c, fe.code, fe.param, fe.message);
+        goto out;
+    }
     if (kvpd_oai_model_ok(c, req) < 0 || kvpd_oai_options(c, req, &t) < 0)
         goto out;
     /* logprobs: N, the legacy form: each token's logprob and its N most likely */

@@ -16,6 +16,7 @@ static const struct {
     [KVPD_OAI_E_INVALID_JSON] = {400, "invalid_request_error", "invalid_json", NULL},
     [KVPD_OAI_E_UNSUPPORTED_PARAMETER] = {400, "invalid_request_error", "unsupported_parameter",
                                           NULL},
+    [KVPD_OAI_E_UNKNOWN_PARAMETER] = {400, "invalid_request_error", "unknown_parameter", NULL},
     [KVPD_OAI_E_UNSUPPORTED_MODEL] = {400, "invalid_request_error", "unsupported_model", NULL},
     [KVPD_OAI_E_PREVIOUS_RESPONSE] = {400, "invalid_request_error",
                                       "previous_response_not_found", NULL},

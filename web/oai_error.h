@@ -8,6 +8,7 @@ enum kvpd_oai_code {
     KVPD_OAI_E_INVALID_REQUEST,       /* 400: a field is wrong (param names it) */
     KVPD_OAI_E_INVALID_JSON,          /* 400: the body is not a JSON object */
     KVPD_OAI_E_UNSUPPORTED_PARAMETER, /* 400: a field kvpd cannot honour */
+    KVPD_OAI_E_UNKNOWN_PARAMETER,     /* 400: a field the endpoint does not have */
     KVPD_OAI_E_UNSUPPORTED_MODEL,     /* 400: the endpoint does not serve this model */
     KVPD_OAI_E_PREVIOUS_RESPONSE,     /* 400: previous_response_id is not stored */
     KVPD_OAI_E_CONTEXT_LENGTH,        /* 400: the conversation is over the context */

@@ -50,11 +50,8 @@ static json_t *chat_tools(json_t *tools, kvpd_oai_err *e)
             kvpd_oai_bad(e, KVPD_OAI_E_INVALID_REQUEST, param, "%s is required", param);
             goto bad;
         }
-        if (strcmp(type, "function")) {
-            kvpd_oai_bad(e, KVPD_OAI_E_UNSUPPORTED_PARAMETER, param,
-                         "%s '%.40s': only function tools are supported by kvpd", param, type);
-            goto bad;
-        }
+        if (strcmp(type, "function"))
+            continue;   /* a hosted or custom tool: skipped (kvpd_items_skipped_tools) */
         json_array_append_new(out, json_pack("{s:s, s:o}", "type", "function", "function",
                                              named_fields(t, "parameters")));
     }
@@ -113,6 +110,20 @@ static int convert_field(json_t *req, json_t *out, const char *key,
         return -1;
     json_object_set_new(out, key, t);
     return 0;
+}
+
+json_t *kvpd_items_skipped_tools(json_t *req)
+{
+    json_t *out = json_array(), *tools = json_object_get(req, "tools");
+    size_t i;
+    json_t *t;
+    if (out && json_is_array(tools))
+        json_array_foreach(tools, i, t) {
+            const char *type = str(t, "type");
+            if (json_is_object(t) && type && strcmp(type, "function"))
+                json_array_append_new(out, json_string(type));
+        }
+    return out;
 }
 
 json_t *kvpd_items_request(json_t *req, kvpd_oai_err *e)
@@ -476,6 +487,14 @@ json_t *kvpd_items_output(const json_t *msg, const char *msg_id, const char *sta
 
 json_t *kvpd_items_output_text(const json_t *output)
 {
-    json_t *s = join_texts(output, 1);
+    /* the messages' output_text parts only: a reasoning item's text is not the answer */
+    json_t *msgs = json_array();
+    size_t i;
+    json_t *item;
+    json_array_foreach(output, i, item)
+        if (!strcmp(str(item, "type") ? str(item, "type") : "", "message"))
+            json_array_append(msgs, item);
+    json_t *s = msgs ? join_texts(msgs, 1) : NULL;
+    json_decref(msgs);
     return s ? s : json_string("");
 }

@@ -16,9 +16,16 @@
  * ({type, name, description, parameters, strict}) as chat's {type, function:{...}},
  * tool_choice {type:"function", name} as {type:"function", function:{name}}, text.format
  * json_object / json_schema as response_format, include ["message.output_text.logprobs"]
- * as logprobs: true (top_logprobs stays). Hosted tools, other tool_choice forms
- * and other formats or include values are refused naming the field. NULL with e set. */
+ * as logprobs: true (top_logprobs stays). Tools of another type (hosted ones such as
+ * web_search, Codex's local_shell or custom tools) are left out: a declared tool is an
+ * offer the model may take, and the reply is whole without it
+ * (kvpd_items_skipped_tools names them). A tool without a type, other tool_choice forms
+ * (a hosted tool forced cannot be honoured) and other formats or include values are
+ * refused naming the field. NULL with e set. */
 json_t *kvpd_items_request(json_t *req, kvpd_oai_err *e);
+/* The types of req's tools kvpd_items_request leaves out, in order (a new array; NULL
+ * only without memory). */
+json_t *kvpd_items_skipped_tools(json_t *req);
 
 /* An error of chat's parse of the twin named as the Responses API names its fields:
  * tools[i].function.x is tools[i].x, tool_choice.function.name is tool_choice.name,

@@ -78,6 +78,68 @@ int kvpd_oai_parse_model(json_t *req, const kvpd_oai_limits *l, kvpd_oai_err *e)
                "server has '%s'", len > 100 ? 100 : (int)len, m, l->model);
 }
 
+/* The top-level fields each endpoint reads besides the sampling ones (sampling.c's
+ * kvpd_sampling_fields, which every endpoint reads): those it serves and those it
+ * refuses by name when their value asks for what kvpd cannot do. NULL-terminated. */
+static const char *const chat_fields[] = {
+    "messages", "model", "max_completion_tokens", "max_tokens", "stream", "stream_options",
+    "tools", "tool_choice", "parallel_tool_calls", "response_format", "n", "logprobs",
+    "top_logprobs", "session", "store", "functions", "function_call", "audio", "prediction",
+    "modalities", NULL};
+static const char *const completions_fields[] = {
+    "prompt", "model", "max_tokens", "max_completion_tokens", "stream", "stream_options", "n",
+    "logprobs", "echo", "suffix", "best_of", "top_logprobs", "tools", "tool_choice",
+    "parallel_tool_calls", "response_format", NULL};
+static const char *const responses_fields[] = {
+    "input", "instructions", "previous_response_id", "store", "max_output_tokens", "model",
+    "stream", "tools", "tool_choice", "parallel_tool_calls", "text", "include", "top_logprobs",
+    "metadata", "truncation", "n", "generate", "reasoning", "conversation", "prompt",
+    "background", "logprobs", "max_tokens", "max_completion_tokens", NULL};
+
+/* Benign fields: sent by real clients (the openai SDK's types, LangChain, the AI SDK, the
+ * Agents SDK, Codex), accepted and without effect, because what they ask changes nothing
+ * kvpd does. user and safety_identifier name the end user for the provider's abuse
+ * monitoring; service_tier picks a processing tier (kvpd has one); prompt_cache_key is a
+ * routing hint for the prompt cache (kvpd finds a conversation's cached prefix itself);
+ * chat's metadata tags a stored completion (kvpd stores none: store true is refused);
+ * Responses' stream_options holds only include_obfuscation, padding kvpd's events do not
+ * need (a loopback or TLS peer, not a third party's network). */
+static const char *const chat_benign[] = {"user", "safety_identifier", "service_tier",
+                                          "prompt_cache_key", "metadata", NULL};
+static const char *const completions_benign[] = {"user", NULL};
+static const char *const responses_benign[] = {"user", "safety_identifier", "service_tier",
+                                               "prompt_cache_key", "stream_options", NULL};
+
+static int in_list(const char *const *list, const char *key)
+{
+    for (; *list; list++)
+        if (!strcmp(*list, key))
+            return 1;
+    return 0;
+}
+
+int kvpd_oai_check_fields(json_t *req, enum kvpd_oai_api api, kvpd_oai_err *e)
+{
+    static const char *const *const fields[] = {chat_fields, completions_fields,
+                                                responses_fields};
+    static const char *const *const benign[] = {chat_benign, completions_benign,
+                                                responses_benign};
+    static const char *const name[] = {"chat completions", "completions", "the Responses API"};
+    if ((unsigned)api > KVPD_OAI_API_RESPONSES)
+        return kvpd_oai_bad(e, KVPD_OAI_E_SERVER, NULL, "no such endpoint");
+    const char *key;
+    json_t *v;
+    json_object_foreach(req, key, v) {
+        if (in_list(fields[api], key) || in_list(kvpd_sampling_fields, key) ||
+            in_list(benign[api], key))
+            continue;
+        return kvpd_oai_bad(e, KVPD_OAI_E_UNKNOWN_PARAMETER, key, "unknown parameter '%.64s': "
+                            "%s has no such field, and kvpd refuses what it would not honour",
+                            key, name[api]);
+    }
+    return 0;
+}
+
 /* Fields whose meaning kvpd cannot honour: the first one present, or NULL. */
 static const char *unsupported(json_t *req)
 {
@@ -435,6 +497,21 @@ int kvpd_oai_parse_chat(const char *body, size_t len, const kvpd_oai_limits *l,
     if (!req)
         return -1;
     int rc = -1;
+    if (kvpd_oai_check_fields(req, KVPD_OAI_API_CHAT, e) < 0)
+        goto out;
+    /* store: true asks for the completion to be kept for OpenAI's listing and evals, which
+     * kvpd has not (the conversation is kept as its session either way) */
+    json_t *store = json_object_get(req, "store");
+    if (store && !json_is_null(store) && !json_is_boolean(store)) {
+        kvpd_oai_bad(e, KVPD_OAI_E_INVALID_REQUEST, "store", "store must be a boolean");
+        goto out;
+    }
+    if (json_is_true(store)) {
+        kvpd_oai_bad(e, KVPD_OAI_E_UNSUPPORTED_PARAMETER, "store", "store: true is not "
+                     "supported by kvpd: it keeps no chat completions to list or retrieve "
+                     "(only store: false)");
+        goto out;
+    }
     if (kvpd_oai_parse_model(req, l, e) < 0 || kvpd_oai_parse_options(req, l, r, e) < 0 ||
         kvpd_oai_parse_logprobs(req, r, e) < 0)
         goto out;

@@ -85,6 +85,13 @@ typedef struct kvpd_oai_req {
 /* The body as JSON (texts may hold NUL; duplicate keys are refused): an object (a new
  * reference), or NULL with e set. */
 json_t *kvpd_oai_parse_json(const char *body, size_t len, kvpd_oai_err *e);
+/* The endpoints whose top-level fields kvpd_oai_check_fields knows. */
+enum kvpd_oai_api { KVPD_OAI_API_CHAT, KVPD_OAI_API_COMPLETIONS, KVPD_OAI_API_RESPONSES };
+/* Every top-level field of req is one endpoint api reads (serving it, or refusing a value
+ * it cannot honour by name) or one of the benign fields real clients send that change
+ * nothing kvpd does (docs/openai.md): else a 400 unknown_parameter naming the first other
+ * field, never ignored. 0, or -1 with e set. */
+int kvpd_oai_check_fields(json_t *req, enum kvpd_oai_api api, kvpd_oai_err *e);
 /* The request's `model`: a string or absent; with strict_model_name, the model's name or
  * one of model_alias. 0, or -1 with e set. */
 int kvpd_oai_parse_model(json_t *req, const kvpd_oai_limits *l, kvpd_oai_err *e);

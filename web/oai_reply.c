@@ -39,6 +39,13 @@ const char *kvpd_oai_finish_reason(const kvp_turn_stats *st, int tool_calls)
     return tool_calls > 0 ? "tool_calls" : !strcmp(st->stop, "length") ? "length" : "stop";
 }
 
+json_t *kvpd_oai_with_shaped(json_t *obj, const kvp_turn_stats *st, const char *limit)
+{
+    if (obj && st && st->shaped && strcmp(st->stop, "length"))
+        json_object_set_new(obj, "kvpd_shaped_by", json_string(limit));
+    return obj;
+}
+
 /* A token's bytes as a JSON string: valid UTF-8, what cannot be as U+FFFD. */
 static json_t *token_string(const kvp_hub_logprob *e)
 {
@@ -133,9 +140,12 @@ json_t *kvpd_oai_chunk_delta(json_t *delta)
     return json_pack("[{s:i, s:o, s:n}]", "index", 0, "delta", delta, "finish_reason");
 }
 
-json_t *kvpd_oai_chunk_finish(const char *finish_reason)
+json_t *kvpd_oai_chunk_finish(const char *finish_reason, const kvp_turn_stats *st)
 {
-    return json_pack("[{s:i, s:{}, s:s}]", "index", 0, "delta", "finish_reason", finish_reason);
+    json_t *choices = json_pack("[{s:i, s:{}, s:s}]", "index", 0, "delta", "finish_reason",
+                                finish_reason);
+    kvpd_oai_with_shaped(json_array_get(choices, 0), st, "max_tokens");
+    return choices;
 }
 
 json_t *kvpd_oai_chunk_at(json_t *choices, int index)
@@ -149,11 +159,14 @@ json_t *kvpd_oai_chunk_at(json_t *choices, int index)
 json_t *kvpd_oai_completion(const kvpd_oai_meta *m, json_t *message, const char *finish,
                             const kvp_turn_stats *st, const char *session, int durable)
 {
-    return json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:o, s:n, s:s}], s:o, s:s?, s:o}", "id",
-                     m->id, "object", "chat.completion", "created", (json_int_t)m->created,
-                     "model", m->model, "choices", "index", 0, "message", message, "logprobs",
-                     "finish_reason", finish, "usage", kvpd_oai_usage(st), "session", session,
-                     "kvpd", kvpd_oai_kvpd_stats(session, durable, st));
+    json_t *j = json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:o, s:n, s:s}], s:o, s:s?, s:o}",
+                          "id", m->id, "object", "chat.completion", "created",
+                          (json_int_t)m->created, "model", m->model, "choices", "index", 0,
+                          "message", message, "logprobs", "finish_reason", finish, "usage",
+                          kvpd_oai_usage(st), "session", session, "kvpd",
+                          kvpd_oai_kvpd_stats(session, durable, st));
+    kvpd_oai_with_shaped(json_array_get(json_object_get(j, "choices"), 0), st, "max_tokens");
+    return j;
 }
 
 json_t *kvpd_oai_models(const char *aliases, const char *model, long created)

@@ -23,6 +23,11 @@ json_t *kvpd_oai_kvpd_stats(const char *session, int durable, const kvp_turn_sta
 /* "tool_calls" when tool_calls > 0, "length" when the reply was cut by max_tokens, else
  * "stop". */
 const char *kvpd_oai_finish_reason(const kvp_turn_stats *st, int tool_calls);
+/* A whole reply the length budget shaped (st->shaped: its document is whole, so it
+ * finishes "stop", docs/openai.md) says so in obj, a choice or a response: kvpd's field
+ * "kvpd_shaped_by" naming the limit (limit: "max_tokens", "max_output_tokens"). Returns
+ * obj. */
+json_t *kvpd_oai_with_shaped(json_t *obj, const kvp_turn_stats *st, const char *limit);
 
 /* Log-probabilities of n reply tokens (kvp_hub_event.logprobs, top alternatives each) as
  * chat completions give them: the `content` array of {token, logprob, bytes,
@@ -50,7 +55,7 @@ json_t *kvpd_oai_chunk(const kvpd_oai_meta *m, json_t *choices);
 /* The choices of a chunk: the assistant's role, a delta (taken), or the finish. */
 json_t *kvpd_oai_chunk_role(void);
 json_t *kvpd_oai_chunk_delta(json_t *delta);
-json_t *kvpd_oai_chunk_finish(const char *finish_reason);
+json_t *kvpd_oai_chunk_finish(const char *finish_reason, const kvp_turn_stats *st);
 /* Those choices (one) as choice index's; returns them. */
 json_t *kvpd_oai_chunk_at(json_t *choices, int index);
 /* A whole chat.completion: the reply's message (taken), its finish and figures (session

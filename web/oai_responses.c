@@ -43,6 +43,7 @@ typedef struct resp_req {
     int begun;                    /* the stream's first events are out */
     json_t *prev;                 /* previous_response_id (string) or null */
     json_t *echo;                 /* request fields the response object repeats */
+    json_t *skipped;              /* the types of the tools left out (an array) */
     json_t *output;               /* streaming: the output items done, in order */
     int msg_open;                 /* streaming: a message item is being written ... */
     char msg_id[64];              /* ... with this id ... */
@@ -63,6 +64,7 @@ static void req_free(void *p)
     json_decref(r->items);
     json_decref(r->prev);
     json_decref(r->echo);
+    json_decref(r->skipped);
     json_decref(r->output);
     json_decref(r->input);
     json_decref(r->ins);
@@ -117,6 +119,9 @@ static json_t *response_object(kvpd_conn *c, const kvp_hub_event *ev, json_t *ou
             st->generated_tokens, "output_tokens_details", "reasoning_tokens", 0,
             "total_tokens", st->context_tokens + st->generated_tokens));
         json_object_set_new(j, "kvpd", kvpd_oai_kvpd_stats(kvpd_oai_shown_session(o), o->durable, st));
+        if (json_array_size(r->skipped))
+            json_object_set(json_object_get(j, "kvpd"), "skipped_tools", r->skipped);
+        kvpd_oai_with_shaped(j, st, "max_output_tokens");
     } else {
         json_object_set_new(j, "usage", json_null());
     }
@@ -596,6 +601,25 @@ static void stored(kvpd_conn *c, const kvp_hub_event *ev)
     json_decref(j);
 }
 
+/* generate: false (Codex's warm-up before a turn): the request is checked as any other,
+ * and answered at once with a completed response that has no output, generating and
+ * keeping nothing (store: false in the answer). Warming the cache is an optimization,
+ * so answering without it is honest: the next request prefills what it needs. */
+static void warm_up(kvpd_conn *c)
+{
+    kvpd_oai *o = c->oai;
+    resp_req *r = o->codec_state;
+    kvp_turn_stats st = {.stop = "eos", .stop_word = -1};
+    kvp_hub_event ev = {.type = KVP_HUB_DONE, .stats = &st, .durable = -1};
+    r->store = 0;
+    o->durable = -1;
+    if (o->req.stream)
+        begin(c);
+    r->object = response_object(c, &ev, json_array());
+    r->cut = 0;
+    finish(c);
+}
+
 void kvpd_oai_responses(kvpd_conn *c)
 {
     kvpd_oai *o = c->oai;
@@ -621,6 +645,10 @@ void kvpd_oai_responses(kvpd_conn *c)
         kvpd_oai_fail(c, KVPD_OAI_E_UNSUPPORTED_PARAMETER, field, msg);
         goto out;
     }
+    if (kvpd_oai_check_fields(req, KVPD_OAI_API_RESPONSES, &e) < 0) {
+        kvpd_oai_fail(c, e.code, e.param, e.message);
+        goto out;
+    }
     /* Chat completions' names for the reply's length are not the Responses API's. */
     if (json_object_get(req, "max_tokens") || json_object_get(req, "max_completion_tokens")) {
         kvpd_oai_fail(c, KVPD_OAI_E_INVALID_REQUEST, json_object_get(req, "max_tokens")
@@ -633,6 +661,13 @@ void kvpd_oai_responses(kvpd_conn *c)
     if (!(chat_req = kvpd_items_request(req, &e))) {
         kvpd_oai_fail(c, e.code, e.param[0] ? e.param : NULL, e.message);
         goto out;
+    }
+    r->skipped = kvpd_items_skipped_tools(req);
+    if (json_array_size(r->skipped)) {   /* said in the log and in the answer's kvpd */
+        size_t n = json_array_size(r->skipped);
+        kvpd_log("info", "responses %s: %zu tool%s of a type kvpd does not serve left out "
+                 "(the first: %.40s)", o->id, n, n > 1 ? "s" : "",
+                 json_string_value(json_array_get(r->skipped, 0)));
     }
     if (kvpd_oai_model_ok(c, req) < 0 || kvpd_oai_options(c, chat_req, t) < 0)
         goto out;
@@ -681,6 +716,26 @@ void kvpd_oai_responses(kvpd_conn *c)
     if (prev && !json_is_null(prev) && !json_is_string(prev)) {
         kvpd_oai_fail(c, KVPD_OAI_E_INVALID_REQUEST, "previous_response_id",
                       "previous_response_id must be a string");
+        goto out;
+    }
+    json_t *gen = json_object_get(req, "generate");
+    if (gen && !json_is_null(gen) && !json_is_boolean(gen)) {
+        kvpd_oai_fail(c, KVPD_OAI_E_INVALID_REQUEST, "generate", "generate must be a boolean");
+        goto out;
+    }
+    if (json_is_false(gen)) {   /* a warm-up: its input may be empty, else it is checked */
+        json_t *in = json_object_get(req, "input");
+        if (in && !(json_is_array(in) && json_array_size(in) == 0)) {
+            json_t *items = kvpd_items_input(in, &e);
+            json_t *msgs = items ? kvpd_items_chat(items, 0, NULL, 0, &e) : NULL;
+            json_decref(items);
+            if (!msgs) {
+                kvpd_oai_fail(c, e.code, e.param, e.message);
+                goto out;
+            }
+            json_decref(msgs);
+        }
+        warm_up(c);
         goto out;
     }
     if (!(r->input = kvpd_items_input(json_object_get(req, "input"), &e))) {

@@ -168,6 +168,7 @@ int kvpd_oai_tools_request(kvpd_oai_tools *t, json_t *req, int format, kvp_turn_
      * across turns) but the reply is not parsed for calls */
     t->parse = !(mode && !strcmp(mode, "none"));
     int single = json_is_false(par) || required || named;
+    t->single = single;
     if (required && json_object_size(t->names) == 1)
         named = json_object_iter_key(json_object_iter(t->names));
     if (named && json_is_true(json_object_get(json_object_get(t->names, named), "empty"))) {
@@ -410,11 +411,29 @@ static json_t *joined_content(const char *text, const kvp_toolcalls *tc, size_t 
     return s;
 }
 
+/* The reply's calls: with t->single only the first, as parallel_tool_calls false asks (a
+ * Hermes reply ends after its first call; a Llama 3 or Mistral one may hold a list, whose
+ * later calls are dropped, their text with them). Returns the count. */
+static int parse_calls(const kvpd_oai_tools *t, const char *text, size_t len, int final,
+                       kvp_toolcalls *tc)
+{
+    kvp_toolcall_parse(t->format, text, len, final, tc);
+    if (t->single && tc->n > 1) {
+        size_t cut = tc->call[1].name.from;   /* inside the second call */
+        int k = 0;
+        while (k < tc->n_content && tc->content[k].from < cut)
+            k++;
+        tc->n_content = k;
+        tc->n = 1;
+    }
+    return tc->n;
+}
+
 json_t *kvpd_oai_tools_reply(kvpd_oai_tools *t, const char *text, size_t len, int *calls)
 {
     kvp_toolcalls tc;
     *calls = 0;
-    if (!t->parse || kvp_toolcall_parse(t->format, text, len, 1, &tc) == 0)
+    if (!t->parse || parse_calls(t, text, len, 1, &tc) == 0)
         return json_pack("{s:s, s:s%}", "role", "assistant", "content", text, len);
     json_t *arr = json_array();
     for (int i = 0; i < tc.n; i++) {
@@ -443,7 +462,7 @@ json_t *kvpd_oai_tools_feed(kvpd_oai_tools *t, const char *text, size_t len, int
             return out;
     }
     kvp_toolcalls tc;
-    kvp_toolcall_parse(t->format, t->text ? t->text : "", t->len, final, &tc);
+    parse_calls(t, t->text ? t->text : "", t->len, final, &tc);
     json_t *content = joined_content(t->text, &tc, tc.held);
     if (content && json_string_length(content) > t->sent) {
         size_t n = json_string_length(content);

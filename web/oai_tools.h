@@ -15,6 +15,8 @@
 typedef struct kvpd_oai_tools {
     enum kvp_tool_format format;  /* the model's (0: it has none) */
     int parse;                    /* the reply is looked through for calls */
+    int single;                   /* at most one call (parallel_tool_calls false, or a
+                                   * forced call): calls after the first are dropped */
     char *tools;                  /* the tools as JSON text, for the template */
     size_t tools_len;
     char prefix[160];             /* a forced call's opening */

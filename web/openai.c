@@ -168,7 +168,7 @@ json_t *kvpd_oai_message(const kvpd_oai *o, kvpd_oai_tools *tools, const char *t
 {
     kvp_reasoning_parts p = {0, 0, 0, 0, len};
     if (o->reasoning)
-        p = kvp_reasoning_split(text, len);
+        p = kvp_reasoning_split_in(text, len, o->rs.opened);
     json_t *msg;
     if (tools) {
         msg = kvpd_oai_tools_reply(tools, text + p.c_from, p.c_to - p.c_from, calls);
@@ -199,7 +199,7 @@ static void finish_stream(kvpd_conn *c, const kvp_hub_event *ev)
         stream_text(c, "", 0, 1, NULL, 0, 0);
     kvpd_oai_meta m = meta(o);
     const char *finish = kvpd_oai_finish_reason(st, o->tool_calls);
-    sse(c, NULL, kvpd_oai_chunk(&m, kvpd_oai_chunk_finish(finish)));
+    sse(c, NULL, kvpd_oai_chunk(&m, kvpd_oai_chunk_finish(finish, st)));
     if (o->n_choices > 1) {   /* the usage and the end follow the last choice */
         kvpd_oai_choices_first_done(c, NULL, st);
         return;
@@ -476,6 +476,7 @@ static void route(kvpd_conn *c, const char *uri, int post)
     snprintf(o->model, sizeof o->model, "%s", hi.model_name);
     o->tool_format = hi.tool_format;
     o->reasoning = hi.reasoning;
+    o->reasoning_open = hi.reasoning_open;
     if (path == KVPD_OAI_MODELS) {
         models(c);
         return;
@@ -769,6 +770,11 @@ kvp_hub_client *kvpd_oai_client(kvpd_conn *c)
         return NULL;
     }
     kvp_hub_client_set_tenant(o->client, c->tenant);
+    /* A reply the template's generation prompt left inside a reasoning block starts with
+     * its reasoning; one whose start kvpd writes or constrains (a forced call's opening,
+     * an assistant prefill, a grammar's document) does not. */
+    o->rs.opened = o->reasoning && o->reasoning_open && !o->req.turn.grammar &&
+                   !o->req.turn.reply_prefix;
     o->close = o->req.stream;   /* a stream's end is the connection's */
     return o->client;
 }

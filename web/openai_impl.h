@@ -72,6 +72,8 @@ typedef struct kvpd_oai {
     void *codec_state;            /* freed by codec->free */
     int tool_format;              /* the model's (kvp_hub_info) */
     int reasoning;                /* its replies may open with a reasoning block */
+    int reasoning_open;           /* a free reply starts inside a block its generation
+                                   * prompt opened (kvp_hub_info); rs.opened: this one does */
     kvp_reasoning_stream rs;      /* streaming with reasoning: the first choice's split */
     int tool_calls;               /* calls in the reply: finish_reason "tool_calls" */
     /* n > 1 (web/oai_choices.c): the first choice is the one above (client, req.lp_sent,

@@ -156,6 +156,10 @@ int kvpd_sampling_parse(json_t *req, double temperature_max, kvpd_sampling *own,
     return 0;
 }
 
+const char *const kvpd_sampling_fields[] = {"temperature", "top_p", "frequency_penalty",
+                                            "presence_penalty", "min_p", "repetition_penalty",
+                                            "top_k", "seed", "logit_bias", "stop", NULL};
+
 void kvpd_sampling_free(kvpd_sampling *own)
 {
     free(own->bias);

@@ -28,5 +28,8 @@ typedef struct kvpd_sampling {
 int kvpd_sampling_parse(json_t *req, double temperature_max, kvpd_sampling *own,
                         kvp_turn_opts *t, const char **param, char *msg, size_t msglen);
 void kvpd_sampling_free(kvpd_sampling *own);
+/* The names of the fields kvpd_sampling_parse reads, NULL-terminated: the requests'
+ * lists of known fields take them from here. */
+extern const char *const kvpd_sampling_fields[];
 
 #endif

@@ -2,8 +2,10 @@
 // model and on its default Responses model, each against kvpd on a synthetic model with
 // Qwen3's tokenizer and template (random weights): an agent's chat turn, and an agent whose first turn must call its tool (the
 // SDK runs it and sends the result back, the turn reusing the call's cache, and the run
-// then finishes with the model's text); outputType returning a parsed object, also 20
-// times at maxTokens 32 and at 64 with temperature 1 (the length budget); a handoff.
+// then finishes with the model's text); on the Responses model three turns of a
+// conversation with that agent (history sent back, then previousResponseId); outputType
+// returning a parsed object, also 20 times at maxTokens 32 and at 64 with temperature 1
+// (the length budget); a handoff.
 //
 //   KVP_BUILD=build node tests/clients/agents.mjs   (meson test --suite clients runs it)
 import { checker, KEY, startKvpd, stopKvpd, synthQwen3 } from "../openai/lib.mjs";
@@ -68,6 +70,33 @@ try {
           `the tool result's turn reuses the cache (${cached} of ${second?.inputTokens} input tokens)`);
     check(responses ? person.safeParse(r.finalOutput).success : typeof r.finalOutput === "string",
           `the run finishes after the tool's result: ${JSON.stringify(r.finalOutput)}`);
+    // Three turns of a conversation with that agent (the Responses model: the API the SDK
+    // uses by default), each a run that calls the tool and then finishes with its typed
+    // output: the second run sends the first's whole history back with the next user
+    // message; over the Responses API the third continues the second's stored response
+    // (previousResponseId), over chat completions it sends the history too.
+    if (responses) {
+      let convo = r, calls = 0;
+      for (const [turn, city] of [[2, "Bergen"], [3, "Tromso"]]) {
+        executed = null;
+        const input = turn === 3 ? `And ${city}?` : [...convo.history, { role: "user", content: `And ${city}?` }];
+        const opts = { maxTurns: 4, ...(turn === 3 ? { previousResponseId: convo.lastResponseId } : {}) };
+        let next;
+        try {
+          next = await A.run(agent, input, opts);
+        } catch (e) {
+          throw new Error(`FAIL: ${api}: turn ${turn} of the conversation failed: ${e.message}`);
+        }
+        calls += executed !== null;
+        const used = next.rawResponses[0]?.usage;
+        const hit = used?.inputTokensDetails?.[0]?.cached_tokens ?? 0;
+        check(executed && person.safeParse(next.finalOutput).success && hit > 0,
+              `turn ${turn}: the tool ran, the run finished typed, the cache reused (${hit} of ` +
+              `${used?.inputTokens}): ${JSON.stringify(next.finalOutput)}`);
+        convo = next;
+      }
+      check(calls === 2, `three turns, each with its tool call (${calls + 1} calls run)`);
+    }
     // outputType: the run's final output is the parsed object
     const typed = await A.run(new A.Agent({ name: "typed", model: m, outputType: person, modelSettings: { maxTokens: 256 } }),
                               "A person?");
@@ -81,34 +110,33 @@ try {
     // outputType 20 times at maxTokens 32 and at 64, temperature 1: every final output
     // whole and valid (the length budget).
     const loose = z.object({ name: z.string(), tags: z.array(z.string()), n: z.number().int().min(0).max(9) });
-    const counts = { ok: 0, incomplete: 0 };
+    // The Responses model fails a run whose reply is "incomplete" whatever its content; a
+    // reply the budget shaped is "completed" (with kvpd_shaped_by), so every run must
+    // finish. Its raw response tells the shaped ones: some must be, for the test to mean
+    // anything.
+    const counts = { ok: 0, shaped: 0 };
     for (const mt of [32, 64])
       for (let i = 0; i < 20; i += 4)
         await Promise.all([0, 1, 2, 3].map(async (j) => {
           const seed = 100 * mt + i + j;
           const a = new A.Agent({ name: "typed", model: m, outputType: loose,
                                   modelSettings: { maxTokens: mt, temperature: 1, providerData: { seed } } });
-          let out;
+          let res;
           try {
-            out = (await A.run(a, `Person ${i + j}?`)).finalOutput;
+            res = await A.run(a, `Person ${i + j}?`);
           } catch (e) {
-            // The Responses model fails a run whose reply is "incomplete" (finish_reason
-            // "length": the budget shaped it) whatever its content: the same request sent
-            // plainly must still be whole and valid.
-            if (!responses || !/incomplete/.test(e.message))
-              throw new Error(`FAIL: ${api}: outputType at ${mt}: the run failed: ${e.message}`);
-            const r = await client.responses.create({ model: id, input: `Person ${i + j}?`, max_output_tokens: mt,
-              temperature: 1, seed, text: { format: { type: "json_schema", name: "typed", schema: z.toJSONSchema(loose) } } });
-            check(r.status === "incomplete" && loose.safeParse(JSON.parse(r.output_text)).success,
-                  `outputType at ${mt}, shaped by its limit: whole and valid: ${r.output_text}`);
-            counts.incomplete++;
-            return;
+            throw new Error(`FAIL: ${api}: outputType at ${mt} (seed ${seed}): the run failed: ${e.message}`);
           }
-          check(loose.safeParse(out).success, `outputType at ${mt}: ${JSON.stringify(out)}`);
+          check(loose.safeParse(res.finalOutput).success, `outputType at ${mt}: ${JSON.stringify(res.finalOutput)}`);
           counts.ok++;
+          const raw = res.rawResponses[0]?.providerData;
+          counts.shaped += raw?.kvpd_shaped_by === "max_output_tokens";
         }));
+    check(counts.ok === 40, `outputType: every run finished parsed and valid (${counts.ok} of 40)`);
+    // (the Chat Completions model keeps no raw response to tell them by)
+    check(!responses || counts.shaped > 0, `some runs were shaped by their limit (${counts.shaped})`);
     console.log(`clients/agents: ${api}: outputType at maxTokens 32 and 64, 40 runs: ${counts.ok} parsed and valid, ` +
-                `${counts.incomplete} refused by the SDK as incomplete (whole and valid)`);
+                `${counts.shaped} of them shaped by the limit (as the raw response shows it)`);
   }
 } finally {
   code = await stopKvpd(k, dir);

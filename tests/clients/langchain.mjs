@@ -51,11 +51,12 @@ try {
     const o = await big.withStructuredOutput(person, method ? { method } : undefined).invoke("A person?");
     check(person.safeParse(o).success, `withStructuredOutput (${method || "default"}) returns a parsed object: ${JSON.stringify(o)}`);
   }
-  // withStructuredOutput (json_schema and functionCalling) 20 times at maxTokens 32 and at
-  // 64, temperature 1: every reply whole and valid (the length budget). Its json_schema
-  // method parses with the openai SDK, which raises LengthFinishReasonError on
-  // finish_reason "length" whatever the content: a reply the budget shaped is checked from
-  // the same request sent plainly.
+  // withStructuredOutput (its default method, json_schema, and functionCalling) 20 times at
+  // maxTokens 32 and at 64, temperature 1: every reply whole and valid (the length budget).
+  // The default method parses with the openai SDK, which raises LengthFinishReasonError on
+  // finish_reason "length" whatever the content; a reply the budget shaped finishes "stop"
+  // (with kvpd_shaped_by), so all 40 must parse. The same requests sent plainly count the
+  // shaped ones: some must be, for the test to mean anything.
   const loose = z.object({ name: z.string(), tags: z.array(z.string()), n: z.number().int().min(0).max(9) });
   const plain = async (mt, seed, content) => {
     const res = await fetch(`${baseURL}/chat/completions`, {
@@ -63,31 +64,37 @@ try {
       body: JSON.stringify({ model: id, seed, temperature: 1, max_tokens: mt, messages: [{ role: "user", content }],
                              response_format: { type: "json_schema", json_schema: { name: "extract", schema: z.toJSONSchema(loose) } } }) });
     const r = await res.json();
-    return { finish: r.choices[0].finish_reason, text: r.choices[0].message.content };
+    return { finish: r.choices[0].finish_reason, shaped: r.choices[0].kvpd_shaped_by, text: r.choices[0].message.content };
   };
-  const counts = { length: 0 };
-  for (const method of ["jsonSchema", "functionCalling"])
+  const counts = { default: 0, functionCalling: 0, shaped: 0 };
+  for (const method of [undefined, "functionCalling"])
     for (const mt of [32, 64])
       for (let i = 0; i < 20; i += 4)
         await Promise.all([0, 1, 2, 3].map(async (j) => {
           const llm = new ChatOpenAI({ model: id, apiKey: KEY, configuration: { baseURL }, maxTokens: mt,
                                        temperature: 1, maxRetries: 0, modelKwargs: { seed: 100 * mt + i + j } });
+          const what = method || "default";
           let o;
           try {
-            o = await llm.withStructuredOutput(loose, { method }).invoke(`Person ${i + j}?`);
+            o = await llm.withStructuredOutput(loose, method ? { method } : undefined).invoke(`Person ${i + j}?`);
           } catch (e) {
-            if (method !== "jsonSchema" || e?.constructor?.name !== "LengthFinishReasonError") throw e;
-            const r = await plain(mt, 100 * mt + i + j, `Person ${i + j}?`);
-            check(r.finish === "length" && loose.safeParse(JSON.parse(r.text)).success,
-                  `withStructuredOutput (${method}) at ${mt}, shaped by its limit: whole and valid: ${r.text}`);
-            counts.length++;
-            return;
+            throw new Error(`FAIL: clients/langchain: withStructuredOutput (${what}) at ${mt} raised ` +
+                            `${e?.constructor?.name}: ${e.message}`);
           }
-          check(loose.safeParse(o).success, `withStructuredOutput (${method}) at ${mt}: ${JSON.stringify(o)}`);
-          counts[method] = (counts[method] || 0) + 1;
+          check(loose.safeParse(o).success, `withStructuredOutput (${what}) at ${mt}: ${JSON.stringify(o)}`);
+          counts[what]++;
+          if (!method) {
+            const r = await plain(mt, 100 * mt + i + j, `Person ${i + j}?`);
+            check(r.finish === "stop" && loose.safeParse(JSON.parse(r.text)).success,
+                  `the same request sent plainly at ${mt}: whole, valid, "stop" (${r.finish}): ${r.text}`);
+            counts.shaped += r.shaped === "max_tokens";
+          }
         }));
+  check(counts.default === 40 && counts.functionCalling === 40,
+        `withStructuredOutput parsed every reply (${JSON.stringify(counts)})`);
+  check(counts.shaped > 0, `some default-method replies were shaped by their limit (${counts.shaped})`);
   console.log(`clients/langchain: withStructuredOutput at maxTokens 32 and 64, 40 each: ${JSON.stringify(counts)} ` +
-              "(parsed and valid; length: json_schema replies the SDK refused for finish_reason length, whole and valid)");
+              "(parsed and valid; shaped: default-method replies the limit shaped)");
 } finally {
   code = await stopKvpd(k, dir);
 }

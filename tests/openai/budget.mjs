@@ -3,9 +3,10 @@
 // reply comes from the constraint): response_format json_object and json_schema (a plain
 // schema and one built to need many bytes: nested objects with long required keys) at
 // max_tokens 16 to 64 and forced tool calls (tool_choice "required" and a named function)
-// at 24 to 64, with temperature 1 over many seeds. Every reply parses and validates; a cut one
-// says finish_reason "length", a forced call always comes back as tool_calls with
-// arguments that validate and no markup in content. A max_tokens below the schema's
+// at 24 to 64, with temperature 1 over many seeds. Every reply parses and validates and says
+// finish_reason "stop" (the document is whole), one the limit shaped with kvpd_shaped_by
+// "max_tokens"; a forced call always comes back as tool_calls with arguments that validate
+// and no markup in content. An unconstrained reply cut at max_tokens still says "length". A max_tokens below the schema's
 // shortest document gets a 400 naming max_tokens, and the daemon keeps serving.
 //
 //   KVP_BUILD=build node tests/openai/budget.mjs   (meson test --suite openai runs it)
@@ -70,7 +71,7 @@ async function main() {
     const ask = (seed, max_tokens, extra) => client.chat.completions.create({
       model: id, seed, temperature: 1, max_tokens,
       messages: [{ role: "user", content: `Reply number ${seed}.` }], ...extra });
-    const counts = { json_object: 0, small: 0, person: 0, deep: 0, required: 0, named: 0, length: 0, shaped: 0 };
+    const counts = { json_object: 0, small: 0, person: 0, deep: 0, required: 0, named: 0, shaped: 0, early: 0 };
 
     const formats = [
       ["json_object", { type: "json_object" }, null, budgets],
@@ -85,8 +86,12 @@ async function main() {
           for (const r of rs) {
             const c = r.choices[0], text = c.message.content;
             check(r.usage.completion_tokens <= mt, `${what} at ${mt}: within max_tokens (${r.usage.completion_tokens})`);
-            check(c.finish_reason === "stop" || c.finish_reason === "length",
-                  `${what} at ${mt}: finish_reason ${c.finish_reason}`);
+            check(c.finish_reason === "stop", `${what} at ${mt}: a whole document finishes "stop" (${c.finish_reason})`);
+            check(c.kvpd_shaped_by === undefined || c.kvpd_shaped_by === "max_tokens",
+                  `${what} at ${mt}: kvpd_shaped_by names the limit (${c.kvpd_shaped_by})`);
+            // a reply that used every token of its limit was shaped by it, and says so
+            check(r.usage.completion_tokens < mt || c.kvpd_shaped_by === "max_tokens",
+                  `${what} at ${mt}: a reply of all ${mt} tokens says kvpd_shaped_by`);
             let v;
             try {
               v = JSON.parse(text);
@@ -100,8 +105,8 @@ async function main() {
               check(v !== null && typeof v === "object" && !Array.isArray(v), `${what} at ${mt}: an object: ${text}`);
             }
             counts[what]++;
-            counts.length += c.finish_reason === "length";
-            counts.shaped += c.finish_reason === "length" && r.usage.completion_tokens < mt;
+            counts.shaped += c.kvpd_shaped_by === "max_tokens";
+            counts.early += c.kvpd_shaped_by === "max_tokens" && r.usage.completion_tokens < mt;
           }
         }
 
@@ -114,6 +119,9 @@ async function main() {
             const c = r.choices[0], calls = c.message.tool_calls;
             check(c.finish_reason === "tool_calls", `${what} at ${mt}: finish_reason ${c.finish_reason}: ` +
                   JSON.stringify(c.message));
+            check(r.usage.completion_tokens < mt || c.kvpd_shaped_by === "max_tokens",
+                  `${what} at ${mt}: a call of all ${mt} tokens says kvpd_shaped_by`);
+            counts.shaped += c.kvpd_shaped_by === "max_tokens";
             check(Array.isArray(calls) && calls.length === 1, `${what} at ${mt}: one call`);
             check(!c.message.content || !/<\/?tool_call>|[{}]/.test(c.message.content),
                   `${what} at ${mt}: no markup in content: ${JSON.stringify(c.message.content)}`);
@@ -131,9 +139,49 @@ async function main() {
             counts[what]++;
           }
         }
-    check(counts.length > 0, `some replies were shaped by their limit (${counts.length})`);
-    // finish_reason "length" also for a reply the budget closed before its last token
-    check(counts.shaped > 0, `some replies the budget closed early say "length" (${counts.shaped})`);
+    check(counts.shaped > 0, `some replies were shaped by their limit (${counts.shaped})`);
+    // kvpd_shaped_by also for a reply the budget closed before its last token
+    check(counts.early > 0, `some replies the budget closed early say kvpd_shaped_by (${counts.early})`);
+
+    // An unconstrained reply cut at max_tokens is not whole: "length", no kvpd_shaped_by.
+    for (const stream of [false, true]) {
+      const req = { model: id, seed: 9, temperature: 1, max_tokens: 4,
+                    messages: [{ role: "user", content: "Tell me a long story." }] };
+      let finish, shaped, tokens;
+      if (stream) {
+        for await (const ch of await client.chat.completions.create({ ...req, stream: true,
+                                                                       stream_options: { include_usage: true } })) {
+          if (ch.choices.length && ch.choices[0].finish_reason) {
+            finish = ch.choices[0].finish_reason;
+            shaped = ch.choices[0].kvpd_shaped_by;
+          }
+          if (ch.usage) tokens = ch.usage.completion_tokens;
+        }
+      } else {
+        const r = await client.chat.completions.create(req);
+        finish = r.choices[0].finish_reason;
+        shaped = r.choices[0].kvpd_shaped_by;
+        tokens = r.usage.completion_tokens;
+      }
+      check(tokens < 4 || (finish === "length" && shaped === undefined),
+            `plain text cut at max_tokens (stream ${stream}): "length", not shaped (${finish}, ${shaped}, ${tokens} tokens)`);
+    }
+    // Streamed, a shaped document's finish chunk says "stop" and kvpd_shaped_by.
+    let sfinish, sshaped, stext = "";
+    for await (const ch of await client.chat.completions.create({
+      model: id, seed: 11, temperature: 1, max_tokens: 16, stream: true,
+      response_format: { type: "json_object" }, messages: [{ role: "user", content: "Go." }] })) {
+      const c = ch.choices[0];
+      if (!c) continue;
+      stext += c.delta.content || "";
+      if (c.finish_reason) {
+        sfinish = c.finish_reason;
+        sshaped = c.kvpd_shaped_by;
+      }
+    }
+    check(sfinish === "stop" && typeof JSON.parse(stext) === "object",
+          `a streamed json_object at 16 tokens is whole and finishes "stop" (${sfinish}: ${stext})`);
+    check(sshaped === undefined || sshaped === "max_tokens", `its finish chunk names the limit (${sshaped})`);
 
     // Too small for the shortest document: refused naming max_tokens, not cut; the count
     // it names is enough, one less is not.

@@ -84,15 +84,22 @@ async function main() {
     // text.format: json_object constrains the reply to one JSON object; other types are refused.
     const jr = await client.responses.create({ model, input: "x", max_output_tokens: 48,
                                                text: { format: { type: "json_object" } } });
-    if (jr.status === "completed") {
-      let parsed;
-      try { parsed = JSON.parse(jr.output_text); } catch (e) { parsed = undefined; }
-      check(parsed !== null && typeof parsed === "object" && !Array.isArray(parsed),
-            `text.format json_object gives a JSON object: ${JSON.stringify(jr.output_text)}`);
-    } else {
-      check(jr.status === "incomplete" && jr.output_text.trimStart().startsWith("{"),
-            `text.format json_object, cut by max_output_tokens, starts an object: ${JSON.stringify(jr.output_text)}`);
-    }
+    // the length budget closes the object in time, so the response is always completed
+    // (kvpd_shaped_by names the limit when it shaped the reply)
+    let parsed;
+    try { parsed = JSON.parse(jr.output_text); } catch (e) { parsed = undefined; }
+    check(jr.status === "completed" && jr.incomplete_details === null && parsed !== null &&
+          typeof parsed === "object" && !Array.isArray(parsed),
+          `text.format json_object gives a whole JSON object (${jr.status}): ${JSON.stringify(jr.output_text)}`);
+    check(jr.kvpd_shaped_by === undefined || jr.kvpd_shaped_by === "max_output_tokens",
+          `kvpd_shaped_by names the limit (${jr.kvpd_shaped_by})`);
+    // one the limit surely shapes: json_object at 8 tokens
+    const js = await client.responses.create({ model, input: "x", max_output_tokens: 8,
+                                               text: { format: { type: "json_object" } } });
+    check(js.status === "completed" && typeof JSON.parse(js.output_text) === "object" &&
+          (js.usage.output_tokens < 8 || js.kvpd_shaped_by === "max_output_tokens"),
+          `json_object at 8 tokens: completed, whole (${js.status}, ${js.usage.output_tokens} tokens, ` +
+          `${js.kvpd_shaped_by}): ${js.output_text}`);
     check(jr.text.format.type === "json_object", "the response echoes text.format");
     try {
       await client.responses.create({ model, input: "x", text: { format: { type: "xml" } } });
@@ -100,11 +107,53 @@ async function main() {
     } catch (e) {
       check(e instanceof OpenAI.BadRequestError && e.param === "text.format", `text.format xml refused: ${e.message}`);
     }
+    // A hosted tool (as Codex and the Agents SDK may declare) is left out, and the answer
+    // says so in kvpd.skipped_tools; forcing one is refused.
+    const hosted = await client.responses.create({ model, input: "x", max_output_tokens: 4,
+                                                   tools: [{ type: "web_search" }, { type: "local_shell" }] });
+    check(["completed", "incomplete"].includes(hosted.status) &&
+          JSON.stringify(hosted.kvpd.skipped_tools) === JSON.stringify(["web_search", "local_shell"]),
+          `hosted tools are left out and named (${hosted.status}, ${JSON.stringify(hosted.kvpd.skipped_tools)})`);
+    check(hosted.output.every((it) => it.type === "message"), "the reply holds no call of a left-out tool");
     try {
-      await client.responses.create({ model, input: "x", tools: [{ type: "web_search" }] });
-      throw new Error("FAIL: a hosted tool was accepted");
+      await client.responses.create({ model, input: "x", tools: [{ type: "web_search" }],
+                                      tool_choice: { type: "web_search" } });
+      throw new Error("FAIL: a hosted tool_choice was accepted");
     } catch (e) {
-      check(e instanceof OpenAI.BadRequestError && e.param === "tools[0].type", `a hosted tool refused: ${e.message}`);
+      check(e instanceof OpenAI.BadRequestError && e.param === "tool_choice", `a hosted tool forced is refused: ${e.message}`);
+    }
+    // generate: false (Codex's warm-up, input empty or not): completed at once, no output,
+    // nothing generated or kept; streamed, the lifecycle events alone.
+    const warm = await client.responses.create({ model, input: [], instructions: "Be brief.", generate: false,
+                                                 store: true, max_output_tokens: 8 });
+    check(warm.status === "completed" && warm.output.length === 0 && warm.usage.output_tokens === 0 &&
+          warm.store === false, `generate false: an empty completed response (${JSON.stringify(warm)})`);
+    try {
+      await client.responses.retrieve(warm.id);
+      throw new Error("FAIL: a warm-up was stored");
+    } catch (e) {
+      check(e instanceof OpenAI.NotFoundError, "a warm-up keeps nothing");
+    }
+    const warmTypes = [];
+    for await (const ev of await client.responses.create({ model, input: "Hi", generate: false, stream: true }))
+      warmTypes.push(`${ev.type}:${ev.sequence_number}`);
+    check(warmTypes.join(" ") === "response.created:0 response.in_progress:1 response.completed:2",
+          `generate false, streamed: the lifecycle alone (${warmTypes.join(" ")})`);
+    for (const [extra, param] of [[{ generate: "no" }, "generate"],
+                                  [{ generate: false, input: [{ type: "item_reference", id: "x" }] }, "input[0].type"]]) {
+      try {
+        await client.responses.create({ model, input: "x", ...extra });
+        throw new Error(`FAIL: ${JSON.stringify(extra)} was accepted`);
+      } catch (e) {
+        check(e instanceof OpenAI.BadRequestError && e.param === param, `${JSON.stringify(extra)}: 400 naming ${param} (${e.param})`);
+      }
+    }
+    try {
+      await client.responses.create({ model, input: "x", frobnicate: 1 });
+      throw new Error("FAIL: an unknown field was accepted");
+    } catch (e) {
+      check(e instanceof OpenAI.BadRequestError && e.param === "frobnicate" && e.code === "unknown_parameter",
+            `an unknown field is a 400 naming it: ${e.message}`);
     }
 
     // logprobs: include message.output_text.logprobs with top_logprobs gives the chat

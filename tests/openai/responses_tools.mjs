@@ -156,6 +156,27 @@ async function main() {
     await refused({ tool_choice: { type: "file_search" } }, "a hosted tool_choice", "tool_choice");
     await refused({ tools: [{ type: "function" }] }, "a function tool without a name", "tools[0].name");
     await refused({ tool_choice: { type: "function", name: "nope" } }, "a named function not declared", "tool_choice");
+    await refused({ parallel_tool_calls: "no" }, "parallel_tool_calls not a boolean", "parallel_tool_calls");
+
+    // parallel_tool_calls: accepted as a boolean, echoed; false gives at most one call
+    for (const par of [false, true]) {
+      const pr = await ask(40, { tool_choice: "auto", parallel_tool_calls: par, max_output_tokens: 64 });
+      check(pr.parallel_tool_calls === par, `parallel_tool_calls ${par} is echoed (${pr.parallel_tool_calls})`);
+      check(par || pr.output.filter((it) => it.type === "function_call").length <= 1,
+            `parallel_tool_calls false: at most one call (${pr.output.map((it) => it.type)})`);
+      const cr = await client.chat.completions.create({ model: id, seed: 40, max_tokens: 64, parallel_tool_calls: par,
+        tools: tools.map(({ type, ...f }) => ({ type, function: f })), messages: [{ role: "user", content: "Do task 40." }] });
+      check(par || (cr.choices[0].message.tool_calls ?? []).length <= 1,
+            `chat completions, parallel_tool_calls false: at most one call (${cr.choices[0].finish_reason})`);
+    }
+    try {
+      await client.chat.completions.create({ model: id, max_tokens: 4, parallel_tool_calls: 1,
+        tools: tools.map(({ type, ...f }) => ({ type, function: f })), messages: [{ role: "user", content: "x" }] });
+      throw new Error("FAIL: chat completions took parallel_tool_calls 1");
+    } catch (e) {
+      check(e instanceof OpenAI.BadRequestError && e.param === "parallel_tool_calls",
+            `chat completions: parallel_tool_calls 1 is 400 naming it (${e.param})`);
+    }
     oneCall((await ask(30)).output, "after the refusals");
   } finally {
     code = await stopKvpd(k, dir);

@@ -70,3 +70,25 @@ Test(constrain, a_limit_below_the_shortest_document_is_refused)
     cr_expect_eq(kvp_session_turn_grammar(&s, NULL, NULL, NULL), 0);
     kvp_grammar_unref(g);
 }
+
+/* A reply is a whole document only once its grammar's bytes are complete: what decides
+ * whether a constrained reply that used all of its max_tokens finishes "stop" (shaped)
+ * or "length" (cut). An unconstrained turn never is. */
+Test(constrain, a_whole_document_is_told_from_a_cut_one)
+{
+    char err[200];
+    kvp_grammar *g = kvp_schema_any_object(err, sizeof err);
+    cr_assert(g, "%s", err);
+    kvp_session s;
+    memset(&s, 0, sizeof s);
+    cr_expect_not(kvp_turn_doc_whole(&s.turn), "no grammar: no document");
+    s.turn.max_tokens = 64;
+    cr_assert_eq(kvp_session_turn_grammar(&s, g, NULL, NULL), 0);
+    cr_expect_not(kvp_turn_doc_whole(&s.turn), "nothing written yet");
+    kvp_gmatch_accept(s.turn.gm, "{\"a\":", 5);
+    cr_expect_not(kvp_turn_doc_whole(&s.turn), "an open object");
+    kvp_gmatch_accept(s.turn.gm, "1}", 2);
+    cr_expect(kvp_turn_doc_whole(&s.turn), "a closed object");
+    cr_expect_eq(kvp_session_turn_grammar(&s, NULL, NULL, NULL), 0);
+    kvp_grammar_unref(g);
+}

@@ -75,9 +75,43 @@ static void request_refused(const char *body, const char *param)
     json_decref(req);
 }
 
+/* A tool of a type kvpd does not serve (hosted, Codex's local_shell or custom) is left
+ * out of the twin's tools, and named by kvpd_items_skipped_tools; the function tools
+ * around it stay, in order. */
+Test(oai_items, tools_of_other_types_are_left_out_and_named)
+{
+    kvpd_oai_err e;
+    memset(&e, 0, sizeof e);
+    json_t *req = js("{\"tools\":[{\"type\":\"web_search\"},{\"type\":\"function\",\"name\":\"a\"},"
+                     "{\"type\":\"local_shell\"},{\"type\":\"custom\",\"name\":\"apply_patch\"},"
+                     "{\"type\":\"function\",\"name\":\"b\"}]}");
+    json_t *chat = kvpd_items_request(req, &e);
+    cr_assert(chat, "%s", e.message);
+    json_t *tools = json_object_get(chat, "tools");
+    cr_assert_eq(json_array_size(tools), 2);
+    cr_assert_str_eq(json_string_value(json_object_get(json_object_get(json_array_get(tools, 0),
+                                                                       "function"), "name")), "a");
+    cr_assert_str_eq(json_string_value(json_object_get(json_object_get(json_array_get(tools, 1),
+                                                                       "function"), "name")), "b");
+    json_t *skipped = kvpd_items_skipped_tools(req);
+    cr_assert_eq(json_array_size(skipped), 3);
+    cr_assert_str_eq(json_string_value(json_array_get(skipped, 0)), "web_search");
+    cr_assert_str_eq(json_string_value(json_array_get(skipped, 1)), "local_shell");
+    cr_assert_str_eq(json_string_value(json_array_get(skipped, 2)), "custom");
+    json_decref(skipped);
+    json_decref(chat);
+    json_decref(req);
+    /* none skipped: an empty list */
+    req = js("{\"tools\":[{\"type\":\"function\",\"name\":\"a\"}]}");
+    skipped = kvpd_items_skipped_tools(req);
+    cr_assert_eq(json_array_size(skipped), 0);
+    json_decref(skipped);
+    json_decref(req);
+}
+
 Test(oai_items, hosted_tools_other_choices_and_formats_are_refused_naming_the_field)
 {
-    request_refused("{\"tools\":[{\"type\":\"web_search\"}]}", "tools[0].type");
+    request_refused("{\"tools\":[{\"name\":\"web_search\"}]}", "tools[0].type");
     request_refused("{\"tools\":[{\"type\":\"function\",\"name\":\"a\"},7]}", "tools[1].type");
     request_refused("{\"tools\":{\"type\":\"function\"}}", "tools");
     request_refused("{\"tool_choice\":{\"type\":\"file_search\"}}", "tool_choice");
@@ -295,4 +329,18 @@ Test(oai_items, a_reasoning_item_goes_to_the_reply_after_it)
     cr_assert_null(json_object_get(json_array_get(chat, 5), "reasoning_content"));
     json_decref(chat);
     json_decref(items);
+}
+
+/* output_text is the message items' text only: a reasoning item before the message is not
+ * part of the answer. */
+Test(oai_items, output_text_leaves_the_reasoning_out)
+{
+    json_t *out = js("[{\"type\":\"reasoning\",\"content\":[{\"type\":\"reasoning_text\",\"text\":\"hmm \"}]},"
+                     "{\"type\":\"message\",\"content\":[{\"type\":\"output_text\",\"text\":\"Hel\"},"
+                     "{\"type\":\"output_text\",\"text\":\"lo\"}]},"
+                     "{\"type\":\"function_call\",\"name\":\"f\",\"arguments\":\"{}\"}]");
+    json_t *t = kvpd_items_output_text(out);
+    cr_assert_str_eq(json_string_value(t), "Hello");
+    json_decref(t);
+    json_decref(out);
 }

@@ -336,3 +336,80 @@ Test(oai_parse, an_assistant_message_last_is_a_prefill)
     cr_assert_eq(r.prefill_len, 5);
     kvpd_oai_release(&r);
 }
+
+/* A top-level field the endpoint does not have is a 400 unknown_parameter naming it, never
+ * ignored; the benign fields real clients send are accepted, each endpoint its own. */
+Test(oai_parse, unknown_fields_are_refused_naming_them)
+{
+    const char *user = "\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]";
+    static const char *unknown[] = {"\"frobnicate\":1", "\"reasoning_effort\":\"high\"",
+                                    "\"web_search_options\":{}", "\"Temperature\":1",
+                                    "\"input\":\"x\""};
+    for (size_t i = 0; i < sizeof unknown / sizeof unknown[0]; i++) {
+        char body[512], want[64];
+        snprintf(body, sizeof body, "{%s,%s}", user, unknown[i]);
+        const char *k = unknown[i] + 1;
+        snprintf(want, sizeof want, "%.*s", (int)(strchr(k, '"') - k), k);
+        refused(body, 400, KVPD_OAI_E_UNKNOWN_PARAMETER, want);
+        kvpd_oai_req r;
+        kvpd_oai_err e;
+        parse(body, &r, &e, NULL);
+        cr_assert(strstr(e.message, want) && strstr(e.message, "unknown parameter"), "%s", e.message);
+        kvpd_oai_release(&r);
+    }
+    /* the benign ones, and every field chat completions reads, pass the check */
+    static const char *fine[] = {"\"user\":\"u1\"", "\"metadata\":{\"a\":\"b\"}",
+                                 "\"service_tier\":\"auto\"", "\"safety_identifier\":\"x\"",
+                                 "\"prompt_cache_key\":\"k\"", "\"store\":false",
+                                 "\"stream_options\":{\"include_usage\":true}",
+                                 "\"parallel_tool_calls\":true", "\"top_k\":3", "\"seed\":1"};
+    for (size_t i = 0; i < sizeof fine / sizeof fine[0]; i++) {
+        char body[512];
+        snprintf(body, sizeof body, "{%s,%s}", user, fine[i]);
+        kvpd_oai_req r;
+        kvpd_oai_err e;
+        cr_assert_eq(parse(body, &r, &e, NULL), 0, "%s: %s", body, e.message);
+        kvpd_oai_release(&r);
+    }
+    /* store: true asks for what kvpd has not */
+    char body[256];
+    snprintf(body, sizeof body, "{%s,\"store\":true}", user);
+    refused(body, 400, KVPD_OAI_E_UNSUPPORTED_PARAMETER, "store");
+    snprintf(body, sizeof body, "{%s,\"store\":1}", user);
+    refused(body, 400, KVPD_OAI_E_INVALID_REQUEST, "store");
+}
+
+/* Each endpoint has its own fields: a Responses field is unknown to chat completions and
+ * to completions, a chat one to the Responses API, and completions' benign list is only
+ * `user`. */
+Test(oai_parse, each_endpoint_checks_its_own_fields)
+{
+    static const struct { const char *body; enum kvpd_oai_api api; const char *bad; } cases[] = {
+        {"{\"input\":\"x\",\"instructions\":\"y\",\"store\":false,\"include\":[],"
+         "\"prompt_cache_key\":\"k\",\"reasoning\":null,\"parallel_tool_calls\":false,"
+         "\"tool_choice\":\"auto\",\"tools\":[],\"stream\":true,\"text\":{}}",
+         KVPD_OAI_API_RESPONSES, NULL},
+        {"{\"input\":\"x\",\"messages\":[]}", KVPD_OAI_API_RESPONSES, "messages"},
+        {"{\"input\":\"x\",\"response_format\":{}}", KVPD_OAI_API_RESPONSES, "response_format"},
+        {"{\"prompt\":\"x\",\"user\":\"u\",\"echo\":false,\"top_k\":2}", KVPD_OAI_API_COMPLETIONS, NULL},
+        {"{\"prompt\":\"x\",\"service_tier\":\"auto\"}", KVPD_OAI_API_COMPLETIONS, "service_tier"},
+        {"{\"prompt\":\"x\",\"instructions\":\"y\"}", KVPD_OAI_API_COMPLETIONS, "instructions"},
+        {"{\"messages\":[],\"instructions\":\"y\"}", KVPD_OAI_API_CHAT, "instructions"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        json_t *j = json_loads(cases[i].body, 0, NULL);
+        cr_assert(j, "%s", cases[i].body);
+        kvpd_oai_err e;
+        memset(&e, 0, sizeof e);
+        int rc = kvpd_oai_check_fields(j, cases[i].api, &e);
+        if (cases[i].bad) {
+            cr_assert_eq(rc, -1, "%s: accepted", cases[i].body);
+            cr_assert_eq(e.code, KVPD_OAI_E_UNKNOWN_PARAMETER);
+            cr_assert_eq(e.status, 400);
+            cr_assert_str_eq(e.param, cases[i].bad, "%s", cases[i].body);
+        } else {
+            cr_assert_eq(rc, 0, "%s: %s", cases[i].body, e.message);
+        }
+        json_decref(j);
+    }
+}

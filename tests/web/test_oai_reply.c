@@ -117,12 +117,50 @@ Test(oai_reply, stream_chunks)
     cr_assert(json_is_null(json_object_get(ch, "finish_reason")));
     json_decref(choices);
 
-    choices = kvpd_oai_chunk_at(kvpd_oai_chunk_finish("length"), 0);
+    kvp_turn_stats cut = stats;
+    cut.stop = "length";
+    choices = kvpd_oai_chunk_at(kvpd_oai_chunk_finish("length", &cut), 0);
     ch = json_array_get(choices, 0);
     cr_assert_eq(int_at(ch, "index", NULL), 0);
     cr_assert_eq(json_object_size(json_object_get(ch, "delta")), 0, "an empty delta");
     cr_assert_str_eq(json_string_value(json_object_get(ch, "finish_reason")), "length");
+    cr_assert_null(json_object_get(ch, "kvpd_shaped_by"), "an unshaped reply says nothing");
     json_decref(choices);
+
+    kvp_turn_stats shaped = stats;
+    shaped.shaped = 1;
+    choices = kvpd_oai_chunk_finish("stop", &shaped);
+    ch = json_array_get(choices, 0);
+    cr_assert_str_eq(json_string_value(json_object_get(ch, "finish_reason")), "stop");
+    cr_assert_str_eq(json_string_value(json_object_get(ch, "kvpd_shaped_by")), "max_tokens",
+                     "the finish chunk of a shaped reply names the limit");
+    json_decref(choices);
+}
+
+Test(oai_reply, a_shaped_reply_names_its_limit)
+{
+    kvp_turn_stats st = stats;
+    st.shaped = 1;
+    kvpd_oai_meta m = {"chatcmpl-3", 1, "mm"};
+    json_t *c = kvpd_oai_completion(&m, json_pack("{s:s}", "role", "assistant"), "stop", &st,
+                                    NULL, -1);
+    json_t *ch = json_array_get(json_object_get(c, "choices"), 0);
+    cr_assert_str_eq(json_string_value(json_object_get(ch, "kvpd_shaped_by")), "max_tokens");
+    json_decref(c);
+    json_t *r = kvpd_oai_with_shaped(json_object(), &st, "max_output_tokens");
+    cr_assert_str_eq(json_string_value(json_object_get(r, "kvpd_shaped_by")), "max_output_tokens");
+    json_decref(r);
+    /* a reply cut at its limit is not whole: it finishes "length" and claims no shaping */
+    st.stop = "length";
+    r = kvpd_oai_with_shaped(json_object(), &st, "max_tokens");
+    cr_assert_eq(json_object_size(r), 0);
+    json_decref(r);
+    st.stop = "eos";
+    st.shaped = 0;
+    c = kvpd_oai_completion(&m, json_pack("{s:s}", "role", "assistant"), "stop", &st, NULL, -1);
+    ch = json_array_get(json_object_get(c, "choices"), 0);
+    cr_assert_null(json_object_get(ch, "kvpd_shaped_by"), "an unshaped reply says nothing");
+    json_decref(c);
 }
 
 static const char *model_id(const json_t *list, size_t i)

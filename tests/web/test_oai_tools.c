@@ -321,3 +321,52 @@ Test(oai_tools, held_text_goes_out_when_the_reply_ends)
     json_decref(d);
     kvpd_oai_tools_free(&t);
 }
+
+/* parallel_tool_calls false: a reply that holds a list of calls (Llama 3's `;`-separated
+ * calls, Mistral's array) gives back only its first, whole and streamed; true (or
+ * absent) gives them all. */
+Test(oai_tools, parallel_tool_calls_false_keeps_one_call)
+{
+    static const char *replies[] = {
+        "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}; "
+        "{\"name\": \"now\", \"parameters\": {}}",
+        "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}, "
+        "{\"name\": \"now\", \"arguments\": {}}]"};
+    static const int formats[] = {KVP_TOOLS_LLAMA3, KVP_TOOLS_MISTRAL};
+    for (int f = 0; f < 2; f++) {
+        for (int par = 0; par < 3; par++) {
+            const char *body = par == 0 ? "{\"tools\":[" WEATHER "," NOW "],\"parallel_tool_calls\":false}"
+                             : par == 1 ? "{\"tools\":[" WEATHER "," NOW "],\"parallel_tool_calls\":true}"
+                                        : "{\"tools\":[" WEATHER "," NOW "]}";
+            int want = par == 0 ? 1 : 2;
+            req r;
+            request(&r, body, formats[f]);
+            cr_assert_eq(r.rc, 0, "%s", r.e.msg);
+            int calls = -1;
+            json_t *m = kvpd_oai_tools_reply(&r.t, replies[f], strlen(replies[f]), &calls);
+            cr_assert_eq(calls, want, "format %d, %s: %d calls", formats[f], body, calls);
+            json_t *tc = json_object_get(m, "tool_calls");
+            cr_assert_eq(json_array_size(tc), (size_t)want);
+            cr_assert_str_eq(json_string_value(json_object_get(json_object_get(
+                                 json_array_get(tc, 0), "function"), "name")), "get_weather");
+            json_t *content = json_object_get(m, "content");
+            cr_assert(json_is_null(content) || !strstr(json_string_value(content), "now"),
+                      "the dropped call is not content either: %s", json_string_value(content));
+            json_decref(m);
+            /* streamed: as many call openings */
+            json_t *d = kvpd_oai_tools_feed(&r.t, replies[f], strlen(replies[f]), 1);
+            int openings = 0;
+            size_t i;
+            json_t *x;
+            json_array_foreach(d, i, x) {
+                kvpd_oai_delta out;
+                kvpd_oai_tools_delta(x, &out);
+                openings += out.call_id != NULL;
+                cr_assert(!out.content || !strstr(out.content, "now"), "%s", out.content);
+            }
+            json_decref(d);
+            cr_assert_eq(openings, want, "format %d, %s: %d streamed calls", formats[f], body, openings);
+            kvpd_oai_tools_free(&r.t);
+        }
+    }
+}
