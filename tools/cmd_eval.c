@@ -422,24 +422,27 @@ out:
 }
 
 /* kvp eval --prompts: the replies protocol for every policy that can decode (all but the
- * oracle) at every budget. The exit status. */
+ * evaluation-only oracle and kvzip) at every budget. The exit status. */
 static int replies_run(const kvp_eval_cli_opts *e, const kvp_model *m, char *const *names,
                        int n_pol, kvp_eval_opts *eo)
 {
     const char *rpol[MAX_POLICIES];
     int n_rpol = 0, oracle = 0, status = 1, nb = eo->n_budgets;
     for (int i = 0; i < n_pol; i++) {
-        if (!strcmp(names[i], "oracle"))
+        if (!kvp_offline_policy_eval_only(names[i]))
+            rpol[n_rpol++] = names[i];
+        else if (!strcmp(names[i], "oracle"))
             oracle = 1;
         else
-            rpol[n_rpol++] = names[i];
+            fprintf(stderr, "kvp eval: %s is left out of the replies: it is scored by the "
+                    "evaluator, which the decode driver of a reply does not call\n", names[i]);
     }
     if (oracle)
         fprintf(stderr, "kvp eval: oracle is left out of the replies: its scores need the "
                 "future of a reply not yet drawn\n");
     if (!n_rpol) {
-        fprintf(stderr, "kvp eval: no policy to run (the oracle has no replies protocol)\n"
-                "(kvp eval --help for usage)\n");
+        fprintf(stderr, "kvp eval: no policy to run (oracle and kvzip have no replies "
+                "protocol)\n(kvp eval --help for usage)\n");
         return 2;
     }
     eo->reply_len = (int)e->reply_len;
@@ -640,12 +643,16 @@ int kvp_eval_run(const kvp_eval_cli_opts *e)
             fprintf(stderr, "kvp eval: no --policy-file, so kvp is left out\n");
         }
     }
+    int kvzip = 0;
+    for (int i = 0; i < n_pol; i++)
+        kvzip |= !strcmp(names[i], "kvzip");
 
     /* budgets, ascending */
     char bud_buf[512], *fields[KVP_EVAL_MAX_BUDGETS + 1];
     int n_fields;
     kvp_eval_opts eo = {.cut = (int)cut, .chunk = (int)chunk, .lookahead = (int)lookahead,
-                       .kv_type = (kvp_kv_type)kv_type, .budget_mode = budget_mode};
+                       .kv_type = (kvp_kv_type)kv_type, .budget_mode = budget_mode,
+                       .kvzip = kvzip};
     snprintf(bud_buf, sizeof bud_buf, "%s", bud_arg ? bud_arg : DEFAULT_BUDGETS);
     if (!kvp_split_list(bud_buf, fields, KVP_EVAL_MAX_BUDGETS, &n_fields))
         return usage_error("bad budget list '%s' (at most %d positive integers, comma-separated)",
@@ -837,7 +844,11 @@ int kvp_eval_run(const kvp_eval_cli_opts *e)
             "- eviction keeps the 4 oldest rows (sinks) and the 16 newest of every head "
             "(H2O, SnapKV, LagKV and StreamingLLM keep more of the newest by their own rules); "
             "`none` never evicts: it gives the full-cache numbers, has no ranking and cannot "
-            "stream past the context.\n",
+            "stream past the context.\n"
+            "- evaluation only (the daemon cannot run them): `oracle` (true future "
+            "importance) and `kvzip` (KVzip's context-reconstruction scores: the largest "
+            "attention a teacher-forced \"repeat the context\" pass pays each row, computed "
+            "on the prefix and, streaming, before every chunk that evicts).\n",
             at, text_len, text_path, n_ids, split, n_seq, seq_len, cut, seq_len - cut,
             n_seq * m.cfg.n_layers * m.cfg.n_kv_heads,
             exp(full_nll / ((double)n_seq * (seq_len - 1))), n_str, stream_len,

@@ -97,8 +97,9 @@ int kvp_cmd_forkeval(int argc, char **argv)
     if (!kvp_split_list(pol_buf, names, MAX_ITEMS, &n_pol))
         return usage_error("bad policy list", pol_buf);
     for (int i = 0; i < n_pol; i++) {
-        if (kvp_eval_policy_index(names[i]) < 0 || !strcmp(names[i], "oracle"))
-            return usage_error("unknown policy (the oracle cannot fork):", names[i]);
+        if (kvp_eval_policy_index(names[i]) < 0 || kvp_offline_policy_eval_only(names[i]))
+            return usage_error("unknown policy (the oracle cannot fork, nor can kvzip: both "
+                               "are evaluation-only):", names[i]);
         if (!strcmp(names[i], "kvp") && !policy_file)
             return usage_error("policy kvp needs --policy-file", NULL);
     }
