@@ -26,7 +26,7 @@ static int kvzip_create(kvp_policy *p, const char *policy_file, char *err, size_
 const char *kvp_offline_policy_names(void)
 {
     return "none random streaming knorm keydiff lagkv h2o tova snapkv expected_attention kvp "
-           "kvzip oracle";
+           "kvzap kvzip oracle";
 }
 
 int kvp_offline_policy_create(kvp_policy **out, const char *name, const char *policy_file,
@@ -37,6 +37,8 @@ int kvp_offline_policy_create(kvp_policy **out, const char *name, const char *po
         return kvp_policy_make(out, oracle_create, name, policy_file, cfg, seed, err, errlen);
     if (name && !strcmp(name, "kvzip"))
         return kvp_policy_make(out, kvzip_create, name, policy_file, cfg, seed, err, errlen);
+    if (name && !strcmp(name, "kvzap"))
+        return kvp_policy_create(out, "kvp", policy_file, cfg, seed, err, errlen);
     return kvp_policy_create(out, name, policy_file, cfg, seed, err, errlen);
 }
 

@@ -12,9 +12,13 @@
 
 #include "policy/policy.h"
 
-/* Every runtime policy, "kvzip" and "oracle". */
+/* Every runtime policy, "kvzap", "kvzip" and "oracle". */
 const char *kvp_offline_policy_names(void);
-/* kvp_policy_create, with "kvzip" and "oracle" too. */
+/* kvp_policy_create, with "kvzap", "kvzip" and "oracle" too. "kvzap" is the "kvp" policy
+ * on policy_file, a KVzap surrogate: agents trained (kvp train) on a trace of KVzip
+ * targets (kvp trace --targets kvzip), so they predict KVzip's scores from each row's k,
+ * v and position; it runs live, as "kvp" with that file (the name only tells the
+ * evaluation's tables which file it is). */
 int kvp_offline_policy_create(kvp_policy **out, const char *name, const char *policy_file,
                               const kvp_model_config *cfg, uint64_t seed, char *err,
                               size_t errlen);

@@ -1006,6 +1006,55 @@ Test(eval, cli_tables_list_kvzip)
     free(out);
 }
 
+/* kvzap is the kvp policy on the file --kvzap-file names: given the file kvp runs, its
+ * rows equal kvp's; it is left out without the file, and named alone without it is a
+ * usage error. */
+Test(eval, cli_kvzap_is_the_kvp_policy_on_its_own_file)
+{
+    char dir[64], pol[96], args[1024], *out;
+    snprintf(dir, sizeof dir, "/tmp/kvp-eval-kvzap-%d", (int)getpid());
+    snprintf(pol, sizeof pol, "%s.kvp", dir);
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s policy-init --model %s --out %s --seed 3 2>&1",
+             tu_build("tools/kvp"), tu_shared("models/stories260K.bin"), pol);
+    cr_assert_eq(tu_run(cmd, &out), 0, "%s", out);
+    free(out);
+    snprintf(args, sizeof args, "--policies kvp,kvzap --policy-file %s --kvzap-file %s "
+             "--budgets 32 --seqs 2 --seq-len 128 --cut 96 --streams 1 --stream-len 700 "
+             "--out %s", pol, pol, dir);
+    cr_assert_eq(run_eval(args, &out), 0, "%s", out);
+    free(out);
+    char path[128];
+    snprintf(path, sizeof path, "%s/results.csv", dir);
+    char *csv = tu_slurp(path, NULL);
+    int rows = 0;
+    for (char *line = strstr(csv, "\n") + 1; *line; line = strchr(line, '\n') + 1) {
+        char *kvp = strstr(line, ",kvp,");
+        if (kvp && kvp < strchr(line, '\n')) {
+            /* the same protocol, budget, metric and value under kvzap */
+            char want[256];
+            int n = (int)(strchr(line, '\n') - line);
+            snprintf(want, sizeof want, "%.*s,kvzap,%.*s\n", (int)(kvp - line), line,
+                     n - (int)(kvp - line) - 5, kvp + 5);
+            cr_assert(strstr(csv, want), "%s missing:\n%s", want, csv);
+            rows++;
+        }
+    }
+    cr_assert_geq(rows, 7, "%s", csv);
+    free(csv);
+    snprintf(path, sizeof path, "%s/results.md", dir);
+    char *md = tu_slurp(path, NULL);
+    cr_assert(strstr(md, "--kvzap-file"), "the command is recorded");
+    cr_assert(strstr(md, "\n| kvzap |"), "%s", md);
+    free(md);
+    snprintf(cmd, sizeof cmd, "rm -rf %s %s", dir, pol);
+    cr_assert_eq(system(cmd), 0);
+
+    cr_assert_eq(run_eval("--out /tmp/x --policies kvzap", &out), 2, "%s", out);
+    cr_assert(strstr(out, "policy kvzap needs --kvzap-file"), "%s", out);
+    free(out);
+}
+
 Test(eval, cli_rejects_bad_input_with_a_message)
 {
     static const struct {

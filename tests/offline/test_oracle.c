@@ -43,8 +43,9 @@ Test(oracle, kvzip_never_scores)
     kvp_policy_destroy(p);
 }
 
-/* The offline registry is the runtime one plus the evaluation-only kvzip and oracle. */
-Test(oracle, offline_registry_adds_only_kvzip_and_the_oracle)
+/* The offline registry is the runtime one plus kvzap (the kvp policy on a KVzap
+ * surrogate's file: it needs one) and the evaluation-only kvzip and oracle. */
+Test(oracle, offline_registry_adds_only_kvzap_kvzip_and_the_oracle)
 {
     kvp_model_config cfg = test_cfg();
     char err[256];
@@ -58,8 +59,11 @@ Test(oracle, offline_registry_adds_only_kvzip_and_the_oracle)
                  "the runtime registry has no kvzip");
     cr_assert(kvp_offline_policy_eval_only("kvzip") && kvp_offline_policy_eval_only("oracle"));
     cr_assert_not(kvp_offline_policy_eval_only("expected_attention"));
+    cr_assert_not(kvp_offline_policy_eval_only("kvzap"));
+    cr_assert_neq(kvp_offline_policy_create(&p, "kvzap", NULL, &cfg, 1, err, sizeof err), 0,
+                  "kvzap without its file");
     cr_assert_eq(kvp_offline_policy_create(&p, "lru", NULL, &cfg, 1, err, sizeof err), -EINVAL);
     char want[256];
-    snprintf(want, sizeof want, "%s kvzip oracle", kvp_policy_names());
+    snprintf(want, sizeof want, "%s kvzap kvzip oracle", kvp_policy_names());
     cr_assert_str_eq(kvp_offline_policy_names(), want);
 }
