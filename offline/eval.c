@@ -88,14 +88,16 @@ static double total_importance(const float *imp, int n)
 
 /* ---- future importance observer -------------------------------------------------------- */
 
-/* A pseudo-policy the forward pass reports attention to: adds, for every query of the
- * block, the max over the KV group of its attention to each of the first limit[head]
- * rows (rows that predate the block). */
+/* A pseudo-policy the forward pass reports attention to: adds (or, with max, keeps the
+ * largest), for every query of the block past its first `skip`, the max over the KV
+ * group of its attention to each of the first limit[head] rows (rows that predate the
+ * block). */
 typedef struct importance_obs {
     float *imp;          /* [heads][stride] */
     int stride;
     const int *limit;    /* [heads] */
     int max;             /* keep the largest attention of any query instead of the sum */
+    int skip;            /* the block's first `skip` queries do not count */
 } importance_obs;
 
 static void obs_attention(kvp_policy *p, int layer, int kvh, kvp_head *h, const float *q,
@@ -107,7 +109,7 @@ static void obs_attention(kvp_policy *p, int layer, int kvh, kvp_head *h, const 
     importance_obs *o = p->impl;
     int head = layer * p->cfg.n_kv_heads + kvh, group = p->cfg.n_heads / p->cfg.n_kv_heads;
     float *imp = o->imp + (size_t)head * o->stride;
-    for (int t = 0; t < n_q; t++)
+    for (int t = o->skip; t < n_q; t++)
         for (int i = 0; i < o->limit[head]; i++) {
             float mx = att[(size_t)t * att_stride + i];
             for (int g = 1; g < group; g++) {
@@ -167,7 +169,8 @@ int kvp_eval_kvzip_scores(const kvp_model *m, kvp_runstate *s, kvp_cache *c, con
     kvp_policy_attach(&s->hooks, NULL);
     for (int hi = 0; hi < nh; hi++)
         limit[hi] = c->heads[hi].n;
-    importance_obs st = {imp, stride, limit, 1};
+    /* the queries of the repeated tokens score the rows, not the instruction's */
+    importance_obs st = {imp, stride, limit, 1, n_prompt};
     kvp_policy obs = {.ops = &obs_ops, .cfg = m->cfg, .impl = &st};
     for (int at = 0; at < n_rec;) {
         if ((rc = cache_copy(&d, c)))
@@ -306,7 +309,7 @@ int kvp_eval_ref_compute(kvp_eval_ref *r, const kvp_model *m, kvp_runstate *s,
     memset(r->imp, 0, (size_t)r->n_heads * cut * sizeof *r->imp);
     for (int hi = 0; hi < r->n_heads; hi++)
         limit[hi] = cut;
-    importance_obs st = {r->imp, cut, limit, 0};
+    importance_obs st = {r->imp, cut, limit, 0, 0};
     kvp_policy obs = {.ops = &obs_ops, .cfg = m->cfg, .impl = &st};
     kvp_policy_attach(&s->hooks, &obs);
     rc = kvp_gen_prefill(m, s, &c, NULL, tokens + cut, cont, r->logits);
@@ -512,7 +515,7 @@ static int lookahead_scores(const kvp_model *m, kvp_runstate *s, kvp_cache *c, k
     for (int hi = 0; hi < nh; hi++)
         limit[hi] = d->heads[hi].n;
     memset(imp, 0, (size_t)nh * stride * sizeof *imp);
-    importance_obs st = {imp, stride, limit, 0};
+    importance_obs st = {imp, stride, limit, 0, 0};
     kvp_policy obs = {.ops = &obs_ops, .cfg = m->cfg, .impl = &st};
     kvp_policy_attach(&s->hooks, &obs);
     rc = kvp_forward(m, s, d, tokens, n, NULL);

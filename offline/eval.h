@@ -108,7 +108,8 @@ typedef struct kvp_eval_stream_ref {
  * s->max_tokens tokens with the prompt and fits the context left after c's newest
  * position (the copy's context is shifted first, kvp_cache_shift, when fewer than
  * KVP_KVZIP_MIN_CHUNK tokens would fit). A row's score is the largest attention any
- * query of the reconstruction pays it, max over the KV group's query heads: written into
+ * query of the repeated tokens (not the prompt's) pays it, max over the KV group's query
+ * heads: written into
  * c->heads[..].score (c's rows and counters are not changed). tokens: the text c was fed,
  * indexed by seq. s: any run state of the model (its hooks are cleared). 0, -ERANGE when
  * the prompt and a chunk cannot fit the context, or another negative code. */

@@ -77,10 +77,11 @@ static kvp_policy *make(const char *name, uint64_t seed)
 /* ---- KVzip ----------------------------------------------------------------------------- */
 
 /* An observer of our own: for each (layer, KV head), the largest attention any query of
- * the block pays each of the first `rows` rows, max over the group's query heads. */
+ * the block after its first `skip` pays each of the first `rows` rows, max over the
+ * group's query heads. */
 typedef struct zip_obs {
     float *mx;   /* [heads][rows] */
-    int rows;
+    int rows, skip;
 } zip_obs;
 
 static void zip_attention(kvp_policy *p, int layer, int kvh, kvp_head *h, const float *q,
@@ -93,7 +94,7 @@ static void zip_attention(kvp_policy *p, int layer, int kvh, kvp_head *h, const 
     int group = p->cfg.n_heads / p->cfg.n_kv_heads;
     float *mx = z->mx + (size_t)(layer * p->cfg.n_kv_heads + kvh) * z->rows;
     for (int g = 0; g < group; g++)
-        for (int t = 0; t < n_q; t++)
+        for (int t = z->skip; t < n_q; t++)
             for (int i = 0; i < z->rows; i++)
                 mx[i] = fmaxf(mx[i], att[(size_t)(g * n_q + t) * att_stride + i]);
 }
@@ -102,7 +103,8 @@ static const kvp_policy_ops zip_ops = {.name = "zip", .wants_attention = 1,
                                        .on_attention = zip_attention};
 
 /* One reconstruction pass fits after CUT tokens: the scores are exactly what our observer
- * sees the prompt + the context again (BOS left out) pay each row. */
+ * sees the repeated context (BOS left out; the prompt before it does not count) pay each
+ * row. */
 Test(eval, kvzip_scores_are_the_largest_attention_of_the_reconstruction)
 {
     int tok[LEN], nh = model.cfg.n_layers * model.cfg.n_kv_heads;
@@ -121,7 +123,7 @@ Test(eval, kvzip_scores_are_the_largest_attention_of_the_reconstruction)
     cr_assert_gt(n, 2);
     memcpy(block + n, tok + 1, (CUT - 1) * sizeof *block);
     float *mx = calloc((size_t)nh * CUT, sizeof *mx);
-    zip_obs z = {mx, CUT};
+    zip_obs z = {mx, CUT, n};
     kvp_policy obs = {.ops = &zip_ops, .cfg = model.cfg, .impl = &z};
     kvp_policy_attach(&rs.hooks, &obs);
     cr_assert_eq(kvp_forward(&model, &rs, &d, block, n + CUT - 1, NULL), 0);
