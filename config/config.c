@@ -505,10 +505,11 @@ int kvpd_config_validate(const kvpd_config *c, char *err, size_t errlen)
         snprintf(err, errlen, "model: no model file given");
         return -EINVAL;
     }
-    if (!strcmp(c->policy, "oracle")) {
-        /* The oracle ranks by the future attention only an evaluator knows. */
-        snprintf(err, errlen, "policy oracle is for evaluation only (kvp eval); kvpd serves "
-                 "one of: %s", kvp_policy_names());
+    if (!strcmp(c->policy, "oracle") || !strcmp(c->policy, "kvzip")) {
+        /* The oracle ranks by the future attention only an evaluator knows; KVzip by a
+         * second pass over the whole context at every eviction. */
+        snprintf(err, errlen, "policy %s is for evaluation only (kvp eval); kvpd serves "
+                 "one of: %s", c->policy, kvp_policy_names());
         return -EINVAL;
     }
     if (!strcmp(c->policy, "kvp") && !c->policy_file[0]) {

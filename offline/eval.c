@@ -88,13 +88,16 @@ static double total_importance(const float *imp, int n)
 
 /* ---- future importance observer -------------------------------------------------------- */
 
-/* A pseudo-policy the forward pass reports attention to: adds, for every query of the
- * block, the max over the KV group of its attention to each of the first limit[head]
- * rows (rows that predate the block). */
+/* A pseudo-policy the forward pass reports attention to: adds (or, with max, keeps the
+ * largest), for every query of the block past its first `skip`, the max over the KV
+ * group of its attention to each of the first limit[head] rows (rows that predate the
+ * block). */
 typedef struct importance_obs {
     float *imp;          /* [heads][stride] */
     int stride;
     const int *limit;    /* [heads] */
+    int max;             /* keep the largest attention of any query instead of the sum */
+    int skip;            /* the block's first `skip` queries do not count */
 } importance_obs;
 
 static void obs_attention(kvp_policy *p, int layer, int kvh, kvp_head *h, const float *q,
@@ -106,20 +109,105 @@ static void obs_attention(kvp_policy *p, int layer, int kvh, kvp_head *h, const 
     importance_obs *o = p->impl;
     int head = layer * p->cfg.n_kv_heads + kvh, group = p->cfg.n_heads / p->cfg.n_kv_heads;
     float *imp = o->imp + (size_t)head * o->stride;
-    for (int t = 0; t < n_q; t++)
+    for (int t = o->skip; t < n_q; t++)
         for (int i = 0; i < o->limit[head]; i++) {
             float mx = att[(size_t)t * att_stride + i];
             for (int g = 1; g < group; g++) {
                 float a = att[(size_t)(g * n_q + t) * att_stride + i];
                 mx = a > mx ? a : mx;
             }
-            imp[i] += mx;
+            if (!o->max)
+                imp[i] += mx;
+            else if (mx > imp[i])
+                imp[i] = mx;
         }
 }
 
 static const kvp_policy_ops obs_ops = {
     .name = "importance", .wants_attention = 1, .on_attention = obs_attention,
 };
+
+/* ---- KVzip ------------------------------------------------------------------------------ */
+
+int kvp_eval_kvzip_scores(const kvp_model *m, kvp_runstate *s, kvp_cache *c, const int *tokens)
+{
+    int nh = c->n_layers * c->n_kv_heads, ctx = m->cfg.seq_len, bos = m->tok.bos_id;
+    int64_t seen = c->n_seen;
+    int max_prompt = 64, n_prompt, n_rec = 0, stride = 0, rc = -ENOMEM;
+    kvp_cache d = {0};
+    int *prompt = malloc((size_t)max_prompt * sizeof *prompt);
+    unsigned char *held = calloc((size_t)seen + 1, 1);
+    int *rec = malloc(((size_t)seen + 1) * sizeof *rec);
+    int *limit = malloc((size_t)nh * sizeof *limit);
+    int *block = malloc((size_t)s->max_tokens * sizeof *block);
+    float *imp = NULL;
+    if (!prompt || !held || !rec || !limit || !block)
+        goto out;
+    const char *text = KVP_KVZIP_PROMPT;
+    if ((n_prompt = kvp_tokenizer_encode(&m->tok, text, strlen(text), 0, prompt, max_prompt)) < 0) {
+        rc = n_prompt;
+        goto out;
+    }
+    /* the text the cache holds: every token some head has a row of, in order */
+    for (int hi = 0; hi < nh; hi++) {
+        const kvp_head *h = &c->heads[hi];
+        stride = h->n > stride ? h->n : stride;
+        for (int i = 0; i < h->n; i++)
+            if (h->seq[i] >= 0 && h->seq[i] < seen)
+                held[h->seq[i]] = 1;
+    }
+    for (int64_t q = 0; q < seen; q++)
+        if (held[q] && !(q == 0 && tokens[0] == bos))
+            rec[n_rec++] = tokens[q];
+    if (!stride || !n_rec) {
+        rc = 0;
+        goto out;
+    }
+    if (!(imp = calloc((size_t)nh * stride, sizeof *imp)) ||
+        (rc = cache_like(&d, &m->cfg, c->kv_type)))
+        goto out;
+    kvp_policy_attach(&s->hooks, NULL);
+    for (int hi = 0; hi < nh; hi++)
+        limit[hi] = c->heads[hi].n;
+    /* the queries of the repeated tokens score the rows, not the instruction's */
+    importance_obs st = {imp, stride, limit, 1, n_prompt};
+    kvp_policy obs = {.ops = &obs_ops, .cfg = m->cfg, .impl = &st};
+    for (int at = 0; at < n_rec;) {
+        if ((rc = cache_copy(&d, c)))
+            goto out;
+        if (ctx - d.next_pos < n_prompt + KVP_KVZIP_MIN_CHUNK)
+            kvp_cache_shift(&d, KVP_DEFAULT_SINKS, ctx);
+        int room = ctx - (int)d.next_pos;
+        room = room < s->max_tokens ? room : s->max_tokens;
+        int n = room - n_prompt;
+        if (n < 1) {
+            rc = -ERANGE;
+            goto out;
+        }
+        n = n < n_rec - at ? n : n_rec - at;
+        memcpy(block, prompt, (size_t)n_prompt * sizeof *block);
+        memcpy(block + n_prompt, rec + at, (size_t)n * sizeof *block);
+        kvp_policy_attach(&s->hooks, &obs);
+        rc = kvp_forward(m, s, &d, block, n_prompt + n, NULL);
+        kvp_policy_attach(&s->hooks, NULL);
+        if (rc)
+            goto out;
+        at += n;
+    }
+    for (int hi = 0; hi < nh; hi++)
+        if (limit[hi])
+            memcpy(c->heads[hi].score, imp + (size_t)hi * stride, (size_t)limit[hi] * sizeof *imp);
+    rc = 0;
+out:
+    kvp_cache_free(&d);
+    free(prompt);
+    free(held);
+    free(rec);
+    free(limit);
+    free(block);
+    free(imp);
+    return rc;
+}
 
 /* ---- reference ------------------------------------------------------------------------ */
 
@@ -141,7 +229,9 @@ int kvp_eval_ref_init(kvp_eval_ref *r, const kvp_model_config *cfg, int len,
     r->imp = malloc((size_t)r->n_heads * r->cut * sizeof *r->imp);
     r->logits = malloc((size_t)(len - r->cut) * r->vocab * sizeof *r->logits);
     r->min_evicted = malloc((size_t)r->n_budgets * r->n_heads * sizeof *r->min_evicted);
-    if (!r->imp || !r->logits || !r->min_evicted) {
+    if (o->kvzip)
+        r->zip = malloc((size_t)r->n_heads * r->cut * sizeof *r->zip);
+    if (!r->imp || !r->logits || !r->min_evicted || (o->kvzip && !r->zip)) {
         kvp_eval_ref_free(r);
         return -ENOMEM;
     }
@@ -153,6 +243,7 @@ void kvp_eval_ref_free(kvp_eval_ref *r)
     free(r->imp);
     free(r->logits);
     free(r->min_evicted);
+    free(r->zip);
     memset(r, 0, sizeof *r);
 }
 
@@ -209,10 +300,16 @@ int kvp_eval_ref_compute(kvp_eval_ref *r, const kvp_model *m, kvp_runstate *s,
         r->nll += nll_of(logits + (size_t)t * V, V, tokens[t + 1]);
     if ((rc = cache_copy(&prefix, &c)))
         goto out;
+    if (r->zip) {   /* scored on a copy: c goes on to the continuation */
+        if ((rc = kvp_eval_kvzip_scores(m, s, &prefix, tokens)))
+            goto out;
+        for (int hi = 0; hi < r->n_heads; hi++)
+            memcpy(r->zip + (size_t)hi * cut, prefix.heads[hi].score, (size_t)cut * sizeof *r->zip);
+    }
     memset(r->imp, 0, (size_t)r->n_heads * cut * sizeof *r->imp);
     for (int hi = 0; hi < r->n_heads; hi++)
         limit[hi] = cut;
-    importance_obs st = {r->imp, cut, limit};
+    importance_obs st = {r->imp, cut, limit, 0, 0};
     kvp_policy obs = {.ops = &obs_ops, .cfg = m->cfg, .impl = &st};
     kvp_policy_attach(&s->hooks, &obs);
     rc = kvp_gen_prefill(m, s, &c, NULL, tokens + cut, cont, r->logits);
@@ -296,9 +393,15 @@ int kvp_eval_prefix(const kvp_model *m, kvp_runstate *s, kvp_policy *p, const in
         kvp_cache_free(prefix);
         return rc;
     }
-    if (kvp_policy_is_oracle(p))
+    /* the evaluation-only policies' scores: the reference's */
+    const float *given = kvp_policy_is_oracle(p) ? r->imp : kvp_policy_is_kvzip(p) ? r->zip : NULL;
+    if (kvp_policy_is_kvzip(p) && !r->zip) {   /* a reference made without opts->kvzip */
+        kvp_cache_free(prefix);
+        return -EINVAL;
+    }
+    if (given)
         for (int hi = 0; hi < r->n_heads; hi++)
-            memcpy(prefix->heads[hi].score, r->imp + (size_t)hi * r->cut,
+            memcpy(prefix->heads[hi].score, given + (size_t)hi * r->cut,
                    (size_t)r->cut * sizeof(float));
     return 0;
 }
@@ -412,7 +515,7 @@ static int lookahead_scores(const kvp_model *m, kvp_runstate *s, kvp_cache *c, k
     for (int hi = 0; hi < nh; hi++)
         limit[hi] = d->heads[hi].n;
     memset(imp, 0, (size_t)nh * stride * sizeof *imp);
-    importance_obs st = {imp, stride, limit};
+    importance_obs st = {imp, stride, limit, 0, 0};
     kvp_policy obs = {.ops = &obs_ops, .cfg = m->cfg, .impl = &st};
     kvp_policy_attach(&s->hooks, &obs);
     rc = kvp_forward(m, s, d, tokens, n, NULL);
@@ -507,6 +610,12 @@ int kvp_eval_stream(const kvp_model *m, kvp_runstate *s, kvp_policy *p, const in
     double nll = 0.0;
     for (int off = 0; off < len; off += chunk) {
         int n = len - off < chunk ? len - off : chunk;
+        /* kvzip: fresh scores of every row before a chunk that may evict (a per-head
+         * budget evicts only past budget + chunk rows; a global one may at any chunk) */
+        if (kvp_policy_is_kvzip(p) && (o->budget_mode == KVP_BUDGET_GLOBAL ||
+                                       kvp_cache_budget_max_rows(&c) + n > e.budget + chunk) &&
+            (rc = kvp_eval_kvzip_scores(m, s, &c, tokens)))
+            goto out;
         if (oracle) {
             int look = len - off < o->lookahead ? len - off : o->lookahead;
             if ((rc = lookahead_scores(m, s, &c, &d, tokens + off, look, p->n_sink, imp, limit)))
@@ -546,7 +655,7 @@ int kvp_eval_replies(const kvp_model *m, kvp_runstate *s, kvp_policy *p, const k
 {
     int V = m->cfg.vocab_size, ctx = m->cfg.seq_len;
     kvp_eval_reply r = {.tokens = out ? out->tokens : NULL, .kl = out ? out->kl : NULL};
-    if (!p || kvp_policy_is_oracle(p) || n_prompt < 1 || o->reply_len < 1 || bi < 0 ||
+    if (!p || kvp_policy_is_oracle(p) || kvp_policy_is_kvzip(p) || n_prompt < 1 || o->reply_len < 1 || bi < 0 ||
         bi >= o->n_budgets)
         return -EINVAL;
     if (n_prompt > ctx) {   /* not even the prompt fits */

@@ -19,6 +19,8 @@
  *              reply position, KL(full || evicted) of the next-token distributions over
  *              the whole vocabulary and top-1 agreement (what the daemon's eviction
  *              canary estimates, sessions/canary.h, computed exactly).
+ * kvzip's scores are KVzip's (kvp_eval_kvzip_scores): of the prefix in the first two, of
+ * the cache before every chunk in streaming; like the oracle it has no replies.
  * The oracle's scores are true future importance: I_i(cut) in the first two; in streaming,
  * before every chunk, the attention the next `lookahead` tokens pay each row, measured on
  * a copy of the cache (shifted first when the lookahead would pass the context); it has
@@ -45,6 +47,7 @@ typedef struct kvp_eval_opts {
     kvp_kv_type kv_type;                 /* the policies' cache rows (the references: f32) */
     int budget_mode;                     /* enum kvp_budget_mode: per head or global */
     int reply_len;                       /* replies: tokens drawn at most (256) */
+    int kvzip;                           /* the references carry KVzip's scores (kvzip runs) */
 } kvp_eval_opts;
 
 /* The unmodified model on one sequence of len tokens: what every policy is compared with.
@@ -55,6 +58,8 @@ typedef struct kvp_eval_ref {
     float *imp;            /* [n_heads][cut] I_i(cut): attention of tokens cut..len-1 */
     float *logits;         /* [len - cut][vocab] full-cache logits at tokens cut..len-1 */
     double *min_evicted;   /* [n_budgets][n_heads] importance the oracle's eviction drops */
+    float *zip;            /* [n_heads][cut] KVzip's scores of the prefix rows (NULL unless
+                            * opts->kvzip) */
     double nll;            /* summed over the len - 1 predictions of the whole sequence */
     kvp_kv_type kv_type;   /* rows of the caches the policies are run on (opts) */
     int budget_mode;       /* how the policies' budgets apply (opts) */
@@ -92,6 +97,25 @@ typedef struct kvp_eval_stream_ref {
     int *pos;              /* [n_pos] the positions t */
     float *logits;         /* [n_pos][vocab] */
 } kvp_eval_stream_ref;
+
+/* KVzip (Kim et al., "KVzip: Query-Agnostic KV Cache Compression with Context
+ * Reconstruction", arXiv 2505.23416, 2025): the importance of a cached row is the
+ * attention it receives when the model, after the context, is made to repeat that
+ * context. On a copy of c the model is fed KVP_KVZIP_PROMPT and then, teacher-forced, the
+ * tokens c's rows hold (tokens[seq] of every seq some head holds, in order, BOS left out),
+ * in chunks that each start from a fresh copy of c, so every chunk attends to c's rows
+ * as they are (the paper's chunked scoring of long contexts); a chunk is at most
+ * s->max_tokens tokens with the prompt and fits the context left after c's newest
+ * position (the copy's context is shifted first, kvp_cache_shift, when fewer than
+ * KVP_KVZIP_MIN_CHUNK tokens would fit). A row's score is the largest attention any
+ * query of the repeated tokens (not the prompt's) pays it, max over the KV group's query
+ * heads: written into
+ * c->heads[..].score (c's rows and counters are not changed). tokens: the text c was fed,
+ * indexed by seq. s: any run state of the model (its hooks are cleared). 0, -ERANGE when
+ * the prompt and a chunk cannot fit the context, or another negative code. */
+#define KVP_KVZIP_PROMPT "\n\nRepeat the previous context exactly.\n"
+#define KVP_KVZIP_MIN_CHUNK 16
+int kvp_eval_kvzip_scores(const kvp_model *m, kvp_runstate *s, kvp_cache *c, const int *tokens);
 
 /* Allocates r for sequences of len tokens (cut < len <= the model's context). */
 int kvp_eval_ref_init(kvp_eval_ref *r, const kvp_model_config *cfg, int len,
@@ -146,7 +170,8 @@ typedef struct kvp_eval_reply {
     double top1;          /* agree / draws (0 when skipped) */
 } kvp_eval_reply;
 
-/* Replies protocol for policy p (fresh: it keeps per-conversation state; not the oracle:
+/* Replies protocol for policy p (fresh: it keeps per-conversation state; not the oracle
+ * or kvzip:
  * -EINVAL) at budgets[bi] on one rendered prompt prompt[0..n_prompt) (the tokens of a
  * conversation's first turn, up to the start of the reply). Two caches: the policy's
  * (rows of o->kv_type; kvp_gen_prefill / kvp_gen_decode with {p, budget, o->chunk,

@@ -12,9 +12,11 @@
 #define TOP 44
 #define BOTTOM (H - 58)
 
+/* one color each for the 14 policies kvp eval knows (kvp_eval_policy_index) */
 static const char *const palette[] = {
     "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
     "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#000000", "#aec7e8",
+    "#ffbb78", "#98df8a",
 };
 #define N_COLORS (int)(sizeof palette / sizeof palette[0])
 

@@ -85,7 +85,8 @@ int kvp_trace_open(kvp_trace *t, const char *path, const kvp_model_config *cfg,
         h->head_dim > 4096 || h->seq_len <= 1 || h->seq_len > (1 << 20) || h->n_seqs <= 0 ||
         h->n_train < 0 || h->n_train > h->n_seqs || h->cut_min < 1 || h->cut_stride < 1 ||
         h->cut_tail < 1 || h->cut_min > (1 << 20) || h->cut_stride > (1 << 20) ||
-        h->cut_tail > (1 << 20) || h->reserved) {
+        h->cut_tail > (1 << 20) ||
+        (h->targets != KVP_TRACE_TARGETS_FUTURE && h->targets != KVP_TRACE_TARGETS_KVZIP)) {
         rc = KVP_ERR(-EINVAL, "%s: bad trace header", path);
         goto fail;
     }
@@ -296,7 +297,8 @@ int kvp_trace_writer_open(kvp_trace_writer *w, const char *path, const kvp_trace
     memcpy(w->h.magic, "KVPTRACE", 8);
     w->h.version = 2;
     w->h.n_seqs = 0;
-    w->h.reserved = 0;
+    if (h->targets != KVP_TRACE_TARGETS_FUTURE && h->targets != KVP_TRACE_TARGETS_KVZIP)
+        return KVP_ERR(-EINVAL, "bad trace targets %d", h->targets);
     if (h->cut_min < 1 || h->cut_stride < 1 || h->cut_tail < 1 || h->seq_len < 2 ||
         h->head_dim < 1 || h->n_kv_heads < 1 || h->n_heads % h->n_kv_heads)
         return KVP_ERR(-EINVAL, "bad trace shape or cut grid (cut min %d, stride %d, tail %d)",
@@ -355,23 +357,16 @@ static void importance_item(void *ctx, int a, int slot)
                         j->w->work + (size_t)slot * kvp_importance_work(h->seq_len));
 }
 
-int kvp_trace_writer_add(kvp_trace_writer *w, const int32_t *tokens, int len,
-                         const float *const *q, const float *const *k, const float *const *v)
+/* One sequence's record once w->imp holds every agent's targets. */
+static int write_sequence(kvp_trace_writer *w, const int32_t *tokens, int len,
+                          const float *const *k, const float *const *v)
 {
     const kvp_trace_header *h = &w->h;
-    if (len < 2 || len > h->seq_len)
-        return -EINVAL;
-    int32_t l32 = len, grid = kvp_trace_n_cuts(h, len);
+    int32_t l32 = len;
     int agents = h->n_layers * h->n_kv_heads;
-    size_t per_agent = cut_offset(h, grid);
+    size_t per_agent = cut_offset(h, kvp_trace_n_cuts(h, len));
     if (wr(w, &l32, 4) || wr(w, tokens, (size_t)len * 4))
         return -EIO;
-    for (int a = 0; a < agents; a++)
-        for (int g = 0; g < grid; g++)
-            w->cuts[(size_t)a * grid + g] = w->imp + (size_t)a * per_agent + cut_offset(h, g);
-    importance_job job = {w, q, k, len, grid};
-    kvp_matmul_parallel(agents, importance_item, &job,
-                        (size_t)agents * len * h->head_dim * sizeof(float), w->slots, 0);
     for (int a = 0; a < agents; a++) {
         int l = a / h->n_kv_heads, kvh = a % h->n_kv_heads;
         if (write_half(w, k[l], len, kvh) || write_half(w, v[l], len, kvh) ||
@@ -380,6 +375,52 @@ int kvp_trace_writer_add(kvp_trace_writer *w, const int32_t *tokens, int len,
     }
     w->h.n_seqs++;
     return 0;
+}
+
+int kvp_trace_writer_add(kvp_trace_writer *w, const int32_t *tokens, int len,
+                         const float *const *q, const float *const *k, const float *const *v)
+{
+    const kvp_trace_header *h = &w->h;
+    if (len < 2 || len > h->seq_len || h->targets != KVP_TRACE_TARGETS_FUTURE)
+        return -EINVAL;
+    int grid = kvp_trace_n_cuts(h, len);
+    int agents = h->n_layers * h->n_kv_heads;
+    size_t per_agent = cut_offset(h, grid);
+    for (int a = 0; a < agents; a++)
+        for (int g = 0; g < grid; g++)
+            w->cuts[(size_t)a * grid + g] = w->imp + (size_t)a * per_agent + cut_offset(h, g);
+    importance_job job = {w, q, k, len, grid};
+    kvp_matmul_parallel(agents, importance_item, &job,
+                        (size_t)agents * len * h->head_dim * sizeof(float), w->slots, 0);
+    return write_sequence(w, tokens, len, k, v);
+}
+
+int kvp_trace_writer_add_scores(kvp_trace_writer *w, const int32_t *tokens, int len,
+                                const float *const *k, const float *const *v,
+                                const float *const *scores)
+{
+    const kvp_trace_header *h = &w->h;
+    if (len < 2 || len > h->seq_len || h->targets != KVP_TRACE_TARGETS_KVZIP)
+        return -EINVAL;
+    int grid = kvp_trace_n_cuts(h, len);
+    int agents = h->n_layers * h->n_kv_heads;
+    size_t per_agent = cut_offset(h, grid);
+    for (int a = 0; a < agents; a++)
+        for (int g = 0; g < grid; g++)
+            memcpy(w->imp + (size_t)a * per_agent + cut_offset(h, g), scores[(size_t)a * grid + g],
+                   ((size_t)h->cut_min + (size_t)g * h->cut_stride) * sizeof *w->imp);
+    return write_sequence(w, tokens, len, k, v);
+}
+
+int kvp_trace_targets_parse(const char *name)
+{
+    return !strcmp(name, "future") ? KVP_TRACE_TARGETS_FUTURE
+           : !strcmp(name, "kvzip") ? KVP_TRACE_TARGETS_KVZIP : -1;
+}
+
+const char *kvp_trace_targets_name(int targets)
+{
+    return targets == KVP_TRACE_TARGETS_KVZIP ? "kvzip" : "future";
 }
 
 int kvp_trace_writer_close(kvp_trace_writer *w, int n_train, char *err, size_t errlen)

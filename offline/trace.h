@@ -8,7 +8,8 @@
  * shape, against 110 KB for f32 q, k and v.
  *
  * File layout (little-endian; docs/trace-format.md):
- *   header (struct kvp_trace_header, 144 bytes, magic "KVPTRACE", version 2)
+ *   header (struct kvp_trace_header, 144 bytes, magic "KVPTRACE", version 2; its last
+ *   field says whether the per-cut scores are future importance or KVzip's scores)
  *   per sequence: i32 len, i32 tokens[len], then per agent a = layer * n_kv_heads + kvh:
  *       f16 k[len][head_dim], f16 v[len][head_dim],
  *       f32 I(n_g)[n_g] for each cut n_g = cut_min + g * cut_stride <= len - cut_tail
@@ -40,8 +41,17 @@ typedef struct kvp_trace_header {
     int32_t cut_min;        /* the grid of cuts with stored importance: cut_min, */
     int32_t cut_stride;     /* cut_min + cut_stride, ... */
     int32_t cut_tail;       /* ... while at least cut_tail future tokens follow */
-    int32_t reserved;       /* 0 */
+    int32_t targets;        /* what the per-cut scores are: enum kvp_trace_targets */
 } kvp_trace_header;
+
+/* The per-cut row scores a trace stores (its training targets): the future importance
+ * (kvp_importance_cuts, the default) or KVzip's context-reconstruction scores of the
+ * prefix at each cut (offline/eval.h, kvp_eval_kvzip_scores: what a KVzap surrogate
+ * learns to predict). */
+enum kvp_trace_targets { KVP_TRACE_TARGETS_FUTURE = 0, KVP_TRACE_TARGETS_KVZIP = 1 };
+/* "future" / "kvzip" -> the kind, -1 for anything else; and back. */
+int kvp_trace_targets_parse(const char *name);
+const char *kvp_trace_targets_name(int targets);
 
 typedef struct kvp_trace {
     kvp_trace_header h;
@@ -64,7 +74,8 @@ int kvp_trace_cut_index(const kvp_trace_header *h, int n);
 /* Agent (layer, kvh) of a sequence: k and v [len][head_dim] in f16. */
 const uint16_t *kvp_trace_k(const kvp_trace *t, int seq, int layer, int kvh);
 const uint16_t *kvp_trace_v(const kvp_trace *t, int seq, int layer, int kvh);
-/* Future importance of the first n_g rows at cut g (g < kvp_trace_n_cuts): I(n_g)[n_g]. */
+/* Future importance of the first n_g rows at cut g (g < kvp_trace_n_cuts): I(n_g)[n_g]
+ * (in a trace of KVzip targets, the KVzip scores of those rows at that cut). */
 const float *kvp_trace_importance(const kvp_trace *t, int seq, int layer, int kvh, int g);
 
 /* Future importance of the first rows of one KV head when the sequence continues to its
@@ -109,6 +120,12 @@ int kvp_trace_writer_open(kvp_trace_writer *w, const char *path, const kvp_trace
  * importance. */
 int kvp_trace_writer_add(kvp_trace_writer *w, const int32_t *tokens, int len,
                          const float *const *q, const float *const *k, const float *const *v);
+/* The same with the targets the caller computed (a trace of KVzip targets): scores[a * G +
+ * g] (G = kvp_trace_n_cuts(&w->h, len)) holds agent a's n_g scores at cut g of the grid;
+ * no queries are needed. */
+int kvp_trace_writer_add_scores(kvp_trace_writer *w, const int32_t *tokens, int len,
+                                const float *const *k, const float *const *v,
+                                const float *const *scores);
 /* Writes the checksum, fsyncs and renames into place. n_train as given. */
 int kvp_trace_writer_close(kvp_trace_writer *w, int n_train, char *err, size_t errlen);
 void kvp_trace_writer_abort(kvp_trace_writer *w);

@@ -10,8 +10,11 @@
 # in OUT/oasst/.
 # Environment: BUILD (build dir, default build), THREADS (default 2), POLICY (KVP policy
 # file, default policy/weights/stories260K.kvp; when it is missing a random policy from
-# `kvp policy-init` stands in, which only checks the plumbing), SEQS (default 64) and
-# STREAMS (default 8): about 5 minutes on 2 cores.
+# `kvp policy-init` stands in, which only checks the plumbing), KVZAP (the KVzap
+# surrogate, default policy/weights/stories260K-kvzap.kvp from
+# scripts/train-kvzap-stories260K.sh; kvzap is left out when it is missing), SEQS
+# (default 64) and STREAMS (default 8): about 10 minutes on 2 quiet cores (kvzip's
+# reconstruction passes are about half of it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD:-build}
@@ -19,6 +22,7 @@ shared=${KVP_SHARED:-../shared}
 out=${1:-docs/eval-stories260K}
 threads=${THREADS:-2}
 policy=${POLICY:-policy/weights/stories260K.kvp}
+kvzap=${KVZAP:-policy/weights/stories260K-kvzap.kvp}
 seqs=${SEQS:-64}
 streams=${STREAMS:-8}
 model=$shared/models/stories260K.bin
@@ -37,10 +41,16 @@ if [ ! -f "$policy" ]; then
     random_policy=$policy
     "$kvp" policy-init --model "$model" --tokenizer "$tok" --out "$policy" --seed 1
 fi
+kvzap_file=()
+if [ -f "$kvzap" ]; then
+    kvzap_file=(--kvzap-file "$kvzap")
+else
+    echo "eval-stories260K: $kvzap not found; kvzap is left out" >&2
+fi
 start=$(date +%s)
 "$kvp" eval --model "$model" --tokenizer "$tok" \
     --text "$shared/datasets/tinystories/tinystories-dev.txt" --split 0.8 \
-    --policy-file "$policy" --budgets 16,32,64,128,256 \
+    --policy-file "$policy" "${kvzap_file[@]}" --budgets 16,32,64,128,256 \
     --seqs "$seqs" --streams "$streams" --threads "$threads" --out "$out"
 echo "eval-stories260K: $out/results.md in $(( $(date +%s) - start )) s" >&2
 
@@ -56,6 +66,6 @@ with open(sys.argv[1], encoding="utf-8") as src, open(sys.argv[2], "w", encoding
 PY
 start=$(date +%s)
 "$kvp" eval --model "$model" --tokenizer "$tok" --text "$oasst" --split 0 \
-    --policy-file "$policy" --budgets 16,32,64,128,256 \
+    --policy-file "$policy" "${kvzap_file[@]}" --budgets 16,32,64,128,256 \
     --seqs "$seqs" --streams "$streams" --threads "$threads" --out "$out/oasst"
 echo "eval-stories260K: $out/oasst/results.md in $(( $(date +%s) - start )) s" >&2

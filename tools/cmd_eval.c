@@ -44,8 +44,11 @@ static void usage(FILE *f)
         "  --reply-len N      replies: tokens a reply draws at most (default 256)\n"
         "  --tokenizer PATH   tokenizer for llama2.c checkpoints\n"
         "  --policies LIST    comma-separated, from: %s\n"
-        "                     (default: all of them; kvp only with --policy-file)\n"
+        "                     (default: all of them; kvp only with --policy-file, kvzap\n"
+        "                     only with --kvzap-file)\n"
         "  --policy-file F    KVP policy file (for kvp)\n"
+        "  --kvzap-file F     KVzap surrogate (for kvzap): a KVP policy file trained on a\n"
+        "                     trace of KVzip targets (kvp trace --targets kvzip)\n"
         "  --budgets LIST     rows per KV head, comma-separated (default " DEFAULT_BUDGETS ")\n"
         "  --split F          evaluate on the text after the first F of it (by bytes, moved to\n"
         "                     a line start: the rule of kvp trace; default 0.8)\n"
@@ -90,7 +93,7 @@ typedef struct job {
     int n_pol;
     const char *const *stream_pol;     /* the policies that can stream (all but none) */
     int n_spol;
-    const char *policy_file;
+    const char *policy_file, *kvzap_file;
     uint64_t seed;
     int seq_len, stream_len, n_seq, max_tokens;
     const int *seq_tokens;             /* [n_seq][seq_len] */
@@ -116,13 +119,20 @@ typedef struct job {
     char err[600];
 } job;
 
+/* The file a policy reads: kvzap's surrogate, or the kvp policy's for the others. */
+static const char *file_for(const char *name, const char *policy_file, const char *kvzap_file)
+{
+    return !strcmp(name, "kvzap") ? kvzap_file : policy_file;
+}
+
 /* Replies task t: (prompt, policy, budget), its own accumulator reply_acc[t]. */
 static int run_reply_task(job *j, kvp_runstate *s, int t, char *err, size_t errlen)
 {
     int nb = j->o->n_budgets, pr = t / (j->n_pol * nb), pi = t / nb % j->n_pol, bi = t % nb;
     kvp_policy *p;
-    int rc = kvp_offline_policy_create(&p, j->policies[pi], j->policy_file, &j->m->cfg,
-                                       j->seed + (uint64_t)pr, err, errlen);
+    int rc = kvp_offline_policy_create(&p, j->policies[pi],
+                                       file_for(j->policies[pi], j->policy_file, j->kvzap_file),
+                                       &j->m->cfg, j->seed + (uint64_t)pr, err, errlen);
     if (rc)
         return rc;
     rc = kvp_eval_replies(j->m, s, p, j->tpl, j->prompt_tok[pr], j->prompt_len[pr], bi, j->o,
@@ -162,7 +172,8 @@ static int run_task(job *j, kvp_runstate *s, int t, char *err, size_t errlen)
     const char *name = is_seq ? j->policies[pi] : j->stream_pol[spi];
     uint64_t seed = j->seed + (uint64_t)(is_seq ? seq : j->n_seq + stream);
     kvp_policy *p;
-    int rc = kvp_offline_policy_create(&p, name, j->policy_file, &j->m->cfg, seed, err, errlen);
+    int rc = kvp_offline_policy_create(&p, name, file_for(name, j->policy_file, j->kvzap_file),
+                                       &j->m->cfg, seed, err, errlen);
     if (rc)
         return rc;
     if (is_seq)
@@ -251,6 +262,8 @@ static void print_command(FILE *f, const kvp_eval_cli_opts *e)
             fprintf(f, " --policies %s", e->policies);
         if (e->policy_file)
             fprintf(f, " --policy-file %s", e->policy_file);
+        if (e->kvzap_file)
+            fprintf(f, " --kvzap-file %s", e->kvzap_file);
         fprintf(f, " --budgets %s --reply-len %ld --chunk %ld --seed %ld --threads %ld"
                 " --kv-type %s --budget-mode %s", e->budgets ? e->budgets : DEFAULT_BUDGETS,
                 e->reply_len, e->chunk, e->seed, e->threads,
@@ -262,6 +275,8 @@ static void print_command(FILE *f, const kvp_eval_cli_opts *e)
         fprintf(f, " --policies %s", e->policies);
     if (e->policy_file)
         fprintf(f, " --policy-file %s", e->policy_file);
+    if (e->kvzap_file)
+        fprintf(f, " --kvzap-file %s", e->kvzap_file);
     fprintf(f, " --budgets %s --split %g --seqs %ld --seq-len %ld --cut %ld --streams %ld",
             e->budgets ? e->budgets : DEFAULT_BUDGETS, e->split, e->seqs, e->seq_len, e->cut,
             e->streams);
@@ -284,7 +299,8 @@ int kvp_cmd_eval(int argc, char **argv)
         {"streams", 1, 0, 'S'}, {"stream-len", 1, 0, 'L'}, {"chunk", 1, 0, 'k'},
         {"lookahead", 1, 0, 'l'}, {"kl-every", 1, 0, 'K'}, {"seed", 1, 0, 'r'}, {"threads", 1, 0, 't'},
         {"kv-type", 1, 0, 'T'}, {"budget-mode", 1, 0, 'B'}, {"prompts", 1, 0, 'p'},
-        {"max-prompts", 1, 0, 'M'}, {"reply-len", 1, 0, 'R'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+        {"max-prompts", 1, 0, 'M'}, {"reply-len", 1, 0, 'R'}, {"kvzap-file", 1, 0, 'Z'},
+        {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     int o, idx = 0, reply_opts = 0;
     optind = 1;
     while ((o = getopt_long(argc, argv, "", opts, &idx)) != -1) {
@@ -297,6 +313,7 @@ int kvp_cmd_eval(int argc, char **argv)
         case 'o': e.out = optarg; break;
         case 'P': e.policies = optarg; break;
         case 'F': e.policy_file = optarg; break;
+        case 'Z': e.kvzap_file = optarg; break;
         case 'b': e.budgets = optarg; break;
         case 's': ok = kvp_parse_double(optarg, 0.0, 0.99, &e.split); break;
         case 'N': ok = kvp_parse_long(optarg, 1, 1 << 20, &e.seqs); break;
@@ -422,24 +439,27 @@ out:
 }
 
 /* kvp eval --prompts: the replies protocol for every policy that can decode (all but the
- * oracle) at every budget. The exit status. */
+ * evaluation-only oracle and kvzip) at every budget. The exit status. */
 static int replies_run(const kvp_eval_cli_opts *e, const kvp_model *m, char *const *names,
                        int n_pol, kvp_eval_opts *eo)
 {
     const char *rpol[MAX_POLICIES];
     int n_rpol = 0, oracle = 0, status = 1, nb = eo->n_budgets;
     for (int i = 0; i < n_pol; i++) {
-        if (!strcmp(names[i], "oracle"))
+        if (!kvp_offline_policy_eval_only(names[i]))
+            rpol[n_rpol++] = names[i];
+        else if (!strcmp(names[i], "oracle"))
             oracle = 1;
         else
-            rpol[n_rpol++] = names[i];
+            fprintf(stderr, "kvp eval: %s is left out of the replies: it is scored by the "
+                    "evaluator, which the decode driver of a reply does not call\n", names[i]);
     }
     if (oracle)
         fprintf(stderr, "kvp eval: oracle is left out of the replies: its scores need the "
                 "future of a reply not yet drawn\n");
     if (!n_rpol) {
-        fprintf(stderr, "kvp eval: no policy to run (the oracle has no replies protocol)\n"
-                "(kvp eval --help for usage)\n");
+        fprintf(stderr, "kvp eval: no policy to run (oracle and kvzip have no replies "
+                "protocol)\n(kvp eval --help for usage)\n");
         return 2;
     }
     eo->reply_len = (int)e->reply_len;
@@ -461,7 +481,8 @@ static int replies_run(const kvp_eval_cli_opts *e, const kvp_model *m, char *con
     status = 1;
     for (int i = 0; i < n_rpol; i++) {
         kvp_policy *p;
-        if (kvp_offline_policy_create(&p, rpol[i], e->policy_file, &m->cfg, 0, err, sizeof err)) {
+        if (kvp_offline_policy_create(&p, rpol[i], file_for(rpol[i], e->policy_file, e->kvzap_file),
+                                      &m->cfg, 0, err, sizeof err)) {
             fprintf(stderr, "kvp eval: %s\n", err);
             goto out;
         }
@@ -492,7 +513,8 @@ static int replies_run(const kvp_eval_cli_opts *e, const kvp_model *m, char *con
         goto oom;
     openblas_set_num_threads(1);   /* small matrices: the parallelism is over tasks */
     job j = {.m = m, .o = eo, .policies = rpol, .n_pol = n_rpol,
-             .policy_file = e->policy_file, .seed = (uint64_t)e->seed,
+             .policy_file = e->policy_file, .kvzap_file = e->kvzap_file,
+             .seed = (uint64_t)e->seed,
              .max_tokens = (int)e->chunk, .prompt_tok = pr.tok, .prompt_len = pr.len,
              .n_prompts = pr.n, .tpl = &t, .reply_acc = task_acc, .tty = isatty(2),
              .lock = PTHREAD_MUTEX_INITIALIZER, .n_workers = (int)e->threads};
@@ -638,14 +660,24 @@ int kvp_eval_run(const kvp_eval_cli_opts *e)
             memmove(&names[i], &names[i + 1], (size_t)(--n_pol - i) * sizeof *names);
             i--;
             fprintf(stderr, "kvp eval: no --policy-file, so kvp is left out\n");
+        } else if (!strcmp(names[i], "kvzap") && !e->kvzap_file) {
+            if (pol_arg)
+                return usage_error("policy kvzap needs --kvzap-file");
+            memmove(&names[i], &names[i + 1], (size_t)(--n_pol - i) * sizeof *names);
+            i--;
+            fprintf(stderr, "kvp eval: no --kvzap-file, so kvzap is left out\n");
         }
     }
+    int kvzip = 0;
+    for (int i = 0; i < n_pol; i++)
+        kvzip |= !strcmp(names[i], "kvzip");
 
     /* budgets, ascending */
     char bud_buf[512], *fields[KVP_EVAL_MAX_BUDGETS + 1];
     int n_fields;
     kvp_eval_opts eo = {.cut = (int)cut, .chunk = (int)chunk, .lookahead = (int)lookahead,
-                       .kv_type = (kvp_kv_type)kv_type, .budget_mode = budget_mode};
+                       .kv_type = (kvp_kv_type)kv_type, .budget_mode = budget_mode,
+                       .kvzip = kvzip};
     snprintf(bud_buf, sizeof bud_buf, "%s", bud_arg ? bud_arg : DEFAULT_BUDGETS);
     if (!kvp_split_list(bud_buf, fields, KVP_EVAL_MAX_BUDGETS, &n_fields))
         return usage_error("bad budget list '%s' (at most %d positive integers, comma-separated)",
@@ -724,7 +756,8 @@ int kvp_eval_run(const kvp_eval_cli_opts *e)
     /* every policy loads (a bad policy file fails here, before any work) */
     for (int i = 0; i < n_pol; i++) {
         kvp_policy *p;
-        if (kvp_offline_policy_create(&p, names[i], policy_file, &m.cfg, 0, err, sizeof err)) {
+        if (kvp_offline_policy_create(&p, names[i], file_for(names[i], policy_file, e->kvzap_file),
+                                      &m.cfg, 0, err, sizeof err)) {
             fprintf(stderr, "kvp eval: %s\n", err);
             goto out;
         }
@@ -776,6 +809,7 @@ int kvp_eval_run(const kvp_eval_cli_opts *e)
     max_tokens = max_tokens > kl_every ? max_tokens : kl_every;
     job j = {.m = &m, .o = &eo, .policies = (const char *const *)names, .n_pol = n_pol,
               .stream_pol = spol, .n_spol = n_spol, .policy_file = policy_file,
+              .kvzap_file = e->kvzap_file,
               .seed = (uint64_t)seed, .seq_len = (int)seq_len, .stream_len = (int)stream_len,
               .n_seq = n_seq,
               .max_tokens = (int)(max_tokens > chunk ? max_tokens : chunk),
@@ -837,7 +871,11 @@ int kvp_eval_run(const kvp_eval_cli_opts *e)
             "- eviction keeps the 4 oldest rows (sinks) and the 16 newest of every head "
             "(H2O, SnapKV, LagKV and StreamingLLM keep more of the newest by their own rules); "
             "`none` never evicts: it gives the full-cache numbers, has no ranking and cannot "
-            "stream past the context.\n",
+            "stream past the context.\n"
+            "- evaluation only (the daemon cannot run them): `oracle` (true future "
+            "importance) and `kvzip` (KVzip's context-reconstruction scores: the largest "
+            "attention a teacher-forced \"repeat the context\" pass pays each row, computed "
+            "on the prefix and, streaming, before every chunk that evicts).\n",
             at, text_len, text_path, n_ids, split, n_seq, seq_len, cut, seq_len - cut,
             n_seq * m.cfg.n_layers * m.cfg.n_kv_heads,
             exp(full_nll / ((double)n_seq * (seq_len - 1))), n_str, stream_len,

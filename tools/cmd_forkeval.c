@@ -25,7 +25,7 @@ static void usage(FILE *f)
         "  --policies LIST    comma-separated, from: %s\n"
         "                     (default streaming,tova,h2o,snapkv,expected_attention,kvp;\n"
         "                     kvp only with --policy-file)\n"
-        "  --policy-file F    KVP policy file (for kvp)\n"
+        "  --policy-file F    KVP policy file (for kvp, or a KVzap surrogate for kvzap)\n"
         "  --budgets LIST     rows per KV head, comma-separated (default 64,128)\n"
         "  --split F          evaluate on the text after the first F of it (default 0.8)\n"
         "  --seqs N           held-out sequences (default 16)\n"
@@ -97,10 +97,13 @@ int kvp_cmd_forkeval(int argc, char **argv)
     if (!kvp_split_list(pol_buf, names, MAX_ITEMS, &n_pol))
         return usage_error("bad policy list", pol_buf);
     for (int i = 0; i < n_pol; i++) {
-        if (kvp_eval_policy_index(names[i]) < 0 || !strcmp(names[i], "oracle"))
-            return usage_error("unknown policy (the oracle cannot fork):", names[i]);
+        if (kvp_eval_policy_index(names[i]) < 0 || kvp_offline_policy_eval_only(names[i]))
+            return usage_error("unknown policy (the oracle cannot fork, nor can kvzip: both "
+                               "are evaluation-only):", names[i]);
         if (!strcmp(names[i], "kvp") && !policy_file)
             return usage_error("policy kvp needs --policy-file", NULL);
+        if (!strcmp(names[i], "kvzap") && !policy_file)
+            return usage_error("policy kvzap needs --policy-file (the surrogate's file)", NULL);
     }
     if (!kvp_split_list(bud_buf, fields, MAX_ITEMS, &n_bud))
         return usage_error("bad budget list", bud_buf);

@@ -33,8 +33,8 @@
  * the evaluation drops to two budgets; and its fewest sequences. */
 #define TRACE_SHARE 0.40
 #define EVAL_SHARE 0.25
-#define LEARN_POLICIES "kvp,streaming,h2o,tova,snapkv,expected_attention,keydiff,knorm,random"
-#define N_POLICIES 9.0   /* the names in LEARN_POLICIES */
+#define LEARN_POLICIES "kvp,streaming,h2o,tova,snapkv,expected_attention,keydiff,knorm,random,kvzip"
+#define N_POLICIES 10.0   /* the names in LEARN_POLICIES */
 #define CONT_COST 1.4
 #define EVAL_FOUR_BUDGETS_MIN 32
 #define EVAL_SEQS_MIN 4
@@ -363,7 +363,10 @@ int kvp_cmd_learn(int argc, char **argv)
             snprintf(fit_note, sizeof fit_note, " fit-window: %ld sequences (about %.0f s).",
                      o.a.fit_seqs, fit_seconds);
         for (;;) {
-            double tokens = ref_tokens + N_POLICIES * ((double)val_cut + n_budgets * CONT_COST * cont);
+            /* the references, kvzip's reconstruction pass in each (the prefix again),
+             * then every policy's prefix and continuations */
+            double tokens = ref_tokens + (double)val_cut +
+                            N_POLICIES * ((double)val_cut + n_budgets * CONT_COST * cont);
             eval_seq_s = per_trace_seq * tokens / (double)o.a.seq_len;
             long fit = (long)(budget * EVAL_SHARE / eval_seq_s);
             if (!o.a.budgets && n_budgets == 4 && fit < EVAL_FOUR_BUDGETS_MIN) {

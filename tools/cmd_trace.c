@@ -15,6 +15,7 @@
 #include "base/clock.h"
 #include "base/parse.h"
 #include "model/forward.h"
+#include "offline/eval.h"
 #include "offline/trace.h"
 #include "tools/cli.h"
 #include "tools/stages.h"
@@ -40,6 +41,10 @@ static void usage(FILE *f)
         "  --cut-min N        the grid of cuts whose future importance is stored: N,\n"
         "  --cut-stride S     N + S, N + 2S, ... while at least T tokens follow\n"
         "  --cut-tail T       (defaults %d, %d, %d; kvp train ranks at these cuts)\n"
+        "  --targets KIND     the scores stored at each cut: future (the future importance,\n"
+        "                     default) or kvzip (KVzip's context-reconstruction scores of\n"
+        "                     the prefix, what a KVzap surrogate is trained on; a second\n"
+        "                     pass over each cut's prefix, so use a coarser --cut-stride)\n"
         "Writes DIR/trace.kvpt (format: docs/trace-format.md).\n",
         KVP_TRACE_CUT_MIN, KVP_TRACE_CUT_STRIDE, KVP_TRACE_CUT_TAIL);
 }
@@ -101,7 +106,7 @@ void kvp_trace_defaults(kvp_trace_opts *o)
 {
     *o = (kvp_trace_opts){.seq_len = 512, .max_seqs = 400, .cut_min = KVP_TRACE_CUT_MIN,
                           .cut_stride = KVP_TRACE_CUT_STRIDE, .cut_tail = KVP_TRACE_CUT_TAIL,
-                          .split = 0.8};
+                          .split = 0.8, .targets = KVP_TRACE_TARGETS_FUTURE};
 }
 
 int kvp_cmd_trace(int argc, char **argv)
@@ -113,7 +118,7 @@ int kvp_cmd_trace(int argc, char **argv)
         {"conversations", 1, 0, 'C'}, {"seq-len", 1, 0, 'n'}, {"max-seqs", 1, 0, 'N'}, {"split", 1, 0, 's'},
         {"max-seconds", 1, 0, 'M'},
         {"cut-min", 1, 0, 'c'}, {"cut-stride", 1, 0, 'S'}, {"cut-tail", 1, 0, 'T'},
-        {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+        {"targets", 1, 0, 'K'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     int o, idx = 0;
     optind = 1;
     while ((o = getopt_long(argc, argv, "", opts, &idx)) != -1) {
@@ -131,6 +136,7 @@ int kvp_cmd_trace(int argc, char **argv)
         case 'c': ok = kvp_parse_long(optarg, 1, 1 << 20, &t.cut_min); break;
         case 'S': ok = kvp_parse_long(optarg, 1, 1 << 20, &t.cut_stride); break;
         case 'T': ok = kvp_parse_long(optarg, 1, 1 << 20, &t.cut_tail); break;
+        case 'K': ok = (t.targets = kvp_trace_targets_parse(optarg)) >= 0; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -145,6 +151,37 @@ int kvp_cmd_trace(int argc, char **argv)
         return 2;
     }
     return kvp_trace_run(&t);
+}
+
+/* A trace of KVzip targets: the scores of every agent's rows at every cut n_g of the
+ * grid, from the sequence's full cache c: its first n_g tokens (a fork at n_g, the prefix
+ * the cut leaves) scored by KVzip's reconstruction pass (kvp_eval_kvzip_scores) on s, a
+ * run state without the tracer's tap. buf holds every agent's cuts one after the other,
+ * scores[a * grid + g] points at agent a's cut g. */
+static int kvzip_targets(const kvp_model *m, kvp_runstate *s, const kvp_cache *c,
+                         const int32_t *seq, const kvp_trace_header *h, int len, float *buf,
+                         float **scores)
+{
+    int grid = kvp_trace_n_cuts(h, len), agents = h->n_layers * h->n_kv_heads;
+    float *at = buf;
+    for (int a = 0; a < agents; a++)
+        for (int g = 0; g < grid; g++) {
+            scores[(size_t)a * grid + g] = at;
+            at += h->cut_min + g * h->cut_stride;
+        }
+    for (int g = 0; g < grid; g++) {
+        int n = h->cut_min + g * h->cut_stride;
+        kvp_cache pre;
+        int rc = kvp_cache_fork(&pre, c, n);
+        if (!rc)
+            rc = kvp_eval_kvzip_scores(m, s, &pre, seq);
+        for (int a = 0; !rc && a < agents; a++)
+            memcpy(scores[(size_t)a * grid + g], pre.heads[a].score, (size_t)n * sizeof(float));
+        kvp_cache_free(&pre);
+        if (rc)
+            return rc;
+    }
+    return 0;
 }
 
 int kvp_trace_run(const kvp_trace_opts *t)
@@ -172,7 +209,8 @@ int kvp_trace_run(const kvp_trace_opts *t)
     char *text = NULL;
     int *ids[2] = {NULL, NULL};
     capture cap = {0};
-    kvp_runstate s = {0};
+    kvp_runstate s = {0}, zs = {0};   /* zs: KVzip's passes, without the tap */
+    float *zbuf = NULL, **zptr = NULL;
     kvp_trace_writer w = {0};
     int writer_open = 0;
     FILE *tf = fopen(text_path, "rb");
@@ -229,6 +267,18 @@ int kvp_trace_run(const kvp_trace_opts *t)
             goto oom;
     s.hooks.tap = tap;
     s.hooks.tap_ctx = &cap;
+    int zip = t->targets == KVP_TRACE_TARGETS_KVZIP;
+    if (zip) {
+        kvp_trace_header g = {.cut_min = (int32_t)cut_min, .cut_stride = (int32_t)cut_stride,
+                              .cut_tail = (int32_t)cut_tail};
+        size_t grid = (size_t)kvp_trace_n_cuts(&g, (int)seq_len), agents = (size_t)m.cfg.n_layers * m.cfg.n_kv_heads;
+        size_t floats = grid * (size_t)cut_min + (size_t)cut_stride * grid * (grid - 1) / 2;
+        if (kvp_runstate_init(&zs, &m.cfg, (int)seq_len) ||
+            !(zbuf = malloc((agents * floats + 1) * sizeof *zbuf)) ||
+            !(zptr = malloc((agents * grid + 1) * sizeof *zptr)))
+            goto oom;
+        fprintf(stderr, "kvp trace: targets: KVzip's scores at %zu cuts a sequence\n", grid);
+    }
 
     if (mkdir(out_dir, 0777) && errno != EEXIST) {
         fprintf(stderr, "kvp trace: cannot create %s: %s\n", out_dir, strerror(errno));
@@ -240,7 +290,8 @@ int kvp_trace_run(const kvp_trace_opts *t)
         .n_layers = m.cfg.n_layers, .n_heads = m.cfg.n_heads, .n_kv_heads = m.cfg.n_kv_heads,
         .head_dim = m.cfg.head_dim, .seq_len = (int32_t)seq_len, .split = split,
         .text_bytes = text_len, .text_hash = kvp_fnv1a(KVP_FNV1A_INIT, text, text_len),
-        .cut_min = (int32_t)cut_min, .cut_stride = (int32_t)cut_stride, .cut_tail = (int32_t)cut_tail};
+        .cut_min = (int32_t)cut_min, .cut_stride = (int32_t)cut_stride, .cut_tail = (int32_t)cut_tail,
+        .targets = t->targets};
     snprintf(h.model, sizeof h.model, "%.63s", m.name);
     if (kvp_trace_writer_open(&w, path, &h, err, sizeof err)) {
         fprintf(stderr, "kvp trace: %s\n", err);
@@ -260,8 +311,14 @@ int kvp_trace_run(const kvp_trace_opts *t)
             int rc = kvp_cache_init(&c, m.cfg.n_layers, m.cfg.n_kv_heads, m.cfg.head_dim, &m.cfg.rope);
             if (!rc)
                 rc = kvp_forward(&m, &s, &c, seq, (int)seq_len, NULL);
+            if (!rc && zip)
+                rc = kvzip_targets(&m, &zs, &c, seq, &h, (int)seq_len, zbuf, zptr);
             kvp_cache_free(&c);
-            if (!rc)
+            if (!rc && zip)
+                rc = kvp_trace_writer_add_scores(&w, seq, (int)seq_len, (const float *const *)cap.k,
+                                                 (const float *const *)cap.v,
+                                                 (const float *const *)zptr);
+            else if (!rc)
                 rc = kvp_trace_writer_add(&w, seq, (int)seq_len, (const float *const *)cap.q,
                                           (const float *const *)cap.k, (const float *const *)cap.v);
             if (rc) {
@@ -310,6 +367,9 @@ out:
     free(cap.k);
     free(cap.v);
     kvp_runstate_free(&s);
+    kvp_runstate_free(&zs);
+    free(zbuf);
+    free(zptr);
     free(ids[0]);
     free(ids[1]);
     free(text);

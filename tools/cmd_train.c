@@ -152,6 +152,9 @@ int kvp_train_run(const kvp_train_opts *to)
         fprintf(stderr, "kvp train: %s\n", err);
         return 1;
     }
+    if (t.h.targets == KVP_TRACE_TARGETS_KVZIP)
+        fprintf(stderr, "kvp train: the trace's targets are KVzip's scores: the agents learn "
+                "to predict them (a KVzap surrogate); C/C* is against those scores\n");
     /* the trace gives the model's shape; an --init file must match it */
     kvp_model_config cfg = {.n_layers = t.h.n_layers, .n_heads = t.h.n_heads,
                             .n_kv_heads = t.h.n_kv_heads, .head_dim = t.h.head_dim,

@@ -22,6 +22,7 @@ typedef struct {
     long cut_min, cut_stride, cut_tail;   /* the grid of cuts the targets are computed at */
     double split;                    /* share of the text before the validation part */
     double max_seconds;              /* 0: no limit; else trace only what fits (re-planned) */
+    int targets;                     /* enum kvp_trace_targets: future importance or KVzip's */
 } kvp_trace_opts;
 void kvp_trace_defaults(kvp_trace_opts *o);
 int kvp_trace_run(const kvp_trace_opts *o);
@@ -67,6 +68,7 @@ typedef struct {
     int conversations;               /* text is JSONL conversations */
     const char *policies;            /* comma-separated; NULL: every policy (kvp with a file) */
     const char *policy_file;         /* the kvp policy's file */
+    const char *kvzap_file;          /* kvzap's: agents trained on KVzip targets (NULL: no kvzap) */
     const char *budgets;             /* comma-separated rows per KV head; NULL: the default */
     double split;                    /* the held-out part starts after this share of the text */
     long seqs, seq_len, cut;         /* one-shot and ranking: sequences, length, compression cut */

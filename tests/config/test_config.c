@@ -164,6 +164,12 @@ Test(config, oracle_is_refused_naming_the_allowed_policies)
     cr_assert_lt(kvpd_config_validate(&c, err, sizeof err), 0);
     cr_assert(strstr(err, "evaluation"), "%s", err);
     unlink(conf);
+    /* so is KVzip, the other evaluation-only policy */
+    char *argv3[] = {"kvpd", "--policy", "kvzip", "--static-dir", "/tmp", NULL};
+    cr_assert_eq(kvpd_config_from_args(&c, 5, argv3, &action, err, sizeof err), 0, "%s", err);
+    cr_assert_lt(kvpd_config_validate(&c, err, sizeof err), 0);
+    cr_assert(strstr(err, "policy kvzip is for evaluation only"), "%s", err);
+    cr_assert_null(strstr(strstr(err, "one of:"), "kvzip"), "%s", err);
 }
 
 Test(config, byte_counts_take_suffixes)

@@ -73,6 +73,179 @@ static kvp_policy *make(const char *name, uint64_t seed)
     return p;
 }
 
+
+/* ---- KVzip ----------------------------------------------------------------------------- */
+
+/* An observer of our own: for each (layer, KV head), the largest attention any query of
+ * the block after its first `skip` pays each of the first `rows` rows, max over the
+ * group's query heads. */
+typedef struct zip_obs {
+    float *mx;   /* [heads][rows] */
+    int rows, skip;
+} zip_obs;
+
+static void zip_attention(kvp_policy *p, int layer, int kvh, kvp_head *h, const float *q,
+                          int q_stride, const float *att, int att_stride, int n_q)
+{
+    (void)h;
+    (void)q;
+    (void)q_stride;
+    zip_obs *z = p->impl;
+    int group = p->cfg.n_heads / p->cfg.n_kv_heads;
+    float *mx = z->mx + (size_t)(layer * p->cfg.n_kv_heads + kvh) * z->rows;
+    for (int g = 0; g < group; g++)
+        for (int t = z->skip; t < n_q; t++)
+            for (int i = 0; i < z->rows; i++)
+                mx[i] = fmaxf(mx[i], att[(size_t)(g * n_q + t) * att_stride + i]);
+}
+
+static const kvp_policy_ops zip_ops = {.name = "zip", .wants_attention = 1,
+                                       .on_attention = zip_attention};
+
+/* One reconstruction pass fits after CUT tokens: the scores are exactly what our observer
+ * sees the repeated context (BOS left out; the prompt before it does not count) pay each
+ * row. */
+Test(eval, kvzip_scores_are_the_largest_attention_of_the_reconstruction)
+{
+    int tok[LEN], nh = model.cfg.n_layers * model.cfg.n_kv_heads;
+    sequence(0, tok);
+    kvp_cache c, d;
+    cr_assert_eq(kvp_cache_init(&c, model.cfg.n_layers, model.cfg.n_kv_heads, model.cfg.head_dim,
+                                &model.cfg.rope), 0);
+    cr_assert_eq(kvp_cache_init(&d, model.cfg.n_layers, model.cfg.n_kv_heads, model.cfg.head_dim,
+                                &model.cfg.rope), 0);
+    kvp_policy_attach(&rs.hooks, NULL);
+    cr_assert_eq(kvp_gen_prefill(&model, &rs, &c, NULL, tok, CUT, NULL), 0);
+    cr_assert_eq(kvp_gen_prefill(&model, &rs, &d, NULL, tok, CUT, NULL), 0);
+
+    int block[512], n = kvp_tokenizer_encode(&model.tok, KVP_KVZIP_PROMPT,
+                                             strlen(KVP_KVZIP_PROMPT), 0, block, 64);
+    cr_assert_gt(n, 2);
+    memcpy(block + n, tok + 1, (CUT - 1) * sizeof *block);
+    float *mx = calloc((size_t)nh * CUT, sizeof *mx);
+    zip_obs z = {mx, CUT, n};
+    kvp_policy obs = {.ops = &zip_ops, .cfg = model.cfg, .impl = &z};
+    kvp_policy_attach(&rs.hooks, &obs);
+    cr_assert_eq(kvp_forward(&model, &rs, &d, block, n + CUT - 1, NULL), 0);
+    kvp_policy_attach(&rs.hooks, NULL);
+
+    cr_assert_eq(kvp_eval_kvzip_scores(&model, &rs, &c, tok), 0);
+    cr_assert_eq(c.next_pos, CUT, "the cache itself is not fed");
+    for (int hi = 0; hi < nh; hi++) {
+        const float *sc = c.heads[hi].score, *want = mx + (size_t)hi * CUT;
+        cr_assert_eq(c.heads[hi].n, CUT);
+        float lo = 1.0f, hi_s = 0.0f;
+        for (int i = 0; i < CUT; i++) {
+            cr_assert_float_eq(sc[i], want[i], 1e-6f, "head %d row %d: %g, want %g", hi, i,
+                               sc[i], want[i]);
+            cr_assert(sc[i] >= 0.0f && sc[i] <= 1.0f);
+            lo = fminf(lo, sc[i]);
+            hi_s = fmaxf(hi_s, sc[i]);
+        }
+        cr_assert_gt(hi_s, lo, "head %d: the scores tell rows apart", hi);
+    }
+    free(mx);
+    kvp_cache_free(&c);
+    kvp_cache_free(&d);
+}
+
+/* A cache near the end of the context: the copy is shifted and the context is repeated
+ * in several chunks; every row is scored (a probability, some row of each head above 0)
+ * and the cache is left as it was. */
+Test(eval, kvzip_scores_a_full_context_in_chunks)
+{
+    int ctx = model.cfg.seq_len, len = ctx - 4, nh = model.cfg.n_layers * model.cfg.n_kv_heads;
+    int *tok = malloc((size_t)len * sizeof *tok);
+    tok[0] = model.tok.bos_id;
+    memcpy(tok + 1, ids, (size_t)(len - 1) * sizeof *tok);
+    kvp_cache c;
+    cr_assert_eq(kvp_cache_init(&c, model.cfg.n_layers, model.cfg.n_kv_heads, model.cfg.head_dim,
+                                &model.cfg.rope), 0);
+    kvp_policy_attach(&rs.hooks, NULL);
+    cr_assert_eq(kvp_gen_prefill(&model, &rs, &c, NULL, tok, len, NULL), 0);
+    for (int hi = 0; hi < nh; hi++)
+        for (int i = 0; i < len; i++)
+            c.heads[hi].score[i] = -1.0f;
+    cr_assert_eq(kvp_eval_kvzip_scores(&model, &rs, &c, tok), 0);
+    cr_assert_eq(c.next_pos, len);
+    for (int hi = 0; hi < nh; hi++) {
+        float best = 0.0f;
+        cr_assert_eq(c.heads[hi].n, len);
+        cr_assert_eq(c.heads[hi].pos[len - 1], len - 1, "positions untouched");
+        for (int i = 0; i < len; i++) {
+            float v = c.heads[hi].score[i];
+            cr_assert(v >= 0.0f && v <= 1.0f, "head %d row %d: %g", hi, i, v);
+            best = fmaxf(best, v);
+        }
+        cr_assert_gt(best, 0.0f);
+    }
+    kvp_cache_free(&c);
+    free(tok);
+}
+
+/* The kvzip policy ranks by the reference's KVzip scores: its one-shot eviction keeps the
+ * highest-scored rows, and its ranking of future importance is better than random's. A
+ * reference made without opts.kvzip cannot evaluate it. */
+Test(eval, kvzip_policy_keeps_the_highest_scores_and_beats_random)
+{
+    kvp_eval_opts o = opts;
+    o.kvzip = 1;
+    kvp_eval_ref r;
+    cr_assert_eq(kvp_eval_ref_init(&r, &model.cfg, LEN, &o), 0);
+    cr_assert_not_null(r.zip);
+    kvp_eval_acc zip = {0}, rnd = {0};
+    int nh = r.n_heads;
+    for (int i = 0; i < NSEQ; i++) {
+        int tok[LEN];
+        sequence(i, tok);
+        cr_assert_eq(kvp_eval_ref_compute(&r, &model, &rs, tok), 0);
+        kvp_policy *pz = make("kvzip", 1), *pr = make("random", (uint64_t)i);
+        cr_assert(kvp_policy_is_kvzip(pz));
+        cr_assert_eq(kvp_eval_sequence(&model, &rs, pz, tok, &r, &zip), 0);
+        cr_assert_eq(kvp_eval_sequence(&model, &rs, pr, tok, &r, &rnd), 0);
+        /* one compression to 32: every kept row that is not protected scores at least as
+         * high as every dropped one */
+        kvp_cache pre, b;
+        cr_assert_eq(kvp_eval_prefix(&model, &rs, pz, tok, &r, &pre), 0);
+        cr_assert_eq(kvp_cache_fork(&b, &pre, CUT), 0);
+        kvp_evict_cfg e = {.policy = pz, .budget = 32};
+        cr_assert_gt(kvp_gen_compress(&b, &e), 0);
+        for (int hi = 0; hi < nh; hi++) {
+            const float *zs = r.zip + (size_t)hi * CUT;
+            char kept[CUT] = {0};
+            for (int k = 0; k < b.heads[hi].n; k++)
+                kept[b.heads[hi].seq[k]] = 1;
+            float min_kept = INFINITY, max_dropped = -INFINITY;
+            for (int k = pz->n_sink; k < CUT - pz->n_recent; k++)
+                if (kept[k])
+                    min_kept = fminf(min_kept, zs[k]);
+                else
+                    max_dropped = fmaxf(max_dropped, zs[k]);
+            cr_assert_geq(min_kept, max_dropped, "head %d", hi);
+        }
+        kvp_cache_free(&pre);
+        kvp_cache_free(&b);
+        kvp_policy_destroy(pz);
+        kvp_policy_destroy(pr);
+    }
+    cr_assert_eq(zip.cases, rnd.cases);
+    cr_assert_lt(zip.cc_ratio, rnd.cc_ratio, "kvzip %g, random %g", zip.cc_ratio / zip.cases,
+                 rnd.cc_ratio / rnd.cases);
+    kvp_eval_ref_free(&r);
+
+    /* without opts.kvzip the reference has no KVzip scores */
+    cr_assert_eq(kvp_eval_ref_init(&r, &model.cfg, LEN, &opts), 0);
+    cr_assert_null(r.zip);
+    int tok[LEN];
+    sequence(0, tok);
+    cr_assert_eq(kvp_eval_ref_compute(&r, &model, &rs, tok), 0);
+    kvp_policy *pz = make("kvzip", 1);
+    kvp_eval_acc a = {0};
+    cr_assert_eq(kvp_eval_sequence(&model, &rs, pz, tok, &r, &a), -EINVAL);
+    kvp_policy_destroy(pz);
+    kvp_eval_ref_free(&r);
+}
+
 /* acc[p] for every policy over NSEQ sequences (each sequence's sums kept apart too) */
 static void run_all(kvp_eval_acc acc[NSEQ][NPOL])
 {
@@ -788,6 +961,100 @@ Test(eval, cli_writes_one_csv_row_per_protocol_policy_budget_metric)
         snprintf(cmd, sizeof cmd, "rm -rf %s", dir[run]);
         cr_assert_eq(system(cmd), 0);
     }
+}
+
+/* kvzip in the tables: a row of every metric of the three text protocols, marked
+ * evaluation-only in the report; with --prompts it is left out (alone: nothing to run). */
+Test(eval, cli_tables_list_kvzip)
+{
+    char dir[64], args[512], *out;
+    snprintf(dir, sizeof dir, "/tmp/kvp-eval-kvzip-%d", (int)getpid());
+    snprintf(args, sizeof args, "--policies random,kvzip --budgets 64,32 --seqs 2 --seq-len 128 "
+             "--cut 96 --streams 1 --stream-len 700 --out %s", dir);
+    cr_assert_eq(run_eval(args, &out), 0, "%s", out);
+    free(out);
+    char path[128];
+    snprintf(path, sizeof path, "%s/results.csv", dir);
+    char *csv = tu_slurp(path, NULL);
+    static const char *const want[] = {
+        "ranking,kvzip,all,cc_ratio,", "ranking,kvzip,32,cost,", "ranking,kvzip,64,recall,",
+        "oneshot,kvzip,32,ppl,", "oneshot,kvzip,64,kl,", "streaming,kvzip,32,ppl,",
+        "streaming,kvzip,64,kl,", "streaming,kvzip,32,top1,",
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        cr_assert(strstr(csv, want[i]), "%s missing:\n%s", want[i], csv);
+    free(csv);
+    snprintf(path, sizeof path, "%s/results.md", dir);
+    char *md = tu_slurp(path, NULL);
+    int tables = 0;
+    for (const char *at = md; (at = strstr(at, "\n| kvzip |")); at++)
+        tables++;
+    cr_assert_eq(tables, 8, "a kvzip row in each of the 8 tables:\n%s", md);
+    cr_assert(strstr(md, "evaluation only"), "%s", md);
+    free(md);
+    char cmd[160];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    cr_assert_eq(system(cmd), 0);
+
+    char good[64];
+    snprintf(good, sizeof good, "%s", tu_write_tmp("Once upon a time\n", 17));
+    snprintf(args, sizeof args, "--out %s --prompts %s --policies kvzip", dir, good);
+    char cmd2[2048];
+    snprintf(cmd2, sizeof cmd2, "%s eval --model %s %s 2>&1", tu_build("tools/kvp"),
+             tu_shared("models/stories260K.bin"), args);
+    cr_assert_eq(tu_run(cmd2, &out), 2, "%s", out);
+    cr_assert(strstr(out, "kvzip is left out of the replies"), "%s", out);
+    cr_assert(strstr(out, "no policy to run"), "%s", out);
+    free(out);
+}
+
+/* kvzap is the kvp policy on the file --kvzap-file names: given the file kvp runs, its
+ * rows equal kvp's; it is left out without the file, and named alone without it is a
+ * usage error. */
+Test(eval, cli_kvzap_is_the_kvp_policy_on_its_own_file)
+{
+    char dir[64], pol[96], args[1024], *out;
+    snprintf(dir, sizeof dir, "/tmp/kvp-eval-kvzap-%d", (int)getpid());
+    snprintf(pol, sizeof pol, "%s.kvp", dir);
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s policy-init --model %s --out %s --seed 3 2>&1",
+             tu_build("tools/kvp"), tu_shared("models/stories260K.bin"), pol);
+    cr_assert_eq(tu_run(cmd, &out), 0, "%s", out);
+    free(out);
+    snprintf(args, sizeof args, "--policies kvp,kvzap --policy-file %s --kvzap-file %s "
+             "--budgets 32 --seqs 2 --seq-len 128 --cut 96 --streams 1 --stream-len 700 "
+             "--out %s", pol, pol, dir);
+    cr_assert_eq(run_eval(args, &out), 0, "%s", out);
+    free(out);
+    char path[128];
+    snprintf(path, sizeof path, "%s/results.csv", dir);
+    char *csv = tu_slurp(path, NULL);
+    int rows = 0;
+    for (char *line = strstr(csv, "\n") + 1; *line; line = strchr(line, '\n') + 1) {
+        char *kvp = strstr(line, ",kvp,");
+        if (kvp && kvp < strchr(line, '\n')) {
+            /* the same protocol, budget, metric and value under kvzap */
+            char want[256];
+            int n = (int)(strchr(line, '\n') - line);
+            snprintf(want, sizeof want, "%.*s,kvzap,%.*s\n", (int)(kvp - line), line,
+                     n - (int)(kvp - line) - 5, kvp + 5);
+            cr_assert(strstr(csv, want), "%s missing:\n%s", want, csv);
+            rows++;
+        }
+    }
+    cr_assert_geq(rows, 7, "%s", csv);
+    free(csv);
+    snprintf(path, sizeof path, "%s/results.md", dir);
+    char *md = tu_slurp(path, NULL);
+    cr_assert(strstr(md, "--kvzap-file"), "the command is recorded");
+    cr_assert(strstr(md, "\n| kvzap |"), "%s", md);
+    free(md);
+    snprintf(cmd, sizeof cmd, "rm -rf %s %s", dir, pol);
+    cr_assert_eq(system(cmd), 0);
+
+    cr_assert_eq(run_eval("--out /tmp/x --policies kvzap", &out), 2, "%s", out);
+    cr_assert(strstr(out, "policy kvzap needs --kvzap-file"), "%s", out);
+    free(out);
 }
 
 Test(eval, cli_rejects_bad_input_with_a_message)

@@ -188,6 +188,7 @@ Test(forkeval, cli_table_and_errors)
     free(out);
     static const struct { const char *args, *msg; } bad[] = {
         {"--policies oracle", "the oracle cannot fork"},
+        {"--policies kvzip", "nor can kvzip"},
         {"--policies kvp", "policy kvp needs --policy-file"},
         {"--prefix 500", "exceeds the model's context"},
         {"--budgets 0", "bad budget"},

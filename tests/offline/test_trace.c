@@ -16,6 +16,7 @@
 #include "base/checksum.h"
 #include "model/forward.h"
 #include "model/quant.h"
+#include "offline/eval.h"
 #include "offline/trace.h"
 #include "tests/model/testutil.h"
 
@@ -406,6 +407,106 @@ Test(trace, kvp_trace_stores_what_the_forward_pass_caches)
     kvp_trace_close(&t);
     kvp_model_free(&m);
     free(full);
+    unlink(tpath);
+    rmdir(dir);
+    unlink(text_path);
+}
+
+/* `kvp trace --targets kvzip`: the header says so, and every cut's stored scores are
+ * KVzip's scores of that prefix (kvp_eval_kvzip_scores on the cut's first tokens,
+ * prefilled afresh); a writer takes only the kind of targets its header names, and a
+ * header naming another kind is refused. */
+Test(trace, kvzip_targets_are_kvzips_scores_of_each_cut)
+{
+    const char *model_path = tu_shared("models/stories260K.bin");
+    size_t full_len;
+    char *full = tu_slurp(tu_shared("datasets/tinystories/tinystories-dev.txt"), &full_len);
+    const char *text_path = tmp_name("ztext.txt"), *dir = tmp_name("zdir");
+    write_bytes(text_path, full, 12000);
+    free(full);
+    enum { L = 64 };
+    char cmd[2048], *out;
+    snprintf(cmd, sizeof cmd, "%s trace --model %s --text %s --out %s --seq-len %d "
+             "--max-seqs 4 --split 0.5 --cut-min 24 --cut-stride 16 --cut-tail 16 "
+             "--targets kvzip 2>&1", tu_build("tools/kvp"), model_path, text_path, dir, L);
+    cr_assert_eq(tu_run(cmd, &out), 0, "%s", out);
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s trace --model %s --text %s --out %s --targets future2 2>&1",
+             tu_build("tools/kvp"), model_path, text_path, dir);
+    cr_assert_eq(tu_run(cmd, &out), 2, "%s", out);
+    cr_assert(strstr(out, "bad value 'future2' for --targets"), "%s", out);
+    free(out);
+
+    kvp_model m;
+    char err[256], tpath[256];
+    cr_assert_eq(kvp_model_load(&m, model_path, NULL, err, sizeof err), 0, "%s", err);
+    snprintf(tpath, sizeof tpath, "%s/trace.kvpt", dir);
+    kvp_trace t;
+    cr_assert_eq(kvp_trace_open(&t, tpath, &m.cfg, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(t.h.targets, KVP_TRACE_TARGETS_KVZIP);
+    cr_assert_str_eq(kvp_trace_targets_name(t.h.targets), "kvzip");
+    cr_assert_eq(kvp_trace_n_cuts(&t.h, L), 2, "cuts 24 and 40");
+    kvp_runstate s;
+    cr_assert_eq(kvp_runstate_init(&s, &m.cfg, L), 0);
+    int nh = m.cfg.n_layers * m.cfg.n_kv_heads;
+    for (int q = 0; q < t.h.n_seqs; q++)
+        for (int g = 0; g < 2; g++) {
+            int n = 24 + 16 * g, toks[L];
+            const int32_t *tok = kvp_trace_tokens(&t, q);
+            for (int j = 0; j < L; j++)
+                toks[j] = tok[j];
+            kvp_cache c;
+            cr_assert_eq(kvp_cache_init(&c, m.cfg.n_layers, m.cfg.n_kv_heads, m.cfg.head_dim,
+                                        &m.cfg.rope), 0);
+            cr_assert_eq(kvp_forward(&m, &s, &c, toks, n, NULL), 0);
+            cr_assert_eq(kvp_eval_kvzip_scores(&m, &s, &c, toks), 0);
+            for (int a = 0; a < nh; a++) {
+                const float *got = kvp_trace_importance(&t, q, a / m.cfg.n_kv_heads,
+                                                        a % m.cfg.n_kv_heads, g);
+                for (int i = 0; i < n; i++)
+                    cr_assert_float_eq(got[i], c.heads[a].score[i], 1e-4f,
+                                       "seq %d cut %d agent %d row %d: %g, want %g", q, n, a, i,
+                                       got[i], c.heads[a].score[i]);
+            }
+            kvp_cache_free(&c);
+        }
+    kvp_runstate_free(&s);
+    kvp_trace_close(&t);
+    kvp_model_free(&m);
+
+    /* the header's last field: 1 (KVzip) reads, 2 is no kind of targets */
+    size_t len;
+    unsigned char *buf = (unsigned char *)tu_slurp(tpath, &len);
+    int32_t kind = 2;
+    memcpy(buf + offsetof(kvp_trace_header, targets), &kind, 4);
+    reseal(buf, len);
+    const char *bad = tmp_name("zbad.kvpt");
+    write_bytes(bad, buf, len);
+    open_fails(bad, NULL, err, sizeof err);
+    cr_assert(strstr(err, "bad trace header"), "%s", err);
+    free(buf);
+    unlink(bad);
+
+    /* a writer takes the targets its header names */
+    kvp_trace_header h = {.n_layers = NL, .n_heads = NH, .n_kv_heads = NKV, .head_dim = HD,
+                          .seq_len = MAXLEN, .cut_min = CUT_MIN, .cut_stride = CUT_STRIDE,
+                          .cut_tail = CUT_TAIL, .targets = KVP_TRACE_TARGETS_KVZIP};
+    kvp_trace_writer w;
+    cr_assert_eq(kvp_trace_writer_open(&w, bad, &h, err, sizeof err), 0, "%s", err);
+    static float q0[MAXLEN * NH * HD], k0[MAXLEN * NKV * HD];
+    const float *qs[NL] = {q0, q0}, *ks[NL] = {k0, k0};
+    int32_t tk[MAXLEN] = {0};
+    cr_assert_eq(kvp_trace_writer_add(&w, tk, MAXLEN, qs, ks, ks), -EINVAL);
+    kvp_trace_writer_abort(&w);
+    h.targets = KVP_TRACE_TARGETS_FUTURE;
+    cr_assert_eq(kvp_trace_writer_open(&w, bad, &h, err, sizeof err), 0, "%s", err);
+    const float *sc[1] = {k0};
+    cr_assert_eq(kvp_trace_writer_add_scores(&w, tk, MAXLEN, ks, ks, sc), -EINVAL);
+    kvp_trace_writer_abort(&w);
+    h.targets = 5;
+    cr_assert_lt(kvp_trace_writer_open(&w, bad, &h, err, sizeof err), 0);
+    cr_assert(strstr(err, "targets"), "%s", err);
+
     unlink(tpath);
     rmdir(dir);
     unlink(text_path);

@@ -623,6 +623,78 @@ Test(train, training_learns_a_ranking_the_keys_predict)
     remove_trace();
 }
 
+/* KVzap: agents trained on a trace of KVzip targets (`kvp trace --targets kvzip` on
+ * stories260K) learn to predict them from the rows' keys, values and positions: on the
+ * held-out sequences their ranking's C/C* against KVzip's scores falls with training and
+ * ends below a random ranking's. */
+Test(train, kvzap_surrogate_learns_kvzip_scores_better_than_random)
+{
+    char dir[96], text_path[128], args[1024], path[160], *out;
+    snprintf(dir, sizeof dir, "/tmp/kvp-kvzap-%d", (int)getpid());
+    snprintf(text_path, sizeof text_path, "%s.txt", dir);
+    size_t len;
+    char *text = tu_slurp(tu_shared("datasets/tinystories/tinystories-dev.txt"), &len);
+    FILE *f = fopen(text_path, "wb");
+    cr_assert(f && len > 40000);
+    cr_assert_eq(fwrite(text, 1, 40000, f), 40000);
+    fclose(f);
+    free(text);
+    snprintf(args, sizeof args, "--model %s --text %s --out %s --seq-len 128 --max-seqs 24 "
+             "--split 0.75 --cut-min 48 --cut-stride 16 --cut-tail 16 --targets kvzip",
+             tu_shared("models/stories260K.bin"), text_path, dir);
+    cr_assert_eq(run_kvp("trace", args, &out), 0, "%s", out);
+    cr_assert(strstr(out, "targets: KVzip"), "%s", out);
+    free(out);
+
+    kvp_trace t;
+    char err[256];
+    snprintf(path, sizeof path, "%s/trace.kvpt", dir);
+    cr_assert_eq(kvp_trace_open(&t, path, NULL, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(t.h.targets, KVP_TRACE_TARGETS_KVZIP);
+    cr_assert_lt(t.h.n_train, t.h.n_seqs);
+    kvp_agent_arch arch = {.d = t.h.head_dim, .P = 8, .E = 4, .H = 8, .pmax = 128};
+    kvp_agent_set s;
+    cr_assert_eq(kvp_agent_set_alloc(&s, t.h.n_layers, t.h.n_kv_heads, &arch, err, sizeof err), 0,
+                 "%s", err);
+    kvp_agent_set_init(&s, 3);
+    kvp_train_cfg c = tiny_cfg(200, 2);
+    c.seed = 1;
+    c.val_cut = 96;
+    double before, after;
+    cr_assert_eq(kvp_train_validate(&t, &s, c.val_cut, c.n_sink, c.n_recent, 1, &before, NULL,
+                                    err, sizeof err), 0, "%s", err);
+    cr_assert_eq(kvp_train(&t, &s, &c, &after, err, sizeof err), 0, "%s", err);
+    kvp_agent_set_free(&s);
+
+    /* a random ranking of the same held-out rows, the same rows validation ranks */
+    int m = c.val_cut - c.n_sink - c.n_recent, g = kvp_trace_cut_index(&t.h, c.val_cut);
+    int32_t sigma[128], order[128];
+    kvp_rank_key rk[128];
+    float zero[128] = {0};
+    uint64_t rng = 11;
+    double rnd = 0.0;
+    long cases = 0;
+    for (int q = t.h.n_train; q < t.h.n_seqs; q++)
+        for (int l = 0; l < t.h.n_layers; l++)
+            for (int kvh = 0; kvh < t.h.n_kv_heads; kvh++) {
+                const float *imp = kvp_trace_importance(&t, q, l, kvh, g) + c.n_sink;
+                double best = kvp_oracle_cost(imp, m, order, rk);
+                for (int draw = 0; draw < 16; draw++, cases++) {
+                    kvp_gumbel_rank(zero, m, &rng, sigma, rk);
+                    rnd += kvp_rank_cost(imp, sigma, m) / fmax(best, 1e-8);
+                }
+            }
+    rnd /= (double)cases;
+    cr_log_info("kvzap on KVzip targets: validation C/C* %.3f before, %.3f after, random %.3f",
+                before, after, rnd);
+    cr_assert_lt(after, before, "C/C* %.3f before, %.3f after", before, after);
+    cr_assert_lt(after, rnd, "C/C* %.3f after training, %.3f random", after, rnd);
+    kvp_trace_close(&t);
+    unlink(path);
+    rmdir(dir);
+    unlink(text_path);
+}
+
 Test(train, bad_settings_and_shapes_are_errors)
 {
     kvp_trace t;
