@@ -192,3 +192,39 @@ Test(hub_fork, a_fork_shares_its_sources_rows_counted_once, .fini = finish)
                   "borrowed %zu, shared %zu", info.cache_bytes_borrowed, shared);
     cr_assert_lt(actual, held + held / 4, "the fork's rows were counted twice");
 }
+
+/* A fork's turn on shared rows gives the reply it gives on a copy, token for token, and
+ * the source's next turn too (greedy, q8_0 rows as the daemon stores them). */
+Test(hub_fork, a_forks_reply_on_shared_rows_is_the_copys, .fini = finish)
+{
+    char *reply[2][2];
+    for (int run = 0; run < 2; run++) {
+        ht_share_rows = run == 0;
+        ht_kv_type = KVP_KV_Q8_0;
+        ht_start_forkable(&g, NULL);
+        g.cfg.budget = 0;
+        char id[KVP_SESSION_ID_LEN + 1];
+        char *t = ht_text(40);
+        source(t, id);
+        free(t);
+        ht_client_new(&g, &f);
+        kvp_hub_open_fork(f.c, id, 1);
+        cr_assert_geq(ht_find(&f, 0, KVP_HUB_SESSION), 0);
+        static const char fm[] = "The dog ran to the park and", am[] = "Then the cat said";
+        int from_f = f.n, from_a = a.n;
+        kvp_hub_message(f.c, fm, strlen(fm), 12, 0, 0);
+        kvp_hub_message(a.c, am, strlen(am), 12, 0, 0);
+        int kf = ht_wait(&g, &f, from_f, KVP_HUB_DONE, 60);
+        int ka = ht_wait(&g, &a, from_a, KVP_HUB_DONE, 60);
+        reply[run][0] = strdup(f.ev[kf].text);
+        reply[run][1] = strdup(a.ev[ka].text);
+        finish();
+        memset(&g, 0, sizeof g);
+    }
+    cr_expect_str_eq(reply[0][0], reply[1][0], "the fork's reply on shared rows differs");
+    cr_expect_str_eq(reply[0][1], reply[1][1], "the source's reply after the fork differs");
+    for (int r = 0; r < 2; r++)
+        for (int i = 0; i < 2; i++)
+            free(reply[r][i]);
+    ht_start(&g, NULL, "streaming");   /* for .fini */
+}
