@@ -202,6 +202,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_rows: --kv-type: f32, f16 or q8_0, not %s\n", kv);
         return 2;
     }
+    setvbuf(stdout, NULL, _IOLBF, 0);   /* each result as it comes: the runs are long */
     char err[256];
     int rc = kvp_model_load(&M, model, NULL, err, sizeof err);
     if (rc) {
