@@ -804,19 +804,24 @@ int kvp_cache_serialize(const kvp_cache *c, void **buf, size_t *len)
         kvp_w_bytes(&w, &h->n, 4);
         if (!n)
             continue;
-        if (ns)
-            kvp_w_bytes(&w, (const uint8_t *)b->k + o * rb, ns * rb);
+        /* each array: the shared run, then the head's own (b is NULL without shared rows) */
+        const void *sk = ns ? (const uint8_t *)b->k + o * rb : NULL;
+        const void *sv = ns ? (const uint8_t *)b->v + o * rb : NULL;
+        const void *spos = ns ? (const void *)(b->pos + o) : NULL;
+        const void *sseq = ns ? (const void *)(b->seq + o) : NULL;
+        const void *sscore = ns ? (const void *)(b->score + o) : NULL;
+        const void *sstat = ns ? (const void *)(b->stat + o) : NULL;
+        kvp_w_bytes(&w, sk, ns * rb);
         kvp_w_bytes(&w, h->k, np * rb);
-        if (ns)
-            kvp_w_bytes(&w, (const uint8_t *)b->v + o * rb, ns * rb);
+        kvp_w_bytes(&w, sv, ns * rb);
         kvp_w_bytes(&w, h->v, np * rb);
-        if (ns) kvp_w_bytes(&w, b->pos + o, ns * sizeof *h->pos);
+        kvp_w_bytes(&w, spos, ns * sizeof *h->pos);
         kvp_w_bytes(&w, h->pos, np * sizeof *h->pos);
-        if (ns) kvp_w_bytes(&w, b->seq + o, ns * sizeof *h->seq);
+        kvp_w_bytes(&w, sseq, ns * sizeof *h->seq);
         kvp_w_bytes(&w, h->seq, np * sizeof *h->seq);
-        if (ns) kvp_w_bytes(&w, b->score + o, ns * sizeof *h->score);
+        kvp_w_bytes(&w, sscore, ns * sizeof *h->score);
         kvp_w_bytes(&w, h->score, np * sizeof *h->score);
-        if (ns) kvp_w_bytes(&w, b->stat + o, ns * sizeof *h->stat);
+        kvp_w_bytes(&w, sstat, ns * sizeof *h->stat);
         kvp_w_bytes(&w, h->stat, np * sizeof *h->stat);
     }
     uint64_t sum = fnv1a(w.p, w.n);
