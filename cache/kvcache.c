@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,9 +17,13 @@ size_t kvp_cache_row_cost(kvp_kv_type type, int head_dim)
            2 * sizeof(float);
 }
 
+/* Cache ids start at 1: a block's payer 0 is nobody. */
+static atomic_uint_least64_t next_cache_id = 1;
+
 int kvp_cache_init(kvp_cache *c, int n_layers, int n_kv_heads, int head_dim, const kvp_rope *rope)
 {
     memset(c, 0, sizeof *c);
+    c->id = atomic_fetch_add(&next_cache_id, 1);
     if (n_layers <= 0 || n_kv_heads <= 0 || head_dim <= 0 || head_dim > KVP_MAX_HEAD_DIM ||
         rope->n_rot <= 0 ||
         rope->n_rot % 2 || rope->n_rot > head_dim)
@@ -45,7 +50,50 @@ int kvp_cache_init(kvp_cache *c, int n_layers, int n_kv_heads, int head_dim, con
     return 0;
 }
 
-static void head_free(kvp_head *h)
+static void block_free(kvp_rows_block *b)
+{
+    free(b->k);
+    free(b->v);
+    free(b->pos);
+    free(b->seq);
+    free(b->score);
+    free(b->stat);
+    free(b);
+}
+
+/* c lets go of block b: no longer its payer, and the last holder frees it. */
+static void block_release(kvp_cache *c, kvp_rows_block *b)
+{
+    uint_least64_t me = c->id;
+    atomic_compare_exchange_strong(&b->payer, &me, 0);
+    if (atomic_fetch_sub_explicit(&b->refs, 1, memory_order_acq_rel) == 1)
+        block_free(b);
+}
+
+static size_t block_bytes(const kvp_rows_block *b, int head_dim)
+{
+    return (size_t)b->n * kvp_cache_row_cost(b->type, head_dim);
+}
+
+/* Whether c pays for b, claiming it when nobody does. */
+static int block_charged(const kvp_cache *c, kvp_rows_block *b)
+{
+    uint_least64_t none = 0;
+    return atomic_load(&b->payer) == c->id ||
+           atomic_compare_exchange_strong(&b->payer, &none, c->id);
+}
+
+/* Lets the head's block go (its view of shared rows ends). */
+static void head_drop_block(kvp_cache *c, kvp_head *h)
+{
+    if (h->blk)
+        block_release(c, h->blk);
+    h->blk = NULL;
+    h->sh0 = h->n_shared = 0;
+}
+
+/* Frees the private arrays only (a block stays). */
+static void head_free_private(kvp_head *h)
 {
     free(h->k);
     free(h->v);
@@ -53,6 +101,17 @@ static void head_free(kvp_head *h)
     free(h->seq);
     free(h->score);
     free(h->stat);
+    h->k = h->v = NULL;
+    h->pos = NULL;
+    h->seq = NULL;
+    h->score = h->stat = NULL;
+    h->cap = 0;
+}
+
+static void head_free(kvp_cache *c, kvp_head *h)
+{
+    head_free_private(h);
+    head_drop_block(c, h);
     kvp_kv_type type = h->type;
     memset(h, 0, sizeof *h);
     h->type = type;
@@ -62,7 +121,7 @@ void kvp_cache_free(kvp_cache *c)
 {
     if (c->heads)
         for (int i = 0; i < c->n_layers * c->n_kv_heads; i++)
-            head_free(&c->heads[i]);
+            head_free(c, &c->heads[i]);
     free(c->heads);
     free((float *)c->rope.factors);
     free(c->window);
@@ -132,13 +191,24 @@ void kvp_cache_slide(kvp_cache *c, int layer, int64_t next_seq)
     for (int kvh = 0; w > 0 && kvh < c->n_kv_heads; kvh++) {
         kvp_head *h = kvp_cache_head(c, layer, kvh);
         int k = 0;
-        while (k < h->n && h->seq[k] <= next_seq - w)
+        while (k < h->n && kvp_head_seq(h, k) <= next_seq - w)
             k++;
         if (!k)
             continue;
-        size_t n = (size_t)(h->n - k), rb = kvp_kv_row_bytes(h->type, hd);
-        memmove(h->k, kvp_head_krow(h, hd, k), n * rb);
-        memmove(h->v, kvp_head_vrow(h, hd, k), n * rb);
+        /* shared rows leave the view by moving its start along the block (nothing to
+         * copy, nothing another holder sees); the private ones by moving down */
+        int ks = k < h->n_shared ? k : h->n_shared;
+        h->sh0 += ks;
+        h->n_shared -= ks;
+        h->n -= ks;
+        if (!h->n_shared)
+            head_drop_block(c, h);
+        k -= ks;
+        if (!k)
+            continue;
+        size_t n = (size_t)(h->n - h->n_shared - k), rb = kvp_kv_row_bytes(h->type, hd);
+        memmove(h->k, (uint8_t *)h->k + (size_t)k * rb, n * rb);
+        memmove(h->v, (uint8_t *)h->v + (size_t)k * rb, n * rb);
         memmove(h->pos, h->pos + k, n * sizeof *h->pos);
         memmove(h->seq, h->seq + k, n * sizeof *h->seq);
         memmove(h->score, h->score + k, n * sizeof *h->score);
@@ -150,16 +220,17 @@ void kvp_cache_slide(kvp_cache *c, int layer, int64_t next_seq)
 void kvp_cache_reset(kvp_cache *c)
 {
     for (int i = 0; i < c->n_layers * c->n_kv_heads; i++)
-        head_free(&c->heads[i]);
+        head_free(c, &c->heads[i]);
     c->next_pos = 0;
     c->n_seen = 0;
 }
 
-/* Reallocates every row array of h to exactly `cap` rows (cap >= h->n). */
+/* Reallocates every private row array of h to exactly `cap` rows (cap >= its private
+ * rows, h->n - h->n_shared). */
 static int head_resize(kvp_head *h, int head_dim, int cap)
 {
     if (cap == 0) {
-        head_free(h);
+        head_free_private(h);
         return 0;
     }
     size_t rb = kvp_kv_row_bytes(h->type, head_dim);
@@ -193,6 +264,7 @@ static int head_resize(kvp_head *h, int head_dim, int cap)
 
 int kvp_head_reserve(kvp_head *h, int head_dim, int rows)
 {
+    rows -= h->n_shared;   /* the shared rows need no room of their own */
     if (rows <= h->cap)
         return 0;
     int cap = h->cap ? h->cap : 16;
@@ -203,45 +275,115 @@ int kvp_head_reserve(kvp_head *h, int head_dim, int rows)
 
 void kvp_cache_keep(kvp_cache *c, kvp_head *h, const int *keep, int n_keep)
 {
+    int S = h->n_shared;
+    /* keep[] strictly increases from 0, so the shared rows all stay in place exactly
+     * when the last of them does */
+    if (S && !(n_keep >= S && keep[S - 1] == S - 1)) {
+        if (kvp_head_unshare(c, h))
+            return;   /* out of memory: the rows stay, the next eviction tries again */
+        S = 0;
+    }
     size_t rb = kvp_kv_row_bytes(h->type, c->head_dim);
-    for (int i = 0; i < n_keep; i++) {
-        int r = keep[i];
-        if (r == i)
+    for (int i = S; i < n_keep; i++) {
+        int r = keep[i] - S, j = i - S;   /* private indices */
+        if (r == j)
             continue;
-        memcpy(kvp_head_krow(h, c->head_dim, i), kvp_head_krow(h, c->head_dim, r), rb);
-        memcpy(kvp_head_vrow(h, c->head_dim, i), kvp_head_vrow(h, c->head_dim, r), rb);
-        h->pos[i] = h->pos[r];
-        h->seq[i] = h->seq[r];
-        h->score[i] = h->score[r];
-        h->stat[i] = h->stat[r];
+        memcpy((uint8_t *)h->k + (size_t)j * rb, (uint8_t *)h->k + (size_t)r * rb, rb);
+        memcpy((uint8_t *)h->v + (size_t)j * rb, (uint8_t *)h->v + (size_t)r * rb, rb);
+        h->pos[j] = h->pos[r];
+        h->seq[j] = h->seq[r];
+        h->score[j] = h->score[r];
+        h->stat[j] = h->stat[r];
     }
     c->evicted_rows += (uint64_t)(h->n - n_keep);
     h->n = n_keep;
     /* give memory back once less than half is used (shrinking never fails for realloc
      * in practice; if it does, the larger arrays are simply kept) */
-    if (h->cap > 32 && n_keep < h->cap / 2)
-        (void)head_resize(h, c->head_dim, n_keep < 16 ? 16 : n_keep);
+    int priv = n_keep - S;
+    if (h->cap > 32 && priv < h->cap / 2)
+        (void)head_resize(h, c->head_dim, priv < 16 ? 16 : priv);
 }
 
-static const float *rows_f32(kvp_kv_type t, const uint8_t *rows, int hd, int first, int n,
+/* Copies rows [first, first + n) of s (shared or private) into d's private arrays from
+ * private index at, in at most two runs. */
+static void rows_copy(kvp_head *d, int at, const kvp_head *s, int first, int n, int hd)
+{
+    size_t rb = kvp_kv_row_bytes(s->type, hd);
+    while (n > 0) {
+        int shared = first < s->n_shared;
+        int run = shared ? s->n_shared - first : n;
+        if (run > n)
+            run = n;
+        int from = shared ? s->sh0 + first : first - s->n_shared;
+        const uint8_t *k = shared ? s->blk->k : s->k, *v = shared ? s->blk->v : s->v;
+        const int32_t *pos = shared ? s->blk->pos : s->pos;
+        const int64_t *seq = shared ? s->blk->seq : s->seq;
+        const float *score = shared ? s->blk->score : s->score;
+        const float *stat = shared ? s->blk->stat : s->stat;
+        size_t nn = (size_t)run;
+        memcpy((uint8_t *)d->k + (size_t)at * rb, k + (size_t)from * rb, nn * rb);
+        memcpy((uint8_t *)d->v + (size_t)at * rb, v + (size_t)from * rb, nn * rb);
+        memcpy(d->pos + at, pos + from, nn * sizeof *pos);
+        memcpy(d->seq + at, seq + from, nn * sizeof *seq);
+        memcpy(d->score + at, score + from, nn * sizeof *score);
+        memcpy(d->stat + at, stat + from, nn * sizeof *stat);
+        at += run;
+        first += run;
+        n -= run;
+    }
+}
+
+int kvp_head_unshare(kvp_cache *c, kvp_head *h)
+{
+    if (!h->blk)
+        return 0;
+    kvp_head p = {.type = h->type};
+    int n = h->n;
+    if (head_resize(&p, c->head_dim, n < 16 ? 16 : n)) {
+        head_free_private(&p);
+        return -ENOMEM;
+    }
+    rows_copy(&p, 0, h, 0, n, c->head_dim);
+    head_free_private(h);
+    head_drop_block(c, h);
+    h->k = p.k;
+    h->v = p.v;
+    h->pos = p.pos;
+    h->seq = p.seq;
+    h->score = p.score;
+    h->stat = p.stat;
+    h->cap = p.cap;
+    return 0;
+}
+
+int kvp_cache_unshare(kvp_cache *c)
+{
+    for (int i = 0; c->heads && i < c->n_layers * c->n_kv_heads; i++)
+        if (kvp_head_unshare(c, &c->heads[i]))
+            return -ENOMEM;
+    return 0;
+}
+
+static const float *rows_f32(const kvp_head *h, int values, int hd, int first, int n,
                              float *tmp)
 {
-    size_t rb = kvp_kv_row_bytes(t, hd);
-    if (t == KVP_KV_F32)
-        return (const float *)(rows + (size_t)first * rb);
+    void *(*row)(const kvp_head *, int, int) = values ? kvp_head_vrow : kvp_head_krow;
+    /* f32 rows in one run (all shared or all private) are read where they lie */
+    if (h->type == KVP_KV_F32 && (first >= h->n_shared || first + n <= h->n_shared))
+        return (const float *)row(h, hd, first);
     for (int r = 0; r < n; r++)
-        kvp_kv_row_load(t, tmp + (size_t)r * hd, rows + (size_t)(first + r) * rb, hd);
+        kvp_kv_row_load(h->type, tmp + (size_t)r * hd, row(h, hd, first + r), hd);
     return tmp;
 }
 
 const float *kvp_head_keys(const kvp_head *h, int head_dim, int first, int n, float *tmp)
 {
-    return rows_f32(h->type, h->k, head_dim, first, n, tmp);
+    return rows_f32(h, 0, head_dim, first, n, tmp);
 }
 
 const float *kvp_head_values(const kvp_head *h, int head_dim, int first, int n, float *tmp)
 {
-    return rows_f32(h->type, h->v, head_dim, first, n, tmp);
+    return rows_f32(h, 1, head_dim, first, n, tmp);
 }
 
 /* Re-encodes one head's n rows of `from` (at *rows) as `to`, into a new array of cap rows. */
@@ -265,6 +407,8 @@ int kvp_cache_convert(kvp_cache *c, kvp_kv_type type)
         return -EINVAL;
     if (type == c->kv_type)
         return 0;
+    if (kvp_cache_unshare(c))   /* re-encoded rows are the cache's own */
+        return -ENOMEM;
     int nh = c->n_layers * c->n_kv_heads, hd = c->head_dim;
     /* every head's new rows first, so that a failure leaves the cache as it was */
     uint8_t **nk = calloc((size_t)nh, sizeof *nk), **nv = calloc((size_t)nh, sizeof *nv);
@@ -307,12 +451,30 @@ size_t kvp_head_bytes(const kvp_cache *c, const kvp_head *h)
     return (size_t)h->cap * kvp_cache_row_cost(h->type, c->head_dim);
 }
 
+size_t kvp_cache_shared_bytes(const kvp_cache *c)
+{
+    size_t b = 0;
+    for (int i = 0; c->heads && i < c->n_layers * c->n_kv_heads; i++)
+        if (c->heads[i].blk && block_charged(c, c->heads[i].blk))
+            b += block_bytes(c->heads[i].blk, c->head_dim);
+    return b;
+}
+
+size_t kvp_cache_borrowed_bytes(const kvp_cache *c)
+{
+    size_t b = 0;
+    for (int i = 0; c->heads && i < c->n_layers * c->n_kv_heads; i++)
+        if (c->heads[i].blk)
+            b += block_bytes(c->heads[i].blk, c->head_dim);
+    return b;
+}
+
 size_t kvp_cache_bytes(const kvp_cache *c)
 {
     size_t rows = 0;
-    for (int i = 0; i < c->n_layers * c->n_kv_heads; i++)
+    for (int i = 0; c->heads && i < c->n_layers * c->n_kv_heads; i++)
         rows += (size_t)c->heads[i].cap;
-    return rows * kvp_cache_row_cost(c->kv_type, c->head_dim);
+    return rows * kvp_cache_row_cost(c->kv_type, c->head_dim) + kvp_cache_shared_bytes(c);
 }
 
 size_t kvp_cache_rows(const kvp_cache *c)
@@ -366,10 +528,15 @@ void kvp_cache_drop_newest(kvp_cache *c, int n)
     int last_pos = -1;   /* of the rows that stay */
     for (int i = 0; i < c->n_layers * c->n_kv_heads; i++) {
         kvp_head *h = &c->heads[i];
-        while (h->n > 0 && h->seq[h->n - 1] >= from)
+        while (h->n > 0 && kvp_head_seq(h, h->n - 1) >= from)
             h->n--;
-        if (h->n > 0 && h->pos[h->n - 1] > last_pos)
-            last_pos = h->pos[h->n - 1];
+        if (h->n < h->n_shared) {   /* the view of the block ends sooner */
+            h->n_shared = h->n;
+            if (!h->n_shared)
+                head_drop_block(c, h);
+        }
+        if (h->n > 0 && kvp_head_pos(h, h->n - 1) > last_pos)
+            last_pos = kvp_head_pos(h, h->n - 1);
     }
     c->n_seen = from;
     /* The newest tokens sit at consecutive positions (a context shift keeps the newest
@@ -383,7 +550,7 @@ void kvp_cache_drop_newest(kvp_cache *c, int n)
 static int head_prefix_rows(const kvp_head *h, int64_t from)
 {
     int n = h->n;
-    while (n > 0 && h->seq[n - 1] >= from)
+    while (n > 0 && kvp_head_seq(h, n - 1) >= from)
         n--;
     return n;
 }
@@ -396,7 +563,8 @@ size_t kvp_cache_prefix_bytes(const kvp_cache *c, int64_t from)
     return rows * kvp_cache_row_cost(c->kv_type, c->head_dim);
 }
 
-int kvp_cache_fork(kvp_cache *dst, const kvp_cache *src, int64_t from)
+/* dst (uninitialised) becomes an empty cache of src's shape, type, RoPE and windows. */
+static int fork_shape(kvp_cache *dst, const kvp_cache *src, int64_t from)
 {
     memset(dst, 0, sizeof *dst);
     if (from < 0 || from > src->n_seen || !src->heads)
@@ -413,25 +581,20 @@ int kvp_cache_fork(kvp_cache *dst, const kvp_cache *src, int64_t from)
     }
     if ((rc = kvp_cache_convert(dst, src->kv_type)))   /* empty: sets the type */
         goto fail;
-    int hd = src->head_dim, last_pos = -1;
-    for (int i = 0; i < src->n_layers * src->n_kv_heads; i++) {
-        const kvp_head *s = &src->heads[i];
-        kvp_head *d = &dst->heads[i];
-        int n = head_prefix_rows(s, from);
-        if (!n)
-            continue;
-        if ((rc = kvp_head_reserve(d, hd, n)))
-            goto fail;
-        size_t rb = kvp_kv_row_bytes(s->type, hd), nn = (size_t)n;
-        memcpy(d->k, s->k, nn * rb);
-        memcpy(d->v, s->v, nn * rb);
-        memcpy(d->pos, s->pos, nn * sizeof *d->pos);
-        memcpy(d->seq, s->seq, nn * sizeof *d->seq);
-        memcpy(d->score, s->score, nn * sizeof *d->score);
-        memcpy(d->stat, s->stat, nn * sizeof *d->stat);
-        d->n = n;
-        if (d->pos[n - 1] > last_pos)
-            last_pos = d->pos[n - 1];
+    return 0;
+fail:
+    kvp_cache_free(dst);
+    return rc;
+}
+
+/* The counters of a fork at `from` (its rows in place). */
+static void fork_finish(kvp_cache *dst, const kvp_cache *src, int64_t from)
+{
+    int last_pos = -1;
+    for (int i = 0; i < dst->n_layers * dst->n_kv_heads; i++) {
+        const kvp_head *d = &dst->heads[i];
+        if (d->n && kvp_head_pos(d, d->n - 1) > last_pos)
+            last_pos = kvp_head_pos(d, d->n - 1);
     }
     dst->n_seen = from;
     dst->evicted_rows = src->evicted_rows;
@@ -439,18 +602,115 @@ int kvp_cache_fork(kvp_cache *dst, const kvp_cache *src, int64_t from)
     /* as kvp_cache_drop_newest: the newest tokens held consecutive positions */
     int64_t np = (int64_t)src->next_pos - (src->n_seen - from);
     dst->next_pos = np <= last_pos ? last_pos + 1 : (int)np;
+}
+
+int kvp_cache_fork(kvp_cache *dst, const kvp_cache *src, int64_t from)
+{
+    int rc = fork_shape(dst, src, from);
+    if (rc)
+        return rc;
+    for (int i = 0; i < src->n_layers * src->n_kv_heads; i++) {
+        const kvp_head *s = &src->heads[i];
+        kvp_head *d = &dst->heads[i];
+        int n = head_prefix_rows(s, from);
+        if (!n)
+            continue;
+        if ((rc = kvp_head_reserve(d, src->head_dim, n))) {
+            kvp_cache_free(dst);
+            return rc;
+        }
+        rows_copy(d, 0, s, 0, n, src->head_dim);
+        d->n = n;
+    }
+    fork_finish(dst, src, from);
+    return 0;
+}
+
+/* Makes src's head s share its first n rows: they become a block (s's arrays handed to
+ * it, not copied) and s keeps rows [n, s->n) in new arrays. 0 or -ENOMEM (s unchanged). */
+static int head_make_block(kvp_cache *src, kvp_head *s, int n)
+{
+    int hd = src->head_dim, tail = s->n - n;
+    kvp_rows_block *b = calloc(1, sizeof *b);
+    kvp_head t = {.type = s->type};
+    if (!b || (tail && kvp_head_reserve(&t, hd, tail))) {
+        free(b);
+        head_free_private(&t);
+        return -ENOMEM;
+    }
+    if (tail)
+        rows_copy(&t, 0, s, n, tail, hd);
+    size_t rb = kvp_kv_row_bytes(s->type, hd), nn = (size_t)n;
+    /* the arrays shrink to the block's rows (a shrink that fails keeps them larger) */
+    void *p;
+    b->k = (p = realloc(s->k, nn * rb)) ? p : s->k;
+    b->v = (p = realloc(s->v, nn * rb)) ? p : s->v;
+    b->pos = (p = realloc(s->pos, nn * sizeof *b->pos)) ? p : s->pos;
+    b->seq = (p = realloc(s->seq, nn * sizeof *b->seq)) ? p : s->seq;
+    b->score = (p = realloc(s->score, nn * sizeof *b->score)) ? p : s->score;
+    b->stat = (p = realloc(s->stat, nn * sizeof *b->stat)) ? p : s->stat;
+    b->n = n;
+    b->type = s->type;
+    atomic_init(&b->refs, 1);
+    atomic_init(&b->payer, src->id);
+    s->k = t.k;
+    s->v = t.v;
+    s->pos = t.pos;
+    s->seq = t.seq;
+    s->score = t.score;
+    s->stat = t.stat;
+    s->cap = t.cap;
+    s->blk = b;
+    s->sh0 = 0;
+    s->n_shared = n;
+    return 0;
+}
+
+int kvp_cache_fork_shared(kvp_cache *dst, kvp_cache *src, int64_t from)
+{
+    int rc = fork_shape(dst, src, from);
+    if (rc)
+        return rc;
+    int hd = src->head_dim;
+    for (int i = 0; i < src->n_layers * src->n_kv_heads; i++) {
+        kvp_head *s = &src->heads[i];
+        kvp_head *d = &dst->heads[i];
+        int n = head_prefix_rows(s, from);
+        if (!n)
+            continue;
+        /* a block src alone holds is src's own rows: taking them back costs a copy of
+         * what will be shared, and the longer prefix is then shared whole */
+        if (s->blk && n > s->n_shared && atomic_load(&s->blk->refs) == 1 &&
+            (rc = kvp_head_unshare(src, s)))
+            goto fail;
+        if (!s->blk && (rc = head_make_block(src, s, n)))
+            goto fail;
+        int k = n < s->n_shared ? n : s->n_shared;   /* rows read from the block */
+        if (n > k && (rc = kvp_head_reserve(d, hd, n - k)))
+            goto fail;
+        atomic_fetch_add_explicit(&s->blk->refs, 1, memory_order_relaxed);
+        d->blk = s->blk;
+        d->sh0 = s->sh0;
+        d->n_shared = k;
+        d->n = n;
+        if (n > k)   /* src's rows past its block: copied */
+            rows_copy(d, 0, s, k, n - k, hd);
+    }
+    fork_finish(dst, src, from);
     return 0;
 fail:
     kvp_cache_free(dst);
     return rc;
 }
 
-void kvp_cache_shift(kvp_cache *c, int n_sink, int ctx)
+int kvp_cache_shift(kvp_cache *c, int n_sink, int ctx)
 {
     int target = ctx - ctx / 4, window = ctx / 4;
     int delta = c->next_pos - target;
     if (delta <= 0 || target - window < n_sink)
-        return;
+        return 0;
+    if (kvp_cache_unshare(c))   /* the keys are rotated in place */
+        return -ENOMEM;
     int old_end = c->next_pos - window, new_old_end = target - window;
     float tmp[KVP_MAX_HEAD_DIM];   /* one key row decoded */
     for (int i = 0; i < c->n_layers * c->n_kv_heads; i++) {
@@ -477,6 +737,7 @@ void kvp_cache_shift(kvp_cache *c, int n_sink, int ctx)
     }
     c->next_pos = target;
     c->shifts++;
+    return 0;
 }
 
 /* ---- serialization ---------------------------------------------------------------
@@ -536,17 +797,32 @@ int kvp_cache_serialize(const kvp_cache *c, void **buf, size_t *len)
     if (n_swa)
         kvp_w_bytes(&w, c->factors_swa, (size_t)n_swa * 4);
     for (int i = 0; i < c->n_layers * c->n_kv_heads; i++) {
+        /* shared rows are written out as the head's own: a snapshot stands alone */
         const kvp_head *h = &c->heads[i];
-        size_t n = (size_t)h->n;
+        const kvp_rows_block *b = h->blk;
+        size_t n = (size_t)h->n, ns = (size_t)h->n_shared, np = n - ns, o = (size_t)h->sh0;
         kvp_w_bytes(&w, &h->n, 4);
         if (!n)
             continue;
-        kvp_w_bytes(&w, h->k, n * rb);
-        kvp_w_bytes(&w, h->v, n * rb);
-        kvp_w_bytes(&w, h->pos, n * sizeof *h->pos);
-        kvp_w_bytes(&w, h->seq, n * sizeof *h->seq);
-        kvp_w_bytes(&w, h->score, n * sizeof *h->score);
-        kvp_w_bytes(&w, h->stat, n * sizeof *h->stat);
+        /* each array: the shared run, then the head's own (b is NULL without shared rows) */
+        const void *sk = ns ? (const uint8_t *)b->k + o * rb : NULL;
+        const void *sv = ns ? (const uint8_t *)b->v + o * rb : NULL;
+        const void *spos = ns ? (const void *)(b->pos + o) : NULL;
+        const void *sseq = ns ? (const void *)(b->seq + o) : NULL;
+        const void *sscore = ns ? (const void *)(b->score + o) : NULL;
+        const void *sstat = ns ? (const void *)(b->stat + o) : NULL;
+        kvp_w_bytes(&w, sk, ns * rb);
+        kvp_w_bytes(&w, h->k, np * rb);
+        kvp_w_bytes(&w, sv, ns * rb);
+        kvp_w_bytes(&w, h->v, np * rb);
+        kvp_w_bytes(&w, spos, ns * sizeof *h->pos);
+        kvp_w_bytes(&w, h->pos, np * sizeof *h->pos);
+        kvp_w_bytes(&w, sseq, ns * sizeof *h->seq);
+        kvp_w_bytes(&w, h->seq, np * sizeof *h->seq);
+        kvp_w_bytes(&w, sscore, ns * sizeof *h->score);
+        kvp_w_bytes(&w, h->score, np * sizeof *h->score);
+        kvp_w_bytes(&w, sstat, ns * sizeof *h->stat);
+        kvp_w_bytes(&w, h->stat, np * sizeof *h->stat);
     }
     uint64_t sum = fnv1a(w.p, w.n);
     kvp_w_bytes(&w, &sum, 8);

@@ -75,6 +75,7 @@ typedef struct kvpd_config {
     float top_p;
     uint64_t seed;
     int reuse_cache;                  /* 0: re-prefill the whole transcript each turn */
+    int share_rows;                   /* 0: forks copy their rows instead of sharing them */
     float canary_rate;                /* share of turns the eviction canary checks; 0 off */
     char learn_dir[KVPD_PATH_MAX];    /* transcripts kept for kvp learn; "" none */
     float learn_rate;                 /* share of conversations kept there */

@@ -53,7 +53,9 @@ static int bound(const kvp_model *m, kvp_cache *c, const kvp_evict_cfg *e, int n
     if (c->next_pos + n > m->cfg.seq_len) {
         if (!evicting(e))
             return -E2BIG;
-        kvp_cache_shift(c, e->policy->n_sink, m->cfg.seq_len);
+        int rc = kvp_cache_shift(c, e->policy->n_sink, m->cfg.seq_len);
+        if (rc < 0)
+            return rc;
         if (c->next_pos + n > m->cfg.seq_len)
             return -E2BIG;  /* budget + chunk does not fit the context */
     }

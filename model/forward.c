@@ -112,37 +112,69 @@ static int ensure_att(kvp_runstate *s, int slot, size_t need)
 static void head_scores(const kvp_head *h, int hd, const float *q, int qd, int T, int base,
                         float scale, float *att)
 {
-    int R = h->n;
-    if (h->type == KVP_KV_F32) {
-        const float *k = (const float *)h->k;
-        if (T == 1)
-            cblas_sgemv(CblasRowMajor, CblasNoTrans, R, hd, scale, k, hd, q, 1, 0.0f, att, 1);
-        else
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, R, hd, scale, q, qd, k, hd,
-                        0.0f, att, R);
-        return;
+    /* rows [0, S) are the shared block's, [S, R) the head's own: two runs, each row's
+     * score computed as in one */
+    int R = h->n, S = h->n_shared;
+    for (int run = 0; run < 2; run++) {
+        int r0 = run ? S : 0, nr = run ? R - S : S;
+        if (!nr)
+            continue;
+        const void *rows = kvp_head_krow(h, hd, r0);
+        if (h->type == KVP_KV_F32) {
+            const float *k = rows;
+            if (T == 1)
+                cblas_sgemv(CblasRowMajor, CblasNoTrans, nr, hd, scale, k, hd, q, 1, 0.0f,
+                            att + r0, 1);
+            else
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, nr, hd, scale, q, qd, k,
+                            hd, 0.0f, att + r0, R);
+            continue;
+        }
+        for (int t = 0; t < T; t++) {
+            int seen = base + t + 1 - r0;   /* rows of this run query t sees */
+            if (seen > 0)
+                kvp_kv_dots(h->type, rows, seen < nr ? seen : nr, q + (size_t)t * qd, hd, scale,
+                            att + (size_t)t * R + r0);
+        }
     }
-    for (int t = 0; t < T; t++)
-        kvp_kv_dots(h->type, h->k, base + t + 1, q + (size_t)t * qd, hd, scale,
-                    att + (size_t)t * R);
 }
 
 /* out[T][hd] (rows qd apart) = att[T][R] . V[R][hd], the same way as head_scores. */
 static void head_values(const kvp_head *h, int hd, const float *att, int T, int base, float *out,
                         int qd)
 {
-    int R = h->n;
+    int R = h->n, S = h->n_shared;
     if (h->type == KVP_KV_F32) {
-        const float *v = (const float *)h->v;
-        if (T == 1)
-            cblas_sgemv(CblasRowMajor, CblasTrans, R, hd, 1.0f, v, hd, att, 1, 0.0f, out, 1);
-        else
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, R, 1.0f, att, R, v, hd,
-                        0.0f, out, qd);
+        /* the shared run from 0, the head's own rows added to it */
+        for (int run = 0; run < 2; run++) {
+            int r0 = run ? S : 0, nr = run ? R - S : S;
+            float beta = run && S ? 1.0f : 0.0f;
+            if (!nr)
+                continue;
+            const float *v = kvp_head_vrow(h, hd, r0);
+            if (T == 1)
+                cblas_sgemv(CblasRowMajor, CblasTrans, nr, hd, 1.0f, v, hd, att + r0, 1, beta,
+                            out, 1);
+            else
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, nr, 1.0f, att + r0,
+                            R, v, hd, beta, out, qd);
+        }
         return;
     }
-    for (int t = 0; t < T; t++)
-        kvp_kv_mix(h->type, h->v, base + t + 1, att + (size_t)t * R, hd, out + (size_t)t * qd);
+    /* kvp_kv_mix sums the rows in order from 0 as kvp_kv_axpy adds them, so the rows
+     * past the shared run are added one by one after it: the same sum as one run */
+    for (int t = 0; t < T; t++) {
+        int seen = base + t + 1;
+        const float *a = att + (size_t)t * R;
+        float *y = out + (size_t)t * qd;
+        if (!S || seen <= S) {
+            kvp_kv_mix(h->type, kvp_head_vrow(h, hd, 0), seen, a, hd, y);
+            continue;
+        }
+        kvp_kv_mix(h->type, kvp_head_vrow(h, hd, 0), S, a, hd, y);
+        for (int r = S; r < seen; r++)
+            kvp_kv_axpy(h->type, y, a[r], kvp_head_vrow(h, hd, r), hd);
+    }
 }
 
 /* Attention of one sequence's T queries (batch rows r0..r0+T) over one KV head's rows.
@@ -167,7 +199,7 @@ static void attend_head(kvp_runstate *s, const kvp_model_config *c, const kvp_he
         for (int t = 0; t < T; t++) {
             float *a = att + (size_t)t * R;
             int visible = base + t + 1, first = 0;   /* rows [first, visible) are seen */
-            while (window > 0 && first < visible - 1 && h->seq[first] <= seq0 + t - window)
+            while (window > 0 && first < visible - 1 && kvp_head_seq(h, first) <= seq0 + t - window)
                 first++;
             if (c->attn_softcap > 0)
                 softcap(a + first, (size_t)(visible - first), c->attn_softcap);
@@ -210,15 +242,15 @@ static void store_seq(kvp_runstate *s, const kvp_model_config *p, kvp_batch_seq 
         kvp_head *h = kvp_cache_head(c, l, kvh);
         int base = h->n;
         for (int t = 0; t < T; t++) {
-            int r = base + t;
+            int r = base + t, j = r - h->n_shared;   /* appended rows are private */
             const float *k = s->k + (size_t)(r0 + t) * kvd + kvh * hd;
             const float *v = s->v + (size_t)(r0 + t) * kvd + kvh * hd;
             kvp_kv_store(h->type, kvp_head_krow(h, hd, r), k, hd);
             kvp_kv_store(h->type, kvp_head_vrow(h, hd, r), v, hd);
-            h->pos[r] = c->next_pos + t;
-            h->seq[r] = c->n_seen + t;
-            h->score[r] = 0.0f;
-            h->stat[r] = 0.0f;
+            h->pos[j] = c->next_pos + t;
+            h->seq[j] = c->n_seen + t;
+            h->score[j] = 0.0f;
+            h->stat[j] = 0.0f;
         }
         h->n = base + T;
         if (hk->score && !window)

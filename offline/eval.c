@@ -504,8 +504,8 @@ static int lookahead_scores(const kvp_model *m, kvp_runstate *s, kvp_cache *c, k
     int rc = cache_copy(d, c), nh = c->n_layers * c->n_kv_heads, stride = m->cfg.seq_len;
     if (rc)
         return rc;
-    if (d->next_pos + n > m->cfg.seq_len)
-        kvp_cache_shift(d, n_sink, m->cfg.seq_len);
+    if (d->next_pos + n > m->cfg.seq_len && (rc = kvp_cache_shift(d, n_sink, m->cfg.seq_len)))
+        return rc;
     if (n > m->cfg.seq_len - d->next_pos)
         n = m->cfg.seq_len - d->next_pos;
     if (n > s->max_tokens)

@@ -148,6 +148,13 @@ int kvp_policy_create_shared(kvp_policy **out, const kvp_policy_weights *w,
 static void hook_score(void *ctx, int layer, int kvh, kvp_head *h, int first, int n)
 {
     kvp_policy *p = ctx;
+    /* new rows are private; a head with shared rows is shown as its private rows alone,
+     * so the policy's indices reach its own arrays (on_insert reads only the new rows) */
+    if (h->n_shared) {
+        kvp_head own = kvp_head_private(h);
+        p->ops->on_insert(p, layer, kvh, &own, first - h->n_shared, n);
+        return;
+    }
     p->ops->on_insert(p, layer, kvh, h, first, n);
 }
 
@@ -204,6 +211,11 @@ void kvp_policy_mark(kvp_policy *p, const kvp_cache *c)
         p->ops->mark(p, c);
 }
 
+int kvp_policy_shares_rows(const kvp_policy *p)
+{
+    return !p || !(p->ops->wants_attention || p->ops->truncate || p->ops->mark);
+}
+
 int kvp_policy_is_none(const kvp_policy *p)
 {
     return !p || strcmp(p->ops->name, "none") == 0;
@@ -245,6 +257,9 @@ int kvp_policy_evict_head(kvp_policy *p, kvp_cache *c, int layer, int kvh, int b
     kvp_head *h = kvp_cache_head(c, layer, kvh);
     if (kvp_policy_is_none(p) || budget <= 0 || h->n <= budget)
         return 0;
+    /* rescoring and ranking read and write every row */
+    if (kvp_head_unshare(c, h))
+        return -ENOMEM;
     if (p->ops->before_evict)
         p->ops->before_evict(p, layer, kvh, h);
     int n = h->n, ns, nr;
@@ -392,6 +407,9 @@ int kvp_policy_evict_global(kvp_policy *p, kvp_cache *c, int budget)
     }
     if (rows <= total && !over_cap)
         return 0;
+    for (int i = 0; i < H; i++)   /* rescoring and ranking read and write every row */
+        if (!kvp_cache_window(c, i / c->n_kv_heads) && kvp_head_unshare(c, &c->heads[i]))
+            return -ENOMEM;
     int *kept = calloc((size_t)H, sizeof *kept);        /* rows each head keeps so far */
     char *keep = calloc((size_t)H * most + 1, 1);         /* [H][most]: row is kept */
     float *cal = malloc(((size_t)most + 1) * sizeof *cal);

@@ -108,6 +108,11 @@ void kvp_policy_mark(kvp_policy *p, const kvp_cache *c);
 const char *kvp_policy_names(void);
 /* 1 for "none" (and for NULL, generate.h's "no policy"): never evicts. */
 int kvp_policy_is_none(const kvp_policy *p);
+/* 1 when p works on a cache whose heads share rows (kvp_cache_fork_shared): it reads
+ * only the rows it is given as new outside an eviction (which unshares the head first).
+ * 0 for the policies that observe attention or roll per-row state back (they read and
+ * write every row at each step): their forks copy (kvp_cache_fork). NULL: 1. */
+int kvp_policy_shares_rows(const kvp_policy *p);
 
 /* Rank-and-keep on one head: when h->n > budget, keep the n_sink oldest rows, the
  * recent window, and the highest-scoring others to reach exactly `budget` rows

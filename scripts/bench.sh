@@ -46,6 +46,12 @@
 #   --no-reuse-cache: 16 new conversations at once sharing a ~600-token system prompt,
 #   then a regenerate and an edit of the last message: prefilled tokens, wall time and
 #   TTFT p50/p99 with their ratios (bench/prefix_reuse.py).
+#        scripts/bench.sh --rows [bench_rows options, e.g. --reps 5]
+#   --rows: shared rows against copied ones (bench_rows) on the Qwen2.5-0.5B-shaped q8_0
+#   synthetic (as --sampler): 64 conversations forked from one on a 2,000-token system
+#   prompt (cache bytes against one conversation's plus their private rows), a request's
+#   n: 4 choices of a 512-token prompt with 32-token replies (against n: 1), and the
+#   decode speed of 8 forks on shared rows against copied ones, alternating.
 #        scripts/bench.sh --hostile [bench/hostile_schema.py options, e.g. --reps 5]
 #   --hostile: what 4 clients sending json_schema requests built for the most mask work
 #   cost another client's plain stream, against the same 4 clients without a schema and
@@ -104,7 +110,7 @@ cd "$(dirname "$0")/.."
 dir=${KVP_BUILD_DIR:-build}
 [ -f $dir/build.ninja ] || meson setup $dir
 ninja -C $dir bench/bench_engine bench/bench_matmul bench/loadgen bench/bench_store tools/kvp \
-    daemon/kvpd bench/bench_policies bench/bench_sampler bench/bench_grammar
+    daemon/kvpd bench/bench_policies bench/bench_sampler bench/bench_grammar bench/bench_rows
 if [ "${1:-}" = --store ]; then
     shift
     rdir=$(mktemp -d /tmp/kvp-bench-redis-XXXXXX)
@@ -264,6 +270,15 @@ if [ "${1:-}" = --prefix ]; then
     qwen_synth
     echo "load: $(uptime)"
     python3 bench/prefix_reuse.py --kvpd $dir/daemon/kvpd --model $qwen "$@"
+    exit 0
+fi
+if [ "${1:-}" = --rows ]; then
+    shift
+    qwen_synth
+    echo "load: $(uptime)"
+    $dir/bench/bench_rows --model $qwen --convs 64 --prefix 2000 --msg 16 --reply 32 \
+        --prompt 512 --choices 4 --speed 8 "$@"
+    echo "load: $(uptime)"
     exit 0
 fi
 if [ "${1:-}" = --hostile ]; then

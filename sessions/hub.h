@@ -159,6 +159,10 @@ typedef struct kvp_hub_info {
     int sessions_resident, sessions_parked, turns_running, queue_depth;
     uint64_t sessions_total;      /* ever created */
     size_t cache_bytes_total, cache_bytes_max_session, cache_bytes_accounted;
+    /* Of cache_bytes_total, the rows shared between sessions (each block once), and the
+     * bytes the sessions read from shared blocks (each block once per reader): a copy per
+     * reader would cost cache_bytes_borrowed - cache_bytes_shared more. */
+    size_t cache_bytes_shared, cache_bytes_borrowed;
     size_t turn_reserve_bytes;
     size_t prefix_index_bytes;    /* the prefix index's memory (sessions/prefix.h) */
     char weights[160];            /* weight bytes by type (kvp_model_weight_mix) */
@@ -226,6 +230,7 @@ typedef struct kvp_hub_params {
      * it is freed (also when kvp_hub_start fails); NULL: no snapshots, no parking. */
     struct kvp_hub_storage *storage;
     int chunk, workers, reuse_cache;
+    int share_rows;               /* forks share their rows (kvp_session_env.share_rows) */
     kvp_kv_type kv_type;          /* how session caches store their rows */
     int budget_mode;              /* enum kvp_budget_mode (policy/policy.h) */
     int step_tokens;              /* tokens of one batched step (decodes + prefill chunks) */

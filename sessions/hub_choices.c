@@ -66,7 +66,10 @@ static void start_one(kvp_hub *h, kvp_session *src, kvp_hub_client *c,
     }
     if (forked) {
         s->reuse_from = KVP_REUSE_OTHER;
-        s->bytes = bytes;   /* its own copy counts against the memory cap */
+        /* its own rows count against the memory cap, and src's, which may have become
+         * a block both read (charged to src) */
+        kvp_session_count_bytes(s);
+        kvp_session_count_bytes(src);
     } else if (p->n > 1 && kvp_session_seed(s, p->msgs, p->n - 1) < 0) {
         hub_emit_error(c, KVPD_E_INTERNAL, "out of memory");
         return;

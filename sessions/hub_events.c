@@ -82,7 +82,7 @@ static kvp_hub_client *job_ended(kvp_hub *h, kvp_session *s)
         kvpd_log("warning", "session %.8s: out of memory for the transcript index", s->id);
     s->evicted_rows = s->cache.evicted_rows;
     s->rows_max = kvp_cache_max_rows(&s->cache);
-    s->bytes = kvp_cache_bytes(&s->cache);
+    kvp_session_count_bytes(s);
     return to;
 }
 

@@ -153,7 +153,8 @@ static void fork_from(kvp_hub_client *c, kvp_session *src, int turn)
      * held, other idle sessions parked (or dropped) to make room as for a turn's
      * reservation; else the fork is refused and its session goes. (The source is not
      * touched again.) */
-    s->bytes = kvp_cache_bytes(&s->cache);
+    kvp_session_count_bytes(s);
+    kvp_session_count_bytes(src);   /* its rows may have become a block the fork reads */
     size_t unused;
     if (kvp_hub_admit(h, s, 0, s->bytes, &unused, err, sizeof err) < 0) {
         hub_overloaded(c, "no room for the fork's copy of the cache beside the sessions "

@@ -225,7 +225,10 @@ static int try_fork(kvp_hub_client *c, kvp_session *s, const kvp_message *msgs, 
     }
     if (forked) {
         s->reuse_from = other ? KVP_REUSE_OTHER : KVP_REUSE_SHARED;
-        s->bytes = bytes;   /* its own copy counts against the memory cap */
+        /* its own rows count against the memory cap, and src's, which may have become
+         * a block both read (charged to src) */
+        kvp_session_count_bytes(s);
+        kvp_session_count_bytes(src);
         h->m->prefix_hits++;
         h->m->prefix_bytes_copied += bytes;
     } else {

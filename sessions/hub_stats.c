@@ -71,7 +71,10 @@ void kvp_hub_info_get(kvp_hub *h, kvp_hub_info *o)
     o->sessions_resident = h->sessions.resident;
     o->sessions_parked = h->sessions.count - h->sessions.resident;
     o->sessions_total = h->sessions.created_total;
-    o->cache_bytes_accounted = kvp_hub_accounted_bytes(h, &o->cache_bytes_total);
+    o->cache_bytes_accounted = kvp_hub_accounted_bytes(h, &o->cache_bytes_total,
+                                                       &o->cache_bytes_shared);
+    for (kvp_session *s = h->sessions.resident_head; s; s = s->rnext)
+        o->cache_bytes_borrowed += s->borrowed_bytes;
     o->turn_reserve_bytes = kvp_hub_turn_bytes(h);
     o->prefix_index_bytes = kvp_prefix_bytes(h->prefix) + hub_prefix_disk_bytes(h);
     o->queue_depth = kvpd_sched_depth(h->sched);

@@ -254,6 +254,12 @@ char *kvpd_metrics_render(const kvpd_metrics *m, const kvpd_gauges *g, size_t *l
     gauge(f, "kvpd_cache_bytes_accounted",
           "KV cache bytes the memory cap counts (idle caches plus running turns' reservations)",
           (double)g->cache_bytes_accounted);
+    gauge(f, "kvpd_cache_bytes_shared",
+          "Of kvpd_cache_bytes, the rows shared between sessions (forks, shared prefixes, n "
+          "choices), each counted once", (double)g->cache_bytes_shared);
+    gauge(f, "kvpd_cache_bytes_borrowed",
+          "KV cache bytes sessions read from shared rows, once per reader (what copies would hold)",
+          (double)g->cache_bytes_borrowed);
     gauge(f, "kvpd_cache_bytes_cap", "max_cache_bytes (0: no cap)", (double)g->cache_bytes_cap);
     gauge(f, "kvpd_turn_reserve_bytes", "KV cache bytes reserved for one turn",
           (double)g->turn_reserve_bytes);

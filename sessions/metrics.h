@@ -95,6 +95,7 @@ typedef struct kvpd_gauges {
     int connections_open;
     size_t cache_bytes_total, cache_bytes_max_session;
     size_t cache_bytes_accounted, cache_bytes_cap, turn_reserve_bytes;
+    size_t cache_bytes_shared, cache_bytes_borrowed;   /* kvp_hub_info's */
     double uptime_s;
     int ready;
     int draining;                     /* shutting down: /healthz says so */

@@ -36,15 +36,23 @@ static size_t counted(const kvp_session *s)
     return kvp_session_busy(s) ? s->reserve + s->reserve_lp : s->bytes;
 }
 
-size_t kvp_hub_accounted_bytes(const kvp_hub *h, size_t *actual)
+size_t kvp_hub_accounted_bytes(kvp_hub *h, size_t *actual, size_t *shared)
 {
-    size_t sum = 0, act = 0;
-    for (const kvp_session *s = h->sessions.resident_head; s; s = s->rnext) {
+    size_t sum = 0, act = 0, sh = 0;
+    for (kvp_session *s = h->sessions.resident_head; s; s = s->rnext) {
+        /* an idle session reading shared blocks is counted again: a block whose payer
+         * let it go (parked, dropped, copied its rows) is charged to the next holder, so
+         * every block counts once however its holders come and go */
+        if (s->shares && !kvp_session_busy(s))
+            kvp_session_count_bytes(s);
         sum += counted(s);
         act += s->bytes;
+        sh += s->shared_bytes;
     }
     if (actual)
         *actual = act;
+    if (shared)
+        *shared = sh;
     return sum;
 }
 
@@ -162,6 +170,7 @@ static int tenant_bytes(kvp_hub *h, const kvp_session *s, const char *tenant, in
     for (;;) {
         size_t mine = 0;
         int others = 0, busy;
+        (void)kvp_hub_accounted_bytes(h, NULL, NULL);   /* blocks a victim let go, recharged */
         for (const kvp_session *r = h->sessions.resident_head; r; r = r->rnext)
             if (r != s && !strcmp(r->tenant, tenant)) {
                 mine += counted(r);
@@ -197,7 +206,7 @@ int kvp_hub_admit(kvp_hub *h, kvp_session *s, int job, size_t extra, size_t *res
             need = s->bytes;
     }
     int slots = h->sessions.resident + (!s || parked);
-    size_t others = kvp_hub_accounted_bytes(h, NULL) - (s ? counted(s) : 0);
+    size_t others = kvp_hub_accounted_bytes(h, NULL, NULL) - (s ? counted(s) : 0);
     uint64_t cap = h->cfg->max_cache_bytes;
     while (slots > h->cfg->max_sessions || (cap && others + need + extra > cap)) {
         kvp_session *victim = lru_victim(h, s);
@@ -211,9 +220,11 @@ int kvp_hub_admit(kvp_hub *h, kvp_session *s, int job, size_t extra, size_t *res
                          extra ? " (this turn's logprobs buffers count in it)" : "");
             return -EBUSY;
         }
-        others -= victim->bytes;
         slots--;
         make_room(h, victim);
+        /* what the victim frees: its own rows, and the shared blocks no one else reads
+         * (the others' are charged to a holder that stays) */
+        others = kvp_hub_accounted_bytes(h, NULL, NULL) - (s ? counted(s) : 0);
     }
     *reserve = need;
     return 0;

@@ -23,8 +23,10 @@ size_t kvp_turn_bytes(const kvp_model_config *m, size_t row_bytes, int budget, i
                       const char *policy, int budget_mode);
 /* The same with the hub's budget and policy in force. */
 size_t kvp_hub_turn_bytes(const kvp_hub *h);
-/* What the cap counts now, and the sum of the resident sessions' actual cache bytes. */
-size_t kvp_hub_accounted_bytes(const kvp_hub *h, size_t *actual);
+/* What the cap counts now, and (when not NULL) the sum of the resident sessions' actual
+ * cache bytes and of the shared blocks among them; each shared block counts once, in
+ * the bytes of the one session it is charged to. */
+size_t kvp_hub_accounted_bytes(kvp_hub *h, size_t *actual, size_t *shared);
 /* Makes room for session s, or for a new one when s is NULL (a resident slot), and when
  * `job` is set for a job on it (a turn's reservation), parking idle sessions other than
  * s as needed. `extra`: the job's bytes beside its cache (a turn's logprob buffers,

@@ -100,7 +100,7 @@ int kvp_session_rewind_cut(kvp_session *s, int *old, int n_old)
     return keep;
 }
 
-int kvp_session_fork(kvp_session *dst, const kvp_session *src, const kvp_session_env *env,
+int kvp_session_fork(kvp_session *dst, kvp_session *src, const kvp_session_env *env,
                      size_t *bytes)
 {
     *bytes = 0;
@@ -114,26 +114,29 @@ int kvp_session_fork(kvp_session *dst, const kvp_session *src, const kvp_session
     if (!tok)
         return -ENOMEM;
     memcpy(tok, src->tokens, (size_t)n * sizeof *tok);
-    kvp_cache c;
-    int rc = kvp_cache_fork(&c, &src->cache, n);
-    if (rc) {
-        free(tok);
-        return rc;
-    }
     kvp_policy *p;
     char err[160];
-    rc = kvp_policy_create_shared(&p, dst->pconf->weights, &env->model->cfg, dst->seed, err,
-                                  sizeof err);
-    /* src without a policy (read from its snapshot, no turn since): dst's starts fresh
-     * on the copy, as src's own next turn's would on its cache */
-    if (!rc && src->policy && (rc = kvp_policy_fork(p, src->policy, &c, n)))
-        kvp_policy_destroy(p);
+    int rc = kvp_policy_create_shared(&p, dst->pconf->weights, &env->model->cfg, dst->seed, err,
+                                      sizeof err);
     if (rc) {
-        kvp_cache_free(&c);
         free(tok);
         return rc < 0 ? rc : -EINVAL;
     }
-    *bytes = kvp_cache_bytes(&c);
+    /* the rows are shared (src and dst read one copy) unless the conf's policy writes
+     * every row at each step; src and dst have the same conf, so the same policy */
+    kvp_cache c;
+    rc = env->share_rows && kvp_policy_shares_rows(p) ? kvp_cache_fork_shared(&c, &src->cache, n)
+                                                      : kvp_cache_fork(&c, &src->cache, n);
+    /* src without a policy (read from its snapshot, no turn since): dst's starts fresh
+     * on the copy, as src's own next turn's would on its cache */
+    if (!rc && src->policy && (rc = kvp_policy_fork(p, src->policy, &c, n)))
+        kvp_cache_free(&c);
+    if (rc) {
+        kvp_policy_destroy(p);
+        free(tok);
+        return rc < 0 ? rc : -EINVAL;
+    }
+    *bytes = kvp_cache_bytes(&c);   /* what was copied: dst pays for no block */
     kvp_cache_free(&dst->cache);
     dst->cache = c;
     dst->policy = p;

@@ -30,16 +30,18 @@ int kvp_session_rewind_apply(kvp_session *s, const kvp_session_env *env, int **o
 int kvp_session_rewind_cut(kvp_session *s, int *old, int n_old);
 
 /* Loop, on a new session dst that was never run and an idle resident src of the same
- * policy conf whose cache starts its transcript (no dropped history): dst gets a copy of
- * src's cache, policy state and tokens (kvp_cache_fork, kvp_policy_fork), src is not
- * changed. Arm a rewind on dst next (kvp_session_rewind): its turn's start cuts the copy
+ * policy conf whose cache starts its transcript (no dropped history): dst gets src's
+ * cache, policy state and tokens (kvp_policy_fork), src reads what it read. The cache's
+ * rows are shared with src (kvp_cache_fork_shared: src's rows become a block both read,
+ * each side's changes copied first) when env->share_rows is set and the policy allows
+ * it (kvp_policy_shares_rows), else copied (kvp_cache_fork). Arm a rewind on dst next (kvp_session_rewind): its turn's start cuts the copy
  * back to where the request and src's tokens diverge, as for src itself. Rows src had
  * evicted stay evicted in the copy. A src without a policy (read from its snapshot, no
  * turn since) gives dst a fresh one, as src's next turn would make for itself. *bytes
  * gets the cache bytes copied. 0, -EINVAL (src cannot serve: another conf, dropped
  * history, nothing cached; the conf has no shared weights), -ENOMEM; dst is unchanged on
  * failure. */
-int kvp_session_fork(kvp_session *dst, const kvp_session *src, const kvp_session_env *env,
+int kvp_session_fork(kvp_session *dst, kvp_session *src, const kvp_session_env *env,
                      size_t *bytes);
 
 /* The longest common prefix of a[0..na) and b[0..nb). */

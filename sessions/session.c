@@ -305,7 +305,8 @@ void kvp_session_park(kvp_session_table *t, kvp_session *s)
     turn_clear(&s->turn);
     s->reply_open = 0;
     s->state = KVP_SESSION_PARKED;
-    s->bytes = 0;
+    s->bytes = s->shared_bytes = s->borrowed_bytes = 0;
+    s->shares = 0;
     resident_unlink(t, s);
 }
 
@@ -673,4 +674,12 @@ void kvp_session_restart_tokens(kvp_session *s)
     for (int i = 0; i < s->n_msgs; i++)
         s->msg_tok[i] = 0;   /* none rendered yet */
     s->journal_ok = 0;   /* other tokens than on disk: the next save is a full one */
+}
+
+void kvp_session_count_bytes(kvp_session *s)
+{
+    s->bytes = kvp_cache_bytes(&s->cache);
+    s->shared_bytes = kvp_cache_shared_bytes(&s->cache);
+    s->borrowed_bytes = kvp_cache_borrowed_bytes(&s->cache);
+    s->shares = s->borrowed_bytes > 0;
 }

@@ -50,6 +50,7 @@ typedef struct kvp_session_env {
     int budget_mode;                 /* enum kvp_budget_mode: the budget per head or shared */
     int step_tokens;                 /* rows of a batched step (at least chunk) */
     int reuse_cache;
+    int share_rows;                  /* forks share their rows (kvp_session_fork) */
     float top_p;
     uint64_t seed;
     struct kvp_store *store;         /* NULL = no snapshots (and no parking) */
@@ -184,7 +185,12 @@ typedef struct kvp_session {
      * same tenant attach to it. Kept in its snapshot. */
     char tenant[KVP_TENANT_LEN + 1];
     int rows_max;
-    size_t bytes;                    /* cache bytes while idle (0 when parked) */
+    size_t bytes;                    /* cache bytes while idle (0 when parked): its own rows
+                                      * and the shared blocks charged to it */
+    size_t shared_bytes;             /* of bytes, the shared blocks (kvp_cache_shared_bytes) */
+    size_t borrowed_bytes;           /* every shared block its cache reads, charged to it
+                                      * or to another (kvp_cache_borrowed_bytes) */
+    int shares;                      /* its cache reads a shared block (borrowed_bytes > 0) */
     size_t reserve;                  /* cache bytes held for the job in flight (memory cap) */
     size_t reserve_lp;               /* and its turn's logprob buffers' bytes */
     uint64_t evicted_rows;
@@ -368,6 +374,10 @@ int kvp_session_turn_logprobs(kvp_session *s, int vocab, int top);
 /* The bytes kvp_session_turn_logprobs allocates for a turn of max_tokens tokens with
  * `top` alternatives (top < 0: 0), which the memory cap reserves with the turn. */
 size_t kvp_session_logprobs_bytes(int max_tokens, int vocab, int top);
+/* Sets s->bytes, shared_bytes, borrowed_bytes and shares from its cache (a shared block
+ * nobody pays for any more is charged to s: kvp_cache_bytes). Loop, on an idle session,
+ * or the worker running its job. */
+void kvp_session_count_bytes(kvp_session *s);
 /* The reply of the armed turn is one of g's documents (sessions/constrain.c): each token
  * is drawn from those that continue it, a stop token only once it is whole, and only
  * while the document can still be finished in the tokens the turn has left (its

@@ -258,6 +258,8 @@ static void gauges(kvpd_web *w, kvpd_gauges *g, kvp_hub_info *hi)
         g->cache_bytes_total = hi->cache_bytes_total;
         g->cache_bytes_max_session = hi->cache_bytes_max_session;
         g->cache_bytes_accounted = hi->cache_bytes_accounted;
+        g->cache_bytes_shared = hi->cache_bytes_shared;
+        g->cache_bytes_borrowed = hi->cache_bytes_borrowed;
         g->turn_reserve_bytes = hi->turn_reserve_bytes;
         g->prefix_index_bytes = hi->prefix_index_bytes;
         g->lease_conflicts = hi->lease_conflicts;
@@ -375,8 +377,10 @@ static int admin_stats(kvpd_conn *c)
     /* policy_file_loads: policy files this process has read; the policy in force is read
      * once (and again at each reload), never per session: its weights are shared. */
     json_t *memory = json_pack(
-        "{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "cap", (json_int_t)g.cache_bytes_cap,
+        "{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "cap", (json_int_t)g.cache_bytes_cap,
         "resident_bytes", (json_int_t)g.cache_bytes_total,
+        "shared_bytes", (json_int_t)g.cache_bytes_shared,
+        "borrowed_bytes", (json_int_t)g.cache_bytes_borrowed,
         "accounted_bytes", (json_int_t)g.cache_bytes_accounted,
         "turn_reserve_bytes", (json_int_t)g.turn_reserve_bytes,
         "parks", (json_int_t)m->parks, "unparks", (json_int_t)m->unparks,

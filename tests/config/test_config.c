@@ -29,6 +29,7 @@ Test(config, defaults)
     cr_assert_eq(c.listen_port, 8080);
     cr_assert(strstr(c.model, "models/stories260K.bin"));
     cr_assert_eq(c.reuse_cache, 1);
+    cr_assert_eq(c.share_rows, 1);           /* forks share their rows */
     cr_assert_eq(c.admin_token[0], '\0');
     cr_assert_eq(c.kv_type, KVP_KV_Q8_0);    /* quality per byte: docs/quality-per-byte.md */
     cr_assert_eq(c.budget_mode, KVP_BUDGET_PER_HEAD);
@@ -83,6 +84,16 @@ Test(config, rejects_bad_values_with_a_reason)
     cr_assert_lt(kvpd_config_set(&c, "top_p", "1.5", err, sizeof err), 0);
     cr_assert_lt(kvpd_config_set(&c, "temperature", "nan", err, sizeof err), 0);
     cr_assert_lt(kvpd_config_set(&c, "reuse_cache", "maybe", err, sizeof err), 0);
+    const char *bad_share[] = {"maybe", "", "2", "-1", "true ", "yes\n"};
+    for (size_t i = 0; i < sizeof bad_share / sizeof bad_share[0]; i++) {
+        err[0] = 0;
+        cr_assert_lt(kvpd_config_set(&c, "share_rows", bad_share[i], err, sizeof err), 0,
+                     "share_rows = \"%s\" was taken", bad_share[i]);
+        cr_assert(strstr(err, "share_rows"), "the error does not name the setting: %s", err);
+        cr_assert_eq(c.share_rows, 1, "a refused value changed the setting");
+    }
+    cr_assert_eq(kvpd_config_set(&c, "share_rows", "false", err, sizeof err), 0, "%s", err);
+    cr_assert_eq(c.share_rows, 0);
     cr_assert_lt(kvpd_config_set(&c, "listen", "8080", err, sizeof err), 0);
     cr_assert_lt(kvpd_config_set(&c, "listen", "127.0.0.1:70000", err, sizeof err), 0);
     cr_assert_lt(kvpd_config_set(&c, "seed", "-3", err, sizeof err), 0);

@@ -202,3 +202,47 @@ Test(memcap, max_sessions_counts_resident_sessions_only)
         ws_close(&c[i]);
     cr_assert_eq(kvpd_stop(&d, 10000), 0);
 }
+
+/* A request's n choices read the first choice's rows (share_rows): once they are done,
+ * the first one's conversation holds them as one shared block, which /admin/stats and
+ * /metrics report (counted once in resident_bytes); with --no-share-rows nothing is. */
+static json_int_t shared_after_choices(const char *args, json_int_t *resident,
+                                       json_int_t *borrowed, double *metric_shared)
+{
+    kvpd_proc d;
+    cr_assert_eq(kvpd_start(&d, args), 0);
+    char *raw = NULL;
+    json_t *j = h_complete(&d, "{\"model\":\"m\",\"n\":3,\"max_tokens\":8,\"temperature\":0,"
+                               "\"messages\":[{\"role\":\"user\",\"content\":\"Once upon a time "
+                               "there was a little dog named Spot\"}]}", &raw);
+    cr_assert_eq(json_array_size(json_object_get(j, "choices")), 3, "%s", raw);
+    json_decref(j);
+    free(raw);
+    json_t *st = h_stats(&d);
+    cr_assert(st);
+    json_int_t shared = int_at(st, "memory", "shared_bytes");
+    *resident = int_at(st, "memory", "resident_bytes");
+    *borrowed = int_at(st, "memory", "borrowed_bytes");
+    cr_assert(json_is_integer(json_object_get(json_object_get(st, "memory"), "shared_bytes")));
+    json_decref(st);
+    *metric_shared = metric(&d, "kvpd_cache_bytes_shared");
+    cr_assert_eq(kvpd_stop(&d, 10000), 0);
+    return shared;
+}
+
+Test(memcap, n_choices_share_rows_reported_once)
+{
+    json_int_t resident, borrowed;
+    double m;
+    json_int_t shared = shared_after_choices("--budget 0", &resident, &borrowed, &m);
+    cr_assert_gt(shared, 0, "the choices' rows are not reported shared");
+    cr_assert_leq(shared, resident, "shared %lld > resident %lld", (long long)shared,
+                  (long long)resident);
+    cr_assert_geq(borrowed, shared);
+    cr_assert_eq((json_int_t)m, shared, "/metrics says %.0f, /admin/stats %lld", m,
+                 (long long)shared);
+    shared = shared_after_choices("--budget 0 --no-share-rows", &resident, &borrowed, &m);
+    cr_assert_eq(shared, 0, "rows shared with --no-share-rows");
+    cr_assert_eq(borrowed, 0);
+    cr_assert_gt(resident, 0);
+}

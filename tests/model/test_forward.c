@@ -201,3 +201,63 @@ Test(forward, f16_and_q8_0_close_to_f32)
     }
     free(ref);
 }
+
+/* Attention over a head whose leading rows are a shared block (kvp_cache_fork_shared)
+ * reads the two runs as one: the logits of a prefill chunk and of decode steps on a
+ * shared fork are those of a copied fork, bit for bit with f16 and q8_0 rows (the value
+ * sums continue the block's run row by row) and within rounding with f32 rows (two BLAS
+ * calls); the source's logits after the forks are its own. */
+Test(forward, shared_rows_give_the_logits_of_copied_rows)
+{
+    const kvp_kv_type types[] = {KVP_KV_F32, KVP_KV_F16, KVP_KV_Q8_0};
+    for (int ti = 0; ti < 3; ti++) {
+        engine e;
+        engine_open(&e, tu_shared("models/stories260K.bin"), tu_shared("models/tok512.bin"), 8);
+        cr_assert_eq(kvp_cache_convert(&e.c, types[ti]), 0);
+        int V = e.m.cfg.vocab_size, prompt[24];
+        for (int i = 0; i < 24; i++)
+            prompt[i] = 1 + (i * 37) % (V - 1);
+        for (int i = 0; i < 24; i += 8)
+            cr_assert_eq(kvp_forward(&e.m, &e.s, &e.c, prompt + i, 8, NULL), 0);
+        kvp_cache sh, cp;
+        cr_assert_eq(kvp_cache_fork(&cp, &e.c, 24), 0);
+        cr_assert_eq(kvp_cache_fork_shared(&sh, &e.c, 24), 0);
+        cr_assert_eq(sh.heads[0].n_shared, 24);
+        float *a = malloc((size_t)V * sizeof *a), *b = malloc((size_t)V * sizeof *b);
+        int chunk[5] = {3, 9, 27, 81, 243 % V};
+        for (int step = 0; step < 6; step++) {
+            const int *t = step ? &chunk[step - 1] : chunk;
+            int n = step ? 1 : 5;   /* a chunk first (T > 1), then decode steps */
+            cr_assert_eq(kvp_forward(&e.m, &e.s, &sh, t, n, NULL), 0);
+            memcpy(a, e.s.logits, (size_t)V * sizeof *a);
+            cr_assert_eq(kvp_forward(&e.m, &e.s, &cp, t, n, NULL), 0);
+            memcpy(b, e.s.logits, (size_t)V * sizeof *b);
+            if (types[ti] != KVP_KV_F32) {
+                cr_expect_eq(memcmp(a, b, (size_t)V * sizeof *a), 0,
+                             "type %d step %d: the logits differ", ti, step);
+            } else {
+                for (int i = 0; i < V; i++)
+                    cr_expect(fabsf(a[i] - b[i]) <= 1e-4f * (1.0f + fabsf(b[i])),
+                              "f32 step %d logit %d: %g vs %g", step, i, a[i], b[i]);
+            }
+        }
+        /* the source goes on as if never forked */
+        kvp_cache own;
+        cr_assert_eq(kvp_cache_fork(&own, &e.c, 24), 0);
+        int next = 5;
+        cr_assert_eq(kvp_forward(&e.m, &e.s, &e.c, &next, 1, NULL), 0);
+        memcpy(a, e.s.logits, (size_t)V * sizeof *a);
+        cr_assert_eq(kvp_forward(&e.m, &e.s, &own, &next, 1, NULL), 0);
+        for (int i = 0; i < V; i++)
+            cr_expect(types[ti] == KVP_KV_F32 ? fabsf(a[i] - e.s.logits[i]) <=
+                                                    1e-4f * (1.0f + fabsf(e.s.logits[i]))
+                                              : a[i] == e.s.logits[i],
+                      "type %d: the source's logit %d: %g vs %g", ti, i, a[i], e.s.logits[i]);
+        free(a);
+        free(b);
+        kvp_cache_free(&own);
+        kvp_cache_free(&sh);
+        kvp_cache_free(&cp);
+        engine_close(&e);
+    }
+}

@@ -9,6 +9,9 @@
 #include "sessions/hub_impl.h"
 #include "tests/model/testutil.h"
 
+int ht_share_rows = 1;
+kvp_kv_type ht_kv_type = KVP_KV_F32;
+
 void ht_start(ht_hub *h, const char *state_dir, const char *policy)
 {
     memset(h, 0, sizeof *h);
@@ -31,7 +34,9 @@ void ht_start(ht_hub *h, const char *state_dir, const char *policy)
     cr_assert_eq(kvp_hub_storage_open(&storage, &sp, err, sizeof err), 0, "%s", err);
     kvp_hub_params p = {.loop = &h->loop, .model = &h->model, .cfg = &h->cfg,
                         .metrics = &h->metrics, .policy = h->pc, .storage = storage,
-                        .chunk = 32, .workers = 1, .reuse_cache = 1, .top_p = 0.9f, .seed = 42};
+                        .chunk = 32, .workers = 1, .reuse_cache = 1, .share_rows = ht_share_rows,
+                        .kv_type = ht_kv_type, .top_p = 0.9f,
+                        .seed = 42};
     cr_assert_eq(kvp_hub_start(&h->hub, &p, err, sizeof err), 0, "%s", err);
 }
 

@@ -42,6 +42,11 @@ typedef struct ht_hub {
     char state_dir[128];
 } ht_hub;
 
+/* The hub's share_rows (kvp_hub_params) for the next ht_start: 1 unless a test sets 0
+ * (forks copy their rows). */
+extern int ht_share_rows;
+/* The hub's kv_type for the next ht_start (f32 unless a test sets another). */
+extern kvp_kv_type ht_kv_type;
 /* Starts a hub (state_dir NULL: none) with the given policy at budget 64, 1 worker. */
 void ht_start(ht_hub *h, const char *state_dir, const char *policy);
 /* ht_start on streaming with the policy conf made as the daemon makes it

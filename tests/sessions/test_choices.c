@@ -100,3 +100,43 @@ Test(choices, n_out_of_range_is_bad_request, .fini = finish)
     cr_assert_eq(a.ev[0].type, KVP_HUB_ERROR);
     cr_assert_str_eq(a.ev[0].code, KVPD_E_BAD_REQUEST);
 }
+
+/* The other choices read the first one's rows instead of copying them (share_rows): with
+ * seeded sampling each choice's reply is, token for token, the one it gives when every
+ * fork copies its rows (q8_0 rows, as the daemon stores them by default). */
+Test(choices, shared_rows_give_the_replies_copies_give, .fini = finish)
+{
+    char *text[2][3];
+    size_t shared_seen[2] = {0, 0};
+    for (int run = 0; run < 2; run++) {
+        ht_share_rows = run == 0;
+        ht_kv_type = KVP_KV_Q8_0;
+        ht_start_forkable(&g, NULL);   /* the conf's shared weights: the choices fork */
+        g.cfg.budget = 0;   /* no eviction: the prompt's rows stay shared to the end */
+        kvp_turn_opts o = {.max_tokens = 24, .has_temperature = 1, .temperature = 0.9f,
+                           .has_seed = 1, .seed = 7};
+        int k[3];
+        three(&o, k);
+        ht_client *cl[3] = {&a, &b, &c};
+        for (int i = 0; i < 3; i++)
+            text[run][i] = strdup(cl[i]->ev[k[i]].text);
+        /* a's conversation stays: its rows became the block the choices read */
+        kvp_hub_info info;
+        kvp_hub_info_get(g.hub, &info);
+        shared_seen[run] = info.cache_bytes_shared;
+        finish();
+        memset(&g, 0, sizeof g);
+    }
+    cr_expect_gt(shared_seen[0], 0, "the choices did not share the first one's rows");
+    cr_expect_eq(shared_seen[1], 0, "rows shared with share_rows off");
+    int differ = 0;
+    for (int i = 0; i < 3; i++) {
+        cr_expect_str_eq(text[0][i], text[1][i], "choice %d: shared rows gave another reply", i);
+        differ |= strcmp(text[0][i], text[0][0]) != 0;
+    }
+    cr_expect(differ, "the seeded choices gave one reply: the comparison shows nothing");
+    for (int r = 0; r < 2; r++)
+        for (int i = 0; i < 3; i++)
+            free(text[r][i]);
+    ht_start(&g, NULL, "streaming");   /* for .fini */
+}

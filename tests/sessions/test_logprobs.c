@@ -296,13 +296,13 @@ Test(logprobs, accounted_bytes_hold_the_buffers)
     /* admitted and queued now; the worker has not ended it before the loop runs */
     size_t lp = kvp_session_logprobs_bytes(64, vocab, 20);
     cr_assert_geq(lp, (size_t)64 * 21 * sizeof(kvp_hub_logprob) + (size_t)vocab * sizeof(float));
-    cr_assert_eq(kvp_hub_accounted_bytes(g.hub, NULL), turn + lp, "%zu counted, %zu + %zu",
-                 kvp_hub_accounted_bytes(g.hub, NULL), turn, lp);
+    cr_assert_eq(kvp_hub_accounted_bytes(g.hub, NULL, NULL), turn + lp, "%zu counted, %zu + %zu",
+                 kvp_hub_accounted_bytes(g.hub, NULL, NULL), turn, lp);
     int d = ht_wait(&g, &a, 0, KVP_HUB_DONE, 60);
     cr_assert_gt(a.ev[d].n_lp, 0);
     ht_settle(&g);
     size_t actual;
-    cr_assert_eq(kvp_hub_accounted_bytes(g.hub, &actual), actual, "idle: its cache alone");
+    cr_assert_eq(kvp_hub_accounted_bytes(g.hub, &actual, NULL), actual, "idle: its cache alone");
     kvp_hub_close(a.c);
     ht_client_free(&a);
     ht_stop(&g);
