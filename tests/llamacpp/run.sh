@@ -36,11 +36,11 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mkdir "$work/unit"
 cp "$tests"/unit/test_*.py "$work/unit/"
-[ -f "$tests/conftest.py" ] && cp "$tests/conftest.py" "$work/"
+for f in conftest.py pytest.ini; do [ -f "$tests/$f" ] && cp "$tests/$f" "$work/"; done
 cp "$here/utils.py" "$work/"
 export LLAMACPP_TESTS="$tests"
 export KVPD_BIN="${KVPD_BIN:-$root/build/daemon/kvpd}"
 export KVP_SHARED="${KVP_SHARED:-$root/../shared}"
 cd "$work"
 [ $# -gt 0 ] || set -- unit
-exec "$py" -m pytest -p no:cacheprovider "$@"
+exec "$py" -m pytest -p no:cacheprovider -p utils "$@"
