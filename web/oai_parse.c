@@ -155,6 +155,10 @@ int kvpd_oai_parse_options(json_t *req, const kvpd_oai_limits *l, kvpd_oai_req *
     if (rc < 0)
         return kvpd_oai_bad(e, rc == -ENOMEM ? KVPD_OAI_E_SERVER : KVPD_OAI_E_INVALID_REQUEST, param,
                    "%s", msg);
+    if (!t->has_seed && l->fixed_seed) {   /* the server's seed as the request's */
+        t->has_seed = 1;
+        t->seed = l->seed;
+    }
     kvp_grammar_unref(r->grammar);
     r->grammar = NULL;
     if (kvpd_response_format(json_object_get(req, "response_format"), &r->grammar, &param, msg,

@@ -62,7 +62,11 @@ _MODELS = {
 _NONE = ["model_draft", "server_embeddings", "server_reranking", "lora_files", "mmproj_url",
          "slot_save_path", "n_ga", "spec_type", "models_dir", "models_preset", "pooling",
          "server_tools", "mcp_servers_config", "mcp_servers_json", "sleep_idle_seconds",
-         "gcp_compat", "enable_ctx_shift", "reasoning_format", "reasoning"]
+         "gcp_compat", "enable_ctx_shift", "reasoning_format", "reasoning", "model_tags",
+         "no_webui", "no_ui", "media_path", "prefill_nodes", "backend_sampling"]
+
+# the chat template families kvpd renders by name (--chat-template)
+_TEMPLATES = ["chatml", "llama3", "llama2", "mistral", "zephyr", "phi3", "gemma"]
 
 
 def _model(self):
@@ -91,16 +95,23 @@ def _start(self, timeout_seconds=60):
             pytest.skip(f"kvpd adapter: kvpd has no equivalent of llama-server's {opt}")
     args = [KVPD_BIN, "--listen", f"{self.server_host}:{self.server_port}",
             "--model", _model(self), "--state-dir", "",
-            "--temperature", str(self.temperature), "--seed", str(self.seed)]
+            "--temperature", str(self.temperature), "--seed", str(self.seed),
+            "--fixed-seed", "true"]   # llama-server samples every request with --seed
     if self.api_key:
         args += ["--api-key", self.api_key]
-    if self.n_predict:
+    if self.n_predict and self.n_predict > 0:   # -1: no limit, kvpd's 0
         args += ["--max-tokens", str(self.n_predict)]
     if getattr(self, "cors_origins", None):
         args += ["--allowed-origins", self.cors_origins]
     if self.model_alias:
         args += ["--model-alias", self.model_alias]
+    if getattr(self, "chat_template", None):
+        if self.chat_template not in _TEMPLATES:
+            pytest.skip(f"kvpd adapter: kvpd has no chat template named {self.chat_template!r}")
+        args += ["--chat-template", self.chat_template]
     if getattr(self, "chat_template_file", None):
+        if not os.path.exists(self.chat_template_file):
+            pytest.skip(f"kvpd adapter: {self.chat_template_file} is missing")
         args += ["--chat-template-file", self.chat_template_file]
     self._kvpd_log = tempfile.NamedTemporaryFile(prefix="kvpd-", suffix=".log", delete=False)
     print(f"tests: starting kvpd with: {' '.join(args)} (log {self._kvpd_log.name})")
