@@ -616,13 +616,17 @@ void kvpd_oai_llama_completion(kvpd_conn *c)
     }
     kvp_hub_info hi;
     kvp_hub_info_get(c->w->hub, &hi);
-    if (ls->ignore_eos && hi.eos >= 0) {   /* EOS banned, over a bias the request gave it */
+    /* ignore_eos: every token that would end the reply banned, over a bias the request
+     * gave it (llama.cpp's end-of-generation tokens) */
+    for (int i = 0; ls->ignore_eos && i < 3; i++) {
+        if (hi.raw_stop[i] < 0)
+            continue;
         json_t *lb = json_object_get(oai, "logit_bias");
         if (!lb)
             json_object_set_new(oai, "logit_bias", lb = json_object());
-        char eos[24];
-        snprintf(eos, sizeof eos, "%d", hi.eos);
-        json_object_set_new(lb, eos, json_real(-100));
+        char id[24];
+        snprintf(id, sizeof id, "%d", hi.raw_stop[i]);
+        json_object_set_new(lb, id, json_real(-100));
     }
     json_t *cp = json_object_get(req, "cache_prompt");
     if (cp && !json_is_null(cp) && !json_is_boolean(cp)) {
