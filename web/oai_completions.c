@@ -647,10 +647,27 @@ void kvpd_oai_llama_completion(kvpd_conn *c)
         t.logprobs = o->req.turn.logprobs = 1;
         t.top_logprobs = o->req.turn.top_logprobs = ls->n_probs;
     }
-    /* The prompt: a string (or an array holding one), or an array of token ids. */
+    /* The prompt: a string (or an array holding one), an array of token ids, or
+     * llama.cpp's object form {"prompt_string"} (its multimodal_data is refused: kvpd's
+     * models read text only). */
     json_t *p = json_object_get(req, "prompt");
     if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0)))
         p = json_array_get(p, 0);
+    if (json_is_object(p)) {
+        const char *k;
+        json_t *v;
+        json_object_foreach(p, k, v) {
+            if (!strcmp(k, "prompt_string"))
+                continue;
+            char param[80];
+            snprintf(param, sizeof param, "prompt.%.64s", k);
+            snprintf(msg, sizeof msg, "%s is not supported by kvpd%s", param,
+                     !strcmp(k, "multimodal_data") ? ": its models read text only" : "");
+            kvpd_oai_fail(c, KVPD_OAI_E_UNSUPPORTED_PARAMETER, param, msg);
+            goto out;
+        }
+        p = json_object_get(p, "prompt_string");
+    }
     int n = 0;
     if (json_is_array(p)) {
         n = (int)json_array_size(p);

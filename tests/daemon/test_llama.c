@@ -274,6 +274,17 @@ Test(llama, tokens_probabilities_biases_and_fields)
                  json_integer_value(json_object_get(on, "tokens_evaluated")));
     json_decref(end);
     json_decref(on);
+    /* llama.cpp's object prompt {"prompt_string"} runs as that text */
+    json_t *s1, *s2;
+    cr_assert_eq(call(&d, "POST", P, "{\"prompt\":{\"prompt_string\":\"Once upon\"},"
+                      "\"n_predict\":5,\"temperature\":0}", &s1, NULL), 200);
+    cr_assert_eq(call(&d, "POST", P, "{\"prompt\":\"Once upon\",\"n_predict\":5,"
+                      "\"temperature\":0}", &s2, NULL), 200);
+    cr_expect_str_eq(json_string_value(json_object_get(s1, "content")),
+                     json_string_value(json_object_get(s2, "content")));
+    cr_expect_str_eq(json_string_value(json_object_get(s1, "prompt")), "Once upon");
+    json_decref(s1);
+    json_decref(s2);
     /* response_fields: only the paths asked for, each under its path */
     json_t *f;
     cr_assert_eq(call(&d, "POST", P, "{\"prompt\":\"Once upon a time\",\"n_predict\":3,"
@@ -355,6 +366,10 @@ Test(llama, completion_refuses_bad_and_unknown_fields)
     expect_refused(&d, P, "{\"prompt\":\"x\",\"logit_bias\":[[\"\",false]]}", 400, "logit_bias");
     expect_refused(&d, P, "{\"prompt\":\"x\",\"post_sampling_probs\":true}", 400,
                    "post_sampling_probs");
+    expect_refused(&d, P, "{\"prompt\":{\"prompt_string\":\"x\",\"multimodal_data\":[\"AA==\"]}}",
+                   400, "prompt.multimodal_data");
+    expect_refused(&d, P, "{\"prompt\":{\"prompt_string\":\"x\",\"other\":1}}", 400, "prompt.other");
+    expect_refused(&d, P, "{\"prompt\":{}}", 400, "prompt");
     expect_refused(&d, P, "{\"prompt\":\"x\",\"grammar\":\"root ::= x\"}", 400, "grammar");
     expect_refused(&d, P, "{\"prompt\":\"x\",\"id_slot\":3}", 400, "id_slot");
     expect_refused(&d, P, "{\"prompt\":\"x\",\"repeat_penalty\":1.2,\"repeat_last_n\":64}", 400,
