@@ -34,13 +34,19 @@ if [ -z "$py" ]; then
 fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-mkdir "$work/unit"
-cp "$tests"/unit/test_*.py "$work/unit/"
-for f in conftest.py pytest.ini; do [ -f "$tests/$f" ] && cp "$tests/$f" "$work/"; done
-cp "$here/utils.py" "$work/"
+# the copies sit three folders down, as in the checkout, so that the tests' paths
+# relative to it (../../../models/templates/...) reach the checkout's models/
+run="$work/tools/server/tests"
+mkdir -p "$run/unit"
+[ -d "$dir/models" ] && ln -s "$(cd "$dir/models" && pwd)" "$work/models"
+cp "$tests"/unit/test_*.py "$run/unit/"
+for f in conftest.py pytest.ini; do [ -f "$tests/$f" ] && cp "$tests/$f" "$run/"; done
+cp "$here/utils.py" "$run/"
 export LLAMACPP_TESTS="$tests"
 export KVPD_BIN="${KVPD_BIN:-$root/build/daemon/kvpd}"
 export KVP_SHARED="${KVP_SHARED:-$root/../shared}"
-cd "$work"
+cd "$run"
+# as llama.cpp's own tests.sh: the tests marked slow (large models) only with SLOW_TESTS=1
 [ $# -gt 0 ] || set -- unit
+if [ "${SLOW_TESTS:-0}" != 1 ]; then set -- -m "not slow" "$@"; fi
 exec "$py" -m pytest -p no:cacheprovider -p utils "$@"

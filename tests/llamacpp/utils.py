@@ -200,6 +200,8 @@ SKIPS = {
         "the model's distribution and it refuses the field naming it",
     "test_ctx_shift.py::test_ctx_shift_disabled_short_prompt[-1-248-True]": _CTX,
     "test_ctx_shift.py::test_ctx_shift_disabled_long_prompt": _CTX,
+    "test_compat_oai_responses.py::test_responses_stream_with_llama_telemetry": "return_progress "
+        "and timings_per_token (kvpd refuses them naming the field: it reports neither)",
     "test_metrics.py::test_prompt_cache_metrics": "llama.cpp's metric names (llamacpp:*); kvpd's "
         "are kvpd_*",
     "test_security.py::test_access_public_endpoint[/models]": "kvpd requires the API key on "
