@@ -5,9 +5,10 @@
 #   tests/llamacpp/run.sh [LLAMACPP_DIR] [pytest arguments, e.g. -k tokenize unit/test_tokenize.py]
 # LLAMACPP_DIR (or $LLAMACPP_DIR): the checkout. KVPD_BIN (default build/daemon/kvpd)
 # and KVP_SHARED (default ../shared: its models/ has stories260K.gguf) as for the other
-# suites. Needs python3 ($PYTHON, else the first with them) with pytest and requests (Debian: python3-pytest python3-requests;
-# the tests that use the openai package need it too). Without the checkout or pytest it
-# exits 77: skipped, so the suite passes where the files are absent. Nothing of
+# suites; SLOW_TESTS=1 also runs the tests marked slow. Needs python3 ($PYTHON, else the
+# first with them) with pytest and requests (Debian: python3-pytest python3-requests; the
+# tests that use the openai package are skipped without it). Without the checkout or
+# pytest it exits 77: skipped, so the suite passes where the files are absent. Nothing of
 # llama.cpp's is copied into this tree: pytest runs in a temporary folder holding copies
 # of its test files beside this adapter's utils.py (copies, not links, so that the
 # folders pytest puts on the path are that one's and `from utils import *` finds ours).
