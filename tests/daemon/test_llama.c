@@ -486,6 +486,8 @@ Test(llama, props_slots_and_health)
                                                          "temperature")), 0.5, 1e-6);
     cr_expect(json_is_string(json_object_get(j, "chat_template")));
     cr_expect(strstr(json_string_value(json_object_get(j, "model_path")), "stories260K"));
+    /* without fixed_seed a request without a seed gets a random one */
+    cr_expect_eq(json_integer_value(json_object_get(json_object_get(dgs, "params"), "seed")), -1);
     json_decref(j);
     cr_assert_eq(call(&d, "GET", "/slots", "", &j, NULL), 200);
     cr_expect(json_is_array(j));
@@ -497,6 +499,42 @@ Test(llama, props_slots_and_health)
     cr_expect_eq(call(&d, "POST", "/props", "{}", NULL, NULL), 405);
     cr_expect_eq(call(&d, "GET", "/completion", "", NULL, NULL), 405);
     cr_expect_eq(call(&d, "GET", "/tokenize", "", NULL, NULL), 405);
+    cr_expect_eq(kvpd_stop(&d, 10000), 0);
+}
+
+/* fixed_seed: a request without a seed samples with the server's, which /props and the
+ * answer's generation_settings report; the same request gets the same reply */
+Test(llama, fixed_seed_makes_a_request_reproducible)
+{
+    kvpd_proc d;
+    cr_assert_eq(kvpd_start(&d, "--fixed-seed true --seed 1234 --temperature 1"), 0, "log %s", d.log);
+    json_t *j;
+    cr_assert_eq(call(&d, "GET", "/props", "", &j, NULL), 200);
+    cr_expect_eq(json_integer_value(json_object_get(json_object_get(
+                     json_object_get(j, "default_generation_settings"), "params"), "seed")), 1234);
+    json_decref(j);
+    const char *body = "{\"prompt\":\"Once upon a time\",\"n_predict\":24,\"cache_prompt\":false}";
+    json_t *a, *b;
+    cr_assert_eq(call(&d, "POST", "/completion", body, &a, NULL), 200);
+    cr_assert_eq(call(&d, "POST", "/completion", body, &b, NULL), 200);
+    cr_expect_str_eq(json_string_value(json_object_get(a, "content")),
+                     json_string_value(json_object_get(b, "content")));
+    cr_expect_eq(json_integer_value(json_object_get(json_object_get(a, "generation_settings"),
+                                                    "seed")), 1234);
+    json_decref(b);
+    /* seed -1 is still a random one: over a few tries some reply differs */
+    int differs = 0;
+    for (int i = 0; i < 4 && !differs; i++) {
+        cr_assert_eq(call(&d, "POST", "/completion", "{\"prompt\":\"Once upon a time\","
+                          "\"n_predict\":24,\"cache_prompt\":false,\"seed\":-1}", &b, NULL), 200);
+        differs = strcmp(json_string_value(json_object_get(a, "content")),
+                         json_string_value(json_object_get(b, "content"))) != 0;
+        cr_expect_eq(json_integer_value(json_object_get(json_object_get(b, "generation_settings"),
+                                                        "seed")), -1);
+        json_decref(b);
+    }
+    cr_expect(differs, "seed -1 sampled the fixed seed's reply every time");
+    json_decref(a);
     cr_expect_eq(kvpd_stop(&d, 10000), 0);
 }
 
