@@ -401,7 +401,8 @@ static const struct {
 
 /* Fields read as the OpenAI completion's, under the same name. */
 static const char *const same[] = {"temperature", "top_k", "top_p", "min_p",
-                                   "presence_penalty", "frequency_penalty", "stop", "stream"};
+                                   "presence_penalty", "frequency_penalty", "stop", "stream",
+                                   "json_schema"};
 
 /* A logit_bias entry's key: a token id, or a text whose tokens all take the bias (as
  * llama.cpp's server reads a string there). Sets lb[id] = bias for each; 0, or -1 when

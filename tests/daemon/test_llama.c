@@ -274,6 +274,14 @@ Test(llama, tokens_probabilities_biases_and_fields)
                  json_integer_value(json_object_get(on, "tokens_evaluated")));
     json_decref(end);
     json_decref(on);
+    /* json_schema: the reply is one of the schema's documents */
+    json_t *js;
+    cr_assert_eq(call(&d, "POST", P, "{\"prompt\":\"Once upon\",\"n_predict\":8,"
+                      "\"json_schema\":{\"const\":\"42\"}}", &js, NULL), 200);
+    cr_expect_str_eq(json_string_value(json_object_get(js, "content")), "\"42\"");
+    json_decref(js);
+    expect_refused(&d, P, "{\"prompt\":\"x\",\"json_schema\":{\"type\":\"hiccup\"}}", 400,
+                   "json_schema");
     /* llama.cpp's object prompt {"prompt_string"} runs as that text */
     json_t *s1, *s2;
     cr_assert_eq(call(&d, "POST", P, "{\"prompt\":{\"prompt_string\":\"Once upon\"},"
