@@ -86,6 +86,7 @@ static const key_def keys[] = {
     {"temperature", T_FLOAT, F(temperature), 0, 10, "0.8", "sampling temperature when a message gives none (0: greedy)", FIXED},
     {"top_p", T_FLOAT, F(top_p), 0.01, 1, "0.9", "nucleus sampling (1: off)", FIXED},
     {"seed", T_U64, F(seed), 0, 0, "42", "mixed into each session's sampler seed, which comes from getrandom (unpredictable per session; a request's own seed makes its turn reproducible)", FIXED},
+    {"fixed_seed", T_BOOL, F(fixed_seed), 0, 1, "false", "an API request (/v1/chat/completions, /v1/completions, /v1/responses, /completion) that gives no seed samples with seed as its own, so the same request gets the same reply, as llama.cpp's server with --seed (false: unpredictable per session)", LIVE},
     {"chat_template", T_STR, F(chat_template), 0, 0, "", "chat template family: chatml, llama3, llama2, mistral, zephyr, phi3, gemma or plain (empty: detected from the model's tokenizer.chat_template)", FIXED},
     {"chat_template_file", T_STR, F(chat_template_file), 0, 0, "", "a Jinja chat template file rendered instead of the model's tokenizer.chat_template (as Hugging Face's apply_chat_template renders it; empty: the model's own)", FIXED},
     {"reuse_cache", T_BOOL, F(reuse_cache), 0, 1, "true", "keep each session's KV cache across turns (false: re-prefill, for benchmarks)", FIXED},

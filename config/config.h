@@ -74,6 +74,7 @@ typedef struct kvpd_config {
     float temperature;                /* default for messages that give none */
     float top_p;
     uint64_t seed;
+    int fixed_seed;                   /* 1: an API request without a seed uses seed */
     int reuse_cache;                  /* 0: re-prefill the whole transcript each turn */
     int share_rows;                   /* 0: forks copy their rows instead of sharing them */
     float canary_rate;                /* share of turns the eviction canary checks; 0 off */

@@ -171,6 +171,8 @@ typedef struct kvp_hub_info {
     const char *learn_dir;        /* "" when no transcripts are kept */
     int vocab_size;
     int bos, eos;                 /* the vocabulary's BOS and EOS ids (-1: none) */
+    int raw_stop[3];              /* the tokens that end a raw completion's reply (its EOS,
+                                   * BOS, end of turn; -1 unused) */
     const char *chat_template;    /* the Jinja source chats are rendered by (the
                                    * chat_template_file's, else the model's); "" for none */
 } kvp_hub_info;

@@ -84,6 +84,8 @@ void kvp_hub_info_get(kvp_hub *h, kvp_hub_info *o)
     o->vocab_size = md->cfg.vocab_size;
     o->bos = h->env.tpl_raw.bos;
     o->eos = h->env.tpl_raw.eos;
+    for (int i = 0; i < 3; i++)
+        o->raw_stop[i] = h->env.tpl_raw.stop[i];
     o->chat_template = h->template_src ? h->template_src
                        : h->env.tpl.jinja && md->chat_template ? md->chat_template : "";
 }

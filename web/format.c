@@ -28,7 +28,8 @@ int kvpd_response_format(const json_t *rf, kvp_grammar **out, const char **param
     const char *k;
     json_t *v;
     json_object_foreach((json_t *)rf, k, v)
-        if (strcmp(k, "type") && (strcmp(type, "json_schema") || strcmp(k, "json_schema"))) {
+        if (strcmp(k, "type") && (strcmp(type, "json_schema") || strcmp(k, "json_schema")) &&
+            (strcmp(type, "json_object") || strcmp(k, "schema"))) {
             *param = "response_format";
             snprintf(msg, msglen, "response_format.%s is not supported", k);
             return -1;
@@ -37,6 +38,16 @@ int kvpd_response_format(const json_t *rf, kvp_grammar **out, const char **param
     if (!strcmp(type, "text"))
         return 0;
     if (!strcmp(type, "json_object")) {
+        /* llama.cpp's server's form: json_object with a schema is that schema's documents */
+        const json_t *schema = json_object_get(rf, "schema");
+        if (schema && !json_is_null(schema)) {
+            if (!(*out = kvp_schema_compile(schema, err, sizeof err))) {
+                *param = "response_format.schema";
+                snprintf(msg, msglen, "response_format.schema: %s", err);
+                return -1;
+            }
+            return 0;
+        }
         if (!(*out = kvp_schema_any_object(err, sizeof err)))
             return bad(param, "response_format", msg, msglen, err);
         return 0;

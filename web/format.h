@@ -1,5 +1,6 @@
 /* OpenAI's response_format (web/openai.c): {type: text}, {type: json_object} (any JSON
- * object) and {type: json_schema, json_schema: {name, schema, strict, description}} (the
+ * object; with llama.cpp's server's `schema` beside the type, that schema's documents)
+ * and {type: json_schema, json_schema: {name, schema, strict, description}} (the
  * documents valid against schema, model/schema.h) as a grammar for the turn. */
 #ifndef KVPD_FORMAT_H
 #define KVPD_FORMAT_H

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/parse.h"
 #include "base/textbuf.h"
 #include "base/utf8.h"
 #include "web/openai_impl.h"
@@ -194,6 +195,10 @@ typedef struct llama_state {
     size_t prompt_len;
     char *stops[KVP_HUB_MAX_STOPS];
     int n_stops;
+    int return_tokens;         /* the whole answer lists the reply's token ids */
+    int n_probs;               /* each token's logprob and its n_probs most likely */
+    int ignore_eos;            /* EOS banned (a logit bias) */
+    json_t *fields;            /* response_fields: the answer holds only these paths */
 } llama_state;
 
 static void llama_free(void *p)
@@ -202,6 +207,7 @@ static void llama_free(void *p)
     if (!ls)
         return;
     json_decref(ls->settings);
+    json_decref(ls->fields);
     free(ls->prompt);
     for (int i = 0; i < ls->n_stops; i++)
         free(ls->stops[i]);
@@ -218,7 +224,14 @@ json_t *kvpd_oai_llama_params(const kvpd_config *cfg, const kvp_turn_opts *t, in
     for (int i = 0; stop && i < t->n_stop; i++)
         json_array_append_new(stop, json_stringn(t->stop[i], t->stop_len[i]));
     const kvp_sample_opts *so = &t->sampling;
-    return json_pack("{s:i, s:I, s:f, s:i, s:f, s:f, s:f, s:f, s:f, s:o, s:b}",
+    /* llama.cpp's form: [{"bias", "token"}], a ban's bias null (its -inf) */
+    json_t *bias = json_array();
+    for (int i = 0; bias && i < so->n_bias; i++)
+        json_array_append_new(bias, json_pack("{s:o, s:i}", "bias",
+                                              so->bias[i].bias <= KVP_SAMPLER_BAN_BIAS
+                                              ? json_null() : json_real(so->bias[i].bias),
+                                              "token", so->bias[i].token));
+    return json_pack("{s:i, s:I, s:f, s:i, s:f, s:f, s:f, s:f, s:f, s:o, s:b, s:o, s:i}",
                      "n_predict", n_predict, "seed",
                      t->has_seed ? (json_int_t)t->seed : (json_int_t)-1,
                      "temperature", (double)(t->has_temperature ? t->temperature : cfg->temperature),
@@ -228,7 +241,7 @@ json_t *kvpd_oai_llama_params(const kvpd_config *cfg, const kvp_turn_opts *t, in
                      "repeat_penalty", so->repetition_penalty > 0 ? (double)so->repetition_penalty : 1.0,
                      "presence_penalty", (double)so->presence_penalty,
                      "frequency_penalty", (double)so->frequency_penalty, "stop", stop,
-                     "stream", stream);
+                     "stream", stream, "logit_bias", bias, "n_probs", t->top_logprobs);
 }
 
 /* llama.cpp's stop_type for kvpd's stop. */
@@ -238,8 +251,65 @@ static const char *stop_type(const char *stop)
          : !strcmp(stop, "stop") ? "word" : "none";
 }
 
-/* The final object: content (the whole reply; "" at a stream's end) and the figures. */
-static json_t *llama_final(kvpd_conn *c, const char *text, size_t len, const kvp_turn_stats *st)
+/* The ids of n reply tokens from the event's logprobs (each with top alternatives). */
+static json_t *token_ids(const kvp_hub_logprob *lp, int n, int top)
+{
+    json_t *a = json_array();
+    for (int i = 0; a && lp && i < n; i++)
+        json_array_append_new(a, json_integer(lp[(size_t)i * (size_t)(1 + top)].token));
+    return a;
+}
+
+/* llama.cpp's completion_probabilities of n reply tokens: [{id, token, bytes, logprob,
+ * top_logprobs: [{id, token, bytes, logprob}]}], the chat completions' entries with ids. */
+static json_t *llama_probs(const kvp_hub_logprob *lp, int n, int top)
+{
+    json_t *a = json_array();
+    for (int i = 0; a && lp && i < n; i++) {
+        const kvp_hub_logprob *e = lp + (size_t)i * (size_t)(1 + top);
+        json_t *one = kvpd_oai_logprobs_content(e, 1, top);
+        json_t *entry = json_incref(json_array_get(one, 0));
+        json_decref(one);
+        if (!entry)
+            continue;
+        json_object_set_new(entry, "id", json_integer(e->token));
+        json_t *alts = json_object_get(entry, "top_logprobs");
+        size_t k = 0;
+        for (int j = 1; j <= top; j++)   /* the alternatives it lists: those with a token */
+            if (e[j].token >= 0)
+                json_object_set_new(json_array_get(alts, k++), "id", json_integer(e[j].token));
+        json_array_append_new(a, entry);
+    }
+    return a;
+}
+
+/* response_fields: an object of the paths asked for ("a/b" is j["a"]["b"]), each under
+ * its path, those the answer has. Takes j. */
+static json_t *only_fields(json_t *j, json_t *fields)
+{
+    json_t *out = json_object();
+    size_t i;
+    json_t *f;
+    json_array_foreach(fields, i, f) {
+        const char *path = json_string_value(f);
+        json_t *v = j;
+        for (const char *p = path; v && *p;) {
+            const char *slash = strchr(p, '/');
+            size_t n = slash ? (size_t)(slash - p) : strlen(p);
+            v = json_object_getn(v, p, n);
+            p += n + (slash != NULL);
+        }
+        if (v && out)
+            json_object_set(out, path, v);
+    }
+    json_decref(j);
+    return out;
+}
+
+/* The final object: content (the whole reply; "" at a stream's end), the figures and
+ * the tokens of lp[0..n) (their ids with return_tokens, their logprobs with n_probs). */
+static json_t *llama_final(kvpd_conn *c, const char *text, size_t len, const kvp_turn_stats *st,
+                           const kvp_hub_logprob *lp, int n, int top)
 {
     kvpd_oai *o = c->oai;
     llama_state *ls = o->codec_state;
@@ -249,7 +319,8 @@ static json_t *llama_final(kvpd_conn *c, const char *text, size_t len, const kvp
     if (gen_ms < 0)
         gen_ms = 0;
     json_t *timings = json_pack(
-        "{s:i, s:f, s:f, s:f, s:i, s:f, s:f, s:f}", "prompt_n", st->prefilled_tokens,
+        "{s:i, s:i, s:f, s:f, s:f, s:i, s:f, s:f, s:f}", "cache_n", st->cached_tokens,
+        "prompt_n", st->prefilled_tokens,
         "prompt_ms", prompt_ms, "prompt_per_token_ms",
         st->prefilled_tokens ? prompt_ms / st->prefilled_tokens : 0.0, "prompt_per_second",
         prompt_ms > 0 ? st->prefilled_tokens * 1e3 / prompt_ms : 0.0,
@@ -265,8 +336,14 @@ static json_t *llama_final(kvpd_conn *c, const char *text, size_t len, const kvp
         ls->prompt_len, "has_new_line", memchr(text, '\n', len) != NULL, "truncated", 0,
         "stop_type", stop_type(st->stop), "stopping_word", word, "tokens_cached",
         st->context_tokens + st->generated_tokens, "timings", timings);
-    if (j)
+    if (j) {
+        json_object_set_new(j, "tokens", ls->return_tokens ? token_ids(lp, n, top) : json_array());
+        if (ls->n_probs)
+            json_object_set_new(j, "completion_probabilities", llama_probs(lp, n, top));
         json_object_set_new(j, "kvpd", kvpd_oai_kvpd_stats(NULL, o->durable, st));
+    }
+    if (j && ls->fields)
+        j = only_fields(j, ls->fields);
     return j;
 }
 
@@ -276,19 +353,32 @@ static void llama_token(kvpd_conn *c, const kvp_hub_event *ev)
     if (!o->req.stream || !ev->len)
         return;
     start(c);
-    kvpd_oai_sse(c, NULL, json_pack("{s:i, s:s%, s:b, s:i}", "index", 0, "content", ev->text,
-                                    ev->len, "stop", 0, "id_slot", -1));
+    /* as llama.cpp's chunks: the ids of the tokens whose text is now whole */
+    json_t *j = json_pack("{s:i, s:s%, s:o, s:b, s:i}", "index", 0, "content", ev->text, ev->len,
+                          "tokens", token_ids(ev->logprobs, ev->n_logprobs, ev->logprobs_top),
+                          "stop", 0, "id_slot", -1);
+    llama_state *ls = o->codec_state;
+    if (j && ls->n_probs)
+        json_object_set_new(j, "completion_probabilities",
+                            llama_probs(ev->logprobs, ev->n_logprobs, ev->logprobs_top));
+    o->req.lp_sent += ev->n_logprobs;
+    kvpd_oai_sse(c, NULL, j);
 }
 
 static void llama_done(kvpd_conn *c, const kvp_hub_event *ev)
 {
     kvpd_oai *o = c->oai;
     if (!o->req.stream) {
-        kvpd_oai_answer(c, 200, llama_final(c, ev->text, ev->len, ev->stats));
+        kvpd_oai_answer(c, 200, llama_final(c, ev->text, ev->len, ev->stats, ev->logprobs,
+                                            ev->n_logprobs, ev->logprobs_top));
         return;
     }
     start(c);   /* llama.cpp's stream ends with the stop chunk: no [DONE] */
-    kvpd_oai_sse(c, NULL, llama_final(c, "", 0, ev->stats));
+    int rest = ev->n_logprobs - o->req.lp_sent;   /* tokens whose text came before */
+    kvpd_oai_sse(c, NULL, llama_final(c, "", 0, ev->stats,
+                                      ev->logprobs ? ev->logprobs + (size_t)o->req.lp_sent *
+                                                     (size_t)(1 + ev->logprobs_top) : NULL,
+                                      rest > 0 ? rest : 0, ev->logprobs_top));
     o->ended = 1;
 }
 
@@ -309,20 +399,58 @@ static const struct {
     double neutral;            /* a number, or for booleans 0 (false) */
     int boolean;
 } neutral[] = {
-    {"id_slot", -1, 0}, {"n_probs", 0, 0}, {"typical_p", 1, 0}, {"mirostat", 0, 0},
+    {"id_slot", -1, 0}, {"typical_p", 1, 0}, {"mirostat", 0, 0},
     {"dynatemp_range", 0, 0}, {"xtc_probability", 0, 0}, {"dry_multiplier", 0, 0},
-    {"n_keep", 0, 0}, {"ignore_eos", 0, 1}, {"return_tokens", 0, 1},
-    {"timings_per_token", 0, 1}, {"post_sampling_probs", 0, 1},
+    {"n_keep", 0, 0}, {"timings_per_token", 0, 1}, {"post_sampling_probs", 0, 1},
 };
 
 /* Fields read as the OpenAI completion's, under the same name. */
 static const char *const same[] = {"temperature", "top_k", "top_p", "min_p",
-                                   "presence_penalty", "frequency_penalty", "stop", "stream"};
+                                   "presence_penalty", "frequency_penalty", "stop", "stream",
+                                   "json_schema"};
+
+/* A logit_bias entry's key: a token id, or a text whose tokens all take the bias (as
+ * llama.cpp's server reads a string there). Sets lb[id] = bias for each; 0, or -1 when
+ * key is neither (or too many). */
+static int bias_key(kvpd_conn *c, json_t *key, double bias, json_t *lb)
+{
+    int *ids = NULL, n = 0;
+    long id;
+    char buf[24];
+    if (json_is_integer(key) && json_integer_value(key) >= 0) {
+        snprintf(buf, sizeof buf, "%lld", (long long)json_integer_value(key));
+        return json_object_set_new(lb, buf, json_real(bias));
+    }
+    if (!json_is_string(key) || json_string_length(key) == 0)
+        return -1;
+    const char *k = json_string_value(key);
+    if (kvp_parse_long(k, 0, 1L << 30, &id))   /* the OpenAI form's "id" */
+        return json_object_set_new(lb, k, json_real(bias));
+    if (json_string_length(key) > KVP_HUB_STOP_MAX ||
+        (n = kvp_hub_tokenize(c->w->hub, k, json_string_length(key), 0, &ids)) <= 0) {
+        free(ids);
+        return -1;
+    }
+    int rc = 0;
+    for (int i = 0; i < n && !rc; i++) {
+        snprintf(buf, sizeof buf, "%d", ids[i]);
+        rc = json_object_set_new(lb, buf, json_real(bias));
+    }
+    free(ids);
+    return rc || json_object_size(lb) > KVP_SAMPLER_MAX_BIAS ? -1 : 0;
+}
+
+/* A boolean field of llama.cpp's (null: false); -1 when it is not one. */
+static int llama_bool(json_t *v)
+{
+    return json_is_null(v) ? 0 : json_is_boolean(v) ? json_is_true(v) : -1;
+}
 
 /* Copies and checks llama.cpp's request into the OpenAI completion's options (oai, a new
- * object). NULL, or the field refused with its code and message. */
-static const char *llama_translate(json_t *req, json_t *oai, enum kvpd_oai_code *code,
-                                   char *msg, size_t msglen)
+ * object) and the answer's shape (ls). NULL, or the field refused with its code and
+ * message. */
+static const char *llama_translate(kvpd_conn *c, json_t *req, json_t *oai, llama_state *ls,
+                                   enum kvpd_oai_code *code, char *msg, size_t msglen)
 {
     const char *key;
     json_t *v;
@@ -354,7 +482,42 @@ static const char *llama_translate(json_t *req, json_t *oai, enum kvpd_oai_code 
         }
         if (known)
             continue;
-        if (!strcmp(key, "n_predict") || !strcmp(key, "max_tokens")) {
+        if (!strcmp(key, "return_tokens") || !strcmp(key, "ignore_eos")) {
+            int b = llama_bool(v);
+            if (b < 0) {
+                snprintf(msg, msglen, "%s must be a boolean", key);
+                return key;
+            }
+            *(!strcmp(key, "ignore_eos") ? &ls->ignore_eos : &ls->return_tokens) = b;
+        } else if (!strcmp(key, "n_probs")) {
+            if (!json_is_null(v) && (!json_is_integer(v) || json_integer_value(v) < 0 ||
+                                     json_integer_value(v) > KVP_LOGPROBS_MAX_TOP)) {
+                snprintf(msg, msglen, "n_probs must be an integer from 0 to %d",
+                         KVP_LOGPROBS_MAX_TOP);
+                return key;
+            }
+            ls->n_probs = json_is_integer(v) ? (int)json_integer_value(v) : 0;
+        } else if (!strcmp(key, "response_fields")) {
+            size_t i;
+            json_t *f;
+            int ok = json_is_array(v) || json_is_null(v);
+            json_array_foreach(v, i, f)
+                ok = ok && json_is_string(f) && json_string_length(f) > 0;
+            if (!ok) {
+                snprintf(msg, msglen, "response_fields must be an array of field paths");
+                return key;
+            }
+            if (json_array_size(v)) {
+                if (json_is_true(json_object_get(req, "stream"))) {
+                    *code = KVPD_OAI_E_UNSUPPORTED_PARAMETER;
+                    snprintf(msg, msglen, "response_fields is not supported by kvpd with "
+                             "stream (it shapes the whole answer only)");
+                    return key;
+                }
+                json_decref(ls->fields);
+                ls->fields = json_incref(v);
+            }
+        } else if (!strcmp(key, "n_predict") || !strcmp(key, "max_tokens")) {
             /* -1: no limit of its own (the ceiling) */
             if (!json_is_integer(v) || json_integer_value(v) < -1 || json_integer_value(v) > 1 << 30) {
                 snprintf(msg, msglen, "%s must be an integer: -1 (no limit) or a count of "
@@ -400,29 +563,28 @@ static const char *llama_translate(json_t *req, json_t *oai, enum kvpd_oai_code 
                 return key;
             }
         } else if (!strcmp(key, "logit_bias")) {
-            /* [[id, bias], ...] (bias false: never) or {"id": bias} */
+            /* [[id or text, bias or false], ...] (false: never) or {"id or text": bias} */
             json_t *lb = json_object();
-            size_t i;
+            size_t i = 0;
             json_t *e;
-            int ok = json_is_object(v) || json_is_null(v);
-            if (json_is_object(v))
-                json_object_update(lb, v);
-            json_array_foreach(v, i, e) {
-                json_t *id = json_array_get(e, 0), *b = json_array_get(e, 1);
-                ok = json_is_array(e) && json_array_size(e) == 2 && json_is_integer(id) &&
-                     json_integer_value(id) >= 0 && (json_is_number(b) || json_is_false(b));
-                if (!ok)
-                    break;
-                char idbuf[24];
-                snprintf(idbuf, sizeof idbuf, "%lld", (long long)json_integer_value(id));
-                json_object_set_new(lb, idbuf, json_is_false(b) ? json_real(-100)
-                                                                : json_real(json_number_value(b)));
+            const char *k;
+            int ok = lb && (json_is_object(v) || json_is_array(v) || json_is_null(v));
+            json_object_foreach(v, k, e) {
+                json_t *kj = json_string(k);
+                ok = ok && json_is_number(e) && bias_key(c, kj, json_number_value(e), lb) == 0;
+                json_decref(kj);
             }
-            ok = ok || json_is_array(v);
-            if (!ok || (json_is_array(v) && i < json_array_size(v))) {
+            json_array_foreach(v, i, e) {
+                json_t *b = json_array_get(e, 1);
+                ok = ok && json_is_array(e) && json_array_size(e) == 2 &&
+                     (json_is_number(b) || json_is_false(b)) &&
+                     bias_key(c, json_array_get(e, 0),
+                              json_is_false(b) ? -100.0 : json_number_value(b), lb) == 0;
+            }
+            if (!ok) {
                 json_decref(lb);
-                snprintf(msg, msglen, "logit_bias must be [[token id, bias or false], ...] or "
-                         "an object of token ids");
+                snprintf(msg, msglen, "logit_bias must be [[token id or text, bias or false], "
+                         "...] or an object of token ids or texts");
                 return key;
             }
             json_object_set_new(oai, "logit_bias", lb);
@@ -453,10 +615,24 @@ void kvpd_oai_llama_completion(kvpd_conn *c)
     o->codec_state = ls;
     char msg[256];
     enum kvpd_oai_code code;
-    const char *field = llama_translate(req, oai, &code, msg, sizeof msg);
+    const char *field = llama_translate(c, req, oai, ls, &code, msg, sizeof msg);
     if (field) {
         kvpd_oai_fail(c, code, field, msg);
         goto out;
+    }
+    kvp_hub_info hi;
+    kvp_hub_info_get(c->w->hub, &hi);
+    /* ignore_eos: every token that would end the reply banned, over a bias the request
+     * gave it (llama.cpp's end-of-generation tokens) */
+    for (int i = 0; ls->ignore_eos && i < 3; i++) {
+        if (hi.raw_stop[i] < 0)
+            continue;
+        json_t *lb = json_object_get(oai, "logit_bias");
+        if (!lb)
+            json_object_set_new(oai, "logit_bias", lb = json_object());
+        char id[24];
+        snprintf(id, sizeof id, "%d", hi.raw_stop[i]);
+        json_object_set_new(lb, id, json_real(-100));
     }
     json_t *cp = json_object_get(req, "cache_prompt");
     if (cp && !json_is_null(cp) && !json_is_boolean(cp)) {
@@ -467,13 +643,38 @@ void kvpd_oai_llama_completion(kvpd_conn *c)
     if (kvpd_oai_model_ok(c, req) < 0 || kvpd_oai_options(c, oai, &t) < 0)
         goto out;
     t.fresh = json_is_false(cp);   /* cache_prompt false: prefilled whole, nothing reused */
-    /* The prompt: a string (or an array holding one), or an array of token ids. */
+    json_t *seed = json_object_get(req, "seed");
+    if (json_is_integer(seed) && (json_integer_value(seed) == -1 ||
+                                  json_integer_value(seed) == 0xFFFFFFFF))
+        t.has_seed = 0;   /* a random seed, fixed_seed or not */
+    /* Token ids come with the logprobs: the chunks of a stream always list theirs (as
+     * llama.cpp's), the whole answer with return_tokens, and n_probs adds the logprobs. */
+    if (o->req.stream || ls->return_tokens || ls->n_probs) {
+        t.logprobs = o->req.turn.logprobs = 1;
+        t.top_logprobs = o->req.turn.top_logprobs = ls->n_probs;
+    }
+    /* The prompt: a string (or an array holding one), an array of token ids, or
+     * llama.cpp's object form {"prompt_string"} (its multimodal_data is refused: kvpd's
+     * models read text only). */
     json_t *p = json_object_get(req, "prompt");
     if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0)))
         p = json_array_get(p, 0);
+    if (json_is_object(p)) {
+        const char *k;
+        json_t *v;
+        json_object_foreach(p, k, v) {
+            if (!strcmp(k, "prompt_string"))
+                continue;
+            char param[80];
+            snprintf(param, sizeof param, "prompt.%.64s", k);
+            snprintf(msg, sizeof msg, "%s is not supported by kvpd%s", param,
+                     !strcmp(k, "multimodal_data") ? ": its models read text only" : "");
+            kvpd_oai_fail(c, KVPD_OAI_E_UNSUPPORTED_PARAMETER, param, msg);
+            goto out;
+        }
+        p = json_object_get(p, "prompt_string");
+    }
     int n = 0;
-    kvp_hub_info hi;
-    kvp_hub_info_get(c->w->hub, &hi);
     if (json_is_array(p)) {
         n = (int)json_array_size(p);
         if (n == 0 || n > (1 << 20) || !(ids = malloc((size_t)n * sizeof *ids))) {

@@ -207,9 +207,11 @@ void kvpd_oai_props(kvpd_conn *c)
     kvp_hub_info hi;
     kvp_hub_info_get(c->w->hub, &hi);
     int cap = c->w->cfg->max_tokens;
+    /* the seed a request without one samples with: the server's under fixed_seed */
+    kvp_turn_opts dflt = {.has_seed = c->w->cfg->fixed_seed, .seed = c->w->cfg->seed};
     json_t *dgs = json_pack("{s:i, s:i, s:b, s:o}", "id", 0, "n_ctx", hi.context,
                             "is_processing", 0, "params",
-                            kvpd_oai_llama_params(c->w->cfg, NULL, cap > 0 ? cap : -1, 0));
+                            kvpd_oai_llama_params(c->w->cfg, &dflt, cap > 0 ? cap : -1, 0));
     json_t *j = json_pack("{s:o, s:i, s:s, s:s, s:s, s:o, s:o, s:s, s:{s:b, s:b}}",
                           "default_generation_settings", dgs, "total_slots",
                           c->w->cfg->max_sessions, "model_path", c->w->cfg->model,

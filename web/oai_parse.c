@@ -157,6 +157,41 @@ static const char *unsupported(json_t *req)
     return NULL;
 }
 
+/* Fields of llama.cpp's server that kvpd takes only at the value that changes nothing:
+ * the first one at another value, with why in msg, or NULL. */
+static const char *llama_unsupported(json_t *req, char *msg, size_t msglen)
+{
+    static const struct { const char *name, *why; } off[] = {
+        {"return_progress", "kvpd does not report prompt progress (only false)"},
+        {"timings_per_token", "kvpd does not report timings in the stream (only false)"},
+        {"ignore_eos", "only false here (/completion bans EOS with it)"},
+        {"post_sampling_probs", "only false (logprobs are the model's distribution)"},
+    };
+    for (size_t i = 0; i < sizeof off / sizeof off[0]; i++) {
+        json_t *v = json_object_get(req, off[i].name);
+        if (v && !json_is_null(v) && !json_is_false(v)) {
+            snprintf(msg, msglen, "%s is not supported by kvpd: %s", off[i].name, off[i].why);
+            return off[i].name;
+        }
+    }
+    json_t *g = json_object_get(req, "grammar");
+    if (g && !json_is_null(g) && !(json_is_string(g) && json_string_length(g) == 0)) {
+        snprintf(msg, msglen, "grammar is not supported by kvpd: GBNF grammars are not read "
+                 "(response_format json_schema, or json_schema, constrains a reply)");
+        return "grammar";
+    }
+    static const struct { const char *name; int neutral; } num[] = {{"id_slot", -1}, {"n_probs", 0}};
+    for (size_t i = 0; i < sizeof num / sizeof num[0]; i++) {
+        json_t *v = json_object_get(req, num[i].name);
+        if (v && !json_is_null(v) && !(json_is_integer(v) && json_integer_value(v) == num[i].neutral)) {
+            snprintf(msg, msglen, "%s is not supported by kvpd (only %d)", num[i].name,
+                     num[i].neutral);
+            return num[i].name;
+        }
+    }
+    return NULL;
+}
+
 /* A number field in [lo, hi] (absent or null: *has 0). -1 with e set. */
 static int number(json_t *req, const char *name, double lo, double hi, int *has, double *out,
                   kvpd_oai_err *e)
@@ -217,10 +252,31 @@ int kvpd_oai_parse_options(json_t *req, const kvpd_oai_limits *l, kvpd_oai_req *
     if (rc < 0)
         return kvpd_oai_bad(e, rc == -ENOMEM ? KVPD_OAI_E_SERVER : KVPD_OAI_E_INVALID_REQUEST, param,
                    "%s", msg);
+    if (!t->has_seed && l->fixed_seed) {   /* the server's seed as the request's */
+        t->has_seed = 1;
+        t->seed = l->seed;
+    }
+    field = llama_unsupported(req, msg, sizeof msg);
+    if (field)
+        return kvpd_oai_bad(e, KVPD_OAI_E_UNSUPPORTED_PARAMETER, field, "%s", msg);
     kvp_grammar_unref(r->grammar);
     r->grammar = NULL;
-    if (kvpd_response_format(json_object_get(req, "response_format"), &r->grammar, &param, msg,
-                             sizeof msg) < 0)
+    /* llama.cpp's server's top-level json_schema: the response format of that schema */
+    json_t *rf = json_object_get(req, "response_format"), *js = json_object_get(req, "json_schema");
+    json_t *own = NULL;
+    if (js && !json_is_null(js)) {
+        if (rf && !json_is_null(rf))
+            return kvpd_oai_bad(e, KVPD_OAI_E_INVALID_REQUEST, "json_schema",
+                                "json_schema and response_format shape the same reply: give one");
+        rf = own = json_pack("{s:s, s:O}", "type", "json_object", "schema", js);
+        if (!own)
+            return kvpd_oai_bad(e, KVPD_OAI_E_SERVER, NULL, "out of memory");
+    }
+    rc = kvpd_response_format(rf, &r->grammar, &param, msg, sizeof msg);
+    json_decref(own);
+    if (rc < 0 && own && !strcmp(param, "response_format.schema"))
+        param = "json_schema";
+    if (rc < 0)
         return kvpd_oai_bad(e, KVPD_OAI_E_UNSUPPORTED_PARAMETER, param, "%s", msg);
     t->grammar = r->grammar;
     /* A forced call: its grammar is the reply's. response_format shapes text replies,
@@ -518,6 +574,33 @@ int kvpd_oai_parse_chat(const char *body, size_t len, const kvpd_oai_limits *l,
     if (kvpd_oai_parse_messages(json_object_get(req, "messages"), "messages[0].content", 1, r,
                                 e) < 0)
         goto out;
+    /* continue_final_message (vLLM's and transformers') and add_generation_prompt: kvpd
+     * continues an assistant message that comes last, and opens a reply after any other */
+    json_t *cfm = json_object_get(req, "continue_final_message"),
+           *agp = json_object_get(req, "add_generation_prompt");
+    const char *bad_bool = cfm && !json_is_null(cfm) && !json_is_boolean(cfm) ? "continue_final_message"
+                         : agp && !json_is_null(agp) && !json_is_boolean(agp) ? "add_generation_prompt"
+                         : NULL;
+    if (bad_bool) {
+        kvpd_oai_bad(e, KVPD_OAI_E_INVALID_REQUEST, bad_bool, "%s must be a boolean", bad_bool);
+        goto out;
+    }
+    if (json_is_true(cfm) && json_is_true(agp)) {
+        kvpd_oai_bad(e, KVPD_OAI_E_INVALID_REQUEST, "continue_final_message",
+                     "continue_final_message and add_generation_prompt cannot both be true");
+        goto out;
+    }
+    if (json_is_true(cfm) && !r->prefill) {
+        kvpd_oai_bad(e, KVPD_OAI_E_INVALID_REQUEST, "continue_final_message",
+                     "continue_final_message needs an assistant message last");
+        goto out;
+    }
+    if (json_is_false(agp) && !r->prefill) {
+        kvpd_oai_bad(e, KVPD_OAI_E_UNSUPPORTED_PARAMETER, "add_generation_prompt",
+                     "add_generation_prompt false is not supported by kvpd after a message "
+                     "that is not the assistant's: a reply always opens its own turn");
+        goto out;
+    }
     if (r->prefill) {
         /* what cannot continue the assistant's own text */
         if (r->tools.grammar || r->turn.reply_prefix) {

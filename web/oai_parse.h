@@ -56,6 +56,8 @@ typedef struct kvpd_oai_limits {
     int tool_format;              /* the model's (kvp_hub_info.tool_format) */
     int reasoning;                /* the model's replies may open with a reasoning block
                                    * (kvp_hub_info.reasoning) */
+    int fixed_seed;               /* a request without a seed samples with seed */
+    uint64_t seed;
 } kvpd_oai_limits;
 
 /* A parsed request. Zeroed before the first parse; kvpd_oai_release frees it. */

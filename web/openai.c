@@ -362,7 +362,9 @@ static kvpd_oai_limits limits(const kvpd_conn *c)
                              .model_alias = c->w->cfg->model_alias,
                              .model = c->oai->model,
                              .tool_format = c->oai->tool_format,
-                             .reasoning = c->oai->reasoning};
+                             .reasoning = c->oai->reasoning,
+                             .fixed_seed = c->w->cfg->fixed_seed,
+                             .seed = c->w->cfg->seed};
 }
 
 static void chat_completions(kvpd_conn *c)

@@ -2,7 +2,8 @@
  * /completion in web/oai_completions.c): /completion with a text prompt and with token
  * ids (the same greedy reply for the same tokens), its stream (content chunks, then the
  * stop chunk with timings, no [DONE]), stop words and stop_type, cache_prompt, every
- * refused or malformed field; /tokenize (ids, pieces, BOS) and /detokenize round trips
+ * refused or malformed field, return_tokens, n_probs, ignore_eos, a logit_bias by text,
+ * response_fields and cache_n; /tokenize (ids, pieces, BOS) and /detokenize round trips
  * and their bad input; /props, /slots and /health. */
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -147,7 +148,7 @@ Test(llama, completion_stream_ends_with_the_stop_chunk)
                       "\"temperature\":0}", &whole, NULL), 200);
     /* the chunks' content adds up to the whole answer's; the last one has stop true */
     char text[4096] = "";
-    int chunks = 0, stops = 0;
+    int chunks = 0, stops = 0, streamed = 0;
     json_t *last = NULL;
     for (char *p = strstr(raw, "data: "); p; p = strstr(p + 1, "data: ")) {
         json_t *j = json_loads(p + 6, JSON_DISABLE_EOF_CHECK, NULL);
@@ -157,6 +158,9 @@ Test(llama, completion_stream_ends_with_the_stop_chunk)
                 sizeof text - strlen(text) - 1);
         if (json_is_true(json_object_get(j, "stop")))
             stops++;
+        else   /* as llama.cpp's chunks: the ids of the tokens each completes */
+            streamed += (int)json_array_size(json_object_get(j, "tokens"));
+        cr_expect(json_is_array(json_object_get(j, "tokens")), "chunk %d has no tokens", chunks);
         json_decref(last);
         last = j;
     }
@@ -167,9 +171,138 @@ Test(llama, completion_stream_ends_with_the_stop_chunk)
     cr_expect(json_is_object(json_object_get(last, "timings")));
     cr_expect_str_eq(json_string_value(json_object_get(last, "stop_type")), "limit");
     cr_expect_str_eq(text, json_string_value(json_object_get(whole, "content")));
+    cr_expect(streamed >= 1 && streamed <= 5, "%d tokens streamed", streamed);
     json_decref(last);
     json_decref(whole);
     free(raw);
+    cr_expect_eq(kvpd_stop(&d, 10000), 0);
+}
+
+/* The ids of a JSON array of token ids, in ids[0..*n). */
+static void ids_of(json_t *a, int *ids, int cap, int *n)
+{
+    size_t i;
+    json_t *e;
+    *n = 0;
+    json_array_foreach(a, i, e) {
+        cr_assert(json_is_integer(e), "a token id: %s", json_dumps(e, JSON_ENCODE_ANY));
+        if (*n < cap)
+            ids[(*n)++] = (int)json_integer_value(e);
+    }
+}
+
+Test(llama, tokens_probabilities_biases_and_fields)
+{
+    kvpd_proc d;
+    cr_assert_eq(kvpd_start(&d, "--max-tokens 400"), 0, "log %s", d.log);
+    const char *P = "/completion";
+    /* return_tokens: the reply's ids, which detokenize to its content */
+    json_t *a;
+    cr_assert_eq(call(&d, "POST", P, "{\"prompt\":\"Once upon a time\",\"n_predict\":6,"
+                      "\"temperature\":0,\"return_tokens\":true,\"n_probs\":3}", &a, NULL), 200);
+    int ids[64], n;
+    ids_of(json_object_get(a, "tokens"), ids, 64, &n);
+    cr_assert_eq(n, 6);
+    json_t *tok = json_pack("{s:O}", "tokens", json_object_get(a, "tokens"));
+    char *tb = json_dumps(tok, JSON_COMPACT);
+    json_t *dt;
+    cr_assert_eq(call(&d, "POST", "/detokenize", tb, &dt, NULL), 200);
+    cr_expect_str_eq(json_string_value(json_object_get(dt, "content")),
+                     json_string_value(json_object_get(a, "content")));
+    free(tb);
+    json_decref(tok);
+    json_decref(dt);
+    /* n_probs: each token's logprob and its alternatives, the greedy token the likeliest */
+    json_t *cp = json_object_get(a, "completion_probabilities");
+    cr_assert_eq(json_array_size(cp), 6);
+    for (int i = 0; i < 6; i++) {
+        json_t *e = json_array_get(cp, (size_t)i), *top = json_object_get(e, "top_logprobs");
+        cr_expect_eq(json_integer_value(json_object_get(e, "id")), ids[i]);
+        cr_expect_leq(json_number_value(json_object_get(e, "logprob")), 0.0);
+        cr_expect(json_is_array(json_object_get(e, "bytes")));
+        cr_expect(json_is_string(json_object_get(e, "token")));
+        cr_assert(json_array_size(top) >= 1 && json_array_size(top) <= 3);
+        cr_expect_eq(json_integer_value(json_object_get(json_array_get(top, 0), "id")), ids[i]);
+    }
+    cr_expect_eq(json_integer_value(json_object_get(json_object_get(a, "generation_settings"),
+                                                    "n_probs")), 3);
+    cr_expect_eq(json_array_size(json_object_get(json_object_get(a, "generation_settings"),
+                                                 "logit_bias")), 0);
+    /* a text's tokens take its bias: banned, they are listed and none is written */
+    json_t *b;
+    cr_assert_eq(call(&d, "POST", P, "{\"prompt\":\"Once upon a time\",\"n_predict\":6,"
+                      "\"temperature\":0,\"return_tokens\":true,"
+                      "\"logit_bias\":[[\",\",false]]}", &b, NULL), 200);
+    json_t *comma = tokenize(&d, "{\"content\":\",\"}");
+    json_t *lb = json_object_get(json_object_get(b, "generation_settings"), "logit_bias");
+    cr_assert_eq(json_array_size(lb), json_array_size(json_object_get(comma, "tokens")));
+    size_t i;
+    json_t *e;
+    json_array_foreach(lb, i, e) {
+        cr_expect(json_is_null(json_object_get(e, "bias")), "a ban is null (-inf)");
+        cr_expect(json_equal(json_object_get(e, "token"),
+                             json_array_get(json_object_get(comma, "tokens"), i)));
+    }
+    int bids[64], bn;
+    ids_of(json_object_get(b, "tokens"), bids, 64, &bn);
+    for (int k = 0; k < bn; k++)
+        for (size_t m = 0; m < json_array_size(lb); m++)
+            cr_expect_neq(bids[k], json_integer_value(json_object_get(json_array_get(lb, m), "token")));
+    cr_expect(!strchr(json_string_value(json_object_get(b, "content")), ','));
+    json_decref(comma);
+    json_decref(b);
+    /* ignore_eos: the greedy story that ends runs on to its limit */
+    json_t *end, *on;
+    cr_assert_eq(call(&d, "POST", P, "{\"prompt\":\"Lily was happy\",\"n_predict\":400,"
+                      "\"temperature\":0}", &end, NULL), 200);
+    cr_assert_str_eq(json_string_value(json_object_get(end, "stop_type")), "eos",
+                     "this test needs a reply that ends before 400 tokens");
+    cr_assert_eq(call(&d, "POST", P, "{\"prompt\":\"Lily was happy\",\"n_predict\":400,"
+                      "\"temperature\":0,\"ignore_eos\":true}", &on, NULL), 200);
+    cr_expect_str_eq(json_string_value(json_object_get(on, "stop_type")), "limit");
+    cr_expect_eq(json_integer_value(json_object_get(on, "tokens_predicted")), 400);
+    lb = json_object_get(json_object_get(on, "generation_settings"), "logit_bias");
+    cr_expect_geq(json_array_size(lb), 1);
+    json_array_foreach(lb, i, e)
+        cr_expect(json_is_null(json_object_get(e, "bias")));
+    /* no return_tokens: tokens is empty; the same prompt again reuses its cache */
+    cr_expect_eq(json_array_size(json_object_get(on, "tokens")), 0);
+    json_t *tm = json_object_get(on, "timings");
+    cr_expect_gt(json_integer_value(json_object_get(tm, "cache_n")), 0);
+    cr_expect_eq(json_integer_value(json_object_get(tm, "cache_n")) +
+                 json_integer_value(json_object_get(tm, "prompt_n")),
+                 json_integer_value(json_object_get(on, "tokens_evaluated")));
+    json_decref(end);
+    json_decref(on);
+    /* json_schema: the reply is one of the schema's documents */
+    json_t *js;
+    cr_assert_eq(call(&d, "POST", P, "{\"prompt\":\"Once upon\",\"n_predict\":8,"
+                      "\"json_schema\":{\"const\":\"42\"}}", &js, NULL), 200);
+    cr_expect_str_eq(json_string_value(json_object_get(js, "content")), "\"42\"");
+    json_decref(js);
+    expect_refused(&d, P, "{\"prompt\":\"x\",\"json_schema\":{\"type\":\"hiccup\"}}", 400,
+                   "json_schema");
+    /* llama.cpp's object prompt {"prompt_string"} runs as that text */
+    json_t *s1, *s2;
+    cr_assert_eq(call(&d, "POST", P, "{\"prompt\":{\"prompt_string\":\"Once upon\"},"
+                      "\"n_predict\":5,\"temperature\":0}", &s1, NULL), 200);
+    cr_assert_eq(call(&d, "POST", P, "{\"prompt\":\"Once upon\",\"n_predict\":5,"
+                      "\"temperature\":0}", &s2, NULL), 200);
+    cr_expect_str_eq(json_string_value(json_object_get(s1, "content")),
+                     json_string_value(json_object_get(s2, "content")));
+    cr_expect_str_eq(json_string_value(json_object_get(s1, "prompt")), "Once upon");
+    json_decref(s1);
+    json_decref(s2);
+    /* response_fields: only the paths asked for, each under its path */
+    json_t *f;
+    cr_assert_eq(call(&d, "POST", P, "{\"prompt\":\"Once upon a time\",\"n_predict\":3,"
+                      "\"response_fields\":[\"content\",\"timings/predicted_n\",\"nope/x\"]}",
+                      &f, NULL), 200);
+    cr_expect_eq(json_object_size(f), 2);
+    cr_expect(json_is_string(json_object_get(f, "content")));
+    cr_expect_eq(json_integer_value(json_object_get(f, "timings/predicted_n")), 3);
+    json_decref(f);
+    json_decref(a);
     cr_expect_eq(kvpd_stop(&d, 10000), 0);
 }
 
@@ -228,9 +361,23 @@ Test(llama, completion_refuses_bad_and_unknown_fields)
     expect_refused(&d, P, "{\"prompt\":\"x\",\"logit_bias\":[[1]]}", 400, "logit_bias");
     expect_refused(&d, P, "{\"prompt\":\"x\",\"logit_bias\":[[99999,1]]}", 400, NULL);
     /* fields kvpd cannot honour, and unknown ones, are refused by name */
-    expect_refused(&d, P, "{\"prompt\":\"x\",\"n_probs\":3}", 400, "n_probs");
+    expect_refused(&d, P, "{\"prompt\":\"x\",\"n_probs\":21}", 400, "n_probs");
+    expect_refused(&d, P, "{\"prompt\":\"x\",\"n_probs\":1.5}", 400, "n_probs");
     expect_refused(&d, P, "{\"prompt\":\"x\",\"mirostat\":2}", 400, "mirostat");
-    expect_refused(&d, P, "{\"prompt\":\"x\",\"ignore_eos\":true}", 400, "ignore_eos");
+    expect_refused(&d, P, "{\"prompt\":\"x\",\"ignore_eos\":\"yes\"}", 400, "ignore_eos");
+    expect_refused(&d, P, "{\"prompt\":\"x\",\"return_tokens\":1}", 400, "return_tokens");
+    expect_refused(&d, P, "{\"prompt\":\"x\",\"response_fields\":[1]}", 400, "response_fields");
+    expect_refused(&d, P, "{\"prompt\":\"x\",\"response_fields\":\"content\"}", 400,
+                   "response_fields");
+    expect_refused(&d, P, "{\"prompt\":\"x\",\"stream\":true,\"response_fields\":[\"content\"]}",
+                   400, "response_fields");
+    expect_refused(&d, P, "{\"prompt\":\"x\",\"logit_bias\":[[\"\",false]]}", 400, "logit_bias");
+    expect_refused(&d, P, "{\"prompt\":\"x\",\"post_sampling_probs\":true}", 400,
+                   "post_sampling_probs");
+    expect_refused(&d, P, "{\"prompt\":{\"prompt_string\":\"x\",\"multimodal_data\":[\"AA==\"]}}",
+                   400, "prompt.multimodal_data");
+    expect_refused(&d, P, "{\"prompt\":{\"prompt_string\":\"x\",\"other\":1}}", 400, "prompt.other");
+    expect_refused(&d, P, "{\"prompt\":{}}", 400, "prompt");
     expect_refused(&d, P, "{\"prompt\":\"x\",\"grammar\":\"root ::= x\"}", 400, "grammar");
     expect_refused(&d, P, "{\"prompt\":\"x\",\"id_slot\":3}", 400, "id_slot");
     expect_refused(&d, P, "{\"prompt\":\"x\",\"repeat_penalty\":1.2,\"repeat_last_n\":64}", 400,
@@ -347,6 +494,8 @@ Test(llama, props_slots_and_health)
                                                          "temperature")), 0.5, 1e-6);
     cr_expect(json_is_string(json_object_get(j, "chat_template")));
     cr_expect(strstr(json_string_value(json_object_get(j, "model_path")), "stories260K"));
+    /* without fixed_seed a request without a seed gets a random one */
+    cr_expect_eq(json_integer_value(json_object_get(json_object_get(dgs, "params"), "seed")), -1);
     json_decref(j);
     cr_assert_eq(call(&d, "GET", "/slots", "", &j, NULL), 200);
     cr_expect(json_is_array(j));
@@ -358,6 +507,42 @@ Test(llama, props_slots_and_health)
     cr_expect_eq(call(&d, "POST", "/props", "{}", NULL, NULL), 405);
     cr_expect_eq(call(&d, "GET", "/completion", "", NULL, NULL), 405);
     cr_expect_eq(call(&d, "GET", "/tokenize", "", NULL, NULL), 405);
+    cr_expect_eq(kvpd_stop(&d, 10000), 0);
+}
+
+/* fixed_seed: a request without a seed samples with the server's, which /props and the
+ * answer's generation_settings report; the same request gets the same reply */
+Test(llama, fixed_seed_makes_a_request_reproducible)
+{
+    kvpd_proc d;
+    cr_assert_eq(kvpd_start(&d, "--fixed-seed true --seed 1234 --temperature 1"), 0, "log %s", d.log);
+    json_t *j;
+    cr_assert_eq(call(&d, "GET", "/props", "", &j, NULL), 200);
+    cr_expect_eq(json_integer_value(json_object_get(json_object_get(
+                     json_object_get(j, "default_generation_settings"), "params"), "seed")), 1234);
+    json_decref(j);
+    const char *body = "{\"prompt\":\"Once upon a time\",\"n_predict\":24,\"cache_prompt\":false}";
+    json_t *a, *b;
+    cr_assert_eq(call(&d, "POST", "/completion", body, &a, NULL), 200);
+    cr_assert_eq(call(&d, "POST", "/completion", body, &b, NULL), 200);
+    cr_expect_str_eq(json_string_value(json_object_get(a, "content")),
+                     json_string_value(json_object_get(b, "content")));
+    cr_expect_eq(json_integer_value(json_object_get(json_object_get(a, "generation_settings"),
+                                                    "seed")), 1234);
+    json_decref(b);
+    /* seed -1 is still a random one: over a few tries some reply differs */
+    int differs = 0;
+    for (int i = 0; i < 4 && !differs; i++) {
+        cr_assert_eq(call(&d, "POST", "/completion", "{\"prompt\":\"Once upon a time\","
+                          "\"n_predict\":24,\"cache_prompt\":false,\"seed\":-1}", &b, NULL), 200);
+        differs = strcmp(json_string_value(json_object_get(a, "content")),
+                         json_string_value(json_object_get(b, "content"))) != 0;
+        cr_expect_eq(json_integer_value(json_object_get(json_object_get(b, "generation_settings"),
+                                                        "seed")), -1);
+        json_decref(b);
+    }
+    cr_expect(differs, "seed -1 sampled the fixed seed's reply every time");
+    json_decref(a);
     cr_expect_eq(kvpd_stop(&d, 10000), 0);
 }
 

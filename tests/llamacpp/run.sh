@@ -5,9 +5,10 @@
 #   tests/llamacpp/run.sh [LLAMACPP_DIR] [pytest arguments, e.g. -k tokenize unit/test_tokenize.py]
 # LLAMACPP_DIR (or $LLAMACPP_DIR): the checkout. KVPD_BIN (default build/daemon/kvpd)
 # and KVP_SHARED (default ../shared: its models/ has stories260K.gguf) as for the other
-# suites. Needs python3 ($PYTHON, else the first with them) with pytest and requests (Debian: python3-pytest python3-requests;
-# the tests that use the openai package need it too). Without the checkout or pytest it
-# exits 77: skipped, so the suite passes where the files are absent. Nothing of
+# suites; SLOW_TESTS=1 also runs the tests marked slow. Needs python3 ($PYTHON, else the
+# first with them) with pytest and requests (Debian: python3-pytest python3-requests; the
+# tests that use the openai package are skipped without it). Without the checkout or
+# pytest it exits 77: skipped, so the suite passes where the files are absent. Nothing of
 # llama.cpp's is copied into this tree: pytest runs in a temporary folder holding copies
 # of its test files beside this adapter's utils.py (copies, not links, so that the
 # folders pytest puts on the path are that one's and `from utils import *` finds ours).
@@ -34,13 +35,19 @@ if [ -z "$py" ]; then
 fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-mkdir "$work/unit"
-cp "$tests"/unit/test_*.py "$work/unit/"
-[ -f "$tests/conftest.py" ] && cp "$tests/conftest.py" "$work/"
-cp "$here/utils.py" "$work/"
+# the copies sit three folders down, as in the checkout, so that the tests' paths
+# relative to it (../../../models/templates/...) reach the checkout's models/
+run="$work/tools/server/tests"
+mkdir -p "$run/unit"
+[ -d "$dir/models" ] && ln -s "$(cd "$dir/models" && pwd)" "$work/models"
+cp "$tests"/unit/test_*.py "$run/unit/"
+for f in conftest.py pytest.ini; do [ -f "$tests/$f" ] && cp "$tests/$f" "$run/"; done
+cp "$here/utils.py" "$run/"
 export LLAMACPP_TESTS="$tests"
 export KVPD_BIN="${KVPD_BIN:-$root/build/daemon/kvpd}"
 export KVP_SHARED="${KVP_SHARED:-$root/../shared}"
-cd "$work"
+cd "$run"
+# as llama.cpp's own tests.sh: the tests marked slow (large models) only with SLOW_TESTS=1
 [ $# -gt 0 ] || set -- unit
-exec "$py" -m pytest -p no:cacheprovider "$@"
+if [ "${SLOW_TESTS:-0}" != 1 ]; then set -- -m "not slow" "$@"; fi
+exec "$py" -m pytest -p no:cacheprovider -p utils "$@"

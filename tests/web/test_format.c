@@ -79,6 +79,33 @@ Test(format, json_schema_takes_its_documents)
     kvp_grammar_unref(g);
 }
 
+/* llama.cpp's server's json_object with a schema beside the type: that schema's documents */
+Test(format, json_object_with_a_schema_takes_its_documents)
+{
+    kvp_grammar *g = parsed("{\"type\":\"json_object\",\"schema\":{\"type\":\"object\","
+                            "\"properties\":{\"n\":{\"type\":\"integer\"}},\"required\":[\"n\"],"
+                            "\"additionalProperties\":false}}");
+    cr_assert_not_null(g);
+    cr_assert(tu_grammar_whole(g, "{\"n\": 3}") || tu_grammar_whole(g, "{\"n\":3}"));
+    cr_assert_not(tu_grammar_whole(g, "{}"), "n is required");
+    cr_assert_not(tu_grammar_whole(g, "{\"a\": 1}"));
+    kvp_grammar_unref(g);
+    g = parsed("{\"type\":\"json_object\",\"schema\":{\"const\":\"42\"}}");
+    cr_assert(tu_grammar_whole(g, "\"42\""));
+    cr_assert_not(tu_grammar_whole(g, "{}"), "the schema's documents, not any object");
+    kvp_grammar_unref(g);
+    /* null: any object, as without it */
+    g = parsed("{\"type\":\"json_object\",\"schema\":null}");
+    cr_assert(tu_grammar_whole(g, "{}"));
+    kvp_grammar_unref(g);
+    refused("{\"type\":\"json_object\",\"schema\":123}", "response_format.schema",
+            "response_format.schema: ");
+    refused("{\"type\":\"json_object\",\"schema\":{\"type\":\"hiccup\"}}",
+            "response_format.schema", "response_format.schema: ");
+    refused("{\"type\":\"text\",\"schema\":{}}", "response_format",
+            "response_format.schema is not supported");
+}
+
 Test(format, malformed_formats_are_named)
 {
     refused("[]", "response_format", "must be an object");

@@ -178,12 +178,91 @@ Test(oai_parse, fields_kvpd_cannot_honour)
          "\"parameters\":{\"type\":\"object\"}}}]", "logprobs"},
         {"\"audio\":{}", "audio"}, {"\"modalities\":[\"audio\"]", "modalities"},
         {"\"response_format\":{\"type\":\"xml\"}", "response_format.type"},
+        /* llama.cpp's server's fields, at values that would change the reply */
+        {"\"grammar\":\"root ::= \\\"a\\\"\"", "grammar"},
+        {"\"return_progress\":true", "return_progress"},
+        {"\"timings_per_token\":true", "timings_per_token"},
+        {"\"ignore_eos\":true", "ignore_eos"},
+        {"\"post_sampling_probs\":true", "post_sampling_probs"},
+        {"\"id_slot\":0", "id_slot"}, {"\"n_probs\":5", "n_probs"},
+        {"\"add_generation_prompt\":false", "add_generation_prompt"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char body[512];
         snprintf(body, sizeof body, "{%s,%s}", user, bad[i].field);
         refused(body, 400, KVPD_OAI_E_UNSUPPORTED_PARAMETER, bad[i].param);
     }
+}
+
+/* llama.cpp's server's chat fields: at their neutral values accepted; json_schema is the
+ * reply's schema; continue_final_message and add_generation_prompt as kvpd continues (or
+ * not) the last message. */
+Test(oai_parse, llama_cpp_fields)
+{
+    kvpd_oai_req r;
+    kvpd_oai_err e;
+    cr_assert_eq(parse("{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
+                       "\"grammar\":\"\",\"return_progress\":false,\"timings_per_token\":false,"
+                       "\"ignore_eos\":false,\"id_slot\":-1,\"n_probs\":0,"
+                       "\"add_generation_prompt\":true,\"continue_final_message\":false}",
+                       &r, &e, NULL), 0, "%s", e.message);
+    cr_assert_null(r.grammar);
+    cr_assert_not(r.turn.prefill);
+    kvpd_oai_release(&r);
+    cr_assert_eq(parse("{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
+                       "\"json_schema\":{\"const\":\"42\"}}", &r, &e, NULL), 0, "%s", e.message);
+    cr_assert_not_null(r.grammar, "json_schema shapes the reply");
+    cr_assert(r.turn.grammar == r.grammar);
+    kvpd_oai_release(&r);
+    refused("{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"json_schema\":"
+            "{\"type\":\"hiccup\"}}", 400, KVPD_OAI_E_UNSUPPORTED_PARAMETER, "json_schema");
+    refused("{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"json_schema\":{},"
+            "\"response_format\":{\"type\":\"json_object\"}}", 400,
+            KVPD_OAI_E_INVALID_REQUEST, "json_schema");
+    /* an assistant message last is continued: continue_final_message true, or
+     * add_generation_prompt false, says the same */
+    const char *prefill = "\"messages\":[{\"role\":\"user\",\"content\":\"a\"},"
+                          "{\"role\":\"assistant\",\"content\":\"Wh\"}]";
+    char body[512];
+    snprintf(body, sizeof body, "{%s,\"continue_final_message\":true,"
+             "\"add_generation_prompt\":false}", prefill);
+    cr_assert_eq(parse(body, &r, &e, NULL), 0, "%s", e.message);
+    cr_assert(r.turn.prefill);
+    kvpd_oai_release(&r);
+    snprintf(body, sizeof body, "{%s,\"continue_final_message\":true,"
+             "\"add_generation_prompt\":true}", prefill);
+    refused(body, 400, KVPD_OAI_E_INVALID_REQUEST, "continue_final_message");
+    snprintf(body, sizeof body, "{%s,\"continue_final_message\":1}", prefill);
+    refused(body, 400, KVPD_OAI_E_INVALID_REQUEST, "continue_final_message");
+    refused("{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
+            "\"continue_final_message\":true}", 400, KVPD_OAI_E_INVALID_REQUEST,
+            "continue_final_message");
+}
+
+/* fixed_seed: a request without a seed takes the server's; its own seed still wins */
+Test(oai_parse, fixed_seed)
+{
+    kvpd_oai_limits l = lim;
+    l.fixed_seed = 1;
+    l.seed = 42;
+    kvpd_oai_req r;
+    kvpd_oai_err e;
+    const char *user = "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]";
+    char body[256];
+    snprintf(body, sizeof body, "%s}", user);
+    cr_assert_eq(parse(body, &r, &e, &l), 0, "%s", e.message);
+    cr_assert(r.turn.has_seed && r.turn.seed == 42);
+    kvpd_oai_release(&r);
+    snprintf(body, sizeof body, "%s,\"seed\":7}", user);
+    cr_assert_eq(parse(body, &r, &e, &l), 0, "%s", e.message);
+    cr_assert(r.turn.has_seed && r.turn.seed == 7);
+    kvpd_oai_release(&r);
+    cr_assert_eq(parse(body, &r, &e, NULL), 0, "%s", e.message);   /* off: only its own */
+    kvpd_oai_release(&r);
+    snprintf(body, sizeof body, "%s}", user);
+    cr_assert_eq(parse(body, &r, &e, NULL), 0, "%s", e.message);
+    cr_assert_not(r.turn.has_seed);
+    kvpd_oai_release(&r);
 }
 
 /* A schema whose grammar is over a size bound: a 400 naming the schema and the bound. */
