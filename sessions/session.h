@@ -43,6 +43,8 @@ typedef struct kvp_session_env {
     kvp_kv_type kv_type;             /* how every session's cache rows are stored */
     int budget_mode;                 /* enum kvp_budget_mode: the budget per head or shared */
     int step_tokens;                 /* rows of a batched step (at least chunk) */
+    int prefill_tokens;              /* rows of a step's prefill slice at most (at least
+                                      * chunk; 0: the rows the decodes leave) */
     int reuse_cache;
     float top_p;
     uint64_t seed;
