@@ -93,6 +93,7 @@ typedef struct kvp_turn {
     int cut;                 /* this node's lease ran out: not saved, memory dropped */
     int recorded;            /* this turn's user message is in the transcript */
     int planned;             /* it has been planned into a batched step */
+    int passed_over;         /* steps in a row whose prefill slice left its chunk out */
     int reply_from;          /* where the reply's tokens begin in tokens[] */
     int next_token;          /* sampled, emitted, not yet run through the model */
     kvp_evict_cfg evict;     /* the bounds of its unit in the running step */

@@ -1,6 +1,6 @@
 /* The step planner: which queued sessions' units go into one batched forward pass (every
- * decoding turn, then prefill chunks within the step's prefill slice: the oldest
- * prompt's, then fewest tokens left first),
+ * decoding turn, then prefill chunks within the step's prefill slice, fewest tokens left
+ * first),
  * the pass itself (kvp_gen_step), then each unit's logits sampled and taken in. No I/O:
  * units that wait on the store run alone as jobs (sessions/turn.h). */
 #include "sessions/step_plan.h"
@@ -164,12 +164,23 @@ static int prefill_budget(const kvp_session_env *env)
     return env->prefill_tokens > env->chunk ? env->prefill_tokens : env->chunk;
 }
 
-/* Whether prefilling turn a goes before b in a step's prefill slice (after the oldest
- * prompt's chunk): fewer tokens left to prefill first, then the earlier request. */
+/* Steps in a row a prompt may be passed over by the prefill slice before its chunk goes
+ * first: a long prompt behind a stream of short ones still moves on at least once every
+ * PASSED_MAX + 1 steps. */
+#define PASSED_MAX 4
+
+/* Whether prefilling turn a goes before b in a step's prefill slice: a prompt passed
+ * over PASSED_MAX steps in a row first (the earlier request first among those), then
+ * fewer tokens left to prefill, then the earlier request. */
 static int admits_before(const kvp_session *a, const kvp_session *b)
 {
     if (!prefilling(a) || !prefilling(b))
         return prefilling(a) > prefilling(b);
+    int sa = a->turn.passed_over >= PASSED_MAX, sb = b->turn.passed_over >= PASSED_MAX;
+    if (sa != sb)
+        return sa;
+    if (sa)
+        return a->turn.t_start < b->turn.t_start;
     int la = a->n_tokens - a->n_cached, lb = b->n_tokens - b->n_cached;
     if (la != lb)
         return la < lb;
@@ -233,34 +244,28 @@ int kvp_turn_batch(kvp_session **ss, int n, const kvp_session_env *env, kvp_runs
      * 1. every turn whose next unit takes no rows (its start, run inline here when the
      *    caller queued one; the scheduler runs those as jobs instead);
      * 2. the prefill chunks, within the step's prefill slice (env->prefill_tokens, and
-     *    the rows the decodes left): first the oldest prompt's chunk (by the time its
-     *    request arrived), so every prompt moves on each step it is the oldest and none
-     *    waits forever; then the others fewest tokens left to prefill first (a short
-     *    prompt, a returning session's few new tokens on its cached transcript; arrival
-     *    order among equals), wherever they fit. A chunk that does not fit is skipped,
-     *    not split. A prompt's first token is sampled in the step that runs its last
-     *    chunk, so a short prompt admitted behind a long one answers while the long one
-     *    still prefills, and under a burst of equal prompts first tokens come in arrival
+     *    the rows the decodes left), in admission order (admits_before): a prompt the
+     *    slice has passed over for PASSED_MAX steps in a row first, so none waits
+     *    forever; then the fewest tokens left to prefill first (a short prompt, a
+     *    returning session's few new tokens on its cached transcript), the earlier
+     *    request among equals. A chunk that does not fit is skipped, not split. A
+     *    prompt's first token is sampled in the step that runs its last chunk, so a
+     *    short prompt admitted behind a long one answers while the long one still
+     *    prefills, and under a burst of equal prompts first tokens come in arrival
      *    order. */
     for (int i = 0; i < n; i++)
         rank[i] = i;
-    for (int i = 1; i < n; i++) {   /* stable insertion sort: oldest first, then fewest left */
+    for (int i = 1; i < n; i++) {   /* stable insertion sort by admission order */
         int v = rank[i], k = i;
         for (; k > 0 && admits_before(ss[v], ss[rank[k - 1]]); k--)
             rank[k] = rank[k - 1];
         rank[k] = v;
     }
-    int oldest = -1;   /* the queue index of the oldest prefilling turn */
-    for (int i = 0; i < n; i++)
-        if (prefilling(ss[i]) && (oldest < 0 || ss[i]->turn.t_start < ss[oldest]->turn.t_start))
-            oldest = i;
     int room = rs->max_tokens, taken = 0, nb = 0, slice = 0;
     int budget = prefill_budget(env);
     for (int pass = 0; pass < 3; pass++)
-        for (int q = pass == 2 ? -1 : 0; q < n && room > 0; q++) {
-            int i = pass < 2 ? q : q < 0 ? oldest : rank[q];
-            if (i < 0)
-                continue;
+        for (int q = 0; q < n && room > 0; q++) {
+            int i = pass < 2 ? q : rank[q];
             kvp_session *s = ss[i];
             if (took[i] || (pass == 0 && !decoding(s)) || (pass == 1 && !no_rows(s)) ||
                 (pass == 2 && !prefilling(s)))
@@ -282,6 +287,13 @@ int kvp_turn_batch(kvp_session **ss, int n, const kvp_session_env *env, kvp_runs
             unit_more[taken] = r;
             order[taken++] = i;
         }
+    /* The prompts this slice passed over while it ran others' chunks (a step whose
+     * decodes left no room for any chunk passed over none). */
+    for (int i = 0; i < n; i++)
+        if (took[i])
+            ss[i]->turn.passed_over = 0;
+        else if (prefilling(ss[i]) && slice > 0)
+            ss[i]->turn.passed_over++;
     /* One forward step for all of them; each one's failure is its own. */
     if (nb) {
         int rc = kvp_gen_step(env->model, rs, b, e, nb);
