@@ -1,7 +1,9 @@
 /* loadgen: N concurrent websocket sessions x M turns against kvpd. Reports aggregate
  * tokens/s, p50/p99 time to first token and inter-token latency, kvpd's peak RSS, and
  * the time to first token at turn 10 with KV cache reuse against re-prefilling the
- * whole transcript every turn (two daemons, --no-reuse-cache for the second).
+ * whole transcript every turn (two daemons, --no-reuse-cache for the second). TTFT is
+ * given over every turn and over the sessions' first messages alone (a burst's new
+ * conversations, apart from the returning sessions' later turns).
  *
  *   build/bench/loadgen [--kvpd build/daemon/kvpd] [--model M --tokenizer T]
  *                       [--sessions 16] [--turns 10] [--max-tokens 32] [--workers 0]
