@@ -1,7 +1,9 @@
 /* loadgen: N concurrent websocket sessions x M turns against kvpd. Reports aggregate
  * tokens/s, p50/p99 time to first token and inter-token latency, kvpd's peak RSS, and
  * the time to first token at turn 10 with KV cache reuse against re-prefilling the
- * whole transcript every turn (two daemons, --no-reuse-cache for the second).
+ * whole transcript every turn (two daemons, --no-reuse-cache for the second). TTFT is
+ * given over every turn and over the sessions' first messages alone (a burst's new
+ * conversations, apart from the returning sessions' later turns).
  *
  *   build/bench/loadgen [--kvpd build/daemon/kvpd] [--model M --tokenizer T]
  *                       [--sessions 16] [--turns 10] [--max-tokens 32] [--workers 0]
@@ -46,6 +48,7 @@ typedef struct opts {
 /* What one load run measured. */
 typedef struct load_result {
     double tok_s, ttft_p50, ttft_p99;
+    double first_p50, first_p99;         /* TTFT of the sessions' first messages only */
     double processed_s;                  /* prompt tokens prefilled + reply tokens, per s */
     double prompt_first, prompt_later;   /* mean prompt tokens prefilled: first turns, later */
 } load_result;
@@ -96,6 +99,7 @@ typedef struct session_run {
     const opts *o;
     int port, index;
     samples ttft, itl;       /* ms, client side */
+    double ttft_first;       /* ms, client side: of the session's first message */
     long tokens;
     long prefilled[2];       /* prompt tokens prefilled: first turn, later turns */
     double ttft_turn10;      /* server-side ttft_ms of turn 10 */
@@ -137,8 +141,11 @@ static void *run_session(void *arg)
             if (!type) {
                 r->failed = 1;
             } else if (!strcmp(type, "token")) {
-                if (last == 0)
+                if (last == 0) {
                     add(&r->ttft, at - sent);
+                    if (t == 0)
+                        r->ttft_first = at - sent;
+                }
                 else
                     add(&r->itl, at - last);
                 last = at;
@@ -281,7 +288,7 @@ static int load(const opts *o, int port, int pid, int quiet, load_result *res)
         if (pthread_create(&th[i], NULL, run_session, &runs[i]) != 0)
             return -EAGAIN;
     }
-    samples ttft = {0}, itl = {0};
+    samples ttft = {0}, itl = {0}, first = {0};
     long tokens = 0, prefilled[2] = {0, 0};
     int failed = 0;
     for (int i = 0; i < o->sessions; i++) {
@@ -290,6 +297,8 @@ static int load(const opts *o, int port, int pid, int quiet, load_result *res)
             add(&ttft, runs[i].ttft.v[k]);
         for (size_t k = 0; k < runs[i].itl.n; k++)
             add(&itl, runs[i].itl.v[k]);
+        if (runs[i].ttft.n)
+            add(&first, runs[i].ttft_first);
         tokens += runs[i].tokens;
         prefilled[0] += runs[i].prefilled[0];
         prefilled[1] += runs[i].prefilled[1];
@@ -300,6 +309,7 @@ static int load(const opts *o, int port, int pid, int quiet, load_result *res)
     double secs = (now_ms() - t0) / 1e3;
     if (res)
         *res = (load_result){tokens / secs, pct(&ttft, 50), pct(&ttft, 99),
+                             pct(&first, 50), pct(&first, 99),
                              (double)(tokens + prefilled[0] + prefilled[1]) / secs,
                              (double)prefilled[0] / o->sessions,
                              o->turns > 1 ? (double)prefilled[1] / o->sessions / (o->turns - 1) : 0};
@@ -312,12 +322,15 @@ static int load(const opts *o, int port, int pid, int quiet, load_result *res)
     printf("| processed tokens/s (prompt + reply) | %.0f (%ld prompt tokens) |\n",
            (double)(tokens + prefilled[0] + prefilled[1]) / secs, prefilled[0] + prefilled[1]);
     printf("| time to first token p50 / p99 | %.2f / %.2f ms |\n", pct(&ttft, 50), pct(&ttft, 99));
+    printf("| first messages' time to first token p50 / p99 | %.2f / %.2f ms |\n", pct(&first, 50),
+           pct(&first, 99));
     printf("| inter-token latency p50 / p99 | %.3f / %.3f ms |\n", pct(&itl, 50), pct(&itl, 99));
     if (pid > 0)
         printf("| kvpd peak RSS | %.1f MiB |\n", peak_rss_kib(pid) / 1024.0);
 out:
     free(ttft.v);
     free(itl.v);
+    free(first.v);
     free(runs);
     free(th);
     return failed ? -EIO : 0;
@@ -361,7 +374,8 @@ static int sweep(const opts *o)
     load_result res[MAX_LEVELS];
     double x[MAX_LEVELS], tok_ratio[MAX_LEVELS], proc_ratio[MAX_LEVELS], p99_ratio[MAX_LEVELS];
     printf("| sessions | aggregate tok/s | x 1st | processed tok/s | x 1st | TTFT p50 ms "
-           "| TTFT p99 ms | p99 x 1st |\n|---|---|---|---|---|---|---|---|\n");
+           "| TTFT p99 ms | p99 x 1st | first messages: TTFT p50 ms | TTFT p99 ms | p99 x 1st |\n"
+           "|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (int i = 0; i < o->n_levels && rc == 0; i++) {
         opts lv = *o;
         lv.sessions = o->levels[i];
@@ -370,9 +384,10 @@ static int sweep(const opts *o)
         tok_ratio[i] = res[i].tok_s / res[0].tok_s;
         proc_ratio[i] = res[i].processed_s / res[0].processed_s;
         p99_ratio[i] = res[i].ttft_p99 / res[0].ttft_p99;
-        printf("| %d | %.1f | %.2f | %.1f | %.2f | %.1f | %.1f | %.2f |\n", o->levels[i],
-               res[i].tok_s, tok_ratio[i], res[i].processed_s, proc_ratio[i], res[i].ttft_p50,
-               res[i].ttft_p99, p99_ratio[i]);
+        printf("| %d | %.1f | %.2f | %.1f | %.2f | %.1f | %.1f | %.2f | %.1f | %.1f | %.2f |\n",
+               o->levels[i], res[i].tok_s, tok_ratio[i], res[i].processed_s, proc_ratio[i],
+               res[i].ttft_p50, res[i].ttft_p99, p99_ratio[i], res[i].first_p50,
+               res[i].first_p99, res[i].first_p99 / res[0].first_p99);
         fflush(stdout);
     }
     printf("(%d turns of %d tokens per session; prompts prefilled: %.1f tokens at the first "

@@ -49,6 +49,7 @@ static const key_def keys[] = {
     {"kv_type", T_KV_TYPE, F(kv_type), 0, 0, "q8_0", "how KV cache rows are stored: f32, f16 or q8_0 (8-bit blocks of 32 with an f16 scale, keys and values alike); snapshots of another type are converted on load. q8_0 is the default: at equal bytes it keeps more rows and loses less than f16 or f32 rows (docs/quality-per-byte.md)", FIXED},
     {"chunk", T_INT, F(chunk), 1, 4096, KVP_STR(KVP_DEFAULT_CHUNK), "prefill chunk in tokens; a head may exceed the budget by this much", FIXED},
     {"step_tokens", T_INT, F(step_tokens), 1, 65536, "256", "tokens of one batched step, at least chunk: every decoding turn gives one, prefilling turns a chunk each while room is left (the rest wait for the next step)", FIXED},
+    {"prefill_tokens", T_INT, F(prefill_tokens), 0, 65536, "0", "prompt tokens one batched step prefills at most (0 or at least chunk; 0: the rows of step_tokens the decoding turns leave): the prompts with the fewest tokens left first (short prompts, returning sessions' new messages), but a prompt passed over 4 steps in a row goes first; lower keeps steps, so inter-token latency, short during a burst of prompts, higher lets a burst's prompts through sooner", FIXED},
     {"workers", T_INT, F(workers), 0, 256, "0", "model worker threads (0: one per core): one runs the batched step at a time, the others the jobs that wait on I/O meanwhile (snapshot loads and saves, each turn's start and end-of-turn snapshot)", FIXED},
     {"state_dir", T_STR, F(state_dir), 0, 0, "auto", "directory for session state (must be writable when set: refused at start otherwise); auto: $STATE_DIRECTORY (systemd), else $XDG_STATE_HOME/kvpd, else ~/.local/state/kvpd, made 0700 if missing (none with state_url); empty: none (idle sessions are dropped)", FIXED},
     {"state_url", T_STR, F(state_url), 0, 0, "", "redis://HOST[:PORT][/DB]: keep session snapshots in Redis instead, shared by several nodes, with a lease per session (docs/cluster.md; wins over state_dir for snapshots)", FIXED},
@@ -538,6 +539,13 @@ int kvpd_config_validate(const kvpd_config *c, char *err, size_t errlen)
         snprintf(err, errlen, "snapshot_ttl (%d s) is below idle_timeout (%d s): snapshots of "
                  "sessions still in memory would expire; raise snapshot_ttl or set it to 0",
                  c->snapshot_ttl_s, c->idle_timeout_s);
+        return -EINVAL;
+    }
+    /* A slice below one chunk could never take a prompt's chunk (chunks are not split). */
+    if (c->prefill_tokens && c->prefill_tokens < c->chunk) {
+        snprintf(err, errlen, "prefill_tokens: %d is below chunk (%d): a step could not "
+                 "take one prompt chunk; set it to 0 (no bound) or at least %d",
+                 c->prefill_tokens, c->chunk, c->chunk);
         return -EINVAL;
     }
     /* A bound below one small conversation's JSON would keep only the newest response. */

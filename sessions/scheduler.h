@@ -2,7 +2,8 @@
  *   - turns run in batched steps, one step in flight at a time: a worker takes every
  *     queued turn, the step fn advances each by one unit (a prefill chunk or one decoded
  *     token) in one forward pass while the step has rows left (its runstate's
- *     env->step_tokens; decodes first, then prefill chunks oldest request first), those
+ *     env->step_tokens; decodes first, then prefill chunks within env->prefill_tokens,
+ *     fewest tokens left first, sessions/step_plan.h), those
  *     that took part go back to the tail and those left out stay at the head, so
  *     sessions join and leave between steps and a long prefill never stalls the others;
  *   - jobs (snapshot LOAD and SAVE, a turn's start and its end-of-turn snapshot: the

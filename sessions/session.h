@@ -49,6 +49,8 @@ typedef struct kvp_session_env {
     kvp_kv_type kv_type;             /* how every session's cache rows are stored */
     int budget_mode;                 /* enum kvp_budget_mode: the budget per head or shared */
     int step_tokens;                 /* rows of a batched step (at least chunk) */
+    int prefill_tokens;              /* rows of a step's prefill slice at most (at least
+                                      * chunk; 0: the rows the decodes leave) */
     int reuse_cache;
     int share_rows;                  /* forks share their rows (kvp_session_fork) */
     float top_p;
@@ -101,6 +103,7 @@ typedef struct kvp_turn {
     int cut;                 /* this node's lease ran out: not saved, memory dropped */
     int recorded;            /* this turn's user message is in the transcript */
     int planned;             /* it has been planned into a batched step */
+    int passed_over;         /* steps in a row whose prefill slice left its chunk out */
     int reply_from;          /* where the reply's tokens begin in tokens[] */
     int next_token;          /* sampled, emitted, not yet run through the model */
     kvp_evict_cfg evict;     /* the bounds of its unit in the running step */

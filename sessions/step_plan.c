@@ -1,5 +1,6 @@
 /* The step planner: which queued sessions' units go into one batched forward pass (every
- * decoding turn, then prefill chunks in queue order while they fit the step's rows),
+ * decoding turn, then prefill chunks within the step's prefill slice, fewest tokens left
+ * first),
  * the pass itself (kvp_gen_step), then each unit's logits sampled and taken in. No I/O:
  * units that wait on the store run alone as jobs (sessions/turn.h). */
 #include "sessions/step_plan.h"
@@ -140,14 +141,60 @@ static int decoding(const kvp_session *s)
     return !kvp_session_job_next(s) && s->turn.state == KVP_TURN_DECODE;
 }
 
+/* Whether its next unit takes no rows: a job, or a turn's start (run inline). */
+static int no_rows(const kvp_session *s)
+{
+    return kvp_session_job_next(s) || s->turn.state == KVP_TURN_START;
+}
+
+/* Whether it is a turn whose next unit is a prefill chunk. */
+static int prefilling(const kvp_session *s)
+{
+    return !no_rows(s) && s->turn.state == KVP_TURN_PREFILL;
+}
+
+static int min_int(int a, int b) { return a < b ? a : b; }
+
+/* The rows a step gives prefill chunks at most: env->prefill_tokens (at least one
+ * chunk, so a prompt always moves on), or no bound but the step's rows when 0. */
+static int prefill_budget(const kvp_session_env *env)
+{
+    if (env->prefill_tokens <= 0)
+        return 1 << 30;
+    return env->prefill_tokens > env->chunk ? env->prefill_tokens : env->chunk;
+}
+
+/* Steps in a row a prompt may be passed over by the prefill slice before its chunk goes
+ * first: a long prompt behind a stream of short ones still moves on at least once every
+ * PASSED_MAX + 1 steps. */
+#define PASSED_MAX 4
+
+/* Whether prefilling turn a goes before b in a step's prefill slice: a prompt passed
+ * over PASSED_MAX steps in a row first (the earlier request first among those), then
+ * fewer tokens left to prefill, then the earlier request. */
+static int admits_before(const kvp_session *a, const kvp_session *b)
+{
+    if (!prefilling(a) || !prefilling(b))
+        return prefilling(a) > prefilling(b);
+    int sa = a->turn.passed_over >= PASSED_MAX, sb = b->turn.passed_over >= PASSED_MAX;
+    if (sa != sb)
+        return sa;
+    if (sa)
+        return a->turn.t_start < b->turn.t_start;
+    int la = a->n_tokens - a->n_cached, lb = b->n_tokens - b->n_cached;
+    if (la != lb)
+        return la < lb;
+    return a->turn.t_start < b->turn.t_start;
+}
+
 /* A step's bookkeeping over its n queued sessions. b, e: the blocks of the forward pass
  * and their eviction bounds; who[j]: block j's index in order; order[k]: the queue index
  * of the k-th to take part, unit_more[k] its result; took[i]: queue entry i took part;
- * arrival: the queue by arrival; sorted: the queue reordered. */
+ * rank: the queue in the order the prefill slice admits it; sorted: the queue reordered. */
 typedef struct step_work {
     kvp_batch_seq *b;
     const kvp_evict_cfg **e;
-    int *who, *order, *unit_more, *arrival;
+    int *who, *order, *unit_more, *rank;
     char *took;
     kvp_session **sorted;
 } step_work;
@@ -159,7 +206,7 @@ static void work_free(step_work *w)
     free(w->who);
     free(w->order);
     free(w->unit_more);
-    free(w->arrival);
+    free(w->rank);
     free(w->took);
     free(w->sorted);
 }
@@ -170,9 +217,9 @@ static int work_alloc(step_work *w, int n)
     size_t m = (size_t)n;
     *w = (step_work){malloc(m * sizeof *w->b), malloc(m * sizeof *w->e),
                      malloc(m * sizeof *w->who), malloc(m * sizeof *w->order),
-                     malloc(m * sizeof *w->unit_more), malloc(m * sizeof *w->arrival),
+                     malloc(m * sizeof *w->unit_more), malloc(m * sizeof *w->rank),
                      calloc(m, 1), malloc(m * sizeof *w->sorted)};
-    if (w->b && w->e && w->who && w->order && w->unit_more && w->arrival && w->took &&
+    if (w->b && w->e && w->who && w->order && w->unit_more && w->rank && w->took &&
         w->sorted)
         return 0;
     work_free(w);
@@ -188,48 +235,65 @@ int kvp_turn_batch(kvp_session **ss, int n, const kvp_session_env *env, kvp_runs
         return 0;   /* nobody took part: they stay queued for the next step */
     kvp_batch_seq *b = w.b;
     const kvp_evict_cfg **e = w.e;
-    int *who = w.who, *order = w.order, *unit_more = w.unit_more, *arrival = w.arrival;
+    int *who = w.who, *order = w.order, *unit_more = w.unit_more, *rank = w.rank;
     char *took = w.took;
     kvp_session **sorted = w.sorted;
-    /* Who takes part: first every decoding turn (one row each), so a prompt never holds
-     * back the next token of a reply; then each other turn's unit (its next prefill
-     * chunk), oldest turn first (by the time its request arrived; queue order among
-     * equals), wherever it fits the rows left. A chunk that does not fit is skipped, not
-     * split. Under a burst of prompts the oldest ones fill the rows decodes leave, so
-     * first tokens come in arrival order and the mean wait is that of a queue served in
-     * order, not that of every prompt finishing together; a long prompt still takes one
-     * chunk per step, so it cannot hold back the prompts behind it for more than that. */
+    /* Who takes part, in three passes:
+     * 0. every decoding turn (one row each), so a prompt never holds back the next token
+     *    of a reply;
+     * 1. every turn whose next unit takes no rows (its start, run inline here when the
+     *    caller queued one; the scheduler runs those as jobs instead);
+     * 2. the prefill chunks, within the step's prefill slice (env->prefill_tokens, and
+     *    the rows the decodes left), in admission order (admits_before): a prompt the
+     *    slice has passed over for PASSED_MAX steps in a row first, so none waits
+     *    forever; then the fewest tokens left to prefill first (a short prompt, a
+     *    returning session's few new tokens on its cached transcript), the earlier
+     *    request among equals. A chunk that does not fit is skipped, not split. A
+     *    prompt's first token is sampled in the step that runs its last chunk, so a
+     *    short prompt admitted behind a long one answers while the long one still
+     *    prefills, and under a burst of equal prompts first tokens come in arrival
+     *    order. */
     for (int i = 0; i < n; i++)
-        arrival[i] = i;
-    for (int i = 1; i < n; i++) {   /* stable insertion sort of the queue by arrival */
-        int v = arrival[i], k = i;
-        for (; k > 0 && ss[arrival[k - 1]]->turn.t_start > ss[v]->turn.t_start; k--)
-            arrival[k] = arrival[k - 1];
-        arrival[k] = v;
+        rank[i] = i;
+    for (int i = 1; i < n; i++) {   /* stable insertion sort by admission order */
+        int v = rank[i], k = i;
+        for (; k > 0 && admits_before(ss[v], ss[rank[k - 1]]); k--)
+            rank[k] = rank[k - 1];
+        rank[k] = v;
     }
-    int room = rs->max_tokens, taken = 0, nb = 0;
-    for (int pass = 0; pass < 2; pass++)
+    int room = rs->max_tokens, taken = 0, nb = 0, slice = 0;
+    int budget = prefill_budget(env);
+    for (int pass = 0; pass < 3; pass++)
         for (int q = 0; q < n && room > 0; q++) {
-            int i = pass == 0 ? q : arrival[q];
+            int i = pass < 2 ? q : rank[q];
             kvp_session *s = ss[i];
-            if (took[i] || decoding(s) != (pass == 0))
+            if (took[i] || (pass == 0 && !decoding(s)) || (pass == 1 && !no_rows(s)) ||
+                (pass == 2 && !prefilling(s)))
                 continue;
-            int r;
-            if (kvp_session_job_next(s) || s->turn.state == KVP_TURN_START) {
+            int r, fit = pass == 2 ? min_int(room, budget - slice) : room;
+            if (pass == 1) {
                 r = turn_run_job(s, env, sink);   /* the scheduler runs these as jobs instead */
-            } else if ((r = plan_unit(s, env, sink, room, &b[nb])) == NO_ROOM) {
+            } else if ((r = plan_unit(s, env, sink, fit, &b[nb])) == NO_ROOM) {
                 continue;
             } else if (r == ENDED) {
                 r = 1;   /* no block: its end is its next unit */
             } else if (r) {
                 e[nb] = &s->turn.evict;
                 room -= b[nb].n;
+                slice += pass == 2 ? b[nb].n : 0;
                 who[nb++] = taken;
             }
             took[i] = 1;
             unit_more[taken] = r;
             order[taken++] = i;
         }
+    /* The prompts this slice passed over while it ran others' chunks (a step whose
+     * decodes left no room for any chunk passed over none). */
+    for (int i = 0; i < n; i++)
+        if (took[i])
+            ss[i]->turn.passed_over = 0;
+        else if (prefilling(ss[i]) && slice > 0)
+            ss[i]->turn.passed_over++;
     /* One forward step for all of them; each one's failure is its own. */
     if (nb) {
         int rc = kvp_gen_step(env->model, rs, b, e, nb);

@@ -10,8 +10,12 @@
 /* One batched step on a worker's runstate over queued sessions ss[0..n): each TURN
  * takes part with its next unit (its decoded token, or its next prefill chunk of
  * env->chunk tokens) while the unit fits the rows the step has left (rs->max_tokens in
- * all, at least a chunk): every decoding turn first, then the prefill chunks in queue
- * order wherever they fit (a chunk is never split). The matrices run once for all of
+ * all, at least a chunk): every decoding turn first, then the prefill chunks wherever
+ * they fit the step's prefill slice (env->prefill_tokens, at least a chunk; 0: the rows
+ * left), a chunk never split: a prompt passed over for 4 steps in a row first, then the
+ * fewest tokens left to prefill (short prompts, returning sessions' new messages), the
+ * earlier request among equals. A prompt's first token is drawn in the step that runs
+ * its last chunk. The matrices run once for all of
  * them (kvp_gen_step), while the eviction triggers, context shift, cancel, sampling,
  * stop conditions and failures stay per session. A LOAD or SAVE job runs alone as its
  * unit. Reorders ss: those that took part first (in the order they ran), then the

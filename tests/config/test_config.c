@@ -462,3 +462,43 @@ Test(config, state_dir_auto_resolves_and_is_made)
     snprintf(cmd, sizeof cmd, "rm -rf %s", base);
     cr_assert_eq(system(cmd), 0);
 }
+
+/* prefill_tokens: an integer in 0..65536 from the file or a flag; a value between 1 and
+ * chunk - 1 is refused at validation naming both keys (no step could take a chunk). */
+Test(config, prefill_tokens_is_checked_naming_the_problem)
+{
+    kvpd_config c;
+    char err[256];
+    kvpd_config_defaults(&c);
+    snprintf(c.static_dir, sizeof c.static_dir, "/tmp");
+    cr_assert_eq(c.prefill_tokens, 0, "default: no bound beyond step_tokens");
+    const char *bad[] = {"", "abc", "-1", "65537", "1e3", "64k", "0x40", " 64", "64 ", "3.5",
+                         "99999999999999999999"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        err[0] = '\0';
+        cr_assert_lt(kvpd_config_set(&c, "prefill_tokens", bad[i], err, sizeof err), 0, "'%s'",
+                     bad[i]);
+        cr_assert(strstr(err, "prefill_tokens"), "'%s': %s", bad[i], err);
+        cr_assert_eq(c.prefill_tokens, 0, "a refused value left the key alone");
+    }
+    cr_assert_eq(kvpd_config_set(&c, "prefill_tokens", "16", err, sizeof err), 0, "%s", err);
+    cr_assert_lt(kvpd_config_validate(&c, err, sizeof err), 0);
+    cr_assert(strstr(err, "prefill_tokens") && strstr(err, "chunk"), "%s", err);
+    c.prefill_tokens = 32;   /* = chunk */
+    cr_assert_eq(kvpd_config_validate(&c, err, sizeof err), 0, "%s", err);
+    c.prefill_tokens = 0;
+    cr_assert_eq(kvpd_config_validate(&c, err, sizeof err), 0, "%s", err);
+    const char *path = write_tmp("prefill_tokens = 128\n");
+    char *argv[] = {"kvpd", "--config", (char *)path, NULL};
+    enum kvpd_action a;
+    cr_assert_eq(kvpd_config_from_args(&c, 3, argv, &a, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(c.prefill_tokens, 128);
+    char *flag[] = {"kvpd", "--config", (char *)path, "--prefill-tokens", "64", NULL};
+    cr_assert_eq(kvpd_config_from_args(&c, 5, flag, &a, err, sizeof err), 0, "%s", err);
+    unlink(path);
+    cr_assert_eq(c.prefill_tokens, 64, "the flag beats the file");
+    const char *bad_file = write_tmp("prefill_tokens = lots\n");
+    cr_assert_lt(kvpd_config_load_file(&c, bad_file, err, sizeof err), 0);
+    unlink(bad_file);
+    cr_assert(strstr(err, "prefill_tokens") && strstr(err, ":1:"), "%s", err);
+}
