@@ -178,6 +178,10 @@ static void chat_loaded(kvp_hub *h, kvp_session *s, kvp_hub_client *c, const kvp
 
 static void on_job(kvp_hub *h, kvp_session *s, const kvpd_event *ev)
 {
+    if (s->state == KVP_SESSION_RENDER) {   /* a new session's request is rendered */
+        hub_chat_rendered(h, s, ev->code);
+        return;
+    }
     int was_load = s->state == KVP_SESSION_LOAD, read = s->restored.pending;
     kvp_hub_client *to = job_ended(h, s);
     int fork = was_load && to && hub_fork_waited(to, s);

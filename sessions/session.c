@@ -160,6 +160,17 @@ void kvp_session_rewind_clear(kvp_session *s)
     s->rewind_msgs = NULL;
     s->rewind_n = 0;
     s->rewind_set = 0;
+    free(s->rewind_tokens);
+    free(s->rewind_msg_tok);
+    s->rewind_tokens = s->rewind_msg_tok = NULL;
+    s->rewind_n_tokens = 0;
+}
+
+void kvp_session_turn_ids_clear(kvp_session *s)
+{
+    free(s->turn_ids);
+    s->turn_ids = NULL;
+    s->n_turn_ids = 0;
 }
 
 static void session_free(kvp_session *s)
@@ -177,6 +188,7 @@ static void session_free(kvp_session *s)
     free(s->msg_tok);
     free(s->system);
     kvp_session_rewind_clear(s);
+    kvp_session_turn_ids_clear(s);
     turn_clear(&s->turn);
     free(s);
 }

@@ -403,11 +403,19 @@ static int turn_start(kvp_session *s, const kvp_session_env *env, const kvp_turn
             memcpy(ids, s->raw_ids, (size_t)n * sizeof *ids);
         else
             n = -ENOMEM;
+    } else if (n == -ENOENT && s->turn_ids) {
+        /* the family's rendering of this message, made by the request's render job */
+        s->jinja_rendered = 0;
+        ids = s->turn_ids;
+        n = s->n_turn_ids;
+        s->turn_ids = NULL;
+        s->n_turn_ids = 0;
     } else if (n == -ENOENT) {
         s->jinja_rendered = 0;
         n = kvp_template_turn(kvp_session_tpl(s, env), s->system, s->system_len, s->n_tokens == 0,
                               s->reply_open, t->text, t->text_len, &ids);
     }
+    kvp_session_turn_ids_clear(s);   /* a Jinja rendering or raw ids took the turn's place */
     int first = s->n_tokens;
     if (n < 0) {
         free(rw_old);
@@ -472,7 +480,8 @@ static int turn_start(kvp_session *s, const kvp_session_env *env, const kvp_turn
 }
 
 /* A unit run alone, outside any forward pass: a snapshot load (for a hello) or save (at
- * shutdown), then the job event; or a turn's start (turn_start) or end (turn_report).
+ * shutdown), or a new session's request rendered (RENDER), then the job event; or a
+ * turn's start (turn_start) or end (turn_report).
  * Returns as kvp_turn_step. */
 int turn_run_job(kvp_session *s, const kvp_session_env *env, const kvp_turn_sink *sink)
 {
@@ -486,6 +495,15 @@ int turn_run_job(kvp_session *s, const kvp_session_env *env, const kvp_turn_sink
     }
     char err[256] = "";
     int rc;
+    if (s->state == KVP_SESSION_RENDER) {
+        /* a new session's request (its messages seeded), rendered as its turns would
+         * render it, for the loop's fork-source search and then the turn itself */
+        rc = kvp_session_retokenize(s, env);
+        if (rc < 0)
+            snprintf(err, sizeof err, "rendering the request: %s", strerror(-rc));
+        sink->job(sink->ctx, s, rc, err);
+        return 0;
+    }
     if (s->state == KVP_SESSION_LOAD) {
         /* In memory already (a shared store): only the lease, and the snapshot when
          * another node served the session meanwhile. */
