@@ -335,6 +335,14 @@ static void on_event(kvp_hub *h, const kvpd_event *ev)
     case KVPD_EV_ERROR: {
         kvp_hub_client *to = job_ended(h, s);
         hub_choices_free(to);   /* the request failed: its other choices do not start */
+        if (s->turn.refused) {   /* the request's own error, found at its turn's start */
+            kvp_session_rewind_clear(s);
+            kvp_session_turn_ids_clear(s);
+            hub_emit_error(to, KVPD_E_BAD_REQUEST, ev->text);
+            if (s->ephemeral)
+                kvp_hub_drop(h, s);
+            return;
+        }
         if (ev->code == -EADDRINUSE) {
             elsewhere(h, s, to, ev->text);
             return;

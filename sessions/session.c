@@ -13,6 +13,7 @@
 
 #include "base/checksum.h"
 #include "base/textbuf.h"
+#include "model/grammar.h"
 #include "policy/policy.h"
 #include "sessions/canary.h"
 #include "sessions/session_impl.h"
@@ -148,6 +149,7 @@ static void turn_clear(kvp_turn *t)
     free(t->lp_row);
     free((void *)t->sampling.bias);
     kvp_turn_grammar_free(t);
+    kvp_grammar_unref(t->gsrc);
     kvp_canary_rec_free(t->canary);
     memset(t, 0, sizeof *t);
 }

@@ -123,6 +123,14 @@ typedef struct kvp_turn {
     uint64_t evicted_at_start;
     double t_start, t_first;
     kvp_turn_stats stats;
+    /* loop -> worker: the grammar the turn's start binds the reply's matcher to (a
+     * reference; NULL: unconstrained) and whether max_tokens was the request's own (the
+     * refusal's text names the request's limit, not the daemon's ceiling) */
+    struct kvp_grammar *gsrc;
+    int gasked;
+    /* worker -> loop: the turn's start refused the request itself (a reply of its
+     * grammar could not start or be finished): a bad request, not the daemon's error */
+    int refused;
     struct kvp_gmatch *gm;   /* the reply's grammar matcher (NULL: unconstrained) */
     uint32_t *gmask;         /* its mask for the next token (vocab bits) */
     int gshaped;             /* the length budget left out a token the grammar allowed:
@@ -382,6 +390,11 @@ size_t kvp_session_logprobs_bytes(int max_tokens, int vocab, int top);
  * max_tokens (*need: how many, at most one per byte). */
 int kvp_session_turn_grammar(kvp_session *s, struct kvp_grammar *g,
                              const struct kvp_vocab_trie *tr, int *need);
+/* Worker, at the turn's start: the matcher of the turn's grammar (turn.gsrc) bound to
+ * env->trie, as kvp_session_turn_grammar; < 0 with the reason to answer in err (-EINVAL
+ * and -E2BIG: the request's, a bad_request; -ENOMEM: the daemon's). */
+int kvp_session_start_grammar(kvp_session *s, const kvp_session_env *env, char *err,
+                              size_t errlen);
 /* Whether a constrained reply can be written with the vocabulary trie tr (one with text
  * tokens and at least one stop token): 0, or -EINVAL with the reason in err. */
 int kvp_session_grammar_usable(const struct kvp_vocab_trie *tr, char *err, size_t errlen);

@@ -336,13 +336,26 @@ static int make_policy(kvp_session *s, const kvp_session_env *env, char *err, si
 
 /* A turn's first unit, run as a job before the turn joins a batched step: everything
  * here may wait on the disk or the network, or take a while without the model (the
- * lease, the snapshot of an unparked session, its policy, a seeded transcript tokenized,
- * the user message into the transcript), so none of it holds back the other turns.
+ * reply's grammar matcher, the lease, the snapshot of an unparked session, its policy, a
+ * seeded transcript tokenized, the user message into the transcript), so none of it holds back the other turns.
  * Returns as kvp_turn_step. */
 static int turn_start(kvp_session *s, const kvp_session_env *env, const kvp_turn_sink *sink)
 {
     kvp_turn *t = &s->turn;
     s->io_next = 0;
+    if (t->gsrc) {
+        /* the reply's matcher, before anything of the session changes: a grammar the
+         * reply cannot follow refuses the request as it stands */
+        char err[256];
+        int rc = kvp_session_start_grammar(s, env, err, sizeof err);
+        if (rc < 0) {
+            t->refused = rc == -EINVAL || rc == -E2BIG;
+            free(t->text);
+            t->text = NULL;
+            sink->error(sink->ctx, s, rc, err);
+            return 0;
+        }
+    }
     {
         char err[256];
         int rc = take_lease(s, env, err, sizeof err);

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <uv.h>
 
 #include "base/log.h"
 #include "web/conn.h"
@@ -365,13 +366,84 @@ static kvpd_oai_limits limits(const kvpd_conn *c)
                              .reasoning = c->oai->reasoning};
 }
 
+/* A chat completion's body is parsed off the loop: the JSON, every field's checks, and
+ * the response format's and the forced tools' grammars compiled from their schemas
+ * (kvpd_oai_parse_chat: no transport, no hub) run on libuv's thread pool, so a large
+ * body or a hostile schema costs the loop nothing but the hand-over; the request goes
+ * on (chat_parsed) back on the loop. */
+typedef struct kvpd_oai_parse_job {
+    uv_work_t work;
+    kvpd_conn *c;                 /* NULL once the connection closed */
+    kvpd_oai *o;
+    kvpd_oai_limits l;
+    char *body;
+    size_t len;
+    int rc;
+    kvpd_oai_err e;
+} parse_job;
+
+static void chat_parsed(kvpd_conn *c, int rc, const kvpd_oai_err *e);
+static void oai_free(kvpd_oai *o);
+
+static void parse_work(uv_work_t *w)
+{
+    parse_job *op = w->data;
+    op->rc = kvpd_oai_parse_chat(op->body, op->len, &op->l, &op->o->req, &op->e);
+}
+
+static void parse_done(uv_work_t *w, int status)
+{
+    parse_job *op = w->data;
+    kvpd_oai *o = op->o;
+    kvpd_conn *c = op->c;
+    o->parsing = NULL;
+    free(op->body);
+    if (!c) {   /* the connection closed meanwhile: nobody is answered */
+        oai_free(o);
+    } else if (status < 0) {
+        fail(c, KVPD_OAI_E_SERVER, NULL, "the request could not be parsed: %s",
+             uv_strerror(status));
+    } else {
+        chat_parsed(c, op->rc, &op->e);
+    }
+    if (c)
+        lws_callback_on_writable(c->wsi);
+    free(op);
+}
+
 static void chat_completions(kvpd_conn *c)
 {
     kvpd_oai *o = c->oai;
+    parse_job *op = calloc(1, sizeof *op);
+    if (!op) {
+        fail(c, KVPD_OAI_E_SERVER, NULL, "out of memory");
+        return;
+    }
+    op->c = c;
+    op->o = o;
+    op->l = limits(c);
+    op->body = o->body;   /* the pool's now (kvpd_openai_body_done frees none) */
+    op->len = o->body_len;
+    o->body = NULL;
+    o->body_len = o->body_cap = 0;
+    op->work.data = op;
+    int rc = uv_queue_work(c->w->loop, &op->work, parse_work, parse_done);
+    if (rc < 0) {
+        free(op->body);
+        free(op);
+        fail(c, KVPD_OAI_E_SERVER, NULL, "the request could not be parsed: %s",
+             uv_strerror(rc));
+        return;
+    }
+    o->parsing = op;
+}
+
+static void chat_parsed(kvpd_conn *c, int parsed, const kvpd_oai_err *perr)
+{
+    kvpd_oai *o = c->oai;
     kvpd_oai_req *r = &o->req;
-    kvpd_oai_limits l = limits(c);
-    kvpd_oai_err e;
-    if (kvpd_oai_parse_chat(o->body, o->body_len, &l, r, &e) < 0) {
+    if (parsed < 0) {
+        kvpd_oai_err e = *perr;
         fail_err(c, &e);
         return;
     }
@@ -663,6 +735,16 @@ void kvpd_openai_closed(kvpd_conn *c)
     kvpd_oai *o = c ? c->oai : NULL;
     if (!o)
         return;
+    c->oai = NULL;
+    if (o->parsing) {   /* its body is on the thread pool: freed when it is back */
+        o->parsing->c = NULL;
+        return;
+    }
+    oai_free(o);
+}
+
+static void oai_free(kvpd_oai *o)
+{
     if (o->client)   /* a turn still running is cancelled; its partial reply stays */
         kvp_hub_close(o->client);
     kvpd_oai_choices_close(o);   /* after the first: its choices not started are forgotten */
@@ -672,7 +754,6 @@ void kvpd_openai_closed(kvpd_conn *c)
     if (o->codec && o->codec->free)
         o->codec->free(o->codec_state);
     free(o);
-    c->oai = NULL;
 }
 
 /* ---- the helpers of the other codecs (web/openai_impl.h) ---- */

@@ -82,6 +82,10 @@ typedef struct kvpd_oai {
     int first_done;
     kvp_turn_stats first;         /* the first choice's figures (usage, kvpd) */
     json_t *whole;                /* not streaming: the completion, the first choice in it */
+    /* a chat completion's body being parsed on libuv's thread pool (web/openai.c): req
+     * is the pool's until it is back; a connection closed meanwhile leaves the request
+     * to be freed then */
+    struct kvpd_oai_parse_job *parsing;
 } kvpd_oai;
 
 /* ---- web/openai.c, for the codecs ---- */
