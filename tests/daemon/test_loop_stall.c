@@ -26,6 +26,7 @@ TestSuite(loop_stall, .timeout = 180);
  * how long it took. */
 typedef struct hostile {
     int port;
+    const char *path;             /* NULL: /v1/chat/completions */
     char *body;
     int status;
     char err[400];
@@ -40,7 +41,8 @@ static void *send_hostile(void *arg)
     double t0 = ws_now_ms();
     char *raw = NULL;
     const char *resp = NULL;
-    h->status = h_request(h->port, "POST", "/v1/chat/completions", NULL, h->body, &raw, &resp);
+    h->status = h_request(h->port, "POST", h->path ? h->path : "/v1/chat/completions", NULL,
+                          h->body, &raw, &resp);
     h->ms = ws_now_ms() - t0;
     snprintf(h->err, sizeof h->err, "%.399s", resp ? resp : "");
     free(raw);
@@ -48,23 +50,42 @@ static void *send_hostile(void *arg)
     return NULL;
 }
 
-/* ~1 MB of words in one user message. */
-static char *big_prompt_body(void)
+/* `bytes` of words (a NUL-terminated malloc'd text). */
+static char *words_text(size_t bytes)
 {
     static const char *const words[] = {"the ", "little ", "dog ", "ran ", "to ", "a ",
                                         "big ", "tree ", "and ", "sat ", "down. "};
-    char *text = malloc(PROMPT_BYTES + 16);
+    char *text = malloc(bytes + 16);
     cr_assert(text);
     size_t n = 0;
-    for (int i = 0; n < PROMPT_BYTES; i++) {
+    for (int i = 0; n < bytes; i++) {
         const char *w = words[(i * 7 + i / 11) % 11];
         size_t l = strlen(w);
         memcpy(text + n, w, l);
         n += l;
     }
     text[n] = '\0';
+    return text;
+}
+
+/* ~1 MB of words in one user message. */
+static char *big_prompt_body(void)
+{
+    char *text = words_text(PROMPT_BYTES);
     json_t *b = json_pack("{s:[{s:s, s:s}], s:i}", "messages", "role", "user", "content", text,
                           "max_tokens", 4);
+    free(text);
+    char *s = json_dumps(b, JSON_COMPACT);
+    json_decref(b);
+    cr_assert(s);
+    return s;
+}
+
+/* /tokenize at its bound (128 KiB), with each token's piece. */
+static char *tokenize_body(void)
+{
+    char *text = words_text(128 * 1024 - 16);
+    json_t *b = json_pack("{s:s, s:b}", "content", text, "with_pieces", 1);
     free(text);
     char *s = json_dumps(b, JSON_COMPACT);
     json_decref(b);
@@ -129,7 +150,7 @@ Test(loop_stall, a_huge_prompt_or_schema_does_not_delay_another_stream_or_health
     cr_assert_eq(kvpd_start(&d, "--max-tokens 200000"), 0, "log %s",
                  d.log);
     char *prompt = big_prompt_body(), *schema = schema_body(SCHEMA_PROPS),
-         *wide = schema_body(WIDE_PROPS);
+         *wide = schema_body(WIDE_PROPS), *tok = tokenize_body();
     cr_assert_gt(strlen(prompt), PROMPT_BYTES);
 
     ws_client a;
@@ -168,12 +189,14 @@ Test(loop_stall, a_huge_prompt_or_schema_does_not_delay_another_stream_or_health
 
     /* the hostile window: both requests at once, /healthz polled until both answered */
     hostile hp = {.port = d.port, .body = prompt}, hs = {.port = d.port, .body = schema},
-            hw = {.port = d.port, .body = wide};
+            hw = {.port = d.port, .body = wide},
+            ht = {.port = d.port, .path = "/tokenize", .body = tok};
     double t0 = ws_now_ms();
     int from = h_stream_frames(&sa);
     cr_assert_eq(pthread_create(&hp.th, NULL, send_hostile, &hp), 0);
     cr_assert_eq(pthread_create(&hs.th, NULL, send_hostile, &hs), 0);
     cr_assert_eq(pthread_create(&hw.th, NULL, send_hostile, &hw), 0);
+    cr_assert_eq(pthread_create(&ht.th, NULL, send_hostile, &ht), 0);
     double hostile_health = 0, end = ws_now_ms() + 60000;
     int hpolls = 0;
     while (ws_now_ms() < end) {
@@ -184,22 +207,25 @@ Test(loop_stall, a_huge_prompt_or_schema_does_not_delay_another_stream_or_health
             hostile_health = w;
         if (__atomic_load_n(&hp.answered, __ATOMIC_ACQUIRE) &&
             __atomic_load_n(&hs.answered, __ATOMIC_ACQUIRE) &&
-            __atomic_load_n(&hw.answered, __ATOMIC_ACQUIRE))
+            __atomic_load_n(&hw.answered, __ATOMIC_ACQUIRE) &&
+            __atomic_load_n(&ht.answered, __ATOMIC_ACQUIRE))
             break;
     }
     pthread_join(hp.th, NULL);
     pthread_join(hs.th, NULL);
     pthread_join(hw.th, NULL);
+    pthread_join(ht.th, NULL);
     double t1 = ws_now_ms();
     int to = h_stream_frames(&sa);
     double gap = h_stream_gap(&sa, from, to, t0, t1, 1, &ended);
     cr_assert_not(ended, "A streamed through the hostile requests: %s", sa.end);
     cr_assert_lt(to, H_STREAM_MAX, "every token frame was timed");
     fprintf(stderr, "reference: longest token gap %.1f ms, /healthz %.1f ms (%d polls); "
-            "hostile (prompt %d in %.0f ms, schema %d in %.0f ms, wide schema %d in %.0f ms): "
+            "hostile (prompt %d in %.0f ms, schema %d in %.0f ms, wide schema %d in %.0f ms, "
+            "/tokenize %d in %.0f ms): "
             "longest token gap %.1f ms over %d frames, /healthz %.1f ms (%d polls)\n",
             quiet_gap, quiet_health, polls, hp.status, hp.ms, hs.status, hs.ms, hw.status,
-            hw.ms, gap, to - from, hostile_health, hpolls);
+            hw.ms, ht.status, ht.ms, gap, to - from, hostile_health, hpolls);
     /* each was answered as it is without the load: the prompt is over the model's context
      * (a 400 naming its length), the 10k-property schema over the schema's size limit (a
      * 400 naming the field), the widest schema under it compiles and its turn runs */
@@ -209,6 +235,8 @@ Test(loop_stall, a_huge_prompt_or_schema_does_not_delay_another_stream_or_health
     cr_assert(strstr(hs.err, "response_format.json_schema.schema") &&
               strstr(hs.err, "over the limit"), "%s", hs.err);
     cr_assert_eq(hw.status, 200, "the wide schema answered %d: %s", hw.status, hw.err);
+    cr_assert_eq(ht.status, 200, "/tokenize answered %d: %s", ht.status, ht.err);
+    cr_assert(strstr(ht.err, "\"piece\""), "%s", ht.err);
     cr_assert_gt(to - from, 10, "A kept streaming during the hostile requests");
     cr_assert_leq(gap, quiet_gap + MARGIN_MS,
                   "A's longest token gap %.1f ms under the hostile requests, %.1f ms without",
@@ -221,5 +249,6 @@ Test(loop_stall, a_huge_prompt_or_schema_does_not_delay_another_stream_or_health
     free(prompt);
     free(schema);
     free(wide);
+    free(tok);
     cr_assert_eq(kvpd_stop(&d, 10000), 0);
 }
