@@ -112,6 +112,31 @@ int kvp_turn_draw(kvp_session *s, const kvp_session_env *env, float *logits)
     return tok;
 }
 
+int kvp_session_start_grammar(kvp_session *s, const kvp_session_env *env, char *err,
+                              size_t errlen)
+{
+    kvp_turn *t = &s->turn;
+    int need = 0;
+    int rc = kvp_session_turn_grammar(s, t->gsrc, env->trie, &need);
+    if (rc == -EINVAL)
+        snprintf(err, errlen, "the grammar has no document that can be started");
+    else if (rc == -E2BIG && need >= KVP_GRAMMAR_FAR)
+        snprintf(err, errlen, "the response format's documents cannot be written with this "
+                 "model's vocabulary (a byte they need has no token of its own)");
+    else if (rc == -E2BIG && t->gasked)
+        snprintf(err, errlen, "max_tokens (%d) is too small for the response format: its "
+                 "shortest complete reply may take %d tokens; raise max_tokens (Responses: "
+                 "max_output_tokens) to at least %d", t->max_tokens, need, need);
+    else if (rc == -E2BIG)
+        snprintf(err, errlen, "the daemon's max_tokens ceiling (%d) is too small for the "
+                 "response format: its shortest complete reply may take %d tokens",
+                 t->max_tokens, need);
+    else if (rc < 0)
+        snprintf(err, errlen, "out of memory starting the grammar's matcher (%d states)",
+                 kvp_grammar_states(t->gsrc));
+    return rc;
+}
+
 int kvp_session_trie_build(kvp_vocab_trie *tr, const kvp_session_env *env)
 {
     int rc = kvp_vocab_trie_build(tr, &env->model->tok);

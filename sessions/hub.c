@@ -369,13 +369,12 @@ void kvp_hub_open(kvp_hub_client *c, const char *id, const char *system, size_t 
     hub_emit_session(c, 1);
 }
 
-/* The turn's reply follows g; the vocabulary's trie is made for the first such turn.
- * 0, or the error to answer: -ENOMEM (internal), -EINVAL (the request cannot be
- * constrained here) or -E2BIG (its max_tokens cannot hold a whole document), both a
- * bad_request, the reason in err (asked: the limit is the request's own, not the
- * daemon's ceiling). */
-static int start_grammar(kvp_hub *h, kvp_session *s, kvp_grammar *g, int asked, char *err,
-                         size_t errlen)
+/* The vocabulary's trie a constrained turn's matcher is bound to, made for the first
+ * such turn (once for the daemon: a pass over the vocabulary). 0, or the error to
+ * answer: -ENOMEM (internal) or -EINVAL (this model's replies cannot be constrained; a
+ * bad_request), the reason in err. The matcher itself is made and bound at the turn's
+ * start on its worker (kvp_session_start_grammar): its cost grows with the grammar. */
+static int grammar_trie(kvp_hub *h, char *err, size_t errlen)
 {
     if (!h->trie) {
         kvp_vocab_trie *tr = calloc(1, sizeof *tr);
@@ -388,28 +387,7 @@ static int start_grammar(kvp_hub *h, kvp_session *s, kvp_grammar *g, int asked, 
         h->trie = tr;
         h->env.trie = tr;
     }
-    int rc = kvp_session_grammar_usable(h->trie, err, errlen);
-    if (rc < 0)
-        return rc;
-    int need = 0;
-    rc = kvp_session_turn_grammar(s, g, h->trie, &need);
-    if (rc == -EINVAL)
-        snprintf(err, errlen, "the grammar has no document that can be started");
-    else if (rc == -E2BIG && need >= KVP_GRAMMAR_FAR)
-        snprintf(err, errlen, "the response format's documents cannot be written with this "
-                 "model's vocabulary (a byte they need has no token of its own)");
-    else if (rc == -E2BIG && asked)
-        snprintf(err, errlen, "max_tokens (%d) is too small for the response format: its "
-                 "shortest complete reply may take %d tokens; raise max_tokens (Responses: "
-                 "max_output_tokens) to at least %d", s->turn.max_tokens, need, need);
-    else if (rc == -E2BIG)
-        snprintf(err, errlen, "the daemon's max_tokens ceiling (%d) is too small for the "
-                 "response format: its shortest complete reply may take %d tokens",
-                 s->turn.max_tokens, need);
-    else if (rc < 0)
-        snprintf(err, errlen, "out of memory starting the grammar's matcher (%d states)",
-                 kvp_grammar_states(g));
-    return rc;
+    return kvp_session_grammar_usable(h->trie, err, errlen);
 }
 
 /* Arms and queues a turn on the client's session (made first when it has none). */
@@ -495,13 +473,13 @@ void hub_start_turn(kvp_hub_client *c, const char *text, size_t len, const kvp_t
     }
     if (o->grammar) {
         char gerr[256];
-        int grc = start_grammar(h, s, o->grammar, o->max_tokens > 0 && o->max_tokens <= cap,
-                                gerr, sizeof gerr);
+        int grc = grammar_trie(h, gerr, sizeof gerr);
         if (grc < 0) {
-            hub_emit_error(c, grc == -EINVAL || grc == -E2BIG ? KVPD_E_BAD_REQUEST
-                                                                : KVPD_E_INTERNAL, gerr);
+            hub_emit_error(c, grc == -EINVAL ? KVPD_E_BAD_REQUEST : KVPD_E_INTERNAL, gerr);
             return;
         }
+        s->turn.gsrc = kvp_grammar_ref(o->grammar);
+        s->turn.gasked = o->max_tokens > 0 && o->max_tokens <= cap;
     }
     if (o->has_top_p)
         s->turn.top_p = o->top_p;

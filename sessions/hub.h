@@ -80,7 +80,9 @@ void kvp_hub_chat(kvp_hub_client *c, const char *id, const char *system, size_t 
  * conversation system, msgs[0..n) (the user's last) and the assistant's unfinished message
  * prefill[0..prefill_len), with the request's tools (NULL/0: none), as the model's Jinja
  * template renders them, must show that message's content verbatim at the end (the
- * families always do). 0, or -EINVAL (-ENOMEM) with why in err. */
+ * families always do). 0, or -EINVAL (-ENOMEM) with why in err. It reads only the chat
+ * template, which does not change while the hub runs, so it may run on any thread (the
+ * front end's parse runs it off the loop: the rendering grows with the request). */
 int kvp_hub_prefill_check(const kvp_hub *h, const char *system, size_t system_len,
                           const kvp_message *msgs, int n, const char *tools, size_t tools_len,
                           const char *prefill, size_t prefill_len, char *err, size_t errlen);
@@ -128,7 +130,8 @@ void kvp_hub_complete_tokens(kvp_hub_client *c, const int *ids, int n, const kvp
 /* The tokens a raw prompt of text[0..len) is run as (kvp_hub_complete's tokenizer: the
  * vocabulary's, no chat template; a special token's text stays text), BOS first when
  * add_special and the vocabulary has one. The count with *ids malloc'd (NULL when 0), or
- * a negative errno. */
+ * a negative errno. Like kvp_hub_token_piece it reads only the vocabulary, fixed while
+ * the hub runs, so it may run on any thread (the front end tokenizes off the loop). */
 int kvp_hub_tokenize(const kvp_hub *h, const char *text, size_t len, int add_special,
                      int **ids);
 /* The bytes token id adds after token prev (-1: none; SentencePiece's leading space after

@@ -178,6 +178,10 @@ static void chat_loaded(kvp_hub *h, kvp_session *s, kvp_hub_client *c, const kvp
 
 static void on_job(kvp_hub *h, kvp_session *s, const kvpd_event *ev)
 {
+    if (s->state == KVP_SESSION_RENDER) {   /* a new session's request is rendered */
+        hub_chat_rendered(h, s, ev->code);
+        return;
+    }
     int was_load = s->state == KVP_SESSION_LOAD, read = s->restored.pending;
     kvp_hub_client *to = job_ended(h, s);
     int fork = was_load && to && hub_fork_waited(to, s);
@@ -331,6 +335,14 @@ static void on_event(kvp_hub *h, const kvpd_event *ev)
     case KVPD_EV_ERROR: {
         kvp_hub_client *to = job_ended(h, s);
         hub_choices_free(to);   /* the request failed: its other choices do not start */
+        if (s->turn.refused) {   /* the request's own error, found at its turn's start */
+            kvp_session_rewind_clear(s);
+            kvp_session_turn_ids_clear(s);
+            hub_emit_error(to, KVPD_E_BAD_REQUEST, ev->text);
+            if (s->ephemeral)
+                kvp_hub_drop(h, s);
+            return;
+        }
         if (ev->code == -EADDRINUSE) {
             elsewhere(h, s, to, ev->text);
             return;

@@ -77,6 +77,12 @@ typedef struct kvp_hub_pending {
     char *stops[KVP_HUB_MAX_STOPS];
     kvp_logit_bias *bias;
     char *tools, *prefix, *end_after;   /* the copies o's tool options point to */
+    /* a new session's request waiting for its render job (hub_chat_new): the session
+     * rendering it, whether it may wait for a running turn or read a source first, and
+     * when its queue time began */
+    struct kvp_session *render;
+    int may_wait, may_load;
+    double since;
 } kvp_hub_pending;
 
 /* s holds exactly msgs[0..n) (hash: theirs with system) and is free to take a turn. */
@@ -98,9 +104,17 @@ void hub_chat_go(kvp_hub_client *c, kvp_session *s, const char *system, size_t s
  * turn counts its queue time and time to first token from then. may_load: a parked or
  * on-disk conversation that gives a longer prefix than any resident one is read first
  * (prefix_load.c; the request goes on here once it is in, without reading again). */
+/* A new session's request of more than this many bytes of text (system and messages) is
+ * rendered for its fork-source search by a render job on a worker; a smaller one on the
+ * loop (a cost bounded by this size). */
+#define KVP_HUB_RENDER_INLINE_BYTES 4096
 void hub_chat_new(kvp_hub_client *c, const char *system, size_t system_len,
                   const kvp_message *msgs, int n, const kvp_turn_opts *o, double waited_since,
                   int may_load);
+/* The render job of a new session s (hub_chat_new) ended (rc: 0, or the rendering's
+ * error): the request waiting on s's client goes on, its fork source looked up in the
+ * rendering; nobody waiting (the client left or moved on), s goes. */
+void hub_chat_rendered(kvp_hub *h, kvp_session *s, int rc);
 
 /* What a prefix index filter (kvp_prefix_filter) of the hub is given: the hub and the
  * client whose request looks a source up. */

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/clock.h"
 #include "base/log.h"
 #include "base/textbuf.h"
 #include "model/grammar.h"
@@ -133,13 +134,13 @@ int hub_resident_source_ok(void *ctx, const void *owner)
  * one of the prefix index with the longest token prefix of the request's rendering (at
  * least a block, checked token by token), else the message-level choice
  * (kvp_reuse_fork_find: shorter conversations, a shared system text). *other: it shares
- * messages with the request, not only a prefix of its rendering. Renders the request on
- * the loop (in s), puts that rendering into the index marked in flight (hub_wait_mark)
- * and leaves s with no transcript (the caller seeds or forks it). With may_wait,
- * *wait_on: a session whose running turn prefills a longer prefix of the rendering
- * (hub_wait_source), NULL when none. */
-static kvp_session *fork_source(kvp_hub *h, kvp_hub_client *c, kvp_session *s,
-                                const char *system, size_t system_len,
+ * messages with the request, not only a prefix of its rendering. With `rendered`, s
+ * holds the request's rendering (its render job's: msgs[0..n) seeded, the last as its
+ * turn renders it); it goes into the index marked in flight (hub_wait_mark). Without,
+ * only the message-level choice applies. With may_wait, *wait_on: a session whose
+ * running turn prefills a longer prefix of the rendering (hub_wait_source), NULL when
+ * none. Loop thread: a lookup and comparisons of tokens, no rendering. */
+static kvp_session *fork_source(kvp_hub *h, kvp_hub_client *c, kvp_session *s, int rendered,
                                 const kvp_message *msgs, int n, int *other, int may_wait,
                                 const kvp_session **wait_on, hub_far_source *far)
 {
@@ -148,10 +149,6 @@ static kvp_session *fork_source(kvp_hub *h, kvp_hub_client *c, kvp_session *s,
     *wait_on = NULL;
     if (far)
         far->len = 0;
-    /* the rendering of the whole request, its last message as its turn renders it */
-    kvp_session_clear_transcript(s);
-    int rendered = h->prefix && kvp_session_seed(s, msgs, n) >= 0 &&
-                   kvp_session_retokenize(s, &h->env) >= 0;
     if (rendered) {
         hub_source_filter f = {h, c};
         int len;
@@ -161,10 +158,10 @@ static kvp_session *fork_source(kvp_hub *h, kvp_hub_client *c, kvp_session *s,
         if (lcp >= KVP_PREFIX_BLOCK) {
             src = t;
             have = lcp;
-            shared = kvp_reuse_shared_msgs(t, system, system_len, msgs, n);
+            shared = kvp_reuse_shared_msgs(t, s->system, s->system_len, msgs, n);
         }
     }
-    if (!src && (src = kvp_reuse_fork_find(h, c, system, system_len, msgs, n, &shared)) &&
+    if (!src && (src = kvp_reuse_fork_find(h, c, s->system, s->system_len, msgs, n, &shared)) &&
         rendered)
         have = kvp_token_lcp(src->tokens, src->n_cached, s->tokens, s->n_tokens);
     if (rendered) {
@@ -174,23 +171,45 @@ static kvp_session *fork_source(kvp_hub *h, kvp_hub_client *c, kvp_session *s,
             hub_prefix_far_source(h, c, s->tokens, s->n_tokens, have, far);
         hub_wait_mark(h, s);
     }
-    kvp_session_clear_transcript(s);
-    s->n_cached = 0;
-    s->reply_open = 0;
-    s->jinja_rendered = 0;
     *other = shared > 0;
     return src;
 }
 
-/* A new session s, before its first turn (its history msgs[0..n-1) seeded or not, the
- * turn's message msgs[n-1]): forked from the held conversation that shares the most with
- * the request when there is one (it starts with a copy of that one's cache and its turn
- * prefills only what follows the common prefix; the source is not changed). Leaves s
- * seeded with the history either way (as a rewind to be applied when forked). Returns 1
- * when the request waits instead (may_wait, hub_wait.c) or has a parked or on-disk
- * source read first (may_load, prefix_load.c): s is gone, c has no session. */
-static int try_fork(kvp_hub_client *c, kvp_session *s, const kvp_message *msgs, int n,
-                    const kvp_turn_opts *o, int may_wait, int may_load)
+/* s held the rendering of the request msgs[0..n) (its render job's): it keeps that of
+ * the history msgs[0..n-1) as its transcript, as a seeded session's turn would render it
+ * first, and the last message's tokens go to the turn (s->turn_ids), so the turn's start
+ * renders nothing again. -ENOMEM: s is left seeded with the history, unrendered. */
+static int keep_rendering(kvp_session *s, const kvp_message *msgs, int n)
+{
+    int at = s->msg_tok[n - 1], k = s->n_tokens - at;
+    kvp_session_turn_ids_clear(s);
+    if (k > 0 && !(s->turn_ids = malloc((size_t)k * sizeof *s->turn_ids))) {
+        kvp_session_clear_transcript(s);
+        (void)kvp_session_seed(s, msgs, n - 1);   /* out of memory: the turn fails then */
+        return -ENOMEM;
+    }
+    if (k > 0)
+        memcpy(s->turn_ids, s->tokens + at, (size_t)k * sizeof *s->turn_ids);
+    s->n_turn_ids = k;
+    free(s->msgs[n - 1].text);
+    s->n_msgs = n - 1;
+    s->n_tokens = at;
+    s->reply_open = n > 1;   /* as the turn's start leaves a rendered history */
+    s->jinja_rendered = 0;   /* the family's tokens (kvp_session_retokenize) */
+    return 0;
+}
+
+/* A new session s, before its first turn (the turn's message msgs[n-1]): forked from the
+ * held conversation that shares the most with the request when there is one (it starts
+ * with a copy of that one's cache and its turn prefills only what follows the common
+ * prefix; the source is not changed). `rendered`: s holds the request's rendering (see
+ * fork_source); else s is seeded with the history. Leaves s seeded with the history
+ * either way (as a rewind to be applied when forked), with the rendering handed on to
+ * the turn when there is one. Returns 1 when the request waits instead (may_wait,
+ * hub_wait.c) or has a parked or on-disk source read first (may_load, prefix_load.c): s
+ * is gone, c has no session. */
+static int try_fork(kvp_hub_client *c, kvp_session *s, int rendered, const kvp_message *msgs,
+                    int n, const kvp_turn_opts *o, int may_wait, int may_load)
 {
     kvp_hub *h = c->hub;
     if (!h->env.reuse_cache)
@@ -199,8 +218,10 @@ static int try_fork(kvp_hub_client *c, kvp_session *s, const kvp_message *msgs, 
     size_t bytes = 0;
     const kvp_session *wait_on;
     hub_far_source far;
-    kvp_session *src = fork_source(h, c, s, s->system, s->system_len, msgs, n, &other,
-                                   may_wait, &wait_on, may_load ? &far : NULL);
+    kvp_session *src = fork_source(h, c, s, rendered, msgs, n, &other, may_wait, &wait_on,
+                                   may_load ? &far : NULL);
+    if (rendered && keep_rendering(s, msgs, n) < 0)
+        rendered = 0;
     int waits = wait_on && hub_wait_park(c, wait_on, s->system, s->system_len, msgs, n, o) == 0;
     /* a read's request, copied while s holds the system text; hash 0: its history extends
      * no held conversation exactly (kvp_hub_chat looked first), so what follows the read
@@ -212,16 +233,38 @@ static int try_fork(kvp_hub_client *c, kvp_session *s, const kvp_message *msgs, 
         /* the session made to render the request goes unused (its index entry with it);
          * the request makes another when it goes on */
         h->m->sessions_created--;
+        kvp_session_clear_transcript(s);
+        kvp_session_turn_ids_clear(s);
         hub_leave(c);
         if (reads)
             hub_prefix_load(c, &far, p);
         return 1;
     }
-    if (src && kvp_session_fork(s, src, &h->env, &bytes) == 0) {
-        if (kvp_session_rewind(s, msgs, n - 1) == 0)
-            forked = 1;
-        else   /* no room for the history: the copy goes, the history is prefilled */
-            kvp_session_forget(s);
+    if (src) {
+        /* the fork needs s empty: its rendered history goes to the rewind instead */
+        int *hist = rendered ? s->tokens : NULL, *hist_tok = rendered ? s->msg_tok : NULL;
+        int n_hist = rendered ? s->n_tokens : 0;
+        if (rendered) {
+            s->tokens = NULL;
+            s->msg_tok = NULL;
+            s->cap_tokens = 0;
+        }
+        kvp_session_clear_transcript(s);
+        if (kvp_session_fork(s, src, &h->env, &bytes) == 0) {
+            if (kvp_session_rewind(s, msgs, n - 1) == 0) {
+                forked = 1;
+                if (n > 1 && hist_tok) {
+                    kvp_session_rewind_rendered(s, hist, n_hist, hist_tok);
+                    hist = hist_tok = NULL;
+                }
+            } else {   /* no room for the history: the copy goes, the history is prefilled */
+                kvp_session_forget(s);
+            }
+        }
+        free(hist);
+        free(hist_tok);
+        if (!forked)   /* its rendering went with the attempt: the turn renders it */
+            kvp_session_turn_ids_clear(s);
     }
     if (forked) {
         s->reuse_from = other ? KVP_REUSE_OTHER : KVP_REUSE_SHARED;
@@ -239,6 +282,53 @@ static int try_fork(kvp_hub_client *c, kvp_session *s, const kvp_message *msgs, 
     return 0;
 }
 
+/* The text a request's rendering is made from, in bytes. */
+static size_t request_bytes(size_t system_len, const kvp_message *msgs, int n)
+{
+    size_t b = system_len;
+    for (int i = 0; i < n; i++)
+        b += msgs[i].len;
+    return b;
+}
+
+/* The request could not be rendered for the search: s is seeded with the history only,
+ * so the search goes on by messages and the turn renders the request (and answers the
+ * template's error) as it would have. */
+static void unrendered(kvp_session *s, const kvp_message *msgs, int n)
+{
+    kvp_session_clear_transcript(s);
+    if (kvp_session_seed(s, msgs, n - 1) < 0)
+        kvp_session_forget(s);   /* out of memory: the turn fails on its own */
+}
+
+/* The new session s goes on (hub_chat_new, once rendered when it was). */
+static void chat_new_go(kvp_hub_client *c, kvp_session *s, int rendered,
+                        const kvp_message *msgs, int n, const kvp_turn_opts *o, int may_wait,
+                        double since, int may_load)
+{
+    if (try_fork(c, s, rendered, msgs, n, o, may_wait, may_load))
+        return;   /* it waits (hub_wait.c), or its source is read first (prefix_load.c) */
+    if (!s->ephemeral)
+        hub_emit_session(c, 0);
+    if (n > 1 && !s->n_msgs && !s->rewind_set) {
+        hub_wait_unmark(c->hub, s);
+        hub_emit_error(c, KVPD_E_INTERNAL, "out of memory");
+        return;
+    }
+    kvp_turn_opts with_role = *o;
+    with_role.role = msgs[n - 1].user;
+    c->turn_since = since;
+    hub_start_turn(c, msgs[n - 1].text, msgs[n - 1].len, &with_role);
+    /* A queued turn's session is its worker's now (rewind_set included: the turn's start
+     * clears it), so the loop looks no further than the state it set itself. */
+    if (s->state != KVP_SESSION_TURN) {
+        hub_wait_unmark(c->hub, s);   /* refused: no turn prefills its prompt */
+        kvp_session_turn_ids_clear(s);
+        if (s->rewind_set)
+            kvp_session_rewind_clear(s);
+    }
+}
+
 void hub_chat_new(kvp_hub_client *c, const char *system, size_t system_len,
                   const kvp_message *msgs, int n, const kvp_turn_opts *o, double waited_since,
                   int may_load)
@@ -250,32 +340,68 @@ void hub_chat_new(kvp_hub_client *c, const char *system, size_t system_len,
     kvp_session *s = c->session;
     /* an ephemeral turn's session is never named: it does not last */
     s->ephemeral = o->ephemeral;
-    if (kvp_session_seed(s, msgs, n - 1) < 0) {
+    /* The fork-source search needs the request rendered. A request of more than
+     * KVP_HUB_RENDER_INLINE_BYTES of text is rendered by a render job on a worker (the
+     * whole request seeded) and the search goes on when it ends (hub_chat_rendered); a
+     * smaller one renders here, at a cost bounded by that size. Either way the rendering
+     * is handed on to the turn, which does not render it again. */
+    kvp_hub *h = c->hub;
+    int search = h->env.reuse_cache && h->prefix != NULL;
+    int job = search && request_bytes(system_len, msgs, n) > KVP_HUB_RENDER_INLINE_BYTES;
+    kvp_hub_pending *p = NULL;
+    if (kvp_session_seed(s, msgs, search ? n : n - 1) < 0 ||
+        (job && !(p = hub_pending_new(0, system, system_len, msgs, n, o)))) {
         if (!s->ephemeral)
             hub_emit_session(c, 0);
         hub_emit_error(c, KVPD_E_INTERNAL, "out of memory");
         return;
     }
-    if (try_fork(c, s, msgs, n, o, waited_since == 0, may_load))
-        return;   /* it waits (hub_wait.c), or its source is read first (prefix_load.c) */
-    if (!s->ephemeral)
-        hub_emit_session(c, 0);
-    if (n > 1 && !s->n_msgs && !s->rewind_set) {
-        hub_wait_unmark(c->hub, s);
-        hub_emit_error(c, KVPD_E_INTERNAL, "out of memory");
+    if (job) {
+        p->render = s;
+        p->may_wait = waited_since == 0;
+        p->may_load = may_load;
+        /* a new request's queue time counts from now, a waiter's from its arrival */
+        p->since = waited_since ? waited_since : kvp_now();
+        hub_pending_free(c->pending);
+        c->pending = p;
+        hub_submit(h, s, KVP_SESSION_RENDER, 0);
         return;
     }
-    kvp_turn_opts with_role = *o;
-    with_role.role = msgs[n - 1].user;
-    c->turn_since = waited_since;
-    hub_start_turn(c, msgs[n - 1].text, msgs[n - 1].len, &with_role);
-    /* A queued turn's session is its worker's now (rewind_set included: the turn's start
-     * clears it), so the loop looks no further than the state it set itself. */
-    if (s->state != KVP_SESSION_TURN) {
-        hub_wait_unmark(c->hub, s);   /* refused: no turn prefills its prompt */
-        if (s->rewind_set)
-            kvp_session_rewind_clear(s);
+    int rendered = search && kvp_session_retokenize(s, &h->env) >= 0;
+    if (search && !rendered)
+        unrendered(s, msgs, n);
+    chat_new_go(c, s, rendered, msgs, n, o, waited_since == 0, waited_since, may_load);
+}
+
+void hub_chat_rendered(kvp_hub *h, kvp_session *s, int rc)
+{
+    h->jobs--;
+    s->state = KVP_SESSION_IDLE;
+    s->owner = NULL;
+    s->reserve = 0;
+    s->last_active = kvp_now();
+    kvp_hub_client *c = s->client;
+    kvp_hub_pending *p = c && c->pending && c->pending->render == s ? c->pending : NULL;
+    if (!p) {   /* its client left or sent another request: nobody needs it */
+        h->m->sessions_created--;
+        kvp_session_clear_transcript(s);
+        kvp_hub_drop(h, s);
+        return;
     }
+    c->pending = NULL;
+    if (h->draining) {
+        h->m->sessions_created--;
+        kvp_session_clear_transcript(s);
+        hub_leave(c);
+        hub_emit_error(c, KVPD_E_OVERLOADED, "the daemon is shutting down");
+        hub_pending_free(p);
+        return;
+    }
+    int rendered = rc >= 0 && s->n_msgs == p->n;
+    if (!rendered)
+        unrendered(s, p->msgs, p->n);
+    chat_new_go(c, s, rendered, p->msgs, p->n, &p->o, p->may_wait, p->since, p->may_load);
+    hub_pending_free(p);
 }
 
 int kvp_hub_prefill_check(const kvp_hub *h, const char *system, size_t system_len,

@@ -38,6 +38,15 @@ int kvp_session_rewind(kvp_session *s, const kvp_message *msgs, int n)
     return 0;
 }
 
+void kvp_session_rewind_rendered(kvp_session *s, int *tokens, int n_tokens, int *msg_tok)
+{
+    free(s->rewind_tokens);
+    free(s->rewind_msg_tok);
+    s->rewind_tokens = tokens;
+    s->rewind_n_tokens = n_tokens;
+    s->rewind_msg_tok = msg_tok;
+}
+
 int kvp_token_lcp(const int *a, int na, const int *b, int nb)
 {
     int n = na < nb ? na : nb, i = 0;
@@ -67,16 +76,30 @@ int kvp_session_rewind_apply(kvp_session *s, const kvp_session_env *env, int **o
     s->rewind_msgs = NULL;
     s->rewind_n = 0;
     s->rewind_set = 0;
+    /* rendered by the request's render job: taken over as they are */
+    int *pre = s->rewind_tokens, *pre_tok = s->rewind_msg_tok, n_pre = s->rewind_n_tokens;
+    s->rewind_tokens = s->rewind_msg_tok = NULL;
+    s->rewind_n_tokens = 0;
     s->hist_msgs = 0;
     s->hist_tokens = 0;
     s->n_cached = 0;
     s->journal_ok = 0;   /* the transcript no longer extends the journal's */
     s->reply_open = s->n_msgs > 0;
     int rc = 0;
-    if (s->n_msgs > 0 && !(s->msg_tok = calloc((size_t)s->n_msgs, sizeof *s->msg_tok)))
+    if (pre_tok && s->n_msgs > 0) {
+        free(s->tokens);
+        s->tokens = pre;
+        s->n_tokens = s->cap_tokens = n_pre;
+        s->msg_tok = pre_tok;
+        s->jinja_rendered = 0;   /* the family's tokens, as kvp_session_retokenize's */
+        pre = pre_tok = NULL;
+    } else if (s->n_msgs > 0 && !(s->msg_tok = calloc((size_t)s->n_msgs, sizeof *s->msg_tok))) {
         rc = -ENOMEM;
-    if (!rc && s->n_msgs > 0)
+    } else if (s->n_msgs > 0) {
         rc = kvp_session_retokenize(s, env);
+    }
+    free(pre);
+    free(pre_tok);
     if (rc < 0) {
         free(*old);
         *old = NULL;

@@ -18,8 +18,13 @@
  * s's transcript. 0 or -ENOMEM. */
 int kvp_session_rewind(kvp_session *s, const kvp_message *msgs, int n);
 
+/* Loop, after kvp_session_rewind: the history as a render job already rendered it
+ * (kvp_session_retokenize's tokens[0..n_tokens) and msg_tok[rewind_n], both malloc'd and
+ * taken over), so the turn's start uses them instead of rendering it again. */
+void kvp_session_rewind_rendered(kvp_session *s, int *tokens, int n_tokens, int *msg_tok);
 /* Worker, at the turn's start: when a rewind is armed, the messages are replaced and
- * rendered again (tokens[] anew, n_cached 0; the cache untouched) and *old (malloc'd)
+ * rendered again, or the rendering kvp_session_rewind_rendered gave taken (tokens[]
+ * anew, n_cached 0; the cache untouched) and *old (malloc'd)
  * gets the tokens the cache held, *n_old their count. Nothing armed: *old NULL. 0 or a
  * negative code (the transcript is then the new one, the cache dropped). */
 int kvp_session_rewind_apply(kvp_session *s, const kvp_session_env *env, int **old, int *n_old);

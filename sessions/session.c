@@ -13,6 +13,7 @@
 
 #include "base/checksum.h"
 #include "base/textbuf.h"
+#include "model/grammar.h"
 #include "policy/policy.h"
 #include "sessions/canary.h"
 #include "sessions/session_impl.h"
@@ -148,6 +149,7 @@ static void turn_clear(kvp_turn *t)
     free(t->lp_row);
     free((void *)t->sampling.bias);
     kvp_turn_grammar_free(t);
+    kvp_grammar_unref(t->gsrc);
     kvp_canary_rec_free(t->canary);
     memset(t, 0, sizeof *t);
 }
@@ -160,6 +162,17 @@ void kvp_session_rewind_clear(kvp_session *s)
     s->rewind_msgs = NULL;
     s->rewind_n = 0;
     s->rewind_set = 0;
+    free(s->rewind_tokens);
+    free(s->rewind_msg_tok);
+    s->rewind_tokens = s->rewind_msg_tok = NULL;
+    s->rewind_n_tokens = 0;
+}
+
+void kvp_session_turn_ids_clear(kvp_session *s)
+{
+    free(s->turn_ids);
+    s->turn_ids = NULL;
+    s->n_turn_ids = 0;
 }
 
 static void session_free(kvp_session *s)
@@ -177,6 +190,7 @@ static void session_free(kvp_session *s)
     free(s->msg_tok);
     free(s->system);
     kvp_session_rewind_clear(s);
+    kvp_session_turn_ids_clear(s);
     turn_clear(&s->turn);
     free(s);
 }

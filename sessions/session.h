@@ -136,6 +136,14 @@ typedef struct kvp_turn {
     uint64_t evicted_at_start;
     double t_start, t_first;
     kvp_turn_stats stats;
+    /* loop -> worker: the grammar the turn's start binds the reply's matcher to (a
+     * reference; NULL: unconstrained) and whether max_tokens was the request's own (the
+     * refusal's text names the request's limit, not the daemon's ceiling) */
+    struct kvp_grammar *gsrc;
+    int gasked;
+    /* worker -> loop: the turn's start refused the request itself (a reply of its
+     * grammar could not start or be finished): a bad request, not the daemon's error */
+    int refused;
     struct kvp_gmatch *gm;   /* the reply's grammar matcher (NULL: unconstrained) */
     uint32_t *gmask;         /* its mask for the next token (vocab bits) */
     int gshaped;             /* the length budget left out a token the grammar allowed: the
@@ -165,6 +173,9 @@ enum kvp_session_state {
     KVP_SESSION_LOAD,
     KVP_SESSION_SAVE,
     KVP_SESSION_PARKED,
+    /* a new session's request rendered on a worker (its messages into tokens[]) before
+     * the loop looks up its fork source (sessions/hub_match.c); never named meanwhile */
+    KVP_SESSION_RENDER,
 };
 
 /* What a restore found, written by the job's worker, for the loop to apply and log once
@@ -268,6 +279,16 @@ typedef struct kvp_session {
      * (sessions/rewind.h); rewind_set: armed */
     kvp_message *rewind_msgs;
     int rewind_n, rewind_set;
+    /* loop -> worker: the rewind's history as a render job already rendered it (tokens
+     * and each message's first token, taken over instead of rendering again; NULL:
+     * rendered at the turn's start) */
+    int *rewind_tokens, *rewind_msg_tok;
+    int rewind_n_tokens;
+    /* loop -> worker: the next turn's message as the render job rendered it with the
+     * family template (the tokens it appends when no Jinja template renders the turn;
+     * NULL: rendered at the turn's start) */
+    int *turn_ids;
+    int n_turn_ids;
     /* loop -> worker: where the cache of the queued turn came from (enum
      * kvp_reuse_source; a fork from another session sets it, the turn's stats take it) */
     int reuse_from;
@@ -325,11 +346,11 @@ typedef struct kvp_session_table {
 static inline int kvp_session_busy(const kvp_session *s)
 {
     return s->state == KVP_SESSION_TURN || s->state == KVP_SESSION_LOAD ||
-           s->state == KVP_SESSION_SAVE;
+           s->state == KVP_SESSION_SAVE || s->state == KVP_SESSION_RENDER;
 }
 
-/* Whether the session's next unit runs alone as a job (LOAD, SAVE, a turn's start or
- * end) rather than as a part of a batched step. The scheduler reads it on queued
+/* Whether the session's next unit runs alone as a job (LOAD, SAVE, RENDER, a turn's
+ * start or end) rather than as a part of a batched step. The scheduler reads it on queued
  * sessions, under its queue's mutex. */
 static inline int kvp_session_job_next(const kvp_session *s)
 {
@@ -346,6 +367,8 @@ int kvp_session_create(kvp_session_table *t, const kvp_session_env *env, kvp_pol
 kvp_session *kvp_session_find(const kvp_session_table *t, const char *id);
 /* Loop: an armed rewind (sessions/rewind.h) whose turn did not start is forgotten. */
 void kvp_session_rewind_clear(kvp_session *s);
+/* Loop: the pre-rendered message of a turn that did not start is forgotten. */
+void kvp_session_turn_ids_clear(kvp_session *s);
 /* Unlinks and frees a session that is not busy. */
 void kvp_session_remove(kvp_session_table *t, kvp_session *s);
 void kvp_session_table_clear(kvp_session_table *t);
@@ -390,6 +413,11 @@ void kvp_session_count_bytes(kvp_session *s);
  * max_tokens (*need: how many, at most one per byte). */
 int kvp_session_turn_grammar(kvp_session *s, struct kvp_grammar *g,
                              const struct kvp_vocab_trie *tr, int *need);
+/* Worker, at the turn's start: the matcher of the turn's grammar (turn.gsrc) bound to
+ * env->trie, as kvp_session_turn_grammar; < 0 with the reason to answer in err (-EINVAL
+ * and -E2BIG: the request's, a bad_request; -ENOMEM: the daemon's). */
+int kvp_session_start_grammar(kvp_session *s, const kvp_session_env *env, char *err,
+                              size_t errlen);
 /* Whether a constrained reply can be written with the vocabulary trie tr (one with text
  * tokens and at least one stop token): 0, or -EINVAL with the reason in err. */
 int kvp_session_grammar_usable(const struct kvp_vocab_trie *tr, char *err, size_t errlen);

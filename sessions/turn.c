@@ -346,13 +346,26 @@ static int make_policy(kvp_session *s, const kvp_session_env *env, char *err, si
 
 /* A turn's first unit, run as a job before the turn joins a batched step: everything
  * here may wait on the disk or the network, or take a while without the model (the
- * lease, the snapshot of an unparked session, its policy, a seeded transcript tokenized,
- * the user message into the transcript), so none of it holds back the other turns.
+ * reply's grammar matcher, the lease, the snapshot of an unparked session, its policy, a
+ * seeded transcript tokenized, the user message into the transcript), so none of it holds back the other turns.
  * Returns as kvp_turn_step. */
 static int turn_start(kvp_session *s, const kvp_session_env *env, const kvp_turn_sink *sink)
 {
     kvp_turn *t = &s->turn;
     s->io_next = 0;
+    if (t->gsrc) {
+        /* the reply's matcher, before anything of the session changes: a grammar the
+         * reply cannot follow refuses the request as it stands */
+        char err[256];
+        int rc = kvp_session_start_grammar(s, env, err, sizeof err);
+        if (rc < 0) {
+            t->refused = rc == -EINVAL || rc == -E2BIG;
+            free(t->text);
+            t->text = NULL;
+            sink->error(sink->ctx, s, rc, err);
+            return 0;
+        }
+    }
     {
         char err[256];
         int rc = take_lease(s, env, err, sizeof err);
@@ -413,11 +426,19 @@ static int turn_start(kvp_session *s, const kvp_session_env *env, const kvp_turn
             memcpy(ids, s->raw_ids, (size_t)n * sizeof *ids);
         else
             n = -ENOMEM;
+    } else if (n == -ENOENT && s->turn_ids) {
+        /* the family's rendering of this message, made by the request's render job */
+        s->jinja_rendered = 0;
+        ids = s->turn_ids;
+        n = s->n_turn_ids;
+        s->turn_ids = NULL;
+        s->n_turn_ids = 0;
     } else if (n == -ENOENT) {
         s->jinja_rendered = 0;
         n = kvp_template_turn(kvp_session_tpl(s, env), s->system, s->system_len, s->n_tokens == 0,
                               s->reply_open, t->text, t->text_len, &ids);
     }
+    kvp_session_turn_ids_clear(s);   /* a Jinja rendering or raw ids took the turn's place */
     int first = s->n_tokens;
     if (n < 0) {
         free(rw_old);
@@ -482,7 +503,8 @@ static int turn_start(kvp_session *s, const kvp_session_env *env, const kvp_turn
 }
 
 /* A unit run alone, outside any forward pass: a snapshot load (for a hello) or save (at
- * shutdown), then the job event; or a turn's start (turn_start) or end (turn_report).
+ * shutdown), or a new session's request rendered (RENDER), then the job event; or a
+ * turn's start (turn_start) or end (turn_report).
  * Returns as kvp_turn_step. */
 int turn_run_job(kvp_session *s, const kvp_session_env *env, const kvp_turn_sink *sink)
 {
@@ -496,6 +518,15 @@ int turn_run_job(kvp_session *s, const kvp_session_env *env, const kvp_turn_sink
     }
     char err[256] = "";
     int rc;
+    if (s->state == KVP_SESSION_RENDER) {
+        /* a new session's request (its messages seeded), rendered as its turns would
+         * render it, for the loop's fork-source search and then the turn itself */
+        rc = kvp_session_retokenize(s, env);
+        if (rc < 0)
+            snprintf(err, sizeof err, "rendering the request: %s", strerror(-rc));
+        sink->job(sink->ctx, s, rc, err);
+        return 0;
+    }
     if (s->state == KVP_SESSION_LOAD) {
         /* In memory already (a shared store): only the lease, and the snapshot when
          * another node served the session meanwhile. */

@@ -79,10 +79,62 @@ static json_t *piece_json(const char *p, size_t len)
     return a;
 }
 
-/* The text /tokenize takes at most: it is tokenized on the loop thread, which serves
- * every connection, so its time is bounded (a prompt that long is tokenized by its
- * turn's worker instead). */
+/* The text /tokenize takes at most. It is tokenized on libuv's thread pool, never on the
+ * loop; the bound keeps one request's hold on a pool thread short (a prompt that long
+ * is tokenized by its turn's worker instead). */
 #define TOKENIZE_MAX (128 * 1024)
+
+/* /tokenize's work, off the loop (kvpd_oai_offload_run): the text tokenized and the
+ * answer built and serialized; the vocabulary and the raw template are fixed while the
+ * hub runs. */
+typedef struct tok_job {
+    const kvp_hub *hub;
+    json_t *req;                  /* holds text */
+    const char *text;
+    size_t len;
+    int add, pieces;
+    char *answer;                 /* the answer's body, NULL when it could not be made */
+} tok_job;
+
+static void tok_run(void *arg)
+{
+    tok_job *j = arg;
+    int *ids = NULL;
+    int n = kvp_hub_tokenize(j->hub, j->text, j->len, j->add, &ids);
+    json_t *tokens = n >= 0 ? json_array() : NULL;
+    for (int i = 0; tokens && i < n; i++) {
+        if (!j->pieces) {
+            json_array_append_new(tokens, json_integer(ids[i]));
+            continue;
+        }
+        size_t len;
+        const char *p = kvp_hub_token_piece(j->hub, -1, ids[i], &len);
+        json_array_append_new(tokens, json_pack("{s:i, s:o}", "id", ids[i], "piece",
+                                                piece_json(p ? p : "", len)));
+    }
+    free(ids);
+    json_t *a = tokens ? json_pack("{s:o}", "tokens", tokens) : NULL;
+    j->answer = a ? json_dumps(a, JSON_COMPACT) : NULL;
+    json_decref(a);
+}
+
+static void tok_drop(void *arg)
+{
+    tok_job *j = arg;
+    free(j->answer);
+    json_decref(j->req);
+    free(j);
+}
+
+static void tok_done(kvpd_conn *c, void *arg)
+{
+    tok_job *j = arg;
+    if (!j->answer)
+        kvpd_oai_fail(c, KVPD_OAI_E_SERVER, NULL, "the text could not be tokenized");
+    else
+        kvpd_oai_answer_text(c, 200, j->answer);
+    tok_drop(j);
+}
 
 void kvpd_oai_tokenize(kvpd_conn *c)
 {
@@ -91,7 +143,6 @@ void kvpd_oai_tokenize(kvpd_conn *c)
         return;
     static const char *const names[] = {"content", "add_special", "with_pieces",
                                         "parse_special"};
-    int *ids = NULL;
     int add, pieces, special;
     if (refuse_unknown(c, req, names, sizeof names / sizeof names[0]) < 0 ||
         (add = boolean(c, req, "add_special", 0)) < 0 ||
@@ -115,26 +166,20 @@ void kvpd_oai_tokenize(kvpd_conn *c)
         kvpd_oai_fail(c, KVPD_OAI_E_INVALID_REQUEST, "content", msg);
         goto out;
     }
-    int n = kvp_hub_tokenize(c->w->hub, json_string_value(content), json_string_length(content),
-                             add, &ids);
-    if (n < 0) {
-        kvpd_oai_fail(c, KVPD_OAI_E_SERVER, NULL, "the text could not be tokenized");
+    tok_job *j = calloc(1, sizeof *j);
+    if (!j) {
+        kvpd_oai_fail(c, KVPD_OAI_E_SERVER, NULL, "out of memory");
         goto out;
     }
-    json_t *tokens = json_array();
-    for (int i = 0; tokens && i < n; i++) {
-        if (!pieces) {
-            json_array_append_new(tokens, json_integer(ids[i]));
-            continue;
-        }
-        size_t len;
-        const char *p = kvp_hub_token_piece(c->w->hub, -1, ids[i], &len);
-        json_array_append_new(tokens, json_pack("{s:i, s:o}", "id", ids[i], "piece",
-                                                piece_json(p ? p : "", len)));
+    *j = (tok_job){.hub = c->w->hub, .req = req, .text = json_string_value(content),
+                   .len = json_string_length(content), .add = add, .pieces = pieces};
+    if (kvpd_oai_offload_run(c, tok_run, tok_done, tok_drop, j) < 0) {
+        free(j);
+        kvpd_oai_fail(c, KVPD_OAI_E_SERVER, NULL, "out of memory");
+        goto out;
     }
-    kvpd_oai_answer(c, 200, json_pack("{s:o}", "tokens", tokens));
+    return;   /* the job holds req */
 out:
-    free(ids);
     json_decref(req);
 }
 

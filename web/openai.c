@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <uv.h>
 
 #include "base/log.h"
 #include "web/conn.h"
@@ -35,16 +36,22 @@ static void queue(kvpd_conn *c, const char *text, size_t len)
 }
 
 /* The whole answer: a JSON body with a status. */
-static void answer(kvpd_conn *c, int status, json_t *j)
+/* The whole answer: s (compact JSON; NULL: it could not be built, a 500). */
+static void answer_text(kvpd_conn *c, int status, const char *s)
 {
     kvpd_oai *o = c->oai;
-    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
-    json_decref(j);
     o->status = s ? status : 500;
     o->ended = 1;
     const char *fallback = "{\"error\":{\"message\":\"the server could not build its answer\","
                            "\"type\":\"server_error\",\"param\":null,\"code\":null}}";
     queue(c, s ? s : fallback, strlen(s ? s : fallback));
+}
+
+static void answer(kvpd_conn *c, int status, json_t *j)
+{
+    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    answer_text(c, status, s);
     free(s);
 }
 
@@ -367,14 +374,137 @@ static kvpd_oai_limits limits(const kvpd_conn *c)
                              .seed = c->w->cfg->seed};
 }
 
+/* ---- work off the loop (web/openai_impl.h, kvpd_oai_offload) ---- */
+
+typedef struct kvpd_oai_offload {
+    uv_work_t work;
+    kvpd_conn *c;                 /* NULL once the connection closed */
+    kvpd_oai *o;
+    void (*run)(void *arg);
+    void (*done)(kvpd_conn *c, void *arg);
+    void (*drop)(void *arg);
+    void *arg;
+} kvpd_oai_offload;
+
+static void oai_free(kvpd_oai *o);
+
+static void offload_work(uv_work_t *w)
+{
+    kvpd_oai_offload *f = w->data;
+    f->run(f->arg);
+}
+
+static void offload_done(uv_work_t *w, int status)
+{
+    kvpd_oai_offload *f = w->data;
+    kvpd_oai *o = f->o;
+    kvpd_conn *c = f->c;
+    o->offload = NULL;
+    if (!c) {   /* the connection closed meanwhile: nobody is answered */
+        f->drop(f->arg);
+        oai_free(o);
+    } else if (status < 0) {   /* cancelled: never ran */
+        f->drop(f->arg);
+        fail(c, KVPD_OAI_E_SERVER, NULL, "the request could not be served: %s",
+             uv_strerror(status));
+    } else {
+        f->done(c, f->arg);
+    }
+    if (c)
+        lws_callback_on_writable(c->wsi);
+    free(f);
+}
+
+int kvpd_oai_offload_run(kvpd_conn *c, void (*run)(void *arg),
+                         void (*done)(kvpd_conn *c, void *arg), void (*drop)(void *arg),
+                         void *arg)
+{
+    kvpd_oai_offload *f = calloc(1, sizeof *f);
+    if (!f)
+        return -1;
+    *f = (kvpd_oai_offload){.c = c, .o = c->oai, .run = run, .done = done, .drop = drop,
+                            .arg = arg};
+    f->work.data = f;
+    if (uv_queue_work(c->w->loop, &f->work, offload_work, offload_done) < 0) {
+        free(f);
+        return -1;
+    }
+    c->oai->offload = f;
+    return 0;
+}
+
+/* A chat completion's body is parsed off the loop: the JSON, every field's checks, the
+ * response format's and the forced tools' grammars compiled from their schemas
+ * (kvpd_oai_parse_chat: no transport, no hub) and an assistant prefill's rendering
+ * checked (kvp_hub_prefill_check: the chat template only), so a large body or a hostile
+ * schema costs the loop only the hand-over; the request goes on back on the loop
+ * (chat_parsed). */
+typedef struct parse_job {
+    kvpd_oai_req *r;              /* the request's, the pool's until it is back */
+    kvpd_oai_limits l;
+    const kvp_hub *hub;           /* its chat template renders an assistant prefill */
+    char *body;
+    size_t len;
+    int rc;
+    kvpd_oai_err e;
+    int prefill_rc;               /* the prefill's check */
+    char prefill_why[256];
+} parse_job;
+
+static void parse_run(void *arg)
+{
+    parse_job *op = arg;
+    kvpd_oai_req *r = op->r;
+    op->rc = kvpd_oai_parse_chat(op->body, op->len, &op->l, r, &op->e);
+    if (op->rc == 0 && r->prefill && op->hub)   /* the template's rendering of the request */
+        op->prefill_rc = kvp_hub_prefill_check(op->hub, r->system, r->system_len, r->msgs,
+                                               r->n_msgs, r->turn.tools, r->turn.tools_len,
+                                               r->prefill, r->prefill_len, op->prefill_why,
+                                               sizeof op->prefill_why);
+}
+
+static void parse_drop(void *arg)
+{
+    parse_job *op = arg;
+    free(op->body);
+    free(op);
+}
+
+static void chat_parsed(kvpd_conn *c, const parse_job *op);
+
+static void parse_done(kvpd_conn *c, void *arg)
+{
+    chat_parsed(c, arg);
+    parse_drop(arg);
+}
+
 static void chat_completions(kvpd_conn *c)
 {
     kvpd_oai *o = c->oai;
+    parse_job *op = calloc(1, sizeof *op);
+    if (!op) {
+        fail(c, KVPD_OAI_E_SERVER, NULL, "out of memory");
+        return;
+    }
+    op->r = &o->req;
+    op->l = limits(c);
+    op->hub = c->w->hub;
+    op->body = o->body;   /* the pool's now (kvpd_openai_body_done frees none) */
+    op->len = o->body_len;
+    o->body = NULL;
+    o->body_len = o->body_cap = 0;
+    if (kvpd_oai_offload_run(c, parse_run, parse_done, parse_drop, op) < 0) {
+        parse_drop(op);
+        fail(c, KVPD_OAI_E_SERVER, NULL, "out of memory");
+    }
+}
+
+static void chat_parsed(kvpd_conn *c, const parse_job *op)
+{
+    kvpd_oai *o = c->oai;
     kvpd_oai_req *r = &o->req;
-    kvpd_oai_limits l = limits(c);
-    kvpd_oai_err e;
-    if (kvpd_oai_parse_chat(o->body, o->body_len, &l, r, &e) < 0) {
-        fail_err(c, &e);
+    if (op->rc < 0) {
+        fail_err(c, &op->e);
         return;
     }
     char sid[KVP_SESSION_ID_LEN + 8] = "";
@@ -387,16 +517,10 @@ static void chat_completions(kvpd_conn *c)
         goto out;
     }
     snprintf(o->named, sizeof o->named, "%s", sid);
-    if (r->prefill) {
-        char why[256];
-        int rc = kvp_hub_prefill_check(c->w->hub, r->system, r->system_len, r->msgs, r->n_msgs,
-                                       r->turn.tools, r->turn.tools_len, r->prefill,
-                                       r->prefill_len, why, sizeof why);
-        if (rc < 0) {
-            fail(c, rc == -ENOMEM ? KVPD_OAI_E_SERVER : KVPD_OAI_E_INVALID_REQUEST, "messages",
-                 "messages: %s", why);
-            goto out;
-        }
+    if (r->prefill && op->prefill_rc < 0) {
+        fail(c, op->prefill_rc == -ENOMEM ? KVPD_OAI_E_SERVER : KVPD_OAI_E_INVALID_REQUEST,
+             "messages", "messages: %s", op->prefill_why);
+        goto out;
     }
     if (!kvpd_oai_client(c))
         goto out;
@@ -666,6 +790,16 @@ void kvpd_openai_closed(kvpd_conn *c)
     kvpd_oai *o = c ? c->oai : NULL;
     if (!o)
         return;
+    c->oai = NULL;
+    if (o->offload) {   /* its work is on the thread pool: freed when it is back */
+        o->offload->c = NULL;
+        return;
+    }
+    oai_free(o);
+}
+
+static void oai_free(kvpd_oai *o)
+{
     if (o->client)   /* a turn still running is cancelled; its partial reply stays */
         kvp_hub_close(o->client);
     kvpd_oai_choices_close(o);   /* after the first: its choices not started are forgotten */
@@ -675,7 +809,6 @@ void kvpd_openai_closed(kvpd_conn *c)
     if (o->codec && o->codec->free)
         o->codec->free(o->codec_state);
     free(o);
-    c->oai = NULL;
 }
 
 /* ---- the helpers of the other codecs (web/openai_impl.h) ---- */
@@ -683,6 +816,11 @@ void kvpd_openai_closed(kvpd_conn *c)
 void kvpd_oai_answer(kvpd_conn *c, int status, json_t *j)
 {
     answer(c, status, j);
+}
+
+void kvpd_oai_answer_text(kvpd_conn *c, int status, const char *s)
+{
+    answer_text(c, status, s);
 }
 
 void kvpd_oai_fail(kvpd_conn *c, enum kvpd_oai_code code, const char *param, const char *msg)

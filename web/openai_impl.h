@@ -84,9 +84,23 @@ typedef struct kvpd_oai {
     int first_done;
     kvp_turn_stats first;         /* the first choice's figures (usage, kvpd) */
     json_t *whole;                /* not streaming: the completion, the first choice in it */
+    /* work of the request's on libuv's thread pool (kvpd_oai_offload_run): what it uses
+     * is the pool's until it is back; a connection closed meanwhile leaves the request
+     * to be freed then */
+    struct kvpd_oai_offload *offload;
 } kvpd_oai;
 
 /* ---- web/openai.c, for the codecs ---- */
+
+/* Work whose cost grows with the request (parsing a chat completion, tokenizing) off the
+ * loop: run(arg) on libuv's thread pool, then done(c, arg) back on the loop, or drop(arg)
+ * when the connection closed meanwhile or the work could not run (it is answered 500).
+ * run must touch neither the connection nor the hub's state (only what is fixed while it
+ * runs: the model's templates). 0, or -1 when it cannot be queued (nothing was run; the
+ * caller answers). */
+int kvpd_oai_offload_run(kvpd_conn *c, void (*run)(void *arg),
+                         void (*done)(kvpd_conn *c, void *arg), void (*drop)(void *arg),
+                         void *arg);
 
 /* The session id an answer may carry (X-Session-Id, `session`, `kvpd.session`): the one
  * the request made or named; NULL when it has none yet or continues a session found by
@@ -98,6 +112,9 @@ void kvpd_oai_took_session(kvpd_oai *o, const kvp_hub_event *ev);
 
 /* The whole answer: a JSON body (taken) with a status. */
 void kvpd_oai_answer(kvpd_conn *c, int status, json_t *j);
+/* The same with the body already serialized (compact JSON; NULL: a 500), for an answer
+ * built off the loop. */
+void kvpd_oai_answer_text(kvpd_conn *c, int status, const char *s);
 /* OpenAI's error shape with the code's status (param may be NULL), counted by status and
  * code. */
 void kvpd_oai_fail(kvpd_conn *c, enum kvpd_oai_code code, const char *param, const char *msg);

@@ -25,7 +25,7 @@ void h_stall_kvpd(const h_stall *s, kvpd_proc *d);
  * answers when the sleep ends). The connection's socket, for the caller to close. */
 int h_stall_sleep(const h_stall *s, double seconds);
 
-#define H_STREAM_MAX 8192
+#define H_STREAM_MAX 65536
 
 typedef struct h_stream {
     ws_client *c;

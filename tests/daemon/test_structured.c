@@ -151,3 +151,30 @@ Test(structured, refused_schemas_name_the_keyword)
     free(tokens);
     ws_close(&c);
 }
+
+/* The reply's matcher is made at the turn's start on a worker: a response format whose
+ * shortest document cannot fit the message's max_tokens is refused from there, as a
+ * bad_request naming max_tokens and the count it needs, and the connection goes on. */
+Test(structured, a_max_tokens_too_small_for_the_schema_is_refused_naming_it)
+{
+    ws_client c;
+    cr_assert_eq(h_connect(&d, &c), 0);
+    cr_assert_eq(ws_send_text(&c, "{\"type\":\"message\",\"text\":\"Hi\",\"max_tokens\":2,"
+                                  "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
+                                  "{\"name\":\"t\",\"schema\":{\"type\":\"object\",\"properties\":"
+                                  "{\"word\":{\"type\":\"string\"}},\"required\":[\"word\"]}}}}"),
+                 0);
+    json_t *e = h_expect(&c, "error", 30000);
+    cr_assert(e, "no error frame");
+    cr_expect_str_eq(json_string_value(json_object_get(e, "code")), "bad_request");
+    const char *m = json_string_value(json_object_get(e, "message"));
+    cr_expect(m && strstr(m, "max_tokens (2) is too small for the response format"), "%s", m);
+    json_decref(e);
+    char *tokens = NULL;
+    json_t *done = h_turn(&c, "Once upon a time", 8, &tokens);
+    cr_assert(done);
+    cr_expect_str_eq(json_string_value(json_object_get(done, "type")), "done");
+    json_decref(done);
+    free(tokens);
+    ws_close(&c);
+}
