@@ -126,7 +126,9 @@ int kvp_reasoning_feed(kvp_reasoning_stream *s, const char *text, size_t len, in
             s->r_from = s->r_sent = at;
             s->scan = at;
         }
-        const char *close = memmem(b + s->scan, n - s->scan, KVP_THINK_CLOSE, CLOSE_LEN);
+        /* (an empty reply inside an opened block has no buffer yet) */
+        const char *close = b ? memmem(b + s->scan, n - s->scan, KVP_THINK_CLOSE, CLOSE_LEN)
+                              : NULL;
         size_t end;
         if (close) {
             size_t c = (size_t)(close - b);
