@@ -85,7 +85,11 @@ static const char *const chat_fields[] = {
     "messages", "model", "max_completion_tokens", "max_tokens", "stream", "stream_options",
     "tools", "tool_choice", "parallel_tool_calls", "response_format", "n", "logprobs",
     "top_logprobs", "session", "store", "functions", "function_call", "audio", "prediction",
-    "modalities", NULL};
+    "modalities",
+    /* llama.cpp's server's chat fields (honoured, or refused by value) */
+    "json_schema", "continue_final_message", "add_generation_prompt", "grammar",
+    "return_progress", "timings_per_token", "ignore_eos", "post_sampling_probs", "id_slot",
+    "n_probs", NULL};
 static const char *const completions_fields[] = {
     "prompt", "model", "max_tokens", "max_completion_tokens", "stream", "stream_options", "n",
     "logprobs", "echo", "suffix", "best_of", "top_logprobs", "tools", "tool_choice",

@@ -124,8 +124,9 @@ async function main() {
           "branch-from-turn-1: its cached tokens count as reused from another session");
     check(await metric(k.port, "kvpd_prefix_hits_total") === hitsBefore + 1,
           "branch-from-turn-1: counted in kvpd_prefix_hits_total");
-    check(await metric(k.port, "kvpd_prefix_bytes_copied_total") > 0,
-          "branch-from-turn-1: the copied cache bytes are counted");
+    check(await metric(k.port, "kvpd_prefix_bytes_copied_total") +
+          await metric(k.port, "kvpd_cache_bytes_shared") > 0,
+          "branch-from-turn-1: the fork's rows are counted, copied or shared with its source");
 
     // The source goes on from its own transcript, untouched by the fork...
     const an = rn.choices[0].message.content;
