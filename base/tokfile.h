@@ -1,5 +1,5 @@
 /* Token transcript files: a conversation's token ids with a checksum, as kvpd keeps
- * them in learn_dir (sessions/learnlog.h) and kvp learn --transcripts reads them.
+ * them in learn_dir (observe/learnlog.h) and kvp learn --transcripts reads them.
  *
  * File (little endian): "KVPTX1\0\0", u64 model fingerprint, u32 token count n, u32 0,
  * u64 FNV-1a of the n u32 token ids as stored, then the n ids. */

@@ -1,5 +1,5 @@
 /* bench_rows: what shared rows (kvp_cache_fork_shared) save against copied ones
- * (kvp_cache_fork), the way the hub forks (sessions/rewind.c: the source's whole cache,
+ * (kvp_cache_fork), the way the hub forks (turns/rewind.c: the source's whole cache,
  * then cut back to the common prefix), on a model's real rows:
  *
  *  1. `convs` conversations on one system prompt of `prefix` tokens: the first is

@@ -187,7 +187,7 @@ static void load_done(uv_work_t *w, int status)
         return;
     }
     d->model_loaded = 1;
-    /* one batched step runs at a time (sessions/scheduler.h): its matrices get every core */
+    /* one batched step runs at a time (turns/scheduler.h): its matrices get every core */
     kvp_model_use_cores(&d->model);
     char err[256];
     kvp_hub_params hp = {.loop = &d->loop, .model = &d->model, .cfg = &d->hub_cfg,

@@ -18,7 +18,7 @@
  *              daemon decodes it, against a full cache fed the same tokens: at every
  *              reply position, KL(full || evicted) of the next-token distributions over
  *              the whole vocabulary and top-1 agreement (what the daemon's eviction
- *              canary estimates, sessions/canary.h, computed exactly).
+ *              canary estimates, observe/canary.h, computed exactly).
  * kvzip's scores are KVzip's (kvp_eval_kvzip_scores): of the prefix in the first two, of
  * the cache before every chunk in streaming; like the oracle it has no replies.
  * The oracle's scores are true future importance: I_i(cut) in the first two; in streaming,

@@ -37,13 +37,14 @@ fi
 
 declare -A floor=(
     [base]=0 [cache]=1 [model]=2 [policy]=3 [generate]=4 [store]=5
-    [offline]=6 [sessions]=6 [config]=7 [web]=8 [daemon]=9
-    [tools]=10 [bench]=11 [tests]=12
+    [observe]=6 [offline]=6 [turns]=7 [sessions]=8 [config]=9 [web]=10 [daemon]=11
+    [tools]=12 [bench]=13 [tests]=14
 )
 # Edges still to be removed, as "from -> to" (empty when the floors are clean).
 allowed=()
-# Front ends see the session hub only, never a session's insides.
-hub_public="sessions/hub.h sessions/metrics.h"
+# Front ends see the session hub only, never a session's insides nor a turn's: of the
+# conversation floors (the hub, the turns, the observers) only these headers.
+hub_public="sessions/hub.h observe/metrics.h"
 
 bad=0
 is_allowed() {
@@ -61,7 +62,13 @@ while IFS=: read -r file line text; do
     [ -n "${floor[$from]+x}" ] || { echo "$file:$line: folder '$from' has no floor in scripts/check-layers.sh"; bad=1; continue; }
     [ -n "${floor[$to]+x}" ] || { echo "$file:$line: includes '$inc' from unknown folder '$to'"; bad=1; continue; }
     [ "$from" = "$to" ] && continue
-    if { [ "$from" = web ] || [ "$from" = daemon ]; } && [ "$to" = sessions ] &&
+    if [ "$from" = turns ] && [ "$to" = sessions ]; then
+        echo "$file:$line: turns/ includes $inc: the turns run on workers and never include the hub"
+        bad=1
+        continue
+    fi
+    if { [ "$from" = web ] || [ "$from" = daemon ]; } &&
+       { [ "$to" = sessions ] || [ "$to" = turns ] || [ "$to" = observe ]; } &&
        [[ " $hub_public " != *" $inc "* ]]; then
         echo "$file:$line: $from/ includes $inc: front ends and the daemon use only $hub_public"
         bad=1

@@ -13,7 +13,7 @@
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/.."
-floors="base cache model policy generate store sessions offline config web daemon tools"
+floors="base cache model policy generate store observe turns sessions offline config web daemon tools"
 list=tests/mirror-exceptions.txt
 
 # --self-test: the check on a small tree of its own must fail where it should.

@@ -12,7 +12,7 @@
 #include "base/log.h"
 #include "model/grammar.h"
 #include "sessions/hub_impl.h"
-#include "sessions/background.h"
+#include "observe/background.h"
 #include "sessions/residency.h"
 #include "store/store.h"
 

@@ -24,8 +24,8 @@
 #include <stdint.h>
 
 #include "cache/kvrow.h"
-#include "sessions/hub_types.h"
-#include "sessions/metrics.h"
+#include "turns/types.h"
+#include "observe/metrics.h"
 
 /* A front end's connection. NULL when out of memory. */
 kvp_hub_client *kvp_hub_client_new(kvp_hub *h, kvp_hub_sink sink, void *ctx);
@@ -57,7 +57,7 @@ void kvp_hub_open_fork(kvp_hub_client *c, const char *src_id, int turn);
 void kvp_hub_message(kvp_hub_client *c, const char *text, size_t len, int max_tokens,
                      int has_temperature, float temperature);
 
-/* kvp_hub_message with the turn's options (kvp_turn_opts, sessions/hub_types.h). */
+/* kvp_hub_message with the turn's options (kvp_turn_opts, turns/types.h). */
 void kvp_hub_message_opts(kvp_hub_client *c, const char *text, size_t len,
                           const struct kvp_turn_opts *o);
 
@@ -115,7 +115,7 @@ void kvp_hub_complete(kvp_hub_client *c, const char *prompt, size_t len,
  * memory without either), within max_stored_responses_per_tenant and
  * max_stored_response_bytes_per_tenant (a put past them deletes the tenant's own
  * oldest). The store's I/O runs off the loop; each call is answered by one
- * KVP_HUB_RESPONSE event (sessions/hub_types.h): put once the record is written
+ * KVP_HUB_RESPONSE event (turns/types.h): put once the record is written
  * (durable before the answer), get with its bytes, delete once it is gone. Another
  * tenant's id, like a damaged record, is answered -ENOENT. */
 void kvp_hub_response_put(kvp_hub_client *c, const char *id, const char *payload, size_t len);
@@ -167,7 +167,7 @@ typedef struct kvp_hub_info {
      * reader would cost cache_bytes_borrowed - cache_bytes_shared more. */
     size_t cache_bytes_shared, cache_bytes_borrowed;
     size_t turn_reserve_bytes;
-    size_t prefix_index_bytes;    /* the prefix index's memory (sessions/prefix.h) */
+    size_t prefix_index_bytes;    /* the prefix index's memory (store/prefix.h) */
     char weights[160];            /* weight bytes by type (kvp_model_weight_mix) */
     uint64_t weight_bytes;        /* resident weight bytes, all types */
     uint64_t policy_file_loads;   /* policy files read: once at start, once per reload */
@@ -245,7 +245,7 @@ typedef struct kvp_hub_params {
     const char *chat_template;    /* family name (config chat_template); NULL/"" = detect */
     const char *chat_template_file;   /* a Jinja template (config chat_template_file) rendered
                                          instead of the model's; NULL/"" = the model's */
-    /* Transcripts kept for learning (sessions/learnlog.h): NULL/"" for none. */
+    /* Transcripts kept for learning (observe/learnlog.h): NULL/"" for none. */
     const char *learn_dir;
     double learn_rate;            /* share of conversations kept */
     uint64_t learn_max_bytes;     /* the directory's size cap (0: none) */

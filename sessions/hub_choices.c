@@ -12,8 +12,8 @@
 #include <stdlib.h>
 
 #include "sessions/hub_impl.h"
-#include "sessions/persist.h"
-#include "sessions/rewind.h"
+#include "turns/persist.h"
+#include "turns/rewind.h"
 
 struct kvp_hub_choices {
     kvp_hub_pending *req;            /* the request, copied */

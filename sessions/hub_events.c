@@ -9,9 +9,9 @@
 #include <string.h>
 
 #include "base/log.h"
-#include "sessions/background.h"
+#include "observe/background.h"
 #include "sessions/hub_impl.h"
-#include "sessions/prefix.h"
+#include "store/prefix.h"
 #include "sessions/prefix_load.h"
 #include "sessions/residency.h"
 #include "sessions/reuse.h"
@@ -110,7 +110,7 @@ static void elsewhere(kvp_hub *h, kvp_session *s, kvp_hub_client *to, const char
     kvp_hub_drop(h, s);
 }
 
-/* The turn was cut because this node's lease ran out (sessions/turn.c): the worker has
+/* The turn was cut because this node's lease ran out (turns/turn.c): the worker has
  * dropped what memory held of the session, so it is parked, to be read from the store at
  * its next job: its last stored turn, as any node reads it. Nothing of the cut turn is
  * left to write again. */

@@ -18,9 +18,9 @@
 
 #include "base/log.h"
 #include "sessions/hub_impl.h"
-#include "sessions/persist.h"
+#include "turns/persist.h"
 #include "sessions/residency.h"
-#include "sessions/rewind.h"
+#include "turns/rewind.h"
 #include "store/store.h"
 
 static const char no_such[] = "no such session (expired or never existed)";

@@ -8,8 +8,8 @@
 
 #include "sessions/hub.h"
 #include "sessions/hub_state.h"
-#include "sessions/prefix.h"
-#include "sessions/step_plan.h"   /* kvp_turn_batch, the workers' step (hub_life.c) */
+#include "store/prefix.h"
+#include "turns/step_plan.h"   /* kvp_turn_batch, the workers' step (hub_life.c) */
 
 /* ---- events to clients (hub.c) ---- */
 
@@ -195,7 +195,7 @@ void hub_resp_leave(kvp_hub_client *c);
 
 /* ---- the workers' events (hub_events.c) ---- */
 
-/* The scheduler's callback for every event of a job (sessions/scheduler.h). */
+/* The scheduler's callback for every event of a job (turns/scheduler.h). */
 void hub_on_event(void *ctx, const kvpd_event *ev);
 
 #endif

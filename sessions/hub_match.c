@@ -14,12 +14,12 @@
 #include "base/textbuf.h"
 #include "model/grammar.h"
 #include "sessions/hub_impl.h"
-#include "sessions/persist.h"
-#include "sessions/prefix.h"
+#include "turns/persist.h"
+#include "store/prefix.h"
 #include "sessions/prefix_load.h"
 #include "sessions/residency.h"
 #include "sessions/reuse.h"
-#include "sessions/rewind.h"
+#include "turns/rewind.h"
 #include "store/store.h"
 
 /* s holds exactly msgs[0..n) and is free to take a turn. A parked session's texts are on

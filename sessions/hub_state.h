@@ -7,12 +7,12 @@
 
 #include <uv.h>
 
-#include "sessions/hub_types.h"
-#include "sessions/metrics.h"
-#include "sessions/prefix_file.h"
-#include "sessions/scheduler.h"
-#include "sessions/session.h"
-#include "sessions/transcripts.h"
+#include "turns/types.h"
+#include "observe/metrics.h"
+#include "store/prefix_file.h"
+#include "turns/scheduler.h"
+#include "turns/session.h"
+#include "store/transcripts.h"
 
 struct kvp_hub_storage {
     struct kvp_store *store;         /* NULL: no snapshots */
@@ -41,7 +41,7 @@ struct kvp_hub {
     int refused_retry_ms;
     struct kvp_vocab_trie *trie;     /* env.trie's memory: made for the first grammar */
     struct kvp_background *bg;       /* canary checks and learn_dir writes (background.h) */
-    /* The token prefixes of the conversations held here, for forks (sessions/prefix.h):
+    /* The token prefixes of the conversations held here, for forks (store/prefix.h):
      * a session is put when a job ends with its cache matching its tokens, removed when
      * it leaves the table; NULL when out of memory at start (no index, no token-level
      * forks). */

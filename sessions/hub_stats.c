@@ -9,9 +9,9 @@
 #include <string.h>
 
 #include "policy/kvp_agent.h"
-#include "sessions/background.h"
+#include "observe/background.h"
 #include "sessions/hub_impl.h"
-#include "sessions/prefix.h"
+#include "store/prefix.h"
 #include "sessions/prefix_load.h"
 #include "sessions/residency.h"
 #include "store/store.h"

@@ -19,7 +19,7 @@
 
 #include "base/clock.h"
 #include "sessions/hub_impl.h"
-#include "sessions/prefix.h"
+#include "store/prefix.h"
 
 struct hub_wait {
     struct hub_wait *next, **pprev;  /* h->waits */

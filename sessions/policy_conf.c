@@ -11,7 +11,7 @@
 
 #include "policy/policy.h"
 #include "sessions/residency.h"
-#include "sessions/session.h"
+#include "turns/session.h"
 
 static int weights_load(kvp_policy_conf *pc, const kvp_model *model, char *err, size_t errlen)
 {

@@ -7,8 +7,8 @@
 #include <string.h>
 
 #include "base/log.h"
-#include "sessions/persist.h"
-#include "sessions/prefix.h"
+#include "turns/persist.h"
+#include "store/prefix.h"
 #include "sessions/reuse.h"
 
 _Static_assert(KVP_PREFIX_FILE_TENANT_MAX >= KVP_TENANT_LEN, "a record holds a whole tenant");

@@ -1,6 +1,6 @@
 /* Fork sources that are not resident: parked conversations (in the hub's prefix index,
  * which keeps them) and conversations known only from the state directory's prefix file
- * (sessions/prefix_file.h), read at start into an index of their own whose owners are
+ * (store/prefix_file.h), read at start into an index of their own whose owners are
  * records of an id and a tenant. A new conversation whose rendering such a source shares
  * more of than any resident idle one has its source read first (a load job, the request
  * waiting as for an exact match), then forks it; a load that fails leaves the request to
@@ -10,12 +10,12 @@
  * in the index (40), plus at most KVP_PREFIX_ENTRY_BYTES per block; records added after
  * the start are freed once read or dropped by the index's bound (kept within twice the
  * conversations the index still holds), within the defaults
- * of sessions/prefix.h (at most 4096 blocks of a conversation and 512Ki in all). */
+ * of store/prefix.h (at most 4096 blocks of a conversation and 512Ki in all). */
 #ifndef KVP_PREFIX_LOAD_H
 #define KVP_PREFIX_LOAD_H
 
 #include "sessions/hub_impl.h"
-#include "sessions/prefix_file.h"
+#include "store/prefix_file.h"
 
 /* At the hub's start: the records read from the state directory become the on-disk
  * sources (x is emptied). 0, or -ENOMEM (then there are none). */

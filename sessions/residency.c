@@ -5,7 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "sessions/prefix.h"
+#include "store/prefix.h"
 #include "store/store.h"
 
 size_t kvp_turn_bytes(const kvp_model_config *m, size_t row_bytes, int budget, int chunk,

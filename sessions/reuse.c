@@ -3,7 +3,7 @@
 
 #include <string.h>
 
-#include "sessions/metrics.h"
+#include "observe/metrics.h"
 
 static int same_message(const kvp_message *a, const kvp_message *b)
 {

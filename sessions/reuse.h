@@ -1,6 +1,6 @@
 /* Which held conversation a request reuses when none holds its history exactly
  * (kvp_hub_chat's fallback): the hub's choice of a session to continue from an earlier
- * point (sessions/rewind.h). Loop thread; private to sessions/. */
+ * point (turns/rewind.h). Loop thread; private to sessions/. */
 #ifndef KVP_REUSE_H
 #define KVP_REUSE_H
 
@@ -20,7 +20,7 @@ kvp_session *kvp_reuse_rewind_find(kvp_hub *h, const kvp_hub_client *c, const ch
 
 /* The idle resident session of c's tenant and of the policy in force, with the request's
  * system text, its whole history kept and its cache built, that a new session for
- * msgs[0..n) best forks from (sessions/rewind.h, kvp_session_fork): the most leading
+ * msgs[0..n) best forks from (turns/rewind.h, kvp_session_fork): the most leading
  * messages shared, at least one, or none when the system text is not empty (a shared
  * system prompt); then the most tokens cached, then the newest. *shared gets the messages
  * shared. NULL when none. */

@@ -351,7 +351,7 @@ int kvp_cmd_eval(int argc, char **argv)
 /* ---- replies ----------------------------------------------------------------------------- */
 
 /* One user message rendered as kvpd renders a conversation's first turn with no system
- * prompt (sessions/turn.c): the model's own Jinja template when it has one the
+ * prompt (turns/turn.c): the model's own Jinja template when it has one the
  * interpreter takes (kvp_session_jinja_turn), else, as there, the family's
  * kvp_template_turn, which adds the template's default system prompt (Qwen 2.5, SmolLM2)
  * itself. The count of *ids (malloc'd), or a negative code. */

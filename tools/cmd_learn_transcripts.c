@@ -1,5 +1,5 @@
 /* kvp learn --transcripts DIR: a KVP policy learned from the daemon's own traffic (the
- * files kvpd keeps in learn_dir, sessions/learnlog.h). It reads every transcript file of
+ * files kvpd keeps in learn_dir, observe/learnlog.h). It reads every transcript file of
  * DIR and of its tenant folders one level down (so DIR may be the whole learn_dir or one
  * tenant's folder; a damaged file, or one of another model, is skipped with a message),
  * holds out a share

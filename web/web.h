@@ -8,7 +8,7 @@
 
 #include "config/config.h"
 #include "sessions/hub.h"
-#include "sessions/metrics.h"
+#include "web/metrics.h"
 
 struct lws_context;
 struct kvpd_listener;

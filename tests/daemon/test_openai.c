@@ -311,7 +311,7 @@ Test(openai, streams_and_continues_a_conversation_prefilling_only_new_messages)
     free(a.raw);
 
     /* The same request again regenerates turn 2: the session is cut back to the end of
-     * this prompt (sessions/rewind.c) and continues, its prompt found in the cache but for
+     * this prompt (turns/rewind.c) and continues, its prompt found in the cache but for
      * the last token, whose logits are not kept. */
     a = request(&d, "POST", "/v1/chat/completions", NULL, body);
     cr_assert_eq(a.status, 200, "%s", a.raw);

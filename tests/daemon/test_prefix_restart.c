@@ -1,5 +1,5 @@
 /* Integration: the prefix index over conversations that are not resident
- * (sessions/prefix_load.h, sessions/prefix_file.h). After a restart on the same state
+ * (sessions/prefix_load.h, store/prefix_file.h). After a restart on the same state
  * directory, a new conversation sharing a saved one's opening (as much as if it had
  * stayed in memory), and a branch of a saved conversation, fork it from its snapshot
  * (read first) and prefill only the rest; a damaged prefix.index is skipped line by line

@@ -9,7 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "sessions/persist.h"
+#include "turns/persist.h"
 #include "tests/daemon/harness.h"
 
 static char g_dir[128];

@@ -7,7 +7,7 @@
 
 #include "model/model.h"
 #include "sessions/hub.h"
-#include "sessions/session.h"
+#include "turns/session.h"
 
 #define HT_MAX_EVENTS 4096
 

@@ -1,10 +1,10 @@
-/* web/protocol.c and sessions/metrics.c: parsing client messages, building frames. */
+/* web/protocol.c and web/metrics.c: parsing client messages, building frames. */
 #include <criterion/criterion.h>
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "sessions/metrics.h"
+#include "web/metrics.h"
 #include "web/protocol.h"
 
 static int parse(const char *s, kvpd_client_msg *m, const char **code)

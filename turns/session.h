@@ -1,0 +1,468 @@
+/* Conversations (private to sessions/ and the daemon; front ends use sessions/hub.h):
+ * transcript (text and token ids), KV cache, eviction policy, the session's state and
+ * the turn state machine.
+ *
+ * State (one enum): IDLE (resident, no job), TURN / LOAD / SAVE (a job in flight on a
+ * worker: a turn, reading the snapshot for an open, writing it at shutdown), PARKED
+ * (only the loop fields remain; the rest is in its snapshot, turns/persist.h).
+ *   IDLE -> TURN, SAVE -> IDLE;  PARKED -> LOAD or TURN (restored first) -> IDLE;
+ *   IDLE -> PARKED (the loop, when the snapshot is up to date).
+ * The persistence facts beside it (has_snapshot, saved, need_restore, lost) say what is
+ * on disk, not what the session is doing.
+ *
+ * Ownership: the loop thread owns every session. From kvpd_sched_submit until the loop
+ * has taken the job's final event (busy: TURN, LOAD, SAVE), the worker that holds it
+ * owns everything but the fields marked "loop": the model side (cache, policy, sampler,
+ * tokens, transcript, turn, the persistence facts) and the "loop -> worker" fields, which
+ * the job reads and clears (a rewind) — so after a submit the loop looks at the state it
+ * set itself before anything else, and at no other field while the session is busy.
+ * The one exception is turn.cancel, an atomic the loop sets. The hand-off both ways goes
+ * through the scheduler's mutex-protected run queue and event queue, which order each
+ * side's writes before the other's reads; scripts/test.sh --tsan checks it. */
+#ifndef KVP_SESSION_H
+#define KVP_SESSION_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/clock.h"
+#include "cache/kvcache.h"
+#include "turns/types.h"
+#include "model/forward.h"
+#include "generate/generate.h"
+#include "model/sampler.h"
+#include "store/snapshot.h"
+#include "model/template.h"
+#include "base/utf8.h"
+
+#define KVP_SESSION_PATH_MAX 512
+
+/* Shared: written on the loop before the workers start (trie: once, on the loop, before
+ * the first constrained turn is queued), read-only while they run. */
+typedef struct kvp_session_env {
+    const kvp_model *model;
+    kvp_template tpl;
+    kvp_template tpl_raw;            /* the plain format on the same vocabulary: raw text
+                                      * completions on a model with a chat template */
+    int chunk;
+    kvp_kv_type kv_type;             /* how every session's cache rows are stored */
+    int budget_mode;                 /* enum kvp_budget_mode: the budget per head or shared */
+    int step_tokens;                 /* rows of a batched step (at least chunk) */
+    int prefill_tokens;              /* rows of a step's prefill slice at most (at least
+                                      * chunk; 0: the rows the decodes leave) */
+    int reuse_cache;
+    int share_rows;                  /* forks share their rows (kvp_session_fork) */
+    float top_p;
+    uint64_t seed;
+    struct kvp_store *store;         /* NULL = no snapshots (and no parking) */
+    const char *state_dir;           /* the directory store's ("" otherwise): the
+                                      * transcript index lives there */
+    const struct kvp_vocab_trie *trie;   /* the vocabulary's byte trie for constrained
+                                          * replies, made with the first (NULL until) */
+} kvp_session_env;
+
+/* An eviction policy as configured: immutable once made, so a reload makes a new one
+ * and sessions keep the one they hold. Reference counts are touched on the loop only.
+ * weights: the policy file loaded once when the conf was made (the daemon's one copy,
+ * read by every session's policy instance; freed with the conf, which every session
+ * holding an instance references); NULL: each session loads `file` itself. */
+struct kvp_policy_weights;
+typedef struct kvp_policy_conf {
+    int refs;
+    char name[32];
+    char file[KVP_SESSION_PATH_MAX];  /* "" = the policy has no file */
+    kvp_snapshot_identity ident;      /* the model and this policy, for snapshots */
+    struct kvp_policy_weights *weights;
+} kvp_policy_conf;
+
+kvp_policy_conf *kvp_policy_conf_ref(kvp_policy_conf *pc);
+void kvp_policy_conf_unref(kvp_policy_conf *pc);
+
+enum kvp_turn_state { KVP_TURN_START = 0, KVP_TURN_PREFILL, KVP_TURN_DECODE };
+
+/* A turn: armed on the loop (kvp_session_begin_turn and the kvp_session_turn_*
+ * setters) while the session is not busy, then its worker's until the job's end (the
+ * loop only sets cancel); the loop reads the outcome after the final event. */
+typedef struct kvp_turn {
+    char *text;              /* the user message */
+    size_t text_len;
+    int max_tokens;
+    float temperature;
+    float top_p;             /* < 0: the daemon's */
+    int has_seed;            /* reseed the sampler with seed at the start */
+    uint64_t seed;
+    kvp_sample_opts sampling;   /* the sampler's other settings; bias: an owned copy */
+    int budget;              /* KV rows per head for this turn (0 = unbounded) */
+    int max_history;         /* transcript tokens kept at its end (0 = all) */
+    int max_prompt;          /* tokens this turn may prefill (0 = no cap) */
+    atomic_int cancel;       /* set by the loop, read by the worker each unit */
+    enum kvp_turn_state state;
+    int undo_tokens;         /* transcript length before this turn's message */
+    int turns_before;        /* the session's completed turns when this one began */
+    int cut;                 /* this node's lease ran out: not saved, memory dropped */
+    int recorded;            /* this turn's user message is in the transcript */
+    int planned;             /* it has been planned into a batched step */
+    int passed_over;         /* steps in a row whose prefill slice left its chunk out */
+    int reply_from;          /* where the reply's tokens begin in tokens[] */
+    int next_token;          /* sampled, emitted, not yet run through the model */
+    kvp_evict_cfg evict;     /* the bounds of its unit in the running step */
+    kvp_utf8 utf8;
+    char *reply;
+    size_t reply_len, reply_cap;
+    size_t sent;             /* bytes of reply given to the sink as tokens */
+    char *stop[KVP_HUB_MAX_STOPS + 1];   /* stop strings (copies); the last may be an
+                                          * end_after string (kept in the reply) */
+    size_t stop_len[KVP_HUB_MAX_STOPS + 1];
+    int stop_keep[KVP_HUB_MAX_STOPS + 1];
+    int n_stop;
+    int role;                /* of the message: 1 user, KVP_MESSAGE_TOOL tool results */
+    char *tools;             /* the request's tools (JSON array) for the template, or NULL */
+    size_t tools_len;
+    char *prefix;            /* the reply's opening, prefilled, not sampled (or NULL) */
+    size_t prefix_len;
+    int prefill;             /* the prefix is the client's unfinished assistant message
+                              * (kvp_turn_opts.prefill): rendered by the template, never
+                              * sent back, not looked through for stop strings */
+    int prefill_at;          /* with the Jinja template: where its tokens begin */
+    size_t stop_hold;        /* longest stop string - 1: reply bytes held back from the sink */
+    int stopped;             /* a stop string was found at stop_at: the reply ends there */
+    size_t stop_at;
+    int stop_word;           /* which of stop[] that was */
+    int gen_start;           /* transcript index of the reply's first token */
+    size_t *tok_end;         /* with stop strings, per reply token: the reply's length after
+                              * it, SIZE_MAX while a character was incomplete */
+    int tok_end_cap;
+    uint64_t evicted_at_start;
+    double t_start, t_first;
+    kvp_turn_stats stats;
+    /* loop -> worker: the grammar the turn's start binds the reply's matcher to (a
+     * reference; NULL: unconstrained) and whether max_tokens was the request's own (the
+     * refusal's text names the request's limit, not the daemon's ceiling) */
+    struct kvp_grammar *gsrc;
+    int gasked;
+    /* worker -> loop: the turn's start refused the request itself (a reply of its
+     * grammar could not start or be finished): a bad request, not the daemon's error */
+    int refused;
+    struct kvp_gmatch *gm;   /* the reply's grammar matcher (NULL: unconstrained) */
+    uint32_t *gmask;         /* its mask for the next token (vocab bits) */
+    int gshaped;             /* the length budget left out a token the grammar allowed: the
+                              * reply's stats say shaped however it ends */
+    /* Ended with its final event still to send after the snapshot write (end_turn):
+     * done (end_code 0) or an error (end_code < 0, end_msg). */
+    int end;
+    int end_code;
+    char end_msg[192];
+    /* The eviction canary's record of this turn's distributions (observe/canary.h;
+     * NULL: not sampled); the hub takes it when the turn is done. */
+    struct kvp_canary_rec *canary;
+    /* Log-probabilities (kvp_turn_opts.logprobs; lp_on 0: none): per reply token, in
+     * lp[i * (1 + lp_k)], its own entry then its lp_k most likely alternatives, for
+     * lp_cap tokens (max_tokens); lp_row: the raw logits copied before the draw. Both
+     * made when the turn is armed, so the step allocates nothing. lp_sent: tokens whose
+     * entries went out with token events; lp_from..lp_to: those of the event being sent;
+     * lp_n: the reply's at its end (those whose text is returned). */
+    int lp_on, lp_k, lp_cap, lp_sent, lp_from, lp_to, lp_n;
+    kvp_hub_logprob *lp;
+    float *lp_row;
+} kvp_turn;
+
+enum kvp_session_state {
+    KVP_SESSION_IDLE = 0,
+    KVP_SESSION_TURN,
+    KVP_SESSION_LOAD,
+    KVP_SESSION_SAVE,
+    KVP_SESSION_PARKED,
+    /* a new session's request rendered on a worker (its messages into tokens[]) before
+     * the loop looks up its fork source (sessions/hub_match.c); never named meanwhile */
+    KVP_SESSION_RENDER,
+};
+
+/* What a restore found, written by the job's worker, for the loop to apply and log once
+ * the job has ended. */
+typedef struct kvp_restored {
+    int pending;                     /* set by the worker, cleared by the loop */
+    int rebuilt;                     /* the cache was not usable: rebuilt from the transcript */
+    char note[192];                  /* why it was rebuilt */
+} kvp_restored;
+
+typedef struct kvp_session {
+    char id[KVP_SESSION_ID_LEN + 1];
+    /* loop */
+    enum kvp_session_state state;    /* the worker reads it to know its job */
+    int turns;
+    double created, last_active;     /* seconds, monotonic */
+    struct kvp_hub_client *client;   /* the front end attached, if any */
+    struct kvp_hub_client *owner;    /* who started the running turn (gets its events) */
+    uint64_t creator;                /* serial of the client that started it (0: none) */
+    /* The API key's tenant that made it ("": no keys configured); only clients of the
+     * same tenant attach to it. Kept in its snapshot. */
+    char tenant[KVP_TENANT_LEN + 1];
+    int rows_max;
+    size_t bytes;                    /* cache bytes while idle (0 when parked): its own rows
+                                      * and the shared blocks charged to it */
+    size_t shared_bytes;             /* of bytes, the shared blocks (kvp_cache_shared_bytes) */
+    size_t borrowed_bytes;           /* every shared block its cache reads, charged to it
+                                      * or to another (kvp_cache_borrowed_bytes) */
+    int shares;                      /* its cache reads a shared block (borrowed_bytes > 0) */
+    size_t reserve;                  /* cache bytes held for the job in flight (memory cap) */
+    size_t reserve_lp;               /* and its turn's logprob buffers' bytes */
+    uint64_t evicted_rows;
+    kvp_policy_conf *pconf;          /* its policy (a reference; workers only read it) */
+    struct kvp_session *next, *prev; /* the table's list, oldest first */
+    struct kvp_session *rnext, *rprev;   /* the resident list */
+    struct kvp_session *hnext;       /* id hash chain */
+    /* model side (the loop may read them while the session is not busy) */
+    int need_restore;                /* the job reads the snapshot first */
+    int has_snapshot;                /* a snapshot of this session exists */
+    int save_failed;                 /* its last snapshot write failed: not on disk (loop) */
+    int save_retries;                /* loop: writes retried since the last that succeeded */
+    double save_retry_at;            /* loop: when the next retry may start (kvp_now) */
+    int saved;                       /* the snapshot matches memory */
+    int save_rc;                     /* last job: 1 written, 0 none, < 0 failed (save_err) */
+    int save_leased;                 /* the save being made is a turn's own: it needs the
+                                      * turn's lease still live (kvp_store_put_leased) */
+    int lost;                        /* the snapshot is gone or was bad: session lost */
+    char save_err[256];
+    double save_ms;                  /* last job's snapshot write: its time and bytes */
+    size_t save_bytes;
+    /* Another node held the session's lease at the last job (-EADDRINUSE): for about
+     * this many ms more */
+    int elsewhere_ms;
+    int turns_done;                  /* completed turns, as the snapshot counts them */
+    /* The stored version memory descends from (its last read or write; 0: none): a
+     * shared store holding another version was written by another node since. */
+    uint64_t store_version;
+    /* What is on disk: the snapshot plus its journal hold the conversation's first
+     * journal_msgs messages and journal_tokens tokens (dropped history included);
+     * journal_ok: the next save may append to the journal. */
+    int journal_ok, journal_msgs;
+    int64_t journal_tokens;
+    size_t journal_bytes, base_bytes;  /* the journal's size; the last full snapshot's */
+    double created_wall;             /* seconds since the epoch */
+    kvp_restored restored;
+    kvp_cache cache;
+    kvp_policy *policy;              /* made on the first turn's worker */
+    uint64_t seed;
+    kvp_sampler sampler;
+    int *tokens;                     /* transcript token ids */
+    int n_tokens, cap_tokens;
+    int n_cached;                    /* tokens[0..n_cached) have been run */
+    int reply_open;
+    int jinja_rendered;              /* tokens[] were built by the model's Jinja template turn
+                                        by turn (kvp_template_jinja_turn), replies as
+                                        generated; 0 after the family rebuilt them */
+    /* The system text the chat template renders at the conversation's start (NULL/0:
+     * none, the template's default if it has one). Set when the session is made, never
+     * changed; persisted with the session. */
+    char *system;
+    size_t system_len;
+    kvp_message *msgs;
+    int *msg_tok;                    /* [cap_msgs] where each message's tokens begin in tokens[] */
+    int n_msgs, cap_msgs;
+    /* The bounded history (max_history_tokens): msgs[0] is the conversation's message
+     * hist_msgs and tokens[0] its token hist_tokens; what came before was dropped, its
+     * messages summed up in hist_hash (kvp_session_transcript_hash's state after the
+     * system text and them; meaningful when hist_msgs > 0).
+     * The cache holds the tokens of all of it: cache.n_seen == hist_tokens + n_cached. A
+     * rebuilt cache starts a new token stream from the kept messages (hist_tokens 0). */
+    int hist_msgs;
+    int64_t hist_tokens;
+    uint64_t hist_hash;
+    /* loop: the hash of system and msgs (kvp_session_transcript_hash) as of the last job's end, and
+     * their count, kept while parked: how stateless requests find their conversation */
+    uint64_t transcript_hash;
+    int transcript_msgs;             /* of the whole conversation, dropped ones included */
+    int transcript_dropped;          /* of those, dropped from the stored history */
+    kvp_turn turn;
+    /* loop -> worker: the history the queued turn continues from instead of msgs
+     * (turns/rewind.h); rewind_set: armed */
+    kvp_message *rewind_msgs;
+    int rewind_n, rewind_set;
+    /* loop -> worker: the rewind's history as a render job already rendered it (tokens
+     * and each message's first token, taken over instead of rendering again; NULL:
+     * rendered at the turn's start) */
+    int *rewind_tokens, *rewind_msg_tok;
+    int rewind_n_tokens;
+    /* loop -> worker: the next turn's message as the render job rendered it with the
+     * family template (the tokens it appends when no Jinja template renders the turn;
+     * NULL: rendered at the turn's start) */
+    int *turn_ids;
+    int n_turn_ids;
+    /* loop -> worker: where the cache of the queued turn came from (enum
+     * kvp_reuse_source; a fork from another session sets it, the turn's stats take it) */
+    int reuse_from;
+    /* loop -> worker: a session that keeps nothing (one of a request's other choices,
+     * sessions/hub_choices.c; a raw completion, hub_complete.c; a turn with
+     * kvp_turn_opts.ephemeral, hub_match.c): no lease, never saved, never in the
+     * transcript or prefix index, never a source to continue, cut back or fork, not
+     * logged to learn_dir; it ends when its turn ends or its client leaves it */
+    int ephemeral;
+    /* loop -> worker: a raw text completion on a model with a chat template: its text is
+     * tokenized by env->tpl_raw (no template), never by the chat template (kvp_session_tpl);
+     * ephemeral too, so no chat request ever continues it */
+    int raw;
+    /* loop -> worker: a raw completion given as token ids: its message's tokens, taken
+     * as they are instead of its text tokenized (malloc'd; NULL: none) */
+    int *raw_ids;
+    int n_raw_ids;
+    /* loop: its first turn's rendered prompt is in the prefix index while the turn runs,
+     * so a new conversation sharing a long prefix waits for it (sessions/hub_wait.c);
+     * cleared at the job's end */
+    int prefix_inflight;
+    /* loop: made by a hello's fork (sessions/hub_fork.c) and no turn of its own queued
+     * yet: like a session that never ran a turn, it ends when its client leaves it */
+    int fork_unrun;
+    /* loop: its load job reads it for a hello's fork: the job's end goes to its owner
+     * (the forking client; NULL once that one closed), never to its attached client */
+    int fork_read;
+    /* The TURN's next unit waits on I/O (its start: lease, snapshot, policy, transcript;
+     * or its end: the snapshot write, then the final event), so it runs as a job on a
+     * worker of its own, never inside a batched step (kvp_session_job_next). */
+    int io_next;
+    struct kvp_session *rq_next;     /* scheduler run queue */
+} kvp_session;
+
+/* The template s's turns are tokenized by: env->tpl_raw for a raw completion, else the
+ * model's chat template. */
+static inline const kvp_template *kvp_session_tpl(const kvp_session *s,
+                                                  const kvp_session_env *env)
+{
+    return s->raw ? &env->tpl_raw : &env->tpl;
+}
+
+/* Every session (by id in O(1)), and the resident ones apart: admission and parking
+ * visit only those, however many are parked. */
+typedef struct kvp_session_table {
+    kvp_session *head, *tail;        /* oldest first */
+    kvp_session *resident_head;
+    kvp_session **buckets;
+    size_t n_buckets;                /* a power of two */
+    int count;                       /* resident and parked */
+    int resident;                    /* what max_sessions limits */
+    uint64_t created_total;
+} kvp_session_table;
+
+static inline int kvp_session_busy(const kvp_session *s)
+{
+    return s->state == KVP_SESSION_TURN || s->state == KVP_SESSION_LOAD ||
+           s->state == KVP_SESSION_SAVE || s->state == KVP_SESSION_RENDER;
+}
+
+/* Whether the session's next unit runs alone as a job (LOAD, SAVE, RENDER, a turn's
+ * start or end) rather than as a part of a batched step. The scheduler reads it on queued
+ * sessions, under its queue's mutex. */
+static inline int kvp_session_job_next(const kvp_session *s)
+{
+    return s->state != KVP_SESSION_TURN || s->io_next;
+}
+
+int kvp_session_table_init(kvp_session_table *t);
+
+/* Creates a resident session and adds it to the table: a fresh random id when id is
+ * NULL, else that id (the caller checked it is not in the table). The session holds a
+ * reference to pc. The caller enforces the limits. 0 or a negative code with a message. */
+int kvp_session_create(kvp_session_table *t, const kvp_session_env *env, kvp_policy_conf *pc,
+                       const char *id, double now, kvp_session **out, char *err, size_t errlen);
+kvp_session *kvp_session_find(const kvp_session_table *t, const char *id);
+/* Loop: an armed rewind (turns/rewind.h) whose turn did not start is forgotten. */
+void kvp_session_rewind_clear(kvp_session *s);
+/* Loop: the pre-rendered message of a turn that did not start is forgotten. */
+void kvp_session_turn_ids_clear(kvp_session *s);
+/* Unlinks and frees a session that is not busy. */
+void kvp_session_remove(kvp_session_table *t, kvp_session *s);
+void kvp_session_table_clear(kvp_session_table *t);
+
+/* Drops the messages and the token count (not the token buffer): the transcript of a
+ * session that was never spoken to. */
+void kvp_session_clear_transcript(kvp_session *s);
+/* Loop, on an idle resident session: frees its cache, transcript, policy and sampler.
+ * Only when its snapshot is up to date (or it has nothing to keep). */
+int kvp_session_parkable(const kvp_session *s);
+void kvp_session_park(kvp_session_table *t, kvp_session *s);
+/* Loop, on a parked session about to get a job: resident (IDLE) again; the job
+ * restores its snapshot on the worker first. 0 or -ENOMEM. */
+int kvp_session_unpark(kvp_session_table *t, kvp_session *s, const kvp_session_env *env);
+
+/* Arms a turn for the scheduler (loop thread; the session must not be busy). Takes a
+ * copy of the text. */
+int kvp_session_begin_turn(kvp_session *s, const char *text, size_t len, int max_tokens,
+                           float temperature, int budget, double now);
+/* Loop, after kvp_session_begin_turn: the turn's stop strings (copies; n at most
+ * KVP_HUB_MAX_STOPS, each 1..KVP_HUB_STOP_MAX bytes). 0, -EINVAL or -ENOMEM. */
+int kvp_session_turn_stops(kvp_session *s, const char *const *stop, const size_t *len, int n);
+/* The turn's sampling settings (o's biases copied); -EINVAL as kvp_sample_opts_check. */
+int kvp_session_turn_sampling(kvp_session *s, const kvp_sample_opts *o);
+/* Loop, after kvp_session_begin_turn: the turn records log-probabilities for each reply
+ * token with top alternatives (0..KVP_LOGPROBS_MAX_TOP; more than the vocabulary: all of
+ * it); top < 0: none. 0, -EINVAL or -ENOMEM. */
+int kvp_session_turn_logprobs(kvp_session *s, int vocab, int top);
+/* The bytes kvp_session_turn_logprobs allocates for a turn of max_tokens tokens with
+ * `top` alternatives (top < 0: 0), which the memory cap reserves with the turn. */
+size_t kvp_session_logprobs_bytes(int max_tokens, int vocab, int top);
+/* Sets s->bytes, shared_bytes, borrowed_bytes and shares from its cache (a shared block
+ * nobody pays for any more is charged to s: kvp_cache_bytes). Loop, on an idle session,
+ * or the worker running its job. */
+void kvp_session_count_bytes(kvp_session *s);
+/* The reply of the armed turn is one of g's documents (turns/constrain.c): each token
+ * is drawn from those that continue it, a stop token only once it is whole, and only
+ * while the document can still be finished in the tokens the turn has left (its
+ * max_tokens), so the reply always ends whole; tr (or NULL): the vocabulary's trie, whose
+ * one-byte tokens the distances are fitted to. 0, -ENOMEM, -EINVAL when no byte can open
+ * one of g's documents, or -E2BIG when its shortest document may take more tokens than
+ * max_tokens (*need: how many, at most one per byte). */
+int kvp_session_turn_grammar(kvp_session *s, struct kvp_grammar *g,
+                             const struct kvp_vocab_trie *tr, int *need);
+/* Worker, at the turn's start: the matcher of the turn's grammar (turn.gsrc) bound to
+ * env->trie, as kvp_session_turn_grammar; < 0 with the reason to answer in err (-EINVAL
+ * and -E2BIG: the request's, a bad_request; -ENOMEM: the daemon's). */
+int kvp_session_start_grammar(kvp_session *s, const kvp_session_env *env, char *err,
+                              size_t errlen);
+/* Whether a constrained reply can be written with the vocabulary trie tr (one with text
+ * tokens and at least one stop token): 0, or -EINVAL with the reason in err. */
+int kvp_session_grammar_usable(const struct kvp_vocab_trie *tr, char *err, size_t errlen);
+/* Whether the armed turn's reply is a whole document of its grammar (0 unconstrained). */
+int kvp_turn_doc_whole(const kvp_turn *t);
+/* Frees the turn's matcher. */
+void kvp_turn_grammar_free(kvp_turn *t);
+/* The next token from logits (modified): the sampler's draw, under the turn's grammar
+ * when it has one. Compute only: run inside the step. */
+int kvp_turn_draw(kvp_session *s, const kvp_session_env *env, float *logits);
+/* The byte trie of env's vocabulary, its end tokens the template's stop tokens. */
+int kvp_session_trie_build(struct kvp_vocab_trie *tr, const kvp_session_env *env);
+/* Loop, after kvp_session_begin_turn: the turn's tool options (kvp_turn_opts: the
+ * message's role, tools, reply_prefix, end_after; copies). 0 or -ENOMEM. */
+int kvp_session_turn_tools(kvp_session *s, const kvp_turn_opts *o);
+/* Loop, on a new session that never ran a turn: takes copies of msgs as its transcript;
+ * its first turn tokenizes and prefills them before its own message. 0 or -ENOMEM. */
+int kvp_session_seed(kvp_session *s, const kvp_message *msgs, int n);
+/* Loop, on a new session: takes a copy of its system text (len 0: none). 0 or -ENOMEM. */
+int kvp_session_set_system(kvp_session *s, const char *system, size_t len);
+/* The hash of a conversation's system text and its messages' roles and texts, the same
+ * for a session and a request; _more goes on from the state h after earlier messages. */
+uint64_t kvp_session_transcript_hash(const char *system, size_t system_len,
+                                     const kvp_message *msgs, int n);
+uint64_t kvp_session_transcript_hash_more(uint64_t h, const kvp_message *msgs, int n);
+/* The hash of the session's whole conversation (system text, dropped and kept messages). */
+uint64_t kvp_session_hash(const kvp_session *s);
+/* What the transcript index files a conversation under: its hash mixed with its
+ * tenant's (kvp_tenant_mix; 0 for the tenant "" of a daemon without API keys), so a
+ * request finds only its own tenant's conversations. */
+uint64_t kvp_tenant_mix(const char *tenant);
+uint64_t kvp_session_index_hash(const kvp_session *s);
+/* Clears the outcome of the last job before a new one (loop thread; not busy). The
+ * caller then sets the state that names the job. */
+void kvp_session_begin_job(kvp_session *s);
+
+/* What a worker reports from one unit of a turn. */
+typedef struct kvp_turn_sink {
+    void (*token)(void *ctx, kvp_session *s, const char *text, size_t len);
+    void (*done)(void *ctx, kvp_session *s, const kvp_turn_stats *st, const char *reply,
+                 size_t len);
+    void (*error)(void *ctx, kvp_session *s, int code, const char *msg);
+    /* A LOAD or SAVE job ended: 0 or a negative code with a message. */
+    void (*job)(void *ctx, kvp_session *s, int code, const char *msg);
+    void *ctx;
+} kvp_turn_sink;
+
+#endif
