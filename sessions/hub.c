@@ -106,6 +106,7 @@ void hub_submit(kvp_hub *h, kvp_session *s, enum kvp_session_state job, size_t r
 {
     s->reserve = reserve;
     s->state = job;
+    s->rq.given |= job == KVP_SESSION_TURN;   /* the request goes with the turn */
     h->jobs++;
     kvpd_sched_submit(h->sched, s);
 }

@@ -65,7 +65,7 @@ static void start_one(kvp_hub *h, kvp_session *src, kvp_hub_client *c,
             kvp_session_forget(s);
     }
     if (forked) {
-        s->reuse_from = KVP_REUSE_OTHER;
+        s->rq.reuse_from = KVP_REUSE_OTHER;
         /* its own rows count against the memory cap, and src's, which may have become
          * a block both read (charged to src) */
         kvp_session_count_bytes(s);
@@ -80,7 +80,7 @@ static void start_one(kvp_hub *h, kvp_session *src, kvp_hub_client *c,
         o.seed += (uint64_t)k;
     hub_start_turn(c, p->msgs[p->n - 1].text, p->msgs[p->n - 1].len, &o);
     /* the state first: a queued turn's rewind_set is its worker's (the start clears it) */
-    if (s->state != KVP_SESSION_TURN && s->rewind_set)
+    if (s->state != KVP_SESSION_TURN && s->rq.rewind_set)
         kvp_session_rewind_clear(s);   /* refused: answered */
 }
 

@@ -26,6 +26,8 @@ static kvp_hub_client *job_ended(kvp_hub *h, kvp_session *s)
 {
     kvpd_metrics *m = h->m;
     kvp_hub_client *to = s->state == KVP_SESSION_TURN || s->fork_read ? s->owner : s->client;
+    if (s->state == KVP_SESSION_TURN)   /* its request is the loop's again */
+        kvp_session_request_release(s);
     s->fork_read = 0;
     h->jobs--;
     s->state = KVP_SESSION_IDLE;
@@ -47,15 +49,14 @@ static kvp_hub_client *job_ended(kvp_hub *h, kvp_session *s)
         kvp_store_lease_idle(h->env.store, s->id);
     else
         kvp_store_lease_drop(h->env.store, s->id);
-    if (s->restored.pending) {
-        s->restored.pending = 0;
+    if (s->res.restored.pending) {
         m->unparks++;
-        if (s->restored.rebuilt) {
+        if (s->res.restored.rebuilt) {
             m->rebuilds++;
             kvpd_log("info", "session %.8s: rebuilt from its transcript: %s", s->id,
-                     s->restored.note);
-        } else if (s->restored.note[0]) {   /* e.g. a damaged journal tail was ignored */
-            kvpd_log("warning", "session %.8s: %s", s->id, s->restored.note);
+                     s->res.restored.note);
+        } else if (s->res.restored.note[0]) {   /* e.g. a damaged journal tail was ignored */
+            kvpd_log("warning", "session %.8s: %s", s->id, s->res.restored.note);
         }
     }
     if (s->save_rc < 0) {
@@ -182,7 +183,7 @@ static void on_job(kvp_hub *h, kvp_session *s, const kvpd_event *ev)
         hub_chat_rendered(h, s, ev->code);
         return;
     }
-    int was_load = s->state == KVP_SESSION_LOAD, read = s->restored.pending;
+    int was_load = s->state == KVP_SESSION_LOAD, read = s->res.restored.pending;
     kvp_hub_client *to = job_ended(h, s);
     int fork = was_load && to && hub_fork_waited(to, s);
     if (was_load && to && to->pending) {

@@ -68,7 +68,10 @@ static int turns_held(const kvp_session *src, int turn, int *end)
 static int cut_now(kvp_hub *h, kvp_session *s)
 {
     int *old, n_old;
+    int armed = s->rq.rewind_set;
     int rc = kvp_session_rewind_apply(s, &h->env, &old, &n_old);
+    if (armed)   /* taken by the transcript: the request lets go of it */
+        kvp_session_rewind_let_go(s);
     if (rc == 0)
         kvp_session_rewind_cut(s, old, n_old);
     return rc;
@@ -170,7 +173,7 @@ static void fork_from(kvp_hub_client *c, kvp_session *src, int turn)
         return;
     }
     if (forked) {
-        s->reuse_from = KVP_REUSE_OTHER;
+        s->rq.reuse_from = KVP_REUSE_OTHER;
         h->m->prefix_hits++;
         h->m->prefix_bytes_copied += bytes;
     } else {

@@ -177,20 +177,20 @@ static kvp_session *fork_source(kvp_hub *h, kvp_hub_client *c, kvp_session *s, i
 
 /* s held the rendering of the request msgs[0..n) (its render job's): it keeps that of
  * the history msgs[0..n-1) as its transcript, as a seeded session's turn would render it
- * first, and the last message's tokens go to the turn (s->turn_ids), so the turn's start
+ * first, and the last message's tokens go to the turn (s->rq.turn_ids), so the turn's start
  * renders nothing again. -ENOMEM: s is left seeded with the history, unrendered. */
 static int keep_rendering(kvp_session *s, const kvp_message *msgs, int n)
 {
     int at = s->msg_tok[n - 1], k = s->n_tokens - at;
     kvp_session_turn_ids_clear(s);
-    if (k > 0 && !(s->turn_ids = malloc((size_t)k * sizeof *s->turn_ids))) {
+    if (k > 0 && !(s->rq.turn_ids = malloc((size_t)k * sizeof *s->rq.turn_ids))) {
         kvp_session_clear_transcript(s);
         (void)kvp_session_seed(s, msgs, n - 1);   /* out of memory: the turn fails then */
         return -ENOMEM;
     }
     if (k > 0)
-        memcpy(s->turn_ids, s->tokens + at, (size_t)k * sizeof *s->turn_ids);
-    s->n_turn_ids = k;
+        memcpy(s->rq.turn_ids, s->tokens + at, (size_t)k * sizeof *s->rq.turn_ids);
+    s->rq.n_turn_ids = k;
     free(s->msgs[n - 1].text);
     s->n_msgs = n - 1;
     s->n_tokens = at;
@@ -267,7 +267,7 @@ static int try_fork(kvp_hub_client *c, kvp_session *s, int rendered, const kvp_m
             kvp_session_turn_ids_clear(s);
     }
     if (forked) {
-        s->reuse_from = other ? KVP_REUSE_OTHER : KVP_REUSE_SHARED;
+        s->rq.reuse_from = other ? KVP_REUSE_OTHER : KVP_REUSE_SHARED;
         /* its own rows count against the memory cap, and src's, which may have become
          * a block both read (charged to src) */
         kvp_session_count_bytes(s);
@@ -310,7 +310,7 @@ static void chat_new_go(kvp_hub_client *c, kvp_session *s, int rendered,
         return;   /* it waits (hub_wait.c), or its source is read first (prefix_load.c) */
     if (!s->ephemeral)
         hub_emit_session(c, 0);
-    if (n > 1 && !s->n_msgs && !s->rewind_set) {
+    if (n > 1 && !s->n_msgs && !s->rq.rewind_set) {
         hub_wait_unmark(c->hub, s);
         hub_emit_error(c, KVPD_E_INTERNAL, "out of memory");
         return;
@@ -324,7 +324,7 @@ static void chat_new_go(kvp_hub_client *c, kvp_session *s, int rendered,
     if (s->state != KVP_SESSION_TURN) {
         hub_wait_unmark(c->hub, s);   /* refused: no turn prefills its prompt */
         kvp_session_turn_ids_clear(s);
-        if (s->rewind_set)
+        if (s->rq.rewind_set)
             kvp_session_rewind_clear(s);
     }
 }

@@ -264,7 +264,7 @@ int kvp_session_restore(kvp_session *s, const kvp_session_env *env, size_t max_b
     if (rc < 0)
         return rc;
     const kvp_model_config *cfg = &env->model->cfg;
-    kvp_restored *r = &s->restored;
+    kvp_restored *r = &s->res.restored;
     memset(r, 0, sizeof *r);
 
     snprintf(s->tenant, sizeof s->tenant, "%s", snap.tenant);

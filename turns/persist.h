@@ -27,7 +27,7 @@ int kvp_session_save(kvp_session *s, const kvp_session_env *env, char *err, size
  * from its transcript instead: the cache stays empty so the next turn prefills the
  * whole stored transcript (re-tokenized from the messages when the model differs or
  * history was dropped: docs/snapshot-format.md, "Bounded history"). Sets
- * s->restored. Errors leave the session empty: -ENOENT (no snapshot) and -EBADMSG (bad
+ * s->res.restored. Errors leave the session empty: -ENOENT (no snapshot) and -EBADMSG (bad
  * file, moved aside) mean the session is lost; others (I/O, memory) may be retried. */
 int kvp_session_restore(kvp_session *s, const kvp_session_env *env, size_t max_bytes,
                         char *err, size_t errlen);

@@ -32,19 +32,19 @@ int kvp_session_rewind(kvp_session *s, const kvp_message *msgs, int n)
         memcpy(m[i].text, msgs[i].text, msgs[i].len);
         m[i].text[msgs[i].len] = '\0';
     }
-    s->rewind_msgs = m;
-    s->rewind_n = n;
-    s->rewind_set = 1;
+    s->rq.rewind_msgs = m;
+    s->rq.rewind_n = n;
+    s->rq.rewind_set = 1;
     return 0;
 }
 
 void kvp_session_rewind_rendered(kvp_session *s, int *tokens, int n_tokens, int *msg_tok)
 {
-    free(s->rewind_tokens);
-    free(s->rewind_msg_tok);
-    s->rewind_tokens = tokens;
-    s->rewind_n_tokens = n_tokens;
-    s->rewind_msg_tok = msg_tok;
+    free(s->rq.rewind_tokens);
+    free(s->rq.rewind_msg_tok);
+    s->rq.rewind_tokens = tokens;
+    s->rq.rewind_n_tokens = n_tokens;
+    s->rq.rewind_msg_tok = msg_tok;
 }
 
 int kvp_token_lcp(const int *a, int na, const int *b, int nb)
@@ -59,27 +59,25 @@ int kvp_session_rewind_apply(kvp_session *s, const kvp_session_env *env, int **o
 {
     *old = NULL;
     *n_old = 0;
-    if (!s->rewind_set)
+    if (!s->rq.rewind_set)
         return 0;
-    /* the cache's tokens, when the cache starts the transcript (no dropped history) */
-    if (s->hist_tokens == 0 && s->cache.n_seen == s->n_cached && s->n_cached > 0) {
-        if (!(*old = malloc((size_t)s->n_cached * sizeof **old)))
-            return -ENOMEM;
+    /* the cache's tokens, when the cache starts the transcript (no dropped history);
+     * without memory for them the cache goes, and the rewind is taken all the same (an
+     * armed rewind is always taken: its caller lets go of the request) */
+    int keep = s->hist_tokens == 0 && s->cache.n_seen == s->n_cached && s->n_cached > 0;
+    int nomem = keep && !(*old = malloc((size_t)s->n_cached * sizeof **old));
+    if (keep && !nomem) {
         memcpy(*old, s->tokens, (size_t)s->n_cached * sizeof **old);
         *n_old = s->n_cached;
     } else {
         kvp_cache_reset(&s->cache);
     }
     kvp_session_clear_transcript(s);
-    s->msgs = s->rewind_msgs;
-    s->n_msgs = s->cap_msgs = s->rewind_n;
-    s->rewind_msgs = NULL;
-    s->rewind_n = 0;
-    s->rewind_set = 0;
-    /* rendered by the request's render job: taken over as they are */
-    int *pre = s->rewind_tokens, *pre_tok = s->rewind_msg_tok, n_pre = s->rewind_n_tokens;
-    s->rewind_tokens = s->rewind_msg_tok = NULL;
-    s->rewind_n_tokens = 0;
+    /* the request's history (and its rendering, by the request's render job) taken over
+     * as they are; the request itself is the caller's to let go of (kvp_session_rewind_let_go) */
+    s->msgs = s->rq.rewind_msgs;
+    s->n_msgs = s->cap_msgs = s->rq.rewind_n;
+    int *pre = s->rq.rewind_tokens, *pre_tok = s->rq.rewind_msg_tok, n_pre = s->rq.rewind_n_tokens;
     s->hist_msgs = 0;
     s->hist_tokens = 0;
     s->n_cached = 0;
@@ -100,6 +98,8 @@ int kvp_session_rewind_apply(kvp_session *s, const kvp_session_env *env, int **o
     }
     free(pre);
     free(pre_tok);
+    if (nomem && rc == 0)
+        rc = -ENOMEM;
     if (rc < 0) {
         free(*old);
         *old = NULL;

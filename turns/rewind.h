@@ -26,7 +26,10 @@ void kvp_session_rewind_rendered(kvp_session *s, int *tokens, int n_tokens, int 
  * rendered again, or the rendering kvp_session_rewind_rendered gave taken (tokens[]
  * anew, n_cached 0; the cache untouched) and *old (malloc'd)
  * gets the tokens the cache held, *n_old their count. Nothing armed: *old NULL. 0 or a
- * negative code (the transcript is then the new one, the cache dropped). */
+ * negative code (the transcript is then the new one, the cache dropped). An armed
+ * rewind is always taken, whatever it returns: the request's buffers are the
+ * transcript's now, and the caller lets go of them (the worker through
+ * s->res.took_rewind, the loop with kvp_session_rewind_let_go). */
 int kvp_session_rewind_apply(kvp_session *s, const kvp_session_env *env, int **old, int *n_old);
 /* Worker, once the turn's tokens are in tokens[]: the cache keeps the longest prefix of
  * old[0..n_old) that tokens[] starts with (at most n_tokens - 1 tokens: the prompt's

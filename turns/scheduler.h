@@ -23,13 +23,15 @@
 
 enum kvpd_event_type { KVPD_EV_TOKEN, KVPD_EV_DONE, KVPD_EV_ERROR, KVPD_EV_JOB, KVPD_EV_STEP };
 
-/* A batched step, for the metrics. */
+/* A batched step, for the metrics. A value inside kvpd_event. */
 typedef struct kvpd_step_info {
     int sessions;              /* turns that took part */
     int rows;                  /* tokens the forward pass ran */
     double duration_s;
 } kvpd_step_info;
 
+/* One event from a worker to the loop. Owner: the worker that makes it, until it is on
+ * the event queue; then the loop's, which frees it. Never written by both. */
 typedef struct kvpd_event {
     enum kvpd_event_type type;
     kvp_session *session;

@@ -156,23 +156,44 @@ static void turn_clear(kvp_turn *t)
 
 void kvp_session_rewind_clear(kvp_session *s)
 {
-    for (int i = 0; i < s->rewind_n; i++)
-        free(s->rewind_msgs[i].text);
-    free(s->rewind_msgs);
-    s->rewind_msgs = NULL;
-    s->rewind_n = 0;
-    s->rewind_set = 0;
-    free(s->rewind_tokens);
-    free(s->rewind_msg_tok);
-    s->rewind_tokens = s->rewind_msg_tok = NULL;
-    s->rewind_n_tokens = 0;
+    for (int i = 0; i < s->rq.rewind_n; i++)
+        free(s->rq.rewind_msgs[i].text);
+    free(s->rq.rewind_msgs);
+    s->rq.rewind_msgs = NULL;
+    s->rq.rewind_n = 0;
+    s->rq.rewind_set = 0;
+    free(s->rq.rewind_tokens);
+    free(s->rq.rewind_msg_tok);
+    s->rq.rewind_tokens = s->rq.rewind_msg_tok = NULL;
+    s->rq.rewind_n_tokens = 0;
 }
 
 void kvp_session_turn_ids_clear(kvp_session *s)
 {
-    free(s->turn_ids);
-    s->turn_ids = NULL;
-    s->n_turn_ids = 0;
+    free(s->rq.turn_ids);
+    s->rq.turn_ids = NULL;
+    s->rq.n_turn_ids = 0;
+}
+
+void kvp_session_rewind_let_go(kvp_session *s)
+{
+    s->rq.rewind_msgs = NULL;
+    s->rq.rewind_n = 0;
+    s->rq.rewind_set = 0;
+    s->rq.rewind_tokens = s->rq.rewind_msg_tok = NULL;
+    s->rq.rewind_n_tokens = 0;
+}
+
+void kvp_session_request_release(kvp_session *s)
+{
+    if (s->rq.given && s->res.took_rewind)   /* the transcript's now: let go of it */
+        kvp_session_rewind_let_go(s);
+    if (s->rq.given && s->res.took_turn_ids)
+        s->rq.turn_ids = NULL;
+    kvp_session_rewind_clear(s);
+    kvp_session_turn_ids_clear(s);
+    s->rq.reuse_from = KVP_REUSE_OWN;
+    s->rq.given = 0;
 }
 
 static void session_free(kvp_session *s)
@@ -189,8 +210,7 @@ static void session_free(kvp_session *s)
     free(s->msgs);
     free(s->msg_tok);
     free(s->system);
-    kvp_session_rewind_clear(s);
-    kvp_session_turn_ids_clear(s);
+    kvp_session_request_release(s);   /* a turn's end that never came back included */
     turn_clear(&s->turn);
     free(s);
 }

@@ -1,6 +1,6 @@
-/* Conversations (private to sessions/ and the daemon; front ends use sessions/hub.h):
- * transcript (text and token ids), KV cache, eviction policy, the session's state and
- * the turn state machine.
+/* Conversations on the worker side (turns/; the hub, sessions/, above, drives them and
+ * front ends use sessions/hub.h only): transcript (text and token ids), KV cache,
+ * eviction policy, the session's state and the turn state machine.
  *
  * State (one enum): IDLE (resident, no job), TURN / LOAD / SAVE (a job in flight on a
  * worker: a turn, reading the snapshot for an open, writing it at shutdown), PARKED
@@ -10,15 +10,21 @@
  * The persistence facts beside it (has_snapshot, saved, need_restore, lost) say what is
  * on disk, not what the session is doing.
  *
- * Ownership: the loop thread owns every session. From kvpd_sched_submit until the loop
- * has taken the job's final event (busy: TURN, LOAD, SAVE), the worker that holds it
- * owns everything but the fields marked "loop": the model side (cache, policy, sampler,
- * tokens, transcript, turn, the persistence facts) and the "loop -> worker" fields, which
- * the job reads and clears (a rewind) — so after a submit the loop looks at the state it
- * set itself before anything else, and at no other field while the session is busy.
- * The one exception is turn.cancel, an atomic the loop sets. The hand-off both ways goes
- * through the scheduler's mutex-protected run queue and event queue, which order each
- * side's writes before the other's reads; scripts/test.sh --tsan checks it. */
+ * Ownership, said at each struct: kvp_session_env and kvp_policy_conf are read-only
+ * while workers run; kvp_turn_request (s->rq) is the loop's, which the worker only
+ * reads; kvp_job_result (s->res) is the worker's, which the loop only reads after the
+ * job's final event. The rest of a session is handed off whole: the loop owns it, and
+ * from kvpd_sched_submit until the loop has taken the job's final event (busy: TURN,
+ * LOAD, SAVE, RENDER) the worker that holds it owns everything but the fields marked
+ * "loop" — so after a submit the loop looks at the state it set itself before anything
+ * else, and at no other field while the session is busy. turn.cancel is an atomic only
+ * the loop sets. Fields of the hand-off still written by both sides in turn (the loop
+ * before the job, the worker during it): kvp_turn's (armed by the loop, run by the
+ * worker), the persistence facts and counters the loop clears before a job
+ * (kvp_session_begin_job) or after it (save_retries), and the model side's park and
+ * unpark. The hand-off both ways goes through the scheduler's mutex-protected run queue
+ * and event queue, which order each side's writes before the other's reads;
+ * scripts/test.sh --tsan checks it. */
 #ifndef KVP_SESSION_H
 #define KVP_SESSION_H
 
@@ -38,8 +44,8 @@
 
 #define KVP_SESSION_PATH_MAX 512
 
-/* Shared: written on the loop before the workers start (trie: once, on the loop, before
- * the first constrained turn is queued), read-only while they run. */
+/* Owner: the loop, before the workers start (trie: once, on the loop, before the first
+ * constrained turn is queued); read-only on every thread while they run. */
 typedef struct kvp_session_env {
     const kvp_model *model;
     kvp_template tpl;
@@ -81,9 +87,12 @@ void kvp_policy_conf_unref(kvp_policy_conf *pc);
 
 enum kvp_turn_state { KVP_TURN_START = 0, KVP_TURN_PREFILL, KVP_TURN_DECODE };
 
-/* A turn: armed on the loop (kvp_session_begin_turn and the kvp_session_turn_*
- * setters) while the session is not busy, then its worker's until the job's end (the
- * loop only sets cancel); the loop reads the outcome after the final event. */
+/* A turn. Owner: handed off. Armed on the loop (kvp_session_begin_turn and the
+ * kvp_session_turn_* setters) while the session is not busy, then its worker's until the
+ * job's end (the loop only sets cancel); the loop reads the outcome after the final
+ * event. Its options (text .. prefill_at, gsrc, gasked) are written by the loop only;
+ * the running state and the outcome (stats, reply, refused, end, canary) by the worker,
+ * and by the loop's turn_clear before the next turn. */
 typedef struct kvp_turn {
     char *text;              /* the user message */
     size_t text_len;
@@ -178,14 +187,64 @@ enum kvp_session_state {
     KVP_SESSION_RENDER,
 };
 
-/* What a restore found, written by the job's worker, for the loop to apply and log once
- * the job has ended. */
+/* What a restore found, for the loop to apply and log once the job has ended (part of
+ * kvp_job_result: the worker's). */
 typedef struct kvp_restored {
-    int pending;                     /* set by the worker, cleared by the loop */
+    int pending;                     /* this job restored the session */
     int rebuilt;                     /* the cache was not usable: rebuilt from the transcript */
     char note[192];                  /* why it was rebuilt */
 } kvp_restored;
 
+/* A turn request: what the loop hands the worker with a queued turn besides the turn's
+ * own options (kvp_turn): the history it continues from instead of msgs (a cut back or
+ * a fork's source, turns/rewind.h), that history as a render job rendered it, the turn's
+ * message as rendered, and where its cache came from.
+ * Owner: the loop. Written on the loop while the session is not busy; the worker only
+ * reads it, and takes a buffer over by saying so in kvp_job_result (took_*), never by
+ * clearing it. The loop releases what the job left after its final event
+ * (kvp_session_request_release). */
+typedef struct kvp_turn_request {
+    /* the history the queued turn continues from instead of msgs; rewind_set: armed */
+    kvp_message *rewind_msgs;
+    int rewind_n, rewind_set;
+    /* the rewind's history as a render job already rendered it (tokens and each message's
+     * first token, taken over instead of rendering again; NULL: rendered at the turn's
+     * start) */
+    int *rewind_tokens, *rewind_msg_tok;
+    int rewind_n_tokens;
+    /* the next turn's message as the render job rendered it with the family template
+     * (the tokens it appends when no Jinja template renders the turn; NULL: rendered at
+     * the turn's start) */
+    int *turn_ids;
+    int n_turn_ids;
+    /* where the queued turn's cache came from (enum kvp_reuse_source; a fork from another
+     * session sets it, the turn's stats take it) */
+    int reuse_from;
+    /* a turn was submitted with it: what it took is in s->res until the release */
+    int given;
+} kvp_turn_request;
+
+/* What a job leaves for the loop besides its events and its turn's outcome.
+ * Owner: the worker. Reset by the worker at each job's start (kvp_job_result_reset),
+ * written only there and by the job; the loop reads it after the job's final event and
+ * never writes it. */
+typedef struct kvp_job_result {
+    int took_rewind;                 /* the request's rewind (its messages and rendering)
+                                      * became the transcript: the loop does not free it */
+    int took_turn_ids;               /* the request's turn_ids were appended and freed */
+    kvp_restored restored;
+} kvp_job_result;
+
+static inline void kvp_job_result_reset(kvp_job_result *r)
+{
+    r->took_rewind = r->took_turn_ids = 0;
+    r->restored.pending = r->restored.rebuilt = 0;
+    r->restored.note[0] = '\0';
+}
+
+/* A conversation. Owner: the loop, handed off whole to the worker of each job (the
+ * header's comment); fields marked "loop" stay the loop's throughout, rq is the loop's
+ * and res the worker's. */
 typedef struct kvp_session {
     char id[KVP_SESSION_ID_LEN + 1];
     /* loop */
@@ -240,7 +299,7 @@ typedef struct kvp_session {
     int64_t journal_tokens;
     size_t journal_bytes, base_bytes;  /* the journal's size; the last full snapshot's */
     double created_wall;             /* seconds since the epoch */
-    kvp_restored restored;
+    kvp_job_result res;              /* worker -> loop, the worker's (above) */
     kvp_cache cache;
     kvp_policy *policy;              /* made on the first turn's worker */
     uint64_t seed;
@@ -275,23 +334,7 @@ typedef struct kvp_session {
     int transcript_msgs;             /* of the whole conversation, dropped ones included */
     int transcript_dropped;          /* of those, dropped from the stored history */
     kvp_turn turn;
-    /* loop -> worker: the history the queued turn continues from instead of msgs
-     * (turns/rewind.h); rewind_set: armed */
-    kvp_message *rewind_msgs;
-    int rewind_n, rewind_set;
-    /* loop -> worker: the rewind's history as a render job already rendered it (tokens
-     * and each message's first token, taken over instead of rendering again; NULL:
-     * rendered at the turn's start) */
-    int *rewind_tokens, *rewind_msg_tok;
-    int rewind_n_tokens;
-    /* loop -> worker: the next turn's message as the render job rendered it with the
-     * family template (the tokens it appends when no Jinja template renders the turn;
-     * NULL: rendered at the turn's start) */
-    int *turn_ids;
-    int n_turn_ids;
-    /* loop -> worker: where the cache of the queued turn came from (enum
-     * kvp_reuse_source; a fork from another session sets it, the turn's stats take it) */
-    int reuse_from;
+    kvp_turn_request rq;             /* loop -> worker, the loop's (above) */
     /* loop -> worker: a session that keeps nothing (one of a request's other choices,
      * sessions/hub_choices.c; a raw completion, hub_complete.c; a turn with
      * kvp_turn_opts.ephemeral, hub_match.c): no lease, never saved, never in the
@@ -369,6 +412,13 @@ kvp_session *kvp_session_find(const kvp_session_table *t, const char *id);
 void kvp_session_rewind_clear(kvp_session *s);
 /* Loop: the pre-rendered message of a turn that did not start is forgotten. */
 void kvp_session_turn_ids_clear(kvp_session *s);
+/* Loop: an armed rewind its transcript took over (kvp_session_rewind_apply) leaves the
+ * request; nothing is freed. */
+void kvp_session_rewind_let_go(kvp_session *s);
+/* Loop, after a turn's final event (or when the session goes after a turn whose end
+ * never came back): the request's buffers the job did not take over (s->res.took_*, read
+ * only when a turn was given the request) are freed and the request is empty again. */
+void kvp_session_request_release(kvp_session *s);
 /* Unlinks and frees a session that is not busy. */
 void kvp_session_remove(kvp_session_table *t, kvp_session *s);
 void kvp_session_table_clear(kvp_session_table *t);

@@ -352,6 +352,7 @@ static int make_policy(kvp_session *s, const kvp_session_env *env, char *err, si
 static int turn_start(kvp_session *s, const kvp_session_env *env, const kvp_turn_sink *sink)
 {
     kvp_turn *t = &s->turn;
+    kvp_job_result_reset(&s->res);   /* the job's own, from its start */
     s->io_next = 0;
     if (t->gsrc) {
         /* the reply's matcher, before anything of the session changes: a grammar the
@@ -402,6 +403,7 @@ static int turn_start(kvp_session *s, const kvp_session_env *env, const kvp_turn
      * its history replaces the transcript, the cache is cut back below. */
     int *rw_old = NULL, rw_n = 0;
     {
+        s->res.took_rewind = s->rq.rewind_set;   /* applied now, whatever comes of it */
         int rc = kvp_session_rewind_apply(s, env, &rw_old, &rw_n);
         t->undo_tokens = s->n_tokens;
         if (rc < 0)
@@ -426,19 +428,18 @@ static int turn_start(kvp_session *s, const kvp_session_env *env, const kvp_turn
             memcpy(ids, s->raw_ids, (size_t)n * sizeof *ids);
         else
             n = -ENOMEM;
-    } else if (n == -ENOENT && s->turn_ids) {
+    } else if (n == -ENOENT && s->rq.turn_ids) {
         /* the family's rendering of this message, made by the request's render job */
         s->jinja_rendered = 0;
-        ids = s->turn_ids;
-        n = s->n_turn_ids;
-        s->turn_ids = NULL;
-        s->n_turn_ids = 0;
+        ids = s->rq.turn_ids;
+        n = s->rq.n_turn_ids;
+        s->res.took_turn_ids = 1;   /* freed here with ids, not by the loop's release */
     } else if (n == -ENOENT) {
         s->jinja_rendered = 0;
         n = kvp_template_turn(kvp_session_tpl(s, env), s->system, s->system_len, s->n_tokens == 0,
                               s->reply_open, t->text, t->text_len, &ids);
     }
-    kvp_session_turn_ids_clear(s);   /* a Jinja rendering or raw ids took the turn's place */
+    /* (pre-rendered ids a Jinja rendering or raw ids replaced go with the request's release) */
     int first = s->n_tokens;
     if (n < 0) {
         free(rw_old);
@@ -489,8 +490,7 @@ static int turn_start(kvp_session *s, const kvp_session_env *env, const kvp_turn
     t->stats.context_tokens = (int)(s->hist_tokens + s->n_tokens);
     t->stats.cached_tokens = (int)(s->hist_tokens + s->n_cached);
     /* a fork's rows came from another session (until this turn, the only rows it has) */
-    t->stats.cached_from = s->n_cached > 0 ? s->reuse_from : KVP_REUSE_OWN;
-    s->reuse_from = KVP_REUSE_OWN;
+    t->stats.cached_from = s->n_cached > 0 ? s->rq.reuse_from : KVP_REUSE_OWN;
     s->sampler.temperature = t->temperature;
     s->sampler.top_p = t->top_p >= 0 ? t->top_p : env->top_p;
     if (t->has_seed)
@@ -518,6 +518,7 @@ int turn_run_job(kvp_session *s, const kvp_session_env *env, const kvp_turn_sink
     }
     char err[256] = "";
     int rc;
+    kvp_job_result_reset(&s->res);   /* a LOAD, SAVE or RENDER job's, from its start */
     if (s->state == KVP_SESSION_RENDER) {
         /* a new session's request (its messages seeded), rendered as its turns would
          * render it, for the loop's fork-source search and then the turn itself */
