@@ -302,6 +302,7 @@ typedef struct step_work {
     char *took;
     kvp_session **sorted;
     kvp_session **fed;       /* the prefilling turns admitted so far */
+    char *waits;             /* waits[i]: queue entry i waits a step for shared rows */
 } step_work;
 
 static void work_free(step_work *w)
@@ -315,6 +316,7 @@ static void work_free(step_work *w)
     free(w->took);
     free(w->sorted);
     free(w->fed);
+    free(w->waits);
 }
 
 /* 0, or -1 when out of memory (nothing left allocated). */
@@ -324,9 +326,9 @@ static int work_alloc(step_work *w, int n)
     *w = (step_work){malloc(m * sizeof *w->b), malloc(m * sizeof *w->e),
                      malloc(m * sizeof *w->who), malloc(m * sizeof *w->order),
                      malloc(m * sizeof *w->unit_more), malloc(m * sizeof *w->rank),
-                     calloc(m, 1), malloc(m * sizeof *w->sorted), malloc(m * sizeof *w->fed)};
+                     calloc(m, 1), malloc(m * sizeof *w->sorted), malloc(m * sizeof *w->fed), calloc(m, 1)};
     if (w->b && w->e && w->who && w->order && w->unit_more && w->rank && w->took &&
-        w->sorted && w->fed)
+        w->sorted && w->fed && w->waits)
         return 0;
     work_free(w);
     return -1;
@@ -385,6 +387,7 @@ int kvp_turn_batch(kvp_session **ss, int n, const kvp_session_env *env, kvp_runs
             if (pass == 1) {
                 r = turn_run_job(s, env, sink);   /* the scheduler runs these as jobs instead */
             } else if (pass == 2 && shares_later(s, w.fed, n_fed, env)) {
+                w.waits[i] = 1;
                 continue;
             } else if ((r = plan_unit(s, env, sink, fit, &b[nb])) == NO_ROOM) {
                 continue;
@@ -403,11 +406,12 @@ int kvp_turn_batch(kvp_session **ss, int n, const kvp_session_env *env, kvp_runs
             order[taken++] = i;
         }
     /* The prompts this slice passed over while it ran others' chunks (a step whose
-     * decodes left no room for any chunk passed over none). */
+     * decodes left no room for any chunk passed over none; one that waits for rows
+     * another computes is not passed over). */
     for (int i = 0; i < n; i++)
         if (took[i])
             ss[i]->turn.passed_over = 0;
-        else if (prefilling(ss[i]) && slice > 0)
+        else if (prefilling(ss[i]) && slice > 0 && !w.waits[i])
             ss[i]->turn.passed_over++;
     /* One forward step for all of them; each one's failure is its own. */
     if (nb) {

@@ -458,27 +458,31 @@ Test(step_plan, shared_prefixes_under_eviction_give_the_same_replies, .timeout =
     burst_compare("knorm", 3 * CHUNK);
 }
 
-/* A prompt whose first chunk another prompt of the step computes waits a step for those
- * rows, and a turn that has evicted rows is no source: 2 identical prompts with a
- * budget below them. */
+/* A prompt whose next chunk another prompt of the step computes waits a step for those
+ * rows, every chunk of a long prompt too (waiting is not being passed over): 2 identical
+ * prompts, one chunk long and many chunks long. */
 Test(step_plan, identical_prompts_run_their_common_rows_once, .timeout = 120)
 {
-    run r;
-    run_open(&r, 2, CHUNK, 4 * CHUNK);
-    r.env.share_prompts = 1;
-    r.env.share_rows = 1;
-    kvp_session *queue[MAXS];
-    for (int i = 0; i < 2; i++) {
-        begin(&r, i, 10, 8, 100.0 + i);
-        queue[i] = r.sess[i];
+    static const int lengths[2] = {10, 120};
+    for (int v = 0; v < 2; v++) {
+        run r;
+        run_open(&r, 2, CHUNK, 4 * CHUNK);
+        r.env.share_prompts = 1;
+        r.env.share_rows = 1;
+        kvp_session *queue[MAXS];
+        for (int i = 0; i < 2; i++) {
+            begin(&r, i, lengths[v], 8, 100.0 + i);
+            queue[i] = r.sess[i];
+        }
+        drive(&r, 256, queue, 2, NULL, NULL);
+        cr_assert(r.reply[0] && r.reply[1]);
+        cr_expect_str_eq(r.reply[1], r.reply[0]);
+        const kvp_turn_stats *a = &r.sess[0]->turn.stats, *b = &r.sess[1]->turn.stats;
+        cr_assert_gt(a->prefilled_tokens, v ? 8 * CHUNK : 1);
+        cr_expect_eq(b->prefilled_tokens, 1, "%d words: the second prompt ran only its last "
+                     "token, not %d", lengths[v], b->prefilled_tokens);
+        cr_expect_eq(b->cached_tokens, a->prefilled_tokens - 1);
+        cr_expect_eq(r.first_step[1], r.first_step[0] + 1, "its first token a step later");
+        run_close(&r);
     }
-    drive(&r, 256, queue, 2, NULL, NULL);
-    cr_assert(r.reply[0] && r.reply[1]);
-    cr_expect_str_eq(r.reply[1], r.reply[0]);
-    const kvp_turn_stats *a = &r.sess[0]->turn.stats, *b = &r.sess[1]->turn.stats;
-    cr_expect_eq(b->prefilled_tokens, 1, "the second prompt ran only its last token, not %d",
-                 b->prefilled_tokens);
-    cr_expect_eq(b->cached_tokens, a->prefilled_tokens - 1);
-    cr_expect_eq(r.first_step[1], r.first_step[0] + 1, "its first token a step later");
-    run_close(&r);
 }
