@@ -326,7 +326,8 @@ static int work_alloc(step_work *w, int n)
     *w = (step_work){malloc(m * sizeof *w->b), malloc(m * sizeof *w->e),
                      malloc(m * sizeof *w->who), malloc(m * sizeof *w->order),
                      malloc(m * sizeof *w->unit_more), malloc(m * sizeof *w->rank),
-                     calloc(m, 1), malloc(m * sizeof *w->sorted), malloc(m * sizeof *w->fed), calloc(m, 1)};
+                     calloc(m, 1), malloc(m * sizeof *w->sorted), malloc(m * sizeof *w->fed),
+                     calloc(m, 1)};
     if (w->b && w->e && w->who && w->order && w->unit_more && w->rank && w->took &&
         w->sorted && w->fed && w->waits)
         return 0;
@@ -360,10 +361,10 @@ int kvp_turn_batch(kvp_session **ss, int n, const kvp_session_env *env, kvp_runs
      *    prompt's first token is sampled in the step that runs its last chunk, so a
      *    short prompt admitted behind a long one answers while the long one still
      *    prefills, and under a burst of equal prompts first tokens come in arrival
-     *    order. With env->share_prompts, a prompt not started yet first takes the rows
-     *    of its prefix that another turn of the step holds (share_prefixes), and one
-     *    whose first chunk a chunk admitted before it computes waits a step to take
-     *    those rows (shares_later). */
+     *    order. With env->share_prompts, a prompt first takes the rows of its next
+     *    tokens that another turn of the step holds (share_prefixes), and one whose
+     *    next chunk a chunk admitted before it computes waits a step to take those rows
+     *    (shares_later). */
     if (env->share_prompts)
         share_prefixes(ss, n, env);
     for (int i = 0; i < n; i++)
