@@ -9,7 +9,7 @@
  *                       [--sessions 16] [--turns 10] [--max-tokens 32] [--workers 0]
  *                       [--budget 256] [--reps 5] [--port P --pid PID]
  *                       [--concurrency 1,4,8,16,32 [--svg PATH] [--label NAME]]
- *                       [--stagger-ms S] [--temperature T] [--top-p P]
+ *                       [--stagger-ms S] [--system-words N] [--temperature T] [--top-p P]
  * --temperature and --top-p are the spawned daemon's sampling defaults (default greedy:
  * temperature 0), which every message of the load uses. With --port it drives a daemon
  * that is already running (RSS needs --pid) and skips
@@ -19,7 +19,9 @@
  * their ratios to the first level, in a table and (--svg) a plot. By default every
  * session sends its first message at once (a burst: the last first token waits for all
  * the prompts); --stagger-ms S starts session i at i x S ms instead, so messages arrive
- * spread out, as users' do, and each prompt meets the decodes already running. */
+ * spread out, as users' do, and each prompt meets the decodes already running.
+ * --system-words N starts every session with the same system text of N words (a hello
+ * with `system`), as an application's shared system prompt. */
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -42,6 +44,7 @@ typedef struct opts {
     const char *temperature, *top_p;    /* the daemon's sampling defaults (NULL top_p: its own) */
     int sessions, turns, max_tokens, workers, budget, reps, port, pid;
     int stagger_ms;                     /* session i starts at i x stagger_ms */
+    int system_words;                   /* every session's system text: this many words */
     int levels[MAX_LEVELS], n_levels;   /* --concurrency */
 } opts;
 
@@ -108,6 +111,52 @@ typedef struct session_run {
 
 static double now_ms(void) { return ws_now_ms(); }
 
+/* Starts the session with a system text of `words` words (the story lines in turn, the
+ * same for every session: a shared system prompt) and waits for its session frame.
+ * 0, or -1 when the daemon refused it. */
+static int hello_system(ws_client *c, int words)
+{
+    size_t cap = (size_t)words * 16 + 64, n = 0;
+    char *text = malloc(cap);
+    if (!text)
+        return -1;
+    for (int w = 0, l = 0; w < words; l = (l + 1) % 5) {
+        const char *p = lines[l];
+        while (*p && w < words) {
+            const char *e = strchr(p, ' ');
+            size_t len = e ? (size_t)(e - p) : strlen(p);
+            if (n + len + 2 >= cap)
+                break;
+            n += (size_t)snprintf(text + n, cap - n, "%s%.*s", n ? " " : "", (int)len, p);
+            w++;
+            p += len + (e != NULL);
+        }
+        if (n + 32 >= cap)
+            break;
+    }
+    json_t *hello = json_pack("{s:s, s:s}", "type", "hello", "system", text);
+    free(text);
+    char *msg = hello ? json_dumps(hello, JSON_COMPACT) : NULL;
+    json_decref(hello);
+    int rc = msg && ws_send_text(c, msg) == 0 ? 0 : -1;
+    free(msg);
+    while (rc == 0) {
+        char *payload = NULL;
+        size_t len = 0;
+        int op = ws_read(c, 60000, &payload, &len);
+        json_t *j = op == WS_TEXT ? json_loadb(payload, len, 0, NULL) : NULL;
+        free(payload);
+        const char *type = j ? json_string_value(json_object_get(j, "type")) : NULL;
+        if (!type || !strcmp(type, "error"))
+            rc = -1;
+        int done = type && !strcmp(type, "session");
+        json_decref(j);
+        if (done)
+            break;
+    }
+    return rc;
+}
+
 /* One conversation of o->turns turns; collects latencies. */
 static void *run_session(void *arg)
 {
@@ -121,6 +170,8 @@ static void *run_session(void *arg)
         r->failed = 1;
         return NULL;
     }
+    if (r->o->system_words > 0 && hello_system(&c, r->o->system_words) < 0)
+        r->failed = 1;
     for (int t = 0; t < r->o->turns && !r->failed; t++) {
         char msg[512];
         snprintf(msg, sizeof msg, "{\"type\":\"message\",\"text\":\"%s\",\"max_tokens\":%d}",
@@ -457,7 +508,8 @@ int main(int argc, char **argv)
                    "               [--turns M] [--max-tokens K] [--workers W] [--budget B]\n"
                    "               [--reps R] [--port P [--pid PID]]\n"
                    "               [--concurrency 1,4,8,16,32 [--svg PATH] [--label NAME]]\n"
-                   "               [--stagger-ms S] [--temperature T] [--top-p P]\n");
+                   "               [--stagger-ms S] [--system-words N] [--temperature T]\n"
+                   "               [--top-p P]\n");
             return 0;
         } else if (bad) {
         } else if (!strcmp(a, "--kvpd")) {
@@ -484,6 +536,8 @@ int main(int argc, char **argv)
             bad = arg_int(v, &o.pid);
         } else if (!strcmp(a, "--concurrency")) {
             bad = arg_levels(v, &o);
+        } else if (!strcmp(a, "--system-words")) {
+            bad = arg_int(v, &o.system_words) || o.system_words > 4096;
         } else if (!strcmp(a, "--stagger-ms")) {
             bad = arg_int(v, &o.stagger_ms) || o.stagger_ms > 60000;
         } else if (!strcmp(a, "--temperature")) {

@@ -33,6 +33,7 @@ typedef struct kvpd_config {
     int budget_mode;                  /* enum kvp_budget_mode: per head or global */
     int chunk;                        /* prefill chunk = eviction slack */
     int step_tokens;                  /* tokens of one batched step */
+    int share_prompts;                /* prompts of a step share their common prefix's rows */
     int prefill_tokens;               /* of them, prefill chunks at most; 0 = no bound */
     int workers;                      /* 0 = one per core */
     char state_dir[KVPD_PATH_MAX];    /* "" none; "auto" until resolved */

@@ -194,7 +194,7 @@ static void load_done(uv_work_t *w, int status)
                          .metrics = &d->metrics, .policy = d->pconf,
                          .storage = g_h.storage, .chunk = d->cfg.chunk,
                          .kv_type = d->cfg.kv_type, .budget_mode = d->cfg.budget_mode,
-                         .step_tokens = d->cfg.step_tokens, .prefill_tokens = d->cfg.prefill_tokens, .workers = d->cfg.workers, .reuse_cache = d->cfg.reuse_cache, .share_rows = d->cfg.share_rows,
+                         .step_tokens = d->cfg.step_tokens, .prefill_tokens = d->cfg.prefill_tokens, .share_prompts = d->cfg.share_prompts, .workers = d->cfg.workers, .reuse_cache = d->cfg.reuse_cache, .share_rows = d->cfg.share_rows,
                          .top_p = d->cfg.top_p, .seed = d->cfg.seed,
                          .chat_template = d->cfg.chat_template,
                          .chat_template_file = d->cfg.chat_template_file,

@@ -239,6 +239,7 @@ typedef struct kvp_hub_params {
     kvp_kv_type kv_type;          /* how session caches store their rows */
     int budget_mode;              /* enum kvp_budget_mode (policy/policy.h) */
     int step_tokens;              /* tokens of one batched step (decodes + prefill chunks) */
+    int share_prompts;            /* prompts of a step share a common prefix's rows */
     int prefill_tokens;           /* of them, prefill chunks at most (0: what decodes leave) */
     float top_p;
     uint64_t seed;

@@ -77,6 +77,7 @@ int kvp_hub_start(kvp_hub **out, const kvp_hub_params *p, char *err, size_t errl
     h->env.budget_mode = p->budget_mode;
     h->env.step_tokens = p->step_tokens;
     h->env.prefill_tokens = p->prefill_tokens;
+    h->env.share_prompts = p->share_prompts;
     h->env.reuse_cache = p->reuse_cache;
     h->env.share_rows = p->share_rows;
     h->env.top_p = p->top_p;

@@ -59,6 +59,8 @@ typedef struct kvp_session_env {
                                       * chunk; 0: the rows the decodes leave) */
     int reuse_cache;
     int share_rows;                  /* forks share their rows (kvp_session_fork) */
+    int share_prompts;               /* a prompt takes the rows of its prefix another turn
+                                      * of its step holds (sessions/step_plan.c) */
     float top_p;
     uint64_t seed;
     struct kvp_store *store;         /* NULL = no snapshots (and no parking) */

@@ -14,6 +14,7 @@
 #include "model/matmul.h"
 #include "policy/policy.h"
 #include "observe/canary.h"
+#include "turns/rewind.h"
 #include "turns/turn.h"
 
 /* A started turn's next unit for a batched step: its next prefill chunk or the token
@@ -187,6 +188,109 @@ static int admits_before(const kvp_session *a, const kvp_session *b)
     return a->turn.t_start < b->turn.t_start;
 }
 
+/* Whether the rows s's cache holds are those a lone run of its tokens makes: nothing
+ * evicted, shifted or slid out, no history dropped. */
+static int clean_rows(const kvp_session *s)
+{
+    return s->policy && !s->hist_tokens && s->cache.n_seen == s->n_cached &&
+           !s->cache.evicted_rows && !s->cache.shifts && !s->cache.window;
+}
+
+/* Whether s is a prompt that may take another turn's rows for the rest of its prefill:
+ * clean rows, at least two tokens left, not a canary turn (which records every row's
+ * hidden state). */
+static int sharing_prompt(const kvp_session *s)
+{
+    return prefilling(s) && clean_rows(s) && !s->turn.canary && s->n_tokens > s->n_cached + 1;
+}
+
+/* Whether src's cached rows are those a lone prefill of their tokens makes: a turn of this
+ * worker's step (not a job), nothing evicted, shifted or slid out, dst's conf, tenant and
+ * row type, a policy that scores each row on its own (kvp_policy_shares_rows). */
+static int rows_source(const kvp_session *src, const kvp_session *dst)
+{
+    return src != dst && (decoding(src) || prefilling(src)) && clean_rows(src) &&
+           src->cache.kv_type == dst->cache.kv_type && src->pconf == dst->pconf &&
+           !strcmp(src->tenant, dst->tenant) && kvp_policy_shares_rows(dst->policy);
+}
+
+/* How many of prompt dst's leading tokens it may hold from src, which holds its
+ * tokens[0..n_src) in the cache (or will, after this step): the common prefix, short of
+ * dst's last token (run again for its logits). When dst's prompt could face an eviction
+ * during its prefill (longer than its budget), dst moves on by whole chunks only, so its
+ * remaining chunks, and so its eviction points, are those of a lone run. */
+static int rows_shareable(const kvp_session *dst, const kvp_session *src, int n_src,
+                          const kvp_session_env *env)
+{
+    int n = kvp_token_lcp(dst->tokens, dst->n_tokens - 1, src->tokens, n_src);
+    if (n > dst->n_cached && dst->turn.budget > 0 && dst->n_tokens > dst->turn.budget)
+        n -= (n - dst->n_cached) % env->chunk;
+    return n;
+}
+
+/* Prompts that share a prefix with another turn of the step: a prompt whose next
+ * tokens another turn holds already (rows_source) takes those rows instead of
+ * computing them again (shared, kvp_cache_fork_shared, when env->share_rows; copied
+ * otherwise) with the source's policy state for them (kvp_policy_fork), and prefills only
+ * the rest. Its rows are the bits its own prefill would have written (each row depends
+ * on the tokens up to it alone, in any batch), so its reply is the one it gets unshared.
+ * Out of memory it prefills them itself. */
+static void share_prefixes(kvp_session **ss, int n, const kvp_session_env *env)
+{
+    for (int i = 0; i < n; i++) {
+        kvp_session *dst = ss[i];
+        if (!sharing_prompt(dst))
+            continue;
+        kvp_session *best = NULL;
+        int len = dst->n_cached;
+        for (int j = 0; j < n; j++) {
+            kvp_session *src = ss[j];
+            if (src->n_cached <= len || !rows_source(src, dst))
+                continue;
+            int m = rows_shareable(dst, src, src->n_cached, env);
+            if (m > len) {
+                len = m;
+                best = src;
+            }
+        }
+        if (!best)
+            continue;
+        kvp_cache c;
+        int rc = env->share_rows ? kvp_cache_fork_shared(&c, &best->cache, len)
+                                 : kvp_cache_fork(&c, &best->cache, len);
+        if (rc)
+            continue;
+        if (kvp_policy_fork(dst->policy, best->policy, &c, len)) {
+            kvp_cache_free(&c);
+            continue;
+        }
+        kvp_cache_free(&dst->cache);
+        dst->cache = c;
+        dst->turn.stats.cached_tokens += len - dst->n_cached;
+        dst->n_cached = len;
+        dst->turn.stats.cached_from = env->share_rows ? KVP_REUSE_SHARED : KVP_REUSE_OTHER;
+        turn_note_rows(dst);
+    }
+}
+
+/* Whether prompt s waits a step instead of running its next chunk: a chunk the step
+ * admitted already (fed[0..n_fed)) computes the same rows, which s then takes
+ * (share_prefixes) rather than compute them again side by side. */
+static int shares_later(const kvp_session *s, kvp_session *const *fed, int n_fed,
+                        const kvp_session_env *env)
+{
+    if (!env->share_prompts || !sharing_prompt(s))
+        return 0;
+    int want = s->n_cached + min_int(env->chunk, s->n_tokens - 1 - s->n_cached);
+    for (int k = 0; k < n_fed; k++) {
+        const kvp_session *p = fed[k];
+        int upto = p->n_cached + min_int(p->n_tokens - p->n_cached, env->chunk);
+        if (rows_source(p, s) && rows_shareable(s, p, upto, env) >= want)
+            return 1;
+    }
+    return 0;
+}
+
 /* A step's bookkeeping over its n queued sessions. b, e: the blocks of the forward pass
  * and their eviction bounds; who[j]: block j's index in order; order[k]: the queue index
  * of the k-th to take part, unit_more[k] its result; took[i]: queue entry i took part;
@@ -197,6 +301,8 @@ typedef struct step_work {
     int *who, *order, *unit_more, *rank;
     char *took;
     kvp_session **sorted;
+    kvp_session **fed;       /* the prefilling turns admitted so far */
+    char *waits;             /* waits[i]: queue entry i waits a step for shared rows */
 } step_work;
 
 static void work_free(step_work *w)
@@ -209,6 +315,8 @@ static void work_free(step_work *w)
     free(w->rank);
     free(w->took);
     free(w->sorted);
+    free(w->fed);
+    free(w->waits);
 }
 
 /* 0, or -1 when out of memory (nothing left allocated). */
@@ -218,9 +326,10 @@ static int work_alloc(step_work *w, int n)
     *w = (step_work){malloc(m * sizeof *w->b), malloc(m * sizeof *w->e),
                      malloc(m * sizeof *w->who), malloc(m * sizeof *w->order),
                      malloc(m * sizeof *w->unit_more), malloc(m * sizeof *w->rank),
-                     calloc(m, 1), malloc(m * sizeof *w->sorted)};
+                     calloc(m, 1), malloc(m * sizeof *w->sorted), malloc(m * sizeof *w->fed),
+                     calloc(m, 1)};
     if (w->b && w->e && w->who && w->order && w->unit_more && w->rank && w->took &&
-        w->sorted)
+        w->sorted && w->fed && w->waits)
         return 0;
     work_free(w);
     return -1;
@@ -252,7 +361,12 @@ int kvp_turn_batch(kvp_session **ss, int n, const kvp_session_env *env, kvp_runs
      *    prompt's first token is sampled in the step that runs its last chunk, so a
      *    short prompt admitted behind a long one answers while the long one still
      *    prefills, and under a burst of equal prompts first tokens come in arrival
-     *    order. */
+     *    order. With env->share_prompts, a prompt first takes the rows of its next
+     *    tokens that another turn of the step holds (share_prefixes), and one whose
+     *    next chunk a chunk admitted before it computes waits a step to take those rows
+     *    (shares_later). */
+    if (env->share_prompts)
+        share_prefixes(ss, n, env);
     for (int i = 0; i < n; i++)
         rank[i] = i;
     for (int i = 1; i < n; i++) {   /* stable insertion sort by admission order */
@@ -261,7 +375,7 @@ int kvp_turn_batch(kvp_session **ss, int n, const kvp_session_env *env, kvp_runs
             rank[k] = rank[k - 1];
         rank[k] = v;
     }
-    int room = rs->max_tokens, taken = 0, nb = 0, slice = 0;
+    int room = rs->max_tokens, taken = 0, nb = 0, slice = 0, n_fed = 0;
     int budget = prefill_budget(env);
     for (int pass = 0; pass < 3; pass++)
         for (int q = 0; q < n && room > 0; q++) {
@@ -273,6 +387,9 @@ int kvp_turn_batch(kvp_session **ss, int n, const kvp_session_env *env, kvp_runs
             int r, fit = pass == 2 ? min_int(room, budget - slice) : room;
             if (pass == 1) {
                 r = turn_run_job(s, env, sink);   /* the scheduler runs these as jobs instead */
+            } else if (pass == 2 && shares_later(s, w.fed, n_fed, env)) {
+                w.waits[i] = 1;
+                continue;
             } else if ((r = plan_unit(s, env, sink, fit, &b[nb])) == NO_ROOM) {
                 continue;
             } else if (r == ENDED) {
@@ -281,6 +398,8 @@ int kvp_turn_batch(kvp_session **ss, int n, const kvp_session_env *env, kvp_runs
                 e[nb] = &s->turn.evict;
                 room -= b[nb].n;
                 slice += pass == 2 ? b[nb].n : 0;
+                if (pass == 2)
+                    w.fed[n_fed++] = s;
                 who[nb++] = taken;
             }
             took[i] = 1;
@@ -288,11 +407,12 @@ int kvp_turn_batch(kvp_session **ss, int n, const kvp_session_env *env, kvp_runs
             order[taken++] = i;
         }
     /* The prompts this slice passed over while it ran others' chunks (a step whose
-     * decodes left no room for any chunk passed over none). */
+     * decodes left no room for any chunk passed over none; one that waits for rows
+     * another computes is not passed over). */
     for (int i = 0; i < n; i++)
         if (took[i])
             ss[i]->turn.passed_over = 0;
-        else if (prefilling(ss[i]) && slice > 0)
+        else if (prefilling(ss[i]) && slice > 0 && !w.waits[i])
             ss[i]->turn.passed_over++;
     /* One forward step for all of them; each one's failure is its own. */
     if (nb) {

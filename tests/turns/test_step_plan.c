@@ -375,3 +375,114 @@ Test(step_plan, chunked_interleaved_prefill_replies_equal_unchunked, .timeout = 
     run_close(&one);
     run_close(&batched);
 }
+
+/* A burst of prompts that share prefixes (the same opening, some the same prompt, some
+ * running on past it: ht_text's words), with env.share_prompts against without: the same
+ * greedy replies, with rows shared (share_rows) or copied, and the shared rows computed
+ * once. budget > 0: policy knorm with eviction inside the prompts. */
+static const int burst_words[8] = {40, 40, 52, 40, 64, 52, 40, 90};
+
+static void burst_run(run *r, int share, int share_rows, const char *policy, int budget)
+{
+    run_open(r, 8, CHUNK, 4 * CHUNK);
+    snprintf(r->pc->name, sizeof r->pc->name, "%s", policy);
+    r->env.share_prompts = share;
+    r->env.share_rows = share_rows;
+    kvp_session *queue[MAXS];
+    for (int i = 0; i < 8; i++) {
+        kvp_session *s = r->sess[i];
+        char *text = ht_text(burst_words[i]);
+        cr_assert_eq(kvp_session_begin_turn(s, text, strlen(text), 20, 0.0f, budget, 100.0 + i), 0);
+        free(text);
+        s->state = KVP_SESSION_TURN;
+        queue[i] = s;
+    }
+    drive(r, 256, queue, 8, NULL, NULL);
+}
+
+static int prefilled(const run *r)
+{
+    int n = 0;
+    for (int i = 0; i < r->n; i++)
+        n += r->sess[i]->turn.stats.prefilled_tokens;
+    return n;
+}
+
+static void burst_compare(const char *policy, int budget)
+{
+    run off;
+    burst_run(&off, 0, 1, policy, budget);
+    uint64_t evicted = 0;
+    for (int i = 0; i < 8; i++)
+        evicted += off.sess[i]->cache.evicted_rows;
+    cr_assert(budget == 0 || evicted > 0, "the budget evicts inside the prompts");
+    for (int rows = 0; rows < 2; rows++) {
+        run on;
+        burst_run(&on, 1, rows, policy, budget);
+        int took = 0;
+        for (int i = 0; i < 8; i++) {
+            cr_assert(off.reply[i] && on.reply[i], "session %d answered", i);
+            cr_assert_gt(strlen(off.reply[i]), 0);
+            cr_expect_str_eq(on.reply[i], off.reply[i], "%s budget %d share_rows %d: session %d",
+                             policy, budget, rows, i);
+            const kvp_turn_stats *st = &on.sess[i]->turn.stats;
+            took += st->cached_tokens > 0;
+            cr_expect_eq(st->prefilled_tokens + st->cached_tokens,
+                         off.sess[i]->turn.stats.prefilled_tokens,
+                         "session %d: every prompt token run or taken", i);
+            if (st->cached_tokens)
+                cr_expect_eq(st->cached_from, rows ? KVP_REUSE_SHARED : KVP_REUSE_OTHER);
+        }
+        cr_expect_geq(took, 6, "%d of 8 prompts took another's rows", took);
+        /* one opening of 40 words is common to all: far fewer rows than 8 prompts */
+        cr_expect_lt(2 * prefilled(&on), prefilled(&off), "prefilled %d rows shared, %d not",
+                     prefilled(&on), prefilled(&off));
+        if (budget == 0)
+            for (int i = 0; i < 8; i++)
+                cr_expect_eq(on.sess[i]->cache.evicted_rows, 0);
+        run_close(&on);
+    }
+    run_close(&off);
+}
+
+Test(step_plan, a_burst_sharing_prefixes_prefills_them_once_with_the_same_replies,
+     .timeout = 240)
+{
+    burst_compare("none", 0);
+}
+
+/* With eviction inside the longer prompts, a prompt takes a whole number of chunks
+ * (its eviction points stay those of a lone run): the same replies. */
+Test(step_plan, shared_prefixes_under_eviction_give_the_same_replies, .timeout = 240)
+{
+    burst_compare("knorm", 3 * CHUNK);
+}
+
+/* A prompt whose next chunk another prompt of the step computes waits a step for those
+ * rows, every chunk of a long prompt too (waiting is not being passed over): 2 identical
+ * prompts, one chunk long and many chunks long. */
+Test(step_plan, identical_prompts_run_their_common_rows_once, .timeout = 120)
+{
+    static const int lengths[2] = {10, 120};
+    for (int v = 0; v < 2; v++) {
+        run r;
+        run_open(&r, 2, CHUNK, 4 * CHUNK);
+        r.env.share_prompts = 1;
+        r.env.share_rows = 1;
+        kvp_session *queue[MAXS];
+        for (int i = 0; i < 2; i++) {
+            begin(&r, i, lengths[v], 8, 100.0 + i);
+            queue[i] = r.sess[i];
+        }
+        drive(&r, 256, queue, 2, NULL, NULL);
+        cr_assert(r.reply[0] && r.reply[1]);
+        cr_expect_str_eq(r.reply[1], r.reply[0]);
+        const kvp_turn_stats *a = &r.sess[0]->turn.stats, *b = &r.sess[1]->turn.stats;
+        cr_assert_gt(a->prefilled_tokens, v ? 8 * CHUNK : 1);
+        cr_expect_eq(b->prefilled_tokens, 1, "%d words: the second prompt ran only its last "
+                     "token, not %d", lengths[v], b->prefilled_tokens);
+        cr_expect_eq(b->cached_tokens, a->prefilled_tokens - 1);
+        cr_expect_eq(r.first_step[1], r.first_step[0] + 1, "its first token a step later");
+        run_close(&r);
+    }
+}
