@@ -15,7 +15,8 @@ transcript, as an OpenAI client does. Every prompt carries a fresh nonce so no
 repetition reuses another's cache.
 
 Measured per load, client side: aggregate reply tokens/s (the usage's completion_tokens
-summed over all replies, over the wall time of the load) and the time to first token
+summed over all replies, over the wall time of the load; again with the streamed chunks
+carrying content counted instead, the last column's ratio) and the time to first token
 (request sent to the first chunk carrying content) of every turn, p50 and p99. The
 table gives the medians over the repetitions and the kvpd / llama ratios (tok/s: higher
 is better for kvpd; TTFT: lower is). Sampling sends temperature 0.8 and top_p 0.9 and
@@ -38,14 +39,15 @@ import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from oai_bench import (Server, free_port, kvpd_argv, llama_argv, load_avg,  # noqa: E402
-                       pct, run_at_once, stream_turn)
+                       pct, run_at_once, stream_chat)
 
 
 def run_load(server, conversations, reply, sampled, turns, sampled_extra=None):
-    """One load on one server: (aggregate tok/s, [ttft s], mean tokens per reply)."""
+    """One load on one server: (aggregate tok/s by usage.completion_tokens, [ttft s],
+    mean tokens per reply, aggregate tok/s by the streamed chunks carrying content)."""
     nonce = uuid.uuid4().hex[:12]
     sampled_extra = sampled_extra or {}
-    ttfts, tokens, errors = [], [], []
+    ttfts, tokens, chunks, errors = [], [], [], []
     lock = threading.Lock()
 
     def conversation(i):
@@ -61,11 +63,13 @@ def run_load(server, conversations, reply, sampled, turns, sampled_extra=None):
                     body.update(temperature=0.8, top_p=0.9, **sampled_extra)
                 else:
                     body.update(temperature=0.0)
-                text, n, ttft = stream_turn(server.port, body)
-                msgs.append({"role": "assistant", "content": text})
+                st = stream_chat(server.port, body)
+                n = st.completion_tokens
+                msgs.append({"role": "assistant", "content": st.text})
                 with lock:
-                    ttfts.append(ttft)
-                    tokens.append(n)
+                    ttfts.append(st.ttft)
+                    tokens.append(st.chunks if n is None else n)
+                    chunks.append(st.chunks)
         except Exception as e:  # reported after the load, which goes on
             with lock:
                 errors.append(f"conversation {i}: {e}")
@@ -73,7 +77,8 @@ def run_load(server, conversations, reply, sampled, turns, sampled_extra=None):
     wall = run_at_once(conversation, conversations)
     if errors:
         raise RuntimeError(f"{server.name}: " + "; ".join(errors[:3]))
-    return sum(tokens) / wall, ttfts, sum(tokens) / max(1, len(tokens))
+    return (sum(tokens) / wall, ttfts, sum(tokens) / max(1, len(tokens)),
+            sum(chunks) / wall)
 
 
 def main():
@@ -143,27 +148,29 @@ def main():
                     for rep in range(a.reps):
                         order = ["llama", "kvpd"] if rep % 2 == 0 else ["kvpd", "llama"]
                         for name in order:
-                            tok_s, tt, mean_n = run_load(servers[name], n, reply,
-                                                         mode == "sampled", a.turns, extra)
-                            res[name].append((tok_s, pct(tt, 50), pct(tt, 99), mean_n))
+                            tok_s, tt, mean_n, chunk_s = run_load(
+                                servers[name], n, reply, mode == "sampled", a.turns, extra)
+                            res[name].append((tok_s, pct(tt, 50), pct(tt, 99), mean_n,
+                                              chunk_s))
                             print(f"  {n:2d} conv {mode:7s} {reply:3d} tok  rep {rep + 1} "
-                                  f"{name:5s}: {tok_s:7.1f} tok/s  TTFT p50 "
+                                  f"{name:5s}: {tok_s:7.1f} tok/s ({chunk_s:7.1f} by chunks)  TTFT p50 "
                                   f"{pct(tt, 50) * 1e3:7.0f} ms p99 {pct(tt, 99) * 1e3:7.0f} ms"
                                   f"  {mean_n:5.1f} tok/reply  load {load_avg()}", flush=True)
-                    med = {k: [statistics.median(x[i] for x in v) for i in range(4)]
+                    med = {k: [statistics.median(x[i] for x in v) for i in range(5)]
                            for k, v in res.items()}
                     rows.append((n, mode, reply, med))
         print(f"\nload average after: {load_avg()}\n")
         print("| conversations | sampling | reply tokens | llama tok/s | kvpd tok/s | "
               "kvpd / llama | llama TTFT p50 / p99 ms | kvpd TTFT p50 / p99 ms | "
-              "TTFT p99 kvpd / llama |")
-        print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+              "TTFT p99 kvpd / llama | kvpd / llama by chunks |")
+        print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
         for n, mode, reply, med in rows:
             l, k = med["llama"], med["kvpd"]
             samp = "greedy" if mode == "greedy" else "T 0.8, top-p 0.9"
             print(f"| {n} | {samp} | {reply} | {l[0]:.1f} | {k[0]:.1f} | "
                   f"**{k[0] / l[0]:.2f}x** | {l[1] * 1e3:.0f} / {l[2] * 1e3:.0f} | "
-                  f"{k[1] * 1e3:.0f} / {k[2] * 1e3:.0f} | {k[2] / l[2]:.2f}x |")
+                  f"{k[1] * 1e3:.0f} / {k[2] * 1e3:.0f} | {k[2] / l[2]:.2f}x | "
+                  f"{k[4] / l[4]:.2f}x |")
         by = {(n, mode, reply): med for n, mode, reply, med in rows}
         if len(convs) > 1:
             lo, hi = min(convs), max(convs)
