@@ -228,8 +228,7 @@ function runFamily(f) {
       (d < 0 ? "" : ` (first difference at ${d}: kvp ${got.slice(d, d + 8)} vs ${want.slice(d, d + 8)}` +
         ` near ${JSON.stringify(ref.decode(want.slice(Math.max(0, d - 8), d + 8)))})`));
     // Decode(encode(x)) == x: SentencePiece adds its dummy leading space (to non-empty
-    // text), Qwen gives
-    // back the NFC form.
+    // text), Qwen gives back the NFC form.
     const back = Buffer.concat(pieces.map((p) => p.bytes));
     const expect = Buffer.concat([Buffer.from(f.byteLevel || f.noPrefix || !text ? "" : " "),
       Buffer.from(f.nfc ? text.normalize("NFC") : text)]);
