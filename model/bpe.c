@@ -255,11 +255,28 @@ static int encode_text(const kvp_tokenizer *t, const char *text, size_t len, int
     int rc = -ENOMEM;
     if (!ends || !e.m.syms || !e.m.heap)
         goto out;
-    int n = kvp_bpe_split(t->bpe->pre, text, len, ends);
-    if ((rc = n) < 0)
-        goto out;
-    for (int i = 0, start = 0; i < n; start = ends[i++])
-        encode_chunk(&e, text + start, ends[i] - start);
+    /* User-defined whitespace runs are taken first, longest at the leftmost place (as
+     * Hugging Face's added tokens); the text between them is split and merged apart. */
+    size_t seg = 0;
+    do {
+        size_t end = seg, u = 0;
+        int user = -1;
+        for (; end < len; end++)
+            if (t->n_user && t->user_max_len[(unsigned char)text[end]] &&
+                (user = kvp_vocab_user_at(t, text + end, len - end, &u)) >= 0)
+                break;
+        int n = kvp_bpe_split(t->bpe->pre, text + seg, end - seg, ends);
+        if ((rc = n) < 0)
+            goto out;
+        for (int k = 0, start = 0; k < n; start = ends[k++])
+            encode_chunk(&e, text + seg + start, ends[k] - start);
+        if (user >= 0) {
+            if (e.n < max)
+                out[e.n] = user;
+            e.n++;
+        }
+        seg = end + u;
+    } while (seg < len);
     rc = e.n > max ? -ENOSPC : e.n;
 out:
     free(ends);

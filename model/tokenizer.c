@@ -86,6 +86,15 @@ static int is_special(const kvp_tokenizer *t, const int32_t *types, int i)
     return types && (types[i] == TT_UNKNOWN || types[i] == TT_CONTROL || types[i] == TT_UNUSED);
 }
 
+/* Whether len > 0 bytes are all ASCII whitespace. */
+static int all_space(const char *p, int len)
+{
+    for (int i = 0; i < len; i++)
+        if (!memchr(" \t\n\r\v\f", p[i], 6))
+            return 0;
+    return 1;
+}
+
 /* Fills byte_token, max_piece_len and the lookup index once pieces, piece_len and
  * scores are set. types is the GGUF token_type array, or NULL; raw (or NULL) flags the
  * byte-level text pieces stored as they read. */
@@ -121,13 +130,17 @@ static int finish(kvp_tokenizer *t, const int32_t *types, const unsigned char *r
     }
     for (int i = 0; i < n; i++)
         t->sorted[i] = ents[i].id;
-    /* SentencePiece's user-defined pieces, sorted (ents is in piece order within each
-     * part). */
+    /* The user-defined pieces the encoder takes from text, sorted (ents is in piece
+     * order within each part): SentencePiece's, and in byte-level BPE the runs of
+     * whitespace only (GPT-NeoX's "  " .. 24 spaces, as Hugging Face and llama.cpp
+     * match them); a byte-level user-defined piece holding anything else ("<think>")
+     * stays text. */
     t->n_user = 0;
-    for (int i = 0; !t->bpe && types && i < t->n_text; i++) {
+    for (int i = 0; types && i < (t->bpe ? n : t->n_text); i++) {
         int id = ents[i].id;
         if (types[id] == TT_USER_DEFINED && ents[i].len > 0 &&
-            !memchr(ents[i].piece, ' ', (size_t)ents[i].len))
+            (t->bpe ? all_space(ents[i].piece, ents[i].len)
+                    : !memchr(ents[i].piece, ' ', (size_t)ents[i].len)))
             ents[t->n_user++] = ents[i];
     }
     if (t->n_user && !(t->user_ids = malloc((size_t)t->n_user * sizeof *t->user_ids))) {
@@ -545,28 +558,6 @@ static int encode_bpe(const kvp_tokenizer *t, const char *text, size_t len, unsi
     return add_bos + n + add_eos;
 }
 
-/* The longest user-defined piece at text[0..len), its id and *n its length; -1 if none. */
-static int user_token_at(const kvp_tokenizer *t, const char *text, size_t len, size_t *n)
-{
-    size_t max = t->user_max_len[(unsigned char)text[0]];
-    for (size_t l = max < len ? max : len; l > 0; l--) {
-        int lo = 0, hi = t->n_user;
-        while (lo < hi) {
-            int mid = lo + (hi - lo) / 2, id = t->user_ids[mid];
-            int c = kvp_vocab_cmp(t->pieces[id], (size_t)t->piece_len[id], text, l);
-            if (c == 0) {
-                *n = l;
-                return id;
-            }
-            if (c < 0)
-                lo = mid + 1;
-            else
-                hi = mid;
-        }
-    }
-    return -1;
-}
-
 /* Merges the symbols e->n pushed so far and appends their tokens to out[*n..max). */
 static void flush_units(enc *e, int *out, int max, int *n)
 {
@@ -610,7 +601,7 @@ int kvp_tokenizer_encode(const kvp_tokenizer *t, const char *text, size_t len,
     const unsigned char *s = (const unsigned char *)text;
     for (size_t i = 0; i < len;) {
         size_t u;
-        int user = t->n_user && t->user_max_len[s[i]] ? user_token_at(t, text + i, len - i, &u)
+        int user = t->n_user && t->user_max_len[s[i]] ? kvp_vocab_user_at(t, text + i, len - i, &u)
                                                       : -1;
         if (user >= 0) {
             /* A user-defined token stands alone: the text on each side merges apart. */

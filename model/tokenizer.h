@@ -3,7 +3,7 @@
  * pre-tokenizer split; tokenizer.ggml.model "gpt2", model/bpe.h).
  * Loaded from a llama2.c tokenizer.bin or from GGUF tokenizer.ggml.* metadata.
  * Encoding never produces a special token (control, unknown, unused; in byte-level BPE
- * also user-defined) from text: "<|im_start|>" in a user's message is plain text; only the chat template puts
+ * also user-defined, but for runs of whitespace only, as GPT-NeoX's) from text: "<|im_start|>" in a user's message is plain text; only the chat template puts
  * special tokens in, by id (kvp_tokenizer_lookup). The vocabulary and its lookups are
  * model/vocab.h. */
 #ifndef KVP_TOKENIZER_H

@@ -45,3 +45,24 @@ int kvp_tokenizer_lookup(const kvp_tokenizer *t, const char *piece, size_t len)
     int id = kvp_tokenizer_lookup_text(t, piece, len);
     return id >= 0 ? id : search(t, t->n_text, t->vocab_size, piece, len);
 }
+
+int kvp_vocab_user_at(const kvp_tokenizer *t, const char *text, size_t len, size_t *n)
+{
+    size_t max = t->user_max_len[(unsigned char)text[0]];
+    for (size_t l = max < len ? max : len; l > 0; l--) {
+        int lo = 0, hi = t->n_user;
+        while (lo < hi) {
+            int mid = lo + (hi - lo) / 2, id = t->user_ids[mid];
+            int c = kvp_vocab_cmp(t->pieces[id], (size_t)t->piece_len[id], text, l);
+            if (c == 0) {
+                *n = l;
+                return id;
+            }
+            if (c < 0)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+    }
+    return -1;
+}

@@ -30,11 +30,11 @@ typedef struct kvp_tokenizer {
     int n_text;
     struct kvp_bpe *bpe;    /* byte-level BPE merges and pre-tokenizer; NULL for
                                SentencePiece */
-    /* SentencePiece user-defined tokens (GGUF token type 4, e.g. Gemma's "\n\n" and
-     * "<table>"): the encoder takes each where the text spells it, longest first, before
-     * merging the text around it. Sorted by piece; pieces holding a space (U+2581 in
-     * the file) are left out, as the references match those only against a literal
-     * U+2581. */
+    /* User-defined tokens (GGUF token type 4) the encoder takes where the text spells
+     * them, longest first, merging the text on each side apart. SentencePiece: all
+     * (Gemma's "\n\n", "<table>") but those holding a space (U+2581 in the file), which
+     * the references match only against a literal U+2581. Byte-level BPE: only runs of
+     * whitespace (GPT-NeoX's); others ("<think>") stay text. Sorted by piece. */
     int *user_ids;
     int n_user;
     unsigned char user_max_len[256];   /* longest such piece by first byte, 0 if none */
@@ -49,6 +49,9 @@ int kvp_tokenizer_special(const kvp_tokenizer *t, const char *piece, size_t len)
 /* The id of a text (non-special) piece given as raw bytes, or -1: what the encoders
  * merge into. */
 int kvp_tokenizer_lookup_text(const kvp_tokenizer *t, const char *piece, size_t len);
+/* The longest piece of t->user_ids at text[0..len) (len > 0): its id, *n its length;
+ * -1 if none. */
+int kvp_vocab_user_at(const kvp_tokenizer *t, const char *text, size_t len, size_t *n);
 /* memcmp order of two byte strings, a shorter prefix first: the order of t->sorted. */
 int kvp_vocab_cmp(const char *a, size_t alen, const char *b, size_t blen);
 

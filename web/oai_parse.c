@@ -122,6 +122,51 @@ static int in_list(const char *const *list, const char *key)
     return 0;
 }
 
+/* Objects inside a request whose keys are checked as the top level's are: the keys OpenAI's
+ * API defines there that kvpd reads or that change nothing it does. stream_options'
+ * include_obfuscation pads stream events (not needed on a loopback or TLS peer); text's
+ * verbosity is checked by value below. NULL-terminated lists. */
+static const char *const chat_stream_options[] = {"include_usage", "include_obfuscation", NULL};
+static const char *const responses_stream_options[] = {"include_obfuscation", NULL};
+static const char *const responses_text[] = {"format", "verbosity", NULL};
+static const struct nested { enum kvpd_oai_api api; const char *field; const char *const *keys; }
+    nested[] = {
+        {KVPD_OAI_API_CHAT, "stream_options", chat_stream_options},
+        {KVPD_OAI_API_COMPLETIONS, "stream_options", chat_stream_options},
+        {KVPD_OAI_API_RESPONSES, "stream_options", responses_stream_options},
+        {KVPD_OAI_API_RESPONSES, "text", responses_text},
+};
+
+/* An unknown key inside one of the nested objects, refused by its dotted path. */
+static int check_nested(json_t *req, enum kvpd_oai_api api, kvpd_oai_err *e)
+{
+    for (size_t i = 0; i < sizeof nested / sizeof nested[0]; i++) {
+        json_t *obj = nested[i].api == api ? json_object_get(req, nested[i].field) : NULL;
+        if (!json_is_object(obj))
+            continue;
+        const char *key;
+        json_t *v;
+        json_object_foreach(obj, key, v) {
+            if (in_list(nested[i].keys, key))
+                continue;
+            char path[96];
+            snprintf(path, sizeof path, "%s.%.64s", nested[i].field, key);
+            return kvpd_oai_bad(e, KVPD_OAI_E_UNKNOWN_PARAMETER, path, "unknown parameter "
+                                "'%s': kvpd refuses what it would not honour", path);
+        }
+    }
+    /* text.verbosity asks for a shorter or longer reply than the model would write:
+     * only the default ("medium") changes nothing. */
+    json_t *verb = api == KVPD_OAI_API_RESPONSES
+                 ? json_object_get(json_object_get(req, "text"), "verbosity") : NULL;
+    if (verb && !json_is_null(verb) &&
+        !(json_is_string(verb) && !strcmp(json_string_value(verb), "medium")))
+        return kvpd_oai_bad(e, KVPD_OAI_E_UNSUPPORTED_PARAMETER, "text.verbosity",
+                            "text.verbosity is not supported by kvpd (only \"medium\", the "
+                            "default: kvpd does not steer a reply's length)");
+    return 0;
+}
+
 int kvpd_oai_check_fields(json_t *req, enum kvpd_oai_api api, kvpd_oai_err *e)
 {
     static const char *const *const fields[] = {chat_fields, completions_fields,
@@ -141,7 +186,7 @@ int kvpd_oai_check_fields(json_t *req, enum kvpd_oai_api api, kvpd_oai_err *e)
                             "%s has no such field, and kvpd refuses what it would not honour",
                             key, name[api]);
     }
-    return 0;
+    return check_nested(req, api, e);
 }
 
 /* Fields whose meaning kvpd cannot honour: the first one present, or NULL. */

@@ -250,6 +250,8 @@ static const char *const merged[] = {"he", "ll", "hell", "\xc4\xa0w", "aa", "or"
 #define ID_OR 261
 #define ID_IM_START 262
 #define ID_THINK 263
+#define ID_SP2 264   /* user-defined "  " and "   " (GPT-NeoX's runs of spaces) */
+#define ID_SP3 265
 
 typedef struct vocab_spec {
     const char *pre;          /* NULL: no tokenizer.ggml.pre */
@@ -262,7 +264,7 @@ typedef struct vocab_spec {
 
 static int load(const vocab_spec *s, kvp_tokenizer *t, char *err, size_t errlen)
 {
-    int n = 256 + N_MERGED + 2;
+    int n = 256 + N_MERGED + 4;
     char **toks = calloc((size_t)n, sizeof *toks);
     int32_t *types = calloc((size_t)n, sizeof *types);
     for (int b = 0; b < 256; b++) {
@@ -285,6 +287,10 @@ static int load(const vocab_spec *s, kvp_tokenizer *t, char *err, size_t errlen)
     types[ID_IM_START] = 3;
     toks[ID_THINK] = strdup("<think>");
     types[ID_THINK] = 4;
+    toks[ID_SP2] = strdup("  ");
+    types[ID_SP2] = 4;
+    toks[ID_SP3] = strdup("   ");
+    types[ID_SP3] = 4;
     const char *m[N_MERGED];
     memcpy(m, merges, sizeof m);
     if (s->bad_merge)
@@ -369,6 +375,25 @@ Test(bpe, specials_only_by_lookup)
     const char *p = kvp_tokenizer_piece(&t, -1, ID_IM_START, &len);
     cr_assert_eq(len, 12);
     cr_assert(!memcmp(p, "<|im_start|>", 12));
+    kvp_tokenizer_free(&t);
+}
+
+/* User-defined runs of whitespace are taken from text, longest at the leftmost place,
+ * before the split; the text on each side is split and merged apart. */
+Test(bpe, user_defined_space_runs_from_text)
+{
+    kvp_tokenizer t;
+    char err[256];
+    cr_assert_eq(load(&good, &t, err, sizeof err), 0, "%s", err);
+    assert_ids(&t, "  hello", (int[]){ ID_SP2, ID_HELL, 'o' }, 3);
+    assert_ids(&t, "   hello", (int[]){ ID_SP3, ID_HELL, 'o' }, 3);
+    assert_ids(&t, "     ", (int[]){ ID_SP3, ID_SP2 }, 2);
+    assert_ids(&t, "he  llo\n   ", (int[]){ ID_HE, ID_SP2, ID_LL, 'o', '\n', ID_SP3 }, 6);
+    /* one space is no run: " w" still merges */
+    assert_ids(&t, "hello world", (int[]){ ID_HELL, 'o', ID_SPW, ID_OR, 'l', 'd' }, 6);
+    int out[2];
+    cr_assert_eq(kvp_tokenizer_encode(&t, "a  b  c", 7, 0, out, 2), -ENOSPC);
+    cr_assert_eq(kvp_tokenizer_encode(&t, "", 0, 0, out, 2), 0);
     kvp_tokenizer_free(&t);
 }
 

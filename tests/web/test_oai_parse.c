@@ -492,3 +492,57 @@ Test(oai_parse, each_endpoint_checks_its_own_fields)
         json_decref(j);
     }
 }
+
+/* Unknown keys inside stream_options (every endpoint) and the Responses text object are a
+ * 400 unknown_parameter naming the dotted path; the keys OpenAI defines there pass;
+ * text.verbosity other than the default is refused by name. */
+Test(oai_parse, nested_unknown_fields_are_refused_by_path)
+{
+    static const struct {
+        const char *body;
+        enum kvpd_oai_api api;
+        const char *bad;
+        enum kvpd_oai_code code;
+    } cases[] = {
+        {"{\"messages\":[],\"stream_options\":{\"include_usage\":true,\"include_obfuscation\":false}}",
+         KVPD_OAI_API_CHAT, NULL, 0},
+        {"{\"messages\":[],\"stream_options\":{\"include_usage\":true,\"chunk_size\":4}}",
+         KVPD_OAI_API_CHAT, "stream_options.chunk_size", KVPD_OAI_E_UNKNOWN_PARAMETER},
+        {"{\"prompt\":\"x\",\"stream_options\":{\"Include_usage\":true}}",
+         KVPD_OAI_API_COMPLETIONS, "stream_options.Include_usage", KVPD_OAI_E_UNKNOWN_PARAMETER},
+        {"{\"input\":\"x\",\"stream_options\":{\"include_obfuscation\":false}}",
+         KVPD_OAI_API_RESPONSES, NULL, 0},
+        {"{\"input\":\"x\",\"stream_options\":{\"include_usage\":true}}",
+         KVPD_OAI_API_RESPONSES, "stream_options.include_usage", KVPD_OAI_E_UNKNOWN_PARAMETER},
+        {"{\"input\":\"x\",\"text\":{\"format\":{\"type\":\"text\"},\"verbosity\":\"medium\"}}",
+         KVPD_OAI_API_RESPONSES, NULL, 0},
+        {"{\"input\":\"x\",\"text\":{\"verbosity\":null}}", KVPD_OAI_API_RESPONSES, NULL, 0},
+        {"{\"input\":\"x\",\"text\":{\"verbosity\":\"low\"}}",
+         KVPD_OAI_API_RESPONSES, "text.verbosity", KVPD_OAI_E_UNSUPPORTED_PARAMETER},
+        {"{\"input\":\"x\",\"text\":{\"verbosity\":3}}",
+         KVPD_OAI_API_RESPONSES, "text.verbosity", KVPD_OAI_E_UNSUPPORTED_PARAMETER},
+        {"{\"input\":\"x\",\"text\":{\"format\":{\"type\":\"text\"},\"style\":\"terse\"}}",
+         KVPD_OAI_API_RESPONSES, "text.style", KVPD_OAI_E_UNKNOWN_PARAMETER},
+        /* a long unknown key is cut in the path, the request still refused */
+        {"{\"input\":\"x\",\"text\":{\"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\":1}}",
+         KVPD_OAI_API_RESPONSES, "text.aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+         KVPD_OAI_E_UNKNOWN_PARAMETER},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        json_t *j = json_loads(cases[i].body, 0, NULL);
+        cr_assert(j, "%s", cases[i].body);
+        kvpd_oai_err e;
+        memset(&e, 0, sizeof e);
+        int rc = kvpd_oai_check_fields(j, cases[i].api, &e);
+        if (cases[i].bad) {
+            cr_assert_eq(rc, -1, "%s: accepted", cases[i].body);
+            cr_assert_eq(e.code, cases[i].code, "%s", cases[i].body);
+            cr_assert_eq(e.status, 400);
+            cr_assert_str_eq(e.param, cases[i].bad, "%s", cases[i].body);
+            cr_assert(strstr(e.message, cases[i].bad), "%s", e.message);
+        } else {
+            cr_assert_eq(rc, 0, "%s: %s", cases[i].body, e.message);
+        }
+        json_decref(j);
+    }
+}
