@@ -254,6 +254,7 @@ kvp_session *hub_load_prepare(kvp_hub_client *c, kvp_session *s, const char *id,
             return NULL;
         }
         s->need_restore = 1;   /* has_snapshot stays 0 until the load finds one */
+        s->unread = 1;
     } else if (s->state == KVP_SESSION_PARKED && hub_unpark(h, s) < 0) {
         hub_emit_error(c, KVPD_E_INTERNAL, "out of memory");
         return NULL;
@@ -328,7 +329,7 @@ void kvp_hub_open(kvp_hub_client *c, const char *id, const char *system, size_t 
     }
     kvp_session *s = kvp_session_find(&h->sessions, id);
     /* (one named before a restart and not read yet has no tenant yet: its load checks) */
-    if (s && !(s->need_restore && !s->has_snapshot) && !hub_same_tenant(c, s)) {
+    if (s && !s->unread && !hub_same_tenant(c, s)) {
         hub_emit_error(c, KVPD_E_UNKNOWN_SESSION, "no such session (expired or never existed)");
         return;
     }

@@ -207,7 +207,7 @@ void kvp_hub_open_fork(kvp_hub_client *c, const char *src_id, int turn)
                      ? kvp_session_find(&h->sessions, src_id) : NULL;
     if (!src_id || !kvp_session_id_ok(src_id) ||
         /* (one named before a restart and not read yet has no tenant yet: its load checks) */
-        (s && !(s->need_restore && !s->has_snapshot) && !hub_same_tenant(c, s))) {
+        (s && !s->unread && !hub_same_tenant(c, s))) {
         hub_emit_error(c, KVPD_E_UNKNOWN_SESSION, no_such);
         return;
     }

@@ -267,7 +267,7 @@ int kvp_session_restore(kvp_session *s, const kvp_session_env *env, size_t max_b
     kvp_restored *r = &s->res.restored;
     memset(r, 0, sizeof *r);
 
-    snprintf(s->tenant, sizeof s->tenant, "%s", snap.tenant);
+    snprintf(r->tenant, sizeof r->tenant, "%s", snap.tenant);
     /* The system text and the messages: their texts move over from the snapshot. */
     free(s->system);
     s->system = snap.system;

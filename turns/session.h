@@ -195,6 +195,8 @@ typedef struct kvp_restored {
     int pending;                     /* this job restored the session */
     int rebuilt;                     /* the cache was not usable: rebuilt from the transcript */
     char note[192];                  /* why it was rebuilt */
+    char tenant[KVP_TENANT_LEN + 1]; /* the snapshot's tenant, the session's from then on
+                                      * (the loop reads the session's own while it is busy) */
 } kvp_restored;
 
 /* A turn request: what the loop hands the worker with a queued turn besides the turn's
@@ -358,6 +360,10 @@ typedef struct kvp_session {
     /* loop: made by a hello's fork (sessions/hub_fork.c) and no turn of its own queued
      * yet: like a session that never ran a turn, it ends when its client leaves it */
     int fork_unrun;
+    /* loop: made for an id known only on disk and not read yet, so its tenant is not
+     * known: an open or fork of it by any tenant waits for its load, which checks. Set
+     * before the load is queued, cleared when the loop takes in what the load read. */
+    int unread;
     /* loop: its load job reads it for a hello's fork: the job's end goes to its owner
      * (the forking client; NULL once that one closed), never to its attached client */
     int fork_read;

@@ -577,6 +577,48 @@ Test(fork, another_tenants_session_is_unknown)
     stop(&d);
 }
 
+/* A source known only on disk has no tenant until it is read: another key's fork or
+ * open of it is answered once its load has read the snapshot's, exactly as an id that
+ * never existed; its own key forks it. */
+Test(fork, after_a_restart_another_tenants_source_is_unknown_once_read)
+{
+    kvpd_proc d;
+    ws_client c1, c2, c3;
+    convo a, b;
+    start(&d, 1, "--api-key key-one,key-two");
+    cr_assert_eq(h_connect(&d, &c1), 0);
+    auth(&c1, "key-one");
+    new_session(&c1, &a);
+    for (int i = 0; i < 2; i++)
+        json_decref(turn_ok(&c1, &a, lines[i], 8));
+    ws_close(&c1);
+    stop(&d);
+    start(&d, 1, "--api-key key-one,key-two");
+    cr_assert_eq(h_connect(&d, &c2), 0);
+    auth(&c2, "key-two");
+    json_t *none = fork_hello(&c2, "0123456789abcdef0123456789abcdef", 1);
+    for (int i = 0; i < 3; i++) {   /* read from disk the first time, in memory after */
+        json_t *other = fork_hello(&c2, a.id, 1);
+        cr_assert_str_eq(str_of(other, "code"), "unknown_session", "fork %d: %s", i,
+                         str_of(other, "message"));
+        cr_assert_str_eq(str_of(other, "message"), str_of(none, "message"));
+        json_decref(other);
+    }
+    char msg[128];
+    snprintf(msg, sizeof msg, "{\"type\":\"hello\",\"session\":\"%s\"}", a.id);
+    refused(&c2, msg, "unknown_session");
+    json_decref(none);
+    cr_assert_eq(h_connect(&d, &c3), 0);
+    auth(&c3, "key-one");
+    fork_ok(&c3, &a, 1, &b);
+    json_decref(turn_ok(&c3, &b, lines[3], 4));
+    convo_free(&a);
+    convo_free(&b);
+    ws_close(&c2);
+    ws_close(&c3);
+    stop(&d);
+}
+
 Test(fork, a_parked_source_is_read_then_forked)
 {
     kvpd_proc d;
