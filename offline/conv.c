@@ -376,6 +376,11 @@ int kvp_conv_run(const kvp_model *m, kvp_runstate *s, kvp_policy *p, const int *
                 (rc = recall_on(m, s, &r.full, cue, n_cue, story + 1, U - 1, buf, logits,
                                 &res.recall_full[ri])))
                 goto out;
+            long held = 0;
+            for (int h = 0; h < r.ev.n_layers * r.ev.n_kv_heads; h++)
+                for (int i = 0; i < r.ev.heads[h].n; i++)
+                    held += r.ev.heads[h].seq[i] < U;
+            res.kept_t1[ri] = (double)held / ((double)U * r.ev.n_layers * r.ev.n_kv_heads);
             ri++;
         }
         if (k == o->turns)
@@ -414,6 +419,7 @@ int kvp_conv_run(const kvp_model *m, kvp_runstate *s, kvp_policy *p, const int *
     for (int i = 0; i < o->n_recall; i++) {
         acc->recall[bi][i] += res.recall[i];
         acc->recall_full[bi][i] += res.recall_full[i];
+        acc->kept_t1[bi][i] += res.kept_t1[i];
     }
     if (out)
         *out = res;
@@ -442,6 +448,7 @@ void kvp_conv_acc_add(kvp_conv_acc *dst, const kvp_conv_acc *src)
         for (int i = 0; i < KVP_CONV_MAX_RECALL; i++) {
             dst->recall[b][i] += src->recall[b][i];
             dst->recall_full[b][i] += src->recall_full[b][i];
+            dst->kept_t1[b][i] += src->kept_t1[b][i];
         }
     }
 }
@@ -454,6 +461,10 @@ static const char *const recall_metric[KVP_CONV_MAX_TURNS + 2] = {
     "", "", "recall_2", "recall_3", "recall_4", "recall_5", "recall_6", "recall_7",
     "recall_8", "recall_9", "recall_10", "recall_11", "recall_12", "recall_13", "recall_14",
     "recall_15", "recall_16", "recall_17"};
+static const char *const kept_metric[KVP_CONV_MAX_TURNS + 2] = {
+    "", "", "kept_t1_2", "kept_t1_3", "kept_t1_4", "kept_t1_5", "kept_t1_6", "kept_t1_7",
+    "kept_t1_8", "kept_t1_9", "kept_t1_10", "kept_t1_11", "kept_t1_12", "kept_t1_13",
+    "kept_t1_14", "kept_t1_15", "kept_t1_16", "kept_t1_17"};
 static const char *const gap_metric[KVP_CONV_MAX_TURNS + 2] = {
     "", "", "recall_gap_2", "recall_gap_3", "recall_gap_4", "recall_gap_5", "recall_gap_6",
     "recall_gap_7", "recall_gap_8", "recall_gap_9", "recall_gap_10", "recall_gap_11",
@@ -478,6 +489,8 @@ int kvp_conv_rows(const char *policy, const kvp_conv_acc *a, const kvp_eval_opts
                                        eo->budgets[b], a->recall[b][i] / c};
             rows[n++] = (kvp_eval_row){"conversation", policy, gap_metric[at], eo->budgets[b],
                                        (a->recall_full[b][i] - a->recall[b][i]) / c};
+            rows[n++] = (kvp_eval_row){"conversation", policy, kept_metric[at], eo->budgets[b],
+                                       a->kept_t1[b][i] / c};
         }
     }
     return n;

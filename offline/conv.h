@@ -51,6 +51,8 @@ typedef struct kvp_conv_result {
     double turn_kl[KVP_CONV_MAX_TURNS];    /* mean KL over turn k's reply positions */
     double recall[KVP_CONV_MAX_RECALL];    /* mean log-likelihood of turn 1's text */
     double recall_full[KVP_CONV_MAX_RECALL];
+    double kept_t1[KVP_CONV_MAX_RECALL];   /* share of turn 1's rows the policy's cache
+                                            * still holds at each recall (all heads) */
 } kvp_conv_result;
 
 /* Sums over conversations, per budget. */
@@ -60,6 +62,7 @@ typedef struct kvp_conv_acc {
     double turn_kl[KVP_EVAL_MAX_BUDGETS][KVP_CONV_MAX_TURNS];
     double recall[KVP_EVAL_MAX_BUDGETS][KVP_CONV_MAX_RECALL];
     double recall_full[KVP_EVAL_MAX_BUDGETS][KVP_CONV_MAX_RECALL];
+    double kept_t1[KVP_EVAL_MAX_BUDGETS][KVP_CONV_MAX_RECALL];
 } kvp_conv_acc;
 
 /* One conversation for policy p (fresh; not the oracle: -EINVAL; kvzip is scored before
@@ -73,10 +76,10 @@ int kvp_conv_run(const kvp_model *m, kvp_runstate *s, kvp_policy *p, const int *
                  const kvp_conv_opts *o, kvp_conv_result *out, kvp_conv_acc *acc);
 
 void kvp_conv_acc_add(kvp_conv_acc *dst, const kvp_conv_acc *src);
-/* Rows of protocol "conversation": metrics kl, kl_t1..kl_tK, recall_N (the policy's) and
- * recall_full_N per budget. Returns the count (at most KVP_CONV_ROWS_PER_POLICY). */
+/* Rows of protocol "conversation": metrics kl, kl_t1..kl_tK, recall_N (the policy's),
+ * recall_gap_N (the full cache's minus the policy's) and kept_t1_N per budget. Returns the count (at most KVP_CONV_ROWS_PER_POLICY). */
 #define KVP_CONV_ROWS_PER_POLICY \
-    (KVP_EVAL_MAX_BUDGETS * (1 + KVP_CONV_MAX_TURNS + 2 * KVP_CONV_MAX_RECALL))
+    (KVP_EVAL_MAX_BUDGETS * (1 + KVP_CONV_MAX_TURNS + 3 * KVP_CONV_MAX_RECALL))
 int kvp_conv_rows(const char *policy, const kvp_conv_acc *a, const kvp_eval_opts *eo,
                   const kvp_conv_opts *o, kvp_eval_row *rows);
 

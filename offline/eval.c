@@ -851,7 +851,9 @@ static const struct metric_info {
                    "better)", "log-likelihood (nats/token)", "%.3f", 0},                      \
                   {"conversation", "recall_gap_" #n, "Conversation: recall lost at turn " #n   \
                    ", full cache's log-likelihood of turn 1's text minus the policy's "        \
-                   "(nats/token, lower is better)", "nats/token", "%.3f", 0}
+                   "(nats/token, lower is better)", "nats/token", "%.3f", 0},                \
+                  {"conversation", "kept_t1_" #n, "Conversation: share of turn 1's rows "    \
+                   "the cache still holds at turn " #n, "share of rows", "%.3f", 0}
     RECALL(4), RECALL(8),
 #undef RECALL
 };

@@ -803,7 +803,8 @@ static int conv_protocol(const kvp_eval_cli_opts *e, const kvp_model *m, char *c
             "- recall: user turn N (%d, %d) asks for turn 1 again: `%s` (%d tokens) and then "
             "turn 1's %d tokens after BOS, teacher-forced on copies of both caches as that "
             "turn finds them, no eviction. `recall_N` is the mean log-likelihood per token "
-            "of turn 1's text (nats), `recall_gap_N` the full cache's minus the policy's.\n"
+            "of turn 1's text (nats), `recall_gap_N` the full cache's minus the policy's, "
+            "`kept_t1_N` the share of turn 1's rows the policy's cache still holds then.\n"
             "- `P+protect`: the policy with per-turn protection, the rows a turn's "
             "compression kept ranking above every newer row at later evictions.\n"
             "- cache rows stored as %s; budgets per head.\n",
@@ -817,18 +818,19 @@ static int conv_protocol(const kvp_eval_cli_opts *e, const kvp_model *m, char *c
         fprintf(stderr, "kvp eval: %s\n", err);
         goto out;
     }
-    printf("%-26s %6s %8s %9s %9s %9s %9s\n", "policy", "budget", "kl", "recall4", "gap4",
-           "recall8", "gap8");
+    printf("%-26s %6s %8s %9s %9s %9s %9s %7s\n", "policy", "budget", "kl", "recall4", "gap4",
+           "recall8", "gap8", "kept8");
     for (int v = 0; v < n_var; v++)
         for (int bi = 0; bi < nb; bi++) {
             double c = (double)acc[v].convs[bi];
             if (!c)
                 continue;
-            printf("%-26s %6d %8.4f %9.3f %9.3f %9.3f %9.3f\n", vname[v], eo->budgets[bi],
+            printf("%-26s %6d %8.4f %9.3f %9.3f %9.3f %9.3f %7.3f\n", vname[v], eo->budgets[bi],
                    acc[v].kl[bi] / c, acc[v].recall[bi][0] / c,
                    (acc[v].recall_full[bi][0] - acc[v].recall[bi][0]) / c,
                    acc[v].recall[bi][1] / c,
-                   (acc[v].recall_full[bi][1] - acc[v].recall[bi][1]) / c);
+                   (acc[v].recall_full[bi][1] - acc[v].recall[bi][1]) / c,
+                   acc[v].kept_t1[bi][1] / c);
         }
     fprintf(stderr, "kvp eval: wrote %s/results.csv, results.md and plots in %.1f s\n", e->out,
             kvp_now() - t0);

@@ -170,6 +170,36 @@ Test(conv, recall_drops_when_turn_1_rows_are_evicted)
         cr_expect_eq(full.recall[i], full.recall_full[i]);
         cr_expect_lt(ev.recall[i], ev.recall_full[i] - 0.1, "recall %d: %g against %g", i,
                      ev.recall[i], ev.recall_full[i]);
+        cr_expect_eq(full.kept_t1[i], 1.0);
+        cr_expect_lt(ev.kept_t1[i], 0.2, "%g", ev.kept_t1[i]);
+    }
+}
+
+/* Per-turn protection keeps the rows a turn's compression kept: knorm ranks by key norm,
+ * so unprotected it drops turn 1's rows for newer ones; protected it keeps them (only the
+ * sinks and recent window go first), and its scores are restored after every eviction:
+ * the same run twice gives the same numbers. */
+Test(conv, protection_keeps_the_rows_of_compressed_turns)
+{
+    kvp_conv_opts o = small_opts();
+    int story[256];
+    story_of(&o, 3, story);
+    const char *names[] = {"knorm", "h2o", "kvp", "tova"};
+    for (int i = 0; i < 4; i++) {
+        kvp_conv_result plain, prot, again;
+        o.protect = 0;
+        cr_assert_eq(run(names[i], 48, &o, story, &plain), 0);
+        o.protect = 1;
+        cr_assert_eq(run(names[i], 48, &o, story, &prot), 0);
+        cr_assert_eq(run(names[i], 48, &o, story, &again), 0);
+        cr_log_info("%s: turn 1 rows kept at turn 5 %.3f, protected %.3f", names[i],
+                    plain.kept_t1[1], prot.kept_t1[1]);
+        cr_expect_gt(prot.kept_t1[1], plain.kept_t1[1], "%s", names[i]);
+        /* at turn 3 turn 1's rows after its compression are all still there */
+        cr_expect_geq(prot.kept_t1[0], prot.kept_t1[1], "%s", names[i]);
+        cr_expect_eq(prot.recall[1], again.recall[1], "%s", names[i]);
+        for (int k = 0; k < o.turns; k++)
+            cr_expect_eq(prot.turn_kl[k], again.turn_kl[k], "%s turn %d", names[i], k);
     }
 }
 
@@ -232,11 +262,11 @@ Test(conv, cli_writes_the_conversation_rows_the_same_with_any_thread_count)
     snprintf(p2, sizeof p2, "%s/results.csv", dir2);
     char *a = slurp_or_fail(p1), *b = slurp_or_fail(p2);
     cr_expect_str_eq(a, b);
-    /* 5 variants (none has no protected one) x 2 budgets x (kl + 7 turns + 2 x 2 recall) */
+    /* 5 variants (none has no protected one) x 2 budgets x (kl + 7 turns + 2 x 3 recall) */
     int rows = 0;
     for (char *c = a; (c = strstr(c, "\nconversation,")); c++)
         rows++;
-    cr_expect_eq(rows, 5 * 2 * (1 + 7 + 4), "%d rows\n%s", rows, a);
+    cr_expect_eq(rows, 5 * 2 * (1 + 7 + 6), "%d rows\n%s", rows, a);
     cr_expect(strstr(a, "conversation,h2o+protect,64,recall_gap_8,"), "%s", a);
     cr_expect(strstr(a, "conversation,none,32,kl,0\n"), "%s", a);
     cr_expect(!strstr(a, "ranking,") && !strstr(a, "streaming,streaming"), "%s", a);
