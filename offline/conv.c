@@ -341,8 +341,8 @@ int kvp_conv_run(const kvp_model *m, kvp_runstate *s, kvp_policy *p, const int *
     int V = m->cfg.vocab_size, U = o->turn_len, R = o->reply_len;
     if (!p || kvp_policy_is_oracle(p) || bi < 0 || bi >= eo->n_budgets ||
         kvp_conv_check(o, m->cfg.seq_len, n_cue, err, sizeof err) ||
-        n_cue + U > s->max_tokens)
-        return -EINVAL;
+        n_cue + U > s->max_tokens || (o->protect && eo->budget_mode == KVP_BUDGET_GLOBAL))
+        return -EINVAL;   /* protection lifts per-head scores: per-head budgets only */
     kvp_conv_result res = {0};
     run r = {.m = m, .s = s, .p = p, .scored = p,
              .e = {p, eo->budgets[bi], eo->chunk > 0 ? eo->chunk : KVP_DEFAULT_CHUNK,

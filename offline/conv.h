@@ -68,7 +68,8 @@ typedef struct kvp_conv_acc {
 /* One conversation for policy p (fresh; not the oracle: -EINVAL; kvzip is scored before
  * every eviction by kvp_eval_kvzip_scores) at eo->budgets[bi] (eo->chunk,
  * eo->budget_mode, eo->kv_type rows). story: kvp_conv_story_len(o) tokens; cue: n_cue
- * tokens. With o->protect, p is wrapped for the run (and still the caller's). s: any run
+ * tokens. With o->protect, p is wrapped for the run (and still the caller's; per-head
+ * budgets only: -EINVAL with a global one). s: any run
  * state of the model holding blocks of eo->chunk tokens and of n_cue + turn_len (its
  * hooks are cleared). out may be NULL. Adds to acc. 0 or a negative code. */
 int kvp_conv_run(const kvp_model *m, kvp_runstate *s, kvp_policy *p, const int *story,

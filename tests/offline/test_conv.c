@@ -141,6 +141,15 @@ Test(conv, kl_is_zero_when_the_budget_holds_the_conversation)
     cr_assert_eq(kvp_offline_policy_create(&p, "oracle", NULL, &model.cfg, 1, err, sizeof err), 0);
     cr_expect_eq(kvp_conv_run(&model, &rs, p, story, cue, NCUE, 0, &eo, &o, &r, &acc), -EINVAL);
     kvp_policy_destroy(p);
+    /* protection with a global budget; a budget index out of range */
+    cr_assert_eq(kvp_offline_policy_create(&p, "knorm", NULL, &model.cfg, 1, err, sizeof err), 0);
+    eo.budget_mode = KVP_BUDGET_GLOBAL;
+    o.protect = 1;
+    cr_expect_eq(kvp_conv_run(&model, &rs, p, story, cue, NCUE, 0, &eo, &o, &r, &acc), -EINVAL);
+    eo.budget_mode = KVP_BUDGET_PER_HEAD;
+    cr_expect_eq(kvp_conv_run(&model, &rs, p, story, cue, NCUE, 1, &eo, &o, &r, &acc), -EINVAL);
+    cr_expect_eq(acc.convs[0], 0);
+    kvp_policy_destroy(p);
 }
 
 /* A story whose user turns all repeat turn 1's text: with the full cache the model can
