@@ -839,6 +839,23 @@ static const struct metric_info {
      "(higher is better)", "top-1 agreement", "%.3f", 0},
     {"replies", "reply_len", "Replies: mean reply length (tokens drawn, the stop token "
      "included)", "tokens", "%.1f", 0},
+    {"conversation", "kl", "Conversation: mean KL(full || evicted) over every reply "
+     "(nats)", "KL (nats)", "%.4f", 1},
+#define TURN_KL(k) {"conversation", "kl_t" #k, "Conversation: KL(full || evicted) at the "   \
+                    "reply of turn " #k " (nats)", "KL (nats)", "%.4f", 1}
+    TURN_KL(1), TURN_KL(2), TURN_KL(3), TURN_KL(4), TURN_KL(5), TURN_KL(6), TURN_KL(7),
+    TURN_KL(8),
+#undef TURN_KL
+#define RECALL(n) {"conversation", "recall_" #n, "Conversation: recall at turn " #n ", mean "  \
+                   "log-likelihood of turn 1's text asked for again (nats/token, higher is "  \
+                   "better)", "log-likelihood (nats/token)", "%.3f", 0},                      \
+                  {"conversation", "recall_gap_" #n, "Conversation: recall lost at turn " #n   \
+                   ", full cache's log-likelihood of turn 1's text minus the policy's "        \
+                   "(nats/token, lower is better)", "nats/token", "%.3f", 0},                \
+                  {"conversation", "kept_t1_" #n, "Conversation: share of turn 1's rows "    \
+                   "the cache still holds at turn " #n, "share of rows", "%.3f", 0}
+    RECALL(4), RECALL(8),
+#undef RECALL
 };
 
 static const kvp_eval_row *find_row(const kvp_eval_row *rows, int n, const struct metric_info *mi,

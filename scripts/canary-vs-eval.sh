@@ -19,8 +19,8 @@
 # an interrupted one; remove OUT for a fresh one). OUT/stamp records the policy file's
 # sha256 and the settings: when they differ, OUT's old results are removed first.
 # Environment: BUILD (default build), POLICIES (default "kvp streaming"), BUDGETS
-# (default "32 64"), TURNS (conversations per run, default 200), MAX_TOKENS (reply
-# length, default 256), THREADS (2), POLICY_FILE (the kvp policy, default
+# (default "16 32 64 128 256", the budgets kvp eval tables), TURNS (conversations per
+# run, default 200), MAX_TOKENS (reply length, default 256), THREADS (2), POLICY_FILE (the kvp policy, default
 # policy/weights/stories260K.kvp), EVAL_ARGS (more options of the two text evals,
 # default "--seqs 1": only their streaming figures are read).
 set -euo pipefail
@@ -30,7 +30,7 @@ build=${BUILD:-build}
 shared=${KVP_SHARED:-../shared}
 out=${1:-/tmp/kvp-canary-vs-eval}
 policies=${POLICIES:-kvp streaming}
-budgets=${BUDGETS:-32 64}
+budgets=${BUDGETS:-16 32 64 128 256}
 turns=${TURNS:-200}
 max_tokens=${MAX_TOKENS:-256}
 threads=${THREADS:-2}

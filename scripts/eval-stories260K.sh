@@ -7,14 +7,17 @@
 # conversations), all of it held out (the model and the agents never saw it).
 #   scripts/eval-stories260K.sh [OUT]     (default docs/eval-stories260K)
 # Writes OUT/results.csv, OUT/results.md and OUT/*.svg, and the same for the zero-shot text
-# in OUT/oasst/.
+# in OUT/oasst/; then the conversation protocol (kvp eval --dialogs, with and without
+# per-turn protection) on both texts, in OUT/conversation/ and OUT/oasst/conversation/.
+# ONLY=conversation runs the conversation protocol alone.
 # Environment: BUILD (build dir, default build), THREADS (default 2), POLICY (KVP policy
 # file, default policy/weights/stories260K.kvp; when it is missing a random policy from
 # `kvp policy-init` stands in, which only checks the plumbing), KVZAP (the KVzap
 # surrogate, default policy/weights/stories260K-kvzap.kvp from
 # scripts/train-kvzap-stories260K.sh; kvzap is left out when it is missing), SEQS
-# (default 64) and STREAMS (default 8): about 10 minutes on 2 quiet cores (kvzip's
-# reconstruction passes are about half of it).
+# (default 64), STREAMS (default 8) and DIALOGS (conversations, default 32): about 10
+# minutes on 2 quiet cores for the three protocols (kvzip's reconstruction passes are
+# about half of it), and about as long again for the conversations.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD:-build}
@@ -25,6 +28,8 @@ policy=${POLICY:-policy/weights/stories260K.kvp}
 kvzap=${KVZAP:-policy/weights/stories260K-kvzap.kvp}
 seqs=${SEQS:-64}
 streams=${STREAMS:-8}
+dialogs=${DIALOGS:-32}
+only=${ONLY:-}
 model=$shared/models/stories260K.bin
 tok=$shared/models/tok512.bin
 
@@ -47,12 +52,23 @@ if [ -f "$kvzap" ]; then
 else
     echo "eval-stories260K: $kvzap not found; kvzap is left out" >&2
 fi
+conv() {   # the conversation protocol on text $1 (split $2) into $3
+    local start=$(date +%s)
+    mkdir -p "$3"
+    "$kvp" eval --model "$model" --tokenizer "$tok" --text "$1" --split "$2" \
+        --dialogs "$dialogs" --protect-turns --policy-file "$policy" "${kvzap_file[@]}" \
+        --budgets 16,32,64,128,256 --threads "$threads" --out "$3"
+    echo "eval-stories260K: $3/results.md in $(( $(date +%s) - start )) s" >&2
+}
+if [ "$only" != conversation ]; then
 start=$(date +%s)
 "$kvp" eval --model "$model" --tokenizer "$tok" \
     --text "$shared/datasets/tinystories/tinystories-dev.txt" --split 0.8 \
     --policy-file "$policy" "${kvzap_file[@]}" --budgets 16,32,64,128,256 \
     --seqs "$seqs" --streams "$streams" --threads "$threads" --out "$out"
 echo "eval-stories260K: $out/results.md in $(( $(date +%s) - start )) s" >&2
+fi
+conv "$shared/datasets/tinystories/tinystories-dev.txt" 0.8 "$out/conversation"
 
 # zero-shot: conversations as plain text (stories260K has no chat template)
 python3 - "$shared/datasets/oasst/oasst_en100_longest_threads.jsonl" "$oasst" <<'PY'
@@ -64,8 +80,11 @@ with open(sys.argv[1], encoding="utf-8") as src, open(sys.argv[2], "w", encoding
             dst.write(f"{who}: {m['content'].strip()}\n")
         dst.write("\n")
 PY
+if [ "$only" != conversation ]; then
 start=$(date +%s)
 "$kvp" eval --model "$model" --tokenizer "$tok" --text "$oasst" --split 0 \
     --policy-file "$policy" "${kvzap_file[@]}" --budgets 16,32,64,128,256 \
     --seqs "$seqs" --streams "$streams" --threads "$threads" --out "$out/oasst"
 echo "eval-stories260K: $out/oasst/results.md in $(( $(date +%s) - start )) s" >&2
+fi
+conv "$oasst" 0 "$out/oasst/conversation"

@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "offline/conv.h"
 #include "offline/eval.h"
 #include "offline/oracle.h"
 #include "offline/pool.h"
@@ -42,6 +43,13 @@ static void usage(FILE *f)
         "                     conversation's first turn: the replies protocol alone\n"
         "  --max-prompts N    replies: the first N prompts only (default: all)\n"
         "  --reply-len N      replies: tokens a reply draws at most (default 256)\n"
+        "  --dialogs N        the conversation protocol alone, on N conversations of the\n"
+        "                     held-out text: 7 user turns of a story, a greedy reply after\n"
+        "                     each, turns 4 and 8 asking for turn 1 again\n"
+        "  --turn-len N       conversation: story tokens per user turn (default 40)\n"
+        "  --turn-reply N     conversation: tokens each reply draws (default 24)\n"
+        "  --protect-turns    conversation: every policy also as P+protect, the rows a\n"
+        "                     turn's end kept ranking above newer rows (per_head only)\n"
         "  --tokenizer PATH   tokenizer for llama2.c checkpoints\n"
         "  --policies LIST    comma-separated, from: %s\n"
         "                     (default: all of them; kvp only with --policy-file, kvzap\n"
@@ -110,6 +118,14 @@ typedef struct job {
     int n_prompts;
     const kvp_template *tpl;
     kvp_eval_acc *reply_acc;           /* [n_prompts][n_pol][n_budgets] */
+    /* conversations (phase 3): variants are (policy, protected) pairs */
+    const int *conv_story;             /* [n_conv][story_len] */
+    int n_conv, story_len, n_cue;
+    const int *cue;
+    const kvp_conv_opts *conv_o;
+    const int *var_pol, *var_protect;  /* [n_var]: index into policies, protection */
+    int n_var;
+    kvp_conv_acc *conv_acc;            /* [n_conv][n_var][n_budgets] */
     int phase, n_tasks, tty;
     int n_workers;                     /* pool threads; one run state each */
     kvp_runstate *states;              /* [n_workers] */
@@ -144,6 +160,27 @@ static int run_reply_task(job *j, kvp_runstate *s, int t, char *err, size_t errl
     return rc;
 }
 
+/* Conversation task t: (conversation, variant, budget), its own accumulator. */
+static int run_conv_task(job *j, kvp_runstate *s, int t, char *err, size_t errlen)
+{
+    int nb = j->o->n_budgets, c = t / (j->n_var * nb), v = t / nb % j->n_var, bi = t % nb;
+    const char *name = j->policies[j->var_pol[v]];
+    kvp_policy *p;
+    int rc = kvp_offline_policy_create(&p, name, file_for(name, j->policy_file, j->kvzap_file),
+                                       &j->m->cfg, j->seed + (uint64_t)c, err, errlen);
+    if (rc)
+        return rc;
+    kvp_conv_opts co = *j->conv_o;
+    co.protect = j->var_protect[v];
+    rc = kvp_conv_run(j->m, s, p, j->conv_story + (size_t)c * j->story_len, j->cue, j->n_cue,
+                      bi, j->o, &co, NULL, &j->conv_acc[t]);
+    if (rc)
+        snprintf(err, errlen, "policy %s%s at budget %d on conversation %d: %s", name,
+                 co.protect ? "+protect" : "", j->o->budgets[bi], c + 1, strerror(-rc));
+    kvp_policy_destroy(p);
+    return rc;
+}
+
 /* Task t of the current phase. The random policy's draws depend on the sequence, stream
  * or prompt only, not on the thread that runs it. */
 static int run_task(job *j, kvp_runstate *s, int t, char *err, size_t errlen)
@@ -151,6 +188,8 @@ static int run_task(job *j, kvp_runstate *s, int t, char *err, size_t errlen)
     const kvp_eval_opts *o = j->o;
     if (j->phase == 2)
         return run_reply_task(j, s, t, err, errlen);
+    if (j->phase == 3)
+        return run_conv_task(j, s, t, err, errlen);
     if (j->phase == 0) {
         int rc = t < j->n_seq
                      ? kvp_eval_ref_compute(&j->refs[t], j->m, s, j->seq_tokens + (size_t)t * j->seq_len)
@@ -217,7 +256,8 @@ static int eval_job(void *arg, int w, int t)
     if (j->tty && done * 20 / j->n_tasks != (done - 1) * 20 / j->n_tasks) {
         pthread_mutex_lock(&j->lock);
         fprintf(stderr, "\rkvp eval: %s %d/%d",
-                j->phase == 2 ? "replies" : j->phase ? "policy runs" : "references", done,
+                j->phase == 3 ? "conversations" : j->phase == 2 ? "replies"
+                : j->phase ? "policy runs" : "references", done,
                 j->n_tasks);
         pthread_mutex_unlock(&j->lock);
     }
@@ -243,7 +283,7 @@ void kvp_eval_defaults(kvp_eval_cli_opts *o)
                              .streams = 8, .chunk = KVP_DEFAULT_CHUNK, .lookahead = 128,
                              .kl_every = 32, .seed = 1, .threads = kvp_stage_threads(),
                              .kv_type = KVP_KV_F32, .budget_mode = KVP_BUDGET_PER_HEAD,
-                             .reply_len = 256};
+                             .reply_len = 256, .turn_len = 40, .turn_reply = 24};
 }
 
 /* The command that reruns this evaluation, every setting spelled out (the report's
@@ -271,6 +311,20 @@ static void print_command(FILE *f, const kvp_eval_cli_opts *e)
         return;
     }
     fprintf(f, " %s %s --out %s", e->conversations ? "--conversations" : "--text", e->text, e->out);
+    if (e->dialogs) {
+        fprintf(f, " --dialogs %ld --turn-len %ld --turn-reply %ld%s", e->dialogs, e->turn_len,
+                e->turn_reply, e->protect_turns ? " --protect-turns" : "");
+        if (e->policies)
+            fprintf(f, " --policies %s", e->policies);
+        if (e->policy_file)
+            fprintf(f, " --policy-file %s", e->policy_file);
+        if (e->kvzap_file)
+            fprintf(f, " --kvzap-file %s", e->kvzap_file);
+        fprintf(f, " --budgets %s --split %g --chunk %ld --seed %ld --threads %ld --kv-type %s",
+                e->budgets ? e->budgets : DEFAULT_BUDGETS, e->split, e->chunk, e->seed,
+                e->threads, kvp_kv_type_name((kvp_kv_type)e->kv_type));
+        return;
+    }
     if (e->policies)
         fprintf(f, " --policies %s", e->policies);
     if (e->policy_file)
@@ -300,8 +354,10 @@ int kvp_cmd_eval(int argc, char **argv)
         {"lookahead", 1, 0, 'l'}, {"kl-every", 1, 0, 'K'}, {"seed", 1, 0, 'r'}, {"threads", 1, 0, 't'},
         {"kv-type", 1, 0, 'T'}, {"budget-mode", 1, 0, 'B'}, {"prompts", 1, 0, 'p'},
         {"max-prompts", 1, 0, 'M'}, {"reply-len", 1, 0, 'R'}, {"kvzap-file", 1, 0, 'Z'},
+        {"dialogs", 1, 0, 'D'}, {"turn-len", 1, 0, 'U'}, {"turn-reply", 1, 0, 'Y'},
+        {"protect-turns", 0, 0, 'G'},
         {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
-    int o, idx = 0, reply_opts = 0;
+    int o, idx = 0, reply_opts = 0, conv_opts = 0;
     optind = 1;
     while ((o = getopt_long(argc, argv, "", opts, &idx)) != -1) {
         int ok = 1;
@@ -331,6 +387,10 @@ int kvp_cmd_eval(int argc, char **argv)
         case 'p': e.prompts = optarg; break;
         case 'M': ok = kvp_parse_long(optarg, 1, 1 << 24, &e.max_prompts); reply_opts = 1; break;
         case 'R': ok = kvp_parse_long(optarg, 1, 1 << 20, &e.reply_len); reply_opts = 1; break;
+        case 'D': ok = kvp_parse_long(optarg, 1, 1 << 20, &e.dialogs); break;
+        case 'U': ok = kvp_parse_long(optarg, 2, 1 << 16, &e.turn_len); conv_opts = 1; break;
+        case 'Y': ok = kvp_parse_long(optarg, 1, 1 << 16, &e.turn_reply); conv_opts = 1; break;
+        case 'G': e.protect_turns = 1; conv_opts = 1; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -340,6 +400,12 @@ int kvp_cmd_eval(int argc, char **argv)
     if (e.prompts && e.text)
         return usage_error("--prompts cannot be combined with --text or --conversations "
                            "(with --prompts only the replies protocol runs)");
+    if (e.dialogs && e.prompts)
+        return usage_error("--dialogs runs on --text or --conversations, not --prompts");
+    if (conv_opts && !e.dialogs)
+        return usage_error("--turn-len, --turn-reply and --protect-turns go with --dialogs");
+    if (e.protect_turns && e.budget_mode == KVP_BUDGET_GLOBAL)
+        return usage_error("--protect-turns works with --budget-mode per_head only");
     if (reply_opts && !e.prompts)
         return usage_error("--reply-len and --max-prompts go with --prompts");
     if (!e.model || !(e.text || e.prompts) || !e.out || optind < argc)
@@ -621,6 +687,166 @@ out:
     return status;
 }
 
+/* kvp eval --dialogs: the conversation protocol for every policy but the oracle (and,
+ * with --protect-turns, each also protected) at every budget. The exit status. */
+static int conv_protocol(const kvp_eval_cli_opts *e, const kvp_model *m, char *const *names,
+                         int n_pol, const kvp_eval_opts *eo, const int *ids, long n_ids,
+                         size_t at, size_t text_len)
+{
+    kvp_conv_opts co;
+    kvp_conv_defaults(&co);
+    co.turn_len = (int)e->turn_len;
+    co.reply_len = (int)e->turn_reply;
+    int cue[64], nb = eo->n_budgets, status = 1;
+    int n_cue = kvp_tokenizer_encode(&m->tok, KVP_CONV_CUE, strlen(KVP_CONV_CUE),
+                                     KVP_ENCODE_NO_PREFIX, cue, 64);
+    char err[600];
+    if (n_cue < 1) {
+        fprintf(stderr, "kvp eval: cannot encode the recall cue\n");
+        return 1;
+    }
+    if (kvp_conv_check(&co, m->cfg.seq_len, n_cue, err, sizeof err)) {
+        fprintf(stderr, "kvp eval: --turn-len %ld --turn-reply %ld: %s\n", e->turn_len,
+                e->turn_reply, err);
+        return 2;
+    }
+    int vpol[2 * MAX_POLICIES], vprot[2 * MAX_POLICIES], n_var = 0;
+    char vname[2 * MAX_POLICIES][48];
+    for (int i = 0; i < n_pol; i++) {
+        if (!strcmp(names[i], "oracle")) {
+            fprintf(stderr, "kvp eval: oracle is left out of the conversations: its scores "
+                    "need the future of replies not yet drawn\n");
+            continue;
+        }
+        for (int pr = 0; pr <= (e->protect_turns && strcmp(names[i], "none")); pr++) {
+            vpol[n_var] = i;
+            vprot[n_var] = pr;
+            snprintf(vname[n_var], sizeof vname[n_var], "%s%s", names[i], pr ? "+protect" : "");
+            n_var++;
+        }
+    }
+    if (!n_var) {
+        fprintf(stderr, "kvp eval: no policy to run (the oracle has no conversation "
+                "protocol)\n(kvp eval --help for usage)\n");
+        return 2;
+    }
+    int story_len = kvp_conv_story_len(&co), bos = m->tok.bos_id;
+    long have = kvp_corpus_count(n_ids, story_len, bos);
+    int n_conv = (int)(e->dialogs < have ? e->dialogs : have);
+    if (n_conv < 1) {
+        fprintf(stderr, "kvp eval: the held-out part of %s (%ld tokens) is too short for a "
+                "conversation of %d story tokens\n", e->text, n_ids, story_len);
+        return 1;
+    }
+    if (mkdir(e->out, 0777) && errno != EEXIST) {
+        fprintf(stderr, "kvp eval: cannot create %s: %s\n", e->out, strerror(errno));
+        return 1;
+    }
+    int n_tasks = n_conv * n_var * nb;
+    int *story = malloc((size_t)n_conv * story_len * sizeof *story);
+    kvp_conv_acc *task_acc = calloc((size_t)n_tasks, sizeof *task_acc);
+    kvp_conv_acc *acc = calloc((size_t)n_var, sizeof *acc);
+    kvp_eval_row *rows = malloc((size_t)n_var * KVP_CONV_ROWS_PER_POLICY * sizeof *rows);
+    char *intro = NULL;
+    size_t intro_len = 0;
+    if (!story || !task_acc || !acc || !rows)
+        goto oom;
+    for (int i = 0; i < n_conv; i++)
+        kvp_corpus_sequence(ids, i, story_len, bos, story + (size_t)i * story_len);
+    fprintf(stderr, "kvp eval: held-out text: bytes %zu..%zu of %s, %ld tokens; %d "
+            "conversations of %d user turns (%d story tokens + %d reply tokens each), "
+            "recall at turns %d and %d; %d variants x %d budgets; %ld threads\n", at, text_len,
+            e->text, n_ids, n_conv, co.turns, co.turn_len, co.reply_len, co.recall_at[0],
+            co.recall_at[1], n_var, nb, e->threads);
+    openblas_set_num_threads(1);
+    int max_tokens = n_cue + co.turn_len;
+    max_tokens = max_tokens > (int)e->chunk ? max_tokens : (int)e->chunk;
+    max_tokens = max_tokens > 128 ? max_tokens : 128;   /* kvzip's reconstruction chunks */
+    job j = {.m = m, .o = eo, .policies = (const char *const *)names, .n_pol = n_pol,
+             .policy_file = e->policy_file, .kvzap_file = e->kvzap_file,
+             .seed = (uint64_t)e->seed, .max_tokens = max_tokens, .conv_story = story,
+             .n_conv = n_conv, .story_len = story_len, .n_cue = n_cue, .cue = cue,
+             .conv_o = &co, .var_pol = vpol, .var_protect = vprot, .n_var = n_var,
+             .conv_acc = task_acc, .tty = isatty(2), .lock = PTHREAD_MUTEX_INITIALIZER,
+             .n_workers = (int)e->threads};
+    j.states = calloc((size_t)j.n_workers, sizeof *j.states);
+    j.state_ready = calloc((size_t)j.n_workers, 1);
+    double t0 = kvp_now();
+    int phase_rc = !j.states || !j.state_ready ? -1 : run_phase(&j, 3, n_tasks);
+    for (int w = 0; j.state_ready && w < j.n_workers; w++)
+        if (j.state_ready[w])
+            kvp_runstate_free(&j.states[w]);
+    free(j.states);
+    free(j.state_ready);
+    if (phase_rc) {
+        fprintf(stderr, "kvp eval: %s\n", j.err[0] ? j.err : "out of memory");
+        goto out;
+    }
+    for (int i = 0; i < n_tasks; i++)   /* a fixed order: the same for any thread count */
+        kvp_conv_acc_add(&acc[i / nb % n_var], &task_acc[i]);
+    int n_rows = 0;
+    for (int v = 0; v < n_var; v++)
+        n_rows += kvp_conv_rows(vname[v], &acc[v], eo, &co, rows + n_rows);
+    FILE *mf = open_memstream(&intro, &intro_len);
+    if (!mf)
+        goto oom;
+    fprintf(mf, "# kvp eval: %s\n\nCommand:\n\n```\n", m->name);
+    print_command(mf, e);
+    fprintf(mf, "\n```\n\nHeld-out text: bytes %zu..%zu of `%s` (%ld tokens). %d "
+            "conversations, conversation i reading the i-th run of %d tokens (BOS first).\n\n"
+            "- turns: user turn k (1..%d) is the story's tokens [%d(k-1), %dk); after it the "
+            "model draws a greedy reply of %d tokens under eviction (chunk %d) and a full "
+            "cache (f32, no eviction) is fed the same tokens; at each turn's end the "
+            "policy's cache is compressed to the budget (the daemon's turn boundary). `kl` "
+            "is the mean over conversations of the mean over turns of each reply's mean "
+            "KL(full || evicted); `kl_tK` the same for turn K alone.\n"
+            "- recall: user turn N (%d, %d) asks for turn 1 again: `%s` (%d tokens) and then "
+            "turn 1's %d tokens after BOS, teacher-forced on copies of both caches as that "
+            "turn finds them, no eviction. `recall_N` is the mean log-likelihood per token "
+            "of turn 1's text (nats), `recall_gap_N` the full cache's minus the policy's, "
+            "`kept_t1_N` the share of turn 1's rows the policy's cache still holds then.\n"
+            "- `P+protect`: the policy with per-turn protection, the rows a turn's "
+            "compression kept ranking above every newer row at later evictions.\n"
+            "- cache rows stored as %s; budgets per head.\n",
+            at, text_len, e->text, n_ids, n_conv, story_len, co.turns, co.turn_len,
+            co.turn_len, co.reply_len, eo->chunk, co.recall_at[0], co.recall_at[1],
+            "\\nTell me the start of the story again.\\n", n_cue, co.turn_len - 1,
+            kvp_kv_type_name(eo->kv_type));
+    if (fclose(mf))
+        goto oom;
+    if (kvp_eval_write(e->out, rows, n_rows, intro, err, sizeof err)) {
+        fprintf(stderr, "kvp eval: %s\n", err);
+        goto out;
+    }
+    printf("%-26s %6s %8s %9s %9s %9s %9s %7s\n", "policy", "budget", "kl", "recall4", "gap4",
+           "recall8", "gap8", "kept8");
+    for (int v = 0; v < n_var; v++)
+        for (int bi = 0; bi < nb; bi++) {
+            double c = (double)acc[v].convs[bi];
+            if (!c)
+                continue;
+            printf("%-26s %6d %8.4f %9.3f %9.3f %9.3f %9.3f %7.3f\n", vname[v], eo->budgets[bi],
+                   acc[v].kl[bi] / c, acc[v].recall[bi][0] / c,
+                   (acc[v].recall_full[bi][0] - acc[v].recall[bi][0]) / c,
+                   acc[v].recall[bi][1] / c,
+                   (acc[v].recall_full[bi][1] - acc[v].recall[bi][1]) / c,
+                   acc[v].kept_t1[bi][1] / c);
+        }
+    fprintf(stderr, "kvp eval: wrote %s/results.csv, results.md and plots in %.1f s\n", e->out,
+            kvp_now() - t0);
+    status = 0;
+    goto out;
+oom:
+    fprintf(stderr, "kvp eval: out of memory\n");
+out:
+    free(story);
+    free(task_acc);
+    free(acc);
+    free(rows);
+    free(intro);
+    return status;
+}
+
 int kvp_eval_run(const kvp_eval_cli_opts *e)
 {
     const char *model_path = e->model, *tok_path = e->tokenizer, *text_path = e->text,
@@ -716,12 +942,12 @@ int kvp_eval_run(const kvp_eval_cli_opts *e)
     int n_refs = 0, n_stream_refs = 0;
     if (!stream_len)
         stream_len = 4L * ctx;
-    if (seq_len > ctx) {
+    if (seq_len > ctx && !e->dialogs) {
         fprintf(stderr, "kvp eval: --seq-len %ld exceeds the model's context %d\n", seq_len, ctx);
         status = 2;
         goto out;
     }
-    if (n_streams && eo.budgets[eo.n_budgets - 1] + chunk > ctx) {
+    if (!e->dialogs && n_streams && eo.budgets[eo.n_budgets - 1] + chunk > ctx) {
         fprintf(stderr, "kvp eval: budget %d + chunk %ld exceeds the model's context %d "
                 "(streaming needs room for a chunk; --streams 0 skips it)\n",
                 eo.budgets[eo.n_budgets - 1], chunk, ctx);
@@ -740,6 +966,10 @@ int kvp_eval_run(const kvp_eval_cli_opts *e)
                                    sizeof cerr);
     if (n_ids < 0) {
         fprintf(stderr, "kvp eval: %s\n", cerr);
+        goto out;
+    }
+    if (e->dialogs) {
+        status = conv_protocol(e, &m, names, n_pol, &eo, ids, n_ids, at, text_len);
         goto out;
     }
     int bos = m.tok.bos_id;

@@ -79,6 +79,11 @@ typedef struct {
                                         (text NULL) */
     long max_prompts;                /* 0: every non-empty line */
     long reply_len;                  /* replies: tokens drawn at most */
+    long dialogs;                    /* > 0: the conversation protocol alone, on that many
+                                        conversations of the held-out text */
+    long turn_len, turn_reply;       /* conversation: story tokens per user turn, reply tokens */
+    int protect_turns;               /* conversation: every policy also with per-turn
+                                        protection ("P+protect") */
 } kvp_eval_cli_opts;
 void kvp_eval_defaults(kvp_eval_cli_opts *o);
 int kvp_eval_run(const kvp_eval_cli_opts *o);
