@@ -29,8 +29,8 @@ static kvp_hub_client *job_ended(kvp_hub *h, kvp_session *s)
     if (s->state == KVP_SESSION_TURN)   /* its request is the loop's again */
         kvp_session_request_release(s);
     s->fork_read = 0;
-    if (s->restored.pending) {   /* the snapshot's tenant, before anything compares it */
-        snprintf(s->tenant, sizeof s->tenant, "%s", s->restored.tenant);
+    if (s->res.restored.pending) {   /* the snapshot's tenant, before anything compares it */
+        snprintf(s->tenant, sizeof s->tenant, "%s", s->res.restored.tenant);
         s->unread = 0;
     }
     h->jobs--;
