@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs the test suite. --sanitize: the same suite in build-asan (ASan + UBSan).
-# --tsan [TEST | --suite NAME]...: the tests that start kvpd (default: the daemon and
-# cluster suites, or the meson tests and suites named), each kvpd built with
-# ThreadSanitizer in build-tsan; a race it reports fails the test.
+# --tsan [--ci | TEST | --suite NAME]...: the tests that start kvpd (default: the daemon
+# and cluster suites, or the meson tests and suites named; --ci: CI's subset, the tests
+# that cross the loop/worker boundary most), each kvpd built with ThreadSanitizer in
+# build-tsan; a race it reports fails the test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=build
@@ -21,6 +22,10 @@ case "${1:-}" in
     shift
     tests=("$@")
     [ ${#tests[@]} -gt 0 ] || tests=(--suite daemon --suite cluster)
+    # CI's: concurrent sessions in batched steps (chat), forks of sessions in memory,
+    # parked and read back after a restart (fork), loads, parks and kill -9 (persist),
+    # the step beside a stalled store write (stepio)
+    [ "${tests[0]}" != --ci ] || tests=(daemon/chat daemon/fork daemon/persist daemon/stepio)
     # Only kvpd is built with ThreadSanitizer: Criterion's runner cannot start under it
     # (its shared arena wants a fixed address range that ThreadSanitizer's shadow memory
     # takes), so the tests themselves are the plain build's, and they start this kvpd
