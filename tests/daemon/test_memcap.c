@@ -82,8 +82,12 @@ static void fifty_sessions_under_a_cap_of_ten(const char *kv_type, const char *m
     json_int_t per_turn = turn_bytes(kv_type, mode);
     json_int_t cap = 10 * per_turn;
     char args[512];
+    /* The fifty conversations say the same lines, so with share_prompts a turn would take
+     * its prompt's rows from another of its step: off here, every turn prefills its own new
+     * tokens and the count below tells a parked session's re-prefill apart. */
     snprintf(args, sizeof args, "--state-dir %s --max-cache-bytes %lld --max-sessions 100 "
-             "--kv-type %s --budget-mode %s --budget " BUDGET, g_dir, (long long)cap, kv_type, mode);
+             "--kv-type %s --budget-mode %s --budget " BUDGET " --no-share-prompts", g_dir,
+             (long long)cap, kv_type, mode);
     kvpd_proc d;
     cr_assert_eq(kvpd_start(&d, args), 0, "log %s", d.log);
 
