@@ -264,6 +264,24 @@ static int eval_job(void *arg, int w, int t)
     return 0;
 }
 
+/* Each worker's run state, made on its first task (state_ready says which are made). 0 or
+ * -1 (out of memory). */
+static int job_states_alloc(job *j)
+{
+    j->states = calloc((size_t)j->n_workers, sizeof *j->states);
+    j->state_ready = calloc((size_t)j->n_workers, 1);
+    return j->states && j->state_ready ? 0 : -1;
+}
+
+static void job_states_free(job *j)
+{
+    for (int w = 0; j->state_ready && w < j->n_workers; w++)
+        if (j->state_ready[w])
+            kvp_runstate_free(&j->states[w]);
+    free(j->states);
+    free(j->state_ready);
+}
+
 /* Runs one phase on the offline pool with j->n_workers threads (the calling thread
  * included). 0 or -1. */
 static int run_phase(job *j, int phase, int n_tasks)
@@ -584,15 +602,10 @@ static int replies_run(const kvp_eval_cli_opts *e, const kvp_model *m, char *con
              .max_tokens = (int)e->chunk, .prompt_tok = pr.tok, .prompt_len = pr.len,
              .n_prompts = pr.n, .tpl = &t, .reply_acc = task_acc, .tty = isatty(2),
              .lock = PTHREAD_MUTEX_INITIALIZER, .n_workers = (int)e->threads};
-    j.states = calloc((size_t)j.n_workers, sizeof *j.states);
-    j.state_ready = calloc((size_t)j.n_workers, 1);
+    int states_rc = job_states_alloc(&j);
     double t0 = kvp_now();
-    int phase_rc = !j.states || !j.state_ready ? -1 : run_phase(&j, 2, n_tasks);
-    for (int w = 0; j.state_ready && w < j.n_workers; w++)
-        if (j.state_ready[w])
-            kvp_runstate_free(&j.states[w]);
-    free(j.states);
-    free(j.state_ready);
+    int phase_rc = states_rc ? -1 : run_phase(&j, 2, n_tasks);
+    job_states_free(&j);
     if (phase_rc) {
         fprintf(stderr, "kvp eval: %s\n", j.err[0] ? j.err : "out of memory");
         goto out;
@@ -769,15 +782,10 @@ static int conv_protocol(const kvp_eval_cli_opts *e, const kvp_model *m, char *c
              .conv_o = &co, .var_pol = vpol, .var_protect = vprot, .n_var = n_var,
              .conv_acc = task_acc, .tty = isatty(2), .lock = PTHREAD_MUTEX_INITIALIZER,
              .n_workers = (int)e->threads};
-    j.states = calloc((size_t)j.n_workers, sizeof *j.states);
-    j.state_ready = calloc((size_t)j.n_workers, 1);
+    int states_rc = job_states_alloc(&j);
     double t0 = kvp_now();
-    int phase_rc = !j.states || !j.state_ready ? -1 : run_phase(&j, 3, n_tasks);
-    for (int w = 0; j.state_ready && w < j.n_workers; w++)
-        if (j.state_ready[w])
-            kvp_runstate_free(&j.states[w]);
-    free(j.states);
-    free(j.state_ready);
+    int phase_rc = states_rc ? -1 : run_phase(&j, 3, n_tasks);
+    job_states_free(&j);
     if (phase_rc) {
         fprintf(stderr, "kvp eval: %s\n", j.err[0] ? j.err : "out of memory");
         goto out;
@@ -1047,17 +1055,12 @@ int kvp_eval_run(const kvp_eval_cli_opts *e)
               .stream_refs = stream_refs, .n_str = n_str, .bos = bos,
               .seq_acc = seq_acc, .stream_acc = stream_acc, .tty = isatty(2),
               .lock = PTHREAD_MUTEX_INITIALIZER, .n_workers = (int)threads};
-    j.states = calloc((size_t)j.n_workers, sizeof *j.states);
-    j.state_ready = calloc((size_t)j.n_workers, 1);
+    int states_rc = job_states_alloc(&j);
     double t0 = kvp_now();
-    int phases_rc = !j.states || !j.state_ready ? -1
+    int phases_rc = states_rc ? -1
                     : run_phase(&j, 0, n_seq + n_str) ||
                       run_phase(&j, 1, n_seq * n_pol + n_str * n_spol * eo.n_budgets);
-    for (int w = 0; j.state_ready && w < j.n_workers; w++)
-        if (j.state_ready[w])
-            kvp_runstate_free(&j.states[w]);
-    free(j.states);
-    free(j.state_ready);
+    job_states_free(&j);
     if (phases_rc) {
         fprintf(stderr, "kvp eval: %s\n", j.err[0] ? j.err : "out of memory");
         goto out;
