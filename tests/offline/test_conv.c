@@ -13,6 +13,7 @@
 #include "offline/oracle.h"
 #include "offline/trace.h"
 #include "tests/model/testutil.h"
+#include "tests/offline/traceutil.h"
 
 static kvp_model model;
 static int *ids;   /* held-out tokens of TinyStories */
@@ -25,11 +26,7 @@ static void setup(void)
     char err[256];
     cr_assert_eq(kvp_model_load(&model, tu_shared("models/stories260K.bin"), NULL, err, sizeof err),
                  0, "%s", err);
-    size_t len;
-    char *text = tu_slurp(tu_shared("datasets/tinystories/tinystories-dev.txt"), &len);
-    size_t at = kvp_trace_split_at(text, len, 0.8);
-    n_ids = kvp_trace_tokenize(&model.tok, text + at, 20000, &ids);
-    free(text);
+    n_ids = heldout_story_ids(&model, 20000, &ids);
     cr_assert_gt(n_ids, 2000);
     NCUE = kvp_tokenizer_encode(&model.tok, KVP_CONV_CUE, strlen(KVP_CONV_CUE),
                                 KVP_ENCODE_NO_PREFIX, cue, 64);

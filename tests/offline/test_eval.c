@@ -18,6 +18,7 @@
 #include "offline/trace.h"
 #include "model/template.h"
 #include "tests/model/testutil.h"
+#include "tests/offline/traceutil.h"
 
 #define LEN 128
 #define CUT 96
@@ -42,11 +43,7 @@ static void setup(void)
     char err[256];
     cr_assert_eq(kvp_model_load(&model, tu_shared("models/stories260K.bin"), NULL, err, sizeof err),
                  0, "%s", err);
-    size_t len;
-    char *text = tu_slurp(tu_shared("datasets/tinystories/tinystories-dev.txt"), &len);
-    size_t at = kvp_trace_split_at(text, len, 0.8);
-    n_ids = kvp_trace_tokenize(&model.tok, text + at, 20000, &ids);
-    free(text);
+    n_ids = heldout_story_ids(&model, 20000, &ids);
     cr_assert_gt(n_ids, 2000);
     cr_assert_eq(kvp_runstate_init(&rs, &model.cfg, 512), 0);
 }

@@ -16,6 +16,7 @@
 #include "offline/oracle.h"
 #include "offline/trace.h"
 #include "tests/model/testutil.h"
+#include "tests/offline/traceutil.h"
 
 #define NP 256
 #define NB 64
@@ -32,12 +33,8 @@ static void setup(void)
     char err[256];
     cr_assert_eq(kvp_model_load(&model, tu_shared("models/stories260K.bin"), NULL, err, sizeof err),
                  0, "%s", err);
-    size_t len;
-    char *text = tu_slurp(tu_shared("datasets/tinystories/tinystories-dev.txt"), &len);
-    size_t at = kvp_trace_split_at(text, len, 0.8);
     int *ids;
-    long n_ids = kvp_trace_tokenize(&model.tok, text + at, 20000, &ids);
-    free(text);
+    long n_ids = heldout_story_ids(&model, 20000, &ids);
     cr_assert_gt(n_ids, LEN);
     tok[0] = model.tok.bos_id;
     memcpy(tok + 1, ids, (LEN - 1) * sizeof *tok);

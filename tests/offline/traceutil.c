@@ -116,3 +116,13 @@ void framed_rows(const kvp_trace *t, int seq, int layer, int kvh, int n, const k
     for (int i = 0; rope && i < n; i++)
         kvp_rope_rotate(rope, k + i * T_D, -(double)n);
 }
+
+long heldout_story_ids(const kvp_model *m, size_t max_bytes, int **ids)
+{
+    size_t len;
+    char *text = tu_slurp(tu_shared("datasets/tinystories/tinystories-dev.txt"), &len);
+    size_t at = kvp_trace_split_at(text, len, 0.8);
+    long n = kvp_trace_tokenize(&m->tok, text + at, max_bytes, ids);
+    free(text);
+    return n;
+}

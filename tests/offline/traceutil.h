@@ -3,6 +3,7 @@
 #define KVP_TESTS_TRACEUTIL_H
 
 #include "cache/rope.h"
+#include "model/model.h"
 #include "offline/trace.h"
 #include "policy/kvp_agent.h"
 
@@ -31,6 +32,9 @@ extern const kvp_agent_arch tiny_arch;     /* agents for the trace's head_dim */
  * at cut n, computed here without the library's helpers. k, v: [n][T_D]. */
 void framed_rows(const kvp_trace *t, int seq, int layer, int kvh, int n, const kvp_rope *rope,
                  float *k, float *v);
+/* Tokens of the held-out part of TinyStories' dev text (its last 20%, as kvp eval splits
+ * it): the first max_bytes of it, tokenized by m's tokenizer into *ids (malloc'd). */
+long heldout_story_ids(const kvp_model *m, size_t max_bytes, int **ids);
 /* `kvp SUB ARGS` with stderr in *out; its exit status. */
 int run_kvp(const char *sub, const char *args, char **out);
 
