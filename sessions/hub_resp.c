@@ -16,6 +16,7 @@
 #include <uv.h>
 
 #include "base/log.h"
+#include "base/thread.h"
 #include "sessions/hub_impl.h"
 #include "store/responses.h"
 
@@ -93,6 +94,7 @@ static void run(struct hub_resp *r, resp_op *op)
 static void *thread_main(void *arg)
 {
     struct hub_resp *r = arg;
+    kvp_thread_name("kvpd-responses");
     pthread_mutex_lock(&r->mu);
     for (;;) {
         while (!r->q_head && !r->stopping)

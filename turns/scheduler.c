@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "base/clock.h"
+#include "base/thread.h"
 
 struct kvpd_sched {
     uv_async_t async;
@@ -23,7 +24,7 @@ struct kvpd_sched {
     int depth;
     int stopping;
     int stepping;              /* a worker runs a batched step */
-    int jobs;                  /* workers in a job; at most n_workers - 1 (see worker_main) */
+    int jobs;                  /* workers in a job; at most n_workers - 1 (see role_of) */
     pthread_mutex_t ev_mu;
     kvpd_event *ev_head, *ev_tail;
     int n_workers;
@@ -122,7 +123,7 @@ static void enqueue_locked(kvpd_sched *s, kvp_session *sess)
         s->rq_head = sess;
     s->rq_tail = sess;
     s->depth++;
-    pthread_cond_signal(&s->rq_cv);
+    pthread_cond_broadcast(&s->rq_cv);   /* the workers differ in what they take */
 }
 
 /* Unlinks a queued session; rq_mu is held. */
@@ -189,11 +190,34 @@ static int sched_busy(void *arg)
     return busy;
 }
 
+/* A worker's share of the work. One worker does all of it. With more, worker 0 runs the
+ * batched steps and nothing else, and the others the jobs and the background work, at
+ * KVP_BACKGROUND_NICE: a job (a turn's start renders and tokenizes its prompt and
+ * builds its grammar's matcher, a snapshot waits on the store) never holds the step's
+ * worker, and on a machine with more runnable threads than cores it takes the time the
+ * step and the loop leave. At most n_workers - 1 are in a job at a time, so a store that
+ * answers late never leaves the queued turns without a worker to step them. */
+enum worker_role { ROLE_ALL, ROLE_STEP, ROLE_JOBS };
+
+static enum worker_role role_of(const kvpd_sched *s, int index)
+{
+    return s->n_workers == 1 ? ROLE_ALL : index == 0 ? ROLE_STEP : ROLE_JOBS;
+}
+
 static void *worker_main(void *arg)
 {
     worker_arg *wa = arg;
     kvpd_sched *s = wa->s;
     kvp_runstate *rs = &s->rs[wa->index];
+    enum worker_role role = role_of(s, wa->index);
+    char name[16];   /* as top -H, ps -L and perf show it */
+    if (role == ROLE_JOBS) {
+        snprintf(name, sizeof name, "kvpd-job%d", wa->index);
+        (void)kvp_thread_nice(KVP_BACKGROUND_NICE);   /* refused: it runs at the step's */
+    } else {
+        snprintf(name, sizeof name, role == ROLE_STEP ? "kvpd-step" : "kvpd-worker");
+    }
+    kvp_thread_name(name);
     free(wa);
     /* a session takes at least one row of a step */
     kvp_session **batch = malloc((size_t)s->rows * sizeof *batch);
@@ -205,20 +229,18 @@ static void *worker_main(void *arg)
         for (;;) {
             if (s->stopping)
                 break;
-            /* Jobs wait on the disk or the network: with two workers or more, one is
-             * always left free of them, so a store that answers late never leaves the
-             * queued turns without a worker to step them. */
-            if ((s->n_workers == 1 || s->jobs < s->n_workers - 1) && (job = take_job_locked(s))) {
+            if (role != ROLE_STEP && (job = take_job_locked(s))) {
                 s->jobs++;
                 break;
             }
-            if (batch && more && !s->stepping && !s->idle_running &&
+            if (role != ROLE_JOBS && batch && more && !s->stepping && !s->idle_running &&
                 (n = take_turns_locked(s, batch, s->rows))) {
                 s->stepping = 1;
                 break;
             }
             /* Background work only when there is nothing else at all. */
-            if (s->idle.run && !s->stepping && !s->idle_running && s->jobs == 0 &&
+            if (role != ROLE_STEP && s->idle.run && !s->stepping && !s->idle_running &&
+                s->jobs == 0 &&
                 s->depth == 0 && s->idle.pending(s->idle.ctx)) {
                 s->idle_running = 1;
                 idle = 1;

@@ -7,9 +7,11 @@
  *     that took part go back to the tail and those left out stay at the head, so
  *     sessions join and leave between steps and a long prefill never stalls the others;
  *   - jobs (snapshot LOAD and SAVE, a turn's start and its end-of-turn snapshot: the
- *     units that wait on I/O, kvp_session_job_next) run alone on the other workers
- *     meanwhile; with two workers or more, at most all but one are in a job at a time,
- *     so a stalled store never leaves the batched step without a worker.
+ *     units that wait on I/O or take a while without the model, kvp_session_job_next)
+ *     run alone meanwhile. One worker does both; with two or more, the first runs only
+ *     the steps and the others only the jobs (and background work), at a lower
+ *     priority (base/thread.h), so a stalled store never leaves the batched step
+ *     without a worker and a job's compute never takes the step's core.
  * A session is on at most one worker at a time. Workers report through a
  * mutex-protected event queue and uv_async_send; the loop thread drains it. */
 #ifndef KVPD_SCHED_H

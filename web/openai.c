@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <jansson.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +16,7 @@
 #include <uv.h>
 
 #include "base/log.h"
+#include "base/thread.h"
 #include "web/conn.h"
 #include "web/http.h"
 #include "web/oai_items.h"
@@ -391,6 +393,7 @@ static void oai_free(kvpd_oai *o);
 static void offload_work(uv_work_t *w)
 {
     kvpd_oai_offload *f = w->data;
+    pthread_setname_np(pthread_self(), "kvpd-pool");   /* libuv's pool, as top -H shows it */
     f->run(f->arg);
 }
 
