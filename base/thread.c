@@ -21,6 +21,11 @@ static id_t self_tid(void)
     return (id_t)syscall(SYS_gettid);
 }
 
+long kvp_thread_self_id(void)
+{
+    return (long)self_tid();
+}
+
 int kvp_thread_nice_now(void)
 {
     errno = 0;

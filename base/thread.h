@@ -17,6 +17,8 @@ void kvp_thread_name(const char *name);
  * nice again without privilege, so this is for threads whose every unit of work is
  * background. 0 or a negative errno. */
 int kvp_thread_nice(int nice);
+/* The calling thread's kernel id (its tid: /proc/self/task/<id>). */
+long kvp_thread_self_id(void);
 /* The calling thread's nice value. */
 int kvp_thread_nice_now(void);
 

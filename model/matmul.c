@@ -345,6 +345,8 @@ static void start_pool(void)
     }
 }
 
+void kvp_matmul_start(void) { pthread_once(&pool_once, start_pool); }
+
 void kvp_matmul_enter(void) { atomic_fetch_add(&pool.passes, 1); }
 void kvp_matmul_leave(void) { atomic_fetch_sub(&pool.passes, 1); }
 

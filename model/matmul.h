@@ -65,6 +65,10 @@ void kvp_weight_row(const kvp_weight *w, int r, float *out);
  * thread. */
 void kvp_matmul_enter(void);
 void kvp_matmul_leave(void);
+/* Starts the pool's helper threads now, from the calling thread, whose nice value they
+ * take (base/thread.h); without it the first split job starts them, from whichever
+ * thread runs it, background ones included. Once per process; later calls do nothing. */
+void kvp_matmul_start(void);
 
 /* Attention over stored KV cache rows of n numbers (cache/kvrow.h), with the kernel set
  * in use: returns row . q; adds a * row to y; stores x[n] as a row (the same bytes as

@@ -11,6 +11,7 @@
 
 #include "base/clock.h"
 #include "base/thread.h"
+#include "model/matmul.h"
 
 struct kvpd_sched {
     uv_async_t async;
@@ -356,6 +357,7 @@ int kvpd_sched_start(kvpd_sched **out, uv_loop_t *loop, int workers,
     }
     s->async.data = s;
     *out = s;   /* from here the caller stops and frees on failure */
+    kvp_matmul_start();   /* the step's helpers at this thread's priority, not a job's */
     for (int i = 0; i < workers; i++) {
         if ((rc = kvp_runstate_init(&s->rs[i], &env->model->cfg, s->rows)) < 0) {
             snprintf(err, errlen, "runstate: %s", strerror(-rc));

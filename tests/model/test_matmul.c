@@ -3,7 +3,8 @@
  * to 8 bits can cause, the prefill tile + sgemm path matches the f32 product, the int8
  * GEMM prefill equals the per-row matrix-vector product (same activation quantization)
  * for every shape, f32 and Q8_0 weights in small blocks give each row what it gets alone, and
- * the thread pool's row split gives the same rows as one thread.
+ * the thread pool's row split gives the same rows as one thread, and the pool's helpers
+ * keep the priority of the thread that starts them.
  * meson runs this file twice: with the best kernels of the CPU and with KVP_SIMD=scalar. */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -568,4 +569,77 @@ Test(matmul, shared_input_equals_separate_products)
         }
     }
     free(src);
+}
+
+/* The pool's helpers take the nice value of the thread that starts them: kvp_matmul_start
+ * on a thread at the process's own keeps them there even when the first split job comes
+ * from a background thread (base/thread.h), as a daemon's niced job worker may run it. */
+#include <dirent.h>
+#include <pthread.h>
+#include "base/thread.h"
+
+static void no_item(void *ctx, int i, int slot)
+{
+    (void)ctx;
+    (void)i;
+    (void)slot;
+}
+
+static void *split_job_from_background(void *arg)
+{
+    (void)arg;
+    cr_assert_eq(kvp_thread_nice(KVP_BACKGROUND_NICE), 0);
+    kvp_matmul_parallel(64, no_item, NULL, 64u << 20, kvp_matmul_threads(), 0);
+    return NULL;
+}
+
+/* The nice values of this process's threads but the caller's: how many are at `nice`,
+ * how many are not. */
+static void count_nice(int nice, int *at, int *other)
+{
+    *at = *other = 0;
+    DIR *d = opendir("/proc/self/task");
+    cr_assert(d);
+    struct dirent *e;
+    long me = (long)kvp_thread_self_id();
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.' || strtol(e->d_name, NULL, 10) == me)
+            continue;
+        char path[300], buf[1024];
+        snprintf(path, sizeof path, "/proc/self/task/%s/stat", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            continue;
+        size_t n = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        buf[n] = '\0';
+        /* after the name's closing parenthesis: field 3 is the state, 19 the nice value */
+        char *p = strrchr(buf, ')');
+        cr_assert(p);
+        int field = 2, v = 0;
+        for (char *t = strtok(p + 1, " "); t; t = strtok(NULL, " "))
+            if (++field == 19) {
+                v = atoi(t);
+                break;
+            }
+        if (v == nice)
+            (*at)++;
+        else
+            (*other)++;
+    }
+    closedir(d);
+}
+
+Test(matmul, the_pool_started_early_keeps_its_starters_priority)
+{
+    int mine = kvp_thread_nice_now();
+    cr_assert_lt(mine, KVP_BACKGROUND_NICE, "run the suite below nice %d", KVP_BACKGROUND_NICE);
+    kvp_matmul_start();
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, split_job_from_background, NULL), 0);
+    pthread_join(th, NULL);
+    int at, other;
+    count_nice(mine, &at, &other);
+    cr_assert_geq(at, kvp_matmul_threads() - 1, "the helpers are at %d", mine);
+    cr_assert_eq(other, 0, "%d threads at another nice value", other);
 }
