@@ -98,13 +98,15 @@ static int check_tools(kvpd_oai_tools *t, json_t *tools, kvpd_oai_tools_err *e)
             return bad(e, param, "the function '%s' is declared twice", name);
         json_t *d = json_object_get(fn, "description"), *p = json_object_get(fn, "parameters");
         json_t *strict = json_object_get(fn, "strict");
-        snprintf(param, sizeof param, "tools[%zu].function", i);
-        if (d && !json_is_null(d) && !json_is_string(d))
-            return bad(e, param, "%s.description must be a string", param);
-        if (p && !json_is_null(p) && !json_is_object(p))
-            return bad(e, param, "%s.parameters must be a JSON schema object", param);
-        if (strict && !json_is_null(strict) && !json_is_boolean(strict))
-            return bad(e, param, "%s.strict must be a boolean", param);
+        const char *wrong = d && !json_is_null(d) && !json_is_string(d) ? "description must be a string"
+                          : p && !json_is_null(p) && !json_is_object(p) ? "parameters must be a JSON schema object"
+                          : strict && !json_is_null(strict) && !json_is_boolean(strict)
+                          ? "strict must be a boolean" : NULL;
+        if (wrong) {
+            snprintf(param, sizeof param, "tools[%zu].function.%.*s", i,
+                     (int)strcspn(wrong, " "), wrong);
+            return bad(e, param, "tools[%zu].function.%s", i, wrong);
+        }
         json_object_set_new(t->names, name, json_pack("{s:b}", "empty", takes_nothing(fn)));
     }
     return 0;
