@@ -153,9 +153,8 @@ static int check_nested(json_t *req, enum kvpd_oai_api api, kvpd_oai_err *e)
         if (!json_is_object(obj))
             continue;
         const char *key = kvpd_oai_unknown_key(obj, nested[i].keys);
-        if (key) {
+        if (key)
             return kvpd_oai_unknown(e, nested[i].field, key);
-        }
     }
     /* text.verbosity asks for a shorter or longer reply than the model would write:
      * only the default ("medium") changes nothing. */

@@ -37,8 +37,9 @@ static int keys(kvpd_oai_tools_err *e, const json_t *obj, const char *at,
 }
 
 /* The keys OpenAI's API defines for a function tool ({type, function: {name, description,
- * parameters, strict}}) and a named tool_choice ({type, function: {name}}); the template
- * renders the whole function, so each is honoured. */
+ * parameters, strict}}) and a named tool_choice ({type, function: {name}}). The template
+ * is given the whole function; a forced call is generated under its parameters schema,
+ * strict or not (docs/openai.md, "Tool calling"). */
 static const char *const tool_keys[] = {"type", "function", NULL};
 static const char *const function_keys[] = {"name", "description", "parameters", "strict", NULL};
 static const char *const choice_keys[] = {"type", "function", NULL};
