@@ -12,9 +12,12 @@
 struct kvp_grammar;
 
 /* rf: the request's response_format (NULL or null: text). 0 with *out the grammar (NULL
- * for text; the caller unrefs it), or -1 with *param the offending field and a message
- * naming what was refused in msg. */
-int kvpd_response_format(const json_t *rf, struct kvp_grammar **out, const char **param,
-                         char *msg, size_t msglen);
+ * for text; the caller unrefs it), or with param the offending field's path and a
+ * message naming what was refused in msg: KVPD_FORMAT_UNKNOWN for a key the object has
+ * not (OpenAI's unknown_parameter: kvpd_oai_unknown_at's param and message), -1 for a
+ * value refused. */
+#define KVPD_FORMAT_UNKNOWN (-2)
+int kvpd_response_format(const json_t *rf, struct kvp_grammar **out, char *param,
+                         size_t paramlen, char *msg, size_t msglen);
 
 #endif

@@ -2,6 +2,7 @@
 #include "web/oai_error.h"
 
 #include <stddef.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "sessions/hub.h"
@@ -82,4 +83,26 @@ enum kvpd_oai_code kvpd_oai_code_of_hub(const char *hub_code, int draining)
         return (enum kvpd_oai_code)i;
     }
     return KVPD_OAI_E_INTERNAL;
+}
+
+const char *kvpd_oai_unknown_key(const json_t *obj, const char *const *keys)
+{
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)obj, key, v) {
+        const char *const *k = keys;
+        while (*k && strcmp(*k, key))
+            k++;
+        if (!*k)
+            return key;
+    }
+    return NULL;
+}
+
+void kvpd_oai_unknown_at(char *param, size_t paramlen, char *msg, size_t msglen,
+                         const char *at, const char *key)
+{
+    snprintf(param, paramlen, "%s.%.64s", at, key);
+    snprintf(msg, msglen, "unknown parameter '%s': kvpd refuses what it would not honour",
+             param);
 }

@@ -4,6 +4,10 @@
 #ifndef KVPD_OAI_ERROR_H
 #define KVPD_OAI_ERROR_H
 
+#include <stddef.h>
+
+#include <jansson.h>
+
 enum kvpd_oai_code {
     KVPD_OAI_E_INVALID_REQUEST,       /* 400: a field is wrong (param names it) */
     KVPD_OAI_E_INVALID_JSON,          /* 400: the body is not a JSON object */
@@ -45,5 +49,15 @@ const char *kvpd_oai_code_label(enum kvpd_oai_code code);
  * is shutting down (overloaded and busy are then 503s). An unknown code is
  * KVPD_OAI_E_INTERNAL. */
 enum kvpd_oai_code kvpd_oai_code_of_hub(const char *hub_code, int draining);
+
+/* Unknown keys inside a request's objects (response_format, tools, tool_choice,
+ * stream_options, ...): every codec refuses them the one way, as
+ * KVPD_OAI_E_UNKNOWN_PARAMETER naming the key's whole path. */
+/* The first key of obj (an object) not among keys (NULL-terminated), or NULL. */
+const char *kvpd_oai_unknown_key(const json_t *obj, const char *const *keys);
+/* An unknown key's refusal: param = "<at>.<key>" (the key cut at 64 bytes), msg =
+ * "unknown parameter '<param>': kvpd refuses what it would not honour". */
+void kvpd_oai_unknown_at(char *param, size_t paramlen, char *msg, size_t msglen,
+                         const char *at, const char *key);
 
 #endif

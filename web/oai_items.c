@@ -21,8 +21,8 @@ static int present(const json_t *v)
 
 /* ---- the request's fields ---- */
 
-/* A function tool's or a JSON schema's fields as chat has them: name, description, body
- * ("parameters" or "schema") and strict, those of from that are there. */
+/* A function tool's fields as chat has them: name, description, body ("parameters") and
+ * strict, those of from that are there. */
 static json_t *named_fields(json_t *from, const char *body)
 {
     json_t *to = json_object();
@@ -31,6 +31,65 @@ static json_t *named_fields(json_t *from, const char *body)
         if (json_object_get(from, keys[k]))
             json_object_set(to, keys[k], json_object_get(from, keys[k]));
     return to;
+}
+
+/* A Responses function tool's fields beyond chat's, checked: the keys OpenAI's API
+ * defines ({type, name, description, parameters, strict} and allowed_callers, async,
+ * defer_loading, output_schema), the extra ones at the values that change nothing kvpd
+ * does. allowed_callers must let the model call it ("direct": kvpd runs no programmatic
+ * tool calling); async, defer_loading (loaded by tool search, which kvpd has not) and
+ * output_schema (the template renders chat's function, which has no place for it) ask for
+ * what kvpd does not do. at: "tools[i]". 0, or -1 with e set. */
+static int function_tool(json_t *t, const char *at, kvpd_oai_err *e)
+{
+    static const char *const known[] = {"type", "name", "description", "parameters", "strict",
+                                        "allowed_callers", "async", "defer_loading",
+                                        "output_schema", NULL};
+    const char *k = kvpd_oai_unknown_key(t, known);
+    if (k)
+        return kvpd_oai_unknown(e, at, k);
+    char param[64];
+    json_t *ac = json_object_get(t, "allowed_callers");
+    if (present(ac)) {
+        snprintf(param, sizeof param, "%s.allowed_callers", at);
+        int direct = 0, ok = json_is_array(ac);
+        size_t i;
+        json_t *c;
+        json_array_foreach(ac, i, c) {
+            const char *v = json_string_value(c);
+            ok &= v && (!strcmp(v, "direct") || !strcmp(v, "programmatic"));
+            direct |= v && !strcmp(v, "direct");
+        }
+        if (!ok)
+            return kvpd_oai_bad(e, KVPD_OAI_E_INVALID_REQUEST, param, "%s must be an array of "
+                                "\"direct\" and \"programmatic\"", param);
+        if (!direct)
+            return kvpd_oai_bad(e, KVPD_OAI_E_UNSUPPORTED_PARAMETER, param, "%s without "
+                                "\"direct\" is not supported by kvpd: it has no programmatic "
+                                "tool calling", param);
+    }
+    static const char *const flags[] = {"async", "defer_loading"};
+    for (size_t f = 0; f < 2; f++) {
+        json_t *v = json_object_get(t, flags[f]);
+        snprintf(param, sizeof param, "%s.%s", at, flags[f]);
+        if (present(v) && !json_is_boolean(v))
+            return kvpd_oai_bad(e, KVPD_OAI_E_INVALID_REQUEST, param, "%s must be a boolean",
+                                param);
+        if (json_is_true(v))
+            return kvpd_oai_bad(e, KVPD_OAI_E_UNSUPPORTED_PARAMETER, param, "%s is not "
+                                "supported by kvpd (only false)%s", param, f ? ": it has no "
+                                "tool search to load a deferred function" : "");
+    }
+    json_t *os = json_object_get(t, "output_schema");
+    snprintf(param, sizeof param, "%s.output_schema", at);
+    if (present(os) && !json_is_object(os))
+        return kvpd_oai_bad(e, KVPD_OAI_E_INVALID_REQUEST, param, "%s must be a JSON schema "
+                            "object", param);
+    if (present(os))
+        return kvpd_oai_bad(e, KVPD_OAI_E_UNSUPPORTED_PARAMETER, param, "%s is not supported "
+                            "by kvpd: the model's chat template is given chat's function, "
+                            "which has no place for it", param);
+    return 0;
 }
 
 static json_t *chat_tools(json_t *tools, kvpd_oai_err *e)
@@ -52,6 +111,9 @@ static json_t *chat_tools(json_t *tools, kvpd_oai_err *e)
         }
         if (strcmp(type, "function"))
             continue;   /* a hosted or custom tool: skipped (kvpd_items_skipped_tools) */
+        snprintf(param, sizeof param, "tools[%zu]", i);
+        if (function_tool(t, param, e) < 0)
+            goto bad;
         json_array_append_new(out, json_pack("{s:s, s:o}", "type", "function", "function",
                                              named_fields(t, "parameters")));
     }
@@ -66,6 +128,12 @@ static json_t *chat_tool_choice(json_t *tc, kvpd_oai_err *e)
     if (json_is_string(tc))
         return json_incref(tc);   /* auto, none, required: chat's names too */
     const char *type = str(tc, "type"), *name = str(tc, "name");
+    static const char *const known[] = {"type", "name", NULL};
+    const char *k = type && !strcmp(type, "function") ? kvpd_oai_unknown_key(tc, known) : NULL;
+    if (k) {
+        kvpd_oai_unknown(e, "tool_choice", k);
+        return NULL;
+    }
     if (json_is_object(tc) && type && !strcmp(type, "function") && name)
         return json_pack("{s:s, s:{s:s}}", "type", "function", "function", "name", name);
     kvpd_oai_bad(e, KVPD_OAI_E_UNSUPPORTED_PARAMETER, "tool_choice",
@@ -74,7 +142,11 @@ static json_t *chat_tool_choice(json_t *tc, kvpd_oai_err *e)
     return NULL;
 }
 
-/* text.format as response_format (NULL and e clear: plain text). */
+/* text.format as response_format (NULL and e clear: plain text): json_schema's fields
+ * (all but the type) as json_schema's, another type's object as it is, so that chat's
+ * check (web/format.c) refuses what either has besides OpenAI's keys, named back as
+ * text.format's (kvpd_items_error_names). json_object's `schema` is llama.cpp's server's,
+ * for chat's response_format only. */
 static json_t *chat_format(json_t *text, kvpd_oai_err *e)
 {
     json_t *format = json_object_get(text, "format");
@@ -85,13 +157,19 @@ static json_t *chat_format(json_t *text, kvpd_oai_err *e)
     if (!present(format))
         return NULL;
     const char *type = str(format, "type");
-    if (type && !strcmp(type, "text"))
+    if (type && !strcmp(type, "text") && json_object_size(format) == 1)
         return NULL;
-    if (type && !strcmp(type, "json_object"))
-        return json_pack("{s:s}", "type", "json_object");
-    if (type && !strcmp(type, "json_schema"))
-        return json_pack("{s:s, s:o}", "type", "json_schema", "json_schema",
-                         named_fields(format, "schema"));
+    if (type && !strcmp(type, "json_object") && json_object_get(format, "schema")) {
+        kvpd_oai_unknown(e, "text.format", "schema");
+        return NULL;
+    }
+    if (type && !strcmp(type, "json_schema")) {
+        json_t *js = json_copy(format);
+        json_object_del(js, "type");
+        return json_pack("{s:s, s:o}", "type", "json_schema", "json_schema", js);
+    }
+    if (type && (!strcmp(type, "text") || !strcmp(type, "json_object")))
+        return json_copy(format);
     kvpd_oai_bad(e, KVPD_OAI_E_UNSUPPORTED_PARAMETER, "text.format",
                  "text.format must be of type text, json_object or json_schema");
     return NULL;
@@ -191,8 +269,30 @@ static void rename_in(char *s, size_t cap, const char *from, const char *to)
     memcpy(s, out, n + 1);
 }
 
-void kvpd_items_error_names(kvpd_oai_err *e)
+void kvpd_items_error_names(kvpd_oai_err *e, const json_t *tools)
 {
+    /* chat's tools[n] is the request's n-th function tool, at its own index there */
+    unsigned n;
+    int at;
+    if (sscanf(e->param, "tools[%u]%n", &n, &at) == 1 && at > 0) {
+        size_t i, k = 0;
+        json_t *t;
+        json_array_foreach(tools, i, t) {
+            const char *type = str(t, "type");
+            if (!type || strcmp(type, "function"))
+                continue;
+            if (k++ < n)
+                continue;
+            if (i != n) {
+                char from[32], to[32];
+                snprintf(from, sizeof from, "tools[%u]", n);
+                snprintf(to, sizeof to, "tools[%zu]", i);
+                rename_in(e->param, sizeof e->param, from, to);
+                rename_in(e->message, sizeof e->message, from, to);
+            }
+            break;
+        }
+    }
     const char *pairs[][2] = {{"].function.", "]."}, {"tool_choice.function.", "tool_choice."},
                               {"response_format.json_schema.", "text.format."},
                               {"response_format", "text.format"},

@@ -28,9 +28,11 @@ json_t *kvpd_items_request(json_t *req, kvpd_oai_err *e);
 json_t *kvpd_items_skipped_tools(json_t *req);
 
 /* An error of chat's parse of the twin named as the Responses API names its fields:
- * tools[i].function.x is tools[i].x, tool_choice.function.name is tool_choice.name,
- * response_format is text.format, logprobs is include (in the param and the message). */
-void kvpd_items_error_names(kvpd_oai_err *e);
+ * tools[i].function.x is tools[j].x (j: the index in tools, the request's tools, of the
+ * twin's i-th tool, the tools kvpd leaves out counted), tool_choice.function.name is
+ * tool_choice.name, response_format is text.format, logprobs is include (in the param and
+ * the message). */
+void kvpd_items_error_names(kvpd_oai_err *e, const json_t *tools);
 
 /* input (a string, or an array of items) as an array of items, a new reference: a string
  * is one user message item. NULL with e set. */

@@ -26,6 +26,14 @@ int kvpd_oai_bad(kvpd_oai_err *e, enum kvpd_oai_code code, const char *param, co
     return -1;
 }
 
+int kvpd_oai_unknown(kvpd_oai_err *e, const char *at, const char *key)
+{
+    e->status = kvpd_oai_code_status(KVPD_OAI_E_UNKNOWN_PARAMETER);
+    e->code = KVPD_OAI_E_UNKNOWN_PARAMETER;
+    kvpd_oai_unknown_at(e->param, sizeof e->param, e->message, sizeof e->message, at, key);
+    return -1;
+}
+
 json_t *kvpd_oai_parse_json(const char *body, size_t len, kvpd_oai_err *e)
 {
     json_error_t jerr;
@@ -144,16 +152,9 @@ static int check_nested(json_t *req, enum kvpd_oai_api api, kvpd_oai_err *e)
         json_t *obj = nested[i].api == api ? json_object_get(req, nested[i].field) : NULL;
         if (!json_is_object(obj))
             continue;
-        const char *key;
-        json_t *v;
-        json_object_foreach(obj, key, v) {
-            if (in_list(nested[i].keys, key))
-                continue;
-            char path[96];
-            snprintf(path, sizeof path, "%s.%.64s", nested[i].field, key);
-            return kvpd_oai_bad(e, KVPD_OAI_E_UNKNOWN_PARAMETER, path, "unknown parameter "
-                                "'%s': kvpd refuses what it would not honour", path);
-        }
+        const char *key = kvpd_oai_unknown_key(obj, nested[i].keys);
+        if (key)
+            return kvpd_oai_unknown(e, nested[i].field, key);
     }
     /* text.verbosity asks for a shorter or longer reply than the model would write:
      * only the default ("medium") changes nothing. */
@@ -269,7 +270,8 @@ int kvpd_oai_parse_options(json_t *req, const kvpd_oai_limits *l, kvpd_oai_req *
                    field);
     kvpd_oai_tools_err te;
     if (kvpd_oai_tools_request(&r->tools, req, l->tool_format, t, &te) < 0)
-        return kvpd_oai_bad(e, KVPD_OAI_E_INVALID_REQUEST, te.param, "%s", te.msg);
+        return kvpd_oai_bad(e, te.unknown ? KVPD_OAI_E_UNKNOWN_PARAMETER
+                            : KVPD_OAI_E_INVALID_REQUEST, te.param, "%s", te.msg);
     int has;
     double v = 0;
     /* n choices: one prefill, the others forked from it (kvp_hub_chat_choices) */
@@ -321,12 +323,14 @@ int kvpd_oai_parse_options(json_t *req, const kvpd_oai_limits *l, kvpd_oai_req *
         if (!own)
             return kvpd_oai_bad(e, KVPD_OAI_E_SERVER, NULL, "out of memory");
     }
-    rc = kvpd_response_format(rf, &r->grammar, &param, msg, sizeof msg);
+    char rf_param[96];
+    rc = kvpd_response_format(rf, &r->grammar, rf_param, sizeof rf_param, msg, sizeof msg);
     json_decref(own);
-    if (rc < 0 && own && !strcmp(param, "response_format.schema"))
-        param = "json_schema";
+    if (rc < 0 && own && !strcmp(rf_param, "response_format.schema"))
+        snprintf(rf_param, sizeof rf_param, "json_schema");
     if (rc < 0)
-        return kvpd_oai_bad(e, KVPD_OAI_E_UNSUPPORTED_PARAMETER, param, "%s", msg);
+        return kvpd_oai_bad(e, rc == KVPD_FORMAT_UNKNOWN ? KVPD_OAI_E_UNKNOWN_PARAMETER
+                            : KVPD_OAI_E_UNSUPPORTED_PARAMETER, rf_param, "%s", msg);
     t->grammar = r->grammar;
     /* A forced call: its grammar is the reply's. response_format shapes text replies,
      * which a forced call's turn has none of (OpenAI's API takes both together: an agent

@@ -47,6 +47,10 @@ typedef struct kvpd_oai_err {
 int kvpd_oai_bad(kvpd_oai_err *e, enum kvpd_oai_code code, const char *param, const char *fmt,
                  ...) __attribute__((format(printf, 4, 5)));
 
+/* An unknown key inside one of the request's objects: e set as kvpd_oai_unknown_at
+ * (web/oai_error.h) writes it, KVPD_OAI_E_UNKNOWN_PARAMETER naming "<at>.<key>"; -1. */
+int kvpd_oai_unknown(kvpd_oai_err *e, const char *at, const char *key);
+
 /* What the server serves, as the parse checks a request against it. */
 typedef struct kvpd_oai_limits {
     int max_tokens;               /* the ceiling of max_tokens (kvp_hub_reply_cap) */

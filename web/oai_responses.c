@@ -669,10 +669,13 @@ void kvpd_oai_responses(kvpd_conn *c)
                  "(the first: %.40s)", o->id, n, n > 1 ? "s" : "",
                  json_string_value(json_array_get(r->skipped, 0)));
     }
-    if (kvpd_oai_model_ok(c, req) < 0 || kvpd_oai_options(c, chat_req, t) < 0)
+    o->items_tools = json_object_get(req, "tools");
+    int rc = kvpd_oai_model_ok(c, req) < 0 || kvpd_oai_options(c, chat_req, t) < 0;
+    o->items_tools = NULL;
+    if (rc)
         goto out;
     if (kvpd_oai_parse_logprobs(chat_req, &o->req, &e) < 0) {
-        kvpd_items_error_names(&e);
+        kvpd_items_error_names(&e, json_object_get(req, "tools"));
         kvpd_oai_fail(c, e.code, e.param[0] ? e.param : NULL, e.message);
         goto out;
     }

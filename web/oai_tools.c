@@ -8,6 +8,7 @@
 #include "base/textbuf.h"
 #include "model/grammar.h"
 #include "model/schema.h"
+#include "web/oai_error.h"
 #include "web/oai_tools.h"
 
 __attribute__((format(printf, 3, 4)))
@@ -18,8 +19,31 @@ static int bad(kvpd_oai_tools_err *e, const char *param, const char *fmt, ...)
     vsnprintf(e->msg, sizeof e->msg, fmt, ap);
     va_end(ap);
     snprintf(e->param, sizeof e->param, "%s", param);
+    e->unknown = 0;
     return -1;
 }
+
+/* obj's first key not among known (NULL-terminated), refused by its path "<at>.<key>";
+ * 0 when it has none. */
+static int keys(kvpd_oai_tools_err *e, const json_t *obj, const char *at,
+                const char *const *known)
+{
+    const char *k = kvpd_oai_unknown_key(obj, known);
+    if (!k)
+        return 0;
+    kvpd_oai_unknown_at(e->param, sizeof e->param, e->msg, sizeof e->msg, at, k);
+    e->unknown = 1;
+    return -1;
+}
+
+/* The keys OpenAI's API defines for a function tool ({type, function: {name, description,
+ * parameters, strict}}) and a named tool_choice ({type, function: {name}}). The template
+ * is given the whole function; a forced call is generated under its parameters schema,
+ * strict or not (docs/openai.md, "Tool calling"). */
+static const char *const tool_keys[] = {"type", "function", NULL};
+static const char *const function_keys[] = {"name", "description", "parameters", "strict", NULL};
+static const char *const choice_keys[] = {"type", "function", NULL};
+static const char *const choice_function_keys[] = {"name", NULL};
 
 static const char *str(json_t *o, const char *key)
 {
@@ -57,23 +81,33 @@ static int check_tools(kvpd_oai_tools *t, json_t *tools, kvpd_oai_tools_err *e)
         if (!json_is_object(tool) || !type || strcmp(type, "function"))
             return bad(e, param, "%s must be {\"type\": \"function\", \"function\": {...}} "
                        "(kvpd has function tools only)", param);
+        if (keys(e, tool, param, tool_keys) < 0)
+            return -1;
         json_t *fn = json_object_get(tool, "function");
+        snprintf(param, sizeof param, "tools[%zu].function", i);
+        if (!json_is_object(fn))
+            return bad(e, param, "%s must be an object: {\"name\": ..., \"description\": ..., "
+                       "\"parameters\": {...}}", param);
+        if (keys(e, fn, param, function_keys) < 0)
+            return -1;
         const char *name = str(fn, "name");
         snprintf(param, sizeof param, "tools[%zu].function.name", i);
-        if (!json_is_object(fn) || !name || !kvp_toolcall_name_ok(name, strlen(name)))
+        if (!name || !kvp_toolcall_name_ok(name, strlen(name)))
             return bad(e, param, "%s must be 1 to %d letters, digits, '_' or '-'", param,
                        KVP_TOOLCALL_NAME_MAX);
         if (json_object_get(t->names, name))
             return bad(e, param, "the function '%s' is declared twice", name);
         json_t *d = json_object_get(fn, "description"), *p = json_object_get(fn, "parameters");
         json_t *strict = json_object_get(fn, "strict");
-        snprintf(param, sizeof param, "tools[%zu].function", i);
-        if (d && !json_is_null(d) && !json_is_string(d))
-            return bad(e, param, "%s.description must be a string", param);
-        if (p && !json_is_null(p) && !json_is_object(p))
-            return bad(e, param, "%s.parameters must be a JSON schema object", param);
-        if (strict && !json_is_null(strict) && !json_is_boolean(strict))
-            return bad(e, param, "%s.strict must be a boolean", param);
+        const char *wrong = d && !json_is_null(d) && !json_is_string(d) ? "description must be a string"
+                          : p && !json_is_null(p) && !json_is_object(p) ? "parameters must be a JSON schema object"
+                          : strict && !json_is_null(strict) && !json_is_boolean(strict)
+                          ? "strict must be a boolean" : NULL;
+        if (wrong) {
+            snprintf(param, sizeof param, "tools[%zu].function.%.*s", i,
+                     (int)strcspn(wrong, " "), wrong);
+            return bad(e, param, "tools[%zu].function.%s", i, wrong);
+        }
         json_object_set_new(t->names, name, json_pack("{s:b}", "empty", takes_nothing(fn)));
     }
     return 0;
@@ -139,6 +173,12 @@ int kvpd_oai_tools_request(kvpd_oai_tools *t, json_t *req, int format, kvp_turn_
     if (json_is_object(choice)) {
         named = str(json_object_get(choice, "function"), "name");
         const char *type = str(choice, "type");
+        if (type && !strcmp(type, "function") &&
+            (keys(e, choice, "tool_choice", choice_keys) < 0 ||
+             (json_is_object(json_object_get(choice, "function")) &&
+              keys(e, json_object_get(choice, "function"), "tool_choice.function",
+                   choice_function_keys) < 0)))
+            return -1;
         if (!type || strcmp(type, "function") || !named)
             return bad(e, "tool_choice", "tool_choice must be \"none\", \"auto\", \"required\" "
                        "or {\"type\": \"function\", \"function\": {\"name\": ...}}");

@@ -35,10 +35,12 @@ typedef struct kvpd_oai_tools {
     char ids[KVP_TOOLCALL_MAX][32];
 } kvpd_oai_tools;
 
-/* An error: the field it names and why. */
+/* An error: the field it names and why; unknown: the field is a key its object has not
+ * (param its whole path, msg kvpd_oai_unknown_at's: OpenAI's unknown_parameter). */
 typedef struct kvpd_oai_tools_err {
     char param[96];
     char msg[320];
+    int unknown;
 } kvpd_oai_tools_err;
 
 /* tools, tool_choice and parallel_tool_calls of req into t and the turn's options (which

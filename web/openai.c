@@ -892,7 +892,7 @@ int kvpd_oai_options(kvpd_conn *c, json_t *req, kvp_turn_opts *t)
     kvpd_oai_err e;
     if (kvpd_oai_parse_options(req, &l, &c->oai->req, &e) < 0) {
         if (c->oai->path == KVPD_OAI_RESPONSES)
-            kvpd_items_error_names(&e);
+            kvpd_items_error_names(&e, c->oai->items_tools);
         fail_err(c, &e);
         return -1;
     }

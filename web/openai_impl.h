@@ -70,6 +70,8 @@ typedef struct kvpd_oai {
     enum kvpd_oai_code error;     /* of an error answer (web/oai_error.h), for the metrics */
     const kvpd_oai_codec *codec;  /* NULL: the chat completion */
     void *codec_state;            /* freed by codec->free */
+    const json_t *items_tools;    /* Responses: its request's tools while its chat twin is
+                                   * parsed, to name errors by them (kvpd_items_error_names) */
     int tool_format;              /* the model's (kvp_hub_info) */
     int reasoning;                /* its replies may open with a reasoning block */
     int reasoning_open;           /* a free reply starts inside a block its generation

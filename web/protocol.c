@@ -194,8 +194,9 @@ static int turn_fields(json_t *root, int max_tokens_limit, kvpd_client_msg *out,
         return rc;
     }
     out->max_tokens = json_is_integer(mt) ? (int)json_integer_value(mt) : 0;
-    if (kvpd_response_format(json_object_get(root, "response_format"), &out->grammar, &param,
-                             msg, msglen) < 0) {
+    char rf_param[96];
+    if (kvpd_response_format(json_object_get(root, "response_format"), &out->grammar, rf_param,
+                             sizeof rf_param, msg, msglen) < 0) {
         *code = KVPD_E_BAD_REQUEST;
         return -EINVAL;
     }

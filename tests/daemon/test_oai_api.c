@@ -525,6 +525,12 @@ Test(oai_api, responses_refuse_what_they_cannot_honour_and_keep_tenants_apart)
          "\"content\":\"b\"}]}", "input"},
         {"{\"input\":\"x\",\"text\":{\"format\":{\"type\":\"json_schema\"}}}", "text.format.name"},
         {"{\"input\":\"x\",\"text\":{\"format\":{\"type\":\"xml\"}}}", "text.format"},
+        {"{\"input\":\"x\",\"text\":{\"format\":{\"type\":\"json_schema\",\"name\":\"n\","
+         "\"schema\":{},\"foo\":1}}}", "text.format.foo"},
+        {"{\"input\":\"x\",\"tools\":[{\"type\":\"web_search\"},{\"type\":\"function\","
+         "\"name\":\"f\",\"bar\":1}]}", "tools[1].bar"},
+        {"{\"input\":\"x\",\"tool_choice\":{\"type\":\"function\",\"name\":\"f\",\"x\":1}}",
+         "tool_choice.x"},
         {"{\"input\":\"x\",\"tools\":[{\"type\":\"function\",\"name\":\"f\"}]}", "tools"},
         {"{\"input\":\"x\",\"reasoning\":{\"effort\":\"high\"}}", "reasoning"},
         {"{\"input\":\"x\",\"include\":[\"reasoning.encrypted_content\"]}", "include"},

@@ -135,6 +135,12 @@ Test(openai, every_bad_request_gets_its_status_and_the_daemon_keeps_serving)
     expect_error(&d, NULL, USER("x") ",\"response_format\":{\"type\":\"json_schema\","
                  "\"json_schema\":{\"name\":\"s\",\"schema\":{\"type\":\"string\","
                  "\"format\":\"uri\"}}}}", 400, "response_format.json_schema.schema");
+    /* a key the format has not is refused by its whole path */
+    expect_error(&d, NULL, USER("x") ",\"response_format\":{\"type\":\"json_schema\","
+                 "\"json_schema\":{\"name\":\"s\",\"schema\":{},\"foo\":1}}}", 400,
+                 "response_format.json_schema.foo");
+    expect_error(&d, NULL, USER("x") ",\"response_format\":{\"type\":\"json_object\","
+                 "\"strict\":true}}", 400, "response_format.strict");
     expect_error(&d, NULL, USER("x") ",\"temperature\":\"hot\"}", 400, "temperature");
     expect_error(&d, NULL, USER("x") ",\"max_tokens\":-3}", 400, "max_tokens");
     expect_error(&d, NULL, USER("x") ",\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}", 400, "stop");

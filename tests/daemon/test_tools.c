@@ -205,7 +205,7 @@ Test(tools, bad_tool_requests_get_400s_naming_the_field)
          "\"function\":{\"name\":\"a b\"}}]}", U);
     CASE("tools[1].function.name", "{\"messages\":[%s],\"tools\":[{\"type\":\"function\","
          "\"function\":{\"name\":\"a\"}},{\"type\":\"function\",\"function\":{\"name\":\"a\"}}]}", U);
-    CASE("tools[0].function", "{\"messages\":[%s],\"tools\":[{\"type\":\"function\","
+    CASE("tools[0].function.parameters", "{\"messages\":[%s],\"tools\":[{\"type\":\"function\","
          "\"function\":{\"name\":\"a\",\"parameters\":\"x\"}}]}", U);
     CASE("parallel_tool_calls", "{\"messages\":[%s],\"parallel_tool_calls\":\"yes\"}", U);
 #undef CASE

@@ -90,7 +90,7 @@ static void responses(const uint8_t *data, size_t size, const kvpd_oai_limits *l
                 abort();
         }
         kvpd_oai_release(&r);
-        kvpd_items_error_names(&e);
+        kvpd_items_error_names(&e, json_object_get(req, "tools"));
     }
     json_t *out = kvpd_items_output(req, "msg_x", "completed");
     json_t *text = kvpd_items_output_text(out);

@@ -278,26 +278,26 @@ Test(oai_items, chat_errors_are_named_as_the_responses_api_names_its_fields)
     snprintf(e.param, sizeof e.param, "tools[2].function.name");
     snprintf(e.message, sizeof e.message, "tools[2].function.name must be 1 to 64 letters; "
              "response_format cannot be combined");
-    kvpd_items_error_names(&e);
+    kvpd_items_error_names(&e, NULL);
     cr_assert_str_eq(e.param, "tools[2].name");
     cr_assert_str_eq(e.message, "tools[2].name must be 1 to 64 letters; text.format cannot be "
                      "combined");
     snprintf(e.param, sizeof e.param, "response_format.json_schema.schema");
-    kvpd_items_error_names(&e);
+    kvpd_items_error_names(&e, NULL);
     cr_assert_str_eq(e.param, "text.format.schema");
     snprintf(e.param, sizeof e.param, "tool_choice.function.name");
-    kvpd_items_error_names(&e);
+    kvpd_items_error_names(&e, NULL);
     cr_assert_str_eq(e.param, "tool_choice.name");
     snprintf(e.param, sizeof e.param, "logprobs");
     snprintf(e.message, sizeof e.message, "top_logprobs needs logprobs: true");
-    kvpd_items_error_names(&e);
+    kvpd_items_error_names(&e, NULL);
     cr_assert_str_eq(e.param, "include");
     cr_assert_str_eq(e.message, "top_logprobs needs include [\"message.output_text.logprobs\"]");
     /* a message at the buffer's size that a rename lengthens is cut, still terminated */
     memset(e.message, 'x', sizeof e.message - 1);
     memcpy(e.message, "needs logprobs: true", 20);
     e.message[sizeof e.message - 1] = '\0';
-    kvpd_items_error_names(&e);
+    kvpd_items_error_names(&e, NULL);
     cr_assert_eq(strlen(e.message), sizeof e.message - 1);
     cr_assert_eq(strncmp(e.message, "needs include [", 15), 0);
 }
@@ -343,4 +343,124 @@ Test(oai_items, output_text_leaves_the_reasoning_out)
     cr_assert_str_eq(json_string_value(t), "Hello");
     json_decref(t);
     json_decref(out);
+}
+
+/* A Responses request through the twin as the codec serves it: kvpd_items_request, then
+ * chat's parse of the twin, its error named back (web/oai_responses.c). 0, or -1 with e
+ * set. */
+static int responses_parse(const char *body, kvpd_oai_err *e)
+{
+    static const kvpd_oai_limits lim = {.max_tokens = 100, .model_alias = "", .model = "m",
+                                        .tool_format = KVP_TOOLS_HERMES};
+    memset(e, 0, sizeof *e);
+    json_t *req = js(body);
+    json_t *twin = kvpd_items_request(req, e);
+    int rc = -1;
+    if (twin) {
+        kvpd_oai_req r;
+        memset(&r, 0, sizeof r);
+        rc = kvpd_oai_parse_options(twin, &lim, &r, e);
+        if (rc < 0)
+            kvpd_items_error_names(e, json_object_get(req, "tools"));
+        kvpd_oai_release(&r);
+    }
+    json_decref(twin);
+    json_decref(req);
+    return rc;
+}
+
+static void responses_refused(const char *body, enum kvpd_oai_code code, const char *param)
+{
+    kvpd_oai_err e;
+    cr_assert_eq(responses_parse(body, &e), -1, "accepted: %s", body);
+    cr_assert_eq(e.status, 400, "%s", body);
+    cr_assert_eq(e.code, code, "%s: code %d (%s)", body, e.code, e.message);
+    cr_assert_str_eq(e.param, param, "%s: %s", body, e.message);
+    cr_assert(strstr(e.message, param), "%s: %s", body, e.message);
+    if (code == KVPD_OAI_E_UNKNOWN_PARAMETER)
+        cr_assert(strstr(e.message, "unknown parameter '"), "%s", e.message);
+}
+
+/* Responses' function tools, named tool_choice and text.format: the keys OpenAI's API
+ * defines pass in the shapes the SDKs send (openai's zodTextFormat and
+ * zodResponsesFunction, the Agents SDK's tools and handoffs: strict, description null,
+ * allowed_callers ["direct"], defer_loading false); its function tool's extra fields at a
+ * value kvpd cannot honour are refused by path, as is any unknown key (the Responses
+ * index of the tool, the tools left out counted) and a wrong type; tools of other types
+ * stay left out, whatever they hold. */
+Test(oai_items, the_keys_of_tools_tool_choice_and_text_format_are_checked)
+{
+    const char *schema = "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},"
+                         "\"required\":[\"a\"],\"additionalProperties\":false}";
+    char body[1024];
+    const char *fine[] = {
+        "{\"input\":\"x\",\"text\":{\"format\":{\"type\":\"json_schema\",\"name\":\"final_output\","
+        "\"strict\":true,\"schema\":%s},\"verbosity\":\"medium\"}}",
+        "{\"input\":\"x\",\"text\":{\"format\":{\"type\":\"json_schema\",\"name\":\"n\","
+        "\"description\":\"d\",\"strict\":false,\"schema\":%s}}}",
+        "{\"input\":\"x\",\"tools\":[{\"type\":\"web_search\",\"filters\":{}},{\"type\":\"function\","
+        "\"name\":\"f\",\"description\":null,\"parameters\":%s,\"strict\":true,"
+        "\"allowed_callers\":[\"direct\"],\"defer_loading\":false,\"async\":false,"
+        "\"output_schema\":null},{\"type\":\"local_shell\"}],\"tool_choice\":{\"type\":\"function\","
+        "\"name\":\"f\"}}",
+        "{\"input\":\"x\",\"tools\":[{\"type\":\"function\",\"name\":\"f\",\"parameters\":null,"
+        "\"strict\":null,\"allowed_callers\":[\"direct\",\"programmatic\"]}],\"tool_choice\":\"auto\"}",
+        "{\"input\":\"x\",\"text\":{\"format\":{\"type\":\"json_object\"}}}",
+    };
+    kvpd_oai_err e;
+    for (size_t i = 0; i < sizeof fine / sizeof fine[0]; i++) {
+        snprintf(body, sizeof body, fine[i], schema);
+        cr_assert_eq(responses_parse(body, &e), 0, "%s: %s", body, e.message);
+    }
+    /* unknown keys */
+    responses_refused("{\"text\":{\"format\":{\"type\":\"json_schema\",\"name\":\"n\","
+                      "\"schema\":{},\"foo\":1}}}", KVPD_OAI_E_UNKNOWN_PARAMETER,
+                      "text.format.foo");
+    responses_refused("{\"text\":{\"format\":{\"type\":\"json_schema\",\"json_schema\":"
+                      "{\"name\":\"n\",\"schema\":{}}}}}", KVPD_OAI_E_UNKNOWN_PARAMETER,
+                      "text.format.json_schema");
+    responses_refused("{\"text\":{\"format\":{\"type\":\"text\",\"strict\":true}}}",
+                      KVPD_OAI_E_UNKNOWN_PARAMETER, "text.format.strict");
+    responses_refused("{\"text\":{\"format\":{\"type\":\"json_object\",\"name\":\"n\"}}}",
+                      KVPD_OAI_E_UNKNOWN_PARAMETER, "text.format.name");
+    responses_refused("{\"text\":{\"format\":{\"type\":\"json_object\",\"schema\":{}}}}",
+                      KVPD_OAI_E_UNKNOWN_PARAMETER, "text.format.schema");
+    responses_refused("{\"tools\":[{\"type\":\"web_search\"},{\"type\":\"function\",\"name\":\"a\"},"
+                      "{\"type\":\"function\",\"name\":\"b\",\"bar\":1}]}",
+                      KVPD_OAI_E_UNKNOWN_PARAMETER, "tools[2].bar");
+    responses_refused("{\"tools\":[{\"type\":\"function\",\"name\":\"a\",\"function\":{}}]}",
+                      KVPD_OAI_E_UNKNOWN_PARAMETER, "tools[0].function");
+    responses_refused("{\"tools\":[{\"type\":\"function\",\"name\":\"a\"}],\"tool_choice\":"
+                      "{\"type\":\"function\",\"name\":\"a\",\"function\":{\"name\":\"a\"}}}",
+                      KVPD_OAI_E_UNKNOWN_PARAMETER, "tool_choice.function");
+    /* OpenAI's fields at what kvpd cannot honour */
+    responses_refused("{\"tools\":[{\"type\":\"function\",\"name\":\"a\",\"defer_loading\":true}]}",
+                      KVPD_OAI_E_UNSUPPORTED_PARAMETER, "tools[0].defer_loading");
+    responses_refused("{\"tools\":[{\"type\":\"function\",\"name\":\"a\",\"async\":true}]}",
+                      KVPD_OAI_E_UNSUPPORTED_PARAMETER, "tools[0].async");
+    responses_refused("{\"tools\":[{\"type\":\"function\",\"name\":\"a\","
+                      "\"allowed_callers\":[\"programmatic\"]}]}",
+                      KVPD_OAI_E_UNSUPPORTED_PARAMETER, "tools[0].allowed_callers");
+    responses_refused("{\"tools\":[{\"type\":\"function\",\"name\":\"a\","
+                      "\"output_schema\":{\"type\":\"string\"}}]}",
+                      KVPD_OAI_E_UNSUPPORTED_PARAMETER, "tools[0].output_schema");
+    /* wrong types, named by the Responses API's path */
+    responses_refused("{\"tools\":[{\"type\":\"function\",\"name\":\"a\",\"allowed_callers\":\"direct\"}]}",
+                      KVPD_OAI_E_INVALID_REQUEST, "tools[0].allowed_callers");
+    responses_refused("{\"tools\":[{\"type\":\"function\",\"name\":\"a\",\"defer_loading\":1}]}",
+                      KVPD_OAI_E_INVALID_REQUEST, "tools[0].defer_loading");
+    responses_refused("{\"tools\":[{\"type\":\"custom\",\"name\":\"p\"},{\"type\":\"function\","
+                      "\"name\":\"a\",\"strict\":\"yes\"}]}", KVPD_OAI_E_INVALID_REQUEST,
+                      "tools[1].strict");
+    responses_refused("{\"tools\":[{\"type\":\"web_search\"},{\"type\":\"local_shell\"},"
+                      "{\"type\":\"function\",\"name\":\"a\",\"description\":[]}]}",
+                      KVPD_OAI_E_INVALID_REQUEST, "tools[2].description");
+    responses_refused("{\"tools\":[{\"type\":\"function\",\"name\":5}]}",
+                      KVPD_OAI_E_INVALID_REQUEST, "tools[0].name");
+    responses_refused("{\"text\":{\"format\":{\"type\":\"json_schema\",\"name\":\"n\","
+                      "\"strict\":\"yes\",\"schema\":{}}}}", KVPD_OAI_E_UNSUPPORTED_PARAMETER,
+                      "text.format.strict");
+    responses_refused("{\"text\":{\"format\":{\"type\":\"json_schema\",\"name\":\"n\","
+                      "\"description\":[],\"schema\":{}}}}", KVPD_OAI_E_UNSUPPORTED_PARAMETER,
+                      "text.format.description");
 }

@@ -546,3 +546,75 @@ Test(oai_parse, nested_unknown_fields_are_refused_by_path)
         json_decref(j);
     }
 }
+
+/* Inside response_format, a tool and tool_choice, a key OpenAI's API does not define is a
+ * 400 unknown_parameter naming its whole path, the message as the top level's; a wrong
+ * type is a 400 naming the field; the requests the SDK helpers send (openai's
+ * zodResponseFormat and zodFunction, the AI SDK's generateObject, LangChain's
+ * withStructuredOutput with a forced named call) are served. */
+Test(oai_parse, keys_inside_response_format_and_tools_are_checked)
+{
+    const char *user = "\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]";
+    const char *schema = "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"}},"
+                         "\"required\":[\"name\"],\"additionalProperties\":false}";
+    char body[1024];
+    const char *fine[] = {
+        "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"person\","
+        "\"strict\":true,\"schema\":%s}}",
+        "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"schema\":%s,"
+        "\"strict\":true,\"name\":\"response\",\"description\":\"a person\"}}",
+        "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"person\",\"parameters\":%s,"
+        "\"strict\":true,\"description\":\"d\"}}],\"tool_choice\":{\"type\":\"function\","
+        "\"function\":{\"name\":\"person\"}}",
+    };
+    for (size_t i = 0; i < sizeof fine / sizeof fine[0]; i++) {
+        char field[768];
+        snprintf(field, sizeof field, fine[i], schema);
+        snprintf(body, sizeof body, "{%s,%s}", user, field);
+        kvpd_oai_req r;
+        kvpd_oai_err e;
+        cr_assert_eq(parse(body, &r, &e, NULL), 0, "%s: %s", body, e.message);
+        cr_assert_not_null(r.turn.grammar, "%s: the reply is constrained", body);
+        kvpd_oai_release(&r);
+    }
+    static const struct { const char *field, *param; enum kvpd_oai_code code; } bad[] = {
+        {"\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"n\","
+         "\"schema\":{},\"foo\":1}}", "response_format.json_schema.foo",
+         KVPD_OAI_E_UNKNOWN_PARAMETER},
+        {"\"response_format\":{\"type\":\"json_object\",\"strict\":true}",
+         "response_format.strict", KVPD_OAI_E_UNKNOWN_PARAMETER},
+        {"\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a\"}},{\"type\":\"function\","
+         "\"function\":{\"name\":\"b\"}},{\"type\":\"function\",\"function\":{\"name\":\"c\","
+         "\"bar\":1}}]", "tools[2].function.bar", KVPD_OAI_E_UNKNOWN_PARAMETER},
+        {"\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a\"},\"cache\":true}]",
+         "tools[0].cache", KVPD_OAI_E_UNKNOWN_PARAMETER},
+        {"\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a\"}}],\"tool_choice\":"
+         "{\"type\":\"function\",\"function\":{\"name\":\"a\"},\"mode\":\"x\"}",
+         "tool_choice.mode", KVPD_OAI_E_UNKNOWN_PARAMETER},
+        {"\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a\"}}],\"tool_choice\":"
+         "{\"type\":\"function\",\"function\":{\"name\":\"a\",\"x\":1}}",
+         "tool_choice.function.x", KVPD_OAI_E_UNKNOWN_PARAMETER},
+        {"\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"n\","
+         "\"strict\":\"yes\",\"schema\":{}}}", "response_format.json_schema.strict",
+         KVPD_OAI_E_UNSUPPORTED_PARAMETER},
+        {"\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":5,"
+         "\"schema\":{}}}", "response_format.json_schema.name", KVPD_OAI_E_UNSUPPORTED_PARAMETER},
+        {"\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a\",\"description\":[]}}]",
+         "tools[0].function.description", KVPD_OAI_E_INVALID_REQUEST},
+        {"\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a\",\"strict\":\"yes\"}}]",
+         "tools[0].function.strict", KVPD_OAI_E_INVALID_REQUEST},
+        {"\"tools\":[{\"type\":\"function\",\"function\":{\"name\":5}}]",
+         "tools[0].function.name", KVPD_OAI_E_INVALID_REQUEST},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(body, sizeof body, "{%s,%s}", user, bad[i].field);
+        refused(body, 400, bad[i].code, bad[i].param);
+        kvpd_oai_req r;
+        kvpd_oai_err e;
+        parse(body, &r, &e, NULL);
+        cr_assert(strstr(e.message, bad[i].param), "%s: %s", body, e.message);
+        if (bad[i].code == KVPD_OAI_E_UNKNOWN_PARAMETER)
+            cr_assert(strstr(e.message, "unknown parameter '"), "%s", e.message);
+        kvpd_oai_release(&r);
+    }
+}

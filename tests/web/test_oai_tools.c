@@ -68,9 +68,9 @@ Test(oai_tools, bad_tools_and_choices_are_named)
     refused("{\"tools\":[" WEATHER "," WEATHER "]}", KVP_TOOLS_HERMES,
             "tools[1].function.name", "declared twice");
     refused("{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"description\":3}}]}",
-            KVP_TOOLS_HERMES, "tools[0].function", "description must be a string");
+            KVP_TOOLS_HERMES, "tools[0].function.description", "description must be a string");
     refused("{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":[]}}]}",
-            KVP_TOOLS_HERMES, "tools[0].function", "parameters must be a JSON schema");
+            KVP_TOOLS_HERMES, "tools[0].function.parameters", "parameters must be a JSON schema");
     refused("{\"tools\":[" WEATHER "],\"parallel_tool_calls\":1}", KVP_TOOLS_HERMES,
             "parallel_tool_calls", "must be a boolean");
     refused("{\"tools\":[" WEATHER "],\"tool_choice\":\"always\"}", KVP_TOOLS_HERMES,
@@ -81,6 +81,73 @@ Test(oai_tools, bad_tools_and_choices_are_named)
 }
 
 /* auto: the tools go to the template, the reply is parsed, nothing is forced. */
+/* A key OpenAI's API does not define for a function tool or a named tool_choice: refused
+ * by its whole path, flagged unknown (OpenAI's unknown_parameter). */
+static void unknown(const char *body, const char *path)
+{
+    req r;
+    request(&r, body, KVP_TOOLS_HERMES);
+    cr_assert_eq(r.rc, -1, "%s was accepted", body);
+    cr_assert_str_eq(r.e.param, path, "%s: %s", body, r.e.msg);
+    cr_assert(r.e.unknown, "%s: %s is not flagged unknown", body, path);
+    cr_assert(strstr(r.e.msg, path), "%s: %s", body, r.e.msg);
+    kvpd_oai_tools_free(&r.t);
+}
+
+/* The tools and tool_choice the SDK helpers send pass (openai's zodFunction: name,
+ * parameters, strict true, description; the AI SDK's and LangChain's: name, description,
+ * parameters, strict only when set; a named choice {type, function: {name}}); any other
+ * key, at either level of a tool or of tool_choice, is refused by its path; a wrong type
+ * by the field's. */
+Test(oai_tools, the_keys_of_tools_and_tool_choice_are_checked)
+{
+    static const char *const fine[] = {
+        "{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
+        "\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}},"
+        "\"required\":[\"city\"],\"additionalProperties\":false},\"strict\":true,"
+        "\"description\":\"d\"}}],\"tool_choice\":{\"type\":\"function\",\"function\":"
+        "{\"name\":\"get_weather\"}}}",
+        "{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"description\":null,"
+        "\"parameters\":null,\"strict\":null}}],\"tool_choice\":\"auto\"}",
+        "{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]}",
+    };
+    for (size_t i = 0; i < sizeof fine / sizeof fine[0]; i++) {
+        req r;
+        request(&r, fine[i], KVP_TOOLS_HERMES);
+        cr_assert_eq(r.rc, 0, "%s: %s", fine[i], r.e.msg);
+        kvpd_oai_tools_free(&r.t);
+    }
+    unknown("{\"tools\":[" WEATHER ",{\"type\":\"function\",\"function\":{\"name\":\"f\"},"
+            "\"strict\":true}]}", "tools[1].strict");
+    unknown("{\"tools\":[" WEATHER "," NOW ",{\"type\":\"function\",\"function\":{\"name\":\"g\"}},{\"type\":\"function\",\"function\":"
+            "{\"name\":\"f\",\"bar\":1}}]}", "tools[3].function.bar");
+    unknown("{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\","
+            "\"arguments\":{}}}]}", "tools[0].function.arguments");
+    unknown("{\"tools\":[" WEATHER "],\"tool_choice\":{\"type\":\"function\",\"function\":"
+            "{\"name\":\"get_weather\"},\"name\":\"get_weather\"}}", "tool_choice.name");
+    unknown("{\"tools\":[" WEATHER "],\"tool_choice\":{\"type\":\"function\",\"function\":"
+            "{\"name\":\"get_weather\",\"strict\":true}}}", "tool_choice.function.strict");
+    /* wrong types, by the field */
+    refused("{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"strict\":"
+            "\"yes\"}}]}", KVP_TOOLS_HERMES, "tools[0].function.strict", "must be a boolean");
+    refused("{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":5}}]}",
+            KVP_TOOLS_HERMES, "tools[0].function.name", "letters, digits");
+    refused("{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\","
+            "\"description\":[]}}]}", KVP_TOOLS_HERMES, "tools[0].function.description",
+            "must be a string");
+    refused("{\"tools\":[{\"type\":\"function\",\"function\":\"f\"}]}", KVP_TOOLS_HERMES,
+            "tools[0].function", "must be an object");
+    refused("{\"tools\":[" WEATHER "],\"tool_choice\":{\"type\":\"function\",\"function\":"
+            "{\"name\":5}}}", KVP_TOOLS_HERMES, "tool_choice", "tool_choice must be");
+    /* a value refusal is not flagged unknown */
+    req r;
+    request(&r, "{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\","
+            "\"strict\":1}}]}", KVP_TOOLS_HERMES);
+    cr_assert_eq(r.rc, -1);
+    cr_assert_not(r.e.unknown);
+    kvpd_oai_tools_free(&r.t);
+}
+
 Test(oai_tools, auto_renders_the_tools_and_forces_nothing)
 {
     req r;

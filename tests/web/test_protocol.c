@@ -199,6 +199,13 @@ Test(protocol, message_response_format)
     cr_expect_null(m.text);   /* a refused message keeps nothing */
     cr_assert_lt(parse("{\"type\":\"message\",\"text\":\"x\",\"response_format\":7}", &m, &code), 0);
     cr_expect_str_eq(code, "bad_request");
+    /* a key the format has not is refused naming its path */
+    const char *extra = "{\"type\":\"message\",\"text\":\"x\",\"response_format\":{\"type\":"
+                        "\"json_schema\",\"json_schema\":{\"name\":\"n\",\"schema\":{},\"foo\":1}}}";
+    cr_assert_lt(kvpd_proto_parse(extra, strlen(extra), 100, &m, &code, msg, sizeof msg), 0);
+    cr_expect_str_eq(code, "bad_request");
+    cr_expect(strstr(msg, "'response_format.json_schema.foo'"), "%s", msg);
+    cr_expect_null(m.text);
 }
 
 /* The sampling fields of a message: taken as the OpenAI API takes them. */
