@@ -12,18 +12,24 @@
  *
  * Ownership, said at each struct: kvp_session_env and kvp_policy_conf are read-only
  * while workers run; kvp_turn_request (s->rq) is the loop's, which the worker only
- * reads; kvp_job_result (s->res) is the worker's, which the loop only reads after the
- * job's final event. The rest of a session is handed off whole: the loop owns it, and
- * from kvpd_sched_submit until the loop has taken the job's final event (busy: TURN,
- * LOAD, SAVE, RENDER) the worker that holds it owns everything but the fields marked
- * "loop" — so after a submit the loop looks at the state it set itself before anything
- * else, and at no other field while the session is busy. turn.cancel is an atomic only
- * the loop sets. Fields of the hand-off still written by both sides in turn (the loop
- * before the job, the worker during it): kvp_turn's (armed by the loop, run by the
- * worker), the persistence facts and counters the loop clears before a job
- * (kvp_session_begin_job) or after it (save_retries), and the model side's park and
- * unpark. The hand-off both ways goes through the scheduler's mutex-protected run queue
- * and event queue, which order each side's writes before the other's reads;
+ * reads: the turn's request as a value (its kvp_turn_spec, the options the loop arms a
+ * turn with; the worker writes into the logprob and canary buffers the spec points to,
+ * never the spec's fields), the history and rendering it continues from, and the cancel
+ * flag, an atomic only the loop sets; kvp_turn (s->turn) is the worker's, the turn as it runs,
+ * which the loop does not read; kvp_job_result (s->res) is the worker's, which the loop
+ * only reads after the job's final event. A turn's outcome reaches the loop in its
+ * events (the reply and stats with its done) and in s->res. The rest of a session is
+ * handed off whole: the loop owns it, and from kvpd_sched_submit until the loop has
+ * taken the job's final event (busy: TURN, LOAD, SAVE, RENDER) the worker that holds it
+ * owns everything but the fields marked "loop" and s->rq — so after a submit the loop
+ * looks at the state it set itself before anything else, and at no other field while
+ * the session is busy. Fields of the hand-off still written by both sides in turn (the
+ * loop before or after the job, the worker during it): the persistence facts and
+ * counters the loop clears before a job (kvp_session_begin_job) or after it
+ * (save_retries), and the model side's park (the cache, policy, sampler, transcript and
+ * the last turn's buffers freed) and unpark (need_restore). The hand-off both ways goes
+ * through the scheduler's mutex-protected run queue and event queue, which order each
+ * side's writes before the other's reads;
  * scripts/test.sh --tsan checks it. */
 #ifndef KVP_SESSION_H
 #define KVP_SESSION_H
@@ -482,8 +488,9 @@ void kvp_session_park(kvp_session_table *t, kvp_session *s);
  * restores its snapshot on the worker first. 0 or -ENOMEM. */
 int kvp_session_unpark(kvp_session_table *t, kvp_session *s, const kvp_session_env *env);
 
-/* Arms a turn for the scheduler (loop thread; the session must not be busy). Takes a
- * copy of the text. */
+/* Arms a turn for the scheduler (loop thread; the session must not be busy): a new
+ * s->rq.spec (the last one's buffers freed), cancel cleared. Takes a copy of the text.
+ * The setters below and the hub fill in the rest of the spec before the submit. */
 int kvp_session_begin_turn(kvp_session *s, const char *text, size_t len, int max_tokens,
                            float temperature, int budget, double now);
 /* Loop, after kvp_session_begin_turn: the turn's stop strings (copies; n at most
@@ -502,7 +509,8 @@ size_t kvp_session_logprobs_bytes(int max_tokens, int vocab, int top);
  * nobody pays for any more is charged to s: kvp_cache_bytes). Loop, on an idle session,
  * or the worker running its job. */
 void kvp_session_count_bytes(kvp_session *s);
-/* The reply of the armed turn is one of g's documents (turns/constrain.c): each token
+/* Worker (or a test's bare session): the reply of the armed turn is one of g's
+ * documents, its matcher in s->turn (turns/constrain.c): each token
  * is drawn from those that continue it, a stop token only once it is whole, and only
  * while the document can still be finished in the tokens the turn has left (its
  * max_tokens), so the reply always ends whole; tr (or NULL): the vocabulary's trie, whose
