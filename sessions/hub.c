@@ -455,6 +455,7 @@ void hub_start_turn(kvp_hub_client *c, const char *text, size_t len, const kvp_t
         hub_emit_error(c, KVPD_E_INTERNAL, "out of memory");
         return;
     }
+    kvp_turn_spec *sp = &s->rq.spec;   /* the turn's request, the loop's alone */
     int rc = kvp_session_turn_stops(s, o->stop, o->stop_len, o->n_stop);
     if (rc < 0) {
         char err[96];
@@ -480,18 +481,18 @@ void hub_start_turn(kvp_hub_client *c, const char *text, size_t len, const kvp_t
             hub_emit_error(c, grc == -EINVAL ? KVPD_E_BAD_REQUEST : KVPD_E_INTERNAL, gerr);
             return;
         }
-        s->turn.gsrc = kvp_grammar_ref(o->grammar);
-        s->turn.gasked = o->max_tokens > 0 && o->max_tokens <= cap;
+        sp->gsrc = kvp_grammar_ref(o->grammar);
+        sp->gasked = o->max_tokens > 0 && o->max_tokens <= cap;
     }
     if (o->has_top_p)
-        s->turn.top_p = o->top_p;
-    s->turn.has_seed = o->has_seed;
-    s->turn.seed = o->seed;
-    s->turn.max_history = h->cfg->max_history_tokens;
-    s->turn.max_prompt = h->cfg->max_prompt_tokens > 0 ? h->cfg->max_prompt_tokens
-                         : h->env.model->cfg.seq_len + h->cfg->budget;
+        sp->top_p = o->top_p;
+    sp->has_seed = o->has_seed;
+    sp->seed = o->seed;
+    sp->max_history = h->cfg->max_history_tokens;
+    sp->max_prompt = h->cfg->max_prompt_tokens > 0 ? h->cfg->max_prompt_tokens
+                     : h->env.model->cfg.seq_len + h->cfg->budget;
     if (kvp_background_sample(h->bg, h->cfg->canary_rate))
-        s->turn.canary = kvp_canary_rec_new(s->pconf->name, h->cfg->budget, h->env.model->cfg.dim);
+        sp->canary = kvp_canary_rec_new(s->pconf->name, h->cfg->budget, h->env.model->cfg.dim);
     s->last_active = now;
     s->owner = c;
     s->reserve_lp = lp_bytes;
@@ -523,7 +524,7 @@ void kvp_hub_cancel(kvp_hub_client *c)
     /* Answered by the turn's done (stop "cancel"); a no-op when idle. */
     kvp_session *s = c->session;
     if (s && s->state == KVP_SESSION_TURN && s->owner == c)
-        atomic_store(&s->turn.cancel, 1);
+        atomic_store(&s->rq.cancel, 1);
 }
 
 void kvp_hub_close(kvp_hub_client *c)
@@ -532,7 +533,7 @@ void kvp_hub_close(kvp_hub_client *c)
     if (s && s->owner == c) {
         /* Nobody is listening: stop generating; the partial reply stays. */
         s->owner = NULL;
-        atomic_store(&s->turn.cancel, 1);
+        atomic_store(&s->rq.cancel, 1);
     }
     hub_leave(c);
     hub_wait_leave(c);

@@ -10,6 +10,7 @@
 
 #include "base/log.h"
 #include "observe/background.h"
+#include "observe/canary.h"
 #include "sessions/hub_impl.h"
 #include "store/prefix.h"
 #include "sessions/prefix_load.h"
@@ -246,8 +247,14 @@ static void background_after_turn(kvp_hub *h, kvp_session *s)
 {
     if (!h->bg)
         return;
-    kvp_background_canary(h->bg, s->turn.canary);
-    s->turn.canary = NULL;
+    /* the record the loop made when it armed the turn, written by the worker: the
+     * background queue owns it from here (one the worker dropped is freed) */
+    kvp_turn_spec *sp = &s->rq.spec;
+    if (s->res.canary_dropped)
+        kvp_canary_rec_free(sp->canary);
+    else
+        kvp_background_canary(h->bg, sp->canary);
+    sp->canary = NULL;
     /* an ephemeral session keeps nothing, in learn_dir neither */
     if (!s->ephemeral && s->hist_tokens == 0 &&
         kvp_learnlog_sampled(kvp_background_learnlog(h->bg), s->id)) {
@@ -279,10 +286,11 @@ static void on_event(kvp_hub *h, const kvpd_event *ev)
     case KVPD_EV_TOKEN:
         if (s->owner) {
             kvp_hub_event e = {.type = KVP_HUB_TOKEN, .text = ev->text, .len = ev->len};
-            if (s->turn.lp_on) {
-                e.logprobs = s->turn.lp + (size_t)ev->lp_from * (size_t)(1 + s->turn.lp_k);
+            const kvp_turn_spec *sp = &s->rq.spec;
+            if (sp->lp_on) {   /* entries the worker wrote before it posted the event */
+                e.logprobs = sp->lp + (size_t)ev->lp_from * (size_t)(1 + sp->lp_k);
                 e.n_logprobs = ev->lp_to - ev->lp_from;
-                e.logprobs_top = s->turn.lp_k;
+                e.logprobs_top = sp->lp_k;
             }
             s->owner->sink(s->owner->ctx, &e);
         }
@@ -324,10 +332,10 @@ static void on_event(kvp_hub *h, const kvpd_event *ev)
                                .durable = h->env.store && !s->ephemeral
                                               ? !s->save_failed && !stale : -1,
                                .durable_error = s->save_err};
-            if (s->turn.lp_on) {
-                e.logprobs = s->turn.lp;
-                e.n_logprobs = s->turn.lp_n;
-                e.logprobs_top = s->turn.lp_k;
+            if (s->rq.spec.lp_on) {
+                e.logprobs = s->rq.spec.lp;
+                e.n_logprobs = s->res.lp_n;
+                e.logprobs_top = s->rq.spec.lp_k;
             }
             to->sink(to->ctx, &e);
         }
@@ -340,7 +348,7 @@ static void on_event(kvp_hub *h, const kvpd_event *ev)
     case KVPD_EV_ERROR: {
         kvp_hub_client *to = job_ended(h, s);
         hub_choices_free(to);   /* the request failed: its other choices do not start */
-        if (s->turn.refused) {   /* the request's own error, found at its turn's start */
+        if (s->res.refused) {   /* the request's own error, found at its turn's start */
             kvp_session_rewind_clear(s);
             kvp_session_turn_ids_clear(s);
             hub_emit_error(to, KVPD_E_BAD_REQUEST, ev->text);

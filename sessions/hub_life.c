@@ -227,7 +227,7 @@ int kvp_hub_drain(kvp_hub *h)
     hub_wait_drain(h);
     for (kvp_session *s = h->sessions.resident_head; s; s = s->rnext)
         if (s->state == KVP_SESSION_TURN)
-            atomic_store(&s->turn.cancel, 1);
+            atomic_store(&s->rq.cancel, 1);
     return h->jobs;
 }
 

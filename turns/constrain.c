@@ -39,7 +39,8 @@ int kvp_session_turn_grammar(kvp_session *s, kvp_grammar *g, const kvp_vocab_tri
         rc = -EINVAL;
     } else if (rc == 0 && tr && (rc = kvp_gmatch_bind(t->gm, tr)) < 0) {
         kvp_gmatch_free(t->gm);
-    } else if (rc == 0 && t->max_tokens > 0 && kvp_gmatch_distance(t->gm) > t->max_tokens) {
+    } else if (rc == 0 && s->rq.spec.max_tokens > 0 &&
+               kvp_gmatch_distance(t->gm) > s->rq.spec.max_tokens) {
         if (need)
             *need = kvp_gmatch_distance(t->gm);
         kvp_gmatch_free(t->gm);   /* a whole document could not fit: refused, not cut */
@@ -88,7 +89,8 @@ int kvp_turn_draw(kvp_session *s, const kvp_session_env *env, float *logits)
         return tr->n_end ? tr->end_tok[0] : kvp_sample(&s->sampler, logits);
     /* the length budget: only tokens after which the document still fits in the tokens
      * the reply has left, so it always ends whole */
-    int n = kvp_gmatch_mask_left(t->gm, tr, t->gmask, t->max_tokens - t->stats.generated_tokens);
+    int n = kvp_gmatch_mask_left(t->gm, tr, t->gmask,
+                                 s->rq.spec.max_tokens - t->stats.generated_tokens);
     t->gshaped |= t->gm->shaped;
     if (n <= 0)   /* no token continues it (or no memory): the reply ends here */
         return tr->n_end ? tr->end_tok[0] : kvp_sample(&s->sampler, logits);
@@ -115,25 +117,25 @@ int kvp_turn_draw(kvp_session *s, const kvp_session_env *env, float *logits)
 int kvp_session_start_grammar(kvp_session *s, const kvp_session_env *env, char *err,
                               size_t errlen)
 {
-    kvp_turn *t = &s->turn;
+    const kvp_turn_spec *sp = &s->rq.spec;
     int need = 0;
-    int rc = kvp_session_turn_grammar(s, t->gsrc, env->trie, &need);
+    int rc = kvp_session_turn_grammar(s, sp->gsrc, env->trie, &need);
     if (rc == -EINVAL)
         snprintf(err, errlen, "the grammar has no document that can be started");
     else if (rc == -E2BIG && need >= KVP_GRAMMAR_FAR)
         snprintf(err, errlen, "the response format's documents cannot be written with this "
                  "model's vocabulary (a byte they need has no token of its own)");
-    else if (rc == -E2BIG && t->gasked)
+    else if (rc == -E2BIG && sp->gasked)
         snprintf(err, errlen, "max_tokens (%d) is too small for the response format: its "
                  "shortest complete reply may take %d tokens; raise max_tokens (Responses: "
-                 "max_output_tokens) to at least %d", t->max_tokens, need, need);
+                 "max_output_tokens) to at least %d", sp->max_tokens, need, need);
     else if (rc == -E2BIG)
         snprintf(err, errlen, "the daemon's max_tokens ceiling (%d) is too small for the "
                  "response format: its shortest complete reply may take %d tokens",
-                 t->max_tokens, need);
+                 sp->max_tokens, need);
     else if (rc < 0)
         snprintf(err, errlen, "out of memory starting the grammar's matcher (%d states)",
-                 kvp_grammar_states(t->gsrc));
+                 kvp_grammar_states(sp->gsrc));
     return rc;
 }
 

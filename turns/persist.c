@@ -38,7 +38,7 @@ static int save_full(kvp_session *s, const kvp_session_env *env, void *cache, si
     memset(&snap, 0, sizeof snap);
     snprintf(snap.id, sizeof snap.id, "%s", s->id);
     snap.ident = s->pconf->ident;
-    snap.budget = s->turn.budget;
+    snap.budget = s->rq.spec.budget;
     snap.turns = s->turns_done;
     snap.evicted_rows = s->cache.evicted_rows;
     snap.created = s->created_wall;

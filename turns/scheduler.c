@@ -84,8 +84,8 @@ static void sink_token(void *ctx, kvp_session *session, const char *text, size_t
 {
     kvpd_event *ev = new_event(KVPD_EV_TOKEN, session, text, len, 0);
     if (ev) {   /* a lost token frame is survivable; the done frame has the full reply */
-        /* the entries themselves stay in the turn's buffer, written before this post
-         * and untouched after it while the turn runs */
+        /* the entries themselves stay in the spec's buffer (s->rq.spec.lp), written
+         * before this post and untouched after it while the turn runs */
         ev->lp_from = session->turn.lp_from;
         ev->lp_to = session->turn.lp_to;
         post(ctx, ev);

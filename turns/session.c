@@ -135,23 +135,35 @@ static int table_add(kvp_session_table *t, kvp_session *s)
     return 0;
 }
 
-/* Frees what a turn holds and zeroes it. */
-static void turn_clear(kvp_turn *t)
+/* Loop: frees the buffers of the armed spec and zeroes it, keeping its serial (the next
+ * arming's number follows it). */
+static void spec_clear(kvp_turn_spec *sp)
 {
-    free(t->text);
+    free(sp->text);
+    for (int i = 0; i < sp->n_stop; i++)
+        free(sp->stop[i]);
+    free(sp->tools);
+    free(sp->prefix);
+    free(sp->lp);
+    free(sp->lp_row);
+    free(sp->lp_ends);
+    free((void *)sp->sampling.bias);
+    kvp_grammar_unref(sp->gsrc);
+    kvp_canary_rec_free(sp->canary);
+    uint64_t serial = sp->serial;
+    memset(sp, 0, sizeof *sp);
+    sp->serial = serial;
+}
+
+void kvp_turn_reset(kvp_turn *t)
+{
     free(t->reply);
-    for (int i = 0; i < t->n_stop; i++)
-        free(t->stop[i]);
-    free(t->tools);
-    free(t->prefix);
-    free(t->tok_end);
-    free(t->lp);
-    free(t->lp_row);
-    free((void *)t->sampling.bias);
+    if (!t->tok_end_lent)
+        free(t->tok_end);
     kvp_turn_grammar_free(t);
-    kvp_grammar_unref(t->gsrc);
-    kvp_canary_rec_free(t->canary);
+    uint64_t serial = t->serial;
     memset(t, 0, sizeof *t);
+    t->serial = serial;
 }
 
 void kvp_session_rewind_clear(kvp_session *s)
@@ -186,6 +198,9 @@ void kvp_session_rewind_let_go(kvp_session *s)
 
 void kvp_session_request_release(kvp_session *s)
 {
+    free(s->rq.spec.text);   /* the transcript holds its copy */
+    s->rq.spec.text = NULL;
+    s->rq.spec.text_len = 0;
     if (s->rq.given && s->res.took_rewind)   /* the transcript's now: let go of it */
         kvp_session_rewind_let_go(s);
     if (s->rq.given && s->res.took_turn_ids)
@@ -211,7 +226,8 @@ static void session_free(kvp_session *s)
     free(s->msg_tok);
     free(s->system);
     kvp_session_request_release(s);   /* a turn's end that never came back included */
-    turn_clear(&s->turn);
+    spec_clear(&s->rq.spec);
+    kvp_turn_reset(&s->turn);
     free(s);
 }
 
@@ -336,7 +352,8 @@ void kvp_session_park(kvp_session_table *t, kvp_session *s)
     free(s->tokens);
     s->tokens = NULL;
     s->cap_tokens = s->n_cached = 0;
-    turn_clear(&s->turn);
+    spec_clear(&s->rq.spec);
+    kvp_turn_reset(&s->turn);   /* the last turn's buffers (the worker's, not busy now) */
     s->reply_open = 0;
     s->state = KVP_SESSION_PARKED;
     s->bytes = s->shared_bytes = s->borrowed_bytes = 0;
@@ -365,23 +382,22 @@ void kvp_session_begin_job(kvp_session *s)
 int kvp_session_begin_turn(kvp_session *s, const char *text, size_t len, int max_tokens,
                            float temperature, int budget, double now)
 {
-    kvp_turn *t = &s->turn;
-    turn_clear(t);
-    t->text = malloc(len + 1);
-    if (!t->text)
+    kvp_turn_spec *sp = &s->rq.spec;
+    spec_clear(sp);
+    sp->serial++;   /* armed: its start (turn_start) is the session's next unit */
+    sp->text = malloc(len + 1);
+    if (!sp->text)
         return -ENOMEM;
-    memcpy(t->text, text, len);
-    t->text[len] = '\0';
-    t->text_len = len;
-    t->max_tokens = max_tokens;
-    t->temperature = temperature;
-    t->top_p = -1;
-    t->budget = budget;
+    memcpy(sp->text, text, len);
+    sp->text[len] = '\0';
+    sp->text_len = len;
+    sp->max_tokens = max_tokens;
+    sp->temperature = temperature;
+    sp->top_p = -1;
+    sp->budget = budget;
     kvp_session_begin_job(s);
-    atomic_init(&t->cancel, 0);
-    t->state = KVP_TURN_START;
-    s->io_next = 1;   /* turn_start, a job before the turn's first step */
-    t->t_start = now;
+    atomic_store(&s->rq.cancel, 0);
+    sp->t_start = now;
     return 0;
 }
 
@@ -409,83 +425,81 @@ size_t kvp_session_logprobs_bytes(int max_tokens, int vocab, int top)
 
 int kvp_session_turn_logprobs(kvp_session *s, int vocab, int top)
 {
-    kvp_turn *t = &s->turn;
+    kvp_turn_spec *sp = &s->rq.spec;
     if (top < 0)
         return 0;
-    if (top > KVP_LOGPROBS_MAX_TOP || vocab <= 0 || t->max_tokens <= 0)
+    if (top > KVP_LOGPROBS_MAX_TOP || vocab <= 0 || sp->max_tokens <= 0)
         return -EINVAL;
     int k = top < vocab ? top : vocab;
     size_t lp_bytes, row_bytes, end_bytes;
-    lp_sizes(t->max_tokens, vocab, top, &lp_bytes, &row_bytes, &end_bytes);
-    t->lp = malloc(lp_bytes);
-    t->lp_row = malloc(row_bytes);
+    lp_sizes(sp->max_tokens, vocab, top, &lp_bytes, &row_bytes, &end_bytes);
+    sp->lp = malloc(lp_bytes);
+    sp->lp_row = malloc(row_bytes);
     /* each token's end in the reply, so token events and a stop string's cut know which
-     * tokens' text is out (grown here, never in the step) */
-    size_t *te = realloc(t->tok_end, end_bytes);
-    if (te) {
-        t->tok_end = te;
-        t->tok_end_cap = t->max_tokens;
-    }
-    if (!t->lp || !t->lp_row || !te) {
-        free(t->lp);
-        free(t->lp_row);
-        t->lp = NULL;
-        t->lp_row = NULL;
+     * tokens' text is out (made here, never grown in the step) */
+    sp->lp_ends = malloc(end_bytes);
+    if (!sp->lp || !sp->lp_row || !sp->lp_ends) {
+        free(sp->lp);
+        free(sp->lp_row);
+        free(sp->lp_ends);
+        sp->lp = NULL;
+        sp->lp_row = NULL;
+        sp->lp_ends = NULL;
         return -ENOMEM;
     }
-    t->lp_on = 1;
-    t->lp_k = k;
-    t->lp_cap = t->max_tokens;
+    sp->lp_on = 1;
+    sp->lp_k = k;
+    sp->lp_cap = sp->max_tokens;
     return 0;
 }
 
 int kvp_session_turn_stops(kvp_session *s, const char *const *stop, const size_t *len, int n)
 {
-    kvp_turn *t = &s->turn;
+    kvp_turn_spec *sp = &s->rq.spec;
     if (n < 0 || n > KVP_HUB_MAX_STOPS)
         return -EINVAL;
     for (int i = 0; i < n; i++)
         if (len[i] < 1 || len[i] > KVP_HUB_STOP_MAX)
             return -EINVAL;
     for (int i = 0; i < n; i++) {
-        if (!(t->stop[i] = malloc(len[i])))
-            return -ENOMEM;   /* turn_clear frees the ones made */
-        memcpy(t->stop[i], stop[i], len[i]);
-        t->stop_len[i] = len[i];
-        t->n_stop = i + 1;
-        if (len[i] - 1 > t->stop_hold)
-            t->stop_hold = len[i] - 1;
+        if (!(sp->stop[i] = malloc(len[i])))
+            return -ENOMEM;   /* spec_clear frees the ones made */
+        memcpy(sp->stop[i], stop[i], len[i]);
+        sp->stop_len[i] = len[i];
+        sp->n_stop = i + 1;
+        if (len[i] - 1 > sp->stop_hold)
+            sp->stop_hold = len[i] - 1;
     }
     return 0;
 }
 
 int kvp_session_turn_tools(kvp_session *s, const kvp_turn_opts *o)
 {
-    kvp_turn *t = &s->turn;
-    t->role = o->role == KVP_MESSAGE_TOOL ? KVP_MESSAGE_TOOL : 1;
-    if (o->tools_len && !(t->tools = kvp_text_dup(o->tools, o->tools_len)))
+    kvp_turn_spec *sp = &s->rq.spec;
+    sp->role = o->role == KVP_MESSAGE_TOOL ? KVP_MESSAGE_TOOL : 1;
+    if (o->tools_len && !(sp->tools = kvp_text_dup(o->tools, o->tools_len)))
         return -ENOMEM;
-    t->tools_len = o->tools_len;
-    if (o->reply_prefix_len && !(t->prefix = kvp_text_dup(o->reply_prefix, o->reply_prefix_len)))
+    sp->tools_len = o->tools_len;
+    if (o->reply_prefix_len && !(sp->prefix = kvp_text_dup(o->reply_prefix, o->reply_prefix_len)))
         return -ENOMEM;
-    t->prefix_len = o->reply_prefix_len;
-    t->prefill = o->prefill && o->reply_prefix_len;
-    if (o->end_after_len && t->n_stop <= KVP_HUB_MAX_STOPS) {
-        int i = t->n_stop;
-        if (!(t->stop[i] = kvp_text_dup(o->end_after, o->end_after_len)))
+    sp->prefix_len = o->reply_prefix_len;
+    sp->prefill = o->prefill && o->reply_prefix_len;
+    if (o->end_after_len && sp->n_stop <= KVP_HUB_MAX_STOPS) {
+        int i = sp->n_stop;
+        if (!(sp->stop[i] = kvp_text_dup(o->end_after, o->end_after_len)))
             return -ENOMEM;
-        t->stop_len[i] = o->end_after_len;
-        t->stop_keep[i] = 1;
-        t->n_stop = i + 1;
-        if (o->end_after_len - 1 > t->stop_hold)
-            t->stop_hold = o->end_after_len - 1;
+        sp->stop_len[i] = o->end_after_len;
+        sp->stop_keep[i] = 1;
+        sp->n_stop = i + 1;
+        if (o->end_after_len - 1 > sp->stop_hold)
+            sp->stop_hold = o->end_after_len - 1;
     }
     return 0;
 }
 
 int kvp_session_turn_sampling(kvp_session *s, const kvp_sample_opts *o)
 {
-    kvp_turn *t = &s->turn;
+    kvp_turn_spec *sp = &s->rq.spec;
     const char *field;
     if (kvp_sample_opts_check(o, s->sampler.vocab_size, &field) < 0)
         return -EINVAL;
@@ -494,9 +508,9 @@ int kvp_session_turn_sampling(kvp_session *s, const kvp_sample_opts *o)
         return -ENOMEM;
     if (b)
         memcpy(b, o->bias, (size_t)o->n_bias * sizeof *b);
-    free((void *)t->sampling.bias);
-    t->sampling = *o;
-    t->sampling.bias = b;
+    free((void *)sp->sampling.bias);
+    sp->sampling = *o;
+    sp->sampling.bias = b;
     return 0;
 }
 
@@ -522,8 +536,10 @@ int kvp_session_push_token(kvp_session *s, int id)
  * *ids (malloc'd) are the tokens to append. Returns their count, or -ENOENT when the
  * family renders this turn: no Jinja template, dropped history (the rendering would
  * start at the conversation's beginning), or a conversation the template refuses. */
-int kvp_session_jinja_turn(kvp_session *s, const kvp_session_env *env, kvp_turn *t, int **ids)
+int kvp_session_jinja_turn(kvp_session *s, const kvp_session_env *env, int **ids)
 {
+    const kvp_turn_spec *sp = &s->rq.spec;
+    kvp_turn *t = &s->turn;
     if (!env->tpl.jinja || s->hist_tokens != 0 || s->raw)
         return -ENOENT;
     kvp_chat_msg *cm = malloc(sizeof *cm * ((size_t)s->n_msgs + 2));
@@ -531,19 +547,19 @@ int kvp_session_jinja_turn(kvp_session *s, const kvp_session_env *env, kvp_turn 
         return -ENOMEM;
     for (int i = 0; i < s->n_msgs; i++)
         cm[i] = (kvp_chat_msg){s->msgs[i].user, s->msgs[i].text, s->msgs[i].len};
-    cm[s->n_msgs] = (kvp_chat_msg){t->role ? t->role : 1, t->text, t->text_len};
+    cm[s->n_msgs] = (kvp_chat_msg){sp->role ? sp->role : 1, sp->text, sp->text_len};
     int common = 0, n;
-    if (t->prefill) {
+    if (sp->prefill) {
         /* the assistant's unfinished message too: the rendering is cut where it ends */
-        cm[s->n_msgs + 1] = (kvp_chat_msg){0, t->prefix, t->prefix_len};
+        cm[s->n_msgs + 1] = (kvp_chat_msg){0, sp->prefix, sp->prefix_len};
         int at = 0;
         n = kvp_template_jinja_prefill(&env->tpl, s->system, s->system_len, cm, s->n_msgs + 2,
-                                       t->tools, t->tools_len, s->tokens, s->n_tokens, &common,
+                                       sp->tools, sp->tools_len, s->tokens, s->n_tokens, &common,
                                        &at, ids, NULL, 0);
         t->prefill_at = at;
     } else {
         n = kvp_template_jinja_turn_tools(&env->tpl, s->system, s->system_len, cm,
-                                          s->n_msgs + 1, t->tools, t->tools_len, s->tokens,
+                                          s->n_msgs + 1, sp->tools, sp->tools_len, s->tokens,
                                           s->n_tokens, s->jinja_rendered, &common, ids);
     }
     free(cm);
@@ -564,7 +580,7 @@ int kvp_session_jinja_turn(kvp_session *s, const kvp_session_env *env, kvp_turn 
     /* A prefill's tokens are the assistant message as the template renders it last (Qwen3
      * with an empty think block), which need not be how it renders that message once a
      * user message follows: the next turn compares from scratch. */
-    s->jinja_rendered = !t->prefill;
+    s->jinja_rendered = !sp->prefill;
     return n;
 }
 

@@ -12,18 +12,24 @@
  *
  * Ownership, said at each struct: kvp_session_env and kvp_policy_conf are read-only
  * while workers run; kvp_turn_request (s->rq) is the loop's, which the worker only
- * reads; kvp_job_result (s->res) is the worker's, which the loop only reads after the
- * job's final event. The rest of a session is handed off whole: the loop owns it, and
- * from kvpd_sched_submit until the loop has taken the job's final event (busy: TURN,
- * LOAD, SAVE, RENDER) the worker that holds it owns everything but the fields marked
- * "loop" — so after a submit the loop looks at the state it set itself before anything
- * else, and at no other field while the session is busy. turn.cancel is an atomic only
- * the loop sets. Fields of the hand-off still written by both sides in turn (the loop
- * before the job, the worker during it): kvp_turn's (armed by the loop, run by the
- * worker), the persistence facts and counters the loop clears before a job
- * (kvp_session_begin_job) or after it (save_retries), and the model side's park and
- * unpark. The hand-off both ways goes through the scheduler's mutex-protected run queue
- * and event queue, which order each side's writes before the other's reads;
+ * reads: the turn's request as a value (its kvp_turn_spec, the options the loop arms a
+ * turn with; the worker writes into the logprob and canary buffers the spec points to,
+ * never the spec's fields), the history and rendering it continues from, and the cancel
+ * flag, an atomic only the loop sets; kvp_turn (s->turn) is the worker's, the turn as it runs,
+ * which the loop does not read; kvp_job_result (s->res) is the worker's, which the loop
+ * only reads after the job's final event. A turn's outcome reaches the loop in its
+ * events (the reply and stats with its done) and in s->res. The rest of a session is
+ * handed off whole: the loop owns it, and from kvpd_sched_submit until the loop has
+ * taken the job's final event (busy: TURN, LOAD, SAVE, RENDER) the worker that holds it
+ * owns everything but the fields marked "loop" and s->rq — so after a submit the loop
+ * looks at the state it set itself before anything else, and at no other field while
+ * the session is busy. Fields of the hand-off still written by both sides in turn (the
+ * loop before or after the job, the worker during it): the persistence facts and
+ * counters the loop clears before a job (kvp_session_begin_job) or after it
+ * (save_retries), and the model side's park (the cache, policy, sampler, transcript and
+ * the last turn's buffers freed) and unpark (need_restore). The hand-off both ways goes
+ * through the scheduler's mutex-protected run queue and event queue, which order each
+ * side's writes before the other's reads;
  * scripts/test.sh --tsan checks it. */
 #ifndef KVP_SESSION_H
 #define KVP_SESSION_H
@@ -89,13 +95,19 @@ void kvp_policy_conf_unref(kvp_policy_conf *pc);
 
 enum kvp_turn_state { KVP_TURN_START = 0, KVP_TURN_PREFILL, KVP_TURN_DECODE };
 
-/* A turn. Owner: handed off. Armed on the loop (kvp_session_begin_turn and the
- * kvp_session_turn_* setters) while the session is not busy, then its worker's until the
- * job's end (the loop only sets cancel); the loop reads the outcome after the final
- * event. Its options (text .. prefill_at, gsrc, gasked) are written by the loop only;
- * the running state and the outcome (stats, reply, refused, end, canary) by the worker,
- * and by the loop's turn_clear before the next turn. */
-typedef struct kvp_turn {
+/* A turn's request as the loop armed it (kvp_session_begin_turn and the kvp_session_turn_*
+ * setters, then the hub's options): a value inside kvp_turn_request (s->rq.spec).
+ * Owner: the loop, which alone writes it, while the session is not busy; the worker only
+ * reads it. The loop allocates its buffers and frees them when it arms the next turn, parks
+ * the session or frees it; the message's text goes earlier,
+ * with the request's release after the turn's final event (the transcript has its copy).
+ * The logprob buffers (lp, lp_row, lp_ends) and the canary's record are the exception to
+ * "only reads": the loop makes them so the step allocates nothing, the worker writes
+ * their contents (never these pointers) while the turn runs, and the loop reads them
+ * after its events. */
+typedef struct kvp_turn_spec {
+    uint64_t serial;         /* numbers the turns armed on the session (kvp_turn_armed) */
+    double t_start;          /* when the turn was asked for (seconds, monotonic) */
     char *text;              /* the user message */
     size_t text_len;
     int max_tokens;
@@ -107,7 +119,48 @@ typedef struct kvp_turn {
     int budget;              /* KV rows per head for this turn (0 = unbounded) */
     int max_history;         /* transcript tokens kept at its end (0 = all) */
     int max_prompt;          /* tokens this turn may prefill (0 = no cap) */
-    atomic_int cancel;       /* set by the loop, read by the worker each unit */
+    char *stop[KVP_HUB_MAX_STOPS + 1];   /* stop strings (copies); the last may be an
+                                          * end_after string (kept in the reply) */
+    size_t stop_len[KVP_HUB_MAX_STOPS + 1];
+    int stop_keep[KVP_HUB_MAX_STOPS + 1];
+    int n_stop;
+    size_t stop_hold;        /* longest stop string - 1: reply bytes held back from the sink */
+    int role;                /* of the message: 1 user, KVP_MESSAGE_TOOL tool results */
+    char *tools;             /* the request's tools (JSON array) for the template, or NULL */
+    size_t tools_len;
+    char *prefix;            /* the reply's opening, prefilled, not sampled (or NULL) */
+    size_t prefix_len;
+    int prefill;             /* the prefix is the client's unfinished assistant message
+                              * (kvp_turn_opts.prefill): rendered by the template, never
+                              * sent back, not looked through for stop strings */
+    /* the grammar the turn's start binds the reply's matcher to (a reference; NULL:
+     * unconstrained) and whether max_tokens was the request's own (the refusal's text
+     * names the request's limit, not the daemon's ceiling) */
+    struct kvp_grammar *gsrc;
+    int gasked;
+    /* The eviction canary's record of this turn's distributions (observe/canary.h;
+     * NULL: not sampled), written by the worker while the turn runs (unless it drops it:
+     * kvp_job_result.canary_dropped); after the turn's done the loop hands it to the
+     * background queue, which owns it from then on. */
+    struct kvp_canary_rec *canary;
+    /* Log-probabilities (kvp_turn_opts.logprobs; lp_on 0: none): per reply token, in
+     * lp[i * (1 + lp_k)], its own entry then its lp_k most likely alternatives, for
+     * lp_cap tokens (max_tokens); lp_row: the raw logits copied before the draw; lp_ends:
+     * each token's end in the reply (the worker's kvp_turn.tok_end while the turn runs). */
+    int lp_on, lp_k, lp_cap;
+    kvp_hub_logprob *lp;
+    float *lp_row;
+    size_t *lp_ends;
+} kvp_turn_spec;
+
+/* A turn as it runs. Owner: the worker that runs it, which alone writes it: it resets it
+ * at the turn's start (kvp_turn_reset: the previous turn's buffers freed), and the loop
+ * reads nothing of it (a turn's outcome reaches the loop in its events and in
+ * kvp_job_result). Its buffers are freed by the next turn's start on its worker, or by
+ * the loop when the session parks or goes (not busy then). Its settings are
+ * s->rq.spec's. */
+typedef struct kvp_turn {
+    uint64_t serial;         /* the spec's serial this turn started from */
     enum kvp_turn_state state;
     int undo_tokens;         /* transcript length before this turn's message */
     int turns_before;        /* the session's completed turns when this one began */
@@ -122,39 +175,19 @@ typedef struct kvp_turn {
     char *reply;
     size_t reply_len, reply_cap;
     size_t sent;             /* bytes of reply given to the sink as tokens */
-    char *stop[KVP_HUB_MAX_STOPS + 1];   /* stop strings (copies); the last may be an
-                                          * end_after string (kept in the reply) */
-    size_t stop_len[KVP_HUB_MAX_STOPS + 1];
-    int stop_keep[KVP_HUB_MAX_STOPS + 1];
-    int n_stop;
-    int role;                /* of the message: 1 user, KVP_MESSAGE_TOOL tool results */
-    char *tools;             /* the request's tools (JSON array) for the template, or NULL */
-    size_t tools_len;
-    char *prefix;            /* the reply's opening, prefilled, not sampled (or NULL) */
-    size_t prefix_len;
-    int prefill;             /* the prefix is the client's unfinished assistant message
-                              * (kvp_turn_opts.prefill): rendered by the template, never
-                              * sent back, not looked through for stop strings */
-    int prefill_at;          /* with the Jinja template: where its tokens begin */
-    size_t stop_hold;        /* longest stop string - 1: reply bytes held back from the sink */
+    int prefill_at;          /* with the Jinja template: where the prefill's tokens begin */
     int stopped;             /* a stop string was found at stop_at: the reply ends there */
     size_t stop_at;
-    int stop_word;           /* which of stop[] that was */
+    int stop_word;           /* which of the spec's stop[] that was */
     int gen_start;           /* transcript index of the reply's first token */
-    size_t *tok_end;         /* with stop strings, per reply token: the reply's length after
-                              * it, SIZE_MAX while a character was incomplete */
-    int tok_end_cap;
+    size_t *tok_end;         /* with stop strings or logprobs, per reply token: the reply's
+                              * length after it, SIZE_MAX while a character was incomplete;
+                              * with logprobs the spec's lp_ends (tok_end_lent: not freed
+                              * here), else grown on the worker */
+    int tok_end_cap, tok_end_lent;
     uint64_t evicted_at_start;
-    double t_start, t_first;
+    double t_first;
     kvp_turn_stats stats;
-    /* loop -> worker: the grammar the turn's start binds the reply's matcher to (a
-     * reference; NULL: unconstrained) and whether max_tokens was the request's own (the
-     * refusal's text names the request's limit, not the daemon's ceiling) */
-    struct kvp_grammar *gsrc;
-    int gasked;
-    /* worker -> loop: the turn's start refused the request itself (a reply of its
-     * grammar could not start or be finished): a bad request, not the daemon's error */
-    int refused;
     struct kvp_gmatch *gm;   /* the reply's grammar matcher (NULL: unconstrained) */
     uint32_t *gmask;         /* its mask for the next token (vocab bits) */
     int gshaped;             /* the length budget left out a token the grammar allowed: the
@@ -164,18 +197,9 @@ typedef struct kvp_turn {
     int end;
     int end_code;
     char end_msg[192];
-    /* The eviction canary's record of this turn's distributions (observe/canary.h;
-     * NULL: not sampled); the hub takes it when the turn is done. */
-    struct kvp_canary_rec *canary;
-    /* Log-probabilities (kvp_turn_opts.logprobs; lp_on 0: none): per reply token, in
-     * lp[i * (1 + lp_k)], its own entry then its lp_k most likely alternatives, for
-     * lp_cap tokens (max_tokens); lp_row: the raw logits copied before the draw. Both
-     * made when the turn is armed, so the step allocates nothing. lp_sent: tokens whose
-     * entries went out with token events; lp_from..lp_to: those of the event being sent;
-     * lp_n: the reply's at its end (those whose text is returned). */
-    int lp_on, lp_k, lp_cap, lp_sent, lp_from, lp_to, lp_n;
-    kvp_hub_logprob *lp;
-    float *lp_row;
+    /* Log-probabilities (the spec's lp_on): lp_sent: tokens whose entries went out with
+     * token events; lp_from..lp_to: those of the event being sent. */
+    int lp_sent, lp_from, lp_to;
 } kvp_turn;
 
 enum kvp_session_state {
@@ -199,15 +223,20 @@ typedef struct kvp_restored {
                                       * (the loop reads the session's own while it is busy) */
 } kvp_restored;
 
-/* A turn request: what the loop hands the worker with a queued turn besides the turn's
- * own options (kvp_turn): the history it continues from instead of msgs (a cut back or
- * a fork's source, turns/rewind.h), that history as a render job rendered it, the turn's
- * message as rendered, and where its cache came from.
- * Owner: the loop. Written on the loop while the session is not busy; the worker only
- * reads it, and takes a buffer over by saying so in kvp_job_result (took_*), never by
- * clearing it. The loop releases what the job left after its final event
- * (kvp_session_request_release). */
+/* A turn request: what the loop hands the worker with a queued turn: the turn's options
+ * (spec), the history it continues from instead of msgs (a cut back or a fork's source,
+ * turns/rewind.h), that history as a render job rendered it, the turn's message as
+ * rendered, where its cache came from, and the cancel flag.
+ * Owner: the loop. Written on the loop while the session is not busy (cancel: at any
+ * time); the worker only reads it, and takes a buffer over by saying so in
+ * kvp_job_result (took_*), never by clearing it. The loop frees what the job left after
+ * its final event (kvp_session_request_release), the spec's buffers when it arms the next
+ * turn. */
 typedef struct kvp_turn_request {
+    kvp_turn_spec spec;
+    /* set by the loop (atomically, the session busy or not) to stop the running turn;
+     * cleared when it arms the next; read by the worker each unit */
+    atomic_int cancel;
     /* the history the queued turn continues from instead of msgs; rewind_set: armed */
     kvp_message *rewind_msgs;
     int rewind_n, rewind_set;
@@ -236,12 +265,21 @@ typedef struct kvp_job_result {
     int took_rewind;                 /* the request's rewind (its messages and rendering)
                                       * became the transcript: the loop does not free it */
     int took_turn_ids;               /* the request's turn_ids were appended and freed */
+    /* the turn's start refused the request itself (a reply of its grammar could not
+     * start or be finished): a bad request, not the daemon's error */
+    int refused;
+    /* with logprobs: the reply's tokens whose entries (the spec's lp) go with its done,
+     * those whose text is returned */
+    int lp_n;
+    /* the canary's record (the spec's) could not take a token: it is not kept */
+    int canary_dropped;
     kvp_restored restored;
 } kvp_job_result;
 
 static inline void kvp_job_result_reset(kvp_job_result *r)
 {
     r->took_rewind = r->took_turn_ids = 0;
+    r->refused = r->lp_n = r->canary_dropped = 0;
     r->restored.pending = r->restored.rebuilt = 0;
     r->restored.note[0] = '\0';
 }
@@ -367,9 +405,10 @@ typedef struct kvp_session {
     /* loop: its load job reads it for a hello's fork: the job's end goes to its owner
      * (the forking client; NULL once that one closed), never to its attached client */
     int fork_read;
-    /* The TURN's next unit waits on I/O (its start: lease, snapshot, policy, transcript;
-     * or its end: the snapshot write, then the final event), so it runs as a job on a
-     * worker of its own, never inside a batched step (kvp_session_job_next). */
+    /* worker: the TURN's next unit waits on I/O (its end: the snapshot write, then the
+     * final event; its start, with the lease, snapshot, policy and transcript, is a job
+     * by kvp_turn_armed), so it runs as a job on a worker of its own, never inside a
+     * batched step (kvp_session_job_next). */
     int io_next;
     struct kvp_session *rq_next;     /* scheduler run queue */
 } kvp_session;
@@ -400,12 +439,19 @@ static inline int kvp_session_busy(const kvp_session *s)
            s->state == KVP_SESSION_SAVE || s->state == KVP_SESSION_RENDER;
 }
 
+/* Whether a turn is armed (s->rq.spec) whose start has not run yet: its first unit is
+ * turn_start, a job. */
+static inline int kvp_turn_armed(const kvp_session *s)
+{
+    return s->turn.serial != s->rq.spec.serial;
+}
+
 /* Whether the session's next unit runs alone as a job (LOAD, SAVE, RENDER, a turn's
  * start or end) rather than as a part of a batched step. The scheduler reads it on queued
  * sessions, under its queue's mutex. */
 static inline int kvp_session_job_next(const kvp_session *s)
 {
-    return s->state != KVP_SESSION_TURN || s->io_next;
+    return s->state != KVP_SESSION_TURN || s->io_next || kvp_turn_armed(s);
 }
 
 int kvp_session_table_init(kvp_session_table *t);
@@ -442,8 +488,9 @@ void kvp_session_park(kvp_session_table *t, kvp_session *s);
  * restores its snapshot on the worker first. 0 or -ENOMEM. */
 int kvp_session_unpark(kvp_session_table *t, kvp_session *s, const kvp_session_env *env);
 
-/* Arms a turn for the scheduler (loop thread; the session must not be busy). Takes a
- * copy of the text. */
+/* Arms a turn for the scheduler (loop thread; the session must not be busy): a new
+ * s->rq.spec (the last one's buffers freed), cancel cleared. Takes a copy of the text.
+ * The setters below and the hub fill in the rest of the spec before the submit. */
 int kvp_session_begin_turn(kvp_session *s, const char *text, size_t len, int max_tokens,
                            float temperature, int budget, double now);
 /* Loop, after kvp_session_begin_turn: the turn's stop strings (copies; n at most
@@ -462,7 +509,8 @@ size_t kvp_session_logprobs_bytes(int max_tokens, int vocab, int top);
  * nobody pays for any more is charged to s: kvp_cache_bytes). Loop, on an idle session,
  * or the worker running its job. */
 void kvp_session_count_bytes(kvp_session *s);
-/* The reply of the armed turn is one of g's documents (turns/constrain.c): each token
+/* Worker (or a test's bare session): the reply of the armed turn is one of g's
+ * documents, its matcher in s->turn (turns/constrain.c): each token
  * is drawn from those that continue it, a stop token only once it is whole, and only
  * while the document can still be finished in the tokens the turn has left (its
  * max_tokens), so the reply always ends whole; tr (or NULL): the vocabulary's trie, whose
@@ -471,7 +519,7 @@ void kvp_session_count_bytes(kvp_session *s);
  * max_tokens (*need: how many, at most one per byte). */
 int kvp_session_turn_grammar(kvp_session *s, struct kvp_grammar *g,
                              const struct kvp_vocab_trie *tr, int *need);
-/* Worker, at the turn's start: the matcher of the turn's grammar (turn.gsrc) bound to
+/* Worker, at the turn's start: the matcher of the turn's grammar (rq.spec.gsrc) bound to
  * env->trie, as kvp_session_turn_grammar; < 0 with the reason to answer in err (-EINVAL
  * and -E2BIG: the request's, a bad_request; -ENOMEM: the daemon's). */
 int kvp_session_start_grammar(kvp_session *s, const kvp_session_env *env, char *err,

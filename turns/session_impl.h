@@ -20,7 +20,11 @@ int kvp_session_push_message(kvp_session *s, int user, const char *text, size_t 
  * *ids (malloc'd) are the tokens to append. Returns their count, or -ENOENT when the
  * family renders this turn: no Jinja template, dropped history (the rendering would
  * start at the conversation's beginning), or a conversation the template refuses. */
-int kvp_session_jinja_turn(kvp_session *s, const kvp_session_env *env, kvp_turn *t, int **ids);
+int kvp_session_jinja_turn(kvp_session *s, const kvp_session_env *env, int **ids);
+/* Frees the turn's buffers (reply, tok_end unless lent, matcher) and zeroes it, keeping
+ * its serial: the worker at the turn's start, or the loop when the session parks or goes
+ * (not busy then). */
+void kvp_turn_reset(kvp_turn *t);
 /* max_history_tokens, at the end of a turn: drops the oldest whole turns (a user message
  * and the replies after it) while the tokens from the next kept turn on are more than
  * max; the newest turn always stays. Only tokens that are in the cache go. */

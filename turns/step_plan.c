@@ -17,6 +17,12 @@
 #include "turns/rewind.h"
 #include "turns/turn.h"
 
+/* The canary's record of s's turn while it takes tokens (NULL: not sampled, or dropped). */
+static kvp_canary_rec *canary_of(const kvp_session *s)
+{
+    return s->res.canary_dropped ? NULL : s->rq.spec.canary;
+}
+
 /* A started turn's next unit for a batched step: its next prefill chunk or the token
  * sampled last. Returns 1 with the block in q, 0 when the turn ended here (cancelled,
  * nothing to run: reported), ENDED when it ended and its end is a unit of its own
@@ -31,14 +37,14 @@ static int plan_unit(kvp_session *s, const kvp_session_env *env, const kvp_turn_
     kvp_turn *t = &s->turn;
     if (!t->planned) {   /* its wait for its first step, its start job included */
         t->planned = 1;
-        t->stats.queue_ms = (kvp_now() - t->t_start) * 1e3;
+        t->stats.queue_ms = (kvp_now() - s->rq.spec.t_start) * 1e3;
     }
     t->evict = turn_evict_cfg(s, env);
-    if (atomic_load(&t->cancel))
+    if (atomic_load(&s->rq.cancel))
         return turn_finish(s, env, sink, "cancel") ? ENDED : 0;
     if (t->state == KVP_TURN_DECODE) {
         *q = (kvp_batch_seq){.cache = &s->cache, .tokens = &t->next_token, .n = 1,
-                             .hidden = t->canary ? kvp_canary_row(t->canary) : NULL};
+                             .hidden = canary_of(s) ? kvp_canary_row(canary_of(s)) : NULL};
         return 1;
     }
     /* KVP_TURN_PREFILL: the next chunk of the transcript not yet run */
@@ -49,7 +55,7 @@ static int plan_unit(kvp_session *s, const kvp_session_env *env, const kvp_turn_
     if (n > room)
         return NO_ROOM;
     *q = (kvp_batch_seq){.cache = &s->cache, .tokens = s->tokens + s->n_cached, .n = n,
-                         .hidden = t->canary ? kvp_canary_row(t->canary) : NULL};
+                         .hidden = canary_of(s) ? kvp_canary_row(canary_of(s)) : NULL};
     return 1;
 }
 
@@ -64,13 +70,10 @@ static int samples(const kvp_session *s, const kvp_batch_seq *q)
  * turn keeps the hidden row the pass wrote for it (on failure the record is dropped). */
 static int draw_sampled(kvp_session *s, const kvp_session_env *env, float *logits)
 {
-    kvp_turn *t = &s->turn;
     int tok = kvp_turn_draw(s, env, logits);
-    if (t->canary &&
-        kvp_canary_note(t->canary, s->tokens, s->n_tokens, s->hist_tokens, tok) < 0) {
-        kvp_canary_rec_free(t->canary);
-        t->canary = NULL;
-    }
+    kvp_canary_rec *c = canary_of(s);
+    if (c && kvp_canary_note(c, s->tokens, s->n_tokens, s->hist_tokens, tok) < 0)
+        s->res.canary_dropped = 1;   /* the loop frees it after the turn */
     return tok;
 }
 
@@ -78,18 +81,18 @@ static int draw_sampled(kvp_session *s, const kvp_session_env *env, float *logit
  * token's entry (with its alternatives) goes where take_token will count it. */
 static int draw(kvp_session *s, const kvp_session_env *env, float *logits)
 {
-    kvp_turn *t = &s->turn;
-    int g = t->stats.generated_tokens;
-    if (!t->lp_on || g >= t->lp_cap)
+    const kvp_turn_spec *sp = &s->rq.spec;
+    int g = s->turn.stats.generated_tokens;
+    if (!sp->lp_on || g >= sp->lp_cap)
         return draw_sampled(s, env, logits);
     int vocab = s->sampler.vocab_size;
-    memcpy(t->lp_row, logits, (size_t)vocab * sizeof *logits);
+    memcpy(sp->lp_row, logits, (size_t)vocab * sizeof *logits);
     int tok = draw_sampled(s, env, logits);
-    kvp_hub_logprob *e = t->lp + (size_t)g * (size_t)(1 + t->lp_k);
+    kvp_hub_logprob *e = sp->lp + (size_t)g * (size_t)(1 + sp->lp_k);
     kvp_logprob top[KVP_LOGPROBS_MAX_TOP], own;
-    int m = kvp_logprobs(t->lp_row, vocab, tok < 0 || tok >= vocab ? 0 : tok, t->lp_k, &own, top);
+    int m = kvp_logprobs(sp->lp_row, vocab, tok < 0 || tok >= vocab ? 0 : tok, sp->lp_k, &own, top);
     int prev = s->n_tokens ? s->tokens[s->n_tokens - 1] : -1;
-    for (int j = 0; j <= t->lp_k; j++) {
+    for (int j = 0; j <= sp->lp_k; j++) {
         kvp_logprob l = j == 0 ? own : j - 1 < m ? top[j - 1] : (kvp_logprob){-1, -INFINITY};
         size_t len = 0;
         const char *p = l.token >= 0 ? kvp_tokenizer_piece(&env->model->tok, prev, l.token, &len)
@@ -142,10 +145,10 @@ static int decoding(const kvp_session *s)
     return !kvp_session_job_next(s) && s->turn.state == KVP_TURN_DECODE;
 }
 
-/* Whether its next unit takes no rows: a job, or a turn's start (run inline). */
+/* Whether its next unit takes no rows: a job, or a turn's start (armed; run inline). */
 static int no_rows(const kvp_session *s)
 {
-    return kvp_session_job_next(s) || s->turn.state == KVP_TURN_START;
+    return kvp_session_job_next(s);
 }
 
 /* Whether it is a turn whose next unit is a prefill chunk. */
@@ -181,11 +184,11 @@ static int admits_before(const kvp_session *a, const kvp_session *b)
     if (sa != sb)
         return sa;
     if (sa)
-        return a->turn.t_start < b->turn.t_start;
+        return a->rq.spec.t_start < b->rq.spec.t_start;
     int la = a->n_tokens - a->n_cached, lb = b->n_tokens - b->n_cached;
     if (la != lb)
         return la < lb;
-    return a->turn.t_start < b->turn.t_start;
+    return a->rq.spec.t_start < b->rq.spec.t_start;
 }
 
 /* Whether the rows s's cache holds are those a lone run of its tokens makes: nothing
@@ -201,7 +204,7 @@ static int clean_rows(const kvp_session *s)
  * hidden state). */
 static int sharing_prompt(const kvp_session *s)
 {
-    return prefilling(s) && clean_rows(s) && !s->turn.canary && s->n_tokens > s->n_cached + 1;
+    return prefilling(s) && clean_rows(s) && !canary_of(s) && s->n_tokens > s->n_cached + 1;
 }
 
 /* Whether src's cached rows are those a lone prefill of their tokens makes: a turn of this
@@ -223,7 +226,7 @@ static int rows_shareable(const kvp_session *dst, const kvp_session *src, int n_
                           const kvp_session_env *env)
 {
     int n = kvp_token_lcp(dst->tokens, dst->n_tokens - 1, src->tokens, n_src);
-    if (n > dst->n_cached && dst->turn.budget > 0 && dst->n_tokens > dst->turn.budget)
+    if (n > dst->n_cached && dst->rq.spec.budget > 0 && dst->n_tokens > dst->rq.spec.budget)
         n -= (n - dst->n_cached) % env->chunk;
     return n;
 }

@@ -33,7 +33,7 @@ void turn_note_rows(kvp_session *s)
 
 kvp_evict_cfg turn_evict_cfg(const kvp_session *s, const kvp_session_env *env)
 {
-    kvp_evict_cfg e = {s->policy, s->turn.budget, env->chunk, env->budget_mode};
+    kvp_evict_cfg e = {s->policy, s->rq.spec.budget, env->chunk, env->budget_mode};
     return e;
 }
 
@@ -75,8 +75,6 @@ static void cut_memory(kvp_session *s)
     t->cut = 1;
     t->end_code = -ENOLCK;
     snprintf(t->end_msg, sizeof t->end_msg, "lease: %s", CUT_MSG);
-    free(t->text);
-    t->text = NULL;
     kvp_session_forget(s);
     s->jinja_rendered = 0;
     s->turns_done = s->has_snapshot ? t->turns_before : 0;
@@ -90,6 +88,7 @@ static void cut_memory(kvp_session *s)
  * Returns 0 (the turn ended). */
 static int turn_report(kvp_session *s, const kvp_session_env *env, const kvp_turn_sink *sink)
 {
+    const kvp_turn_spec *sp = &s->rq.spec;
     kvp_turn *t = &s->turn;
     s->io_next = 0;
     t->end = 0;
@@ -107,8 +106,8 @@ static int turn_report(kvp_session *s, const kvp_session_env *env, const kvp_tur
     }
     if (t->end_code < 0)
         sink->error(sink->ctx, s, t->end_code, t->end_msg);
-    else if (t->prefill && t->reply_len >= t->prefix_len)   /* the new text only */
-        sink->done(sink->ctx, s, &t->stats, t->reply + t->prefix_len, t->reply_len - t->prefix_len);
+    else if (sp->prefill && t->reply_len >= sp->prefix_len)   /* the new text only */
+        sink->done(sink->ctx, s, &t->stats, t->reply + sp->prefix_len, t->reply_len - sp->prefix_len);
     else
         sink->done(sink->ctx, s, &t->stats, t->reply ? t->reply : "", t->reply_len);
     return 0;
@@ -136,15 +135,16 @@ static int end_turn(kvp_session *s, const kvp_session_env *env, const kvp_turn_s
 int turn_finish(kvp_session *s, const kvp_session_env *env, const kvp_turn_sink *sink,
                 const char *stop)
 {
+    const kvp_turn_spec *sp = &s->rq.spec;
     kvp_turn *t = &s->turn;
     char tail[4];
     size_t n = kvp_utf8_flush(&t->utf8, tail);
-    if (t->lp_on && !t->stopped)   /* the reply's end ends its last tokens */
+    if (sp->lp_on && !t->stopped)   /* the reply's end ends its last tokens */
         for (int i = t->stats.generated_tokens - 1; i >= 0 && t->tok_end[i] == SIZE_MAX; i--)
             t->tok_end[i] = t->reply_len + n;
     int rc = n ? turn_reply_text(s, sink, tail, n) : 0;
-    if (t->lp_on)   /* the tokens whose text is returned: up to a stop string's cut */
-        t->lp_n = turn_lp_whole(t, t->stopped ? t->stop_at : SIZE_MAX - 1);
+    if (sp->lp_on)   /* the tokens whose text is returned: up to a stop string's cut */
+        s->res.lp_n = turn_lp_whole(t, t->stopped ? t->stop_at : SIZE_MAX - 1);
     if (!rc && t->stopped) {
         rc = turn_cut_at_stop(s, env);
         stop = "stop";
@@ -159,12 +159,9 @@ int turn_finish(kvp_session *s, const kvp_session_env *env, const kvp_turn_sink 
         rc = dropped;
     if (!rc)
         rc = kvp_session_push_message(s, 0, t->reply ? t->reply : "", t->reply_len, t->reply_from);
-    if (rc < 0) {
-        free(t->text);
-        t->text = NULL;
+    if (rc < 0)
         return end_turn(s, env, sink, rc, "could not finish the turn");
-    }
-    kvp_session_bound_history(s, t->max_history);
+    kvp_session_bound_history(s, sp->max_history);
     double end = kvp_now();
     kvp_turn_stats *st = &t->stats;
     st->transcript_tokens = (int)(s->hist_tokens + s->n_tokens);
@@ -174,15 +171,13 @@ int turn_finish(kvp_session *s, const kvp_session_env *env, const kvp_turn_sink 
     st->cache_bytes = kvp_cache_bytes(&s->cache);
     st->evicted_total = s->cache.evicted_rows;
     st->evicted_rows = s->cache.evicted_rows - t->evicted_at_start;
-    st->duration_ms = (end - t->t_start) * 1e3;
-    st->ttft_ms = t->t_first > 0 ? (t->t_first - t->t_start) * 1e3 : st->duration_ms;
-    st->tokens_per_s = end > t->t_start ? st->generated_tokens / (end - t->t_start) : 0;
+    st->duration_ms = (end - sp->t_start) * 1e3;
+    st->ttft_ms = t->t_first > 0 ? (t->t_first - sp->t_start) * 1e3 : st->duration_ms;
+    st->tokens_per_s = end > sp->t_start ? st->generated_tokens / (end - sp->t_start) : 0;
     st->stop = stop;
     st->stop_word = t->stopped ? t->stop_word : -1;
     if (st->cache_bytes > st->cache_bytes_max)
         st->cache_bytes_max = st->cache_bytes;
-    free(t->text);
-    t->text = NULL;
     s->turns_done++;
     return end_turn(s, env, sink, 0, NULL);
 }
@@ -206,8 +201,6 @@ int turn_fail(kvp_session *s, const kvp_session_env *env, const kvp_turn_sink *s
     char msg[160];
     snprintf(msg, sizeof msg, "%s: %s", what, detail ? detail :
              rc == -E2BIG ? "the conversation outgrew the model's context" : strerror(-rc));
-    free(t->text);
-    t->text = NULL;
     return end_turn(s, env, sink, rc, msg);
 }
 
@@ -215,6 +208,7 @@ int turn_fail(kvp_session *s, const kvp_session_env *env, const kvp_turn_sink *s
 int turn_take_token(kvp_session *s, const kvp_session_env *env, const kvp_turn_sink *sink,
                     int tok)
 {
+    const kvp_turn_spec *sp = &s->rq.spec;
     kvp_turn *t = &s->turn;
     /* Past the lease this node surely holds (less the margin its output needs to reach
      * the client), another node may serve the session: the turn stops here, before any
@@ -254,20 +248,20 @@ int turn_take_token(kvp_session *s, const kvp_session_env *env, const kvp_turn_s
             size_t o = kvp_utf8_feed(&t->utf8, piece + off, n, buf);
             int err = 0;
             if (o)
-                upto = turn_reply_keep(t, buf, o, &err);
+                upto = turn_reply_keep(s, buf, o, &err);
             if (err)
                 return turn_fail(s, env, sink, 0, -ENOMEM, "reply", NULL);
             off += n;
         }
     }
     /* the token's end first, so the text it sends carries its logprobs */
-    if ((t->n_stop || t->lp_on) && turn_note_token_end(t) < 0)
+    if ((sp->n_stop || sp->lp_on) && turn_note_token_end(t) < 0)
         return turn_fail(s, env, sink, 0, -ENOMEM, "reply", NULL);
     turn_emit(s, sink, upto);
     t->stats.shaped = t->gshaped;   /* a forced call's end string may follow a shaped call */
     if (t->stopped)
         return turn_finish(s, env, sink, "stop");
-    if (t->stats.generated_tokens >= t->max_tokens) {
+    if (t->stats.generated_tokens >= sp->max_tokens) {
         /* the length budget closes a constrained reply by its last token: a whole
          * document the limit shaped ends as one the model ended; anything else was cut */
         if (kvp_turn_doc_whole(t)) {
@@ -351,18 +345,24 @@ static int make_policy(kvp_session *s, const kvp_session_env *env, char *err, si
  * Returns as kvp_turn_step. */
 static int turn_start(kvp_session *s, const kvp_session_env *env, const kvp_turn_sink *sink)
 {
+    const kvp_turn_spec *sp = &s->rq.spec;
     kvp_turn *t = &s->turn;
     kvp_job_result_reset(&s->res);   /* the job's own, from its start */
+    kvp_turn_reset(t);               /* the last turn's buffers go */
+    t->serial = sp->serial;          /* started: no longer armed */
+    if (sp->lp_on) {   /* the tokens' ends in the spec's buffer, with room for each */
+        t->tok_end = sp->lp_ends;
+        t->tok_end_cap = sp->lp_cap;
+        t->tok_end_lent = 1;
+    }
     s->io_next = 0;
-    if (t->gsrc) {
+    if (sp->gsrc) {
         /* the reply's matcher, before anything of the session changes: a grammar the
          * reply cannot follow refuses the request as it stands */
         char err[256];
         int rc = kvp_session_start_grammar(s, env, err, sizeof err);
         if (rc < 0) {
-            t->refused = rc == -EINVAL || rc == -E2BIG;
-            free(t->text);
-            t->text = NULL;
+            s->res.refused = rc == -EINVAL || rc == -E2BIG;
             sink->error(sink->ctx, s, rc, err);
             return 0;
         }
@@ -371,8 +371,6 @@ static int turn_start(kvp_session *s, const kvp_session_env *env, const kvp_turn
         char err[256];
         int rc = take_lease(s, env, err, sizeof err);
         if (rc < 0) {
-            free(t->text);
-            t->text = NULL;
             sink->error(sink->ctx, s, rc, err);
             return 0;
         }
@@ -383,8 +381,6 @@ static int turn_start(kvp_session *s, const kvp_session_env *env, const kvp_turn
         int rc = kvp_session_restore(s, env, s->reserve, err, sizeof err);
         if (rc < 0) {
             s->lost = rc == -ENOENT || rc == -EBADMSG;
-            free(t->text);
-            t->text = NULL;
             sink->error(sink->ctx, s, rc, err);
             return 0;
         }
@@ -419,8 +415,8 @@ static int turn_start(kvp_session *s, const kvp_session_env *env, const kvp_turn
     /* A cancel that came before any work still records the message: the next turn
      * prefills it (prefill checks the flag first). */
     int *ids = NULL;
-    int n = s->raw_ids ? 0 : kvp_session_jinja_turn(s, env, t, &ids);
-    int rendered = t->prefill && n >= 0 && !s->raw_ids;   /* the template wrote the prefill's tokens */
+    int n = s->raw_ids ? 0 : kvp_session_jinja_turn(s, env, &ids);
+    int rendered = sp->prefill && n >= 0 && !s->raw_ids;   /* the template wrote the prefill's tokens */
     if (s->raw_ids) {   /* the prompt's own tokens, taken as they are */
         n = s->n_raw_ids;
         ids = malloc((size_t)n * sizeof *ids);
@@ -437,7 +433,7 @@ static int turn_start(kvp_session *s, const kvp_session_env *env, const kvp_turn
     } else if (n == -ENOENT) {
         s->jinja_rendered = 0;
         n = kvp_template_turn(kvp_session_tpl(s, env), s->system, s->system_len, s->n_tokens == 0,
-                              s->reply_open, t->text, t->text_len, &ids);
+                              s->reply_open, sp->text, sp->text_len, &ids);
     }
     /* (pre-rendered ids a Jinja rendering or raw ids replaced go with the request's release) */
     int first = s->n_tokens;
@@ -452,7 +448,7 @@ static int turn_start(kvp_session *s, const kvp_session_env *env, const kvp_turn
             return turn_fail(s, env, sink, 1, -ENOMEM, "transcript", NULL);
         }
     free(ids);
-    if (kvp_session_push_message(s, t->role ? t->role : 1, t->text, t->text_len, first) < 0) {
+    if (kvp_session_push_message(s, sp->role ? sp->role : 1, sp->text, sp->text_len, first) < 0) {
         free(rw_old);
         return turn_fail(s, env, sink, 1, -ENOMEM, "transcript", NULL);
     }
@@ -461,15 +457,15 @@ static int turn_start(kvp_session *s, const kvp_session_env *env, const kvp_turn
     int reply_at = s->n_tokens;
     if (rendered && t->prefill_at >= first && t->prefill_at <= s->n_tokens)
         reply_at = t->prefill_at;
-    if (t->prefix_len && turn_reply_prefix(s, env, sink, rendered) < 0)
+    if (sp->prefix_len && turn_reply_prefix(s, env, sink, rendered) < 0)
         return turn_fail(s, env, sink, 1, -ENOMEM, "transcript", NULL);
     t->gen_start = s->n_tokens;
     t->stats.prompt_tokens = s->n_tokens - s->n_cached;
-    if (t->max_prompt > 0 && t->stats.prompt_tokens > t->max_prompt) {
+    if (sp->max_prompt > 0 && t->stats.prompt_tokens > sp->max_prompt) {
         /* refused before any prefill: its cost grows with the prompt */
         char why[96];
         snprintf(why, sizeof why, "%d tokens to prefill, over the %d of max_prompt_tokens",
-                 t->stats.prompt_tokens, t->max_prompt);
+                 t->stats.prompt_tokens, sp->max_prompt);
         return turn_fail(s, env, sink, 1, -E2BIG, "prompt", why);
     }
     if (!env->reuse_cache) {
@@ -491,11 +487,11 @@ static int turn_start(kvp_session *s, const kvp_session_env *env, const kvp_turn
     t->stats.cached_tokens = (int)(s->hist_tokens + s->n_cached);
     /* a fork's rows came from another session (until this turn, the only rows it has) */
     t->stats.cached_from = s->n_cached > 0 ? s->rq.reuse_from : KVP_REUSE_OWN;
-    s->sampler.temperature = t->temperature;
-    s->sampler.top_p = t->top_p >= 0 ? t->top_p : env->top_p;
-    if (t->has_seed)
-        kvp_sampler_seed(&s->sampler, t->seed);
-    if (kvp_sampler_set_opts(&s->sampler, &t->sampling) < 0)   /* checked by the hub */
+    s->sampler.temperature = sp->temperature;
+    s->sampler.top_p = sp->top_p >= 0 ? sp->top_p : env->top_p;
+    if (sp->has_seed)
+        kvp_sampler_seed(&s->sampler, sp->seed);
+    if (kvp_sampler_set_opts(&s->sampler, &sp->sampling) < 0)   /* checked by the hub */
         return turn_fail(s, env, sink, 1, -ENOMEM, "sampler", NULL);
     s->reply_open = 1;    /* the assistant's reply has begun */
     t->state = KVP_TURN_PREFILL;
@@ -510,7 +506,7 @@ int turn_run_job(kvp_session *s, const kvp_session_env *env, const kvp_turn_sink
 {
     if (s->state == KVP_SESSION_TURN) {
         int more = 1;
-        if (s->turn.state == KVP_TURN_START)
+        if (kvp_turn_armed(s))
             more = turn_start(s, env, sink);
         if (more && s->turn.end)   /* it failed there: its end follows in the same job */
             more = turn_report(s, env, sink);

@@ -52,7 +52,7 @@ void turn_emit(kvp_session *s, const kvp_turn_sink *sink, size_t upto)
     kvp_turn *t = &s->turn;
     if (upto > t->sent) {
         t->lp_from = t->lp_to = t->lp_sent;
-        if (t->lp_on)
+        if (s->rq.spec.lp_on)
             t->lp_to = t->lp_sent = turn_lp_whole(t, upto);
         sink->token(sink->ctx, s, t->reply + t->sent, upto - t->sent);
         t->lp_from = t->lp_to = t->lp_sent;
@@ -64,8 +64,10 @@ void turn_emit(kvp_session *s, const kvp_turn_sink *sink, size_t upto)
  * how much of the reply may go to the sink: all but what could still begin one (held
  * back until it cannot, or the turn ends). After a stop string nothing more is kept.
  * *err: 0 or -ENOMEM. */
-size_t turn_reply_keep(kvp_turn *t, const char *p, size_t n, int *err)
+size_t turn_reply_keep(kvp_session *s, const char *p, size_t n, int *err)
 {
+    const kvp_turn_spec *sp = &s->rq.spec;
+    kvp_turn *t = &s->turn;
     *err = 0;
     if (t->stopped)
         return t->sent;
@@ -75,22 +77,22 @@ size_t turn_reply_keep(kvp_turn *t, const char *p, size_t n, int *err)
         return t->sent;
     }
     size_t upto = t->reply_len;
-    if (t->n_stop) {
+    if (sp->n_stop) {
         /* only where a stop string could end in the new text */
-        size_t start = from > t->stop_hold ? from - t->stop_hold : 0;
-        if (t->prefill && start < t->prefix_len)
-            start = t->prefix_len;   /* the client's prefill is not the reply's text */
-        for (int i = 0; i < t->n_stop; i++) {
-            const char *hit = memmem(t->reply + start, t->reply_len - start, t->stop[i],
-                                     t->stop_len[i]);
-            size_t end = hit ? (size_t)(hit - t->reply) + (t->stop_keep[i] ? t->stop_len[i] : 0) : 0;
+        size_t start = from > sp->stop_hold ? from - sp->stop_hold : 0;
+        if (sp->prefill && start < sp->prefix_len)
+            start = sp->prefix_len;   /* the client's prefill is not the reply's text */
+        for (int i = 0; i < sp->n_stop; i++) {
+            const char *hit = memmem(t->reply + start, t->reply_len - start, sp->stop[i],
+                                     sp->stop_len[i]);
+            size_t end = hit ? (size_t)(hit - t->reply) + (sp->stop_keep[i] ? sp->stop_len[i] : 0) : 0;
             if (hit && (!t->stopped || end < t->stop_at)) {
                 t->stopped = 1;
                 t->stop_at = end;
                 t->stop_word = i;
             }
         }
-        upto = t->stopped ? t->stop_at : t->reply_len > t->stop_hold ? t->reply_len - t->stop_hold : 0;
+        upto = t->stopped ? t->stop_at : t->reply_len > sp->stop_hold ? t->reply_len - sp->stop_hold : 0;
         while (upto > t->sent && upto < t->reply_len &&
                ((unsigned char)t->reply[upto] & 0xC0) == 0x80)
             upto--;   /* whole characters only */
@@ -102,7 +104,7 @@ size_t turn_reply_keep(kvp_turn *t, const char *p, size_t n, int *err)
 int turn_reply_text(kvp_session *s, const kvp_turn_sink *sink, const char *p, size_t n)
 {
     int err;
-    size_t upto = turn_reply_keep(&s->turn, p, n, &err);
+    size_t upto = turn_reply_keep(s, p, n, &err);
     if (err)
         return err;
     turn_emit(s, sink, upto);
@@ -129,21 +131,22 @@ static int push_tokens(kvp_session *s, int *ids, int n)
 int turn_reply_prefix(kvp_session *s, const kvp_session_env *env, const kvp_turn_sink *sink,
                       int rendered)
 {
+    const kvp_turn_spec *sp = &s->rq.spec;
     kvp_turn *t = &s->turn;
     const kvp_template *tpl = kvp_session_tpl(s, env);
     if (!rendered) {
         int *ids = NULL;
-        int n = t->prefill ? kvp_template_reply(tpl, t->prefix, t->prefix_len, &ids)
-                           : kvp_template_encode_trusted(tpl, t->prefix, t->prefix_len, &ids);
+        int n = sp->prefill ? kvp_template_reply(tpl, sp->prefix, sp->prefix_len, &ids)
+                            : kvp_template_encode_trusted(tpl, sp->prefix, sp->prefix_len, &ids);
         int rc = push_tokens(s, ids, n);
         if (rc)
             return rc;
     }
-    if (!t->prefill)
-        return turn_reply_text(s, sink, t->prefix, t->prefix_len);
-    if (reply_append(t, t->prefix, t->prefix_len) < 0)
+    if (!sp->prefill)
+        return turn_reply_text(s, sink, sp->prefix, sp->prefix_len);
+    if (reply_append(t, sp->prefix, sp->prefix_len) < 0)
         return -ENOMEM;
-    t->sent = t->prefix_len;
+    t->sent = sp->prefix_len;
     return 0;
 }
 
@@ -153,11 +156,17 @@ int turn_note_token_end(kvp_turn *t)
     int g = t->stats.generated_tokens;
     if (g > t->tok_end_cap) {
         int cap = t->tok_end_cap ? 2 * t->tok_end_cap : 64;
-        size_t *v = realloc(t->tok_end, (size_t)cap * sizeof *v);
+        /* a lent buffer (the spec's) is the loop's to free: the ends move to one of the
+         * turn's own */
+        size_t *v = t->tok_end_lent ? malloc((size_t)cap * sizeof *v)
+                                    : realloc(t->tok_end, (size_t)cap * sizeof *v);
         if (!v)
             return -ENOMEM;
+        if (t->tok_end_lent && t->tok_end_cap)
+            memcpy(v, t->tok_end, (size_t)t->tok_end_cap * sizeof *v);
         t->tok_end = v;
         t->tok_end_cap = cap;
+        t->tok_end_lent = 0;
     }
     t->tok_end[g - 1] = t->utf8.n ? SIZE_MAX : t->reply_len;
     return 0;
@@ -172,7 +181,7 @@ int turn_cut_at_stop(kvp_session *s, const kvp_session_env *env)
 {
     kvp_turn *t = &s->turn;
     int keep = 0;
-    size_t at = t->prefix_len;   /* the prefix's tokens stand before gen_start */
+    size_t at = s->rq.spec.prefix_len;   /* the prefix's tokens stand before gen_start */
     for (int i = t->stats.generated_tokens - 1; i >= 0; i--)
         if (t->tok_end[i] <= t->stop_at) {
             keep = i + 1;

@@ -17,7 +17,7 @@ void turn_emit(kvp_session *s, const kvp_turn_sink *sink, size_t upto);
  * how much of the reply may go to the sink: all but what could still begin one (held
  * back until it cannot, or the turn ends). After a stop string nothing more is kept.
  * *err: 0 or -ENOMEM. */
-size_t turn_reply_keep(kvp_turn *t, const char *p, size_t n, int *err);
+size_t turn_reply_keep(kvp_session *s, const char *p, size_t n, int *err);
 /* turn_reply_keep, then the sink gets what may go out. */
 int turn_reply_text(kvp_session *s, const kvp_turn_sink *sink, const char *p, size_t n);
 /* The reply's opening (kvpd's forced tool call, or the client's assistant prefill): its

@@ -88,14 +88,15 @@ static kvp_canary_rec *canary_turn(fixture *f, int budget, int words, int max_to
     int done = 0;
     kvp_turn_sink sink = {on_token, on_done, on_error, NULL, &done};
     cr_assert_eq(kvp_session_begin_turn(s, text, strlen(text), max_tokens, 0.8f, budget, 0.0), 0);
-    s->turn.canary = kvp_canary_rec_new(f->pc->name, budget, f->model.cfg.dim);
+    s->rq.spec.canary = kvp_canary_rec_new(f->pc->name, budget, f->model.cfg.dim);
     s->state = KVP_SESSION_TURN;
     while (kvp_turn_step(s, &f->env, &f->rs, &sink))
         ;
     s->state = KVP_SESSION_IDLE;
     cr_assert_eq(done, 1);
-    kvp_canary_rec *r = s->turn.canary;
-    s->turn.canary = NULL;
+    cr_assert_not(s->res.canary_dropped);
+    kvp_canary_rec *r = s->rq.spec.canary;
+    s->rq.spec.canary = NULL;
     cr_assert_not_null(r);
     cr_assert(!r->unusable);
     cr_assert_eq(r->n_pos, s->turn.stats.generated_tokens +

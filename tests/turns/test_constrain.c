@@ -59,12 +59,12 @@ Test(constrain, a_limit_below_the_shortest_document_is_refused)
     cr_expect_eq(bytes, 9);
     kvp_session s;
     memset(&s, 0, sizeof s);
-    s.turn.max_tokens = bytes - 1;
+    s.rq.spec.max_tokens = bytes - 1;
     int need = -1;
     cr_expect_eq(kvp_session_turn_grammar(&s, g, NULL, &need), -E2BIG);
     cr_expect_eq(need, bytes);
     cr_expect_null(s.turn.gm);
-    s.turn.max_tokens = bytes;
+    s.rq.spec.max_tokens = bytes;
     cr_expect_eq(kvp_session_turn_grammar(&s, g, NULL, &need), 0);
     cr_expect_not_null(s.turn.gm);
     cr_expect_eq(kvp_session_turn_grammar(&s, NULL, NULL, NULL), 0);
@@ -82,7 +82,7 @@ Test(constrain, a_whole_document_is_told_from_a_cut_one)
     kvp_session s;
     memset(&s, 0, sizeof s);
     cr_expect_not(kvp_turn_doc_whole(&s.turn), "no grammar: no document");
-    s.turn.max_tokens = 64;
+    s.rq.spec.max_tokens = 64;
     cr_assert_eq(kvp_session_turn_grammar(&s, g, NULL, NULL), 0);
     cr_expect_not(kvp_turn_doc_whole(&s.turn), "nothing written yet");
     kvp_gmatch_accept(s.turn.gm, "{\"a\":", 5);

@@ -131,8 +131,8 @@ static void begin(world *w, record *r, int i)
     char *text = ht_text(specs[i].words + 9 * r->turn[i]);
     cr_assert_eq(kvp_session_begin_turn(s, text, strlen(text), specs[i].max_tokens,
                                         turn_temperature, specs[i].budget, kvp_now()), 0);
-    s->turn.has_seed = 1;   /* each (session, turn) its own stream, the same in every run */
-    s->turn.seed = 1000u * (uint64_t)i + (uint64_t)r->turn[i] + 1;
+    s->rq.spec.has_seed = 1;   /* each (session, turn) its own stream, the same in every run */
+    s->rq.spec.seed = 1000u * (uint64_t)i + (uint64_t)r->turn[i] + 1;
     kvp_sample_opts so = {.frequency_penalty = i % 2 ? turn_penalty : 0.0f};
     cr_assert_eq(kvp_session_turn_sampling(s, &so), 0);
     free(text);
