@@ -75,15 +75,22 @@ static void on_event(void *ctx, const kvpd_event *ev)
     }
 }
 
+/* The model the fake steps never run: only its shape sizes the workers' runstates. */
+static void tiny_model(kvp_model *model)
+{
+    memset(model, 0, sizeof *model);
+    model->cfg = (kvp_model_config){.dim = 8, .hidden_dim = 16, .n_layers = 1, .n_heads = 1,
+                                    .n_kv_heads = 1, .head_dim = 8, .vocab_size = 4,
+                                    .seq_len = 16, .rope = {.n_rot = 8, .base = 10000.0f},
+                                    .rms_eps = 1e-5f};
+}
+
 static void run(const int *units, int step_tokens)
 {
     uv_loop_t loop;
     cr_assert_eq(uv_loop_init(&loop), 0);
     kvp_model model;
-    memset(&model, 0, sizeof model);
-    model.cfg = (kvp_model_config){.dim = 8, .hidden_dim = 16, .n_layers = 1, .n_heads = 1,
-                                   .n_kv_heads = 1, .head_dim = 8, .vocab_size = 4,
-                                   .seq_len = 16, .rope = {.n_rot = 8, .base = 10000.0f}, .rms_eps = 1e-5f};
+    tiny_model(&model);
     kvp_session_env env = {.model = &model, .chunk = 1, .step_tokens = step_tokens};
     memset(sess, 0, sizeof sess);
     n_order = n_done = n_batches = 0;
@@ -212,10 +219,7 @@ static void run_roles(int workers)
     uv_loop_t loop;
     cr_assert_eq(uv_loop_init(&loop), 0);
     kvp_model model;
-    memset(&model, 0, sizeof model);
-    model.cfg = (kvp_model_config){.dim = 8, .hidden_dim = 16, .n_layers = 1, .n_heads = 1,
-                                   .n_kv_heads = 1, .head_dim = 8, .vocab_size = 4,
-                                   .seq_len = 16, .rope = {.n_rot = 8, .base = 10000.0f}, .rms_eps = 1e-5f};
+    tiny_model(&model);
     kvp_session_env env = {.model = &model, .chunk = 1, .step_tokens = 4};
     memset(sess, 0, sizeof sess);
     sess[0].state = KVP_SESSION_TURN;
