@@ -366,6 +366,8 @@ typedef struct kvp_session {
     size_t journal_bytes, base_bytes;  /* the journal's size; the last full snapshot's */
     double created_wall;             /* seconds since the epoch */
     kvp_job_result res;              /* worker -> loop, the worker's (above) */
+    /* model side (the loop may read them while the session is not busy; written by both
+     * in turn: the header's comment) */
     kvp_cache cache;
     kvp_policy *policy;              /* made on the first turn's worker */
     uint64_t seed;
