@@ -34,6 +34,12 @@ static kvp_hub_client *job_ended(kvp_hub *h, kvp_session *s)
         snprintf(s->tenant, sizeof s->tenant, "%s", s->res.restored.tenant);
         s->unread = 0;
     }
+    /* need_restore is the loop's alone: cleared once a job read the snapshot back, set
+     * when one had to and could not (memory is not the session then) */
+    if (s->res.restored.pending)
+        s->need_restore = 0;
+    else if (s->res.unrestored)
+        s->need_restore = 1;
     h->jobs--;
     s->state = KVP_SESSION_IDLE;
     s->prefix_inflight = 0;   /* its entry is replaced or removed now */
@@ -64,21 +70,20 @@ static kvp_hub_client *job_ended(kvp_hub *h, kvp_session *s)
             kvpd_log("warning", "session %.8s: %s", s->id, s->res.restored.note);
         }
     }
-    if (s->save_rc < 0) {
+    if (s->res.save_rc < 0) {
         m->snapshot_failures++;
         /* -ESTALE: not written because the store holds a newer version (or another node
          * the lease): the store is fine, no degraded health; the next job takes the
          * lease and reloads this copy */
-        s->save_failed = s->save_rc != -ESTALE;
-        kvpd_log("warning", "session %.8s: %s", s->id, s->save_err);
-    } else if (s->save_rc > 0) {
+        s->save_failed = s->res.save_rc != -ESTALE;
+        kvpd_log("warning", "session %.8s: %s", s->id, s->res.save_err);
+    } else if (s->res.save_rc > 0) {
         m->snapshots_written++;
         s->save_failed = 0;
         s->save_retries = 0;
-        kvpd_hist_observe(&m->snapshot_write, s->save_ms / 1e3);
-        kvpd_hist_observe(&m->snapshot_bytes, (double)s->save_bytes);
+        kvpd_hist_observe(&m->snapshot_write, s->res.save_ms / 1e3);
+        kvpd_hist_observe(&m->snapshot_bytes, (double)s->res.save_bytes);
     }
-    s->save_rc = 0;
     s->turns = s->turns_done;
     s->transcript_hash = kvp_session_index_hash(s);
     s->transcript_msgs = s->hist_msgs + s->n_msgs;
@@ -112,7 +117,7 @@ static void lose(kvp_hub *h, kvp_session *s, kvp_hub_client *to, int code, const
 static void elsewhere(kvp_hub *h, kvp_session *s, kvp_hub_client *to, const char *why)
 {
     kvpd_log("info", "session %.8s: %s", s->id, why);
-    hub_emit_error_retry(to, KVPD_E_ELSEWHERE, why, s->elsewhere_ms > 0 ? s->elsewhere_ms : 1);
+    hub_emit_error_retry(to, KVPD_E_ELSEWHERE, why, s->res.elsewhere_ms > 0 ? s->res.elsewhere_ms : 1);
     kvp_hub_drop(h, s);
 }
 
@@ -163,7 +168,7 @@ static void chat_loaded(kvp_hub *h, kvp_session *s, kvp_hub_client *c, const kvp
         /* the session first (hub_leave() would drop one that never ran a turn here) */
         if (ev->code == -EADDRINUSE)
             elsewhere(h, s, NULL, ev->text);
-        else if (s->lost)
+        else if (s->res.lost)
             lose(h, s, NULL, ev->code, ev->text);
         else
             restore_failed(h, s, NULL, ev->text);
@@ -204,7 +209,7 @@ static void on_job(kvp_hub *h, kvp_session *s, const kvpd_event *ev)
     }
     if (was_load && ev->code == -EADDRINUSE) {
         elsewhere(h, s, to, ev->text);
-    } else if (was_load && ev->code < 0 && s->lost) {
+    } else if (was_load && ev->code < 0 && s->res.lost) {
         lose(h, s, to, ev->code, ev->text);
     } else if (was_load && ev->code < 0) {
         restore_failed(h, s, to, ev->text);
@@ -300,7 +305,7 @@ static void on_event(kvp_hub *h, const kvpd_event *ev)
         return;
     case KVPD_EV_DONE: {
         const kvp_turn_stats *st = &ev->stats;
-        int stale = s->save_rc == -ESTALE;
+        int stale = s->res.save_rc == -ESTALE;
         if (st->cache_bytes_max > s->reserve) {
             m->reserve_overruns++;
             kvpd_log("error", "session %.8s: its cache reached %zu bytes, over the %zu reserved",
@@ -331,7 +336,7 @@ static void on_event(kvp_hub *h, const kvpd_event *ev)
                                /* null for a turn no store keeps (ephemeral) */
                                .durable = h->env.store && !s->ephemeral
                                               ? !s->save_failed && !stale : -1,
-                               .durable_error = s->save_err};
+                               .durable_error = s->res.save_err};
             if (s->rq.spec.lp_on) {
                 e.logprobs = s->rq.spec.lp;
                 e.n_logprobs = s->res.lp_n;
@@ -364,8 +369,8 @@ static void on_event(kvp_hub *h, const kvpd_event *ev)
             lease_cut(h, s, to, ev->text);
             return;
         }
-        if (s->need_restore) {   /* the turn could not get the session back from disk */
-            if (s->lost)
+        if (s->res.unrestored) {   /* the turn could not get the session back from disk */
+            if (s->res.lost)
                 lose(h, s, to, ev->code, ev->text);
             else
                 restore_failed(h, s, to, ev->text);

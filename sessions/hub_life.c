@@ -144,12 +144,6 @@ void kvp_hub_set_policy(kvp_hub *h, kvp_policy_conf *pc)
     h->pconf = kvp_policy_conf_ref(pc);
 }
 
-static void submit_save(kvp_hub *h, kvp_session *s)
-{
-    kvp_session_begin_job(s);
-    hub_submit(h, s, KVP_SESSION_SAVE, 0);
-}
-
 /* A session whose snapshot write failed (a full or failing disk, Redis away or refusing
  * writes) is written again, 1 s after the failure, then 2, 4 ... up to 60 s apart, until
  * a write succeeds: the node recovers (/healthz, parking) once the store takes writes
@@ -165,7 +159,7 @@ static int retry_save(kvp_hub *h, kvp_session *s, double now)
     double wait = (double)(1 << shift);
     s->save_retry_at = now + (wait > 60 ? 60 : wait);
     s->save_retries++;
-    submit_save(h, s);
+    hub_submit(h, s, KVP_SESSION_SAVE, 0);
     return 1;
 }
 
@@ -266,7 +260,7 @@ int kvp_hub_save_unsaved(kvp_hub *h)
     for (kvp_session *s = h->sessions.resident_head; s; s = s->rnext)
         if (s->state == KVP_SESSION_IDLE && !s->saved && (s->n_msgs > 0 || s->has_snapshot) &&
             !hub_never_used(s)) {
-            submit_save(h, s);
+            hub_submit(h, s, KVP_SESSION_SAVE, 0);
             n++;
         }
     return n;

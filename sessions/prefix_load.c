@@ -106,7 +106,7 @@ static void sweep_added(struct kvp_prefix_disk *d)
 
 void hub_prefix_disk_keep(kvp_hub *h, const kvp_session *s)
 {
-    if (!h->prefix || !h->env.store || !s->has_snapshot || s->lost || !s->id[0])
+    if (!h->prefix || !h->env.store || !s->has_snapshot || s->res.lost || !s->id[0])
         return;
     int blocks = kvp_prefix_owner_blocks(h->prefix, s);
     uint64_t *chain = blocks > 0 ? malloc((size_t)blocks * sizeof *chain) : NULL;

@@ -235,7 +235,7 @@ int kvp_hub_admit(kvp_hub *h, kvp_session *s, int job, size_t extra, size_t *res
 /* A session leaves memory; it stays in the transcript index while it is on disk. */
 void kvp_hub_remove(kvp_hub *h, kvp_session *s)
 {
-    if (!h->env.store || !s->has_snapshot || s->lost)
+    if (!h->env.store || !s->has_snapshot || s->res.lost)
         kvp_transcripts_remove(&h->transcripts, s->id);
     kvp_store_lease_drop(h->env.store, s->id);
     kvp_prefix_remove(h->prefix, s);

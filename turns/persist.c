@@ -133,7 +133,7 @@ static void save_prefix(const kvp_session *s, const kvp_session_env *env)
 int kvp_session_save(kvp_session *s, const kvp_session_env *env, char *err, size_t errlen)
 {
     double t0 = kvp_now();
-    s->save_bytes = 0;
+    s->res.save_bytes = 0;
     void *cache;
     size_t cache_len;
     int rc = kvp_cache_serialize(&s->cache, &cache, &cache_len);
@@ -146,9 +146,9 @@ int kvp_session_save(kvp_session *s, const kvp_session_env *env, char *err, size
     int full = !kvp_store_has_journal(env->store) || !s->journal_ok || new_msgs_from(s) < 0 || new_msgs_from(s) > s->n_msgs ||
                new_tokens_from(s) < 0 || new_tokens_from(s) > s->n_tokens ||
                s->journal_bytes > limit;
-    rc = full ? save_full(s, env, cache, cache_len, &s->save_bytes, err, errlen)
-              : save_increment(s, cache, cache_len, env, &s->save_bytes, err, errlen);
-    s->save_ms = (kvp_now() - t0) * 1e3;
+    rc = full ? save_full(s, env, cache, cache_len, &s->res.save_bytes, err, errlen)
+              : save_increment(s, cache, cache_len, env, &s->res.save_bytes, err, errlen);
+    s->res.save_ms = (kvp_now() - t0) * 1e3;
     if (rc == 0) {
         s->journal_msgs = s->hist_msgs + s->n_msgs;
         s->journal_tokens = s->hist_tokens + s->n_tokens;

@@ -14,7 +14,8 @@
  * rebuild or a failed append, and when the journal has grown past the snapshot (or
  * KVP_JOURNAL_MIN_BYTES), a full snapshot that replaces the journal. So a turn's write
  * does not grow with the conversation (amortized: each full rewrite follows at least as
- * many journal bytes). Redis takes whole snapshots. Sets s->save_ms and s->save_bytes.
+ * many journal bytes). Redis takes whole snapshots. Sets s->res.save_ms and
+ * s->res.save_bytes.
  * 0 or a negative code with a message (-ESTALE: another node holds the lease now, or,
  * for a turn's own save (s->save_leased), this node's lease ran out). */
 int kvp_session_save(kvp_session *s, const kvp_session_env *env, char *err, size_t errlen);

@@ -373,12 +373,6 @@ int kvp_session_unpark(kvp_session_table *t, kvp_session *s, const kvp_session_e
     return 0;
 }
 
-void kvp_session_begin_job(kvp_session *s)
-{
-    s->save_rc = 0;
-    s->lost = 0;
-}
-
 int kvp_session_begin_turn(kvp_session *s, const char *text, size_t len, int max_tokens,
                            float temperature, int budget, double now)
 {
@@ -395,7 +389,6 @@ int kvp_session_begin_turn(kvp_session *s, const char *text, size_t len, int max
     sp->temperature = temperature;
     sp->top_p = -1;
     sp->budget = budget;
-    kvp_session_begin_job(s);
     atomic_store(&s->rq.cancel, 0);
     sp->t_start = now;
     return 0;

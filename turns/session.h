@@ -7,8 +7,8 @@
  * (only the loop fields remain; the rest is in its snapshot, turns/persist.h).
  *   IDLE -> TURN, SAVE -> IDLE;  PARKED -> LOAD or TURN (restored first) -> IDLE;
  *   IDLE -> PARKED (the loop, when the snapshot is up to date).
- * The persistence facts beside it (has_snapshot, saved, need_restore, lost) say what is
- * on disk, not what the session is doing.
+ * The persistence facts beside it (has_snapshot, saved, need_restore, res.lost) say
+ * what is on disk, not what the session is doing.
  *
  * Ownership, said at each struct: kvp_session_env and kvp_policy_conf are read-only
  * while workers run; kvp_turn_request (s->rq) is the loop's, which the worker only
@@ -23,13 +23,17 @@
  * taken the job's final event (busy: TURN, LOAD, SAVE, RENDER) the worker that holds it
  * owns everything but the fields marked "loop" and s->rq — so after a submit the loop
  * looks at the state it set itself before anything else, and at no other field while
- * the session is busy. Fields of the hand-off still written by both sides in turn (the
- * loop before or after the job, the worker during it): the persistence facts and
- * counters the loop clears before a job (kvp_session_begin_job) or after it
- * (save_retries), and the model side's park (the cache, policy, sampler, transcript and
- * the last turn's buffers freed) and unpark (need_restore). The hand-off both ways goes
- * through the scheduler's mutex-protected run queue and event queue, which order each
- * side's writes before the other's reads;
+ * the session is busy. The persistence fields: the last job's outcome (the snapshot
+ * write, the restore, lost, elsewhere) is in s->res; need_restore, save_failed and the
+ * retries are the loop's (the worker reads need_restore, and reports in s->res instead
+ * of clearing it); the disk facts (has_snapshot, saved, turns_done, store_version, the
+ * journal's) are written by the worker, the loop only setting a new session's before its
+ * first job (a fork's turns_done and journal_ok). Still written by both sides in turn
+ * (the loop before or after a job, the worker during it): the model side, which the loop
+ * frees when it parks the session (the cache, policy, sampler, transcript and the last
+ * turn's buffers) and fills when it makes one (a fork's copy, a seeded transcript). The
+ * hand-off both ways goes through the scheduler's mutex-protected run queue and event
+ * queue, which order each side's writes before the other's reads;
  * scripts/test.sh --tsan checks it. */
 #ifndef KVP_SESSION_H
 #define KVP_SESSION_H
@@ -257,8 +261,9 @@ typedef struct kvp_turn_request {
     int given;
 } kvp_turn_request;
 
-/* What a job leaves for the loop besides its events and its turn's outcome.
- * Owner: the worker. Reset by the worker at each job's start (kvp_job_result_reset),
+/* What a job leaves for the loop besides its events and its turn's stats: what it took
+ * of the request, what its restore found and its snapshot write did, whether another
+ * node holds the session. Owner: the worker. Reset by the worker at each job's start (kvp_job_result_reset),
  * written only there and by the job; the loop reads it after the job's final event and
  * never writes it. */
 typedef struct kvp_job_result {
@@ -274,6 +279,20 @@ typedef struct kvp_job_result {
     /* the canary's record (the spec's) could not take a token: it is not kept */
     int canary_dropped;
     kvp_restored restored;
+    /* The session had to be read from the store first (the loop's need_restore, or memory
+     * found behind the store's version when the lease was taken) and was not: memory does
+     * not hold it. lost: the snapshot is gone or was bad (-ENOENT, -EBADMSG), the session
+     * with it. */
+    int unrestored;
+    int lost;
+    /* The turn's snapshot write at its end: 1 written, 0 none, < 0 failed (save_err);
+     * save_ms and save_bytes: the last write's time and bytes (kvp_session_save). */
+    int save_rc;
+    char save_err[256];
+    double save_ms;
+    size_t save_bytes;
+    /* -EADDRINUSE: another node holds the session's lease, for about this many ms more */
+    int elsewhere_ms;
 } kvp_job_result;
 
 static inline void kvp_job_result_reset(kvp_job_result *r)
@@ -282,6 +301,12 @@ static inline void kvp_job_result_reset(kvp_job_result *r)
     r->refused = r->lp_n = r->canary_dropped = 0;
     r->restored.pending = r->restored.rebuilt = 0;
     r->restored.note[0] = '\0';
+    r->unrestored = r->lost = 0;
+    r->save_rc = 0;
+    r->save_err[0] = '\0';
+    r->save_ms = 0;
+    r->save_bytes = 0;
+    r->elsewhere_ms = 0;
 }
 
 /* A conversation. Owner: the loop, handed off whole to the worker of each job (the
@@ -313,23 +338,22 @@ typedef struct kvp_session {
     struct kvp_session *next, *prev; /* the table's list, oldest first */
     struct kvp_session *rnext, *rprev;   /* the resident list */
     struct kvp_session *hnext;       /* id hash chain */
-    /* model side (the loop may read them while the session is not busy) */
-    int need_restore;                /* the job reads the snapshot first */
+    /* loop, never written while busy: the next job reads the snapshot first (set when
+     * unparked or made to be read, cleared when a job read it back: res.restored.pending,
+     * set when one had to and could not: res.unrestored); the worker reads it */
+    int need_restore;
+    /* loop: its last snapshot write failed, not on disk; the writes retried since the
+     * last that succeeded; when the next retry may start (kvp_now) */
+    int save_failed;
+    int save_retries;
+    double save_retry_at;
+    /* The disk facts: written by the worker of each job (the store's reads and writes,
+     * a cut turn), read by the loop while the session is not busy; the loop writes only
+     * a new session's before its first job (a fork's turns_done and journal_ok). */
     int has_snapshot;                /* a snapshot of this session exists */
-    int save_failed;                 /* its last snapshot write failed: not on disk (loop) */
-    int save_retries;                /* loop: writes retried since the last that succeeded */
-    double save_retry_at;            /* loop: when the next retry may start (kvp_now) */
     int saved;                       /* the snapshot matches memory */
-    int save_rc;                     /* last job: 1 written, 0 none, < 0 failed (save_err) */
-    int save_leased;                 /* the save being made is a turn's own: it needs the
-                                      * turn's lease still live (kvp_store_put_leased) */
-    int lost;                        /* the snapshot is gone or was bad: session lost */
-    char save_err[256];
-    double save_ms;                  /* last job's snapshot write: its time and bytes */
-    size_t save_bytes;
-    /* Another node held the session's lease at the last job (-EADDRINUSE): for about
-     * this many ms more */
-    int elsewhere_ms;
+    int save_leased;                 /* worker: the save being made is a turn's own: it needs
+                                      * the turn's lease still live (kvp_store_put_leased) */
     int turns_done;                  /* completed turns, as the snapshot counts them */
     /* The stored version memory descends from (its last read or write; 0: none): a
      * shared store holding another version was written by another node since. */
@@ -342,6 +366,8 @@ typedef struct kvp_session {
     size_t journal_bytes, base_bytes;  /* the journal's size; the last full snapshot's */
     double created_wall;             /* seconds since the epoch */
     kvp_job_result res;              /* worker -> loop, the worker's (above) */
+    /* model side (the loop may read them while the session is not busy; written by both
+     * in turn: the header's comment) */
     kvp_cache cache;
     kvp_policy *policy;              /* made on the first turn's worker */
     uint64_t seed;
@@ -556,10 +582,6 @@ uint64_t kvp_session_hash(const kvp_session *s);
  * request finds only its own tenant's conversations. */
 uint64_t kvp_tenant_mix(const char *tenant);
 uint64_t kvp_session_index_hash(const kvp_session *s);
-/* Clears the outcome of the last job before a new one (loop thread; not busy). The
- * caller then sets the state that names the job. */
-void kvp_session_begin_job(kvp_session *s);
-
 /* What a worker reports from one unit of a turn. */
 typedef struct kvp_turn_sink {
     void (*token)(void *ctx, kvp_session *s, const char *text, size_t len);

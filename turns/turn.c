@@ -44,9 +44,9 @@ static void save(kvp_session *s, const kvp_session_env *env)
     if (!env->store || s->ephemeral)   /* keeps nothing (session.h) */
         return;
     s->save_leased = 1;
-    int rc = kvp_session_save(s, env, s->save_err, sizeof s->save_err);
+    int rc = kvp_session_save(s, env, s->res.save_err, sizeof s->res.save_err);
     s->save_leased = 0;
-    s->save_rc = rc < 0 ? rc : 1;
+    s->res.save_rc = rc < 0 ? rc : 1;
     s->saved = rc == 0;
     s->has_snapshot |= rc == 0;
 }
@@ -97,10 +97,10 @@ static int turn_report(kvp_session *s, const kvp_session_env *env, const kvp_tur
         cut_memory(s);
     if (!t->cut) {
         save(s, env);
-        if (leases && t->end_code == 0 && s->save_rc < 0 &&
-            (s->save_rc == -ESTALE || !lease_lasts(s, env))) {
-            kvpd_log("warning", "session %.8s: %s", s->id, s->save_err);
-            s->save_rc = 0;
+        if (leases && t->end_code == 0 && s->res.save_rc < 0 &&
+            (s->res.save_rc == -ESTALE || !lease_lasts(s, env))) {
+            kvpd_log("warning", "session %.8s: %s", s->id, s->res.save_err);
+            s->res.save_rc = 0;
             cut_memory(s);
         }
     }
@@ -281,15 +281,16 @@ int turn_take_token(kvp_session *s, const kvp_session_env *env, const kvp_turn_s
 }
 
 /* Before a load or a turn: this node takes the session's lease (store/store.h). 0 to
- * go on; -EADDRINUSE when another node serves it (s->elsewhere_ms: for how long yet).
- * When the store's snapshot is another version than the one memory descends from
- * (another node served turns meanwhile), memory is dropped for the snapshot. When the
- * store cannot be reached, a session in memory goes on only while this node's lease
- * surely lasts (its snapshot write will fail and say so): past that another node may
- * hold it. One that must be read first cannot. */
-static int take_lease(kvp_session *s, const kvp_session_env *env, char *err, size_t errlen)
+ * go on; -EADDRINUSE when another node serves it (s->res.elsewhere_ms: for how long
+ * yet). *restore: the session must be read from the store first (the loop's
+ * need_restore, copied by the caller); set here too when the store's snapshot is another
+ * version than the one memory descends from (another node served turns meanwhile):
+ * memory is dropped for the snapshot. When the store cannot be reached, a session in
+ * memory goes on only while this node's lease surely lasts (its snapshot write will fail
+ * and say so): past that another node may hold it. One that must be read first cannot. */
+static int take_lease(kvp_session *s, const kvp_session_env *env, int *restore, char *err,
+                      size_t errlen)
 {
-    s->elsewhere_ms = 0;
     /* an ephemeral session is served here only and never stored: no other node can
      * take it, so it needs no lease (and leaves no key in the store) */
     if (!env->store || s->ephemeral)
@@ -300,23 +301,23 @@ static int take_lease(kvp_session *s, const kvp_session_env *env, char *err, siz
     int rc = kvp_store_lease_take(env->store, s->id, &stored, &version, &left, holder,
                                   sizeof holder, err, errlen);
     if (rc < 0) {   /* in memory and still ours: served from there */
-        if (s->need_restore || lease_lasts(s, env))
-            return s->need_restore ? rc : 0;
+        if (*restore || lease_lasts(s, env))
+            return *restore ? rc : 0;
         size_t used = strlen(err);
         snprintf(err + used, errlen - used, "; this node's lease on session %.8s has run out, "
                  "so it is not served until the store answers (try again)", s->id);
         return rc;
     }
     if (rc == KVP_LEASE_OTHER) {
-        s->elsewhere_ms = left > 0 ? left : 1;
+        s->res.elsewhere_ms = left > 0 ? left : 1;
         snprintf(err, errlen, "session %s is being served by another node (%s); retry in %d ms",
-                 s->id, holder, s->elsewhere_ms);
+                 s->id, holder, s->res.elsewhere_ms);
         return -EADDRINUSE;
     }
-    if (!s->need_restore && kvp_store_has_leases(env->store) && version &&
+    if (!*restore && kvp_store_has_leases(env->store) && version &&
         version != s->store_version) {
         kvp_session_forget(s);
-        s->need_restore = 1;
+        *restore = 1;
         kvp_store_note_takeover(env->store);
     }
     return 0;
@@ -367,24 +368,28 @@ static int turn_start(kvp_session *s, const kvp_session_env *env, const kvp_turn
             return 0;
         }
     }
+    /* unparked (the loop's need_restore, which only the loop writes): the snapshot comes
+     * back before the turn's first unit; the job says whether it did (res.restored,
+     * res.unrestored) */
+    int restore = s->need_restore;
     {
         char err[256];
-        int rc = take_lease(s, env, err, sizeof err);
+        int rc = take_lease(s, env, &restore, err, sizeof err);
+        s->res.unrestored = restore;   /* until the snapshot is read back */
         if (rc < 0) {
             sink->error(sink->ctx, s, rc, err);
             return 0;
         }
     }
-    if (s->need_restore) {
-        /* Unparking: the snapshot comes back before the turn's first unit. */
+    if (restore) {
         char err[256];
         int rc = kvp_session_restore(s, env, s->reserve, err, sizeof err);
         if (rc < 0) {
-            s->lost = rc == -ENOENT || rc == -EBADMSG;
+            s->res.lost = rc == -ENOENT || rc == -EBADMSG;
             sink->error(sink->ctx, s, rc, err);
             return 0;
         }
-        s->need_restore = 0;
+        s->res.unrestored = 0;
     }
     t->undo_tokens = s->n_tokens;   /* where a failure before the reply goes back to */
     t->turns_before = s->turns_done;
@@ -527,12 +532,12 @@ int turn_run_job(kvp_session *s, const kvp_session_env *env, const kvp_turn_sink
     if (s->state == KVP_SESSION_LOAD) {
         /* In memory already (a shared store): only the lease, and the snapshot when
          * another node served the session meanwhile. */
-        rc = take_lease(s, env, err, sizeof err);
-        if (rc == 0 && s->need_restore)
+        int restore = s->need_restore;
+        rc = take_lease(s, env, &restore, err, sizeof err);
+        if (rc == 0 && restore)
             rc = kvp_session_restore(s, env, s->reserve, err, sizeof err);
-        s->lost = rc == -ENOENT || rc == -EBADMSG;
-        if (rc == 0)
-            s->need_restore = 0;
+        s->res.unrestored = restore && rc < 0;
+        s->res.lost = rc == -ENOENT || rc == -EBADMSG;
         /* its policy too, so that a loaded session can be forked before it takes a turn
          * (one that cannot be made now is tried again by the turn) */
         char perr[160];

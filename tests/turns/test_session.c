@@ -259,6 +259,115 @@ Test(session, a_snapshot_of_one_kv_type_restores_under_every_other, .timeout = 6
     cr_assert_eq(system(cmd), 0);
 }
 
+static void on_job(void *ctx, kvp_session *s, int code, const char *msg)
+{
+    (void)s, (void)msg;
+    ((outcome *)ctx)->done++;
+    ((outcome *)ctx)->code = code;
+}
+
+/* A load job (an open of a session on disk) run on this thread, as a worker runs it. */
+static outcome run_load(kvp_session *s, const kvp_session_env *env, kvp_runstate *rs)
+{
+    outcome o = {0};
+    kvp_turn_sink sink = {on_token, on_done, on_error, on_job, &o};
+    s->state = KVP_SESSION_LOAD;
+    while (kvp_turn_step(s, env, rs, &sink))
+        ;
+    s->state = KVP_SESSION_IDLE;
+    return o;
+}
+
+/* A job's outcome (s->res) is the worker's alone: arming a turn on the loop leaves the
+ * last job's as it was, and the next job's start resets it, so nothing of an earlier job
+ * (a failed write, a lost snapshot, another node's lease, a restore that did not happen)
+ * reads as this one's. need_restore is the loop's: a job that reads the snapshot back, or
+ * finds none, says so in s->res and leaves the flag for the loop to clear. */
+Test(session, a_jobs_outcome_is_its_own_and_need_restore_is_left_to_the_loop, .timeout = 60)
+{
+    kvp_model model;
+    char err[512], dir[] = "/tmp/kvp-outcome-XXXXXX";
+    cr_assert(mkdtemp(dir));
+    cr_assert_eq(kvp_model_load(&model, tu_shared("models/stories260K.bin"),
+                                tu_shared("models/tok512.bin"), err, sizeof err), 0, "%s", err);
+    kvp_runstate rs;
+    cr_assert_eq(kvp_runstate_init(&rs, &model.cfg, 32), 0);
+    kvp_policy_conf *pc = conf("streaming", "");
+    snprintf(pc->ident.model_name, sizeof pc->ident.model_name, "%s", model.name);
+    snprintf(pc->ident.policy_name, sizeof pc->ident.policy_name, "streaming");
+    kvp_store *store;
+    kvp_store_params sp = {.state_dir = dir};
+    cr_assert_eq(kvp_store_open(&store, &sp, err, sizeof err), 0, "%s", err);
+    kvp_session_env env = {.model = &model, .chunk = 32, .reuse_cache = 1, .top_p = 0.9f,
+                           .seed = 1, .store = store, .state_dir = dir};
+    kvp_template_init(&env.tpl, &model, NULL, NULL, 0);
+    kvp_session_table t;
+    cr_assert_eq(kvp_session_table_init(&t), 0);
+    kvp_session *s;
+    cr_assert_eq(kvp_session_create(&t, &env, pc, NULL, 0.0, &s, err, sizeof err), 0, "%s", err);
+    outcome o = run_turn(s, &env, &rs, "Once upon a time, there was a cat.", 16);
+    cr_assert_eq(o.done, 1);
+    cr_assert_eq(s->res.save_rc, 1, "the turn's snapshot write is not in its outcome");
+    cr_assert_gt(s->res.save_bytes, 0);
+    cr_assert(s->saved && s->has_snapshot);
+
+    /* what a failed job would have left */
+    s->res.save_rc = -EIO;
+    snprintf(s->res.save_err, sizeof s->res.save_err, "stale");
+    s->res.save_ms = -1;
+    s->res.lost = s->res.unrestored = 1;
+    s->res.elsewhere_ms = 9;
+    const char *text = "The cat sat.";
+    cr_assert_eq(kvp_session_begin_turn(s, text, strlen(text), 8, 0.0f, 0, 0.0), 0);
+    cr_assert(s->res.save_rc == -EIO && s->res.lost && s->res.unrestored &&
+              s->res.elsewhere_ms == 9, "arming a turn on the loop wrote the job's outcome");
+    kvp_turn_sink sink = {on_token, on_done, on_error, NULL, &o};
+    o = (outcome){0};
+    s->state = KVP_SESSION_TURN;
+    while (kvp_turn_step(s, &env, &rs, &sink))
+        ;
+    s->state = KVP_SESSION_IDLE;
+    cr_assert_eq(o.done, 1);
+    cr_assert_eq(s->res.save_rc, 1);
+    cr_assert_str_neq(s->res.save_err, "stale", "the last job's error outlived it");
+    cr_assert_geq(s->res.save_ms, 0);
+    cr_assert_eq(s->res.lost, 0, "the last job's lost snapshot outlived it");
+    cr_assert_eq(s->res.unrestored, 0, "the last job's failed restore outlived it");
+    cr_assert_eq(s->res.elsewhere_ms, 0, "the last job's other node outlived it");
+
+    /* parked and unparked: the next turn reads the snapshot back first */
+    cr_assert(kvp_session_parkable(s));
+    kvp_session_park(&t, s);
+    cr_assert_eq(kvp_session_unpark(&t, s, &env), 0);
+    cr_assert_eq(s->need_restore, 1);
+    o = run_turn(s, &env, &rs, "It was happy.", 8);
+    cr_assert_eq(o.done, 1);
+    cr_assert(s->res.restored.pending, "the restore is not in the turn's outcome");
+    cr_assert_eq(s->res.unrestored, 0);
+    cr_assert_eq(s->need_restore, 1, "the worker wrote need_restore, the loop's");
+    s->need_restore = 0;   /* the loop's, at the job's end */
+
+    /* an id the store has no snapshot of: the load finds none, and says so */
+    kvp_session *u;
+    cr_assert_eq(kvp_session_create(&t, &env, pc, NULL, 0.0, &u, err, sizeof err), 0, "%s", err);
+    u->need_restore = 1;
+    o = run_load(u, &env, &rs);
+    cr_assert_eq(o.done, 1);
+    cr_assert_eq(o.code, -ENOENT);
+    cr_assert(u->res.lost && u->res.unrestored && !u->res.restored.pending,
+              "the load's outcome does not say the session is gone");
+    cr_assert_eq(u->need_restore, 1, "the worker wrote need_restore, the loop's");
+
+    kvp_session_table_clear(&t);
+    kvp_store_close(store);
+    kvp_policy_conf_unref(pc);
+    kvp_runstate_free(&rs);
+    kvp_model_free(&model);
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    cr_assert_eq(system(cmd), 0);
+}
+
 /* Every head of a and b holds the same rows: positions, token indices, scores, policy
  * accumulators and the stored key and value bytes. */
 static void same_rows(const kvp_cache *a, const kvp_cache *b, const char *what)
