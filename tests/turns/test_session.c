@@ -51,18 +51,61 @@ static kvp_policy_conf *conf(const char *name, const char *file)
     return pc;
 }
 
-/* A greedy turn; budget: KV rows per head (0: unbounded). */
-static outcome run_turn_budget(kvp_session *s, const kvp_session_env *env, kvp_runstate *rs,
-                               const char *text, int max_tokens, int budget)
+/* What the snapshot tests share: stories260K, a runstate of `chunk` rows, a policy conf
+ * named for snapshots, and a directory store in a fresh temporary folder. */
+typedef struct snap_rig {
+    kvp_model model;
+    kvp_runstate rs;
+    kvp_policy_conf *pc;
+    kvp_store *store;
+    char dir[64];
+} snap_rig;
+
+static void rig_open(snap_rig *r, const char *tag, int chunk, const char *policy,
+                     const char *pfile)
+{
+    char err[512];
+    snprintf(r->dir, sizeof r->dir, "/tmp/kvp-%s-XXXXXX", tag);
+    cr_assert(mkdtemp(r->dir));
+    cr_assert_eq(kvp_model_load(&r->model, tu_shared("models/stories260K.bin"),
+                                tu_shared("models/tok512.bin"), err, sizeof err), 0, "%s", err);
+    cr_assert_eq(kvp_runstate_init(&r->rs, &r->model.cfg, chunk), 0);
+    r->pc = conf(policy, pfile);
+    snprintf(r->pc->ident.model_name, sizeof r->pc->ident.model_name, "%s", r->model.name);
+    snprintf(r->pc->ident.policy_name, sizeof r->pc->ident.policy_name, "%s", policy);
+    kvp_store_params sp = {.state_dir = r->dir};
+    cr_assert_eq(kvp_store_open(&r->store, &sp, err, sizeof err), 0, "%s", err);
+}
+
+static void rig_close(snap_rig *r)
+{
+    kvp_store_close(r->store);
+    kvp_policy_conf_unref(r->pc);
+    kvp_runstate_free(&r->rs);
+    kvp_model_free(&r->model);
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", r->dir);
+    cr_assert_eq(system(cmd), 0);
+}
+
+/* Runs the turn already armed on s to its end, as a worker does. */
+static outcome run_armed(kvp_session *s, const kvp_session_env *env, kvp_runstate *rs)
 {
     outcome o = {0};
     kvp_turn_sink sink = {on_token, on_done, on_error, NULL, &o};
-    cr_assert_eq(kvp_session_begin_turn(s, text, strlen(text), max_tokens, 0.0f, budget, 0.0), 0);
     s->state = KVP_SESSION_TURN;
     while (kvp_turn_step(s, env, rs, &sink))
         ;
     s->state = KVP_SESSION_IDLE;
     return o;
+}
+
+/* A greedy turn; budget: KV rows per head (0: unbounded). */
+static outcome run_turn_budget(kvp_session *s, const kvp_session_env *env, kvp_runstate *rs,
+                               const char *text, int max_tokens, int budget)
+{
+    cr_assert_eq(kvp_session_begin_turn(s, text, strlen(text), max_tokens, 0.0f, budget, 0.0), 0);
+    return run_armed(s, env, rs);
 }
 
 static outcome run_turn(kvp_session *s, const kvp_session_env *env, kvp_runstate *rs,
@@ -190,31 +233,21 @@ Test(session, the_table_finds_every_id_after_growth_and_removal, .timeout = 60)
  * cache without re-prefilling. */
 Test(session, a_snapshot_of_one_kv_type_restores_under_every_other, .timeout = 60)
 {
-    kvp_model model;
-    char err[512], dir[] = "/tmp/kvp-kvtype-XXXXXX";
-    cr_assert(mkdtemp(dir));
-    cr_assert_eq(kvp_model_load(&model, tu_shared("models/stories260K.bin"),
-                                tu_shared("models/tok512.bin"), err, sizeof err), 0, "%s", err);
-    kvp_runstate rs;
-    cr_assert_eq(kvp_runstate_init(&rs, &model.cfg, 32), 0);
-    kvp_policy_conf *pc = conf("streaming", "");
-    snprintf(pc->ident.model_name, sizeof pc->ident.model_name, "%s", model.name);
-    snprintf(pc->ident.policy_name, sizeof pc->ident.policy_name, "streaming");
-    kvp_store *store;
-    kvp_store_params sp = {.state_dir = dir};
-    cr_assert_eq(kvp_store_open(&store, &sp, err, sizeof err), 0, "%s", err);
+    char err[512];
+    snap_rig r;
+    rig_open(&r, "kvtype", 32, "streaming", "");
     for (int from = 0; from < KVP_KV_N_TYPES; from++)
         for (int to = 0; to < KVP_KV_N_TYPES; to++) {
-            kvp_session_env env = {.model = &model, .chunk = 32, .reuse_cache = 1, .top_p = 0.9f,
-                                   .seed = 1, .store = store, .state_dir = dir,
+            kvp_session_env env = {.model = &r.model, .chunk = 32, .reuse_cache = 1, .top_p = 0.9f,
+                                   .seed = 1, .store = r.store, .state_dir = r.dir,
                                    .kv_type = (kvp_kv_type)from};
-            kvp_template_init(&env.tpl, &model, NULL, NULL, 0);
+            kvp_template_init(&env.tpl, &r.model, NULL, NULL, 0);
             kvp_session_table t;
             cr_assert_eq(kvp_session_table_init(&t), 0);
             kvp_session *s;
-            cr_assert_eq(kvp_session_create(&t, &env, pc, NULL, 0.0, &s, err, sizeof err), 0, "%s", err);
+            cr_assert_eq(kvp_session_create(&t, &env, r.pc, NULL, 0.0, &s, err, sizeof err), 0, "%s", err);
             cr_assert_eq(s->cache.kv_type, (kvp_kv_type)from);
-            outcome o = run_turn(s, &env, &rs, "Once upon a time, there was a cat.", 16);
+            outcome o = run_turn(s, &env, &r.rs, "Once upon a time, there was a cat.", 16);
             cr_assert_eq(o.done, 1);
             cr_assert_eq(kvp_session_save(s, &env, err, sizeof err), 0, "%s", err);
             char id[sizeof s->id];
@@ -223,14 +256,14 @@ Test(session, a_snapshot_of_one_kv_type_restores_under_every_other, .timeout = 6
             int n_tokens = s->n_tokens;
             /* the first head's values as the saved type decodes them */
             const kvp_head *h0 = &s->cache.heads[0];
-            int rows = h0->n, hd = model.cfg.head_dim;
+            int rows = h0->n, hd = r.model.cfg.head_dim;
             float *want = malloc((size_t)rows * hd * sizeof *want);
             memcpy(want, kvp_head_values(h0, hd, 0, rows, want), (size_t)rows * hd * sizeof *want);
             kvp_session_table_clear(&t);
 
             env.kv_type = (kvp_kv_type)to;
             cr_assert_eq(kvp_session_table_init(&t), 0);
-            cr_assert_eq(kvp_session_create(&t, &env, pc, id, 0.0, &s, err, sizeof err), 0, "%s", err);
+            cr_assert_eq(kvp_session_create(&t, &env, r.pc, id, 0.0, &s, err, sizeof err), 0, "%s", err);
             cr_assert_eq(kvp_session_restore(s, &env, 0, err, sizeof err), 0, "%s", err);
             cr_assert_eq(s->cache.kv_type, (kvp_kv_type)to, "%d -> %d", from, to);
             cr_assert_eq(s->cache.n_seen, seen, "%d -> %d: the cache was rebuilt, not converted", from, to);
@@ -243,20 +276,14 @@ Test(session, a_snapshot_of_one_kv_type_restores_under_every_other, .timeout = 6
             for (int i = 0; i < rows * hd; i++)
                 cr_assert_leq(fabsf(g[i] - want[i]), tol * fmaxf(1.0f, fabsf(want[i])),
                               "%d -> %d: value %d %f vs %f", from, to, i, g[i], want[i]);
-            o = run_turn(s, &env, &rs, "The cat sat.", 8);
+            o = run_turn(s, &env, &r.rs, "The cat sat.", 8);
             cr_assert_eq(o.done, 1, "%d -> %d: no turn after the restore", from, to);
             cr_assert_gt(s->cache.n_seen, seen);
             free(want);
             free(got);
             kvp_session_table_clear(&t);
         }
-    kvp_store_close(store);
-    kvp_policy_conf_unref(pc);
-    kvp_runstate_free(&rs);
-    kvp_model_free(&model);
-    char cmd[256];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    cr_assert_eq(system(cmd), 0);
+    rig_close(&r);
 }
 
 static void on_job(void *ctx, kvp_session *s, int code, const char *msg)
@@ -285,27 +312,17 @@ static outcome run_load(kvp_session *s, const kvp_session_env *env, kvp_runstate
  * finds none, says so in s->res and leaves the flag for the loop to clear. */
 Test(session, a_jobs_outcome_is_its_own_and_need_restore_is_left_to_the_loop, .timeout = 60)
 {
-    kvp_model model;
-    char err[512], dir[] = "/tmp/kvp-outcome-XXXXXX";
-    cr_assert(mkdtemp(dir));
-    cr_assert_eq(kvp_model_load(&model, tu_shared("models/stories260K.bin"),
-                                tu_shared("models/tok512.bin"), err, sizeof err), 0, "%s", err);
-    kvp_runstate rs;
-    cr_assert_eq(kvp_runstate_init(&rs, &model.cfg, 32), 0);
-    kvp_policy_conf *pc = conf("streaming", "");
-    snprintf(pc->ident.model_name, sizeof pc->ident.model_name, "%s", model.name);
-    snprintf(pc->ident.policy_name, sizeof pc->ident.policy_name, "streaming");
-    kvp_store *store;
-    kvp_store_params sp = {.state_dir = dir};
-    cr_assert_eq(kvp_store_open(&store, &sp, err, sizeof err), 0, "%s", err);
-    kvp_session_env env = {.model = &model, .chunk = 32, .reuse_cache = 1, .top_p = 0.9f,
-                           .seed = 1, .store = store, .state_dir = dir};
-    kvp_template_init(&env.tpl, &model, NULL, NULL, 0);
+    char err[512];
+    snap_rig r;
+    rig_open(&r, "outcome", 32, "streaming", "");
+    kvp_session_env env = {.model = &r.model, .chunk = 32, .reuse_cache = 1, .top_p = 0.9f,
+                           .seed = 1, .store = r.store, .state_dir = r.dir};
+    kvp_template_init(&env.tpl, &r.model, NULL, NULL, 0);
     kvp_session_table t;
     cr_assert_eq(kvp_session_table_init(&t), 0);
     kvp_session *s;
-    cr_assert_eq(kvp_session_create(&t, &env, pc, NULL, 0.0, &s, err, sizeof err), 0, "%s", err);
-    outcome o = run_turn(s, &env, &rs, "Once upon a time, there was a cat.", 16);
+    cr_assert_eq(kvp_session_create(&t, &env, r.pc, NULL, 0.0, &s, err, sizeof err), 0, "%s", err);
+    outcome o = run_turn(s, &env, &r.rs, "Once upon a time, there was a cat.", 16);
     cr_assert_eq(o.done, 1);
     cr_assert_eq(s->res.save_rc, 1, "the turn's snapshot write is not in its outcome");
     cr_assert_gt(s->res.save_bytes, 0);
@@ -321,12 +338,7 @@ Test(session, a_jobs_outcome_is_its_own_and_need_restore_is_left_to_the_loop, .t
     cr_assert_eq(kvp_session_begin_turn(s, text, strlen(text), 8, 0.0f, 0, 0.0), 0);
     cr_assert(s->res.save_rc == -EIO && s->res.lost && s->res.unrestored &&
               s->res.elsewhere_ms == 9, "arming a turn on the loop wrote the job's outcome");
-    kvp_turn_sink sink = {on_token, on_done, on_error, NULL, &o};
-    o = (outcome){0};
-    s->state = KVP_SESSION_TURN;
-    while (kvp_turn_step(s, &env, &rs, &sink))
-        ;
-    s->state = KVP_SESSION_IDLE;
+    o = run_armed(s, &env, &r.rs);
     cr_assert_eq(o.done, 1);
     cr_assert_eq(s->res.save_rc, 1);
     cr_assert_str_neq(s->res.save_err, "stale", "the last job's error outlived it");
@@ -340,18 +352,18 @@ Test(session, a_jobs_outcome_is_its_own_and_need_restore_is_left_to_the_loop, .t
     kvp_session_park(&t, s);
     cr_assert_eq(kvp_session_unpark(&t, s, &env), 0);
     cr_assert_eq(s->need_restore, 1);
-    o = run_turn(s, &env, &rs, "It was happy.", 8);
+    o = run_turn(s, &env, &r.rs, "It was happy.", 8);
     cr_assert_eq(o.done, 1);
     cr_assert(s->res.restored.pending, "the restore is not in the turn's outcome");
     cr_assert_eq(s->res.unrestored, 0);
     cr_assert_eq(s->need_restore, 1, "the worker wrote need_restore, the loop's");
     s->need_restore = 0;   /* the loop's, at the job's end */
 
-    /* an id the store has no snapshot of: the load finds none, and says so */
+    /* an id the r.store has no snapshot of: the load finds none, and says so */
     kvp_session *u;
-    cr_assert_eq(kvp_session_create(&t, &env, pc, NULL, 0.0, &u, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(kvp_session_create(&t, &env, r.pc, NULL, 0.0, &u, err, sizeof err), 0, "%s", err);
     u->need_restore = 1;
-    o = run_load(u, &env, &rs);
+    o = run_load(u, &env, &r.rs);
     cr_assert_eq(o.done, 1);
     cr_assert_eq(o.code, -ENOENT);
     cr_assert(u->res.lost && u->res.unrestored && !u->res.restored.pending,
@@ -359,13 +371,7 @@ Test(session, a_jobs_outcome_is_its_own_and_need_restore_is_left_to_the_loop, .t
     cr_assert_eq(u->need_restore, 1, "the worker wrote need_restore, the loop's");
 
     kvp_session_table_clear(&t);
-    kvp_store_close(store);
-    kvp_policy_conf_unref(pc);
-    kvp_runstate_free(&rs);
-    kvp_model_free(&model);
-    char cmd[256];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    cr_assert_eq(system(cmd), 0);
+    rig_close(&r);
 }
 
 /* Every head of a and b holds the same rows: positions, token indices, scores, policy
@@ -397,35 +403,25 @@ static void same_rows(const kvp_cache *a, const kvp_cache *b, const char *what)
  * brings every head back within budget + chunk. */
 Test(session, a_snapshot_with_global_budgets_restores_the_same_rows_and_reply, .timeout = 120)
 {
-    kvp_model model;
-    char err[512], dir[] = "/tmp/kvp-global-XXXXXX", pfile[KVP_SESSION_PATH_MAX];
-    cr_assert(mkdtemp(dir));
-    cr_assert_eq(kvp_model_load(&model, tu_shared("models/stories260K.bin"),
-                                tu_shared("models/tok512.bin"), err, sizeof err), 0, "%s", err);
+    char err[512], pfile[KVP_SESSION_PATH_MAX];
     enum { BUDGET = 32, CHUNK = 8 };
-    kvp_runstate rs;
-    cr_assert_eq(kvp_runstate_init(&rs, &model.cfg, CHUNK), 0);
     snprintf(pfile, sizeof pfile, "%s/policy/weights/stories260K.kvp", getenv("KVP_SOURCE"));
-    kvp_policy_conf *pc = conf("kvp", pfile);
-    snprintf(pc->ident.model_name, sizeof pc->ident.model_name, "%s", model.name);
-    snprintf(pc->ident.policy_name, sizeof pc->ident.policy_name, "kvp");
-    kvp_store *store;
-    kvp_store_params sp = {.state_dir = dir};
-    cr_assert_eq(kvp_store_open(&store, &sp, err, sizeof err), 0, "%s", err);
+    snap_rig g;
+    rig_open(&g, "global", CHUNK, "kvp", pfile);
     char *text = ht_text(150);
-    int H = model.cfg.n_layers * model.cfg.n_kv_heads;
+    int H = g.model.cfg.n_layers * g.model.cfg.n_kv_heads;
     for (int t = 0; t < KVP_KV_N_TYPES; t++) {
         const char *type = kvp_kv_type_name((kvp_kv_type)t);
-        kvp_session_env env = {.model = &model, .chunk = CHUNK, .reuse_cache = 1, .top_p = 0.9f,
-                               .seed = 1, .store = store, .state_dir = dir,
+        kvp_session_env env = {.model = &g.model, .chunk = CHUNK, .reuse_cache = 1, .top_p = 0.9f,
+                               .seed = 1, .store = g.store, .state_dir = g.dir,
                                .kv_type = (kvp_kv_type)t, .budget_mode = KVP_BUDGET_GLOBAL};
-        kvp_template_init(&env.tpl, &model, NULL, NULL, 0);
+        kvp_template_init(&env.tpl, &g.model, NULL, NULL, 0);
         kvp_session_table ta, tb;
         cr_assert_eq(kvp_session_table_init(&ta), 0);
         cr_assert_eq(kvp_session_table_init(&tb), 0);
         kvp_session *s, *r;
-        cr_assert_eq(kvp_session_create(&ta, &env, pc, NULL, 0.0, &s, err, sizeof err), 0, "%s", err);
-        outcome o = run_turn_budget(s, &env, &rs, text, 24, BUDGET);
+        cr_assert_eq(kvp_session_create(&ta, &env, g.pc, NULL, 0.0, &s, err, sizeof err), 0, "%s", err);
+        outcome o = run_turn_budget(s, &env, &g.rs, text, 24, BUDGET);
         cr_assert_eq(o.done, 1, "%s", type);
         cr_assert_gt(s->cache.evicted_rows, 0, "%s: nothing was evicted", type);
         /* the bound: the total, and every head within its cap (+ a chunk between evictions) */
@@ -441,13 +437,13 @@ Test(session, a_snapshot_with_global_budgets_restores_the_same_rows_and_reply, .
         cr_assert_gt(hi, BUDGET + CHUNK, "%s: no head above a per-head budget (%d rows)", type, hi);
 
         cr_assert_eq(kvp_session_save(s, &env, err, sizeof err), 0, "%s", err);
-        cr_assert_eq(kvp_session_create(&tb, &env, pc, s->id, 0.0, &r, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(kvp_session_create(&tb, &env, g.pc, s->id, 0.0, &r, err, sizeof err), 0, "%s", err);
         cr_assert_eq(kvp_session_restore(r, &env, 0, err, sizeof err), 0, "%s", err);
         same_rows(&s->cache, &r->cache, type);
 
         /* the next turn: the same reply, the same rows kept */
-        outcome a = run_turn_budget(s, &env, &rs, "The dog ran to the park.", 16, BUDGET);
-        outcome b = run_turn_budget(r, &env, &rs, "The dog ran to the park.", 16, BUDGET);
+        outcome a = run_turn_budget(s, &env, &g.rs, "The dog ran to the park.", 16, BUDGET);
+        outcome b = run_turn_budget(r, &env, &g.rs, "The dog ran to the park.", 16, BUDGET);
         cr_assert_eq(a.done, 1);
         cr_assert_eq(b.done, 1);
         cr_assert_gt(strlen(a.reply), 0);
@@ -459,10 +455,10 @@ Test(session, a_snapshot_with_global_budgets_restores_the_same_rows_and_reply, .
         /* restored under per-head budgets: the next turn evicts every head to its budget */
         env.budget_mode = KVP_BUDGET_PER_HEAD;
         cr_assert_eq(kvp_session_table_init(&tb), 0);
-        cr_assert_eq(kvp_session_create(&tb, &env, pc, s->id, 0.0, &r, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(kvp_session_create(&tb, &env, g.pc, s->id, 0.0, &r, err, sizeof err), 0, "%s", err);
         cr_assert_eq(kvp_session_restore(r, &env, 0, err, sizeof err), 0, "%s", err);
         same_rows(&s->cache, &r->cache, type);
-        o = run_turn_budget(r, &env, &rs, "It was happy.", 8, BUDGET);
+        o = run_turn_budget(r, &env, &g.rs, "It was happy.", 8, BUDGET);
         cr_assert_eq(o.done, 1);
         for (int i = 0; i < H; i++)
             cr_assert_leq(r->cache.heads[i].n, BUDGET + CHUNK, "%s: head %d holds %d rows per head",
@@ -471,13 +467,7 @@ Test(session, a_snapshot_with_global_budgets_restores_the_same_rows_and_reply, .
         kvp_session_table_clear(&tb);
     }
     free(text);
-    kvp_store_close(store);
-    kvp_policy_conf_unref(pc);
-    kvp_runstate_free(&rs);
-    kvp_model_free(&model);
-    char cmd[256];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    cr_assert_eq(system(cmd), 0);
+    rig_close(&g);
 }
 
 /* Sampler seeds come from the CSPRNG: two tables with the same configuration (two
